@@ -1,0 +1,68 @@
+//! The Backend contract (shared/docs/ARCHITECTURE.md §3): a backend implements the model's forward
+//! step itself, not tensor ops. Sequences and snapshots live inside the backend (device memory on a
+//! GPU), so the trait is object safe and the engine can hold `Box<dyn Backend>`.
+
+use anyhow::Result;
+
+use crate::config::ModelConfig;
+use crate::sampling::Sampler;
+
+/// A sequence's handle: KV cache + DeltaNet recurrent and conv state, owned by the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(pub u64);
+
+/// A saved copy of a sequence's state at one position (prefix reuse, ARCHITECTURE.md §7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SnapshotId(pub u64);
+
+/// What the caller of `decode` wants after each token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// One sampled token, with its log-probability under the model (raw logits, before sampling
+/// transforms) and, when asked for, the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOut {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+pub trait Backend: Send {
+    fn config(&self) -> &ModelConfig;
+    /// A short human description ("cpu (16 threads)", "cuda NVIDIA H200 sm_90a").
+    fn describe(&self) -> String;
+
+    /// A fresh sequence able to hold `max_ctx` tokens.
+    fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId>;
+    fn free_seq(&mut self, seq: SeqId);
+    /// Tokens consumed so far.
+    fn seq_len(&self, seq: SeqId) -> Result<usize>;
+
+    /// Feeds `tokens` (chunked inside). The logits of the last one become the sequence's pending
+    /// logits, from which `decode` samples next.
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()>;
+
+    /// Host copy of the pending logits (tests, `echo` log-probabilities, debugging).
+    fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>>;
+
+    /// Up to `n` times: sample a token from the pending logits with `sampler`, hand it to
+    /// `on_token`; on `Flow::Continue` (and if fewer than `n` were sampled) feed it to the model so
+    /// its logits become pending. A token that ends generation is reported but not fed.
+    /// `top_logprobs` alternatives are computed when > 0.
+    fn decode(
+        &mut self,
+        seq: SeqId,
+        sampler: &mut Sampler,
+        n: usize,
+        top_logprobs: usize,
+        on_token: &mut dyn FnMut(&StepOut) -> Flow,
+    ) -> Result<()>;
+
+    fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId>;
+    fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()>;
+    fn drop_snapshot(&mut self, snap: SnapshotId);
+}

@@ -1,0 +1,6 @@
+//! lily-core: everything about Qwen3.6-35B-A3B that is not a GPU or HTTP: the model description,
+//! checkpoint formats, text in and out, sampling, the generation loop, and the CPU reference backend.
+
+pub mod backend;
+pub mod config;
+pub mod sampling;
