@@ -1,0 +1,7 @@
+//! lily-cuda: the CUDA backend. The driver API and NVRTC are loaded at run time (cudarc with
+//! dynamic loading + our own NVRTC finder), so the one `lily-engine` binary builds with no CUDA
+//! toolkit and picks CUDA only when a usable GPU and NVRTC are present.
+
+pub mod cache;
+pub mod nvrtc;
+pub mod sources;

@@ -1,0 +1,72 @@
+// Linear layers straight from the packed checkpoint weights (MODEL.md §3.4), no dequantised copy.
+//
+//   linear:        y[n, r] (+)= sum_c W[r, c] x[n, c]      for n < n_tok (one weight, many tokens)
+//   linear_gather: y[n, r]   = sum_c W_{ids[n]}[r, c] x[n / x_div, c]   (MoE: one expert per item)
+//
+// Shapes: W [rows, cols] (or [E, rows, cols]); x [n, cols] fp32 with row stride x_stride;
+// y [n, rows] fp32 with row stride y_stride. Bytes: the weight once per block of TOK tokens
+// (4.5 bits/weight for 4-bit) + activations; FLOPs 2·rows·cols per token.
+// Simple version: one warp per output row, lanes stride over packed words, fp32 accumulation.
+
+#define LINEAR_WARPS 4
+#define LINEAR_TOK 4
+
+extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
+linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+       int n_tok, int accumulate) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * LINEAR_WARPS + warp;
+    int n0 = blockIdx.y * LINEAR_TOK;
+    if (r >= w.rows) return;
+    float acc[LINEAR_TOK];
+#pragma unroll
+    for (int i = 0; i < LINEAR_TOK; i++) acc[i] = 0.0f;
+    int wpr = qw_words_per_row(w);
+    float vals[8];
+    for (int wi = lane; wi < wpr; wi += 32) {
+        int per = qw_unpack(w, r, wi, vals);
+        int c0 = wi * per;
+#pragma unroll
+        for (int i = 0; i < LINEAR_TOK; i++) {
+            if (n0 + i < n_tok) {
+                const float* xr = x + (long long)(n0 + i) * x_stride + c0;
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < per) s += vals[j] * xr[j];
+                acc[i] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < LINEAR_TOK; i++) {
+        float s = warp_sum(acc[i]);
+        if (lane == 0 && n0 + i < n_tok) {
+            float* yp = y + (long long)(n0 + i) * y_stride + r;
+            *yp = accumulate ? act(*yp + act(s)) : act(s);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
+linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ x, int x_stride,
+              int x_div, float* __restrict__ y, int y_stride, int n_items) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * LINEAR_WARPS + warp;
+    int n = blockIdx.y;
+    if (r >= w.rows || n >= n_items) return;
+    long long row = (long long)ids[n] * w.rows + r;
+    const float* xr = x + (long long)(n / x_div) * x_stride;
+    int wpr = qw_words_per_row(w);
+    float vals[8];
+    float acc = 0.0f;
+    for (int wi = lane; wi < wpr; wi += 32) {
+        int per = qw_unpack(w, row, wi, vals);
+        int c0 = wi * per;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < per) acc += vals[j] * xr[c0 + j];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[(long long)n * y_stride + r] = act(acc);
+}

@@ -1,0 +1,75 @@
+// Mixture of experts glue (MODEL.md §2.6); the expert matmuls themselves are linear/linear_gather.
+//
+// moe_route:   p = softmax(router_logits) over all E experts (fp32), top-k, renormalise:
+//              ids [T, K] (expert index), weights [T, K]. One warp per token; ties go to the lower
+//              expert index. Routing metadata never leaves the device.
+// silu_mul:    h = silu(g) ⊙ u (expert and shared-expert activations).
+// moe_combine: x += Σ_k w_k · y_k + sigmoid(shared_gate) · y_shared (the residual add included).
+
+#define MOE_MAX_E 1024
+
+extern "C" __global__ void __launch_bounds__(32)
+moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights, int n_tok,
+          int n_experts, int top_k) {
+    __shared__ float p[MOE_MAX_E];
+    int t = blockIdx.x, lane = threadIdx.x;
+    if (t >= n_tok) return;
+    const float* lt = logits + (long long)t * n_experts;
+    float mx = NEG_INF;
+    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) {
+        float v = expf(lt[e] - mx);
+        p[e] = v;
+        sum += v;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
+    __syncwarp();
+    float picked_sum = 0.0f;
+    for (int k = 0; k < top_k; k++) {
+        float best = -1.0f;
+        int best_e = 0x7fffffff;
+        for (int e = lane; e < n_experts; e += 32)
+            if (p[e] > best) {  // strict: the lower index wins ties within a lane
+                best = p[e];
+                best_e = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+        if (lane == 0) {
+            ids[t * top_k + k] = best_e;
+            weights[t * top_k + k] = best;
+            p[best_e] = -2.0f;  // taken
+        }
+        picked_sum += best;
+        __syncwarp();
+    }
+    if (lane < top_k) weights[t * top_k + lane] = act(weights[t * top_k + lane] / picked_sum);
+}
+
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,
+                                    long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = act(act(siluf(g[i])) * u[i]);
+}
+
+extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ y_experts,
+                                       const float* __restrict__ weights, const float* __restrict__ y_shared,
+                                       const float* __restrict__ shared_gate, int n_tok, int hidden, int top_k) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * hidden) return;
+    int t = (int)(i / hidden), c = (int)(i % hidden);
+    float y = 0.0f;
+    for (int k = 0; k < top_k; k++)
+        y += weights[t * top_k + k] * y_experts[((long long)t * top_k + k) * hidden + c];
+    y += act(act(sigmoidf(shared_gate[t])) * y_shared[i]);
+    x[i] = act(x[i] + act(y));
+}
