@@ -5,3 +5,5 @@
 pub mod cache;
 pub mod nvrtc;
 pub mod sources;
+pub mod device;
+pub mod ops;

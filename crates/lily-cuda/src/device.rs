@@ -1,0 +1,268 @@
+//! The GPU: context, one stream, device buffers and compiled kernels.
+//!
+//! Buffers are raw device allocations (no per-use event tracking), and kernels are launched with
+//! plain `cuLaunchKernel` on one non-default stream, so a decode step can later be captured into a
+//! CUDA graph as is (PERFORMANCE.md §5).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::cache::{self, KernelCache};
+use crate::nvrtc::Nvrtc;
+use crate::sources::{defines, full_source, FILES};
+
+/// The CUDA architecture NVRTC should build for: the device's exact one, with Hopper's
+/// architecture-specific features (`sm_90a`: wgmma, setmaxnreg) enabled.
+pub fn arch_for(major: i32, minor: i32) -> String {
+    if (major, minor) == (9, 0) {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+/// Why CUDA cannot be used here, or the ordinal's context.
+pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: only probes whether the driver library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        bail!("no NVIDIA driver library (libcuda.so) on this machine");
+    }
+    let count = CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver does not start: {e}"))?;
+    if count <= 0 {
+        bail!("the CUDA driver sees no GPU");
+    }
+    if ordinal >= count as usize {
+        bail!("GPU {ordinal} requested but the driver sees only {count}");
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e}"))?;
+    // We order all work on one stream ourselves; cudarc's per-buffer events would only add cost.
+    // SAFETY: no cudarc-managed buffers exist on this context yet.
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub arch: String,
+    pub kernels: Kernels,
+    /// Synchronise and check after every launch (LILY_CUDA_SYNC=1): slow, names the failing kernel.
+    pub sync_each: bool,
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` and loads every kernel for it (compiled by NVRTC or from the cache).
+    pub fn open(ordinal: usize, bf16_activations: bool) -> Result<Gpu> {
+        let ctx = open_context(ordinal)?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("compute capability: {e}"))?;
+        if major < 8 {
+            bail!("GPU compute capability {major}.{minor} is below 8.0 (Ampere), the oldest Lily supports");
+        }
+        let arch = arch_for(major, minor);
+        let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
+        let stream = ctx.new_stream().map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
+        let nvrtc = Nvrtc::load()?;
+        let cache = KernelCache::new(cache::default_dir());
+        let kernels = Kernels::load(&ctx, &nvrtc, &cache, &arch, bf16_activations)?;
+        let sync_each = std::env::var("LILY_CUDA_SYNC").is_ok_and(|v| v == "1");
+        Ok(Gpu { ctx, stream, name, arch, kernels, sync_each })
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e}"))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| anyhow!("CUDA stream synchronisation failed: {e}"))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        DevBuf::alloc(&self.ctx, bytes)
+    }
+
+    /// A device copy of `data`.
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<DevBuf> {
+        let buf = self.alloc(std::mem::size_of_val(data))?;
+        self.write(&buf, 0, data)?;
+        Ok(buf)
+    }
+
+    /// Copies `data` to `buf` at byte offset `offset` (synchronously, host memory may go away).
+    pub fn write<T: bytemuck::Pod>(&self, buf: &DevBuf, offset: usize, data: &[T]) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if offset + bytes.len() > buf.bytes {
+            bail!("device write of {} bytes at {offset} overflows a {}-byte buffer", bytes.len(), buf.bytes);
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside the allocation; we synchronise before `data` can go away.
+        unsafe { result::memcpy_htod_async(buf.ptr + offset as u64, bytes, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("host to device copy: {e}"))?;
+        self.sync()
+    }
+
+    /// Reads `n` values of T from `buf` at byte offset `offset`.
+    pub fn read<T: bytemuck::Pod + Default>(&self, buf: &DevBuf, offset: usize, n: usize) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); n];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        if offset + bytes.len() > buf.bytes {
+            bail!("device read of {} bytes at {offset} overflows a {}-byte buffer", bytes.len(), buf.bytes);
+        }
+        if !bytes.is_empty() {
+            // SAFETY: the range lies inside the allocation; synchronised before `out` is used.
+            unsafe { result::memcpy_dtoh_async(bytes, buf.ptr + offset as u64, self.stream.cu_stream()) }
+                .map_err(|e| anyhow!("device to host copy: {e}"))?;
+            self.sync()?;
+        }
+        Ok(out)
+    }
+
+    /// Device-to-device copy of `bytes` bytes, queued on the stream.
+    pub fn copy(&self, dst: &DevBuf, dst_off: usize, src: &DevBuf, src_off: usize, bytes: usize) -> Result<()> {
+        if dst_off + bytes > dst.bytes || src_off + bytes > src.bytes {
+            bail!("device copy of {bytes} bytes out of bounds");
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie inside their allocations.
+        unsafe {
+            result::memcpy_dtod_async(dst.ptr + dst_off as u64, src.ptr + src_off as u64, bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| anyhow!("device to device copy: {e}"))
+    }
+
+    /// Fills a buffer with one byte value, queued on the stream.
+    pub fn fill(&self, buf: &DevBuf, byte: u8) -> Result<()> {
+        if buf.bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the whole allocation.
+        unsafe { result::memset_d8_async(buf.ptr, byte, buf.bytes, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("device memset: {e}"))
+    }
+
+    /// Launches `f` with the given kernel parameters (pointers to each argument's value).
+    pub fn launch(
+        &self,
+        f: &Kernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: `args` point at values whose types match the kernel's C signature (every call site
+        // is a typed wrapper in ops.rs); device pointers among them are live allocations.
+        unsafe { result::launch_kernel(f.func.cu_function(), grid, block, 0, self.stream.cu_stream(), args) }
+            .map_err(|e| anyhow!("launching {}: {e}", f.name))?;
+        if self.sync_each {
+            self.sync().with_context(|| format!("after kernel {}", f.name))?;
+        }
+        Ok(())
+    }
+}
+
+/// A raw device allocation, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    pub fn alloc(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DevBuf> {
+        ctx.bind_to_thread().map_err(|e| anyhow!("{e}"))?;
+        // cuMemAlloc refuses 0 bytes; keep a 1-byte allocation so every buffer has a real address.
+        // SAFETY: plain device allocation.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| anyhow!("cannot allocate {bytes} bytes of GPU memory: {e}"))?;
+        Ok(DevBuf { ptr, bytes, ctx: ctx.clone() })
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_sync and freed once; cuMemFree waits for pending work.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// One loaded kernel entry point.
+pub struct Kernel {
+    pub name: &'static str,
+    func: CudaFunction,
+}
+
+/// Every kernel Lily launches, by name.
+pub struct Kernels {
+    pub embed: Kernel,
+    pub rms_norm: Kernel,
+    pub linear: Kernel,
+    pub linear_gather: Kernel,
+    pub attn_qk_prep: Kernel,
+    pub attn_decode: Kernel,
+    pub dn_conv: Kernel,
+    pub dn_recurrent: Kernel,
+    pub dn_gated_norm: Kernel,
+    pub moe_route: Kernel,
+    pub silu_mul: Kernel,
+    pub moe_combine: Kernel,
+    pub argmax_logprob: Kernel,
+    pub advance_pos: Kernel,
+    _modules: Vec<Arc<CudaModule>>,
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>, nvrtc: &Nvrtc, cache: &KernelCache, arch: &str, bf16: bool) -> Result<Kernels> {
+        let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
+        let defs = defines(bf16);
+        for file in FILES {
+            let source = full_source(file);
+            let (key, cache_file) = KernelCache::key(file.name, &source, &defs, arch, nvrtc.version());
+            let module = match cache.get(&key, &cache_file).and_then(|cubin| ctx.load_module(Ptx::from_binary(cubin)).ok()) {
+                Some(m) => m,
+                None => {
+                    let compiled = nvrtc.compile(file.name, &source, arch, &defs)?;
+                    let m = ctx
+                        .load_module(Ptx::from_binary(compiled.cubin.clone()))
+                        .map_err(|e| anyhow!("the driver refused NVRTC's {arch} cubin for {}.cu: {e}", file.name))?;
+                    cache.put(&key, &cache_file, &compiled.cubin);
+                    m
+                }
+            };
+            modules.push((file.name, module));
+        }
+        let get = |module: &str, name: &'static str| -> Result<Kernel> {
+            let m = modules
+                .iter()
+                .find(|(n, _)| *n == module)
+                .map(|(_, m)| m)
+                .ok_or_else(|| anyhow!("no kernel module {module}"))?;
+            let func = m.load_function(name).map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
+            Ok(Kernel { name, func })
+        };
+        Ok(Kernels {
+            embed: get("embed", "embed")?,
+            rms_norm: get("norm", "rms_norm")?,
+            linear: get("linear", "linear")?,
+            linear_gather: get("linear", "linear_gather")?,
+            attn_qk_prep: get("attention", "attn_qk_prep")?,
+            attn_decode: get("attention", "attn_decode")?,
+            dn_conv: get("deltanet", "dn_conv")?,
+            dn_recurrent: get("deltanet", "dn_recurrent")?,
+            dn_gated_norm: get("deltanet", "dn_gated_norm")?,
+            moe_route: get("moe", "moe_route")?,
+            silu_mul: get("moe", "silu_mul")?,
+            moe_combine: get("moe", "moe_combine")?,
+            argmax_logprob: get("sample", "argmax_logprob")?,
+            advance_pos: get("sample", "advance_pos")?,
+            _modules: modules.into_iter().map(|(_, m)| m).collect(),
+        })
+    }
+}
