@@ -4,3 +4,4 @@
 pub mod backend;
 pub mod config;
 pub mod sampling;
+pub mod weights;
