@@ -138,6 +138,16 @@ impl Gpu {
         .map_err(|e| anyhow!("device to device copy: {e}"))
     }
 
+    /// Device-to-device copy between raw addresses (callers derive them from live buffers).
+    pub fn copy_raw(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass addresses inside live allocations (see forward.rs).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("device to device copy: {e}"))
+    }
+
     /// Fills a buffer with one byte value, queued on the stream.
     pub fn fill(&self, buf: &DevBuf, byte: u8) -> Result<()> {
         if buf.bytes == 0 {

@@ -7,3 +7,10 @@ pub mod nvrtc;
 pub mod sources;
 pub mod device;
 pub mod ops;
+pub mod backend;
+pub mod forward;
+pub mod select;
+pub mod weights;
+
+pub use backend::{CudaBackend, CudaOptions};
+pub use select::{cuda_backend, select_backend, DeviceChoice};

@@ -1,0 +1,326 @@
+//! `CudaBackend`: the `Backend` contract (lily-core/src/backend.rs) on one NVIDIA GPU.
+//! Prefill runs in chunks of at most `chunk` tokens; decode embeds the token the device sampler
+//! wrote, so the id only crosses to the host to be reported.
+
+use std::collections::HashMap;
+
+use anyhow::{anyhow, bail, Result};
+use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
+use lily_core::config::ModelConfig;
+use lily_core::sampling::Sampler;
+use lily_core::weights::ModelWeights;
+
+use crate::device::{DevBuf, Gpu};
+use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
+use crate::ops;
+use crate::weights::{upload_model, DevModel};
+
+/// How the backend runs.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// Round activations to bf16 where the reference model stores them (production). `false`
+    /// keeps every activation and the KV cache in fp32 (parity with the CPU backend).
+    pub bf16_activations: bool,
+    /// Largest prefill chunk (scratch is sized for it).
+    pub chunk: usize,
+}
+
+impl CudaOptions {
+    /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
+    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens).
+    pub fn from_env() -> CudaOptions {
+        let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        CudaOptions {
+            ordinal: env_usize("LILY_CUDA_DEVICE").unwrap_or(0),
+            bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
+            chunk: env_usize("LILY_PREFILL_CHUNK").filter(|&c| c > 0).unwrap_or(256),
+        }
+    }
+}
+
+struct Snapshot {
+    len: usize,
+    logits: DevBuf,
+    next_token: DevBuf,
+    kv: Vec<(DevBuf, DevBuf)>,
+    dn: Vec<(DevBuf, DevBuf)>,
+}
+
+pub struct CudaBackend {
+    // Field order matters for drop: device buffers before the GPU (context, modules).
+    seqs: HashMap<u64, SeqState>,
+    snaps: HashMap<u64, Snapshot>,
+    next_id: u64,
+    scratch: Scratch,
+    model: DevModel,
+    cfg: ModelConfig,
+    opts: CudaOptions,
+    gpu: Gpu,
+}
+
+impl CudaBackend {
+    pub fn new(weights: &ModelWeights, opts: CudaOptions) -> Result<CudaBackend> {
+        ops::check_limits(&weights.config)?;
+        let gpu = Gpu::open(opts.ordinal, opts.bf16_activations)?;
+        let model = upload_model(&gpu, weights)?;
+        let scratch = Scratch::new(&gpu, &weights.config, opts.chunk)?;
+        gpu.sync()?;
+        tracing::info!(
+            "cuda: {} ({}), {:.2} GB of weights on the device, {} activations",
+            gpu.name,
+            gpu.arch,
+            model.bytes as f64 / 1e9,
+            if opts.bf16_activations { "bf16" } else { "fp32" }
+        );
+        Ok(CudaBackend {
+            seqs: HashMap::new(),
+            snaps: HashMap::new(),
+            next_id: 1,
+            scratch,
+            model,
+            cfg: weights.config.clone(),
+            opts,
+            gpu,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn seq(&self, seq: SeqId) -> Result<&SeqState> {
+        self.seqs.get(&seq.0).ok_or_else(|| anyhow!("unknown sequence {}", seq.0))
+    }
+
+    fn forward(&self) -> Forward<'_> {
+        Forward { gpu: &self.gpu, cfg: &self.cfg, model: &self.model, scratch: &self.scratch }
+    }
+
+    fn check_tokens(&self, s: &SeqState, tokens: &[u32]) -> Result<()> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            bail!("token id {bad} is outside the vocabulary ({} entries)", self.cfg.vocab);
+        }
+        if s.len + tokens.len() > s.max_ctx {
+            bail!("{} + {} tokens exceed the sequence's context of {}", s.len, tokens.len(), s.max_ctx);
+        }
+        Ok(())
+    }
+
+    /// Feeds `tokens` and returns the logits of every one of them ([n][vocab]); the last row also
+    /// becomes the pending logits. For parity tests and prompt log-probabilities.
+    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.gpu.bind()?;
+        let v = self.cfg.vocab;
+        let chunk = self.scratch.chunk;
+        let out = self.gpu.alloc(chunk * v * 4)?;
+        let mut all = Vec::with_capacity(tokens.len());
+        self.check_tokens(self.seq(seq)?, tokens)?;
+        for piece in tokens.chunks(chunk) {
+            let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
+            self.gpu.write(&self.scratch.tokens, 0, &ids)?;
+            let s = self.seq(seq)?;
+            self.forward().run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::All(out.ptr))?;
+            let flat: Vec<f32> = self.gpu.read(&out, 0, piece.len() * v)?;
+            all.extend(flat.chunks(v).map(|r| r.to_vec()));
+            self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
+        }
+        Ok(all)
+    }
+
+    fn is_device_greedy(sampler: &Sampler) -> bool {
+        let p = &sampler.params;
+        p.temperature <= 0.0
+            && p.logit_bias.is_empty()
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.repetition_penalty == 1.0
+    }
+}
+
+fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+    (logits[id] - mx) - sum.ln() as f32
+}
+
+fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    let n = n.min(logits.len());
+    idx.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| logits[b].total_cmp(&logits[a]));
+    idx.truncate(n);
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    idx.into_iter().map(|i| (i as u32, log_softmax_at(logits, i))).collect()
+}
+
+impl Backend for CudaBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "cuda {} {} ({} activations)",
+            self.gpu.name,
+            self.gpu.arch,
+            if self.opts.bf16_activations { "bf16" } else { "fp32" }
+        )
+    }
+
+    fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
+        if max_ctx == 0 {
+            bail!("a sequence needs a context of at least one token");
+        }
+        self.gpu.bind()?;
+        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.opts.bf16_activations)?;
+        self.gpu.sync()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, s);
+        Ok(SeqId(id))
+    }
+
+    fn free_seq(&mut self, seq: SeqId) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+        self.seqs.remove(&seq.0);
+    }
+
+    fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.seq(seq)?.len)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        self.gpu.bind()?;
+        self.check_tokens(self.seq(seq)?, tokens)?;
+        for piece in tokens.chunks(self.scratch.chunk) {
+            let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
+            self.gpu.write(&self.scratch.tokens, 0, &ids)?;
+            let s = self.seq(seq)?;
+            self.forward().run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::Last)?;
+            self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
+        }
+        self.gpu.sync()
+    }
+
+    fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
+        self.gpu.bind()?;
+        let s = self.seq(seq)?;
+        if s.len == 0 {
+            bail!("sequence {} has consumed no tokens, so it has no logits", seq.0);
+        }
+        self.gpu.read(&s.logits, 0, self.cfg.vocab)
+    }
+
+    fn decode(
+        &mut self,
+        seq: SeqId,
+        sampler: &mut Sampler,
+        n: usize,
+        top_logprobs: usize,
+        on_token: &mut dyn FnMut(&StepOut) -> Flow,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        if self.seq(seq)?.len == 0 {
+            bail!("decode needs a prefilled sequence");
+        }
+        let device_greedy = Self::is_device_greedy(sampler);
+        for step in 0..n {
+            let s = self.seq(seq)?;
+            let (token, logprob, host_logits) = if device_greedy {
+                ops::argmax_logprob(&self.gpu, s.logits.ptr, self.cfg.vocab, s.next_token.ptr, s.next_logprob.ptr)?;
+                let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
+                let lp: Vec<f32> = self.gpu.read(&s.next_logprob, 0, 1)?;
+                let logits = if top_logprobs > 0 { Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?) } else { None };
+                (id[0] as u32, lp[0], logits)
+            } else {
+                // Non-greedy sampling runs on the host for now (device sampling: a later step).
+                let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
+                let id = sampler.sample(&logits);
+                if id as usize >= self.cfg.vocab {
+                    bail!("the sampler chose token {id}, outside the vocabulary");
+                }
+                self.gpu.write(&s.next_token, 0, &[id as i32])?;
+                let lp = log_softmax_at(&logits, id as usize);
+                (id, lp, Some(logits))
+            };
+            let top = match (&host_logits, top_logprobs) {
+                (Some(l), k) if k > 0 => top_n(l, k),
+                _ => Vec::new(),
+            };
+            sampler.accept(token);
+            let flow = on_token(&StepOut { token, logprob, top });
+            if flow == Flow::Stop || step + 1 == n {
+                break;
+            }
+            let s = self.seq(seq)?;
+            if s.len + 1 > s.max_ctx {
+                bail!("the sequence's context of {} tokens is full", s.max_ctx);
+            }
+            self.forward().run(s, s.next_token.ptr, 1, LogitsOut::Last)?;
+            self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
+        }
+        self.gpu.sync()
+    }
+
+    fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
+        self.gpu.bind()?;
+        let s = self.seq(seq)?;
+        let g = &self.gpu;
+        let kv_bytes = s.len * self.cfg.n_kv_heads * self.cfg.head_dim * kv_elem_bytes(self.opts.bf16_activations);
+        let dup = |b: &DevBuf, bytes: usize| -> Result<DevBuf> {
+            let c = g.alloc(bytes)?;
+            g.copy(&c, 0, b, 0, bytes)?;
+            Ok(c)
+        };
+        let snap = Snapshot {
+            len: s.len,
+            logits: dup(&s.logits, s.logits.bytes)?,
+            next_token: dup(&s.next_token, 4)?,
+            kv: s.kv.iter().map(|(k, v)| Ok((dup(k, kv_bytes)?, dup(v, kv_bytes)?))).collect::<Result<_>>()?,
+            dn: s.dn.iter().map(|(st, cv)| Ok((dup(st, st.bytes)?, dup(cv, cv.bytes)?))).collect::<Result<_>>()?,
+        };
+        g.sync()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.snaps.insert(id, snap);
+        Ok(SnapshotId(id))
+    }
+
+    fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
+        self.gpu.bind()?;
+        let sn = self.snaps.get(&snap.0).ok_or_else(|| anyhow!("unknown snapshot {}", snap.0))?;
+        let s = self.seqs.get(&seq.0).ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
+        if sn.len > s.max_ctx {
+            bail!("snapshot of {} tokens does not fit a sequence of context {}", sn.len, s.max_ctx);
+        }
+        let g = &self.gpu;
+        g.copy(&s.logits, 0, &sn.logits, 0, sn.logits.bytes)?;
+        g.copy(&s.next_token, 0, &sn.next_token, 0, 4)?;
+        for ((k, v), (sk, sv)) in s.kv.iter().zip(&sn.kv) {
+            g.copy(k, 0, sk, 0, sk.bytes)?;
+            g.copy(v, 0, sv, 0, sv.bytes)?;
+        }
+        for ((st, cv), (sst, scv)) in s.dn.iter().zip(&sn.dn) {
+            g.copy(st, 0, sst, 0, sst.bytes)?;
+            g.copy(cv, 0, scv, 0, scv.bytes)?;
+        }
+        g.write(&s.pos, 0, &[sn.len as i32])?;
+        let len = sn.len;
+        self.seqs.get_mut(&seq.0).expect("checked above").len = len;
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snap: SnapshotId) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+        self.snaps.remove(&snap.0);
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+    }
+}

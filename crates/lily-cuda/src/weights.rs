@@ -1,0 +1,176 @@
+//! The checkpoint's weights on the device, uploaded as they are stored (ARCHITECTURE.md §4):
+//! MLX affine 4-bit/8-bit words with their bf16 scales and biases, or bf16 for HF checkpoints.
+//! Nothing is dequantised here; the kernels read the packed form (common.cuh `QWeight`).
+
+use anyhow::{bail, Context, Result};
+use lily_core::weights::{Linear, Mixer, ModelWeights, WeightData};
+
+use crate::device::{DevBuf, Gpu};
+use crate::ops::DevLinear;
+
+pub struct DevAttention {
+    pub q_proj: DevLinear,
+    pub k_proj: DevLinear,
+    pub v_proj: DevLinear,
+    pub o_proj: DevLinear,
+    pub q_norm: DevBuf,
+    pub k_norm: DevBuf,
+}
+
+pub struct DevDeltaNet {
+    pub in_qkv: DevLinear,
+    pub in_z: DevLinear,
+    pub in_b: DevLinear,
+    pub in_a: DevLinear,
+    pub conv: DevBuf,
+    pub a_log: DevBuf,
+    pub dt_bias: DevBuf,
+    pub norm: DevBuf,
+    pub out_proj: DevLinear,
+}
+
+pub enum DevMixer {
+    Attention(DevAttention),
+    DeltaNet(DevDeltaNet),
+}
+
+pub struct DevMoe {
+    pub router: DevLinear,
+    pub gate: DevLinear,
+    pub up: DevLinear,
+    pub down: DevLinear,
+    pub shared_gate: DevLinear,
+    pub shared_up: DevLinear,
+    pub shared_down: DevLinear,
+    pub shared_expert_gate: DevLinear,
+}
+
+pub struct DevLayer {
+    pub input_norm: DevBuf,
+    pub post_norm: DevBuf,
+    pub mixer: DevMixer,
+    pub moe: DevMoe,
+}
+
+pub struct DevModel {
+    pub embed: DevLinear,
+    pub layers: Vec<DevLayer>,
+    pub final_norm: DevBuf,
+    pub lm_head: DevLinear,
+    /// Bytes of weights on the device.
+    pub bytes: usize,
+}
+
+/// Uploads one matrix (or expert stack), checking its byte sizes against its shape.
+pub fn upload_linear(gpu: &Gpu, name: &str, l: &Linear) -> Result<DevLinear> {
+    let elems = l.experts * l.rows * l.cols;
+    match &l.data {
+        WeightData::Affine { bits, group, packed, scales, biases } => {
+            let (bits, group) = (*bits, *group);
+            if !matches!(bits, 4 | 8) || group == 0 || l.cols % group != 0 || (l.cols * bits as usize) % 32 != 0 {
+                bail!("{name}: unsupported affine layout (bits {bits}, group {group}, cols {})", l.cols);
+            }
+            let want_q = elems * bits as usize / 8;
+            let want_s = l.experts * l.rows * (l.cols / group) * 2;
+            if packed.bytes().len() != want_q || scales.bytes().len() != want_s || biases.bytes().len() != want_s {
+                bail!(
+                    "{name}: packed/scales/biases are {}/{}/{} bytes, expected {want_q}/{want_s}/{want_s} for [{}, {}, {}] at {bits} bits",
+                    packed.bytes().len(), scales.bytes().len(), biases.bytes().len(), l.experts, l.rows, l.cols
+                );
+            }
+            Ok(DevLinear {
+                experts: l.experts,
+                rows: l.rows,
+                cols: l.cols,
+                bits,
+                group,
+                q: gpu.upload(packed.bytes()).with_context(|| name.to_string())?,
+                scales: Some(gpu.upload(scales.bytes()).with_context(|| name.to_string())?),
+                biases: Some(gpu.upload(biases.bytes()).with_context(|| name.to_string())?),
+            })
+        }
+        WeightData::Bf16 { data } => {
+            if data.bytes().len() != elems * 2 || l.cols % 2 != 0 {
+                bail!("{name}: bf16 data is {} bytes, expected {} for [{}, {}, {}]", data.bytes().len(), elems * 2, l.experts, l.rows, l.cols);
+            }
+            Ok(DevLinear {
+                experts: l.experts,
+                rows: l.rows,
+                cols: l.cols,
+                bits: 16,
+                group: 64,
+                q: gpu.upload(data.bytes()).with_context(|| name.to_string())?,
+                scales: None,
+                biases: None,
+            })
+        }
+    }
+}
+
+fn vec_f32(gpu: &Gpu, name: &str, v: &[f32], len: usize) -> Result<DevBuf> {
+    if v.len() != len {
+        bail!("{name}: {} values, expected {len}", v.len());
+    }
+    gpu.upload(v).with_context(|| name.to_string())
+}
+
+fn lin_bytes(l: &DevLinear) -> usize {
+    l.q.bytes + l.scales.as_ref().map_or(0, |b| b.bytes) + l.biases.as_ref().map_or(0, |b| b.bytes)
+}
+
+pub fn upload_model(gpu: &Gpu, w: &ModelWeights) -> Result<DevModel> {
+    let cfg = &w.config;
+    let h = cfg.hidden;
+    let mut bytes = 0usize;
+    let mut up = |name: String, l: &Linear| -> Result<DevLinear> {
+        let d = upload_linear(gpu, &name, l)?;
+        bytes += lin_bytes(&d);
+        Ok(d)
+    };
+    let embed = up("embed_tokens".into(), &w.embed)?;
+    let lm_head = up("lm_head".into(), &w.lm_head)?;
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, lw) in w.layers.iter().enumerate() {
+        let n = |s: &str| format!("layers.{i}.{s}");
+        let mixer = match &lw.mixer {
+            Mixer::Attention(a) => DevMixer::Attention(DevAttention {
+                q_proj: up(n("self_attn.q_proj"), &a.q_proj)?,
+                k_proj: up(n("self_attn.k_proj"), &a.k_proj)?,
+                v_proj: up(n("self_attn.v_proj"), &a.v_proj)?,
+                o_proj: up(n("self_attn.o_proj"), &a.o_proj)?,
+                q_norm: vec_f32(gpu, &n("self_attn.q_norm"), &a.q_norm, cfg.head_dim)?,
+                k_norm: vec_f32(gpu, &n("self_attn.k_norm"), &a.k_norm, cfg.head_dim)?,
+            }),
+            Mixer::DeltaNet(d) => DevMixer::DeltaNet(DevDeltaNet {
+                in_qkv: up(n("linear_attn.in_proj_qkv"), &d.in_qkv)?,
+                in_z: up(n("linear_attn.in_proj_z"), &d.in_z)?,
+                in_b: up(n("linear_attn.in_proj_b"), &d.in_b)?,
+                in_a: up(n("linear_attn.in_proj_a"), &d.in_a)?,
+                conv: vec_f32(gpu, &n("linear_attn.conv1d"), &d.conv, cfg.conv_dim() * cfg.conv_kernel)?,
+                a_log: vec_f32(gpu, &n("linear_attn.A_log"), &d.a_log, cfg.dn_v_heads)?,
+                dt_bias: vec_f32(gpu, &n("linear_attn.dt_bias"), &d.dt_bias, cfg.dn_v_heads)?,
+                norm: vec_f32(gpu, &n("linear_attn.norm"), &d.norm, cfg.dn_v_dim)?,
+                out_proj: up(n("linear_attn.out_proj"), &d.out_proj)?,
+            }),
+        };
+        let m = &lw.moe;
+        let moe = DevMoe {
+            router: up(n("mlp.gate"), &m.router)?,
+            gate: up(n("mlp.experts.gate_proj"), &m.gate)?,
+            up: up(n("mlp.experts.up_proj"), &m.up)?,
+            down: up(n("mlp.experts.down_proj"), &m.down)?,
+            shared_gate: up(n("mlp.shared_expert.gate_proj"), &m.shared_gate)?,
+            shared_up: up(n("mlp.shared_expert.up_proj"), &m.shared_up)?,
+            shared_down: up(n("mlp.shared_expert.down_proj"), &m.shared_down)?,
+            shared_expert_gate: up(n("mlp.shared_expert_gate"), &m.shared_expert_gate)?,
+        };
+        layers.push(DevLayer {
+            input_norm: vec_f32(gpu, &n("input_layernorm"), &lw.input_norm, h)?,
+            post_norm: vec_f32(gpu, &n("post_attention_layernorm"), &lw.post_norm, h)?,
+            mixer,
+            moe,
+        });
+    }
+    let final_norm = vec_f32(gpu, "norm", &w.final_norm, h)?;
+    Ok(DevModel { embed, layers, final_norm, lm_head, bytes })
+}
