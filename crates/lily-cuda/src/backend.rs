@@ -34,7 +34,9 @@ impl CudaOptions {
         CudaOptions {
             ordinal: env_usize("LILY_CUDA_DEVICE").unwrap_or(0),
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
-            chunk: env_usize("LILY_PREFILL_CHUNK").filter(|&c| c > 0).unwrap_or(256),
+            chunk: env_usize("LILY_PREFILL_CHUNK")
+                .filter(|&c| c > 0)
+                .unwrap_or(256),
         }
     }
 }
@@ -71,7 +73,11 @@ impl CudaBackend {
             gpu.name,
             gpu.arch,
             model.bytes as f64 / 1e9,
-            if opts.bf16_activations { "bf16" } else { "fp32" }
+            if opts.bf16_activations {
+                "bf16"
+            } else {
+                "fp32"
+            }
         );
         Ok(CudaBackend {
             seqs: HashMap::new(),
@@ -90,19 +96,34 @@ impl CudaBackend {
     }
 
     fn seq(&self, seq: SeqId) -> Result<&SeqState> {
-        self.seqs.get(&seq.0).ok_or_else(|| anyhow!("unknown sequence {}", seq.0))
+        self.seqs
+            .get(&seq.0)
+            .ok_or_else(|| anyhow!("unknown sequence {}", seq.0))
     }
 
     fn forward(&self) -> Forward<'_> {
-        Forward { gpu: &self.gpu, cfg: &self.cfg, model: &self.model, scratch: &self.scratch }
+        Forward {
+            gpu: &self.gpu,
+            cfg: &self.cfg,
+            model: &self.model,
+            scratch: &self.scratch,
+        }
     }
 
     fn check_tokens(&self, s: &SeqState, tokens: &[u32]) -> Result<()> {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-            bail!("token id {bad} is outside the vocabulary ({} entries)", self.cfg.vocab);
+            bail!(
+                "token id {bad} is outside the vocabulary ({} entries)",
+                self.cfg.vocab
+            );
         }
         if s.len + tokens.len() > s.max_ctx {
-            bail!("{} + {} tokens exceed the sequence's context of {}", s.len, tokens.len(), s.max_ctx);
+            bail!(
+                "{} + {} tokens exceed the sequence's context of {}",
+                s.len,
+                tokens.len(),
+                s.max_ctx
+            );
         }
         Ok(())
     }
@@ -120,7 +141,12 @@ impl CudaBackend {
             let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
             self.gpu.write(&self.scratch.tokens, 0, &ids)?;
             let s = self.seq(seq)?;
-            self.forward().run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::All(out.ptr))?;
+            self.forward().run(
+                s,
+                self.scratch.tokens.ptr,
+                piece.len(),
+                LogitsOut::All(out.ptr),
+            )?;
             let flat: Vec<f32> = self.gpu.read(&out, 0, piece.len() * v)?;
             all.extend(flat.chunks(v).map(|r| r.to_vec()));
             self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
@@ -147,10 +173,14 @@ fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
 fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     let n = n.min(logits.len());
-    idx.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| logits[b].total_cmp(&logits[a]));
+    idx.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| {
+        logits[b].total_cmp(&logits[a])
+    });
     idx.truncate(n);
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    idx.into_iter().map(|i| (i as u32, log_softmax_at(logits, i))).collect()
+    idx.into_iter()
+        .map(|i| (i as u32, log_softmax_at(logits, i)))
+        .collect()
 }
 
 impl Backend for CudaBackend {
@@ -163,7 +193,11 @@ impl Backend for CudaBackend {
             "cuda {} {} ({} activations)",
             self.gpu.name,
             self.gpu.arch,
-            if self.opts.bf16_activations { "bf16" } else { "fp32" }
+            if self.opts.bf16_activations {
+                "bf16"
+            } else {
+                "fp32"
+            }
         )
     }
 
@@ -197,7 +231,8 @@ impl Backend for CudaBackend {
             let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
             self.gpu.write(&self.scratch.tokens, 0, &ids)?;
             let s = self.seq(seq)?;
-            self.forward().run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::Last)?;
+            self.forward()
+                .run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::Last)?;
             self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
         }
         self.gpu.sync()
@@ -207,7 +242,10 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.seq(seq)?;
         if s.len == 0 {
-            bail!("sequence {} has consumed no tokens, so it has no logits", seq.0);
+            bail!(
+                "sequence {} has consumed no tokens, so it has no logits",
+                seq.0
+            );
         }
         self.gpu.read(&s.logits, 0, self.cfg.vocab)
     }
@@ -228,10 +266,20 @@ impl Backend for CudaBackend {
         for step in 0..n {
             let s = self.seq(seq)?;
             let (token, logprob, host_logits) = if device_greedy {
-                ops::argmax_logprob(&self.gpu, s.logits.ptr, self.cfg.vocab, s.next_token.ptr, s.next_logprob.ptr)?;
+                ops::argmax_logprob(
+                    &self.gpu,
+                    s.logits.ptr,
+                    self.cfg.vocab,
+                    s.next_token.ptr,
+                    s.next_logprob.ptr,
+                )?;
                 let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
                 let lp: Vec<f32> = self.gpu.read(&s.next_logprob, 0, 1)?;
-                let logits = if top_logprobs > 0 { Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?) } else { None };
+                let logits = if top_logprobs > 0 {
+                    Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?)
+                } else {
+                    None
+                };
                 (id[0] as u32, lp[0], logits)
             } else {
                 // Non-greedy sampling runs on the host for now (device sampling: a later step).
@@ -249,7 +297,11 @@ impl Backend for CudaBackend {
                 _ => Vec::new(),
             };
             sampler.accept(token);
-            let flow = on_token(&StepOut { token, logprob, top });
+            let flow = on_token(&StepOut {
+                token,
+                logprob,
+                top,
+            });
             if flow == Flow::Stop || step + 1 == n {
                 break;
             }
@@ -257,7 +309,8 @@ impl Backend for CudaBackend {
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
-            self.forward().run(s, s.next_token.ptr, 1, LogitsOut::Last)?;
+            self.forward()
+                .run(s, s.next_token.ptr, 1, LogitsOut::Last)?;
             self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         }
         self.gpu.sync()
@@ -267,7 +320,10 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.seq(seq)?;
         let g = &self.gpu;
-        let kv_bytes = s.len * self.cfg.n_kv_heads * self.cfg.head_dim * kv_elem_bytes(self.opts.bf16_activations);
+        let kv_bytes = s.len
+            * self.cfg.n_kv_heads
+            * self.cfg.head_dim
+            * kv_elem_bytes(self.opts.bf16_activations);
         let dup = |b: &DevBuf, bytes: usize| -> Result<DevBuf> {
             let c = g.alloc(bytes)?;
             g.copy(&c, 0, b, 0, bytes)?;
@@ -277,8 +333,16 @@ impl Backend for CudaBackend {
             len: s.len,
             logits: dup(&s.logits, s.logits.bytes)?,
             next_token: dup(&s.next_token, 4)?,
-            kv: s.kv.iter().map(|(k, v)| Ok((dup(k, kv_bytes)?, dup(v, kv_bytes)?))).collect::<Result<_>>()?,
-            dn: s.dn.iter().map(|(st, cv)| Ok((dup(st, st.bytes)?, dup(cv, cv.bytes)?))).collect::<Result<_>>()?,
+            kv: s
+                .kv
+                .iter()
+                .map(|(k, v)| Ok((dup(k, kv_bytes)?, dup(v, kv_bytes)?)))
+                .collect::<Result<_>>()?,
+            dn: s
+                .dn
+                .iter()
+                .map(|(st, cv)| Ok((dup(st, st.bytes)?, dup(cv, cv.bytes)?)))
+                .collect::<Result<_>>()?,
         };
         g.sync()?;
         let id = self.next_id;
@@ -289,10 +353,20 @@ impl Backend for CudaBackend {
 
     fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
         self.gpu.bind()?;
-        let sn = self.snaps.get(&snap.0).ok_or_else(|| anyhow!("unknown snapshot {}", snap.0))?;
-        let s = self.seqs.get(&seq.0).ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
+        let sn = self
+            .snaps
+            .get(&snap.0)
+            .ok_or_else(|| anyhow!("unknown snapshot {}", snap.0))?;
+        let s = self
+            .seqs
+            .get(&seq.0)
+            .ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
         if sn.len > s.max_ctx {
-            bail!("snapshot of {} tokens does not fit a sequence of context {}", sn.len, s.max_ctx);
+            bail!(
+                "snapshot of {} tokens does not fit a sequence of context {}",
+                sn.len,
+                s.max_ctx
+            );
         }
         let g = &self.gpu;
         g.copy(&s.logits, 0, &sn.logits, 0, sn.logits.bytes)?;

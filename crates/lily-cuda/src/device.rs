@@ -31,14 +31,16 @@ pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     if !unsafe { sys::is_culib_present() } {
         bail!("no NVIDIA driver library (libcuda.so) on this machine");
     }
-    let count = CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver does not start: {e}"))?;
+    let count =
+        CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver does not start: {e}"))?;
     if count <= 0 {
         bail!("the CUDA driver sees no GPU");
     }
     if ordinal >= count as usize {
         bail!("GPU {ordinal} requested but the driver sees only {count}");
     }
-    let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e}"))?;
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e}"))?;
     // We order all work on one stream ourselves; cudarc's per-buffer events would only add cost.
     // SAFETY: no cudarc-managed buffers exist on this context yet.
     unsafe { ctx.disable_event_tracking() };
@@ -59,26 +61,41 @@ impl Gpu {
     /// Opens GPU `ordinal` and loads every kernel for it (compiled by NVRTC or from the cache).
     pub fn open(ordinal: usize, bf16_activations: bool) -> Result<Gpu> {
         let ctx = open_context(ordinal)?;
-        let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("compute capability: {e}"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| anyhow!("compute capability: {e}"))?;
         if major < 8 {
             bail!("GPU compute capability {major}.{minor} is below 8.0 (Ampere), the oldest Lily supports");
         }
         let arch = arch_for(major, minor);
         let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
-        let stream = ctx.new_stream().map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
         let nvrtc = Nvrtc::load()?;
         let cache = KernelCache::new(cache::default_dir());
         let kernels = Kernels::load(&ctx, &nvrtc, &cache, &arch, bf16_activations)?;
         let sync_each = std::env::var("LILY_CUDA_SYNC").is_ok_and(|v| v == "1");
-        Ok(Gpu { ctx, stream, name, arch, kernels, sync_each })
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            arch,
+            kernels,
+            sync_each,
+        })
     }
 
     pub fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| anyhow!("binding the CUDA context: {e}"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("binding the CUDA context: {e}"))
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| anyhow!("CUDA stream synchronisation failed: {e}"))
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("CUDA stream synchronisation failed: {e}"))
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
@@ -96,35 +113,59 @@ impl Gpu {
     pub fn write<T: bytemuck::Pod>(&self, buf: &DevBuf, offset: usize, data: &[T]) -> Result<()> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         if offset + bytes.len() > buf.bytes {
-            bail!("device write of {} bytes at {offset} overflows a {}-byte buffer", bytes.len(), buf.bytes);
+            bail!(
+                "device write of {} bytes at {offset} overflows a {}-byte buffer",
+                bytes.len(),
+                buf.bytes
+            );
         }
         if bytes.is_empty() {
             return Ok(());
         }
         // SAFETY: the range lies inside the allocation; we synchronise before `data` can go away.
-        unsafe { result::memcpy_htod_async(buf.ptr + offset as u64, bytes, self.stream.cu_stream()) }
-            .map_err(|e| anyhow!("host to device copy: {e}"))?;
+        unsafe {
+            result::memcpy_htod_async(buf.ptr + offset as u64, bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| anyhow!("host to device copy: {e}"))?;
         self.sync()
     }
 
     /// Reads `n` values of T from `buf` at byte offset `offset`.
-    pub fn read<T: bytemuck::Pod + Default>(&self, buf: &DevBuf, offset: usize, n: usize) -> Result<Vec<T>> {
+    pub fn read<T: bytemuck::Pod + Default>(
+        &self,
+        buf: &DevBuf,
+        offset: usize,
+        n: usize,
+    ) -> Result<Vec<T>> {
         let mut out = vec![T::default(); n];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
         if offset + bytes.len() > buf.bytes {
-            bail!("device read of {} bytes at {offset} overflows a {}-byte buffer", bytes.len(), buf.bytes);
+            bail!(
+                "device read of {} bytes at {offset} overflows a {}-byte buffer",
+                bytes.len(),
+                buf.bytes
+            );
         }
         if !bytes.is_empty() {
             // SAFETY: the range lies inside the allocation; synchronised before `out` is used.
-            unsafe { result::memcpy_dtoh_async(bytes, buf.ptr + offset as u64, self.stream.cu_stream()) }
-                .map_err(|e| anyhow!("device to host copy: {e}"))?;
+            unsafe {
+                result::memcpy_dtoh_async(bytes, buf.ptr + offset as u64, self.stream.cu_stream())
+            }
+            .map_err(|e| anyhow!("device to host copy: {e}"))?;
             self.sync()?;
         }
         Ok(out)
     }
 
     /// Device-to-device copy of `bytes` bytes, queued on the stream.
-    pub fn copy(&self, dst: &DevBuf, dst_off: usize, src: &DevBuf, src_off: usize, bytes: usize) -> Result<()> {
+    pub fn copy(
+        &self,
+        dst: &DevBuf,
+        dst_off: usize,
+        src: &DevBuf,
+        src_off: usize,
+        bytes: usize,
+    ) -> Result<()> {
         if dst_off + bytes > dst.bytes || src_off + bytes > src.bytes {
             bail!("device copy of {bytes} bytes out of bounds");
         }
@@ -133,7 +174,12 @@ impl Gpu {
         }
         // SAFETY: both ranges lie inside their allocations.
         unsafe {
-            result::memcpy_dtod_async(dst.ptr + dst_off as u64, src.ptr + src_off as u64, bytes, self.stream.cu_stream())
+            result::memcpy_dtod_async(
+                dst.ptr + dst_off as u64,
+                src.ptr + src_off as u64,
+                bytes,
+                self.stream.cu_stream(),
+            )
         }
         .map_err(|e| anyhow!("device to device copy: {e}"))
     }
@@ -168,10 +214,20 @@ impl Gpu {
     ) -> Result<()> {
         // SAFETY: `args` point at values whose types match the kernel's C signature (every call site
         // is a typed wrapper in ops.rs); device pointers among them are live allocations.
-        unsafe { result::launch_kernel(f.func.cu_function(), grid, block, 0, self.stream.cu_stream(), args) }
-            .map_err(|e| anyhow!("launching {}: {e}", f.name))?;
+        unsafe {
+            result::launch_kernel(
+                f.func.cu_function(),
+                grid,
+                block,
+                0,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(|e| anyhow!("launching {}: {e}", f.name))?;
         if self.sync_each {
-            self.sync().with_context(|| format!("after kernel {}", f.name))?;
+            self.sync()
+                .with_context(|| format!("after kernel {}", f.name))?;
         }
         Ok(())
     }
@@ -191,7 +247,11 @@ impl DevBuf {
         // SAFETY: plain device allocation.
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
             .map_err(|e| anyhow!("cannot allocate {bytes} bytes of GPU memory: {e}"))?;
-        Ok(DevBuf { ptr, bytes, ctx: ctx.clone() })
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        })
     }
 }
 
@@ -229,19 +289,34 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    fn load(ctx: &Arc<CudaContext>, nvrtc: &Nvrtc, cache: &KernelCache, arch: &str, bf16: bool) -> Result<Kernels> {
+    fn load(
+        ctx: &Arc<CudaContext>,
+        nvrtc: &Nvrtc,
+        cache: &KernelCache,
+        arch: &str,
+        bf16: bool,
+    ) -> Result<Kernels> {
         let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
         let defs = defines(bf16);
         for file in FILES {
             let source = full_source(file);
-            let (key, cache_file) = KernelCache::key(file.name, &source, &defs, arch, nvrtc.version());
-            let module = match cache.get(&key, &cache_file).and_then(|cubin| ctx.load_module(Ptx::from_binary(cubin)).ok()) {
+            let (key, cache_file) =
+                KernelCache::key(file.name, &source, &defs, arch, nvrtc.version());
+            let module = match cache
+                .get(&key, &cache_file)
+                .and_then(|cubin| ctx.load_module(Ptx::from_binary(cubin)).ok())
+            {
                 Some(m) => m,
                 None => {
                     let compiled = nvrtc.compile(file.name, &source, arch, &defs)?;
                     let m = ctx
                         .load_module(Ptx::from_binary(compiled.cubin.clone()))
-                        .map_err(|e| anyhow!("the driver refused NVRTC's {arch} cubin for {}.cu: {e}", file.name))?;
+                        .map_err(|e| {
+                            anyhow!(
+                                "the driver refused NVRTC's {arch} cubin for {}.cu: {e}",
+                                file.name
+                            )
+                        })?;
                     cache.put(&key, &cache_file, &compiled.cubin);
                     m
                 }
@@ -254,7 +329,9 @@ impl Kernels {
                 .find(|(n, _)| *n == module)
                 .map(|(_, m)| m)
                 .ok_or_else(|| anyhow!("no kernel module {module}"))?;
-            let func = m.load_function(name).map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
+            let func = m
+                .load_function(name)
+                .map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
             Ok(Kernel { name, func })
         };
         Ok(Kernels {

@@ -120,7 +120,8 @@ impl SeqState {
         }
         for _ in 0..cfg.n_deltanet_layers() {
             let state = gpu.alloc(cfg.dn_v_heads * cfg.dn_k_dim * cfg.dn_v_dim * F32)?;
-            let conv = gpu.alloc(cfg.conv_kernel.saturating_sub(1).max(1) * cfg.conv_dim() * F32)?;
+            let conv =
+                gpu.alloc(cfg.conv_kernel.saturating_sub(1).max(1) * cfg.conv_dim() * F32)?;
             gpu.fill(&state, 0)?;
             gpu.fill(&conv, 0)?;
             dn.push((state, conv));
@@ -167,7 +168,17 @@ impl Forward<'_> {
         ops::embed(gpu, &model.embed, tokens, s.x.ptr, n)?;
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
         for layer in &model.layers {
-            ops::rms_norm(gpu, s.x.ptr, h, layer.input_norm.ptr, s.xn.ptr, h, h, eps, n)?;
+            ops::rms_norm(
+                gpu,
+                s.x.ptr,
+                h,
+                layer.input_norm.ptr,
+                s.xn.ptr,
+                h,
+                h,
+                eps,
+                n,
+            )?;
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     let (k_cache, v_cache) = &seq.kv[attn_i];
@@ -189,10 +200,29 @@ impl Forward<'_> {
             LogitsOut::Last => {
                 let last = s.x.ptr + ((n - 1) * h * F32) as u64;
                 ops::rms_norm(gpu, last, h, model.final_norm.ptr, s.xn.ptr, h, h, eps, 1)?;
-                ops::linear(gpu, &model.lm_head, s.xn.ptr, h, seq.logits.ptr, v, 1, false)?;
+                ops::linear(
+                    gpu,
+                    &model.lm_head,
+                    s.xn.ptr,
+                    h,
+                    seq.logits.ptr,
+                    v,
+                    1,
+                    false,
+                )?;
             }
             LogitsOut::All(dst) => {
-                ops::rms_norm(gpu, s.x.ptr, h, model.final_norm.ptr, s.xn.ptr, h, h, eps, n)?;
+                ops::rms_norm(
+                    gpu,
+                    s.x.ptr,
+                    h,
+                    model.final_norm.ptr,
+                    s.xn.ptr,
+                    h,
+                    h,
+                    eps,
+                    n,
+                )?;
                 ops::linear(gpu, &model.lm_head, s.xn.ptr, h, dst, v, n, false)?;
                 // The last row is also the sequence's pending logits.
                 gpu.copy_raw(seq.logits.ptr, dst + ((n - 1) * v * F32) as u64, v * F32)?;
@@ -202,7 +232,14 @@ impl Forward<'_> {
     }
 
     /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)).
-    fn attention(&self, a: &crate::weights::DevAttention, k_cache: u64, v_cache: u64, pos: u64, n: usize) -> Result<()> {
+    fn attention(
+        &self,
+        a: &crate::weights::DevAttention,
+        k_cache: u64,
+        v_cache: u64,
+        pos: u64,
+        n: usize,
+    ) -> Result<()> {
         let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
@@ -229,12 +266,28 @@ impl Forward<'_> {
             pos,
         };
         ops::attn_qk_prep(gpu, shape, &prep, n)?;
-        ops::attn_decode(gpu, shape, s.q.ptr, s.qg.ptr, k_cache, v_cache, s.attn_o.ptr, pos, n)?;
+        ops::attn_decode(
+            gpu,
+            shape,
+            s.q.ptr,
+            s.qg.ptr,
+            k_cache,
+            v_cache,
+            s.attn_o.ptr,
+            pos,
+            n,
+        )?;
         ops::linear(gpu, &a.o_proj, s.attn_o.ptr, hq * d, s.x.ptr, h, n, true)
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).
-    fn deltanet(&self, dnw: &crate::weights::DevDeltaNet, state: u64, conv: u64, n: usize) -> Result<()> {
+    fn deltanet(
+        &self,
+        dnw: &crate::weights::DevDeltaNet,
+        state: u64,
+        conv: u64,
+        n: usize,
+    ) -> Result<()> {
         let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (conv_dim, vd, hv) = (cfg.conv_dim(), cfg.dn_value_dim(), cfg.dn_v_heads);
@@ -242,8 +295,23 @@ impl Forward<'_> {
         ops::linear(gpu, &dnw.in_z, s.xn.ptr, h, s.z.ptr, vd, n, false)?;
         ops::linear(gpu, &dnw.in_b, s.xn.ptr, h, s.b.ptr, hv, n, false)?;
         ops::linear(gpu, &dnw.in_a, s.xn.ptr, h, s.a.ptr, hv, n, false)?;
-        ops::dn_conv(gpu, s.m.ptr, conv_dim, conv, dnw.conv.ptr, s.c.ptr, n, conv_dim, cfg.conv_kernel)?;
-        let shape = DnShape { n_k: cfg.dn_k_heads, n_v: hv, dk: cfg.dn_k_dim, dv: cfg.dn_v_dim };
+        ops::dn_conv(
+            gpu,
+            s.m.ptr,
+            conv_dim,
+            conv,
+            dnw.conv.ptr,
+            s.c.ptr,
+            n,
+            conv_dim,
+            cfg.conv_kernel,
+        )?;
+        let shape = DnShape {
+            n_k: cfg.dn_k_heads,
+            n_v: hv,
+            dk: cfg.dn_k_dim,
+            dv: cfg.dn_v_dim,
+        };
         let rec = DnRecurrent {
             c: s.c.ptr,
             b: s.b.ptr,
@@ -255,7 +323,17 @@ impl Forward<'_> {
             o: s.dn_o.ptr,
         };
         ops::dn_recurrent(gpu, shape, &rec, n)?;
-        ops::dn_gated_norm(gpu, shape, s.dn_o.ptr, s.z.ptr, vd, dnw.norm.ptr, s.dn_y.ptr, n, cfg.rms_eps)?;
+        ops::dn_gated_norm(
+            gpu,
+            shape,
+            s.dn_o.ptr,
+            s.z.ptr,
+            vd,
+            dnw.norm.ptr,
+            s.dn_y.ptr,
+            n,
+            cfg.rms_eps,
+        )?;
         ops::linear(gpu, &dnw.out_proj, s.dn_y.ptr, vd, s.x.ptr, h, n, true)
     }
 
@@ -267,15 +345,40 @@ impl Forward<'_> {
         ops::linear(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n, false)?;
         ops::moe_route(gpu, s.router.ptr, s.ids.ptr, s.route_w.ptr, n, e, k)?;
         let items = n * k;
-        ops::linear_gather(gpu, &m.gate, s.ids.ptr, s.xn.ptr, h, k, s.eg.ptr, inter, items)?;
-        ops::linear_gather(gpu, &m.up, s.ids.ptr, s.xn.ptr, h, k, s.eu.ptr, inter, items)?;
+        ops::linear_gather(
+            gpu, &m.gate, s.ids.ptr, s.xn.ptr, h, k, s.eg.ptr, inter, items,
+        )?;
+        ops::linear_gather(
+            gpu, &m.up, s.ids.ptr, s.xn.ptr, h, k, s.eu.ptr, inter, items,
+        )?;
         ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
-        ops::linear_gather(gpu, &m.down, s.ids.ptr, s.eh.ptr, inter, 1, s.ey.ptr, h, items)?;
+        ops::linear_gather(
+            gpu, &m.down, s.ids.ptr, s.eh.ptr, inter, 1, s.ey.ptr, h, items,
+        )?;
         ops::linear(gpu, &m.shared_gate, s.xn.ptr, h, s.sg.ptr, sinter, n, false)?;
         ops::linear(gpu, &m.shared_up, s.xn.ptr, h, s.su.ptr, sinter, n, false)?;
         ops::silu_mul(gpu, s.sg.ptr, s.su.ptr, s.sh.ptr, n * sinter)?;
         ops::linear(gpu, &m.shared_down, s.sh.ptr, sinter, s.sy.ptr, h, n, false)?;
-        ops::linear(gpu, &m.shared_expert_gate, s.xn.ptr, h, s.s_gate.ptr, 1, n, false)?;
-        ops::moe_combine(gpu, s.x.ptr, s.ey.ptr, s.route_w.ptr, s.sy.ptr, s.s_gate.ptr, n, h, k)
+        ops::linear(
+            gpu,
+            &m.shared_expert_gate,
+            s.xn.ptr,
+            h,
+            s.s_gate.ptr,
+            1,
+            n,
+            false,
+        )?;
+        ops::moe_combine(
+            gpu,
+            s.x.ptr,
+            s.ey.ptr,
+            s.route_w.ptr,
+            s.sy.ptr,
+            s.s_gate.ptr,
+            n,
+            h,
+            k,
+        )
     }
 }

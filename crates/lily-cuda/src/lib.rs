@@ -2,14 +2,14 @@
 //! dynamic loading + our own NVRTC finder), so the one `lily-engine` binary builds with no CUDA
 //! toolkit and picks CUDA only when a usable GPU and NVRTC are present.
 
-pub mod cache;
-pub mod nvrtc;
-pub mod sources;
-pub mod device;
-pub mod ops;
 pub mod backend;
+pub mod cache;
+pub mod device;
 pub mod forward;
+pub mod nvrtc;
+pub mod ops;
 pub mod select;
+pub mod sources;
 pub mod weights;
 
 pub use backend::{CudaBackend, CudaOptions};

@@ -17,7 +17,13 @@ pub enum Arg {
     Weight(QWeightArg),
 }
 
-fn go(gpu: &Gpu, k: &Kernel, grid: (u32, u32, u32), block: (u32, u32, u32), mut args: Vec<Arg>) -> Result<()> {
+fn go(
+    gpu: &Gpu,
+    k: &Kernel,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    mut args: Vec<Arg>,
+) -> Result<()> {
     let mut ptrs: Vec<*mut c_void> = args
         .iter_mut()
         .map(|a| match a {
@@ -96,44 +102,136 @@ const MOE_MAX_E: usize = 1024;
 /// Shape limits of the simple kernels, checked once when a model is loaded.
 pub fn check_limits(cfg: &lily_core::config::ModelConfig) -> Result<()> {
     if cfg.head_dim > ATTN_MAX_D {
-        bail!("head_dim {} exceeds the CUDA attention kernel's limit {ATTN_MAX_D}", cfg.head_dim);
+        bail!(
+            "head_dim {} exceeds the CUDA attention kernel's limit {ATTN_MAX_D}",
+            cfg.head_dim
+        );
     }
     if cfg.conv_kernel > DN_MAX_K {
-        bail!("linear_conv_kernel_dim {} exceeds the CUDA conv kernel's limit {DN_MAX_K}", cfg.conv_kernel);
+        bail!(
+            "linear_conv_kernel_dim {} exceeds the CUDA conv kernel's limit {DN_MAX_K}",
+            cfg.conv_kernel
+        );
     }
     if cfg.dn_k_dim > DN_MAX_DK {
-        bail!("linear_key_head_dim {} exceeds the CUDA DeltaNet kernel's limit {DN_MAX_DK}", cfg.dn_k_dim);
+        bail!(
+            "linear_key_head_dim {} exceeds the CUDA DeltaNet kernel's limit {DN_MAX_DK}",
+            cfg.dn_k_dim
+        );
     }
     if cfg.n_experts > MOE_MAX_E || cfg.top_k > 32 {
-        bail!("{} experts / top {} exceed the CUDA router's limits ({MOE_MAX_E} / 32)", cfg.n_experts, cfg.top_k);
+        bail!(
+            "{} experts / top {} exceed the CUDA router's limits ({MOE_MAX_E} / 32)",
+            cfg.n_experts,
+            cfg.top_k
+        );
     }
     Ok(())
 }
 
 pub fn embed(gpu: &Gpu, w: &DevLinear, tokens: u64, x: u64, n_tok: usize) -> Result<()> {
-    go(gpu, &gpu.kernels.embed, (n_tok as u32, 1, 1), (128, 1, 1), vec![Arg::Weight(w.arg()), p(tokens), p(x), i(n_tok)])
+    go(
+        gpu,
+        &gpu.kernels.embed,
+        (n_tok as u32, 1, 1),
+        (128, 1, 1),
+        vec![Arg::Weight(w.arg()), p(tokens), p(x), i(n_tok)],
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn rms_norm(gpu: &Gpu, x: u64, x_stride: usize, w: u64, y: u64, y_stride: usize, cols: usize, eps: f32, rows: usize) -> Result<()> {
-    let args = vec![p(x), i(x_stride), p(w), p(y), i(y_stride), i(cols), f(eps), i(rows)];
-    go(gpu, &gpu.kernels.rms_norm, (rows as u32, 1, 1), (256, 1, 1), args)
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: u64,
+    x_stride: usize,
+    w: u64,
+    y: u64,
+    y_stride: usize,
+    cols: usize,
+    eps: f32,
+    rows: usize,
+) -> Result<()> {
+    let args = vec![
+        p(x),
+        i(x_stride),
+        p(w),
+        p(y),
+        i(y_stride),
+        i(cols),
+        f(eps),
+        i(rows),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.rms_norm,
+        (rows as u32, 1, 1),
+        (256, 1, 1),
+        args,
+    )
 }
 
 /// y[n, :] (+)= W x[n, :] for n < n_tok.
 #[allow(clippy::too_many_arguments)]
-pub fn linear(gpu: &Gpu, w: &DevLinear, x: u64, x_stride: usize, y: u64, y_stride: usize, n_tok: usize, accumulate: bool) -> Result<()> {
+pub fn linear(
+    gpu: &Gpu,
+    w: &DevLinear,
+    x: u64,
+    x_stride: usize,
+    y: u64,
+    y_stride: usize,
+    n_tok: usize,
+    accumulate: bool,
+) -> Result<()> {
     let grid = (blocks(w.rows, LINEAR_WARPS), blocks(n_tok, LINEAR_TOK), 1);
-    let args = vec![Arg::Weight(w.arg()), p(x), i(x_stride), p(y), i(y_stride), i(n_tok), i(accumulate as usize)];
-    go(gpu, &gpu.kernels.linear, grid, ((LINEAR_WARPS * 32) as u32, 1, 1), args)
+    let args = vec![
+        Arg::Weight(w.arg()),
+        p(x),
+        i(x_stride),
+        p(y),
+        i(y_stride),
+        i(n_tok),
+        i(accumulate as usize),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.linear,
+        grid,
+        ((LINEAR_WARPS * 32) as u32, 1, 1),
+        args,
+    )
 }
 
 /// y[n, :] = W_{ids[n]} x[n / x_div, :] for n < n_items.
 #[allow(clippy::too_many_arguments)]
-pub fn linear_gather(gpu: &Gpu, w: &DevLinear, ids: u64, x: u64, x_stride: usize, x_div: usize, y: u64, y_stride: usize, n_items: usize) -> Result<()> {
+pub fn linear_gather(
+    gpu: &Gpu,
+    w: &DevLinear,
+    ids: u64,
+    x: u64,
+    x_stride: usize,
+    x_div: usize,
+    y: u64,
+    y_stride: usize,
+    n_items: usize,
+) -> Result<()> {
     let grid = (blocks(w.rows, LINEAR_WARPS), n_items as u32, 1);
-    let args = vec![Arg::Weight(w.arg()), p(ids), p(x), i(x_stride), i(x_div), p(y), i(y_stride), i(n_items)];
-    go(gpu, &gpu.kernels.linear_gather, grid, ((LINEAR_WARPS * 32) as u32, 1, 1), args)
+    let args = vec![
+        Arg::Weight(w.arg()),
+        p(ids),
+        p(x),
+        i(x_stride),
+        i(x_div),
+        p(y),
+        i(y_stride),
+        i(n_items),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.linear_gather,
+        grid,
+        ((LINEAR_WARPS * 32) as u32, 1, 1),
+        args,
+    )
 }
 
 /// Shapes of the gated attention of one model.
@@ -161,23 +259,96 @@ pub struct QkPrep {
 
 pub fn attn_qk_prep(gpu: &Gpu, s: AttnShape, b: &QkPrep, n_tok: usize) -> Result<()> {
     let args = vec![
-        p(b.qg), p(b.k), p(b.v), p(b.q_out), p(b.k_cache), p(b.v_cache), p(b.q_norm), p(b.k_norm), p(b.pos),
-        i(n_tok), i(s.n_q), i(s.n_kv), i(s.d), i(s.rotary), f(s.theta), f(s.eps),
+        p(b.qg),
+        p(b.k),
+        p(b.v),
+        p(b.q_out),
+        p(b.k_cache),
+        p(b.v_cache),
+        p(b.q_norm),
+        p(b.k_norm),
+        p(b.pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.n_kv),
+        i(s.d),
+        i(s.rotary),
+        f(s.theta),
+        f(s.eps),
     ];
-    go(gpu, &gpu.kernels.attn_qk_prep, (n_tok as u32, (s.n_q + s.n_kv) as u32, 1), (128, 1, 1), args)
+    go(
+        gpu,
+        &gpu.kernels.attn_qk_prep,
+        (n_tok as u32, (s.n_q + s.n_kv) as u32, 1),
+        (128, 1, 1),
+        args,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn attn_decode(gpu: &Gpu, s: AttnShape, q: u64, qg: u64, k_cache: u64, v_cache: u64, out: u64, pos: u64, n_tok: usize) -> Result<()> {
+pub fn attn_decode(
+    gpu: &Gpu,
+    s: AttnShape,
+    q: u64,
+    qg: u64,
+    k_cache: u64,
+    v_cache: u64,
+    out: u64,
+    pos: u64,
+    n_tok: usize,
+) -> Result<()> {
     let scale = 1.0 / (s.d as f32).sqrt();
-    let args = vec![p(q), p(qg), p(k_cache), p(v_cache), p(out), p(pos), i(n_tok), i(s.n_q), i(s.n_kv), i(s.d), f(scale)];
-    go(gpu, &gpu.kernels.attn_decode, (n_tok as u32, s.n_q as u32, 1), (128, 1, 1), args)
+    let args = vec![
+        p(q),
+        p(qg),
+        p(k_cache),
+        p(v_cache),
+        p(out),
+        p(pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.n_kv),
+        i(s.d),
+        f(scale),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.attn_decode,
+        (n_tok as u32, s.n_q as u32, 1),
+        (128, 1, 1),
+        args,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn dn_conv(gpu: &Gpu, m: u64, m_stride: usize, conv_state: u64, w: u64, c: u64, n_tok: usize, conv_dim: usize, k: usize) -> Result<()> {
-    let args = vec![p(m), i(m_stride), p(conv_state), p(w), p(c), i(n_tok), i(conv_dim), i(k)];
-    go(gpu, &gpu.kernels.dn_conv, (blocks(conv_dim, 128), 1, 1), (128, 1, 1), args)
+pub fn dn_conv(
+    gpu: &Gpu,
+    m: u64,
+    m_stride: usize,
+    conv_state: u64,
+    w: u64,
+    c: u64,
+    n_tok: usize,
+    conv_dim: usize,
+    k: usize,
+) -> Result<()> {
+    let args = vec![
+        p(m),
+        i(m_stride),
+        p(conv_state),
+        p(w),
+        p(c),
+        i(n_tok),
+        i(conv_dim),
+        i(k),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.dn_conv,
+        (blocks(conv_dim, 128), 1, 1),
+        (128, 1, 1),
+        args,
+    )
 }
 
 /// Shapes of the Gated DeltaNet of one model.
@@ -202,38 +373,152 @@ pub struct DnRecurrent {
 
 pub fn dn_recurrent(gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Result<()> {
     let args = vec![
-        p(b.c), p(b.b), p(b.a), i(b.ba_stride), p(b.a_log), p(b.dt_bias), p(b.state), p(b.o),
-        i(n_tok), i(s.n_k), i(s.n_v), i(s.dk), i(s.dv), f(1e-6),
+        p(b.c),
+        p(b.b),
+        p(b.a),
+        i(b.ba_stride),
+        p(b.a_log),
+        p(b.dt_bias),
+        p(b.state),
+        p(b.o),
+        i(n_tok),
+        i(s.n_k),
+        i(s.n_v),
+        i(s.dk),
+        i(s.dv),
+        f(1e-6),
     ];
-    go(gpu, &gpu.kernels.dn_recurrent, (s.n_v as u32, blocks(s.dv, 32), 1), ((32 * DN_PARTS) as u32, 1, 1), args)
+    go(
+        gpu,
+        &gpu.kernels.dn_recurrent,
+        (s.n_v as u32, blocks(s.dv, 32), 1),
+        ((32 * DN_PARTS) as u32, 1, 1),
+        args,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn dn_gated_norm(gpu: &Gpu, s: DnShape, o: u64, z: u64, z_stride: usize, w: u64, y: u64, n_tok: usize, eps: f32) -> Result<()> {
-    let args = vec![p(o), p(z), i(z_stride), p(w), p(y), i(n_tok), i(s.n_v), i(s.dv), f(eps)];
-    go(gpu, &gpu.kernels.dn_gated_norm, (n_tok as u32, s.n_v as u32, 1), (128, 1, 1), args)
+pub fn dn_gated_norm(
+    gpu: &Gpu,
+    s: DnShape,
+    o: u64,
+    z: u64,
+    z_stride: usize,
+    w: u64,
+    y: u64,
+    n_tok: usize,
+    eps: f32,
+) -> Result<()> {
+    let args = vec![
+        p(o),
+        p(z),
+        i(z_stride),
+        p(w),
+        p(y),
+        i(n_tok),
+        i(s.n_v),
+        i(s.dv),
+        f(eps),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.dn_gated_norm,
+        (n_tok as u32, s.n_v as u32, 1),
+        (128, 1, 1),
+        args,
+    )
 }
 
-pub fn moe_route(gpu: &Gpu, logits: u64, ids: u64, weights: u64, n_tok: usize, n_experts: usize, top_k: usize) -> Result<()> {
-    let args = vec![p(logits), p(ids), p(weights), i(n_tok), i(n_experts), i(top_k)];
-    go(gpu, &gpu.kernels.moe_route, (n_tok as u32, 1, 1), (32, 1, 1), args)
+pub fn moe_route(
+    gpu: &Gpu,
+    logits: u64,
+    ids: u64,
+    weights: u64,
+    n_tok: usize,
+    n_experts: usize,
+    top_k: usize,
+) -> Result<()> {
+    let args = vec![
+        p(logits),
+        p(ids),
+        p(weights),
+        i(n_tok),
+        i(n_experts),
+        i(top_k),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.moe_route,
+        (n_tok as u32, 1, 1),
+        (32, 1, 1),
+        args,
+    )
 }
 
 pub fn silu_mul(gpu: &Gpu, g: u64, u: u64, h: u64, n: usize) -> Result<()> {
-    go(gpu, &gpu.kernels.silu_mul, (blocks(n, 256), 1, 1), (256, 1, 1), vec![p(g), p(u), p(h), Arg::I64(n as i64)])
+    go(
+        gpu,
+        &gpu.kernels.silu_mul,
+        (blocks(n, 256), 1, 1),
+        (256, 1, 1),
+        vec![p(g), p(u), p(h), Arg::I64(n as i64)],
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn moe_combine(gpu: &Gpu, x: u64, y_experts: u64, weights: u64, y_shared: u64, shared_gate: u64, n_tok: usize, hidden: usize, top_k: usize) -> Result<()> {
-    let args = vec![p(x), p(y_experts), p(weights), p(y_shared), p(shared_gate), i(n_tok), i(hidden), i(top_k)];
-    go(gpu, &gpu.kernels.moe_combine, (blocks(n_tok * hidden, 256), 1, 1), (256, 1, 1), args)
+pub fn moe_combine(
+    gpu: &Gpu,
+    x: u64,
+    y_experts: u64,
+    weights: u64,
+    y_shared: u64,
+    shared_gate: u64,
+    n_tok: usize,
+    hidden: usize,
+    top_k: usize,
+) -> Result<()> {
+    let args = vec![
+        p(x),
+        p(y_experts),
+        p(weights),
+        p(y_shared),
+        p(shared_gate),
+        i(n_tok),
+        i(hidden),
+        i(top_k),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.moe_combine,
+        (blocks(n_tok * hidden, 256), 1, 1),
+        (256, 1, 1),
+        args,
+    )
 }
 
-pub fn argmax_logprob(gpu: &Gpu, logits: u64, vocab: usize, token_out: u64, logprob_out: u64) -> Result<()> {
+pub fn argmax_logprob(
+    gpu: &Gpu,
+    logits: u64,
+    vocab: usize,
+    token_out: u64,
+    logprob_out: u64,
+) -> Result<()> {
     let args = vec![p(logits), i(vocab), p(token_out), p(logprob_out)];
-    go(gpu, &gpu.kernels.argmax_logprob, (1, 1, 1), (1024, 1, 1), args)
+    go(
+        gpu,
+        &gpu.kernels.argmax_logprob,
+        (1, 1, 1),
+        (1024, 1, 1),
+        args,
+    )
 }
 
 pub fn advance_pos(gpu: &Gpu, pos: u64, n: usize) -> Result<()> {
-    go(gpu, &gpu.kernels.advance_pos, (1, 1, 1), (32, 1, 1), vec![p(pos), i(n)])
+    go(
+        gpu,
+        &gpu.kernels.advance_pos,
+        (1, 1, 1),
+        (32, 1, 1),
+        vec![p(pos), i(n)],
+    )
 }

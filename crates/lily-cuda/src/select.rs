@@ -27,7 +27,10 @@ impl std::str::FromStr for DeviceChoice {
 
 /// The CUDA backend, or the reason it cannot run here (no driver, no GPU, no NVRTC, ...).
 pub fn cuda_backend(weights: &ModelWeights) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(CudaBackend::new(weights, CudaOptions::from_env())?))
+    Ok(Box::new(CudaBackend::new(
+        weights,
+        CudaOptions::from_env(),
+    )?))
 }
 
 /// `Cuda` → the CUDA backend or its error; `Cpu` → `cpu()`; `Auto` → CUDA if it starts, else
@@ -43,7 +46,10 @@ pub fn select_backend(
         DeviceChoice::Auto => match cuda_backend(weights) {
             Ok(b) => Ok(b),
             Err(e) => {
-                tracing::info!("device auto: using the CPU because CUDA is unavailable: {}", one_line(&e));
+                tracing::info!(
+                    "device auto: using the CPU because CUDA is unavailable: {}",
+                    one_line(&e)
+                );
                 cpu()
             }
         },
@@ -51,5 +57,9 @@ pub fn select_backend(
 }
 
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").lines().map(str::trim).collect::<Vec<_>>().join("; ")
+    format!("{e:#}")
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -65,14 +65,30 @@ pub struct DevModel {
 pub fn upload_linear(gpu: &Gpu, name: &str, l: &Linear) -> Result<DevLinear> {
     let elems = l.experts * l.rows * l.cols;
     match &l.data {
-        WeightData::Affine { bits, group, packed, scales, biases } => {
+        WeightData::Affine {
+            bits,
+            group,
+            packed,
+            scales,
+            biases,
+        } => {
             let (bits, group) = (*bits, *group);
-            if !matches!(bits, 4 | 8) || group == 0 || l.cols % group != 0 || (l.cols * bits as usize) % 32 != 0 {
-                bail!("{name}: unsupported affine layout (bits {bits}, group {group}, cols {})", l.cols);
+            if !matches!(bits, 4 | 8)
+                || group == 0
+                || !l.cols.is_multiple_of(group)
+                || !(l.cols * bits as usize).is_multiple_of(32)
+            {
+                bail!(
+                    "{name}: unsupported affine layout (bits {bits}, group {group}, cols {})",
+                    l.cols
+                );
             }
             let want_q = elems * bits as usize / 8;
             let want_s = l.experts * l.rows * (l.cols / group) * 2;
-            if packed.bytes().len() != want_q || scales.bytes().len() != want_s || biases.bytes().len() != want_s {
+            if packed.bytes().len() != want_q
+                || scales.bytes().len() != want_s
+                || biases.bytes().len() != want_s
+            {
                 bail!(
                     "{name}: packed/scales/biases are {}/{}/{} bytes, expected {want_q}/{want_s}/{want_s} for [{}, {}, {}] at {bits} bits",
                     packed.bytes().len(), scales.bytes().len(), biases.bytes().len(), l.experts, l.rows, l.cols
@@ -84,14 +100,29 @@ pub fn upload_linear(gpu: &Gpu, name: &str, l: &Linear) -> Result<DevLinear> {
                 cols: l.cols,
                 bits,
                 group,
-                q: gpu.upload(packed.bytes()).with_context(|| name.to_string())?,
-                scales: Some(gpu.upload(scales.bytes()).with_context(|| name.to_string())?),
-                biases: Some(gpu.upload(biases.bytes()).with_context(|| name.to_string())?),
+                q: gpu
+                    .upload(packed.bytes())
+                    .with_context(|| name.to_string())?,
+                scales: Some(
+                    gpu.upload(scales.bytes())
+                        .with_context(|| name.to_string())?,
+                ),
+                biases: Some(
+                    gpu.upload(biases.bytes())
+                        .with_context(|| name.to_string())?,
+                ),
             })
         }
         WeightData::Bf16 { data } => {
-            if data.bytes().len() != elems * 2 || l.cols % 2 != 0 {
-                bail!("{name}: bf16 data is {} bytes, expected {} for [{}, {}, {}]", data.bytes().len(), elems * 2, l.experts, l.rows, l.cols);
+            if data.bytes().len() != elems * 2 || !l.cols.is_multiple_of(2) {
+                bail!(
+                    "{name}: bf16 data is {} bytes, expected {} for [{}, {}, {}]",
+                    data.bytes().len(),
+                    elems * 2,
+                    l.experts,
+                    l.rows,
+                    l.cols
+                );
             }
             Ok(DevLinear {
                 experts: l.experts,
@@ -146,7 +177,12 @@ pub fn upload_model(gpu: &Gpu, w: &ModelWeights) -> Result<DevModel> {
                 in_z: up(n("linear_attn.in_proj_z"), &d.in_z)?,
                 in_b: up(n("linear_attn.in_proj_b"), &d.in_b)?,
                 in_a: up(n("linear_attn.in_proj_a"), &d.in_a)?,
-                conv: vec_f32(gpu, &n("linear_attn.conv1d"), &d.conv, cfg.conv_dim() * cfg.conv_kernel)?,
+                conv: vec_f32(
+                    gpu,
+                    &n("linear_attn.conv1d"),
+                    &d.conv,
+                    cfg.conv_dim() * cfg.conv_kernel,
+                )?,
                 a_log: vec_f32(gpu, &n("linear_attn.A_log"), &d.a_log, cfg.dn_v_heads)?,
                 dt_bias: vec_f32(gpu, &n("linear_attn.dt_bias"), &d.dt_bias, cfg.dn_v_heads)?,
                 norm: vec_f32(gpu, &n("linear_attn.norm"), &d.norm, cfg.dn_v_dim)?,
@@ -172,5 +208,11 @@ pub fn upload_model(gpu: &Gpu, w: &ModelWeights) -> Result<DevModel> {
         });
     }
     let final_norm = vec_f32(gpu, "norm", &w.final_norm, h)?;
-    Ok(DevModel { embed, layers, final_norm, lm_head, bytes })
+    Ok(DevModel {
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+        bytes,
+    })
 }
