@@ -4,4 +4,3 @@
 pub mod backend;
 pub mod config;
 pub mod sampling;
-pub mod weights;
