@@ -39,9 +39,10 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
         float y = buf[i];
         if (i < rotary) {
             int f = i < half ? i : i - half;
-            float inv_freq = 1.0f / powf(theta, (float)(2 * f) / (float)rotary);
-            float ang = (float)pos * inv_freq;
-            float c = act(cosf(ang)), s = act(sinf(ang));
+            // The angle in double: pos · theta^(-2f/R) loses whole radians in fp32 at long context.
+            double inv_freq = 1.0 / pow((double)theta, (double)(2 * f) / (double)rotary);
+            double ang = (double)pos * inv_freq;
+            float c = act((float)cos(ang)), s = act((float)sin(ang));
             y = i < half ? buf[i] * c - buf[i + half] * s : buf[i] * c + buf[i - half] * s;
             y = act(y);
         }

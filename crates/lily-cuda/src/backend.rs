@@ -105,7 +105,6 @@ impl CudaBackend {
         Forward {
             gpu: &self.gpu,
             cfg: &self.cfg,
-            model: &self.model,
             scratch: &self.scratch,
         }
     }
@@ -128,27 +127,28 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Feeds `tokens` and returns the logits of every one of them ([n][vocab]); the last row also
+    /// Feeds `tokens` and returns the logits of every one of them, `[T, vocab]`; the last row also
     /// becomes the pending logits. For parity tests and prompt log-probabilities.
-    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         self.gpu.bind()?;
         let v = self.cfg.vocab;
         let chunk = self.scratch.chunk;
         let out = self.gpu.alloc(chunk * v * 4)?;
-        let mut all = Vec::with_capacity(tokens.len());
+        let mut all = Vec::with_capacity(tokens.len() * v);
         self.check_tokens(self.seq(seq)?, tokens)?;
         for piece in tokens.chunks(chunk) {
             let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
             self.gpu.write(&self.scratch.tokens, 0, &ids)?;
             let s = self.seq(seq)?;
             self.forward().run(
+                &self.model,
                 s,
                 self.scratch.tokens.ptr,
                 piece.len(),
                 LogitsOut::All(out.ptr),
             )?;
             let flat: Vec<f32> = self.gpu.read(&out, 0, piece.len() * v)?;
-            all.extend(flat.chunks(v).map(|r| r.to_vec()));
+            all.extend_from_slice(&flat);
             self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
         }
         Ok(all)
@@ -231,8 +231,13 @@ impl Backend for CudaBackend {
             let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
             self.gpu.write(&self.scratch.tokens, 0, &ids)?;
             let s = self.seq(seq)?;
-            self.forward()
-                .run(s, self.scratch.tokens.ptr, piece.len(), LogitsOut::Last)?;
+            self.forward().run(
+                &self.model,
+                s,
+                self.scratch.tokens.ptr,
+                piece.len(),
+                LogitsOut::Last,
+            )?;
             self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
         }
         self.gpu.sync()
@@ -310,7 +315,7 @@ impl Backend for CudaBackend {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
             self.forward()
-                .run(s, s.next_token.ptr, 1, LogitsOut::Last)?;
+                .run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)?;
             self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         }
         self.gpu.sync()

@@ -17,35 +17,68 @@ const F32: usize = 4;
 pub struct Scratch {
     pub chunk: usize,
     pub tokens: DevBuf,
-    x: DevBuf,
-    xn: DevBuf,
-    qg: DevBuf,
-    k: DevBuf,
-    v: DevBuf,
-    q: DevBuf,
-    attn_o: DevBuf,
-    m: DevBuf,
-    z: DevBuf,
-    b: DevBuf,
-    a: DevBuf,
-    c: DevBuf,
-    dn_o: DevBuf,
-    dn_y: DevBuf,
-    router: DevBuf,
-    ids: DevBuf,
-    route_w: DevBuf,
-    eg: DevBuf,
-    eu: DevBuf,
-    eh: DevBuf,
-    ey: DevBuf,
-    sg: DevBuf,
-    su: DevBuf,
-    sh: DevBuf,
-    sy: DevBuf,
-    s_gate: DevBuf,
+    pub x: DevBuf,
+    pub xn: DevBuf,
+    pub qg: DevBuf,
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub q: DevBuf,
+    pub attn_o: DevBuf,
+    pub m: DevBuf,
+    pub z: DevBuf,
+    pub b: DevBuf,
+    pub a: DevBuf,
+    pub c: DevBuf,
+    pub dn_o: DevBuf,
+    pub dn_y: DevBuf,
+    pub router: DevBuf,
+    pub ids: DevBuf,
+    pub route_w: DevBuf,
+    pub eg: DevBuf,
+    pub eu: DevBuf,
+    pub eh: DevBuf,
+    pub ey: DevBuf,
+    pub sg: DevBuf,
+    pub su: DevBuf,
+    pub sh: DevBuf,
+    pub sy: DevBuf,
+    pub s_gate: DevBuf,
 }
 
 impl Scratch {
+    /// Fills every activation buffer with NaN (tests: unwritten outputs are caught).
+    pub fn poison(&self, gpu: &Gpu) -> Result<()> {
+        for b in [
+            &self.xn,
+            &self.qg,
+            &self.k,
+            &self.v,
+            &self.q,
+            &self.attn_o,
+            &self.m,
+            &self.z,
+            &self.b,
+            &self.a,
+            &self.c,
+            &self.dn_o,
+            &self.dn_y,
+            &self.router,
+            &self.route_w,
+            &self.eg,
+            &self.eu,
+            &self.eh,
+            &self.ey,
+            &self.sg,
+            &self.su,
+            &self.sh,
+            &self.sy,
+            &self.s_gate,
+        ] {
+            gpu.fill(b, 0xff)?;
+        }
+        Ok(())
+    }
+
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, chunk: usize) -> Result<Scratch> {
         let c = chunk;
         let buf = |elems: usize| gpu.alloc(elems * F32);
@@ -154,15 +187,21 @@ pub enum LogitsOut {
 pub struct Forward<'a> {
     pub gpu: &'a Gpu,
     pub cfg: &'a ModelConfig,
-    pub model: &'a DevModel,
     pub scratch: &'a Scratch,
 }
 
 impl Forward<'_> {
     /// Runs `n` tokens (ids at device address `tokens`, n <= chunk) through the model at the
     /// sequence's position, updating its caches and states, and advances the position by `n`.
-    pub fn run(&self, seq: &SeqState, tokens: u64, n: usize, out: LogitsOut) -> Result<()> {
-        let (gpu, cfg, s, model) = (self.gpu, self.cfg, self.scratch, self.model);
+    pub fn run(
+        &self,
+        model: &DevModel,
+        seq: &SeqState,
+        tokens: u64,
+        n: usize,
+        out: LogitsOut,
+    ) -> Result<()> {
+        let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
         let h = cfg.hidden;
         let eps = cfg.rms_eps;
         ops::embed(gpu, &model.embed, tokens, s.x.ptr, n)?;
@@ -230,6 +269,8 @@ impl Forward<'_> {
         }
         Ok(())
     }
+
+    // The blocks below read the normed input from scratch.xn and add their output to scratch.x.
 
     /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)).
     fn attention(
@@ -338,7 +379,7 @@ impl Forward<'_> {
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
-    fn moe(&self, m: &crate::weights::DevMoe, n: usize) -> Result<()> {
+    pub fn moe(&self, m: &crate::weights::DevMoe, n: usize) -> Result<()> {
         let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (e, k, inter, sinter) = (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
