@@ -273,7 +273,7 @@ impl Forward<'_> {
     // The blocks below read the normed input from scratch.xn and add their output to scratch.x.
 
     /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)).
-    fn attention(
+    pub fn attention(
         &self,
         a: &crate::weights::DevAttention,
         k_cache: u64,
@@ -322,7 +322,7 @@ impl Forward<'_> {
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).
-    fn deltanet(
+    pub fn deltanet(
         &self,
         dnw: &crate::weights::DevDeltaNet,
         state: u64,

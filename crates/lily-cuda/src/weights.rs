@@ -3,7 +3,10 @@
 //! Nothing is dequantised here; the kernels read the packed form (common.cuh `QWeight`).
 
 use anyhow::{bail, Context, Result};
-use lily_core::weights::{Linear, Mixer, ModelWeights, WeightData};
+use lily_core::config::ModelConfig;
+use lily_core::weights::{
+    AttentionWeights, DeltaNetWeights, Linear, Mixer, ModelWeights, MoeWeights, WeightData,
+};
 
 use crate::device::{DevBuf, Gpu};
 use crate::ops::DevLinear;
@@ -149,60 +152,117 @@ fn lin_bytes(l: &DevLinear) -> usize {
     l.q.bytes + l.scales.as_ref().map_or(0, |b| b.bytes) + l.biases.as_ref().map_or(0, |b| b.bytes)
 }
 
+/// Uploads one attention block's weights (`name` prefixes error messages).
+pub fn upload_attention(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    name: &str,
+    a: &AttentionWeights,
+) -> Result<DevAttention> {
+    let n = |s: &str| format!("{name}.{s}");
+    Ok(DevAttention {
+        q_proj: upload_linear(gpu, &n("q_proj"), &a.q_proj)?,
+        k_proj: upload_linear(gpu, &n("k_proj"), &a.k_proj)?,
+        v_proj: upload_linear(gpu, &n("v_proj"), &a.v_proj)?,
+        o_proj: upload_linear(gpu, &n("o_proj"), &a.o_proj)?,
+        q_norm: vec_f32(gpu, &n("q_norm"), &a.q_norm, cfg.head_dim)?,
+        k_norm: vec_f32(gpu, &n("k_norm"), &a.k_norm, cfg.head_dim)?,
+    })
+}
+
+/// Uploads one Gated DeltaNet block's weights.
+pub fn upload_deltanet(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    name: &str,
+    d: &DeltaNetWeights,
+) -> Result<DevDeltaNet> {
+    let n = |s: &str| format!("{name}.{s}");
+    Ok(DevDeltaNet {
+        in_qkv: upload_linear(gpu, &n("in_proj_qkv"), &d.in_qkv)?,
+        in_z: upload_linear(gpu, &n("in_proj_z"), &d.in_z)?,
+        in_b: upload_linear(gpu, &n("in_proj_b"), &d.in_b)?,
+        in_a: upload_linear(gpu, &n("in_proj_a"), &d.in_a)?,
+        conv: vec_f32(gpu, &n("conv1d"), &d.conv, cfg.conv_dim() * cfg.conv_kernel)?,
+        a_log: vec_f32(gpu, &n("A_log"), &d.a_log, cfg.dn_v_heads)?,
+        dt_bias: vec_f32(gpu, &n("dt_bias"), &d.dt_bias, cfg.dn_v_heads)?,
+        norm: vec_f32(gpu, &n("norm"), &d.norm, cfg.dn_v_dim)?,
+        out_proj: upload_linear(gpu, &n("out_proj"), &d.out_proj)?,
+    })
+}
+
+/// Uploads one MoE block's weights.
+pub fn upload_moe(gpu: &Gpu, name: &str, m: &MoeWeights) -> Result<DevMoe> {
+    let n = |s: &str| format!("{name}.{s}");
+    Ok(DevMoe {
+        router: upload_linear(gpu, &n("gate"), &m.router)?,
+        gate: upload_linear(gpu, &n("experts.gate_proj"), &m.gate)?,
+        up: upload_linear(gpu, &n("experts.up_proj"), &m.up)?,
+        down: upload_linear(gpu, &n("experts.down_proj"), &m.down)?,
+        shared_gate: upload_linear(gpu, &n("shared_expert.gate_proj"), &m.shared_gate)?,
+        shared_up: upload_linear(gpu, &n("shared_expert.up_proj"), &m.shared_up)?,
+        shared_down: upload_linear(gpu, &n("shared_expert.down_proj"), &m.shared_down)?,
+        shared_expert_gate: upload_linear(gpu, &n("shared_expert_gate"), &m.shared_expert_gate)?,
+    })
+}
+
+fn moe_bytes(m: &DevMoe) -> usize {
+    [
+        &m.router,
+        &m.gate,
+        &m.up,
+        &m.down,
+        &m.shared_gate,
+        &m.shared_up,
+        &m.shared_down,
+        &m.shared_expert_gate,
+    ]
+    .into_iter()
+    .map(lin_bytes)
+    .sum()
+}
+
 pub fn upload_model(gpu: &Gpu, w: &ModelWeights) -> Result<DevModel> {
     let cfg = &w.config;
     let h = cfg.hidden;
-    let mut bytes = 0usize;
-    let mut up = |name: String, l: &Linear| -> Result<DevLinear> {
-        let d = upload_linear(gpu, &name, l)?;
-        bytes += lin_bytes(&d);
-        Ok(d)
-    };
-    let embed = up("embed_tokens".into(), &w.embed)?;
-    let lm_head = up("lm_head".into(), &w.lm_head)?;
+    let embed = upload_linear(gpu, "embed_tokens", &w.embed)?;
+    let lm_head = upload_linear(gpu, "lm_head", &w.lm_head)?;
+    let mut bytes = lin_bytes(&embed) + lin_bytes(&lm_head);
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, lw) in w.layers.iter().enumerate() {
-        let n = |s: &str| format!("layers.{i}.{s}");
         let mixer = match &lw.mixer {
-            Mixer::Attention(a) => DevMixer::Attention(DevAttention {
-                q_proj: up(n("self_attn.q_proj"), &a.q_proj)?,
-                k_proj: up(n("self_attn.k_proj"), &a.k_proj)?,
-                v_proj: up(n("self_attn.v_proj"), &a.v_proj)?,
-                o_proj: up(n("self_attn.o_proj"), &a.o_proj)?,
-                q_norm: vec_f32(gpu, &n("self_attn.q_norm"), &a.q_norm, cfg.head_dim)?,
-                k_norm: vec_f32(gpu, &n("self_attn.k_norm"), &a.k_norm, cfg.head_dim)?,
-            }),
-            Mixer::DeltaNet(d) => DevMixer::DeltaNet(DevDeltaNet {
-                in_qkv: up(n("linear_attn.in_proj_qkv"), &d.in_qkv)?,
-                in_z: up(n("linear_attn.in_proj_z"), &d.in_z)?,
-                in_b: up(n("linear_attn.in_proj_b"), &d.in_b)?,
-                in_a: up(n("linear_attn.in_proj_a"), &d.in_a)?,
-                conv: vec_f32(
-                    gpu,
-                    &n("linear_attn.conv1d"),
-                    &d.conv,
-                    cfg.conv_dim() * cfg.conv_kernel,
-                )?,
-                a_log: vec_f32(gpu, &n("linear_attn.A_log"), &d.a_log, cfg.dn_v_heads)?,
-                dt_bias: vec_f32(gpu, &n("linear_attn.dt_bias"), &d.dt_bias, cfg.dn_v_heads)?,
-                norm: vec_f32(gpu, &n("linear_attn.norm"), &d.norm, cfg.dn_v_dim)?,
-                out_proj: up(n("linear_attn.out_proj"), &d.out_proj)?,
-            }),
+            Mixer::Attention(a) => {
+                let d = upload_attention(gpu, cfg, &format!("layers.{i}.self_attn"), a)?;
+                bytes += [&d.q_proj, &d.k_proj, &d.v_proj, &d.o_proj]
+                    .into_iter()
+                    .map(lin_bytes)
+                    .sum::<usize>();
+                DevMixer::Attention(d)
+            }
+            Mixer::DeltaNet(dn) => {
+                let d = upload_deltanet(gpu, cfg, &format!("layers.{i}.linear_attn"), dn)?;
+                bytes += [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out_proj]
+                    .into_iter()
+                    .map(lin_bytes)
+                    .sum::<usize>();
+                DevMixer::DeltaNet(d)
+            }
         };
-        let m = &lw.moe;
-        let moe = DevMoe {
-            router: up(n("mlp.gate"), &m.router)?,
-            gate: up(n("mlp.experts.gate_proj"), &m.gate)?,
-            up: up(n("mlp.experts.up_proj"), &m.up)?,
-            down: up(n("mlp.experts.down_proj"), &m.down)?,
-            shared_gate: up(n("mlp.shared_expert.gate_proj"), &m.shared_gate)?,
-            shared_up: up(n("mlp.shared_expert.up_proj"), &m.shared_up)?,
-            shared_down: up(n("mlp.shared_expert.down_proj"), &m.shared_down)?,
-            shared_expert_gate: up(n("mlp.shared_expert_gate"), &m.shared_expert_gate)?,
-        };
+        let moe = upload_moe(gpu, &format!("layers.{i}.mlp"), &lw.moe)?;
+        bytes += moe_bytes(&moe);
         layers.push(DevLayer {
-            input_norm: vec_f32(gpu, &n("input_layernorm"), &lw.input_norm, h)?,
-            post_norm: vec_f32(gpu, &n("post_attention_layernorm"), &lw.post_norm, h)?,
+            input_norm: vec_f32(
+                gpu,
+                &format!("layers.{i}.input_layernorm"),
+                &lw.input_norm,
+                h,
+            )?,
+            post_norm: vec_f32(
+                gpu,
+                &format!("layers.{i}.post_attention_layernorm"),
+                &lw.post_norm,
+                h,
+            )?,
             mixer,
             moe,
         });
