@@ -64,6 +64,14 @@ pub struct CudaBackend {
 impl CudaBackend {
     pub fn new(weights: &ModelWeights, opts: CudaOptions) -> Result<CudaBackend> {
         ops::check_limits(&weights.config)?;
+        // Grid limits of the simple kernels: gathered expert items and token blocks go in grid.y.
+        if opts.chunk == 0 || opts.chunk * weights.config.top_k > 65_535 {
+            bail!(
+                "prefill chunk {} must be in 1..={}",
+                opts.chunk,
+                65_535 / weights.config.top_k
+            );
+        }
         let gpu = Gpu::open(opts.ordinal, opts.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, opts.chunk)?;

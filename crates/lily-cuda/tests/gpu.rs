@@ -597,3 +597,50 @@ fn decode_chunking_and_snapshots_are_consistent() {
     );
     println!("MODEL snapshot/restore: the same 5 tokens after restore");
 }
+
+/// The on-disk kernel cache: a first open compiles, a second loads cubins, a corrupted entry is
+/// rebuilt (and the GPU still works).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn kernel_cache_is_used_and_corrupt_entries_are_rebuilt() {
+    let dir = std::env::temp_dir().join(format!("lily-kcache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("LILY_CACHE_DIR", &dir);
+    let t0 = std::time::Instant::now();
+    drop(gpu());
+    let cold = t0.elapsed();
+    let t1 = std::time::Instant::now();
+    drop(gpu());
+    let warm = t1.elapsed();
+    let files: Vec<_> = std::fs::read_dir(dir.join("cuda"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        files.len() >= 7,
+        "expected one cubin per kernel file, found {files:?}"
+    );
+    for f in &files {
+        let mut b = std::fs::read(f).unwrap();
+        let n = b.len();
+        b[n / 2] ^= 0x5a;
+        std::fs::write(f, &b).unwrap();
+    }
+    let g = gpu();
+    // The rebuilt kernels run: a tiny rms_norm.
+    let x = [1.5f32, -2.0, 0.5, 3.0];
+    let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&[1.0f32; 4]).unwrap());
+    let dy = poisoned(&g, 4);
+    gops::rms_norm(&g, dx.ptr, 4, dw.ptr, dy.ptr, 4, 4, 1e-6, 1).unwrap();
+    let y: Vec<f32> = g.read(&dy, 0, 4).unwrap();
+    check(
+        "rms_norm after cache rebuild",
+        &y,
+        &ops::rms_norm(&x, &[1.0; 4], 1e-6),
+        1e-6,
+    );
+    println!("CACHE cold open {cold:.2?}, warm open {warm:.2?}, corrupt entries rebuilt");
+    std::env::remove_var("LILY_CACHE_DIR");
+    let _ = std::fs::remove_dir_all(&dir);
+}

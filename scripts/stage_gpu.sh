@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the GPU test binaries here (release) and stages them, with gpu_check.sh, into
+# /work/main/.carry/cuda/ (or $1) for the device tool, which ships the main checkout + `.carry`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST="${1:-/work/main/.carry/cuda}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/main/target}"
+mkdir -p "$DEST/bin"
+out=$(cargo test --release --no-run -j2 -p lily-cuda --message-format=json 2>/dev/null)
+for t in gpu kernels_compile; do
+  exe=$(echo "$out" | python3 -c "
+import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get('reason')=='compiler-artifact' and m['target']['name']=='$t' and m.get('executable'):
+        print(m['executable'])" | tail -1)
+  [ -n "$exe" ] || { echo "no executable for test target $t" >&2; exit 1; }
+  cp "$exe" "$DEST/bin/$t"
+done
+cargo build --release -j2 -p lily-server
+cp "$CARGO_TARGET_DIR/release/lily-engine" "$DEST/bin/lily-engine"
+cp scripts/gpu_check.sh "$DEST/gpu_check.sh"
+strip --strip-debug "$DEST/bin/"* 2>/dev/null || true
+du -sh "$DEST"
