@@ -468,7 +468,17 @@ fn agreement(got: &[f32], want: &[f32], vocab: usize) -> Agreement {
 }
 
 fn parity(preset: Preset, format: SynthFormat, positions: usize) {
-    let w = synth_model(preset, format, 11);
+    parity_of(
+        &format!("{preset:?} {format:?}"),
+        synth_model(preset, format, 11),
+        positions,
+        true,
+    );
+}
+
+/// Teacher-forced logits over `positions` random tokens, CUDA (fp32 and bf16 activations) vs
+/// the CPU backend.
+fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: bool) {
     let vocab = w.config.vocab;
     let mut rng = Rng(99);
     let tokens: Vec<u32> = (0..positions).map(|_| rng.below(vocab) as u32).collect();
@@ -490,7 +500,7 @@ fn parity(preset: Preset, format: SynthFormat, positions: usize) {
         let got = cuda.prefill_all_logits(s, &tokens).unwrap();
         let a = agreement(&got, &want, vocab);
         println!(
-            "MODEL {preset:?} {format:?} {mode}: {positions} positions, logits rel_l2 {:.3e}, worst position {:.3e}, top-1 agreement {:.2}%",
+            "MODEL {label} {mode}: {positions} positions, logits rel_l2 {:.3e}, worst position {:.3e}, top-1 agreement {:.2}%",
             a.rel_l2, a.worst_position, 100.0 * a.top1
         );
         if !bf16_activations {
@@ -520,6 +530,35 @@ fn model_matches_cpu_on_tiny_hf_bf16_weights() {
 #[ignore = "needs an NVIDIA GPU"]
 fn model_matches_cpu_on_small_mlx() {
     parity(Preset::Small, SynthFormat::Mlx, 64);
+}
+
+/// The same comparison on any checkpoint directory (the full-size synthetic model on the GPU
+/// machine): LILY_PARITY_MODEL=DIR, LILY_PARITY_POSITIONS=N (default 32). Skips without them.
+#[test]
+#[ignore = "needs an NVIDIA GPU and LILY_PARITY_MODEL"]
+fn model_matches_cpu_on_checkpoint_from_env() {
+    let Some(dir) = std::env::var_os("LILY_PARITY_MODEL") else {
+        println!("LILY_PARITY_MODEL not set: skipped");
+        return;
+    };
+    let positions = std::env::var("LILY_PARITY_POSITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let t = std::time::Instant::now();
+    let w =
+        Arc::new(checkpoint::load(std::path::Path::new(&dir), &LoadOptions::default()).unwrap());
+    println!(
+        "loaded {} in {:.1?}",
+        std::path::Path::new(&dir).display(),
+        t.elapsed()
+    );
+    parity_of(
+        &format!("{}", std::path::Path::new(&dir).display()),
+        w,
+        positions,
+        false,
+    );
 }
 
 /// Greedy decode on the device agrees with the CPU's, step by step; prefill in chunks equals
