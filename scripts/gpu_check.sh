@@ -61,8 +61,9 @@ if [ "${LILY_GPU_FULL:-0}" = "1" ] && [ -x "$BIN/lily-engine" ]; then
   F=/tmp/lily-full-mlx
   [ -f "$F/config.json" ] || run full_synth "$BIN/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 1 --out "$F"
   P=$(python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(248000)) for _ in range(256)))')
-  run full_generate_bf16 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 64 --device cuda
-  grep -h "tok/s\|loaded" "$LOGS/full_generate_bf16.log" | sed 's/^/FULL /' | tee -a "$OUT/engine.txt"
+  run full_generate_bf16 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
+  run full_generate_bf16_nograph env LILY_CUDA_GRAPH=0 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
+  grep -h "tok/s" "$LOGS"/full_generate_*.log | sed 's/^/FULL /' | tee -a "$OUT/engine.txt"
   run full_parity env LILY_PARITY_MODEL="$F" LILY_PARITY_POSITIONS="${LILY_PARITY_POSITIONS:-16}" \
     "$BIN/gpu" --ignored --test-threads=1 --nocapture model_matches_cpu_on_checkpoint_from_env
   grep -h "^MODEL\|^loaded" "$LOGS/full_parity.log" | sed 's/^/FULL /' | tee -a "$OUT/engine.txt"

@@ -12,6 +12,7 @@ use lily_core::weights::ModelWeights;
 
 use crate::device::{DevBuf, Gpu};
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
+use crate::graph::DecodeGraph;
 use crate::ops;
 use crate::weights::{upload_model, DevModel};
 
@@ -24,6 +25,8 @@ pub struct CudaOptions {
     pub bf16_activations: bool,
     /// Largest prefill chunk (scratch is sized for it).
     pub chunk: usize,
+    /// Replay each sequence's decode step as a captured CUDA graph.
+    pub graphs: bool,
 }
 
 impl CudaOptions {
@@ -34,6 +37,7 @@ impl CudaOptions {
         CudaOptions {
             ordinal: env_usize("LILY_CUDA_DEVICE").unwrap_or(0),
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
+            graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
                 .unwrap_or(256),
@@ -160,6 +164,39 @@ impl CudaBackend {
             self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
         }
         Ok(all)
+    }
+
+    /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on
+    /// (captured at the sequence's first decode step), else the same launches one by one.
+    fn decode_step(&mut self, seq: SeqId) -> Result<()> {
+        let use_graph = self.opts.graphs && !self.gpu.sync_each;
+        if use_graph && self.seq(seq)?.decode_graph.is_none() {
+            let s = self.seq(seq)?;
+            let fwd = self.forward();
+            match DecodeGraph::capture(&self.gpu, || {
+                fwd.run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)
+            }) {
+                Ok(g) => {
+                    self.seqs
+                        .get_mut(&seq.0)
+                        .expect("checked above")
+                        .decode_graph = Some(g)
+                }
+                Err(e) => {
+                    tracing::warn!("CUDA graph capture failed, decoding without graphs: {e:#}");
+                    self.opts.graphs = false;
+                }
+            }
+        }
+        let s = self.seq(seq)?;
+        match (&s.decode_graph, self.opts.graphs && !self.gpu.sync_each) {
+            (Some(g), true) => g.launch(&self.gpu)?,
+            _ => self
+                .forward()
+                .run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)?,
+        }
+        self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
+        Ok(())
     }
 
     fn is_device_greedy(sampler: &Sampler) -> bool {
@@ -322,9 +359,7 @@ impl Backend for CudaBackend {
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
-            self.forward()
-                .run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)?;
-            self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
+            self.decode_step(seq)?;
         }
         self.gpu.sync()
     }

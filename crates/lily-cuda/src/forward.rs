@@ -133,6 +133,8 @@ pub struct SeqState {
     pub kv: Vec<(DevBuf, DevBuf)>,
     /// Per DeltaNet layer: recurrent state [Hv, dk, dv] fp32 and conv state [K-1, conv_dim].
     pub dn: Vec<(DevBuf, DevBuf)>,
+    /// The one-token step embedding `next_token`, captured at the first decode (graphs on).
+    pub decode_graph: Option<crate::graph::DecodeGraph>,
 }
 
 pub fn kv_elem_bytes(bf16: bool) -> usize {
@@ -170,6 +172,7 @@ impl SeqState {
             logits: gpu.alloc(cfg.vocab * F32)?,
             kv,
             dn,
+            decode_graph: None,
         };
         gpu.fill(&s.next_token, 0)?;
         Ok(s)

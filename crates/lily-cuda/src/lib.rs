@@ -6,6 +6,7 @@ pub mod backend;
 pub mod cache;
 pub mod device;
 pub mod forward;
+pub mod graph;
 pub mod nvrtc;
 pub mod ops;
 pub mod select;
