@@ -353,3 +353,16 @@ impl Kernels {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::arch_for;
+
+    #[test]
+    fn hopper_gets_its_architecture_specific_target() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(8, 0), "sm_80");
+        assert_eq!(arch_for(8, 9), "sm_89");
+        assert_eq!(arch_for(12, 0), "sm_120");
+    }
+}

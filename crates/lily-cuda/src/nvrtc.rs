@@ -53,22 +53,24 @@ pub struct Compiled {
 const LIB_NAMES: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 
 impl Nvrtc {
-    /// Finds and loads NVRTC. Order: `LILY_NVRTC` (a file), `CUDA_HOME`/`CUDA_PATH`,
+    /// Finds and loads NVRTC. Order: `LILY_NVRTC` (a file), `CUDA_HOME`/`CUDA_PATH`/`CUDA_ROOT`,
     /// `/usr/local/cuda`, `/usr/local/cuda-*` (newest first), the dynamic linker's own path,
     /// then the `nvidia-cuda-nvrtc` wheel in python3's site-packages.
     pub fn load() -> Result<Nvrtc> {
         let mut tried: Vec<String> = Vec::new();
-        for candidate in candidates() {
-            let shown = candidate.display().to_string();
-            // A bare name goes to the dynamic linker; a path must exist first.
-            if candidate.components().count() > 1 && !candidate.exists() {
-                tried.push(format!("{shown} (absent)"));
-                continue;
-            }
-            match Self::open(&candidate) {
-                Ok(nvrtc) => return Ok(nvrtc),
-                Err(e) => tried.push(format!("{shown} ({e})")),
-            }
+        if let Some(nvrtc) = try_each(candidates(), &mut tried) {
+            return Ok(nvrtc);
+        }
+        // Last, the pip wheel: asking python3 for its site-packages costs a process start, so
+        // only when nothing else worked.
+        let wheel = python_site_dirs().into_iter().flat_map(|site| {
+            [
+                site.join("nvidia/cu13/lib/libnvrtc.so.13"),
+                site.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"),
+            ]
+        });
+        if let Some(nvrtc) = try_each(wheel.collect(), &mut tried) {
+            return Ok(nvrtc);
         }
         bail!(
             "NVRTC (libnvrtc.so) not found; set LILY_NVRTC to the file or CUDA_HOME to the toolkit, \
@@ -215,7 +217,23 @@ fn preload_builtins(nvrtc: &Path) -> Option<Library> {
         .find_map(|p| unsafe { Library::new(p) }.ok())
 }
 
-/// Every place NVRTC may be, in the order we try them.
+fn try_each(candidates: Vec<PathBuf>, tried: &mut Vec<String>) -> Option<Nvrtc> {
+    for candidate in candidates {
+        let shown = candidate.display().to_string();
+        // A bare name goes to the dynamic linker; a path must exist first.
+        if candidate.components().count() > 1 && !candidate.exists() {
+            tried.push(format!("{shown} (absent)"));
+            continue;
+        }
+        match Nvrtc::open(&candidate) {
+            Ok(nvrtc) => return Some(nvrtc),
+            Err(e) => tried.push(format!("{shown} ({e})")),
+        }
+    }
+    None
+}
+
+/// Every place NVRTC may be apart from the pip wheel, in the order we try them.
 fn candidates() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("LILY_NVRTC") {
@@ -256,10 +274,6 @@ fn candidates() -> Vec<PathBuf> {
     }
     // Bare names: LD_LIBRARY_PATH, ldconfig's cache.
     out.extend(LIB_NAMES.iter().map(PathBuf::from));
-    for site in python_site_dirs() {
-        out.push(site.join("nvidia/cu13/lib/libnvrtc.so.13"));
-        out.push(site.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"));
-    }
     out
 }
 

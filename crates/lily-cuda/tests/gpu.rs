@@ -620,7 +620,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         got, no_graph,
         "decode through the captured graph must equal plain launches exactly"
     );
-    println!("MODEL decode graph == plain launches (tiny, 40+12 tokens: {plain_time:.2?} plain, {graph_time:.2?} graph incl. capture)");
+    println!("\nMODEL decode graph == plain launches (tiny, 40+12 tokens: {plain_time:.2?} plain, {graph_time:.2?} graph incl. capture)");
     let same = got.iter().zip(&want).filter(|(a, b)| a.0 == b.0).count();
     let worst_lp = got
         .iter()
