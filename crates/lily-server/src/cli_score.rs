@@ -32,7 +32,10 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     let ids = prompt(a.len, b.config().vocab, a.seed);
     let seq = b.new_seq(ids.len())?;
     let f32_path = a.out.with_extension("f32");
-    let mut file = std::io::BufWriter::new(std::fs::File::create(&f32_path).with_context(|| format!("cannot create {}", f32_path.display()))?);
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&f32_path)
+            .with_context(|| format!("cannot create {}", f32_path.display()))?,
+    );
     let t = std::time::Instant::now();
     for &id in &ids {
         b.prefill(seq, &[id])?;
@@ -44,6 +47,11 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     file.flush()?;
     let meta = json!({"backend": b.describe(), "model": a.model.display().to_string(), "ids": ids, "seconds": t.elapsed().as_secs_f64()});
     std::fs::write(a.out.with_extension("json"), serde_json::to_string(&meta)?)?;
-    eprintln!("scored {} positions on {} in {:.1} s", ids.len(), b.describe(), t.elapsed().as_secs_f64());
+    eprintln!(
+        "scored {} positions on {} in {:.1} s",
+        ids.len(),
+        b.describe(),
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
