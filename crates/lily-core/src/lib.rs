@@ -2,5 +2,9 @@
 //! checkpoint formats, text in and out, sampling, the generation loop, and the CPU reference backend.
 
 pub mod backend;
+pub mod chat;
 pub mod config;
+pub mod parse;
 pub mod sampling;
+pub mod stop;
+pub mod text;
