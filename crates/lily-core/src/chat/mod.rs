@@ -249,7 +249,8 @@ mod tests {
     fn null_fields_are_dropped_and_reasoning_is_aliased() {
         let t = tiny("{{ messages[0].content is defined }}|{{ messages[0].reasoning_content }}");
         let msgs = [json!({"role": "assistant", "content": null, "reasoning": "why"})];
-        assert_eq!(t.render(&msgs, None, &ChatOptions::default()).unwrap(), "false|why");
+        // Booleans print as Python does.
+        assert_eq!(t.render(&msgs, None, &ChatOptions::default()).unwrap(), "False|why");
     }
 
     #[test]
