@@ -67,7 +67,13 @@ impl SamplingParams {
 
     /// Checks the ranges the API accepts; the error names the field. `vocab` bounds logit_bias ids.
     pub fn validate(&self, vocab: usize) -> Result<(), String> {
-        let finite = |name: &str, v: f32| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number")) };
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number"))
+            }
+        };
         finite("temperature", self.temperature)?;
         finite("top_p", self.top_p)?;
         finite("min_p", self.min_p)?;
@@ -75,7 +81,10 @@ impl SamplingParams {
         finite("frequency_penalty", self.frequency_penalty)?;
         finite("repetition_penalty", self.repetition_penalty)?;
         if !(0.0..=2.0).contains(&self.temperature) {
-            return Err(format!("temperature must be between 0 and 2, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be between 0 and 2, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -83,20 +92,30 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(format!("min_p must be between 0 and 1, got {}", self.min_p));
         }
-        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
             if !(-2.0..=2.0).contains(&v) {
                 return Err(format!("{name} must be between -2 and 2, got {v}"));
             }
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 10.0) {
-            return Err(format!("repetition_penalty must be in (0, 10], got {}", self.repetition_penalty));
+            return Err(format!(
+                "repetition_penalty must be in (0, 10], got {}",
+                self.repetition_penalty
+            ));
         }
         for &(id, bias) in &self.logit_bias {
             if id as usize >= vocab {
-                return Err(format!("logit_bias token id {id} is outside the vocabulary (0..{vocab})"));
+                return Err(format!(
+                    "logit_bias token id {id} is outside the vocabulary (0..{vocab})"
+                ));
             }
             if !(-100.0..=100.0).contains(&bias) {
-                return Err(format!("logit_bias for token {id} must be between -100 and 100, got {bias}"));
+                return Err(format!(
+                    "logit_bias for token {id} must be between -100 and 100, got {bias}"
+                ));
             }
         }
         Ok(())
@@ -179,7 +198,8 @@ impl Sampler {
         let p = &self.params;
         !p.logit_bias.is_empty()
             || (p.repetition_penalty != 1.0 && !self.seen.is_empty())
-            || ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !self.output_counts.is_empty())
+            || ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+                && !self.output_counts.is_empty())
     }
 
     /// Steps 1–3: bias, repetition penalty, presence/frequency penalties.
@@ -193,7 +213,11 @@ impl Sampler {
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -211,11 +235,18 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l * inv_t)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| (i as u32, l * inv_t)),
+        );
         if c.is_empty() {
             c.push((0, 0.0));
         }
-        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let k = p.top_k as usize;
         if k > 0 && k < c.len() {
             c.select_nth_unstable_by(k - 1, by_logit_desc);

@@ -53,7 +53,10 @@ impl StopStrings {
 
     pub fn push(&mut self, delta: &str) -> StopScan {
         if self.stops.is_empty() {
-            return StopScan { text: delta.to_owned(), stopped: false };
+            return StopScan {
+                text: delta.to_owned(),
+                stopped: false,
+            };
         }
         self.held.push_str(delta);
         let markers: Vec<&str> = self.stops.iter().map(String::as_str).collect();
@@ -61,9 +64,15 @@ impl StopStrings {
             Scan::Found { at, .. } => {
                 let text = self.held[..at].to_owned();
                 self.held.clear();
-                StopScan { text, stopped: true }
+                StopScan {
+                    text,
+                    stopped: true,
+                }
             }
-            Scan::Settled(n) => StopScan { text: self.held.drain(..n).collect(), stopped: false },
+            Scan::Settled(n) => StopScan {
+                text: self.held.drain(..n).collect(),
+                stopped: false,
+            },
         }
     }
 
@@ -94,7 +103,10 @@ mod tests {
 
     #[test]
     fn stop_string_across_pieces_is_cut_and_not_emitted() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".into(), true)
+        );
         assert_eq!(run(&["\n\n"], &["line\n", "\nnext"]), ("line".into(), true));
     }
 
@@ -109,7 +121,10 @@ mod tests {
 
     #[test]
     fn earliest_of_several_stops_wins() {
-        assert_eq!(run(&["world", "lo w"], &["hello world"]), ("hel".into(), true));
+        assert_eq!(
+            run(&["world", "lo w"], &["hello world"]),
+            ("hel".into(), true)
+        );
     }
 
     #[test]

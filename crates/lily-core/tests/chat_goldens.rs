@@ -39,7 +39,9 @@ fn every_golden_conversation_renders_byte_identical_to_jinja2() {
         match (&case["expected"], &case["error"]) {
             (Value::String(want), _) => match got {
                 Ok(got) if &got == want => {}
-                Ok(got) => failures.push(format!("{name}: render differs\n--- want\n{want:?}\n--- got\n{got:?}")),
+                Ok(got) => failures.push(format!(
+                    "{name}: render differs\n--- want\n{want:?}\n--- got\n{got:?}"
+                )),
                 Err(e) => failures.push(format!("{name}: error {e}")),
             },
             (_, Value::String(want)) => match (got, case["error_from"].as_str()) {
@@ -52,7 +54,13 @@ fn every_golden_conversation_renders_byte_identical_to_jinja2() {
             _ => panic!("{name}: fixture case has neither expected nor error"),
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
@@ -65,7 +73,10 @@ fn template_is_also_read_from_tokenizer_config() {
     let template = ChatTemplate::from_dir(&dir).unwrap();
     let doc = goldens();
     let case = &doc["cases"][0];
-    assert_eq!(render(&template, case).unwrap(), case["expected"].as_str().unwrap());
+    assert_eq!(
+        render(&template, case).unwrap(),
+        case["expected"].as_str().unwrap()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -74,6 +85,9 @@ fn missing_template_error_names_the_files() {
     let dir = std::env::temp_dir().join(format!("lily-chat-missing-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let err = format!("{:#}", ChatTemplate::from_dir(&dir).unwrap_err());
-    assert!(err.contains("chat_template.jinja") && err.contains("tokenizer_config.json"), "{err}");
+    assert!(
+        err.contains("chat_template.jinja") && err.contains("tokenizer_config.json"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -18,12 +18,18 @@ fn tokenizer() -> &'static Tokenizer {
 }
 
 fn fixture(rel: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(rel);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Concatenated DecodeStream output for `ids` (flushing at the end).
@@ -38,14 +44,25 @@ fn stream_decode(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> (String, V
 fn encode_and_decode_match_python_tokenizers() {
     let tok = tokenizer();
     let doc = fixture("tokenizer/goldens.json");
-    assert_eq!(tok.vocab_size() as u64, doc["vocab_size_with_added"].as_u64().unwrap());
+    assert_eq!(
+        tok.vocab_size() as u64,
+        doc["vocab_size_with_added"].as_u64().unwrap()
+    );
     for case in doc["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let text = case["text"].as_str().unwrap();
         let want = ids_of(&case["ids"]);
         assert_eq!(tok.encode(text).unwrap(), want, "{name}: encode");
-        assert_eq!(tok.decode(&want, false), case["decoded"].as_str().unwrap(), "{name}: decode");
-        assert_eq!(tok.decode(&want, true), case["decoded_skip_special"].as_str().unwrap(), "{name}: decode skip");
+        assert_eq!(
+            tok.decode(&want, false),
+            case["decoded"].as_str().unwrap(),
+            "{name}: decode"
+        );
+        assert_eq!(
+            tok.decode(&want, true),
+            case["decoded_skip_special"].as_str().unwrap(),
+            "{name}: decode skip"
+        );
     }
 }
 
@@ -58,11 +75,18 @@ fn streaming_decode_equals_full_decode_and_never_splits_a_character() {
         let ids = ids_of(&case["ids"]);
         for skip in [false, true] {
             let (joined, deltas) = stream_decode(tok, &ids, skip);
-            let want = if skip { &case["decoded_skip_special"] } else { &case["decoded"] };
+            let want = if skip {
+                &case["decoded_skip_special"]
+            } else {
+                &case["decoded"]
+            };
             assert_eq!(joined, want.as_str().unwrap(), "{name} skip={skip}");
             // No delta carries a replacement character the full text does not have.
             if !joined.contains('\u{FFFD}') {
-                assert!(deltas.iter().all(|d| !d.contains('\u{FFFD}')), "{name}: {deltas:?}");
+                assert!(
+                    deltas.iter().all(|d| !d.contains('\u{FFFD}')),
+                    "{name}: {deltas:?}"
+                );
             }
         }
     }
@@ -72,7 +96,12 @@ fn streaming_decode_equals_full_decode_and_never_splits_a_character() {
 fn emoji_split_over_several_tokens_arrives_whole() {
     let tok = tokenizer();
     let doc = fixture("tokenizer/goldens.json");
-    let case = doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == "emoji").unwrap();
+    let case = doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "emoji")
+        .unwrap();
     let ids = ids_of(&case["ids"]);
     let mut s = tok.decode_stream(false);
     let mut silent = 0;
@@ -120,7 +149,10 @@ fn special_token_ids_match_model_md() {
     assert!(tok.is_special(ids::IM_END) && tok.is_special(ids::ENDOFTEXT));
     assert!(!tok.is_special(ids::THINK) && !tok.is_special(ids::TOOL_CALL));
     // MODEL.md §4 sanity ids.
-    assert_eq!(tok.encode("<|im_start|>assistant\n<think>\n").unwrap(), vec![248045, 74455, 198, 248068, 198]);
+    assert_eq!(
+        tok.encode("<|im_start|>assistant\n<think>\n").unwrap(),
+        vec![248045, 74455, 198, 248068, 198]
+    );
 }
 
 #[test]
@@ -134,7 +166,9 @@ fn random_id_sequences_decode_like_hf_tokenizers() {
     for _ in 0..200 {
         let ids: Vec<u32> = (0..30)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 33) % 248_320) as u32
             })
             .collect();
@@ -154,6 +188,9 @@ fn loading_errors_name_the_file() {
     let bad = std::env::temp_dir().join(format!("lily-bad-tokenizer-{}.json", std::process::id()));
     std::fs::write(&bad, "{\"not\": \"a tokenizer\"}").unwrap();
     let err = format!("{:#}", Tokenizer::from_file(&bad).unwrap_err());
-    assert!(err.contains(&*bad.to_string_lossy()) && err.contains("not a valid tokenizer.json"), "{err}");
+    assert!(
+        err.contains(&*bad.to_string_lossy()) && err.contains("not a valid tokenizer.json"),
+        "{err}"
+    );
     std::fs::remove_file(&bad).unwrap();
 }

@@ -86,7 +86,11 @@ impl ChatTemplate {
         }
         let config = dir.join("tokenizer_config.json");
         let text = std::fs::read_to_string(&config).with_context(|| {
-            format!("no chat_template.jinja in {} and cannot read {}", dir.display(), config.display())
+            format!(
+                "no chat_template.jinja in {} and cannot read {}",
+                dir.display(),
+                config.display()
+            )
         })?;
         let json: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not valid JSON", config.display()))?;
@@ -94,7 +98,8 @@ impl ChatTemplate {
             .get("chat_template")
             .and_then(Value::as_str)
             .ok_or_else(|| anyhow!("{}: no string field `chat_template`", config.display()))?;
-        Self::new(source.to_owned()).with_context(|| format!("in {} field chat_template", config.display()))
+        Self::new(source.to_owned())
+            .with_context(|| format!("in {} field chat_template", config.display()))
     }
 
     /// Compiles a template source; syntax errors name the line.
@@ -114,9 +119,16 @@ impl ChatTemplate {
 
     /// Renders OpenAI-style `messages` (and `tools`, the request's `tools` array as given) into
     /// the prompt text.
-    pub fn render(&self, messages: &[Value], tools: Option<&[Value]>, opts: &ChatOptions) -> Result<String, ChatError> {
+    pub fn render(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        opts: &ChatOptions,
+    ) -> Result<String, ChatError> {
         if messages.is_empty() {
-            return Err(ChatError::Invalid("messages must contain at least one message".into()));
+            return Err(ChatError::Invalid(
+                "messages must contain at least one message".into(),
+            ));
         }
         let messages = messages
             .iter()
@@ -125,24 +137,39 @@ impl ChatTemplate {
             .collect::<Result<Vec<_>, _>>()?;
         let mut ctx = opts.kwargs.clone();
         ctx.insert("messages".into(), Value::Array(messages));
-        ctx.insert("tools".into(), tools.map_or(Value::Null, |t| Value::Array(t.to_vec())));
+        ctx.insert(
+            "tools".into(),
+            tools.map_or(Value::Null, |t| Value::Array(t.to_vec())),
+        );
         ctx.insert("documents".into(), Value::Null);
-        ctx.insert("add_generation_prompt".into(), Value::Bool(opts.add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(opts.add_generation_prompt),
+        );
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatError::Template(format!("chat template: {e}")))?;
-        tmpl.render(JValue::from_serialize(&ctx)).map_err(template_error)
+        tmpl.render(JValue::from_serialize(&ctx))
+            .map_err(template_error)
     }
 }
 
 /// One message as transformers hands it to the template (see the module comment).
 fn prepare_message(i: usize, message: &Value) -> Result<Value, ChatError> {
     let Value::Object(fields) = message else {
-        return Err(ChatError::Invalid(format!("messages[{i}] must be an object")));
+        return Err(ChatError::Invalid(format!(
+            "messages[{i}] must be an object"
+        )));
     };
-    let mut m: Map<String, Value> = fields.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
-    let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| m.get(*k).cloned());
+    let mut m: Map<String, Value> = fields
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let reasoning = ["reasoning_content", "thinking", "reasoning"]
+        .iter()
+        .find_map(|k| m.get(*k).cloned());
     if let Some(r) = reasoning {
         m.entry("thinking").or_insert_with(|| r.clone());
         m.insert("reasoning_content".into(), r);
@@ -151,18 +178,26 @@ fn prepare_message(i: usize, message: &Value) -> Result<Value, ChatError> {
         for (j, call) in calls.iter_mut().enumerate() {
             let fields = match call {
                 Value::Object(c) => c,
-                _ => return Err(ChatError::Invalid(format!("messages[{i}].tool_calls[{j}] must be an object"))),
+                _ => {
+                    return Err(ChatError::Invalid(format!(
+                        "messages[{i}].tool_calls[{j}] must be an object"
+                    )))
+                }
             };
             let (path, fields) = match fields.get_mut("function") {
                 Some(Value::Object(f)) => ("function.arguments", f),
                 Some(_) => {
-                    return Err(ChatError::Invalid(format!("messages[{i}].tool_calls[{j}].function must be an object")))
+                    return Err(ChatError::Invalid(format!(
+                        "messages[{i}].tool_calls[{j}].function must be an object"
+                    )))
                 }
                 None => ("arguments", fields),
             };
             if let Some(Value::String(s)) = fields.get("arguments") {
                 let parsed: Value = serde_json::from_str(s).map_err(|e| {
-                    ChatError::Invalid(format!("messages[{i}].tool_calls[{j}].{path} is not valid JSON: {e}"))
+                    ChatError::Invalid(format!(
+                        "messages[{i}].tool_calls[{j}].{path} is not valid JSON: {e}"
+                    ))
                 })?;
                 if !parsed.is_object() {
                     return Err(ChatError::Invalid(format!(
@@ -190,7 +225,10 @@ fn template_error(err: JError) -> ChatError {
 }
 
 fn raise_exception(message: String) -> Result<JValue, JError> {
-    Err(JError::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
+    Err(JError::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{message}"),
+    ))
 }
 
 fn tojson(value: JValue) -> Result<JValue, JError> {
@@ -224,24 +262,38 @@ mod tests {
     #[test]
     fn tool_call_arguments_string_is_parsed_into_an_object() {
         let t = tiny("{% for k, v in messages[0].tool_calls[0].function.arguments|items %}{{ k }}={{ v|tojson }};{% endfor %}");
-        let msgs = [json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"b\": 1.0, \"a\": [true]}"}}]})];
-        assert_eq!(t.render(&msgs, None, &ChatOptions::default()).unwrap(), "b=1.0;a=[true];");
+        let msgs = [
+            json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"b\": 1.0, \"a\": [true]}"}}]}),
+        ];
+        assert_eq!(
+            t.render(&msgs, None, &ChatOptions::default()).unwrap(),
+            "b=1.0;a=[true];"
+        );
     }
 
     #[test]
     fn invalid_arguments_json_names_the_field() {
         let t = tiny("x");
-        let msgs = [json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]})];
+        let msgs = [
+            json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}),
+        ];
         let err = t.render(&msgs, None, &ChatOptions::default()).unwrap_err();
-        assert!(matches!(&err, ChatError::Invalid(m) if m.starts_with("messages[0].tool_calls[0].function.arguments is not valid JSON")), "{err}");
-        let msgs = [json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]})];
+        assert!(
+            matches!(&err, ChatError::Invalid(m) if m.starts_with("messages[0].tool_calls[0].function.arguments is not valid JSON")),
+            "{err}"
+        );
+        let msgs = [
+            json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}),
+        ];
         assert!(t.render(&msgs, None, &ChatOptions::default()).is_err());
     }
 
     #[test]
     fn raise_exception_message_passes_through_macros() {
         let t = tiny("{% macro m() %}{{ raise_exception('Bad thing.') }}{% endmacro %}{{ m() }}");
-        let err = t.render(&[json!({"role": "user"})], None, &ChatOptions::default()).unwrap_err();
+        let err = t
+            .render(&[json!({"role": "user"})], None, &ChatOptions::default())
+            .unwrap_err();
         assert_eq!(err, ChatError::Template("Bad thing.".into()));
     }
 
@@ -250,7 +302,10 @@ mod tests {
         let t = tiny("{{ messages[0].content is defined }}|{{ messages[0].reasoning_content }}");
         let msgs = [json!({"role": "assistant", "content": null, "reasoning": "why"})];
         // Booleans print as Python does.
-        assert_eq!(t.render(&msgs, None, &ChatOptions::default()).unwrap(), "False|why");
+        assert_eq!(
+            t.render(&msgs, None, &ChatOptions::default()).unwrap(),
+            "False|why"
+        );
     }
 
     #[test]
@@ -264,7 +319,10 @@ mod tests {
     #[test]
     fn empty_messages_are_refused() {
         let t = tiny("x");
-        assert!(matches!(t.render(&[], None, &ChatOptions::default()), Err(ChatError::Invalid(_))));
+        assert!(matches!(
+            t.render(&[], None, &ChatOptions::default()),
+            Err(ChatError::Invalid(_))
+        ));
     }
 
     #[test]

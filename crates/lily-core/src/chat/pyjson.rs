@@ -74,7 +74,11 @@ pub fn float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let sci = format!("{:e}", f.abs());
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
@@ -93,7 +97,11 @@ pub fn float_repr(f: f64) -> String {
             format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
         }
     } else {
-        let frac = if digits.len() > 1 { format!(".{}", &digits[1..]) } else { String::new() };
+        let frac = if digits.len() > 1 {
+            format!(".{}", &digits[1..])
+        } else {
+            String::new()
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{}{frac}e{esign}{:02}", &digits[..1], exp.abs())
     };

@@ -46,7 +46,10 @@ impl OutputParser {
     pub fn new(config: &ParserConfig) -> Self {
         OutputParser {
             reasoning: ReasoningParser::new(config.starts_in_reasoning),
-            tools: config.tools.as_deref().map(|t| ToolCallParser::new(ToolSchemas::from_tools(t))),
+            tools: config
+                .tools
+                .as_deref()
+                .map(|t| ToolCallParser::new(ToolSchemas::from_tools(t))),
             pieces: Vec::new(),
             content: Vec::new(),
         }

@@ -16,7 +16,9 @@ pub const THINK_END: &str = "</think>";
 /// Whether generation continues inside an open `<think>`: the prompt's last turn opened one and
 /// did not close it.
 pub fn prompt_opens_reasoning(prompt: &str) -> bool {
-    let last_turn = prompt.rfind("<|im_start|>").map_or(prompt, |i| &prompt[i..]);
+    let last_turn = prompt
+        .rfind("<|im_start|>")
+        .map_or(prompt, |i| &prompt[i..]);
     match (last_turn.rfind(THINK), last_turn.rfind(THINK_END)) {
         (Some(open), Some(close)) => open > close,
         (Some(_), None) => true,
@@ -86,6 +88,12 @@ impl ReasoningParser {
                         // Text came first: this `<think>` is content like any other.
                         let end = at + THINK.len();
                         self.emit_content(end, out);
+                    }
+                    // Only whitespace so far: a `<think>` may still follow and claim it.
+                    Scan::Settled(n)
+                        if !self.content_started && self.buf[..n].trim().is_empty() =>
+                    {
+                        return
                     }
                     Scan::Settled(n) => {
                         self.emit_content(n, out);
@@ -164,27 +172,54 @@ mod tests {
 
     #[test]
     fn prompt_state_is_read_from_the_last_turn() {
-        assert!(prompt_opens_reasoning("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-        assert!(!prompt_opens_reasoning("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n"));
+        assert!(prompt_opens_reasoning(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        ));
+        assert!(!prompt_opens_reasoning(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!prompt_opens_reasoning(
+            "<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n"
+        ));
     }
 
     #[test]
     fn thinking_on_output_splits_at_the_closing_tag() {
-        let got = run(true, &["Let me", " think.\n", "\n</thi", "nk>\n\nThe answer", " is 4."]);
-        assert_eq!(got, vec![Piece::Reasoning("Let me think.".into()), Piece::Content("The answer is 4.".into())]);
+        let got = run(
+            true,
+            &[
+                "Let me",
+                " think.\n",
+                "\n</thi",
+                "nk>\n\nThe answer",
+                " is 4.",
+            ],
+        );
+        assert_eq!(
+            got,
+            vec![
+                Piece::Reasoning("Let me think.".into()),
+                Piece::Content("The answer is 4.".into())
+            ]
+        );
     }
 
     #[test]
     fn thinking_off_output_is_all_content() {
         let got = run(false, &["Plain answer\n", "with lines."]);
-        assert_eq!(got, vec![Piece::Content("Plain answer\nwith lines.".into())]);
+        assert_eq!(
+            got,
+            vec![Piece::Content("Plain answer\nwith lines.".into())]
+        );
     }
 
     #[test]
     fn model_opened_think_at_start_is_reasoning() {
         let got = run(false, &["<think>\nhmm\n</think>\n\nok"]);
-        assert_eq!(got, vec![Piece::Reasoning("hmm".into()), Piece::Content("ok".into())]);
+        assert_eq!(
+            got,
+            vec![Piece::Reasoning("hmm".into()), Piece::Content("ok".into())]
+        );
     }
 
     #[test]
@@ -202,6 +237,12 @@ mod tests {
     #[test]
     fn inner_newlines_of_reasoning_are_kept() {
         let got = run(true, &["\na\n\nb\n", "\n</think>c"]);
-        assert_eq!(got, vec![Piece::Reasoning("a\n\nb".into()), Piece::Content("c".into())]);
+        assert_eq!(
+            got,
+            vec![
+                Piece::Reasoning("a\n\nb".into()),
+                Piece::Content("c".into())
+            ]
+        );
     }
 }

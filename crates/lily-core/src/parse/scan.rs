@@ -51,13 +51,19 @@ mod tests {
 
     #[test]
     fn finds_the_earliest_marker() {
-        assert_eq!(scan("ab</think>cd<tool_call>", &["<tool_call>", "</think>"]), Scan::Found { at: 2, which: 1 });
+        assert_eq!(
+            scan("ab</think>cd<tool_call>", &["<tool_call>", "</think>"]),
+            Scan::Found { at: 2, which: 1 }
+        );
     }
 
     #[test]
     fn holds_back_a_possible_marker_start() {
         assert_eq!(scan("hello </thi", &["</think>"]), Scan::Settled(6));
-        assert_eq!(scan("hello <", &["</think>", "<tool_call>"]), Scan::Settled(6));
+        assert_eq!(
+            scan("hello <", &["</think>", "<tool_call>"]),
+            Scan::Settled(6)
+        );
         assert_eq!(scan("hello", &["</think>"]), Scan::Settled(5));
         assert_eq!(scan("日本", &["本語"]), Scan::Settled(3));
     }

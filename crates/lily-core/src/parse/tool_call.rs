@@ -57,7 +57,9 @@ impl ToolSchemas {
         let mut properties = HashMap::new();
         for tool in tools {
             let f = tool.get("function").unwrap_or(tool);
-            let Some(name) = f.get("name").and_then(Value::as_str) else { continue };
+            let Some(name) = f.get("name").and_then(Value::as_str) else {
+                continue;
+            };
             let props = f
                 .pointer("/parameters/properties")
                 .and_then(Value::as_object)
@@ -111,7 +113,9 @@ impl ToolCallParser {
         self.buf.push_str(text);
         loop {
             if self.in_call {
-                let Scan::Found { at, .. } = scan(&self.buf, &[TOOL_CALL_END]) else { return };
+                let Scan::Found { at, .. } = scan(&self.buf, &[TOOL_CALL_END]) else {
+                    return;
+                };
                 let inner: String = self.buf.drain(..at).collect();
                 self.buf.drain(..TOOL_CALL_END.len());
                 self.in_call = false;
@@ -157,7 +161,11 @@ impl ToolCallParser {
         match closed.then(|| parse_calls(inner, &self.schemas)).flatten() {
             Some(calls) => {
                 for (name, arguments) in calls {
-                    out.push(ContentPiece::Call(ToolCall { index: self.calls, name, arguments }));
+                    out.push(ContentPiece::Call(ToolCall {
+                        index: self.calls,
+                        name,
+                        arguments,
+                    }));
                     self.calls += 1;
                 }
             }
@@ -200,16 +208,25 @@ fn parse_calls(inner: &str, schemas: &ToolSchemas) -> Option<Vec<(String, Map<St
             let pname = tag_name(&after[..pname_end])?;
             let value_and_rest = &after[pname_end + 1..];
             let (raw, next) = match value_and_rest.find(PARAMETER_END) {
-                Some(end) => (&value_and_rest[..end], &value_and_rest[end + PARAMETER_END.len()..]),
+                Some(end) => (
+                    &value_and_rest[..end],
+                    &value_and_rest[end + PARAMETER_END.len()..],
+                ),
                 // A missing `</parameter>`: the value runs to the next tag.
                 None => {
-                    let end = [PARAMETER, FUNCTION_END].iter().filter_map(|t| value_and_rest.find(t)).min()?;
+                    let end = [PARAMETER, FUNCTION_END]
+                        .iter()
+                        .filter_map(|t| value_and_rest.find(t))
+                        .min()?;
                     (&value_and_rest[..end], &value_and_rest[end..])
                 }
             };
             let raw = raw.strip_prefix('\n').unwrap_or(raw);
             let raw = raw.strip_suffix('\n').unwrap_or(raw);
-            args.insert(pname.to_owned(), typed_value(raw, schemas.param(name, pname)));
+            args.insert(
+                pname.to_owned(),
+                typed_value(raw, schemas.param(name, pname)),
+            );
             body = next;
         }
         calls.push((name.to_owned(), args));
@@ -246,7 +263,8 @@ fn schema_types(schema: &Value) -> Vec<&str> {
 /// the string.
 pub fn typed_value(raw: &str, schema: Option<&Value>) -> Value {
     let types = schema.map(schema_types).unwrap_or_default();
-    let guess = || serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_owned()));
+    let guess =
+        || serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_owned()));
     if types.is_empty() {
         return guess();
     }

@@ -3,7 +3,9 @@ use super::*;
 /// Random logits from a seeded generator (never zeros, never sorted).
 fn random_logits(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = Xoshiro256::seeded(seed);
-    (0..n).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+        .collect()
 }
 
 fn logits_for(probs: &[f64]) -> Vec<f32> {
@@ -103,7 +105,11 @@ fn top_p_keeps_the_smallest_set_reaching_the_mass() {
     let logits = logits_for(&probs);
     let draws = 30_000;
     let c = counts(params(1.0, 0.8, 0, 0.0), &logits, draws);
-    assert_eq!(c[0] + c[2], 0, "tokens outside the nucleus were drawn: {c:?}");
+    assert_eq!(
+        c[0] + c[2],
+        0,
+        "tokens outside the nucleus were drawn: {c:?}"
+    );
     for i in [1, 3, 4] {
         assert_frequency(c[i], draws, probs[i] / 0.85, &format!("token {i}"));
     }
@@ -119,12 +125,18 @@ fn top_k_keeps_the_k_best_with_renormalised_mass() {
     order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
     let draws = 30_000;
     let c = counts(params(1.0, 1.0, 3, 0.0), &logits, draws);
-    let w: Vec<f64> = order[..3].iter().map(|&i| (logits[i] as f64).exp()).collect();
+    let w: Vec<f64> = order[..3]
+        .iter()
+        .map(|&i| (logits[i] as f64).exp())
+        .collect();
     let z: f64 = w.iter().sum();
     for (j, &i) in order[..3].iter().enumerate() {
         assert_frequency(c[i], draws, w[j] / z, &format!("rank {j}"));
     }
-    assert_eq!(c.iter().sum::<usize>(), c[order[0]] + c[order[1]] + c[order[2]]);
+    assert_eq!(
+        c.iter().sum::<usize>(),
+        c[order[0]] + c[order[1]] + c[order[2]]
+    );
 }
 
 #[test]
@@ -245,7 +257,10 @@ fn nan_and_empty_logits_do_not_panic() {
     let mut s = Sampler::new(params(1.0, 0.9, 0, 0.1));
     assert_eq!(s.sample(&[]), 0);
     assert_eq!(s.sample(&[f32::NAN, 1.0, f32::NAN]), 1);
-    assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&[f32::NAN, 1.0]), 1);
+    assert_eq!(
+        Sampler::new(SamplingParams::greedy()).sample(&[f32::NAN, 1.0]),
+        1
+    );
     let t = s.sample(&[f32::NAN; 4]);
     assert!(t < 4);
 }
@@ -253,7 +268,10 @@ fn nan_and_empty_logits_do_not_panic() {
 #[test]
 fn model_defaults_follow_the_card() {
     let on = SamplingParams::model_defaults(true);
-    assert_eq!((on.temperature, on.top_p, on.top_k, on.min_p), (1.0, 0.95, 20, 0.0));
+    assert_eq!(
+        (on.temperature, on.top_p, on.top_k, on.min_p),
+        (1.0, 0.95, 20, 0.0)
+    );
     assert_eq!((on.presence_penalty, on.repetition_penalty), (1.5, 1.0));
     let off = SamplingParams::model_defaults(false);
     assert_eq!((off.temperature, off.top_p, off.top_k), (0.7, 0.8, 20));

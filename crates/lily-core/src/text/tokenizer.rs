@@ -117,7 +117,11 @@ impl Tokenizer {
 
     /// Whether `id` is an added token marked `special` (dropped when skipping special tokens).
     pub fn is_special(&self, id: u32) -> bool {
-        self.table.special.get(id as usize).copied().unwrap_or(false)
+        self.table
+            .special
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
     }
 }
 
@@ -142,7 +146,9 @@ fn byte_level_char_to_byte() -> std::collections::HashMap<char, u8> {
 fn build_table(hf: &HfTokenizer) -> Result<TokenTable> {
     match hf.get_decoder() {
         Some(DecoderWrapper::ByteLevel(_)) => {}
-        Some(other) => bail!("decoder is {other:?}; Lily's decoder expects ByteLevel (MODEL.md §4)"),
+        Some(other) => {
+            bail!("decoder is {other:?}; Lily's decoder expects ByteLevel (MODEL.md §4)")
+        }
         None => bail!("no decoder; Lily's decoder expects ByteLevel (MODEL.md §4)"),
     }
     let added = hf.get_added_tokens_decoder();
@@ -163,14 +169,20 @@ fn build_table(hf: &HfTokenizer) -> Result<TokenTable> {
                 .chars()
                 .map(|c| char_to_byte.get(&c).copied())
                 .collect::<Option<Vec<u8>>>()
-                .ok_or_else(|| anyhow!("token {id} {token:?} has a char outside the byte-level alphabet"))?,
+                .ok_or_else(|| {
+                    anyhow!("token {id} {token:?} has a char outside the byte-level alphabet")
+                })?,
         };
         bytes[i] = Some(piece.into_boxed_slice());
     }
     let bytes = bytes
         .into_iter()
         .enumerate()
-        .map(|(id, b)| b.ok_or_else(|| anyhow!("vocabulary has no token with id {id} (ids must be contiguous)")))
+        .map(|(id, b)| {
+            b.ok_or_else(|| {
+                anyhow!("vocabulary has no token with id {id} (ids must be contiguous)")
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(TokenTable { bytes, special })
 }
