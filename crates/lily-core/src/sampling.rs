@@ -122,6 +122,41 @@ impl SamplingParams {
     }
 }
 
+/// A request's sampling fields as the API received them; `None` = the field was left out and
+/// the model card's default (`SamplingParams::model_defaults`) applies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingRequest {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// 0 disables top-k (map vLLM's −1 to 0 before this).
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<Vec<(u32, f32)>>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingRequest {
+    /// The parameters to sample with. `thinking` picks the card's row (chat requests: whether the
+    /// template's `enable_thinking` is on); `random_seed` is used when the request has no seed.
+    pub fn resolve(&self, thinking: bool, random_seed: u64) -> SamplingParams {
+        let d = SamplingParams::model_defaults(thinking);
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            logit_bias: self.logit_bias.clone().unwrap_or_default(),
+            seed: self.seed.unwrap_or(random_seed),
+        }
+    }
+}
+
 /// Stateful sampler: parameters, random state and the token history the penalties need.
 #[derive(Clone, Debug)]
 pub struct Sampler {

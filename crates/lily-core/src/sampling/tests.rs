@@ -293,3 +293,23 @@ fn validate_names_the_bad_field() {
     assert!(bad(|p| p.logit_bias = vec![(1000, 1.0)]).starts_with("logit_bias"));
     assert!(bad(|p| p.logit_bias = vec![(5, 101.0)]).starts_with("logit_bias"));
 }
+
+#[test]
+fn left_out_fields_take_the_card_defaults() {
+    let req = SamplingRequest {
+        temperature: Some(0.2),
+        seed: Some(5),
+        ..Default::default()
+    };
+    let p = req.resolve(false, 99);
+    assert_eq!((p.temperature, p.seed), (0.2, 5));
+    assert_eq!((p.top_p, p.top_k, p.presence_penalty), (0.8, 20, 1.5));
+    let p = SamplingRequest::default().resolve(true, 99);
+    assert_eq!(
+        p,
+        SamplingParams {
+            seed: 99,
+            ..SamplingParams::model_defaults(true)
+        }
+    );
+}
