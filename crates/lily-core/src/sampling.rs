@@ -280,21 +280,29 @@ impl Sampler {
         if c.is_empty() {
             c.push((0, 0.0));
         }
-        let by_logit_desc =
+        // Logits first, weights later: the order is the same.
+        let heaviest_first =
             |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let k = p.top_k as usize;
         if k > 0 && k < c.len() {
-            c.select_nth_unstable_by(k - 1, by_logit_desc);
+            c.select_nth_unstable_by(k - 1, heaviest_first);
             c.truncate(k);
         }
-        c.sort_unstable_by(by_logit_desc);
-        // Probabilities relative to the best token (exp(0) = 1), then normalised.
-        let max = c[0].1;
+        // Probabilities relative to the best token (exp(0) = 1), normalised at the draw.
+        let max = c.iter().map(|e| e.1).fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0.0f64;
         for e in c.iter_mut() {
             e.1 = (e.1 - max).exp();
             total += e.1 as f64;
         }
+        if p.top_p < 1.0 {
+            // Tokens lighter than (1 − top_p)·total / n can never be in the nucleus: all of them
+            // together weigh less than the 1 − top_p the nucleus leaves out. Dropping them first
+            // spares sorting the whole vocabulary.
+            let floor = ((1.0 - p.top_p as f64) * total / c.len() as f64) as f32;
+            c.retain(|e| e.1 >= floor);
+        }
+        c.sort_unstable_by(heaviest_first);
         if p.top_p < 1.0 {
             let target = p.top_p as f64 * total;
             let mut mass = 0.0f64;
