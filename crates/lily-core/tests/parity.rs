@@ -216,8 +216,7 @@ fn bad_checkpoints_name_the_tensor() {
     let err = format!(
         "{:#}",
         load(&dir, &LoadOptions::default())
-            .err()
-            .expect("must fail")
+            .expect_err("must fail")
     );
     assert!(
         err.contains("model.language_model.layers.0.mlp.experts.gate_up_proj"),
@@ -227,8 +226,7 @@ fn bad_checkpoints_name_the_tensor() {
     let err = format!(
         "{:#}",
         load(&dir, &LoadOptions::default())
-            .err()
-            .expect("must fail")
+            .expect_err("must fail")
     );
     assert!(err.contains("no .safetensors"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
