@@ -1,8 +1,11 @@
 //! `lily-engine`: the one binary. Subcommands: synth (write a synthetic checkpoint), generate
 //! (greedy generation from token ids), and the others as they land.
 
+mod cli_bench;
 mod cli_generate;
+mod cli_score;
 mod cli_synth;
+mod device;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +26,10 @@ enum Command {
     Synth(cli_synth::SynthArgs),
     /// Greedy generation from token ids (text comes with the tokenizer).
     Generate(cli_generate::GenerateArgs),
+    /// Prefill and decode throughput sweep (PERFORMANCE.md §1).
+    Bench(cli_bench::BenchArgs),
+    /// Teacher-forced logits of every position (backend and peer comparisons).
+    Score(cli_score::ScoreArgs),
 }
 
 fn main() {
@@ -37,6 +44,8 @@ fn main() {
     let result = match cli.command {
         Command::Synth(args) => cli_synth::run(args),
         Command::Generate(args) => cli_generate::run(args),
+        Command::Bench(args) => cli_bench::run(args),
+        Command::Score(args) => cli_score::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
