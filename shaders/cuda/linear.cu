@@ -23,6 +23,8 @@ linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__
     for (int i = 0; i < LINEAR_TOK; i++) acc[i] = 0.0f;
     int wpr = qw_words_per_row(w);
     float vals[8];
+    // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound).
+#pragma unroll 4
     for (int wi = lane; wi < wpr; wi += 32) {
         int per = qw_unpack(w, r, wi, vals);
         int c0 = wi * per;
@@ -60,6 +62,8 @@ linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ 
     int wpr = qw_words_per_row(w);
     float vals[8];
     float acc = 0.0f;
+    // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound).
+#pragma unroll 4
     for (int wi = lane; wi < wpr; wi += 32) {
         int per = qw_unpack(w, row, wi, vals);
         int c0 = wi * per;
