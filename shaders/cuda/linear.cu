@@ -1,26 +1,30 @@
 // Linear layers straight from the packed checkpoint weights (MODEL.md §3.4), no dequantised copy.
 //
-//   linear:        y[n, r] (+)= sum_c W[r, c] x[n, c]      for n < n_tok (one weight, many tokens)
-//   linear_gather: y[n, r]   = sum_c W_{ids[n]}[r, c] x[n / x_div, c]   (MoE: one expert per item)
+//   linear / linear_wide: y[n, r] (+)= Σ_c W[r, c] x[n, c] for n < n_tok; one weight, many tokens;
+//                         a warp reuses each dequantised word for 4 (linear) or 16 (linear_wide)
+//                         tokens, so prefill reads the weight n_tok/16 times instead of n_tok.
+//   linear_gather:        y[n, r] = Σ_c W_{ids[n]}[r, c] x[n / x_div, c]: MoE decode, one expert per item.
+//   linear_grouped:       the same map for items grouped by expert into tiles of up to 16 items
+//                         (moe_group builds perm + tiles on the device), so a routed expert's
+//                         weights are read once per tile during prefill.
 //
 // Shapes: W [rows, cols] (or [E, rows, cols]); x [n, cols] fp32 with row stride x_stride;
-// y [n, rows] fp32 with row stride y_stride. Bytes: the weight once per block of TOK tokens
-// (4.5 bits/weight for 4-bit) + activations; FLOPs 2·rows·cols per token.
+// y [n, rows] fp32 with row stride y_stride. FLOPs 2·rows·cols per token.
 // Simple version: one warp per output row, lanes stride over packed words, fp32 accumulation.
 
 #define LINEAR_WARPS 4
-#define LINEAR_TOK 4
+#define GROUP_TILE 16  // must match moe.cu
 
-extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
-linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
-       int n_tok, int accumulate) {
+template <int TOK>
+__device__ __forceinline__ void linear_rows(const QWeight& w, const float* __restrict__ x, int x_stride,
+                                            float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * LINEAR_WARPS + warp;
-    int n0 = blockIdx.y * LINEAR_TOK;
+    int n0 = blockIdx.y * TOK;
     if (r >= w.rows) return;
-    float acc[LINEAR_TOK];
+    float acc[TOK];
 #pragma unroll
-    for (int i = 0; i < LINEAR_TOK; i++) acc[i] = 0.0f;
+    for (int i = 0; i < TOK; i++) acc[i] = 0.0f;
     int wpr = qw_words_per_row(w);
     float vals[8];
     // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound).
@@ -29,7 +33,7 @@ linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__
         int per = qw_unpack(w, r, wi, vals);
         int c0 = wi * per;
 #pragma unroll
-        for (int i = 0; i < LINEAR_TOK; i++) {
+        for (int i = 0; i < TOK; i++) {
             if (n0 + i < n_tok) {
                 const float* xr = x + (long long)(n0 + i) * x_stride + c0;
                 float s = 0.0f;
@@ -41,13 +45,25 @@ linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__
         }
     }
 #pragma unroll
-    for (int i = 0; i < LINEAR_TOK; i++) {
+    for (int i = 0; i < TOK; i++) {
         float s = warp_sum(acc[i]);
         if (lane == 0 && n0 + i < n_tok) {
             float* yp = y + (long long)(n0 + i) * y_stride + r;
             *yp = accumulate ? act(*yp + act(s)) : act(s);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
+linear(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+       int n_tok, int accumulate) {
+    linear_rows<4>(w, x, x_stride, y, y_stride, n_tok, accumulate);
+}
+
+extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
+linear_wide(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+            int n_tok, int accumulate) {
+    linear_rows<16>(w, x, x_stride, y, y_stride, n_tok, accumulate);
 }
 
 extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
@@ -62,7 +78,6 @@ linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ 
     int wpr = qw_words_per_row(w);
     float vals[8];
     float acc = 0.0f;
-    // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound).
 #pragma unroll 4
     for (int wi = lane; wi < wpr; wi += 32) {
         int per = qw_unpack(w, row, wi, vals);
@@ -73,4 +88,46 @@ linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ 
     }
     acc = warp_sum(acc);
     if (lane == 0) y[(long long)n * y_stride + r] = act(acc);
+}
+
+// tiles: [max_tiles][3] = (expert, start in perm, count ≤ GROUP_TILE); blocks past *n_tiles exit.
+extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)
+linear_grouped(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+               const int* __restrict__ n_tiles, const float* __restrict__ x, int x_stride, int x_div,
+               float* __restrict__ y, int y_stride) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * LINEAR_WARPS + warp;
+    int t = blockIdx.y;
+    if (r >= w.rows || t >= *n_tiles) return;
+    int e = tiles[3 * t], start = tiles[3 * t + 1], cnt = tiles[3 * t + 2];
+    long long row = (long long)e * w.rows + r;
+    int items[GROUP_TILE];
+    float acc[GROUP_TILE];
+#pragma unroll
+    for (int i = 0; i < GROUP_TILE; i++) {
+        items[i] = i < cnt ? perm[start + i] : 0;
+        acc[i] = 0.0f;
+    }
+    int wpr = qw_words_per_row(w);
+    float vals[8];
+    for (int wi = lane; wi < wpr; wi += 32) {
+        int per = qw_unpack(w, row, wi, vals);
+        int c0 = wi * per;
+#pragma unroll
+        for (int i = 0; i < GROUP_TILE; i++) {
+            if (i < cnt) {
+                const float* xr = x + (long long)(items[i] / x_div) * x_stride + c0;
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < per) s += vals[j] * xr[j];
+                acc[i] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GROUP_TILE; i++) {
+        float s = warp_sum(acc[i]);
+        if (lane == 0 && i < cnt) y[(long long)items[i] * y_stride + r] = act(s);
+    }
 }

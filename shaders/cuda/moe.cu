@@ -73,3 +73,41 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
     y += act(act(sigmoidf(shared_gate[t])) * y_shared[i]);
     x[i] = act(x[i] + act(y));
 }
+
+// moe_group: groups the n_items = T·K routed (token, slot) items by expert for linear_grouped:
+// perm [n_items] lists items expert by expert; tiles [≤ n_items/GROUP_TILE + E][3] holds
+// (expert, start, count) per run of up to GROUP_TILE items; *n_tiles their number. One block.
+// The order of items inside an expert does not matter: each item's result is its own row.
+#define GROUP_TILE 16  // must match linear.cu
+
+extern "C" __global__ void __launch_bounds__(1024)
+moe_group(const int* __restrict__ ids, int n_items, int n_experts, int* __restrict__ perm,
+          int* __restrict__ tiles, int* __restrict__ n_tiles) {
+    __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], fill[MOE_MAX_E];
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+        cnt[e] = 0;
+        fill[e] = 0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_items; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0, nt = 0;
+        for (int e = 0; e < n_experts; e++) {
+            off[e] = run;
+            for (int s = 0; s < cnt[e]; s += GROUP_TILE) {
+                tiles[3 * nt] = e;
+                tiles[3 * nt + 1] = run + s;
+                tiles[3 * nt + 2] = min(GROUP_TILE, cnt[e] - s);
+                nt++;
+            }
+            run += cnt[e];
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_items; i += blockDim.x) {
+        int e = ids[i];
+        perm[off[e] + atomicAdd(&fill[e], 1)] = i;
+    }
+}

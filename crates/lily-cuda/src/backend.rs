@@ -27,6 +27,8 @@ pub struct CudaOptions {
     pub chunk: usize,
     /// Replay each sequence's decode step as a captured CUDA graph.
     pub graphs: bool,
+    /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
+    pub moe_grouped: bool,
 }
 
 impl CudaOptions {
@@ -38,6 +40,7 @@ impl CudaOptions {
             ordinal: env_usize("LILY_CUDA_DEVICE").unwrap_or(0),
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
+            moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
                 .unwrap_or(256),
@@ -118,6 +121,7 @@ impl CudaBackend {
             gpu: &self.gpu,
             cfg: &self.cfg,
             scratch: &self.scratch,
+            moe_grouped: self.opts.moe_grouped,
         }
     }
 

@@ -43,6 +43,11 @@ pub struct Scratch {
     pub sh: DevBuf,
     pub sy: DevBuf,
     pub s_gate: DevBuf,
+    /// MoE items grouped by expert (prefill): permutation, tiles (expert, start, count), count.
+    pub perm: DevBuf,
+    pub tiles: DevBuf,
+    pub n_tiles: DevBuf,
+    pub max_tiles: usize,
 }
 
 impl Scratch {
@@ -73,6 +78,9 @@ impl Scratch {
             &self.sh,
             &self.sy,
             &self.s_gate,
+            &self.perm,
+            &self.tiles,
+            &self.n_tiles,
         ] {
             gpu.fill(b, 0xff)?;
         }
@@ -112,6 +120,10 @@ impl Scratch {
             sh: buf(c * cfg.shared_inter)?,
             sy: buf(c * h)?,
             s_gate: buf(c)?,
+            perm: buf(c * tk)?,
+            tiles: buf(3 * ops::max_group_tiles(c * tk, cfg.n_experts))?,
+            n_tiles: buf(1)?,
+            max_tiles: ops::max_group_tiles(c * tk, cfg.n_experts),
         })
     }
 }
@@ -191,6 +203,10 @@ pub struct Forward<'a> {
     pub gpu: &'a Gpu,
     pub cfg: &'a ModelConfig,
     pub scratch: &'a Scratch,
+    /// Prefill chunks run the routed experts grouped by expert (moe_group + linear_grouped), so
+    /// each expert's weights are read once per tile instead of once per item (LILY_MOE_GROUPED=0
+    /// turns it off). Decode (one token) always gathers.
+    pub moe_grouped: bool,
 }
 
 impl Forward<'_> {
@@ -389,16 +405,31 @@ impl Forward<'_> {
         ops::linear(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n, false)?;
         ops::moe_route(gpu, s.router.ptr, s.ids.ptr, s.route_w.ptr, n, e, k)?;
         let items = n * k;
-        ops::linear_gather(
-            gpu, &m.gate, s.ids.ptr, s.xn.ptr, h, k, s.eg.ptr, inter, items,
-        )?;
-        ops::linear_gather(
-            gpu, &m.up, s.ids.ptr, s.xn.ptr, h, k, s.eu.ptr, inter, items,
-        )?;
-        ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
-        ops::linear_gather(
-            gpu, &m.down, s.ids.ptr, s.eh.ptr, inter, 1, s.ey.ptr, h, items,
-        )?;
+        if self.moe_grouped && n > 1 {
+            let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);
+            ops::moe_group(gpu, s.ids.ptr, items, e, perm, tiles, nt)?;
+            ops::linear_grouped(
+                gpu, &m.gate, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eg.ptr, inter,
+            )?;
+            ops::linear_grouped(
+                gpu, &m.up, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eu.ptr, inter,
+            )?;
+            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
+            ops::linear_grouped(
+                gpu, &m.down, perm, tiles, nt, mt, s.eh.ptr, inter, 1, s.ey.ptr, h,
+            )?;
+        } else {
+            ops::linear_gather(
+                gpu, &m.gate, s.ids.ptr, s.xn.ptr, h, k, s.eg.ptr, inter, items,
+            )?;
+            ops::linear_gather(
+                gpu, &m.up, s.ids.ptr, s.xn.ptr, h, k, s.eu.ptr, inter, items,
+            )?;
+            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
+            ops::linear_gather(
+                gpu, &m.down, s.ids.ptr, s.eh.ptr, inter, 1, s.ey.ptr, h, items,
+            )?;
+        }
         ops::linear(gpu, &m.shared_gate, s.xn.ptr, h, s.sg.ptr, sinter, n, false)?;
         ops::linear(gpu, &m.shared_up, s.xn.ptr, h, s.su.ptr, sinter, n, false)?;
         ops::silu_mul(gpu, s.sg.ptr, s.su.ptr, s.sh.ptr, n * sinter)?;

@@ -93,6 +93,9 @@ impl DevLinear {
 // Must match the #defines at the top of each kernel file.
 const LINEAR_WARPS: usize = 4;
 const LINEAR_TOK: usize = 4;
+const LINEAR_WIDE_TOK: usize = 16;
+/// Items per tile of linear_grouped (GROUP_TILE in linear.cu and moe.cu).
+pub const GROUP_TILE: usize = 16;
 const ATTN_MAX_D: usize = 256;
 const DN_MAX_K: usize = 8;
 const DN_MAX_DK: usize = 128;
@@ -182,7 +185,13 @@ pub fn linear(
     n_tok: usize,
     accumulate: bool,
 ) -> Result<()> {
-    let grid = (blocks(w.rows, LINEAR_WARPS), blocks(n_tok, LINEAR_TOK), 1);
+    // Prefill: reuse each dequantised weight word for 16 tokens; decode: 4 (less idle work).
+    let (kernel, tok) = if n_tok >= LINEAR_WIDE_TOK {
+        (&gpu.kernels.linear_wide, LINEAR_WIDE_TOK)
+    } else {
+        (&gpu.kernels.linear, LINEAR_TOK)
+    };
+    let grid = (blocks(w.rows, LINEAR_WARPS), blocks(n_tok, tok), 1);
     let args = vec![
         Arg::Weight(w.arg()),
         p(x),
@@ -192,13 +201,7 @@ pub fn linear(
         i(n_tok),
         i(accumulate as usize),
     ];
-    go(
-        gpu,
-        &gpu.kernels.linear,
-        grid,
-        ((LINEAR_WARPS * 32) as u32, 1, 1),
-        args,
-    )
+    go(gpu, kernel, grid, ((LINEAR_WARPS * 32) as u32, 1, 1), args)
 }
 
 /// y[n, :] = W_{ids[n]} x[n / x_div, :] for n < n_items.
@@ -451,6 +454,68 @@ pub fn moe_route(
         &gpu.kernels.moe_route,
         (n_tok as u32, 1, 1),
         (32, 1, 1),
+        args,
+    )
+}
+
+/// Upper bound of the tiles moe_group can produce for `n_items` items over `n_experts`.
+pub fn max_group_tiles(n_items: usize, n_experts: usize) -> usize {
+    n_items.div_ceil(GROUP_TILE) + n_experts.min(n_items)
+}
+
+/// Groups routed items by expert: `perm` [n_items], `tiles` [max_group_tiles][3], `n_tiles` [1].
+pub fn moe_group(
+    gpu: &Gpu,
+    ids: u64,
+    n_items: usize,
+    n_experts: usize,
+    perm: u64,
+    tiles: u64,
+    n_tiles: u64,
+) -> Result<()> {
+    let args = vec![
+        p(ids),
+        i(n_items),
+        i(n_experts),
+        p(perm),
+        p(tiles),
+        p(n_tiles),
+    ];
+    go(gpu, &gpu.kernels.moe_group, (1, 1, 1), (1024, 1, 1), args)
+}
+
+/// y[item, :] = W_{expert} x[item / x_div, :] over the tiles moe_group built.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_grouped(
+    gpu: &Gpu,
+    w: &DevLinear,
+    perm: u64,
+    tiles: u64,
+    n_tiles: u64,
+    max_tiles: usize,
+    x: u64,
+    x_stride: usize,
+    x_div: usize,
+    y: u64,
+    y_stride: usize,
+) -> Result<()> {
+    let grid = (blocks(w.rows, LINEAR_WARPS), max_tiles as u32, 1);
+    let args = vec![
+        Arg::Weight(w.arg()),
+        p(perm),
+        p(tiles),
+        p(n_tiles),
+        p(x),
+        i(x_stride),
+        i(x_div),
+        p(y),
+        i(y_stride),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.linear_grouped,
+        grid,
+        ((LINEAR_WARPS * 32) as u32, 1, 1),
         args,
     )
 }

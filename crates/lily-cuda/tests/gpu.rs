@@ -116,7 +116,7 @@ fn linear_matches_cpu_matmul_for_4bit_8bit_and_bf16() {
     let g = gpu();
     let mut rng = Rng(1);
     for bits in [4u32, 8, 16] {
-        for t in [1usize, 3, 9] {
+        for t in [1usize, 3, 9, 16, 37] {
             let (rows, cols) = (70, 320);
             let w = linear(&mut rng, bits, 1, rows, cols);
             let dw = upload_linear(&g, "w", &w).unwrap();
@@ -173,6 +173,60 @@ fn linear_gather_matches_cpu_per_expert() {
     }
 }
 
+/// Items grouped by expert on the device (moe_group) and run tile by tile (linear_grouped):
+/// some experts get more than one 16-item tile, some none.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn linear_grouped_matches_cpu_per_expert() {
+    let g = gpu();
+    let mut rng = Rng(21);
+    for bits in [4u32, 8, 16] {
+        let (e, rows, cols, t, k) = (7, 36, 128, 25, 2);
+        let items = t * k;
+        let w = linear(&mut rng, bits, e, rows, cols);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = rng.vec(t * cols, 1.0);
+        // Skewed routing: expert 3 gets > 16 items, expert 6 none.
+        let ids: Vec<i32> = (0..items)
+            .map(|n| {
+                if n % 2 == 0 {
+                    3
+                } else {
+                    rng.below(e - 1) as i32
+                }
+            })
+            .collect();
+        let (dx, dids) = (g.upload(&x).unwrap(), g.upload(&ids).unwrap());
+        let max_tiles = gops::max_group_tiles(items, e);
+        let (perm, tiles, nt) = (
+            poisoned(&g, items),
+            poisoned(&g, 3 * max_tiles),
+            poisoned(&g, 1),
+        );
+        gops::moe_group(&g, dids.ptr, items, e, perm.ptr, tiles.ptr, nt.ptr).unwrap();
+        let dy = poisoned(&g, items * rows);
+        gops::linear_grouped(
+            &g, &dw, perm.ptr, tiles.ptr, nt.ptr, max_tiles, dx.ptr, cols, k, dy.ptr, rows,
+        )
+        .unwrap();
+        let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+        let mut want = Vec::new();
+        for (n, &id) in ids.iter().enumerate() {
+            want.extend(matmul(
+                &w.expert(id as usize),
+                &x[(n / k) * cols..(n / k + 1) * cols],
+            ));
+        }
+        let n_tiles: Vec<i32> = g.read(&nt, 0, 1).unwrap();
+        check(
+            &format!("linear_grouped bits={bits} ({} tiles)", n_tiles[0]),
+            &y,
+            &want,
+            1e-5,
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn embed_matches_dequantised_rows() {
@@ -215,6 +269,7 @@ struct BlockRig {
     cfg: ModelConfig,
     scratch: Scratch,
     seq: SeqState,
+    moe_grouped: std::cell::Cell<bool>,
 }
 
 impl BlockRig {
@@ -228,6 +283,7 @@ impl BlockRig {
             cfg,
             scratch,
             seq,
+            moe_grouped: std::cell::Cell::new(true),
         }
     }
     fn fwd(&self) -> Forward<'_> {
@@ -235,6 +291,7 @@ impl BlockRig {
             gpu: &self.g,
             cfg: &self.cfg,
             scratch: &self.scratch,
+            moe_grouped: self.moe_grouped.get(),
         }
     }
     /// Poisons the scratch, writes x and xn, runs `f`, returns x_out − x_in.
@@ -358,12 +415,13 @@ fn moe_block_and_routing_match_cpu() {
         shared_expert_gate: linear(&mut rng, 8, 1, 1, h),
     };
     let dw = upload_moe(&rig.g, "moe", &w).unwrap();
-    for n in [1usize, 6] {
+    for (grouped, n) in [(false, 1usize), (false, 6), (true, 6), (true, 8)] {
+        rig.moe_grouped.set(grouped);
         let x = rng.vec(n * h, 0.5);
         let xn = rng.vec(n * h, 1.0);
         let got = rig.run(&x, &xn, |f| f.moe(&dw, n).unwrap());
         check(
-            &format!("moe block T={n}"),
+            &format!("moe block T={n} grouped={grouped}"),
             &got,
             &ops::moe(&c, &w, &xn),
             1e-4,
@@ -503,6 +561,7 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
                 bf16_activations,
                 chunk: 24,
                 graphs: true,
+                moe_grouped: true,
             },
         )
         .unwrap();
@@ -599,6 +658,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         bf16_activations: false,
         chunk: 16,
         graphs: false,
+        moe_grouped: true,
     };
     let mut plain = CudaBackend::new(&w, opts.clone()).unwrap();
     let t = std::time::Instant::now();
