@@ -57,7 +57,7 @@ fi
 
 # 5. Optional (LILY_GPU_FULL=1): the full-size synthetic MLX checkpoint: production-path
 #    generation speed, and teacher-forced parity with the CPU backend over a few positions.
-if [ "${LILY_GPU_FULL:-0}" = "1" ] && [ -x "$BIN/lily-engine" ]; then
+if [ "${LILY_GPU_FULL:-0}" = "1" ] && [ $status -eq 0 ] && [ -x "$BIN/lily-engine" ]; then
   F=/tmp/lily-full-mlx
   [ -f "$F/config.json" ] || run full_synth "$BIN/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 1 --out "$F"
   P=$(python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(248000)) for _ in range(256)))')
