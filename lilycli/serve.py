@@ -1,0 +1,117 @@
+"""`lily serve` (and the server `lily chat` starts for one call): resolve the model, launch the engine,
+wait until /health says ready, and stop it cleanly whatever happens (Ctrl-C, SIGTERM, an error)."""
+
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lilycli.engine import EngineProcess, client_url, describe_loading, find_engine, port_in_use
+from lilycli.errors import LilyError
+from lilycli.models import resolve_model
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    ctx_size: int | None = None
+    max_queue: int | None = None
+    device: str | None = None
+    timeout: float = 1800.0
+    extra: list[str] = field(default_factory=list)  # passed to `lily-engine serve` untouched
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached us; `signum` is forwarded to the engine as is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Interrupted`, so cleanup code runs for both (SIGTERM would kill us)."""
+
+    def handler(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def engine_args(model_dir: Path, opts: ServeOptions) -> list[str]:
+    args = ["serve", "--model", str(model_dir), "--host", opts.host, "--port", str(opts.port)]
+    for flag, value in (("--api-key", opts.api_key), ("--ctx-size", opts.ctx_size),
+                        ("--max-queue", opts.max_queue), ("--device", opts.device)):  # fmt: skip
+        if value is not None:
+            args += [flag, str(value)]
+    return args + list(opts.extra)
+
+
+class LoadingLine:
+    """Shows /health's loading state: one rewritten line on a terminal, a line per change otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last = ""
+
+    def __call__(self, body: dict, elapsed: float) -> None:
+        text = describe_loading(body, elapsed)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + text)
+            self.stream.flush()
+            return
+        state = text.rsplit(" · ", 1)[0]  # without the elapsed time
+        if state != self.last:
+            print(text, file=self.stream, flush=True)
+            self.last = state
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+
+@contextlib.contextmanager
+def running_engine(opts: ServeOptions, log=print) -> Iterator[tuple[EngineProcess, str]]:
+    """A ready engine serving `opts.model`, and its base URL; stopped when the block exits."""
+    binary = find_engine()
+    model_dir = resolve_model(opts.model, binary, log=log)
+    if port_in_use(opts.host, opts.port):
+        raise LilyError(
+            f"port {opts.port} on {opts.host} is already in use (another `lily serve`?); "
+            "stop it or choose another port with --port"
+        )
+    url = client_url(opts.host, opts.port)
+    engine = EngineProcess(binary, engine_args(model_dir, opts))
+    log(f"starting {binary} with model {model_dir}")
+    engine.start()
+    stop_signal = signal.SIGTERM
+    try:
+        loading = LoadingLine()
+        try:
+            engine.wait_ready(url, opts.timeout, opts.api_key, on_progress=loading)
+        finally:
+            loading.done()
+        yield engine, url
+    except Interrupted as interrupt:
+        stop_signal = interrupt.signum
+        raise
+    finally:
+        was_running = engine.returncode() is None
+        code = engine.stop(stop_signal)
+        if was_running and code == -signal.SIGKILL:
+            log("lily-engine did not stop in time and was killed")
+        elif was_running and code not in (0, -stop_signal, 128 + stop_signal):
+            log(f"lily-engine exited with code {code} while stopping")
