@@ -40,13 +40,21 @@ def run_sweep(binary: Path, model: Path, lengths: list[int] | None, extra: list[
             joined = ",".join(str(n) for n in lengths)
             command += ["--prefill", joined, "--decode-ctx", joined]
         try:
-            result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+            engine = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
         except OSError as e:
             raise LilyError(f"cannot run {binary}: {e}") from e
+        try:
+            assert engine.stdout is not None
+            for line in engine.stdout:  # the engine's progress and table, passed on as they come
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            code = engine.wait()
         except KeyboardInterrupt:
+            engine.kill()
+            engine.wait()
             raise LilyError("benchmark interrupted", exit_code=130) from None
-        if result.returncode != 0:
-            raise LilyError(f"`lily-engine bench` failed (exit code {result.returncode}); its output is above")
+        if code != 0:
+            raise LilyError(f"`lily-engine bench` failed (exit code {code}); its output is above")
         return load(out)
 
 

@@ -86,6 +86,8 @@ class Client:
                     if data == "[DONE]":
                         return
                     yield from _pieces(data)
+        except httpx.ConnectError as e:
+            raise LilyError(f"cannot reach a server at {self.url} ({e}); is `lily serve` running?") from e
         except httpx.TransportError as e:
             raise LilyError(f"lost the connection to {self.url}: {type(e).__name__}: {e}") from e
 

@@ -189,7 +189,9 @@ def bench(
 
     from lilycli import bench as benching
 
-    other = benching.load(compare) if compare is not None else None  # fail before a long run, not after
+    # Check what the user typed before a long run, not after.
+    other = benching.load(compare) if compare is not None else None
+    sweep = benching.parse_lengths(lengths) if lengths else None
     if load is not None:
         run = benching.load(load)
     else:
@@ -202,7 +204,7 @@ def bench(
         for flag, value in (("--decode-tokens", decode_tokens), ("--repeat", repeat), ("--device", device)):
             if value is not None:
                 extra += [flag, str(value)]
-        run = benching.run_sweep(binary, model_dir, benching.parse_lengths(lengths) if lengths else None, extra)
+        run = benching.run_sweep(binary, model_dir, sweep, extra)
     typer.echo(benching.table(run))
     if json_out is not None:
         try:

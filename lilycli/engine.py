@@ -209,7 +209,7 @@ class EngineProcess:
                     on_progress(body, elapsed)
                 time.sleep(0.2)
 
-    def signal(self, signum: int) -> None:
+    def send(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
             try:
                 self.process.send_signal(signum)
@@ -220,7 +220,7 @@ class EngineProcess:
         """Ask the engine to stop with `signum`; kill it if it is still there after `grace` seconds."""
         if self.process is None:
             return None
-        self.signal(signum)
+        self.send(signum)
         try:
             self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:

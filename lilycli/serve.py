@@ -61,9 +61,9 @@ def engine_args(model_dir: Path, opts: ServeOptions) -> list[str]:
 class LoadingLine:
     """Shows /health's loading state: one rewritten line on a terminal, a line per change otherwise."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
         self.last = ""
 
     def __call__(self, body: dict, elapsed: float) -> None:
