@@ -66,7 +66,7 @@ def local_copy(repo: str, revision: str | None, directory: Path | None) -> Path 
                 repo, revision=revision, allow_patterns=NEEDED_PATTERNS, local_files_only=True
             )
         )
-    except (errors.LocalEntryNotFoundError, errors.IncompleteSnapshotError, OSError, ValueError):
+    except (errors.LocalEntryNotFoundError, OSError, ValueError):  # incomplete snapshots are OSErrors too
         return None
     return path if not missing_files(path) else None
 
@@ -98,14 +98,9 @@ def _hub_error(repo: str, revision: str | None, error: Exception) -> LilyError |
 
 def _is_offline(error: Exception) -> bool:
     _, errors = _hub()
-    offline_types: tuple[type[BaseException], ...] = (
-        errors.OfflineModeIsEnabled,
-        errors.LocalEntryNotFoundError,
-        errors.DryRunError,
-        errors.IncompleteSnapshotError,
-        ConnectionError,
-        TimeoutError,
-    )
+    # Some of these exist only in recent huggingface_hub releases.
+    names = ("OfflineModeIsEnabled", "LocalEntryNotFoundError", "DryRunError", "IncompleteSnapshotError")
+    offline_types = (ConnectionError, TimeoutError, *(getattr(errors, n) for n in names if hasattr(errors, n)))
     if isinstance(error, offline_types):
         return True
     # huggingface_hub's HTTP stack raises its own transport errors; recognise them by name.
