@@ -15,7 +15,7 @@ from lilycli.errors import LilyError
 
 
 def parse_lengths(text: str) -> list[int]:
-    """"256,1K,4k,128K" -> [256, 1024, 4096, 131072] (K = 1024, as in PERFORMANCE.md)."""
+    """ "256,1K,4k,128K" -> [256, 1024, 4096, 131072] (K = 1024, as in PERFORMANCE.md)."""
     lengths = []
     for item in text.split(","):
         item = item.strip()
@@ -40,7 +40,9 @@ def run_sweep(binary: Path, model: Path, lengths: list[int] | None, extra: list[
             joined = ",".join(str(n) for n in lengths)
             command += ["--prefill", joined, "--decode-ctx", joined]
         try:
-            engine = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+            engine = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            )
         except OSError as e:
             raise LilyError(f"cannot run {binary}: {e}") from e
         try:
@@ -67,11 +69,11 @@ def load(path: Path) -> dict:
     except ValueError as e:
         raise LilyError(f"{path} is not JSON: {e}") from e
     if not isinstance(run, dict):
-        raise LilyError(f"{path}: expected a JSON object with \"prefill\" and \"decode\" lists")
+        raise LilyError(f'{path}: expected a JSON object with "prefill" and "decode" lists')
     for key, x, fields in (("prefill", "len", ("tok_s", "ms")), ("decode", "ctx", ("tok_s", "ms_per_tok"))):
         rows = run.setdefault(key, [])
         if not isinstance(rows, list):
-            raise LilyError(f"{path}: \"{key}\" must be a list")
+            raise LilyError(f'{path}: "{key}" must be a list')
         for i, row in enumerate(rows):
             for name in (x, *fields):
                 value = row.get(name) if isinstance(row, dict) else None
@@ -104,7 +106,10 @@ def describe(run: dict) -> str:
 
 def table(run: dict) -> str:
     """Prefill and decode side by side, one row per length."""
-    lines = [describe(run), f"{'length':>8}  {'prefill tok/s':>14}  {'prefill ms':>11}  {'decode tok/s':>13}  {'ms/tok':>8}"]
+    lines = [
+        describe(run),
+        f"{'length':>8}  {'prefill tok/s':>14}  {'prefill ms':>11}  {'decode tok/s':>13}  {'ms/tok':>8}",
+    ]
     for n, row in _by_length(run).items():
         p, d = row.get("prefill"), row.get("decode")
         lines.append(

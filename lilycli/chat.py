@@ -40,9 +40,7 @@ class Client:
     """A minimal streaming client for /v1/chat/completions (httpx; the tests use the `openai` package)."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0):
-        self.url = url.rstrip("/")
-        if self.url.endswith("/v1"):
-            self.url = self.url[: -len("/v1")]
+        self.url = url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=5.0))
         self._model: str | None = None
@@ -110,7 +108,9 @@ def _pieces(data: str) -> Iterator[tuple[str, str]]:
         raise LilyError(f"the server sent a stream chunk that is not an object: {data[:200]!r}")
     if "error" in chunk:
         error = chunk["error"]
-        raise LilyError(f"the server stopped with an error: {error.get('message') if isinstance(error, dict) else error}")
+        raise LilyError(
+            f"the server stopped with an error: {error.get('message') if isinstance(error, dict) else error}"
+        )
     for choice in chunk.get("choices") or []:
         delta = choice.get("delta") or {}
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")

@@ -52,14 +52,18 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
 ) -> None:
     pass
 
 
 ModelOption = Annotated[
     str,
-    typer.Option("--model", "-m", help="A model directory, a Hugging Face repo (ORG/NAME) or synthetic:tiny|small[:hf]."),
+    typer.Option(
+        "--model", "-m", help="A model directory, a Hugging Face repo (ORG/NAME) or synthetic:tiny|small[:hf]."
+    ),
 ]
 DeviceOption = Annotated[str | None, typer.Option(help="Engine device: auto, cpu or cuda.")]
 
@@ -67,9 +71,13 @@ DeviceOption = Annotated[str | None, typer.Option(help="Engine device: auto, cpu
 @app.command()
 @reports_errors
 def fetch(
-    repo: Annotated[str, typer.Argument(help="Hugging Face repo id (or a local checkpoint directory to check).")] = DEFAULT_REPO,
+    repo: Annotated[
+        str, typer.Argument(help="Hugging Face repo id (or a local checkpoint directory to check).")
+    ] = DEFAULT_REPO,
     revision: Annotated[str | None, typer.Option(help="Branch, tag or commit.")] = None,
-    dir: Annotated[Path | None, typer.Option("--dir", help="Download into this directory instead of the Hugging Face cache.")] = None,
+    dir: Annotated[
+        Path | None, typer.Option("--dir", help="Download into this directory instead of the Hugging Face cache.")
+    ] = None,
 ) -> None:
     """Download the checkpoint files the engine needs (progress, resume, disk-space check)."""
     from lilycli.fetch import fetch as download
@@ -110,14 +118,22 @@ def serve(
 @app.command()
 @reports_errors
 def chat(
-    prompt: Annotated[str | None, typer.Argument(help="Ask once and print the answer; '-' reads stdin; none: a conversation.")] = None,
+    prompt: Annotated[
+        str | None, typer.Argument(help="Ask once and print the answer; '-' reads stdin; none: a conversation.")
+    ] = None,
     system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
     no_think: Annotated[bool, typer.Option("--no-think", help="Answer without thinking first.")] = False,
     hide_reasoning: Annotated[bool, typer.Option("--hide-reasoning", help="Do not show the model's thinking.")] = False,
     max_tokens: Annotated[int | None, typer.Option(help="Stop the answer after this many tokens.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (the model card's default otherwise).")] = None,
-    url: Annotated[str | None, typer.Option(envvar="LILY_URL", help=f"A running server (default: {DEFAULT_URL} if up).")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Start a server for this model for the call.")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature (the model card's default otherwise).")
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option(envvar="LILY_URL", help=f"A running server (default: {DEFAULT_URL} if up).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Start a server for this model for the call.")
+    ] = None,
     api_key: Annotated[str | None, typer.Option(envvar="LILY_API_KEY", help="Bearer token for the server.")] = None,
     device: DeviceOption = None,
 ) -> None:
@@ -175,11 +191,19 @@ def _healthy(url: str, api_key: str | None) -> bool:
 @reports_errors
 def bench(
     model: ModelOption = DEFAULT_REPO,
-    lengths: Annotated[str | None, typer.Option(help="Prompt/context lengths, e.g. 256,1K,4K (default: the engine's sweep).")] = None,
+    lengths: Annotated[
+        str | None, typer.Option(help="Prompt/context lengths, e.g. 256,1K,4K (default: the engine's sweep).")
+    ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the run's JSON here.")] = None,
-    plot_out: Annotated[Path | None, typer.Option("--plot", help="Draw throughput against length into this PNG (needs matplotlib).")] = None,
-    compare: Annotated[Path | None, typer.Option(help="Another run's JSON: print per-length throughput ratios.")] = None,
-    load: Annotated[Path | None, typer.Option(help="Report this existing run's JSON instead of running the engine.")] = None,
+    plot_out: Annotated[
+        Path | None, typer.Option("--plot", help="Draw throughput against length into this PNG (needs matplotlib).")
+    ] = None,
+    compare: Annotated[
+        Path | None, typer.Option(help="Another run's JSON: print per-length throughput ratios.")
+    ] = None,
+    load: Annotated[
+        Path | None, typer.Option(help="Report this existing run's JSON instead of running the engine.")
+    ] = None,
     decode_tokens: Annotated[int | None, typer.Option(help="Decode steps timed per length.")] = None,
     repeat: Annotated[int | None, typer.Option(help="Runs per point (the median is kept).")] = None,
     device: DeviceOption = None,

@@ -72,7 +72,7 @@ def find_engine() -> Path:
 def engine_version(binary: Path) -> str:
     """`lily-engine --version`, used to key caches of what the engine generates."""
     try:
-        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([str(binary), "--version"], check=False, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise LilyError(f"cannot run {binary} --version: {e}") from e
     return out.stdout.strip() or "unknown"

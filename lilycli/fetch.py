@@ -62,9 +62,7 @@ def local_copy(repo: str, revision: str | None, directory: Path | None) -> Path 
     hub, errors = _hub()
     try:
         path = Path(
-            hub.snapshot_download(
-                repo, revision=revision, allow_patterns=NEEDED_PATTERNS, local_files_only=True
-            )
+            hub.snapshot_download(repo, revision=revision, allow_patterns=NEEDED_PATTERNS, local_files_only=True)
         )
     except (errors.LocalEntryNotFoundError, OSError, ValueError):  # incomplete snapshots are OSErrors too
         return None
@@ -90,7 +88,9 @@ def _hub_error(repo: str, revision: str | None, error: Exception) -> LilyError |
     if isinstance(error, errors.RevisionNotFoundError):
         return LilyError(f"{repo} has no revision {revision!r}")
     if isinstance(error, errors.RepositoryNotFoundError):
-        return LilyError(f"{repo} was not found on the Hugging Face Hub (or it is private: log in with `hf auth login`)")
+        return LilyError(
+            f"{repo} was not found on the Hugging Face Hub (or it is private: log in with `hf auth login`)"
+        )
     if isinstance(error, errors.HFValidationError):
         return LilyError(f"{repo!r} is not a Hugging Face repo id (expected ORG/NAME): {error}", exit_code=2)
     return None
@@ -123,7 +123,7 @@ def fetch(repo: str = DEFAULT_REPO, revision: str | None = None, directory: Path
 
     try:
         plan = hub.snapshot_download(repo, revision=revision, allow_patterns=NEEDED_PATTERNS, dry_run=True, **where)
-    except Exception as e:  # noqa: BLE001 - sorted into clear messages below
+    except Exception as e:  # sorted into clear messages below
         refusal = _hub_error(repo, revision, e)
         if refusal is not None:
             raise refusal from e
@@ -147,7 +147,7 @@ def fetch(repo: str = DEFAULT_REPO, revision: str | None = None, directory: Path
         path = Path(hub.snapshot_download(repo, revision=revision, allow_patterns=NEEDED_PATTERNS, **where))
     except KeyboardInterrupt:
         raise LilyError("download interrupted; run the same `lily fetch` again to resume", exit_code=130) from None
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         refusal = _hub_error(repo, revision, e)
         if refusal is not None:
             raise refusal from e

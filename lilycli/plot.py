@@ -30,7 +30,10 @@ def plot(runs: list[dict], out: Path) -> None:
         points = sorted((r["ctx"], r["tok_s"]) for r in run["decode"])
         if points:
             decode.plot(*zip(*points), marker="o", label=label)
-    for axes, title, xlabel in ((prefill, "Prefill", "prompt length (tokens)"), (decode, "Decode", "context length (tokens)")):
+    for axes, title, xlabel in (
+        (prefill, "Prefill", "prompt length (tokens)"),
+        (decode, "Decode", "context length (tokens)"),
+    ):
         axes.set_xscale("log", base=2)
         axes.set_title(title)
         axes.set_xlabel(xlabel)

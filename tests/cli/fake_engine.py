@@ -98,7 +98,9 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         messages = body.get("messages") or []
         if not messages:
-            return self._json(400, {"error": {"message": "messages must not be empty", "type": "invalid_request_error"}})
+            return self._json(
+                400, {"error": {"message": "messages must not be empty", "type": "invalid_request_error"}}
+            )
         think = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
         users = [m["content"] for m in messages if m["role"] == "user"]
         system = [m["content"] for m in messages if m["role"] == "system"]

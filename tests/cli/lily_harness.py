@@ -70,7 +70,9 @@ class LilyProcess:
             match = re.search(r"at (http://\S+)/v1", line)
             if match:
                 return match.group(1)
-        raise AssertionError(f"lily serve printed no URL; stdout={''.join(self.stdout)!r} stderr={''.join(self.stderr)!r}")
+        raise AssertionError(
+            f"lily serve printed no URL; stdout={''.join(self.stdout)!r} stderr={''.join(self.stderr)!r}"
+        )
 
     def wait(self, timeout: float = 30.0) -> int:
         code = self.process.wait(timeout=timeout)

@@ -140,6 +140,8 @@ def test_url_and_model_together_are_refused(fake_server, tmp_path):
 
 
 def test_the_lily_command_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "lilycli", "--version"], capture_output=True, text=True,
-                         cwd=cli.__file__.rsplit("/lilycli/", 1)[0])  # fmt: skip
+    checkout = cli.__file__.rsplit("/lilycli/", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-m", "lilycli", "--version"], check=False, capture_output=True, text=True, cwd=checkout
+    )
     assert out.returncode == 0 and out.stdout.startswith("lily ")

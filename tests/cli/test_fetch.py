@@ -135,7 +135,9 @@ class FakeHub:
     def __call__(self, repo_id, *, revision=None, allow_patterns=None, dry_run=False, local_dir=None, **_):
         assert allow_patterns is not None and "*.safetensors" in allow_patterns
         if dry_run:
-            return [DryRunFileInfo(COMMIT, size, name, f"/x/{name}", False, True) for name, size in self.plan_sizes.items()]
+            return [
+                DryRunFileInfo(COMMIT, size, name, f"/x/{name}", False, True) for name, size in self.plan_sizes.items()
+            ]
         self.downloads.append(repo_id)
         target = Path(local_dir)
         if self.writes:
