@@ -101,17 +101,17 @@ def serve(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the model to load.")] = 1800.0,
 ) -> None:
     """Serve a model on an OpenAI-compatible API. Extra options are passed to `lily-engine serve`."""
-    from lilycli.serve import Interrupted, ServeOptions, interrupts_raise, running_engine
+    from lilycli.serve import ServeOptions, Terminated, running_engine, terminate_raises
 
     opts = ServeOptions(model, host, port, api_key, ctx_size, max_queue, device, timeout, list(ctx.args))
-    with interrupts_raise():
+    with terminate_raises():
         try:
             with running_engine(opts, log=log) as (engine, url):
                 typer.echo(f"Lily is serving {model} at {url}/v1 (Ctrl-C to stop)")
                 engine.echo = True  # from now on the engine's own log lines show
                 engine.wait()
                 raise engine.died("stopped unexpectedly")
-        except Interrupted:
+        except (KeyboardInterrupt, Terminated):
             log("stopped")
 
 
@@ -140,7 +140,7 @@ def chat(
     """Chat with a model: one prompt, or a conversation. Uses a running server or starts one."""
     from lilycli import chat as chatting
     from lilycli.engine import free_port
-    from lilycli.serve import Interrupted, ServeOptions, interrupts_raise, running_engine
+    from lilycli.serve import ServeOptions, Terminated, running_engine, terminate_raises
 
     options = chatting.ChatOptions(system, not no_think, max_tokens, temperature, hide_reasoning, api_key)
     if prompt == "-":
@@ -170,13 +170,14 @@ def chat(
         return
     assert model is not None
     opts = ServeOptions(model, port=free_port(), api_key=api_key, device=device)
-    with interrupts_raise():
+    with terminate_raises():
         try:
             with running_engine(opts, log=log) as (_, server_url):
                 talk(server_url)
-        except Interrupted:
-            log("interrupted")
+        except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except Terminated:
+            raise typer.Exit(143) from None
 
 
 def _healthy(url: str, api_key: str | None) -> bool:

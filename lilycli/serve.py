@@ -26,27 +26,26 @@ class ServeOptions:
     extra: list[str] = field(default_factory=list)  # passed to `lily-engine serve` untouched
 
 
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached us; `signum` is forwarded to the engine as is."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+class Terminated(BaseException):
+    """SIGTERM reached us. A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
 
 
 @contextlib.contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into `Interrupted`, so cleanup code runs for both (SIGTERM would kill us)."""
+def terminate_raises() -> Iterator[None]:
+    """Turn SIGTERM into `Terminated` so cleanup code runs (by default SIGTERM kills Python outright).
 
-    def handler(signum, _frame):
-        raise Interrupted(signum)
+    Ctrl-C already arrives as KeyboardInterrupt; both end up in `running_engine`'s cleanup, which
+    forwards the same signal to the engine.
+    """
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    def handler(_signum, _frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def engine_args(model_dir: Path, opts: ServeOptions) -> list[str]:
@@ -105,8 +104,8 @@ def running_engine(opts: ServeOptions, log=print) -> Iterator[tuple[EngineProces
         finally:
             loading.done()
         yield engine, url
-    except Interrupted as interrupt:
-        stop_signal = interrupt.signum
+    except KeyboardInterrupt:
+        stop_signal = signal.SIGINT
         raise
     finally:
         was_running = engine.returncode() is None

@@ -14,12 +14,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # test the checkout's lilycli, installed or not
-SHARED_TOKENIZER = REPO.parent / "shared" / "qwen3.6-tokenizer"
 FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
 
 
 def _real_engine() -> Path | None:
-    explicit = os.environ.get("LILY_ENGINE")
+    # LILY_ENGINE is what `lily` itself honours; LILY_ENGINE_BIN is what tests/conftest.py reads.
+    explicit = os.environ.get("LILY_ENGINE") or os.environ.get("LILY_ENGINE_BIN")
     if explicit:
         return Path(explicit) if Path(explicit).is_file() else None
     target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+SHARED_TOKENIZER = REPO.parent / "shared" / "qwen3.6-tokenizer"
 
 
 def free_port() -> int:

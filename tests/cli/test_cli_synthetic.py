@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import SHARED_TOKENIZER
+from lily_harness import SHARED_TOKENIZER
 from typer.testing import CliRunner
 
 from lilycli.cli import app

@@ -1,7 +1,7 @@
 """The tokenizer shipped in the package is byte-identical to the project's real tokenizer (../shared)."""
 
 import pytest
-from conftest import SHARED_TOKENIZER
+from lily_harness import SHARED_TOKENIZER
 
 from lilycli.bundled_tokenizer import tokenizer_dir
 
