@@ -140,6 +140,7 @@ def chat(
     """Chat with a model: one prompt, or a conversation. Uses a running server or starts one."""
     from lilycli import chat as chatting
     from lilycli.engine import free_port
+    from lilycli.health import LoadingLine, wait_for_server
     from lilycli.serve import ServeOptions, Terminated, running_engine, terminate_raises
 
     options = chatting.ChatOptions(system, not no_think, max_tokens, temperature, hide_reasoning, api_key)
@@ -149,6 +150,7 @@ def chat(
     def talk(server_url: str) -> None:
         client = chatting.Client(server_url, api_key)
         try:
+            wait_for_server(client.url, api_key, timeout=1800.0, on_progress=LoadingLine())
             if prompt is not None:
                 chatting.one_shot(client, prompt, options)
             else:
@@ -157,7 +159,7 @@ def chat(
             client.close()
 
     if url is None and model is None:
-        if not _healthy(DEFAULT_URL, api_key):
+        if not _listening(DEFAULT_URL):
             raise LilyError(
                 f"no Lily server answers at {DEFAULT_URL}: start one with `lily serve`, "
                 "or give --model to start one for this chat, or --url for another server"
@@ -180,12 +182,13 @@ def chat(
             raise typer.Exit(143) from None
 
 
-def _healthy(url: str, api_key: str | None) -> bool:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _listening(url: str) -> bool:
+    """Whether a server answers /health at `url` at all (ready or still loading)."""
     try:
-        return httpx.get(f"{url}/health", timeout=2.0, headers=headers).status_code == 200
+        httpx.get(f"{url}/health", timeout=2.0)
     except httpx.HTTPError:
         return False
+    return True
 
 
 @app.command()

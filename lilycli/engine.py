@@ -10,6 +10,7 @@ it. The binary is looked up, in order, at:
 
 import collections
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,10 +25,12 @@ from pathlib import Path
 import httpx
 
 from lilycli.errors import LilyError
+from lilycli.health import read_health
 
 BINARY = "lily-engine" + (".exe" if os.name == "nt" else "")
 CHECKOUT = Path(__file__).resolve().parent.parent  # the repo root when running from a checkout
 LOG_TAIL_LINES = 40
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _candidates() -> list[Path]:
@@ -145,11 +148,12 @@ class EngineProcess:
 
     def _read_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            line = line.rstrip("\n")
-            self.tail.append(line)
+        for raw in self.process.stdout:
+            raw = raw.rstrip("\n")
+            plain = ANSI_ESCAPE.sub("", raw)  # the engine colours its log even into a pipe
+            self.tail.append(plain)
             if self.echo:
-                print(line, file=sys.stderr, flush=True)
+                print(raw if sys.stderr.isatty() else plain, file=sys.stderr, flush=True)
 
     def last_lines(self) -> list[str]:
         if self._reader is not None:
@@ -193,18 +197,11 @@ class EngineProcess:
                         details=self.last_lines() or ["(no output)"],
                     )
                 try:
-                    response = client.get(f"{url}/health")
+                    body = read_health(client, url)
                 except httpx.TransportError:
-                    body: dict = {"status": "starting"}  # not listening yet
-                else:
-                    if response.status_code == 200:
-                        return
-                    try:
-                        body = response.json()
-                    except ValueError:
-                        body = {"status": f"HTTP {response.status_code}"}
-                    if not isinstance(body, dict):
-                        body = {"status": str(body)}
+                    body = {"status": "starting"}  # not listening yet
+                if body is None:
+                    return
                 if on_progress is not None:
                     on_progress(body, elapsed)
                 time.sleep(0.2)
@@ -237,16 +234,3 @@ class EngineProcess:
                 return self.process.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 continue
-
-
-def describe_loading(body: dict, elapsed: float) -> str:
-    """One status line from a /health body while loading, whatever progress fields it carries."""
-    parts = [str(body.get("status", "loading"))]
-    progress = body.get("progress")
-    if isinstance(progress, (int, float)) and not isinstance(progress, bool):
-        parts.append(f"{progress * 100:.0f}%" if progress <= 1 else f"{progress:.0f}%")
-    for key in ("stage", "phase", "message", "detail"):
-        if isinstance(body.get(key), str) and body[key]:
-            parts.append(body[key])
-    parts.append(f"{elapsed:.0f}s")
-    return " · ".join(parts)

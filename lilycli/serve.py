@@ -3,13 +3,13 @@ wait until /health says ready, and stop it cleanly whatever happens (Ctrl-C, SIG
 
 import contextlib
 import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lilycli.engine import EngineProcess, client_url, describe_loading, find_engine, port_in_use
+from lilycli.engine import EngineProcess, client_url, find_engine, port_in_use
 from lilycli.errors import LilyError
+from lilycli.health import LoadingLine
 from lilycli.models import resolve_model
 
 
@@ -55,31 +55,6 @@ def engine_args(model_dir: Path, opts: ServeOptions) -> list[str]:
         if value is not None:
             args += [flag, str(value)]
     return args + list(opts.extra)
-
-
-class LoadingLine:
-    """Shows /health's loading state: one rewritten line on a terminal, a line per change otherwise."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.last = ""
-
-    def __call__(self, body: dict, elapsed: float) -> None:
-        text = describe_loading(body, elapsed)
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-            self.stream.flush()
-            return
-        state = text.rsplit(" · ", 1)[0]  # without the elapsed time
-        if state != self.last:
-            print(text, file=self.stream, flush=True)
-            self.last = state
-
-    def done(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
 
 
 @contextlib.contextmanager

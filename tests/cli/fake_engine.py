@@ -140,6 +140,8 @@ def serve(args) -> int:
         Path(pid_file).write_text(str(os.getpid()))
     log(f"loading {args.model}")
     if os.environ.get("FAKE_DIE_LOADING"):
+        # Coloured like tracing's output, which keeps its escape codes even into a pipe.
+        log("\x1b[31mERROR\x1b[0m cannot load the model")
         log("error: tensor language_model.model.layers.0.mlp.gate.weight has shape [1, 2], expected [256, 512]")
         return 3
     Handler.ready_at = time.monotonic() + float(os.environ.get("FAKE_LOAD_SECONDS", "0.5"))

@@ -1,5 +1,6 @@
 """`lily chat`: one-shot and conversation, reasoning shown or hidden, own server or a running one."""
 
+import os
 import subprocess
 import sys
 import time
@@ -15,16 +16,21 @@ from lilycli.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture
-def fake_server(fake_engine, tmp_path):
-    """The fake engine serving on a free port; yields its base URL."""
+def start_fake_server(fake_engine, tmp_path, load_seconds="0.5"):
     port = free_port()
     process = subprocess.Popen(
         [str(fake_engine), "serve", "--model", str(tmp_path), "--port", str(port), "--api-key", "k3y"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "FAKE_LOAD_SECONDS": load_seconds},
     )
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def fake_server(fake_engine, tmp_path):
+    """The fake engine serving on a free port; yields its base URL."""
+    process, url = start_fake_server(fake_engine, tmp_path)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -145,3 +151,16 @@ def test_the_lily_command_runs_as_a_module():
         [sys.executable, "-m", "lilycli", "--version"], check=False, capture_output=True, text=True, cwd=checkout
     )
     assert out.returncode == 0 and out.stdout.startswith("lily ")
+
+
+def test_a_server_still_loading_is_waited_for(fake_engine, tmp_path):
+    process, url = start_fake_server(fake_engine, tmp_path, load_seconds="2")
+    try:
+        time.sleep(0.5)  # listening, not ready yet
+        result = chat("hello", "--url", url)
+        assert result.exit_code == 0, result.stderr
+        assert "loading" in result.stderr
+        assert result.stdout.startswith("You said: hello")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -78,6 +78,7 @@ def test_serve_reports_an_engine_that_dies_while_loading(fake_engine, tmp_path, 
     assert "lily-engine exited while loading (exit code 3)" in result.stderr
     # The engine's own last words are shown, so the user sees the cause.
     assert "mlp.gate.weight has shape [1, 2], expected [256, 512]" in result.stderr
+    assert "ERROR cannot load the model" in result.stderr and "\x1b" not in result.stderr
 
 
 def test_serve_reports_an_engine_that_dies_after_ready(fake_engine, tmp_path):
