@@ -4,7 +4,7 @@ It speaks the engine's command-line and HTTP contract just far enough: `--versio
 `bench` and `serve` (/health loading then ready, /v1/models, streaming /v1/chat/completions with
 `reasoning_content`). Its answers say what it received, so tests can check what the CLI sent.
 Behaviour switches (environment): FAKE_LOAD_SECONDS, FAKE_DIE_LOADING, FAKE_DIE_AFTER_READY,
-FAKE_SYNTH_FAIL, FAKE_PID_FILE (the serving process writes its pid there).
+FAKE_SYNTH_FAIL, FAKE_TOKEN_DELAY, FAKE_PID_FILE (the serving process writes its pid there).
 """
 
 import argparse
@@ -57,6 +57,7 @@ def bench(args) -> int:
 class Handler(BaseHTTPRequestHandler):
     ready_at = 0.0
     api_key: str | None = None
+    model = ""
 
     def log_message(self, fmt, *a):
         log(fmt % a)
@@ -83,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
                 done = 1 - (self.ready_at - now) / load
                 self._json(503, {"status": "loading", "progress": round(done, 2), "stage": "weights"})
             else:
-                self._json(200, {"status": "ok"})
+                self._json(200, {"status": "ok", "model": self.model})
         elif self.path == "/v1/models":
             if self._authorized():
                 self._json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -115,7 +116,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
 
+        delay = float(os.environ.get("FAKE_TOKEN_DELAY", "0"))
+
         def send(delta, finish_reason=None):
+            time.sleep(delay)
             chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": body.get("model"),
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}  # fmt: skip
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -146,6 +150,7 @@ def serve(args) -> int:
         return 3
     Handler.ready_at = time.monotonic() + float(os.environ.get("FAKE_LOAD_SECONDS", "0.5"))
     Handler.api_key = args.api_key
+    Handler.model = args.model
     try:
         server = ThreadingHTTPServer((args.host, args.port), Handler)
     except OSError as e:

@@ -1,13 +1,14 @@
 """`lily chat`: one-shot and conversation, reasoning shown or hidden, own server or a running one."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-from lily_harness import free_port, process_alive
+from lily_harness import LilyProcess, free_port, process_alive
 from typer.testing import CliRunner
 
 from lilycli import cli
@@ -16,13 +17,13 @@ from lilycli.cli import app
 runner = CliRunner()
 
 
-def start_fake_server(fake_engine, tmp_path, load_seconds="0.5"):
+def start_fake_server(fake_engine, tmp_path, load_seconds="0.5", token_delay="0"):
     port = free_port()
     process = subprocess.Popen(
         [str(fake_engine), "serve", "--model", str(tmp_path), "--port", str(port), "--api-key", "k3y"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "FAKE_LOAD_SECONDS": load_seconds},
+        env={**os.environ, "FAKE_LOAD_SECONDS": load_seconds, "FAKE_TOKEN_DELAY": token_delay},
     )
     return process, f"http://127.0.0.1:{port}"
 
@@ -162,5 +163,29 @@ def test_a_server_still_loading_is_waited_for(fake_engine, tmp_path):
         assert "loading" in result.stderr
         assert result.stdout.startswith("You said: hello")
     finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_ctrl_c_in_the_repl_stops_the_reply_and_keeps_the_conversation(fake_engine, tmp_path):
+    process, url = start_fake_server(fake_engine, tmp_path, token_delay="0.3")
+    lily = LilyProcess("chat", "--url", url, "--api-key", "k3y", stdin=subprocess.PIPE)
+    try:
+        lily.process.stdin.write("first\n")
+        lily.process.stdin.flush()
+        deadline = time.monotonic() + 20
+        while "Thinking" not in lily.err and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lily.process.send_signal(signal.SIGINT)
+        while "[interrupted]" not in lily.err and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lily.process.stdin.write("second\n")
+        lily.process.stdin.close()
+        assert lily.wait() == 0
+        # The interrupted turn was forgotten: the next one is turn 1 again.
+        assert "You said: second (turn 1, 1 messages)" in lily.out
+        assert "You said: first" not in lily.out
+    finally:
+        lily.kill()
         process.terminate()
         process.wait(timeout=10)

@@ -30,7 +30,7 @@ def test_serve_prints_url_when_ready_and_forwards_the_signal(fake_engine, tmp_pa
         url = lily.wait_for_url()
         assert url == f"http://127.0.0.1:{port}"
         # The URL is printed only once the engine is ready.
-        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
         # While it loaded, the progress the engine reports was shown.
         assert "loading" in lily.err and "weights" in lily.err
         engine_pid = int((tmp_path / "engine.pid").read_text())
@@ -114,3 +114,24 @@ def test_serve_rejects_an_unknown_synthetic_preset(fake_engine):
     result = runner.invoke(app, ["serve", "--model", "synthetic:huge"])
     assert result.exit_code == 2
     assert "unknown synthetic model 'synthetic:huge'" in result.stderr
+
+
+def test_serve_a_repo_uses_its_downloaded_copy(fake_engine, tmp_path):
+    from test_cli_fetch import hub_cache_copy
+
+    snapshot = hub_cache_copy("lily-test/served")
+    port = free_port()
+    lily = LilyProcess("serve", "--model", "lily-test/served", "--port", str(port))
+    try:
+        url = lily.wait_for_url()
+        assert httpx.get(f"{url}/health").json()["model"] == str(snapshot)
+    finally:
+        lily.process.send_signal(signal.SIGTERM)
+        lily.wait()
+
+
+def test_serve_a_repo_not_downloaded_offline_explains(fake_engine):
+    result = runner.invoke(app, ["serve", "--model", "lily-test/not-here", "--port", str(free_port())])
+    assert result.exit_code == 1
+    assert "fetching it first" in result.stderr
+    assert "cannot reach the Hugging Face Hub" in result.stderr
