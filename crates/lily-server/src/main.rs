@@ -1,1 +1,50 @@
-fn main() {}
+//! `lily-engine`: the one binary. Subcommands: synth (write a synthetic checkpoint), generate
+//! (greedy generation from token ids), and the others as they land.
+
+mod cli_bench;
+mod cli_generate;
+mod cli_synth;
+mod device;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "lily-engine",
+    version,
+    about = "Lily: an inference engine for Qwen3.6-35B-A3B"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a synthetic checkpoint of the model family's shape.
+    Synth(cli_synth::SynthArgs),
+    /// Greedy generation from token ids (text comes with the tokenizer).
+    Generate(cli_generate::GenerateArgs),
+    /// Prefill and decode throughput sweep (PERFORMANCE.md §1).
+    Bench(cli_bench::BenchArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LILY_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Synth(args) => cli_synth::run(args),
+        Command::Generate(args) => cli_generate::run(args),
+        Command::Bench(args) => cli_bench::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
