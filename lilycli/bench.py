@@ -91,7 +91,7 @@ def _by_length(run: dict) -> dict[int, dict]:
     return dict(sorted(table.items()))
 
 
-def _length_label(n: int) -> str:
+def length_label(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
@@ -113,7 +113,7 @@ def table(run: dict) -> str:
     for n, row in _by_length(run).items():
         p, d = row.get("prefill"), row.get("decode")
         lines.append(
-            f"{_length_label(n):>8}  {_cell(p and p['tok_s'], ',.1f'):>14}  {_cell(p and p['ms'], ',.1f'):>11}  "
+            f"{length_label(n):>8}  {_cell(p and p['tok_s'], ',.1f'):>14}  {_cell(p and p['ms'], ',.1f'):>11}  "
             f"{_cell(d and d['tok_s'], ',.1f'):>13}  {_cell(d and d['ms_per_tok'], '.2f'):>8}"
         )
     return "\n".join(lines)
@@ -136,7 +136,7 @@ def compare(run: dict, other: dict) -> str:
     for n in sorted(set(mine) | set(theirs)):
         a, b = mine.get(n, {}), theirs.get(n, {})
         lines.append(
-            f"{_length_label(n):>8}  {_ratio(a.get('prefill'), b.get('prefill')):>11}  "
+            f"{length_label(n):>8}  {_ratio(a.get('prefill'), b.get('prefill')):>11}  "
             f"{_ratio(a.get('decode'), b.get('decode')):>10}"
         )
     return "\n".join(lines)

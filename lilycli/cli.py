@@ -191,9 +191,10 @@ def _listening(url: str) -> bool:
     return True
 
 
-@app.command()
+@app.command(context_settings=ENGINE_PASSTHROUGH)
 @reports_errors
 def bench(
+    ctx: typer.Context,
     model: ModelOption = DEFAULT_REPO,
     lengths: Annotated[
         str | None, typer.Option(help="Prompt/context lengths, e.g. 256,1K,4K (default: the engine's sweep).")
@@ -212,7 +213,9 @@ def bench(
     repeat: Annotated[int | None, typer.Option(help="Runs per point (the median is kept).")] = None,
     device: DeviceOption = None,
 ) -> None:
-    """Run the engine's prefill/decode sweep; print a table, write JSON and a plot, compare with another run."""
+    """Run the engine's prefill/decode sweep; print a table, write JSON and a plot, compare with another run.
+
+    Extra options (e.g. --quantize for a bf16 checkpoint) are passed to `lily-engine bench`."""
     import json
 
     from lilycli import bench as benching
@@ -228,7 +231,7 @@ def bench(
 
         binary = find_engine()
         model_dir = resolve_model(model, binary, log=log)
-        extra = []
+        extra = list(ctx.args)
         for flag, value in (("--decode-tokens", decode_tokens), ("--repeat", repeat), ("--device", device)):
             if value is not None:
                 extra += [flag, str(value)]

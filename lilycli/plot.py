@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from lilycli.bench import describe
+from lilycli.bench import length_label
 from lilycli.errors import LilyError
 
 
@@ -19,11 +19,20 @@ def _pyplot():
     return plt
 
 
+def _label(run: dict) -> str:
+    """Short enough for a legend: engine, version, device, model directory name."""
+    model = Path(str(run.get("model", ""))).name
+    parts = [f"{run.get('engine', '?')} {run.get('version', '')}".strip(), str(run.get("gpu", "")), model]
+    return " · ".join(p for p in parts if p)
+
+
 def plot(runs: list[dict], out: Path) -> None:
     plt = _pyplot()
-    figure, (prefill, decode) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    from matplotlib.ticker import FuncFormatter
+
+    figure, (prefill, decode) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
     for run in runs:
-        label = describe(run)
+        label = _label(run)
         points = sorted((r["len"], r["tok_s"]) for r in run["prefill"])
         if points:
             prefill.plot(*zip(*points), marker="o", label=label)
@@ -35,13 +44,16 @@ def plot(runs: list[dict], out: Path) -> None:
         (decode, "Decode", "context length (tokens)"),
     ):
         axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: length_label(int(x)) if x >= 1 else ""))
         axes.set_title(title)
         axes.set_xlabel(xlabel)
         axes.set_ylabel("tokens / s")
         axes.grid(True, which="both", alpha=0.3)
-        axes.set_ylim(bottom=0)
-        if axes.lines:
-            axes.legend(fontsize="small")
+        top = max((y for line in axes.lines for y in line.get_ydata()), default=1.0)
+        axes.set_ylim(0, top * 1.1)
+    if prefill.lines or decode.lines:
+        handles, labels = (prefill if prefill.lines else decode).get_legend_handles_labels()
+        figure.legend(handles, labels, loc="outside lower center", fontsize="small")
     try:
         figure.savefig(out, dpi=120)
     except OSError as e:
