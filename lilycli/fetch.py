@@ -124,14 +124,16 @@ def fetch(repo: str = DEFAULT_REPO, revision: str | None = None, directory: Path
     try:
         plan = hub.snapshot_download(repo, revision=revision, allow_patterns=NEEDED_PATTERNS, dry_run=True, **where)
     except Exception as e:  # sorted into clear messages below
-        refusal = _hub_error(repo, revision, e)
+        # A dry run wraps the Hub's answer (gated, not found, unreachable) in a DryRunError.
+        cause = e.__cause__ if type(e).__name__ == "DryRunError" and e.__cause__ is not None else e
+        refusal = _hub_error(repo, revision, cause)
         if refusal is not None:
             raise refusal from e
-        if not _is_offline(e):
-            raise LilyError(f"asking the Hugging Face Hub about {repo} failed: {type(e).__name__}: {e}") from e
+        if not _is_offline(cause):
+            raise LilyError(f"asking the Hugging Face Hub about {repo} failed: {type(cause).__name__}: {cause}") from e
         copy = local_copy(repo, revision, directory)
         if copy is None:
-            raise _offline_error(repo, e) from e
+            raise _offline_error(repo, cause) from e
         log(f"offline: using the complete copy already at {copy} (not checked for updates)")
         return copy
 

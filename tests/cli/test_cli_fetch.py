@@ -113,8 +113,11 @@ def bare(error_type):
         (errors.RevisionNotFoundError, "has no revision 'v9'"),
     ],
 )
-def test_hub_refusals_get_a_clear_message(monkeypatch, error_type, message):
+@pytest.mark.parametrize("in_dry_run", [False, True])
+def test_hub_refusals_get_a_clear_message(monkeypatch, error_type, message, in_dry_run):
     def refuse(*args, **kwargs):
+        if in_dry_run:  # huggingface_hub's dry run re-raises the Hub's refusal as a DryRunError
+            raise errors.DryRunError("Dry run cannot be performed") from bare(error_type)
         raise bare(error_type)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
