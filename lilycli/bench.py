@@ -6,6 +6,7 @@ this module only runs it, reads that file back, prints it as one table and compa
 """
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,17 @@ def load(path: Path) -> dict:
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise LilyError(f"{path}: {key}[{i}].{name} is missing or not a number")
     return run
+
+
+def save(run: dict, path: Path) -> None:
+    """Write the run's JSON whole or not at all (a temporary file renamed into place)."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text(json.dumps(run, indent=2) + "\n")
+        os.replace(partial, path)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise LilyError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def _by_length(run: dict) -> dict[int, dict]:

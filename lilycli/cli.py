@@ -103,7 +103,10 @@ def serve(
     """Serve a model on an OpenAI-compatible API. Extra options are passed to `lily-engine serve`."""
     from lilycli.serve import ServeOptions, Terminated, running_engine, terminate_raises
 
-    opts = ServeOptions(model, host, port, api_key, ctx_size, max_queue, device, timeout, list(ctx.args))
+    opts = ServeOptions(
+        model, host=host, port=port, api_key=api_key, ctx_size=ctx_size, max_queue=max_queue,
+        device=device, timeout=timeout, extra=list(ctx.args),
+    )  # fmt: skip
     with terminate_raises():
         try:
             with running_engine(opts, log=log) as (engine, url):
@@ -143,7 +146,10 @@ def chat(
     from lilycli.health import LoadingLine, wait_for_server
     from lilycli.serve import ServeOptions, Terminated, running_engine, terminate_raises
 
-    options = chatting.ChatOptions(system, not no_think, max_tokens, temperature, hide_reasoning, api_key)
+    options = chatting.ChatOptions(
+        system=system, think=not no_think, max_tokens=max_tokens, temperature=temperature,
+        hide_reasoning=hide_reasoning, api_key=api_key,
+    )  # fmt: skip
     if prompt == "-":
         prompt = sys.stdin.read()
 
@@ -216,13 +222,14 @@ def bench(
     """Run the engine's prefill/decode sweep; print a table, write JSON and a plot, compare with another run.
 
     Extra options (e.g. --quantize for a bf16 checkpoint) are passed to `lily-engine bench`."""
-    import json
-
     from lilycli import bench as benching
+    from lilycli import plot
 
-    # Check what the user typed before a long run, not after.
+    # Check what the user typed (and that a plot can be drawn) before a long run, not after.
     other = benching.load(compare) if compare is not None else None
     sweep = benching.parse_lengths(lengths) if lengths else None
+    if plot_out is not None:
+        plot.require_matplotlib()
     if load is not None:
         run = benching.load(load)
     else:
@@ -238,18 +245,13 @@ def bench(
         run = benching.run_sweep(binary, model_dir, sweep, extra)
     typer.echo(benching.table(run))
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(run, indent=2) + "\n")
-        except OSError as e:
-            raise LilyError(f"cannot write {json_out}: {e.strerror or e}") from e
+        benching.save(run, json_out)
         log(f"wrote {json_out}")
     if other is not None:
         typer.echo("")
         typer.echo(benching.compare(run, other))
     if plot_out is not None:
-        from lilycli.plot import plot
-
-        plot([run] + ([other] if other is not None else []), plot_out)
+        plot.plot([run] + ([other] if other is not None else []), plot_out)
         log(f"wrote {plot_out}")
 
 

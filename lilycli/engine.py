@@ -30,6 +30,8 @@ from lilycli.health import read_health
 BINARY = "lily-engine" + (".exe" if os.name == "nt" else "")
 CHECKOUT = Path(__file__).resolve().parent.parent  # the repo root when running from a checkout
 LOG_TAIL_LINES = 40
+# The engine drains in-flight requests for up to 10 s on SIGTERM/SIGINT; a little more before SIGKILL.
+STOP_GRACE_S = 15.0
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -213,7 +215,7 @@ class EngineProcess:
             except ProcessLookupError:
                 pass
 
-    def stop(self, signum: int = signal.SIGTERM, grace: float = 10.0) -> int | None:
+    def stop(self, signum: int = signal.SIGTERM, grace: float = STOP_GRACE_S) -> int | None:
         """Ask the engine to stop with `signum`; kill it if it is still there after `grace` seconds."""
         if self.process is None:
             return None
@@ -223,6 +225,10 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        except BaseException:  # a second Ctrl-C or SIGTERM while waiting: stop waiting, never leave it behind
+            self.process.kill()
+            self.process.wait()
+            raise
         self.last_lines()
         return self.process.returncode
 

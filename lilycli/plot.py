@@ -6,13 +6,18 @@ from lilycli.bench import length_label
 from lilycli.errors import LilyError
 
 
-def _pyplot():
+def require_matplotlib():
     try:
         import matplotlib
     except ImportError as e:
         raise LilyError(
             "--plot needs matplotlib: `pipx inject lily matplotlib` (pipx) or `pip install 'lily[plot]'`"
         ) from e
+    return matplotlib
+
+
+def _pyplot():
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 

@@ -61,12 +61,13 @@ def engine_args(model_dir: Path, opts: ServeOptions) -> list[str]:
 def running_engine(opts: ServeOptions, log=print) -> Iterator[tuple[EngineProcess, str]]:
     """A ready engine serving `opts.model`, and its base URL; stopped when the block exits."""
     binary = find_engine()
-    model_dir = resolve_model(opts.model, binary, log=log)
+    # The port before the model: no point generating or downloading one for a port we cannot have.
     if port_in_use(opts.host, opts.port):
         raise LilyError(
             f"port {opts.port} on {opts.host} is already in use (another `lily serve`?); "
             "stop it or choose another port with --port"
         )
+    model_dir = resolve_model(opts.model, binary, log=log)
     url = client_url(opts.host, opts.port)
     engine = EngineProcess(binary, engine_args(model_dir, opts))
     log(f"starting {binary} with model {model_dir}")
