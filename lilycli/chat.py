@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 import httpx
 
@@ -62,8 +62,8 @@ class Client:
                 pass  # the request itself will report an unreachable server clearly
         return self._model
 
-    def stream(self, messages: list[dict], options: ChatOptions) -> Iterator[tuple[str, str]]:
-        """Yield ("reasoning"|"content", text) pieces, then ("finish", reason) and ("usage", json)."""
+    def stream(self, messages: list[dict], options: ChatOptions) -> Iterator[tuple[str, Any]]:
+        """Yield ("reasoning"|"content", text) pieces, then ("finish", reason) and ("usage", dict)."""
         body: dict = {"model": self.model(), "messages": messages, "stream": True,
                       "stream_options": {"include_usage": True}}  # fmt: skip
         if options.max_tokens is not None:
@@ -99,7 +99,7 @@ def _error_message(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {message or response.reason_phrase}"
 
 
-def _pieces(data: str) -> Iterator[tuple[str, str]]:
+def _pieces(data: str) -> Iterator[tuple[str, Any]]:
     try:
         chunk = json.loads(data)
     except ValueError as e:
@@ -120,8 +120,8 @@ def _pieces(data: str) -> Iterator[tuple[str, str]]:
             yield "content", delta["content"]
         if choice.get("finish_reason"):
             yield "finish", choice["finish_reason"]
-    if chunk.get("usage"):
-        yield "usage", json.dumps(chunk["usage"])
+    if isinstance(chunk.get("usage"), dict):
+        yield "usage", chunk["usage"]
 
 
 class Printer:
@@ -172,17 +172,17 @@ class Printer:
 def ask(client: Client, messages: list[dict], options: ChatOptions, printer: Printer) -> Reply:
     """Send one turn, print it as it streams, and return the whole reply."""
     reply = Reply()
-    for kind, text in client.stream(messages, options):
+    for kind, value in client.stream(messages, options):
         if kind == "reasoning":
-            reply.reasoning += text
-            printer.reasoning(text)
+            reply.reasoning += value
+            printer.reasoning(value)
         elif kind == "content":
-            reply.content += text
-            printer.content(text)
+            reply.content += value
+            printer.content(value)
         elif kind == "finish":
-            reply.finish_reason = text
+            reply.finish_reason = value
         elif kind == "usage":
-            reply.usage = json.loads(text)
+            reply.usage = value
     printer.finish(reply)
     return reply
 
