@@ -14,6 +14,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # test the checkout's lilycli, installed or not
+# tests/cli is a package (so this conftest never shadows tests/conftest.py as module `conftest`);
+# its helper module is imported by its plain name.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
 
 

@@ -1,5 +1,6 @@
 """Helpers for the CLI tests: a `lily` child process with its output collected, ports, process checks."""
 
+import json
 import os
 import queue
 import re
@@ -92,3 +93,30 @@ class LilyProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+# Checkpoint layouts on disk, as `lily fetch` and huggingface_hub leave them (contents do not matter
+# to the CLI: the engine validates tensors).
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_checkpoint(directory: Path, shards=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
+    """A checkpoint directory's file set (contents do not matter to fetch: the engine validates them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    (directory / "tokenizer.json").write_text("{}")
+    weight_map = {f"tensor.{i}": shard for i, shard in enumerate(shards)}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    for shard in shards:
+        (directory / shard).write_bytes(os.urandom(64))
+    return directory
+
+
+def hub_cache_copy(repo: str) -> Path:
+    """Lay out `repo` in the Hugging Face cache the way huggingface_hub does (refs/main -> snapshots/<commit>)."""
+    import huggingface_hub  # only after conftest pointed HF_HUB_CACHE at the session's temp dir
+
+    root = Path(huggingface_hub.constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    return write_checkpoint(root / "snapshots" / COMMIT)

@@ -4,41 +4,19 @@ HF_HUB_OFFLINE=1 is set for the whole session (conftest), so huggingface_hub its
 request; where a test needs the Hub to have answered, it replaces `snapshot_download` with a stand-in.
 """
 
-import json
-import os
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 from huggingface_hub import errors
 from huggingface_hub.file_download import DryRunFileInfo
+from lily_harness import COMMIT, hub_cache_copy, write_checkpoint
 from typer.testing import CliRunner
 
 from lilycli.checkpoint import is_needed
 from lilycli.cli import app
 
 runner = CliRunner()
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def write_checkpoint(directory: Path, shards=("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")):
-    """A checkpoint directory's file set (contents do not matter to fetch: the engine validates them)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
-    (directory / "tokenizer.json").write_text("{}")
-    weight_map = {f"tensor.{i}": shard for i, shard in enumerate(shards)}
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    for shard in shards:
-        (directory / shard).write_bytes(os.urandom(64))
-    return directory
-
-
-def hub_cache_copy(repo: str) -> Path:
-    """Lay out `repo` in the Hugging Face cache the way huggingface_hub does (refs/main -> snapshots/<commit>)."""
-    root = Path(huggingface_hub.constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
-    (root / "refs").mkdir(parents=True, exist_ok=True)
-    (root / "refs" / "main").write_text(COMMIT)
-    return write_checkpoint(root / "snapshots" / COMMIT)
 
 
 def test_only_the_files_the_engine_reads_are_fetched():

@@ -6,7 +6,7 @@ import time
 
 import httpx
 import pytest
-from lily_harness import LilyProcess, free_port, process_alive
+from lily_harness import LilyProcess, free_port, hub_cache_copy, process_alive
 from typer.testing import CliRunner
 
 from lilycli.cli import app
@@ -117,8 +117,6 @@ def test_serve_rejects_an_unknown_synthetic_preset(fake_engine):
 
 
 def test_serve_a_repo_uses_its_downloaded_copy(fake_engine, tmp_path):
-    from test_cli_fetch import hub_cache_copy
-
     snapshot = hub_cache_copy("lily-test/served")
     port = free_port()
     lily = LilyProcess("serve", "--model", "lily-test/served", "--port", str(port))
