@@ -2,6 +2,8 @@
 
 So the whole product (serve, chat, bench) can be tried offline without the 20 GB checkpoint. The
 directory is cached under <cache>/synthetic/, keyed by the engine build, and written atomically.
+`small` has the real 248,320-token vocabulary; `tiny` has 1,024 ids, enough for bench but not for
+chatting through the real tokenizer.
 """
 
 import hashlib

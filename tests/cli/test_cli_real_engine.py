@@ -1,6 +1,7 @@
 """The `lily` commands driving the real `lily-engine` on a synthetic model with the real tokenizer.
 
-The model is random-weight (`synthetic:tiny`), so its text is noise: these tests check the plumbing
+The model is random-weight (`synthetic:small`, the real vocabulary; `tiny` has only 1,024 ids and
+suits only bench), so its text is noise: these tests check the plumbing
 (synth, launch, /health, streaming through the official `openai` client, shutdown, failures), not words.
 """
 
@@ -22,6 +23,17 @@ runner = CliRunner()
 def _has_subcommand(binary: Path, name: str) -> bool:
     out = subprocess.run([str(binary), "--help"], check=False, capture_output=True, text=True)
     return any(line.split()[:1] == [name] for line in out.stdout.splitlines())
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("lily-cache")
+
+
+@pytest.fixture(autouse=True)
+def shared_cache(private_cache, model_cache, monkeypatch):
+    """One cache for this module: synthetic:small (~90 MB, a few seconds) is generated once."""
+    monkeypatch.setenv("LILY_CACHE_DIR", str(model_cache))
 
 
 @pytest.fixture
@@ -51,7 +63,7 @@ def test_bench_runs_the_real_sweep_on_a_synthetic_model(real_engine, tmp_path):
 
 
 def test_serve_streams_to_the_openai_client_and_stops_on_ctrl_c(serving_engine):
-    lily = LilyProcess("serve", "--model", "synthetic:tiny", "--port", str(free_port()))
+    lily = LilyProcess("serve", "--model", "synthetic:small", "--port", str(free_port()))
     try:
         url = lily.wait_for_url(timeout=120)
         [engine_pid] = children(lily.process.pid)
@@ -76,14 +88,14 @@ def test_serve_streams_to_the_openai_client_and_stops_on_ctrl_c(serving_engine):
 
 
 def test_chat_starts_the_real_engine_for_one_prompt(serving_engine):
-    result = runner.invoke(app, ["chat", "Hello!", "--model", "synthetic:tiny", "--no-think", "--max-tokens", "6"])
+    result = runner.invoke(app, ["chat", "Hello!", "--model", "synthetic:small", "--no-think", "--max-tokens", "6"])
     assert result.exit_code == 0, result.stderr
     assert len(result.stdout) > 1  # some text, then the closing newline
 
 
 def test_chat_shows_the_real_engine_reasoning_on_stderr(serving_engine):
     # Thinking on: a random model never closes </think>, so everything it says is reasoning.
-    result = runner.invoke(app, ["chat", "Hello!", "--model", "synthetic:tiny", "--max-tokens", "6"])
+    result = runner.invoke(app, ["chat", "Hello!", "--model", "synthetic:small", "--max-tokens", "6"])
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "\n"
     assert "[stopped: max tokens reached]" in result.stderr
