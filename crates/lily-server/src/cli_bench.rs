@@ -51,7 +51,7 @@ fn parse_len(s: &str) -> Result<usize> {
         * mult)
 }
 
-fn prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+pub fn prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
     // Real-vocabulary range: ids below the first added token (248044) when the model has them.
     let range = vocab.min(248_044) as u64;
     let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;

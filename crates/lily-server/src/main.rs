@@ -3,6 +3,7 @@
 
 mod cli_bench;
 mod cli_generate;
+mod cli_score;
 mod cli_synth;
 mod device;
 
@@ -27,6 +28,8 @@ enum Command {
     Generate(cli_generate::GenerateArgs),
     /// Prefill and decode throughput sweep (PERFORMANCE.md §1).
     Bench(cli_bench::BenchArgs),
+    /// Teacher-forced logits of every position (backend and peer comparisons).
+    Score(cli_score::ScoreArgs),
 }
 
 fn main() {
@@ -42,6 +45,7 @@ fn main() {
         Command::Synth(args) => cli_synth::run(args),
         Command::Generate(args) => cli_generate::run(args),
         Command::Bench(args) => cli_bench::run(args),
+        Command::Score(args) => cli_score::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
