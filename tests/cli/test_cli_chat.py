@@ -168,7 +168,7 @@ def test_a_server_still_loading_is_waited_for(fake_engine, tmp_path):
 
 
 def test_ctrl_c_in_the_repl_stops_the_reply_and_keeps_the_conversation(fake_engine, tmp_path):
-    process, url = start_fake_server(fake_engine, tmp_path, token_delay="0.3")
+    process, url = start_fake_server(fake_engine, tmp_path, token_delay="0.15")
     lily = LilyProcess("chat", "--url", url, "--api-key", "k3y", stdin=subprocess.PIPE)
     try:
         lily.process.stdin.write("first\n")
