@@ -61,9 +61,7 @@ def root(
 
 ModelOption = Annotated[
     str,
-    typer.Option(
-        "--model", "-m", help="A model directory, a Hugging Face repo (ORG/NAME) or synthetic:small[:hf]."
-    ),
+    typer.Option("--model", "-m", help="A model directory, a Hugging Face repo (ORG/NAME) or synthetic:small[:hf]."),
 ]
 DeviceOption = Annotated[str | None, typer.Option(help="Engine device: auto, cpu or cuda.")]
 

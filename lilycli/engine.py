@@ -113,6 +113,30 @@ def client_url(host: str, port: int) -> str:
     return f"http://{reach}:{port}"
 
 
+def _load_prctl():
+    if sys.platform != "linux":
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when `lily` dies, even by SIGKILL (Linux PR_SET_PDEATHSIG).
+
+    The engine runs in its own session (so a terminal's Ctrl-C reaches only us), which also means
+    nothing else would stop it: a killed `lily chat --model ...` must not leave a loaded model behind.
+    """
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class EngineDied(LilyError):
     pass
 
@@ -142,6 +166,9 @@ class EngineProcess:
                 errors="replace",
                 bufsize=1,
                 start_new_session=True,
+                # Safe here: lily starts the engine before any thread of its own, and the hook
+                # makes one C call prepared in the parent (no import, no lock taken after fork).
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509
             )
         except OSError as e:
             raise LilyError(f"cannot start {self.command[0]}: {e}") from e

@@ -51,8 +51,9 @@ def check_free_space(target: Path, needed: int) -> None:
 
 
 def _cache_root() -> Path:
-    hub, _ = _hub()
-    return Path(hub.constants.HF_HUB_CACHE)
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def local_copy(repo: str, revision: str | None, directory: Path | None) -> Path | None:

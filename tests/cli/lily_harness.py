@@ -114,9 +114,9 @@ def write_checkpoint(directory: Path, shards=("model-00001-of-00002.safetensors"
 
 def hub_cache_copy(repo: str) -> Path:
     """Lay out `repo` in the Hugging Face cache the way huggingface_hub does (refs/main -> snapshots/<commit>)."""
-    import huggingface_hub  # only after conftest pointed HF_HUB_CACHE at the session's temp dir
+    from huggingface_hub import constants  # only after conftest pointed HF_HUB_CACHE at a temp dir
 
-    root = Path(huggingface_hub.constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    root = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     (root / "refs").mkdir(parents=True, exist_ok=True)
     (root / "refs" / "main").write_text(COMMIT)
     return write_checkpoint(root / "snapshots" / COMMIT)

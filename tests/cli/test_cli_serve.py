@@ -133,3 +133,18 @@ def test_serve_a_repo_not_downloaded_offline_explains(fake_engine):
     assert result.exit_code == 1
     assert "fetching it first" in result.stderr
     assert "cannot reach the Hugging Face Hub" in result.stderr
+
+
+def test_a_killed_lily_takes_its_engine_along(fake_engine, tmp_path):
+    lily, _ = serve_fake(tmp_path)
+    try:
+        lily.wait_for_url()
+        engine_pid = int((tmp_path / "engine.pid").read_text())
+        lily.process.kill()  # SIGKILL: no cleanup code of ours runs
+        lily.process.wait()
+        deadline = time.monotonic() + 10
+        while process_alive(engine_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_alive(engine_pid)
+    finally:
+        lily.kill()
