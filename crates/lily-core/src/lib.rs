@@ -3,4 +3,5 @@
 
 pub mod backend;
 pub mod config;
+pub mod engine;
 pub mod sampling;
