@@ -4,10 +4,14 @@
 //!
 //! ```json
 //! {"tokenizer": "/path/to/qwen3.6-tokenizer",
-//!  "delay_ms": 0,
+//!  "delay_ms": 0, "load_delay_ms": 0,
 //!  "replies": [{"when": "weather", "text": "Checking.</think>\n\n<tool_call>…</tool_call>"}],
 //!  "default": "Hello!"}
 //! ```
+//!
+//! A reply may instead be `{"when": "…", "fail": "message"}` (decode returns that error) or
+//! `{"when": "…", "panic": "message"}` (decode panics), to test that the server answers 500 and
+//! keeps serving.
 //!
 //! The reply whose `when` occurs last in the prompt text wins (so a trigger word in the newest user
 //! message beats one in the history); `default` otherwise. The reply is tokenized with the real
@@ -32,11 +36,18 @@ const SCRIPTED_LOGIT: f32 = 30.0;
 pub struct ScriptedBackend {
     config: ModelConfig,
     tokenizer: Tokenizer,
-    replies: Vec<(String, Vec<u32>)>,
+    replies: Vec<(String, Reply)>,
     default: Vec<u32>,
     delay: Duration,
     seqs: HashMap<SeqId, ScriptedSeq>,
     next_seq: u64,
+}
+
+#[derive(Clone)]
+enum Reply {
+    Tokens(Vec<u32>),
+    Fail(String),
+    Panic(String),
 }
 
 struct ScriptedSeq {
@@ -61,6 +72,10 @@ impl ScriptedModel {
             Some(dir) => PathBuf::from(dir),
             None => bail!("{}: field \"tokenizer\" (a directory) is required", path.display()),
         };
+        // Lets tests watch `/health` while a model is loading.
+        if let Some(ms) = json.get("load_delay_ms").and_then(Value::as_u64) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let config = ModelConfig::from_dir(&tokenizer_dir)?;
         let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
         let encode_reply = |text: &str| -> Result<Vec<u32>> {
@@ -70,11 +85,16 @@ impl ScriptedModel {
         };
         let mut replies = Vec::new();
         for (i, reply) in json.get("replies").and_then(Value::as_array).into_iter().flatten().enumerate() {
-            let when = reply.get("when").and_then(Value::as_str);
-            let text = reply.get("text").and_then(Value::as_str);
-            match (when, text) {
-                (Some(when), Some(text)) if !when.is_empty() => replies.push((when.to_string(), encode_reply(text)?)),
-                _ => bail!("{}: replies[{i}] needs a non-empty string \"when\" and a string \"text\"", path.display()),
+            let field = |name: &str| reply.get(name).and_then(Value::as_str);
+            let answer = match (field("text"), field("fail"), field("panic")) {
+                (Some(text), None, None) => Reply::Tokens(encode_reply(text)?),
+                (None, Some(message), None) => Reply::Fail(message.to_string()),
+                (None, None, Some(message)) => Reply::Panic(message.to_string()),
+                _ => bail!("{}: replies[{i}] needs exactly one of \"text\", \"fail\", \"panic\"", path.display()),
+            };
+            match field("when") {
+                Some(when) if !when.is_empty() => replies.push((when.to_string(), answer)),
+                _ => bail!("{}: replies[{i}] needs a non-empty string \"when\"", path.display()),
             }
         }
         let default = encode_reply(json.get("default").and_then(Value::as_str).unwrap_or("Hello!"))?;
@@ -89,14 +109,14 @@ impl ScriptedBackend {
         self.seqs.get_mut(&seq).with_context(|| format!("unknown sequence {seq:?}"))
     }
 
-    fn choose_reply(&self, prompt: &[u32]) -> Vec<u32> {
+    fn choose_reply(&self, prompt: &[u32]) -> Reply {
         let text = self.tokenizer.decode(prompt, false);
         self.replies
             .iter()
-            .filter_map(|(when, tokens)| text.rfind(when.as_str()).map(|at| (at, tokens)))
+            .filter_map(|(when, reply)| text.rfind(when.as_str()).map(|at| (at, reply)))
             .max_by_key(|(at, _)| *at)
-            .map(|(_, tokens)| tokens.clone())
-            .unwrap_or_else(|| self.default.clone())
+            .map(|(_, reply)| reply.clone())
+            .unwrap_or_else(|| Reply::Tokens(self.default.clone()))
     }
 
     fn pending_logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
@@ -163,8 +183,11 @@ impl Backend for ScriptedBackend {
     ) -> Result<()> {
         let prompt = self.seq(seq)?.tokens.clone();
         if self.seq(seq)?.reply.is_none() {
-            let reply = self.choose_reply(&prompt);
-            self.seq(seq)?.reply = Some(reply);
+            match self.choose_reply(&prompt) {
+                Reply::Tokens(tokens) => self.seq(seq)?.reply = Some(tokens),
+                Reply::Fail(message) => bail!("scripted failure: {message}"),
+                Reply::Panic(message) => panic!("scripted panic: {message}"),
+            }
         }
         for i in 0..n {
             let logits = self.pending_logits(seq)?;
