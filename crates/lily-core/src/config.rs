@@ -61,7 +61,10 @@ impl ModelConfig {
             Some(t) if t.is_object() => t,
             _ => json,
         };
-        let text_type = text.get("model_type").and_then(Value::as_str).unwrap_or(top_type);
+        let text_type = text
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or(top_type);
         if !matches!(text_type, "qwen3_5_moe" | "qwen3_5_moe_text") {
             bail!("model_type {text_type:?} is not supported: Lily runs the qwen3_5_moe family (Qwen3.5/3.6 MoE)");
         }
@@ -71,7 +74,10 @@ impl ModelConfig {
         let layers = match text.get("layer_types") {
             Some(Value::Array(kinds)) => {
                 if kinds.len() != n_layers {
-                    bail!("layer_types has {} entries but num_hidden_layers is {n_layers}", kinds.len());
+                    bail!(
+                        "layer_types has {} entries but num_hidden_layers is {n_layers}",
+                        kinds.len()
+                    );
                 }
                 kinds
                     .iter()
@@ -90,16 +96,31 @@ impl ModelConfig {
                     bail!("full_attention_interval must be > 0");
                 }
                 (0..n_layers)
-                    .map(|i| if (i + 1) % every == 0 { LayerKind::Attention } else { LayerKind::DeltaNet })
+                    .map(|i| {
+                        if (i + 1) % every == 0 {
+                            LayerKind::Attention
+                        } else {
+                            LayerKind::DeltaNet
+                        }
+                    })
                     .collect()
             }
         };
         let head_dim = f.usize("head_dim")?;
-        let rope = text.get("rope_parameters").or_else(|| text.get("rope_scaling"));
+        let rope = text
+            .get("rope_parameters")
+            .or_else(|| text.get("rope_scaling"));
         let rope_field = |name: &str| rope.and_then(|r| r.get(name)).or_else(|| text.get(name));
-        let partial = rope_field("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(0.25);
-        let rope_theta = rope_field("rope_theta").and_then(Value::as_f64).unwrap_or(10_000_000.0);
-        if let Some(kind) = rope.and_then(|r| r.get("rope_type")).and_then(Value::as_str) {
+        let partial = rope_field("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.25);
+        let rope_theta = rope_field("rope_theta")
+            .and_then(Value::as_f64)
+            .unwrap_or(10_000_000.0);
+        if let Some(kind) = rope
+            .and_then(|r| r.get("rope_type"))
+            .and_then(Value::as_str)
+        {
             if kind != "default" {
                 bail!("rope_type {kind:?} is not supported (only \"default\")");
             }
@@ -120,10 +141,15 @@ impl ModelConfig {
             }
         }
         let mut eos_ids: Vec<u32> = Vec::new();
-        for src in [text.get("eos_token_id"), json.get("eos_token_id")].into_iter().flatten() {
+        for src in [text.get("eos_token_id"), json.get("eos_token_id")]
+            .into_iter()
+            .flatten()
+        {
             match src {
                 Value::Number(n) => eos_ids.extend(n.as_u64().map(|v| v as u32)),
-                Value::Array(a) => eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32)),
+                Value::Array(a) => {
+                    eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32))
+                }
                 _ => {}
             }
         }
@@ -164,18 +190,34 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<()> {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            bail!("num_attention_heads {} is not a multiple of num_key_value_heads {}", self.n_heads, self.n_kv_heads);
+            bail!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.n_heads,
+                self.n_kv_heads
+            );
         }
         if self.dn_k_heads == 0 || self.dn_v_heads % self.dn_k_heads != 0 {
-            bail!("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", self.dn_v_heads, self.dn_k_heads);
+            bail!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                self.dn_v_heads,
+                self.dn_k_heads
+            );
         }
         if self.top_k == 0 || self.top_k > self.n_experts {
-            bail!("num_experts_per_tok {} must be in 1..=num_experts ({})", self.top_k, self.n_experts);
+            bail!(
+                "num_experts_per_tok {} must be in 1..=num_experts ({})",
+                self.top_k,
+                self.n_experts
+            );
         }
         if self.conv_kernel < 1 {
             bail!("linear_conv_kernel_dim must be >= 1");
         }
-        for (name, v) in [("hidden_size", self.hidden), ("vocab_size", self.vocab), ("head_dim", self.head_dim)] {
+        for (name, v) in [
+            ("hidden_size", self.hidden),
+            ("vocab_size", self.vocab),
+            ("head_dim", self.head_dim),
+        ] {
             if v == 0 {
                 bail!("{name} must be > 0");
             }
@@ -203,10 +245,16 @@ impl ModelConfig {
         2 * self.dn_key_dim() + self.dn_value_dim()
     }
     pub fn n_attention_layers(&self) -> usize {
-        self.layers.iter().filter(|k| **k == LayerKind::Attention).count()
+        self.layers
+            .iter()
+            .filter(|k| **k == LayerKind::Attention)
+            .count()
     }
     pub fn n_deltanet_layers(&self) -> usize {
-        self.layers.iter().filter(|k| **k == LayerKind::DeltaNet).count()
+        self.layers
+            .iter()
+            .filter(|k| **k == LayerKind::DeltaNet)
+            .count()
     }
 }
 
@@ -215,10 +263,9 @@ struct Fields<'a>(&'a Value);
 impl Fields<'_> {
     fn usize(&self, name: &str) -> Result<usize> {
         match self.0.get(name) {
-            Some(v) => v
-                .as_u64()
-                .map(|n| n as usize)
-                .with_context(|| format!("config field {name} must be a non-negative integer, got {v}")),
+            Some(v) => v.as_u64().map(|n| n as usize).with_context(|| {
+                format!("config field {name} must be a non-negative integer, got {v}")
+            }),
             None => bail!("config field {name} is missing"),
         }
     }
@@ -231,7 +278,9 @@ impl Fields<'_> {
     fn f64_or(&self, name: &str, default: f64) -> Result<f64> {
         match self.0.get(name) {
             None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_f64().with_context(|| format!("config field {name} must be a number, got {v}")),
+            Some(v) => v
+                .as_f64()
+                .with_context(|| format!("config field {name} must be a number, got {v}")),
         }
     }
 }
@@ -279,7 +328,10 @@ mod tests {
     #[test]
     fn missing_field_is_named() {
         let mut json = real_text_config();
-        json["text_config"].as_object_mut().expect("object").remove("num_experts");
+        json["text_config"]
+            .as_object_mut()
+            .expect("object")
+            .remove("num_experts");
         let err = format!("{:#}", ModelConfig::from_json(&json).unwrap_err());
         assert!(err.contains("num_experts"), "{err}");
     }

@@ -2,6 +2,11 @@
 //! checkpoint formats, text in and out, sampling, the generation loop, and the CPU reference backend.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod config;
+pub mod cpu;
 pub mod engine;
+pub mod quant;
 pub mod sampling;
+pub mod synth;
+pub mod weights;

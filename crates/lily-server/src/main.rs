@@ -1,5 +1,8 @@
-//! `lily-engine`: the OpenAI-compatible server and the engine's subcommands.
+//! `lily-engine`: the one binary. Subcommands: serve (the OpenAI-compatible HTTP API), synth
+//! (write a synthetic checkpoint), generate (greedy generation from token ids).
 
+mod cli_generate;
+mod cli_synth;
 mod generate;
 mod load;
 mod metrics;
@@ -13,7 +16,11 @@ mod state;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "lily-engine", version, about = "Lily: a local inference engine for Qwen3.6-35B-A3B")]
+#[command(
+    name = "lily-engine",
+    version,
+    about = "Lily: an inference engine for Qwen3.6-35B-A3B"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,18 +30,25 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Write a synthetic checkpoint of the model family's shape.
+    Synth(cli_synth::SynthArgs),
+    /// Greedy generation from token ids (text comes with the tokenizer).
+    Generate(cli_generate::GenerateArgs),
 }
 
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("LILY_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Synth(args) => cli_synth::run(args),
+        Command::Generate(args) => cli_generate::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

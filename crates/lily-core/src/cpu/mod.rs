@@ -1,0 +1,282 @@
+//! The CPU backend: the readable reference of the whole model (MODEL.md §2.3), f32 activations,
+//! multi-threaded with rayon. Prefill runs in chunks of `prefill_chunk` tokens through all layers.
+
+pub mod linear;
+pub mod ops;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+
+use crate::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
+use crate::config::ModelConfig;
+use crate::sampling::Sampler;
+use crate::weights::{Mixer, ModelWeights};
+use ops::{DeltaNetState, KvCache};
+
+/// Everything one sequence carries between steps.
+#[derive(Clone, Debug)]
+pub struct SeqState {
+    max_ctx: usize,
+    pos: usize,
+    /// One per layer: `Some` for attention layers.
+    kv: Vec<Option<KvCache>>,
+    /// One per layer: `Some` for DeltaNet layers.
+    deltanet: Vec<Option<DeltaNetState>>,
+    /// Logits of the last fed token.
+    logits: Option<Vec<f32>>,
+}
+
+pub struct CpuBackend {
+    weights: Arc<ModelWeights>,
+    prefill_chunk: usize,
+    seqs: HashMap<u64, SeqState>,
+    snapshots: HashMap<u64, SeqState>,
+    next_id: u64,
+}
+
+impl CpuBackend {
+    pub fn new(weights: Arc<ModelWeights>) -> Self {
+        CpuBackend {
+            weights,
+            prefill_chunk: 512,
+            seqs: HashMap::new(),
+            snapshots: HashMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Tokens per prefill chunk (bounds temporary memory; results do not depend on it).
+    pub fn with_prefill_chunk(mut self, chunk: usize) -> Self {
+        self.prefill_chunk = chunk.max(1);
+        self
+    }
+
+    pub fn weights(&self) -> &Arc<ModelWeights> {
+        &self.weights
+    }
+
+    fn seq_mut(&mut self, seq: SeqId) -> Result<&mut SeqState> {
+        self.seqs
+            .get_mut(&seq.0)
+            .with_context(|| format!("unknown sequence {}", seq.0))
+    }
+
+    /// Feeds `tokens` and returns the logits of every position, `[T, vocab]` (teacher forcing).
+    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let chunk = self.prefill_chunk;
+        let weights = self.weights.clone();
+        let st = self.seq_mut(seq)?;
+        let mut all = Vec::with_capacity(tokens.len() * weights.config.vocab);
+        for part in tokens.chunks(chunk) {
+            all.extend(forward(&weights, st, part, true)?);
+        }
+        Ok(all)
+    }
+}
+
+/// One chunk through the whole model. Returns the logits of the last token, or of all tokens.
+fn forward(
+    w: &ModelWeights,
+    st: &mut SeqState,
+    tokens: &[u32],
+    all_logits: bool,
+) -> Result<Vec<f32>> {
+    let c = &w.config;
+    let (t, h) = (tokens.len(), c.hidden);
+    if st.pos + t > st.max_ctx {
+        bail!(
+            "sequence would hold {} tokens, more than its context of {}",
+            st.pos + t,
+            st.max_ctx
+        );
+    }
+    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+        bail!("token id {bad} is outside the vocabulary ({} ids)", c.vocab);
+    }
+    // §2.1 embedding.
+    let mut x = vec![0f32; t * h];
+    for (row, &id) in x.chunks_mut(h).zip(tokens) {
+        w.embed.dequant_row(id as usize, row);
+    }
+    // §2.3 decoder layers: two pre-norm residual branches each.
+    for (i, layer) in w.layers.iter().enumerate() {
+        let xn = ops::rms_norm(&x, &layer.input_norm, c.rms_eps);
+        let mixed = match &layer.mixer {
+            Mixer::Attention(a) => ops::attention(
+                c,
+                a,
+                &xn,
+                st.kv[i]
+                    .as_mut()
+                    .context("attention layer without KV cache")?,
+                st.pos,
+            ),
+            Mixer::DeltaNet(d) => ops::deltanet(
+                c,
+                d,
+                &xn,
+                st.deltanet[i]
+                    .as_mut()
+                    .context("DeltaNet layer without state")?,
+            ),
+        };
+        x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
+        let xn = ops::rms_norm(&x, &layer.post_norm, c.rms_eps);
+        let moe = ops::moe(c, &layer.moe, &xn);
+        x.iter_mut().zip(&moe).for_each(|(a, b)| *a += b);
+    }
+    st.pos += t;
+    // §2.7 final norm + LM head.
+    let rows = if all_logits {
+        &x[..]
+    } else {
+        &x[(t - 1) * h..]
+    };
+    let hn = ops::rms_norm(rows, &w.final_norm, c.rms_eps);
+    let logits = linear::matmul(&w.lm_head, &hn);
+    st.logits = Some(logits[logits.len() - c.vocab..].to_vec());
+    Ok(logits)
+}
+
+/// log-softmax of one entry, and the `k` most likely (id, logprob) pairs.
+pub fn logprobs(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
+    let mut top = Vec::new();
+    if k > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = k.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        top = idx
+            .into_iter()
+            .map(|i| (i, logits[i as usize] - lse))
+            .collect();
+    }
+    (logits[token as usize] - lse, top)
+}
+
+impl Backend for CpuBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
+        let c = &self.weights.config;
+        let kv = c
+            .layers
+            .iter()
+            .map(|k| (*k == crate::config::LayerKind::Attention).then(KvCache::default))
+            .collect();
+        let deltanet = c
+            .layers
+            .iter()
+            .map(|k| (*k == crate::config::LayerKind::DeltaNet).then(|| DeltaNetState::new(c)))
+            .collect();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            SeqState {
+                max_ctx,
+                pos: 0,
+                kv,
+                deltanet,
+                logits: None,
+            },
+        );
+        Ok(SeqId(id))
+    }
+
+    fn free_seq(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq.0);
+    }
+
+    fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self
+            .seqs
+            .get(&seq.0)
+            .with_context(|| format!("unknown sequence {}", seq.0))?
+            .pos)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        let chunk = self.prefill_chunk;
+        let weights = self.weights.clone();
+        let st = self.seq_mut(seq)?;
+        for part in tokens.chunks(chunk) {
+            forward(&weights, st, part, false)?;
+        }
+        Ok(())
+    }
+
+    fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
+        self.seq_mut(seq)?
+            .logits
+            .clone()
+            .context("the sequence has no logits yet: prefill first")
+    }
+
+    fn decode(
+        &mut self,
+        seq: SeqId,
+        sampler: &mut Sampler,
+        n: usize,
+        top_logprobs: usize,
+        on_token: &mut dyn FnMut(&StepOut) -> Flow,
+    ) -> Result<()> {
+        let weights = self.weights.clone();
+        let st = self.seq_mut(seq)?;
+        for i in 0..n {
+            let logits = st
+                .logits
+                .as_ref()
+                .context("decode before prefill: no logits to sample from")?;
+            let token = sampler.sample(logits);
+            sampler.accept(token);
+            let (logprob, top) = logprobs(logits, token, top_logprobs);
+            if on_token(&StepOut {
+                token,
+                logprob,
+                top,
+            }) == Flow::Stop
+                || i + 1 == n
+            {
+                break;
+            }
+            forward(&weights, st, &[token], false)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
+        let st = self.seq_mut(seq)?.clone();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.snapshots.insert(id, st);
+        Ok(SnapshotId(id))
+    }
+
+    fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
+        let saved = self
+            .snapshots
+            .get(&snap.0)
+            .with_context(|| format!("unknown snapshot {}", snap.0))?
+            .clone();
+        *self.seq_mut(seq)? = saved;
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snap: SnapshotId) {
+        self.snapshots.remove(&snap.0);
+    }
+}
