@@ -2,10 +2,13 @@
 //! tokenizer and chat template. Runs on a background thread while `/health` answers "loading".
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use lily_core::backend::Backend;
 use lily_core::chat::ChatTemplate;
+use lily_core::checkpoint;
+use lily_core::cpu::CpuBackend;
 use lily_core::engine::Engine;
 use lily_core::text::Tokenizer;
 
@@ -79,6 +82,7 @@ fn load_backend(dir: &Path, device: Device) -> Result<Box<dyn Backend>> {
     }
 }
 
-fn cpu_backend(_dir: &Path) -> Result<Box<dyn Backend>> {
-    bail!("the CPU backend is not available in this build yet")
+fn cpu_backend(dir: &Path) -> Result<Box<dyn Backend>> {
+    let weights = checkpoint::load(dir, &checkpoint::LoadOptions::default())?;
+    Ok(Box::new(CpuBackend::new(Arc::new(weights))))
 }
