@@ -18,9 +18,16 @@ use crate::state::Model;
 pub enum GenEvent {
     PromptLogprobs(Vec<PromptLogprob>),
     /// One generated token and the visible text it completed (possibly none).
-    Token { pieces: Vec<Piece>, step: StepOut },
+    Token {
+        pieces: Vec<Piece>,
+        step: StepOut,
+    },
     /// Last event: held-back text, and how the job ended.
-    Done { pieces: Vec<Piece>, outcome: Outcome, tool_calls: usize },
+    Done {
+        pieces: Vec<Piece>,
+        outcome: Outcome,
+        tool_calls: usize,
+    },
 }
 
 /// A prepared generation request.
@@ -34,9 +41,17 @@ pub struct GenRequest {
 }
 
 /// Queues `req` on the engine; the receiver yields its events. A full queue is a 429.
-pub fn submit(model: &Model, metrics: Arc<Metrics>, req: GenRequest) -> Result<UnboundedReceiver<GenEvent>, ApiError> {
+pub fn submit(
+    model: &Model,
+    metrics: Arc<Metrics>,
+    req: GenRequest,
+) -> Result<UnboundedReceiver<GenEvent>, ApiError> {
     let (tx, rx) = unbounded_channel();
-    let sink = ChannelSink { tx, output: req.output, metrics };
+    let sink = ChannelSink {
+        tx,
+        output: req.output,
+        metrics,
+    };
     let job = Job {
         prompt: req.prompt,
         sampling: req.sampling,
@@ -70,7 +85,15 @@ impl JobSink for ChannelSink {
     fn token(&mut self, step: &StepOut) -> Flow {
         let mut pieces = Vec::new();
         let stop_matched = self.output.step(step.token, &mut pieces);
-        if self.tx.send(GenEvent::Token { pieces, step: step.clone() }).is_err() || stop_matched {
+        if self
+            .tx
+            .send(GenEvent::Token {
+                pieces,
+                step: step.clone(),
+            })
+            .is_err()
+            || stop_matched
+        {
             return Flow::Stop;
         }
         Flow::Continue
@@ -81,6 +104,10 @@ impl JobSink for ChannelSink {
         let mut pieces = Vec::new();
         self.output.finish(&mut pieces);
         let tool_calls = self.output.tool_calls();
-        let _ = self.tx.send(GenEvent::Done { pieces, outcome, tool_calls });
+        let _ = self.tx.send(GenEvent::Done {
+            pieces,
+            outcome,
+            tool_calls,
+        });
     }
 }

@@ -35,10 +35,19 @@ pub struct LoadOptions {
 /// The id clients see: the model directory's name.
 pub fn model_id(model: &str) -> String {
     if let Some(path) = model.strip_prefix(SCRIPTED) {
-        return format!("scripted-{}", Path::new(path).file_stem().and_then(|s| s.to_str()).unwrap_or("model"));
+        return format!(
+            "scripted-{}",
+            Path::new(path)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("model")
+        );
     }
     let path = Path::new(model.trim_end_matches('/'));
-    path.file_name().and_then(|s| s.to_str()).unwrap_or(model).to_string()
+    path.file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or(model)
+        .to_string()
 }
 
 pub fn load(opts: &LoadOptions) -> Result<Model> {
@@ -61,14 +70,24 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
     let ctx_size = match opts.ctx_size {
         Some(0) => bail!("--ctx-size must be at least 1"),
         Some(n) if n > config.max_position => {
-            bail!("--ctx-size {n} exceeds the model's max_position_embeddings ({})", config.max_position)
+            bail!(
+                "--ctx-size {n} exceeds the model's max_position_embeddings ({})",
+                config.max_position
+            )
         }
         Some(n) => n,
         None => config.max_position.min(DEFAULT_CTX),
     };
     tracing::info!("backend: {}", backend.describe());
     let engine = Engine::start(backend, opts.max_queue)?;
-    Ok(Model { engine, tokenizer, template, ctx_size, vocab: config.vocab, max_queue: opts.max_queue })
+    Ok(Model {
+        engine,
+        tokenizer,
+        template,
+        ctx_size,
+        vocab: config.vocab,
+        max_queue: opts.max_queue,
+    })
 }
 
 /// Default context when `--ctx-size` is not given: enough for long chats, small enough that the
@@ -78,7 +97,9 @@ const DEFAULT_CTX: usize = 32_768;
 fn load_backend(dir: &Path, device: Device) -> Result<Box<dyn Backend>> {
     match device {
         Device::Cuda => bail!("--device cuda: this build has no CUDA backend"),
-        Device::Auto | Device::Cpu => cpu_backend(dir).with_context(|| format!("loading {}", dir.display())),
+        Device::Auto | Device::Cpu => {
+            cpu_backend(dir).with_context(|| format!("loading {}", dir.display()))
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::Mutex;
 use lily_core::engine::{FinishReason, Outcome};
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
-const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const TTFT_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 #[derive(Default)]
 pub struct Metrics {
@@ -47,7 +49,11 @@ impl Metrics {
     }
 
     pub fn record_request(&self, endpoint: &str, status: u16) {
-        *self.lock().requests.entry((endpoint.to_string(), status)).or_default() += 1;
+        *self
+            .lock()
+            .requests
+            .entry((endpoint.to_string(), status))
+            .or_default() += 1;
     }
 
     /// Called once per finished generation (also cancelled and failed ones).
@@ -95,33 +101,109 @@ impl Metrics {
     pub fn render(&self, gauges: &Gauges) -> String {
         let c = self.lock();
         let mut out = String::new();
-        header(&mut out, "lily_requests_total", "counter", "HTTP requests by endpoint and status code.");
+        header(
+            &mut out,
+            "lily_requests_total",
+            "counter",
+            "HTTP requests by endpoint and status code.",
+        );
         for ((endpoint, status), n) in &c.requests {
-            let _ = writeln!(out, "lily_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "lily_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
         }
-        header(&mut out, "lily_generations_total", "counter", "Finished generations by finish reason.");
+        header(
+            &mut out,
+            "lily_generations_total",
+            "counter",
+            "Finished generations by finish reason.",
+        );
         for (reason, n) in &c.finished {
-            let _ = writeln!(out, "lily_generations_total{{finish_reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "lily_generations_total{{finish_reason=\"{reason}\"}} {n}"
+            );
         }
         let scalars: [(&str, &str, &str, String); 11] = [
-            ("lily_prompt_tokens_total", "counter", "Prompt tokens of finished generations.", c.prompt_tokens.to_string()),
-            ("lily_cached_prompt_tokens_total", "counter", "Prompt tokens served from a reused prefix.", c.cached_tokens.to_string()),
-            ("lily_generated_tokens_total", "counter", "Generated (completion) tokens.", c.generated_tokens.to_string()),
-            ("lily_prefill_seconds_total", "counter", "Time spent in prefill.", c.prefill_seconds.to_string()),
-            ("lily_decode_seconds_total", "counter", "Time spent in decode.", c.decode_seconds.to_string()),
-            ("lily_queue_seconds_total", "counter", "Time requests waited in the queue.", c.queue_seconds.to_string()),
-            ("lily_prefill_tokens_per_second", "gauge", "Prefill throughput of the last generation.", c.last_prefill_tps.to_string()),
-            ("lily_decode_tokens_per_second", "gauge", "Decode throughput of the last generation.", c.last_decode_tps.to_string()),
-            ("lily_queue_depth", "gauge", "Requests waiting for the engine.", gauges.queue_depth.to_string()),
-            ("lily_requests_running", "gauge", "Requests running on the engine.", gauges.running.to_string()),
-            ("lily_model_ready", "gauge", "1 once the model is loaded.", u8::from(gauges.ready).to_string()),
+            (
+                "lily_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of finished generations.",
+                c.prompt_tokens.to_string(),
+            ),
+            (
+                "lily_cached_prompt_tokens_total",
+                "counter",
+                "Prompt tokens served from a reused prefix.",
+                c.cached_tokens.to_string(),
+            ),
+            (
+                "lily_generated_tokens_total",
+                "counter",
+                "Generated (completion) tokens.",
+                c.generated_tokens.to_string(),
+            ),
+            (
+                "lily_prefill_seconds_total",
+                "counter",
+                "Time spent in prefill.",
+                c.prefill_seconds.to_string(),
+            ),
+            (
+                "lily_decode_seconds_total",
+                "counter",
+                "Time spent in decode.",
+                c.decode_seconds.to_string(),
+            ),
+            (
+                "lily_queue_seconds_total",
+                "counter",
+                "Time requests waited in the queue.",
+                c.queue_seconds.to_string(),
+            ),
+            (
+                "lily_prefill_tokens_per_second",
+                "gauge",
+                "Prefill throughput of the last generation.",
+                c.last_prefill_tps.to_string(),
+            ),
+            (
+                "lily_decode_tokens_per_second",
+                "gauge",
+                "Decode throughput of the last generation.",
+                c.last_decode_tps.to_string(),
+            ),
+            (
+                "lily_queue_depth",
+                "gauge",
+                "Requests waiting for the engine.",
+                gauges.queue_depth.to_string(),
+            ),
+            (
+                "lily_requests_running",
+                "gauge",
+                "Requests running on the engine.",
+                gauges.running.to_string(),
+            ),
+            (
+                "lily_model_ready",
+                "gauge",
+                "1 once the model is loaded.",
+                u8::from(gauges.ready).to_string(),
+            ),
         ];
         for (name, kind, help, value) in scalars {
             header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {value}");
         }
         let name = "lily_time_to_first_token_seconds";
-        header(&mut out, name, "histogram", "From the start of a generation (after queueing) to its first token.");
+        header(
+            &mut out,
+            name,
+            "histogram",
+            "From the start of a generation (after queueing) to its first token.",
+        );
         for (bound, n) in TTFT_BUCKETS.iter().zip(c.ttft_buckets) {
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
         }

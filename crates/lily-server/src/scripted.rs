@@ -66,11 +66,16 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read scripted model {}", path.display()))?;
-        let json: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read scripted model {}", path.display()))?;
+        let json: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
         let tokenizer_dir = match json.get("tokenizer").and_then(Value::as_str) {
             Some(dir) => PathBuf::from(dir),
-            None => bail!("{}: field \"tokenizer\" (a directory) is required", path.display()),
+            None => bail!(
+                "{}: field \"tokenizer\" (a directory) is required",
+                path.display()
+            ),
         };
         // Lets tests watch `/health` while a model is loading.
         if let Some(ms) = json.get("load_delay_ms").and_then(Value::as_u64) {
@@ -84,29 +89,59 @@ impl ScriptedModel {
             Ok(tokens)
         };
         let mut replies = Vec::new();
-        for (i, reply) in json.get("replies").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for (i, reply) in json
+            .get("replies")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let field = |name: &str| reply.get(name).and_then(Value::as_str);
             let answer = match (field("text"), field("fail"), field("panic")) {
                 (Some(text), None, None) => Reply::Tokens(encode_reply(text)?),
                 (None, Some(message), None) => Reply::Fail(message.to_string()),
                 (None, None, Some(message)) => Reply::Panic(message.to_string()),
-                _ => bail!("{}: replies[{i}] needs exactly one of \"text\", \"fail\", \"panic\"", path.display()),
+                _ => bail!(
+                    "{}: replies[{i}] needs exactly one of \"text\", \"fail\", \"panic\"",
+                    path.display()
+                ),
             };
             match field("when") {
                 Some(when) if !when.is_empty() => replies.push((when.to_string(), answer)),
-                _ => bail!("{}: replies[{i}] needs a non-empty string \"when\"", path.display()),
+                _ => bail!(
+                    "{}: replies[{i}] needs a non-empty string \"when\"",
+                    path.display()
+                ),
             }
         }
-        let default = encode_reply(json.get("default").and_then(Value::as_str).unwrap_or("Hello!"))?;
-        let delay = Duration::from_millis(json.get("delay_ms").and_then(Value::as_u64).unwrap_or(0));
-        let backend = ScriptedBackend { config, tokenizer, replies, default, delay, seqs: HashMap::new(), next_seq: 0 };
-        Ok(ScriptedModel { backend, tokenizer_dir })
+        let default = encode_reply(
+            json.get("default")
+                .and_then(Value::as_str)
+                .unwrap_or("Hello!"),
+        )?;
+        let delay =
+            Duration::from_millis(json.get("delay_ms").and_then(Value::as_u64).unwrap_or(0));
+        let backend = ScriptedBackend {
+            config,
+            tokenizer,
+            replies,
+            default,
+            delay,
+            seqs: HashMap::new(),
+            next_seq: 0,
+        };
+        Ok(ScriptedModel {
+            backend,
+            tokenizer_dir,
+        })
     }
 }
 
 impl ScriptedBackend {
     fn seq(&mut self, seq: SeqId) -> Result<&mut ScriptedSeq> {
-        self.seqs.get_mut(&seq).with_context(|| format!("unknown sequence {seq:?}"))
+        self.seqs
+            .get_mut(&seq)
+            .with_context(|| format!("unknown sequence {seq:?}"))
     }
 
     fn choose_reply(&self, prompt: &[u32]) -> Reply {
@@ -121,7 +156,10 @@ impl ScriptedBackend {
 
     fn pending_logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
         let vocab = self.config.vocab;
-        let s = self.seqs.get(&seq).with_context(|| format!("unknown sequence {seq:?}"))?;
+        let s = self
+            .seqs
+            .get(&seq)
+            .with_context(|| format!("unknown sequence {seq:?}"))?;
         let next = match &s.reply {
             Some(reply) => reply.get(s.at).copied().unwrap_or(ids::IM_END),
             // Before any decode the "model" predicts the prompt continuing with itself: a fixed,
@@ -148,7 +186,15 @@ impl Backend for ScriptedBackend {
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
         self.next_seq += 1;
         let id = SeqId(self.next_seq);
-        self.seqs.insert(id, ScriptedSeq { max_ctx, tokens: Vec::new(), reply: None, at: 0 });
+        self.seqs.insert(
+            id,
+            ScriptedSeq {
+                max_ctx,
+                tokens: Vec::new(),
+                reply: None,
+                at: 0,
+            },
+        );
         Ok(id)
     }
 
@@ -157,7 +203,10 @@ impl Backend for ScriptedBackend {
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
-        self.seqs.get(&seq).map(|s| s.tokens.len()).with_context(|| format!("unknown sequence {seq:?}"))
+        self.seqs
+            .get(&seq)
+            .map(|s| s.tokens.len())
+            .with_context(|| format!("unknown sequence {seq:?}"))
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
@@ -196,7 +245,11 @@ impl Backend for ScriptedBackend {
             if !self.delay.is_zero() {
                 std::thread::sleep(self.delay);
             }
-            let flow = on_token(&StepOut { token, logprob, top });
+            let flow = on_token(&StepOut {
+                token,
+                logprob,
+                top,
+            });
             if flow == Flow::Stop || self.config.eos_ids.contains(&token) || i + 1 == n {
                 break;
             }

@@ -40,15 +40,25 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(serve(args))
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
-        .with_context(|| format!("--host {} --port {}: not an address to listen on", args.host, args.port))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        .with_context(|| {
+            format!(
+                "--host {} --port {}: not an address to listen on",
+                args.host, args.port
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
     let state = Arc::new(AppState {
         model_id: load::model_id(&args.model),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
@@ -56,15 +66,27 @@ async fn serve(args: ServeArgs) -> Result<()> {
         metrics: Arc::new(Metrics::default()),
         created: unix_now(),
     });
-    tracing::info!("listening on http://{addr} (model {} loading)", state.model_id);
+    tracing::info!(
+        "listening on http://{addr} (model {} loading)",
+        state.model_id
+    );
 
-    let opts = LoadOptions { model: args.model.clone(), device: args.device, ctx_size: args.ctx_size, max_queue: args.max_queue };
+    let opts = LoadOptions {
+        model: args.model.clone(),
+        device: args.device,
+        ctx_size: args.ctx_size,
+        max_queue: args.max_queue,
+    };
     let loader_state = state.clone();
     std::thread::Builder::new()
         .name("lily-load".into())
         .spawn(move || match load::load(&opts) {
             Ok(model) => {
-                tracing::info!("model {} ready (context {} tokens)", loader_state.model_id, model.ctx_size);
+                tracing::info!(
+                    "model {} ready (context {} tokens)",
+                    loader_state.model_id,
+                    model.ctx_size
+                );
                 loader_state.set_phase(Phase::Ready(Arc::new(model)));
             }
             Err(e) => {
@@ -88,7 +110,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     });
 
     shutdown_signal().await;
-    tracing::info!("shutting down: draining in-flight requests (up to {}s)", DRAIN_GRACE.as_secs());
+    tracing::info!(
+        "shutting down: draining in-flight requests (up to {}s)",
+        DRAIN_GRACE.as_secs()
+    );
     let _ = signal_tx.send(());
     let mut server = server;
     let drained = tokio::time::timeout(DRAIN_GRACE, &mut server).await.is_ok();
@@ -97,7 +122,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let model = state.model().ok();
     state.set_phase(Phase::ShuttingDown);
     if let Some(model) = model {
-        tokio::task::spawn_blocking(move || model.engine.shutdown()).await.ok();
+        tokio::task::spawn_blocking(move || model.engine.shutdown())
+            .await
+            .ok();
     }
     if !drained {
         let _ = tokio::time::timeout(Duration::from_secs(2), server).await;

@@ -63,7 +63,11 @@ impl AppState {
                 running: usize::from(model.engine.is_busy()),
                 ready: true,
             },
-            _ => Gauges { queue_depth: 0, running: 0, ready: false },
+            _ => Gauges {
+                queue_depth: 0,
+                running: 0,
+                ready: false,
+            },
         }
     }
 }

@@ -74,7 +74,13 @@ pub struct Usage {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    Done { reason: FinishReason, usage: Usage },
+    Done {
+        reason: FinishReason,
+        usage: Usage,
+    },
     /// The backend failed; the message is for logs and a 500 answer.
-    Failed { message: String, usage: Usage },
+    Failed {
+        message: String,
+        usage: Usage,
+    },
 }

@@ -7,15 +7,22 @@ pub fn token_logprob(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f3
     let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
     let log_z = max as f64 + sum.ln();
     let lp = |x: f32| (x as f64 - log_z) as f32;
-    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&x| lp(x));
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&x| lp(x));
     let mut top: Vec<(u32, f32)> = Vec::new();
     if k > 0 && !logits.is_empty() {
         let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
         let k = k.min(ids.len());
-        ids.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        ids.select_nth_unstable_by(k.saturating_sub(1), |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
         ids.truncate(k);
         ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        top = ids.into_iter().map(|id| (id, lp(logits[id as usize]))).collect();
+        top = ids
+            .into_iter()
+            .map(|id| (id, lp(logits[id as usize])))
+            .collect();
     }
     (logprob, top)
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::job::Job;
 
 /// The job that did not fit; handed back so its sink can be told.
-pub struct QueueFull(pub Job);
+pub struct QueueFull(pub Box<Job>);
 
 impl std::fmt::Debug for QueueFull {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -32,20 +32,25 @@ impl Queue {
     pub fn new(capacity: usize) -> Self {
         Queue {
             capacity,
-            state: Mutex::new(State { jobs: VecDeque::new(), closed: false }),
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
             ready: Condvar::new(),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves only a VecDeque behind: still consistent.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn push(&self, job: Job) -> Result<(), QueueFull> {
         let mut state = self.lock();
         if state.closed || state.jobs.len() >= self.capacity {
-            return Err(QueueFull(job));
+            return Err(QueueFull(Box::new(job)));
         }
         state.jobs.push_back((job, Instant::now()));
         self.ready.notify_one();
@@ -62,7 +67,10 @@ impl Queue {
             if state.closed {
                 return None;
             }
-            state = self.ready.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = self
+                .ready
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::logprob::token_logprob;
 use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
+use super::logprob::token_logprob;
 use super::queue::{Queue, QueueFull};
 use crate::backend::{Backend, Flow, SeqId};
 use crate::config::ModelConfig;
@@ -36,7 +36,11 @@ impl Engine {
         let queue = Arc::new(Queue::new(max_queue));
         let busy = Arc::new(AtomicBool::new(false));
         let cancel_all = Arc::new(AtomicBool::new(false));
-        let worker = Worker { backend, eos_ids: config.eos_ids.clone(), cancel_all: cancel_all.clone() };
+        let worker = Worker {
+            backend,
+            eos_ids: config.eos_ids.clone(),
+            cancel_all: cancel_all.clone(),
+        };
         let thread = {
             let (queue, busy) = (queue.clone(), busy.clone());
             std::thread::Builder::new()
@@ -44,7 +48,14 @@ impl Engine {
                 .spawn(move || worker.serve(&queue, &busy))
                 .context("cannot start the engine thread")?
         };
-        Ok(Engine { queue, busy, cancel_all, thread: Mutex::new(Some(thread)), config, description })
+        Ok(Engine {
+            queue,
+            busy,
+            cancel_all,
+            thread: Mutex::new(Some(thread)),
+            config,
+            description,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -75,8 +86,14 @@ impl Engine {
     pub fn shutdown(&self) {
         self.cancel_all.store(true, Ordering::Relaxed);
         for mut job in self.queue.close() {
-            let usage = Usage { prompt_tokens: job.prompt.len(), ..Usage::default() };
-            job.sink.finished(Outcome::Done { reason: FinishReason::Cancelled, usage });
+            let usage = Usage {
+                prompt_tokens: job.prompt.len(),
+                ..Usage::default()
+            };
+            job.sink.finished(Outcome::Done {
+                reason: FinishReason::Cancelled,
+                usage,
+            });
         }
         let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(handle) = handle {
@@ -95,13 +112,22 @@ impl Worker {
     fn serve(mut self, queue: &Queue, busy: &AtomicBool) {
         while let Some((mut job, queued_at)) = queue.pop() {
             busy.store(true, Ordering::Relaxed);
-            let mut usage = Usage { prompt_tokens: job.prompt.len(), ..Usage::default() };
+            let mut usage = Usage {
+                prompt_tokens: job.prompt.len(),
+                ..Usage::default()
+            };
             usage.queue_time = queued_at.elapsed();
             // A panicking backend fails this job, not the server.
             let outcome = match catch_unwind(AssertUnwindSafe(|| self.run(&mut job, &mut usage))) {
                 Ok(Ok(reason)) => Outcome::Done { reason, usage },
-                Ok(Err(e)) => Outcome::Failed { message: format!("{e:#}"), usage },
-                Err(panic) => Outcome::Failed { message: panic_message(panic.as_ref()), usage },
+                Ok(Err(e)) => Outcome::Failed {
+                    message: format!("{e:#}"),
+                    usage,
+                },
+                Err(panic) => Outcome::Failed {
+                    message: panic_message(panic.as_ref()),
+                    usage,
+                },
             };
             if let Outcome::Failed { message, .. } = &outcome {
                 tracing::error!("generation failed: {message}");
@@ -148,23 +174,29 @@ impl Worker {
         let (eos_ids, cancel_all) = (&self.eos_ids, &self.cancel_all);
         let sink = &mut job.sink;
         let extra_stop_ids = &job.extra_stop_ids;
-        self.backend.decode(seq, &mut sampler, job.max_tokens, job.top_logprobs, &mut |step| {
-            if eos_ids.contains(&step.token) || extra_stop_ids.contains(&step.token) {
-                ended_by_eos = true;
-                return Flow::Stop;
-            }
-            generated += 1;
-            if generated == 1 {
-                usage.time_to_first_token = Some(start.elapsed());
-            }
-            if cancel_all.load(Ordering::Relaxed) {
-                stopped = true;
-                return Flow::Stop;
-            }
-            let flow = sink.token(step);
-            stopped = flow == Flow::Stop;
-            flow
-        })?;
+        self.backend.decode(
+            seq,
+            &mut sampler,
+            job.max_tokens,
+            job.top_logprobs,
+            &mut |step| {
+                if eos_ids.contains(&step.token) || extra_stop_ids.contains(&step.token) {
+                    ended_by_eos = true;
+                    return Flow::Stop;
+                }
+                generated += 1;
+                if generated == 1 {
+                    usage.time_to_first_token = Some(start.elapsed());
+                }
+                if cancel_all.load(Ordering::Relaxed) {
+                    stopped = true;
+                    return Flow::Stop;
+                }
+                let flow = sink.token(step);
+                stopped = flow == Flow::Stop;
+                flow
+            },
+        )?;
         usage.decode_time = decode_start.elapsed();
         usage.completion_tokens = generated;
         Ok(if self.cancelled(job) {
@@ -196,11 +228,19 @@ impl Worker {
                 return Ok(false);
             }
             if i == 0 {
-                scores.push(PromptLogprob { token, logprob: None, top: Vec::new() });
+                scores.push(PromptLogprob {
+                    token,
+                    logprob: None,
+                    top: Vec::new(),
+                });
             } else {
                 let logits = self.backend.logits(seq)?;
                 let (logprob, top) = token_logprob(&logits, token, job.top_logprobs);
-                scores.push(PromptLogprob { token, logprob: Some(logprob), top });
+                scores.push(PromptLogprob {
+                    token,
+                    logprob: Some(logprob),
+                    top,
+                });
             }
             self.backend.prefill(seq, &[token])?;
         }

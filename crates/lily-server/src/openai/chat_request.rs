@@ -29,12 +29,29 @@ impl ChatRequest {
     pub fn parse(body: &Map<String, Value>, vocab: usize) -> Result<Self, ApiError> {
         let f = Fields::new(body);
         let messages = match f.array("messages")? {
-            None => return Err(ApiError::invalid_param("messages", "'messages' is required")),
-            Some(list) if list.is_empty() => return Err(ApiError::invalid_param("messages", "'messages' must not be empty")),
-            Some(list) => list.iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?,
+            None => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    "'messages' is required",
+                ))
+            }
+            Some(list) if list.is_empty() => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    "'messages' must not be empty",
+                ))
+            }
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, m)| message(i, m))
+                .collect::<Result<Vec<_>, _>>()?,
         };
 
-        let kwargs = f.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+        let kwargs = f
+            .object("chat_template_kwargs")?
+            .cloned()
+            .unwrap_or_default();
         let kw = Fields::nested(&kwargs, "chat_template_kwargs".into());
         let thinking = kw.bool("enable_thinking")?.unwrap_or(true);
         kw.bool("preserve_thinking")?;
@@ -46,7 +63,10 @@ impl ChatRequest {
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
         let top_logprobs = f.i64_in("top_logprobs", 0, 20)?.unwrap_or(0) as usize;
         if top_logprobs > 0 && !logprobs {
-            return Err(ApiError::invalid_param("top_logprobs", "'top_logprobs' requires 'logprobs' to be true"));
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "'top_logprobs' requires 'logprobs' to be true",
+            ));
         }
         Ok(ChatRequest {
             messages,
@@ -69,7 +89,10 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let path = format!("messages[{i}]");
     let Value::Object(obj) = m else {
-        return Err(ApiError::invalid_param(&path, format!("'{path}' must be an object, got {}", kind(m))));
+        return Err(ApiError::invalid_param(
+            &path,
+            format!("'{path}' must be an object, got {}", kind(m)),
+        ));
     };
     let f = Fields::nested(obj, path.clone());
     let role = match f.str("role")? {
@@ -77,20 +100,38 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
         Some(r) => {
             return Err(ApiError::invalid_param(
                 &f.param("role"),
-                format!("'{}' is {r:?}; expected one of {}", f.param("role"), ROLES.join(", ")),
+                format!(
+                    "'{}' is {r:?}; expected one of {}",
+                    f.param("role"),
+                    ROLES.join(", ")
+                ),
             ))
         }
-        None => return Err(ApiError::invalid_param(&f.param("role"), format!("'{}' is required", f.param("role")))),
+        None => {
+            return Err(ApiError::invalid_param(
+                &f.param("role"),
+                format!("'{}' is required", f.param("role")),
+            ))
+        }
     };
     let content = content(&f)?;
     let mut out = Map::new();
     // The template knows `system`; `developer` is the newer name for the same turn.
-    out.insert("role".into(), json!(if role == "developer" { "system" } else { role }));
+    out.insert(
+        "role".into(),
+        json!(if role == "developer" { "system" } else { role }),
+    );
     match role {
         "assistant" => {
             let tool_calls = assistant_tool_calls(&f)?;
             if content.is_none() && tool_calls.is_none() {
-                return Err(ApiError::invalid_param(&f.param("content"), format!("'{}' is required unless 'tool_calls' is given", f.param("content"))));
+                return Err(ApiError::invalid_param(
+                    &f.param("content"),
+                    format!(
+                        "'{}' is required unless 'tool_calls' is given",
+                        f.param("content")
+                    ),
+                ));
             }
             out.insert("content".into(), json!(content.unwrap_or_default()));
             if let Some(reasoning) = f.str("reasoning_content")? {
@@ -104,7 +145,12 @@ fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
             Some(text) => {
                 out.insert("content".into(), json!(text));
             }
-            None => return Err(ApiError::invalid_param(&f.param("content"), format!("'{}' is required", f.param("content")))),
+            None => {
+                return Err(ApiError::invalid_param(
+                    &f.param("content"),
+                    format!("'{}' is required", f.param("content")),
+                ))
+            }
         },
     }
     Ok(Value::Object(out))
@@ -133,31 +179,55 @@ fn content(f: &Fields) -> Result<Option<String>, ApiError> {
             }
             Ok(Some(text))
         }
-        Some(other) => Err(ApiError::invalid_param(&param, format!("'{param}' must be a string or an array of content parts, got {}", kind(other)))),
+        Some(other) => Err(ApiError::invalid_param(
+            &param,
+            format!(
+                "'{param}' must be a string or an array of content parts, got {}",
+                kind(other)
+            ),
+        )),
     }
 }
 
 /// An assistant turn's earlier tool calls, with `arguments` parsed into the object the template
 /// iterates over.
 fn assistant_tool_calls(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
-    let Some(calls) = f.array("tool_calls")? else { return Ok(None) };
+    let Some(calls) = f.array("tool_calls")? else {
+        return Ok(None);
+    };
     let mut out = Vec::with_capacity(calls.len());
     for (j, call) in calls.iter().enumerate() {
         let param = format!("{}[{j}]", f.param("tool_calls"));
         let function = call.get("function").and_then(Value::as_object);
-        let name = function.and_then(|fun| fun.get("name")).and_then(Value::as_str);
+        let name = function
+            .and_then(|fun| fun.get("name"))
+            .and_then(Value::as_str);
         let (Some(function), Some(name)) = (function, name) else {
-            return Err(ApiError::invalid_param(&param, format!("'{param}' needs a 'function' with a string 'name'")));
+            return Err(ApiError::invalid_param(
+                &param,
+                format!("'{param}' needs a 'function' with a string 'name'"),
+            ));
         };
         let arguments = match function.get("arguments") {
             None | Some(Value::Null) => json!({}),
             Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
                 Ok(v @ Value::Object(_)) => v,
-                _ => return Err(ApiError::invalid_param(&format!("{param}.function.arguments"), "tool call arguments must be a JSON object (as a string)")),
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        &format!("{param}.function.arguments"),
+                        "tool call arguments must be a JSON object (as a string)",
+                    ))
+                }
             },
             Some(v @ Value::Object(_)) => v.clone(),
             Some(other) => {
-                return Err(ApiError::invalid_param(&format!("{param}.function.arguments"), format!("tool call arguments must be a JSON string, got {}", kind(other))))
+                return Err(ApiError::invalid_param(
+                    &format!("{param}.function.arguments"),
+                    format!(
+                        "tool call arguments must be a JSON string, got {}",
+                        kind(other)
+                    ),
+                ))
             }
         };
         let mut c = Map::new();
@@ -165,7 +235,10 @@ fn assistant_tool_calls(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
             c.insert("id".into(), id.clone());
         }
         c.insert("type".into(), json!("function"));
-        c.insert("function".into(), json!({"name": name, "arguments": arguments}));
+        c.insert(
+            "function".into(),
+            json!({"name": name, "arguments": arguments}),
+        );
         out.push(Value::Object(c));
     }
     Ok(Some(out))
@@ -183,15 +256,23 @@ fn tools(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
             return Err(ApiError::invalid_param("tool_choice", "forcing a named function with tool_choice is not supported yet; use \"auto\" or \"none\""))
         }
     };
-    let Some(list) = f.array("tools")? else { return Ok(None) };
+    let Some(list) = f.array("tools")? else {
+        return Ok(None);
+    };
     for (i, tool) in list.iter().enumerate() {
         let param = format!("tools[{i}]");
         if tool.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::invalid_param(&param, format!("'{param}.type' must be \"function\"")));
+            return Err(ApiError::invalid_param(
+                &param,
+                format!("'{param}.type' must be \"function\""),
+            ));
         }
         let name = tool.pointer("/function/name").and_then(Value::as_str);
         if name.is_none_or(str::is_empty) {
-            return Err(ApiError::invalid_param(&format!("{param}.function.name"), format!("'{param}.function.name' must be a non-empty string")));
+            return Err(ApiError::invalid_param(
+                &format!("{param}.function.name"),
+                format!("'{param}.function.name' must be a non-empty string"),
+            ));
         }
     }
     if choice == "none" || list.is_empty() {
@@ -203,7 +284,9 @@ fn tools(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
 /// `response_format`: plain text and `json_object` are accepted (json_object is not enforced yet);
 /// schema-constrained output is refused.
 fn response_format(f: &Fields) -> Result<(), ApiError> {
-    let Some(format) = f.object("response_format")? else { return Ok(()) };
+    let Some(format) = f.object("response_format")? else {
+        return Ok(());
+    };
     match format.get("type").and_then(Value::as_str) {
         Some("text") | Some("json_object") => Ok(()),
         Some("json_schema") => Err(ApiError::invalid_param("response_format", "response_format type \"json_schema\" is not supported yet; use \"text\" or \"json_object\"")),
@@ -226,8 +309,14 @@ mod tests {
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}
         ], "unknown_field": 1})).unwrap();
-        assert_eq!(r.messages[0], json!({"role": "system", "content": "Be brief."}));
-        assert_eq!(r.messages[1], json!({"role": "user", "content": "Hi there"}));
+        assert_eq!(
+            r.messages[0],
+            json!({"role": "system", "content": "Be brief."})
+        );
+        assert_eq!(
+            r.messages[1],
+            json!({"role": "user", "content": "Hi there"})
+        );
         assert!(r.thinking);
     }
 
@@ -236,14 +325,28 @@ mod tests {
         for (body, param) in [
             (json!({}), "messages"),
             (json!({"messages": []}), "messages"),
-            (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
+                "messages[0].role",
+            ),
             (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
-            (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
-            (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
+            (
+                json!({"messages": [{"role": "user"}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages[0].content",
+            ),
             (json!({"messages": ["hi"]}), "messages[0]"),
-            (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), "messages[0].content[0]"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+                "messages[0].content[0]",
+            ),
         ] {
-            let err = parse(body.clone()).err().unwrap_or_else(|| panic!("{body} was accepted"));
+            let err = parse(body.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{body} was accepted"));
             assert_eq!(err.status.as_u16(), 400);
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
@@ -256,8 +359,12 @@ mod tests {
             {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
-        ]})).unwrap();
-        assert_eq!(r.messages[1]["tool_calls"][0]["function"]["arguments"], json!({"city": "Paris"}));
+        ]}))
+        .unwrap();
+        assert_eq!(
+            r.messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"city": "Paris"})
+        );
     }
 
     #[test]
@@ -266,16 +373,30 @@ mod tests {
         for (extra, param) in [
             (json!({"n": 2}), "n"),
             (json!({"tool_choice": "required"}), "tool_choice"),
-            (json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}), "tool_choice"),
-            (json!({"response_format": {"type": "json_schema", "json_schema": {}}}), "response_format"),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
+                "response_format",
+            ),
             (json!({"top_logprobs": 3}), "top_logprobs"),
         ] {
             let mut body = extra.clone();
             body["messages"] = base.clone();
-            let err = parse(body).err().unwrap_or_else(|| panic!("{extra} was accepted"));
-            assert_eq!(err.param.as_deref(), Some(param), "{extra}: {}", err.message);
+            let err = parse(body)
+                .err()
+                .unwrap_or_else(|| panic!("{extra} was accepted"));
+            assert_eq!(
+                err.param.as_deref(),
+                Some(param),
+                "{extra}: {}",
+                err.message
+            );
         }
-        let mut ok = json!({"response_format": {"type": "json_object"}, "tool_choice": "none", "n": 1});
+        let mut ok =
+            json!({"response_format": {"type": "json_object"}, "tool_choice": "none", "n": 1});
         ok["messages"] = base;
         assert!(parse(ok).is_ok());
     }
@@ -283,8 +404,12 @@ mod tests {
     #[test]
     fn thinking_switch_picks_the_matching_defaults() {
         let r = parse(json!({"messages": [{"role": "user", "content": "x"}],
-                             "chat_template_kwargs": {"enable_thinking": false}})).unwrap();
+                             "chat_template_kwargs": {"enable_thinking": false}}))
+        .unwrap();
         assert!(!r.thinking);
-        assert_eq!(r.sampling.temperature, SamplingParams::model_defaults(false).temperature);
+        assert_eq!(
+            r.sampling.temperature,
+            SamplingParams::model_defaults(false).temperature
+        );
     }
 }

@@ -34,13 +34,17 @@ impl CompletionRequest {
         let prompt = prompt(f.get("prompt"), vocab)?;
         params::single_choice(&f)?;
         if f.has("suffix") {
-            return Err(ApiError::invalid_param("suffix", "'suffix' (fill-in-the-middle) is not supported"));
+            return Err(ApiError::invalid_param(
+                "suffix",
+                "'suffix' (fill-in-the-middle) is not supported",
+            ));
         }
         let echo = f.bool("echo")?.unwrap_or(false);
         let logprobs = f.i64_in("logprobs", 0, 20)?.map(|k| k as usize);
         // max_tokens = 0 only makes sense for scoring an echoed prompt.
         let min = if echo { 0 } else { 1 };
-        let max_tokens = params::max_tokens(&f, &["max_tokens"], min)?.unwrap_or(DEFAULT_MAX_TOKENS);
+        let max_tokens =
+            params::max_tokens(&f, &["max_tokens"], min)?.unwrap_or(DEFAULT_MAX_TOKENS);
         let (stream, include_usage) = params::streaming(&f)?;
         Ok(CompletionRequest {
             prompt,
@@ -61,11 +65,24 @@ fn prompt(v: Option<&Value>, vocab: usize) -> Result<Prompt, ApiError> {
     let p = match v {
         None => return Err(bad("'prompt' is required".into())),
         Some(Value::String(s)) => Prompt::Text(s.clone()),
-        Some(Value::Array(items)) if items.is_empty() => return Err(bad("'prompt' must not be empty".into())),
-        Some(Value::Array(items)) if items.iter().all(Value::is_number) => Prompt::Tokens(token_ids(items, vocab)?),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(bad("'prompt' must not be empty".into()))
+        }
+        Some(Value::Array(items)) if items.iter().all(Value::is_number) => {
+            Prompt::Tokens(token_ids(items, vocab)?)
+        }
         Some(Value::Array(items)) if items.len() == 1 => return prompt(items.first(), vocab),
-        Some(Value::Array(_)) => return Err(bad("only one prompt per request is supported (batches of prompts are not)".into())),
-        Some(other) => return Err(bad(format!("'prompt' must be a string or an array of token ids, got {}", kind(other)))),
+        Some(Value::Array(_)) => {
+            return Err(bad(
+                "only one prompt per request is supported (batches of prompts are not)".into(),
+            ))
+        }
+        Some(other) => {
+            return Err(bad(format!(
+                "'prompt' must be a string or an array of token ids, got {}",
+                kind(other)
+            )))
+        }
     };
     match &p {
         Prompt::Text(s) if s.is_empty() => Err(bad("'prompt' must not be empty".into())),
@@ -78,7 +95,10 @@ fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
         .iter()
         .map(|v| match v.as_u64() {
             Some(id) if (id as usize) < vocab => Ok(id as u32),
-            _ => Err(ApiError::invalid_param("prompt", format!("prompt token {v} is not a token id (0..{vocab})"))),
+            _ => Err(ApiError::invalid_param(
+                "prompt",
+                format!("prompt token {v} is not a token id (0..{vocab})"),
+            )),
         })
         .collect()
 }
@@ -94,20 +114,44 @@ mod tests {
 
     #[test]
     fn prompt_forms() {
-        assert!(matches!(parse(json!({"prompt": "hi"})).unwrap().prompt, Prompt::Text(_)));
-        assert!(matches!(parse(json!({"prompt": ["hi"]})).unwrap().prompt, Prompt::Text(_)));
-        assert!(matches!(parse(json!({"prompt": [1, 2]})).unwrap().prompt, Prompt::Tokens(ref t) if t == &[1, 2]));
-        assert!(matches!(parse(json!({"prompt": [[3]]})).unwrap().prompt, Prompt::Tokens(ref t) if t == &[3]));
-        for bad in [json!({}), json!({"prompt": ""}), json!({"prompt": ["a", "b"]}), json!({"prompt": [5000]}), json!({"prompt": 3})] {
-            assert_eq!(parse(bad.clone()).err().map(|e| e.param), Some(Some("prompt".into())), "{bad}");
+        assert!(matches!(
+            parse(json!({"prompt": "hi"})).unwrap().prompt,
+            Prompt::Text(_)
+        ));
+        assert!(matches!(
+            parse(json!({"prompt": ["hi"]})).unwrap().prompt,
+            Prompt::Text(_)
+        ));
+        assert!(
+            matches!(parse(json!({"prompt": [1, 2]})).unwrap().prompt, Prompt::Tokens(ref t) if t == &[1, 2])
+        );
+        assert!(
+            matches!(parse(json!({"prompt": [[3]]})).unwrap().prompt, Prompt::Tokens(ref t) if t == &[3])
+        );
+        for bad in [
+            json!({}),
+            json!({"prompt": ""}),
+            json!({"prompt": ["a", "b"]}),
+            json!({"prompt": [5000]}),
+            json!({"prompt": 3}),
+        ] {
+            assert_eq!(
+                parse(bad.clone()).err().map(|e| e.param),
+                Some(Some("prompt".into())),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn echo_allows_scoring_without_generating() {
-        let r = parse(json!({"prompt": "x", "echo": true, "logprobs": 1, "max_tokens": 0})).unwrap();
+        let r =
+            parse(json!({"prompt": "x", "echo": true, "logprobs": 1, "max_tokens": 0})).unwrap();
         assert_eq!((r.max_tokens, r.logprobs), (0, Some(1)));
         assert!(parse(json!({"prompt": "x", "max_tokens": 0})).is_err());
-        assert_eq!(parse(json!({"prompt": "x"})).unwrap().max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(
+            parse(json!({"prompt": "x"})).unwrap().max_tokens,
+            DEFAULT_MAX_TOKENS
+        );
     }
 }

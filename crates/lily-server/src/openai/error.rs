@@ -60,7 +60,9 @@ impl ApiError {
     pub fn queue_full(capacity: usize) -> Self {
         ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!("the server is busy: {capacity} requests are already waiting; retry later"),
+            message: format!(
+                "the server is busy: {capacity} requests are already waiting; retry later"
+            ),
             kind: "rate_limit_error",
             param: None,
             code: Some("queue_full"),

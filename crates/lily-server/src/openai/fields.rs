@@ -11,7 +11,13 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
         .map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
     match value {
         Value::Object(map) => Ok(map),
-        other => Err(ApiError::invalid(None, format!("the request body must be a JSON object, got {}", kind(&other)))),
+        other => Err(ApiError::invalid(
+            None,
+            format!(
+                "the request body must be a JSON object, got {}",
+                kind(&other)
+            ),
+        )),
     }
 }
 
@@ -34,7 +40,10 @@ pub fn kind(v: &Value) -> &'static str {
 
 impl<'a> Fields<'a> {
     pub fn new(obj: &'a Map<String, Value>) -> Self {
-        Fields { obj, path: String::new() }
+        Fields {
+            obj,
+            path: String::new(),
+        }
     }
 
     pub fn nested(obj: &'a Map<String, Value>, path: String) -> Self {
@@ -51,7 +60,10 @@ impl<'a> Fields<'a> {
 
     fn wrong(&self, name: &str, expected: &str, got: &Value) -> ApiError {
         let param = self.param(name);
-        ApiError::invalid_param(&param, format!("'{param}' must be {expected}, got {}", kind(got)))
+        ApiError::invalid_param(
+            &param,
+            format!("'{param}' must be {expected}, got {}", kind(got)),
+        )
     }
 
     pub fn get(&self, name: &str) -> Option<&'a Value> {
@@ -68,7 +80,10 @@ impl<'a> Fields<'a> {
     pub fn f64(&self, name: &str) -> Result<Option<f64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.wrong(name, "a number", v)),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(name, "a number", v)),
         }
     }
 
@@ -78,7 +93,10 @@ impl<'a> Fields<'a> {
         if let Some(x) = v {
             if !(lo..=hi).contains(&x) {
                 let param = self.param(name);
-                return Err(ApiError::invalid_param(&param, format!("'{param}' must be between {lo} and {hi}, got {x}")));
+                return Err(ApiError::invalid_param(
+                    &param,
+                    format!("'{param}' must be between {lo} and {hi}, got {x}"),
+                ));
             }
         }
         Ok(v)
@@ -104,7 +122,10 @@ impl<'a> Fields<'a> {
         if let Some(x) = v {
             if !(lo..=hi).contains(&x) {
                 let param = self.param(name);
-                return Err(ApiError::invalid_param(&param, format!("'{param}' must be between {lo} and {hi}, got {x}")));
+                return Err(ApiError::invalid_param(
+                    &param,
+                    format!("'{param}' must be between {lo} and {hi}, got {x}"),
+                ));
             }
         }
         Ok(v)

@@ -14,7 +14,11 @@ use super::fields::{kind, Fields};
 const MAX_STOPS: usize = 16;
 
 /// Sampling fields over `defaults` (the model card's, MODEL.md §4). `vocab` bounds logit_bias ids.
-pub fn sampling(f: &Fields, defaults: SamplingParams, vocab: usize) -> Result<SamplingParams, ApiError> {
+pub fn sampling(
+    f: &Fields,
+    defaults: SamplingParams,
+    vocab: usize,
+) -> Result<SamplingParams, ApiError> {
     let mut p = defaults;
     if let Some(v) = f.f64_in("temperature", 0.0, 2.0)? {
         p.temperature = v as f32;
@@ -40,12 +44,18 @@ pub fn sampling(f: &Fields, defaults: SamplingParams, vocab: usize) -> Result<Sa
     }
     if let Some(bias) = f.object("logit_bias")? {
         for (key, value) in bias {
-            let id: u32 = key
-                .parse()
-                .map_err(|_| ApiError::invalid_param("logit_bias", format!("logit_bias keys must be token ids, got {key:?}")))?;
-            let b = value
-                .as_f64()
-                .ok_or_else(|| ApiError::invalid_param("logit_bias", format!("logit_bias[{key}] must be a number, got {}", kind(value))))?;
+            let id: u32 = key.parse().map_err(|_| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias keys must be token ids, got {key:?}"),
+                )
+            })?;
+            let b = value.as_f64().ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("logit_bias[{key}] must be a number, got {}", kind(value)),
+                )
+            })?;
             p.logit_bias.push((id, b as f32));
         }
     }
@@ -63,8 +73,14 @@ pub fn sampling(f: &Fields, defaults: SamplingParams, vocab: usize) -> Result<Sa
 /// A different seed for every request that names none.
 fn fresh_seed() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// `stop`: a string or an array of strings.
@@ -75,18 +91,38 @@ pub fn stops(f: &Fields) -> Result<Vec<String>, ApiError> {
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| ApiError::invalid_param("stop", format!("'stop' entries must be strings, got {}", kind(v))))
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    ApiError::invalid_param(
+                        "stop",
+                        format!("'stop' entries must be strings, got {}", kind(v)),
+                    )
+                })
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(ApiError::invalid_param("stop", format!("'stop' must be a string or an array of strings, got {}", kind(other)))),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "stop",
+                format!(
+                    "'stop' must be a string or an array of strings, got {}",
+                    kind(other)
+                ),
+            ))
+        }
     };
     if list.len() > MAX_STOPS {
-        return Err(ApiError::invalid_param("stop", format!("at most {MAX_STOPS} stop strings are supported, got {}", list.len())));
+        return Err(ApiError::invalid_param(
+            "stop",
+            format!(
+                "at most {MAX_STOPS} stop strings are supported, got {}",
+                list.len()
+            ),
+        ));
     }
     if list.iter().any(String::is_empty) {
-        return Err(ApiError::invalid_param("stop", "stop strings must not be empty"));
+        return Err(ApiError::invalid_param(
+            "stop",
+            "stop strings must not be empty",
+        ));
     }
     Ok(list)
 }
@@ -97,7 +133,10 @@ pub fn max_tokens(f: &Fields, names: &[&str], min: i64) -> Result<Option<usize>,
     for name in names {
         if let Some(n) = f.i64(name)? {
             if n < min {
-                return Err(ApiError::invalid_param(name, format!("'{name}' must be at least {min}, got {n}")));
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("'{name}' must be at least {min}, got {n}"),
+                ));
             }
             return Ok(Some(n as usize));
         }
@@ -110,7 +149,10 @@ pub fn single_choice(f: &Fields) -> Result<(), ApiError> {
     for name in ["n", "best_of"] {
         if let Some(n) = f.i64(name)? {
             if n != 1 {
-                return Err(ApiError::invalid_param(name, format!("only {name}=1 is supported, got {n}")));
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("only {name}=1 is supported, got {n}"),
+                ));
             }
         }
     }
@@ -121,7 +163,9 @@ pub fn single_choice(f: &Fields) -> Result<(), ApiError> {
 pub fn streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
-        Some(opts) => Fields::nested(opts, "stream_options".into()).bool("include_usage")?.unwrap_or(false),
+        Some(opts) => Fields::nested(opts, "stream_options".into())
+            .bool("include_usage")?
+            .unwrap_or(false),
         None => false,
     };
     Ok((stream, include_usage))
@@ -129,7 +173,12 @@ pub fn streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
 
 /// How many tokens may be generated: the request's limit if it fits beside the prompt in the
 /// context, else a 400 that says by how much it does not.
-pub fn fit(prompt_tokens: usize, requested: Option<usize>, ctx_size: usize, param: &str) -> Result<usize, ApiError> {
+pub fn fit(
+    prompt_tokens: usize,
+    requested: Option<usize>,
+    ctx_size: usize,
+    param: &str,
+) -> Result<usize, ApiError> {
     if prompt_tokens >= ctx_size {
         return Err(ApiError::invalid(
             Some("messages".to_string()),
@@ -175,7 +224,8 @@ mod tests {
             (json!({"presence_penalty": -5}), "presence_penalty"),
             (json!({"logit_bias": {"1000": 1}}), "logit_bias"),
         ] {
-            let err = sampling(&fields(&body), SamplingParams::model_defaults(true), 100).unwrap_err();
+            let err =
+                sampling(&fields(&body), SamplingParams::model_defaults(true), 100).unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
     }
@@ -183,7 +233,10 @@ mod tests {
     #[test]
     fn stop_accepts_a_string_or_a_list() {
         assert_eq!(stops(&fields(&json!({"stop": "x"}))).unwrap(), vec!["x"]);
-        assert_eq!(stops(&fields(&json!({"stop": ["a", "b"]}))).unwrap(), vec!["a", "b"]);
+        assert_eq!(
+            stops(&fields(&json!({"stop": ["a", "b"]}))).unwrap(),
+            vec!["a", "b"]
+        );
         assert!(stops(&fields(&json!({"stop": [1]}))).is_err());
         assert!(stops(&fields(&json!({"stop": [""]}))).is_err());
     }
@@ -193,6 +246,9 @@ mod tests {
         assert_eq!(fit(10, Some(5), 100, "max_tokens").unwrap(), 5);
         assert_eq!(fit(10, None, 100, "max_tokens").unwrap(), 90);
         assert!(fit(10, Some(91), 100, "max_tokens").is_err());
-        assert_eq!(fit(100, None, 100, "max_tokens").unwrap_err().code, Some("context_length_exceeded"));
+        assert_eq!(
+            fit(100, None, 100, "max_tokens").unwrap_err().code,
+            Some("context_length_exceeded")
+        );
     }
 }

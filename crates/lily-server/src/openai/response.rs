@@ -10,15 +10,25 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// A unique id such as `chatcmpl-3f2a…`.
 pub fn new_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}-{:016x}{:04x}", nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15), n & 0xffff)
+    format!(
+        "{prefix}-{:016x}{:04x}",
+        nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        n & 0xffff
+    )
 }
 
 pub fn usage(u: &Usage) -> Value {
@@ -33,11 +43,27 @@ pub fn usage(u: &Usage) -> Value {
 /// The OpenAI `finish_reason` of a finished job, or the error its request should get.
 pub fn finish(outcome: &Outcome, tool_calls: usize) -> Result<(&'static str, Usage), ApiError> {
     match outcome {
-        Outcome::Done { reason: FinishReason::Stop, usage } if tool_calls > 0 => Ok(("tool_calls", *usage)),
-        Outcome::Done { reason: FinishReason::Stop, usage } => Ok(("stop", *usage)),
-        Outcome::Done { reason: FinishReason::Length, usage } => Ok(("length", *usage)),
-        Outcome::Done { reason: FinishReason::Cancelled, .. } => Err(ApiError::unavailable("the request was cancelled: the server is shutting down")),
-        Outcome::Failed { message, .. } => Err(ApiError::internal(format!("generation failed: {message}"))),
+        Outcome::Done {
+            reason: FinishReason::Stop,
+            usage,
+        } if tool_calls > 0 => Ok(("tool_calls", *usage)),
+        Outcome::Done {
+            reason: FinishReason::Stop,
+            usage,
+        } => Ok(("stop", *usage)),
+        Outcome::Done {
+            reason: FinishReason::Length,
+            usage,
+        } => Ok(("length", *usage)),
+        Outcome::Done {
+            reason: FinishReason::Cancelled,
+            ..
+        } => Err(ApiError::unavailable(
+            "the request was cancelled: the server is shutting down",
+        )),
+        Outcome::Failed { message, .. } => {
+            Err(ApiError::internal(format!("generation failed: {message}")))
+        }
     }
 }
 
@@ -70,14 +96,22 @@ pub struct CompletionLogprobs {
 }
 
 impl CompletionLogprobs {
-    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32, logprob: Option<f32>, top: Option<&[(u32, f32)]>) {
+    pub fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        token: u32,
+        logprob: Option<f32>,
+        top: Option<&[(u32, f32)]>,
+    ) {
         let (text, _) = token_text(tokenizer, token);
         self.text_offset.push(self.offset);
         self.offset += text.chars().count();
         self.tokens.push(text);
         self.token_logprobs.push(logprob);
         self.top_logprobs.push(top.map(|top| {
-            top.iter().map(|&(id, lp)| (token_text(tokenizer, id).0, json!(lp))).collect()
+            top.iter()
+                .map(|&(id, lp)| (token_text(tokenizer, id).0, json!(lp)))
+                .collect()
         }));
     }
 

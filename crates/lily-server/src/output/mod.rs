@@ -17,7 +17,11 @@ pub enum Piece {
     Content(String),
     Reasoning(String),
     /// A complete tool call; `arguments` is a JSON object as a string.
-    ToolCall { index: usize, name: String, arguments: String },
+    ToolCall {
+        index: usize,
+        name: String,
+        arguments: String,
+    },
 }
 
 pub struct Output {
@@ -44,7 +48,11 @@ impl Output {
             // not special and stay visible to the router.
             decode: tokenizer.decode_stream(true),
             stops: StopMatcher::new(opts.stops),
-            router: if opts.raw { Router::raw() } else { Router::new(opts.in_reasoning, opts.tools) },
+            router: if opts.raw {
+                Router::raw()
+            } else {
+                Router::new(opts.in_reasoning, opts.tools)
+            },
             stopped: false,
         }
     }

@@ -41,14 +41,21 @@ impl Router {
             for tool in list {
                 let f = tool.get("function").unwrap_or(tool);
                 if let Some(name) = f.get("name").and_then(Value::as_str) {
-                    let props = f.pointer("/parameters/properties").cloned().unwrap_or(Value::Null);
+                    let props = f
+                        .pointer("/parameters/properties")
+                        .cloned()
+                        .unwrap_or(Value::Null);
                     by_name.insert(name.to_string(), props);
                 }
             }
             by_name
         });
         Router {
-            mode: if in_reasoning { Mode::Reasoning } else { Mode::Content },
+            mode: if in_reasoning {
+                Mode::Reasoning
+            } else {
+                Mode::Content
+            },
             held: String::new(),
             tools,
             calls: 0,
@@ -162,7 +169,11 @@ impl Router {
     fn finish_call(&mut self, body: &str, out: &mut Vec<Piece>) {
         match parse_call(body, self.tools.as_ref()) {
             Some((name, arguments)) => {
-                out.push(Piece::ToolCall { index: self.calls, name, arguments });
+                out.push(Piece::ToolCall {
+                    index: self.calls,
+                    name,
+                    arguments,
+                });
                 self.calls += 1;
             }
             None => {
@@ -223,7 +234,9 @@ fn parse_call(body: &str, tools: Option<&Map<String, Value>>) -> Option<(String,
         let (value, after) = after.split_once("</parameter>")?;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let declared = props.and_then(|p| p.pointer(&format!("/{key}/type"))).and_then(Value::as_str);
+        let declared = props
+            .and_then(|p| p.pointer(&format!("/{key}/type")))
+            .and_then(Value::as_str);
         args.insert(key.trim().to_string(), typed_value(value, declared));
         rest = after;
     }
@@ -272,21 +285,37 @@ mod tests {
 
     #[test]
     fn reasoning_then_content_however_the_tag_is_split() {
-        let want = vec![Piece::Reasoning("Let me think.\n".into()), Piece::Content("Hi!".into())];
+        let want = vec![
+            Piece::Reasoning("Let me think.\n".into()),
+            Piece::Content("Hi!".into()),
+        ];
         assert_eq!(route(true, None, &["Let me think.\n</think>\n\nHi!"]), want);
-        assert_eq!(route(true, None, &["Let me think.\n</th", "ink>", "\n", "\nHi", "!"]), want);
+        assert_eq!(
+            route(
+                true,
+                None,
+                &["Let me think.\n</th", "ink>", "\n", "\nHi", "!"]
+            ),
+            want
+        );
     }
 
     #[test]
     fn tool_call_becomes_name_and_json_arguments() {
-        let tools = [json!({"type": "function", "function": {"name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}})];
+        let tools = [
+            json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}),
+        ];
         let text = "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
         let got = route(false, Some(&tools), &[text]);
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(got[0], Piece::Content("I will check.\n\n".into()));
         match &got[1] {
-            Piece::ToolCall { index, name, arguments } => {
+            Piece::ToolCall {
+                index,
+                name,
+                arguments,
+            } => {
                 assert_eq!((*index, name.as_str()), (0, "get_weather"));
                 let args: Value = serde_json::from_str(arguments).unwrap();
                 assert_eq!(args, json!({"city": "Paris", "days": 3}));
@@ -299,6 +328,9 @@ mod tests {
     fn malformed_tool_call_degrades_to_content() {
         let tools = [json!({"type": "function", "function": {"name": "f"}})];
         let got = route(false, Some(&tools), &["<tool_call>\n<oops>\n</tool_call>"]);
-        assert_eq!(got, vec![Piece::Content("<tool_call>\n<oops>\n</tool_call>".into())]);
+        assert_eq!(
+            got,
+            vec![Piece::Content("<tool_call>\n<oops>\n</tool_call>".into())]
+        );
     }
 }

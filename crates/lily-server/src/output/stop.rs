@@ -10,7 +10,11 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), done: false }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+            done: false,
+        }
     }
 
     /// Adds `text`; returns what is now safe to show and whether a stop string matched.
@@ -19,7 +23,11 @@ impl StopMatcher {
             return (String::new(), true);
         }
         self.held.push_str(text);
-        let first = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
         if let Some(at) = first {
             let out = self.held[..at].to_string();
             self.held.clear();
@@ -77,12 +85,18 @@ mod tests {
 
     #[test]
     fn stop_split_across_pieces_is_cut_before_the_match() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".to_string(), true));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".to_string(), true)
+        );
     }
 
     #[test]
     fn a_false_start_is_released() {
-        assert_eq!(run(&["END"], &["abc E", "X", "y"]), ("abc EXy".to_string(), false));
+        assert_eq!(
+            run(&["END"], &["abc E", "X", "y"]),
+            ("abc EXy".to_string(), false)
+        );
     }
 
     #[test]
@@ -92,6 +106,9 @@ mod tests {
 
     #[test]
     fn multibyte_text_is_cut_on_char_boundaries() {
-        assert_eq!(run(&["é!"], &["caf", "é", "é?"]), ("caféé?".to_string(), false));
+        assert_eq!(
+            run(&["é!"], &["caf", "é", "é?"]),
+            ("caféé?".to_string(), false)
+        );
     }
 }

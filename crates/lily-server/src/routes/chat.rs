@@ -25,16 +25,32 @@ use crate::state::{AppState, Model};
 pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let model = state.model()?;
     let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
-    let opts = ChatOptions { add_generation_prompt: true, kwargs: req.kwargs.clone() };
-    let prompt_text = model.template.render(&req.messages, req.tools.as_deref(), &opts).map_err(|e| match e {
-        ChatError::Invalid(m) | ChatError::Template(m) => ApiError::invalid_param("messages", m),
-    })?;
-    let prompt = model.tokenizer.encode(&prompt_text).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        kwargs: req.kwargs.clone(),
+    };
+    let prompt_text = model
+        .template
+        .render(&req.messages, req.tools.as_deref(), &opts)
+        .map_err(|e| match e {
+            ChatError::Invalid(m) | ChatError::Template(m) => {
+                ApiError::invalid_param("messages", m)
+            }
+        })?;
+    let prompt = model
+        .tokenizer
+        .encode(&prompt_text)
+        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
     let param = "max_tokens";
     let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, param)?;
     let output = Output::new(
         &model.tokenizer,
-        OutputOptions { stops: req.stop.clone(), in_reasoning: req.thinking, tools: req.tools.as_deref(), raw: false },
+        OutputOptions {
+            stops: req.stop.clone(),
+            in_reasoning: req.thinking,
+            tools: req.tools.as_deref(),
+            raw: false,
+        },
     );
     let gen = GenRequest {
         prompt,
@@ -77,7 +93,12 @@ struct StreamState {
 }
 
 impl Chunker {
-    fn chunk(&self, delta: Value, logprobs: Option<Vec<Value>>, finish_reason: Option<&str>) -> Event {
+    fn chunk(
+        &self,
+        delta: Value,
+        logprobs: Option<Vec<Value>>,
+        finish_reason: Option<&str>,
+    ) -> Event {
         let mut body = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -102,7 +123,11 @@ impl Chunker {
             match piece {
                 Piece::Content(text) => out.push(json!({"content": text})),
                 Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
-                Piece::ToolCall { index, name, arguments } => {
+                Piece::ToolCall {
+                    index,
+                    name,
+                    arguments,
+                } => {
                     out.push(json!({"tool_calls": [{"index": index, "id": tool_call_id(), "type": "function",
                                                     "function": {"name": name, "arguments": ""}}]}));
                     out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}));
@@ -118,21 +143,32 @@ impl Chunker {
             GenEvent::PromptLogprobs(_) => (Vec::new(), None),
             GenEvent::Token { pieces, step } => {
                 if self.logprobs {
-                    st.pending_logprobs.push(chat_logprob(&self.model.tokenizer, step.token, step.logprob, &step.top));
+                    st.pending_logprobs.push(chat_logprob(
+                        &self.model.tokenizer,
+                        step.token,
+                        step.logprob,
+                        &step.top,
+                    ));
                 }
                 (pieces, None)
             }
-            GenEvent::Done { pieces, outcome, tool_calls } => (pieces, Some((outcome, tool_calls))),
+            GenEvent::Done {
+                pieces,
+                outcome,
+                tool_calls,
+            } => (pieces, Some((outcome, tool_calls))),
         };
         for delta in self.piece_deltas(pieces) {
-            let lp = (self.logprobs && !st.pending_logprobs.is_empty()).then(|| std::mem::take(&mut st.pending_logprobs));
+            let lp = (self.logprobs && !st.pending_logprobs.is_empty())
+                .then(|| std::mem::take(&mut st.pending_logprobs));
             events.push(self.chunk(delta, lp, None));
         }
         if let Some((outcome, tool_calls)) = done {
             st.done = true;
             match finish(&outcome, tool_calls) {
                 Ok((reason, u)) => {
-                    let lp = (self.logprobs && !st.pending_logprobs.is_empty()).then(|| std::mem::take(&mut st.pending_logprobs));
+                    let lp = (self.logprobs && !st.pending_logprobs.is_empty())
+                        .then(|| std::mem::take(&mut st.pending_logprobs));
                     events.push(self.chunk(json!({}), lp, Some(reason)));
                     if self.include_usage {
                         events.push(data(&json!({
@@ -148,9 +184,16 @@ impl Chunker {
         events
     }
 
-    fn stream(self, rx: UnboundedReceiver<GenEvent>) -> impl Stream<Item = Result<Event, Infallible>> {
+    fn stream(
+        self,
+        rx: UnboundedReceiver<GenEvent>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> {
         let first = self.chunk(json!({"role": "assistant", "content": ""}), None, None);
-        let st = StreamState { rx, pending_logprobs: Vec::new(), done: false };
+        let st = StreamState {
+            rx,
+            pending_logprobs: Vec::new(),
+            done: false,
+        };
         let rest = stream::unfold((self, st), |(this, mut st)| async move {
             if st.done {
                 return None;
@@ -160,7 +203,10 @@ impl Chunker {
                 // The engine dropped the job without finishing it: say so rather than hang.
                 None => {
                     st.done = true;
-                    vec![data(&ApiError::internal("the engine stopped").body()), Event::default().data("[DONE]")]
+                    vec![
+                        data(&ApiError::internal("the engine stopped").body()),
+                        Event::default().data("[DONE]"),
+                    ]
                 }
             };
             Some((stream::iter(events.into_iter().map(Ok)), (this, st)))
@@ -189,11 +235,20 @@ impl Chunker {
                 Some(GenEvent::PromptLogprobs(_)) => {}
                 Some(GenEvent::Token { pieces, step }) => {
                     if self.logprobs {
-                        logprobs.push(chat_logprob(&self.model.tokenizer, step.token, step.logprob, &step.top));
+                        logprobs.push(chat_logprob(
+                            &self.model.tokenizer,
+                            step.token,
+                            step.logprob,
+                            &step.top,
+                        ));
                     }
                     add(pieces, &mut tool_calls);
                 }
-                Some(GenEvent::Done { pieces, outcome, tool_calls: n }) => {
+                Some(GenEvent::Done {
+                    pieces,
+                    outcome,
+                    tool_calls: n,
+                }) => {
                     add(pieces, &mut tool_calls);
                     let (reason, u) = finish(&outcome, n)?;
                     drop(add);
@@ -221,7 +276,11 @@ impl Chunker {
                         "usage": usage(&u),
                     }));
                 }
-                None => return Err(ApiError::internal("the engine stopped before finishing the request")),
+                None => {
+                    return Err(ApiError::internal(
+                        "the engine stopped before finishing the request",
+                    ))
+                }
             }
         }
     }

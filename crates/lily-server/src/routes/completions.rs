@@ -27,16 +27,35 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
     let (prompt, prompt_text) = match &req.prompt {
         Prompt::Text(text) => {
-            let ids = model.tokenizer.encode(text).map_err(|e| ApiError::internal(format!("{e:#}")))?;
+            let ids = model
+                .tokenizer
+                .encode(text)
+                .map_err(|e| ApiError::internal(format!("{e:#}")))?;
             (ids, text.clone())
         }
         Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
     };
     if prompt.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "the prompt encodes to no tokens"));
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "the prompt encodes to no tokens",
+        ));
     }
-    let max_tokens = fit(prompt.len(), Some(req.max_tokens), model.ctx_size, "max_tokens")?;
-    let output = Output::new(&model.tokenizer, OutputOptions { stops: req.stop.clone(), in_reasoning: false, tools: None, raw: true });
+    let max_tokens = fit(
+        prompt.len(),
+        Some(req.max_tokens),
+        model.ctx_size,
+        "max_tokens",
+    )?;
+    let output = Output::new(
+        &model.tokenizer,
+        OutputOptions {
+            stops: req.stop.clone(),
+            in_reasoning: false,
+            tools: None,
+            raw: true,
+        },
+    );
     let gen = GenRequest {
         prompt,
         sampling: req.sampling.clone(),
@@ -94,7 +113,11 @@ impl Completer {
         })
     }
 
-    fn score_prompt(&self, lp: &mut CompletionLogprobs, scores: &[lily_core::engine::PromptLogprob]) {
+    fn score_prompt(
+        &self,
+        lp: &mut CompletionLogprobs,
+        scores: &[lily_core::engine::PromptLogprob],
+    ) {
         for s in scores {
             let top = s.logprob.map(|_| s.top.as_slice());
             lp.push(&self.model.tokenizer, s.token, s.logprob, top);
@@ -109,19 +132,36 @@ impl Completer {
                 Some(GenEvent::PromptLogprobs(scores)) => self.score_prompt(&mut lp, &scores),
                 Some(GenEvent::Token { pieces, step }) => {
                     if self.logprobs {
-                        lp.push(&self.model.tokenizer, step.token, Some(step.logprob), Some(&step.top));
+                        lp.push(
+                            &self.model.tokenizer,
+                            step.token,
+                            Some(step.logprob),
+                            Some(&step.top),
+                        );
                     }
                     text.push_str(&text_of(pieces));
                 }
-                Some(GenEvent::Done { pieces, outcome, tool_calls }) => {
+                Some(GenEvent::Done {
+                    pieces,
+                    outcome,
+                    tool_calls,
+                }) => {
                     text.push_str(&text_of(pieces));
                     let (reason, u) = finish(&outcome, tool_calls)?;
-                    let logprobs = if self.logprobs { lp.take() } else { Value::Null };
+                    let logprobs = if self.logprobs {
+                        lp.take()
+                    } else {
+                        Value::Null
+                    };
                     let mut body = self.body(&text, logprobs, Some(reason));
                     body["usage"] = usage(&u);
                     return Ok(body);
                 }
-                None => return Err(ApiError::internal("the engine stopped before finishing the request")),
+                None => {
+                    return Err(ApiError::internal(
+                        "the engine stopped before finishing the request",
+                    ))
+                }
             }
         }
     }
@@ -136,7 +176,13 @@ impl Completer {
 
     fn on_event(&self, lp: &mut CompletionLogprobs, event: GenEvent) -> (Vec<Event>, bool) {
         let mut events = Vec::new();
-        let logprobs = |lp: &mut CompletionLogprobs| if self.logprobs { lp.take() } else { Value::Null };
+        let logprobs = |lp: &mut CompletionLogprobs| {
+            if self.logprobs {
+                lp.take()
+            } else {
+                Value::Null
+            }
+        };
         match event {
             GenEvent::PromptLogprobs(scores) => {
                 self.score_prompt(lp, &scores);
@@ -145,7 +191,12 @@ impl Completer {
             }
             GenEvent::Token { pieces, step } => {
                 if self.logprobs {
-                    lp.push(&self.model.tokenizer, step.token, Some(step.logprob), Some(&step.top));
+                    lp.push(
+                        &self.model.tokenizer,
+                        step.token,
+                        Some(step.logprob),
+                        Some(&step.top),
+                    );
                 }
                 let text = text_of(pieces);
                 if !text.is_empty() || self.logprobs {
@@ -153,7 +204,11 @@ impl Completer {
                 }
                 (events, false)
             }
-            GenEvent::Done { pieces, outcome, tool_calls } => {
+            GenEvent::Done {
+                pieces,
+                outcome,
+                tool_calls,
+            } => {
                 match finish(&outcome, tool_calls) {
                     Ok((reason, u)) => {
                         events.push(self.chunk(&text_of(pieces), logprobs(lp), Some(reason)));
@@ -173,7 +228,10 @@ impl Completer {
         }
     }
 
-    fn stream(self, rx: UnboundedReceiver<GenEvent>) -> impl Stream<Item = Result<Event, Infallible>> {
+    fn stream(
+        self,
+        rx: UnboundedReceiver<GenEvent>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> {
         // The echoed prompt goes first, unless prompt scores are coming to go with it.
         let first: Vec<Event> = match &self.echo {
             Some(text) if !self.logprobs => vec![self.chunk(text, Value::Null, None)],
@@ -186,9 +244,19 @@ impl Completer {
             }
             let (events, done) = match rx.recv().await {
                 Some(event) => this.on_event(&mut lp, event),
-                None => (vec![Event::default().data(ApiError::internal("the engine stopped").body().to_string()), Event::default().data("[DONE]")], true),
+                None => (
+                    vec![
+                        Event::default()
+                            .data(ApiError::internal("the engine stopped").body().to_string()),
+                        Event::default().data("[DONE]"),
+                    ],
+                    true,
+                ),
             };
-            Some((stream::iter(events.into_iter().map(Ok)), (this, rx, lp, done)))
+            Some((
+                stream::iter(events.into_iter().map(Ok)),
+                (this, rx, lp, done),
+            ))
         })
         .flatten();
         stream::iter(first.into_iter().map(Ok)).chain(rest)

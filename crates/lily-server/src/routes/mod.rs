@@ -31,7 +31,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// `/v1/*` needs `Authorization: Bearer KEY` when the server was started with `--api-key`;
 /// `/health` and `/metrics` stay open for supervisors and scrapers.
-async fn check_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn check_api_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(key) = &state.api_key {
         if request.uri().path().starts_with("/v1/") {
             let given = request
@@ -40,7 +44,12 @@ async fn check_api_key(State(state): State<Arc<AppState>>, request: Request, nex
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "));
             match given {
-                None => return ApiError::unauthorized("missing API key: send 'Authorization: Bearer <key>'").into_response(),
+                None => {
+                    return ApiError::unauthorized(
+                        "missing API key: send 'Authorization: Bearer <key>'",
+                    )
+                    .into_response()
+                }
                 Some(g) if !same(g.trim().as_bytes(), key.as_bytes()) => {
                     return ApiError::unauthorized("incorrect API key").into_response()
                 }
@@ -56,20 +65,33 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn count_request(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn count_request(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let endpoint = match request.uri().path() {
-        p @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => p.to_string(),
+        p
+        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+            p.to_string()
+        }
         _ => "other".to_string(),
     };
     let response = next.run(request).await;
-    state.metrics.record_request(&endpoint, response.status().as_u16());
+    state
+        .metrics
+        .record_request(&endpoint, response.status().as_u16());
     response
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let phase = state.phase.read().unwrap_or_else(|p| p.into_inner());
     match &*phase {
-        Phase::Loading => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading", "model": state.model_id}))).into_response(),
+        Phase::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading", "model": state.model_id})),
+        )
+            .into_response(),
         Phase::Ready(model) => Json(json!({
             "status": "ok",
             "model": state.model_id,
@@ -78,7 +100,11 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             "queue_depth": model.engine.queue_depth(),
         }))
         .into_response(),
-        Phase::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting_down"}))).into_response(),
+        Phase::ShuttingDown => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting_down"})),
+        )
+            .into_response(),
     }
 }
 
@@ -92,9 +118,20 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let text = state.metrics.render(&state.gauges());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 async fn not_found(request: Request) -> ApiError {
-    ApiError::not_found(format!("no route for {} {}", request.method(), request.uri().path()))
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        request.method(),
+        request.uri().path()
+    ))
 }
