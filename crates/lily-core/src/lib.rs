@@ -2,11 +2,15 @@
 //! checkpoint formats, text in and out, sampling, the generation loop, and the CPU reference backend.
 
 pub mod backend;
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
 pub mod engine;
+pub mod parse;
 pub mod quant;
 pub mod sampling;
+pub mod stop;
 pub mod synth;
+pub mod text;
 pub mod weights;

@@ -1,0 +1,295 @@
+use super::*;
+
+/// Random logits from a seeded generator (never zeros, never sorted).
+fn random_logits(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut rng = Xoshiro256::seeded(seed);
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+fn logits_for(probs: &[f64]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln() as f32 + 3.0).collect()
+}
+
+fn counts(params: SamplingParams, logits: &[f32], draws: usize) -> Vec<usize> {
+    let mut s = Sampler::new(params);
+    let mut c = vec![0usize; logits.len()];
+    for _ in 0..draws {
+        c[s.sample(logits) as usize] += 1;
+    }
+    c
+}
+
+fn params(temperature: f32, top_p: f32, top_k: u32, min_p: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        min_p,
+        seed: 7,
+        ..SamplingParams::greedy()
+    }
+}
+
+/// |observed − expected| within 5 standard deviations of a binomial count.
+fn assert_frequency(count: usize, draws: usize, p: f64, what: &str) {
+    let expected = p * draws as f64;
+    let sd = (draws as f64 * p * (1.0 - p)).sqrt().max(1.0);
+    assert!(
+        (count as f64 - expected).abs() <= 5.0 * sd,
+        "{what}: {count} draws, expected {expected:.0} ± {:.0}",
+        5.0 * sd
+    );
+}
+
+#[test]
+fn splitmix_and_xoshiro_match_reference_vectors() {
+    // splitmix64 reference outputs for seed 1234567 (Vigna's splitmix64.c).
+    let mut x: u64 = 1234567;
+    let mut splitmix = || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    assert_eq!(splitmix(), 6457827717110365317);
+    assert_eq!(splitmix(), 3203168211198807973);
+    let seeded = Xoshiro256::seeded(1234567);
+    assert_eq!(seeded.s[0], 6457827717110365317);
+    // xoshiro256** from state [1, 2, 3, 4] (reference xoshiro256starstar.c outputs).
+    let mut r = Xoshiro256 { s: [1, 2, 3, 4] };
+    assert_eq!(r.next_u64(), 11520);
+    assert_eq!(r.next_u64(), 0);
+    assert_eq!(r.next_u64(), 1509978240);
+    assert_eq!(r.next_u64(), 1215971899390074240);
+}
+
+#[test]
+fn top_k_one_is_greedy() {
+    for seed in 0..20 {
+        let logits = random_logits(5000, seed, 8.0);
+        let want = argmax(&logits);
+        for t in [0.3, 1.0, 2.0] {
+            let mut s = Sampler::new(SamplingParams {
+                seed: seed * 31 + 1,
+                ..params(t, 1.0, 1, 0.0)
+            });
+            for _ in 0..5 {
+                assert_eq!(s.sample(&logits), want);
+            }
+        }
+        assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), want);
+    }
+}
+
+#[test]
+fn temperature_sampling_matches_softmax() {
+    let logits = random_logits(6, 3, 2.0);
+    for t in [0.5f32, 1.0, 1.7] {
+        let draws = 40_000;
+        let c = counts(params(t, 1.0, 0, 0.0), &logits, draws);
+        let w: Vec<f64> = logits.iter().map(|&l| ((l / t) as f64).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for (i, &n) in c.iter().enumerate() {
+            assert_frequency(n, draws, w[i] / z, &format!("T={t} token {i}"));
+        }
+    }
+}
+
+#[test]
+fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+    // Sorted mass 0.5, 0.7, 0.85, 0.95, 1.0: top_p 0.8 keeps the first three.
+    let probs = [0.1, 0.5, 0.05, 0.2, 0.15];
+    let logits = logits_for(&probs);
+    let draws = 30_000;
+    let c = counts(params(1.0, 0.8, 0, 0.0), &logits, draws);
+    assert_eq!(
+        c[0] + c[2],
+        0,
+        "tokens outside the nucleus were drawn: {c:?}"
+    );
+    for i in [1, 3, 4] {
+        assert_frequency(c[i], draws, probs[i] / 0.85, &format!("token {i}"));
+    }
+    // Exactly on the boundary the crossing token is kept: 0.7 → {1, 3}.
+    let c = counts(params(1.0, 0.7, 0, 0.0), &logits, 5000);
+    assert!(c[1] > 0 && c[3] > 0 && c[0] + c[2] + c[4] == 0, "{c:?}");
+}
+
+#[test]
+fn top_k_keeps_the_k_best_with_renormalised_mass() {
+    let logits = random_logits(50, 11, 3.0);
+    let mut order: Vec<usize> = (0..50).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    let draws = 30_000;
+    let c = counts(params(1.0, 1.0, 3, 0.0), &logits, draws);
+    let w: Vec<f64> = order[..3]
+        .iter()
+        .map(|&i| (logits[i] as f64).exp())
+        .collect();
+    let z: f64 = w.iter().sum();
+    for (j, &i) in order[..3].iter().enumerate() {
+        assert_frequency(c[i], draws, w[j] / z, &format!("rank {j}"));
+    }
+    assert_eq!(
+        c.iter().sum::<usize>(),
+        c[order[0]] + c[order[1]] + c[order[2]]
+    );
+}
+
+#[test]
+fn min_p_drops_tokens_below_the_fraction_of_the_best() {
+    // Best 0.5: min_p 0.2 → floor 0.1 keeps 0.5, 0.3, 0.15; drops 0.05.
+    let probs = [0.3, 0.05, 0.5, 0.15];
+    let c = counts(params(1.0, 1.0, 0, 0.2), &logits_for(&probs), 20_000);
+    assert_eq!(c[1], 0, "{c:?}");
+    assert_frequency(c[2], 20_000, 0.5 / 0.95, "best token");
+}
+
+#[test]
+fn presence_and_frequency_penalties_move_only_generated_tokens() {
+    let logits = random_logits(10, 5, 1.0);
+    let mut s = Sampler::new(SamplingParams {
+        presence_penalty: 1.5,
+        frequency_penalty: 0.25,
+        ..SamplingParams::greedy()
+    });
+    for t in [3, 3, 3, 7] {
+        s.accept(t);
+    }
+    let mut l = logits.clone();
+    s.adjust(&mut l);
+    for i in 0..10 {
+        let want = match i {
+            3 => logits[i] - 1.5 - 0.75,
+            7 => logits[i] - 1.5 - 0.25,
+            _ => logits[i],
+        };
+        assert!((l[i] - want).abs() < 1e-6, "token {i}: {} vs {want}", l[i]);
+    }
+}
+
+#[test]
+fn repetition_penalty_divides_positive_and_multiplies_negative_logits() {
+    let logits = vec![2.0, -2.0, 1.0, -1.0, 0.5];
+    let mut s = Sampler::with_prompt(
+        SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        },
+        &[0, 1],
+    );
+    s.accept(2);
+    let mut l = logits.clone();
+    s.adjust(&mut l);
+    assert_eq!(l, vec![1.0, -4.0, 0.5, -1.0, 0.5]);
+    // Token 0 is halved to 1.0 and still beats the untouched 0.5.
+    assert_eq!(s.sample(&logits), 0);
+}
+
+#[test]
+fn penalties_change_the_greedy_choice() {
+    let logits = vec![1.0, 0.9, 0.1];
+    let mut s = Sampler::new(SamplingParams {
+        presence_penalty: 0.5,
+        ..SamplingParams::greedy()
+    });
+    assert_eq!(s.sample(&logits), 0);
+    s.accept(0);
+    assert_eq!(s.sample(&logits), 1);
+}
+
+#[test]
+fn logit_bias_forces_and_bans_tokens() {
+    let logits = random_logits(1000, 9, 5.0);
+    let best = argmax(&logits);
+    let mut force = Sampler::new(SamplingParams {
+        logit_bias: vec![(17, 100.0)],
+        ..params(1.0, 1.0, 0, 0.0)
+    });
+    for _ in 0..50 {
+        assert_eq!(force.sample(&logits), 17);
+    }
+    let mut ban = Sampler::new(SamplingParams {
+        logit_bias: vec![(best, -100.0)],
+        ..SamplingParams::greedy()
+    });
+    assert_ne!(ban.sample(&logits), best);
+}
+
+#[test]
+fn same_seed_same_tokens_different_seed_different_tokens() {
+    let logits = random_logits(2000, 1, 4.0);
+    let run = |seed: u64| {
+        let mut s = Sampler::new(SamplingParams {
+            seed,
+            ..SamplingParams::model_defaults(true)
+        });
+        (0..64)
+            .map(|_| {
+                let t = s.sample(&logits);
+                s.accept(t);
+                t
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(42), run(42));
+    assert_ne!(run(42), run(43));
+}
+
+#[test]
+fn full_vocabulary_with_model_defaults_stays_in_the_top_20() {
+    let logits = random_logits(248_320, 77, 10.0);
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    let top: std::collections::HashSet<u32> = order[..20].iter().copied().collect();
+    let mut s = Sampler::new(SamplingParams::model_defaults(false));
+    // No `accept`: the presence penalty would (rightly) move a sampled token out of the top 20.
+    for _ in 0..20 {
+        assert!(top.contains(&s.sample(&logits)));
+    }
+}
+
+#[test]
+fn nan_and_empty_logits_do_not_panic() {
+    let mut s = Sampler::new(params(1.0, 0.9, 0, 0.1));
+    assert_eq!(s.sample(&[]), 0);
+    assert_eq!(s.sample(&[f32::NAN, 1.0, f32::NAN]), 1);
+    assert_eq!(
+        Sampler::new(SamplingParams::greedy()).sample(&[f32::NAN, 1.0]),
+        1
+    );
+    let t = s.sample(&[f32::NAN; 4]);
+    assert!(t < 4);
+}
+
+#[test]
+fn model_defaults_follow_the_card() {
+    let on = SamplingParams::model_defaults(true);
+    assert_eq!(
+        (on.temperature, on.top_p, on.top_k, on.min_p),
+        (1.0, 0.95, 20, 0.0)
+    );
+    assert_eq!((on.presence_penalty, on.repetition_penalty), (1.5, 1.0));
+    let off = SamplingParams::model_defaults(false);
+    assert_eq!((off.temperature, off.top_p, off.top_k), (0.7, 0.8, 20));
+    assert!(on.validate(248_320).is_ok() && off.validate(248_320).is_ok());
+}
+
+#[test]
+fn validate_names_the_bad_field() {
+    let bad = |f: fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::model_defaults(true);
+        f(&mut p);
+        p.validate(1000).unwrap_err()
+    };
+    assert!(bad(|p| p.temperature = 3.0).starts_with("temperature"));
+    assert!(bad(|p| p.top_p = 0.0).starts_with("top_p"));
+    assert!(bad(|p| p.min_p = f32::NAN).starts_with("min_p"));
+    assert!(bad(|p| p.presence_penalty = -2.5).starts_with("presence_penalty"));
+    assert!(bad(|p| p.repetition_penalty = 0.0).starts_with("repetition_penalty"));
+    assert!(bad(|p| p.logit_bias = vec![(1000, 1.0)]).starts_with("logit_bias"));
+    assert!(bad(|p| p.logit_bias = vec![(5, 101.0)]).starts_with("logit_bias"));
+}
