@@ -22,7 +22,7 @@ def test_reasoning_goes_to_reasoning_content(scripted_server):
     r = ask(scripted_server, "a riddle for you")
     msg = r.choices[0].message
     assert msg.content == "The answer is 42."
-    assert msg.reasoning_content == "Let me think step by step.\n"
+    assert msg.reasoning_content == "Let me think step by step."
     assert r.choices[0].finish_reason == "stop"
 
 
@@ -32,7 +32,7 @@ def test_streamed_reasoning_then_content(scripted_server):
     assert first.role == "assistant"
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert reasoning == "Let me think step by step.\n"
+    assert reasoning == "Let me think step by step."
     assert content == "The answer is 42."
     # All reasoning deltas come before the first content delta.
     kinds = [("r" if getattr(c.choices[0].delta, "reasoning_content", None) else "c")
@@ -61,7 +61,7 @@ def test_tool_call_non_streaming(scripted_server):
     assert call.type == "function" and call.id
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
-    assert choice.message.reasoning_content == "The user asks about the weather in Paris.\n"
+    assert choice.message.reasoning_content == "The user asks about the weather in Paris."
 
 
 def test_tool_call_streaming_deltas(scripted_server):
@@ -86,7 +86,7 @@ def test_tool_call_streaming_deltas(scripted_server):
 def test_two_tool_calls_get_two_indices(scripted_server):
     r = ask(scripted_server, "weather for two cities", tools=[WEATHER_TOOL])
     msg = r.choices[0].message
-    assert msg.content == "Checking both.\n\n"
+    assert msg.content == "Checking both."
     assert [json.loads(c.function.arguments)["city"] for c in msg.tool_calls] == ["Oslo", "Rome"]
     assert len({c.id for c in msg.tool_calls}) == 2
 

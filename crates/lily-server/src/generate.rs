@@ -6,25 +6,27 @@
 use std::sync::Arc;
 
 use lily_core::backend::{Flow, StepOut};
-use lily_core::engine::{Job, JobSink, Outcome, PromptLogprob};
+use lily_core::engine::{self, Job, JobSink, Outcome, PromptLogprob};
+use lily_core::parse::Event;
 use lily_core::sampling::SamplingParams;
+use lily_core::stop::FinishReason;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::metrics::Metrics;
 use crate::openai::error::ApiError;
-use crate::output::{Output, Piece};
+use crate::output::Output;
 use crate::state::Model;
 
 pub enum GenEvent {
     PromptLogprobs(Vec<PromptLogprob>),
-    /// One generated token and the visible text it completed (possibly none).
+    /// One generated token and the visible output it completed (possibly none).
     Token {
-        pieces: Vec<Piece>,
+        events: Vec<Event>,
         step: StepOut,
     },
-    /// Last event: held-back text, and how the job ended.
+    /// Last event: held-back output, how the job ended, and how many tool calls were made.
     Done {
-        pieces: Vec<Piece>,
+        events: Vec<Event>,
         outcome: Outcome,
         tool_calls: usize,
     },
@@ -51,6 +53,7 @@ pub fn submit(
         tx,
         output: req.output,
         metrics,
+        tool_calls: 0,
     };
     let job = Job {
         prompt: req.prompt,
@@ -71,6 +74,16 @@ struct ChannelSink {
     tx: UnboundedSender<GenEvent>,
     output: Output,
     metrics: Arc<Metrics>,
+    tool_calls: usize,
+}
+
+impl ChannelSink {
+    fn count_calls(&mut self, events: &[Event]) {
+        self.tool_calls += events
+            .iter()
+            .filter(|e| matches!(e, Event::ToolCall(_)))
+            .count();
+    }
 }
 
 impl JobSink for ChannelSink {
@@ -83,17 +96,14 @@ impl JobSink for ChannelSink {
     }
 
     fn token(&mut self, step: &StepOut) -> Flow {
-        let mut pieces = Vec::new();
-        let stop_matched = self.output.step(step.token, &mut pieces);
-        if self
-            .tx
-            .send(GenEvent::Token {
-                pieces,
-                step: step.clone(),
-            })
-            .is_err()
-            || stop_matched
-        {
+        let mut events = Vec::new();
+        let stop_matched = self.output.step(step.token, &mut events);
+        self.count_calls(&events);
+        let sent = self.tx.send(GenEvent::Token {
+            events,
+            step: step.clone(),
+        });
+        if sent.is_err() || stop_matched {
             return Flow::Stop;
         }
         Flow::Continue
@@ -101,11 +111,19 @@ impl JobSink for ChannelSink {
 
     fn finished(&mut self, outcome: Outcome) {
         self.metrics.record_outcome(&outcome);
-        let mut pieces = Vec::new();
-        self.output.finish(&mut pieces);
-        let tool_calls = self.output.tool_calls();
+        let reason = match &outcome {
+            Outcome::Done {
+                reason: engine::FinishReason::Length,
+                ..
+            } => FinishReason::Length,
+            _ => FinishReason::Stop,
+        };
+        let mut events = Vec::new();
+        self.output.finish(reason, &mut events);
+        self.count_calls(&events);
+        let tool_calls = self.tool_calls;
         let _ = self.tx.send(GenEvent::Done {
-            pieces,
+            events,
             outcome,
             tool_calls,
         });

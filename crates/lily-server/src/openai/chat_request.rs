@@ -15,7 +15,6 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     /// `chat_template_kwargs`, passed to the template.
     pub kwargs: Map<String, Value>,
-    pub thinking: bool,
     pub sampling: SamplingParams,
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -72,7 +71,6 @@ impl ChatRequest {
             messages,
             tools,
             kwargs,
-            thinking,
             sampling: params::sampling(&f, SamplingParams::model_defaults(thinking), vocab)?,
             max_tokens: params::max_tokens(&f, &["max_completion_tokens", "max_tokens"], 1)?,
             stop: params::stops(&f)?,
@@ -317,7 +315,6 @@ mod tests {
             r.messages[1],
             json!({"role": "user", "content": "Hi there"})
         );
-        assert!(r.thinking);
     }
 
     #[test]
@@ -406,7 +403,6 @@ mod tests {
         let r = parse(json!({"messages": [{"role": "user", "content": "x"}],
                              "chat_template_kwargs": {"enable_thinking": false}}))
         .unwrap();
-        assert!(!r.thinking);
         assert_eq!(
             r.sampling.temperature,
             SamplingParams::model_defaults(false).temperature

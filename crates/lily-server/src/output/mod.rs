@@ -1,97 +1,99 @@
-//! Generated token ids → what the client sees: incremental detokenisation, stop strings, then the
-//! reasoning / content / tool-call split. Runs on the engine thread inside the job's sink, so a
-//! stop string ends decoding at the very token that completed it.
+//! Generated token ids → what the client sees. Chat output goes through lily-core's `TextStream`
+//! (detokenise → stop strings → reasoning / tool-call parsing); `/v1/completions` output is raw
+//! text (detokenise → stop strings, no parsing). Runs on the engine thread inside the job's sink,
+//! so a stop string ends decoding at the very token that completed it.
 
-mod route;
-mod stop;
-
-use lily_core::text::{DecodeStream, Tokenizer};
+use lily_core::parse::Event;
+use lily_core::stop::{FinishReason, StopStrings};
+use lily_core::text::{DecodeStream, StreamConfig, TextStream, Tokenizer};
 use serde_json::Value;
 
-use route::Router;
-use stop::StopMatcher;
-
-/// One piece of visible output.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Piece {
-    Content(String),
-    Reasoning(String),
-    /// A complete tool call; `arguments` is a JSON object as a string.
-    ToolCall {
-        index: usize,
-        name: String,
-        arguments: String,
+pub enum Output {
+    Chat(Box<TextStream>),
+    Raw {
+        decode: DecodeStream,
+        stop: StopStrings,
+        stopped: bool,
     },
 }
 
-pub struct Output {
-    decode: DecodeStream,
-    stops: StopMatcher,
-    router: Router,
-    stopped: bool,
-}
-
-pub struct OutputOptions<'a> {
-    pub stops: Vec<String>,
-    /// The prompt ends inside `<think>`: output starts as reasoning.
-    pub in_reasoning: bool,
-    /// Parse tool calls for these tools (None: everything is text).
-    pub tools: Option<&'a [Value]>,
-    /// `/v1/completions`: raw text, no channel split.
-    pub raw: bool,
-}
-
 impl Output {
-    pub fn new(tokenizer: &Tokenizer, opts: OutputOptions<'_>) -> Self {
-        Output {
-            // Special tokens (`<|im_end|>`) never reach the client; `<think>`, `<tool_call>` are
-            // not special and stay visible to the router.
+    /// `starts_in_reasoning`: the rendered prompt left a `<think>` open. `tools`: parse tool calls
+    /// for these (None: `<tool_call>` stays text).
+    pub fn chat(
+        tokenizer: &Tokenizer,
+        stop: Vec<String>,
+        starts_in_reasoning: bool,
+        tools: Option<Vec<Value>>,
+    ) -> Self {
+        // End-of-sequence ids and max_tokens are the engine's to apply; the stream only sees
+        // tokens that are output.
+        let config = StreamConfig {
+            eos_ids: Vec::new(),
+            stop,
+            max_tokens: None,
+            starts_in_reasoning,
+            tools,
+        };
+        Output::Chat(Box::new(TextStream::new(tokenizer, config)))
+    }
+
+    pub fn raw(tokenizer: &Tokenizer, stop: Vec<String>) -> Self {
+        Output::Raw {
             decode: tokenizer.decode_stream(true),
-            stops: StopMatcher::new(opts.stops),
-            router: if opts.raw {
-                Router::raw()
-            } else {
-                Router::new(opts.in_reasoning, opts.tools)
-            },
+            stop: StopStrings::new(stop),
             stopped: false,
         }
     }
 
     /// Feeds one generated token; returns true if a stop string matched (generation must end).
-    pub fn step(&mut self, token: u32, out: &mut Vec<Piece>) -> bool {
-        if self.stopped {
-            return true;
+    pub fn step(&mut self, token: u32, out: &mut Vec<Event>) -> bool {
+        match self {
+            Output::Chat(stream) => {
+                let step = stream.push_token(token);
+                out.extend(step.events);
+                step.finish.is_some()
+            }
+            Output::Raw {
+                decode,
+                stop,
+                stopped,
+            } => {
+                if *stopped {
+                    return true;
+                }
+                let scan = stop.push(&decode.step(token));
+                push_text(out, scan.text);
+                *stopped = scan.stopped;
+                scan.stopped
+            }
         }
-        let text = self.decode.step(token);
-        self.feed(&text, out)
     }
 
-    fn feed(&mut self, text: &str, out: &mut Vec<Piece>) -> bool {
-        let (ready, hit) = self.stops.push(text);
-        self.router.push(&ready, out);
-        if hit {
-            self.stopped = true;
-            self.router.finish(out);
+    /// End of generation (`reason` as the engine saw it): flushes every held byte.
+    pub fn finish(&mut self, reason: FinishReason, out: &mut Vec<Event>) {
+        match self {
+            Output::Chat(stream) => out.extend(stream.finish(reason).events),
+            Output::Raw {
+                decode,
+                stop,
+                stopped,
+            } => {
+                if !*stopped {
+                    let scan = stop.push(&decode.flush());
+                    push_text(out, scan.text);
+                    if !scan.stopped {
+                        push_text(out, stop.flush());
+                    }
+                    *stopped = true;
+                }
+            }
         }
-        hit
     }
+}
 
-    /// End of generation: flushes every held byte.
-    pub fn finish(&mut self, out: &mut Vec<Piece>) {
-        if self.stopped {
-            return;
-        }
-        let tail = self.decode.flush();
-        if self.feed(&tail, out) {
-            return;
-        }
-        let held = self.stops.finish();
-        self.router.push(&held, out);
-        self.router.finish(out);
-        self.stopped = true;
-    }
-
-    pub fn tool_calls(&self) -> usize {
-        self.router.tool_calls()
+fn push_text(out: &mut Vec<Event>, text: String) {
+    if !text.is_empty() {
+        out.push(Event::Content(text));
     }
 }

@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use lily_core::chat::{ChatError, ChatOptions};
+use lily_core::parse::{prompt_opens_reasoning, Event as Piece};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -19,7 +20,7 @@ use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
 use crate::openai::params::fit;
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
-use crate::output::{Output, OutputOptions, Piece};
+use crate::output::Output;
 use crate::state::{AppState, Model};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
@@ -43,14 +44,11 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
     let param = "max_tokens";
     let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, param)?;
-    let output = Output::new(
+    let output = Output::chat(
         &model.tokenizer,
-        OutputOptions {
-            stops: req.stop.clone(),
-            in_reasoning: req.thinking,
-            tools: req.tools.as_deref(),
-            raw: false,
-        },
+        req.stop.clone(),
+        prompt_opens_reasoning(&prompt_text),
+        req.tools.clone(),
     );
     let gen = GenRequest {
         prompt,
@@ -123,14 +121,12 @@ impl Chunker {
             match piece {
                 Piece::Content(text) => out.push(json!({"content": text})),
                 Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
-                Piece::ToolCall {
-                    index,
-                    name,
-                    arguments,
-                } => {
-                    out.push(json!({"tool_calls": [{"index": index, "id": tool_call_id(), "type": "function",
-                                                    "function": {"name": name, "arguments": ""}}]}));
-                    out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}));
+                Piece::ToolCall(call) => {
+                    // OpenAI's shape: the first delta of a call carries its id and name, the
+                    // following ones pieces of the arguments string.
+                    out.push(json!({"tool_calls": [{"index": call.index, "id": tool_call_id(), "type": "function",
+                                                    "function": {"name": call.name, "arguments": ""}}]}));
+                    out.push(json!({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments_json()}}]}));
                 }
             }
         }
@@ -141,7 +137,10 @@ impl Chunker {
         let mut events = Vec::new();
         let (pieces, done) = match event {
             GenEvent::PromptLogprobs(_) => (Vec::new(), None),
-            GenEvent::Token { pieces, step } => {
+            GenEvent::Token {
+                events: pieces,
+                step,
+            } => {
                 if self.logprobs {
                     st.pending_logprobs.push(chat_logprob(
                         &self.model.tokenizer,
@@ -153,7 +152,7 @@ impl Chunker {
                 (pieces, None)
             }
             GenEvent::Done {
-                pieces,
+                events: pieces,
                 outcome,
                 tool_calls,
             } => (pieces, Some((outcome, tool_calls))),
@@ -224,8 +223,9 @@ impl Chunker {
                 match piece {
                     Piece::Content(t) => content.push_str(&t),
                     Piece::Reasoning(t) => reasoning.push_str(&t),
-                    Piece::ToolCall { name, arguments, .. } => tool_calls.push(json!({
-                        "id": tool_call_id(), "type": "function", "function": {"name": name, "arguments": arguments},
+                    Piece::ToolCall(call) => tool_calls.push(json!({
+                        "id": tool_call_id(), "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments_json()},
                     })),
                 }
             }
@@ -233,7 +233,10 @@ impl Chunker {
         loop {
             match rx.recv().await {
                 Some(GenEvent::PromptLogprobs(_)) => {}
-                Some(GenEvent::Token { pieces, step }) => {
+                Some(GenEvent::Token {
+                    events: pieces,
+                    step,
+                }) => {
                     if self.logprobs {
                         logprobs.push(chat_logprob(
                             &self.model.tokenizer,
@@ -245,7 +248,7 @@ impl Chunker {
                     add(pieces, &mut tool_calls);
                 }
                 Some(GenEvent::Done {
-                    pieces,
+                    events: pieces,
                     outcome,
                     tool_calls: n,
                 }) => {

@@ -19,8 +19,9 @@ use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
 use crate::openai::params::fit;
 use crate::openai::response::{finish, new_id, unix_now, usage, CompletionLogprobs};
-use crate::output::{Output, OutputOptions, Piece};
+use crate::output::Output;
 use crate::state::{AppState, Model};
+use lily_core::parse::Event as Piece;
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let model = state.model()?;
@@ -47,15 +48,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         model.ctx_size,
         "max_tokens",
     )?;
-    let output = Output::new(
-        &model.tokenizer,
-        OutputOptions {
-            stops: req.stop.clone(),
-            in_reasoning: false,
-            tools: None,
-            raw: true,
-        },
-    );
+    let output = Output::raw(&model.tokenizer, req.stop.clone());
     let gen = GenRequest {
         prompt,
         sampling: req.sampling.clone(),
@@ -97,7 +90,7 @@ fn text_of(pieces: Vec<Piece>) -> String {
         .into_iter()
         .map(|p| match p {
             Piece::Content(t) | Piece::Reasoning(t) => t,
-            Piece::ToolCall { .. } => String::new(),
+            Piece::ToolCall(_) => String::new(),
         })
         .collect()
 }
@@ -130,7 +123,10 @@ impl Completer {
         loop {
             match rx.recv().await {
                 Some(GenEvent::PromptLogprobs(scores)) => self.score_prompt(&mut lp, &scores),
-                Some(GenEvent::Token { pieces, step }) => {
+                Some(GenEvent::Token {
+                    events: pieces,
+                    step,
+                }) => {
                     if self.logprobs {
                         lp.push(
                             &self.model.tokenizer,
@@ -142,7 +138,7 @@ impl Completer {
                     text.push_str(&text_of(pieces));
                 }
                 Some(GenEvent::Done {
-                    pieces,
+                    events: pieces,
                     outcome,
                     tool_calls,
                 }) => {
@@ -189,7 +185,10 @@ impl Completer {
                 events.push(self.chunk(self.echo.as_deref().unwrap_or(""), logprobs(lp), None));
                 (events, false)
             }
-            GenEvent::Token { pieces, step } => {
+            GenEvent::Token {
+                events: pieces,
+                step,
+            } => {
                 if self.logprobs {
                     lp.push(
                         &self.model.tokenizer,
@@ -205,7 +204,7 @@ impl Completer {
                 (events, false)
             }
             GenEvent::Done {
-                pieces,
+                events: pieces,
                 outcome,
                 tool_calls,
             } => {
