@@ -24,8 +24,8 @@ pub struct Job {
 
 /// Where a job's results go. Called on the engine thread; implementations must not block for long.
 pub trait JobSink: Send {
-    /// True once nobody wants the result any more (client gone). Checked before the job starts and
-    /// between prefill chunks.
+    /// True once nobody wants the result any more (client gone). Checked before the job starts,
+    /// between prefill chunks and before each generated token is handed over.
     fn is_cancelled(&self) -> bool;
 
     /// The log-probabilities of the prompt tokens, before any generated token (only when the job

@@ -17,3 +17,6 @@ pub use job::{FinishReason, Job, JobSink, Outcome, PromptLogprob, Usage};
 pub use logprob::token_logprob;
 pub use queue::{Queue, QueueFull};
 pub use worker::Engine;
+
+#[cfg(test)]
+mod tests;

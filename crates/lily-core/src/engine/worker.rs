@@ -188,7 +188,7 @@ impl Worker {
                 if generated == 1 {
                     usage.time_to_first_token = Some(start.elapsed());
                 }
-                if cancel_all.load(Ordering::Relaxed) {
+                if cancel_all.load(Ordering::Relaxed) || sink.is_cancelled() {
                     stopped = true;
                     return Flow::Stop;
                 }
