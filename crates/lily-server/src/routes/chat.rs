@@ -215,28 +215,12 @@ impl Chunker {
     }
 
     async fn collect(self, mut rx: UnboundedReceiver<GenEvent>) -> Result<Value, ApiError> {
-        let (mut content, mut reasoning) = (String::new(), String::new());
-        let mut tool_calls = Vec::new();
+        let mut message = Message::default();
         let mut logprobs = Vec::new();
-        let mut add = |pieces: Vec<Piece>, tool_calls: &mut Vec<Value>| {
-            for piece in pieces {
-                match piece {
-                    Piece::Content(t) => content.push_str(&t),
-                    Piece::Reasoning(t) => reasoning.push_str(&t),
-                    Piece::ToolCall(call) => tool_calls.push(json!({
-                        "id": tool_call_id(), "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments_json()},
-                    })),
-                }
-            }
-        };
         loop {
             match rx.recv().await {
                 Some(GenEvent::PromptLogprobs(_)) => {}
-                Some(GenEvent::Token {
-                    events: pieces,
-                    step,
-                }) => {
+                Some(GenEvent::Token { events, step }) => {
                     if self.logprobs {
                         logprobs.push(chat_logprob(
                             &self.model.tokenizer,
@@ -245,26 +229,15 @@ impl Chunker {
                             &step.top,
                         ));
                     }
-                    add(pieces, &mut tool_calls);
+                    message.add(events);
                 }
                 Some(GenEvent::Done {
-                    events: pieces,
+                    events,
                     outcome,
-                    tool_calls: n,
+                    tool_calls,
                 }) => {
-                    add(pieces, &mut tool_calls);
-                    let (reason, u) = finish(&outcome, n)?;
-                    drop(add);
-                    let mut message = json!({"role": "assistant", "content": content});
-                    if content.is_empty() && !tool_calls.is_empty() {
-                        message["content"] = Value::Null;
-                    }
-                    if !reasoning.is_empty() {
-                        message["reasoning_content"] = json!(reasoning);
-                    }
-                    if !tool_calls.is_empty() {
-                        message["tool_calls"] = Value::Array(tool_calls);
-                    }
+                    message.add(events);
+                    let (reason, u) = finish(&outcome, tool_calls)?;
                     return Ok(json!({
                         "id": self.id,
                         "object": "chat.completion",
@@ -272,7 +245,7 @@ impl Chunker {
                         "model": self.model_id,
                         "choices": [{
                             "index": 0,
-                            "message": message,
+                            "message": message.into_json(),
                             "logprobs": if self.logprobs { json!({"content": logprobs}) } else { Value::Null },
                             "finish_reason": reason,
                         }],
@@ -286,6 +259,44 @@ impl Chunker {
                 }
             }
         }
+    }
+}
+
+/// The assistant message of a non-streaming answer, gathered from the events.
+#[derive(Default)]
+struct Message {
+    content: String,
+    reasoning: String,
+    tool_calls: Vec<Value>,
+}
+
+impl Message {
+    fn add(&mut self, events: Vec<Piece>) {
+        for event in events {
+            match event {
+                Piece::Content(t) => self.content.push_str(&t),
+                Piece::Reasoning(t) => self.reasoning.push_str(&t),
+                Piece::ToolCall(call) => self.tool_calls.push(json!({
+                    "id": tool_call_id(), "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json()},
+                })),
+            }
+        }
+    }
+
+    fn into_json(self) -> Value {
+        let mut message = json!({"role": "assistant", "content": self.content});
+        // OpenAI sends `content: null` when the answer is only tool calls.
+        if self.content.is_empty() && !self.tool_calls.is_empty() {
+            message["content"] = Value::Null;
+        }
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = Value::Array(self.tool_calls);
+        }
+        message
     }
 }
 
