@@ -5,6 +5,7 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from conftest import SCRIPT, TOKENIZER_DIR, Server
 
@@ -70,6 +71,16 @@ def test_client_disconnect_cancels_generation(slow_scripted):
     start = time.time()
     r = httpx.post(slow_scripted.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "plain"}]}, timeout=30)
     assert r.status_code == 200 and time.time() - start < 3
+
+
+def test_non_streaming_client_that_gives_up_cancels_too(slow_scripted):
+    before = slow_scripted.metrics()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(slow_scripted.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "a long story"}]}, timeout=0.5)
+    key = 'lily_generations_total{finish_reason="cancelled"}'
+    m = wait_for(lambda: (lambda m: m.get(key, 0) > before.get(key, 0) and m)(slow_scripted.metrics()), timeout=5)
+    assert m["lily_generated_tokens_total"] - before.get("lily_generated_tokens_total", 0) < 150
 
 
 def test_sigterm_drains_in_flight_streams_and_exits_cleanly(slow_scripted):

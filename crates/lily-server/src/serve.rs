@@ -48,6 +48,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
+    if args.max_queue == 0 {
+        anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
+    }
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| {

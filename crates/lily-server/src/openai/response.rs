@@ -67,11 +67,11 @@ pub fn finish(outcome: &Outcome, tool_calls: usize) -> Result<(&'static str, Usa
     }
 }
 
-/// A token's text as logprobs report it (invalid UTF-8 fragments as U+FFFD) and its bytes.
+/// A token's text as logprobs report it (a fragment of a UTF-8 character as U+FFFD, as OpenAI
+/// does) and its exact bytes.
 pub fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let text = tokenizer.decode(&[id], false);
-    let bytes = text.as_bytes().to_vec();
-    (text, bytes)
+    let bytes = tokenizer.token_bytes(id).unwrap_or_default().to_vec();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 /// One entry of a chat `logprobs.content` list.
