@@ -27,8 +27,8 @@ def _template():
     return env.from_string((TOKENIZER_DIR / "chat_template.jinja").read_text())
 
 
-def render(messages, **kwargs) -> str:
-    return _template().render(messages=messages, add_generation_prompt=True, **kwargs)
+def render(messages, add_generation_prompt=True, **kwargs) -> str:
+    return _template().render(messages=messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def count_tokens(text: str) -> int:

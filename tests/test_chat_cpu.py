@@ -52,7 +52,12 @@ def test_streaming_matches_non_streaming_and_reports_usage(cpu_server):
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == want.choices[0].finish_reason
     usage_chunk = chunks[-1]
-    assert usage_chunk.choices == [] and usage_chunk.usage == want.usage
+    assert usage_chunk.choices == []
+    got_usage = usage_chunk.usage
+    assert (got_usage.prompt_tokens, got_usage.completion_tokens, got_usage.total_tokens) == \
+        (want.usage.prompt_tokens, want.usage.completion_tokens, want.usage.total_tokens)
+    # The streamed request resumed from the conversation state the first one saved.
+    assert got_usage.prompt_tokens_details.cached_tokens > 0
     assert all(c.usage is None for c in chunks[:-1])
 
 
@@ -132,3 +137,23 @@ def test_models_and_metrics(cpu_server):
     assert m["lily_decode_tokens_per_second"] > 0 and m["lily_prefill_tokens_per_second"] > 0
     assert m['lily_time_to_first_token_seconds_bucket{le="+Inf"}'] == m["lily_time_to_first_token_seconds_count"] > 0
     assert m["lily_queue_depth"] == 0
+
+
+def test_later_turns_reuse_the_conversation_prefix(cpu_server):
+    """The state at the end of a conversation (before the generation prompt) is kept; the next
+    request that starts with it resumes there — and answers exactly as a fresh prefill would."""
+    turn1 = [{"role": "system", "content": "Prefix reuse test."}, {"role": "user", "content": "First question, unique 7c1f."}]
+    kw = dict(model="small", temperature=0, max_tokens=4, extra_body=NO_THINKING)
+    first = cpu_server.client().chat.completions.create(messages=turn1, **kw)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    conversation = count_tokens(render(turn1, add_generation_prompt=False))
+    again = cpu_server.client().chat.completions.create(messages=turn1, **kw)
+    assert again.usage.prompt_tokens_details.cached_tokens == conversation
+    assert again.choices[0].message.content == first.choices[0].message.content
+    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And a second one?"}]
+    second = cpu_server.client().chat.completions.create(messages=turn2, **kw)
+    assert second.usage.prompt_tokens_details.cached_tokens == conversation
+    assert second.usage.prompt_tokens == count_tokens(render(turn2, enable_thinking=False))
+    m = cpu_server.metrics()
+    assert m["lily_cached_prompt_tokens_total"] >= 2 * conversation

@@ -39,6 +39,8 @@ pub struct GenRequest {
     pub max_tokens: usize,
     pub top_logprobs: usize,
     pub prompt_logprobs: bool,
+    /// See `Job::save_prefix_at`.
+    pub save_prefix_at: Option<usize>,
     pub output: Output,
 }
 
@@ -62,6 +64,7 @@ pub fn submit(
         top_logprobs: req.top_logprobs,
         prompt_logprobs: req.prompt_logprobs,
         extra_stop_ids: Vec::new(),
+        save_prefix_at: req.save_prefix_at,
         sink: Box::new(sink),
     };
     match model.engine.submit(job) {

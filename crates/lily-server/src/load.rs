@@ -9,7 +9,7 @@ use lily_core::backend::Backend;
 use lily_core::chat::ChatTemplate;
 use lily_core::checkpoint;
 use lily_core::cpu::CpuBackend;
-use lily_core::engine::Engine;
+use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
 use crate::scripted::ScriptedModel;
@@ -30,6 +30,7 @@ pub struct LoadOptions {
     pub device: Device,
     pub ctx_size: Option<usize>,
     pub max_queue: usize,
+    pub prefix_cache: usize,
 }
 
 /// The id clients see: the model directory's name.
@@ -79,7 +80,14 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
         None => config.max_position.min(DEFAULT_CTX),
     };
     tracing::info!("backend: {}", backend.describe());
-    let engine = Engine::start(backend, opts.max_queue)?;
+    let engine = Engine::start(
+        backend,
+        EngineOptions {
+            max_queue: opts.max_queue,
+            ctx_size,
+            prefix_cache: opts.prefix_cache,
+        },
+    )?;
     Ok(Model {
         engine,
         tokenizer,

@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
+    /// Conversation prefixes whose state is kept for reuse by later turns (0 = off).
+    #[arg(long, default_value_t = 4)]
+    pub prefix_cache: usize,
     #[arg(long, value_enum, default_value = "auto")]
     pub device: Device,
 }
@@ -79,6 +82,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         device: args.device,
         ctx_size: args.ctx_size,
         max_queue: args.max_queue,
+        prefix_cache: args.prefix_cache,
     };
     let loader_state = state.clone();
     std::thread::Builder::new()

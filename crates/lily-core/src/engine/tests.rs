@@ -26,6 +26,7 @@ struct ScriptBackend {
     pos: usize,
     decoded: Arc<AtomicUsize>,
     prefilled: Arc<AtomicUsize>,
+    snapshots: usize,
 }
 
 impl ScriptBackend {
@@ -41,6 +42,7 @@ impl ScriptBackend {
             pos: 0,
             decoded: decoded.clone(),
             prefilled: prefilled.clone(),
+            snapshots: 0,
         };
         (backend, decoded, prefilled)
     }
@@ -111,12 +113,21 @@ impl Backend for ScriptBackend {
         Ok(())
     }
     fn snapshot(&mut self, _seq: SeqId) -> Result<SnapshotId> {
-        bail!("no snapshots")
+        self.snapshots += 1;
+        Ok(SnapshotId(self.snapshots as u64))
     }
     fn restore(&mut self, _seq: SeqId, _snap: SnapshotId) -> Result<()> {
-        bail!("no snapshots")
+        Ok(())
     }
     fn drop_snapshot(&mut self, _snap: SnapshotId) {}
+}
+
+fn opts(max_queue: usize) -> EngineOptions {
+    EngineOptions {
+        max_queue,
+        ctx_size: 4096,
+        prefix_cache: 0,
+    }
 }
 
 #[derive(Debug)]
@@ -154,6 +165,7 @@ fn job(
         top_logprobs: 0,
         prompt_logprobs: false,
         extra_stop_ids: Vec::new(),
+        save_prefix_at: None,
         sink: Box::new(sink),
     };
     (job, rx, cancelled)
@@ -211,7 +223,7 @@ fn usage(outcome: &Outcome) -> Usage {
 #[test]
 fn end_of_sequence_stops_and_is_not_output() {
     let (backend, _, _) = ScriptBackend::new(&[5, 6, EOS, 7], 0);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (j, rx, _) = job(&[1, 2, 3], 10, usize::MAX);
     engine.submit(j).unwrap();
     let (tokens, outcome) = results(&rx);
@@ -226,7 +238,7 @@ fn end_of_sequence_stops_and_is_not_output() {
 #[test]
 fn max_tokens_ends_with_length() {
     let (backend, _, _) = ScriptBackend::new(&[5, 6, 7, 8, 9], 0);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (j, rx, _) = job(&[1], 3, usize::MAX);
     engine.submit(j).unwrap();
     let (tokens, outcome) = results(&rx);
@@ -238,7 +250,7 @@ fn max_tokens_ends_with_length() {
 #[test]
 fn a_sink_that_stops_ends_decode_at_that_token() {
     let (backend, decoded, _) = ScriptBackend::new(&[5, 6, 7, 8, 9, 10, 11], 0);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (j, rx, _) = job(&[1], 7, 2);
     engine.submit(j).unwrap();
     let (tokens, outcome) = results(&rx);
@@ -255,7 +267,7 @@ fn a_sink_that_stops_ends_decode_at_that_token() {
 #[test]
 fn jobs_run_one_at_a_time_in_fifo_order() {
     let (backend, _, _) = ScriptBackend::new(&[5; 64], 2);
-    let engine = Engine::start(Box::new(backend), 8).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(8)).unwrap();
     let mut rxs = Vec::new();
     for _ in 0..5 {
         let (j, rx, _) = job(&[1], 3, usize::MAX);
@@ -290,7 +302,7 @@ fn jobs_run_one_at_a_time_in_fifo_order() {
 #[test]
 fn a_full_queue_hands_the_job_back() {
     let (backend, _, _) = ScriptBackend::new(&[5; 64], 20);
-    let engine = Engine::start(Box::new(backend), 1).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(1)).unwrap();
     let (running, rx_running, _) = job(&[1], 5, usize::MAX);
     engine.submit(running).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -310,7 +322,7 @@ fn a_full_queue_hands_the_job_back() {
 #[test]
 fn cancelled_jobs_stop_and_waiting_ones_never_start() {
     let (backend, decoded, prefilled) = ScriptBackend::new(&[5; 64], 10);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (first, rx_first, cancel_first) = job(&[1, 2], 50, usize::MAX);
     let (second, rx_second, cancel_second) = job(&[1, 2, 3, 4], 50, usize::MAX);
     engine.submit(first).unwrap();
@@ -339,7 +351,7 @@ fn cancelled_jobs_stop_and_waiting_ones_never_start() {
 #[test]
 fn a_panicking_backend_fails_the_job_and_the_engine_keeps_serving() {
     let (backend, _, _) = ScriptBackend::new(&[PANIC, 5, 6], 0);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (j, rx, _) = job(&[1], 2, usize::MAX);
     engine.submit(j).unwrap();
     match results(&rx).1 {
@@ -357,7 +369,7 @@ fn a_panicking_backend_fails_the_job_and_the_engine_keeps_serving() {
 #[test]
 fn prompt_logprobs_score_every_prompt_token_but_the_first() {
     let (backend, _, _) = ScriptBackend::new(&[5], 0);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (mut j, rx, _) = job(&[10, 2, 3], 0, usize::MAX);
     j.prompt_logprobs = true;
     j.top_logprobs = 2;
@@ -383,7 +395,7 @@ fn prompt_logprobs_score_every_prompt_token_but_the_first() {
 #[test]
 fn shutdown_cancels_waiting_jobs_and_refuses_new_ones() {
     let (backend, _, _) = ScriptBackend::new(&[5; 64], 20);
-    let engine = Engine::start(Box::new(backend), 4).unwrap();
+    let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (running, rx_running, _) = job(&[1], 60, usize::MAX);
     let (waiting, rx_waiting, _) = job(&[1], 60, usize::MAX);
     engine.submit(running).unwrap();
@@ -394,4 +406,28 @@ fn shutdown_cancels_waiting_jobs_and_refuses_new_ones() {
     assert_eq!(reason(&results(&rx_waiting).1), FinishReason::Cancelled);
     let (late, _, _) = job(&[1], 1, usize::MAX);
     assert!(engine.submit(late).is_err());
+}
+
+#[test]
+fn a_saved_prefix_is_reused_by_prompts_that_start_with_it() {
+    let (backend, _, prefilled) = ScriptBackend::new(&[5; 64], 0);
+    let options = EngineOptions { max_queue: 4, ctx_size: 4096, prefix_cache: 2 };
+    let engine = Engine::start(Box::new(backend), options).unwrap();
+    let mut run = |prompt: &[u32], save_at: Option<usize>| {
+        let before = prefilled.load(Ordering::SeqCst);
+        let (mut j, rx, _) = job(prompt, 1, usize::MAX);
+        j.save_prefix_at = save_at;
+        engine.submit(j).unwrap();
+        let u = usage(&results(&rx).1);
+        (u.cached_tokens, prefilled.load(Ordering::SeqCst) - before)
+    };
+    assert_eq!(run(&[1, 2, 3, 4], Some(3)), (0, 4));
+    // Same conversation, next turn: resumes after [1, 2, 3], prefills only the rest.
+    assert_eq!(run(&[1, 2, 3, 8, 9], Some(4)), (3, 2));
+    assert_eq!(run(&[1, 2, 3, 8, 7, 7], None), (4, 2));
+    // A different conversation shares nothing.
+    assert_eq!(run(&[6, 2, 3, 4], None), (0, 4));
+    // A prompt equal to a saved prefix still prefills its last token (fresh logits).
+    assert_eq!(run(&[1, 2, 3], None), (0, 3));
+    engine.shutdown();
 }

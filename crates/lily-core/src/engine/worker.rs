@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 
 use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
 use super::logprob::token_logprob;
+use super::prefix::PrefixCache;
 use super::queue::{Queue, QueueFull};
 use crate::backend::{Backend, Flow, SeqId};
 use crate::config::ModelConfig;
@@ -18,6 +19,17 @@ use crate::sampling::Sampler;
 
 /// Prompt tokens fed per `prefill` call, so a cancelled request stops within one chunk.
 const PREFILL_CHUNK: usize = 512;
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Jobs that may wait behind the running one.
+    pub max_queue: usize,
+    /// Tokens a sequence may hold (prompt + output); sequences are sized to it when prefix reuse
+    /// is on, since a restored state keeps the size it was saved with.
+    pub ctx_size: usize,
+    /// Saved prefix states kept for reuse (0 = no reuse).
+    pub prefix_cache: usize,
+}
 
 pub struct Engine {
     queue: Arc<Queue>,
@@ -29,17 +41,19 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine thread. `max_queue` bounds the jobs waiting behind the running one.
-    pub fn start(backend: Box<dyn Backend>, max_queue: usize) -> Result<Engine> {
+    /// Starts the engine thread.
+    pub fn start(backend: Box<dyn Backend>, opts: EngineOptions) -> Result<Engine> {
         let config = backend.config().clone();
         let description = backend.describe();
-        let queue = Arc::new(Queue::new(max_queue));
+        let queue = Arc::new(Queue::new(opts.max_queue));
         let busy = Arc::new(AtomicBool::new(false));
         let cancel_all = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             backend,
             eos_ids: config.eos_ids.clone(),
             cancel_all: cancel_all.clone(),
+            prefixes: PrefixCache::new(opts.prefix_cache),
+            ctx_size: opts.ctx_size,
         };
         let thread = {
             let (queue, busy) = (queue.clone(), busy.clone());
@@ -104,6 +118,8 @@ impl Engine {
 
 struct Worker {
     backend: Box<dyn Backend>,
+    prefixes: PrefixCache,
+    ctx_size: usize,
     eos_ids: Vec<u32>,
     cancel_all: Arc<AtomicBool>,
 }
@@ -124,10 +140,14 @@ impl Worker {
                     message: format!("{e:#}"),
                     usage,
                 },
-                Err(panic) => Outcome::Failed {
-                    message: panic_message(panic.as_ref()),
-                    usage,
-                },
+                Err(panic) => {
+                    // Saved states may be half-written; start clean.
+                    self.prefixes.clear(self.backend.as_mut());
+                    Outcome::Failed {
+                        message: panic_message(panic.as_ref()),
+                        usage,
+                    }
+                }
             };
             if let Outcome::Failed { message, .. } = &outcome {
                 tracing::error!("generation failed: {message}");
@@ -145,9 +165,18 @@ impl Worker {
         if self.cancelled(job) {
             return Ok(FinishReason::Cancelled);
         }
-        let seq = self.backend.new_seq(job.prompt.len() + job.max_tokens)?;
+        let needed = job.prompt.len() + job.max_tokens;
+        let capacity = if self.prefixes.enabled() {
+            needed.max(self.ctx_size)
+        } else {
+            needed
+        };
+        let seq = self.backend.new_seq(capacity)?;
         let result = self.generate(seq, job, usage);
         self.backend.free_seq(seq);
+        if result.is_err() {
+            self.prefixes.clear(self.backend.as_mut());
+        }
         result
     }
 
@@ -156,7 +185,7 @@ impl Worker {
         let prefilled = if job.prompt_logprobs {
             self.prefill_scoring(seq, job)?
         } else {
-            self.prefill(seq, job)?
+            self.prefill(seq, job, usage)?
         };
         usage.prefill_time = start.elapsed();
         if !prefilled {
@@ -208,13 +237,43 @@ impl Worker {
         })
     }
 
-    /// Feeds the prompt in chunks; false if the job was cancelled on the way.
-    fn prefill(&mut self, seq: SeqId, job: &Job) -> Result<bool> {
-        for chunk in job.prompt.chunks(PREFILL_CHUNK) {
+    /// Feeds the prompt in chunks, resuming from a saved prefix when one matches and saving the
+    /// state at the job's save point; false if the job was cancelled on the way.
+    fn prefill(&mut self, seq: SeqId, job: &Job, usage: &mut Usage) -> Result<bool> {
+        let mut done = 0;
+        if let Some((len, snap)) = self.prefixes.longest(&job.prompt) {
+            self.backend.restore(seq, snap)?;
+            done = len;
+            usage.cached_tokens = len;
+        }
+        let save_at = job
+            .save_prefix_at
+            .filter(|&at| self.prefixes.enabled() && at > done && at < job.prompt.len())
+            .filter(|&at| !self.prefixes.contains(&job.prompt[..at]));
+        while done < job.prompt.len() {
             if self.cancelled(job) {
                 return Ok(false);
             }
-            self.backend.prefill(seq, chunk)?;
+            let mut end = (done + PREFILL_CHUNK).min(job.prompt.len());
+            if let Some(at) = save_at.filter(|&at| at > done) {
+                end = end.min(at);
+            }
+            self.backend.prefill(seq, &job.prompt[done..end])?;
+            done = end;
+            if save_at == Some(done) {
+                match self.backend.snapshot(seq) {
+                    Ok(snap) => self.prefixes.insert(
+                        self.backend.as_mut(),
+                        job.prompt[..done].to_vec(),
+                        snap,
+                    ),
+                    // Reuse is an optimisation: a backend without snapshots just goes without.
+                    Err(e) => {
+                        tracing::warn!("prefix reuse off: the backend cannot snapshot ({e:#})");
+                        self.prefixes = PrefixCache::new(0);
+                    }
+                }
+            }
         }
         Ok(true)
     }

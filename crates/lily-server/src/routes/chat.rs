@@ -42,8 +42,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         .tokenizer
         .encode(&prompt_text)
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    let param = "max_tokens";
-    let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, param)?;
+    let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, "max_tokens")?;
+    let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
     let output = Output::chat(
         &model.tokenizer,
         req.stop.clone(),
@@ -56,6 +56,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         max_tokens,
         top_logprobs: if req.logprobs { req.top_logprobs } else { 0 },
         prompt_logprobs: false,
+        save_prefix_at,
         output,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
@@ -72,6 +73,29 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     } else {
         Ok(Json(chunker.collect(rx).await?).into_response())
     }
+}
+
+/// Where the conversation ends and the generation prompt (`<|im_start|>assistant\n<think>\n`)
+/// begins, in tokens: the next turn's prompt starts with everything before it, so that is the
+/// state worth keeping for reuse. None if the split is not clean.
+fn conversation_end(
+    model: &Model,
+    req: &ChatRequest,
+    prompt_text: &str,
+    prompt: &[u32],
+) -> Option<usize> {
+    let opts = ChatOptions {
+        add_generation_prompt: false,
+        kwargs: req.kwargs.clone(),
+    };
+    let conversation = model
+        .template
+        .render(&req.messages, req.tools.as_deref(), &opts)
+        .ok()?;
+    let suffix = prompt_text.strip_prefix(conversation.as_str())?;
+    let suffix_ids = model.tokenizer.encode(suffix).ok()?;
+    (!suffix_ids.is_empty() && prompt.ends_with(&suffix_ids))
+        .then(|| prompt.len() - suffix_ids.len())
 }
 
 struct Chunker {
