@@ -413,7 +413,7 @@ fn a_saved_prefix_is_reused_by_prompts_that_start_with_it() {
     let (backend, _, prefilled) = ScriptBackend::new(&[5; 64], 0);
     let options = EngineOptions { max_queue: 4, ctx_size: 4096, prefix_cache: 2 };
     let engine = Engine::start(Box::new(backend), options).unwrap();
-    let mut run = |prompt: &[u32], save_at: Option<usize>| {
+    let run = |prompt: &[u32], save_at: Option<usize>| {
         let before = prefilled.load(Ordering::SeqCst);
         let (mut j, rx, _) = job(prompt, 1, usize::MAX);
         j.save_prefix_at = save_at;
