@@ -411,7 +411,11 @@ fn shutdown_cancels_waiting_jobs_and_refuses_new_ones() {
 #[test]
 fn a_saved_prefix_is_reused_by_prompts_that_start_with_it() {
     let (backend, _, prefilled) = ScriptBackend::new(&[5; 64], 0);
-    let options = EngineOptions { max_queue: 4, ctx_size: 4096, prefix_cache: 2 };
+    let options = EngineOptions {
+        max_queue: 4,
+        ctx_size: 4096,
+        prefix_cache: 2,
+    };
     let engine = Engine::start(Box::new(backend), options).unwrap();
     let run = |prompt: &[u32], save_at: Option<usize>| {
         let before = prefilled.load(Ordering::SeqCst);
