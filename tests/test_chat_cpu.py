@@ -157,3 +157,13 @@ def test_later_turns_reuse_the_conversation_prefix(cpu_server):
     assert second.usage.prompt_tokens == count_tokens(render(turn2, enable_thinking=False))
     m = cpu_server.metrics()
     assert m["lily_cached_prompt_tokens_total"] >= 2 * conversation
+
+
+def test_streamed_logprobs_cover_every_token(cpu_server):
+    chunks = list(chat(cpu_server, "Logprobs please.", temperature=0, max_tokens=5, logprobs=True, top_logprobs=2,
+                       stream=True, stream_options={"include_usage": True}, extra_body=NO_THINKING))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(entries) == chunks[-1].usage.completion_tokens
+    want = greedy(cpu_server, "Logprobs please.", max_tokens=5, logprobs=True, top_logprobs=2)
+    assert [(e.token, e.bytes) for e in entries] == [(e.token, e.bytes) for e in want.choices[0].logprobs.content]
+    assert all(len(e.top_logprobs) == 2 for e in entries)

@@ -186,3 +186,9 @@ def test_queue_full_is_429(slow_scripted):
         if r.status_code == 200:
             assert r.json()["choices"][0]["message"]["content"].endswith("word59")
     assert post(slow_scripted, "/v1/chat/completions", {"messages": MSG}).status_code == 200
+
+
+def test_error_statuses_are_counted_in_metrics(scripted_server):
+    post(scripted_server, "/v1/chat/completions", b"{")
+    m = scripted_server.metrics()
+    assert m['lily_requests_total{endpoint="/v1/chat/completions",status="400"}'] >= 1
