@@ -100,7 +100,7 @@ impl TensorIndex {
                 t.shape
             );
         }
-        let b = &t.file_bytes()[..];
+        let b = t.file_bytes();
         Ok(match t.dtype {
             Dtype::BF16 => (0..n).map(|i| read_bf16(b, i)).collect(),
             Dtype::F16 => (0..n)
@@ -149,7 +149,7 @@ impl TensorIndex {
             {
                 bail!("tensor {base}: weight {:?} / scales {:?} / biases {:?} do not fit [{}{rows}, {cols}]", w.shape, s.shape, b.shape, if experts > 1 { format!("{experts}, ") } else { String::new() });
             }
-            if sl == 0 || cols % sl != 0 || (wl * 32) % cols != 0 {
+            if sl == 0 || !cols.is_multiple_of(sl) || (wl * 32) % cols != 0 {
                 bail!("tensor {base}: cannot derive bits/group from weight {:?} and scales {:?} for {cols} input columns", w.shape, s.shape);
             }
             let (bits, group) = ((wl * 32 / cols) as u32, cols / sl);

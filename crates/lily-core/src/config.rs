@@ -126,7 +126,7 @@ impl ModelConfig {
             }
         }
         let rotary_dim = (head_dim as f64 * partial).round() as usize;
-        if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             bail!("partial_rotary_factor {partial} gives rotary dim {rotary_dim} for head_dim {head_dim}: must be even and in 2..=head_dim");
         }
         if let Some(false) = text.get("attn_output_gate").and_then(Value::as_bool) {
@@ -189,14 +189,14 @@ impl ModelConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             bail!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.n_heads,
                 self.n_kv_heads
             );
         }
-        if self.dn_k_heads == 0 || self.dn_v_heads % self.dn_k_heads != 0 {
+        if self.dn_k_heads == 0 || !self.dn_v_heads.is_multiple_of(self.dn_k_heads) {
             bail!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                 self.dn_v_heads,

@@ -122,6 +122,41 @@ impl SamplingParams {
     }
 }
 
+/// A request's sampling fields as the API received them; `None` = the field was left out and
+/// the model card's default (`SamplingParams::model_defaults`) applies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingRequest {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// 0 disables top-k (map vLLM's −1 to 0 before this).
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<Vec<(u32, f32)>>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingRequest {
+    /// The parameters to sample with. `thinking` picks the card's row (chat requests: whether the
+    /// template's `enable_thinking` is on); `random_seed` is used when the request has no seed.
+    pub fn resolve(&self, thinking: bool, random_seed: u64) -> SamplingParams {
+        let d = SamplingParams::model_defaults(thinking);
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            logit_bias: self.logit_bias.clone().unwrap_or_default(),
+            seed: self.seed.unwrap_or(random_seed),
+        }
+    }
+}
+
 /// Stateful sampler: parameters, random state and the token history the penalties need.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -245,21 +280,29 @@ impl Sampler {
         if c.is_empty() {
             c.push((0, 0.0));
         }
-        let by_logit_desc =
+        // Logits first, weights later: the order is the same.
+        let heaviest_first =
             |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let k = p.top_k as usize;
         if k > 0 && k < c.len() {
-            c.select_nth_unstable_by(k - 1, by_logit_desc);
+            c.select_nth_unstable_by(k - 1, heaviest_first);
             c.truncate(k);
         }
-        c.sort_unstable_by(by_logit_desc);
-        // Probabilities relative to the best token (exp(0) = 1), then normalised.
-        let max = c[0].1;
+        // Probabilities relative to the best token (exp(0) = 1), normalised at the draw.
+        let max = c.iter().map(|e| e.1).fold(f32::NEG_INFINITY, f32::max);
         let mut total = 0.0f64;
         for e in c.iter_mut() {
             e.1 = (e.1 - max).exp();
             total += e.1 as f64;
         }
+        if p.top_p < 1.0 {
+            // Tokens lighter than (1 − top_p)·total / n can never be in the nucleus: all of them
+            // together weigh less than the 1 − top_p the nucleus leaves out. Dropping them first
+            // spares sorting the whole vocabulary.
+            let floor = ((1.0 - p.top_p as f64) * total / c.len() as f64) as f32;
+            c.retain(|e| e.1 >= floor);
+        }
+        c.sort_unstable_by(heaviest_first);
         if p.top_p < 1.0 {
             let target = p.top_p as f64 * total;
             let mut mass = 0.0f64;

@@ -650,8 +650,10 @@ fn copy_tokenizer(from: &Path, to: &Path) -> Result<()> {
     ] {
         let src = from.join(name);
         if src.exists() {
-            fs::copy(&src, to.join(name))
-                .with_context(|| format!("cannot copy {}", src.display()))?;
+            // Read + write rather than fs::copy: the copy must be writable even when the source is not.
+            let bytes = fs::read(&src).with_context(|| format!("cannot read {}", src.display()))?;
+            fs::write(to.join(name), bytes)
+                .with_context(|| format!("cannot write {}", to.join(name).display()))?;
             found |= name == "tokenizer.json";
         }
     }

@@ -235,3 +235,13 @@ proptest! {
         prop_assert_eq!(finish, Some(if call { FinishReason::ToolCalls } else { FinishReason::Stop }));
     }
 }
+
+#[test]
+fn server_facing_types_can_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Tokenizer>();
+    send_sync::<lily_core::chat::ChatTemplate>();
+    send::<TextStream>();
+    send::<lily_core::sampling::Sampler>();
+}

@@ -2,28 +2,20 @@
 //! tokenizer and chat template. Runs on a background thread while `/health` answers "loading".
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use lily_core::backend::Backend;
 use lily_core::chat::ChatTemplate;
-use lily_core::checkpoint;
-use lily_core::cpu::CpuBackend;
 use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
+pub use crate::device::Device;
+use crate::device::open_backend;
 use crate::scripted::ScriptedModel;
 use crate::state::Model;
 
 /// Prefix of the test-only scripted model (see `scripted.rs`).
 const SCRIPTED: &str = "scripted:";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Device {
-    Auto,
-    Cpu,
-    Cuda,
-}
 
 pub struct LoadOptions {
     pub model: String,
@@ -62,7 +54,8 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
             if !dir.is_dir() {
                 bail!("--model {}: not a directory", dir.display());
             }
-            (load_backend(&dir, opts.device)?, dir)
+            let backend = open_backend(&dir, opts.device, false).with_context(|| format!("loading {}", dir.display()))?;
+            (backend, dir)
         }
     };
     let tokenizer = Tokenizer::from_dir(&text_dir)?;
@@ -101,17 +94,3 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
 /// Default context when `--ctx-size` is not given: enough for long chats, small enough that the
 /// KV cache of one sequence fits anywhere the model does.
 const DEFAULT_CTX: usize = 32_768;
-
-fn load_backend(dir: &Path, device: Device) -> Result<Box<dyn Backend>> {
-    match device {
-        Device::Cuda => bail!("--device cuda: this build has no CUDA backend"),
-        Device::Auto | Device::Cpu => {
-            cpu_backend(dir).with_context(|| format!("loading {}", dir.display()))
-        }
-    }
-}
-
-fn cpu_backend(dir: &Path) -> Result<Box<dyn Backend>> {
-    let weights = checkpoint::load(dir, &checkpoint::LoadOptions::default())?;
-    Ok(Box::new(CpuBackend::new(Arc::new(weights))))
-}

@@ -1,8 +1,11 @@
 //! `lily-engine`: the one binary. Subcommands: serve (the OpenAI-compatible HTTP API), synth
-//! (write a synthetic checkpoint), generate (greedy generation from token ids).
+//! (write a synthetic checkpoint), generate (greedy generation from token ids), bench, score.
 
+mod cli_bench;
 mod cli_generate;
+mod cli_score;
 mod cli_synth;
+mod device;
 mod generate;
 mod load;
 mod metrics;
@@ -34,6 +37,10 @@ enum Command {
     Synth(cli_synth::SynthArgs),
     /// Greedy generation from token ids (text comes with the tokenizer).
     Generate(cli_generate::GenerateArgs),
+    /// Prefill and decode throughput sweep (PERFORMANCE.md §1).
+    Bench(cli_bench::BenchArgs),
+    /// Teacher-forced logits of every position (backend and peer comparisons).
+    Score(cli_score::ScoreArgs),
 }
 
 fn main() {
@@ -49,6 +56,8 @@ fn main() {
         Command::Serve(args) => serve::run(args),
         Command::Synth(args) => cli_synth::run(args),
         Command::Generate(args) => cli_generate::run(args),
+        Command::Bench(args) => cli_bench::run(args),
+        Command::Score(args) => cli_score::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

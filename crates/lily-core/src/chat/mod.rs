@@ -194,6 +194,8 @@ fn prepare_message(i: usize, message: &Value) -> Result<Value, ChatError> {
                 None => ("arguments", fields),
             };
             if let Some(Value::String(s)) = fields.get("arguments") {
+                // Some clients send "" for a call without arguments.
+                let s = if s.trim().is_empty() { "{}" } else { s };
                 let parsed: Value = serde_json::from_str(s).map_err(|e| {
                     ChatError::Invalid(format!(
                         "messages[{i}].tool_calls[{j}].{path} is not valid JSON: {e}"
@@ -286,6 +288,10 @@ mod tests {
             json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}),
         ];
         assert!(t.render(&msgs, None, &ChatOptions::default()).is_err());
+        let msgs = [
+            json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": " "}}]}),
+        ];
+        assert!(t.render(&msgs, None, &ChatOptions::default()).is_ok());
     }
 
     #[test]

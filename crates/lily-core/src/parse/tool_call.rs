@@ -91,6 +91,8 @@ pub struct ToolCallParser {
     /// Newlines before a `<tool_call>` (and between calls) only frame it.
     text: NewlineFrame,
     calls: usize,
+    /// Bytes of the call's buffer known not to contain the start of `</tool_call>`.
+    call_settled: usize,
 }
 
 impl ToolCallParser {
@@ -101,6 +103,7 @@ impl ToolCallParser {
             buf: String::new(),
             text: NewlineFrame::new(false),
             calls: 0,
+            call_settled: 0,
         }
     }
 
@@ -113,9 +116,16 @@ impl ToolCallParser {
         self.buf.push_str(text);
         loop {
             if self.in_call {
-                let Scan::Found { at, .. } = scan(&self.buf, &[TOOL_CALL_END]) else {
-                    return;
+                // A long call arrives in many pieces: search only where the end tag can start.
+                let from = self.call_settled;
+                let at = match scan(&self.buf[from..], &[TOOL_CALL_END]) {
+                    Scan::Found { at, .. } => from + at,
+                    Scan::Settled(n) => {
+                        self.call_settled = from + n;
+                        return;
+                    }
                 };
+                self.call_settled = 0;
                 let inner: String = self.buf.drain(..at).collect();
                 self.buf.drain(..TOOL_CALL_END.len());
                 self.in_call = false;
@@ -148,6 +158,7 @@ impl ToolCallParser {
         let rest = std::mem::take(&mut self.buf);
         if self.in_call {
             self.in_call = false;
+            self.call_settled = 0;
             let complete = rest.trim_end().ends_with(FUNCTION_END);
             self.emit_call(&rest, complete, out);
         } else {

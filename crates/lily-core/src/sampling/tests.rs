@@ -263,6 +263,8 @@ fn nan_and_empty_logits_do_not_panic() {
     );
     let t = s.sample(&[f32::NAN; 4]);
     assert!(t < 4);
+    let t = s.sample(&[f32::NEG_INFINITY; 4]);
+    assert!(t < 4);
 }
 
 #[test]
@@ -292,4 +294,70 @@ fn validate_names_the_bad_field() {
     assert!(bad(|p| p.repetition_penalty = 0.0).starts_with("repetition_penalty"));
     assert!(bad(|p| p.logit_bias = vec![(1000, 1.0)]).starts_with("logit_bias"));
     assert!(bad(|p| p.logit_bias = vec![(5, 101.0)]).starts_with("logit_bias"));
+}
+
+#[test]
+fn left_out_fields_take_the_card_defaults() {
+    let req = SamplingRequest {
+        temperature: Some(0.2),
+        seed: Some(5),
+        ..Default::default()
+    };
+    let p = req.resolve(false, 99);
+    assert_eq!((p.temperature, p.seed), (0.2, 5));
+    assert_eq!((p.top_p, p.top_k, p.presence_penalty), (0.8, 20, 1.5));
+    let p = SamplingRequest::default().resolve(true, 99);
+    assert_eq!(
+        p,
+        SamplingParams {
+            seed: 99,
+            ..SamplingParams::model_defaults(true)
+        }
+    );
+}
+
+#[test]
+fn nucleus_on_the_full_vocabulary_equals_a_plain_sort() {
+    // The pre-filter that spares the full sort must not change the nucleus.
+    for (seed, top_p, scale) in [
+        (1, 0.95f32, 10.0f32),
+        (2, 0.5, 3.0),
+        (3, 0.999, 1.0),
+        (4, 0.9, 25.0),
+    ] {
+        let logits = random_logits(248_320, seed, scale);
+        let mut s = Sampler::new(params(1.0, top_p, 0, 0.0));
+        s.fill_candidates(&logits);
+        let mut got: Vec<u32> = s.candidates.iter().map(|e| e.0).collect();
+        got.sort_unstable();
+        // Reference: sort everything, softmax in f64, smallest prefix reaching top_p.
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let max = logits[order[0]] as f64;
+        let w: Vec<f64> = order
+            .iter()
+            .map(|&i| (logits[i] as f64 - max).exp())
+            .collect();
+        let z: f64 = w.iter().sum();
+        let mut mass = 0.0;
+        let mut want = Vec::new();
+        for (j, &i) in order.iter().enumerate() {
+            want.push(i as u32);
+            mass += w[j];
+            if mass >= top_p as f64 * z {
+                break;
+            }
+        }
+        want.sort_unstable();
+        // f32 vs f64 accumulation may move the boundary by one token at most.
+        let diff = got.len().abs_diff(want.len());
+        assert!(
+            diff <= 1,
+            "seed {seed}: {} vs {} tokens",
+            got.len(),
+            want.len()
+        );
+        let common = got.iter().filter(|t| want.binary_search(t).is_ok()).count();
+        assert_eq!(common, got.len().min(want.len()), "seed {seed}");
+    }
 }

@@ -1,0 +1,163 @@
+//! `lily-engine bench`: the sweep of shared/docs/PERFORMANCE.md §1. Prefill throughput at prompt
+//! length L (first token in → last logits ready on the host) and decode throughput at context L
+//! (N greedy steps after a prefill of L), median of `repeat` runs after a warm-up.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lily_core::backend::{Backend, Flow};
+use lily_core::sampling::{Sampler, SamplingParams};
+use serde_json::json;
+
+use crate::device::{open_backend, Device};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt lengths for prefill (K = 1024 suffix allowed).
+    #[arg(long, value_delimiter = ',', default_value = "256,512,1K,2K,4K")]
+    prefill: Vec<String>,
+    /// Context lengths for decode.
+    #[arg(long, value_delimiter = ',', default_value = "256,512,1K,2K,4K")]
+    decode_ctx: Vec<String>,
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+    /// Quantise an HF bf16 checkpoint to 4-bit at load.
+    #[arg(long)]
+    quantize: bool,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn parse_len(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.strip_suffix(['K', 'k']) {
+        Some(n) => (n, 1024),
+        None => (s, 1),
+    };
+    Ok(num
+        .parse::<usize>()
+        .with_context(|| format!("{s:?} is not a length"))?
+        * mult)
+}
+
+pub fn prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    // Real-vocabulary range: ids below the first added token (248044) when the model has them.
+    let range = vocab.min(248_044) as u64;
+    let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % range) as u32
+        })
+        .collect()
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn time_prefill(b: &mut dyn Backend, ids: &[u32]) -> Result<f64> {
+    let seq = b.new_seq(ids.len() + 1)?;
+    let t = Instant::now();
+    let r = b.prefill(seq, ids).and_then(|_| b.logits(seq));
+    let s = t.elapsed().as_secs_f64();
+    b.free_seq(seq);
+    r?;
+    Ok(s)
+}
+
+fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize) -> Result<f64> {
+    let seq = b.new_seq(ids.len() + n + 1)?;
+    let r = (|| {
+        b.prefill(seq, ids)?;
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let t = Instant::now();
+        // n + 1 samples = n forward steps.
+        b.decode(seq, &mut sampler, n + 1, 0, &mut |_| Flow::Continue)?;
+        Ok(t.elapsed().as_secs_f64())
+    })();
+    b.free_seq(seq);
+    r
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let prefill: Vec<usize> = a
+        .prefill
+        .iter()
+        .map(|s| parse_len(s))
+        .collect::<Result<_>>()?;
+    let decode: Vec<usize> = a
+        .decode_ctx
+        .iter()
+        .map(|s| parse_len(s))
+        .collect::<Result<_>>()?;
+    let repeat = a.repeat.max(1);
+    let mut b = open_backend(&a.model, a.device, a.quantize)?;
+    let vocab = b.config().vocab;
+    let device = b.describe();
+    eprintln!("bench on {device}");
+    // Warm-up: compile/caches/first-touch of weights.
+    time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
+    time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4)?;
+
+    let mut prefill_rows = Vec::new();
+    println!("{:>8} {:>12} {:>10}", "prefill", "tok/s", "ms");
+    for &len in &prefill {
+        let ids = prompt(len, vocab, a.seed);
+        let s = median(
+            (0..repeat)
+                .map(|_| time_prefill(b.as_mut(), &ids))
+                .collect::<Result<_>>()?,
+        );
+        println!("{len:>8} {:>12.1} {:>10.2}", len as f64 / s, s * 1e3);
+        prefill_rows.push(json!({"len": len, "tok_s": len as f64 / s, "ms": s * 1e3}));
+    }
+    let mut decode_rows = Vec::new();
+    println!("{:>8} {:>12} {:>10}", "ctx", "tok/s", "ms/tok");
+    for &ctx in &decode {
+        let ids = prompt(ctx.max(1), vocab, a.seed);
+        let n = a.decode_tokens.max(1);
+        let s = median(
+            (0..repeat)
+                .map(|_| time_decode(b.as_mut(), &ids, n))
+                .collect::<Result<_>>()?,
+        );
+        println!(
+            "{ctx:>8} {:>12.1} {:>10.3}",
+            n as f64 / s,
+            s * 1e3 / n as f64
+        );
+        decode_rows
+            .push(json!({"ctx": ctx, "tok_s": n as f64 / s, "ms_per_tok": s * 1e3 / n as f64}));
+    }
+    if let Some(path) = &a.json {
+        let report = json!({
+            "engine": "lily",
+            "version": env!("CARGO_PKG_VERSION"),
+            "gpu": device,
+            "model": a.model.display().to_string(),
+            "format": "checkpoint",
+            "prefill": prefill_rows,
+            "decode": decode_rows,
+        });
+        let tmp = path.with_extension("json.partial");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Full-size checks on the GPU machine (run from the repo root there, binary carried in .carry/):
+#   1. write the full synthetic MLX checkpoint (size, time)
+#   2. fp32 CPU reference logits over 192 teacher-forced positions
+#   3. Lily CUDA's production path over the same positions (when the binary has CUDA)
+#   4. HF transformers' bf16 path on the same weights; agreement of each with the reference
+# Logs and results go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+B=${LILY_ENGINE:-.carry/lily-engine}
+M=/tmp/full-mlx
+LEN=${LEN:-192}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+nproc | tee -a "$OUT/gpu.txt"
+rm -rf $M
+/usr/bin/time -v $B synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out $M 2>&1 | tee "$OUT/synth.log" | grep -E "wrote|Elapsed|Maximum resident"
+du -sb $M | tee -a "$OUT/synth.log"
+$B score --model $M --len $LEN --device cpu --out /tmp/ref-cpu 2>&1 | tail -2 | tee "$OUT/score-cpu.log"
+OTHER=()
+if [ "${SKIP_CUDA:-0}" != 1 ]; then
+  $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda 2>&1 | tail -5 | tee "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda)
+fi
+python3 scripts/hf_agreement.py --model $M --ref /tmp/ref-cpu "${OTHER[@]}" --out "$OUT/agreement.json" 2>&1 | grep -v -i "falling back" | tail -40 | tee "$OUT/agreement.log"
