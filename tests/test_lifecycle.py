@@ -27,7 +27,7 @@ def test_health_is_503_while_loading_then_200(tmp_path):
     try:
         r = wait_for(lambda: _get(server.url + "/health"))
         assert r.status_code == 503
-        assert r.json()["status"] == "loading"
+        assert r.json()["status"] == "loading" and r.json()["stage"]
         # Requests meanwhile get a 503 error object, not a hang.
         chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert chat.status_code == 503 and chat.json()["error"]["code"] == "model_loading"

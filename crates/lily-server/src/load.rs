@@ -9,8 +9,8 @@ use lily_core::chat::ChatTemplate;
 use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
-pub use crate::device::Device;
 use crate::device::open_backend;
+pub use crate::device::Device;
 use crate::scripted::ScriptedModel;
 use crate::state::Model;
 
@@ -43,9 +43,11 @@ pub fn model_id(model: &str) -> String {
         .to_string()
 }
 
-pub fn load(opts: &LoadOptions) -> Result<Model> {
+/// Loads the model; `stage` hears what is being done (shown by `/health` while loading).
+pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
     let (backend, text_dir): (Box<dyn Backend>, PathBuf) = match opts.model.strip_prefix(SCRIPTED) {
         Some(path) => {
+            stage("loading the scripted test model");
             let scripted = ScriptedModel::load(Path::new(path))?;
             (Box::new(scripted.backend), scripted.tokenizer_dir)
         }
@@ -54,10 +56,13 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
             if !dir.is_dir() {
                 bail!("--model {}: not a directory", dir.display());
             }
-            let backend = open_backend(&dir, opts.device, false).with_context(|| format!("loading {}", dir.display()))?;
+            stage("loading weights");
+            let backend = open_backend(&dir, opts.device, false)
+                .with_context(|| format!("loading {}", dir.display()))?;
             (backend, dir)
         }
     };
+    stage("loading the tokenizer and chat template");
     let tokenizer = Tokenizer::from_dir(&text_dir)?;
     let template = ChatTemplate::from_dir(&text_dir)?;
     let config = backend.config().clone();
@@ -73,6 +78,7 @@ pub fn load(opts: &LoadOptions) -> Result<Model> {
         None => config.max_position.min(DEFAULT_CTX),
     };
     tracing::info!("backend: {}", backend.describe());
+    stage("starting the engine");
     let engine = Engine::start(
         backend,
         EngineOptions {

@@ -68,7 +68,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let state = Arc::new(AppState {
         model_id: load::model_id(&args.model),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
-        phase: RwLock::new(Phase::Loading),
+        phase: RwLock::new(Phase::Loading("starting")),
         metrics: Arc::new(Metrics::default()),
         created: unix_now(),
     });
@@ -87,21 +87,25 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let loader_state = state.clone();
     std::thread::Builder::new()
         .name("lily-load".into())
-        .spawn(move || match load::load(&opts) {
-            Ok(model) => {
-                tracing::info!(
-                    "model {} ready (context {} tokens)",
-                    loader_state.model_id,
-                    model.ctx_size
-                );
-                loader_state.set_phase(Phase::Ready(Arc::new(model)));
-            }
-            Err(e) => {
-                // A server that can never answer is worse than one that exits: supervisors
-                // (and `lily serve`) see the exit status and the message.
-                tracing::error!("cannot load the model: {e:#}");
-                eprintln!("error: cannot load the model: {e:#}");
-                std::process::exit(1);
+        .spawn(move || {
+            match load::load(&opts, &|stage| {
+                loader_state.set_phase(Phase::Loading(stage))
+            }) {
+                Ok(model) => {
+                    tracing::info!(
+                        "model {} ready (context {} tokens)",
+                        loader_state.model_id,
+                        model.ctx_size
+                    );
+                    loader_state.set_phase(Phase::Ready(Arc::new(model)));
+                }
+                Err(e) => {
+                    // A server that can never answer is worse than one that exits: supervisors
+                    // (and `lily serve`) see the exit status and the message.
+                    tracing::error!("cannot load the model: {e:#}");
+                    eprintln!("error: cannot load the model: {e:#}");
+                    std::process::exit(1);
+                }
             }
         })
         .context("cannot start the loader thread")?;

@@ -28,7 +28,8 @@ impl Model {
 }
 
 pub enum Phase {
-    Loading,
+    /// What is being loaded now.
+    Loading(&'static str),
     Ready(Arc<Model>),
     ShuttingDown,
 }
@@ -51,7 +52,7 @@ impl AppState {
     pub fn model(&self) -> Result<Arc<Model>, ApiError> {
         match &*self.phase.read().unwrap_or_else(|p| p.into_inner()) {
             Phase::Ready(model) => Ok(model.clone()),
-            Phase::Loading => Err(ApiError::loading()),
+            Phase::Loading(_) => Err(ApiError::loading()),
             Phase::ShuttingDown => Err(ApiError::unavailable("the server is shutting down")),
         }
     }

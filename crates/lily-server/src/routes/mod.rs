@@ -5,7 +5,7 @@ mod completions;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -16,6 +16,9 @@ use serde_json::json;
 use crate::openai::error::ApiError;
 use crate::state::{AppState, Phase};
 
+/// Largest request body accepted.
+const MAX_BODY_BYTES: usize = 64 << 20;
+
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
@@ -24,6 +27,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        // Long conversations are long JSON; axum's 2 MB default is too tight for a 256k context.
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), count_request))
         .with_state(state)
@@ -87,9 +92,9 @@ async fn count_request(
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let phase = state.phase.read().unwrap_or_else(|p| p.into_inner());
     match &*phase {
-        Phase::Loading => (
+        Phase::Loading(stage) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading", "model": state.model_id})),
+            Json(json!({"status": "loading", "model": state.model_id, "stage": stage})),
         )
             .into_response(),
         Phase::Ready(model) => Json(json!({
