@@ -63,7 +63,6 @@ pub fn submit(
         max_tokens: req.max_tokens,
         top_logprobs: req.top_logprobs,
         prompt_logprobs: req.prompt_logprobs,
-        extra_stop_ids: Vec::new(),
         save_prefix_at: req.save_prefix_at,
         sink: Box::new(sink),
     };

@@ -17,8 +17,6 @@ pub struct Job {
     /// Also score the prompt itself (`echo` + `logprobs` in `/v1/completions`): the log-probability
     /// of every prompt token given the ones before it.
     pub prompt_logprobs: bool,
-    /// Token ids that end generation besides the model's end-of-sequence ids.
-    pub extra_stop_ids: Vec<u32>,
     /// A prompt position worth saving the state at for later jobs to resume from (the end of
     /// the conversation before the generation prompt); `None` saves nothing.
     pub save_prefix_at: Option<usize>,

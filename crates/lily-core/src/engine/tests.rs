@@ -164,7 +164,6 @@ fn job(
         max_tokens,
         top_logprobs: 0,
         prompt_logprobs: false,
-        extra_stop_ids: Vec::new(),
         save_prefix_at: None,
         sink: Box::new(sink),
     };

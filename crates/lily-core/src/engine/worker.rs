@@ -202,14 +202,13 @@ impl Worker {
         let mut generated = 0usize;
         let (eos_ids, cancel_all) = (&self.eos_ids, &self.cancel_all);
         let sink = &mut job.sink;
-        let extra_stop_ids = &job.extra_stop_ids;
         self.backend.decode(
             seq,
             &mut sampler,
             job.max_tokens,
             job.top_logprobs,
             &mut |step| {
-                if eos_ids.contains(&step.token) || extra_stop_ids.contains(&step.token) {
+                if eos_ids.contains(&step.token) {
                     ended_by_eos = true;
                     return Flow::Stop;
                 }
