@@ -97,3 +97,8 @@ def test_sigterm_drains_in_flight_streams_and_exits_cleanly(slow_scripted):
     assert content.endswith("word59"), "the in-flight answer was completed"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "stop"
     assert slow_scripted.proc.wait(timeout=15) == 0
+
+
+def test_ctrl_c_stops_an_idle_server_cleanly(slow_scripted):
+    slow_scripted.proc.send_signal(signal.SIGINT)
+    assert slow_scripted.proc.wait(timeout=15) == 0
