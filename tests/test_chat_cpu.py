@@ -130,6 +130,7 @@ def test_twenty_simultaneous_streams_do_not_interleave(cpu_server):
 def test_models_and_metrics(cpu_server):
     models = cpu_server.client().models.list()
     assert [m.id for m in models.data] == ["small"]
+    greedy(cpu_server, "Metrics, please.", max_tokens=3)
     m = cpu_server.metrics()
     assert m["lily_model_ready"] == 1
     assert m['lily_requests_total{endpoint="/v1/chat/completions",status="200"}'] >= 1
@@ -167,3 +168,10 @@ def test_streamed_logprobs_cover_every_token(cpu_server):
     want = greedy(cpu_server, "Logprobs please.", max_tokens=5, logprobs=True, top_logprobs=2)
     assert [(e.token, e.bytes) for e in entries] == [(e.token, e.bytes) for e in want.choices[0].logprobs.content]
     assert all(len(e.top_logprobs) == 2 for e in entries)
+
+
+def test_model_retrieve(cpu_server):
+    import openai
+    assert cpu_server.client().models.retrieve("small").id == "small"
+    with pytest.raises(openai.NotFoundError):
+        cpu_server.client().models.retrieve("gpt-4")

@@ -5,7 +5,7 @@ mod completions;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +24,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_info))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -80,6 +81,7 @@ async fn count_request(
         @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
             p.to_string()
         }
+        p if p.starts_with("/v1/models/") => "/v1/models".to_string(),
         _ => "other".to_string(),
     };
     let response = next.run(request).await;
@@ -114,11 +116,25 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [model_card(&state)]}))
+}
+
+async fn model_info(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if id != state.model_id {
+        return Err(ApiError::not_found(format!(
+            "model {id:?} is not served here; this server serves {:?}",
+            state.model_id
+        )));
+    }
+    Ok(Json(model_card(&state)))
+}
+
+fn model_card(state: &AppState) -> serde_json::Value {
     let ctx = state.model().map(|m| m.ctx_size).ok();
-    Json(json!({
-        "object": "list",
-        "data": [{"id": state.model_id, "object": "model", "created": state.created, "owned_by": "lily", "max_model_len": ctx}],
-    }))
+    json!({"id": state.model_id, "object": "model", "created": state.created, "owned_by": "lily", "max_model_len": ctx})
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
