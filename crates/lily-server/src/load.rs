@@ -66,6 +66,14 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
     let tokenizer = Tokenizer::from_dir(&text_dir)?;
     let template = ChatTemplate::from_dir(&text_dir)?;
     let config = backend.config().clone();
+    if tokenizer.vocab_size() > config.vocab {
+        bail!(
+            "the tokenizer in {} has {} ids but the model's vocabulary has only {} rows: they do not belong together",
+            text_dir.display(),
+            tokenizer.vocab_size(),
+            config.vocab
+        );
+    }
     let ctx_size = match opts.ctx_size {
         Some(0) => bail!("--ctx-size must be at least 1"),
         Some(n) if n > config.max_position => {
