@@ -6,6 +6,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod cpu;
+pub mod engine;
 pub mod parse;
 pub mod quant;
 pub mod sampling;

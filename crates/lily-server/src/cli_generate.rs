@@ -1,14 +1,12 @@
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use lily_core::backend::Flow;
-use lily_core::checkpoint::{load, LoadOptions};
-use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
-use lily_cuda::{select_backend, DeviceChoice};
+
+use crate::device::{open_backend, Device};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -22,9 +20,9 @@ pub struct GenerateArgs {
     /// Quantise an HF bf16 checkpoint to 4-bit at load.
     #[arg(long)]
     quantize: bool,
-    /// auto (CUDA when a usable GPU and NVRTC are present, else CPU), cpu or cuda.
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
+    /// auto (CUDA when a usable GPU and NVRTC are present, else the CPU), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -41,20 +39,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         anyhow::bail!("--prompt-ids is empty");
     }
     let t0 = Instant::now();
-    let weights = Arc::new(load(
-        &a.model,
-        &LoadOptions {
-            quantize_bits: a.quantize.then_some(4),
-        },
-    )?);
+    let mut backend = open_backend(&a.model, a.device, a.quantize)?;
     eprintln!(
         "loaded {} in {:.2} s",
         a.model.display(),
         t0.elapsed().as_secs_f64()
     );
-    let mut backend = select_backend(a.device, &weights, || {
-        Ok(Box::new(CpuBackend::new(weights.clone())))
-    })?;
     let seq = backend.new_seq(prompt.len() + a.max_tokens)?;
     let t1 = Instant::now();
     backend.prefill(seq, &prompt)?;

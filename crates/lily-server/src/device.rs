@@ -8,6 +8,7 @@ use clap::ValueEnum;
 use lily_core::backend::Backend;
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
+use lily_cuda::{select_backend, DeviceChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -25,12 +26,11 @@ pub fn open_backend(model: &Path, device: Device, quantize: bool) -> Result<Box<
             quantize_bits: quantize.then_some(4),
         },
     )?);
-    match device {
-        Device::Cpu => Ok(Box::new(CpuBackend::new(weights))),
-        Device::Cuda => anyhow::bail!("this build of lily-engine has no CUDA backend yet"),
-        Device::Auto => {
-            tracing::info!("using the CPU backend: this build has no CUDA backend yet");
-            Ok(Box::new(CpuBackend::new(weights)))
-        }
-    }
+    let choice = match device {
+        Device::Auto => DeviceChoice::Auto,
+        Device::Cpu => DeviceChoice::Cpu,
+        Device::Cuda => DeviceChoice::Cuda,
+    };
+    // Auto: CUDA if it starts here, else the CPU with one log line saying why (lily-cuda/select.rs).
+    select_backend(choice, &weights, || Ok(Box::new(CpuBackend::new(weights.clone()))))
 }

@@ -1,11 +1,20 @@
-//! `lily-engine`: the one binary. Subcommands: synth (write a synthetic checkpoint), generate
-//! (greedy generation from token ids), and the others as they land.
+//! `lily-engine`: the one binary. Subcommands: serve (the OpenAI-compatible HTTP API), synth
+//! (write a synthetic checkpoint), generate (greedy generation from token ids), bench, score.
 
 mod cli_bench;
 mod cli_generate;
 mod cli_score;
 mod cli_synth;
 mod device;
+mod generate;
+mod load;
+mod metrics;
+mod openai;
+mod output;
+mod routes;
+mod scripted;
+mod serve;
+mod state;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
     /// Write a synthetic checkpoint of the model family's shape.
     Synth(cli_synth::SynthArgs),
     /// Greedy generation from token ids (text comes with the tokenizer).
@@ -39,9 +50,11 @@ fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Synth(args) => cli_synth::run(args),
         Command::Generate(args) => cli_generate::run(args),
         Command::Bench(args) => cli_bench::run(args),

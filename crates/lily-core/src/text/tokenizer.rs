@@ -101,6 +101,12 @@ impl Tokenizer {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// The raw bytes of one token (a byte-level token may be part of a UTF-8 character), as
+    /// OpenAI log-probabilities report them; `None` outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.table.piece(id, false)
+    }
+
     /// A streaming decoder for one generation (see `DecodeStream`).
     pub fn decode_stream(&self, skip_special_tokens: bool) -> super::DecodeStream {
         super::DecodeStream::new(self.table.clone(), skip_special_tokens)

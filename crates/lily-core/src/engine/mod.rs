@@ -1,0 +1,25 @@
+//! The generation loop (ARCHITECTURE.md §2, §6): a bounded FIFO queue of jobs and one worker thread
+//! that owns the backend and runs one job at a time — prefill, then decode — reporting every step
+//! to the job's sink. The engine knows nothing about HTTP: a caller (the server, a CLI) turns its
+//! request into a [`Job`] and receives results through its own [`JobSink`].
+//!
+//! Cancellation is the sink's to signal: `JobSink::is_cancelled` is polled between prefill chunks
+//! and `JobSink::token` returning `Flow::Stop` ends decode at once (within one token).
+//!
+//! Prefix reuse (ARCHITECTURE.md §7): a job may name a save point in its prompt; the state there
+//! is kept (a few, least recently used evicted) and later jobs whose prompts start with those
+//! tokens resume from it (`prefix.rs`).
+
+mod job;
+mod logprob;
+mod prefix;
+mod queue;
+mod worker;
+
+pub use job::{FinishReason, Job, JobSink, Outcome, PromptLogprob, Usage};
+pub use logprob::token_logprob;
+pub use queue::{Queue, QueueFull};
+pub use worker::{Engine, EngineOptions};
+
+#[cfg(test)]
+mod tests;

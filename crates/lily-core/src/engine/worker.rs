@@ -1,0 +1,317 @@
+//! The engine thread: owns the backend (which is `Send` but not `Sync`) and runs queued jobs one at
+//! a time, so answers never interleave.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
+use super::logprob::token_logprob;
+use super::prefix::PrefixCache;
+use super::queue::{Queue, QueueFull};
+use crate::backend::{Backend, Flow, SeqId};
+use crate::config::ModelConfig;
+use crate::sampling::Sampler;
+
+/// Prompt tokens fed per `prefill` call, so a cancelled request stops within one chunk.
+const PREFILL_CHUNK: usize = 512;
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Jobs that may wait behind the running one.
+    pub max_queue: usize,
+    /// Tokens a sequence may hold (prompt + output); sequences are sized to it when prefix reuse
+    /// is on, since a restored state keeps the size it was saved with.
+    pub ctx_size: usize,
+    /// Saved prefix states kept for reuse (0 = no reuse).
+    pub prefix_cache: usize,
+}
+
+pub struct Engine {
+    queue: Arc<Queue>,
+    busy: Arc<AtomicBool>,
+    cancel_all: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    config: ModelConfig,
+    description: String,
+}
+
+impl Engine {
+    /// Starts the engine thread.
+    pub fn start(backend: Box<dyn Backend>, opts: EngineOptions) -> Result<Engine> {
+        let config = backend.config().clone();
+        let description = backend.describe();
+        let queue = Arc::new(Queue::new(opts.max_queue));
+        let busy = Arc::new(AtomicBool::new(false));
+        let cancel_all = Arc::new(AtomicBool::new(false));
+        let worker = Worker {
+            backend,
+            eos_ids: config.eos_ids.clone(),
+            cancel_all: cancel_all.clone(),
+            prefixes: PrefixCache::new(opts.prefix_cache),
+            ctx_size: opts.ctx_size,
+        };
+        let thread = {
+            let (queue, busy) = (queue.clone(), busy.clone());
+            std::thread::Builder::new()
+                .name("lily-engine".into())
+                .spawn(move || worker.serve(&queue, &busy))
+                .context("cannot start the engine thread")?
+        };
+        Ok(Engine {
+            queue,
+            busy,
+            cancel_all,
+            thread: Mutex::new(Some(thread)),
+            config,
+            description,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn describe(&self) -> &str {
+        &self.description
+    }
+
+    /// Queues `job`; a full (or shut down) queue hands it back.
+    pub fn submit(&self, job: Job) -> Result<(), QueueFull> {
+        self.queue.push(job)
+    }
+
+    /// Jobs waiting, not counting the one running.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether a job is running now.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Cancels the running job and every waiting one (their sinks hear `Cancelled`), refuses new
+    /// jobs and waits for the engine thread to end.
+    pub fn shutdown(&self) {
+        self.cancel_all.store(true, Ordering::Relaxed);
+        for mut job in self.queue.close() {
+            let usage = Usage {
+                prompt_tokens: job.prompt.len(),
+                ..Usage::default()
+            };
+            job.sink.finished(Outcome::Done {
+                reason: FinishReason::Cancelled,
+                usage,
+            });
+        }
+        let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+}
+
+struct Worker {
+    backend: Box<dyn Backend>,
+    prefixes: PrefixCache,
+    ctx_size: usize,
+    eos_ids: Vec<u32>,
+    cancel_all: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn serve(mut self, queue: &Queue, busy: &AtomicBool) {
+        while let Some((mut job, queued_at)) = queue.pop() {
+            busy.store(true, Ordering::Relaxed);
+            let mut usage = Usage {
+                prompt_tokens: job.prompt.len(),
+                ..Usage::default()
+            };
+            usage.queue_time = queued_at.elapsed();
+            // A panicking backend fails this job, not the server.
+            let outcome = match catch_unwind(AssertUnwindSafe(|| self.run(&mut job, &mut usage))) {
+                Ok(Ok(reason)) => Outcome::Done { reason, usage },
+                Ok(Err(e)) => Outcome::Failed {
+                    message: format!("{e:#}"),
+                    usage,
+                },
+                Err(panic) => {
+                    // Saved states may be half-written; start clean.
+                    self.prefixes.clear(self.backend.as_mut());
+                    Outcome::Failed {
+                        message: panic_message(panic.as_ref()),
+                        usage,
+                    }
+                }
+            };
+            if let Outcome::Failed { message, .. } = &outcome {
+                tracing::error!("generation failed: {message}");
+            }
+            job.sink.finished(outcome);
+            busy.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn cancelled(&self, job: &Job) -> bool {
+        self.cancel_all.load(Ordering::Relaxed) || job.sink.is_cancelled()
+    }
+
+    fn run(&mut self, job: &mut Job, usage: &mut Usage) -> Result<FinishReason> {
+        if self.cancelled(job) {
+            return Ok(FinishReason::Cancelled);
+        }
+        let needed = job.prompt.len() + job.max_tokens;
+        let capacity = if self.prefixes.enabled() {
+            needed.max(self.ctx_size)
+        } else {
+            needed
+        };
+        let seq = self.backend.new_seq(capacity)?;
+        let result = self.generate(seq, job, usage);
+        self.backend.free_seq(seq);
+        if result.is_err() {
+            self.prefixes.clear(self.backend.as_mut());
+        }
+        result
+    }
+
+    fn generate(&mut self, seq: SeqId, job: &mut Job, usage: &mut Usage) -> Result<FinishReason> {
+        let start = Instant::now();
+        let prefilled = if job.prompt_logprobs {
+            self.prefill_scoring(seq, job)?
+        } else {
+            self.prefill(seq, job, usage)?
+        };
+        usage.prefill_time = start.elapsed();
+        if !prefilled {
+            return Ok(FinishReason::Cancelled);
+        }
+        if job.max_tokens == 0 {
+            return Ok(FinishReason::Length);
+        }
+
+        let decode_start = Instant::now();
+        let mut sampler = Sampler::with_prompt(job.sampling.clone(), &job.prompt);
+        let mut ended_by_eos = false;
+        let mut stopped = false;
+        let mut generated = 0usize;
+        let (eos_ids, cancel_all) = (&self.eos_ids, &self.cancel_all);
+        let sink = &mut job.sink;
+        self.backend.decode(
+            seq,
+            &mut sampler,
+            job.max_tokens,
+            job.top_logprobs,
+            &mut |step| {
+                if eos_ids.contains(&step.token) {
+                    ended_by_eos = true;
+                    return Flow::Stop;
+                }
+                generated += 1;
+                if generated == 1 {
+                    usage.time_to_first_token = Some(start.elapsed());
+                }
+                if cancel_all.load(Ordering::Relaxed) || sink.is_cancelled() {
+                    stopped = true;
+                    return Flow::Stop;
+                }
+                let flow = sink.token(step);
+                stopped = flow == Flow::Stop;
+                flow
+            },
+        )?;
+        usage.decode_time = decode_start.elapsed();
+        usage.completion_tokens = generated;
+        Ok(if self.cancelled(job) {
+            FinishReason::Cancelled
+        } else if ended_by_eos || stopped {
+            FinishReason::Stop
+        } else {
+            FinishReason::Length
+        })
+    }
+
+    /// Feeds the prompt in chunks, resuming from a saved prefix when one matches and saving the
+    /// state at the job's save point; false if the job was cancelled on the way.
+    fn prefill(&mut self, seq: SeqId, job: &Job, usage: &mut Usage) -> Result<bool> {
+        let mut done = 0;
+        if let Some((len, snap)) = self.prefixes.longest(&job.prompt) {
+            self.backend.restore(seq, snap)?;
+            done = len;
+            usage.cached_tokens = len;
+        }
+        let save_at = job
+            .save_prefix_at
+            .filter(|&at| self.prefixes.enabled() && at > done && at < job.prompt.len())
+            .filter(|&at| !self.prefixes.contains(&job.prompt[..at]));
+        while done < job.prompt.len() {
+            if self.cancelled(job) {
+                return Ok(false);
+            }
+            let mut end = (done + PREFILL_CHUNK).min(job.prompt.len());
+            if let Some(at) = save_at.filter(|&at| at > done) {
+                end = end.min(at);
+            }
+            self.backend.prefill(seq, &job.prompt[done..end])?;
+            done = end;
+            if save_at == Some(done) {
+                match self.backend.snapshot(seq) {
+                    Ok(snap) => self.prefixes.insert(
+                        self.backend.as_mut(),
+                        job.prompt[..done].to_vec(),
+                        snap,
+                    ),
+                    // Reuse is an optimisation: a backend without snapshots just goes without.
+                    Err(e) => {
+                        tracing::warn!("prefix reuse off: the backend cannot snapshot ({e:#})");
+                        self.prefixes = PrefixCache::new(0);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Feeds the prompt one token at a time, scoring each against the logits before it (teacher
+    /// forcing). Slower than `prefill`, which is why only `echo` + `logprobs` asks for it.
+    fn prefill_scoring(&mut self, seq: SeqId, job: &mut Job) -> Result<bool> {
+        let mut scores = Vec::with_capacity(job.prompt.len());
+        for (i, &token) in job.prompt.iter().enumerate() {
+            if self.cancelled(job) {
+                return Ok(false);
+            }
+            if i == 0 {
+                scores.push(PromptLogprob {
+                    token,
+                    logprob: None,
+                    top: Vec::new(),
+                });
+            } else {
+                let logits = self.backend.logits(seq)?;
+                let (logprob, top) = token_logprob(&logits, token, job.top_logprobs);
+                scores.push(PromptLogprob {
+                    token,
+                    logprob: Some(logprob),
+                    top,
+                });
+            }
+            self.backend.prefill(seq, &[token])?;
+        }
+        job.sink.prompt_logprobs(scores);
+        Ok(true)
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("the backend panicked: {detail}")
+}

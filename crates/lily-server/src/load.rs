@@ -1,0 +1,110 @@
+//! Turning `--model` into a running engine: the backend for the chosen device plus the model's
+//! tokenizer and chat template. Runs on a background thread while `/health` answers "loading".
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use lily_core::backend::Backend;
+use lily_core::chat::ChatTemplate;
+use lily_core::engine::{Engine, EngineOptions};
+use lily_core::text::Tokenizer;
+
+use crate::device::open_backend;
+pub use crate::device::Device;
+use crate::scripted::ScriptedModel;
+use crate::state::Model;
+
+/// Prefix of the test-only scripted model (see `scripted.rs`).
+const SCRIPTED: &str = "scripted:";
+
+pub struct LoadOptions {
+    pub model: String,
+    pub device: Device,
+    pub ctx_size: Option<usize>,
+    pub max_queue: usize,
+    pub prefix_cache: usize,
+}
+
+/// The id clients see: the model directory's name.
+pub fn model_id(model: &str) -> String {
+    if let Some(path) = model.strip_prefix(SCRIPTED) {
+        return format!(
+            "scripted-{}",
+            Path::new(path)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("model")
+        );
+    }
+    let path = Path::new(model.trim_end_matches('/'));
+    path.file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or(model)
+        .to_string()
+}
+
+/// Loads the model; `stage` hears what is being done (shown by `/health` while loading).
+pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
+    let (backend, text_dir): (Box<dyn Backend>, PathBuf) = match opts.model.strip_prefix(SCRIPTED) {
+        Some(path) => {
+            stage("loading the scripted test model");
+            let scripted = ScriptedModel::load(Path::new(path))?;
+            (Box::new(scripted.backend), scripted.tokenizer_dir)
+        }
+        None => {
+            let dir = PathBuf::from(&opts.model);
+            if !dir.is_dir() {
+                bail!("--model {}: not a directory", dir.display());
+            }
+            stage("loading weights");
+            let backend = open_backend(&dir, opts.device, false)
+                .with_context(|| format!("loading {}", dir.display()))?;
+            (backend, dir)
+        }
+    };
+    stage("loading the tokenizer and chat template");
+    let tokenizer = Tokenizer::from_dir(&text_dir)?;
+    let template = ChatTemplate::from_dir(&text_dir)?;
+    let config = backend.config().clone();
+    if tokenizer.vocab_size() > config.vocab {
+        bail!(
+            "the tokenizer in {} has {} ids but the model's vocabulary has only {} rows: they do not belong together",
+            text_dir.display(),
+            tokenizer.vocab_size(),
+            config.vocab
+        );
+    }
+    let ctx_size = match opts.ctx_size {
+        Some(0) => bail!("--ctx-size must be at least 1"),
+        Some(n) if n > config.max_position => {
+            bail!(
+                "--ctx-size {n} exceeds the model's max_position_embeddings ({})",
+                config.max_position
+            )
+        }
+        Some(n) => n,
+        None => config.max_position.min(DEFAULT_CTX),
+    };
+    tracing::info!("backend: {}", backend.describe());
+    stage("starting the engine");
+    let engine = Engine::start(
+        backend,
+        EngineOptions {
+            max_queue: opts.max_queue,
+            ctx_size,
+            prefix_cache: opts.prefix_cache,
+        },
+    )?;
+    Ok(Model {
+        engine,
+        tokenizer,
+        template,
+        ctx_size,
+        vocab: config.vocab,
+        max_queue: opts.max_queue,
+    })
+}
+
+/// Default context when `--ctx-size` is not given: enough for long chats, small enough that the
+/// KV cache of one sequence fits anywhere the model does.
+const DEFAULT_CTX: usize = 32_768;

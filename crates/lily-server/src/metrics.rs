@@ -1,0 +1,219 @@
+//! Prometheus text exposition (`GET /metrics`): requests by endpoint and status, prompt and
+//! generated tokens, prefill and decode throughput, time to first token, queue depth.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use lily_core::engine::{FinishReason, Outcome};
+
+/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
+const TTFT_BUCKETS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    /// (endpoint, HTTP status) → count.
+    requests: BTreeMap<(String, u16), u64>,
+    /// finish reason → count of finished generations.
+    finished: BTreeMap<&'static str, u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    generated_tokens: u64,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    queue_seconds: f64,
+    ttft_buckets: [u64; TTFT_BUCKETS.len()],
+    ttft_count: u64,
+    ttft_sum: f64,
+    last_prefill_tps: f64,
+    last_decode_tps: f64,
+}
+
+/// Values read from the engine when the page is rendered.
+pub struct Gauges {
+    pub queue_depth: usize,
+    pub running: usize,
+    pub ready: bool,
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn record_request(&self, endpoint: &str, status: u16) {
+        *self
+            .lock()
+            .requests
+            .entry((endpoint.to_string(), status))
+            .or_default() += 1;
+    }
+
+    /// Called once per finished generation (also cancelled and failed ones).
+    pub fn record_outcome(&self, outcome: &Outcome) {
+        let (reason, usage) = match outcome {
+            Outcome::Done { reason, usage } => (
+                match reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                    FinishReason::Cancelled => "cancelled",
+                },
+                usage,
+            ),
+            Outcome::Failed { usage, .. } => ("error", usage),
+        };
+        let mut c = self.lock();
+        *c.finished.entry(reason).or_default() += 1;
+        let prefilled = usage.prompt_tokens.saturating_sub(usage.cached_tokens);
+        c.prompt_tokens += usage.prompt_tokens as u64;
+        c.cached_tokens += usage.cached_tokens as u64;
+        c.generated_tokens += usage.completion_tokens as u64;
+        c.queue_seconds += usage.queue_time.as_secs_f64();
+        let prefill = usage.prefill_time.as_secs_f64();
+        let decode = usage.decode_time.as_secs_f64();
+        c.prefill_seconds += prefill;
+        c.decode_seconds += decode;
+        if prefill > 0.0 && prefilled > 0 {
+            c.last_prefill_tps = prefilled as f64 / prefill;
+        }
+        if decode > 0.0 && usage.completion_tokens > 1 {
+            c.last_decode_tps = usage.completion_tokens as f64 / decode;
+        }
+        if let Some(ttft) = usage.time_to_first_token {
+            let t = ttft.as_secs_f64();
+            c.ttft_count += 1;
+            c.ttft_sum += t;
+            for (bucket, bound) in c.ttft_buckets.iter_mut().zip(TTFT_BUCKETS) {
+                if t <= bound {
+                    *bucket += 1;
+                }
+            }
+        }
+    }
+
+    pub fn render(&self, gauges: &Gauges) -> String {
+        let c = self.lock();
+        let mut out = String::new();
+        header(
+            &mut out,
+            "lily_requests_total",
+            "counter",
+            "HTTP requests by endpoint and status code.",
+        );
+        for ((endpoint, status), n) in &c.requests {
+            let _ = writeln!(
+                out,
+                "lily_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "lily_generations_total",
+            "counter",
+            "Finished generations by finish reason.",
+        );
+        for (reason, n) in &c.finished {
+            let _ = writeln!(
+                out,
+                "lily_generations_total{{finish_reason=\"{reason}\"}} {n}"
+            );
+        }
+        let scalars: [(&str, &str, &str, String); 11] = [
+            (
+                "lily_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of finished generations.",
+                c.prompt_tokens.to_string(),
+            ),
+            (
+                "lily_cached_prompt_tokens_total",
+                "counter",
+                "Prompt tokens served from a reused prefix.",
+                c.cached_tokens.to_string(),
+            ),
+            (
+                "lily_generated_tokens_total",
+                "counter",
+                "Generated (completion) tokens.",
+                c.generated_tokens.to_string(),
+            ),
+            (
+                "lily_prefill_seconds_total",
+                "counter",
+                "Time spent in prefill.",
+                c.prefill_seconds.to_string(),
+            ),
+            (
+                "lily_decode_seconds_total",
+                "counter",
+                "Time spent in decode.",
+                c.decode_seconds.to_string(),
+            ),
+            (
+                "lily_queue_seconds_total",
+                "counter",
+                "Time requests waited in the queue.",
+                c.queue_seconds.to_string(),
+            ),
+            (
+                "lily_prefill_tokens_per_second",
+                "gauge",
+                "Prefill throughput of the last generation.",
+                c.last_prefill_tps.to_string(),
+            ),
+            (
+                "lily_decode_tokens_per_second",
+                "gauge",
+                "Decode throughput of the last generation.",
+                c.last_decode_tps.to_string(),
+            ),
+            (
+                "lily_queue_depth",
+                "gauge",
+                "Requests waiting for the engine.",
+                gauges.queue_depth.to_string(),
+            ),
+            (
+                "lily_requests_running",
+                "gauge",
+                "Requests running on the engine.",
+                gauges.running.to_string(),
+            ),
+            (
+                "lily_model_ready",
+                "gauge",
+                "1 once the model is loaded.",
+                u8::from(gauges.ready).to_string(),
+            ),
+        ];
+        for (name, kind, help, value) in scalars {
+            header(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        let name = "lily_time_to_first_token_seconds";
+        header(
+            &mut out,
+            name,
+            "histogram",
+            "From the start of a generation (after queueing) to its first token.",
+        );
+        for (bound, n) in TTFT_BUCKETS.iter().zip(c.ttft_buckets) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", c.ttft_count);
+        let _ = writeln!(out, "{name}_sum {}", c.ttft_sum);
+        let _ = writeln!(out, "{name}_count {}", c.ttft_count);
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}

@@ -1,0 +1,128 @@
+//! OpenAI error objects: `{"error": {"message", "type", "param", "code"}}` with the HTTP status the
+//! official API uses for each kind, so clients raise the exception they expect
+//! (`BadRequestError`, `AuthenticationError`, `RateLimitError`, …).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request itself is wrong; `param` names the offending field.
+    pub fn invalid(param: impl Into<Option<String>>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.into(),
+            code: None,
+        }
+    }
+
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        Self::invalid(Some(param.to_string()), message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("not_found"),
+        }
+    }
+
+    pub fn queue_full(capacity: usize) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the server is busy: {capacity} requests are already waiting; retry later"
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
+    pub fn loading() -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the model is still loading; poll GET /health until it answers 200".into(),
+            kind: "service_unavailable",
+            param: None,
+            code: Some("model_loading"),
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "service_unavailable",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            if let Ok(v) = "Bearer".parse() {
+                response.headers_mut().insert("www-authenticate", v);
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,333 @@
+//! `POST /v1/chat/completions`, streaming (SSE chunks) and not.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use lily_core::chat::{ChatError, ChatOptions};
+use lily_core::parse::{prompt_opens_reasoning, Event as Piece};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::generate::{submit, GenEvent, GenRequest};
+use crate::openai::chat_request::ChatRequest;
+use crate::openai::error::ApiError;
+use crate::openai::fields::parse_object;
+use crate::openai::params::fit;
+use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
+use crate::output::Output;
+use crate::state::{AppState, Model};
+
+pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let model = state.model()?;
+    let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        kwargs: req.kwargs.clone(),
+    };
+    let prompt_text = model
+        .template
+        .render(&req.messages, req.tools.as_deref(), &opts)
+        .map_err(|e| match e {
+            ChatError::Invalid(m) | ChatError::Template(m) => {
+                ApiError::invalid_param("messages", m)
+            }
+        })?;
+    let prompt = model
+        .tokenizer
+        .encode(&prompt_text)
+        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, "max_tokens")?;
+    let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
+    let output = Output::chat(
+        &model.tokenizer,
+        req.stop.clone(),
+        prompt_opens_reasoning(&prompt_text),
+        req.tools.clone(),
+    );
+    let gen = GenRequest {
+        prompt,
+        sampling: req.sampling.clone(),
+        max_tokens,
+        top_logprobs: if req.logprobs { req.top_logprobs } else { 0 },
+        prompt_logprobs: false,
+        save_prefix_at,
+        output,
+    };
+    let rx = submit(&model, state.metrics.clone(), gen)?;
+    let chunker = Chunker {
+        id: new_id("chatcmpl"),
+        created: unix_now(),
+        model_id: state.model_id.clone(),
+        model,
+        include_usage: req.include_usage,
+        logprobs: req.logprobs,
+    };
+    if req.stream {
+        Ok(Sse::new(chunker.stream(rx)).into_response())
+    } else {
+        Ok(Json(chunker.collect(rx).await?).into_response())
+    }
+}
+
+/// Where the conversation ends and the generation prompt (`<|im_start|>assistant\n<think>\n`)
+/// begins, in tokens: the next turn's prompt starts with everything before it, so that is the
+/// state worth keeping for reuse. None if the split is not clean.
+fn conversation_end(
+    model: &Model,
+    req: &ChatRequest,
+    prompt_text: &str,
+    prompt: &[u32],
+) -> Option<usize> {
+    let opts = ChatOptions {
+        add_generation_prompt: false,
+        kwargs: req.kwargs.clone(),
+    };
+    let conversation = model
+        .template
+        .render(&req.messages, req.tools.as_deref(), &opts)
+        .ok()?;
+    let suffix = prompt_text.strip_prefix(conversation.as_str())?;
+    let suffix_ids = model.tokenizer.encode(suffix).ok()?;
+    (!suffix_ids.is_empty() && prompt.ends_with(&suffix_ids))
+        .then(|| prompt.len() - suffix_ids.len())
+}
+
+struct Chunker {
+    id: String,
+    created: u64,
+    model_id: String,
+    model: Arc<Model>,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+/// Per-stream state: tool-call ids handed out, logprobs waiting for the next chunk.
+struct StreamState {
+    rx: UnboundedReceiver<GenEvent>,
+    pending_logprobs: Vec<Value>,
+    done: bool,
+}
+
+impl Chunker {
+    fn chunk(
+        &self,
+        delta: Value,
+        logprobs: Option<Vec<Value>>,
+        finish_reason: Option<&str>,
+    ) -> Event {
+        let mut body = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model_id,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs.map(|c| json!({"content": c})),
+                "finish_reason": finish_reason,
+            }],
+        });
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        data(&body)
+    }
+
+    fn piece_deltas(&self, pieces: Vec<Piece>) -> Vec<Value> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => out.push(json!({"content": text})),
+                Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
+                Piece::ToolCall(call) => {
+                    // OpenAI's shape: the first delta of a call carries its id and name, the
+                    // following ones pieces of the arguments string.
+                    out.push(json!({"tool_calls": [{"index": call.index, "id": tool_call_id(), "type": "function",
+                                                    "function": {"name": call.name, "arguments": ""}}]}));
+                    out.push(json!({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments_json()}}]}));
+                }
+            }
+        }
+        out
+    }
+
+    fn on_event(&self, st: &mut StreamState, event: GenEvent) -> Vec<Event> {
+        let mut events = Vec::new();
+        let (pieces, done) = match event {
+            GenEvent::PromptLogprobs(_) => (Vec::new(), None),
+            GenEvent::Token {
+                events: pieces,
+                step,
+            } => {
+                if self.logprobs {
+                    st.pending_logprobs.push(chat_logprob(
+                        &self.model.tokenizer,
+                        step.token,
+                        step.logprob,
+                        &step.top,
+                    ));
+                }
+                (pieces, None)
+            }
+            GenEvent::Done {
+                events: pieces,
+                outcome,
+                tool_calls,
+            } => (pieces, Some((outcome, tool_calls))),
+        };
+        for delta in self.piece_deltas(pieces) {
+            let lp = (self.logprobs && !st.pending_logprobs.is_empty())
+                .then(|| std::mem::take(&mut st.pending_logprobs));
+            events.push(self.chunk(delta, lp, None));
+        }
+        if let Some((outcome, tool_calls)) = done {
+            st.done = true;
+            match finish(&outcome, tool_calls) {
+                Ok((reason, u)) => {
+                    let lp = (self.logprobs && !st.pending_logprobs.is_empty())
+                        .then(|| std::mem::take(&mut st.pending_logprobs));
+                    events.push(self.chunk(json!({}), lp, Some(reason)));
+                    if self.include_usage {
+                        events.push(data(&json!({
+                            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                            "model": self.model_id, "choices": [], "usage": usage(&u),
+                        })));
+                    }
+                }
+                Err(err) => events.push(data(&err.body())),
+            }
+            events.push(Event::default().data("[DONE]"));
+        }
+        events
+    }
+
+    fn stream(
+        self,
+        rx: UnboundedReceiver<GenEvent>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> {
+        let first = self.chunk(json!({"role": "assistant", "content": ""}), None, None);
+        let st = StreamState {
+            rx,
+            pending_logprobs: Vec::new(),
+            done: false,
+        };
+        let rest = stream::unfold((self, st), |(this, mut st)| async move {
+            if st.done {
+                return None;
+            }
+            let events = match st.rx.recv().await {
+                Some(event) => this.on_event(&mut st, event),
+                // The engine dropped the job without finishing it: say so rather than hang.
+                None => {
+                    st.done = true;
+                    vec![
+                        data(&ApiError::internal("the engine stopped").body()),
+                        Event::default().data("[DONE]"),
+                    ]
+                }
+            };
+            Some((stream::iter(events.into_iter().map(Ok)), (this, st)))
+        })
+        .flatten();
+        stream::once(async move { Ok(first) }).chain(rest)
+    }
+
+    async fn collect(self, mut rx: UnboundedReceiver<GenEvent>) -> Result<Value, ApiError> {
+        let mut message = Message::default();
+        let mut logprobs = Vec::new();
+        loop {
+            match rx.recv().await {
+                Some(GenEvent::PromptLogprobs(_)) => {}
+                Some(GenEvent::Token { events, step }) => {
+                    if self.logprobs {
+                        logprobs.push(chat_logprob(
+                            &self.model.tokenizer,
+                            step.token,
+                            step.logprob,
+                            &step.top,
+                        ));
+                    }
+                    message.add(events);
+                }
+                Some(GenEvent::Done {
+                    events,
+                    outcome,
+                    tool_calls,
+                }) => {
+                    message.add(events);
+                    let (reason, u) = finish(&outcome, tool_calls)?;
+                    return Ok(json!({
+                        "id": self.id,
+                        "object": "chat.completion",
+                        "created": self.created,
+                        "model": self.model_id,
+                        "choices": [{
+                            "index": 0,
+                            "message": message.into_json(),
+                            "logprobs": if self.logprobs { json!({"content": logprobs}) } else { Value::Null },
+                            "finish_reason": reason,
+                        }],
+                        "usage": usage(&u),
+                    }));
+                }
+                None => {
+                    return Err(ApiError::internal(
+                        "the engine stopped before finishing the request",
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The assistant message of a non-streaming answer, gathered from the events.
+#[derive(Default)]
+struct Message {
+    content: String,
+    reasoning: String,
+    tool_calls: Vec<Value>,
+}
+
+impl Message {
+    fn add(&mut self, events: Vec<Piece>) {
+        for event in events {
+            match event {
+                Piece::Content(t) => self.content.push_str(&t),
+                Piece::Reasoning(t) => self.reasoning.push_str(&t),
+                Piece::ToolCall(call) => self.tool_calls.push(json!({
+                    "id": tool_call_id(), "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_json()},
+                })),
+            }
+        }
+    }
+
+    fn into_json(self) -> Value {
+        let mut message = json!({"role": "assistant", "content": self.content});
+        // OpenAI sends `content: null` when the answer is only tool calls.
+        if self.content.is_empty() && !self.tool_calls.is_empty() {
+            message["content"] = Value::Null;
+        }
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = Value::Array(self.tool_calls);
+        }
+        message
+    }
+}
+
+fn data(body: &Value) -> Event {
+    Event::default().data(body.to_string())
+}
+
+fn tool_call_id() -> String {
+    new_id("call")
+}

@@ -1,0 +1,166 @@
+//! `lily-engine serve`: bind first, load the model in the background (`/health` says "loading"
+//! meanwhile), then serve the OpenAI API until SIGTERM / Ctrl-C, which stops accepting, lets
+//! in-flight requests finish for a grace period, then cancels what is left and exits.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::load::{self, Device, LoadOptions};
+use crate::metrics::Metrics;
+use crate::openai::response::unix_now;
+use crate::routes;
+use crate::state::{AppState, Phase};
+
+/// How long in-flight requests may run on after a shutdown signal before they are cancelled.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Model directory (config.json, safetensors, tokenizer files).
+    #[arg(long)]
+    pub model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Tokens per sequence, prompt plus output [default: min(model maximum, 32768)].
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+    /// Requests that may wait behind the running one; more get 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Conversation prefixes whose state is kept for reuse by later turns (0 = off).
+    #[arg(long, default_value_t = 4)]
+    pub prefix_cache: usize,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: Device,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    if args.max_queue == 0 {
+        anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
+    }
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| {
+            format!(
+                "--host {} --port {}: not an address to listen on",
+                args.host, args.port
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let state = Arc::new(AppState {
+        model_id: load::model_id(&args.model),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        phase: RwLock::new(Phase::Loading("starting")),
+        metrics: Arc::new(Metrics::default()),
+        created: unix_now(),
+    });
+    tracing::info!(
+        "listening on http://{addr} (model {} loading)",
+        state.model_id
+    );
+
+    let opts = LoadOptions {
+        model: args.model.clone(),
+        device: args.device,
+        ctx_size: args.ctx_size,
+        max_queue: args.max_queue,
+        prefix_cache: args.prefix_cache,
+    };
+    let loader_state = state.clone();
+    std::thread::Builder::new()
+        .name("lily-load".into())
+        .spawn(move || {
+            match load::load(&opts, &|stage| {
+                loader_state.set_phase(Phase::Loading(stage))
+            }) {
+                Ok(model) => {
+                    tracing::info!(
+                        "model {} ready (context {} tokens)",
+                        loader_state.model_id,
+                        model.ctx_size
+                    );
+                    loader_state.set_phase(Phase::Ready(Arc::new(model)));
+                }
+                Err(e) => {
+                    // A server that can never answer is worse than one that exits: supervisors
+                    // (and `lily serve`) see the exit status and the message.
+                    tracing::error!("cannot load the model: {e:#}");
+                    eprintln!("error: cannot load the model: {e:#}");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .context("cannot start the loader thread")?;
+
+    let app = routes::router(state.clone());
+    let (signal_tx, signal_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = signal_rx.await;
+            })
+            .await
+    });
+
+    shutdown_signal().await;
+    tracing::info!(
+        "shutting down: draining in-flight requests (up to {}s)",
+        DRAIN_GRACE.as_secs()
+    );
+    let _ = signal_tx.send(());
+    let mut server = server;
+    let drained = tokio::time::timeout(DRAIN_GRACE, &mut server).await.is_ok();
+    // Cancel whatever is still queued or running so their streams end with an error, then give
+    // the connections a moment to flush.
+    let model = state.model().ok();
+    state.set_phase(Phase::ShuttingDown);
+    if let Some(model) = model {
+        tokio::task::spawn_blocking(move || model.engine.shutdown())
+            .await
+            .ok();
+    }
+    if !drained {
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

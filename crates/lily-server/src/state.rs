@@ -1,0 +1,74 @@
+//! What every handler shares: the model once loaded (or why not yet), settings, metrics.
+
+use std::sync::{Arc, RwLock};
+
+use lily_core::chat::ChatTemplate;
+use lily_core::engine::Engine;
+use lily_core::text::Tokenizer;
+
+use crate::metrics::{Gauges, Metrics};
+use crate::openai::error::ApiError;
+
+/// A loaded model: the engine (which owns the backend) and the text side.
+pub struct Model {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Tokens a sequence may hold: prompt + generated.
+    pub ctx_size: usize,
+    /// Logit rows (ids a request may name in `logit_bias`).
+    pub vocab: usize,
+    pub max_queue: usize,
+}
+
+impl Model {
+    pub fn engine_capacity(&self) -> usize {
+        self.max_queue
+    }
+}
+
+pub enum Phase {
+    /// What is being loaded now.
+    Loading(&'static str),
+    Ready(Arc<Model>),
+    ShuttingDown,
+}
+
+pub struct AppState {
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub phase: RwLock<Phase>,
+    pub metrics: Arc<Metrics>,
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn set_phase(&self, phase: Phase) {
+        *self.phase.write().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+
+    /// The model, or the error a request gets while there is none.
+    pub fn model(&self) -> Result<Arc<Model>, ApiError> {
+        match &*self.phase.read().unwrap_or_else(|p| p.into_inner()) {
+            Phase::Ready(model) => Ok(model.clone()),
+            Phase::Loading(_) => Err(ApiError::loading()),
+            Phase::ShuttingDown => Err(ApiError::unavailable("the server is shutting down")),
+        }
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        match &*self.phase.read().unwrap_or_else(|p| p.into_inner()) {
+            Phase::Ready(model) => Gauges {
+                queue_depth: model.engine.queue_depth(),
+                running: usize::from(model.engine.is_busy()),
+                ready: true,
+            },
+            _ => Gauges {
+                queue_depth: 0,
+                running: 0,
+                ready: false,
+            },
+        }
+    }
+}

@@ -1,0 +1,3 @@
+from lilycli.cli import main
+
+main()

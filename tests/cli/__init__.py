@@ -1,0 +1,1 @@
+# A package, so that this directory's conftest.py is `cli.conftest` and never shadows tests/conftest.py.
