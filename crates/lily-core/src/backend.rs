@@ -49,6 +49,18 @@ pub trait Backend: Send {
     /// Host copy of the pending logits (tests, `echo` log-probabilities, debugging).
     fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>>;
 
+    /// Feeds `tokens` and returns the logits after each of them, `[T, vocab]` (teacher forcing:
+    /// prompt log-probabilities, parity checks). The last row also becomes the pending logits.
+    /// The default feeds one token at a time; backends override it with a chunked pass.
+    fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut all = Vec::new();
+        for &t in tokens {
+            self.prefill(seq, &[t])?;
+            all.extend(self.logits(seq)?);
+        }
+        Ok(all)
+    }
+
     /// Up to `n` times: sample a token from the pending logits with `sampler`, hand it to
     /// `on_token`; on `Flow::Continue` (and if fewer than `n` were sampled) feed it to the model so
     /// its logits become pending. A token that ends generation is reported but not fed.

@@ -143,33 +143,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Feeds `tokens` and returns the logits of every one of them, `[T, vocab]`; the last row also
-    /// becomes the pending logits. For parity tests and prompt log-probabilities.
-    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.gpu.bind()?;
-        let v = self.cfg.vocab;
-        let chunk = self.scratch.chunk;
-        let out = self.gpu.alloc(chunk * v * 4)?;
-        let mut all = Vec::with_capacity(tokens.len() * v);
-        self.check_tokens(self.seq(seq)?, tokens)?;
-        for piece in tokens.chunks(chunk) {
-            let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
-            self.gpu.write(&self.scratch.tokens, 0, &ids)?;
-            let s = self.seq(seq)?;
-            self.forward().run(
-                &self.model,
-                s,
-                self.scratch.tokens.ptr,
-                piece.len(),
-                LogitsOut::All(out.ptr),
-            )?;
-            let flat: Vec<f32> = self.gpu.read(&out, 0, piece.len() * v)?;
-            all.extend_from_slice(&flat);
-            self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
-        }
-        Ok(all)
-    }
-
     /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on
     /// (captured at the sequence's first decode step), else the same launches one by one.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
@@ -271,6 +244,31 @@ impl Backend for CudaBackend {
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
         Ok(self.seq(seq)?.len)
+    }
+
+    fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.gpu.bind()?;
+        let v = self.cfg.vocab;
+        let chunk = self.scratch.chunk;
+        let out = self.gpu.alloc(chunk * v * 4)?;
+        let mut all = Vec::with_capacity(tokens.len() * v);
+        self.check_tokens(self.seq(seq)?, tokens)?;
+        for piece in tokens.chunks(chunk) {
+            let ids: Vec<i32> = piece.iter().map(|&t| t as i32).collect();
+            self.gpu.write(&self.scratch.tokens, 0, &ids)?;
+            let s = self.seq(seq)?;
+            self.forward().run(
+                &self.model,
+                s,
+                self.scratch.tokens.ptr,
+                piece.len(),
+                LogitsOut::All(out.ptr),
+            )?;
+            let flat: Vec<f32> = self.gpu.read(&out, 0, piece.len() * v)?;
+            all.extend_from_slice(&flat);
+            self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
+        }
+        Ok(all)
     }
 
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {

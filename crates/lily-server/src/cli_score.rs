@@ -37,15 +37,17 @@ pub fn run(a: ScoreArgs) -> Result<()> {
             .with_context(|| format!("cannot create {}", f32_path.display()))?,
     );
     let t = std::time::Instant::now();
-    for &id in &ids {
-        b.prefill(seq, &[id])?;
-        let logits = b.logits(seq)?;
-        for v in logits {
+    for piece in ids.chunks(64) {
+        for v in b.prefill_all_logits(seq, piece)? {
             file.write_all(&v.to_le_bytes())?;
         }
     }
     file.flush()?;
-    let mode = if std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1") { " fp32-activations" } else { "" };
+    let mode = if std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1") {
+        " fp32-activations"
+    } else {
+        ""
+    };
     let meta = json!({"backend": format!("{}{mode}", b.describe()), "model": a.model.display().to_string(), "ids": ids, "seconds": t.elapsed().as_secs_f64()});
     std::fs::write(a.out.with_extension("json"), serde_json::to_string(&meta)?)?;
     eprintln!(

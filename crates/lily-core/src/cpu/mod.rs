@@ -62,18 +62,6 @@ impl CpuBackend {
             .get_mut(&seq.0)
             .with_context(|| format!("unknown sequence {}", seq.0))
     }
-
-    /// Feeds `tokens` and returns the logits of every position, `[T, vocab]` (teacher forcing).
-    pub fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
-        let chunk = self.prefill_chunk;
-        let weights = self.weights.clone();
-        let st = self.seq_mut(seq)?;
-        let mut all = Vec::with_capacity(tokens.len() * weights.config.vocab);
-        for part in tokens.chunks(chunk) {
-            all.extend(forward(&weights, st, part, true)?);
-        }
-        Ok(all)
-    }
 }
 
 /// One chunk through the whole model. Returns the logits of the last token, or of all tokens.
@@ -144,7 +132,12 @@ fn forward(
 pub fn logprobs(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Summed in f64: 248K f32 terms would lose ~1e-4 of the log-sum-exp.
-    let lse = max + (logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32);
+    let lse = max
+        + (logits
+            .iter()
+            .map(|l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32);
     let mut top = Vec::new();
     if k > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
@@ -218,6 +211,17 @@ impl Backend for CpuBackend {
             forward(&weights, st, part, false)?;
         }
         Ok(())
+    }
+
+    fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        let chunk = self.prefill_chunk;
+        let weights = self.weights.clone();
+        let st = self.seq_mut(seq)?;
+        let mut all = Vec::with_capacity(tokens.len() * weights.config.vocab);
+        for part in tokens.chunks(chunk) {
+            all.extend(forward(&weights, st, part, true)?);
+        }
+        Ok(all)
     }
 
     fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {

@@ -277,35 +277,49 @@ impl Worker {
         Ok(true)
     }
 
-    /// Feeds the prompt one token at a time, scoring each against the logits before it (teacher
-    /// forcing). Slower than `prefill`, which is why only `echo` + `logprobs` asks for it.
+    /// Feeds the prompt in chunks and scores each token against the logits before it (teacher
+    /// forcing); the first token has nothing before it. False if the job was cancelled on the way.
     fn prefill_scoring(&mut self, seq: SeqId, job: &mut Job) -> Result<bool> {
+        let vocab = self.backend.config().vocab;
         let mut scores = Vec::with_capacity(job.prompt.len());
-        for (i, &token) in job.prompt.iter().enumerate() {
+        let mut previous: Option<Vec<f32>> = None;
+        for piece in job.prompt.chunks(SCORING_CHUNK) {
             if self.cancelled(job) {
                 return Ok(false);
             }
-            if i == 0 {
-                scores.push(PromptLogprob {
-                    token,
-                    logprob: None,
-                    top: Vec::new(),
-                });
-            } else {
-                let logits = self.backend.logits(seq)?;
-                let (logprob, top) = token_logprob(&logits, token, job.top_logprobs);
-                scores.push(PromptLogprob {
-                    token,
-                    logprob: Some(logprob),
-                    top,
+            let all = self.backend.prefill_all_logits(seq, piece)?;
+            for (i, &token) in piece.iter().enumerate() {
+                let before = if i == 0 {
+                    previous.as_deref()
+                } else {
+                    Some(&all[(i - 1) * vocab..i * vocab])
+                };
+                scores.push(match before {
+                    None => PromptLogprob {
+                        token,
+                        logprob: None,
+                        top: Vec::new(),
+                    },
+                    Some(logits) => {
+                        let (logprob, top) = token_logprob(logits, token, job.top_logprobs);
+                        PromptLogprob {
+                            token,
+                            logprob: Some(logprob),
+                            top,
+                        }
+                    }
                 });
             }
-            self.backend.prefill(seq, &[token])?;
+            previous = Some(all[(piece.len() - 1) * vocab..].to_vec());
         }
         job.sink.prompt_logprobs(scores);
         Ok(true)
     }
 }
+
+/// Prompt tokens per scoring pass: bounds the host copy of all-position logits (64 × 248,320 f32
+/// = 64 MB).
+const SCORING_CHUNK: usize = 64;
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let detail = panic
