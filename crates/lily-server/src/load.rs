@@ -23,6 +23,7 @@ pub struct LoadOptions {
     pub ctx_size: Option<usize>,
     pub max_queue: usize,
     pub prefix_cache: usize,
+    pub quantize: bool,
 }
 
 /// The id clients see: the model directory's name.
@@ -57,7 +58,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
                 bail!("--model {}: not a directory", dir.display());
             }
             stage("loading weights");
-            let backend = open_backend(&dir, opts.device, false)
+            let backend = open_backend(&dir, opts.device, opts.quantize)
                 .with_context(|| format!("loading {}", dir.display()))?;
             (backend, dir)
         }
