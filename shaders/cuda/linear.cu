@@ -15,6 +15,24 @@
 #define LINEAR_WARPS 4
 #define GROUP_TILE 16  // must match moe.cu
 
+// The `per` activations x[c0 .. c0+per) that meet one packed word, as 16-byte (or 8-byte for bf16)
+// vector loads: scalar loads 32 bytes apart across the warp made every linear kernel L1-bound.
+// c0 is a multiple of per and rows are 16-byte aligned (ops.rs checks the strides).
+__device__ __forceinline__ void load_x(const float* __restrict__ xr, int per, float* xv) {
+    if (per == 8) {
+        float4 a = *reinterpret_cast<const float4*>(xr);
+        float4 b = *reinterpret_cast<const float4*>(xr + 4);
+        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+        xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+    } else if (per == 4) {
+        float4 a = *reinterpret_cast<const float4*>(xr);
+        xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+    } else {
+        float2 a = *reinterpret_cast<const float2*>(xr);
+        xv[0] = a.x; xv[1] = a.y;
+    }
+}
+
 template <int TOK>
 __device__ __forceinline__ void linear_rows(const QWeight& w, const float* __restrict__ x, int x_stride,
                                             float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
@@ -27,19 +45,21 @@ __device__ __forceinline__ void linear_rows(const QWeight& w, const float* __res
     for (int i = 0; i < TOK; i++) acc[i] = 0.0f;
     int wpr = qw_words_per_row(w);
     float vals[8];
-    // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound).
-#pragma unroll 4
+    // Unrolled so each lane has several independent weight loads in flight (decode is latency-bound);
+    // the 16-token variant has enough independent work per word and would spill.
+#pragma unroll(TOK >= 16 ? 1 : 4)
     for (int wi = lane; wi < wpr; wi += 32) {
         int per = qw_unpack(w, r, wi, vals);
         int c0 = wi * per;
 #pragma unroll
         for (int i = 0; i < TOK; i++) {
             if (n0 + i < n_tok) {
-                const float* xr = x + (long long)(n0 + i) * x_stride + c0;
+                float xv[8];
+                load_x(x + (long long)(n0 + i) * x_stride + c0, per, xv);
                 float s = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (j < per) s += vals[j] * xr[j];
+                    if (j < per) s += vals[j] * xv[j];
                 acc[i] += s;
             }
         }
@@ -81,10 +101,11 @@ linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ 
 #pragma unroll 4
     for (int wi = lane; wi < wpr; wi += 32) {
         int per = qw_unpack(w, row, wi, vals);
-        int c0 = wi * per;
+        float xv[8];
+        load_x(xr + wi * per, per, xv);
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            if (j < per) acc += vals[j] * xr[c0 + j];
+            if (j < per) acc += vals[j] * xv[j];
     }
     acc = warp_sum(acc);
     if (lane == 0) y[(long long)n * y_stride + r] = act(acc);
@@ -116,11 +137,12 @@ linear_grouped(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 #pragma unroll
         for (int i = 0; i < GROUP_TILE; i++) {
             if (i < cnt) {
-                const float* xr = x + (long long)(items[i] / x_div) * x_stride + c0;
+                float xv[8];
+                load_x(x + (long long)(items[i] / x_div) * x_stride + c0, per, xv);
                 float s = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (j < per) s += vals[j] * xr[j];
+                    if (j < per) s += vals[j] * xv[j];
                 acc[i] += s;
             }
         }

@@ -46,6 +46,14 @@ fn p(v: u64) -> Arg {
 fn f(v: f32) -> Arg {
     Arg::F32(v)
 }
+/// linear.cu reads activations with 16-byte vector loads: rows must start 16-byte aligned.
+fn check_x(kernel: &str, x: u64, x_stride: usize) -> Result<()> {
+    if !x.is_multiple_of(16) || !x_stride.is_multiple_of(4) {
+        bail!("{kernel}: activations at {x:#x} with row stride {x_stride} are not 16-byte aligned");
+    }
+    Ok(())
+}
+
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
 }
@@ -185,6 +193,7 @@ pub fn linear(
     n_tok: usize,
     accumulate: bool,
 ) -> Result<()> {
+    check_x("linear", x, x_stride)?;
     // Prefill: reuse each dequantised weight word for 16 tokens; decode: 4 (less idle work).
     let (kernel, tok) = if n_tok >= LINEAR_WIDE_TOK {
         (&gpu.kernels.linear_wide, LINEAR_WIDE_TOK)
@@ -217,6 +226,7 @@ pub fn linear_gather(
     y_stride: usize,
     n_items: usize,
 ) -> Result<()> {
+    check_x("linear_gather", x, x_stride)?;
     let grid = (blocks(w.rows, LINEAR_WARPS), n_items as u32, 1);
     let args = vec![
         Arg::Weight(w.arg()),
@@ -499,6 +509,7 @@ pub fn linear_grouped(
     y: u64,
     y_stride: usize,
 ) -> Result<()> {
+    check_x("linear_grouped", x, x_stride)?;
     let grid = (blocks(w.rows, LINEAR_WARPS), max_tiles as u32, 1);
     let args = vec![
         Arg::Weight(w.arg()),
