@@ -665,6 +665,18 @@ fn parity(preset: Preset, format: SynthFormat, positions: usize) {
 /// Teacher-forced logits over `positions` random tokens, CUDA (fp32 and bf16 activations) vs
 /// the CPU backend.
 fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: bool) {
+    parity_chunked(label, w, positions, assert_fp32, 24);
+}
+
+/// CUDA vs CPU teacher-forced logits with prefill chunks of `chunk` tokens (chunks of at most
+/// ops::SPLIT_MAX_TOK tokens run the split-KV attention, longer ones the one-block kernel).
+fn parity_chunked(
+    label: &str,
+    w: Arc<ModelWeights>,
+    positions: usize,
+    assert_fp32: bool,
+    chunk: usize,
+) {
     let vocab = w.config.vocab;
     let mut rng = Rng(99);
     let tokens: Vec<u32> = (0..positions).map(|_| rng.below(vocab) as u32).collect();
@@ -678,7 +690,7 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
             CudaOptions {
                 ordinal: 0,
                 bf16_activations,
-                chunk: 24,
+                chunk,
                 graphs: true,
                 moe_grouped: true,
                 split_kv: true,
@@ -707,6 +719,14 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
 #[ignore = "needs an NVIDIA GPU"]
 fn model_matches_cpu_on_tiny_mlx() {
     parity(Preset::Tiny, SynthFormat::Mlx, 96);
+}
+
+/// Every step through split-KV attention: chunks of 3 tokens (fp32 must match the CPU < 1e-3).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_matches_cpu_with_split_kv_steps_on_tiny_mlx() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 7);
+    parity_chunked("tiny MLX, split-KV steps of 3", w, 48, true, 3);
 }
 
 #[test]
@@ -790,7 +810,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         &w,
         CudaOptions {
             graphs: true,
-            ..opts
+            ..opts.clone()
         },
     )
     .unwrap();
@@ -810,6 +830,30 @@ fn decode_chunking_and_snapshots_are_consistent() {
         .fold(0f32, f32::max);
     println!("MODEL greedy decode fp32: {same}/12 tokens equal the CPU's, worst logprob diff {worst_lp:.2e}");
     assert_eq!(same, 12, "greedy tokens differ: gpu {got:?} cpu {want:?}");
+
+    // Split-KV decode attention (the default) vs the one-block kernel (LILY_SPLIT_KV=0).
+    let mut one_block = CudaBackend::new(
+        &w,
+        CudaOptions {
+            split_kv: false,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    let old = run(&mut one_block, 12);
+    drop(one_block);
+    let worst_split = got
+        .iter()
+        .zip(&old)
+        .map(|(a, b)| (a.1 - b.1).abs())
+        .fold(0f32, f32::max);
+    println!(
+        "MODEL greedy decode split-KV vs one-block attention: worst logprob diff {worst_split:.2e}"
+    );
+    assert!(
+        got.iter().zip(&old).all(|(a, b)| a.0 == b.0) && worst_split < 1e-4,
+        "split-KV decode {got:?} differs from one-block decode {old:?}"
+    );
 
     // chunk 16 vs one token at a time
     let s1 = cuda.new_seq(64).unwrap();
