@@ -220,6 +220,8 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
         for (int hh = 0; hh < SPLIT_MAX_G; hh++) s[hh] = 0.0f;
         if (valid) {
             const kv_t* kr = kbase + (long long)j * row;
+            // Unrolled so several 16-byte loads are in flight per lane (d is a runtime value).
+#pragma unroll 4
             for (int c = 0; c < d; c += 8) {
                 float kx[8];
                 kv_load8(kr + c, kx);
@@ -252,6 +254,7 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
             for (int e = 0; e < 8; e++) acc[hh][e] *= corr[hh];
         int n_valid = min(SPLIT_TILE, end - j0);
         if (has_cols) {
+#pragma unroll 4
             for (int jj = 0; jj < n_valid; jj++) {
                 float vx[8];
                 kv_load8(vbase + (long long)(j0 + jj) * row + c0, vx);
