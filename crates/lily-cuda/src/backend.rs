@@ -29,6 +29,8 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
     pub moe_grouped: bool,
+    /// Split-KV attention for decode steps (see `Forward::split_kv`).
+    pub split_kv: bool,
 }
 
 impl CudaOptions {
@@ -41,6 +43,7 @@ impl CudaOptions {
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
+            split_kv: !std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
                 .unwrap_or(256),
@@ -122,6 +125,7 @@ impl CudaBackend {
             cfg: &self.cfg,
             scratch: &self.scratch,
             moe_grouped: self.opts.moe_grouped,
+            split_kv: self.opts.split_kv,
         }
     }
 

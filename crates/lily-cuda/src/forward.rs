@@ -24,6 +24,9 @@ pub struct Scratch {
     pub v: DevBuf,
     pub q: DevBuf,
     pub attn_o: DevBuf,
+    /// Split-KV attention partials (ops::split_kv_scratch): outputs and (max, sum) per split.
+    pub part_o: DevBuf,
+    pub part_ml: DevBuf,
     pub m: DevBuf,
     pub z: DevBuf,
     pub b: DevBuf,
@@ -60,6 +63,8 @@ impl Scratch {
             &self.v,
             &self.q,
             &self.attn_o,
+            &self.part_o,
+            &self.part_ml,
             &self.m,
             &self.z,
             &self.b,
@@ -91,6 +96,7 @@ impl Scratch {
         let c = chunk;
         let buf = |elems: usize| gpu.alloc(elems * F32);
         let (h, tk) = (cfg.hidden, cfg.top_k);
+        let (part_o, part_ml) = ops::split_kv_scratch(cfg.n_heads, cfg.head_dim);
         Ok(Scratch {
             chunk,
             tokens: buf(c)?,
@@ -101,6 +107,8 @@ impl Scratch {
             v: buf(c * cfg.n_kv_heads * cfg.head_dim)?,
             q: buf(c * cfg.n_heads * cfg.head_dim)?,
             attn_o: buf(c * cfg.n_heads * cfg.head_dim)?,
+            part_o: buf(part_o)?,
+            part_ml: buf(part_ml)?,
             m: buf(c * cfg.conv_dim())?,
             z: buf(c * cfg.dn_value_dim())?,
             b: buf(c * cfg.dn_v_heads)?,
@@ -207,6 +215,10 @@ pub struct Forward<'a> {
     /// each expert's weights are read once per tile instead of once per item (LILY_MOE_GROUPED=0
     /// turns it off). Decode (one token) always gathers.
     pub moe_grouped: bool,
+    /// Steps of at most ops::SPLIT_MAX_TOK tokens (decode) run split-KV (flash-decoding)
+    /// attention: many blocks per kv head over slices of the cache instead of one block per query
+    /// head reading it all (LILY_SPLIT_KV=0 turns it off). Prefill chunks keep `attn_decode`.
+    pub split_kv: bool,
 }
 
 impl Forward<'_> {
@@ -326,17 +338,33 @@ impl Forward<'_> {
             pos,
         };
         ops::attn_qk_prep(gpu, shape, &prep, n)?;
-        ops::attn_decode(
-            gpu,
-            shape,
-            s.q.ptr,
-            s.qg.ptr,
-            k_cache,
-            v_cache,
-            s.attn_o.ptr,
-            pos,
-            n,
-        )?;
+        if self.split_kv && ops::split_kv_fits(shape, n) {
+            ops::attn_split(
+                gpu,
+                shape,
+                s.q.ptr,
+                s.qg.ptr,
+                k_cache,
+                v_cache,
+                s.part_o.ptr,
+                s.part_ml.ptr,
+                s.attn_o.ptr,
+                pos,
+                n,
+            )?;
+        } else {
+            ops::attn_decode(
+                gpu,
+                shape,
+                s.q.ptr,
+                s.qg.ptr,
+                k_cache,
+                v_cache,
+                s.attn_o.ptr,
+                pos,
+                n,
+            )?;
+        }
         ops::linear(gpu, &a.o_proj, s.attn_o.ptr, hq * d, s.x.ptr, h, n, true)
     }
 

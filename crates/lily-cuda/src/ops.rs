@@ -105,6 +105,13 @@ const LINEAR_WIDE_TOK: usize = 16;
 /// Items per tile of linear_grouped (GROUP_TILE in linear.cu and moe.cu).
 pub const GROUP_TILE: usize = 16;
 const ATTN_MAX_D: usize = 256;
+/// Split-KV decode (attention.cu): partial slots per (token, query head), and query heads per block.
+pub const SPLIT_MAX_SPLITS: usize = 256;
+/// Threads of an `attn_split` block: SPLIT_WARPS (2) warps.
+const SPLIT_THREADS: usize = 2 * 32;
+const SPLIT_MAX_G: usize = 8;
+/// Most tokens one split-KV launch serves (its partials are sized for this many).
+pub const SPLIT_MAX_TOK: usize = 4;
 const DN_MAX_K: usize = 8;
 const DN_MAX_DK: usize = 128;
 const DN_PARTS: usize = 4;
@@ -328,6 +335,86 @@ pub fn attn_decode(
         gpu,
         &gpu.kernels.attn_decode,
         (n_tok as u32, s.n_q as u32, 1),
+        (128, 1, 1),
+        args,
+    )
+}
+
+/// Whether the split-KV kernels serve this shape and step (else `attn_decode` runs).
+pub fn split_kv_fits(s: AttnShape, n_tok: usize) -> bool {
+    n_tok <= SPLIT_MAX_TOK && s.d <= ATTN_MAX_D && s.d.is_multiple_of(8)
+}
+
+/// Scratch for split-KV attention: f32 elements of (part_o, part_ml).
+pub fn split_kv_scratch(n_q: usize, d: usize) -> (usize, usize) {
+    let slots = SPLIT_MAX_TOK * n_q * SPLIT_MAX_SPLITS;
+    (slots * d, slots * 2)
+}
+
+/// Split-KV (flash-decoding) attention: `attn_split` then `attn_split_combine`; same inputs and
+/// output as `attn_decode`. The grid does not depend on the position (graph capture): blocks
+/// past the live splits exit at once.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_split(
+    gpu: &Gpu,
+    s: AttnShape,
+    q: u64,
+    qg: u64,
+    k_cache: u64,
+    v_cache: u64,
+    part_o: u64,
+    part_ml: u64,
+    out: u64,
+    pos: u64,
+    n_tok: usize,
+) -> Result<()> {
+    if !split_kv_fits(s, n_tok) {
+        bail!(
+            "split-KV attention: {n_tok} tokens with head_dim {} (limits: {SPLIT_MAX_TOK} tokens, head_dim a multiple of 8 up to {ATTN_MAX_D})",
+            s.d
+        );
+    }
+    let scale = 1.0 / (s.d as f32).sqrt();
+    let group = s.n_q / s.n_kv;
+    let chunks = group.div_ceil(SPLIT_MAX_G);
+    let args = vec![
+        p(q),
+        p(k_cache),
+        p(v_cache),
+        p(part_o),
+        p(part_ml),
+        p(pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.n_kv),
+        i(s.d),
+        f(scale),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.attn_split,
+        (
+            SPLIT_MAX_SPLITS as u32,
+            (s.n_kv * chunks) as u32,
+            n_tok as u32,
+        ),
+        (SPLIT_THREADS as u32, 1, 1),
+        args,
+    )?;
+    let args = vec![
+        p(qg),
+        p(part_o),
+        p(part_ml),
+        p(out),
+        p(pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.d),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.attn_split_combine,
+        (s.n_q as u32, n_tok as u32, 1),
         (128, 1, 1),
         args,
     )

@@ -292,6 +292,7 @@ impl BlockRig {
             cfg: &self.cfg,
             scratch: &self.scratch,
             moe_grouped: self.moe_grouped.get(),
+            split_kv: true,
         }
     }
     /// Poisons the scratch, writes x and xn, runs `f`, returns x_out − x_in.
@@ -344,6 +345,126 @@ fn attention_block_matches_cpu_over_chunks() {
             1e-4,
         );
         pos += n;
+    }
+}
+
+/// One sequence's attention layer on the GPU in either activation mode, for the split-KV tests.
+struct AttnRig {
+    g: Gpu,
+    cfg: ModelConfig,
+    scratch: Scratch,
+    seq: SeqState,
+}
+
+impl AttnRig {
+    fn new(cfg: &ModelConfig, bf16: bool, max_ctx: usize) -> AttnRig {
+        let g = Gpu::open(0, bf16).expect("a CUDA GPU and NVRTC");
+        let scratch = Scratch::new(&g, cfg, 512).unwrap();
+        let seq = SeqState::new(&g, cfg, max_ctx, bf16).unwrap();
+        AttnRig {
+            g,
+            cfg: cfg.clone(),
+            scratch,
+            seq,
+        }
+    }
+    /// One attention block over `xn` (n tokens) at the sequence's position, NaN-poisoned scratch
+    /// first. Returns (x_out − x_in, the gated attention output fed to o_proj). Leaves the
+    /// position where it was unless `advance`.
+    fn step(
+        &self,
+        dw: &lily_cuda::weights::DevAttention,
+        x: &[f32],
+        xn: &[f32],
+        split_kv: bool,
+        advance: bool,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (g, s, c) = (&self.g, &self.scratch, &self.cfg);
+        let n = xn.len() / c.hidden;
+        s.poison(g).unwrap();
+        g.write(&s.x, 0, x).unwrap();
+        g.write(&s.xn, 0, xn).unwrap();
+        let f = Forward {
+            gpu: g,
+            cfg: c,
+            scratch: s,
+            moe_grouped: true,
+            split_kv,
+        };
+        let (k, v) = &self.seq.kv[0];
+        f.attention(dw, k.ptr, v.ptr, self.seq.pos.ptr, n).unwrap();
+        if advance {
+            gops::advance_pos(g, self.seq.pos.ptr, n).unwrap();
+        }
+        g.sync().unwrap();
+        let out: Vec<f32> = g.read(&s.x, 0, x.len()).unwrap();
+        let o = g.read(&s.attn_o, 0, n * c.n_heads * c.head_dim).unwrap();
+        (out.iter().zip(x).map(|(a, b)| a - b).collect(), o)
+    }
+}
+
+/// Split-KV decode attention vs the CPU reference (`ops::attention`) and vs the one-block-per-head
+/// kernel, at contexts 1, 7, 300, 5000 and 20000 (past 16384 keys a split holds more than one
+/// tile per warp), for a 1-token step and then a 3-token step, in both activation modes, with the
+/// tiny preset's heads (GQA group 2, head_dim 64) and the real model's (group 8, head_dim 256).
+/// Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs one-block
+/// 1e-5 (summation order only); bf16 vs CPU 3e-2 (q, k, v, the cache and the output are rounded
+/// to bf16, the CPU keeps fp32), bf16 split vs one-block 1e-2 (same roundings; an output may land
+/// one bf16 step apart).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
+    let tiny = tiny_cfg();
+    let mut real_heads = tiny.clone();
+    real_heads.n_heads = 16;
+    real_heads.n_kv_heads = 2;
+    real_heads.head_dim = 256;
+    real_heads.rotary_dim = 64;
+    let cases: [(&str, &ModelConfig, &[usize]); 2] = [
+        ("tiny heads", &tiny, &[1, 7, 300, 5000, 20000]),
+        ("real heads", &real_heads, &[1, 7, 300, 2100]),
+    ];
+    for (label, c, lens) in cases {
+        let mut rng = Rng(17);
+        let w = random_attention(&mut rng, c);
+        for bf16 in [false, true] {
+            let mode = if bf16 { "bf16" } else { "fp32" };
+            let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
+            for &len in lens {
+                let rig = AttnRig::new(c, bf16, len + 3);
+                let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
+                let mut kv = ops::KvCache::default();
+                // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
+                let prefix = rng.vec((len - 1) * c.hidden, 1.0);
+                for chunk in prefix.chunks(512 * c.hidden) {
+                    let x = rng.vec(chunk.len(), 0.5);
+                    rig.step(&dw, &x, chunk, true, true);
+                }
+                if len > 1 {
+                    ops::attention(c, &w, &prefix, &mut kv, 0);
+                }
+                // A decode step at context len, then a 3-token step.
+                let mut pos = len - 1;
+                for n in [1usize, 3] {
+                    // A small residual: at long context the attention output is small (an
+                    // average over many values), and bf16 mode rounds x + output to bf16.
+                    let x = rng.vec(n * c.hidden, 1e-3);
+                    let xn = rng.vec(n * c.hidden, 1.0);
+                    let (_, o_old) = rig.step(&dw, &x, &xn, false, false);
+                    let (got, o_split) = rig.step(&dw, &x, &xn, true, true);
+                    let want = ops::attention(c, &w, &xn, &mut kv, pos);
+                    let what = format!("split-KV {label} {mode} context {} T={n}", pos + n);
+                    check(&format!("{what} vs CPU"), &got, &want, tol_cpu);
+                    check(
+                        &format!("{what} vs one-block kernel"),
+                        &o_split,
+                        &o_old,
+                        tol_old,
+                    );
+                    pos += n;
+                }
+            }
+        }
     }
 }
 
@@ -546,6 +667,18 @@ fn parity(preset: Preset, format: SynthFormat, positions: usize) {
 /// Teacher-forced logits over `positions` random tokens, CUDA (fp32 and bf16 activations) vs
 /// the CPU backend.
 fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: bool) {
+    parity_chunked(label, w, positions, assert_fp32, 24);
+}
+
+/// CUDA vs CPU teacher-forced logits with prefill chunks of `chunk` tokens (chunks of at most
+/// ops::SPLIT_MAX_TOK tokens run the split-KV attention, longer ones the one-block kernel).
+fn parity_chunked(
+    label: &str,
+    w: Arc<ModelWeights>,
+    positions: usize,
+    assert_fp32: bool,
+    chunk: usize,
+) {
     let vocab = w.config.vocab;
     let mut rng = Rng(99);
     let tokens: Vec<u32> = (0..positions).map(|_| rng.below(vocab) as u32).collect();
@@ -559,9 +692,10 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
             CudaOptions {
                 ordinal: 0,
                 bf16_activations,
-                chunk: 24,
+                chunk,
                 graphs: true,
                 moe_grouped: true,
+                split_kv: true,
             },
         )
         .unwrap();
@@ -587,6 +721,14 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
 #[ignore = "needs an NVIDIA GPU"]
 fn model_matches_cpu_on_tiny_mlx() {
     parity(Preset::Tiny, SynthFormat::Mlx, 96);
+}
+
+/// Every step through split-KV attention: chunks of 3 tokens (fp32 must match the CPU < 1e-3).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_matches_cpu_with_split_kv_steps_on_tiny_mlx() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 7);
+    parity_chunked("tiny MLX, split-KV steps of 3", w, 48, true, 3);
 }
 
 #[test]
@@ -659,6 +801,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         chunk: 16,
         graphs: false,
         moe_grouped: true,
+        split_kv: true,
     };
     let mut plain = CudaBackend::new(&w, opts.clone()).unwrap();
     let t = std::time::Instant::now();
@@ -669,7 +812,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         &w,
         CudaOptions {
             graphs: true,
-            ..opts
+            ..opts.clone()
         },
     )
     .unwrap();
@@ -689,6 +832,30 @@ fn decode_chunking_and_snapshots_are_consistent() {
         .fold(0f32, f32::max);
     println!("MODEL greedy decode fp32: {same}/12 tokens equal the CPU's, worst logprob diff {worst_lp:.2e}");
     assert_eq!(same, 12, "greedy tokens differ: gpu {got:?} cpu {want:?}");
+
+    // Split-KV decode attention (the default) vs the one-block kernel (LILY_SPLIT_KV=0).
+    let mut one_block = CudaBackend::new(
+        &w,
+        CudaOptions {
+            split_kv: false,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    let old = run(&mut one_block, 12);
+    drop(one_block);
+    let worst_split = got
+        .iter()
+        .zip(&old)
+        .map(|(a, b)| (a.1 - b.1).abs())
+        .fold(0f32, f32::max);
+    println!(
+        "MODEL greedy decode split-KV vs one-block attention: worst logprob diff {worst_split:.2e}"
+    );
+    assert!(
+        got.iter().zip(&old).all(|(a, b)| a.0 == b.0) && worst_split < 1e-4,
+        "split-KV decode {got:?} differs from one-block decode {old:?}"
+    );
 
     // chunk 16 vs one token at a time
     let s1 = cuda.new_seq(64).unwrap();
