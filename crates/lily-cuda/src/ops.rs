@@ -631,7 +631,10 @@ pub fn sample_pick(
     logprob_out: u64,
 ) -> Result<()> {
     if pp.top_k == 0 || pp.top_k > PICK_MAX_K {
-        bail!("device sampling takes top_k in 1..={PICK_MAX_K}, got {}", pp.top_k);
+        bail!(
+            "device sampling takes top_k in 1..={PICK_MAX_K}, got {}",
+            pp.top_k
+        );
     }
     go(
         gpu,
