@@ -141,7 +141,6 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
     __shared__ u32 warp_n[32];
     __shared__ float cv[PICK_MAX_K], sv[PICK_MAX_K];
     __shared__ int ci[PICK_MAX_K], si[PICK_MAX_K];
-    __shared__ int s_token;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) {
         s_valid = 0;
@@ -278,11 +277,11 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
             for (u32 t = 0; t < k; t++) total += (double)sv[t];
             u32 keep = k;
             if (top_p < 1.0f) {
-                float floor = (float)((1.0 - (double)top_p) * total / (double)k);
+                float floor = (float)__ddiv_rn(__dmul_rn(1.0 - (double)top_p, total), (double)k);
                 u32 kept = 0;
                 while (kept < k && sv[kept] >= floor) kept++;
                 keep = kept;
-                double target = (double)top_p * total, mass = 0.0;
+                double target = __dmul_rn((double)top_p, total), mass = 0.0;
                 for (u32 t = 0; t < kept; t++) {
                     mass += (double)sv[t];
                     if (mass >= target) {
@@ -298,17 +297,17 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
             }
             double sum = 0.0;
             for (u32 t = 0; t < keep; t++) sum += (double)sv[t];
-            double target = u * sum;
+            // _rn: a fused u * sum - w would round differently from the host.
+            double target = __dmul_rn(u, sum);
             token = keep > 0 ? si[keep - 1] : 0;
             for (u32 t = 0; t < keep; t++) {
-                target -= (double)sv[t];
+                target = __dsub_rn(target, (double)sv[t]);
                 if (target < 0.0) {
                     token = si[t];
                     break;
                 }
             }
         }
-        s_token = token;
         *token_out = token;
         *logprob_out = (logits[token] - mx) - logf(se);
         u32 h = hist[token];
