@@ -565,7 +565,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
                 logit_bias: vec![
                     (hot[0], -100.0),
                     (hot[1], 3.5),
-                    (cold, 9.0),
+                    (cold, 4.0),
                     (hot[2], 1.25),
                     (hot[1], -0.75),
                 ],
