@@ -6,7 +6,7 @@
 // attn_decode: causal softmax(q·k / sqrt(D)) · v for query head h over kv head h / (Hq/Hkv), fp32
 //   online softmax; the result times sigmoid(gate) is written to out [T, Hq·D] for o_proj.
 //   One block (4 warps) per (token, query head), each warp an interleaved quarter of the keys.
-//   Used for prefill chunks, and for decode with LILY_SPLIT_KV=0.
+//   Used for prefill chunks, and for decode unless LILY_SPLIT_KV=1.
 //
 // Split-KV decode (flash-decoding; default for steps of at most SPLIT_MAX_TOK tokens):
 //   token t attends to keys 0..len-1, len = pos+t+1. The keys are cut into n_s = ceil(len/P)

@@ -4,6 +4,19 @@
 // argmax_logprob: over logits [V] (fp32): the first index of the maximum, and its log-probability
 //   log softmax(logits)[id] = -log Σ exp(l - max). One block of 1024 threads; bytes: V·4 read twice.
 // advance_pos: the sequence's position += n (one thread), so graph replays see the new position.
+//
+// Sampling with the host Sampler's exact steps (lily-core/src/sampling.rs), top_k in 1..=PICK_MAX_K:
+// sample_adjust: [V] grid, 256 threads: logit_bias (ids sorted stably, so repeated ids add in the
+//   request's order), repetition / presence / frequency penalties from hist[V] (bits 0..30: times
+//   generated, bit 31: seen by the repetition penalty), then × 1/temperature, into scaled[V].
+//   Every operation is an explicit _rn intrinsic so nvcc never fuses what the host rounds twice.
+// sample_pick: one block of 1024 threads: radix select (4 passes of 8 bits over f32::total_cmp
+//   keys) of the top_k largest scaled values, ties at the threshold broken by lower index as the
+//   host's sort does; then on ≤ 256 candidates: weights exp(v - max) (double exp rounded to
+//   fp32, the closest we get to the host's libm expf), top_p, min_p and the inverse-CDF pick with
+//   the host-drawn uniform, all in the host's order and precision (f64 sums). Writes the token, its
+//   log-probability under the raw logits, and bumps hist[token] as Sampler::accept does.
+//   Bytes: scaled[V] read 5 times, logits[V] twice (L2 keeps them).
 
 #define SAMPLE_THREADS 1024
 
@@ -66,4 +79,239 @@ argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ to
 
 extern "C" __global__ void advance_pos(int* pos, int n) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
+}
+
+#define PICK_MAX_K 256
+#define HIST_SEEN 0x80000000u
+#define HIST_COUNT 0x7fffffffu
+
+// Larger key = later in f32::total_cmp order (NaNs are filtered out before).
+__device__ __forceinline__ u32 order_key(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+extern "C" __global__ void sample_adjust(const float* __restrict__ logits, int vocab,
+                                         const u32* __restrict__ hist,
+                                         const int* __restrict__ bias_ids,
+                                         const float* __restrict__ bias_vals, int n_bias,
+                                         float repetition, float presence, float frequency,
+                                         float inv_t, float* __restrict__ scaled) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vocab) return;
+    float v = logits[i];
+    if (n_bias > 0) {
+        int lo = 0, hi = n_bias;
+        while (lo < hi) {
+            int mid = (lo + hi) >> 1;
+            if (bias_ids[mid] < i) lo = mid + 1;
+            else hi = mid;
+        }
+        for (; lo < n_bias && bias_ids[lo] == i; lo++) v = __fadd_rn(v, bias_vals[lo]);
+    }
+    u32 h = hist[i];
+    if ((h & HIST_SEEN) && repetition != 1.0f)
+        v = v > 0.0f ? __fdiv_rn(v, repetition) : __fmul_rn(v, repetition);
+    u32 n = h & HIST_COUNT;
+    if (n > 0) v = __fsub_rn(v, __fadd_rn(presence, __fmul_rn(frequency, __uint2float_rn(n))));
+    scaled[i] = __fmul_rn(v, inv_t);
+}
+
+// Sorts cand (value, id) pairs into out by (key desc, id asc): a rank sort, k ≤ PICK_MAX_K.
+__device__ __forceinline__ void rank_sort(const float* val, const int* id, int k, float* out_v,
+                                          int* out_i) {
+    for (int t = threadIdx.x; t < k; t += blockDim.x) {
+        u32 kt = order_key(val[t]);
+        int it = id[t], rank = 0;
+        for (int j = 0; j < k; j++) {
+            u32 kj = order_key(val[j]);
+            rank += (kj > kt || (kj == kt && id[j] < it)) ? 1 : 0;
+        }
+        out_v[rank] = val[t];
+        out_i[rank] = it;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, int vocab,
+            int top_k, float top_p, float min_p, double u, int remember, u32* __restrict__ hist,
+            int* __restrict__ token_out, float* __restrict__ logprob_out) {
+    __shared__ u32 bins[256];
+    __shared__ u32 s_prefix, s_remaining, s_ties, s_valid, s_n, s_taken;
+    __shared__ u32 warp_n[32];
+    __shared__ float cv[PICK_MAX_K], sv[PICK_MAX_K];
+    __shared__ int ci[PICK_MAX_K], si[PICK_MAX_K];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        s_valid = 0;
+        s_n = 0;
+        s_taken = 0;
+        s_ties = 0;
+    }
+    __syncthreads();
+
+    // Valid (non-NaN) candidates, and the raw logits' maximum for the log-probability.
+    u32 nv = 0;
+    float mx = NEG_INF;
+    for (int i = tid; i < vocab; i += blockDim.x) {
+        nv += isnan(scaled[i]) ? 0u : 1u;
+        mx = fmaxf(mx, logits[i]);
+    }
+    atomicAdd(&s_valid, nv);
+    mx = warp_max(mx);
+    if (lane == 0) cv[warp] = mx;
+    __syncthreads();
+    mx = cv[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, cv[w]);
+    u32 k = min(min((u32)top_k, (u32)PICK_MAX_K), s_valid);
+    __syncthreads();
+
+    // Radix select: after 4 passes, prefix = the k-th largest key, remaining = how many of the
+    // elements equal to it belong to the top k, ties = how many there are.
+    u32 prefix = 0, mask = 0, remaining = k;
+    if (k > 0) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int j = tid; j < 256; j += blockDim.x) bins[j] = 0;
+            __syncthreads();
+            for (int base = 0; base < vocab; base += blockDim.x) {
+                int i = base + tid;
+                u32 bin = 256;
+                if (i < vocab) {
+                    float v = scaled[i];
+                    u32 key = order_key(v);
+                    if (!isnan(v) && (key & mask) == prefix) bin = (key >> shift) & 0xffu;
+                }
+                // Warp-aggregated: the top bytes of similar logits all land in one bin.
+                u32 peers = __match_any_sync(0xffffffffu, bin);
+                if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&bins[bin], __popc(peers));
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 cum = 0;
+                for (int b = 255; b >= 0; b--) {
+                    u32 c = bins[b];
+                    if (cum + c >= remaining) {
+                        s_prefix = prefix | ((u32)b << shift);
+                        s_remaining = remaining - cum;
+                        s_ties = c;
+                        break;
+                    }
+                    cum += c;
+                }
+            }
+            __syncthreads();
+            prefix = s_prefix;
+            remaining = s_remaining;
+            mask |= 0xffu << shift;
+            __syncthreads();
+        }
+    }
+    u32 ties = s_ties;
+    bool all_ties = k > 0 && ties == remaining;
+
+    // Gather: everything above the threshold (and all ties when they all fit), plus the raw
+    // logits' exp-sum for the log-probability.
+    float se = 0.0f;
+    for (int i = tid; i < vocab; i += blockDim.x) {
+        se += expf(logits[i] - mx);
+        if (k == 0) continue;
+        float v = scaled[i];
+        if (isnan(v)) continue;
+        u32 key = order_key(v);
+        if (key > prefix || (all_ties && key == prefix)) {
+            u32 at = atomicAdd(&s_n, 1u);
+            cv[at] = v;
+            ci[at] = i;
+        }
+    }
+    se = block_sum(se);
+    __syncthreads();
+    if (k > 0 && !all_ties) {
+        // More ties than places (equal logits): the lowest indices win, in index order.
+        u32 start = s_n;
+        for (int base = 0; base < vocab; base += blockDim.x) {
+            int i = base + tid;
+            bool tie = false;
+            if (i < vocab) {
+                float v = scaled[i];
+                tie = !isnan(v) && order_key(v) == prefix;
+            }
+            u32 ballot = __ballot_sync(0xffffffffu, tie);
+            if (lane == 0) warp_n[warp] = __popc(ballot);
+            __syncthreads();
+            u32 before = s_taken;
+            for (int w = 0; w < warp; w++) before += warp_n[w];
+            before += __popc(ballot & ((1u << lane) - 1u));
+            if (tie && before < remaining) {
+                cv[start + before] = scaled[i];
+                ci[start + before] = i;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 all = 0;
+                for (int w = 0; w < (int)(blockDim.x >> 5); w++) all += warp_n[w];
+                s_taken += all;
+            }
+            __syncthreads();
+            if (s_taken >= remaining) break;
+        }
+    }
+    __syncthreads();
+
+    // The k candidates, heaviest first (the host's sort order), then their weights.
+    rank_sort(cv, ci, (int)k, sv, si);
+    __syncthreads();
+    float best = k > 0 ? sv[0] : 0.0f;
+    for (int t = tid; t < (int)k; t += blockDim.x)
+        cv[t] = (float)exp((double)__fsub_rn(sv[t], best));
+    for (int t = tid; t < (int)k; t += blockDim.x) ci[t] = si[t];
+    __syncthreads();
+    // The host sorts by weight; equal weights of different logits fall back to index order.
+    rank_sort(cv, ci, (int)k, sv, si);
+    __syncthreads();
+
+    if (tid == 0) {
+        int token = 0;
+        if (k > 0) {
+            double total = 0.0;
+            for (u32 t = 0; t < k; t++) total += (double)sv[t];
+            u32 keep = k;
+            if (top_p < 1.0f) {
+                float floor = (float)__ddiv_rn(__dmul_rn(1.0 - (double)top_p, total), (double)k);
+                u32 kept = 0;
+                while (kept < k && sv[kept] >= floor) kept++;
+                keep = kept;
+                double target = __dmul_rn((double)top_p, total), mass = 0.0;
+                for (u32 t = 0; t < kept; t++) {
+                    mass += (double)sv[t];
+                    if (mass >= target) {
+                        keep = t + 1;
+                        break;
+                    }
+                }
+            }
+            if (min_p > 0.0f) {
+                u32 n = 0;
+                while (n < keep && sv[n] >= min_p) n++;
+                keep = n > 0 ? n : 1;
+            }
+            double sum = 0.0;
+            for (u32 t = 0; t < keep; t++) sum += (double)sv[t];
+            // _rn: a fused u * sum - w would round differently from the host.
+            double target = __dmul_rn(u, sum);
+            token = keep > 0 ? si[keep - 1] : 0;
+            for (u32 t = 0; t < keep; t++) {
+                target = __dsub_rn(target, (double)sv[t]);
+                if (target < 0.0) {
+                    token = si[t];
+                    break;
+                }
+            }
+        }
+        *token_out = token;
+        *logprob_out = (logits[token] - mx) - logf(se);
+        u32 h = hist[token];
+        u32 n = (h & HIST_COUNT) + 1u;
+        hist[token] = (h & HIST_SEEN) | (n & HIST_COUNT) | (remember ? HIST_SEEN : 0u);
+    }
 }

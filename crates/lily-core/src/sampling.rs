@@ -211,8 +211,26 @@ impl Sampler {
             return argmax(logits);
         }
         self.fill_candidates(logits);
-        let u = self.rng.next_f64();
+        let u = self.next_uniform();
         pick(&self.candidates, u)
+    }
+
+    /// The uniform in [0, 1) that `sample` would draw next (step 6), for a device sampler that
+    /// applies steps 1–5 itself: calling this instead of `sample` keeps the random stream the
+    /// same. `sample` draws exactly one per call when `temperature > 0`, none when greedy.
+    pub fn next_uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Generated tokens and how often each occurred (what presence/frequency penalties read).
+    pub fn output_counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.output_counts.iter().map(|(&t, &n)| (t, n))
+    }
+
+    /// Tokens the repetition penalty covers (prompt and output, once each; empty when the
+    /// penalty is 1).
+    pub fn seen_tokens(&self) -> &[u32] {
+        &self.seen
     }
 
     /// Records a token that was generated (for presence/frequency/repetition penalties).

@@ -14,6 +14,7 @@ use crate::device::{DevBuf, Gpu};
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
 use crate::graph::DecodeGraph;
 use crate::ops;
+use crate::sampler::{self, DeviceSampler};
 use crate::weights::{upload_model, DevModel};
 
 /// How the backend runs.
@@ -29,13 +30,19 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
     pub moe_grouped: bool,
-    /// Split-KV attention for decode steps (see `Forward::split_kv`).
+    /// Split-KV attention for decode steps (see `Forward::split_kv`). Off by default until its GPU
+    /// tests have run (`LILY_SPLIT_KV=1` turns it on).
     pub split_kv: bool,
+    /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
+    /// non-greedy sampling on the host, on downloaded logits. Off by default until its GPU tests
+    /// have run (`LILY_DEVICE_SAMPLING=1` turns it on).
+    pub device_sampling: bool,
 }
 
 impl CudaOptions {
     /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
-    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens).
+    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_SPLIT_KV=1 and
+    /// LILY_DEVICE_SAMPLING=1 (written but not yet run on a GPU: off by default).
     pub fn from_env() -> CudaOptions {
         let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
         CudaOptions {
@@ -43,7 +50,8 @@ impl CudaOptions {
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
-            split_kv: !std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "0"),
+            split_kv: std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "1"),
+            device_sampling: std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "1"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
                 .unwrap_or(256),
@@ -319,18 +327,43 @@ impl Backend for CudaBackend {
             bail!("decode needs a prefilled sequence");
         }
         let device_greedy = Self::is_device_greedy(sampler);
+        // Non-greedy settings the device covers pick there too; the rest (top_k off or > 256)
+        // and device sampling off (the default until tested) use the host sampler on downloaded logits. Sampling runs
+        // after the (possibly graph-replayed) forward step, outside the graph, so the graph
+        // stays the same whatever the sampler is.
+        let device_pick =
+            if !device_greedy && self.opts.device_sampling && sampler::supports(&sampler.params) {
+                Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?)
+            } else {
+                None
+            };
         for step in 0..n {
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if device_greedy {
-                ops::argmax_logprob(
-                    &self.gpu,
-                    s.logits.ptr,
-                    self.cfg.vocab,
-                    s.next_token.ptr,
-                    s.next_logprob.ptr,
-                )?;
+            let (token, logprob, host_logits) = if device_greedy || device_pick.is_some() {
+                match &device_pick {
+                    Some(ds) => ds.sample(
+                        &self.gpu,
+                        sampler,
+                        s.logits.ptr,
+                        s.next_token.ptr,
+                        s.next_logprob.ptr,
+                    )?,
+                    None => ops::argmax_logprob(
+                        &self.gpu,
+                        s.logits.ptr,
+                        self.cfg.vocab,
+                        s.next_token.ptr,
+                        s.next_logprob.ptr,
+                    )?,
+                }
                 let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
                 let lp: Vec<f32> = self.gpu.read(&s.next_logprob, 0, 1)?;
+                if id[0] < 0 || id[0] as usize >= self.cfg.vocab {
+                    bail!(
+                        "the device sampler chose token {}, outside the vocabulary",
+                        id[0]
+                    );
+                }
                 let logits = if top_logprobs > 0 {
                     Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?)
                 } else {
@@ -338,7 +371,7 @@ impl Backend for CudaBackend {
                 };
                 (id[0] as u32, lp[0], logits)
             } else {
-                // Non-greedy sampling runs on the host for now (device sampling: a later step).
+                // top_k off or above 256, or device sampling off: the host sampler.
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
                 if id as usize >= self.cfg.vocab {

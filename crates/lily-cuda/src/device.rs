@@ -289,6 +289,8 @@ pub struct Kernels {
     pub silu_mul: Kernel,
     pub moe_combine: Kernel,
     pub argmax_logprob: Kernel,
+    pub sample_adjust: Kernel,
+    pub sample_pick: Kernel,
     pub advance_pos: Kernel,
     _modules: Vec<Arc<CudaModule>>,
 }
@@ -358,6 +360,8 @@ impl Kernels {
             silu_mul: get("moe", "silu_mul")?,
             moe_combine: get("moe", "moe_combine")?,
             argmax_logprob: get("sample", "argmax_logprob")?,
+            sample_adjust: get("sample", "sample_adjust")?,
+            sample_pick: get("sample", "sample_pick")?,
             advance_pos: get("sample", "advance_pos")?,
             _modules: modules.into_iter().map(|(_, m)| m).collect(),
         })

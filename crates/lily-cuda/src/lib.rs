@@ -9,6 +9,7 @@ pub mod forward;
 pub mod graph;
 pub mod nvrtc;
 pub mod ops;
+pub mod sampler;
 pub mod select;
 pub mod sources;
 pub mod weights;

@@ -14,6 +14,7 @@ pub enum Arg {
     I32(i32),
     I64(i64),
     F32(f32),
+    F64(f64),
     Weight(QWeightArg),
 }
 
@@ -31,6 +32,7 @@ fn go(
             Arg::I32(v) => v as *mut i32 as *mut c_void,
             Arg::I64(v) => v as *mut i64 as *mut c_void,
             Arg::F32(v) => v as *mut f32 as *mut c_void,
+            Arg::F64(v) => v as *mut f64 as *mut c_void,
             Arg::Weight(v) => v as *mut QWeightArg as *mut c_void,
         })
         .collect();
@@ -673,6 +675,92 @@ pub fn argmax_logprob(
         (1, 1, 1),
         (1024, 1, 1),
         args,
+    )
+}
+
+/// Largest top_k the device sampler takes (PICK_MAX_K in sample.cu).
+pub const PICK_MAX_K: u32 = 256;
+
+/// The sampler's knobs as sample.cu takes them (`SamplingParams`, with 1/temperature computed
+/// in f32 exactly as the host sampler does).
+#[derive(Clone, Copy, Debug)]
+pub struct PickParams {
+    pub inv_t: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
+/// Buffers of one device sampling step (see sample.cu): `hist` [vocab] u32 history, `bias_ids`
+/// (sorted stably) / `bias_vals` [n_bias], `scaled` [vocab] f32 scratch.
+pub struct PickBuffers {
+    pub hist: u64,
+    pub bias_ids: u64,
+    pub bias_vals: u64,
+    pub n_bias: usize,
+    pub scaled: u64,
+}
+
+/// Steps 1–6 of the host sampler on the device, with `u` the host-drawn uniform: writes the
+/// token to `token_out`, its raw log-probability to `logprob_out`, and updates `b.hist`.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_pick(
+    gpu: &Gpu,
+    logits: u64,
+    vocab: usize,
+    pp: &PickParams,
+    b: &PickBuffers,
+    u: f64,
+    token_out: u64,
+    logprob_out: u64,
+) -> Result<()> {
+    if pp.top_k == 0 || pp.top_k > PICK_MAX_K {
+        bail!(
+            "device sampling takes top_k in 1..={PICK_MAX_K}, got {}",
+            pp.top_k
+        );
+    }
+    go(
+        gpu,
+        &gpu.kernels.sample_adjust,
+        (blocks(vocab, 256), 1, 1),
+        (256, 1, 1),
+        vec![
+            p(logits),
+            i(vocab),
+            p(b.hist),
+            p(b.bias_ids),
+            p(b.bias_vals),
+            i(b.n_bias),
+            f(pp.repetition),
+            f(pp.presence),
+            f(pp.frequency),
+            f(pp.inv_t),
+            p(b.scaled),
+        ],
+    )?;
+    let remember = pp.repetition != 1.0;
+    go(
+        gpu,
+        &gpu.kernels.sample_pick,
+        (1, 1, 1),
+        (1024, 1, 1),
+        vec![
+            p(logits),
+            p(b.scaled),
+            i(vocab),
+            i(pp.top_k as usize),
+            f(pp.top_p),
+            f(pp.min_p),
+            Arg::F64(u),
+            i(remember as usize),
+            p(b.hist),
+            p(token_out),
+            p(logprob_out),
+        ],
     )
 }
 

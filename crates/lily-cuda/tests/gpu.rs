@@ -22,6 +22,7 @@ use lily_core::weights::*;
 use lily_cuda::device::{DevBuf, Gpu};
 use lily_cuda::forward::{Forward, Scratch, SeqState};
 use lily_cuda::ops as gops;
+use lily_cuda::sampler::DeviceSampler;
 use lily_cuda::weights::{upload_attention, upload_deltanet, upload_linear, upload_moe};
 use lily_cuda::{CudaBackend, CudaOptions};
 
@@ -606,6 +607,236 @@ fn argmax_and_logprob_match_cpu() {
     );
 }
 
+/// Log-softmax of `logits` at `id`, in f64.
+fn log_softmax_f64(logits: &[f32], id: usize) -> f64 {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = mx
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - mx).exp())
+            .sum::<f64>()
+            .ln();
+    logits[id] as f64 - lse
+}
+
+/// Device sampling (sample.cu) picks exactly the host `Sampler`'s tokens: same seed, same
+/// history, fresh random logits for each of 200 draws per parameter set; the reported
+/// log-probability is the raw logits' log-softmax. A few "hot" tokens are boosted in every draw
+/// so the penalties keep hitting tokens inside the top k.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn sampling_on_device_picks_the_host_samplers_tokens() {
+    let g = gpu();
+    let vocab = 248_320;
+    let draws = 200;
+    let mut rng = Rng(21);
+    let hot: Vec<u32> = (0..30).map(|_| rng.below(vocab) as u32).collect();
+    let prompt: Vec<u32> = hot[..10]
+        .iter()
+        .copied()
+        .chain((0..50).map(|_| rng.below(vocab) as u32))
+        .collect();
+    let base = SamplingParams {
+        seed: 1234,
+        ..SamplingParams::greedy()
+    };
+    let cold = rng.below(vocab) as u32;
+    let sets: Vec<(&str, SamplingParams, bool)> = vec![
+        (
+            "top_k 20, top_p 0.95, T 1.0",
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 20,
+                top_p: 0.95,
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "top_k 40, T 0.7, min_p 0.05",
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                min_p: 0.05,
+                seed: 99,
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "penalties with a history (presence 1.5, frequency 0.5, repetition 1.3)",
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 50,
+                top_p: 0.9,
+                presence_penalty: 1.5,
+                frequency_penalty: 0.5,
+                repetition_penalty: 1.3,
+                seed: 7,
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "logit_bias (incl. a repeated id) + top_k 256, top_p 0.8",
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 256,
+                top_p: 0.8,
+                logit_bias: vec![
+                    (hot[0], -100.0),
+                    (hot[1], 3.5),
+                    (cold, 4.0),
+                    (hot[2], 1.25),
+                    (hot[1], -0.75),
+                ],
+                seed: 5,
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "model defaults (thinking)",
+            SamplingParams {
+                seed: 42,
+                ..SamplingParams::model_defaults(true)
+            },
+            false,
+        ),
+        (
+            "ties: logits on a coarse grid, top_k 40 cuts inside a tie",
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 40,
+                seed: 3,
+                ..base.clone()
+            },
+            true,
+        ),
+    ];
+    let dl = g.alloc(vocab * 4).unwrap();
+    let (dt, dlp) = (poisoned(&g, 1), poisoned(&g, 1));
+    for (name, params, coarse) in sets {
+        let mut host = Sampler::with_prompt(params.clone(), &prompt);
+        let mut dev = Sampler::with_prompt(params.clone(), &prompt);
+        // Some output history before the device state is built from the sampler.
+        for &t in &hot[5..9] {
+            host.accept(t);
+            dev.accept(t);
+        }
+        let ds = DeviceSampler::new(&g, vocab, &dev).unwrap();
+        let mut worst_lp = 0f64;
+        let mut distinct = std::collections::HashSet::new();
+        for draw in 0..draws {
+            let mut logits = rng.vec(vocab, 4.0);
+            for &t in &hot {
+                logits[t as usize] = 6.0 + rng.val(1.0).abs();
+            }
+            if coarse {
+                // Few distinct values: many equal logits around the k-th place.
+                for l in logits.iter_mut() {
+                    *l = (*l * 2.0).round() / 2.0 + 0.25;
+                }
+            }
+            g.write(&dl, 0, &logits).unwrap();
+            ds.sample(&g, &mut dev, dl.ptr, dt.ptr, dlp.ptr).unwrap();
+            let id: Vec<i32> = g.read(&dt, 0, 1).unwrap();
+            let lp: Vec<f32> = g.read(&dlp, 0, 1).unwrap();
+            let want = host.sample(&logits);
+            assert_eq!(
+                id[0] as u32, want,
+                "{name}: draw {draw}: device token {} != host token {want}",
+                id[0]
+            );
+            let want_lp = log_softmax_f64(&logits, want as usize);
+            let d = (lp[0] as f64 - want_lp).abs();
+            worst_lp = worst_lp.max(d);
+            assert!(
+                d < 1e-4,
+                "{name}: draw {draw}: logprob {} vs {want_lp}",
+                lp[0]
+            );
+            host.accept(want);
+            dev.accept(want);
+            distinct.insert(want);
+        }
+        println!(
+            "SAMPLING {name}: {draws}/{draws} tokens equal the host sampler's ({} distinct), worst logprob diff {worst_lp:.2e}",
+            distinct.len()
+        );
+        assert!(distinct.len() > 1, "{name}: the draws never varied");
+    }
+}
+
+/// `CudaBackend::decode` with device sampling gives the tokens and log-probabilities of the
+/// host-sampling path (LILY_DEVICE_SAMPLING=0), with graphs on and off.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn sampling_in_decode_equals_the_host_path() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 13);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(6);
+    let prompt: Vec<u32> = (0..24).map(|_| rng.below(vocab) as u32).collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 20,
+        top_p: 0.95,
+        presence_penalty: 1.5,
+        repetition_penalty: 1.1,
+        seed: 77,
+        ..SamplingParams::greedy()
+    };
+    let run = |device_sampling: bool, graphs: bool| -> Vec<(u32, f32)> {
+        let mut b = CudaBackend::new(
+            &w,
+            CudaOptions {
+                ordinal: 0,
+                bf16_activations: false,
+                chunk: 16,
+                graphs,
+                moe_grouped: true,
+                split_kv: false,
+                device_sampling,
+            },
+        )
+        .unwrap();
+        let s = b.new_seq(128).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let mut out = Vec::new();
+        // Two decode calls: the second rebuilds the device history from the sampler.
+        for _ in 0..2 {
+            b.decode(s, &mut sampler, 16, 0, &mut |o| {
+                out.push((o.token, o.logprob));
+                Flow::Continue
+            })
+            .unwrap();
+        }
+        out
+    };
+    let host = run(false, false);
+    for graphs in [false, true] {
+        let dev = run(true, graphs);
+        assert_eq!(dev.len(), host.len());
+        for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
+            assert_eq!(
+                d.0, h.0,
+                "graphs {graphs}: token {i}: device {dev:?} host {host:?}"
+            );
+            assert!(
+                (d.1 - h.1).abs() < 1e-4,
+                "graphs {graphs}: logprob {i}: {} vs {}",
+                d.1,
+                h.1
+            );
+        }
+    }
+    println!(
+        "MODEL decode with device sampling == host sampling ({} tokens, graphs on and off)",
+        host.len()
+    );
+}
+
 // ---- whole model -------------------------------------------------------------------------
 
 fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
@@ -695,7 +926,9 @@ fn parity_chunked(
                 chunk,
                 graphs: true,
                 moe_grouped: true,
-                split_kv: true,
+                // The default path; the split-KV and device-sampling paths have their own tests.
+                split_kv: false,
+                device_sampling: false,
             },
         )
         .unwrap();
@@ -802,6 +1035,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         graphs: false,
         moe_grouped: true,
         split_kv: true,
+        device_sampling: true,
     };
     let mut plain = CudaBackend::new(&w, opts.clone()).unwrap();
     let t = std::time::Instant::now();
@@ -833,7 +1067,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
     println!("MODEL greedy decode fp32: {same}/12 tokens equal the CPU's, worst logprob diff {worst_lp:.2e}");
     assert_eq!(same, 12, "greedy tokens differ: gpu {got:?} cpu {want:?}");
 
-    // Split-KV decode attention (the default) vs the one-block kernel (LILY_SPLIT_KV=0).
+    // Split-KV decode attention (LILY_SPLIT_KV=1) vs the one-block kernel (the default).
     let mut one_block = CudaBackend::new(
         &w,
         CudaOptions {

@@ -361,3 +361,33 @@ fn nucleus_on_the_full_vocabulary_equals_a_plain_sort() {
         assert_eq!(common, got.len().min(want.len()), "seed {seed}");
     }
 }
+
+#[test]
+fn next_uniform_is_the_draw_sample_makes_and_history_is_exposed() {
+    let logits = random_logits(1000, 3, 4.0);
+    let p = SamplingParams {
+        repetition_penalty: 1.3,
+        ..params(0.8, 0.9, 40, 0.0)
+    };
+    let mut a = Sampler::with_prompt(p.clone(), &[5, 9, 5]);
+    let mut b = Sampler::with_prompt(p, &[5, 9, 5]);
+    for _ in 0..5 {
+        let t = a.sample(&logits);
+        b.next_uniform();
+        a.accept(t);
+        b.accept(t);
+    }
+    // Same stream position after `sample` and after `next_uniform`.
+    assert_eq!(a.next_uniform(), b.next_uniform());
+    let mut counts: Vec<(u32, u32)> = a.output_counts().collect();
+    counts.sort();
+    assert_eq!(counts.iter().map(|c| c.1).sum::<u32>(), 5);
+    let seen = a.seen_tokens();
+    assert_eq!(&seen[..2], &[5, 9]);
+    assert!(counts.iter().all(|(t, _)| seen.contains(t)));
+    // Greedy draws nothing.
+    let mut g = Sampler::new(SamplingParams::greedy());
+    let mut h = Sampler::new(SamplingParams::greedy());
+    g.sample(&logits);
+    assert_eq!(g.next_uniform(), h.next_uniform());
+}

@@ -1,0 +1,117 @@
+//! Device-side sampling with the host `Sampler`'s exact steps (lily-core/src/sampling.rs): the
+//! penalties, temperature, top_k, top_p and min_p run in sample.cu, the host only draws the
+//! uniform (`Sampler::next_uniform`, so the random stream is the host's) and reads the token id
+//! back to report it. The device keeps its own history (`hist`), loaded from the sampler when a
+//! decode call starts and bumped by the kernel after each pick, as `Sampler::accept` does.
+//!
+//! Covered: temperature > 0 with top_k in 1..=256. Greedy has its own kernel (`argmax_logprob`);
+//! top_k 0 (off) or above 256 stays on the host, on downloaded logits: a device top-p over the
+//! whole vocabulary would need a full sort, which the host already does well.
+
+use anyhow::Result;
+use lily_core::sampling::{Sampler, SamplingParams};
+
+use crate::device::{DevBuf, Gpu};
+use crate::ops::{self, PickBuffers, PickParams, PICK_MAX_K};
+
+/// Set in `hist` for tokens the repetition penalty covers (HIST_SEEN in sample.cu).
+const HIST_SEEN: u32 = 0x8000_0000;
+const HIST_COUNT: u32 = 0x7fff_ffff;
+
+/// Whether `params` can be sampled on the device (see the module comment).
+pub fn supports(params: &SamplingParams) -> bool {
+    params.temperature > 0.0 && params.top_k >= 1 && params.top_k <= PICK_MAX_K
+}
+
+/// The device state of one sampler: history, logit_bias table, scratch.
+pub struct DeviceSampler {
+    vocab: usize,
+    params: PickParams,
+    hist: DevBuf,
+    scaled: DevBuf,
+    bias_ids: DevBuf,
+    bias_vals: DevBuf,
+    n_bias: usize,
+}
+
+impl DeviceSampler {
+    /// Uploads `sampler`'s parameters, logit_bias and history (the tokens it has seen so far).
+    pub fn new(gpu: &Gpu, vocab: usize, sampler: &Sampler) -> Result<DeviceSampler> {
+        let p = &sampler.params;
+        let mut hist = vec![0u32; vocab];
+        for (t, n) in sampler.output_counts() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h = n.min(HIST_COUNT);
+            }
+        }
+        for &t in sampler.seen_tokens() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h |= HIST_SEEN;
+            }
+        }
+        // Sorted by id, stably: repeated ids keep the request's order, as the host adds them.
+        let mut bias: Vec<(u32, f32)> = p
+            .logit_bias
+            .iter()
+            .copied()
+            .filter(|&(id, _)| (id as usize) < vocab)
+            .collect();
+        bias.sort_by_key(|e| e.0);
+        let ids: Vec<i32> = bias.iter().map(|e| e.0 as i32).collect();
+        let vals: Vec<f32> = bias.iter().map(|e| e.1).collect();
+        // One spare entry so an empty table is still a valid allocation.
+        let bias_ids = gpu.alloc((ids.len() + 1) * 4)?;
+        let bias_vals = gpu.alloc((vals.len() + 1) * 4)?;
+        gpu.write(&bias_ids, 0, &ids)?;
+        gpu.write(&bias_vals, 0, &vals)?;
+        Ok(DeviceSampler {
+            vocab,
+            params: PickParams {
+                inv_t: 1.0 / p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                repetition: p.repetition_penalty,
+                presence: p.presence_penalty,
+                frequency: p.frequency_penalty,
+            },
+            hist: gpu.upload(&hist)?,
+            scaled: gpu.alloc(vocab * 4)?,
+            bias_ids,
+            bias_vals,
+            n_bias: ids.len(),
+        })
+    }
+
+    /// Picks the next token from `logits` [vocab] on the device: draws the sampler's uniform,
+    /// writes the token to `token_out` and its raw log-probability to `logprob_out`. The caller
+    /// still calls `sampler.accept(token)` once it has read the token (the host history stays
+    /// the reference for later host sampling).
+    pub fn sample(
+        &self,
+        gpu: &Gpu,
+        sampler: &mut Sampler,
+        logits: u64,
+        token_out: u64,
+        logprob_out: u64,
+    ) -> Result<()> {
+        let u = sampler.next_uniform();
+        let b = PickBuffers {
+            hist: self.hist.ptr,
+            bias_ids: self.bias_ids.ptr,
+            bias_vals: self.bias_vals.ptr,
+            n_bias: self.n_bias,
+            scaled: self.scaled.ptr,
+        };
+        ops::sample_pick(
+            gpu,
+            logits,
+            self.vocab,
+            &self.params,
+            &b,
+            u,
+            token_out,
+            logprob_out,
+        )
+    }
+}
