@@ -333,6 +333,7 @@ fn data(body: &Value) -> Event {
     Event::default().data(body.to_string())
 }
 
+/// OpenAI's tool-call ids read `call_…` (an underscore, where completion ids have `chatcmpl-`).
 fn tool_call_id() -> String {
-    new_id("call")
+    new_id("call").replacen('-', "_", 1)
 }
