@@ -3,7 +3,9 @@
 
 import json
 
-from conftest import WEATHER_TOOL
+from tokenizers import Tokenizer
+
+from conftest import SCRIPT, TOKENIZER_DIR, WEATHER_TOOL
 
 
 def ask(server, text, **kw):
@@ -115,6 +117,31 @@ def test_two_streamed_calls_keep_their_indices(scripted_server):
     assert sorted(calls) == [0, 1]
     assert [json.loads(calls[i]["arguments"]) for i in (0, 1)] == [{"city": "Oslo"}, {"city": "Rome"}]
     assert calls[0]["id"] != calls[1]["id"]
+
+
+def test_call_cut_by_max_tokens_degrades_to_content(scripted_server):
+    """Output that ends inside a call: the non-streamed answer has the raw text as content and no
+    call; the stream has already sent the call's start and its first argument, so the raw text
+    follows as content and the call never gets its closing brace."""
+    [reply] = [r["text"] for r in SCRIPT["replies"] if r["when"] == "weather"]
+    tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
+    ids = tok.encode(reply, add_special_tokens=False).ids
+    # One token past the first `</parameter>`: `city` is complete, `days` is not.
+    n = next(n for n in range(len(ids)) if "</parameter>" in tok.decode(ids[:n])) + 1
+    shown = tok.decode(ids[:n])
+    raw = shown[shown.index("<tool_call>"):]
+    assert "<parameter=days>" not in raw
+
+    r = ask(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content == raw and not r.choices[0].message.tool_calls
+
+    chunks = stream(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.function.name, tc.function.arguments) for tc in deltas] == [
+        ("get_weather", ""), (None, '{"city":"Paris"')]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == raw
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_two_tool_calls_get_two_indices(scripted_server):
