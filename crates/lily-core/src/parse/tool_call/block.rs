@@ -65,6 +65,28 @@ struct Open {
     arguments: Map<String, Value>,
 }
 
+impl Open {
+    /// Adds an argument; returns its piece of the arguments string, serialised as
+    /// `Value::Object(arguments).to_string()` would write it there.
+    fn add(&mut self, param: String, value: Value) -> String {
+        let mut fragment = String::from(if self.arguments.is_empty() { "{" } else { "," });
+        fragment.push_str(&Value::String(param.clone()).to_string());
+        fragment.push(':');
+        fragment.push_str(&value.to_string());
+        self.arguments.insert(param, value);
+        fragment
+    }
+
+    /// The last piece of the arguments string.
+    fn closing(&self) -> &'static str {
+        if self.arguments.is_empty() {
+            "{}"
+        } else {
+            "}"
+        }
+    }
+}
+
 /// What one look at the pending text decided.
 enum Step {
     /// More text is needed.
@@ -197,12 +219,7 @@ impl Block {
                         return self.break_off(out);
                     };
                     let value = typed_value(raw, schemas.param(&open.name, &param));
-                    let mut fragment =
-                        String::from(if open.arguments.is_empty() { "{" } else { "," });
-                    fragment.push_str(&Value::String(param.clone()).to_string());
-                    fragment.push(':');
-                    fragment.push_str(&value.to_string());
-                    open.arguments.insert(param, value);
+                    let fragment = open.add(param, value);
                     out.push(Event::ToolCallArguments {
                         index: open.index,
                         fragment,
@@ -218,10 +235,9 @@ impl Block {
                     self.kept_from = self.pos;
                     self.completed += 1;
                     tally.complete += 1;
-                    let close = if open.arguments.is_empty() { "{}" } else { "}" };
                     out.push(Event::ToolCallArguments {
                         index: open.index,
-                        fragment: close.to_owned(),
+                        fragment: open.closing().to_owned(),
                     });
                     out.push(Event::ToolCallEnd(ToolCall {
                         index: open.index,
