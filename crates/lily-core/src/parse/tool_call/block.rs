@@ -282,7 +282,7 @@ impl Block {
                     Some(name) => Step::Name(i + 1, name.to_owned()),
                     None => Step::Break,
                 },
-                None if !at_end => Step::Wait,
+                None if !at_end && !spans_lines(rest) => Step::Wait,
                 _ => Step::Break,
             },
             State::Value { settled, .. } => match scan(&rest[*settled..], &[PARAMETER_END]) {
@@ -317,4 +317,12 @@ impl Block {
         self.state = State::Broken;
         push_event(out, Event::Content(text));
     }
+}
+
+/// A name still waiting for its `>` that already has text on a second line cannot be valid (a name
+/// is one line once trimmed): the block is known to be broken without waiting for its end.
+fn spans_lines(pending: &str) -> bool {
+    let name = pending.trim_start();
+    name.find('\n')
+        .is_some_and(|nl| !name[nl..].trim_start().is_empty())
 }

@@ -486,3 +486,13 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_name_running_onto_a_second_line_is_text_at_once() {
+    let steps = per_push(&["<tool_call>\n<function=get weather\n", "now please"]);
+    assert_eq!(steps[0], vec![]);
+    assert_eq!(
+        steps[1],
+        vec![content("<tool_call>\n<function=get weather\nnow please")]
+    );
+}
