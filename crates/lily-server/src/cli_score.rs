@@ -45,11 +45,7 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
     }
     file.flush()?;
-    let mode = if std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1") {
-        " fp32-activations"
-    } else {
-        ""
-    };
+    let mode = if std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1") { " fp32-activations" } else { "" };
     let meta = json!({"backend": format!("{}{mode}", b.describe()), "model": a.model.display().to_string(), "ids": ids, "seconds": t.elapsed().as_secs_f64()});
     std::fs::write(a.out.with_extension("json"), serde_json::to_string(&meta)?)?;
     eprintln!(

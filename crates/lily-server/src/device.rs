@@ -32,7 +32,5 @@ pub fn open_backend(model: &Path, device: Device, quantize: bool) -> Result<Box<
         Device::Cuda => DeviceChoice::Cuda,
     };
     // Auto: CUDA if it starts here, else the CPU with one log line saying why (lily-cuda/select.rs).
-    select_backend(choice, &weights, || {
-        Ok(Box::new(CpuBackend::new(weights.clone())))
-    })
+    select_backend(choice, &weights, || Ok(Box::new(CpuBackend::new(weights.clone()))))
 }

@@ -144,12 +144,7 @@ fn forward(
 pub fn logprobs(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // Summed in f64: 248K f32 terms would lose ~1e-4 of the log-sum-exp.
-    let lse = max
-        + (logits
-            .iter()
-            .map(|l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32);
+    let lse = max + (logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32);
     let mut top = Vec::new();
     if k > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
