@@ -3,7 +3,9 @@
 
 import json
 
-from conftest import WEATHER_TOOL
+from tokenizers import Tokenizer
+
+from conftest import SCRIPT, TOKENIZER_DIR, WEATHER_TOOL
 
 
 def ask(server, text, **kw):
@@ -66,21 +68,80 @@ def test_tool_call_non_streaming(scripted_server):
 
 def test_tool_call_streaming_deltas(scripted_server):
     chunks = stream(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], tool_choice="auto")
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and {tc.index for tc in deltas} == {0}
+    # OpenAI's shape: the first delta names the call, the rest carry pieces of the arguments.
+    first, rest = deltas[0], deltas[1:]
+    assert first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == "get_weather" and first.function.arguments == ""
+    for tc in rest:
+        assert tc.id is None and tc.type is None and tc.function.name is None
+    # Two parameters: one fragment per parameter as it closes, then the closing brace.
+    fragments = [tc.function.arguments for tc in rest]
+    assert len(fragments) >= 3, fragments
+    assert json.loads("".join(fragments)) == {"city": "Paris", "days": 3}
+    # The name comes out before the arguments are known, in an earlier chunk.
+    at = {id(tc): i for i, c in enumerate(chunks) if c.choices for tc in (c.choices[0].delta.tool_calls or [])}
+    assert at[id(first)] < at[id(rest[-1])]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_openai_client_assembles_the_streamed_call(scripted_server):
+    """The official client's stream helper puts the deltas back together into the same call a
+    non-streamed request gets."""
+    client = scripted_server.client()
+    completions = getattr(client.chat.completions, "stream", None) or client.beta.chat.completions.stream
+    # The helper only takes `strict` tools (it parses their arguments); the server ignores the flag.
+    tool = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "strict": True}}
+    with completions(model="any", messages=[{"role": "user", "content": "weather in Paris?"}],
+                     tools=[tool]) as s:
+        events = list(s)
+        final = s.get_final_completion()
+    arg_deltas = [e.arguments_delta for e in events if e.type == "tool_calls.function.arguments.delta"]
+    assert len(arg_deltas) >= 3, arg_deltas
+    [done] = [e for e in events if e.type == "tool_calls.function.arguments.done"]
+    assert done.name == "get_weather" and done.parsed_arguments == {"city": "Paris", "days": 3}
+    [call] = final.choices[0].message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_two_streamed_calls_keep_their_indices(scripted_server):
+    chunks = stream(scripted_server, "weather for two cities", tools=[WEATHER_TOOL])
     calls = {}
     for c in chunks:
         for tc in (c.choices[0].delta.tool_calls or []) if c.choices else []:
-            entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
-            if tc.id:
-                assert entry["id"] is None, "id is sent once, in the first delta of a call"
-                entry["id"] = tc.id
-            if tc.function and tc.function.name:
-                entry["name"] = tc.function.name
-            if tc.function and tc.function.arguments:
-                entry["arguments"] += tc.function.arguments
-    assert list(calls) == [0]
-    assert calls[0]["id"] and calls[0]["name"] == "get_weather"
-    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3}
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            entry = calls.setdefault(tc.index, {"id": tc.id, "arguments": ""})
+            entry["arguments"] += tc.function.arguments or ""
+    assert sorted(calls) == [0, 1]
+    assert [json.loads(calls[i]["arguments"]) for i in (0, 1)] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+def test_call_cut_by_max_tokens_degrades_to_content(scripted_server):
+    """Output that ends inside a call: the non-streamed answer has the raw text as content and no
+    call; the stream has already sent the call's start and its first argument, so the raw text
+    follows as content and the call never gets its closing brace."""
+    [reply] = [r["text"] for r in SCRIPT["replies"] if r["when"] == "weather"]
+    tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
+    ids = tok.encode(reply, add_special_tokens=False).ids
+    # One token past the first `</parameter>`: `city` is complete, `days` is not.
+    n = next(n for n in range(len(ids)) if "</parameter>" in tok.decode(ids[:n])) + 1
+    shown = tok.decode(ids[:n])
+    raw = shown[shown.index("<tool_call>"):]
+    assert "<parameter=days>" not in raw
+
+    r = ask(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
+    assert r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content == raw and not r.choices[0].message.tool_calls
+
+    chunks = stream(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.function.name, tc.function.arguments) for tc in deltas] == [
+        ("get_weather", ""), (None, '{"city":"Paris"')]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == raw
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_two_tool_calls_get_two_indices(scripted_server):

@@ -12,6 +12,22 @@ fn weather_tool() -> Value {
         "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}}}}})
 }
 
+/// Each started call's `function.arguments`, as a client puts the streamed fragments together.
+fn streamed_arguments(events: &[Event]) -> Vec<String> {
+    let mut calls: Vec<String> = Vec::new();
+    for e in events {
+        match e {
+            Event::ToolCallStart { index, .. } => {
+                assert_eq!(*index, calls.len(), "indices count up from 0");
+                calls.push(String::new());
+            }
+            Event::ToolCallArguments { index, fragment } => calls[*index].push_str(fragment),
+            _ => {}
+        }
+    }
+    calls
+}
+
 fn parse(config: &ParserConfig, chunks: &[&str]) -> Vec<Event> {
     let mut p = OutputParser::new(config);
     let mut raw = Vec::new();
@@ -78,7 +94,14 @@ proptest! {
         // One character at a time, the most extreme split.
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
-        prop_assert_eq!(parse(&config, &refs), whole);
+        prop_assert_eq!(parse(&config, &refs), whole.clone());
+        // Every complete call's fragments concatenate to exactly its arguments string.
+        let streamed = streamed_arguments(&whole);
+        for e in &whole {
+            if let Event::ToolCallEnd(call) = e {
+                prop_assert_eq!(&streamed[call.index], &call.arguments_json());
+            }
+        }
     }
 
     #[test]
@@ -98,10 +121,14 @@ fn thinking_output_with_a_tool_call_parses_into_all_three_kinds() {
     };
     let out = "I need the weather.\n</think>\n\nLet me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n2\n</parameter>\n<parameter=opts>\n{\"units\": \"metric\"}\n</parameter>\n</function>\n</tool_call>";
     let events = parse(&config, &[out]);
-    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events.len(), 8, "{events:?}");
     assert_eq!(events[0], Event::Reasoning("I need the weather.".into()));
     assert_eq!(events[1], Event::Content("Let me look.".into()));
-    let Event::ToolCall(call) = &events[2] else {
+    assert_eq!(
+        streamed_arguments(&events),
+        vec![r#"{"city":"São Paulo","days":2,"opts":{"units":"metric"}}"#.to_string()]
+    );
+    let Event::ToolCallEnd(call) = &events[7] else {
         panic!("{events:?}")
     };
     assert_eq!(call.name, "get_weather");
@@ -139,8 +166,14 @@ fn tool_calls_rendered_by_jinja2_parse_back_to_the_request() {
                 tools: Some(tools.clone()),
             };
             let body = turn.rsplit("</think>").next().unwrap();
-            found.extend(parse(&config, &[body]).into_iter().filter_map(|e| match e {
-                Event::ToolCall(c) => Some(c),
+            let events = parse(&config, &[body]);
+            let streamed = streamed_arguments(&events);
+            found.extend(events.into_iter().filter_map(|e| match e {
+                Event::ToolCallEnd(c) => {
+                    // What a streaming client assembles is the same call.
+                    assert_eq!(streamed[c.index], c.arguments_json());
+                    Some(c)
+                }
                 _ => None,
             }));
         }

@@ -152,14 +152,31 @@ fn tool_call_output_finishes_with_tool_calls() {
     let (events, finish, _) = run(config, &ids);
     assert_eq!(finish, Some(FinishReason::ToolCalls));
     assert_eq!(events[0], Event::Content("Checking.".into()));
-    let Event::ToolCall(call) = &events[1] else {
+    // Name first, then the arguments one parameter at a time, then the whole call.
+    let fragment = |f: &str| Event::ToolCallArguments {
+        index: 0,
+        fragment: f.into(),
+    };
+    assert_eq!(
+        events[1..5],
+        [
+            Event::ToolCallStart {
+                index: 0,
+                name: "get_weather".into()
+            },
+            fragment(r#"{"city":"Kyiv""#),
+            fragment(r#","days":5"#),
+            fragment("}"),
+        ]
+    );
+    let Event::ToolCallEnd(call) = &events[5] else {
         panic!("{events:?}")
     };
     assert_eq!(
         (call.index, call.name.as_str(), call.arguments_json()),
         (0, "get_weather", r#"{"city":"Kyiv","days":5}"#.to_string())
     );
-    assert_eq!(events.len(), 2);
+    assert_eq!(events.len(), 6);
 }
 
 #[test]

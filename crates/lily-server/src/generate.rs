@@ -24,7 +24,7 @@ pub enum GenEvent {
         events: Vec<Event>,
         step: StepOut,
     },
-    /// Last event: held-back output, how the job ended, and how many tool calls were made.
+    /// Last event: held-back output, how the job ended, and how many tool calls were completed.
     Done {
         events: Vec<Event>,
         outcome: Outcome,
@@ -83,7 +83,7 @@ impl ChannelSink {
     fn count_calls(&mut self, events: &[Event]) {
         self.tool_calls += events
             .iter()
-            .filter(|e| matches!(e, Event::ToolCall(_)))
+            .filter(|e| matches!(e, Event::ToolCallEnd(_)))
             .count();
     }
 }

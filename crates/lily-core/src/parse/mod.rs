@@ -11,7 +11,7 @@ pub mod tool_call;
 use serde_json::Value;
 
 pub use reasoning::{prompt_opens_reasoning, Piece, ReasoningParser};
-pub use tool_call::{ContentPiece, ToolCall, ToolCallParser, ToolSchemas};
+pub use tool_call::{ToolCall, ToolCallParser, ToolSchemas};
 
 /// What the server turns into OpenAI deltas.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,8 +20,15 @@ pub enum Event {
     Content(String),
     /// `delta.reasoning_content`
     Reasoning(String),
-    /// One complete call (`delta.tool_calls[{index, id, function: {name, arguments}}]`).
-    ToolCall(ToolCall),
+    /// A tool call begins: its `<function=NAME>` is read. OpenAI's first `delta.tool_calls`
+    /// entry of the call (`index`, a new `id`, `type`, `function.name`, `arguments: ""`).
+    ToolCallStart { index: usize, name: String },
+    /// The next piece of the call's `function.arguments` string (one per parameter, then the
+    /// closing `}`); together they are the call's `arguments_json()`.
+    ToolCallArguments { index: usize, fragment: String },
+    /// The call is complete and well-formed: all of it, for answers that are not streamed. A call
+    /// that started but breaks never gets this; its raw text follows as `Content` instead.
+    ToolCallEnd(ToolCall),
 }
 
 /// How to read one generation's output.
@@ -39,7 +46,6 @@ pub struct OutputParser {
     reasoning: ReasoningParser,
     tools: Option<ToolCallParser>,
     pieces: Vec<Piece>,
-    content: Vec<ContentPiece>,
 }
 
 impl OutputParser {
@@ -51,7 +57,6 @@ impl OutputParser {
                 .as_deref()
                 .map(|t| ToolCallParser::new(ToolSchemas::from_tools(t))),
             pieces: Vec::new(),
-            content: Vec::new(),
         }
     }
 
@@ -67,7 +72,7 @@ impl OutputParser {
         self.route(true, out);
     }
 
-    /// Tool calls emitted so far.
+    /// Tool calls completed so far.
     pub fn tool_calls(&self) -> usize {
         self.tools.as_ref().map_or(0, ToolCallParser::calls)
     }
@@ -77,20 +82,14 @@ impl OutputParser {
             match piece {
                 Piece::Reasoning(r) => push_event(out, Event::Reasoning(r)),
                 Piece::Content(c) => match &mut self.tools {
-                    Some(tools) => tools.push(&c, &mut self.content),
+                    Some(tools) => tools.push(&c, out),
                     None => push_event(out, Event::Content(c)),
                 },
             }
         }
         if finish {
             if let Some(tools) = &mut self.tools {
-                tools.finish(&mut self.content);
-            }
-        }
-        for piece in self.content.drain(..) {
-            match piece {
-                ContentPiece::Text(t) => push_event(out, Event::Content(t)),
-                ContentPiece::Call(c) => out.push(Event::ToolCall(c)),
+                tools.finish(out);
             }
         }
     }

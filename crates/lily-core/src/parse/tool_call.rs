@@ -12,15 +12,19 @@
 //!
 //! Each VALUE is typed by the tool's JSON schema: strings are kept verbatim (multi-line included),
 //! numbers, booleans, arrays, objects and null are parsed as JSON (the template writes non-string
-//! arguments with `tojson`). A call that does not parse is passed on as the text it was, never
-//! dropped and never a panic.
+//! arguments with `tojson`). Calls are streamed: the name as soon as `<function=NAME>` is read, the
+//! arguments one parameter at a time (see `block.rs`). A call that does not parse is passed on as
+//! the text it was, never dropped and never a panic.
+
+mod block;
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
 use super::scan::{scan, Scan};
-use super::NewlineFrame;
+use super::{push_event, Event, NewlineFrame};
+use block::{Block, Tally};
 
 pub const TOOL_CALL: &str = "<tool_call>";
 pub const TOOL_CALL_END: &str = "</tool_call>";
@@ -29,7 +33,8 @@ const FUNCTION_END: &str = "</function>";
 const PARAMETER: &str = "<parameter=";
 const PARAMETER_END: &str = "</parameter>";
 
-/// One parsed call. `arguments` is a JSON object; `arguments_json()` gives the OpenAI string.
+/// One complete call. `arguments` is a JSON object; `arguments_json()` gives the OpenAI string
+/// (the concatenation of the call's `ToolCallArguments` fragments).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolCall {
     /// 0, 1, 2… in the order the model wrote them (OpenAI `tool_calls[].index`).
@@ -70,81 +75,74 @@ impl ToolSchemas {
         ToolSchemas { properties }
     }
 
-    fn param(&self, function: &str, param: &str) -> Option<&Value> {
+    pub(crate) fn param(&self, function: &str, param: &str) -> Option<&Value> {
         self.properties.get(function)?.get(param)
     }
 }
 
-/// A settled piece of content.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ContentPiece {
-    Text(String),
-    Call(ToolCall),
-}
-
-/// Stream parser over content text.
+/// Stream parser over content text: passes text on, and parses each `<tool_call>` block as it
+/// arrives (`block.rs` says which events it gives and how a broken block degrades to text).
 #[derive(Debug)]
 pub struct ToolCallParser {
     schemas: ToolSchemas,
-    in_call: bool,
+    /// The block being read, between `<tool_call>` and `</tool_call>`.
+    block: Option<Block>,
+    /// Text that may be the start of a tag (`<tool_call>` outside a block, `</tool_call>` inside).
     buf: String,
     /// Newlines before a `<tool_call>` (and between calls) only frame it.
     text: NewlineFrame,
-    calls: usize,
-    /// Bytes of the call's buffer known not to contain the start of `</tool_call>`.
-    call_settled: usize,
+    tally: Tally,
 }
 
 impl ToolCallParser {
     pub fn new(schemas: ToolSchemas) -> Self {
         ToolCallParser {
             schemas,
-            in_call: false,
+            block: None,
             buf: String::new(),
             text: NewlineFrame::new(false),
-            calls: 0,
-            call_settled: 0,
+            tally: Tally::default(),
         }
     }
 
-    /// Calls parsed so far.
+    /// Calls completed so far.
     pub fn calls(&self) -> usize {
-        self.calls
+        self.tally.complete
     }
 
-    pub fn push(&mut self, text: &str, out: &mut Vec<ContentPiece>) {
+    pub fn push(&mut self, text: &str, out: &mut Vec<Event>) {
         self.buf.push_str(text);
         loop {
-            if self.in_call {
-                // A long call arrives in many pieces: search only where the end tag can start.
-                let from = self.call_settled;
-                let at = match scan(&self.buf[from..], &[TOOL_CALL_END]) {
-                    Scan::Found { at, .. } => from + at,
+            if let Some(block) = &mut self.block {
+                match scan(&self.buf, &[TOOL_CALL_END]) {
+                    Scan::Found { at, .. } => {
+                        let inner: String = self.buf.drain(..at).collect();
+                        self.buf.drain(..TOOL_CALL_END.len());
+                        block.push(&inner, &self.schemas, &mut self.tally, out);
+                        block.end(true, &self.schemas, &mut self.tally, out);
+                        self.block = None;
+                        self.text = NewlineFrame::new(true);
+                    }
                     Scan::Settled(n) => {
-                        self.call_settled = from + n;
+                        let settled: String = self.buf.drain(..n).collect();
+                        block.push(&settled, &self.schemas, &mut self.tally, out);
                         return;
                     }
-                };
-                self.call_settled = 0;
-                let inner: String = self.buf.drain(..at).collect();
-                self.buf.drain(..TOOL_CALL_END.len());
-                self.in_call = false;
-                self.text = NewlineFrame::new(true);
-                self.emit_call(&inner, true, out);
+                }
             } else {
                 match scan(&self.buf, &[TOOL_CALL]) {
                     Scan::Found { at, .. } => {
                         let before = self.buf[..at].to_owned();
                         self.buf.drain(..at + TOOL_CALL.len());
                         let text = self.text.feed(&before);
-                        push_text(out, text);
+                        push_event(out, Event::Content(text));
                         self.text.take_held();
-                        self.in_call = true;
+                        self.block = Some(Block::new());
                     }
                     Scan::Settled(n) => {
                         let settled: String = self.buf.drain(..n).collect();
                         let text = self.text.feed(&settled);
-                        push_text(out, text);
+                        push_event(out, Event::Content(text));
                         return;
                     }
                 }
@@ -152,97 +150,19 @@ impl ToolCallParser {
         }
     }
 
-    /// End of output. An unclosed call still counts if its `</function>` arrived (the model
-    /// stopped right before `</tool_call>`); otherwise it is returned as text.
-    pub fn finish(&mut self, out: &mut Vec<ContentPiece>) {
+    /// End of output. An unclosed block still gives its calls if it ends right after a
+    /// `</function>` (the model stopped before `</tool_call>`); otherwise it degrades to text.
+    pub fn finish(&mut self, out: &mut Vec<Event>) {
         let rest = std::mem::take(&mut self.buf);
-        if self.in_call {
-            self.in_call = false;
-            self.call_settled = 0;
-            let complete = rest.trim_end().ends_with(FUNCTION_END);
-            self.emit_call(&rest, complete, out);
+        if let Some(mut block) = self.block.take() {
+            block.push(&rest, &self.schemas, &mut self.tally, out);
+            block.end(false, &self.schemas, &mut self.tally, out);
         } else {
             let text = self.text.feed(&rest);
-            push_text(out, text);
-            push_text(out, self.text.take_held());
+            push_event(out, Event::Content(text));
+            push_event(out, Event::Content(self.text.take_held()));
         }
     }
-
-    fn emit_call(&mut self, inner: &str, closed: bool, out: &mut Vec<ContentPiece>) {
-        match closed.then(|| parse_calls(inner, &self.schemas)).flatten() {
-            Some(calls) => {
-                for (name, arguments) in calls {
-                    out.push(ContentPiece::Call(ToolCall {
-                        index: self.calls,
-                        name,
-                        arguments,
-                    }));
-                    self.calls += 1;
-                }
-            }
-            None => {
-                let end = if closed { TOOL_CALL_END } else { "" };
-                push_text(out, format!("{TOOL_CALL}{inner}{end}"));
-            }
-        }
-    }
-}
-
-fn push_text(out: &mut Vec<ContentPiece>, text: String) {
-    if text.is_empty() {
-        return;
-    }
-    match out.last_mut() {
-        Some(ContentPiece::Text(s)) => s.push_str(&text),
-        _ => out.push(ContentPiece::Text(text)),
-    }
-}
-
-/// The functions inside one `<tool_call>…</tool_call>`, or `None` if it is malformed.
-fn parse_calls(inner: &str, schemas: &ToolSchemas) -> Option<Vec<(String, Map<String, Value>)>> {
-    let mut calls = Vec::new();
-    let mut rest = inner.trim_start();
-    while !rest.is_empty() {
-        let after = rest.strip_prefix(FUNCTION)?;
-        let name_end = after.find('>')?;
-        let name = tag_name(&after[..name_end])?;
-        let mut body = &after[name_end + 1..];
-        let mut args = Map::new();
-        loop {
-            body = body.trim_start();
-            if let Some(r) = body.strip_prefix(FUNCTION_END) {
-                rest = r.trim_start();
-                break;
-            }
-            let after = body.strip_prefix(PARAMETER)?;
-            let pname_end = after.find('>')?;
-            let pname = tag_name(&after[..pname_end])?;
-            let value_and_rest = &after[pname_end + 1..];
-            let (raw, next) = match value_and_rest.find(PARAMETER_END) {
-                Some(end) => (
-                    &value_and_rest[..end],
-                    &value_and_rest[end + PARAMETER_END.len()..],
-                ),
-                // A missing `</parameter>`: the value runs to the next tag.
-                None => {
-                    let end = [PARAMETER, FUNCTION_END]
-                        .iter()
-                        .filter_map(|t| value_and_rest.find(t))
-                        .min()?;
-                    (&value_and_rest[..end], &value_and_rest[end..])
-                }
-            };
-            let raw = raw.strip_prefix('\n').unwrap_or(raw);
-            let raw = raw.strip_suffix('\n').unwrap_or(raw);
-            args.insert(
-                pname.to_owned(),
-                typed_value(raw, schemas.param(name, pname)),
-            );
-            body = next;
-        }
-        calls.push((name.to_owned(), args));
-    }
-    (!calls.is_empty()).then_some(calls)
 }
 
 /// A function or parameter name: one line, no markup.

@@ -39,7 +39,9 @@
 //!             match event {
 //!                 Event::Content(text) => { /* delta.content */ }
 //!                 Event::Reasoning(text) => { /* delta.reasoning_content */ }
-//!                 Event::ToolCall(call) => { /* delta.tool_calls: call.index, call.name, call.arguments_json() */ }
+//!                 Event::ToolCallStart { index, name } => { /* delta.tool_calls: index, id, name */ }
+//!                 Event::ToolCallArguments { index, fragment } => { /* ….function.arguments */ }
+//!                 Event::ToolCallEnd(call) => { /* a whole call, for a non-streamed answer */ }
 //!             }
 //!         }
 //!         if out.finish.is_some() { Flow::Stop } else { Flow::Continue }

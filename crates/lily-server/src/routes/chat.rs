@@ -145,13 +145,16 @@ impl Chunker {
             match piece {
                 Piece::Content(text) => out.push(json!({"content": text})),
                 Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
-                Piece::ToolCall(call) => {
-                    // OpenAI's shape: the first delta of a call carries its id and name, the
-                    // following ones pieces of the arguments string.
-                    out.push(json!({"tool_calls": [{"index": call.index, "id": tool_call_id(), "type": "function",
-                                                    "function": {"name": call.name, "arguments": ""}}]}));
-                    out.push(json!({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments_json()}}]}));
+                // OpenAI's shape: the first delta of a call carries its id and name, the
+                // following ones pieces of the arguments string, as the parser reads them.
+                Piece::ToolCallStart { index, name } => {
+                    out.push(json!({"tool_calls": [{"index": index, "id": tool_call_id(), "type": "function",
+                                                    "function": {"name": name, "arguments": ""}}]}));
                 }
+                Piece::ToolCallArguments { index, fragment } => {
+                    out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}));
+                }
+                Piece::ToolCallEnd(_) => {}
             }
         }
         out
@@ -300,10 +303,12 @@ impl Message {
             match event {
                 Piece::Content(t) => self.content.push_str(&t),
                 Piece::Reasoning(t) => self.reasoning.push_str(&t),
-                Piece::ToolCall(call) => self.tool_calls.push(json!({
+                // One entry per complete call; a call that broke off came back as content.
+                Piece::ToolCallEnd(call) => self.tool_calls.push(json!({
                     "id": tool_call_id(), "type": "function",
                     "function": {"name": call.name, "arguments": call.arguments_json()},
                 })),
+                Piece::ToolCallStart { .. } | Piece::ToolCallArguments { .. } => {}
             }
         }
     }
@@ -328,6 +333,7 @@ fn data(body: &Value) -> Event {
     Event::default().data(body.to_string())
 }
 
+/// OpenAI's tool-call ids read `call_…` (an underscore, where completion ids have `chatcmpl-`).
 fn tool_call_id() -> String {
-    new_id("call")
+    new_id("call").replacen('-', "_", 1)
 }

@@ -91,7 +91,9 @@ fn text_of(pieces: Vec<Piece>) -> String {
         .into_iter()
         .map(|p| match p {
             Piece::Content(t) | Piece::Reasoning(t) => t,
-            Piece::ToolCall(_) => String::new(),
+            Piece::ToolCallStart { .. }
+            | Piece::ToolCallArguments { .. }
+            | Piece::ToolCallEnd(_) => String::new(),
         })
         .collect()
 }
