@@ -94,6 +94,19 @@ fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize) -> Result<f64> {
     r
 }
 
+/// "mlx-4bit" for an MLX affine checkpoint (or HF quantised at load), "hf-bf16" otherwise.
+fn checkpoint_format(model: &std::path::Path, quantize: bool) -> &'static str {
+    let quantised = std::fs::read_to_string(model.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|c| c.get("quantization").is_some() || c.get("quantization_config").is_some());
+    if quantised || quantize {
+        "mlx-4bit"
+    } else {
+        "hf-bf16"
+    }
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     let prefill: Vec<usize> = a
         .prefill
@@ -150,7 +163,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "version": env!("CARGO_PKG_VERSION"),
             "gpu": device,
             "model": a.model.display().to_string(),
-            "format": "checkpoint",
+            "format": checkpoint_format(&a.model, a.quantize),
             "prefill": prefill_rows,
             "decode": decode_rows,
         });
