@@ -27,6 +27,13 @@ pub fn matmul(w: &Linear, xs: &[f32]) -> Vec<f32> {
             let row_bytes = cols * bits / 8;
             // Σ x over each group, once per token: the bias term of the fused dot.
             let xsums: Vec<f32> = xs.chunks(group).map(|g| g.iter().sum()).collect();
+            // 4-bit: each group's activations reordered once per token as [even | odd] halves, so
+            // the low and high nibbles of consecutive bytes meet consecutive floats (vectorises).
+            let xs = if bits == 4 {
+                split_even_odd(xs, group)
+            } else {
+                xs.to_vec()
+            };
             let (p, s, b) = (packed.bytes(), scales.bytes(), biases.bytes());
             by_row.par_chunks_mut(t).enumerate().for_each(|(r, out)| {
                 let q = &p[r * row_bytes..(r + 1) * row_bytes];
@@ -40,7 +47,8 @@ pub fn matmul(w: &Linear, xs: &[f32]) -> Vec<f32> {
                         let xg = &x[g * group..(g + 1) * group];
                         let qg = &q[g * group * bits / 8..(g + 1) * group * bits / 8];
                         let dot = if bits == 4 {
-                            dot_q4(qg, xg)
+                            let (xe, xo) = xg.split_at(group / 2);
+                            dot_q4(qg, xe, xo)
                         } else {
                             dot_q8(qg, xg)
                         };
@@ -93,13 +101,28 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// Each group of `group` values as its even-indexed then odd-indexed elements.
+fn split_even_odd(xs: &[f32], group: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(xs.len());
+    for g in xs.chunks(group) {
+        out.extend(g.iter().step_by(2));
+        out.extend(g.iter().skip(1).step_by(2));
+    }
+    out
+}
+
+/// Σ qᵢxᵢ over one 4-bit group: byte j holds element 2j (low nibble) and 2j+1 (high nibble);
+/// `xe`/`xo` are the group's even and odd activations.
 #[inline]
-fn dot_q4(q: &[u8], x: &[f32]) -> f32 {
+fn dot_q4(q: &[u8], xe: &[f32], xo: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
-    for (qb, xc) in q.chunks_exact(4).zip(x.chunks_exact(8)) {
-        for j in 0..4 {
-            acc[2 * j] += (qb[j] & 0xF) as f32 * xc[2 * j];
-            acc[2 * j + 1] += (qb[j] >> 4) as f32 * xc[2 * j + 1];
+    for ((qc, ec), oc) in q
+        .chunks_exact(8)
+        .zip(xe.chunks_exact(8))
+        .zip(xo.chunks_exact(8))
+    {
+        for j in 0..8 {
+            acc[j] += (qc[j] & 0xF) as f32 * ec[j] + (qc[j] >> 4) as f32 * oc[j];
         }
     }
     acc.iter().sum()
