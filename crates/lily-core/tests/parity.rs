@@ -27,17 +27,30 @@ fn temp_dir(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("lily-{tag}-{}-{n}", std::process::id()))
 }
 
-fn tiny(format: SynthFormat) -> Arc<ModelWeights> {
-    let dir = temp_dir("parity");
-    let _ = std::fs::remove_dir_all(&dir);
+/// A `tiny` checkpoint written into a fresh temporary directory.
+fn synth_tiny(tag: &str, format: SynthFormat, seed: u64) -> PathBuf {
+    let dir = temp_dir(tag);
     synth(&SynthOptions {
         preset: Preset::Tiny,
         format,
-        seed: 1,
+        seed,
         out: dir.clone(),
         tokenizer: None,
     })
     .expect("synth tiny");
+    dir
+}
+
+/// Logits after prefilling `ids` on the CPU backend.
+fn last_logits(w: Arc<ModelWeights>, ids: &[u32]) -> Vec<f32> {
+    let mut cpu = CpuBackend::new(w);
+    let seq = cpu.new_seq(ids.len()).expect("seq");
+    cpu.prefill(seq, ids).expect("prefill");
+    cpu.logits(seq).expect("logits")
+}
+
+fn tiny(format: SynthFormat) -> Arc<ModelWeights> {
+    let dir = synth_tiny("parity", format, 1);
     let w = load(&dir, &LoadOptions::default()).expect("load tiny");
     let _ = std::fs::remove_dir_all(&dir);
     Arc::new(w)
@@ -151,15 +164,15 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 fn one_shot_chunked_and_token_by_token_prefill_agree() {
     let w = tiny(SynthFormat::Mlx);
     let ids = prompt(37, w.config.vocab);
-    let last_logits = |chunk: usize| {
+    let logits_with_chunk = |chunk: usize| {
         let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(chunk);
         let seq = cpu.new_seq(64).expect("seq");
         cpu.prefill(seq, &ids).expect("prefill");
         cpu.logits(seq).expect("logits")
     };
-    let one_shot = last_logits(1000);
+    let one_shot = logits_with_chunk(1000);
     for chunk in [1, 5, 16] {
-        let other = last_logits(chunk);
+        let other = logits_with_chunk(chunk);
         let err = rel_l2(&other, &one_shot);
         assert!(err < 1e-5, "chunk {chunk}: relative error {err:.3e}");
     }
@@ -204,16 +217,7 @@ fn snapshot_restore_gives_identical_next_logits() {
 
 #[test]
 fn bad_checkpoints_name_the_tensor() {
-    let dir = temp_dir("bad");
-    let _ = std::fs::remove_dir_all(&dir);
-    synth(&SynthOptions {
-        preset: Preset::Tiny,
-        format: SynthFormat::Hf,
-        seed: 2,
-        out: dir.clone(),
-        tokenizer: None,
-    })
-    .expect("synth");
+    let dir = synth_tiny("bad", SynthFormat::Hf, 2);
     // Rewrite the config so a tensor no longer fits its expected shape.
     let cfg_path = dir.join("config.json");
     let mut cfg: serde_json::Value =
@@ -243,16 +247,7 @@ fn bad_checkpoints_name_the_tensor() {
 fn per_expert_legacy_keys_load_like_fused_experts() {
     use safetensors::tensor::TensorView;
     use safetensors::{Dtype, SafeTensors};
-    let dir = temp_dir("legacy");
-    let _ = std::fs::remove_dir_all(&dir);
-    synth(&SynthOptions {
-        preset: Preset::Tiny,
-        format: SynthFormat::Hf,
-        seed: 1,
-        out: dir.clone(),
-        tokenizer: None,
-    })
-    .expect("synth");
+    let dir = synth_tiny("legacy", SynthFormat::Hf, 1);
     let fused_w = Arc::new(load(&dir, &LoadOptions::default()).expect("load fused"));
     let file = dir.join("model.safetensors");
     let bytes = std::fs::read(&file).expect("read");
@@ -311,28 +306,13 @@ fn per_expert_legacy_keys_load_like_fused_experts() {
     let legacy_w = Arc::new(load(&dir, &LoadOptions::default()).expect("load legacy"));
     let _ = std::fs::remove_dir_all(&dir);
     let ids = prompt(12, fused_w.config.vocab);
-    let logits = |w: Arc<ModelWeights>| {
-        let mut cpu = CpuBackend::new(w);
-        let seq = cpu.new_seq(16).expect("seq");
-        cpu.prefill(seq, &ids).expect("prefill");
-        cpu.logits(seq).expect("logits")
-    };
-    assert_eq!(logits(fused_w), logits(legacy_w));
+    assert_eq!(last_logits(fused_w, &ids), last_logits(legacy_w, &ids));
 }
 
 #[test]
 fn hf_checkpoint_quantised_at_load_uses_mlx_bit_widths_and_stays_close() {
     use lily_core::weights::{Mixer, WeightData};
-    let dir = temp_dir("quant");
-    let _ = std::fs::remove_dir_all(&dir);
-    synth(&SynthOptions {
-        preset: Preset::Tiny,
-        format: SynthFormat::Hf,
-        seed: 1,
-        out: dir.clone(),
-        tokenizer: None,
-    })
-    .expect("synth");
+    let dir = synth_tiny("quant", SynthFormat::Hf, 1);
     let dense = Arc::new(load(&dir, &LoadOptions::default()).expect("load"));
     let quant = Arc::new(
         load(
@@ -365,13 +345,7 @@ fn hf_checkpoint_quantised_at_load_uses_mlx_bit_widths_and_stays_close() {
     // 4-bit weights move the logits (on a random 8-layer MoE, router flips amplify it: ~0.5
     // relative error measured), but they stay correlated with the bf16 model's.
     let ids = prompt(8, dense.config.vocab);
-    let logits = |w: Arc<ModelWeights>| {
-        let mut cpu = CpuBackend::new(w);
-        let seq = cpu.new_seq(16).expect("seq");
-        cpu.prefill(seq, &ids).expect("prefill");
-        cpu.logits(seq).expect("logits")
-    };
-    let err = rel_l2(&logits(quant), &logits(dense));
+    let err = rel_l2(&last_logits(quant, &ids), &last_logits(dense, &ids));
     assert!(
         err > 0.0 && err < 0.9,
         "quantised vs bf16 relative error {err}"
