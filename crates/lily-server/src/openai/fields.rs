@@ -90,16 +90,7 @@ impl<'a> Fields<'a> {
     /// A number within `lo..=hi`.
     pub fn f64_in(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
         let v = self.f64(name)?;
-        if let Some(x) = v {
-            if !(lo..=hi).contains(&x) {
-                let param = self.param(name);
-                return Err(ApiError::invalid_param(
-                    &param,
-                    format!("'{param}' must be between {lo} and {hi}, got {x}"),
-                ));
-            }
-        }
-        Ok(v)
+        self.within(name, v, lo, hi)
     }
 
     pub fn i64(&self, name: &str) -> Result<Option<i64>, ApiError> {
@@ -119,16 +110,27 @@ impl<'a> Fields<'a> {
     /// An integer within `lo..=hi`.
     pub fn i64_in(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
         let v = self.i64(name)?;
-        if let Some(x) = v {
-            if !(lo..=hi).contains(&x) {
+        self.within(name, v, lo, hi)
+    }
+
+    /// `v` unchanged when absent or within `lo..=hi`, else the field's range error.
+    fn within<T: PartialOrd + Copy + std::fmt::Display>(
+        &self,
+        name: &str,
+        v: Option<T>,
+        lo: T,
+        hi: T,
+    ) -> Result<Option<T>, ApiError> {
+        match v {
+            Some(x) if !(lo..=hi).contains(&x) => {
                 let param = self.param(name);
-                return Err(ApiError::invalid_param(
+                Err(ApiError::invalid_param(
                     &param,
                     format!("'{param}' must be between {lo} and {hi}, got {x}"),
-                ));
+                ))
             }
+            _ => Ok(v),
         }
-        Ok(v)
     }
 
     pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
