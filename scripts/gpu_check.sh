@@ -63,7 +63,7 @@ if [ "${LILY_GPU_FULL:-0}" = "1" ] && [ $status -eq 0 ] && [ -x "$BIN/lily-engin
   P=$(python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(248000)) for _ in range(256)))')
   run full_generate_bf16 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
   run full_generate_bf16_nograph env LILY_CUDA_GRAPH=0 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
-  run full_generate_bf16_split_kv env LILY_SPLIT_KV=1 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
+  run full_generate_bf16_no_split_kv env LILY_SPLIT_KV=0 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
   run full_generate_bf16_ungrouped env LILY_MOE_GROUPED=0 "$BIN/lily-engine" generate --model "$F" --prompt-ids "$P" --max-tokens 128 --device cuda
   for f in "$LOGS"/full_generate_*.log; do echo "FULL $(basename "$f" .log): $(grep -h "tok/s" "$f")"; done | tee -a "$OUT/engine.txt"
   run full_parity env LILY_PARITY_MODEL="$F" LILY_PARITY_POSITIONS="${LILY_PARITY_POSITIONS:-16}" \

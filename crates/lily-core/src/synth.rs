@@ -464,6 +464,25 @@ pub struct SynthOptions {
     pub seed: u64,
     pub out: PathBuf,
     pub tokenizer: Option<PathBuf>,
+    /// Fewer (or more) layers than the preset, keeping its widths: a multiple of 4 (three
+    /// DeltaNet layers then one attention layer). Full-width kernels can be timed on a 4-layer
+    /// model a tenth of the full checkpoint's size.
+    pub layers: Option<usize>,
+}
+
+/// The preset's text config with `layers` layers (a multiple of 4) instead of its own count.
+pub fn with_layers(mut cfg: Value, layers: usize) -> Result<Value> {
+    if layers == 0 || !layers.is_multiple_of(4) {
+        bail!("--layers must be a positive multiple of 4 (3 DeltaNet + 1 attention), got {layers}");
+    }
+    let mut types = Vec::new();
+    for _ in 0..layers / 4 {
+        types.extend(["linear_attention"; 3]);
+        types.push("full_attention");
+    }
+    cfg["num_hidden_layers"] = json!(layers);
+    cfg["layer_types"] = json!(types);
+    Ok(cfg)
 }
 
 pub struct SynthReport {
@@ -485,7 +504,10 @@ pub fn synth(opts: &SynthOptions) -> Result<SynthReport> {
     {
         bail!("{} already exists and is not empty", opts.out.display());
     }
-    let text_cfg = preset_text_config(opts.preset);
+    let mut text_cfg = preset_text_config(opts.preset);
+    if let Some(layers) = opts.layers {
+        text_cfg = with_layers(text_cfg, layers)?;
+    }
     let mut config = json!({
         "architectures": ["Qwen3_5MoeForConditionalGeneration"],
         "model_type": "qwen3_5_moe",

@@ -36,6 +36,7 @@ fn synth_tiny(tag: &str, format: SynthFormat, seed: u64) -> PathBuf {
         seed,
         out: dir.clone(),
         tokenizer: None,
+        layers: None,
     })
     .expect("synth tiny");
     dir

@@ -30,19 +30,17 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
     pub moe_grouped: bool,
-    /// Split-KV attention for decode steps (see `Forward::split_kv`). Off by default until its GPU
-    /// tests have run (`LILY_SPLIT_KV=1` turns it on).
+    /// Split-KV attention for decode steps (see `Forward::split_kv`); `LILY_SPLIT_KV=0` turns it off.
     pub split_kv: bool,
     /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
-    /// non-greedy sampling on the host, on downloaded logits. Off by default until its GPU tests
-    /// have run (`LILY_DEVICE_SAMPLING=1` turns it on).
+    /// non-greedy sampling on the host, on downloaded logits (`LILY_DEVICE_SAMPLING=0`).
     pub device_sampling: bool,
 }
 
 impl CudaOptions {
     /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
-    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_SPLIT_KV=1 and
-    /// LILY_DEVICE_SAMPLING=1 (written but not yet run on a GPU: off by default).
+    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_SPLIT_KV=0 (one-block
+    /// decode attention) and LILY_DEVICE_SAMPLING=0 (sample on the host from downloaded logits).
     pub fn from_env() -> CudaOptions {
         let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
         CudaOptions {
@@ -50,8 +48,8 @@ impl CudaOptions {
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
-            split_kv: std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "1"),
-            device_sampling: std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "1"),
+            split_kv: !std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "0"),
+            device_sampling: !std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
                 .unwrap_or(256),
@@ -158,7 +156,7 @@ impl CudaBackend {
     /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on
     /// (captured at the sequence's first decode step), else the same launches one by one.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
-        let use_graph = self.opts.graphs && !self.gpu.sync_each;
+        let use_graph = self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none();
         if use_graph && self.seq(seq)?.decode_graph.is_none() {
             let s = self.seq(seq)?;
             let fwd = self.forward();
@@ -178,7 +176,7 @@ impl CudaBackend {
             }
         }
         let s = self.seq(seq)?;
-        match (&s.decode_graph, self.opts.graphs && !self.gpu.sync_each) {
+        match (&s.decode_graph, self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none()) {
             (Some(g), true) => g.launch(&self.gpu)?,
             _ => self
                 .forward()

@@ -5,7 +5,7 @@
 //! CUDA graph as is (PERFORMANCE.md §5).
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -55,6 +55,53 @@ pub struct Gpu {
     pub kernels: Kernels,
     /// Synchronise and check after every launch (LILY_CUDA_SYNC=1): slow, names the failing kernel.
     pub sync_each: bool,
+    /// Per-kernel device time (LILY_PROFILE=1): each launch is bracketed by events and waited for,
+    /// and the table is printed to stderr when the GPU is dropped. Slow; graphs are off with it.
+    pub profile: Option<Mutex<Profile>>,
+}
+
+/// Accumulated device time per kernel name.
+#[derive(Default)]
+pub struct Profile {
+    rows: Vec<(&'static str, f64, u64)>,
+}
+
+impl Profile {
+    fn add(&mut self, name: &'static str, ms: f64) {
+        match self.rows.iter_mut().find(|r| r.0 == name) {
+            Some(r) => {
+                r.1 += ms;
+                r.2 += 1;
+            }
+            None => self.rows.push((name, ms, 1)),
+        }
+    }
+
+    /// The table, largest total first.
+    pub fn report(&self) -> String {
+        let mut rows = self.rows.clone();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = rows.iter().map(|r| r.1).sum();
+        let mut out = format!("kernel profile (device time, {total:.1} ms in all)\n");
+        for (name, ms, n) in rows {
+            out += &format!(
+                "  {name:<22} {ms:>10.2} ms {:>5.1} % {n:>8} launches {:>9.1} us each\n",
+                100.0 * ms / total.max(1e-9),
+                1000.0 * ms / n as f64
+            );
+        }
+        out
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            if let Ok(p) = p.lock() {
+                eprint!("{}", p.report());
+            }
+        }
+    }
 }
 
 impl Gpu {
@@ -76,6 +123,9 @@ impl Gpu {
         let cache = KernelCache::new(cache::default_dir());
         let kernels = Kernels::load(&ctx, &nvrtc, &cache, &arch, bf16_activations)?;
         let sync_each = std::env::var("LILY_CUDA_SYNC").is_ok_and(|v| v == "1");
+        let profile = std::env::var("LILY_PROFILE")
+            .is_ok_and(|v| v == "1")
+            .then(|| Mutex::new(Profile::default()));
         Ok(Gpu {
             ctx,
             stream,
@@ -83,6 +133,7 @@ impl Gpu {
             arch,
             kernels,
             sync_each,
+            profile,
         })
     }
 
@@ -204,14 +255,30 @@ impl Gpu {
             .map_err(|e| anyhow!("device memset: {e}"))
     }
 
-    /// Launches `f` with the given kernel parameters (pointers to each argument's value).
+    /// Launches `f` with the given kernel parameters (pointers to each argument's value) and
+    /// `smem` bytes of dynamic shared memory.
     pub fn launch(
         &self,
         f: &Kernel,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        let events = match &self.profile {
+            Some(_) => {
+                let make = || {
+                    result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                        .map_err(|e| anyhow!("profiling event: {e}"))
+                };
+                let (a, b) = (make()?, make()?);
+                // SAFETY: fresh events recorded on our stream.
+                unsafe { result::event::record(a, self.stream.cu_stream()) }
+                    .map_err(|e| anyhow!("profiling event: {e}"))?;
+                Some((a, b))
+            }
+            None => None,
+        };
         // SAFETY: `args` point at values whose types match the kernel's C signature (every call site
         // is a typed wrapper in ops.rs); device pointers among them are live allocations.
         unsafe {
@@ -219,12 +286,29 @@ impl Gpu {
                 f.func.cu_function(),
                 grid,
                 block,
-                0,
+                smem,
                 self.stream.cu_stream(),
                 args,
             )
         }
         .map_err(|e| anyhow!("launching {}: {e}", f.name))?;
+        if let (Some((a, b)), Some(p)) = (events, &self.profile) {
+            // SAFETY: both events were created above and are destroyed once, after the wait.
+            let ms = unsafe {
+                result::event::record(b, self.stream.cu_stream())
+                    .and_then(|_| result::event::synchronize(b))
+                    .and_then(|_| result::event::elapsed(a, b))
+            }
+            .map_err(|e| anyhow!("after kernel {} (profiling): {e}", f.name))?;
+            // SAFETY: see above.
+            unsafe {
+                let _ = result::event::destroy(a);
+                let _ = result::event::destroy(b);
+            }
+            if let Ok(mut p) = p.lock() {
+                p.add(f.name, ms as f64);
+            }
+        }
         if self.sync_each {
             self.sync()
                 .with_context(|| format!("after kernel {}", f.name))?;

@@ -217,7 +217,7 @@ pub struct Forward<'a> {
     pub moe_grouped: bool,
     /// Steps of at most ops::SPLIT_MAX_TOK tokens (decode) run split-KV (flash-decoding)
     /// attention: many blocks per kv head over slices of the cache instead of one block per query
-    /// head reading it all (on with LILY_SPLIT_KV=1). Prefill chunks keep `attn_decode`.
+    /// head reading it all (LILY_SPLIT_KV=0 turns it off). Prefill chunks keep `attn_decode`.
     pub split_kv: bool,
 }
 

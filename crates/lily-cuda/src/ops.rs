@@ -23,6 +23,18 @@ fn go(
     k: &Kernel,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
+    args: Vec<Arg>,
+) -> Result<()> {
+    go_smem(gpu, k, grid, block, 0, args)
+}
+
+/// `go` with `smem` bytes of dynamic shared memory.
+fn go_smem(
+    gpu: &Gpu,
+    k: &Kernel,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
     mut args: Vec<Arg>,
 ) -> Result<()> {
     let mut ptrs: Vec<*mut c_void> = args
@@ -36,7 +48,7 @@ fn go(
             Arg::Weight(v) => v as *mut QWeightArg as *mut c_void,
         })
         .collect();
-    gpu.launch(k, grid, block, &mut ptrs)
+    gpu.launch(k, grid, block, smem, &mut ptrs)
 }
 
 fn i(v: usize) -> Arg {

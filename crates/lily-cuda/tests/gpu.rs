@@ -851,6 +851,7 @@ fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeigh
         seed,
         out: dir.clone(),
         tokenizer: None,
+        layers: None,
     })
     .unwrap();
     let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();

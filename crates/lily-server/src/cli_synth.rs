@@ -20,6 +20,9 @@ pub struct SynthArgs {
     /// A directory with tokenizer.json (and template/config files) to copy in.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Override the preset's layer count (a multiple of 4), keeping its widths.
+    #[arg(long)]
+    layers: Option<usize>,
 }
 
 pub fn run(a: SynthArgs) -> Result<()> {
@@ -29,6 +32,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         out: a.out.clone(),
         tokenizer: a.tokenizer,
+        layers: a.layers,
     })?;
     println!(
         "wrote {} ({:.3} GB in {} file(s)) in {:.1} s",
