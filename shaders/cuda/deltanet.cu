@@ -1,129 +1,190 @@
 // Gated DeltaNet (MODEL.md §2.5), between the in_proj_* projections and out_proj.
 //
-// dn_conv:      c_t = silu(causal depthwise conv_K(m)_t) over all conv_dim channels (q, k, v);
-//               conv_state [K-1, conv_dim] holds the last K-1 pre-conv rows and is updated.
-// dn_recurrent: per V head hv (Q/K head hv / (Hv/Hk)), fp32 state S [dk, dv]:
-//               S ← α S;  u = Sᵀk;  δ = β (v − u);  S ← S + k δᵀ;  o = Sᵀq
-//               with q = l2norm(q)/sqrt(dk), k = l2norm(k), β = sigmoid(b),
-//               α = exp(−exp(A_log) · softplus(a + dt_bias)). Tokens run in order inside.
+// dn_conv:       c_t = silu(causal depthwise conv_K(m)_t) over all conv_dim channels (q, k, v),
+//                one thread per (channel, token): the window reads earlier rows of m, or of
+//                conv_state [K-1, conv_dim] (the last K-1 pre-conv rows before this chunk) for the
+//                first K-1 tokens.
+// dn_conv_state: then conv_state ← the last K-1 pre-conv rows of [conv_state; m] (a second launch,
+//                so no block overwrites rows another block still reads).
+// dn_prep:       per token, everything the recurrence needs that does not depend on the state:
+//                q = l2norm(q)/sqrt(dk), k = l2norm(k) per K head into qk [T, Hk, 2, dk], and
+//                β = sigmoid(b), α = exp(−exp(A_log) · softplus(a + dt_bias)) per V head into
+//                ab [T, Hv, 2].
+// dn_recurrent:  per V head hv (Q/K head hv / (Hv/Hk)), fp32 state S [dk, dv]:
+//                S ← α S;  u = Sᵀk;  δ = β (v − u);  S ← S + k δᵀ;  o = Sᵀq.  Tokens in order.
 // dn_gated_norm: y = w ⊙ rmsnorm(o_h) ⊙ silu(z_h) per V head.
 //
-// Recurrent layout: state [Hv, dk, dv] fp32, row i of head hv at (hv·dk + i)·dv. A block owns
-// 32 value columns of one head (columns are independent given q, k, β, α), DN_PARTS threads per
-// column, and keeps them in registers for all tokens, so the state is read and written once per
-// launch.
+// Recurrent layout: state [Hv, dk, dv] fp32, row i of head hv at (hv·dk + i)·dv. Value columns
+// are independent given q, k, β, α, so a warp owns 4 columns of one head, DN_PARTS = 8 adjacent
+// lanes per column, each lane dk/8 consecutive state rows in registers for the whole chunk (the
+// state is read and written once per launch). A token costs each lane two short FMA chains and
+// two 3-step shuffle reductions and no barrier: the inputs of token t+1 are loaded while token t
+// computes. Limits (ops.rs checks them at load): dk % 32 == 0, dk ≤ 128, K ≤ 8.
 
 #define DN_MAX_K 8
 #define DN_MAX_DK 128
-#define DN_PARTS 4  // threads sharing one value column, each holding DN_MAX_DK / DN_PARTS rows
+#define DN_PARTS 8                           // lanes sharing one value column
+#define DN_ROWS (DN_MAX_DK / DN_PARTS)       // state rows per lane at most (16)
+#define DN_COLS_PER_BLOCK 16                 // 4 warps × 4 columns
 
-extern "C" __global__ void dn_conv(const float* __restrict__ m, int m_stride, float* __restrict__ conv_state,
+// Row `idx` (may be negative: a conv_state row) of the pre-conv sequence [conv_state; m].
+__device__ __forceinline__ float conv_row(const float* __restrict__ m, int m_stride, const float* conv_state,
+                                          int conv_dim, int k, int idx, int ch) {
+    return idx >= 0 ? m[(long long)idx * m_stride + ch] : conv_state[(long long)(idx + k - 1) * conv_dim + ch];
+}
+
+extern "C" __global__ void dn_conv(const float* __restrict__ m, int m_stride, const float* __restrict__ conv_state,
                                    const float* __restrict__ w, float* __restrict__ c, int n_tok, int conv_dim,
                                    int k) {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= conv_dim) return;
-    float hist[DN_MAX_K];
-    float wk[DN_MAX_K];
-#pragma unroll
-    for (int j = 0; j < DN_MAX_K; j++) {
-        hist[j] = (j < k - 1) ? conv_state[(long long)j * conv_dim + ch] : 0.0f;
-        wk[j] = j < k - 1 ? w[(long long)ch * k + j] : 0.0f;
-    }
-    float w_cur = w[(long long)ch * k + k - 1];
-    for (int t = 0; t < n_tok; t++) {
-        float cur = m[(long long)t * m_stride + ch];
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DN_MAX_K - 1; j++)
-            if (j < k - 1) acc += wk[j] * hist[j];
-        acc += w_cur * cur;
-        c[(long long)t * conv_dim + ch] = act(siluf(act(acc)));
-#pragma unroll
-        for (int j = 0; j < DN_MAX_K - 1; j++)
-            if (j < k - 2) hist[j] = hist[j + 1];
-        if (k >= 2) {
-#pragma unroll
-            for (int j = 0; j < DN_MAX_K - 1; j++)
-                if (j == k - 2) hist[j] = cur;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < DN_MAX_K - 1; j++)
-        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = hist[j];
+    int t = blockIdx.y;
+    if (ch >= conv_dim || t >= n_tok) return;
+    float acc = 0.0f;
+    for (int j = 0; j < k - 1; j++)
+        acc += w[(long long)ch * k + j] * conv_row(m, m_stride, conv_state, conv_dim, k, t - (k - 1) + j, ch);
+    acc += w[(long long)ch * k + k - 1] * m[(long long)t * m_stride + ch];
+    c[(long long)t * conv_dim + ch] = act(siluf(act(acc)));
 }
 
-extern "C" __global__ void __launch_bounds__(32 * DN_PARTS)
-dn_recurrent(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
-             int ba_stride, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+extern "C" __global__ void dn_conv_state(const float* __restrict__ m, int m_stride, float* __restrict__ conv_state,
+                                         int n_tok, int conv_dim, int k) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    float rows[DN_MAX_K];
+#pragma unroll
+    for (int j = 0; j < DN_MAX_K - 1; j++)
+        if (j < k - 1) rows[j] = conv_row(m, m_stride, conv_state, conv_dim, k, n_tok - (k - 1) + j, ch);
+#pragma unroll
+    for (int j = 0; j < DN_MAX_K - 1; j++)
+        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = rows[j];
+}
+
+// grid (n_tok, n_k_heads), block 128 (threads stride over dk); c rows are conv_dim wide: q at
+// [0, key_dim), k at [key_dim, 2·key_dim), v after.
+extern "C" __global__ void dn_prep(const float* __restrict__ c, int conv_dim, const float* __restrict__ b,
+                                   const float* __restrict__ a, int ba_stride, const float* __restrict__ a_log,
+                                   const float* __restrict__ dt_bias, float* __restrict__ qk, float* __restrict__ ab,
+                                   int n_tok, int n_k_heads, int n_v_heads, int dk, float eps) {
+    int t = blockIdx.x, hk = blockIdx.y;
+    if (t >= n_tok) return;
+    int key_dim = n_k_heads * dk;
+    const float* qt = c + (long long)t * conv_dim + hk * dk;
+    const float* kt = qt + key_dim;
+    float qq = 0.0f, kk = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        qq += qt[i] * qt[i];
+        kk += kt[i] * kt[i];
+    }
+    qq = block_sum(qq);
+    kk = block_sum(kk);
+    float qn = rsqrtf(qq + eps) * rsqrtf((float)dk), kn = rsqrtf(kk + eps);
+    float* out = qk + ((long long)t * n_k_heads + hk) * 2 * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        out[i] = qt[i] * qn;
+        out[dk + i] = kt[i] * kn;
+    }
+    if (hk == 0) {
+        for (int hv = threadIdx.x; hv < n_v_heads; hv += blockDim.x) {
+            float beta = act(sigmoidf(b[(long long)t * ba_stride + hv]));
+            float g = -expf(a_log[hv]) * softplusf(a[(long long)t * ba_stride + hv] + dt_bias[hv]);
+            ab[((long long)t * n_v_heads + hv) * 2] = expf(g);
+            ab[((long long)t * n_v_heads + hv) * 2 + 1] = beta;
+        }
+    }
+}
+
+// One token's inputs for one lane: its dk/8 rows of q and k, α, β, and its column's v.
+struct DnIn {
+    float4 q[DN_ROWS / 4], k[DN_ROWS / 4];
+    float alpha, beta, v;
+};
+
+__device__ __forceinline__ void dn_load(const float* __restrict__ qk, const float* __restrict__ ab,
+                                        const float* __restrict__ c, int conv_dim, int v_off, int t, int n_k_heads,
+                                        int hk, int hv, int n_v_heads, int dk, int r0, int rows, DnIn& in) {
+    const float4* q4 = reinterpret_cast<const float4*>(qk + ((long long)t * n_k_heads + hk) * 2 * dk + r0);
+    const float4* k4 = reinterpret_cast<const float4*>(qk + ((long long)t * n_k_heads + hk) * 2 * dk + dk + r0);
+#pragma unroll
+    for (int i = 0; i < DN_ROWS / 4; i++) {
+        if (4 * i < rows) {
+            in.q[i] = q4[i];
+            in.k[i] = k4[i];
+        }
+    }
+    in.alpha = ab[((long long)t * n_v_heads + hv) * 2];
+    in.beta = ab[((long long)t * n_v_heads + hv) * 2 + 1];
+    in.v = c[(long long)t * conv_dim + v_off];
+}
+
+// grid (n_v_heads, ceil(dv / DN_COLS_PER_BLOCK)), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
              float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
-             int dv, float eps) {
-    __shared__ float qs[DN_MAX_DK], ks[DN_MAX_DK];
-    const int ROWS = DN_MAX_DK / DN_PARTS;
+             int dv) {
     int hv = blockIdx.x;
-    int col = threadIdx.x / DN_PARTS, part = threadIdx.x % DN_PARTS;
-    int j = blockIdx.y * 32 + col;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = lane % DN_PARTS;
+    int j = blockIdx.y * DN_COLS_PER_BLOCK + warp * (32 / DN_PARTS) + lane / DN_PARTS;
     bool live = j < dv;
+    int jc = live ? j : dv - 1;  // dead lanes shadow a live column (shuffles need every lane)
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     int conv_dim = 2 * key_dim + n_v_heads * dv;
+    int v_off = 2 * key_dim + hv * dv + jc;
+    int rows = dk / DN_PARTS, r0 = part * rows;
     float* sp = state + (long long)hv * dk * dv;
-    float s[ROWS];
+    float s[DN_ROWS];
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        int i = part + DN_PARTS * r;
-        s[r] = (live && i < dk) ? sp[(long long)i * dv + j] : 0.0f;
-    }
-    float decay_rate = expf(a_log[hv]);
-    float q_scale = rsqrtf((float)dk);
+    for (int r = 0; r < DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(r0 + r) * dv + jc] : 0.0f;
+
+    DnIn cur, nxt;
+    if (n_tok > 0) dn_load(qk, ab, c, conv_dim, v_off, 0, n_k_heads, hk, hv, n_v_heads, dk, r0, rows, cur);
     for (int t = 0; t < n_tok; t++) {
-        const float* ct = c + (long long)t * conv_dim;
-        float qq = 0.0f, kk = 0.0f;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            float qi = ct[hk * dk + i], ki = ct[key_dim + hk * dk + i];
-            qq += qi * qi;
-            kk += ki * ki;
-        }
-        qq = block_sum(qq);  // its barriers also end the previous token's reads of qs/ks
-        kk = block_sum(kk);
-        float qn = rsqrtf(qq + eps) * q_scale, kn = rsqrtf(kk + eps);
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = ct[hk * dk + i] * qn;
-            ks[i] = ct[key_dim + hk * dk + i] * kn;
-        }
-        __syncthreads();
-        float beta = act(sigmoidf(b[(long long)t * ba_stride + hv]));
-        float g = -decay_rate * softplusf(a[(long long)t * ba_stride + hv] + dt_bias[hv]);
-        float alpha = expf(g);
-        float v = live ? ct[2 * key_dim + hv * dv + j] : 0.0f;
-        float u = 0.0f;
+        if (t + 1 < n_tok) dn_load(qk, ab, c, conv_dim, v_off, t + 1, n_k_heads, hk, hv, n_v_heads, dk, r0, rows, nxt);
+        const float* kf = reinterpret_cast<const float*>(cur.k);
+        const float* qf = reinterpret_cast<const float*>(cur.q);
+        float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            int i = part + DN_PARTS * r;
-            if (i < dk) {
-                s[r] *= alpha;
-                u += s[r] * ks[i];
+        for (int r = 0; r < DN_ROWS; r += 4) {
+            if (r < rows) {
+                s[r] *= cur.alpha;
+                s[r + 1] *= cur.alpha;
+                s[r + 2] *= cur.alpha;
+                s[r + 3] *= cur.alpha;
+                u0 += s[r] * kf[r];
+                u1 += s[r + 1] * kf[r + 1];
+                u2 += s[r + 2] * kf[r + 2];
+                u3 += s[r + 3] * kf[r + 3];
             }
         }
+        float u = (u0 + u1) + (u2 + u3);
+#pragma unroll
         for (int off = 1; off < DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
-        float delta = beta * (v - u);
-        float out = 0.0f;
+        float delta = cur.beta * (cur.v - u);
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            int i = part + DN_PARTS * r;
-            if (i < dk) {
-                s[r] += ks[i] * delta;
-                out += s[r] * qs[i];
+        for (int r = 0; r < DN_ROWS; r += 4) {
+            if (r < rows) {
+                s[r] += kf[r] * delta;
+                s[r + 1] += kf[r + 1] * delta;
+                s[r + 2] += kf[r + 2] * delta;
+                s[r + 3] += kf[r + 3] * delta;
+                o0 += s[r] * qf[r];
+                o1 += s[r + 1] * qf[r + 1];
+                o2 += s[r + 2] * qf[r + 2];
+                o3 += s[r + 3] * qf[r + 3];
             }
         }
+        float out = (o0 + o1) + (o2 + o3);
+#pragma unroll
         for (int off = 1; off < DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
         if (live && part == 0) o[(long long)t * n_v_heads * dv + (long long)hv * dv + j] = act(out);
+        cur = nxt;
     }
     if (live) {
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            int i = part + DN_PARTS * r;
-            if (i < dk) sp[(long long)i * dv + j] = s[r];
-        }
+        for (int r = 0; r < DN_ROWS; r++)
+            if (r < rows) sp[(long long)(r0 + r) * dv + j] = s[r];
     }
 }
 

@@ -13,7 +13,7 @@
 // Simple version: one warp per output row, lanes stride over packed words, fp32 accumulation.
 
 #define LINEAR_WARPS 4
-#define GROUP_TILE 16  // must match moe.cu
+#define GROUP_TILE 16  // the tile moe_group is given for this kernel (ops.rs)
 
 // The `per` activations x[c0 .. c0+per) that meet one packed word, as 16-byte (or 8-byte for bf16)
 // vector loads: scalar loads 32 bytes apart across the warp made every linear kernel L1-bound.

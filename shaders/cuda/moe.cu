@@ -74,14 +74,14 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
     x[i] = act(x[i] + act(y));
 }
 
-// moe_group: groups the n_items = T·K routed (token, slot) items by expert for linear_grouped:
-// perm [n_items] lists items expert by expert; tiles [≤ n_items/GROUP_TILE + E][3] holds
-// (expert, start, count) per run of up to GROUP_TILE items; *n_tiles their number. One block.
-// The order of items inside an expert does not matter: each item's result is its own row.
-#define GROUP_TILE 16  // must match linear.cu
+// moe_group: groups the n_items = T·K routed (token, slot) items by expert for linear_grouped
+// (tile = GROUP_TILE = 16) or gemm_grouped32/64 (tile = 32 or 64): perm [n_items] lists items
+// expert by expert; tiles [≤ n_items/16 + E][3] holds (expert, start, count) per run of up to
+// `tile` items; *n_tiles their number. One block. The order of items inside an expert does not
+// matter: each item's result is its own row.
 
 extern "C" __global__ void __launch_bounds__(1024)
-moe_group(const int* __restrict__ ids, int n_items, int n_experts, int* __restrict__ perm,
+moe_group(const int* __restrict__ ids, int n_items, int n_experts, int tile, int* __restrict__ perm,
           int* __restrict__ tiles, int* __restrict__ n_tiles) {
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], fill[MOE_MAX_E];
     for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
@@ -95,10 +95,10 @@ moe_group(const int* __restrict__ ids, int n_items, int n_experts, int* __restri
         int run = 0, nt = 0;
         for (int e = 0; e < n_experts; e++) {
             off[e] = run;
-            for (int s = 0; s < cnt[e]; s += GROUP_TILE) {
+            for (int s = 0; s < cnt[e]; s += tile) {
                 tiles[3 * nt] = e;
                 tiles[3 * nt + 1] = run + s;
-                tiles[3 * nt + 2] = min(GROUP_TILE, cnt[e] - s);
+                tiles[3 * nt + 2] = min(tile, cnt[e] - s);
                 nt++;
             }
             run += cnt[e];

@@ -52,7 +52,7 @@ impl CudaOptions {
             device_sampling: !std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
-                .unwrap_or(256),
+                .unwrap_or(1024),
         }
     }
 }
@@ -176,7 +176,10 @@ impl CudaBackend {
             }
         }
         let s = self.seq(seq)?;
-        match (&s.decode_graph, self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none()) {
+        match (
+            &s.decode_graph,
+            self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none(),
+        ) {
             (Some(g), true) => g.launch(&self.gpu)?,
             _ => self
                 .forward()

@@ -58,6 +58,9 @@ pub struct Gpu {
     /// Per-kernel device time (LILY_PROFILE=1): each launch is bracketed by events and waited for,
     /// and the table is printed to stderr when the GPU is dropped. Slow; graphs are off with it.
     pub profile: Option<Mutex<Profile>>,
+    /// Prefill linears on tensor cores (gemm.cu): bf16 activation mode only, since the weights
+    /// and activations enter the mma as bf16 (LILY_TENSOR_CORES=0 keeps the CUDA-core kernels).
+    pub tensor_cores: bool,
 }
 
 /// Accumulated device time per kernel name.
@@ -126,6 +129,8 @@ impl Gpu {
         let profile = std::env::var("LILY_PROFILE")
             .is_ok_and(|v| v == "1")
             .then(|| Mutex::new(Profile::default()));
+        let tensor_cores =
+            bf16_activations && !std::env::var("LILY_TENSOR_CORES").is_ok_and(|v| v == "0");
         Ok(Gpu {
             ctx,
             stream,
@@ -134,6 +139,7 @@ impl Gpu {
             kernels,
             sync_each,
             profile,
+            tensor_cores,
         })
     }
 
@@ -347,6 +353,28 @@ impl Drop for DevBuf {
     }
 }
 
+/// Dynamic shared memory of the largest gemm.cu tile (ops::gemm_smem).
+const GEMM_SMEM_MAX: usize = crate::ops::gemm_smem(64);
+
+/// Lets `k` use up to `bytes` of dynamic shared memory (above the default 48 KB needs opting in).
+fn big_smem(k: Kernel, bytes: usize) -> Result<Kernel> {
+    // SAFETY: a live function of a loaded module; the attribute only raises a launch limit.
+    unsafe {
+        result::function::set_function_attribute(
+            k.func.cu_function(),
+            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .map_err(|e| {
+        anyhow!(
+            "kernel {}: {bytes} bytes of shared memory refused: {e}",
+            k.name
+        )
+    })?;
+    Ok(k)
+}
+
 /// One loaded kernel entry point.
 pub struct Kernel {
     pub name: &'static str,
@@ -361,11 +389,16 @@ pub struct Kernels {
     pub linear_wide: Kernel,
     pub linear_gather: Kernel,
     pub linear_grouped: Kernel,
+    pub gemm_dense: Kernel,
+    pub gemm_grouped64: Kernel,
+    pub gemm_grouped32: Kernel,
     pub attn_qk_prep: Kernel,
     pub attn_decode: Kernel,
     pub attn_split: Kernel,
     pub attn_split_combine: Kernel,
     pub dn_conv: Kernel,
+    pub dn_conv_state: Kernel,
+    pub dn_prep: Kernel,
     pub dn_recurrent: Kernel,
     pub dn_gated_norm: Kernel,
     pub moe_route: Kernel,
@@ -432,11 +465,16 @@ impl Kernels {
             linear_wide: get("linear", "linear_wide")?,
             linear_gather: get("linear", "linear_gather")?,
             linear_grouped: get("linear", "linear_grouped")?,
+            gemm_dense: big_smem(get("gemm", "gemm_dense")?, GEMM_SMEM_MAX)?,
+            gemm_grouped64: big_smem(get("gemm", "gemm_grouped64")?, GEMM_SMEM_MAX)?,
+            gemm_grouped32: big_smem(get("gemm", "gemm_grouped32")?, GEMM_SMEM_MAX)?,
             attn_qk_prep: get("attention", "attn_qk_prep")?,
             attn_decode: get("attention", "attn_decode")?,
             attn_split: get("attention", "attn_split")?,
             attn_split_combine: get("attention", "attn_split_combine")?,
             dn_conv: get("deltanet", "dn_conv")?,
+            dn_conv_state: get("deltanet", "dn_conv_state")?,
+            dn_prep: get("deltanet", "dn_prep")?,
             dn_recurrent: get("deltanet", "dn_recurrent")?,
             dn_gated_norm: get("deltanet", "dn_gated_norm")?,
             moe_route: get("moe", "moe_route")?,

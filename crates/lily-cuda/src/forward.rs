@@ -33,6 +33,8 @@ pub struct Scratch {
     pub a: DevBuf,
     pub c: DevBuf,
     pub dn_o: DevBuf,
+    pub dn_qk: DevBuf,
+    pub dn_ab: DevBuf,
     pub dn_y: DevBuf,
     pub router: DevBuf,
     pub ids: DevBuf,
@@ -71,6 +73,8 @@ impl Scratch {
             &self.a,
             &self.c,
             &self.dn_o,
+            &self.dn_qk,
+            &self.dn_ab,
             &self.dn_y,
             &self.router,
             &self.route_w,
@@ -115,6 +119,8 @@ impl Scratch {
             a: buf(c * cfg.dn_v_heads)?,
             c: buf(c * cfg.conv_dim())?,
             dn_o: buf(c * cfg.dn_value_dim())?,
+            dn_qk: buf(c * cfg.dn_k_heads * 2 * cfg.dn_k_dim)?,
+            dn_ab: buf(c * cfg.dn_v_heads * 2)?,
             dn_y: buf(c * cfg.dn_value_dim())?,
             router: buf(c * cfg.n_experts)?,
             ids: buf(c * tk)?,
@@ -409,6 +415,8 @@ impl Forward<'_> {
             dt_bias: dnw.dt_bias.ptr,
             state,
             o: s.dn_o.ptr,
+            qk: s.dn_qk.ptr,
+            ab: s.dn_ab.ptr,
         };
         ops::dn_recurrent(gpu, shape, &rec, n)?;
         ops::dn_gated_norm(
@@ -433,9 +441,29 @@ impl Forward<'_> {
         ops::linear(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n, false)?;
         ops::moe_route(gpu, s.router.ptr, s.ids.ptr, s.route_w.ptr, n, e, k)?;
         let items = n * k;
-        if self.moe_grouped && n > 1 {
+        let tensor_cores = [&m.gate, &m.up, &m.down]
+            .iter()
+            .all(|w| ops::gemm_fits(gpu, w));
+        if self.moe_grouped && n >= ops::GEMM_MIN_TOK && tensor_cores {
+            // Tiles of 64 items once experts average that many, else 32 (less padding).
+            let tile = if items >= 48 * e { 64 } else { 32 };
             let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);
-            ops::moe_group(gpu, s.ids.ptr, items, e, perm, tiles, nt)?;
+            ops::moe_group(gpu, s.ids.ptr, items, e, tile, perm, tiles, nt)?;
+            let (gate, up, down) = (&m.gate, &m.up, &m.down);
+            ops::gemm_grouped(
+                gpu, gate, tile, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eg.ptr, inter,
+            )?;
+            ops::gemm_grouped(
+                gpu, up, tile, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eu.ptr, inter,
+            )?;
+            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
+            ops::gemm_grouped(
+                gpu, down, tile, perm, tiles, nt, mt, s.eh.ptr, inter, 1, s.ey.ptr, h,
+            )?;
+        } else if self.moe_grouped && n > 1 {
+            let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);
+            let tile = ops::GROUP_TILE;
+            ops::moe_group(gpu, s.ids.ptr, items, e, tile, perm, tiles, nt)?;
             ops::linear_grouped(
                 gpu, &m.gate, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eg.ptr, inter,
             )?;

@@ -128,7 +128,8 @@ const SPLIT_MAX_G: usize = 8;
 pub const SPLIT_MAX_TOK: usize = 4;
 const DN_MAX_K: usize = 8;
 const DN_MAX_DK: usize = 128;
-const DN_PARTS: usize = 4;
+/// Value columns per dn_recurrent block (DN_COLS_PER_BLOCK in deltanet.cu).
+const DN_COLS_PER_BLOCK: usize = 16;
 const MOE_MAX_E: usize = 1024;
 
 /// Shape limits of the simple kernels, checked once when a model is loaded.
@@ -145,9 +146,9 @@ pub fn check_limits(cfg: &lily_core::config::ModelConfig) -> Result<()> {
             cfg.conv_kernel
         );
     }
-    if cfg.dn_k_dim > DN_MAX_DK {
+    if cfg.dn_k_dim > DN_MAX_DK || !cfg.dn_k_dim.is_multiple_of(32) {
         bail!(
-            "linear_key_head_dim {} exceeds the CUDA DeltaNet kernel's limit {DN_MAX_DK}",
+            "linear_key_head_dim {} is not what the CUDA DeltaNet kernel takes (a multiple of 32 up to {DN_MAX_DK})",
             cfg.dn_k_dim
         );
     }
@@ -215,6 +216,9 @@ pub fn linear(
     accumulate: bool,
 ) -> Result<()> {
     check_x("linear", x, x_stride)?;
+    if n_tok >= GEMM_MIN_TOK && gemm_fits(gpu, w) {
+        return gemm_dense(gpu, w, x, x_stride, y, y_stride, n_tok, accumulate);
+    }
     // Prefill: reuse each dequantised weight word for 16 tokens; decode: 4 (less idle work).
     let (kernel, tok) = if n_tok >= LINEAR_WIDE_TOK {
         (&gpu.kernels.linear_wide, LINEAR_WIDE_TOK)
@@ -264,6 +268,107 @@ pub fn linear_gather(
         &gpu.kernels.linear_gather,
         grid,
         ((LINEAR_WARPS * 32) as u32, 1, 1),
+        args,
+    )
+}
+
+// gemm.cu's tiles (must match its #defines).
+const GEMM_BN: usize = 128;
+const GEMM_BK: usize = 64;
+const GEMM_LDS: usize = GEMM_BK + 8;
+const GEMM_THREADS: u32 = 256;
+/// Fewest tokens for which `linear` takes the tensor-core path.
+pub const GEMM_MIN_TOK: usize = 16;
+
+/// Dynamic shared memory of a gemm.cu block with `bm` rows: two stages of A and B tiles in bf16.
+pub const fn gemm_smem(bm: usize) -> usize {
+    2 * (bm + GEMM_BN) * GEMM_LDS * 2
+}
+
+/// Whether the tensor-core kernels serve this weight (else the CUDA-core kernels run).
+pub fn gemm_fits(gpu: &Gpu, w: &DevLinear) -> bool {
+    gpu.tensor_cores
+        && w.cols.is_multiple_of(GEMM_BK)
+        && matches!(w.bits, 4 | 8 | 16)
+        && (w.bits == 16 || w.group.is_multiple_of(32))
+        && w.rows >= 64
+}
+
+/// y[n, :] (+)= W x[n, :] on tensor cores, 64 tokens × 128 rows per block.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_dense(
+    gpu: &Gpu,
+    w: &DevLinear,
+    x: u64,
+    x_stride: usize,
+    y: u64,
+    y_stride: usize,
+    n_tok: usize,
+    accumulate: bool,
+) -> Result<()> {
+    check_x("gemm_dense", x, x_stride)?;
+    let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, 64), 1);
+    let args = vec![
+        Arg::Weight(w.arg()),
+        p(x),
+        i(x_stride),
+        p(y),
+        i(y_stride),
+        i(n_tok),
+        i(accumulate as usize),
+    ];
+    let smem = gemm_smem(64) as u32;
+    go_smem(
+        gpu,
+        &gpu.kernels.gemm_dense,
+        grid,
+        (GEMM_THREADS, 1, 1),
+        smem,
+        args,
+    )
+}
+
+/// linear_grouped on tensor cores, over tiles of up to `tile` (32 or 64) items that moe_group
+/// built with the same tile size.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_grouped(
+    gpu: &Gpu,
+    w: &DevLinear,
+    tile: usize,
+    perm: u64,
+    tiles: u64,
+    n_tiles: u64,
+    max_tiles: usize,
+    x: u64,
+    x_stride: usize,
+    x_div: usize,
+    y: u64,
+    y_stride: usize,
+) -> Result<()> {
+    check_x("gemm_grouped", x, x_stride)?;
+    let kernel = match tile {
+        64 => &gpu.kernels.gemm_grouped64,
+        32 => &gpu.kernels.gemm_grouped32,
+        _ => bail!("gemm_grouped: tiles of {tile} items (expected 32 or 64)"),
+    };
+    let grid = (blocks(w.rows, GEMM_BN), max_tiles as u32, 1);
+    let args = vec![
+        Arg::Weight(w.arg()),
+        p(perm),
+        p(tiles),
+        p(n_tiles),
+        p(x),
+        i(x_stride),
+        i(x_div),
+        p(y),
+        i(y_stride),
+    ];
+    go_smem(
+        gpu,
+        kernel,
+        grid,
+        (GEMM_THREADS, 1, 1),
+        gemm_smem(tile) as u32,
         args,
     )
 }
@@ -434,6 +539,7 @@ pub fn attn_split(
     )
 }
 
+/// The causal conv over a chunk (one thread per channel and token), then the conv state update.
 #[allow(clippy::too_many_arguments)]
 pub fn dn_conv(
     gpu: &Gpu,
@@ -459,6 +565,21 @@ pub fn dn_conv(
     go(
         gpu,
         &gpu.kernels.dn_conv,
+        (blocks(conv_dim, 128), n_tok as u32, 1),
+        (128, 1, 1),
+        args,
+    )?;
+    let args = vec![
+        p(m),
+        i(m_stride),
+        p(conv_state),
+        i(n_tok),
+        i(conv_dim),
+        i(k),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.dn_conv_state,
         (blocks(conv_dim, 128), 1, 1),
         (128, 1, 1),
         args,
@@ -483,16 +604,41 @@ pub struct DnRecurrent {
     pub dt_bias: u64,
     pub state: u64,
     pub o: u64,
+    /// Scratch: normalised q and k [T, Hk, 2, dk], and (α, β) [T, Hv, 2].
+    pub qk: u64,
+    pub ab: u64,
 }
 
+/// dn_prep (norms and gates of every token, in parallel) then the recurrence.
 pub fn dn_recurrent(gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Result<()> {
+    let conv_dim = 2 * s.n_k * s.dk + s.n_v * s.dv;
     let args = vec![
         p(b.c),
+        i(conv_dim),
         p(b.b),
         p(b.a),
         i(b.ba_stride),
         p(b.a_log),
         p(b.dt_bias),
+        p(b.qk),
+        p(b.ab),
+        i(n_tok),
+        i(s.n_k),
+        i(s.n_v),
+        i(s.dk),
+        f(1e-6),
+    ];
+    go(
+        gpu,
+        &gpu.kernels.dn_prep,
+        (n_tok as u32, s.n_k as u32, 1),
+        (128, 1, 1),
+        args,
+    )?;
+    let args = vec![
+        p(b.c),
+        p(b.qk),
+        p(b.ab),
         p(b.state),
         p(b.o),
         i(n_tok),
@@ -500,13 +646,12 @@ pub fn dn_recurrent(gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Res
         i(s.n_v),
         i(s.dk),
         i(s.dv),
-        f(1e-6),
     ];
     go(
         gpu,
         &gpu.kernels.dn_recurrent,
-        (s.n_v as u32, blocks(s.dv, 32), 1),
-        ((32 * DN_PARTS) as u32, 1, 1),
+        (s.n_v as u32, blocks(s.dv, DN_COLS_PER_BLOCK), 1),
+        (128, 1, 1),
         args,
     )
 }
@@ -574,20 +719,28 @@ pub fn max_group_tiles(n_items: usize, n_experts: usize) -> usize {
     n_items.div_ceil(GROUP_TILE) + n_experts.min(n_items)
 }
 
-/// Groups routed items by expert: `perm` [n_items], `tiles` [max_group_tiles][3], `n_tiles` [1].
+/// Groups routed items by expert into tiles of at most `tile` items (GROUP_TILE for
+/// linear_grouped, 32 or 64 for gemm_grouped): `perm` [n_items], `tiles` [max_group_tiles][3],
+/// `n_tiles` [1].
+#[allow(clippy::too_many_arguments)]
 pub fn moe_group(
     gpu: &Gpu,
     ids: u64,
     n_items: usize,
     n_experts: usize,
+    tile: usize,
     perm: u64,
     tiles: u64,
     n_tiles: u64,
 ) -> Result<()> {
+    if !(GROUP_TILE..=64).contains(&tile) {
+        bail!("moe_group: tiles of {tile} items (expected {GROUP_TILE}..=64)");
+    }
     let args = vec![
         p(ids),
         i(n_items),
         i(n_experts),
+        i(tile),
         p(perm),
         p(tiles),
         p(n_tiles),

@@ -24,6 +24,10 @@ pub const FILES: &[KernelFile] = &[
         source: include_str!("../../../shaders/cuda/linear.cu"),
     },
     KernelFile {
+        name: "gemm",
+        source: include_str!("../../../shaders/cuda/gemm.cu"),
+    },
+    KernelFile {
         name: "attention",
         source: include_str!("../../../shaders/cuda/attention.cu"),
     },

@@ -204,7 +204,17 @@ fn linear_grouped_matches_cpu_per_expert() {
             poisoned(&g, 3 * max_tiles),
             poisoned(&g, 1),
         );
-        gops::moe_group(&g, dids.ptr, items, e, perm.ptr, tiles.ptr, nt.ptr).unwrap();
+        gops::moe_group(
+            &g,
+            dids.ptr,
+            items,
+            e,
+            gops::GROUP_TILE,
+            perm.ptr,
+            tiles.ptr,
+            nt.ptr,
+        )
+        .unwrap();
         let dy = poisoned(&g, items * rows);
         gops::linear_grouped(
             &g, &dw, perm.ptr, tiles.ptr, nt.ptr, max_tiles, dx.ptr, cols, k, dy.ptr, rows,
@@ -225,6 +235,126 @@ fn linear_grouped_matches_cpu_per_expert() {
             &want,
             1e-5,
         );
+    }
+}
+
+/// y = W x with W's dequantised values and x rounded to bf16 (what the tensor-core kernels
+/// multiply), summed in f64: the exact product those kernels approximate.
+fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
+    let (rows, cols) = (w.rows, w.cols);
+    let rb = |v: f32| bf16::from_f32(v).to_f32() as f64;
+    let mut wr = vec![0f32; cols];
+    let mut wq = vec![0f64; rows * cols];
+    for r in 0..rows {
+        w.dequant_row(r, &mut wr);
+        for c in 0..cols {
+            wq[r * cols + c] = rb(wr[c]);
+        }
+    }
+    let t = x.len() / cols;
+    let mut y = vec![0f32; t * rows];
+    for n in 0..t {
+        for r in 0..rows {
+            let s: f64 = (0..cols)
+                .map(|c| wq[r * cols + c] * rb(x[n * cols + c]))
+                .sum();
+            y[n * rows + r] = s as f32;
+        }
+    }
+    y
+}
+
+/// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
+/// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
+/// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tensor_core_linears_match_the_bf16_product() {
+    let g = Gpu::open(0, true).expect("a CUDA GPU and NVRTC");
+    assert!(
+        g.tensor_cores,
+        "bf16 mode uses tensor cores unless LILY_TENSOR_CORES=0"
+    );
+    let mut rng = Rng(31);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    // Dense: rows not a multiple of 128, tokens not a multiple of 64, several k-steps.
+    for bits in [4u32, 8, 16] {
+        for (t, rows, cols) in [(16usize, 200usize, 192usize), (100, 130, 512), (64, 64, 64)] {
+            let w = linear(&mut rng, bits, 1, rows, cols);
+            let dw = upload_linear(&g, "w", &w).unwrap();
+            assert!(gops::gemm_fits(&g, &dw));
+            let x = bf(rng.vec(t * cols, 1.0));
+            let dx = g.upload(&x).unwrap();
+            let dy = poisoned(&g, t * rows);
+            gops::linear(&g, &dw, dx.ptr, cols, dy.ptr, rows, t, false).unwrap();
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want = bf16_product(&w, &x);
+            check(
+                &format!("gemm_dense bits={bits} T={t} {rows}x{cols}"),
+                &y,
+                &want,
+                5e-3,
+            );
+            let r = bf(rng.vec(t * rows, 0.5));
+            g.write(&dy, 0, &r).unwrap();
+            gops::linear(&g, &dw, dx.ptr, cols, dy.ptr, rows, t, true).unwrap();
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+            check(
+                &format!("gemm_dense+residual bits={bits} T={t}"),
+                &y,
+                &want,
+                5e-3,
+            );
+        }
+    }
+    // Grouped: skewed routing (one expert over two 64-item tiles, one expert with none).
+    for tile in [32usize, 64] {
+        for bits in [4u32, 8] {
+            let (e, rows, cols, t, k) = (7, 136, 256, 90, 2);
+            let items = t * k;
+            let w = linear(&mut rng, bits, e, rows, cols);
+            let dw = upload_linear(&g, "w", &w).unwrap();
+            let x = bf(rng.vec(t * cols, 1.0));
+            let ids: Vec<i32> = (0..items)
+                .map(|n| {
+                    if n % 2 == 0 {
+                        3
+                    } else {
+                        rng.below(e - 1) as i32
+                    }
+                })
+                .collect();
+            let (dx, dids) = (g.upload(&x).unwrap(), g.upload(&ids).unwrap());
+            let max_tiles = gops::max_group_tiles(items, e);
+            let (perm, tiles, nt) = (
+                poisoned(&g, items),
+                poisoned(&g, 3 * max_tiles),
+                poisoned(&g, 1),
+            );
+            gops::moe_group(&g, dids.ptr, items, e, tile, perm.ptr, tiles.ptr, nt.ptr).unwrap();
+            let dy = poisoned(&g, items * rows);
+            gops::gemm_grouped(
+                &g, &dw, tile, perm.ptr, tiles.ptr, nt.ptr, max_tiles, dx.ptr, cols, k, dy.ptr,
+                rows,
+            )
+            .unwrap();
+            let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+            let mut want = Vec::new();
+            for (n, &id) in ids.iter().enumerate() {
+                want.extend(bf16_product(
+                    &w.expert(id as usize),
+                    &x[(n / k) * cols..(n / k + 1) * cols],
+                ));
+            }
+            let n_tiles: Vec<i32> = g.read(&nt, 0, 1).unwrap();
+            check(
+                &format!("gemm_grouped{tile} bits={bits} ({} tiles)", n_tiles[0]),
+                &y,
+                &want,
+                5e-3,
+            );
+        }
     }
 }
 
