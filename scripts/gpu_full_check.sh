@@ -8,7 +8,7 @@
 # Logs and results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
-B=${LILY_ENGINE:-.carry/lily-engine}
+B=${LILY_ENGINE:-.carry/cuda/bin/lily-engine}
 M=/tmp/full-mlx
 LEN=${LEN:-192}
 mkdir -p "$OUT"
@@ -24,10 +24,19 @@ if [ "${SKIP_CUDA:-0}" != 1 ]; then
   $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda 2>&1 | tail -5 | tee "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda)
   LILY_CUDA_FP32=1 $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda-fp32 2>&1 | tail -5 | tee -a "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda-fp32)
 fi
-python3 scripts/hf_agreement.py --model $M --ref /tmp/ref-cpu "${OTHER[@]}" --out "$OUT/agreement.json" 2>&1 | grep -v -i "falling back" | tail -40 | tee "$OUT/agreement.log"
+HF=(); [ "${SKIP_HF:-0}" = 1 ] && HF=(--skip-hf)
+python3 scripts/hf_agreement.py --model $M --ref /tmp/ref-cpu "${OTHER[@]}" "${HF[@]}" --out "$OUT/agreement.json" 2>&1 | grep -v -i "falling back" | tail -40 | tee "$OUT/agreement.log"
 
-# 5. the sweep (PERFORMANCE.md §1), as far as BENCH_MAX allows within the call's time
+# 5. the sweep (PERFORMANCE.md §1): BENCH_PREFILL / BENCH_DECODE at BENCH_REPEAT, then the long
+#    end LONG_PREFILL / LONG_DECODE once each, GPU memory polled every second into gpu-mem.csv.
 if [ "${SKIP_CUDA:-0}" != 1 ] && [ -n "${BENCH_PREFILL:-}" ]; then
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -l 1 > "$OUT/gpu-mem.csv" 2>/dev/null &
+  POLL=$!
   timeout ${BENCH_TIMEOUT:-240} $B bench --model $M --device cuda --prefill "$BENCH_PREFILL" --decode-ctx "$BENCH_DECODE" \
     --decode-tokens 128 --repeat ${BENCH_REPEAT:-3} --json "$OUT/bench-cuda.json" 2>&1 | tee "$OUT/bench.log"
+  if [ -n "${LONG_PREFILL:-}" ]; then
+    timeout ${LONG_TIMEOUT:-300} $B bench --model $M --device cuda --prefill "$LONG_PREFILL" --decode-ctx "$LONG_DECODE" \
+      --decode-tokens 64 --repeat 1 --json "$OUT/bench-cuda-long.json" 2>&1 | tee "$OUT/bench-long.log"
+  fi
+  kill $POLL 2>/dev/null
 fi

@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--other", action="append", default=[], help="prefix of another score output to compare")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cuda (the real check) or cpu (a dry run on tiny models)")
+    ap.add_argument("--skip-hf", action="store_true", help="compare the --other outputs only (HF's own number is unchanged for the same seed)")
     args = ap.parse_args()
 
     cfg_json = json.load(open(os.path.join(args.model, "config.json")))
@@ -126,6 +127,11 @@ def main():
         meta = json.load(open(other + ".json"))
         assert meta["ids"] == ids, f"{other} scored other tokens"
         results[meta.get("backend", other)] = compare(np.fromfile(other + ".f32", dtype="<f4"), ref, vocab)
+    if args.skip_hf:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(json.dumps(results, indent=1))
+        return
 
     t0 = time.time()
     torch.set_default_dtype(torch.bfloat16)
