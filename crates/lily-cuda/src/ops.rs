@@ -291,7 +291,6 @@ pub fn gemm_fits(gpu: &Gpu, w: &DevLinear) -> bool {
         && w.cols.is_multiple_of(GEMM_BK)
         && matches!(w.bits, 4 | 8 | 16)
         && (w.bits == 16 || w.group.is_multiple_of(32))
-        && w.rows >= 64
 }
 
 /// y[n, :] (+)= W x[n, :] on tensor cores, 64 tokens × 128 rows per block.
