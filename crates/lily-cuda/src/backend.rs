@@ -30,6 +30,9 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
     pub moe_grouped: bool,
+    /// Tensor-core attention for prefill chunks (see `Forward::attn_prefill`); bf16 activations
+    /// only (`LILY_ATTN_PREFILL=0` turns it off).
+    pub attn_prefill: bool,
     /// Split-KV attention for decode steps (see `Forward::split_kv`). Off by default until its GPU
     /// tests have run (`LILY_SPLIT_KV=1` turns it on).
     pub split_kv: bool,
@@ -41,7 +44,8 @@ pub struct CudaOptions {
 
 impl CudaOptions {
     /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
-    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_SPLIT_KV=1 and
+    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_ATTN_PREFILL=0 (prefill
+    /// attention by `attn_decode`), LILY_SPLIT_KV=1 and
     /// LILY_DEVICE_SAMPLING=1 (written but not yet run on a GPU: off by default).
     pub fn from_env() -> CudaOptions {
         let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
@@ -50,6 +54,7 @@ impl CudaOptions {
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
+            attn_prefill: !std::env::var("LILY_ATTN_PREFILL").is_ok_and(|v| v == "0"),
             split_kv: std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "1"),
             device_sampling: std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "1"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
@@ -133,6 +138,7 @@ impl CudaBackend {
             cfg: &self.cfg,
             scratch: &self.scratch,
             moe_grouped: self.opts.moe_grouped,
+            attn_prefill: self.opts.attn_prefill && self.opts.bf16_activations,
             split_kv: self.opts.split_kv,
         }
     }

@@ -204,12 +204,14 @@ impl Gpu {
             .map_err(|e| anyhow!("device memset: {e}"))
     }
 
-    /// Launches `f` with the given kernel parameters (pointers to each argument's value).
+    /// Launches `f` with the given kernel parameters (pointers to each argument's value) and
+    /// `smem` bytes of dynamic shared memory.
     pub fn launch(
         &self,
         f: &Kernel,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
         // SAFETY: `args` point at values whose types match the kernel's C signature (every call site
@@ -219,7 +221,7 @@ impl Gpu {
                 f.func.cu_function(),
                 grid,
                 block,
-                0,
+                smem,
                 self.stream.cu_stream(),
                 args,
             )
@@ -279,6 +281,7 @@ pub struct Kernels {
     pub linear_grouped: Kernel,
     pub attn_qk_prep: Kernel,
     pub attn_decode: Kernel,
+    pub attn_prefill: Kernel,
     pub attn_split: Kernel,
     pub attn_split_combine: Kernel,
     pub dn_conv: Kernel,
@@ -341,6 +344,16 @@ impl Kernels {
                 .map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
             Ok(Kernel { name, func })
         };
+        let attn_prefill = get("attention", "attn_prefill")?;
+        // Above 48 KB of dynamic shared memory a kernel must be allowed it explicitly.
+        let smem = crate::ops::attn_prefill_max_smem();
+        attn_prefill
+            .func
+            .set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("allowing attn_prefill {smem} bytes of shared memory: {e}"))?;
         Ok(Kernels {
             embed: get("embed", "embed")?,
             rms_norm: get("norm", "rms_norm")?,
@@ -350,6 +363,7 @@ impl Kernels {
             linear_grouped: get("linear", "linear_grouped")?,
             attn_qk_prep: get("attention", "attn_qk_prep")?,
             attn_decode: get("attention", "attn_decode")?,
+            attn_prefill,
             attn_split: get("attention", "attn_split")?,
             attn_split_combine: get("attention", "attn_split_combine")?,
             dn_conv: get("deltanet", "dn_conv")?,
