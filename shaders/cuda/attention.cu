@@ -6,7 +6,29 @@
 // attn_decode: causal softmax(q·k / sqrt(D)) · v for query head h over kv head h / (Hq/Hkv), fp32
 //   online softmax; the result times sigmoid(gate) is written to out [T, Hq·D] for o_proj.
 //   One block (4 warps) per (token, query head), each warp an interleaved quarter of the keys.
-//   Used for prefill chunks, and for decode unless LILY_SPLIT_KV=1.
+//   Used for decode unless LILY_SPLIT_KV=1, for short chunks, and for prefill chunks in fp32 mode.
+//
+// attn_prefill (flash attention 2 on tensor cores; prefill chunks of >= 16 tokens, bf16 mode):
+//   the same inputs, causal mask and output as attn_decode. One block (4 warps) per 64
+//   consecutive queries of one query head (grid ceil(T/64) x Hq, the last query block first: it
+//   has the most keys); warp w owns queries 16w..16w+15 of the block. Head dims 64, 128, 256.
+//   Shared memory (dynamic, bf16, rows padded to D+8 elements so ldmatrix rows fall in distinct
+//   banks): the Q tile [64][D+8], staged once from fp32; one K tile and one V tile [BC][D+8],
+//   BC = 64 keys (D <= 128) or 32 (D = 256, to keep the 16xD fp32 O accumulator of each warp in
+//   registers without spills). Bytes: (64 + 2·BC)·(D+8)·2 = 66 KB for D = 256 (the launcher
+//   computes it; above 48 KB the kernel is allowed it at load), within every arch's 99 KB.
+//   Per key tile k0..k0+BC−1 (tiles up to the block's last query position kmax; rows past kmax
+//   are zero-filled, never read from the cache):
+//     S = Q·Kᵀ with mma.m16n8k16 bf16 → fp32 (A = Q rows via ldmatrix, B = K rows via ldmatrix,
+//       K's rows being the "col" operand); scale; causal mask only on tiles that cross the
+//       warp's diagonal; fp32 online softmax per row (max over the 4 lanes holding a row, expf,
+//       running sum l of the fp32 weights); O *= exp(m_old − m_new);
+//     O += P·V: the S accumulators are re-packed in registers as the A fragments (P rounded to
+//       bf16, as HF's bf16 eager path casts the softmax before P·V), V via ldmatrix.trans.
+//   Loads are cp.async (16 bytes) in bf16 mode: V(tile) lands while S is computed, K(tile+1)
+//   while P·V runs (fp32 mode converts synchronously; the Rust side uses the kernel only in bf16
+//   mode). A warp skips the math of tiles past its last query. Epilogue as attn_decode:
+//   o = act(O / l), out = act(o · act(sigmoid(gate))); rows past the chunk are not written.
 //
 // Split-KV decode (flash-decoding; default for steps of at most SPLIT_MAX_TOK tokens):
 //   token t attends to keys 0..len-1, len = pos+t+1. The keys are cut into n_s = ceil(len/P)
@@ -328,5 +350,314 @@ attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_
         o = act(o / total);
         float gate = qg[(long long)t * n_q * 2 * d + (long long)h * 2 * d + d + c];
         out[(long long)t * n_q * d + (long long)h * d + c] = act(o * act(sigmoidf(gate)));
+    }
+}
+
+// ---- prefill on tensor cores --------------------------------------------------------------------
+
+#define PF_Q 64                      // queries per block (16 per warp)
+#define PF_WARPS 4
+#define PF_THREADS (PF_WARPS * 32)
+#define PF_PAD 8                     // bf16 elements of padding per shared-memory row
+#define PF_KEYS_SMALL 64             // keys per tile for D <= 128
+#define PF_KEYS_256 32               // keys per tile for D = 256
+
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
+// lane L gets row L/4, columns 2(L%4), 2(L%4)+1 of matrix i (.trans: of its transpose).
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 addr, u32 (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row major) · b (16x8 bf16, "col": b0/b1 hold k pairs).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to nearest-even bf16, `lo` in the low half (the lower column / k index).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Eight consecutive cache elements (16-byte aligned) into shared memory as bf16: an asynchronous
+// 16-byte copy in bf16 mode; in fp32 mode a synchronous load and conversion.
+__device__ __forceinline__ void stage8(u16* dst, const kv_t* src) {
+#ifdef LILY_BF16_ACT
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+#else
+    float4 a = *reinterpret_cast<const float4*>(src);
+    float4 b = *reinterpret_cast<const float4*>(src + 4);
+    uint4 w;
+    w.x = pack_bf16x2(a.x, a.y);
+    w.y = pack_bf16x2(a.z, a.w);
+    w.z = pack_bf16x2(b.x, b.y);
+    w.w = pack_bf16x2(b.z, b.w);
+    *reinterpret_cast<uint4*>(dst) = w;
+#endif
+}
+
+__device__ __forceinline__ void zero8(u16* dst) {
+    uint4 z;
+    z.x = z.y = z.z = z.w = 0u;
+    *reinterpret_cast<uint4*>(dst) = z;
+}
+
+// attn_decode's epilogue for two adjacent columns c, c+1 of token t, head h.
+__device__ __forceinline__ void attn_store2(const float* __restrict__ qg, float* __restrict__ out, int t, int h,
+                                            int n_q, int d, int c, float o0, float o1, float l) {
+    float2 gate = *reinterpret_cast<const float2*>(qg + ((long long)t * n_q * 2 + (long long)h * 2) * d + d + c);
+    float2 r;
+    r.x = act(act(o0 / l) * act(sigmoidf(gate.x)));
+    r.y = act(act(o1 / l) * act(sigmoidf(gate.y)));
+    *reinterpret_cast<float2*>(out + ((long long)t * n_q + h) * d + c) = r;
+}
+
+// One block: queries q0..q0+63 of head h against keys 0..kmax in tiles of BC keys (see the top).
+template <int D, int BC>
+__device__ __forceinline__ void attn_prefill_tiles(const float* __restrict__ q, const float* __restrict__ qg,
+                                                   const kv_t* __restrict__ k_cache,
+                                                   const kv_t* __restrict__ v_cache, float* __restrict__ out,
+                                                   int pos, int n_tok, int n_q, int n_kv, float scale, u16* smem) {
+    constexpr int LD = D + PF_PAD;  // shared row stride (bf16): 16 bytes past a multiple of 128
+    constexpr int CH = D / 8;       // 16-byte chunks per row
+    constexpr int NT_D = D / 8;     // 8-wide n-tiles over head dims (the O accumulator)
+    constexpr int KS_D = D / 16;    // 16-deep k-steps over head dims (Q·Kᵀ)
+    constexpr int NT_K = BC / 8;    // n-tiles over the tile's keys (S)
+    constexpr int KS_K = BC / 16;   // k-steps over the tile's keys (P·V)
+    static_assert(D % 16 == 0 && BC % 16 == 0, "mma tiles");
+    static_assert((PF_Q * CH) % PF_THREADS == 0 && (BC * CH) % PF_THREADS == 0, "staging loops");
+    u16* q_s = smem;             // [PF_Q][LD]
+    u16* k_s = q_s + PF_Q * LD;  // [BC][LD]
+    u16* v_s = k_s + BC * LD;    // [BC][LD]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tq = lane & 3;  // mma fragment coordinates: row group, thread in group
+    const int h = blockIdx.y;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * PF_Q;  // the longest query blocks start first
+    const int kvh = h / (n_q / n_kv);
+    const int kmax = pos + min(q0 + PF_Q, n_tok) - 1;  // the block's last query attends to 0..=kmax
+    const int n_tiles = kmax / BC + 1;
+    const long long kv_stride = (long long)n_kv * D;  // elements between consecutive keys
+    const kv_t* k_head = k_cache + (long long)kvh * D;
+    const kv_t* v_head = v_cache + (long long)kvh * D;
+
+    // The Q tile as bf16 (exact in bf16 mode), zero rows past the chunk.
+#pragma unroll
+    for (int it = 0; it < PF_Q * CH / PF_THREADS; it++) {
+        int i = tid + it * PF_THREADS;
+        int r = i / CH, c = (i % CH) * 8;
+        u16* dst = q_s + r * LD + c;
+        if (q0 + r < n_tok) {
+            const float* src = q + ((long long)(q0 + r) * n_q + h) * D + c;
+            float4 a = *reinterpret_cast<const float4*>(src);
+            float4 b = *reinterpret_cast<const float4*>(src + 4);
+            uint4 w;
+            w.x = pack_bf16x2(a.x, a.y);
+            w.y = pack_bf16x2(a.z, a.w);
+            w.z = pack_bf16x2(b.x, b.y);
+            w.w = pack_bf16x2(b.z, b.w);
+            *reinterpret_cast<uint4*>(dst) = w;
+        } else {
+            zero8(dst);
+        }
+    }
+    // Keys k0..k0+BC-1 of K or V into a tile; rows past kmax are zeros (they may lie past the
+    // cache, and a zero V row keeps 0 · garbage out of P·V).
+    auto stage_tile = [&](u16* tile, const kv_t* head, int k0) {
+#pragma unroll
+        for (int it = 0; it < BC * CH / PF_THREADS; it++) {
+            int i = tid + it * PF_THREADS;
+            int r = i / CH, c = (i % CH) * 8;
+            if (k0 + r <= kmax)
+                stage8(tile + r * LD + c, head + (long long)(k0 + r) * kv_stride + c);
+            else
+                zero8(tile + r * LD + c);
+        }
+    };
+
+    // ldmatrix row addresses of this lane (bytes, shared space).
+    //   Q (A operand, 16x16 at k-step ks): matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15) in
+    //     a0..a3 order: lane L gives row L%16, dims 8·(L/16).
+    //   K (B operand, col: b0/b1 = dims 0-7/8-15 of one 8-key n-tile), two n-tiles per load:
+    //     lane L gives key (L%8) + 8·(L/16), dims 8·((L/8)%2).
+    //   V (B operand via .trans: b0/b1 = keys 0-7/8-15 of one 8-dim n-tile), two n-tiles per
+    //     load: lane L gives key (L%8) + 8·((L/8)%2), dims 8·(L/16).
+    const int row0 = warp * 16;
+    const u32 q_frag = smem_addr(q_s + (row0 + (lane & 15)) * LD + (lane >> 4) * 8);
+    const u32 k_frag = smem_addr(k_s + ((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
+    const u32 v_frag = smem_addr(v_s + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8);
+
+    const int first_pos = pos + q0 + row0;  // position of the warp's first query
+    const int last_pos = first_pos + 15;
+    const int pos_a = first_pos + g, pos_b = pos_a + 8;  // this thread's rows g and g+8
+
+    float o[NT_D][4];
+#pragma unroll
+    for (int n = 0; n < NT_D; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_a = NEG_INF, m_b = NEG_INF;  // running max of rows g, g+8 (the same in the 4 lanes)
+    float l_a = 0.0f, l_b = 0.0f;        // this lane's part of the running sums
+
+    stage_tile(k_s, k_head, 0);
+    cp_async_commit();
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int k0 = tile * BC;
+        cp_async_wait<0>();
+        __syncthreads();  // K(tile) (and Q) visible; every warp is done with V(tile - 1)
+        stage_tile(v_s, v_head, k0);
+        cp_async_commit();
+        // Warp-uniform: whether any of the warp's queries sees a key of this tile. Tile 0 is live
+        // for every warp and every row sees key 0 there, so m_a and m_b are finite after it.
+        const bool live = k0 <= last_pos;
+        float s[NT_K][4];
+        if (live) {
+            // S = Q·Kᵀ (fp32 accumulate).
+#pragma unroll
+            for (int n = 0; n < NT_K; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS_D; ks++) {
+                u32 a[4];
+                ldsm_x4(q_frag + ks * 32, a);
+#pragma unroll
+                for (int p = 0; p < NT_K / 2; p++) {
+                    u32 b[4];
+                    ldsm_x4(k_frag + (p * 16 * LD + ks * 16) * 2, b);
+                    mma_bf16(s[2 * p], a, b[0], b[1]);
+                    mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+                }
+            }
+            // Scale; causal mask only where the tile crosses the warp's diagonal. Element e of
+            // n-tile n is row g (e < 2) or g+8, key k0 + 8n + 2·tq + (e & 1).
+            const bool diag = k0 + BC - 1 > first_pos;
+#pragma unroll
+            for (int n = 0; n < NT_K; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[n][e] * scale;
+                    if (diag && k0 + 8 * n + 2 * tq + (e & 1) > (e < 2 ? pos_a : pos_b)) v = NEG_INF;
+                    s[n][e] = v;
+                }
+            }
+            // Online softmax: new row max over the quad, rescale O and l, P = exp(S − m).
+            float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+            for (int n = 0; n < NT_K; n++) {
+                mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
+                mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int x = 1; x < 4; x <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, x));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, x));
+            }
+            const float corr_a = expf(m_a - mx_a), corr_b = expf(m_b - mx_b);
+            m_a = mx_a;
+            m_b = mx_b;
+            l_a *= corr_a;
+            l_b *= corr_b;
+#pragma unroll
+            for (int n = 0; n < NT_D; n++) {
+                o[n][0] *= corr_a;
+                o[n][1] *= corr_a;
+                o[n][2] *= corr_b;
+                o[n][3] *= corr_b;
+            }
+#pragma unroll
+            for (int n = 0; n < NT_K; n++) {
+                s[n][0] = expf(s[n][0] - m_a);
+                s[n][1] = expf(s[n][1] - m_a);
+                s[n][2] = expf(s[n][2] - m_b);
+                s[n][3] = expf(s[n][3] - m_b);
+                l_a += s[n][0] + s[n][1];
+                l_b += s[n][2] + s[n][3];
+            }
+        }
+        __syncthreads();  // every warp is done with K(tile)
+        if (tile + 1 < n_tiles) {
+            stage_tile(k_s, k_head, k0 + BC);  // overlaps P·V below
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // V(tile) visible
+        if (live) {
+            // O += P·V: the S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of k-step kk
+            // (rows g / g+8, keys 2·tq.. of each half), P rounded to bf16.
+#pragma unroll
+            for (int kk = 0; kk < KS_K; kk++) {
+                u32 a[4];
+                a[0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+                a[1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+                a[2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                a[3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                for (int p = 0; p < NT_D / 2; p++) {
+                    u32 b[4];
+                    ldsm_x4_trans(v_frag + (kk * 16 * LD + p * 16) * 2, b);
+                    mma_bf16(o[2 * p], a, b[0], b[1]);
+                    mma_bf16(o[2 * p + 1], a, b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    // Full row sums, then attn_decode's epilogue. Element e of n-tile n: row g (e < 2) or g+8,
+    // dim 8n + 2·tq + (e & 1).
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
+    }
+    const int t_a = q0 + row0 + g, t_b = t_a + 8;
+#pragma unroll
+    for (int n = 0; n < NT_D; n++) {
+        int c = 8 * n + 2 * tq;
+        if (t_a < n_tok) attn_store2(qg, out, t_a, h, n_q, D, c, o[n][0], o[n][1], l_a);
+        if (t_b < n_tok) attn_store2(qg, out, t_b, h, n_q, D, c, o[n][2], o[n][3], l_b);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+attn_prefill(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
+             const kv_t* __restrict__ v_cache, float* __restrict__ out, const int* __restrict__ pos_ptr,
+             int n_tok, int n_q, int n_kv, int d, float scale) {
+    extern __shared__ __align__(16) u16 pf_smem[];
+    const int pos = *pos_ptr;
+    switch (d) {  // the launcher refuses other head dims
+        case 64:
+            attn_prefill_tiles<64, PF_KEYS_SMALL>(q, qg, k_cache, v_cache, out, pos, n_tok, n_q, n_kv, scale, pf_smem);
+            break;
+        case 128:
+            attn_prefill_tiles<128, PF_KEYS_SMALL>(q, qg, k_cache, v_cache, out, pos, n_tok, n_q, n_kv, scale, pf_smem);
+            break;
+        case 256:
+            attn_prefill_tiles<256, PF_KEYS_256>(q, qg, k_cache, v_cache, out, pos, n_tok, n_q, n_kv, scale, pf_smem);
+            break;
+        default:
+            break;
     }
 }

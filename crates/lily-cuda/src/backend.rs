@@ -30,6 +30,9 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
     pub moe_grouped: bool,
+    /// Tensor-core attention for prefill chunks (see `Forward::attn_prefill`); bf16 activations
+    /// only (`LILY_ATTN_PREFILL=0` turns it off).
+    pub attn_prefill: bool,
     /// Split-KV attention for decode steps (see `Forward::split_kv`); `LILY_SPLIT_KV=0` turns it off.
     pub split_kv: bool,
     /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
@@ -39,8 +42,9 @@ pub struct CudaOptions {
 
 impl CudaOptions {
     /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
-    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_SPLIT_KV=0 (one-block
-    /// decode attention) and LILY_DEVICE_SAMPLING=0 (sample on the host from downloaded logits).
+    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_ATTN_PREFILL=0 (prefill
+    /// attention by `attn_decode`), LILY_SPLIT_KV=0 (one-block decode attention) and
+    /// LILY_DEVICE_SAMPLING=0 (sample on the host from downloaded logits).
     pub fn from_env() -> CudaOptions {
         let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
         CudaOptions {
@@ -48,6 +52,7 @@ impl CudaOptions {
             bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
             graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
             moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
+            attn_prefill: !std::env::var("LILY_ATTN_PREFILL").is_ok_and(|v| v == "0"),
             split_kv: !std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "0"),
             device_sampling: !std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
@@ -131,6 +136,7 @@ impl CudaBackend {
             cfg: &self.cfg,
             scratch: &self.scratch,
             moe_grouped: self.opts.moe_grouped,
+            attn_prefill: self.opts.attn_prefill && self.opts.bf16_activations,
             split_kv: self.opts.split_kv,
         }
     }

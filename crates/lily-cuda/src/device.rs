@@ -394,6 +394,7 @@ pub struct Kernels {
     pub gemm_grouped32: Kernel,
     pub attn_qk_prep: Kernel,
     pub attn_decode: Kernel,
+    pub attn_prefill: Kernel,
     pub attn_split: Kernel,
     pub attn_split_combine: Kernel,
     pub dn_conv: Kernel,
@@ -458,6 +459,16 @@ impl Kernels {
                 .map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
             Ok(Kernel { name, func })
         };
+        let attn_prefill = get("attention", "attn_prefill")?;
+        // Above 48 KB of dynamic shared memory a kernel must be allowed it explicitly.
+        let smem = crate::ops::attn_prefill_max_smem();
+        attn_prefill
+            .func
+            .set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| anyhow!("allowing attn_prefill {smem} bytes of shared memory: {e}"))?;
         Ok(Kernels {
             embed: get("embed", "embed")?,
             rms_norm: get("norm", "rms_norm")?,
@@ -470,6 +481,7 @@ impl Kernels {
             gemm_grouped32: big_smem(get("gemm", "gemm_grouped32")?, GEMM_SMEM_MAX)?,
             attn_qk_prep: get("attention", "attn_qk_prep")?,
             attn_decode: get("attention", "attn_decode")?,
+            attn_prefill,
             attn_split: get("attention", "attn_split")?,
             attn_split_combine: get("attention", "attn_split_combine")?,
             dn_conv: get("deltanet", "dn_conv")?,

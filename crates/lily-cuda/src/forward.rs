@@ -221,9 +221,14 @@ pub struct Forward<'a> {
     /// each expert's weights are read once per tile instead of once per item (LILY_MOE_GROUPED=0
     /// turns it off). Decode (one token) always gathers.
     pub moe_grouped: bool,
+    /// Prefill chunks of at least ops::PREFILL_MIN_TOK tokens run `attn_prefill` (flash attention
+    /// on tensor cores: bf16 mma, fp32 softmax) instead of one block per (token, query head).
+    /// Only with bf16 activations: it rounds the softmax weights to bf16 as HF's bf16 path does,
+    /// and would round fp32-mode q, k and v too.
+    pub attn_prefill: bool,
     /// Steps of at most ops::SPLIT_MAX_TOK tokens (decode) run split-KV (flash-decoding)
     /// attention: many blocks per kv head over slices of the cache instead of one block per query
-    /// head reading it all (LILY_SPLIT_KV=0 turns it off). Prefill chunks keep `attn_decode`.
+    /// head reading it all (LILY_SPLIT_KV=0 turns it off).
     pub split_kv: bool,
 }
 
@@ -354,6 +359,18 @@ impl Forward<'_> {
                 v_cache,
                 s.part_o.ptr,
                 s.part_ml.ptr,
+                s.attn_o.ptr,
+                pos,
+                n,
+            )?;
+        } else if self.attn_prefill && ops::attn_prefill_fits(shape, n) {
+            ops::attn_prefill(
+                gpu,
+                shape,
+                s.q.ptr,
+                s.qg.ptr,
+                k_cache,
+                v_cache,
                 s.attn_o.ptr,
                 pos,
                 n,

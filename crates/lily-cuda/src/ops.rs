@@ -458,6 +458,106 @@ pub fn attn_decode(
     )
 }
 
+/// Queries per `attn_prefill` block (PF_Q in attention.cu) and its threads (PF_THREADS).
+const PREFILL_Q: usize = 64;
+const PREFILL_THREADS: usize = 4 * 32;
+/// Shortest chunk worth `attn_prefill` (one warp's 16 query rows); shorter steps keep
+/// `attn_decode` or split-KV.
+pub const PREFILL_MIN_TOK: usize = 16;
+
+/// Keys per `attn_prefill` tile for head dim `d` (PF_KEYS_SMALL / PF_KEYS_256 in attention.cu),
+/// `None` for a head dim it does not serve.
+fn prefill_keys(d: usize) -> Option<usize> {
+    match d {
+        64 | 128 => Some(64),
+        256 => Some(32),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of an `attn_prefill` block for head dim `d`: the Q tile and one K and
+/// one V tile, bf16, rows padded by 8 elements.
+pub fn attn_prefill_smem(d: usize) -> Option<usize> {
+    prefill_keys(d).map(|keys| (PREFILL_Q + 2 * keys) * (d + 8) * 2)
+}
+
+/// The most dynamic shared memory `attn_prefill` asks for (any supported head dim); the kernel
+/// is allowed this much once, when it is loaded.
+pub fn attn_prefill_max_smem() -> usize {
+    [64, 128, 256]
+        .into_iter()
+        .filter_map(attn_prefill_smem)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `attn_prefill` serves this shape and chunk (else `attn_decode` runs). Callers use it
+/// only with bf16 activations: it rounds q, k, v and the softmax weights to bf16.
+pub fn attn_prefill_fits(s: AttnShape, n_tok: usize) -> bool {
+    n_tok >= PREFILL_MIN_TOK
+        && prefill_keys(s.d).is_some()
+        && s.n_kv > 0
+        && s.n_q.is_multiple_of(s.n_kv)
+}
+
+/// Causal gated attention of a prefill chunk on tensor cores (bf16 mma, fp32 softmax and
+/// accumulation): same inputs and output as `attn_decode`. Any `n_tok` works; head dims 64, 128
+/// and 256 only.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_prefill(
+    gpu: &Gpu,
+    s: AttnShape,
+    q: u64,
+    qg: u64,
+    k_cache: u64,
+    v_cache: u64,
+    out: u64,
+    pos: u64,
+    n_tok: usize,
+) -> Result<()> {
+    let Some(smem) = attn_prefill_smem(s.d) else {
+        bail!("attn_prefill: head_dim {} (supported: 64, 128, 256)", s.d);
+    };
+    if s.n_kv == 0 || !s.n_q.is_multiple_of(s.n_kv) {
+        bail!(
+            "attn_prefill: {} query heads over {} kv heads",
+            s.n_q,
+            s.n_kv
+        );
+    }
+    // 16-byte loads of q and of the cache rows, 8-byte loads and stores of the gate and output.
+    if [q, k_cache, v_cache].iter().any(|a| !a.is_multiple_of(16))
+        || [qg, out].iter().any(|a| !a.is_multiple_of(8))
+    {
+        bail!("attn_prefill: q, the caches, qg or out are not aligned for vector loads");
+    }
+    if n_tok == 0 {
+        return Ok(());
+    }
+    let scale = 1.0 / (s.d as f32).sqrt();
+    let args = vec![
+        p(q),
+        p(qg),
+        p(k_cache),
+        p(v_cache),
+        p(out),
+        p(pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.n_kv),
+        i(s.d),
+        f(scale),
+    ];
+    go_smem(
+        gpu,
+        &gpu.kernels.attn_prefill,
+        (blocks(n_tok, PREFILL_Q), s.n_q as u32, 1),
+        (PREFILL_THREADS as u32, 1, 1),
+        smem as u32,
+        args,
+    )
+}
+
 /// Whether the split-KV kernels serve this shape and step (else `attn_decode` runs).
 pub fn split_kv_fits(s: AttnShape, n_tok: usize) -> bool {
     n_tok <= SPLIT_MAX_TOK && s.d <= ATTN_MAX_D && s.d.is_multiple_of(8)

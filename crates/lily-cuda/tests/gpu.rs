@@ -423,6 +423,7 @@ impl BlockRig {
             cfg: &self.cfg,
             scratch: &self.scratch,
             moe_grouped: self.moe_grouped.get(),
+            attn_prefill: false, // fp32 activations
             split_kv: true,
         }
     }
@@ -485,6 +486,7 @@ struct AttnRig {
     cfg: ModelConfig,
     scratch: Scratch,
     seq: SeqState,
+    bf16: bool,
 }
 
 impl AttnRig {
@@ -497,6 +499,7 @@ impl AttnRig {
             cfg: cfg.clone(),
             scratch,
             seq,
+            bf16,
         }
     }
     /// One attention block over `xn` (n tokens) at the sequence's position, NaN-poisoned scratch
@@ -520,6 +523,8 @@ impl AttnRig {
             cfg: c,
             scratch: s,
             moe_grouped: true,
+            // bf16 mode: the prefix chunks (> 16 tokens) run attn_prefill.
+            attn_prefill: self.bf16,
             split_kv,
         };
         let (k, v) = &self.seq.kv[0];
@@ -595,6 +600,86 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
                     pos += n;
                 }
             }
+        }
+    }
+}
+
+/// The tensor-core prefill kernel vs the one-block-per-(token, head) kernel on the same random
+/// inputs in bf16 mode (q and the caches bf16 values, never zero), outputs NaN-poisoned before
+/// each run: the real model's heads (16 q, 2 kv, head_dim 256) and the tiny preset's (4, 2, 64),
+/// chunks of 100 tokens at position 0, 77 at 300 (neither a multiple of the 64-query block, a
+/// long prefix) and 512 at 3000 (timed). Tolerance: relative L2 < 1e-2, since attn_prefill
+/// rounds the softmax weights to bf16 before P·V and an output may then land one bf16 step from
+/// attn_decode's (which keeps them fp32).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attn_prefill_matches_attn_decode() {
+    let g = Gpu::open(0, true).expect("a CUDA GPU and NVRTC");
+    let chunks = [(0usize, 100usize), (300, 77), (3000, 512)];
+    let max_ctx = chunks.iter().map(|&(pos, n)| pos + n).max().unwrap();
+    for (n_q, n_kv, d) in [(16usize, 2usize, 256usize), (4, 2, 64)] {
+        let mut rng = Rng(23);
+        let shape = gops::AttnShape {
+            n_q,
+            n_kv,
+            d,
+            rotary: d,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        let mut cache = || -> DevBuf {
+            let bits: Vec<u16> = (0..max_ctx * n_kv * d)
+                .map(|_| bf16::from_f32(rng.val(1.0)).to_bits())
+                .collect();
+            g.upload(&bits).unwrap()
+        };
+        let (k, v) = (cache(), cache());
+        for (pos, n) in chunks {
+            assert!(gops::attn_prefill_fits(shape, n));
+            // q as bf16 values (bf16 mode rounds it before attention), large enough that the
+            // softmax is far from flat (scores of standard deviation about 1).
+            let q: Vec<f32> = (0..n * n_q * d)
+                .map(|_| bf16::from_f32(rng.val(3.0)).to_f32())
+                .collect();
+            let qg = rng.vec(n * n_q * 2 * d, 2.0);
+            let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
+            let dpos = g.upload(&[pos as i32]).unwrap();
+            let out = g.alloc(n * n_q * d * 4).unwrap();
+            let run = |prefill: bool| -> (Vec<f32>, std::time::Duration) {
+                g.fill(&out, 0xff).unwrap();
+                g.sync().unwrap();
+                let t = std::time::Instant::now();
+                let (a, b, c, o, p) = (dq.ptr, dqg.ptr, k.ptr, out.ptr, dpos.ptr);
+                if prefill {
+                    gops::attn_prefill(&g, shape, a, b, c, v.ptr, o, p, n).unwrap();
+                } else {
+                    gops::attn_decode(&g, shape, a, b, c, v.ptr, o, p, n).unwrap();
+                }
+                g.sync().unwrap();
+                let dt = t.elapsed();
+                (g.read(&out, 0, n * n_q * d).unwrap(), dt)
+            };
+            let (want, _) = run(false);
+            let (got, _) = run(true);
+            // Timed once more, warm.
+            let (_, t_decode) = run(false);
+            let (_, t_prefill) = run(true);
+            assert!(
+                want.iter().all(|x| x.is_finite()),
+                "attn_decode left an output unwritten"
+            );
+            let max_abs = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let max_want = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let what = format!("attn_prefill Hq {n_q} Hkv {n_kv} D {d} pos {pos} T {n}");
+            println!(
+                "KERNEL {what}: max abs diff {max_abs:.3e} (max |out| {max_want:.3e}); \
+                 attn_decode {t_decode:.2?}, attn_prefill {t_prefill:.2?}"
+            );
+            check(&format!("{what} vs attn_decode"), &got, &want, 1e-2);
         }
     }
 }
@@ -925,6 +1010,7 @@ fn sampling_in_decode_equals_the_host_path() {
                 chunk: 16,
                 graphs,
                 moe_grouped: true,
+                attn_prefill: true,
                 split_kv: false,
                 device_sampling,
             },
@@ -1058,6 +1144,7 @@ fn parity_chunked(
                 graphs: true,
                 moe_grouped: true,
                 // The default path; the split-KV and device-sampling paths have their own tests.
+                attn_prefill: true,
                 split_kv: false,
                 device_sampling: false,
             },
@@ -1165,6 +1252,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
         chunk: 16,
         graphs: false,
         moe_grouped: true,
+        attn_prefill: true,
         split_kv: true,
         device_sampling: true,
     };
