@@ -16,16 +16,19 @@
 //
 // Recurrent layout: state [Hv, dk, dv] fp32, row i of head hv at (hv·dk + i)·dv. Value columns
 // are independent given q, k, β, α, so a warp owns 4 columns of one head, DN_PARTS = 8 adjacent
-// lanes per column, each lane dk/8 consecutive state rows in registers for the whole chunk (the
-// state is read and written once per launch). A token costs each lane two short FMA chains and
-// two 3-step shuffle reductions and no barrier: the inputs of token t+1 are loaded while token t
-// computes. Limits (ops.rs checks them at load): dk % 32 == 0, dk ≤ 128, K ≤ 8.
+// lanes per column, each lane dk/8 state rows (i ≡ lane mod 8) in registers for the whole chunk
+// (the state is read and written once per launch). A token costs each lane two short FMA chains,
+// two 3-step shuffle reductions and shared-memory reads (conflict-free: the 8 lanes of a column
+// read 8 consecutive words, the 4 columns of a warp the same ones); q, k, v, α, β come in tiles
+// of DN_TT tokens by cp.async, two barriers per tile. Limits (ops.rs checks them at load):
+// dk % 32 == 0, dk ≤ 128, dv % 16 == 0, K ≤ 8.
 
 #define DN_MAX_K 8
 #define DN_MAX_DK 128
 #define DN_PARTS 8                           // lanes sharing one value column
 #define DN_ROWS (DN_MAX_DK / DN_PARTS)       // state rows per lane at most (16)
 #define DN_COLS_PER_BLOCK 16                 // 4 warps × 4 columns
+#define DN_TT 16                             // tokens per shared-memory tile
 
 // Row `idx` (may be negative: a conv_state row) of the pre-conv sequence [conv_state; m].
 __device__ __forceinline__ float conv_row(const float* __restrict__ m, int m_stride, const float* conv_state,
@@ -93,99 +96,115 @@ extern "C" __global__ void dn_prep(const float* __restrict__ c, int conv_dim, co
     }
 }
 
-// One token's inputs for one lane: its dk/8 rows of q and k, α, β, and its column's v.
-struct DnIn {
-    float4 q[DN_ROWS / 4], k[DN_ROWS / 4];
-    float alpha, beta, v;
-};
-
-__device__ __forceinline__ void dn_load(const float* __restrict__ qk, const float* __restrict__ ab,
-                                        const float* __restrict__ c, int conv_dim, int v_off, int t, int n_k_heads,
-                                        int hk, int hv, int n_v_heads, int dk, int r0, int rows, DnIn& in) {
-    const float4* q4 = reinterpret_cast<const float4*>(qk + ((long long)t * n_k_heads + hk) * 2 * dk + r0);
-    const float4* k4 = reinterpret_cast<const float4*>(qk + ((long long)t * n_k_heads + hk) * 2 * dk + dk + r0);
-#pragma unroll
-    for (int i = 0; i < DN_ROWS / 4; i++) {
-        if (4 * i < rows) {
-            in.q[i] = q4[i];
-            in.k[i] = k4[i];
-        }
+// Stages tokens t0 .. t0+nt of what dn_recurrent's block reads into shared memory: q and k of
+// its K head (cp.async), v of its 16 columns (cp.async), α and β (plain loads).
+__device__ __forceinline__ void dn_stage(float (*qk_s)[2 * DN_MAX_DK], float (*v_s)[DN_COLS_PER_BLOCK],
+                                         float (*ab_s)[2], const float* __restrict__ qk,
+                                         const float* __restrict__ ab, const float* __restrict__ c, int t0, int nt,
+                                         int conv_dim, int v_col0, int n_k_heads, int hk, int n_v_heads, int hv,
+                                         int dk) {
+    int per = 2 * dk / 4;  // float4 per token of q and k
+    for (int idx = threadIdx.x; idx < nt * per; idx += blockDim.x) {
+        int tt = idx / per, f = idx % per;
+        cp_async16(&qk_s[tt][4 * f], qk + ((long long)(t0 + tt) * n_k_heads + hk) * 2 * dk + 4 * f);
     }
-    in.alpha = ab[((long long)t * n_v_heads + hv) * 2];
-    in.beta = ab[((long long)t * n_v_heads + hv) * 2 + 1];
-    in.v = c[(long long)t * conv_dim + v_off];
+    for (int idx = threadIdx.x; idx < nt * (DN_COLS_PER_BLOCK / 4); idx += blockDim.x) {
+        int tt = idx / (DN_COLS_PER_BLOCK / 4), f = idx % (DN_COLS_PER_BLOCK / 4);
+        cp_async16(&v_s[tt][4 * f], c + (long long)(t0 + tt) * conv_dim + v_col0 + 4 * f);
+    }
+    cp_async_commit();
+    for (int tt = threadIdx.x; tt < nt; tt += blockDim.x) {
+        ab_s[tt][0] = ab[((long long)(t0 + tt) * n_v_heads + hv) * 2];
+        ab_s[tt][1] = ab[((long long)(t0 + tt) * n_v_heads + hv) * 2 + 1];
+    }
 }
 
-// grid (n_v_heads, ceil(dv / DN_COLS_PER_BLOCK)), block 128.
+// grid (n_v_heads, dv / DN_COLS_PER_BLOCK), block 128: warp w owns columns 4w .. 4w+3 of the
+// block's 16, lane L column 4w + L/8 and state rows i = L%8 + 8r. Tokens go through shared
+// memory DN_TT at a time, double-buffered: the next tile's copies fly while this one computes.
 extern "C" __global__ void __launch_bounds__(128)
 dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
              float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
              int dv) {
+    __shared__ __align__(16) float qk_s[2][DN_TT][2 * DN_MAX_DK];
+    __shared__ __align__(16) float v_s[2][DN_TT][DN_COLS_PER_BLOCK];
+    __shared__ float ab_s[2][DN_TT][2];
     int hv = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = lane % DN_PARTS;
-    int j = blockIdx.y * DN_COLS_PER_BLOCK + warp * (32 / DN_PARTS) + lane / DN_PARTS;
-    bool live = j < dv;
-    int jc = live ? j : dv - 1;  // dead lanes shadow a live column (shuffles need every lane)
+    int col = warp * (32 / DN_PARTS) + lane / DN_PARTS;
+    int j0 = blockIdx.y * DN_COLS_PER_BLOCK, j = j0 + col;
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     int conv_dim = 2 * key_dim + n_v_heads * dv;
-    int v_off = 2 * key_dim + hv * dv + jc;
-    int rows = dk / DN_PARTS, r0 = part * rows;
+    int v_col0 = 2 * key_dim + hv * dv + j0;
+    int rows = dk / DN_PARTS;
     float* sp = state + (long long)hv * dk * dv;
     float s[DN_ROWS];
 #pragma unroll
-    for (int r = 0; r < DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(r0 + r) * dv + jc] : 0.0f;
+    for (int r = 0; r < DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DN_PARTS * r) * dv + j] : 0.0f;
 
-    DnIn cur, nxt;
-    if (n_tok > 0) dn_load(qk, ab, c, conv_dim, v_off, 0, n_k_heads, hk, hv, n_v_heads, dk, r0, rows, cur);
-    for (int t = 0; t < n_tok; t++) {
-        if (t + 1 < n_tok) dn_load(qk, ab, c, conv_dim, v_off, t + 1, n_k_heads, hk, hv, n_v_heads, dk, r0, rows, nxt);
-        const float* kf = reinterpret_cast<const float*>(cur.k);
-        const float* qf = reinterpret_cast<const float*>(cur.q);
-        float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
-#pragma unroll
-        for (int r = 0; r < DN_ROWS; r += 4) {
-            if (r < rows) {
-                s[r] *= cur.alpha;
-                s[r + 1] *= cur.alpha;
-                s[r + 2] *= cur.alpha;
-                s[r + 3] *= cur.alpha;
-                u0 += s[r] * kf[r];
-                u1 += s[r + 1] * kf[r + 1];
-                u2 += s[r + 2] * kf[r + 2];
-                u3 += s[r + 3] * kf[r + 3];
-            }
+    int n_tiles = (n_tok + DN_TT - 1) / DN_TT;
+    if (n_tiles > 0)
+        dn_stage(qk_s[0], v_s[0], ab_s[0], qk, ab, c, 0, min(DN_TT, n_tok), conv_dim, v_col0, n_k_heads, hk,
+                 n_v_heads, hv, dk);
+    for (int tile = 0; tile < n_tiles; tile++) {
+        int buf = tile & 1;
+        int t0 = tile * DN_TT, nt = min(DN_TT, n_tok - t0);
+        if (tile + 1 < n_tiles) {
+            dn_stage(qk_s[buf ^ 1], v_s[buf ^ 1], ab_s[buf ^ 1], qk, ab, c, t0 + DN_TT, min(DN_TT, n_tok - t0 - DN_TT),
+                     conv_dim, v_col0, n_k_heads, hk, n_v_heads, hv, dk);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        float u = (u0 + u1) + (u2 + u3);
+        __syncthreads();
+        for (int tt = 0; tt < nt; tt++) {
+            const float* qs = qk_s[buf][tt];
+            const float* ks = qs + dk;
+            float alpha = ab_s[buf][tt][0], beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
+            float kr[DN_ROWS];
+            float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
 #pragma unroll
-        for (int off = 1; off < DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
-        float delta = cur.beta * (cur.v - u);
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+            for (int r = 0; r < DN_ROWS; r += 4) {
+                if (r < rows) {
 #pragma unroll
-        for (int r = 0; r < DN_ROWS; r += 4) {
-            if (r < rows) {
-                s[r] += kf[r] * delta;
-                s[r + 1] += kf[r + 1] * delta;
-                s[r + 2] += kf[r + 2] * delta;
-                s[r + 3] += kf[r + 3] * delta;
-                o0 += s[r] * qf[r];
-                o1 += s[r + 1] * qf[r + 1];
-                o2 += s[r + 2] * qf[r + 2];
-                o3 += s[r + 3] * qf[r + 3];
+                    for (int e = 0; e < 4; e++) {
+                        kr[r + e] = ks[part + DN_PARTS * (r + e)];
+                        s[r + e] *= alpha;
+                    }
+                    u0 += s[r] * kr[r];
+                    u1 += s[r + 1] * kr[r + 1];
+                    u2 += s[r + 2] * kr[r + 2];
+                    u3 += s[r + 3] * kr[r + 3];
+                }
             }
+            float u = (u0 + u1) + (u2 + u3);
+#pragma unroll
+            for (int off = 1; off < DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
+            float delta = beta * (v - u);
+            float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+            for (int r = 0; r < DN_ROWS; r += 4) {
+                if (r < rows) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
+                    o0 += s[r] * qs[part + DN_PARTS * r];
+                    o1 += s[r + 1] * qs[part + DN_PARTS * (r + 1)];
+                    o2 += s[r + 2] * qs[part + DN_PARTS * (r + 2)];
+                    o3 += s[r + 3] * qs[part + DN_PARTS * (r + 3)];
+                }
+            }
+            float out = (o0 + o1) + (o2 + o3);
+#pragma unroll
+            for (int off = 1; off < DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+            if (part == 0) o[(long long)(t0 + tt) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
         }
-        float out = (o0 + o1) + (o2 + o3);
-#pragma unroll
-        for (int off = 1; off < DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
-        if (live && part == 0) o[(long long)t * n_v_heads * dv + (long long)hv * dv + j] = act(out);
-        cur = nxt;
+        __syncthreads();  // this buffer is restaged two tiles on
     }
-    if (live) {
 #pragma unroll
-        for (int r = 0; r < DN_ROWS; r++)
-            if (r < rows) sp[(long long)(r0 + r) * dv + j] = s[r];
-    }
+    for (int r = 0; r < DN_ROWS; r++)
+        if (r < rows) sp[(long long)(part + DN_PARTS * r) * dv + j] = s[r];
 }
 
 extern "C" __global__ void dn_gated_norm(const float* __restrict__ o, const float* __restrict__ z, int z_stride,

@@ -6,7 +6,8 @@
 //   gemm_grouped: y[item, r] = Σ_c W_e[r, c] x[item / x_div, c] for the items of each tile
 //                 (expert e, start, count) that moe_group built with tiles of up to BM items.
 //
-// A block computes a BM × BN tile of y (BM tokens or items, BN = 128 output rows) with 8 warps,
+// A block computes a BM × BN tile of y (BM = 32, 64 or 128 tokens or items, BN = 128 output
+// rows) with 8 warps,
 // stepping through the input dimension BK = 64 columns at a time:
 //   - the activations of its BM rows (fp32 in memory, bf16-valued in this mode, so the conversion
 //     is exact) are converted to bf16 into shared memory;
@@ -24,33 +25,6 @@
 #define GEMM_BK 64
 #define GEMM_THREADS 256
 #define GEMM_LDS (GEMM_BK + 8)  // bf16 per shared row: 144 bytes, ldmatrix without bank conflicts
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void mma_bf16(float* d, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats to a bf16 pair (round to nearest even): lo in the low half.
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // One thread's share of a k-step's weights: half a row (32 columns) of one output row.
 // WORDS = 32 · bits / 32 packed u32 words; scale and bias of the group they fall in.
@@ -102,7 +76,7 @@ __device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
             int j0 = 2 * p, j1 = 2 * p + 1;
             u32 q0 = (words[j0 / PER] >> (BITS * (j0 % PER))) & MASK;
             u32 q1 = (words[j1 / PER] >> (BITS * (j1 % PER))) & MASK;
-            out[p] = pack_bf16(fmaf(ws.s, (float)q0, ws.b), fmaf(ws.s, (float)q1, ws.b));
+            out[p] = pack_bf16x2(fmaf(ws.s, (float)q0, ws.b), fmaf(ws.s, (float)q1, ws.b));
         }
     }
     uint4* d = reinterpret_cast<uint4*>(dst);
@@ -113,7 +87,7 @@ __device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
 // The block's activations: BM rows × BK floats per k-step, F = BM · BK / THREADS per thread.
 template <int BM>
 struct XSlice {
-    static const int F = BM * GEMM_BK / GEMM_THREADS;  // 16 (BM 64) or 8 (BM 32)
+    static const int F = BM * GEMM_BK / GEMM_THREADS;  // 32, 16 or 8 for BM 128, 64, 32
     float4 v[F / 4];
 };
 
@@ -143,7 +117,7 @@ __device__ __forceinline__ void x_store(const XSlice<BM>& xs, u16* a_tile) {
 #pragma unroll
     for (int i = 0; i < F / 8; i++) {
         float4 a = xs.v[2 * i], b = xs.v[2 * i + 1];
-        d[i] = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        d[i] = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
     }
 }
 
@@ -155,7 +129,7 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
                                           int x_stride, const int* src_rows, const int* dst_rows,
                                           float* __restrict__ y, int y_stride, int accumulate, u16* smem) {
     const int WARPS_M = BM / 32, WARPS_N = 8 / WARPS_M;
-    const int WN = GEMM_BN / WARPS_N;  // 32 (BM 64) or 16 (BM 32)
+    const int WN = GEMM_BN / WARPS_N;  // 64, 32 or 16 for BM 128, 64, 32
     const int MT = 2, NT = WN / 8;
     u16* a_buf[2] = {smem, smem + BM * GEMM_LDS};
     u16* b_buf[2] = {smem + 2 * BM * GEMM_LDS, smem + 2 * BM * GEMM_LDS + GEMM_BN * GEMM_LDS};
@@ -201,18 +175,18 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
             for (int i = 0; i < MT; i++) {
                 int row = warp_m * 32 + i * 16 + (lane & 15);
                 int col = kk + (lane >> 4) * 8;
-                ldsm_x4(smem_addr(at + row * GEMM_LDS + col), af[i][0], af[i][1], af[i][2], af[i][3]);
+                ldsm_x4(smem_addr(at + row * GEMM_LDS + col), af[i]);
             }
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 int row = warp_n * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
                 int col = kk + ((lane >> 3) & 1) * 8;
-                u32 b0, b1, b2, b3;
-                ldsm_x4(smem_addr(bt + row * GEMM_LDS + col), b0, b1, b2, b3);
+                u32 bf[4];
+                ldsm_x4(smem_addr(bt + row * GEMM_LDS + col), bf);
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
-                    mma_bf16(acc[i][j], af[i], b0, b1);
-                    mma_bf16(acc[i][j + 1], af[i], b2, b3);
+                    mma_bf16(acc[i][j], af[i], bf[0], bf[1]);
+                    mma_bf16(acc[i][j + 1], af[i], bf[2], bf[3]);
                 }
             }
         }
@@ -259,21 +233,34 @@ __device__ __forceinline__ void gemm_dispatch(const QWeight& w, long long w_row0
         gemm_tile<BM, 16>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
 }
 
-// grid (ceil(rows / BN), ceil(n_tok / 64)); 64 tokens per block.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-           int accumulate) {
+// grid (ceil(rows / BN), ceil(n_tok / BM)); BM tokens per block: 128 for long chunks (half the
+// weight dequantisation per FLOP of 64), 64 for short ones.
+template <int BM>
+__device__ __forceinline__ void gemm_dense_body(const QWeight& w, const float* __restrict__ x, int x_stride,
+                                                float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
     extern __shared__ __align__(16) u16 gemm_smem[];
-    __shared__ int src_rows[64], dst_rows[64];
-    int m0 = blockIdx.y * 64;
-    if (threadIdx.x < 64) {
+    __shared__ int src_rows[BM], dst_rows[BM];
+    int m0 = blockIdx.y * BM;
+    if (threadIdx.x < BM) {
         int n = m0 + threadIdx.x;
         src_rows[threadIdx.x] = n < n_tok ? n : -1;
         dst_rows[threadIdx.x] = n < n_tok ? n : -1;
     }
     __syncthreads();
-    gemm_dispatch<64>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
+    gemm_dispatch<BM>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
                       gemm_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+           int accumulate) {
+    gemm_dense_body<64>(w, x, x_stride, y, y_stride, n_tok, accumulate);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_dense128(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+              int accumulate) {
+    gemm_dense_body<128>(w, x, x_stride, y, y_stride, n_tok, accumulate);
 }
 
 // grid (ceil(rows / BN), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ bm), bm = 32

@@ -152,6 +152,12 @@ pub fn check_limits(cfg: &lily_core::config::ModelConfig) -> Result<()> {
             cfg.dn_k_dim
         );
     }
+    if !cfg.dn_v_dim.is_multiple_of(DN_COLS_PER_BLOCK) {
+        bail!(
+            "linear_value_head_dim {} is not a multiple of {DN_COLS_PER_BLOCK} (the CUDA DeltaNet kernel's column block)",
+            cfg.dn_v_dim
+        );
+    }
     if cfg.n_experts > MOE_MAX_E || cfg.top_k > 32 {
         bail!(
             "{} experts / top {} exceed the CUDA router's limits ({MOE_MAX_E} / 32)",
@@ -293,7 +299,7 @@ pub fn gemm_fits(gpu: &Gpu, w: &DevLinear) -> bool {
         && (w.bits == 16 || w.group.is_multiple_of(32))
 }
 
-/// y[n, :] (+)= W x[n, :] on tensor cores, 64 tokens × 128 rows per block.
+/// y[n, :] (+)= W x[n, :] on tensor cores, 128 (or, under 128 tokens, 64) tokens × 128 rows per block.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_dense(
     gpu: &Gpu,
@@ -306,7 +312,12 @@ pub fn gemm_dense(
     accumulate: bool,
 ) -> Result<()> {
     check_x("gemm_dense", x, x_stride)?;
-    let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, 64), 1);
+    let (kernel, bm) = if n_tok >= 128 {
+        (&gpu.kernels.gemm_dense128, 128)
+    } else {
+        (&gpu.kernels.gemm_dense, 64)
+    };
+    let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, bm), 1);
     let args = vec![
         Arg::Weight(w.arg()),
         p(x),
@@ -316,15 +327,8 @@ pub fn gemm_dense(
         i(n_tok),
         i(accumulate as usize),
     ];
-    let smem = gemm_smem(64) as u32;
-    go_smem(
-        gpu,
-        &gpu.kernels.gemm_dense,
-        grid,
-        (GEMM_THREADS, 1, 1),
-        smem,
-        args,
-    )
+    let smem = gemm_smem(bm) as u32;
+    go_smem(gpu, kernel, grid, (GEMM_THREADS, 1, 1), smem, args)
 }
 
 /// linear_grouped on tensor cores, over tiles of up to `tile` (32 or 64) items that moe_group
@@ -749,7 +753,7 @@ pub fn dn_recurrent(gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Res
     go(
         gpu,
         &gpu.kernels.dn_recurrent,
-        (s.n_v as u32, blocks(s.dv, DN_COLS_PER_BLOCK), 1),
+        (s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1),
         (128, 1, 1),
         args,
     )

@@ -277,9 +277,16 @@ fn tensor_core_linears_match_the_bf16_product() {
     );
     let mut rng = Rng(31);
     let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
-    // Dense: rows not a multiple of 128, tokens not a multiple of 64, several k-steps.
+    // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64 or 128 (the
+    // 128-token tiles from 128 tokens on), several k-steps.
     for bits in [4u32, 8, 16] {
-        for (t, rows, cols) in [(16usize, 200usize, 192usize), (100, 130, 512), (64, 64, 64)] {
+        for (t, rows, cols) in [
+            (16usize, 200usize, 192usize),
+            (100, 130, 512),
+            (64, 64, 64),
+            (300, 20, 128),
+            (128, 256, 256),
+        ] {
             let w = linear(&mut rng, bits, 1, rows, cols);
             let dw = upload_linear(&g, "w", &w).unwrap();
             assert!(gops::gemm_fits(&g, &dw));
