@@ -40,3 +40,9 @@ if [ "${SKIP_CUDA:-0}" != 1 ] && [ -n "${BENCH_PREFILL:-}" ]; then
   fi
   kill $POLL 2>/dev/null
 fi
+
+# 6. Per-kernel device time on the full model (PROFILE=1): a 4K prefill, then decode at 4K.
+if [ "${SKIP_CUDA:-0}" != 1 ] && [ "${PROFILE:-0}" = 1 ]; then
+  LILY_PROFILE=1 timeout 200 $B bench --model $M --device cuda --prefill 4096 --decode-ctx 64 --decode-tokens 1 --repeat 1 2>&1 | tee "$OUT/profile-prefill.log" | tail -26
+  LILY_PROFILE=1 timeout 200 $B bench --model $M --device cuda --prefill 16 --decode-ctx 4096 --decode-tokens 32 --repeat 1 2>&1 | tee "$OUT/profile-decode.log" | tail -26
+fi

@@ -6,8 +6,8 @@
 //   gemm_grouped: y[item, r] = Σ_c W_e[r, c] x[item / x_div, c] for the items of each tile
 //                 (expert e, start, count) that moe_group built with tiles of up to BM items.
 //
-// A block computes a BM × BN tile of y (BM = 32, 64 or 128 tokens or items, BN = 128 output
-// rows) with 8 warps,
+// A block computes a BM × BN tile of y (BM = 32 or 64 tokens or items, BN = 128 output rows)
+// with 8 warps,
 // stepping through the input dimension BK = 64 columns at a time:
 //   - the activations of its BM rows (fp32 in memory, bf16-valued in this mode, so the conversion
 //     is exact) are converted to bf16 into shared memory;
@@ -87,7 +87,7 @@ __device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
 // The block's activations: BM rows × BK floats per k-step, F = BM · BK / THREADS per thread.
 template <int BM>
 struct XSlice {
-    static const int F = BM * GEMM_BK / GEMM_THREADS;  // 32, 16 or 8 for BM 128, 64, 32
+    static const int F = BM * GEMM_BK / GEMM_THREADS;  // 16 or 8 for BM 64, 32
     float4 v[F / 4];
 };
 
@@ -129,7 +129,7 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
                                           int x_stride, const int* src_rows, const int* dst_rows,
                                           float* __restrict__ y, int y_stride, int accumulate, u16* smem) {
     const int WARPS_M = BM / 32, WARPS_N = 8 / WARPS_M;
-    const int WN = GEMM_BN / WARPS_N;  // 64, 32 or 16 for BM 128, 64, 32
+    const int WN = GEMM_BN / WARPS_N;  // 32 or 16 for BM 64, 32
     const int MT = 2, NT = WN / 8;
     u16* a_buf[2] = {smem, smem + BM * GEMM_LDS};
     u16* b_buf[2] = {smem + 2 * BM * GEMM_LDS, smem + 2 * BM * GEMM_LDS + GEMM_BN * GEMM_LDS};
@@ -233,34 +233,22 @@ __device__ __forceinline__ void gemm_dispatch(const QWeight& w, long long w_row0
         gemm_tile<BM, 16>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
 }
 
-// grid (ceil(rows / BN), ceil(n_tok / BM)); BM tokens per block: 128 for long chunks (half the
-// weight dequantisation per FLOP of 64), 64 for short ones.
-template <int BM>
-__device__ __forceinline__ void gemm_dense_body(const QWeight& w, const float* __restrict__ x, int x_stride,
-                                                float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
+// grid (ceil(rows / BN), ceil(n_tok / 64)); 64 tokens per block. (128-token tiles were measured
+// slower on the H200: fewer blocks per SM and a ragged last wave.)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+           int accumulate) {
     extern __shared__ __align__(16) u16 gemm_smem[];
-    __shared__ int src_rows[BM], dst_rows[BM];
-    int m0 = blockIdx.y * BM;
-    if (threadIdx.x < BM) {
+    __shared__ int src_rows[64], dst_rows[64];
+    int m0 = blockIdx.y * 64;
+    if (threadIdx.x < 64) {
         int n = m0 + threadIdx.x;
         src_rows[threadIdx.x] = n < n_tok ? n : -1;
         dst_rows[threadIdx.x] = n < n_tok ? n : -1;
     }
     __syncthreads();
-    gemm_dispatch<BM>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
+    gemm_dispatch<64>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
                       gemm_smem);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-           int accumulate) {
-    gemm_dense_body<64>(w, x, x_stride, y, y_stride, n_tok, accumulate);
-}
-
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_dense128(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-              int accumulate) {
-    gemm_dense_body<128>(w, x, x_stride, y, y_stride, n_tok, accumulate);
 }
 
 // grid (ceil(rows / BN), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ bm), bm = 32

@@ -57,10 +57,13 @@ impl CudaOptions {
             device_sampling: !std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "0"),
             chunk: env_usize("LILY_PREFILL_CHUNK")
                 .filter(|&c| c > 0)
-                .unwrap_or(1024),
+                .unwrap_or(4096),
         }
     }
 }
+
+/// Most tokens per forward pass when every position's logits are kept (`prefill_all_logits`).
+const ALL_LOGITS_CHUNK: usize = 256;
 
 struct Snapshot {
     len: usize,
@@ -268,7 +271,13 @@ impl Backend for CudaBackend {
     fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         self.gpu.bind()?;
         let v = self.cfg.vocab;
-        let chunk = self.scratch.chunk;
+        // Every position's logits are [n, vocab] f32 (1 MB per token on this model): pieces of
+        // at most ALL_LOGITS_CHUNK tokens bound the device buffer, whatever the prefill chunk.
+        let chunk = self
+            .scratch
+            .chunk
+            .min(ALL_LOGITS_CHUNK)
+            .min(tokens.len().max(1));
         let out = self.gpu.alloc(chunk * v * 4)?;
         let mut all = Vec::with_capacity(tokens.len() * v);
         self.check_tokens(self.seq(seq)?, tokens)?;

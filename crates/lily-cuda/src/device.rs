@@ -354,7 +354,7 @@ impl Drop for DevBuf {
 }
 
 /// Dynamic shared memory of the largest gemm.cu tile (ops::gemm_smem).
-const GEMM_SMEM_MAX: usize = crate::ops::gemm_smem(128);
+const GEMM_SMEM_MAX: usize = crate::ops::gemm_smem(64);
 
 /// Lets `k` use up to `bytes` of dynamic shared memory (above the default 48 KB needs opting in).
 fn big_smem(k: Kernel, bytes: usize) -> Result<Kernel> {
@@ -390,7 +390,6 @@ pub struct Kernels {
     pub linear_gather: Kernel,
     pub linear_grouped: Kernel,
     pub gemm_dense: Kernel,
-    pub gemm_dense128: Kernel,
     pub gemm_grouped64: Kernel,
     pub gemm_grouped32: Kernel,
     pub attn_qk_prep: Kernel,
@@ -478,7 +477,6 @@ impl Kernels {
             linear_gather: get("linear", "linear_gather")?,
             linear_grouped: get("linear", "linear_grouped")?,
             gemm_dense: big_smem(get("gemm", "gemm_dense")?, GEMM_SMEM_MAX)?,
-            gemm_dense128: big_smem(get("gemm", "gemm_dense128")?, GEMM_SMEM_MAX)?,
             gemm_grouped64: big_smem(get("gemm", "gemm_grouped64")?, GEMM_SMEM_MAX)?,
             gemm_grouped32: big_smem(get("gemm", "gemm_grouped32")?, GEMM_SMEM_MAX)?,
             attn_qk_prep: get("attention", "attn_qk_prep")?,

@@ -299,7 +299,7 @@ pub fn gemm_fits(gpu: &Gpu, w: &DevLinear) -> bool {
         && (w.bits == 16 || w.group.is_multiple_of(32))
 }
 
-/// y[n, :] (+)= W x[n, :] on tensor cores, 128 (or, under 128 tokens, 64) tokens × 128 rows per block.
+/// y[n, :] (+)= W x[n, :] on tensor cores, 64 tokens × 128 rows per block.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_dense(
     gpu: &Gpu,
@@ -312,12 +312,7 @@ pub fn gemm_dense(
     accumulate: bool,
 ) -> Result<()> {
     check_x("gemm_dense", x, x_stride)?;
-    let (kernel, bm) = if n_tok >= 128 {
-        (&gpu.kernels.gemm_dense128, 128)
-    } else {
-        (&gpu.kernels.gemm_dense, 64)
-    };
-    let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, bm), 1);
+    let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, 64), 1);
     let args = vec![
         Arg::Weight(w.arg()),
         p(x),
@@ -327,8 +322,15 @@ pub fn gemm_dense(
         i(n_tok),
         i(accumulate as usize),
     ];
-    let smem = gemm_smem(bm) as u32;
-    go_smem(gpu, kernel, grid, (GEMM_THREADS, 1, 1), smem, args)
+    let smem = gemm_smem(64) as u32;
+    go_smem(
+        gpu,
+        &gpu.kernels.gemm_dense,
+        grid,
+        (GEMM_THREADS, 1, 1),
+        smem,
+        args,
+    )
 }
 
 /// linear_grouped on tensor cores, over tiles of up to `tile` (32 or 64) items that moe_group

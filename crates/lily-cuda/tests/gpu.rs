@@ -277,8 +277,7 @@ fn tensor_core_linears_match_the_bf16_product() {
     );
     let mut rng = Rng(31);
     let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
-    // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64 or 128 (the
-    // 128-token tiles from 128 tokens on), several k-steps.
+    // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64, several k-steps.
     for bits in [4u32, 8, 16] {
         for (t, rows, cols) in [
             (16usize, 200usize, 192usize),
