@@ -22,7 +22,9 @@ $B score --model $M --len $LEN --device cpu --out /tmp/ref-cpu 2>&1 | tail -2 | 
 OTHER=()
 if [ "${SKIP_CUDA:-0}" != 1 ]; then
   $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda 2>&1 | tail -5 | tee "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda)
-  LILY_CUDA_FP32=1 $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda-fp32 2>&1 | tail -5 | tee -a "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda-fp32)
+  if [ "${SKIP_FP32:-0}" != 1 ]; then
+    LILY_CUDA_FP32=1 $B score --model $M --len $LEN --device cuda --out /tmp/lily-cuda-fp32 2>&1 | tail -5 | tee -a "$OUT/score-cuda.log" && OTHER+=(--other /tmp/lily-cuda-fp32)
+  fi
 fi
 HF=(); [ "${SKIP_HF:-0}" = 1 ] && HF=(--skip-hf)
 python3 scripts/hf_agreement.py --model $M --ref /tmp/ref-cpu "${OTHER[@]}" "${HF[@]}" --out "$OUT/agreement.json" 2>&1 | grep -v -i "falling back" | tail -40 | tee "$OUT/agreement.log"

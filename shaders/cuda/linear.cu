@@ -69,7 +69,8 @@ __device__ __forceinline__ void linear_rows(const QWeight& w, const float* __res
         float s = warp_sum(acc[i]);
         if (lane == 0 && n0 + i < n_tok) {
             float* yp = y + (long long)(n0 + i) * y_stride + r;
-            *yp = accumulate ? act(*yp + act(s)) : act(s);
+            // accumulate: 0 store act(s), 1 add into y, 2 store s unrounded (the router's logits)
+            *yp = accumulate == 1 ? act(*yp + act(s)) : accumulate == 2 ? s : act(s);
         }
     }
 }

@@ -455,7 +455,7 @@ impl Forward<'_> {
         let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (e, k, inter, sinter) = (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
-        ops::linear(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n, false)?;
+        ops::linear_router(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n)?;
         ops::moe_route(gpu, s.router.ptr, s.ids.ptr, s.route_w.ptr, n, e, k)?;
         let items = n * k;
         let tensor_cores = [&m.gate, &m.up, &m.down]

@@ -225,6 +225,39 @@ pub fn linear(
     if n_tok >= GEMM_MIN_TOK && gemm_fits(gpu, w) {
         return gemm_dense(gpu, w, x, x_stride, y, y_stride, n_tok, accumulate);
     }
+    let mode = if accumulate { 1 } else { 0 };
+    linear_cuda_cores(gpu, w, x, x_stride, y, y_stride, n_tok, mode)
+}
+
+/// The MoE router's logits: y = W x in fp32 from the stored weights (not rounded to bf16 on the
+/// way in or out, also in bf16 mode), so top-k routing, which a rounding can flip, follows the
+/// fp32 model wherever it can. 256 outputs per token: the CUDA-core kernels cost little here.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_router(
+    gpu: &Gpu,
+    w: &DevLinear,
+    x: u64,
+    x_stride: usize,
+    y: u64,
+    y_stride: usize,
+    n_tok: usize,
+) -> Result<()> {
+    check_x("linear_router", x, x_stride)?;
+    linear_cuda_cores(gpu, w, x, x_stride, y, y_stride, n_tok, 2)
+}
+
+/// linear / linear_wide with the store mode of linear_rows (0 round, 1 accumulate, 2 exact).
+#[allow(clippy::too_many_arguments)]
+fn linear_cuda_cores(
+    gpu: &Gpu,
+    w: &DevLinear,
+    x: u64,
+    x_stride: usize,
+    y: u64,
+    y_stride: usize,
+    n_tok: usize,
+    mode: usize,
+) -> Result<()> {
     // Prefill: reuse each dequantised weight word for 16 tokens; decode: 4 (less idle work).
     let (kernel, tok) = if n_tok >= LINEAR_WIDE_TOK {
         (&gpu.kernels.linear_wide, LINEAR_WIDE_TOK)
@@ -239,7 +272,7 @@ pub fn linear(
         p(y),
         i(y_stride),
         i(n_tok),
-        i(accumulate as usize),
+        i(mode),
     ];
     go(gpu, kernel, grid, ((LINEAR_WARPS * 32) as u32, 1, 1), args)
 }
