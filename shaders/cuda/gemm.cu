@@ -19,7 +19,8 @@
 //     shared memory is double-buffered, so there is one barrier per k-step.
 // The epilogue writes act(sum) (or act(y + act(sum)) with accumulate), as linear_rows does.
 // Shapes: cols % 64 == 0, group % 32 == 0, bits ∈ {4, 8, 16}; ops.rs checks and otherwise uses
-// the CUDA-core kernels. Dynamic shared memory: 2 · (BM + BN) · (BK + 8) · 2 bytes.
+// the CUDA-core kernels. Dynamic shared memory: 2 · (BM + BN) · (BK + 8) · 2 bytes, and
+// 2 · BN · (BK + 8) · 2 more for gemm_dense_exact's residue tiles.
 
 #define GEMM_BN 128
 #define GEMM_BK 64
@@ -56,9 +57,10 @@ __device__ __forceinline__ void w_load(const QWeight& w, long long row, bool liv
 }
 
 // Dequantises the slice to 32 bf16 (16 u32 pairs) and stores them at dst (16-byte aligned).
-template <int BITS>
-__device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
-    u32 out[16];
+// EXACT: also the rounding residue bf16(w − bf16(w)) at lo, so hi + lo carries w to ~2⁻¹⁶.
+template <int BITS, bool EXACT>
+__device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst, u16* lo) {
+    u32 out[16], res[16];
     if (BITS == 16) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -67,6 +69,8 @@ __device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
             out[4 * i + 2] = ws.v[i].z;
             out[4 * i + 3] = ws.v[i].w;
         }
+#pragma unroll
+        for (int p = 0; p < 16; p++) res[p] = 0u;
     } else {
         const u32* words = reinterpret_cast<const u32*>(ws.v);
         const int PER = 32 / BITS;  // values per word
@@ -76,12 +80,20 @@ __device__ __forceinline__ void w_store(const WSlice<BITS>& ws, u16* dst) {
             int j0 = 2 * p, j1 = 2 * p + 1;
             u32 q0 = (words[j0 / PER] >> (BITS * (j0 % PER))) & MASK;
             u32 q1 = (words[j1 / PER] >> (BITS * (j1 % PER))) & MASK;
-            out[p] = pack_bf16x2(fmaf(ws.s, (float)q0, ws.b), fmaf(ws.s, (float)q1, ws.b));
+            float w0 = fmaf(ws.s, (float)q0, ws.b), w1 = fmaf(ws.s, (float)q1, ws.b);
+            out[p] = pack_bf16x2(w0, w1);
+            if (EXACT)
+                res[p] = pack_bf16x2(w0 - bf16_to_f32((u16)(out[p] & 0xffffu)), w1 - bf16_to_f32((u16)(out[p] >> 16)));
         }
     }
     uint4* d = reinterpret_cast<uint4*>(dst);
 #pragma unroll
     for (int i = 0; i < 4; i++) d[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+    if (EXACT) {
+        uint4* l = reinterpret_cast<uint4*>(lo);
+#pragma unroll
+        for (int i = 0; i < 4; i++) l[i] = make_uint4(res[4 * i], res[4 * i + 1], res[4 * i + 2], res[4 * i + 3]);
+    }
 }
 
 // The block's activations: BM rows × BK floats per k-step, F = BM · BK / THREADS per thread.
@@ -124,7 +136,7 @@ __device__ __forceinline__ void x_store(const XSlice<BM>& xs, u16* a_tile) {
 // The block body. src_rows / dst_rows (shared, BM entries): the activation row each tile row
 // reads and the output row it writes (-1: padding). w_row0: the first weight row of this
 // expert's matrix; n0: the block's first output row (within the matrix).
-template <int BM, int BITS>
+template <int BM, int BITS, bool EXACT>
 __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, int n0, const float* __restrict__ x,
                                           int x_stride, const int* src_rows, const int* dst_rows,
                                           float* __restrict__ y, int y_stride, int accumulate, u16* smem) {
@@ -133,6 +145,9 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
     const int MT = 2, NT = WN / 8;
     u16* a_buf[2] = {smem, smem + BM * GEMM_LDS};
     u16* b_buf[2] = {smem + 2 * BM * GEMM_LDS, smem + 2 * BM * GEMM_LDS + GEMM_BN * GEMM_LDS};
+    // EXACT: the weights' bf16 residues, two more B tiles after the first two.
+    u16* b_lo[2] = {smem + 2 * BM * GEMM_LDS + 2 * GEMM_BN * GEMM_LDS,
+                    smem + 2 * BM * GEMM_LDS + 3 * GEMM_BN * GEMM_LDS};
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
 
@@ -154,7 +169,7 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
     x_load<BM>(x, x_stride, src_rows, 0, xs);
     w_load<BITS>(w, b_row, b_live, b_c, ws);
     x_store<BM>(xs, a_buf[0]);
-    w_store<BITS>(ws, b_buf[0] + b_r * GEMM_LDS + b_c);
+    w_store<BITS, EXACT>(ws, b_buf[0] + b_r * GEMM_LDS + b_c, b_lo[0] + b_r * GEMM_LDS + b_c);
     __syncthreads();
 
     int steps = w.cols / GEMM_BK;
@@ -188,11 +203,19 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
                     mma_bf16(acc[i][j], af[i], bf[0], bf[1]);
                     mma_bf16(acc[i][j + 1], af[i], bf[2], bf[3]);
                 }
+                if (EXACT) {
+                    ldsm_x4(smem_addr(b_lo[cur] + row * GEMM_LDS + col), bf);
+#pragma unroll
+                    for (int i = 0; i < MT; i++) {
+                        mma_bf16(acc[i][j], af[i], bf[0], bf[1]);
+                        mma_bf16(acc[i][j + 1], af[i], bf[2], bf[3]);
+                    }
+                }
             }
         }
         if (more) {
             x_store<BM>(xs, a_buf[cur ^ 1]);
-            w_store<BITS>(ws, b_buf[cur ^ 1] + b_r * GEMM_LDS + b_c);
+            w_store<BITS, EXACT>(ws, b_buf[cur ^ 1] + b_r * GEMM_LDS + b_c, b_lo[cur ^ 1] + b_r * GEMM_LDS + b_c);
         }
         __syncthreads();
     }
@@ -212,7 +235,7 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     if (r + e < w.rows) {
-                        float v = act(acc[i][j][2 * half + e]);
+                        float v = EXACT ? acc[i][j][2 * half + e] : act(acc[i][j][2 * half + e]);
                         yr[r + e] = accumulate ? act(yr[r + e] + v) : v;
                     }
                 }
@@ -221,23 +244,23 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
     }
 }
 
-template <int BM>
+template <int BM, bool EXACT = false>
 __device__ __forceinline__ void gemm_dispatch(const QWeight& w, long long w_row0, int n0, const float* x, int x_stride,
                                               const int* src_rows, const int* dst_rows, float* y, int y_stride,
                                               int accumulate, u16* smem) {
     if (w.bits == 4)
-        gemm_tile<BM, 4>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 4, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
     else if (w.bits == 8)
-        gemm_tile<BM, 8>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 8, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
     else
-        gemm_tile<BM, 16>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 16, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
 }
 
 // grid (ceil(rows / BN), ceil(n_tok / 64)); 64 tokens per block. (128-token tiles were measured
 // slower on the H200: fewer blocks per SM and a ragged last wave.)
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-           int accumulate) {
+template <bool EXACT>
+__device__ __forceinline__ void gemm_dense_body(const QWeight& w, const float* __restrict__ x, int x_stride,
+                                                float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
     extern __shared__ __align__(16) u16 gemm_smem[];
     __shared__ int src_rows[64], dst_rows[64];
     int m0 = blockIdx.y * 64;
@@ -247,8 +270,23 @@ gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restri
         dst_rows[threadIdx.x] = n < n_tok ? n : -1;
     }
     __syncthreads();
-    gemm_dispatch<64>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
-                      gemm_smem);
+    gemm_dispatch<64, EXACT>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
+                             gemm_smem);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+           int accumulate) {
+    gemm_dense_body<false>(w, x, x_stride, y, y_stride, n_tok, accumulate);
+}
+
+// The MoE router: y = W x with the weights as hi + lo bf16 pairs (two mma per fragment) and the
+// sums stored unrounded. x must be bf16-valued (it is in this mode), so the products are those
+// of the fp32 weights to ~2⁻¹⁶: routing as in the fp32 model, on tensor cores.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+gemm_dense_exact(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+                 int n_tok) {
+    gemm_dense_body<true>(w, x, x_stride, y, y_stride, n_tok, 0);
 }
 
 // grid (ceil(rows / BN), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ bm), bm = 32

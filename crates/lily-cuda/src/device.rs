@@ -61,6 +61,9 @@ pub struct Gpu {
     /// Prefill linears on tensor cores (gemm.cu): bf16 activation mode only, since the weights
     /// and activations enter the mma as bf16 (LILY_TENSOR_CORES=0 keeps the CUDA-core kernels).
     pub tensor_cores: bool,
+    /// The MoE router of prefill chunks on tensor cores in split precision (gemm_dense_exact);
+    /// LILY_EXACT_ROUTER_TC=0 runs it on CUDA cores.
+    pub exact_router_on_tensor_cores: bool,
 }
 
 /// Accumulated device time per kernel name.
@@ -140,6 +143,8 @@ impl Gpu {
             sync_each,
             profile,
             tensor_cores,
+            exact_router_on_tensor_cores: !std::env::var("LILY_EXACT_ROUTER_TC")
+                .is_ok_and(|v| v == "0"),
         })
     }
 
@@ -390,6 +395,7 @@ pub struct Kernels {
     pub linear_gather: Kernel,
     pub linear_grouped: Kernel,
     pub gemm_dense: Kernel,
+    pub gemm_dense_exact: Kernel,
     pub gemm_grouped64: Kernel,
     pub gemm_grouped32: Kernel,
     pub attn_qk_prep: Kernel,
@@ -477,6 +483,10 @@ impl Kernels {
             linear_gather: get("linear", "linear_gather")?,
             linear_grouped: get("linear", "linear_grouped")?,
             gemm_dense: big_smem(get("gemm", "gemm_dense")?, GEMM_SMEM_MAX)?,
+            gemm_dense_exact: big_smem(
+                get("gemm", "gemm_dense_exact")?,
+                crate::ops::gemm_smem_exact(64),
+            )?,
             gemm_grouped64: big_smem(get("gemm", "gemm_grouped64")?, GEMM_SMEM_MAX)?,
             gemm_grouped32: big_smem(get("gemm", "gemm_grouped32")?, GEMM_SMEM_MAX)?,
             attn_qk_prep: get("attention", "attn_qk_prep")?,

@@ -231,7 +231,9 @@ pub fn linear(
 
 /// The MoE router's logits: y = W x in fp32 from the stored weights (not rounded to bf16 on the
 /// way in or out, also in bf16 mode), so top-k routing, which a rounding can flip, follows the
-/// fp32 model wherever it can. 256 outputs per token: the CUDA-core kernels cost little here.
+/// fp32 model wherever it can. Prefill chunks in bf16 mode run `gemm_dense_exact` (tensor cores,
+/// weights split into bf16 hi + lo; x is bf16-valued there), the rest the CUDA-core kernels
+/// (LILY_EXACT_ROUTER_TC=0 keeps those for prefill too).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_router(
     gpu: &Gpu,
@@ -243,6 +245,20 @@ pub fn linear_router(
     n_tok: usize,
 ) -> Result<()> {
     check_x("linear_router", x, x_stride)?;
+    if n_tok >= GEMM_MIN_TOK && gemm_fits(gpu, w) && gpu.exact_router_on_tensor_cores {
+        let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, 64), 1);
+        let args = vec![
+            Arg::Weight(w.arg()),
+            p(x),
+            i(x_stride),
+            p(y),
+            i(y_stride),
+            i(n_tok),
+        ];
+        let smem = gemm_smem_exact(64) as u32;
+        let k = &gpu.kernels.gemm_dense_exact;
+        return go_smem(gpu, k, grid, (GEMM_THREADS, 1, 1), smem, args);
+    }
     linear_cuda_cores(gpu, w, x, x_stride, y, y_stride, n_tok, 2)
 }
 
@@ -322,6 +338,11 @@ pub const GEMM_MIN_TOK: usize = 16;
 /// Dynamic shared memory of a gemm.cu block with `bm` rows: two stages of A and B tiles in bf16.
 pub const fn gemm_smem(bm: usize) -> usize {
     2 * (bm + GEMM_BN) * GEMM_LDS * 2
+}
+
+/// gemm_dense_exact's dynamic shared memory: gemm_smem plus two stages of residue tiles.
+pub const fn gemm_smem_exact(bm: usize) -> usize {
+    gemm_smem(bm) + 2 * GEMM_BN * GEMM_LDS * 2
 }
 
 /// Whether the tensor-core kernels serve this weight (else the CUDA-core kernels run).

@@ -314,6 +314,34 @@ fn tensor_core_linears_match_the_bf16_product() {
             );
         }
     }
+    // The router in split precision (gemm_dense_exact): the fp32 weights' product to ~1e-5.
+    for bits in [8u32, 4] {
+        let (t, rows, cols) = (100usize, 136usize, 256usize);
+        let w = linear(&mut rng, bits, 1, rows, cols);
+        let dw = upload_linear(&g, "router", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let dy = poisoned(&g, t * rows);
+        gops::linear_router(&g, &dw, dx.ptr, cols, dy.ptr, rows, t).unwrap();
+        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+        let mut wr = vec![0f32; cols];
+        let mut want = vec![0f32; t * rows];
+        for r in 0..rows {
+            w.dequant_row(r, &mut wr);
+            for n in 0..t {
+                let s: f64 = (0..cols)
+                    .map(|c| wr[c] as f64 * x[n * cols + c] as f64)
+                    .sum();
+                want[n * rows + r] = s as f32;
+            }
+        }
+        check(
+            &format!("gemm_dense_exact (router) bits={bits} T={t}"),
+            &y,
+            &want,
+            2e-5,
+        );
+    }
     // Grouped: skewed routing (one expert over two 64-item tiles, one expert with none).
     for tile in [32usize, 64] {
         for bits in [4u32, 8] {
