@@ -514,7 +514,29 @@ impl Kernels {
 
 #[cfg(test)]
 mod tests {
-    use super::arch_for;
+    use super::{arch_for, Profile};
+
+    #[test]
+    fn the_profile_sums_per_kernel_and_lists_the_largest_first() {
+        let mut p = Profile::default();
+        p.add("linear", 1.0);
+        p.add("gemm_dense", 6.0);
+        p.add("linear", 2.0);
+        let r = p.report();
+        let lines: Vec<&str> = r.lines().collect();
+        assert!(lines[0].contains("9.0 ms in all"), "{r}");
+        assert!(lines[1].trim_start().starts_with("gemm_dense"), "{r}");
+        assert!(
+            lines[1].contains("66.7 %") && lines[1].contains("1 launches"),
+            "{r}"
+        );
+        assert!(lines[2].trim_start().starts_with("linear"), "{r}");
+        assert!(
+            lines[2].contains("3.00 ms") && lines[2].contains("2 launches"),
+            "{r}"
+        );
+        assert!(lines[2].contains("1500.0 us each"), "{r}");
+    }
 
     #[test]
     fn hopper_gets_its_architecture_specific_target() {
