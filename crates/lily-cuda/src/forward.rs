@@ -221,7 +221,7 @@ pub struct Forward<'a> {
     /// each expert's weights are read once per tile instead of once per item (LILY_MOE_GROUPED=0
     /// turns it off). Decode (one token) always gathers.
     pub moe_grouped: bool,
-    /// Prefill chunks of at least ops::PREFILL_MIN_TOK tokens run `attn_prefill` (flash attention
+    /// Prefill chunks of at least ops::TENSOR_CORE_MIN_TOK tokens run `attn_prefill` (flash attention
     /// on tensor cores: bf16 mma, fp32 softmax) instead of one block per (token, query head).
     /// Only with bf16 activations: it rounds the softmax weights to bf16 as HF's bf16 path does,
     /// and would round fp32-mode q, k and v too.
@@ -363,30 +363,16 @@ impl Forward<'_> {
                 pos,
                 n,
             )?;
-        } else if self.attn_prefill && ops::attn_prefill_fits(shape, n) {
-            ops::attn_prefill(
-                gpu,
-                shape,
-                s.q.ptr,
-                s.qg.ptr,
-                k_cache,
-                v_cache,
-                s.attn_o.ptr,
-                pos,
-                n,
-            )?;
         } else {
-            ops::attn_decode(
-                gpu,
-                shape,
-                s.q.ptr,
-                s.qg.ptr,
-                k_cache,
-                v_cache,
-                s.attn_o.ptr,
-                pos,
-                n,
-            )?;
+            // The same inputs and output: flash attention on tensor cores for prefill chunks, one
+            // block per (token, query head) otherwise.
+            let kernel = if self.attn_prefill && ops::attn_prefill_fits(shape, n) {
+                ops::attn_prefill
+            } else {
+                ops::attn_decode
+            };
+            let (q, qg, out) = (s.q.ptr, s.qg.ptr, s.attn_o.ptr);
+            kernel(gpu, shape, q, qg, k_cache, v_cache, out, pos, n)?;
         }
         ops::linear(gpu, &a.o_proj, s.attn_o.ptr, hq * d, s.x.ptr, h, n, true)
     }
@@ -461,7 +447,7 @@ impl Forward<'_> {
         let tensor_cores = [&m.gate, &m.up, &m.down]
             .iter()
             .all(|w| ops::gemm_fits(gpu, w));
-        if self.moe_grouped && n >= ops::GEMM_MIN_TOK && tensor_cores {
+        if self.moe_grouped && n >= ops::TENSOR_CORE_MIN_TOK && tensor_cores {
             // Tiles of 64 items once experts average that many, else 32 (less padding).
             let tile = if items >= 48 * e { 64 } else { 32 };
             let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);

@@ -222,7 +222,7 @@ pub fn linear(
     accumulate: bool,
 ) -> Result<()> {
     check_x("linear", x, x_stride)?;
-    if n_tok >= GEMM_MIN_TOK && gemm_fits(gpu, w) {
+    if n_tok >= TENSOR_CORE_MIN_TOK && gemm_fits(gpu, w) {
         return gemm_dense(gpu, w, x, x_stride, y, y_stride, n_tok, accumulate);
     }
     let mode = if accumulate { 1 } else { 0 };
@@ -245,7 +245,7 @@ pub fn linear_router(
     n_tok: usize,
 ) -> Result<()> {
     check_x("linear_router", x, x_stride)?;
-    if n_tok >= GEMM_MIN_TOK && gemm_fits(gpu, w) && gpu.exact_router_on_tensor_cores {
+    if n_tok >= TENSOR_CORE_MIN_TOK && gemm_fits(gpu, w) && gpu.exact_router_on_tensor_cores {
         let grid = (blocks(w.rows, GEMM_BN), blocks(n_tok, 64), 1);
         let args = vec![
             Arg::Weight(w.arg()),
@@ -332,8 +332,9 @@ const GEMM_BN: usize = 128;
 const GEMM_BK: usize = 64;
 const GEMM_LDS: usize = GEMM_BK + 8;
 const GEMM_THREADS: u32 = 256;
-/// Fewest tokens for which `linear` takes the tensor-core path.
-pub const GEMM_MIN_TOK: usize = 16;
+/// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
+/// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
+pub const TENSOR_CORE_MIN_TOK: usize = 16;
 
 /// Dynamic shared memory of a gemm.cu block with `bm` rows: two stages of A and B tiles in bf16.
 pub const fn gemm_smem(bm: usize) -> usize {
@@ -387,6 +388,32 @@ pub fn gemm_dense(
     )
 }
 
+/// The arguments linear_grouped and gemm_grouped share.
+#[allow(clippy::too_many_arguments)]
+fn grouped_args(
+    w: &DevLinear,
+    perm: u64,
+    tiles: u64,
+    n_tiles: u64,
+    x: u64,
+    x_stride: usize,
+    x_div: usize,
+    y: u64,
+    y_stride: usize,
+) -> Vec<Arg> {
+    vec![
+        Arg::Weight(w.arg()),
+        p(perm),
+        p(tiles),
+        p(n_tiles),
+        p(x),
+        i(x_stride),
+        i(x_div),
+        p(y),
+        i(y_stride),
+    ]
+}
+
 /// linear_grouped on tensor cores, over tiles of up to `tile` (32 or 64) items that moe_group
 /// built with the same tile size.
 #[allow(clippy::too_many_arguments)]
@@ -411,17 +438,7 @@ pub fn gemm_grouped(
         _ => bail!("gemm_grouped: tiles of {tile} items (expected 32 or 64)"),
     };
     let grid = (blocks(w.rows, GEMM_BN), max_tiles as u32, 1);
-    let args = vec![
-        Arg::Weight(w.arg()),
-        p(perm),
-        p(tiles),
-        p(n_tiles),
-        p(x),
-        i(x_stride),
-        i(x_div),
-        p(y),
-        i(y_stride),
-    ];
+    let args = grouped_args(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
     go_smem(
         gpu,
         kernel,
@@ -483,6 +500,34 @@ pub fn attn_qk_prep(gpu: &Gpu, s: AttnShape, b: &QkPrep, n_tok: usize) -> Result
     )
 }
 
+/// The arguments `attn_decode` and `attn_prefill` share (same inputs, same output).
+#[allow(clippy::too_many_arguments)]
+fn attn_args(
+    s: AttnShape,
+    q: u64,
+    qg: u64,
+    k_cache: u64,
+    v_cache: u64,
+    out: u64,
+    pos: u64,
+    n_tok: usize,
+) -> Vec<Arg> {
+    let scale = 1.0 / (s.d as f32).sqrt();
+    vec![
+        p(q),
+        p(qg),
+        p(k_cache),
+        p(v_cache),
+        p(out),
+        p(pos),
+        i(n_tok),
+        i(s.n_q),
+        i(s.n_kv),
+        i(s.d),
+        f(scale),
+    ]
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn attn_decode(
     gpu: &Gpu,
@@ -495,20 +540,7 @@ pub fn attn_decode(
     pos: u64,
     n_tok: usize,
 ) -> Result<()> {
-    let scale = 1.0 / (s.d as f32).sqrt();
-    let args = vec![
-        p(q),
-        p(qg),
-        p(k_cache),
-        p(v_cache),
-        p(out),
-        p(pos),
-        i(n_tok),
-        i(s.n_q),
-        i(s.n_kv),
-        i(s.d),
-        f(scale),
-    ];
+    let args = attn_args(s, q, qg, k_cache, v_cache, out, pos, n_tok);
     go(
         gpu,
         &gpu.kernels.attn_decode,
@@ -521,9 +553,6 @@ pub fn attn_decode(
 /// Queries per `attn_prefill` block (PF_Q in attention.cu) and its threads (PF_THREADS).
 const PREFILL_Q: usize = 64;
 const PREFILL_THREADS: usize = 4 * 32;
-/// Shortest chunk worth `attn_prefill` (one warp's 16 query rows); shorter steps keep
-/// `attn_decode` or split-KV.
-pub const PREFILL_MIN_TOK: usize = 16;
 
 /// Keys per `attn_prefill` tile for head dim `d` (PF_KEYS_SMALL / PF_KEYS_256 in attention.cu),
 /// `None` for a head dim it does not serve.
@@ -554,7 +583,7 @@ pub fn attn_prefill_max_smem() -> usize {
 /// Whether `attn_prefill` serves this shape and chunk (else `attn_decode` runs). Callers use it
 /// only with bf16 activations: it rounds q, k, v and the softmax weights to bf16.
 pub fn attn_prefill_fits(s: AttnShape, n_tok: usize) -> bool {
-    n_tok >= PREFILL_MIN_TOK
+    n_tok >= TENSOR_CORE_MIN_TOK
         && prefill_keys(s.d).is_some()
         && s.n_kv > 0
         && s.n_q.is_multiple_of(s.n_kv)
@@ -594,20 +623,7 @@ pub fn attn_prefill(
     if n_tok == 0 {
         return Ok(());
     }
-    let scale = 1.0 / (s.d as f32).sqrt();
-    let args = vec![
-        p(q),
-        p(qg),
-        p(k_cache),
-        p(v_cache),
-        p(out),
-        p(pos),
-        i(n_tok),
-        i(s.n_q),
-        i(s.n_kv),
-        i(s.d),
-        f(scale),
-    ];
+    let args = attn_args(s, q, qg, k_cache, v_cache, out, pos, n_tok);
     go_smem(
         gpu,
         &gpu.kernels.attn_prefill,
@@ -924,17 +940,7 @@ pub fn linear_grouped(
 ) -> Result<()> {
     check_x("linear_grouped", x, x_stride)?;
     let grid = (blocks(w.rows, LINEAR_WARPS), max_tiles as u32, 1);
-    let args = vec![
-        Arg::Weight(w.arg()),
-        p(perm),
-        p(tiles),
-        p(n_tiles),
-        p(x),
-        i(x_stride),
-        i(x_div),
-        p(y),
-        i(y_stride),
-    ];
+    let args = grouped_args(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
     go(
         gpu,
         &gpu.kernels.linear_grouped,

@@ -174,6 +174,80 @@ fn linear_gather_matches_cpu_per_expert() {
     }
 }
 
+/// Routed items grouped on the device by moe_group: `ids` [items] (every other item goes to
+/// expert 3, so it spans several tiles; the last expert gets none), and the grouping buffers.
+struct Grouping {
+    ids: Vec<i32>,
+    perm: DevBuf,
+    tiles: DevBuf,
+    n_tiles: DevBuf,
+    max_tiles: usize,
+    _ids: DevBuf,
+}
+
+impl Grouping {
+    fn skewed(g: &Gpu, rng: &mut Rng, items: usize, e: usize, tile: usize) -> Grouping {
+        let ids: Vec<i32> = (0..items)
+            .map(|n| {
+                if n % 2 == 0 {
+                    3
+                } else {
+                    rng.below(e - 1) as i32
+                }
+            })
+            .collect();
+        let dids = g.upload(&ids).unwrap();
+        let max_tiles = gops::max_group_tiles(items, e);
+        let (perm, tiles, n_tiles) = (
+            poisoned(g, items),
+            poisoned(g, 3 * max_tiles),
+            poisoned(g, 1),
+        );
+        gops::moe_group(
+            g,
+            dids.ptr,
+            items,
+            e,
+            tile,
+            perm.ptr,
+            tiles.ptr,
+            n_tiles.ptr,
+        )
+        .unwrap();
+        Grouping {
+            ids,
+            perm,
+            tiles,
+            n_tiles,
+            max_tiles,
+            _ids: dids,
+        }
+    }
+
+    fn tiles_made(&self, g: &Gpu) -> i32 {
+        g.read::<i32>(&self.n_tiles, 0, 1).unwrap()[0]
+    }
+
+    /// The expected rows, item by item: `f(expert's matrix, the item's token row)`.
+    fn want(
+        &self,
+        w: &Linear,
+        x: &[f32],
+        k: usize,
+        f: impl Fn(&Linear, &[f32]) -> Vec<f32>,
+    ) -> Vec<f32> {
+        let cols = w.cols;
+        let mut want = Vec::new();
+        for (n, &id) in self.ids.iter().enumerate() {
+            want.extend(f(
+                &w.expert(id as usize),
+                &x[(n / k) * cols..(n / k + 1) * cols],
+            ));
+        }
+        want
+    }
+}
+
 /// Items grouped by expert on the device (moe_group) and run tile by tile (linear_grouped):
 /// some experts get more than one 16-item tile, some none.
 #[test]
@@ -188,49 +262,15 @@ fn linear_grouped_matches_cpu_per_expert() {
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = rng.vec(t * cols, 1.0);
         // Skewed routing: expert 3 gets > 16 items, expert 6 none.
-        let ids: Vec<i32> = (0..items)
-            .map(|n| {
-                if n % 2 == 0 {
-                    3
-                } else {
-                    rng.below(e - 1) as i32
-                }
-            })
-            .collect();
-        let (dx, dids) = (g.upload(&x).unwrap(), g.upload(&ids).unwrap());
-        let max_tiles = gops::max_group_tiles(items, e);
-        let (perm, tiles, nt) = (
-            poisoned(&g, items),
-            poisoned(&g, 3 * max_tiles),
-            poisoned(&g, 1),
-        );
-        gops::moe_group(
-            &g,
-            dids.ptr,
-            items,
-            e,
-            gops::GROUP_TILE,
-            perm.ptr,
-            tiles.ptr,
-            nt.ptr,
-        )
-        .unwrap();
+        let gr = Grouping::skewed(&g, &mut rng, items, e, gops::GROUP_TILE);
+        let dx = g.upload(&x).unwrap();
         let dy = poisoned(&g, items * rows);
-        gops::linear_grouped(
-            &g, &dw, perm.ptr, tiles.ptr, nt.ptr, max_tiles, dx.ptr, cols, k, dy.ptr, rows,
-        )
-        .unwrap();
+        let (perm, tiles, nt, mt) = (gr.perm.ptr, gr.tiles.ptr, gr.n_tiles.ptr, gr.max_tiles);
+        gops::linear_grouped(&g, &dw, perm, tiles, nt, mt, dx.ptr, cols, k, dy.ptr, rows).unwrap();
         let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
-        let mut want = Vec::new();
-        for (n, &id) in ids.iter().enumerate() {
-            want.extend(matmul(
-                &w.expert(id as usize),
-                &x[(n / k) * cols..(n / k + 1) * cols],
-            ));
-        }
-        let n_tiles: Vec<i32> = g.read(&nt, 0, 1).unwrap();
+        let want = gr.want(&w, &x, k, matmul);
         check(
-            &format!("linear_grouped bits={bits} ({} tiles)", n_tiles[0]),
+            &format!("linear_grouped bits={bits} ({} tiles)", gr.tiles_made(&g)),
             &y,
             &want,
             1e-5,
@@ -350,40 +390,21 @@ fn tensor_core_linears_match_the_bf16_product() {
             let w = linear(&mut rng, bits, e, rows, cols);
             let dw = upload_linear(&g, "w", &w).unwrap();
             let x = bf(rng.vec(t * cols, 1.0));
-            let ids: Vec<i32> = (0..items)
-                .map(|n| {
-                    if n % 2 == 0 {
-                        3
-                    } else {
-                        rng.below(e - 1) as i32
-                    }
-                })
-                .collect();
-            let (dx, dids) = (g.upload(&x).unwrap(), g.upload(&ids).unwrap());
-            let max_tiles = gops::max_group_tiles(items, e);
-            let (perm, tiles, nt) = (
-                poisoned(&g, items),
-                poisoned(&g, 3 * max_tiles),
-                poisoned(&g, 1),
-            );
-            gops::moe_group(&g, dids.ptr, items, e, tile, perm.ptr, tiles.ptr, nt.ptr).unwrap();
+            let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
+            let dx = g.upload(&x).unwrap();
             let dy = poisoned(&g, items * rows);
+            let (perm, tiles, nt, mt) = (gr.perm.ptr, gr.tiles.ptr, gr.n_tiles.ptr, gr.max_tiles);
             gops::gemm_grouped(
-                &g, &dw, tile, perm.ptr, tiles.ptr, nt.ptr, max_tiles, dx.ptr, cols, k, dy.ptr,
-                rows,
+                &g, &dw, tile, perm, tiles, nt, mt, dx.ptr, cols, k, dy.ptr, rows,
             )
             .unwrap();
             let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
-            let mut want = Vec::new();
-            for (n, &id) in ids.iter().enumerate() {
-                want.extend(bf16_product(
-                    &w.expert(id as usize),
-                    &x[(n / k) * cols..(n / k + 1) * cols],
-                ));
-            }
-            let n_tiles: Vec<i32> = g.read(&nt, 0, 1).unwrap();
+            let want = gr.want(&w, &x, k, bf16_product);
             check(
-                &format!("gemm_grouped{tile} bits={bits} ({} tiles)", n_tiles[0]),
+                &format!(
+                    "gemm_grouped{tile} bits={bits} ({} tiles)",
+                    gr.tiles_made(&g)
+                ),
                 &y,
                 &want,
                 5e-3,
