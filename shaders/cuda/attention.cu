@@ -6,7 +6,9 @@
 // attn_decode: causal softmax(q·k / sqrt(D)) · v for query head h over kv head h / (Hq/Hkv), fp32
 //   online softmax; the result times sigmoid(gate) is written to out [T, Hq·D] for o_proj.
 //   One block (4 warps) per (token, query head), each warp an interleaved quarter of the keys.
-//   Used for decode unless LILY_SPLIT_KV=1, for short chunks, and for prefill chunks in fp32 mode.
+//   Used for decode only with split-KV off (it is on by default; --no-split-kv / LILY_SPLIT_KV=0),
+//   for chunks between 5 and 15 tokens, and for prefill chunks with flash prefill off or in fp32 mode
+//   (the plan decides: crates/lily-cuda/src/plan.rs).
 //
 // attn_prefill (flash attention 2 on tensor cores; prefill chunks of >= 16 tokens, bf16 mode):
 //   the same inputs, causal mask and output as attn_decode. One block (4 warps) per 64
@@ -51,8 +53,12 @@
 //   read per query head), plus the partials: Hq × n_s × (D+2) × 4 bytes written and read.
 //   Limits (checked by the launcher, else attn_decode runs): D ≤ 256 and D % 8 == 0.
 
-#define ATTN_MAX_D 256
-#define ATTN_WARPS 4
+#ifndef ATTN_MAX_D
+#error "ATTN_MAX_D comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
+#ifndef ATTN_WARPS
+#error "ATTN_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 
 extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ k_in,
                                         const float* __restrict__ v_in, float* __restrict__ q_out,
@@ -163,10 +169,16 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ qg, const kv_
 
 // ---- split-KV decode -------------------------------------------------------------------------
 
-#define SPLIT_MAX_SPLITS 256
+#ifndef SPLIT_MAX_SPLITS
+#error "SPLIT_MAX_SPLITS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 #define SPLIT_MIN_KEYS 64
-#define SPLIT_WARPS 2
-#define SPLIT_MAX_G 8
+#ifndef SPLIT_WARPS
+#error "SPLIT_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
+#ifndef SPLIT_MAX_G
+#error "SPLIT_MAX_G comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 #define SPLIT_TILE 32
 
 // Keys per split for a causal length `len` (the same in both kernels).
@@ -355,12 +367,26 @@ attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_
 
 // ---- prefill on tensor cores --------------------------------------------------------------------
 
-#define PF_Q 64                      // queries per block (16 per warp)
-#define PF_WARPS 4
+// PF_Q: queries per block (16 per warp)
+#ifndef PF_Q
+#error "PF_Q comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
+#ifndef PF_WARPS
+#error "PF_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 #define PF_THREADS (PF_WARPS * 32)
-#define PF_PAD 8                     // bf16 elements of padding per shared-memory row
-#define PF_KEYS_SMALL 64             // keys per tile for D <= 128
-#define PF_KEYS_256 32               // keys per tile for D = 256
+// PF_PAD: bf16 elements of padding per shared-memory row
+#ifndef PF_PAD
+#error "PF_PAD comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
+// PF_KEYS_SMALL: keys per tile for D <= 128
+#ifndef PF_KEYS_SMALL
+#error "PF_KEYS_SMALL comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
+// PF_KEYS_256: keys per tile for D = 256
+#ifndef PF_KEYS_256
+#error "PF_KEYS_256 comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 
 // Eight consecutive cache elements (16-byte aligned) into shared memory as bf16: an asynchronous
 // 16-byte copy in bf16 mode; in fp32 mode a synchronous load and conversion.

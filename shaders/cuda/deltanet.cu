@@ -20,14 +20,21 @@
 // (the state is read and written once per launch). A token costs each lane two short FMA chains,
 // two 3-step shuffle reductions and shared-memory reads (conflict-free: the 8 lanes of a column
 // read 8 consecutive words, the 4 columns of a warp the same ones); q, k, v, α, β come in tiles
-// of DN_TT tokens by cp.async, two barriers per tile. Limits (ops.rs checks them at load):
+// of DN_TT tokens by cp.async, two barriers per tile. Limits (kernels/deltanet.rs checks them at load):
 // dk % 32 == 0, dk ≤ 128, dv % 16 == 0, K ≤ 8.
 
-#define DN_MAX_K 8
-#define DN_MAX_DK 128
+#ifndef DN_MAX_K
+#error "DN_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/deltanet.rs)"
+#endif
+#ifndef DN_MAX_DK
+#error "DN_MAX_DK comes from the launcher module (crates/lily-cuda/src/kernels/deltanet.rs)"
+#endif
 #define DN_PARTS 8                           // lanes sharing one value column
 #define DN_ROWS (DN_MAX_DK / DN_PARTS)       // state rows per lane at most (16)
-#define DN_COLS_PER_BLOCK 16                 // 4 warps × 4 columns
+// DN_COLS_PER_BLOCK: 4 warps × 4 columns
+#ifndef DN_COLS_PER_BLOCK
+#error "DN_COLS_PER_BLOCK comes from the launcher module (crates/lily-cuda/src/kernels/deltanet.rs)"
+#endif
 #define DN_TT 16                             // tokens per shared-memory tile
 
 // Row `idx` (may be negative: a conv_state row) of the pre-conv sequence [conv_state; m].

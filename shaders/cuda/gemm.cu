@@ -18,14 +18,23 @@
 //   - the next k-step's global loads are issued before the current step's mma (registers), and
 //     shared memory is double-buffered, so there is one barrier per k-step.
 // The epilogue writes act(sum) (or act(y + act(sum)) with accumulate), as linear_rows does.
-// Shapes: cols % 64 == 0, group % 32 == 0, bits ∈ {4, 8, 16}; ops.rs checks and otherwise uses
+// Shapes: cols % 64 == 0, group % 32 == 0, bits ∈ {4, 8, 16}; the plan (plan.rs, gemm::fits) checks and otherwise uses
 // the CUDA-core kernels. Dynamic shared memory: 2 · (BM + BN) · (BK + 8) · 2 bytes, and
 // 2 · BN · (BK + 8) · 2 more for gemm_dense_exact's residue tiles.
 
-#define GEMM_BN 128
-#define GEMM_BK 64
-#define GEMM_THREADS 256
-#define GEMM_LDS (GEMM_BK + 8)  // bf16 per shared row: 144 bytes, ldmatrix without bank conflicts
+#ifndef GEMM_BN
+#error "GEMM_BN comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+#ifndef GEMM_BK
+#error "GEMM_BK comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+#ifndef GEMM_THREADS
+#error "GEMM_THREADS comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+// GEMM_LDS: bf16 per shared row: 144 bytes, ldmatrix without bank conflicts
+#ifndef GEMM_LDS
+#error "GEMM_LDS comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
 
 // One thread's share of a k-step's weights: half a row (32 columns) of one output row.
 // WORDS = 32 · bits / 32 packed u32 words; scale and bias of the group they fall in.

@@ -12,12 +12,17 @@
 // y [n, rows] fp32 with row stride y_stride. FLOPs 2·rows·cols per token.
 // Simple version: one warp per output row, lanes stride over packed words, fp32 accumulation.
 
-#define LINEAR_WARPS 4
-#define GROUP_TILE 16  // the tile moe_group is given for this kernel (ops.rs)
+#ifndef LINEAR_WARPS
+#error "LINEAR_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/linear.rs)"
+#endif
+// GROUP_TILE: the tile moe_group is given for this kernel (kernels/linear.rs)
+#ifndef GROUP_TILE
+#error "GROUP_TILE comes from the launcher module (crates/lily-cuda/src/kernels/linear.rs)"
+#endif
 
 // The `per` activations x[c0 .. c0+per) that meet one packed word, as 16-byte (or 8-byte for bf16)
 // vector loads: scalar loads 32 bytes apart across the warp made every linear kernel L1-bound.
-// c0 is a multiple of per and rows are 16-byte aligned (ops.rs checks the strides).
+// c0 is a multiple of per and rows are 16-byte aligned (kernels/mod.rs check_x checks the strides).
 __device__ __forceinline__ void load_x(const float* __restrict__ xr, int per, float* xv) {
     if (per == 8) {
         float4 a = *reinterpret_cast<const float4*>(xr);

@@ -6,7 +6,9 @@
 // silu_mul:    h = silu(g) ⊙ u (expert and shared-expert activations).
 // moe_combine: x += Σ_k w_k · y_k + sigmoid(shared_gate) · y_shared (the residual add included).
 
-#define MOE_MAX_E 1024
+#ifndef MOE_MAX_E
+#error "MOE_MAX_E comes from the launcher module (crates/lily-cuda/src/kernels/moe.rs)"
+#endif
 
 extern "C" __global__ void __launch_bounds__(32)
 moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __restrict__ weights, int n_tok,

@@ -18,7 +18,9 @@
 //   log-probability under the raw logits, and bumps hist[token] as Sampler::accept does.
 //   Bytes: scaled[V] read 5 times, logits[V] twice (L2 keeps them).
 
-#define SAMPLE_THREADS 1024
+#ifndef SAMPLE_THREADS
+#error "SAMPLE_THREADS comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ token_out,
@@ -81,7 +83,9 @@ extern "C" __global__ void advance_pos(int* pos, int n) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
 }
 
-#define PICK_MAX_K 256
+#ifndef PICK_MAX_K
+#error "PICK_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
 #define HIST_SEEN 0x80000000u
 #define HIST_COUNT 0x7fffffffu
 

@@ -10,57 +10,15 @@ use lily_core::config::ModelConfig;
 use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
-use crate::device::{DevBuf, Gpu};
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
+use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
-use crate::ops;
-use crate::sampler::{self, DeviceSampler};
+use crate::kernels::sample::Argmax;
+use crate::kernels::{self, Kernels};
+pub use crate::plan::CudaOptions;
+use crate::plan::{Plan, SamplingPath};
+use crate::sampler::DeviceSampler;
 use crate::weights::{upload_model, DevModel};
-
-/// How the backend runs.
-#[derive(Clone, Debug)]
-pub struct CudaOptions {
-    pub ordinal: usize,
-    /// Round activations to bf16 where the reference model stores them (production). `false`
-    /// keeps every activation and the KV cache in fp32 (parity with the CPU backend).
-    pub bf16_activations: bool,
-    /// Largest prefill chunk (scratch is sized for it).
-    pub chunk: usize,
-    /// Replay each sequence's decode step as a captured CUDA graph.
-    pub graphs: bool,
-    /// Group prefill's routed experts by expert (see `Forward::moe_grouped`).
-    pub moe_grouped: bool,
-    /// Tensor-core attention for prefill chunks (see `Forward::attn_prefill`); bf16 activations
-    /// only (`LILY_ATTN_PREFILL=0` turns it off).
-    pub attn_prefill: bool,
-    /// Split-KV attention for decode steps (see `Forward::split_kv`); `LILY_SPLIT_KV=0` turns it off.
-    pub split_kv: bool,
-    /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
-    /// non-greedy sampling on the host, on downloaded logits (`LILY_DEVICE_SAMPLING=0`).
-    pub device_sampling: bool,
-}
-
-impl CudaOptions {
-    /// Defaults, overridable by the environment: LILY_CUDA_FP32=1 (fp32 activations),
-    /// LILY_CUDA_DEVICE (ordinal), LILY_PREFILL_CHUNK (tokens), LILY_ATTN_PREFILL=0 (prefill
-    /// attention by `attn_decode`), LILY_SPLIT_KV=0 (one-block decode attention) and
-    /// LILY_DEVICE_SAMPLING=0 (sample on the host from downloaded logits).
-    pub fn from_env() -> CudaOptions {
-        let env_usize = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        CudaOptions {
-            ordinal: env_usize("LILY_CUDA_DEVICE").unwrap_or(0),
-            bf16_activations: !std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1"),
-            graphs: !std::env::var("LILY_CUDA_GRAPH").is_ok_and(|v| v == "0"),
-            moe_grouped: !std::env::var("LILY_MOE_GROUPED").is_ok_and(|v| v == "0"),
-            attn_prefill: !std::env::var("LILY_ATTN_PREFILL").is_ok_and(|v| v == "0"),
-            split_kv: !std::env::var("LILY_SPLIT_KV").is_ok_and(|v| v == "0"),
-            device_sampling: !std::env::var("LILY_DEVICE_SAMPLING").is_ok_and(|v| v == "0"),
-            chunk: env_usize("LILY_PREFILL_CHUNK")
-                .filter(|&c| c > 0)
-                .unwrap_or(4096),
-        }
-    }
-}
 
 /// Most tokens per forward pass when every position's logits are kept (`prefill_all_logits`).
 const ALL_LOGITS_CHUNK: usize = 256;
@@ -81,35 +39,39 @@ pub struct CudaBackend {
     scratch: Scratch,
     model: DevModel,
     cfg: ModelConfig,
-    opts: CudaOptions,
+    plan: Plan,
+    kernels: Kernels,
     gpu: Gpu,
 }
 
 impl CudaBackend {
+    /// The backend for `opts` with the environment overrides on top (`Plan::new`).
     pub fn new(weights: &ModelWeights, opts: CudaOptions) -> Result<CudaBackend> {
-        ops::check_limits(&weights.config)?;
+        CudaBackend::with_plan(weights, Plan::new(&opts))
+    }
+
+    /// The backend running exactly `plan`.
+    pub fn with_plan(weights: &ModelWeights, plan: Plan) -> Result<CudaBackend> {
+        kernels::check_limits(&weights.config)?;
+        let chunk = plan.prefill_chunk;
         // Grid limits of the simple kernels: gathered expert items and token blocks go in grid.y.
-        if opts.chunk == 0 || opts.chunk * weights.config.top_k > 65_535 {
+        if chunk == 0 || chunk * weights.config.top_k > 65_535 {
             bail!(
-                "prefill chunk {} must be in 1..={}",
-                opts.chunk,
+                "prefill chunk {chunk} must be in 1..={}",
                 65_535 / weights.config.top_k
             );
         }
-        let gpu = Gpu::open(opts.ordinal, opts.bf16_activations)?;
+        let gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
+        let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
-        let scratch = Scratch::new(&gpu, &weights.config, opts.chunk)?;
+        let scratch = Scratch::new(&gpu, &weights.config, chunk)?;
         gpu.sync()?;
         tracing::info!(
-            "cuda: {} ({}), {:.2} GB of weights on the device, {} activations",
+            "cuda: {} ({}), {:.2} GB of weights on the device; {}",
             gpu.name,
             gpu.arch,
             model.bytes as f64 / 1e9,
-            if opts.bf16_activations {
-                "bf16"
-            } else {
-                "fp32"
-            }
+            plan.describe()
         );
         Ok(CudaBackend {
             seqs: HashMap::new(),
@@ -118,13 +80,19 @@ impl CudaBackend {
             scratch,
             model,
             cfg: weights.config.clone(),
-            opts,
+            plan,
+            kernels,
             gpu,
         })
     }
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// The path decisions this backend runs with.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     fn seq(&self, seq: SeqId) -> Result<&SeqState> {
@@ -136,11 +104,10 @@ impl CudaBackend {
     fn forward(&self) -> Forward<'_> {
         Forward {
             gpu: &self.gpu,
+            kernels: &self.kernels,
+            plan: &self.plan,
             cfg: &self.cfg,
             scratch: &self.scratch,
-            moe_grouped: self.opts.moe_grouped,
-            attn_prefill: self.opts.attn_prefill && self.opts.bf16_activations,
-            split_kv: self.opts.split_kv,
         }
     }
 
@@ -165,8 +132,7 @@ impl CudaBackend {
     /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on
     /// (captured at the sequence's first decode step), else the same launches one by one.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
-        let use_graph = self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none();
-        if use_graph && self.seq(seq)?.decode_graph.is_none() {
+        if self.plan.decode_graphs() && self.seq(seq)?.decode_graph.is_none() {
             let s = self.seq(seq)?;
             let fwd = self.forward();
             match DecodeGraph::capture(&self.gpu, || {
@@ -180,31 +146,19 @@ impl CudaBackend {
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, decoding without graphs: {e:#}");
-                    self.opts.graphs = false;
+                    self.plan.give_up_graphs();
                 }
             }
         }
         let s = self.seq(seq)?;
-        match (
-            &s.decode_graph,
-            self.opts.graphs && !self.gpu.sync_each && self.gpu.profile.is_none(),
-        ) {
-            (Some(g), true) => g.launch(&self.gpu)?,
+        match (&s.decode_graph, self.plan.decode_graphs()) {
+            (Some(g), true) => g.launch()?,
             _ => self
                 .forward()
                 .run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)?,
         }
         self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         Ok(())
-    }
-
-    fn is_device_greedy(sampler: &Sampler) -> bool {
-        let p = &sampler.params;
-        p.temperature <= 0.0
-            && p.logit_bias.is_empty()
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.repetition_penalty == 1.0
     }
 }
 
@@ -237,7 +191,7 @@ impl Backend for CudaBackend {
             "cuda {} {} ({} activations)",
             self.gpu.name,
             self.gpu.arch,
-            if self.opts.bf16_activations {
+            if self.plan.bf16_activations {
                 "bf16"
             } else {
                 "fp32"
@@ -250,7 +204,7 @@ impl Backend for CudaBackend {
             bail!("a sequence needs a context of at least one token");
         }
         self.gpu.bind()?;
-        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.opts.bf16_activations)?;
+        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.plan.bf16_activations)?;
         self.gpu.sync()?;
         let id = self.next_id;
         self.next_id += 1;
@@ -342,35 +296,34 @@ impl Backend for CudaBackend {
         if self.seq(seq)?.len == 0 {
             bail!("decode needs a prefilled sequence");
         }
-        let device_greedy = Self::is_device_greedy(sampler);
-        // Non-greedy settings the device covers pick there too; the rest (top_k off or > 256)
-        // and device sampling off (the default until tested) use the host sampler on downloaded logits. Sampling runs
-        // after the (possibly graph-replayed) forward step, outside the graph, so the graph
-        // stays the same whatever the sampler is.
-        let device_pick =
-            if !device_greedy && self.opts.device_sampling && sampler::supports(&sampler.params) {
-                Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?)
-            } else {
-                None
-            };
+        // Sampling runs after the (possibly graph-replayed) forward step, outside the graph, so
+        // the graph stays the same whatever the sampler is.
+        let path = self.plan.sampling(&sampler.params);
+        let device_pick = match path {
+            SamplingPath::Device => Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?),
+            SamplingPath::DeviceGreedy | SamplingPath::Host => None,
+        };
         for step in 0..n {
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if device_greedy || device_pick.is_some() {
+            let (token, logprob, host_logits) = if path != SamplingPath::Host {
                 match &device_pick {
                     Some(ds) => ds.sample(
                         &self.gpu,
+                        &self.kernels.sample,
                         sampler,
                         s.logits.ptr,
                         s.next_token.ptr,
                         s.next_logprob.ptr,
                     )?,
-                    None => ops::argmax_logprob(
-                        &self.gpu,
-                        s.logits.ptr,
-                        self.cfg.vocab,
-                        s.next_token.ptr,
-                        s.next_logprob.ptr,
-                    )?,
+                    None => {
+                        let argmax = Argmax {
+                            logits: s.logits.ptr,
+                            vocab: self.cfg.vocab,
+                            token_out: s.next_token.ptr,
+                            logprob_out: s.next_logprob.ptr,
+                        };
+                        self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?
+                    }
                 }
                 let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
                 let lp: Vec<f32> = self.gpu.read(&s.next_logprob, 0, 1)?;
@@ -387,7 +340,7 @@ impl Backend for CudaBackend {
                 };
                 (id[0] as u32, lp[0], logits)
             } else {
-                // top_k off or above 256, or device sampling off: the host sampler.
+                // SamplingPath::Host: top_k off or above 256, or device sampling off.
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
                 if id as usize >= self.cfg.vocab {
@@ -426,7 +379,7 @@ impl Backend for CudaBackend {
         let kv_bytes = s.len
             * self.cfg.n_kv_heads
             * self.cfg.head_dim
-            * kv_elem_bytes(self.opts.bf16_activations);
+            * kv_elem_bytes(self.plan.bf16_activations);
         let dup = |b: &DevBuf, bytes: usize| -> Result<DevBuf> {
             let c = g.alloc(bytes)?;
             g.copy(&c, 0, b, 0, bytes)?;

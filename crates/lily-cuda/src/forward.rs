@@ -2,14 +2,22 @@
 //! CPU backend: embed → 40 × (norm → attention | DeltaNet → residual → norm → MoE → residual)
 //! → final norm → lm_head. Every buffer it touches exists before it runs (scratch for the largest
 //! chunk, per-sequence state), positions are read on the device, and nothing waits on the host,
-//! so the decode step can become one replayable CUDA graph later.
+//! so the decode step can be captured as one replayable CUDA graph. Which kernel runs
+//! for a step is the plan's decision (plan.rs); every `match self.plan…` below shows it.
 
 use anyhow::Result;
 use lily_core::config::ModelConfig;
 
-use crate::device::{DevBuf, Gpu};
-use crate::ops::{self, AttnShape, DnRecurrent, DnShape, QkPrep};
-use crate::weights::{DevMixer, DevModel};
+use crate::gpu::{DevBuf, Gpu};
+use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
+use crate::kernels::deltanet::{Conv, DnRecurrent, DnShape, GatedNorm};
+use crate::kernels::embed::Lookup;
+use crate::kernels::linear::{Gather, GROUP_TILE};
+use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
+use crate::kernels::norm::RmsNorm;
+use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
+use crate::plan::{AttentionPath, LinearPath, MoePath, Plan, RouterPath};
+use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe};
 
 const F32: usize = 4;
 
@@ -24,7 +32,7 @@ pub struct Scratch {
     pub v: DevBuf,
     pub q: DevBuf,
     pub attn_o: DevBuf,
-    /// Split-KV attention partials (ops::split_kv_scratch): outputs and (max, sum) per split.
+    /// Split-KV attention partials (attention::split_kv_scratch): outputs and (max, sum) per split.
     pub part_o: DevBuf,
     pub part_ml: DevBuf,
     pub m: DevBuf,
@@ -100,7 +108,7 @@ impl Scratch {
         let c = chunk;
         let buf = |elems: usize| gpu.alloc(elems * F32);
         let (h, tk) = (cfg.hidden, cfg.top_k);
-        let (part_o, part_ml) = ops::split_kv_scratch(cfg.n_heads, cfg.head_dim);
+        let (part_o, part_ml) = attention::split_kv_scratch(cfg.n_heads, cfg.head_dim);
         Ok(Scratch {
             chunk,
             tokens: buf(c)?,
@@ -135,9 +143,9 @@ impl Scratch {
             sy: buf(c * h)?,
             s_gate: buf(c)?,
             perm: buf(c * tk)?,
-            tiles: buf(3 * ops::max_group_tiles(c * tk, cfg.n_experts))?,
+            tiles: buf(3 * moe::max_group_tiles(c * tk, cfg.n_experts))?,
             n_tiles: buf(1)?,
-            max_tiles: ops::max_group_tiles(c * tk, cfg.n_experts),
+            max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
         })
     }
 }
@@ -215,21 +223,10 @@ pub enum LogitsOut {
 
 pub struct Forward<'a> {
     pub gpu: &'a Gpu,
+    pub kernels: &'a Kernels,
+    pub plan: &'a Plan,
     pub cfg: &'a ModelConfig,
     pub scratch: &'a Scratch,
-    /// Prefill chunks run the routed experts grouped by expert (moe_group + linear_grouped), so
-    /// each expert's weights are read once per tile instead of once per item (LILY_MOE_GROUPED=0
-    /// turns it off). Decode (one token) always gathers.
-    pub moe_grouped: bool,
-    /// Prefill chunks of at least ops::TENSOR_CORE_MIN_TOK tokens run `attn_prefill` (flash attention
-    /// on tensor cores: bf16 mma, fp32 softmax) instead of one block per (token, query head).
-    /// Only with bf16 activations: it rounds the softmax weights to bf16 as HF's bf16 path does,
-    /// and would round fp32-mode q, k and v too.
-    pub attn_prefill: bool,
-    /// Steps of at most ops::SPLIT_MAX_TOK tokens (decode) run split-KV (flash-decoding)
-    /// attention: many blocks per kv head over slices of the cache instead of one block per query
-    /// head reading it all (LILY_SPLIT_KV=0 turns it off).
-    pub split_kv: bool,
 }
 
 impl Forward<'_> {
@@ -243,23 +240,18 @@ impl Forward<'_> {
         n: usize,
         out: LogitsOut,
     ) -> Result<()> {
-        let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
-        let eps = cfg.rms_eps;
-        ops::embed(gpu, &model.embed, tokens, s.x.ptr, n)?;
+        let lookup = Lookup {
+            table: &model.embed,
+            tokens,
+            x: s.x.ptr,
+            n_tok: n,
+        };
+        k.embed.lookup(gpu, &lookup)?;
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
         for layer in &model.layers {
-            ops::rms_norm(
-                gpu,
-                s.x.ptr,
-                h,
-                layer.input_norm.ptr,
-                s.xn.ptr,
-                h,
-                h,
-                eps,
-                n,
-            )?;
+            self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     let (k_cache, v_cache) = &seq.kv[attn_i];
@@ -272,39 +264,22 @@ impl Forward<'_> {
                     self.deltanet(d, state.ptr, conv.ptr, n)?;
                 }
             }
-            ops::rms_norm(gpu, s.x.ptr, h, layer.post_norm.ptr, s.xn.ptr, h, h, eps, n)?;
+            self.norm(Rows::new(s.x.ptr, h), layer.post_norm.ptr, n)?;
             self.moe(&layer.moe, n)?;
         }
-        ops::advance_pos(gpu, seq.pos.ptr, n)?;
+        k.sample.advance_pos(gpu, seq.pos.ptr, n)?;
         let v = cfg.vocab;
+        let xn = Rows::new(s.xn.ptr, h);
         match out {
             LogitsOut::Last => {
                 let last = s.x.ptr + ((n - 1) * h * F32) as u64;
-                ops::rms_norm(gpu, last, h, model.final_norm.ptr, s.xn.ptr, h, h, eps, 1)?;
-                ops::linear(
-                    gpu,
-                    &model.lm_head,
-                    s.xn.ptr,
-                    h,
-                    seq.logits.ptr,
-                    v,
-                    1,
-                    false,
-                )?;
+                self.norm(Rows::new(last, h), model.final_norm.ptr, 1)?;
+                let logits = Rows::new(seq.logits.ptr, v);
+                self.project(&model.lm_head, xn, logits, 1, Store::Overwrite)?;
             }
             LogitsOut::All(dst) => {
-                ops::rms_norm(
-                    gpu,
-                    s.x.ptr,
-                    h,
-                    model.final_norm.ptr,
-                    s.xn.ptr,
-                    h,
-                    h,
-                    eps,
-                    n,
-                )?;
-                ops::linear(gpu, &model.lm_head, s.xn.ptr, h, dst, v, n, false)?;
+                self.norm(Rows::new(s.x.ptr, h), model.final_norm.ptr, n)?;
+                self.project(&model.lm_head, xn, Rows::new(dst, v), n, Store::Overwrite)?;
                 // The last row is also the sequence's pending logits.
                 gpu.copy_raw(seq.logits.ptr, dst + ((n - 1) * v * F32) as u64, v * F32)?;
             }
@@ -312,31 +287,71 @@ impl Forward<'_> {
         Ok(())
     }
 
+    /// scratch.xn[..rows] = RMSNorm(x[..rows]) · weight.
+    fn norm(&self, x: Rows, weight: u64, rows: usize) -> Result<()> {
+        let h = self.cfg.hidden;
+        let a = RmsNorm {
+            x,
+            weight,
+            y: Rows::new(self.scratch.xn.ptr, h),
+            cols: h,
+            eps: self.cfg.rms_eps,
+            rows,
+        };
+        self.kernels.norm.rms_norm(self.gpu, &a)
+    }
+
+    /// y (+)= W x for `n` rows: tensor cores or CUDA cores, as the plan says.
+    pub fn project(
+        &self,
+        w: &DevLinear,
+        x: Rows,
+        y: Rows,
+        n: usize,
+        store: Store,
+    ) -> Result<()> {
+        let (gpu, k) = (self.gpu, self.kernels);
+        let a = Project { w, x, y, n_tok: n };
+        match self.plan.linear(w, n) {
+            LinearPath::TensorCores => k.gemm.dense(gpu, &a, store),
+            LinearPath::CudaCores => k.linear.project(gpu, &a, store),
+        }
+    }
+
+    /// The MoE router's logits: y = W x in fp32 from the stored weights (not rounded to bf16 on
+    /// the way in or out, also in bf16 mode), so top-k routing, which a rounding can flip,
+    /// follows the fp32 model wherever it can.
+    pub fn router_logits(&self, w: &DevLinear, x: Rows, y: Rows, n: usize) -> Result<()> {
+        let (gpu, k) = (self.gpu, self.kernels);
+        let a = Project { w, x, y, n_tok: n };
+        match self.plan.router(w, n) {
+            RouterPath::TensorCoresSplitPrecision => k.gemm.dense_exact(gpu, &a),
+            RouterPath::CudaCoresExact => k.linear.project_exact(gpu, &a),
+        }
+    }
+
     // The blocks below read the normed input from scratch.xn and add their output to scratch.x.
 
     /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)).
     pub fn attention(
         &self,
-        a: &crate::weights::DevAttention,
+        a: &DevAttention,
         k_cache: u64,
         v_cache: u64,
         pos: u64,
         n: usize,
     ) -> Result<()> {
-        let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
-        ops::linear(gpu, &a.q_proj, s.xn.ptr, h, s.qg.ptr, 2 * hq * d, n, false)?;
-        ops::linear(gpu, &a.k_proj, s.xn.ptr, h, s.k.ptr, hkv * d, n, false)?;
-        ops::linear(gpu, &a.v_proj, s.xn.ptr, h, s.v.ptr, hkv * d, n, false)?;
-        let shape = AttnShape {
-            n_q: hq,
-            n_kv: hkv,
-            d,
-            rotary: cfg.rotary_dim,
-            theta: cfg.rope_theta as f32,
-            eps: cfg.rms_eps,
-        };
+        let xn = Rows::new(s.xn.ptr, h);
+        let qg = Rows::new(s.qg.ptr, 2 * hq * d);
+        self.project(&a.q_proj, xn, qg, n, Store::Overwrite)?;
+        let kr = Rows::new(s.k.ptr, hkv * d);
+        self.project(&a.k_proj, xn, kr, n, Store::Overwrite)?;
+        let vr = Rows::new(s.v.ptr, hkv * d);
+        self.project(&a.v_proj, xn, vr, n, Store::Overwrite)?;
+        let shape = AttnShape::of(cfg);
         let prep = QkPrep {
             qg: s.qg.ptr,
             k: s.k.ptr,
@@ -348,67 +363,55 @@ impl Forward<'_> {
             k_norm: a.k_norm.ptr,
             pos,
         };
-        ops::attn_qk_prep(gpu, shape, &prep, n)?;
-        if self.split_kv && ops::split_kv_fits(shape, n) {
-            ops::attn_split(
-                gpu,
-                shape,
-                s.q.ptr,
-                s.qg.ptr,
-                k_cache,
-                v_cache,
-                s.part_o.ptr,
-                s.part_ml.ptr,
-                s.attn_o.ptr,
-                pos,
-                n,
-            )?;
-        } else {
-            // The same inputs and output: flash attention on tensor cores for prefill chunks, one
-            // block per (token, query head) otherwise.
-            let kernel = if self.attn_prefill && ops::attn_prefill_fits(shape, n) {
-                ops::attn_prefill
-            } else {
-                ops::attn_decode
-            };
-            let (q, qg, out) = (s.q.ptr, s.qg.ptr, s.attn_o.ptr);
-            kernel(gpu, shape, q, qg, k_cache, v_cache, out, pos, n)?;
+        k.attention.qk_prep(gpu, shape, &prep, n)?;
+        let attend = Attend {
+            shape,
+            q: s.q.ptr,
+            qg: s.qg.ptr,
+            k_cache,
+            v_cache,
+            out: s.attn_o.ptr,
+            pos,
+            n_tok: n,
+        };
+        match self.plan.attention(shape, n) {
+            AttentionPath::SplitKv => {
+                let parts = SplitPartials {
+                    part_o: s.part_o.ptr,
+                    part_ml: s.part_ml.ptr,
+                };
+                k.attention.split_kv(gpu, &attend, parts)?
+            }
+            AttentionPath::FlashPrefill => k.attention.flash_prefill(gpu, &attend)?,
+            AttentionPath::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,
         }
-        ops::linear(gpu, &a.o_proj, s.attn_o.ptr, hq * d, s.x.ptr, h, n, true)
+        let o = Rows::new(s.attn_o.ptr, hq * d);
+        self.project(&a.o_proj, o, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).
-    pub fn deltanet(
-        &self,
-        dnw: &crate::weights::DevDeltaNet,
-        state: u64,
-        conv: u64,
-        n: usize,
-    ) -> Result<()> {
-        let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
+    pub fn deltanet(&self, dnw: &DevDeltaNet, state: u64, conv: u64, n: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
         let (conv_dim, vd, hv) = (cfg.conv_dim(), cfg.dn_value_dim(), cfg.dn_v_heads);
-        ops::linear(gpu, &dnw.in_qkv, s.xn.ptr, h, s.m.ptr, conv_dim, n, false)?;
-        ops::linear(gpu, &dnw.in_z, s.xn.ptr, h, s.z.ptr, vd, n, false)?;
-        ops::linear(gpu, &dnw.in_b, s.xn.ptr, h, s.b.ptr, hv, n, false)?;
-        ops::linear(gpu, &dnw.in_a, s.xn.ptr, h, s.a.ptr, hv, n, false)?;
-        ops::dn_conv(
-            gpu,
-            s.m.ptr,
+        let xn = Rows::new(s.xn.ptr, h);
+        let m = Rows::new(s.m.ptr, conv_dim);
+        self.project(&dnw.in_qkv, xn, m, n, Store::Overwrite)?;
+        self.project(&dnw.in_z, xn, Rows::new(s.z.ptr, vd), n, Store::Overwrite)?;
+        self.project(&dnw.in_b, xn, Rows::new(s.b.ptr, hv), n, Store::Overwrite)?;
+        self.project(&dnw.in_a, xn, Rows::new(s.a.ptr, hv), n, Store::Overwrite)?;
+        let c = Conv {
+            m: s.m.ptr,
+            m_stride: conv_dim,
+            conv_state: conv,
+            weight: dnw.conv.ptr,
+            c: s.c.ptr,
+            n_tok: n,
             conv_dim,
-            conv,
-            dnw.conv.ptr,
-            s.c.ptr,
-            n,
-            conv_dim,
-            cfg.conv_kernel,
-        )?;
-        let shape = DnShape {
-            n_k: cfg.dn_k_heads,
-            n_v: hv,
-            dk: cfg.dn_k_dim,
-            dv: cfg.dn_v_dim,
+            k: cfg.conv_kernel,
         };
+        k.deltanet.conv(gpu, &c)?;
+        let shape = DnShape::of(cfg);
         let rec = DnRecurrent {
             c: s.c.ptr,
             b: s.b.ptr,
@@ -421,98 +424,124 @@ impl Forward<'_> {
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
         };
-        ops::dn_recurrent(gpu, shape, &rec, n)?;
-        ops::dn_gated_norm(
-            gpu,
-            shape,
-            s.dn_o.ptr,
-            s.z.ptr,
-            vd,
-            dnw.norm.ptr,
-            s.dn_y.ptr,
-            n,
-            cfg.rms_eps,
-        )?;
-        ops::linear(gpu, &dnw.out_proj, s.dn_y.ptr, vd, s.x.ptr, h, n, true)
+        k.deltanet.recurrent(gpu, shape, &rec, n)?;
+        let gn = GatedNorm {
+            o: s.dn_o.ptr,
+            z: s.z.ptr,
+            z_stride: vd,
+            weight: dnw.norm.ptr,
+            y: s.dn_y.ptr,
+            n_tok: n,
+            eps: cfg.rms_eps,
+        };
+        k.deltanet.gated_norm(gpu, shape, &gn)?;
+        let y = Rows::new(s.dn_y.ptr, vd);
+        self.project(&dnw.out_proj, y, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
-    pub fn moe(&self, m: &crate::weights::DevMoe, n: usize) -> Result<()> {
-        let (gpu, cfg, s) = (self.gpu, self.cfg, self.scratch);
+    pub fn moe(&self, m: &DevMoe, n: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
-        let (e, k, inter, sinter) = (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
-        ops::linear_router(gpu, &m.router, s.xn.ptr, h, s.router.ptr, e, n)?;
-        ops::moe_route(gpu, s.router.ptr, s.ids.ptr, s.route_w.ptr, n, e, k)?;
-        let items = n * k;
-        let tensor_cores = [&m.gate, &m.up, &m.down]
-            .iter()
-            .all(|w| ops::gemm_fits(gpu, w));
-        if self.moe_grouped && n >= ops::TENSOR_CORE_MIN_TOK && tensor_cores {
-            // Tiles of 64 items once experts average that many, else 32 (less padding).
-            let tile = if items >= 48 * e { 64 } else { 32 };
-            let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);
-            ops::moe_group(gpu, s.ids.ptr, items, e, tile, perm, tiles, nt)?;
-            let (gate, up, down) = (&m.gate, &m.up, &m.down);
-            ops::gemm_grouped(
-                gpu, gate, tile, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eg.ptr, inter,
-            )?;
-            ops::gemm_grouped(
-                gpu, up, tile, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eu.ptr, inter,
-            )?;
-            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
-            ops::gemm_grouped(
-                gpu, down, tile, perm, tiles, nt, mt, s.eh.ptr, inter, 1, s.ey.ptr, h,
-            )?;
-        } else if self.moe_grouped && n > 1 {
-            let (perm, tiles, nt, mt) = (s.perm.ptr, s.tiles.ptr, s.n_tiles.ptr, s.max_tiles);
-            let tile = ops::GROUP_TILE;
-            ops::moe_group(gpu, s.ids.ptr, items, e, tile, perm, tiles, nt)?;
-            ops::linear_grouped(
-                gpu, &m.gate, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eg.ptr, inter,
-            )?;
-            ops::linear_grouped(
-                gpu, &m.up, perm, tiles, nt, mt, s.xn.ptr, h, k, s.eu.ptr, inter,
-            )?;
-            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
-            ops::linear_grouped(
-                gpu, &m.down, perm, tiles, nt, mt, s.eh.ptr, inter, 1, s.ey.ptr, h,
-            )?;
-        } else {
-            ops::linear_gather(
-                gpu, &m.gate, s.ids.ptr, s.xn.ptr, h, k, s.eg.ptr, inter, items,
-            )?;
-            ops::linear_gather(
-                gpu, &m.up, s.ids.ptr, s.xn.ptr, h, k, s.eu.ptr, inter, items,
-            )?;
-            ops::silu_mul(gpu, s.eg.ptr, s.eu.ptr, s.eh.ptr, items * inter)?;
-            ops::linear_gather(
-                gpu, &m.down, s.ids.ptr, s.eh.ptr, inter, 1, s.ey.ptr, h, items,
-            )?;
+        let (e, top_k, inter, sinter) =
+            (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
+        let shape = MoeShape::of(cfg);
+        let xn = Rows::new(s.xn.ptr, h);
+        self.router_logits(&m.router, xn, Rows::new(s.router.ptr, e), n)?;
+        let route = Route {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            n_tok: n,
+            shape,
+        };
+        k.moe.route(gpu, &route)?;
+        let items = n * top_k;
+        let (eg, eu) = (Rows::new(s.eg.ptr, inter), Rows::new(s.eu.ptr, inter));
+        let (eh, ey) = (Rows::new(s.eh.ptr, inter), Rows::new(s.ey.ptr, h));
+        let silu = SiluMul {
+            g: s.eg.ptr,
+            u: s.eu.ptr,
+            h: s.eh.ptr,
+            n: items * inter,
+        };
+        let groups = |tile: usize| ExpertGroups {
+            perm: s.perm.ptr,
+            tiles: s.tiles.ptr,
+            n_tiles: s.n_tiles.ptr,
+            max_tiles: s.max_tiles,
+            tile,
+        };
+        let group = |groups: ExpertGroups| Group {
+            ids: s.ids.ptr,
+            n_items: items,
+            n_experts: e,
+            into: groups,
+        };
+        // gate and up read token rows (item / top_k), down reads item rows.
+        let by_expert = |w, groups, x, x_div, y| Grouped {
+            w,
+            groups,
+            x,
+            x_div,
+            y,
+        };
+        match self.plan.moe(m, shape, n) {
+            MoePath::TensorCoreGrouped { tile } => {
+                let g = groups(tile);
+                k.moe.group(gpu, &group(g))?;
+                k.gemm.grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;
+                k.gemm.grouped(gpu, &by_expert(&m.up, g, xn, top_k, eu))?;
+                k.moe.silu_mul(gpu, &silu)?;
+                k.gemm.grouped(gpu, &by_expert(&m.down, g, eh, 1, ey))?;
+            }
+            MoePath::Grouped => {
+                let g = groups(GROUP_TILE);
+                k.moe.group(gpu, &group(g))?;
+                k.linear.grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;
+                k.linear.grouped(gpu, &by_expert(&m.up, g, xn, top_k, eu))?;
+                k.moe.silu_mul(gpu, &silu)?;
+                k.linear.grouped(gpu, &by_expert(&m.down, g, eh, 1, ey))?;
+            }
+            MoePath::Gather => {
+                let gather = |w, x, x_div, y| Gather {
+                    w,
+                    ids: s.ids.ptr,
+                    x,
+                    x_div,
+                    y,
+                    n_items: items,
+                };
+                k.linear.gather(gpu, &gather(&m.gate, xn, top_k, eg))?;
+                k.linear.gather(gpu, &gather(&m.up, xn, top_k, eu))?;
+                k.moe.silu_mul(gpu, &silu)?;
+                k.linear.gather(gpu, &gather(&m.down, eh, 1, ey))?;
+            }
         }
-        ops::linear(gpu, &m.shared_gate, s.xn.ptr, h, s.sg.ptr, sinter, n, false)?;
-        ops::linear(gpu, &m.shared_up, s.xn.ptr, h, s.su.ptr, sinter, n, false)?;
-        ops::silu_mul(gpu, s.sg.ptr, s.su.ptr, s.sh.ptr, n * sinter)?;
-        ops::linear(gpu, &m.shared_down, s.sh.ptr, sinter, s.sy.ptr, h, n, false)?;
-        ops::linear(
-            gpu,
-            &m.shared_expert_gate,
-            s.xn.ptr,
-            h,
-            s.s_gate.ptr,
-            1,
-            n,
-            false,
-        )?;
-        ops::moe_combine(
-            gpu,
-            s.x.ptr,
-            s.ey.ptr,
-            s.route_w.ptr,
-            s.sy.ptr,
-            s.s_gate.ptr,
-            n,
-            h,
-            k,
-        )
+        let (sg, su) = (Rows::new(s.sg.ptr, sinter), Rows::new(s.su.ptr, sinter));
+        self.project(&m.shared_gate, xn, sg, n, Store::Overwrite)?;
+        self.project(&m.shared_up, xn, su, n, Store::Overwrite)?;
+        let shared_silu = SiluMul {
+            g: s.sg.ptr,
+            u: s.su.ptr,
+            h: s.sh.ptr,
+            n: n * sinter,
+        };
+        k.moe.silu_mul(gpu, &shared_silu)?;
+        let sh = Rows::new(s.sh.ptr, sinter);
+        self.project(&m.shared_down, sh, Rows::new(s.sy.ptr, h), n, Store::Overwrite)?;
+        let s_gate = Rows::new(s.s_gate.ptr, 1);
+        self.project(&m.shared_expert_gate, xn, s_gate, n, Store::Overwrite)?;
+        let combine = Combine {
+            x: s.x.ptr,
+            y_experts: s.ey.ptr,
+            weights: s.route_w.ptr,
+            y_shared: s.sy.ptr,
+            shared_gate: s.s_gate.ptr,
+            n_tok: n,
+            hidden: h,
+            top_k,
+        };
+        k.moe.combine_into_residual(gpu, &combine)
     }
 }

@@ -2,17 +2,23 @@
 //! dynamic loading + our own NVRTC finder), so the one `lily-engine` binary builds with no CUDA
 //! toolkit and picks CUDA only when a usable GPU and NVRTC are present.
 
+//!
+//! Modules, runtime first (each uses only those above it): `gpu` (context, stream, buffers,
+//! module loading, launches) ← `weights` ← `kernels` (one launcher module per kernel file) ←
+//! `plan` (every path decision) ← `forward` ← `backend`.
+
 pub mod backend;
 pub mod cache;
-pub mod device;
 pub mod forward;
+pub mod gpu;
 pub mod graph;
+pub mod kernels;
 pub mod nvrtc;
-pub mod ops;
+pub mod plan;
 pub mod sampler;
 pub mod select;
-pub mod sources;
 pub mod weights;
 
-pub use backend::{CudaBackend, CudaOptions};
+pub use backend::CudaBackend;
+pub use plan::{CudaOptions, Plan};
 pub use select::{cuda_backend, select_backend, DeviceChoice};

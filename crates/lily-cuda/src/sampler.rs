@@ -11,8 +11,8 @@
 use anyhow::Result;
 use lily_core::sampling::{Sampler, SamplingParams};
 
-use crate::device::{DevBuf, Gpu};
-use crate::ops::{self, PickBuffers, PickParams, PICK_MAX_K};
+use crate::gpu::{DevBuf, Gpu};
+use crate::kernels::sample::{Pick, PickBuffers, PickParams, Sample, PICK_MAX_K};
 
 /// Set in `hist` for tokens the repetition penalty covers (HIST_SEEN in sample.cu).
 const HIST_SEEN: u32 = 0x8000_0000;
@@ -90,6 +90,7 @@ impl DeviceSampler {
     pub fn sample(
         &self,
         gpu: &Gpu,
+        kernels: &Sample,
         sampler: &mut Sampler,
         logits: u64,
         token_out: u64,
@@ -103,15 +104,15 @@ impl DeviceSampler {
             n_bias: self.n_bias,
             scaled: self.scaled.ptr,
         };
-        ops::sample_pick(
-            gpu,
+        let pick = Pick {
             logits,
-            self.vocab,
-            &self.params,
-            &b,
+            vocab: self.vocab,
+            params: &self.params,
+            buffers: &b,
             u,
             token_out,
             logprob_out,
-        )
+        };
+        kernels.pick(gpu, &pick)
     }
 }

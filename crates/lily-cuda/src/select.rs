@@ -25,12 +25,10 @@ impl std::str::FromStr for DeviceChoice {
     }
 }
 
-/// The CUDA backend, or the reason it cannot run here (no driver, no GPU, no NVRTC, ...).
-pub fn cuda_backend(weights: &ModelWeights) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(CudaBackend::new(
-        weights,
-        CudaOptions::from_env(),
-    )?))
+/// The CUDA backend for `opts` (the environment overrides apply on top, plan.rs), or the reason
+/// it cannot run here (no driver, no GPU, no NVRTC, ...).
+pub fn cuda_backend(weights: &ModelWeights, opts: &CudaOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(CudaBackend::new(weights, opts.clone())?))
 }
 
 /// `Cuda` → the CUDA backend or its error; `Cpu` → `cpu()`; `Auto` → CUDA if it starts, else
@@ -38,12 +36,13 @@ pub fn cuda_backend(weights: &ModelWeights) -> Result<Box<dyn Backend>> {
 pub fn select_backend(
     choice: DeviceChoice,
     weights: &ModelWeights,
+    opts: &CudaOptions,
     cpu: impl FnOnce() -> Result<Box<dyn Backend>>,
 ) -> Result<Box<dyn Backend>> {
     match choice {
         DeviceChoice::Cpu => cpu(),
-        DeviceChoice::Cuda => cuda_backend(weights),
-        DeviceChoice::Auto => match cuda_backend(weights) {
+        DeviceChoice::Cuda => cuda_backend(weights, opts),
+        DeviceChoice::Auto => match cuda_backend(weights, opts) {
             Ok(b) => Ok(b),
             Err(e) => {
                 tracing::info!(

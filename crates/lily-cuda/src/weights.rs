@@ -8,8 +8,52 @@ use lily_core::weights::{
     AttentionWeights, DeltaNetWeights, Linear, Mixer, ModelWeights, MoeWeights, WeightData,
 };
 
-use crate::device::{DevBuf, Gpu};
-use crate::ops::DevLinear;
+use crate::gpu::{DevBuf, Gpu};
+
+/// `struct QWeight` of common.cuh, passed to kernels by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QWeightArg {
+    pub q: u64,
+    pub scales: u64,
+    pub biases: u64,
+    pub bits: i32,
+    pub rows: i32,
+    pub cols: i32,
+    pub group: i32,
+}
+
+// SAFETY: a plain `#[repr(C)]` struct of integers laid out exactly as common.cuh's `QWeight`
+// (three 8-byte pointers, four ints: 40 bytes, no padding), copied into the launch's parameters.
+unsafe impl cudarc::driver::DeviceRepr for QWeightArg {}
+
+/// A weight matrix (or a stack of expert matrices) on the device, in the checkpoint's own packing.
+pub struct DevLinear {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// 4 or 8 (MLX affine), 16 (bf16).
+    pub bits: u32,
+    pub group: usize,
+    pub q: DevBuf,
+    pub scales: Option<DevBuf>,
+    pub biases: Option<DevBuf>,
+}
+
+impl DevLinear {
+    /// The kernels' view of this weight.
+    pub fn arg(&self) -> QWeightArg {
+        QWeightArg {
+            q: self.q.ptr,
+            scales: self.scales.as_ref().map_or(0, |b| b.ptr),
+            biases: self.biases.as_ref().map_or(0, |b| b.ptr),
+            bits: self.bits as i32,
+            rows: self.rows as i32,
+            cols: self.cols as i32,
+            group: self.group as i32,
+        }
+    }
+}
 
 pub struct DevAttention {
     pub q_proj: DevLinear,

@@ -11,7 +11,7 @@ use lily_core::backend::{Backend, Flow};
 use lily_core::sampling::{Sampler, SamplingParams};
 use serde_json::json;
 
-use crate::device::{open_backend, Device};
+use crate::device::{open_backend, CudaArgs, Device};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -37,6 +37,8 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    cuda: CudaArgs,
 }
 
 fn parse_len(s: &str) -> Result<usize> {
@@ -119,7 +121,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|s| parse_len(s))
         .collect::<Result<_>>()?;
     let repeat = a.repeat.max(1);
-    let mut b = open_backend(&a.model, a.device, a.quantize)?;
+    let mut b = open_backend(&a.model, a.device, a.quantize, &a.cuda)?;
     let vocab = b.config().vocab;
     let device = b.describe();
     eprintln!("bench on {device}");

@@ -6,7 +6,7 @@ use clap::Args;
 use lily_core::backend::Flow;
 use lily_core::sampling::{Sampler, SamplingParams};
 
-use crate::device::{open_backend, Device};
+use crate::device::{open_backend, CudaArgs, Device};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -23,6 +23,8 @@ pub struct GenerateArgs {
     /// auto (CUDA when a usable GPU and NVRTC are present, else the CPU), cpu or cuda.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
+    #[command(flatten)]
+    cuda: CudaArgs,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -39,7 +41,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         anyhow::bail!("--prompt-ids is empty");
     }
     let t0 = Instant::now();
-    let mut backend = open_backend(&a.model, a.device, a.quantize)?;
+    let mut backend = open_backend(&a.model, a.device, a.quantize, &a.cuda)?;
     eprintln!(
         "loaded {} in {:.2} s",
         a.model.display(),

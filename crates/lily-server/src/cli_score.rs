@@ -10,7 +10,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::cli_bench::prompt;
-use crate::device::{open_backend, Device};
+use crate::device::{open_backend, CudaArgs, Device};
 
 #[derive(Args)]
 pub struct ScoreArgs {
@@ -25,10 +25,12 @@ pub struct ScoreArgs {
     /// Output prefix: writes PREFIX.f32 and PREFIX.json.
     #[arg(long)]
     out: PathBuf,
+    #[command(flatten)]
+    cuda: CudaArgs,
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
-    let mut b = open_backend(&a.model, a.device, false)?;
+    let mut b = open_backend(&a.model, a.device, false, &a.cuda)?;
     let ids = prompt(a.len, b.config().vocab, a.seed);
     let seq = b.new_seq(ids.len())?;
     let f32_path = a.out.with_extension("f32");
@@ -43,12 +45,8 @@ pub fn run(a: ScoreArgs) -> Result<()> {
         }
     }
     file.flush()?;
-    let mode = if std::env::var("LILY_CUDA_FP32").is_ok_and(|v| v == "1") {
-        " fp32-activations"
-    } else {
-        ""
-    };
-    let meta = json!({"backend": format!("{}{mode}", b.describe()), "model": a.model.display().to_string(), "ids": ids, "seconds": t.elapsed().as_secs_f64()});
+    // describe() names the activation mode (e.g. "cuda NVIDIA H200 sm_90a (fp32 activations)").
+    let meta = json!({"backend": b.describe(), "model": a.model.display().to_string(), "ids": ids, "seconds": t.elapsed().as_secs_f64()});
     std::fs::write(a.out.with_extension("json"), serde_json::to_string(&meta)?)?;
     eprintln!(
         "scored {} positions on {} in {:.1} s",

@@ -1,14 +1,15 @@
-//! Picking the backend that runs the model: `--device auto|cpu|cuda`.
+//! Picking the backend that runs the model: `--device auto|cpu|cuda`, and the CUDA backend's
+//! path switches (`CudaArgs`, flattened into serve, generate, bench and score).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use lily_core::backend::Backend;
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
-use lily_cuda::{select_backend, DeviceChoice};
+use lily_cuda::{select_backend, CudaOptions, DeviceChoice};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -18,8 +19,76 @@ pub enum Device {
     Cuda,
 }
 
+/// How the CUDA backend runs (ignored on the CPU). Every switch turns one optimisation off so its
+/// effect can be measured; the defaults are the configuration that ships. The environment
+/// variable named in each help text overrides the flag (lily-cuda/src/plan.rs).
+#[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "CUDA backend")]
+pub struct CudaArgs {
+    /// Largest prefill chunk in tokens (activation scratch is sized for it) [default: 4096;
+    /// env LILY_PREFILL_CHUNK].
+    #[arg(long, value_name = "N")]
+    pub prefill_chunk: Option<usize>,
+    /// Keep activations and the KV cache in fp32 (parity with the CPU backend) instead of
+    /// bf16; also turns off the tensor-core paths [env LILY_CUDA_FP32=1].
+    #[arg(long)]
+    pub fp32_activations: bool,
+    /// Decode with plain kernel launches instead of replaying a captured CUDA graph per step
+    /// [env LILY_CUDA_GRAPH=0].
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
+    /// Decode attention with one block per query head instead of split-KV (flash-decoding)
+    /// [env LILY_SPLIT_KV=0].
+    #[arg(long)]
+    pub no_split_kv: bool,
+    /// Sample non-greedy settings on the host from downloaded logits instead of on the device
+    /// (greedy always picks on the device) [env LILY_DEVICE_SAMPLING=0].
+    #[arg(long)]
+    pub no_device_sampling: bool,
+    /// Run the linears of prefill chunks on CUDA cores instead of tensor cores
+    /// [env LILY_TENSOR_CORES=0].
+    #[arg(long)]
+    pub no_tensor_cores: bool,
+    /// Prefill attention with one block per (token, query head) instead of flash attention on
+    /// tensor cores [env LILY_ATTN_PREFILL=0].
+    #[arg(long)]
+    pub no_flash_prefill: bool,
+    /// Run prefill's routed experts one item at a time (gathered) instead of grouped by expert
+    /// [env LILY_MOE_GROUPED=0].
+    #[arg(long)]
+    pub no_moe_grouping: bool,
+    /// Compute the MoE router of prefill chunks on CUDA cores instead of on tensor cores in
+    /// split precision (the same fp32 precision either way) [env LILY_EXACT_ROUTER_TC=0].
+    #[arg(long)]
+    pub router_on_cuda_cores: bool,
+}
+
+impl CudaArgs {
+    /// The options these flags ask for (environment overrides apply later, in lily-cuda).
+    pub fn options(&self) -> CudaOptions {
+        let d = CudaOptions::default();
+        CudaOptions {
+            chunk: self.prefill_chunk.unwrap_or(d.chunk),
+            bf16_activations: !self.fp32_activations,
+            graphs: !self.no_cuda_graphs,
+            split_kv: !self.no_split_kv,
+            device_sampling: !self.no_device_sampling,
+            tensor_cores: !self.no_tensor_cores,
+            flash_prefill: !self.no_flash_prefill,
+            moe_grouped: !self.no_moe_grouping,
+            exact_router_on_tensor_cores: !self.router_on_cuda_cores,
+            ..d
+        }
+    }
+}
+
 /// Loads the checkpoint and builds the backend.
-pub fn open_backend(model: &Path, device: Device, quantize: bool) -> Result<Box<dyn Backend>> {
+pub fn open_backend(
+    model: &Path,
+    device: Device,
+    quantize: bool,
+    cuda: &CudaArgs,
+) -> Result<Box<dyn Backend>> {
     let weights = Arc::new(load(
         model,
         &LoadOptions {
@@ -32,7 +101,60 @@ pub fn open_backend(model: &Path, device: Device, quantize: bool) -> Result<Box<
         Device::Cuda => DeviceChoice::Cuda,
     };
     // Auto: CUDA if it starts here, else the CPU with one log line saying why (lily-cuda/select.rs).
-    select_backend(choice, &weights, || {
+    select_backend(choice, &weights, &cuda.options(), || {
         Ok(Box::new(CpuBackend::new(weights.clone())))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cuda: CudaArgs,
+    }
+
+    #[test]
+    fn no_flags_ask_for_the_configuration_that_ships() {
+        let cli = Cli::parse_from(["lily-engine"]);
+        assert_eq!(cli.cuda.options(), CudaOptions::default());
+    }
+
+    #[test]
+    fn each_flag_turns_its_path_off() {
+        let cli = Cli::parse_from([
+            "lily-engine",
+            "--prefill-chunk",
+            "512",
+            "--fp32-activations",
+            "--no-cuda-graphs",
+            "--no-split-kv",
+            "--no-device-sampling",
+            "--no-tensor-cores",
+            "--no-flash-prefill",
+            "--no-moe-grouping",
+            "--router-on-cuda-cores",
+        ]);
+        let o = cli.cuda.options();
+        assert_eq!(
+            o,
+            CudaOptions {
+                ordinal: 0,
+                bf16_activations: false,
+                chunk: 512,
+                graphs: false,
+                moe_grouped: false,
+                flash_prefill: false,
+                split_kv: false,
+                device_sampling: false,
+                tensor_cores: false,
+                exact_router_on_tensor_cores: false,
+                sync_each: false,
+                profile: false,
+            }
+        );
+    }
 }

@@ -9,7 +9,7 @@ use lily_core::chat::ChatTemplate;
 use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
-use crate::device::open_backend;
+use crate::device::{open_backend, CudaArgs};
 pub use crate::device::Device;
 use crate::scripted::ScriptedModel;
 use crate::state::Model;
@@ -24,6 +24,7 @@ pub struct LoadOptions {
     pub max_queue: usize,
     pub prefix_cache: usize,
     pub quantize: bool,
+    pub cuda: CudaArgs,
 }
 
 /// The id clients see: the model directory's name.
@@ -58,7 +59,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
                 bail!("--model {}: not a directory", dir.display());
             }
             stage("loading weights");
-            let backend = open_backend(&dir, opts.device, opts.quantize)
+            let backend = open_backend(&dir, opts.device, opts.quantize, &opts.cuda)
                 .with_context(|| format!("loading {}", dir.display()))?;
             (backend, dir)
         }

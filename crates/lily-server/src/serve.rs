@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::device::CudaArgs;
 use crate::load::{self, Device, LoadOptions};
 use crate::metrics::Metrics;
 use crate::openai::response::unix_now;
@@ -44,6 +45,8 @@ pub struct ServeArgs {
     /// 64 (routers 8-bit), as MLX would: a quarter of the memory and the kernels' fast path.
     #[arg(long)]
     pub keep_bf16: bool,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -88,6 +91,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         prefix_cache: args.prefix_cache,
         quantize: !args.keep_bf16,
+        cuda: args.cuda.clone(),
     };
     let loader_state = state.clone();
     std::thread::Builder::new()

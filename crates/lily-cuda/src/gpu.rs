@@ -1,19 +1,21 @@
-//! The GPU: context, one stream, device buffers and compiled kernels.
+//! The GPU runtime: context, the one stream, device buffers, module loading (NVRTC + the disk
+//! cache) and kernel launches. Nothing here knows any particular kernel: the launchers live in
+//! `kernels/`, one module per kernel file, and load their modules through `Gpu::load_module`.
 //!
 //! Buffers are raw device allocations (no per-use event tracking), and kernels are launched with
-//! plain `cuLaunchKernel` on one non-default stream, so a decode step can later be captured into a
+//! cudarc's launch builder on one non-default stream, so a decode step can be captured into a
 //! CUDA graph as is (PERFORMANCE.md §5).
 
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchArgs, LaunchConfig,
+};
 use cudarc::nvrtc::Ptx;
 
 use crate::cache::{self, KernelCache};
 use crate::nvrtc::Nvrtc;
-use crate::sources::{defines, full_source, FILES};
 
 /// The CUDA architecture NVRTC should build for: the device's exact one, with Hopper's
 /// architecture-specific features (`sm_90a`: wgmma, setmaxnreg) enabled.
@@ -47,23 +49,26 @@ pub fn open_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
+/// Debug checks around every launch (the plan's debug knobs, `Plan::launch_checks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchChecks {
+    /// Synchronise and check after every launch: slow, names the failing kernel.
+    pub sync_each: bool,
+    /// Per-kernel device time: each launch is bracketed by events and waited for, and the table
+    /// is printed to stderr when the GPU is dropped. Slow; graphs are off with it.
+    pub profile: bool,
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub arch: String,
-    pub kernels: Kernels,
-    /// Synchronise and check after every launch (LILY_CUDA_SYNC=1): slow, names the failing kernel.
-    pub sync_each: bool,
-    /// Per-kernel device time (LILY_PROFILE=1): each launch is bracketed by events and waited for,
-    /// and the table is printed to stderr when the GPU is dropped. Slow; graphs are off with it.
-    pub profile: Option<Mutex<Profile>>,
-    /// Prefill linears on tensor cores (gemm.cu): bf16 activation mode only, since the weights
-    /// and activations enter the mma as bf16 (LILY_TENSOR_CORES=0 keeps the CUDA-core kernels).
-    pub tensor_cores: bool,
-    /// The MoE router of prefill chunks on tensor cores in split precision (gemm_dense_exact);
-    /// LILY_EXACT_ROUTER_TC=0 runs it on CUDA cores.
-    pub exact_router_on_tensor_cores: bool,
+    /// Debug checks around every launch (synchronise, profile).
+    pub checks: LaunchChecks,
+    profile: Option<Mutex<Profile>>,
+    nvrtc: Nvrtc,
+    cache: KernelCache,
 }
 
 /// Accumulated device time per kernel name.
@@ -111,8 +116,8 @@ impl Drop for Gpu {
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal` and loads every kernel for it (compiled by NVRTC or from the cache).
-    pub fn open(ordinal: usize, bf16_activations: bool) -> Result<Gpu> {
+    /// Opens GPU `ordinal` and finds NVRTC (kernels are loaded by `kernels::Kernels::load`).
+    pub fn open(ordinal: usize, checks: LaunchChecks) -> Result<Gpu> {
         let ctx = open_context(ordinal)?;
         let (major, minor) = ctx
             .compute_capability()
@@ -127,25 +132,50 @@ impl Gpu {
             .map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
         let nvrtc = Nvrtc::load()?;
         let cache = KernelCache::new(cache::default_dir());
-        let kernels = Kernels::load(&ctx, &nvrtc, &cache, &arch, bf16_activations)?;
-        let sync_each = std::env::var("LILY_CUDA_SYNC").is_ok_and(|v| v == "1");
-        let profile = std::env::var("LILY_PROFILE")
-            .is_ok_and(|v| v == "1")
-            .then(|| Mutex::new(Profile::default()));
-        let tensor_cores =
-            bf16_activations && !std::env::var("LILY_TENSOR_CORES").is_ok_and(|v| v == "0");
         Ok(Gpu {
             ctx,
             stream,
             name,
             arch,
-            kernels,
-            sync_each,
-            profile,
-            tensor_cores,
-            exact_router_on_tensor_cores: !std::env::var("LILY_EXACT_ROUTER_TC")
-                .is_ok_and(|v| v == "0"),
+            checks,
+            profile: checks.profile.then(|| Mutex::new(Profile::default())),
+            nvrtc,
+            cache,
         })
+    }
+
+    /// One kernel file's module for this GPU's architecture: from the disk cache when an intact
+    /// entry for exactly this source, these defines and this NVRTC exists, else compiled by NVRTC
+    /// (and cached). `source` is the complete text (shared header included), `defines` the
+    /// `NAME=VALUE` pairs passed as `-D`.
+    pub fn load_module(
+        &self,
+        name: &'static str,
+        source: &str,
+        defines: &[String],
+    ) -> Result<Module> {
+        let arch = &self.arch;
+        let (key, cache_file) =
+            KernelCache::key(name, source, defines, arch, self.nvrtc.version());
+        let module = match self
+            .cache
+            .get(&key, &cache_file)
+            .and_then(|cubin| self.ctx.load_module(Ptx::from_binary(cubin)).ok())
+        {
+            Some(m) => m,
+            None => {
+                let compiled = self.nvrtc.compile(name, source, arch, defines)?;
+                let m = self
+                    .ctx
+                    .load_module(Ptx::from_binary(compiled.cubin.clone()))
+                    .map_err(|e| {
+                        anyhow!("the driver refused NVRTC's {arch} cubin for {name}.cu: {e}")
+                    })?;
+                self.cache.put(&key, &cache_file, &compiled.cubin);
+                m
+            }
+        };
+        Ok(Module { name, module })
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -266,63 +296,37 @@ impl Gpu {
             .map_err(|e| anyhow!("device memset: {e}"))
     }
 
-    /// Launches `f` with the given kernel parameters (pointers to each argument's value) and
-    /// `smem` bytes of dynamic shared memory.
-    pub fn launch(
-        &self,
-        f: &Kernel,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &mut [*mut c_void],
+    /// Launches `k` with `cfg` on the stream; `args` pushes the kernel's arguments in the order
+    /// of its C signature (`.arg(&value)` each; the values must outlive this call, which the
+    /// builder's lifetimes enforce). With profiling on, the launch is bracketed by events and
+    /// waited for; with `sync_each`, the stream is synchronised after it.
+    pub fn launch<'a>(
+        &'a self,
+        k: &'a Kernel,
+        cfg: LaunchConfig,
+        args: impl FnOnce(&mut LaunchArgs<'a>),
     ) -> Result<()> {
-        let events = match &self.profile {
-            Some(_) => {
-                let make = || {
-                    result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-                        .map_err(|e| anyhow!("profiling event: {e}"))
-                };
-                let (a, b) = (make()?, make()?);
-                // SAFETY: fresh events recorded on our stream.
-                unsafe { result::event::record(a, self.stream.cu_stream()) }
-                    .map_err(|e| anyhow!("profiling event: {e}"))?;
-                Some((a, b))
-            }
-            None => None,
-        };
-        // SAFETY: `args` point at values whose types match the kernel's C signature (every call site
-        // is a typed wrapper in ops.rs); device pointers among them are live allocations.
-        unsafe {
-            result::launch_kernel(
-                f.func.cu_function(),
-                grid,
-                block,
-                smem,
-                self.stream.cu_stream(),
-                args,
-            )
+        let mut builder = self.stream.launch_builder(&k.func);
+        args(&mut builder);
+        if self.profile.is_some() {
+            builder.record_kernel_launch(sys::CUevent_flags::CU_EVENT_DEFAULT);
         }
-        .map_err(|e| anyhow!("launching {}: {e}", f.name))?;
-        if let (Some((a, b)), Some(p)) = (events, &self.profile) {
-            // SAFETY: both events were created above and are destroyed once, after the wait.
-            let ms = unsafe {
-                result::event::record(b, self.stream.cu_stream())
-                    .and_then(|_| result::event::synchronize(b))
-                    .and_then(|_| result::event::elapsed(a, b))
-            }
-            .map_err(|e| anyhow!("after kernel {} (profiling): {e}", f.name))?;
-            // SAFETY: see above.
-            unsafe {
-                let _ = result::event::destroy(a);
-                let _ = result::event::destroy(b);
-            }
+        // SAFETY: every call site is a typed launcher in kernels/ that pushes values whose types
+        // match the kernel's C signature, in its order; device pointers among them are live
+        // allocations.
+        let events = unsafe { builder.launch(cfg) }.map_err(|e| anyhow!("launching {}: {e}", k.name))?;
+        if let (Some((start, end)), Some(p)) = (events, &self.profile) {
+            // elapsed_ms waits for both events.
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| anyhow!("after kernel {} (profiling): {e}", k.name))?;
             if let Ok(mut p) = p.lock() {
-                p.add(f.name, ms as f64);
+                p.add(k.name, ms as f64);
             }
         }
-        if self.sync_each {
+        if self.checks.sync_each {
             self.sync()
-                .with_context(|| format!("after kernel {}", f.name))?;
+                .with_context(|| format!("after kernel {}", k.name))?;
         }
         Ok(())
     }
@@ -358,157 +362,45 @@ impl Drop for DevBuf {
     }
 }
 
-/// Dynamic shared memory of the largest gemm.cu tile (ops::gemm_smem).
-const GEMM_SMEM_MAX: usize = crate::ops::gemm_smem(64);
-
-/// Lets `k` use up to `bytes` of dynamic shared memory (above the default 48 KB needs opting in).
-fn big_smem(k: Kernel, bytes: usize) -> Result<Kernel> {
-    // SAFETY: a live function of a loaded module; the attribute only raises a launch limit.
-    unsafe {
-        result::function::set_function_attribute(
-            k.func.cu_function(),
-            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-    }
-    .map_err(|e| {
-        anyhow!(
-            "kernel {}: {bytes} bytes of shared memory refused: {e}",
-            k.name
-        )
-    })?;
-    Ok(k)
+/// One kernel file's loaded module.
+pub struct Module {
+    name: &'static str,
+    module: Arc<CudaModule>,
 }
 
-/// One loaded kernel entry point.
+impl Module {
+    /// The entry point `name` of this module.
+    pub fn kernel(&self, name: &'static str) -> Result<Kernel> {
+        let func = self
+            .module
+            .load_function(name)
+            .map_err(|e| anyhow!("kernel {name} missing from {}.cu: {e}", self.name))?;
+        Ok(Kernel { name, func })
+    }
+}
+
+/// One loaded kernel entry point (it keeps its module loaded).
 pub struct Kernel {
     pub name: &'static str,
     func: CudaFunction,
 }
 
-/// Every kernel Lily launches, by name.
-pub struct Kernels {
-    pub embed: Kernel,
-    pub rms_norm: Kernel,
-    pub linear: Kernel,
-    pub linear_wide: Kernel,
-    pub linear_gather: Kernel,
-    pub linear_grouped: Kernel,
-    pub gemm_dense: Kernel,
-    pub gemm_dense_exact: Kernel,
-    pub gemm_grouped64: Kernel,
-    pub gemm_grouped32: Kernel,
-    pub attn_qk_prep: Kernel,
-    pub attn_decode: Kernel,
-    pub attn_prefill: Kernel,
-    pub attn_split: Kernel,
-    pub attn_split_combine: Kernel,
-    pub dn_conv: Kernel,
-    pub dn_conv_state: Kernel,
-    pub dn_prep: Kernel,
-    pub dn_recurrent: Kernel,
-    pub dn_gated_norm: Kernel,
-    pub moe_route: Kernel,
-    pub moe_group: Kernel,
-    pub silu_mul: Kernel,
-    pub moe_combine: Kernel,
-    pub argmax_logprob: Kernel,
-    pub sample_adjust: Kernel,
-    pub sample_pick: Kernel,
-    pub advance_pos: Kernel,
-    _modules: Vec<Arc<CudaModule>>,
-}
-
-impl Kernels {
-    fn load(
-        ctx: &Arc<CudaContext>,
-        nvrtc: &Nvrtc,
-        cache: &KernelCache,
-        arch: &str,
-        bf16: bool,
-    ) -> Result<Kernels> {
-        let mut modules: Vec<(&'static str, Arc<CudaModule>)> = Vec::new();
-        let defs = defines(bf16);
-        for file in FILES {
-            let source = full_source(file);
-            let (key, cache_file) =
-                KernelCache::key(file.name, &source, &defs, arch, nvrtc.version());
-            let module = match cache
-                .get(&key, &cache_file)
-                .and_then(|cubin| ctx.load_module(Ptx::from_binary(cubin)).ok())
-            {
-                Some(m) => m,
-                None => {
-                    let compiled = nvrtc.compile(file.name, &source, arch, &defs)?;
-                    let m = ctx
-                        .load_module(Ptx::from_binary(compiled.cubin.clone()))
-                        .map_err(|e| {
-                            anyhow!(
-                                "the driver refused NVRTC's {arch} cubin for {}.cu: {e}",
-                                file.name
-                            )
-                        })?;
-                    cache.put(&key, &cache_file, &compiled.cubin);
-                    m
-                }
-            };
-            modules.push((file.name, module));
-        }
-        let get = |module: &str, name: &'static str| -> Result<Kernel> {
-            let m = modules
-                .iter()
-                .find(|(n, _)| *n == module)
-                .map(|(_, m)| m)
-                .ok_or_else(|| anyhow!("no kernel module {module}"))?;
-            let func = m
-                .load_function(name)
-                .map_err(|e| anyhow!("kernel {name} missing from {module}.cu: {e}"))?;
-            Ok(Kernel { name, func })
-        };
-        let attn_prefill = get("attention", "attn_prefill")?;
-        // Above 48 KB of dynamic shared memory a kernel must be allowed it explicitly.
-        let smem = crate::ops::attn_prefill_max_smem();
-        attn_prefill
-            .func
+impl Kernel {
+    /// Lets the kernel use up to `bytes` of dynamic shared memory: above the default 48 KB a
+    /// kernel must be allowed it explicitly, once, before its first launch.
+    pub fn allow_shared_memory(self, bytes: usize) -> Result<Kernel> {
+        self.func
             .set_attribute(
                 sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
+                bytes as i32,
             )
-            .map_err(|e| anyhow!("allowing attn_prefill {smem} bytes of shared memory: {e}"))?;
-        Ok(Kernels {
-            embed: get("embed", "embed")?,
-            rms_norm: get("norm", "rms_norm")?,
-            linear: get("linear", "linear")?,
-            linear_wide: get("linear", "linear_wide")?,
-            linear_gather: get("linear", "linear_gather")?,
-            linear_grouped: get("linear", "linear_grouped")?,
-            gemm_dense: big_smem(get("gemm", "gemm_dense")?, GEMM_SMEM_MAX)?,
-            gemm_dense_exact: big_smem(
-                get("gemm", "gemm_dense_exact")?,
-                crate::ops::gemm_smem_exact(64),
-            )?,
-            gemm_grouped64: big_smem(get("gemm", "gemm_grouped64")?, GEMM_SMEM_MAX)?,
-            gemm_grouped32: big_smem(get("gemm", "gemm_grouped32")?, GEMM_SMEM_MAX)?,
-            attn_qk_prep: get("attention", "attn_qk_prep")?,
-            attn_decode: get("attention", "attn_decode")?,
-            attn_prefill,
-            attn_split: get("attention", "attn_split")?,
-            attn_split_combine: get("attention", "attn_split_combine")?,
-            dn_conv: get("deltanet", "dn_conv")?,
-            dn_conv_state: get("deltanet", "dn_conv_state")?,
-            dn_prep: get("deltanet", "dn_prep")?,
-            dn_recurrent: get("deltanet", "dn_recurrent")?,
-            dn_gated_norm: get("deltanet", "dn_gated_norm")?,
-            moe_route: get("moe", "moe_route")?,
-            moe_group: get("moe", "moe_group")?,
-            silu_mul: get("moe", "silu_mul")?,
-            moe_combine: get("moe", "moe_combine")?,
-            argmax_logprob: get("sample", "argmax_logprob")?,
-            sample_adjust: get("sample", "sample_adjust")?,
-            sample_pick: get("sample", "sample_pick")?,
-            advance_pos: get("sample", "advance_pos")?,
-            _modules: modules.into_iter().map(|(_, m)| m).collect(),
-        })
+            .map_err(|e| {
+                anyhow!(
+                    "kernel {}: {bytes} bytes of shared memory refused: {e}",
+                    self.name
+                )
+            })?;
+        Ok(self)
     }
 }
 

@@ -1,0 +1,326 @@
+//! attention.cu: gated full attention (MODEL.md §2.4) between the q/k/v projections and o_proj:
+//! q/k prep and the KV-cache write, then one of three kernels with the same inputs and output
+//! (the plan picks, `plan::AttentionPath`): split-KV decode, flash prefill on tensor cores, or one
+//! block per (token, query head).
+
+use anyhow::{bail, Result};
+use cudarc::driver::PushKernelArg;
+use lily_core::config::ModelConfig;
+
+use super::{blocks, config, KernelFile};
+use crate::gpu::{Gpu, Kernel, Module};
+
+/// Largest head dim (attn_decode and attn_split keep a head's row in shared memory).
+pub const ATTN_MAX_D: usize = 256;
+/// Warps of an attn_decode block.
+pub const ATTN_WARPS: usize = 4;
+/// Split-KV decode: partial slots per (token, query head), i.e. the most splits of the cache.
+pub const SPLIT_MAX_SPLITS: usize = 256;
+/// Warps of an attn_split block.
+pub const SPLIT_WARPS: usize = 2;
+/// Query heads (of one kv head) per attn_split block.
+pub const SPLIT_MAX_G: usize = 8;
+/// Most tokens one split-KV launch serves (its partials are sized for this many).
+pub const SPLIT_MAX_TOK: usize = 4;
+/// Queries per attn_prefill block (16 per warp).
+pub const PF_Q: usize = 64;
+/// Warps of an attn_prefill block.
+pub const PF_WARPS: usize = 4;
+/// bf16 elements of padding per attn_prefill shared-memory row.
+pub const PF_PAD: usize = 8;
+/// Keys per attn_prefill tile for head dims 64 and 128.
+pub const PF_KEYS_SMALL: usize = 64;
+/// Keys per attn_prefill tile for head dim 256.
+pub const PF_KEYS_256: usize = 32;
+
+pub const FILE: KernelFile = KernelFile {
+    name: "attention",
+    source: include_str!("../../../../shaders/cuda/attention.cu"),
+    defines: &[
+        ("ATTN_MAX_D", ATTN_MAX_D as i64),
+        ("ATTN_WARPS", ATTN_WARPS as i64),
+        ("SPLIT_MAX_SPLITS", SPLIT_MAX_SPLITS as i64),
+        ("SPLIT_WARPS", SPLIT_WARPS as i64),
+        ("SPLIT_MAX_G", SPLIT_MAX_G as i64),
+        ("PF_Q", PF_Q as i64),
+        ("PF_WARPS", PF_WARPS as i64),
+        ("PF_PAD", PF_PAD as i64),
+        ("PF_KEYS_SMALL", PF_KEYS_SMALL as i64),
+        ("PF_KEYS_256", PF_KEYS_256 as i64),
+    ],
+};
+
+/// The model's head dim against the kernels' limit.
+pub fn check_limits(cfg: &ModelConfig) -> Result<()> {
+    if cfg.head_dim > ATTN_MAX_D {
+        bail!(
+            "head_dim {} exceeds the CUDA attention kernel's limit {ATTN_MAX_D}",
+            cfg.head_dim
+        );
+    }
+    Ok(())
+}
+
+/// Shapes of the gated attention of one model.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub d: usize,
+    pub rotary: usize,
+    pub theta: f32,
+    pub eps: f32,
+}
+
+impl AttnShape {
+    pub fn of(cfg: &ModelConfig) -> AttnShape {
+        AttnShape {
+            n_q: cfg.n_heads,
+            n_kv: cfg.n_kv_heads,
+            d: cfg.head_dim,
+            rotary: cfg.rotary_dim,
+            theta: cfg.rope_theta as f32,
+            eps: cfg.rms_eps,
+        }
+    }
+}
+
+/// attn_qk_prep's buffers: q/gate from q_proj, k and v in, q out, the caches, the norms and the
+/// device-side position.
+pub struct QkPrep {
+    pub qg: u64,
+    pub k: u64,
+    pub v: u64,
+    pub q_out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub pos: u64,
+}
+
+/// The inputs and output every attention kernel shares: q [T, Hq, D], the gate half of q_proj's
+/// output `qg`, the caches, `out` [T, Hq·D] and the device-side position.
+#[derive(Clone, Copy, Debug)]
+pub struct Attend {
+    pub shape: AttnShape,
+    pub q: u64,
+    pub qg: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub out: u64,
+    pub pos: u64,
+    pub n_tok: usize,
+}
+
+/// Split-KV scratch: f32 partial outputs and (max, sum) per split (`split_kv_scratch` sizes).
+#[derive(Clone, Copy, Debug)]
+pub struct SplitPartials {
+    pub part_o: u64,
+    pub part_ml: u64,
+}
+
+/// Split-KV scratch: f32 elements of (part_o, part_ml).
+pub fn split_kv_scratch(n_q: usize, d: usize) -> (usize, usize) {
+    let slots = SPLIT_MAX_TOK * n_q * SPLIT_MAX_SPLITS;
+    (slots * d, slots * 2)
+}
+
+/// Whether the split-KV kernels serve this shape and step.
+pub fn split_kv_fits(s: AttnShape, n_tok: usize) -> bool {
+    n_tok <= SPLIT_MAX_TOK && s.d <= ATTN_MAX_D && s.d.is_multiple_of(8)
+}
+
+/// Keys per `attn_prefill` tile for head dim `d`, `None` for a head dim it does not serve.
+fn prefill_keys(d: usize) -> Option<usize> {
+    match d {
+        64 | 128 => Some(PF_KEYS_SMALL),
+        256 => Some(PF_KEYS_256),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of an `attn_prefill` block for head dim `d`: the Q tile and one K and
+/// one V tile, bf16, rows padded by PF_PAD elements.
+pub fn attn_prefill_smem(d: usize) -> Option<usize> {
+    prefill_keys(d).map(|keys| (PF_Q + 2 * keys) * (d + PF_PAD) * 2)
+}
+
+/// The most dynamic shared memory `attn_prefill` asks for (any supported head dim); the kernel
+/// is allowed this much once, when it is loaded.
+pub fn attn_prefill_max_smem() -> usize {
+    [64, 128, 256]
+        .into_iter()
+        .filter_map(attn_prefill_smem)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `attn_prefill` serves this shape (head dims 64, 128, 256; whole GQA groups).
+pub fn prefill_fits(s: AttnShape) -> bool {
+    prefill_keys(s.d).is_some() && s.n_kv > 0 && s.n_q.is_multiple_of(s.n_kv)
+}
+
+pub struct Attention {
+    qk_prep: Kernel,
+    decode: Kernel,
+    prefill: Kernel,
+    split: Kernel,
+    split_combine: Kernel,
+}
+
+impl Attention {
+    pub fn load(m: &Module) -> Result<Attention> {
+        Ok(Attention {
+            qk_prep: m.kernel("attn_qk_prep")?,
+            decode: m.kernel("attn_decode")?,
+            prefill: m
+                .kernel("attn_prefill")?
+                .allow_shared_memory(attn_prefill_max_smem())?,
+            split: m.kernel("attn_split")?,
+            split_combine: m.kernel("attn_split_combine")?,
+        })
+    }
+
+    /// Norms and RoPE of q and k, and the k/v write into the caches at the device position:
+    /// one block of 128 threads per (token, head).
+    pub fn qk_prep(&self, gpu: &Gpu, s: AttnShape, b: &QkPrep, n_tok: usize) -> Result<()> {
+        let dims = [n_tok, s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
+        let cfg = config((n_tok as u32, (s.n_q + s.n_kv) as u32, 1), 128, 0);
+        gpu.launch(&self.qk_prep, cfg, |l| {
+            l.arg(&b.qg)
+                .arg(&b.k)
+                .arg(&b.v)
+                .arg(&b.q_out)
+                .arg(&b.k_cache)
+                .arg(&b.v_cache)
+                .arg(&b.q_norm)
+                .arg(&b.k_norm)
+                .arg(&b.pos);
+            for d in &dims {
+                l.arg(d);
+            }
+            l.arg(&s.theta).arg(&s.eps);
+        })
+    }
+
+    /// One block (ATTN_WARPS warps) per (token, query head).
+    pub fn one_block_per_head(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+        let cfg = config(
+            (a.n_tok as u32, a.shape.n_q as u32, 1),
+            (ATTN_WARPS * 32) as u32,
+            0,
+        );
+        self.launch_attend(gpu, &self.decode, cfg, a)
+    }
+
+    /// Causal gated attention of a prefill chunk on tensor cores (bf16 mma, fp32 softmax and
+    /// accumulation): the same inputs and output as `one_block_per_head`. Any `n_tok` works;
+    /// head dims 64, 128 and 256 only.
+    pub fn flash_prefill(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+        let s = a.shape;
+        let Some(smem) = attn_prefill_smem(s.d) else {
+            bail!("attn_prefill: head_dim {} (supported: 64, 128, 256)", s.d);
+        };
+        if s.n_kv == 0 || !s.n_q.is_multiple_of(s.n_kv) {
+            bail!(
+                "attn_prefill: {} query heads over {} kv heads",
+                s.n_q,
+                s.n_kv
+            );
+        }
+        // 16-byte loads of q and of the cache rows, 8-byte loads and stores of the gate and output.
+        if [a.q, a.k_cache, a.v_cache]
+            .iter()
+            .any(|p| !p.is_multiple_of(16))
+            || [a.qg, a.out].iter().any(|p| !p.is_multiple_of(8))
+        {
+            bail!("attn_prefill: q, the caches, qg or out are not aligned for vector loads");
+        }
+        if a.n_tok == 0 {
+            return Ok(());
+        }
+        let cfg = config(
+            (blocks(a.n_tok, PF_Q), s.n_q as u32, 1),
+            (PF_WARPS * 32) as u32,
+            smem,
+        );
+        self.launch_attend(gpu, &self.prefill, cfg, a)
+    }
+
+    /// attn_decode and attn_prefill: the same arguments.
+    fn launch_attend(
+        &self,
+        gpu: &Gpu,
+        k: &Kernel,
+        cfg: cudarc::driver::LaunchConfig,
+        a: &Attend,
+    ) -> Result<()> {
+        let s = a.shape;
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
+        gpu.launch(k, cfg, |l| {
+            l.arg(&a.q)
+                .arg(&a.qg)
+                .arg(&a.k_cache)
+                .arg(&a.v_cache)
+                .arg(&a.out)
+                .arg(&a.pos);
+            for d in &dims {
+                l.arg(d);
+            }
+            l.arg(&scale);
+        })
+    }
+
+    /// Split-KV (flash-decoding) attention: `attn_split` then `attn_split_combine`; the same
+    /// inputs and output as `one_block_per_head`. The grid does not depend on the position
+    /// (graph capture): blocks past the live splits exit at once.
+    pub fn split_kv(&self, gpu: &Gpu, a: &Attend, parts: SplitPartials) -> Result<()> {
+        let s = a.shape;
+        if !split_kv_fits(s, a.n_tok) {
+            bail!(
+                "split-KV attention: {} tokens with head_dim {} (limits: {SPLIT_MAX_TOK} tokens, head_dim a multiple of 8 up to {ATTN_MAX_D})",
+                a.n_tok,
+                s.d
+            );
+        }
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let group = s.n_q / s.n_kv;
+        let chunks = group.div_ceil(SPLIT_MAX_G);
+        let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
+        let cfg = config(
+            (
+                SPLIT_MAX_SPLITS as u32,
+                (s.n_kv * chunks) as u32,
+                a.n_tok as u32,
+            ),
+            (SPLIT_WARPS * 32) as u32,
+            0,
+        );
+        gpu.launch(&self.split, cfg, |l| {
+            l.arg(&a.q)
+                .arg(&a.k_cache)
+                .arg(&a.v_cache)
+                .arg(&parts.part_o)
+                .arg(&parts.part_ml)
+                .arg(&a.pos);
+            for d in &dims {
+                l.arg(d);
+            }
+            l.arg(&scale);
+        })?;
+        let dims = [a.n_tok, s.n_q, s.d].map(|v| v as i32);
+        let cfg = config((s.n_q as u32, a.n_tok as u32, 1), 128, 0);
+        gpu.launch(&self.split_combine, cfg, |l| {
+            l.arg(&a.qg)
+                .arg(&parts.part_o)
+                .arg(&parts.part_ml)
+                .arg(&a.out)
+                .arg(&a.pos);
+            for d in &dims {
+                l.arg(d);
+            }
+        })
+    }
+}

@@ -1,0 +1,45 @@
+//! embed.cu: token embedding rows dequantised from the packed table.
+
+use anyhow::Result;
+use cudarc::driver::PushKernelArg;
+
+use super::{config, KernelFile};
+use crate::gpu::{Gpu, Kernel, Module};
+use crate::weights::DevLinear;
+
+pub const FILE: KernelFile = KernelFile {
+    name: "embed",
+    source: include_str!("../../../../shaders/cuda/embed.cu"),
+    defines: &[],
+};
+
+/// x[n, :] = table row tokens[n] for n < n_tok (x rows are `table.cols` apart).
+pub struct Lookup<'a> {
+    pub table: &'a DevLinear,
+    /// i32 [n_tok] token ids on the device.
+    pub tokens: u64,
+    pub x: u64,
+    pub n_tok: usize,
+}
+
+pub struct Embed {
+    embed: Kernel,
+}
+
+impl Embed {
+    pub fn load(m: &Module) -> Result<Embed> {
+        Ok(Embed {
+            embed: m.kernel("embed")?,
+        })
+    }
+
+    /// One block of 128 threads per token.
+    pub fn lookup(&self, gpu: &Gpu, a: &Lookup) -> Result<()> {
+        let w = a.table.arg();
+        let n_tok = a.n_tok as i32;
+        let cfg = config((a.n_tok as u32, 1, 1), 128, 0);
+        gpu.launch(&self.embed, cfg, |l| {
+            l.arg(&w).arg(&a.tokens).arg(&a.x).arg(&n_tok);
+        })
+    }
+}

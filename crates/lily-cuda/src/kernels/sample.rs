@@ -1,0 +1,145 @@
+//! sample.cu: greedy pick with its log-probability, the host sampler's steps on the device
+//! (sampler.rs), and the device-side position.
+
+use anyhow::{bail, Result};
+use cudarc::driver::PushKernelArg;
+
+use super::{blocks, config, KernelFile};
+use crate::gpu::{Gpu, Kernel, Module};
+
+/// Threads of the one-block argmax_logprob and sample_pick kernels.
+pub const SAMPLE_THREADS: usize = 1024;
+/// Largest top_k the device sampler takes.
+pub const PICK_MAX_K: u32 = 256;
+
+pub const FILE: KernelFile = KernelFile {
+    name: "sample",
+    source: include_str!("../../../../shaders/cuda/sample.cu"),
+    defines: &[
+        ("SAMPLE_THREADS", SAMPLE_THREADS as i64),
+        ("PICK_MAX_K", PICK_MAX_K as i64),
+    ],
+};
+
+/// The greedy token of `logits` [vocab] into `token_out` (i32) and its log-probability into
+/// `logprob_out` (f32).
+pub struct Argmax {
+    pub logits: u64,
+    pub vocab: usize,
+    pub token_out: u64,
+    pub logprob_out: u64,
+}
+
+/// The sampler's knobs as sample.cu takes them (`SamplingParams`, with 1/temperature computed
+/// in f32 exactly as the host sampler does).
+#[derive(Clone, Copy, Debug)]
+pub struct PickParams {
+    pub inv_t: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
+/// Buffers of one device sampling step (see sample.cu): `hist` [vocab] u32 history, `bias_ids`
+/// (sorted stably) / `bias_vals` [n_bias], `scaled` [vocab] f32 scratch.
+pub struct PickBuffers {
+    pub hist: u64,
+    pub bias_ids: u64,
+    pub bias_vals: u64,
+    pub n_bias: usize,
+    pub scaled: u64,
+}
+
+/// One sampling step: `u` is the host-drawn uniform.
+pub struct Pick<'a> {
+    pub logits: u64,
+    pub vocab: usize,
+    pub params: &'a PickParams,
+    pub buffers: &'a PickBuffers,
+    pub u: f64,
+    pub token_out: u64,
+    pub logprob_out: u64,
+}
+
+pub struct Sample {
+    argmax_logprob: Kernel,
+    adjust: Kernel,
+    pick: Kernel,
+    advance_pos: Kernel,
+}
+
+impl Sample {
+    pub fn load(m: &Module) -> Result<Sample> {
+        Ok(Sample {
+            argmax_logprob: m.kernel("argmax_logprob")?,
+            adjust: m.kernel("sample_adjust")?,
+            pick: m.kernel("sample_pick")?,
+            advance_pos: m.kernel("advance_pos")?,
+        })
+    }
+
+    pub fn argmax_logprob(&self, gpu: &Gpu, a: &Argmax) -> Result<()> {
+        let vocab = a.vocab as i32;
+        let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
+        gpu.launch(&self.argmax_logprob, cfg, |l| {
+            l.arg(&a.logits)
+                .arg(&vocab)
+                .arg(&a.token_out)
+                .arg(&a.logprob_out);
+        })
+    }
+
+    /// Steps 1–6 of the host sampler on the device: writes the token to `token_out`, its raw
+    /// log-probability to `logprob_out`, and updates the history.
+    pub fn pick(&self, gpu: &Gpu, a: &Pick) -> Result<()> {
+        let (pp, b) = (a.params, a.buffers);
+        if pp.top_k == 0 || pp.top_k > PICK_MAX_K {
+            bail!(
+                "device sampling takes top_k in 1..={PICK_MAX_K}, got {}",
+                pp.top_k
+            );
+        }
+        let (vocab, n_bias) = (a.vocab as i32, b.n_bias as i32);
+        let cfg = config((blocks(a.vocab, 256), 1, 1), 256, 0);
+        gpu.launch(&self.adjust, cfg, |l| {
+            l.arg(&a.logits)
+                .arg(&vocab)
+                .arg(&b.hist)
+                .arg(&b.bias_ids)
+                .arg(&b.bias_vals)
+                .arg(&n_bias)
+                .arg(&pp.repetition)
+                .arg(&pp.presence)
+                .arg(&pp.frequency)
+                .arg(&pp.inv_t)
+                .arg(&b.scaled);
+        })?;
+        let top_k = pp.top_k as i32;
+        let remember = (pp.repetition != 1.0) as i32;
+        let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
+        gpu.launch(&self.pick, cfg, |l| {
+            l.arg(&a.logits)
+                .arg(&b.scaled)
+                .arg(&vocab)
+                .arg(&top_k)
+                .arg(&pp.top_p)
+                .arg(&pp.min_p)
+                .arg(&a.u)
+                .arg(&remember)
+                .arg(&b.hist)
+                .arg(&a.token_out)
+                .arg(&a.logprob_out);
+        })
+    }
+
+    /// *pos += n on the device (the position a captured decode step reads).
+    pub fn advance_pos(&self, gpu: &Gpu, pos: u64, n: usize) -> Result<()> {
+        let n = n as i32;
+        gpu.launch(&self.advance_pos, config((1, 1, 1), 32, 0), |l| {
+            l.arg(&pos).arg(&n);
+        })
+    }
+}

@@ -1,0 +1,452 @@
+//! The plan: every path decision of the CUDA backend in one place. Which kernel runs for a given
+//! step is a function of the plan and the shape (`Plan::linear`, `router`, `attention`, `moe`,
+//! `sampling`), and forward.rs / backend.rs only ever ask the plan, so reading them tells what
+//! runs. The plan is filled once, when the backend is built, from `CudaOptions` (the
+//! `lily-engine` flags, lily-server's `CudaArgs`), with environment variables as documented
+//! overrides on top, read in one function (`CudaOptions::with_env_overrides`).
+//!
+//! Not here: `LILY_NVRTC` (nvrtc.rs) and `LILY_CACHE_DIR` (cache.rs), which say where to find
+//! files, not what to run.
+
+use lily_core::sampling::SamplingParams;
+
+use crate::gpu::LaunchChecks;
+use crate::kernels::attention::{self, AttnShape};
+use crate::kernels::gemm;
+use crate::kernels::moe::MoeShape;
+use crate::sampler;
+use crate::weights::{DevLinear, DevMoe};
+
+/// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
+/// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
+pub const TENSOR_CORE_MIN_TOK: usize = 16;
+/// Default largest prefill chunk (tokens per forward pass; scratch is sized for it).
+pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
+
+/// How the backend runs, as asked for (CLI flags; `Default` is the configuration that ships).
+/// `Plan::new` applies the environment overrides on top and resolves what depends on what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// GPU ordinal (`LILY_CUDA_DEVICE`).
+    pub ordinal: usize,
+    /// Round activations to bf16 where the reference model stores them (production). `false`
+    /// keeps every activation and the KV cache in fp32 (parity with the CPU backend;
+    /// `--fp32-activations`, `LILY_CUDA_FP32=1`).
+    pub bf16_activations: bool,
+    /// Largest prefill chunk (`--prefill-chunk`, `LILY_PREFILL_CHUNK`).
+    pub chunk: usize,
+    /// Replay each sequence's decode step as a captured CUDA graph (`--no-cuda-graphs`,
+    /// `LILY_CUDA_GRAPH=0`).
+    pub graphs: bool,
+    /// Prefill chunks run the routed experts grouped by expert (moe_group + grouped linears), so
+    /// each expert's weights are read once per tile instead of once per item; decode (one token)
+    /// always gathers (`--no-moe-grouping`, `LILY_MOE_GROUPED=0`).
+    pub moe_grouped: bool,
+    /// Prefill chunks run `attn_prefill` (flash attention on tensor cores: bf16 mma, fp32
+    /// softmax); bf16 activations only, since it rounds q, k, v and the softmax weights to bf16
+    /// (`--no-flash-prefill`, `LILY_ATTN_PREFILL=0`).
+    pub flash_prefill: bool,
+    /// Steps of at most `attention::SPLIT_MAX_TOK` tokens (decode) run split-KV (flash-decoding)
+    /// attention (`--no-split-kv`, `LILY_SPLIT_KV=0`).
+    pub split_kv: bool,
+    /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
+    /// non-greedy sampling on the host, on downloaded logits (`--no-device-sampling`,
+    /// `LILY_DEVICE_SAMPLING=0`). Greedy always picks on the device.
+    pub device_sampling: bool,
+    /// Linears of prefill chunks on tensor cores (gemm.cu); bf16 activations only, since weights
+    /// and activations enter the mma as bf16 (`--no-tensor-cores`, `LILY_TENSOR_CORES=0`).
+    pub tensor_cores: bool,
+    /// The MoE router of prefill chunks on tensor cores in split precision (gemm_dense_exact)
+    /// when tensor cores are on, else on CUDA cores, same precision
+    /// (`--router-on-cuda-cores`, `LILY_EXACT_ROUTER_TC=0`).
+    pub exact_router_on_tensor_cores: bool,
+    /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
+    pub sync_each: bool,
+    /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
+    pub profile: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> CudaOptions {
+        CudaOptions {
+            ordinal: 0,
+            bf16_activations: true,
+            chunk: DEFAULT_PREFILL_CHUNK,
+            graphs: true,
+            moe_grouped: true,
+            flash_prefill: true,
+            split_kv: true,
+            device_sampling: true,
+            tensor_cores: true,
+            exact_router_on_tensor_cores: true,
+            sync_each: false,
+            profile: false,
+        }
+    }
+}
+
+impl CudaOptions {
+    /// The documented environment overrides, applied on top of these options. This is the one
+    /// place the backend reads `LILY_*` variables. A switch set to `1` turns its path on, `0` off;
+    /// any other value (or none) leaves the option as it is.
+    ///
+    /// | variable | option |
+    /// |---|---|
+    /// | `LILY_CUDA_DEVICE=N` | `ordinal` |
+    /// | `LILY_CUDA_FP32=1` | fp32 activations (`bf16_activations = false`) |
+    /// | `LILY_PREFILL_CHUNK=N` (N > 0) | `chunk` |
+    /// | `LILY_CUDA_GRAPH=0` | `graphs` |
+    /// | `LILY_MOE_GROUPED=0` | `moe_grouped` |
+    /// | `LILY_ATTN_PREFILL=0` | `flash_prefill` |
+    /// | `LILY_SPLIT_KV=0` | `split_kv` |
+    /// | `LILY_DEVICE_SAMPLING=0` | `device_sampling` |
+    /// | `LILY_TENSOR_CORES=0` | `tensor_cores` |
+    /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
+    /// | `LILY_CUDA_SYNC=1` | `sync_each` |
+    /// | `LILY_PROFILE=1` | `profile` |
+    pub fn with_env_overrides(self) -> CudaOptions {
+        self.with_overrides(|k| std::env::var(k).ok())
+    }
+
+    /// `with_env_overrides` with the variables looked up by `var` (tests).
+    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> CudaOptions {
+        let switch = |k: &str| match var(k).as_deref() {
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            _ => None,
+        };
+        let number = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok());
+        if let Some(n) = number("LILY_CUDA_DEVICE") {
+            self.ordinal = n;
+        }
+        if let Some(fp32) = switch("LILY_CUDA_FP32") {
+            self.bf16_activations = !fp32;
+        }
+        if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
+            self.chunk = n;
+        }
+        let flags: [(&str, &mut bool); 9] = [
+            ("LILY_CUDA_GRAPH", &mut self.graphs),
+            ("LILY_MOE_GROUPED", &mut self.moe_grouped),
+            ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
+            ("LILY_SPLIT_KV", &mut self.split_kv),
+            ("LILY_DEVICE_SAMPLING", &mut self.device_sampling),
+            ("LILY_TENSOR_CORES", &mut self.tensor_cores),
+            ("LILY_EXACT_ROUTER_TC", &mut self.exact_router_on_tensor_cores),
+            ("LILY_CUDA_SYNC", &mut self.sync_each),
+            ("LILY_PROFILE", &mut self.profile),
+        ];
+        for (k, flag) in flags {
+            if let Some(on) = switch(k) {
+                *flag = on;
+            }
+        }
+        self
+    }
+}
+
+/// How a linear (y = W x) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearPath {
+    /// gemm.cu `gemm_dense`: bf16 mma, fp32 sums (prefill chunks, bf16 mode).
+    TensorCores,
+    /// linear.cu `linear` / `linear_wide`: fp32 from the packed weights.
+    CudaCores,
+}
+
+/// How the MoE router's logits are computed (always unrounded fp32 precision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterPath {
+    /// gemm.cu `gemm_dense_exact`: weights split into bf16 hi + lo, two mma.
+    TensorCoresSplitPrecision,
+    /// linear.cu `linear` / `linear_wide` storing exact sums.
+    CudaCoresExact,
+}
+
+/// Which attention kernel runs (all take the same inputs and write the same output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPath {
+    /// `attn_split` + `attn_split_combine` (flash-decoding over slices of the cache).
+    SplitKv,
+    /// `attn_prefill` (flash attention on tensor cores).
+    FlashPrefill,
+    /// `attn_decode`: one block per (token, query head).
+    OneBlockPerHead,
+}
+
+/// How the routed experts of a step run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoePath {
+    /// moe_group into tiles of `tile` (32 or 64) items, then `gemm_grouped{tile}`.
+    TensorCoreGrouped { tile: usize },
+    /// moe_group into tiles of linear::GROUP_TILE items, then `linear_grouped`.
+    Grouped,
+    /// `linear_gather`: one expert per item.
+    Gather,
+}
+
+/// Where the next token is picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplingPath {
+    /// `argmax_logprob` (greedy settings).
+    DeviceGreedy,
+    /// `sample_adjust` + `sample_pick` with the host-drawn uniform.
+    Device,
+    /// The host sampler on downloaded logits.
+    Host,
+}
+
+/// Every path decision, resolved (see the module comment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub ordinal: usize,
+    pub bf16_activations: bool,
+    /// Largest prefill chunk: prefill runs in chunks of at most this many tokens.
+    pub prefill_chunk: usize,
+    tensor_cores: bool,
+    exact_router_on_tensor_cores: bool,
+    flash_prefill: bool,
+    split_kv: bool,
+    moe_grouped: bool,
+    device_sampling: bool,
+    graphs: bool,
+    checks: LaunchChecks,
+}
+
+impl Plan {
+    /// `opts` with the environment overrides, resolved: tensor cores and flash prefill need bf16
+    /// activations.
+    pub fn new(opts: &CudaOptions) -> Plan {
+        Plan::resolve(&opts.clone().with_env_overrides())
+    }
+
+    /// `opts` exactly as given (no environment), resolved.
+    pub fn resolve(o: &CudaOptions) -> Plan {
+        Plan {
+            ordinal: o.ordinal,
+            bf16_activations: o.bf16_activations,
+            prefill_chunk: o.chunk,
+            tensor_cores: o.tensor_cores && o.bf16_activations,
+            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores,
+            flash_prefill: o.flash_prefill && o.bf16_activations,
+            split_kv: o.split_kv,
+            moe_grouped: o.moe_grouped,
+            device_sampling: o.device_sampling,
+            graphs: o.graphs,
+            checks: LaunchChecks {
+                sync_each: o.sync_each,
+                profile: o.profile,
+            },
+        }
+    }
+
+    /// Whether the tensor-core kernels serve this weight in this mode.
+    fn on_tensor_cores(&self, w: &DevLinear) -> bool {
+        self.tensor_cores && gemm::fits(w)
+    }
+
+    /// A step's linear: tensor cores for chunks of at least TENSOR_CORE_MIN_TOK tokens when the
+    /// weight's layout fits, else CUDA cores.
+    pub fn linear(&self, w: &DevLinear, n_tok: usize) -> LinearPath {
+        if n_tok >= TENSOR_CORE_MIN_TOK && self.on_tensor_cores(w) {
+            LinearPath::TensorCores
+        } else {
+            LinearPath::CudaCores
+        }
+    }
+
+    /// The MoE router: like `linear`, and only if the split-precision kernel is wanted.
+    pub fn router(&self, w: &DevLinear, n_tok: usize) -> RouterPath {
+        if n_tok >= TENSOR_CORE_MIN_TOK
+            && self.on_tensor_cores(w)
+            && self.exact_router_on_tensor_cores
+        {
+            RouterPath::TensorCoresSplitPrecision
+        } else {
+            RouterPath::CudaCoresExact
+        }
+    }
+
+    /// Split-KV for short steps (decode), flash attention for prefill chunks in bf16 mode,
+    /// else one block per (token, query head).
+    pub fn attention(&self, shape: AttnShape, n_tok: usize) -> AttentionPath {
+        if self.split_kv && attention::split_kv_fits(shape, n_tok) {
+            AttentionPath::SplitKv
+        } else if self.flash_prefill
+            && n_tok >= TENSOR_CORE_MIN_TOK
+            && attention::prefill_fits(shape)
+        {
+            AttentionPath::FlashPrefill
+        } else {
+            AttentionPath::OneBlockPerHead
+        }
+    }
+
+    /// The routed experts: grouped on tensor cores for chunks of at least TENSOR_CORE_MIN_TOK
+    /// tokens (tiles of 64 items once experts average 48 or more, else 32: less padding),
+    /// grouped on CUDA cores for other multi-token steps, gathered for one token.
+    pub fn moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> MoePath {
+        let tensor_cores = [&m.gate, &m.up, &m.down]
+            .iter()
+            .all(|w| self.on_tensor_cores(w));
+        if self.moe_grouped && n_tok >= TENSOR_CORE_MIN_TOK && tensor_cores {
+            let items = n_tok * shape.top_k;
+            let tile = if items >= 48 * shape.n_experts { 64 } else { 32 };
+            MoePath::TensorCoreGrouped { tile }
+        } else if self.moe_grouped && n_tok > 1 {
+            MoePath::Grouped
+        } else {
+            MoePath::Gather
+        }
+    }
+
+    /// Greedy settings pick on the device (`argmax_logprob`); other settings the device sampler
+    /// covers pick there when device sampling is on; the rest (top_k off or above 256) use the
+    /// host sampler on downloaded logits.
+    pub fn sampling(&self, p: &SamplingParams) -> SamplingPath {
+        let greedy = p.temperature <= 0.0
+            && p.logit_bias.is_empty()
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.repetition_penalty == 1.0;
+        if greedy {
+            SamplingPath::DeviceGreedy
+        } else if self.device_sampling && sampler::supports(p) {
+            SamplingPath::Device
+        } else {
+            SamplingPath::Host
+        }
+    }
+
+    /// Whether decode steps replay a captured CUDA graph (never with the debug checks on).
+    pub fn decode_graphs(&self) -> bool {
+        self.graphs && !self.checks.sync_each && !self.checks.profile
+    }
+
+    /// Decode without graphs from now on (capture failed).
+    pub fn give_up_graphs(&mut self) {
+        self.graphs = false;
+    }
+
+    /// The debug checks every launch gets.
+    pub fn launch_checks(&self) -> LaunchChecks {
+        self.checks
+    }
+
+    /// One line for logs: the mode and every switch.
+    pub fn describe(&self) -> String {
+        let on = |b: bool| if b { "on" } else { "off" };
+        format!(
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}{}{}",
+            if self.bf16_activations { "bf16" } else { "fp32" },
+            self.prefill_chunk,
+            on(self.tensor_cores),
+            on(self.tensor_cores && self.exact_router_on_tensor_cores),
+            on(self.flash_prefill),
+            on(self.split_kv),
+            on(self.moe_grouped),
+            on(self.device_sampling),
+            on(self.decode_graphs()),
+            if self.checks.sync_each { ", sync after each launch" } else { "" },
+            if self.checks.profile { ", profiling" } else { "" },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn no_environment_leaves_the_options_as_given() {
+        let o = CudaOptions {
+            split_kv: false,
+            chunk: 512,
+            ..CudaOptions::default()
+        };
+        assert_eq!(o.clone().with_overrides(|_| None), o);
+    }
+
+    #[test]
+    fn environment_variables_override_the_options() {
+        let o = CudaOptions::default().with_overrides(env(&[
+            ("LILY_CUDA_FP32", "1"),
+            ("LILY_CUDA_DEVICE", "2"),
+            ("LILY_PREFILL_CHUNK", "256"),
+            ("LILY_CUDA_GRAPH", "0"),
+            ("LILY_MOE_GROUPED", "0"),
+            ("LILY_ATTN_PREFILL", "0"),
+            ("LILY_SPLIT_KV", "0"),
+            ("LILY_DEVICE_SAMPLING", "0"),
+            ("LILY_TENSOR_CORES", "0"),
+            ("LILY_EXACT_ROUTER_TC", "0"),
+            ("LILY_CUDA_SYNC", "1"),
+            ("LILY_PROFILE", "1"),
+        ]));
+        assert_eq!(
+            o,
+            CudaOptions {
+                ordinal: 2,
+                bf16_activations: false,
+                chunk: 256,
+                graphs: false,
+                moe_grouped: false,
+                flash_prefill: false,
+                split_kv: false,
+                device_sampling: false,
+                tensor_cores: false,
+                exact_router_on_tensor_cores: false,
+                sync_each: true,
+                profile: true,
+            }
+        );
+        // A zero or unparsable chunk, or a switch that is neither 0 nor 1, changes nothing.
+        let o = CudaOptions::default().with_overrides(env(&[
+            ("LILY_PREFILL_CHUNK", "0"),
+            ("LILY_SPLIT_KV", "yes"),
+        ]));
+        assert_eq!(o, CudaOptions::default());
+    }
+
+    #[test]
+    fn tensor_cores_and_flash_prefill_need_bf16_activations() {
+        let fp32 = Plan::resolve(&CudaOptions {
+            bf16_activations: false,
+            ..CudaOptions::default()
+        });
+        assert!(!fp32.tensor_cores && !fp32.flash_prefill);
+        let shape = AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        assert_eq!(fp32.attention(shape, 512), AttentionPath::OneBlockPerHead);
+        let bf16 = Plan::resolve(&CudaOptions::default());
+        assert_eq!(bf16.attention(shape, 512), AttentionPath::FlashPrefill);
+        assert_eq!(bf16.attention(shape, 15), AttentionPath::OneBlockPerHead);
+        assert_eq!(bf16.attention(shape, 1), AttentionPath::SplitKv);
+        assert_eq!(bf16.attention(shape, 4), AttentionPath::SplitKv);
+    }
+
+    #[test]
+    fn debug_checks_turn_graphs_off() {
+        let p = Plan::resolve(&CudaOptions {
+            profile: true,
+            ..CudaOptions::default()
+        });
+        assert!(!p.decode_graphs());
+        assert!(Plan::resolve(&CudaOptions::default()).decode_graphs());
+    }
+}
