@@ -302,14 +302,7 @@ impl Forward<'_> {
     }
 
     /// y (+)= W x for `n` rows: tensor cores or CUDA cores, as the plan says.
-    pub fn project(
-        &self,
-        w: &DevLinear,
-        x: Rows,
-        y: Rows,
-        n: usize,
-        store: Store,
-    ) -> Result<()> {
+    pub fn project(&self, w: &DevLinear, x: Rows, y: Rows, n: usize, store: Store) -> Result<()> {
         let (gpu, k) = (self.gpu, self.kernels);
         let a = Project { w, x, y, n_tok: n };
         match self.plan.linear(w, n) {
@@ -436,7 +429,13 @@ impl Forward<'_> {
         };
         k.deltanet.gated_norm(gpu, shape, &gn)?;
         let y = Rows::new(s.dn_y.ptr, vd);
-        self.project(&dnw.out_proj, y, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
+        self.project(
+            &dnw.out_proj,
+            y,
+            Rows::new(s.x.ptr, h),
+            n,
+            Store::AddToResidual,
+        )
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
@@ -498,7 +497,8 @@ impl Forward<'_> {
             MoePath::Grouped => {
                 let g = groups(GROUP_TILE);
                 k.moe.group(gpu, &group(g))?;
-                k.linear.grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;
+                k.linear
+                    .grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;
                 k.linear.grouped(gpu, &by_expert(&m.up, g, xn, top_k, eu))?;
                 k.moe.silu_mul(gpu, &silu)?;
                 k.linear.grouped(gpu, &by_expert(&m.down, g, eh, 1, ey))?;
@@ -529,7 +529,13 @@ impl Forward<'_> {
         };
         k.moe.silu_mul(gpu, &shared_silu)?;
         let sh = Rows::new(s.sh.ptr, sinter);
-        self.project(&m.shared_down, sh, Rows::new(s.sy.ptr, h), n, Store::Overwrite)?;
+        self.project(
+            &m.shared_down,
+            sh,
+            Rows::new(s.sy.ptr, h),
+            n,
+            Store::Overwrite,
+        )?;
         let s_gate = Rows::new(s.s_gate.ptr, 1);
         self.project(&m.shared_expert_gate, xn, s_gate, n, Store::Overwrite)?;
         let combine = Combine {

@@ -155,8 +155,7 @@ impl Gpu {
         defines: &[String],
     ) -> Result<Module> {
         let arch = &self.arch;
-        let (key, cache_file) =
-            KernelCache::key(name, source, defines, arch, self.nvrtc.version());
+        let (key, cache_file) = KernelCache::key(name, source, defines, arch, self.nvrtc.version());
         let module = match self
             .cache
             .get(&key, &cache_file)
@@ -314,7 +313,8 @@ impl Gpu {
         // SAFETY: every call site is a typed launcher in kernels/ that pushes values whose types
         // match the kernel's C signature, in its order; device pointers among them are live
         // allocations.
-        let events = unsafe { builder.launch(cfg) }.map_err(|e| anyhow!("launching {}: {e}", k.name))?;
+        let events =
+            unsafe { builder.launch(cfg) }.map_err(|e| anyhow!("launching {}: {e}", k.name))?;
         if let (Some((start, end)), Some(p)) = (events, &self.profile) {
             // elapsed_ms waits for both events.
             let ms = start

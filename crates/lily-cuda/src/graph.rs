@@ -26,9 +26,7 @@ impl DecodeGraph {
         let recorded = record();
         // The capture ends on every path, also when recording failed (the stream would stay in
         // capture mode otherwise); a graph from a failed recording is dropped (destroyed).
-        let ended = gpu
-            .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0));
+        let ended = gpu.stream.end_capture(sys::CUgraphInstantiate_flags(0));
         recorded?;
         let graph = ended
             .map_err(|e| anyhow!("end graph capture / instantiate decode graph: {e}"))?

@@ -132,7 +132,10 @@ impl CudaOptions {
             ("LILY_SPLIT_KV", &mut self.split_kv),
             ("LILY_DEVICE_SAMPLING", &mut self.device_sampling),
             ("LILY_TENSOR_CORES", &mut self.tensor_cores),
-            ("LILY_EXACT_ROUTER_TC", &mut self.exact_router_on_tensor_cores),
+            (
+                "LILY_EXACT_ROUTER_TC",
+                &mut self.exact_router_on_tensor_cores,
+            ),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -291,7 +294,11 @@ impl Plan {
             .all(|w| self.on_tensor_cores(w));
         if self.moe_grouped && n_tok >= TENSOR_CORE_MIN_TOK && tensor_cores {
             let items = n_tok * shape.top_k;
-            let tile = if items >= 48 * shape.n_experts { 64 } else { 32 };
+            let tile = if items >= 48 * shape.n_experts {
+                64
+            } else {
+                32
+            };
             MoePath::TensorCoreGrouped { tile }
         } else if self.moe_grouped && n_tok > 1 {
             MoePath::Grouped

@@ -1,10 +1,11 @@
 //! Every kernel compiles through NVRTC for every architecture Lily supports, in both activation
 //! modes, without register spills. Runs in CI (no GPU needed): NVRTC comes from the
 //! `nvidia-cuda-nvrtc` wheel that .ci/run installs. Outside CI, a machine with no NVRTC skips
-//! loudly; in CI (CI=true) a missing NVRTC fails.
+//! loudly; in CI (CI=true) a missing NVRTC fails. Each file is compiled with the defines its
+//! launcher module passes (kernels::FILES), exactly as the backend loads it.
 
+use lily_cuda::kernels::FILES;
 use lily_cuda::nvrtc::Nvrtc;
-use lily_cuda::sources::{defines, full_source, FILES};
 
 const ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90a", "sm_120"];
 
@@ -46,7 +47,7 @@ fn every_kernel_compiles_for_every_supported_arch() {
     for arch in ARCHES {
         for bf16 in [false, true] {
             for file in FILES {
-                match nvrtc.compile(file.name, &full_source(file), arch, &defines(bf16)) {
+                match nvrtc.compile(file.name, &file.full_source(), arch, &file.defines(bf16)) {
                     Ok(c) => {
                         assert!(!c.cubin.is_empty(), "{} {arch}: empty cubin", file.name);
                         for s in spills(&c.log) {
@@ -62,4 +63,21 @@ fn every_kernel_compiles_for_every_supported_arch() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A kernel file compiled without its launcher's defines stops with a message naming the module.
+#[test]
+fn a_file_without_its_launcher_defines_names_the_launcher_module() {
+    let Ok(nvrtc) = Nvrtc::load() else {
+        eprintln!("SKIPPED: no NVRTC on this machine");
+        return;
+    };
+    let file = FILES
+        .iter()
+        .find(|f| f.name == "linear")
+        .expect("linear.cu is a kernel file");
+    let Err(err) = nvrtc.compile(file.name, &file.full_source(), "sm_80", &[]) else {
+        panic!("linear.cu compiled without LINEAR_WARPS");
+    };
+    assert!(format!("{err:#}").contains("kernels/linear.rs"), "{err:#}");
 }

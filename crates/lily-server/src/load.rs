@@ -9,8 +9,8 @@ use lily_core::chat::ChatTemplate;
 use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
-use crate::device::{open_backend, CudaArgs};
 pub use crate::device::Device;
+use crate::device::{open_backend, CudaArgs};
 use crate::scripted::ScriptedModel;
 use crate::state::Model;
 

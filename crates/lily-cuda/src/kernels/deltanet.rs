@@ -179,11 +179,7 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&PREP_EPS);
         })?;
-        let cfg = config(
-            (s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1),
-            128,
-            0,
-        );
+        let cfg = config((s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1), 128, 0);
         gpu.launch(&self.recurrent, cfg, |l| {
             l.arg(&b.c)
                 .arg(&b.qk)

@@ -64,8 +64,12 @@ impl Gemm {
             dense_exact: m
                 .kernel("gemm_dense_exact")?
                 .allow_shared_memory(gemm_smem_exact(DENSE_BM))?,
-            grouped64: m.kernel("gemm_grouped64")?.allow_shared_memory(GEMM_SMEM_MAX)?,
-            grouped32: m.kernel("gemm_grouped32")?.allow_shared_memory(GEMM_SMEM_MAX)?,
+            grouped64: m
+                .kernel("gemm_grouped64")?
+                .allow_shared_memory(GEMM_SMEM_MAX)?,
+            grouped32: m
+                .kernel("gemm_grouped32")?
+                .allow_shared_memory(GEMM_SMEM_MAX)?,
         })
     }
 

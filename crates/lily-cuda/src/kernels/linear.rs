@@ -38,7 +38,6 @@ pub struct Gather<'a> {
     pub n_items: usize,
 }
 
-
 pub struct Linear {
     linear: Kernel,
     linear_wide: Kernel,
