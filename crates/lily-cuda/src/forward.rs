@@ -5,18 +5,19 @@
 //! so the decode step can be captured as one replayable CUDA graph. Which kernel runs
 //! for a step is the plan's decision (plan.rs); every `match self.plan…` below shows it.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
-use crate::kernels::deltanet::{Conv, DnRecurrent, DnShape, GatedNorm};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
+use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use crate::plan::{AttentionPath, LinearPath, MoePath, Plan, RouterPath};
+use crate::plan::{AttentionPath, DecodePath, LinearPath, MoePath, Plan, RouterPath};
 use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe};
 
 const F32: usize = 4;
@@ -250,22 +251,57 @@ impl Forward<'_> {
         };
         k.embed.lookup(gpu, &lookup)?;
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
+        let eps = cfg.rms_eps;
+        // The residual row of a one-token step, RMS-normed inside the fused kernels.
+        let normed = |weight: u64, staged_out: Option<u64>| Input {
+            x: s.x.ptr,
+            cols: h,
+            prologue: Prologue::RmsNorm { weight, eps },
+            staged_out,
+        };
         for layer in &model.layers {
-            self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     let (k_cache, v_cache) = &seq.kv[attn_i];
                     attn_i += 1;
-                    self.attention(a, k_cache.ptr, v_cache.ptr, seq.pos.ptr, n)?;
+                    let (kc, vc, pos) = (k_cache.ptr, v_cache.ptr, seq.pos.ptr);
+                    match self.plan.decode_attention(a, n) {
+                        DecodePath::Fused => {
+                            let input = normed(layer.input_norm.ptr, None);
+                            self.attention_one_token(a, kc, vc, pos, input)?
+                        }
+                        DecodePath::PerKernel => {
+                            self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
+                            self.attention(a, kc, vc, pos, n)?
+                        }
+                    }
                 }
                 DevMixer::DeltaNet(d) => {
                     let (state, conv) = &seq.dn[dn_i];
                     dn_i += 1;
-                    self.deltanet(d, state.ptr, conv.ptr, n)?;
+                    match self.plan.decode_deltanet(d, cfg, n) {
+                        DecodePath::Fused => {
+                            let input = normed(layer.input_norm.ptr, None);
+                            self.deltanet_one_token(d, state.ptr, conv.ptr, input)?
+                        }
+                        DecodePath::PerKernel => {
+                            self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
+                            self.deltanet(d, state.ptr, conv.ptr, n)?
+                        }
+                    }
                 }
             }
-            self.norm(Rows::new(s.x.ptr, h), layer.post_norm.ptr, n)?;
-            self.moe(&layer.moe, n)?;
+            match self.plan.decode_moe(&layer.moe, MoeShape::of(cfg), n) {
+                DecodePath::Fused => {
+                    // The MoE's later kernels read the normed row from scratch.xn.
+                    let input = normed(layer.post_norm.ptr, Some(s.xn.ptr));
+                    self.moe_one_token(&layer.moe, input)?
+                }
+                DecodePath::PerKernel => {
+                    self.norm(Rows::new(s.x.ptr, h), layer.post_norm.ptr, n)?;
+                    self.moe(&layer.moe, n)?
+                }
+            }
         }
         k.sample.advance_pos(gpu, seq.pos.ptr, n)?;
         let v = cfg.vocab;
@@ -274,8 +310,22 @@ impl Forward<'_> {
             LogitsOut::Last => {
                 let last = s.x.ptr + ((n - 1) * h * F32) as u64;
                 self.norm(Rows::new(last, h), model.final_norm.ptr, 1)?;
-                let logits = Rows::new(seq.logits.ptr, v);
-                self.project(&model.lm_head, xn, logits, 1, Store::Overwrite)?;
+                match self.plan.one_row(&model.lm_head) {
+                    DecodePath::Fused => {
+                        let input = Input {
+                            x: s.xn.ptr,
+                            cols: h,
+                            prologue: Prologue::None,
+                            staged_out: None,
+                        };
+                        let out = [(&model.lm_head, Out::Store(seq.logits.ptr))];
+                        k.decode.project(gpu, input, &out)?
+                    }
+                    DecodePath::PerKernel => {
+                        let logits = Rows::new(seq.logits.ptr, v);
+                        self.project(&model.lm_head, xn, logits, 1, Store::Overwrite)?
+                    }
+                }
             }
             LogitsOut::All(dst) => {
                 self.norm(Rows::new(s.x.ptr, h), model.final_norm.ptr, n)?;
@@ -334,7 +384,7 @@ impl Forward<'_> {
         pos: u64,
         n: usize,
     ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (cfg, s) = (self.cfg, self.scratch);
         let h = cfg.hidden;
         let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let xn = Rows::new(s.xn.ptr, h);
@@ -344,6 +394,22 @@ impl Forward<'_> {
         self.project(&a.k_proj, xn, kr, n, Store::Overwrite)?;
         let vr = Rows::new(s.v.ptr, hkv * d);
         self.project(&a.v_proj, xn, vr, n, Store::Overwrite)?;
+        self.attend(a, k_cache, v_cache, pos, n)?;
+        let o = Rows::new(s.attn_o.ptr, hq * d);
+        self.project(&a.o_proj, o, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
+    }
+
+    /// q/k norms, RoPE and the cache write of scratch.qg / k / v, then attention into
+    /// scratch.attn_o with the kernel the plan picks.
+    fn attend(
+        &self,
+        a: &DevAttention,
+        k_cache: u64,
+        v_cache: u64,
+        pos: u64,
+        n: usize,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let shape = AttnShape::of(cfg);
         let prep = QkPrep {
             qg: s.qg.ptr,
@@ -378,8 +444,140 @@ impl Forward<'_> {
             AttentionPath::FlashPrefill => k.attention.flash_prefill(gpu, &attend)?,
             AttentionPath::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,
         }
-        let o = Rows::new(s.attn_o.ptr, hq * d);
-        self.project(&a.o_proj, o, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
+        Ok(())
+    }
+
+    // One-token steps with decode.cu's fused kernels. `input` is the block's input row: the
+    // residual with the block's norm as prologue (Forward::run), or an already normed row (tests).
+
+    /// Gated attention of one token: q/k/v in one launch, attention, o_proj into the residual.
+    pub fn attention_one_token(
+        &self,
+        a: &DevAttention,
+        k_cache: u64,
+        v_cache: u64,
+        pos: u64,
+        input: Input,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let qkv = [
+            (&a.q_proj, Out::Store(s.qg.ptr)),
+            (&a.k_proj, Out::Store(s.k.ptr)),
+            (&a.v_proj, Out::Store(s.v.ptr)),
+        ];
+        k.decode.project(gpu, input, &qkv)?;
+        self.attend(a, k_cache, v_cache, pos, 1)?;
+        let o = Input {
+            x: s.attn_o.ptr,
+            cols: cfg.n_heads * cfg.head_dim,
+            prologue: Prologue::None,
+            staged_out: None,
+        };
+        k.decode
+            .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
+    }
+
+    /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
+    /// then the gated norm folded into out_proj, added into the residual.
+    pub fn deltanet_one_token(
+        &self,
+        d: &DevDeltaNet,
+        state: u64,
+        conv: u64,
+        input: Input,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let inputs = [
+            (&d.in_qkv, Out::Store(s.m.ptr)),
+            (&d.in_z, Out::Store(s.z.ptr)),
+            (&d.in_b, Out::Store(s.b.ptr)),
+            (&d.in_a, Out::Store(s.a.ptr)),
+        ];
+        k.decode.project(gpu, input, &inputs)?;
+        let c = DnConv {
+            m: s.m.ptr,
+            conv_state: conv,
+            weight: d.conv.ptr,
+            c: s.c.ptr,
+            conv_dim: cfg.conv_dim(),
+            kernel: cfg.conv_kernel,
+        };
+        k.decode.dn_conv(gpu, &c)?;
+        let step = DnStep {
+            c: s.c.ptr,
+            b: s.b.ptr,
+            a: s.a.ptr,
+            a_log: d.a_log.ptr,
+            dt_bias: d.dt_bias.ptr,
+            state,
+            o: s.dn_o.ptr,
+            n_k: cfg.dn_k_heads,
+            n_v: cfg.dn_v_heads,
+            dk: cfg.dn_k_dim,
+            dv: cfg.dn_v_dim,
+        };
+        k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
+        let o = Input {
+            x: s.dn_o.ptr,
+            cols: cfg.dn_value_dim(),
+            prologue: Prologue::GatedNorm {
+                weight: d.norm.ptr,
+                z: s.z.ptr,
+                head_dim: cfg.dn_v_dim,
+                eps: cfg.rms_eps,
+            },
+            staged_out: None,
+        };
+        k.decode
+            .project(gpu, o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
+    }
+
+    /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
+    /// the normed row in scratch.xn), routing, every expert's gate/up/SiLU in one launch, every
+    /// down projection with the combine and the residual add in one.
+    pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
+            bail!("moe_one_token: the normed row must end up in scratch.xn");
+        }
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+        ];
+        k.decode.project(gpu, input, &first)?;
+        let shape = MoeShape::of(cfg);
+        let route = Route {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            n_tok: 1,
+            shape,
+        };
+        k.moe.route(gpu, &route)?;
+        let glu = Glu {
+            gate: &m.gate,
+            up: &m.up,
+            ids: s.ids.ptr,
+            top_k: cfg.top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn: s.xn.ptr,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+        };
+        k.decode.glu(gpu, &glu)?;
+        let down = DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            top_k: cfg.top_k,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+            shared_gate: s.s_gate.ptr,
+            x: s.x.ptr,
+        };
+        k.decode.down_combine(gpu, &down)
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).

@@ -8,14 +8,16 @@
 //! Not here: `LILY_NVRTC` (nvrtc.rs) and `LILY_CACHE_DIR` (cache.rs), which say where to find
 //! files, not what to run.
 
+use lily_core::config::ModelConfig;
 use lily_core::sampling::SamplingParams;
 
 use crate::gpu::LaunchChecks;
 use crate::kernels::attention::{self, AttnShape};
+use crate::kernels::decode::{self, Decode};
 use crate::kernels::gemm;
 use crate::kernels::moe::MoeShape;
 use crate::sampler;
-use crate::weights::{DevLinear, DevMoe};
+use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMoe};
 
 /// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
 /// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
@@ -60,6 +62,10 @@ pub struct CudaOptions {
     /// when tensor cores are on, else on CUDA cores, same precision
     /// (`--router-on-cuda-cores`, `LILY_EXACT_ROUTER_TC=0`).
     pub exact_router_on_tensor_cores: bool,
+    /// One-token steps (decode) run the fused kernels of decode.cu: the norms folded into the
+    /// projections, one launch for the projections sharing an input, the MoE in two launches,
+    /// DeltaNet's conv and recurrence in two (`--no-fused-decode`, `LILY_FUSED_DECODE=0`).
+    pub fused_decode: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -79,6 +85,7 @@ impl Default for CudaOptions {
             device_sampling: true,
             tensor_cores: true,
             exact_router_on_tensor_cores: true,
+            fused_decode: true,
             sync_each: false,
             profile: false,
         }
@@ -102,6 +109,7 @@ impl CudaOptions {
     /// | `LILY_DEVICE_SAMPLING=0` | `device_sampling` |
     /// | `LILY_TENSOR_CORES=0` | `tensor_cores` |
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
+    /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -125,7 +133,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        let flags: [(&str, &mut bool); 9] = [
+        let flags: [(&str, &mut bool); 10] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -136,6 +144,7 @@ impl CudaOptions {
                 "LILY_EXACT_ROUTER_TC",
                 &mut self.exact_router_on_tensor_cores,
             ),
+            ("LILY_FUSED_DECODE", &mut self.fused_decode),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -188,6 +197,16 @@ pub enum MoePath {
     Gather,
 }
 
+/// How a block of a one-token step (decode) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodePath {
+    /// decode.cu: the block's norm folded into its projections, the projections of one input in
+    /// one launch, the glue fused (see kernels/decode.rs).
+    Fused,
+    /// The same launches as a prefill chunk's, for one token.
+    PerKernel,
+}
+
 /// Where the next token is picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplingPath {
@@ -213,6 +232,7 @@ pub struct Plan {
     moe_grouped: bool,
     device_sampling: bool,
     graphs: bool,
+    fused_decode: bool,
     checks: LaunchChecks,
 }
 
@@ -236,6 +256,7 @@ impl Plan {
             moe_grouped: o.moe_grouped,
             device_sampling: o.device_sampling,
             graphs: o.graphs,
+            fused_decode: o.fused_decode,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -307,6 +328,55 @@ impl Plan {
         }
     }
 
+    /// One-token steps of an attention layer: fused when its weights are what decode.cu reads.
+    pub fn decode_attention(&self, a: &DevAttention, n_tok: usize) -> DecodePath {
+        let fits = [&a.q_proj, &a.k_proj, &a.v_proj]
+            .iter()
+            .all(|w| decode::serves(w) && w.cols == a.q_proj.cols)
+            && decode::serves(&a.o_proj);
+        self.fused_if(n_tok, fits)
+    }
+
+    /// One-token steps of a DeltaNet layer: fused when its weights and head shapes fit.
+    pub fn decode_deltanet(&self, d: &DevDeltaNet, cfg: &ModelConfig, n_tok: usize) -> DecodePath {
+        let fits = [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a]
+            .iter()
+            .all(|w| decode::serves(w) && w.cols == d.in_qkv.cols)
+            && decode::serves(&d.out_proj)
+            && Decode::dn_serves(
+                cfg.dn_k_heads,
+                cfg.dn_v_heads,
+                cfg.dn_k_dim,
+                cfg.dn_v_dim,
+                cfg.conv_kernel,
+            );
+        self.fused_if(n_tok, fits)
+    }
+
+    /// One-token steps of a MoE block: fused when every expert weight fits.
+    pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
+        let fits = [&m.router, &m.shared_expert_gate]
+            .iter()
+            .all(|w| decode::serves(w) && w.cols == m.router.cols)
+            && decode::glu_serves(&m.gate, &m.up, &m.shared_gate, &m.shared_up)
+            && decode::down_serves(&m.down, &m.shared_down, shape.top_k);
+        self.fused_if(n_tok, fits)
+    }
+
+    /// A single row through one weight (the lm_head of the last token): decode.cu's GEMV when
+    /// the weight fits, else as `linear` says.
+    pub fn one_row(&self, w: &DevLinear) -> DecodePath {
+        self.fused_if(1, decode::serves(w))
+    }
+
+    fn fused_if(&self, n_tok: usize, fits: bool) -> DecodePath {
+        if self.fused_decode && n_tok == 1 && fits {
+            DecodePath::Fused
+        } else {
+            DecodePath::PerKernel
+        }
+    }
+
     /// Greedy settings pick on the device (`argmax_logprob`); other settings the device sampler
     /// covers pick there when device sampling is on; the rest (top_k off or above 256) use the
     /// host sampler on downloaded logits.
@@ -344,7 +414,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -354,6 +424,7 @@ impl Plan {
             on(self.moe_grouped),
             on(self.device_sampling),
             on(self.decode_graphs()),
+            on(self.fused_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -396,6 +467,7 @@ mod tests {
             ("LILY_DEVICE_SAMPLING", "0"),
             ("LILY_TENSOR_CORES", "0"),
             ("LILY_EXACT_ROUTER_TC", "0"),
+            ("LILY_FUSED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -412,6 +484,7 @@ mod tests {
                 device_sampling: false,
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
+                fused_decode: false,
                 sync_each: true,
                 profile: true,
             }

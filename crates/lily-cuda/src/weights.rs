@@ -12,7 +12,7 @@ use crate::gpu::{DevBuf, Gpu};
 
 /// `struct QWeight` of common.cuh, passed to kernels by value.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct QWeightArg {
     pub q: u64,
     pub scales: u64,

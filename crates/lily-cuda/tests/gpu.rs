@@ -22,6 +22,7 @@ use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
 use lily_cuda::gpu::{DevBuf, Gpu};
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
+use lily_cuda::kernels::decode::{Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
 use lily_cuda::kernels::linear::{Gather, GROUP_TILE};
 use lily_cuda::kernels::moe::{max_group_tiles, Group};
@@ -921,6 +922,161 @@ fn deltanet_block_and_state_match_cpu_over_chunks() {
             1e-6,
         );
     }
+}
+
+/// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
+/// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
+/// and conv state carried across both paths), the MoE from the residual row with its norm folded
+/// in, and the lm_head's GEMV against the CPU matmul.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_decode_blocks_match_cpu() {
+    let rig = BlockRig::new(8);
+    let c = rig.cfg.clone();
+    let h = c.hidden;
+    let mut rng = Rng(11);
+    let as_is = |x: u64| Input {
+        x,
+        cols: h,
+        prologue: Prologue::None,
+        staged_out: None,
+    };
+    let steps = [(5usize, false), (1, true), (1, true), (2, false), (1, true)];
+
+    let w = random_attention(&mut rng, &c);
+    let dw = upload_attention(&rig.g, &c, "attn", &w).unwrap();
+    let mut kv = ops::KvCache::default();
+    let mut pos = 0;
+    for (n, fused) in steps {
+        let x = rng.vec(n * h, 0.5);
+        let xn = rng.vec(n * h, 1.0);
+        let (k, v) = &rig.seq.kv[0];
+        let got = rig.run(&x, &xn, |f| {
+            let p = rig.seq.pos.ptr;
+            if fused {
+                let input = as_is(rig.scratch.xn.ptr);
+                f.attention_one_token(&dw, k.ptr, v.ptr, p, input).unwrap();
+            } else {
+                f.attention(&dw, k.ptr, v.ptr, p, n).unwrap();
+            }
+            rig.g.k.sample.advance_pos(&rig.g, p, n).unwrap();
+        });
+        let want = ops::attention(&c, &w, &xn, &mut kv, pos);
+        let what = format!("attention pos={pos} T={n} fused={fused}");
+        check(&what, &got, &want, 1e-4);
+        pos += n;
+    }
+
+    let (vd, hv) = (c.dn_value_dim(), c.dn_v_heads);
+    let w = DeltaNetWeights {
+        in_qkv: linear(&mut rng, 4, 1, c.conv_dim(), h),
+        in_z: linear(&mut rng, 4, 1, vd, h),
+        in_b: linear(&mut rng, 4, 1, hv, h),
+        in_a: linear(&mut rng, 4, 1, hv, h),
+        conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.5),
+        a_log: rng.vec(hv, 1.0),
+        dt_bias: rng.vec(hv, 1.0),
+        norm: rng
+            .vec(c.dn_v_dim, 1.0)
+            .iter()
+            .map(|v| 1.0 + 0.3 * v)
+            .collect(),
+        out_proj: linear(&mut rng, 4, 1, h, vd),
+    };
+    let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
+    let mut st = ops::DeltaNetState::new(&c);
+    for (n, fused) in steps {
+        let x = rng.vec(n * h, 0.5);
+        let xn = rng.vec(n * h, 1.0);
+        let (state, conv) = &rig.seq.dn[0];
+        let got = rig.run(&x, &xn, |f| {
+            if fused {
+                let input = as_is(rig.scratch.xn.ptr);
+                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                    .unwrap();
+            } else {
+                f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
+            }
+        });
+        let want = ops::deltanet(&c, &w, &xn, &mut st);
+        check(&format!("deltanet T={n} fused={fused}"), &got, &want, 1e-4);
+        let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
+        check(
+            &format!("deltanet state T={n} fused={fused}"),
+            &sv,
+            &st.state,
+            1e-4,
+        );
+        let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
+        check(
+            &format!("deltanet conv T={n} fused={fused}"),
+            &cv,
+            &st.conv,
+            1e-6,
+        );
+    }
+
+    let (e, i, si) = (c.n_experts, c.expert_inter, c.shared_inter);
+    let w = MoeWeights {
+        router: linear(&mut rng, 8, 1, e, h),
+        gate: linear(&mut rng, 4, e, i, h),
+        up: linear(&mut rng, 4, e, i, h),
+        down: linear(&mut rng, 4, e, h, i),
+        shared_gate: linear(&mut rng, 4, 1, si, h),
+        shared_up: linear(&mut rng, 4, 1, si, h),
+        shared_down: linear(&mut rng, 4, 1, h, si),
+        shared_expert_gate: linear(&mut rng, 8, 1, 1, h),
+    };
+    let dw = upload_moe(&rig.g, "moe", &w).unwrap();
+    let norm_w: Vec<f32> = rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect();
+    let norm_dev = rig.g.upload(&norm_w).unwrap();
+    for _ in 0..3 {
+        let x = rng.vec(h, 0.5);
+        let got = rig.run(&x, &rng.vec(h, 1.0), |f| {
+            let input = Input {
+                x: rig.scratch.x.ptr,
+                cols: h,
+                prologue: Prologue::RmsNorm {
+                    weight: norm_dev.ptr,
+                    eps: c.rms_eps,
+                },
+                staged_out: Some(rig.scratch.xn.ptr),
+            };
+            f.moe_one_token(&dw, input).unwrap()
+        });
+        let xn = ops::rms_norm(&x, &norm_w, c.rms_eps);
+        check(
+            "fused moe (norm folded in)",
+            &got,
+            &ops::moe(&c, &w, &xn),
+            1e-4,
+        );
+        let staged: Vec<f32> = rig.g.read(&rig.scratch.xn, 0, h).unwrap();
+        check("fused moe staged norm", &staged, &xn, 1e-6);
+        let logits: Vec<f32> = rig.g.read(&rig.scratch.router, 0, e).unwrap();
+        check(
+            "fused router logits",
+            &logits,
+            &matmul(&w.router, &xn),
+            1e-5,
+        );
+    }
+
+    // A wide single-row GEMV with several outputs per launch (the lm_head's and in_proj's path).
+    let heads = linear(&mut rng, 4, 1, 1000, h);
+    let dh = upload_linear(&rig.g, "head", &heads).unwrap();
+    let x = rng.vec(h, 1.0);
+    rig.g.write(&rig.scratch.xn, 0, &x).unwrap();
+    let out = poisoned(&rig.g, 1000);
+    let outs = [(&dh, Out::Store(out.ptr))];
+    rig.g
+        .k
+        .decode
+        .project(&rig.g, as_is(rig.scratch.xn.ptr), &outs)
+        .unwrap();
+    let got: Vec<f32> = rig.g.read(&out, 0, 1000).unwrap();
+    check("dec_gemv 1000 rows", &got, &matmul(&heads, &x), 1e-5);
+    println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
 }
 
 #[test]

@@ -61,6 +61,11 @@ pub struct CudaArgs {
     /// split precision (the same fp32 precision either way) [env LILY_EXACT_ROUTER_TC=0].
     #[arg(long)]
     pub router_on_cuda_cores: bool,
+    /// Decode with the per-kernel launches of a prefill chunk instead of the fused one-token
+    /// kernels (norms folded into the projections, the MoE in two launches)
+    /// [env LILY_FUSED_DECODE=0].
+    #[arg(long)]
+    pub no_fused_decode: bool,
 }
 
 impl CudaArgs {
@@ -77,6 +82,7 @@ impl CudaArgs {
             flash_prefill: !self.no_flash_prefill,
             moe_grouped: !self.no_moe_grouping,
             exact_router_on_tensor_cores: !self.router_on_cuda_cores,
+            fused_decode: !self.no_fused_decode,
             ..d
         }
     }
@@ -137,6 +143,7 @@ mod tests {
             "--no-flash-prefill",
             "--no-moe-grouping",
             "--router-on-cuda-cores",
+            "--no-fused-decode",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -152,6 +159,7 @@ mod tests {
                 device_sampling: false,
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
+                fused_decode: false,
                 sync_each: false,
                 profile: false,
             }

@@ -108,7 +108,7 @@ pub struct GatedNorm {
 }
 
 /// dn_prep's epsilon of the q/k L2 norms.
-const PREP_EPS: f32 = 1e-6;
+pub const PREP_EPS: f32 = 1e-6;
 
 pub struct DeltaNet {
     conv: Kernel,

@@ -6,6 +6,7 @@
 //! (plan.rs), read by forward.rs.
 
 pub mod attention;
+pub mod decode;
 pub mod deltanet;
 pub mod embed;
 pub mod gemm;
@@ -69,6 +70,7 @@ pub const FILES: &[&KernelFile] = &[
     &deltanet::FILE,
     &moe::FILE,
     &sample::FILE,
+    &decode::FILE,
 ];
 
 /// Every kernel Lily launches, by kernel file.
@@ -81,6 +83,7 @@ pub struct Kernels {
     pub deltanet: deltanet::DeltaNet,
     pub moe: moe::Moe,
     pub sample: sample::Sample,
+    pub decode: decode::Decode,
 }
 
 impl Kernels {
@@ -96,6 +99,7 @@ impl Kernels {
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
             sample: sample::Sample::load(&sample::FILE.load(gpu, bf16)?)?,
+            decode: decode::Decode::load(&decode::FILE.load(gpu, bf16)?)?,
         })
     }
 }

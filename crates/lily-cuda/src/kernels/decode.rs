@@ -1,0 +1,428 @@
+//! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
+//! (norm into the projection, several projections of one input in one launch, the MoE's
+//! gate/up/SiLU and down/combine/residual each in one launch).
+
+use anyhow::{bail, Result};
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+use super::{blocks, config, KernelFile};
+use crate::gpu::{Gpu, Kernel, Module};
+use crate::weights::{DevLinear, QWeightArg};
+
+/// Warps of a `dec_gemv` / `dec_glu` block (256 threads: the fused norm sums in rms_norm's order).
+pub const WARPS: usize = 8;
+/// Warps of a `dec_down_combine` block.
+pub const DOWN_WARPS: usize = 4;
+/// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
+pub const R: usize = 4;
+pub const GLU_R: usize = 2;
+/// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
+pub const MAX_COLS: usize = 4096;
+pub const MAX_SEGS: usize = 4;
+/// DeltaNet limits of the one-token kernels (as deltanet.cu's): conv taps, key head dim, lanes
+/// per value column and value columns per block.
+pub const DN_MAX_K: usize = 8;
+pub const DN_MAX_DK: usize = 128;
+pub const DN_PARTS: usize = 8;
+pub const DN_COLS: usize = 16;
+/// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
+const XPAD: usize = 68;
+/// Dynamic shared memory a `dec_down_combine` may take without opting in.
+const DOWN_SMEM_MAX: usize = 48 * 1024;
+
+pub const FILE: KernelFile = KernelFile {
+    name: "decode",
+    source: include_str!("../../../../shaders/cuda/decode.cu"),
+    defines: &[
+        ("DEC_WARPS", WARPS as i64),
+        ("DEC_DOWN_WARPS", DOWN_WARPS as i64),
+        ("DEC_R", R as i64),
+        ("DEC_GLU_R", GLU_R as i64),
+        ("DEC_MAX_COLS", MAX_COLS as i64),
+        ("DEC_MAX_SEGS", MAX_SEGS as i64),
+        ("DEC_DN_MAX_K", DN_MAX_K as i64),
+        ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
+        ("DEC_DN_PARTS", DN_PARTS as i64),
+        ("DEC_DN_COLS", DN_COLS as i64),
+    ],
+};
+
+/// Whether the decode kernels read this weight: MLX affine 4/8-bit, groups of 64 columns, an
+/// input width they stage whole, and lanes that split a row evenly (64-column groups a power of
+/// two below 32, or a multiple of 32).
+pub fn serves(w: &DevLinear) -> bool {
+    let groups = w.cols / 64;
+    matches!(w.bits, 4 | 8)
+        && w.group == 64
+        && w.cols.is_multiple_of(64)
+        && w.cols <= MAX_COLS
+        && groups > 0
+        && (groups.is_power_of_two() || groups.is_multiple_of(32))
+}
+
+/// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
+pub fn glu_serves(gate: &DevLinear, up: &DevLinear, sgate: &DevLinear, sup: &DevLinear) -> bool {
+    [gate, up, sgate, sup]
+        .iter()
+        .all(|w| serves(w) && w.cols == gate.cols)
+        && gate.rows == up.rows
+        && sgate.rows == sup.rows
+}
+
+/// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, and
+/// their group sums.
+fn down_smem(inter: usize, top_k: usize) -> usize {
+    (top_k + 1) * (inter / 64) * (XPAD + 1) * 4
+}
+
+/// Whether `Decode::down_combine` reads these weights for `top_k` experts.
+pub fn down_serves(down: &DevLinear, sdown: &DevLinear, top_k: usize) -> bool {
+    serves(down)
+        && serves(sdown)
+        && down.cols == sdown.cols
+        && down.rows == sdown.rows
+        && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
+}
+
+/// Lanes that share one row of `cols` columns, and rows per warp step.
+fn lanes_per_row(cols: usize) -> (usize, usize) {
+    let lpr = (cols / 64).min(32);
+    (lpr, 32 / lpr)
+}
+
+/// How one projection's rows are written (decode.cu's DEC_STORE / DEC_RESIDUAL / DEC_EXACT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Out {
+    /// y = W x, rounded to the activation type.
+    Store(u64),
+    /// y = y + W x: the residual add fused into the projection.
+    AddToResidual(u64),
+    /// y = W x unrounded (the router's logits).
+    Exact(u64),
+}
+
+impl Out {
+    fn parts(self) -> (u64, i32) {
+        match self {
+            Out::Store(p) => (p, 0),
+            Out::AddToResidual(p) => (p, 1),
+            Out::Exact(p) => (p, 2),
+        }
+    }
+}
+
+/// What the kernel does to its input row before the projections.
+#[derive(Clone, Copy, Debug)]
+pub enum Prologue {
+    /// Takes the row as it is.
+    None,
+    /// RMSNorm with this f32 weight [cols] (rms_norm's arithmetic): the norm folded into the
+    /// projection.
+    RmsNorm { weight: u64, eps: f32 },
+    /// DeltaNet's gated norm per head (dn_gated_norm's arithmetic): w ⊙ rmsnorm(o_h) ⊙ silu(z_h),
+    /// weight f32 [head_dim], z f32 [cols].
+    GatedNorm {
+        weight: u64,
+        z: u64,
+        head_dim: usize,
+        eps: f32,
+    },
+}
+
+/// The input of a fused projection: one row of `cols` f32 and its prologue; `staged_out`
+/// receives the row the projections read (e.g. the normed row, for later kernels) when wanted.
+#[derive(Clone, Copy, Debug)]
+pub struct Input {
+    pub x: u64,
+    pub cols: usize,
+    pub prologue: Prologue,
+    pub staged_out: Option<u64>,
+}
+
+/// `struct DecSeg` of decode.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecSeg {
+    w: QWeightArg,
+    y: u64,
+    mode: i32,
+    block0: i32,
+}
+
+/// `struct DecSegs` of decode.cu, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecSegs {
+    s: [DecSeg; MAX_SEGS],
+    n: i32,
+}
+
+// SAFETY: plain #[repr(C)] data matching decode.cu's structs field for field.
+unsafe impl DeviceRepr for DecSegs {}
+
+/// The routed experts' and the shared expert's first half: h_k = silu(gate_k xn) ⊙ up_k xn.
+pub struct Glu<'a> {
+    pub gate: &'a DevLinear,
+    pub up: &'a DevLinear,
+    /// i32 [top_k]: the token's experts.
+    pub ids: u64,
+    pub top_k: usize,
+    pub shared_gate: &'a DevLinear,
+    pub shared_up: &'a DevLinear,
+    /// The normed input row [hidden].
+    pub xn: u64,
+    /// Routed outputs [top_k, inter] and the shared expert's [shared_inter].
+    pub h: u64,
+    pub h_shared: u64,
+}
+
+/// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
+pub struct DownCombine<'a> {
+    pub down: &'a DevLinear,
+    pub shared_down: &'a DevLinear,
+    pub ids: u64,
+    /// f32 [top_k]: routing weights.
+    pub weights: u64,
+    pub top_k: usize,
+    pub h: u64,
+    pub h_shared: u64,
+    /// f32 [1]: the shared expert's gate logit.
+    pub shared_gate: u64,
+    /// The residual row [hidden], updated in place.
+    pub x: u64,
+}
+
+/// DeltaNet's conv of one token: c = silu(conv(state, m)), and the conv state shifted by m.
+pub struct DnConv {
+    /// f32 [conv_dim]: the token's in_proj_qkv output.
+    pub m: u64,
+    /// f32 [K-1, conv_dim], updated.
+    pub conv_state: u64,
+    /// f32 [conv_dim, K].
+    pub weight: u64,
+    pub c: u64,
+    pub conv_dim: usize,
+    pub kernel: usize,
+}
+
+/// DeltaNet's q/k norms, gates and recurrent update of one token (dn_prep + dn_recurrent).
+pub struct DnStep {
+    pub c: u64,
+    /// f32 [n_v]: the token's in_proj_b and in_proj_a outputs.
+    pub b: u64,
+    pub a: u64,
+    pub a_log: u64,
+    pub dt_bias: u64,
+    /// f32 [n_v, dk, dv], updated.
+    pub state: u64,
+    /// f32 [n_v · dv].
+    pub o: u64,
+    pub n_k: usize,
+    pub n_v: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+pub struct Decode {
+    gemv: Kernel,
+    glu: Kernel,
+    down_combine: Kernel,
+    dn_conv: Kernel,
+    dn_step: Kernel,
+}
+
+impl Decode {
+    pub fn load(m: &Module) -> Result<Decode> {
+        Ok(Decode {
+            gemv: m.kernel("dec_gemv")?,
+            glu: m.kernel("dec_glu")?,
+            down_combine: m.kernel("dec_down_combine")?,
+            dn_conv: m.kernel("dec_dn_conv")?,
+            dn_step: m.kernel("dec_dn_step")?,
+        })
+    }
+
+    /// Up to MAX_SEGS projections of one input row in one launch.
+    pub fn project(&self, gpu: &Gpu, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
+        if outs.is_empty() || outs.len() > MAX_SEGS {
+            bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
+        }
+        if !input.x.is_multiple_of(4) {
+            bail!("dec_gemv: input at {:#x} is not 4-byte aligned", input.x);
+        }
+        let (lpr, spw) = lanes_per_row(input.cols);
+        let rows_per_block = WARPS * spw * R;
+        let empty = DecSeg {
+            w: QWeightArg::default(),
+            y: 0,
+            mode: 0,
+            block0: i32::MAX,
+        };
+        let mut segs = DecSegs {
+            s: [empty; MAX_SEGS],
+            n: outs.len() as i32,
+        };
+        let mut total = 0usize;
+        for (i, (w, out)) in outs.iter().enumerate() {
+            if !serves(w) || w.cols != input.cols || w.experts != 1 {
+                bail!(
+                    "dec_gemv: a {}x{} {}-bit weight (group {}) on a {}-wide input",
+                    w.rows,
+                    w.cols,
+                    w.bits,
+                    w.group,
+                    input.cols
+                );
+            }
+            let (y, mode) = out.parts();
+            segs.s[i] = DecSeg {
+                w: w.arg(),
+                y,
+                mode,
+                block0: total as i32,
+            };
+            total += w.rows.div_ceil(rows_per_block);
+        }
+        let _ = lpr;
+        let (norm_w, eps, gz, head_dim) = match input.prologue {
+            Prologue::None => (0, 0.0, 0, 1),
+            Prologue::RmsNorm { weight, eps } => (weight, eps, 0, 1),
+            Prologue::GatedNorm {
+                weight,
+                z,
+                head_dim,
+                eps,
+            } => {
+                if head_dim == 0 || !input.cols.is_multiple_of(head_dim) {
+                    bail!(
+                        "dec_gemv: gated norm heads of {head_dim} over {} columns",
+                        input.cols
+                    );
+                }
+                (weight, eps, z, head_dim as i32)
+            }
+        };
+        let staged_out = input.staged_out.unwrap_or(0);
+        let cols = input.cols as i32;
+        let cfg = config((total as u32, 1, 1), (WARPS * 32) as u32, 0);
+        gpu.launch(&self.gemv, cfg, |l| {
+            l.arg(&segs)
+                .arg(&input.x)
+                .arg(&norm_w)
+                .arg(&eps)
+                .arg(&gz)
+                .arg(&head_dim)
+                .arg(&staged_out)
+                .arg(&cols);
+        })
+    }
+
+    pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
+        if !glu_serves(a.gate, a.up, a.shared_gate, a.shared_up) {
+            bail!("dec_glu: expert weights it does not read");
+        }
+        let (_, spw) = lanes_per_row(a.gate.cols);
+        let rows = a.gate.rows.max(a.shared_gate.rows);
+        let per_item = blocks(rows, WARPS * spw * GLU_R);
+        let grid = per_item * (a.top_k as u32 + 1);
+        let (gate, up, sgate, sup) = (
+            a.gate.arg(),
+            a.up.arg(),
+            a.shared_gate.arg(),
+            a.shared_up.arg(),
+        );
+        let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
+        let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
+        gpu.launch(&self.glu, cfg, |l| {
+            l.arg(&gate)
+                .arg(&up)
+                .arg(&a.ids)
+                .arg(&top_k)
+                .arg(&sgate)
+                .arg(&sup)
+                .arg(&a.xn)
+                .arg(&a.h)
+                .arg(&h_stride)
+                .arg(&a.h_shared)
+                .arg(&per_item);
+        })
+    }
+
+    pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
+        if !down_serves(a.down, a.shared_down, a.top_k) {
+            bail!("dec_down_combine: expert weights it does not read");
+        }
+        let (_, spw) = lanes_per_row(a.down.cols);
+        let grid = blocks(a.down.rows, DOWN_WARPS * spw);
+        let smem = down_smem(a.down.cols, a.top_k);
+        let (down, sdown) = (a.down.arg(), a.shared_down.arg());
+        let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
+        let cfg = config((grid, 1, 1), (DOWN_WARPS * 32) as u32, smem);
+        gpu.launch(&self.down_combine, cfg, |l| {
+            l.arg(&down)
+                .arg(&sdown)
+                .arg(&a.ids)
+                .arg(&a.weights)
+                .arg(&top_k)
+                .arg(&a.h)
+                .arg(&h_stride)
+                .arg(&a.h_shared)
+                .arg(&a.shared_gate)
+                .arg(&a.x);
+        })
+    }
+
+    /// Whether the one-token DeltaNet kernels serve this shape.
+    pub fn dn_serves(n_k: usize, n_v: usize, dk: usize, dv: usize, kernel: usize) -> bool {
+        (1..=DN_MAX_K).contains(&kernel)
+            && dk.is_multiple_of(32)
+            && dk <= DN_MAX_DK
+            && dv.is_multiple_of(DN_COLS)
+            && n_k > 0
+            && n_v.is_multiple_of(n_k)
+    }
+
+    pub fn dn_conv(&self, gpu: &Gpu, a: &DnConv) -> Result<()> {
+        if !(1..=DN_MAX_K).contains(&a.kernel) {
+            bail!("dec_dn_conv: {} conv taps (1..={DN_MAX_K})", a.kernel);
+        }
+        let (conv_dim, k) = (a.conv_dim as i32, a.kernel as i32);
+        let cfg = config((blocks(a.conv_dim, 128), 1, 1), 128, 0);
+        gpu.launch(&self.dn_conv, cfg, |l| {
+            l.arg(&a.m)
+                .arg(&a.conv_state)
+                .arg(&a.weight)
+                .arg(&a.c)
+                .arg(&conv_dim)
+                .arg(&k);
+        })
+    }
+
+    pub fn dn_step(&self, gpu: &Gpu, a: &DnStep, eps: f32) -> Result<()> {
+        if !Self::dn_serves(a.n_k, a.n_v, a.dk, a.dv, 1) {
+            bail!(
+                "dec_dn_step: heads {}/{} of dims {}/{} (dk a multiple of 32 up to {DN_MAX_DK}, dv of {DN_COLS})",
+                a.n_k,
+                a.n_v,
+                a.dk,
+                a.dv
+            );
+        }
+        let grid = (a.n_v as u32, (a.dv / DN_COLS) as u32, 1);
+        let (n_k, n_v, dk, dv) = (a.n_k as i32, a.n_v as i32, a.dk as i32, a.dv as i32);
+        gpu.launch(&self.dn_step, config(grid, 128, 0), |l| {
+            l.arg(&a.c)
+                .arg(&a.b)
+                .arg(&a.a)
+                .arg(&a.a_log)
+                .arg(&a.dt_bias)
+                .arg(&a.state)
+                .arg(&a.o)
+                .arg(&n_k)
+                .arg(&n_v)
+                .arg(&dk)
+                .arg(&dv)
+                .arg(&eps);
+        })
+    }
+}

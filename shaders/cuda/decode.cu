@@ -1,0 +1,470 @@
+// The decode step's (one token's) linears: weight-streaming GEMVs with the glue around them fused
+// in, so a layer is a handful of launches instead of two dozen (issue: decode speed).
+//
+//   dec_gemv:         y_s = W_s · x for up to DEC_MAX_SEGS weights that read the same input (DeltaNet's
+//                     in_proj_qkv / z / b / a, attention's q / k / v, the router and the shared-expert
+//                     gate), x optionally RMS-normed inside the kernel exactly as rms_norm computes it
+//                     (the norm folded into the projection); each output is stored, added into the
+//                     residual stream, or kept unrounded (router logits).
+//   dec_glu:          h_k = silu(gate_k · xn) ⊙ (up_k · xn) for the top_k routed experts and, as one more
+//                     item, the shared expert: the MoE's first half in one launch.
+//   dec_down_combine: x += Σ_k w_k · down_k · h_k + sigmoid(g_s) · down_s · h_s: the experts' down
+//                     projections, routing weights, shared-expert gate, combine and residual add.
+//
+// Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
+// groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
+// its group of x in registers for the DEC_R rows it streams at once. Per group the dot product is
+// s · Σ q_j x_j + b · Σ x_j with Σ x_j computed once per block. Packed values become floats through a
+// byte permute into the mantissa of 2^23 (no int → float conversion, which runs at quarter rate).
+// Rounding follows the unfused kernels: act() wherever they store an activation.
+//
+// Shared memory: x (or h) as groups of 64 floats padded to DEC_XPAD, so the 16-byte reads of the
+// eight lanes of a phase fall in distinct banks.
+
+#ifndef DEC_WARPS
+#error "DEC_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_DOWN_WARPS
+#error "DEC_DOWN_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_GLU_R
+#error "DEC_GLU_R comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_R
+#error "DEC_R comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_MAX_COLS
+#error "DEC_MAX_COLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_MAX_SEGS
+#error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+
+#ifndef DEC_DN_MAX_K
+#error "DEC_DN_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_DN_MAX_DK
+#error "DEC_DN_MAX_DK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_DN_PARTS
+#error "DEC_DN_PARTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_DN_COLS
+#error "DEC_DN_COLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+
+#define DEC_DN_ROWS (DEC_DN_MAX_DK / DEC_DN_PARTS)
+#define DEC_XPAD 68
+#define DEC_MAX_GROUPS (DEC_MAX_COLS / 64)
+
+// Store modes of an output.
+#define DEC_STORE 0     // y = act(s)
+#define DEC_RESIDUAL 1  // y = act(y + act(s))
+#define DEC_EXACT 2     // y = s
+
+// One weight of a dec_gemv launch and where its rows go; blocks block0 .. serve it.
+struct DecSeg {
+    QWeight w;
+    float* y;
+    int mode;
+    int block0;
+};
+
+struct DecSegs {
+    DecSeg s[DEC_MAX_SEGS];
+    int n;
+};
+
+// 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the byte as a float.
+__device__ __forceinline__ float byte_f(u32 v, u32 sel) {
+    return __uint_as_float(__byte_perm(v, 0x4B000000u, sel)) - 8388608.0f;
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// Σ_j q_j x_j over one group of 64 columns: BITS = 4 (8 words) or 8 (16 words).
+template <int BITS>
+__device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const float (&xv)[64]) {
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int v = 0; v < BITS / 2; v++) {
+        u32 words[4] = {q[v].x, q[v].y, q[v].z, q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 w = words[i];
+            if (BITS == 4) {
+                // Word 4v+i holds columns 8(4v+i) .. +7, column j at bits 4j: low nibbles are the
+                // even columns, high nibbles the odd ones.
+                const float* x = &xv[8 * (4 * v + i)];
+                u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+                a0 = fmaf(byte_f(lo, 0x7440), x[0], a0);
+                a1 = fmaf(byte_f(hi, 0x7440), x[1], a1);
+                a0 = fmaf(byte_f(lo, 0x7441), x[2], a0);
+                a1 = fmaf(byte_f(hi, 0x7441), x[3], a1);
+                a0 = fmaf(byte_f(lo, 0x7442), x[4], a0);
+                a1 = fmaf(byte_f(hi, 0x7442), x[5], a1);
+                a0 = fmaf(byte_f(lo, 0x7443), x[6], a0);
+                a1 = fmaf(byte_f(hi, 0x7443), x[7], a1);
+            } else {
+                const float* x = &xv[4 * (4 * v + i)];
+                a0 = fmaf(byte_f(w, 0x7440), x[0], a0);
+                a1 = fmaf(byte_f(w, 0x7441), x[1], a1);
+                a0 = fmaf(byte_f(w, 0x7442), x[2], a0);
+                a1 = fmaf(byte_f(w, 0x7443), x[3], a1);
+            }
+        }
+    }
+    return a0 + a1;
+}
+
+__device__ __forceinline__ void load_group(const float* xs_group, float (&xv)[64]) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        float4 t = *reinterpret_cast<const float4*>(xs_group + 4 * j);
+        xv[4 * j] = t.x;
+        xv[4 * j + 1] = t.y;
+        xv[4 * j + 2] = t.z;
+        xv[4 * j + 3] = t.w;
+    }
+}
+
+// acc[r] += row (rbase + r) · x for r < R over the lane's groups g = sl, sl + lpr, ... of G.
+// Rows at or past `rows` read the last row instead (their sums are never stored).
+template <int BITS, int R>
+__device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int lpr, int sl, const float* xs,
+                                         const float* xsum, float (&acc)[R]) {
+    const int WPG = 2 * BITS;  // u32 words per group
+    long long wpr = (long long)G * WPG;
+    for (int g = sl; g < G; g += lpr) {
+        uint4 q[R][BITS / 2];
+        float s[R], b[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            long long row = min(rbase + r, w.rows - 1);
+            const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+#pragma unroll
+            for (int v = 0; v < BITS / 2; v++) q[r][v] = ld_stream(qp + v);
+            s[r] = bf16_to_f32(w.scales[row * G + g]);
+            b[r] = bf16_to_f32(w.biases[row * G + g]);
+        }
+        float xv[64];
+        load_group(xs + g * DEC_XPAD, xv);
+        float sx = xsum[g];
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] += s[r] * dot_group<BITS>(q[r], xv) + b[r] * sx;
+    }
+}
+
+// Sum over the lpr lanes (a power of two) of each row's sub-warp.
+template <int R>
+__device__ __forceinline__ void reduce_rows(float (&acc)[R], int lpr) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        for (int o = lpr >> 1; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
+
+// x [cols] → shared memory (groups padded to DEC_XPAD), then the sum of each group. The row is
+// taken as it is, or RMS-normed when norm_w is given (rms_norm's arithmetic and summation order:
+// blockDim.x == 256), or, when gz is given, passed through DeltaNet's gated norm per head of
+// head_dim values (dn_gated_norm's arithmetic: y = w ⊙ rmsnorm(o_h) ⊙ silu(z_h), w = norm_w).
+// xn_out (if any) gets the staged row from block 0.
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                        int cols, const float* __restrict__ gz, int head_dim, float* xs,
+                                        float* xsum, float* __restrict__ xn_out) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (gz) {
+        // One warp per head: its inverse RMS, then the gated values.
+        for (int hh = warp; hh < cols / head_dim; hh += nwarps) {
+            const float* oh = x + (long long)hh * head_dim;
+            float ss = 0.0f;
+            for (int i = lane; i < head_dim; i += 32) ss += oh[i] * oh[i];
+            ss = warp_sum(ss);
+            float inv = rsqrtf(ss / (float)head_dim + eps);
+            for (int i = lane; i < head_dim; i += 32) {
+                int c = hh * head_dim + i;
+                float v = act(act(norm_w[i] * act(oh[i] * inv)) * siluf(gz[c]));
+                xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
+                if (xn_out && blockIdx.x == 0) xn_out[c] = v;
+            }
+        }
+    } else {
+        float inv = 1.0f;
+        if (norm_w) {
+            float ss = 0.0f;
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+            ss = block_sum(ss);
+            inv = rsqrtf(ss / (float)cols + eps);
+        }
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = norm_w ? act(x[c] * inv * norm_w[c]) : x[c];
+            xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
+            if (xn_out && blockIdx.x == 0) xn_out[c] = v;
+        }
+    }
+    __syncthreads();
+    for (int g = warp; g < (cols >> 6); g += nwarps) {
+        float s = warp_sum(xs[g * DEC_XPAD + lane] + xs[g * DEC_XPAD + lane + 32]);
+        if (lane == 0) xsum[g] = s;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ void store_out(float* y, int mode, float s) {
+    *y = mode == DEC_RESIDUAL ? act(*y + act(s)) : mode == DEC_EXACT ? s : act(s);
+}
+
+// grid: Σ over segments of ceil(rows / (DEC_WARPS · (32 / lpr) · DEC_R)) blocks; block DEC_WARPS · 32 (256).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+         const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+    DecSeg sg = segs.s[0];
+#pragma unroll
+    for (int i = 1; i < DEC_MAX_SEGS; i++)
+        if (i < segs.n && (int)blockIdx.x >= segs.s[i].block0) sg = segs.s[i];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int G = cols >> 6;
+    int lpr = min(32, G), spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int rbase = ((blockIdx.x - sg.block0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R;
+    float acc[DEC_R];
+#pragma unroll
+    for (int r = 0; r < DEC_R; r++) acc[r] = 0.0f;
+    if (sg.w.bits == 4)
+        rows_dot<4, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
+    else
+        rows_dot<8, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
+    reduce_rows<DEC_R>(acc, lpr);
+    if (sl == 0) {
+#pragma unroll
+        for (int r = 0; r < DEC_R; r++)
+            if (rbase + r < sg.w.rows) store_out(sg.y + rbase + r, sg.mode, acc[r]);
+    }
+}
+
+// The matrix of expert e in a stack (rows × cols each).
+__device__ __forceinline__ QWeight expert(QWeight w, int e) {
+    long long groups = (long long)w.rows * (w.cols / w.group);
+    w.q += (long long)e * w.rows * (w.cols * w.bits / 32);
+    w.scales += e * groups;
+    w.biases += e * groups;
+    return w;
+}
+
+// Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
+// item top_k: the shared expert (sgate/sup), output hs. xn [cols] is the normed input.
+// grid ((top_k + 1) · blocks_per_item), block DEC_WARPS · 32; DEC_GLU_R rows per sub-warp.
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu(QWeight gate, QWeight up, const int* __restrict__ ids, int top_k, QWeight sgate, QWeight sup,
+        const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+        int blocks_per_item) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    int cols = gate.cols;
+    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+    int item = blockIdx.x / blocks_per_item, blk = blockIdx.x % blocks_per_item;
+    QWeight wg, wu;
+    float* out;
+    if (item < top_k) {
+        int e = ids[item];
+        wg = expert(gate, e);
+        wu = expert(up, e);
+        out = h + (long long)item * h_stride;
+    } else {
+        wg = sgate;
+        wu = sup;
+        out = hs;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int G = cols >> 6;
+    int lpr = min(32, G), spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int rbase = (blk * DEC_WARPS * spw + warp * spw + sub) * DEC_GLU_R;
+    if (blk * DEC_WARPS * spw * DEC_GLU_R >= wg.rows) return;  // whole block past this item's rows
+    float g[DEC_GLU_R], u[DEC_GLU_R];
+#pragma unroll
+    for (int r = 0; r < DEC_GLU_R; r++) g[r] = u[r] = 0.0f;
+    if (wg.bits == 4) {
+        rows_dot<4, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
+        rows_dot<4, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
+    } else {
+        rows_dot<8, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
+        rows_dot<8, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
+    }
+    reduce_rows<DEC_GLU_R>(g, lpr);
+    reduce_rows<DEC_GLU_R>(u, lpr);
+    if (sl == 0) {
+#pragma unroll
+        for (int r = 0; r < DEC_GLU_R; r++)
+            if (rbase + r < wg.rows) out[rbase + r] = act(act(siluf(act(g[r]))) * act(u[r]));
+    }
+}
+
+// x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
+// rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Dynamic shared memory: the top_k + 1
+// input rows, padded (the launcher sizes it). grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))),
+// block DEC_DOWN_WARPS · 32: one output row per sub-warp, items streamed in turn.
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * 32)
+dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
+                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                 const float* __restrict__ s_gate, float* __restrict__ x) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int cols = down.cols, G = cols >> 6;
+    int items = top_k + 1;
+    float* hsm = dec_smem;                          // [items][G][DEC_XPAD]
+    float* hsum = dec_smem + items * G * DEC_XPAD;  // [items][G]
+    for (int idx = threadIdx.x; idx < items * cols; idx += blockDim.x) {
+        int k = idx / cols, c = idx % cols;
+        float v = k < top_k ? h[(long long)k * h_stride + c] : hs[c];
+        hsm[(k * G + (c >> 6)) * DEC_XPAD + (c & 63)] = v;
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int kg = warp; kg < items * G; kg += DEC_DOWN_WARPS) {
+        float s = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
+        if (lane == 0) hsum[kg] = s;
+    }
+    __syncthreads();
+    int lpr = min(32, G), spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int c = (blockIdx.x * DEC_DOWN_WARPS + warp) * spw + sub;
+    int cc = min(c, down.rows - 1);
+    float y = 0.0f, ys = 0.0f;
+#pragma unroll 3
+    for (int k = 0; k < items; k++) {
+        QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
+        float acc[1] = {0.0f};
+        if (w.bits == 4)
+            rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+        else
+            rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+        reduce_rows<1>(acc, lpr);
+        if (k < top_k)
+            y += route_w[k] * act(acc[0]);
+        else
+            ys = act(acc[0]);
+    }
+    if (sl == 0 && c < down.rows) {
+        y += act(act(sigmoidf(s_gate[0])) * ys);
+        x[c] = act(x[c] + act(y));
+    }
+}
+
+// ---- DeltaNet, one token ------------------------------------------------------------------------
+
+// dec_dn_conv: c = silu(conv(m)) for one token and the conv state shifted by it: dn_conv then
+// dn_conv_state in one launch (each thread owns its channel, so nothing is read after another
+// block wrote it). grid ceil(conv_dim / 128), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
+            float* __restrict__ c, int conv_dim, int k) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    float rows[DEC_DN_MAX_K];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) {
+            rows[j] = conv_state[(long long)j * conv_dim + ch];
+            acc += w[(long long)ch * k + j] * rows[j];
+        }
+    float mv = m[ch];
+    acc += w[(long long)ch * k + k - 1] * mv;
+    c[ch] = act(siluf(act(acc)));
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
+}
+
+// dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
+// every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and
+// computes α, β of its V head, then updates its DEC_DN_COLS state columns as dn_recurrent does.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
+            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
+    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
+    __shared__ float ab_s[2];
+    int hv = blockIdx.x;
+    int hk = hv / (n_v_heads / n_k_heads);
+    int key_dim = n_k_heads * dk;
+    const float* qt = c + hk * dk;
+    const float* kt = qt + key_dim;
+    float qq = 0.0f, kk = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        qq += qt[i] * qt[i];
+        kk += kt[i] * kt[i];
+    }
+    qq = block_sum(qq);
+    kk = block_sum(kk);
+    float qn = rsqrtf(qq + eps) * rsqrtf((float)dk), kn = rsqrtf(kk + eps);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        q_s[i] = qt[i] * qn;
+        k_s[i] = kt[i] * kn;
+    }
+    if (threadIdx.x == 0) {
+        float beta = act(sigmoidf(b[hv]));
+        float g = -expf(a_log[hv]) * softplusf(a[hv] + dt_bias[hv]);
+        ab_s[0] = expf(g);
+        ab_s[1] = beta;
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = lane % DEC_DN_PARTS;
+    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
+    int j = blockIdx.y * DEC_DN_COLS + col;
+    int rows = dk / DEC_DN_PARTS;
+    float* sp = state + (long long)hv * dk * dv;
+    float s[DEC_DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
+    float alpha = ab_s[0], beta = ab_s[1];
+    float v = c[2 * key_dim + hv * dv + j];
+    float kr[DEC_DN_ROWS];
+    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
+        if (r < rows) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                kr[r + e] = k_s[part + DEC_DN_PARTS * (r + e)];
+                s[r + e] *= alpha;
+            }
+            u0 += s[r] * kr[r];
+            u1 += s[r + 1] * kr[r + 1];
+            u2 += s[r + 2] * kr[r + 2];
+            u3 += s[r + 3] * kr[r + 3];
+        }
+    }
+    float u = (u0 + u1) + (u2 + u3);
+#pragma unroll
+    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
+    float delta = beta * (v - u);
+    float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
+        if (r < rows) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
+            o0 += s[r] * q_s[part + DEC_DN_PARTS * r];
+            o1 += s[r + 1] * q_s[part + DEC_DN_PARTS * (r + 1)];
+            o2 += s[r + 2] * q_s[part + DEC_DN_PARTS * (r + 2)];
+            o3 += s[r + 3] * q_s[part + DEC_DN_PARTS * (r + 3)];
+        }
+    }
+    float out = (o0 + o1) + (o2 + o3);
+#pragma unroll
+    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+    if (part == 0) o[(long long)hv * dv + j] = act(out);
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r++)
+        if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
+}
