@@ -1675,12 +1675,11 @@ fn model_matches_cpu_on_checkpoint_from_env() {
         std::path::Path::new(&dir).display(),
         t.elapsed()
     );
-    parity_of(
-        &format!("{}", std::path::Path::new(&dir).display()),
-        w,
-        positions,
-        false,
-    );
+    let label = format!("{}", std::path::Path::new(&dir).display());
+    parity_of(&label, w.clone(), positions, false);
+    // One token per forward pass: every layer on the one-token (fused decode) path.
+    let label = format!("{label} one token per step");
+    parity_chunked(&label, w, positions.min(12), false, 1);
 }
 
 /// Greedy decode on the device agrees with the CPU's, step by step; prefill in chunks equals
