@@ -1,7 +1,11 @@
-//! NVRTC, loaded at run time from wherever it lives. cudarc's own loader only tries library names
-//! on the dynamic linker's path; a CUDA install under /usr/local/cuda-13.0 or the
-//! `nvidia-cuda-nvrtc` pip wheel is often not on that path, so we look in the usual places
-//! ourselves and say where we looked when nothing is found.
+//! NVRTC, loaded at run time from wherever it lives. We keep this finder instead of cudarc's
+//! `nvrtc` module for two reasons: cudarc's dynamic loading only tries library names on the
+//! dynamic linker's path (a CUDA install under /usr/local/cuda-13.0 or the `nvidia-cuda-nvrtc`
+//! pip wheel is often not on it), and it panics when it finds nothing, where `--device auto` must
+//! get an error it can report before falling back to the CPU. So we look in the usual places
+//! (CUDA_HOME and friends, /usr/local/cuda*, the linker path, the pip wheel) and say where we
+//! looked when nothing is found. (`LILY_NVRTC` and cache.rs's `LILY_CACHE_DIR` are read here,
+//! not in plan.rs: they say where files are, not which path runs.)
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};

@@ -1469,7 +1469,7 @@ fn parity_of(label: &str, w: Arc<ModelWeights>, positions: usize, assert_fp32: b
 }
 
 /// CUDA vs CPU teacher-forced logits with prefill chunks of `chunk` tokens (chunks of at most
-/// ops::SPLIT_MAX_TOK tokens run the split-KV attention, longer ones the one-block kernel).
+/// attention::SPLIT_MAX_TOK tokens run the split-KV attention, longer ones the one-block kernel).
 fn parity_chunked(
     label: &str,
     w: Arc<ModelWeights>,
@@ -1491,7 +1491,7 @@ fn parity_chunked(
                 bf16_activations,
                 chunk,
                 // The split-KV and device-sampling paths have their own tests, the shipping
-                // configuration (both on) `the_shipping_configuration_matches_cpu_end_to_end_on_*`.
+                // configuration (both on) `model_in_the_shipping_configuration_matches_cpu_on_*`.
                 split_kv: false,
                 device_sampling: false,
                 ..CudaOptions::default()
@@ -1638,13 +1638,13 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn the_shipping_configuration_matches_cpu_end_to_end_on_tiny() {
+fn model_in_the_shipping_configuration_matches_cpu_on_tiny() {
     shipping_configuration_matches_cpu(Preset::Tiny);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn the_shipping_configuration_matches_cpu_end_to_end_on_small() {
+fn model_in_the_shipping_configuration_matches_cpu_on_small() {
     shipping_configuration_matches_cpu(Preset::Small);
 }
 
