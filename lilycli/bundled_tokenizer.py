@@ -1,7 +1,8 @@
 """The real Qwen3.6 tokenizer shipped inside the package, unpacked once into the cache.
 
 The wheel carries tokenizer.json xz-compressed (2.5 MB instead of 20 MB; scripts/pack_tokenizer.py
-makes the bundle from ../shared/qwen3.6-tokenizer). Synthetic models need a tokenizer directory on
+makes the bundle from ../shared/qwen3.6-tokenizer). The tests read the tokenizer from here too
+(tests/conftest.py, crates/lily-core/tests/common/mod.rs), so a checkout needs nothing beside it. Synthetic models need a tokenizer directory on
 disk (`lily-engine synth --tokenizer DIR` copies it), so we unpack into
 <cache>/tokenizer/<hash>/ and check every file against SHA256SUMS before using it.
 """
@@ -42,14 +43,15 @@ def _is_complete(directory: Path, sums: dict[str, str]) -> bool:
     return all((directory / name).is_file() and _sha256(directory / name) == d for name, d in sums.items())
 
 
-def tokenizer_dir() -> Path:
-    """A directory holding the bundled tokenizer files, unpacked and verified."""
+def tokenizer_dir(cache: Path | None = None) -> Path:
+    """A directory holding the bundled tokenizer files, unpacked and verified, under `cache`
+    (default: Lily's cache directory). The test suites unpack into the build tree this way."""
     try:
         sums = _expected_sums()
     except (OSError, ValueError) as e:
         raise LilyError(f"the bundled tokenizer is missing from the lilycli package ({e}); reinstall lily") from e
     key = hashlib.sha256("".join(f"{n}{d}" for n, d in sorted(sums.items())).encode()).hexdigest()[:16]
-    target = cache_dir() / "tokenizer" / key
+    target = (cache or cache_dir()) / "tokenizer" / key
     if target.is_dir():
         if _is_complete(target, sums):
             return target

@@ -33,7 +33,7 @@ run() {  # name, command...
 
 # 1. Every kernel compiles through NVRTC for every supported arch (what CI does, here with the
 #    machine's NVRTC).
-run kernels_compile env CI=true "$BIN/kernels_compile" --nocapture
+run kernels_compile "$BIN/kernels_compile" --include-ignored --nocapture
 # 2. Kernel-by-kernel vs the CPU step, synchronising after each launch so a fault names its kernel.
 run gpu_kernels env LILY_CUDA_SYNC=1 "$BIN/gpu" --ignored --test-threads=1 --nocapture \
   --skip model_ --skip decode_

@@ -13,7 +13,9 @@ does not do: `tool_calls[*].function.arguments` given as a JSON string is parsed
 
 Usage (CI does not run this; the output is committed):
     python3 -m venv .venv && .venv/bin/pip install transformers tokenizers jinja2
-    .venv/bin/python scripts/render_chat_goldens.py [--tokenizer-dir ../shared/qwen3.6-tokenizer]
+    .venv/bin/python scripts/render_chat_goldens.py [--tokenizer-dir DIR]
+The tokenizer and template default to the repository's bundled copy (lilycli/tokenizer/, unpacked
+by lilycli.bundled_tokenizer), the one the Rust tests read.
 """
 
 import argparse
@@ -238,9 +240,16 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer-dir", default=os.path.join(repo, "..", "shared", "qwen3.6-tokenizer"))
+    ap.add_argument("--tokenizer-dir", help="default: the bundled copy, lilycli/tokenizer/")
     ap.add_argument("--out", default=os.path.join(repo, "crates/lily-core/tests/fixtures/chat/goldens.json"))
     args = ap.parse_args()
+    template_name = os.path.join(args.tokenizer_dir, "chat_template.jinja") if args.tokenizer_dir else None
+    if not args.tokenizer_dir:
+        sys.path.insert(0, repo)
+        from lilycli.bundled_tokenizer import tokenizer_dir
+
+        args.tokenizer_dir = str(tokenizer_dir())
+        template_name = "lilycli/tokenizer/chat_template.jinja"
 
     import jinja2
     import tokenizers
@@ -278,7 +287,7 @@ def main():
         "command": ".venv/bin/python scripts/render_chat_goldens.py",
         "versions": {"python": sys.version.split()[0], "transformers": transformers.__version__,
                      "jinja2": jinja2.__version__, "tokenizers": tokenizers.__version__},
-        "template": "../shared/qwen3.6-tokenizer/chat_template.jinja",
+        "template": template_name,
         "template_sha256": template_sha,
         "cases": cases,
     }

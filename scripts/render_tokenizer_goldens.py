@@ -7,7 +7,8 @@ Writes crates/lily-core/tests/fixtures/tokenizer/goldens.json: for each text, th
 against these.
 
 Usage (CI does not run this; the output is committed):
-    .venv/bin/python scripts/render_tokenizer_goldens.py [--tokenizer-dir ../shared/qwen3.6-tokenizer]
+    .venv/bin/python scripts/render_tokenizer_goldens.py [--tokenizer-dir DIR]
+The tokenizer defaults to the repository's bundled copy (lilycli/tokenizer/), the one the Rust tests read.
 """
 
 import argparse
@@ -50,9 +51,14 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer-dir", default=os.path.join(repo, "..", "shared", "qwen3.6-tokenizer"))
+    ap.add_argument("--tokenizer-dir", help="default: the bundled copy, lilycli/tokenizer/")
     ap.add_argument("--out", default=os.path.join(repo, "crates/lily-core/tests/fixtures/tokenizer/goldens.json"))
     args = ap.parse_args()
+    if not args.tokenizer_dir:
+        sys.path.insert(0, repo)
+        from lilycli.bundled_tokenizer import tokenizer_dir
+
+        args.tokenizer_dir = str(tokenizer_dir())
 
     import json
 

@@ -1,8 +1,50 @@
 #!/usr/bin/env bash
 # The whole test suite: Rust unit + integration tests, then the Python end-to-end tests, which
 # drive the release `lily-engine` binary (target/release, or $CARGO_TARGET_DIR/release).
+#
+# Needs only the Rust toolchain and Python >= 3.10. The Python test packages
+# (scripts/requirements-pytest.txt) are taken from python3 when it has them all; otherwise they are
+# installed once into .venv-test/ in the checkout (git-ignored), and later runs work offline.
+# With CI=true (.ci/run sets it) NVRTC is installed too (scripts/requirements-test.txt) and the
+# NVRTC kernel-compilation test, ignored elsewhere, runs and must pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+ci=false
+[[ "${CI:-}" == "true" || "${CI:-}" == "1" ]] && ci=true
+requirements=scripts/requirements-pytest.txt
+$ci && requirements=scripts/requirements-test.txt
+
+# 1. A Python with the test packages: python3 itself, or .venv-test put first on PATH (so the Rust
+#    tests, which run python3 to unpack the bundled tokenizer and to find NVRTC's wheel, use it too).
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "scripts/test.sh: Python >= 3.10 is needed as python3 (found: $(python3 --version 2>&1))" >&2
+  exit 1
+fi
+if ! python3 scripts/check_requirements.py "$requirements" 2>/dev/null; then
+  venv=.venv-test
+  if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" scripts/check_requirements.py "$requirements" 2>/dev/null; }; then
+    if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv"; then
+      rm -rf "$venv"
+      echo "scripts/test.sh: cannot create $venv (on Debian/Ubuntu: apt install python3-venv)," \
+        "or install the test packages into python3 yourself: pip install -r $requirements" >&2
+      exit 1
+    fi
+    echo "scripts/test.sh: installing the Python test packages into $venv ($requirements)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$requirements"
+  fi
+  export PATH="$PWD/$venv/bin:$PATH"
+fi
+
+# 2. Rust.
 cargo test --workspace --release -j2
+if $ci; then
+  cargo test --workspace --release -j2 --test kernels_compile -- --include-ignored
+else
+  echo "scripts/test.sh: kernels_compile (every CUDA kernel through NVRTC) is ignored outside CI;" \
+    "CI=true bash scripts/test.sh runs it as CI does"
+fi
+
+# 3. Python end to end, against the release binary.
 cargo build --release -p lily-server -j2
 python3 -m pytest tests -q

@@ -6,6 +6,8 @@ Models:
   session by `lily-engine synth`, served by the real CPU backend;
 - `scripted`: the test-only scripted backend (`--model scripted:FILE`), which replies with fixed text
   so the reasoning / tool-call / failure paths can be driven through the full HTTP stack.
+The tokenizer and chat template are the copy the repository ships (lilycli/tokenizer/): a checkout
+needs nothing beside it.
 """
 
 import json
@@ -13,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,16 +24,26 @@ import pytest
 from openai import OpenAI
 
 REPO = Path(__file__).resolve().parent.parent
-TOKENIZER_DIR = (REPO / ".." / "shared" / "qwen3.6-tokenizer").resolve()
+sys.path.insert(0, str(REPO))  # the checkout's lilycli, installed or not
+
+from lilycli.bundled_tokenizer import tokenizer_dir  # noqa: E402
+
+
+def target_dir() -> Path:
+    """Cargo's build directory: $CARGO_TARGET_DIR, else target/ in the checkout."""
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    return target if target.is_absolute() else REPO / target
 
 
 def engine_binary() -> Path:
     if os.environ.get("LILY_ENGINE_BIN"):
         return Path(os.environ["LILY_ENGINE_BIN"])
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    if not target.is_absolute():
-        target = REPO / target
-    return target / "release" / "lily-engine"
+    return target_dir() / "release" / "lily-engine"
+
+
+#: The bundled tokenizer (lilycli/tokenizer/), unpacked and checked against its SHA256SUMS in the
+#: build tree's tmp/, where the Rust tests unpack it too (crates/lily-core/tests/common/mod.rs).
+TOKENIZER_DIR = tokenizer_dir(target_dir() / "tmp" / "lily-test-cache")
 
 
 def free_port() -> int:
@@ -144,22 +157,25 @@ SCRIPT = {
 }
 
 
-def scripted_model(tmp_path_factory, delay_ms: int = 0) -> str:
+def scripted_model(tmp_path_factory, text_dir: Path, delay_ms: int = 0) -> str:
+    """A scripted model file. Its "tokenizer" directory must hold the tokenizer files and a config.json
+    (vocabulary, end-of-turn ids, context length): the `small_model` directory has both."""
     path = tmp_path_factory.mktemp("scripted") / "script.json"
-    path.write_text(json.dumps({"tokenizer": str(TOKENIZER_DIR), "delay_ms": delay_ms, **SCRIPT}))
+    path.write_text(json.dumps({"tokenizer": str(text_dir), "delay_ms": delay_ms, **SCRIPT}))
     return f"scripted:{path}"
 
 
 @pytest.fixture(scope="session")
-def scripted_server(tmp_path_factory):
-    server = Server(scripted_model(tmp_path_factory, delay_ms=2), "--ctx-size", "4096").wait_ready()
+def scripted_server(tmp_path_factory, small_model):
+    server = Server(scripted_model(tmp_path_factory, small_model, delay_ms=2), "--ctx-size", "4096").wait_ready()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def slow_scripted(tmp_path_factory):
+def slow_scripted(tmp_path_factory, small_model):
     """A fresh scripted server at 10 ms per token, for cancellation, queueing and shutdown."""
-    server = Server(scripted_model(tmp_path_factory, delay_ms=10), "--ctx-size", "4096", "--max-queue", "2").wait_ready()
+    server = Server(scripted_model(tmp_path_factory, small_model, delay_ms=10), "--ctx-size", "4096",
+                    "--max-queue", "2").wait_ready()
     yield server
     server.stop()

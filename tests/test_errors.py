@@ -148,9 +148,9 @@ def test_internal_failure_mid_stream_ends_the_stream_with_an_error(scripted_serv
 
 
 @pytest.fixture(scope="module")
-def keyed_server(tmp_path_factory):
+def keyed_server(tmp_path_factory, small_model):
     from conftest import scripted_model
-    server = Server(scripted_model(tmp_path_factory), api_key="sekrit").wait_ready()
+    server = Server(scripted_model(tmp_path_factory, small_model), api_key="sekrit").wait_ready()
     yield server
     server.stop()
 

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from conftest import SCRIPT, TOKENIZER_DIR, Server
+from conftest import SCRIPT, Server
 
 
 def wait_for(predicate, timeout=10.0):
@@ -20,9 +20,9 @@ def wait_for(predicate, timeout=10.0):
     raise TimeoutError
 
 
-def test_health_is_503_while_loading_then_200(tmp_path):
+def test_health_is_503_while_loading_then_200(tmp_path, small_model):
     path = tmp_path / "script.json"
-    path.write_text(json.dumps({"tokenizer": str(TOKENIZER_DIR), "load_delay_ms": 1500, **SCRIPT}))
+    path.write_text(json.dumps({"tokenizer": str(small_model), "load_delay_ms": 1500, **SCRIPT}))
     server = Server(f"scripted:{path}")
     try:
         r = wait_for(lambda: _get(server.url + "/health"))

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from lily_harness import SHARED_TOKENIZER
 from typer.testing import CliRunner
 
+from lilycli.bundled_tokenizer import tokenizer_dir
 from lilycli.cli import app
 from lilycli.synthetic import parse, synthetic_model
 
@@ -27,8 +27,7 @@ def test_bad_specs_are_refused(spec):
 def test_generated_with_the_real_tokenizer_and_cached(fake_engine, monkeypatch):
     model = synthetic_model("synthetic:tiny:hf", fake_engine, log=lambda _: None)
     assert json.loads((model / "config.json").read_text()) == {"preset": "tiny", "format": "hf", "seed": 0}
-    if SHARED_TOKENIZER.is_dir():
-        assert (model / "tokenizer.json").read_bytes() == (SHARED_TOKENIZER / "tokenizer.json").read_bytes()
+    assert (model / "tokenizer.json").read_bytes() == (tokenizer_dir() / "tokenizer.json").read_bytes()
     # A second use takes the cached directory: a failing synth would show otherwise.
     monkeypatch.setenv("FAKE_SYNTH_FAIL", "1")
     assert synthetic_model("synthetic:tiny:hf", fake_engine, log=lambda _: None) == model

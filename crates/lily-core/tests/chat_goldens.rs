@@ -2,14 +2,14 @@
 //! renders for the same request. Fixture: tests/fixtures/chat/goldens.json, written by
 //! scripts/render_chat_goldens.py (peer render, never our own output).
 
+mod common;
+
 use std::path::PathBuf;
 
 use lily_core::chat::{ChatError, ChatOptions, ChatTemplate};
 use serde_json::Value;
 
-fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/qwen3.6-tokenizer")
-}
+use common::tokenizer_dir;
 
 fn goldens() -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/goldens.json");

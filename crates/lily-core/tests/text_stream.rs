@@ -1,6 +1,7 @@
 //! `TextStream` end to end with the real tokenizer: token ids in, events and finish reasons out.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
 
 use lily_core::parse::{push_event, Event, OutputParser, ParserConfig};
@@ -9,9 +10,7 @@ use lily_core::text::{ids, StreamConfig, TextStream, Tokenizer};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/qwen3.6-tokenizer")
-}
+use common::tokenizer_dir;
 
 fn tokenizer() -> &'static Tokenizer {
     static TOK: OnceLock<Tokenizer> = OnceLock::new();

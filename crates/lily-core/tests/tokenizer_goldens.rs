@@ -1,15 +1,15 @@
 //! Lily's tokenizer against the Python `tokenizers` package (fixture written by
 //! scripts/render_tokenizer_goldens.py), and its streaming detokeniser against full decodes.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use lily_core::text::{ids, Tokenizer};
 use serde_json::Value;
 
-fn tokenizer_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/qwen3.6-tokenizer")
-}
+use common::tokenizer_dir;
 
 /// The 20 MB tokenizer.json is loaded once per test binary.
 fn tokenizer() -> &'static Tokenizer {

@@ -1,8 +1,12 @@
 //! Every kernel compiles through NVRTC for every architecture Lily supports, in both activation
-//! modes, without register spills. Runs in CI (no GPU needed): NVRTC comes from the
-//! `nvidia-cuda-nvrtc` wheel that .ci/run installs. Outside CI, a machine with no NVRTC skips
-//! loudly; in CI (CI=true) a missing NVRTC fails. Each file is compiled with the defines its
-//! launcher module passes (kernels::FILES), exactly as the backend loads it.
+//! modes, without register spills. No GPU needed, but NVRTC is, and cargo has no run-time skip:
+//! the test is ignored by default, so a machine without NVRTC reports it as ignored rather than
+//! passed. scripts/test.sh runs it in CI (CI=true; NVRTC from the `nvidia-cuda-nvrtc` wheel that
+//! test.sh installs there), as does scripts/gpu_check.sh; elsewhere
+//! `cargo test --release --workspace --test kernels_compile -- --ignored`. Once asked for, a
+//! missing NVRTC fails.
+//! Each file is compiled with the defines its launcher module passes (kernels::FILES), exactly as
+//! the backend loads it.
 
 use lily_cuda::kernels::FILES;
 use lily_cuda::nvrtc::Nvrtc;
@@ -27,17 +31,10 @@ fn spills(log: &str) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs NVRTC: run with --ignored (scripts/test.sh does in CI)"]
 fn every_kernel_compiles_for_every_supported_arch() {
-    let nvrtc = match Nvrtc::load() {
-        Ok(n) => n,
-        Err(e) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-                panic!("CI must have NVRTC (pip install nvidia-cuda-nvrtc): {e:#}");
-            }
-            eprintln!("\n!!!!!!!! SKIPPED: no NVRTC on this machine, kernels were NOT compiled !!!!!!!!\n{e:#}\n");
-            return;
-        }
-    };
+    let nvrtc =
+        Nvrtc::load().unwrap_or_else(|e| panic!("no NVRTC (pip install nvidia-cuda-nvrtc): {e:#}"));
     eprintln!(
         "NVRTC {:?} from {}",
         nvrtc.version(),
@@ -67,11 +64,10 @@ fn every_kernel_compiles_for_every_supported_arch() {
 
 /// A kernel file compiled without its launcher's defines stops with a message naming the module.
 #[test]
+#[ignore = "needs NVRTC: run with --ignored (scripts/test.sh does in CI)"]
 fn a_file_without_its_launcher_defines_names_the_launcher_module() {
-    let Ok(nvrtc) = Nvrtc::load() else {
-        eprintln!("SKIPPED: no NVRTC on this machine");
-        return;
-    };
+    let nvrtc =
+        Nvrtc::load().unwrap_or_else(|e| panic!("no NVRTC (pip install nvidia-cuda-nvrtc): {e:#}"));
     let file = FILES
         .iter()
         .find(|f| f.name == "linear")
