@@ -433,3 +433,19 @@ fn host_greedy_cost() {
         v.len() as u32
     });
 }
+
+#[test]
+fn argmax_matches_the_scalar_pass_with_ties_infinities_and_nan() {
+    use proptest::prelude::*;
+    let value = prop_oneof![
+        (-4i32..4).prop_map(|v| v as f32),
+        Just(f32::NAN),
+        Just(f32::NEG_INFINITY),
+        Just(f32::INFINITY),
+    ];
+    proptest!(|(xs in proptest::collection::vec(value, 0..70))| {
+        prop_assert_eq!(argmax(&xs), argmax_scalar(&xs));
+    });
+    assert_eq!(argmax(&[]), 0);
+    assert_eq!(argmax(&[f32::NAN; 3]), argmax_scalar(&[f32::NAN; 3]));
+}
