@@ -240,6 +240,7 @@ fn end_of_sequence_stops_and_is_not_output() {
     let u = usage(&outcome);
     assert_eq!((u.prompt_tokens, u.completion_tokens), (3, 2));
     assert!(u.time_to_first_token.is_some());
+    assert!(u.sink_time > Duration::ZERO && u.sink_time <= u.decode_time);
     engine.shutdown();
 }
 
