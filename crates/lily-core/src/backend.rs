@@ -46,6 +46,13 @@ pub trait Backend: Send {
     /// logits, from which `decode` samples next.
     fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()>;
 
+    /// The largest piece of a prompt the engine should hand to `prefill` at once: the backend's
+    /// own best chunk, so serving feeds it as `lily-engine bench` does. A cancelled request stops
+    /// within one piece. At least 1.
+    fn prefill_chunk(&self) -> usize {
+        512
+    }
+
     /// Host copy of the pending logits (tests, `echo` log-probabilities, debugging).
     fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>>;
 

@@ -358,6 +358,31 @@ fn pick(candidates: &[(u32, f32)], u: f64) -> u32 {
 
 /// Index of the largest logit (the first one on ties); NaN never wins.
 pub fn argmax(xs: &[f32]) -> u32 {
+    // The largest value first, in independent lanes the compiler vectorises (`f32::max` skips
+    // NaN), then where it first occurs: a quarter of the time of one compare-and-branch pass over
+    // a 248K vocabulary, which a host-sampled decode step pays per token.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = tail
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    match xs.iter().position(|&x| x == max) {
+        Some(i) => i as u32,
+        // Nothing but NaN.
+        None => argmax_scalar(xs),
+    }
+}
+
+/// `argmax` as one pass; the reference for the lane version.
+fn argmax_scalar(xs: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &x) in xs.iter().enumerate() {
         if x > xs[best] || xs[best].is_nan() {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use lily_core::backend::{Backend, Flow};
+use lily_core::backend::{Backend, Flow, SeqId};
 use lily_core::sampling::{Sampler, SamplingParams};
 use serde_json::json;
 
@@ -72,10 +72,18 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Feeds `ids` in the backend's `prefill_chunk` pieces, as the serving engine does.
+fn prefill(b: &mut dyn Backend, seq: SeqId, ids: &[u32]) -> Result<()> {
+    for piece in ids.chunks(b.prefill_chunk().max(1)) {
+        b.prefill(seq, piece)?;
+    }
+    Ok(())
+}
+
 fn time_prefill(b: &mut dyn Backend, ids: &[u32]) -> Result<f64> {
     let seq = b.new_seq(ids.len() + 1)?;
     let t = Instant::now();
-    let r = b.prefill(seq, ids).and_then(|_| b.logits(seq));
+    let r = prefill(b, seq, ids).and_then(|_| b.logits(seq));
     let s = t.elapsed().as_secs_f64();
     b.free_seq(seq);
     r?;
@@ -85,7 +93,7 @@ fn time_prefill(b: &mut dyn Backend, ids: &[u32]) -> Result<f64> {
 fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize) -> Result<f64> {
     let seq = b.new_seq(ids.len() + n + 1)?;
     let r = (|| {
-        b.prefill(seq, ids)?;
+        prefill(b, seq, ids)?;
         let mut sampler = Sampler::new(SamplingParams::greedy());
         let t = Instant::now();
         // n + 1 samples = n forward steps.

@@ -28,6 +28,7 @@ struct Counters {
     generated_tokens: u64,
     prefill_seconds: f64,
     decode_seconds: f64,
+    sink_seconds: f64,
     queue_seconds: f64,
     ttft_buckets: [u64; TTFT_BUCKETS.len()],
     ttft_count: u64,
@@ -80,6 +81,7 @@ impl Metrics {
         let decode = usage.decode_time.as_secs_f64();
         c.prefill_seconds += prefill;
         c.decode_seconds += decode;
+        c.sink_seconds += usage.sink_time.as_secs_f64();
         if prefill > 0.0 && prefilled > 0 {
             c.last_prefill_tps = prefilled as f64 / prefill;
         }
@@ -125,7 +127,7 @@ impl Metrics {
                 "lily_generations_total{{finish_reason=\"{reason}\"}} {n}"
             );
         }
-        let scalars: [(&str, &str, &str, String); 11] = [
+        let scalars: [(&str, &str, &str, String); 12] = [
             (
                 "lily_prompt_tokens_total",
                 "counter",
@@ -155,6 +157,12 @@ impl Metrics {
                 "counter",
                 "Time spent in decode.",
                 c.decode_seconds.to_string(),
+            ),
+            (
+                "lily_decode_sink_seconds_total",
+                "counter",
+                "Part of the decode time the engine thread spent handing tokens to their requests.",
+                c.sink_seconds.to_string(),
             ),
             (
                 "lily_queue_seconds_total",

@@ -9,6 +9,11 @@
 //!  "default": "Hello!"}
 //! ```
 //!
+//! Measuring the serving loop: `"cheap": true` hands the scripted tokens over without building
+//! logits (log-probability 0, no alternatives, the sampler is not consulted), so a token costs the
+//! backend next to nothing; `"spin_us": N` then busy-waits N µs per token, a precise stand-in for
+//! a device step (`delay_ms` sleeps, which is coarser).
+//!
 //! A reply may instead be `{"when": "…", "fail": "message"}` (decode returns that error) or
 //! `{"when": "…", "panic": "message"}` (decode panics), to test that the server answers 500 and
 //! keeps serving.
@@ -39,6 +44,8 @@ pub struct ScriptedBackend {
     replies: Vec<(String, Reply)>,
     default: Vec<u32>,
     delay: Duration,
+    cheap: bool,
+    spin: Duration,
     seqs: HashMap<SeqId, ScriptedSeq>,
     next_seq: u64,
 }
@@ -121,12 +128,16 @@ impl ScriptedModel {
         )?;
         let delay =
             Duration::from_millis(json.get("delay_ms").and_then(Value::as_u64).unwrap_or(0));
+        let cheap = json.get("cheap").and_then(Value::as_bool).unwrap_or(false);
+        let spin = Duration::from_micros(json.get("spin_us").and_then(Value::as_u64).unwrap_or(0));
         let backend = ScriptedBackend {
             config,
             tokenizer,
             replies,
             default,
             delay,
+            cheap,
+            spin,
             seqs: HashMap::new(),
             next_seq: 0,
         };
@@ -239,11 +250,28 @@ impl Backend for ScriptedBackend {
             }
         }
         for i in 0..n {
-            let logits = self.pending_logits(seq)?;
-            let token = sampler.sample(&logits);
-            let (logprob, top) = token_logprob(&logits, token, top_logprobs);
+            let (token, logprob, top) = if self.cheap {
+                let s = self.seq(seq)?;
+                let reply = s.reply.as_deref().unwrap_or_default();
+                (
+                    reply.get(s.at).copied().unwrap_or(ids::IM_END),
+                    0.0,
+                    Vec::new(),
+                )
+            } else {
+                let logits = self.pending_logits(seq)?;
+                let token = sampler.sample(&logits);
+                let (logprob, top) = token_logprob(&logits, token, top_logprobs);
+                (token, logprob, top)
+            };
             if !self.delay.is_zero() {
                 std::thread::sleep(self.delay);
+            }
+            if !self.spin.is_zero() {
+                let until = std::time::Instant::now() + self.spin;
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
             }
             let flow = on_token(&StepOut {
                 token,

@@ -213,6 +213,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
     fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
         let chunk = self.prefill_chunk;
         let weights = self.weights.clone();

@@ -71,6 +71,9 @@ pub struct Usage {
     /// From the start of the job (after queueing) to the first generated token.
     pub time_to_first_token: Option<Duration>,
     pub decode_time: Duration,
+    /// Part of `decode_time` the engine thread spent handing tokens to the sink (`JobSink::token`
+    /// and the checks around it): host time during which a device backend waits.
+    pub sink_time: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -27,6 +27,9 @@ struct ScriptBackend {
     decoded: Arc<AtomicUsize>,
     prefilled: Arc<AtomicUsize>,
     snapshots: usize,
+    /// What `prefill_chunk` answers, and the size of every piece `prefill` was handed.
+    chunk: usize,
+    pieces: Arc<std::sync::Mutex<Vec<usize>>>,
 }
 
 impl ScriptBackend {
@@ -43,6 +46,8 @@ impl ScriptBackend {
             decoded: decoded.clone(),
             prefilled: prefilled.clone(),
             snapshots: 0,
+            chunk: 512,
+            pieces: Default::default(),
         };
         (backend, decoded, prefilled)
     }
@@ -74,7 +79,11 @@ impl Backend for ScriptBackend {
     }
     fn prefill(&mut self, _seq: SeqId, tokens: &[u32]) -> Result<()> {
         self.prefilled.fetch_add(tokens.len(), Ordering::SeqCst);
+        self.pieces.lock().unwrap().push(tokens.len());
         Ok(())
+    }
+    fn prefill_chunk(&self) -> usize {
+        self.chunk
     }
     fn logits(&mut self, _seq: SeqId) -> Result<Vec<f32>> {
         Ok(self.one_hot(self.prefilled.load(Ordering::SeqCst) as u32 % 900))
@@ -231,7 +240,25 @@ fn end_of_sequence_stops_and_is_not_output() {
     let u = usage(&outcome);
     assert_eq!((u.prompt_tokens, u.completion_tokens), (3, 2));
     assert!(u.time_to_first_token.is_some());
+    assert!(u.sink_time > Duration::ZERO && u.sink_time <= u.decode_time);
     engine.shutdown();
+}
+
+#[test]
+fn the_prompt_is_fed_in_the_backends_chunks() {
+    for (chunk, expected) in [(100, vec![100, 100, 50]), (4096, vec![250])] {
+        let (mut backend, _, prefilled) = ScriptBackend::new(&[5, 6], 0);
+        backend.chunk = chunk;
+        let pieces = backend.pieces.clone();
+        let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
+        let prompt: Vec<u32> = (0..250).collect();
+        let (j, rx, _) = job(&prompt, 1, usize::MAX);
+        engine.submit(j).unwrap();
+        results(&rx);
+        assert_eq!(*pieces.lock().unwrap(), expected, "chunk {chunk}");
+        assert_eq!(prefilled.load(Ordering::SeqCst), 250);
+        engine.shutdown();
+    }
 }
 
 #[test]

@@ -17,9 +17,6 @@ use crate::backend::{Backend, Flow, SeqId};
 use crate::config::ModelConfig;
 use crate::sampling::Sampler;
 
-/// Prompt tokens fed per `prefill` call, so a cancelled request stops within one chunk.
-const PREFILL_CHUNK: usize = 512;
-
 #[derive(Clone, Copy, Debug)]
 pub struct EngineOptions {
     /// Jobs that may wait behind the running one.
@@ -208,13 +205,14 @@ impl Worker {
             job.max_tokens,
             job.top_logprobs,
             &mut |step| {
+                let entered = Instant::now();
                 if eos_ids.contains(&step.token) {
                     ended_by_eos = true;
                     return Flow::Stop;
                 }
                 generated += 1;
                 if generated == 1 {
-                    usage.time_to_first_token = Some(start.elapsed());
+                    usage.time_to_first_token = Some(entered.duration_since(start));
                 }
                 if cancel_all.load(Ordering::Relaxed) || sink.is_cancelled() {
                     stopped = true;
@@ -222,10 +220,16 @@ impl Worker {
                 }
                 let flow = sink.token(step);
                 stopped = flow == Flow::Stop;
+                usage.sink_time += entered.elapsed();
                 flow
             },
         )?;
         usage.decode_time = decode_start.elapsed();
+        tracing::debug!(
+            "decoded {generated} tokens in {:.1} ms, {:.1} µs/token in the sink",
+            usage.decode_time.as_secs_f64() * 1e3,
+            usage.sink_time.as_secs_f64() * 1e6 / generated.max(1) as f64
+        );
         usage.completion_tokens = generated;
         Ok(if self.cancelled(job) {
             FinishReason::Cancelled
@@ -249,11 +253,13 @@ impl Worker {
             .save_prefix_at
             .filter(|&at| self.prefixes.enabled() && at > done && at < job.prompt.len())
             .filter(|&at| !self.prefixes.contains(&job.prompt[..at]));
+        // The backend's chunk, so a cancelled request stops within one piece.
+        let chunk = self.backend.prefill_chunk().max(1);
         while done < job.prompt.len() {
             if self.cancelled(job) {
                 return Ok(false);
             }
-            let mut end = (done + PREFILL_CHUNK).min(job.prompt.len());
+            let mut end = (done + chunk).min(job.prompt.len());
             if let Some(at) = save_at.filter(|&at| at > done) {
                 end = end.min(at);
             }

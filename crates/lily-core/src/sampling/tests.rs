@@ -391,3 +391,61 @@ fn next_uniform_is_the_draw_sample_makes_and_history_is_exposed() {
     g.sample(&logits);
     assert_eq!(g.next_uniform(), h.next_uniform());
 }
+
+/// Host cost per token of greedy decoding with penalties over the real vocabulary: what a device
+/// backend pays when it samples on downloaded logits (the serving path's `temperature: 0` keeps
+/// the model card's presence penalty). `cargo test --release -p lily-core host_greedy_cost --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn host_greedy_cost() {
+    use std::time::Instant;
+    let logits = random_logits(248_320, 11, 4.0);
+    let time = |what: &str, f: &mut dyn FnMut() -> u32| {
+        let n = 200;
+        let mut sink = 0u32;
+        let t = Instant::now();
+        for _ in 0..n {
+            sink = sink.wrapping_add(f());
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        println!("{what}: {us:.0} µs/token ({sink})");
+    };
+    let mut plain = Sampler::new(SamplingParams::greedy());
+    time("greedy, no penalty (sample)", &mut || plain.sample(&logits));
+    let mut penalised = Sampler::new(SamplingParams {
+        presence_penalty: 1.5,
+        ..SamplingParams::greedy()
+    });
+    for t in 0..256 {
+        penalised.accept(t * 7);
+    }
+    time("greedy, presence 1.5 (sample)", &mut || {
+        penalised.sample(&logits)
+    });
+    time("log-softmax at one id (f64 sum)", &mut || {
+        let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+        (sum as u32) & 1
+    });
+    time("copy of the logits (1 MB)", &mut || {
+        let v = logits.to_vec();
+        v.len() as u32
+    });
+}
+
+#[test]
+fn argmax_matches_the_scalar_pass_with_ties_infinities_and_nan() {
+    use proptest::prelude::*;
+    let value = prop_oneof![
+        (-4i32..4).prop_map(|v| v as f32),
+        Just(f32::NAN),
+        Just(f32::NEG_INFINITY),
+        Just(f32::INFINITY),
+    ];
+    proptest!(|(xs in proptest::collection::vec(value, 0..70))| {
+        prop_assert_eq!(argmax(&xs), argmax_scalar(&xs));
+    });
+    assert_eq!(argmax(&[]), 0);
+    assert_eq!(argmax(&[f32::NAN; 3]), argmax_scalar(&[f32::NAN; 3]));
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Served decode speed: streams greedy completions from a `lily-engine serve` and reports tokens/s as
+a client sees them (from the second token on), next to the engine's own decode time and the part
+of it spent handing tokens to the request (`lily_decode_sink_seconds_total`).
+
+    python3 scripts/serve_bench.py --model scripted:/tmp/script.json [--endpoint completions|chat]
+    python3 scripts/serve_bench.py --model /path/to/model --device cuda --prompt-tokens 4096
+
+`--script-spin-us N` writes a scripted model (cheap tokens, N µs of busy-wait per token: a stand-in
+for a device step) and serves that; `--url` measures a server that is already running.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER_DIR = (REPO / ".." / "shared" / "qwen3.6-tokenizer").resolve()
+
+
+def engine_binary() -> str:
+    if os.environ.get("LILY_ENGINE_BIN"):
+        return os.environ["LILY_ENGINE_BIN"]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    return str(target / "release" / "lily-engine")
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict) -> tuple[int, float]:
+    """(completion tokens, seconds from the first streamed chunk to the last)."""
+    body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    if endpoint == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        path = "/v1/completions"
+        body["prompt"] = prompt
+    first = last = None
+    tokens = 0
+    with httpx.stream("POST", url + path, json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            choices = chunk.get("choices") or []
+            if choices and (choices[0].get("text") or choices[0].get("delta", {}).get("content")
+                            or choices[0].get("delta", {}).get("reasoning_content")):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    return tokens, (last - first) if first else 0.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="model directory or scripted:FILE")
+    ap.add_argument("--script-spin-us", type=int, help="serve a cheap scripted model spinning N µs per token")
+    ap.add_argument("--url", help="an already running server")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    ap.add_argument("--prompt", default="long story")
+    ap.add_argument("--prompt-tokens", type=int, help="a prompt of this many token ids (completions)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--extra", default="{}", help="JSON merged into each request body")
+    a = ap.parse_args()
+
+    proc = None
+    url = a.url
+    if not url:
+        model = a.model
+        if a.script_spin_us is not None:
+            reply = " ".join(f"word{i}" for i in range(4000))
+            path = Path(tempfile.mkdtemp()) / "script.json"
+            path.write_text(json.dumps({"tokenizer": str(TOKENIZER_DIR), "cheap": True,
+                                        "spin_us": a.script_spin_us, "default": reply}))
+            model = f"scripted:{path}"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([engine_binary(), "serve", "--model", model, "--port", str(port),
+                                 "--device", a.device, "--ctx-size", "16384"],
+                                stdout=subprocess.DEVNULL,
+                                stderr=None if os.environ.get("LILY_TEST_LOGS") else subprocess.DEVNULL)
+        deadline = time.time() + 600
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                print("server did not start", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    try:
+        prompt = a.prompt
+        if a.prompt_tokens:
+            prompt = [(i * 7919) % 100_000 + 1000 for i in range(a.prompt_tokens)]
+        extra = json.loads(a.extra)
+        one(url, a.endpoint, prompt, 8, extra)  # warm-up
+        m0 = metrics(url)
+        rates = []
+        total_tokens = 0
+        for _ in range(a.repeat):
+            n, s = one(url, a.endpoint, prompt, a.max_tokens, extra)
+            total_tokens += n
+            rates.append((n - 1) / s if s > 0 else float("nan"))
+        m1 = metrics(url)
+        d = lambda k: m1.get(k, 0.0) - m0.get(k, 0.0)
+        gen = d("lily_generated_tokens_total")
+        engine_ms = 1e3 * d("lily_decode_seconds_total") / max(gen, 1)
+        sink_us = 1e6 * d("lily_decode_sink_seconds_total") / max(gen, 1)
+        rates.sort()
+        client = rates[len(rates) // 2]
+        print(f"{a.endpoint}: client {client:.1f} tok/s ({1e3 / client:.3f} ms/token, median of {a.repeat}); "
+              f"engine decode {1e3 / engine_ms if engine_ms else float('nan'):.1f} tok/s ({engine_ms:.3f} ms/token), "
+              f"sink {sink_us:.1f} µs/token; {total_tokens} tokens")
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
