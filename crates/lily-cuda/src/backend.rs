@@ -182,6 +182,10 @@ fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
 }
 
 impl Backend for CudaBackend {
+    fn prefill_chunk(&self) -> usize {
+        self.plan.prefill_chunk
+    }
+
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }

@@ -4,9 +4,12 @@
 //! back to report it. The device keeps its own history (`hist`), loaded from the sampler when a
 //! decode call starts and bumped by the kernel after each pick, as `Sampler::accept` does.
 //!
-//! Covered: temperature > 0 with top_k in 1..=256. Greedy has its own kernel (`argmax_logprob`);
-//! top_k 0 (off) or above 256 stays on the host, on downloaded logits: a device top-p over the
-//! whole vocabulary would need a full sort, which the host already does well.
+//! Covered: temperature > 0 with top_k in 1..=256, and greedy with penalties or logit_bias (the
+//! same kernels with top_k 1 and no temperature: the largest adjusted logit, ties to the lower
+//! id, as the host's argmax; no uniform is drawn, as the host draws none when greedy). Plain
+//! greedy has its own kernel (`argmax_logprob`); top_k 0 (off) or above 256 stays on the host, on
+//! downloaded logits: a device top-p over the whole vocabulary would need a full sort, which the
+//! host already does well.
 
 use anyhow::Result;
 use lily_core::sampling::{Sampler, SamplingParams};
@@ -20,7 +23,7 @@ const HIST_COUNT: u32 = 0x7fff_ffff;
 
 /// Whether `params` can be sampled on the device (see the module comment).
 pub fn supports(params: &SamplingParams) -> bool {
-    params.temperature > 0.0 && params.top_k >= 1 && params.top_k <= PICK_MAX_K
+    params.temperature <= 0.0 || (params.top_k >= 1 && params.top_k <= PICK_MAX_K)
 }
 
 /// The device state of one sampler: history, logit_bias table, scratch.
@@ -32,6 +35,8 @@ pub struct DeviceSampler {
     bias_ids: DevBuf,
     bias_vals: DevBuf,
     n_bias: usize,
+    /// Greedy on adjusted logits: top_k 1, no temperature, no uniform drawn.
+    greedy: bool,
 }
 
 impl DeviceSampler {
@@ -64,13 +69,14 @@ impl DeviceSampler {
         let bias_vals = gpu.alloc((vals.len() + 1) * 4)?;
         gpu.write(&bias_ids, 0, &ids)?;
         gpu.write(&bias_vals, 0, &vals)?;
+        let greedy = p.temperature <= 0.0;
         Ok(DeviceSampler {
             vocab,
             params: PickParams {
-                inv_t: 1.0 / p.temperature,
-                top_k: p.top_k,
-                top_p: p.top_p,
-                min_p: p.min_p,
+                inv_t: if greedy { 1.0 } else { 1.0 / p.temperature },
+                top_k: if greedy { 1 } else { p.top_k },
+                top_p: if greedy { 1.0 } else { p.top_p },
+                min_p: if greedy { 0.0 } else { p.min_p },
                 repetition: p.repetition_penalty,
                 presence: p.presence_penalty,
                 frequency: p.frequency_penalty,
@@ -80,6 +86,7 @@ impl DeviceSampler {
             bias_ids,
             bias_vals,
             n_bias: ids.len(),
+            greedy,
         })
     }
 
@@ -96,7 +103,11 @@ impl DeviceSampler {
         token_out: u64,
         logprob_out: u64,
     ) -> Result<()> {
-        let u = sampler.next_uniform();
+        let u = if self.greedy {
+            0.0
+        } else {
+            sampler.next_uniform()
+        };
         let b = PickBuffers {
             hist: self.hist.ptr,
             bias_ids: self.bias_ids.ptr,
