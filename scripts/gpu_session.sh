@@ -6,7 +6,8 @@
 #
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
-# Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (old/new alternations), SKIP_CHECK=1.
+# Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
+# new), SERVED (old new: served decode at 4K), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-logs}"
@@ -33,7 +34,7 @@ say "synth: $(tail -1 /tmp/synth.log) $(du -sb $M | cut -f1) bytes"
 B=(--model "$M" --device cuda --prefill "${PREFILL:-512,4K,32K}" --decode-ctx "${DECODE:-256,4K}"
    --decode-tokens 128 --repeat "${REPEAT:-2}")
 for round in $(seq "${ROUNDS:-1}"); do
-  for v in old new-unfused new; do
+  for v in ${VARIANTS:-old new-unfused new}; do
     case $v in
       old) cmd=("$OLD" bench "${B[@]}") ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
@@ -46,6 +47,15 @@ for round in $(seq "${ROUNDS:-1}"); do
   done
 done
 grep -E "^=====|tok/s|prefill|decode" "$OUT/bench.log" | grep -v "^\s*$" | tail -60 >> "$LOG"
+
+# Served decode at 4K through `lily-engine serve` + a streaming client (scripts/serve_bench.py),
+# for each binary in SERVED (old, new).
+for v in ${SERVED:-}; do
+  bin=$NEW; [ "$v" = old ] && bin=$OLD
+  LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
+    --prompt-tokens 4096 --max-tokens 256 --repeat 3 >> "$OUT/served.log" 2>&1
+  say "served $v rc=$?: $(tail -1 "$OUT/served.log")"
+done
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
   LILY_PROFILE=1 timeout 120 "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 \

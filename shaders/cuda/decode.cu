@@ -6,7 +6,8 @@
 //                     gate), x optionally RMS-normed inside the kernel exactly as rms_norm computes it
 //                     (the norm folded into the projection); each output is stored, added into the
 //                     residual stream, or kept unrounded (router logits).
-//   dec_glu:          h_k = silu(gate_k · xn) ⊙ (up_k · xn) for the top_k routed experts and, as one more
+//   dec_glu:          the token's routing (softmax, top_k, renormalised weights, as moe_route), then
+//                     h_k = silu(gate_k · xn) ⊙ (up_k · xn) for the top_k routed experts and, as one more
 //                     item, the shared expert: the MoE's first half in one launch.
 //   dec_down_combine: x += Σ_k w_k · down_k · h_k + sigmoid(g_s) · down_s · h_s: the experts' down
 //                     projections, routing weights, shared-expert gate, combine and residual add.
@@ -36,6 +37,15 @@
 #ifndef DEC_MAX_COLS
 #error "DEC_MAX_COLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_DOWN_BATCH
+#error "DEC_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_MAX_EXPERTS
+#error "DEC_MAX_EXPERTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_MAX_TOPK
+#error "DEC_MAX_TOPK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -62,17 +72,18 @@
 #define DEC_RESIDUAL 1  // y = act(y + act(s))
 #define DEC_EXACT 2     // y = s
 
-// One weight of a dec_gemv launch and where its rows go; blocks block0 .. serve it.
+// One weight of a dec_gemv launch and where its rows go; tiles tile0 .. of the launch are its rows.
 struct DecSeg {
     QWeight w;
     float* y;
     int mode;
-    int block0;
+    int tile0;
 };
 
 struct DecSegs {
     DecSeg s[DEC_MAX_SEGS];
     int n;
+    int tiles;  // tiles of all segments together
 };
 
 // 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the byte as a float.
@@ -219,34 +230,38 @@ __device__ __forceinline__ void store_out(float* y, int mode, float s) {
     *y = mode == DEC_RESIDUAL ? act(*y + act(s)) : mode == DEC_EXACT ? s : act(s);
 }
 
-// grid: Σ over segments of ceil(rows / (DEC_WARPS · (32 / lpr) · DEC_R)) blocks; block DEC_WARPS · 32 (256).
+// Tiles of DEC_WARPS · (32 / lpr) · DEC_R rows; the launch is persistent: a grid of at most a few
+// blocks per SM stages x once per block and strides over the tiles of every segment.
+// block DEC_WARPS · 32 (256).
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
 dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
-    DecSeg sg = segs.s[0];
-#pragma unroll
-    for (int i = 1; i < DEC_MAX_SEGS; i++)
-        if (i < segs.n && (int)blockIdx.x >= segs.s[i].block0) sg = segs.s[i];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int G = cols >> 6;
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
-    int rbase = ((blockIdx.x - sg.block0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R;
-    float acc[DEC_R];
+    for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
+        DecSeg sg = segs.s[0];
 #pragma unroll
-    for (int r = 0; r < DEC_R; r++) acc[r] = 0.0f;
-    if (sg.w.bits == 4)
-        rows_dot<4, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
-    else
-        rows_dot<8, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
-    reduce_rows<DEC_R>(acc, lpr);
-    if (sl == 0) {
+        for (int i = 1; i < DEC_MAX_SEGS; i++)
+            if (i < segs.n && tile >= segs.s[i].tile0) sg = segs.s[i];
+        int rbase = ((tile - sg.tile0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R;
+        float acc[DEC_R];
 #pragma unroll
-        for (int r = 0; r < DEC_R; r++)
-            if (rbase + r < sg.w.rows) store_out(sg.y + rbase + r, sg.mode, acc[r]);
+        for (int r = 0; r < DEC_R; r++) acc[r] = 0.0f;
+        if (sg.w.bits == 4)
+            rows_dot<4, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
+        else
+            rows_dot<8, DEC_R>(sg.w, rbase, G, lpr, sl, xs, xsum, acc);
+        reduce_rows<DEC_R>(acc, lpr);
+        if (sl == 0) {
+#pragma unroll
+            for (int r = 0; r < DEC_R; r++)
+                if (rbase + r < sg.w.rows) store_out(sg.y + rbase + r, sg.mode, acc[r]);
+        }
     }
 }
 
@@ -259,52 +274,114 @@ __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     return w;
 }
 
+// The token's routing, moe_route's arithmetic for one token (one warp): p = softmax(logits) over
+// n_experts, the top_k (ties to the lower index) into ids_s, their renormalised weights into w_s.
+__device__ __forceinline__ void route_one(const float* __restrict__ lt, int n_experts, int top_k, float* p,
+                                          int* ids_s, float* w_s) {
+    int lane = threadIdx.x & 31;
+    float mx = NEG_INF;
+    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) {
+        float v = expf(lt[e] - mx);
+        p[e] = v;
+        sum += v;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
+    __syncwarp();
+    float picked_sum = 0.0f;
+    for (int k = 0; k < top_k; k++) {
+        float best = -1.0f;
+        int best_e = 0x7fffffff;
+        for (int e = lane; e < n_experts; e += 32)
+            if (p[e] > best) {
+                best = p[e];
+                best_e = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+        if (lane == 0) {
+            ids_s[k] = best_e;
+            w_s[k] = best;
+            p[best_e] = -2.0f;  // taken
+        }
+        picked_sum += best;
+        __syncwarp();
+    }
+    if (lane < top_k) w_s[lane] = act(w_s[lane] / picked_sum);
+    __syncwarp();
+}
+
 // Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
-// item top_k: the shared expert (sgate/sup), output hs. xn [cols] is the normed input.
-// grid ((top_k + 1) · blocks_per_item), block DEC_WARPS · 32; DEC_GLU_R rows per sub-warp.
+// item top_k: the shared expert (sgate/sup), output hs. xn [cols] is the normed input. Tiles of
+// DEC_WARPS · (32 / lpr) · DEC_GLU_R rows, tiles_per_item per item; persistent grid (see dec_gemv).
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_glu(QWeight gate, QWeight up, const int* __restrict__ ids, int top_k, QWeight sgate, QWeight sup,
+dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+        int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-        int blocks_per_item) {
+        int tiles_per_item) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ float p[DEC_MAX_EXPERTS];
+    __shared__ int ids_s[DEC_MAX_TOPK];
+    __shared__ float w_s[DEC_MAX_TOPK];
     int cols = gate.cols;
-    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
-    int item = blockIdx.x / blocks_per_item, blk = blockIdx.x % blocks_per_item;
-    QWeight wg, wu;
-    float* out;
-    if (item < top_k) {
-        int e = ids[item];
-        wg = expert(gate, e);
-        wu = expert(up, e);
-        out = h + (long long)item * h_stride;
-    } else {
-        wg = sgate;
-        wu = sup;
-        out = hs;
-    }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
+    // publishes the routing for dec_down_combine.
+    if (warp == 0) {
+        route_one(router_logits, n_experts, top_k, p, ids_s, w_s);
+        if (blockIdx.x == 0 && lane < top_k) {
+            ids[lane] = ids_s[lane];
+            route_w[lane] = w_s[lane];
+        }
+    }
+    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
     int G = cols >> 6;
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
-    int rbase = (blk * DEC_WARPS * spw + warp * spw + sub) * DEC_GLU_R;
-    if (blk * DEC_WARPS * spw * DEC_GLU_R >= wg.rows) return;  // whole block past this item's rows
-    float g[DEC_GLU_R], u[DEC_GLU_R];
+    int tiles = (top_k + 1) * tiles_per_item;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int item = tile / tiles_per_item, blk = tile % tiles_per_item;
+        QWeight wg, wu;
+        float* out;
+        if (item < top_k) {
+            int e = ids_s[item];
+            wg = expert(gate, e);
+            wu = expert(up, e);
+            out = h + (long long)item * h_stride;
+        } else {
+            wg = sgate;
+            wu = sup;
+            out = hs;
+        }
+        if (blk * DEC_WARPS * spw * DEC_GLU_R >= wg.rows) continue;  // past this item's rows
+        int rbase = (blk * DEC_WARPS * spw + warp * spw + sub) * DEC_GLU_R;
+        float g[DEC_GLU_R], u[DEC_GLU_R];
 #pragma unroll
-    for (int r = 0; r < DEC_GLU_R; r++) g[r] = u[r] = 0.0f;
-    if (wg.bits == 4) {
-        rows_dot<4, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
-        rows_dot<4, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
-    } else {
-        rows_dot<8, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
-        rows_dot<8, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
-    }
-    reduce_rows<DEC_GLU_R>(g, lpr);
-    reduce_rows<DEC_GLU_R>(u, lpr);
-    if (sl == 0) {
+        for (int r = 0; r < DEC_GLU_R; r++) g[r] = u[r] = 0.0f;
+        if (wg.bits == 4) {
+            rows_dot<4, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
+            rows_dot<4, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
+        } else {
+            rows_dot<8, DEC_GLU_R>(wg, rbase, G, lpr, sl, xs, xsum, g);
+            rows_dot<8, DEC_GLU_R>(wu, rbase, G, lpr, sl, xs, xsum, u);
+        }
+        reduce_rows<DEC_GLU_R>(g, lpr);
+        reduce_rows<DEC_GLU_R>(u, lpr);
+        if (sl == 0) {
 #pragma unroll
-        for (int r = 0; r < DEC_GLU_R; r++)
-            if (rbase + r < wg.rows) out[rbase + r] = act(act(siluf(act(g[r]))) * act(u[r]));
+            for (int r = 0; r < DEC_GLU_R; r++)
+                if (rbase + r < wg.rows) out[rbase + r] = act(act(siluf(act(g[r]))) * act(u[r]));
+        }
     }
 }
 
@@ -338,19 +415,54 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
     int c = (blockIdx.x * DEC_DOWN_WARPS + warp) * spw + sub;
     int cc = min(c, down.rows - 1);
     float y = 0.0f, ys = 0.0f;
-#pragma unroll 3
-    for (int k = 0; k < items; k++) {
-        QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
-        float acc[1] = {0.0f};
-        if (w.bits == 4)
-            rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
-        else
-            rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
-        reduce_rows<1>(acc, lpr);
-        if (k < top_k)
-            y += route_w[k] * act(acc[0]);
-        else
-            ys = act(acc[0]);
+    if (down.bits == 4 && sdown.bits == 4 && G <= 32) {
+        // One group per lane: the rows of DEC_DOWN_BATCH items are loaded before any is used, so
+        // a row costs items / DEC_DOWN_BATCH memory round trips instead of one per item.
+        long long wpr = (long long)G * 8;
+        for (int k0 = 0; k0 < items; k0 += DEC_DOWN_BATCH) {
+            uint4 q[DEC_DOWN_BATCH][2];
+            float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
+#pragma unroll
+            for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+                int k = k0 + j;
+                if (k < items) {
+                    QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
+                    const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+                    q[j][0] = ld_stream(qp);
+                    q[j][1] = ld_stream(qp + 1);
+                    s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+                    b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+                int k = k0 + j;
+                if (k < items) {
+                    float xv[64];
+                    load_group(hsm + (k * G + sl) * DEC_XPAD, xv);
+                    float acc[1] = {s[j] * dot_group<4>(q[j], xv) + b[j] * hsum[k * G + sl]};
+                    reduce_rows<1>(acc, lpr);
+                    if (k < top_k)
+                        y += route_w[k] * act(acc[0]);
+                    else
+                        ys = act(acc[0]);
+                }
+            }
+        }
+    } else {
+        for (int k = 0; k < items; k++) {
+            QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
+            float acc[1] = {0.0f};
+            if (w.bits == 4)
+                rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+            else
+                rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+            reduce_rows<1>(acc, lpr);
+            if (k < top_k)
+                y += route_w[k] * act(acc[0]);
+            else
+                ys = act(acc[0]);
+        }
     }
     if (sl == 0 && c < down.rows) {
         y += act(act(sigmoidf(s_gate[0])) * ys);

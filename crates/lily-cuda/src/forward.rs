@@ -533,8 +533,8 @@ impl Forward<'_> {
     }
 
     /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
-    /// the normed row in scratch.xn), routing, every expert's gate/up/SiLU in one launch, every
-    /// down projection with the combine and the residual add in one.
+    /// the normed row in scratch.xn), routing with every expert's gate/up/SiLU in one launch,
+    /// every down projection with the combine and the residual add in one.
     pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
@@ -545,19 +545,13 @@ impl Forward<'_> {
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
         k.decode.project(gpu, input, &first)?;
-        let shape = MoeShape::of(cfg);
-        let route = Route {
-            logits: s.router.ptr,
-            ids: s.ids.ptr,
-            weights: s.route_w.ptr,
-            n_tok: 1,
-            shape,
-        };
-        k.moe.route(gpu, &route)?;
         let glu = Glu {
             gate: &m.gate,
             up: &m.up,
+            router_logits: s.router.ptr,
+            n_experts: cfg.n_experts,
             ids: s.ids.ptr,
+            route_w: s.route_w.ptr,
             top_k: cfg.top_k,
             shared_gate: &m.shared_gate,
             shared_up: &m.shared_up,

@@ -64,6 +64,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub arch: String,
+    /// Streaming multiprocessors: persistent (grid-stride) kernels size their grids by it.
+    pub sm_count: usize,
     /// Debug checks around every launch (synchronise, profile).
     pub checks: LaunchChecks,
     profile: Option<Mutex<Profile>>,
@@ -127,6 +129,10 @@ impl Gpu {
         }
         let arch = arch_for(major, minor);
         let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
+        let sm_count = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow!("multiprocessor count: {e}"))?
+            .max(1) as usize;
         let stream = ctx
             .new_stream()
             .map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
@@ -137,6 +143,7 @@ impl Gpu {
             stream,
             name,
             arch,
+            sm_count,
             checks,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

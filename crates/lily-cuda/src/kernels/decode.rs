@@ -13,6 +13,14 @@ use crate::weights::{DevLinear, QWeightArg};
 pub const WARPS: usize = 8;
 /// Warps of a `dec_down_combine` block.
 pub const DOWN_WARPS: usize = 4;
+/// Most experts and experts per token `dec_glu` routes (moe.cu's router limits).
+pub const MAX_EXPERTS: usize = 1024;
+pub const MAX_TOPK: usize = 32;
+/// Resident blocks per SM of a persistent `dec_gemv` / `dec_glu` grid (256 threads at up to 128
+/// registers each).
+pub const BLOCKS_PER_SM: usize = 2;
+/// Items (experts) whose rows `dec_down_combine` loads before using any.
+pub const DOWN_BATCH: usize = 5;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
 pub const R: usize = 4;
 pub const GLU_R: usize = 2;
@@ -40,6 +48,9 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_GLU_R", GLU_R as i64),
         ("DEC_MAX_COLS", MAX_COLS as i64),
         ("DEC_MAX_SEGS", MAX_SEGS as i64),
+        ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
+        ("DEC_MAX_TOPK", MAX_TOPK as i64),
+        ("DEC_DOWN_BATCH", DOWN_BATCH as i64),
         ("DEC_DN_MAX_K", DN_MAX_K as i64),
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
@@ -146,7 +157,7 @@ struct DecSeg {
     w: QWeightArg,
     y: u64,
     mode: i32,
-    block0: i32,
+    tile0: i32,
 }
 
 /// `struct DecSegs` of decode.cu, passed by value.
@@ -155,17 +166,23 @@ struct DecSeg {
 struct DecSegs {
     s: [DecSeg; MAX_SEGS],
     n: i32,
+    tiles: i32,
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's structs field for field.
 unsafe impl DeviceRepr for DecSegs {}
 
-/// The routed experts' and the shared expert's first half: h_k = silu(gate_k xn) ⊙ up_k xn.
+/// The token's routing and the routed experts' and the shared expert's first half:
+/// h_k = silu(gate_k xn) ⊙ up_k xn.
 pub struct Glu<'a> {
     pub gate: &'a DevLinear,
     pub up: &'a DevLinear,
-    /// i32 [top_k]: the token's experts.
+    /// f32 [n_experts]: the router's logits (unrounded).
+    pub router_logits: u64,
+    pub n_experts: usize,
+    /// Written: i32 [top_k] the token's experts, f32 [top_k] their weights.
     pub ids: u64,
+    pub route_w: u64,
     pub top_k: usize,
     pub shared_gate: &'a DevLinear,
     pub shared_up: &'a DevLinear,
@@ -256,11 +273,12 @@ impl Decode {
             w: QWeightArg::default(),
             y: 0,
             mode: 0,
-            block0: i32::MAX,
+            tile0: i32::MAX,
         };
         let mut segs = DecSegs {
             s: [empty; MAX_SEGS],
             n: outs.len() as i32,
+            tiles: 0,
         };
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
@@ -279,11 +297,12 @@ impl Decode {
                 w: w.arg(),
                 y,
                 mode,
-                block0: total as i32,
+                tile0: total as i32,
             };
             total += w.rows.div_ceil(rows_per_block);
         }
         let _ = lpr;
+        segs.tiles = total as i32;
         let (norm_w, eps, gz, head_dim) = match input.prologue {
             Prologue::None => (0, 0.0, 0, 1),
             Prologue::RmsNorm { weight, eps } => (weight, eps, 0, 1),
@@ -304,7 +323,8 @@ impl Decode {
         };
         let staged_out = input.staged_out.unwrap_or(0);
         let cols = input.cols as i32;
-        let cfg = config((total as u32, 1, 1), (WARPS * 32) as u32, 0);
+        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(&self.gemv, cfg, |l| {
             l.arg(&segs)
                 .arg(&input.x)
@@ -321,10 +341,18 @@ impl Decode {
         if !glu_serves(a.gate, a.up, a.shared_gate, a.shared_up) {
             bail!("dec_glu: expert weights it does not read");
         }
+        if a.n_experts > MAX_EXPERTS || a.top_k == 0 || a.top_k > MAX_TOPK.min(a.n_experts) {
+            bail!(
+                "dec_glu: top {} of {} experts (limits {MAX_TOPK} of {MAX_EXPERTS})",
+                a.top_k,
+                a.n_experts
+            );
+        }
         let (_, spw) = lanes_per_row(a.gate.cols);
         let rows = a.gate.rows.max(a.shared_gate.rows);
         let per_item = blocks(rows, WARPS * spw * GLU_R);
-        let grid = per_item * (a.top_k as u32 + 1);
+        let tiles = per_item as usize * (a.top_k + 1);
+        let grid = tiles.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),
@@ -332,12 +360,16 @@ impl Decode {
             a.shared_up.arg(),
         );
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
+        let n_experts = a.n_experts as i32;
         let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(&self.glu, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)
-                .arg(&a.ids)
+                .arg(&a.router_logits)
+                .arg(&n_experts)
                 .arg(&top_k)
+                .arg(&a.ids)
+                .arg(&a.route_w)
                 .arg(&sgate)
                 .arg(&sup)
                 .arg(&a.xn)
