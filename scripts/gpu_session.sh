@@ -20,7 +20,10 @@ LOG="$OUT/session.txt"
 say() { echo "$*" | tee -a "$LOG"; }
 
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
-[ -f "$M/config.json" ] || ( "$NEW" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > /tmp/synth.log 2>&1 ) &
+# The served measurement needs a tokenizer in the model folder: an unpacked copy of the bundled
+# one (lilycli/bundled_tokenizer.py) carried in .carry/tokenizer, when there.
+TOK=(); [ -f "$HERE/../tokenizer/tokenizer.json" ] && TOK=(--tokenizer "$HERE/../tokenizer")
+[ -f "$M/config.json" ] || ( "$NEW" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" "${TOK[@]}" > /tmp/synth.log 2>&1 ) &
 SYNTH=$!
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   t0=$(date +%s)

@@ -15,8 +15,10 @@
 // Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
 // groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
 // its group of x in registers for the DEC_R rows it streams at once. Per group the dot product is
-// s · Σ q_j x_j + b · Σ x_j with Σ x_j computed once per block. Packed values become floats through a
-// byte permute into the mantissa of 2^23 (no int → float conversion, which runs at quarter rate).
+// s · Σ q_j x_j + b · Σ x_j with Σ x_j computed once per block. Packed values become floats through
+// byte permutes into a float's mantissa (no int → float conversion, which runs at quarter rate): a
+// 4-bit value costs one permute and one FMA (nib_f), which matters because at 4.8 TB/s a GEMV over
+// 4-bit weights needs ~10^13 weights/s, close to what the CUDA cores issue.
 // Rounding follows the unfused kernels: act() wherever they store an activation.
 //
 // Shared memory: x (or h) as groups of 64 floats padded to DEC_XPAD, so the 16-byte reads of the
@@ -86,10 +88,18 @@ struct DecSegs {
     int tiles;  // tiles of all segments together
 };
 
-// 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the byte as a float.
+// 8-bit values: 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the
+// byte as a float (two full-rate operations, no int → float conversion).
 __device__ __forceinline__ float byte_f(u32 v, u32 sel) {
     return __uint_as_float(__byte_perm(v, 0x4B000000u, sel)) - 8388608.0f;
 }
+
+// 4-bit values: the nibble in byte `k` of `v` (its high half clear) placed in the top of the
+// mantissa of 0.5 in ONE byte permute: 0.5 + n/256, exact. Dot products of these "offset" values
+// are turned back into Σ n x by group_term (Σ n x = 256 Σ f x − 128 Σ x), so a packed weight costs a
+// permute and an FMA.
+__device__ __forceinline__ float nib_f(u32 v, u32 sel) { return __uint_as_float(__byte_perm(v, 0x3F000000u, sel)); }
+#define NIB_SEL(k) (0x7044u | ((k) << 8))
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;
@@ -99,7 +109,8 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
-// Σ_j q_j x_j over one group of 64 columns: BITS = 4 (8 words) or 8 (16 words).
+// Over one group of 64 columns: BITS = 4 (8 words): Σ_j (0.5 + q_j/256) x_j; BITS = 8 (16 words):
+// Σ_j q_j x_j. group_term turns either into the group's share of the row's dot product.
 template <int BITS>
 __device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const float (&xv)[64]) {
     float a0 = 0.0f, a1 = 0.0f;
@@ -114,14 +125,14 @@ __device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const flo
                 // even columns, high nibbles the odd ones.
                 const float* x = &xv[8 * (4 * v + i)];
                 u32 lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-                a0 = fmaf(byte_f(lo, 0x7440), x[0], a0);
-                a1 = fmaf(byte_f(hi, 0x7440), x[1], a1);
-                a0 = fmaf(byte_f(lo, 0x7441), x[2], a0);
-                a1 = fmaf(byte_f(hi, 0x7441), x[3], a1);
-                a0 = fmaf(byte_f(lo, 0x7442), x[4], a0);
-                a1 = fmaf(byte_f(hi, 0x7442), x[5], a1);
-                a0 = fmaf(byte_f(lo, 0x7443), x[6], a0);
-                a1 = fmaf(byte_f(hi, 0x7443), x[7], a1);
+                a0 = fmaf(nib_f(lo, NIB_SEL(0)), x[0], a0);
+                a1 = fmaf(nib_f(hi, NIB_SEL(0)), x[1], a1);
+                a0 = fmaf(nib_f(lo, NIB_SEL(1)), x[2], a0);
+                a1 = fmaf(nib_f(hi, NIB_SEL(1)), x[3], a1);
+                a0 = fmaf(nib_f(lo, NIB_SEL(2)), x[4], a0);
+                a1 = fmaf(nib_f(hi, NIB_SEL(2)), x[5], a1);
+                a0 = fmaf(nib_f(lo, NIB_SEL(3)), x[6], a0);
+                a1 = fmaf(nib_f(hi, NIB_SEL(3)), x[7], a1);
             } else {
                 const float* x = &xv[4 * (4 * v + i)];
                 a0 = fmaf(byte_f(w, 0x7440), x[0], a0);
@@ -132,6 +143,14 @@ __device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const flo
         }
     }
     return a0 + a1;
+}
+
+// The group's share of a row's dot product, Σ (s q_j + b) x_j = s Σ q_j x_j + b Σ x_j, from
+// dot_group's d and the group's Σ x_j.
+template <int BITS>
+__device__ __forceinline__ float group_term(float s, float b, float d, float sx) {
+    if (BITS == 4) return (256.0f * s) * d + (b - 128.0f * s) * sx;
+    return s * d + b * sx;
 }
 
 __device__ __forceinline__ void load_group(const float* xs_group, float (&xv)[64]) {
@@ -168,7 +187,7 @@ __device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int
         load_group(xs + g * DEC_XPAD, xv);
         float sx = xsum[g];
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[r] += s[r] * dot_group<BITS>(q[r], xv) + b[r] * sx;
+        for (int r = 0; r < R; r++) acc[r] += group_term<BITS>(s[r], b[r], dot_group<BITS>(q[r], xv), sx);
     }
 }
 
@@ -440,7 +459,7 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
                 if (k < items) {
                     float xv[64];
                     load_group(hsm + (k * G + sl) * DEC_XPAD, xv);
-                    float acc[1] = {s[j] * dot_group<4>(q[j], xv) + b[j] * hsum[k * G + sl]};
+                    float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[k * G + sl])};
                     reduce_rows<1>(acc, lpr);
                     if (k < top_k)
                         y += route_w[k] * act(acc[0]);

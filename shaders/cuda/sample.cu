@@ -79,6 +79,89 @@ argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ to
     }
 }
 
+// The same over many blocks (decode: one block reading 1 MB of logits took ~0.1 ms):
+// argmax_part: grid ARGMAX_BLOCKS, block 256; block b takes a contiguous slice of the vocabulary and
+//   writes parts[b] = (its max, its first index of the max as int bits, Σ exp(l − its max)).
+// argmax_final: one block of ARGMAX_BLOCKS threads: the first index of the overall max M and
+//   −log Σ_b sum_b · exp(max_b − M).
+#ifndef ARGMAX_BLOCKS
+#error "ARGMAX_BLOCKS comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
+
+// (value, index) of the larger value, the lower index on ties, over the whole block; every thread
+// gets the result.
+__device__ __forceinline__ void block_argmax(float& best, int& best_i) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = best_i;
+    }
+    __syncthreads();
+    best = lane < nw ? sv[lane] : NEG_INF;
+    best_i = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+argmax_part(const float* __restrict__ logits, int vocab, float* __restrict__ parts) {
+    int per = (vocab + gridDim.x - 1) / gridDim.x;
+    int lo = blockIdx.x * per, hi = min(vocab, lo + per);
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = logits[i];
+        if (v > best) {
+            best = v;
+            best_i = i;
+        }
+    }
+    block_argmax(best, best_i);
+    float s = 0.0f;
+    if (best != NEG_INF)
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(logits[i] - best);
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        parts[3 * blockIdx.x] = best;
+        parts[3 * blockIdx.x + 1] = __int_as_float(best_i);
+        parts[3 * blockIdx.x + 2] = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_BLOCKS)
+argmax_final(const float* __restrict__ parts, int n_parts, int vocab, int* __restrict__ token_out,
+             float* __restrict__ logprob_out) {
+    int t = threadIdx.x;
+    float m = t < n_parts ? parts[3 * t] : NEG_INF;
+    int id = t < n_parts ? __float_as_int(parts[3 * t + 1]) : 0x7fffffff;
+    float best = m;
+    int best_i = id;
+    block_argmax(best, best_i);
+    float s = (t < n_parts && m != NEG_INF) ? parts[3 * t + 2] * expf(m - best) : 0.0f;
+    s = block_sum(s);
+    if (t == 0) {
+        *token_out = best_i < vocab ? best_i : 0;
+        *logprob_out = -logf(s);
+    }
+}
+
 extern "C" __global__ void advance_pos(int* pos, int n) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
 }

@@ -325,6 +325,7 @@ impl Backend for CudaBackend {
                             vocab: self.cfg.vocab,
                             token_out: s.next_token.ptr,
                             logprob_out: s.next_logprob.ptr,
+                            partials: Some(self.scratch.argmax_parts.ptr),
                         };
                         self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?
                     }

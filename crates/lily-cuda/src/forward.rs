@@ -25,6 +25,8 @@ const F32: usize = 4;
 /// Activations for one chunk of up to `chunk` tokens, shared by all sequences (one runs at a time).
 pub struct Scratch {
     pub chunk: usize,
+    /// f32 [3 · ARGMAX_BLOCKS]: the two-stage argmax's per-block partials.
+    pub argmax_parts: DevBuf,
     pub tokens: DevBuf,
     pub x: DevBuf,
     pub xn: DevBuf,
@@ -112,6 +114,7 @@ impl Scratch {
         let (part_o, part_ml) = attention::split_kv_scratch(cfg.n_heads, cfg.head_dim);
         Ok(Scratch {
             chunk,
+            argmax_parts: buf(3 * crate::kernels::sample::ARGMAX_BLOCKS)?,
             tokens: buf(c)?,
             x: buf(c * h)?,
             xn: buf(c * h)?,

@@ -130,7 +130,9 @@ impl Gpu {
         let arch = arch_for(major, minor);
         let name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
         let sm_count = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
             .map_err(|e| anyhow!("multiprocessor count: {e}"))?
             .max(1) as usize;
         let stream = ctx

@@ -1142,15 +1142,6 @@ fn argmax_and_logprob_match_cpu() {
     logits[planted] = 9.5;
     let dl = g.upload(&logits).unwrap();
     let (dt, dlp) = (poisoned(&g, 1), poisoned(&g, 1));
-    let argmax = Argmax {
-        logits: dl.ptr,
-        vocab,
-        token_out: dt.ptr,
-        logprob_out: dlp.ptr,
-    };
-    g.k.sample.argmax_logprob(&g, &argmax).unwrap();
-    let id: Vec<i32> = g.read(&dt, 0, 1).unwrap();
-    let lp: Vec<f32> = g.read(&dlp, 0, 1).unwrap();
     // Reference log-softmax in f64: a sequential f32 sum over 248K terms drifts by ~1e-4.
     let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let lse = mx
@@ -1161,16 +1152,35 @@ fn argmax_and_logprob_match_cpu() {
             .ln();
     let want_lp = (logits[planted] as f64 - lse) as f32;
     let (cpu_lp, _) = lily_core::cpu::logprobs(&logits, planted as u32, 0);
-    assert_eq!(id[0] as usize, planted);
-    assert!(
-        (lp[0] - want_lp).abs() < 2e-5,
-        "logprob {} vs {want_lp} (f64)",
-        lp[0]
-    );
-    println!(
-        "KERNEL argmax_logprob: id {} logprob {} (f64 {want_lp}, cpu backend {cpu_lp})",
-        id[0], lp[0]
-    );
+    // One block, and the two-stage form decode uses (per-block partials, then a final block).
+    let parts = poisoned(&g, 3 * lily_cuda::kernels::sample::ARGMAX_BLOCKS);
+    for partials in [None, Some(parts.ptr)] {
+        g.fill(&dt, 0xff).unwrap();
+        g.fill(&dlp, 0xff).unwrap();
+        let argmax = Argmax {
+            logits: dl.ptr,
+            vocab,
+            token_out: dt.ptr,
+            logprob_out: dlp.ptr,
+            partials,
+        };
+        g.k.sample.argmax_logprob(&g, &argmax).unwrap();
+        let id: Vec<i32> = g.read(&dt, 0, 1).unwrap();
+        let lp: Vec<f32> = g.read(&dlp, 0, 1).unwrap();
+        assert_eq!(id[0] as usize, planted, "two-stage: {}", partials.is_some());
+        assert!(
+            (lp[0] - want_lp).abs() < 2e-5,
+            "logprob {} vs {want_lp} (f64), two-stage: {}",
+            lp[0],
+            partials.is_some()
+        );
+        println!(
+            "KERNEL argmax_logprob (two-stage: {}): id {} logprob {} (f64 {want_lp}, cpu backend {cpu_lp})",
+            partials.is_some(),
+            id[0],
+            lp[0]
+        );
+    }
 }
 
 /// Log-softmax of `logits` at `id`, in f64.
@@ -1282,7 +1292,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         (
             "greedy with logit_bias, on a coarse grid (ties go to the lower id)",
             SamplingParams {
-                logit_bias: vec![(hot[3], 2.0), (cold, 1.0)],
+                logit_bias: vec![(hot[3], 0.5), (cold, 1.0)],
                 seed: 12,
                 ..base.clone()
             },

@@ -9,6 +9,8 @@ use crate::gpu::{Gpu, Kernel, Module};
 
 /// Threads of the one-block argmax_logprob and sample_pick kernels.
 pub const SAMPLE_THREADS: usize = 1024;
+/// Blocks of the two-stage argmax (argmax_part), and threads of its final block.
+pub const ARGMAX_BLOCKS: usize = 128;
 /// Largest top_k the device sampler takes.
 pub const PICK_MAX_K: u32 = 256;
 
@@ -18,16 +20,19 @@ pub const FILE: KernelFile = KernelFile {
     defines: &[
         ("SAMPLE_THREADS", SAMPLE_THREADS as i64),
         ("PICK_MAX_K", PICK_MAX_K as i64),
+        ("ARGMAX_BLOCKS", ARGMAX_BLOCKS as i64),
     ],
 };
 
 /// The greedy token of `logits` [vocab] into `token_out` (i32) and its log-probability into
-/// `logprob_out` (f32).
+/// `logprob_out` (f32). With `partials` (f32 [3 · ARGMAX_BLOCKS] scratch) it runs over
+/// ARGMAX_BLOCKS blocks and a final one; without, in one block.
 pub struct Argmax {
     pub logits: u64,
     pub vocab: usize,
     pub token_out: u64,
     pub logprob_out: u64,
+    pub partials: Option<u64>,
 }
 
 /// The sampler's knobs as sample.cu takes them (`SamplingParams`, with 1/temperature computed
@@ -66,6 +71,8 @@ pub struct Pick<'a> {
 
 pub struct Sample {
     argmax_logprob: Kernel,
+    argmax_part: Kernel,
+    argmax_final: Kernel,
     adjust: Kernel,
     pick: Kernel,
     advance_pos: Kernel,
@@ -75,6 +82,8 @@ impl Sample {
     pub fn load(m: &Module) -> Result<Sample> {
         Ok(Sample {
             argmax_logprob: m.kernel("argmax_logprob")?,
+            argmax_part: m.kernel("argmax_part")?,
+            argmax_final: m.kernel("argmax_final")?,
             adjust: m.kernel("sample_adjust")?,
             pick: m.kernel("sample_pick")?,
             advance_pos: m.kernel("advance_pos")?,
@@ -83,6 +92,21 @@ impl Sample {
 
     pub fn argmax_logprob(&self, gpu: &Gpu, a: &Argmax) -> Result<()> {
         let vocab = a.vocab as i32;
+        if let Some(parts) = a.partials {
+            let cfg = config((ARGMAX_BLOCKS as u32, 1, 1), 256, 0);
+            gpu.launch(&self.argmax_part, cfg, |l| {
+                l.arg(&a.logits).arg(&vocab).arg(&parts);
+            })?;
+            let n_parts = ARGMAX_BLOCKS as i32;
+            let cfg = config((1, 1, 1), ARGMAX_BLOCKS as u32, 0);
+            return gpu.launch(&self.argmax_final, cfg, |l| {
+                l.arg(&parts)
+                    .arg(&n_parts)
+                    .arg(&vocab)
+                    .arg(&a.token_out)
+                    .arg(&a.logprob_out);
+            });
+        }
         let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
         gpu.launch(&self.argmax_logprob, cfg, |l| {
             l.arg(&a.logits)
