@@ -53,11 +53,13 @@ grep -E "^=====|tok/s|prefill|decode" "$OUT/bench.log" | grep -v "^\s*$" | tail 
 
 # Served decode at 4K through `lily-engine serve` + a streaming client (scripts/serve_bench.py),
 # for each binary in SERVED (old, new).
+# SERVED_EXTRA: a JSON body merged into each request (e.g. '{"presence_penalty": 0}': the model
+# card's default presence penalty applies to temperature-0 requests too).
 for v in ${SERVED:-}; do
   bin=$NEW; [ "$v" = old ] && bin=$OLD
   LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
-    --prompt-tokens 4096 --max-tokens 256 --repeat 3 >> "$OUT/served.log" 2>&1
-  say "served $v rc=$?: $(tail -1 "$OUT/served.log")"
+    --prompt-tokens 4096 --max-tokens 256 --repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
+  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -1 "$OUT/served.log")"
 done
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then

@@ -79,11 +79,18 @@ argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ to
     }
 }
 
-// The same over many blocks (decode: one block reading 1 MB of logits took ~0.1 ms):
+// hist[] entries: bits 0..30 times generated, bit 31 seen by the repetition penalty.
+#define HIST_SEEN 0x80000000u
+#define HIST_COUNT 0x7fffffffu
+
+// The same over many blocks (decode: one block reading 1 MB of logits took ~0.1 ms), also for
+// greedy picks on adjusted logits (penalties, logit_bias: `keys` = sample_adjust's output):
 // argmax_part: grid ARGMAX_BLOCKS, block 256; block b takes a contiguous slice of the vocabulary and
-//   writes parts[b] = (its max, its first index of the max as int bits, Σ exp(l − its max)).
-// argmax_final: one block of ARGMAX_BLOCKS threads: the first index of the overall max M and
-//   −log Σ_b sum_b · exp(max_b − M).
+//   writes parts[4b..] = (its largest key, the key's first index as int bits, its largest logit,
+//   Σ exp(logit − that)).
+// argmax_final: one block of ARGMAX_BLOCKS threads: the first index of the overall largest key, its
+//   log-probability under the logits, logit − M − log Σ_b sum_b · exp(max_b − M); with `hist`, bumps
+//   hist[token] as sample_pick does.
 #ifndef ARGMAX_BLOCKS
 #error "ARGMAX_BLOCKS comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
 #endif
@@ -121,44 +128,67 @@ __device__ __forceinline__ void block_argmax(float& best, int& best_i) {
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-argmax_part(const float* __restrict__ logits, int vocab, float* __restrict__ parts) {
+argmax_part(const float* __restrict__ keys, const float* __restrict__ logits, int vocab, float* __restrict__ parts) {
     int per = (vocab + gridDim.x - 1) / gridDim.x;
     int lo = blockIdx.x * per, hi = min(vocab, lo + per);
-    float best = NEG_INF;
+    float best = NEG_INF, lmax = NEG_INF;
     int best_i = 0x7fffffff;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = logits[i];
+        float v = keys[i];
         if (v > best) {
             best = v;
             best_i = i;
         }
+        lmax = fmaxf(lmax, logits[i]);
     }
     block_argmax(best, best_i);
+    __syncthreads();
+    {
+        __shared__ float mx_s[32];
+        lmax = warp_max(lmax);
+        if ((threadIdx.x & 31) == 0) mx_s[threadIdx.x >> 5] = lmax;
+        __syncthreads();
+        lmax = (threadIdx.x & 31) < (blockDim.x >> 5) ? mx_s[threadIdx.x & 31] : NEG_INF;
+        lmax = warp_max(lmax);
+    }
     float s = 0.0f;
-    if (best != NEG_INF)
-        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(logits[i] - best);
+    if (lmax != NEG_INF)
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(logits[i] - lmax);
     s = block_sum(s);
     if (threadIdx.x == 0) {
-        parts[3 * blockIdx.x] = best;
-        parts[3 * blockIdx.x + 1] = __int_as_float(best_i);
-        parts[3 * blockIdx.x + 2] = s;
+        parts[4 * blockIdx.x] = best;
+        parts[4 * blockIdx.x + 1] = __int_as_float(best_i);
+        parts[4 * blockIdx.x + 2] = lmax;
+        parts[4 * blockIdx.x + 3] = s;
     }
 }
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_BLOCKS)
-argmax_final(const float* __restrict__ parts, int n_parts, int vocab, int* __restrict__ token_out,
-             float* __restrict__ logprob_out) {
+argmax_final(const float* __restrict__ parts, int n_parts, const float* __restrict__ logits, int vocab,
+             int* __restrict__ token_out, float* __restrict__ logprob_out, u32* __restrict__ hist, int remember) {
+    __shared__ float m_s[32];
     int t = threadIdx.x;
-    float m = t < n_parts ? parts[3 * t] : NEG_INF;
-    int id = t < n_parts ? __float_as_int(parts[3 * t + 1]) : 0x7fffffff;
-    float best = m;
-    int best_i = id;
+    float best = t < n_parts ? parts[4 * t] : NEG_INF;
+    int best_i = t < n_parts ? __float_as_int(parts[4 * t + 1]) : 0x7fffffff;
     block_argmax(best, best_i);
-    float s = (t < n_parts && m != NEG_INF) ? parts[3 * t + 2] * expf(m - best) : 0.0f;
+    float m = t < n_parts ? parts[4 * t + 2] : NEG_INF;
+    float mm = warp_max(m);
+    __syncthreads();
+    if ((t & 31) == 0) m_s[t >> 5] = mm;
+    __syncthreads();
+    mm = (t & 31) < (blockDim.x >> 5) ? m_s[t & 31] : NEG_INF;
+    mm = warp_max(mm);
+    float s = (t < n_parts && m != NEG_INF) ? parts[4 * t + 3] * expf(m - mm) : 0.0f;
     s = block_sum(s);
     if (t == 0) {
-        *token_out = best_i < vocab ? best_i : 0;
-        *logprob_out = -logf(s);
+        int token = best_i < vocab ? best_i : 0;
+        *token_out = token;
+        *logprob_out = (logits[token] - mm) - logf(s);
+        if (hist) {
+            u32 h = hist[token];
+            u32 n = (h & HIST_COUNT) + 1u;
+            hist[token] = (h & HIST_SEEN) | (n & HIST_COUNT) | (remember ? HIST_SEEN : 0u);
+        }
     }
 }
 
@@ -169,8 +199,6 @@ extern "C" __global__ void advance_pos(int* pos, int n) {
 #ifndef PICK_MAX_K
 #error "PICK_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
 #endif
-#define HIST_SEEN 0x80000000u
-#define HIST_COUNT 0x7fffffffu
 
 // Larger key = later in f32::total_cmp order (NaNs are filtered out before).
 __device__ __forceinline__ u32 order_key(float f) {

@@ -25,7 +25,7 @@ const F32: usize = 4;
 /// Activations for one chunk of up to `chunk` tokens, shared by all sequences (one runs at a time).
 pub struct Scratch {
     pub chunk: usize,
-    /// f32 [3 · ARGMAX_BLOCKS]: the two-stage argmax's per-block partials.
+    /// f32 [ARGMAX_SCRATCH]: the two-stage argmax's per-block partials.
     pub argmax_parts: DevBuf,
     pub tokens: DevBuf,
     pub x: DevBuf,
@@ -114,7 +114,7 @@ impl Scratch {
         let (part_o, part_ml) = attention::split_kv_scratch(cfg.n_heads, cfg.head_dim);
         Ok(Scratch {
             chunk,
-            argmax_parts: buf(3 * crate::kernels::sample::ARGMAX_BLOCKS)?,
+            argmax_parts: buf(crate::kernels::sample::ARGMAX_SCRATCH)?,
             tokens: buf(c)?,
             x: buf(c * h)?,
             xn: buf(c * h)?,

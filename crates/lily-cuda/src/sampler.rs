@@ -15,7 +15,7 @@ use anyhow::Result;
 use lily_core::sampling::{Sampler, SamplingParams};
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::sample::{Pick, PickBuffers, PickParams, Sample, PICK_MAX_K};
+use crate::kernels::sample::{Pick, PickBuffers, PickParams, Sample, ARGMAX_SCRATCH, PICK_MAX_K};
 
 /// Set in `hist` for tokens the repetition penalty covers (HIST_SEEN in sample.cu).
 const HIST_SEEN: u32 = 0x8000_0000;
@@ -35,8 +35,10 @@ pub struct DeviceSampler {
     bias_ids: DevBuf,
     bias_vals: DevBuf,
     n_bias: usize,
-    /// Greedy on adjusted logits: top_k 1, no temperature, no uniform drawn.
+    /// Greedy on adjusted logits: top_k 1, no temperature, no uniform drawn; picked by the
+    /// two-stage argmax over these partials instead of sample_pick's one block.
     greedy: bool,
+    argmax_parts: DevBuf,
 }
 
 impl DeviceSampler {
@@ -87,6 +89,7 @@ impl DeviceSampler {
             bias_vals,
             n_bias: ids.len(),
             greedy,
+            argmax_parts: gpu.alloc(ARGMAX_SCRATCH * 4)?,
         })
     }
 
@@ -124,6 +127,10 @@ impl DeviceSampler {
             token_out,
             logprob_out,
         };
-        kernels.pick(gpu, &pick)
+        if self.greedy {
+            kernels.pick_greedy(gpu, &pick, self.argmax_parts.ptr)
+        } else {
+            kernels.pick(gpu, &pick)
+        }
     }
 }

@@ -1153,7 +1153,7 @@ fn argmax_and_logprob_match_cpu() {
     let want_lp = (logits[planted] as f64 - lse) as f32;
     let (cpu_lp, _) = lily_core::cpu::logprobs(&logits, planted as u32, 0);
     // One block, and the two-stage form decode uses (per-block partials, then a final block).
-    let parts = poisoned(&g, 3 * lily_cuda::kernels::sample::ARGMAX_BLOCKS);
+    let parts = poisoned(&g, lily_cuda::kernels::sample::ARGMAX_SCRATCH);
     for partials in [None, Some(parts.ptr)] {
         g.fill(&dt, 0xff).unwrap();
         g.fill(&dlp, 0xff).unwrap();

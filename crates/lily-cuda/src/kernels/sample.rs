@@ -11,6 +11,8 @@ use crate::gpu::{Gpu, Kernel, Module};
 pub const SAMPLE_THREADS: usize = 1024;
 /// Blocks of the two-stage argmax (argmax_part), and threads of its final block.
 pub const ARGMAX_BLOCKS: usize = 128;
+/// f32 scratch the two-stage argmax needs (four per block).
+pub const ARGMAX_SCRATCH: usize = 4 * ARGMAX_BLOCKS;
 /// Largest top_k the device sampler takes.
 pub const PICK_MAX_K: u32 = 256;
 
@@ -25,7 +27,7 @@ pub const FILE: KernelFile = KernelFile {
 };
 
 /// The greedy token of `logits` [vocab] into `token_out` (i32) and its log-probability into
-/// `logprob_out` (f32). With `partials` (f32 [3 · ARGMAX_BLOCKS] scratch) it runs over
+/// `logprob_out` (f32). With `partials` (f32 [ARGMAX_SCRATCH] scratch) it runs over
 /// ARGMAX_BLOCKS blocks and a final one; without, in one block.
 pub struct Argmax {
     pub logits: u64,
@@ -93,19 +95,7 @@ impl Sample {
     pub fn argmax_logprob(&self, gpu: &Gpu, a: &Argmax) -> Result<()> {
         let vocab = a.vocab as i32;
         if let Some(parts) = a.partials {
-            let cfg = config((ARGMAX_BLOCKS as u32, 1, 1), 256, 0);
-            gpu.launch(&self.argmax_part, cfg, |l| {
-                l.arg(&a.logits).arg(&vocab).arg(&parts);
-            })?;
-            let n_parts = ARGMAX_BLOCKS as i32;
-            let cfg = config((1, 1, 1), ARGMAX_BLOCKS as u32, 0);
-            return gpu.launch(&self.argmax_final, cfg, |l| {
-                l.arg(&parts)
-                    .arg(&n_parts)
-                    .arg(&vocab)
-                    .arg(&a.token_out)
-                    .arg(&a.logprob_out);
-            });
+            return self.argmax_two_stage(gpu, a.logits, a, parts, None);
         }
         let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
         gpu.launch(&self.argmax_logprob, cfg, |l| {
@@ -116,16 +106,39 @@ impl Sample {
         })
     }
 
-    /// Steps 1–6 of the host sampler on the device: writes the token to `token_out`, its raw
-    /// log-probability to `logprob_out`, and updates the history.
-    pub fn pick(&self, gpu: &Gpu, a: &Pick) -> Result<()> {
+    /// The largest of `keys` (first index on ties) and its log-probability under `a.logits`, over
+    /// ARGMAX_BLOCKS blocks and a final one; `hist` (with `remember`) is bumped as `pick` does.
+    fn argmax_two_stage(
+        &self,
+        gpu: &Gpu,
+        keys: u64,
+        a: &Argmax,
+        parts: u64,
+        hist: Option<(u64, bool)>,
+    ) -> Result<()> {
+        let vocab = a.vocab as i32;
+        let cfg = config((ARGMAX_BLOCKS as u32, 1, 1), 256, 0);
+        gpu.launch(&self.argmax_part, cfg, |l| {
+            l.arg(&keys).arg(&a.logits).arg(&vocab).arg(&parts);
+        })?;
+        let n_parts = ARGMAX_BLOCKS as i32;
+        let (hist, remember) = hist.map_or((0u64, 0i32), |(h, r)| (h, r as i32));
+        let cfg = config((1, 1, 1), ARGMAX_BLOCKS as u32, 0);
+        gpu.launch(&self.argmax_final, cfg, |l| {
+            l.arg(&parts)
+                .arg(&n_parts)
+                .arg(&a.logits)
+                .arg(&vocab)
+                .arg(&a.token_out)
+                .arg(&a.logprob_out)
+                .arg(&hist)
+                .arg(&remember);
+        })
+    }
+
+    /// sample_adjust: penalties, logit_bias and 1/temperature into `scaled`.
+    fn adjust(&self, gpu: &Gpu, a: &Pick) -> Result<()> {
         let (pp, b) = (a.params, a.buffers);
-        if pp.top_k == 0 || pp.top_k > PICK_MAX_K {
-            bail!(
-                "device sampling takes top_k in 1..={PICK_MAX_K}, got {}",
-                pp.top_k
-            );
-        }
         let (vocab, n_bias) = (a.vocab as i32, b.n_bias as i32);
         let cfg = config((blocks(a.vocab, 256), 1, 1), 256, 0);
         gpu.launch(&self.adjust, cfg, |l| {
@@ -140,7 +153,41 @@ impl Sample {
                 .arg(&pp.frequency)
                 .arg(&pp.inv_t)
                 .arg(&b.scaled);
-        })?;
+        })
+    }
+
+    /// Greedy on adjusted logits (penalties, logit_bias; `a.params` with top_k 1 and no
+    /// temperature): sample_adjust, then the two-stage argmax of the adjusted values, with the
+    /// log-probability under the raw logits and the history bumped, as `pick` would give.
+    pub fn pick_greedy(&self, gpu: &Gpu, a: &Pick, parts: u64) -> Result<()> {
+        let (pp, b) = (a.params, a.buffers);
+        if pp.top_k != 1 || pp.inv_t != 1.0 {
+            bail!("greedy picks take top_k 1 and no temperature");
+        }
+        self.adjust(gpu, a)?;
+        let argmax = Argmax {
+            logits: a.logits,
+            vocab: a.vocab,
+            token_out: a.token_out,
+            logprob_out: a.logprob_out,
+            partials: Some(parts),
+        };
+        let remember = pp.repetition != 1.0;
+        self.argmax_two_stage(gpu, b.scaled, &argmax, parts, Some((b.hist, remember)))
+    }
+
+    /// Steps 1–6 of the host sampler on the device: writes the token to `token_out`, its raw
+    /// log-probability to `logprob_out`, and updates the history.
+    pub fn pick(&self, gpu: &Gpu, a: &Pick) -> Result<()> {
+        let (pp, b) = (a.params, a.buffers);
+        if pp.top_k == 0 || pp.top_k > PICK_MAX_K {
+            bail!(
+                "device sampling takes top_k in 1..={PICK_MAX_K}, got {}",
+                pp.top_k
+            );
+        }
+        self.adjust(gpu, a)?;
+        let vocab = a.vocab as i32;
         let top_k = pp.top_k as i32;
         let remember = (pp.repetition != 1.0) as i32;
         let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
