@@ -48,6 +48,9 @@
 #ifndef DEC_MAX_TOPK
 #error "DEC_MAX_TOPK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_R4
+#error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -282,6 +285,87 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
             for (int r = 0; r < DEC_R; r++)
                 if (rbase + r < sg.w.rows) store_out(sg.y + rbase + r, sg.mode, acc[r]);
         }
+    }
+}
+
+// dec_gemv4: dec_gemv when every weight is 4-bit with at most 32 groups per row (one group per lane:
+// every projection of this model but the 4096-wide o_proj / out_proj and the 8-bit router). The
+// lane's group of x stays in registers for the whole launch, and the next tile's rows are loaded
+// while this tile's are summed (two register buffers, unrolled so their indices stay static).
+// Tiles of DEC_WARPS · (32 / lpr) · DEC_R4 rows.
+struct Rows4 {
+    uint4 q[DEC_R4][2];
+    float s[DEC_R4], b[DEC_R4];
+};
+
+__device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
+    DecSeg sg = segs.s[0];
+#pragma unroll
+    for (int i = 1; i < DEC_MAX_SEGS; i++)
+        if (i < segs.n && tile >= segs.s[i].tile0) sg = segs.s[i];
+    return sg;
+}
+
+__device__ __forceinline__ int rows4_base(const DecSeg& sg, int tile, int spw, int warp, int sub) {
+    return ((tile - sg.tile0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R4;
+}
+
+__device__ __forceinline__ void rows4_load(const DecSegs& segs, int tile, int G, int spw, int warp, int sub,
+                                           int sl, Rows4& r) {
+    DecSeg sg = seg_of(segs, tile);
+    int rbase = rows4_base(sg, tile, spw, warp, sub);
+    long long wpr = (long long)G * 8;
+#pragma unroll
+    for (int i = 0; i < DEC_R4; i++) {
+        long long row = min(rbase + i, sg.w.rows - 1);
+        const uint4* qp = reinterpret_cast<const uint4*>(sg.w.q + row * wpr + (long long)sl * 8);
+        r.q[i][0] = ld_stream(qp);
+        r.q[i][1] = ld_stream(qp + 1);
+        r.s[i] = bf16_to_f32(sg.w.scales[row * G + sl]);
+        r.b[i] = bf16_to_f32(sg.w.biases[row * G + sl]);
+    }
+}
+
+__device__ __forceinline__ void rows4_finish(const DecSegs& segs, int tile, int lpr, int spw, int warp, int sub,
+                                             int sl, const Rows4& r, const float (&xv)[64], float sx) {
+    DecSeg sg = seg_of(segs, tile);
+    int rbase = rows4_base(sg, tile, spw, warp, sub);
+    float acc[DEC_R4];
+#pragma unroll
+    for (int i = 0; i < DEC_R4; i++) acc[i] = group_term<4>(r.s[i], r.b[i], dot_group<4>(r.q[i], xv), sx);
+    reduce_rows<DEC_R4>(acc, lpr);
+    if (sl == 0) {
+#pragma unroll
+        for (int i = 0; i < DEC_R4; i++)
+            if (rbase + i < sg.w.rows) store_out(sg.y + rbase + i, sg.mode, acc[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv4(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int G = cols >> 6;  // <= 32: lpr = G
+    int lpr = G, spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int step = gridDim.x, tiles = segs.tiles;
+    Rows4 ra, rb;
+    int t = blockIdx.x;
+    if (t < tiles) rows4_load(segs, t, G, spw, warp, sub, sl, ra);  // before staging: hides it
+    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+    float xv[64];
+    load_group(xs + sl * DEC_XPAD, xv);
+    float sx = xsum[sl];
+    for (; t < tiles; t += 2 * step) {
+        int tb = t + step;
+        if (tb < tiles) rows4_load(segs, tb, G, spw, warp, sub, sl, rb);
+        rows4_finish(segs, t, lpr, spw, warp, sub, sl, ra, xv, sx);
+        if (tb >= tiles) break;
+        int ta = tb + step;
+        if (ta < tiles) rows4_load(segs, ta, G, spw, warp, sub, sl, ra);
+        rows4_finish(segs, tb, lpr, spw, warp, sub, sl, rb, xv, sx);
     }
 }
 
