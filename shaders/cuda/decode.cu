@@ -378,52 +378,6 @@ __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     return w;
 }
 
-// The token's routing, moe_route's arithmetic for one token (one warp): p = softmax(logits) over
-// n_experts, the top_k (ties to the lower index) into ids_s, their renormalised weights into w_s.
-__device__ __forceinline__ void route_one(const float* __restrict__ lt, int n_experts, int top_k, float* p,
-                                          int* ids_s, float* w_s) {
-    int lane = threadIdx.x & 31;
-    float mx = NEG_INF;
-    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < n_experts; e += 32) {
-        float v = expf(lt[e] - mx);
-        p[e] = v;
-        sum += v;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
-    __syncwarp();
-    float picked_sum = 0.0f;
-    for (int k = 0; k < top_k; k++) {
-        float best = -1.0f;
-        int best_e = 0x7fffffff;
-        for (int e = lane; e < n_experts; e += 32)
-            if (p[e] > best) {
-                best = p[e];
-                best_e = e;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ob > best || (ob == best && oe < best_e)) {
-                best = ob;
-                best_e = oe;
-            }
-        }
-        if (lane == 0) {
-            ids_s[k] = best_e;
-            w_s[k] = best;
-            p[best_e] = -2.0f;  // taken
-        }
-        picked_sum += best;
-        __syncwarp();
-    }
-    if (lane < top_k) w_s[lane] = act(w_s[lane] / picked_sum);
-    __syncwarp();
-}
-
 // Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
 // item top_k: the shared expert (sgate/sup), output hs. xn [cols] is the normed input. Tiles of
 // DEC_WARPS · (32 / lpr) · DEC_GLU_R rows, tiles_per_item per item; persistent grid (see dec_gemv).
@@ -442,7 +396,8 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
     if (warp == 0) {
-        route_one(router_logits, n_experts, top_k, p, ids_s, w_s);
+        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
+        __syncwarp();
         if (blockIdx.x == 0 && lane < top_k) {
             ids[lane] = ids_s[lane];
             route_w[lane] = w_s[lane];
@@ -644,41 +599,7 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
     for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
     float alpha = ab_s[0], beta = ab_s[1];
     float v = c[2 * key_dim + hv * dv + j];
-    float kr[DEC_DN_ROWS];
-    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
-        if (r < rows) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                kr[r + e] = k_s[part + DEC_DN_PARTS * (r + e)];
-                s[r + e] *= alpha;
-            }
-            u0 += s[r] * kr[r];
-            u1 += s[r + 1] * kr[r + 1];
-            u2 += s[r + 2] * kr[r + 2];
-            u3 += s[r + 3] * kr[r + 3];
-        }
-    }
-    float u = (u0 + u1) + (u2 + u3);
-#pragma unroll
-    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
-    float delta = beta * (v - u);
-    float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
-        if (r < rows) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
-            o0 += s[r] * q_s[part + DEC_DN_PARTS * r];
-            o1 += s[r + 1] * q_s[part + DEC_DN_PARTS * (r + 1)];
-            o2 += s[r + 2] * q_s[part + DEC_DN_PARTS * (r + 2)];
-            o3 += s[r + 3] * q_s[part + DEC_DN_PARTS * (r + 3)];
-        }
-    }
-    float out = (o0 + o1) + (o2 + o3);
-#pragma unroll
-    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+    float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);
     if (part == 0) o[(long long)hv * dv + j] = act(out);
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
