@@ -954,12 +954,7 @@ fn fused_decode_blocks_match_cpu() {
     let c = rig.cfg.clone();
     let h = c.hidden;
     let mut rng = Rng(11);
-    let as_is = |x: u64| Input {
-        x,
-        cols: h,
-        prologue: Prologue::None,
-        staged_out: None,
-    };
+    let as_is = |x: u64| Input::row(x, h);
     let steps = [(5usize, false), (1, true), (1, true), (2, false), (1, true)];
 
     let w = random_attention(&mut rng, &c);

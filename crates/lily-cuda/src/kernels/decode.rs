@@ -153,6 +153,18 @@ pub struct Input {
     pub staged_out: Option<u64>,
 }
 
+impl Input {
+    /// A row taken as it is.
+    pub fn row(x: u64, cols: usize) -> Input {
+        Input {
+            x,
+            cols,
+            prologue: Prologue::None,
+            staged_out: None,
+        }
+    }
+}
+
 /// `struct DecSeg` of decode.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
