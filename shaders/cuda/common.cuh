@@ -48,6 +48,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The larger of (value, index) pairs over a warp, the lower index on ties; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& best, int& best_i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the sum.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];
@@ -217,14 +229,7 @@ __device__ __forceinline__ void route_top_k(const float* __restrict__ lt, int n_
                 best = p[e];
                 best_e = e;
             }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ob > best || (ob == best && oe < best_e)) {
-                best = ob;
-                best_e = oe;
-            }
-        }
+        warp_argmax(best, best_e);
         if (lane == 0) {
             ids[k] = best_e;
             w[k] = best;
