@@ -66,6 +66,8 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                         const int* __restrict__ pos_ptr, int n_tok, int n_q, int n_kv, int d,
                                         int rotary, float theta, float eps) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float buf[ATTN_MAX_D];
     int t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tok) return;
@@ -208,14 +210,42 @@ __device__ __forceinline__ void kv_load8(const kv_t* __restrict__ p, float* out)
 #endif
 }
 
+// attn_split: the split's keys stream through shared memory in tiles of SPLIT_TILE keys, two
+// tiles deep (cp.async: the next tile lands while this one is used), so a tile costs one memory
+// round trip for the whole block. Warp w serves query heads w·HPW .. w·HPW + HPW − 1 of the block
+// (HPW = SPLIT_MAX_G / SPLIT_WARPS) with its own online softmax and writes their partials itself:
+// q·k one key per lane (K rows padded by 16 bytes, so the lanes' 16-byte reads of 32 different
+// rows fall in distinct banks), p·v 8 output columns per lane. Dynamic shared memory
+// (split_smem_bytes in the launcher): q [SPLIT_MAX_G][d] f32, K [2][SPLIT_TILE][d + pad], V
+// [2][SPLIT_TILE][d], p [SPLIT_MAX_G][SPLIT_TILE] f32.
+#define SPLIT_HPW (SPLIT_MAX_G / SPLIT_WARPS)
+#define SPLIT_KV_E (16 / (int)sizeof(kv_t))  // cache elements per 16 bytes
+
+// Eight consecutive cache elements from shared memory, as fp32.
+__device__ __forceinline__ void kv_smem8(const kv_t* p, float* out) {
+#ifdef LILY_BF16_ACT
+    uint4 w = *reinterpret_cast<const uint4*>(p);
+    u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = __uint_as_float(ws[i] << 16);
+        out[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+    }
+#else
+    float4 a = *reinterpret_cast<const float4*>(p);
+    float4 b = *reinterpret_cast<const float4*>(p + 4);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
            float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
            int n_q, int n_kv, int d, float scale) {
-    __shared__ __align__(16) float q_s[SPLIT_MAX_G][ATTN_MAX_D];
-    __shared__ __align__(16) float p_s[SPLIT_WARPS][SPLIT_TILE][SPLIT_MAX_G];
-    __shared__ float acc_s[SPLIT_WARPS][SPLIT_MAX_G][ATTN_MAX_D];
-    __shared__ float m_s[SPLIT_WARPS][SPLIT_MAX_G], l_s[SPLIT_WARPS][SPLIT_MAX_G];
+    extern __shared__ __align__(16) float split_smem[];
+    pdl_trigger();
+    pdl_wait();
     int split = blockIdx.x, t = blockIdx.z;
     int g_heads = n_q / n_kv;
     int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
@@ -228,129 +258,151 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
     if (t >= n_tok || start >= len) return;  // uniform over the block: no barrier is skipped
     int end = min(start + per, len);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // The block's query heads, zero rows past ng (their scores are computed and never stored).
-    for (int i = threadIdx.x; i < SPLIT_MAX_G * ATTN_MAX_D; i += blockDim.x) {
-        int hh = i / ATTN_MAX_D, c = i % ATTN_MAX_D;
-        q_s[hh][c] = (hh < ng && c < d) ? q[((long long)t * n_q + h0 + hh) * d + c] : 0.0f;
-    }
-    __syncthreads();
+    int kstride = d + SPLIT_KV_E;  // padded K row, in elements
+    float* q_s = split_smem;                                                   // [SPLIT_MAX_G][d]
+    kv_t* k_s = reinterpret_cast<kv_t*>(q_s + SPLIT_MAX_G * d);                 // [2][TILE][kstride]
+    kv_t* v_s = k_s + 2 * SPLIT_TILE * kstride;                                // [2][TILE][d]
+    float* p_s = reinterpret_cast<float*>(v_s + 2 * SPLIT_TILE * d);           // [SPLIT_MAX_G][TILE]
     long long row = (long long)n_kv * d;  // elements between consecutive keys
     const kv_t* kbase = k_cache + (long long)kvh * d;
     const kv_t* vbase = v_cache + (long long)kvh * d;
+    int chunks_per_row = d / SPLIT_KV_E;
+    // Keys j0 .. min(j0 + TILE, end) - 1 into buffer b (rows past the split are left as they are
+    // and never used).
+    auto issue = [&](int b, int j0) {
+        for (int i = threadIdx.x; i < SPLIT_TILE * chunks_per_row; i += blockDim.x) {
+            int jj = i / chunks_per_row, ch = (i % chunks_per_row) * SPLIT_KV_E;
+            int j = j0 + jj;
+            if (j < end) {
+                cp_async16(k_s + (b * SPLIT_TILE + jj) * kstride + ch, kbase + (long long)j * row + ch);
+                cp_async16(v_s + (b * SPLIT_TILE + jj) * d + ch, vbase + (long long)j * row + ch);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(0, start);
+    // The block's query heads, zero rows past ng (their scores are computed and never stored).
+    for (int i = threadIdx.x; i < SPLIT_MAX_G * d; i += blockDim.x) {
+        int hh = i / d, c = i % d;
+        q_s[i] = hh < ng ? q[((long long)t * n_q + h0 + hh) * d + c] : 0.0f;
+    }
     int c0 = lane * 8;  // this lane's 8 output columns in the p·v phase
     bool has_cols = c0 < d;
-    float m[SPLIT_MAX_G], l[SPLIT_MAX_G], acc[SPLIT_MAX_G][8];
+    float m[SPLIT_HPW], l[SPLIT_HPW], acc[SPLIT_HPW][8];
 #pragma unroll
-    for (int hh = 0; hh < SPLIT_MAX_G; hh++) {
+    for (int hh = 0; hh < SPLIT_HPW; hh++) {
         m[hh] = NEG_INF;
         l[hh] = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[hh][e] = 0.0f;
     }
-    for (int j0 = start + warp * SPLIT_TILE; j0 < end; j0 += SPLIT_WARPS * SPLIT_TILE) {
-        // q·k: one key per lane, all heads at once.
-        int j = j0 + lane;
-        bool valid = j < end;
-        float s[SPLIT_MAX_G];
+    int n_tiles = (end - start + SPLIT_TILE - 1) / SPLIT_TILE;
+    for (int it = 0; it < n_tiles; it++) {
+        int b = it & 1, j0 = start + it * SPLIT_TILE;
+        if (it + 1 < n_tiles) {
+            issue(b ^ 1, j0 + SPLIT_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        // q·k: one key per lane, the warp's heads at once.
+        bool valid = j0 + lane < end;
+        float sc[SPLIT_HPW];
 #pragma unroll
-        for (int hh = 0; hh < SPLIT_MAX_G; hh++) s[hh] = 0.0f;
-        if (valid) {
-            const kv_t* kr = kbase + (long long)j * row;
-            // Unrolled so several 16-byte loads are in flight per lane (d is a runtime value).
+        for (int hh = 0; hh < SPLIT_HPW; hh++) sc[hh] = 0.0f;
+        const kv_t* kr = k_s + (b * SPLIT_TILE + lane) * kstride;
 #pragma unroll 4
-            for (int c = 0; c < d; c += 8) {
-                float kx[8];
-                kv_load8(kr + c, kx);
+        for (int c = 0; c < d; c += 8) {
+            float kx[8];
+            kv_smem8(kr + c, kx);
 #pragma unroll
-                for (int hh = 0; hh < SPLIT_MAX_G; hh++) {
-                    float4 qa = *reinterpret_cast<const float4*>(&q_s[hh][c]);
-                    float4 qb = *reinterpret_cast<const float4*>(&q_s[hh][c + 4]);
-                    s[hh] += qa.x * kx[0] + qa.y * kx[1] + qa.z * kx[2] + qa.w * kx[3] + qb.x * kx[4] +
-                             qb.y * kx[5] + qb.z * kx[6] + qb.w * kx[7];
-                }
+            for (int hh = 0; hh < SPLIT_HPW; hh++) {
+                const float* qh = q_s + (warp * SPLIT_HPW + hh) * d + c;
+                float4 qa = *reinterpret_cast<const float4*>(qh);
+                float4 qb = *reinterpret_cast<const float4*>(qh + 4);
+                sc[hh] += qa.x * kx[0] + qa.y * kx[1] + qa.z * kx[2] + qa.w * kx[3] + qb.x * kx[4] +
+                          qb.y * kx[5] + qb.z * kx[6] + qb.w * kx[7];
             }
         }
         // Online softmax over the tile (every lane keeps the warp's m and l).
-        float corr[SPLIT_MAX_G];
+        float corr[SPLIT_HPW];
 #pragma unroll
-        for (int hh = 0; hh < SPLIT_MAX_G; hh++) {
-            float sc = valid ? s[hh] * scale : NEG_INF;
-            float m_new = fmaxf(m[hh], warp_max(sc));  // finite: lane 0's key is valid
+        for (int hh = 0; hh < SPLIT_HPW; hh++) {
+            float s_ = valid ? sc[hh] * scale : NEG_INF;
+            float m_new = fmaxf(m[hh], warp_max(s_));  // finite: lane 0's key is valid
             corr[hh] = expf(m[hh] - m_new);
-            float p = valid ? expf(sc - m_new) : 0.0f;
+            float p = valid ? expf(s_ - m_new) : 0.0f;
             l[hh] = l[hh] * corr[hh] + warp_sum(p);
             m[hh] = m_new;
-            p_s[warp][lane][hh] = p;
+            p_s[(warp * SPLIT_HPW + hh) * SPLIT_TILE + lane] = p;
         }
         __syncwarp();
         // p·v: each lane its 8 columns, the tile's keys in order.
 #pragma unroll
-        for (int hh = 0; hh < SPLIT_MAX_G; hh++)
+        for (int hh = 0; hh < SPLIT_HPW; hh++)
 #pragma unroll
             for (int e = 0; e < 8; e++) acc[hh][e] *= corr[hh];
         int n_valid = min(SPLIT_TILE, end - j0);
         if (has_cols) {
+            const kv_t* vr = v_s + b * SPLIT_TILE * d + c0;
 #pragma unroll 4
             for (int jj = 0; jj < n_valid; jj++) {
                 float vx[8];
-                kv_load8(vbase + (long long)(j0 + jj) * row + c0, vx);
-                float4 pa = *reinterpret_cast<const float4*>(&p_s[warp][jj][0]);
-                float4 pb = *reinterpret_cast<const float4*>(&p_s[warp][jj][4]);
-                float pj[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+                kv_smem8(vr + jj * d, vx);
 #pragma unroll
-                for (int hh = 0; hh < SPLIT_MAX_G; hh++)
+                for (int hh = 0; hh < SPLIT_HPW; hh++) {
+                    float pj = p_s[(warp * SPLIT_HPW + hh) * SPLIT_TILE + jj];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[hh][e] += pj[hh] * vx[e];
+                    for (int e = 0; e < 8; e++) acc[hh][e] += pj * vx[e];
+                }
             }
         }
-        __syncwarp();  // p_s is rewritten by the next tile
+        __syncthreads();  // buffer b and p_s are rewritten next
     }
-    // Merge the warps into the split's partial.
+    // The warp's heads' partials.
 #pragma unroll
-    for (int hh = 0; hh < SPLIT_MAX_G; hh++) {
+    for (int hh = 0; hh < SPLIT_HPW; hh++) {
+        int hl = warp * SPLIT_HPW + hh;
+        if (hl >= ng) continue;
+        long long at = ((long long)t * n_q + h0 + hl) * SPLIT_MAX_SPLITS + split;
         if (has_cols) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc_s[warp][hh][c0 + e] = acc[hh][e];
+            float4* dst = reinterpret_cast<float4*>(part_o + at * d + c0);
+            dst[0] = make_float4(acc[hh][0], acc[hh][1], acc[hh][2], acc[hh][3]);
+            dst[1] = make_float4(acc[hh][4], acc[hh][5], acc[hh][6], acc[hh][7]);
         }
         if (lane == 0) {
-            m_s[warp][hh] = m[hh];
-            l_s[warp][hh] = l[hh];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ng * d; i += blockDim.x) {
-        int hh = i / d, c = i % d;
-        float big = NEG_INF;
-        for (int w = 0; w < SPLIT_WARPS; w++) big = fmaxf(big, m_s[w][hh]);
-        float o = 0.0f, sum = 0.0f;
-        for (int w = 0; w < SPLIT_WARPS; w++) {
-            if (l_s[w][hh] > 0.0f) {  // a warp without keys has m = -inf, l = 0
-                float wt = expf(m_s[w][hh] - big);
-                o += acc_s[w][hh][c] * wt;
-                sum += l_s[w][hh] * wt;
-            }
-        }
-        long long at = ((long long)t * n_q + h0 + hh) * SPLIT_MAX_SPLITS + split;
-        part_o[at * d + c] = o;
-        if (c == 0) {
-            part_ml[at * 2] = big;
-            part_ml[at * 2 + 1] = sum;
+            part_ml[at * 2] = m[hh];
+            part_ml[at * 2 + 1] = l[hh];
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+// attn_split_combine: one block per (query head, token, 64 columns); its 8 warps take every 8th
+// split, each lane 2 columns, so the partials stream with many loads in flight instead of one
+// thread walking every split in turn; the warps' sums meet in shared memory.
+extern "C" __global__ void __launch_bounds__(256)
 attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_o,
                    const float* __restrict__ part_ml, float* __restrict__ out, const int* __restrict__ pos_ptr,
                    int n_tok, int n_q, int d) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float w_s[SPLIT_MAX_SPLITS];
-    int h = blockIdx.x, t = blockIdx.y;
-    if (t >= n_tok) return;
+    __shared__ float mx_s[8];
+    __shared__ float2 acc_s[8][32];
+    int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z * 64 + 2 * (threadIdx.x & 31);
+    if (t >= n_tok) return;  // uniform over the block
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int len = *pos_ptr + t + 1;
     int n_s = (len + split_keys(len) - 1) / split_keys(len);
     long long base = ((long long)t * n_q + h) * SPLIT_MAX_SPLITS;
     float big = NEG_INF;
-    for (int s = 0; s < n_s; s++) big = fmaxf(big, part_ml[(base + s) * 2]);
+    for (int s = threadIdx.x; s < n_s; s += blockDim.x) big = fmaxf(big, part_ml[(base + s) * 2]);
+    big = warp_max(big);
+    if (lane == 0) mx_s[warp] = big;
+    __syncthreads();
+    big = lane < 8 ? mx_s[lane] : NEG_INF;
+    big = warp_max(big);
     float part = 0.0f;
     for (int s = threadIdx.x; s < n_s; s += blockDim.x) {
         float w = expf(part_ml[(base + s) * 2] - big);
@@ -358,12 +410,27 @@ attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_
         part += w * part_ml[(base + s) * 2 + 1];
     }
     float total = block_sum(part);  // its barriers also publish w_s
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_s; s++) o += w_s[s] * part_o[(base + s) * d + c];
-        o = act(o / total);
-        float gate = qg[(long long)t * n_q * 2 * d + (long long)h * 2 * d + d + c];
-        out[(long long)t * n_q * d + (long long)h * d + c] = act(o * act(sigmoidf(gate)));
+    float2 o = make_float2(0.0f, 0.0f);
+    if (c < d) {
+#pragma unroll 4
+        for (int s = warp; s < n_s; s += 8) {
+            float2 v = *reinterpret_cast<const float2*>(&part_o[(base + s) * d + c]);
+            o.x += w_s[s] * v.x;
+            o.y += w_s[s] * v.y;
+        }
+    }
+    acc_s[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && c < d) {
+        float2 sum = acc_s[0][lane];
+        for (int w = 1; w < 8; w++) {
+            sum.x += acc_s[w][lane].x;
+            sum.y += acc_s[w][lane].y;
+        }
+        const float* gate = qg + (long long)t * n_q * 2 * d + (long long)h * 2 * d + d + c;
+        float* dst = out + (long long)t * n_q * d + (long long)h * d + c;
+        dst[0] = act(act(sum.x / total) * act(sigmoidf(gate[0])));
+        dst[1] = act(act(sum.y / total) * act(sigmoidf(gate[1])));
     }
 }
 

@@ -9,6 +9,21 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (sm_90+; no-ops before). pdl_trigger lets the next kernel in the
+// stream start now (its blocks do their independent prologue); pdl_wait blocks until the kernel
+// before this one has finished and its writes are visible. A kernel the launcher marks
+// `waits_for_predecessor` calls pdl_wait in every block before touching anything but weights.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 // Round to nearest even; NaN stays NaN.

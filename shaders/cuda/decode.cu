@@ -39,6 +39,12 @@
 #ifndef DEC_MAX_COLS
 #error "DEC_MAX_COLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_DOWN_STAGE
+#error "DEC_DOWN_STAGE comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_GLU_R4
+#error "DEC_GLU_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_DOWN_BATCH
 #error "DEC_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -261,6 +267,8 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
+    pdl_trigger();
+    pdl_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int G = cols >> 6;
@@ -288,14 +296,19 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
     }
 }
 
-// dec_gemv4: dec_gemv when every weight is 4-bit with at most 32 groups per row (one group per lane:
-// every projection of this model but the 4096-wide o_proj / out_proj and the 8-bit router). The
-// lane's group of x stays in registers for the whole launch, and the next tile's rows are loaded
-// while this tile's are summed (two register buffers, unrolled so their indices stay static).
-// Tiles of DEC_WARPS · (32 / lpr) · DEC_R4 rows.
-struct Rows4 {
-    uint4 q[DEC_R4][2];
-    float s[DEC_R4], b[DEC_R4];
+// The pipelined GEMVs: dec_gemv when every weight has the same width BITS and a lane owns GPL
+// whole groups of each row (lpr = G / GPL lanes a row): dec_gemv4 (4-bit, up to 32 groups: every
+// 2048-wide projection), dec_gemv4w (4-bit, 64 groups: the 4096-wide o_proj / out_proj),
+// dec_gemv8 (8-bit, up to 32 groups: the router and the shared-expert gate). A sub-warp streams R
+// rows at once into registers, two register buffers deep: the next tile's rows are in flight while
+// this tile's are summed. The first two tiles are requested before pdl_wait (weights never
+// change), so they stream while the kernel before this one finishes. With GPL = 1 the lane's
+// group of x stays in registers for the whole launch; with GPL = 2 it is read from shared memory
+// per group (two groups would not fit in registers beside the buffers).
+template <int BITS, int GPL, int R>
+struct QRows {
+    uint4 q[R][GPL][BITS / 2];
+    float s[R][GPL], b[R][GPL];
 };
 
 __device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
@@ -306,68 +319,127 @@ __device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
     return sg;
 }
 
-__device__ __forceinline__ int rows4_base(const DecSeg& sg, int tile, int spw, int warp, int sub) {
-    return ((tile - sg.tile0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R4;
-}
-
-__device__ __forceinline__ void rows4_load(const DecSegs& segs, int tile, int G, int spw, int warp, int sub,
-                                           int sl, Rows4& r) {
-    DecSeg sg = seg_of(segs, tile);
-    int rbase = rows4_base(sg, tile, spw, warp, sub);
-    long long wpr = (long long)G * 8;
+// Rows rbase .. rbase + R - 1 of w (clamped to its last row) into r: the lane's groups sl + j·lpr.
+template <int BITS, int GPL, int R>
+__device__ __forceinline__ void qrows_load(const QWeight& w, int rbase, int G, int lpr, int sl,
+                                           QRows<BITS, GPL, R>& r) {
+    const int WPG = 2 * BITS;  // u32 words per group
+    long long wpr = (long long)G * WPG;
 #pragma unroll
-    for (int i = 0; i < DEC_R4; i++) {
-        long long row = min(rbase + i, sg.w.rows - 1);
-        const uint4* qp = reinterpret_cast<const uint4*>(sg.w.q + row * wpr + (long long)sl * 8);
-        r.q[i][0] = ld_stream(qp);
-        r.q[i][1] = ld_stream(qp + 1);
-        r.s[i] = bf16_to_f32(sg.w.scales[row * G + sl]);
-        r.b[i] = bf16_to_f32(sg.w.biases[row * G + sl]);
+    for (int i = 0; i < R; i++) {
+        long long row = min(rbase + i, w.rows - 1);
+#pragma unroll
+        for (int j = 0; j < GPL; j++) {
+            int g = sl + j * lpr;
+            const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+#pragma unroll
+            for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
+            r.s[i][j] = bf16_to_f32(w.scales[row * G + g]);
+            r.b[i][j] = bf16_to_f32(w.biases[row * G + g]);
+        }
     }
 }
 
-__device__ __forceinline__ void rows4_finish(const DecSegs& segs, int tile, int lpr, int spw, int warp, int sub,
-                                             int sl, const Rows4& r, const float (&xv)[64], float sx) {
+// acc[i] = the lane's share of row i · x. GPL == 1: xv holds the lane's group and sx its sum;
+// otherwise each group is read from shared memory (xs, xsum) into xv.
+template <int BITS, int GPL, int R>
+__device__ __forceinline__ void qrows_dot(const QRows<BITS, GPL, R>& r, int sl, int lpr, float (&xv)[64], float sx,
+                                          const float* xs, const float* xsum, float (&acc)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GPL; j++) {
+        if (GPL > 1) {
+            int g = sl + j * lpr;
+            load_group(xs + g * DEC_XPAD, xv);
+            sx = xsum[g];
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] += group_term<BITS>(r.s[i][j], r.b[i][j], dot_group<BITS>(r.q[i][j], xv), sx);
+    }
+}
+
+struct TileGeom {
+    int G, lpr, spw, warp, sub, sl;
+};
+
+template <int R>
+__device__ __forceinline__ int tile_row0(const TileGeom& t, int blk) {
+    return (blk * DEC_WARPS * t.spw + t.warp * t.spw + t.sub) * R;
+}
+
+template <int BITS, int GPL, int R>
+__device__ __forceinline__ void gemv_load(const DecSegs& segs, int tile, const TileGeom& t, QRows<BITS, GPL, R>& r) {
     DecSeg sg = seg_of(segs, tile);
-    int rbase = rows4_base(sg, tile, spw, warp, sub);
-    float acc[DEC_R4];
+    qrows_load<BITS, GPL, R>(sg.w, tile_row0<R>(t, tile - sg.tile0), t.G, t.lpr, t.sl, r);
+}
+
+template <int BITS, int GPL, int R>
+__device__ __forceinline__ void gemv_finish(const DecSegs& segs, int tile, const TileGeom& t,
+                                            const QRows<BITS, GPL, R>& r, float (&xv)[64], float sx,
+                                            const float* xs, const float* xsum) {
+    DecSeg sg = seg_of(segs, tile);
+    int rbase = tile_row0<R>(t, tile - sg.tile0);
+    float acc[R];
+    qrows_dot<BITS, GPL, R>(r, t.sl, t.lpr, xv, sx, xs, xsum, acc);
+    reduce_rows<R>(acc, t.lpr);
+    if (t.sl == 0) {
 #pragma unroll
-    for (int i = 0; i < DEC_R4; i++) acc[i] = group_term<4>(r.s[i], r.b[i], dot_group<4>(r.q[i], xv), sx);
-    reduce_rows<DEC_R4>(acc, lpr);
-    if (sl == 0) {
-#pragma unroll
-        for (int i = 0; i < DEC_R4; i++)
+        for (int i = 0; i < R; i++)
             if (rbase + i < sg.w.rows) store_out(sg.y + rbase + i, sg.mode, acc[i]);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_gemv4(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
-    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
-    __shared__ float xsum[DEC_MAX_GROUPS];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int G = cols >> 6;  // <= 32: lpr = G
-    int lpr = G, spw = 32 / lpr;
-    int sub = lane / lpr, sl = lane % lpr;
+// Tiles of DEC_WARPS · spw · R rows over a persistent grid (see dec_gemv).
+template <int BITS, int GPL, int R>
+__device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float* __restrict__ x,
+                                               const float* __restrict__ norm_w, float eps,
+                                               const float* __restrict__ gz, int head_dim,
+                                               float* __restrict__ xn_out, int cols, float* xs, float* xsum) {
+    pdl_trigger();
+    int lane = threadIdx.x & 31;
+    TileGeom tg;
+    tg.G = cols >> 6;
+    tg.lpr = tg.G / GPL;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = threadIdx.x >> 5;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
     int step = gridDim.x, tiles = segs.tiles;
-    Rows4 ra, rb;
+    QRows<BITS, GPL, R> ra, rb;
     int t = blockIdx.x;
-    if (t < tiles) rows4_load(segs, t, G, spw, warp, sub, sl, ra);  // before staging: hides it
+    if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
+    if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
+    pdl_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
-    load_group(xs + sl * DEC_XPAD, xv);
-    float sx = xsum[sl];
+    float sx = 0.0f;
+    if (GPL == 1) {
+        load_group(xs + tg.sl * DEC_XPAD, xv);
+        sx = xsum[tg.sl];
+    }
     for (; t < tiles; t += 2 * step) {
+        gemv_finish<BITS, GPL, R>(segs, t, tg, ra, xv, sx, xs, xsum);
+        if (t + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, t + 2 * step, tg, ra);
         int tb = t + step;
-        if (tb < tiles) rows4_load(segs, tb, G, spw, warp, sub, sl, rb);
-        rows4_finish(segs, t, lpr, spw, warp, sub, sl, ra, xv, sx);
         if (tb >= tiles) break;
-        int ta = tb + step;
-        if (ta < tiles) rows4_load(segs, ta, G, spw, warp, sub, sl, ra);
-        rows4_finish(segs, tb, lpr, spw, warp, sub, sl, rb, xv, sx);
+        gemv_finish<BITS, GPL, R>(segs, tb, tg, rb, xv, sx, xs, xsum);
+        if (tb + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, tb + 2 * step, tg, rb);
     }
 }
+
+#define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+    NAME(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,              \
+         const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {                  \
+        __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];                                         \
+        __shared__ float xsum[DEC_MAX_GROUPS];                                                                \
+        gemv_pipelined<BITS, GPL, R>(segs, x, norm_w, eps, gz, head_dim, xn_out, cols, xs, xsum);             \
+    }
+
+DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
+DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
+DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 
 // The matrix of expert e in a stack (rows × cols each).
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
@@ -393,6 +465,8 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     __shared__ float w_s[DEC_MAX_TOPK];
     int cols = gate.cols;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    pdl_trigger();
+    pdl_wait();
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
     if (warp == 0) {
@@ -444,6 +518,105 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     }
 }
 
+// dec_glu4: dec_glu pipelined, for 4-bit gate/up stacks with at most 32 groups per row (one
+// group per lane; the lane's group of xn in registers). Item 0 is the shared expert, known before
+// the routing, so a block whose first tile is one of its rows loads it before pdl_wait; items
+// 1 .. top_k are the routed experts ids[k - 1]. A sub-warp streams DEC_GLU_R4 rows of gate and of
+// up at once, two register buffers deep, as the pipelined GEMVs do.
+struct GluTile {
+    QRows<4, 1, DEC_GLU_R4> g, u;
+};
+
+__device__ __forceinline__ void glu_item(int item, const QWeight& gate, const QWeight& up, const QWeight& sgate,
+                                         const QWeight& sup, const int* ids_s, QWeight& wg, QWeight& wu) {
+    if (item == 0) {
+        wg = sgate;
+        wu = sup;
+    } else {
+        wg = expert(gate, ids_s[item - 1]);
+        wu = expert(up, ids_s[item - 1]);
+    }
+}
+
+__device__ __forceinline__ void glu_load(int tile, int per_item, const TileGeom& t, const QWeight& gate,
+                                         const QWeight& up, const QWeight& sgate, const QWeight& sup,
+                                         const int* ids_s, GluTile& r) {
+    QWeight wg, wu;
+    glu_item(tile / per_item, gate, up, sgate, sup, ids_s, wg, wu);
+    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+    qrows_load<4, 1, DEC_GLU_R4>(wg, rbase, t.G, t.lpr, t.sl, r.g);
+    qrows_load<4, 1, DEC_GLU_R4>(wu, rbase, t.G, t.lpr, t.sl, r.u);
+}
+
+__device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeom& t, int g_rows, int s_rows,
+                                           const GluTile& r, float (&xv)[64], float sx, float* __restrict__ h,
+                                           int h_stride, float* __restrict__ hs) {
+    int item = tile / per_item;
+    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+    int rows = item == 0 ? s_rows : g_rows;
+    float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
+    float g[DEC_GLU_R4], u[DEC_GLU_R4];
+    qrows_dot<4, 1, DEC_GLU_R4>(r.g, t.sl, t.lpr, xv, sx, nullptr, nullptr, g);
+    qrows_dot<4, 1, DEC_GLU_R4>(r.u, t.sl, t.lpr, xv, sx, nullptr, nullptr, u);
+    reduce_rows<DEC_GLU_R4>(g, t.lpr);
+    reduce_rows<DEC_GLU_R4>(u, t.lpr);
+    if (t.sl == 0) {
+#pragma unroll
+        for (int i = 0; i < DEC_GLU_R4; i++)
+            if (rbase + i < rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+         int tiles_per_item) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ float p[DEC_MAX_EXPERTS];
+    __shared__ int ids_s[DEC_MAX_TOPK];
+    __shared__ float w_s[DEC_MAX_TOPK];
+    pdl_trigger();
+    int cols = gate.cols;
+    int lane = threadIdx.x & 31;
+    TileGeom tg;
+    tg.G = cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = threadIdx.x >> 5;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    int step = gridDim.x, tiles = (top_k + 1) * tiles_per_item;
+    GluTile ra, rb;
+    int t = blockIdx.x;
+    bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
+    if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+    pdl_wait();
+    if (tg.warp == 0) {
+        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
+        __syncwarp();
+        if (blockIdx.x == 0 && lane < top_k) {
+            ids[lane] = ids_s[lane];
+            route_w[lane] = w_s[lane];
+        }
+    }
+    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);  // its barriers publish ids_s
+    if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+    if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    float xv[64];
+    load_group(xs + tg.sl * DEC_XPAD, xv);
+    float sx = xsum[tg.sl];
+    for (; t < tiles; t += 2 * step) {
+        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xv, sx, h, h_stride, hs);
+        if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+        int tb = t + step;
+        if (tb >= tiles) break;
+        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx, h, h_stride, hs);
+        if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    }
+}
+
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
 // rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Dynamic shared memory: the top_k + 1
 // input rows, padded (the launcher sizes it). grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))),
@@ -453,61 +626,109 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
                  int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
                  const float* __restrict__ s_gate, float* __restrict__ x) {
     extern __shared__ __align__(16) float dec_smem[];
+    pdl_trigger();
     int cols = down.cols, G = cols >> 6;
     int items = top_k + 1;
     float* hsm = dec_smem;                          // [items][G][DEC_XPAD]
     float* hsum = dec_smem + items * G * DEC_XPAD;  // [items][G]
-    for (int idx = threadIdx.x; idx < items * cols; idx += blockDim.x) {
-        int k = idx / cols, c = idx % cols;
-        float v = k < top_k ? h[(long long)k * h_stride + c] : hs[c];
-        hsm[(k * G + (c >> 6)) * DEC_XPAD + (c & 63)] = v;
-    }
-    __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int kg = warp; kg < items * G; kg += DEC_DOWN_WARPS) {
-        float s = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
-        if (lane == 0) hsum[kg] = s;
-    }
-    __syncthreads();
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
     int c = (blockIdx.x * DEC_DOWN_WARPS + warp) * spw + sub;
     int cc = min(c, down.rows - 1);
-    float y = 0.0f, ys = 0.0f;
-    if (down.bits == 4 && sdown.bits == 4 && G <= 32) {
-        // One group per lane: the rows of DEC_DOWN_BATCH items are loaded before any is used, so
-        // a row costs items / DEC_DOWN_BATCH memory round trips instead of one per item.
-        long long wpr = (long long)G * 8;
-        for (int k0 = 0; k0 < items; k0 += DEC_DOWN_BATCH) {
-            uint4 q[DEC_DOWN_BATCH][2];
-            float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
+    long long wpr = (long long)G * 8;
+    bool fast = down.bits == 4 && sdown.bits == 4 && G <= 32;
+    // The fast path (one 4-bit group per lane): the shared expert's row is known before the
+    // routing and loaded before pdl_wait; then the routing, and the rows of DEC_DOWN_BATCH routed
+    // experts are requested before the inputs are staged, so the staging hides under them.
+    uint4 qs[2];
+    float ss = 0.0f, bs = 0.0f;
+    if (fast) {
+        const uint4* qp = reinterpret_cast<const uint4*>(sdown.q + cc * wpr + (long long)sl * 8);
+        qs[0] = ld_stream(qp);
+        qs[1] = ld_stream(qp + 1);
+        ss = bf16_to_f32(sdown.scales[(long long)cc * G + sl]);
+        bs = bf16_to_f32(sdown.biases[(long long)cc * G + sl]);
+    }
+    pdl_wait();
+    uint4 q[DEC_DOWN_BATCH][2];
+    float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
+    if (fast) {
 #pragma unroll
-            for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-                int k = k0 + j;
-                if (k < items) {
-                    QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
-                    const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
-                    q[j][0] = ld_stream(qp);
-                    q[j][1] = ld_stream(qp + 1);
-                    s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
-                    b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+        for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+            if (j < top_k) {
+                QWeight w = expert(down, ids[j]);
+                const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+                q[j][0] = ld_stream(qp);
+                q[j][1] = ld_stream(qp + 1);
+                s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+                b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+            }
+        }
+    }
+    // The top_k + 1 input rows into shared memory, 16 bytes at a time, DEC_DOWN_STAGE loads in
+    // flight per thread.
+    int n4 = items * cols / 4;
+    for (int i0 = 0; i0 < n4; i0 += DEC_DOWN_STAGE * blockDim.x) {
+        float4 v[DEC_DOWN_STAGE];
+#pragma unroll
+        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
+            int idx = i0 + i * blockDim.x + threadIdx.x;
+            if (idx < n4) {
+                int k = (4 * idx) / cols, col = (4 * idx) % cols;
+                const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
+                v[i] = *reinterpret_cast<const float4*>(src);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
+            int idx = i0 + i * blockDim.x + threadIdx.x;
+            if (idx < n4) {
+                int k = (4 * idx) / cols, col = (4 * idx) % cols;
+                *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int kg = warp; kg < items * G; kg += DEC_DOWN_WARPS) {
+        float sum = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
+        if (lane == 0) hsum[kg] = sum;
+    }
+    __syncthreads();
+    float y = 0.0f, ys = 0.0f;
+    if (fast) {
+        for (int k0 = 0; k0 < top_k; k0 += DEC_DOWN_BATCH) {
+            if (k0 > 0) {
+#pragma unroll
+                for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+                    int k = k0 + j;
+                    if (k < top_k) {
+                        QWeight w = expert(down, ids[k]);
+                        const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+                        q[j][0] = ld_stream(qp);
+                        q[j][1] = ld_stream(qp + 1);
+                        s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+                        b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+                    }
                 }
             }
 #pragma unroll
             for (int j = 0; j < DEC_DOWN_BATCH; j++) {
                 int k = k0 + j;
-                if (k < items) {
+                if (k < top_k) {
                     float xv[64];
                     load_group(hsm + (k * G + sl) * DEC_XPAD, xv);
                     float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[k * G + sl])};
                     reduce_rows<1>(acc, lpr);
-                    if (k < top_k)
-                        y += route_w[k] * act(acc[0]);
-                    else
-                        ys = act(acc[0]);
+                    y += route_w[k] * act(acc[0]);
                 }
             }
         }
+        float xv[64];
+        load_group(hsm + (top_k * G + sl) * DEC_XPAD, xv);
+        float acc[1] = {group_term<4>(ss, bs, dot_group<4>(qs, xv), hsum[top_k * G + sl])};
+        reduce_rows<1>(acc, lpr);
+        ys = act(acc[0]);
     } else {
         for (int k = 0; k < items; k++) {
             QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
@@ -537,6 +758,8 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 extern "C" __global__ void __launch_bounds__(128)
 dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
             float* __restrict__ c, int conv_dim, int k) {
+    pdl_trigger();
+    pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= conv_dim) return;
     float rows[DEC_DN_MAX_K];
@@ -564,6 +787,8 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
             float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
     __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
     __shared__ float ab_s[2];
+    pdl_trigger();
+    pdl_wait();
     int hv = blockIdx.x;
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;

@@ -101,6 +101,8 @@ __device__ __forceinline__ void block_argmax(float& best, int& best_i) {
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax_part(const float* __restrict__ keys, const float* __restrict__ logits, int vocab, float* __restrict__ parts) {
+    pdl_trigger();
+    pdl_wait();
     int per = (vocab + gridDim.x - 1) / gridDim.x;
     int lo = blockIdx.x * per, hi = min(vocab, lo + per);
     float best = NEG_INF, lmax = NEG_INF;
@@ -138,6 +140,8 @@ argmax_part(const float* __restrict__ keys, const float* __restrict__ logits, in
 extern "C" __global__ void __launch_bounds__(ARGMAX_BLOCKS)
 argmax_final(const float* __restrict__ parts, int n_parts, const float* __restrict__ logits, int vocab,
              int* __restrict__ token_out, float* __restrict__ logprob_out, u32* __restrict__ hist, int remember) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float m_s[32];
     int t = threadIdx.x;
     float best = t < n_parts ? parts[4 * t] : NEG_INF;
@@ -165,6 +169,8 @@ argmax_final(const float* __restrict__ parts, int n_parts, const float* __restri
 }
 
 extern "C" __global__ void advance_pos(int* pos, int n) {
+    pdl_trigger();
+    pdl_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
 }
 

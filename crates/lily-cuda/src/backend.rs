@@ -61,7 +61,8 @@ impl CudaBackend {
                 65_535 / weights.config.top_k
             );
         }
-        let gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
+        let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
+        gpu.dependent_launch = plan.dependent_launch();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchArgs, LaunchConfig,
+    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -68,6 +68,12 @@ pub struct Gpu {
     pub sm_count: usize,
     /// Debug checks around every launch (synchronise, profile).
     pub checks: LaunchChecks,
+    /// Kernels marked `Kernel::waits_for_predecessor` are launched as programmatic dependents
+    /// (sm_90+): they may start while the kernel before them runs, do their independent prologue
+    /// (weight loads) and wait for it with `griddepcontrol.wait` (the plan's `dependent_launch`).
+    pub dependent_launch: bool,
+    /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
+    pub can_launch_dependents: bool,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -147,6 +153,8 @@ impl Gpu {
             arch,
             sm_count,
             checks,
+            dependent_launch: false,
+            can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,
             cache,
@@ -306,25 +314,77 @@ impl Gpu {
 
     /// Launches `k` with `cfg` on the stream; `args` pushes the kernel's arguments in the order
     /// of its C signature (`.arg(&value)` each; the values must outlive this call, which the
-    /// builder's lifetimes enforce). With profiling on, the launch is bracketed by events and
-    /// waited for; with `sync_each`, the stream is synchronised after it.
+    /// lifetimes of `Args` enforce). A kernel marked `waits_for_predecessor` is launched as a
+    /// programmatic dependent when `dependent_launch` is on. With profiling on, the launch is
+    /// bracketed by events and waited for; with `sync_each`, the stream is synchronised after it.
     pub fn launch<'a>(
         &'a self,
         k: &'a Kernel,
         cfg: LaunchConfig,
-        args: impl FnOnce(&mut LaunchArgs<'a>),
+        args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
-        let mut builder = self.stream.launch_builder(&k.func);
-        args(&mut builder);
-        if self.profile.is_some() {
-            builder.record_kernel_launch(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        }
+        let mut a = Args {
+            ptrs: Vec::with_capacity(16),
+            _values: std::marker::PhantomData,
+        };
+        args(&mut a);
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("launching {}: binding the CUDA context: {e}", k.name))?;
+        let events = match &self.profile {
+            Some(_) => {
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let start = self.stream.record_event(flags);
+                Some(start.map_err(|e| anyhow!("profiling event: {e}"))?)
+            }
+            None => None,
+        };
+        let stream = self.stream.cu_stream();
+        let dependent = self.dependent_launch && self.can_launch_dependents && k.dependent;
         // SAFETY: every call site is a typed launcher in kernels/ that pushes values whose types
         // match the kernel's C signature, in its order; device pointers among them are live
-        // allocations.
-        let events =
-            unsafe { builder.launch(cfg) }.map_err(|e| anyhow!("launching {}: {e}", k.name))?;
-        if let (Some((start, end)), Some(p)) = (events, &self.profile) {
+        // allocations; `a.ptrs` points at values borrowed for 'a, alive during the call.
+        let launched = unsafe {
+            if dependent {
+                let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+                attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                let lc = sys::CUlaunchConfig {
+                    gridDimX: cfg.grid_dim.0,
+                    gridDimY: cfg.grid_dim.1,
+                    gridDimZ: cfg.grid_dim.2,
+                    blockDimX: cfg.block_dim.0,
+                    blockDimY: cfg.block_dim.1,
+                    blockDimZ: cfg.block_dim.2,
+                    sharedMemBytes: cfg.shared_mem_bytes,
+                    hStream: stream,
+                    attrs: &mut attr,
+                    numAttrs: 1,
+                };
+                sys::cuLaunchKernelEx(
+                    &lc,
+                    k.func.cu_function(),
+                    a.ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+                .result()
+            } else {
+                result::launch_kernel(
+                    k.func.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    stream,
+                    &mut a.ptrs,
+                )
+            }
+        };
+        launched.map_err(|e| anyhow!("launching {}: {e}", k.name))?;
+        if let (Some(start), Some(p)) = (events, &self.profile) {
+            let end = self
+                .stream
+                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| anyhow!("profiling event: {e}"))?;
             // elapsed_ms waits for both events.
             let ms = start
                 .elapsed_ms(&end)
@@ -338,6 +398,20 @@ impl Gpu {
                 .with_context(|| format!("after kernel {}", k.name))?;
         }
         Ok(())
+    }
+}
+
+/// A launch's kernel arguments: the address of each value, in the kernel's parameter order.
+pub struct Args<'a> {
+    ptrs: Vec<*mut std::ffi::c_void>,
+    _values: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Args<'a> {
+    /// The next argument (plain data the kernel takes by value; borrowed until the launch).
+    pub fn arg<T: DeviceRepr>(&mut self, v: &'a T) -> &mut Self {
+        self.ptrs.push(v as *const T as *mut std::ffi::c_void);
+        self
     }
 }
 
@@ -384,7 +458,11 @@ impl Module {
             .module
             .load_function(name)
             .map_err(|e| anyhow!("kernel {name} missing from {}.cu: {e}", self.name))?;
-        Ok(Kernel { name, func })
+        Ok(Kernel {
+            name,
+            func,
+            dependent: false,
+        })
     }
 }
 
@@ -392,9 +470,18 @@ impl Module {
 pub struct Kernel {
     pub name: &'static str,
     func: CudaFunction,
+    dependent: bool,
 }
 
 impl Kernel {
+    /// Marks a kernel whose every block calls `pdl_wait()` (common.cuh) before it reads or
+    /// writes anything an earlier kernel touches (only weights, which never change, may be read
+    /// before it), so it may be launched as a programmatic dependent of the kernel before it.
+    pub fn waits_for_predecessor(mut self) -> Kernel {
+        self.dependent = true;
+        self
+    }
+
     /// Lets the kernel use up to `bytes` of dynamic shared memory: above the default 48 KB a
     /// kernel must be allowed it explicitly, once, before its first launch.
     pub fn allow_shared_memory(self, bytes: usize) -> Result<Kernel> {

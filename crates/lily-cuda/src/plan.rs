@@ -66,6 +66,11 @@ pub struct CudaOptions {
     /// projections, one launch for the projections sharing an input, the MoE in two launches,
     /// DeltaNet's conv and recurrence in two (`--no-fused-decode`, `LILY_FUSED_DECODE=0`).
     pub fused_decode: bool,
+    /// The decode kernels are launched as programmatic dependents on sm_90+ (PDL): each may start
+    /// while the one before it finishes, loading its weights before it waits for its input
+    /// (`--dependent-launch`, `LILY_PDL=1`). Off by default: measured 5 % slower on an H200
+    /// inside the decode graph (docs/perf-notes.md).
+    pub dependent_launch: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -86,6 +91,7 @@ impl Default for CudaOptions {
             tensor_cores: true,
             exact_router_on_tensor_cores: true,
             fused_decode: true,
+            dependent_launch: false,
             sync_each: false,
             profile: false,
         }
@@ -110,6 +116,7 @@ impl CudaOptions {
     /// | `LILY_TENSOR_CORES=0` | `tensor_cores` |
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
     /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
+    /// | `LILY_PDL=1` | `dependent_launch` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -133,7 +140,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        let flags: [(&str, &mut bool); 10] = [
+        let flags: [(&str, &mut bool); 11] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -145,6 +152,7 @@ impl CudaOptions {
                 &mut self.exact_router_on_tensor_cores,
             ),
             ("LILY_FUSED_DECODE", &mut self.fused_decode),
+            ("LILY_PDL", &mut self.dependent_launch),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -233,6 +241,7 @@ pub struct Plan {
     device_sampling: bool,
     graphs: bool,
     fused_decode: bool,
+    dependent_launch: bool,
     checks: LaunchChecks,
 }
 
@@ -257,6 +266,7 @@ impl Plan {
             device_sampling: o.device_sampling,
             graphs: o.graphs,
             fused_decode: o.fused_decode,
+            dependent_launch: o.dependent_launch,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -405,6 +415,12 @@ impl Plan {
         self.graphs = false;
     }
 
+    /// Whether kernels that wait for their predecessor are launched as programmatic dependents
+    /// (the GPU must also support it: `Gpu::can_launch_dependents`).
+    pub fn dependent_launch(&self) -> bool {
+        self.dependent_launch
+    }
+
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
         self.checks
@@ -414,7 +430,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -425,6 +441,7 @@ impl Plan {
             on(self.device_sampling),
             on(self.decode_graphs()),
             on(self.fused_decode),
+            on(self.dependent_launch),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -468,6 +485,7 @@ mod tests {
             ("LILY_TENSOR_CORES", "0"),
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
+            ("LILY_PDL", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -485,6 +503,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
+                dependent_launch: true,
                 sync_each: true,
                 profile: true,
             }

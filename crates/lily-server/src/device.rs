@@ -66,6 +66,11 @@ pub struct CudaArgs {
     /// [env LILY_FUSED_DECODE=0].
     #[arg(long)]
     pub no_fused_decode: bool,
+    /// Launch the decode kernels as programmatic dependents (sm_90+: a kernel starts while its
+    /// predecessor finishes and loads its weights early; measured slower on an H200 so far)
+    /// [env LILY_PDL=1].
+    #[arg(long)]
+    pub dependent_launch: bool,
 }
 
 impl CudaArgs {
@@ -83,6 +88,7 @@ impl CudaArgs {
             moe_grouped: !self.no_moe_grouping,
             exact_router_on_tensor_cores: !self.router_on_cuda_cores,
             fused_decode: !self.no_fused_decode,
+            dependent_launch: self.dependent_launch,
             ..d
         }
     }
@@ -156,6 +162,7 @@ mod tests {
             "--no-moe-grouping",
             "--router-on-cuda-cores",
             "--no-fused-decode",
+            "--dependent-launch",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -172,6 +179,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
+                dependent_launch: true,
                 sync_each: false,
                 profile: false,
             }

@@ -4,7 +4,6 @@
 //! block per (token, query head).
 
 use anyhow::{bail, Result};
-use cudarc::driver::PushKernelArg;
 use lily_core::config::ModelConfig;
 
 use super::{blocks, config, KernelFile};
@@ -15,13 +14,17 @@ pub const ATTN_MAX_D: usize = 256;
 /// Warps of an attn_decode block.
 pub const ATTN_WARPS: usize = 4;
 /// Split-KV decode: partial slots per (token, query head), i.e. the most splits of the cache.
-pub const SPLIT_MAX_SPLITS: usize = 1024;
-/// Fewest keys per split (a multiple of the 32-key tile a warp takes).
+/// 128: at 4K of context 128 splits of 32 keys per kv head (256 blocks of 4 warps, about two per
+/// SM); at 128K 128 splits of 1,024 keys, 32 tiles streamed per block, and partials small enough
+/// that combining them costs little.
+pub const SPLIT_MAX_SPLITS: usize = 128;
+/// Fewest keys per split (a multiple of the 32-key tile).
 pub const SPLIT_MIN_KEYS: usize = 32;
-/// Warps of an attn_split block. One warp per block and splits of 32 keys: at 4K of context 256
-/// blocks instead of 128 two-warp blocks with one idle warp each (the split kernel was ~40 µs a
-/// layer there, latency-bound on a couple of warps per SM).
-pub const SPLIT_WARPS: usize = 1;
+/// Keys per shared-memory tile of attn_split (SPLIT_TILE in attention.cu).
+const SPLIT_TILE: usize = 32;
+/// Warps of an attn_split block: each serves SPLIT_MAX_G / SPLIT_WARPS of the block's query
+/// heads over every key of the split, from tiles the whole block streams into shared memory.
+pub const SPLIT_WARPS: usize = 4;
 /// Query heads (of one kv head) per attn_split block.
 pub const SPLIT_MAX_G: usize = 8;
 /// Most tokens one split-KV launch serves (its partials are sized for this many).
@@ -166,24 +169,41 @@ pub fn prefill_fits(s: AttnShape) -> bool {
     prefill_keys(s.d).is_some() && s.n_kv > 0 && s.n_q.is_multiple_of(s.n_kv)
 }
 
+/// Dynamic shared memory of an attn_split block for head dim `d` and cache elements of
+/// `kv_bytes`: q [SPLIT_MAX_G][d] f32, K [2][SPLIT_TILE][d + 16 bytes], V [2][SPLIT_TILE][d],
+/// p [SPLIT_MAX_G][SPLIT_TILE] f32.
+fn split_smem_bytes(d: usize, kv_bytes: usize) -> usize {
+    SPLIT_MAX_G * d * 4
+        + 2 * SPLIT_TILE * (d * kv_bytes + 16)
+        + 2 * SPLIT_TILE * d * kv_bytes
+        + SPLIT_MAX_G * SPLIT_TILE * 4
+}
+
 pub struct Attention {
     qk_prep: Kernel,
     decode: Kernel,
     prefill: Kernel,
     split: Kernel,
     split_combine: Kernel,
+    /// Bytes of one cache element (2 with bf16 activations, else 4).
+    kv_bytes: usize,
 }
 
 impl Attention {
-    pub fn load(m: &Module) -> Result<Attention> {
+    pub fn load(m: &Module, bf16_activations: bool) -> Result<Attention> {
+        let kv_bytes = if bf16_activations { 2 } else { 4 };
         Ok(Attention {
-            qk_prep: m.kernel("attn_qk_prep")?,
+            kv_bytes,
+            qk_prep: m.kernel("attn_qk_prep")?.waits_for_predecessor(),
             decode: m.kernel("attn_decode")?,
             prefill: m
                 .kernel("attn_prefill")?
                 .allow_shared_memory(attn_prefill_max_smem())?,
-            split: m.kernel("attn_split")?,
-            split_combine: m.kernel("attn_split_combine")?,
+            split: m
+                .kernel("attn_split")?
+                .allow_shared_memory(split_smem_bytes(ATTN_MAX_D, kv_bytes))?
+                .waits_for_predecessor(),
+            split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
         })
     }
 
@@ -301,7 +321,7 @@ impl Attention {
                 a.n_tok as u32,
             ),
             (SPLIT_WARPS * 32) as u32,
-            0,
+            split_smem_bytes(s.d, self.kv_bytes),
         );
         gpu.launch(&self.split, cfg, |l| {
             l.arg(&a.q)
@@ -316,7 +336,12 @@ impl Attention {
             l.arg(&scale);
         })?;
         let dims = [a.n_tok, s.n_q, s.d].map(|v| v as i32);
-        let cfg = config((s.n_q as u32, a.n_tok as u32, 1), 128, 0);
+        // attn_split_combine: blocks of 64 columns, 8 warps over the splits.
+        let cfg = config(
+            (s.n_q as u32, a.n_tok as u32, s.d.div_ceil(64) as u32),
+            256,
+            0,
+        );
         gpu.launch(&self.split_combine, cfg, |l| {
             l.arg(&a.qg)
                 .arg(&parts.part_o)

@@ -3,7 +3,7 @@
 //! gate/up/SiLU and down/combine/residual each in one launch).
 
 use anyhow::{bail, Result};
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::DeviceRepr;
 
 use super::{blocks, config, KernelFile};
 use crate::gpu::{Gpu, Kernel, Module};
@@ -19,13 +19,19 @@ pub const MAX_TOPK: usize = 32;
 /// Resident blocks per SM of a persistent `dec_gemv` / `dec_glu` grid (256 threads at up to 128
 /// registers each).
 pub const BLOCKS_PER_SM: usize = 2;
-/// Items (experts) whose rows `dec_down_combine` loads before using any.
-pub const DOWN_BATCH: usize = 5;
+/// Routed experts whose rows `dec_down_combine` loads before using any (the shared expert's row
+/// is loaded on its own, before the routing is known).
+pub const DOWN_BATCH: usize = 8;
+/// 16-byte loads per thread in flight while `dec_down_combine` stages its inputs.
+pub const DOWN_STAGE: usize = 9;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
 pub const R: usize = 4;
 pub const GLU_R: usize = 2;
-/// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them).
+/// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them; `dec_gemv4w`
+/// and `dec_gemv8` stream one, their rows being twice as many bytes per lane).
 pub const R4: usize = 2;
+/// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
+pub const GLU_R4: usize = 1;
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
 pub const MAX_SEGS: usize = 4;
@@ -54,6 +60,8 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
         ("DEC_MAX_TOPK", MAX_TOPK as i64),
         ("DEC_DOWN_BATCH", DOWN_BATCH as i64),
+        ("DEC_DOWN_STAGE", DOWN_STAGE as i64),
+        ("DEC_GLU_R4", GLU_R4 as i64),
         ("DEC_DN_MAX_K", DN_MAX_K as i64),
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
@@ -258,7 +266,10 @@ pub struct DnStep {
 pub struct Decode {
     gemv: Kernel,
     gemv4: Kernel,
+    gemv4w: Kernel,
+    gemv8: Kernel,
     glu: Kernel,
+    glu4: Kernel,
     down_combine: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
@@ -266,13 +277,18 @@ pub struct Decode {
 
 impl Decode {
     pub fn load(m: &Module) -> Result<Decode> {
+        // Every decode kernel waits for its predecessor before touching anything but weights.
+        let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         Ok(Decode {
-            gemv: m.kernel("dec_gemv")?,
-            gemv4: m.kernel("dec_gemv4")?,
-            glu: m.kernel("dec_glu")?,
-            down_combine: m.kernel("dec_down_combine")?,
-            dn_conv: m.kernel("dec_dn_conv")?,
-            dn_step: m.kernel("dec_dn_step")?,
+            gemv: k("dec_gemv")?,
+            gemv4: k("dec_gemv4")?,
+            gemv4w: k("dec_gemv4w")?,
+            gemv8: k("dec_gemv8")?,
+            glu: k("dec_glu")?,
+            glu4: k("dec_glu4")?,
+            down_combine: k("dec_down_combine")?,
+            dn_conv: k("dec_dn_conv")?,
+            dn_step: k("dec_dn_step")?,
         })
     }
 
@@ -284,13 +300,15 @@ impl Decode {
         if !input.x.is_multiple_of(4) {
             bail!("dec_gemv: input at {:#x} is not 4-byte aligned", input.x);
         }
-        let (lpr, spw) = lanes_per_row(input.cols);
-        // Every weight 4-bit with one 64-column group per lane: the pipelined kernel.
-        let four = input.cols / 64 <= 32 && outs.iter().all(|(w, _)| w.bits == 4);
-        let (kernel, rows) = if four {
-            (&self.gemv4, R4)
-        } else {
-            (&self.gemv, R)
+        let (_, spw) = lanes_per_row(input.cols);
+        // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
+        let groups = input.cols / 64;
+        let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
+        let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
+            (true, _, 1..=32) => (&self.gemv4, R4),
+            (true, _, 64) => (&self.gemv4w, 1),
+            (_, true, 1..=32) => (&self.gemv8, 1),
+            _ => (&self.gemv, R),
         };
         let rows_per_block = WARPS * spw * rows;
         let empty = DecSeg {
@@ -325,7 +343,6 @@ impl Decode {
             };
             total += w.rows.div_ceil(rows_per_block);
         }
-        let _ = lpr;
         segs.tiles = total as i32;
         let (norm_w, eps, gz, head_dim) = match input.prologue {
             Prologue::None => (0, 0.0, 0, 1),
@@ -374,7 +391,17 @@ impl Decode {
         }
         let (_, spw) = lanes_per_row(a.gate.cols);
         let rows = a.gate.rows.max(a.shared_gate.rows);
-        let per_item = blocks(rows, WARPS * spw * GLU_R);
+        // All four 4-bit with one 64-column group per lane: the pipelined kernel.
+        let pipelined = [a.gate, a.up, a.shared_gate, a.shared_up]
+            .iter()
+            .all(|w| w.bits == 4)
+            && a.gate.cols / 64 <= 32;
+        let (kernel, r) = if pipelined {
+            (&self.glu4, GLU_R4)
+        } else {
+            (&self.glu, GLU_R)
+        };
+        let per_item = blocks(rows, WARPS * spw * r);
         let tiles = per_item as usize * (a.top_k + 1);
         let grid = tiles.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let (gate, up, sgate, sup) = (
@@ -386,7 +413,7 @@ impl Decode {
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
         let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
-        gpu.launch(&self.glu, cfg, |l| {
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)
                 .arg(&a.router_logits)
@@ -407,6 +434,9 @@ impl Decode {
     pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
         if !down_serves(a.down, a.shared_down, a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
+        }
+        if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+            bail!("dec_down_combine: expert inputs must be 16-byte aligned");
         }
         let (_, spw) = lanes_per_row(a.down.cols);
         let grid = blocks(a.down.rows, DOWN_WARPS * spw);

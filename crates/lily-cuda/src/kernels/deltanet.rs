@@ -3,7 +3,6 @@
 //! norm.
 
 use anyhow::{bail, Result};
-use cudarc::driver::PushKernelArg;
 use lily_core::config::ModelConfig;
 
 use super::{blocks, config, KernelFile};

@@ -1,7 +1,6 @@
 //! embed.cu: token embedding rows dequantised from the packed table.
 
 use anyhow::Result;
-use cudarc::driver::PushKernelArg;
 
 use super::{config, KernelFile};
 use crate::gpu::{Gpu, Kernel, Module};
@@ -29,7 +28,7 @@ pub struct Embed {
 impl Embed {
     pub fn load(m: &Module) -> Result<Embed> {
         Ok(Embed {
-            embed: m.kernel("embed")?,
+            embed: m.kernel("embed")?.waits_for_predecessor(),
         })
     }
 

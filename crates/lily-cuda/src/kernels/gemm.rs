@@ -2,7 +2,6 @@
 //! tokens × GEMM_BN output rows per block, two shared-memory stages.
 
 use anyhow::{bail, Result};
-use cudarc::driver::PushKernelArg;
 
 use super::{blocks, check_x, config, Grouped, KernelFile, Project, Store};
 use crate::gpu::{Gpu, Kernel, Module};

@@ -2,7 +2,6 @@
 //! router's exact logits, the routed experts gathered or grouped).
 
 use anyhow::Result;
-use cudarc::driver::PushKernelArg;
 
 use super::{blocks, check_x, config, Grouped, KernelFile, Project, Rows, Store};
 use crate::gpu::{Gpu, Kernel, Module};

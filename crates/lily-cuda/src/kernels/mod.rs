@@ -95,7 +95,7 @@ impl Kernels {
             norm: norm::Norm::load(&norm::FILE.load(gpu, bf16)?)?,
             linear: linear::Linear::load(&linear::FILE.load(gpu, bf16)?)?,
             gemm: gemm::Gemm::load(&gemm::FILE.load(gpu, bf16)?)?,
-            attention: attention::Attention::load(&attention::FILE.load(gpu, bf16)?)?,
+            attention: attention::Attention::load(&attention::FILE.load(gpu, bf16)?, bf16)?,
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
             sample: sample::Sample::load(&sample::FILE.load(gpu, bf16)?)?,

@@ -2,7 +2,6 @@
 //! items by expert, SiLU·up, and the weighted combine with the shared expert into the residual.
 
 use anyhow::{bail, Result};
-use cudarc::driver::PushKernelArg;
 use lily_core::config::ModelConfig;
 
 use super::linear::GROUP_TILE;

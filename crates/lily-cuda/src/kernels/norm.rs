@@ -1,7 +1,6 @@
 //! norm.cu: RMSNorm of rows.
 
 use anyhow::Result;
-use cudarc::driver::PushKernelArg;
 
 use super::{config, KernelFile, Rows};
 use crate::gpu::{Gpu, Kernel, Module};
@@ -30,7 +29,7 @@ pub struct Norm {
 impl Norm {
     pub fn load(m: &Module) -> Result<Norm> {
         Ok(Norm {
-            rms_norm: m.kernel("rms_norm")?,
+            rms_norm: m.kernel("rms_norm")?.waits_for_predecessor(),
         })
     }
 

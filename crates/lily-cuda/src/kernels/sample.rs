@@ -2,7 +2,6 @@
 //! (sampler.rs), and the device-side position.
 
 use anyhow::{bail, Result};
-use cudarc::driver::PushKernelArg;
 
 use super::{blocks, config, KernelFile};
 use crate::gpu::{Gpu, Kernel, Module};
@@ -84,11 +83,11 @@ impl Sample {
     pub fn load(m: &Module) -> Result<Sample> {
         Ok(Sample {
             argmax_logprob: m.kernel("argmax_logprob")?,
-            argmax_part: m.kernel("argmax_part")?,
-            argmax_final: m.kernel("argmax_final")?,
+            argmax_part: m.kernel("argmax_part")?.waits_for_predecessor(),
+            argmax_final: m.kernel("argmax_final")?.waits_for_predecessor(),
             adjust: m.kernel("sample_adjust")?,
             pick: m.kernel("sample_pick")?,
-            advance_pos: m.kernel("advance_pos")?,
+            advance_pos: m.kernel("advance_pos")?.waits_for_predecessor(),
         })
     }
 
