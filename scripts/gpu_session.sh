@@ -7,7 +7,7 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-pdl new-nograph new-nograph-pdl new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-nopdl new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -42,9 +42,7 @@ for round in $(seq "${ROUNDS:-1}"); do
     case $v in
       old) cmd=("$OLD" bench "${B[@]}") ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
-      new-pdl) cmd=("$NEW" bench "${B[@]}" --dependent-launch) ;;
-      new-nograph) cmd=("$NEW" bench "${B[@]}" --no-cuda-graphs) ;;
-      new-nograph-pdl) cmd=("$NEW" bench "${B[@]}" --no-cuda-graphs --dependent-launch) ;;
+      new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
       new) cmd=("$NEW" bench "${B[@]}") ;;
     esac
     [ -x "${cmd[0]}" ] || { say "no binary for $v"; continue; }

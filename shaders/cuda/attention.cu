@@ -66,7 +66,6 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                         const int* __restrict__ pos_ptr, int n_tok, int n_q, int n_kv, int d,
                                         int rotary, float theta, float eps) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float buf[ATTN_MAX_D];
     int t = blockIdx.x, h = blockIdx.y;
@@ -244,7 +243,6 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
            float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
            int n_q, int n_kv, int d, float scale) {
     extern __shared__ __align__(16) float split_smem[];
-    pdl_trigger();
     pdl_wait();
     int split = blockIdx.x, t = blockIdx.z;
     int g_heads = n_q / n_kv;
@@ -360,6 +358,7 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
         }
         __syncthreads();  // buffer b and p_s are rewritten next
     }
+    pdl_trigger();
     // The warp's heads' partials.
 #pragma unroll
     for (int hh = 0; hh < SPLIT_HPW; hh++) {
@@ -385,7 +384,6 @@ extern "C" __global__ void __launch_bounds__(256)
 attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_o,
                    const float* __restrict__ part_ml, float* __restrict__ out, const int* __restrict__ pos_ptr,
                    int n_tok, int n_q, int d) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float w_s[SPLIT_MAX_SPLITS];
     __shared__ float mx_s[8];

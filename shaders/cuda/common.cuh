@@ -10,7 +10,9 @@ typedef unsigned short u16;
 typedef unsigned long long u64;
 
 // Programmatic dependent launch (sm_90+; no-ops before). pdl_trigger lets the next kernel in the
-// stream start now (its blocks do their independent prologue); pdl_wait blocks until the kernel
+// stream start now (its blocks do their independent prologue), else it starts when this one's
+// blocks have exited; the weight-streaming kernels call it after their last tile, so the next
+// kernel's blocks do not sit on the SMs while this one works. pdl_wait blocks until the kernel
 // before this one has finished and its writes are visible. A kernel the launcher marks
 // `waits_for_predecessor` calls pdl_wait in every block before touching anything but weights.
 __device__ __forceinline__ void pdl_trigger() {

@@ -39,6 +39,9 @@
 #ifndef DEC_MAX_COLS
 #error "DEC_MAX_COLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_DOWN_KSPLIT
+#error "DEC_DOWN_KSPLIT comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_DOWN_STAGE
 #error "DEC_DOWN_STAGE comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -267,7 +270,6 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
-    pdl_trigger();
     pdl_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -396,7 +398,6 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
                                                const float* __restrict__ norm_w, float eps,
                                                const float* __restrict__ gz, int head_dim,
                                                float* __restrict__ xn_out, int cols, float* xs, float* xsum) {
-    pdl_trigger();
     int lane = threadIdx.x & 31;
     TileGeom tg;
     tg.G = cols >> 6;
@@ -426,6 +427,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
         gemv_finish<BITS, GPL, R>(segs, tb, tg, rb, xv, sx, xs, xsum);
         if (tb + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, tb + 2 * step, tg, rb);
     }
+    pdl_trigger();  // the block's last rows are summed: let the next kernel start
 }
 
 #define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
@@ -465,7 +467,6 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     __shared__ float w_s[DEC_MAX_TOPK];
     int cols = gate.cols;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    pdl_trigger();
     pdl_wait();
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
@@ -577,7 +578,6 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     __shared__ float p[DEC_MAX_EXPERTS];
     __shared__ int ids_s[DEC_MAX_TOPK];
     __shared__ float w_s[DEC_MAX_TOPK];
-    pdl_trigger();
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -615,55 +615,61 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
         glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx, h, h_stride, hs);
         if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     }
+    pdl_trigger();
 }
 
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
-// rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Dynamic shared memory: the top_k + 1
-// input rows, padded (the launcher sizes it). grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))),
-// block DEC_DOWN_WARPS · 32: one output row per sub-warp, items streamed in turn.
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * 32)
+// rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Items i < top_k are the routed
+// experts, item top_k the shared one. A block serves DEC_DOWN_WARPS · (32 / lpr) output rows with
+// DEC_DOWN_WARPS · DEC_DOWN_KSPLIT warps: warp (rg, kc) takes the rows of row group rg for items
+// kc, kc + KSPLIT, ..., so the per-lane work is a KSPLIT-th of the items and an SM has enough warps
+// to hide its latencies; the chunks' partial sums meet in shared memory. Dynamic shared memory
+// (down_smem in the launcher): the top_k + 1 input rows padded, their group sums, the partials.
+// grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
 dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
                  int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
                  const float* __restrict__ s_gate, float* __restrict__ x) {
     extern __shared__ __align__(16) float dec_smem[];
-    pdl_trigger();
     int cols = down.cols, G = cols >> 6;
     int items = top_k + 1;
-    float* hsm = dec_smem;                          // [items][G][DEC_XPAD]
-    float* hsum = dec_smem + items * G * DEC_XPAD;  // [items][G]
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int rg = warp % DEC_DOWN_WARPS, kc = warp / DEC_DOWN_WARPS;
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
-    int c = (blockIdx.x * DEC_DOWN_WARPS + warp) * spw + sub;
+    int rows_per_block = DEC_DOWN_WARPS * spw;
+    float* hsm = dec_smem;                           // [items][G][DEC_XPAD]
+    float* hsum = hsm + items * G * DEC_XPAD;        // [items][G]
+    float* part = hsum + items * G;                  // [KSPLIT][rows_per_block]
+    float* shared_part = part + DEC_DOWN_KSPLIT * rows_per_block;  // [rows_per_block]
+    int r_local = rg * spw + sub;
+    int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
     long long wpr = (long long)G * 8;
     bool fast = down.bits == 4 && sdown.bits == 4 && G <= 32;
-    // The fast path (one 4-bit group per lane): the shared expert's row is known before the
-    // routing and loaded before pdl_wait; then the routing, and the rows of DEC_DOWN_BATCH routed
-    // experts are requested before the inputs are staged, so the staging hides under them.
-    uint4 qs[2];
-    float ss = 0.0f, bs = 0.0f;
-    if (fast) {
-        const uint4* qp = reinterpret_cast<const uint4*>(sdown.q + cc * wpr + (long long)sl * 8);
-        qs[0] = ld_stream(qp);
-        qs[1] = ld_stream(qp + 1);
-        ss = bf16_to_f32(sdown.scales[(long long)cc * G + sl]);
-        bs = bf16_to_f32(sdown.biases[(long long)cc * G + sl]);
-    }
-    pdl_wait();
+    // The fast path (one 4-bit group per lane): the warp's first DEC_DOWN_BATCH items are requested
+    // before the inputs are staged (the shared expert's before pdl_wait: it needs no routing).
     uint4 q[DEC_DOWN_BATCH][2];
     float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
+    auto load = [&](int j, int i) {
+        QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
+        const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+        q[j][0] = ld_stream(qp);
+        q[j][1] = ld_stream(qp + 1);
+        s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+        b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+    };
+    if (fast) {
+#pragma unroll
+        for (int j = 0; j < DEC_DOWN_BATCH; j++)
+            if (kc + j * DEC_DOWN_KSPLIT == top_k) load(j, top_k);
+    }
+    pdl_wait();
     if (fast) {
 #pragma unroll
         for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-            if (j < top_k) {
-                QWeight w = expert(down, ids[j]);
-                const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
-                q[j][0] = ld_stream(qp);
-                q[j][1] = ld_stream(qp + 1);
-                s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
-                b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
-            }
+            int i = kc + j * DEC_DOWN_KSPLIT;
+            if (i < top_k) load(j, i);
         }
     }
     // The top_k + 1 input rows into shared memory, 16 bytes at a time, DEC_DOWN_STAGE loads in
@@ -690,63 +696,63 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         }
     }
     __syncthreads();
-    for (int kg = warp; kg < items * G; kg += DEC_DOWN_WARPS) {
+    int nwarps = blockDim.x >> 5;
+    for (int kg = warp; kg < items * G; kg += nwarps) {
         float sum = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
         if (lane == 0) hsum[kg] = sum;
     }
     __syncthreads();
     float y = 0.0f, ys = 0.0f;
     if (fast) {
-        for (int k0 = 0; k0 < top_k; k0 += DEC_DOWN_BATCH) {
-            if (k0 > 0) {
+        for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
+            if (j0 > 0) {
 #pragma unroll
                 for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-                    int k = k0 + j;
-                    if (k < top_k) {
-                        QWeight w = expert(down, ids[k]);
-                        const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
-                        q[j][0] = ld_stream(qp);
-                        q[j][1] = ld_stream(qp + 1);
-                        s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
-                        b[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
-                    }
+                    int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
+                    if (i < items) load(j, i);
                 }
             }
 #pragma unroll
             for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-                int k = k0 + j;
-                if (k < top_k) {
+                int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
+                if (i < items) {
                     float xv[64];
-                    load_group(hsm + (k * G + sl) * DEC_XPAD, xv);
-                    float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[k * G + sl])};
+                    load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
+                    float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl])};
                     reduce_rows<1>(acc, lpr);
-                    y += route_w[k] * act(acc[0]);
+                    if (i < top_k)
+                        y += route_w[i] * act(acc[0]);
+                    else
+                        ys = act(acc[0]);
                 }
             }
         }
-        float xv[64];
-        load_group(hsm + (top_k * G + sl) * DEC_XPAD, xv);
-        float acc[1] = {group_term<4>(ss, bs, dot_group<4>(qs, xv), hsum[top_k * G + sl])};
-        reduce_rows<1>(acc, lpr);
-        ys = act(acc[0]);
     } else {
-        for (int k = 0; k < items; k++) {
-            QWeight w = k < top_k ? expert(down, ids[k]) : sdown;
+        for (int i = kc; i < items; i += DEC_DOWN_KSPLIT) {
+            QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
             float acc[1] = {0.0f};
             if (w.bits == 4)
-                rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+                rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
             else
-                rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + k * G * DEC_XPAD, hsum + k * G, acc);
+                rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
             reduce_rows<1>(acc, lpr);
-            if (k < top_k)
-                y += route_w[k] * act(acc[0]);
+            if (i < top_k)
+                y += route_w[i] * act(acc[0]);
             else
                 ys = act(acc[0]);
         }
     }
-    if (sl == 0 && c < down.rows) {
-        y += act(act(sigmoidf(s_gate[0])) * ys);
-        x[c] = act(x[c] + act(y));
+    pdl_trigger();
+    if (sl == 0) {
+        part[kc * rows_per_block + r_local] = y;
+        if (kc == top_k % DEC_DOWN_KSPLIT) shared_part[r_local] = ys;
+    }
+    __syncthreads();
+    if (kc == 0 && sl == 0 && c < down.rows) {
+        float yy = part[r_local];
+        for (int k = 1; k < DEC_DOWN_KSPLIT; k++) yy += part[k * rows_per_block + r_local];
+        yy += act(act(sigmoidf(s_gate[0])) * shared_part[r_local]);
+        x[c] = act(x[c] + act(yy));
     }
 }
 
@@ -758,7 +764,6 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 extern "C" __global__ void __launch_bounds__(128)
 dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
             float* __restrict__ c, int conv_dim, int k) {
-    pdl_trigger();
     pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= conv_dim) return;
@@ -787,7 +792,6 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
             float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
     __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
     __shared__ float ab_s[2];
-    pdl_trigger();
     pdl_wait();
     int hv = blockIdx.x;
     int hk = hv / (n_v_heads / n_k_heads);

@@ -3,7 +3,6 @@
 // decode step needs no host round trip. Bytes: one row per token. One block per token.
 
 extern "C" __global__ void embed(QWeight w, const int* __restrict__ tokens, float* __restrict__ x, int n_tok) {
-    pdl_trigger();
     pdl_wait();
     int t = blockIdx.x;
     if (t >= n_tok) return;

@@ -5,7 +5,6 @@
 
 extern "C" __global__ void rms_norm(const float* __restrict__ x, int x_stride, const float* __restrict__ w,
                                     float* __restrict__ y, int y_stride, int cols, float eps, int n_rows) {
-    pdl_trigger();
     pdl_wait();
     int row = blockIdx.x;
     if (row >= n_rows) return;

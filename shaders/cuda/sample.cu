@@ -101,7 +101,6 @@ __device__ __forceinline__ void block_argmax(float& best, int& best_i) {
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax_part(const float* __restrict__ keys, const float* __restrict__ logits, int vocab, float* __restrict__ parts) {
-    pdl_trigger();
     pdl_wait();
     int per = (vocab + gridDim.x - 1) / gridDim.x;
     int lo = blockIdx.x * per, hi = min(vocab, lo + per);
@@ -140,7 +139,6 @@ argmax_part(const float* __restrict__ keys, const float* __restrict__ logits, in
 extern "C" __global__ void __launch_bounds__(ARGMAX_BLOCKS)
 argmax_final(const float* __restrict__ parts, int n_parts, const float* __restrict__ logits, int vocab,
              int* __restrict__ token_out, float* __restrict__ logprob_out, u32* __restrict__ hist, int remember) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float m_s[32];
     int t = threadIdx.x;
@@ -169,7 +167,6 @@ argmax_final(const float* __restrict__ parts, int n_parts, const float* __restri
 }
 
 extern "C" __global__ void advance_pos(int* pos, int n) {
-    pdl_trigger();
     pdl_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
 }

@@ -68,8 +68,7 @@ pub struct CudaOptions {
     pub fused_decode: bool,
     /// The decode kernels are launched as programmatic dependents on sm_90+ (PDL): each may start
     /// while the one before it finishes, loading its weights before it waits for its input
-    /// (`--dependent-launch`, `LILY_PDL=1`). Off by default: measured 5 % slower on an H200
-    /// inside the decode graph (docs/perf-notes.md).
+    /// (`--no-dependent-launch`, `LILY_PDL=0`).
     pub dependent_launch: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
@@ -91,7 +90,7 @@ impl Default for CudaOptions {
             tensor_cores: true,
             exact_router_on_tensor_cores: true,
             fused_decode: true,
-            dependent_launch: false,
+            dependent_launch: true,
             sync_each: false,
             profile: false,
         }
@@ -116,7 +115,7 @@ impl CudaOptions {
     /// | `LILY_TENSOR_CORES=0` | `tensor_cores` |
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
     /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
-    /// | `LILY_PDL=1` | `dependent_launch` |
+    /// | `LILY_PDL=0` | `dependent_launch` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -485,7 +484,7 @@ mod tests {
             ("LILY_TENSOR_CORES", "0"),
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
-            ("LILY_PDL", "1"),
+            ("LILY_PDL", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -503,7 +502,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
-                dependent_launch: true,
+                dependent_launch: false,
                 sync_each: true,
                 profile: true,
             }

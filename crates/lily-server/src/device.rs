@@ -66,11 +66,11 @@ pub struct CudaArgs {
     /// [env LILY_FUSED_DECODE=0].
     #[arg(long)]
     pub no_fused_decode: bool,
-    /// Launch the decode kernels as programmatic dependents (sm_90+: a kernel starts while its
-    /// predecessor finishes and loads its weights early; measured slower on an H200 so far)
-    /// [env LILY_PDL=1].
+    /// Launch the decode kernels one after another instead of as programmatic dependents
+    /// (sm_90+: a kernel starts while its predecessor finishes and loads its weights early)
+    /// [env LILY_PDL=0].
     #[arg(long)]
-    pub dependent_launch: bool,
+    pub no_dependent_launch: bool,
 }
 
 impl CudaArgs {
@@ -88,7 +88,7 @@ impl CudaArgs {
             moe_grouped: !self.no_moe_grouping,
             exact_router_on_tensor_cores: !self.router_on_cuda_cores,
             fused_decode: !self.no_fused_decode,
-            dependent_launch: self.dependent_launch,
+            dependent_launch: !self.no_dependent_launch,
             ..d
         }
     }
@@ -162,7 +162,7 @@ mod tests {
             "--no-moe-grouping",
             "--router-on-cuda-cores",
             "--no-fused-decode",
-            "--dependent-launch",
+            "--no-dependent-launch",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -179,7 +179,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
-                dependent_launch: true,
+                dependent_launch: false,
                 sync_each: false,
                 profile: false,
             }

@@ -19,11 +19,13 @@ pub const MAX_TOPK: usize = 32;
 /// Resident blocks per SM of a persistent `dec_gemv` / `dec_glu` grid (256 threads at up to 128
 /// registers each).
 pub const BLOCKS_PER_SM: usize = 2;
-/// Routed experts whose rows `dec_down_combine` loads before using any (the shared expert's row
-/// is loaded on its own, before the routing is known).
-pub const DOWN_BATCH: usize = 8;
+/// Item chunks of a `dec_down_combine` block: DOWN_WARPS row groups × DOWN_KSPLIT chunks of the
+/// top_k + 1 experts, one warp each.
+pub const DOWN_KSPLIT: usize = 3;
+/// Items (experts) a `dec_down_combine` warp loads before using any.
+pub const DOWN_BATCH: usize = 3;
 /// 16-byte loads per thread in flight while `dec_down_combine` stages its inputs.
-pub const DOWN_STAGE: usize = 9;
+pub const DOWN_STAGE: usize = 3;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
 pub const R: usize = 4;
 pub const GLU_R: usize = 2;
@@ -61,6 +63,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MAX_TOPK", MAX_TOPK as i64),
         ("DEC_DOWN_BATCH", DOWN_BATCH as i64),
         ("DEC_DOWN_STAGE", DOWN_STAGE as i64),
+        ("DEC_DOWN_KSPLIT", DOWN_KSPLIT as i64),
         ("DEC_GLU_R4", GLU_R4 as i64),
         ("DEC_DN_MAX_K", DN_MAX_K as i64),
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
@@ -91,10 +94,11 @@ pub fn glu_serves(gate: &DevLinear, up: &DevLinear, sgate: &DevLinear, sup: &Dev
         && sgate.rows == sup.rows
 }
 
-/// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, and
-/// their group sums.
+/// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
+/// group sums, and the item chunks' partial sums per output row.
 fn down_smem(inter: usize, top_k: usize) -> usize {
-    (top_k + 1) * (inter / 64) * (XPAD + 1) * 4
+    let (_, spw) = lanes_per_row(inter);
+    (top_k + 1) * (inter / 64) * (XPAD + 1) * 4 + (DOWN_KSPLIT + 1) * DOWN_WARPS * spw * 4
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -443,7 +447,7 @@ impl Decode {
         let smem = down_smem(a.down.cols, a.top_k);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
-        let cfg = config((grid, 1, 1), (DOWN_WARPS * 32) as u32, smem);
+        let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
         gpu.launch(&self.down_combine, cfg, |l| {
             l.arg(&down)
                 .arg(&sdown)
