@@ -37,7 +37,11 @@ impl Snapshot {
     fn bytes(&self) -> usize {
         self.logits.bytes
             + self.next_token.bytes
-            + self.dn.iter().map(|(s, c)| s.bytes + c.bytes).sum::<usize>()
+            + self
+                .dn
+                .iter()
+                .map(|(s, c)| s.bytes + c.bytes)
+                .sum::<usize>()
     }
 }
 

@@ -7,8 +7,8 @@ use lily_core::engine::Engine;
 use lily_core::text::Tokenizer;
 
 use crate::metrics::{Gauges, Metrics};
-use lily_core::engine::PrefixStats;
 use crate::openai::error::ApiError;
+use lily_core::engine::PrefixStats;
 
 /// A loaded model: the engine (which owns the backend) and the text side.
 pub struct Model {

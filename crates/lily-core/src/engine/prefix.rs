@@ -5,10 +5,12 @@
 //! copying them, so a long conversation with many snapshots holds its KV once.
 //!
 //! A new job resumes from the deepest snapshot, in any session, whose tokens begin its prompt.
-//! If nothing in that session lies beyond the snapshot, the job takes the session over and
-//! rewinds it in place (the common agent loop: the next request appends to the last one);
-//! otherwise it forks, copying the KV prefix into a new sequence, so the other branch keeps
-//! its state (two conversations sharing a system prompt, a retried turn).
+//! The job takes that session over and rewinds it in place when nothing worth keeping lies
+//! beyond the snapshot: nothing at all (the agent loop: the next request appends to the last
+//! one), or only the states of the request that saved it as its conversation end (the template
+//! rewrote that request's turn, e.g. dropped its reasoning, so its later states can never match
+//! again). Otherwise it forks, copying the KV prefix into a new sequence, so the other branch
+//! keeps its state (two conversations sharing a system prompt).
 //!
 //! Memory is bounded by a byte budget over every kept sequence and snapshot; the least recently
 //! used snapshots are evicted first, and a session left without snapshots is freed.
@@ -38,6 +40,7 @@ pub struct PrefixCache {
     budget: usize,
     sessions: Vec<Session>,
     next_session: u64,
+    jobs: u64,
     clock: u64,
     hits: u64,
     misses: u64,
@@ -64,6 +67,10 @@ struct Saved {
     snap: SnapshotId,
     bytes: usize,
     last_used: u64,
+    /// The job that saved it.
+    job: u64,
+    /// Saved at the end of a conversation, before the generation prompt.
+    conversation_end: bool,
 }
 
 /// The sequence a job runs in and how much of its prompt is already in it.
@@ -73,6 +80,7 @@ pub struct Lease {
     pub resumed: usize,
     /// The session the sequence belongs to; `None` when reuse is off for this job.
     session: Option<u64>,
+    job: u64,
 }
 
 impl Lease {
@@ -89,6 +97,7 @@ impl PrefixCache {
             budget,
             sessions: Vec::new(),
             next_session: 1,
+            jobs: 0,
             clock: 0,
             hits: 0,
             misses: 0,
@@ -136,11 +145,13 @@ impl PrefixCache {
         capacity: usize,
         reuse: bool,
     ) -> Result<Lease> {
+        self.jobs += 1;
         if !reuse || !self.enabled() {
             return Ok(Lease {
                 seq: self.new_seq(backend, capacity)?,
                 resumed: 0,
                 session: None,
+                job: self.jobs,
             });
         }
         let clock = self.tick();
@@ -167,15 +178,23 @@ impl PrefixCache {
         let source = &mut self.sessions[i];
         source.saved[j].last_used = clock;
         let snap = source.saved[j].snap;
-        if j + 1 == source.saved.len() && source.capacity >= needed {
-            // Nothing beyond the snapshot is kept: rewind in place.
+        let at = &source.saved[j];
+        let beyond = &source.saved[j + 1..];
+        let disposable =
+            beyond.is_empty() || (at.conversation_end && beyond.iter().all(|v| v.job == at.job));
+        if disposable && source.capacity >= needed {
+            // Rewind in place; the backend drops the longer snapshots.
             backend.restore(source.seq, snap)?;
+            for v in source.saved.drain(j + 1..) {
+                backend.drop_snapshot(v.snap);
+            }
             source.tokens.truncate(len);
             source.busy = true;
             return Ok(Lease {
                 seq: source.seq,
                 resumed: len,
                 session: Some(source.id),
+                job: self.jobs,
             });
         }
         let source_id = source.id;
@@ -220,6 +239,7 @@ impl PrefixCache {
             seq,
             resumed: 0,
             session: Some(id),
+            job: self.jobs,
         }
     }
 
@@ -264,10 +284,17 @@ impl PrefixCache {
         self.sessions = kept;
     }
 
-    /// Saves the job's state now: the sequence holds `tokens`. Skipped when reuse is off for
-    /// the job or a snapshot of that length is already kept. A backend that cannot snapshot
-    /// turns reuse off.
-    pub fn save(&mut self, backend: &mut dyn Backend, lease: &Lease, tokens: &[u32]) {
+    /// Saves the job's state now: the sequence holds `tokens` (the end of the conversation,
+    /// before the generation prompt, if `conversation_end`). Skipped when reuse is off for the
+    /// job or a snapshot that long is already kept. A backend that cannot snapshot turns reuse
+    /// off.
+    pub fn save(
+        &mut self,
+        backend: &mut dyn Backend,
+        lease: &Lease,
+        tokens: &[u32],
+        conversation_end: bool,
+    ) {
         let Some(i) = self.index(lease) else { return };
         let s = &mut self.sessions[i];
         if s.saved.last().is_some_and(|v| v.len >= tokens.len()) {
@@ -284,6 +311,8 @@ impl PrefixCache {
                     snap,
                     bytes: backend.snapshot_bytes(snap),
                     last_used: clock,
+                    job: lease.job,
+                    conversation_end,
                 });
                 self.evict(backend);
             }

@@ -284,10 +284,14 @@ impl Worker {
     /// Keeps the state at the end of the generated turn: the prompt and the generated tokens the
     /// model was fed (the last one sampled, an end-of-sequence token included, never is).
     fn save_turn(&mut self, lease: &Lease, prompt: &[u32], emitted: &[u32]) -> Result<()> {
-        let fed = self.backend.seq_len(lease.seq)?.saturating_sub(prompt.len());
+        let fed = self
+            .backend
+            .seq_len(lease.seq)?
+            .saturating_sub(prompt.len());
         if fed > 0 && fed <= emitted.len() {
             let tokens = [prompt, &emitted[..fed]].concat();
-            self.prefixes.save(self.backend.as_mut(), lease, &tokens);
+            self.prefixes
+                .save(self.backend.as_mut(), lease, &tokens, false);
         }
         Ok(())
     }
@@ -319,8 +323,9 @@ impl Worker {
             self.backend.prefill(lease.seq, &job.prompt[done..end])?;
             done = end;
             if points.contains(&done) {
+                let end = job.save_prefix_at == Some(done);
                 self.prefixes
-                    .save(self.backend.as_mut(), lease, &job.prompt[..done]);
+                    .save(self.backend.as_mut(), lease, &job.prompt[..done], end);
             }
         }
         Ok(true)
@@ -376,8 +381,8 @@ fn save_points(
     every: usize,
 ) -> Vec<usize> {
     let mut points: Vec<usize> = conversation_end.into_iter().collect();
-    if every > 0 {
-        points.extend((1..=len / every).map(|k| k * every));
+    if let Some(n) = len.checked_div(every) {
+        points.extend((1..=n).map(|k| k * every));
     }
     points.push(len);
     points.retain(|&p| p > resumed && p <= len);
