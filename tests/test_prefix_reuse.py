@@ -215,3 +215,22 @@ def test_a_tool_round_trip_on_the_cpu_model_prefills_only_new_tokens_and_matches
     finally:
         on.stop()
         off.stop()
+
+
+def test_the_agent_trace_script_runs_against_a_server(agent_server, tmp_path):
+    """scripts/agent_trace.py (the H200 measurement's driver) on a short trace."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "trace.json"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "agent_trace.py"), "--url", agent_server.url,
+                    "--context", "1500", "--turns", "3", "--answer-tokens", "8", "--json", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    rows = json.loads(out.read_text())["runs"]["on"]
+    assert [r["turn"] for r in rows] == [1, 2, 3]
+    assert rows[0]["cached"] == 0
+    for p, r in zip(rows, rows[1:]):
+        assert r["cached"] >= p["prompt"] and r["prefilled"] == r["prompt"] - r["cached"]
+    assert 1200 < rows[-1]["prompt"] < 1800

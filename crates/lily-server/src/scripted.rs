@@ -313,7 +313,10 @@ impl Backend for ScriptedBackend {
         }
         let s = self.seq(seq)?;
         if tokens.len() > s.max_ctx {
-            bail!("snapshot of {} tokens does not fit sequence {seq:?}", tokens.len());
+            bail!(
+                "snapshot of {} tokens does not fit sequence {seq:?}",
+                tokens.len()
+            );
         }
         let len = tokens.len();
         s.tokens = tokens;
