@@ -215,6 +215,7 @@ impl Tokens {
 /// sends it back) plus new tokens (a tool result, a user turn) and the generation prompt; a
 /// `rewrite` turn instead replaces the last answer by other tokens, as the chat template does
 /// when it drops past reasoning, so only the state before the last generation prompt is reusable.
+#[derive(Default)]
 struct Conversation {
     prompt: Vec<u32>,
     answer: Vec<u32>,
@@ -248,10 +249,7 @@ fn each_turn_of_an_agent_conversation_prefills_only_its_new_tokens_and_answers_a
     let on = server(&w, 1 << 30, 0);
     let off = server(&w, 0, 0);
     let mut rng = Tokens(0x9E37_79B9_7F4A_7C15);
-    let mut conv = Conversation {
-        prompt: Vec::new(),
-        answer: Vec::new(),
-    };
+    let mut conv = Conversation::default();
     // user; tool call → tool result; tool call → tool result; answer → user (past reasoning
     // dropped: a rewrite); tool call → tool result; answer → user.
     let turns = [
@@ -304,12 +302,7 @@ fn interleaved_conversations_never_see_each_others_state() {
     let off = server(&w, 0, 0);
     let mut rng = Tokens(0x2545_F491_4F6C_DD1D);
     let system = rng.take(40, vocab);
-    let mut convs: Vec<Conversation> = (0..2)
-        .map(|_| Conversation {
-            prompt: Vec::new(),
-            answer: Vec::new(),
-        })
-        .collect();
+    let mut convs = [Conversation::default(), Conversation::default()];
     for turn in 0..3 {
         for (c, conv) in convs.iter_mut().enumerate() {
             let mut prompt = conv.next(&mut rng, vocab, 12, false);
@@ -361,12 +354,7 @@ fn a_tiny_budget_evicts_and_answers_stay_the_same() {
     let budget = one * 3 / 2;
     let on = server(&w, budget, 0);
     let off = server(&w, 0, 0);
-    let mut convs: Vec<Conversation> = (0..2)
-        .map(|_| Conversation {
-            prompt: Vec::new(),
-            answer: Vec::new(),
-        })
-        .collect();
+    let mut convs = [Conversation::default(), Conversation::default()];
     for turn in 0..3 {
         for (c, conv) in convs.iter_mut().enumerate() {
             let prompt = conv.next(&mut rng, vocab, 20, false);

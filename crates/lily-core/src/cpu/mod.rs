@@ -39,14 +39,16 @@ struct Snapshot {
 
 impl Snapshot {
     fn bytes(&self) -> usize {
-        let dn: usize = self
-            .deltanet
-            .iter()
-            .flatten()
-            .map(|d| d.state.len() + d.conv.len())
-            .sum();
-        (dn + self.logits.as_ref().map_or(0, Vec::len)) * 4
+        (deltanet_floats(&self.deltanet) + self.logits.as_ref().map_or(0, Vec::len)) * 4
     }
+}
+
+fn deltanet_floats(layers: &[Option<DeltaNetState>]) -> usize {
+    layers
+        .iter()
+        .flatten()
+        .map(|d| d.state.len() + d.conv.len())
+        .sum()
 }
 
 pub struct CpuBackend {
@@ -361,13 +363,7 @@ impl Backend for CpuBackend {
             return 0;
         };
         let kv: usize = st.kv.iter().flatten().map(|c| c.k.len() + c.v.len()).sum();
-        let dn: usize = st
-            .deltanet
-            .iter()
-            .flatten()
-            .map(|d| d.state.len() + d.conv.len())
-            .sum();
-        (kv + dn) * 4
+        (kv + deltanet_floats(&st.deltanet)) * 4
     }
 
     fn snapshot_bytes(&self, snap: SnapshotId) -> usize {
