@@ -427,3 +427,40 @@ fn a_snapshot_shares_its_sequences_kv_and_forks_or_rewinds_exactly() {
     cpu.free_seq(a);
     assert!(cpu.restore(b, at20).is_err());
 }
+
+#[test]
+fn the_least_recently_used_conversation_is_evicted_first() {
+    let w = tiny();
+    let vocab = w.config.vocab;
+    let mut rng = Tokens(0x5851_F42D_4C95_7F2D);
+    // What one conversation's first turn keeps; the budget holds about two and a half of them.
+    let probe = server(&w, 1 << 30, 0);
+    probe.ask(
+        &[rng.take(30, vocab), GENERATION_PROMPT.to_vec()].concat(),
+        4,
+    );
+    let one = probe.engine.prefix_stats().bytes;
+    probe.engine.shutdown();
+    let on = server(&w, one * 5 / 2, 0);
+    let [mut a, mut b, mut c] = [(); 3].map(|_| Conversation::default());
+    let turn = |conv: &mut Conversation, rng: &mut Tokens| {
+        let prompt = conv.next(rng, vocab, 30, false);
+        let answer = on.ask(&prompt, 4);
+        conv.prompt = prompt;
+        conv.answer = answer.tokens;
+        answer.usage.cached_tokens
+    };
+    assert_eq!(turn(&mut a, &mut rng), 0);
+    assert_eq!(turn(&mut b, &mut rng), 0);
+    assert!(turn(&mut a, &mut rng) > 0, "A's second turn resumes");
+    // C's first turn does not fit with A's and B's states: B, used least recently, goes.
+    assert_eq!(turn(&mut c, &mut rng), 0);
+    assert_eq!(on.engine.prefix_stats().sequences, 2);
+    assert!(
+        turn(&mut a, &mut rng) > 0,
+        "A was used more recently than B: kept"
+    );
+    assert_eq!(turn(&mut b, &mut rng), 0, "B was evicted");
+    assert!(on.engine.prefix_stats().evictions > 0);
+    on.engine.shutdown();
+}
