@@ -381,8 +381,8 @@ fn save_points(
     every: usize,
 ) -> Vec<usize> {
     let mut points: Vec<usize> = conversation_end.into_iter().collect();
-    if let Some(n) = len.checked_div(every) {
-        points.extend((1..=n).map(|k| k * every));
+    if let Some(last) = len.checked_div(every) {
+        points.extend((resumed / every + 1..=last).map(|k| k * every));
     }
     points.push(len);
     points.retain(|&p| p > resumed && p <= len);
@@ -402,4 +402,19 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into());
     format!("the backend panicked: {detail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::save_points;
+
+    #[test]
+    fn save_points_are_the_conversation_end_the_multiples_and_the_prompt_end_after_the_resume() {
+        assert_eq!(save_points(10, 0, Some(7), 0), vec![7, 10]);
+        assert_eq!(save_points(10, 0, Some(7), 4), vec![4, 7, 8, 10]);
+        assert_eq!(save_points(10, 5, Some(7), 4), vec![7, 8, 10]);
+        assert_eq!(save_points(10, 8, Some(7), 4), vec![10]);
+        assert_eq!(save_points(8, 0, Some(8), 4), vec![4, 8]);
+        assert_eq!(save_points(3, 0, None, 4), vec![3]);
+    }
 }
