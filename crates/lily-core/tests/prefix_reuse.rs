@@ -2,7 +2,7 @@
 //! from kept states and prefill only their new tokens, answer exactly as without reuse, stay
 //! correct when a tiny budget evicts, and never see each other's state.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,10 +43,12 @@ fn tiny() -> Arc<ModelWeights> {
     Arc::new(w)
 }
 
-/// The CPU backend, counting the prompt tokens it is asked to prefill.
+/// The CPU backend, counting the prompt tokens it is asked to prefill; its snapshots fail while
+/// `full` is set (a device out of memory).
 struct Counting {
     cpu: CpuBackend,
     prefilled: Arc<AtomicUsize>,
+    full: Arc<AtomicBool>,
 }
 
 impl Backend for Counting {
@@ -86,6 +88,9 @@ impl Backend for Counting {
         self.cpu.decode(seq, sampler, n, top_logprobs, on_token)
     }
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
+        if self.full.load(Ordering::SeqCst) {
+            anyhow::bail!("out of device memory");
+        }
         self.cpu.snapshot(seq)
     }
     fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
@@ -105,14 +110,17 @@ impl Backend for Counting {
 struct Server {
     engine: Engine,
     prefilled: Arc<AtomicUsize>,
+    full: Arc<AtomicBool>,
 }
 
 fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server {
     let prefilled = Arc::new(AtomicUsize::new(0));
+    let full = Arc::new(AtomicBool::new(false));
     let backend = Counting {
         // A small chunk, so prompts cross chunk boundaries too.
         cpu: CpuBackend::new(w.clone()).with_prefill_chunk(16),
         prefilled: prefilled.clone(),
+        full: full.clone(),
     };
     let engine = Engine::start(
         Box::new(backend),
@@ -124,7 +132,11 @@ fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server
         },
     )
     .expect("engine");
-    Server { engine, prefilled }
+    Server {
+        engine,
+        prefilled,
+        full,
+    }
 }
 
 enum Seen {
@@ -463,4 +475,47 @@ fn the_least_recently_used_conversation_is_evicted_first() {
     assert_eq!(turn(&mut b, &mut rng), 0, "B was evicted");
     assert!(on.engine.prefix_stats().evictions > 0);
     on.engine.shutdown();
+}
+
+#[test]
+fn failing_snapshots_free_the_kept_states_or_turn_reuse_off() {
+    let w = tiny();
+    let vocab = w.config.vocab;
+    let mut rng = Tokens(0x3C6E_F372_FE94_F82B);
+    let on = server(&w, 1 << 30, 0);
+    let off = server(&w, 0, 0);
+    let [mut a, mut b, mut c] = [(); 3].map(|_| Conversation::default());
+    let mut turn = |server: &Server, conv: &mut Conversation| {
+        let prompt = conv.next(&mut rng, vocab, 20, false);
+        let answer = server.ask(&prompt, 4);
+        assert_eq!(answer.tokens, off.ask(&prompt, 4).tokens);
+        let cached = answer.usage.cached_tokens;
+        let whole = conv.prompt.len() + conv.answer.len();
+        conv.prompt = prompt;
+        conv.answer = answer.tokens;
+        (cached, whole.saturating_sub(1))
+    };
+    assert_eq!(turn(&on, &mut a).0, 0);
+    assert_eq!(turn(&on, &mut b).0, 0);
+    let a1_end = a.prompt.len() + a.answer.len() - 1;
+    // Out of memory during A's second turn: it still resumes and answers; B's kept state is
+    // freed, A's snapshots of this turn are not taken.
+    on.full.store(true, Ordering::SeqCst);
+    let (cached, whole) = turn(&on, &mut a);
+    assert_eq!(cached, whole);
+    assert_eq!(on.engine.prefix_stats().sequences, 1);
+    on.full.store(false, Ordering::SeqCst);
+    // A resumes from the state its first turn kept; B starts over; reuse goes on.
+    assert_eq!(turn(&on, &mut a).0, a1_end);
+    assert_eq!(turn(&on, &mut b).0, 0);
+    let (cached, whole) = turn(&on, &mut a);
+    assert_eq!(cached, whole);
+    // A backend that never could snapshot: reuse is turned off.
+    let never = server(&w, 1 << 30, 0);
+    never.full.store(true, Ordering::SeqCst);
+    assert_eq!(turn(&never, &mut c).0, 0);
+    assert_eq!(never.engine.prefix_stats().budget, 0);
+    for s in [on, off, never] {
+        s.engine.shutdown();
+    }
 }

@@ -45,6 +45,8 @@ pub struct PrefixCache {
     hits: u64,
     misses: u64,
     evictions: u64,
+    /// A snapshot has succeeded once: the backend can take them.
+    snapshotted: bool,
 }
 
 /// One kept sequence.
@@ -102,6 +104,7 @@ impl PrefixCache {
             hits: 0,
             misses: 0,
             evictions: 0,
+            snapshotted: false,
         }
     }
 
@@ -302,6 +305,7 @@ impl PrefixCache {
         }
         match backend.snapshot(s.seq) {
             Ok(snap) => {
+                self.snapshotted = true;
                 let clock = self.tick();
                 let s = &mut self.sessions[i];
                 s.tokens = tokens.to_vec();
@@ -315,6 +319,12 @@ impl PrefixCache {
                     conversation_end,
                 });
                 self.evict(backend);
+            }
+            // A backend that has snapshotted before is short of memory: free what is kept
+            // and go on without this one.
+            Err(e) if self.snapshotted => {
+                tracing::warn!("snapshot failed ({e:#}); freeing the kept prefixes");
+                self.free_idle(backend, None);
             }
             Err(e) => {
                 tracing::warn!("prefix reuse off: the backend cannot snapshot ({e:#})");
