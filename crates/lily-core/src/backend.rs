@@ -11,7 +11,10 @@ use crate::sampling::Sampler;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SeqId(pub u64);
 
-/// A saved copy of a sequence's state at one position (prefix reuse, ARCHITECTURE.md §7).
+/// A sequence's state at one position (prefix reuse, ARCHITECTURE.md §7): the DeltaNet recurrent
+/// and conv state and the pending logits, copied; the KV cache is not copied but shared with the
+/// sequence it was taken from, as a length into it (KV rows can be truncated to any prefix,
+/// DeltaNet state cannot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SnapshotId(pub u64);
 
@@ -81,7 +84,28 @@ pub trait Backend: Send {
         on_token: &mut dyn FnMut(&StepOut) -> Flow,
     ) -> Result<()>;
 
+    /// Saves `seq`'s state at its current length. The snapshot shares `seq`'s KV rows up to that
+    /// length: it stays valid while `seq` lives and those rows are not rewritten, which only a
+    /// `restore` to a shorter snapshot of `seq` can do (and that drops it, below). Freeing `seq`
+    /// drops its snapshots.
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId>;
+    /// Puts `seq` in the state `snap` saved. With a snapshot of `seq` itself this rewinds it: the
+    /// KV is truncated to the snapshot's length (nothing is copied) and every snapshot of `seq`
+    /// longer than `snap` is dropped, since the tokens fed next overwrite their rows. With a
+    /// snapshot of another sequence (which must still be alive) this forks: the KV prefix is copied
+    /// into `seq`, and the other sequence and its snapshots are left as they are.
     fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()>;
+    /// Forgets `snap`; an unknown (already dropped) snapshot is ignored.
     fn drop_snapshot(&mut self, snap: SnapshotId);
+
+    /// Bytes `seq` holds (KV cache as allocated, recurrent and conv state): what keeping it alive
+    /// for reuse costs. 0 for a backend that does not know.
+    fn seq_bytes(&self, _seq: SeqId) -> usize {
+        0
+    }
+
+    /// Bytes `snap` holds of its own (not the KV it shares with its sequence).
+    fn snapshot_bytes(&self, _snap: SnapshotId) -> usize {
+        0
+    }
 }

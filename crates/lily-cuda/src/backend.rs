@@ -23,12 +23,26 @@ use crate::weights::{upload_model, DevModel};
 /// Most tokens per forward pass when every position's logits are kept (`prefill_all_logits`).
 const ALL_LOGITS_CHUNK: usize = 256;
 
+/// A sequence's state at `len` tokens; the KV rows `0..len` stay in the sequence `seq` and are
+/// shared, not copied (lily-core backend.rs, `snapshot`).
 struct Snapshot {
+    seq: u64,
     len: usize,
     logits: DevBuf,
     next_token: DevBuf,
-    kv: Vec<(DevBuf, DevBuf)>,
     dn: Vec<(DevBuf, DevBuf)>,
+}
+
+impl Snapshot {
+    fn bytes(&self) -> usize {
+        self.logits.bytes
+            + self.next_token.bytes
+            + self
+                .dn
+                .iter()
+                .map(|(s, c)| s.bytes + c.bytes)
+                .sum::<usize>()
+    }
 }
 
 pub struct CudaBackend {
@@ -221,6 +235,7 @@ impl Backend for CudaBackend {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
         self.seqs.remove(&seq.0);
+        self.snaps.retain(|_, s| s.seq != seq.0);
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
@@ -382,24 +397,16 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.seq(seq)?;
         let g = &self.gpu;
-        let kv_bytes = s.len
-            * self.cfg.n_kv_heads
-            * self.cfg.head_dim
-            * kv_elem_bytes(self.plan.bf16_activations);
         let dup = |b: &DevBuf, bytes: usize| -> Result<DevBuf> {
             let c = g.alloc(bytes)?;
             g.copy(&c, 0, b, 0, bytes)?;
             Ok(c)
         };
         let snap = Snapshot {
+            seq: seq.0,
             len: s.len,
             logits: dup(&s.logits, s.logits.bytes)?,
             next_token: dup(&s.next_token, 4)?,
-            kv: s
-                .kv
-                .iter()
-                .map(|(k, v)| Ok((dup(k, kv_bytes)?, dup(v, kv_bytes)?)))
-                .collect::<Result<_>>()?,
             dn: s
                 .dn
                 .iter()
@@ -431,18 +438,35 @@ impl Backend for CudaBackend {
             );
         }
         let g = &self.gpu;
+        if sn.seq != seq.0 {
+            // Fork: copy the KV prefix from the sequence the snapshot shares it with.
+            let source = self
+                .seqs
+                .get(&sn.seq)
+                .ok_or_else(|| anyhow!("snapshot {} outlived its sequence", snap.0))?;
+            let kv_bytes = sn.len
+                * self.cfg.n_kv_heads
+                * self.cfg.head_dim
+                * kv_elem_bytes(self.plan.bf16_activations);
+            for ((k, v), (sk, sv)) in s.kv.iter().zip(&source.kv) {
+                g.copy(k, 0, sk, 0, kv_bytes)?;
+                g.copy(v, 0, sv, 0, kv_bytes)?;
+            }
+        }
         g.copy(&s.logits, 0, &sn.logits, 0, sn.logits.bytes)?;
         g.copy(&s.next_token, 0, &sn.next_token, 0, 4)?;
-        for ((k, v), (sk, sv)) in s.kv.iter().zip(&sn.kv) {
-            g.copy(k, 0, sk, 0, sk.bytes)?;
-            g.copy(v, 0, sv, 0, sv.bytes)?;
-        }
         for ((st, cv), (sst, scv)) in s.dn.iter().zip(&sn.dn) {
             g.copy(st, 0, sst, 0, sst.bytes)?;
             g.copy(cv, 0, scv, 0, scv.bytes)?;
         }
         g.write(&s.pos, 0, &[sn.len as i32])?;
-        let len = sn.len;
+        g.sync()?;
+        let (len, own) = (sn.len, sn.seq == seq.0);
+        if own {
+            // Rewind: the rows past `len` will be overwritten, so longer snapshots of this
+            // sequence are gone.
+            self.snaps.retain(|_, x| x.seq != seq.0 || x.len <= len);
+        }
         self.seqs.get_mut(&seq.0).expect("checked above").len = len;
         Ok(())
     }
@@ -451,6 +475,18 @@ impl Backend for CudaBackend {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
         self.snaps.remove(&snap.0);
+    }
+
+    fn seq_bytes(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq.0).map_or(0, |s| {
+            let kv: usize = s.kv.iter().map(|(k, v)| k.bytes + v.bytes).sum();
+            let dn: usize = s.dn.iter().map(|(st, cv)| st.bytes + cv.bytes).sum();
+            kv + dn + s.logits.bytes
+        })
+    }
+
+    fn snapshot_bytes(&self, snap: SnapshotId) -> usize {
+        self.snaps.get(&snap.0).map_or(0, Snapshot::bytes)
     }
 }
 

@@ -1811,6 +1811,45 @@ fn decode_chunking_and_snapshots_are_consistent() {
         "decoding after restore must repeat the same tokens"
     );
     println!("MODEL snapshot/restore: the same 5 tokens after restore");
+
+    // Snapshots share their sequence's KV: a snapshot at 20 tokens forks another sequence (the KV
+    // prefix is copied on the device), rewinding its own sequence drops its longer snapshots, and
+    // freeing the sequence drops the rest.
+    let s3 = cuda.new_seq(64).unwrap();
+    cuda.prefill(s3, &prompt[..20]).unwrap();
+    let at20 = cuda.snapshot(s3).unwrap();
+    cuda.prefill(s3, &prompt[20..]).unwrap();
+    let at40 = cuda.snapshot(s3).unwrap();
+    assert!(cuda.snapshot_bytes(at40) < cuda.seq_bytes(s3));
+    assert_eq!(cuda.snapshot_bytes(at20), cuda.snapshot_bytes(at40));
+    let s4 = cuda.new_seq(64).unwrap();
+    cuda.restore(s4, at20).unwrap();
+    assert_eq!(cuda.seq_len(s4).unwrap(), 20);
+    cuda.prefill(s4, &prompt[20..]).unwrap();
+    check(
+        "fork at 20 tokens, then the rest, vs one prefill",
+        &cuda.logits(s4).unwrap(),
+        &a,
+        1e-5,
+    );
+    cuda.restore(s3, at20).unwrap();
+    assert!(
+        cuda.restore(s4, at40).is_err(),
+        "a rewind drops the longer snapshots"
+    );
+    cuda.prefill(s3, &prompt[20..]).unwrap();
+    check(
+        "rewind to 20 tokens, then the rest, vs one prefill",
+        &cuda.logits(s3).unwrap(),
+        &a,
+        1e-5,
+    );
+    cuda.free_seq(s3);
+    assert!(
+        cuda.restore(s4, at20).is_err(),
+        "freeing a sequence drops its snapshots"
+    );
+    println!("MODEL snapshots share the KV: fork and rewind give the one-prefill logits");
 }
 
 /// The on-disk kernel cache: a first open compiles, a second loads cubins, a corrupted entry is

@@ -22,7 +22,8 @@ pub struct LoadOptions {
     pub device: Device,
     pub ctx_size: Option<usize>,
     pub max_queue: usize,
-    pub prefix_cache: usize,
+    pub prefix_cache_bytes: usize,
+    pub snapshot_every: usize,
     pub quantize: bool,
     pub cuda: CudaArgs,
 }
@@ -94,7 +95,8 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         EngineOptions {
             max_queue: opts.max_queue,
             ctx_size,
-            prefix_cache: opts.prefix_cache,
+            prefix_cache_bytes: opts.prefix_cache_bytes,
+            snapshot_every: opts.snapshot_every,
         },
     )?;
     Ok(Model {

@@ -1,11 +1,12 @@
 //! Prometheus text exposition (`GET /metrics`): requests by endpoint and status, prompt and
-//! generated tokens, prefill and decode throughput, time to first token, queue depth.
+//! generated tokens, prefill and decode throughput, time to first token, queue depth, prefix
+//! reuse (hits, misses, evictions, bytes held).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use lily_core::engine::{FinishReason, Outcome};
+use lily_core::engine::{FinishReason, Outcome, PrefixStats};
 
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
 const TTFT_BUCKETS: [f64; 12] = [
@@ -42,6 +43,7 @@ pub struct Gauges {
     pub queue_depth: usize,
     pub running: usize,
     pub ready: bool,
+    pub prefix: PrefixStats,
 }
 
 impl Metrics {
@@ -127,7 +129,8 @@ impl Metrics {
                 "lily_generations_total{{finish_reason=\"{reason}\"}} {n}"
             );
         }
-        let scalars: [(&str, &str, &str, String); 12] = [
+        let p = &gauges.prefix;
+        let scalars: [(&str, &str, &str, String); 19] = [
             (
                 "lily_prompt_tokens_total",
                 "counter",
@@ -199,6 +202,48 @@ impl Metrics {
                 "gauge",
                 "1 once the model is loaded.",
                 u8::from(gauges.ready).to_string(),
+            ),
+            (
+                "lily_prefix_cache_hits_total",
+                "counter",
+                "Generations that resumed from a kept prefix state.",
+                p.hits.to_string(),
+            ),
+            (
+                "lily_prefix_cache_misses_total",
+                "counter",
+                "Generations that found no kept prefix state to resume from (reuse on).",
+                p.misses.to_string(),
+            ),
+            (
+                "lily_prefix_cache_evictions_total",
+                "counter",
+                "Prefix snapshots evicted to stay within the budget.",
+                p.evictions.to_string(),
+            ),
+            (
+                "lily_prefix_cache_bytes",
+                "gauge",
+                "Bytes held by kept sequences (KV cache, state) and their snapshots.",
+                p.bytes.to_string(),
+            ),
+            (
+                "lily_prefix_cache_budget_bytes",
+                "gauge",
+                "The prefix cache budget (0 = reuse off).",
+                p.budget.to_string(),
+            ),
+            (
+                "lily_prefix_cache_snapshots",
+                "gauge",
+                "Prefix snapshots kept.",
+                p.snapshots.to_string(),
+            ),
+            (
+                "lily_prefix_cache_sequences",
+                "gauge",
+                "Sequences kept for reuse.",
+                p.sequences.to_string(),
             ),
         ];
         for (name, kind, help, value) in scalars {

@@ -48,6 +48,8 @@ pub struct ScriptedBackend {
     spin: Duration,
     seqs: HashMap<SeqId, ScriptedSeq>,
     next_seq: u64,
+    /// Prefix reuse: a snapshot is the sequence it was taken from and its tokens then.
+    snapshots: HashMap<u64, (SeqId, Vec<u32>)>,
 }
 
 #[derive(Clone)]
@@ -140,6 +142,7 @@ impl ScriptedModel {
             spin,
             seqs: HashMap::new(),
             next_seq: 0,
+            snapshots: HashMap::new(),
         };
         Ok(ScriptedModel {
             backend,
@@ -211,6 +214,7 @@ impl Backend for ScriptedBackend {
 
     fn free_seq(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
+        self.snapshots.retain(|_, (s, _)| *s != seq);
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
@@ -289,13 +293,51 @@ impl Backend for ScriptedBackend {
         Ok(())
     }
 
-    fn snapshot(&mut self, _seq: SeqId) -> Result<SnapshotId> {
-        bail!("the scripted backend keeps no snapshots")
+    fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
+        let tokens = self.seq(seq)?.tokens.clone();
+        self.next_seq += 1;
+        self.snapshots.insert(self.next_seq, (seq, tokens));
+        Ok(SnapshotId(self.next_seq))
     }
 
-    fn restore(&mut self, _seq: SeqId, _snap: SnapshotId) -> Result<()> {
-        bail!("the scripted backend keeps no snapshots")
+    /// The state is the tokens (the reply is chosen from them at the next decode), so a rewind
+    /// and a fork are the same; the contract's dropping of longer snapshots is kept anyway.
+    fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
+        let (from, tokens) = self
+            .snapshots
+            .get(&snap.0)
+            .cloned()
+            .with_context(|| format!("unknown snapshot {}", snap.0))?;
+        if !self.seqs.contains_key(&from) {
+            bail!("snapshot {} outlived its sequence", snap.0);
+        }
+        let s = self.seq(seq)?;
+        if tokens.len() > s.max_ctx {
+            bail!(
+                "snapshot of {} tokens does not fit sequence {seq:?}",
+                tokens.len()
+            );
+        }
+        let len = tokens.len();
+        s.tokens = tokens;
+        s.reply = None;
+        s.at = 0;
+        if from == seq {
+            self.snapshots
+                .retain(|_, (sq, t)| *sq != seq || t.len() <= len);
+        }
+        Ok(())
     }
 
-    fn drop_snapshot(&mut self, _snap: SnapshotId) {}
+    fn drop_snapshot(&mut self, snap: SnapshotId) {
+        self.snapshots.remove(&snap.0);
+    }
+
+    fn seq_bytes(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.tokens.len() * 4)
+    }
+
+    fn snapshot_bytes(&self, snap: SnapshotId) -> usize {
+        self.snapshots.get(&snap.0).map_or(0, |(_, t)| t.len() * 4)
+    }
 }

@@ -36,9 +36,16 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
-    /// Conversation prefixes whose state is kept for reuse by later turns (0 = off).
-    #[arg(long, default_value_t = 4)]
-    pub prefix_cache: usize,
+    /// MiB of device memory (host memory on the CPU backend) for conversation states kept for
+    /// reuse by later requests: sequences' KV caches and their snapshots, least recently used
+    /// evicted first (0 = prefix reuse off).
+    #[arg(long, default_value_t = 8192)]
+    pub prefix_cache_mib: usize,
+    /// Also snapshot every this many prompt tokens of a long prefill, so a prompt that differs
+    /// from an earlier one only after that point resumes there (0 = only at the ends of
+    /// conversations, prompts and generated turns).
+    #[arg(long, default_value_t = 4096)]
+    pub snapshot_every: usize,
     #[arg(long, value_enum, default_value = "auto")]
     pub device: Device,
     /// Serve an HF bf16 checkpoint as bf16. By default it is quantised at load to 4-bit groups of
@@ -89,7 +96,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         device: args.device,
         ctx_size: args.ctx_size,
         max_queue: args.max_queue,
-        prefix_cache: args.prefix_cache,
+        prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
+        snapshot_every: args.snapshot_every,
         quantize: !args.keep_bf16,
         cuda: args.cuda.clone(),
     };

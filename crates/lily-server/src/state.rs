@@ -8,6 +8,7 @@ use lily_core::text::Tokenizer;
 
 use crate::metrics::{Gauges, Metrics};
 use crate::openai::error::ApiError;
+use lily_core::engine::PrefixStats;
 
 /// A loaded model: the engine (which owns the backend) and the text side.
 pub struct Model {
@@ -63,11 +64,13 @@ impl AppState {
                 queue_depth: model.engine.queue_depth(),
                 running: usize::from(model.engine.is_busy()),
                 ready: true,
+                prefix: model.engine.prefix_stats(),
             },
             _ => Gauges {
                 queue_depth: 0,
                 running: 0,
                 ready: false,
+                prefix: PrefixStats::default(),
             },
         }
     }

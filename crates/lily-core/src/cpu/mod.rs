@@ -28,11 +28,34 @@ pub struct SeqState {
     logits: Option<Vec<f32>>,
 }
 
+/// A sequence's state at one position, sharing its KV rows `0..pos` (backend.rs, `snapshot`).
+#[derive(Clone, Debug)]
+struct Snapshot {
+    seq: u64,
+    pos: usize,
+    deltanet: Vec<Option<DeltaNetState>>,
+    logits: Option<Vec<f32>>,
+}
+
+impl Snapshot {
+    fn bytes(&self) -> usize {
+        (deltanet_floats(&self.deltanet) + self.logits.as_ref().map_or(0, Vec::len)) * 4
+    }
+}
+
+fn deltanet_floats(layers: &[Option<DeltaNetState>]) -> usize {
+    layers
+        .iter()
+        .flatten()
+        .map(|d| d.state.len() + d.conv.len())
+        .sum()
+}
+
 pub struct CpuBackend {
     weights: Arc<ModelWeights>,
     prefill_chunk: usize,
     seqs: HashMap<u64, SeqState>,
-    snapshots: HashMap<u64, SeqState>,
+    snapshots: HashMap<u64, Snapshot>,
     next_id: u64,
 }
 
@@ -193,6 +216,7 @@ impl Backend for CpuBackend {
 
     fn free_seq(&mut self, seq: SeqId) {
         self.seqs.remove(&seq.0);
+        self.snapshots.retain(|_, s| s.seq != seq.0);
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
@@ -268,10 +292,16 @@ impl Backend for CpuBackend {
     }
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
-        let st = self.seq_mut(seq)?.clone();
+        let st = self.seq_mut(seq)?;
+        let snap = Snapshot {
+            seq: seq.0,
+            pos: st.pos,
+            deltanet: st.deltanet.clone(),
+            logits: st.logits.clone(),
+        };
         let id = self.next_id;
         self.next_id += 1;
-        self.snapshots.insert(id, st);
+        self.snapshots.insert(id, snap);
         Ok(SnapshotId(id))
     }
 
@@ -281,11 +311,62 @@ impl Backend for CpuBackend {
             .get(&snap.0)
             .with_context(|| format!("unknown snapshot {}", snap.0))?
             .clone();
-        *self.seq_mut(seq)? = saved;
+        let row = self.weights.config.n_kv_heads * self.weights.config.head_dim;
+        let keep = saved.pos * row;
+        if saved.seq == seq.0 {
+            // Rewind: the rows past the snapshot will be overwritten, so the longer snapshots of
+            // this sequence are gone.
+            self.snapshots
+                .retain(|_, s| s.seq != seq.0 || s.pos <= saved.pos);
+        } else {
+            // Fork: copy the KV prefix the snapshot shares with its own sequence.
+            let source = self
+                .seqs
+                .get(&saved.seq)
+                .with_context(|| format!("snapshot {} outlived its sequence", snap.0))?;
+            let kv: Vec<Option<KvCache>> = source
+                .kv
+                .iter()
+                .map(|c| {
+                    c.as_ref().map(|c| KvCache {
+                        k: c.k[..keep].to_vec(),
+                        v: c.v[..keep].to_vec(),
+                    })
+                })
+                .collect();
+            self.seq_mut(seq)?.kv = kv;
+        }
+        let st = self.seq_mut(seq)?;
+        if saved.pos > st.max_ctx {
+            bail!(
+                "a snapshot of {} tokens does not fit a sequence of context {}",
+                saved.pos,
+                st.max_ctx
+            );
+        }
+        for c in st.kv.iter_mut().flatten() {
+            c.k.truncate(keep);
+            c.v.truncate(keep);
+        }
+        st.pos = saved.pos;
+        st.deltanet = saved.deltanet;
+        st.logits = saved.logits;
         Ok(())
     }
 
     fn drop_snapshot(&mut self, snap: SnapshotId) {
         self.snapshots.remove(&snap.0);
+    }
+
+    fn seq_bytes(&self, seq: SeqId) -> usize {
+        let Some(st) = self.seqs.get(&seq.0) else {
+            return 0;
+        };
+        let kv: usize = st.kv.iter().flatten().map(|c| c.k.len() + c.v.len()).sum();
+        (kv + deltanet_floats(&st.deltanet)) * 4
+    }
+
+    fn snapshot_bytes(&self, snap: SnapshotId) -> usize {
+        self.snapshots.get(&snap.0).map_or(0, Snapshot::bytes)
     }
 }

@@ -6,9 +6,10 @@
 //! Cancellation is the sink's to signal: `JobSink::is_cancelled` is polled between prefill chunks
 //! and `JobSink::token` returning `Flow::Stop` ends decode at once (within one token).
 //!
-//! Prefix reuse (ARCHITECTURE.md §7): a job may name a save point in its prompt; the state there
-//! is kept (a few, least recently used evicted) and later jobs whose prompts start with those
-//! tokens resume from it (`prefix.rs`).
+//! Prefix reuse (ARCHITECTURE.md §7): a finished job's sequence is kept with snapshots at the end
+//! of its conversation (a save point the job names), of its prompt, of its generated turn and
+//! every N tokens of a long prefill; later jobs whose prompts start with those tokens resume from
+//! the deepest one, within a byte budget (`prefix.rs`).
 
 mod job;
 mod logprob;
@@ -18,6 +19,7 @@ mod worker;
 
 pub use job::{FinishReason, Job, JobSink, Outcome, PromptLogprob, Usage};
 pub use logprob::token_logprob;
+pub use prefix::PrefixStats;
 pub use queue::{Queue, QueueFull};
 pub use worker::{Engine, EngineOptions};
 

@@ -135,7 +135,8 @@ fn opts(max_queue: usize) -> EngineOptions {
     EngineOptions {
         max_queue,
         ctx_size: 4096,
-        prefix_cache: 0,
+        prefix_cache_bytes: 0,
+        snapshot_every: 0,
     }
 }
 
@@ -440,7 +441,8 @@ fn a_saved_prefix_is_reused_by_prompts_that_start_with_it() {
     let options = EngineOptions {
         max_queue: 4,
         ctx_size: 4096,
-        prefix_cache: 2,
+        prefix_cache_bytes: 1 << 20,
+        snapshot_every: 0,
     };
     let engine = Engine::start(Box::new(backend), options).unwrap();
     let run = |prompt: &[u32], save_at: Option<usize>| {

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 
 use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
 use super::logprob::token_logprob;
-use super::prefix::PrefixCache;
+use super::prefix::{Lease, PrefixCache, PrefixStats};
 use super::queue::{Queue, QueueFull};
 use crate::backend::{Backend, Flow, SeqId};
 use crate::config::ModelConfig;
@@ -22,10 +22,13 @@ pub struct EngineOptions {
     /// Jobs that may wait behind the running one.
     pub max_queue: usize,
     /// Tokens a sequence may hold (prompt + output); sequences are sized to it when prefix reuse
-    /// is on, since a restored state keeps the size it was saved with.
+    /// is on, so a kept sequence can take any later turn.
     pub ctx_size: usize,
-    /// Saved prefix states kept for reuse (0 = no reuse).
-    pub prefix_cache: usize,
+    /// Bytes of kept sequences and snapshots for prefix reuse (0 = no reuse).
+    pub prefix_cache_bytes: usize,
+    /// Also snapshot every this many prompt tokens of a long prefill (0 = only at the ends of
+    /// conversations, prompts and generated turns).
+    pub snapshot_every: usize,
 }
 
 pub struct Engine {
@@ -35,6 +38,7 @@ pub struct Engine {
     thread: Mutex<Option<JoinHandle<()>>>,
     config: ModelConfig,
     description: String,
+    prefix_stats: Arc<Mutex<PrefixStats>>,
 }
 
 impl Engine {
@@ -45,12 +49,16 @@ impl Engine {
         let queue = Arc::new(Queue::new(opts.max_queue));
         let busy = Arc::new(AtomicBool::new(false));
         let cancel_all = Arc::new(AtomicBool::new(false));
+        let prefixes = PrefixCache::new(opts.prefix_cache_bytes);
+        let prefix_stats = Arc::new(Mutex::new(prefixes.stats()));
         let worker = Worker {
             backend,
             eos_ids: config.eos_ids.clone(),
             cancel_all: cancel_all.clone(),
-            prefixes: PrefixCache::new(opts.prefix_cache),
+            prefixes,
+            prefix_stats: prefix_stats.clone(),
             ctx_size: opts.ctx_size,
+            snapshot_every: opts.snapshot_every,
         };
         let thread = {
             let (queue, busy) = (queue.clone(), busy.clone());
@@ -66,7 +74,13 @@ impl Engine {
             thread: Mutex::new(Some(thread)),
             config,
             description,
+            prefix_stats,
         })
+    }
+
+    /// Prefix reuse counters as of the last finished job.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        *self.prefix_stats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -116,7 +130,9 @@ impl Engine {
 struct Worker {
     backend: Box<dyn Backend>,
     prefixes: PrefixCache,
+    prefix_stats: Arc<Mutex<PrefixStats>>,
     ctx_size: usize,
+    snapshot_every: usize,
     eos_ids: Vec<u32>,
     cancel_all: Arc<AtomicBool>,
 }
@@ -138,8 +154,8 @@ impl Worker {
                     usage,
                 },
                 Err(panic) => {
-                    // Saved states may be half-written; start clean.
-                    self.prefixes.clear(self.backend.as_mut());
+                    // Saved states may be half-written, and the job's lease is lost: start clean.
+                    self.prefixes.reset(self.backend.as_mut());
                     Outcome::Failed {
                         message: panic_message(panic.as_ref()),
                         usage,
@@ -149,6 +165,7 @@ impl Worker {
             if let Outcome::Failed { message, .. } = &outcome {
                 tracing::error!("generation failed: {message}");
             }
+            *self.prefix_stats.lock().unwrap_or_else(|p| p.into_inner()) = self.prefixes.stats();
             job.sink.finished(outcome);
             busy.store(false, Ordering::Relaxed);
         }
@@ -163,26 +180,45 @@ impl Worker {
             return Ok(FinishReason::Cancelled);
         }
         let needed = job.prompt.len() + job.max_tokens;
-        let capacity = if self.prefixes.enabled() {
+        // Scoring prompts feed every token from the start; they neither resume nor keep state.
+        let reuse = !job.prompt_logprobs;
+        let capacity = if reuse && self.prefixes.enabled() {
             needed.max(self.ctx_size)
         } else {
             needed
         };
-        let seq = self.backend.new_seq(capacity)?;
-        let result = self.generate(seq, job, usage);
-        self.backend.free_seq(seq);
+        let backend = self.backend.as_mut();
+        let lease = match self
+            .prefixes
+            .acquire(backend, &job.prompt, needed, capacity, reuse)
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                self.prefixes.clear(backend);
+                return Err(e);
+            }
+        };
+        usage.cached_tokens = lease.resumed;
+        let result = self.generate(&lease, job, usage);
         if result.is_err() {
             self.prefixes.clear(self.backend.as_mut());
         }
+        self.prefixes.release(self.backend.as_mut(), lease);
         result
     }
 
-    fn generate(&mut self, seq: SeqId, job: &mut Job, usage: &mut Usage) -> Result<FinishReason> {
+    fn generate(
+        &mut self,
+        lease: &Lease,
+        job: &mut Job,
+        usage: &mut Usage,
+    ) -> Result<FinishReason> {
+        let seq = lease.seq;
         let start = Instant::now();
         let prefilled = if job.prompt_logprobs {
             self.prefill_scoring(seq, job)?
         } else {
-            self.prefill(seq, job, usage)?
+            self.prefill(lease, job)?
         };
         usage.prefill_time = start.elapsed();
         if !prefilled {
@@ -197,6 +233,7 @@ impl Worker {
         let mut ended_by_eos = false;
         let mut stopped = false;
         let mut generated = 0usize;
+        let mut emitted = Vec::new();
         let (eos_ids, cancel_all) = (&self.eos_ids, &self.cancel_all);
         let sink = &mut job.sink;
         self.backend.decode(
@@ -206,6 +243,7 @@ impl Worker {
             job.top_logprobs,
             &mut |step| {
                 let entered = Instant::now();
+                emitted.push(step.token);
                 if eos_ids.contains(&step.token) {
                     ended_by_eos = true;
                     return Flow::Stop;
@@ -231,6 +269,9 @@ impl Worker {
             usage.sink_time.as_secs_f64() * 1e6 / generated.max(1) as f64
         );
         usage.completion_tokens = generated;
+        if lease.keeps() {
+            self.save_turn(lease, &job.prompt, &emitted)?;
+        }
         Ok(if self.cancelled(job) {
             FinishReason::Cancelled
         } else if ended_by_eos || stopped {
@@ -240,19 +281,35 @@ impl Worker {
         })
     }
 
-    /// Feeds the prompt in chunks, resuming from a saved prefix when one matches and saving the
-    /// state at the job's save point; false if the job was cancelled on the way.
-    fn prefill(&mut self, seq: SeqId, job: &Job, usage: &mut Usage) -> Result<bool> {
-        let mut done = 0;
-        if let Some((len, snap)) = self.prefixes.longest(&job.prompt) {
-            self.backend.restore(seq, snap)?;
-            done = len;
-            usage.cached_tokens = len;
+    /// Keeps the state at the end of the generated turn: the prompt and the generated tokens the
+    /// model was fed (the last one sampled, an end-of-sequence token included, never is).
+    fn save_turn(&mut self, lease: &Lease, prompt: &[u32], emitted: &[u32]) -> Result<()> {
+        let fed = self
+            .backend
+            .seq_len(lease.seq)?
+            .saturating_sub(prompt.len());
+        if fed > 0 && fed <= emitted.len() {
+            let tokens = [prompt, &emitted[..fed]].concat();
+            self.prefixes
+                .save(self.backend.as_mut(), lease, &tokens, false);
         }
-        let save_at = job
-            .save_prefix_at
-            .filter(|&at| self.prefixes.enabled() && at > done && at < job.prompt.len())
-            .filter(|&at| !self.prefixes.contains(&job.prompt[..at]));
+        Ok(())
+    }
+
+    /// Feeds the prompt in chunks from where the lease resumed, keeping the state at the save
+    /// points; false if the job was cancelled on the way.
+    fn prefill(&mut self, lease: &Lease, job: &Job) -> Result<bool> {
+        let mut done = lease.resumed;
+        let points = if lease.keeps() {
+            save_points(
+                job.prompt.len(),
+                done,
+                job.save_prefix_at,
+                self.snapshot_every,
+            )
+        } else {
+            Vec::new()
+        };
         // The backend's chunk, so a cancelled request stops within one piece.
         let chunk = self.backend.prefill_chunk().max(1);
         while done < job.prompt.len() {
@@ -260,24 +317,15 @@ impl Worker {
                 return Ok(false);
             }
             let mut end = (done + chunk).min(job.prompt.len());
-            if let Some(at) = save_at.filter(|&at| at > done) {
+            if let Some(&at) = points.iter().find(|&&at| at > done) {
                 end = end.min(at);
             }
-            self.backend.prefill(seq, &job.prompt[done..end])?;
+            self.backend.prefill(lease.seq, &job.prompt[done..end])?;
             done = end;
-            if save_at == Some(done) {
-                match self.backend.snapshot(seq) {
-                    Ok(snap) => self.prefixes.insert(
-                        self.backend.as_mut(),
-                        job.prompt[..done].to_vec(),
-                        snap,
-                    ),
-                    // Reuse is an optimisation: a backend without snapshots just goes without.
-                    Err(e) => {
-                        tracing::warn!("prefix reuse off: the backend cannot snapshot ({e:#})");
-                        self.prefixes = PrefixCache::new(0);
-                    }
-                }
+            if points.contains(&done) {
+                let end = job.save_prefix_at == Some(done);
+                self.prefixes
+                    .save(self.backend.as_mut(), lease, &job.prompt[..done], end);
             }
         }
         Ok(true)
@@ -323,6 +371,26 @@ impl Worker {
     }
 }
 
+/// Where a prompt of `len` tokens, resumed at `resumed`, is snapshotted, in order: the end of the
+/// conversation (`conversation_end`, before the generation prompt), every multiple of `every`,
+/// and the end of the prompt.
+fn save_points(
+    len: usize,
+    resumed: usize,
+    conversation_end: Option<usize>,
+    every: usize,
+) -> Vec<usize> {
+    let mut points: Vec<usize> = conversation_end.into_iter().collect();
+    if let Some(last) = len.checked_div(every) {
+        points.extend((resumed / every + 1..=last).map(|k| k * every));
+    }
+    points.push(len);
+    points.retain(|&p| p > resumed && p <= len);
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
 /// Prompt tokens per scoring pass: bounds the host copy of all-position logits (64 × 248,320 f32
 /// = 64 MB).
 const SCORING_CHUNK: usize = 64;
@@ -334,4 +402,19 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into());
     format!("the backend panicked: {detail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::save_points;
+
+    #[test]
+    fn save_points_are_the_conversation_end_the_multiples_and_the_prompt_end_after_the_resume() {
+        assert_eq!(save_points(10, 0, Some(7), 0), vec![7, 10]);
+        assert_eq!(save_points(10, 0, Some(7), 4), vec![4, 7, 8, 10]);
+        assert_eq!(save_points(10, 5, Some(7), 4), vec![7, 8, 10]);
+        assert_eq!(save_points(10, 8, Some(7), 4), vec![10]);
+        assert_eq!(save_points(8, 0, Some(8), 4), vec![4, 8]);
+        assert_eq!(save_points(3, 0, None, 4), vec![3]);
+    }
 }
