@@ -85,7 +85,6 @@
 #define DEC_STORE 0     // y = act(s)
 #define DEC_RESIDUAL 1  // y = act(y + act(s))
 #define DEC_EXACT 2     // y = s
-#define DEC_CONV 3      // row ch is DeltaNet conv channel ch: m = act(s) goes through the conv (DecConv)
 
 // One weight of a dec_gemv launch and where its rows go; tiles tile0 .. of the launch are its rows.
 struct DecSeg {
@@ -95,22 +94,10 @@ struct DecSeg {
     int tile0;
 };
 
-// DeltaNet's causal conv of one token folded into in_proj_qkv's store (DEC_CONV): output row ch
-// is channel ch, and only its own conv state column is read and shifted, so the thread that
-// stores the row owns everything it touches (dec_dn_conv's arithmetic, without its launch).
-struct DecConv {
-    float* state;     // [taps - 1, channels]
-    const float* w;   // [channels, taps]
-    float* c;         // [channels]: silu(conv)
-    int taps;
-    int channels;
-};
-
 struct DecSegs {
     DecSeg s[DEC_MAX_SEGS];
     int n;
     int tiles;  // tiles of all segments together
-    DecConv conv;
 };
 
 // 8-bit values: 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the
@@ -271,27 +258,8 @@ __device__ __forceinline__ void stage_x(const float* __restrict__ x, const float
     __syncthreads();
 }
 
-__device__ __forceinline__ void conv_store(const DecConv& cv, int ch, float s) {
-    float mv = act(s);  // the in_proj_qkv output as dec_dn_conv reads it
-    float* st = cv.state + ch;
-    const float* w = cv.w + (long long)ch * cv.taps;
-    float acc = 0.0f;
-    for (int j = 0; j < cv.taps - 1; j++) acc += w[j] * st[(long long)j * cv.channels];
-    acc += w[cv.taps - 1] * mv;
-    cv.c[ch] = act(siluf(act(acc)));
-    // Shift in place: entry j takes entry j + 1 (read before it is overwritten), the last takes m.
-    for (int j = 0; j < cv.taps - 1; j++)
-        st[(long long)j * cv.channels] = j + 1 < cv.taps - 1 ? st[(long long)(j + 1) * cv.channels] : mv;
-}
-
-// Row `row` of segment sg gets s.
-__device__ __forceinline__ void store_out(const DecSegs& segs, const DecSeg& sg, int row, float s) {
-    if (sg.mode == DEC_CONV) {
-        conv_store(segs.conv, row, s);
-        return;
-    }
-    float* y = sg.y + row;
-    *y = sg.mode == DEC_RESIDUAL ? act(*y + act(s)) : sg.mode == DEC_EXACT ? s : act(s);
+__device__ __forceinline__ void store_out(float* y, int mode, float s) {
+    *y = mode == DEC_RESIDUAL ? act(*y + act(s)) : mode == DEC_EXACT ? s : act(s);
 }
 
 // Tiles of DEC_WARPS · (32 / lpr) · DEC_R rows; the launch is persistent: a grid of at most a few
@@ -325,7 +293,7 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
         if (sl == 0) {
 #pragma unroll
             for (int r = 0; r < DEC_R; r++)
-                if (rbase + r < sg.w.rows) store_out(segs, sg, rbase + r, acc[r]);
+                if (rbase + r < sg.w.rows) store_out(sg.y + rbase + r, sg.mode, acc[r]);
         }
     }
 }
@@ -420,7 +388,7 @@ __device__ __forceinline__ void gemv_finish(const DecSegs& segs, int tile, const
     if (t.sl == 0) {
 #pragma unroll
         for (int i = 0; i < R; i++)
-            if (rbase + i < sg.w.rows) store_out(segs, sg, rbase + i, acc[i]);
+            if (rbase + i < sg.w.rows) store_out(sg.y + rbase + i, sg.mode, acc[i]);
     }
 }
 
@@ -463,7 +431,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
 }
 
 #define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2)                                           \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
     NAME(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,              \
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {                  \
         __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];                                         \
@@ -789,6 +757,31 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
+
+// dec_dn_conv: c = silu(conv(m)) for one token and the conv state shifted by it: dn_conv then
+// dn_conv_state in one launch (each thread owns its channel, so nothing is read after another
+// block wrote it). grid ceil(conv_dim / 128), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
+            float* __restrict__ c, int conv_dim, int k) {
+    pdl_wait();
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    float rows[DEC_DN_MAX_K];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) {
+            rows[j] = conv_state[(long long)j * conv_dim + ch];
+            acc += w[(long long)ch * k + j] * rows[j];
+        }
+    float mv = m[ch];
+    acc += w[(long long)ch * k + k - 1] * mv;
+    c[ch] = act(siluf(act(acc)));
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
+}
 
 // dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
 // every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and

@@ -10,7 +10,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
-use crate::kernels::decode::{DnConvState, DnStep, DownCombine, Glu, Input, Out, Prologue};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -479,20 +479,22 @@ impl Forward<'_> {
         input: Input,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
-        // The conv of in_proj_qkv's rows is folded into their store (Out::Conv).
-        let conv_out = Out::Conv(DnConvState {
-            state: conv,
-            weight: d.conv.ptr,
-            c: s.c.ptr,
-            taps: cfg.conv_kernel,
-        });
         let inputs = [
-            (&d.in_qkv, conv_out),
+            (&d.in_qkv, Out::Store(s.m.ptr)),
             (&d.in_z, Out::Store(s.z.ptr)),
             (&d.in_b, Out::Store(s.b.ptr)),
             (&d.in_a, Out::Store(s.a.ptr)),
         ];
         k.decode.project(gpu, input, &inputs)?;
+        let c = DnConv {
+            m: s.m.ptr,
+            conv_state: conv,
+            weight: d.conv.ptr,
+            c: s.c.ptr,
+            conv_dim: cfg.conv_dim(),
+            kernel: cfg.conv_kernel,
+        };
+        k.decode.dn_conv(gpu, &c)?;
         let step = DnStep {
             c: s.c.ptr,
             b: s.b.ptr,

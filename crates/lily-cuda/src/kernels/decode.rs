@@ -125,19 +125,6 @@ pub enum Out {
     AddToResidual(u64),
     /// y = W x unrounded (the router's logits).
     Exact(u64),
-    /// Row ch of W x is DeltaNet conv channel ch: its causal conv with the conv state (shifted
-    /// by it) and SiLU go into `c`, as `Decode::dn_conv` would compute them from a stored row.
-    Conv(DnConvState),
-}
-
-/// Where `Out::Conv` reads and writes: the conv state f32 [taps − 1, channels] (updated), the
-/// conv weight f32 [channels, taps] and the output f32 [channels].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DnConvState {
-    pub state: u64,
-    pub weight: u64,
-    pub c: u64,
-    pub taps: usize,
 }
 
 impl Out {
@@ -146,7 +133,6 @@ impl Out {
             Out::Store(p) => (p, 0),
             Out::AddToResidual(p) => (p, 1),
             Out::Exact(p) => (p, 2),
-            Out::Conv(_) => (0, 3),
         }
     }
 }
@@ -201,17 +187,6 @@ struct DecSeg {
     tile0: i32,
 }
 
-/// `struct DecConv` of decode.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct DecConv {
-    state: u64,
-    w: u64,
-    c: u64,
-    taps: i32,
-    channels: i32,
-}
-
 /// `struct DecSegs` of decode.cu, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -219,7 +194,6 @@ struct DecSegs {
     s: [DecSeg; MAX_SEGS],
     n: i32,
     tiles: i32,
-    conv: DecConv,
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's structs field for field.
@@ -262,6 +236,19 @@ pub struct DownCombine<'a> {
     pub x: u64,
 }
 
+/// DeltaNet's conv of one token: c = silu(conv(state, m)), and the conv state shifted by m.
+pub struct DnConv {
+    /// f32 [conv_dim]: the token's in_proj_qkv output.
+    pub m: u64,
+    /// f32 [K-1, conv_dim], updated.
+    pub conv_state: u64,
+    /// f32 [conv_dim, K].
+    pub weight: u64,
+    pub c: u64,
+    pub conv_dim: usize,
+    pub kernel: usize,
+}
+
 /// DeltaNet's q/k norms, gates and recurrent update of one token (dn_prep + dn_recurrent).
 pub struct DnStep {
     pub c: u64,
@@ -288,6 +275,7 @@ pub struct Decode {
     glu: Kernel,
     glu4: Kernel,
     down_combine: Kernel,
+    dn_conv: Kernel,
     dn_step: Kernel,
 }
 
@@ -303,6 +291,7 @@ impl Decode {
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
             down_combine: k("dec_down_combine")?,
+            dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
         })
     }
@@ -336,15 +325,7 @@ impl Decode {
             s: [empty; MAX_SEGS],
             n: outs.len() as i32,
             tiles: 0,
-            conv: DecConv::default(),
         };
-        let convs = outs
-            .iter()
-            .filter(|(_, o)| matches!(o, Out::Conv(_)))
-            .count();
-        if convs > 1 {
-            bail!("dec_gemv: {convs} conv outputs in one launch (at most 1)");
-        }
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
             if !serves(w) || w.cols != input.cols || w.experts != 1 {
@@ -358,18 +339,6 @@ impl Decode {
                 );
             }
             let (y, mode) = out.parts();
-            if let Out::Conv(cv) = out {
-                if !(1..=DN_MAX_K).contains(&cv.taps) {
-                    bail!("dec_gemv: {} conv taps (1..={DN_MAX_K})", cv.taps);
-                }
-                segs.conv = DecConv {
-                    state: cv.state,
-                    w: cv.weight,
-                    c: cv.c,
-                    taps: cv.taps as i32,
-                    channels: w.rows as i32,
-                };
-            }
             segs.s[i] = DecSeg {
                 w: w.arg(),
                 y,
@@ -501,6 +470,22 @@ impl Decode {
             && dv.is_multiple_of(DN_COLS)
             && n_k > 0
             && n_v.is_multiple_of(n_k)
+    }
+
+    pub fn dn_conv(&self, gpu: &Gpu, a: &DnConv) -> Result<()> {
+        if !(1..=DN_MAX_K).contains(&a.kernel) {
+            bail!("dec_dn_conv: {} conv taps (1..={DN_MAX_K})", a.kernel);
+        }
+        let (conv_dim, k) = (a.conv_dim as i32, a.kernel as i32);
+        let cfg = config((blocks(a.conv_dim, 128), 1, 1), 128, 0);
+        gpu.launch(&self.dn_conv, cfg, |l| {
+            l.arg(&a.m)
+                .arg(&a.conv_state)
+                .arg(&a.weight)
+                .arg(&a.c)
+                .arg(&conv_dim)
+                .arg(&k);
+        })
     }
 
     pub fn dn_step(&self, gpu: &Gpu, a: &DnStep, eps: f32) -> Result<()> {
