@@ -8,7 +8,8 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
-# profile), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
+# profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), SKIP_CHECK=1,
+# SKIP_PROFILE=1, SKIP_PARITY=1.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-logs}"
@@ -63,6 +64,16 @@ for v in ${SERVED:-}; do
     --prompt-tokens 4096 --max-tokens 256 --repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
   say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -1 "$OUT/served.log")"
 done
+
+# AGENT_TRACE="CONTEXT TURNS": scripts/agent_trace.py through a started `serve` of this build, prefix
+# reuse on then off (time to first token and cached tokens per turn; issue 14).
+if [ -n "${AGENT_TRACE:-}" ]; then
+  read -r trace_ctx trace_turns <<< "$AGENT_TRACE"
+  timeout 300 python3 scripts/agent_trace.py --engine "$NEW" --model "$M" --reuse both \
+    --context "$trace_ctx" --turns "$trace_turns" --json "$OUT/trace.json" \
+    -- --device cuda >> "$OUT/trace.log" 2>&1
+  say "agent trace $AGENT_TRACE rc=$?"
+fi
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
   for ctx in ${PROFILE_CTX:-4096}; do
