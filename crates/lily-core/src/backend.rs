@@ -39,6 +39,13 @@ pub trait Backend: Send {
     /// A short human description ("cpu (16 threads)", "cuda NVIDIA H200 sm_90a").
     fn describe(&self) -> String;
 
+    /// The context a server offers when none is asked for: the model's whole context where this
+    /// backend holds a sequence of it comfortably, else less. By default min(model maximum,
+    /// 32,768), a KV cache any machine that holds the model can afford.
+    fn default_context(&self) -> usize {
+        self.config().max_position.min(32_768)
+    }
+
     /// A fresh sequence able to hold `max_ctx` tokens.
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId>;
     fn free_seq(&mut self, seq: SeqId);

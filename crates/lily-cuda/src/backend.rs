@@ -196,9 +196,27 @@ fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// Share of the free device memory one sequence's KV cache may take for the default context
+/// (the rest is for the prefix cache's kept sequences and snapshots).
+const DEFAULT_CONTEXT_MEMORY_SHARE: usize = 4;
+
 impl Backend for CudaBackend {
     fn prefill_chunk(&self) -> usize {
         self.plan.prefill_chunk
+    }
+
+    /// The model's whole context when a quarter of the free device memory holds its KV cache
+    /// (the full model on an H200: 262,144 tokens, 5.2 GB in bf16), else what that quarter holds.
+    fn default_context(&self) -> usize {
+        let c = &self.cfg;
+        let per_token = (2 * c.n_attention_layers() * c.n_kv_heads * c.head_dim
+            * kv_elem_bytes(self.plan.bf16_activations))
+        .max(1);
+        let _ = self.gpu.bind();
+        let free = cudarc::driver::result::mem_get_info().map_or(0, |(free, _)| free);
+        let fits = free / DEFAULT_CONTEXT_MEMORY_SHARE / per_token;
+        // Never below what the default of every backend offers.
+        c.max_position.min(fits.max(32_768))
     }
 
     fn config(&self) -> &ModelConfig {

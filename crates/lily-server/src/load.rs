@@ -86,7 +86,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
             )
         }
         Some(n) => n,
-        None => config.max_position.min(DEFAULT_CTX),
+        None => backend.default_context(),
     };
     tracing::info!("backend: {}", backend.describe());
     stage("starting the engine");
@@ -108,7 +108,3 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         max_queue: opts.max_queue,
     })
 }
-
-/// Default context when `--ctx-size` is not given: enough for long chats, small enough that the
-/// KV cache of one sequence fits anywhere the model does.
-const DEFAULT_CTX: usize = 32_768;

@@ -30,7 +30,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/*.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Tokens per sequence, prompt plus output [default: min(model maximum, 32768)].
+    /// Tokens per sequence, prompt plus output [default: on a GPU the model's maximum when a
+    /// quarter of the free device memory holds its KV cache; on the CPU min(model maximum, 32768)].
     #[arg(long)]
     pub ctx_size: Option<usize>,
     /// Requests that may wait behind the running one; more get 429.
