@@ -24,11 +24,13 @@ pub enum GenEvent {
         events: Vec<Event>,
         step: StepOut,
     },
-    /// Last event: held-back output, how the job ended, and how many tool calls were completed.
+    /// Last event: held-back output, how the job ended, how many tool calls were completed, and
+    /// the stop string that ended it (if one did).
     Done {
         events: Vec<Event>,
         outcome: Outcome,
         tool_calls: usize,
+        stop_sequence: Option<String>,
     },
 }
 
@@ -128,6 +130,7 @@ impl JobSink for ChannelSink {
             events,
             outcome,
             tool_calls,
+            stop_sequence: self.output.stop_matched(),
         });
     }
 }

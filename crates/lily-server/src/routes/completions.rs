@@ -144,6 +144,7 @@ impl Completer {
                     events: pieces,
                     outcome,
                     tool_calls,
+                    ..
                 }) => {
                     text.push_str(&text_of(pieces));
                     let (reason, u) = finish(&outcome, tool_calls)?;
@@ -210,6 +211,7 @@ impl Completer {
                 events: pieces,
                 outcome,
                 tool_calls,
+                ..
             } => {
                 match finish(&outcome, tool_calls) {
                     Ok((reason, u)) => {
