@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use lily_core::backend::{Flow, StepOut};
+use lily_core::constrain::TokenConstraint;
 use lily_core::engine::{self, Job, JobSink, Outcome, PromptLogprob};
 use lily_core::parse::Event;
 use lily_core::sampling::SamplingParams;
@@ -43,6 +44,8 @@ pub struct GenRequest {
     pub prompt_logprobs: bool,
     /// See `Job::save_prefix_at`.
     pub save_prefix_at: Option<usize>,
+    /// See `Job::constraint`.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
     pub output: Output,
 }
 
@@ -66,6 +69,7 @@ pub fn submit(
         top_logprobs: req.top_logprobs,
         prompt_logprobs: req.prompt_logprobs,
         save_prefix_at: req.save_prefix_at,
+        constraint: req.constraint,
         sink: Box::new(sink),
     };
     match model.engine.submit(job) {

@@ -2,6 +2,7 @@
 //! reads (`role`, `content`, `reasoning_content`, `tool_calls`; tool results as `tool` turns),
 //! tools into the OpenAI shape the template and the tool-call parser share, and the sampling fields.
 
+use lily_core::constrain::OutputSpec;
 use lily_core::sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
@@ -16,9 +17,13 @@ pub struct MessagesRequest {
     /// Tools in the OpenAI shape (`{"type": "function", "function": {name, description,
     /// parameters}}`); None when absent or `tool_choice` is `none`.
     pub tools: Option<Vec<Value>>,
-    pub tool_choice: ToolChoice,
+    /// What the answer must be, enforced by constrained decoding: the call `tool_choice` forces
+    /// (`any`, `tool`), or JSON under `output_config.format`'s schema.
+    pub output: Option<OutputSpec>,
     /// `chat_template_kwargs` for the template: `enable_thinking` from `thinking`.
     pub kwargs: Map<String, Value>,
+    /// `thinking.budget_tokens`: reasoning is closed after that many tokens.
+    pub thinking_budget: Option<usize>,
     pub sampling: SamplingParams,
     /// None only for count_tokens, where it is not required.
     pub max_tokens: Option<usize>,
@@ -57,12 +62,20 @@ impl MessagesRequest {
             message(i, m, &mut messages)?;
         }
 
-        let thinking = thinking(&f)?;
+        let (thinking, thinking_budget) = thinking(&f)?;
         let mut kwargs = Map::new();
         if let Some(on) = thinking {
             kwargs.insert("enable_thinking".into(), json!(on));
         }
-        let (tools, tool_choice) = tools(&f)?;
+        let (tools, tool_choice, parallel) = tools(&f)?;
+        let forced = tool_choice.spec(tools.as_deref(), parallel);
+        let format = output_format(&f)?;
+        if forced.is_some() && format.is_some() {
+            return Err(ApiError::invalid_param(
+                "output_config.format",
+                "a JSON output format cannot be combined with a 'tool_choice' that forces a tool call",
+            ));
+        }
 
         let max_tokens = params::max_tokens(&f, &["max_tokens"], 1)?;
         if max_tokens.is_none() && !counting {
@@ -83,8 +96,9 @@ impl MessagesRequest {
         Ok(MessagesRequest {
             messages,
             tools,
-            tool_choice,
+            output: forced.or(format),
             kwargs,
+            thinking_budget,
             sampling,
             max_tokens,
             stop: stop_sequences(&f)?,
@@ -341,19 +355,20 @@ fn assistant(param: &str, blocks: &[Value]) -> Result<Value, ApiError> {
 }
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": N}`, `{"type": "adaptive"}` or
-/// `{"type": "disabled"}` → the template's `enable_thinking`; absent → the model's default (on).
-fn thinking(f: &Fields) -> Result<Option<bool>, ApiError> {
+/// `{"type": "disabled"}` → the template's `enable_thinking` (absent → the model's default, on)
+/// and the reasoning budget.
+fn thinking(f: &Fields) -> Result<(Option<bool>, Option<usize>), ApiError> {
     let Some(t) = f.object("thinking")? else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let tf = Fields::nested(t, "thinking".into());
     match tf.str("type")? {
         Some("enabled") => {
-            tf.i64_in("budget_tokens", 1, i64::from(u32::MAX))?;
-            Ok(Some(true))
+            let budget = tf.i64_in("budget_tokens", 1, i64::from(u32::MAX))?;
+            Ok((Some(true), budget.map(|b| b as usize)))
         }
-        Some("adaptive") => Ok(Some(true)),
-        Some("disabled") => Ok(Some(false)),
+        Some("adaptive") => Ok((Some(true), None)),
+        Some("disabled") => Ok((Some(false), None)),
         Some(other) => Err(ApiError::invalid_param(
             "thinking.type",
             format!(
@@ -367,13 +382,15 @@ fn thinking(f: &Fields) -> Result<Option<bool>, ApiError> {
     }
 }
 
-/// `tools` (custom tools: `name`, `description`, `input_schema`) and `tool_choice`.
-fn tools(f: &Fields) -> Result<(Option<Vec<Value>>, ToolChoice), ApiError> {
+/// `tools` (custom tools: `name`, `description`, `input_schema`), `tool_choice`, and whether
+/// several calls may be made.
+fn tools(f: &Fields) -> Result<(Option<Vec<Value>>, ToolChoice, bool), ApiError> {
+    let mut parallel = true;
     let choice = match f.object("tool_choice")? {
         None => ToolChoice::Auto,
         Some(c) => {
             let cf = Fields::nested(c, "tool_choice".into());
-            cf.bool("disable_parallel_tool_use")?;
+            parallel = !cf.bool("disable_parallel_tool_use")?.unwrap_or(false);
             match cf.str("type")? {
                 Some("auto") => ToolChoice::Auto,
                 Some("any") => ToolChoice::Required,
@@ -457,7 +474,37 @@ fn tools(f: &Fields) -> Result<(Option<Vec<Value>>, ToolChoice), ApiError> {
         ));
     }
     let tools = (choice != ToolChoice::None && !out.is_empty()).then_some(out);
-    Ok((tools, choice))
+    Ok((tools, choice, parallel))
+}
+
+/// `output_config.format` (or the older `output_format`): `{"type": "json_schema", "schema": …}`.
+fn output_format(f: &Fields) -> Result<Option<OutputSpec>, ApiError> {
+    let (format, param) = match f.object("output_config")? {
+        Some(c) => (
+            Fields::nested(c, "output_config".into()).object("format")?,
+            "output_config.format",
+        ),
+        None => (f.object("output_format")?, "output_format"),
+    };
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let ff = Fields::nested(format, param.into());
+    match ff.str("type")? {
+        Some("json_schema") => match ff.get("schema") {
+            Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                Ok(Some(OutputSpec::JsonSchema(schema.clone())))
+            }
+            _ => Err(ApiError::invalid_param(
+                &ff.param("schema"),
+                format!("'{}' must be a JSON schema object", ff.param("schema")),
+            )),
+        },
+        _ => Err(ApiError::invalid_param(
+            &ff.param("type"),
+            format!("'{}' must be \"json_schema\"", ff.param("type")),
+        )),
+    }
 }
 
 /// `stop_sequences`: an array of non-empty strings.
@@ -514,7 +561,7 @@ mod tests {
                 json!({"role": "user", "content": "And tomorrow?"}),
             ]
         );
-        assert_eq!(r.tool_choice, ToolChoice::Auto);
+        assert_eq!(r.output, None);
         assert!(r.kwargs.is_empty());
     }
 
@@ -526,7 +573,9 @@ mod tests {
                              "tools": [tool], "tool_choice": {"type": "tool", "name": "f"}}),
         )
         .unwrap();
-        assert_eq!(r.tool_choice, ToolChoice::Named("f".into()));
+        assert!(
+            matches!(&r.output, Some(OutputSpec::ToolCalls { only: Some(n), parallel: false, .. }) if n == "f")
+        );
         assert_eq!(
             r.tools.unwrap()[0],
             json!({"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}})

@@ -22,6 +22,7 @@ use crate::openai::params::fit;
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
 use crate::output::Output;
 use crate::state::{AppState, Model};
+use crate::structured;
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let model = state.model()?;
@@ -33,6 +34,8 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         model.ctx_size,
         "max_tokens",
     )?;
+    let reasoning = structured::reasoning(&prompt.text, None);
+    let constraint = structured::constraint(&model, req.output.as_ref(), reasoning)?;
     let output = Output::chat(
         &model.tokenizer,
         req.stop.clone(),
@@ -46,6 +49,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         top_logprobs: if req.logprobs { req.top_logprobs } else { 0 },
         prompt_logprobs: false,
         save_prefix_at: prompt.save_prefix_at,
+        constraint,
         output,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;

@@ -27,7 +27,7 @@ use crate::openai::params::fit;
 use crate::openai::response::new_id;
 use crate::output::Output;
 use crate::state::AppState;
-use crate::structured::ToolChoice;
+use crate::structured;
 
 pub async fn handle(
     State(state): State<Arc<AppState>>,
@@ -35,13 +35,6 @@ pub async fn handle(
 ) -> Result<Response, AnthropicError> {
     let model = state.model()?;
     let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, false)?;
-    if matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_)) {
-        return Err(ApiError::invalid_param(
-            "tool_choice",
-            "'tool_choice' \"any\" and \"tool\" are not supported yet; use \"auto\" or \"none\"",
-        )
-        .into());
-    }
     let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
     let max_tokens = fit(
         prompt.tokens.len(),
@@ -49,6 +42,8 @@ pub async fn handle(
         model.ctx_size,
         "max_tokens",
     )?;
+    let reasoning = structured::reasoning(&prompt.text, req.thinking_budget);
+    let constraint = structured::constraint(&model, req.output.as_ref(), reasoning)?;
     let output = Output::chat(
         &model.tokenizer,
         req.stop.clone(),
@@ -63,6 +58,7 @@ pub async fn handle(
         top_logprobs: 0,
         prompt_logprobs: false,
         save_prefix_at: prompt.save_prefix_at,
+        constraint,
         output,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
