@@ -162,23 +162,28 @@ pub fn openai_response_format(f: &Fields) -> Result<Option<OutputSpec>, ApiError
     }
 }
 
-/// The model's grammar compiler, built by the first constrained request.
+/// The model's grammar compiler, built by the first constrained request (about a second: the
+/// runtime is told this thread blocks, so other requests keep being served meanwhile).
 fn grammars(model: &Model) -> Result<Arc<Grammars>, ApiError> {
-    model
-        .grammars
-        .get_or_init(|| {
-            let started = std::time::Instant::now();
-            let built = Grammars::new(&model.tokenizer, model.vocab)
-                .map(Arc::new)
-                .map_err(|e| format!("{e:#}"));
-            tracing::info!(
-                "constrained decoding ready: token trie built in {:.0} ms",
-                started.elapsed().as_secs_f64() * 1e3
-            );
-            built
-        })
+    let built = match model.grammars.get() {
+        Some(built) => built,
+        None => tokio::task::block_in_place(|| model.grammars.get_or_init(|| build(model))),
+    };
+    built
         .clone()
         .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))
+}
+
+fn build(model: &Model) -> Result<Arc<Grammars>, String> {
+    let started = std::time::Instant::now();
+    let built = Grammars::new(&model.tokenizer, model.vocab)
+        .map(Arc::new)
+        .map_err(|e| format!("{e:#}"));
+    tracing::info!(
+        "constrained decoding ready: token trie built in {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    built
 }
 
 /// Where a constraint starts for this prompt: after the reasoning block it opens (with an
