@@ -36,12 +36,11 @@ pub async fn handle(
     let model = state.model()?;
     let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, false)?;
     let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
-    let max_tokens = fit(
-        prompt.tokens.len(),
-        req.max_tokens,
-        model.ctx_size,
-        "max_tokens",
-    )?;
+    // Agents ask for a fixed, large max_tokens (Claude Code: 32,000) whatever the context left:
+    // the answer gets the room there is and ends with `max_tokens` when it runs out. Only a
+    // prompt that does not fit at all is refused.
+    let room = fit(prompt.tokens.len(), None, model.ctx_size, "max_tokens")?;
+    let max_tokens = req.max_tokens.map_or(room, |n| n.min(room));
     let reasoning = structured::reasoning(&prompt.text, req.thinking_budget);
     let constraint = structured::constraint(&model, req.output.as_ref(), reasoning)?;
     let output = Output::chat(
