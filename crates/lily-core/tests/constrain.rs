@@ -204,3 +204,53 @@ fn malformed_schemas_are_refused_with_a_reason() {
         assert!(!err.is_empty());
     }
 }
+
+#[test]
+fn parameters_may_refer_to_shared_definitions_and_calls_may_be_parallel() {
+    let tools = vec![json!({"type": "function", "function": {"name": "draw",
+        "parameters": {"type": "object",
+          "$defs": {"point": {"type": "object", "properties": {
+              "x": {"type": "integer", "minimum": 0, "maximum": 9},
+              "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["x", "y"], "additionalProperties": false}},
+          "properties": {"from": {"$ref": "#/$defs/point"}, "to": {"$ref": "#/$defs/point"}},
+          "required": ["from", "to"]}}})];
+    let spec = OutputSpec::ToolCalls {
+        tools: tools.clone(),
+        only: None,
+        parallel: true,
+    };
+    for seed in 1..=3 {
+        let mut s = sampler(&spec, Reasoning::Closed, seed);
+        let tokens = generate(&mut s, seed, 600);
+        let mut stream = TextStream::new(
+            tokenizer(),
+            StreamConfig {
+                tools: Some(tools.clone()),
+                ..StreamConfig::default()
+            },
+        );
+        let mut events = Vec::new();
+        for &t in &tokens {
+            events.extend(stream.push_token(t).events);
+        }
+        events.extend(stream.finish(FinishReason::Stop).events);
+        let text = tokenizer().decode(&tokens, false);
+        let calls: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::ToolCallEnd(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert!(!calls.is_empty(), "seed {seed}: {text:?}");
+        for call in calls {
+            for end in ["from", "to"] {
+                let p = call.arguments[end].as_object().unwrap();
+                assert_eq!(p.len(), 2, "{text:?}");
+                assert!((0..=9).contains(&p["x"].as_i64().unwrap()), "{text:?}");
+                assert!((0..=9).contains(&p["y"].as_i64().unwrap()), "{text:?}");
+            }
+        }
+    }
+}
