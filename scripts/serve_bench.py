@@ -8,6 +8,12 @@ of it spent handing tokens to the request (`lily_decode_sink_seconds_total`).
 
 `--script-spin-us N` writes a scripted model (cheap tokens, N µs of busy-wait per token: a stand-in
 for a device step) and serves that; `--url` measures a server that is already running.
+
+`--constrain json` (chat) asks for a `json_schema` answer with thinking off, so every decode step
+computes a grammar mask; the report then gives the mask time per step and its share of the decode
+step (`lily_constraint_mask_seconds_total`):
+
+    python3 scripts/serve_bench.py --model DIR --device cuda --endpoint chat --prompt-tokens 4096 --constrain json
 """
 
 import argparse
@@ -25,6 +31,21 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = (REPO / ".." / "shared" / "qwen3.6-tokenizer").resolve()
+
+
+#: A schema with the usual parts (strings, numbers, enums, arrays of objects); no bounds, so a
+#: noisy model keeps writing until max_tokens.
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "year": {"type": "integer"},
+        "kind": {"enum": ["book", "film", "game"]},
+        "items": {"type": "array", "items": {"type": "object", "properties": {
+            "name": {"type": "string"}, "score": {"type": "number"}}, "required": ["name", "score"]}},
+    },
+    "required": ["title", "year", "kind", "items"],
+}
 
 
 def engine_binary() -> str:
@@ -84,6 +105,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--extra", default="{}", help="JSON merged into each request body")
+    ap.add_argument("--constrain", choices=["json"], help="constrained decoding: a json_schema answer (chat)")
     a = ap.parse_args()
 
     proc = None
@@ -117,9 +139,14 @@ def main() -> int:
             time.sleep(0.2)
     try:
         prompt = a.prompt
-        if a.prompt_tokens:
+        if a.prompt_tokens and a.endpoint == "chat":
+            prompt = " hello" * a.prompt_tokens  # one token per word, plus the template's few
+        elif a.prompt_tokens:
             prompt = [(i * 7919) % 100_000 + 1000 for i in range(a.prompt_tokens)]
         extra = json.loads(a.extra)
+        if a.constrain == "json":
+            extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": BENCH_SCHEMA}},
+                     "chat_template_kwargs": {"enable_thinking": False}, **extra}
         one(url, a.endpoint, prompt, 8, extra)  # warm-up
         m0 = metrics(url)
         rates = []
@@ -133,11 +160,15 @@ def main() -> int:
         gen = d("lily_generated_tokens_total")
         engine_ms = 1e3 * d("lily_decode_seconds_total") / max(gen, 1)
         sink_us = 1e6 * d("lily_decode_sink_seconds_total") / max(gen, 1)
+        masks = d("lily_constraint_masks_total")
+        mask_us = 1e6 * d("lily_constraint_mask_seconds_total") / max(masks, 1)
         rates.sort()
         client = rates[len(rates) // 2]
+        constrained = (f"; mask {mask_us:.1f} µs/step over {masks:.0f} steps "
+                       f"({100 * mask_us / (1e3 * engine_ms):.1f} % of a decode step)") if masks else ""
         print(f"{a.endpoint}: client {client:.1f} tok/s ({1e3 / client:.3f} ms/token, median of {a.repeat}); "
               f"engine decode {1e3 / engine_ms if engine_ms else float('nan'):.1f} tok/s ({engine_ms:.3f} ms/token), "
-              f"sink {sink_us:.1f} µs/token; {total_tokens} tokens")
+              f"sink {sink_us:.1f} µs/token; {total_tokens} tokens{constrained}")
     finally:
         if proc:
             proc.send_signal(signal.SIGTERM)

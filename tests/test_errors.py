@@ -88,7 +88,8 @@ def test_out_of_range_sampling_values_are_400(scripted_server, extra, param):
     ({"n": 2}, "n"),
     ({"tool_choice": "required", "tools": []}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+     "response_format.json_schema.schema"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
 ])
 def test_unsupported_modes_are_clear_400s(scripted_server, extra, param):

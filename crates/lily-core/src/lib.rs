@@ -5,6 +5,7 @@ pub mod backend;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+pub mod constrain;
 pub mod cpu;
 pub mod engine;
 pub mod parse;

@@ -12,8 +12,13 @@
 //! 6. one uniform draw from the seeded xoshiro256** generator picks a token from what is left.
 //!
 //! Steps 2–3 need the history, which `Sampler` keeps (`accept`, `with_prompt`).
+//!
+//! A request with a constraint (a forced tool call, a JSON schema: `constrain`) also has a mask
+//! of allowed tokens per step; it is applied first, before step 1 (disallowed logits become −∞).
 
 use std::collections::HashMap;
+
+use crate::constrain::{MaskStats, TokenConstraint, TokenMask};
 
 /// Every knob of token selection. `temperature == 0` means greedy.
 #[derive(Clone, Debug, PartialEq)]
@@ -157,8 +162,8 @@ impl SamplingRequest {
     }
 }
 
-/// Stateful sampler: parameters, random state and the token history the penalties need.
-#[derive(Clone, Debug)]
+/// Stateful sampler: parameters, random state, the token history the penalties need, and the
+/// request's constraint if it has one.
 pub struct Sampler {
     pub params: SamplingParams,
     rng: Xoshiro256,
@@ -169,6 +174,16 @@ pub struct Sampler {
     seen_set: std::collections::HashSet<u32>,
     /// Scratch: candidate (token, logit) pairs, reused between calls.
     candidates: Vec<(u32, f32)>,
+    constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("params", &self.params)
+            .field("constrained", &self.constraint.is_some())
+            .finish()
+    }
 }
 
 impl Sampler {
@@ -181,7 +196,34 @@ impl Sampler {
             seen: Vec::new(),
             seen_set: Default::default(),
             candidates: Vec::new(),
+            constraint: None,
         }
+    }
+
+    /// Restricts every token this sampler picks to what `constraint` allows.
+    pub fn constrained(mut self, constraint: Option<Box<dyn TokenConstraint>>) -> Self {
+        self.constraint = constraint;
+        self
+    }
+
+    /// Whether picks are restricted (a device sampler must then apply `next_mask`, or leave the
+    /// pick to `sample` on the host).
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// The tokens allowed for the next pick, or `None` when any token is. Computed once per
+    /// step (until `accept`).
+    pub fn next_mask(&mut self) -> Option<&TokenMask> {
+        self.constraint.as_mut()?.mask()
+    }
+
+    /// What the constraint's masks have cost so far (zero without one).
+    pub fn mask_stats(&self) -> MaskStats {
+        self.constraint
+            .as_ref()
+            .map(|c| c.stats())
+            .unwrap_or_default()
     }
 
     /// A sampler whose repetition penalty also covers the prompt's tokens (as HF and vLLM do).
@@ -201,8 +243,13 @@ impl Sampler {
             return 0;
         }
         let mut adjusted = None;
-        if self.needs_adjusting() {
+        if let Some(mask) = self.constraint.as_mut().and_then(|c| c.mask()) {
             let mut l = logits.to_vec();
+            mask.apply(&mut l);
+            adjusted = Some(l);
+        }
+        if self.needs_adjusting() {
+            let mut l = adjusted.unwrap_or_else(|| logits.to_vec());
             self.adjust(&mut l);
             adjusted = Some(l);
         }
@@ -233,8 +280,12 @@ impl Sampler {
         &self.seen
     }
 
-    /// Records a token that was generated (for presence/frequency/repetition penalties).
+    /// Records a token that was generated (for presence/frequency/repetition penalties, and the
+    /// constraint's state).
     pub fn accept(&mut self, token: u32) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.commit(token);
+        }
         *self.output_counts.entry(token).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.remember(token);
@@ -292,7 +343,8 @@ impl Sampler {
             logits
                 .iter()
                 .enumerate()
-                .filter(|(_, l)| !l.is_nan())
+                // Masked-out tokens (−∞) can never be picked.
+                .filter(|(_, l)| !l.is_nan() && **l != f32::NEG_INFINITY)
                 .map(|(i, &l)| (i as u32, l * inv_t)),
         );
         if c.is_empty() {

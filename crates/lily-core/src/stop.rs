@@ -40,6 +40,8 @@ pub struct StopScan {
 pub struct StopStrings {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended generation (Anthropic reports it as `stop_sequence`).
+    matched: Option<usize>,
 }
 
 impl StopStrings {
@@ -48,7 +50,13 @@ impl StopStrings {
         StopStrings {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that matched, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     pub fn push(&mut self, delta: &str) -> StopScan {
@@ -61,9 +69,10 @@ impl StopStrings {
         self.held.push_str(delta);
         let markers: Vec<&str> = self.stops.iter().map(String::as_str).collect();
         match scan(&self.held, &markers) {
-            Scan::Found { at, .. } => {
+            Scan::Found { at, which } => {
                 let text = self.held[..at].to_owned();
                 self.held.clear();
+                self.matched = Some(which);
                 StopScan {
                     text,
                     stopped: true,
@@ -125,6 +134,15 @@ mod tests {
             run(&["world", "lo w"], &["hello world"]),
             ("hel".into(), true)
         );
+    }
+
+    #[test]
+    fn the_matched_stop_string_is_reported() {
+        let mut s = StopStrings::new(vec![String::new(), "END".into(), "lo w".into()]);
+        assert_eq!(s.matched(), None);
+        assert!(!s.push("hel").stopped);
+        assert!(s.push("lo world END").stopped);
+        assert_eq!(s.matched(), Some("lo w"));
     }
 
     #[test]

@@ -337,13 +337,20 @@ impl Backend for CudaBackend {
         // Sampling runs after the (possibly graph-replayed) forward step, outside the graph, so
         // the graph stays the same whatever the sampler is.
         let path = self.plan.sampling(&sampler.params);
-        let device_pick = match path {
-            SamplingPath::Device => Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?),
-            SamplingPath::DeviceGreedy | SamplingPath::Host => None,
-        };
+        // Created when the first device pick needs it, and again after a host pick (whose token
+        // its history did not see).
+        let mut device_pick: Option<DeviceSampler> = None;
         for step in 0..n {
+            // A constrained step (a grammar's token mask; lily-core `constrain`) picks on the
+            // host over the downloaded logits: the device kernels take no mask yet.
+            let masked = sampler.next_mask().is_some();
+            if masked {
+                device_pick = None;
+            } else if path == SamplingPath::Device && device_pick.is_none() {
+                device_pick = Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?);
+            }
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if path != SamplingPath::Host {
+            let (token, logprob, host_logits) = if path != SamplingPath::Host && !masked {
                 match &device_pick {
                     Some(ds) => ds.sample(
                         &self.gpu,
@@ -379,7 +386,8 @@ impl Backend for CudaBackend {
                 };
                 (id[0] as u32, lp[0], logits)
             } else {
-                // SamplingPath::Host: top_k off or above 256, or device sampling off.
+                // SamplingPath::Host: top_k off or above 256, device sampling off, or a masked
+                // step.
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
                 if id as usize >= self.cfg.vocab {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use lily_core::backend::{Flow, StepOut};
+use lily_core::constrain::TokenConstraint;
 use lily_core::engine::{self, Job, JobSink, Outcome, PromptLogprob};
 use lily_core::parse::Event;
 use lily_core::sampling::SamplingParams;
@@ -24,11 +25,13 @@ pub enum GenEvent {
         events: Vec<Event>,
         step: StepOut,
     },
-    /// Last event: held-back output, how the job ended, and how many tool calls were completed.
+    /// Last event: held-back output, how the job ended, how many tool calls were completed, and
+    /// the stop string that ended it (if one did).
     Done {
         events: Vec<Event>,
         outcome: Outcome,
         tool_calls: usize,
+        stop_sequence: Option<String>,
     },
 }
 
@@ -41,6 +44,8 @@ pub struct GenRequest {
     pub prompt_logprobs: bool,
     /// See `Job::save_prefix_at`.
     pub save_prefix_at: Option<usize>,
+    /// See `Job::constraint`.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
     pub output: Output,
 }
 
@@ -64,6 +69,7 @@ pub fn submit(
         top_logprobs: req.top_logprobs,
         prompt_logprobs: req.prompt_logprobs,
         save_prefix_at: req.save_prefix_at,
+        constraint: req.constraint,
         sink: Box::new(sink),
     };
     match model.engine.submit(job) {
@@ -128,6 +134,7 @@ impl JobSink for ChannelSink {
             events,
             outcome,
             tool_calls,
+            stop_sequence: self.output.stop_matched(),
         });
     }
 }

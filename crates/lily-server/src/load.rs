@@ -106,5 +106,6 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         ctx_size,
         vocab: config.vocab,
         max_queue: opts.max_queue,
+        grammars: Default::default(),
     })
 }

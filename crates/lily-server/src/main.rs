@@ -1,6 +1,7 @@
 //! `lily-engine`: the one binary. Subcommands: serve (the OpenAI-compatible HTTP API), synth
 //! (write a synthetic checkpoint), generate (greedy generation from token ids), bench, score.
 
+mod anthropic;
 mod cli_bench;
 mod cli_generate;
 mod cli_score;
@@ -15,6 +16,7 @@ mod routes;
 mod scripted;
 mod serve;
 mod state;
+mod structured;
 
 use clap::{Parser, Subcommand};
 

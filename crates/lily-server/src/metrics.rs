@@ -30,6 +30,8 @@ struct Counters {
     prefill_seconds: f64,
     decode_seconds: f64,
     sink_seconds: f64,
+    mask_seconds: f64,
+    masks: u64,
     queue_seconds: f64,
     ttft_buckets: [u64; TTFT_BUCKETS.len()],
     ttft_count: u64,
@@ -84,6 +86,8 @@ impl Metrics {
         c.prefill_seconds += prefill;
         c.decode_seconds += decode;
         c.sink_seconds += usage.sink_time.as_secs_f64();
+        c.mask_seconds += usage.constraint.total.as_secs_f64();
+        c.masks += usage.constraint.masks as u64;
         if prefill > 0.0 && prefilled > 0 {
             c.last_prefill_tps = prefilled as f64 / prefill;
         }
@@ -130,7 +134,7 @@ impl Metrics {
             );
         }
         let p = &gauges.prefix;
-        let scalars: [(&str, &str, &str, String); 19] = [
+        let scalars: [(&str, &str, &str, String); 21] = [
             (
                 "lily_prompt_tokens_total",
                 "counter",
@@ -166,6 +170,18 @@ impl Metrics {
                 "counter",
                 "Part of the decode time the engine thread spent handing tokens to their requests.",
                 c.sink_seconds.to_string(),
+            ),
+            (
+                "lily_constraint_mask_seconds_total",
+                "counter",
+                "Part of the decode time spent computing token masks of constrained requests (forced tool calls, JSON schemas).",
+                c.mask_seconds.to_string(),
+            ),
+            (
+                "lily_constraint_masks_total",
+                "counter",
+                "Token masks computed for constrained requests (one per constrained decode step).",
+                c.masks.to_string(),
             ),
             (
                 "lily_queue_seconds_total",

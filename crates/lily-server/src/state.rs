@@ -1,8 +1,9 @@
 //! What every handler shares: the model once loaded (or why not yet), settings, metrics.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use lily_core::chat::ChatTemplate;
+use lily_core::constrain::Grammars;
 use lily_core::engine::Engine;
 use lily_core::text::Tokenizer;
 
@@ -20,6 +21,8 @@ pub struct Model {
     /// Logit rows (ids a request may name in `logit_bias`).
     pub vocab: usize,
     pub max_queue: usize,
+    /// Grammar compilation for constrained requests, built by the first one (see `structured`).
+    pub grammars: OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl Model {

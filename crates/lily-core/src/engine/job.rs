@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::{Flow, StepOut};
+use crate::constrain::{MaskStats, TokenConstraint};
 use crate::sampling::SamplingParams;
 
 /// A fully prepared request: tokens in, limits and sampling decided. Validation happens before a
@@ -20,6 +21,8 @@ pub struct Job {
     /// A prompt position worth saving the state at for later jobs to resume from (the end of
     /// the conversation before the generation prompt); `None` saves nothing.
     pub save_prefix_at: Option<usize>,
+    /// Restricts the tokens generated (forced tool calls, JSON schemas); `None`: free.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
     pub sink: Box<dyn JobSink>,
 }
 
@@ -74,6 +77,9 @@ pub struct Usage {
     /// Part of `decode_time` the engine thread spent handing tokens to the sink (`JobSink::token`
     /// and the checks around it): host time during which a device backend waits.
     pub sink_time: Duration,
+    /// Part of `decode_time` spent computing the constraint's token masks (host time, during
+    /// which a device backend waits).
+    pub constraint: MaskStats,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -175,6 +175,7 @@ fn job(
         top_logprobs: 0,
         prompt_logprobs: false,
         save_prefix_at: None,
+        constraint: None,
         sink: Box::new(sink),
     };
     (job, rx, cancelled)

@@ -229,7 +229,8 @@ impl Worker {
         }
 
         let decode_start = Instant::now();
-        let mut sampler = Sampler::with_prompt(job.sampling.clone(), &job.prompt);
+        let mut sampler = Sampler::with_prompt(job.sampling.clone(), &job.prompt)
+            .constrained(job.constraint.take());
         let mut ended_by_eos = false;
         let mut stopped = false;
         let mut generated = 0usize;
@@ -263,6 +264,17 @@ impl Worker {
             },
         )?;
         usage.decode_time = decode_start.elapsed();
+        usage.constraint = sampler.mask_stats();
+        let masks = usage.constraint;
+        if masks.masks > 0 {
+            tracing::info!(
+                "constrained decoding: {} masks, mean {:.1} µs, max {:.1} µs; decode {:.1} µs/token",
+                masks.masks,
+                masks.total.as_secs_f64() * 1e6 / masks.masks as f64,
+                masks.max.as_secs_f64() * 1e6,
+                usage.decode_time.as_secs_f64() * 1e6 / generated.max(1) as f64
+            );
+        }
         tracing::debug!(
             "decoded {generated} tokens in {:.1} ms, {:.1} µs/token in the sink",
             usage.decode_time.as_secs_f64() * 1e3,

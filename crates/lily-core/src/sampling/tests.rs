@@ -449,3 +449,55 @@ fn argmax_matches_the_scalar_pass_with_ties_infinities_and_nan() {
     assert_eq!(argmax(&[]), 0);
     assert_eq!(argmax(&[f32::NAN; 3]), argmax_scalar(&[f32::NAN; 3]));
 }
+
+/// Allows only `allowed` and records what was committed.
+struct OnlyThese {
+    allowed: crate::constrain::TokenMask,
+    committed: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl crate::constrain::TokenConstraint for OnlyThese {
+    fn mask(&mut self) -> Option<&crate::constrain::TokenMask> {
+        Some(&self.allowed)
+    }
+    fn commit(&mut self, token: u32) {
+        self.committed.lock().unwrap().push(token);
+    }
+    fn stats(&self) -> crate::constrain::MaskStats {
+        Default::default()
+    }
+}
+
+#[test]
+fn a_constraint_limits_picks_to_its_mask_and_hears_each_accepted_token() {
+    let vocab = 500;
+    let logits = random_logits(vocab, 5, 4.0);
+    let allowed = [3u32, 77, 401];
+    let committed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let constraint = |c: &std::sync::Arc<std::sync::Mutex<Vec<u32>>>| {
+        Some(Box::new(OnlyThese {
+            allowed: crate::constrain::TokenMask::only(vocab, &allowed),
+            committed: c.clone(),
+        }) as Box<dyn crate::constrain::TokenConstraint>)
+    };
+    // Greedy: the best allowed token, not the best overall.
+    let mut greedy = Sampler::new(SamplingParams::greedy()).constrained(constraint(&committed));
+    let best = *allowed
+        .iter()
+        .max_by(|a, b| logits[**a as usize].total_cmp(&logits[**b as usize]))
+        .unwrap();
+    assert_ne!(argmax(&logits), best);
+    assert_eq!(greedy.sample(&logits), best);
+    // Sampled with penalties and bias: always one of the allowed tokens.
+    let mut p = SamplingParams::model_defaults(true);
+    p.logit_bias = vec![(5, 100.0)];
+    p.seed = 11;
+    let mut s = Sampler::new(p).constrained(constraint(&committed));
+    assert!(s.is_constrained());
+    for _ in 0..200 {
+        let t = s.sample(&logits);
+        assert!(allowed.contains(&t), "{t}");
+        s.accept(t);
+    }
+    assert_eq!(committed.lock().unwrap().len(), 200);
+}

@@ -115,6 +115,11 @@ impl TextStream {
         self.finished
     }
 
+    /// The user stop string that ended generation, if one did.
+    pub fn stop_matched(&self) -> Option<&str> {
+        self.stop.matched()
+    }
+
     fn end(&mut self, reason: FinishReason, flush_held: bool, step: &mut StreamStep) {
         if flush_held {
             // Held bytes (an unfinished character becomes U+FFFD, as a full decode shows it) and

@@ -1,18 +1,23 @@
 //! `POST /v1/chat/completions` request: messages checked and normalised for the chat template,
 //! tools, thinking switches, and the shared generation fields.
 
+use lily_core::constrain::OutputSpec;
 use lily_core::sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::fields::{kind, Fields};
 use super::params;
+use crate::structured::{openai_response_format, openai_tool_choice, ToolChoice};
 
 pub struct ChatRequest {
     /// Messages as the template reads them (`role`, `content`, `reasoning_content`, `tool_calls`).
     pub messages: Vec<Value>,
     /// Tools offered to the model; None when absent or `tool_choice` is "none".
     pub tools: Option<Vec<Value>>,
+    /// What the answer must be, enforced by constrained decoding: the call `tool_choice` forces,
+    /// or the JSON `response_format` asks for.
+    pub output: Option<OutputSpec>,
     /// `chat_template_kwargs`, passed to the template.
     pub kwargs: Map<String, Value>,
     pub sampling: SamplingParams,
@@ -55,9 +60,19 @@ impl ChatRequest {
         let thinking = kw.bool("enable_thinking")?.unwrap_or(true);
         kw.bool("preserve_thinking")?;
 
-        let tools = tools(&f)?;
+        let choice = openai_tool_choice(&f)?;
+        let tools = tools(&f, &choice)?;
+        let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+        let forced = choice.spec(tools.as_deref(), parallel);
         params::single_choice(&f)?;
-        response_format(&f)?;
+        let format = openai_response_format(&f)?;
+        if forced.is_some() && format.is_some() {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                "a JSON 'response_format' cannot be combined with a 'tool_choice' that forces a tool call",
+            ));
+        }
+        let output = forced.or(format);
         let (stream, include_usage) = params::streaming(&f)?;
         let logprobs = f.bool("logprobs")?.unwrap_or(false);
         let top_logprobs = f.i64_in("top_logprobs", 0, 20)?.unwrap_or(0) as usize;
@@ -70,6 +85,7 @@ impl ChatRequest {
         Ok(ChatRequest {
             messages,
             tools,
+            output,
             kwargs,
             sampling: params::sampling(&f, SamplingParams::model_defaults(thinking), vocab)?,
             max_tokens: params::max_tokens(&f, &["max_completion_tokens", "max_tokens"], 1)?,
@@ -242,19 +258,10 @@ fn assistant_tool_calls(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
     Ok(Some(out))
 }
 
-/// `tools` + `tool_choice`: "auto" (the default) and "none" are supported.
-fn tools(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
-    let choice = match f.get("tool_choice") {
-        None => "auto",
-        Some(Value::String(s)) if s == "auto" || s == "none" => s.as_str(),
-        Some(Value::String(s)) => {
-            return Err(ApiError::invalid_param("tool_choice", format!("tool_choice {s:?} is not supported yet; use \"auto\" or \"none\"")))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param("tool_choice", "forcing a named function with tool_choice is not supported yet; use \"auto\" or \"none\""))
-        }
-    };
+/// `tools`, checked against `tool_choice`; None when there are none or the choice is "none".
+fn tools(f: &Fields, choice: &ToolChoice) -> Result<Option<Vec<Value>>, ApiError> {
     let Some(list) = f.array("tools")? else {
+        choice.check(&[], "tool_choice")?;
         return Ok(None);
     };
     for (i, tool) in list.iter().enumerate() {
@@ -273,24 +280,11 @@ fn tools(f: &Fields) -> Result<Option<Vec<Value>>, ApiError> {
             ));
         }
     }
-    if choice == "none" || list.is_empty() {
+    choice.check(list, "tool_choice")?;
+    if *choice == ToolChoice::None || list.is_empty() {
         return Ok(None);
     }
     Ok(Some(list.clone()))
-}
-
-/// `response_format`: plain text and `json_object` are accepted (json_object is not enforced yet);
-/// schema-constrained output is refused.
-fn response_format(f: &Fields) -> Result<(), ApiError> {
-    let Some(format) = f.object("response_format")? else {
-        return Ok(());
-    };
-    match format.get("type").and_then(Value::as_str) {
-        Some("text") | Some("json_object") => Ok(()),
-        Some("json_schema") => Err(ApiError::invalid_param("response_format", "response_format type \"json_schema\" is not supported yet; use \"text\" or \"json_object\"")),
-        Some(other) => Err(ApiError::invalid_param("response_format", format!("unknown response_format type {other:?}"))),
-        None => Err(ApiError::invalid_param("response_format", "'response_format.type' is required")),
-    }
 }
 
 #[cfg(test)]
@@ -376,7 +370,7 @@ mod tests {
             ),
             (
                 json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
-                "response_format",
+                "response_format.json_schema.schema",
             ),
             (json!({"top_logprobs": 3}), "top_logprobs"),
         ] {

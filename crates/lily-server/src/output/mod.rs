@@ -70,6 +70,14 @@ impl Output {
         }
     }
 
+    /// The user stop string that ended generation, if one did.
+    pub fn stop_matched(&self) -> Option<String> {
+        match self {
+            Output::Chat(stream) => stream.stop_matched().map(str::to_owned),
+            Output::Raw { stop, .. } => stop.matched().map(str::to_owned),
+        }
+    }
+
     /// End of generation (`reason` as the engine saw it): flushes every held byte.
     pub fn finish(&mut self, reason: FinishReason, out: &mut Vec<Event>) {
         match self {

@@ -9,11 +9,11 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
-use lily_core::chat::{ChatError, ChatOptions};
 use lily_core::parse::{prompt_opens_reasoning, Event as Piece};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::prompt::chat_prompt;
 use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::chat_request::ChatRequest;
 use crate::openai::error::ApiError;
@@ -22,41 +22,34 @@ use crate::openai::params::fit;
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
 use crate::output::Output;
 use crate::state::{AppState, Model};
+use crate::structured;
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
     let model = state.model()?;
     let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
-    let opts = ChatOptions {
-        add_generation_prompt: true,
-        kwargs: req.kwargs.clone(),
-    };
-    let prompt_text = model
-        .template
-        .render(&req.messages, req.tools.as_deref(), &opts)
-        .map_err(|e| match e {
-            ChatError::Invalid(m) | ChatError::Template(m) => {
-                ApiError::invalid_param("messages", m)
-            }
-        })?;
-    let prompt = model
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, "max_tokens")?;
-    let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
+    let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+    let max_tokens = fit(
+        prompt.tokens.len(),
+        req.max_tokens,
+        model.ctx_size,
+        "max_tokens",
+    )?;
+    let reasoning = structured::reasoning(&prompt.text, None);
+    let constraint = structured::constraint(&model, req.output.as_ref(), reasoning)?;
     let output = Output::chat(
         &model.tokenizer,
         req.stop.clone(),
-        prompt_opens_reasoning(&prompt_text),
+        prompt_opens_reasoning(&prompt.text),
         req.tools.clone(),
     );
     let gen = GenRequest {
-        prompt,
+        prompt: prompt.tokens,
         sampling: req.sampling.clone(),
         max_tokens,
         top_logprobs: if req.logprobs { req.top_logprobs } else { 0 },
         prompt_logprobs: false,
-        save_prefix_at,
+        save_prefix_at: prompt.save_prefix_at,
+        constraint,
         output,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
@@ -73,29 +66,6 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     } else {
         Ok(Json(chunker.collect(rx).await?).into_response())
     }
-}
-
-/// Where the conversation ends and the generation prompt (`<|im_start|>assistant\n<think>\n`)
-/// begins, in tokens: the next turn's prompt starts with everything before it, so that is the
-/// state worth keeping for reuse. None if the split is not clean.
-fn conversation_end(
-    model: &Model,
-    req: &ChatRequest,
-    prompt_text: &str,
-    prompt: &[u32],
-) -> Option<usize> {
-    let opts = ChatOptions {
-        add_generation_prompt: false,
-        kwargs: req.kwargs.clone(),
-    };
-    let conversation = model
-        .template
-        .render(&req.messages, req.tools.as_deref(), &opts)
-        .ok()?;
-    let suffix = prompt_text.strip_prefix(conversation.as_str())?;
-    let suffix_ids = model.tokenizer.encode(suffix).ok()?;
-    (!suffix_ids.is_empty() && prompt.ends_with(&suffix_ids))
-        .then(|| prompt.len() - suffix_ids.len())
 }
 
 struct Chunker {
@@ -182,6 +152,7 @@ impl Chunker {
                 events: pieces,
                 outcome,
                 tool_calls,
+                ..
             } => (pieces, Some((outcome, tool_calls))),
         };
         for delta in self.piece_deltas(pieces) {
@@ -262,6 +233,7 @@ impl Chunker {
                     events,
                     outcome,
                     tool_calls,
+                    ..
                 }) => {
                     message.add(events);
                     let (reason, u) = finish(&outcome, tool_calls)?;

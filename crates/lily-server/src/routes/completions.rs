@@ -56,6 +56,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         top_logprobs: req.logprobs.unwrap_or(0),
         prompt_logprobs: req.echo && req.logprobs.is_some(),
         save_prefix_at: None,
+        constraint: None,
         output,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
@@ -144,6 +145,7 @@ impl Completer {
                     events: pieces,
                     outcome,
                     tool_calls,
+                    ..
                 }) => {
                     text.push_str(&text_of(pieces));
                     let (reason, u) = finish(&outcome, tool_calls)?;
@@ -210,6 +212,7 @@ impl Completer {
                 events: pieces,
                 outcome,
                 tool_calls,
+                ..
             } => {
                 match finish(&outcome, tool_calls) {
                     Ok((reason, u)) => {

@@ -2,6 +2,8 @@
 
 mod chat;
 mod completions;
+mod messages;
+mod prompt;
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use crate::anthropic::error::AnthropicError;
 use crate::openai::error::ApiError;
 use crate::state::{AppState, Phase};
 
@@ -23,6 +26,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/messages", post(messages::handle))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_info))
         .route("/health", get(health))
@@ -35,8 +40,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// `/v1/*` needs `Authorization: Bearer KEY` when the server was started with `--api-key`;
-/// `/health` and `/metrics` stay open for supervisors and scrapers.
+/// `/v1/*` needs `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) when the server
+/// was started with `--api-key`; `/health` and `/metrics` stay open for supervisors and scrapers.
 async fn check_api_key(
     State(state): State<Arc<AppState>>,
     request: Request,
@@ -48,22 +53,36 @@ async fn check_api_key(
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .or_else(|| {
+                    let x_api_key = request.headers().get("x-api-key");
+                    x_api_key.and_then(|v| v.to_str().ok())
+                });
+            let path = request.uri().path();
             match given {
-                None => {
-                    return ApiError::unauthorized(
-                        "missing API key: send 'Authorization: Bearer <key>'",
-                    )
-                    .into_response()
-                }
+                None => return api_error(
+                    path,
+                    ApiError::unauthorized(
+                        "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                    ),
+                ),
                 Some(g) if !same(g.trim().as_bytes(), key.as_bytes()) => {
-                    return ApiError::unauthorized("incorrect API key").into_response()
+                    return api_error(path, ApiError::unauthorized("incorrect API key"))
                 }
                 Some(_) => {}
             }
         }
     }
     next.run(request).await
+}
+
+/// An error in the shape the path's API uses: Anthropic's under `/v1/messages`, else OpenAI's.
+fn api_error(path: &str, err: ApiError) -> Response {
+    if path.starts_with("/v1/messages") {
+        AnthropicError(err).into_response()
+    } else {
+        err.into_response()
+    }
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the key.
@@ -77,10 +96,13 @@ async fn count_request(
     next: Next,
 ) -> Response {
     let endpoint = match request.uri().path() {
-        p
-        @ ("/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
-            p.to_string()
-        }
+        p @ ("/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/messages"
+        | "/v1/messages/count_tokens"
+        | "/v1/models"
+        | "/health"
+        | "/metrics") => p.to_string(),
         p if p.starts_with("/v1/models/") => "/v1/models".to_string(),
         _ => "other".to_string(),
     };
@@ -149,10 +171,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn not_found(request: Request) -> ApiError {
-    ApiError::not_found(format!(
-        "no route for {} {}",
-        request.method(),
-        request.uri().path()
-    ))
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    api_error(
+        path,
+        ApiError::not_found(format!("no route for {} {path}", request.method())),
+    )
 }
