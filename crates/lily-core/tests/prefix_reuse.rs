@@ -182,6 +182,7 @@ impl Server {
             top_logprobs: 0,
             prompt_logprobs: false,
             save_prefix_at: Some(prompt.len() - GENERATION_PROMPT.len()),
+            constraint: None,
             sink: Box::new(Sink(tx)),
         };
         self.engine.submit(job).expect("queue");
