@@ -27,7 +27,8 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/* (surrounding whitespace is ignored; an empty
+    /// key is refused rather than taken to mean "no authentication").
     #[arg(long)]
     pub api_key: Option<String>,
     /// Tokens per sequence, prompt plus output [default: min(model maximum, 32768)].
@@ -61,6 +62,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.max_queue == 0 {
         anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
     }
+    let api_key = api_key(args.api_key.as_deref())?;
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| {
@@ -74,7 +76,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     let state = Arc::new(AppState {
         model_id: load::model_id(&args.model),
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_key,
         phase: RwLock::new(Phase::Loading("starting")),
         metrics: Arc::new(Metrics::default()),
         created: unix_now(),
@@ -153,6 +155,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The key `--api-key` configures, trimmed as clients' keys are. An empty or blank key is refused:
+/// `--api-key "$UNSET"` would otherwise turn authentication off without a word.
+fn api_key(given: Option<&str>) -> Result<Option<String>> {
+    match given.map(str::trim) {
+        None => Ok(None),
+        Some("") => anyhow::bail!(
+            "--api-key is empty (an unset shell variable?): give a key, or leave --api-key out to serve without authentication"
+        ),
+        Some(key) => Ok(Some(key.to_string())),
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -171,5 +185,20 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_key_is_trimmed_and_never_empty() {
+        assert_eq!(api_key(None).unwrap(), None);
+        assert_eq!(api_key(Some("  k1 \n")).unwrap().as_deref(), Some("k1"));
+        for blank in ["", "  ", "\t\n"] {
+            let err = api_key(Some(blank)).unwrap_err().to_string();
+            assert!(err.contains("--api-key is empty"), "{err}");
+        }
     }
 }

@@ -44,19 +44,18 @@ async fn check_api_key(
 ) -> Response {
     if let Some(key) = &state.api_key {
         if request.uri().path().starts_with("/v1/") {
-            let given = request
+            let header = request
                 .headers()
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            match given {
+                .and_then(|v| v.to_str().ok());
+            match header.and_then(bearer_token) {
                 None => {
                     return ApiError::unauthorized(
                         "missing API key: send 'Authorization: Bearer <key>'",
                     )
                     .into_response()
                 }
-                Some(g) if !same(g.trim().as_bytes(), key.as_bytes()) => {
+                Some(given) if !same(given.as_bytes(), key.as_bytes()) => {
                     return ApiError::unauthorized("incorrect API key").into_response()
                 }
                 Some(_) => {}
@@ -66,9 +65,27 @@ async fn check_api_key(
     next.run(request).await
 }
 
-/// Compares without stopping at the first difference, so timing does not reveal the key.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of an `Authorization: Bearer TOKEN` header, trimmed; the scheme is case-insensitive
+/// (RFC 9110 §11.1). None for another scheme or no token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let value = value.trim_start();
+    let split = value.find(|c: char| c.is_ascii_whitespace())?;
+    let (scheme, token) = value.split_at(split);
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Compares in time that depends only on the lengths, not on where the first difference is, so
+/// timing does not reveal the key byte by byte.
+fn same(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, &k) in key.iter().enumerate() {
+        // Past the end of `given`, compare against the key's own complement (always differs) —
+        // the lengths already differ then, the loop just keeps the same shape.
+        let g = given.get(i).copied().unwrap_or(!k);
+        diff |= g ^ k;
+    }
+    std::hint::black_box(diff) == 0
 }
 
 async fn count_request(
@@ -155,4 +172,30 @@ async fn not_found(request: Request) -> ApiError {
         request.method(),
         request.uri().path()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_the_token_trimmed() {
+        for h in ["Bearer k", "bearer k", "BEARER  k ", "  bEaReR\tk"] {
+            assert_eq!(bearer_token(h), Some("k"), "{h:?}");
+        }
+        for h in ["Basic k", "k", "Bearerk", "Bearer", "Bearer   ", ""] {
+            assert_eq!(bearer_token(h), None, "{h:?}");
+        }
+    }
+
+    #[test]
+    fn keys_compare_equal_only_when_equal() {
+        assert!(same(b"sekrit", b"sekrit"));
+        assert!(!same(b"sekri", b"sekrit"));
+        assert!(!same(b"sekrit!", b"sekrit"));
+        assert!(!same(b"sekriT", b"sekrit"));
+        assert!(!same(b"", b"sekrit"));
+        assert!(!same(b"x", b""));
+        assert!(same(b"", b""));
+    }
 }
