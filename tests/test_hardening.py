@@ -67,3 +67,107 @@ def test_bearer_scheme_is_case_insensitive(padded_key_server, scheme):
 @pytest.mark.parametrize("value", ["Basic sekrit", "sekrit", "Bearersekrit", "Bearer"])
 def test_other_schemes_are_401(padded_key_server, value):
     assert_error(httpx.get(padded_key_server.url + "/v1/models", headers={"Authorization": value}), 401)
+
+
+# --- item 6: every error is an OpenAI error object ---------------------------------------------
+
+
+def test_queue_full_429_says_when_to_retry(slow_scripted):
+    """--max-queue 2: one running + two waiting; the rest get 429 with Retry-After."""
+    import concurrent.futures as cf
+
+    def one(_):
+        return httpx.post(slow_scripted.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "short story"}], **NO_THINKING})
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(one, range(8)))
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused, [r.status_code for r in responses]
+    for r in refused:
+        assert_error(r, 429, code="queue_full")
+        assert int(r.headers["retry-after"]) >= 1, r.headers
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v1/chat/completions"),
+    ("GET", "/v1/completions"),
+    ("POST", "/v1/models"),
+    ("DELETE", "/v1/models/anything"),
+    ("POST", "/health"),
+    ("PUT", "/metrics"),
+])
+def test_wrong_method_is_a_405_error_object(scripted_server, method, path):
+    r = httpx.request(method, scripted_server.url + path, timeout=10)
+    err = assert_error(r, 405, code="method_not_allowed")
+    assert method in err["message"] and path in err["message"]
+    assert r.headers.get("allow"), r.headers
+
+
+def raw_request(server, data: bytes, timeout: float = 10) -> tuple[int, dict, bytes]:
+    """Sends raw bytes, returns (status, headers, body) of the response (read to EOF or length)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as s:
+        s.sendall(data)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        head, _, body = buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+        length = int(headers.get("content-length", "-1"))
+        while length < 0 or len(body) < length:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            body += chunk
+        return status, headers, body
+
+
+class Raw:
+    def __init__(self, status, headers, body):
+        self.status_code, self.headers, self.text = status, headers, body.decode()
+
+    def json(self):
+        import json
+        return json.loads(self.text)
+
+
+def test_body_over_the_limit_is_a_413_error_object(scripted_server):
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 1000000000\r\nConnection: close\r\n\r\n{\"messages\": [")
+    r = Raw(*raw_request(scripted_server, req))
+    err = assert_error(r, 413, code="request_too_large")
+    assert "bytes" in err["message"]
+
+
+def test_chunked_body_over_the_limit_is_a_413_error_object(scripted_server):
+    """No Content-Length: the limit is hit while reading the chunks (64 MiB + a bit, loopback)."""
+    piece = b"x" * (1 << 20)
+
+    def body():
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(65):
+            yield piece
+
+    try:
+        r = httpx.post(scripted_server.url + "/v1/chat/completions", content=body(),
+                       headers={"content-type": "application/json"}, timeout=60)
+    except httpx.HTTPError:
+        pytest.fail("the connection broke instead of answering 413")
+    assert_error(r, 413, code="request_too_large")
+
+
+def test_malformed_chunked_body_is_a_400_error_object(scripted_server):
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nZZZ\r\n{}\r\n0\r\n\r\n")
+    r = Raw(*raw_request(scripted_server, req))
+    assert_error(r, 400)
+    # and the server still serves
+    assert httpx.get(scripted_server.url + "/health").status_code == 200

@@ -17,7 +17,7 @@ use crate::openai::error::ApiError;
 use crate::state::{AppState, Phase};
 
 /// Largest request body accepted.
-const MAX_BODY_BYTES: usize = 64 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 64 << 20;
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -28,11 +28,27 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Long conversations are long JSON; axum's 2 MB default is too tight for a 256k context.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(refuse_oversized_body))
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), count_request))
         .with_state(state)
+}
+
+/// A body whose `Content-Length` is over the limit gets its 413 before a byte of it is read (the
+/// limit on the body extractor only trips once that much has arrived).
+async fn refuse_oversized_body(request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return ApiError::body_too_large(MAX_BODY_BYTES).into_response();
+    }
+    next.run(request).await
 }
 
 /// `/v1/*` needs `Authorization: Bearer KEY` when the server was started with `--api-key`;
@@ -164,6 +180,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         text,
     )
         .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::method_not_allowed(request.method().as_str(), request.uri().path())
 }
 
 async fn not_found(request: Request) -> ApiError {
