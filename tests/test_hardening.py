@@ -171,3 +171,66 @@ def test_malformed_chunked_body_is_a_400_error_object(scripted_server):
     assert_error(r, 400)
     # and the server still serves
     assert httpx.get(scripted_server.url + "/health").status_code == 200
+
+
+# --- item 8: empty chat prompt, `generate --max-tokens` ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def empty_template_server(tmp_path_factory, small_model):
+    """A scripted server whose chat template renders every conversation to nothing."""
+    text = tmp_path_factory.mktemp("empty-template")
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        (text / name).symlink_to(small_model / name)
+    (text / "chat_template.jinja").write_text("{%- if false %}never{% endif %}")
+    server = Server(scripted_model(tmp_path_factory, text)).wait_ready()
+    yield server
+    server.stop()
+
+
+def test_chat_prompt_rendered_empty_is_400(empty_template_server):
+    for stream in [False, True]:
+        r = httpx.post(empty_template_server.url + "/v1/chat/completions", timeout=30,
+                       json={"messages": MSG, "stream": stream})
+        assert_error(r, 400, param="messages")
+    assert httpx.get(empty_template_server.url + "/health").status_code == 200
+
+
+def generate(model, *args, **kw):
+    cmd = [str(engine_binary()), "generate", "--model", str(model), "--device", "cpu", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("max_tokens", ["1000000000000", "262142", "262144"])
+def test_generate_max_tokens_is_bounded_by_the_context(small_model, max_tokens):
+    """The small model's context is 262,144 tokens: 3 prompt ids + these do not fit."""
+    done = generate(small_model, "--prompt-ids", "1,2,3", "--max-tokens", max_tokens)
+    assert done.returncode != 0
+    assert "--max-tokens" in done.stderr and "262144" in done.stderr, done.stderr
+
+
+def test_generate_fills_the_context_exactly(small_model):
+    """The bound is prompt + max_tokens <= context, not stricter (run on a tiny max to stay cheap)."""
+    done = generate(small_model, "--prompt-ids", "1,2,3", "--max-tokens", "4")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().split(",")) == 4
+
+
+def test_generate_streams_ids_as_they_come(small_model):
+    import time
+    cmd = [str(engine_binary()), "generate", "--model", str(small_model), "--device", "cpu",
+           "--prompt-ids", "1,2,3", "--max-tokens", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        first = proc.stdout.read(1)
+        t_first = time.monotonic()
+        rest = proc.stdout.read()
+        proc.wait(timeout=120)
+        t_end = time.monotonic()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    ids = (first + rest).decode().strip().split(",")
+    assert len(ids) == 120 and all(i.isdigit() for i in ids), ids
+    # 120 tokens take seconds on the CPU; the first id came out long before the end.
+    assert t_end - t_first > 0.5, t_end - t_first

@@ -47,6 +47,13 @@ pub async fn handle(
         .tokenizer
         .encode(&prompt_text)
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    if prompt.is_empty() {
+        // A template that renders these messages to nothing: there is nothing to continue.
+        return Err(ApiError::invalid_param(
+            "messages",
+            "the chat template renders these messages to no tokens",
+        ));
+    }
     let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, "max_tokens")?;
     let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
     let output = Output::chat(
