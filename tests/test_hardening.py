@@ -234,3 +234,36 @@ def test_generate_streams_ids_as_they_come(small_model):
     assert len(ids) == 120 and all(i.isdigit() for i in ids), ids
     # 120 tokens take seconds on the CPU; the first id came out long before the end.
     assert t_end - t_first > 0.5, t_end - t_first
+
+
+# --- item 9: host names and bare IPv6 ----------------------------------------------------------
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("host,url_host", [
+    ("localhost", "127.0.0.1"),
+    pytest.param("::1", "[::1]", marks=pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback")),
+    pytest.param("[::1]", "[::1]", marks=pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback")),
+])
+def test_host_names_and_bare_ipv6_are_served(tmp_path_factory, small_model, host, url_host):
+    server = Server(scripted_model(tmp_path_factory, small_model), "--host", host)
+    server.url = f"http://{url_host}:{server.port}"
+    try:
+        server.wait_ready(timeout=30)
+        assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    finally:
+        assert server.stop() == 0
+
+
+def test_unresolvable_host_is_a_clear_error(small_model):
+    done = serve_exits(str(small_model), "--host", "no-such-host.invalid")
+    assert done.returncode != 0
+    assert "--host no-such-host.invalid" in done.stderr, done.stderr

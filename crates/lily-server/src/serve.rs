@@ -63,14 +63,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
     }
     let api_key = api_key(args.api_key.as_deref())?;
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| {
-            format!(
-                "--host {} --port {}: not an address to listen on",
-                args.host, args.port
-            )
-        })?;
+    let addr = listen_address(&args.host, args.port).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -155,6 +148,29 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where `--host --port` listen: an IPv4 or IPv6 literal (bare `::1` or bracketed `[::1]`) or a
+/// host name, resolved. A name with several addresses (`localhost`: 127.0.0.1 and ::1) listens on
+/// the first IPv4 one, which every client tries; a `--host` of each address serves one of them.
+async fn listen_address(host: &str, port: u16) -> Result<SocketAddr> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host((bare, port))
+        .await
+        .with_context(|| format!("--host {host}: not an address or a host name that resolves"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .with_context(|| format!("--host {host}: the name resolves to no address"))
+}
+
 /// The key `--api-key` configures, trimmed as clients' keys are. An empty or blank key is refused:
 /// `--api-key "$UNSET"` would otherwise turn authentication off without a word.
 fn api_key(given: Option<&str>) -> Result<Option<String>> {
@@ -191,6 +207,20 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn hosts_are_literals_or_resolved_names() {
+        let at =
+            |h: &'static str| async move { listen_address(h, 8000).await.map(|a| a.to_string()) };
+        assert_eq!(at("127.0.0.1").await.unwrap(), "127.0.0.1:8000");
+        assert_eq!(at("::1").await.unwrap(), "[::1]:8000");
+        assert_eq!(at("[::1]").await.unwrap(), "[::1]:8000");
+        assert_eq!(at("0.0.0.0").await.unwrap(), "0.0.0.0:8000");
+        assert_eq!(at("localhost").await.unwrap(), "127.0.0.1:8000");
+        let err = format!("{:#}", at("no-such-host.invalid").await.unwrap_err());
+        assert!(err.contains("--host no-such-host.invalid"), "{err}");
+        assert!(at("1.2.3.4:80").await.is_err());
+    }
 
     #[test]
     fn api_key_is_trimmed_and_never_empty() {
