@@ -267,3 +267,34 @@ def test_unresolvable_host_is_a_clear_error(small_model):
     done = serve_exits(str(small_model), "--host", "no-such-host.invalid")
     assert done.returncode != 0
     assert "--host no-such-host.invalid" in done.stderr, done.stderr
+
+
+# --- item 7: checkpoint validation (the details are lily-core's tests) --------------------------
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_position_embeddings", 0),
+    ("num_hidden_layers", 0),
+    ("eos_token_id", 1e9),
+    ("rms_norm_eps", -1),
+    ("quantization.bits", 3),
+    ("quantization.group_size", 0),
+])
+def test_invalid_config_refuses_to_serve_naming_the_field(tmp_path, small_model, field, value):
+    import json
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in small_model.iterdir():
+        if f.name != "config.json":
+            (model / f.name).symlink_to(f)
+    config = json.loads((small_model / "config.json").read_text())
+    if field.startswith("quantization."):
+        config["quantization"][field.split(".")[1]] = value
+    else:
+        config["text_config"][field] = value
+        if field == "num_hidden_layers":
+            config["text_config"].pop("layer_types", None)
+    (model / "config.json").write_text(json.dumps(config))
+    done = serve_exits(str(model), "--device", "cpu")
+    assert done.returncode != 0
+    assert field in done.stderr, done.stderr
