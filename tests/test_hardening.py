@@ -298,3 +298,28 @@ def test_invalid_config_refuses_to_serve_naming_the_field(tmp_path, small_model,
     done = serve_exits(str(model), "--device", "cpu")
     assert done.returncode != 0
     assert field in done.stderr, done.stderr
+
+
+# --- item 1 (first part): oversized prompts are refused before they are tokenized ---------------
+
+
+def test_oversized_chat_prompt_is_refused_by_size_before_tokenizing(scripted_server):
+    """The scripted server holds 4096 tokens; no token is longer than 128 bytes, so more than
+    4096 × 128 bytes of message text cannot fit, whatever it is."""
+    big = "x" * (4096 * 128 + 1)
+    r = httpx.post(scripted_server.url + "/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": [{"type": "text", "text": big}]}]})
+    err = assert_error(r, 400, param="messages", code="context_length_exceeded")
+    assert str(4096 * 128) in err["message"] and "bytes" in err["message"], err
+    r = httpx.post(scripted_server.url + "/v1/completions", timeout=30, json={"prompt": big})
+    err = assert_error(r, 400, param="prompt", code="context_length_exceeded")
+    assert str(4096 * 128) in err["message"] and "bytes" in err["message"], err
+
+
+def test_prompt_just_under_the_size_bound_is_still_tokenized(scripted_server):
+    """Under the byte bound the token count decides (this one is too long in tokens)."""
+    r = httpx.post(scripted_server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": [{"role": "user", "content": "word " * 5000}]})
+    err = assert_error(r, 400, code="context_length_exceeded")
+    assert "tokens" in err["message"] and "bytes" not in err["message"], err

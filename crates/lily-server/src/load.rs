@@ -87,6 +87,13 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         Some(n) => n,
         None => config.max_position.min(DEFAULT_CTX),
     };
+    // 128 bytes for Qwen3.6's (a run of spaces); every token covers at most this much text.
+    let longest_token = (0..tokenizer.vocab_size() as u32)
+        .filter_map(|id| tokenizer.token_bytes(id))
+        .map(<[u8]>::len)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     tracing::info!("backend: {}", backend.describe());
     stage("starting the engine");
     let engine = Engine::start(
@@ -104,6 +111,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         ctx_size,
         vocab: config.vocab,
         max_queue: opts.max_queue,
+        max_prompt_bytes: ctx_size.saturating_mul(longest_token),
     })
 }
 

@@ -19,6 +19,10 @@ pub struct Model {
     /// Logit rows (ids a request may name in `logit_bias`).
     pub vocab: usize,
     pub max_queue: usize,
+    /// Bytes of prompt text that cannot fit the context whatever they say: `ctx_size` times the
+    /// longest token's bytes. Longer prompts are refused before the template or the tokenizer
+    /// sees them (tokenizing tens of megabytes takes seconds and gigabytes).
+    pub max_prompt_bytes: usize,
 }
 
 impl Model {

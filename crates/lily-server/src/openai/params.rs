@@ -173,6 +173,24 @@ pub fn streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
 
 /// How many tokens may be generated: the request's limit if it fits beside the prompt in the
 /// context, else a 400 that says by how much it does not.
+/// Refuses prompt text longer than `limit` bytes (`Model::max_prompt_bytes`): it cannot fit the
+/// context, and finding that out by tokenizing it costs seconds and gigabytes.
+pub fn check_prompt_bytes(
+    bytes: usize,
+    limit: usize,
+    ctx_size: usize,
+    param: &str,
+) -> Result<(), ApiError> {
+    if bytes > limit {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("the prompt holds {bytes} bytes of text, more than the {limit} bytes a {ctx_size}-token context can hold"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    Ok(())
+}
+
 pub fn fit(
     prompt_tokens: usize,
     requested: Option<usize>,

@@ -19,7 +19,7 @@ use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::chat_request::ChatRequest;
 use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
-use crate::openai::params::fit;
+use crate::openai::params::{check_prompt_bytes, fit};
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
 use crate::output::Output;
 use crate::state::{AppState, Model};
@@ -31,6 +31,12 @@ pub async fn handle(
     let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
     let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
+    check_prompt_bytes(
+        rendered_text_bytes(&req.messages),
+        model.max_prompt_bytes,
+        model.ctx_size,
+        "messages",
+    )?;
     let opts = ChatOptions {
         add_generation_prompt: true,
         kwargs: req.kwargs.clone(),
@@ -85,6 +91,25 @@ pub async fn handle(
     } else {
         Ok(Json(chunker.collect(rx).await?).into_response())
     }
+}
+
+/// Bytes of message text the prompt certainly contains: the content of every message but the
+/// assistant's (the template may drop an earlier turn's thinking from those), as a string or as
+/// text parts. A lower bound, so refusing on it never refuses a prompt that would fit.
+fn rendered_text_bytes(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) != Some("assistant"))
+        .map(|m| match m.get("content") {
+            Some(Value::String(s)) => s.len(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .map(str::len)
+                .sum(),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Where the conversation ends and the generation prompt (`<|im_start|>assistant\n<think>\n`)
@@ -348,4 +373,20 @@ fn data(body: &Value) -> Event {
 /// OpenAI's tool-call ids read `call_…` (an underscore, where completion ids have `chatcmpl-`).
 fn tool_call_id() -> String {
     new_id("call").replacen('-', "_", 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_bytes_count_what_the_template_always_renders() {
+        let messages = vec![
+            json!({"role": "system", "content": "abc"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "text", "text": "é"}]}),
+            json!({"role": "assistant", "content": "<think>long</think>x"}),
+            json!({"role": "tool", "content": "12345"}),
+        ];
+        assert_eq!(rendered_text_bytes(&messages), 3 + 2 + 2 + 5);
+    }
 }

@@ -18,7 +18,7 @@ use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::completion_request::{CompletionRequest, Prompt};
 use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
-use crate::openai::params::fit;
+use crate::openai::params::{check_prompt_bytes, fit};
 use crate::openai::response::{finish, new_id, unix_now, usage, CompletionLogprobs};
 use crate::output::Output;
 use crate::state::{AppState, Model};
@@ -33,6 +33,7 @@ pub async fn handle(
     let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
     let (prompt, prompt_text) = match &req.prompt {
         Prompt::Text(text) => {
+            check_prompt_bytes(text.len(), model.max_prompt_bytes, model.ctx_size, "prompt")?;
             let ids = model
                 .tokenizer
                 .encode(text)
