@@ -55,7 +55,7 @@ def free_port() -> int:
 class Server:
     """A running `lily-engine serve`; stopped with SIGTERM."""
 
-    def __init__(self, model: str, *extra: str, api_key: str | None = None):
+    def __init__(self, model: str, *extra: str, api_key: str | None = None, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -63,7 +63,8 @@ class Server:
         if api_key:
             args += ["--api-key", api_key]
         self.log = open(os.devnull, "w") if not os.environ.get("LILY_TEST_LOGS") else None
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
+                                     env={**os.environ, **env} if env else None)
 
     def wait_ready(self, timeout: float = 120.0) -> "Server":
         deadline = time.time() + timeout

@@ -323,3 +323,42 @@ def test_prompt_just_under_the_size_bound_is_still_tokenized(scripted_server):
                    json={"messages": [{"role": "user", "content": "word " * 5000}]})
     err = assert_error(r, 400, code="context_length_exceeded")
     assert "tokens" in err["message"] and "bytes" not in err["message"], err
+
+
+# --- item 2: rendering and tokenizing stay off the async workers ---------------------------------
+
+
+def test_health_stays_responsive_while_a_big_prompt_is_tokenized(tmp_path_factory, small_model):
+    """One async worker (TOKIO_WORKER_THREADS=1): a 3 MB prompt (under the byte bound of the
+    32768-token context, over its token count) takes most of a second to render and tokenize; on
+    the worker, /health would wait for all of it."""
+    import threading
+    import time
+
+    server = Server(scripted_model(tmp_path_factory, small_model), env={"TOKIO_WORKER_THREADS": "1"}).wait_ready()
+    try:
+        big = "word " * 600_000
+        took = {}
+
+        def one():
+            t = time.monotonic()
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                           json={"messages": [{"role": "user", "content": big}]})
+            took["request"] = time.monotonic() - t
+            took["status"] = r.status_code
+
+        worker = threading.Thread(target=one)
+        worker.start()
+        time.sleep(0.15)  # the body is in; the template and tokenizer are at work
+        latencies = []
+        while worker.is_alive():
+            t = time.monotonic()
+            assert httpx.get(server.url + "/health", timeout=60).status_code == 200
+            latencies.append(time.monotonic() - t)
+            time.sleep(0.02)
+        worker.join()
+        assert took["status"] == 400
+        assert latencies, "the request finished before /health was asked"
+        assert max(latencies) < 0.2, (max(latencies), took)
+    finally:
+        server.stop()

@@ -30,38 +30,24 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
-    let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
-    check_prompt_bytes(
-        rendered_text_bytes(&req.messages),
-        model.max_prompt_bytes,
-        model.ctx_size,
-        "messages",
-    )?;
-    let opts = ChatOptions {
-        add_generation_prompt: true,
-        kwargs: req.kwargs.clone(),
+    // Parsing, rendering and tokenizing a long conversation take a while: off the workers.
+    let (req, prompt_text, prompt, save_prefix_at) = {
+        let model = model.clone();
+        super::off_the_workers(move || {
+            let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
+            check_prompt_bytes(
+                rendered_text_bytes(&req.messages),
+                model.max_prompt_bytes,
+                model.ctx_size,
+                "messages",
+            )?;
+            let (prompt_text, prompt) = render(&model, &req)?;
+            let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
+            Ok((req, prompt_text, prompt, save_prefix_at))
+        })
+        .await?
     };
-    let prompt_text = model
-        .template
-        .render(&req.messages, req.tools.as_deref(), &opts)
-        .map_err(|e| match e {
-            ChatError::Invalid(m) | ChatError::Template(m) => {
-                ApiError::invalid_param("messages", m)
-            }
-        })?;
-    let prompt = model
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-    if prompt.is_empty() {
-        // A template that renders these messages to nothing: there is nothing to continue.
-        return Err(ApiError::invalid_param(
-            "messages",
-            "the chat template renders these messages to no tokens",
-        ));
-    }
     let max_tokens = fit(prompt.len(), req.max_tokens, model.ctx_size, "max_tokens")?;
-    let save_prefix_at = conversation_end(&model, &req, &prompt_text, &prompt);
     let output = Output::chat(
         &model.tokenizer,
         req.stop.clone(),
@@ -91,6 +77,34 @@ pub async fn handle(
     } else {
         Ok(Json(chunker.collect(rx).await?).into_response())
     }
+}
+
+/// The prompt: the conversation rendered with the generation prompt, and its tokens.
+fn render(model: &Model, req: &ChatRequest) -> Result<(String, Vec<u32>), ApiError> {
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        kwargs: req.kwargs.clone(),
+    };
+    let prompt_text = model
+        .template
+        .render(&req.messages, req.tools.as_deref(), &opts)
+        .map_err(|e| match e {
+            ChatError::Invalid(m) | ChatError::Template(m) => {
+                ApiError::invalid_param("messages", m)
+            }
+        })?;
+    let prompt = model
+        .tokenizer
+        .encode(&prompt_text)
+        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    if prompt.is_empty() {
+        // A template that renders these messages to nothing: there is nothing to continue.
+        return Err(ApiError::invalid_param(
+            "messages",
+            "the chat template renders these messages to no tokens",
+        ));
+    }
+    Ok((prompt_text, prompt))
 }
 
 /// Bytes of message text the prompt certainly contains: the content of every message but the

@@ -30,17 +30,27 @@ pub async fn handle(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
-    let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
-    let (prompt, prompt_text) = match &req.prompt {
-        Prompt::Text(text) => {
-            check_prompt_bytes(text.len(), model.max_prompt_bytes, model.ctx_size, "prompt")?;
-            let ids = model
-                .tokenizer
-                .encode(text)
-                .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-            (ids, text.clone())
-        }
-        Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
+    // Parsing and tokenizing a long prompt take a while: off the workers.
+    let (req, prompt, prompt_text) = {
+        let model = model.clone();
+        super::off_the_workers(move || {
+            let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
+            if let Prompt::Text(text) = &req.prompt {
+                check_prompt_bytes(text.len(), model.max_prompt_bytes, model.ctx_size, "prompt")?;
+            }
+            let (prompt, prompt_text) = match &req.prompt {
+                Prompt::Text(text) => {
+                    let ids = model
+                        .tokenizer
+                        .encode(text)
+                        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+                    (ids, text.clone())
+                }
+                Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
+            };
+            Ok((req, prompt, prompt_text))
+        })
+        .await?
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid_param(

@@ -3,7 +3,7 @@
 mod chat;
 mod completions;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
@@ -12,9 +12,37 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use crate::openai::error::ApiError;
 use crate::state::{AppState, Phase};
+
+/// Runs a request's CPU-heavy preparation (template rendering, tokenization) on tokio's blocking
+/// pool, at most one per core at a time: on the async workers, one long prompt would stall
+/// `/health` and every running stream until it was done. A request waits for its turn without
+/// holding a worker, and the turn stays taken until the work ends, even if the client has gone.
+pub(crate) async fn off_the_workers<T, F>(work: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+{
+    static TURNS: OnceLock<Arc<Semaphore>> = OnceLock::new();
+    let turns = TURNS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Arc::new(Semaphore::new(cores))
+    });
+    let turn = turns
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        work()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
 
 /// Largest request body accepted.
 pub(crate) const MAX_BODY_BYTES: usize = 64 << 20;
