@@ -7,7 +7,8 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new), SERVED (old new: served decode at 4K), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
+# new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# profile), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-logs}"
@@ -63,9 +64,12 @@ for v in ${SERVED:-}; do
 done
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
-  LILY_PROFILE=1 timeout 120 "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 \
-    --decode-tokens 32 --repeat 1 > "$OUT/profile.log" 2>&1
-  say "profile rc=$?"
+  for ctx in ${PROFILE_CTX:-4096}; do
+    echo "===== decode profile at context $ctx" >> "$OUT/profile.log"
+    LILY_PROFILE=1 timeout 150 "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "$ctx" \
+      --decode-tokens 32 --repeat 1 >> "$OUT/profile.log" 2>&1
+    say "profile $ctx rc=$?"
+  done
 fi
 if [ "${SKIP_PARITY:-0}" != 1 ]; then
   LILY_PARITY_MODEL="$M" LILY_PARITY_POSITIONS="${POSITIONS:-16}" timeout 300 "$HERE/bin/gpu" --ignored \

@@ -34,8 +34,8 @@
 //
 // Split-KV decode (flash-decoding; default for steps of at most SPLIT_MAX_TOK tokens):
 //   token t attends to keys 0..len-1, len = pos+t+1. The keys are cut into n_s = ceil(len/P)
-//   splits of P keys, P = max(64, roundup64(ceil(len / SPLIT_MAX_SPLITS))): at most 256 splits,
-//   at least 64 keys each (P and n_s follow len, which is read on the device, so the launch is
+//   splits of P keys, P = max(M, roundup_M(ceil(len / SPLIT_MAX_SPLITS))) with M = SPLIT_MIN_KEYS:
+//   at most SPLIT_MAX_SPLITS splits, at least M keys each (P and n_s follow len, which is read on the device, so the launch is
 //   the same at every position and can be replayed as a CUDA graph: the grid is always
 //   SPLIT_MAX_SPLITS wide and blocks past n_s exit at once).
 //   attn_split: one block per (split s, kv head g [× chunk of 8 of its query heads], token t)
@@ -172,7 +172,9 @@ attn_decode(const float* __restrict__ q, const float* __restrict__ qg, const kv_
 #ifndef SPLIT_MAX_SPLITS
 #error "SPLIT_MAX_SPLITS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
 #endif
-#define SPLIT_MIN_KEYS 64
+#ifndef SPLIT_MIN_KEYS
+#error "SPLIT_MIN_KEYS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 #ifndef SPLIT_WARPS
 #error "SPLIT_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
 #endif

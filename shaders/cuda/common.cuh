@@ -48,6 +48,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The larger of (value, index) pairs over a warp, the lower index on ties; every lane gets it.
+__device__ __forceinline__ void warp_argmax(float& best, int& best_i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the sum.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];
@@ -141,5 +153,91 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---- pieces two kernel files share ----------------------------------------------------------
+
+// One token of the gated delta rule for one value column, as dn_recurrent and the decode step
+// (dec_dn_step) run it: PARTS adjacent lanes share the column, each holding `rows` (≤ ROWS) state
+// rows i = part + PARTS·r in s[]. S ← αS; u = Sᵀk; δ = β(v − u); S ← S + kδᵀ; returns o = Sᵀq
+// (summed over the PARTS lanes). qs, ks: the token's normalised q and k.
+template <int ROWS, int PARTS>
+__device__ __forceinline__ float dn_column_step(float (&s)[ROWS], const float* qs, const float* ks, int part,
+                                               int rows, float alpha, float beta, float v) {
+    float kr[ROWS];
+    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; r += 4) {
+        if (r < rows) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                kr[r + e] = ks[part + PARTS * (r + e)];
+                s[r + e] *= alpha;
+            }
+            u0 += s[r] * kr[r];
+            u1 += s[r + 1] * kr[r + 1];
+            u2 += s[r + 2] * kr[r + 2];
+            u3 += s[r + 3] * kr[r + 3];
+        }
+    }
+    float u = (u0 + u1) + (u2 + u3);
+#pragma unroll
+    for (int off = 1; off < PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
+    float delta = beta * (v - u);
+    float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; r += 4) {
+        if (r < rows) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
+            o0 += s[r] * qs[part + PARTS * r];
+            o1 += s[r + 1] * qs[part + PARTS * (r + 1)];
+            o2 += s[r + 2] * qs[part + PARTS * (r + 2)];
+            o3 += s[r + 3] * qs[part + PARTS * (r + 3)];
+        }
+    }
+    float out = (o0 + o1) + (o2 + o3);
+#pragma unroll
+    for (int off = 1; off < PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+    return out;
+}
+
+// The MoE routing of one token, by one warp (moe_route, and dec_glu in the decode step):
+// p = softmax(logits) over n_experts into p[] (scratch), the top_k (ties to the lower expert
+// index) into ids[], their probabilities renormalised over the top_k (rounded by act) into w[].
+__device__ __forceinline__ void route_top_k(const float* __restrict__ lt, int n_experts, int top_k, float* p,
+                                            int* ids, float* w) {
+    int lane = threadIdx.x & 31;
+    float mx = NEG_INF;
+    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) {
+        float v = expf(lt[e] - mx);
+        p[e] = v;
+        sum += v;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
+    __syncwarp();
+    float picked_sum = 0.0f;
+    for (int k = 0; k < top_k; k++) {
+        float best = -1.0f;
+        int best_e = 0x7fffffff;
+        for (int e = lane; e < n_experts; e += 32)
+            if (p[e] > best) {  // strict: the lower index wins ties within a lane
+                best = p[e];
+                best_e = e;
+            }
+        warp_argmax(best, best_e);
+        if (lane == 0) {
+            ids[k] = best_e;
+            w[k] = best;
+            p[best_e] = -2.0f;  // taken
+        }
+        picked_sum += best;
+        __syncwarp();
+    }
+    if (lane < top_k) w[lane] = act(w[lane] / picked_sum);
 }
 

@@ -48,6 +48,9 @@
 #ifndef DEC_MAX_TOPK
 #error "DEC_MAX_TOPK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_R4
+#error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -285,6 +288,87 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
     }
 }
 
+// dec_gemv4: dec_gemv when every weight is 4-bit with at most 32 groups per row (one group per lane:
+// every projection of this model but the 4096-wide o_proj / out_proj and the 8-bit router). The
+// lane's group of x stays in registers for the whole launch, and the next tile's rows are loaded
+// while this tile's are summed (two register buffers, unrolled so their indices stay static).
+// Tiles of DEC_WARPS · (32 / lpr) · DEC_R4 rows.
+struct Rows4 {
+    uint4 q[DEC_R4][2];
+    float s[DEC_R4], b[DEC_R4];
+};
+
+__device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
+    DecSeg sg = segs.s[0];
+#pragma unroll
+    for (int i = 1; i < DEC_MAX_SEGS; i++)
+        if (i < segs.n && tile >= segs.s[i].tile0) sg = segs.s[i];
+    return sg;
+}
+
+__device__ __forceinline__ int rows4_base(const DecSeg& sg, int tile, int spw, int warp, int sub) {
+    return ((tile - sg.tile0) * DEC_WARPS * spw + warp * spw + sub) * DEC_R4;
+}
+
+__device__ __forceinline__ void rows4_load(const DecSegs& segs, int tile, int G, int spw, int warp, int sub,
+                                           int sl, Rows4& r) {
+    DecSeg sg = seg_of(segs, tile);
+    int rbase = rows4_base(sg, tile, spw, warp, sub);
+    long long wpr = (long long)G * 8;
+#pragma unroll
+    for (int i = 0; i < DEC_R4; i++) {
+        long long row = min(rbase + i, sg.w.rows - 1);
+        const uint4* qp = reinterpret_cast<const uint4*>(sg.w.q + row * wpr + (long long)sl * 8);
+        r.q[i][0] = ld_stream(qp);
+        r.q[i][1] = ld_stream(qp + 1);
+        r.s[i] = bf16_to_f32(sg.w.scales[row * G + sl]);
+        r.b[i] = bf16_to_f32(sg.w.biases[row * G + sl]);
+    }
+}
+
+__device__ __forceinline__ void rows4_finish(const DecSegs& segs, int tile, int lpr, int spw, int warp, int sub,
+                                             int sl, const Rows4& r, const float (&xv)[64], float sx) {
+    DecSeg sg = seg_of(segs, tile);
+    int rbase = rows4_base(sg, tile, spw, warp, sub);
+    float acc[DEC_R4];
+#pragma unroll
+    for (int i = 0; i < DEC_R4; i++) acc[i] = group_term<4>(r.s[i], r.b[i], dot_group<4>(r.q[i], xv), sx);
+    reduce_rows<DEC_R4>(acc, lpr);
+    if (sl == 0) {
+#pragma unroll
+        for (int i = 0; i < DEC_R4; i++)
+            if (rbase + i < sg.w.rows) store_out(sg.y + rbase + i, sg.mode, acc[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv4(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int G = cols >> 6;  // <= 32: lpr = G
+    int lpr = G, spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int step = gridDim.x, tiles = segs.tiles;
+    Rows4 ra, rb;
+    int t = blockIdx.x;
+    if (t < tiles) rows4_load(segs, t, G, spw, warp, sub, sl, ra);  // before staging: hides it
+    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+    float xv[64];
+    load_group(xs + sl * DEC_XPAD, xv);
+    float sx = xsum[sl];
+    for (; t < tiles; t += 2 * step) {
+        int tb = t + step;
+        if (tb < tiles) rows4_load(segs, tb, G, spw, warp, sub, sl, rb);
+        rows4_finish(segs, t, lpr, spw, warp, sub, sl, ra, xv, sx);
+        if (tb >= tiles) break;
+        int ta = tb + step;
+        if (ta < tiles) rows4_load(segs, ta, G, spw, warp, sub, sl, ra);
+        rows4_finish(segs, tb, lpr, spw, warp, sub, sl, rb, xv, sx);
+    }
+}
+
 // The matrix of expert e in a stack (rows × cols each).
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     long long groups = (long long)w.rows * (w.cols / w.group);
@@ -292,52 +376,6 @@ __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     w.scales += e * groups;
     w.biases += e * groups;
     return w;
-}
-
-// The token's routing, moe_route's arithmetic for one token (one warp): p = softmax(logits) over
-// n_experts, the top_k (ties to the lower index) into ids_s, their renormalised weights into w_s.
-__device__ __forceinline__ void route_one(const float* __restrict__ lt, int n_experts, int top_k, float* p,
-                                          int* ids_s, float* w_s) {
-    int lane = threadIdx.x & 31;
-    float mx = NEG_INF;
-    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < n_experts; e += 32) {
-        float v = expf(lt[e] - mx);
-        p[e] = v;
-        sum += v;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
-    __syncwarp();
-    float picked_sum = 0.0f;
-    for (int k = 0; k < top_k; k++) {
-        float best = -1.0f;
-        int best_e = 0x7fffffff;
-        for (int e = lane; e < n_experts; e += 32)
-            if (p[e] > best) {
-                best = p[e];
-                best_e = e;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ob > best || (ob == best && oe < best_e)) {
-                best = ob;
-                best_e = oe;
-            }
-        }
-        if (lane == 0) {
-            ids_s[k] = best_e;
-            w_s[k] = best;
-            p[best_e] = -2.0f;  // taken
-        }
-        picked_sum += best;
-        __syncwarp();
-    }
-    if (lane < top_k) w_s[lane] = act(w_s[lane] / picked_sum);
-    __syncwarp();
 }
 
 // Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
@@ -358,7 +396,8 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
     if (warp == 0) {
-        route_one(router_logits, n_experts, top_k, p, ids_s, w_s);
+        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
+        __syncwarp();
         if (blockIdx.x == 0 && lane < top_k) {
             ids[lane] = ids_s[lane];
             route_w[lane] = w_s[lane];
@@ -560,41 +599,7 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
     for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
     float alpha = ab_s[0], beta = ab_s[1];
     float v = c[2 * key_dim + hv * dv + j];
-    float kr[DEC_DN_ROWS];
-    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
-        if (r < rows) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                kr[r + e] = k_s[part + DEC_DN_PARTS * (r + e)];
-                s[r + e] *= alpha;
-            }
-            u0 += s[r] * kr[r];
-            u1 += s[r + 1] * kr[r + 1];
-            u2 += s[r + 2] * kr[r + 2];
-            u3 += s[r + 3] * kr[r + 3];
-        }
-    }
-    float u = (u0 + u1) + (u2 + u3);
-#pragma unroll
-    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
-    float delta = beta * (v - u);
-    float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r += 4) {
-        if (r < rows) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
-            o0 += s[r] * q_s[part + DEC_DN_PARTS * r];
-            o1 += s[r + 1] * q_s[part + DEC_DN_PARTS * (r + 1)];
-            o2 += s[r + 2] * q_s[part + DEC_DN_PARTS * (r + 2)];
-            o3 += s[r + 3] * q_s[part + DEC_DN_PARTS * (r + 3)];
-        }
-    }
-    float out = (o0 + o1) + (o2 + o3);
-#pragma unroll
-    for (int off = 1; off < DEC_DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+    float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);
     if (part == 0) o[(long long)hv * dv + j] = act(out);
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)

@@ -170,41 +170,7 @@ dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const fl
             const float* qs = qk_s[buf][tt];
             const float* ks = qs + dk;
             float alpha = ab_s[buf][tt][0], beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
-            float kr[DN_ROWS];
-            float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
-#pragma unroll
-            for (int r = 0; r < DN_ROWS; r += 4) {
-                if (r < rows) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        kr[r + e] = ks[part + DN_PARTS * (r + e)];
-                        s[r + e] *= alpha;
-                    }
-                    u0 += s[r] * kr[r];
-                    u1 += s[r + 1] * kr[r + 1];
-                    u2 += s[r + 2] * kr[r + 2];
-                    u3 += s[r + 3] * kr[r + 3];
-                }
-            }
-            float u = (u0 + u1) + (u2 + u3);
-#pragma unroll
-            for (int off = 1; off < DN_PARTS; off <<= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
-            float delta = beta * (v - u);
-            float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-#pragma unroll
-            for (int r = 0; r < DN_ROWS; r += 4) {
-                if (r < rows) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[r + e] += kr[r + e] * delta;
-                    o0 += s[r] * qs[part + DN_PARTS * r];
-                    o1 += s[r + 1] * qs[part + DN_PARTS * (r + 1)];
-                    o2 += s[r + 2] * qs[part + DN_PARTS * (r + 2)];
-                    o3 += s[r + 3] * qs[part + DN_PARTS * (r + 3)];
-                }
-            }
-            float out = (o0 + o1) + (o2 + o3);
-#pragma unroll
-            for (int off = 1; off < DN_PARTS; off <<= 1) out += __shfl_xor_sync(0xffffffffu, out, off);
+            float out = dn_column_step<DN_ROWS, DN_PARTS>(s, qs, ks, part, rows, alpha, beta, v);
             if (part == 0) o[(long long)(t0 + tt) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
         }
         __syncthreads();  // this buffer is restaged two tiles on

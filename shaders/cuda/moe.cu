@@ -16,45 +16,7 @@ moe_route(const float* __restrict__ logits, int* __restrict__ ids, float* __rest
     __shared__ float p[MOE_MAX_E];
     int t = blockIdx.x, lane = threadIdx.x;
     if (t >= n_tok) return;
-    const float* lt = logits + (long long)t * n_experts;
-    float mx = NEG_INF;
-    for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int e = lane; e < n_experts; e += 32) {
-        float v = expf(lt[e] - mx);
-        p[e] = v;
-        sum += v;
-    }
-    sum = warp_sum(sum);
-    for (int e = lane; e < n_experts; e += 32) p[e] = p[e] / sum;
-    __syncwarp();
-    float picked_sum = 0.0f;
-    for (int k = 0; k < top_k; k++) {
-        float best = -1.0f;
-        int best_e = 0x7fffffff;
-        for (int e = lane; e < n_experts; e += 32)
-            if (p[e] > best) {  // strict: the lower index wins ties within a lane
-                best = p[e];
-                best_e = e;
-            }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ob > best || (ob == best && oe < best_e)) {
-                best = ob;
-                best_e = oe;
-            }
-        }
-        if (lane == 0) {
-            ids[t * top_k + k] = best_e;
-            weights[t * top_k + k] = best;
-            p[best_e] = -2.0f;  // taken
-        }
-        picked_sum += best;
-        __syncwarp();
-    }
-    if (lane < top_k) weights[t * top_k + lane] = act(weights[t * top_k + lane] / picked_sum);
+    route_top_k(logits + (long long)t * n_experts, n_experts, top_k, p, ids + t * top_k, weights + t * top_k);
 }
 
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,

@@ -37,14 +37,7 @@ argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ to
             best_i = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ov > best || (ov == best && oi < best_i)) {
-            best = ov;
-            best_i = oi;
-        }
-    }
+    warp_argmax(best, best_i);
     if (lane == 0) {
         sv[warp] = best;
         si[warp] = best_i;
@@ -54,14 +47,7 @@ argmax_logprob(const float* __restrict__ logits, int vocab, int* __restrict__ to
         int nw = blockDim.x >> 5;
         best = lane < nw ? sv[lane] : NEG_INF;
         best_i = lane < nw ? si[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-            if (ov > best || (ov == best && oi < best_i)) {
-                best = ov;
-                best_i = oi;
-            }
-        }
+        warp_argmax(best, best_i);
         if (lane == 0) {
             sv[0] = best;
             si[0] = best_i;
@@ -101,14 +87,7 @@ __device__ __forceinline__ void block_argmax(float& best, int& best_i) {
     __shared__ float sv[32];
     __shared__ int si[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ov > best || (ov == best && oi < best_i)) {
-            best = ov;
-            best_i = oi;
-        }
-    }
+    warp_argmax(best, best_i);
     __syncthreads();
     if (lane == 0) {
         sv[warp] = best;
@@ -117,14 +96,7 @@ __device__ __forceinline__ void block_argmax(float& best, int& best_i) {
     __syncthreads();
     best = lane < nw ? sv[lane] : NEG_INF;
     best_i = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-        if (ov > best || (ov == best && oi < best_i)) {
-            best = ov;
-            best_i = oi;
-        }
-    }
+    warp_argmax(best, best_i);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -13,4 +13,5 @@ pub mod sampling;
 pub mod stop;
 pub mod synth;
 pub mod text;
+pub mod traffic;
 pub mod weights;

@@ -315,14 +315,8 @@ impl Forward<'_> {
                 self.norm(Rows::new(last, h), model.final_norm.ptr, 1)?;
                 match self.plan.one_row(&model.lm_head) {
                     DecodePath::Fused => {
-                        let input = Input {
-                            x: s.xn.ptr,
-                            cols: h,
-                            prologue: Prologue::None,
-                            staged_out: None,
-                        };
                         let out = [(&model.lm_head, Out::Store(seq.logits.ptr))];
-                        k.decode.project(gpu, input, &out)?
+                        k.decode.project(gpu, Input::row(s.xn.ptr, h), &out)?
                     }
                     DecodePath::PerKernel => {
                         let logits = Rows::new(seq.logits.ptr, v);
@@ -470,12 +464,7 @@ impl Forward<'_> {
         ];
         k.decode.project(gpu, input, &qkv)?;
         self.attend(a, k_cache, v_cache, pos, 1)?;
-        let o = Input {
-            x: s.attn_o.ptr,
-            cols: cfg.n_heads * cfg.head_dim,
-            prologue: Prologue::None,
-            staged_out: None,
-        };
+        let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
         k.decode
             .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
     }

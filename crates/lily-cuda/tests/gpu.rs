@@ -611,6 +611,39 @@ impl BlockRig {
     }
 }
 
+fn random_deltanet(rng: &mut Rng, c: &ModelConfig) -> DeltaNetWeights {
+    let (h, vd, hv) = (c.hidden, c.dn_value_dim(), c.dn_v_heads);
+    DeltaNetWeights {
+        in_qkv: linear(rng, 4, 1, c.conv_dim(), h),
+        in_z: linear(rng, 4, 1, vd, h),
+        in_b: linear(rng, 4, 1, hv, h),
+        in_a: linear(rng, 4, 1, hv, h),
+        conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.5),
+        a_log: rng.vec(hv, 1.0),
+        dt_bias: rng.vec(hv, 1.0),
+        norm: rng
+            .vec(c.dn_v_dim, 1.0)
+            .iter()
+            .map(|v| 1.0 + 0.3 * v)
+            .collect(),
+        out_proj: linear(rng, 4, 1, h, vd),
+    }
+}
+
+fn random_moe(rng: &mut Rng, c: &ModelConfig) -> MoeWeights {
+    let (h, e, i, si) = (c.hidden, c.n_experts, c.expert_inter, c.shared_inter);
+    MoeWeights {
+        router: linear(rng, 8, 1, e, h),
+        gate: linear(rng, 4, e, i, h),
+        up: linear(rng, 4, e, i, h),
+        down: linear(rng, 4, e, h, i),
+        shared_gate: linear(rng, 4, 1, si, h),
+        shared_up: linear(rng, 4, 1, si, h),
+        shared_down: linear(rng, 4, 1, h, si),
+        shared_expert_gate: linear(rng, 8, 1, 1, h),
+    }
+}
+
 fn random_attention(rng: &mut Rng, c: &ModelConfig) -> AttentionWeights {
     let (h, hq, hkv, d) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim);
     AttentionWeights {
@@ -880,22 +913,8 @@ fn deltanet_block_and_state_match_cpu_over_chunks() {
     let rig = BlockRig::new(8);
     let c = rig.cfg.clone();
     let mut rng = Rng(6);
-    let (h, vd, hv) = (c.hidden, c.dn_value_dim(), c.dn_v_heads);
-    let w = DeltaNetWeights {
-        in_qkv: linear(&mut rng, 4, 1, c.conv_dim(), h),
-        in_z: linear(&mut rng, 4, 1, vd, h),
-        in_b: linear(&mut rng, 4, 1, hv, h),
-        in_a: linear(&mut rng, 4, 1, hv, h),
-        conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.5),
-        a_log: rng.vec(hv, 1.0),
-        dt_bias: rng.vec(hv, 1.0),
-        norm: rng
-            .vec(c.dn_v_dim, 1.0)
-            .iter()
-            .map(|v| 1.0 + 0.3 * v)
-            .collect(),
-        out_proj: linear(&mut rng, 4, 1, h, vd),
-    };
+    let h = c.hidden;
+    let w = random_deltanet(&mut rng, &c);
     let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
     let mut st = ops::DeltaNetState::new(&c);
     for n in [5usize, 1, 8, 2] {
@@ -935,12 +954,7 @@ fn fused_decode_blocks_match_cpu() {
     let c = rig.cfg.clone();
     let h = c.hidden;
     let mut rng = Rng(11);
-    let as_is = |x: u64| Input {
-        x,
-        cols: h,
-        prologue: Prologue::None,
-        staged_out: None,
-    };
+    let as_is = |x: u64| Input::row(x, h);
     let steps = [(5usize, false), (1, true), (1, true), (2, false), (1, true)];
 
     let w = random_attention(&mut rng, &c);
@@ -967,22 +981,7 @@ fn fused_decode_blocks_match_cpu() {
         pos += n;
     }
 
-    let (vd, hv) = (c.dn_value_dim(), c.dn_v_heads);
-    let w = DeltaNetWeights {
-        in_qkv: linear(&mut rng, 4, 1, c.conv_dim(), h),
-        in_z: linear(&mut rng, 4, 1, vd, h),
-        in_b: linear(&mut rng, 4, 1, hv, h),
-        in_a: linear(&mut rng, 4, 1, hv, h),
-        conv: rng.vec(c.conv_dim() * c.conv_kernel, 0.5),
-        a_log: rng.vec(hv, 1.0),
-        dt_bias: rng.vec(hv, 1.0),
-        norm: rng
-            .vec(c.dn_v_dim, 1.0)
-            .iter()
-            .map(|v| 1.0 + 0.3 * v)
-            .collect(),
-        out_proj: linear(&mut rng, 4, 1, h, vd),
-    };
+    let w = random_deltanet(&mut rng, &c);
     let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
     let mut st = ops::DeltaNetState::new(&c);
     for (n, fused) in steps {
@@ -1016,17 +1015,8 @@ fn fused_decode_blocks_match_cpu() {
         );
     }
 
-    let (e, i, si) = (c.n_experts, c.expert_inter, c.shared_inter);
-    let w = MoeWeights {
-        router: linear(&mut rng, 8, 1, e, h),
-        gate: linear(&mut rng, 4, e, i, h),
-        up: linear(&mut rng, 4, e, i, h),
-        down: linear(&mut rng, 4, e, h, i),
-        shared_gate: linear(&mut rng, 4, 1, si, h),
-        shared_up: linear(&mut rng, 4, 1, si, h),
-        shared_down: linear(&mut rng, 4, 1, h, si),
-        shared_expert_gate: linear(&mut rng, 8, 1, 1, h),
-    };
+    let e = c.n_experts;
+    let w = random_moe(&mut rng, &c);
     let dw = upload_moe(&rig.g, "moe", &w).unwrap();
     let norm_w: Vec<f32> = rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect();
     let norm_dev = rig.g.upload(&norm_w).unwrap();
@@ -1085,17 +1075,8 @@ fn moe_block_and_routing_match_cpu() {
     let rig = BlockRig::new(8);
     let c = rig.cfg.clone();
     let mut rng = Rng(7);
-    let (h, e, i, si) = (c.hidden, c.n_experts, c.expert_inter, c.shared_inter);
-    let w = MoeWeights {
-        router: linear(&mut rng, 8, 1, e, h),
-        gate: linear(&mut rng, 4, e, i, h),
-        up: linear(&mut rng, 4, e, i, h),
-        down: linear(&mut rng, 4, e, h, i),
-        shared_gate: linear(&mut rng, 4, 1, si, h),
-        shared_up: linear(&mut rng, 4, 1, si, h),
-        shared_down: linear(&mut rng, 4, 1, h, si),
-        shared_expert_gate: linear(&mut rng, 8, 1, 1, h),
-    };
+    let (h, e) = (c.hidden, c.n_experts);
+    let w = random_moe(&mut rng, &c);
     let dw = upload_moe(&rig.g, "moe", &w).unwrap();
     for (grouped, n) in [(false, 1usize), (false, 6), (true, 6), (true, 8)] {
         rig.moe_grouped.set(grouped);

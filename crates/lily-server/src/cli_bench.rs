@@ -1,6 +1,8 @@
 //! `lily-engine bench`: the sweep of shared/docs/PERFORMANCE.md §1. Prefill throughput at prompt
 //! length L (first token in → last logits ready on the host) and decode throughput at context L
-//! (N greedy steps after a prefill of L), median of `repeat` runs after a warm-up.
+//! (N greedy steps after a prefill of L), median of `repeat` runs after a warm-up. Each decode row
+//! also gives the bytes a step must move (lily_core::traffic) and the fraction of the bandwidth
+//! floor reached.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,9 +11,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use lily_core::backend::{Backend, Flow, SeqId};
 use lily_core::sampling::{Sampler, SamplingParams};
+use lily_core::traffic::decode_bytes;
 use serde_json::json;
 
-use crate::device::{open_backend, CudaArgs, Device};
+use crate::device::{open_backend_with_weights, CudaArgs, Device};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -37,6 +40,11 @@ pub struct BenchArgs {
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Memory bandwidth the decode floor is computed with, GB/s: the bytes a step must move
+    /// (active weights, recurrent state, KV cache) over this. Default: the H200's measured
+    /// device-to-device copy bandwidth (shared/docs/PERFORMANCE.md §2).
+    #[arg(long, default_value_t = 4300.0)]
+    bandwidth_gbs: f64,
     #[command(flatten)]
     cuda: CudaArgs,
 }
@@ -129,7 +137,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|s| parse_len(s))
         .collect::<Result<_>>()?;
     let repeat = a.repeat.max(1);
-    let mut b = open_backend(&a.model, a.device, a.quantize, &a.cuda)?;
+    if !(a.bandwidth_gbs.is_finite() && a.bandwidth_gbs > 0.0) {
+        anyhow::bail!("--bandwidth-gbs must be a positive number of GB/s");
+    }
+    let (mut b, weights) = open_backend_with_weights(&a.model, a.device, a.quantize, &a.cuda)?;
     let vocab = b.config().vocab;
     let device = b.describe();
     eprintln!("bench on {device}");
@@ -150,7 +161,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         prefill_rows.push(json!({"len": len, "tok_s": len as f64 / s, "ms": s * 1e3}));
     }
     let mut decode_rows = Vec::new();
-    println!("{:>8} {:>12} {:>10}", "ctx", "tok/s", "ms/tok");
+    // bf16 KV cache on the GPU's production path, fp32 on the CPU and in fp32 mode.
+    let kv_elem = if device.contains("bf16") { 2 } else { 4 };
+    println!(
+        "{:>8} {:>12} {:>10} {:>10} {:>8}",
+        "ctx", "tok/s", "ms/tok", "GB/tok", "floor %"
+    );
     for &ctx in &decode {
         let ids = prompt(ctx.max(1), vocab, a.seed);
         let n = a.decode_tokens.max(1);
@@ -159,13 +175,25 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .map(|_| time_decode(b.as_mut(), &ids, n))
                 .collect::<Result<_>>()?,
         );
+        // The step at the middle of the timed tokens.
+        let bytes = decode_bytes(&weights, ctx + n / 2, kv_elem);
+        let floor_s = bytes.total() as f64 / (a.bandwidth_gbs * 1e9);
+        let per_tok = s / n as f64;
         println!(
-            "{ctx:>8} {:>12.1} {:>10.3}",
+            "{ctx:>8} {:>12.1} {:>10.3} {:>10.3} {:>8.1}",
             n as f64 / s,
-            s * 1e3 / n as f64
+            per_tok * 1e3,
+            bytes.total() as f64 / 1e9,
+            100.0 * floor_s / per_tok
         );
-        decode_rows
-            .push(json!({"ctx": ctx, "tok_s": n as f64 / s, "ms_per_tok": s * 1e3 / n as f64}));
+        decode_rows.push(json!({
+            "ctx": ctx,
+            "tok_s": n as f64 / s,
+            "ms_per_tok": per_tok * 1e3,
+            "bytes_per_tok": {"weights": bytes.weights, "state": bytes.state, "kv": bytes.kv},
+            "floor_fraction": floor_s / per_tok,
+            "bandwidth_gbs": a.bandwidth_gbs,
+        }));
     }
     if let Some(path) = &a.json {
         let report = json!({

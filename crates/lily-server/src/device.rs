@@ -95,6 +95,16 @@ pub fn open_backend(
     quantize: bool,
     cuda: &CudaArgs,
 ) -> Result<Box<dyn Backend>> {
+    Ok(open_backend_with_weights(model, device, quantize, cuda)?.0)
+}
+
+/// `open_backend`, also handing back the weights (the bench counts the bytes a step moves).
+pub fn open_backend_with_weights(
+    model: &Path,
+    device: Device,
+    quantize: bool,
+    cuda: &CudaArgs,
+) -> Result<(Box<dyn Backend>, Arc<lily_core::weights::ModelWeights>)> {
     let weights = Arc::new(load(
         model,
         &LoadOptions {
@@ -107,9 +117,11 @@ pub fn open_backend(
         Device::Cuda => DeviceChoice::Cuda,
     };
     // Auto: CUDA if it starts here, else the CPU with one log line saying why (lily-cuda/select.rs).
-    select_backend(choice, &weights, &cuda.options(), || {
-        Ok(Box::new(CpuBackend::new(weights.clone())))
-    })
+    let w = weights.clone();
+    let backend = select_backend(choice, &weights, &cuda.options(), || {
+        Ok(Box::new(CpuBackend::new(w.clone())))
+    })?;
+    Ok((backend, weights))
 }
 
 #[cfg(test)]

@@ -15,9 +15,13 @@ pub const ATTN_MAX_D: usize = 256;
 /// Warps of an attn_decode block.
 pub const ATTN_WARPS: usize = 4;
 /// Split-KV decode: partial slots per (token, query head), i.e. the most splits of the cache.
-pub const SPLIT_MAX_SPLITS: usize = 256;
-/// Warps of an attn_split block.
-pub const SPLIT_WARPS: usize = 2;
+pub const SPLIT_MAX_SPLITS: usize = 1024;
+/// Fewest keys per split (a multiple of the 32-key tile a warp takes).
+pub const SPLIT_MIN_KEYS: usize = 32;
+/// Warps of an attn_split block. One warp per block and splits of 32 keys: at 4K of context 256
+/// blocks instead of 128 two-warp blocks with one idle warp each (the split kernel was ~40 µs a
+/// layer there, latency-bound on a couple of warps per SM).
+pub const SPLIT_WARPS: usize = 1;
 /// Query heads (of one kv head) per attn_split block.
 pub const SPLIT_MAX_G: usize = 8;
 /// Most tokens one split-KV launch serves (its partials are sized for this many).
@@ -41,6 +45,7 @@ pub const FILE: KernelFile = KernelFile {
         ("ATTN_WARPS", ATTN_WARPS as i64),
         ("SPLIT_MAX_SPLITS", SPLIT_MAX_SPLITS as i64),
         ("SPLIT_WARPS", SPLIT_WARPS as i64),
+        ("SPLIT_MIN_KEYS", SPLIT_MIN_KEYS as i64),
         ("SPLIT_MAX_G", SPLIT_MAX_G as i64),
         ("PF_Q", PF_Q as i64),
         ("PF_WARPS", PF_WARPS as i64),

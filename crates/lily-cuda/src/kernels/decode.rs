@@ -24,6 +24,8 @@ pub const DOWN_BATCH: usize = 5;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
 pub const R: usize = 4;
 pub const GLU_R: usize = 2;
+/// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them).
+pub const R4: usize = 2;
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
 pub const MAX_SEGS: usize = 4;
@@ -46,6 +48,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DOWN_WARPS", DOWN_WARPS as i64),
         ("DEC_R", R as i64),
         ("DEC_GLU_R", GLU_R as i64),
+        ("DEC_R4", R4 as i64),
         ("DEC_MAX_COLS", MAX_COLS as i64),
         ("DEC_MAX_SEGS", MAX_SEGS as i64),
         ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
@@ -150,6 +153,18 @@ pub struct Input {
     pub staged_out: Option<u64>,
 }
 
+impl Input {
+    /// A row taken as it is.
+    pub fn row(x: u64, cols: usize) -> Input {
+        Input {
+            x,
+            cols,
+            prologue: Prologue::None,
+            staged_out: None,
+        }
+    }
+}
+
 /// `struct DecSeg` of decode.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -242,6 +257,7 @@ pub struct DnStep {
 
 pub struct Decode {
     gemv: Kernel,
+    gemv4: Kernel,
     glu: Kernel,
     down_combine: Kernel,
     dn_conv: Kernel,
@@ -252,6 +268,7 @@ impl Decode {
     pub fn load(m: &Module) -> Result<Decode> {
         Ok(Decode {
             gemv: m.kernel("dec_gemv")?,
+            gemv4: m.kernel("dec_gemv4")?,
             glu: m.kernel("dec_glu")?,
             down_combine: m.kernel("dec_down_combine")?,
             dn_conv: m.kernel("dec_dn_conv")?,
@@ -268,7 +285,14 @@ impl Decode {
             bail!("dec_gemv: input at {:#x} is not 4-byte aligned", input.x);
         }
         let (lpr, spw) = lanes_per_row(input.cols);
-        let rows_per_block = WARPS * spw * R;
+        // Every weight 4-bit with one 64-column group per lane: the pipelined kernel.
+        let four = input.cols / 64 <= 32 && outs.iter().all(|(w, _)| w.bits == 4);
+        let (kernel, rows) = if four {
+            (&self.gemv4, R4)
+        } else {
+            (&self.gemv, R)
+        };
+        let rows_per_block = WARPS * spw * rows;
         let empty = DecSeg {
             w: QWeightArg::default(),
             y: 0,
@@ -325,7 +349,7 @@ impl Decode {
         let cols = input.cols as i32;
         let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
-        gpu.launch(&self.gemv, cfg, |l| {
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&segs)
                 .arg(&input.x)
                 .arg(&norm_w)
