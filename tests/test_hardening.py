@@ -173,6 +173,123 @@ def test_malformed_chunked_body_is_a_400_error_object(scripted_server):
     assert httpx.get(scripted_server.url + "/health").status_code == 200
 
 
+# --- item 3: slow and idle clients, connection cap, keep-alive limit ----------------------------
+
+
+@pytest.fixture(scope="module")
+def timeouts_server(tmp_path_factory, small_model):
+    """Header and body deadlines of one second."""
+    server = Server(scripted_model(tmp_path_factory, small_model), "--header-timeout", "1",
+                    "--body-timeout", "1").wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory, small_model):
+    """Four connections at most, three requests per keep-alive connection."""
+    server = Server(scripted_model(tmp_path_factory, small_model), "--max-connections", "4",
+                    "--keep-alive-requests", "3").wait_ready()
+    yield server
+    server.stop()
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` within `seconds` (what it sent before is discarded)."""
+    import time
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+    return False
+
+
+def test_half_sent_headers_are_dropped_after_the_header_timeout(timeouts_server):
+    with socket.create_connection(("127.0.0.1", timeouts_server.port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+        assert closed_within(s, 10), "a request whose headers never end is held open"
+    with socket.create_connection(("127.0.0.1", timeouts_server.port)) as s:
+        assert closed_within(s, 10), "a connection that sends nothing is held open"
+
+
+def test_idle_keep_alive_connection_is_closed_after_the_header_timeout(timeouts_server):
+    with socket.create_connection(("127.0.0.1", timeouts_server.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert closed_within(s, 10), "an idle keep-alive connection is held open"
+
+
+def test_body_shorter_than_its_length_is_a_408_error_object(timeouts_server):
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 100\r\n\r\n{\"messages\": [")
+    r = Raw(*raw_request(timeouts_server, req, timeout=10))
+    err = assert_error(r, 408, code="request_timeout")
+    assert "1 seconds" in err["message"], err
+    assert httpx.get(timeouts_server.url + "/health").status_code == 200
+
+
+def test_a_slow_but_complete_body_within_the_deadline_is_served(timeouts_server):
+    import json
+    import time
+    body = json.dumps({"messages": [{"role": "user", "content": "plain"}], "max_tokens": 4}).encode()
+    with socket.create_connection(("127.0.0.1", timeouts_server.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        half = len(body) // 2
+        s.sendall(body[:half])
+        time.sleep(0.3)
+        s.sendall(body[half:])
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_connections_over_the_limit_are_refused_with_503_and_released(capped_server):
+    import time
+    held = [socket.create_connection(("127.0.0.1", capped_server.port)) for _ in range(4)]
+    try:
+        time.sleep(0.3)  # accepted: the four slots are taken
+        for _ in range(20):
+            r = httpx.get(capped_server.url + "/health", timeout=10)
+            err = assert_error(r, 503)
+            assert "4 connections" in err["message"], err
+            assert r.headers["retry-after"] == "1"
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(capped_server.url + "/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "closed connections did not give their slots back"
+        time.sleep(0.05)
+
+
+def test_keep_alive_connection_closes_after_the_request_limit(capped_server):
+    with socket.create_connection(("127.0.0.1", capped_server.port), timeout=10) as s:
+        for i in range(3):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert (b"connection: close" in head.lower()) == (i == 2), (i, head)
+        assert closed_within(s, 10)
+
+
+@pytest.mark.parametrize("option", ["--max-connections", "--header-timeout", "--body-timeout",
+                                    "--keep-alive-requests"])
+def test_zero_connection_limits_refuse_to_start(small_model, option):
+    done = serve_exits(str(small_model), option, "0")
+    assert done.returncode != 0
+    assert option in done.stderr, done.stderr
+
+
 # --- item 8: empty chat prompt, `generate --max-tokens` ----------------------------------------
 
 

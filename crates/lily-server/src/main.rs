@@ -5,6 +5,7 @@ mod cli_bench;
 mod cli_generate;
 mod cli_score;
 mod cli_synth;
+mod connections;
 mod device;
 mod generate;
 mod load;

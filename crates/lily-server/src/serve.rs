@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::connections::{self, ConnectionLimits};
 use crate::device::CudaArgs;
 use crate::load::{self, Device, LoadOptions};
 use crate::metrics::Metrics;
@@ -37,6 +38,20 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running one; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
+    /// Connections open at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers, counted from when it connects or from
+    /// the previous response (so also how long an idle keep-alive connection is kept).
+    #[arg(long, default_value_t = 30)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body once its headers are in; a body still
+    /// unfinished then is answered 408.
+    #[arg(long, default_value_t = 60)]
+    pub body_timeout: u64,
+    /// Requests served on one keep-alive connection before it is closed (1: one per connection).
+    #[arg(long, default_value_t = 1000)]
+    pub keep_alive_requests: usize,
     /// Conversation prefixes whose state is kept for reuse by later turns (0 = off).
     #[arg(long, default_value_t = 4)]
     pub prefix_cache: usize,
@@ -62,6 +77,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.max_queue == 0 {
         anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
     }
+    let limits = connection_limits(&args)?;
     let api_key = api_key(args.api_key.as_deref())?;
     let addr = listen_address(&args.host, args.port).await?;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -73,6 +89,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         phase: RwLock::new(Phase::Loading("starting")),
         metrics: Arc::new(Metrics::default()),
         created: unix_now(),
+        body_timeout: Duration::from_secs(args.body_timeout),
     });
     tracing::info!(
         "listening on http://{addr} (model {} loading)",
@@ -116,13 +133,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let app = routes::router(state.clone());
     let (signal_tx, signal_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = signal_rx.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(connections::serve(listener, app, limits, async {
+        let _ = signal_rx.await;
+    }));
 
     shutdown_signal().await;
     tracing::info!(
@@ -169,6 +182,25 @@ async fn listen_address(host: &str, port: u16) -> Result<SocketAddr> {
         .or(resolved.first())
         .copied()
         .with_context(|| format!("--host {host}: the name resolves to no address"))
+}
+
+/// The connection limits the options set; zero is refused for each (it would serve nothing).
+fn connection_limits(args: &ServeArgs) -> Result<ConnectionLimits> {
+    for (name, value) in [
+        ("--max-connections", args.max_connections as u64),
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+        ("--keep-alive-requests", args.keep_alive_requests as u64),
+    ] {
+        if value == 0 {
+            anyhow::bail!("{name} must be at least 1");
+        }
+    }
+    Ok(ConnectionLimits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout),
+        keep_alive_requests: args.keep_alive_requests,
+    })
 }
 
 /// The key `--api-key` configures, trimmed as clients' keys are. An empty or blank key is refused:

@@ -45,6 +45,8 @@ pub struct AppState {
     pub phase: RwLock<Phase>,
     pub metrics: Arc<Metrics>,
     pub created: u64,
+    /// Time a request's body may take to arrive once its headers are in.
+    pub body_timeout: std::time::Duration,
 }
 
 impl AppState {

@@ -113,6 +113,25 @@ impl ApiError {
         }
     }
 
+    /// 400: the body broke off or was framed wrongly (a malformed chunk), with what hyper said.
+    pub fn unreadable(detail: impl std::fmt::Display) -> Self {
+        Self::invalid(None, format!("cannot read the request body: {detail}"))
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} seconds of its headers",
+                limit.as_secs()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
     pub fn loading() -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,

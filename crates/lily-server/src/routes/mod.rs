@@ -5,12 +5,14 @@ mod completions;
 
 use std::sync::{Arc, OnceLock};
 
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -59,15 +61,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Long conversations are long JSON; axum's 2 MB default is too tight for a 256k context.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(refuse_oversized_body))
+        .layer(middleware::from_fn_with_state(state.clone(), read_body))
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), count_request))
         .with_state(state)
 }
 
-/// A body whose `Content-Length` is over the limit gets its 413 before a byte of it is read (the
-/// limit on the body extractor only trips once that much has arrived).
-async fn refuse_oversized_body(request: Request, next: Next) -> Response {
+/// Reads the whole body before the handler runs, within the limits: a `Content-Length` over
+/// `MAX_BODY_BYTES` gets its 413 before a byte is read, a body that grows past it a 413 when it
+/// does, and one that has not fully arrived `body_timeout` after the headers a 408 (a client that
+/// sends less than its `Content-Length` would otherwise hold the connection for ever).
+async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -76,7 +80,26 @@ async fn refuse_oversized_body(request: Request, next: Next) -> Response {
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return ApiError::body_too_large(MAX_BODY_BYTES).into_response();
     }
-    next.run(request).await
+    let (parts, body) = request.into_parts();
+    let mut chunks = body.into_data_stream();
+    let mut bytes = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| ApiError::unreadable(format!("{e}")))?;
+            if bytes.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(ApiError::body_too_large(MAX_BODY_BYTES));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(state.body_timeout, read).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return e.into_response(),
+        Err(_) => return ApiError::body_timeout(state.body_timeout).into_response(),
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// `/v1/*` needs `Authorization: Bearer KEY` when the server was started with `--api-key`;
