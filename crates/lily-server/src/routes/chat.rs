@@ -158,10 +158,14 @@ struct Chunker {
     logprobs: bool,
 }
 
-/// Per-stream state: tool-call ids handed out, logprobs waiting for the next chunk.
+/// Per-stream state: the call being held, logprobs waiting for the next chunk.
 struct StreamState {
     rx: UnboundedReceiver<GenEvent>,
     pending_logprobs: Vec<Value>,
+    /// Deltas of the call being generated, sent once it is complete.
+    held_call: Vec<Value>,
+    /// Complete calls sent (the next one's index).
+    calls_sent: usize,
     done: bool,
 }
 
@@ -190,22 +194,39 @@ impl Chunker {
         data(&body)
     }
 
-    fn piece_deltas(&self, pieces: Vec<Piece>) -> Vec<Value> {
+    /// OpenAI's shape: the first delta of a call carries its id and name, the following ones
+    /// pieces of the arguments string. A call's deltas are held until the call is complete: one
+    /// that breaks off (cut by `max_tokens`, a stop string, junk) comes back as content instead,
+    /// and a delta already sent would leave the client a call the non-streamed answer does not
+    /// have. Indices count the calls sent, as the non-streamed list does.
+    fn piece_deltas(&self, st: &mut StreamState, pieces: Vec<Piece>) -> Vec<Value> {
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
-                Piece::Content(text) => out.push(json!({"content": text})),
-                Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
-                // OpenAI's shape: the first delta of a call carries its id and name, the
-                // following ones pieces of the arguments string, as the parser reads them.
-                Piece::ToolCallStart { index, name } => {
-                    out.push(json!({"tool_calls": [{"index": index, "id": tool_call_id(), "type": "function",
-                                                    "function": {"name": name, "arguments": ""}}]}));
+                Piece::Content(text) => {
+                    st.held_call.clear();
+                    out.push(json!({"content": text}));
                 }
-                Piece::ToolCallArguments { index, fragment } => {
-                    out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}));
+                Piece::Reasoning(text) => {
+                    st.held_call.clear();
+                    out.push(json!({"reasoning_content": text}));
                 }
-                Piece::ToolCallEnd(_) => {}
+                Piece::ToolCallStart { name, .. } => {
+                    st.held_call = vec![json!({"id": tool_call_id(), "type": "function",
+                                               "function": {"name": name, "arguments": ""}})];
+                }
+                Piece::ToolCallArguments { fragment, .. } => {
+                    st.held_call
+                        .push(json!({"function": {"arguments": fragment}}));
+                }
+                Piece::ToolCallEnd(_) => {
+                    let index = st.calls_sent;
+                    st.calls_sent += 1;
+                    for mut call in st.held_call.drain(..) {
+                        call["index"] = json!(index);
+                        out.push(json!({ "tool_calls": [call] }));
+                    }
+                }
             }
         }
         out
@@ -235,7 +256,7 @@ impl Chunker {
                 tool_calls,
             } => (pieces, Some((outcome, tool_calls))),
         };
-        for delta in self.piece_deltas(pieces) {
+        for delta in self.piece_deltas(st, pieces) {
             let lp = (self.logprobs && !st.pending_logprobs.is_empty())
                 .then(|| std::mem::take(&mut st.pending_logprobs));
             events.push(self.chunk(delta, lp, None));
@@ -269,6 +290,8 @@ impl Chunker {
         let st = StreamState {
             rx,
             pending_logprobs: Vec::new(),
+            held_call: Vec::new(),
+            calls_sent: 0,
             done: false,
         };
         let rest = stream::unfold((self, st), |(this, mut st)| async move {
