@@ -253,9 +253,26 @@ def test_a_slow_but_complete_body_within_the_deadline_is_served(timeouts_server)
 
 def test_connections_over_the_limit_are_refused_with_503_and_released(capped_server):
     import time
-    held = [socket.create_connection(("127.0.0.1", capped_server.port)) for _ in range(4)]
+    def hold():
+        """A keep-alive connection that has been served once: it holds a slot (None if refused,
+        as happens while a connection the previous test closed is still being let go)."""
+        s = socket.create_connection(("127.0.0.1", capped_server.port), timeout=10)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := s.recv(65536)):
+            head += chunk
+        if head.startswith(b"HTTP/1.1 200"):
+            return s
+        s.close()
+        time.sleep(0.1)
+
+    held = []
+    deadline = time.monotonic() + 20
+    while len(held) < 4:
+        assert time.monotonic() < deadline, "could not open four connections"
+        if s := hold():
+            held.append(s)
     try:
-        time.sleep(0.3)  # accepted: the four slots are taken
         for _ in range(20):
             r = httpx.get(capped_server.url + "/health", timeout=10)
             err = assert_error(r, 503)
