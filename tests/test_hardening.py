@@ -1,6 +1,7 @@
 """Hardening (issue 16): authentication, error bodies on every status, empty prompts, host names,
 and what `lily-engine generate` accepts. Scripted backend unless the real one is needed."""
 
+import os
 import socket
 import subprocess
 
@@ -457,6 +458,52 @@ def test_prompt_just_under_the_size_bound_is_still_tokenized(scripted_server):
                    json={"messages": [{"role": "user", "content": "word " * 5000}]})
     err = assert_error(r, 400, code="context_length_exceeded")
     assert "tokens" in err["message"] and "bytes" not in err["message"], err
+
+
+def test_body_limit_follows_the_context(scripted_server):
+    """4096 tokens × 128 bytes of text, twice over plus a megabyte: 2 MiB; a body over it is a 413
+    naming the limit, before the handler reads it."""
+    limit = 2 * 4096 * 128 + (1 << 20)
+    big = "x" * (limit + 1)
+    r = httpx.post(scripted_server.url + "/v1/chat/completions", timeout=30,
+                   content=big.encode(), headers={"content-type": "application/json"})
+    err = assert_error(r, 413, code="request_too_large")
+    assert str(limit) in err["message"], err
+
+
+def memory_mb(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0]) // 1024
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+@pytest.mark.parametrize("unit", ["word ", "x"])
+def test_a_30_mb_prompt_is_refused_in_bounded_memory_and_the_memory_returned(tmp_path_factory, small_model, unit):
+    """A 262,144-token context: 30 MB of words is under its byte bound, so the prompt is rendered
+    and tokenized — a piece at a time, given up once past the context (encoded whole it took
+    gigabytes, 110-170 times the body, and kept most of it). 30 MB of one letter cannot be cut into
+    pieces and is refused without being encoded."""
+    server = Server(scripted_model(tmp_path_factory, small_model), "--ctx-size", "262144").wait_ready()
+    try:
+        before = memory_mb(server.proc.pid)
+        text = unit * (30_000_000 // len(unit))
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": text}]})
+        err = assert_error(r, 400, param="messages")
+        del text
+        after = memory_mb(server.proc.pid)
+        # The body, its JSON and the rendered prompt are ~30 MB each; the encoder's pieces 64 KiB.
+        assert after["VmHWM"] - before["VmRSS"] < 600, (before, after, err)
+        assert after["VmRSS"] - before["VmRSS"] < 200, (before, after, err)
+        assert httpx.get(server.url + "/health").status_code == 200
+    finally:
+        server.stop()
 
 
 # --- item 2: rendering and tokenizing stay off the async workers ---------------------------------

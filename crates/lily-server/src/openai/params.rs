@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lily_core::sampling::SamplingParams;
+use lily_core::text::{Bounded, MAX_PIECE_BYTES};
 use serde_json::Value;
 
 use super::error::ApiError;
@@ -189,6 +190,27 @@ pub fn check_prompt_bytes(
         .with_code("context_length_exceeded"));
     }
     Ok(())
+}
+
+/// The prompt's tokens, or why there are none: more than fit the context beside one token of
+/// output (counted only that far), or a stretch of text too long to encode in pieces.
+pub fn bounded_prompt(
+    encoded: Bounded,
+    ctx_size: usize,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    match encoded {
+        Bounded::Ids(ids) => Ok(ids),
+        Bounded::TooManyTokens => Err(ApiError::invalid_param(
+            param,
+            format!("the prompt is longer than the {ctx_size}-token context can hold with any output (at least {ctx_size} tokens)"),
+        )
+        .with_code("context_length_exceeded")),
+        Bounded::Unbroken(bytes) => Err(ApiError::invalid_param(
+            param,
+            format!("the prompt has {bytes} bytes of text without a space, digit, punctuation or line break; at most {MAX_PIECE_BYTES} are accepted"),
+        )),
+    }
 }
 
 pub fn fit(

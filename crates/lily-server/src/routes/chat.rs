@@ -19,7 +19,7 @@ use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::chat_request::ChatRequest;
 use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
-use crate::openai::params::{check_prompt_bytes, fit};
+use crate::openai::params::{bounded_prompt, check_prompt_bytes, fit};
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
 use crate::output::Output;
 use crate::state::{AppState, Model};
@@ -79,7 +79,8 @@ pub async fn handle(
     }
 }
 
-/// The prompt: the conversation rendered with the generation prompt, and its tokens.
+/// The prompt: the conversation rendered with the generation prompt, and its tokens, each made
+/// once. A prompt over the context is given up as soon as its tokens pass it.
 fn render(model: &Model, req: &ChatRequest) -> Result<(String, Vec<u32>), ApiError> {
     let opts = ChatOptions {
         add_generation_prompt: true,
@@ -88,15 +89,13 @@ fn render(model: &Model, req: &ChatRequest) -> Result<(String, Vec<u32>), ApiErr
     let prompt_text = model
         .template
         .render(&req.messages, req.tools.as_deref(), &opts)
-        .map_err(|e| match e {
-            ChatError::Invalid(m) | ChatError::Template(m) => {
-                ApiError::invalid_param("messages", m)
-            }
-        })?;
+        .map_err(template_error)?;
+    // Tokens beyond ctx_size - 1 leave no room for output: the count stops there.
     let prompt = model
         .tokenizer
-        .encode(&prompt_text)
+        .encode_within(&prompt_text, model.ctx_size.saturating_sub(1))
         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let prompt = bounded_prompt(prompt, model.ctx_size, "messages")?;
     if prompt.is_empty() {
         // A template that renders these messages to nothing: there is nothing to continue.
         return Err(ApiError::invalid_param(
@@ -105,6 +104,12 @@ fn render(model: &Model, req: &ChatRequest) -> Result<(String, Vec<u32>), ApiErr
         ));
     }
     Ok((prompt_text, prompt))
+}
+
+fn template_error(e: ChatError) -> ApiError {
+    match e {
+        ChatError::Invalid(m) | ChatError::Template(m) => ApiError::invalid_param("messages", m),
+    }
 }
 
 /// Bytes of message text the prompt certainly contains: the content of every message but the

@@ -18,7 +18,7 @@ use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::completion_request::{CompletionRequest, Prompt};
 use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
-use crate::openai::params::{check_prompt_bytes, fit};
+use crate::openai::params::{bounded_prompt, check_prompt_bytes, fit};
 use crate::openai::response::{finish, new_id, unix_now, usage, CompletionLogprobs};
 use crate::output::Output;
 use crate::state::{AppState, Model};
@@ -42,8 +42,9 @@ pub async fn handle(
                 Prompt::Text(text) => {
                     let ids = model
                         .tokenizer
-                        .encode(text)
+                        .encode_within(text, model.ctx_size.saturating_sub(1))
                         .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+                    let ids = bounded_prompt(ids, model.ctx_size, "prompt")?;
                     (ids, text.clone())
                 }
                 Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),

@@ -46,8 +46,22 @@ where
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
 }
 
-/// Largest request body accepted.
+/// Largest request body accepted: what the longest context (262,144 tokens of at most 128 bytes)
+/// can need, twice over for JSON escapes and the request's other fields. A model with a shorter
+/// context accepts less (`body_limit`).
 pub(crate) const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// The body limit for the model being served: twice the prompt text its context can hold, plus a
+/// megabyte for tools and the other fields (the ceiling while it loads).
+fn body_limit(state: &AppState) -> usize {
+    state.model().map_or(MAX_BODY_BYTES, |model| {
+        model
+            .max_prompt_bytes
+            .saturating_mul(2)
+            .saturating_add(1 << 20)
+            .min(MAX_BODY_BYTES)
+    })
+}
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -68,7 +82,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Reads the whole body before the handler runs, within the limits: a `Content-Length` over
-/// `MAX_BODY_BYTES` gets its 413 before a byte is read, a body that grows past it a 413 when it
+/// `body_limit` gets its 413 before a byte is read, a body that grows past it a 413 when it
 /// does, and one that has not fully arrived `body_timeout` after the headers a 408 (a client that
 /// sends less than its `Content-Length` would otherwise hold the connection for ever).
 async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
@@ -77,8 +91,9 @@ async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: N
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return ApiError::body_too_large(MAX_BODY_BYTES).into_response();
+    let limit = body_limit(&state);
+    if declared.is_some_and(|n| n > limit as u64) {
+        return ApiError::body_too_large(limit).into_response();
     }
     let (parts, body) = request.into_parts();
     let mut chunks = body.into_data_stream();
@@ -86,8 +101,8 @@ async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: N
     let read = async {
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk.map_err(|e| ApiError::unreadable(format!("{e}")))?;
-            if bytes.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(ApiError::body_too_large(MAX_BODY_BYTES));
+            if bytes.len() + chunk.len() > limit {
+                return Err(ApiError::body_too_large(limit));
             }
             bytes.extend_from_slice(&chunk);
         }
