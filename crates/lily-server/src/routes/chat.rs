@@ -133,22 +133,28 @@ fn rendered_text_bytes(messages: &[Value]) -> usize {
 
 /// Where the conversation ends and the generation prompt (`<|im_start|>assistant\n<think>\n`)
 /// begins, in tokens: the next turn's prompt starts with everything before it, so that is the
-/// state worth keeping for reuse. None if the split is not clean.
+/// state worth keeping for reuse. The generation prompt depends on the template options, not on
+/// the conversation: it is read off a one-message conversation rendered both ways, rather than
+/// by rendering this (perhaps long) conversation a second time. None if the split is not clean.
 fn conversation_end(
     model: &Model,
     req: &ChatRequest,
     prompt_text: &str,
     prompt: &[u32],
 ) -> Option<usize> {
-    let opts = ChatOptions {
-        add_generation_prompt: false,
-        kwargs: req.kwargs.clone(),
+    let probe = [json!({"role": "user", "content": "."})];
+    let render = |add_generation_prompt| {
+        let opts = ChatOptions {
+            add_generation_prompt,
+            kwargs: req.kwargs.clone(),
+        };
+        model.template.render(&probe, None, &opts).ok()
     };
-    let conversation = model
-        .template
-        .render(&req.messages, req.tools.as_deref(), &opts)
-        .ok()?;
-    let suffix = prompt_text.strip_prefix(conversation.as_str())?;
+    let (with, without) = (render(true)?, render(false)?);
+    let suffix = with.strip_prefix(without.as_str())?;
+    if !prompt_text.ends_with(suffix) {
+        return None;
+    }
     let suffix_ids = model.tokenizer.encode(suffix).ok()?;
     (!suffix_ids.is_empty() && prompt.ends_with(&suffix_ids))
         .then(|| prompt.len() - suffix_ids.len())
