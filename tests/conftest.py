@@ -148,6 +148,9 @@ SCRIPT = {
                                        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n"
                                        "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"},
         {"when": "riddle", "text": "Let me think step by step.\n</think>\n\nThe answer is 42."},
+        # Words only a rendered tool result / a rendered call's arguments hold (test_tool_results_round_trip).
+        {"when": "21C", "text": "It is 21C and sunny."},
+        {"when": "<parameter=city>\nLisbon", "text": "The call was for Lisbon."},
         {"when": "plain", "text": "Just an answer, no thinking."},
         {"when": "long story", "text": " ".join(f"word{i}" for i in range(1500))},
         {"when": "short story", "text": " ".join(f"word{i}" for i in range(60))},

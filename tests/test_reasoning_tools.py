@@ -206,13 +206,21 @@ def test_tool_choice_none_leaves_text_alone(scripted_server):
 
 def test_tool_results_round_trip(scripted_server):
     """A full agent turn: the assistant's call and the tool's answer go back in; the template
-    renders them (arguments given as a JSON string) and the model answers."""
-    messages = [
-        {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
-        {"role": "user", "content": "and a riddle"},
-    ]
-    r = scripted_server.client().chat.completions.create(model="any", messages=messages, tools=[WEATHER_TOOL])
-    assert r.choices[0].message.content == "The answer is 42."
+    renders them (arguments given as a JSON string) and the model answers. The scripted model
+    answers on words that only the rendered tool result, or the rendered call's arguments, hold."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Lisbon\"}"}}
+
+    def turn(result):
+        messages = [
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result},
+        ]
+        r = scripted_server.client().chat.completions.create(model="any", messages=messages, tools=[WEATHER_TOOL],
+                                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        return r.choices[0].message.content
+
+    assert turn("sunny, 21C") == "It is 21C and sunny."
+    # Without a trigger in the result, the call's rendered arguments are the last one.
+    assert turn("ok") == "The call was for Lisbon."
