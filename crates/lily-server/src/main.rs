@@ -13,6 +13,7 @@ mod metrics;
 mod openai;
 mod output;
 mod routes;
+#[cfg(feature = "scripted")]
 mod scripted;
 mod serve;
 mod state;
