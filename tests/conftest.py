@@ -55,7 +55,8 @@ def free_port() -> int:
 class Server:
     """A running `lily-engine serve`; stopped with SIGTERM."""
 
-    def __init__(self, model: str, *extra: str, api_key: str | None = None, env: dict | None = None):
+    def __init__(self, model: str, *extra: str, api_key: str | None = None, env: dict | None = None,
+                 log_path: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -63,6 +64,8 @@ class Server:
         if api_key:
             args += ["--api-key", api_key]
         self.log = open(os.devnull, "w") if not os.environ.get("LILY_TEST_LOGS") else None
+        if log_path is not None:
+            self.log = open(log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
                                      env={**os.environ, **env} if env else None)
 
