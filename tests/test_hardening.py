@@ -510,15 +510,16 @@ def test_a_30_mb_prompt_is_refused_in_bounded_memory_and_the_memory_returned(tmp
 
 
 def test_health_stays_responsive_while_a_big_prompt_is_tokenized(tmp_path_factory, small_model):
-    """One async worker (TOKIO_WORKER_THREADS=1): a 3 MB prompt (under the byte bound of the
-    32768-token context, over its token count) takes most of a second to render and tokenize; on
-    the worker, /health would wait for all of it."""
+    """One async worker (TOKIO_WORKER_THREADS=1): a 30 MB prompt (under the byte bound of a
+    262,144-token context, over its token count) takes most of a second to parse, render and
+    tokenize up to the context; on the worker, /health would wait for all of it."""
     import threading
     import time
 
-    server = Server(scripted_model(tmp_path_factory, small_model), env={"TOKIO_WORKER_THREADS": "1"}).wait_ready()
+    server = Server(scripted_model(tmp_path_factory, small_model), "--ctx-size", "262144",
+                    env={"TOKIO_WORKER_THREADS": "1"}).wait_ready()
     try:
-        big = "word " * 600_000
+        big = "word " * 6_000_000
         took = {}
 
         def one():
