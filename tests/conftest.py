@@ -46,6 +46,19 @@ def engine_binary() -> Path:
 TOKENIZER_DIR = tokenizer_dir(target_dir() / "tmp" / "lily-test-cache")
 
 
+def assert_error(resp, status, param=None, code=None) -> dict:
+    """`resp` is an OpenAI error object with this status (and param / code, when given)."""
+    assert resp.status_code == status, (resp.status_code, resp.headers, resp.text)
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

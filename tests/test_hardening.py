@@ -1,5 +1,6 @@
-"""Hardening (issue 16): authentication, error bodies on every status, empty prompts, host names,
-and what `lily-engine generate` accepts. Scripted backend unless the real one is needed."""
+"""Hardening (issue 16): big prompts in bounded memory and off the async workers, slow and idle
+clients, authentication, error bodies on every status, empty prompts, host names, checkpoint
+validation, and what `lily-engine generate` accepts. Scripted backend unless the real one is needed."""
 
 import os
 import socket
@@ -8,22 +9,10 @@ import subprocess
 import httpx
 import pytest
 
-from conftest import Server, engine_binary, free_port, scripted_model
+from conftest import Server, assert_error, engine_binary, free_port, scripted_model
 
 MSG = [{"role": "user", "content": "hello"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-
-
-def assert_error(resp, status, param=None, code=None):
-    assert resp.status_code == status, (resp.status_code, resp.headers, resp.text)
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    if code is not None:
-        assert err["code"] == code, err
-    return err
 
 
 def serve_exits(model: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
