@@ -7,7 +7,8 @@ of it spent handing tokens to the request (`lily_decode_sink_seconds_total`).
     python3 scripts/serve_bench.py --model /path/to/model --device cuda --prompt-tokens 4096
 
 `--script-spin-us N` writes a scripted model (cheap tokens, N µs of busy-wait per token: a stand-in
-for a device step) and serves that; `--url` measures a server that is already running.
+for a device step) and serves that; `--url` measures a server that is already running. Scripted
+models need a lily-engine built with `--features scripted` (scripts/test.sh builds one).
 
 `--constrain json` (chat) asks for a `json_schema` answer with thinking off, so every decode step
 computes a grammar mask; the report then gives the mask time per step and its share of the decode

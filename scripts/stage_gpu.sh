@@ -17,7 +17,7 @@ for l in sys.stdin:
   [ -n "$exe" ] || { echo "no executable for test target $t" >&2; exit 1; }
   cp "$exe" "$DEST/bin/$t"
 done
-cargo build --release -j2 -p lily-server
+cargo build --release -j2 -p lily-server --features scripted
 cp "$CARGO_TARGET_DIR/release/lily-engine" "$DEST/bin/lily-engine"
 cp scripts/gpu_check.sh scripts/gpu_profile.sh scripts/gpu_session.sh "$DEST/"
 strip --strip-debug "$DEST/bin/"* 2>/dev/null || true

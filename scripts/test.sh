@@ -46,5 +46,5 @@ else
 fi
 
 # 3. Python end to end, against the release binary.
-cargo build --release -p lily-server -j2
+cargo build --release -p lily-server -j2 --features scripted
 python3 -m pytest tests -q

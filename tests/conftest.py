@@ -46,6 +46,19 @@ def engine_binary() -> Path:
 TOKENIZER_DIR = tokenizer_dir(target_dir() / "tmp" / "lily-test-cache")
 
 
+def assert_error(resp, status, param=None, code=None) -> dict:
+    """`resp` is an OpenAI error object with this status (and param / code, when given)."""
+    assert resp.status_code == status, (resp.status_code, resp.headers, resp.text)
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,7 +68,8 @@ def free_port() -> int:
 class Server:
     """A running `lily-engine serve`; stopped with SIGTERM."""
 
-    def __init__(self, model: str, *extra: str, api_key: str | None = None):
+    def __init__(self, model: str, *extra: str, api_key: str | None = None, env: dict | None = None,
+                 log_path: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -63,7 +77,10 @@ class Server:
         if api_key:
             args += ["--api-key", api_key]
         self.log = open(os.devnull, "w") if not os.environ.get("LILY_TEST_LOGS") else None
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
+        if log_path is not None:
+            self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log,
+                                     env={**os.environ, **env} if env else None)
 
     def wait_ready(self, timeout: float = 120.0) -> "Server":
         deadline = time.time() + timeout
@@ -147,6 +164,9 @@ SCRIPT = {
                                        "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n"
                                        "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"},
         {"when": "riddle", "text": "Let me think step by step.\n</think>\n\nThe answer is 42."},
+        # Words only a rendered tool result / a rendered call's arguments hold (test_tool_results_round_trip).
+        {"when": "21C", "text": "It is 21C and sunny."},
+        {"when": "<parameter=city>\nLisbon", "text": "The call was for Lisbon."},
         {"when": "plain", "text": "Just an answer, no thinking."},
         {"when": "long story", "text": " ".join(f"word{i}" for i in range(1500))},
         {"when": "short story", "text": " ".join(f"word{i}" for i in range(60))},

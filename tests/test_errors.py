@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import Server
+from conftest import Server, assert_error
 
 MSG = [{"role": "user", "content": "hello"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -15,18 +15,6 @@ def post(server, path, body, **kw):
     if isinstance(body, (dict, list)):
         return httpx.post(server.url + path, json=body, timeout=30, **kw)
     return httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=30, **kw)
-
-
-def assert_error(resp, status, param=None, code=None):
-    assert resp.status_code == status, resp.text
-    err = resp.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    if param is not None:
-        assert err["param"] == param, err
-    if code is not None:
-        assert err["code"] == code, err
-    return err
 
 
 @pytest.mark.parametrize("body", [b"{\"messages\": [", b"not json", b"", b"[1, 2]"])

@@ -119,10 +119,32 @@ def test_two_streamed_calls_keep_their_indices(scripted_server):
     assert calls[0]["id"] != calls[1]["id"]
 
 
+def streamed_answer(chunks):
+    """What the openai SDK accumulates from a stream: content, reasoning, calls by index."""
+    content, reasoning, calls = "", "", {}
+    for c in chunks:
+        if not c.choices:
+            continue
+        d = c.choices[0].delta
+        content += d.content or ""
+        reasoning += getattr(d, "reasoning_content", None) or ""
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            entry["name"] += (tc.function.name or "") if tc.function else ""
+            entry["arguments"] += (tc.function.arguments or "") if tc.function else ""
+    calls = [calls[i] for i in sorted(calls)]
+    return content, reasoning, calls, chunks[-1].choices[0].finish_reason
+
+
+def whole_answer(r):
+    m = r.choices[0].message
+    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]
+    return m.content or "", getattr(m, "reasoning_content", None) or "", calls, r.choices[0].finish_reason
+
+
 def test_call_cut_by_max_tokens_degrades_to_content(scripted_server):
-    """Output that ends inside a call: the non-streamed answer has the raw text as content and no
-    call; the stream has already sent the call's start and its first argument, so the raw text
-    follows as content and the call never gets its closing brace."""
+    """Output that ends inside a call: streamed or not, the answer has the raw text as content and
+    no call (the stream sends a call's deltas only once the call is complete)."""
     [reply] = [r["text"] for r in SCRIPT["replies"] if r["when"] == "weather"]
     tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
     ids = tok.encode(reply, add_special_tokens=False).ids
@@ -133,15 +155,37 @@ def test_call_cut_by_max_tokens_degrades_to_content(scripted_server):
     assert "<parameter=days>" not in raw
 
     r = ask(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
-    assert r.choices[0].finish_reason == "length"
-    assert r.choices[0].message.content == raw and not r.choices[0].message.tool_calls
-
+    assert whole_answer(r)[0] == raw and whole_answer(r)[2:] == ([], "length")
     chunks = stream(scripted_server, "weather in Paris?", tools=[WEATHER_TOOL], max_tokens=n)
-    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [(tc.function.name, tc.function.arguments) for tc in deltas] == [
-        ("get_weather", ""), (None, '{"city":"Paris"')]
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == raw
-    assert chunks[-1].choices[0].finish_reason == "length"
+    assert streamed_answer(chunks)[0] == raw and streamed_answer(chunks)[2:] == ([], "length")
+
+
+def test_streamed_and_whole_answers_agree_at_every_cut(scripted_server):
+    """Every max_tokens from 1 to past the end of a reply with two calls: the stream, put together
+    as the openai SDK does, is the non-streamed answer (no call that the other lacks, no call with
+    arguments the other does not have)."""
+    [reply] = [r["text"] for r in SCRIPT["replies"] if r["when"] == "two cities"]
+    tok = Tokenizer.from_file(str(TOKENIZER_DIR / "tokenizer.json"))
+    total = len(tok.encode(reply, add_special_tokens=False).ids) + 1
+    seen_calls = set()
+    for n in range(1, total + 2):
+        whole = whole_answer(ask(scripted_server, "weather for two cities", tools=[WEATHER_TOOL], max_tokens=n))
+        streamed = streamed_answer(stream(scripted_server, "weather for two cities", tools=[WEATHER_TOOL],
+                                          max_tokens=n))
+        assert streamed == whole, n
+        seen_calls.add(len(whole[2]))
+    assert seen_calls == {0, 1, 2}, seen_calls
+
+
+def test_call_to_an_undeclared_function_is_text(scripted_server):
+    """The model calls get_weather, which this request does not declare: not a tool call."""
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}
+    r = ask(scripted_server, "weather in Paris?", tools=[other])
+    content, _, calls, reason = whole_answer(r)
+    assert calls == [] and reason == "stop"
+    assert content.startswith("<tool_call>\n<function=get_weather>") and content.endswith("</tool_call>")
+    assert streamed_answer(stream(scripted_server, "weather in Paris?", tools=[other])) == whole_answer(r)
 
 
 def test_two_tool_calls_get_two_indices(scripted_server):
@@ -162,13 +206,21 @@ def test_tool_choice_none_leaves_text_alone(scripted_server):
 
 def test_tool_results_round_trip(scripted_server):
     """A full agent turn: the assistant's call and the tool's answer go back in; the template
-    renders them (arguments given as a JSON string) and the model answers."""
-    messages = [
-        {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
-        {"role": "user", "content": "and a riddle"},
-    ]
-    r = scripted_server.client().chat.completions.create(model="any", messages=messages, tools=[WEATHER_TOOL])
-    assert r.choices[0].message.content == "The answer is 42."
+    renders them (arguments given as a JSON string) and the model answers. The scripted model
+    answers on words that only the rendered tool result, or the rendered call's arguments, hold."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Lisbon\"}"}}
+
+    def turn(result):
+        messages = [
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result},
+        ]
+        r = scripted_server.client().chat.completions.create(model="any", messages=messages, tools=[WEATHER_TOOL],
+                                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        return r.choices[0].message.content
+
+    assert turn("sunny, 21C") == "It is 21C and sunny."
+    # Without a trigger in the result, the call's rendered arguments are the last one.
+    assert turn("ok") == "The call was for Lisbon."

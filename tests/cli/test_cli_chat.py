@@ -144,6 +144,9 @@ def test_model_starts_a_server_for_the_call_and_stops_it(fake_engine, tmp_path, 
 def test_url_and_model_together_are_refused(fake_server, tmp_path):
     result = chat("hi", "--url", fake_server, "--model", str(tmp_path))
     assert result.exit_code == 2
+    # This refusal, not another usage error; and nothing was asked of the server.
+    assert "--url" in result.stderr and "--model" in result.stderr and "not both" in result.stderr, result.stderr
+    assert result.stdout == ""
 
 
 def test_the_lily_command_runs_as_a_module():

@@ -71,6 +71,9 @@ impl ModelConfig {
         let f = Fields(text);
         let hidden = f.usize("hidden_size")?;
         let n_layers = f.usize("num_hidden_layers")?;
+        if n_layers == 0 {
+            bail!("num_hidden_layers must be > 0");
+        }
         let layers = match text.get("layer_types") {
             Some(Value::Array(kinds)) => {
                 if kinds.len() != n_layers {
@@ -140,33 +143,43 @@ impl ModelConfig {
                 bail!("hidden_act {act:?} is not supported (only \"silu\")");
             }
         }
+        let vocab = f.usize("vocab_size")?;
         let mut eos_ids: Vec<u32> = Vec::new();
         for src in [text.get("eos_token_id"), json.get("eos_token_id")]
             .into_iter()
             .flatten()
         {
-            match src {
-                Value::Number(n) => eos_ids.extend(n.as_u64().map(|v| v as u32)),
-                Value::Array(a) => {
-                    eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|v| v as u32))
+            let ids: &[Value] = match src {
+                Value::Null => &[],
+                Value::Array(a) => a,
+                one => std::slice::from_ref(one),
+            };
+            for id in ids {
+                match id.as_u64() {
+                    Some(v) if (v as usize) < vocab => eos_ids.push(v as u32),
+                    _ => {
+                        bail!("eos_token_id {id} is not a token id of the vocabulary (0..{vocab})")
+                    }
                 }
-                _ => {}
             }
         }
-        let vocab = f.usize("vocab_size")?;
         for id in [248046u32, 248044] {
             if (id as usize) < vocab && !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
-        eos_ids.retain(|&id| (id as usize) < vocab);
+        eos_ids.sort_unstable();
         eos_ids.dedup();
 
+        let rms_eps = f.f64_or("rms_norm_eps", 1e-6)? as f32;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            bail!("rms_norm_eps {rms_eps} must be a positive finite number (as f32)");
+        }
         let cfg = ModelConfig {
             hidden,
             vocab,
             layers,
-            rms_eps: f.f64_or("rms_norm_eps", 1e-6)? as f32,
+            rms_eps,
             n_heads: f.usize("num_attention_heads")?,
             n_kv_heads: f.usize("num_key_value_heads")?,
             head_dim,
@@ -185,7 +198,79 @@ impl ModelConfig {
             eos_ids,
         };
         cfg.validate()?;
+        for name in ["quantization", "quantization_config"] {
+            for src in [json.get(name), text.get(name)].into_iter().flatten() {
+                cfg.check_quantization(name, src)?;
+            }
+        }
         Ok(cfg)
+    }
+
+    /// An MLX `quantization` block (or `quantization_config` of that shape): affine, 4 or 8 bits,
+    /// groups of 64 that divide every matrix's input dimension — what the kernels run. Per-tensor
+    /// overrides (`"…mlp.gate": {"bits": 8, "group_size": 64}`) are held to the same rules. A
+    /// transformers-style block of another method (`quant_method`) is left to the tensor checks.
+    fn check_quantization(&self, name: &str, q: &Value) -> Result<()> {
+        let Some(q) = q.as_object() else {
+            return Ok(());
+        };
+        if q.contains_key("quant_method") && !q.contains_key("bits") {
+            return Ok(());
+        }
+        if let Some(mode) = q.get("mode") {
+            if mode.as_str() != Some("affine") {
+                bail!("{name}.mode {mode} is not supported (only \"affine\")");
+            }
+        }
+        self.check_bits_group(name, q)?;
+        for (key, v) in q {
+            if let Some(o) = v.as_object() {
+                if o.contains_key("bits") || o.contains_key("group_size") {
+                    self.check_bits_group(&format!("{name}.{key}"), o)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_bits_group(&self, at: &str, q: &serde_json::Map<String, Value>) -> Result<()> {
+        if let Some(bits) = q.get("bits") {
+            if !matches!(bits.as_u64(), Some(4 | 8)) {
+                bail!("{at}.bits {bits} is not supported (4 or 8)");
+            }
+        }
+        if let Some(group) = q.get("group_size") {
+            let g = match group.as_u64() {
+                Some(g) if g > 0 => g as usize,
+                _ => bail!("{at}.group_size {group} must be a positive integer"),
+            };
+            for (dim, n) in self.input_dims() {
+                if !n.is_multiple_of(g) {
+                    bail!("{at}.group_size {g} does not divide {dim} ({n}), an input dimension");
+                }
+            }
+            if g != 64 {
+                bail!("{at}.group_size {g} is not supported (groups of 64)");
+            }
+        }
+        Ok(())
+    }
+
+    /// The input (column) dimensions of the quantised matrices, by what sets them.
+    fn input_dims(&self) -> [(&'static str, usize); 5] {
+        [
+            ("hidden_size", self.hidden),
+            ("moe_intermediate_size", self.expert_inter),
+            ("shared_expert_intermediate_size", self.shared_inter),
+            (
+                "num_attention_heads · head_dim",
+                self.n_heads * self.head_dim,
+            ),
+            (
+                "linear_num_value_heads · linear_value_head_dim",
+                self.dn_value_dim(),
+            ),
+        ]
     }
 
     fn validate(&self) -> Result<()> {
@@ -217,6 +302,12 @@ impl ModelConfig {
             ("hidden_size", self.hidden),
             ("vocab_size", self.vocab),
             ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position),
+            ("num_experts", self.n_experts),
+            ("moe_intermediate_size", self.expert_inter),
+            ("shared_expert_intermediate_size", self.shared_inter),
+            ("linear_key_head_dim", self.dn_k_dim),
+            ("linear_value_head_dim", self.dn_v_dim),
         ] {
             if v == 0 {
                 bail!("{name} must be > 0");
@@ -341,5 +432,114 @@ mod tests {
         let json = serde_json::json!({"model_type": "llama", "hidden_size": 16});
         let err = format!("{:#}", ModelConfig::from_json(&json).unwrap_err());
         assert!(err.contains("llama"), "{err}");
+    }
+
+    /// The config with `edit` applied to its text_config.
+    fn edited(edit: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Value {
+        let mut json = real_text_config();
+        edit(json["text_config"].as_object_mut().expect("object"));
+        json
+    }
+
+    fn error_of(json: &Value) -> String {
+        format!(
+            "{:#}",
+            ModelConfig::from_json(json).expect_err("must be refused")
+        )
+    }
+
+    #[test]
+    fn zero_context_or_layers_are_refused_by_name() {
+        let json = edited(|t| {
+            t.insert("max_position_embeddings".into(), 0.into());
+        });
+        assert!(error_of(&json).contains("max_position_embeddings"));
+        let json = edited(|t| {
+            t.insert("num_hidden_layers".into(), 0.into());
+            t.insert("layer_types".into(), serde_json::json!([]));
+        });
+        assert!(error_of(&json).contains("num_hidden_layers"));
+        let json = edited(|t| {
+            t.insert("num_hidden_layers".into(), 0.into());
+            t.remove("layer_types");
+        });
+        assert!(error_of(&json).contains("num_hidden_layers"));
+    }
+
+    #[test]
+    fn eos_outside_the_vocabulary_is_refused() {
+        for bad in [
+            serde_json::json!(1e9),
+            serde_json::json!(1_000_000_000),
+            serde_json::json!(248320),
+            serde_json::json!([248044, 300000]),
+            serde_json::json!(-1),
+            serde_json::json!("x"),
+        ] {
+            let json = edited(|t| {
+                t.insert("eos_token_id".into(), bad.clone());
+            });
+            let err = error_of(&json);
+            assert!(err.contains("eos_token_id"), "{bad}: {err}");
+        }
+        let mut json = real_text_config();
+        json["eos_token_id"] = serde_json::json!(999_999_999);
+        assert!(error_of(&json).contains("eos_token_id"));
+    }
+
+    #[test]
+    fn rms_norm_eps_must_be_positive_and_finite() {
+        for bad in [
+            serde_json::json!(-1),
+            serde_json::json!(0),
+            serde_json::json!(1e300),
+        ] {
+            let json = edited(|t| {
+                t.insert("rms_norm_eps".into(), bad.clone());
+            });
+            let err = error_of(&json);
+            assert!(err.contains("rms_norm_eps"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn quantization_must_be_what_the_engine_runs() {
+        let q = |bits: Value, group: Value| {
+            let mut json = real_text_config();
+            json["quantization"] = serde_json::json!({"bits": bits, "group_size": group, "mode": "affine",
+                "language_model.model.layers.0.mlp.gate": {"bits": 8, "group_size": 64}});
+            json
+        };
+        ModelConfig::from_json(&q(4.into(), 64.into())).expect("4-bit groups of 64");
+        ModelConfig::from_json(&q(8.into(), 64.into())).expect("8-bit groups of 64");
+        for (bits, group, field) in [
+            (3, 64, "bits"),
+            (16, 64, "bits"),
+            (4, 0, "group_size"),
+            // 2048 / 96 and 512 / 96 are not whole groups.
+            (4, 96, "group_size"),
+            // Divides every input dimension, but the kernels run groups of 64.
+            (4, 32, "group_size"),
+        ] {
+            let err = error_of(&q(bits.into(), group.into()));
+            assert!(
+                err.contains(&format!("quantization.{field}")),
+                "{bits}/{group}: {err}"
+            );
+        }
+        let mut json = q(4.into(), 64.into());
+        json["quantization"]["mode"] = "mxfp4".into();
+        assert!(error_of(&json).contains("quantization.mode"));
+        let mut json = q(4.into(), 64.into());
+        json["quantization"]["language_model.model.layers.0.mlp.gate"]["bits"] = 2.into();
+        let err = error_of(&json);
+        assert!(
+            err.contains("language_model.model.layers.0.mlp.gate"),
+            "{err}"
+        );
+        // The same checks under the name transformers uses.
+        let mut json = real_text_config();
+        json["quantization_config"] = serde_json::json!({"bits": 3, "group_size": 64});
+        assert!(error_of(&json).contains("quantization_config.bits"));
     }
 }

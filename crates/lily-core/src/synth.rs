@@ -74,6 +74,13 @@ pub fn preset_text_config(preset: Preset) -> Value {
         layer_types.extend(["linear_attention"; 3]);
         layer_types.push("full_attention");
     }
+    // The family's end-of-turn id, where the vocabulary has it (`tiny`'s 1024 ids do not: a config
+    // naming an id outside the vocabulary is refused at load).
+    let eos = if vocab > 248_044 {
+        json!(248_044)
+    } else {
+        Value::Null
+    };
     json!({
         "model_type": "qwen3_5_moe_text",
         "hidden_size": h, "num_hidden_layers": 4 * blocks, "layer_types": layer_types,
@@ -88,7 +95,7 @@ pub fn preset_text_config(preset: Preset) -> Value {
         "linear_key_head_dim": dd, "linear_value_head_dim": dd, "linear_conv_kernel_dim": 4,
         "num_experts": e, "num_experts_per_tok": k, "moe_intermediate_size": i,
         "shared_expert_intermediate_size": si, "mamba_ssm_dtype": "float32",
-        "bos_token_id": 248044, "eos_token_id": 248044, "pad_token_id": null,
+        "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": null,
         "tie_word_embeddings": false, "dtype": "bfloat16"
     })
 }

@@ -11,7 +11,6 @@ use lily_core::text::Tokenizer;
 
 pub use crate::device::Device;
 use crate::device::{open_backend, CudaArgs};
-use crate::scripted::ScriptedModel;
 use crate::state::Model;
 
 /// Prefix of the test-only scripted model (see `scripted.rs`).
@@ -51,8 +50,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
     let (backend, text_dir): (Box<dyn Backend>, PathBuf) = match opts.model.strip_prefix(SCRIPTED) {
         Some(path) => {
             stage("loading the scripted test model");
-            let scripted = ScriptedModel::load(Path::new(path))?;
-            (Box::new(scripted.backend), scripted.tokenizer_dir)
+            scripted(Path::new(path))?
         }
         None => {
             let dir = PathBuf::from(&opts.model);
@@ -88,6 +86,13 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         Some(n) => n,
         None => backend.default_context(),
     };
+    // 128 bytes for Qwen3.6's (a run of spaces); every token covers at most this much text.
+    let longest_token = (0..tokenizer.vocab_size() as u32)
+        .filter_map(|id| tokenizer.token_bytes(id))
+        .map(<[u8]>::len)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     tracing::info!("backend: {}", backend.describe());
     stage("starting the engine");
     let engine = Engine::start(
@@ -107,5 +112,45 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
         vocab: config.vocab,
         max_queue: opts.max_queue,
         grammars: Default::default(),
+        max_prompt_bytes: ctx_size.saturating_mul(longest_token),
     })
+}
+
+/// The test-only scripted backend and the directory of its tokenizer.
+#[cfg(feature = "scripted")]
+fn scripted(path: &Path) -> Result<(Box<dyn Backend>, PathBuf)> {
+    let scripted = crate::scripted::ScriptedModel::load(path)?;
+    Ok((Box::new(scripted.backend), scripted.tokenizer_dir))
+}
+
+#[cfg(not(feature = "scripted"))]
+fn scripted(path: &Path) -> Result<(Box<dyn Backend>, PathBuf)> {
+    bail!(
+        "--model {SCRIPTED}{}: this lily-engine has no scripted test backend (it is built only \
+         with the cargo feature `scripted`, as scripts/test.sh does)",
+        path.display()
+    )
+}
+
+#[cfg(all(test, not(feature = "scripted")))]
+mod tests {
+    use super::*;
+
+    /// The shipped binary (default features) has no scripted backend: the test-only model is
+    /// refused with the reason, not looked for.
+    #[test]
+    fn scripted_models_need_the_test_feature() {
+        let opts = LoadOptions {
+            model: "scripted:/nonexistent/script.json".into(),
+            device: Device::Cpu,
+            ctx_size: None,
+            max_queue: 1,
+            prefix_cache_bytes: 0,
+            snapshot_every: 0,
+            quantize: true,
+            cuda: CudaArgs::default(),
+        };
+        let err = format!("{:#}", load(&opts, &|_| {}).err().unwrap());
+        assert!(err.contains("cargo feature `scripted`"), "{err}");
+    }
 }

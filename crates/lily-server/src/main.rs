@@ -6,6 +6,7 @@ mod cli_bench;
 mod cli_generate;
 mod cli_score;
 mod cli_synth;
+mod connections;
 mod device;
 mod generate;
 mod load;
@@ -13,6 +14,7 @@ mod metrics;
 mod openai;
 mod output;
 mod routes;
+#[cfg(feature = "scripted")]
 mod scripted;
 mod serve;
 mod state;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::connections::{self, ConnectionLimits};
 use crate::device::CudaArgs;
 use crate::load::{self, Device, LoadOptions};
 use crate::metrics::Metrics;
@@ -27,7 +28,8 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/*.
+    /// Require `Authorization: Bearer KEY` on /v1/* (surrounding whitespace is ignored; an empty
+    /// key is refused rather than taken to mean "no authentication").
     #[arg(long)]
     pub api_key: Option<String>,
     /// Tokens per sequence, prompt plus output [default: on a GPU the model's maximum when a
@@ -47,6 +49,20 @@ pub struct ServeArgs {
     /// conversations, prompts and generated turns).
     #[arg(long, default_value_t = 4096)]
     pub snapshot_every: usize,
+    /// Connections open at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers, counted from when it connects or from
+    /// the previous response (so also how long an idle keep-alive connection is kept).
+    #[arg(long, default_value_t = 30)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body once its headers are in; a body still
+    /// unfinished then is answered 408.
+    #[arg(long, default_value_t = 60)]
+    pub body_timeout: u64,
+    /// Requests served on one keep-alive connection before it is closed (1: one per connection).
+    #[arg(long, default_value_t = 1000)]
+    pub keep_alive_requests: usize,
     #[arg(long, value_enum, default_value = "auto")]
     pub device: Device,
     /// Serve an HF bf16 checkpoint as bf16. By default it is quantised at load to 4-bit groups of
@@ -69,23 +85,19 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.max_queue == 0 {
         anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
     }
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-        .parse()
-        .with_context(|| {
-            format!(
-                "--host {} --port {}: not an address to listen on",
-                args.host, args.port
-            )
-        })?;
+    let limits = connection_limits(&args)?;
+    let api_key = api_key(args.api_key.as_deref())?;
+    let addr = listen_address(&args.host, args.port).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let state = Arc::new(AppState {
         model_id: load::model_id(&args.model),
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_key,
         phase: RwLock::new(Phase::Loading("starting")),
         metrics: Arc::new(Metrics::default()),
         created: unix_now(),
+        body_timeout: Duration::from_secs(args.body_timeout),
     });
     tracing::info!(
         "listening on http://{addr} (model {} loading)",
@@ -130,13 +142,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let app = routes::router(state.clone());
     let (signal_tx, signal_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = signal_rx.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(connections::serve(listener, app, limits, async {
+        let _ = signal_rx.await;
+    }));
 
     shutdown_signal().await;
     tracing::info!(
@@ -162,6 +170,60 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where `--host --port` listen: an IPv4 or IPv6 literal (bare `::1` or bracketed `[::1]`) or a
+/// host name, resolved. A name with several addresses (`localhost`: 127.0.0.1 and ::1) listens on
+/// the first IPv4 one, which every client tries; a `--host` of each address serves one of them.
+async fn listen_address(host: &str, port: u16) -> Result<SocketAddr> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host((bare, port))
+        .await
+        .with_context(|| format!("--host {host}: not an address or a host name that resolves"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .with_context(|| format!("--host {host}: the name resolves to no address"))
+}
+
+/// The connection limits the options set; zero is refused for each (it would serve nothing).
+fn connection_limits(args: &ServeArgs) -> Result<ConnectionLimits> {
+    for (name, value) in [
+        ("--max-connections", args.max_connections as u64),
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+        ("--keep-alive-requests", args.keep_alive_requests as u64),
+    ] {
+        if value == 0 {
+            anyhow::bail!("{name} must be at least 1");
+        }
+    }
+    Ok(ConnectionLimits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout),
+        keep_alive_requests: args.keep_alive_requests,
+    })
+}
+
+/// The key `--api-key` configures, trimmed as clients' keys are. An empty or blank key is refused:
+/// `--api-key "$UNSET"` would otherwise turn authentication off without a word.
+fn api_key(given: Option<&str>) -> Result<Option<String>> {
+    match given.map(str::trim) {
+        None => Ok(None),
+        Some("") => anyhow::bail!(
+            "--api-key is empty (an unset shell variable?): give a key, or leave --api-key out to serve without authentication"
+        ),
+        Some(key) => Ok(Some(key.to_string())),
+    }
+}
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -180,5 +242,34 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hosts_are_literals_or_resolved_names() {
+        let at =
+            |h: &'static str| async move { listen_address(h, 8000).await.map(|a| a.to_string()) };
+        assert_eq!(at("127.0.0.1").await.unwrap(), "127.0.0.1:8000");
+        assert_eq!(at("::1").await.unwrap(), "[::1]:8000");
+        assert_eq!(at("[::1]").await.unwrap(), "[::1]:8000");
+        assert_eq!(at("0.0.0.0").await.unwrap(), "0.0.0.0:8000");
+        assert_eq!(at("localhost").await.unwrap(), "127.0.0.1:8000");
+        let err = format!("{:#}", at("no-such-host.invalid").await.unwrap_err());
+        assert!(err.contains("--host no-such-host.invalid"), "{err}");
+        assert!(at("1.2.3.4:80").await.is_err());
+    }
+
+    #[test]
+    fn api_key_is_trimmed_and_never_empty() {
+        assert_eq!(api_key(None).unwrap(), None);
+        assert_eq!(api_key(Some("  k1 \n")).unwrap().as_deref(), Some("k1"));
+        for blank in ["", "  ", "\t\n"] {
+            let err = api_key(Some(blank)).unwrap_err().to_string();
+            assert!(err.contains("--api-key is empty"), "{err}");
+        }
     }
 }

@@ -23,6 +23,10 @@ pub struct Model {
     pub max_queue: usize,
     /// Grammar compilation for constrained requests, built by the first one (see `structured`).
     pub grammars: OnceLock<Result<Arc<Grammars>, String>>,
+    /// Bytes of prompt text that cannot fit the context whatever they say: `ctx_size` times the
+    /// longest token's bytes. Longer prompts are refused before the template or the tokenizer
+    /// sees them (tokenizing tens of megabytes takes seconds and gigabytes).
+    pub max_prompt_bytes: usize,
 }
 
 impl Model {
@@ -45,6 +49,8 @@ pub struct AppState {
     pub phase: RwLock<Phase>,
     pub metrics: Arc<Metrics>,
     pub created: u64,
+    /// Time a request's body may take to arrive once its headers are in.
+    pub body_timeout: std::time::Duration,
 }
 
 impl AppState {

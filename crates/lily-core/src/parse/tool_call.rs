@@ -75,6 +75,11 @@ impl ToolSchemas {
         ToolSchemas { properties }
     }
 
+    /// Whether the request declares a function of this name.
+    pub fn declares(&self, function: &str) -> bool {
+        self.properties.contains_key(function)
+    }
+
     pub(crate) fn param(&self, function: &str, param: &str) -> Option<&Value> {
         self.properties.get(function)?.get(param)
     }

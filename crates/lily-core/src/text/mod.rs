@@ -54,9 +54,10 @@
 //! ```
 
 mod detok;
+mod pieces;
 mod stream;
 mod tokenizer;
 
 pub use detok::DecodeStream;
 pub use stream::{StreamConfig, StreamStep, TextStream};
-pub use tokenizer::{ids, Tokenizer};
+pub use tokenizer::{ids, Bounded, Tokenizer, MAX_PIECE_BYTES};

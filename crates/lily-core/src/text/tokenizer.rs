@@ -50,7 +50,33 @@ pub struct Tokenizer {
     hf: Arc<HfTokenizer>,
     table: Arc<TokenTable>,
     path: PathBuf,
+    /// Long text may be encoded in pieces (`pieces.rs`): checked on a sample at load.
+    pieces_exact: bool,
 }
+
+/// Bytes of text `encode_within` encodes at a time.
+const PIECE_BYTES: usize = 64 << 10;
+
+/// Longest piece `encode_within` encodes: text with no place to cut it for longer than this (a
+/// megabyte of letters without a space, digit, punctuation or line break) is refused rather than
+/// encoded whole at a hundred bytes of memory per byte.
+pub const MAX_PIECE_BYTES: usize = 1 << 20;
+
+/// What `encode_within` made of a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounded {
+    Ids(Vec<u32>),
+    /// More tokens than the limit (counted only that far).
+    TooManyTokens,
+    /// A stretch of this many bytes with no place to cut it (see `MAX_PIECE_BYTES`).
+    Unbroken(usize),
+}
+
+/// Text that `pieces.rs` cuts in many places, some of them around added tokens and digits.
+const PIECES_SAMPLE: &str = "<|im_start|>system\nBe brief, 1st.<|im_end|>\n<|im_start|>user\n\
+    Hello, world: 12,345.67 (x=y+1) [a]{b} \"q\" it's -- São Paulo! 北京，中文。\n\n\
+    def f(x):\n    return x*2  # two\n\t\tend\n<tool_call>\n<function=f>\n<parameter=x>\n3\n\
+    </parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>assistant\n<think>\n";
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,11 +99,70 @@ impl Tokenizer {
         let hf = HfTokenizer::from_bytes(text.as_bytes())
             .map_err(|e| anyhow!("{}: not a valid tokenizer.json: {e}", path.display()))?;
         let table = build_table(&hf).with_context(|| format!("in {}", path.display()))?;
-        Ok(Tokenizer {
+        let mut tokenizer = Tokenizer {
             hf: Arc::new(hf),
             table: Arc::new(table),
             path: path.to_path_buf(),
-        })
+            pieces_exact: false,
+        };
+        tokenizer.pieces_exact = tokenizer.pieces_encode_as_the_whole(PIECES_SAMPLE)?;
+        if !tokenizer.pieces_exact {
+            tracing::warn!(
+                "{}: text cut into pieces does not encode as the whole; long prompts are encoded in one go",
+                path.display()
+            );
+        }
+        Ok(tokenizer)
+    }
+
+    /// Whether long text is encoded in pieces (the check at load held).
+    pub fn encodes_in_pieces(&self) -> bool {
+        self.pieces_exact
+    }
+
+    /// Whether `text`, cut at every place `pieces.rs` allows, encodes to the whole's tokens.
+    fn pieces_encode_as_the_whole(&self, text: &str) -> Result<bool> {
+        let mut ids = Vec::new();
+        for piece in super::pieces::pieces(text, 1) {
+            ids.extend(self.encode(piece)?);
+        }
+        Ok(ids == self.encode(text)?)
+    }
+
+    /// Token ids of `text` if there are at most `max_tokens` of them. Long text is encoded a
+    /// piece at a time and given up on at the first piece over the limit, so memory and time stay
+    /// bounded by the limit rather than by the text (a prompt of tens of megabytes would take
+    /// gigabytes encoded whole).
+    pub fn encode_within(&self, text: &str, max_tokens: usize) -> Result<Bounded> {
+        self.encode_in_pieces(text, max_tokens, PIECE_BYTES)
+    }
+
+    /// `encode_within`, encoding about `piece_bytes` of text at a time.
+    pub fn encode_in_pieces(
+        &self,
+        text: &str,
+        max_tokens: usize,
+        piece_bytes: usize,
+    ) -> Result<Bounded> {
+        if !self.pieces_exact {
+            let ids = self.encode(text)?;
+            return Ok(if ids.len() <= max_tokens {
+                Bounded::Ids(ids)
+            } else {
+                Bounded::TooManyTokens
+            });
+        }
+        let mut ids = Vec::new();
+        for piece in super::pieces::pieces(text, piece_bytes) {
+            if piece.len() > MAX_PIECE_BYTES.max(piece_bytes) {
+                return Ok(Bounded::Unbroken(piece.len()));
+            }
+            ids.extend(self.encode(piece)?);
+            if ids.len() > max_tokens {
+                return Ok(Bounded::TooManyTokens);
+            }
+        }
+        Ok(Bounded::Ids(ids))
     }
 
     /// Token ids of `text`. No BOS or other tokens are added; added tokens written in the text

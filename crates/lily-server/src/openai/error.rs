@@ -2,7 +2,8 @@
 //! official API uses for each kind, so clients raise the exception they expect
 //! (`BadRequestError`, `AuthenticationError`, `RateLimitError`, …).
 
-use axum::http::StatusCode;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -69,6 +70,68 @@ impl ApiError {
         }
     }
 
+    /// 405, with the method and path the request used.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
+    /// 413, naming the limit.
+    pub fn body_too_large(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is larger than the {limit} bytes accepted"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// Why a request body could not be read: 413 over the size limit (named), 400 for a body the
+    /// connection broke off or framed wrongly (a malformed chunk), with what hyper said.
+    pub fn unreadable_body(rejection: &BytesRejection, limit: usize) -> Self {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::body_too_large(limit)
+        } else {
+            ApiError {
+                status: if status.is_client_error() {
+                    status
+                } else {
+                    StatusCode::BAD_REQUEST
+                },
+                message: format!("cannot read the request body: {}", rejection.body_text()),
+                kind: "invalid_request_error",
+                param: None,
+                code: None,
+            }
+        }
+    }
+
+    /// 400: the body broke off or was framed wrongly (a malformed chunk), with what hyper said.
+    pub fn unreadable(detail: impl std::fmt::Display) -> Self {
+        Self::invalid(None, format!("cannot read the request body: {detail}"))
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "the request body did not arrive within {} seconds of its headers",
+                limit.as_secs()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
     pub fn loading() -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -118,10 +181,17 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body())).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            if let Ok(v) = "Bearer".parse() {
-                response.headers_mut().insert("www-authenticate", v);
+        let headers = response.headers_mut();
+        match self.status {
+            StatusCode::UNAUTHORIZED => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
+            // The queue drains a request at a time; a second is as good a guess as any, and
+            // clients that honour the header (the openai SDK does) back off instead of hammering.
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
         }
         response
     }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lily_core::sampling::SamplingParams;
+use lily_core::text::{Bounded, MAX_PIECE_BYTES};
 use serde_json::Value;
 
 use super::error::ApiError;
@@ -173,6 +174,45 @@ pub fn streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
 
 /// How many tokens may be generated: the request's limit if it fits beside the prompt in the
 /// context, else a 400 that says by how much it does not.
+/// Refuses prompt text longer than `limit` bytes (`Model::max_prompt_bytes`): it cannot fit the
+/// context, and finding that out by tokenizing it costs seconds and gigabytes.
+pub fn check_prompt_bytes(
+    bytes: usize,
+    limit: usize,
+    ctx_size: usize,
+    param: &str,
+) -> Result<(), ApiError> {
+    if bytes > limit {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("the prompt holds {bytes} bytes of text, more than the {limit} bytes a {ctx_size}-token context can hold"),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    Ok(())
+}
+
+/// The prompt's tokens, or why there are none: more than fit the context beside one token of
+/// output (counted only that far), or a stretch of text too long to encode in pieces.
+pub fn bounded_prompt(
+    encoded: Bounded,
+    ctx_size: usize,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    match encoded {
+        Bounded::Ids(ids) => Ok(ids),
+        Bounded::TooManyTokens => Err(ApiError::invalid_param(
+            param,
+            format!("the prompt is longer than the {ctx_size}-token context can hold with any output (at least {ctx_size} tokens)"),
+        )
+        .with_code("context_length_exceeded")),
+        Bounded::Unbroken(bytes) => Err(ApiError::invalid_param(
+            param,
+            format!("the prompt has {bytes} bytes of text without a space, digit, punctuation or line break; at most {MAX_PIECE_BYTES} are accepted"),
+        )),
+    }
+}
+
 pub fn fit(
     prompt_tokens: usize,
     requested: Option<usize>,

@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -24,10 +25,22 @@ use crate::output::Output;
 use crate::state::{AppState, Model};
 use crate::structured;
 
-pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
-    let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
-    let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+    // Parsing, rendering and tokenizing a long conversation take a while: off the workers.
+    let (req, prompt) = {
+        let model = model.clone();
+        super::off_the_workers(move || {
+            let req = ChatRequest::parse(&parse_object(&body)?, model.vocab)?;
+            let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+            Ok((req, prompt))
+        })
+        .await?
+    };
     let max_tokens = fit(
         prompt.tokens.len(),
         req.max_tokens,
@@ -77,10 +90,14 @@ struct Chunker {
     logprobs: bool,
 }
 
-/// Per-stream state: tool-call ids handed out, logprobs waiting for the next chunk.
+/// Per-stream state: the call being held, logprobs waiting for the next chunk.
 struct StreamState {
     rx: UnboundedReceiver<GenEvent>,
     pending_logprobs: Vec<Value>,
+    /// Deltas of the call being generated, sent once it is complete.
+    held_call: Vec<Value>,
+    /// Complete calls sent (the next one's index).
+    calls_sent: usize,
     done: bool,
 }
 
@@ -109,22 +126,39 @@ impl Chunker {
         data(&body)
     }
 
-    fn piece_deltas(&self, pieces: Vec<Piece>) -> Vec<Value> {
+    /// OpenAI's shape: the first delta of a call carries its id and name, the following ones
+    /// pieces of the arguments string. A call's deltas are held until the call is complete: one
+    /// that breaks off (cut by `max_tokens`, a stop string, junk) comes back as content instead,
+    /// and a delta already sent would leave the client a call the non-streamed answer does not
+    /// have. Indices count the calls sent, as the non-streamed list does.
+    fn piece_deltas(&self, st: &mut StreamState, pieces: Vec<Piece>) -> Vec<Value> {
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
-                Piece::Content(text) => out.push(json!({"content": text})),
-                Piece::Reasoning(text) => out.push(json!({"reasoning_content": text})),
-                // OpenAI's shape: the first delta of a call carries its id and name, the
-                // following ones pieces of the arguments string, as the parser reads them.
-                Piece::ToolCallStart { index, name } => {
-                    out.push(json!({"tool_calls": [{"index": index, "id": tool_call_id(), "type": "function",
-                                                    "function": {"name": name, "arguments": ""}}]}));
+                Piece::Content(text) => {
+                    st.held_call.clear();
+                    out.push(json!({"content": text}));
                 }
-                Piece::ToolCallArguments { index, fragment } => {
-                    out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}));
+                Piece::Reasoning(text) => {
+                    st.held_call.clear();
+                    out.push(json!({"reasoning_content": text}));
                 }
-                Piece::ToolCallEnd(_) => {}
+                Piece::ToolCallStart { name, .. } => {
+                    st.held_call = vec![json!({"id": tool_call_id(), "type": "function",
+                                               "function": {"name": name, "arguments": ""}})];
+                }
+                Piece::ToolCallArguments { fragment, .. } => {
+                    st.held_call
+                        .push(json!({"function": {"arguments": fragment}}));
+                }
+                Piece::ToolCallEnd(_) => {
+                    let index = st.calls_sent;
+                    st.calls_sent += 1;
+                    for mut call in st.held_call.drain(..) {
+                        call["index"] = json!(index);
+                        out.push(json!({ "tool_calls": [call] }));
+                    }
+                }
             }
         }
         out
@@ -155,7 +189,7 @@ impl Chunker {
                 ..
             } => (pieces, Some((outcome, tool_calls))),
         };
-        for delta in self.piece_deltas(pieces) {
+        for delta in self.piece_deltas(st, pieces) {
             let lp = (self.logprobs && !st.pending_logprobs.is_empty())
                 .then(|| std::mem::take(&mut st.pending_logprobs));
             events.push(self.chunk(delta, lp, None));
@@ -189,6 +223,8 @@ impl Chunker {
         let st = StreamState {
             rx,
             pending_logprobs: Vec::new(),
+            held_call: Vec::new(),
+            calls_sent: 0,
             done: false,
         };
         let rest = stream::unfold((self, st), |(this, mut st)| async move {
@@ -308,4 +344,20 @@ fn data(body: &Value) -> Event {
 /// OpenAI's tool-call ids read `call_…` (an underscore, where completion ids have `chatcmpl-`).
 fn tool_call_id() -> String {
     new_id("call").replacen('-', "_", 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_bytes_count_what_the_template_always_renders() {
+        let messages = vec![
+            json!({"role": "system", "content": "abc"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "text", "text": "é"}]}),
+            json!({"role": "assistant", "content": "<think>long</think>x"}),
+            json!({"role": "tool", "content": "12345"}),
+        ];
+        assert_eq!(rendered_text_bytes(&messages), 3 + 2 + 2 + 5);
+    }
 }

@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -17,24 +18,40 @@ use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::completion_request::{CompletionRequest, Prompt};
 use crate::openai::error::ApiError;
 use crate::openai::fields::parse_object;
-use crate::openai::params::fit;
+use crate::openai::params::{bounded_prompt, check_prompt_bytes, fit};
 use crate::openai::response::{finish, new_id, unix_now, usage, CompletionLogprobs};
 use crate::output::Output;
 use crate::state::{AppState, Model};
 use lily_core::parse::Event as Piece;
 
-pub async fn handle(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
-    let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
-    let (prompt, prompt_text) = match &req.prompt {
-        Prompt::Text(text) => {
-            let ids = model
-                .tokenizer
-                .encode(text)
-                .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-            (ids, text.clone())
-        }
-        Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
+    // Parsing and tokenizing a long prompt take a while: off the workers.
+    let (req, prompt, prompt_text) = {
+        let model = model.clone();
+        super::off_the_workers(move || {
+            let req = CompletionRequest::parse(&parse_object(&body)?, model.vocab)?;
+            if let Prompt::Text(text) = &req.prompt {
+                check_prompt_bytes(text.len(), model.max_prompt_bytes, model.ctx_size, "prompt")?;
+            }
+            let (prompt, prompt_text) = match &req.prompt {
+                Prompt::Text(text) => {
+                    let ids = model
+                        .tokenizer
+                        .encode_within(text, model.ctx_size.saturating_sub(1))
+                        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+                    let ids = bounded_prompt(ids, model.ctx_size, "prompt")?;
+                    (ids, text.clone())
+                }
+                Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
+            };
+            Ok((req, prompt, prompt_text))
+        })
+        .await?
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid_param(

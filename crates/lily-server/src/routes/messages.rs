@@ -34,8 +34,16 @@ pub async fn handle(
     body: Bytes,
 ) -> Result<Response, AnthropicError> {
     let model = state.model()?;
-    let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, false)?;
-    let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+    // Parsing, rendering and tokenizing a long conversation take a while: off the workers.
+    let (req, prompt) = {
+        let model = model.clone();
+        super::off_the_workers(move || {
+            let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, false)?;
+            let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+            Ok((req, prompt))
+        })
+        .await?
+    };
     // Agents ask for a fixed, large max_tokens (Claude Code: 32,000) whatever the context left:
     // the answer gets the room there is and ends with `max_tokens` when it runs out. Only a
     // prompt that does not fit at all is refused.
@@ -85,9 +93,13 @@ pub async fn count_tokens(
     body: Bytes,
 ) -> Result<Json<Value>, AnthropicError> {
     let model = state.model()?;
-    let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, true)?;
-    let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
-    Ok(Json(json!({"input_tokens": prompt.tokens.len()})))
+    let tokens = super::off_the_workers(move || {
+        let req = MessagesRequest::parse(&parse_object(&body)?, model.vocab, true)?;
+        let prompt = chat_prompt(&model, &req.messages, req.tools.as_deref(), &req.kwargs)?;
+        Ok(prompt.tokens.len())
+    })
+    .await?;
+    Ok(Json(json!({"input_tokens": tokens})))
 }
 
 struct Writer {

@@ -2,7 +2,8 @@
 //! its arguments can be streamed as soon as they are certain (OpenAI `tool_calls` deltas).
 //!
 //! Events, in text order:
-//! - `ToolCallStart { index, name }` once `<function=NAME>` is complete and NAME is a valid name;
+//! - `ToolCallStart { index, name }` once `<function=NAME>` is complete and NAME is a function the
+//!   request declares (another name breaks the block);
 //! - `ToolCallArguments { index, fragment }` each time a `<parameter=…>…</parameter>` closes: the
 //!   JSON text of that key/value pair (`{"city":"Paris"`, then `,"days":3`), and at `</function>`
 //!   the closing `}` (or `{}` for a call without arguments). The fragments of one call concatenate
@@ -184,6 +185,10 @@ impl Block {
                     self.state = state;
                 }
                 Step::Name(n, name) => {
+                    // A function the request did not declare is no call the client can make.
+                    if matches!(self.state, State::FunctionName) && !schemas.declares(&name) {
+                        return self.break_off(out);
+                    }
                     self.pos += n;
                     self.state = match std::mem::replace(&mut self.state, State::Body) {
                         State::FunctionName => {

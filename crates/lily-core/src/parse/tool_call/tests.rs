@@ -19,6 +19,7 @@ fn weather_tools() -> ToolSchemas {
                 "either": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}
             }
         }}}),
+        json!({"type": "function", "function": {"name": "now"}}),
     ])
 }
 
@@ -161,7 +162,7 @@ fn malformed_call_degrades_to_text() {
     assert_eq!(run(weather_tools(), &[raw]), vec![text(raw)]);
     let raw = "<tool_call>\n<function=f>\n<parameter=x\n1\n</function>\n</tool_call>";
     assert_eq!(run(weather_tools(), &[raw]), vec![text(raw)]);
-    let raw = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\ntrailing junk\n</function>\n</tool_call>";
+    let raw = "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\ntrailing junk\n</function>\n</tool_call>";
     assert_eq!(run(weather_tools(), &[raw]), vec![text(raw)]);
 }
 
@@ -315,7 +316,7 @@ fn nothing_is_sent_before_the_header_is_certain() {
 
 #[test]
 fn a_call_that_breaks_after_its_start_is_left_open_and_its_text_follows() {
-    let raw = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\ntrailing junk\n</function>\n</tool_call>";
+    let raw = "<tool_call>\n<function=now>\n<parameter=x>\n1\n</parameter>\ntrailing junk\n</function>\n</tool_call>";
     let mut p = ToolCallParser::new(weather_tools());
     let mut out = Vec::new();
     p.push(raw, &mut out);
@@ -324,12 +325,30 @@ fn a_call_that_breaks_after_its_start_is_left_open_and_its_text_follows() {
     assert_eq!(
         out,
         vec![
-            start(0, "f"),
+            start(0, "now"),
             args(0, r#"{"x":1"#),
             content(&format!("{raw}after"))
         ]
     );
     assert_eq!(p.calls(), 0);
+}
+
+#[test]
+fn a_call_to_an_undeclared_function_is_text() {
+    let raw = "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n</function>\n</tool_call>";
+    for split in [raw.len(), 20, 7] {
+        let (a, b) = raw.split_at(split.min(raw.len()));
+        let out = events(weather_tools(), &["Sure. ", a, b]);
+        assert_eq!(
+            out,
+            vec![content(&format!("Sure. {raw}"))],
+            "split at {split}"
+        );
+    }
+    // The same call to a declared function is one.
+    let declared = raw.replace("rm_rf", "now");
+    let out = events(weather_tools(), &[&declared]);
+    assert!(matches!(out.last(), Some(Event::ToolCallEnd(c)) if c.name == "now"));
 }
 
 #[test]
