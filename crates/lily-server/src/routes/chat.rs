@@ -345,19 +345,3 @@ fn data(body: &Value) -> Event {
 fn tool_call_id() -> String {
     new_id("call").replacen('-', "_", 1)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn text_bytes_count_what_the_template_always_renders() {
-        let messages = vec![
-            json!({"role": "system", "content": "abc"}),
-            json!({"role": "user", "content": [{"type": "text", "text": "de"}, {"type": "text", "text": "é"}]}),
-            json!({"role": "assistant", "content": "<think>long</think>x"}),
-            json!({"role": "tool", "content": "12345"}),
-        ];
-        assert_eq!(rendered_text_bytes(&messages), 3 + 2 + 2 + 5);
-    }
-}
