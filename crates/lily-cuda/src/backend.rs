@@ -209,7 +209,10 @@ impl Backend for CudaBackend {
     /// (the full model on an H200: 262,144 tokens, 5.2 GB in bf16), else what that quarter holds.
     fn default_context(&self) -> usize {
         let c = &self.cfg;
-        let per_token = (2 * c.n_attention_layers() * c.n_kv_heads * c.head_dim
+        let per_token = (2
+            * c.n_attention_layers()
+            * c.n_kv_heads
+            * c.head_dim
             * kv_elem_bytes(self.plan.bf16_activations))
         .max(1);
         let _ = self.gpu.bind();

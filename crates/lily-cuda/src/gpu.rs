@@ -347,7 +347,8 @@ impl Gpu {
         let launched = unsafe {
             if dependent {
                 let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-                attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
                 attr.value.programmaticStreamSerializationAllowed = 1;
                 let lc = sys::CUlaunchConfig {
                     gridDimX: cfg.grid_dim.0,
