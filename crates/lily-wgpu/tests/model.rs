@@ -202,6 +202,54 @@ fn sliced_weights_give_the_same_logits() {
     assert_eq!(sliced, whole, "sliced weights change the logits");
 }
 
+/// Non-greedy settings sample on the host from the GPU's logits: with the same seed the tokens
+/// are the CPU backend's; the top log-probabilities are the CPU's too.
+#[test]
+fn sampled_tokens_and_top_logprobs_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    let prompt = Rng(6).tokens(9, w.config.vocab);
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 40,
+        presence_penalty: 0.5,
+        seed: 1234,
+        ..SamplingParams::greedy()
+    };
+    let run = |b: &mut dyn Backend, params: &SamplingParams| {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(params.clone());
+        b.decode(s, &mut sampler, 16, 3, &mut |t| {
+            out.push(t.clone());
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let Some(mut gpu) = wgpu_backend(&w, 8) else {
+        return;
+    };
+    let mut cpu = CpuBackend::new(w.clone());
+    for p in [params, SamplingParams::greedy()] {
+        let (got, want) = (run(&mut gpu, &p), run(&mut cpu, &p));
+        let ids = |v: &[lily_core::backend::StepOut]| v.iter().map(|x| x.token).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "tokens differ (temperature {})",
+            p.temperature
+        );
+        for (g, c) in got.iter().zip(&want) {
+            assert!((g.logprob - c.logprob).abs() < 1e-3 * (1.0 + c.logprob.abs()));
+            let top =
+                |x: &lily_core::backend::StepOut| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(top(g), top(c), "top-3 alternatives differ");
+        }
+    }
+}
+
 /// Chunks of 7 and 1-token steps give the same logits (each token's arithmetic is the same).
 #[test]
 fn chunked_prefill_equals_token_by_token() {
