@@ -11,6 +11,14 @@ fn bf16_hi(w: u32) -> f32 {
     return bitcast<f32>(w & 0xffff0000u);
 }
 
+// bf16 element i of an array of packed pairs, given the word holding it (`words[i >> 1u]`).
+fn bf16_at(word: u32, i: u32) -> f32 {
+    if ((i & 1u) == 0u) {
+        return bf16_lo(word);
+    }
+    return bf16_hi(word);
+}
+
 fn silu(x: f32) -> f32 {
     return x / (1.0 + exp(-x));
 }

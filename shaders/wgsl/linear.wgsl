@@ -37,11 +37,7 @@ struct P {
 var<workgroup> wg_expert: u32;
 
 fn w_half(i: u32) -> f32 {
-    let w = W[i >> 1u];
-    if ((i & 1u) == 0u) {
-        return bf16_lo(w);
-    }
-    return bf16_hi(w);
+    return bf16_at(W[i >> 1u], i);
 }
 
 @compute @workgroup_size(64)
