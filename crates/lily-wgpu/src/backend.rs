@@ -255,10 +255,15 @@ impl Backend for WgpuBackend {
             bail!("decode before prefill: no logits to sample from");
         }
         let on_device = device_greedy(&sampler.params);
+        // Whether `next` already holds the GPU's pick from the pending logits (a greedy step
+        // records the pick with the forward pass).
+        let mut picked = false;
         for step in 0..n {
             let s = self.seq(seq)?;
             let (token, logprob, host_logits) = if on_device {
-                self.forward().argmax(s)?;
+                if !picked {
+                    self.forward().argmax(s)?;
+                }
                 let out = self.gpu.read_u32(&s.next, 2)?;
                 if out[0] as usize >= self.cfg.vocab {
                     bail!("the GPU picked token {}, outside the vocabulary", out[0]);
@@ -298,7 +303,12 @@ impl Backend for WgpuBackend {
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
-            self.forward().run(s, &s.next, 1, LogitsOut::Last)?;
+            if on_device {
+                self.forward().run_and_pick(s, &s.next)?;
+                picked = true;
+            } else {
+                self.forward().run(s, &s.next, 1, LogitsOut::Last)?;
+            }
             self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         }
         self.gpu.wait()

@@ -193,6 +193,25 @@ impl<'a> Forward<'a> {
     /// `t` tokens whose ids are in `ids` (the prompt chunk in `Scratch::tokens`, or the
     /// sequence's `next`) at positions `seq.len..`. The caller advances `seq.len`.
     pub fn run(&self, seq: &'a SeqState, ids: &'a Buf, t: usize, out: LogitsOut) -> Result<()> {
+        let r = self.record(seq, ids, t, out)?;
+        r.submit()
+    }
+
+    /// `run`, then the greedy pick of the new logits into `seq.next`, in the same submission
+    /// (a greedy decode step: the next step embeds that token straight from `next`).
+    pub fn run_and_pick(&self, seq: &'a SeqState, ids: &'a Buf) -> Result<()> {
+        let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
+        self.record_argmax(&mut r, seq);
+        r.submit()
+    }
+
+    fn record(
+        &self,
+        seq: &'a SeqState,
+        ids: &'a Buf,
+        t: usize,
+        out: LogitsOut,
+    ) -> Result<Recorder<'a>> {
         let c = self.cfg;
         let s = self.s;
         if t == 0 || t > s.chunk || (out == LogitsOut::All && t > s.all_chunk) {
@@ -251,19 +270,23 @@ impl<'a> Forward<'a> {
                 );
             }
         }
-        r.submit()
+        Ok(r)
     }
 
     /// Greedy pick from the sequence's logits into its `next` (token id, log-probability).
     pub fn argmax(&self, seq: &'a SeqState) -> Result<()> {
         let mut r = Recorder::new(self.gpu);
+        self.record_argmax(&mut r, seq);
+        r.submit()
+    }
+
+    fn record_argmax(&self, r: &mut Recorder<'a>, seq: &'a SeqState) {
         r.dispatch(
             &self.k.argmax,
             &[self.cfg.vocab as u32],
             &[&seq.logits, &seq.next],
             [1, 1, 1],
         );
-        r.submit()
     }
 
     /// cos/sin of every rotary frequency at positions pos0.., in f64 as the CPU's
