@@ -1,7 +1,6 @@
 // y = W x for a matrix stored as MLX affine 4/8-bit groups (MODEL.md §3.4) or as bf16, one
-// workgroup per (output row, tile of up to 8 items). An item is a token (plain mode: a tile of
-// consecutive tokens shares each weight word read) or a (token, routed expert) pair whose expert
-// id is read from `ids` (expert mode, tiles of 1: only matrices of this slice's experts).
+// workgroup per (output row, item). An item is a token (plain mode) or a (token, routed expert)
+// pair whose expert id is read from `ids` (expert mode: only matrices of this slice's experts).
 //
 // W is one weight slice (lily-wgpu/src/weights.rs): packed words of `count` rows or expert
 // matrices, then their bf16 scales, then their biases, at half-word offsets scale_off/bias_off.
@@ -27,8 +26,6 @@ struct P {
     mat_words: u32,   // packed words per expert matrix
     nwx: u32,         // workgroups along x (rows = x + y · nwx)
     accumulate: u32,  // 1: Y += W x
-    items: u32,
-    tile: u32,        // items per workgroup: ≤ 8 (plain mode), 1 (expert mode)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -46,67 +43,55 @@ fn w_half(i: u32) -> f32 {
 @compute @workgroup_size(64)
 fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * p.nwx;
-    let first = wid.z * p.tile;
-    if (row >= p.rows || first >= p.items) {
+    let item = wid.z;
+    if (row >= p.rows) {
         return;
     }
-    let n = min(p.tile, p.items - first);
     var slot = 0u;
-    var xrow0 = first;
+    var xrow = item;
     if (p.expert_mode != 0u) {
         if (lid == 0u) {
-            wg_expert = ids[first];
+            wg_expert = ids[item];
         }
         let e = workgroupUniformLoad(&wg_expert);
         if (e < p.e0 || e >= p.e0 + p.e_count) {
             return;
         }
         slot = e - p.e0;
-        xrow0 = first / p.x_div;
+        xrow = item / p.x_div;
     }
     let words = p.cols * p.bits / 32u;
     let epw = 32u / p.bits;
     let groups = p.cols / p.group;
     let wbase = slot * p.mat_words + row * words;
     let hbase = (slot * p.rows + row) * groups;
+    let xb = p.x_off + xrow * p.x_stride;
     let mask = (1u << p.bits) - 1u;
-    var acc: array<f32, 8>;
+    var acc = 0.0;
     for (var w = lid; w < words; w += 64u) {
         let word = W[wbase + w];
         let c0 = w * epw;
         if (p.bits == 16u) {
-            let lo = bf16_lo(word);
-            let hi = bf16_hi(word);
-            for (var i = 0u; i < n; i++) {
-                let xb = p.x_off + (xrow0 + i) * p.x_stride + c0;
-                acc[i] += lo * X[xb] + hi * X[xb + 1u];
-            }
+            acc += bf16_lo(word) * X[xb + c0] + bf16_hi(word) * X[xb + c0 + 1u];
         } else {
-            let g = hbase + c0 / p.group;
-            let scale = w_half(p.scale_off + g);
-            let bias = w_half(p.bias_off + g);
-            for (var i = 0u; i < n; i++) {
-                let xb = p.x_off + (xrow0 + i) * p.x_stride + c0;
-                var qd = 0.0;
-                var xs = 0.0;
-                for (var j = 0u; j < epw; j++) {
-                    let xv = X[xb + j];
-                    qd += f32((word >> (j * p.bits)) & mask) * xv;
-                    xs += xv;
-                }
-                acc[i] += scale * qd + bias * xs;
+            var qd = 0.0;
+            var xs = 0.0;
+            for (var j = 0u; j < epw; j++) {
+                let xv = X[xb + c0 + j];
+                qd += f32((word >> (j * p.bits)) & mask) * xv;
+                xs += xv;
             }
+            let g = hbase + c0 / p.group;
+            acc += w_half(p.scale_off + g) * qd + w_half(p.bias_off + g) * xs;
         }
     }
-    for (var i = 0u; i < n; i++) {
-        let total = wg_sum(lid, acc[i]);
-        if (lid == 0u) {
-            let o = p.y_off + (first + i) * p.y_stride + p.row0 + row;
-            if (p.accumulate != 0u) {
-                Y[o] += total;
-            } else {
-                Y[o] = total;
-            }
+    let total = wg_sum(lid, acc);
+    if (lid == 0u) {
+        let o = p.y_off + item * p.y_stride + p.row0 + row;
+        if (p.accumulate != 0u) {
+            Y[o] += total;
+        } else {
+            Y[o] = total;
         }
     }
 }

@@ -12,10 +12,6 @@ use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, G
 
 type Buf = wgpu::Buffer;
 
-/// Tokens one `linear` workgroup takes (they share each weight word it reads; linear.wgsl's
-/// accumulator array is this long).
-const LINEAR_TILE: usize = 8;
-
 /// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
 pub struct Scratch {
     pub chunk: usize,
@@ -390,7 +386,6 @@ impl<'a> Forward<'a> {
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
             let (nx, ny) = grid_2d(rows);
-            let tile = if experts.is_some() { 1 } else { LINEAR_TILE };
             r.dispatch(
                 &self.k.linear,
                 &[
@@ -412,11 +407,9 @@ impl<'a> Forward<'a> {
                     w.mat_words as u32,
                     nx,
                     io.accumulate as u32,
-                    io.items as u32,
-                    tile as u32,
                 ],
                 &[&sl.buf, io.x, io.y, &self.s.ids],
-                [nx, ny, io.items.div_ceil(tile) as u32],
+                [nx, ny, io.items as u32],
             );
         }
     }
