@@ -172,6 +172,14 @@ impl WgpuBackend {
     }
 }
 
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        if crate::gpu::profile::enabled() {
+            tracing::info!("wgpu kernel times:\n{}", crate::gpu::profile::report());
+        }
+    }
+}
+
 fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
     let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();

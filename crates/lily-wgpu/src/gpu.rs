@@ -366,10 +366,17 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn submit(self) -> Result<()> {
-        let g = self.gpu;
         if self.ops.is_empty() {
             return Ok(());
         }
+        if profile::enabled() {
+            return self.submit_profiled();
+        }
+        self.submit_plain()
+    }
+
+    fn submit_plain(self) -> Result<()> {
+        let g = self.gpu;
         let pbuf = (!self.params.is_empty()).then(|| {
             g.device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -433,6 +440,85 @@ impl<'a> Recorder<'a> {
         }
         g.queue.submit([enc.finish()]);
         g.check()
+    }
+}
+
+impl Recorder<'_> {
+    /// Each dispatch in a submission of its own, timed to completion (`LILY_WGPU_PROFILE=1`).
+    fn submit_profiled(self) -> Result<()> {
+        let Recorder { gpu, ops, params } = self;
+        for op in ops {
+            let (name, one) = match op {
+                Op::Dispatch {
+                    kernel,
+                    bufs,
+                    param_off,
+                    groups,
+                } => {
+                    let start = param_off as usize;
+                    let mut one = Recorder::new(gpu);
+                    let words: &[u32] =
+                        bytemuck::cast_slice(&params[start..start + PARAM_STRIDE as usize]);
+                    one.dispatch(kernel, words, &bufs, groups);
+                    (kernel.name, one)
+                }
+                Op::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    size,
+                } => {
+                    let mut one = Recorder::new(gpu);
+                    one.copy(src, src_off, dst, dst_off, size);
+                    ("copy", one)
+                }
+            };
+            let t0 = std::time::Instant::now();
+            one.submit_plain()?;
+            gpu.wait()?;
+            profile::add(name, t0.elapsed());
+        }
+        Ok(())
+    }
+}
+
+/// Per-kernel wall time when `LILY_WGPU_PROFILE=1`: each dispatch is submitted alone and
+/// waited for (so the totals include one submission each); the table is logged when the
+/// backend is dropped.
+pub mod profile {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    static TABLE: Mutex<BTreeMap<&'static str, (u64, Duration)>> = Mutex::new(BTreeMap::new());
+
+    pub fn enabled() -> bool {
+        std::env::var("LILY_WGPU_PROFILE").is_ok_and(|v| v == "1")
+    }
+
+    pub fn add(name: &'static str, d: Duration) {
+        let mut t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+        let e = t.entry(name).or_default();
+        e.0 += 1;
+        e.1 += d;
+    }
+
+    /// One line per kernel, slowest first: total ms, calls, µs per call.
+    pub fn report() -> String {
+        let t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows: Vec<_> = t.iter().collect();
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
+        rows.iter()
+            .map(|(name, (n, d))| {
+                format!(
+                    "{name:>12} {:>10.1} ms {n:>8} calls {:>9.1} µs/call",
+                    d.as_secs_f64() * 1e3,
+                    d.as_secs_f64() * 1e6 / *n as f64
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
