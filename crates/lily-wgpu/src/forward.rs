@@ -12,6 +12,9 @@ use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, G
 
 type Buf = wgpu::Buffer;
 
+/// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
+const LINEAR_ROWS: usize = 8;
+
 /// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
 pub struct Scratch {
     pub chunk: usize,
@@ -385,7 +388,7 @@ impl<'a> Forward<'a> {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
-            let (nx, ny) = grid_2d(rows);
+            let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
             r.dispatch(
                 &self.k.linear,
                 &[
