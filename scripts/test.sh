@@ -40,7 +40,7 @@ fi
 
 # 2. A Vulkan driver for the wgpu backend's tests: lavapipe, installed in CI when missing.
 vulkan_present() {
-  { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; } &&
+  { ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null; } &&
     compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null
 }
 if $ci && ! vulkan_present; then
