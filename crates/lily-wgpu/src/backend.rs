@@ -13,7 +13,7 @@ use lily_core::weights::ModelWeights;
 use crate::forward::{
     conv_bytes, kv_row_bytes, state_bytes, Forward, LogitsOut, Scratch, SeqState,
 };
-use crate::gpu::{describe_adapter, Gpu};
+use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
 use crate::weights::{upload_model, GpuModel};
 
@@ -147,27 +147,28 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// A copy of every buffer of `s` (KV rows up to its length) made on the device.
+    /// A copy of every buffer of `s` (KV rows up to its length) made on the device, in one
+    /// submission.
     fn duplicate(&self, s: &SeqState, max_ctx: usize) -> Result<SeqState> {
         let c = &self.cfg;
         let d = SeqState::new(&self.gpu, c, max_ctx)?;
-        let g = &self.gpu;
+        let mut r = Recorder::new(&self.gpu);
         let kv = s.len as u64 * kv_row_bytes(c);
         for (a, b) in s.kv.iter().zip(&d.kv) {
             if let (Some((ka, va)), Some((kb, vb))) = (a, b) {
-                g.copy(ka, 0, kb, 0, kv);
-                g.copy(va, 0, vb, 0, kv);
+                r.copy(ka, 0, kb, 0, kv);
+                r.copy(va, 0, vb, 0, kv);
             }
         }
         for (a, b) in s.dn.iter().zip(&d.dn) {
             if let (Some((sa, ca)), Some((sb, cb))) = (a, b) {
-                g.copy(sa, 0, sb, 0, state_bytes(c));
-                g.copy(ca, 0, cb, 0, conv_bytes(c));
+                r.copy(sa, 0, sb, 0, state_bytes(c));
+                r.copy(ca, 0, cb, 0, conv_bytes(c));
             }
         }
-        g.copy(&s.logits, 0, &d.logits, 0, s.logits.size());
-        g.copy(&s.next, 0, &d.next, 0, 8);
-        g.check()?;
+        r.copy(&s.logits, 0, &d.logits, 0, s.logits.size());
+        r.copy(&s.next, 0, &d.next, 0, 8);
+        r.submit()?;
         Ok(SeqState { len: s.len, ..d })
     }
 }

@@ -212,25 +212,6 @@ impl Gpu {
             .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
         self.check()
     }
-
-    /// Copies `size` bytes between buffers in a submission of its own.
-    pub fn copy(
-        &self,
-        src: &wgpu::Buffer,
-        src_off: u64,
-        dst: &wgpu::Buffer,
-        dst_off: u64,
-        size: u64,
-    ) {
-        if size == 0 {
-            return;
-        }
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, size);
-        self.queue.submit([enc.finish()]);
-    }
 }
 
 /// A compiled kernel: its pipeline and the bind group layout wgpu derived from the WGSL.
