@@ -348,3 +348,31 @@ fn bad_tokens_and_full_context_are_errors() {
         .unwrap_err();
     assert!(format!("{err:#}").contains("full"), "{err:#}");
 }
+
+/// `--device auto` never takes a software adapter (lavapipe): asked not to, the backend refuses
+/// one with a reason, so the server falls back to the CPU and can say why.
+#[test]
+fn a_software_adapter_is_refused_when_not_allowed() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 81);
+    let Some(b) = wgpu_backend(&w, 4) else {
+        return;
+    };
+    if b.adapter().device_type != wgpu::DeviceType::Cpu
+        || std::env::var("LILY_WGPU_ADAPTER").is_ok()
+    {
+        println!(
+            "SKIPPED: the best adapter here is hardware ({})",
+            b.adapter().name
+        );
+        return;
+    }
+    drop(b);
+    let opts = WgpuOptions {
+        allow_software: false,
+        ..WgpuOptions::default()
+    };
+    let err = WgpuBackend::new(&w, opts)
+        .err()
+        .expect("a software adapter must be refused");
+    assert!(format!("{err:#}").contains("software renderer"), "{err:#}");
+}
