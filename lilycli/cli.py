@@ -63,7 +63,7 @@ ModelOption = Annotated[
     str,
     typer.Option("--model", "-m", help="A model directory, a Hugging Face repo (ORG/NAME) or synthetic:small[:hf]."),
 ]
-DeviceOption = Annotated[str | None, typer.Option(help="Engine device: auto, cpu or cuda.")]
+DeviceOption = Annotated[str | None, typer.Option(help="Engine device: auto, cpu, cuda or wgpu.")]
 
 
 @app.command()

@@ -6,7 +6,9 @@
 # (scripts/requirements-pytest.txt) are taken from python3 when it has them all; otherwise they are
 # installed once into .venv-test/ in the checkout (git-ignored), and later runs work offline.
 # With CI=true (.ci/run sets it) NVRTC is installed too (scripts/requirements-test.txt) and the
-# NVRTC kernel-compilation test, ignored elsewhere, runs and must pass.
+# NVRTC kernel-compilation test, ignored elsewhere, runs and must pass; and Mesa's lavapipe (CPU
+# Vulkan: Debian's mesa-vulkan-drivers + libvulkan1) is installed with apt when missing (as root),
+# so the wgpu backend's tests run on it and must pass. Elsewhere they skip without a Vulkan driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +38,28 @@ if ! python3 scripts/check_requirements.py "$requirements" 2>/dev/null; then
   export PATH="$PWD/$venv/bin:$PATH"
 fi
 
-# 2. Rust.
+# 2. A Vulkan driver for the wgpu backend's tests: lavapipe, installed in CI when missing.
+vulkan_present() {
+  { ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null; } &&
+    compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null
+}
+if $ci && ! vulkan_present; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: installing lavapipe (mesa-vulkan-drivers, libvulkan1) for the wgpu tests"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      mesa-vulkan-drivers libvulkan1 >/dev/null
+  else
+    echo "scripts/test.sh: CI runs the wgpu tests on lavapipe; install it first (as root):" \
+      "apt-get install mesa-vulkan-drivers libvulkan1" >&2
+    exit 1
+  fi
+elif ! $ci && ! vulkan_present; then
+  echo "scripts/test.sh: no Vulkan driver here, so the wgpu backend's tests skip" \
+    "(apt-get install mesa-vulkan-drivers libvulkan1 runs them on lavapipe, as CI does)"
+fi
+
+# 3. Rust.
 cargo test --workspace --release -j2
 if $ci; then
   cargo test --workspace --release -j2 --test kernels_compile -- --include-ignored
@@ -45,6 +68,6 @@ else
     "CI=true bash scripts/test.sh runs it as CI does"
 fi
 
-# 3. Python end to end, against the release binary.
+# 4. Python end to end, against the release binary.
 cargo build --release -p lily-server -j2 --features scripted
 python3 -m pytest tests -q

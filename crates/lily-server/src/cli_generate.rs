@@ -23,7 +23,7 @@ pub struct GenerateArgs {
     /// Quantise an HF bf16 checkpoint to 4-bit at load.
     #[arg(long)]
     quantize: bool,
-    /// auto (CUDA when a usable GPU and NVRTC are present, else the CPU), cpu or cuda.
+    /// auto (CUDA, else wgpu on a hardware GPU, else the CPU), cpu, cuda or wgpu.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! Picking the backend that runs the model: `--device auto|cpu|cuda`, and the CUDA backend's
+//! Picking the backend that runs the model: `--device auto|cpu|cuda|wgpu`, and the CUDA backend's
 //! path switches (`CudaArgs`, flattened into serve, generate, bench and score).
 
 use std::path::Path;
@@ -9,14 +9,19 @@ use clap::{Args, ValueEnum};
 use lily_core::backend::Backend;
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
-use lily_cuda::{select_backend, CudaOptions, DeviceChoice};
+use lily_cuda::{cuda_backend, CudaOptions};
+use lily_wgpu::{WgpuBackend, WgpuOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
-    /// CUDA when a usable GPU and NVRTC are present, else the CPU (with one log line saying why).
+    /// CUDA when a usable GPU and NVRTC are present, else wgpu on a hardware GPU (Metal on macOS,
+    /// Vulkan elsewhere), else the CPU; one log line says what was chosen and why.
     Auto,
     Cpu,
     Cuda,
+    /// The wgpu backend on the best adapter, a software one (lavapipe) included; the adapter
+    /// whose name contains $LILY_WGPU_ADAPTER when set.
+    Wgpu,
 }
 
 /// How the CUDA backend runs (ignored on the CPU). Every switch turns one optimisation off so its
@@ -117,17 +122,54 @@ pub fn open_backend_with_weights(
             quantize_bits: quantize.then_some(4),
         },
     )?);
-    let choice = match device {
-        Device::Auto => DeviceChoice::Auto,
-        Device::Cpu => DeviceChoice::Cpu,
-        Device::Cuda => DeviceChoice::Cuda,
+    let cpu = || -> Box<dyn Backend> { Box::new(CpuBackend::new(weights.clone())) };
+    let wgpu = |allow_software: bool| -> Result<Box<dyn Backend>> {
+        let opts = WgpuOptions {
+            allow_software,
+            ..WgpuOptions::default()
+        };
+        Ok(Box::new(WgpuBackend::new(&weights, opts)?))
     };
-    // Auto: CUDA if it starts here, else the CPU with one log line saying why (lily-cuda/select.rs).
-    let w = weights.clone();
-    let backend = select_backend(choice, &weights, &cuda.options(), || {
-        Ok(Box::new(CpuBackend::new(w.clone())))
-    })?;
+    let backend = match device {
+        Device::Cpu => cpu(),
+        Device::Cuda => cuda_backend(&weights, &cuda.options())?,
+        Device::Wgpu => wgpu(true)?,
+        // Auto: the first of CUDA, wgpu on a hardware adapter, the CPU that starts here. A
+        // software Vulkan (lavapipe) is never picked: the CPU backend is faster.
+        Device::Auto => match cuda_backend(&weights, &cuda.options()) {
+            Ok(b) => {
+                tracing::info!("device auto: using CUDA, the first choice");
+                b
+            }
+            Err(cuda_err) => match wgpu(false) {
+                Ok(b) => {
+                    tracing::info!(
+                        "device auto: using wgpu ({}) because CUDA is unavailable: {}",
+                        b.describe(),
+                        one_line(&cuda_err)
+                    );
+                    b
+                }
+                Err(wgpu_err) => {
+                    tracing::info!(
+                        "device auto: using the CPU because CUDA is unavailable ({}) and wgpu has no GPU ({})",
+                        one_line(&cuda_err),
+                        one_line(&wgpu_err)
+                    );
+                    cpu()
+                }
+            },
+        },
+    };
     Ok((backend, weights))
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[cfg(test)]

@@ -1,0 +1,358 @@
+//! `WgpuBackend`: the `Backend` contract (lily-core/src/backend.rs) on one wgpu adapter.
+//! Prefill runs in chunks of at most `chunk` tokens; greedy decode picks the token on the GPU
+//! and the next step embeds it from there, so the id only crosses to the host to be reported.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
+use lily_core::config::ModelConfig;
+use lily_core::sampling::{Sampler, SamplingParams};
+use lily_core::weights::ModelWeights;
+
+use crate::forward::{
+    conv_bytes, kv_row_bytes, state_bytes, Forward, LogitsOut, Scratch, SeqState,
+};
+use crate::gpu::{describe_adapter, Gpu, Recorder};
+use crate::kernels::Kernels;
+use crate::weights::{upload_model, GpuModel};
+
+/// How the backend runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Largest prefill chunk in tokens (activation scratch is sized for it).
+    pub chunk: usize,
+    /// Most positions whose logits one pass keeps (`prefill_all_logits`).
+    pub all_logits_chunk: usize,
+    /// Whether a software adapter (lavapipe) may be used.
+    pub allow_software: bool,
+    /// Keep wgpu's runtime bounds checks in the shaders (debugging; $LILY_WGPU_CHECKED=1).
+    pub checked: bool,
+    /// Cut weights into slices of at most this many bytes even where the device binds more
+    /// (tests: exercises the sliced path on a tiny model).
+    pub max_slice_bytes: Option<u64>,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            chunk: 128,
+            all_logits_chunk: 32,
+            allow_software: true,
+            checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
+            max_slice_bytes: None,
+        }
+    }
+}
+
+pub struct WgpuBackend {
+    // Field order matters for drop: buffers before the device.
+    seqs: HashMap<u64, SeqState>,
+    snaps: HashMap<u64, SeqState>,
+    next_id: u64,
+    scratch: Scratch,
+    model: GpuModel,
+    kernels: Kernels,
+    cfg: ModelConfig,
+    gpu: Gpu,
+}
+
+/// Greedy with nothing that changes logits first: the GPU picks (argmax.wgsl).
+fn device_greedy(p: &SamplingParams) -> bool {
+    p.temperature <= 0.0
+        && p.logit_bias.is_empty()
+        && p.presence_penalty == 0.0
+        && p.frequency_penalty == 0.0
+        && p.repetition_penalty == 1.0
+}
+
+impl WgpuBackend {
+    pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
+        let gpu = Gpu::open(opts.allow_software)?;
+        let kernels = Kernels::load(&gpu, opts.checked)?;
+        let model = upload_model(&gpu, weights, opts.max_slice_bytes)
+            .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
+        let scratch = Scratch::new(
+            &gpu,
+            &weights.config,
+            opts.chunk,
+            opts.all_logits_chunk.clamp(1, opts.chunk),
+        )?;
+        gpu.wait()?;
+        tracing::info!(
+            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}",
+            describe_adapter(&gpu.info),
+            model.bytes as f64 / 1e9,
+            opts.chunk
+        );
+        Ok(WgpuBackend {
+            seqs: HashMap::new(),
+            snaps: HashMap::new(),
+            next_id: 1,
+            scratch,
+            model,
+            kernels,
+            cfg: weights.config.clone(),
+            gpu,
+        })
+    }
+
+    /// The adapter in use.
+    pub fn adapter(&self) -> &wgpu::AdapterInfo {
+        &self.gpu.info
+    }
+
+    fn seq(&self, seq: SeqId) -> Result<&SeqState> {
+        self.seqs
+            .get(&seq.0)
+            .with_context(|| format!("unknown sequence {}", seq.0))
+    }
+
+    fn forward(&self) -> Forward<'_> {
+        Forward {
+            gpu: &self.gpu,
+            k: &self.kernels,
+            model: &self.model,
+            s: &self.scratch,
+            cfg: &self.cfg,
+        }
+    }
+
+    fn check_tokens(&self, seq: &SeqState, tokens: &[u32]) -> Result<()> {
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= self.cfg.vocab) {
+            bail!(
+                "token id {bad} is outside the vocabulary ({} ids)",
+                self.cfg.vocab
+            );
+        }
+        if seq.len + tokens.len() > seq.max_ctx {
+            bail!(
+                "sequence would hold {} tokens, more than its context of {}",
+                seq.len + tokens.len(),
+                seq.max_ctx
+            );
+        }
+        Ok(())
+    }
+
+    /// Feeds `piece` (at most one chunk) from the host.
+    fn feed(&mut self, seq: SeqId, piece: &[u32], out: LogitsOut) -> Result<()> {
+        self.gpu
+            .queue
+            .write_buffer(&self.scratch.tokens, 0, bytemuck::cast_slice(piece));
+        let s = self.seq(seq)?;
+        self.forward()
+            .run(s, &self.scratch.tokens, piece.len(), out)?;
+        self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
+        Ok(())
+    }
+
+    /// A copy of every buffer of `s` (KV rows up to its length) made on the device, in one
+    /// submission.
+    fn duplicate(&self, s: &SeqState, max_ctx: usize) -> Result<SeqState> {
+        let c = &self.cfg;
+        let d = SeqState::new(&self.gpu, c, max_ctx)?;
+        let mut r = Recorder::new(&self.gpu);
+        let kv = s.len as u64 * kv_row_bytes(c);
+        for (a, b) in s.kv.iter().zip(&d.kv) {
+            if let (Some((ka, va)), Some((kb, vb))) = (a, b) {
+                r.copy(ka, 0, kb, 0, kv);
+                r.copy(va, 0, vb, 0, kv);
+            }
+        }
+        for (a, b) in s.dn.iter().zip(&d.dn) {
+            if let (Some((sa, ca)), Some((sb, cb))) = (a, b) {
+                r.copy(sa, 0, sb, 0, state_bytes(c));
+                r.copy(ca, 0, cb, 0, conv_bytes(c));
+            }
+        }
+        r.copy(&s.logits, 0, &d.logits, 0, s.logits.size());
+        r.copy(&s.next, 0, &d.next, 0, 8);
+        r.submit()?;
+        Ok(SeqState { len: s.len, ..d })
+    }
+}
+
+impl Drop for WgpuBackend {
+    fn drop(&mut self) {
+        if crate::gpu::profile::enabled() {
+            tracing::info!("wgpu kernel times:\n{}", crate::gpu::profile::report());
+        }
+    }
+}
+
+fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+    (logits[id] - mx) - sum.ln() as f32
+}
+
+impl Backend for WgpuBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "wgpu {} ({:?}, fp32 activations)",
+            self.gpu.info.name, self.gpu.info.backend
+        )
+    }
+
+    fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
+        if max_ctx == 0 {
+            bail!("a sequence needs a context of at least one token");
+        }
+        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, s);
+        Ok(SeqId(id))
+    }
+
+    fn free_seq(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq.0);
+    }
+
+    fn seq_len(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.seq(seq)?.len)
+    }
+
+    fn prefill(&mut self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        self.check_tokens(self.seq(seq)?, tokens)?;
+        for piece in tokens.chunks(self.scratch.chunk) {
+            self.feed(seq, piece, LogitsOut::Last)?;
+        }
+        self.gpu.wait()
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        self.scratch.chunk
+    }
+
+    fn prefill_all_logits(&mut self, seq: SeqId, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_tokens(self.seq(seq)?, tokens)?;
+        let v = self.cfg.vocab;
+        let mut all = Vec::with_capacity(tokens.len() * v);
+        for piece in tokens.chunks(self.scratch.all_chunk) {
+            self.feed(seq, piece, LogitsOut::All)?;
+            all.extend(
+                self.gpu
+                    .read_f32(&self.scratch.all_logits, 0, piece.len() * v)?,
+            );
+        }
+        Ok(all)
+    }
+
+    fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
+        let s = self.seq(seq)?;
+        if s.len == 0 {
+            bail!("the sequence has no logits yet: prefill first");
+        }
+        self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)
+    }
+
+    fn decode(
+        &mut self,
+        seq: SeqId,
+        sampler: &mut Sampler,
+        n: usize,
+        top_logprobs: usize,
+        on_token: &mut dyn FnMut(&StepOut) -> Flow,
+    ) -> Result<()> {
+        if self.seq(seq)?.len == 0 {
+            bail!("decode before prefill: no logits to sample from");
+        }
+        let on_device = device_greedy(&sampler.params);
+        // Whether `next` already holds the GPU's pick from the pending logits (a greedy step
+        // records the pick with the forward pass).
+        let mut picked = false;
+        for step in 0..n {
+            // A constrained step (a grammar's token mask; lily-core `constrain`) picks on the
+            // host, where the mask applies: the GPU's argmax takes no mask.
+            let masked = sampler.next_mask().is_some();
+            let s = self.seq(seq)?;
+            let (token, logprob, host_logits) = if on_device && !masked {
+                if !picked {
+                    self.forward().argmax(s)?;
+                }
+                let out = self.gpu.read_u32(&s.next, 2)?;
+                if out[0] as usize >= self.cfg.vocab {
+                    bail!("the GPU picked token {}, outside the vocabulary", out[0]);
+                }
+                let logits = if top_logprobs > 0 {
+                    Some(self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)?)
+                } else {
+                    None
+                };
+                (out[0], f32::from_bits(out[1]), logits)
+            } else {
+                let logits = self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)?;
+                let id = sampler.sample(&logits);
+                if id as usize >= self.cfg.vocab {
+                    bail!("the sampler chose token {id}, outside the vocabulary");
+                }
+                self.gpu
+                    .queue
+                    .write_buffer(&s.next, 0, bytemuck::bytes_of(&id));
+                let lp = log_softmax_at(&logits, id as usize);
+                (id, lp, Some(logits))
+            };
+            let top = match (&host_logits, top_logprobs) {
+                (Some(l), k) if k > 0 => lily_core::cpu::logprobs(l, token, k).1,
+                _ => Vec::new(),
+            };
+            sampler.accept(token);
+            let flow = on_token(&StepOut {
+                token,
+                logprob,
+                top,
+            });
+            if flow == Flow::Stop || step + 1 == n {
+                break;
+            }
+            let s = self.seq(seq)?;
+            if s.len + 1 > s.max_ctx {
+                bail!("the sequence's context of {} tokens is full", s.max_ctx);
+            }
+            if on_device {
+                self.forward().run_and_pick(s, &s.next)?;
+                picked = true;
+            } else {
+                self.forward().run(s, &s.next, 1, LogitsOut::Last)?;
+            }
+            self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
+        }
+        self.gpu.wait()
+    }
+
+    fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
+        let s = self.seq(seq)?;
+        let copy = self.duplicate(s, s.len.max(1))?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.snaps.insert(id, copy);
+        Ok(SnapshotId(id))
+    }
+
+    fn restore(&mut self, seq: SeqId, snap: SnapshotId) -> Result<()> {
+        let saved = self
+            .snaps
+            .get(&snap.0)
+            .with_context(|| format!("unknown snapshot {}", snap.0))?;
+        let max_ctx = self.seq(seq)?.max_ctx;
+        if saved.len > max_ctx {
+            bail!(
+                "snapshot of {} tokens does not fit the sequence's context of {max_ctx}",
+                saved.len
+            );
+        }
+        let restored = self.duplicate(saved, max_ctx)?;
+        self.seqs.insert(seq.0, restored);
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snap: SnapshotId) {
+        self.snaps.remove(&snap.0);
+    }
+}

@@ -1,0 +1,570 @@
+//! One chunk of tokens through the whole model on the GPU, step for step as the CPU reference
+//! (lily-core/src/cpu/mod.rs `forward`, MODEL.md §2): embedding, per layer RMSNorm → gated
+//! attention or Gated DeltaNet → residual, RMSNorm → MoE → residual, final norm, lm_head.
+//! Activations are fp32; every dispatch of the chunk goes into one submission.
+
+use anyhow::{bail, Result};
+use lily_core::config::{LayerKind, ModelConfig};
+
+use crate::gpu::{grid_2d, Gpu, Recorder};
+use crate::kernels::Kernels;
+use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe};
+
+type Buf = wgpu::Buffer;
+
+/// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
+const LINEAR_ROWS: usize = 8;
+
+/// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
+pub struct Scratch {
+    pub chunk: usize,
+    /// Rows of `all_logits`: the most positions whose logits one pass keeps.
+    pub all_chunk: usize,
+    x: Buf,
+    xn: Buf,
+    // Gated attention.
+    qg: Buf,
+    kin: Buf,
+    vin: Buf,
+    q: Buf,
+    o: Buf,
+    // Gated DeltaNet.
+    m: Buf,
+    c: Buf,
+    qk: Buf,
+    z: Buf,
+    ba: Buf,
+    odn: Buf,
+    ogn: Buf,
+    // MoE.
+    router_logits: Buf,
+    ids: Buf,
+    wts: Buf,
+    g: Buf,
+    u: Buf,
+    act: Buf,
+    ye: Buf,
+    sg: Buf,
+    su: Buf,
+    sa: Buf,
+    sh: Buf,
+    sgl: Buf,
+    /// cos | sin of the chunk's positions, `[t, rotary_dim]`.
+    rope: Buf,
+    /// The prompt chunk's ids (u32).
+    pub tokens: Buf,
+    pub all_logits: Buf,
+}
+
+impl Scratch {
+    pub fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, all_chunk: usize) -> Result<Scratch> {
+        if chunk == 0 || chunk * c.top_k > 65_535 {
+            bail!("prefill chunk {chunk} must be in 1..={}", 65_535 / c.top_k);
+        }
+        let f = |label: &str, n: usize| gpu.storage(label, n as u64 * 4);
+        let t = chunk;
+        let (h, tk) = (c.hidden, t * c.top_k);
+        Ok(Scratch {
+            chunk,
+            all_chunk,
+            x: f("x", t * h)?,
+            xn: f("xn", t * h)?,
+            qg: f("qg", t * c.n_heads * 2 * c.head_dim)?,
+            kin: f("k", t * c.n_kv_heads * c.head_dim)?,
+            vin: f("v", t * c.n_kv_heads * c.head_dim)?,
+            q: f("q", t * c.n_heads * c.head_dim)?,
+            o: f("o", t * c.n_heads * c.head_dim)?,
+            m: f("m", t * c.conv_dim())?,
+            c: f("conv_out", t * c.conv_dim())?,
+            qk: f("qk", t * 2 * c.dn_key_dim())?,
+            z: f("z", t * c.dn_v_heads * c.dn_v_dim)?,
+            ba: f("ba", t * 2 * c.dn_v_heads)?,
+            odn: f("deltanet_out", t * c.dn_v_heads * c.dn_v_dim)?,
+            ogn: f("deltanet_normed", t * c.dn_v_heads * c.dn_v_dim)?,
+            router_logits: f("router_logits", t * c.n_experts)?,
+            ids: f("expert_ids", tk)?,
+            wts: f("expert_weights", tk)?,
+            g: f("expert_gate", tk * c.expert_inter)?,
+            u: f("expert_up", tk * c.expert_inter)?,
+            act: f("expert_act", tk * c.expert_inter)?,
+            ye: f("expert_out", tk * h)?,
+            sg: f("shared_gate", t * c.shared_inter)?,
+            su: f("shared_up", t * c.shared_inter)?,
+            sa: f("shared_act", t * c.shared_inter)?,
+            sh: f("shared_out", t * h)?,
+            sgl: f("shared_gate_logit", t)?,
+            rope: f("rope", t * c.rotary_dim)?,
+            tokens: f("tokens", t)?,
+            all_logits: f("all_logits", all_chunk * c.vocab)?,
+        })
+    }
+}
+
+/// Everything one sequence carries between steps, on the device.
+pub struct SeqState {
+    pub max_ctx: usize,
+    pub len: usize,
+    /// Per layer: post-norm, post-RoPE K and V `[max_ctx, Hkv, D]` for attention layers.
+    pub kv: Vec<Option<(Buf, Buf)>>,
+    /// Per layer: recurrent state `[Hv, dk, dv]` and conv state `[K−1, conv_dim]` for DeltaNet.
+    pub dn: Vec<Option<(Buf, Buf)>>,
+    /// Logits of the last token fed.
+    pub logits: Buf,
+    /// [token id, log-probability bits]: what the sampler chose; the next step embeds it.
+    pub next: Buf,
+}
+
+impl SeqState {
+    pub fn new(gpu: &Gpu, c: &ModelConfig, max_ctx: usize) -> Result<SeqState> {
+        let kv_bytes = (max_ctx * c.n_kv_heads * c.head_dim * 4) as u64;
+        let mut kv = Vec::new();
+        let mut dn = Vec::new();
+        for (i, kind) in c.layers.iter().enumerate() {
+            match kind {
+                LayerKind::Attention => {
+                    kv.push(Some((
+                        gpu.storage(&format!("k_cache.{i}"), kv_bytes)?,
+                        gpu.storage(&format!("v_cache.{i}"), kv_bytes)?,
+                    )));
+                    dn.push(None);
+                }
+                LayerKind::DeltaNet => {
+                    kv.push(None);
+                    dn.push(Some((
+                        gpu.storage(&format!("state.{i}"), state_bytes(c))?,
+                        gpu.storage(&format!("conv_state.{i}"), conv_bytes(c))?,
+                    )));
+                }
+            }
+        }
+        Ok(SeqState {
+            max_ctx,
+            len: 0,
+            kv,
+            dn,
+            logits: gpu.storage("logits", c.vocab as u64 * 4)?,
+            next: gpu.storage("next_token", 8)?,
+        })
+    }
+}
+
+pub fn state_bytes(c: &ModelConfig) -> u64 {
+    (c.dn_v_heads * c.dn_k_dim * c.dn_v_dim * 4) as u64
+}
+
+pub fn conv_bytes(c: &ModelConfig) -> u64 {
+    ((c.conv_kernel - 1) * c.conv_dim() * 4) as u64
+}
+
+pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
+    (c.n_kv_heads * c.head_dim * 4) as u64
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsOut {
+    /// Only the last token's logits, into the sequence's `logits`.
+    Last,
+    /// Every token's, into `Scratch::all_logits` (the last row also into `logits`).
+    All,
+}
+
+/// Where a matrix-vector product reads and writes, in f32 elements.
+struct Io<'b> {
+    x: &'b Buf,
+    x_off: usize,
+    x_stride: usize,
+    y: &'b Buf,
+    y_off: usize,
+    y_stride: usize,
+    items: usize,
+    accumulate: bool,
+}
+
+pub struct Forward<'a> {
+    pub gpu: &'a Gpu,
+    pub k: &'a Kernels,
+    pub model: &'a GpuModel,
+    pub s: &'a Scratch,
+    pub cfg: &'a ModelConfig,
+}
+
+impl<'a> Forward<'a> {
+    /// `t` tokens whose ids are in `ids` (the prompt chunk in `Scratch::tokens`, or the
+    /// sequence's `next`) at positions `seq.len..`. The caller advances `seq.len`.
+    pub fn run(&self, seq: &'a SeqState, ids: &'a Buf, t: usize, out: LogitsOut) -> Result<()> {
+        let r = self.record(seq, ids, t, out)?;
+        r.submit()
+    }
+
+    /// `run`, then the greedy pick of the new logits into `seq.next`, in the same submission
+    /// (a greedy decode step: the next step embeds that token straight from `next`).
+    pub fn run_and_pick(&self, seq: &'a SeqState, ids: &'a Buf) -> Result<()> {
+        let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
+        self.record_argmax(&mut r, seq);
+        r.submit()
+    }
+
+    fn record(
+        &self,
+        seq: &'a SeqState,
+        ids: &'a Buf,
+        t: usize,
+        out: LogitsOut,
+    ) -> Result<Recorder<'a>> {
+        let c = self.cfg;
+        let s = self.s;
+        if t == 0 || t > s.chunk || (out == LogitsOut::All && t > s.all_chunk) {
+            bail!("a forward pass of {t} tokens does not fit the scratch buffers");
+        }
+        if seq.len + t > seq.max_ctx {
+            bail!(
+                "sequence would hold {} tokens, more than its context of {}",
+                seq.len + t,
+                seq.max_ctx
+            );
+        }
+        self.write_rope(seq.len, t);
+        let mut r = Recorder::new(self.gpu);
+        self.embed(&mut r, ids, t);
+        let h = c.hidden;
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            self.rms_norm(&mut r, &s.x, &layer.input_norm, &s.xn, 0, t);
+            match &layer.mixer {
+                GpuMixer::Attention(a) => {
+                    let (kc, vc) = seq.kv[i].as_ref().expect("attention layer has a KV cache");
+                    self.attention(&mut r, a, kc, vc, seq.len, t);
+                }
+                GpuMixer::DeltaNet(d) => {
+                    let (st, conv) = seq.dn[i].as_ref().expect("DeltaNet layer has state");
+                    self.deltanet(&mut r, d, st, conv, t);
+                }
+            }
+            self.rms_norm(&mut r, &s.x, &layer.post_norm, &s.xn, 0, t);
+            self.moe(&mut r, &layer.moe, t);
+        }
+        // §2.7 final norm + LM head.
+        let v = c.vocab;
+        match out {
+            LogitsOut::Last => {
+                self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);
+                self.linear(
+                    &mut r,
+                    &self.model.lm_head,
+                    self.plain(&s.xn, h, &seq.logits, v, 1),
+                );
+            }
+            LogitsOut::All => {
+                self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, 0, t);
+                self.linear(
+                    &mut r,
+                    &self.model.lm_head,
+                    self.plain(&s.xn, h, &s.all_logits, v, t),
+                );
+                r.copy(
+                    &s.all_logits,
+                    ((t - 1) * v * 4) as u64,
+                    &seq.logits,
+                    0,
+                    (v * 4) as u64,
+                );
+            }
+        }
+        Ok(r)
+    }
+
+    /// Greedy pick from the sequence's logits into its `next` (token id, log-probability).
+    pub fn argmax(&self, seq: &'a SeqState) -> Result<()> {
+        let mut r = Recorder::new(self.gpu);
+        self.record_argmax(&mut r, seq);
+        r.submit()
+    }
+
+    fn record_argmax(&self, r: &mut Recorder<'a>, seq: &'a SeqState) {
+        r.dispatch(
+            &self.k.argmax,
+            &[self.cfg.vocab as u32],
+            &[&seq.logits, &seq.next],
+            [1, 1, 1],
+        );
+    }
+
+    /// cos/sin of every rotary frequency at positions pos0.., in f64 as the CPU's
+    /// `rope_in_place` computes them.
+    fn write_rope(&self, pos0: usize, t: usize) {
+        let c = self.cfg;
+        let half = c.rotary_dim / 2;
+        let mut table = vec![0f32; t * c.rotary_dim];
+        for ti in 0..t {
+            let row = &mut table[ti * c.rotary_dim..(ti + 1) * c.rotary_dim];
+            for i in 0..half {
+                let inv_freq = 1.0 / c.rope_theta.powf(2.0 * i as f64 / c.rotary_dim as f64);
+                let angle = (pos0 + ti) as f64 * inv_freq;
+                row[i] = angle.cos() as f32;
+                row[half + i] = angle.sin() as f32;
+            }
+        }
+        if !table.is_empty() {
+            self.gpu
+                .queue
+                .write_buffer(&self.s.rope, 0, bytemuck::cast_slice(&table));
+        }
+    }
+
+    fn plain<'b>(&self, x: &'b Buf, cols: usize, y: &'b Buf, rows: usize, t: usize) -> Io<'b> {
+        Io {
+            x,
+            x_off: 0,
+            x_stride: cols,
+            y,
+            y_off: 0,
+            y_stride: rows,
+            items: t,
+            accumulate: false,
+        }
+    }
+
+    fn embed(&self, r: &mut Recorder<'a>, ids: &'a Buf, t: usize) {
+        let e = &self.model.embed;
+        for sl in &e.slices {
+            r.dispatch(
+                &self.k.embed,
+                &[
+                    e.cols as u32,
+                    e.bits,
+                    e.group as u32,
+                    sl.first as u32,
+                    sl.count as u32,
+                    sl.scale_off,
+                    sl.bias_off,
+                    t as u32,
+                ],
+                &[&sl.buf, ids, &self.s.x],
+                [e.cols.div_ceil(64) as u32, t as u32, 1],
+            );
+        }
+    }
+
+    /// Rows `r0..r0 + rows` of `x` normalised into rows `0..rows` of `y`.
+    fn rms_norm(
+        &self,
+        r: &mut Recorder<'a>,
+        x: &'a Buf,
+        w: &'a Buf,
+        y: &'a Buf,
+        r0: usize,
+        rows: usize,
+    ) {
+        r.dispatch(
+            &self.k.rms_norm,
+            &[
+                self.cfg.hidden as u32,
+                self.cfg.rms_eps.to_bits(),
+                r0 as u32,
+            ],
+            &[x, w, y],
+            [rows as u32, 1, 1],
+        );
+    }
+
+    /// `y = W x` for plain matrices, slice by slice.
+    fn linear(&self, r: &mut Recorder<'a>, w: &'a GpuLinear, io: Io<'a>) {
+        self.linear_impl(r, w, io, None);
+    }
+
+    /// Routed experts: item i = (token i / x_div's row, expert `ids[i]`).
+    fn linear_experts(&self, r: &mut Recorder<'a>, w: &'a GpuLinear, io: Io<'a>, x_div: usize) {
+        self.linear_impl(r, w, io, Some(x_div));
+    }
+
+    fn linear_impl(
+        &self,
+        r: &mut Recorder<'a>,
+        w: &'a GpuLinear,
+        io: Io<'a>,
+        experts: Option<usize>,
+    ) {
+        for sl in &w.slices {
+            let (rows, row0, e0, e_count) = match experts {
+                None => (sl.count, sl.first, 0, 0),
+                Some(_) => (w.rows, 0, sl.first, sl.count),
+            };
+            let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+            r.dispatch(
+                &self.k.linear,
+                &[
+                    rows as u32,
+                    w.cols as u32,
+                    w.bits,
+                    w.group as u32,
+                    row0 as u32,
+                    io.x_stride as u32,
+                    io.x_off as u32,
+                    io.y_stride as u32,
+                    io.y_off as u32,
+                    sl.scale_off,
+                    sl.bias_off,
+                    experts.is_some() as u32,
+                    e0 as u32,
+                    e_count as u32,
+                    experts.unwrap_or(1) as u32,
+                    w.mat_words as u32,
+                    nx,
+                    io.accumulate as u32,
+                ],
+                &[&sl.buf, io.x, io.y, &self.s.ids],
+                [nx, ny, io.items as u32],
+            );
+        }
+    }
+
+    /// MODEL.md §2.4, with the output projection added into the residual.
+    fn attention(
+        &self,
+        r: &mut Recorder<'a>,
+        a: &'a GpuAttention,
+        kc: &'a Buf,
+        vc: &'a Buf,
+        pos0: usize,
+        t: usize,
+    ) {
+        let c = self.cfg;
+        let s = self.s;
+        let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
+        self.linear(r, &a.q_proj, self.plain(&s.xn, h, &s.qg, hq * 2 * d, t));
+        self.linear(r, &a.k_proj, self.plain(&s.xn, h, &s.kin, hkv * d, t));
+        self.linear(r, &a.v_proj, self.plain(&s.xn, h, &s.vin, hkv * d, t));
+        r.dispatch(
+            &self.k.attn_prep,
+            &[
+                hq as u32,
+                hkv as u32,
+                d as u32,
+                c.rotary_dim as u32,
+                pos0 as u32,
+                c.rms_eps.to_bits(),
+            ],
+            &[&s.qg, &s.kin, &a.qk_norm, &s.rope, &s.q, kc],
+            [(hq + hkv) as u32, t as u32, 1],
+        );
+        let row = kv_row_bytes(c);
+        r.copy(&s.vin, 0, vc, pos0 as u64 * row, t as u64 * row);
+        r.dispatch(
+            &self.k.attend,
+            &[
+                hq as u32,
+                hkv as u32,
+                d as u32,
+                pos0 as u32,
+                (1.0 / (d as f32).sqrt()).to_bits(),
+            ],
+            &[&s.q, &s.qg, kc, vc, &s.o],
+            [hq as u32, t as u32, 1],
+        );
+        let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
+        io.accumulate = true;
+        self.linear(r, &a.o_proj, io);
+    }
+
+    /// MODEL.md §2.5 (recurrent form over the chunk), output projection added into the residual.
+    fn deltanet(
+        &self,
+        r: &mut Recorder<'a>,
+        d: &'a GpuDeltaNet,
+        state: &'a Buf,
+        conv: &'a Buf,
+        t: usize,
+    ) {
+        let c = self.cfg;
+        let s = self.s;
+        let (h, cd, hv, hk) = (c.hidden, c.conv_dim(), c.dn_v_heads, c.dn_k_heads);
+        let vd = hv * c.dn_v_dim;
+        self.linear(r, &d.in_qkv, self.plain(&s.xn, h, &s.m, cd, t));
+        self.linear(r, &d.in_z, self.plain(&s.xn, h, &s.z, vd, t));
+        self.linear(r, &d.in_b, self.plain(&s.xn, h, &s.ba, 2 * hv, t));
+        let mut io = self.plain(&s.xn, h, &s.ba, 2 * hv, t);
+        io.y_off = hv;
+        self.linear(r, &d.in_a, io);
+        let (nx, ny) = grid_2d(cd.div_ceil(64));
+        r.dispatch(
+            &self.k.dn_conv,
+            &[t as u32, cd as u32, c.conv_kernel as u32],
+            &[&s.m, &d.conv, conv, &s.c],
+            [nx, ny, 1],
+        );
+        r.dispatch(
+            &self.k.dn_qk_norm,
+            &[
+                hk as u32,
+                c.dn_k_dim as u32,
+                cd as u32,
+                (1.0 / (c.dn_k_dim as f32).sqrt()).to_bits(),
+            ],
+            &[&s.c, &s.qk],
+            [(2 * hk) as u32, t as u32, 1],
+        );
+        r.dispatch(
+            &self.k.dn_recur,
+            &[
+                t as u32,
+                hv as u32,
+                hk as u32,
+                c.dn_k_dim as u32,
+                c.dn_v_dim as u32,
+                cd as u32,
+            ],
+            &[&s.c, &s.qk, &s.ba, &d.decay, state, &s.odn],
+            [hv as u32, 1, 1],
+        );
+        let (nx, ny) = grid_2d(t * hv);
+        r.dispatch(
+            &self.k.gated_norm,
+            &[c.dn_v_dim as u32, c.rms_eps.to_bits(), (t * hv) as u32],
+            &[&s.odn, &d.norm, &s.z, &s.ogn],
+            [nx, ny, 1],
+        );
+        let mut io = self.plain(&s.ogn, vd, &s.x, h, t);
+        io.accumulate = true;
+        self.linear(r, &d.out_proj, io);
+    }
+
+    /// MODEL.md §2.6: routed experts + gated shared expert, added into the residual.
+    fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize) {
+        let c = self.cfg;
+        let s = self.s;
+        let (h, e, k, i, si) = (
+            c.hidden,
+            c.n_experts,
+            c.top_k,
+            c.expert_inter,
+            c.shared_inter,
+        );
+        self.linear(r, &m.router, self.plain(&s.xn, h, &s.router_logits, e, t));
+        r.dispatch(
+            &self.k.moe_route,
+            &[t as u32, e as u32, k as u32],
+            &[&s.router_logits, &s.ids, &s.wts],
+            [t.div_ceil(64) as u32, 1, 1],
+        );
+        let tk = t * k;
+        self.linear_experts(r, &m.gate, self.plain(&s.xn, h, &s.g, i, tk), k);
+        self.linear_experts(r, &m.up, self.plain(&s.xn, h, &s.u, i, tk), k);
+        self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
+        self.linear_experts(r, &m.down, self.plain(&s.act, i, &s.ye, h, tk), 1);
+        self.linear(r, &m.shared_gate, self.plain(&s.xn, h, &s.sg, si, t));
+        self.linear(r, &m.shared_up, self.plain(&s.xn, h, &s.su, si, t));
+        self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+        self.linear(r, &m.shared_down, self.plain(&s.sa, si, &s.sh, h, t));
+        self.linear(r, &m.shared_expert_gate, self.plain(&s.xn, h, &s.sgl, 1, t));
+        r.dispatch(
+            &self.k.moe_combine,
+            &[t as u32, h as u32, k as u32],
+            &[&s.x, &s.ye, &s.wts, &s.sh, &s.sgl],
+            [h.div_ceil(64) as u32, t as u32, 1],
+        );
+    }
+
+    fn swiglu(&self, r: &mut Recorder<'a>, g: &'a Buf, u: &'a Buf, a: &'a Buf, n: usize) {
+        let (nx, ny) = grid_2d(n.div_ceil(64));
+        r.dispatch(&self.k.swiglu, &[n as u32], &[g, u, a], [nx, ny, 1]);
+    }
+}

@@ -1,0 +1,322 @@
+//! The model's weights on the device, uploaded once with `queue.write_buffer` (no mmap import:
+//! the same path works on Metal and Vulkan). Matrices stay in their checkpoint form (MLX affine
+//! 4/8-bit groups or bf16) and are cut into slices that each fit one storage binding (lavapipe
+//! binds at most 128 MiB; the full model's expert stacks and embedding are larger).
+//!
+//! A slice is one buffer: the packed u32 words of `count` consecutive rows (or, for an expert
+//! stack, of `count` whole expert matrices), then their bf16 scales, then their bf16 biases, each
+//! part starting on a word; `scale_off`/`bias_off` are in bf16 halves from the buffer's start.
+//! Rows / experts never straddle two slices. linear.wgsl and embed.wgsl read this layout.
+
+use anyhow::{bail, Result};
+use lily_core::config::ModelConfig;
+use lily_core::weights::{Linear, Mixer, ModelWeights, MoeWeights, WeightData};
+
+use crate::gpu::Gpu;
+
+pub struct Slice {
+    pub buf: wgpu::Buffer,
+    /// First row (plain matrix) or first expert (stack) held.
+    pub first: usize,
+    pub count: usize,
+    pub scale_off: u32,
+    pub bias_off: u32,
+}
+
+pub struct GpuLinear {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// 4 or 8 (affine) or 16 (bf16).
+    pub bits: u32,
+    pub group: usize,
+    /// Packed words per expert matrix.
+    pub mat_words: usize,
+    pub slices: Vec<Slice>,
+}
+
+fn pad4(v: &mut Vec<u8>) {
+    v.resize(v.len().div_ceil(4) * 4, 0);
+}
+
+/// Uploads one matrix (or expert stack) in slices of at most `slice_bytes` each.
+pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> Result<GpuLinear> {
+    let (bits, group, packed, scales, biases) = match &lin.data {
+        WeightData::Affine {
+            bits,
+            group,
+            packed,
+            scales,
+            biases,
+        } => (
+            *bits,
+            *group,
+            packed.bytes(),
+            scales.bytes(),
+            biases.bytes(),
+        ),
+        WeightData::Bf16 { data } => (16, 64, data.bytes(), &[][..], &[][..]),
+    };
+    if !matches!(bits, 4 | 8 | 16) {
+        bail!("{label}: {bits}-bit weights are not supported by the wgpu backend (4, 8 or bf16)");
+    }
+    if !lin.cols.is_multiple_of(group) || !group.is_multiple_of(32 / bits as usize) {
+        bail!(
+            "{label}: {} columns in groups of {group} do not fit the {bits}-bit kernels",
+            lin.cols
+        );
+    }
+    // One unit = one row of a plain matrix, or one whole matrix of an expert stack.
+    let (units, unit_rows) = if lin.experts > 1 {
+        (lin.experts, lin.rows)
+    } else {
+        (lin.rows, 1)
+    };
+    let packed_unit = unit_rows * lin.cols * bits as usize / 8;
+    let halves_unit = if bits == 16 {
+        0
+    } else {
+        unit_rows * (lin.cols / group)
+    };
+    if packed.len() != units * packed_unit || scales.len() != units * halves_unit * 2 {
+        bail!("{label}: stored sizes do not match its shape");
+    }
+    let unit_bytes = (packed_unit + 4 * halves_unit) as u64;
+    let per_slice = (slice_bytes.saturating_sub(16) / unit_bytes.max(1)) as usize;
+    if per_slice == 0 {
+        bail!(
+            "{label}: one {} of {unit_bytes} bytes exceeds the slice limit ({slice_bytes} bytes: the device's largest storage binding)",
+            if lin.experts > 1 { "expert matrix" } else { "row" },
+        );
+    }
+    let mut slices = Vec::new();
+    let mut first = 0;
+    while first < units {
+        let count = per_slice.min(units - first);
+        let mut data = packed[first * packed_unit..(first + count) * packed_unit].to_vec();
+        let h = halves_unit * 2;
+        let scale_off = (data.len() / 2) as u32;
+        data.extend_from_slice(&scales[first * h..(first + count) * h]);
+        pad4(&mut data);
+        let bias_off = (data.len() / 2) as u32;
+        data.extend_from_slice(&biases[first * h..(first + count) * h]);
+        let buf = gpu.upload(&format!("{label}[{first}..]"), &data)?;
+        slices.push(Slice {
+            buf,
+            first,
+            count,
+            scale_off,
+            bias_off,
+        });
+        first += count;
+    }
+    Ok(GpuLinear {
+        experts: lin.experts,
+        rows: lin.rows,
+        cols: lin.cols,
+        bits,
+        group,
+        mat_words: packed_unit / 4,
+        slices,
+    })
+}
+
+pub struct GpuAttention {
+    pub q_proj: GpuLinear,
+    pub k_proj: GpuLinear,
+    pub v_proj: GpuLinear,
+    pub o_proj: GpuLinear,
+    /// q_norm then k_norm, f32.
+    pub qk_norm: wgpu::Buffer,
+}
+
+pub struct GpuDeltaNet {
+    pub in_qkv: GpuLinear,
+    pub in_z: GpuLinear,
+    pub in_b: GpuLinear,
+    pub in_a: GpuLinear,
+    pub out_proj: GpuLinear,
+    /// `[conv_dim, K]` taps, f32.
+    pub conv: wgpu::Buffer,
+    /// A_log then dt_bias, f32.
+    pub decay: wgpu::Buffer,
+    pub norm: wgpu::Buffer,
+}
+
+pub enum GpuMixer {
+    Attention(GpuAttention),
+    DeltaNet(GpuDeltaNet),
+}
+
+pub struct GpuMoe {
+    pub router: GpuLinear,
+    pub gate: GpuLinear,
+    pub up: GpuLinear,
+    pub down: GpuLinear,
+    pub shared_gate: GpuLinear,
+    pub shared_up: GpuLinear,
+    pub shared_down: GpuLinear,
+    pub shared_expert_gate: GpuLinear,
+}
+
+pub struct GpuLayer {
+    pub input_norm: wgpu::Buffer,
+    pub post_norm: wgpu::Buffer,
+    pub mixer: GpuMixer,
+    pub moe: GpuMoe,
+}
+
+pub struct GpuModel {
+    pub embed: GpuLinear,
+    pub layers: Vec<GpuLayer>,
+    pub final_norm: wgpu::Buffer,
+    pub lm_head: GpuLinear,
+    /// Bytes uploaded.
+    pub bytes: u64,
+}
+
+fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights) -> Result<GpuMoe> {
+    Ok(GpuMoe {
+        router: upload_linear(gpu, sb, &format!("{p}.router"), &m.router)?,
+        gate: upload_linear(gpu, sb, &format!("{p}.experts.gate"), &m.gate)?,
+        up: upload_linear(gpu, sb, &format!("{p}.experts.up"), &m.up)?,
+        down: upload_linear(gpu, sb, &format!("{p}.experts.down"), &m.down)?,
+        shared_gate: upload_linear(gpu, sb, &format!("{p}.shared.gate"), &m.shared_gate)?,
+        shared_up: upload_linear(gpu, sb, &format!("{p}.shared.up"), &m.shared_up)?,
+        shared_down: upload_linear(gpu, sb, &format!("{p}.shared.down"), &m.shared_down)?,
+        shared_expert_gate: upload_linear(
+            gpu,
+            sb,
+            &format!("{p}.shared_expert_gate"),
+            &m.shared_expert_gate,
+        )?,
+    })
+}
+
+/// Shapes the kernels rely on (fixed-size arrays in the WGSL), checked once here.
+pub fn check_shapes(c: &ModelConfig) -> Result<()> {
+    let checks = [
+        (c.head_dim <= 256, "head_dim ≤ 256 (attn_prep/attend)"),
+        (
+            c.rotary_dim <= c.head_dim && c.rotary_dim.is_multiple_of(2),
+            "an even rotary_dim ≤ head_dim",
+        ),
+        (
+            c.n_kv_heads > 0 && c.n_heads.is_multiple_of(c.n_kv_heads),
+            "n_heads a multiple of n_kv_heads",
+        ),
+        (c.dn_k_dim <= 128, "linear_key_head_dim ≤ 128 (dn_recur)"),
+        (c.dn_v_dim <= 128, "linear_value_head_dim ≤ 128 (dn_recur)"),
+        (
+            c.dn_k_heads > 0 && c.dn_v_heads.is_multiple_of(c.dn_k_heads),
+            "linear_num_value_heads a multiple of linear_num_key_heads",
+        ),
+        (
+            (2..=9).contains(&c.conv_kernel),
+            "linear_conv_kernel_dim in 2..=9 (dn_conv)",
+        ),
+        (
+            c.top_k <= 16 && c.top_k <= c.n_experts,
+            "num_experts_per_tok ≤ 16 (moe_route)",
+        ),
+    ];
+    for (ok, what) in checks {
+        if !ok {
+            bail!("the wgpu backend needs {what}");
+        }
+    }
+    Ok(())
+}
+
+/// The whole model; `max_slice_bytes` lowers the slice size below the device's limit (tests use
+/// it to cut even a tiny model into many slices).
+pub fn upload_model(gpu: &Gpu, w: &ModelWeights, max_slice_bytes: Option<u64>) -> Result<GpuModel> {
+    check_shapes(&w.config)?;
+    let sb = max_slice_bytes.unwrap_or(u64::MAX).min(gpu.max_binding());
+    let mut layers = Vec::new();
+    for (i, l) in w.layers.iter().enumerate() {
+        let p = format!("layers.{i}");
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => {
+                let mut norms = a.q_norm.clone();
+                norms.extend_from_slice(&a.k_norm);
+                GpuMixer::Attention(GpuAttention {
+                    q_proj: upload_linear(gpu, sb, &format!("{p}.q_proj"), &a.q_proj)?,
+                    k_proj: upload_linear(gpu, sb, &format!("{p}.k_proj"), &a.k_proj)?,
+                    v_proj: upload_linear(gpu, sb, &format!("{p}.v_proj"), &a.v_proj)?,
+                    o_proj: upload_linear(gpu, sb, &format!("{p}.o_proj"), &a.o_proj)?,
+                    qk_norm: gpu.upload_f32(&format!("{p}.qk_norm"), &norms)?,
+                })
+            }
+            Mixer::DeltaNet(d) => {
+                let mut decay = d.a_log.clone();
+                decay.extend_from_slice(&d.dt_bias);
+                GpuMixer::DeltaNet(GpuDeltaNet {
+                    in_qkv: upload_linear(gpu, sb, &format!("{p}.in_proj_qkv"), &d.in_qkv)?,
+                    in_z: upload_linear(gpu, sb, &format!("{p}.in_proj_z"), &d.in_z)?,
+                    in_b: upload_linear(gpu, sb, &format!("{p}.in_proj_b"), &d.in_b)?,
+                    in_a: upload_linear(gpu, sb, &format!("{p}.in_proj_a"), &d.in_a)?,
+                    out_proj: upload_linear(gpu, sb, &format!("{p}.out_proj"), &d.out_proj)?,
+                    conv: gpu.upload_f32(&format!("{p}.conv1d"), &d.conv)?,
+                    decay: gpu.upload_f32(&format!("{p}.decay"), &decay)?,
+                    norm: gpu.upload_f32(&format!("{p}.norm"), &d.norm)?,
+                })
+            }
+        };
+        layers.push(GpuLayer {
+            input_norm: gpu.upload_f32(&format!("{p}.input_layernorm"), &l.input_norm)?,
+            post_norm: gpu.upload_f32(&format!("{p}.post_attention_layernorm"), &l.post_norm)?,
+            mixer,
+            moe: upload_moe(gpu, sb, &format!("{p}.mlp"), &l.moe)?,
+        });
+        // Let the staged uploads of each layer reach the device before the next is staged.
+        gpu.queue.submit([]);
+        gpu.wait()?;
+    }
+    let model = GpuModel {
+        embed: upload_linear(gpu, sb, "embed_tokens", &w.embed)?,
+        layers,
+        final_norm: gpu.upload_f32("norm", &w.final_norm)?,
+        lm_head: upload_linear(gpu, sb, "lm_head", &w.lm_head)?,
+        bytes: 0,
+    };
+    gpu.queue.submit([]);
+    gpu.wait()?;
+    let bytes = device_bytes(&model);
+    Ok(GpuModel { bytes, ..model })
+}
+
+fn linear_bytes(l: &GpuLinear) -> u64 {
+    l.slices.iter().map(|s| s.buf.size()).sum()
+}
+
+fn device_bytes(m: &GpuModel) -> u64 {
+    let mut n = linear_bytes(&m.embed) + linear_bytes(&m.lm_head);
+    for l in &m.layers {
+        let moe = &l.moe;
+        n += [
+            &moe.router,
+            &moe.gate,
+            &moe.up,
+            &moe.down,
+            &moe.shared_gate,
+            &moe.shared_up,
+            &moe.shared_down,
+            &moe.shared_expert_gate,
+        ]
+        .iter()
+        .map(|x| linear_bytes(x))
+        .sum::<u64>();
+        n += match &l.mixer {
+            GpuMixer::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                .iter()
+                .map(|x| linear_bytes(x))
+                .sum::<u64>(),
+            GpuMixer::DeltaNet(d) => [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out_proj]
+                .iter()
+                .map(|x| linear_bytes(x))
+                .sum::<u64>(),
+        };
+    }
+    n
+}

@@ -1,0 +1,379 @@
+//! The wgpu backend against the CPU reference backend on synthetic checkpoints (random weights,
+//! random token ids): teacher-forced logits, greedy decoding, chunked prefill, snapshots.
+//! They run on any wgpu adapter, including Mesa's lavapipe (CPU Vulkan) which CI installs
+//! (scripts/test.sh). Without any adapter they are skipped with a message, except under CI=true,
+//! where a missing adapter fails them.
+//!
+//! The wgpu backend keeps fp32 activations and differs from the CPU only in summation order, so
+//! logits must agree within 1e-3 relative (L2 over all positions).
+
+use std::sync::Arc;
+
+use lily_core::backend::{Backend, Flow};
+use lily_core::checkpoint::{self, LoadOptions};
+use lily_core::cpu::CpuBackend;
+use lily_core::sampling::{Sampler, SamplingParams};
+use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
+use lily_core::weights::ModelWeights;
+use lily_wgpu::{WgpuBackend, WgpuOptions};
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.below(vocab) as u32).collect()
+    }
+}
+
+fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
+    let dir = std::env::temp_dir().join(format!(
+        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    synth(&SynthOptions {
+        preset,
+        format,
+        seed,
+        out: dir.clone(),
+        tokenizer: None,
+        layers: None,
+    })
+    .unwrap();
+    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(w)
+}
+
+/// The wgpu backend, or `None` (test skipped) where no adapter exists outside CI.
+fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
+    wgpu_backend_with(
+        w,
+        WgpuOptions {
+            chunk,
+            all_logits_chunk: chunk.min(32),
+            ..WgpuOptions::default()
+        },
+    )
+}
+
+fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::new(w, opts) {
+        Ok(b) => {
+            println!("adapter: {}", lily_wgpu::describe_adapter(b.adapter()));
+            Some(b)
+        }
+        Err(e) => {
+            let ci = matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"));
+            if ci {
+                panic!("CI needs a wgpu adapter (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1): {e:#}");
+            }
+            println!("SKIPPED: no usable wgpu adapter here: {e:#}");
+            None
+        }
+    }
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("element {i} is {}", got[i]);
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += ((g - w) as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Teacher-forced logits over `positions` random tokens: wgpu (prefill chunks of `chunk`) vs CPU.
+fn logits_match_cpu(w: Arc<ModelWeights>, positions: usize, chunk: usize) {
+    let vocab = w.config.vocab;
+    let tokens = Rng(99).tokens(positions, vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
+    let cs = cpu.new_seq(positions + 4).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let Some(mut gpu) = wgpu_backend(&w, chunk) else {
+        return;
+    };
+    let gs = gpu.new_seq(positions + 4).unwrap();
+    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+    let e = rel_l2(&got, &want);
+    let mut same = 0;
+    for p in 0..positions {
+        let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
+        same += (row(&got) == row(&want)) as usize;
+    }
+    println!(
+        "logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}"
+    );
+    assert!(
+        e < 1e-3,
+        "logits differ from the CPU by {e:.3e} (relative L2)"
+    );
+    assert_eq!(gpu.seq_len(gs).unwrap(), positions);
+    // The pending logits are the last position's.
+    let last = gpu.logits(gs).unwrap();
+    assert_eq!(last, got[(positions - 1) * vocab..]);
+}
+
+#[test]
+fn logits_match_cpu_on_tiny_mlx() {
+    // 160 positions: attention crosses two 64-key blocks (attend.wgsl), chunks of 24 end mid-block.
+    logits_match_cpu(synth_model(Preset::Tiny, SynthFormat::Mlx, 11), 160, 24);
+}
+
+#[test]
+fn logits_match_cpu_on_tiny_hf_bf16_weights() {
+    logits_match_cpu(synth_model(Preset::Tiny, SynthFormat::Hf, 12), 40, 16);
+}
+
+#[test]
+fn logits_match_cpu_on_small_mlx() {
+    logits_match_cpu(synth_model(Preset::Small, SynthFormat::Mlx, 13), 24, 8);
+}
+
+/// Greedy tokens from the same prompt, with the GPU picking and feeding back its own tokens.
+#[test]
+fn greedy_tokens_match_cpu_over_32_steps() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 21);
+    let prompt = Rng(5).tokens(12, w.config.vocab);
+    let run = |b: &mut dyn Backend| -> Vec<(u32, f32)> {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, 32, 0, &mut |t| {
+            out.push((t.token, t.logprob));
+            Flow::Continue
+        })
+        .unwrap();
+        assert_eq!(b.seq_len(s).unwrap(), prompt.len() + 31);
+        out
+    };
+    let want = run(&mut CpuBackend::new(w.clone()));
+    let Some(mut gpu) = wgpu_backend(&w, 8) else {
+        return;
+    };
+    let got = run(&mut gpu);
+    let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(ids(&got), ids(&want), "greedy tokens differ");
+    for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - c).abs() < 1e-3 * (1.0 + c.abs()),
+            "step {i}: logprob {g} vs {c}"
+        );
+    }
+    println!("greedy: 32 identical tokens {:?}", ids(&got));
+}
+
+/// Weights cut into many slices (as the full model's experts, embedding and lm_head are under
+/// lavapipe's 128 MiB binding limit) give the same logits as whole tensors.
+#[test]
+fn sliced_weights_give_the_same_logits() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
+    let tokens = Rng(4).tokens(20, w.config.vocab);
+    let run = |max_slice_bytes: Option<u64>| {
+        let mut b = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 8,
+                max_slice_bytes,
+                ..WgpuOptions::default()
+            },
+        )?;
+        let s = b.new_seq(32).unwrap();
+        b.prefill(s, &tokens).unwrap();
+        Some(b.logits(s).unwrap())
+    };
+    let Some(whole) = run(None) else {
+        return;
+    };
+    // 20 KB: the embedding, lm_head (1,024 rows of 72 bytes) and each expert stack (16 matrices
+    // of ≈ 4.6 KB) in 4 slices each.
+    let sliced = run(Some(20_000)).unwrap();
+    assert_eq!(sliced, whole, "sliced weights change the logits");
+}
+
+/// Non-greedy settings sample on the host from the GPU's logits: with the same seed the tokens
+/// are the CPU backend's; the top log-probabilities are the CPU's too.
+#[test]
+fn sampled_tokens_and_top_logprobs_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    let prompt = Rng(6).tokens(9, w.config.vocab);
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 40,
+        presence_penalty: 0.5,
+        seed: 1234,
+        ..SamplingParams::greedy()
+    };
+    let run = |b: &mut dyn Backend, params: &SamplingParams| {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(params.clone());
+        b.decode(s, &mut sampler, 16, 3, &mut |t| {
+            out.push(t.clone());
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let Some(mut gpu) = wgpu_backend(&w, 8) else {
+        return;
+    };
+    let mut cpu = CpuBackend::new(w.clone());
+    for p in [params, SamplingParams::greedy()] {
+        let (got, want) = (run(&mut gpu, &p), run(&mut cpu, &p));
+        let ids = |v: &[lily_core::backend::StepOut]| v.iter().map(|x| x.token).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "tokens differ (temperature {})",
+            p.temperature
+        );
+        for (g, c) in got.iter().zip(&want) {
+            assert!((g.logprob - c.logprob).abs() < 1e-3 * (1.0 + c.logprob.abs()));
+            let top =
+                |x: &lily_core::backend::StepOut| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(top(g), top(c), "top-3 alternatives differ");
+        }
+    }
+}
+
+/// Chunks of 7 and 1-token steps give the same logits (each token's arithmetic is the same).
+#[test]
+fn chunked_prefill_equals_token_by_token() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 31);
+    let tokens = Rng(8).tokens(30, w.config.vocab);
+    let Some(mut chunked) = wgpu_backend(&w, 7) else {
+        return;
+    };
+    let a = chunked.new_seq(40).unwrap();
+    chunked.prefill(a, &tokens).unwrap();
+    let la = chunked.logits(a).unwrap();
+    let Some(mut single) = wgpu_backend(&w, 1) else {
+        return;
+    };
+    let b = single.new_seq(40).unwrap();
+    for t in &tokens {
+        single.prefill(b, &[*t]).unwrap();
+    }
+    let lb = single.logits(b).unwrap();
+    let e = rel_l2(&la, &lb);
+    println!("chunked (7) vs token by token: rel_l2 {e:.3e}");
+    assert!(
+        e < 1e-6,
+        "chunked prefill differs from token-by-token: {e:.3e}"
+    );
+}
+
+/// Restoring a snapshot gives back exactly the state it saved: the same logits and the same
+/// greedy continuation, bit for bit, after the sequence moved on.
+#[test]
+fn snapshot_restore_is_exact() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 41);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(3);
+    let (first, second) = (rng.tokens(10, vocab), rng.tokens(9, vocab));
+    let Some(mut gpu) = wgpu_backend(&w, 4) else {
+        return;
+    };
+    let s = gpu.new_seq(64).unwrap();
+    gpu.prefill(s, &first).unwrap();
+    let snap = gpu.snapshot(s).unwrap();
+    let greedy = |b: &mut WgpuBackend, n: usize| {
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, n, 0, &mut |t| {
+            out.push(t.token);
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    gpu.prefill(s, &second).unwrap();
+    let after_second = gpu.logits(s).unwrap();
+    let cont_a = greedy(&mut gpu, 6);
+    gpu.restore(s, snap).unwrap();
+    assert_eq!(gpu.seq_len(s).unwrap(), first.len());
+    gpu.prefill(s, &second).unwrap();
+    assert_eq!(
+        gpu.logits(s).unwrap(),
+        after_second,
+        "logits after restore differ"
+    );
+    assert_eq!(
+        greedy(&mut gpu, 6),
+        cont_a,
+        "continuation after restore differs"
+    );
+    // A second sequence restored from the same snapshot matches too.
+    let s2 = gpu.new_seq(32).unwrap();
+    gpu.restore(s2, snap).unwrap();
+    gpu.prefill(s2, &second).unwrap();
+    assert_eq!(gpu.logits(s2).unwrap(), after_second);
+    gpu.drop_snapshot(snap);
+    assert!(gpu.restore(s, snap).is_err());
+}
+
+/// Bad input is an error, never a panic: ids outside the vocabulary, a full context.
+#[test]
+fn bad_tokens_and_full_context_are_errors() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 51);
+    let Some(mut gpu) = wgpu_backend(&w, 4) else {
+        return;
+    };
+    let s = gpu.new_seq(4).unwrap();
+    let err = gpu.prefill(s, &[w.config.vocab as u32]).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("outside the vocabulary"),
+        "{err:#}"
+    );
+    assert!(gpu.prefill(s, &[1, 2, 3, 4, 5]).is_err());
+    assert!(gpu.logits(s).is_err(), "no logits before any token");
+    gpu.prefill(s, &[1, 2, 3]).unwrap();
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let err = gpu
+        .decode(s, &mut sampler, 5, 0, &mut |_| Flow::Continue)
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("full"), "{err:#}");
+}
+
+/// `--device auto` never takes a software adapter (lavapipe): asked not to, the backend refuses
+/// one with a reason, so the server falls back to the CPU and can say why.
+#[test]
+fn a_software_adapter_is_refused_when_not_allowed() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 81);
+    let Some(b) = wgpu_backend(&w, 4) else {
+        return;
+    };
+    if b.adapter().device_type != wgpu::DeviceType::Cpu
+        || std::env::var("LILY_WGPU_ADAPTER").is_ok()
+    {
+        println!(
+            "SKIPPED: the best adapter here is hardware ({})",
+            b.adapter().name
+        );
+        return;
+    }
+    drop(b);
+    let opts = WgpuOptions {
+        allow_software: false,
+        ..WgpuOptions::default()
+    };
+    let err = WgpuBackend::new(&w, opts)
+        .err()
+        .expect("a software adapter must be refused");
+    assert!(format!("{err:#}").contains("software renderer"), "{err:#}");
+}

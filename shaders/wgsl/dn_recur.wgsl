@@ -1,0 +1,60 @@
+// Gated DeltaNet step 5–7 (MODEL.md §2.5), recurrent form, fp32 state S [hv, dk, dv]:
+//   β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), S ← exp(g) · S,
+//   u = Sᵀk, δ = β (v − u), S ← S + k δᵀ, o = Sᵀq (the updated state).
+// Column j of S only meets column j, so invocation j of the head's workgroup owns it in
+// registers for the whole chunk: no reductions, no barriers. Value head h reads key head
+// h / (hv / hk). Bytes: S read and written once per chunk; FLOPs: ≈ 6 · dk · dv per token and head.
+
+struct P {
+    tokens: u32,
+    hv: u32,
+    hk: u32,
+    dk: u32,
+    dv: u32,
+    cd: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> C: array<f32>;      // conv output; v at 2·hk·dk
+@group(0) @binding(2) var<storage, read> QK: array<f32>;     // normalised q | k
+@group(0) @binding(3) var<storage, read> BA: array<f32>;     // [tokens, 2·hv]: b then a
+@group(0) @binding(4) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
+@group(0) @binding(5) var<storage, read_write> S: array<f32>;
+@group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
+
+@compute @workgroup_size(128)
+fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) j: u32) {
+    let h = wid.x;
+    if (j >= p.dv) {
+        return;
+    }
+    let dk = p.dk;
+    let key_dim = p.hk * dk;
+    let kh = h / (p.hv / p.hk);
+    var s: array<f32, 128>;
+    for (var i = 0u; i < dk; i++) {
+        s[i] = S[(h * dk + i) * p.dv + j];
+    }
+    for (var t = 0u; t < p.tokens; t++) {
+        let beta = sigmoid(BA[t * 2u * p.hv + h]);
+        let g = -exp(decay[h]) * softplus(BA[t * 2u * p.hv + p.hv + h] + decay[p.hv + h]);
+        let alpha = exp(g);
+        let qb = t * 2u * key_dim + kh * dk;
+        let kb = qb + key_dim;
+        var u = 0.0;
+        for (var i = 0u; i < dk; i++) {
+            s[i] *= alpha;
+            u += s[i] * QK[kb + i];
+        }
+        let delta = beta * (C[t * p.cd + 2u * key_dim + h * p.dv + j] - u);
+        var o = 0.0;
+        for (var i = 0u; i < dk; i++) {
+            s[i] += QK[kb + i] * delta;
+            o += s[i] * QK[qb + i];
+        }
+        O[t * p.hv * p.dv + h * p.dv + j] = o;
+    }
+    for (var i = 0u; i < dk; i++) {
+        S[(h * dk + i) * p.dv + j] = s[i];
+    }
+}

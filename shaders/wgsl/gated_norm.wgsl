@@ -1,0 +1,33 @@
+// The DeltaNet output norm (MODEL.md §2.5 step 8): y = w ⊙ (o · rsqrt(mean(o²) + eps)) ⊙ silu(z)
+// per value head; one workgroup per (token, head) row of `cols` = dv values.
+
+struct P {
+    cols: u32,
+    eps: f32,
+    rows: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> O: array<f32>;
+@group(0) @binding(2) var<storage, read> Wn: array<f32>;
+@group(0) @binding(3) var<storage, read> Z: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+
+@compute @workgroup_size(64)
+fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * 65535u;
+    if (row >= p.rows) {
+        return;
+    }
+    let b = row * p.cols;
+    var ss = 0.0;
+    for (var c = lid; c < p.cols; c += 64u) {
+        let v = O[b + c];
+        ss += v * v;
+    }
+    let total = wg_sum(lid, ss);
+    let r = 1.0 / sqrt(total / f32(p.cols) + p.eps);
+    for (var c = lid; c < p.cols; c += 64u) {
+        Y[b + c] = O[b + c] * r * Wn[c] * silu(Z[b + c]);
+    }
+}

@@ -1,0 +1,31 @@
+// The MoE output into the residual (MODEL.md §2.3, §2.6):
+//   x += Σ_k w_k · y_k + sigmoid(shared_gate · x) · shared(x)
+// One invocation per (column, token).
+
+struct P {
+    tokens: u32,
+    h: u32,
+    k: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read_write> X: array<f32>;  // [tokens, h] residual
+@group(0) @binding(2) var<storage, read> Ye: array<f32>;       // [tokens · k, h]
+@group(0) @binding(3) var<storage, read> wts: array<f32>;      // [tokens, k]
+@group(0) @binding(4) var<storage, read> Sh: array<f32>;       // [tokens, h]
+@group(0) @binding(5) var<storage, read> SG: array<f32>;       // [tokens]
+
+@compute @workgroup_size(64)
+fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let t = gid.y;
+    if (c >= p.h || t >= p.tokens) {
+        return;
+    }
+    var o = 0.0;
+    for (var k = 0u; k < p.k; k++) {
+        o += wts[t * p.k + k] * Ye[(t * p.k + k) * p.h + c];
+    }
+    o += sigmoid(SG[t]) * Sh[t * p.h + c];
+    X[t * p.h + c] += o;
+}
