@@ -76,7 +76,7 @@ struct MessageBody {
 #[serde(untagged, expecting = "a string or an array of content parts")]
 enum Content {
     Text(String),
-    Parts(Vec<Map<String, Value>>),
+    Parts(Vec<Value>),
 }
 
 #[derive(Deserialize)]
@@ -257,7 +257,7 @@ fn content(path: &str, c: Content) -> Result<String, ApiError> {
     let mut text = String::new();
     for (j, part) in parts.iter().enumerate() {
         let param = format!("{path}.content[{j}]");
-        let p: ContentPart = read_at(part, &param)?;
+        let Obj(p): Obj<ContentPart> = read_at(part, &param)?;
         match (p.kind.as_deref(), p.text) {
             (Some("text") | None, Some(t)) => text.push_str(&t),
             (Some(other), _) if other != "text" => {
@@ -455,6 +455,11 @@ mod tests {
                 json!({"messages": [user], "logit_bias": {"5": "up"}}),
                 "logit_bias.5",
                 "'logit_bias.5' must be a number, got a string",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": ["hi"]}]}),
+                "messages[0].content[0]",
+                "'messages[0].content[0]' must be an object, got a string",
             ),
             (
                 json!({"messages": "hello"}),
