@@ -7,7 +7,7 @@ use lily_core::sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
 use crate::openai::error::ApiError;
-use crate::openai::fields::{kind, Fields};
+use crate::openai::fields::{kind, read, Fields};
 use crate::openai::params;
 use crate::structured::ToolChoice;
 
@@ -77,7 +77,7 @@ impl MessagesRequest {
             ));
         }
 
-        let max_tokens = params::max_tokens(&f, &["max_tokens"], 1)?;
+        let max_tokens = params::at_least("max_tokens", f.i64("max_tokens")?, 1)?;
         if max_tokens.is_none() && !counting {
             return Err(ApiError::invalid_param(
                 "max_tokens",
@@ -89,7 +89,7 @@ impl MessagesRequest {
         f.i64_in("top_k", 0, u32::MAX as i64)?;
         f.object("metadata")?;
         let sampling = params::sampling(
-            &f,
+            &read(body)?,
             SamplingParams::model_defaults(thinking.unwrap_or(true)),
             vocab,
         )?;

@@ -2,11 +2,12 @@
 //! `logprobs` scores the prompt itself, as lm-evaluation-harness does for log-likelihoods.
 
 use lily_core::sampling::SamplingParams;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::fields::{kind, Fields};
-use super::params;
+use super::fields::{kind, read, within, Int};
+use super::params::{self, GenerationFields, SamplingFields};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -28,29 +29,46 @@ pub struct CompletionRequest {
     pub logprobs: Option<usize>,
 }
 
+/// The body as serde reads it; sampling and the shared generation fields are read from the same
+/// object by their own structs. `prompt` takes several shapes and is checked by [`prompt`].
+#[derive(Deserialize)]
+struct CompletionBody {
+    prompt: Option<Value>,
+    suffix: Option<Value>,
+    echo: Option<bool>,
+    logprobs: Option<Int>,
+    max_tokens: Option<Int>,
+}
+
 impl CompletionRequest {
     pub fn parse(body: &Map<String, Value>, vocab: usize) -> Result<Self, ApiError> {
-        let f = Fields::new(body);
-        let prompt = prompt(f.get("prompt"), vocab)?;
-        params::single_choice(&f)?;
-        if f.has("suffix") {
+        let b: CompletionBody = read(body)?;
+        let generation: GenerationFields = read(body)?;
+        let sampling_fields: SamplingFields = read(body)?;
+        let prompt = prompt(b.prompt.as_ref(), vocab)?;
+        generation.single_choice()?;
+        if b.suffix.is_some() {
             return Err(ApiError::invalid_param(
                 "suffix",
                 "'suffix' (fill-in-the-middle) is not supported",
             ));
         }
-        let echo = f.bool("echo")?.unwrap_or(false);
-        let logprobs = f.i64_in("logprobs", 0, 20)?.map(|k| k as usize);
+        let echo = b.echo.unwrap_or(false);
+        let logprobs = within("logprobs", b.logprobs.map(|n| n.0), 0, 20)?.map(|k| k as usize);
         // max_tokens = 0 only makes sense for scoring an echoed prompt.
         let min = if echo { 0 } else { 1 };
-        let max_tokens =
-            params::max_tokens(&f, &["max_tokens"], min)?.unwrap_or(DEFAULT_MAX_TOKENS);
-        let (stream, include_usage) = params::streaming(&f)?;
+        let max_tokens = params::at_least("max_tokens", b.max_tokens.map(|n| n.0), min)?
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+        let (stream, include_usage) = generation.streaming();
         Ok(CompletionRequest {
             prompt,
-            sampling: params::sampling(&f, SamplingParams::model_defaults(true), vocab)?,
+            sampling: params::sampling(
+                &sampling_fields,
+                SamplingParams::model_defaults(true),
+                vocab,
+            )?,
             max_tokens,
-            stop: params::stops(&f)?,
+            stop: generation.stops()?,
             stream,
             include_usage,
             echo,
@@ -140,6 +158,28 @@ mod tests {
                 Some(Some("prompt".into())),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        for (body, param) in [
+            (json!({"prompt": "x", "echo": 1}), "echo"),
+            (json!({"prompt": "x", "logprobs": true}), "logprobs"),
+            (json!({"prompt": "x", "max_tokens": "ten"}), "max_tokens"),
+            (
+                json!({"prompt": "x", "stream_options": {"include_usage": "yes"}}),
+                "stream_options.include_usage",
+            ),
+            (json!({"prompt": "x", "stop": {"a": 1}}), "stop"),
+            (json!({"prompt": "x", "n": 2}), "n"),
+            (json!({"prompt": "x", "best_of": 1.5}), "best_of"),
+            (json!({"prompt": "x", "logprobs": 21}), "logprobs"),
+        ] {
+            let err = parse(body.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{body} was accepted"));
+            assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
     }
 

@@ -1,6 +1,15 @@
 //! Typed reads of request fields with errors that name the field, as OpenAI does (`param`). A field
 //! set to `null` counts as absent; fields we do not know are ignored.
+//!
+//! The OpenAI bodies are read with serde into derived structs ([`read`]): `serde_path_to_error`
+//! tracks where the first error happened, which becomes `param` (`messages[2].role`), and serde's
+//! "invalid type" error becomes "'messages[2].role' must be a string, got a number". [`Fields`] is
+//! the older hand-written reader, still used by the Anthropic parser and `structured.rs`.
 
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
@@ -18,6 +27,212 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
                 kind(&other)
             ),
         )),
+    }
+}
+
+/// Deserializes `T` from a request object; on error, a 400 whose `param` is the path of the field
+/// that was wrong.
+pub fn read<'de, T: Deserialize<'de>>(obj: &'de Map<String, Value>) -> Result<T, ApiError> {
+    read_at(obj, "")
+}
+
+/// [`read`] for a part of a body found at `prefix` (`messages[0].content[1]`), which leads `param`.
+pub fn read_at<'de, T, D>(value: D, prefix: &str) -> Result<T, ApiError>
+where
+    T: Deserialize<'de>,
+    D: Deserializer<'de, Error = serde_json::Error>,
+{
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut param = prefix.to_string();
+        for segment in e.path().iter() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => {
+                    param.push_str(&format!("[{index}]"))
+                }
+                serde_path_to_error::Segment::Map { key } => {
+                    if !param.is_empty() {
+                        param.push('.');
+                    }
+                    param.push_str(key);
+                }
+                serde_path_to_error::Segment::Enum { .. } => {}
+                serde_path_to_error::Segment::Unknown => break,
+            }
+        }
+        describe(param, &e.into_inner().to_string())
+    })
+}
+
+/// serde's message for the field at `param`, said as the hand-written reader said it: the kind of
+/// JSON value expected and the kind given (never the value itself, which may be megabytes long).
+fn describe(mut param: String, message: &str) -> ApiError {
+    let text = if let Some(field) = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        if !param.is_empty() {
+            param.push('.');
+        }
+        param.push_str(field);
+        format!("'{param}' is required")
+    } else if let Some((got, expected)) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.rsplit_once(", expected "))
+    {
+        format!(
+            "'{param}' must be {}, got {}",
+            expected_kind(expected),
+            given_kind(got)
+        )
+    } else if let Some((got, expected)) = message
+        .strip_prefix("unknown variant `")
+        .and_then(|rest| rest.rsplit_once("`, expected one of "))
+    {
+        let expected = expected.replace('`', "");
+        if got.len() <= 64 {
+            format!("'{param}' is {got:?}; expected one of {expected}")
+        } else {
+            format!("'{param}' must be one of {expected}")
+        }
+    } else if message.starts_with("a ") || message.starts_with("an ") {
+        // An untagged enum's `expecting`, given as the whole message.
+        format!("'{param}' must be {message}")
+    } else {
+        // Anything else serde says, cut short: it may quote the request.
+        let mut end = message.len().min(200);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("'{param}': {}", &message[..end])
+    };
+    if param.is_empty() {
+        ApiError::invalid(None, text)
+    } else {
+        ApiError::invalid_param(&param, text)
+    }
+}
+
+/// serde's name for what it expected, in JSON's words.
+fn expected_kind(expected: &str) -> &str {
+    match expected {
+        "f32" | "f64" => "a number",
+        "i8" | "i16" | "i32" | "i64" | "u8" | "u16" | "u32" | "u64" | "usize" => "an integer",
+        "a sequence" => "an array",
+        "a map" => "an object",
+        // serde_json's word for an enum; ours (roles) are all strings.
+        "string or map" => "a string",
+        e if e.starts_with("struct ") => "an object",
+        e => e,
+    }
+}
+
+/// The kind of value serde was given (`string "hot"` → a string).
+fn given_kind(got: &str) -> &'static str {
+    match got.split([' ', '`']).next().unwrap_or("") {
+        "boolean" => "a boolean",
+        "integer" | "floating" => "a number",
+        "string" | "character" => "a string",
+        "sequence" => "an array",
+        "map" => "an object",
+        "null" | "unit" => "null",
+        _ => "another kind of value",
+    }
+}
+
+/// A derived struct that must come as a JSON object. serde's derive also takes an array of the
+/// fields in declaration order, which no client means: `["user", "hi"]` is not a message.
+#[derive(Debug)]
+pub struct Obj<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            // The map access passed on is the path-tracking one, so errors inside keep their path.
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+/// A JSON number as f64.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Num(pub f64);
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
+                Ok(Num(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A JSON integer; 2.0 counts as one, 2.5 does not.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Int(pub i64);
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
+                Ok(Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
+                i64::try_from(v)
+                    .map(Int)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Int, E> {
+                if v.fract() == 0.0 && v.abs() < 9.0e15 {
+                    Ok(Int(v as i64))
+                } else {
+                    Err(E::invalid_type(de::Unexpected::Float(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `v` unchanged when absent or within `lo..=hi`, else a 400 naming `param` and the bounds.
+pub fn within<T: PartialOrd + Copy + fmt::Display>(
+    param: &str,
+    v: Option<T>,
+    lo: T,
+    hi: T,
+) -> Result<Option<T>, ApiError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid_param(
+            param,
+            format!("'{param}' must be between {lo} and {hi}, got {x}"),
+        )),
+        _ => Ok(v),
     }
 }
 
@@ -73,10 +288,6 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.get(name).is_some()
-    }
-
     pub fn f64(&self, name: &str) -> Result<Option<f64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
@@ -114,23 +325,14 @@ impl<'a> Fields<'a> {
     }
 
     /// `v` unchanged when absent or within `lo..=hi`, else the field's range error.
-    fn within<T: PartialOrd + Copy + std::fmt::Display>(
+    fn within<T: PartialOrd + Copy + fmt::Display>(
         &self,
         name: &str,
         v: Option<T>,
         lo: T,
         hi: T,
     ) -> Result<Option<T>, ApiError> {
-        match v {
-            Some(x) if !(lo..=hi).contains(&x) => {
-                let param = self.param(name);
-                Err(ApiError::invalid_param(
-                    &param,
-                    format!("'{param}' must be between {lo} and {hi}, got {x}"),
-                ))
-            }
-            _ => Ok(v),
-        }
+        within(&self.param(name), v, lo, hi)
     }
 
     pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
@@ -195,6 +397,78 @@ mod tests {
         let f = Fields::new(v.as_object().unwrap());
         let err = f.f64_in("top_p", 0.0, 1.0).unwrap_err();
         assert!(err.message.contains("between 0 and 1"), "{}", err.message);
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    struct Inner {
+        #[allow(dead_code)] // read only for its errors
+        id: Int,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    struct Outer {
+        #[allow(dead_code)]
+        items: Option<Vec<Obj<Inner>>>,
+        #[allow(dead_code)]
+        ratio: Option<Num>,
+    }
+
+    fn read_err(v: Value) -> ApiError {
+        read::<Outer>(v.as_object().unwrap()).unwrap_err()
+    }
+
+    #[test]
+    fn serde_errors_name_the_path_and_the_kinds() {
+        for (body, param, message) in [
+            (
+                json!({"items": [{"id": 1}, {"id": "2"}]}),
+                "items[1].id",
+                "'items[1].id' must be an integer, got a string",
+            ),
+            (
+                json!({"items": [{"id": 1}, {}]}),
+                "items[1].id",
+                "'items[1].id' is required",
+            ),
+            (
+                json!({"items": [{"id": 1}, {"id": null}]}),
+                "items[1].id",
+                "'items[1].id' must be an integer, got null",
+            ),
+            (
+                json!({"items": [{"id": 18446744073709551615u64}]}),
+                "items[0].id",
+                "'items[0].id' must be an integer, got a number",
+            ),
+            (
+                json!({"items": [[1]]}),
+                "items[0]",
+                "'items[0]' must be an object, got an array",
+            ),
+            (
+                json!({"items": {"id": 1}}),
+                "items",
+                "'items' must be an array, got an object",
+            ),
+            (
+                json!({"ratio": true}),
+                "ratio",
+                "'ratio' must be a number, got a boolean",
+            ),
+        ] {
+            let err = read_err(body.clone());
+            assert_eq!(err.status.as_u16(), 400);
+            assert_eq!(err.param.as_deref(), Some(param), "{body}");
+            assert_eq!(err.message, message, "{body}");
+        }
+        let ok: Outer = read(
+            json!({"items": [{"id": 2.0, "x": 1}], "ratio": 3, "y": [1]})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(ok.items.unwrap()[0].0.id, Int(2));
+        assert_eq!(ok.ratio, Some(Num(3.0)));
     }
 
     #[test]

@@ -5,63 +5,70 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use lily_core::sampling::SamplingParams;
+use std::collections::BTreeMap;
+
 use lily_core::text::{Bounded, MAX_PIECE_BYTES};
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::error::ApiError;
-use super::fields::{kind, Fields};
+use super::fields::{within, Int, Num, Obj};
 
 /// At most this many stop strings (OpenAI allows 4; a few more costs nothing).
 const MAX_STOPS: usize = 16;
 
+/// The sampling fields, as both APIs spell them (the Anthropic parser reads them too).
+#[derive(Deserialize, Default)]
+pub struct SamplingFields {
+    temperature: Option<Num>,
+    top_p: Option<Num>,
+    top_k: Option<Int>,
+    min_p: Option<Num>,
+    presence_penalty: Option<Num>,
+    frequency_penalty: Option<Num>,
+    repetition_penalty: Option<Num>,
+    /// Token id (as a string key) → bias.
+    logit_bias: Option<BTreeMap<String, Num>>,
+    seed: Option<Int>,
+}
+
 /// Sampling fields over `defaults` (the model card's, MODEL.md §4). `vocab` bounds logit_bias ids.
 pub fn sampling(
-    f: &Fields,
+    f: &SamplingFields,
     defaults: SamplingParams,
     vocab: usize,
 ) -> Result<SamplingParams, ApiError> {
     let mut p = defaults;
-    if let Some(v) = f.f64_in("temperature", 0.0, 2.0)? {
+    if let Some(v) = within("temperature", f.temperature.map(|n| n.0), 0.0, 2.0)? {
         p.temperature = v as f32;
     }
-    if let Some(v) = f.f64("top_p")? {
-        p.top_p = v as f32;
+    if let Some(v) = f.top_p {
+        p.top_p = v.0 as f32;
     }
     // vLLM spells "off" as -1, the sampler as 0.
-    if let Some(v) = f.i64_in("top_k", -1, u32::MAX as i64)? {
+    if let Some(v) = within("top_k", f.top_k.map(|n| n.0), -1, u32::MAX as i64)? {
         p.top_k = v.max(0) as u32;
     }
-    if let Some(v) = f.f64("min_p")? {
-        p.min_p = v as f32;
-    }
-    if let Some(v) = f.f64("presence_penalty")? {
-        p.presence_penalty = v as f32;
-    }
-    if let Some(v) = f.f64("frequency_penalty")? {
-        p.frequency_penalty = v as f32;
-    }
-    if let Some(v) = f.f64("repetition_penalty")? {
-        p.repetition_penalty = v as f32;
-    }
-    if let Some(bias) = f.object("logit_bias")? {
-        for (key, value) in bias {
-            let id: u32 = key.parse().map_err(|_| {
-                ApiError::invalid_param(
-                    "logit_bias",
-                    format!("logit_bias keys must be token ids, got {key:?}"),
-                )
-            })?;
-            let b = value.as_f64().ok_or_else(|| {
-                ApiError::invalid_param(
-                    "logit_bias",
-                    format!("logit_bias[{key}] must be a number, got {}", kind(value)),
-                )
-            })?;
-            p.logit_bias.push((id, b as f32));
+    for (field, value) in [
+        (&mut p.min_p, f.min_p),
+        (&mut p.presence_penalty, f.presence_penalty),
+        (&mut p.frequency_penalty, f.frequency_penalty),
+        (&mut p.repetition_penalty, f.repetition_penalty),
+    ] {
+        if let Some(v) = value {
+            *field = v.0 as f32;
         }
     }
-    p.seed = match f.i64("seed")? {
-        Some(seed) => seed as u64,
+    for (key, bias) in f.logit_bias.iter().flatten() {
+        let id: u32 = key.parse().map_err(|_| {
+            ApiError::invalid_param(
+                "logit_bias",
+                format!("logit_bias keys must be token ids, got {key:?}"),
+            )
+        })?;
+        p.logit_bias.push((id, bias.0 as f32));
+    }
+    p.seed = match f.seed {
+        Some(seed) => seed.0 as u64,
         None => fresh_seed(),
     };
     p.validate(vocab).map_err(|message| {
@@ -85,91 +92,90 @@ fn fresh_seed() -> u64 {
 }
 
 /// `stop`: a string or an array of strings.
-pub fn stops(f: &Fields) -> Result<Vec<String>, ApiError> {
-    let list: Vec<String> = match f.get("stop") {
-        None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str().map(str::to_string).ok_or_else(|| {
-                    ApiError::invalid_param(
-                        "stop",
-                        format!("'stop' entries must be strings, got {}", kind(v)),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
+#[derive(Deserialize)]
+#[serde(untagged, expecting = "a string or an array of strings")]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// The generation fields `/v1/chat/completions` and `/v1/completions` share, besides sampling.
+#[derive(Deserialize)]
+pub struct GenerationFields {
+    stop: Option<Stop>,
+    n: Option<Int>,
+    best_of: Option<Int>,
+    stream: Option<bool>,
+    stream_options: Option<Obj<StreamOptions>>,
+}
+
+impl GenerationFields {
+    /// The stop strings, at most [`MAX_STOPS`], none empty.
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let list = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(list)) => list.clone(),
+        };
+        if list.len() > MAX_STOPS {
             return Err(ApiError::invalid_param(
                 "stop",
                 format!(
-                    "'stop' must be a string or an array of strings, got {}",
-                    kind(other)
+                    "at most {MAX_STOPS} stop strings are supported, got {}",
+                    list.len()
                 ),
-            ))
+            ));
         }
-    };
-    if list.len() > MAX_STOPS {
-        return Err(ApiError::invalid_param(
-            "stop",
-            format!(
-                "at most {MAX_STOPS} stop strings are supported, got {}",
-                list.len()
-            ),
-        ));
-    }
-    if list.iter().any(String::is_empty) {
-        return Err(ApiError::invalid_param(
-            "stop",
-            "stop strings must not be empty",
-        ));
-    }
-    Ok(list)
-}
-
-/// The first of `names` that is set (`max_completion_tokens` before the deprecated `max_tokens`),
-/// as a count of at least `min`.
-pub fn max_tokens(f: &Fields, names: &[&str], min: i64) -> Result<Option<usize>, ApiError> {
-    for name in names {
-        if let Some(n) = f.i64(name)? {
-            if n < min {
-                return Err(ApiError::invalid_param(
-                    name,
-                    format!("'{name}' must be at least {min}, got {n}"),
-                ));
-            }
-            return Ok(Some(n as usize));
+        if list.iter().any(String::is_empty) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                "stop strings must not be empty",
+            ));
         }
+        Ok(list)
     }
-    Ok(None)
-}
 
-/// `n` (and `best_of`): only one choice per request.
-pub fn single_choice(f: &Fields) -> Result<(), ApiError> {
-    for name in ["n", "best_of"] {
-        if let Some(n) = f.i64(name)? {
-            if n != 1 {
-                return Err(ApiError::invalid_param(
-                    name,
-                    format!("only {name}=1 is supported, got {n}"),
-                ));
+    /// `n` (and `best_of`): only one choice per request.
+    pub fn single_choice(&self) -> Result<(), ApiError> {
+        for (name, value) in [("n", self.n), ("best_of", self.best_of)] {
+            if let Some(Int(n)) = value {
+                if n != 1 {
+                    return Err(ApiError::invalid_param(
+                        name,
+                        format!("only {name}=1 is supported, got {n}"),
+                    ));
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// `stream` and `stream_options.include_usage`.
+    pub fn streaming(&self) -> (bool, bool) {
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.0.include_usage)
+            .unwrap_or(false);
+        (self.stream.unwrap_or(false), include_usage)
+    }
 }
 
-/// `stream` and `stream_options.include_usage`.
-pub fn streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.object("stream_options")? {
-        Some(opts) => Fields::nested(opts, "stream_options".into())
-            .bool("include_usage")?
-            .unwrap_or(false),
-        None => false,
-    };
-    Ok((stream, include_usage))
+/// A token count given as `name`, refused below `min`.
+pub fn at_least(name: &str, value: Option<i64>, min: i64) -> Result<Option<usize>, ApiError> {
+    match value {
+        Some(n) if n < min => Err(ApiError::invalid_param(
+            name,
+            format!("'{name}' must be at least {min}, got {n}"),
+        )),
+        Some(n) => Ok(Some(n as usize)),
+        None => Ok(None),
+    }
 }
 
 /// How many tokens may be generated: the request's limit if it fits beside the prompt in the
@@ -241,16 +247,22 @@ pub fn fit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::openai::fields::read;
+    use serde_json::{json, Value};
 
-    fn fields(v: &Value) -> Fields<'_> {
-        Fields::new(v.as_object().unwrap())
+    fn sampling_of(v: &Value) -> Result<SamplingParams, ApiError> {
+        let f: SamplingFields = read(v.as_object().unwrap())?;
+        sampling(&f, SamplingParams::model_defaults(true), 100)
+    }
+
+    fn stops(v: &Value) -> Result<Vec<String>, ApiError> {
+        read::<GenerationFields>(v.as_object().unwrap())?.stops()
     }
 
     #[test]
     fn request_values_override_the_defaults_and_a_seed_is_kept() {
         let v = json!({"temperature": 0.0, "top_k": -1, "seed": 7, "logit_bias": {"5": -100}});
-        let p = sampling(&fields(&v), SamplingParams::model_defaults(true), 100).unwrap();
+        let p = sampling_of(&v).unwrap();
         assert_eq!((p.temperature, p.top_k, p.seed), (0.0, 0, 7));
         assert_eq!(p.logit_bias, vec![(5, -100.0)]);
         assert_eq!(p.top_p, SamplingParams::model_defaults(true).top_p);
@@ -264,21 +276,23 @@ mod tests {
             (json!({"presence_penalty": -5}), "presence_penalty"),
             (json!({"logit_bias": {"1000": 1}}), "logit_bias"),
         ] {
-            let err =
-                sampling(&fields(&body), SamplingParams::model_defaults(true), 100).unwrap_err();
+            let err = sampling_of(&body).unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {}", err.message);
         }
     }
 
     #[test]
     fn stop_accepts_a_string_or_a_list() {
-        assert_eq!(stops(&fields(&json!({"stop": "x"}))).unwrap(), vec!["x"]);
+        assert_eq!(stops(&json!({"stop": "x"})).unwrap(), vec!["x"]);
+        assert_eq!(stops(&json!({"stop": ["a", "b"]})).unwrap(), vec!["a", "b"]);
+        assert_eq!(stops(&json!({"stop": null})).unwrap(), Vec::<String>::new());
+        let err = stops(&json!({"stop": [1]})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("stop"));
         assert_eq!(
-            stops(&fields(&json!({"stop": ["a", "b"]}))).unwrap(),
-            vec!["a", "b"]
+            err.message,
+            "'stop' must be a string or an array of strings"
         );
-        assert!(stops(&fields(&json!({"stop": [1]}))).is_err());
-        assert!(stops(&fields(&json!({"stop": [""]}))).is_err());
+        assert!(stops(&json!({"stop": [""]})).is_err());
     }
 
     #[test]
