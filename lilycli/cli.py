@@ -1,4 +1,4 @@
-"""The `lily` command: fetch, serve, chat, bench. Each command is a few lines calling one module."""
+"""The `lily` command: fetch, serve, chat, bench, selftest. Each command is a few lines calling one module."""
 
 import functools
 import sys
@@ -251,6 +251,26 @@ def bench(
     if plot_out is not None:
         plot.plot([run] + ([other] if other is not None else []), plot_out)
         log(f"wrote {plot_out}")
+
+
+@app.command()
+@reports_errors
+def selftest(
+    allow_software: Annotated[
+        bool,
+        typer.Option("--allow-software", help="Also test wgpu on a software Vulkan adapter (lavapipe)."),
+    ] = False,
+    steps: Annotated[int | None, typer.Option(help="Greedy steps that must match the CPU's.")] = None,
+) -> None:
+    """Check every device (CPU, CUDA, wgpu) against the CPU on a tiny synthetic model, with a short bench.
+
+    Prints a plain-text report for bug reports; exits 1 when a device disagrees with the CPU."""
+    from lilycli import selftest as checking
+    from lilycli.engine import find_engine
+
+    code = checking.run(find_engine(), allow_software, steps, typer.echo)
+    if code != 0:
+        raise typer.Exit(code)
 
 
 def main() -> None:

@@ -1,10 +1,12 @@
 //! `lily-engine`: the one binary. Subcommands: serve (the OpenAI-compatible HTTP API), synth
-//! (write a synthetic checkpoint), generate (greedy generation from token ids), bench, score.
+//! (write a synthetic checkpoint), generate (greedy generation from token ids), bench, score,
+//! selftest (every device against the CPU, for bug reports).
 
 mod anthropic;
 mod cli_bench;
 mod cli_generate;
 mod cli_score;
+mod cli_selftest;
 mod cli_synth;
 mod connections;
 mod device;
@@ -45,6 +47,8 @@ enum Command {
     Bench(cli_bench::BenchArgs),
     /// Teacher-forced logits of every position (backend and peer comparisons).
     Score(cli_score::ScoreArgs),
+    /// Every device against the CPU reference, then a short bench: a report for bug reports.
+    Selftest(cli_selftest::SelftestArgs),
 }
 
 fn main() {
@@ -63,6 +67,7 @@ fn main() {
         Command::Generate(args) => cli_generate::run(args),
         Command::Bench(args) => cli_bench::run(args),
         Command::Score(args) => cli_score::run(args),
+        Command::Selftest(args) => cli_selftest::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
