@@ -2,7 +2,7 @@
 //! step itself, not tensor ops. Sequences and snapshots live inside the backend (device memory on a
 //! GPU), so the trait is object safe and the engine can hold `Box<dyn Backend>`.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::config::ModelConfig;
 use crate::sampling::Sampler;
@@ -32,6 +32,21 @@ pub struct StepOut {
     pub token: u32,
     pub logprob: f32,
     pub top: Vec<(u32, f32)>,
+}
+
+/// Refuses tokens a sequence cannot take: an id outside the vocabulary, or more than the `max_ctx
+/// - len` positions its context has left. Every backend checks a step with it before its forward.
+pub fn check_tokens(vocab: usize, len: usize, max_ctx: usize, tokens: &[u32]) -> Result<()> {
+    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= vocab) {
+        bail!("token id {bad} is outside the vocabulary ({vocab} ids)");
+    }
+    if len + tokens.len() > max_ctx {
+        bail!(
+            "sequence would hold {} tokens, more than its context of {max_ctx}",
+            len + tokens.len()
+        );
+    }
+    Ok(())
 }
 
 pub trait Backend: Send {
@@ -114,5 +129,20 @@ pub trait Backend: Send {
     /// Bytes `snap` holds of its own (not the KV it shares with its sequence).
     fn snapshot_bytes(&self, _snap: SnapshotId) -> usize {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_tokens;
+
+    #[test]
+    fn a_step_is_refused_past_the_vocabulary_or_the_context() {
+        assert!(check_tokens(10, 3, 8, &[0, 9, 4]).is_ok());
+        assert!(check_tokens(10, 5, 8, &[1, 2, 3]).is_ok()); // exactly fills the context
+        let e = check_tokens(10, 0, 8, &[3, 10]).unwrap_err().to_string();
+        assert!(e.contains("token id 10") && e.contains("10 ids"), "{e}");
+        let e = check_tokens(10, 6, 8, &[1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("9 tokens") && e.contains("context of 8"), "{e}");
     }
 }

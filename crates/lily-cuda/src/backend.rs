@@ -127,21 +127,7 @@ impl CudaBackend {
     }
 
     fn check_tokens(&self, s: &SeqState, tokens: &[u32]) -> Result<()> {
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-            bail!(
-                "token id {bad} is outside the vocabulary ({} entries)",
-                self.cfg.vocab
-            );
-        }
-        if s.len + tokens.len() > s.max_ctx {
-            bail!(
-                "{} + {} tokens exceed the sequence's context of {}",
-                s.len,
-                tokens.len(),
-                s.max_ctx
-            );
-        }
-        Ok(())
+        lily_core::backend::check_tokens(self.cfg.vocab, s.len, s.max_ctx, tokens)
     }
 
     /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on

@@ -119,20 +119,7 @@ impl WgpuBackend {
     }
 
     fn check_tokens(&self, seq: &SeqState, tokens: &[u32]) -> Result<()> {
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= self.cfg.vocab) {
-            bail!(
-                "token id {bad} is outside the vocabulary ({} ids)",
-                self.cfg.vocab
-            );
-        }
-        if seq.len + tokens.len() > seq.max_ctx {
-            bail!(
-                "sequence would hold {} tokens, more than its context of {}",
-                seq.len + tokens.len(),
-                seq.max_ctx
-            );
-        }
-        Ok(())
+        lily_core::backend::check_tokens(self.cfg.vocab, seq.len, seq.max_ctx, tokens)
     }
 
     /// Feeds `piece` (at most one chunk) from the host.

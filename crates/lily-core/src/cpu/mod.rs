@@ -96,16 +96,7 @@ fn forward(
 ) -> Result<Vec<f32>> {
     let c = &w.config;
     let (t, h) = (tokens.len(), c.hidden);
-    if st.pos + t > st.max_ctx {
-        bail!(
-            "sequence would hold {} tokens, more than its context of {}",
-            st.pos + t,
-            st.max_ctx
-        );
-    }
-    if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
-        bail!("token id {bad} is outside the vocabulary ({} ids)", c.vocab);
-    }
+    crate::backend::check_tokens(c.vocab, st.pos, st.max_ctx, tokens)?;
     // §2.1 embedding.
     let mut x = vec![0f32; t * h];
     for (row, &id) in x.chunks_mut(h).zip(tokens) {
