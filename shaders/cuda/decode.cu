@@ -452,6 +452,25 @@ __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     return w;
 }
 
+// The first half of dec_glu / dec_glu4 after pdl_wait: warp 0 routes the token (block 0 also
+// publishes the routing for dec_down_combine) while the others stage xn; stage_x's barriers
+// publish ids_s / w_s to the whole block.
+__device__ __forceinline__ void route_and_stage(const float* __restrict__ router_logits, int n_experts, int top_k,
+                                                int* __restrict__ ids, float* __restrict__ route_w,
+                                                const float* __restrict__ xn, int cols, float* p, int* ids_s,
+                                                float* w_s, float* xs, float* xsum) {
+    int lane = threadIdx.x & 31;
+    if ((threadIdx.x >> 5) == 0) {
+        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
+        __syncwarp();
+        if (blockIdx.x == 0 && lane < top_k) {
+            ids[lane] = ids_s[lane];
+            route_w[lane] = w_s[lane];
+        }
+    }
+    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+}
+
 // Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
 // item top_k: the shared expert (sgate/sup), output hs. xn [cols] is the normed input. Tiles of
 // DEC_WARPS · (32 / lpr) · DEC_GLU_R rows, tiles_per_item per item; persistent grid (see dec_gemv).
@@ -470,15 +489,7 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     pdl_wait();
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
-    if (warp == 0) {
-        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
-        __syncwarp();
-        if (blockIdx.x == 0 && lane < top_k) {
-            ids[lane] = ids_s[lane];
-            route_w[lane] = w_s[lane];
-        }
-    }
-    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+    route_and_stage(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     int G = cols >> 6;
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
@@ -593,15 +604,7 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
     if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     pdl_wait();
-    if (tg.warp == 0) {
-        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
-        __syncwarp();
-        if (blockIdx.x == 0 && lane < top_k) {
-            ids[lane] = ids_s[lane];
-            route_w[lane] = w_s[lane];
-        }
-    }
-    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);  // its barriers publish ids_s
+    route_and_stage(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     float xv[64];
