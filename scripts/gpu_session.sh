@@ -8,8 +8,11 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
-# profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), SKIP_CHECK=1,
-# SKIP_PROFILE=1, SKIP_PARITY=1.
+# profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
+# (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
+# lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
+# SELFTEST=1 (`lily-engine selftest`), SKIP_CHECK=1, SKIP_PROFILE=1, SKIP_PARITY=1.
+# VARIANTS="" runs no bench.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-logs}"
@@ -39,7 +42,7 @@ say "synth: $(tail -1 /tmp/synth.log) $(du -sb $M | cut -f1) bytes"
 B=(--model "$M" --device cuda --prefill "${PREFILL:-512,4K,32K}" --decode-ctx "${DECODE:-256,4K}"
    --decode-tokens 128 --repeat "${REPEAT:-2}")
 for round in $(seq "${ROUNDS:-1}"); do
-  for v in ${VARIANTS:-old new-unfused new}; do
+  for v in ${VARIANTS-old new-unfused new}; do
     case $v in
       old) cmd=("$OLD" bench "${B[@]}") ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
@@ -64,6 +67,68 @@ for v in ${SERVED:-}; do
     --prompt-tokens 4096 --max-tokens 256 --repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
   say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -1 "$OUT/served.log")"
 done
+
+# CONSTRAIN=1: the same served decode through /v1/chat/completions, free then constrained to a
+# json_schema (scripts/serve_bench.py --constrain json; issue 15's mask cost).
+if [ "${CONSTRAIN:-0}" = 1 ]; then
+  for c in "" "--constrain json"; do
+    LILY_ENGINE_BIN="$NEW" timeout 150 python3 scripts/serve_bench.py --model "$M" --device cuda --endpoint chat \
+      --prompt-tokens 4096 --max-tokens 256 --repeat 3 $c >> "$OUT/constrain.log" 2>&1
+    say "served chat ${c:-free} rc=$?: $(tail -1 "$OUT/constrain.log")"
+  done
+fi
+
+# WGPU="PREFILL DECODE": the wgpu backend on this GPU through Vulkan (issue 13). The Vulkan loader
+# is not installed on the device machine: carry .gl (Debian's libvulkan1 and friends, see
+# ../.library/device/README.md); it is unpacked here. WGPU_BIN: another lily-engine for this bench
+# (e.g. a wgpu branch's build in .carry/wgpu/), LILY_PROFILE=1 passes through.
+if [ -n "${WGPU:-}" ] || [ "${SELFTEST:-0}" = 1 ]; then
+  if ! ldconfig -p | grep -q libvulkan && [ -d .gl ]; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  fi
+  [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] &&
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+if [ "${SELFTEST:-0}" = 1 ]; then
+  rm -rf /tmp/lily-tiny; "$NEW" synth --preset tiny --seed 3 --out /tmp/lily-tiny > /dev/null 2>&1
+  timeout 120 "$NEW" selftest --model /tmp/lily-tiny > "$OUT/selftest.log" 2>&1
+  say "selftest rc=$?"; tail -25 "$OUT/selftest.log" >> "$LOG"
+fi
+if [ -n "${WGPU:-}" ]; then
+  read -r wp wd <<< "$WGPU"
+  WB="${WGPU_BIN:-$NEW}"; [ -x "$WB" ] || WB="$NEW"
+  timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
+    --decode-tokens 64 --repeat 1 > "$OUT/wgpu.log" 2>&1
+  say "wgpu bench rc=$?"; grep -v "^\s*$" "$OUT/wgpu.log" | tail -20 >> "$LOG"
+fi
+
+# NSYS=CTX: Nsight Systems (when the machine has it) over 64 decode steps at context CTX, the CUDA
+# graph traced per kernel node: each kernel's real in-graph duration (nsys-kern.csv).
+if [ -n "${NSYS:-}" ]; then
+  NS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NS" ]; then
+    timeout 200 "$NS" profile --cuda-graph-trace=node -o /tmp/lily-nsys -f true "$NEW" bench --model "$M" \
+      --device cuda --prefill 16 --decode-ctx "$NSYS" --decode-tokens 64 --repeat 1 > /tmp/nsys.log 2>&1
+    say "nsys rc=$?"
+    "$NS" stats --report cuda_gpu_kern_sum --format csv /tmp/lily-nsys.nsys-rep > "$OUT/nsys-kern.csv" 2>>/tmp/nsys.log
+    tail -5 /tmp/nsys.log >> "$LOG"
+  else
+    say "no nsys here: $(ls /usr/local/cuda*/bin 2>/dev/null | tr '\n' ' ')"
+  fi
+fi
+
+# NCU=CTX: Nsight Compute over the first decode steps at context CTX (each kernel node of the graph
+# profiled alone, caches flushed, clocks left alone): duration, DRAM bytes and throughput per
+# launch (ncu.csv, raw page; aggregate with scripts/ncu_summary.py).
+if [ -n "${NCU:-}" ]; then
+  NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  timeout "${NCU_TIMEOUT:-150}" "$NC" --graph-profiling node --clock-control none --csv --page raw \
+    --kernel-name regex:'^(dec_|attn_split|attn_qk|lm_|sample|argmax|advance)' --launch-count "${NCU_COUNT:-700}" \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread \
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "$NCU" --decode-tokens 2 --repeat 1 \
+    > "$OUT/ncu.csv" 2> /tmp/ncu.err
+  say "ncu rc=$?: $(tail -2 /tmp/ncu.err | tr '\n' ' ')"
+fi
 
 # AGENT_TRACE="CONTEXT TURNS": scripts/agent_trace.py through a started `serve` of this build, prefix
 # reuse on then off (time to first token and cached tokens per turn; issue 14).
