@@ -2,7 +2,8 @@
 //   β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), S ← exp(g) · S,
 //   u = Sᵀk, δ = β (v − u), S ← S + k δᵀ, o = Sᵀq (the updated state).
 // Column j of S only meets column j, so invocation j of the head's workgroup owns it in
-// registers for the whole chunk: no reductions, no barriers. Value head h reads key head
+// registers for the whole chunk: no reductions, no barriers. Workgroups of 32 columns, so that a
+// decode step spreads over hv · dv / 32 workgroups (128 on the full model) rather than hv. Value head h reads key head
 // h / (hv / hk). Bytes: S read and written once per chunk; FLOPs: ≈ 6 · dk · dv per token and head.
 
 struct P {
@@ -22,9 +23,10 @@ struct P {
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
 @group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
 
-@compute @workgroup_size(128)
-fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) j: u32) {
+@compute @workgroup_size(32)
+fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
+    let j = wid.y * 32u + lid;
     if (j >= p.dv) {
         return;
     }

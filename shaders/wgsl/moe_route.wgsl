@@ -1,5 +1,8 @@
 // MoE routing (MODEL.md §2.6): softmax over all experts, top-k (ties to the lower id), weights
-// renormalised over the k picked. One invocation per token (E = 256, k = 8: a few µs).
+// renormalised over the k picked. One workgroup of 64 per token: the probabilities go to shared
+// memory, then each invocation ranks its experts against all others (rank = how many come
+// before it), so the k picked are found in one pass with no serial selection. E ≤ 512
+// (checked at load).
 
 struct P {
     tokens: u32,
@@ -12,46 +15,48 @@ struct P {
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;    // [tokens, k]
 @group(0) @binding(3) var<storage, read_write> wts: array<f32>;    // [tokens, k]
 
+var<workgroup> ev: array<f32, 512>;
+var<workgroup> picked: array<u32, 16>;
+
 @compute @workgroup_size(64)
-fn moe_route(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.x;
-    if (t >= p.tokens) {
-        return;
-    }
+fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
     let b = t * p.e;
     var mx = NEG_BIG;
-    for (var i = 0u; i < p.e; i++) {
+    for (var i = lid; i < p.e; i += 64u) {
         mx = max(mx, L[b + i]);
     }
-    var sum = 0.0;
-    for (var i = 0u; i < p.e; i++) {
-        sum += exp(L[b + i] - mx);
+    mx = wg_max(lid, mx);
+    var part = 0.0;
+    for (var i = lid; i < p.e; i += 64u) {
+        let v = exp(L[b + i] - mx);
+        ev[i] = v;
+        part += v;
     }
-    var picked: array<u32, 16>;
-    var probs: array<f32, 16>;
-    var kept = 0.0;
-    for (var k = 0u; k < p.k; k++) {
-        var best = 0u;
-        var bv = -1.0;
-        for (var i = 0u; i < p.e; i++) {
-            var taken = false;
-            for (var q = 0u; q < k; q++) {
-                if (picked[q] == i) {
-                    taken = true;
-                }
-            }
-            let v = exp(L[b + i] - mx);
-            if (!taken && v > bv) {
-                bv = v;
-                best = i;
+    let sum = wg_sum(lid, part);
+    for (var i = lid; i < p.e; i += 64u) {
+        let v = ev[i];
+        var rank = 0u;
+        for (var j = 0u; j < p.e; j++) {
+            let u = ev[j];
+            if (u > v || (u == v && j < i)) {
+                rank++;
             }
         }
-        picked[k] = best;
-        probs[k] = bv / sum;
-        kept += bv / sum;
+        if (rank < p.k) {
+            picked[rank] = i;
+        }
     }
-    for (var k = 0u; k < p.k; k++) {
-        ids[t * p.k + k] = picked[k];
-        wts[t * p.k + k] = probs[k] / kept;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var kept = 0.0;
+        for (var k = 0u; k < p.k; k++) {
+            kept += ev[picked[k]] / sum;
+        }
+        for (var k = 0u; k < p.k; k++) {
+            let i = picked[k];
+            ids[t * p.k + k] = i;
+            wts[t * p.k + k] = ev[i] / sum / kept;
+        }
     }
 }

@@ -147,6 +147,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // Warm-up: compile/caches/first-touch of weights.
     time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
     time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4)?;
+    // LILY_PROFILE=1: the wgpu backend's per-kernel GPU times, of the measured runs only.
+    lily_wgpu::profile::reset();
 
     let mut prefill_rows = Vec::new();
     println!("{:>8} {:>12} {:>10}", "prefill", "tok/s", "ms");
@@ -194,6 +196,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "floor_fraction": floor_s / per_tok,
             "bandwidth_gbs": a.bandwidth_gbs,
         }));
+    }
+    if let Some(profile) = lily_wgpu::profile::take_report() {
+        eprintln!("{profile}");
     }
     if let Some(path) = &a.json {
         let report = json!({

@@ -162,8 +162,8 @@ impl WgpuBackend {
 
 impl Drop for WgpuBackend {
     fn drop(&mut self) {
-        if crate::gpu::profile::enabled() {
-            tracing::info!("wgpu kernel times:\n{}", crate::gpu::profile::report());
+        if let Some(r) = crate::gpu::profile::take_report() {
+            tracing::info!("{r}");
         }
     }
 }

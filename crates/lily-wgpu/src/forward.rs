@@ -15,6 +15,25 @@ type Buf = wgpu::Buffer;
 /// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
 const LINEAR_ROWS: usize = 8;
 
+/// (head, token) pairs of attention below which the keys are split over several workgroups
+/// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
+const SPLIT_PAIRS: usize = 256;
+const PART_ROWS: usize = 512;
+
+/// How attend.wgsl splits the keys of `pairs` (query head, token) pairs whose longest causal
+/// range is `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill
+/// a large GPU at decode (≈ 512), at least 64 keys each; one split where pairs alone suffice.
+pub fn attention_splits(pairs: usize, n_max: usize) -> (usize, usize) {
+    let want = if pairs >= SPLIT_PAIRS {
+        1
+    } else {
+        (PART_ROWS / pairs.max(1)).max(1)
+    };
+    let nsplit = want.min(n_max.div_ceil(64)).max(1);
+    let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
+    (n_max.div_ceil(span), span)
+}
+
 /// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
 pub struct Scratch {
     pub chunk: usize,
@@ -28,6 +47,8 @@ pub struct Scratch {
     vin: Buf,
     q: Buf,
     o: Buf,
+    /// attend.wgsl's partials when the keys are split: `PART_ROWS` rows of (head_dim + 2).
+    attn_part: Buf,
     // Gated DeltaNet.
     m: Buf,
     c: Buf,
@@ -74,6 +95,7 @@ impl Scratch {
             vin: f("v", t * c.n_kv_heads * c.head_dim)?,
             q: f("q", t * c.n_heads * c.head_dim)?,
             o: f("o", t * c.n_heads * c.head_dim)?,
+            attn_part: f("attention_partials", PART_ROWS * (c.head_dim + 2))?,
             m: f("m", t * c.conv_dim())?,
             c: f("conv_out", t * c.conv_dim())?,
             qk: f("qk", t * 2 * c.dn_key_dim())?,
@@ -225,6 +247,7 @@ impl<'a> Forward<'a> {
         }
         self.write_rope(seq.len, t);
         let mut r = Recorder::new(self.gpu);
+        r.set_phase(if t == 1 { "decode" } else { "prefill" }, t);
         self.embed(&mut r, ids, t);
         let h = c.hidden;
         for (i, layer) in self.model.layers.iter().enumerate() {
@@ -249,6 +272,7 @@ impl<'a> Forward<'a> {
                 self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);
                 self.linear(
                     &mut r,
+                    "lin.lm_head",
                     &self.model.lm_head,
                     self.plain(&s.xn, h, &seq.logits, v, 1),
                 );
@@ -257,6 +281,7 @@ impl<'a> Forward<'a> {
                 self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, 0, t);
                 self.linear(
                     &mut r,
+                    "lin.lm_head",
                     &self.model.lm_head,
                     self.plain(&s.xn, h, &s.all_logits, v, t),
                 );
@@ -275,6 +300,7 @@ impl<'a> Forward<'a> {
     /// Greedy pick from the sequence's logits into its `next` (token id, log-probability).
     pub fn argmax(&self, seq: &'a SeqState) -> Result<()> {
         let mut r = Recorder::new(self.gpu);
+        r.set_phase("pick", 0);
         self.record_argmax(&mut r, seq);
         r.submit()
     }
@@ -367,30 +393,50 @@ impl<'a> Forward<'a> {
     }
 
     /// `y = W x` for plain matrices, slice by slice.
-    fn linear(&self, r: &mut Recorder<'a>, w: &'a GpuLinear, io: Io<'a>) {
-        self.linear_impl(r, w, io, None);
+    fn linear(&self, r: &mut Recorder<'a>, label: &'static str, w: &'a GpuLinear, io: Io<'a>) {
+        self.linear_impl(r, label, w, io, None);
     }
 
     /// Routed experts: item i = (token i / x_div's row, expert `ids[i]`).
-    fn linear_experts(&self, r: &mut Recorder<'a>, w: &'a GpuLinear, io: Io<'a>, x_div: usize) {
-        self.linear_impl(r, w, io, Some(x_div));
+    fn linear_experts(
+        &self,
+        r: &mut Recorder<'a>,
+        label: &'static str,
+        w: &'a GpuLinear,
+        io: Io<'a>,
+        x_div: usize,
+    ) {
+        self.linear_impl(r, label, w, io, Some(x_div));
     }
 
     fn linear_impl(
         &self,
         r: &mut Recorder<'a>,
+        label: &'static str,
         w: &'a GpuLinear,
         io: Io<'a>,
         experts: Option<usize>,
     ) {
+        // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow.
+        let q4 = w.bits == 4
+            && w.group.is_multiple_of(32)
+            && w.cols.is_multiple_of(32)
+            && io.x_off.is_multiple_of(4)
+            && io.x_stride.is_multiple_of(4);
+        let kernel = if q4 {
+            &self.k.linear_q4
+        } else {
+            &self.k.linear
+        };
         for sl in &w.slices {
             let (rows, row0, e0, e_count) = match experts {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
             let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
-            r.dispatch(
-                &self.k.linear,
+            r.dispatch_as(
+                label,
+                kernel,
                 &[
                     rows as u32,
                     w.cols as u32,
@@ -430,9 +476,24 @@ impl<'a> Forward<'a> {
         let c = self.cfg;
         let s = self.s;
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
-        self.linear(r, &a.q_proj, self.plain(&s.xn, h, &s.qg, hq * 2 * d, t));
-        self.linear(r, &a.k_proj, self.plain(&s.xn, h, &s.kin, hkv * d, t));
-        self.linear(r, &a.v_proj, self.plain(&s.xn, h, &s.vin, hkv * d, t));
+        self.linear(
+            r,
+            "lin.attn.q",
+            &a.q_proj,
+            self.plain(&s.xn, h, &s.qg, hq * 2 * d, t),
+        );
+        self.linear(
+            r,
+            "lin.attn.k",
+            &a.k_proj,
+            self.plain(&s.xn, h, &s.kin, hkv * d, t),
+        );
+        self.linear(
+            r,
+            "lin.attn.v",
+            &a.v_proj,
+            self.plain(&s.xn, h, &s.vin, hkv * d, t),
+        );
         r.dispatch(
             &self.k.attn_prep,
             &[
@@ -448,6 +509,7 @@ impl<'a> Forward<'a> {
         );
         let row = kv_row_bytes(c);
         r.copy(&s.vin, 0, vc, pos0 as u64 * row, t as u64 * row);
+        let (nsplit, span) = attention_splits(hq * t, pos0 + t);
         r.dispatch(
             &self.k.attend,
             &[
@@ -456,13 +518,23 @@ impl<'a> Forward<'a> {
                 d as u32,
                 pos0 as u32,
                 (1.0 / (d as f32).sqrt()).to_bits(),
+                nsplit as u32,
+                span as u32,
             ],
-            &[&s.q, &s.qg, kc, vc, &s.o],
-            [hq as u32, t as u32, 1],
+            &[&s.q, &s.qg, kc, vc, &s.o, &s.attn_part],
+            [hq as u32, t as u32, nsplit as u32],
         );
+        if nsplit > 1 {
+            r.dispatch(
+                &self.k.attend_merge,
+                &[hq as u32, d as u32, nsplit as u32],
+                &[&s.attn_part, &s.qg, &s.o],
+                [hq as u32, t as u32, 1],
+            );
+        }
         let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
         io.accumulate = true;
-        self.linear(r, &a.o_proj, io);
+        self.linear(r, "lin.attn.o", &a.o_proj, io);
     }
 
     /// MODEL.md §2.5 (recurrent form over the chunk), output projection added into the residual.
@@ -478,12 +550,22 @@ impl<'a> Forward<'a> {
         let s = self.s;
         let (h, cd, hv, hk) = (c.hidden, c.conv_dim(), c.dn_v_heads, c.dn_k_heads);
         let vd = hv * c.dn_v_dim;
-        self.linear(r, &d.in_qkv, self.plain(&s.xn, h, &s.m, cd, t));
-        self.linear(r, &d.in_z, self.plain(&s.xn, h, &s.z, vd, t));
-        self.linear(r, &d.in_b, self.plain(&s.xn, h, &s.ba, 2 * hv, t));
+        self.linear(
+            r,
+            "lin.dn.qkv",
+            &d.in_qkv,
+            self.plain(&s.xn, h, &s.m, cd, t),
+        );
+        self.linear(r, "lin.dn.z", &d.in_z, self.plain(&s.xn, h, &s.z, vd, t));
+        self.linear(
+            r,
+            "lin.dn.b",
+            &d.in_b,
+            self.plain(&s.xn, h, &s.ba, 2 * hv, t),
+        );
         let mut io = self.plain(&s.xn, h, &s.ba, 2 * hv, t);
         io.y_off = hv;
-        self.linear(r, &d.in_a, io);
+        self.linear(r, "lin.dn.a", &d.in_a, io);
         let (nx, ny) = grid_2d(cd.div_ceil(64));
         r.dispatch(
             &self.k.dn_conv,
@@ -513,7 +595,7 @@ impl<'a> Forward<'a> {
                 cd as u32,
             ],
             &[&s.c, &s.qk, &s.ba, &d.decay, state, &s.odn],
-            [hv as u32, 1, 1],
+            [hv as u32, c.dn_v_dim.div_ceil(32) as u32, 1],
         );
         let (nx, ny) = grid_2d(t * hv);
         r.dispatch(
@@ -524,7 +606,7 @@ impl<'a> Forward<'a> {
         );
         let mut io = self.plain(&s.ogn, vd, &s.x, h, t);
         io.accumulate = true;
-        self.linear(r, &d.out_proj, io);
+        self.linear(r, "lin.dn.out", &d.out_proj, io);
     }
 
     /// MODEL.md §2.6: routed experts + gated shared expert, added into the residual.
@@ -538,23 +620,66 @@ impl<'a> Forward<'a> {
             c.expert_inter,
             c.shared_inter,
         );
-        self.linear(r, &m.router, self.plain(&s.xn, h, &s.router_logits, e, t));
+        self.linear(
+            r,
+            "lin.router",
+            &m.router,
+            self.plain(&s.xn, h, &s.router_logits, e, t),
+        );
         r.dispatch(
             &self.k.moe_route,
             &[t as u32, e as u32, k as u32],
             &[&s.router_logits, &s.ids, &s.wts],
-            [t.div_ceil(64) as u32, 1, 1],
+            [t as u32, 1, 1],
         );
         let tk = t * k;
-        self.linear_experts(r, &m.gate, self.plain(&s.xn, h, &s.g, i, tk), k);
-        self.linear_experts(r, &m.up, self.plain(&s.xn, h, &s.u, i, tk), k);
+        self.linear_experts(
+            r,
+            "lin.experts.gate",
+            &m.gate,
+            self.plain(&s.xn, h, &s.g, i, tk),
+            k,
+        );
+        self.linear_experts(
+            r,
+            "lin.experts.up",
+            &m.up,
+            self.plain(&s.xn, h, &s.u, i, tk),
+            k,
+        );
         self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
-        self.linear_experts(r, &m.down, self.plain(&s.act, i, &s.ye, h, tk), 1);
-        self.linear(r, &m.shared_gate, self.plain(&s.xn, h, &s.sg, si, t));
-        self.linear(r, &m.shared_up, self.plain(&s.xn, h, &s.su, si, t));
+        self.linear_experts(
+            r,
+            "lin.experts.down",
+            &m.down,
+            self.plain(&s.act, i, &s.ye, h, tk),
+            1,
+        );
+        self.linear(
+            r,
+            "lin.shared.gate",
+            &m.shared_gate,
+            self.plain(&s.xn, h, &s.sg, si, t),
+        );
+        self.linear(
+            r,
+            "lin.shared.up",
+            &m.shared_up,
+            self.plain(&s.xn, h, &s.su, si, t),
+        );
         self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
-        self.linear(r, &m.shared_down, self.plain(&s.sa, si, &s.sh, h, t));
-        self.linear(r, &m.shared_expert_gate, self.plain(&s.xn, h, &s.sgl, 1, t));
+        self.linear(
+            r,
+            "lin.shared.down",
+            &m.shared_down,
+            self.plain(&s.sa, si, &s.sh, h, t),
+        );
+        self.linear(
+            r,
+            "lin.shared.gate_logit",
+            &m.shared_expert_gate,
+            self.plain(&s.xn, h, &s.sgl, 1, t),
+        );
         r.dispatch(
             &self.k.moe_combine,
             &[t as u32, h as u32, k as u32],

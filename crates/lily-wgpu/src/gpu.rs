@@ -17,6 +17,8 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// Whether GPU timestamps were enabled (for `LILY_PROFILE=1`, where the adapter has them).
+    pub timestamps: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
 }
@@ -88,9 +90,21 @@ impl Gpu {
             );
         }
         let limits = adapter.limits();
+        let timestamps =
+            profile::enabled() && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        profile::set_source(if timestamps {
+            "GPU timestamps, one compute pass per dispatch"
+        } else {
+            "no timestamp queries here: host wall time, one submission per dispatch"
+        });
+        let required_features = if timestamps {
+            wgpu::Features::TIMESTAMP_QUERY
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
-            required_features: wgpu::Features::empty(),
+            required_features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -108,6 +122,7 @@ impl Gpu {
             queue,
             info,
             limits,
+            timestamps,
             error,
         })
     }
@@ -128,9 +143,10 @@ impl Gpu {
         }
     }
 
-    /// A zero-filled storage buffer of at least `bytes` (rounded up to 4, at least 4).
+    /// A zero-filled storage buffer of at least `bytes` (rounded up to 16, at least 16: kernels
+    /// read some buffers as vec4).
     pub fn storage(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
-        let size = bytes.max(4).div_ceil(4) * 4;
+        let size = bytes.max(16).div_ceil(16) * 16;
         if size > self.max_binding() {
             bail!(
                 "{label}: {size} bytes exceed the device's largest storage binding ({} bytes)",
@@ -272,6 +288,8 @@ impl Kernel {
 enum Op<'a> {
     Dispatch {
         kernel: &'a Kernel,
+        /// What the profile calls it (the kernel's name, or a finer label such as "linear.experts").
+        label: &'static str,
         bufs: Vec<&'a wgpu::Buffer>,
         param_off: u64,
         groups: [u32; 3],
@@ -292,6 +310,9 @@ pub struct Recorder<'a> {
     gpu: &'a Gpu,
     ops: Vec<Op<'a>>,
     params: Vec<u8>,
+    /// The profile's grouping of this submission ("decode", "prefill", ...) and its tokens.
+    phase: &'static str,
+    tokens: usize,
 }
 
 impl<'a> Recorder<'a> {
@@ -300,12 +321,32 @@ impl<'a> Recorder<'a> {
             gpu,
             ops: Vec::new(),
             params: Vec::new(),
+            phase: "other",
+            tokens: 0,
         }
+    }
+
+    /// Names the submission for the profile: `phase` and the tokens it advances.
+    pub fn set_phase(&mut self, phase: &'static str, tokens: usize) {
+        self.phase = phase;
+        self.tokens = tokens;
     }
 
     /// `params`: the kernel's uniform struct as 32-bit words (f32 fields as their bits).
     pub fn dispatch(
         &mut self,
+        kernel: &'a Kernel,
+        params: &[u32],
+        bufs: &[&'a wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
+        self.dispatch_as(kernel.name, kernel, params, bufs, groups);
+    }
+
+    /// `dispatch`, shown as `label` in the profile.
+    pub fn dispatch_as(
+        &mut self,
+        label: &'static str,
         kernel: &'a Kernel,
         params: &[u32],
         bufs: &[&'a wgpu::Buffer],
@@ -321,6 +362,7 @@ impl<'a> Recorder<'a> {
             .resize(param_off as usize + PARAM_STRIDE as usize, 0);
         self.ops.push(Op::Dispatch {
             kernel,
+            label,
             bufs: bufs.to_vec(),
             param_off,
             groups,
@@ -353,10 +395,45 @@ impl<'a> Recorder<'a> {
         if profile::enabled() {
             return self.submit_profiled();
         }
-        self.submit_plain()
+        let cb = self.encode(None)?;
+        self.gpu.queue.submit([cb]);
+        self.gpu.check()
     }
 
-    fn submit_plain(self) -> Result<()> {
+    fn bind_group(
+        &self,
+        kernel: &Kernel,
+        bufs: &[&wgpu::Buffer],
+        pbuf: &wgpu::Buffer,
+        param_off: u64,
+    ) -> wgpu::BindGroup {
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: pbuf,
+                offset: param_off,
+                size: NonZeroU64::new(PARAM_STRIDE),
+            }),
+        }];
+        for (b, buf) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: b as u32 + 1,
+                resource: buf.as_entire_binding(),
+            });
+        }
+        self.gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(kernel.name),
+                layout: &kernel.layout,
+                entries: &entries,
+            })
+    }
+
+    /// The command buffer of every op, consecutive dispatches in one compute pass; with
+    /// `timestamps`, each dispatch in a pass of its own whose start and end land at queries
+    /// 2i and 2i + 1 (i: the dispatch's index).
+    fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> Result<wgpu::CommandBuffer> {
         let g = self.gpu;
         let pbuf = (!self.params.is_empty()).then(|| {
             g.device
@@ -370,6 +447,7 @@ impl<'a> Recorder<'a> {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let mut i = 0;
+        let mut nd = 0u32;
         while i < self.ops.len() {
             match &self.ops[i] {
                 Op::Copy {
@@ -383,55 +461,78 @@ impl<'a> Recorder<'a> {
                     i += 1;
                 }
                 Op::Dispatch { .. } => {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                    let desc = wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: timestamps.map(|qs| wgpu::ComputePassTimestampWrites {
+                            query_set: qs,
+                            beginning_of_pass_write_index: Some(2 * nd),
+                            end_of_pass_write_index: Some(2 * nd + 1),
+                        }),
+                    };
+                    let mut pass = enc.begin_compute_pass(&desc);
                     while let Some(Op::Dispatch {
                         kernel,
                         bufs,
                         param_off,
                         groups,
+                        ..
                     }) = self.ops.get(i)
                     {
-                        let pbuf = pbuf.as_ref().expect("dispatches have parameters");
-                        let mut entries = vec![wgpu::BindGroupEntry {
-                            binding: 0,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: pbuf,
-                                offset: *param_off,
-                                size: NonZeroU64::new(PARAM_STRIDE),
-                            }),
-                        }];
-                        for (b, buf) in bufs.iter().enumerate() {
-                            entries.push(wgpu::BindGroupEntry {
-                                binding: b as u32 + 1,
-                                resource: buf.as_entire_binding(),
-                            });
-                        }
-                        let bg = g.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                            label: Some(kernel.name),
-                            layout: &kernel.layout,
-                            entries: &entries,
-                        });
+                        let pbuf = pbuf.as_ref().context("dispatches have parameters")?;
+                        let bg = self.bind_group(kernel, bufs, pbuf, *param_off);
                         pass.set_pipeline(&kernel.pipeline);
                         pass.set_bind_group(0, &bg, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
+                        nd += 1;
+                        if timestamps.is_some() {
+                            break;
+                        }
                     }
                 }
             }
         }
-        g.queue.submit([enc.finish()]);
-        g.check()
+        Ok(enc.finish())
     }
 }
 
 impl Recorder<'_> {
-    /// Each dispatch in a submission of its own, timed to completion (`LILY_WGPU_PROFILE=1`).
+    /// `LILY_PROFILE=1`: the host time of encoding the submission as usual (encoded, then
+    /// dropped), then the work itself with a GPU timestamp around each dispatch where the adapter
+    /// has timestamp queries, else each dispatch submitted alone and timed on the host to
+    /// completion (so including one submission each).
     fn submit_profiled(self) -> Result<()> {
-        let Recorder { gpu, ops, params } = self;
+        let gpu = self.gpu;
+        gpu.wait()?;
+        if profile::plain_turn(self.phase) {
+            // Every other pass runs as without the profile, timed on the host to completion.
+            let t0 = std::time::Instant::now();
+            let cb = self.encode(None)?;
+            gpu.queue.submit([cb]);
+            gpu.wait()?;
+            profile::add_wall(self.phase, self.tokens, t0.elapsed());
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let cb = self.encode(None)?;
+        let host = t0.elapsed();
+        drop(cb);
+        profile::add_pass(self.phase, self.tokens, host);
+        if gpu.timestamps {
+            return self.submit_timestamped();
+        }
+        let Recorder {
+            gpu,
+            ops,
+            params,
+            phase,
+            ..
+        } = self;
         for op in ops {
-            let (name, one) = match op {
+            let (label, mut one) = match op {
                 Op::Dispatch {
                     kernel,
+                    label,
                     bufs,
                     param_off,
                     groups,
@@ -441,7 +542,7 @@ impl Recorder<'_> {
                     let words: &[u32] =
                         bytemuck::cast_slice(&params[start..start + PARAM_STRIDE as usize]);
                     one.dispatch(kernel, words, &bufs, groups);
-                    (kernel.name, one)
+                    (label, one)
                 }
                 Op::Copy {
                     src,
@@ -455,51 +556,223 @@ impl Recorder<'_> {
                     ("copy", one)
                 }
             };
+            one.phase = phase;
             let t0 = std::time::Instant::now();
-            one.submit_plain()?;
+            let cb = one.encode(None)?;
+            gpu.queue.submit([cb]);
             gpu.wait()?;
-            profile::add(name, t0.elapsed());
+            profile::add_kernel(phase, label, t0.elapsed().as_secs_f64() * 1e9);
         }
+        Ok(())
+    }
+
+    /// Submits in batches of at most 1,024 dispatches (2,048 timestamps), each read back.
+    fn submit_timestamped(self) -> Result<()> {
+        const BATCH: usize = 1024;
+        let Recorder {
+            gpu,
+            ops,
+            params,
+            phase,
+            tokens,
+        } = self;
+        let mut ops = ops.into_iter().peekable();
+        let mut span_ns = 0.0;
+        while ops.peek().is_some() {
+            let mut batch = Recorder {
+                gpu,
+                ops: Vec::new(),
+                params: params.clone(),
+                phase,
+                tokens,
+            };
+            let mut labels = Vec::new();
+            while let Some(op) = ops.peek() {
+                if let Op::Dispatch { label, .. } = op {
+                    if labels.len() == BATCH {
+                        break;
+                    }
+                    labels.push(*label);
+                }
+                batch.ops.push(ops.next().expect("peeked"));
+            }
+            if labels.is_empty() {
+                let cb = batch.encode(None)?;
+                gpu.queue.submit([cb]);
+                continue;
+            }
+            let n = 2 * labels.len() as u32;
+            let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count: n,
+            });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile.resolve"),
+                size: n as u64 * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let cb = batch.encode(Some(&qs))?;
+            let mut enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            enc.resolve_query_set(&qs, 0..n, &resolve, 0);
+            gpu.queue.submit([cb, enc.finish()]);
+            let ticks: Vec<u64> =
+                bytemuck::cast_slice(&gpu.read(&resolve, 0, n as u64 * 8)?).to_vec();
+            let period = gpu.queue.get_timestamp_period() as f64;
+            let (mut first, mut last) = (u64::MAX, 0u64);
+            for (i, label) in labels.iter().enumerate() {
+                let (a, b) = (ticks[2 * i], ticks[2 * i + 1]);
+                first = first.min(a);
+                last = last.max(b);
+                profile::add_kernel(phase, label, b.saturating_sub(a) as f64 * period);
+            }
+            span_ns += last.saturating_sub(first) as f64 * period;
+        }
+        profile::add_span(phase, span_ns);
         Ok(())
     }
 }
 
-/// Per-kernel wall time when `LILY_WGPU_PROFILE=1`: each dispatch is submitted alone and
-/// waited for (so the totals include one submission each); the table is logged when the
-/// backend is dropped.
+/// `LILY_PROFILE=1` (or `LILY_WGPU_PROFILE=1`): GPU time per kernel label, grouped by phase
+/// (a decode step, a prefill chunk), per token of that phase. Passes alternate: one runs as
+/// without the profile (encoded, submitted, waited for: its wall time per token), the next is
+/// timed per dispatch. With timestamp queries (Vulkan, Metal on most GPUs) the times are the
+/// GPU's own, each dispatch then in a compute pass of its own; without, each dispatch is
+/// submitted alone and timed on the host. Every submission is waited for, so tok/s measured
+/// meanwhile are lower than without the profile. `lily-engine bench` prints the table at its end.
 pub mod profile {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
     use std::time::Duration;
 
-    static TABLE: Mutex<BTreeMap<&'static str, (u64, Duration)>> = Mutex::new(BTreeMap::new());
+    #[derive(Default)]
+    struct Phase {
+        /// Passes (and their tokens) timed per dispatch.
+        passes: u64,
+        tokens: u64,
+        host: Duration,
+        /// Passes (and their tokens) run as without the profile, and their wall time.
+        plain_passes: u64,
+        plain_tokens: u64,
+        wall: Duration,
+        span_ns: f64,
+        kernels: BTreeMap<&'static str, (u64, f64)>,
+    }
+
+    static TABLE: Mutex<BTreeMap<&'static str, Phase>> = Mutex::new(BTreeMap::new());
+    static SOURCE: Mutex<&'static str> = Mutex::new("");
 
     pub fn enabled() -> bool {
-        std::env::var("LILY_WGPU_PROFILE").is_ok_and(|v| v == "1")
+        ["LILY_PROFILE", "LILY_WGPU_PROFILE"]
+            .iter()
+            .any(|k| std::env::var(k).is_ok_and(|v| v == "1"))
     }
 
-    pub fn add(name: &'static str, d: Duration) {
+    /// How the times are taken (set when the device opens).
+    pub fn set_source(s: &'static str) {
+        *SOURCE.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    fn with<R>(phase: &'static str, f: impl FnOnce(&mut Phase) -> R) -> R {
         let mut t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-        let e = t.entry(name).or_default();
-        e.0 += 1;
-        e.1 += d;
+        f(t.entry(phase).or_default())
     }
 
-    /// One line per kernel, slowest first: total ms, calls, µs per call.
-    pub fn report() -> String {
+    /// Whether this pass of `phase` runs unprofiled (every other one does).
+    pub fn plain_turn(phase: &'static str) -> bool {
+        with(phase, |p| p.passes > p.plain_passes)
+    }
+
+    pub fn add_wall(phase: &'static str, tokens: usize, wall: Duration) {
+        with(phase, |p| {
+            p.plain_passes += 1;
+            p.plain_tokens += tokens as u64;
+            p.wall += wall;
+        });
+    }
+
+    pub fn add_pass(phase: &'static str, tokens: usize, host: Duration) {
+        with(phase, |p| {
+            p.passes += 1;
+            p.tokens += tokens as u64;
+            p.host += host;
+        });
+    }
+
+    pub fn add_kernel(phase: &'static str, label: &'static str, ns: f64) {
+        with(phase, |p| {
+            let e = p.kernels.entry(label).or_default();
+            e.0 += 1;
+            e.1 += ns;
+        });
+    }
+
+    pub fn add_span(phase: &'static str, ns: f64) {
+        with(phase, |p| p.span_ns += ns);
+    }
+
+    /// The report, then forgets it (`None` when profiling is off or nothing ran).
+    pub fn take_report() -> Option<String> {
+        let r = report();
+        reset();
+        r
+    }
+
+    /// Forgets what was measured so far (after a warm-up).
+    pub fn reset() {
+        TABLE.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Per phase: passes, tokens, host encoding time and GPU span per token, then one line per
+    /// label, slowest first: µs per token, calls per token, µs per call, share of the phase.
+    /// `None` when profiling is off or nothing ran.
+    pub fn report() -> Option<String> {
+        if !enabled() {
+            return None;
+        }
         let t = TABLE.lock().unwrap_or_else(|p| p.into_inner());
-        let mut rows: Vec<_> = t.iter().collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
-        rows.iter()
-            .map(|(name, (n, d))| {
-                format!(
-                    "{name:>12} {:>10.1} ms {n:>8} calls {:>9.1} µs/call",
-                    d.as_secs_f64() * 1e3,
-                    d.as_secs_f64() * 1e6 / *n as f64
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        if t.is_empty() {
+            return None;
+        }
+        let source = *SOURCE.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = format!("wgpu profile ({source}):\n");
+        for (name, p) in t.iter() {
+            let tok = p.tokens.max(1) as f64;
+            let total: f64 = p.kernels.values().map(|k| k.1).sum();
+            out += &format!(
+                "[{name}] {} passes, {} tokens timed per dispatch; per token: kernels {:.1} µs, GPU span {:.1} µs, host encoding {:.1} µs\n",
+                p.passes,
+                p.tokens,
+                total / 1e3 / tok,
+                p.span_ns / 1e3 / tok,
+                p.host.as_secs_f64() * 1e6 / tok,
+            );
+            out += &format!(
+                "[{name}] {} passes, {} tokens run as without the profile: {:.1} µs per token from encoding to completion\n",
+                p.plain_passes,
+                p.plain_tokens,
+                p.wall.as_secs_f64() * 1e6 / p.plain_tokens.max(1) as f64,
+            );
+            out += &format!(
+                "  {:<22} {:>11} {:>10} {:>10} {:>6}\n",
+                "kernel", "µs/token", "calls/tok", "µs/call", "%"
+            );
+            let mut rows: Vec<_> = p.kernels.iter().collect();
+            rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            for (label, (n, ns)) in rows {
+                out += &format!(
+                    "  {label:<22} {:>11.1} {:>10.2} {:>10.2} {:>6.1}\n",
+                    ns / 1e3 / tok,
+                    *n as f64 / tok,
+                    ns / 1e3 / *n as f64,
+                    100.0 * ns / total.max(1e-9)
+                );
+            }
+        }
+        Some(out)
     }
 }
 

@@ -32,11 +32,13 @@ macro_rules! kernels {
 
 kernels!(
     linear,
+    linear_q4,
     embed,
     rms_norm,
     gated_norm,
     attn_prep,
     attend,
+    attend_merge,
     dn_conv,
     dn_qk_norm,
     dn_recur,

@@ -14,4 +14,4 @@ pub mod kernels;
 pub mod weights;
 
 pub use backend::{WgpuBackend, WgpuOptions};
-pub use gpu::{adapters_found, describe_adapter};
+pub use gpu::{adapters_found, describe_adapter, profile};

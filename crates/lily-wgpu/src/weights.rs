@@ -196,7 +196,10 @@ fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights) -> Result<GpuMoe> {
 /// Shapes the kernels rely on (fixed-size arrays in the WGSL), checked once here.
 pub fn check_shapes(c: &ModelConfig) -> Result<()> {
     let checks = [
-        (c.head_dim <= 256, "head_dim ≤ 256 (attn_prep/attend)"),
+        (
+            c.head_dim <= 256 && c.head_dim.is_multiple_of(4),
+            "head_dim ≤ 256 and a multiple of 4 (attn_prep/attend)",
+        ),
         (
             c.rotary_dim <= c.head_dim && c.rotary_dim.is_multiple_of(2),
             "an even rotary_dim ≤ head_dim",
@@ -219,6 +222,7 @@ pub fn check_shapes(c: &ModelConfig) -> Result<()> {
             c.top_k <= 16 && c.top_k <= c.n_experts,
             "num_experts_per_tok ≤ 16 (moe_route)",
         ),
+        (c.n_experts <= 512, "num_experts ≤ 512 (moe_route)"),
     ];
     for (ok, what) in checks {
         if !ok {

@@ -1,0 +1,116 @@
+// linear.wgsl's y = W x for the common case, MLX affine 4-bit with groups of a multiple of 32
+// (every matrix of the MLX checkpoints): each invocation reads 16 bytes of W at a time (32
+// weights of one group) and the 32 matching inputs as 8 vec4, so 8 invocations sharing a row
+// stream 128 contiguous bytes per step. Same parameters, bindings and slice layout as
+// linear.wgsl (the host picks this kernel when bits = 4, group % 32 = 0, cols % 32 = 0 and the
+// input offsets are multiples of 4).
+
+struct P {
+    rows: u32,
+    cols: u32,
+    bits: u32,
+    group: u32,
+    row0: u32,
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,
+    e_count: u32,
+    x_div: u32,
+    mat_words: u32,
+    nwx: u32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+
+var<workgroup> wg_expert: u32;
+
+// bf16 number i (in halves from the start of W).
+fn w_half4(i: u32) -> f32 {
+    return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
+const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
+const NIB = vec4<u32>(15u);
+
+// Σ q_j x_j over the 8 nibbles of `w` against inputs a (nibbles 0..3) and b (4..7).
+fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let wv = vec4<u32>(w);
+    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
+}
+
+const ROWS: u32 = 8u;
+const LANES: u32 = 8u;
+
+@compute @workgroup_size(64)
+fn linear_q4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let block = wid.x + wid.y * p.nwx;
+    let item = wid.z;
+    if (block * ROWS >= p.rows) {
+        return;
+    }
+    var slot = 0u;
+    var xrow = item;
+    if (p.expert_mode != 0u) {
+        if (lid == 0u) {
+            wg_expert = ids[item];
+        }
+        let e = workgroupUniformLoad(&wg_expert);
+        if (e < p.e0 || e >= p.e0 + p.e_count) {
+            return;
+        }
+        slot = e - p.e0;
+        xrow = item / p.x_div;
+    }
+    let row = block * ROWS + lid / LANES;
+    let lane = lid % LANES;
+    var acc = 0.0;
+    if (row < p.rows) {
+        let quads = p.cols / 32u;  // vec4<u32> per row
+        let groups = p.cols / p.group;
+        let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
+        let hbase = (slot * p.rows + row) * groups;
+        let xb = (p.x_off + xrow * p.x_stride) / 4u;
+        for (var q = lane; q < quads; q += LANES) {
+            let w = W[qbase + q];
+            let x = xb + q * 8u;
+            let x0 = X[x];
+            let x1 = X[x + 1u];
+            let x2 = X[x + 2u];
+            let x3 = X[x + 3u];
+            let x4 = X[x + 4u];
+            let x5 = X[x + 5u];
+            let x6 = X[x + 6u];
+            let x7 = X[x + 7u];
+            let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
+            let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+            let xs = (s4.x + s4.y) + (s4.z + s4.w);
+            let g = hbase + (q * 32u) / p.group;
+            acc += w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
+        }
+    }
+    wg_part[lid] = acc;
+    workgroupBarrier();
+    if (lane == 0u && row < p.rows) {
+        var total = 0.0;
+        for (var i = 0u; i < LANES; i++) {
+            total += wg_part[lid + i];
+        }
+        let o = p.y_off + item * p.y_stride + p.row0 + row;
+        if (p.accumulate != 0u) {
+            Y[o] += total;
+        } else {
+            Y[o] = total;
+        }
+    }
+}
