@@ -23,6 +23,10 @@ struct P {
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
 @group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
 
+// The key head dim, fixed per model (lily-wgpu/src/kernels.rs): constant loop bounds let the
+// driver unroll the loops and keep the state column in registers.
+override DK: u32 = 128u;
+
 @compute @workgroup_size(32)
 fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -30,7 +34,7 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (j >= p.dv) {
         return;
     }
-    let dk = p.dk;
+    let dk = DK;
     let key_dim = p.hk * dk;
     let kh = h / (p.hv / p.hk);
     var s: array<f32, 128>;

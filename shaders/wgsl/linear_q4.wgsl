@@ -49,6 +49,25 @@ fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
 }
 
+// scale · Σ q x + bias · Σ x over the 32 weights of quad q (16 bytes `w`) of a row whose inputs
+// start at vec4 `xb` and whose groups start at half `hbase`.
+fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+    let x = xb + q * 8u;
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    let x2 = X[x + 2u];
+    let x3 = X[x + 3u];
+    let x4 = X[x + 4u];
+    let x5 = X[x + 5u];
+    let x6 = X[x + 6u];
+    let x7 = X[x + 7u];
+    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
+    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let g = hbase + (q * 32u) / p.group;
+    return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
+}
+
 const ROWS: u32 = 8u;
 const LANES: u32 = 8u;
 
@@ -81,22 +100,19 @@ fn linear_q4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
         let hbase = (slot * p.rows + row) * groups;
         let xb = (p.x_off + xrow * p.x_stride) / 4u;
-        for (var q = lane; q < quads; q += LANES) {
-            let w = W[qbase + q];
-            let x = xb + q * 8u;
-            let x0 = X[x];
-            let x1 = X[x + 1u];
-            let x2 = X[x + 2u];
-            let x3 = X[x + 3u];
-            let x4 = X[x + 4u];
-            let x5 = X[x + 5u];
-            let x6 = X[x + 6u];
-            let x7 = X[x + 7u];
-            let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
-            let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
-            let xs = (s4.x + s4.y) + (s4.z + s4.w);
-            let g = hbase + (q * 32u) / p.group;
-            acc += w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
+        // Four 16-byte reads in flight per invocation where the row has them (a decode step
+        // is latency-bound: fewer round trips to memory per invocation), then the rest.
+        var q = lane;
+        for (; q + 3u * LANES < quads; q += 4u * LANES) {
+            let w0 = W[qbase + q];
+            let w1 = W[qbase + q + LANES];
+            let w2 = W[qbase + q + 2u * LANES];
+            let w3 = W[qbase + q + 3u * LANES];
+            acc += quad(w0, xb, hbase, q) + quad(w1, xb, hbase, q + LANES)
+                + quad(w2, xb, hbase, q + 2u * LANES) + quad(w3, xb, hbase, q + 3u * LANES);
+        }
+        for (; q < quads; q += LANES) {
+            acc += quad(W[qbase + q], xb, hbase, q);
         }
     }
     wg_part[lid] = acc;

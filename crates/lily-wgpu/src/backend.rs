@@ -69,7 +69,7 @@ fn device_greedy(p: &SamplingParams) -> bool {
 impl WgpuBackend {
     pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
         let gpu = Gpu::open(opts.allow_software)?;
-        let kernels = Kernels::load(&gpu, opts.checked)?;
+        let kernels = Kernels::load(&gpu, &weights.config, opts.checked)?;
         let model = upload_model(&gpu, weights, opts.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
         let scratch = Scratch::new(
@@ -198,7 +198,9 @@ impl Backend for WgpuBackend {
     }
 
     fn free_seq(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq.0);
+        if self.seqs.remove(&seq.0).is_some() {
+            self.gpu.forget_bind_groups();
+        }
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
@@ -336,10 +338,13 @@ impl Backend for WgpuBackend {
         }
         let restored = self.duplicate(saved, max_ctx)?;
         self.seqs.insert(seq.0, restored);
+        self.gpu.forget_bind_groups();
         Ok(())
     }
 
     fn drop_snapshot(&mut self, snap: SnapshotId) {
-        self.snaps.remove(&snap.0);
+        if self.snaps.remove(&snap.0).is_some() {
+            self.gpu.forget_bind_groups();
+        }
     }
 }

@@ -1,11 +1,11 @@
 //! The wgpu runtime: adapter choice, device, buffers, reads back to the host, and the recorder
 //! that batches a forward pass's dispatches into one submission.
 
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
-use wgpu::util::DeviceExt;
 
 /// Bytes reserved per dispatch in the parameter buffer: every uniform offset must be a multiple
 /// of the device's alignment (256 on every adapter wgpu supports), and no kernel's parameters
@@ -21,6 +21,29 @@ pub struct Gpu {
     pub timestamps: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
+    /// The parameter buffer and the bind groups made for it (see `Binder`).
+    binder: Mutex<Binder>,
+}
+
+/// Bind groups kept between submissions: a decode step repeats the same dispatches (kernel,
+/// buffers, place in the parameter buffer) every token, so after the first step no bind group
+/// is made. Every submission writes its parameters at the start of one persistent uniform
+/// buffer (`queue.write_buffer` is ordered after the work already submitted).
+#[derive(Default)]
+struct Binder {
+    params: Option<wgpu::Buffer>,
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+/// Most bind groups kept; past it the cache starts again.
+const MAX_BIND_GROUPS: usize = 32_768;
+
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    /// The kernel's pipeline.
+    kernel: usize,
+    param_off: u64,
+    bufs: Vec<wgpu::Buffer>,
 }
 
 /// How an adapter ranks for us: a real GPU before a software one.
@@ -124,6 +147,7 @@ impl Gpu {
             limits,
             timestamps,
             error,
+            binder: Mutex::new(Binder::default()),
         })
     }
 
@@ -221,6 +245,16 @@ impl Gpu {
         Ok(bytemuck::cast_slice(&bytes).to_vec())
     }
 
+    /// Drops the kept bind groups (and so their hold on buffers): after a sequence or snapshot
+    /// is freed, so its buffers go.
+    pub fn forget_bind_groups(&self) {
+        self.binder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .groups
+            .clear();
+    }
+
     /// Blocks until the queue is idle, then reports any error wgpu raised meanwhile.
     pub fn wait(&self) -> Result<()> {
         self.device
@@ -240,12 +274,15 @@ pub struct Kernel {
 impl Kernel {
     /// Compiles `source` (with the shared helpers in front); the entry point is named `name`.
     /// `checked`: keep wgpu's bounds checks in the generated shader (slower; for debugging).
+    /// `constants`: values of the shader's `override` constants (shapes fixed per model, so that
+    /// loops over them have constant bounds the driver can unroll).
     pub fn new(
         gpu: &Gpu,
         name: &'static str,
         common: &str,
         source: &str,
         checked: bool,
+        constants: &[(&str, f64)],
     ) -> Result<Kernel> {
         let code = format!("{common}\n{source}");
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -270,7 +307,11 @@ impl Kernel {
                 layout: None,
                 module: &module,
                 entry_point: Some(name),
-                compilation_options: Default::default(),
+                // Every kernel writes its workgroup memory before reading it.
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
                 cache: None,
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -401,7 +442,7 @@ impl<'a> Recorder<'a> {
     }
 
     fn bind_group(
-        &self,
+        g: &Gpu,
         kernel: &Kernel,
         bufs: &[&wgpu::Buffer],
         pbuf: &wgpu::Buffer,
@@ -421,13 +462,11 @@ impl<'a> Recorder<'a> {
                 resource: buf.as_entire_binding(),
             });
         }
-        self.gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(kernel.name),
-                layout: &kernel.layout,
-                entries: &entries,
-            })
+        g.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &kernel.layout,
+            entries: &entries,
+        })
     }
 
     /// The command buffer of every op, consecutive dispatches in one compute pass; with
@@ -435,14 +474,24 @@ impl<'a> Recorder<'a> {
     /// 2i and 2i + 1 (i: the dispatch's index).
     fn encode(&self, timestamps: Option<&wgpu::QuerySet>) -> Result<wgpu::CommandBuffer> {
         let g = self.gpu;
-        let pbuf = (!self.params.is_empty()).then(|| {
-            g.device
-                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                    label: Some("params"),
-                    contents: &self.params,
-                    usage: wgpu::BufferUsages::UNIFORM,
-                })
-        });
+        let mut binder = g.binder.lock().unwrap_or_else(|p| p.into_inner());
+        let need = (self.params.len() as u64).max(PARAM_STRIDE);
+        if binder.params.as_ref().is_none_or(|b| b.size() < need) {
+            binder.groups.clear();
+            binder.params = Some(g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: need.next_power_of_two(),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        if binder.groups.len() > MAX_BIND_GROUPS {
+            binder.groups.clear();
+        }
+        let pbuf = binder.params.clone().expect("made above");
+        if !self.params.is_empty() {
+            g.queue.write_buffer(&pbuf, 0, &self.params);
+        }
         let mut enc = g
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
@@ -478,10 +527,16 @@ impl<'a> Recorder<'a> {
                         ..
                     }) = self.ops.get(i)
                     {
-                        let pbuf = pbuf.as_ref().context("dispatches have parameters")?;
-                        let bg = self.bind_group(kernel, bufs, pbuf, *param_off);
+                        let key = BindKey {
+                            kernel: &kernel.pipeline as *const _ as usize,
+                            param_off: *param_off,
+                            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+                        };
+                        let bg = binder.groups.entry(key).or_insert_with(|| {
+                            Self::bind_group(g, kernel, bufs, &pbuf, *param_off)
+                        });
                         pass.set_pipeline(&kernel.pipeline);
-                        pass.set_bind_group(0, &bg, &[]);
+                        pass.set_bind_group(0, &*bg, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         i += 1;
                         nd += 1;

@@ -2,6 +2,7 @@
 //! device with shaders/wgsl/common.wgsl in front.
 
 use anyhow::Result;
+use lily_core::config::ModelConfig;
 
 use crate::gpu::{Gpu, Kernel};
 
@@ -15,7 +16,8 @@ macro_rules! kernels {
 
         impl Kernels {
             /// `checked`: keep runtime bounds checks ($LILY_WGPU_CHECKED=1; for debugging).
-            pub fn load(gpu: &Gpu, checked: bool) -> Result<Kernels> {
+            /// `c`: the model, whose shapes some kernels take as `override` constants.
+            pub fn load(gpu: &Gpu, c: &ModelConfig, checked: bool) -> Result<Kernels> {
                 Ok(Kernels {
                     $($name: Kernel::new(
                         gpu,
@@ -23,6 +25,7 @@ macro_rules! kernels {
                         COMMON,
                         include_str!(concat!("../../../shaders/wgsl/", stringify!($name), ".wgsl")),
                         checked,
+                        &constants(stringify!($name), c),
                     )?,)*
                 })
             }
@@ -47,3 +50,11 @@ kernels!(
     moe_combine,
     argmax,
 );
+
+/// The `override` constants of kernel `name` for model `c`.
+fn constants(name: &str, c: &ModelConfig) -> Vec<(&'static str, f64)> {
+    match name {
+        "dn_recur" => vec![("DK", c.dn_k_dim as f64)],
+        _ => Vec::new(),
+    }
+}

@@ -223,6 +223,10 @@ pub fn check_shapes(c: &ModelConfig) -> Result<()> {
             "num_experts_per_tok ≤ 16 (moe_route)",
         ),
         (c.n_experts <= 512, "num_experts ≤ 512 (moe_route)"),
+        (
+            c.hidden.is_multiple_of(4),
+            "hidden_size a multiple of 4 (rms_norm)",
+        ),
     ];
     for (ok, what) in checks {
         if !ok {
