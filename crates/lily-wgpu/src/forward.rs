@@ -8,12 +8,15 @@ use lily_core::config::{LayerKind, ModelConfig};
 
 use crate::gpu::{grid_2d, Gpu, Recorder};
 use crate::kernels::Kernels;
-use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe};
+use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice};
 
 type Buf = wgpu::Buffer;
 
 /// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
 const LINEAR_ROWS: usize = 8;
+
+/// Items per tile of linear_q4_mm.wgsl (its `TT`).
+const MM_TILE: usize = 16;
 
 /// (head, token) pairs of attention below which the keys are split over several workgroups
 /// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
@@ -32,6 +35,57 @@ pub fn attention_splits(pairs: usize, n_max: usize) -> (usize, usize) {
     let nsplit = want.min(n_max.div_ceil(64)).max(1);
     let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
     (n_max.div_ceil(span), span)
+}
+
+/// Whether linear_q4(_mm).wgsl take this matrix and input: MLX 4-bit, groups of a multiple of
+/// 32, inputs on 16-byte boundaries.
+fn q4_ok(w: &GpuLinear, io: &Io) -> bool {
+    w.bits == 4
+        && w.group.is_multiple_of(32)
+        && w.cols.is_multiple_of(32)
+        && io.x_off.is_multiple_of(4)
+        && io.x_stride.is_multiple_of(4)
+}
+
+/// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
+/// only the leading fields).
+#[allow(clippy::too_many_arguments)]
+fn linear_params(
+    w: &GpuLinear,
+    sl: &Slice,
+    io: &Io,
+    rows: usize,
+    row0: usize,
+    experts: Option<usize>,
+    e0: usize,
+    e_count: usize,
+    nx: u32,
+    tiles_at: usize,
+    order_at: usize,
+) -> [u32; 21] {
+    [
+        rows as u32,
+        w.cols as u32,
+        w.bits,
+        w.group as u32,
+        row0 as u32,
+        io.x_stride as u32,
+        io.x_off as u32,
+        io.y_stride as u32,
+        io.y_off as u32,
+        sl.scale_off,
+        sl.bias_off,
+        experts.is_some() as u32,
+        e0 as u32,
+        e_count as u32,
+        experts.unwrap_or(1) as u32,
+        w.mat_words as u32,
+        nx,
+        io.accumulate as u32,
+        io.items as u32,
+        tiles_at as u32,
+        order_at as u32,
+    ]
 }
 
 /// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
@@ -61,6 +115,10 @@ pub struct Scratch {
     router_logits: Buf,
     ids: Buf,
     wts: Buf,
+    /// moe_group.wgsl's output: indirect dispatch arguments, tile list, items by expert.
+    groups: Buf,
+    tiles_at: usize,
+    order_at: usize,
     g: Buf,
     u: Buf,
     act: Buf,
@@ -85,6 +143,8 @@ impl Scratch {
         let f = |label: &str, n: usize| gpu.storage(label, n as u64 * 4);
         let t = chunk;
         let (h, tk) = (c.hidden, t * c.top_k);
+        let tiles_at = 8;
+        let order_at = tiles_at + 4 * (tk.div_ceil(MM_TILE) + c.n_experts);
         Ok(Scratch {
             chunk,
             all_chunk,
@@ -106,6 +166,9 @@ impl Scratch {
             router_logits: f("router_logits", t * c.n_experts)?,
             ids: f("expert_ids", tk)?,
             wts: f("expert_weights", tk)?,
+            groups: gpu.storage_indirect("expert_groups", (order_at + tk) as u64 * 4)?,
+            tiles_at,
+            order_at,
             g: f("expert_gate", tk * c.expert_inter)?,
             u: f("expert_up", tk * c.expert_inter)?,
             act: f("expert_act", tk * c.expert_inter)?,
@@ -417,13 +480,13 @@ impl<'a> Forward<'a> {
         io: Io<'a>,
         experts: Option<usize>,
     ) {
-        // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow.
-        let q4 = w.bits == 4
-            && w.group.is_multiple_of(32)
-            && w.cols.is_multiple_of(32)
-            && io.x_off.is_multiple_of(4)
-            && io.x_stride.is_multiple_of(4);
-        let kernel = if q4 {
+        // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow; several
+        // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
+        let q4 = q4_ok(w, &io);
+        let mm = q4 && experts.is_none() && io.items > 1;
+        let kernel = if mm {
+            &self.k.linear_q4_mm
+        } else if q4 {
             &self.k.linear_q4
         } else {
             &self.k.linear
@@ -434,31 +497,57 @@ impl<'a> Forward<'a> {
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
             let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+            let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
+            let z = if mm {
+                io.items.div_ceil(MM_TILE)
+            } else {
+                io.items
+            };
+            let fourth = if mm { &self.s.groups } else { &self.s.ids };
             r.dispatch_as(
                 label,
                 kernel,
-                &[
-                    rows as u32,
-                    w.cols as u32,
-                    w.bits,
-                    w.group as u32,
-                    row0 as u32,
-                    io.x_stride as u32,
-                    io.x_off as u32,
-                    io.y_stride as u32,
-                    io.y_off as u32,
-                    sl.scale_off,
-                    sl.bias_off,
-                    experts.is_some() as u32,
-                    e0 as u32,
-                    e_count as u32,
-                    experts.unwrap_or(1) as u32,
-                    w.mat_words as u32,
-                    nx,
-                    io.accumulate as u32,
-                ],
-                &[&sl.buf, io.x, io.y, &self.s.ids],
-                [nx, ny, io.items as u32],
+                &params,
+                &[&sl.buf, io.x, io.y, fourth],
+                [nx, ny, z as u32],
+            );
+        }
+    }
+
+    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl: the tiles moe_group.wgsl
+    /// listed, dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    fn experts_mm(
+        &self,
+        r: &mut Recorder<'a>,
+        label: &'static str,
+        w: &'a GpuLinear,
+        io: Io<'a>,
+        x_div: usize,
+        args: u64,
+    ) {
+        let s = self.s;
+        let nx = w.rows.div_ceil(LINEAR_ROWS);
+        for sl in &w.slices {
+            let params = linear_params(
+                w,
+                sl,
+                &io,
+                w.rows,
+                0,
+                Some(x_div),
+                sl.first,
+                sl.count,
+                nx as u32,
+                s.tiles_at,
+                s.order_at,
+            );
+            r.dispatch_indirect(
+                label,
+                &self.k.linear_q4_mm,
+                &params,
+                &[&sl.buf, io.x, io.y, &s.groups],
+                &s.groups,
+                args,
             );
         }
     }
@@ -633,28 +722,38 @@ impl<'a> Forward<'a> {
             [t as u32, 1, 1],
         );
         let tk = t * k;
-        self.linear_experts(
-            r,
-            "lin.experts.gate",
-            &m.gate,
-            self.plain(&s.xn, h, &s.g, i, tk),
-            k,
-        );
-        self.linear_experts(
-            r,
-            "lin.experts.up",
-            &m.up,
-            self.plain(&s.xn, h, &s.u, i, tk),
-            k,
-        );
-        self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
-        self.linear_experts(
-            r,
-            "lin.experts.down",
-            &m.down,
-            self.plain(&s.act, i, &s.ye, h, tk),
-            1,
-        );
+        let gate_io = self.plain(&s.xn, h, &s.g, i, tk);
+        let up_io = self.plain(&s.xn, h, &s.u, i, tk);
+        let down_io = self.plain(&s.act, i, &s.ye, h, tk);
+        // A prefill chunk: items grouped by expert on the GPU, each expert's weights read once
+        // per tile of its tokens (linear_q4_mm.wgsl), when all three matrices allow it.
+        let grouped =
+            t > 1 && q4_ok(&m.gate, &gate_io) && q4_ok(&m.up, &up_io) && q4_ok(&m.down, &down_io);
+        if grouped {
+            r.dispatch(
+                &self.k.moe_group,
+                &[
+                    tk as u32,
+                    e as u32,
+                    MM_TILE as u32,
+                    i.div_ceil(LINEAR_ROWS) as u32,
+                    h.div_ceil(LINEAR_ROWS) as u32,
+                    s.tiles_at as u32,
+                    s.order_at as u32,
+                ],
+                &[&s.ids, &s.groups],
+                [1, 1, 1],
+            );
+            self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, k, 0);
+            self.experts_mm(r, "lin.experts.up", &m.up, up_io, k, 0);
+            self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
+            self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
+        } else {
+            self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, k);
+            self.linear_experts(r, "lin.experts.up", &m.up, up_io, k);
+            self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
+            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
+        }
         self.linear(
             r,
             "lin.shared.gate",

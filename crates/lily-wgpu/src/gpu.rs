@@ -187,6 +187,23 @@ impl Gpu {
         }))
     }
 
+    /// `storage` that dispatches may also read their workgroup counts from.
+    pub fn storage_indirect(&self, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+        let size = bytes.max(16).div_ceil(16) * 16;
+        if size > self.max_binding() {
+            bail!("{label}: {size} bytes exceed the device's largest storage binding");
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::INDIRECT
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
     /// A storage buffer holding `data` (padded with zeros to a multiple of 4 bytes).
     pub fn upload(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
         let buf = self.storage(label, data.len() as u64)?;
@@ -326,6 +343,14 @@ impl Kernel {
     }
 }
 
+/// A dispatch's workgroup counts: given, or read by the GPU from a buffer (3 u32 at an offset)
+/// that earlier work wrote.
+#[derive(Clone, Copy)]
+pub enum Grid<'a> {
+    Direct([u32; 3]),
+    Indirect(&'a wgpu::Buffer, u64),
+}
+
 enum Op<'a> {
     Dispatch {
         kernel: &'a Kernel,
@@ -333,7 +358,7 @@ enum Op<'a> {
         label: &'static str,
         bufs: Vec<&'a wgpu::Buffer>,
         param_off: u64,
-        groups: [u32; 3],
+        groups: Grid<'a>,
     },
     Copy {
         src: &'a wgpu::Buffer,
@@ -393,10 +418,35 @@ impl<'a> Recorder<'a> {
         bufs: &[&'a wgpu::Buffer],
         groups: [u32; 3],
     ) {
-        debug_assert!(params.len() * 4 <= PARAM_STRIDE as usize);
         if groups.contains(&0) {
             return;
         }
+        self.push_dispatch(label, kernel, params, bufs, Grid::Direct(groups));
+    }
+
+    /// A dispatch whose workgroup counts the GPU reads from `args` at byte `offset` (written by
+    /// earlier work of the submission; the buffer needs `Gpu::storage_indirect`).
+    pub fn dispatch_indirect(
+        &mut self,
+        label: &'static str,
+        kernel: &'a Kernel,
+        params: &[u32],
+        bufs: &[&'a wgpu::Buffer],
+        args: &'a wgpu::Buffer,
+        offset: u64,
+    ) {
+        self.push_dispatch(label, kernel, params, bufs, Grid::Indirect(args, offset));
+    }
+
+    fn push_dispatch(
+        &mut self,
+        label: &'static str,
+        kernel: &'a Kernel,
+        params: &[u32],
+        bufs: &[&'a wgpu::Buffer],
+        groups: Grid<'a>,
+    ) {
+        debug_assert!(params.len() * 4 <= PARAM_STRIDE as usize);
         let param_off = self.params.len() as u64;
         self.params.extend_from_slice(bytemuck::cast_slice(params));
         self.params
@@ -537,7 +587,12 @@ impl<'a> Recorder<'a> {
                         });
                         pass.set_pipeline(&kernel.pipeline);
                         pass.set_bind_group(0, &*bg, &[]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        match groups {
+                            Grid::Direct(n) => pass.dispatch_workgroups(n[0], n[1], n[2]),
+                            Grid::Indirect(buf, off) => {
+                                pass.dispatch_workgroups_indirect(buf, *off)
+                            }
+                        }
                         i += 1;
                         nd += 1;
                         if timestamps.is_some() {
@@ -596,7 +651,7 @@ impl Recorder<'_> {
                     let mut one = Recorder::new(gpu);
                     let words: &[u32] =
                         bytemuck::cast_slice(&params[start..start + PARAM_STRIDE as usize]);
-                    one.dispatch(kernel, words, &bufs, groups);
+                    one.push_dispatch(label, kernel, words, &bufs, groups);
                     (label, one)
                 }
                 Op::Copy {

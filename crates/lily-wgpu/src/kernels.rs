@@ -36,6 +36,8 @@ macro_rules! kernels {
 kernels!(
     linear,
     linear_q4,
+    linear_q4_mm,
+    moe_group,
     embed,
     rms_norm,
     gated_norm,

@@ -272,8 +272,12 @@ fn chunked_prefill_equals_token_by_token() {
     let lb = single.logits(b).unwrap();
     let e = rel_l2(&la, &lb);
     println!("chunked (7) vs token by token: rel_l2 {e:.3e}");
+    // A chunk's matrix products run as tiled products (linear_q4_mm.wgsl: weights dequantised
+    // once per tile of tokens) and one token's as matrix-vector products (linear_q4.wgsl): the
+    // same sums in another order, so fp32 rounding differs (≈ 3e-6 here). A wrong position,
+    // state or cache row would differ by far more.
     assert!(
-        e < 1e-6,
+        e < 2e-5,
         "chunked prefill differs from token-by-token: {e:.3e}"
     );
 }
