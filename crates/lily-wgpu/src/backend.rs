@@ -20,7 +20,9 @@ use crate::weights::{upload_model, GpuModel};
 /// How the backend runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuOptions {
-    /// Largest prefill chunk in tokens (activation scratch is sized for it).
+    /// Largest prefill chunk in tokens (activation scratch is sized for it). Default 512
+    /// ($LILY_WGPU_CHUNK overrides): a chunk's routed experts average 16 tokens each (256
+    /// experts, 8 per token), so each expert's weights serve a full tile of linear_q4_mm.
     pub chunk: usize,
     /// Most positions whose logits one pass keeps (`prefill_all_logits`).
     pub all_logits_chunk: usize,
@@ -35,8 +37,13 @@ pub struct WgpuOptions {
 
 impl Default for WgpuOptions {
     fn default() -> Self {
+        let chunk = std::env::var("LILY_WGPU_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(512);
         WgpuOptions {
-            chunk: 128,
+            chunk,
             all_logits_chunk: 32,
             allow_software: true,
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),

@@ -141,6 +141,41 @@ fn logits_match_cpu_on_small_mlx() {
     logits_match_cpu(synth_model(Preset::Small, SynthFormat::Mlx, 13), 24, 8);
 }
 
+/// Long chunks (128 tokens: 32 routed items per expert on `tiny`, so several tiles of
+/// linear_q4_mm per expert) and decode steps whose attention is split over the keys
+/// (attend_merge), against the CPU: the last prompt position's logits, then 8 greedy tokens.
+#[test]
+fn long_chunks_and_split_attention_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 17);
+    let tokens = Rng(5).tokens(300, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(320).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let Some(mut gpu) = wgpu_backend(&w, 128) else {
+        return;
+    };
+    let gs = gpu.new_seq(320).unwrap();
+    gpu.prefill(gs, &tokens).unwrap();
+    let got = gpu.logits(gs).unwrap();
+    let e = rel_l2(&got, &want);
+    println!("300 positions in chunks of 128: last logits rel_l2 {e:.3e}");
+    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+    let mut run = |b: &mut dyn Backend, s| {
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let mut out = Vec::new();
+        b.decode(s, &mut sampler, 8, 0, &mut |step| {
+            out.push(step.token);
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want = run(&mut cpu, cs);
+    let got = run(&mut gpu, gs);
+    assert_eq!(got, want, "greedy tokens after 300 positions");
+}
+
 /// Greedy tokens from the same prompt, with the GPU picking and feeding back its own tokens.
 #[test]
 fn greedy_tokens_match_cpu_over_32_steps() {
