@@ -47,6 +47,21 @@ fn q4_ok(w: &GpuLinear, io: &Io) -> bool {
         && io.x_stride.is_multiple_of(4)
 }
 
+/// Whether linear_q4_glu.wgsl takes this gate and up: both 4-bit as `q4_ok` wants, the same
+/// shape, each in one slice with the same layout (so one set of offsets serves both).
+fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
+    q4_ok(gate, io)
+        && q4_ok(up, io)
+        && gate.rows == up.rows
+        && gate.cols == up.cols
+        && gate.group == up.group
+        && gate.experts == up.experts
+        && gate.slices.len() == 1
+        && up.slices.len() == 1
+        && gate.slices[0].scale_off == up.slices[0].scale_off
+        && gate.slices[0].bias_off == up.slices[0].bias_off
+}
+
 /// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
 /// only the leading fields).
 #[allow(clippy::too_many_arguments)]
@@ -514,6 +529,31 @@ impl<'a> Forward<'a> {
         }
     }
 
+    /// `io.y = silu(gate x) ⊙ (up x)` through linear_q4_glu.wgsl (`glu_ok` holds): plain
+    /// matrices (`experts` None) or routed experts (item i: token i / x_div, expert `ids[i]`).
+    fn glu(
+        &self,
+        r: &mut Recorder<'a>,
+        label: &'static str,
+        gate: &'a GpuLinear,
+        up: &'a GpuLinear,
+        io: Io<'a>,
+        experts: Option<usize>,
+    ) {
+        let (sg, su) = (&gate.slices[0], &up.slices[0]);
+        let rows = gate.rows;
+        let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+        let e_count = if experts.is_some() { gate.experts } else { 0 };
+        let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
+        r.dispatch_as(
+            label,
+            &self.k.linear_q4_glu,
+            &params,
+            &[&sg.buf, io.x, io.y, &self.s.ids, &su.buf],
+            [nx, ny, io.items as u32],
+        );
+    }
+
     /// Routed experts of a prefill chunk through linear_q4_mm.wgsl: the tiles moe_group.wgsl
     /// listed, dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
     fn experts_mm(
@@ -748,25 +788,27 @@ impl<'a> Forward<'a> {
             self.experts_mm(r, "lin.experts.up", &m.up, up_io, k, 0);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
             self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
+        } else if glu_ok(&m.gate, &m.up, &gate_io) {
+            // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
+            let io = self.plain(&s.xn, h, &s.act, i, tk);
+            self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(k));
+            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         } else {
             self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, k);
             self.linear_experts(r, "lin.experts.up", &m.up, up_io, k);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
             self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         }
-        self.linear(
-            r,
-            "lin.shared.gate",
-            &m.shared_gate,
-            self.plain(&s.xn, h, &s.sg, si, t),
-        );
-        self.linear(
-            r,
-            "lin.shared.up",
-            &m.shared_up,
-            self.plain(&s.xn, h, &s.su, si, t),
-        );
-        self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+        let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
+        let su_io = self.plain(&s.xn, h, &s.su, si, t);
+        if t == 1 && glu_ok(&m.shared_gate, &m.shared_up, &sg_io) {
+            let io = self.plain(&s.xn, h, &s.sa, si, t);
+            self.glu(r, "lin.shared.glu", &m.shared_gate, &m.shared_up, io, None);
+        } else {
+            self.linear(r, "lin.shared.gate", &m.shared_gate, sg_io);
+            self.linear(r, "lin.shared.up", &m.shared_up, su_io);
+            self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+        }
         self.linear(
             r,
             "lin.shared.down",

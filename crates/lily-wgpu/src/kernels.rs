@@ -37,6 +37,7 @@ kernels!(
     linear,
     linear_q4,
     linear_q4_mm,
+    linear_q4_glu,
     moe_group,
     embed,
     rms_norm,

@@ -161,7 +161,7 @@ fn long_chunks_and_split_attention_match_cpu() {
     let e = rel_l2(&got, &want);
     println!("300 positions in chunks of 128: last logits rel_l2 {e:.3e}");
     assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-    let mut run = |b: &mut dyn Backend, s| {
+    let run = |b: &mut dyn Backend, s| {
         let mut sampler = Sampler::new(SamplingParams::greedy());
         let mut out = Vec::new();
         b.decode(s, &mut sampler, 8, 0, &mut |step| {

@@ -1,0 +1,158 @@
+// act = silu(Wg x) ⊙ (Wu x): linear_q4.wgsl over a gate and an up matrix of the same shape and
+// slice layout at once (a decode step's experts or shared expert: one dispatch instead of gate,
+// up and swiglu), each invocation streaming its row of both. `accumulate` is ignored.
+//
+// What follows is linear_q4's description: y = W x for the common case, MLX affine 4-bit with groups of a multiple of 32
+// (every matrix of the MLX checkpoints): each invocation reads 16 bytes of W at a time (32
+// weights of one group) and the 32 matching inputs as 8 vec4, so 8 invocations sharing a row
+// stream 128 contiguous bytes per step. Same parameters, bindings and slice layout as
+// linear.wgsl (the host picks this kernel when bits = 4, group % 32 = 0, cols % 32 = 0 and the
+// input offsets are multiples of 4).
+
+struct P {
+    rows: u32,
+    cols: u32,
+    bits: u32,
+    group: u32,
+    row0: u32,
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,
+    e_count: u32,
+    x_div: u32,
+    mat_words: u32,
+    nwx: u32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
+
+var<workgroup> wg_expert: u32;
+var<workgroup> wg_part_u: array<f32, 64>;
+
+// bf16 number i (in halves from the start of W).
+fn w_half4(i: u32) -> f32 {
+    return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+fn u_half4(i: u32) -> f32 {
+    return bf16_at(Wu[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
+const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
+const NIB = vec4<u32>(15u);
+
+// Σ q_j x_j over the 8 nibbles of `w` against inputs a (nibbles 0..3) and b (4..7).
+fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let wv = vec4<u32>(w);
+    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
+}
+
+// scale · Σ q x + bias · Σ x over the 32 weights of quad q (16 bytes `w`) of a row whose inputs
+// start at vec4 `xb` and whose groups start at half `hbase`.
+fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+    let x = xb + q * 8u;
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    let x2 = X[x + 2u];
+    let x3 = X[x + 3u];
+    let x4 = X[x + 4u];
+    let x5 = X[x + 5u];
+    let x6 = X[x + 6u];
+    let x7 = X[x + 7u];
+    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
+    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let g = hbase + (q * 32u) / p.group;
+    return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
+}
+
+fn quad_u(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+    let x = xb + q * 8u;
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    let x2 = X[x + 2u];
+    let x3 = X[x + 3u];
+    let x4 = X[x + 4u];
+    let x5 = X[x + 5u];
+    let x6 = X[x + 6u];
+    let x7 = X[x + 7u];
+    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
+    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let g = hbase + (q * 32u) / p.group;
+    return u_half4(p.scale_off + g) * qd + u_half4(p.bias_off + g) * xs;
+}
+
+const ROWS: u32 = 8u;
+const LANES: u32 = 8u;
+
+@compute @workgroup_size(64)
+fn linear_q4_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let block = wid.x + wid.y * p.nwx;
+    let item = wid.z;
+    if (block * ROWS >= p.rows) {
+        return;
+    }
+    var slot = 0u;
+    var xrow = item;
+    if (p.expert_mode != 0u) {
+        if (lid == 0u) {
+            wg_expert = ids[item];
+        }
+        let e = workgroupUniformLoad(&wg_expert);
+        if (e < p.e0 || e >= p.e0 + p.e_count) {
+            return;
+        }
+        slot = e - p.e0;
+        xrow = item / p.x_div;
+    }
+    let row = block * ROWS + lid / LANES;
+    let lane = lid % LANES;
+    var acc = 0.0;
+    var acc_u = 0.0;
+    if (row < p.rows) {
+        let quads = p.cols / 32u;  // vec4<u32> per row
+        let groups = p.cols / p.group;
+        let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
+        let hbase = (slot * p.rows + row) * groups;
+        let xb = (p.x_off + xrow * p.x_stride) / 4u;
+        // Two 16-byte reads of each matrix in flight per invocation, then the rest.
+        var q = lane;
+        for (; q + LANES < quads; q += 2u * LANES) {
+            let g0 = W[qbase + q];
+            let g1 = W[qbase + q + LANES];
+            let u0 = Wu[qbase + q];
+            let u1 = Wu[qbase + q + LANES];
+            acc += quad(g0, xb, hbase, q) + quad(g1, xb, hbase, q + LANES);
+            acc_u += quad_u(u0, xb, hbase, q) + quad_u(u1, xb, hbase, q + LANES);
+        }
+        for (; q < quads; q += LANES) {
+            acc += quad(W[qbase + q], xb, hbase, q);
+            acc_u += quad_u(Wu[qbase + q], xb, hbase, q);
+        }
+    }
+    wg_part[lid] = acc;
+    wg_part_u[lid] = acc_u;
+    workgroupBarrier();
+    if (lane == 0u && row < p.rows) {
+        var g = 0.0;
+        var u = 0.0;
+        for (var i = 0u; i < LANES; i++) {
+            g += wg_part[lid + i];
+            u += wg_part_u[lid + i];
+        }
+        Y[p.y_off + item * p.y_stride + p.row0 + row] = silu(g) * u;
+    }
+}
