@@ -11,7 +11,8 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    conv_bytes, kv_row_bytes, state_bytes, Forward, LogitsOut, Scratch, SeqState,
+    conv_bytes, kv_row_bytes, state_bytes, DevicePick, Forward, LogitsOut, Scratch, SeqState,
+    HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
@@ -62,6 +63,17 @@ pub struct WgpuBackend {
     kernels: Kernels,
     cfg: ModelConfig,
     gpu: Gpu,
+}
+
+/// Whether the device sampler (sample_adjust.wgsl, sample_pick.wgsl) takes these parameters:
+/// temperature > 0 with top_k in 1..=256, or greedy on adjusted logits (penalties, logit_bias).
+/// top_k 0 (the whole vocabulary) or above 256 samples on the host from read-back logits.
+fn device_sampled(p: &SamplingParams) -> bool {
+    if p.temperature <= 0.0 {
+        !device_greedy(p)
+    } else {
+        (1..=PICK_MAX_K).contains(&p.top_k)
+    }
 }
 
 /// Greedy with nothing that changes logits first: the GPU picks (argmax.wgsl).
@@ -139,6 +151,83 @@ impl WgpuBackend {
             .run(s, &self.scratch.tokens, piece.len(), out)?;
         self.seqs.get_mut(&seq.0).expect("checked above").len += piece.len();
         Ok(())
+    }
+
+    /// One pick from `logits` (the vocabulary's) by the device sampler, as a decode step makes
+    /// it: the sampler's uniform drawn where the host would draw it, its history and
+    /// logit_bias applied. `None` where these parameters sample on the host (or greedy
+    /// without adjustments: argmax.wgsl). For tests against `Sampler::sample`.
+    pub fn sample_on_device(
+        &mut self,
+        logits: &[f32],
+        sampler: &mut Sampler,
+    ) -> Result<Option<(u32, f32)>> {
+        let p = &sampler.params;
+        if logits.len() != self.cfg.vocab {
+            bail!(
+                "{} logits for a vocabulary of {}",
+                logits.len(),
+                self.cfg.vocab
+            );
+        }
+        if device_greedy(p) || !device_sampled(p) {
+            return Ok(None);
+        }
+        let d = self.device_pick(sampler)?;
+        let l = self.gpu.upload_f32("sample_test.logits", logits)?;
+        let out = self.gpu.storage("sample_test.out", 8)?;
+        let u = if p.temperature > 0.0 {
+            sampler.next_uniform()
+        } else {
+            0.0
+        };
+        self.forward().sample(&l, &out, &d, u)?;
+        let r = self.gpu.read_u32(&out, 2)?;
+        Ok(Some((r[0], f32::from_bits(r[1]))))
+    }
+
+    /// The device sampler for `sampler`: its parameters, history and logit_bias uploaded.
+    fn device_pick(&self, sampler: &Sampler) -> Result<DevicePick> {
+        let p = &sampler.params;
+        let vocab = self.cfg.vocab;
+        let mut hist = vec![0u32; vocab];
+        for (t, n) in sampler.output_counts() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h = n.min(HIST_COUNT);
+            }
+        }
+        for &t in sampler.seen_tokens() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h |= HIST_SEEN;
+            }
+        }
+        // Sorted by id, stably: repeated ids keep the request's order, as the host adds them.
+        let mut bias: Vec<(u32, f32)> = p
+            .logit_bias
+            .iter()
+            .copied()
+            .filter(|&(id, _)| (id as usize) < vocab)
+            .collect();
+        bias.sort_by_key(|e| e.0);
+        let words: Vec<u32> = bias.iter().flat_map(|e| [e.0, e.1.to_bits()]).collect();
+        let greedy = p.temperature <= 0.0;
+        Ok(DevicePick {
+            hist: self
+                .gpu
+                .upload("sampler.hist", bytemuck::cast_slice(&hist))?,
+            bias: self
+                .gpu
+                .upload("sampler.bias", bytemuck::cast_slice(&words))?,
+            n_bias: bias.len() as u32,
+            scaled: self.gpu.storage("sampler.scaled", vocab as u64 * 4)?,
+            inv_t: if greedy { 1.0 } else { 1.0 / p.temperature },
+            top_k: if greedy { 1 } else { p.top_k },
+            top_p: if greedy { 1.0 } else { p.top_p },
+            min_p: if greedy { 0.0 } else { p.min_p },
+            repetition: p.repetition_penalty,
+            presence: p.presence_penalty,
+            frequency: p.frequency_penalty,
+        })
     }
 
     /// A copy of every buffer of `s` (KV rows up to its length) made on the device, in one
@@ -259,18 +348,31 @@ impl Backend for WgpuBackend {
         if self.seq(seq)?.len == 0 {
             bail!("decode before prefill: no logits to sample from");
         }
-        let on_device = device_greedy(&sampler.params);
-        // Whether `next` already holds the GPU's pick from the pending logits (a greedy step
-        // records the pick with the forward pass).
+        let greedy = device_greedy(&sampler.params);
+        let dev = if !greedy && device_sampled(&sampler.params) {
+            Some(self.device_pick(sampler)?)
+        } else {
+            None
+        };
+        // The device sampler draws the host's uniform only where the host would (temperature).
+        let draws = sampler.params.temperature > 0.0;
+        // Whether `next` already holds the GPU's pick from the pending logits (a step records
+        // the pick with the forward pass).
         let mut picked = false;
         for step in 0..n {
             // A constrained step (a grammar's token mask; lily-core `constrain`) picks on the
-            // host, where the mask applies: the GPU's argmax takes no mask.
+            // host, where the mask applies: the GPU's kernels take no mask.
             let masked = sampler.next_mask().is_some();
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if on_device && !masked {
+            let (token, logprob, host_logits) = if (greedy || dev.is_some()) && !masked {
                 if !picked {
-                    self.forward().argmax(s)?;
+                    match &dev {
+                        Some(d) => {
+                            let u = if draws { sampler.next_uniform() } else { 0.0 };
+                            self.forward().sample(&s.logits, &s.next, d, u)?;
+                        }
+                        None => self.forward().argmax(s)?,
+                    }
                 }
                 let out = self.gpu.read_u32(&s.next, 2)?;
                 if out[0] as usize >= self.cfg.vocab {
@@ -299,6 +401,23 @@ impl Backend for WgpuBackend {
                 _ => Vec::new(),
             };
             sampler.accept(token);
+            if masked {
+                if let Some(d) = &dev {
+                    // The host picked: the device history follows, as the kernel would have.
+                    let count = sampler
+                        .output_counts()
+                        .find(|e| e.0 == token)
+                        .map_or(0, |e| e.1)
+                        .min(HIST_COUNT);
+                    let seen = if d.repetition != 1.0 { HIST_SEEN } else { 0 };
+                    let entry = count | seen;
+                    self.gpu.queue.write_buffer(
+                        &d.hist,
+                        token as u64 * 4,
+                        bytemuck::bytes_of(&entry),
+                    );
+                }
+            }
             let flow = on_token(&StepOut {
                 token,
                 logprob,
@@ -311,11 +430,17 @@ impl Backend for WgpuBackend {
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
-            if on_device {
+            let next_masked = sampler.next_mask().is_some();
+            if greedy {
                 self.forward().run_and_pick(s, &s.next)?;
+                picked = true;
+            } else if let (Some(d), false) = (&dev, next_masked) {
+                let u = if draws { sampler.next_uniform() } else { 0.0 };
+                self.forward().run_and_sample(s, &s.next, d, u)?;
                 picked = true;
             } else {
                 self.forward().run(s, &s.next, 1, LogitsOut::Last)?;
+                picked = false;
             }
             self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         }

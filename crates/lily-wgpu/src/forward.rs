@@ -260,6 +260,31 @@ pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
     (c.n_kv_heads * c.head_dim * 4) as u64
 }
 
+/// Most candidates sample_pick.wgsl keeps (its workgroup size): top_k above stays on the host.
+pub const PICK_MAX_K: u32 = 256;
+
+/// Bits of a `DevicePick::hist` entry: times generated, and seen by the repetition penalty.
+pub const HIST_SEEN: u32 = 0x8000_0000;
+pub const HIST_COUNT: u32 = 0x7fff_ffff;
+
+/// The device sampler of one decode call (sample_adjust.wgsl, sample_pick.wgsl): the
+/// `Sampler`'s parameters, its history and logit_bias on the device, scratch for the adjusted
+/// logits. The kernels bump `hist` after each pick as `Sampler::accept` does.
+pub struct DevicePick {
+    pub hist: Buf,
+    /// (id, value bits) pairs sorted by id, stably.
+    pub bias: Buf,
+    pub n_bias: u32,
+    pub scaled: Buf,
+    pub inv_t: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsOut {
     /// Only the last token's logits, into the sequence's `logits`.
@@ -373,6 +398,70 @@ impl<'a> Forward<'a> {
             }
         }
         Ok(r)
+    }
+
+    /// `run` of one token, then the device sampler's pick of the new logits into `seq.next`, in
+    /// the same submission.
+    pub fn run_and_sample(
+        &self,
+        seq: &'a SeqState,
+        ids: &'a Buf,
+        d: &'a DevicePick,
+        u: f64,
+    ) -> Result<()> {
+        let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
+        self.record_sample(&mut r, &seq.logits, &seq.next, d, u);
+        r.submit()
+    }
+
+    /// The device sampler's pick from `logits` into `out` (token id, log-probability).
+    pub fn sample(&self, logits: &'a Buf, out: &'a Buf, d: &'a DevicePick, u: f64) -> Result<()> {
+        let mut r = Recorder::new(self.gpu);
+        r.set_phase("pick", 0);
+        self.record_sample(&mut r, logits, out, d, u);
+        r.submit()
+    }
+
+    fn record_sample(
+        &self,
+        r: &mut Recorder<'a>,
+        logits: &'a Buf,
+        out: &'a Buf,
+        d: &'a DevicePick,
+        u: f64,
+    ) {
+        let v = self.cfg.vocab;
+        let (nx, ny) = grid_2d(v.div_ceil(256));
+        r.dispatch(
+            &self.k.sample_adjust,
+            &[
+                v as u32,
+                d.n_bias,
+                d.inv_t.to_bits(),
+                d.repetition.to_bits(),
+                d.presence.to_bits(),
+                d.frequency.to_bits(),
+                nx,
+            ],
+            &[logits, &d.hist, &d.bias, &d.scaled],
+            [nx, ny, 1],
+        );
+        let u_hi = u as f32;
+        let u_lo = (u - u_hi as f64) as f32;
+        r.dispatch(
+            &self.k.sample_pick,
+            &[
+                v as u32,
+                d.top_k,
+                d.top_p.to_bits(),
+                d.min_p.to_bits(),
+                u_hi.to_bits(),
+                u_lo.to_bits(),
+                (d.repetition != 1.0) as u32,
+            ],
+            &[logits, &d.scaled, &d.hist, out],
+            [1, 1, 1],
+        );
     }
 
     /// Greedy pick from the sequence's logits into its `next` (token id, log-probability).

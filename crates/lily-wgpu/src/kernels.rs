@@ -52,6 +52,8 @@ kernels!(
     swiglu,
     moe_combine,
     argmax,
+    sample_adjust,
+    sample_pick,
 );
 
 /// The `override` constants of kernel `name` for model `c`.

@@ -176,6 +176,115 @@ fn long_chunks_and_split_attention_match_cpu() {
     assert_eq!(got, want, "greedy tokens after 300 positions");
 }
 
+/// The device sampler (sample_adjust.wgsl, sample_pick.wgsl) against the host's
+/// `Sampler::sample` on the same logits, seed and history: every pick must be the same token,
+/// over 6 settings × 150 seeds (temperature with top_k / top_p / min_p, ties, −∞ and NaN logits,
+/// logit_bias, presence / frequency / repetition penalties, greedy on adjusted logits), and the
+/// log-probability the raw logits' log-softmax.
+#[test]
+fn device_sampler_picks_as_the_host_sampler() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 81);
+    let vocab = w.config.vocab;
+    let Some(mut gpu) = wgpu_backend(&w, 8) else {
+        return;
+    };
+    let mut rng = Rng(21);
+    // Logits in [−8, 8) with a heavy head, a block of exact ties, −∞ and a NaN.
+    let mut logits: Vec<f32> = (0..vocab)
+        .map(|_| (rng.below(16_000) as f32 / 1000.0) - 8.0)
+        .collect();
+    for (i, l) in logits.iter_mut().enumerate().take(40) {
+        *l = 9.0 + (i % 4) as f32 * 0.25;
+    }
+    logits[100] = f32::NEG_INFINITY;
+    logits[101] = f32::NAN;
+    let history = rng.tokens(12, vocab);
+    let settings = [
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 50,
+            top_p: 0.9,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            temperature: 1.3,
+            top_k: 256,
+            min_p: 0.05,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 7,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_k: 64,
+            top_p: 0.95,
+            presence_penalty: 0.8,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(5, -3.0), (700, 12.0), (5, 1.5)],
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            temperature: 1.1,
+            top_k: 100,
+            repetition_penalty: 1.3,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            presence_penalty: 2.0,
+            logit_bias: vec![(3, -50.0)],
+            ..SamplingParams::greedy()
+        },
+    ];
+    let mut picks = 0;
+    for (n, params) in settings.iter().enumerate() {
+        let mut distinct = std::collections::HashSet::new();
+        for seed in 0..150u64 {
+            let p = SamplingParams {
+                seed: seed * 7919 + n as u64,
+                ..params.clone()
+            };
+            let make = || {
+                let mut s = Sampler::with_prompt(p.clone(), &history[..4]);
+                for &t in &history[4..] {
+                    s.accept(t);
+                }
+                s
+            };
+            let (mut host, mut dev) = (make(), make());
+            let want = host.sample(&logits);
+            let (got, lp) = gpu
+                .sample_on_device(&logits, &mut dev)
+                .unwrap()
+                .expect("these settings sample on the device");
+            assert_eq!(
+                got, want,
+                "setting {n}, seed {seed}: device picked {got}, host {want}"
+            );
+            let finite: Vec<f32> = logits
+                .iter()
+                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+                .collect();
+            let mx = finite.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = finite.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+            let want_lp = (logits[want as usize] - mx) as f64 - z.ln();
+            assert!(
+                (lp as f64 - want_lp).abs() < 1e-4,
+                "setting {n}: log-probability {lp}, host {want_lp}"
+            );
+            distinct.insert(got);
+            picks += 1;
+        }
+        println!(
+            "setting {n}: {} distinct tokens over 150 seeds",
+            distinct.len()
+        );
+    }
+    println!("device sampler: {picks} picks identical to the host's");
+}
+
 /// Greedy tokens from the same prompt, with the GPU picking and feeding back its own tokens.
 #[test]
 fn greedy_tokens_match_cpu_over_32_steps() {
@@ -238,7 +347,7 @@ fn sliced_weights_give_the_same_logits() {
     assert_eq!(sliced, whole, "sliced weights change the logits");
 }
 
-/// Non-greedy settings sample on the host from the GPU's logits: with the same seed the tokens
+/// Non-greedy settings (top_k 40: the device sampler) give, with the same seed, the tokens
 /// are the CPU backend's; the top log-probabilities are the CPU's too.
 #[test]
 fn sampled_tokens_and_top_logprobs_match_cpu() {
