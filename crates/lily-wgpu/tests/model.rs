@@ -347,8 +347,8 @@ fn sliced_weights_give_the_same_logits() {
     assert_eq!(sliced, whole, "sliced weights change the logits");
 }
 
-/// Non-greedy settings (top_k 40: the device sampler) give, with the same seed, the tokens
-/// are the CPU backend's; the top log-probabilities are the CPU's too.
+/// Non-greedy settings (top_k 40: the device sampler) give, with the same seed, the CPU
+/// backend's tokens; the top log-probabilities are the CPU's too.
 #[test]
 fn sampled_tokens_and_top_logprobs_match_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
