@@ -876,17 +876,14 @@ impl<'a> Forward<'a> {
             self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, k, 0);
             self.experts_mm(r, "lin.experts.up", &m.up, up_io, k, 0);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
-            self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
         } else if glu_ok(&m.gate, &m.up, &gate_io) {
             // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
             let io = self.plain(&s.xn, h, &s.act, i, tk);
             self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(k));
-            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         } else {
             self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, k);
             self.linear_experts(r, "lin.experts.up", &m.up, up_io, k);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
-            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         }
         let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
         let su_io = self.plain(&s.xn, h, &s.su, si, t);
@@ -900,16 +897,49 @@ impl<'a> Forward<'a> {
         }
         self.linear(
             r,
-            "lin.shared.down",
-            &m.shared_down,
-            self.plain(&s.sa, si, &s.sh, h, t),
-        );
-        self.linear(
-            r,
             "lin.shared.gate_logit",
             &m.shared_expert_gate,
             self.plain(&s.xn, h, &s.sgl, 1, t),
         );
+        let sd_io = self.plain(&s.sa, si, &s.sh, h, t);
+        let fused = !grouped
+            && t == 1
+            && q4_ok(&m.down, &down_io)
+            && q4_ok(&m.shared_down, &sd_io)
+            && m.down.slices.len() == 1
+            && m.shared_down.slices.len() == 1;
+        if fused {
+            // A decode step: both down projections and the combine into the residual at once.
+            let (de, ds) = (&m.down.slices[0], &m.shared_down.slices[0]);
+            let (nx, ny) = grid_2d(h.div_ceil(LINEAR_ROWS));
+            r.dispatch_as(
+                "moe_down",
+                &self.k.moe_down,
+                &[
+                    h as u32,
+                    i as u32,
+                    si as u32,
+                    m.down.group as u32,
+                    m.shared_down.group as u32,
+                    de.scale_off,
+                    de.bias_off,
+                    ds.scale_off,
+                    ds.bias_off,
+                    nx,
+                ],
+                &[
+                    &de.buf, &ds.buf, &s.act, &s.sa, &s.wts, &s.ids, &s.sgl, &s.x,
+                ],
+                [nx, ny, t as u32],
+            );
+            return;
+        }
+        if grouped {
+            self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
+        } else {
+            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
+        }
+        self.linear(r, "lin.shared.down", &m.shared_down, sd_io);
         r.dispatch(
             &self.k.moe_combine,
             &[t as u32, h as u32, k as u32],

@@ -51,6 +51,7 @@ kernels!(
     moe_route,
     swiglu,
     moe_combine,
+    moe_down,
     argmax,
     sample_adjust,
     sample_pick,
@@ -60,6 +61,7 @@ kernels!(
 fn constants(name: &str, c: &ModelConfig) -> Vec<(&'static str, f64)> {
     match name {
         "dn_recur" => vec![("DK", c.dn_k_dim as f64)],
+        "moe_down" => vec![("TOPK", c.top_k as f64)],
         _ => Vec::new(),
     }
 }
