@@ -14,6 +14,7 @@ struct P {
     scale: f32,
     nsplit: u32,
     span: u32,     // keys per split, a multiple of 64
+    qg_stride: u32, // row stride of QG (the joint projection; gate of head h at h·2D + D)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -86,7 +87,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         for (var i = 0u; i < 4u; i++) {
             let c = lid + 64u * i;
             if (c < d) {
-                let g = QG[row * 2u * d + d + c];
+                let g = QG[t * p.qg_stride + h * 2u * d + d + c];
                 O[row * d + c] = acc[i] / l * sigmoid(g);
             }
         }

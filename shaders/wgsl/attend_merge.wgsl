@@ -6,6 +6,7 @@ struct P {
     hq: u32,
     d: u32,
     nsplit: u32,
+    qg_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -38,7 +39,7 @@ fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 a += Part[b + s * w + c] * exp(Part[b + s * w + d] - mx);
             }
         }
-        let g = QG[row * 2u * d + d + c];
+        let g = QG[wid.y * p.qg_stride + wid.x * 2u * d + d + c];
         O[row * d + c] = a / l * sigmoid(g);
     }
 }

@@ -6,6 +6,7 @@ struct P {
     tokens: u32,
     cd: u32,
     k: u32,
+    m_stride: u32,   // row stride of M (the joint in_proj output; conv channels first)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -26,7 +27,7 @@ fn dn_conv(@builtin(global_invocation_id) gid: vec3<u32>) {
         hist[j] = state[j * p.cd + ch];
     }
     for (var t = 0u; t < p.tokens; t++) {
-        let x = M[t * p.cd + ch];
+        let x = M[t * p.m_stride + ch];
         var s = 0.0;
         for (var j = 0u; j < km1; j++) {
             s += taps[ch * p.k + j] * hist[j];

@@ -13,12 +13,14 @@ struct P {
     dk: u32,
     dv: u32,
     cd: u32,
+    ba_stride: u32,  // BA: row stride (per token) and offset of b (a follows at + hv)
+    ba_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> C: array<f32>;      // conv output; v at 2·hk·dk
 @group(0) @binding(2) var<storage, read> QK: array<f32>;     // normalised q | k
-@group(0) @binding(3) var<storage, read> BA: array<f32>;     // [tokens, 2·hv]: b then a
+@group(0) @binding(3) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
 @group(0) @binding(4) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
 @group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
@@ -42,8 +44,8 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         s[i] = S[(h * dk + i) * p.dv + j];
     }
     for (var t = 0u; t < p.tokens; t++) {
-        let beta = sigmoid(BA[t * 2u * p.hv + h]);
-        let g = -exp(decay[h]) * softplus(BA[t * 2u * p.hv + p.hv + h] + decay[p.hv + h]);
+        let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
+        let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
         let alpha = exp(g);
         let qb = t * 2u * key_dim + kh * dk;
         let kb = qb + key_dim;

@@ -5,6 +5,9 @@ struct P {
     cols: u32,
     eps: f32,
     rows: u32,
+    heads: u32,      // rows per token
+    z_stride: u32,   // Z: row stride (per token) and offset of head 0 (the joint in_proj output)
+    z_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -20,6 +23,7 @@ fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     let b = row * p.cols;
+    let zb = (row / p.heads) * p.z_stride + p.z_off + (row % p.heads) * p.cols;
     var ss = 0.0;
     for (var c = lid; c < p.cols; c += 64u) {
         let v = O[b + c];
@@ -28,6 +32,6 @@ fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let total = wg_sum(lid, ss);
     let r = 1.0 / sqrt(total / f32(p.cols) + p.eps);
     for (var c = lid; c < p.cols; c += 64u) {
-        Y[b + c] = O[b + c] * r * Wn[c] * silu(Z[b + c]);
+        Y[b + c] = O[b + c] * r * Wn[c] * silu(Z[zb + c]);
     }
 }

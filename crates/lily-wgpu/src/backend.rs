@@ -16,7 +16,7 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
-use crate::weights::{upload_model, GpuModel};
+use crate::weights::{upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,11 +98,26 @@ impl WgpuBackend {
             opts.all_logits_chunk.clamp(1, opts.chunk),
         )?;
         gpu.wait()?;
+        // Matrix products per layer's input projections (1 where q/k/v, and qkv/z/b/a, share
+        // a format and were joined at load).
+        let parts = |attn: bool| {
+            model
+                .layers
+                .iter()
+                .find_map(|l| match (&l.mixer, attn) {
+                    (GpuMixer::Attention(a), true) => Some(a.qkv.parts.len()),
+                    (GpuMixer::DeltaNet(d), false) => Some(d.in_proj.parts.len()),
+                    _ => None,
+                })
+                .unwrap_or(0)
+        };
         tracing::info!(
-            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}",
+            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches",
             describe_adapter(&gpu.info),
             model.bytes as f64 / 1e9,
-            opts.chunk
+            opts.chunk,
+            parts(true),
+            parts(false),
         );
         Ok(WgpuBackend {
             seqs: HashMap::new(),

@@ -8,7 +8,9 @@ use lily_core::config::{LayerKind, ModelConfig};
 
 use crate::gpu::{grid_2d, Gpu, Recorder};
 use crate::kernels::Kernels;
-use crate::weights::{GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice};
+use crate::weights::{
+    Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
+};
 
 type Buf = wgpu::Buffer;
 
@@ -110,20 +112,16 @@ pub struct Scratch {
     pub all_chunk: usize,
     x: Buf,
     xn: Buf,
-    // Gated attention.
-    qg: Buf,
-    kin: Buf,
-    vin: Buf,
+    // Gated attention: the joint q | k | v projection per token, the normalised queries.
+    attn_proj: Buf,
     q: Buf,
     o: Buf,
     /// attend.wgsl's partials when the keys are split: `PART_ROWS` rows of (head_dim + 2).
     attn_part: Buf,
-    // Gated DeltaNet.
-    m: Buf,
+    // Gated DeltaNet: the joint qkv | z | b | a projection per token, the conv output, q | k.
+    dn_proj: Buf,
     c: Buf,
     qk: Buf,
-    z: Buf,
-    ba: Buf,
     odn: Buf,
     ogn: Buf,
     // MoE.
@@ -165,17 +163,19 @@ impl Scratch {
             all_chunk,
             x: f("x", t * h)?,
             xn: f("xn", t * h)?,
-            qg: f("qg", t * c.n_heads * 2 * c.head_dim)?,
-            kin: f("k", t * c.n_kv_heads * c.head_dim)?,
-            vin: f("v", t * c.n_kv_heads * c.head_dim)?,
+            attn_proj: f(
+                "attn_proj",
+                t * (c.n_heads * 2 + c.n_kv_heads * 2) * c.head_dim,
+            )?,
             q: f("q", t * c.n_heads * c.head_dim)?,
             o: f("o", t * c.n_heads * c.head_dim)?,
             attn_part: f("attention_partials", PART_ROWS * (c.head_dim + 2))?,
-            m: f("m", t * c.conv_dim())?,
+            dn_proj: f(
+                "dn_proj",
+                t * (c.conv_dim() + c.dn_v_heads * c.dn_v_dim + 2 * c.dn_v_heads),
+            )?,
             c: f("conv_out", t * c.conv_dim())?,
             qk: f("qk", t * 2 * c.dn_key_dim())?,
-            z: f("z", t * c.dn_v_heads * c.dn_v_dim)?,
-            ba: f("ba", t * 2 * c.dn_v_heads)?,
             odn: f("deltanet_out", t * c.dn_v_heads * c.dn_v_dim)?,
             ogn: f("deltanet_normed", t * c.dn_v_heads * c.dn_v_dim)?,
             router_logits: f("router_logits", t * c.n_experts)?,
@@ -559,6 +559,16 @@ impl<'a> Forward<'a> {
         );
     }
 
+    /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
+    /// product per part (one in all where the formats allowed joining them at load).
+    fn fused(&self, r: &mut Recorder<'a>, label: &'static str, f: &'a Fused, y: &'a Buf, t: usize) {
+        for (lin, off) in &f.parts {
+            let mut io = self.plain(&self.s.xn, self.cfg.hidden, y, f.rows, t);
+            io.y_off = *off;
+            self.linear(r, label, lin, io);
+        }
+    }
+
     /// `y = W x` for plain matrices, slice by slice.
     fn linear(&self, r: &mut Recorder<'a>, label: &'static str, w: &'a GpuLinear, io: Io<'a>) {
         self.linear_impl(r, label, w, io, None);
@@ -694,24 +704,8 @@ impl<'a> Forward<'a> {
         let c = self.cfg;
         let s = self.s;
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
-        self.linear(
-            r,
-            "lin.attn.q",
-            &a.q_proj,
-            self.plain(&s.xn, h, &s.qg, hq * 2 * d, t),
-        );
-        self.linear(
-            r,
-            "lin.attn.k",
-            &a.k_proj,
-            self.plain(&s.xn, h, &s.kin, hkv * d, t),
-        );
-        self.linear(
-            r,
-            "lin.attn.v",
-            &a.v_proj,
-            self.plain(&s.xn, h, &s.vin, hkv * d, t),
-        );
+        let stride = a.qkv.rows;
+        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t);
         r.dispatch(
             &self.k.attn_prep,
             &[
@@ -721,12 +715,11 @@ impl<'a> Forward<'a> {
                 c.rotary_dim as u32,
                 pos0 as u32,
                 c.rms_eps.to_bits(),
+                stride as u32,
             ],
-            &[&s.qg, &s.kin, &a.qk_norm, &s.rope, &s.q, kc],
-            [(hq + hkv) as u32, t as u32, 1],
+            &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
+            [(hq + 2 * hkv) as u32, t as u32, 1],
         );
-        let row = kv_row_bytes(c);
-        r.copy(&s.vin, 0, vc, pos0 as u64 * row, t as u64 * row);
         let (nsplit, span) = attention_splits(hq * t, pos0 + t);
         r.dispatch(
             &self.k.attend,
@@ -738,15 +731,16 @@ impl<'a> Forward<'a> {
                 (1.0 / (d as f32).sqrt()).to_bits(),
                 nsplit as u32,
                 span as u32,
+                stride as u32,
             ],
-            &[&s.q, &s.qg, kc, vc, &s.o, &s.attn_part],
+            &[&s.q, &s.attn_proj, kc, vc, &s.o, &s.attn_part],
             [hq as u32, t as u32, nsplit as u32],
         );
         if nsplit > 1 {
             r.dispatch(
                 &self.k.attend_merge,
-                &[hq as u32, d as u32, nsplit as u32],
-                &[&s.attn_part, &s.qg, &s.o],
+                &[hq as u32, d as u32, nsplit as u32, stride as u32],
+                &[&s.attn_part, &s.attn_proj, &s.o],
                 [hq as u32, t as u32, 1],
             );
         }
@@ -768,27 +762,14 @@ impl<'a> Forward<'a> {
         let s = self.s;
         let (h, cd, hv, hk) = (c.hidden, c.conv_dim(), c.dn_v_heads, c.dn_k_heads);
         let vd = hv * c.dn_v_dim;
-        self.linear(
-            r,
-            "lin.dn.qkv",
-            &d.in_qkv,
-            self.plain(&s.xn, h, &s.m, cd, t),
-        );
-        self.linear(r, "lin.dn.z", &d.in_z, self.plain(&s.xn, h, &s.z, vd, t));
-        self.linear(
-            r,
-            "lin.dn.b",
-            &d.in_b,
-            self.plain(&s.xn, h, &s.ba, 2 * hv, t),
-        );
-        let mut io = self.plain(&s.xn, h, &s.ba, 2 * hv, t);
-        io.y_off = hv;
-        self.linear(r, "lin.dn.a", &d.in_a, io);
+        // Joint output per token: [qkv (conv channels) | z | b | a].
+        let stride = d.in_proj.rows;
+        self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t);
         let (nx, ny) = grid_2d(cd.div_ceil(64));
         r.dispatch(
             &self.k.dn_conv,
-            &[t as u32, cd as u32, c.conv_kernel as u32],
-            &[&s.m, &d.conv, conv, &s.c],
+            &[t as u32, cd as u32, c.conv_kernel as u32, stride as u32],
+            &[&s.dn_proj, &d.conv, conv, &s.c],
             [nx, ny, 1],
         );
         r.dispatch(
@@ -811,15 +792,24 @@ impl<'a> Forward<'a> {
                 c.dn_k_dim as u32,
                 c.dn_v_dim as u32,
                 cd as u32,
+                stride as u32,
+                (cd + vd) as u32,
             ],
-            &[&s.c, &s.qk, &s.ba, &d.decay, state, &s.odn],
+            &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &s.odn],
             [hv as u32, c.dn_v_dim.div_ceil(32) as u32, 1],
         );
         let (nx, ny) = grid_2d(t * hv);
         r.dispatch(
             &self.k.gated_norm,
-            &[c.dn_v_dim as u32, c.rms_eps.to_bits(), (t * hv) as u32],
-            &[&s.odn, &d.norm, &s.z, &s.ogn],
+            &[
+                c.dn_v_dim as u32,
+                c.rms_eps.to_bits(),
+                (t * hv) as u32,
+                hv as u32,
+                stride as u32,
+                cd as u32,
+            ],
+            &[&s.odn, &d.norm, &s.dn_proj, &s.ogn],
             [nx, ny, 1],
         );
         let mut io = self.plain(&s.ogn, vd, &s.x, h, t);

@@ -10,7 +10,7 @@
 
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
-use lily_core::weights::{Linear, Mixer, ModelWeights, MoeWeights, WeightData};
+use lily_core::weights::{Blob, Linear, Mixer, ModelWeights, MoeWeights, WeightData};
 
 use crate::gpu::Gpu;
 
@@ -121,20 +121,128 @@ pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> 
     })
 }
 
+/// Matrices that read the same input, concatenated by rows where their formats agree (one
+/// dispatch for all), each part with the column its rows start at in the joint output.
+pub struct Fused {
+    pub parts: Vec<(GpuLinear, usize)>,
+    /// Rows of the joint output (its row stride).
+    pub rows: usize,
+}
+
+/// The rows of `parts` stacked into one matrix, when all are plain (not expert stacks) with
+/// the same columns and format.
+fn concat(parts: &[&Linear]) -> Option<Linear> {
+    let first = parts.first()?;
+    if parts.iter().any(|l| l.experts != 1 || l.cols != first.cols) {
+        return None;
+    }
+    let join = |f: &dyn Fn(&Linear) -> &[u8]| {
+        let mut v = Vec::new();
+        for l in parts {
+            v.extend_from_slice(f(l));
+        }
+        Blob::owned(v)
+    };
+    let data = match &first.data {
+        WeightData::Affine { bits, group, .. } => {
+            let same = parts.iter().all(|l| {
+                matches!(&l.data, WeightData::Affine { bits: b, group: g, .. } if b == bits && g == group)
+            });
+            if !same {
+                return None;
+            }
+            let part = |l: &Linear, which: usize| -> Vec<u8> {
+                match &l.data {
+                    WeightData::Affine {
+                        packed,
+                        scales,
+                        biases,
+                        ..
+                    } => [packed, scales, biases][which].bytes().to_vec(),
+                    WeightData::Bf16 { .. } => Vec::new(),
+                }
+            };
+            WeightData::Affine {
+                bits: *bits,
+                group: *group,
+                packed: Blob::owned(parts.iter().flat_map(|l| part(l, 0)).collect()),
+                scales: Blob::owned(parts.iter().flat_map(|l| part(l, 1)).collect()),
+                biases: Blob::owned(parts.iter().flat_map(|l| part(l, 2)).collect()),
+            }
+        }
+        WeightData::Bf16 { .. } => {
+            if !parts
+                .iter()
+                .all(|l| matches!(l.data, WeightData::Bf16 { .. }))
+            {
+                return None;
+            }
+            WeightData::Bf16 {
+                data: join(&|l| match &l.data {
+                    WeightData::Bf16 { data } => data.bytes(),
+                    WeightData::Affine { packed, .. } => packed.bytes(),
+                }),
+            }
+        }
+    };
+    Some(Linear {
+        experts: 1,
+        rows: parts.iter().map(|l| l.rows).sum(),
+        cols: first.cols,
+        data,
+    })
+}
+
+/// `parts` (plain matrices reading the same input) as few uploads as their formats allow:
+/// consecutive parts that `concat` joins become one matrix.
+pub fn upload_fused(gpu: &Gpu, slice_bytes: u64, label: &str, parts: &[&Linear]) -> Result<Fused> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        // The longest run from i that joins.
+        let mut j = parts.len();
+        let joined = loop {
+            if j == i + 1 {
+                break None;
+            }
+            if let Some(l) = concat(&parts[i..j]) {
+                break Some(l);
+            }
+            j -= 1;
+        };
+        let (lin, n) = match joined {
+            Some(l) => (
+                upload_linear(gpu, slice_bytes, &format!("{label}[{i}..{j}]"), &l)?,
+                j - i,
+            ),
+            None => (
+                upload_linear(gpu, slice_bytes, &format!("{label}[{i}]"), parts[i])?,
+                1,
+            ),
+        };
+        let rows = lin.rows;
+        out.push((lin, at));
+        at += rows;
+        i += n;
+    }
+    Ok(Fused {
+        parts: out,
+        rows: at,
+    })
+}
+
 pub struct GpuAttention {
-    pub q_proj: GpuLinear,
-    pub k_proj: GpuLinear,
-    pub v_proj: GpuLinear,
+    /// q_proj (query | gate per head), k_proj, v_proj: joint output [q | k | v] per token.
+    pub qkv: Fused,
     pub o_proj: GpuLinear,
     /// q_norm then k_norm, f32.
     pub qk_norm: wgpu::Buffer,
 }
 
 pub struct GpuDeltaNet {
-    pub in_qkv: GpuLinear,
-    pub in_z: GpuLinear,
-    pub in_b: GpuLinear,
-    pub in_a: GpuLinear,
+    /// in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: joint output [qkv | z | b | a] per token.
+    pub in_proj: Fused,
     pub out_proj: GpuLinear,
     /// `[conv_dim, K]` taps, f32.
     pub conv: wgpu::Buffer,
@@ -244,26 +352,42 @@ pub fn upload_model(gpu: &Gpu, w: &ModelWeights, max_slice_bytes: Option<u64>) -
     let mut layers = Vec::new();
     for (i, l) in w.layers.iter().enumerate() {
         let p = format!("layers.{i}");
+        let c = &w.config;
         let mixer = match &l.mixer {
             Mixer::Attention(a) => {
+                let want = (2 * c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
+                let got = a.q_proj.rows + a.k_proj.rows + a.v_proj.rows;
+                if got != want || a.q_proj.rows != 2 * c.n_heads * c.head_dim {
+                    bail!("{p}: q/k/v rows {got} do not match the config ({want})");
+                }
                 let mut norms = a.q_norm.clone();
                 norms.extend_from_slice(&a.k_norm);
                 GpuMixer::Attention(GpuAttention {
-                    q_proj: upload_linear(gpu, sb, &format!("{p}.q_proj"), &a.q_proj)?,
-                    k_proj: upload_linear(gpu, sb, &format!("{p}.k_proj"), &a.k_proj)?,
-                    v_proj: upload_linear(gpu, sb, &format!("{p}.v_proj"), &a.v_proj)?,
+                    qkv: upload_fused(
+                        gpu,
+                        sb,
+                        &format!("{p}.qkv_proj"),
+                        &[&a.q_proj, &a.k_proj, &a.v_proj],
+                    )?,
                     o_proj: upload_linear(gpu, sb, &format!("{p}.o_proj"), &a.o_proj)?,
                     qk_norm: gpu.upload_f32(&format!("{p}.qk_norm"), &norms)?,
                 })
             }
             Mixer::DeltaNet(d) => {
+                let want = c.conv_dim() + c.dn_v_heads * c.dn_v_dim + 2 * c.dn_v_heads;
+                let got = d.in_qkv.rows + d.in_z.rows + d.in_b.rows + d.in_a.rows;
+                if got != want || d.in_qkv.rows != c.conv_dim() {
+                    bail!("{p}: in_proj rows {got} do not match the config ({want})");
+                }
                 let mut decay = d.a_log.clone();
                 decay.extend_from_slice(&d.dt_bias);
                 GpuMixer::DeltaNet(GpuDeltaNet {
-                    in_qkv: upload_linear(gpu, sb, &format!("{p}.in_proj_qkv"), &d.in_qkv)?,
-                    in_z: upload_linear(gpu, sb, &format!("{p}.in_proj_z"), &d.in_z)?,
-                    in_b: upload_linear(gpu, sb, &format!("{p}.in_proj_b"), &d.in_b)?,
-                    in_a: upload_linear(gpu, sb, &format!("{p}.in_proj_a"), &d.in_a)?,
+                    in_proj: upload_fused(
+                        gpu,
+                        sb,
+                        &format!("{p}.in_proj"),
+                        &[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a],
+                    )?,
                     out_proj: upload_linear(gpu, sb, &format!("{p}.out_proj"), &d.out_proj)?,
                     conv: gpu.upload_f32(&format!("{p}.conv1d"), &d.conv)?,
                     decay: gpu.upload_f32(&format!("{p}.decay"), &decay)?,
@@ -316,14 +440,18 @@ fn device_bytes(m: &GpuModel) -> u64 {
         .map(|x| linear_bytes(x))
         .sum::<u64>();
         n += match &l.mixer {
-            GpuMixer::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
-                .iter()
-                .map(|x| linear_bytes(x))
-                .sum::<u64>(),
-            GpuMixer::DeltaNet(d) => [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out_proj]
-                .iter()
-                .map(|x| linear_bytes(x))
-                .sum::<u64>(),
+            GpuMixer::Attention(a) => {
+                a.qkv.parts.iter().map(|x| linear_bytes(&x.0)).sum::<u64>()
+                    + linear_bytes(&a.o_proj)
+            }
+            GpuMixer::DeltaNet(d) => {
+                d.in_proj
+                    .parts
+                    .iter()
+                    .map(|x| linear_bytes(&x.0))
+                    .sum::<u64>()
+                    + linear_bytes(&d.out_proj)
+            }
         };
     }
     n
