@@ -6,6 +6,8 @@ struct P {
     tokens: u32,
     h: u32,
     k: u32,
+    sg_stride: u32,  // SG: the shared expert's gate logit of token t at t · sg_stride + sg_off
+    sg_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -13,7 +15,7 @@ struct P {
 @group(0) @binding(2) var<storage, read> Ye: array<f32>;       // [tokens · k, h]
 @group(0) @binding(3) var<storage, read> wts: array<f32>;      // [tokens, k]
 @group(0) @binding(4) var<storage, read> Sh: array<f32>;       // [tokens, h]
-@group(0) @binding(5) var<storage, read> SG: array<f32>;       // [tokens]
+@group(0) @binding(5) var<storage, read> SG: array<f32>;
 
 @compute @workgroup_size(64)
 fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -26,6 +28,6 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < p.k; k++) {
         o += wts[t * p.k + k] * Ye[(t * p.k + k) * p.h + c];
     }
-    o += sigmoid(SG[t]) * Sh[t * p.h + c];
+    o += sigmoid(SG[t * p.sg_stride + p.sg_off]) * Sh[t * p.h + c];
     X[t * p.h + c] += o;
 }

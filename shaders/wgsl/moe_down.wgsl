@@ -9,6 +9,8 @@ struct P {
     rows: u32,        // hidden
     cols_e: u32,      // routed expert intermediate size
     cols_s: u32,      // shared expert intermediate size
+    sg_stride: u32,   // SG: the shared expert's gate logit of token t at t · sg_stride + sg_off
+    sg_off: u32,
     group_e: u32,
     group_s: u32,
     scale_e: u32,     // halves from the start of We / Ws
@@ -25,7 +27,7 @@ struct P {
 @group(0) @binding(4) var<storage, read> SA: array<vec4<f32>>;   // [tokens, cols_s]
 @group(0) @binding(5) var<storage, read> wts: array<f32>;        // [tokens, TOPK]
 @group(0) @binding(6) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
-@group(0) @binding(7) var<storage, read> SG: array<f32>;         // [tokens]
+@group(0) @binding(7) var<storage, read> SG: array<f32>;
 @group(0) @binding(8) var<storage, read_write> X: array<f32>;    // [tokens, rows]
 
 override TOPK: u32 = 8u;
@@ -103,7 +105,7 @@ fn moe_down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         for (var q = lane; q < qs; q += LANES) {
             sh += shared_quad(row, t * (p.cols_s / 4u), q);
         }
-        acc += sigmoid(SG[t]) * sh;
+        acc += sigmoid(SG[t * p.sg_stride + p.sg_off]) * sh;
     }
     wg_part[lid] = acc;
     workgroupBarrier();

@@ -8,10 +8,11 @@ struct P {
     tokens: u32,
     e: u32,
     k: u32,
+    stride: u32,   // row stride of L (the router's joint output: E logits, then more)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> L: array<f32>;            // [tokens, e] router logits
+@group(0) @binding(1) var<storage, read> L: array<f32>;            // [tokens, stride] router logits
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;    // [tokens, k]
 @group(0) @binding(3) var<storage, read_write> wts: array<f32>;    // [tokens, k]
 
@@ -21,7 +22,7 @@ var<workgroup> picked: array<u32, 16>;
 @compute @workgroup_size(64)
 fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
-    let b = t * p.e;
+    let b = t * p.stride;
     var mx = NEG_BIG;
     for (var i = lid; i < p.e; i += 64u) {
         mx = max(mx, L[b + i]);

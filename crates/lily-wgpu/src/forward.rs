@@ -140,7 +140,6 @@ pub struct Scratch {
     su: Buf,
     sa: Buf,
     sh: Buf,
-    sgl: Buf,
     /// cos | sin of the chunk's positions, `[t, rotary_dim]`.
     rope: Buf,
     /// The prompt chunk's ids (u32).
@@ -178,7 +177,7 @@ impl Scratch {
             qk: f("qk", t * 2 * c.dn_key_dim())?,
             odn: f("deltanet_out", t * c.dn_v_heads * c.dn_v_dim)?,
             ogn: f("deltanet_normed", t * c.dn_v_heads * c.dn_v_dim)?,
-            router_logits: f("router_logits", t * c.n_experts)?,
+            router_logits: f("router_logits", t * (c.n_experts + 1))?,
             ids: f("expert_ids", tk)?,
             wts: f("expert_weights", tk)?,
             groups: gpu.storage_indirect("expert_groups", (order_at + tk) as u64 * 4)?,
@@ -192,7 +191,6 @@ impl Scratch {
             su: f("shared_up", t * c.shared_inter)?,
             sa: f("shared_act", t * c.shared_inter)?,
             sh: f("shared_out", t * h)?,
-            sgl: f("shared_gate_logit", t)?,
             rope: f("rope", t * c.rotary_dim)?,
             tokens: f("tokens", t)?,
             all_logits: f("all_logits", all_chunk * c.vocab)?,
@@ -828,15 +826,12 @@ impl<'a> Forward<'a> {
             c.expert_inter,
             c.shared_inter,
         );
-        self.linear(
-            r,
-            "lin.router",
-            &m.router,
-            self.plain(&s.xn, h, &s.router_logits, e, t),
-        );
+        // Per token: E router logits, then the shared expert's gate logit.
+        let rs = m.router.rows;
+        self.fused(r, "lin.router", &m.router, &s.router_logits, t);
         r.dispatch(
             &self.k.moe_route,
-            &[t as u32, e as u32, k as u32],
+            &[t as u32, e as u32, k as u32, rs as u32],
             &[&s.router_logits, &s.ids, &s.wts],
             [t as u32, 1, 1],
         );
@@ -885,12 +880,6 @@ impl<'a> Forward<'a> {
             self.linear(r, "lin.shared.up", &m.shared_up, su_io);
             self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
         }
-        self.linear(
-            r,
-            "lin.shared.gate_logit",
-            &m.shared_expert_gate,
-            self.plain(&s.xn, h, &s.sgl, 1, t),
-        );
         let sd_io = self.plain(&s.sa, si, &s.sh, h, t);
         let fused = !grouped
             && t == 1
@@ -909,6 +898,8 @@ impl<'a> Forward<'a> {
                     h as u32,
                     i as u32,
                     si as u32,
+                    rs as u32,
+                    e as u32,
                     m.down.group as u32,
                     m.shared_down.group as u32,
                     de.scale_off,
@@ -918,7 +909,14 @@ impl<'a> Forward<'a> {
                     nx,
                 ],
                 &[
-                    &de.buf, &ds.buf, &s.act, &s.sa, &s.wts, &s.ids, &s.sgl, &s.x,
+                    &de.buf,
+                    &ds.buf,
+                    &s.act,
+                    &s.sa,
+                    &s.wts,
+                    &s.ids,
+                    &s.router_logits,
+                    &s.x,
                 ],
                 [nx, ny, t as u32],
             );
@@ -932,8 +930,8 @@ impl<'a> Forward<'a> {
         self.linear(r, "lin.shared.down", &m.shared_down, sd_io);
         r.dispatch(
             &self.k.moe_combine,
-            &[t as u32, h as u32, k as u32],
-            &[&s.x, &s.ye, &s.wts, &s.sh, &s.sgl],
+            &[t as u32, h as u32, k as u32, rs as u32, e as u32],
+            &[&s.x, &s.ye, &s.wts, &s.sh, &s.router_logits],
             [h.div_ceil(64) as u32, t as u32, 1],
         );
     }

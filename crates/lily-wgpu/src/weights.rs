@@ -257,14 +257,14 @@ pub enum GpuMixer {
 }
 
 pub struct GpuMoe {
-    pub router: GpuLinear,
+    /// The router's E rows and the shared expert's gate row: joint output [E + 1] per token.
+    pub router: Fused,
     pub gate: GpuLinear,
     pub up: GpuLinear,
     pub down: GpuLinear,
     pub shared_gate: GpuLinear,
     pub shared_up: GpuLinear,
     pub shared_down: GpuLinear,
-    pub shared_expert_gate: GpuLinear,
 }
 
 pub struct GpuLayer {
@@ -284,20 +284,22 @@ pub struct GpuModel {
 }
 
 fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights) -> Result<GpuMoe> {
+    if m.shared_expert_gate.rows != 1 || m.router.experts != 1 {
+        bail!("{p}: the shared expert's gate must be one row and the router one matrix");
+    }
     Ok(GpuMoe {
-        router: upload_linear(gpu, sb, &format!("{p}.router"), &m.router)?,
+        router: upload_fused(
+            gpu,
+            sb,
+            &format!("{p}.router"),
+            &[&m.router, &m.shared_expert_gate],
+        )?,
         gate: upload_linear(gpu, sb, &format!("{p}.experts.gate"), &m.gate)?,
         up: upload_linear(gpu, sb, &format!("{p}.experts.up"), &m.up)?,
         down: upload_linear(gpu, sb, &format!("{p}.experts.down"), &m.down)?,
         shared_gate: upload_linear(gpu, sb, &format!("{p}.shared.gate"), &m.shared_gate)?,
         shared_up: upload_linear(gpu, sb, &format!("{p}.shared.up"), &m.shared_up)?,
         shared_down: upload_linear(gpu, sb, &format!("{p}.shared.down"), &m.shared_down)?,
-        shared_expert_gate: upload_linear(
-            gpu,
-            sb,
-            &format!("{p}.shared_expert_gate"),
-            &m.shared_expert_gate,
-        )?,
     })
 }
 
@@ -426,15 +428,19 @@ fn device_bytes(m: &GpuModel) -> u64 {
     let mut n = linear_bytes(&m.embed) + linear_bytes(&m.lm_head);
     for l in &m.layers {
         let moe = &l.moe;
+        n += moe
+            .router
+            .parts
+            .iter()
+            .map(|x| linear_bytes(&x.0))
+            .sum::<u64>();
         n += [
-            &moe.router,
             &moe.gate,
             &moe.up,
             &moe.down,
             &moe.shared_gate,
             &moe.shared_up,
             &moe.shared_down,
-            &moe.shared_expert_gate,
         ]
         .iter()
         .map(|x| linear_bytes(x))
