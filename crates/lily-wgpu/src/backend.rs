@@ -201,6 +201,52 @@ impl WgpuBackend {
         Ok(Some((r[0], f32::from_bits(r[1]))))
     }
 
+    /// Greedy decode without a constraint or top log-probabilities, pipelined: while the GPU
+    /// runs step s (forward pass, argmax, the token copied into a mapped buffer), the host
+    /// encodes step s + 1 (which embeds the token straight from `next`), then reads token s,
+    /// reports it and submits step s + 1 only if the caller continues. The host's encoding is
+    /// off the critical path; one submission and one small read per token.
+    fn decode_greedy(
+        &mut self,
+        seq: SeqId,
+        sampler: &mut Sampler,
+        n: usize,
+        on_token: &mut dyn FnMut(&StepOut) -> Flow,
+    ) -> Result<()> {
+        let rb = self.gpu.readback("decode.token", 8);
+        self.forward().argmax_into(self.seq(seq)?, &rb)?;
+        for step in 0..n {
+            let s = self.seq(seq)?;
+            let more = step + 1 < n && s.len < s.max_ctx;
+            let fwd = self.forward();
+            let prepared = if more {
+                Some(fwd.prepare_step(s, &s.next, &rb)?)
+            } else {
+                None
+            };
+            let out = self.gpu.read_mapped_u32(&rb, 2)?;
+            if out[0] as usize >= self.cfg.vocab {
+                bail!("the GPU picked token {}, outside the vocabulary", out[0]);
+            }
+            let token = out[0];
+            sampler.accept(token);
+            let flow = on_token(&StepOut {
+                token,
+                logprob: f32::from_bits(out[1]),
+                top: Vec::new(),
+            });
+            if flow == Flow::Stop || step + 1 == n {
+                break;
+            }
+            let Some(p) = prepared else {
+                bail!("the sequence's context of {} tokens is full", s.max_ctx);
+            };
+            p.submit()?;
+            self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
+        }
+        self.gpu.wait()
+    }
+
     /// The device sampler for `sampler`: its parameters, history and logit_bias uploaded.
     fn device_pick(&self, sampler: &Sampler) -> Result<DevicePick> {
         let p = &sampler.params;
@@ -364,6 +410,9 @@ impl Backend for WgpuBackend {
             bail!("decode before prefill: no logits to sample from");
         }
         let greedy = device_greedy(&sampler.params);
+        if greedy && !sampler.is_constrained() && top_logprobs == 0 {
+            return self.decode_greedy(seq, sampler, n, on_token);
+        }
         let dev = if !greedy && device_sampled(&sampler.params) {
             Some(self.device_pick(sampler)?)
         } else {

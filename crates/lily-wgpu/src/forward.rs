@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
 
-use crate::gpu::{grid_2d, Gpu, Recorder};
+use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -324,6 +324,31 @@ impl<'a> Forward<'a> {
     pub fn run_and_pick(&self, seq: &'a SeqState, ids: &'a Buf) -> Result<()> {
         let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
         self.record_argmax(&mut r, seq);
+        r.submit()
+    }
+
+    /// A greedy decode step made ready but not submitted: the forward pass of `ids` (the token
+    /// `seq.next` holds), the pick into `next`, and a copy of `next` into `readback`. Encoding
+    /// it while the GPU still runs the previous step takes the host's share off the critical
+    /// path; the caller submits it once it knows the step is wanted.
+    pub fn prepare_step(
+        &self,
+        seq: &'a SeqState,
+        ids: &'a Buf,
+        readback: &'a Buf,
+    ) -> Result<Prepared<'a>> {
+        let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
+        self.record_argmax(&mut r, seq);
+        r.copy(&seq.next, 0, readback, 0, 8);
+        r.prepare()
+    }
+
+    /// The greedy pick of the pending logits into `seq.next`, copied into `readback`.
+    pub fn argmax_into(&self, seq: &'a SeqState, readback: &'a Buf) -> Result<()> {
+        let mut r = Recorder::new(self.gpu);
+        r.set_phase("pick", 0);
+        self.record_argmax(&mut r, seq);
+        r.copy(&seq.next, 0, readback, 0, 8);
         r.submit()
     }
 

@@ -223,6 +223,36 @@ impl Gpu {
         self.upload(label, bytemuck::cast_slice(data))
     }
 
+    /// A small buffer the host maps to read results (`read_mapped`), e.g. a decode step's token.
+    pub fn readback(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).div_ceil(16) * 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// The first `n` u32 of a `readback` buffer once the submitted work that writes it is done.
+    pub fn read_mapped_u32(&self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<u32>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buf.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .context("wgpu dropped a buffer mapping")?
+            .context("mapping a buffer for reading")?;
+        let words: Vec<u32> = {
+            let view = buf
+                .get_mapped_range(..)
+                .map_err(|e| anyhow!("reading a mapped buffer: {e:?}"))?;
+            bytemuck::cast_slice(&view[..n * 4]).to_vec()
+        };
+        buf.unmap();
+        Ok(words)
+    }
+
     /// Bytes `offset..offset + len` of `buf` (both multiples of 4), after all submitted work.
     pub fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -369,6 +399,24 @@ enum Op<'a> {
     },
 }
 
+/// Work encoded ahead of its submission (`Recorder::prepare`).
+pub enum Prepared<'a> {
+    Encoded(&'a Gpu, wgpu::CommandBuffer),
+    Later(Recorder<'a>),
+}
+
+impl Prepared<'_> {
+    pub fn submit(self) -> Result<()> {
+        match self {
+            Prepared::Encoded(gpu, cb) => {
+                gpu.queue.submit([cb]);
+                gpu.check()
+            }
+            Prepared::Later(r) => r.submit(),
+        }
+    }
+}
+
 /// Collects dispatches (kernel, parameters, storage buffers in binding order 1..) and copies,
 /// then submits them in one command buffer with one parameter upload: wgpu cannot replay
 /// recorded work, so recording is the per-step cost to keep small.
@@ -477,6 +525,17 @@ impl<'a> Recorder<'a> {
                 size,
             });
         }
+    }
+
+    /// Encodes the work now (its parameters are written to the queue now, applied at the next
+    /// submission), to be submitted later with `Prepared::submit` or dropped. Under the profile
+    /// the recording itself is kept and submitted as usual.
+    pub fn prepare(self) -> Result<Prepared<'a>> {
+        if profile::enabled() || self.ops.is_empty() {
+            return Ok(Prepared::Later(self));
+        }
+        let cb = self.encode(None)?;
+        Ok(Prepared::Encoded(self.gpu, cb))
     }
 
     pub fn submit(self) -> Result<()> {
