@@ -19,7 +19,7 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> C: array<f32>;      // conv output; v at 2·hk·dk
-@group(0) @binding(2) var<storage, read> QK: array<f32>;     // normalised q | k
+@group(0) @binding(2) var<storage, read> QK: array<vec4<f32>>; // normalised q | k
 @group(0) @binding(3) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
 @group(0) @binding(4) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
@@ -47,19 +47,32 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
         let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
         let alpha = exp(g);
-        let qb = t * 2u * key_dim + kh * dk;
-        let kb = qb + key_dim;
-        var u = 0.0;
-        for (var i = 0u; i < dk; i++) {
-            s[i] *= alpha;
-            u += s[i] * QK[kb + i];
+        // q and k of the token as vec4 (dk % 4 = 0); four partial sums each, so the dot
+        // products are chains of dk / 4, not dk, dependent adds.
+        let qb = (t * 2u * key_dim + kh * dk) / 4u;
+        let kb = qb + key_dim / 4u;
+        var u4 = vec4<f32>(0.0);
+        for (var i = 0u; i < dk; i += 4u) {
+            let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) * alpha;
+            s[i] = sv.x;
+            s[i + 1u] = sv.y;
+            s[i + 2u] = sv.z;
+            s[i + 3u] = sv.w;
+            u4 += sv * QK[kb + i / 4u];
         }
+        let u = (u4.x + u4.y) + (u4.z + u4.w);
         let delta = beta * (C[t * p.cd + 2u * key_dim + h * p.dv + j] - u);
-        var o = 0.0;
-        for (var i = 0u; i < dk; i++) {
-            s[i] += QK[kb + i] * delta;
-            o += s[i] * QK[qb + i];
+        var o4 = vec4<f32>(0.0);
+        for (var i = 0u; i < dk; i += 4u) {
+            let k4 = QK[kb + i / 4u];
+            let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) + k4 * delta;
+            s[i] = sv.x;
+            s[i + 1u] = sv.y;
+            s[i + 2u] = sv.z;
+            s[i + 3u] = sv.w;
+            o4 += sv * QK[qb + i / 4u];
         }
+        let o = (o4.x + o4.y) + (o4.z + o4.w);
         O[t * p.hv * p.dv + h * p.dv + j] = o;
     }
     for (var i = 0u; i < dk; i++) {

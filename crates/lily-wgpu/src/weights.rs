@@ -318,7 +318,10 @@ pub fn check_shapes(c: &ModelConfig) -> Result<()> {
             c.n_kv_heads > 0 && c.n_heads.is_multiple_of(c.n_kv_heads),
             "n_heads a multiple of n_kv_heads",
         ),
-        (c.dn_k_dim <= 128, "linear_key_head_dim ≤ 128 (dn_recur)"),
+        (
+            c.dn_k_dim <= 128 && c.dn_k_dim.is_multiple_of(4),
+            "linear_key_head_dim ≤ 128 and a multiple of 4 (dn_recur)",
+        ),
         (c.dn_v_dim <= 128, "linear_value_head_dim ≤ 128 (dn_recur)"),
         (
             c.dn_k_heads > 0 && c.dn_v_heads.is_multiple_of(c.dn_k_heads),
