@@ -788,53 +788,89 @@ impl<'a> Forward<'a> {
         // Joint output per token: [qkv (conv channels) | z | b | a].
         let stride = d.in_proj.rows;
         self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t);
-        let (nx, ny) = grid_2d(cd.div_ceil(64));
-        r.dispatch(
-            &self.k.dn_conv,
-            &[t as u32, cd as u32, c.conv_kernel as u32, stride as u32],
-            &[&s.dn_proj, &d.conv, conv, &s.c],
-            [nx, ny, 1],
-        );
-        r.dispatch(
-            &self.k.dn_qk_norm,
-            &[
-                hk as u32,
-                c.dn_k_dim as u32,
-                cd as u32,
-                (1.0 / (c.dn_k_dim as f32).sqrt()).to_bits(),
-            ],
-            &[&s.c, &s.qk],
-            [(2 * hk) as u32, t as u32, 1],
-        );
-        r.dispatch(
-            &self.k.dn_recur,
-            &[
-                t as u32,
-                hv as u32,
-                hk as u32,
-                c.dn_k_dim as u32,
-                c.dn_v_dim as u32,
-                cd as u32,
-                stride as u32,
-                (cd + vd) as u32,
-            ],
-            &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &s.odn],
-            [hv as u32, c.dn_v_dim.div_ceil(32) as u32, 1],
-        );
-        let (nx, ny) = grid_2d(t * hv);
-        r.dispatch(
-            &self.k.gated_norm,
-            &[
-                c.dn_v_dim as u32,
-                c.rms_eps.to_bits(),
-                (t * hv) as u32,
-                hv as u32,
-                stride as u32,
-                cd as u32,
-            ],
-            &[&s.odn, &d.norm, &s.dn_proj, &s.ogn],
-            [nx, ny, 1],
-        );
+        let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
+        if t == 1 && cd.is_multiple_of(dk) && dv <= 128 {
+            // A decode step: conv and q/k norm in one dispatch, recurrence and output norm in
+            // another.
+            r.dispatch(
+                &self.k.dn_conv_norm,
+                &[
+                    cd as u32,
+                    c.conv_kernel as u32,
+                    stride as u32,
+                    hk as u32,
+                    dk as u32,
+                    (1.0 / (dk as f32).sqrt()).to_bits(),
+                ],
+                &[&s.dn_proj, &d.conv, conv, &s.c, &s.qk],
+                [(cd / dk) as u32, 1, 1],
+            );
+            r.dispatch(
+                &self.k.dn_recur_norm,
+                &[
+                    1,
+                    hv as u32,
+                    hk as u32,
+                    dk as u32,
+                    dv as u32,
+                    cd as u32,
+                    stride as u32,
+                    (cd + vd) as u32,
+                    cd as u32,
+                    c.rms_eps.to_bits(),
+                ],
+                &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
+                [hv as u32, 1, 1],
+            );
+        } else {
+            let (nx, ny) = grid_2d(cd.div_ceil(64));
+            r.dispatch(
+                &self.k.dn_conv,
+                &[t as u32, cd as u32, c.conv_kernel as u32, stride as u32],
+                &[&s.dn_proj, &d.conv, conv, &s.c],
+                [nx, ny, 1],
+            );
+            r.dispatch(
+                &self.k.dn_qk_norm,
+                &[
+                    hk as u32,
+                    c.dn_k_dim as u32,
+                    cd as u32,
+                    (1.0 / (c.dn_k_dim as f32).sqrt()).to_bits(),
+                ],
+                &[&s.c, &s.qk],
+                [(2 * hk) as u32, t as u32, 1],
+            );
+            r.dispatch(
+                &self.k.dn_recur,
+                &[
+                    t as u32,
+                    hv as u32,
+                    hk as u32,
+                    c.dn_k_dim as u32,
+                    c.dn_v_dim as u32,
+                    cd as u32,
+                    stride as u32,
+                    (cd + vd) as u32,
+                ],
+                &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &s.odn],
+                [hv as u32, c.dn_v_dim.div_ceil(32) as u32, 1],
+            );
+            let (nx, ny) = grid_2d(t * hv);
+            r.dispatch(
+                &self.k.gated_norm,
+                &[
+                    c.dn_v_dim as u32,
+                    c.rms_eps.to_bits(),
+                    (t * hv) as u32,
+                    hv as u32,
+                    stride as u32,
+                    cd as u32,
+                ],
+                &[&s.odn, &d.norm, &s.dn_proj, &s.ogn],
+                [nx, ny, 1],
+            );
+        }
         let mut io = self.plain(&s.ogn, vd, &s.x, h, t);
         io.accumulate = true;
         self.linear(r, "lin.dn.out", &d.out_proj, io);

@@ -48,6 +48,8 @@ kernels!(
     dn_conv,
     dn_qk_norm,
     dn_recur,
+    dn_conv_norm,
+    dn_recur_norm,
     moe_route,
     swiglu,
     moe_combine,
@@ -60,7 +62,7 @@ kernels!(
 /// The `override` constants of kernel `name` for model `c`.
 fn constants(name: &str, c: &ModelConfig) -> Vec<(&'static str, f64)> {
     match name {
-        "dn_recur" => vec![("DK", c.dn_k_dim as f64)],
+        "dn_recur" | "dn_recur_norm" => vec![("DK", c.dn_k_dim as f64)],
         "moe_down" => vec![("TOPK", c.top_k as f64)],
         _ => Vec::new(),
     }
