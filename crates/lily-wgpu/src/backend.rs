@@ -76,7 +76,7 @@ fn device_sampled(p: &SamplingParams) -> bool {
     }
 }
 
-/// Greedy with nothing that changes logits first: the GPU picks (argmax.wgsl).
+/// Greedy with nothing that changes logits first: the GPU picks (argmax_part.wgsl, argmax_final.wgsl).
 fn device_greedy(p: &SamplingParams) -> bool {
     p.temperature <= 0.0
         && p.logit_bias.is_empty()
@@ -171,7 +171,7 @@ impl WgpuBackend {
     /// One pick from `logits` (the vocabulary's) by the device sampler, as a decode step makes
     /// it: the sampler's uniform drawn where the host would draw it, its history and
     /// logit_bias applied. `None` where these parameters sample on the host (or greedy
-    /// without adjustments: argmax.wgsl). For tests against `Sampler::sample`.
+    /// without adjustments: argmax_part/argmax_final). For tests against `Sampler::sample`.
     pub fn sample_on_device(
         &mut self,
         logits: &[f32],

@@ -17,6 +17,9 @@ type Buf = wgpu::Buffer;
 /// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
 const LINEAR_ROWS: usize = 8;
 
+/// Most workgroups of argmax_part.wgsl.
+const ARGMAX_PARTS: usize = 1024;
+
 /// Items per tile of linear_q4_mm.wgsl (its `TT`).
 const MM_TILE: usize = 16;
 
@@ -142,6 +145,8 @@ pub struct Scratch {
     sh: Buf,
     /// cos | sin of the chunk's positions, `[t, rotary_dim]`.
     rope: Buf,
+    /// argmax_part.wgsl's partials, 4 floats each.
+    argmax_parts: Buf,
     /// The prompt chunk's ids (u32).
     pub tokens: Buf,
     pub all_logits: Buf,
@@ -193,6 +198,7 @@ impl Scratch {
             sh: f("shared_out", t * h)?,
             rope: f("rope", t * c.rotary_dim)?,
             tokens: f("tokens", t)?,
+            argmax_parts: f("argmax_parts", 4 * ARGMAX_PARTS)?,
             all_logits: f("all_logits", all_chunk * c.vocab)?,
         })
     }
@@ -495,11 +501,23 @@ impl<'a> Forward<'a> {
         r.submit()
     }
 
+    /// argmax_part.wgsl over ranges of ≈ 1,024 logits (at most `ARGMAX_PARTS`), then
+    /// argmax_final.wgsl.
     fn record_argmax(&self, r: &mut Recorder<'a>, seq: &'a SeqState) {
+        let v = self.cfg.vocab;
+        let parts = v.div_ceil(1024).clamp(1, ARGMAX_PARTS);
+        let span = v.div_ceil(parts);
+        let parts = v.div_ceil(span);
         r.dispatch(
-            &self.k.argmax,
-            &[self.cfg.vocab as u32],
-            &[&seq.logits, &seq.next],
+            &self.k.argmax_part,
+            &[v as u32, span as u32],
+            &[&seq.logits, &self.s.argmax_parts],
+            [parts as u32, 1, 1],
+        );
+        r.dispatch(
+            &self.k.argmax_final,
+            &[parts as u32],
+            &[&self.s.argmax_parts, &seq.next],
             [1, 1, 1],
         );
     }

@@ -54,7 +54,8 @@ kernels!(
     swiglu,
     moe_combine,
     moe_down,
-    argmax,
+    argmax_part,
+    argmax_final,
     sample_adjust,
     sample_pick,
 );

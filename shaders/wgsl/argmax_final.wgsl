@@ -1,25 +1,27 @@
-// Greedy token selection on the GPU: the lowest id of the largest logit, and its log-probability
-// −log Σ exp(l − max). One workgroup of 256 scans the vocabulary (248,320 logits: ≈ 1 MB read).
-// Out[0] = token id, Out[1] = the log-probability's bits; the next step's embedding reads Out[0].
+// Greedy token selection, stage 2 of 2: over argmax_part.wgsl's `parts` partials, the lowest id
+// of the largest logit M (ranges are in id order, so the first range holding M has it) and its
+// log-probability −log Σ_b sum_b · exp(max_b − M). Out[0] = token id, Out[1] = the
+// log-probability's bits; the next step's embedding reads Out[0].
 
 struct P {
-    n: u32,
+    parts: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> L: array<f32>;
+@group(0) @binding(1) var<storage, read> Parts: array<f32>;
 @group(0) @binding(2) var<storage, read_write> Out: array<u32>;
 
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
 
 @compute @workgroup_size(256)
-fn argmax(@builtin(local_invocation_index) lid: u32) {
+fn argmax_final(@builtin(local_invocation_index) lid: u32) {
     var m = NEG_BIG;
     var mi = 0xffffffffu;
-    for (var i = lid; i < p.n; i += 256u) {
-        let v = L[i];
-        if (v > m) {
+    for (var b = lid; b < p.parts; b += 256u) {
+        let v = Parts[4u * b];
+        let i = bitcast<u32>(Parts[4u * b + 1u]);
+        if (v > m || (v == m && i < mi)) {
             m = v;
             mi = i;
         }
@@ -42,8 +44,11 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
     let idx = best_i[0];
     workgroupBarrier();
     var sum = 0.0;
-    for (var i = lid; i < p.n; i += 256u) {
-        sum += exp(L[i] - mx);
+    for (var b = lid; b < p.parts; b += 256u) {
+        let s = Parts[4u * b + 2u];
+        if (s > 0.0) {
+            sum += s * exp(Parts[4u * b] - mx);
+        }
     }
     best_v[lid] = sum;
     workgroupBarrier();
