@@ -1,6 +1,7 @@
 // The MoE output into the residual (MODEL.md §2.3, §2.6):
 //   x += Σ_k w_k · y_k + sigmoid(shared_gate · x) · shared(x)
-// One invocation per (column, token).
+// One invocation per (column, token). Where the shared expert rides in the routed stacks it is
+// the last of the k items (its weight the sigmoid) and `with_shared` is 0.
 
 struct P {
     tokens: u32,
@@ -8,6 +9,7 @@ struct P {
     k: u32,
     sg_stride: u32,  // SG: the shared expert's gate logit of token t at t · sg_stride + sg_off
     sg_off: u32,
+    with_shared: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -28,6 +30,8 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < p.k; k++) {
         o += wts[t * p.k + k] * Ye[(t * p.k + k) * p.h + c];
     }
-    o += sigmoid(SG[t * p.sg_stride + p.sg_off]) * Sh[t * p.h + c];
+    if (p.with_shared != 0u) {
+        o += sigmoid(SG[t * p.sg_stride + p.sg_off]) * Sh[t * p.h + c];
+    }
     X[t * p.h + c] += o;
 }

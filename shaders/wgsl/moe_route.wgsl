@@ -8,13 +8,15 @@ struct P {
     tokens: u32,
     e: u32,
     k: u32,
-    stride: u32,   // row stride of L (the router's joint output: E logits, then more)
+    stride: u32,   // row stride of L (the router's joint output: E logits, then the shared gate's)
+    ks: u32,       // items per token in ids / wts: k, or k + 1 with the shared expert
+    stacked: u32,  // 1: item k is the shared expert (id E), weight sigmoid(L[t, E])
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> L: array<f32>;            // [tokens, stride] router logits
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;    // [tokens, k]
-@group(0) @binding(3) var<storage, read_write> wts: array<f32>;    // [tokens, k]
+@group(0) @binding(2) var<storage, read_write> ids: array<u32>;    // [tokens, ks]
+@group(0) @binding(3) var<storage, read_write> wts: array<f32>;    // [tokens, ks]
 
 var<workgroup> ev: array<f32, 512>;
 var<workgroup> picked: array<u32, 16>;
@@ -56,8 +58,12 @@ fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         for (var k = 0u; k < p.k; k++) {
             let i = picked[k];
-            ids[t * p.k + k] = i;
-            wts[t * p.k + k] = ev[i] / sum / kept;
+            ids[t * p.ks + k] = i;
+            wts[t * p.ks + k] = ev[i] / sum / kept;
+        }
+        if (p.stacked != 0u) {
+            ids[t * p.ks + p.k] = p.e;
+            wts[t * p.ks + p.k] = sigmoid(L[b + p.e]);
         }
     }
 }

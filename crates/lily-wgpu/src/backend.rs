@@ -16,7 +16,7 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
-use crate::weights::{upload_model, GpuMixer, GpuModel};
+use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn device_greedy(p: &SamplingParams) -> bool {
 impl WgpuBackend {
     pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
         let gpu = Gpu::open(opts.allow_software)?;
-        let kernels = Kernels::load(&gpu, &weights.config, opts.checked)?;
+        let kernels = Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
         let model = upload_model(&gpu, weights, opts.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
         let scratch = Scratch::new(

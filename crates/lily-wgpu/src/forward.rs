@@ -154,14 +154,17 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, all_chunk: usize) -> Result<Scratch> {
-        if chunk == 0 || chunk * c.top_k > 65_535 {
-            bail!("prefill chunk {chunk} must be in 1..={}", 65_535 / c.top_k);
+        // Items per token: the top_k routed experts and, where it rides in their stacks, the
+        // shared expert (sized for it either way).
+        let ks = c.top_k + 1;
+        if chunk == 0 || chunk * ks > 65_535 {
+            bail!("prefill chunk {chunk} must be in 1..={}", 65_535 / ks);
         }
         let f = |label: &str, n: usize| gpu.storage(label, n as u64 * 4);
         let t = chunk;
-        let (h, tk) = (c.hidden, t * c.top_k);
+        let (h, tk) = (c.hidden, t * ks);
         let tiles_at = 8;
-        let order_at = tiles_at + 4 * (tk.div_ceil(MM_TILE) + c.n_experts);
+        let order_at = tiles_at + 4 * (tk.div_ceil(MM_TILE) + c.n_experts + 1);
         Ok(Scratch {
             chunk,
             all_chunk,
@@ -894,7 +897,10 @@ impl<'a> Forward<'a> {
         self.linear(r, "lin.dn.out", &d.out_proj, io);
     }
 
-    /// MODEL.md §2.6: routed experts + gated shared expert, added into the residual.
+    /// MODEL.md §2.6: routed experts + gated shared expert, added into the residual. Where
+    /// the shared expert rides in the routed stacks (expert E, `GpuMoe::shared` None), each
+    /// token has k + 1 items, the last one expert E with weight sigmoid(shared gate logit), and
+    /// the same dispatches serve both.
     fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize) {
         let c = self.cfg;
         let s = self.s;
@@ -905,16 +911,26 @@ impl<'a> Forward<'a> {
             c.expert_inter,
             c.shared_inter,
         );
+        let stacked = m.shared.is_none();
+        // Items per token.
+        let ks = k + stacked as usize;
         // Per token: E router logits, then the shared expert's gate logit.
         let rs = m.router.rows;
         self.fused(r, "lin.router", &m.router, &s.router_logits, t);
         r.dispatch(
             &self.k.moe_route,
-            &[t as u32, e as u32, k as u32, rs as u32],
+            &[
+                t as u32,
+                e as u32,
+                k as u32,
+                rs as u32,
+                ks as u32,
+                stacked as u32,
+            ],
             &[&s.router_logits, &s.ids, &s.wts],
             [t as u32, 1, 1],
         );
-        let tk = t * k;
+        let tk = t * ks;
         let gate_io = self.plain(&s.xn, h, &s.g, i, tk);
         let up_io = self.plain(&s.xn, h, &s.u, i, tk);
         let down_io = self.plain(&s.act, i, &s.ye, h, tk);
@@ -927,7 +943,7 @@ impl<'a> Forward<'a> {
                 &self.k.moe_group,
                 &[
                     tk as u32,
-                    e as u32,
+                    (e + stacked as usize) as u32,
                     MM_TILE as u32,
                     i.div_ceil(LINEAR_ROWS) as u32,
                     h.div_ceil(LINEAR_ROWS) as u32,
@@ -937,38 +953,42 @@ impl<'a> Forward<'a> {
                 &[&s.ids, &s.groups],
                 [1, 1, 1],
             );
-            self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, k, 0);
-            self.experts_mm(r, "lin.experts.up", &m.up, up_io, k, 0);
+            self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, ks, 0);
+            self.experts_mm(r, "lin.experts.up", &m.up, up_io, ks, 0);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
         } else if glu_ok(&m.gate, &m.up, &gate_io) {
             // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
             let io = self.plain(&s.xn, h, &s.act, i, tk);
-            self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(k));
+            self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks));
         } else {
-            self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, k);
-            self.linear_experts(r, "lin.experts.up", &m.up, up_io, k);
+            self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);
+            self.linear_experts(r, "lin.experts.up", &m.up, up_io, ks);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
         }
-        let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
-        let su_io = self.plain(&s.xn, h, &s.su, si, t);
-        if t == 1 && glu_ok(&m.shared_gate, &m.shared_up, &sg_io) {
-            let io = self.plain(&s.xn, h, &s.sa, si, t);
-            self.glu(r, "lin.shared.glu", &m.shared_gate, &m.shared_up, io, None);
-        } else {
-            self.linear(r, "lin.shared.gate", &m.shared_gate, sg_io);
-            self.linear(r, "lin.shared.up", &m.shared_up, su_io);
-            self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+        if let Some(sh) = &m.shared {
+            let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
+            let su_io = self.plain(&s.xn, h, &s.su, si, t);
+            if t == 1 && glu_ok(&sh.gate, &sh.up, &sg_io) {
+                let io = self.plain(&s.xn, h, &s.sa, si, t);
+                self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None);
+            } else {
+                self.linear(r, "lin.shared.gate", &sh.gate, sg_io);
+                self.linear(r, "lin.shared.up", &sh.up, su_io);
+                self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+            }
+            self.linear(
+                r,
+                "lin.shared.down",
+                &sh.down,
+                self.plain(&s.sa, si, &s.sh, h, t),
+            );
         }
-        let sd_io = self.plain(&s.sa, si, &s.sh, h, t);
-        let fused = !grouped
-            && t == 1
-            && q4_ok(&m.down, &down_io)
-            && q4_ok(&m.shared_down, &sd_io)
-            && m.down.slices.len() == 1
-            && m.shared_down.slices.len() == 1;
+        let fused =
+            stacked && !grouped && t == 1 && q4_ok(&m.down, &down_io) && m.down.slices.len() == 1;
         if fused {
-            // A decode step: both down projections and the combine into the residual at once.
-            let (de, ds) = (&m.down.slices[0], &m.shared_down.slices[0]);
+            // A decode step: every item's down projection and the weighted sum into the
+            // residual at once.
+            let de = &m.down.slices[0];
             let (nx, ny) = grid_2d(h.div_ceil(LINEAR_ROWS));
             r.dispatch_as(
                 "moe_down",
@@ -976,27 +996,12 @@ impl<'a> Forward<'a> {
                 &[
                     h as u32,
                     i as u32,
-                    si as u32,
-                    rs as u32,
-                    e as u32,
                     m.down.group as u32,
-                    m.shared_down.group as u32,
                     de.scale_off,
                     de.bias_off,
-                    ds.scale_off,
-                    ds.bias_off,
                     nx,
                 ],
-                &[
-                    &de.buf,
-                    &ds.buf,
-                    &s.act,
-                    &s.sa,
-                    &s.wts,
-                    &s.ids,
-                    &s.router_logits,
-                    &s.x,
-                ],
+                &[&de.buf, &s.act, &s.wts, &s.ids, &s.x],
                 [nx, ny, t as u32],
             );
             return;
@@ -1006,10 +1011,16 @@ impl<'a> Forward<'a> {
         } else {
             self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         }
-        self.linear(r, "lin.shared.down", &m.shared_down, sd_io);
         r.dispatch(
             &self.k.moe_combine,
-            &[t as u32, h as u32, k as u32, rs as u32, e as u32],
+            &[
+                t as u32,
+                h as u32,
+                ks as u32,
+                rs as u32,
+                e as u32,
+                !stacked as u32,
+            ],
             &[&s.x, &s.ye, &s.wts, &s.sh, &s.router_logits],
             [h.div_ceil(64) as u32, t as u32, 1],
         );

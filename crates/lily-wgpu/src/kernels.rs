@@ -16,8 +16,10 @@ macro_rules! kernels {
 
         impl Kernels {
             /// `checked`: keep runtime bounds checks ($LILY_WGPU_CHECKED=1; for debugging).
-            /// `c`: the model, whose shapes some kernels take as `override` constants.
-            pub fn load(gpu: &Gpu, c: &ModelConfig, checked: bool) -> Result<Kernels> {
+            /// `c`: the model, whose shapes some kernels take as `override` constants;
+            /// `stacked`: whether the shared expert rides in the routed stacks
+            /// (weights::stack_shared), so that each token has top_k + 1 expert items.
+            pub fn load(gpu: &Gpu, c: &ModelConfig, stacked: bool, checked: bool) -> Result<Kernels> {
                 Ok(Kernels {
                     $($name: Kernel::new(
                         gpu,
@@ -25,7 +27,7 @@ macro_rules! kernels {
                         COMMON,
                         include_str!(concat!("../../../shaders/wgsl/", stringify!($name), ".wgsl")),
                         checked,
-                        &constants(stringify!($name), c),
+                        &constants(stringify!($name), c, stacked),
                     )?,)*
                 })
             }
@@ -61,10 +63,10 @@ kernels!(
 );
 
 /// The `override` constants of kernel `name` for model `c`.
-fn constants(name: &str, c: &ModelConfig) -> Vec<(&'static str, f64)> {
+fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f64)> {
     match name {
         "dn_recur" | "dn_recur_norm" => vec![("DK", c.dn_k_dim as f64)],
-        "moe_down" => vec![("TOPK", c.top_k as f64)],
+        "moe_down" => vec![("TOPK", (c.top_k + stacked as usize) as f64)],
         _ => Vec::new(),
     }
 }

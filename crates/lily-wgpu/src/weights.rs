@@ -129,6 +129,52 @@ pub struct Fused {
     pub rows: usize,
 }
 
+/// The bytes of `parts` one after the other (packed words, scales and biases each joined), when
+/// all have the same format: the data of their rows stacked, or of their matrices stacked.
+fn join_data(parts: &[&Linear]) -> Option<WeightData> {
+    let first = parts.first()?;
+    // Part `which` of an affine matrix of this format (0 packed, 1 scales, 2 biases), or the
+    // data of a bf16 one (`which` 0).
+    fn part(l: &Linear, format: Option<(u32, usize)>, which: usize) -> Option<&[u8]> {
+        match (&l.data, format) {
+            (
+                WeightData::Affine {
+                    bits,
+                    group,
+                    packed,
+                    scales,
+                    biases,
+                },
+                Some((b, g)),
+            ) if *bits == b && *group == g => Some([packed, scales, biases][which].bytes()),
+            (WeightData::Bf16 { data }, None) => Some(data.bytes()),
+            _ => None,
+        }
+    }
+    let joined = |format: Option<(u32, usize)>, which: usize| -> Option<Blob> {
+        let mut v = Vec::new();
+        for l in parts {
+            v.extend_from_slice(part(l, format, which)?);
+        }
+        Some(Blob::owned(v))
+    };
+    match &first.data {
+        WeightData::Affine { bits, group, .. } => {
+            let f = Some((*bits, *group));
+            Some(WeightData::Affine {
+                bits: *bits,
+                group: *group,
+                packed: joined(f, 0)?,
+                scales: joined(f, 1)?,
+                biases: joined(f, 2)?,
+            })
+        }
+        WeightData::Bf16 { .. } => Some(WeightData::Bf16 {
+            data: joined(None, 0)?,
+        }),
+    }
+}
+
 /// The rows of `parts` stacked into one matrix, when all are plain (not expert stacks) with
 /// the same columns and format.
 fn concat(parts: &[&Linear]) -> Option<Linear> {
@@ -136,61 +182,55 @@ fn concat(parts: &[&Linear]) -> Option<Linear> {
     if parts.iter().any(|l| l.experts != 1 || l.cols != first.cols) {
         return None;
     }
-    let join = |f: &dyn Fn(&Linear) -> &[u8]| {
-        let mut v = Vec::new();
-        for l in parts {
-            v.extend_from_slice(f(l));
-        }
-        Blob::owned(v)
-    };
-    let data = match &first.data {
-        WeightData::Affine { bits, group, .. } => {
-            let same = parts.iter().all(|l| {
-                matches!(&l.data, WeightData::Affine { bits: b, group: g, .. } if b == bits && g == group)
-            });
-            if !same {
-                return None;
-            }
-            let part = |l: &Linear, which: usize| -> Vec<u8> {
-                match &l.data {
-                    WeightData::Affine {
-                        packed,
-                        scales,
-                        biases,
-                        ..
-                    } => [packed, scales, biases][which].bytes().to_vec(),
-                    WeightData::Bf16 { .. } => Vec::new(),
-                }
-            };
-            WeightData::Affine {
-                bits: *bits,
-                group: *group,
-                packed: Blob::owned(parts.iter().flat_map(|l| part(l, 0)).collect()),
-                scales: Blob::owned(parts.iter().flat_map(|l| part(l, 1)).collect()),
-                biases: Blob::owned(parts.iter().flat_map(|l| part(l, 2)).collect()),
-            }
-        }
-        WeightData::Bf16 { .. } => {
-            if !parts
-                .iter()
-                .all(|l| matches!(l.data, WeightData::Bf16 { .. }))
-            {
-                return None;
-            }
-            WeightData::Bf16 {
-                data: join(&|l| match &l.data {
-                    WeightData::Bf16 { data } => data.bytes(),
-                    WeightData::Affine { packed, .. } => packed.bytes(),
-                }),
-            }
-        }
-    };
     Some(Linear {
         experts: 1,
         rows: parts.iter().map(|l| l.rows).sum(),
         cols: first.cols,
-        data,
+        data: join_data(parts)?,
     })
+}
+
+/// An expert stack with `extra` (one plain matrix of the same shape and format, the shared
+/// expert's) as its last expert.
+fn with_extra_expert(stack: &Linear, extra: &Linear) -> Option<Linear> {
+    if stack.experts < 2
+        || extra.experts != 1
+        || extra.rows != stack.rows
+        || extra.cols != stack.cols
+    {
+        return None;
+    }
+    Some(Linear {
+        experts: stack.experts + 1,
+        rows: stack.rows,
+        cols: stack.cols,
+        data: join_data(&[stack, extra])?,
+    })
+}
+
+/// Whether the shared expert can ride in the routed experts' stacks as expert E (same shapes
+/// and formats): it then runs in the same dispatches as the routed ones, with its sigmoid gate
+/// as its weight.
+pub fn shared_stackable(m: &MoeWeights) -> bool {
+    let fits = |stack: &Linear, extra: &Linear| {
+        stack.experts >= 2
+            && extra.experts == 1
+            && extra.rows == stack.rows
+            && extra.cols == stack.cols
+            && match (&stack.data, &extra.data) {
+                (
+                    WeightData::Affine {
+                        bits: a, group: g, ..
+                    },
+                    WeightData::Affine {
+                        bits: b, group: h, ..
+                    },
+                ) => a == b && g == h,
+                (WeightData::Bf16 { .. }, WeightData::Bf16 { .. }) => true,
+                _ => false,
+            }
+    };
+    fits(&m.gate, &m.shared_gate) && fits(&m.up, &m.shared_up) && fits(&m.down, &m.shared_down)
 }
 
 /// `parts` (plain matrices reading the same input) as few uploads as their formats allow:
@@ -262,9 +302,15 @@ pub struct GpuMoe {
     pub gate: GpuLinear,
     pub up: GpuLinear,
     pub down: GpuLinear,
-    pub shared_gate: GpuLinear,
-    pub shared_up: GpuLinear,
-    pub shared_down: GpuLinear,
+    /// The shared expert's gate, up and down, or `None` where they are expert E of the stacks
+    /// above (`shared_stackable`).
+    pub shared: Option<SharedExpert>,
+}
+
+pub struct SharedExpert {
+    pub gate: GpuLinear,
+    pub up: GpuLinear,
+    pub down: GpuLinear,
 }
 
 pub struct GpuLayer {
@@ -283,24 +329,52 @@ pub struct GpuModel {
     pub bytes: u64,
 }
 
-fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights) -> Result<GpuMoe> {
+/// `stack`: put the shared expert into the routed stacks as expert E (`shared_stackable`).
+fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights, stack: bool) -> Result<GpuMoe> {
     if m.shared_expert_gate.rows != 1 || m.router.experts != 1 {
         bail!("{p}: the shared expert's gate must be one row and the router one matrix");
     }
+    let router = upload_fused(
+        gpu,
+        sb,
+        &format!("{p}.router"),
+        &[&m.router, &m.shared_expert_gate],
+    )?;
+    let experts = |name: &str, stack_w: &Linear, extra: &Linear| -> Result<GpuLinear> {
+        let label = format!("{p}.experts.{name}");
+        if stack {
+            let Some(joined) = with_extra_expert(stack_w, extra) else {
+                bail!("{label}: the shared expert does not fit the routed stack");
+            };
+            upload_linear(gpu, sb, &label, &joined)
+        } else {
+            upload_linear(gpu, sb, &label, stack_w)
+        }
+    };
+    let gate = experts("gate", &m.gate, &m.shared_gate)?;
+    let up = experts("up", &m.up, &m.shared_up)?;
+    let down = experts("down", &m.down, &m.shared_down)?;
+    let shared = if stack {
+        None
+    } else {
+        Some(SharedExpert {
+            gate: upload_linear(gpu, sb, &format!("{p}.shared.gate"), &m.shared_gate)?,
+            up: upload_linear(gpu, sb, &format!("{p}.shared.up"), &m.shared_up)?,
+            down: upload_linear(gpu, sb, &format!("{p}.shared.down"), &m.shared_down)?,
+        })
+    };
     Ok(GpuMoe {
-        router: upload_fused(
-            gpu,
-            sb,
-            &format!("{p}.router"),
-            &[&m.router, &m.shared_expert_gate],
-        )?,
-        gate: upload_linear(gpu, sb, &format!("{p}.experts.gate"), &m.gate)?,
-        up: upload_linear(gpu, sb, &format!("{p}.experts.up"), &m.up)?,
-        down: upload_linear(gpu, sb, &format!("{p}.experts.down"), &m.down)?,
-        shared_gate: upload_linear(gpu, sb, &format!("{p}.shared.gate"), &m.shared_gate)?,
-        shared_up: upload_linear(gpu, sb, &format!("{p}.shared.up"), &m.shared_up)?,
-        shared_down: upload_linear(gpu, sb, &format!("{p}.shared.down"), &m.shared_down)?,
+        router,
+        gate,
+        up,
+        down,
+        shared,
     })
+}
+
+/// Whether every layer's shared expert rides in its routed stacks (`shared_stackable`).
+pub fn stack_shared(w: &ModelWeights) -> bool {
+    !w.layers.is_empty() && w.layers.iter().all(|l| shared_stackable(&l.moe))
 }
 
 /// Shapes the kernels rely on (fixed-size arrays in the WGSL), checked once here.
@@ -335,7 +409,10 @@ pub fn check_shapes(c: &ModelConfig) -> Result<()> {
             c.top_k <= 16 && c.top_k <= c.n_experts,
             "num_experts_per_tok ≤ 16 (moe_route)",
         ),
-        (c.n_experts <= 512, "num_experts ≤ 512 (moe_route)"),
+        (
+            c.n_experts < 512,
+            "num_experts < 512 (moe_route, moe_group with the shared expert)",
+        ),
         (
             c.hidden.is_multiple_of(4),
             "hidden_size a multiple of 4 (rms_norm)",
@@ -353,6 +430,7 @@ pub fn check_shapes(c: &ModelConfig) -> Result<()> {
 /// it to cut even a tiny model into many slices).
 pub fn upload_model(gpu: &Gpu, w: &ModelWeights, max_slice_bytes: Option<u64>) -> Result<GpuModel> {
     check_shapes(&w.config)?;
+    let stack = stack_shared(w);
     let sb = max_slice_bytes.unwrap_or(u64::MAX).min(gpu.max_binding());
     let mut layers = Vec::new();
     for (i, l) in w.layers.iter().enumerate() {
@@ -404,7 +482,7 @@ pub fn upload_model(gpu: &Gpu, w: &ModelWeights, max_slice_bytes: Option<u64>) -
             input_norm: gpu.upload_f32(&format!("{p}.input_layernorm"), &l.input_norm)?,
             post_norm: gpu.upload_f32(&format!("{p}.post_attention_layernorm"), &l.post_norm)?,
             mixer,
-            moe: upload_moe(gpu, sb, &format!("{p}.mlp"), &l.moe)?,
+            moe: upload_moe(gpu, sb, &format!("{p}.mlp"), &l.moe, stack)?,
         });
         // Let the staged uploads of each layer reach the device before the next is staged.
         gpu.queue.submit([]);
@@ -437,17 +515,16 @@ fn device_bytes(m: &GpuModel) -> u64 {
             .iter()
             .map(|x| linear_bytes(&x.0))
             .sum::<u64>();
-        n += [
-            &moe.gate,
-            &moe.up,
-            &moe.down,
-            &moe.shared_gate,
-            &moe.shared_up,
-            &moe.shared_down,
-        ]
-        .iter()
-        .map(|x| linear_bytes(x))
-        .sum::<u64>();
+        n += [&moe.gate, &moe.up, &moe.down]
+            .iter()
+            .map(|x| linear_bytes(x))
+            .sum::<u64>();
+        if let Some(sh) = &moe.shared {
+            n += [&sh.gate, &sh.up, &sh.down]
+                .iter()
+                .map(|x| linear_bytes(x))
+                .sum::<u64>();
+        }
         n += match &l.mixer {
             GpuMixer::Attention(a) => {
                 a.qkv.parts.iter().map(|x| linear_bytes(&x.0)).sum::<u64>()

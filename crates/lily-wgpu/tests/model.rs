@@ -566,3 +566,12 @@ fn a_software_adapter_is_refused_when_not_allowed() {
         .expect("a software adapter must be refused");
     assert!(format!("{err:#}").contains("software renderer"), "{err:#}");
 }
+
+/// The synthetic MLX checkpoints quantise the shared expert as the routed ones, so it rides in
+/// their stacks (one set of expert dispatches per layer); the logits tests above then cover
+/// that path.
+#[test]
+fn shared_expert_rides_in_the_routed_stacks() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 91);
+    assert!(lily_wgpu::weights::stack_shared(&w));
+}
