@@ -11,8 +11,8 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    conv_bytes, kv_row_bytes, state_bytes, DevicePick, Forward, LogitsOut, Scratch, SeqState,
-    HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch,
+    SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
@@ -201,28 +201,38 @@ impl WgpuBackend {
         Ok(Some((r[0], f32::from_bits(r[1]))))
     }
 
-    /// Greedy decode without a constraint or top log-probabilities, pipelined: while the GPU
-    /// runs step s (forward pass, argmax, the token copied into a mapped buffer), the host
-    /// encodes step s + 1 (which embeds the token straight from `next`), then reads token s,
-    /// reports it and submits step s + 1 only if the caller continues. The host's encoding is
-    /// off the critical path; one submission and one small read per token.
-    fn decode_greedy(
+    /// Decode picked on the GPU (greedy, or the device sampler `dev`) without a constraint or
+    /// top log-probabilities, pipelined: while the GPU runs step s (forward pass, pick, the
+    /// token copied into a mapped buffer), the host encodes step s + 1 (which embeds the token
+    /// straight from `next`), then reads token s, reports it and submits step s + 1 only if the
+    /// caller continues, drawing its uniform then (as the host path draws it). The host's
+    /// encoding is off the critical path; one submission and one small read per token.
+    fn decode_pipelined(
         &mut self,
         seq: SeqId,
         sampler: &mut Sampler,
         n: usize,
+        dev: Option<&DevicePick>,
         on_token: &mut dyn FnMut(&StepOut) -> Flow,
     ) -> Result<()> {
         let rb = self.gpu.readback("decode.token", 8);
-        self.forward().argmax_into(self.seq(seq)?, &rb)?;
+        let draws = dev.is_some() && sampler.params.temperature > 0.0;
+        let s = self.seq(seq)?;
+        match dev {
+            Some(d) => {
+                let u = if draws { sampler.next_uniform() } else { 0.0 };
+                self.forward().sample_into(s, d, u, &rb)?;
+            }
+            None => self.forward().argmax_into(s, &rb)?,
+        }
         for step in 0..n {
             let s = self.seq(seq)?;
             let more = step + 1 < n && s.len < s.max_ctx;
             let fwd = self.forward();
-            let prepared = if more {
-                Some(fwd.prepare_step(s, &s.next, &rb)?)
-            } else {
-                None
+            let prepared = match (more, dev) {
+                (false, _) => None,
+                (true, Some(d)) => Some(fwd.prepare_sample_step(s, &s.next, d, &rb)?),
+                (true, None) => Some(fwd.prepare_step(s, &s.next, &rb)?),
             };
             let out = self.gpu.read_mapped_u32(&rb, 2)?;
             if out[0] as usize >= self.cfg.vocab {
@@ -241,7 +251,11 @@ impl WgpuBackend {
             let Some(p) = prepared else {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             };
-            p.submit()?;
+            if draws {
+                p.submit_with_uniform(uniform_words(sampler.next_uniform()))?;
+            } else {
+                p.submit()?;
+            }
             self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         }
         self.gpu.wait()
@@ -410,14 +424,14 @@ impl Backend for WgpuBackend {
             bail!("decode before prefill: no logits to sample from");
         }
         let greedy = device_greedy(&sampler.params);
-        if greedy && !sampler.is_constrained() && top_logprobs == 0 {
-            return self.decode_greedy(seq, sampler, n, on_token);
-        }
         let dev = if !greedy && device_sampled(&sampler.params) {
             Some(self.device_pick(sampler)?)
         } else {
             None
         };
+        if (greedy || dev.is_some()) && !sampler.is_constrained() && top_logprobs == 0 {
+            return self.decode_pipelined(seq, sampler, n, dev.as_ref(), on_token);
+        }
         // The device sampler draws the host's uniform only where the host would (temperature).
         let draws = sampler.params.temperature > 0.0;
         // Whether `next` already holds the GPU's pick from the pending logits (a step records

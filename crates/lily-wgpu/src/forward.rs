@@ -267,6 +267,16 @@ pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
     (c.n_kv_heads * c.head_dim * 4) as u64
 }
 
+/// Byte offset of u_hi, u_lo in sample_pick.wgsl's parameters.
+const PICK_U_BYTE: u64 = 16;
+
+/// The uniform's halves as sample_pick.wgsl takes them.
+pub fn uniform_words(u: f64) -> [u32; 2] {
+    let hi = u as f32;
+    let lo = (u - hi as f64) as f32;
+    [hi.to_bits(), lo.to_bits()]
+}
+
 /// Most candidates sample_pick.wgsl keeps (its workgroup size): top_k above stays on the host.
 pub const PICK_MAX_K: u32 = 256;
 
@@ -350,6 +360,41 @@ impl<'a> Forward<'a> {
         self.record_argmax(&mut r, seq);
         r.copy(&seq.next, 0, readback, 0, 8);
         r.prepare()
+    }
+
+    /// `prepare_step` with the device sampler's pick instead of the argmax; its uniform is set
+    /// when the step is submitted (`Prepared::submit_with_uniform`), once the host knows the
+    /// step runs (so the sampler draws exactly when the host path would).
+    pub fn prepare_sample_step(
+        &self,
+        seq: &'a SeqState,
+        ids: &'a Buf,
+        d: &'a DevicePick,
+        readback: &'a Buf,
+    ) -> Result<Prepared<'a>> {
+        let mut r = self.record(seq, ids, 1, LogitsOut::Last)?;
+        self.record_sample(&mut r, &seq.logits, &seq.next, d, 0.0);
+        let at = r.last_param_offset().expect("sample_pick was recorded") + PICK_U_BYTE;
+        r.copy(&seq.next, 0, readback, 0, 8);
+        let mut p = r.prepare()?;
+        p.set_uniform_at(at);
+        Ok(p)
+    }
+
+    /// The device sampler's pick of the pending logits into `seq.next`, copied into
+    /// `readback`.
+    pub fn sample_into(
+        &self,
+        seq: &'a SeqState,
+        d: &'a DevicePick,
+        u: f64,
+        readback: &'a Buf,
+    ) -> Result<()> {
+        let mut r = Recorder::new(self.gpu);
+        r.set_phase("pick", 0);
+        self.record_sample(&mut r, &seq.logits, &seq.next, d, u);
+        r.copy(&seq.next, 0, readback, 0, 8);
+        r.submit()
     }
 
     /// The greedy pick of the pending logits into `seq.next`, copied into `readback`.
@@ -478,8 +523,7 @@ impl<'a> Forward<'a> {
             &[logits, &d.hist, &d.bias, &d.scaled],
             [nx, ny, 1],
         );
-        let u_hi = u as f32;
-        let u_lo = (u - u_hi as f64) as f32;
+        let [u_hi, u_lo] = uniform_words(u);
         r.dispatch(
             &self.k.sample_pick,
             &[
@@ -487,8 +531,8 @@ impl<'a> Forward<'a> {
                 d.top_k,
                 d.top_p.to_bits(),
                 d.min_p.to_bits(),
-                u_hi.to_bits(),
-                u_lo.to_bits(),
+                u_hi,
+                u_lo,
                 (d.repetition != 1.0) as u32,
             ],
             &[logits, &d.scaled, &d.hist, out],

@@ -399,21 +399,52 @@ enum Op<'a> {
     },
 }
 
-/// Work encoded ahead of its submission (`Recorder::prepare`).
-pub enum Prepared<'a> {
+/// Work encoded ahead of its submission (`Recorder::prepare`), and where in its parameters a
+/// uniform is set at submission (`submit_with_uniform`).
+pub struct Prepared<'a> {
+    work: PreparedWork<'a>,
+    uniform_at: Option<u64>,
+}
+
+enum PreparedWork<'a> {
     Encoded(&'a Gpu, wgpu::CommandBuffer),
     Later(Recorder<'a>),
 }
 
 impl Prepared<'_> {
+    /// Byte `at` of the parameters takes the two words of `submit_with_uniform`.
+    pub fn set_uniform_at(&mut self, at: u64) {
+        self.uniform_at = Some(at);
+    }
+
     pub fn submit(self) -> Result<()> {
-        match self {
-            Prepared::Encoded(gpu, cb) => {
+        match self.work {
+            PreparedWork::Encoded(gpu, cb) => {
                 gpu.queue.submit([cb]);
                 gpu.check()
             }
-            Prepared::Later(r) => r.submit(),
+            PreparedWork::Later(r) => r.submit(),
         }
+    }
+
+    /// `submit` with `words` written at the place `set_uniform_at` named (the parameter
+    /// buffer's write is queued after the one made when the work was encoded).
+    pub fn submit_with_uniform(mut self, words: [u32; 2]) -> Result<()> {
+        if let Some(at) = self.uniform_at {
+            match &mut self.work {
+                PreparedWork::Encoded(gpu, _) => {
+                    let binder = gpu.binder.lock().unwrap_or_else(|p| p.into_inner());
+                    let buf = binder.params.as_ref().context("no parameter buffer")?;
+                    gpu.queue
+                        .write_buffer(buf, at, bytemuck::cast_slice(&words));
+                }
+                PreparedWork::Later(r) => {
+                    let at = at as usize;
+                    r.params[at..at + 8].copy_from_slice(bytemuck::cast_slice(&words));
+                }
+            }
+        }
+        self.submit()
     }
 }
 
@@ -531,11 +562,24 @@ impl<'a> Recorder<'a> {
     /// submission), to be submitted later with `Prepared::submit` or dropped. Under the profile
     /// the recording itself is kept and submitted as usual.
     pub fn prepare(self) -> Result<Prepared<'a>> {
-        if profile::enabled() || self.ops.is_empty() {
-            return Ok(Prepared::Later(self));
-        }
-        let cb = self.encode(None)?;
-        Ok(Prepared::Encoded(self.gpu, cb))
+        let work = if profile::enabled() || self.ops.is_empty() {
+            PreparedWork::Later(self)
+        } else {
+            let cb = self.encode(None)?;
+            PreparedWork::Encoded(self.gpu, cb)
+        };
+        Ok(Prepared {
+            work,
+            uniform_at: None,
+        })
+    }
+
+    /// Byte offset in the parameters of the last dispatch recorded.
+    pub fn last_param_offset(&self) -> Option<u64> {
+        self.ops.iter().rev().find_map(|op| match op {
+            Op::Dispatch { param_off, .. } => Some(*param_off),
+            Op::Copy { .. } => None,
+        })
     }
 
     pub fn submit(self) -> Result<()> {

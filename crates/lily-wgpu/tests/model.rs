@@ -285,45 +285,57 @@ fn device_sampler_picks_as_the_host_sampler() {
     println!("device sampler: {picks} picks identical to the host's");
 }
 
-/// A greedy decode stopped by the caller leaves the sequence where the CPU backend leaves it
-/// (the wgpu decode encodes the next step before the caller has seen the token: that step must
-/// not run), and a second decode call continues with the CPU's tokens.
+/// A decode stopped by the caller leaves the sequence (and the sampler's random stream) where
+/// the CPU backend leaves them: the wgpu decode encodes the next step before the caller has
+/// seen the token, and that step must not run nor draw. A second decode call with the same
+/// sampler then continues with the CPU's tokens. Greedy, and sampled on the device (with
+/// penalties, so the device's history must follow too).
 #[test]
-fn stopped_greedy_decode_continues_as_cpu() {
+fn stopped_decode_continues_as_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
     let prompt = Rng(9).tokens(11, w.config.vocab);
-    let run = |b: &mut dyn Backend| {
-        let s = b.new_seq(64).unwrap();
-        b.prefill(s, &prompt).unwrap();
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        let mut out = Vec::new();
-        b.decode(s, &mut sampler, 10, 0, &mut |t| {
-            out.push(t.token);
-            if out.len() == 3 {
-                Flow::Stop
-            } else {
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 30,
+        top_p: 0.9,
+        frequency_penalty: 0.4,
+        seed: 77,
+        ..SamplingParams::greedy()
+    };
+    for params in [SamplingParams::greedy(), sampled] {
+        let run = |b: &mut dyn Backend| {
+            let s = b.new_seq(64).unwrap();
+            b.prefill(s, &prompt).unwrap();
+            let mut sampler = Sampler::new(params.clone());
+            let mut out = Vec::new();
+            b.decode(s, &mut sampler, 10, 0, &mut |t| {
+                out.push(t.token);
+                if out.len() == 3 {
+                    Flow::Stop
+                } else {
+                    Flow::Continue
+                }
+            })
+            .unwrap();
+            let len = b.seq_len(s).unwrap();
+            b.decode(s, &mut sampler, 9, 0, &mut |t| {
+                out.push(t.token);
                 Flow::Continue
-            }
-        })
-        .unwrap();
-        let len = b.seq_len(s).unwrap();
-        b.decode(s, &mut sampler, 5, 0, &mut |t| {
-            out.push(t.token);
-            Flow::Continue
-        })
-        .unwrap();
-        (out, len, b.seq_len(s).unwrap())
-    };
-    let mut cpu = CpuBackend::new(w.clone());
-    let want = run(&mut cpu);
-    let Some(mut gpu) = wgpu_backend(&w, 8) else {
-        return;
-    };
-    let got = run(&mut gpu);
-    assert_eq!(
-        got, want,
-        "(tokens, length after the stop, length at the end)"
-    );
+            })
+            .unwrap();
+            (out, len, b.seq_len(s).unwrap())
+        };
+        let mut cpu = CpuBackend::new(w.clone());
+        let want = run(&mut cpu);
+        let Some(mut gpu) = wgpu_backend(&w, 8) else {
+            return;
+        };
+        let got = run(&mut gpu);
+        assert_eq!(
+            got, want,
+            "{params:?}: (tokens, length after the stop, length at the end)"
+        );
+    }
 }
 
 /// Greedy tokens from the same prompt, with the GPU picking and feeding back its own tokens.
