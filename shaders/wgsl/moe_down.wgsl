@@ -23,8 +23,10 @@ struct P {
 @group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
 @group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
 
-// Items per token, fixed per model (lily-wgpu/src/kernels.rs): the loop over them unrolls.
+// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/kernels.rs):
+// the loops over items and quads have constant bounds and unroll, every read in flight at once.
 override TOPK: u32 = 9u;
+override COLS: u32 = 512u;
 
 const ROWS: u32 = 8u;
 const LANES: u32 = 8u;
@@ -72,7 +74,7 @@ fn moe_down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let lane = lid % LANES;
     var acc = 0.0;
     if (row < p.rows) {
-        let quads = p.cols / 32u;
+        let quads = COLS / 32u;
         for (var k = 0u; k < TOPK; k++) {
             let item = t * TOPK + k;
             let e = ids[item];

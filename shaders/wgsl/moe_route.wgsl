@@ -25,14 +25,17 @@ var<workgroup> picked: array<u32, 16>;
 fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     let b = t * p.stride;
+    // The logits once into shared memory (one round trip), then max and exp from there.
     var mx = NEG_BIG;
     for (var i = lid; i < p.e; i += 64u) {
-        mx = max(mx, L[b + i]);
+        let l = L[b + i];
+        ev[i] = l;
+        mx = max(mx, l);
     }
     mx = wg_max(lid, mx);
     var part = 0.0;
     for (var i = lid; i < p.e; i += 64u) {
-        let v = exp(L[b + i] - mx);
+        let v = exp(ev[i] - mx);
         ev[i] = v;
         part += v;
     }

@@ -1,5 +1,8 @@
 // y = x · rsqrt(mean(x²) + eps) · w per row (MODEL.md §2.2; the +1 of zero-centred norms is
-// folded into w at load). One workgroup per row; rows r0.. of X go to rows 0.. of Y.
+// folded into w at load). One workgroup of 256 per row; rows r0.. of X go to rows 0.. of Y.
+// Each invocation loads its (at most PER) vec4 of the row and of w once, up front, and keeps
+// them in registers across the reduction: a decode step's norm waits on one round trip to
+// memory, not one per element. cols % 4 = 0 and cols ≤ 4 · 256 · PER (checked at load).
 
 struct P {
     cols: u32,
@@ -12,20 +15,40 @@ struct P {
 @group(0) @binding(2) var<storage, read> Wn: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
 
-// cols % 4 = 0 (checked at load): 16-byte reads and writes.
-@compute @workgroup_size(64)
+const T: u32 = 256u;
+const PER: u32 = 4u;
+
+var<workgroup> red: array<f32, 256>;
+
+@compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c4 = p.cols / 4u;
     let xb = (p.r0 + wid.x) * c4;
     let yb = wid.x * c4;
+    var xv: array<vec4<f32>, 4>;
+    var wv: array<vec4<f32>, 4>;
     var ss = 0.0;
-    for (var c = lid; c < c4; c += 64u) {
-        let v = X[xb + c];
-        ss += dot(v, v);
+    for (var j = 0u; j < PER; j++) {
+        let c = lid + j * T;
+        if (c < c4) {
+            xv[j] = X[xb + c];
+            wv[j] = Wn[c];
+            ss += dot(xv[j], xv[j]);
+        }
     }
-    let total = wg_sum(lid, ss);
-    let r = 1.0 / sqrt(total / f32(p.cols) + p.eps);
-    for (var c = lid; c < c4; c += 64u) {
-        Y[yb + c] = X[xb + c] * r * Wn[c];
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var s = T / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = 1.0 / sqrt(red[0] / f32(p.cols) + p.eps);
+    for (var j = 0u; j < PER; j++) {
+        let c = lid + j * T;
+        if (c < c4) {
+            Y[yb + c] = xv[j] * r * wv[j];
+        }
     }
 }
