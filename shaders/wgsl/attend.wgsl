@@ -26,6 +26,10 @@ struct P {
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
+// The head dim, fixed per model (lily-wgpu/src/kernels.rs): the loops over it, and over the 64
+// keys of a block, have constant bounds and unroll, so their reads issue together.
+override D: u32 = 256u;
+
 var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> probs: array<f32, 64>;
 
@@ -34,8 +38,8 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let h = wid.x;
     let t = wid.y;
     let split = wid.z;
-    let d = p.d;
-    let d4 = d / 4u;
+    let d = D;
+    let d4 = D / 4u;
     let kvh = h / (p.hq / p.hkv);
     for (var c = lid; c < d4; c += 64u) {
         qs[c] = Q[(t * p.hq + h) * d4 + c];
@@ -73,8 +77,10 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             let c = lid + 64u * i;
             if (c < d) {
                 var a = acc[i] * corr;
-                for (var jj = 0u; jj < cnt; jj++) {
-                    a += probs[jj] * Vc[((kb + jj) * p.hkv + kvh) * d + c];
+                for (var jj = 0u; jj < 64u; jj++) {
+                    if (jj < cnt) {
+                        a += probs[jj] * Vc[((kb + jj) * p.hkv + kvh) * d + c];
+                    }
                 }
                 acc[i] = a;
             }

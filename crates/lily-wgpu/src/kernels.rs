@@ -66,6 +66,7 @@ kernels!(
 fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f64)> {
     match name {
         "dn_recur" | "dn_recur_norm" => vec![("DK", c.dn_k_dim as f64)],
+        "attend" => vec![("D", c.head_dim as f64)],
         "moe_down" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
