@@ -27,6 +27,8 @@ const MM_TILE: usize = 16;
 /// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
 const SPLIT_PAIRS: usize = 256;
 const PART_ROWS: usize = 512;
+/// Most splits per (head, token): attend_merge.wgsl's workgroup holds one per invocation.
+const MAX_SPLITS: usize = 64;
 
 /// How attend.wgsl splits the keys of `pairs` (query head, token) pairs whose longest causal
 /// range is `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill
@@ -37,7 +39,7 @@ pub fn attention_splits(pairs: usize, n_max: usize) -> (usize, usize) {
     } else {
         (PART_ROWS / pairs.max(1)).max(1)
     };
-    let nsplit = want.min(n_max.div_ceil(64)).max(1);
+    let nsplit = want.min(n_max.div_ceil(64)).clamp(1, MAX_SPLITS);
     let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
     (n_max.div_ceil(span), span)
 }
@@ -1073,5 +1075,27 @@ impl<'a> Forward<'a> {
     fn swiglu(&self, r: &mut Recorder<'a>, g: &'a Buf, u: &'a Buf, a: &'a Buf, n: usize) {
         let (nx, ny) = grid_2d(n.div_ceil(64));
         r.dispatch(&self.k.swiglu, &[n as u32], &[g, u, a], [nx, ny, 1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every split count fits attend_merge (≤ 64) and the partials buffer, the splits cover
+    /// the keys in spans of whole 64-key blocks, and none is empty at the longest range.
+    #[test]
+    fn attention_splits_cover_the_keys_within_the_buffers() {
+        for pairs in [1, 2, 4, 16, 64, 100, 255, 256, 2048, 8192] {
+            for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
+                let (nsplit, span) = attention_splits(pairs, n_max);
+                assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
+                assert!(span.is_multiple_of(64) && span > 0);
+                assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
+                if nsplit > 1 {
+                    assert!(pairs * nsplit <= PART_ROWS, "{pairs} × {nsplit}");
+                }
+            }
+        }
     }
 }
