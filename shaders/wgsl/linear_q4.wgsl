@@ -100,23 +100,26 @@ fn linear_q4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
         let hbase = (slot * p.rows + row) * groups;
         let xb = (p.x_off + xrow * p.x_stride) / 4u;
-        // Up to eight 16-byte reads in flight per invocation (a decode step is latency-bound:
-        // one round trip to memory for rows of up to 2,048 4-bit weights, two for 4,096): the
-        // constant-bound loop unrolls and its guarded reads issue together.
-        for (var q0 = lane; q0 < quads; q0 += 8u * LANES) {
-            var w: array<vec4<u32>, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                let q = q0 + j * LANES;
-                if (q < quads) {
-                    w[j] = W[qbase + q];
-                }
-            }
-            for (var j = 0u; j < 8u; j++) {
-                let q = q0 + j * LANES;
-                if (q < quads) {
-                    acc += quad(w[j], xb, hbase, q);
-                }
-            }
+        // Eight 16-byte reads in flight per invocation while the row has them (a decode step is
+        // latency-bound: one round trip to memory for rows of 2,048 4-bit weights, two for
+        // 4,096), then the rest one by one. Named values, not an array: registers everywhere.
+        var q = lane;
+        for (; q + 7u * LANES < quads; q += 8u * LANES) {
+            let w0 = W[qbase + q];
+            let w1 = W[qbase + q + LANES];
+            let w2 = W[qbase + q + 2u * LANES];
+            let w3 = W[qbase + q + 3u * LANES];
+            let w4 = W[qbase + q + 4u * LANES];
+            let w5 = W[qbase + q + 5u * LANES];
+            let w6 = W[qbase + q + 6u * LANES];
+            let w7 = W[qbase + q + 7u * LANES];
+            acc += ((quad(w0, xb, hbase, q) + quad(w1, xb, hbase, q + LANES))
+                + (quad(w2, xb, hbase, q + 2u * LANES) + quad(w3, xb, hbase, q + 3u * LANES)))
+                + ((quad(w4, xb, hbase, q + 4u * LANES) + quad(w5, xb, hbase, q + 5u * LANES))
+                + (quad(w6, xb, hbase, q + 6u * LANES) + quad(w7, xb, hbase, q + 7u * LANES)));
+        }
+        for (; q < quads; q += LANES) {
+            acc += quad(W[qbase + q], xb, hbase, q);
         }
     }
     wg_part[lid] = acc;

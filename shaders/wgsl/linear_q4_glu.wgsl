@@ -128,25 +128,26 @@ fn linear_q4_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
         let hbase = (slot * p.rows + row) * groups;
         let xb = (p.x_off + xrow * p.x_stride) / 4u;
-        // Up to eight 16-byte reads of each matrix in flight per invocation (one round trip for
-        // rows of up to 2,048 4-bit weights): constant-bound loops that unroll.
-        for (var q0 = lane; q0 < quads; q0 += 8u * LANES) {
-            var g: array<vec4<u32>, 8>;
-            var u: array<vec4<u32>, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                let q = q0 + j * LANES;
-                if (q < quads) {
-                    g[j] = W[qbase + q];
-                    u[j] = Wu[qbase + q];
-                }
-            }
-            for (var j = 0u; j < 8u; j++) {
-                let q = q0 + j * LANES;
-                if (q < quads) {
-                    acc += quad(g[j], xb, hbase, q);
-                    acc_u += quad_u(u[j], xb, hbase, q);
-                }
-            }
+        // Four 16-byte reads of each matrix in flight per invocation while the row has them
+        // (eight in all; two round trips for rows of 2,048 4-bit weights), then the rest.
+        var q = lane;
+        for (; q + 3u * LANES < quads; q += 4u * LANES) {
+            let g0 = W[qbase + q];
+            let g1 = W[qbase + q + LANES];
+            let g2 = W[qbase + q + 2u * LANES];
+            let g3 = W[qbase + q + 3u * LANES];
+            let u0 = Wu[qbase + q];
+            let u1 = Wu[qbase + q + LANES];
+            let u2 = Wu[qbase + q + 2u * LANES];
+            let u3 = Wu[qbase + q + 3u * LANES];
+            acc += (quad(g0, xb, hbase, q) + quad(g1, xb, hbase, q + LANES))
+                + (quad(g2, xb, hbase, q + 2u * LANES) + quad(g3, xb, hbase, q + 3u * LANES));
+            acc_u += (quad_u(u0, xb, hbase, q) + quad_u(u1, xb, hbase, q + LANES))
+                + (quad_u(u2, xb, hbase, q + 2u * LANES) + quad_u(u3, xb, hbase, q + 3u * LANES));
+        }
+        for (; q < quads; q += LANES) {
+            acc += quad(W[qbase + q], xb, hbase, q);
+            acc_u += quad_u(Wu[qbase + q], xb, hbase, q);
         }
     }
     wg_part[lid] = acc;
