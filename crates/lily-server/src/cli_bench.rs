@@ -199,6 +199,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(profile) = lily_wgpu::profile::take_report() {
         eprintln!("{profile}");
+        // The results again below the profile, for logs that keep only their tail.
+        let rows = |v: &[serde_json::Value], key: &str| {
+            v.iter()
+                .map(|r| format!("{} {:.1} tok/s", r[key], r["tok_s"].as_f64().unwrap_or(0.0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        eprintln!(
+            "bench results: prefill {}; decode at context {}",
+            rows(&prefill_rows, "len"),
+            rows(&decode_rows, "ctx")
+        );
     }
     if let Some(path) = &a.json {
         let report = json!({

@@ -952,22 +952,28 @@ pub mod profile {
         }
         let source = *SOURCE.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = format!("wgpu profile ({source}):\n");
-        for (name, p) in t.iter() {
+        // Decode last: a log's tail keeps it.
+        let order = |name: &str| match name {
+            "prefill" => 0,
+            "pick" => 1,
+            "decode" => 3,
+            _ => 2,
+        };
+        let mut phases: Vec<_> = t.iter().collect();
+        phases.sort_by_key(|(name, _)| order(name));
+        for (name, p) in phases {
             let tok = p.tokens.max(1) as f64;
             let total: f64 = p.kernels.values().map(|k| k.1).sum();
             out += &format!(
-                "[{name}] {} passes, {} tokens timed per dispatch; per token: kernels {:.1} µs, GPU span {:.1} µs, host encoding {:.1} µs\n",
-                p.passes,
-                p.tokens,
+                "[{name}] per token: kernels {:.1} µs, GPU span {:.1} µs, host encoding {:.1} µs ({} passes, {} tokens timed per dispatch); wall {:.1} µs ({} passes, {} tokens run as without the profile)\n",
                 total / 1e3 / tok,
                 p.span_ns / 1e3 / tok,
                 p.host.as_secs_f64() * 1e6 / tok,
-            );
-            out += &format!(
-                "[{name}] {} passes, {} tokens run as without the profile: {:.1} µs per token from encoding to completion\n",
+                p.passes,
+                p.tokens,
+                p.wall.as_secs_f64() * 1e6 / p.plain_tokens.max(1) as f64,
                 p.plain_passes,
                 p.plain_tokens,
-                p.wall.as_secs_f64() * 1e6 / p.plain_tokens.max(1) as f64,
             );
             out += &format!(
                 "  {:<22} {:>11} {:>10} {:>10} {:>6}\n",
