@@ -41,6 +41,40 @@ fn pad4(v: &mut Vec<u8>) {
 
 /// Uploads one matrix (or expert stack) in slices of at most `slice_bytes` each.
 pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> Result<GpuLinear> {
+    upload_stack(gpu, slice_bytes, label, lin, None)
+}
+
+/// The packed words, scales and biases of `lin` (empty scales and biases for bf16), with its
+/// format: (bits, group).
+fn parts_of(lin: &Linear) -> (u32, usize, &[u8], &[u8], &[u8]) {
+    match &lin.data {
+        WeightData::Affine {
+            bits,
+            group,
+            packed,
+            scales,
+            biases,
+        } => (
+            *bits,
+            *group,
+            packed.bytes(),
+            scales.bytes(),
+            biases.bytes(),
+        ),
+        WeightData::Bf16 { data } => (16, 64, data.bytes(), &[][..], &[][..]),
+    }
+}
+
+/// `upload_linear`, with `extra` (one matrix of the stack's shape and format: the shared
+/// expert's) appended to an expert stack as its last expert, read from where it lies (no
+/// joined copy of the stack is made).
+fn upload_stack(
+    gpu: &Gpu,
+    slice_bytes: u64,
+    label: &str,
+    lin: &Linear,
+    extra: Option<&Linear>,
+) -> Result<GpuLinear> {
     let (bits, group, packed, scales, biases) = match &lin.data {
         WeightData::Affine {
             bits,
@@ -81,6 +115,44 @@ pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> 
     if packed.len() != units * packed_unit || scales.len() != units * halves_unit * 2 {
         bail!("{label}: stored sizes do not match its shape");
     }
+    // The extra unit's bytes (packed, scales, biases).
+    let extra = match extra {
+        None => None,
+        Some(x) => {
+            let (xb, xg, xp, xs, xz) = parts_of(x);
+            if lin.experts < 2
+                || x.experts != 1
+                || x.rows != lin.rows
+                || x.cols != lin.cols
+                || xb != bits
+                || xg != group
+                || xp.len() != packed_unit
+                || xs.len() != halves_unit * 2
+            {
+                bail!("{label}: the shared expert does not fit the routed stack");
+            }
+            Some((xp, xs, xz))
+        }
+    };
+    let (stack_units, units) = (units, units + extra.is_some() as usize);
+    // Bytes of units first..first + count of one part (`which`: 0 packed, 1 scales, 2 biases),
+    // the extra unit after the stack's.
+    let range = |which: usize, first: usize, count: usize, out: &mut Vec<u8>| {
+        let (src, unit) = match which {
+            0 => (packed, packed_unit),
+            1 => (scales, halves_unit * 2),
+            _ => (biases, halves_unit * 2),
+        };
+        let end = (first + count).min(stack_units);
+        if first < end {
+            out.extend_from_slice(&src[first * unit..end * unit]);
+        }
+        if first + count > stack_units {
+            if let Some(x) = extra {
+                out.extend_from_slice([x.0, x.1, x.2][which]);
+            }
+        }
+    };
     let unit_bytes = (packed_unit + 4 * halves_unit) as u64;
     let per_slice = (slice_bytes.saturating_sub(16) / unit_bytes.max(1)) as usize;
     if per_slice == 0 {
@@ -93,13 +165,13 @@ pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> 
     let mut first = 0;
     while first < units {
         let count = per_slice.min(units - first);
-        let mut data = packed[first * packed_unit..(first + count) * packed_unit].to_vec();
-        let h = halves_unit * 2;
+        let mut data = Vec::with_capacity(count * unit_bytes as usize + 8);
+        range(0, first, count, &mut data);
         let scale_off = (data.len() / 2) as u32;
-        data.extend_from_slice(&scales[first * h..(first + count) * h]);
+        range(1, first, count, &mut data);
         pad4(&mut data);
         let bias_off = (data.len() / 2) as u32;
-        data.extend_from_slice(&biases[first * h..(first + count) * h]);
+        range(2, first, count, &mut data);
         let buf = gpu.upload(&format!("{label}[{first}..]"), &data)?;
         slices.push(Slice {
             buf,
@@ -111,7 +183,7 @@ pub fn upload_linear(gpu: &Gpu, slice_bytes: u64, label: &str, lin: &Linear) -> 
         first += count;
     }
     Ok(GpuLinear {
-        experts: lin.experts,
+        experts: lin.experts + extra.is_some() as usize,
         rows: lin.rows,
         cols: lin.cols,
         bits,
@@ -187,24 +259,6 @@ fn concat(parts: &[&Linear]) -> Option<Linear> {
         rows: parts.iter().map(|l| l.rows).sum(),
         cols: first.cols,
         data: join_data(parts)?,
-    })
-}
-
-/// An expert stack with `extra` (one plain matrix of the same shape and format, the shared
-/// expert's) as its last expert.
-fn with_extra_expert(stack: &Linear, extra: &Linear) -> Option<Linear> {
-    if stack.experts < 2
-        || extra.experts != 1
-        || extra.rows != stack.rows
-        || extra.cols != stack.cols
-    {
-        return None;
-    }
-    Some(Linear {
-        experts: stack.experts + 1,
-        rows: stack.rows,
-        cols: stack.cols,
-        data: join_data(&[stack, extra])?,
     })
 }
 
@@ -342,14 +396,7 @@ fn upload_moe(gpu: &Gpu, sb: u64, p: &str, m: &MoeWeights, stack: bool) -> Resul
     )?;
     let experts = |name: &str, stack_w: &Linear, extra: &Linear| -> Result<GpuLinear> {
         let label = format!("{p}.experts.{name}");
-        if stack {
-            let Some(joined) = with_extra_expert(stack_w, extra) else {
-                bail!("{label}: the shared expert does not fit the routed stack");
-            };
-            upload_linear(gpu, sb, &label, &joined)
-        } else {
-            upload_linear(gpu, sb, &label, stack_w)
-        }
+        upload_stack(gpu, sb, &label, stack_w, stack.then_some(extra))
     };
     let gate = experts("gate", &m.gate, &m.shared_gate)?;
     let up = experts("up", &m.up, &m.shared_up)?;
