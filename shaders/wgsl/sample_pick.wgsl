@@ -1,5 +1,6 @@
-// Device sampling, steps 5–6 of lily-core/src/sampling.rs on sample_adjust.wgsl's output S, one
-// workgroup of 256 (top_k ≤ 256):
+// Device sampling, steps 5–6 of lily-core/src/sampling.rs, one workgroup of 256 (top_k ≤ 256),
+// over the candidates sample_prefilter.wgsl kept from sample_adjust.wgsl's output (Cand: n
+// (value bits, id) pairs in id order, unused ones NaN):
 // - the top_k largest valid values (not NaN, not −∞) by a radix select over 32-bit keys ordered
 //   as f32::total_cmp (4 passes of 8 bits), ties at the threshold going to the lower ids as the
 //   host's order does;
@@ -7,11 +8,13 @@
 //   total, top_p (the floor, then the sort by (weight, id) and the running mass), min_p, and the
 //   inverse-CDF pick with the host-drawn uniform u (u_hi + u_lo). The host sums in f64; here
 //   sums are compensated f32 pairs (≈ 48 bits).
-// Writes Out = [token, log-probability bits under the raw logits L] and bumps hist[token] as
-// Sampler::accept does. Greedy with penalties runs this with top_k 1 and u = 0.
+// Writes Out = [token, log-probability bits under the raw logits L, from the prefilter's per-range
+// (max, sum) in Parts] and bumps hist[token] as Sampler::accept does. Greedy with penalties runs
+// this with top_k 1 and u = 0.
 
 struct P {
-    vocab: u32,
+    vocab: u32,      // candidates in Cand
+    parts: u32,      // (max, sum) pairs in Parts
     k: u32,
     top_p: f32,
     min_p: f32,
@@ -22,9 +25,18 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> L: array<f32>;
-@group(0) @binding(2) var<storage, read> S: array<f32>;
-@group(0) @binding(3) var<storage, read_write> hist: array<u32>;
-@group(0) @binding(4) var<storage, read_write> Out: array<u32>;
+@group(0) @binding(2) var<storage, read> Cand: array<u32>;
+@group(0) @binding(3) var<storage, read> Parts: array<f32>;
+@group(0) @binding(4) var<storage, read_write> hist: array<u32>;
+@group(0) @binding(5) var<storage, read_write> Out: array<u32>;
+
+fn cv(i: u32) -> f32 {
+    return bitcast<f32>(Cand[2u * i]);
+}
+
+fn cid(i: u32) -> u32 {
+    return Cand[2u * i + 1u];
+}
 
 const HIST_SEEN: u32 = 0x80000000u;
 const HIST_COUNT: u32 = 0x7fffffffu;
@@ -123,7 +135,7 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
     workgroupBarrier();
     var nv = 0u;
     for (var i = lid; i < v_n; i += T) {
-        if (valid(S[i])) {
+        if (valid(cv(i))) {
             nv++;
         }
     }
@@ -143,7 +155,7 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
         let prefix = s0.x;
         if (k > 0u) {
             for (var i = lid; i < v_n; i += T) {
-                let v = S[i];
+                let v = cv(i);
                 if (valid(v)) {
                     let kk = key(v);
                     if ((kk & mask) == prefix) {
@@ -180,13 +192,13 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
     var nt = 0u;
     if (k > 0u) {
         for (var i = a; i < b; i++) {
-            let v = S[i];
+            let v = cv(i);
             if (valid(v)) {
                 let kk = key(v);
                 if (kk > thr) {
                     let slot = atomicAdd(&ncand, 1u);
                     cand_v[slot] = v;
-                    cand_i[slot] = i;
+                    cand_i[slot] = cid(i);
                 } else if (kk == thr) {
                     nt++;
                 }
@@ -208,10 +220,10 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
     var r = ties[lid];
     if (k > 0u && r < need) {
         for (var i = a; i < b && r < need; i++) {
-            let v = S[i];
+            let v = cv(i);
             if (valid(v) && key(v) == thr) {
                 cand_v[above + r] = v;
-                cand_i[above + r] = i;
+                cand_i[above + r] = cid(i);
                 r++;
             }
         }
@@ -296,20 +308,18 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
         picked = token;
     }
     let token = workgroupUniformLoad(&picked);
-    // Log-probability of the token under the raw logits (NaN logits left out).
+    // Log-probability of the token under the raw logits (NaN logits left out), from the
+    // prefilter's per-range (max, sum).
     var m = NEG_BIG;
-    for (var i = lid; i < v_n; i += T) {
-        let l = L[i];
-        if (valid(l)) {
-            m = max(m, l);
-        }
+    for (var i = lid; i < p.parts; i += T) {
+        m = max(m, Parts[2u * i]);
     }
     let lmax = red_max(lid, m);
     var s = 0.0;
-    for (var i = lid; i < v_n; i += T) {
-        let l = L[i];
-        if (valid(l)) {
-            s += exp(l - lmax);
+    for (var i = lid; i < p.parts; i += T) {
+        let ps = Parts[2u * i + 1u];
+        if (ps > 0.0) {
+            s += ps * exp(Parts[2u * i] - lmax);
         }
     }
     let sum = red_sum(lid, s);

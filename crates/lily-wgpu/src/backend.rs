@@ -295,6 +295,13 @@ impl WgpuBackend {
                 .upload("sampler.bias", bytemuck::cast_slice(&words))?,
             n_bias: bias.len() as u32,
             scaled: self.gpu.storage("sampler.scaled", vocab as u64 * 4)?,
+            cand: self.gpu.storage(
+                "sampler.candidates",
+                (vocab.div_ceil(1024) * PICK_MAX_K as usize * 8) as u64,
+            )?,
+            parts: self
+                .gpu
+                .storage("sampler.parts", (vocab.div_ceil(1024) * 8) as u64)?,
             inv_t: if greedy { 1.0 } else { 1.0 / p.temperature },
             top_k: if greedy { 1 } else { p.top_k },
             top_p: if greedy { 1.0 } else { p.top_p },

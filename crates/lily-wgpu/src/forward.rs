@@ -270,7 +270,7 @@ pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
 }
 
 /// Byte offset of u_hi, u_lo in sample_pick.wgsl's parameters.
-const PICK_U_BYTE: u64 = 16;
+const PICK_U_BYTE: u64 = 20;
 
 /// The uniform's halves as sample_pick.wgsl takes them.
 pub fn uniform_words(u: f64) -> [u32; 2] {
@@ -295,6 +295,9 @@ pub struct DevicePick {
     pub bias: Buf,
     pub n_bias: u32,
     pub scaled: Buf,
+    /// sample_prefilter.wgsl's output: each range's top k (value bits, id), its (max, sum).
+    pub cand: Buf,
+    pub parts: Buf,
     pub inv_t: f32,
     pub top_k: u32,
     pub top_p: f32,
@@ -525,11 +528,21 @@ impl<'a> Forward<'a> {
             &[logits, &d.hist, &d.bias, &d.scaled],
             [nx, ny, 1],
         );
+        // Each workgroup keeps its range's top k: the pick then looks at parts · k candidates.
+        let span = v.div_ceil(v.div_ceil(1024));
+        let parts = v.div_ceil(span);
+        r.dispatch(
+            &self.k.sample_prefilter,
+            &[v as u32, d.top_k, span as u32],
+            &[logits, &d.scaled, &d.cand, &d.parts],
+            [parts as u32, 1, 1],
+        );
         let [u_hi, u_lo] = uniform_words(u);
         r.dispatch(
             &self.k.sample_pick,
             &[
-                v as u32,
+                (parts * d.top_k as usize) as u32,
+                parts as u32,
                 d.top_k,
                 d.top_p.to_bits(),
                 d.min_p.to_bits(),
@@ -537,7 +550,7 @@ impl<'a> Forward<'a> {
                 u_lo,
                 (d.repetition != 1.0) as u32,
             ],
-            &[logits, &d.scaled, &d.hist, out],
+            &[logits, &d.cand, &d.parts, &d.hist, out],
             [1, 1, 1],
         );
     }

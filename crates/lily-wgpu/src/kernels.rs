@@ -59,6 +59,7 @@ kernels!(
     argmax_part,
     argmax_final,
     sample_adjust,
+    sample_prefilter,
     sample_pick,
 );
 

@@ -178,26 +178,35 @@ fn long_chunks_and_split_attention_match_cpu() {
 
 /// The device sampler (sample_adjust.wgsl, sample_pick.wgsl) against the host's
 /// `Sampler::sample` on the same logits, seed and history: every pick must be the same token,
-/// over 6 settings × 150 seeds (temperature with top_k / top_p / min_p, ties, −∞ and NaN logits,
+/// over 6 settings × 150 seeds on `tiny` and × 25 on `small` (temperature with top_k / top_p / min_p, ties, −∞ and NaN logits,
 /// logit_bias, presence / frequency / repetition penalties, greedy on adjusted logits), and the
 /// log-probability the raw logits' log-softmax.
 #[test]
 fn device_sampler_picks_as_the_host_sampler() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 81);
+    // tiny: one prefilter range; small (248,320 ids): 243 ranges, the top k's ties spread over
+    // many of them.
+    device_sampler_matches_host(Preset::Tiny, 150);
+    device_sampler_matches_host(Preset::Small, 25);
+}
+
+fn device_sampler_matches_host(preset: Preset, seeds: u64) {
+    let w = synth_model(preset, SynthFormat::Mlx, 81);
     let vocab = w.config.vocab;
     let Some(mut gpu) = wgpu_backend(&w, 8) else {
         return;
     };
     let mut rng = Rng(21);
-    // Logits in [−8, 8) with a heavy head, a block of exact ties, −∞ and a NaN.
+    // Logits in [−8, 8) with a heavy head of exact ties (every vocab/40-th id, 4 values), −∞
+    // and a NaN.
     let mut logits: Vec<f32> = (0..vocab)
         .map(|_| (rng.below(16_000) as f32 / 1000.0) - 8.0)
         .collect();
-    for (i, l) in logits.iter_mut().enumerate().take(40) {
-        *l = 9.0 + (i % 4) as f32 * 0.25;
+    let stride = (vocab / 40).max(1);
+    for i in 0..40 {
+        logits[i * stride] = 9.0 + (i % 4) as f32 * 0.25;
     }
-    logits[100] = f32::NEG_INFINITY;
-    logits[101] = f32::NAN;
+    logits[101] = f32::NEG_INFINITY;
+    logits[102] = f32::NAN;
     let history = rng.tokens(12, vocab);
     let settings = [
         SamplingParams {
@@ -241,7 +250,7 @@ fn device_sampler_picks_as_the_host_sampler() {
     let mut picks = 0;
     for (n, params) in settings.iter().enumerate() {
         let mut distinct = std::collections::HashSet::new();
-        for seed in 0..150u64 {
+        for seed in 0..seeds {
             let p = SamplingParams {
                 seed: seed * 7919 + n as u64,
                 ..params.clone()
@@ -278,11 +287,11 @@ fn device_sampler_picks_as_the_host_sampler() {
             picks += 1;
         }
         println!(
-            "setting {n}: {} distinct tokens over 150 seeds",
+            "{preset:?} setting {n}: {} distinct tokens over {seeds} seeds",
             distinct.len()
         );
     }
-    println!("device sampler: {picks} picks identical to the host's");
+    println!("device sampler on {preset:?}: {picks} picks identical to the host's");
 }
 
 /// A decode stopped by the caller leaves the sequence (and the sampler's random stream) where
