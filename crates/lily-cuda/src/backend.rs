@@ -77,6 +77,7 @@ impl CudaBackend {
         }
         let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
         gpu.dependent_launch = plan.dependent_launch();
+        gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

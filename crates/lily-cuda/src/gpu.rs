@@ -74,6 +74,9 @@ pub struct Gpu {
     pub dependent_launch: bool,
     /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
     pub can_launch_dependents: bool,
+    /// The wide 4-bit decode projections stream by bulk copies (the plan's `bulk_gemv`, on
+    /// compute capability 9 and later only: set by the backend).
+    pub bulk_gemv: bool,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -154,6 +157,7 @@ impl Gpu {
             sm_count,
             checks,
             dependent_launch: false,
+            bulk_gemv: false,
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

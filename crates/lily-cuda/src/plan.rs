@@ -70,6 +70,11 @@ pub struct CudaOptions {
     /// while the one before it finishes, loading its weights before it waits for its input
     /// (`--no-dependent-launch`, `LILY_PDL=0`).
     pub dependent_launch: bool,
+    /// The 2048-wide 4-bit decode projections (DeltaNet in_proj, attention q/k/v, lm_head)
+    /// stream their weights with bulk copies (sm_90+: `cp.async.bulk` into a ring of shared
+    /// memory, one thread issuing a block's tiles) instead of register loads (`--bulk-gemv`,
+    /// `LILY_BULK_GEMV=1`). Off by default: measured slower on the H200 (docs/perf-notes.md).
+    pub bulk_gemv: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -91,6 +96,7 @@ impl Default for CudaOptions {
             exact_router_on_tensor_cores: true,
             fused_decode: true,
             dependent_launch: true,
+            bulk_gemv: false,
             sync_each: false,
             profile: false,
         }
@@ -116,6 +122,7 @@ impl CudaOptions {
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
     /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
     /// | `LILY_PDL=0` | `dependent_launch` |
+    /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -139,7 +146,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        let flags: [(&str, &mut bool); 11] = [
+        let flags: [(&str, &mut bool); 12] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -152,6 +159,7 @@ impl CudaOptions {
             ),
             ("LILY_FUSED_DECODE", &mut self.fused_decode),
             ("LILY_PDL", &mut self.dependent_launch),
+            ("LILY_BULK_GEMV", &mut self.bulk_gemv),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -241,6 +249,7 @@ pub struct Plan {
     graphs: bool,
     fused_decode: bool,
     dependent_launch: bool,
+    bulk_gemv: bool,
     checks: LaunchChecks,
 }
 
@@ -266,6 +275,7 @@ impl Plan {
             graphs: o.graphs,
             fused_decode: o.fused_decode,
             dependent_launch: o.dependent_launch,
+            bulk_gemv: o.bulk_gemv,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -420,6 +430,12 @@ impl Plan {
         self.dependent_launch
     }
 
+    /// Whether the wide 4-bit decode projections stream by bulk copies (the GPU must also have
+    /// them: `Gpu::can_launch_dependents`, compute capability 9 and later).
+    pub fn bulk_gemv(&self) -> bool {
+        self.bulk_gemv
+    }
+
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
         self.checks
@@ -429,7 +445,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -441,6 +457,7 @@ impl Plan {
             on(self.decode_graphs()),
             on(self.fused_decode),
             on(self.dependent_launch),
+            on(self.bulk_gemv),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -485,6 +502,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_PDL", "0"),
+            ("LILY_BULK_GEMV", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -503,6 +521,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
+                bulk_gemv: true,
                 sync_each: true,
                 profile: true,
             }

@@ -1069,6 +1069,136 @@ fn fused_decode_blocks_match_cpu() {
     println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
 }
 
+/// The decode GEMVs at the model's widths (2048: in_proj, q/k/v, lm_head; 4096: o_proj /
+/// out_proj) with the staging forms they use there (RMSNorm and DeltaNet's gated norm folded in,
+/// every store mode, several projections per launch, rows that end mid-tile, more tiles than a
+/// block's ring holds), with and without bulk copies, against the CPU.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
+    let mut d = gpu();
+    let mut rng = Rng(29);
+    let eps = 1e-6f32;
+    for (cols, gated) in [
+        (2048usize, false),
+        (2048, true),
+        (1024, false),
+        (4096, true),
+        (4096, false),
+    ] {
+        let rows = [300usize, 77, 16, 1];
+        let ws: Vec<Linear> = rows
+            .iter()
+            .map(|&r| linear(&mut rng, 4, 1, r, cols))
+            .collect();
+        let dws: Vec<DevLinear> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+            .collect();
+        let x = rng.vec(cols, 1.0);
+        let z = rng.vec(cols, 1.0);
+        let head_dim = 128;
+        let norm_w: Vec<f32> = rng
+            .vec(if gated { head_dim } else { cols }, 1.0)
+            .iter()
+            .map(|v| 1.0 + 0.3 * v)
+            .collect();
+        let xn: Vec<f32> = if gated {
+            let mut y = vec![0f32; cols];
+            for h in 0..cols / head_dim {
+                let o = &x[h * head_dim..(h + 1) * head_dim];
+                let ss: f32 = o.iter().map(|v| v * v).sum();
+                let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
+                for i in 0..head_dim {
+                    let zc = z[h * head_dim + i];
+                    y[h * head_dim + i] = norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
+                }
+            }
+            y
+        } else {
+            ops::rms_norm(&x, &norm_w, eps)
+        };
+        let resid = rng.vec(rows[1], 1.0);
+        let (xd, zd, nd) = (
+            d.upload(&x).unwrap(),
+            d.upload(&z).unwrap(),
+            d.upload(&norm_w).unwrap(),
+        );
+        for bulk in [false, true] {
+            d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+            let outs_dev: Vec<DevBuf> = rows.iter().map(|&r| poisoned(&d, r)).collect();
+            d.write(&outs_dev[1], 0, &resid).unwrap();
+            let staged = poisoned(&d, cols);
+            let prologue = if gated {
+                Prologue::GatedNorm {
+                    weight: nd.ptr,
+                    z: zd.ptr,
+                    head_dim,
+                    eps,
+                }
+            } else {
+                Prologue::RmsNorm {
+                    weight: nd.ptr,
+                    eps,
+                }
+            };
+            let input = Input {
+                x: xd.ptr,
+                cols,
+                prologue,
+                staged_out: Some(staged.ptr),
+            };
+            let outs = [
+                (&dws[0], Out::Store(outs_dev[0].ptr)),
+                (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                (&dws[2], Out::Exact(outs_dev[2].ptr)),
+                (&dws[3], Out::Store(outs_dev[3].ptr)),
+            ];
+            d.k.decode.project(&d, input, &outs).unwrap();
+            let what = format!("dec_gemv {cols} cols gated={gated} bulk={}", d.g.bulk_gemv);
+            let got: Vec<f32> = d.read(&staged, 0, cols).unwrap();
+            check(&format!("{what} staged input"), &got, &xn, 1e-6);
+            for (i, w) in ws.iter().enumerate() {
+                let got: Vec<f32> = d.read(&outs_dev[i], 0, rows[i]).unwrap();
+                let mut want = matmul(w, &xn);
+                if i == 1 {
+                    want.iter_mut().zip(&resid).for_each(|(a, r)| *a += r);
+                }
+                check(
+                    &format!("{what} output {i} ({} rows)", rows[i]),
+                    &got,
+                    &want,
+                    1e-5,
+                );
+            }
+        }
+    }
+    // More tiles than the grid's rings hold at once (the lm_head's shape, shorter).
+    let w = linear(&mut rng, 4, 1, 20_000, 2048);
+    let dw = upload_linear(&d, "long", &w).unwrap();
+    let x = rng.vec(2048, 1.0);
+    let xd = d.upload(&x).unwrap();
+    for bulk in [false, true] {
+        d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+        let out = poisoned(&d, 20_000);
+        d.k.decode
+            .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
+            .unwrap();
+        let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
+        check(
+            &format!("dec_gemv 20000 rows bulk={}", d.g.bulk_gemv),
+            &got,
+            &matmul(&w, &x),
+            1e-5,
+        );
+    }
+    println!(
+        "KERNEL decode.cu wide GEMVs (bulk copies {}) match the CPU",
+        d.g.can_launch_dependents
+    );
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_block_and_routing_match_cpu() {
