@@ -82,7 +82,7 @@ fi
 # WGPU="PREFILL DECODE": the wgpu backend on this GPU through Vulkan (issue 13). The Vulkan loader
 # is not installed on the device machine: carry .gl (Debian's libvulkan1 and friends, see
 # ../.library/device/README.md); it is unpacked here. WGPU_BIN: another lily-engine for this bench
-# (e.g. a wgpu branch's build in .carry/wgpu/), LILY_PROFILE=1 passes through.
+# (e.g. a wgpu branch's build in .carry/wgpu/, gzipped or not), WGPU_PROFILE=1: its per-kernel profile.
 if [ -n "${WGPU:-}" ] || [ "${SELFTEST:-0}" = 1 ]; then
   if ! ldconfig -p | grep -q libvulkan && [ -d .gl ]; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -97,8 +97,11 @@ if [ "${SELFTEST:-0}" = 1 ]; then
 fi
 if [ -n "${WGPU:-}" ]; then
   read -r wp wd <<< "$WGPU"
-  WB="${WGPU_BIN:-$NEW}"; [ -x "$WB" ] || WB="$NEW"
-  timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
+  WB="${WGPU_BIN:-$NEW}"
+  [ -f "$WB.gz" ] && [ ! -x "$WB" ] && gunzip -kf "$WB.gz" && chmod +x "$WB"
+  [ -x "$WB" ] || WB="$NEW"
+  say "wgpu bench binary: $WB"
+  LILY_PROFILE="${WGPU_PROFILE:-0}" timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
     --decode-tokens 64 --repeat 1 > "$OUT/wgpu.log" 2>&1
   say "wgpu bench rc=$?"; grep -v "^\s*$" "$OUT/wgpu.log" | tail -20 >> "$LOG"
 fi
