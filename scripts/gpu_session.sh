@@ -71,8 +71,10 @@ done
 
 # CONSTRAIN=1: the same served decode through /v1/chat/completions, free then constrained to a
 # json_schema (scripts/serve_bench.py --constrain json; issue 15's mask cost).
-if [ "${CONSTRAIN:-0}" = 1 ]; then
-  for c in "" "--constrain json"; do
+# CONSTRAIN=json: the constrained run only.
+if [ "${CONSTRAIN:-0}" != 0 ]; then
+  runs=("" "--constrain json"); [ "$CONSTRAIN" = json ] && runs=("--constrain json")
+  for c in "${runs[@]}"; do
     LILY_ENGINE_BIN="$NEW" timeout 150 python3 scripts/serve_bench.py --model "$M" --device cuda --endpoint chat \
       --prompt-tokens 4096 --max-tokens 256 --repeat 3 $c >> "$OUT/constrain.log" 2>&1
     say "served chat ${c:-free} rc=$?: $(tail -1 "$OUT/constrain.log")"

@@ -1105,19 +1105,27 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 extern "C" __global__ void __launch_bounds__(128)
 dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
             float* __restrict__ c, int conv_dim, int k) {
-    pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= conv_dim) return;
-    float rows[DEC_DN_MAX_K];
+    bool live = ch < conv_dim;
+    // Before pdl_wait: the conv state (last written by this layer's previous step, long done)
+    // and the taps.
+    float rows[DEC_DN_MAX_K], taps[DEC_DN_MAX_K];
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K; j++)
+        if (live && j < k) {
+            taps[j] = w[(long long)ch * k + j];
+            if (j < k - 1) rows[j] = conv_state[(long long)j * conv_dim + ch];
+        }
+    pdl_wait();
+    if (!live) return;
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) {
-            rows[j] = conv_state[(long long)j * conv_dim + ch];
-            acc += w[(long long)ch * k + j] * rows[j];
-        }
+        if (j < k - 1) acc += taps[j] * rows[j];
     float mv = m[ch];
-    acc += w[(long long)ch * k + k - 1] * mv;
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K; j++)
+        if (j == k - 1) acc += taps[j] * mv;
     c[ch] = act(siluf(act(acc)));
 #pragma unroll
     for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
@@ -1133,8 +1141,20 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
             float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
     __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
     __shared__ float ab_s[2];
-    pdl_wait();
     int hv = blockIdx.x;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = lane % DEC_DN_PARTS;
+    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
+    int j = blockIdx.y * DEC_DN_COLS + col;
+    int rows = dk / DEC_DN_PARTS;
+    // Before pdl_wait: the state columns (last written by this layer's previous step, long done)
+    // and the head's decay parameters.
+    float* sp = state + (long long)hv * dk * dv;
+    float s[DEC_DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
+    float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
+    pdl_wait();
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     const float* qt = c + hk * dk;
@@ -1153,20 +1173,11 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
     }
     if (threadIdx.x == 0) {
         float beta = act(sigmoidf(b[hv]));
-        float g = -expf(a_log[hv]) * softplusf(a[hv] + dt_bias[hv]);
+        float g = -expf(a_log_h) * softplusf(a[hv] + dt_bias_h);
         ab_s[0] = expf(g);
         ab_s[1] = beta;
     }
     __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int part = lane % DEC_DN_PARTS;
-    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
-    int j = blockIdx.y * DEC_DN_COLS + col;
-    int rows = dk / DEC_DN_PARTS;
-    float* sp = state + (long long)hv * dk * dv;
-    float s[DEC_DN_ROWS];
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
     float alpha = ab_s[0], beta = ab_s[1];
     float v = c[2 * key_dim + hv * dv + j];
     float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);

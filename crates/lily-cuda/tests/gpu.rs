@@ -13,6 +13,7 @@ use half::bf16;
 use lily_core::backend::{Backend, Flow};
 use lily_core::checkpoint::{self, LoadOptions};
 use lily_core::config::ModelConfig;
+use lily_core::constrain::{MaskStats, TokenConstraint, TokenMask};
 use lily_core::cpu::linear::matmul;
 use lily_core::cpu::{ops, CpuBackend};
 use lily_core::quant::quantize_linear;
@@ -1306,10 +1307,56 @@ fn log_softmax_f64(logits: &[f32], id: usize) -> f64 {
     logits[id] as f64 - lse
 }
 
+/// A constraint for tests: a fresh pseudo-random eighth of the vocabulary allowed at every step
+/// (and about half of `keep`), the same sequence for the same seed.
+struct RandomMask {
+    vocab: usize,
+    rng: Rng,
+    keep: Vec<u32>,
+    mask: TokenMask,
+}
+
+impl RandomMask {
+    fn new(vocab: usize, seed: u64, keep: &[u32]) -> RandomMask {
+        let mut m = RandomMask {
+            vocab,
+            rng: Rng(seed),
+            keep: keep.to_vec(),
+            mask: TokenMask::only(vocab, &[]),
+        };
+        m.refresh();
+        m
+    }
+    fn refresh(&mut self) {
+        let mut allowed: Vec<u32> = (0..self.vocab as u32)
+            .filter(|_| self.rng.below(8) == 0)
+            .collect();
+        for i in 0..self.keep.len() {
+            if self.rng.below(2) == 0 {
+                allowed.push(self.keep[i]);
+            }
+        }
+        self.mask = TokenMask::only(self.vocab, &allowed);
+    }
+}
+
+impl TokenConstraint for RandomMask {
+    fn mask(&mut self) -> Option<&TokenMask> {
+        Some(&self.mask)
+    }
+    fn commit(&mut self, _token: u32) {
+        self.refresh();
+    }
+    fn stats(&self) -> MaskStats {
+        MaskStats::default()
+    }
+}
+
 /// Device sampling (sample.cu) picks exactly the host `Sampler`'s tokens: same seed, same
-/// history, fresh random logits for each of 200 draws per parameter set; the reported
-/// log-probability is the raw logits' log-softmax. A few "hot" tokens are boosted in every draw
-/// so the penalties keep hitting tokens inside the top k.
+/// history, fresh random logits for each of 200 draws per parameter set, free and constrained
+/// (a random token mask per step); the reported log-probability is the raw logits'
+/// log-softmax. A few "hot" tokens are boosted in every draw so the penalties keep hitting
+/// tokens inside the top k.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn sampling_on_device_picks_the_host_samplers_tokens() {
@@ -1421,10 +1468,26 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         ),
     ];
     let dl = g.alloc(vocab * 4).unwrap();
+    let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
     let (dt, dlp) = (poisoned(&g, 1), poisoned(&g, 1));
-    for (name, params, coarse) in sets {
-        let mut host = Sampler::with_prompt(params.clone(), &prompt);
-        let mut dev = Sampler::with_prompt(params.clone(), &prompt);
+    // Every set once free and once constrained (a fresh random mask each step, applied on the
+    // device to the adjusted logits, on the host by `Sampler::sample`).
+    let sets: Vec<(String, SamplingParams, bool, bool)> = sets
+        .into_iter()
+        .flat_map(|(n, p, c)| {
+            [
+                (n.to_string(), p.clone(), c, false),
+                (format!("{n}, constrained"), p, c, true),
+            ]
+        })
+        .collect();
+    for (name, params, coarse, constrained) in sets {
+        let constraint = |seed| -> Option<Box<dyn TokenConstraint>> {
+            constrained
+                .then(|| Box::new(RandomMask::new(vocab, seed, &hot)) as Box<dyn TokenConstraint>)
+        };
+        let mut host = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint(91));
+        let mut dev = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint(91));
         // Some output history before the device state is built from the sampler.
         for &t in &hot[5..9] {
             host.accept(t);
@@ -1445,8 +1508,20 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
                 }
             }
             g.write(&dl, 0, &logits).unwrap();
-            ds.sample(&g, &g.k.sample, &mut dev, dl.ptr, dt.ptr, dlp.ptr)
-                .unwrap();
+            let mask = dev.next_mask().map(|m| m.words().to_vec());
+            if let Some(words) = &mask {
+                g.write(&dw, 0, words).unwrap();
+            }
+            ds.sample(
+                &g,
+                &g.k.sample,
+                &mut dev,
+                dl.ptr,
+                dt.ptr,
+                dlp.ptr,
+                mask.map(|_| dw.ptr),
+            )
+            .unwrap();
             let id: Vec<i32> = g.read(&dt, 0, 1).unwrap();
             let lp: Vec<f32> = g.read(&dlp, 0, 1).unwrap();
             let want = host.sample(&logits);
@@ -1493,7 +1568,15 @@ fn sampling_in_decode_equals_the_host_path() {
         seed: 77,
         ..SamplingParams::greedy()
     };
-    let run = |device_sampling: bool, graphs: bool| -> Vec<(u32, f32)> {
+    let greedy = SamplingParams {
+        seed: 78,
+        ..SamplingParams::greedy()
+    };
+    let run = |params: &SamplingParams,
+               constrained: bool,
+               device_sampling: bool,
+               graphs: bool|
+     -> Vec<(u32, f32)> {
         let mut b = CudaBackend::new(
             &w,
             CudaOptions {
@@ -1508,7 +1591,9 @@ fn sampling_in_decode_equals_the_host_path() {
         .unwrap();
         let s = b.new_seq(128).unwrap();
         b.prefill(s, &prompt).unwrap();
-        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let constraint = constrained
+            .then(|| Box::new(RandomMask::new(vocab, 5, &prompt[..8])) as Box<dyn TokenConstraint>);
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint);
         let mut out = Vec::new();
         // Two decode calls: the second rebuilds the device history from the sampler.
         for _ in 0..2 {
@@ -1520,27 +1605,31 @@ fn sampling_in_decode_equals_the_host_path() {
         }
         out
     };
-    let host = run(false, false);
-    for graphs in [false, true] {
-        let dev = run(true, graphs);
-        assert_eq!(dev.len(), host.len());
-        for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
-            assert_eq!(
-                d.0, h.0,
-                "graphs {graphs}: token {i}: device {dev:?} host {host:?}"
-            );
-            assert!(
-                (d.1 - h.1).abs() < 1e-4,
-                "graphs {graphs}: logprob {i}: {} vs {}",
-                d.1,
-                h.1
+    for (what, p) in [("temperature", &params), ("greedy", &greedy)] {
+        for constrained in [false, true] {
+            let host = run(p, constrained, false, false);
+            for graphs in [false, true] {
+                let dev = run(p, constrained, true, graphs);
+                assert_eq!(dev.len(), host.len());
+                for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
+                    assert_eq!(
+                        d.0, h.0,
+                        "{what} constrained {constrained} graphs {graphs}: token {i}: device {dev:?} host {host:?}"
+                    );
+                    assert!(
+                        (d.1 - h.1).abs() < 1e-4,
+                        "{what} constrained {constrained} graphs {graphs}: logprob {i}: {} vs {}",
+                        d.1,
+                        h.1
+                    );
+                }
+            }
+            println!(
+                "MODEL decode with device sampling == host sampling ({what}, constrained {constrained}: {} tokens, graphs on and off)",
+                host.len()
             );
         }
     }
-    println!(
-        "MODEL decode with device sampling == host sampling ({} tokens, graphs on and off)",
-        host.len()
-    );
 }
 
 // ---- whole model -------------------------------------------------------------------------
