@@ -65,8 +65,8 @@ grep -E "^=====|tok/s|prefill|decode" "$OUT/bench.log" | grep -v "^\s*$" | tail 
 for v in ${SERVED:-}; do
   bin=$NEW; [ "$v" = old ] && bin=$OLD
   LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
-    --prompt-tokens 4096 --max-tokens 256 --repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
-  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -1 "$OUT/served.log")"
+    --prompt-tokens 4096 --max-tokens 256 --repeat 3 --ttft-repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
+  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -2 "$OUT/served.log" | tr '\n' ' ')"
 done
 
 # CONSTRAIN=1: the same served decode through /v1/chat/completions, free then constrained to a
