@@ -7,7 +7,7 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-nopdl new-bulk new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-nopdl new-bulk new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
 # lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
@@ -48,6 +48,7 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
       new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
+      new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new) cmd=("$NEW" bench "${B[@]}") ;;
     esac
     [ -x "${cmd[0]}" ] || { say "no binary for $v"; continue; }
@@ -144,6 +145,17 @@ if [ -n "${AGENT_TRACE:-}" ]; then
     --context "$trace_ctx" --turns "$trace_turns" --json "$OUT/trace.json" \
     -- --device cuda >> "$OUT/trace.log" 2>&1
   say "agent trace $AGENT_TRACE rc=$?"
+fi
+
+# NCU_FULL="REGEX": Nsight Compute's full set (stall reasons, memory chart, occupancy) on one launch
+# of each kernel matching REGEX at decode context 4K (ncu-full.txt).
+if [ -n "${NCU_FULL:-}" ]; then
+  NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  timeout "${NCU_FULL_TIMEOUT:-120}" "$NC" --graph-profiling node --clock-control none --set full \
+    --kernel-name regex:"$NCU_FULL" --launch-skip "${NCU_FULL_SKIP:-60}" --launch-count "${NCU_FULL_COUNT:-2}" \
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 --decode-tokens 2 --repeat 1 \
+    > "$OUT/ncu-full.txt" 2>&1
+  say "ncu full rc=$?"
 fi
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
