@@ -81,6 +81,7 @@ impl CudaBackend {
         let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
         gpu.dependent_launch = plan.dependent_launch();
         gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
+        gpu.l1_weights = plan.l1_weights();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

@@ -80,6 +80,9 @@ pub struct CudaArgs {
     /// instead of register loads: an experiment, slower today [env LILY_BULK_GEMV=1].
     #[arg(long)]
     pub bulk_gemv: bool,
+    /// Keep the decode kernels' weight loads out of L1 (`L1::no_allocate`) [env LILY_L1_WEIGHTS=0].
+    #[arg(long)]
+    pub no_l1_weights: bool,
 }
 
 impl CudaArgs {
@@ -99,6 +102,7 @@ impl CudaArgs {
             fused_decode: !self.no_fused_decode,
             dependent_launch: !self.no_dependent_launch,
             bulk_gemv: self.bulk_gemv,
+            l1_weights: !self.no_l1_weights,
             ..d
         }
     }
@@ -210,6 +214,7 @@ mod tests {
             "--router-on-cuda-cores",
             "--no-fused-decode",
             "--no-dependent-launch",
+            "--no-l1-weights",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -228,6 +233,7 @@ mod tests {
                 fused_decode: false,
                 dependent_launch: false,
                 bulk_gemv: false,
+                l1_weights: false,
                 sync_each: false,
                 profile: false,
             }
