@@ -1024,13 +1024,16 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         }
     }
     // The top_k + 1 input rows into shared memory, 16 bytes at a time, DEC_DOWN_STAGE loads in
-    // flight per thread.
+    // flight per thread; a 64-column group is 16 consecutive loads of one half-warp (every bound
+    // here is a multiple of 16 loads: cols % 64 == 0, blockDim % 32 == 0), so its sum is a
+    // shuffle over those 16 lanes.
     int n4 = items * cols / 4;
     for (int i0 = 0; i0 < n4; i0 += DEC_DOWN_STAGE * blockDim.x) {
         float4 v[DEC_DOWN_STAGE];
 #pragma unroll
         for (int i = 0; i < DEC_DOWN_STAGE; i++) {
             int idx = i0 + i * blockDim.x + threadIdx.x;
+            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (idx < n4) {
                 int k = (4 * idx) / cols, col = (4 * idx) % cols;
                 const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
@@ -1040,17 +1043,13 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 #pragma unroll
         for (int i = 0; i < DEC_DOWN_STAGE; i++) {
             int idx = i0 + i * blockDim.x + threadIdx.x;
-            if (idx < n4) {
-                int k = (4 * idx) / cols, col = (4 * idx) % cols;
-                *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
-            }
+            int k = (4 * idx) / cols, col = (4 * idx) % cols;
+            if (idx < n4) *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
+            float gs = (v[i].x + v[i].y) + (v[i].z + v[i].w);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+            if (idx < n4 && (threadIdx.x & 15) == 0) hsum[k * G + (col >> 6)] = gs;
         }
-    }
-    __syncthreads();
-    int nwarps = blockDim.x >> 5;
-    for (int kg = warp; kg < items * G; kg += nwarps) {
-        float sum = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
-        if (lane == 0) hsum[kg] = sum;
     }
     __syncthreads();
     float y = 0.0f, ys = 0.0f;
