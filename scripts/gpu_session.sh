@@ -7,7 +7,7 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-nopdl new-bulk new-nol1 new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-nopdl new-bulk new-l1 new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
 # lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
@@ -48,7 +48,7 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
       new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
-      new-nol1) cmd=("$NEW" bench "${B[@]}" --no-l1-weights) ;;
+      new-l1) cmd=("$NEW" bench "${B[@]}" --l1-weights) ;;
       new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new) cmd=("$NEW" bench "${B[@]}") ;;
     esac

@@ -80,9 +80,10 @@ pub struct CudaArgs {
     /// instead of register loads: an experiment, slower today [env LILY_BULK_GEMV=1].
     #[arg(long)]
     pub bulk_gemv: bool,
-    /// Keep the decode kernels' weight loads out of L1 (`L1::no_allocate`) [env LILY_L1_WEIGHTS=0].
+    /// Let the decode kernels' weight loads allocate in L1 instead of `L1::no_allocate`: an
+    /// experiment, slower today [env LILY_L1_WEIGHTS=1].
     #[arg(long)]
-    pub no_l1_weights: bool,
+    pub l1_weights: bool,
 }
 
 impl CudaArgs {
@@ -102,7 +103,7 @@ impl CudaArgs {
             fused_decode: !self.no_fused_decode,
             dependent_launch: !self.no_dependent_launch,
             bulk_gemv: self.bulk_gemv,
-            l1_weights: !self.no_l1_weights,
+            l1_weights: self.l1_weights,
             ..d
         }
     }
@@ -214,7 +215,6 @@ mod tests {
             "--router-on-cuda-cores",
             "--no-fused-decode",
             "--no-dependent-launch",
-            "--no-l1-weights",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
