@@ -139,6 +139,20 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
+// One packed 4-bit word (8 columns, column j at bits 4j: low nibbles the even columns, high
+// nibbles the odd ones) against x[0..8): a0 += the even columns' (0.5 + q/32) x, a1 the odd ones'.
+__device__ __forceinline__ void nib8_fma(u32 w, const float* x, float& a0, float& a1) {
+    u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
+    a0 = fmaf(nib_f(lo, NIB_SEL(0)), x[0], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(0)), x[1], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(1)), x[2], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(1)), x[3], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(2)), x[4], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(2)), x[5], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(3)), x[6], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(3)), x[7], a1);
+}
+
 // Over one group of 64 columns: BITS = 4 (8 words): Σ_j (0.5 + q_j/32) x_j; BITS = 8 (16 words):
 // Σ_j q_j x_j. group_term turns either into the group's share of the row's dot product.
 template <int BITS>
@@ -153,16 +167,7 @@ __device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const flo
             if (BITS == 4) {
                 // Word 4v+i holds columns 8(4v+i) .. +7, column j at bits 4j: low nibbles are the
                 // even columns, high nibbles the odd ones.
-                const float* x = &xv[8 * (4 * v + i)];
-                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
-                a0 = fmaf(nib_f(lo, NIB_SEL(0)), x[0], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(0)), x[1], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(1)), x[2], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(1)), x[3], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(2)), x[4], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(2)), x[5], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(3)), x[6], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(3)), x[7], a1);
+                nib8_fma(w, &xv[8 * (4 * v + i)], a0, a1);
             } else {
                 const float* x = &xv[4 * (4 * v + i)];
                 a0 = fmaf(byte_f(w, 0x7440), x[0], a0);
@@ -653,17 +658,7 @@ __device__ __forceinline__ float dot_word4(uint4 q, const float* x) {
     u32 words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        u32 w = words[i];
-        const float* xi = x + 8 * i;
-        u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
-        a0 = fmaf(nib_f(lo, NIB_SEL(0)), xi[0], a0);
-        a1 = fmaf(nib_f(hi, NIB_SEL(0)), xi[1], a1);
-        a0 = fmaf(nib_f(lo, NIB_SEL(1)), xi[2], a0);
-        a1 = fmaf(nib_f(hi, NIB_SEL(1)), xi[3], a1);
-        a0 = fmaf(nib_f(lo, NIB_SEL(2)), xi[4], a0);
-        a1 = fmaf(nib_f(hi, NIB_SEL(2)), xi[5], a1);
-        a0 = fmaf(nib_f(lo, NIB_SEL(3)), xi[6], a0);
-        a1 = fmaf(nib_f(hi, NIB_SEL(3)), xi[7], a1);
+        nib8_fma(words[i], x + 8 * i, a0, a1);
     }
     return a0 + a1;
 }
