@@ -7,7 +7,7 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-nopdl new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-nopdl new-bulk new-l1 new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
 # lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
@@ -47,6 +47,9 @@ for round in $(seq "${ROUNDS:-1}"); do
       old) cmd=("$OLD" bench "${B[@]}") ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
+      new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
+      new-l1) cmd=("$NEW" bench "${B[@]}" --l1-weights) ;;
+      new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new) cmd=("$NEW" bench "${B[@]}") ;;
     esac
     [ -x "${cmd[0]}" ] || { say "no binary for $v"; continue; }
@@ -64,14 +67,16 @@ grep -E "^=====|tok/s|prefill|decode" "$OUT/bench.log" | grep -v "^\s*$" | tail 
 for v in ${SERVED:-}; do
   bin=$NEW; [ "$v" = old ] && bin=$OLD
   LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
-    --prompt-tokens 4096 --max-tokens 256 --repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
-  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -1 "$OUT/served.log")"
+    --prompt-tokens 4096 --max-tokens 256 --repeat 3 --ttft-repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
+  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -2 "$OUT/served.log" | tr '\n' ' ')"
 done
 
 # CONSTRAIN=1: the same served decode through /v1/chat/completions, free then constrained to a
 # json_schema (scripts/serve_bench.py --constrain json; issue 15's mask cost).
-if [ "${CONSTRAIN:-0}" = 1 ]; then
-  for c in "" "--constrain json"; do
+# CONSTRAIN=json: the constrained run only.
+if [ "${CONSTRAIN:-0}" != 0 ]; then
+  runs=("" "--constrain json"); [ "$CONSTRAIN" = json ] && runs=("--constrain json")
+  for c in "${runs[@]}"; do
     LILY_ENGINE_BIN="$NEW" timeout 150 python3 scripts/serve_bench.py --model "$M" --device cuda --endpoint chat \
       --prompt-tokens 4096 --max-tokens 256 --repeat 3 $c >> "$OUT/constrain.log" 2>&1
     say "served chat ${c:-free} rc=$?: $(tail -1 "$OUT/constrain.log")"
@@ -81,7 +86,7 @@ fi
 # WGPU="PREFILL DECODE": the wgpu backend on this GPU through Vulkan (issue 13). The Vulkan loader
 # is not installed on the device machine: carry .gl (Debian's libvulkan1 and friends, see
 # ../.library/device/README.md); it is unpacked here. WGPU_BIN: another lily-engine for this bench
-# (e.g. a wgpu branch's build in .carry/wgpu/), LILY_PROFILE=1 passes through.
+# (e.g. a wgpu branch's build in .carry/wgpu/, gzipped or not), WGPU_PROFILE=1: its per-kernel profile.
 if [ -n "${WGPU:-}" ] || [ "${SELFTEST:-0}" = 1 ]; then
   if ! ldconfig -p | grep -q libvulkan && [ -d .gl ]; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -96,8 +101,11 @@ if [ "${SELFTEST:-0}" = 1 ]; then
 fi
 if [ -n "${WGPU:-}" ]; then
   read -r wp wd <<< "$WGPU"
-  WB="${WGPU_BIN:-$NEW}"; [ -x "$WB" ] || WB="$NEW"
-  timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
+  WB="${WGPU_BIN:-$NEW}"
+  [ -f "$WB.gz" ] && [ ! -x "$WB" ] && gunzip -kf "$WB.gz" && chmod +x "$WB"
+  [ -x "$WB" ] || WB="$NEW"
+  say "wgpu bench binary: $WB"
+  LILY_PROFILE="${WGPU_PROFILE:-0}" timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
     --decode-tokens 64 --repeat 1 > "$OUT/wgpu.log" 2>&1
   say "wgpu bench rc=$?"; grep -v "^\s*$" "$OUT/wgpu.log" | tail -20 >> "$LOG"
 fi
@@ -138,6 +146,17 @@ if [ -n "${AGENT_TRACE:-}" ]; then
     --context "$trace_ctx" --turns "$trace_turns" --json "$OUT/trace.json" \
     -- --device cuda >> "$OUT/trace.log" 2>&1
   say "agent trace $AGENT_TRACE rc=$?"
+fi
+
+# NCU_FULL="REGEX": Nsight Compute's full set (stall reasons, memory chart, occupancy) on one launch
+# of each kernel matching REGEX at decode context 4K (ncu-full.txt).
+if [ -n "${NCU_FULL:-}" ]; then
+  NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  timeout "${NCU_FULL_TIMEOUT:-120}" "$NC" --graph-profiling node --clock-control none --set full \
+    --kernel-name regex:"$NCU_FULL" --launch-skip "${NCU_FULL_SKIP:-60}" --launch-count "${NCU_FULL_COUNT:-2}" \
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 --decode-tokens 2 --repeat 1 \
+    > "$OUT/ncu-full.txt" 2>&1
+  say "ncu full rc=$?"
 fi
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then

@@ -65,8 +65,9 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
-def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict) -> tuple[int, float]:
-    """(completion tokens, seconds from the first streamed chunk to the last)."""
+def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict, ttft: list | None = None) -> tuple[int, float]:
+    """(completion tokens, seconds from the first streamed chunk to the last); the seconds from
+    sending the request to its first streamed token are appended to `ttft` when given."""
     body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
     if endpoint == "chat":
@@ -77,6 +78,7 @@ def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict) -> tuple[
         body["prompt"] = prompt
     first = last = None
     tokens = 0
+    sent = time.perf_counter()
     with httpx.stream("POST", url + path, json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -91,6 +93,8 @@ def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict) -> tuple[
                 now = time.perf_counter()
                 first = first or now
                 last = now
+    if ttft is not None and first:
+        ttft.append(first - sent)
     return tokens, (last - first) if first else 0.0
 
 
@@ -107,6 +111,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--extra", default="{}", help="JSON merged into each request body")
     ap.add_argument("--constrain", choices=["json"], help="constrained decoding: a json_schema answer (chat)")
+    ap.add_argument("--ttft-repeat", type=int, default=0,
+                    help="then time to first token over this many prompts of --prompt-tokens ids that share "
+                         "no prefix (completions; nothing to reuse), median")
     a = ap.parse_args()
 
     proc = None
@@ -170,6 +177,15 @@ def main() -> int:
         print(f"{a.endpoint}: client {client:.1f} tok/s ({1e3 / client:.3f} ms/token, median of {a.repeat}); "
               f"engine decode {1e3 / engine_ms if engine_ms else float('nan'):.1f} tok/s ({engine_ms:.3f} ms/token), "
               f"sink {sink_us:.1f} µs/token; {total_tokens} tokens{constrained}")
+        if a.ttft_repeat and a.prompt_tokens and a.endpoint == "completions":
+            firsts: list = []
+            for r in range(a.ttft_repeat):
+                fresh = [(i * 7919 + 104_729 * (r + 1)) % 100_000 + 1000 for i in range(a.prompt_tokens)]
+                one(url, a.endpoint, fresh, 1, extra, firsts)
+            firsts.sort()
+            t = firsts[len(firsts) // 2]
+            print(f"ttft: {a.prompt_tokens} prompt tokens, median of {len(firsts)}: {t:.3f} s "
+                  f"({a.prompt_tokens / t:.0f} tok/s)")
     finally:
         if proc:
             proc.send_signal(signal.SIGTERM)

@@ -530,6 +530,9 @@ def test_health_stays_responsive_while_a_big_prompt_is_tokenized(tmp_path_factor
         worker.join()
         assert took["status"] == 400
         assert latencies, "the request finished before /health was asked"
-        assert max(latencies) < 0.2, (max(latencies), took)
+        # Blocked behind the tokenizer, a /health would wait for most of the request (≥ 0.6 of
+        # it: it starts 0.15 s in); answered beside it, a small fraction, whatever the machine's
+        # load (0.07-0.21 s of a 0.93 s request on a busy 2-core machine).
+        assert max(latencies) < 0.5 * took["request"], (max(latencies), took)
     finally:
         server.stop()

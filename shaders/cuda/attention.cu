@@ -243,14 +243,16 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
            float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
            int n_q, int n_kv, int d, float scale) {
     extern __shared__ __align__(16) float split_smem[];
-    pdl_wait();
     int split = blockIdx.x, t = blockIdx.z;
     int g_heads = n_q / n_kv;
     int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
     int kvh = blockIdx.y / chunks;
     int h0 = kvh * g_heads + (blockIdx.y % chunks) * SPLIT_MAX_G;
     int ng = min(SPLIT_MAX_G, kvh * g_heads + g_heads - h0);
-    int len = *pos_ptr + t + 1;
+    // The position was moved by the previous step's advance_pos (this step's kernels before
+    // this one do not write it): readable before pdl_wait.
+    int pos = *pos_ptr;
+    int len = pos + t + 1;
     int per = split_keys(len);
     int start = split * per;
     if (t >= n_tok || start >= len) return;  // uniform over the block: no barrier is skipped
@@ -278,7 +280,12 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
         }
         cp_async_commit();
     };
-    issue(0, start);
+    // Keys before pos were written by earlier steps: a first tile of only those streams in while
+    // the kernel before this one (attn_qk_prep, which writes keys pos ..) finishes.
+    bool early = min(start + SPLIT_TILE, end) <= pos;
+    if (early) issue(0, start);
+    pdl_wait();
+    if (!early) issue(0, start);
     // The block's query heads, zero rows past ng (their scores are computed and never stored).
     for (int i = threadIdx.x; i < SPLIT_MAX_G * d; i += blockDim.x) {
         int hh = i / d, c = i % d;

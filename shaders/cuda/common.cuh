@@ -220,11 +220,67 @@ __device__ __forceinline__ float dn_column_step(float (&s)[ROWS], const float* q
 }
 
 // The MoE routing of one token, by one warp (moe_route, and dec_glu in the decode step):
-// p = softmax(logits) over n_experts into p[] (scratch), the top_k (ties to the lower expert
-// index) into ids[], their probabilities renormalised over the top_k (rounded by act) into w[].
+// p = softmax(logits) over n_experts, the top_k (ties to the lower expert index) into ids[], their
+// probabilities renormalised over the top_k (rounded by act) into w[]. Up to 256 experts the
+// probabilities stay in registers (ROUTE_REG per lane) and each pick is two warp reductions
+// (redux.sync: the largest probability, then the lowest index holding it); more experts go
+// through p[] (scratch) with a shuffle argmax per pick, as do kernels that ask (IN_REGS = false:
+// short of registers). Both give the same picks and weights.
+#define ROUTE_REG 8
+template <bool IN_REGS = true>
 __device__ __forceinline__ void route_top_k(const float* __restrict__ lt, int n_experts, int top_k, float* p,
                                             int* ids, float* w) {
     int lane = threadIdx.x & 31;
+    if (IN_REGS && n_experts <= 32 * ROUTE_REG) {
+        float v[ROUTE_REG];
+        float mx = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < ROUTE_REG; j++) {
+            int e = lane + 32 * j;
+            v[j] = e < n_experts ? lt[e] : NEG_INF;
+            mx = fmaxf(mx, v[j]);
+        }
+        mx = warp_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ROUTE_REG; j++) {
+            v[j] = lane + 32 * j < n_experts ? expf(v[j] - mx) : 0.0f;
+            sum += v[j];
+        }
+        sum = warp_sum(sum);
+        // key = bits of p + 1 (p >= 0, so the bits order like the values); 0 = taken or absent.
+        u32 key[ROUTE_REG];
+#pragma unroll
+        for (int j = 0; j < ROUTE_REG; j++) {
+            v[j] = v[j] / sum;
+            key[j] = lane + 32 * j < n_experts ? __float_as_uint(v[j]) + 1u : 0u;
+        }
+        float picked_sum = 0.0f, mine = 0.0f;
+        for (int k = 0; k < top_k; k++) {
+            u32 best = 0;
+            int best_j = 0;
+#pragma unroll
+            for (int j = 0; j < ROUTE_REG; j++)
+                if (key[j] > best) {  // strict: the lower index wins ties within a lane
+                    best = key[j];
+                    best_j = j;
+                }
+            u32 top = __reduce_max_sync(0xffffffffu, best);
+            u32 at = __reduce_min_sync(0xffffffffu, best == top ? (u32)(lane + 32 * best_j) : 0xffffffffu);
+            float pv = __uint_as_float(top - 1u);
+            if (lane == (int)(at & 31)) {
+#pragma unroll
+                for (int j = 0; j < ROUTE_REG; j++)
+                    if (j == best_j) key[j] = 0u;
+            }
+            if (lane == k) mine = pv;
+            if (lane == 0) ids[k] = (int)at;
+            picked_sum += pv;
+        }
+        if (lane < top_k) w[lane] = act(mine / picked_sum);
+        __syncwarp();
+        return;
+    }
     float mx = NEG_INF;
     for (int e = lane; e < n_experts; e += 32) mx = fmaxf(mx, lt[e]);
     mx = warp_max(mx);

@@ -64,6 +64,13 @@
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
 
+#ifndef DEC_BULK_ROWS
+#error "DEC_BULK_ROWS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_BULK_STAGES
+#error "DEC_BULK_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+
 #ifndef DEC_DN_MAX_K
 #error "DEC_DN_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -114,12 +121,36 @@ __device__ __forceinline__ float byte_f(u32 v, u32 sel) {
 __device__ __forceinline__ float nib_f(u32 v, u32 sel) { return __uint_as_float(__byte_perm(v, 0x3F000000u, sel)); }
 #define NIB_SEL(k) (0x7044u | ((k) << 8))
 
+// Weight loads: through the read-only path, not kept in L1 (L1::no_allocate), or, with
+// DEC_WEIGHTS_L1 (the plan's `l1_weights`, an experiment: 3.6 % slower at 4K on the H200),
+// allocated in L1 so that the second 16-byte request of a lane's 32-byte group finds the sector
+// its first request brought (one L2 fetch per sector instead of two).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 r;
+#if defined(DEC_WEIGHTS_L1) && DEC_WEIGHTS_L1
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
+#endif
     return r;
+}
+
+// One packed 4-bit word (8 columns, column j at bits 4j: low nibbles the even columns, high
+// nibbles the odd ones) against x[0..8): a0 += the even columns' (0.5 + q/32) x, a1 the odd ones'.
+__device__ __forceinline__ void nib8_fma(u32 w, const float* x, float& a0, float& a1) {
+    u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
+    a0 = fmaf(nib_f(lo, NIB_SEL(0)), x[0], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(0)), x[1], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(1)), x[2], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(1)), x[3], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(2)), x[4], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(2)), x[5], a1);
+    a0 = fmaf(nib_f(lo, NIB_SEL(3)), x[6], a0);
+    a1 = fmaf(nib_f(hi, NIB_SEL(3)), x[7], a1);
 }
 
 // Over one group of 64 columns: BITS = 4 (8 words): Σ_j (0.5 + q_j/32) x_j; BITS = 8 (16 words):
@@ -136,16 +167,7 @@ __device__ __forceinline__ float dot_group(const uint4 (&q)[BITS / 2], const flo
             if (BITS == 4) {
                 // Word 4v+i holds columns 8(4v+i) .. +7, column j at bits 4j: low nibbles are the
                 // even columns, high nibbles the odd ones.
-                const float* x = &xv[8 * (4 * v + i)];
-                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
-                a0 = fmaf(nib_f(lo, NIB_SEL(0)), x[0], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(0)), x[1], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(1)), x[2], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(1)), x[3], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(2)), x[4], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(2)), x[5], a1);
-                a0 = fmaf(nib_f(lo, NIB_SEL(3)), x[6], a0);
-                a1 = fmaf(nib_f(hi, NIB_SEL(3)), x[7], a1);
+                nib8_fma(w, &xv[8 * (4 * v + i)], a0, a1);
             } else {
                 const float* x = &xv[4 * (4 * v + i)];
                 a0 = fmaf(byte_f(w, 0x7440), x[0], a0);
@@ -213,13 +235,127 @@ __device__ __forceinline__ void reduce_rows(float (&acc)[R], int lpr) {
 }
 
 // x [cols] → shared memory (groups padded to DEC_XPAD), then the sum of each group. The row is
-// taken as it is, or RMS-normed when norm_w is given (rms_norm's arithmetic and summation order:
-// blockDim.x == 256), or, when gz is given, passed through DeltaNet's gated norm per head of
-// head_dim values (dn_gated_norm's arithmetic: y = w ⊙ rmsnorm(o_h) ⊙ silu(z_h), w = norm_w).
-// xn_out (if any) gets the staged row from block 0.
-__device__ __forceinline__ void stage_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-                                        int cols, const float* __restrict__ gz, int head_dim, float* xs,
-                                        float* xsum, float* __restrict__ xn_out) {
+// taken as it is, or RMS-normed when norm_w is given (rms_norm's arithmetic), or, when gz is
+// given, passed through DeltaNet's gated norm per head of head_dim values (dn_gated_norm's
+// arithmetic: y = w ⊙ rmsnorm(o_h) ⊙ silu(z_h), w = norm_w). xn_out (if any) gets the staged row
+// from block 0.
+//
+// Fast form (stage_fast, every decode shape): a thread owns V = cols / blockDim.x consecutive
+// columns, so x (and z, and the norm's weights) arrive in one round of 16-byte loads, a head's
+// norm is a shuffle over its head_dim / V lanes and a group's sum one over 64 / V lanes; the block
+// meets once for the RMS and once at the end. The general form (stage_slow) serves other shapes.
+template <int V>
+struct XRow {
+    float4 x[V / 4], z[V / 4];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+
+// The columns a thread stages in the fast form, or 0 when the shape or the pointers need the
+// general form.
+__device__ __forceinline__ int stage_width(const float* x, const float* norm_w, int cols, const float* gz,
+                                           int head_dim, const float* xn_out) {
+    int v = cols / (int)blockDim.x;
+    if (v * (int)blockDim.x != cols || (v != 4 && v != 8 && v != 16)) return 0;
+    if (!aligned16(x) || !aligned16(norm_w) || !aligned16(gz) || !aligned16(xn_out)) return 0;
+    if (gz) {
+        int hl = head_dim / v;
+        if (hl * v != head_dim || hl > 32 || (hl & (hl - 1)) != 0) return 0;
+    }
+    return v;
+}
+
+// Before pdl_wait: the norm's weights (never written) toward L2, so the staging's one round of
+// loads finds them there.
+__device__ __forceinline__ void stage_prefetch(const float* norm_w, int cols, int head_dim, bool gated) {
+    int n = gated ? head_dim : cols;
+    if (norm_w)
+        for (int c = threadIdx.x * 32; c < n; c += blockDim.x * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));
+}
+
+template <int V>
+__device__ __forceinline__ void stage_load(const float* __restrict__ x, const float* __restrict__ gz, XRow<V>& r) {
+    const float4* xp = reinterpret_cast<const float4*>(x + threadIdx.x * V);
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) r.x[i] = xp[i];
+    if (gz) {
+        const float4* zp = reinterpret_cast<const float4*>(gz + threadIdx.x * V);
+#pragma unroll
+        for (int i = 0; i < V / 4; i++) r.z[i] = zp[i];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void stage_finish(const XRow<V>& r, const float* __restrict__ norm_w, float eps, int cols,
+                                             bool gated, int head_dim, float* xs, float* xsum,
+                                             float* __restrict__ xn_out) {
+    int c0 = threadIdx.x * V, lane = threadIdx.x & 31;
+    float v[V];
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        v[4 * i] = r.x[i].x;
+        v[4 * i + 1] = r.x[i].y;
+        v[4 * i + 2] = r.x[i].z;
+        v[4 * i + 3] = r.x[i].w;
+    }
+    if (gated) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V; i++) ss += v[i] * v[i];
+        for (int o = (head_dim / V) >> 1; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        float inv = rsqrtf(ss / (float)head_dim + eps);
+        const float4* wp = reinterpret_cast<const float4*>(norm_w + c0 % head_dim);
+#pragma unroll
+        for (int i = 0; i < V / 4; i++) {
+            float4 w = wp[i], z = r.z[i];
+            v[4 * i] = act(act(w.x * act(v[4 * i] * inv)) * siluf(z.x));
+            v[4 * i + 1] = act(act(w.y * act(v[4 * i + 1] * inv)) * siluf(z.y));
+            v[4 * i + 2] = act(act(w.z * act(v[4 * i + 2] * inv)) * siluf(z.z));
+            v[4 * i + 3] = act(act(w.w * act(v[4 * i + 3] * inv)) * siluf(z.w));
+        }
+    } else if (norm_w) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < V; i++) ss += v[i] * v[i];
+        ss = block_sum(ss);
+        float inv = rsqrtf(ss / (float)cols + eps);
+        const float4* wp = reinterpret_cast<const float4*>(norm_w + c0);
+#pragma unroll
+        for (int i = 0; i < V / 4; i++) {
+            float4 w = wp[i];
+            v[4 * i] = act(v[4 * i] * inv * w.x);
+            v[4 * i + 1] = act(v[4 * i + 1] * inv * w.y);
+            v[4 * i + 2] = act(v[4 * i + 2] * inv * w.z);
+            v[4 * i + 3] = act(v[4 * i + 3] * inv * w.w);
+        }
+    }
+    float* dst = xs + (c0 >> 6) * DEC_XPAD + (c0 & 63);
+    float gs = 0.0f;
+#pragma unroll
+    for (int i = 0; i < V / 4; i++) {
+        float4 t = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+        reinterpret_cast<float4*>(dst)[i] = t;
+        if (xn_out && blockIdx.x == 0) reinterpret_cast<float4*>(xn_out + c0)[i] = t;
+        gs += (t.x + t.y) + (t.z + t.w);
+    }
+    for (int o = (64 / V) >> 1; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+    if ((lane & (64 / V - 1)) == 0) xsum[c0 >> 6] = gs;
+    __syncthreads();
+}
+
+template <int V>
+__device__ __forceinline__ void stage_fast(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                           int cols, const float* __restrict__ gz, int head_dim, float* xs,
+                                           float* xsum, float* __restrict__ xn_out) {
+    XRow<V> r;
+    stage_load<V>(x, gz, r);
+    stage_finish<V>(r, norm_w, eps, cols, gz != nullptr, head_dim, xs, xsum, xn_out);
+}
+
+__device__ __forceinline__ void stage_slow(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                           int cols, const float* __restrict__ gz, int head_dim, float* xs,
+                                           float* xsum, float* __restrict__ xn_out) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (gz) {
         // One warp per head: its inverse RMS, then the gated values.
@@ -256,6 +392,17 @@ __device__ __forceinline__ void stage_x(const float* __restrict__ x, const float
         if (lane == 0) xsum[g] = s;
     }
     __syncthreads();
+}
+
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                        int cols, const float* __restrict__ gz, int head_dim, float* xs,
+                                        float* xsum, float* __restrict__ xn_out) {
+    switch (stage_width(x, norm_w, cols, gz, head_dim, xn_out)) {
+        case 4: stage_fast<4>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 8: stage_fast<8>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 16: stage_fast<16>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        default: stage_slow(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+    }
 }
 
 __device__ __forceinline__ void store_out(float* y, int mode, float s) {
@@ -411,6 +558,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
     int t = blockIdx.x;
     if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
     if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
+    stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
     pdl_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
@@ -443,6 +591,174 @@ DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 
+// dec_gemv4b: dec_gemv4 with the weights streamed by bulk copies (sm_90+), for 4-bit weights of
+// 1024 or 2048 columns (U = cols / 1024 16-byte words of a row per lane). A launch's tiles are
+// DEC_BULK_ROWS consecutive rows of one weight: their packed values, scales and biases are three
+// contiguous ranges, which one thread copies into a ring of DEC_BULK_STAGES shared-memory stages
+// with cp.async.bulk, completion counted in bytes on the stage's "full" mbarrier. The block's first
+// stages are requested before pdl_wait, so they stream while the kernel before finishes; the
+// registers hold x (each lane its 32·U columns) instead of weights in flight. A warp computes
+// DEC_BULK_ROWS / DEC_WARPS rows of a tile, lane l reading words l, l + 32, ... of each row
+// (conflict-free 16-byte shared loads); its columns are half-groups of 32, and the dot product per
+// half-group is s · Σ q x + b · Σ x as in dot_group / group_term. When every warp has arrived on
+// the stage's "empty" mbarrier, thread 0 refills it with the block's next tile.
+// Dynamic shared memory: DEC_BULK_STAGES stages of DEC_BULK_ROWS · (cols / 2 + 4 · cols / 64) bytes.
+// Grid: at most one block per SM (the ring is large); block DEC_WARPS · 32.
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+// Rows row0 .. row0 + n - 1 of the tile's weight into one stage (thread 0 only).
+__device__ __forceinline__ void bulk_tile(const DecSegs& segs, int tile, int cols, unsigned char* stage,
+                                          unsigned long long* full) {
+    DecSeg sg = seg_of(segs, tile);
+    int row0 = (tile - sg.tile0) * DEC_BULK_ROWS;
+    int n = min(DEC_BULK_ROWS, sg.w.rows - row0);
+    u32 rb = cols / 2, sb = cols / 32;  // bytes per row: packed values; scales (= biases)
+    mbar_expect_tx(full, n * (rb + 2 * sb));
+    bulk_copy(stage, reinterpret_cast<const unsigned char*>(sg.w.q) + (long long)row0 * rb, n * rb, full);
+    unsigned char* sc = stage + DEC_BULK_ROWS * rb;
+    bulk_copy(sc, sg.w.scales + (long long)row0 * (sb / 2), n * sb, full);
+    bulk_copy(sc + DEC_BULK_ROWS * sb, sg.w.biases + (long long)row0 * (sb / 2), n * sb, full);
+}
+
+// Σ_j (0.5 + q_j/32) x_j over the 32 columns of one 16-byte word (dot_group's arithmetic).
+__device__ __forceinline__ float dot_word4(uint4 q, const float* x) {
+    float a0 = 0.0f, a1 = 0.0f;
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        nib8_fma(words[i], x + 8 * i, a0, a1);
+    }
+    return a0 + a1;
+}
+
+template <int U>
+__device__ __forceinline__ void gemv_bulk(const DecSegs& segs, const float* __restrict__ x,
+                                          const float* __restrict__ norm_w, float eps, const float* __restrict__ gz,
+                                          int head_dim, float* __restrict__ xn_out, int cols, float* xs, float* xsum,
+                                          unsigned char* ring, unsigned long long* full, unsigned long long* empty) {
+    const int RPW = DEC_BULK_ROWS / DEC_WARPS;  // rows per warp per tile
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int G = cols >> 6;
+    u32 rb = cols / 2, sb = cols / 32;
+    u32 stage_bytes = DEC_BULK_ROWS * (rb + 2 * sb);
+    int step = gridDim.x, tiles = segs.tiles;
+    int mine = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / step + 1 : 0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < DEC_BULK_STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], DEC_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int k = 0; k < min(DEC_BULK_STAGES, mine); k++)
+            bulk_tile(segs, blockIdx.x + k * step, cols, ring + k * stage_bytes, &full[k]);
+    }
+    stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
+    pdl_wait();
+    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);  // its barriers publish the inits
+    // The lane's columns: word u = lane + 32 j (j < U) of a row holds columns 32u .. 32u + 31.
+    float xv[32 * U], hx[U];
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        int u = lane + 32 * j;
+        const float* src = xs + (u >> 1) * DEC_XPAD + (u & 1) * 32;
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            xv[32 * j + i] = src[i];
+            t += src[i];
+        }
+        hx[j] = t;
+    }
+    for (int k = 0; k < mine; k++) {
+        int s = k % DEC_BULK_STAGES;
+        u32 parity = (k / DEC_BULK_STAGES) & 1;
+        int tile = blockIdx.x + k * step;
+        DecSeg sg = seg_of(segs, tile);
+        int row0 = (tile - sg.tile0) * DEC_BULK_ROWS;
+        const unsigned char* st = ring + s * stage_bytes;
+        const u16* sc = reinterpret_cast<const u16*>(st + DEC_BULK_ROWS * rb);
+        const u16* bi = reinterpret_cast<const u16*>(st + DEC_BULK_ROWS * (rb + sb));
+        mbar_wait(&full[s], parity);
+        float acc[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            int r = warp * RPW + i;
+            const uint4* qr = reinterpret_cast<const uint4*>(st + r * rb);
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                int u = lane + 32 * j;
+                float sc_ = bf16_to_f32(sc[r * G + (u >> 1)]), b_ = bf16_to_f32(bi[r * G + (u >> 1)]);
+                a += group_term<4>(sc_, b_, dot_word4(qr[u], &xv[32 * j]), hx[j]);
+            }
+            acc[i] = a;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            float a = warp_sum(acc[i]);
+            int row = row0 + warp * RPW + i;
+            if (lane == 0 && row < sg.w.rows) store_out(sg.y + row, sg.mode, a);
+        }
+        if (threadIdx.x == 0 && k + DEC_BULK_STAGES < mine) {
+            mbar_wait(&empty[s], parity);
+            bulk_tile(segs, blockIdx.x + (k + DEC_BULK_STAGES) * step, cols, ring + s * stage_bytes, &full[s]);
+        }
+    }
+    pdl_trigger();
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv4b(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+           const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ __align__(8) unsigned long long full[DEC_BULK_STAGES], empty[DEC_BULK_STAGES];
+    extern __shared__ __align__(128) unsigned char dec_ring[];
+    if (cols == 2048)
+        gemv_bulk<2>(segs, x, norm_w, eps, gz, head_dim, xn_out, cols, xs, xsum, dec_ring, full, empty);
+    else
+        gemv_bulk<1>(segs, x, norm_w, eps, gz, head_dim, xn_out, cols, xs, xsum, dec_ring, full, empty);
+#else
+    __trap();  // the launcher uses it on sm_90+ only
+#endif
+}
+
 // The matrix of expert e in a stack (rows × cols each).
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
     long long groups = (long long)w.rows * (w.cols / w.group);
@@ -454,21 +770,48 @@ __device__ __forceinline__ QWeight expert(QWeight w, int e) {
 
 // The first half of dec_glu / dec_glu4 after pdl_wait: warp 0 routes the token (block 0 also
 // publishes the routing for dec_down_combine) while the others stage xn; stage_x's barriers
-// publish ids_s / w_s to the whole block.
-__device__ __forceinline__ void route_and_stage(const float* __restrict__ router_logits, int n_experts, int top_k,
-                                                int* __restrict__ ids, float* __restrict__ route_w,
-                                                const float* __restrict__ xn, int cols, float* p, int* ids_s,
-                                                float* w_s, float* xs, float* xsum) {
+// publish ids_s / w_s to the whole block. In the fast form every thread's loads of xn are in
+// flight before warp 0 starts routing.
+template <bool FAST_ROUTE>
+__device__ __forceinline__ void route_warp(const float* __restrict__ router_logits, int n_experts, int top_k,
+                                           int* __restrict__ ids, float* __restrict__ route_w, float* p,
+                                           int* ids_s, float* w_s) {
     int lane = threadIdx.x & 31;
     if ((threadIdx.x >> 5) == 0) {
-        route_top_k(router_logits, n_experts, top_k, p, ids_s, w_s);
+        route_top_k<FAST_ROUTE>(router_logits, n_experts, top_k, p, ids_s, w_s);
         __syncwarp();
         if (blockIdx.x == 0 && lane < top_k) {
             ids[lane] = ids_s[lane];
             route_w[lane] = w_s[lane];
         }
     }
-    stage_x(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+}
+
+template <int V, bool FAST_ROUTE>
+__device__ __forceinline__ void route_and_stage_fast(const float* __restrict__ router_logits, int n_experts,
+                                                     int top_k, int* __restrict__ ids, float* __restrict__ route_w,
+                                                     const float* __restrict__ xn, int cols, float* p, int* ids_s,
+                                                     float* w_s, float* xs, float* xsum) {
+    XRow<V> r;
+    stage_load<V>(xn, nullptr, r);
+    route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
+    stage_finish<V>(r, nullptr, 0.0f, cols, false, 1, xs, xsum, nullptr);
+}
+
+// FAST_ROUTE: the routing in registers (route_top_k); dec_glu, short of registers, passes false.
+template <bool FAST_ROUTE>
+__device__ __forceinline__ void route_and_stage(const float* __restrict__ router_logits, int n_experts, int top_k,
+                                                int* __restrict__ ids, float* __restrict__ route_w,
+                                                const float* __restrict__ xn, int cols, float* p, int* ids_s,
+                                                float* w_s, float* xs, float* xsum) {
+    switch (stage_width(xn, nullptr, cols, nullptr, 1, nullptr)) {
+        case 4: route_and_stage_fast<4, FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum); break;
+        case 8: route_and_stage_fast<8, FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum); break;
+        case 16: route_and_stage_fast<16, FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum); break;
+        default:
+            route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
+            stage_slow(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+    }
 }
 
 // Items 0 .. top_k-1: routed expert ids[k] of the gate/up stacks, output rows h + k·h_stride;
@@ -489,7 +832,7 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     pdl_wait();
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
-    route_and_stage(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+    route_and_stage<false>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     int G = cols >> 6;
     int lpr = min(32, G), spw = 32 / lpr;
     int sub = lane / lpr, sl = lane % lpr;
@@ -604,7 +947,7 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
     if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     pdl_wait();
-    route_and_stage(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     float xv[64];
@@ -676,13 +1019,16 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         }
     }
     // The top_k + 1 input rows into shared memory, 16 bytes at a time, DEC_DOWN_STAGE loads in
-    // flight per thread.
+    // flight per thread; a 64-column group is 16 consecutive loads of one half-warp (every bound
+    // here is a multiple of 16 loads: cols % 64 == 0, blockDim % 32 == 0), so its sum is a
+    // shuffle over those 16 lanes.
     int n4 = items * cols / 4;
     for (int i0 = 0; i0 < n4; i0 += DEC_DOWN_STAGE * blockDim.x) {
         float4 v[DEC_DOWN_STAGE];
 #pragma unroll
         for (int i = 0; i < DEC_DOWN_STAGE; i++) {
             int idx = i0 + i * blockDim.x + threadIdx.x;
+            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (idx < n4) {
                 int k = (4 * idx) / cols, col = (4 * idx) % cols;
                 const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
@@ -692,17 +1038,13 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 #pragma unroll
         for (int i = 0; i < DEC_DOWN_STAGE; i++) {
             int idx = i0 + i * blockDim.x + threadIdx.x;
-            if (idx < n4) {
-                int k = (4 * idx) / cols, col = (4 * idx) % cols;
-                *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
-            }
+            int k = (4 * idx) / cols, col = (4 * idx) % cols;
+            if (idx < n4) *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
+            float gs = (v[i].x + v[i].y) + (v[i].z + v[i].w);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+            if (idx < n4 && (threadIdx.x & 15) == 0) hsum[k * G + (col >> 6)] = gs;
         }
-    }
-    __syncthreads();
-    int nwarps = blockDim.x >> 5;
-    for (int kg = warp; kg < items * G; kg += nwarps) {
-        float sum = warp_sum(hsm[kg * DEC_XPAD + lane] + hsm[kg * DEC_XPAD + lane + 32]);
-        if (lane == 0) hsum[kg] = sum;
     }
     __syncthreads();
     float y = 0.0f, ys = 0.0f;
@@ -767,19 +1109,27 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 extern "C" __global__ void __launch_bounds__(128)
 dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
             float* __restrict__ c, int conv_dim, int k) {
-    pdl_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= conv_dim) return;
-    float rows[DEC_DN_MAX_K];
+    bool live = ch < conv_dim;
+    // Before pdl_wait: the conv state (last written by this layer's previous step, long done)
+    // and the taps.
+    float rows[DEC_DN_MAX_K], taps[DEC_DN_MAX_K];
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K; j++)
+        if (live && j < k) {
+            taps[j] = w[(long long)ch * k + j];
+            if (j < k - 1) rows[j] = conv_state[(long long)j * conv_dim + ch];
+        }
+    pdl_wait();
+    if (!live) return;
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) {
-            rows[j] = conv_state[(long long)j * conv_dim + ch];
-            acc += w[(long long)ch * k + j] * rows[j];
-        }
+        if (j < k - 1) acc += taps[j] * rows[j];
     float mv = m[ch];
-    acc += w[(long long)ch * k + k - 1] * mv;
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K; j++)
+        if (j == k - 1) acc += taps[j] * mv;
     c[ch] = act(siluf(act(acc)));
 #pragma unroll
     for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
@@ -795,8 +1145,20 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
             float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
     __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
     __shared__ float ab_s[2];
-    pdl_wait();
     int hv = blockIdx.x;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int part = lane % DEC_DN_PARTS;
+    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
+    int j = blockIdx.y * DEC_DN_COLS + col;
+    int rows = dk / DEC_DN_PARTS;
+    // Before pdl_wait: the state columns (last written by this layer's previous step, long done)
+    // and the head's decay parameters.
+    float* sp = state + (long long)hv * dk * dv;
+    float s[DEC_DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
+    float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
+    pdl_wait();
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     const float* qt = c + hk * dk;
@@ -815,20 +1177,11 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
     }
     if (threadIdx.x == 0) {
         float beta = act(sigmoidf(b[hv]));
-        float g = -expf(a_log[hv]) * softplusf(a[hv] + dt_bias[hv]);
+        float g = -expf(a_log_h) * softplusf(a[hv] + dt_bias_h);
         ab_s[0] = expf(g);
         ab_s[1] = beta;
     }
     __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int part = lane % DEC_DN_PARTS;
-    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
-    int j = blockIdx.y * DEC_DN_COLS + col;
-    int rows = dk / DEC_DN_PARTS;
-    float* sp = state + (long long)hv * dk * dv;
-    float s[DEC_DN_ROWS];
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
     float alpha = ab_s[0], beta = ab_s[1];
     float v = c[2 * key_dim + hv * dv + j];
     float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);

@@ -166,6 +166,15 @@ argmax_final(const float* __restrict__ parts, int n_parts, const float* __restri
     }
 }
 
+// A constrained step: keys[i] = src[i] where the constraint's bitset allows token i (bit i % 32
+// of words[i / 32], lily-core's TokenMask), else -inf; src may be keys. The pick then runs on
+// keys while the log-probability stays that of the raw logits, as on the host.
+extern "C" __global__ void sample_mask(const float* src, const u32* __restrict__ words, int vocab, float* keys) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vocab) return;
+    keys[i] = ((words[i >> 5] >> (i & 31)) & 1u) ? src[i] : NEG_INF;
+}
+
 extern "C" __global__ void advance_pos(int* pos, int n) {
     pdl_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;

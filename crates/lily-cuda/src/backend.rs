@@ -51,6 +51,9 @@ pub struct CudaBackend {
     snaps: HashMap<u64, Snapshot>,
     next_id: u64,
     scratch: Scratch,
+    /// A constrained step's token bitset (u32 [vocab / 32]) and masked logits (f32 [vocab]),
+    /// allocated by the first constrained decode.
+    mask_bufs: Option<(DevBuf, DevBuf)>,
     model: DevModel,
     cfg: ModelConfig,
     plan: Plan,
@@ -77,6 +80,8 @@ impl CudaBackend {
         }
         let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
         gpu.dependent_launch = plan.dependent_launch();
+        gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
+        gpu.l1_weights = plan.l1_weights();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;
@@ -93,6 +98,7 @@ impl CudaBackend {
             snaps: HashMap::new(),
             next_id: 1,
             scratch,
+            mask_bufs: None,
             model,
             cfg: weights.config.clone(),
             plan,
@@ -326,20 +332,35 @@ impl Backend for CudaBackend {
         // Sampling runs after the (possibly graph-replayed) forward step, outside the graph, so
         // the graph stays the same whatever the sampler is.
         let path = self.plan.sampling(&sampler.params);
-        // Created when the first device pick needs it, and again after a host pick (whose token
-        // its history did not see).
+        // Created when the first device pick needs it.
         let mut device_pick: Option<DeviceSampler> = None;
+        if sampler.is_constrained() && path != SamplingPath::Host && self.mask_bufs.is_none() {
+            let words = self.gpu.alloc(self.cfg.vocab.div_ceil(32) * 4)?;
+            let keys = self.gpu.alloc(self.cfg.vocab * 4)?;
+            self.mask_bufs = Some((words, keys));
+        }
         for step in 0..n {
-            // A constrained step (a grammar's token mask; lily-core `constrain`) picks on the
-            // host over the downloaded logits: the device kernels take no mask yet.
-            let masked = sampler.next_mask().is_some();
-            if masked {
-                device_pick = None;
-            } else if path == SamplingPath::Device && device_pick.is_none() {
+            // A constrained step (a grammar's token mask; lily-core `constrain`): on the device
+            // paths the mask goes up as a bitset and the pick stays on the device; on the host
+            // path it applies to the downloaded logits.
+            let vocab = self.cfg.vocab;
+            let mask = sampler.next_mask().map(|m| {
+                let mut w = m.words().to_vec();
+                w.resize(vocab.div_ceil(32), 0); // a mask's own vocabulary may differ: none beyond
+                w
+            });
+            if path == SamplingPath::Device && device_pick.is_none() {
                 device_pick = Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?);
             }
+            let mask_dev = match (&mask, &self.mask_bufs) {
+                (Some(words), Some((wbuf, kbuf))) if path != SamplingPath::Host => {
+                    self.gpu.write(wbuf, 0, words)?;
+                    Some((wbuf.ptr, kbuf.ptr))
+                }
+                _ => None,
+            };
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if path != SamplingPath::Host && !masked {
+            let (token, logprob, host_logits) = if path != SamplingPath::Host {
                 match &device_pick {
                     Some(ds) => ds.sample(
                         &self.gpu,
@@ -348,6 +369,7 @@ impl Backend for CudaBackend {
                         s.logits.ptr,
                         s.next_token.ptr,
                         s.next_logprob.ptr,
+                        mask_dev.map(|m| m.0),
                     )?,
                     None => {
                         let argmax = Argmax {
@@ -357,7 +379,13 @@ impl Backend for CudaBackend {
                             logprob_out: s.next_logprob.ptr,
                             partials: Some(self.scratch.argmax_parts.ptr),
                         };
-                        self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?
+                        match mask_dev {
+                            Some((words, keys)) => self
+                                .kernels
+                                .sample
+                                .argmax_masked(&self.gpu, &argmax, words, keys)?,
+                            None => self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?,
+                        }
                     }
                 }
                 let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
@@ -375,8 +403,7 @@ impl Backend for CudaBackend {
                 };
                 (id[0] as u32, lp[0], logits)
             } else {
-                // SamplingPath::Host: top_k off or above 256, device sampling off, or a masked
-                // step.
+                // SamplingPath::Host: top_k off or above 256, or device sampling off.
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
                 if id as usize >= self.cfg.vocab {

@@ -74,6 +74,12 @@ pub struct Gpu {
     pub dependent_launch: bool,
     /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
     pub can_launch_dependents: bool,
+    /// The wide 4-bit decode projections stream by bulk copies (the plan's `bulk_gemv`, on
+    /// compute capability 9 and later only: set by the backend).
+    pub bulk_gemv: bool,
+    /// The decode kernels' weight loads allocate in L1 (the plan's `l1_weights`; decode.cu is
+    /// compiled with DEC_WEIGHTS_L1): set before `Kernels::load`.
+    pub l1_weights: bool,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -154,6 +160,8 @@ impl Gpu {
             sm_count,
             checks,
             dependent_launch: false,
+            bulk_gemv: false,
+            l1_weights: false,
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

@@ -70,6 +70,16 @@ pub struct CudaOptions {
     /// while the one before it finishes, loading its weights before it waits for its input
     /// (`--no-dependent-launch`, `LILY_PDL=0`).
     pub dependent_launch: bool,
+    /// The 2048-wide 4-bit decode projections (DeltaNet in_proj, attention q/k/v, lm_head)
+    /// stream their weights with bulk copies (sm_90+: `cp.async.bulk` into a ring of shared
+    /// memory, one thread issuing a block's tiles) instead of register loads (`--bulk-gemv`,
+    /// `LILY_BULK_GEMV=1`). Off by default: measured slower on the H200 (docs/perf-notes.md).
+    pub bulk_gemv: bool,
+    /// The decode kernels' weight loads allocate in L1 (`ld.global.nc` without
+    /// `L1::no_allocate`), so a lane's second 16-byte request of a 32-byte sector hits the line its
+    /// first request brought instead of fetching the sector from L2 again (`--l1-weights`,
+    /// `LILY_L1_WEIGHTS=1`). Off by default: measured 3.6 % slower at 4K on the H200.
+    pub l1_weights: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -91,6 +101,8 @@ impl Default for CudaOptions {
             exact_router_on_tensor_cores: true,
             fused_decode: true,
             dependent_launch: true,
+            bulk_gemv: false,
+            l1_weights: false,
             sync_each: false,
             profile: false,
         }
@@ -116,6 +128,8 @@ impl CudaOptions {
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
     /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
     /// | `LILY_PDL=0` | `dependent_launch` |
+    /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
+    /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -139,7 +153,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        let flags: [(&str, &mut bool); 11] = [
+        let flags: [(&str, &mut bool); 13] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -152,6 +166,8 @@ impl CudaOptions {
             ),
             ("LILY_FUSED_DECODE", &mut self.fused_decode),
             ("LILY_PDL", &mut self.dependent_launch),
+            ("LILY_BULK_GEMV", &mut self.bulk_gemv),
+            ("LILY_L1_WEIGHTS", &mut self.l1_weights),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -241,6 +257,8 @@ pub struct Plan {
     graphs: bool,
     fused_decode: bool,
     dependent_launch: bool,
+    bulk_gemv: bool,
+    l1_weights: bool,
     checks: LaunchChecks,
 }
 
@@ -266,6 +284,8 @@ impl Plan {
             graphs: o.graphs,
             fused_decode: o.fused_decode,
             dependent_launch: o.dependent_launch,
+            bulk_gemv: o.bulk_gemv,
+            l1_weights: o.l1_weights,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -420,6 +440,17 @@ impl Plan {
         self.dependent_launch
     }
 
+    /// Whether the wide 4-bit decode projections stream by bulk copies (the GPU must also have
+    /// them: `Gpu::can_launch_dependents`, compute capability 9 and later).
+    pub fn bulk_gemv(&self) -> bool {
+        self.bulk_gemv
+    }
+
+    /// Whether the decode kernels' weight loads allocate in L1.
+    pub fn l1_weights(&self) -> bool {
+        self.l1_weights
+    }
+
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
         self.checks
@@ -429,7 +460,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -441,6 +472,8 @@ impl Plan {
             on(self.decode_graphs()),
             on(self.fused_decode),
             on(self.dependent_launch),
+            on(self.bulk_gemv),
+            on(self.l1_weights),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -485,6 +518,8 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_PDL", "0"),
+            ("LILY_BULK_GEMV", "1"),
+            ("LILY_L1_WEIGHTS", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -503,6 +538,8 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
+                bulk_gemv: true,
+                l1_weights: true,
                 sync_each: true,
                 profile: true,
             }

@@ -9,7 +9,8 @@
 //! id, as the host's argmax; no uniform is drawn, as the host draws none when greedy). Plain
 //! greedy has its own kernel (`argmax_logprob`); top_k 0 (off) or above 256 stays on the host, on
 //! downloaded logits: a device top-p over the whole vocabulary would need a full sort, which the
-//! host already does well.
+//! host already does well. A constrained step (a grammar's token mask) runs here too: the mask is
+//! uploaded as a bitset and applied to the adjusted logits before the pick.
 
 use anyhow::Result;
 use lily_core::sampling::{Sampler, SamplingParams};
@@ -96,7 +97,9 @@ impl DeviceSampler {
     /// Picks the next token from `logits` [vocab] on the device: draws the sampler's uniform,
     /// writes the token to `token_out` and its raw log-probability to `logprob_out`. The caller
     /// still calls `sampler.accept(token)` once it has read the token (the host history stays
-    /// the reference for later host sampling).
+    /// the reference for later host sampling). `mask`: a constrained step's allowed tokens, a
+    /// bitset on the device (`TokenMask::words`).
+    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
         gpu: &Gpu,
@@ -105,6 +108,7 @@ impl DeviceSampler {
         logits: u64,
         token_out: u64,
         logprob_out: u64,
+        mask: Option<u64>,
     ) -> Result<()> {
         let u = if self.greedy {
             0.0
@@ -126,6 +130,7 @@ impl DeviceSampler {
             u,
             token_out,
             logprob_out,
+            mask,
         };
         if self.greedy {
             kernels.pick_greedy(gpu, &pick, self.argmax_parts.ptr)

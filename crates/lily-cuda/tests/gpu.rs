@@ -13,6 +13,7 @@ use half::bf16;
 use lily_core::backend::{Backend, Flow};
 use lily_core::checkpoint::{self, LoadOptions};
 use lily_core::config::ModelConfig;
+use lily_core::constrain::{MaskStats, TokenConstraint, TokenMask};
 use lily_core::cpu::linear::matmul;
 use lily_core::cpu::{ops, CpuBackend};
 use lily_core::quant::quantize_linear;
@@ -1069,6 +1070,136 @@ fn fused_decode_blocks_match_cpu() {
     println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
 }
 
+/// The decode GEMVs at the model's widths (2048: in_proj, q/k/v, lm_head; 4096: o_proj /
+/// out_proj) with the staging forms they use there (RMSNorm and DeltaNet's gated norm folded in,
+/// every store mode, several projections per launch, rows that end mid-tile, more tiles than a
+/// block's ring holds), with and without bulk copies, against the CPU.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
+    let mut d = gpu();
+    let mut rng = Rng(29);
+    let eps = 1e-6f32;
+    for (cols, gated) in [
+        (2048usize, false),
+        (2048, true),
+        (1024, false),
+        (4096, true),
+        (4096, false),
+    ] {
+        let rows = [300usize, 77, 16, 1];
+        let ws: Vec<Linear> = rows
+            .iter()
+            .map(|&r| linear(&mut rng, 4, 1, r, cols))
+            .collect();
+        let dws: Vec<DevLinear> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+            .collect();
+        let x = rng.vec(cols, 1.0);
+        let z = rng.vec(cols, 1.0);
+        let head_dim = 128;
+        let norm_w: Vec<f32> = rng
+            .vec(if gated { head_dim } else { cols }, 1.0)
+            .iter()
+            .map(|v| 1.0 + 0.3 * v)
+            .collect();
+        let xn: Vec<f32> = if gated {
+            let mut y = vec![0f32; cols];
+            for h in 0..cols / head_dim {
+                let o = &x[h * head_dim..(h + 1) * head_dim];
+                let ss: f32 = o.iter().map(|v| v * v).sum();
+                let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
+                for i in 0..head_dim {
+                    let zc = z[h * head_dim + i];
+                    y[h * head_dim + i] = norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
+                }
+            }
+            y
+        } else {
+            ops::rms_norm(&x, &norm_w, eps)
+        };
+        let resid = rng.vec(rows[1], 1.0);
+        let (xd, zd, nd) = (
+            d.upload(&x).unwrap(),
+            d.upload(&z).unwrap(),
+            d.upload(&norm_w).unwrap(),
+        );
+        for bulk in [false, true] {
+            d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+            let outs_dev: Vec<DevBuf> = rows.iter().map(|&r| poisoned(&d, r)).collect();
+            d.write(&outs_dev[1], 0, &resid).unwrap();
+            let staged = poisoned(&d, cols);
+            let prologue = if gated {
+                Prologue::GatedNorm {
+                    weight: nd.ptr,
+                    z: zd.ptr,
+                    head_dim,
+                    eps,
+                }
+            } else {
+                Prologue::RmsNorm {
+                    weight: nd.ptr,
+                    eps,
+                }
+            };
+            let input = Input {
+                x: xd.ptr,
+                cols,
+                prologue,
+                staged_out: Some(staged.ptr),
+            };
+            let outs = [
+                (&dws[0], Out::Store(outs_dev[0].ptr)),
+                (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                (&dws[2], Out::Exact(outs_dev[2].ptr)),
+                (&dws[3], Out::Store(outs_dev[3].ptr)),
+            ];
+            d.k.decode.project(&d, input, &outs).unwrap();
+            let what = format!("dec_gemv {cols} cols gated={gated} bulk={}", d.g.bulk_gemv);
+            let got: Vec<f32> = d.read(&staged, 0, cols).unwrap();
+            check(&format!("{what} staged input"), &got, &xn, 1e-6);
+            for (i, w) in ws.iter().enumerate() {
+                let got: Vec<f32> = d.read(&outs_dev[i], 0, rows[i]).unwrap();
+                let mut want = matmul(w, &xn);
+                if i == 1 {
+                    want.iter_mut().zip(&resid).for_each(|(a, r)| *a += r);
+                }
+                check(
+                    &format!("{what} output {i} ({} rows)", rows[i]),
+                    &got,
+                    &want,
+                    1e-5,
+                );
+            }
+        }
+    }
+    // More tiles than the grid's rings hold at once (the lm_head's shape, shorter).
+    let w = linear(&mut rng, 4, 1, 20_000, 2048);
+    let dw = upload_linear(&d, "long", &w).unwrap();
+    let x = rng.vec(2048, 1.0);
+    let xd = d.upload(&x).unwrap();
+    for bulk in [false, true] {
+        d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+        let out = poisoned(&d, 20_000);
+        d.k.decode
+            .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
+            .unwrap();
+        let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
+        check(
+            &format!("dec_gemv 20000 rows bulk={}", d.g.bulk_gemv),
+            &got,
+            &matmul(&w, &x),
+            1e-5,
+        );
+    }
+    println!(
+        "KERNEL decode.cu wide GEMVs (bulk copies {}) match the CPU",
+        d.g.can_launch_dependents
+    );
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_block_and_routing_match_cpu() {
@@ -1176,10 +1307,56 @@ fn log_softmax_f64(logits: &[f32], id: usize) -> f64 {
     logits[id] as f64 - lse
 }
 
+/// A constraint for tests: a fresh pseudo-random eighth of the vocabulary allowed at every step
+/// (and about half of `keep`), the same sequence for the same seed.
+struct RandomMask {
+    vocab: usize,
+    rng: Rng,
+    keep: Vec<u32>,
+    mask: TokenMask,
+}
+
+impl RandomMask {
+    fn new(vocab: usize, seed: u64, keep: &[u32]) -> RandomMask {
+        let mut m = RandomMask {
+            vocab,
+            rng: Rng(seed),
+            keep: keep.to_vec(),
+            mask: TokenMask::only(vocab, &[]),
+        };
+        m.refresh();
+        m
+    }
+    fn refresh(&mut self) {
+        let mut allowed: Vec<u32> = (0..self.vocab as u32)
+            .filter(|_| self.rng.below(8) == 0)
+            .collect();
+        for i in 0..self.keep.len() {
+            if self.rng.below(2) == 0 {
+                allowed.push(self.keep[i]);
+            }
+        }
+        self.mask = TokenMask::only(self.vocab, &allowed);
+    }
+}
+
+impl TokenConstraint for RandomMask {
+    fn mask(&mut self) -> Option<&TokenMask> {
+        Some(&self.mask)
+    }
+    fn commit(&mut self, _token: u32) {
+        self.refresh();
+    }
+    fn stats(&self) -> MaskStats {
+        MaskStats::default()
+    }
+}
+
 /// Device sampling (sample.cu) picks exactly the host `Sampler`'s tokens: same seed, same
-/// history, fresh random logits for each of 200 draws per parameter set; the reported
-/// log-probability is the raw logits' log-softmax. A few "hot" tokens are boosted in every draw
-/// so the penalties keep hitting tokens inside the top k.
+/// history, fresh random logits for each of 200 draws per parameter set, free and constrained
+/// (a random token mask per step); the reported log-probability is the raw logits'
+/// log-softmax. A few "hot" tokens are boosted in every draw so the penalties keep hitting
+/// tokens inside the top k.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn sampling_on_device_picks_the_host_samplers_tokens() {
@@ -1291,10 +1468,26 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         ),
     ];
     let dl = g.alloc(vocab * 4).unwrap();
+    let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
     let (dt, dlp) = (poisoned(&g, 1), poisoned(&g, 1));
-    for (name, params, coarse) in sets {
-        let mut host = Sampler::with_prompt(params.clone(), &prompt);
-        let mut dev = Sampler::with_prompt(params.clone(), &prompt);
+    // Every set once free and once constrained (a fresh random mask each step, applied on the
+    // device to the adjusted logits, on the host by `Sampler::sample`).
+    let sets: Vec<(String, SamplingParams, bool, bool)> = sets
+        .into_iter()
+        .flat_map(|(n, p, c)| {
+            [
+                (n.to_string(), p.clone(), c, false),
+                (format!("{n}, constrained"), p, c, true),
+            ]
+        })
+        .collect();
+    for (name, params, coarse, constrained) in sets {
+        let constraint = |seed| -> Option<Box<dyn TokenConstraint>> {
+            constrained
+                .then(|| Box::new(RandomMask::new(vocab, seed, &hot)) as Box<dyn TokenConstraint>)
+        };
+        let mut host = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint(91));
+        let mut dev = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint(91));
         // Some output history before the device state is built from the sampler.
         for &t in &hot[5..9] {
             host.accept(t);
@@ -1315,8 +1508,20 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
                 }
             }
             g.write(&dl, 0, &logits).unwrap();
-            ds.sample(&g, &g.k.sample, &mut dev, dl.ptr, dt.ptr, dlp.ptr)
-                .unwrap();
+            let mask = dev.next_mask().map(|m| m.words().to_vec());
+            if let Some(words) = &mask {
+                g.write(&dw, 0, words).unwrap();
+            }
+            ds.sample(
+                &g,
+                &g.k.sample,
+                &mut dev,
+                dl.ptr,
+                dt.ptr,
+                dlp.ptr,
+                mask.map(|_| dw.ptr),
+            )
+            .unwrap();
             let id: Vec<i32> = g.read(&dt, 0, 1).unwrap();
             let lp: Vec<f32> = g.read(&dlp, 0, 1).unwrap();
             let want = host.sample(&logits);
@@ -1363,7 +1568,15 @@ fn sampling_in_decode_equals_the_host_path() {
         seed: 77,
         ..SamplingParams::greedy()
     };
-    let run = |device_sampling: bool, graphs: bool| -> Vec<(u32, f32)> {
+    let greedy = SamplingParams {
+        seed: 78,
+        ..SamplingParams::greedy()
+    };
+    let run = |params: &SamplingParams,
+               constrained: bool,
+               device_sampling: bool,
+               graphs: bool|
+     -> Vec<(u32, f32)> {
         let mut b = CudaBackend::new(
             &w,
             CudaOptions {
@@ -1378,7 +1591,9 @@ fn sampling_in_decode_equals_the_host_path() {
         .unwrap();
         let s = b.new_seq(128).unwrap();
         b.prefill(s, &prompt).unwrap();
-        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let constraint = constrained
+            .then(|| Box::new(RandomMask::new(vocab, 5, &prompt[..8])) as Box<dyn TokenConstraint>);
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint);
         let mut out = Vec::new();
         // Two decode calls: the second rebuilds the device history from the sampler.
         for _ in 0..2 {
@@ -1390,27 +1605,31 @@ fn sampling_in_decode_equals_the_host_path() {
         }
         out
     };
-    let host = run(false, false);
-    for graphs in [false, true] {
-        let dev = run(true, graphs);
-        assert_eq!(dev.len(), host.len());
-        for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
-            assert_eq!(
-                d.0, h.0,
-                "graphs {graphs}: token {i}: device {dev:?} host {host:?}"
-            );
-            assert!(
-                (d.1 - h.1).abs() < 1e-4,
-                "graphs {graphs}: logprob {i}: {} vs {}",
-                d.1,
-                h.1
+    for (what, p) in [("temperature", &params), ("greedy", &greedy)] {
+        for constrained in [false, true] {
+            let host = run(p, constrained, false, false);
+            for graphs in [false, true] {
+                let dev = run(p, constrained, true, graphs);
+                assert_eq!(dev.len(), host.len());
+                for (i, (d, h)) in dev.iter().zip(&host).enumerate() {
+                    assert_eq!(
+                        d.0, h.0,
+                        "{what} constrained {constrained} graphs {graphs}: token {i}: device {dev:?} host {host:?}"
+                    );
+                    assert!(
+                        (d.1 - h.1).abs() < 1e-4,
+                        "{what} constrained {constrained} graphs {graphs}: logprob {i}: {} vs {}",
+                        d.1,
+                        h.1
+                    );
+                }
+            }
+            println!(
+                "MODEL decode with device sampling == host sampling ({what}, constrained {constrained}: {} tokens, graphs on and off)",
+                host.len()
             );
         }
     }
-    println!(
-        "MODEL decode with device sampling == host sampling ({} tokens, graphs on and off)",
-        host.len()
-    );
 }
 
 // ---- whole model -------------------------------------------------------------------------

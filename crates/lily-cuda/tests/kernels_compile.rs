@@ -43,18 +43,34 @@ fn every_kernel_compiles_for_every_supported_arch() {
     let mut failures = Vec::new();
     for arch in ARCHES {
         for bf16 in [false, true] {
-            for file in FILES {
-                match nvrtc.compile(file.name, &file.full_source(), arch, &file.defines(bf16)) {
+            // decode.cu also in its L1-allocating variant (the plan's `l1_weights`).
+            let variants = FILES.iter().flat_map(|f| {
+                let extra: &[&str] = if f.name == "decode" {
+                    &["", "DEC_WEIGHTS_L1=1"]
+                } else {
+                    &[""]
+                };
+                extra.iter().map(move |e| (*f, *e))
+            });
+            for (file, extra) in variants {
+                let mut defines = file.defines(bf16);
+                if !extra.is_empty() {
+                    defines.push(extra.to_string());
+                }
+                match nvrtc.compile(file.name, &file.full_source(), arch, &defines) {
                     Ok(c) => {
                         assert!(!c.cubin.is_empty(), "{} {arch}: empty cubin", file.name);
                         for s in spills(&c.log) {
                             failures.push(format!(
-                                "{}.cu {arch} bf16={bf16}: register spill: {s}",
+                                "{}.cu {extra} {arch} bf16={bf16}: register spill: {s}",
                                 file.name
                             ));
                         }
                     }
-                    Err(e) => failures.push(format!("{}.cu {arch} bf16={bf16}: {e:#}", file.name)),
+                    Err(e) => failures.push(format!(
+                        "{}.cu {extra} {arch} bf16={bf16}: {e:#}",
+                        file.name
+                    )),
                 }
             }
         }

@@ -45,6 +45,14 @@ pub struct BenchArgs {
     /// device-to-device copy bandwidth (shared/docs/PERFORMANCE.md §2).
     #[arg(long, default_value_t = 4300.0)]
     bandwidth_gbs: f64,
+    /// Decode with sampling instead of greedy: the temperature (with --top-k and --top-p), as a
+    /// user's request would (the pick's cost is part of each step).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 20)]
+    top_k: u32,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
     #[command(flatten)]
     cuda: CudaArgs,
 }
@@ -98,11 +106,11 @@ fn time_prefill(b: &mut dyn Backend, ids: &[u32]) -> Result<f64> {
     Ok(s)
 }
 
-fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize) -> Result<f64> {
+fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize, params: &SamplingParams) -> Result<f64> {
     let seq = b.new_seq(ids.len() + n + 1)?;
     let r = (|| {
         prefill(b, seq, ids)?;
-        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let mut sampler = Sampler::new(params.clone());
         let t = Instant::now();
         // n + 1 samples = n forward steps.
         b.decode(seq, &mut sampler, n + 1, 0, &mut |_| Flow::Continue)?;
@@ -146,7 +154,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     eprintln!("bench on {device}");
     // Warm-up: compile/caches/first-touch of weights.
     time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
-    time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4)?;
+    let sampling = if a.temperature > 0.0 {
+        SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+            ..SamplingParams::greedy()
+        }
+    } else {
+        SamplingParams::greedy()
+    };
+    time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4, &sampling)?;
     // LILY_PROFILE=1: the wgpu backend's per-kernel GPU times, of the measured runs only.
     lily_wgpu::profile::reset();
 
@@ -163,6 +182,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         prefill_rows.push(json!({"len": len, "tok_s": len as f64 / s, "ms": s * 1e3}));
     }
     let mut decode_rows = Vec::new();
+    if a.temperature > 0.0 {
+        println!(
+            "decode sampled: temperature {}, top_k {}, top_p {}",
+            a.temperature, a.top_k, a.top_p
+        );
+    }
     // bf16 KV cache on the GPU's production path, fp32 on the CPU and in fp32 mode.
     let kv_elem = if device.contains("bf16") { 2 } else { 4 };
     println!(
@@ -174,7 +199,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let n = a.decode_tokens.max(1);
         let s = median(
             (0..repeat)
-                .map(|_| time_decode(b.as_mut(), &ids, n))
+                .map(|_| time_decode(b.as_mut(), &ids, n, &sampling))
                 .collect::<Result<_>>()?,
         );
         // The step at the middle of the timed tokens.

@@ -76,6 +76,14 @@ pub struct CudaArgs {
     /// [env LILY_PDL=0].
     #[arg(long)]
     pub no_dependent_launch: bool,
+    /// Stream the wide 4-bit decode projections with bulk copies into shared memory (sm_90+)
+    /// instead of register loads: an experiment, slower today [env LILY_BULK_GEMV=1].
+    #[arg(long)]
+    pub bulk_gemv: bool,
+    /// Let the decode kernels' weight loads allocate in L1 instead of `L1::no_allocate`: an
+    /// experiment, slower today [env LILY_L1_WEIGHTS=1].
+    #[arg(long)]
+    pub l1_weights: bool,
 }
 
 impl CudaArgs {
@@ -94,6 +102,8 @@ impl CudaArgs {
             exact_router_on_tensor_cores: !self.router_on_cuda_cores,
             fused_decode: !self.no_fused_decode,
             dependent_launch: !self.no_dependent_launch,
+            bulk_gemv: self.bulk_gemv,
+            l1_weights: self.l1_weights,
             ..d
         }
     }
@@ -222,6 +232,8 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
+                bulk_gemv: false,
+                l1_weights: false,
                 sync_each: false,
                 profile: false,
             }

@@ -43,6 +43,10 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 pub const DN_PARTS: usize = 8;
 pub const DN_COLS: usize = 16;
+/// Rows of a `dec_gemv4b` tile (one bulk copy each of their packed values, scales and biases)
+/// and tiles in flight per block (the shared-memory ring's stages).
+pub const BULK_ROWS: usize = 16;
+pub const BULK_STAGES: usize = 4;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
@@ -69,6 +73,8 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
+        ("DEC_BULK_ROWS", BULK_ROWS as i64),
+        ("DEC_BULK_STAGES", BULK_STAGES as i64),
     ],
 };
 
@@ -108,6 +114,24 @@ pub fn down_serves(down: &DevLinear, sdown: &DevLinear, top_k: usize) -> bool {
         && down.cols == sdown.cols
         && down.rows == sdown.rows
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
+}
+
+/// Dynamic shared memory of a `dec_gemv4b` block: the ring of tiles.
+fn bulk_smem(cols: usize) -> usize {
+    BULK_STAGES * BULK_ROWS * (cols / 2 + cols / 16)
+}
+
+/// Whether `dec_gemv4b` streams these projections: 4-bit, 1024 or 2048 columns, every range it
+/// copies 16-byte aligned.
+fn bulk_serves(cols: usize, outs: &[(&DevLinear, Out)]) -> bool {
+    (cols == 1024 || cols == 2048)
+        && outs.iter().all(|(w, _)| {
+            let a = w.arg();
+            w.bits == 4
+                && [a.q, a.scales, a.biases]
+                    .iter()
+                    .all(|p| p.is_multiple_of(16))
+        })
 }
 
 /// Lanes that share one row of `cols` columns, and rows per warp step.
@@ -270,6 +294,7 @@ pub struct DnStep {
 pub struct Decode {
     gemv: Kernel,
     gemv4: Kernel,
+    gemv4b: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
     glu: Kernel,
@@ -286,6 +311,7 @@ impl Decode {
         Ok(Decode {
             gemv: k("dec_gemv")?,
             gemv4: k("dec_gemv4")?,
+            gemv4b: k("dec_gemv4b")?.allow_shared_memory(bulk_smem(2048))?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
@@ -308,13 +334,15 @@ impl Decode {
         // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
+        let bulk = gpu.bulk_gemv && bulk_serves(input.cols, outs);
         let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
+            _ if bulk => (&self.gemv4b, 0),
             (true, _, 1..=32) => (&self.gemv4, R4),
             (true, _, 64) => (&self.gemv4w, 1),
             (_, true, 1..=32) => (&self.gemv8, 1),
             _ => (&self.gemv, R),
         };
-        let rows_per_block = WARPS * spw * rows;
+        let rows_per_block = if bulk { BULK_ROWS } else { WARPS * spw * rows };
         let empty = DecSeg {
             w: QWeightArg::default(),
             y: 0,
@@ -368,8 +396,12 @@ impl Decode {
         };
         let staged_out = input.staged_out.unwrap_or(0);
         let cols = input.cols as i32;
-        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
-        let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
+        let (grid, smem) = if bulk {
+            (total.min(gpu.sm_count), bulk_smem(input.cols))
+        } else {
+            (total.min(BLOCKS_PER_SM * gpu.sm_count), 0)
+        };
+        let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, smem);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&segs)
                 .arg(&input.x)

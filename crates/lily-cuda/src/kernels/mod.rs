@@ -52,11 +52,14 @@ impl KernelFile {
 
     /// This file's module on `gpu` (compiled by NVRTC or from the kernel cache).
     pub fn load(&self, gpu: &Gpu, bf16_activations: bool) -> Result<Module> {
-        gpu.load_module(
-            self.name,
-            &self.full_source(),
-            &self.defines(bf16_activations),
-        )
+        self.load_with(gpu, bf16_activations, &[])
+    }
+
+    /// `load` with more `NAME=VALUE` defines (a plan's compile-time variant of the file).
+    pub fn load_with(&self, gpu: &Gpu, bf16_activations: bool, extra: &[String]) -> Result<Module> {
+        let mut defines = self.defines(bf16_activations);
+        defines.extend(extra.iter().cloned());
+        gpu.load_module(self.name, &self.full_source(), &defines)
     }
 }
 
@@ -99,7 +102,11 @@ impl Kernels {
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
             sample: sample::Sample::load(&sample::FILE.load(gpu, bf16)?)?,
-            decode: decode::Decode::load(&decode::FILE.load(gpu, bf16)?)?,
+            decode: decode::Decode::load(&decode::FILE.load_with(
+                gpu,
+                bf16,
+                &[format!("DEC_WEIGHTS_L1={}", gpu.l1_weights as i32)],
+            )?)?,
         })
     }
 }

@@ -68,6 +68,9 @@ pub struct Pick<'a> {
     pub u: f64,
     pub token_out: u64,
     pub logprob_out: u64,
+    /// A constrained step: the allowed tokens as a bitset on the device (u32 [vocab / 32],
+    /// lily-core's `TokenMask::words`), applied after the penalties.
+    pub mask: Option<u64>,
 }
 
 pub struct Sample {
@@ -76,6 +79,7 @@ pub struct Sample {
     argmax_final: Kernel,
     adjust: Kernel,
     pick: Kernel,
+    mask: Kernel,
     advance_pos: Kernel,
 }
 
@@ -87,6 +91,7 @@ impl Sample {
             argmax_final: m.kernel("argmax_final")?.waits_for_predecessor(),
             adjust: m.kernel("sample_adjust")?,
             pick: m.kernel("sample_pick")?,
+            mask: m.kernel("sample_mask")?,
             advance_pos: m.kernel("advance_pos")?.waits_for_predecessor(),
         })
     }
@@ -135,7 +140,29 @@ impl Sample {
         })
     }
 
-    /// sample_adjust: penalties, logit_bias and 1/temperature into `scaled`.
+    /// keys [vocab] = src where the bitset `words` (u32 [vocab / 32] on the device) allows the
+    /// token, else -inf; src may be keys.
+    pub fn mask(&self, gpu: &Gpu, src: u64, words: u64, vocab: usize, keys: u64) -> Result<()> {
+        let n = vocab as i32;
+        let cfg = config((blocks(vocab, 256), 1, 1), 256, 0);
+        gpu.launch(&self.mask, cfg, |l| {
+            l.arg(&src).arg(&words).arg(&n).arg(&keys);
+        })
+    }
+
+    /// The greedy token among those the bitset `words` allows (a constrained step), with its
+    /// log-probability under the raw `a.logits`: the masked logits go to `keys` (f32 [vocab]
+    /// scratch), then the two-stage argmax (`a.partials` is required).
+    pub fn argmax_masked(&self, gpu: &Gpu, a: &Argmax, words: u64, keys: u64) -> Result<()> {
+        let Some(parts) = a.partials else {
+            bail!("a masked argmax needs the two-stage scratch");
+        };
+        self.mask(gpu, a.logits, words, a.vocab, keys)?;
+        self.argmax_two_stage(gpu, keys, a, parts, None)
+    }
+
+    /// sample_adjust: penalties, logit_bias and 1/temperature into `scaled`, then the step's
+    /// mask, if any.
     fn adjust(&self, gpu: &Gpu, a: &Pick) -> Result<()> {
         let (pp, b) = (a.params, a.buffers);
         let (vocab, n_bias) = (a.vocab as i32, b.n_bias as i32);
@@ -152,7 +179,11 @@ impl Sample {
                 .arg(&pp.frequency)
                 .arg(&pp.inv_t)
                 .arg(&b.scaled);
-        })
+        })?;
+        match a.mask {
+            Some(words) => self.mask(gpu, b.scaled, words, a.vocab, b.scaled),
+            None => Ok(()),
+        }
     }
 
     /// Greedy on adjusted logits (penalties, logit_bias; `a.params` with top_k 1 and no
