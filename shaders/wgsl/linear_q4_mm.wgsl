@@ -1,11 +1,13 @@
-// linear_q4.wgsl for many items at once (prefill): one workgroup per (8 output rows, tile of up
-// to TT items), 8 invocations per row. Each invocation dequantises 32 weights of a quad (16
-// bytes, one group) into registers once and applies them to every item of the tile, so the
-// weights are read once per tile instead of once per item. An item is a token (plain mode: tile
-// z holds items z·TT..) or a (token, routed expert) pair (expert mode: tile z is entry z of the
-// tile list moe_group.wgsl wrote, items of one expert, dispatched indirectly).
-// Same slice layout as linear.wgsl. Bytes: the slice's rows once per tile; FLOPs: 2·rows·cols
-// per item.
+// linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
+// 64 per (64 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per
+// row: 16 bytes, one group), invocation r dequantises row r's 32 weights into shared memory and
+// the tile's 16 × 32 inputs go there too; then each invocation accumulates a 4-row × 4-item
+// block (vec4 reads of both from shared memory, 16 products per pair of reads). The next step's
+// weights and inputs are read from memory while this one computes. Weights are read once per
+// tile of items, inputs once per 64 rows.
+// An item is a token (plain mode: tile z holds items z·TT..) or a (token, routed expert) pair
+// (expert mode: tile z is entry z of the tile list moe_group.wgsl wrote, items of one expert,
+// dispatched indirectly). Same slice layout as linear.wgsl. FLOPs: 2·rows·cols per item.
 
 struct P {
     rows: u32,
@@ -37,11 +39,13 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
-const TT: u32 = 16u;
-const ROWS: u32 = 8u;
-const LANES: u32 = 8u;
+const TT: u32 = 16u;   // items per tile (MM_TILE on the host)
+const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host)
 
-var<workgroup> red: array<f32, 1024>;   // [64 invocations][TT]
+// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 4 + g]: items
+// 4g..4g + 3 at column k.
+var<workgroup> ws: array<vec4<f32>, 512>;
+var<workgroup> xs: array<vec4<f32>, 128>;
 var<workgroup> tile_items: array<u32, 16>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
@@ -60,7 +64,7 @@ fn deq(w: u32, sh: vec4<u32>, s: f32, b: f32) -> vec4<f32> {
 @compute @workgroup_size(64)
 fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let block = wid.x + wid.y * p.nwx;
-    if (block * ROWS >= p.rows) {
+    if (block * RT >= p.rows) {
         return;
     }
     if (lid == 0u) {
@@ -92,67 +96,114 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let slot = info.y - 1u;
-    let row = block * ROWS + lid / LANES;
-    let lane = lid % LANES;
-    var xb: array<u32, 16>;
-    for (var tt = 0u; tt < TT; tt++) {
-        var xr = 0u;
-        if (tt < nt) {
-            xr = tile_items[tt];
-            if (p.expert_mode != 0u) {
-                xr = xr / p.x_div;
-            }
-        }
-        xb[tt] = (p.x_off + xr * p.x_stride) / 4u;
-    }
-    var acc: array<f32, 16>;
-    for (var tt = 0u; tt < TT; tt++) {
-        acc[tt] = 0.0;
-    }
-    if (row < p.rows) {
-        let quads = p.cols / 32u;
-        let groups = p.cols / p.group;
-        let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
-        let hbase = (slot * p.rows + row) * groups;
-        for (var q = lane; q < quads; q += LANES) {
-            let w = W[qbase + q];
-            let g = hbase + (q * 32u) / p.group;
-            let s = w_half4(p.scale_off + g);
-            let b = w_half4(p.bias_off + g);
-            let f0 = deq(w.x, SH_LO, s, b);
-            let f1 = deq(w.x, SH_HI, s, b);
-            let f2 = deq(w.y, SH_LO, s, b);
-            let f3 = deq(w.y, SH_HI, s, b);
-            let f4 = deq(w.z, SH_LO, s, b);
-            let f5 = deq(w.z, SH_HI, s, b);
-            let f6 = deq(w.w, SH_LO, s, b);
-            let f7 = deq(w.w, SH_HI, s, b);
-            for (var tt = 0u; tt < TT; tt++) {
-                if (tt < nt) {
-                    let x = xb[tt] + q * 8u;
-                    acc[tt] += ((dot(f0, X[x]) + dot(f1, X[x + 1u])) + (dot(f2, X[x + 2u]) + dot(f3, X[x + 3u])))
-                        + ((dot(f4, X[x + 4u]) + dot(f5, X[x + 5u])) + (dot(f6, X[x + 6u]) + dot(f7, X[x + 7u])));
-                }
-            }
+    let quads = p.cols / 32u;
+    let groups = p.cols / p.group;
+    // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
+    // 8·part .. 8·part + 7 of item `ti`.
+    let wrow = block * RT + lid;
+    let wlive = wrow < p.rows;
+    let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols / 8u)) / 4u;
+    let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
+    let ti = lid / 4u;
+    let part = lid % 4u;
+    let xlive = ti < nt;
+    var xr = 0u;
+    if (xlive) {
+        xr = tile_items[ti];
+        if (p.expert_mode != 0u) {
+            xr = xr / p.x_div;
         }
     }
-    for (var tt = 0u; tt < TT; tt++) {
-        red[lid * TT + tt] = acc[tt];
+    let xb = (p.x_off + xr * p.x_stride) / 4u + part * 2u;
+    // The block this invocation accumulates: rows 4·rg.., items 4·tg...
+    let rg = lid / 4u;
+    let tg = lid % 4u;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    // Step 0's reads.
+    var w = vec4<u32>(0u);
+    var sc = 0.0;
+    var bi = 0.0;
+    if (wlive) {
+        w = W[qbase];
+        sc = w_half4(p.scale_off + hbase);
+        bi = w_half4(p.bias_off + hbase);
     }
-    workgroupBarrier();
-    // Invocation (row r, lane l) finishes items l and l + 8 of row r.
-    let rbase = (lid / LANES) * LANES;
-    for (var tt = lane; tt < nt; tt += LANES) {
+    var x0 = vec4<f32>(0.0);
+    var x1 = vec4<f32>(0.0);
+    if (xlive) {
+        x0 = X[xb];
+        x1 = X[xb + 1u];
+    }
+    for (var q = 0u; q < quads; q++) {
+        // This step's weights, dequantised, and inputs into shared memory.
+        var cols = array<vec4<f32>, 8>(
+            deq(w.x, SH_LO, sc, bi), deq(w.x, SH_HI, sc, bi),
+            deq(w.y, SH_LO, sc, bi), deq(w.y, SH_HI, sc, bi),
+            deq(w.z, SH_LO, sc, bi), deq(w.z, SH_HI, sc, bi),
+            deq(w.w, SH_LO, sc, bi), deq(w.w, SH_HI, sc, bi));
+        let wg = lid / 4u;
+        let wc = lid % 4u;
+        for (var j = 0u; j < 8u; j++) {
+            let v = cols[j];
+            ws[(4u * j) * 16u + wg][wc] = v.x;
+            ws[(4u * j + 1u) * 16u + wg][wc] = v.y;
+            ws[(4u * j + 2u) * 16u + wg][wc] = v.z;
+            ws[(4u * j + 3u) * 16u + wg][wc] = v.w;
+        }
+        let k0 = part * 8u;
+        let xg = ti / 4u;
+        let xc = ti % 4u;
+        xs[(k0) * 4u + xg][xc] = x0.x;
+        xs[(k0 + 1u) * 4u + xg][xc] = x0.y;
+        xs[(k0 + 2u) * 4u + xg][xc] = x0.z;
+        xs[(k0 + 3u) * 4u + xg][xc] = x0.w;
+        xs[(k0 + 4u) * 4u + xg][xc] = x1.x;
+        xs[(k0 + 5u) * 4u + xg][xc] = x1.y;
+        xs[(k0 + 6u) * 4u + xg][xc] = x1.z;
+        xs[(k0 + 7u) * 4u + xg][xc] = x1.w;
+        workgroupBarrier();
+        // The next step's reads, in flight while this one computes.
+        let qn = q + 1u;
+        if (qn < quads) {
+            if (wlive) {
+                w = W[qbase + qn];
+                let g = hbase + (qn * 32u) / p.group;
+                sc = w_half4(p.scale_off + g);
+                bi = w_half4(p.bias_off + g);
+            }
+            if (xlive) {
+                x0 = X[xb + qn * 8u];
+                x1 = X[xb + qn * 8u + 1u];
+            }
+        }
+        for (var k = 0u; k < 32u; k++) {
+            let w4 = ws[k * 16u + rg];
+            let x4 = xs[k * 4u + tg];
+            a0 += w4.x * x4;
+            a1 += w4.y * x4;
+            a2 += w4.z * x4;
+            a3 += w4.w * x4;
+        }
+        workgroupBarrier();
+    }
+    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    for (var i = 0u; i < 4u; i++) {
+        let row = block * RT + rg * 4u + i;
         if (row < p.rows) {
-            var total = 0.0;
-            for (var i = 0u; i < LANES; i++) {
-                total += red[(rbase + i) * TT + tt];
-            }
-            let o = p.y_off + tile_items[tt] * p.y_stride + p.row0 + row;
-            if (p.accumulate != 0u) {
-                Y[o] += total;
-            } else {
-                Y[o] = total;
+            let v = acc[i];
+            for (var j = 0u; j < 4u; j++) {
+                let t = tg * 4u + j;
+                if (t < nt) {
+                    let o = p.y_off + tile_items[t] * p.y_stride + p.row0 + row;
+                    if (p.accumulate != 0u) {
+                        Y[o] += v[j];
+                    } else {
+                        Y[o] = v[j];
+                    }
+                }
             }
         }
     }

@@ -20,8 +20,9 @@ const LINEAR_ROWS: usize = 8;
 /// Most workgroups of argmax_part.wgsl.
 const ARGMAX_PARTS: usize = 1024;
 
-/// Items per tile of linear_q4_mm.wgsl (its `TT`).
+/// Items per tile of linear_q4_mm.wgsl (its `TT`) and rows per workgroup (its `RT`).
 const MM_TILE: usize = 16;
+const MM_ROWS: usize = 64;
 
 /// (head, token) pairs of attention below which the keys are split over several workgroups
 /// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
@@ -713,7 +714,8 @@ impl<'a> Forward<'a> {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
-            let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+            let per = if mm { MM_ROWS } else { LINEAR_ROWS };
+            let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
             let z = if mm {
                 io.items.div_ceil(MM_TILE)
@@ -768,7 +770,7 @@ impl<'a> Forward<'a> {
         args: u64,
     ) {
         let s = self.s;
-        let nx = w.rows.div_ceil(LINEAR_ROWS);
+        let nx = w.rows.div_ceil(MM_ROWS);
         for sl in &w.slices {
             let params = linear_params(
                 w,
@@ -1004,8 +1006,8 @@ impl<'a> Forward<'a> {
                     tk as u32,
                     (e + stacked as usize) as u32,
                     MM_TILE as u32,
-                    i.div_ceil(LINEAR_ROWS) as u32,
-                    h.div_ceil(LINEAR_ROWS) as u32,
+                    i.div_ceil(MM_ROWS) as u32,
+                    h.div_ceil(MM_ROWS) as u32,
                     s.tiles_at as u32,
                     s.order_at as u32,
                 ],
