@@ -1,9 +1,10 @@
-// linear.wgsl's y = W x for the common case, MLX affine 4-bit with groups of a multiple of 32
-// (every matrix of the MLX checkpoints): each invocation reads 16 bytes of W at a time (32
-// weights of one group) and the 32 matching inputs as 8 vec4, so 8 invocations sharing a row
-// stream 128 contiguous bytes per step. Same parameters, bindings and slice layout as
-// linear.wgsl (the host picks this kernel when bits = 4, group % 32 = 0, cols % 32 = 0 and the
-// input offsets are multiples of 4).
+// linear.wgsl's y = W x for the common cases: MLX affine 4-bit with groups of a multiple of 32
+// (every matrix of the MLX checkpoints but the router) and 8-bit with groups of a multiple of
+// 16 (the router and the shared expert's gate). Each invocation reads 16 bytes of W at a time
+// (32 4-bit or 16 8-bit weights of one group) and the matching inputs as vec4, so 8 invocations
+// sharing a row stream 128 contiguous bytes per step. Same parameters, bindings and slice layout
+// as linear.wgsl (the host picks this kernel when bits is 4 or 8, the group and the columns are
+// multiples of 128 / bits and the input offsets multiples of 4).
 
 struct P {
     rows: u32,
@@ -52,6 +53,9 @@ fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
 // scale · Σ q x + bias · Σ x over the 32 weights of quad q (16 bytes `w`) of a row whose inputs
 // start at vec4 `xb` and whose groups start at half `hbase`.
 fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+    if (p.bits == 8u) {
+        return quad8(w, xb, hbase, q);
+    }
     let x = xb + q * 8u;
     let x0 = X[x];
     let x1 = X[x + 1u];
@@ -65,6 +69,26 @@ fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
     let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
     let xs = (s4.x + s4.y) + (s4.z + s4.w);
     let g = hbase + (q * 32u) / p.group;
+    return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
+}
+
+const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
+const BYTE = vec4<u32>(255u);
+
+// quad for 8-bit weights: 16 per quad (4 per word), one group (group % 16 = 0).
+fn quad8(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+    let x = xb + q * 4u;
+    let x0 = X[x];
+    let x1 = X[x + 1u];
+    let x2 = X[x + 2u];
+    let x3 = X[x + 3u];
+    let qd = (dot(vec4<f32>((vec4<u32>(w.x) >> SH_8) & BYTE), x0)
+        + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x1))
+        + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x2)
+        + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x3));
+    let s4 = (x0 + x1) + (x2 + x3);
+    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let g = hbase + (q * 16u) / p.group;
     return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
 }
 
@@ -95,9 +119,9 @@ fn linear_q4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let lane = lid % LANES;
     var acc = 0.0;
     if (row < p.rows) {
-        let quads = p.cols / 32u;  // vec4<u32> per row
+        let quads = p.cols * p.bits / 128u;  // vec4<u32> per row
         let groups = p.cols / p.group;
-        let qbase = (slot * p.mat_words + row * (p.cols / 8u)) / 4u;
+        let qbase = (slot * p.mat_words + row * (p.cols * p.bits / 32u)) / 4u;
         let hbase = (slot * p.rows + row) * groups;
         let xb = (p.x_off + xrow * p.x_stride) / 4u;
         // Eight 16-byte reads in flight per invocation while the row has them (a decode step is

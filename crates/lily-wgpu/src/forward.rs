@@ -70,6 +70,16 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
+/// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
+/// columns multiples of 16, inputs on 16-byte boundaries.
+fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
+    w.bits == 8
+        && w.group.is_multiple_of(16)
+        && w.cols.is_multiple_of(16)
+        && io.x_off.is_multiple_of(4)
+        && io.x_stride.is_multiple_of(4)
+}
+
 /// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
 /// only the leading fields).
 #[allow(clippy::too_many_arguments)]
@@ -704,7 +714,7 @@ impl<'a> Forward<'a> {
         let mm = q4 && experts.is_none() && io.items > 1;
         let kernel = if mm {
             &self.k.linear_q4_mm
-        } else if q4 {
+        } else if q4 || q8_ok(w, &io) {
             &self.k.linear_q4
         } else {
             &self.k.linear
