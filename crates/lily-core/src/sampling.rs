@@ -38,7 +38,25 @@ pub struct SamplingParams {
     pub seed: u64,
 }
 
+/// Bits of a device sampler's history word (`Sampler::device_history`): seen by the repetition
+/// penalty, and the count of times generated.
+pub const HISTORY_SEEN: u32 = 0x8000_0000;
+pub const HISTORY_COUNT: u32 = 0x7fff_ffff;
+
 impl SamplingParams {
+    /// The logit_bias entries inside `vocab`, sorted by id stably (repeated ids keep the
+    /// request's order, in which the host adds them): the table a device sampler searches.
+    pub fn sorted_logit_bias(&self, vocab: usize) -> Vec<(u32, f32)> {
+        let mut bias: Vec<(u32, f32)> = self
+            .logit_bias
+            .iter()
+            .copied()
+            .filter(|&(id, _)| (id as usize) < vocab)
+            .collect();
+        bias.sort_by_key(|e| e.0);
+        bias
+    }
+
     pub fn greedy() -> Self {
         SamplingParams {
             temperature: 0.0,
@@ -278,6 +296,24 @@ impl Sampler {
     /// penalty is 1).
     pub fn seen_tokens(&self) -> &[u32] {
         &self.seen
+    }
+
+    /// The history a device sampler keeps, one word per token of `vocab`: how often the token
+    /// was generated (`HISTORY_COUNT` bits, saturating) and `HISTORY_SEEN` when the repetition
+    /// penalty covers it (the CUDA and wgpu samplers' layout).
+    pub fn device_history(&self, vocab: usize) -> Vec<u32> {
+        let mut hist = vec![0u32; vocab];
+        for (t, n) in self.output_counts() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h = n.min(HISTORY_COUNT);
+            }
+        }
+        for &t in self.seen_tokens() {
+            if let Some(h) = hist.get_mut(t as usize) {
+                *h |= HISTORY_SEEN;
+            }
+        }
+        hist
     }
 
     /// Records a token that was generated (for presence/frequency/repetition penalties, and the

@@ -18,9 +18,7 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::sample::{Pick, PickBuffers, PickParams, Sample, ARGMAX_SCRATCH, PICK_MAX_K};
 
-/// Set in `hist` for tokens the repetition penalty covers (HIST_SEEN in sample.cu).
-const HIST_SEEN: u32 = 0x8000_0000;
-const HIST_COUNT: u32 = 0x7fff_ffff;
+// `hist` words: lily-core's `HISTORY_SEEN` / `HISTORY_COUNT` (HIST_SEEN / HIST_COUNT in sample.cu).
 
 /// Whether `params` can be sampled on the device (see the module comment).
 pub fn supports(params: &SamplingParams) -> bool {
@@ -46,25 +44,8 @@ impl DeviceSampler {
     /// Uploads `sampler`'s parameters, logit_bias and history (the tokens it has seen so far).
     pub fn new(gpu: &Gpu, vocab: usize, sampler: &Sampler) -> Result<DeviceSampler> {
         let p = &sampler.params;
-        let mut hist = vec![0u32; vocab];
-        for (t, n) in sampler.output_counts() {
-            if let Some(h) = hist.get_mut(t as usize) {
-                *h = n.min(HIST_COUNT);
-            }
-        }
-        for &t in sampler.seen_tokens() {
-            if let Some(h) = hist.get_mut(t as usize) {
-                *h |= HIST_SEEN;
-            }
-        }
-        // Sorted by id, stably: repeated ids keep the request's order, as the host adds them.
-        let mut bias: Vec<(u32, f32)> = p
-            .logit_bias
-            .iter()
-            .copied()
-            .filter(|&(id, _)| (id as usize) < vocab)
-            .collect();
-        bias.sort_by_key(|e| e.0);
+        let hist = sampler.device_history(vocab);
+        let bias = p.sorted_logit_bias(vocab);
         let ids: Vec<i32> = bias.iter().map(|e| e.0 as i32).collect();
         let vals: Vec<f32> = bias.iter().map(|e| e.1).collect();
         // One spare entry so an empty table is still a valid allocation.

@@ -265,25 +265,8 @@ impl WgpuBackend {
     fn device_pick(&self, sampler: &Sampler) -> Result<DevicePick> {
         let p = &sampler.params;
         let vocab = self.cfg.vocab;
-        let mut hist = vec![0u32; vocab];
-        for (t, n) in sampler.output_counts() {
-            if let Some(h) = hist.get_mut(t as usize) {
-                *h = n.min(HIST_COUNT);
-            }
-        }
-        for &t in sampler.seen_tokens() {
-            if let Some(h) = hist.get_mut(t as usize) {
-                *h |= HIST_SEEN;
-            }
-        }
-        // Sorted by id, stably: repeated ids keep the request's order, as the host adds them.
-        let mut bias: Vec<(u32, f32)> = p
-            .logit_bias
-            .iter()
-            .copied()
-            .filter(|&(id, _)| (id as usize) < vocab)
-            .collect();
-        bias.sort_by_key(|e| e.0);
+        let hist = sampler.device_history(vocab);
+        let bias = p.sorted_logit_bias(vocab);
         let words: Vec<u32> = bias.iter().flat_map(|e| [e.0, e.1.to_bits()]).collect();
         let greedy = p.temperature <= 0.0;
         Ok(DevicePick {

@@ -293,9 +293,9 @@ pub fn uniform_words(u: f64) -> [u32; 2] {
 /// Most candidates sample_pick.wgsl keeps (its workgroup size): top_k above stays on the host.
 pub const PICK_MAX_K: u32 = 256;
 
-/// Bits of a `DevicePick::hist` entry: times generated, and seen by the repetition penalty.
-pub const HIST_SEEN: u32 = 0x8000_0000;
-pub const HIST_COUNT: u32 = 0x7fff_ffff;
+/// Bits of a `DevicePick::hist` entry: times generated, and seen by the repetition penalty
+/// (lily-core's `Sampler::device_history` layout).
+pub use lily_core::sampling::{HISTORY_COUNT as HIST_COUNT, HISTORY_SEEN as HIST_SEEN};
 
 /// The device sampler of one decode call (sample_adjust.wgsl, sample_pick.wgsl): the
 /// `Sampler`'s parameters, its history and logit_bias on the device, scratch for the adjusted

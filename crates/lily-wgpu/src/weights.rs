@@ -75,22 +75,7 @@ fn upload_stack(
     lin: &Linear,
     extra: Option<&Linear>,
 ) -> Result<GpuLinear> {
-    let (bits, group, packed, scales, biases) = match &lin.data {
-        WeightData::Affine {
-            bits,
-            group,
-            packed,
-            scales,
-            biases,
-        } => (
-            *bits,
-            *group,
-            packed.bytes(),
-            scales.bytes(),
-            biases.bytes(),
-        ),
-        WeightData::Bf16 { data } => (16, 64, data.bytes(), &[][..], &[][..]),
-    };
+    let (bits, group, packed, scales, biases) = parts_of(lin);
     if !matches!(bits, 4 | 8 | 16) {
         bail!("{label}: {bits}-bit weights are not supported by the wgpu backend (4, 8 or bf16)");
     }

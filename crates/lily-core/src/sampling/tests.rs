@@ -501,3 +501,39 @@ fn a_constraint_limits_picks_to_its_mask_and_hears_each_accepted_token() {
     }
     assert_eq!(committed.lock().unwrap().len(), 200);
 }
+
+#[test]
+fn device_history_counts_outputs_and_marks_what_the_repetition_penalty_covers() {
+    let p = SamplingParams {
+        repetition_penalty: 1.2,
+        ..SamplingParams::greedy()
+    };
+    let mut s = Sampler::with_prompt(p, &[3, 9, 3]);
+    for t in [5, 9, 5, 5, 70] {
+        s.accept(t);
+    }
+    let h = s.device_history(10);
+    assert_eq!(h.len(), 10);
+    assert_eq!(h[3], HISTORY_SEEN); // prompt only
+    assert_eq!(h[5], HISTORY_SEEN | 3);
+    assert_eq!(h[9], HISTORY_SEEN | 1); // prompt and output
+    assert_eq!(h[0], 0);
+    // Without a repetition penalty nothing is marked seen; counts stay.
+    let mut plain = Sampler::with_prompt(SamplingParams::greedy(), &[3]);
+    plain.accept(5);
+    plain.accept(5);
+    let h = plain.device_history(10);
+    assert_eq!((h[3], h[5]), (0, 2));
+}
+
+#[test]
+fn sorted_logit_bias_drops_ids_outside_the_vocabulary_and_keeps_repeats_in_order() {
+    let p = SamplingParams {
+        logit_bias: vec![(7, 1.0), (2, -3.0), (99, 5.0), (7, -0.5), (0, 2.5)],
+        ..SamplingParams::greedy()
+    };
+    assert_eq!(
+        p.sorted_logit_bias(10),
+        vec![(0, 2.5), (2, -3.0), (7, 1.0), (7, -0.5)]
+    );
+}
