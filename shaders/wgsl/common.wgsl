@@ -38,6 +38,31 @@ fn softplus(x: f32) -> f32 {
     return log(1.0 + exp(x));
 }
 
+// MLX affine 4-bit words: weight j of a u32 in bits 4j .. 4j + 3; as vec4 lanes, the nibbles
+// 0..3 (SH_LO) and 4..7 (SH_HI).
+const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
+const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
+const NIB = vec4<u32>(15u);
+
+// Σ q_j x_j over the 8 nibbles of `w` against inputs a (nibbles 0..3) and b (4..7).
+fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let wv = vec4<u32>(w);
+    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
+}
+
+// Σ q_j x_j over the 32 weights of one 16-byte word `w` against their inputs x0 .. x7.
+fn qdot32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
+          x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
+    return dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
+}
+
+// Σ x over those 32 inputs (the bias term of an affine group).
+fn xsum32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>,
+          x6: vec4<f32>, x7: vec4<f32>) -> f32 {
+    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
+    return (s4.x + s4.y) + (s4.z + s4.w);
+}
+
 const NEG_BIG: f32 = -3.0e38;
 
 var<workgroup> wg_part: array<f32, 64>;

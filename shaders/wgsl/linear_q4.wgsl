@@ -40,15 +40,6 @@ fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
 }
 
-const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
-const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
-const NIB = vec4<u32>(15u);
-
-// Σ q_j x_j over the 8 nibbles of `w` against inputs a (nibbles 0..3) and b (4..7).
-fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let wv = vec4<u32>(w);
-    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
-}
 
 // scale · Σ q x + bias · Σ x over the 32 weights of quad q (16 bytes `w`) of a row whose inputs
 // start at vec4 `xb` and whose groups start at half `hbase`.
@@ -65,9 +56,8 @@ fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
     let x5 = X[x + 5u];
     let x6 = X[x + 6u];
     let x7 = X[x + 7u];
-    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
-    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
-    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let qd = qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
+    let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = hbase + (q * 32u) / p.group;
     return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
 }

@@ -49,19 +49,11 @@ fn u_half4(i: u32) -> f32 {
     return bf16_at(Wu[i >> 3u][(i >> 1u) & 3u], i);
 }
 
-const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
-const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
-const NIB = vec4<u32>(15u);
 
-// Σ q_j x_j over the 8 nibbles of `w` against inputs a (nibbles 0..3) and b (4..7).
-fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let wv = vec4<u32>(w);
-    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
-}
-
-// scale · Σ q x + bias · Σ x over the 32 weights of quad q (16 bytes `w`) of a row whose inputs
-// start at vec4 `xb` and whose groups start at half `hbase`.
-fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
+// (gate, up): scale · Σ q x + bias · Σ x over the 32 weights of quad q of a row of each matrix
+// (16 bytes `wg` of the gate, `wu` of up), whose inputs start at vec4 `xb` and whose groups start
+// at half `hbase`; the inputs are read once for both.
+fn quad2(wg: vec4<u32>, wu: vec4<u32>, xb: u32, hbase: u32, q: u32) -> vec2<f32> {
     let x = xb + q * 8u;
     let x0 = X[x];
     let x1 = X[x + 1u];
@@ -71,28 +63,13 @@ fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
     let x5 = X[x + 5u];
     let x6 = X[x + 6u];
     let x7 = X[x + 7u];
-    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
-    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
-    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = hbase + (q * 32u) / p.group;
-    return w_half4(p.scale_off + g) * qd + w_half4(p.bias_off + g) * xs;
-}
-
-fn quad_u(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
-    let x = xb + q * 8u;
-    let x0 = X[x];
-    let x1 = X[x + 1u];
-    let x2 = X[x + 2u];
-    let x3 = X[x + 3u];
-    let x4 = X[x + 4u];
-    let x5 = X[x + 5u];
-    let x6 = X[x + 6u];
-    let x7 = X[x + 7u];
-    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
-    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
-    let xs = (s4.x + s4.y) + (s4.z + s4.w);
-    let g = hbase + (q * 32u) / p.group;
-    return u_half4(p.scale_off + g) * qd + u_half4(p.bias_off + g) * xs;
+    let gate = w_half4(p.scale_off + g) * qdot32(wg, x0, x1, x2, x3, x4, x5, x6, x7)
+        + w_half4(p.bias_off + g) * xs;
+    let up = u_half4(p.scale_off + g) * qdot32(wu, x0, x1, x2, x3, x4, x5, x6, x7)
+        + u_half4(p.bias_off + g) * xs;
+    return vec2<f32>(gate, up);
 }
 
 const ROWS: u32 = 8u;
@@ -140,14 +117,15 @@ fn linear_q4_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
             let u1 = Wu[qbase + q + LANES];
             let u2 = Wu[qbase + q + 2u * LANES];
             let u3 = Wu[qbase + q + 3u * LANES];
-            acc += (quad(g0, xb, hbase, q) + quad(g1, xb, hbase, q + LANES))
-                + (quad(g2, xb, hbase, q + 2u * LANES) + quad(g3, xb, hbase, q + 3u * LANES));
-            acc_u += (quad_u(u0, xb, hbase, q) + quad_u(u1, xb, hbase, q + LANES))
-                + (quad_u(u2, xb, hbase, q + 2u * LANES) + quad_u(u3, xb, hbase, q + 3u * LANES));
+            let a = (quad2(g0, u0, xb, hbase, q) + quad2(g1, u1, xb, hbase, q + LANES))
+                + (quad2(g2, u2, xb, hbase, q + 2u * LANES) + quad2(g3, u3, xb, hbase, q + 3u * LANES));
+            acc += a.x;
+            acc_u += a.y;
         }
         for (; q < quads; q += LANES) {
-            acc += quad(W[qbase + q], xb, hbase, q);
-            acc_u += quad_u(Wu[qbase + q], xb, hbase, q);
+            let a = quad2(W[qbase + q], Wu[qbase + q], xb, hbase, q);
+            acc += a.x;
+            acc_u += a.y;
         }
     }
     wg_part[lid] = acc;

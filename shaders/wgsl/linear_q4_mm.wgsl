@@ -53,9 +53,6 @@ fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
 }
 
-const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
-const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
-const NIB = vec4<u32>(15u);
 
 fn deq(w: u32, sh: vec4<u32>, s: f32, b: f32) -> vec4<f32> {
     return vec4<f32>((vec4<u32>(w) >> sh) & NIB) * s + vec4<f32>(b);

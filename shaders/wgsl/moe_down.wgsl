@@ -30,14 +30,6 @@ override COLS: u32 = 512u;
 
 const ROWS: u32 = 8u;
 const LANES: u32 = 8u;
-const SH_LO = vec4<u32>(0u, 4u, 8u, 12u);
-const SH_HI = vec4<u32>(16u, 20u, 24u, 28u);
-const NIB = vec4<u32>(15u);
-
-fn dot8(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let wv = vec4<u32>(w);
-    return dot(vec4<f32>((wv >> SH_LO) & NIB), a) + dot(vec4<f32>((wv >> SH_HI) & NIB), b);
-}
 
 fn we_half(i: u32) -> f32 {
     return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
@@ -56,9 +48,8 @@ fn expert_quad(e: u32, row: u32, xb: u32, q: u32) -> f32 {
     let x5 = A[x + 5u];
     let x6 = A[x + 6u];
     let x7 = A[x + 7u];
-    let qd = dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
-    let s4 = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7));
-    let xs = (s4.x + s4.y) + (s4.z + s4.w);
+    let qd = qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
+    let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = (e * p.rows + row) * (p.cols / p.group) + (q * 32u) / p.group;
     return we_half(p.scale_off + g) * qd + we_half(p.bias_off + g) * xs;
 }
