@@ -7,7 +7,8 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-nopdl new-bulk new-l1 new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-nopdl new-bulk new-l1 new-nomma new-early new-1blk new-overlap
+# new-overlap-nomma new-sampled new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
 # lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
@@ -19,7 +20,10 @@ OUT="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$OUT"
 NEW="$HERE/bin/lily-engine"
 OLD="${OLD:-$HERE/../old/lily-engine}"
+# The synthetic checkpoint: in /dev/shm when it has room (no disk writes: synth is ≈ 2.5× faster),
+# else /tmp.
 M=/tmp/full-mlx
+[ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -ge 40 ] 2>/dev/null && M=/dev/shm/full-mlx
 export LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
 LOG="$OUT/session.txt"
 say() { echo "$*" | tee -a "$LOG"; }
@@ -49,6 +53,11 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
       new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
       new-l1) cmd=("$NEW" bench "${B[@]}" --l1-weights) ;;
+      new-nomma) cmd=("$NEW" bench "${B[@]}" --no-mma-gemv) ;;
+      new-early) cmd=("$NEW" bench "${B[@]}" --early-trigger) ;;
+      new-1blk) cmd=("$NEW" bench "${B[@]}" --decode-blocks-per-sm 1) ;;
+      new-overlap) cmd=("$NEW" bench "${B[@]}" --early-trigger --decode-blocks-per-sm 1) ;;
+      new-overlap-nomma) cmd=("$NEW" bench "${B[@]}" --early-trigger --decode-blocks-per-sm 1 --no-mma-gemv) ;;
       new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new) cmd=("$NEW" bench "${B[@]}") ;;
     esac
@@ -127,14 +136,15 @@ fi
 
 # NCU=CTX: Nsight Compute over the first decode steps at context CTX (each kernel node of the graph
 # profiled alone, caches flushed, clocks left alone): duration, DRAM bytes and throughput per
-# launch (ncu.csv, raw page; aggregate with scripts/ncu_summary.py).
+# launch (ncu.csv, raw page; aggregate with scripts/ncu_summary.py). NCU_ARGS: more bench flags
+# (e.g. --no-mma-gemv), NCU_OUT: another file name.
 if [ -n "${NCU:-}" ]; then
   NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   timeout "${NCU_TIMEOUT:-150}" "$NC" --graph-profiling node --clock-control none --csv --page raw \
     --kernel-name regex:'^(dec_|attn_split|attn_qk|lm_|sample|argmax|advance)' --launch-count "${NCU_COUNT:-700}" \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__registers_per_thread \
-    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "$NCU" --decode-tokens 2 --repeat 1 \
-    > "$OUT/ncu.csv" 2> /tmp/ncu.err
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "$NCU" --decode-tokens 2 --repeat 1 ${NCU_ARGS:-} \
+    > "$OUT/${NCU_OUT:-ncu.csv}" 2> /tmp/ncu.err
   say "ncu rc=$?: $(tail -2 /tmp/ncu.err | tr '\n' ' ')"
 fi
 

@@ -107,6 +107,27 @@ struct DecSegs {
     int tiles;  // tiles of all segments together
 };
 
+// When the next kernel may launch (programmatic dependent launch, sm_90+). By default a decode
+// kernel lets it start when its blocks have summed their last rows (dec_trigger_late): the
+// next kernel's blocks then stream their first weights while this one stores and exits. With
+// DEC_EARLY_TRIGGER (the plan's `early_trigger`) every decode kernel lets it start as soon as
+// its own early weight loads are issued (dec_wait), so the next kernel's blocks can become
+// resident beside this one's (when registers allow: `dec_blocks_per_sm` 1) and request their
+// weights while this one computes; their griddepcontrol.wait still waits for this kernel to
+// complete, so the order of the data is unchanged.
+__device__ __forceinline__ void dec_wait() {
+#if defined(DEC_EARLY_TRIGGER) && DEC_EARLY_TRIGGER
+    pdl_trigger();
+#endif
+    pdl_wait();
+}
+
+__device__ __forceinline__ void dec_trigger_late() {
+#if !(defined(DEC_EARLY_TRIGGER) && DEC_EARLY_TRIGGER)
+    pdl_trigger();
+#endif
+}
+
 // 8-bit values: 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the
 // byte as a float (two full-rate operations, no int → float conversion).
 __device__ __forceinline__ float byte_f(u32 v, u32 sel) {
@@ -417,7 +438,7 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
-    pdl_wait();
+    dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int G = cols >> 6;
@@ -559,7 +580,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
     if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
     if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    pdl_wait();
+    dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
     float sx = 0.0f;
@@ -575,7 +596,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
         gemv_finish<BITS, GPL, R>(segs, tb, tg, rb, xv, sx, xs, xsum);
         if (tb + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, tb + 2 * step, tg, rb);
     }
-    pdl_trigger();  // the block's last rows are summed: let the next kernel start
+    dec_trigger_late();  // the block's last rows are summed: let the next kernel start
 }
 
 #define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
@@ -685,7 +706,7 @@ __device__ __forceinline__ void gemv_bulk(const DecSegs& segs, const float* __re
             bulk_tile(segs, blockIdx.x + k * step, cols, ring + k * stage_bytes, &full[k]);
     }
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    pdl_wait();
+    dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);  // its barriers publish the inits
     // The lane's columns: word u = lane + 32 j (j < U) of a row holds columns 32u .. 32u + 31.
     float xv[32 * U], hx[U];
@@ -738,7 +759,7 @@ __device__ __forceinline__ void gemv_bulk(const DecSegs& segs, const float* __re
             bulk_tile(segs, blockIdx.x + (k + DEC_BULK_STAGES) * step, cols, ring + s * stage_bytes, &full[s]);
         }
     }
-    pdl_trigger();
+    dec_trigger_late();
 }
 #endif
 
@@ -829,7 +850,7 @@ dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n
     __shared__ float w_s[DEC_MAX_TOPK];
     int cols = gate.cols;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    pdl_wait();
+    dec_wait();
     // Every block routes the token itself (a few hundred cycles, one launch fewer); block 0 also
     // publishes the routing for dec_down_combine.
     route_and_stage<false>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
@@ -946,7 +967,7 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     int t = blockIdx.x;
     bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
     if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-    pdl_wait();
+    dec_wait();
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
@@ -961,7 +982,7 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
         glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx, h, h_stride, hs);
         if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     }
-    pdl_trigger();
+    dec_trigger_late();
 }
 
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
@@ -1010,7 +1031,7 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         for (int j = 0; j < DEC_DOWN_BATCH; j++)
             if (kc + j * DEC_DOWN_KSPLIT == top_k) load(j, top_k);
     }
-    pdl_wait();
+    dec_wait();
     if (fast) {
 #pragma unroll
         for (int j = 0; j < DEC_DOWN_BATCH; j++) {
@@ -1087,7 +1108,7 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
                 ys = act(acc[0]);
         }
     }
-    pdl_trigger();
+    dec_trigger_late();
     if (sl == 0) {
         part[kc * rows_per_block + r_local] = y;
         if (kc == top_k % DEC_DOWN_KSPLIT) shared_part[r_local] = ys;
@@ -1120,7 +1141,7 @@ dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const f
             taps[j] = w[(long long)ch * k + j];
             if (j < k - 1) rows[j] = conv_state[(long long)j * conv_dim + ch];
         }
-    pdl_wait();
+    dec_wait();
     if (!live) return;
     float acc = 0.0f;
 #pragma unroll
@@ -1158,7 +1179,7 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
     float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
-    pdl_wait();
+    dec_wait();
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     const float* qt = c + hk * dk;
@@ -1189,4 +1210,287 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
+}
+
+// ---- Tensor-core GEMVs (bf16 activations) ----------------------------------------------------
+//
+// dec_gemv4m / dec_glu4m: dec_gemv4 (and dec_gemv4w) / dec_glu4 with the products on the tensor
+// cores (mma.sync m16n8k16, bf16 in, f32 accumulate), for 4-bit weights whose rows have 4, 8, 16,
+// 32 or 64 groups. On the CUDA cores a 4-bit weight costs ≈ 5 instructions (ncu, docs/perf-notes.md)
+// and the GEMVs stop at ≈ 1 TB/s for want of issue slots; here a packed word of 8 weights costs
+// 3 shifts and 4 LOP3s (two bf16 values 128 + n per 32-bit register, exact) and a quarter of an
+// mma, ≈ 1.5 instructions per weight with the scales. Only valid when the staged input is exactly
+// representable in bf16, i.e. with LILY_BF16_ACT (the launcher's rule).
+//
+// A warp's unit of work: 16 rows × DEC_MMA_KG groups of one weight. Lane (g = lane / 4,
+// t = lane % 4) loads 8 bytes (words 2t, 2t + 1 of the group) of rows g and g + 8 per group, and the
+// unit's scales and biases of both rows: each 8-byte request of a warp covers whole 32-byte
+// sectors. The mma's k slots of lane t are its own columns, taken in the order the nibbles fall
+// in a register ((w >> 4i) & 0x000F000F: columns i and i + 4 of the word), and the input is
+// staged in shared memory in that order (stage_xb), so A and B agree slot for slot; the input's
+// eight mma columns are the same vector, so every lane of a quad ends with its rows' sums.
+// Per group: Σ (128 + n_j) x_j from four mmas, then s · Σ n x + b · Σ x = s · d + (b − 128 s) · Σ x.
+//
+// A block's tile: DEC_WARPS warps as RT row tiles of 16 rows × KS slices of the groups, the
+// slices' sums meeting in shared memory; each warp walks its units (nch a tile) two register
+// buffers deep, its first two units requested before pdl_wait, as gemv_pipelined does.
+
+#ifndef DEC_MMA_KG
+#error "DEC_MMA_KG comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_MMA_BLOCKS
+#error "DEC_MMA_BLOCKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+
+struct MUnit {
+    uint2 qa[DEC_MMA_KG], qb[DEC_MMA_KG];  // rows g and g + 8: words 2t, 2t + 1 of each group
+    uint2 sa[DEC_MMA_KG / 4], ba[DEC_MMA_KG / 4], sb[DEC_MMA_KG / 4], bb[DEC_MMA_KG / 4];  // bf16 × 4 each
+};
+
+__device__ __forceinline__ uint2 ld_stream8(const u32* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint2 ld_nc8(const u16* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+// The bf16 j (0..3) of four packed in v, as a float.
+__device__ __forceinline__ float bf16_of(uint2 v, int j) {
+    u32 w = (j & 2) ? v.y : v.x;
+    return __uint_as_float((j & 1) ? (w & 0xffff0000u) : (w << 16));
+}
+
+// bf16 pair (128 + n_i, 128 + n_{i+4}) of the nibbles of w at bits 4i and 4i + 16.
+__device__ __forceinline__ u32 nib_pair(u32 w, int i) { return ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u; }
+
+// The four mmas of one packed word of rows g (a) and g + 8 (b): k slots as in nib_pair.
+__device__ __forceinline__ void mma_word(float (&d)[4], u32 a, u32 b, u32 x0, u32 x1, u32 x2, u32 x3) {
+    const u32 lo[4] = {nib_pair(a, 0), nib_pair(b, 0), nib_pair(a, 1), nib_pair(b, 1)};
+    mma_bf16(d, lo, x0, x1);
+    const u32 hi[4] = {nib_pair(a, 2), nib_pair(b, 2), nib_pair(a, 3), nib_pair(b, 3)};
+    mma_bf16(d, hi, x2, x3);
+}
+
+// The staged input (xs, fp32 groups padded to DEC_XPAD) as bf16 pairs in the mma's slot order:
+// u32 ((g · 4 + t) · 2 + w) · 4 + i holds columns i and i + 4 of word 2t + w of group g.
+__device__ __forceinline__ void stage_xb(const float* xs, int G, u32* xb) {
+    for (int idx = threadIdx.x; idx < G * 32; idx += blockDim.x) {
+        int i = idx & 3, w = (idx >> 2) & 1, t = (idx >> 3) & 3, g = idx >> 5;
+        const float* xg = xs + g * DEC_XPAD + (2 * t + w) * 8 + i;
+        xb[idx] = pack_bf16x2(xg[0], xg[4]);
+    }
+    __syncthreads();
+}
+
+// Rows row0 .. row0 + 15 of w (clamped to its last row), groups g0 .. g0 + DEC_MMA_KG − 1.
+__device__ __forceinline__ void munit_load(const QWeight& w, int row0, int g0, int G, MUnit& u) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    long long ra = min(row0 + g, w.rows - 1), rb = min(row0 + g + 8, w.rows - 1);
+    long long wpr = (long long)G * 8;
+    const u32* pa = w.q + ra * wpr + g0 * 8 + 2 * t;
+    const u32* pb = w.q + rb * wpr + g0 * 8 + 2 * t;
+#pragma unroll
+    for (int j = 0; j < DEC_MMA_KG; j++) {
+        u.qa[j] = ld_stream8(pa + 8 * j);
+        u.qb[j] = ld_stream8(pb + 8 * j);
+    }
+#pragma unroll
+    for (int j = 0; j < DEC_MMA_KG / 4; j++) {
+        u.sa[j] = ld_nc8(w.scales + ra * G + g0 + 4 * j);
+        u.ba[j] = ld_nc8(w.biases + ra * G + g0 + 4 * j);
+        u.sb[j] = ld_nc8(w.scales + rb * G + g0 + 4 * j);
+        u.bb[j] = ld_nc8(w.biases + rb * G + g0 + 4 * j);
+    }
+}
+
+// acc_a / acc_b += the unit's share of rows g / g + 8 · x.
+__device__ __forceinline__ void munit_dot(const MUnit& u, int g0, const u32* xb, const float* xsum, float& acc_a,
+                                          float& acc_b) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < DEC_MMA_KG; j++) {
+        const uint4* xp = reinterpret_cast<const uint4*>(xb) + ((g0 + j) * 4 + t) * 2;
+        uint4 x0 = xp[0], x1 = xp[1];
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_word(d, u.qa[j].x, u.qb[j].x, x0.x, x0.y, x0.z, x0.w);
+        mma_word(d, u.qa[j].y, u.qb[j].y, x1.x, x1.y, x1.z, x1.w);
+        float sx = xsum[g0 + j];
+        float s0 = bf16_of(u.sa[j / 4], j & 3), b0 = bf16_of(u.ba[j / 4], j & 3);
+        float s1 = bf16_of(u.sb[j / 4], j & 3), b1 = bf16_of(u.bb[j / 4], j & 3);
+        acc_a += s0 * d[0] + (b0 - 128.0f * s0) * sx;
+        acc_b += s1 * d[2] + (b1 - 128.0f * s1) * sx;
+    }
+}
+
+// A block's tile shape for G groups a row: KS warps share a row tile (each a slice of the
+// groups, nch units of DEC_MMA_KG groups), RT row tiles of 16.
+struct MShape {
+    int G, KS, RT, nch, rt, ks;
+};
+
+__device__ __forceinline__ MShape mshape(int G, int warps_per_tile) {
+    MShape m;
+    m.G = G;
+    int chunks = G / DEC_MMA_KG;
+    m.KS = min(warps_per_tile, chunks);
+    m.RT = warps_per_tile / m.KS;
+    m.nch = chunks / m.KS;
+    int warp = threadIdx.x >> 5;
+    m.rt = (warp % warps_per_tile) / m.KS;
+    m.ks = warp % m.KS;
+    return m;
+}
+
+// The first group of a warp's unit u (u counts the warp's units over its tiles).
+__device__ __forceinline__ int munit_g0(const MShape& m, int u) { return (m.ks + (u % m.nch) * m.KS) * DEC_MMA_KG; }
+
+__device__ __forceinline__ void gemv4m_load(const DecSegs& segs, const MShape& m, int u, MUnit& r) {
+    int tile = blockIdx.x + (u / m.nch) * gridDim.x;
+    DecSeg sg = seg_of(segs, tile);
+    munit_load(sg.w, (tile - sg.tile0) * 16 * m.RT + m.rt * 16, munit_g0(m, u), m.G, r);
+}
+
+// A tile's end: the warps' partial sums meet in part[buffer], one barrier; threads < 16 · RT
+// store the tile's rows.
+__device__ __forceinline__ void gemv4m_tile_end(const DecSegs& segs, const MShape& m, int u, float& acc_a,
+                                                float& acc_b, float (*part)[16]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int tile_i = u / m.nch, tile = blockIdx.x + tile_i * gridDim.x;
+    float* p = part[(tile_i & 1) * DEC_WARPS + warp];
+    if ((lane & 3) == 0) {
+        p[lane >> 2] = acc_a;
+        p[(lane >> 2) + 8] = acc_b;
+    }
+    acc_a = acc_b = 0.0f;
+    __syncthreads();
+    int r = threadIdx.x;
+    if (r < 16 * m.RT) {
+        DecSeg sg = seg_of(segs, tile);
+        int rt = r >> 4;
+        float s = 0.0f;
+        for (int k = 0; k < m.KS; k++) s += part[(tile_i & 1) * DEC_WARPS + rt * m.KS + k][r & 15];
+        int row = (tile - sg.tile0) * 16 * m.RT + r;
+        if (row < sg.w.rows) store_out(sg.y + row, sg.mode, s);
+    }
+}
+
+// Tiles of 16 · RT rows over a persistent grid (see dec_gemv); block DEC_WARPS · 32.
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_MMA_BLOCKS)
+dec_gemv4m(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+           const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ __align__(16) u32 xb[DEC_MAX_GROUPS * 32];
+    __shared__ float part[2 * DEC_WARPS][16];
+    MShape m = mshape(cols >> 6, DEC_WARPS);
+    int my_tiles = blockIdx.x < segs.tiles ? (segs.tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    int n = my_tiles * m.nch;
+    MUnit ra, rb;
+    if (n > 0) gemv4m_load(segs, m, 0, ra);
+    if (n > 1) gemv4m_load(segs, m, 1, rb);
+    stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
+    dec_wait();
+    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+    stage_xb(xs, m.G, xb);
+    float acc_a = 0.0f, acc_b = 0.0f;
+    // A buffer is refilled as soon as it is summed, before the tile's barrier.
+    for (int u = 0; u < n; u += 2) {
+        munit_dot(ra, munit_g0(m, u), xb, xsum, acc_a, acc_b);
+        if (u + 2 < n) gemv4m_load(segs, m, u + 2, ra);
+        if (u % m.nch == m.nch - 1) gemv4m_tile_end(segs, m, u, acc_a, acc_b, part);
+        if (u + 1 >= n) break;
+        munit_dot(rb, munit_g0(m, u + 1), xb, xsum, acc_a, acc_b);
+        if (u + 3 < n) gemv4m_load(segs, m, u + 3, rb);
+        if ((u + 1) % m.nch == m.nch - 1) gemv4m_tile_end(segs, m, u + 1, acc_a, acc_b, part);
+    }
+    dec_trigger_late();
+}
+
+// dec_glu4m: dec_glu4 on the tensor cores. A tile is 16 rows of one item's gate and the same 16
+// rows of its up: warps 0 .. 3 take gate, 4 .. 7 up, each a quarter of the groups (nch units).
+// Item 0 is the shared expert (its first units requested before pdl_wait), items 1 .. top_k the
+// routed experts ids[k − 1]. tiles_per_item = ceil(rows / 16).
+__device__ __forceinline__ void glu4m_load(const MShape& m, int u, int per_item, const QWeight& gate,
+                                           const QWeight& up, const QWeight& sgate, const QWeight& sup,
+                                           const int* ids_s, MUnit& r) {
+    int tile = blockIdx.x + (u / m.nch) * gridDim.x;
+    QWeight wg, wu;
+    glu_item(tile / per_item, gate, up, sgate, sup, ids_s, wg, wu);
+    bool is_up = (threadIdx.x >> 5) >= DEC_WARPS / 2;
+    munit_load(is_up ? wu : wg, (tile % per_item) * 16, munit_g0(m, u), m.G, r);
+}
+
+__device__ __forceinline__ void glu4m_tile_end(const MShape& m, int u, int per_item, int g_rows, int s_rows,
+                                               float& acc_a, float& acc_b, float (*part)[16], float* __restrict__ h,
+                                               int h_stride, float* __restrict__ hs) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int tile_i = u / m.nch, tile = blockIdx.x + tile_i * gridDim.x;
+    float* p = part[(tile_i & 1) * DEC_WARPS + warp];
+    if ((lane & 3) == 0) {
+        p[lane >> 2] = acc_a;
+        p[(lane >> 2) + 8] = acc_b;
+    }
+    acc_a = acc_b = 0.0f;
+    __syncthreads();
+    int r = threadIdx.x;
+    if (r < 16) {
+        int item = tile / per_item;
+        int row = (tile % per_item) * 16 + r;
+        float g = 0.0f, v = 0.0f;
+        for (int k = 0; k < m.KS; k++) {
+            g += part[(tile_i & 1) * DEC_WARPS + k][r];
+            v += part[(tile_i & 1) * DEC_WARPS + DEC_WARPS / 2 + k][r];
+        }
+        int rows = item == 0 ? s_rows : g_rows;
+        float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
+        if (row < rows) out[row] = act(act(siluf(act(g))) * act(v));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_MMA_BLOCKS)
+dec_glu4m(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+          int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+          const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+          int tiles_per_item) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ __align__(16) u32 xb[DEC_MAX_GROUPS * 32];
+    __shared__ float part[2 * DEC_WARPS][16];
+    __shared__ float p[DEC_MAX_EXPERTS];
+    __shared__ int ids_s[DEC_MAX_TOPK];
+    __shared__ float w_s[DEC_MAX_TOPK];
+    int cols = gate.cols;
+    MShape m = mshape(cols >> 6, DEC_WARPS / 2);
+    int tiles = (top_k + 1) * tiles_per_item;
+    int my_tiles = blockIdx.x < tiles ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    int n = my_tiles * m.nch;
+    MUnit ra, rb;
+    // The shared expert's units need no routing: requested before pdl_wait.
+    bool early_a = n > 0 && (int)blockIdx.x < tiles_per_item;
+    bool early_b = n > 1 && (int)blockIdx.x + (1 / m.nch) * (int)gridDim.x < tiles_per_item;
+    if (early_a) glu4m_load(m, 0, tiles_per_item, gate, up, sgate, sup, ids_s, ra);
+    if (early_b) glu4m_load(m, 1, tiles_per_item, gate, up, sgate, sup, ids_s, rb);
+    dec_wait();
+    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+    if (n > 0 && !early_a) glu4m_load(m, 0, tiles_per_item, gate, up, sgate, sup, ids_s, ra);
+    if (n > 1 && !early_b) glu4m_load(m, 1, tiles_per_item, gate, up, sgate, sup, ids_s, rb);
+    stage_xb(xs, m.G, xb);
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int u = 0; u < n; u += 2) {
+        munit_dot(ra, munit_g0(m, u), xb, xsum, acc_a, acc_b);
+        if (u + 2 < n) glu4m_load(m, u + 2, tiles_per_item, gate, up, sgate, sup, ids_s, ra);
+        if (u % m.nch == m.nch - 1)
+            glu4m_tile_end(m, u, tiles_per_item, gate.rows, sgate.rows, acc_a, acc_b, part, h, h_stride, hs);
+        if (u + 1 >= n) break;
+        munit_dot(rb, munit_g0(m, u + 1), xb, xsum, acc_a, acc_b);
+        if (u + 3 < n) glu4m_load(m, u + 3, tiles_per_item, gate, up, sgate, sup, ids_s, rb);
+        if ((u + 1) % m.nch == m.nch - 1)
+            glu4m_tile_end(m, u + 1, tiles_per_item, gate.rows, sgate.rows, acc_a, acc_b, part, h, h_stride, hs);
+    }
+    dec_trigger_late();
 }

@@ -82,6 +82,9 @@ impl CudaBackend {
         gpu.dependent_launch = plan.dependent_launch();
         gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
         gpu.l1_weights = plan.l1_weights();
+        gpu.mma_gemv = plan.mma_gemv();
+        gpu.early_trigger = plan.early_trigger();
+        gpu.dec_blocks_per_sm = plan.decode_blocks_per_sm();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

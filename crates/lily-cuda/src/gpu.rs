@@ -80,6 +80,14 @@ pub struct Gpu {
     /// The decode kernels' weight loads allocate in L1 (the plan's `l1_weights`; decode.cu is
     /// compiled with DEC_WEIGHTS_L1): set before `Kernels::load`.
     pub l1_weights: bool,
+    /// The 4-bit decode GEMVs multiply on the tensor cores (the plan's `mma_gemv`; only with bf16
+    /// activations: set by the backend).
+    pub mma_gemv: bool,
+    /// decode.cu compiled with DEC_EARLY_TRIGGER (the plan's `early_trigger`): set before
+    /// `Kernels::load`.
+    pub early_trigger: bool,
+    /// Resident blocks per SM of the persistent decode grids (the plan's `decode_blocks_per_sm`).
+    pub dec_blocks_per_sm: usize,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -162,6 +170,9 @@ impl Gpu {
             dependent_launch: false,
             bulk_gemv: false,
             l1_weights: false,
+            mma_gemv: false,
+            early_trigger: false,
+            dec_blocks_per_sm: 2,
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

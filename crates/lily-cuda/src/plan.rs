@@ -80,6 +80,18 @@ pub struct CudaOptions {
     /// first request brought instead of fetching the sector from L2 again (`--l1-weights`,
     /// `LILY_L1_WEIGHTS=1`). Off by default: measured 3.6 % slower at 4K on the H200.
     pub l1_weights: bool,
+    /// The 4-bit decode GEMVs (`dec_gemv4`, `dec_gemv4w`, `dec_glu4`) multiply on the tensor
+    /// cores (`mma.sync`, bf16 inputs exact for bf16 activations and 4-bit values, f32 sums)
+    /// instead of the CUDA cores (`--no-mma-gemv`, `LILY_MMA_GEMV=0`). bf16 activations only.
+    pub mma_gemv: bool,
+    /// Every decode kernel lets the next one launch as soon as its own early weight loads are
+    /// issued (griddepcontrol.launch_dependents before its wait), instead of after its last
+    /// rows (`--early-trigger`, `LILY_EARLY_TRIGGER=1`).
+    pub early_trigger: bool,
+    /// Resident blocks per SM of the persistent decode GEMV grids (`--decode-blocks-per-sm N`,
+    /// `LILY_DECODE_BLOCKS=N`, 1 or 2): with 1, a kernel takes half the registers of an SM and
+    /// the next kernel's blocks fit beside it.
+    pub decode_blocks_per_sm: usize,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -103,6 +115,9 @@ impl Default for CudaOptions {
             dependent_launch: true,
             bulk_gemv: false,
             l1_weights: false,
+            mma_gemv: true,
+            early_trigger: false,
+            decode_blocks_per_sm: 2,
             sync_each: false,
             profile: false,
         }
@@ -130,6 +145,9 @@ impl CudaOptions {
     /// | `LILY_PDL=0` | `dependent_launch` |
     /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
     /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
+    /// | `LILY_MMA_GEMV=0` | `mma_gemv` |
+    /// | `LILY_EARLY_TRIGGER=1` | `early_trigger` |
+    /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -153,7 +171,10 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        let flags: [(&str, &mut bool); 13] = [
+        if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
+            self.decode_blocks_per_sm = n;
+        }
+        let flags: [(&str, &mut bool); 15] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -168,6 +189,8 @@ impl CudaOptions {
             ("LILY_PDL", &mut self.dependent_launch),
             ("LILY_BULK_GEMV", &mut self.bulk_gemv),
             ("LILY_L1_WEIGHTS", &mut self.l1_weights),
+            ("LILY_MMA_GEMV", &mut self.mma_gemv),
+            ("LILY_EARLY_TRIGGER", &mut self.early_trigger),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -259,6 +282,9 @@ pub struct Plan {
     dependent_launch: bool,
     bulk_gemv: bool,
     l1_weights: bool,
+    mma_gemv: bool,
+    early_trigger: bool,
+    decode_blocks_per_sm: usize,
     checks: LaunchChecks,
 }
 
@@ -286,6 +312,9 @@ impl Plan {
             dependent_launch: o.dependent_launch,
             bulk_gemv: o.bulk_gemv,
             l1_weights: o.l1_weights,
+            mma_gemv: o.mma_gemv && o.bf16_activations,
+            early_trigger: o.early_trigger,
+            decode_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -451,6 +480,21 @@ impl Plan {
         self.l1_weights
     }
 
+    /// Whether the 4-bit decode GEMVs multiply on the tensor cores (bf16 activations only).
+    pub fn mma_gemv(&self) -> bool {
+        self.mma_gemv
+    }
+
+    /// Whether decode kernels let the next one launch before their wait.
+    pub fn early_trigger(&self) -> bool {
+        self.early_trigger
+    }
+
+    /// Resident blocks per SM of the persistent decode GEMV grids (1 or 2).
+    pub fn decode_blocks_per_sm(&self) -> usize {
+        self.decode_blocks_per_sm
+    }
+
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
         self.checks
@@ -460,7 +504,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {}, early trigger {}, decode blocks per SM {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -474,6 +518,9 @@ impl Plan {
             on(self.dependent_launch),
             on(self.bulk_gemv),
             on(self.l1_weights),
+            on(self.mma_gemv),
+            on(self.early_trigger),
+            self.decode_blocks_per_sm,
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -520,6 +567,9 @@ mod tests {
             ("LILY_PDL", "0"),
             ("LILY_BULK_GEMV", "1"),
             ("LILY_L1_WEIGHTS", "1"),
+            ("LILY_MMA_GEMV", "0"),
+            ("LILY_EARLY_TRIGGER", "1"),
+            ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -540,6 +590,9 @@ mod tests {
                 dependent_launch: false,
                 bulk_gemv: true,
                 l1_weights: true,
+                mma_gemv: false,
+                early_trigger: true,
+                decode_blocks_per_sm: 1,
                 sync_each: true,
                 profile: true,
             }
@@ -558,7 +611,8 @@ mod tests {
             bf16_activations: false,
             ..CudaOptions::default()
         });
-        assert!(!fp32.tensor_cores && !fp32.flash_prefill);
+        assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.mma_gemv());
+        assert!(Plan::resolve(&CudaOptions::default()).mma_gemv());
         let shape = AttnShape {
             n_q: 16,
             n_kv: 2,

@@ -23,7 +23,7 @@ use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
 use lily_cuda::gpu::{DevBuf, Gpu};
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
-use lily_cuda::kernels::decode::{Input, Out, Prologue};
+use lily_cuda::kernels::decode::{Glu, Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
 use lily_cuda::kernels::linear::{Gather, GROUP_TILE};
 use lily_cuda::kernels::moe::{max_group_tiles, Group};
@@ -1068,6 +1068,191 @@ fn fused_decode_blocks_match_cpu() {
     let got: Vec<f32> = rig.g.read(&out, 0, 1000).unwrap();
     check("dec_gemv 1000 rows", &got, &matmul(&heads, &x), 1e-5);
     println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
+}
+
+/// bf16 rounding to nearest even (what the bf16-activation kernels store).
+fn round_bf16(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
+/// The tensor-core decode GEMVs (`dec_gemv4m`, `dec_glu4m`; bf16 activations) against the CPU:
+/// every width they take (256 … 4096 columns), rows that end mid-tile, every store mode,
+/// several projections per launch, the norm and the gated norm folded in, more tiles than the
+/// grid; then the MoE's first half (routing, 8 routed experts and the shared one).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tensor_core_decode_gemvs_match_cpu() {
+    let mut d = dev(true);
+    d.g.mma_gemv = true;
+    let mut rng = Rng(41);
+    let eps = 1e-6f32;
+    for (cols, gated) in [
+        (2048usize, false),
+        (2048, true),
+        (4096, true),
+        (4096, false),
+        (1024, false),
+        (512, false),
+        (256, false),
+    ] {
+        let rows = [300usize, 77, 16, 1];
+        let ws: Vec<Linear> = rows
+            .iter()
+            .map(|&r| linear(&mut rng, 4, 1, r, cols))
+            .collect();
+        let dws: Vec<DevLinear> = ws
+            .iter()
+            .enumerate()
+            .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+            .collect();
+        let x: Vec<f32> = rng.vec(cols, 1.0).into_iter().map(round_bf16).collect();
+        let z: Vec<f32> = rng.vec(cols, 1.0).into_iter().map(round_bf16).collect();
+        let head_dim = 128.min(cols);
+        let norm_w: Vec<f32> = rng
+            .vec(if gated { head_dim } else { cols }, 1.0)
+            .iter()
+            .map(|v| round_bf16(1.0 + 0.3 * v))
+            .collect();
+        let xn: Vec<f32> = if gated {
+            let mut y = vec![0f32; cols];
+            for h in 0..cols / head_dim {
+                let o = &x[h * head_dim..(h + 1) * head_dim];
+                let ss: f32 = o.iter().map(|v| v * v).sum();
+                let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
+                for i in 0..head_dim {
+                    let zc = z[h * head_dim + i];
+                    y[h * head_dim + i] = norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
+                }
+            }
+            y
+        } else {
+            ops::rms_norm(&x, &norm_w, eps)
+        };
+        let resid: Vec<f32> = rng.vec(rows[1], 1.0).into_iter().map(round_bf16).collect();
+        let (xd, zd, nd) = (
+            d.upload(&x).unwrap(),
+            d.upload(&z).unwrap(),
+            d.upload(&norm_w).unwrap(),
+        );
+        let outs_dev: Vec<DevBuf> = rows.iter().map(|&r| poisoned(&d, r)).collect();
+        d.write(&outs_dev[1], 0, &resid).unwrap();
+        let staged = poisoned(&d, cols);
+        let prologue = if gated {
+            Prologue::GatedNorm {
+                weight: nd.ptr,
+                z: zd.ptr,
+                head_dim,
+                eps,
+            }
+        } else {
+            Prologue::RmsNorm {
+                weight: nd.ptr,
+                eps,
+            }
+        };
+        let input = Input {
+            x: xd.ptr,
+            cols,
+            prologue,
+            staged_out: Some(staged.ptr),
+        };
+        let outs = [
+            (&dws[0], Out::Store(outs_dev[0].ptr)),
+            (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&dws[3], Out::Store(outs_dev[3].ptr)),
+        ];
+        d.k.decode.project(&d, input, &outs).unwrap();
+        let what = format!("dec_gemv4m {cols} cols gated={gated}");
+        // The staged row is the normed input rounded to bf16 (within the norm's own rounding
+        // steps); the projections are then checked on exactly that row.
+        let got_xn: Vec<f32> = d.read(&staged, 0, cols).unwrap();
+        check(&format!("{what} staged input"), &got_xn, &xn, 1e-2);
+        assert!(got_xn.iter().all(|&v| v == round_bf16(v)), "{what}: staged row not bf16");
+        for (i, w) in ws.iter().enumerate() {
+            let got: Vec<f32> = d.read(&outs_dev[i], 0, rows[i]).unwrap();
+            let mut want = matmul(w, &got_xn);
+            if i == 1 {
+                want.iter_mut().zip(&resid).for_each(|(a, r)| *a += r);
+            }
+            // Exact (unrounded) sums: only the f32 accumulation differs; the others are rounded
+            // to bf16 (2^-9 relative at most).
+            let tol = if i == 2 { 2e-5 } else { 4e-3 };
+            check(&format!("{what} output {i} ({} rows)", rows[i]), &got, &want, tol);
+        }
+    }
+    // Many tiles a block (the lm_head's shape, shorter), input taken as it is.
+    let w = linear(&mut rng, 4, 1, 20_000, 2048);
+    let dw = upload_linear(&d, "long", &w).unwrap();
+    let x: Vec<f32> = rng.vec(2048, 1.0).into_iter().map(round_bf16).collect();
+    let xd = d.upload(&x).unwrap();
+    let out = poisoned(&d, 20_000);
+    d.k.decode
+        .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Exact(out.ptr))])
+        .unwrap();
+    let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
+    check("dec_gemv4m 20000 rows", &got, &matmul(&w, &x), 2e-5);
+
+    // The MoE's first half: 32 experts of 512 × 1024 (routed) and a 256-row shared expert.
+    let (e, top_k, inter, sinter, h) = (32usize, 8usize, 512usize, 256usize, 1024usize);
+    let gate = linear(&mut rng, 4, e, inter, h);
+    let up = linear(&mut rng, 4, e, inter, h);
+    let sgate = linear(&mut rng, 4, 1, sinter, h);
+    let sup = linear(&mut rng, 4, 1, sinter, h);
+    let dev_w: Vec<DevLinear> = [&gate, &up, &sgate, &sup]
+        .iter()
+        .enumerate()
+        .map(|(i, w)| upload_linear(&d, &format!("moe{i}"), w).unwrap())
+        .collect();
+    for round in 0..3 {
+        let xn: Vec<f32> = rng.vec(h, 1.0).into_iter().map(round_bf16).collect();
+        let logits = rng.vec(e, 2.0);
+        let (xd, ld) = (d.upload(&xn).unwrap(), d.upload(&logits).unwrap());
+        let (ids, route_w) = (poisoned(&d, top_k), poisoned(&d, top_k));
+        let (hd, hsd) = (poisoned(&d, top_k * inter), poisoned(&d, sinter));
+        let glu = Glu {
+            gate: &dev_w[0],
+            up: &dev_w[1],
+            router_logits: ld.ptr,
+            n_experts: e,
+            ids: ids.ptr,
+            route_w: route_w.ptr,
+            top_k,
+            shared_gate: &dev_w[2],
+            shared_up: &dev_w[3],
+            xn: xd.ptr,
+            h: hd.ptr,
+            h_shared: hsd.ptr,
+        };
+        d.k.decode.glu(&d, &glu).unwrap();
+        // The routing: softmax, the top_k, renormalised.
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let want_ids: Vec<i32> = order[..top_k].iter().map(|&i| i as i32).collect();
+        let got_ids: Vec<i32> = d.read(&ids, 0, top_k).unwrap();
+        assert_eq!(got_ids, want_ids, "dec_glu4m round {round}: routed experts");
+        let mx = logits[order[0]];
+        let picked: Vec<f32> = order[..top_k].iter().map(|&i| (logits[i] - mx).exp()).collect();
+        let sum: f32 = picked.iter().sum();
+        let want_w: Vec<f32> = picked.iter().map(|p| p / sum).collect();
+        let got_w: Vec<f32> = d.read(&route_w, 0, top_k).unwrap();
+        check(&format!("dec_glu4m round {round} routing weights"), &got_w, &want_w, 4e-3);
+        let silu = |g: f32| g / (1.0 + (-g).exp());
+        let mut want_h = Vec::with_capacity(top_k * inter);
+        for &id in &want_ids {
+            let g = matmul(&gate.expert(id as usize), &xn);
+            let u = matmul(&up.expert(id as usize), &xn);
+            want_h.extend(g.iter().zip(&u).map(|(g, u)| silu(*g) * u));
+        }
+        let got_h: Vec<f32> = d.read(&hd, 0, top_k * inter).unwrap();
+        check(&format!("dec_glu4m round {round} routed h"), &got_h, &want_h, 1e-2);
+        let g = matmul(&sgate, &xn);
+        let u = matmul(&sup, &xn);
+        let want_s: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+        let got_s: Vec<f32> = d.read(&hsd, 0, sinter).unwrap();
+        check(&format!("dec_glu4m round {round} shared h"), &got_s, &want_s, 1e-2);
+    }
+    println!("KERNEL decode.cu tensor-core GEMVs and MoE first half match the CPU");
 }
 
 /// The decode GEMVs at the model's widths (2048: in_proj, q/k/v, lm_head; 4096: o_proj /

@@ -43,10 +43,11 @@ fn every_kernel_compiles_for_every_supported_arch() {
     let mut failures = Vec::new();
     for arch in ARCHES {
         for bf16 in [false, true] {
-            // decode.cu also in its L1-allocating variant (the plan's `l1_weights`).
+            // decode.cu also in its L1-allocating and early-trigger variants (the plan's
+            // `l1_weights`, `early_trigger`).
             let variants = FILES.iter().flat_map(|f| {
                 let extra: &[&str] = if f.name == "decode" {
-                    &["", "DEC_WEIGHTS_L1=1"]
+                    &["", "DEC_WEIGHTS_L1=1", "DEC_EARLY_TRIGGER=1"]
                 } else {
                     &[""]
                 };

@@ -84,6 +84,18 @@ pub struct CudaArgs {
     /// experiment, slower today [env LILY_L1_WEIGHTS=1].
     #[arg(long)]
     pub l1_weights: bool,
+    /// Multiply the 4-bit decode GEMVs on the CUDA cores instead of the tensor cores
+    /// [env LILY_MMA_GEMV=0].
+    #[arg(long)]
+    pub no_mma_gemv: bool,
+    /// Let each decode kernel start the next one as soon as its early weight loads are issued
+    /// (sm_90+) [env LILY_EARLY_TRIGGER=1].
+    #[arg(long)]
+    pub early_trigger: bool,
+    /// Resident blocks per SM of the persistent decode GEMV grids, 1 or 2
+    /// [env LILY_DECODE_BLOCKS].
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub decode_blocks_per_sm: Option<u8>,
 }
 
 impl CudaArgs {
@@ -104,6 +116,11 @@ impl CudaArgs {
             dependent_launch: !self.no_dependent_launch,
             bulk_gemv: self.bulk_gemv,
             l1_weights: self.l1_weights,
+            mma_gemv: !self.no_mma_gemv,
+            early_trigger: self.early_trigger,
+            decode_blocks_per_sm: self
+                .decode_blocks_per_sm
+                .map_or(d.decode_blocks_per_sm, usize::from),
             ..d
         }
     }
@@ -215,6 +232,10 @@ mod tests {
             "--router-on-cuda-cores",
             "--no-fused-decode",
             "--no-dependent-launch",
+            "--no-mma-gemv",
+            "--early-trigger",
+            "--decode-blocks-per-sm",
+            "1",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -234,6 +255,9 @@ mod tests {
                 dependent_launch: false,
                 bulk_gemv: false,
                 l1_weights: false,
+                mma_gemv: false,
+                early_trigger: true,
+                decode_blocks_per_sm: 1,
                 sync_each: false,
                 profile: false,
             }
