@@ -384,6 +384,185 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
     }
 }
 
+// attn_split_mma: attn_split for one token (decode) with both products on the tensor cores
+// (bf16 mode, sm_80+): at long context attn_split is bound by its CUDA-core FMAs (8 query heads ×
+// 512 FMAs per 2-byte key-value element: ≈ 1 GFMA per layer at 128K, ≈ 150 µs), while the keys
+// only take ≈ 65 µs to stream. Same grid, partials and split boundaries as attn_split; block
+// SPLIT_WARPS (4) warps; tiles of SPLIT_TILE (32) keys, two deep (cp.async, rows past the split
+// zero-filled so they contribute nothing).
+//   S = Q·Kᵀ: mma m16n8k16 with A = the block's ≤ 8 query heads (rows 8..15 zero, bf16, as the
+//     flash prefill kernel rounds q) and B = 8 keys (ldmatrix); warp w scores keys 8w .. 8w+7 of
+//     the tile. Lane (g, t) holds head g's scores of keys 8w + 2t, +1.
+//   The tile's max and sum per head meet across the warps in shared memory (one barrier each);
+//     every lane keeps its head's running m and l.
+//   O += P·V: P (bf16, as the prefill kernel rounds it) through shared memory as A, V by
+//     ldmatrix.trans as B; warp w owns output columns [d/4 · w, d/4 · (w+1)).
+// Dynamic shared memory (split_mma_smem_bytes in the launcher): Q [16][d+8], K and V
+// [2][SPLIT_TILE][d+8] bf16, P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums [2][4][8] f32.
+#define SPLIT_MMA_PAD 8
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
+attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
+               int n_q, int n_kv, int d, float scale) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float split_smem[];
+    int split = blockIdx.x;
+    int g_heads = n_q / n_kv;
+    int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
+    int kvh = blockIdx.y / chunks;
+    int h0 = kvh * g_heads + (blockIdx.y % chunks) * SPLIT_MAX_G;
+    int ng = min(SPLIT_MAX_G, kvh * g_heads + g_heads - h0);
+    int pos = *pos_ptr;
+    int len = pos + 1;
+    int per = split_keys(len);
+    int start = split * per;
+    if (start >= len) return;  // uniform over the block
+    int end = min(start + per, len);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    int stride = d + SPLIT_MMA_PAD;  // bf16 elements per shared row
+    u16* q_s = reinterpret_cast<u16*>(split_smem);    // [16][stride]
+    u16* k_s = q_s + 16 * stride;                     // [2][TILE][stride]
+    u16* v_s = k_s + 2 * SPLIT_TILE * stride;         // [2][TILE][stride]
+    u16* p_s = v_s + 2 * SPLIT_TILE * stride;         // [16][TILE + 8]
+    float* red = reinterpret_cast<float*>(p_s + 16 * (SPLIT_TILE + 8));  // [2][SPLIT_WARPS][8]
+    long long row = (long long)n_kv * d;
+    const kv_t* kbase = k_cache + (long long)kvh * d;
+    const kv_t* vbase = v_cache + (long long)kvh * d;
+    int chunks_per_row = d / 8;
+    auto issue = [&](int b, int j0) {
+        for (int i = threadIdx.x; i < SPLIT_TILE * chunks_per_row; i += blockDim.x) {
+            int jj = i / chunks_per_row, ch = (i % chunks_per_row) * 8;
+            int j = j0 + jj;
+            u16* kd = k_s + (b * SPLIT_TILE + jj) * stride + ch;
+            u16* vd = v_s + (b * SPLIT_TILE + jj) * stride + ch;
+            if (j < end) {
+                cp_async16(kd, kbase + (long long)j * row + ch);
+                cp_async16(vd, vbase + (long long)j * row + ch);
+            } else {
+                *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cp_async_commit();
+    };
+    bool early = min(start + SPLIT_TILE, end) <= pos;
+    if (early) issue(0, start);
+    pdl_wait();
+    if (!early) issue(0, start);
+    // Q rows (heads h0 .. h0 + ng − 1, zero rows after), P's rows 8..15 zero.
+    for (int i = threadIdx.x; i < 16 * (d / 2); i += blockDim.x) {
+        int hh = i / (d / 2), c = (i % (d / 2)) * 2;
+        u32 v = 0;
+        if (hh < ng) {
+            const float* qr = q + (long long)(h0 + hh) * d + c;
+            v = pack_bf16x2(qr[0], qr[1]);
+        }
+        *reinterpret_cast<u32*>(q_s + hh * stride + c) = v;
+    }
+    for (int i = threadIdx.x; i < 8 * (SPLIT_TILE + 8) / 2; i += blockDim.x)
+        reinterpret_cast<u32*>(p_s + 8 * (SPLIT_TILE + 8))[i] = 0;
+    int ncol = d / SPLIT_WARPS;      // output columns of this warp
+    int c_w = warp * ncol;
+    float o[ATTN_MAX_D / SPLIT_WARPS / 8][4];
+#pragma unroll
+    for (int n = 0; n < ATTN_MAX_D / SPLIT_WARPS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m = NEG_INF, l = 0.0f;  // head g's running max and sum (every lane of the quad)
+    // ldmatrix row addresses: A (16 rows × 16 columns) from lane's row lane % 16, column
+    // 8 · (lane / 16); B from K rows: 8 keys × 16 dims for two k-steps.
+    u32 q_addr = smem_addr(q_s + (lane & 15) * stride + 8 * (lane >> 4));
+    u32 p_addr = smem_addr(p_s + (lane & 15) * (SPLIT_TILE + 8) + 8 * (lane >> 4));
+    int n_tiles = (end - start + SPLIT_TILE - 1) / SPLIT_TILE;
+    for (int it = 0; it < n_tiles; it++) {
+        int b = it & 1, j0 = start + it * SPLIT_TILE;
+        if (it + 1 < n_tiles) {
+            issue(b ^ 1, j0 + SPLIT_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        // S for keys 8·warp .. +7: lanes 0-7 address K rows for dims [k, k+8), 8-15 [k+8, k+16),
+        // 16-31 the same for the next k-step.
+        float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const u16* kt = k_s + (b * SPLIT_TILE + 8 * warp + (lane & 7)) * stride + 8 * (lane >> 3);
+        for (int k = 0; k < d; k += 32) {
+            u32 a0[4], a1[4], kb[4];
+            ldsm_x4(q_addr + 2 * k, a0);
+            ldsm_x4(q_addr + 2 * (k + 16), a1);
+            ldsm_x4(smem_addr(kt + k), kb);
+            mma_bf16(sc, a0, kb[0], kb[1]);
+            mma_bf16(sc, a1, kb[2], kb[3]);
+        }
+        // Scores of head g (rows 0..7: sc[0], sc[1]) for keys j0 + 8·warp + 2·tq, +1.
+        int j = j0 + 8 * warp + 2 * tq;
+        float s0 = j < end ? sc[0] * scale : NEG_INF;
+        float s1 = j + 1 < end ? sc[1] * scale : NEG_INF;
+        float mx = fmaxf(s0, s1);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float* rm = red + (it & 1) * 2 * SPLIT_WARPS * 8;
+        float* rs = rm + SPLIT_WARPS * 8;
+        if (tq == 0) rm[warp * 8 + g] = mx;
+        __syncthreads();
+        float m_new = m;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) m_new = fmaxf(m_new, rm[w * 8 + g]);  // finite: key j0 is valid
+        float corr = expf(m - m_new);
+        float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
+        float ps = p0 + p1;
+        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+        if (tq == 0) rs[warp * 8 + g] = ps;
+        *reinterpret_cast<u32*>(p_s + g * (SPLIT_TILE + 8) + 8 * warp + 2 * tq) = pack_bf16x2(p0, p1);
+        __syncthreads();
+        float ts = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) ts += rs[w * 8 + g];
+        l = l * corr + ts;
+        m = m_new;
+        // O (rows: heads) *= corr, then += P · V over the tile's keys, 16 at a time.
+#pragma unroll
+        for (int n = 0; n < ATTN_MAX_D / SPLIT_WARPS / 8; n++) {
+            o[n][0] *= corr;
+            o[n][1] *= corr;
+        }
+#pragma unroll
+        for (int kk = 0; kk < SPLIT_TILE; kk += 16) {
+            u32 pa[4];
+            ldsm_x4(p_addr + 2 * kk, pa);
+            // V rows kk .. kk+15, columns c_w + 8n: lanes 0-7 keys kk+0..7 at column n0, 8-15
+            // keys kk+8..15 at n0, 16-23 keys kk+0..7 at n0+8, 24-31 keys kk+8..15 at n0+8.
+            const u16* vt = v_s + (b * SPLIT_TILE + kk + (lane & 15)) * stride + c_w + 8 * (lane >> 4);
+#pragma unroll
+            for (int n = 0; n < ATTN_MAX_D / SPLIT_WARPS / 8; n += 2) {
+                if (8 * n >= ncol) break;
+                u32 vb[4];
+                ldsm_x4_trans(smem_addr(vt + 8 * n), vb);
+                mma_bf16(o[n], pa, vb[0], vb[1]);
+                mma_bf16(o[n + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads();  // buffer b and P are rewritten next
+    }
+    pdl_trigger();
+    // Head g's partials: columns c_w + 8n + 2tq, +1.
+    if (g < ng) {
+        long long at = ((long long)h0 + g) * SPLIT_MAX_SPLITS + split;
+#pragma unroll
+        for (int n = 0; n < ATTN_MAX_D / SPLIT_WARPS / 8; n++) {
+            if (8 * n >= ncol) break;
+            *reinterpret_cast<float2*>(part_o + at * d + c_w + 8 * n + 2 * tq) = make_float2(o[n][0], o[n][1]);
+        }
+        if (warp == 0 && tq == 0) {
+            part_ml[at * 2] = m;
+            part_ml[at * 2 + 1] = l;
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
 // attn_split_combine: one block per (query head, token, 64 columns); its 8 warps take every 8th
 // split, each lane 2 columns, so the partials stream with many loads in flight instead of one
 // thread walking every split in turn; the warps' sums meet in shared memory.

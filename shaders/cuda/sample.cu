@@ -231,10 +231,14 @@ __device__ __forceinline__ void rank_sort(const float* val, const int* id, int k
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, int vocab,
-            int top_k, float top_p, float min_p, double u, int remember, u32* __restrict__ hist,
-            int* __restrict__ token_out, float* __restrict__ logprob_out) {
+// The pick over n candidates vals[i] (scaled values; their token ids are ids[i], or i itself
+// when ids is null) in ascending token order, so "lower index" is "lower token id". With ids
+// null the raw logits' maximum mx and exp-sum se come from logits [vocab] here; with ids they
+// are given (sample_part's partials).
+__device__ __forceinline__ void pick_core(const float* __restrict__ logits, const float* scaled, const int* ids,
+                                          int vocab, int top_k, float top_p, float min_p, double u,
+                                          int remember, u32* __restrict__ hist, int* __restrict__ token_out,
+                                          float* __restrict__ logprob_out, float mx_in, float se_in) {
     __shared__ u32 bins[256];
     __shared__ u32 s_prefix, s_remaining, s_ties, s_valid, s_n, s_taken;
     __shared__ u32 warp_n[32];
@@ -254,17 +258,21 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
     float mx = NEG_INF;
     for (int i = tid; i < vocab; i += blockDim.x) {
         nv += isnan(scaled[i]) ? 0u : 1u;
-        mx = fmaxf(mx, logits[i]);
+        if (!ids) mx = fmaxf(mx, logits[i]);
     }
     atomicAdd(&s_valid, nv);
-    mx = warp_max(mx);
-    if (lane == 0) cv[warp] = mx;
+    if (ids) {
+        mx = mx_in;
+    } else {
+        mx = warp_max(mx);
+        if (lane == 0) cv[warp] = mx;
+        __syncthreads();
+        mx = cv[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, cv[w]);
+    }
     __syncthreads();
-    mx = cv[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, cv[w]);
     u32 k = min(min((u32)top_k, (u32)PICK_MAX_K), s_valid);
     __syncthreads();
-
     // Radix select: after 4 passes, prefix = the k-th largest key, remaining = how many of the
     // elements equal to it belong to the top k, ties = how many there are.
     u32 prefix = 0, mask = 0, remaining = k;
@@ -312,7 +320,7 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
     // logits' exp-sum for the log-probability.
     float se = 0.0f;
     for (int i = tid; i < vocab; i += blockDim.x) {
-        se += expf(logits[i] - mx);
+        if (!ids) se += expf(logits[i] - mx);
         if (k == 0) continue;
         float v = scaled[i];
         if (isnan(v)) continue;
@@ -323,7 +331,7 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
             ci[at] = i;
         }
     }
-    se = block_sum(se);
+    se = ids ? se_in : block_sum(se);
     __syncthreads();
     if (k > 0 && !all_ties) {
         // More ties than places (equal logits): the lowest indices win, in index order.
@@ -407,10 +415,189 @@ sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, 
                 }
             }
         }
+        if (ids && k > 0) token = ids[token];
         *token_out = token;
         *logprob_out = (logits[token] - mx) - logf(se);
         u32 h = hist[token];
         u32 n = (h & HIST_COUNT) + 1u;
         hist[token] = (h & HIST_SEEN) | (n & HIST_COUNT) | (remember ? HIST_SEEN : 0u);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_pick(const float* __restrict__ logits, const float* __restrict__ scaled, int vocab,
+            int top_k, float top_p, float min_p, double u, int remember, u32* __restrict__ hist,
+            int* __restrict__ token_out, float* __restrict__ logprob_out) {
+    pick_core(logits, scaled, nullptr, vocab, top_k, top_p, min_p, u, remember, hist, token_out, logprob_out,
+              0.0f, 0.0f);
+}
+
+// Many blocks for the first pass (one block over 248,320 logits took ≈ 0.45 ms on the H200):
+// sample_part: grid SAMPLE_PARTS, block 256; block b takes the contiguous slice b of the
+//   vocabulary (at most SAMPLE_PART_CAP values) and keeps its own top k of the scaled values by
+//   the same rule (key descending, ties to the lower id) in ascending id order, with its count of
+//   valid values, its raw logits' maximum and Σ exp(logit − that maximum). The whole top k is
+//   within the union of the blocks' top k's, and the order of the union is the vocabulary's.
+// sample_pick_parts: one block: the union, compacted in block order, then sample_pick's steps on
+//   it; the log-probability from the partials (log-sum-exp of the blocks').
+// cands (u32 words): counts [P], maxima [P], exp-sums [P], values [P][PICK_MAX_K], ids
+// [P][PICK_MAX_K], then the compacted values [P · PICK_MAX_K] and ids [P · PICK_MAX_K].
+#ifndef SAMPLE_PARTS
+#error "SAMPLE_PARTS comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
+#ifndef SAMPLE_PART_CAP
+#error "SAMPLE_PART_CAP comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
+
+extern "C" __global__ void __launch_bounds__(256)
+sample_part(const float* __restrict__ logits, const float* __restrict__ scaled, int vocab, int top_k,
+            u32* __restrict__ cands) {
+    __shared__ u32 keys[SAMPLE_PART_CAP];
+    __shared__ u32 bins[256];
+    __shared__ u32 s_prefix, s_remaining, s_ties, s_valid, s_taken, s_out;
+    __shared__ u32 warp_n[8], warp_t[8];
+    __shared__ float red[8];
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    int P = gridDim.x, b = blockIdx.x;
+    int slice = (vocab + P - 1) / P;
+    int lo = b * slice, n = max(0, min(vocab, lo + slice) - lo);
+    if (tid == 0) {
+        s_valid = 0;
+        s_taken = 0;
+        s_out = 0;
+    }
+    __syncthreads();
+    // Keys (0 for NaN: no float's key is 0 but a NaN's), the valid count and the raw maximum.
+    u32 nv = 0;
+    float mx = NEG_INF;
+    for (int j = tid; j < n; j += blockDim.x) {
+        float v = scaled[lo + j];
+        bool ok = !isnan(v);
+        keys[j] = ok ? order_key(v) : 0u;
+        nv += ok ? 1u : 0u;
+        mx = fmaxf(mx, logits[lo + j]);
+    }
+    atomicAdd(&s_valid, nv);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < nw; w++) mx = fmaxf(mx, red[w]);
+    float se = 0.0f;
+    for (int j = tid; j < n; j += blockDim.x) se += expf(logits[lo + j] - mx);
+    se = block_sum(se);
+    u32 k = min(min((u32)top_k, (u32)PICK_MAX_K), s_valid);
+
+    // Radix select over the slice (sample_pick's, on the keys in shared memory).
+    u32 prefix = 0, mask = 0, remaining = k;
+    if (k > 0) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int j = tid; j < 256; j += blockDim.x) bins[j] = 0;
+            __syncthreads();
+            for (int j = tid; j < n; j += blockDim.x) {
+                u32 key = keys[j];
+                if (key != 0u && (key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 0xffu], 1u);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 cum = 0;
+                for (int q = 255; q >= 0; q--) {
+                    u32 c = bins[q];
+                    if (cum + c >= remaining) {
+                        s_prefix = prefix | ((u32)q << shift);
+                        s_remaining = remaining - cum;
+                        s_ties = c;
+                        break;
+                    }
+                    cum += c;
+                }
+            }
+            __syncthreads();
+            prefix = s_prefix;
+            remaining = s_remaining;
+            mask |= 0xffu << shift;
+            __syncthreads();
+        }
+    }
+    // The block's top k in ascending id order: everything above the threshold, and the first
+    // `remaining` ties at it.
+    float* out_v = reinterpret_cast<float*>(cands + 3 * P) + (long long)b * PICK_MAX_K;
+    int* out_i = reinterpret_cast<int*>(cands + 3 * P + P * PICK_MAX_K) + (long long)b * PICK_MAX_K;
+    if (k > 0) {
+        for (int base = 0; base < n; base += blockDim.x) {
+            int j = base + tid;
+            u32 key = j < n ? keys[j] : 0u;
+            bool tie = key != 0u && key == prefix;
+            bool above = key != 0u && key > prefix;
+            u32 tb = __ballot_sync(0xffffffffu, tie);
+            if (lane == 0) warp_t[warp] = __popc(tb);
+            __syncthreads();
+            u32 tie_rank = s_taken + __popc(tb & ((1u << lane) - 1u));
+            for (int w = 0; w < warp; w++) tie_rank += warp_t[w];
+            bool take = above || (tie && tie_rank < remaining);
+            u32 ob = __ballot_sync(0xffffffffu, take);
+            if (lane == 0) warp_n[warp] = __popc(ob);
+            __syncthreads();
+            u32 at = s_out + __popc(ob & ((1u << lane) - 1u));
+            for (int w = 0; w < warp; w++) at += warp_n[w];
+            if (take) {
+                out_v[at] = scaled[lo + j];
+                out_i[at] = lo + j;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                for (int w = 0; w < nw; w++) {
+                    s_taken += warp_t[w];
+                    s_out += warp_n[w];
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (tid == 0) {
+        cands[b] = k;
+        reinterpret_cast<float*>(cands)[P + b] = mx;
+        reinterpret_cast<float*>(cands)[2 * P + b] = se;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_pick_parts(const float* __restrict__ logits, int vocab, int top_k, float top_p, float min_p,
+                  double u, int remember, u32* __restrict__ hist, u32* __restrict__ cands, int parts,
+                  int* __restrict__ token_out, float* __restrict__ logprob_out) {
+    __shared__ int offs[SAMPLE_PARTS + 1];
+    __shared__ float s_mx, s_se;
+    const float* maxes = reinterpret_cast<const float*>(cands) + parts;
+    const float* sums = reinterpret_cast<const float*>(cands) + 2 * parts;
+    const float* part_v = reinterpret_cast<const float*>(cands + 3 * parts);
+    const int* part_i = reinterpret_cast<const int*>(cands + 3 * parts + parts * PICK_MAX_K);
+    float* flat_v = reinterpret_cast<float*>(cands + 3 * parts + 2 * parts * PICK_MAX_K);
+    int* flat_i = reinterpret_cast<int*>(cands + 3 * parts + 3 * parts * PICK_MAX_K);
+    if (threadIdx.x == 0) {
+        int o = 0;
+        float mx = NEG_INF;
+        for (int p = 0; p < parts; p++) {
+            offs[p] = o;
+            o += (int)cands[p];
+            mx = fmaxf(mx, maxes[p]);
+        }
+        offs[parts] = o;
+        float se = 0.0f;
+        for (int p = 0; p < parts; p++)
+            if (sums[p] > 0.0f) se += sums[p] * expf(maxes[p] - mx);
+        s_mx = mx;
+        s_se = se;
+    }
+    __syncthreads();
+    int total = offs[parts];
+    for (int p = 0; p < parts; p++) {
+        int c = offs[p + 1] - offs[p];
+        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+            flat_v[offs[p] + j] = part_v[(long long)p * PICK_MAX_K + j];
+            flat_i[offs[p] + j] = part_i[(long long)p * PICK_MAX_K + j];
+        }
+    }
+    __syncthreads();
+    pick_core(logits, flat_v, flat_i, total, top_k, top_p, min_p, u, remember, hist, token_out, logprob_out,
+              s_mx, s_se);
 }

@@ -85,6 +85,8 @@ impl CudaBackend {
         gpu.mma_gemv = plan.mma_gemv();
         gpu.early_trigger = plan.early_trigger();
         gpu.dec_blocks_per_sm = plan.decode_blocks_per_sm();
+        gpu.sample_parts = plan.multi_block_sampling();
+        gpu.mma_attention = plan.mma_attention();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

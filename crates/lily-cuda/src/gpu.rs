@@ -88,6 +88,12 @@ pub struct Gpu {
     pub early_trigger: bool,
     /// Resident blocks per SM of the persistent decode grids (the plan's `decode_blocks_per_sm`).
     pub dec_blocks_per_sm: usize,
+    /// Sampled picks run their first pass over many blocks (sample_part; the plan's
+    /// `multi_block_sampling`), else in one block.
+    pub sample_parts: bool,
+    /// One-token split-KV attention on the tensor cores (attn_split_mma; the plan's
+    /// `mma_attention`, bf16 activations only).
+    pub mma_attention: bool,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -173,6 +179,8 @@ impl Gpu {
             mma_gemv: false,
             early_trigger: false,
             dec_blocks_per_sm: 2,
+            sample_parts: true,
+            mma_attention: false,
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

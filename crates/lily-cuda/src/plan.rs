@@ -82,7 +82,8 @@ pub struct CudaOptions {
     pub l1_weights: bool,
     /// The 4-bit decode GEMVs (`dec_gemv4`, `dec_gemv4w`, `dec_glu4`) multiply on the tensor
     /// cores (`mma.sync`, bf16 inputs exact for bf16 activations and 4-bit values, f32 sums)
-    /// instead of the CUDA cores (`--no-mma-gemv`, `LILY_MMA_GEMV=0`). bf16 activations only.
+    /// instead of the CUDA cores (`--mma-gemv`, `LILY_MMA_GEMV=1`). bf16 activations only. Off
+    /// by default: measured 5 % slower at 4K on the H200 (the GEMVs are not issue-bound).
     pub mma_gemv: bool,
     /// Every decode kernel lets the next one launch as soon as its own early weight loads are
     /// issued (griddepcontrol.launch_dependents before its wait), instead of after its last
@@ -92,6 +93,14 @@ pub struct CudaOptions {
     /// `LILY_DECODE_BLOCKS=N`, 1 or 2): with 1, a kernel takes half the registers of an SM and
     /// the next kernel's blocks fit beside it.
     pub decode_blocks_per_sm: usize,
+    /// A sampled pick's first pass (top_k of the 248K scaled logits) runs over many blocks
+    /// (`sample_part`), the rest in one; else all in one block (`--one-block-sampling`,
+    /// `LILY_SAMPLE_PARTS=0`).
+    pub multi_block_sampling: bool,
+    /// One-token split-KV attention multiplies on the tensor cores (attn_split_mma: q, P and the
+    /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
+    /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
+    pub mma_attention: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -115,9 +124,11 @@ impl Default for CudaOptions {
             dependent_launch: true,
             bulk_gemv: false,
             l1_weights: false,
-            mma_gemv: true,
+            mma_gemv: false,
             early_trigger: false,
             decode_blocks_per_sm: 2,
+            multi_block_sampling: true,
+            mma_attention: true,
             sync_each: false,
             profile: false,
         }
@@ -145,9 +156,11 @@ impl CudaOptions {
     /// | `LILY_PDL=0` | `dependent_launch` |
     /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
     /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
-    /// | `LILY_MMA_GEMV=0` | `mma_gemv` |
+    /// | `LILY_MMA_GEMV=1` | `mma_gemv` |
     /// | `LILY_EARLY_TRIGGER=1` | `early_trigger` |
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
+    /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
+    /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -174,7 +187,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 15] = [
+        let flags: [(&str, &mut bool); 17] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -191,6 +204,8 @@ impl CudaOptions {
             ("LILY_L1_WEIGHTS", &mut self.l1_weights),
             ("LILY_MMA_GEMV", &mut self.mma_gemv),
             ("LILY_EARLY_TRIGGER", &mut self.early_trigger),
+            ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
+            ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -285,6 +300,8 @@ pub struct Plan {
     mma_gemv: bool,
     early_trigger: bool,
     decode_blocks_per_sm: usize,
+    multi_block_sampling: bool,
+    mma_attention: bool,
     checks: LaunchChecks,
 }
 
@@ -315,6 +332,8 @@ impl Plan {
             mma_gemv: o.mma_gemv && o.bf16_activations,
             early_trigger: o.early_trigger,
             decode_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
+            multi_block_sampling: o.multi_block_sampling,
+            mma_attention: o.mma_attention && o.bf16_activations,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -495,6 +514,16 @@ impl Plan {
         self.decode_blocks_per_sm
     }
 
+    /// Whether sampled picks take many blocks for their first pass.
+    pub fn multi_block_sampling(&self) -> bool {
+        self.multi_block_sampling
+    }
+
+    /// Whether one-token split-KV attention runs on the tensor cores (bf16 activations only).
+    pub fn mma_attention(&self) -> bool {
+        self.mma_attention
+    }
+
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
         self.checks
@@ -504,7 +533,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {}, early trigger {}, decode blocks per SM {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {}, early trigger {}, decode blocks per SM {}, many-block sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -521,6 +550,8 @@ impl Plan {
             on(self.mma_gemv),
             on(self.early_trigger),
             self.decode_blocks_per_sm,
+            on(self.multi_block_sampling),
+            on(self.mma_attention),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -567,9 +598,11 @@ mod tests {
             ("LILY_PDL", "0"),
             ("LILY_BULK_GEMV", "1"),
             ("LILY_L1_WEIGHTS", "1"),
-            ("LILY_MMA_GEMV", "0"),
+            ("LILY_MMA_GEMV", "1"),
             ("LILY_EARLY_TRIGGER", "1"),
             ("LILY_DECODE_BLOCKS", "1"),
+            ("LILY_SAMPLE_PARTS", "0"),
+            ("LILY_MMA_ATTENTION", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -590,9 +623,11 @@ mod tests {
                 dependent_launch: false,
                 bulk_gemv: true,
                 l1_weights: true,
-                mma_gemv: false,
+                mma_gemv: true,
                 early_trigger: true,
                 decode_blocks_per_sm: 1,
+                multi_block_sampling: false,
+                mma_attention: false,
                 sync_each: true,
                 profile: true,
             }
@@ -612,7 +647,12 @@ mod tests {
             ..CudaOptions::default()
         });
         assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.mma_gemv());
-        assert!(Plan::resolve(&CudaOptions::default()).mma_gemv());
+        let mma = Plan::resolve(&CudaOptions {
+            mma_gemv: true,
+            ..CudaOptions::default()
+        });
+        assert!(mma.mma_gemv());
+        assert!(!fp32.mma_attention() && Plan::resolve(&CudaOptions::default()).mma_attention());
         let shape = AttnShape {
             n_q: 16,
             n_kv: 2,

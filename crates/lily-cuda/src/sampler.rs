@@ -16,7 +16,9 @@ use anyhow::Result;
 use lily_core::sampling::{Sampler, SamplingParams};
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::sample::{Pick, PickBuffers, PickParams, Sample, ARGMAX_SCRATCH, PICK_MAX_K};
+use crate::kernels::sample::{
+    Pick, PickBuffers, PickParams, Sample, ARGMAX_SCRATCH, PICK_MAX_K, SAMPLE_CANDS_WORDS,
+};
 
 // `hist` words: lily-core's `HISTORY_SEEN` / `HISTORY_COUNT` (HIST_SEEN / HIST_COUNT in sample.cu).
 
@@ -38,6 +40,8 @@ pub struct DeviceSampler {
     /// two-stage argmax over these partials instead of sample_pick's one block.
     greedy: bool,
     argmax_parts: DevBuf,
+    /// The many-block pick's candidates (`Gpu::sample_parts`), else None: one block.
+    cands: Option<DevBuf>,
 }
 
 impl DeviceSampler {
@@ -72,6 +76,11 @@ impl DeviceSampler {
             n_bias: ids.len(),
             greedy,
             argmax_parts: gpu.alloc(ARGMAX_SCRATCH * 4)?,
+            cands: if gpu.sample_parts && !greedy {
+                Some(gpu.alloc(SAMPLE_CANDS_WORDS * 4)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -102,6 +111,7 @@ impl DeviceSampler {
             bias_vals: self.bias_vals.ptr,
             n_bias: self.n_bias,
             scaled: self.scaled.ptr,
+            cands: self.cands.as_ref().map_or(0, |c| c.ptr),
         };
         let pick = Pick {
             logits,

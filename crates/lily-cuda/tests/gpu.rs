@@ -778,11 +778,17 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     for (label, c, lens) in cases {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
-        for bf16 in [false, true] {
-            let mode = if bf16 { "bf16" } else { "fp32" };
+        // bf16 also with one-token steps on the tensor cores (attn_split_mma).
+        for (bf16, mma) in [(false, false), (true, false), (true, true)] {
+            let mode = match (bf16, mma) {
+                (false, _) => "fp32",
+                (true, false) => "bf16",
+                (true, true) => "bf16 tensor cores",
+            };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
-                let rig = AttnRig::new(c, bf16, len + 3);
+                let mut rig = AttnRig::new(c, bf16, len + 3);
+                rig.g.g.mma_attention = mma;
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
@@ -1545,7 +1551,7 @@ impl TokenConstraint for RandomMask {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn sampling_on_device_picks_the_host_samplers_tokens() {
-    let g = gpu();
+    let mut g = gpu();
     let vocab = 248_320;
     let draws = 200;
     let mut rng = Rng(21);
@@ -1666,7 +1672,19 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
             ]
         })
         .collect();
-    for (name, params, coarse, constrained) in sets {
+    // Each set on the many-block pick (sample_part + sample_pick_parts, the default) and on the
+    // one-block sample_pick.
+    let sets: Vec<(String, SamplingParams, bool, bool, bool)> = sets
+        .into_iter()
+        .flat_map(|(n, p, c, m)| {
+            [
+                (n.clone(), p.clone(), c, m, true),
+                (format!("{n}, one block"), p, c, m, false),
+            ]
+        })
+        .collect();
+    for (name, params, coarse, constrained, parts) in sets {
+        g.g.sample_parts = parts;
         let constraint = |seed| -> Option<Box<dyn TokenConstraint>> {
             constrained
                 .then(|| Box::new(RandomMask::new(vocab, seed, &hot)) as Box<dyn TokenConstraint>)
@@ -1733,6 +1751,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         );
         assert!(distinct.len() > 1, "{name}: the draws never varied");
     }
+    g.g.sample_parts = true;
 }
 
 /// `CudaBackend::decode` with device sampling gives the tokens and log-probabilities of the

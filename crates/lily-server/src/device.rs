@@ -84,10 +84,10 @@ pub struct CudaArgs {
     /// experiment, slower today [env LILY_L1_WEIGHTS=1].
     #[arg(long)]
     pub l1_weights: bool,
-    /// Multiply the 4-bit decode GEMVs on the CUDA cores instead of the tensor cores
-    /// [env LILY_MMA_GEMV=0].
+    /// Multiply the 4-bit decode GEMVs on the tensor cores instead of the CUDA cores: an
+    /// experiment, slower today [env LILY_MMA_GEMV=1].
     #[arg(long)]
-    pub no_mma_gemv: bool,
+    pub mma_gemv: bool,
     /// Let each decode kernel start the next one as soon as its early weight loads are issued
     /// (sm_90+) [env LILY_EARLY_TRIGGER=1].
     #[arg(long)]
@@ -96,6 +96,13 @@ pub struct CudaArgs {
     /// [env LILY_DECODE_BLOCKS].
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub decode_blocks_per_sm: Option<u8>,
+    /// Run a sampled pick in one block instead of a many-block first pass
+    /// [env LILY_SAMPLE_PARTS=0].
+    #[arg(long)]
+    pub one_block_sampling: bool,
+    /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
+    #[arg(long)]
+    pub no_mma_attention: bool,
 }
 
 impl CudaArgs {
@@ -116,11 +123,13 @@ impl CudaArgs {
             dependent_launch: !self.no_dependent_launch,
             bulk_gemv: self.bulk_gemv,
             l1_weights: self.l1_weights,
-            mma_gemv: !self.no_mma_gemv,
+            mma_gemv: self.mma_gemv,
             early_trigger: self.early_trigger,
             decode_blocks_per_sm: self
                 .decode_blocks_per_sm
                 .map_or(d.decode_blocks_per_sm, usize::from),
+            multi_block_sampling: !self.one_block_sampling,
+            mma_attention: !self.no_mma_attention,
             ..d
         }
     }
@@ -232,10 +241,11 @@ mod tests {
             "--router-on-cuda-cores",
             "--no-fused-decode",
             "--no-dependent-launch",
-            "--no-mma-gemv",
             "--early-trigger",
             "--decode-blocks-per-sm",
             "1",
+            "--one-block-sampling",
+            "--no-mma-attention",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -258,6 +268,8 @@ mod tests {
                 mma_gemv: false,
                 early_trigger: true,
                 decode_blocks_per_sm: 1,
+                multi_block_sampling: false,
+                mma_attention: false,
                 sync_each: false,
                 profile: false,
             }

@@ -172,6 +172,18 @@ pub fn prefill_fits(s: AttnShape) -> bool {
 /// Dynamic shared memory of an attn_split block for head dim `d` and cache elements of
 /// `kv_bytes`: q [SPLIT_MAX_G][d] f32, K [2][SPLIT_TILE][d + 16 bytes], V [2][SPLIT_TILE][d],
 /// p [SPLIT_MAX_G][SPLIT_TILE] f32.
+/// Dynamic shared memory of an attn_split_mma block (attention.cu): Q [16][d+8], K and V
+/// [2][SPLIT_TILE][d+8], P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums [2][2][4][8] f32.
+fn split_mma_smem_bytes(d: usize) -> usize {
+    (16 + 4 * SPLIT_TILE) * (d + 8) * 2 + 16 * (SPLIT_TILE + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4
+}
+
+/// Whether attn_split_mma takes this step: bf16 cache, one token, head dim a multiple of 64 (four
+/// warps of output columns, two n-tiles at a time).
+fn split_mma_fits(s: AttnShape, n_tok: usize, kv_bytes: usize) -> bool {
+    kv_bytes == 2 && n_tok == 1 && s.d.is_multiple_of(64) && s.d <= ATTN_MAX_D && SPLIT_WARPS == 4
+}
+
 fn split_smem_bytes(d: usize, kv_bytes: usize) -> usize {
     SPLIT_MAX_G * d * 4
         + 2 * SPLIT_TILE * (d * kv_bytes + 16)
@@ -184,6 +196,7 @@ pub struct Attention {
     decode: Kernel,
     prefill: Kernel,
     split: Kernel,
+    split_mma: Kernel,
     split_combine: Kernel,
     /// Bytes of one cache element (2 with bf16 activations, else 4).
     kv_bytes: usize,
@@ -202,6 +215,10 @@ impl Attention {
             split: m
                 .kernel("attn_split")?
                 .allow_shared_memory(split_smem_bytes(ATTN_MAX_D, kv_bytes))?
+                .waits_for_predecessor(),
+            split_mma: m
+                .kernel("attn_split_mma")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
         })
@@ -314,6 +331,12 @@ impl Attention {
         let group = s.n_q / s.n_kv;
         let chunks = group.div_ceil(SPLIT_MAX_G);
         let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
+        let mma = gpu.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
+        let (kernel, smem) = if mma {
+            (&self.split_mma, split_mma_smem_bytes(s.d))
+        } else {
+            (&self.split, split_smem_bytes(s.d, self.kv_bytes))
+        };
         let cfg = config(
             (
                 SPLIT_MAX_SPLITS as u32,
@@ -321,9 +344,9 @@ impl Attention {
                 a.n_tok as u32,
             ),
             (SPLIT_WARPS * 32) as u32,
-            split_smem_bytes(s.d, self.kv_bytes),
+            smem,
         );
-        gpu.launch(&self.split, cfg, |l| {
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&a.q)
                 .arg(&a.k_cache)
                 .arg(&a.v_cache)

@@ -14,6 +14,12 @@ pub const ARGMAX_BLOCKS: usize = 128;
 pub const ARGMAX_SCRATCH: usize = 4 * ARGMAX_BLOCKS;
 /// Largest top_k the device sampler takes.
 pub const PICK_MAX_K: u32 = 256;
+/// Blocks of `sample_part` (the many-block first pass of a sampled pick) and the most values a
+/// block takes (its slice of the vocabulary, in shared memory).
+pub const SAMPLE_PARTS: usize = 128;
+pub const SAMPLE_PART_CAP: usize = 2048;
+/// u32 words of the candidates' scratch (`sample_part` / `sample_pick_parts`, see sample.cu).
+pub const SAMPLE_CANDS_WORDS: usize = 3 * SAMPLE_PARTS + 4 * SAMPLE_PARTS * PICK_MAX_K as usize;
 
 pub const FILE: KernelFile = KernelFile {
     name: "sample",
@@ -22,6 +28,8 @@ pub const FILE: KernelFile = KernelFile {
         ("SAMPLE_THREADS", SAMPLE_THREADS as i64),
         ("PICK_MAX_K", PICK_MAX_K as i64),
         ("ARGMAX_BLOCKS", ARGMAX_BLOCKS as i64),
+        ("SAMPLE_PARTS", SAMPLE_PARTS as i64),
+        ("SAMPLE_PART_CAP", SAMPLE_PART_CAP as i64),
     ],
 };
 
@@ -57,6 +65,8 @@ pub struct PickBuffers {
     pub bias_vals: u64,
     pub n_bias: usize,
     pub scaled: u64,
+    /// Scratch of SAMPLE_CANDS_WORDS u32 for the many-block pick, or 0 for one block.
+    pub cands: u64,
 }
 
 /// One sampling step: `u` is the host-drawn uniform.
@@ -79,6 +89,8 @@ pub struct Sample {
     argmax_final: Kernel,
     adjust: Kernel,
     pick: Kernel,
+    part: Kernel,
+    pick_parts: Kernel,
     mask: Kernel,
     advance_pos: Kernel,
 }
@@ -91,6 +103,8 @@ impl Sample {
             argmax_final: m.kernel("argmax_final")?.waits_for_predecessor(),
             adjust: m.kernel("sample_adjust")?,
             pick: m.kernel("sample_pick")?,
+            part: m.kernel("sample_part")?,
+            pick_parts: m.kernel("sample_pick_parts")?,
             mask: m.kernel("sample_mask")?,
             advance_pos: m.kernel("advance_pos")?.waits_for_predecessor(),
         })
@@ -220,6 +234,32 @@ impl Sample {
         let vocab = a.vocab as i32;
         let top_k = pp.top_k as i32;
         let remember = (pp.repetition != 1.0) as i32;
+        if b.cands != 0 && a.vocab.div_ceil(SAMPLE_PARTS) <= SAMPLE_PART_CAP {
+            let cfg = config((SAMPLE_PARTS as u32, 1, 1), 256, 0);
+            gpu.launch(&self.part, cfg, |l| {
+                l.arg(&a.logits)
+                    .arg(&b.scaled)
+                    .arg(&vocab)
+                    .arg(&top_k)
+                    .arg(&b.cands);
+            })?;
+            let parts = SAMPLE_PARTS as i32;
+            let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
+            return gpu.launch(&self.pick_parts, cfg, |l| {
+                l.arg(&a.logits)
+                    .arg(&vocab)
+                    .arg(&top_k)
+                    .arg(&pp.top_p)
+                    .arg(&pp.min_p)
+                    .arg(&a.u)
+                    .arg(&remember)
+                    .arg(&b.hist)
+                    .arg(&b.cands)
+                    .arg(&parts)
+                    .arg(&a.token_out)
+                    .arg(&a.logprob_out);
+            });
+        }
         let cfg = config((1, 1, 1), SAMPLE_THREADS as u32, 0);
         gpu.launch(&self.pick, cfg, |l| {
             l.arg(&a.logits)
