@@ -7,7 +7,7 @@
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
-# new-nopdl new-bulk new-l1 new-mma new-mma-early new-early new-1blk new-overlap
+# new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
 # new-noattn new-sampled new-sampled1 new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
@@ -54,10 +54,9 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
       new-l1) cmd=("$NEW" bench "${B[@]}" --l1-weights) ;;
       new-mma) cmd=("$NEW" bench "${B[@]}" --mma-gemv) ;;
-      new-mma-early) cmd=("$NEW" bench "${B[@]}" --mma-gemv --early-trigger) ;;
-      new-early) cmd=("$NEW" bench "${B[@]}" --early-trigger) ;;
+      new-mmalm) cmd=("$NEW" bench "${B[@]}" --mma-lm-head) ;;
+      new-late) cmd=("$NEW" bench "${B[@]}" --no-early-trigger) ;;
       new-1blk) cmd=("$NEW" bench "${B[@]}" --decode-blocks-per-sm 1) ;;
-      new-overlap) cmd=("$NEW" bench "${B[@]}" --early-trigger --decode-blocks-per-sm 1) ;;
       new-noattn) cmd=("$NEW" bench "${B[@]}" --no-mma-attention) ;;
       new-sampled1) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --one-block-sampling) ;;
       new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;

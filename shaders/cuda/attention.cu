@@ -388,8 +388,8 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
 // (bf16 mode, sm_80+): at long context attn_split is bound by its CUDA-core FMAs (8 query heads ×
 // 512 FMAs per 2-byte key-value element: ≈ 1 GFMA per layer at 128K, ≈ 150 µs), while the keys
 // only take ≈ 65 µs to stream. Same grid, partials and split boundaries as attn_split; block
-// SPLIT_WARPS (4) warps; tiles of SPLIT_TILE (32) keys, two deep (cp.async, rows past the split
-// zero-filled so they contribute nothing).
+// SPLIT_WARPS (4) warps; tiles of SPLIT_TILE (32) keys, SPLIT_MMA_STAGES deep (cp.async: two
+// tiles land while one is used; rows past the split zero-filled so they contribute nothing).
 //   S = Q·Kᵀ: mma m16n8k16 with A = the block's ≤ 8 query heads (rows 8..15 zero, bf16, as the
 //     flash prefill kernel rounds q) and B = 8 keys (ldmatrix); warp w scores keys 8w .. 8w+7 of
 //     the tile. Lane (g, t) holds head g's scores of keys 8w + 2t, +1.
@@ -398,8 +398,12 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
 //   O += P·V: P (bf16, as the prefill kernel rounds it) through shared memory as A, V by
 //     ldmatrix.trans as B; warp w owns output columns [d/4 · w, d/4 · (w+1)).
 // Dynamic shared memory (split_mma_smem_bytes in the launcher): Q [16][d+8], K and V
-// [2][SPLIT_TILE][d+8] bf16, P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums [2][4][8] f32.
+// [STAGES][SPLIT_TILE][d+8] bf16, P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums
+// [2][2][4][8] f32.
 #define SPLIT_MMA_PAD 8
+#ifndef SPLIT_MMA_STAGES
+#error "SPLIT_MMA_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
+#endif
 extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
@@ -421,15 +425,19 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int stride = d + SPLIT_MMA_PAD;  // bf16 elements per shared row
     u16* q_s = reinterpret_cast<u16*>(split_smem);    // [16][stride]
-    u16* k_s = q_s + 16 * stride;                     // [2][TILE][stride]
-    u16* v_s = k_s + 2 * SPLIT_TILE * stride;         // [2][TILE][stride]
-    u16* p_s = v_s + 2 * SPLIT_TILE * stride;         // [16][TILE + 8]
+    u16* k_s = q_s + 16 * stride;                                // [STAGES][TILE][stride]
+    u16* v_s = k_s + SPLIT_MMA_STAGES * SPLIT_TILE * stride;     // [STAGES][TILE][stride]
+    u16* p_s = v_s + SPLIT_MMA_STAGES * SPLIT_TILE * stride;     // [16][TILE + 8]
     float* red = reinterpret_cast<float*>(p_s + 16 * (SPLIT_TILE + 8));  // [2][SPLIT_WARPS][8]
     long long row = (long long)n_kv * d;
     const kv_t* kbase = k_cache + (long long)kvh * d;
     const kv_t* vbase = v_cache + (long long)kvh * d;
     int chunks_per_row = d / 8;
     auto issue = [&](int b, int j0) {
+        if (j0 >= end) {  // past the split: an empty group keeps the count
+            cp_async_commit();
+            return;
+        }
         for (int i = threadIdx.x; i < SPLIT_TILE * chunks_per_row; i += blockDim.x) {
             int jj = i / chunks_per_row, ch = (i % chunks_per_row) * 8;
             int j = j0 + jj;
@@ -445,10 +453,18 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
         }
         cp_async_commit();
     };
-    bool early = min(start + SPLIT_TILE, end) <= pos;
-    if (early) issue(0, start);
+    // The first STAGES − 1 tiles; those holding only earlier steps' keys before pdl_wait.
+    bool early[SPLIT_MMA_STAGES - 1];
+#pragma unroll
+    for (int s = 0; s < SPLIT_MMA_STAGES - 1; s++) {
+        int j0 = start + s * SPLIT_TILE;
+        early[s] = j0 < end && min(j0 + SPLIT_TILE, end) <= pos;
+        if (early[s]) issue(s, j0);
+    }
     pdl_wait();
-    if (!early) issue(0, start);
+#pragma unroll
+    for (int s = 0; s < SPLIT_MMA_STAGES - 1; s++)
+        if (!early[s]) issue(s, start + s * SPLIT_TILE);  // past the split: an empty group
     // Q rows (heads h0 .. h0 + ng − 1, zero rows after), P's rows 8..15 zero.
     for (int i = threadIdx.x; i < 16 * (d / 2); i += blockDim.x) {
         int hh = i / (d / 2), c = (i % (d / 2)) * 2;
@@ -473,13 +489,12 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
     u32 p_addr = smem_addr(p_s + (lane & 15) * (SPLIT_TILE + 8) + 8 * (lane >> 4));
     int n_tiles = (end - start + SPLIT_TILE - 1) / SPLIT_TILE;
     for (int it = 0; it < n_tiles; it++) {
-        int b = it & 1, j0 = start + it * SPLIT_TILE;
-        if (it + 1 < n_tiles) {
-            issue(b ^ 1, j0 + SPLIT_TILE);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        int b = it % SPLIT_MMA_STAGES, j0 = start + it * SPLIT_TILE;
+        // Tile it + STAGES − 1 into the buffer tile it − 1 used (every warp is past it); a
+        // group per iteration (empty past the split), so tile it is complete once all but the
+        // newest STAGES − 1 groups are.
+        issue((it + SPLIT_MMA_STAGES - 1) % SPLIT_MMA_STAGES, j0 + (SPLIT_MMA_STAGES - 1) * SPLIT_TILE);
+        cp_async_wait<SPLIT_MMA_STAGES - 1>();
         __syncthreads();
         // S for keys 8·warp .. +7: lanes 0-7 address K rows for dims [k, k+8), 8-15 [k+8, k+16),
         // 16-31 the same for the next k-step.

@@ -566,6 +566,7 @@ sample_pick_parts(const float* __restrict__ logits, int vocab, int top_k, float 
                   double u, int remember, u32* __restrict__ hist, u32* __restrict__ cands, int parts,
                   int* __restrict__ token_out, float* __restrict__ logprob_out) {
     __shared__ int offs[SAMPLE_PARTS + 1];
+    __shared__ float s_max[SAMPLE_PARTS], s_sum[SAMPLE_PARTS];
     __shared__ float s_mx, s_se;
     const float* maxes = reinterpret_cast<const float*>(cands) + parts;
     const float* sums = reinterpret_cast<const float*>(cands) + 2 * parts;
@@ -573,26 +574,36 @@ sample_pick_parts(const float* __restrict__ logits, int vocab, int top_k, float 
     const int* part_i = reinterpret_cast<const int*>(cands + 3 * parts + parts * PICK_MAX_K);
     float* flat_v = reinterpret_cast<float*>(cands + 3 * parts + 2 * parts * PICK_MAX_K);
     int* flat_i = reinterpret_cast<int*>(cands + 3 * parts + 3 * parts * PICK_MAX_K);
+    // The parts' counts and partials in parallel (one load each), then the scan in shared memory.
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        offs[p + 1] = (int)cands[p];
+        s_max[p] = maxes[p];
+        s_sum[p] = sums[p];
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
         int o = 0;
         float mx = NEG_INF;
         for (int p = 0; p < parts; p++) {
+            int c = offs[p + 1];
             offs[p] = o;
-            o += (int)cands[p];
-            mx = fmaxf(mx, maxes[p]);
+            o += c;
+            mx = fmaxf(mx, s_max[p]);
         }
         offs[parts] = o;
         float se = 0.0f;
         for (int p = 0; p < parts; p++)
-            if (sums[p] > 0.0f) se += sums[p] * expf(maxes[p] - mx);
+            if (s_sum[p] > 0.0f) se += s_sum[p] * expf(s_max[p] - mx);
         s_mx = mx;
         s_se = se;
     }
     __syncthreads();
     int total = offs[parts];
-    for (int p = 0; p < parts; p++) {
-        int c = offs[p + 1] - offs[p];
-        for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    // Every (part, slot) at once: at most top_k slots a part hold candidates.
+    int kk = min(top_k, PICK_MAX_K);
+    for (int idx = threadIdx.x; idx < parts * kk; idx += blockDim.x) {
+        int p = idx / kk, j = idx % kk;
+        if (j < offs[p + 1] - offs[p]) {
             flat_v[offs[p] + j] = part_v[(long long)p * PICK_MAX_K + j];
             flat_i[offs[p] + j] = part_i[(long long)p * PICK_MAX_K + j];
         }

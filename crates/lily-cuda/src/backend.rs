@@ -83,6 +83,7 @@ impl CudaBackend {
         gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
         gpu.l1_weights = plan.l1_weights();
         gpu.mma_gemv = plan.mma_gemv();
+        gpu.mma_lm_head = plan.mma_lm_head();
         gpu.early_trigger = plan.early_trigger();
         gpu.dec_blocks_per_sm = plan.decode_blocks_per_sm();
         gpu.sample_parts = plan.multi_block_sampling();

@@ -83,6 +83,8 @@ pub struct Gpu {
     /// The 4-bit decode GEMVs multiply on the tensor cores (the plan's `mma_gemv`; only with bf16
     /// activations: set by the backend).
     pub mma_gemv: bool,
+    /// Only the widest decode GEMV (the lm_head) on the tensor cores (the plan's `mma_lm_head`).
+    pub mma_lm_head: bool,
     /// decode.cu compiled with DEC_EARLY_TRIGGER (the plan's `early_trigger`): set before
     /// `Kernels::load`.
     pub early_trigger: bool,
@@ -177,6 +179,7 @@ impl Gpu {
             bulk_gemv: false,
             l1_weights: false,
             mma_gemv: false,
+            mma_lm_head: false,
             early_trigger: false,
             dec_blocks_per_sm: 2,
             sample_parts: true,

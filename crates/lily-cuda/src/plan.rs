@@ -85,9 +85,12 @@ pub struct CudaOptions {
     /// instead of the CUDA cores (`--mma-gemv`, `LILY_MMA_GEMV=1`). bf16 activations only. Off
     /// by default: measured 5 % slower at 4K on the H200 (the GEMVs are not issue-bound).
     pub mma_gemv: bool,
+    /// Only the lm_head's decode GEMV (248,320 rows, the one long stream of a token) on the
+    /// tensor cores (`--mma-lm-head`, `LILY_MMA_LM_HEAD=1`). bf16 activations only.
+    pub mma_lm_head: bool,
     /// Every decode kernel lets the next one launch as soon as its own early weight loads are
     /// issued (griddepcontrol.launch_dependents before its wait), instead of after its last
-    /// rows (`--early-trigger`, `LILY_EARLY_TRIGGER=1`).
+    /// rows (`--no-early-trigger`, `LILY_EARLY_TRIGGER=0`): +6 % at 4K on the H200.
     pub early_trigger: bool,
     /// Resident blocks per SM of the persistent decode GEMV grids (`--decode-blocks-per-sm N`,
     /// `LILY_DECODE_BLOCKS=N`, 1 or 2): with 1, a kernel takes half the registers of an SM and
@@ -125,7 +128,8 @@ impl Default for CudaOptions {
             bulk_gemv: false,
             l1_weights: false,
             mma_gemv: false,
-            early_trigger: false,
+            mma_lm_head: false,
+            early_trigger: true,
             decode_blocks_per_sm: 2,
             multi_block_sampling: true,
             mma_attention: true,
@@ -157,7 +161,8 @@ impl CudaOptions {
     /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
     /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
     /// | `LILY_MMA_GEMV=1` | `mma_gemv` |
-    /// | `LILY_EARLY_TRIGGER=1` | `early_trigger` |
+    /// | `LILY_MMA_LM_HEAD=1` | `mma_lm_head` |
+    /// | `LILY_EARLY_TRIGGER=0` | `early_trigger` |
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
@@ -187,7 +192,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 17] = [
+        let flags: [(&str, &mut bool); 18] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -204,6 +209,7 @@ impl CudaOptions {
             ("LILY_L1_WEIGHTS", &mut self.l1_weights),
             ("LILY_MMA_GEMV", &mut self.mma_gemv),
             ("LILY_EARLY_TRIGGER", &mut self.early_trigger),
+            ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
@@ -298,6 +304,7 @@ pub struct Plan {
     bulk_gemv: bool,
     l1_weights: bool,
     mma_gemv: bool,
+    mma_lm_head: bool,
     early_trigger: bool,
     decode_blocks_per_sm: usize,
     multi_block_sampling: bool,
@@ -330,6 +337,7 @@ impl Plan {
             bulk_gemv: o.bulk_gemv,
             l1_weights: o.l1_weights,
             mma_gemv: o.mma_gemv && o.bf16_activations,
+            mma_lm_head: o.mma_lm_head && o.bf16_activations,
             early_trigger: o.early_trigger,
             decode_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
             multi_block_sampling: o.multi_block_sampling,
@@ -504,6 +512,11 @@ impl Plan {
         self.mma_gemv
     }
 
+    /// Whether the lm_head's decode GEMV multiplies on the tensor cores.
+    pub fn mma_lm_head(&self) -> bool {
+        self.mma_lm_head
+    }
+
     /// Whether decode kernels let the next one launch before their wait.
     pub fn early_trigger(&self) -> bool {
         self.early_trigger
@@ -533,7 +546,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {}, early trigger {}, decode blocks per SM {}, many-block sampling {}, tensor-core decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -548,6 +561,7 @@ impl Plan {
             on(self.bulk_gemv),
             on(self.l1_weights),
             on(self.mma_gemv),
+            on(self.mma_gemv || self.mma_lm_head),
             on(self.early_trigger),
             self.decode_blocks_per_sm,
             on(self.multi_block_sampling),
@@ -599,7 +613,8 @@ mod tests {
             ("LILY_BULK_GEMV", "1"),
             ("LILY_L1_WEIGHTS", "1"),
             ("LILY_MMA_GEMV", "1"),
-            ("LILY_EARLY_TRIGGER", "1"),
+            ("LILY_EARLY_TRIGGER", "0"),
+            ("LILY_MMA_LM_HEAD", "1"),
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
@@ -624,7 +639,8 @@ mod tests {
                 bulk_gemv: true,
                 l1_weights: true,
                 mma_gemv: true,
-                early_trigger: true,
+                mma_lm_head: true,
+                early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
                 mma_attention: false,

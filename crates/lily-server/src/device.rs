@@ -88,10 +88,13 @@ pub struct CudaArgs {
     /// experiment, slower today [env LILY_MMA_GEMV=1].
     #[arg(long)]
     pub mma_gemv: bool,
-    /// Let each decode kernel start the next one as soon as its early weight loads are issued
-    /// (sm_90+) [env LILY_EARLY_TRIGGER=1].
+    /// Only the lm_head's decode GEMV on the tensor cores: an experiment [env LILY_MMA_LM_HEAD=1].
     #[arg(long)]
-    pub early_trigger: bool,
+    pub mma_lm_head: bool,
+    /// Let each decode kernel start the next one only after its last rows instead of as soon as
+    /// its early weight loads are issued (sm_90+) [env LILY_EARLY_TRIGGER=0].
+    #[arg(long)]
+    pub no_early_trigger: bool,
     /// Resident blocks per SM of the persistent decode GEMV grids, 1 or 2
     /// [env LILY_DECODE_BLOCKS].
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
@@ -124,7 +127,8 @@ impl CudaArgs {
             bulk_gemv: self.bulk_gemv,
             l1_weights: self.l1_weights,
             mma_gemv: self.mma_gemv,
-            early_trigger: self.early_trigger,
+            mma_lm_head: self.mma_lm_head,
+            early_trigger: !self.no_early_trigger,
             decode_blocks_per_sm: self
                 .decode_blocks_per_sm
                 .map_or(d.decode_blocks_per_sm, usize::from),
@@ -241,7 +245,7 @@ mod tests {
             "--router-on-cuda-cores",
             "--no-fused-decode",
             "--no-dependent-launch",
-            "--early-trigger",
+            "--no-early-trigger",
             "--decode-blocks-per-sm",
             "1",
             "--one-block-sampling",
@@ -266,7 +270,8 @@ mod tests {
                 bulk_gemv: false,
                 l1_weights: false,
                 mma_gemv: false,
-                early_trigger: true,
+                mma_lm_head: false,
+                early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
                 mma_attention: false,

@@ -39,6 +39,8 @@ pub const PF_PAD: usize = 8;
 pub const PF_KEYS_SMALL: usize = 64;
 /// Keys per attn_prefill tile for head dim 256.
 pub const PF_KEYS_256: usize = 32;
+/// Tiles in flight per attn_split_mma block (two land while one is used).
+pub const SPLIT_MMA_STAGES: usize = 3;
 
 pub const FILE: KernelFile = KernelFile {
     name: "attention",
@@ -55,6 +57,7 @@ pub const FILE: KernelFile = KernelFile {
         ("PF_PAD", PF_PAD as i64),
         ("PF_KEYS_SMALL", PF_KEYS_SMALL as i64),
         ("PF_KEYS_256", PF_KEYS_256 as i64),
+        ("SPLIT_MMA_STAGES", SPLIT_MMA_STAGES as i64),
     ],
 };
 
@@ -173,9 +176,12 @@ pub fn prefill_fits(s: AttnShape) -> bool {
 /// `kv_bytes`: q [SPLIT_MAX_G][d] f32, K [2][SPLIT_TILE][d + 16 bytes], V [2][SPLIT_TILE][d],
 /// p [SPLIT_MAX_G][SPLIT_TILE] f32.
 /// Dynamic shared memory of an attn_split_mma block (attention.cu): Q [16][d+8], K and V
-/// [2][SPLIT_TILE][d+8], P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums [2][2][4][8] f32.
+/// [SPLIT_MMA_STAGES][SPLIT_TILE][d+8], P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums
+/// [2][2][4][8] f32 (109 KB for d = 256: two blocks an SM).
 fn split_mma_smem_bytes(d: usize) -> usize {
-    (16 + 4 * SPLIT_TILE) * (d + 8) * 2 + 16 * (SPLIT_TILE + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4
+    (16 + 2 * SPLIT_MMA_STAGES * SPLIT_TILE) * (d + 8) * 2
+        + 16 * (SPLIT_TILE + 8) * 2
+        + 2 * 2 * SPLIT_WARPS * 8 * 4
 }
 
 /// Whether attn_split_mma takes this step: bf16 cache, one token, head dim a multiple of 64 (four

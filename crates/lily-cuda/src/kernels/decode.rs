@@ -50,6 +50,8 @@ pub const BULK_STAGES: usize = 4;
 /// 64-column groups of a `dec_gemv4m` / `dec_glu4m` warp's unit (16 rows of them, two units in
 /// flight per warp).
 pub const MMA_KG: usize = 4;
+/// Rows from which `Gpu::mma_lm_head` sends a decode projection to the tensor cores.
+pub const MMA_WIDE_ROWS: usize = 65_536;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
@@ -363,8 +365,12 @@ impl Decode {
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
         let bulk = gpu.bulk_gemv && bulk_serves(input.cols, outs);
+        // The tensor-core kernel: every projection (`mma_gemv`), or only a launch of at least
+        // MMA_WIDE_ROWS rows (`mma_lm_head`: the lm_head).
+        let rows_total: usize = outs.iter().map(|(w, _)| w.rows).sum();
+        let wanted = gpu.mma_gemv || (gpu.mma_lm_head && rows_total >= MMA_WIDE_ROWS);
         let mma = match mma_tile_rows(groups, WARPS) {
-            Some(rows) if gpu.mma_gemv && !bulk && outs.iter().all(|(w, _)| mma_reads(w)) => Some(rows),
+            Some(rows) if wanted && !bulk && outs.iter().all(|(w, _)| mma_reads(w)) => Some(rows),
             _ => None,
         };
         let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
