@@ -191,6 +191,26 @@ __device__ __forceinline__ int split_keys(int len) {
     return per > SPLIT_MIN_KEYS ? per : SPLIT_MIN_KEYS;
 }
 
+// A split-KV block's share (grid: x the split, y the kv head × its chunks of SPLIT_MAX_G query
+// heads): its kv head, first query head and head count, and its keys [start, end) of a causal
+// length len (start >= end: past the live splits).
+struct SplitBlock {
+    int kvh, h0, ng, start, end;
+};
+
+__device__ __forceinline__ SplitBlock split_block(int split, int n_q, int n_kv, int len) {
+    SplitBlock b;
+    int g_heads = n_q / n_kv;
+    int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
+    b.kvh = blockIdx.y / chunks;
+    b.h0 = b.kvh * g_heads + (blockIdx.y % chunks) * SPLIT_MAX_G;
+    b.ng = min(SPLIT_MAX_G, b.kvh * g_heads + g_heads - b.h0);
+    int per = split_keys(len);
+    b.start = split * per;
+    b.end = min(b.start + per, len);
+    return b;
+}
+
 // Eight consecutive cache elements starting 16-byte aligned, as fp32.
 __device__ __forceinline__ void kv_load8(const kv_t* __restrict__ p, float* out) {
 #ifdef LILY_BF16_ACT
@@ -244,19 +264,12 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
            int n_q, int n_kv, int d, float scale) {
     extern __shared__ __align__(16) float split_smem[];
     int split = blockIdx.x, t = blockIdx.z;
-    int g_heads = n_q / n_kv;
-    int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
-    int kvh = blockIdx.y / chunks;
-    int h0 = kvh * g_heads + (blockIdx.y % chunks) * SPLIT_MAX_G;
-    int ng = min(SPLIT_MAX_G, kvh * g_heads + g_heads - h0);
     // The position was moved by the previous step's advance_pos (this step's kernels before
     // this one do not write it): readable before pdl_wait.
     int pos = *pos_ptr;
-    int len = pos + t + 1;
-    int per = split_keys(len);
-    int start = split * per;
-    if (t >= n_tok || start >= len) return;  // uniform over the block: no barrier is skipped
-    int end = min(start + per, len);
+    SplitBlock sb = split_block(split, n_q, n_kv, pos + t + 1);
+    if (t >= n_tok || sb.start >= sb.end) return;  // uniform over the block: no barrier is skipped
+    int kvh = sb.kvh, h0 = sb.h0, ng = sb.ng, start = sb.start, end = sb.end;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kstride = d + SPLIT_KV_E;  // padded K row, in elements
     float* q_s = split_smem;                                                   // [SPLIT_MAX_G][d]
@@ -411,17 +424,10 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float split_smem[];
     int split = blockIdx.x;
-    int g_heads = n_q / n_kv;
-    int chunks = (g_heads + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
-    int kvh = blockIdx.y / chunks;
-    int h0 = kvh * g_heads + (blockIdx.y % chunks) * SPLIT_MAX_G;
-    int ng = min(SPLIT_MAX_G, kvh * g_heads + g_heads - h0);
     int pos = *pos_ptr;
-    int len = pos + 1;
-    int per = split_keys(len);
-    int start = split * per;
-    if (start >= len) return;  // uniform over the block
-    int end = min(start + per, len);
+    SplitBlock sb = split_block(split, n_q, n_kv, pos + 1);
+    if (sb.start >= sb.end) return;  // uniform over the block
+    int kvh = sb.kvh, h0 = sb.h0, ng = sb.ng, start = sb.start, end = sb.end;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     int stride = d + SPLIT_MMA_PAD;  // bf16 elements per shared row
     u16* q_s = reinterpret_cast<u16*>(split_smem);    // [16][stride]

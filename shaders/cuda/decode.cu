@@ -1349,18 +1349,36 @@ __device__ __forceinline__ MShape mshape(int G, int warps_per_tile) {
 // The first group of a warp's unit u (u counts the warp's units over its tiles).
 __device__ __forceinline__ int munit_g0(const MShape& m, int u) { return (m.ks + (u % m.nch) * m.KS) * DEC_MMA_KG; }
 
+// A warp's n units, two register buffers deep (ra and rb hold units 0 and 1 on entry): each
+// buffer is refilled (load) as soon as it is summed, before the tile's barrier (tile_end, after
+// a tile's last unit: the partial sums meet and are stored; it resets the sums).
+template <class Load, class TileEnd>
+__device__ __forceinline__ void munit_loop(const MShape& m, int n, MUnit& ra, MUnit& rb, const u32* xb,
+                                           const float* xsum, Load load, TileEnd tile_end) {
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int u = 0; u < n; u += 2) {
+        munit_dot(ra, munit_g0(m, u), xb, xsum, acc_a, acc_b);
+        if (u + 2 < n) load(u + 2, ra);
+        if (u % m.nch == m.nch - 1) tile_end(u, acc_a, acc_b);
+        if (u + 1 >= n) break;
+        munit_dot(rb, munit_g0(m, u + 1), xb, xsum, acc_a, acc_b);
+        if (u + 3 < n) load(u + 3, rb);
+        if ((u + 1) % m.nch == m.nch - 1) tile_end(u + 1, acc_a, acc_b);
+    }
+}
+
 __device__ __forceinline__ void gemv4m_load(const DecSegs& segs, const MShape& m, int u, MUnit& r) {
     int tile = blockIdx.x + (u / m.nch) * gridDim.x;
     DecSeg sg = seg_of(segs, tile);
     munit_load(sg.w, (tile - sg.tile0) * 16 * m.RT + m.rt * 16, munit_g0(m, u), m.G, r);
 }
 
-// A tile's end: the warps' partial sums meet in part[buffer], one barrier; threads < 16 · RT
-// store the tile's rows.
-__device__ __forceinline__ void gemv4m_tile_end(const DecSegs& segs, const MShape& m, int u, float& acc_a,
-                                                float& acc_b, float (*part)[16]) {
+// At a tile's end: the warp's sums of its rows g and g + 8 into part[buffer][warp] (buffers by
+// tile parity, so the next tile's writes never meet this one's reads), the sums reset, one
+// barrier. Returns the tile's index among the block's.
+__device__ __forceinline__ int munit_publish(const MShape& m, int u, float& acc_a, float& acc_b, float (*part)[16]) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int tile_i = u / m.nch, tile = blockIdx.x + tile_i * gridDim.x;
+    int tile_i = u / m.nch;
     float* p = part[(tile_i & 1) * DEC_WARPS + warp];
     if ((lane & 3) == 0) {
         p[lane >> 2] = acc_a;
@@ -1368,6 +1386,15 @@ __device__ __forceinline__ void gemv4m_tile_end(const DecSegs& segs, const MShap
     }
     acc_a = acc_b = 0.0f;
     __syncthreads();
+    return tile_i;
+}
+
+// A tile's end: the warps' partial sums meet in part[buffer], one barrier; threads < 16 · RT
+// store the tile's rows.
+__device__ __forceinline__ void gemv4m_tile_end(const DecSegs& segs, const MShape& m, int u, float& acc_a,
+                                                float& acc_b, float (*part)[16]) {
+    int tile_i = munit_publish(m, u, acc_a, acc_b, part);
+    int tile = blockIdx.x + tile_i * gridDim.x;
     int r = threadIdx.x;
     if (r < 16 * m.RT) {
         DecSeg sg = seg_of(segs, tile);
@@ -1397,17 +1424,9 @@ dec_gemv4m(DecSegs segs, const float* __restrict__ x, const float* __restrict__ 
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     stage_xb(xs, m.G, xb);
-    float acc_a = 0.0f, acc_b = 0.0f;
-    // A buffer is refilled as soon as it is summed, before the tile's barrier.
-    for (int u = 0; u < n; u += 2) {
-        munit_dot(ra, munit_g0(m, u), xb, xsum, acc_a, acc_b);
-        if (u + 2 < n) gemv4m_load(segs, m, u + 2, ra);
-        if (u % m.nch == m.nch - 1) gemv4m_tile_end(segs, m, u, acc_a, acc_b, part);
-        if (u + 1 >= n) break;
-        munit_dot(rb, munit_g0(m, u + 1), xb, xsum, acc_a, acc_b);
-        if (u + 3 < n) gemv4m_load(segs, m, u + 3, rb);
-        if ((u + 1) % m.nch == m.nch - 1) gemv4m_tile_end(segs, m, u + 1, acc_a, acc_b, part);
-    }
+    munit_loop(
+        m, n, ra, rb, xb, xsum, [&](int u, MUnit& r) { gemv4m_load(segs, m, u, r); },
+        [&](int u, float& acc_a, float& acc_b) { gemv4m_tile_end(segs, m, u, acc_a, acc_b, part); });
     dec_trigger_late();
 }
 
@@ -1428,15 +1447,8 @@ __device__ __forceinline__ void glu4m_load(const MShape& m, int u, int per_item,
 __device__ __forceinline__ void glu4m_tile_end(const MShape& m, int u, int per_item, int g_rows, int s_rows,
                                                float& acc_a, float& acc_b, float (*part)[16], float* __restrict__ h,
                                                int h_stride, float* __restrict__ hs) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int tile_i = u / m.nch, tile = blockIdx.x + tile_i * gridDim.x;
-    float* p = part[(tile_i & 1) * DEC_WARPS + warp];
-    if ((lane & 3) == 0) {
-        p[lane >> 2] = acc_a;
-        p[(lane >> 2) + 8] = acc_b;
-    }
-    acc_a = acc_b = 0.0f;
-    __syncthreads();
+    int tile_i = munit_publish(m, u, acc_a, acc_b, part);
+    int tile = blockIdx.x + tile_i * gridDim.x;
     int r = threadIdx.x;
     if (r < 16) {
         int item = tile / per_item;
@@ -1480,17 +1492,11 @@ dec_glu4m(QWeight gate, QWeight up, const float* __restrict__ router_logits, int
     if (n > 0 && !early_a) glu4m_load(m, 0, tiles_per_item, gate, up, sgate, sup, ids_s, ra);
     if (n > 1 && !early_b) glu4m_load(m, 1, tiles_per_item, gate, up, sgate, sup, ids_s, rb);
     stage_xb(xs, m.G, xb);
-    float acc_a = 0.0f, acc_b = 0.0f;
-    for (int u = 0; u < n; u += 2) {
-        munit_dot(ra, munit_g0(m, u), xb, xsum, acc_a, acc_b);
-        if (u + 2 < n) glu4m_load(m, u + 2, tiles_per_item, gate, up, sgate, sup, ids_s, ra);
-        if (u % m.nch == m.nch - 1)
+    munit_loop(
+        m, n, ra, rb, xb, xsum,
+        [&](int u, MUnit& r) { glu4m_load(m, u, tiles_per_item, gate, up, sgate, sup, ids_s, r); },
+        [&](int u, float& acc_a, float& acc_b) {
             glu4m_tile_end(m, u, tiles_per_item, gate.rows, sgate.rows, acc_a, acc_b, part, h, h_stride, hs);
-        if (u + 1 >= n) break;
-        munit_dot(rb, munit_g0(m, u + 1), xb, xsum, acc_a, acc_b);
-        if (u + 3 < n) glu4m_load(m, u + 3, tiles_per_item, gate, up, sgate, sup, ids_s, rb);
-        if ((u + 1) % m.nch == m.nch - 1)
-            glu4m_tile_end(m, u + 1, tiles_per_item, gate.rows, sgate.rows, acc_a, acc_b, part, h, h_stride, hs);
-    }
+        });
     dec_trigger_late();
 }

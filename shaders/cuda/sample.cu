@@ -190,6 +190,32 @@ __device__ __forceinline__ u32 order_key(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// One radix-select pass, after its histogram (bins: byte `shift` of the keys that match prefix
+// under mask): the bin holding the remaining-th largest key. Every thread of the block calls it;
+// prefix, remaining and mask move to that bin, and sel[2] (shared) holds its count (the ties once
+// the last byte is done). sel: 3 words of shared memory.
+__device__ __forceinline__ void radix_narrow(const u32* bins, int shift, u32& prefix, u32& remaining, u32& mask,
+                                             u32* sel) {
+    if (threadIdx.x == 0) {
+        u32 cum = 0;
+        for (int b = 255; b >= 0; b--) {
+            u32 c = bins[b];
+            if (cum + c >= remaining) {
+                sel[0] = prefix | ((u32)b << shift);
+                sel[1] = remaining - cum;
+                sel[2] = c;
+                break;
+            }
+            cum += c;
+        }
+    }
+    __syncthreads();
+    prefix = sel[0];
+    remaining = sel[1];
+    mask |= 0xffu << shift;
+    __syncthreads();
+}
+
 extern "C" __global__ void sample_adjust(const float* __restrict__ logits, int vocab,
                                          const u32* __restrict__ hist,
                                          const int* __restrict__ bias_ids,
@@ -240,7 +266,7 @@ __device__ __forceinline__ void pick_core(const float* __restrict__ logits, cons
                                           int remember, u32* __restrict__ hist, int* __restrict__ token_out,
                                           float* __restrict__ logprob_out, float mx_in, float se_in) {
     __shared__ u32 bins[256];
-    __shared__ u32 s_prefix, s_remaining, s_ties, s_valid, s_n, s_taken;
+    __shared__ u32 s_sel[3], s_valid, s_n, s_taken;
     __shared__ u32 warp_n[32];
     __shared__ float cv[PICK_MAX_K], sv[PICK_MAX_K];
     __shared__ int ci[PICK_MAX_K], si[PICK_MAX_K];
@@ -249,7 +275,7 @@ __device__ __forceinline__ void pick_core(const float* __restrict__ logits, cons
         s_valid = 0;
         s_n = 0;
         s_taken = 0;
-        s_ties = 0;
+        s_sel[2] = 0;
     }
     __syncthreads();
 
@@ -293,27 +319,10 @@ __device__ __forceinline__ void pick_core(const float* __restrict__ logits, cons
                 if (bin < 256 && lane == __ffs(peers) - 1) atomicAdd(&bins[bin], __popc(peers));
             }
             __syncthreads();
-            if (tid == 0) {
-                u32 cum = 0;
-                for (int b = 255; b >= 0; b--) {
-                    u32 c = bins[b];
-                    if (cum + c >= remaining) {
-                        s_prefix = prefix | ((u32)b << shift);
-                        s_remaining = remaining - cum;
-                        s_ties = c;
-                        break;
-                    }
-                    cum += c;
-                }
-            }
-            __syncthreads();
-            prefix = s_prefix;
-            remaining = s_remaining;
-            mask |= 0xffu << shift;
-            __syncthreads();
+            radix_narrow(bins, shift, prefix, remaining, mask, s_sel);
         }
     }
-    u32 ties = s_ties;
+    u32 ties = s_sel[2];
     bool all_ties = k > 0 && ties == remaining;
 
     // Gather: everything above the threshold (and all ties when they all fit), plus the raw
@@ -454,7 +463,7 @@ sample_part(const float* __restrict__ logits, const float* __restrict__ scaled, 
             u32* __restrict__ cands) {
     __shared__ u32 keys[SAMPLE_PART_CAP];
     __shared__ u32 bins[256];
-    __shared__ u32 s_prefix, s_remaining, s_ties, s_valid, s_taken, s_out;
+    __shared__ u32 s_sel[3], s_valid, s_taken, s_out;
     __shared__ u32 warp_n[8], warp_t[8];
     __shared__ float red[8];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
@@ -499,24 +508,7 @@ sample_part(const float* __restrict__ logits, const float* __restrict__ scaled, 
                 if (key != 0u && (key & mask) == prefix) atomicAdd(&bins[(key >> shift) & 0xffu], 1u);
             }
             __syncthreads();
-            if (tid == 0) {
-                u32 cum = 0;
-                for (int q = 255; q >= 0; q--) {
-                    u32 c = bins[q];
-                    if (cum + c >= remaining) {
-                        s_prefix = prefix | ((u32)q << shift);
-                        s_remaining = remaining - cum;
-                        s_ties = c;
-                        break;
-                    }
-                    cum += c;
-                }
-            }
-            __syncthreads();
-            prefix = s_prefix;
-            remaining = s_remaining;
-            mask |= 0xffu << shift;
-            __syncthreads();
+            radix_narrow(bins, shift, prefix, remaining, mask, s_sel);
         }
     }
     // The block's top k in ascending id order: everything above the threshold, and the first

@@ -758,10 +758,12 @@ impl AttnRig {
 /// kernel, at contexts 1, 7, 300, 5000 and 20000 (past 16384 keys a split holds more than one
 /// tile per warp), for a 1-token step and then a 3-token step, in both activation modes, with the
 /// tiny preset's heads (GQA group 2, head_dim 64) and the real model's (group 8, head_dim 256).
-/// Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs one-block
-/// 1e-5 (summation order only); bf16 vs CPU 3e-2 (q, k, v, the cache and the output are rounded
-/// to bf16, the CPU keeps fp32), bf16 split vs one-block 1e-2 (same roundings; an output may land
-/// one bf16 step apart).
+/// bf16 runs twice: one-token steps on CUDA cores (attn_split) and on the tensor cores
+/// (attn_split_mma, which also rounds q and the softmax weights to bf16, as the flash prefill
+/// kernel does). Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs
+/// one-block 1e-5 (summation order only); bf16 vs CPU 3e-2 (q, k, v, the cache and the output are
+/// rounded to bf16, the CPU keeps fp32), bf16 split vs one-block 1e-2 (same roundings; an output
+/// may land one bf16 step apart).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
@@ -1076,49 +1078,51 @@ fn fused_decode_blocks_match_cpu() {
     println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
 }
 
-/// bf16 rounding to nearest even (what the bf16-activation kernels store).
-fn round_bf16(v: f32) -> f32 {
-    bf16::from_f32(v).to_f32()
+/// One fused-projection case of the decode GEMV tests: four random 4-bit weights of 300, 77, 16
+/// and 1 rows over `cols` columns (rows that end mid-tile), the input row with RMSNorm or
+/// DeltaNet's gated norm folded in (head dim 128), every store mode, one launch; `xn` is the CPU's
+/// normed row. With `bf16`, the inputs are bf16 values (what that mode stores).
+struct GemvCase {
+    ws: Vec<Linear>,
+    dws: Vec<DevLinear>,
+    xn: Vec<f32>,
+    resid: Vec<f32>,
+    bufs: [DevBuf; 3],
+    gated: bool,
+    head_dim: usize,
+    cols: usize,
 }
 
-/// The tensor-core decode GEMVs (`dec_gemv4m`, `dec_glu4m`; bf16 activations) against the CPU:
-/// every width they take (256 … 4096 columns), rows that end mid-tile, every store mode,
-/// several projections per launch, the norm and the gated norm folded in, more tiles than the
-/// grid; then the MoE's first half (routing, 8 routed experts and the shared one).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tensor_core_decode_gemvs_match_cpu() {
-    let mut d = dev(true);
-    d.g.mma_gemv = true;
-    let mut rng = Rng(41);
-    let eps = 1e-6f32;
-    for (cols, gated) in [
-        (2048usize, false),
-        (2048, true),
-        (4096, true),
-        (4096, false),
-        (1024, false),
-        (512, false),
-        (256, false),
-    ] {
-        let rows = [300usize, 77, 16, 1];
-        let ws: Vec<Linear> = rows
+const GEMV_CASE_ROWS: [usize; 4] = [300, 77, 16, 1];
+const GEMV_CASE_EPS: f32 = 1e-6;
+
+impl GemvCase {
+    fn new(d: &Dev, rng: &mut Rng, cols: usize, gated: bool, bf16: bool) -> GemvCase {
+        let r = |v: Vec<f32>| -> Vec<f32> {
+            if bf16 {
+                v.into_iter().map(round_bf16).collect()
+            } else {
+                v
+            }
+        };
+        let ws: Vec<Linear> = GEMV_CASE_ROWS
             .iter()
-            .map(|&r| linear(&mut rng, 4, 1, r, cols))
+            .map(|&n| linear(rng, 4, 1, n, cols))
             .collect();
-        let dws: Vec<DevLinear> = ws
+        let dws = ws
             .iter()
             .enumerate()
-            .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+            .map(|(i, w)| upload_linear(d, &format!("w{i}"), w).unwrap())
             .collect();
-        let x: Vec<f32> = rng.vec(cols, 1.0).into_iter().map(round_bf16).collect();
-        let z: Vec<f32> = rng.vec(cols, 1.0).into_iter().map(round_bf16).collect();
+        let x = r(rng.vec(cols, 1.0));
+        let z = r(rng.vec(cols, 1.0));
         let head_dim = 128.min(cols);
-        let norm_w: Vec<f32> = rng
+        let eps = GEMV_CASE_EPS;
+        let norm_w: Vec<f32> = r(rng
             .vec(if gated { head_dim } else { cols }, 1.0)
             .iter()
-            .map(|v| round_bf16(1.0 + 0.3 * v))
-            .collect();
+            .map(|v| 1.0 + 0.3 * v)
+            .collect());
         let xn: Vec<f32> = if gated {
             let mut y = vec![0f32; cols];
             for h in 0..cols / head_dim {
@@ -1134,20 +1138,36 @@ fn tensor_core_decode_gemvs_match_cpu() {
         } else {
             ops::rms_norm(&x, &norm_w, eps)
         };
-        let resid: Vec<f32> = rng.vec(rows[1], 1.0).into_iter().map(round_bf16).collect();
-        let (xd, zd, nd) = (
+        let resid = r(rng.vec(GEMV_CASE_ROWS[1], 1.0));
+        let bufs = [
             d.upload(&x).unwrap(),
             d.upload(&z).unwrap(),
             d.upload(&norm_w).unwrap(),
-        );
-        let outs_dev: Vec<DevBuf> = rows.iter().map(|&r| poisoned(&d, r)).collect();
-        d.write(&outs_dev[1], 0, &resid).unwrap();
-        let staged = poisoned(&d, cols);
-        let prologue = if gated {
+        ];
+        GemvCase {
+            ws,
+            dws,
+            xn,
+            resid,
+            bufs,
+            gated,
+            head_dim,
+            cols,
+        }
+    }
+
+    /// One launch through `Decode::project` as `d` is set up: the staged row and the four outputs.
+    fn run(&self, d: &Dev) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let [xd, zd, nd] = &self.bufs;
+        let outs_dev: Vec<DevBuf> = GEMV_CASE_ROWS.iter().map(|&r| poisoned(d, r)).collect();
+        d.write(&outs_dev[1], 0, &self.resid).unwrap();
+        let staged = poisoned(d, self.cols);
+        let eps = GEMV_CASE_EPS;
+        let prologue = if self.gated {
             Prologue::GatedNorm {
                 weight: nd.ptr,
                 z: zd.ptr,
-                head_dim,
+                head_dim: self.head_dim,
                 eps,
             }
         } else {
@@ -1158,33 +1178,73 @@ fn tensor_core_decode_gemvs_match_cpu() {
         };
         let input = Input {
             x: xd.ptr,
-            cols,
+            cols: self.cols,
             prologue,
             staged_out: Some(staged.ptr),
         };
         let outs = [
-            (&dws[0], Out::Store(outs_dev[0].ptr)),
-            (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-            (&dws[2], Out::Exact(outs_dev[2].ptr)),
-            (&dws[3], Out::Store(outs_dev[3].ptr)),
+            (&self.dws[0], Out::Store(outs_dev[0].ptr)),
+            (&self.dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&self.dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&self.dws[3], Out::Store(outs_dev[3].ptr)),
         ];
-        d.k.decode.project(&d, input, &outs).unwrap();
+        d.k.decode.project(d, input, &outs).unwrap();
+        let got_xn = d.read(&staged, 0, self.cols).unwrap();
+        let outs = outs_dev
+            .iter()
+            .zip(GEMV_CASE_ROWS)
+            .map(|(b, n)| d.read(b, 0, n).unwrap())
+            .collect();
+        (got_xn, outs)
+    }
+
+    /// The CPU's outputs for the staged row `xn`: W·xn, plus the residual for output 1.
+    fn want(&self, i: usize, xn: &[f32]) -> Vec<f32> {
+        let mut want = matmul(&self.ws[i], xn);
+        if i == 1 {
+            want.iter_mut().zip(&self.resid).for_each(|(a, r)| *a += r);
+        }
+        want
+    }
+}
+
+/// bf16 rounding to nearest even (what the bf16-activation kernels store).
+fn round_bf16(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
+/// The tensor-core decode GEMVs (`dec_gemv4m`, `dec_glu4m`; bf16 activations) against the CPU:
+/// every width they take (256 … 4096 columns), rows that end mid-tile, every store mode,
+/// several projections per launch, the norm and the gated norm folded in, more tiles than the
+/// grid; then the MoE's first half (routing, 8 routed experts and the shared one).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tensor_core_decode_gemvs_match_cpu() {
+    let mut d = dev(true);
+    d.g.mma_gemv = true;
+    let mut rng = Rng(41);
+    for (cols, gated) in [
+        (2048usize, false),
+        (2048, true),
+        (4096, true),
+        (4096, false),
+        (1024, false),
+        (512, false),
+        (256, false),
+    ] {
+        let case = GemvCase::new(&d, &mut rng, cols, gated, true);
+        let (got_xn, got) = case.run(&d);
         let what = format!("dec_gemv4m {cols} cols gated={gated}");
         // The staged row is the normed input rounded to bf16 (within the norm's own rounding
         // steps); the projections are then checked on exactly that row.
-        let got_xn: Vec<f32> = d.read(&staged, 0, cols).unwrap();
-        check(&format!("{what} staged input"), &got_xn, &xn, 1e-2);
+        check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-2);
         assert!(got_xn.iter().all(|&v| v == round_bf16(v)), "{what}: staged row not bf16");
-        for (i, w) in ws.iter().enumerate() {
-            let got: Vec<f32> = d.read(&outs_dev[i], 0, rows[i]).unwrap();
-            let mut want = matmul(w, &got_xn);
-            if i == 1 {
-                want.iter_mut().zip(&resid).for_each(|(a, r)| *a += r);
-            }
+        for (i, got) in got.iter().enumerate() {
             // Exact (unrounded) sums: only the f32 accumulation differs; the others are rounded
             // to bf16 (2^-9 relative at most).
             let tol = if i == 2 { 2e-5 } else { 4e-3 };
-            check(&format!("{what} output {i} ({} rows)", rows[i]), &got, &want, tol);
+            let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
+            check(&what, got, &case.want(i, &got_xn), tol);
         }
     }
     // Many tiles a block (the lm_head's shape, shorter), input taken as it is.
@@ -1270,7 +1330,6 @@ fn tensor_core_decode_gemvs_match_cpu() {
 fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
     let mut d = gpu();
     let mut rng = Rng(29);
-    let eps = 1e-6f32;
     for (cols, gated) in [
         (2048usize, false),
         (2048, true),
@@ -1278,91 +1337,15 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
         (4096, true),
         (4096, false),
     ] {
-        let rows = [300usize, 77, 16, 1];
-        let ws: Vec<Linear> = rows
-            .iter()
-            .map(|&r| linear(&mut rng, 4, 1, r, cols))
-            .collect();
-        let dws: Vec<DevLinear> = ws
-            .iter()
-            .enumerate()
-            .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
-            .collect();
-        let x = rng.vec(cols, 1.0);
-        let z = rng.vec(cols, 1.0);
-        let head_dim = 128;
-        let norm_w: Vec<f32> = rng
-            .vec(if gated { head_dim } else { cols }, 1.0)
-            .iter()
-            .map(|v| 1.0 + 0.3 * v)
-            .collect();
-        let xn: Vec<f32> = if gated {
-            let mut y = vec![0f32; cols];
-            for h in 0..cols / head_dim {
-                let o = &x[h * head_dim..(h + 1) * head_dim];
-                let ss: f32 = o.iter().map(|v| v * v).sum();
-                let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
-                for i in 0..head_dim {
-                    let zc = z[h * head_dim + i];
-                    y[h * head_dim + i] = norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
-                }
-            }
-            y
-        } else {
-            ops::rms_norm(&x, &norm_w, eps)
-        };
-        let resid = rng.vec(rows[1], 1.0);
-        let (xd, zd, nd) = (
-            d.upload(&x).unwrap(),
-            d.upload(&z).unwrap(),
-            d.upload(&norm_w).unwrap(),
-        );
+        let case = GemvCase::new(&d, &mut rng, cols, gated, false);
         for bulk in [false, true] {
             d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
-            let outs_dev: Vec<DevBuf> = rows.iter().map(|&r| poisoned(&d, r)).collect();
-            d.write(&outs_dev[1], 0, &resid).unwrap();
-            let staged = poisoned(&d, cols);
-            let prologue = if gated {
-                Prologue::GatedNorm {
-                    weight: nd.ptr,
-                    z: zd.ptr,
-                    head_dim,
-                    eps,
-                }
-            } else {
-                Prologue::RmsNorm {
-                    weight: nd.ptr,
-                    eps,
-                }
-            };
-            let input = Input {
-                x: xd.ptr,
-                cols,
-                prologue,
-                staged_out: Some(staged.ptr),
-            };
-            let outs = [
-                (&dws[0], Out::Store(outs_dev[0].ptr)),
-                (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-                (&dws[2], Out::Exact(outs_dev[2].ptr)),
-                (&dws[3], Out::Store(outs_dev[3].ptr)),
-            ];
-            d.k.decode.project(&d, input, &outs).unwrap();
+            let (got_xn, got) = case.run(&d);
             let what = format!("dec_gemv {cols} cols gated={gated} bulk={}", d.g.bulk_gemv);
-            let got: Vec<f32> = d.read(&staged, 0, cols).unwrap();
-            check(&format!("{what} staged input"), &got, &xn, 1e-6);
-            for (i, w) in ws.iter().enumerate() {
-                let got: Vec<f32> = d.read(&outs_dev[i], 0, rows[i]).unwrap();
-                let mut want = matmul(w, &xn);
-                if i == 1 {
-                    want.iter_mut().zip(&resid).for_each(|(a, r)| *a += r);
-                }
-                check(
-                    &format!("{what} output {i} ({} rows)", rows[i]),
-                    &got,
-                    &want,
-                    1e-5,
-                );
+            check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
+            for (i, got) in got.iter().enumerate() {
+                let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
+                check(&what, got, &case.want(i, &case.xn), 1e-5);
             }
         }
     }
