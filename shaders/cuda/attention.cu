@@ -459,18 +459,15 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
         }
         cp_async_commit();
     };
-    // The first STAGES − 1 tiles; those holding only earlier steps' keys before pdl_wait.
-    bool early[SPLIT_MMA_STAGES - 1];
-#pragma unroll
-    for (int s = 0; s < SPLIT_MMA_STAGES - 1; s++) {
-        int j0 = start + s * SPLIT_TILE;
-        early[s] = j0 < end && min(j0 + SPLIT_TILE, end) <= pos;
-        if (early[s]) issue(s, j0);
+    // The first STAGES − 1 tiles, in order (one cp.async group each); while every one of them
+    // holds only earlier steps' keys (or none), before pdl_wait.
+    int n_early = 0;
+    while (n_early < SPLIT_MMA_STAGES - 1 && min(start + (n_early + 1) * SPLIT_TILE, end) <= pos) {
+        issue(n_early, start + n_early * SPLIT_TILE);
+        n_early++;
     }
     pdl_wait();
-#pragma unroll
-    for (int s = 0; s < SPLIT_MMA_STAGES - 1; s++)
-        if (!early[s]) issue(s, start + s * SPLIT_TILE);  // past the split: an empty group
+    for (int s = n_early; s < SPLIT_MMA_STAGES - 1; s++) issue(s, start + s * SPLIT_TILE);
     // Q rows (heads h0 .. h0 + ng − 1, zero rows after), P's rows 8..15 zero.
     for (int i = threadIdx.x; i < 16 * (d / 2); i += blockDim.x) {
         int hh = i / (d / 2), c = (i % (d / 2)) * 2;
