@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
@@ -183,6 +183,7 @@ impl Server {
             prompt_logprobs: false,
             save_prefix_at: Some(prompt.len() - GENERATION_PROMPT.len()),
             constraint: None,
+            arrived: Some(Instant::now()),
             sink: Box::new(Sink(tx)),
         };
         self.engine.submit(job).expect("queue");

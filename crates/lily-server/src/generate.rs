@@ -4,6 +4,7 @@
 //! send fails and decoding stops there.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use lily_core::backend::{Flow, StepOut};
 use lily_core::constrain::TokenConstraint;
@@ -47,6 +48,8 @@ pub struct GenRequest {
     /// See `Job::constraint`.
     pub constraint: Option<Box<dyn TokenConstraint>>,
     pub output: Output,
+    /// When the handler started (see `Job::arrived`).
+    pub arrived: Instant,
 }
 
 /// Queues `req` on the engine; the receiver yields its events. A full queue is a 429.
@@ -70,6 +73,7 @@ pub fn submit(
         prompt_logprobs: req.prompt_logprobs,
         save_prefix_at: req.save_prefix_at,
         constraint: req.constraint,
+        arrived: Some(req.arrived),
         sink: Box::new(sink),
     };
     match model.engine.submit(job) {
