@@ -25,11 +25,15 @@ context (on a GPU the model's maximum when memory allows), as the issue's served
 
     python3 scripts/serve_bench.py --model DIR --device cuda --prompt-tokens 131072 --ctx-size 0 \
         --ttft-only --ttft-repeat 3
+
+`--ttft-tokens 4096,131072` (with `--ttft-only`) measures several lengths with one server, each
+after a warm-up request of its length.
 """
 
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -123,7 +127,7 @@ def parse_timing(line: str) -> dict:
 def describe_timing(t: dict) -> str:
     """The server's timing line in words (milliseconds)."""
     g = lambda k: t.get(k, float("nan"))
-    parts = []
+    parts = [f"cached {int(g('cached'))}"] if g("cached") else []
     if "prepare_ms" in t:
         parts.append(f"prepare {g('prepare_ms'):.1f}")
     parts += [f"queue {g('queue_ms'):.1f}", f"sequence {g('acquire_ms'):.1f} ({t.get('seq', '?')})",
@@ -147,6 +151,14 @@ def client() -> httpx.Client:
     if _CLIENT is None:
         _CLIENT = httpx.Client(timeout=httpx.Timeout(5.0, read=None))
     return _CLIENT
+
+
+def fresh_prompt(length: int, tag: str) -> list[int]:
+    """`length` token ids drawn from [1000, 101000) by a generator seeded with `tag`: prompts of
+    different tags share no prefix (their first ids differ, but for a 1e-5 chance), so nothing is
+    reused from the prefix cache."""
+    rng = random.Random(f"{length}-{tag}")
+    return [rng.randrange(1000, 101_000) for _ in range(length)]
 
 
 def one(url: str, endpoint: str, prompt, max_tokens: int, extra: dict, ttft: list | None = None) -> tuple[int, float]:
@@ -204,10 +216,23 @@ def main() -> int:
                          "no prefix (completions; nothing to reuse), median")
     ap.add_argument("--ttft-only", action="store_true",
                     help="skip the decode measurement (warm-up: one token of a --prompt-tokens prompt)")
+    ap.add_argument("--ttft-tokens", help="with --ttft-only: comma-separated prompt lengths, one server for all")
     ap.add_argument("--ctx-size", type=int, default=16384,
                     help="the started server's --ctx-size; 0: the server's default (default 16384)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds the started server may take to load")
     a = ap.parse_args()
+    lengths = [a.prompt_tokens] if a.prompt_tokens else []
+    if a.ttft_tokens:
+        if not a.ttft_only:
+            ap.error("--ttft-tokens needs --ttft-only")
+        try:
+            lengths = [int(x) for x in a.ttft_tokens.split(",") if x.strip()]
+        except ValueError:
+            ap.error("--ttft-tokens takes comma-separated integers")
+        if not lengths or min(lengths) < 1:
+            ap.error("--ttft-tokens needs positive lengths")
+    if a.ttft_only and not (lengths and a.ttft_repeat and a.endpoint == "completions"):
+        ap.error("--ttft-only needs --prompt-tokens (or --ttft-tokens), --ttft-repeat and the completions endpoint")
 
     proc = None
     log = None
@@ -246,6 +271,12 @@ def main() -> int:
         if ready:
             print("server: " + ready[-1].split("model ", 1)[-1].strip())
     try:
+        if a.ttft_only:
+            extra = json.loads(a.extra)
+            for n in lengths:
+                one(url, a.endpoint, fresh_prompt(n, "warm-up"), 1, extra)
+                ttft_run(a, n, url, extra, log)
+            return 0
         prompt = a.prompt
         if a.prompt_tokens and a.endpoint == "chat":
             prompt = " hello" * a.prompt_tokens  # one token per word, plus the template's few
@@ -255,12 +286,9 @@ def main() -> int:
         if a.constrain == "json":
             extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": BENCH_SCHEMA}},
                      "chat_template_kwargs": {"enable_thinking": False}, **extra}
-        if a.ttft_only:
-            one(url, a.endpoint, prompt, 1, extra)  # warm-up
-        else:
-            decode_run(a, url, prompt, extra)
+        decode_run(a, url, prompt, extra)
         if a.ttft_repeat and a.prompt_tokens and a.endpoint == "completions":
-            ttft_run(a, url, extra, log)
+            ttft_run(a, a.prompt_tokens, url, extra, log)
     finally:
         if proc:
             proc.send_signal(signal.SIGTERM)
@@ -301,14 +329,14 @@ def decode_run(a, url: str, prompt, extra: dict):
           f"sink {sink_us:.1f} µs/token; {total_tokens} tokens{constrained}")
 
 
-def ttft_run(a, url: str, extra: dict, log: ServerLog | None):
+def ttft_run(a, length: int, url: str, extra: dict, log: ServerLog | None):
     """Time to first token of --ttft-repeat prompts that share no prefix with each other or the
     earlier ones; each with the server's timing line when this script started the server."""
     if log:
         log.skip()
     runs = []
     for r in range(a.ttft_repeat):
-        fresh = [(i * 7919 + 104_729 * (r + 1)) % 100_000 + 1000 for i in range(a.prompt_tokens)]
+        fresh = fresh_prompt(length, f"ttft {r}")
         firsts: list = []
         # `logprobs: 0` streams a chunk for every token, also one whose text is held back (part
         # of a UTF-8 character), so the first token is seen when it is sent, not at the end.
@@ -328,8 +356,8 @@ def ttft_run(a, url: str, extra: dict, log: ServerLog | None):
         return
     runs.sort(key=lambda x: x[0])
     t, timing = runs[len(runs) // 2]
-    print(f"ttft: {a.prompt_tokens} prompt tokens, median of {len(runs)}: {t:.3f} s "
-          f"({a.prompt_tokens / t:.0f} tok/s)"
+    print(f"ttft: {length} prompt tokens, median of {len(runs)}: {t:.3f} s "
+          f"({length / t:.0f} tok/s)"
           + (f"; that run's server prefill {timing['prefill_ms'] / 1e3:.3f} s, "
              f"engine ttft {timing.get('engine_ttft_ms', float('nan')) / 1e3:.3f} s" if timing else ""))
 

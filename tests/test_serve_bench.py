@@ -27,22 +27,24 @@ def run_bench(tmp_path, text_dir, *args, script=None):
 def test_a_128k_prompt_is_timed_with_the_default_context_and_the_servers_phases(tmp_path, small_model):
     # The scripted backend answers 262,144 as its default context, as the CUDA backend does on a
     # GPU that holds the model's whole KV cache; `--ctx-size 0` passes no --ctx-size to serve.
-    out = run_bench(tmp_path, small_model, "--ctx-size", "0", "--prompt-tokens", "131072", "--ttft-only", "--ttft-repeat", "2",
-                    script={"default_context": 262144})
+    out = run_bench(tmp_path, small_model, "--ctx-size", "0", "--ttft-tokens", "4096,131072", "--ttft-only",
+                    "--ttft-repeat", "2", script={"default_context": 262144})
     assert "ready (context 262144 tokens)" in out, out
     runs = [l for l in out.splitlines() if l.startswith("ttft run ")]
-    assert len(runs) == 2, out
-    for line in runs:
-        # 512-token prefill calls (the scripted backend's chunk), a snapshot every 4,096 tokens
-        # (serve's default), a new sequence (the prompts share no prefix).
-        assert "prefill " in line and "in 256 call(s)" in line, line
-        assert re.search(r"snapshots [\d.]+ \(32\)", line), line
-        assert "(new)" in line, line
+    assert len(runs) == 4, out
+    # 512-token prefill calls (the scripted backend's chunk), a snapshot every 4,096 tokens
+    # (serve's default), a new sequence and nothing cached (the prompts share no prefix, also not
+    # the 128K ones with the 4K ones).
+    for line, calls, snapshots in zip(runs, [8, 8, 256, 256], [1, 1, 32, 32]):
+        assert f"in {calls} call(s)" in line, line
+        assert re.search(rf"snapshots [\d.]+ \({snapshots}\)", line), line
+        assert "(new)" in line and "cached" not in line, line
         client = float(re.search(r"client ([\d.]+) ms", line).group(1))
         server = float(re.search(r"arrival to first token ([\d.]+)", line).group(1))
         assert 0 < server <= client, line
     summary = [l for l in out.splitlines() if l.startswith("ttft: ")]
-    assert summary and summary[0].startswith("ttft: 131072 prompt tokens, median of 2: "), out
+    assert [l.split(",")[0] for l in summary] == ["ttft: 4096 prompt tokens", "ttft: 131072 prompt tokens"], out
+    assert all(" median of 2: " in l for l in summary), out
 
 
 def test_the_decode_run_still_reports_and_the_default_ctx_size_is_16384(tmp_path, small_model):
