@@ -70,7 +70,9 @@ for v in ${SERVED:-}; do
   bin=$NEW; [ "$v" = old ] && bin=$OLD
   LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
     --prompt-tokens 4096 --max-tokens 256 --repeat 3 --ttft-repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
-  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -2 "$OUT/served.log" | tr '\n' ' ')"
+  rc=$?
+  say "served $v ${SERVED_EXTRA:-} rc=$rc: $(grep -E '^(completions|ttft: )' "$OUT/served.log" | tail -2 | tr '\n' ' ')"
+  grep -E '^ttft run ' "$OUT/served.log" | tail -"${TTFT_REPEAT:-3}" | cut -c1-600 >> "$LOG"
 done
 
 # SERVED_TTFT="4096 131072": issue 12's served target. The bench's prefill of these lengths, then

@@ -27,7 +27,7 @@ context (on a GPU the model's maximum when memory allows), as the issue's served
         --ttft-only --ttft-repeat 3
 
 `--ttft-tokens 4096,131072` (with `--ttft-only`) measures several lengths with one server, each
-after a warm-up request of its length.
+after two warm-up requests of its length.
 """
 
 import argparse
@@ -215,7 +215,7 @@ def main() -> int:
                     help="then time to first token over this many prompts of --prompt-tokens ids that share "
                          "no prefix (completions; nothing to reuse), median")
     ap.add_argument("--ttft-only", action="store_true",
-                    help="skip the decode measurement (warm-up: one token of a --prompt-tokens prompt)")
+                    help="skip the decode measurement (warm-up: two one-token requests of each length)")
     ap.add_argument("--ttft-tokens", help="with --ttft-only: comma-separated prompt lengths, one server for all")
     ap.add_argument("--ctx-size", type=int, default=16384,
                     help="the started server's --ctx-size; 0: the server's default (default 16384)")
@@ -274,7 +274,10 @@ def main() -> int:
         if a.ttft_only:
             extra = json.loads(a.extra)
             for n in lengths:
-                one(url, a.endpoint, fresh_prompt(n, "warm-up"), 1, extra)
+                # Two warm-ups: the first request after start-up allocates its sequence; later
+                # ones reuse a freed one's buffers once the prefix cache evicts (lily-cuda).
+                for w in range(2):
+                    one(url, a.endpoint, fresh_prompt(n, f"warm-up {w}"), 1, extra)
                 ttft_run(a, n, url, extra, log)
             return 0
         prompt = a.prompt
