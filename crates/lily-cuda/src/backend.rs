@@ -57,9 +57,10 @@ pub struct CudaBackend {
     seqs: HashMap<u64, SeqState>,
     snaps: HashMap<u64, Snapshot>,
     /// The largest freed sequence, kept so the next `new_seq` that fits in it reuses its device
-    /// buffers (reset: position 0, DeltaNet state zeroed) instead of allocating: with the default
-    /// context (262,144 tokens on an H200) a sequence is 20 KV buffers of 268 MB. Outside the
-    /// prefix cache's budget; freed when an allocation fails (`with_room`).
+    /// buffers (reset: position 0, DeltaNet state zeroed, no decode graph) instead of
+    /// allocating: with the default context (262,144 tokens on an H200) a sequence is 20 KV
+    /// buffers of 268 MB. Outside the prefix cache's budget; freed when an allocation fails
+    /// (`with_room`).
     spare_seq: Option<SeqState>,
     /// Freed snapshots' buffers (at most SPARE_SNAPSHOTS), for the next snapshots.
     spare_snaps: Vec<DevBuf>,
@@ -168,8 +169,11 @@ impl CudaBackend {
         // What `SeqState::new` initialises: the position, the pending token, the DeltaNet
         // recurrent and conv states. KV rows at and past the position are never read before
         // they are written (as after a rewind), and the logits are written by the first prefill.
+        // The decode graph goes too (captured again at the first decode, as for a new
+        // sequence), so a reused sequence behaves exactly as a new one, timing included.
         s.len = 0;
         s.max_ctx = max_ctx;
+        s.decode_graph = None;
         self.gpu.fill(&s.pos, 0)?;
         self.gpu.fill(&s.next_token, 0)?;
         for (state, conv) in &s.dn {
