@@ -12,7 +12,9 @@ use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::config::ModelConfig;
 use lily_core::cpu::CpuBackend;
-use lily_core::engine::{Engine, EngineOptions, FinishReason, Job, JobSink, Outcome, Usage};
+use lily_core::engine::{
+    Engine, EngineOptions, FinishReason, Job, JobSink, Outcome, SeqSource, Usage,
+};
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
 use lily_core::weights::ModelWeights;
@@ -296,6 +298,21 @@ fn each_turn_of_an_agent_conversation_prefills_only_its_new_tokens_and_answers_a
         };
         assert_eq!(a.usage.cached_tokens, expected, "turn {i}");
         assert_eq!(a.prefilled, prompt.len() - expected, "turn {i}");
+        // The timing line's account of it: a new sequence, then the one kept sequence rewound;
+        // the save points taken on the way (the conversation's end, the prompt's end).
+        let p = a.usage.phases;
+        let source = if i == 0 {
+            SeqSource::New
+        } else {
+            SeqSource::Rewound
+        };
+        assert_eq!(p.sequence, source, "turn {i}");
+        assert_eq!(b.usage.phases.sequence, SeqSource::New, "turn {i}");
+        assert!(p.chunks >= 1 && p.snapshots >= 1, "turn {i}: {p:?}");
+        assert!(
+            p.prepare.is_some() && p.engine_ttft.is_some(),
+            "turn {i}: {p:?}"
+        );
         conv.prompt = prompt;
         conv.answer = a.tokens;
     }
@@ -335,6 +352,16 @@ fn interleaved_conversations_never_see_each_others_state() {
             };
             assert_eq!(
                 a.usage.cached_tokens, expected,
+                "conversation {c}, turn {turn}"
+            );
+            let source = match (turn, c) {
+                (0, 0) => SeqSource::New,
+                // The shared system prompt's state copied into a new sequence.
+                (0, _) => SeqSource::Forked,
+                _ => SeqSource::Rewound,
+            };
+            assert_eq!(
+                a.usage.phases.sequence, source,
                 "conversation {c}, turn {turn}"
             );
             assert_eq!(a.prefilled, prompt.len() - expected);
