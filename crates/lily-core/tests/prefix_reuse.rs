@@ -143,7 +143,8 @@ fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server
 
 enum Seen {
     Token(u32),
-    Done(Outcome),
+    /// Boxed: an outcome (usage and timings) is large.
+    Done(Box<Outcome>),
 }
 
 struct Sink(Sender<Seen>);
@@ -157,7 +158,7 @@ impl JobSink for Sink {
         Flow::Continue
     }
     fn finished(&mut self, outcome: Outcome) {
-        let _ = self.0.send(Seen::Done(outcome));
+        let _ = self.0.send(Seen::Done(Box::new(outcome)));
     }
 }
 
@@ -193,16 +194,18 @@ impl Server {
         loop {
             match rx.recv_timeout(Duration::from_secs(120)).expect("answer") {
                 Seen::Token(t) => tokens.push(t),
-                Seen::Done(Outcome::Done { reason, usage }) => {
-                    assert_eq!(reason, FinishReason::Length);
-                    assert_eq!(tokens.len(), max_tokens);
-                    return Answer {
-                        tokens,
-                        usage,
-                        prefilled: self.prefilled.load(Ordering::SeqCst) - before,
-                    };
-                }
-                Seen::Done(other) => panic!("{other:?}"),
+                Seen::Done(outcome) => match *outcome {
+                    Outcome::Done { reason, usage } => {
+                        assert_eq!(reason, FinishReason::Length);
+                        assert_eq!(tokens.len(), max_tokens);
+                        return Answer {
+                            tokens,
+                            usage,
+                            prefilled: self.prefilled.load(Ordering::SeqCst) - before,
+                        };
+                    }
+                    other => panic!("{other:?}"),
+                },
             }
         }
     }

@@ -30,7 +30,8 @@ pub enum GenEvent {
     /// the stop string that ended it (if one did).
     Done {
         events: Vec<Event>,
-        outcome: Outcome,
+        /// Boxed: an outcome (its usage and timings) is large, and sent once per request.
+        outcome: Box<Outcome>,
         tool_calls: usize,
         stop_sequence: Option<String>,
     },
@@ -136,7 +137,7 @@ impl JobSink for ChannelSink {
         let tool_calls = self.tool_calls;
         let _ = self.tx.send(GenEvent::Done {
             events,
-            outcome,
+            outcome: Box::new(outcome),
             tool_calls,
             stop_sequence: self.output.stop_matched(),
         });

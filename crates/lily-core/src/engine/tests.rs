@@ -148,7 +148,8 @@ fn opts(max_queue: usize) -> EngineOptions {
 enum Seen {
     Prompt(Vec<PromptLogprob>),
     Token(u32, Instant),
-    Done(Outcome, Instant),
+    /// Boxed: an outcome (usage and timings) is large.
+    Done(Box<Outcome>, Instant),
 }
 
 /// Records everything into a channel; stops after `stop_after` tokens; can be cancelled.
@@ -203,7 +204,7 @@ impl JobSink for RecordingSink {
         }
     }
     fn finished(&mut self, outcome: Outcome) {
-        let _ = self.tx.send(Seen::Done(outcome, Instant::now()));
+        let _ = self.tx.send(Seen::Done(Box::new(outcome), Instant::now()));
     }
 }
 
@@ -216,7 +217,7 @@ fn results(rx: &Receiver<Seen>) -> (Vec<u32>, Outcome) {
             .expect("job finishes")
         {
             Seen::Token(t, _) => tokens.push(t),
-            Seen::Done(outcome, _) => return (tokens, outcome),
+            Seen::Done(outcome, _) => return (tokens, *outcome),
             Seen::Prompt(_) => {}
         }
     }
