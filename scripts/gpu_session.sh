@@ -8,7 +8,9 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
-# new-noattn new-sampled new-sampled1 new), SERVED (old new: served decode at 4K), PROFILE_CTX (contexts of the per-kernel decode
+# new-noattn new-sampled new-sampled1 new), SERVED (old new: served decode at 4K), SERVED_TTFT (prompt
+# lengths, e.g. "4096 131072": time to first token through `serve` with its default settings beside
+# the bench's prefill of the same lengths; TTFT_REPEAT), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
 # (served chat at 4K with and without a json_schema constraint: the token-mask cost), WGPU (bench
 # lists "PREFILL DECODE" for `--device wgpu` through Vulkan; needs .gl carried, see below),
@@ -78,8 +80,38 @@ for v in ${SERVED:-}; do
   bin=$NEW; [ "$v" = old ] && bin=$OLD
   LILY_ENGINE_BIN="$bin" timeout 200 python3 scripts/serve_bench.py --model "$M" --device cuda \
     --prompt-tokens 4096 --max-tokens 256 --repeat 3 --ttft-repeat 3 --extra "${SERVED_EXTRA:-{\}}" >> "$OUT/served.log" 2>&1
-  say "served $v ${SERVED_EXTRA:-} rc=$?: $(tail -2 "$OUT/served.log" | tr '\n' ' ')"
+  rc=$?
+  say "served $v ${SERVED_EXTRA:-} rc=$rc: $(grep -E '^(completions|ttft: )' "$OUT/served.log" | tail -2 | tr '\n' ' ')"
+  grep -E '^ttft run ' "$OUT/served.log" | tail -"${TTFT_REPEAT:-3}" | cut -c1-600 >> "$LOG"
 done
+
+# SERVED_TTFT="4096 131072": issue 12's served target. The bench's prefill of these lengths, then
+# one `serve` of this build with its default settings (no --ctx-size: the model's whole context
+# when the device holds it) timing the first token of TTFT_REPEAT (3) prompts of each length that
+# share no prefix, each with the engine's timing line (scripts/serve_bench.py --ttft-only), then
+# served / bench per length (the issue asks <= 1.10).
+if [ -n "${SERVED_TTFT:-}" ]; then
+  lens=$(echo $SERVED_TTFT | tr ' ' ',')
+  timeout "${TTFT_BENCH_TIMEOUT:-300}" "$NEW" bench --model "$M" --device cuda --prefill "$lens" --decode-ctx 256 \
+    --decode-tokens 4 --repeat "${TTFT_REPEAT:-3}" > "$OUT/ttft-bench.log" 2>&1
+  say "ttft bench prefill $lens rc=$?"
+  LILY_ENGINE_BIN="$NEW" timeout "${TTFT_SERVED_TIMEOUT:-450}" python3 scripts/serve_bench.py --model "$M" --device cuda \
+    --ctx-size 0 --ttft-only --ttft-tokens "$lens" --ttft-repeat "${TTFT_REPEAT:-3}" --extra "${SERVED_EXTRA:-{\}}" \
+    > "$OUT/ttft-served.log" 2>&1
+  say "ttft served rc=$?"
+  grep -E "^(server|ttft)" "$OUT/ttft-served.log" | cut -c1-600 | tee -a "$LOG"
+  python3 - "$OUT/ttft-bench.log" "$OUT/ttft-served.log" <<'PY' | tee -a "$LOG"
+import re, sys
+bench, served = (open(p, errors="replace").read() for p in sys.argv[1:3])
+# The bench's prefill rows: "len tok/s ms" (the decode rows have five columns).
+rows = {int(m[1]): float(m[3]) / 1e3 for m in re.finditer(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", bench, re.M)}
+for m in re.finditer(r"^ttft: (\d+) prompt tokens, median of \d+: ([\d.]+) s", served, re.M):
+    n, t = int(m[1]), float(m[2])
+    b = rows.get(n)
+    print(f"SERVED_TTFT {n}: served {t:.3f} s, bench prefill {b:.3f} s: {t / b:.3f}x" if b else
+          f"SERVED_TTFT {n}: served {t:.3f} s, no bench row")
+PY
+fi
 
 # CONSTRAIN=1: the same served decode through /v1/chat/completions, free then constrained to a
 # json_schema (scripts/serve_bench.py --constrain json; issue 15's mask cost).

@@ -5,14 +5,16 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::config::ModelConfig;
 use lily_core::cpu::CpuBackend;
-use lily_core::engine::{Engine, EngineOptions, FinishReason, Job, JobSink, Outcome, Usage};
+use lily_core::engine::{
+    Engine, EngineOptions, FinishReason, Job, JobSink, Outcome, SeqSource, Usage,
+};
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
 use lily_core::weights::ModelWeights;
@@ -141,7 +143,8 @@ fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server
 
 enum Seen {
     Token(u32),
-    Done(Outcome),
+    /// Boxed: an outcome (usage and timings) is large.
+    Done(Box<Outcome>),
 }
 
 struct Sink(Sender<Seen>);
@@ -155,7 +158,7 @@ impl JobSink for Sink {
         Flow::Continue
     }
     fn finished(&mut self, outcome: Outcome) {
-        let _ = self.0.send(Seen::Done(outcome));
+        let _ = self.0.send(Seen::Done(Box::new(outcome)));
     }
 }
 
@@ -183,6 +186,7 @@ impl Server {
             prompt_logprobs: false,
             save_prefix_at: Some(prompt.len() - GENERATION_PROMPT.len()),
             constraint: None,
+            arrived: Some(Instant::now()),
             sink: Box::new(Sink(tx)),
         };
         self.engine.submit(job).expect("queue");
@@ -190,16 +194,18 @@ impl Server {
         loop {
             match rx.recv_timeout(Duration::from_secs(120)).expect("answer") {
                 Seen::Token(t) => tokens.push(t),
-                Seen::Done(Outcome::Done { reason, usage }) => {
-                    assert_eq!(reason, FinishReason::Length);
-                    assert_eq!(tokens.len(), max_tokens);
-                    return Answer {
-                        tokens,
-                        usage,
-                        prefilled: self.prefilled.load(Ordering::SeqCst) - before,
-                    };
-                }
-                Seen::Done(other) => panic!("{other:?}"),
+                Seen::Done(outcome) => match *outcome {
+                    Outcome::Done { reason, usage } => {
+                        assert_eq!(reason, FinishReason::Length);
+                        assert_eq!(tokens.len(), max_tokens);
+                        return Answer {
+                            tokens,
+                            usage,
+                            prefilled: self.prefilled.load(Ordering::SeqCst) - before,
+                        };
+                    }
+                    other => panic!("{other:?}"),
+                },
             }
         }
     }
@@ -295,6 +301,21 @@ fn each_turn_of_an_agent_conversation_prefills_only_its_new_tokens_and_answers_a
         };
         assert_eq!(a.usage.cached_tokens, expected, "turn {i}");
         assert_eq!(a.prefilled, prompt.len() - expected, "turn {i}");
+        // The timing line's account of it: a new sequence, then the one kept sequence rewound;
+        // the save points taken on the way (the conversation's end, the prompt's end).
+        let p = a.usage.phases;
+        let source = if i == 0 {
+            SeqSource::New
+        } else {
+            SeqSource::Rewound
+        };
+        assert_eq!(p.sequence, source, "turn {i}");
+        assert_eq!(b.usage.phases.sequence, SeqSource::New, "turn {i}");
+        assert!(p.chunks >= 1 && p.snapshots >= 1, "turn {i}: {p:?}");
+        assert!(
+            p.prepare.is_some() && p.engine_ttft.is_some(),
+            "turn {i}: {p:?}"
+        );
         conv.prompt = prompt;
         conv.answer = a.tokens;
     }
@@ -334,6 +355,16 @@ fn interleaved_conversations_never_see_each_others_state() {
             };
             assert_eq!(
                 a.usage.cached_tokens, expected,
+                "conversation {c}, turn {turn}"
+            );
+            let source = match (turn, c) {
+                (0, 0) => SeqSource::New,
+                // The shared system prompt's state copied into a new sequence.
+                (0, _) => SeqSource::Forked,
+                _ => SeqSource::Rewound,
+            };
+            assert_eq!(
+                a.usage.phases.sequence, source,
                 "conversation {c}, turn {turn}"
             );
             assert_eq!(a.prefilled, prompt.len() - expected);

@@ -24,31 +24,46 @@ use crate::weights::{upload_model, DevModel};
 const ALL_LOGITS_CHUNK: usize = 256;
 
 /// A sequence's state at `len` tokens; the KV rows `0..len` stay in the sequence `seq` and are
-/// shared, not copied (lily-core backend.rs, `snapshot`).
+/// shared, not copied (lily-core backend.rs, `snapshot`). The rest (logits, next token, every
+/// DeltaNet layer's recurrent and conv state) lies in one buffer, laid out by `snapshot_parts`.
 struct Snapshot {
     seq: u64,
     len: usize,
-    logits: DevBuf,
-    next_token: DevBuf,
-    dn: Vec<(DevBuf, DevBuf)>,
+    buf: DevBuf,
 }
 
-impl Snapshot {
-    fn bytes(&self) -> usize {
-        self.logits.bytes
-            + self.next_token.bytes
-            + self
-                .dn
-                .iter()
-                .map(|(s, c)| s.bytes + c.bytes)
-                .sum::<usize>()
+/// The per-sequence buffers a snapshot copies, each with its byte offset in the snapshot's
+/// buffer (256-byte aligned), and the buffer's size. Every sequence of a backend has the same
+/// shapes, so every snapshot has the same size and a freed one's buffer fits the next.
+fn snapshot_parts(s: &SeqState) -> (Vec<(&DevBuf, usize)>, usize) {
+    let mut parts = Vec::with_capacity(2 + 2 * s.dn.len());
+    let mut end = 0usize;
+    let bufs = [&s.logits, &s.next_token]
+        .into_iter()
+        .chain(s.dn.iter().flat_map(|(st, cv)| [st, cv]));
+    for b in bufs {
+        parts.push((b, end));
+        end = (end + b.bytes).next_multiple_of(256);
     }
+    (parts, end)
 }
+
+/// Freed snapshots' buffers kept for the next snapshots (≈ 61 MB each on the full model): a
+/// snapshot then costs its device copies only, no allocation.
+const SPARE_SNAPSHOTS: usize = 8;
 
 pub struct CudaBackend {
     // Field order matters for drop: device buffers before the GPU (context, modules).
     seqs: HashMap<u64, SeqState>,
     snaps: HashMap<u64, Snapshot>,
+    /// The largest freed sequence, kept so the next `new_seq` that fits in it reuses its device
+    /// buffers (reset: position 0, DeltaNet state zeroed, no decode graph) instead of
+    /// allocating: with the default context (262,144 tokens on an H200) a sequence is 20 KV
+    /// buffers of 268 MB. Outside the prefix cache's budget; freed when an allocation fails
+    /// (`with_room`).
+    spare_seq: Option<SeqState>,
+    /// Freed snapshots' buffers (at most SPARE_SNAPSHOTS), for the next snapshots.
+    spare_snaps: Vec<DevBuf>,
     next_id: u64,
     scratch: Scratch,
     /// A constrained step's token bitset (u32 [vocab / 32]) and masked logits (f32 [vocab]),
@@ -102,6 +117,8 @@ impl CudaBackend {
         Ok(CudaBackend {
             seqs: HashMap::new(),
             snaps: HashMap::new(),
+            spare_seq: None,
+            spare_snaps: Vec::new(),
             next_id: 1,
             scratch,
             mask_bufs: None,
@@ -135,6 +152,67 @@ impl CudaBackend {
             plan: &self.plan,
             cfg: &self.cfg,
             scratch: &self.scratch,
+        }
+    }
+
+    /// Tokens `s`'s KV cache can hold (its allocation, whatever `max_ctx` it was reset to).
+    fn capacity(&self, s: &SeqState) -> usize {
+        let row =
+            self.cfg.n_kv_heads * self.cfg.head_dim * kv_elem_bytes(self.plan.bf16_activations);
+        s.kv.first()
+            .map_or(usize::MAX, |(k, _)| k.bytes / row.max(1))
+    }
+
+    /// The spare sequence reset to an empty one of context `max_ctx`, if it is large enough; a
+    /// spare too small for it is freed (the caller is about to allocate a larger one).
+    fn take_spare_seq(&mut self, max_ctx: usize) -> Result<Option<SeqState>> {
+        let Some(mut s) = self.spare_seq.take() else {
+            return Ok(None);
+        };
+        if self.capacity(&s) < max_ctx {
+            return Ok(None);
+        }
+        // What `SeqState::new` initialises: the position, the pending token, the DeltaNet
+        // recurrent and conv states. KV rows at and past the position are never read before
+        // they are written (as after a rewind), and the logits are written by the first prefill.
+        // The decode graph goes too (captured again at the first decode, as for a new
+        // sequence), so a reused sequence behaves exactly as a new one, timing included.
+        s.len = 0;
+        s.max_ctx = max_ctx;
+        s.decode_graph = None;
+        self.gpu.fill(&s.pos, 0)?;
+        self.gpu.fill(&s.next_token, 0)?;
+        for (state, conv) in &s.dn {
+            self.gpu.fill(state, 0)?;
+            self.gpu.fill(conv, 0)?;
+        }
+        Ok(Some(s))
+    }
+
+    /// Keeps a freed sequence's buffers as the spare if it is at least as large as the current
+    /// spare (which is then freed); else frees them.
+    fn keep_spare_seq(&mut self, s: SeqState) {
+        let larger = self
+            .spare_seq
+            .as_ref()
+            .is_none_or(|spare| self.capacity(&s) >= self.capacity(spare));
+        if larger {
+            self.spare_seq = Some(s);
+        }
+    }
+
+    /// Runs an allocating step; if it fails while spare buffers are kept, frees them and runs it
+    /// once more (the spares may be what the device is short of).
+    fn with_room<T>(&mut self, mut f: impl FnMut(&Self) -> Result<T>) -> Result<T> {
+        match f(self) {
+            Ok(v) => Ok(v),
+            Err(_) if self.spare_seq.is_some() || !self.spare_snaps.is_empty() => {
+                let _ = self.gpu.sync();
+                self.spare_seq = None;
+                self.spare_snaps.clear();
+                f(self)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -242,7 +320,12 @@ impl Backend for CudaBackend {
             bail!("a sequence needs a context of at least one token");
         }
         self.gpu.bind()?;
-        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.plan.bf16_activations)?;
+        let s = match self.take_spare_seq(max_ctx)? {
+            Some(s) => s,
+            None => {
+                self.with_room(|b| SeqState::new(&b.gpu, &b.cfg, max_ctx, b.plan.bf16_activations))?
+            }
+        };
         self.gpu.sync()?;
         let id = self.next_id;
         self.next_id += 1;
@@ -253,8 +336,18 @@ impl Backend for CudaBackend {
     fn free_seq(&mut self, seq: SeqId) {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
-        self.seqs.remove(&seq.0);
-        self.snaps.retain(|_, s| s.seq != seq.0);
+        if let Some(s) = self.seqs.remove(&seq.0) {
+            self.keep_spare_seq(s);
+        }
+        let gone: Vec<u64> = self
+            .snaps
+            .iter()
+            .filter(|(_, s)| s.seq == seq.0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.drop_snapshot(SnapshotId(id));
+        }
     }
 
     fn seq_len(&self, seq: SeqId) -> Result<usize> {
@@ -443,23 +536,20 @@ impl Backend for CudaBackend {
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
         self.gpu.bind()?;
+        let (_, bytes) = snapshot_parts(self.seq(seq)?);
+        let buf = match self.spare_snaps.pop() {
+            Some(b) if b.bytes >= bytes => b,
+            _ => self.with_room(|b| b.gpu.alloc(bytes))?,
+        };
         let s = self.seq(seq)?;
         let g = &self.gpu;
-        let dup = |b: &DevBuf, bytes: usize| -> Result<DevBuf> {
-            let c = g.alloc(bytes)?;
-            g.copy(&c, 0, b, 0, bytes)?;
-            Ok(c)
-        };
+        for (part, at) in snapshot_parts(s).0 {
+            g.copy(&buf, at, part, 0, part.bytes)?;
+        }
         let snap = Snapshot {
             seq: seq.0,
             len: s.len,
-            logits: dup(&s.logits, s.logits.bytes)?,
-            next_token: dup(&s.next_token, 4)?,
-            dn: s
-                .dn
-                .iter()
-                .map(|(st, cv)| Ok((dup(st, st.bytes)?, dup(cv, cv.bytes)?)))
-                .collect::<Result<_>>()?,
+            buf,
         };
         g.sync()?;
         let id = self.next_id;
@@ -501,11 +591,8 @@ impl Backend for CudaBackend {
                 g.copy(v, 0, sv, 0, kv_bytes)?;
             }
         }
-        g.copy(&s.logits, 0, &sn.logits, 0, sn.logits.bytes)?;
-        g.copy(&s.next_token, 0, &sn.next_token, 0, 4)?;
-        for ((st, cv), (sst, scv)) in s.dn.iter().zip(&sn.dn) {
-            g.copy(st, 0, sst, 0, sst.bytes)?;
-            g.copy(cv, 0, scv, 0, scv.bytes)?;
+        for (part, at) in snapshot_parts(s).0 {
+            g.copy(part, 0, &sn.buf, at, part.bytes)?;
         }
         g.write(&s.pos, 0, &[sn.len as i32])?;
         g.sync()?;
@@ -513,7 +600,15 @@ impl Backend for CudaBackend {
         if own {
             // Rewind: the rows past `len` will be overwritten, so longer snapshots of this
             // sequence are gone.
-            self.snaps.retain(|_, x| x.seq != seq.0 || x.len <= len);
+            let longer: Vec<u64> = self
+                .snaps
+                .iter()
+                .filter(|(_, x)| x.seq == seq.0 && x.len > len)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in longer {
+                self.drop_snapshot(SnapshotId(id));
+            }
         }
         self.seqs.get_mut(&seq.0).expect("checked above").len = len;
         Ok(())
@@ -522,7 +617,11 @@ impl Backend for CudaBackend {
     fn drop_snapshot(&mut self, snap: SnapshotId) {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
-        self.snaps.remove(&snap.0);
+        if let Some(sn) = self.snaps.remove(&snap.0) {
+            if self.spare_snaps.len() < SPARE_SNAPSHOTS {
+                self.spare_snaps.push(sn.buf);
+            }
+        }
     }
 
     fn seq_bytes(&self, seq: SeqId) -> usize {
@@ -534,7 +633,7 @@ impl Backend for CudaBackend {
     }
 
     fn snapshot_bytes(&self, snap: SnapshotId) -> usize {
-        self.snaps.get(&snap.0).map_or(0, Snapshot::bytes)
+        self.snaps.get(&snap.0).map_or(0, |s| s.buf.bytes)
     }
 }
 

@@ -2258,6 +2258,126 @@ fn decode_chunking_and_snapshots_are_consistent() {
     println!("MODEL snapshots share the KV: fork and rewind give the one-prefill logits");
 }
 
+/// A freed sequence's buffers serve the next `new_seq` that fits (issue 12: no allocation on the
+/// first token's path): a sequence reused after another prompt was prefilled, decoded and
+/// snapshotted in it gives the same logits and tokens as a fresh sequence of a fresh backend; a
+/// snapshot buffer reused after `drop_snapshot` restores exactly; a reused sequence keeps the
+/// context it was asked for.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_in_a_reused_sequence_equals_a_fresh_one() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 14);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(9);
+    let first: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
+    let second: Vec<u32> = (0..36).map(|_| rng.below(vocab) as u32).collect();
+    let greedy = || Sampler::new(SamplingParams::greedy());
+    // A bug in the reuse (a state not reset) shows as an O(1) difference; the bounds only leave
+    // room for summation order, should the two backends' kernels not be bit-for-bit repeatable.
+    for (bf16_activations, tol, lp_tol) in [(false, 1e-6, 1e-5), (true, 1e-4, 1e-3)] {
+        let opts = CudaOptions {
+            bf16_activations,
+            chunk: 16,
+            graphs: true,
+            ..CudaOptions::default()
+        };
+        // prefill `second`, its logits, then 10 greedy tokens (from the second on through the
+        // sequence's CUDA graph).
+        let answer = |b: &mut CudaBackend, s| -> (Vec<f32>, Vec<(u32, f32)>) {
+            b.prefill(s, &second).unwrap();
+            let logits = b.logits(s).unwrap();
+            let mut out = Vec::new();
+            b.decode(s, &mut greedy(), 10, 0, &mut |o| {
+                out.push((o.token, o.logprob));
+                Flow::Continue
+            })
+            .unwrap();
+            (logits, out)
+        };
+        let mut fresh = CudaBackend::new(&w, opts.clone()).unwrap();
+        let s = fresh.new_seq(64).unwrap();
+        let fresh_bytes = fresh.seq_bytes(s);
+        let (want_logits, want) = answer(&mut fresh, s);
+        drop(fresh);
+
+        let mut b = CudaBackend::new(&w, opts.clone()).unwrap();
+        // Dirty a larger sequence: another prompt, decode (graph captured), snapshots.
+        let s1 = b.new_seq(128).unwrap();
+        let big_bytes = b.seq_bytes(s1);
+        assert!(big_bytes > fresh_bytes);
+        b.prefill(s1, &first[..20]).unwrap();
+        let early = b.snapshot(s1).unwrap();
+        b.prefill(s1, &first[20..]).unwrap();
+        let _late = b.snapshot(s1).unwrap();
+        b.decode(s1, &mut greedy(), 6, 0, &mut |_| Flow::Continue)
+            .unwrap();
+        b.drop_snapshot(early);
+        b.free_seq(s1);
+        let s2 = b.new_seq(64).unwrap();
+        assert_eq!(
+            b.seq_bytes(s2),
+            big_bytes,
+            "the freed 128-token sequence's buffers serve a 64-token one"
+        );
+        assert_eq!(b.seq_len(s2).unwrap(), 0);
+        let (logits, got) = answer(&mut b, s2);
+        let what = format!("reused sequence vs fresh (bf16 activations {bf16_activations})");
+        check(
+            &format!("{what}: prompt logits"),
+            &logits,
+            &want_logits,
+            tol,
+        );
+        assert_eq!(
+            got.iter().map(|t| t.0).collect::<Vec<_>>(),
+            want.iter().map(|t| t.0).collect::<Vec<_>>(),
+            "{what}: greedy tokens"
+        );
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a.1 - b.1).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < lp_tol, "{what}: logprobs differ by {worst:.2e}");
+        // It holds 64 tokens, as asked, though its buffers hold 128.
+        let s2_len = b.seq_len(s2).unwrap();
+        let over: Vec<u32> = vec![1; 64 - s2_len + 1];
+        assert!(
+            b.prefill(s2, &over).is_err(),
+            "a reused sequence keeps its asked context"
+        );
+
+        // Snapshot buffers freed by `drop_snapshot` / `free_seq` serve later snapshots: a fork
+        // from one, then the rest of the prompt, equals the one prefill.
+        b.free_seq(s2);
+        let s3 = b.new_seq(64).unwrap();
+        // At 16 tokens, a chunk boundary of the one prefill: the same pieces, the same sums.
+        b.prefill(s3, &second[..16]).unwrap();
+        let at16 = b.snapshot(s3).unwrap();
+        let s4 = b.new_seq(64).unwrap();
+        b.restore(s4, at16).unwrap();
+        b.prefill(s4, &second[16..]).unwrap();
+        check(
+            &format!("{what}: fork from a reused snapshot buffer"),
+            &b.logits(s4).unwrap(),
+            &want_logits,
+            tol,
+        );
+        // A larger sequence than the spare: allocated anew, and it works.
+        b.free_seq(s4);
+        let s5 = b.new_seq(256).unwrap();
+        assert!(b.seq_bytes(s5) > big_bytes);
+        let (logits, _) = answer(&mut b, s5);
+        check(
+            &format!("{what}: a new larger sequence"),
+            &logits,
+            &want_logits,
+            tol,
+        );
+        println!("MODEL {what}: same logits and {} greedy tokens", got.len());
+    }
+}
+
 /// The on-disk kernel cache: a first open compiles, a second loads cubins, a corrupted entry is
 /// rebuilt (and the GPU still works).
 #[test]

@@ -4,6 +4,7 @@
 //! send fails and decoding stops there.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use lily_core::backend::{Flow, StepOut};
 use lily_core::constrain::TokenConstraint;
@@ -29,7 +30,8 @@ pub enum GenEvent {
     /// the stop string that ended it (if one did).
     Done {
         events: Vec<Event>,
-        outcome: Outcome,
+        /// Boxed: an outcome (its usage and timings) is large, and sent once per request.
+        outcome: Box<Outcome>,
         tool_calls: usize,
         stop_sequence: Option<String>,
     },
@@ -47,6 +49,8 @@ pub struct GenRequest {
     /// See `Job::constraint`.
     pub constraint: Option<Box<dyn TokenConstraint>>,
     pub output: Output,
+    /// When the handler started (see `Job::arrived`).
+    pub arrived: Instant,
 }
 
 /// Queues `req` on the engine; the receiver yields its events. A full queue is a 429.
@@ -70,6 +74,7 @@ pub fn submit(
         prompt_logprobs: req.prompt_logprobs,
         save_prefix_at: req.save_prefix_at,
         constraint: req.constraint,
+        arrived: Some(req.arrived),
         sink: Box::new(sink),
     };
     match model.engine.submit(job) {
@@ -132,7 +137,7 @@ impl JobSink for ChannelSink {
         let tool_calls = self.tool_calls;
         let _ = self.tx.send(GenEvent::Done {
             events,
-            outcome,
+            outcome: Box::new(outcome),
             tool_calls,
             stop_sequence: self.output.stop_matched(),
         });

@@ -12,7 +12,9 @@
 //! Measuring the serving loop: `"cheap": true` hands the scripted tokens over without building
 //! logits (log-probability 0, no alternatives, the sampler is not consulted), so a token costs the
 //! backend next to nothing; `"spin_us": N` then busy-waits N µs per token, a precise stand-in for
-//! a device step (`delay_ms` sleeps, which is coarser).
+//! a device step (`delay_ms` sleeps, which is coarser). `"default_context": N` makes the backend
+//! answer N as its default context (as a GPU backend answers the model's maximum), so `serve`
+//! without `--ctx-size` can be tested with long prompts.
 //!
 //! A reply may instead be `{"when": "…", "fail": "message"}` (decode returns that error) or
 //! `{"when": "…", "panic": "message"}` (decode panics), to test that the server answers 500 and
@@ -46,6 +48,8 @@ pub struct ScriptedBackend {
     delay: Duration,
     cheap: bool,
     spin: Duration,
+    /// `default_context` of the script, if it set one.
+    default_context: Option<usize>,
     seqs: HashMap<SeqId, ScriptedSeq>,
     next_seq: u64,
     /// Prefix reuse: a snapshot is the sequence it was taken from and its tokens then.
@@ -132,7 +136,12 @@ impl ScriptedModel {
             Duration::from_millis(json.get("delay_ms").and_then(Value::as_u64).unwrap_or(0));
         let cheap = json.get("cheap").and_then(Value::as_bool).unwrap_or(false);
         let spin = Duration::from_micros(json.get("spin_us").and_then(Value::as_u64).unwrap_or(0));
+        let default_context = json
+            .get("default_context")
+            .and_then(Value::as_u64)
+            .map(|n| (n as usize).clamp(1, config.max_position));
         let backend = ScriptedBackend {
+            default_context,
             config,
             tokenizer,
             replies,
@@ -195,6 +204,11 @@ impl Backend for ScriptedBackend {
 
     fn describe(&self) -> String {
         "scripted (test-only)".into()
+    }
+
+    fn default_context(&self) -> usize {
+        self.default_context
+            .unwrap_or_else(|| self.config.max_position.min(32_768))
     }
 
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {

@@ -1,6 +1,6 @@
 //! One unit of work for the engine and the ways it reports back.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::{Flow, StepOut};
 use crate::constrain::{MaskStats, TokenConstraint};
@@ -23,6 +23,9 @@ pub struct Job {
     pub save_prefix_at: Option<usize>,
     /// Restricts the tokens generated (forced tool calls, JSON schemas); `None`: free.
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// When the request arrived, before it was parsed, tokenized and templated (`None`: not
+    /// known); the engine's timing line reports the preparation time from it.
+    pub arrived: Option<Instant>,
     pub sink: Box<dyn JobSink>,
 }
 
@@ -80,6 +83,62 @@ pub struct Usage {
     /// Part of `decode_time` spent computing the constraint's token masks (host time, during
     /// which a device backend waits).
     pub constraint: MaskStats,
+    /// Where the time before the first token went, phase by phase.
+    pub phases: Phases,
+}
+
+/// The phases of a job before (and just after) its first token, timed on the engine thread:
+/// what the one-line `timing` log of every job reports (engine worker.rs `log_timing`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phases {
+    /// From the request's arrival (`Job::arrived`) to its queueing: parsing, tokenizing, the chat
+    /// template, validation. `None` when the caller did not say when the request arrived.
+    pub prepare: Option<Duration>,
+    /// Getting the job's sequence: a new one (device allocation), a kept one rewound, or a fork
+    /// (the kept KV prefix copied).
+    pub acquire: Duration,
+    /// How the sequence was got.
+    pub sequence: SeqSource,
+    /// Backend prefill calls, and their time (snapshots not included).
+    pub chunks: usize,
+    pub chunk_time: Duration,
+    /// The slowest prefill call.
+    pub max_chunk: Duration,
+    /// Snapshots taken during prefill (prefix reuse save points, the prompt's end included) and
+    /// their time, evictions they caused included: on the first token's path.
+    pub snapshots: usize,
+    pub snapshot_time: Duration,
+    /// From the end of prefill to the first generated token reaching the sink: sampler set-up and
+    /// the first pick (no forward step: the prompt's last logits are sampled).
+    pub first_pick: Duration,
+    /// From the job leaving the queue to its first generated token (`time_to_first_token`
+    /// counts from after the sequence was acquired).
+    pub engine_ttft: Option<Duration>,
+    /// Saving the generated turn and handing the sequence back to the prefix cache (evictions
+    /// and frees): after the last token, before the job's end is reported.
+    pub release: Duration,
+}
+
+/// Where a job's sequence came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SeqSource {
+    /// A new sequence from the backend.
+    #[default]
+    New,
+    /// A kept sequence rewound to a snapshot in place.
+    Rewound,
+    /// A new sequence with a kept sequence's KV prefix copied in.
+    Forked,
+}
+
+impl SeqSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeqSource::New => "new",
+            SeqSource::Rewound => "rewound",
+            SeqSource::Forked => "forked",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -17,7 +17,7 @@ mod prefix;
 mod queue;
 mod worker;
 
-pub use job::{FinishReason, Job, JobSink, Outcome, PromptLogprob, Usage};
+pub use job::{FinishReason, Job, JobSink, Outcome, Phases, PromptLogprob, SeqSource, Usage};
 pub use logprob::token_logprob;
 pub use prefix::PrefixStats;
 pub use queue::{Queue, QueueFull};

@@ -17,6 +17,7 @@
 
 use anyhow::Result;
 
+use super::job::SeqSource;
 use crate::backend::{Backend, SeqId, SnapshotId};
 
 /// Counters for `/metrics`.
@@ -80,6 +81,8 @@ pub struct Lease {
     pub seq: SeqId,
     /// Prompt tokens resumed from a snapshot (the job prefills from here).
     pub resumed: usize,
+    /// How the sequence was got (for the job's timing line).
+    pub source: SeqSource,
     /// The session the sequence belongs to; `None` when reuse is off for this job.
     session: Option<u64>,
     job: u64,
@@ -153,6 +156,7 @@ impl PrefixCache {
             return Ok(Lease {
                 seq: self.new_seq(backend, capacity)?,
                 resumed: 0,
+                source: SeqSource::New,
                 session: None,
                 job: self.jobs,
             });
@@ -196,6 +200,7 @@ impl PrefixCache {
             return Ok(Lease {
                 seq: source.seq,
                 resumed: len,
+                source: SeqSource::Rewound,
                 session: Some(source.id),
                 job: self.jobs,
             });
@@ -217,6 +222,7 @@ impl PrefixCache {
         }
         let mut lease = self.open(backend, seq, capacity, prompt[..len].to_vec());
         lease.resumed = len;
+        lease.source = SeqSource::Forked;
         Ok(lease)
     }
 
@@ -241,6 +247,7 @@ impl PrefixCache {
         Lease {
             seq,
             resumed: 0,
+            source: SeqSource::New,
             session: Some(id),
             job: self.jobs,
         }

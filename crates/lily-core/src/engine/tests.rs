@@ -30,6 +30,8 @@ struct ScriptBackend {
     /// What `prefill_chunk` answers, and the size of every piece `prefill` was handed.
     chunk: usize,
     pieces: Arc<std::sync::Mutex<Vec<usize>>>,
+    /// Sleep per `prefill` call.
+    prefill_delay: Duration,
 }
 
 impl ScriptBackend {
@@ -48,6 +50,7 @@ impl ScriptBackend {
             snapshots: 0,
             chunk: 512,
             pieces: Default::default(),
+            prefill_delay: Duration::ZERO,
         };
         (backend, decoded, prefilled)
     }
@@ -80,6 +83,7 @@ impl Backend for ScriptBackend {
     fn prefill(&mut self, _seq: SeqId, tokens: &[u32]) -> Result<()> {
         self.prefilled.fetch_add(tokens.len(), Ordering::SeqCst);
         self.pieces.lock().unwrap().push(tokens.len());
+        std::thread::sleep(self.prefill_delay);
         Ok(())
     }
     fn prefill_chunk(&self) -> usize {
@@ -144,7 +148,8 @@ fn opts(max_queue: usize) -> EngineOptions {
 enum Seen {
     Prompt(Vec<PromptLogprob>),
     Token(u32, Instant),
-    Done(Outcome, Instant),
+    /// Boxed: an outcome (usage and timings) is large.
+    Done(Box<Outcome>, Instant),
 }
 
 /// Records everything into a channel; stops after `stop_after` tokens; can be cancelled.
@@ -176,6 +181,7 @@ fn job(
         prompt_logprobs: false,
         save_prefix_at: None,
         constraint: None,
+        arrived: None,
         sink: Box::new(sink),
     };
     (job, rx, cancelled)
@@ -198,7 +204,7 @@ impl JobSink for RecordingSink {
         }
     }
     fn finished(&mut self, outcome: Outcome) {
-        let _ = self.tx.send(Seen::Done(outcome, Instant::now()));
+        let _ = self.tx.send(Seen::Done(Box::new(outcome), Instant::now()));
     }
 }
 
@@ -211,7 +217,7 @@ fn results(rx: &Receiver<Seen>) -> (Vec<u32>, Outcome) {
             .expect("job finishes")
         {
             Seen::Token(t, _) => tokens.push(t),
-            Seen::Done(outcome, _) => return (tokens, outcome),
+            Seen::Done(outcome, _) => return (tokens, *outcome),
             Seen::Prompt(_) => {}
         }
     }
@@ -261,6 +267,70 @@ fn the_prompt_is_fed_in_the_backends_chunks() {
         assert_eq!(prefilled.load(Ordering::SeqCst), 250);
         engine.shutdown();
     }
+}
+
+#[test]
+fn the_phases_before_the_first_token_are_timed() {
+    // 3 prefill calls of 15 ms, 30 ms per decoded token (the first pick included), prefix reuse
+    // on (a snapshot at the prompt's end), a request that arrived 40 ms before it was queued.
+    let (mut backend, _, _) = ScriptBackend::new(&[5, 6, 7], 30);
+    backend.chunk = 100;
+    backend.prefill_delay = Duration::from_millis(15);
+    let engine = Engine::start(
+        Box::new(backend),
+        EngineOptions {
+            prefix_cache_bytes: 1 << 20,
+            ..opts(4)
+        },
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..250).collect();
+    let (mut j, rx, _) = job(&prompt, 2, usize::MAX);
+    let arrived = Instant::now() - Duration::from_millis(40);
+    j.arrived = Some(arrived);
+    engine.submit(j).unwrap();
+    let (tokens, outcome) = results(&rx);
+    assert_eq!(tokens, vec![5, 6]);
+    let u = usage(&outcome);
+    let p = u.phases;
+    assert_eq!((p.chunks, p.snapshots, p.sequence), (3, 1, SeqSource::New));
+    let ms = Duration::from_millis;
+    assert!(p.prepare.unwrap() >= ms(40), "{p:?}");
+    assert!(p.chunk_time >= ms(45) && p.max_chunk >= ms(15), "{p:?}");
+    assert!(p.max_chunk <= p.chunk_time);
+    assert!(p.first_pick >= ms(30), "{p:?}");
+    let engine_ttft = p.engine_ttft.unwrap();
+    assert!(engine_ttft >= p.acquire + p.chunk_time + p.snapshot_time + p.first_pick);
+    assert!(engine_ttft >= u.time_to_first_token.unwrap());
+    assert!(u.prefill_time >= p.chunk_time + p.snapshot_time);
+    let line = super::worker::timing_line(&u, &[ms(15), ms(16), ms(17)]);
+    assert!(
+        line.starts_with("timing: prompt=250 cached=0 prepare_ms="),
+        "{line}"
+    );
+    for part in [
+        " seq=new ",
+        " chunks=3 ",
+        " chunk_ms=15.00,16.00,17.00 ",
+        " snapshots=1 ",
+        " tokens=2 ",
+    ] {
+        assert!(line.contains(part), "{part:?} in {line}");
+    }
+    assert!(
+        line.contains(" ttft_ms=") && line.contains(" engine_ttft_ms="),
+        "{line}"
+    );
+    // Without an arrival time there is no preparation or arrival-to-token figure.
+    let (j, rx, _) = job(&[1, 2], 1, usize::MAX);
+    engine.submit(j).unwrap();
+    let line = super::worker::timing_line(&usage(&results(&rx).1), &[]);
+    assert!(
+        !line.contains("prepare_ms") && !line.contains(" ttft_ms"),
+        "{line}"
+    );
+    assert!(!line.contains(" chunk_ms="), "{line}");
+    engine.shutdown();
 }
 
 #[test]

@@ -1,11 +1,12 @@
 //! The engine thread: owns the backend (which is `Send` but not `Sync`) and runs queued jobs one at
 //! a time, so answers never interleave.
 
+use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
@@ -59,6 +60,8 @@ impl Engine {
             prefix_stats: prefix_stats.clone(),
             ctx_size: opts.ctx_size,
             snapshot_every: opts.snapshot_every,
+            started: Instant::now(),
+            chunk_times: Vec::new(),
         };
         let thread = {
             let (queue, busy) = (queue.clone(), busy.clone());
@@ -135,19 +138,30 @@ struct Worker {
     snapshot_every: usize,
     eos_ids: Vec<u32>,
     cancel_all: Arc<AtomicBool>,
+    /// When the running job left the queue.
+    started: Instant,
+    /// The running job's prefill calls, timed (its timing line).
+    chunk_times: Vec<Duration>,
 }
 
 impl Worker {
     fn serve(mut self, queue: &Queue, busy: &AtomicBool) {
         while let Some((mut job, queued_at)) = queue.pop() {
             busy.store(true, Ordering::Relaxed);
+            self.started = Instant::now();
+            self.chunk_times.clear();
             let mut usage = Usage {
                 prompt_tokens: job.prompt.len(),
                 ..Usage::default()
             };
-            usage.queue_time = queued_at.elapsed();
+            usage.queue_time = self.started.saturating_duration_since(queued_at);
+            usage.phases.prepare = job
+                .arrived
+                .map(|arrived| queued_at.saturating_duration_since(arrived));
             // A panicking backend fails this job, not the server.
-            let outcome = match catch_unwind(AssertUnwindSafe(|| self.run(&mut job, &mut usage))) {
+            let result = catch_unwind(AssertUnwindSafe(|| self.run(&mut job, &mut usage)));
+            tracing::info!("{}", timing_line(&usage, &self.chunk_times));
+            let outcome = match result {
                 Ok(Ok(reason)) => Outcome::Done { reason, usage },
                 Ok(Err(e)) => Outcome::Failed {
                     message: format!("{e:#}"),
@@ -188,6 +202,7 @@ impl Worker {
             needed
         };
         let backend = self.backend.as_mut();
+        let acquiring = Instant::now();
         let lease = match self
             .prefixes
             .acquire(backend, &job.prompt, needed, capacity, reuse)
@@ -198,12 +213,16 @@ impl Worker {
                 return Err(e);
             }
         };
+        usage.phases.acquire = acquiring.elapsed();
+        usage.phases.sequence = lease.source;
         usage.cached_tokens = lease.resumed;
         let result = self.generate(&lease, job, usage);
+        let releasing = Instant::now();
         if result.is_err() {
             self.prefixes.clear(self.backend.as_mut());
         }
         self.prefixes.release(self.backend.as_mut(), lease);
+        usage.phases.release += releasing.elapsed();
         result
     }
 
@@ -218,9 +237,11 @@ impl Worker {
         let prefilled = if job.prompt_logprobs {
             self.prefill_scoring(seq, job)?
         } else {
-            self.prefill(lease, job)?
+            self.prefill(lease, job, usage)?
         };
         usage.prefill_time = start.elapsed();
+        let prefill_end = Instant::now();
+        let job_start = self.started;
         if !prefilled {
             return Ok(FinishReason::Cancelled);
         }
@@ -252,6 +273,8 @@ impl Worker {
                 generated += 1;
                 if generated == 1 {
                     usage.time_to_first_token = Some(entered.duration_since(start));
+                    usage.phases.engine_ttft = Some(entered.duration_since(job_start));
+                    usage.phases.first_pick = entered.duration_since(prefill_end);
                 }
                 if cancel_all.load(Ordering::Relaxed) || sink.is_cancelled() {
                     stopped = true;
@@ -282,7 +305,9 @@ impl Worker {
         );
         usage.completion_tokens = generated;
         if lease.keeps() {
+            let saving = Instant::now();
             self.save_turn(lease, &job.prompt, &emitted)?;
+            usage.phases.release += saving.elapsed();
         }
         Ok(if self.cancelled(job) {
             FinishReason::Cancelled
@@ -310,7 +335,7 @@ impl Worker {
 
     /// Feeds the prompt in chunks from where the lease resumed, keeping the state at the save
     /// points; false if the job was cancelled on the way.
-    fn prefill(&mut self, lease: &Lease, job: &Job) -> Result<bool> {
+    fn prefill(&mut self, lease: &Lease, job: &Job, usage: &mut Usage) -> Result<bool> {
         let mut done = lease.resumed;
         let points = if lease.keeps() {
             save_points(
@@ -332,12 +357,22 @@ impl Worker {
             if let Some(&at) = points.iter().find(|&&at| at > done) {
                 end = end.min(at);
             }
+            let t = Instant::now();
             self.backend.prefill(lease.seq, &job.prompt[done..end])?;
+            let took = t.elapsed();
+            self.chunk_times.push(took);
+            let p = &mut usage.phases;
+            p.chunks += 1;
+            p.chunk_time += took;
+            p.max_chunk = p.max_chunk.max(took);
             done = end;
             if points.contains(&done) {
                 let end = job.save_prefix_at == Some(done);
+                let t = Instant::now();
                 self.prefixes
                     .save(self.backend.as_mut(), lease, &job.prompt[..done], end);
+                usage.phases.snapshots += 1;
+                usage.phases.snapshot_time += t.elapsed();
             }
         }
         Ok(true)
@@ -402,6 +437,77 @@ fn save_points(
     points.dedup();
     points
 }
+
+/// The job's one-line timing log: `timing:` then `key=value` pairs (milliseconds as `_ms`), so
+/// scripts (scripts/serve_bench.py) can read it. Keys: prompt, cached, prepare_ms (arrival to
+/// queueing, when known), queue_ms, seq (new, rewound, forked), acquire_ms, chunks, prefill_ms
+/// (the backend's prefill calls), max_chunk_ms, chunk_ms (each call, the first 16), snapshots,
+/// snapshot_ms, first_pick_ms, engine_ttft_ms (queue exit to first token), ttft_ms (arrival to
+/// first token, when known), tokens, decode_ms, release_ms.
+pub(super) fn timing_line(usage: &Usage, chunks: &[Duration]) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let p = &usage.phases;
+    let mut line = format!(
+        "timing: prompt={} cached={}",
+        usage.prompt_tokens, usage.cached_tokens
+    );
+    if let Some(prepare) = p.prepare {
+        let _ = write!(line, " prepare_ms={:.2}", ms(prepare));
+    }
+    let _ = write!(
+        line,
+        " queue_ms={:.2} seq={} acquire_ms={:.2} chunks={} prefill_ms={:.2} max_chunk_ms={:.2}",
+        ms(usage.queue_time),
+        p.sequence.as_str(),
+        ms(p.acquire),
+        p.chunks,
+        ms(p.chunk_time),
+        ms(p.max_chunk)
+    );
+    if !chunks.is_empty() {
+        let shown: Vec<String> = chunks
+            .iter()
+            .take(TIMED_CHUNKS_SHOWN)
+            .map(|&d| format!("{:.2}", ms(d)))
+            .collect();
+        let _ = write!(line, " chunk_ms={}", shown.join(","));
+        if chunks.len() > TIMED_CHUNKS_SHOWN {
+            let _ = write!(line, ",+{}", chunks.len() - TIMED_CHUNKS_SHOWN);
+        }
+    }
+    let _ = write!(
+        line,
+        " snapshots={} snapshot_ms={:.2}",
+        p.snapshots,
+        ms(p.snapshot_time)
+    );
+    if let Some(engine_ttft) = p.engine_ttft {
+        let _ = write!(
+            line,
+            " first_pick_ms={:.2} engine_ttft_ms={:.2}",
+            ms(p.first_pick),
+            ms(engine_ttft)
+        );
+        if let Some(prepare) = p.prepare {
+            let _ = write!(
+                line,
+                " ttft_ms={:.2}",
+                ms(prepare + usage.queue_time + engine_ttft)
+            );
+        }
+    }
+    let _ = write!(
+        line,
+        " tokens={} decode_ms={:.2} release_ms={:.2}",
+        usage.completion_tokens,
+        ms(usage.decode_time),
+        ms(p.release)
+    );
+    line
+}
+
+/// Prefill calls listed one by one in the timing line (the rest are counted).
+const TIMED_CHUNKS_SHOWN: usize = 16;
 
 /// Prompt tokens per scoring pass: bounds the host copy of all-position logits (64 × 248,320 f32
 /// = 64 MB).

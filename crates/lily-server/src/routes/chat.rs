@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -29,6 +30,7 @@ pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
     // Parsing, rendering and tokenizing a long conversation take a while: off the workers.
@@ -64,6 +66,7 @@ pub async fn handle(
         save_prefix_at: prompt.save_prefix_at,
         constraint,
         output,
+        arrived,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
     let chunker = Chunker {

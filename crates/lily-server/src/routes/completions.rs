@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -28,6 +29,7 @@ pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
     let body = body.map_err(|r| ApiError::unreadable_body(&r, super::MAX_BODY_BYTES))?;
     let model = state.model()?;
     // Parsing and tokenizing a long prompt take a while: off the workers.
@@ -47,7 +49,11 @@ pub async fn handle(
                     let ids = bounded_prompt(ids, model.ctx_size, "prompt")?;
                     (ids, text.clone())
                 }
-                Prompt::Tokens(ids) => (ids.clone(), model.tokenizer.decode(ids, false)),
+                // The text is only for `echo`: decoding a long prompt costs milliseconds.
+                Prompt::Tokens(ids) if req.echo => {
+                    (ids.clone(), model.tokenizer.decode(ids, false))
+                }
+                Prompt::Tokens(ids) => (ids.clone(), String::new()),
             };
             Ok((req, prompt, prompt_text))
         })
@@ -75,6 +81,7 @@ pub async fn handle(
         save_prefix_at: None,
         constraint: None,
         output,
+        arrived,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
     let c = Completer {

@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -33,6 +33,7 @@ pub async fn handle(
     State(state): State<Arc<AppState>>,
     body: Bytes,
 ) -> Result<Response, AnthropicError> {
+    let arrived = Instant::now();
     let model = state.model()?;
     // Parsing, rendering and tokenizing a long conversation take a while: off the workers.
     let (req, prompt) = {
@@ -67,6 +68,7 @@ pub async fn handle(
         save_prefix_at: prompt.save_prefix_at,
         constraint,
         output,
+        arrived,
     };
     let rx = submit(&model, state.metrics.clone(), gen)?;
     let writer = Writer {
