@@ -6,7 +6,7 @@
 use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
 
-use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
+use crate::gpu::{grid_2d, Gpu, Kernel, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -78,6 +78,118 @@ fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
         && w.cols.is_multiple_of(16)
         && io.x_off.is_multiple_of(4)
         && io.x_stride.is_multiple_of(4)
+}
+
+/// The tiled product for `w` (q4_ok holds): on cooperative matrices where the device has them
+/// and the columns are a multiple of 64 (linear_q4_mm_coop.wgsl's step), else linear_q4_mm.wgsl.
+/// Both take the same parameters, bindings and grid.
+fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
+    match &k.linear_q4_mm_coop {
+        Some(coop) if w.cols.is_multiple_of(64) => coop,
+        _ => &k.linear_q4_mm,
+    }
+}
+
+/// A tiled 4-bit product kernel (linear_q4_mm.wgsl or linear_q4_mm_coop.wgsl) against the
+/// host's product in f64, on a random 4-bit matrix (160 rows, the last workgroup partly filled;
+/// 512 columns in groups of 64; 40 items, the last tile of 8): the relative L2 difference. The
+/// cooperative kernel uses an experimental feature of wgpu, so the backend checks it this way
+/// before using it.
+pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
+    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // bf16 (truncated) and its value.
+    let bf16 = |v: f32| {
+        let h = (v.to_bits() >> 16) as u16;
+        (h, f32::from_bits((h as u32) << 16))
+    };
+    let words: Vec<u32> = (0..rows * cols / 8).map(|_| next() as u32).collect();
+    let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let scale_off = (data.len() / 2) as u32;
+    let ngroups = rows * cols / group;
+    let mut scales = Vec::with_capacity(ngroups);
+    for _ in 0..ngroups {
+        let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
+        scales.push(v);
+        data.extend_from_slice(&h.to_le_bytes());
+    }
+    let bias_off = (data.len() / 2) as u32;
+    let mut biases = Vec::with_capacity(ngroups);
+    for s in &scales {
+        let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+        biases.push(v);
+        data.extend_from_slice(&h.to_le_bytes());
+    }
+    let x: Vec<f32> = (0..items * cols)
+        .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
+        .collect();
+    let mut want = vec![0f64; items * rows];
+    for r in 0..rows {
+        let w: Vec<f64> = (0..cols)
+            .map(|k| {
+                let q = (words[(r * cols + k) / 8] >> (4 * (k % 8))) & 15;
+                let g = r * (cols / group) + k / group;
+                q as f64 * scales[g] as f64 + biases[g] as f64
+            })
+            .collect();
+        for t in 0..items {
+            let xt = &x[t * cols..(t + 1) * cols];
+            want[t * rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
+        }
+    }
+    let wbuf = gpu.upload("mm_check.w", &data)?;
+    let xbuf = gpu.upload_f32("mm_check.x", &x)?;
+    let ybuf = gpu.storage("mm_check.y", (items * rows * 4) as u64)?;
+    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let params: [u32; 21] = [
+        rows as u32,
+        cols as u32,
+        4,
+        group as u32,
+        0,
+        cols as u32,
+        0,
+        rows as u32,
+        0,
+        scale_off,
+        bias_off,
+        0,
+        0,
+        0,
+        1,
+        (rows * cols / 8) as u32,
+        nx,
+        0,
+        items as u32,
+        0,
+        0,
+    ];
+    let z = items.div_ceil(MM_TILE) as u32;
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        kernel,
+        &params,
+        &[&wbuf, &xbuf, &ybuf, &groups_buf],
+        [nx, ny, z],
+    );
+    r.submit()?;
+    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(&want) {
+        if !g.is_finite() {
+            return Ok(f64::INFINITY);
+        }
+        num += (*g as f64 - w).powi(2);
+        den += w.powi(2);
+    }
+    Ok((num / den.max(1e-30)).sqrt())
 }
 
 /// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
@@ -713,7 +825,7 @@ impl<'a> Forward<'a> {
         let q4 = q4_ok(w, &io);
         let mm = q4 && experts.is_none() && io.items > 1;
         let kernel = if mm {
-            &self.k.linear_q4_mm
+            mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {
             &self.k.linear_q4
         } else {
@@ -797,7 +909,7 @@ impl<'a> Forward<'a> {
             );
             r.dispatch_indirect(
                 label,
-                &self.k.linear_q4_mm,
+                mm_kernel(self.k, w),
                 &params,
                 &[&sl.buf, io.x, io.y, &s.groups],
                 &s.groups,

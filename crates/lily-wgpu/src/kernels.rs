@@ -12,6 +12,9 @@ macro_rules! kernels {
     ($($name:ident),* $(,)?) => {
         pub struct Kernels {
             $(pub $name: Kernel,)*
+            /// linear_q4_mm.wgsl on cooperative matrices, where the device has them
+            /// (`Gpu::coop`) and its check at load passed (backend.rs).
+            pub linear_q4_mm_coop: Option<Kernel>,
         }
 
         impl Kernels {
@@ -29,6 +32,22 @@ macro_rules! kernels {
                         checked,
                         &constants(stringify!($name), c, stacked),
                     )?,)*
+                    // An experimental feature of wgpu: where it does not compile, the
+                    // products stay on linear_q4_mm.
+                    linear_q4_mm_coop: if gpu.coop {
+                        Kernel::new(
+                            gpu,
+                            "linear_q4_mm_coop",
+                            COMMON,
+                            include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl"),
+                            checked,
+                            &[],
+                        )
+                        .map_err(|e| tracing::warn!("wgpu: linear_q4_mm_coop not used: {e:#}"))
+                        .ok()
+                    } else {
+                        None
+                    },
                 })
             }
         }
