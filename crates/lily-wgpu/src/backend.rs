@@ -15,7 +15,7 @@ use crate::forward::{
     Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::Kernels;
+use crate::kernels::{coop_emulated, Kernels};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
@@ -34,6 +34,10 @@ pub struct WgpuOptions {
     /// Cut weights into slices of at most this many bytes even where the device binds more
     /// (tests: exercises the sliced path on a tiny model).
     pub max_slice_bytes: Option<u64>,
+    /// Run prefill's products through linear_q4_mm_coop.wgsl with its cooperative-matrix
+    /// operations emulated in plain WGSL where the adapter has none (tests on lavapipe:
+    /// `kernels::coop_emulated_source`). Slow; not for use.
+    pub emulate_coop: bool,
 }
 
 impl Default for WgpuOptions {
@@ -49,6 +53,7 @@ impl Default for WgpuOptions {
             allow_software: true,
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
+            emulate_coop: false,
         }
     }
 }
@@ -97,6 +102,10 @@ impl WgpuBackend {
         let mut kernels =
             Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
         let mut coop_note = gpu.coop_note.clone();
+        if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
+            kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);
+            coop_note = "cooperative matrices emulated in plain WGSL (a test)".into();
+        }
         if let Some(coop) = &kernels.linear_q4_mm_coop {
             // An experimental wgpu feature: used only where its product is right.
             match check_mm(&gpu, coop) {
