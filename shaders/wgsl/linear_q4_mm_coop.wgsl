@@ -1,20 +1,21 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-// linear_q4_mm.wgsl on cooperative matrices (tensor cores): the same tiles (a workgroup = 64
-// output rows × up to TT = 16 items, plain or expert mode, the same parameters and grid), the
-// products as 16 × 16 × 16 f16 multiply-adds into f32 accumulators. Only where the adapter has
-// that configuration and subgroups of exactly 32 (the host checks, lily-wgpu/src/gpu.rs): the two
-// subgroups of the workgroup own 32 rows each (two 16 × 16 accumulators).
+// linear_q4_mm.wgsl on cooperative matrices (tensor cores): a workgroup = 64 output rows × a tile
+// of up to TT = 32 items (plain mode: items 32·z..; expert mode: entry z of moe_group.wgsl's
+// tile list, which the host makes with tiles of 32 for this kernel), the same parameters as
+// linear_q4_mm.wgsl; the products as 16 × 16 × 16 f16 multiply-adds into f32 accumulators. Only
+// where the adapter has that configuration and subgroups of exactly 32 (the host checks,
+// lily-wgpu/src/gpu.rs): each of the two subgroups owns 32 rows × 32 items (four accumulators).
 //
 // Precision: a weight is q·s + b (q the 4-bit integer, s and b the group's bf16 scale and bias).
 // The matrix products take q·s in f16 (q·s has ≤ 12 significant bits: exact or rounded by at most
 // 2⁻¹²) against the input split in two f16 parts, x = hi + lo (≈ 22 bits together), accumulated
 // in f32; the bias term b · Σx of each group is added in f32 beside them. So the result is close
-// to the fp32 kernel's (the host checks both on a random matrix at load; forward.rs).
+// to the fp32 kernel's (the host checks it against its own product at load; forward.rs).
 //
 // Per step of 64 columns (two quads of 32 per row): invocation r dequantises row r's 64 weights
-// (q·s) into shared memory, and brings 16 columns of one item (hi, lo and their sum); the next
+// (q·s) into shared memory, and brings one quad of one item (hi, lo and their sum); the next
 // step's reads are issued before this step's products.
 
 struct P {
@@ -47,20 +48,20 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
-const TT: u32 = 16u;   // items per tile (MM_TILE on the host)
+const TT: u32 = 32u;   // items per tile (MM_TILE_COOP on the host)
 const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host)
 // f16 row stride of ws / item stride of xh, xl: 64 columns + 8 (rows on 16-byte boundaries).
 const WS: u32 = 72u;
 
 // ws[r · WS + k]: q·s of row r, column k of the step (row-major A). xh[n · WS + k], xl: item n's
-// input at column k, f16 part and remainder (column-major B). xq[n · 4 + part]: Σ x of item n
-// over columns 16·part .. 16·part + 15. cs[n · 64 + r]: the products (column-major C).
+// input at column k, f16 part and remainder (column-major B). xq[n · 2 + h]: Σ x of item n over
+// quad h of the step. cs[n · 64 + r]: the products (column-major C).
 var<workgroup> ws: array<f16, 4608>;
-var<workgroup> xh: array<f16, 1152>;
-var<workgroup> xl: array<f16, 1152>;
+var<workgroup> xh: array<f16, 2304>;
+var<workgroup> xl: array<f16, 2304>;
 var<workgroup> xq: array<f32, 64>;
-var<workgroup> cs: array<f32, 1024>;
-var<workgroup> tile_items: array<u32, 16>;
+var<workgroup> cs: array<f32, 2048>;
+var<workgroup> tile_items: array<u32, 32>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
 fn w_half4(i: u32) -> f32 {
@@ -139,9 +140,9 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let wlive = wrow < p.rows;
     let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols / 8u)) / 4u;
     let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
-    // Columns 16·part .. 16·part + 15 of item `ti`.
-    let ti = lid / 4u;
-    let part = lid % 4u;
+    // Quad `half` (columns 32·half .. 32·half + 31 of the step) of item `ti`.
+    let ti = lid / 2u;
+    let half = lid % 2u;
     let xlive = ti < nt;
     var xr = 0u;
     if (xlive) {
@@ -150,13 +151,16 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             xr = xr / p.x_div;
         }
     }
-    let xb = (p.x_off + xr * p.x_stride) / 4u + part * 4u;
-    // The subgroup's rows: 32·sg .. 32·sg + 31 (host: subgroups of exactly 32).
+    let xb = (p.x_off + xr * p.x_stride) / 4u + half * 8u;
+    // The subgroup's rows: 32·sg .. 32·sg + 31 (host: subgroups of exactly 32); accumulator
+    // c_ij holds rows 32·sg + 16·i.., items 16·j...
     let sg = lid / 32u;
-    var c0 = coop_mat16x16<f32, C>();
-    var c1 = coop_mat16x16<f32, C>();
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
     // Σ_groups b · Σx for row `lid`, per item.
-    var bacc = array<f32, 16>();
+    var bacc = array<f32, 32>();
     // Step 0's reads.
     var w0 = vec4<u32>(0u);
     var w1 = vec4<u32>(0u);
@@ -173,15 +177,11 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         s1 = w_half4(p.scale_off + g1);
         b1 = w_half4(p.bias_off + g1);
     }
-    var x0 = vec4<f32>(0.0);
-    var x1 = vec4<f32>(0.0);
-    var x2 = vec4<f32>(0.0);
-    var x3 = vec4<f32>(0.0);
+    var x = array<vec4<f32>, 8>();
     if (xlive) {
-        x0 = X[xb];
-        x1 = X[xb + 1u];
-        x2 = X[xb + 2u];
-        x3 = X[xb + 3u];
+        for (var i = 0u; i < 8u; i++) {
+            x[i] = X[xb + i];
+        }
     }
     for (var st = 0u; st < steps; st++) {
         let wa = lid * WS;
@@ -193,8 +193,11 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         put8(wa + 40u, w1.y, s1);
         put8(wa + 48u, w1.z, s1);
         put8(wa + 56u, w1.w, s1);
-        let xa = ti * WS + part * 16u;
-        let sx = (put_x(xa, x0) + put_x(xa + 4u, x1)) + (put_x(xa + 8u, x2) + put_x(xa + 12u, x3));
+        let xa = ti * WS + half * 32u;
+        var sx = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            sx += put_x(xa + 4u * i, x[i]);
+        }
         xq[lid] = sx;
         let bq0 = b0;
         let bq1 = b1;
@@ -214,34 +217,40 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             }
             if (xlive) {
                 let o = xb + sn * 16u;
-                x0 = X[o];
-                x1 = X[o + 1u];
-                x2 = X[o + 2u];
-                x3 = X[o + 3u];
+                for (var i = 0u; i < 8u; i++) {
+                    x[i] = X[o + i];
+                }
             }
         }
         for (var k = 0u; k < 4u; k++) {
-            let bh = coopLoad<coop_mat16x16<f16, B>>(&xh[k * 16u], WS);
-            let bl = coopLoad<coop_mat16x16<f16, B>>(&xl[k * 16u], WS);
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[(sg * 32u) * WS + k * 16u], WS);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ws[(sg * 32u + 16u) * WS + k * 16u], WS);
-            c0 = coopMultiplyAdd(a0, bh, c0);
-            c1 = coopMultiplyAdd(a1, bh, c1);
-            c0 = coopMultiplyAdd(a0, bl, c0);
-            c1 = coopMultiplyAdd(a1, bl, c1);
+            let h0 = coopLoad<coop_mat16x16<f16, B>>(&xh[k * 16u], WS);
+            let h1 = coopLoad<coop_mat16x16<f16, B>>(&xh[16u * WS + k * 16u], WS);
+            c00 = coopMultiplyAdd(a0, h0, c00);
+            c01 = coopMultiplyAdd(a0, h1, c01);
+            c10 = coopMultiplyAdd(a1, h0, c10);
+            c11 = coopMultiplyAdd(a1, h1, c11);
+            let l0 = coopLoad<coop_mat16x16<f16, B>>(&xl[k * 16u], WS);
+            let l1 = coopLoad<coop_mat16x16<f16, B>>(&xl[16u * WS + k * 16u], WS);
+            c00 = coopMultiplyAdd(a0, l0, c00);
+            c01 = coopMultiplyAdd(a0, l1, c01);
+            c10 = coopMultiplyAdd(a1, l0, c10);
+            c11 = coopMultiplyAdd(a1, l1, c11);
         }
-        for (var n = 0u; n < 16u; n++) {
-            let q = n * 4u;
-            bacc[n] += bq0 * (xq[q] + xq[q + 1u]) + bq1 * (xq[q + 2u] + xq[q + 3u]);
+        for (var n = 0u; n < 32u; n++) {
+            bacc[n] += bq0 * xq[2u * n] + bq1 * xq[2u * n + 1u];
         }
         workgroupBarrier();
     }
-    coopStore(c0, &cs[sg * 32u], 64u);
-    coopStore(c1, &cs[sg * 32u + 16u], 64u);
+    coopStore(c00, &cs[sg * 32u], 64u);
+    coopStore(c10, &cs[sg * 32u + 16u], 64u);
+    coopStore(c01, &cs[1024u + sg * 32u], 64u);
+    coopStore(c11, &cs[1024u + sg * 32u + 16u], 64u);
     workgroupBarrier();
     let row = block * RT + lid;
     if (row < p.rows) {
-        for (var n = 0u; n < 16u; n++) {
+        for (var n = 0u; n < 32u; n++) {
             if (n < nt) {
                 let v = cs[n * 64u + lid] + bacc[n];
                 let o = p.y_off + tile_items[n] * p.y_stride + p.row0 + row;

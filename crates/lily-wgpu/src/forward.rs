@@ -22,6 +22,17 @@ const ARGMAX_PARTS: usize = 1024;
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT`) and rows per workgroup (its `RT`).
 const MM_TILE: usize = 16;
+/// Items per tile of linear_q4_mm_coop.wgsl (its `TT`; its rows per workgroup are `MM_ROWS`).
+const MM_TILE_COOP: usize = 32;
+
+/// Items per tile of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+fn mm_tile(kernel: &Kernel) -> usize {
+    if kernel.name == "linear_q4_mm_coop" {
+        MM_TILE_COOP
+    } else {
+        MM_TILE
+    }
+}
 const MM_ROWS: usize = 64;
 
 /// (head, token) pairs of attention below which the keys are split over several workgroups
@@ -171,7 +182,7 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
         0,
         0,
     ];
-    let z = items.div_ceil(MM_TILE) as u32;
+    let z = items.div_ceil(mm_tile(kernel)) as u32;
     let mut r = Recorder::new(gpu);
     r.dispatch(
         kernel,
@@ -840,7 +851,7 @@ impl<'a> Forward<'a> {
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
             let z = if mm {
-                io.items.div_ceil(MM_TILE)
+                io.items.div_ceil(mm_tile(kernel))
             } else {
                 io.items
             };
@@ -880,12 +891,15 @@ impl<'a> Forward<'a> {
         );
     }
 
-    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl: the tiles moe_group.wgsl
-    /// listed, dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    /// Routed experts of a prefill chunk through `kernel` (linear_q4_mm or linear_q4_mm_coop,
+    /// the one whose tile size moe_group.wgsl was given): the tiles moe_group.wgsl listed,
+    /// dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    #[allow(clippy::too_many_arguments)]
     fn experts_mm(
         &self,
         r: &mut Recorder<'a>,
         label: &'static str,
+        kernel: &'a Kernel,
         w: &'a GpuLinear,
         io: Io<'a>,
         x_div: usize,
@@ -909,7 +923,7 @@ impl<'a> Forward<'a> {
             );
             r.dispatch_indirect(
                 label,
-                mm_kernel(self.k, w),
+                kernel,
                 &params,
                 &[&sl.buf, io.x, io.y, &s.groups],
                 &s.groups,
@@ -1121,13 +1135,25 @@ impl<'a> Forward<'a> {
         // per tile of its tokens (linear_q4_mm.wgsl), when all three matrices allow it.
         let grouped =
             t > 1 && q4_ok(&m.gate, &gate_io) && q4_ok(&m.up, &up_io) && q4_ok(&m.down, &down_io);
+        // One kernel for the three (their tiles are one list): the cooperative one where it
+        // takes all three.
+        let ek = match &self.k.linear_q4_mm_coop {
+            Some(coop)
+                if [&m.gate, &m.up, &m.down]
+                    .iter()
+                    .all(|w| w.cols.is_multiple_of(64)) =>
+            {
+                coop
+            }
+            _ => &self.k.linear_q4_mm,
+        };
         if grouped {
             r.dispatch(
                 &self.k.moe_group,
                 &[
                     tk as u32,
                     (e + stacked as usize) as u32,
-                    MM_TILE as u32,
+                    mm_tile(ek) as u32,
                     i.div_ceil(MM_ROWS) as u32,
                     h.div_ceil(MM_ROWS) as u32,
                     s.tiles_at as u32,
@@ -1136,8 +1162,8 @@ impl<'a> Forward<'a> {
                 &[&s.ids, &s.groups],
                 [1, 1, 1],
             );
-            self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, ks, 0);
-            self.experts_mm(r, "lin.experts.up", &m.up, up_io, ks, 0);
+            self.experts_mm(r, "lin.experts.gate", ek, &m.gate, gate_io, ks, 0);
+            self.experts_mm(r, "lin.experts.up", ek, &m.up, up_io, ks, 0);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
         } else if glu_ok(&m.gate, &m.up, &gate_io) {
             // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
@@ -1190,7 +1216,7 @@ impl<'a> Forward<'a> {
             return;
         }
         if grouped {
-            self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
+            self.experts_mm(r, "lin.experts.down", ek, &m.down, down_io, 1, 16);
         } else {
             self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         }

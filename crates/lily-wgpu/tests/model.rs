@@ -196,46 +196,6 @@ fn cooperative_matrix_prefill_matches_cpu() {
     );
 }
 
-/// linear_q4_mm_coop.wgsl's own logic (tiles, dequantisation, the input's two parts, bias
-/// terms, expert tiles, accumulation, output) on any adapter: its cooperative-matrix operations
-/// emulated in plain WGSL (`WgpuOptions::emulate_coop`), teacher-forced logits against the CPU
-/// over 40 positions in one chunk (plain tiles and routed-expert tiles of up to 16 items).
-#[test]
-fn cooperative_kernel_logic_matches_cpu_emulated() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
-    let positions = 40;
-    let tokens = Rng(3).tokens(positions, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
-    let cs = cpu.new_seq(positions + 4).unwrap();
-    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let Some(mut gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 40,
-            all_logits_chunk: 40,
-            emulate_coop: true,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    let (on, note) = gpu.coop();
-    println!("{note}");
-    assert!(on, "the cooperative kernel is in use");
-    let (_, coop) = gpu.check_products().unwrap();
-    let coop = coop.expect("in use");
-    println!("linear_q4_mm_coop (emulated) vs the host's product: {coop:.2e}");
-    assert!(
-        coop < 1e-5,
-        "emulated linear_q4_mm_coop differs from the host by {coop:.2e}"
-    );
-    let gs = gpu.new_seq(positions + 4).unwrap();
-    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
-    let e = rel_l2(&got, &want);
-    println!("logits rel_l2 {e:.3e} over {positions} positions");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-}
-
 /// Long chunks (128 tokens: 32 routed items per expert on `tiny`, so several tiles of
 /// linear_q4_mm per expert) and decode steps whose attention is split over the keys
 /// (attend_merge), against the CPU: the last prompt position's logits, then 8 greedy tokens.
