@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
 
 use crate::gpu::{grid_2d, Gpu, Kernel, Prepared, Recorder};
-use crate::kernels::Kernels;
+use crate::kernels::{gqa_group, Kernels};
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
 };
@@ -962,8 +962,14 @@ impl<'a> Forward<'a> {
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
         let (nsplit, span) = attention_splits(hq * t, pos0 + t);
+        // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
+        // them), where the shapes allow; the same parameters, bindings and partials.
+        let (kernel, heads) = match gqa_group(c) {
+            Some(_) => (&self.k.attend_gqa, hkv),
+            None => (&self.k.attend, hq),
+        };
         r.dispatch(
-            &self.k.attend,
+            kernel,
             &[
                 hq as u32,
                 hkv as u32,
@@ -975,7 +981,7 @@ impl<'a> Forward<'a> {
                 stride as u32,
             ],
             &[&s.q, &s.attn_proj, kc, vc, &s.o, &s.attn_part],
-            [hq as u32, t as u32, nsplit as u32],
+            [heads as u32, t as u32, nsplit as u32],
         );
         if nsplit > 1 {
             r.dispatch(

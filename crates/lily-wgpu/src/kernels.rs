@@ -65,6 +65,7 @@ kernels!(
     gated_norm,
     attn_prep,
     attend,
+    attend_gqa,
     attend_merge,
     dn_conv,
     dn_qk_norm,
@@ -82,11 +83,28 @@ kernels!(
     sample_pick,
 );
 
+/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 16 (its
+/// blocks of 256 / G keys), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
+pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
+    let g = c.n_heads / c.n_kv_heads.max(1);
+    (c.n_kv_heads > 0
+        && c.n_heads.is_multiple_of(c.n_kv_heads)
+        && g.is_power_of_two()
+        && g <= 16
+        && c.head_dim.is_multiple_of(4)
+        && c.head_dim <= 256)
+        .then_some(g)
+}
+
 /// The `override` constants of kernel `name` for model `c`.
 fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f64)> {
     match name {
         "dn_recur" | "dn_recur_norm" => vec![("DK", c.dn_k_dim as f64)],
         "attend" => vec![("D", c.head_dim as f64)],
+        "attend_gqa" => vec![
+            ("D", c.head_dim as f64),
+            ("G", gqa_group(c).unwrap_or(1) as f64),
+        ],
         "moe_down" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
