@@ -11,8 +11,8 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_mm, conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick, Forward, LogitsOut,
-    Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick,
+    Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{coop_emulated, Kernels};
@@ -169,16 +169,18 @@ impl WgpuBackend {
         })
     }
 
-    /// The tiled 4-bit product kernels against the host's product on a random matrix
-    /// (`forward::check_mm`): linear_q4_mm.wgsl's relative L2 difference, and
-    /// linear_q4_mm_coop.wgsl's where it is in use.
-    pub fn check_products(&self) -> Result<(f64, Option<f64>)> {
+    /// The 4-bit product kernels against the host's product on random matrices
+    /// (`forward::check_mm`, `forward::check_rows`), relative L2 differences:
+    /// linear_q4_mm.wgsl's, linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's where it is in
+    /// use.
+    pub fn check_products(&self) -> Result<(f64, f64, Option<f64>)> {
         let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?;
+        let rows = check_rows(&self.gpu, &self.kernels)?;
         let coop = match &self.kernels.linear_q4_mm_coop {
             Some(k) => Some(check_mm(&self.gpu, k)?),
             None => None,
         };
-        Ok((fp32, coop))
+        Ok((fp32, rows, coop))
     }
 
     /// Whether prefill's 4-bit products run on cooperative matrices (linear_q4_mm_coop.wgsl),

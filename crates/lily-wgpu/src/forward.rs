@@ -81,6 +81,15 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
+/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
+const ROWS_RB: usize = 16;
+
+/// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok`, and 2,048 or 4,096
+/// columns (each of its 64 invocations holds one or two quads of the input).
+fn rows_ok(w: &GpuLinear, io: &Io) -> bool {
+    q4_ok(w, io) && (w.cols == 2048 || w.cols == 4096) && w.experts <= 1
+}
+
 /// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
 /// columns multiples of 16, inputs on 16-byte boundaries.
 fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
@@ -108,99 +117,158 @@ fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
 /// before using it.
 pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    // bf16 (truncated) and its value.
-    let bf16 = |v: f32| {
-        let h = (v.to_bits() >> 16) as u16;
-        (h, f32::from_bits((h as u32) << 16))
-    };
-    let words: Vec<u32> = (0..rows * cols / 8).map(|_| next() as u32).collect();
-    let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let scale_off = (data.len() / 2) as u32;
-    let ngroups = rows * cols / group;
-    let mut scales = Vec::with_capacity(ngroups);
-    for _ in 0..ngroups {
-        let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
-        scales.push(v);
-        data.extend_from_slice(&h.to_le_bytes());
-    }
-    let bias_off = (data.len() / 2) as u32;
-    let mut biases = Vec::with_capacity(ngroups);
-    for s in &scales {
-        let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
-        biases.push(v);
-        data.extend_from_slice(&h.to_le_bytes());
-    }
-    let x: Vec<f32> = (0..items * cols)
-        .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
-        .collect();
-    let mut want = vec![0f64; items * rows];
-    for r in 0..rows {
-        let w: Vec<f64> = (0..cols)
-            .map(|k| {
-                let q = (words[(r * cols + k) / 8] >> (4 * (k % 8))) & 15;
-                let g = r * (cols / group) + k / group;
-                q as f64 * scales[g] as f64 + biases[g] as f64
-            })
-            .collect();
-        for t in 0..items {
-            let xt = &x[t * cols..(t + 1) * cols];
-            want[t * rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
-        }
-    }
-    let wbuf = gpu.upload("mm_check.w", &data)?;
-    let xbuf = gpu.upload_f32("mm_check.x", &x)?;
-    let ybuf = gpu.storage("mm_check.y", (items * rows * 4) as u64)?;
-    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    let m = RandomQ4::new(rows, cols, group, items);
     let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
-    let params: [u32; 21] = [
-        rows as u32,
-        cols as u32,
-        4,
-        group as u32,
-        0,
-        cols as u32,
-        0,
-        rows as u32,
-        0,
-        scale_off,
-        bias_off,
-        0,
-        0,
-        0,
-        1,
-        (rows * cols / 8) as u32,
-        nx,
-        0,
-        items as u32,
-        0,
-        0,
-    ];
     let z = items.div_ceil(mm_tile(kernel)) as u32;
-    let mut r = Recorder::new(gpu);
-    r.dispatch(
-        kernel,
-        &params,
-        &[&wbuf, &xbuf, &ybuf, &groups_buf],
-        [nx, ny, z],
-    );
-    r.submit()?;
-    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(&want) {
-        if !g.is_finite() {
-            return Ok(f64::INFINITY);
-        }
-        num += (*g as f64 - w).powi(2);
-        den += w.powi(2);
+    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf))
+}
+
+/// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
+/// 2,048 columns (37 rows: the last workgroup partly filled; 2 items): the larger relative L2
+/// difference.
+pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let mut worst = 0f64;
+    for cols in [4096, 2048] {
+        let (rows, items) = (37usize, 2usize);
+        let m = RandomQ4::new(rows, cols, 64, items);
+        let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+        let e = m.run(gpu, &k.linear_q4_rows, &[nx, ny, items as u32], nx, None)?;
+        worst = worst.max(e);
     }
-    Ok((num / den.max(1e-30)).sqrt())
+    Ok(worst)
+}
+
+/// A random MLX 4-bit matrix (one slice: packed words, bf16 scales, bf16 biases), random inputs
+/// for `items` items, and the host's product in f64.
+struct RandomQ4 {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    items: usize,
+    data: Vec<u8>,
+    scale_off: u32,
+    bias_off: u32,
+    x: Vec<f32>,
+    want: Vec<f64>,
+}
+
+impl RandomQ4 {
+    fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols) as u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        // bf16 (truncated) and its value.
+        let bf16 = |v: f32| {
+            let h = (v.to_bits() >> 16) as u16;
+            (h, f32::from_bits((h as u32) << 16))
+        };
+        let words: Vec<u32> = (0..rows * cols / 8).map(|_| next() as u32).collect();
+        let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let scale_off = (data.len() / 2) as u32;
+        let ngroups = rows * cols / group;
+        let mut scales = Vec::with_capacity(ngroups);
+        for _ in 0..ngroups {
+            let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
+            scales.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        data.resize(data.len().div_ceil(4) * 4, 0);
+        let bias_off = (data.len() / 2) as u32;
+        let mut biases = Vec::with_capacity(ngroups);
+        for s in &scales {
+            let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+            biases.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        let x: Vec<f32> = (0..items * cols)
+            .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
+            .collect();
+        let mut want = vec![0f64; items * rows];
+        for r in 0..rows {
+            let w: Vec<f64> = (0..cols)
+                .map(|k| {
+                    let q = (words[(r * cols + k) / 8] >> (4 * (k % 8))) & 15;
+                    let g = r * (cols / group) + k / group;
+                    q as f64 * scales[g] as f64 + biases[g] as f64
+                })
+                .collect();
+            for t in 0..items {
+                let xt = &x[t * cols..(t + 1) * cols];
+                want[t * rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
+            }
+        }
+        RandomQ4 {
+            rows,
+            cols,
+            group,
+            items,
+            data,
+            scale_off,
+            bias_off,
+            x,
+            want,
+        }
+    }
+
+    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: the relative L2
+    /// difference of its output from the host's. `fourth`: the fourth binding, where the kernel
+    /// has one.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: &[u32; 3],
+        nx: u32,
+        fourth: Option<&wgpu::Buffer>,
+    ) -> Result<f64> {
+        let (rows, cols, items) = (self.rows, self.cols, self.items);
+        let wbuf = gpu.upload("check.w", &self.data)?;
+        let xbuf = gpu.upload_f32("check.x", &self.x)?;
+        let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+        let params: [u32; 21] = [
+            rows as u32,
+            cols as u32,
+            4,
+            self.group as u32,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            self.scale_off,
+            self.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            0,
+            items as u32,
+            0,
+            0,
+        ];
+        let mut bufs = vec![&wbuf, &xbuf, &ybuf];
+        bufs.extend(fourth);
+        let mut r = Recorder::new(gpu);
+        r.dispatch(kernel, &params, &bufs, *grid);
+        r.submit()?;
+        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(&self.want) {
+            if !g.is_finite() {
+                return Ok(f64::INFINITY);
+            }
+            num += (*g as f64 - w).powi(2);
+            den += w.powi(2);
+        }
+        Ok((num / den.max(1e-30)).sqrt())
+    }
 }
 
 /// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
@@ -835,6 +903,21 @@ impl<'a> Forward<'a> {
         // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
         let q4 = q4_ok(w, &io);
         let mm = q4 && experts.is_none() && io.items > 1;
+        if !mm && experts.is_none() && rows_ok(w, &io) {
+            // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
+            for sl in &w.slices {
+                let (nx, ny) = grid_2d(sl.count.div_ceil(ROWS_RB));
+                let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
+                r.dispatch_as(
+                    label,
+                    &self.k.linear_q4_rows,
+                    &params[..18],
+                    &[&sl.buf, io.x, io.y],
+                    [nx, ny, io.items as u32],
+                );
+            }
+            return;
+        }
         let kernel = if mm {
             mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {

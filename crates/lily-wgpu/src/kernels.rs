@@ -57,6 +57,7 @@ macro_rules! kernels {
 kernels!(
     linear,
     linear_q4,
+    linear_q4_rows,
     linear_q4_mm,
     linear_q4_glu,
     moe_group,

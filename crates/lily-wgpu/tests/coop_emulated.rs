@@ -103,7 +103,7 @@ fn cooperative_kernel_logic_matches_cpu_emulated() {
     let (on, note) = gpu.coop();
     println!("{note}");
     assert!(on, "the cooperative kernel is in use");
-    let (_, coop) = gpu.check_products().unwrap();
+    let (_, _, coop) = gpu.check_products().unwrap();
     let coop = coop.expect("in use");
     println!("linear_q4_mm_coop (emulated) vs the host's product: {coop:.2e}");
     assert!(
