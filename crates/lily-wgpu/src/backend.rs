@@ -36,7 +36,8 @@ pub struct WgpuOptions {
     pub max_slice_bytes: Option<u64>,
     /// Run prefill's products through linear_q4_mm_coop.wgsl with its cooperative-matrix
     /// operations emulated in plain WGSL where the adapter has none (tests on lavapipe:
-    /// `kernels::coop_emulated_source`). Slow; not for use.
+    /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
+    /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
     pub emulate_coop: bool,
 }
 
@@ -53,7 +54,7 @@ impl Default for WgpuOptions {
             allow_software: true,
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
-            emulate_coop: false,
+            emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
         }
     }
 }

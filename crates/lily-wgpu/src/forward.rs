@@ -128,6 +128,7 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
 /// 2,048 columns (37 rows: the last workgroup partly filled; 2 items): the larger relative L2
 /// difference.
 pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k)?;
     let mut worst = 0f64;
     for cols in [4096, 2048] {
         let (rows, items) = (37usize, 2usize);
@@ -136,7 +137,94 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         let e = m.run(gpu, &k.linear_q4_rows, &[nx, ny, items as u32], nx, None)?;
         worst = worst.max(e);
     }
-    Ok(worst)
+    Ok(worst.max(glu))
+}
+
+/// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
+/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
+fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (rows, cols, items) = (37usize, 2048usize, 2usize);
+    let gate = RandomQ4::new(rows, cols, 64, items);
+    let mut up = RandomQ4::new(rows + 1, cols, 64, items);
+    // The same inputs and slice layout as gate: up's first `rows` rows, its offsets as gate's.
+    up.rows = rows;
+    let words = rows * cols / 8;
+    let mut data = up.data[..words * 4].to_vec();
+    let ng = rows * cols / 64;
+    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
+    data.extend_from_slice(&up.data[us..us + ng * 2]);
+    data.resize(gate.bias_off as usize * 2, 0);
+    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
+    let mut want_up = vec![0f64; items * rows];
+    for r in 0..rows {
+        // up's rows were generated for rows + 1 rows: recompute against gate's inputs.
+        for t in 0..items {
+            let mut acc = 0f64;
+            for c in 0..cols {
+                let word = u32::from_le_bytes(
+                    data[(r * cols + c) / 8 * 4..(r * cols + c) / 8 * 4 + 4]
+                        .try_into()
+                        .expect("4 bytes"),
+                );
+                let q = (word >> (4 * (c % 8))) & 15;
+                let g = r * (cols / 64) + c / 64;
+                let half = |at: usize| {
+                    let b = [data[at], data[at + 1]];
+                    f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64
+                };
+                let s = half(gate.scale_off as usize * 2 + g * 2);
+                let b = half(gate.bias_off as usize * 2 + g * 2);
+                acc += (q as f64 * s + b) * gate.x[t * cols + c] as f64;
+            }
+            want_up[t * rows + r] = acc;
+        }
+    }
+    let wg = gpu.upload("check.gate", &gate.data)?;
+    let wu = gpu.upload("check.up", &data)?;
+    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+    let ids = gpu.storage("check.ids", 16)?;
+    let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+    let params: [u32; 18] = [
+        rows as u32,
+        cols as u32,
+        4,
+        64,
+        0,
+        cols as u32,
+        0,
+        rows as u32,
+        0,
+        gate.scale_off,
+        gate.bias_off,
+        0,
+        0,
+        0,
+        1,
+        (rows * cols / 8) as u32,
+        nx,
+        0,
+    ];
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        &k.linear_q4_glu_rows,
+        &params,
+        &[&wg, &xbuf, &ybuf, &ids, &wu],
+        [nx, ny, items as u32],
+    );
+    r.submit()?;
+    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..items * rows {
+        let want = silu(gate.want[i]) * want_up[i];
+        if !got[i].is_finite() {
+            return Ok(f64::INFINITY);
+        }
+        num += (got[i] as f64 - want).powi(2);
+        den += want.powi(2);
+    }
+    Ok((num / den.max(1e-30)).sqrt())
 }
 
 /// A random MLX 4-bit matrix (one slice: packed words, bf16 scales, bf16 biases), random inputs
@@ -962,12 +1050,19 @@ impl<'a> Forward<'a> {
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
-        let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+        // linear_q4_glu_rows.wgsl (input once per workgroup, 16 rows streamed) for 2,048
+        // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
+        let (kernel, per) = if gate.cols == 2048 && gate.mat_words.is_multiple_of(4) {
+            (&self.k.linear_q4_glu_rows, ROWS_RB)
+        } else {
+            (&self.k.linear_q4_glu, LINEAR_ROWS)
+        };
+        let (nx, ny) = grid_2d(rows.div_ceil(per));
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         r.dispatch_as(
             label,
-            &self.k.linear_q4_glu,
+            kernel,
             &params,
             &[&sg.buf, io.x, io.y, &self.s.ids, &su.buf],
             [nx, ny, io.items as u32],

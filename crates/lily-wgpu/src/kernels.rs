@@ -60,6 +60,7 @@ kernels!(
     linear_q4_rows,
     linear_q4_mm,
     linear_q4_glu,
+    linear_q4_glu_rows,
     moe_group,
     embed,
     rms_norm,
