@@ -81,6 +81,9 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
+/// Rows per workgroup of moe_down_rows.wgsl (its `RB`).
+const DOWN_RB: usize = 8;
+
 /// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
 const ROWS_RB: usize = 16;
 
@@ -1382,10 +1385,18 @@ impl<'a> Forward<'a> {
             // A decode step: every item's down projection and the weighted sum into the
             // residual at once.
             let de = &m.down.slices[0];
-            let (nx, ny) = grid_2d(h.div_ceil(LINEAR_ROWS));
+            // moe_down_rows.wgsl where a row's quads divide 64 (512 columns: 16), else
+            // moe_down.wgsl.
+            let quads = i / 32;
+            let (kernel, per) = if quads > 0 && 64 % quads == 0 {
+                (&self.k.moe_down_rows, DOWN_RB)
+            } else {
+                (&self.k.moe_down, LINEAR_ROWS)
+            };
+            let (nx, ny) = grid_2d(h.div_ceil(per));
             r.dispatch_as(
                 "moe_down",
-                &self.k.moe_down,
+                kernel,
                 &[
                     h as u32,
                     i as u32,

@@ -78,6 +78,7 @@ kernels!(
     swiglu,
     moe_combine,
     moe_down,
+    moe_down_rows,
     argmax_part,
     argmax_final,
     sample_adjust,
@@ -107,7 +108,7 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
             ("D", c.head_dim as f64),
             ("G", gqa_group(c).unwrap_or(1) as f64),
         ],
-        "moe_down" => vec![
+        "moe_down" | "moe_down_rows" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
         ],
