@@ -1,6 +1,7 @@
 // linear_q4.wgsl for plain 4-bit matrices of 2,048 or 4,096 columns (decode's input and output
-// projections, lm_head): the inputs read once per workgroup into registers, then rows streamed.
-// Invocation `lane` of the 64 owns quads lane and lane + 64 (32 columns each) of every row: it
+// projections, lm_head) and 8-bit ones of 2,048 (the router with the shared expert's gate): the
+// inputs read once per workgroup into registers, then rows streamed. Invocation `lane` of the 64
+// owns 16-byte words lane and lane + 64 (32 columns each at 4 bits, 16 at 8) of every row: it
 // holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
 // the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
 // consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet in
@@ -44,8 +45,17 @@ fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
 }
 
-// Σ q x over one quad of a row against inputs x (8 vec4).
+const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
+const BYTE = vec4<u32>(255u);
+
+// Σ q x over one 16-byte word of a row against its inputs x (8 vec4 at 4 bits, the first 4 at 8).
 fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
+    if (p.bits == 8u) {
+        return (dot(vec4<f32>((vec4<u32>(w.x) >> SH_8) & BYTE), x[0])
+            + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x[1]))
+            + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x[2])
+            + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
+    }
     return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
 }
 
@@ -57,25 +67,31 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     if (r0 >= p.rows) {
         return;
     }
-    let quads = p.cols / 32u;            // 64 or 128
+    let span = 128u / p.bits;            // columns per 16-byte word: 32 or 16
+    let nv = span / 4u;                   // input vec4 per word
+    let quads = p.cols / span;           // words per row: 64 or 128
     let two = quads > 64u;
     let groups = p.cols / p.group;
     let xb = (p.x_off + item * p.x_stride) / 4u;
-    // This invocation's inputs: quad lid (and lid + 64).
+    // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
     var xc = array<vec4<f32>, 8>();
     for (var i = 0u; i < 8u; i++) {
-        xa[i] = X[xb + lid * 8u + i];
+        if (i < nv) {
+            xa[i] = X[xb + lid * nv + i];
+        }
     }
     if (two) {
         for (var i = 0u; i < 8u; i++) {
-            xc[i] = X[xb + (lid + 64u) * 8u + i];
+            if (i < nv) {
+                xc[i] = X[xb + (lid + 64u) * nv + i];
+            }
         }
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
-    let ga = (lid * 32u) / p.group;
-    let gc = ((lid + 64u) * 32u) / p.group;
+    let ga = (lid * span) / p.group;
+    let gc = ((lid + 64u) * span) / p.group;
     let nr = min(RB, p.rows - r0);
     for (var r8 = 0u; r8 < RB; r8 += 8u) {
         // Eight rows' reads together (rows past the end read row r0 again; not stored).

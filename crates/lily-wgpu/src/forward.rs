@@ -87,10 +87,13 @@ const DOWN_RB: usize = 8;
 /// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
 const ROWS_RB: usize = 16;
 
-/// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok`, and 2,048 or 4,096
-/// columns (each of its 64 invocations holds one or two quads of the input).
+/// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok` with 2,048 or 4,096
+/// columns, or `q8_ok` with 2,048 (each of its 64 invocations holds the inputs of one or two
+/// 16-byte words of a row).
 fn rows_ok(w: &GpuLinear, io: &Io) -> bool {
-    q4_ok(w, io) && (w.cols == 2048 || w.cols == 4096) && w.experts <= 1
+    let q4 = q4_ok(w, io) && (w.cols == 2048 || w.cols == 4096);
+    let q8 = q8_ok(w, io) && w.cols == 2048;
+    (q4 || q8) && w.experts <= 1
 }
 
 /// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
@@ -128,14 +131,14 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
-/// 2,048 columns (37 rows: the last workgroup partly filled; 2 items): the larger relative L2
-/// difference.
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
+/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
 pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let glu = check_glu_rows(gpu, k)?;
     let mut worst = 0f64;
-    for cols in [4096, 2048] {
+    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
-        let m = RandomQ4::new(rows, cols, 64, items);
+        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
         let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
         let e = m.run(gpu, &k.linear_q4_rows, &[nx, ny, items as u32], nx, None)?;
         worst = worst.max(e);
@@ -230,9 +233,10 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     Ok((num / den.max(1e-30)).sqrt())
 }
 
-/// A random MLX 4-bit matrix (one slice: packed words, bf16 scales, bf16 biases), random inputs
-/// for `items` items, and the host's product in f64.
+/// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
+/// random inputs for `items` items, and the host's product in f64.
 struct RandomQ4 {
+    bits: usize,
     rows: usize,
     cols: usize,
     group: usize,
@@ -246,7 +250,11 @@ struct RandomQ4 {
 
 impl RandomQ4 {
     fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
-        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols) as u64;
+        RandomQ4::with_bits(4, rows, cols, group, items)
+    }
+
+    fn with_bits(bits: usize, rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols + bits) as u64;
         let mut next = move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -258,7 +266,8 @@ impl RandomQ4 {
             let h = (v.to_bits() >> 16) as u16;
             (h, f32::from_bits((h as u32) << 16))
         };
-        let words: Vec<u32> = (0..rows * cols / 8).map(|_| next() as u32).collect();
+        let per = 32 / bits;
+        let words: Vec<u32> = (0..rows * cols / per).map(|_| next() as u32).collect();
         let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let scale_off = (data.len() / 2) as u32;
         let ngroups = rows * cols / group;
@@ -283,7 +292,7 @@ impl RandomQ4 {
         for r in 0..rows {
             let w: Vec<f64> = (0..cols)
                 .map(|k| {
-                    let q = (words[(r * cols + k) / 8] >> (4 * (k % 8))) & 15;
+                    let q = (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
                     let g = r * (cols / group) + k / group;
                     q as f64 * scales[g] as f64 + biases[g] as f64
                 })
@@ -294,6 +303,7 @@ impl RandomQ4 {
             }
         }
         RandomQ4 {
+            bits,
             rows,
             cols,
             group,
@@ -324,7 +334,7 @@ impl RandomQ4 {
         let params: [u32; 21] = [
             rows as u32,
             cols as u32,
-            4,
+            self.bits as u32,
             self.group as u32,
             0,
             cols as u32,
@@ -337,7 +347,7 @@ impl RandomQ4 {
             0,
             0,
             1,
-            (rows * cols / 8) as u32,
+            (rows * cols * self.bits / 32) as u32,
             nx,
             0,
             items as u32,
