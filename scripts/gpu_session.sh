@@ -22,8 +22,8 @@ OUT="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$OUT"
 NEW="$HERE/bin/lily-engine"
 OLD="${OLD:-$HERE/../old/lily-engine}"
-# The synthetic checkpoint: in /dev/shm when it has room (no disk writes: synth is ≈ 2.5× faster),
-# else /tmp.
+# The synthetic checkpoint: in /dev/shm when it has room (no disk writes; synth itself is CPU-bound,
+# ≈ 135–165 s either way), else /tmp.
 M=/tmp/full-mlx
 [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1)" -ge 40 ] 2>/dev/null && M=/dev/shm/full-mlx
 export LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"

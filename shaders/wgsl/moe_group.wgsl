@@ -1,8 +1,10 @@
 // Groups a prefill chunk's routed (token, expert) items by expert for linear_q4_mm.wgsl, on the
 // GPU (no read back): G = [indirect args A (blocks_a, 1, tiles, 0) | indirect args B (blocks_b,
 // 1, tiles, 0) | tile list at tiles_at: (expert, first, count, 0) per tile of at most TT items |
-// the items sorted by expert (then by item) at order_at]. One workgroup of 256; each
-// invocation owns experts lid, lid + 256 (E ≤ 512).
+// the items sorted by expert at order_at (within an expert in no set order: each item's product
+// is computed on its own, wherever it sits in a tile)]. One workgroup of 256: the items counted
+// and placed with workgroup atomics (invocation lid takes items lid, lid + 256, ...), the
+// offsets by one invocation, the tiles by expert (lid, lid + 256: E ≤ 512).
 
 struct P {
     items: u32,
@@ -18,7 +20,8 @@ struct P {
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> G: array<u32>;
 
-var<workgroup> cnt: array<u32, 512>;
+var<workgroup> cnt: array<atomic<u32>, 512>;
+var<workgroup> cursor: array<atomic<u32>, 512>;
 var<workgroup> first: array<u32, 512>;
 var<workgroup> tile0: array<u32, 512>;
 var<workgroup> total_tiles: u32;
@@ -26,23 +29,26 @@ var<workgroup> total_tiles: u32;
 @compute @workgroup_size(256)
 fn moe_group(@builtin(local_invocation_index) lid: u32) {
     for (var e = lid; e < p.e; e += 256u) {
-        var c = 0u;
-        for (var i = 0u; i < p.items; i++) {
-            if (ids[i] == e) {
-                c++;
-            }
+        atomicStore(&cnt[e], 0u);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < p.items; i += 256u) {
+        let e = ids[i];
+        if (e < p.e) {
+            atomicAdd(&cnt[e], 1u);
         }
-        cnt[e] = c;
     }
     workgroupBarrier();
     if (lid == 0u) {
         var o = 0u;
         var tl = 0u;
         for (var e = 0u; e < p.e; e++) {
+            let c = atomicLoad(&cnt[e]);
             first[e] = o;
+            atomicStore(&cursor[e], o);
             tile0[e] = tl;
-            o += cnt[e];
-            tl += (cnt[e] + p.tt - 1u) / p.tt;
+            o += c;
+            tl += (c + p.tt - 1u) / p.tt;
         }
         total_tiles = tl;
         G[0] = p.blocks_a;
@@ -55,17 +61,16 @@ fn moe_group(@builtin(local_invocation_index) lid: u32) {
         G[7] = 0u;
     }
     workgroupBarrier();
+    for (var i = lid; i < p.items; i += 256u) {
+        let e = ids[i];
+        if (e < p.e) {
+            G[p.order_at + atomicAdd(&cursor[e], 1u)] = i;
+        }
+    }
     for (var e = lid; e < p.e; e += 256u) {
-        let c = cnt[e];
+        let c = atomicLoad(&cnt[e]);
         if (c == 0u) {
             continue;
-        }
-        var n = 0u;
-        for (var i = 0u; i < p.items; i++) {
-            if (ids[i] == e) {
-                G[p.order_at + first[e] + n] = i;
-                n++;
-            }
         }
         let nt = (c + p.tt - 1u) / p.tt;
         for (var j = 0u; j < nt; j++) {

@@ -11,11 +11,11 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch,
-    SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick,
+    Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::Kernels;
+use crate::kernels::{coop_emulated, Kernels};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
@@ -34,6 +34,11 @@ pub struct WgpuOptions {
     /// Cut weights into slices of at most this many bytes even where the device binds more
     /// (tests: exercises the sliced path on a tiny model).
     pub max_slice_bytes: Option<u64>,
+    /// Run prefill's products through linear_q4_mm_coop.wgsl with its cooperative-matrix
+    /// operations emulated in plain WGSL where the adapter has none (tests on lavapipe:
+    /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
+    /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
+    pub emulate_coop: bool,
 }
 
 impl Default for WgpuOptions {
@@ -49,6 +54,7 @@ impl Default for WgpuOptions {
             allow_software: true,
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
+            emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -63,7 +69,13 @@ pub struct WgpuBackend {
     kernels: Kernels,
     cfg: ModelConfig,
     gpu: Gpu,
+    coop_note: String,
 }
+
+/// Largest relative L2 difference between linear_q4_mm_coop.wgsl and the host's product at load
+/// (`check_mm`) for the cooperative kernel to be used: its f16 products differ by ≈ 1e-4;
+/// a wrong layout or a broken driver path differs by ≈ 1.
+const COOP_TOLERANCE: f64 = 1e-3;
 
 /// Whether the device sampler (sample_adjust.wgsl, sample_pick.wgsl) takes these parameters:
 /// temperature > 0 with top_k in 1..=256, or greedy on adjusted logits (penalties, logit_bias).
@@ -88,7 +100,33 @@ fn device_greedy(p: &SamplingParams) -> bool {
 impl WgpuBackend {
     pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
         let gpu = Gpu::open(opts.allow_software)?;
-        let kernels = Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
+        let mut kernels =
+            Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
+        let mut coop_note = gpu.coop_note.clone();
+        if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
+            kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);
+            coop_note = "cooperative matrices emulated in plain WGSL (a test)".into();
+        }
+        if let Some(coop) = &kernels.linear_q4_mm_coop {
+            // An experimental wgpu feature: used only where its product is right.
+            match check_mm(&gpu, coop) {
+                Ok(e) if e < COOP_TOLERANCE => {
+                    coop_note = format!("{coop_note} (checked at load: {e:.1e} relative)");
+                }
+                Ok(e) => {
+                    kernels.linear_q4_mm_coop = None;
+                    coop_note = format!("no cooperative matrices: their product differed from the host's by {e:.1e} relative");
+                    tracing::warn!("wgpu: {coop_note}");
+                }
+                Err(e) => {
+                    kernels.linear_q4_mm_coop = None;
+                    coop_note = format!("no cooperative matrices: their check failed: {e:#}");
+                    tracing::warn!("wgpu: {coop_note}");
+                }
+            }
+        } else if gpu.coop {
+            coop_note = "no cooperative matrices: linear_q4_mm_coop did not compile".into();
+        }
         let model = upload_model(&gpu, weights, opts.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
         let scratch = Scratch::new(
@@ -112,7 +150,7 @@ impl WgpuBackend {
                 .unwrap_or(0)
         };
         tracing::info!(
-            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches",
+            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches; {coop_note}",
             describe_adapter(&gpu.info),
             model.bytes as f64 / 1e9,
             opts.chunk,
@@ -128,7 +166,28 @@ impl WgpuBackend {
             kernels,
             cfg: weights.config.clone(),
             gpu,
+            coop_note,
         })
+    }
+
+    /// The 4-bit product kernels against the host's product on random matrices
+    /// (`forward::check_mm`, `forward::check_rows`), relative L2 differences:
+    /// linear_q4_mm.wgsl's, linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's where it is in
+    /// use.
+    pub fn check_products(&self) -> Result<(f64, f64, Option<f64>)> {
+        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?;
+        let rows = check_rows(&self.gpu, &self.kernels)?;
+        let coop = match &self.kernels.linear_q4_mm_coop {
+            Some(k) => Some(check_mm(&self.gpu, k)?),
+            None => None,
+        };
+        Ok((fp32, rows, coop))
+    }
+
+    /// Whether prefill's 4-bit products run on cooperative matrices (linear_q4_mm_coop.wgsl),
+    /// and why or why not.
+    pub fn coop(&self) -> (bool, &str) {
+        (self.kernels.linear_q4_mm_coop.is_some(), &self.coop_note)
     }
 
     /// The adapter in use.

@@ -6,8 +6,8 @@
 use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
 
-use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
-use crate::kernels::Kernels;
+use crate::gpu::{grid_2d, Gpu, Kernel, Prepared, Recorder};
+use crate::kernels::{gqa_group, Kernels};
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
 };
@@ -22,6 +22,17 @@ const ARGMAX_PARTS: usize = 1024;
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT`) and rows per workgroup (its `RT`).
 const MM_TILE: usize = 16;
+/// Items per tile of linear_q4_mm_coop.wgsl (its `TT`; its rows per workgroup are `MM_ROWS`).
+const MM_TILE_COOP: usize = 32;
+
+/// Items per tile of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+fn mm_tile(kernel: &Kernel) -> usize {
+    if kernel.name == "linear_q4_mm_coop" {
+        MM_TILE_COOP
+    } else {
+        MM_TILE
+    }
+}
 const MM_ROWS: usize = 64;
 
 /// (head, token) pairs of attention below which the keys are split over several workgroups
@@ -70,6 +81,21 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
+/// Rows per workgroup of moe_down_rows.wgsl (its `RB`).
+const DOWN_RB: usize = 8;
+
+/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
+const ROWS_RB: usize = 16;
+
+/// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok` with 2,048 or 4,096
+/// columns, or `q8_ok` with 2,048 (each of its 64 invocations holds the inputs of one or two
+/// 16-byte words of a row).
+fn rows_ok(w: &GpuLinear, io: &Io) -> bool {
+    let q4 = q4_ok(w, io) && (w.cols == 2048 || w.cols == 4096);
+    let q8 = q8_ok(w, io) && w.cols == 2048;
+    (q4 || q8) && w.experts <= 1
+}
+
 /// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
 /// columns multiples of 16, inputs on 16-byte boundaries.
 fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
@@ -78,6 +104,272 @@ fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
         && w.cols.is_multiple_of(16)
         && io.x_off.is_multiple_of(4)
         && io.x_stride.is_multiple_of(4)
+}
+
+/// The tiled product for `w` (q4_ok holds): on cooperative matrices where the device has them
+/// and the columns are a multiple of 64 (linear_q4_mm_coop.wgsl's step), else linear_q4_mm.wgsl.
+/// Both take the same parameters, bindings and grid.
+fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
+    match &k.linear_q4_mm_coop {
+        Some(coop) if w.cols.is_multiple_of(64) => coop,
+        _ => &k.linear_q4_mm,
+    }
+}
+
+/// A tiled 4-bit product kernel (linear_q4_mm.wgsl or linear_q4_mm_coop.wgsl) against the
+/// host's product in f64, on a random 4-bit matrix (160 rows, the last workgroup partly filled;
+/// 512 columns in groups of 64; 40 items, the last tile of 8): the relative L2 difference. The
+/// cooperative kernel uses an experimental feature of wgpu, so the backend checks it this way
+/// before using it.
+pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
+    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
+    let m = RandomQ4::new(rows, cols, group, items);
+    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let z = items.div_ceil(mm_tile(kernel)) as u32;
+    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf))
+}
+
+/// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
+/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
+pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k)?;
+    let mut worst = 0f64;
+    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
+        let (rows, items) = (37usize, 2usize);
+        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+        let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+        let e = m.run(gpu, &k.linear_q4_rows, &[nx, ny, items as u32], nx, None)?;
+        worst = worst.max(e);
+    }
+    Ok(worst.max(glu))
+}
+
+/// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
+/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
+fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (rows, cols, items) = (37usize, 2048usize, 2usize);
+    let gate = RandomQ4::new(rows, cols, 64, items);
+    let mut up = RandomQ4::new(rows + 1, cols, 64, items);
+    // The same inputs and slice layout as gate: up's first `rows` rows, its offsets as gate's.
+    up.rows = rows;
+    let words = rows * cols / 8;
+    let mut data = up.data[..words * 4].to_vec();
+    let ng = rows * cols / 64;
+    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
+    data.extend_from_slice(&up.data[us..us + ng * 2]);
+    data.resize(gate.bias_off as usize * 2, 0);
+    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
+    let mut want_up = vec![0f64; items * rows];
+    for r in 0..rows {
+        // up's rows were generated for rows + 1 rows: recompute against gate's inputs.
+        for t in 0..items {
+            let mut acc = 0f64;
+            for c in 0..cols {
+                let word = u32::from_le_bytes(
+                    data[(r * cols + c) / 8 * 4..(r * cols + c) / 8 * 4 + 4]
+                        .try_into()
+                        .expect("4 bytes"),
+                );
+                let q = (word >> (4 * (c % 8))) & 15;
+                let g = r * (cols / 64) + c / 64;
+                let half = |at: usize| {
+                    let b = [data[at], data[at + 1]];
+                    f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64
+                };
+                let s = half(gate.scale_off as usize * 2 + g * 2);
+                let b = half(gate.bias_off as usize * 2 + g * 2);
+                acc += (q as f64 * s + b) * gate.x[t * cols + c] as f64;
+            }
+            want_up[t * rows + r] = acc;
+        }
+    }
+    let wg = gpu.upload("check.gate", &gate.data)?;
+    let wu = gpu.upload("check.up", &data)?;
+    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+    let ids = gpu.storage("check.ids", 16)?;
+    let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+    let params: [u32; 18] = [
+        rows as u32,
+        cols as u32,
+        4,
+        64,
+        0,
+        cols as u32,
+        0,
+        rows as u32,
+        0,
+        gate.scale_off,
+        gate.bias_off,
+        0,
+        0,
+        0,
+        1,
+        (rows * cols / 8) as u32,
+        nx,
+        0,
+    ];
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        &k.linear_q4_glu_rows,
+        &params,
+        &[&wg, &xbuf, &ybuf, &ids, &wu],
+        [nx, ny, items as u32],
+    );
+    r.submit()?;
+    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..items * rows {
+        let want = silu(gate.want[i]) * want_up[i];
+        if !got[i].is_finite() {
+            return Ok(f64::INFINITY);
+        }
+        num += (got[i] as f64 - want).powi(2);
+        den += want.powi(2);
+    }
+    Ok((num / den.max(1e-30)).sqrt())
+}
+
+/// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
+/// random inputs for `items` items, and the host's product in f64.
+struct RandomQ4 {
+    bits: usize,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    items: usize,
+    data: Vec<u8>,
+    scale_off: u32,
+    bias_off: u32,
+    x: Vec<f32>,
+    want: Vec<f64>,
+}
+
+impl RandomQ4 {
+    fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        RandomQ4::with_bits(4, rows, cols, group, items)
+    }
+
+    fn with_bits(bits: usize, rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols + bits) as u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        // bf16 (truncated) and its value.
+        let bf16 = |v: f32| {
+            let h = (v.to_bits() >> 16) as u16;
+            (h, f32::from_bits((h as u32) << 16))
+        };
+        let per = 32 / bits;
+        let words: Vec<u32> = (0..rows * cols / per).map(|_| next() as u32).collect();
+        let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let scale_off = (data.len() / 2) as u32;
+        let ngroups = rows * cols / group;
+        let mut scales = Vec::with_capacity(ngroups);
+        for _ in 0..ngroups {
+            let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
+            scales.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        data.resize(data.len().div_ceil(4) * 4, 0);
+        let bias_off = (data.len() / 2) as u32;
+        let mut biases = Vec::with_capacity(ngroups);
+        for s in &scales {
+            let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+            biases.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        let x: Vec<f32> = (0..items * cols)
+            .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
+            .collect();
+        let mut want = vec![0f64; items * rows];
+        for r in 0..rows {
+            let w: Vec<f64> = (0..cols)
+                .map(|k| {
+                    let q = (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
+                    let g = r * (cols / group) + k / group;
+                    q as f64 * scales[g] as f64 + biases[g] as f64
+                })
+                .collect();
+            for t in 0..items {
+                let xt = &x[t * cols..(t + 1) * cols];
+                want[t * rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
+            }
+        }
+        RandomQ4 {
+            bits,
+            rows,
+            cols,
+            group,
+            items,
+            data,
+            scale_off,
+            bias_off,
+            x,
+            want,
+        }
+    }
+
+    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: the relative L2
+    /// difference of its output from the host's. `fourth`: the fourth binding, where the kernel
+    /// has one.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: &[u32; 3],
+        nx: u32,
+        fourth: Option<&wgpu::Buffer>,
+    ) -> Result<f64> {
+        let (rows, cols, items) = (self.rows, self.cols, self.items);
+        let wbuf = gpu.upload("check.w", &self.data)?;
+        let xbuf = gpu.upload_f32("check.x", &self.x)?;
+        let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+        let params: [u32; 21] = [
+            rows as u32,
+            cols as u32,
+            self.bits as u32,
+            self.group as u32,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            self.scale_off,
+            self.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols * self.bits / 32) as u32,
+            nx,
+            0,
+            items as u32,
+            0,
+            0,
+        ];
+        let mut bufs = vec![&wbuf, &xbuf, &ybuf];
+        bufs.extend(fourth);
+        let mut r = Recorder::new(gpu);
+        r.dispatch(kernel, &params, &bufs, *grid);
+        r.submit()?;
+        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(&self.want) {
+            if !g.is_finite() {
+                return Ok(f64::INFINITY);
+            }
+            num += (*g as f64 - w).powi(2);
+            den += w.powi(2);
+        }
+        Ok((num / den.max(1e-30)).sqrt())
+    }
 }
 
 /// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
@@ -712,8 +1004,23 @@ impl<'a> Forward<'a> {
         // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
         let q4 = q4_ok(w, &io);
         let mm = q4 && experts.is_none() && io.items > 1;
+        if !mm && experts.is_none() && rows_ok(w, &io) {
+            // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
+            for sl in &w.slices {
+                let (nx, ny) = grid_2d(sl.count.div_ceil(ROWS_RB));
+                let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
+                r.dispatch_as(
+                    label,
+                    &self.k.linear_q4_rows,
+                    &params[..18],
+                    &[&sl.buf, io.x, io.y],
+                    [nx, ny, io.items as u32],
+                );
+            }
+            return;
+        }
         let kernel = if mm {
-            &self.k.linear_q4_mm
+            mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {
             &self.k.linear_q4
         } else {
@@ -728,7 +1035,7 @@ impl<'a> Forward<'a> {
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
             let z = if mm {
-                io.items.div_ceil(MM_TILE)
+                io.items.div_ceil(mm_tile(kernel))
             } else {
                 io.items
             };
@@ -756,24 +1063,34 @@ impl<'a> Forward<'a> {
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
-        let (nx, ny) = grid_2d(rows.div_ceil(LINEAR_ROWS));
+        // linear_q4_glu_rows.wgsl (input once per workgroup, 16 rows streamed) for 2,048
+        // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
+        let (kernel, per) = if gate.cols == 2048 && gate.mat_words.is_multiple_of(4) {
+            (&self.k.linear_q4_glu_rows, ROWS_RB)
+        } else {
+            (&self.k.linear_q4_glu, LINEAR_ROWS)
+        };
+        let (nx, ny) = grid_2d(rows.div_ceil(per));
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         r.dispatch_as(
             label,
-            &self.k.linear_q4_glu,
+            kernel,
             &params,
             &[&sg.buf, io.x, io.y, &self.s.ids, &su.buf],
             [nx, ny, io.items as u32],
         );
     }
 
-    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl: the tiles moe_group.wgsl
-    /// listed, dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    /// Routed experts of a prefill chunk through `kernel` (linear_q4_mm or linear_q4_mm_coop,
+    /// the one whose tile size moe_group.wgsl was given): the tiles moe_group.wgsl listed,
+    /// dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    #[allow(clippy::too_many_arguments)]
     fn experts_mm(
         &self,
         r: &mut Recorder<'a>,
         label: &'static str,
+        kernel: &'a Kernel,
         w: &'a GpuLinear,
         io: Io<'a>,
         x_div: usize,
@@ -797,7 +1114,7 @@ impl<'a> Forward<'a> {
             );
             r.dispatch_indirect(
                 label,
-                &self.k.linear_q4_mm,
+                kernel,
                 &params,
                 &[&sl.buf, io.x, io.y, &s.groups],
                 &s.groups,
@@ -836,8 +1153,14 @@ impl<'a> Forward<'a> {
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
         let (nsplit, span) = attention_splits(hq * t, pos0 + t);
+        // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
+        // them), where the shapes allow; the same parameters, bindings and partials.
+        let (kernel, heads) = match gqa_group(c) {
+            Some(_) => (&self.k.attend_gqa, hkv),
+            None => (&self.k.attend, hq),
+        };
         r.dispatch(
-            &self.k.attend,
+            kernel,
             &[
                 hq as u32,
                 hkv as u32,
@@ -849,7 +1172,7 @@ impl<'a> Forward<'a> {
                 stride as u32,
             ],
             &[&s.q, &s.attn_proj, kc, vc, &s.o, &s.attn_part],
-            [hq as u32, t as u32, nsplit as u32],
+            [heads as u32, t as u32, nsplit as u32],
         );
         if nsplit > 1 {
             r.dispatch(
@@ -1009,13 +1332,25 @@ impl<'a> Forward<'a> {
         // per tile of its tokens (linear_q4_mm.wgsl), when all three matrices allow it.
         let grouped =
             t > 1 && q4_ok(&m.gate, &gate_io) && q4_ok(&m.up, &up_io) && q4_ok(&m.down, &down_io);
+        // One kernel for the three (their tiles are one list): the cooperative one where it
+        // takes all three.
+        let ek = match &self.k.linear_q4_mm_coop {
+            Some(coop)
+                if [&m.gate, &m.up, &m.down]
+                    .iter()
+                    .all(|w| w.cols.is_multiple_of(64)) =>
+            {
+                coop
+            }
+            _ => &self.k.linear_q4_mm,
+        };
         if grouped {
             r.dispatch(
                 &self.k.moe_group,
                 &[
                     tk as u32,
                     (e + stacked as usize) as u32,
-                    MM_TILE as u32,
+                    mm_tile(ek) as u32,
                     i.div_ceil(MM_ROWS) as u32,
                     h.div_ceil(MM_ROWS) as u32,
                     s.tiles_at as u32,
@@ -1024,8 +1359,8 @@ impl<'a> Forward<'a> {
                 &[&s.ids, &s.groups],
                 [1, 1, 1],
             );
-            self.experts_mm(r, "lin.experts.gate", &m.gate, gate_io, ks, 0);
-            self.experts_mm(r, "lin.experts.up", &m.up, up_io, ks, 0);
+            self.experts_mm(r, "lin.experts.gate", ek, &m.gate, gate_io, ks, 0);
+            self.experts_mm(r, "lin.experts.up", ek, &m.up, up_io, ks, 0);
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
         } else if glu_ok(&m.gate, &m.up, &gate_io) {
             // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
@@ -1060,10 +1395,18 @@ impl<'a> Forward<'a> {
             // A decode step: every item's down projection and the weighted sum into the
             // residual at once.
             let de = &m.down.slices[0];
-            let (nx, ny) = grid_2d(h.div_ceil(LINEAR_ROWS));
+            // moe_down_rows.wgsl where a row's quads divide 64 (512 columns: 16), else
+            // moe_down.wgsl.
+            let quads = i / 32;
+            let (kernel, per) = if quads > 0 && 64 % quads == 0 {
+                (&self.k.moe_down_rows, DOWN_RB)
+            } else {
+                (&self.k.moe_down, LINEAR_ROWS)
+            };
+            let (nx, ny) = grid_2d(h.div_ceil(per));
             r.dispatch_as(
                 "moe_down",
-                &self.k.moe_down,
+                kernel,
                 &[
                     h as u32,
                     i as u32,
@@ -1078,7 +1421,7 @@ impl<'a> Forward<'a> {
             return;
         }
         if grouped {
-            self.experts_mm(r, "lin.experts.down", &m.down, down_io, 1, 16);
+            self.experts_mm(r, "lin.experts.down", ek, &m.down, down_io, 1, 16);
         } else {
             self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
         }

@@ -19,6 +19,10 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether GPU timestamps were enabled (for `LILY_PROFILE=1`, where the adapter has them).
     pub timestamps: bool,
+    /// Whether cooperative matrices (16 × 16 × 16, f16 products into f32) were enabled for
+    /// linear_q4_mm_coop.wgsl, and why or why not (`coop_support`).
+    pub coop: bool,
+    pub coop_note: String,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -84,6 +88,40 @@ pub fn describe_adapter(info: &wgpu::AdapterInfo) -> String {
     )
 }
 
+/// Whether linear_q4_mm_coop.wgsl can run on `adapter`: cooperative matrices with a
+/// 16 × 16 × 16 configuration of f16 products into f32, f16 in shaders, and subgroups of exactly
+/// 32 lanes (the kernel gives each of its two subgroups 32 rows). `LILY_WGPU_COOP=0` turns it
+/// off (to compare with linear_q4_mm.wgsl). Err says why not.
+fn coop_support(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Result<(), String> {
+    if std::env::var("LILY_WGPU_COOP").is_ok_and(|v| v == "0") {
+        return Err("turned off by LILY_WGPU_COOP=0".into());
+    }
+    let f = adapter.features();
+    if !f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Err("the adapter has none".into());
+    }
+    if !f.contains(wgpu::Features::SHADER_F16) {
+        return Err("the adapter has no f16 in shaders".into());
+    }
+    if info.subgroup_min_size != 32 || info.subgroup_max_size != 32 {
+        return Err(format!(
+            "subgroups of {}..{} lanes (the kernel wants exactly 32)",
+            info.subgroup_min_size, info.subgroup_max_size
+        ));
+    }
+    let found = adapter.cooperative_matrix_properties().iter().any(|p| {
+        p.m_size == 16
+            && p.n_size == 16
+            && p.k_size == 16
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    if !found {
+        return Err("no 16x16x16 configuration of f16 products into f32".into());
+    }
+    Ok(())
+}
+
 impl Gpu {
     /// The best adapter (discrete, integrated, virtual, then software such as lavapipe), or the
     /// first whose name contains `$LILY_WGPU_ADAPTER`. `allow_software`: whether a CPU adapter
@@ -120,15 +158,34 @@ impl Gpu {
         } else {
             "no timestamp queries here: host wall time, one submission per dispatch"
         });
-        let required_features = if timestamps {
+        let mut required_features = if timestamps {
             wgpu::Features::TIMESTAMP_QUERY
         } else {
             wgpu::Features::empty()
+        };
+        let coop_check = coop_support(&adapter, &info);
+        let coop = coop_check.is_ok();
+        let coop_note = match coop_check {
+            Ok(()) => "cooperative matrices 16x16x16 f16 -> f32 for prefill products".to_string(),
+            Err(why) => format!("no cooperative matrices: {why}"),
+        };
+        if coop {
+            required_features |=
+                wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let experimental_features = if coop {
+            // SAFETY: wgpu marks cooperative matrices experimental (its implementation may
+            // still have bugs). Only linear_q4_mm_coop.wgsl uses them, and the backend checks
+            // its results against linear_q4_mm.wgsl at load before using it (forward.rs).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
             required_features,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("opening {}", describe_adapter(&info)))?;
@@ -146,6 +203,8 @@ impl Gpu {
             info,
             limits,
             timestamps,
+            coop,
+            coop_note,
             error,
             binder: Mutex::new(Binder::default()),
         })
@@ -331,7 +390,12 @@ impl Kernel {
         checked: bool,
         constants: &[(&str, f64)],
     ) -> Result<Kernel> {
-        let code = format!("{common}\n{source}");
+        // `enable` directives must come first in a module: those of the kernel go before the
+        // shared helpers.
+        let (enables, body): (Vec<&str>, Vec<&str>) = source
+            .lines()
+            .partition(|l| l.trim_start().starts_with("enable "));
+        let code = format!("{}\n{common}\n{}", enables.join("\n"), body.join("\n"));
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),

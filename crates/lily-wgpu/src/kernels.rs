@@ -1,7 +1,7 @@
 //! The WGSL kernels (shaders/wgsl/, one entry point per file, named after it), compiled once per
 //! device with shaders/wgsl/common.wgsl in front.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
 use crate::gpu::{Gpu, Kernel};
@@ -12,6 +12,9 @@ macro_rules! kernels {
     ($($name:ident),* $(,)?) => {
         pub struct Kernels {
             $(pub $name: Kernel,)*
+            /// linear_q4_mm.wgsl on cooperative matrices, where the device has them
+            /// (`Gpu::coop`) and its check at load passed (backend.rs).
+            pub linear_q4_mm_coop: Option<Kernel>,
         }
 
         impl Kernels {
@@ -29,6 +32,22 @@ macro_rules! kernels {
                         checked,
                         &constants(stringify!($name), c, stacked),
                     )?,)*
+                    // An experimental feature of wgpu: where it does not compile, the
+                    // products stay on linear_q4_mm.
+                    linear_q4_mm_coop: if gpu.coop {
+                        Kernel::new(
+                            gpu,
+                            "linear_q4_mm_coop",
+                            COMMON,
+                            include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl"),
+                            checked,
+                            &[],
+                        )
+                        .map_err(|e| tracing::warn!("wgpu: linear_q4_mm_coop not used: {e:#}"))
+                        .ok()
+                    } else {
+                        None
+                    },
                 })
             }
         }
@@ -38,14 +57,17 @@ macro_rules! kernels {
 kernels!(
     linear,
     linear_q4,
+    linear_q4_rows,
     linear_q4_mm,
     linear_q4_glu,
+    linear_q4_glu_rows,
     moe_group,
     embed,
     rms_norm,
     gated_norm,
     attn_prep,
     attend,
+    attend_gqa,
     attend_merge,
     dn_conv,
     dn_qk_norm,
@@ -56,6 +78,7 @@ kernels!(
     swiglu,
     moe_combine,
     moe_down,
+    moe_down_rows,
     argmax_part,
     argmax_final,
     sample_adjust,
@@ -63,15 +86,173 @@ kernels!(
     sample_pick,
 );
 
+/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 16 (its
+/// blocks of 256 / G keys), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
+pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
+    let g = c.n_heads / c.n_kv_heads.max(1);
+    (c.n_kv_heads > 0
+        && c.n_heads.is_multiple_of(c.n_kv_heads)
+        && g.is_power_of_two()
+        && g <= 16
+        && c.head_dim.is_multiple_of(4)
+        && c.head_dim <= 256)
+        .then_some(g)
+}
+
 /// The `override` constants of kernel `name` for model `c`.
 fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f64)> {
     match name {
         "dn_recur" | "dn_recur_norm" => vec![("DK", c.dn_k_dim as f64)],
         "attend" => vec![("D", c.head_dim as f64)],
-        "moe_down" => vec![
+        "attend_gqa" => vec![
+            ("D", c.head_dim as f64),
+            ("G", gqa_group(c).unwrap_or(1) as f64),
+        ],
+        "moe_down" | "moe_down_rows" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
         ],
         _ => Vec::new(),
     }
 }
+
+/// linear_q4_mm_coop.wgsl with its cooperative-matrix operations done in plain WGSL (f32
+/// throughout; each invocation of a 32-invocation group holds 8 of a 16 × 16 accumulator's
+/// elements), for adapters without them (lavapipe in CI): tests its tiling, dequantisation,
+/// bias terms, expert tiles and output against the CPU (`WgpuOptions::emulate_coop`). The
+/// operations' own semantics (row- and column-major loads and stores, multiply-add) are
+/// SPV_KHR_cooperative_matrix's as the emulation reads them; on real hardware they are checked
+/// at load (forward::check_mm).
+pub fn coop_emulated_source() -> Result<String> {
+    let src = include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl");
+    let mut out = String::new();
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        if code.trim_start().starts_with("enable ") {
+            continue;
+        }
+        out += &emulate_line(code)?;
+        out.push('\n');
+    }
+    out += COOP_EMULATION;
+    for word in [
+        "coop_mat",
+        "coopLoad",
+        "coopStore",
+        "coopMultiplyAdd",
+        "<f16",
+        "f16>",
+    ] {
+        if out.contains(word) {
+            bail!("linear_q4_mm_coop.wgsl uses {word} in a form the emulation does not rewrite");
+        }
+    }
+    Ok(out)
+}
+
+/// The kernel of `coop_emulated_source`, named linear_q4_mm_coop.
+pub fn coop_emulated(gpu: &Gpu, checked: bool) -> Result<Kernel> {
+    Kernel::new(
+        gpu,
+        "linear_q4_mm_coop",
+        COMMON,
+        &coop_emulated_source()?,
+        checked,
+        &[],
+    )
+}
+
+/// One line of linear_q4_mm_coop.wgsl for `coop_emulated_source`: a matrix operand becomes its
+/// element offset in shared memory, an accumulator 8 f32 per invocation.
+fn emulate_line(line: &str) -> Result<String> {
+    let l = line
+        .trim_end()
+        .replace("coop_mat16x16<f32, C>()", "array<f32, 8>()")
+        .replace("vec4<f16>", "vec4<f32>")
+        .replace("array<f16,", "array<f32,");
+    // let NAME = coopLoad<coop_mat16x16<f16, ROLE>>(&ARR[OFF], STRIDE);
+    if let Some(i) = l.find("coopLoad") {
+        let lhs = &l[..i];
+        let rest = &l[i..];
+        let arr_at = rest.find("(&").map(|p| p + 2).unwrap_or(0);
+        let open = rest[arr_at..].find('[').map(|p| p + arr_at).unwrap_or(0);
+        let close = rest.rfind("],").unwrap_or(0);
+        let arr = &rest[arr_at..open];
+        let off = &rest[open + 1..close];
+        // What emu_mma reads: A row-major, B column-major, both with stride WS.
+        let layout_ok = if rest.contains("f16, A>") {
+            rest.starts_with("coopLoadT<")
+        } else {
+            rest.starts_with("coopLoad<") && rest.contains("f16, B>")
+        };
+        if !layout_ok || !rest.ends_with("], WS);") {
+            bail!("a cooperative load the emulation does not take: {line}");
+        }
+        // The array rides in the offset's top bits: 0 ws, 1 xh, 2 xl.
+        let tag = match arr {
+            "ws" => 0,
+            "xh" => 1,
+            _ => 2,
+        };
+        return Ok(format!("{lhs}(({off}) | ({tag}u << 28u));"));
+    }
+    if let Some(i) = l.find("coopMultiplyAdd(") {
+        let args = &l[i + "coopMultiplyAdd(".len()..l.rfind(");").unwrap_or(l.len())];
+        return Ok(format!("{}emu_mma({args}, lid);", &l[..i]));
+    }
+    if let Some(i) = l.find("coopStore(") {
+        // coopStore(C, &cs[OFF], 64u): column-major, stride 64, as emu_store writes.
+        let rest = &l[i..];
+        if !rest.ends_with("], 64u);") || !rest.contains("&cs[") {
+            bail!("a cooperative store the emulation does not take: {line}");
+        }
+        let name = &rest["coopStore(".len()..rest.find(',').unwrap_or(0)];
+        let open = rest.find('[').unwrap_or(0);
+        let close = rest.rfind("],").unwrap_or(0);
+        return Ok(format!(
+            "{}emu_store({name}, {}, lid);",
+            &l[..i],
+            &rest[open + 1..close]
+        ));
+    }
+    Ok(l)
+}
+
+const COOP_EMULATION: &str = r#"
+fn emu_at(tagged: u32, i: u32) -> f32 {
+    let tag = tagged >> 28u;
+    let o = (tagged & 0x0fffffffu) + i;
+    if (tag == 0u) {
+        return ws[o];
+    }
+    if (tag == 1u) {
+        return xh[o];
+    }
+    return xl[o];
+}
+
+// c += a · b for the 8 elements (i, j) = divmod((lid % 32) · 8 + e, 16) this invocation holds:
+// a row-major (element (i, k) at a + i·WS + k), b column-major (element (k, j) at b + j·WS + k).
+fn emu_mma(a: u32, b: u32, c: array<f32, 8>, lid: u32) -> array<f32, 8> {
+    var r = c;
+    for (var e = 0u; e < 8u; e++) {
+        let idx = (lid % 32u) * 8u + e;
+        let i = idx / 16u;
+        let j = idx % 16u;
+        var s = 0.0;
+        for (var k = 0u; k < 16u; k++) {
+            s += emu_at(a, i * WS + k) * emu_at(b, j * WS + k);
+        }
+        r[e] += s;
+    }
+    return r;
+}
+
+// Column-major with stride 64: element (i, j) at cs[base + i + 64·j].
+fn emu_store(c: array<f32, 8>, base: u32, lid: u32) {
+    for (var e = 0u; e < 8u; e++) {
+        let idx = (lid % 32u) * 8u + e;
+        cs[base + idx / 16u + 64u * (idx % 16u)] = c[e];
+    }
+}
+"#;

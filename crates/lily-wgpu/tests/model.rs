@@ -141,6 +141,79 @@ fn logits_match_cpu_on_small_mlx() {
     logits_match_cpu(synth_model(Preset::Small, SynthFormat::Mlx, 13), 24, 8);
 }
 
+/// The 4-bit product kernels on shapes the small presets do not reach, against the host's f64
+/// product on random matrices: linear_q4_mm.wgsl (160 rows, 512 columns, 40 items) and
+/// linear_q4_rows.wgsl (decode's kernel for 2,048 and 4,096 columns; 37 rows, 2 items).
+#[test]
+fn product_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
+    let Some(gpu) = wgpu_backend(&w, 16) else {
+        return;
+    };
+    let (fp32, rows, coop) = gpu.check_products().unwrap();
+    println!(
+        "4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}, cooperative {coop:?}"
+    );
+    assert!(
+        fp32 < 1e-5,
+        "linear_q4_mm differs from the host by {fp32:.2e}"
+    );
+    assert!(
+        rows < 1e-5,
+        "linear_q4_rows differs from the host by {rows:.2e}"
+    );
+}
+
+/// Prefill's 4-bit products on cooperative matrices (linear_q4_mm_coop.wgsl: f16 tensor-core
+/// products into f32), where the adapter has them (NVIDIA through Vulkan): teacher-forced logits
+/// against the CPU over 160 positions in chunks of 48, and greedy tokens after them. Skipped,
+/// saying why, elsewhere (lavapipe has no cooperative matrices; CI runs linear_q4_mm.wgsl).
+#[test]
+fn cooperative_matrix_prefill_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 19);
+    let Some(gpu) = wgpu_backend(&w, 48) else {
+        return;
+    };
+    let (_, _, coop) = gpu.check_products().unwrap();
+    let (on, note) = gpu.coop();
+    if !on {
+        println!("SKIPPED: prefill products not on cooperative matrices here: {note}");
+        return;
+    }
+    println!("{note}");
+    let coop = coop.expect("in use, so checked");
+    assert!(
+        coop < 1e-3,
+        "linear_q4_mm_coop differs from the host by {coop:.2e}"
+    );
+    drop(gpu);
+    logits_match_cpu(w.clone(), 160, 48);
+    let tokens = Rng(7).tokens(200, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(220).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let Some(mut gpu) = wgpu_backend(&w, 48) else {
+        return;
+    };
+    let gs = gpu.new_seq(220).unwrap();
+    gpu.prefill(gs, &tokens).unwrap();
+    let run = |b: &mut dyn Backend, s| {
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let mut out = Vec::new();
+        b.decode(s, &mut sampler, 8, 0, &mut |step| {
+            out.push(step.token);
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    assert_eq!(
+        run(&mut gpu, gs),
+        run(&mut cpu, cs),
+        "greedy tokens after 200 positions"
+    );
+}
+
 /// Long chunks (128 tokens: 32 routed items per expert on `tiny`, so several tiles of
 /// linear_q4_mm per expert) and decode steps whose attention is split over the keys
 /// (attend_merge), against the CPU: the last prompt position's logits, then 8 greedy tokens.

@@ -1,0 +1,118 @@
+//! linear_q4_mm_coop.wgsl (prefill's 4-bit products on cooperative matrices) on an adapter
+//! without cooperative matrices: its operations emulated in plain WGSL. A test binary of its own
+//! so that lavapipe runs it alone (beside model.rs's tests it ran ≈ 50× slower). Without any
+//! adapter it is skipped with a message, except under CI=true.
+
+use std::sync::Arc;
+
+use lily_core::backend::Backend;
+use lily_core::checkpoint::{self, LoadOptions};
+use lily_core::cpu::CpuBackend;
+use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
+use lily_core::weights::ModelWeights;
+use lily_wgpu::{WgpuBackend, WgpuOptions};
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.below(vocab) as u32).collect()
+    }
+}
+
+fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
+    let dir = std::env::temp_dir().join(format!(
+        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    synth(&SynthOptions {
+        preset,
+        format,
+        seed,
+        out: dir.clone(),
+        tokenizer: None,
+        layers: None,
+    })
+    .unwrap();
+    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(w)
+}
+
+fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::new(w, opts) {
+        Ok(b) => {
+            println!("adapter: {}", lily_wgpu::describe_adapter(b.adapter()));
+            Some(b)
+        }
+        Err(e) => {
+            let ci = matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"));
+            if ci {
+                panic!("CI needs a wgpu adapter (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1): {e:#}");
+            }
+            println!("SKIPPED: no usable wgpu adapter here: {e:#}");
+            None
+        }
+    }
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("element {i} is {}", got[i]);
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += ((g - w) as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// linear_q4_mm_coop.wgsl's own logic (tiles, dequantisation, the input's two parts, bias
+/// terms, expert tiles, accumulation, output) on any adapter: its cooperative-matrix operations
+/// emulated in plain WGSL (`WgpuOptions::emulate_coop`), teacher-forced logits against the CPU
+/// over 40 positions in one chunk (plain tiles and routed-expert tiles of up to 16 items).
+#[test]
+fn cooperative_kernel_logic_matches_cpu_emulated() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let positions = 40;
+    let tokens = Rng(3).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
+    let cs = cpu.new_seq(positions + 4).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let Some(mut gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 40,
+            all_logits_chunk: 40,
+            emulate_coop: true,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let (on, note) = gpu.coop();
+    println!("{note}");
+    assert!(on, "the cooperative kernel is in use");
+    let (_, _, coop) = gpu.check_products().unwrap();
+    let coop = coop.expect("in use");
+    println!("linear_q4_mm_coop (emulated) vs the host's product: {coop:.2e}");
+    assert!(
+        coop < 1e-5,
+        "emulated linear_q4_mm_coop differs from the host by {coop:.2e}"
+    );
+    let gs = gpu.new_seq(positions + 4).unwrap();
+    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+    let e = rel_l2(&got, &want);
+    println!("logits rel_l2 {e:.3e} over {positions} positions");
+    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+}

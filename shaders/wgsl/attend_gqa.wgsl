@@ -1,0 +1,143 @@
+// attend.wgsl with the query heads of one KV head together: one workgroup of 256 per (KV head,
+// token, split of the keys) computes all G = hq / hkv query heads that read that KV head, so each
+// cached K and V row is read once per workgroup instead of once per query head (main's profile on
+// the H200, prefill at 4K: attend 5.5 ms a layer per 512-token chunk, reading ≈ 34 GB of K and V).
+// Same parameters, bindings, partials and output as attend.wgsl (attend_merge.wgsl combines the
+// splits). The host uses it where G is a power of two ≤ 16 and D ≤ 256 (forward.rs).
+//
+// Per block of KB = 256 / G keys: invocation (g, j) = (lid / KB, lid % KB) scores key j against
+// query head g (D-long dot product, q from shared memory); the block's max per head by a tree in
+// shared memory; the online-softmax weights p; then invocation c accumulates dimension c of all G
+// heads' outputs over the block's keys (each V element read once, used G times).
+
+struct P {
+    hq: u32,
+    hkv: u32,
+    d: u32,
+    pos0: u32,
+    scale: f32,
+    nsplit: u32,
+    span: u32,     // keys per split, a multiple of 64
+    qg_stride: u32, // row stride of QG (the joint projection; gate of head h at h·2D + D)
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> QG: array<f32>;
+@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> Vc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+// [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
+@group(0) @binding(6) var<storage, read_write> Part: array<f32>;
+
+// The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/kernels.rs).
+override D: u32 = 256u;
+override G: u32 = 8u;
+
+const GMAX: u32 = 16u;
+
+// qs[g · D/4 + c]: query head g of the group; sc: the block's scores, then the tree's maxima;
+// pr: the block's weights exp(s − m).
+var<workgroup> qs: array<vec4<f32>, 1024>;
+var<workgroup> sc: array<f32, 256>;
+var<workgroup> pr: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let kvh = wid.x;
+    let t = wid.y;
+    let split = wid.z;
+    let d4 = D / 4u;
+    let kbn = 256u / G;
+    for (var i = lid; i < G * d4; i += 256u) {
+        let g = i / d4;
+        let c = i % d4;
+        qs[i] = Q[(t * p.hq + kvh * G + g) * d4 + c];
+    }
+    workgroupBarrier();
+    let n = p.pos0 + t + 1u;
+    let k0 = split * p.span;
+    let k1 = min(n, k0 + p.span);
+    let sg = lid / kbn;
+    let sj = lid % kbn;
+    var m = array<f32, GMAX>();
+    var l = array<f32, GMAX>();
+    var acc = array<f32, GMAX>();
+    for (var g = 0u; g < G; g++) {
+        m[g] = NEG_BIG;
+    }
+    for (var kb = k0; kb < k1; kb += kbn) {
+        let j = kb + sj;
+        var s = NEG_BIG;
+        if (j < k1) {
+            let kbase = (j * p.hkv + kvh) * d4;
+            let qb = sg * d4;
+            var dot4 = vec4<f32>(0.0);
+            for (var c = 0u; c < d4; c++) {
+                dot4 += qs[qb + c] * Kc[kbase + c];
+            }
+            s = (dot4.x + dot4.y + dot4.z + dot4.w) * p.scale;
+        }
+        sc[lid] = s;
+        workgroupBarrier();
+        for (var st = kbn / 2u; st > 0u; st = st >> 1u) {
+            if (sj < st) {
+                sc[lid] = max(sc[lid], sc[lid + st]);
+            }
+            workgroupBarrier();
+        }
+        // Every invocation: each head's new running max and the old sums' correction.
+        var corr = array<f32, GMAX>();
+        for (var g = 0u; g < G; g++) {
+            let mn = max(m[g], sc[g * kbn]);
+            corr[g] = exp(m[g] - mn);
+            m[g] = mn;
+        }
+        var pj = 0.0;
+        if (j < k1) {
+            pj = exp(s - m[sg]);
+        }
+        pr[lid] = pj;
+        workgroupBarrier();
+        let c = lid;
+        for (var g = 0u; g < G; g++) {
+            acc[g] *= corr[g];
+            l[g] *= corr[g];
+        }
+        // Constant bounds (kbn, G: override constants) so the V reads can issue together.
+        let cnt = min(kbn, k1 - kb);
+        for (var jj = 0u; jj < kbn; jj++) {
+            if (jj < cnt) {
+                var v = 0.0;
+                if (c < D) {
+                    v = Vc[((kb + jj) * p.hkv + kvh) * D + c];
+                }
+                for (var g = 0u; g < G; g++) {
+                    let w = pr[g * kbn + jj];
+                    acc[g] += w * v;
+                    l[g] += w;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    let c = lid;
+    if (c >= D) {
+        return;
+    }
+    for (var g = 0u; g < G; g++) {
+        let h = kvh * G + g;
+        let row = t * p.hq + h;
+        if (p.nsplit == 1u) {
+            let gate = QG[t * p.qg_stride + h * 2u * D + D + c];
+            O[row * D + c] = acc[g] / l[g] * sigmoid(gate);
+        } else {
+            let pb = (row * p.nsplit + split) * (D + 2u);
+            Part[pb + c] = acc[g];
+            if (c == 0u) {
+                Part[pb + D] = m[g];
+                Part[pb + D + 1u] = l[g];
+            }
+        }
+    }
+}

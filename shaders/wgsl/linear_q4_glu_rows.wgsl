@@ -1,0 +1,139 @@
+// act = silu(Wg x) ⊙ (Wu x) for 2,048 input columns (decode's experts and shared expert), as
+// linear_q4_rows.wgsl streams rows: the input read once per workgroup (invocation `lane` of 64
+// holds quad `lane`, 32 columns, and its sum), then RB = 16 rows of both matrices of the item's
+// expert, 8 rows' 16-byte reads of each in flight at a time, consecutive invocations reading
+// consecutive 16 bytes of a row. Same parameters, bindings and grid (with RB rows a workgroup)
+// as linear_q4_glu.wgsl: plain matrices or routed experts (item z: token z / x_div, expert
+// ids[z]). main's profile on the H200 (c7ee898): linear_q4_glu 24.8 µs a call for 9 experts'
+// 9.4 MB (≈ 380 GB/s). The host checks the shapes (forward.rs `glu_rows_ok`).
+
+struct P {
+    rows: u32,
+    cols: u32,
+    bits: u32,
+    group: u32,
+    row0: u32,
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,
+    e_count: u32,
+    x_div: u32,
+    mat_words: u32,
+    nwx: u32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
+
+const RB: u32 = 16u;   // rows per workgroup (ROWS_RB on the host)
+
+var<workgroup> wg_expert: u32;
+// part[r · 65 + lane], part_u: row r's partial sums of gate and up from invocation `lane`.
+var<workgroup> part: array<f32, 1040>;
+var<workgroup> part_u: array<f32, 1040>;
+
+fn w_half4(i: u32) -> f32 {
+    return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+fn u_half4(i: u32) -> f32 {
+    return bf16_at(Wu[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+@compute @workgroup_size(64)
+fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let block = wid.x + wid.y * p.nwx;
+    let item = wid.z;
+    let r0 = block * RB;
+    if (r0 >= p.rows) {
+        return;
+    }
+    var slot = 0u;
+    var xrow = item;
+    if (p.expert_mode != 0u) {
+        if (lid == 0u) {
+            wg_expert = ids[item];
+        }
+        let e = workgroupUniformLoad(&wg_expert);
+        if (e < p.e0 || e >= p.e0 + p.e_count) {
+            return;
+        }
+        slot = e - p.e0;
+        xrow = item / p.x_div;
+    }
+    let quads = p.cols / 32u;            // 64
+    let groups = p.cols / p.group;
+    let xb = (p.x_off + xrow * p.x_stride) / 4u + lid * 8u;
+    let x0 = X[xb];
+    let x1 = X[xb + 1u];
+    let x2 = X[xb + 2u];
+    let x3 = X[xb + 3u];
+    let x4 = X[xb + 4u];
+    let x5 = X[xb + 5u];
+    let x6 = X[xb + 6u];
+    let x7 = X[xb + 7u];
+    let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
+    let g = (lid * 32u) / p.group;
+    let nr = min(RB, p.rows - r0);
+    let qslot = slot * p.mat_words / 4u;
+    let hslot = slot * p.rows * groups;
+    for (var r8 = 0u; r8 < RB; r8 += 8u) {
+        // Eight rows' reads of both matrices together (rows past the end read row r0 again;
+        // not stored).
+        var wg = array<vec4<u32>, 8>();
+        var wu = array<vec4<u32>, 8>();
+        var sg = array<f32, 8>();
+        var bg = array<f32, 8>();
+        var su = array<f32, 8>();
+        var bu = array<f32, 8>();
+        for (var j = 0u; j < 8u; j++) {
+            var row = r0 + r8 + j;
+            if (r8 + j >= nr) {
+                row = r0;
+            }
+            let q = qslot + row * quads + lid;
+            let h = hslot + row * groups + g;
+            wg[j] = W[q];
+            wu[j] = Wu[q];
+            sg[j] = w_half4(p.scale_off + h);
+            bg[j] = w_half4(p.bias_off + h);
+            su[j] = u_half4(p.scale_off + h);
+            bu[j] = u_half4(p.bias_off + h);
+        }
+        for (var j = 0u; j < 8u; j++) {
+            let i = (r8 + j) * 65u + lid;
+            part[i] = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
+            part_u[i] = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+        }
+    }
+    workgroupBarrier();
+    // Row r's 64 partials: invocations 4r .. 4r + 3 sum 16 each, then the first of them all four.
+    let r = lid / 4u;
+    let k = lid % 4u;
+    var tg = 0.0;
+    var tu = 0.0;
+    for (var i = 0u; i < 16u; i++) {
+        tg += part[r * 65u + k * 16u + i];
+        tu += part_u[r * 65u + k * 16u + i];
+    }
+    workgroupBarrier();
+    part[r * 65u + k] = tg;
+    part_u[r * 65u + k] = tu;
+    workgroupBarrier();
+    if (k == 0u && r < nr) {
+        let b = r * 65u;
+        let gate = (part[b] + part[b + 1u]) + (part[b + 2u] + part[b + 3u]);
+        let up = (part_u[b] + part_u[b + 1u]) + (part_u[b + 2u] + part_u[b + 3u]);
+        Y[p.y_off + item * p.y_stride + p.row0 + r0 + r] = silu(gate) * up;
+    }
+}

@@ -1,0 +1,152 @@
+// linear_q4.wgsl for plain 4-bit matrices of 2,048 or 4,096 columns (decode's input and output
+// projections, lm_head) and 8-bit ones of 2,048 (the router with the shared expert's gate): the
+// inputs read once per workgroup into registers, then rows streamed. Invocation `lane` of the 64
+// owns 16-byte words lane and lane + 64 (32 columns each at 4 bits, 16 at 8) of every row: it
+// holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
+// the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
+// consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet in
+// shared memory. main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
+// 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
+// per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
+// host checks: forward.rs `rows_ok`).
+
+struct P {
+    rows: u32,
+    cols: u32,
+    bits: u32,
+    group: u32,
+    row0: u32,
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,
+    e_count: u32,
+    x_div: u32,
+    mat_words: u32,
+    nwx: u32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+
+const RB: u32 = 16u;   // rows per workgroup (ROWS_RB on the host)
+
+// part[r · 65 + lane]: row r's partial sum from invocation `lane` (65: rows in different banks).
+var<workgroup> part: array<f32, 1040>;
+
+fn w_half4(i: u32) -> f32 {
+    return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
+const BYTE = vec4<u32>(255u);
+
+// Σ q x over one 16-byte word of a row against its inputs x (8 vec4 at 4 bits, the first 4 at 8).
+fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
+    if (p.bits == 8u) {
+        return (dot(vec4<f32>((vec4<u32>(w.x) >> SH_8) & BYTE), x[0])
+            + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x[1]))
+            + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x[2])
+            + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
+    }
+    return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+}
+
+@compute @workgroup_size(64)
+fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let block = wid.x + wid.y * p.nwx;
+    let item = wid.z;
+    let r0 = block * RB;
+    if (r0 >= p.rows) {
+        return;
+    }
+    let span = 128u / p.bits;            // columns per 16-byte word: 32 or 16
+    let nv = span / 4u;                   // input vec4 per word
+    let quads = p.cols / span;           // words per row: 64 or 128
+    let two = quads > 64u;
+    let groups = p.cols / p.group;
+    let xb = (p.x_off + item * p.x_stride) / 4u;
+    // This invocation's inputs: word lid (and lid + 64); zeros past nv.
+    var xa = array<vec4<f32>, 8>();
+    var xc = array<vec4<f32>, 8>();
+    for (var i = 0u; i < 8u; i++) {
+        if (i < nv) {
+            xa[i] = X[xb + lid * nv + i];
+        }
+    }
+    if (two) {
+        for (var i = 0u; i < 8u; i++) {
+            if (i < nv) {
+                xc[i] = X[xb + (lid + 64u) * nv + i];
+            }
+        }
+    }
+    let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
+    let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
+    let ga = (lid * span) / p.group;
+    let gc = ((lid + 64u) * span) / p.group;
+    let nr = min(RB, p.rows - r0);
+    for (var r8 = 0u; r8 < RB; r8 += 8u) {
+        // Eight rows' reads together (rows past the end read row r0 again; not stored).
+        var w = array<vec4<u32>, 8>();
+        var s = array<f32, 8>();
+        var b = array<f32, 8>();
+        for (var j = 0u; j < 8u; j++) {
+            var row = r0 + r8 + j;
+            if (r8 + j >= nr) {
+                row = r0;
+            }
+            let qbase = row * quads;
+            let hbase = row * groups;
+            w[j] = W[qbase + lid];
+            s[j] = w_half4(p.scale_off + hbase + ga);
+            b[j] = w_half4(p.bias_off + hbase + ga);
+        }
+        for (var j = 0u; j < 8u; j++) {
+            part[(r8 + j) * 65u + lid] = s[j] * qd(w[j], xa) + b[j] * sa;
+        }
+        if (two) {
+            for (var j = 0u; j < 8u; j++) {
+                var row = r0 + r8 + j;
+                if (r8 + j >= nr) {
+                    row = r0;
+                }
+                let qbase = row * quads;
+                let hbase = row * groups;
+                w[j] = W[qbase + lid + 64u];
+                s[j] = w_half4(p.scale_off + hbase + gc);
+                b[j] = w_half4(p.bias_off + hbase + gc);
+            }
+            for (var j = 0u; j < 8u; j++) {
+                part[(r8 + j) * 65u + lid] += s[j] * qd(w[j], xc) + b[j] * sc;
+            }
+        }
+    }
+    workgroupBarrier();
+    // Row r's 64 partials: invocations 4r .. 4r + 3 sum 16 each, then the first of them all four.
+    let r = lid / 4u;
+    let k = lid % 4u;
+    var t = 0.0;
+    for (var i = 0u; i < 16u; i++) {
+        t += part[r * 65u + k * 16u + i];
+    }
+    workgroupBarrier();
+    part[r * 65u + k] = t;
+    workgroupBarrier();
+    if (k == 0u && r < nr) {
+        let total = (part[r * 65u] + part[r * 65u + 1u]) + (part[r * 65u + 2u] + part[r * 65u + 3u]);
+        let o = p.y_off + item * p.y_stride + p.row0 + r0 + r;
+        if (p.accumulate != 0u) {
+            Y[o] += total;
+        } else {
+            Y[o] = total;
+        }
+    }
+}

@@ -1,0 +1,109 @@
+// moe_down.wgsl as linear_q4_rows.wgsl streams rows: a decode step's down projections of all
+// TOPK items and their weighted sum into the residual, x[r] += Σ_k w_k · (down_{e_k} a_k)[r].
+// A workgroup of 64 takes RB = 8 output rows; invocation (slot, q) = (lid / QN, lid % QN), QN =
+// COLS / 32 quads a row, holds quad q of the inputs of items slot, slot + 64/QN, ... (one at a
+// time) and reads that quad of the workgroup's 8 rows of each item's expert (8 reads in flight;
+// the QN invocations of a slot read a row's contiguous bytes). The 64 partial sums of a row meet
+// in shared memory. main's profile on the H200 (c7ee898): moe_down 29.5 µs a call for 4.7 MB
+// (256 workgroups, each invocation 18 quads of inputs re-read per row). Same parameters and
+// bindings as moe_down.wgsl; the host uses it where 64 is a multiple of COLS / 32.
+
+struct P {
+    rows: u32,        // hidden
+    cols: u32,        // expert intermediate size
+    group: u32,
+    scale_off: u32,   // halves from the start of We
+    bias_off: u32,
+    nwx: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> We: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> A: array<vec4<f32>>;    // [tokens · TOPK, cols]
+@group(0) @binding(3) var<storage, read> wts: array<f32>;        // [tokens, TOPK]
+@group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
+@group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
+
+// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/kernels.rs).
+override TOPK: u32 = 9u;
+override COLS: u32 = 512u;
+
+const RB: u32 = 8u;    // rows per workgroup (DOWN_RB on the host)
+
+// part[r · 65 + lid]: row r's partial sum from invocation lid.
+var<workgroup> part: array<f32, 520>;
+
+fn we_half(i: u32) -> f32 {
+    return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+@compute @workgroup_size(64)
+fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let block = wid.x + wid.y * p.nwx;
+    let t = wid.z;
+    let r0 = block * RB;
+    if (r0 >= p.rows) {
+        return;
+    }
+    let qn = COLS / 32u;
+    let ns = 64u / qn;
+    let slot = lid / qn;
+    let q = lid % qn;
+    let groups = COLS / p.group;
+    let g = (q * 32u) / p.group;
+    let nr = min(RB, p.rows - r0);
+    var acc = array<f32, 8>();
+    for (var k = slot; k < TOPK; k += ns) {
+        let item = t * TOPK + k;
+        let e = ids[item];
+        let wk = wts[item];
+        let xb = item * (COLS / 4u) + q * 8u;
+        let x0 = A[xb];
+        let x1 = A[xb + 1u];
+        let x2 = A[xb + 2u];
+        let x3 = A[xb + 3u];
+        let x4 = A[xb + 4u];
+        let x5 = A[xb + 5u];
+        let x6 = A[xb + 6u];
+        let x7 = A[xb + 7u];
+        let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
+        // Rows past the end read row r0 again (not stored).
+        var w = array<vec4<u32>, 8>();
+        var s = array<f32, 8>();
+        var b = array<f32, 8>();
+        for (var j = 0u; j < RB; j++) {
+            var row = r0 + j;
+            if (j >= nr) {
+                row = r0;
+            }
+            let er = e * p.rows + row;
+            w[j] = We[er * qn + q];
+            s[j] = we_half(p.scale_off + er * groups + g);
+            b[j] = we_half(p.bias_off + er * groups + g);
+        }
+        for (var j = 0u; j < RB; j++) {
+            acc[j] += wk * (s[j] * qdot32(w[j], x0, x1, x2, x3, x4, x5, x6, x7) + b[j] * xs);
+        }
+    }
+    for (var j = 0u; j < RB; j++) {
+        part[j * 65u + lid] = acc[j];
+    }
+    workgroupBarrier();
+    // Row r's 64 partials: invocations 8r .. 8r + 7 sum 8 each, then the first of them all eight.
+    let r = lid / 8u;
+    let kk = lid % 8u;
+    var tot = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        tot += part[r * 65u + kk * 8u + i];
+    }
+    workgroupBarrier();
+    part[r * 65u + kk] = tot;
+    workgroupBarrier();
+    if (kk == 0u && r < nr) {
+        var total = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            total += part[r * 65u + i];
+        }
+        X[t * p.rows + r0 + r] += total;
+    }
+}
