@@ -194,8 +194,43 @@ __device__ __forceinline__ u32 order_key(float f) {
 // under mask): the bin holding the remaining-th largest key. Every thread of the block calls it;
 // prefix, remaining and mask move to that bin, and sel[2] (shared) holds its count (the ties once
 // the last byte is done). sel: 3 words of shared memory.
+// The search: one thread walking the 256 bins from the top (≈ 4 µs of shared-memory latency a
+// pass, four passes in each of sample_part and sample_pick_parts), or with SAMPLE_WARP_SCAN (the
+// plan's `warp_scan_sampling`) one warp: lane l sums bins 255 − 8l … 248 − 8l, a shuffle scan
+// finds the lane where the count from the top reaches `remaining`, and that lane walks its 8.
 __device__ __forceinline__ void radix_narrow(const u32* bins, int shift, u32& prefix, u32& remaining, u32& mask,
                                              u32* sel) {
+#if defined(SAMPLE_WARP_SCAN) && SAMPLE_WARP_SCAN
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        u32 c[8], own = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            c[i] = bins[255 - 8 * lane - i];
+            own += c[i];
+        }
+        u32 incl = own;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        u32 hit = __ballot_sync(0xffffffffu, incl >= remaining);
+        if (hit != 0u && lane == __ffs(hit) - 1) {
+            u32 cum = incl - own;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (cum + c[i] >= remaining) {
+                    sel[0] = prefix | ((u32)(255 - 8 * lane - i) << shift);
+                    sel[1] = remaining - cum;
+                    sel[2] = c[i];
+                    break;
+                }
+                cum += c[i];
+            }
+        }
+    }
+#else
     if (threadIdx.x == 0) {
         u32 cum = 0;
         for (int b = 255; b >= 0; b--) {
@@ -209,6 +244,7 @@ __device__ __forceinline__ void radix_narrow(const u32* bins, int shift, u32& pr
             cum += c;
         }
     }
+#endif
     __syncthreads();
     prefix = sel[0];
     remaining = sel[1];

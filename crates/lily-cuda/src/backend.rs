@@ -102,6 +102,7 @@ impl CudaBackend {
         gpu.early_trigger = plan.early_trigger();
         gpu.dec_blocks_per_sm = plan.decode_blocks_per_sm();
         gpu.sample_parts = plan.multi_block_sampling();
+        gpu.sample_warp_scan = plan.warp_scan_sampling();
         gpu.mma_attention = plan.mma_attention();
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;

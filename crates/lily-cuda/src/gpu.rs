@@ -93,6 +93,9 @@ pub struct Gpu {
     /// Sampled picks run their first pass over many blocks (sample_part; the plan's
     /// `multi_block_sampling`), else in one block.
     pub sample_parts: bool,
+    /// sample.cu compiled with SAMPLE_WARP_SCAN (the plan's `warp_scan_sampling`): set before
+    /// `Kernels::load`.
+    pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (attn_split_mma; the plan's
     /// `mma_attention`, bf16 activations only).
     pub mma_attention: bool,
@@ -183,6 +186,7 @@ impl Gpu {
             early_trigger: false,
             dec_blocks_per_sm: 2,
             sample_parts: true,
+            sample_warp_scan: false,
             mma_attention: false,
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),

@@ -100,6 +100,11 @@ pub struct CudaOptions {
     /// (`sample_part`), the rest in one; else all in one block (`--one-block-sampling`,
     /// `LILY_SAMPLE_PARTS=0`).
     pub multi_block_sampling: bool,
+    /// The radix select of a sampled pick finds each pass's bin with one warp's shuffle scan
+    /// instead of one thread walking the 256 bins (`--warp-scan-sampling`,
+    /// `LILY_WARP_SCAN=1`). Off until measured on a GPU (written after the session's last
+    /// device call; its prediction is in docs/perf-notes.md).
+    pub warp_scan_sampling: bool,
     /// One-token split-KV attention multiplies on the tensor cores (attn_split_mma: q, P and the
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
@@ -132,6 +137,7 @@ impl Default for CudaOptions {
             early_trigger: true,
             decode_blocks_per_sm: 2,
             multi_block_sampling: true,
+            warp_scan_sampling: false,
             mma_attention: true,
             sync_each: false,
             profile: false,
@@ -166,6 +172,7 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
+    /// | `LILY_WARP_SCAN=1` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -192,7 +199,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 18] = [
+        let flags: [(&str, &mut bool); 19] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -212,6 +219,7 @@ impl CudaOptions {
             ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
+            ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -308,6 +316,7 @@ pub struct Plan {
     early_trigger: bool,
     decode_blocks_per_sm: usize,
     multi_block_sampling: bool,
+    warp_scan_sampling: bool,
     mma_attention: bool,
     checks: LaunchChecks,
 }
@@ -341,6 +350,7 @@ impl Plan {
             early_trigger: o.early_trigger,
             decode_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
             multi_block_sampling: o.multi_block_sampling,
+            warp_scan_sampling: o.warp_scan_sampling,
             mma_attention: o.mma_attention && o.bf16_activations,
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -532,6 +542,11 @@ impl Plan {
         self.multi_block_sampling
     }
 
+    /// Whether a sampled pick's radix select scans its bins with one warp.
+    pub fn warp_scan_sampling(&self) -> bool {
+        self.warp_scan_sampling
+    }
+
     /// Whether one-token split-KV attention runs on the tensor cores (bf16 activations only).
     pub fn mma_attention(&self) -> bool {
         self.mma_attention
@@ -546,7 +561,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, tensor-core decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -565,6 +580,7 @@ impl Plan {
             on(self.early_trigger),
             self.decode_blocks_per_sm,
             on(self.multi_block_sampling),
+            on(self.warp_scan_sampling),
             on(self.mma_attention),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
@@ -618,6 +634,7 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
+            ("LILY_WARP_SCAN", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -643,6 +660,7 @@ mod tests {
                 early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
+                warp_scan_sampling: true,
                 mma_attention: false,
                 sync_each: true,
                 profile: true,

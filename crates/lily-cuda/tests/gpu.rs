@@ -129,8 +129,15 @@ fn plan_for(bf16_activations: bool) -> Plan {
 }
 
 fn dev(bf16_activations: bool) -> Dev {
+    dev_with(bf16_activations, |_| {})
+}
+
+/// `dev` with the GPU's build switches (e.g. `sample_warp_scan`) set by `setup` before the
+/// kernels are compiled.
+fn dev_with(bf16_activations: bool, setup: impl FnOnce(&mut Gpu)) -> Dev {
     let plan = plan_for(bf16_activations);
-    let g = Gpu::open(0, plan.launch_checks()).expect("a CUDA GPU and NVRTC");
+    let mut g = Gpu::open(0, plan.launch_checks()).expect("a CUDA GPU and NVRTC");
+    setup(&mut g);
     let k = Kernels::load(&g, plan.bf16_activations).expect("every kernel loads");
     Dev { g, k, plan }
 }
@@ -1641,9 +1648,6 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
             true,
         ),
     ];
-    let dl = g.alloc(vocab * 4).unwrap();
-    let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
-    let (dt, dlp) = (poisoned(&g, 1), poisoned(&g, 1));
     // Every set once free and once constrained (a fresh random mask each step, applied on the
     // device to the adjusted logits, on the host by `Sampler::sample`).
     let sets: Vec<(String, SamplingParams, bool, bool)> = sets
@@ -1655,19 +1659,26 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
             ]
         })
         .collect();
-    // Each set on the many-block pick (sample_part + sample_pick_parts, the default) and on the
-    // one-block sample_pick.
-    let sets: Vec<(String, SamplingParams, bool, bool, bool)> = sets
+    // Each set on the many-block pick (sample_part + sample_pick_parts, the default), on the
+    // one-block sample_pick, and on the many-block pick with the warp-scan radix select
+    // (sample.cu built with SAMPLE_WARP_SCAN, the plan's `warp_scan_sampling`).
+    let mut gw = dev_with(false, |g| g.sample_warp_scan = true);
+    let sets: Vec<(String, SamplingParams, bool, bool, bool, bool)> = sets
         .into_iter()
         .flat_map(|(n, p, c, m)| {
             [
-                (n.clone(), p.clone(), c, m, true),
-                (format!("{n}, one block"), p, c, m, false),
+                (n.clone(), p.clone(), c, m, true, false),
+                (format!("{n}, one block"), p.clone(), c, m, false, false),
+                (format!("{n}, warp scan"), p, c, m, true, true),
             ]
         })
         .collect();
-    for (name, params, coarse, constrained, parts) in sets {
+    for (name, params, coarse, constrained, parts, warp) in sets {
+        let g: &mut Dev = if warp { &mut gw } else { &mut g };
         g.g.sample_parts = parts;
+        let dl = g.alloc(vocab * 4).unwrap();
+        let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
+        let (dt, dlp) = (poisoned(g, 1), poisoned(g, 1));
         let constraint = |seed| -> Option<Box<dyn TokenConstraint>> {
             constrained
                 .then(|| Box::new(RandomMask::new(vocab, seed, &hot)) as Box<dyn TokenConstraint>)
@@ -1679,7 +1690,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
             host.accept(t);
             dev.accept(t);
         }
-        let ds = DeviceSampler::new(&g, vocab, &dev).unwrap();
+        let ds = DeviceSampler::new(g, vocab, &dev).unwrap();
         let mut worst_lp = 0f64;
         let mut distinct = std::collections::HashSet::new();
         for draw in 0..draws {
@@ -1699,7 +1710,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
                 g.write(&dw, 0, words).unwrap();
             }
             ds.sample(
-                &g,
+                g,
                 &g.k.sample,
                 &mut dev,
                 dl.ptr,
@@ -1734,7 +1745,6 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         );
         assert!(distinct.len() > 1, "{name}: the draws never varied");
     }
-    g.g.sample_parts = true;
 }
 
 /// `CudaBackend::decode` with device sampling gives the tokens and log-probabilities of the

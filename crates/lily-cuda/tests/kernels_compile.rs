@@ -44,12 +44,13 @@ fn every_kernel_compiles_for_every_supported_arch() {
     for arch in ARCHES {
         for bf16 in [false, true] {
             // decode.cu also in its L1-allocating and early-trigger variants (the plan's
-            // `l1_weights`, `early_trigger`).
+            // `l1_weights`, `early_trigger`), sample.cu in its warp-scan one
+            // (`warp_scan_sampling`).
             let variants = FILES.iter().flat_map(|f| {
-                let extra: &[&str] = if f.name == "decode" {
-                    &["", "DEC_WEIGHTS_L1=1", "DEC_EARLY_TRIGGER=1"]
-                } else {
-                    &[""]
+                let extra: &[&str] = match f.name {
+                    "decode" => &["", "DEC_WEIGHTS_L1=1", "DEC_EARLY_TRIGGER=1"],
+                    "sample" => &["", "SAMPLE_WARP_SCAN=1"],
+                    _ => &[""],
                 };
                 extra.iter().map(move |e| (*f, *e))
             });

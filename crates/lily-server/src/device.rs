@@ -103,6 +103,10 @@ pub struct CudaArgs {
     /// [env LILY_SAMPLE_PARTS=0].
     #[arg(long)]
     pub one_block_sampling: bool,
+    /// Find a sampled pick's radix-select bins with one warp instead of one thread: an
+    /// experiment, not yet measured [env LILY_WARP_SCAN=1].
+    #[arg(long)]
+    pub warp_scan_sampling: bool,
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
@@ -133,6 +137,7 @@ impl CudaArgs {
                 .decode_blocks_per_sm
                 .map_or(d.decode_blocks_per_sm, usize::from),
             multi_block_sampling: !self.one_block_sampling,
+            warp_scan_sampling: self.warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
             ..d
         }
@@ -249,6 +254,7 @@ mod tests {
             "--decode-blocks-per-sm",
             "1",
             "--one-block-sampling",
+            "--warp-scan-sampling",
             "--no-mma-attention",
         ]);
         let o = cli.cuda.options();
@@ -274,6 +280,7 @@ mod tests {
                 early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
+                warp_scan_sampling: true,
                 mma_attention: false,
                 sync_each: false,
                 profile: false,

@@ -101,7 +101,11 @@ impl Kernels {
             attention: attention::Attention::load(&attention::FILE.load(gpu, bf16)?, bf16)?,
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
-            sample: sample::Sample::load(&sample::FILE.load(gpu, bf16)?)?,
+            sample: sample::Sample::load(&sample::FILE.load_with(
+                gpu,
+                bf16,
+                &[format!("SAMPLE_WARP_SCAN={}", gpu.sample_warp_scan as i32)],
+            )?)?,
             decode: decode::Decode::load(&decode::FILE.load_with(
                 gpu,
                 bf16,
