@@ -1273,6 +1273,7 @@ impl<'a> Forward<'a> {
     }
 
     /// MODEL.md §2.4, with the output projection added into the residual.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         r: &mut Recorder<'a>,
