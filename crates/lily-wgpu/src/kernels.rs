@@ -111,7 +111,9 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
 ///   arrays are not laid out on the 16-byte boundaries cooperative loads need;
 /// - "swapped layouts": row- and column-major exchanged in every load and store, in case
 ///   `coopLoadT` / `coopLoad` reach the driver the other way round;
-/// - both together.
+/// - both together;
+/// - those two with the accumulators loaded from zeroed workgroup memory instead of made by the
+///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it).
 ///
 /// Any that is wrong is refused by the check, so a wrong guess costs only a compile and a check.
 /// (A third suspect, the Vulkan memory model naga emits for cooperative matrices without
@@ -135,11 +137,29 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             .replace("COOP_ROW<", "coopLoad<")
             .replace("coopStore(", "coopStoreT(")
     };
+    let zeroed = |s: &str| {
+        let mut out = s.to_string();
+        for c in ["c00", "c01", "c10", "c11"] {
+            out = out.replace(
+                &format!("var {c} = coop_mat16x16<f32, C>();"),
+                &format!("var {c} = coopLoad<coop_mat16x16<f32, C>>(&cs[0], 64u);"),
+            );
+        }
+        out.replace(
+            "    let sg = lid / 32u;\n",
+            "    let sg = lid / 32u;\n    for (var i = lid; i < 2048u; i += 64u) {\n        cs[i] = 0.0;\n    }\n    workgroupBarrier();\n",
+        )
+    };
     vec![
         ("as written", src.to_string()),
         ("one array", one_array(src)),
         ("swapped layouts", swapped(src)),
         ("one array, swapped layouts", swapped(&one_array(src))),
+        ("zeroed accumulators, one array", zeroed(&one_array(src))),
+        (
+            "zeroed accumulators, one array, swapped layouts",
+            swapped(&zeroed(&one_array(src))),
+        ),
     ]
 }
 
@@ -300,7 +320,7 @@ mod tests {
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();
-        assert_eq!(variants.len(), 4);
+        assert_eq!(variants.len(), 6);
         // Each rewrite took effect.
         assert!(variants[1].1.contains("shm[4608u + ") && !variants[1].1.contains("xh["));
         assert!(
@@ -308,6 +328,9 @@ mod tests {
                 && variants[2].1.contains("coopLoad<coop_mat16x16<f16, A>>")
         );
         assert!(variants[3].1.contains("shm[6912u + ") && variants[3].1.contains("coopStoreT("));
+        for v in &variants[4..] {
+            assert!(v.1.contains("cs[i] = 0.0;") && !v.1.contains("coop_mat16x16<f32, C>()"));
+        }
         for (name, source) in variants {
             let (enables, body): (Vec<&str>, Vec<&str>) = source
                 .lines()
