@@ -96,3 +96,9 @@ fn wg_max(lid: u32, v: f32) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+// rsqrt(Σ ss / cols + eps) where each of a 64-invocation workgroup brings its part `ss` of the
+// row's Σ x² (rms_norm.wgsl's scale). Uniform control flow only.
+fn rms_scale(lid: u32, ss: f32, cols: u32, eps: f32) -> f32 {
+    return 1.0 / sqrt(wg_sum(lid, ss) / f32(cols) + eps);
+}

@@ -1,6 +1,8 @@
 // Gated DeltaNet step 2 (MODEL.md §2.5): causal depthwise conv (K taps) + SiLU over the q|k|v
 // channels, for a chunk of tokens in order. One invocation per channel walks the chunk with
 // the last K−1 pre-conv values in registers, then leaves them in the conv state (oldest first).
+// The chunk's inputs are read 16 tokens at a time, all 16 reads in flight (main's profile on the
+// H200, c7ee898: 217 µs per 512-token chunk, one dependent read per token).
 
 struct P {
     tokens: u32,
@@ -26,18 +28,28 @@ fn dn_conv(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < km1; j++) {
         hist[j] = state[j * p.cd + ch];
     }
-    for (var t = 0u; t < p.tokens; t++) {
-        let x = M[t * p.m_stride + ch];
-        var s = 0.0;
-        for (var j = 0u; j < km1; j++) {
-            s += taps[ch * p.k + j] * hist[j];
+    for (var tb = 0u; tb < p.tokens; tb += 16u) {
+        let n = min(16u, p.tokens - tb);
+        var xs = array<f32, 16>();
+        for (var i = 0u; i < 16u; i++) {
+            if (i < n) {
+                xs[i] = M[(tb + i) * p.m_stride + ch];
+            }
         }
-        s += taps[ch * p.k + km1] * x;
-        C[t * p.cd + ch] = silu(s);
-        for (var j = 0u; j + 1u < km1; j++) {
-            hist[j] = hist[j + 1u];
+        for (var i = 0u; i < n; i++) {
+            let t = tb + i;
+            let x = xs[i];
+            var s = 0.0;
+            for (var j = 0u; j < km1; j++) {
+                s += taps[ch * p.k + j] * hist[j];
+            }
+            s += taps[ch * p.k + km1] * x;
+            C[t * p.cd + ch] = silu(s);
+            for (var j = 0u; j + 1u < km1; j++) {
+                hist[j] = hist[j + 1u];
+            }
+            hist[km1 - 1u] = x;
         }
-        hist[km1 - 1u] = x;
     }
     for (var j = 0u; j < km1; j++) {
         state[j * p.cd + ch] = hist[j];

@@ -26,6 +26,8 @@ struct P {
     mat_words: u32,
     nwx: u32,
     accumulate: u32,
+    norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
+    eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -34,6 +36,7 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
 @group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
+@group(0) @binding(6) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 
 const RB: u32 = 16u;   // rows per workgroup (ROWS_RB on the host)
 
@@ -74,14 +77,30 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     let quads = p.cols / 32u;            // 64
     let groups = p.cols / p.group;
     let xb = (p.x_off + xrow * p.x_stride) / 4u + lid * 8u;
-    let x0 = X[xb];
-    let x1 = X[xb + 1u];
-    let x2 = X[xb + 2u];
-    let x3 = X[xb + 3u];
-    let x4 = X[xb + 4u];
-    let x5 = X[xb + 5u];
-    let x6 = X[xb + 6u];
-    let x7 = X[xb + 7u];
+    var x0 = X[xb];
+    var x1 = X[xb + 1u];
+    var x2 = X[xb + 2u];
+    var x3 = X[xb + 3u];
+    var x4 = X[xb + 4u];
+    var x5 = X[xb + 5u];
+    var x6 = X[xb + 6u];
+    var x7 = X[xb + 7u];
+    if (p.norm != 0u) {
+        // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w over the row (2,048 columns: the
+        // 64 invocations hold it all).
+        let ss = ((dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3)))
+            + ((dot(x4, x4) + dot(x5, x5)) + (dot(x6, x6) + dot(x7, x7)));
+        let r = rms_scale(lid, ss, p.cols, p.eps);
+        let wb = lid * 8u;
+        x0 = x0 * r * Wn[wb];
+        x1 = x1 * r * Wn[wb + 1u];
+        x2 = x2 * r * Wn[wb + 2u];
+        x3 = x3 * r * Wn[wb + 3u];
+        x4 = x4 * r * Wn[wb + 4u];
+        x5 = x5 * r * Wn[wb + 5u];
+        x6 = x6 * r * Wn[wb + 6u];
+        x7 = x7 * r * Wn[wb + 7u];
+    }
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = (lid * 32u) / p.group;
     let nr = min(RB, p.rows - r0);

@@ -29,12 +29,15 @@ struct P {
     mat_words: u32,
     nwx: u32,
     accumulate: u32,
+    norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
+    eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(4) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 
 const RB: u32 = 16u;   // rows per workgroup (ROWS_RB on the host)
 
@@ -85,6 +88,23 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var i = 0u; i < 8u; i++) {
             if (i < nv) {
                 xc[i] = X[xb + (lid + 64u) * nv + i];
+            }
+        }
+    }
+    if (p.norm != 0u) {
+        // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w, on this invocation's inputs (the
+        // workgroup holds the whole row between its invocations).
+        var ss = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            ss += dot(xa[i], xa[i]) + dot(xc[i], xc[i]);
+        }
+        let r = rms_scale(lid, ss, p.cols, p.eps);
+        for (var i = 0u; i < 8u; i++) {
+            if (i < nv) {
+                xa[i] = xa[i] * r * Wn[lid * nv + i];
+                if (two) {
+                    xc[i] = xc[i] * r * Wn[(lid + 64u) * nv + i];
+                }
             }
         }
     }

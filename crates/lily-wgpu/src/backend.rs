@@ -15,7 +15,7 @@ use crate::forward::{
     Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::{coop_emulated, Kernels};
+use crate::kernels::{coop_emulated, coop_kernel, coop_variants, Kernels};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
@@ -107,25 +107,38 @@ impl WgpuBackend {
             kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);
             coop_note = "cooperative matrices emulated in plain WGSL (a test)".into();
         }
-        if let Some(coop) = &kernels.linear_q4_mm_coop {
-            // An experimental wgpu feature: used only where its product is right.
-            match check_mm(&gpu, coop) {
-                Ok(e) if e < COOP_TOLERANCE => {
-                    coop_note = format!("{coop_note} (checked at load: {e:.1e} relative)");
-                }
-                Ok(e) => {
-                    kernels.linear_q4_mm_coop = None;
-                    coop_note = format!("no cooperative matrices: their product differed from the host's by {e:.1e} relative");
-                    tracing::warn!("wgpu: {coop_note}");
-                }
-                Err(e) => {
-                    kernels.linear_q4_mm_coop = None;
-                    coop_note = format!("no cooperative matrices: their check failed: {e:#}");
-                    tracing::warn!("wgpu: {coop_note}");
-                }
+        if kernels.linear_q4_mm_coop.is_some() {
+            // The emulation (tests): checked as a real one would be.
+            let e = check_mm(&gpu, kernels.linear_q4_mm_coop.as_ref().expect("just set"))?;
+            coop_note = format!("{coop_note} (checked at load: {e:.1e} relative)");
+            if e >= COOP_TOLERANCE {
+                kernels.linear_q4_mm_coop = None;
             }
         } else if gpu.coop {
-            coop_note = "no cooperative matrices: linear_q4_mm_coop did not compile".into();
+            // An experimental wgpu feature: the first variant whose product is right is used.
+            let mut tried = Vec::new();
+            for (name, source) in coop_variants() {
+                let result = coop_kernel(&gpu, &source, opts.checked)
+                    .and_then(|k| check_mm(&gpu, &k).map(|e| (k, e)));
+                match result {
+                    Ok((k, e)) if e < COOP_TOLERANCE => {
+                        kernels.linear_q4_mm_coop = Some(k);
+                        tried.push(format!("{name}: {e:.1e} relative, used"));
+                        break;
+                    }
+                    Ok((_, e)) => tried.push(format!("{name}: {e:.1e} relative")),
+                    Err(e) => tried.push(format!("{name}: {e:#}")),
+                }
+            }
+            let tried = tried.join("; ");
+            coop_note = if kernels.linear_q4_mm_coop.is_some() {
+                format!(
+                    "{coop_note} (variants checked at load against the host's product: {tried})"
+                )
+            } else {
+                format!("no cooperative matrices: no variant of linear_q4_mm_coop computed the host's product ({tried})")
+            };
+            tracing::info!("wgpu: {coop_note}");
         }
         let model = upload_model(&gpu, weights, opts.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;

@@ -96,6 +96,22 @@ fn rows_ok(w: &GpuLinear, io: &Io) -> bool {
     (q4 || q8) && w.experts <= 1
 }
 
+/// Whether linear_q4_glu_rows.wgsl takes this gate (and up, which `glu_ok` matched to it): 2,048
+/// input columns (its 64 invocations hold one quad each).
+fn glu_rows_ok(gate: &GpuLinear) -> bool {
+    gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
+}
+
+/// The row kernels' parameters: linear.wgsl's first 18, then whether to normalise the input
+/// first (`Io::norm`) and the norm's eps.
+fn norm_params(params: &[u32; 21], io: &Io, eps: f32) -> [u32; 20] {
+    let mut out = [0u32; 20];
+    out[..18].copy_from_slice(&params[..18]);
+    out[18] = io.norm.is_some() as u32;
+    out[19] = eps.to_bits();
+    out
+}
+
 /// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
 /// columns multiples of 16, inputs on 16-byte boundaries.
 fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
@@ -127,7 +143,7 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
     let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
     let z = items.div_ceil(mm_tile(kernel)) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf))
+    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
@@ -140,8 +156,18 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         let (rows, items) = (37usize, 2usize);
         let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
         let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
-        let e = m.run(gpu, &k.linear_q4_rows, &[nx, ny, items as u32], nx, None)?;
-        worst = worst.max(e);
+        // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+        for norm in [None, Some(1e-6)] {
+            let e = m.run(
+                gpu,
+                &k.linear_q4_rows,
+                &[nx, ny, items as u32],
+                nx,
+                None,
+                Some(norm),
+            )?;
+            worst = worst.max(e);
+        }
     }
     Ok(worst.max(glu))
 }
@@ -151,9 +177,8 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let (rows, cols, items) = (37usize, 2048usize, 2usize);
     let gate = RandomQ4::new(rows, cols, 64, items);
-    let mut up = RandomQ4::new(rows + 1, cols, 64, items);
-    // The same inputs and slice layout as gate: up's first `rows` rows, its offsets as gate's.
-    up.rows = rows;
+    let up = RandomQ4::new(rows + 1, cols, 64, items);
+    // Up's first `rows` rows in gate's slice layout (the kernel takes one set of offsets).
     let words = rows * cols / 8;
     let mut data = up.data[..words * 4].to_vec();
     let ng = rows * cols / 64;
@@ -161,76 +186,69 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     data.extend_from_slice(&up.data[us..us + ng * 2]);
     data.resize(gate.bias_off as usize * 2, 0);
     data.extend_from_slice(&up.data[ub..ub + ng * 2]);
-    let mut want_up = vec![0f64; items * rows];
-    for r in 0..rows {
-        // up's rows were generated for rows + 1 rows: recompute against gate's inputs.
-        for t in 0..items {
-            let mut acc = 0f64;
-            for c in 0..cols {
-                let word = u32::from_le_bytes(
-                    data[(r * cols + c) / 8 * 4..(r * cols + c) / 8 * 4 + 4]
-                        .try_into()
-                        .expect("4 bytes"),
-                );
-                let q = (word >> (4 * (c % 8))) & 15;
-                let g = r * (cols / 64) + c / 64;
-                let half = |at: usize| {
-                    let b = [data[at], data[at + 1]];
-                    f32::from_bits((u16::from_le_bytes(b) as u32) << 16) as f64
-                };
-                let s = half(gate.scale_off as usize * 2 + g * 2);
-                let b = half(gate.bias_off as usize * 2 + g * 2);
-                acc += (q as f64 * s + b) * gate.x[t * cols + c] as f64;
-            }
-            want_up[t * rows + r] = acc;
-        }
-    }
     let wg = gpu.upload("check.gate", &gate.data)?;
     let wu = gpu.upload("check.up", &data)?;
     let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
     let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
-    let params: [u32; 18] = [
-        rows as u32,
-        cols as u32,
-        4,
-        64,
-        0,
-        cols as u32,
-        0,
-        rows as u32,
-        0,
-        gate.scale_off,
-        gate.bias_off,
-        0,
-        0,
-        0,
-        1,
-        (rows * cols / 8) as u32,
-        nx,
-        0,
-    ];
-    let mut r = Recorder::new(gpu);
-    r.dispatch(
-        &k.linear_q4_glu_rows,
-        &params,
-        &[&wg, &xbuf, &ybuf, &ids, &wu],
-        [nx, ny, items as u32],
-    );
-    r.submit()?;
-    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
     let silu = |v: f64| v / (1.0 + (-v).exp());
-    let (mut num, mut den) = (0f64, 0f64);
-    for i in 0..items * rows {
-        let want = silu(gate.want[i]) * want_up[i];
-        if !got[i].is_finite() {
-            return Ok(f64::INFINITY);
+    let mut worst = 0f64;
+    // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+    for norm in [None, Some(1e-6f32)] {
+        let x = match norm {
+            Some(eps) => gate.normed(eps),
+            None => gate.x.clone(),
+        };
+        let params: [u32; 20] = [
+            rows as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            gate.scale_off,
+            gate.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            0,
+            norm.is_some() as u32,
+            norm.unwrap_or(0.0).to_bits(),
+        ];
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            &k.linear_q4_glu_rows,
+            &params,
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn],
+            [nx, ny, items as u32],
+        );
+        r.submit()?;
+        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for t in 0..items {
+            let xt = &x[t * cols..(t + 1) * cols];
+            for row in 0..rows {
+                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
+                let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
+                let g = got[t * rows + row];
+                if !g.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (g as f64 - want).powi(2);
+                den += want.powi(2);
+            }
         }
-        num += (got[i] as f64 - want).powi(2);
-        den += want.powi(2);
+        worst = worst.max((num / den.max(1e-30)).sqrt());
     }
-    Ok((num / den.max(1e-30)).sqrt())
+    Ok(worst)
 }
 
 /// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
@@ -245,10 +263,39 @@ struct RandomQ4 {
     scale_off: u32,
     bias_off: u32,
     x: Vec<f32>,
+    /// The dequantised rows, and the host's product with `x`.
+    w: Vec<Vec<f64>>,
     want: Vec<f64>,
+    /// A random RMSNorm weight (`run` with a norm).
+    norm_w: Vec<f32>,
 }
 
 impl RandomQ4 {
+    /// Each item's inputs through RMSNorm (rms_norm.wgsl's formula) with `norm_w`.
+    fn normed(&self, eps: f32) -> Vec<f32> {
+        let mut out = self.x.clone();
+        for row in out.chunks_mut(self.cols) {
+            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / self.cols as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            for (v, w) in row.iter_mut().zip(&self.norm_w) {
+                *v = (*v as f64 * r * *w as f64) as f32;
+            }
+        }
+        out
+    }
+
+    /// The host's product of the rows with inputs `x` (items × cols), f64.
+    fn product(&self, x: &[f32]) -> Vec<f64> {
+        let mut want = vec![0f64; self.items * self.rows];
+        for (r, w) in self.w.iter().enumerate() {
+            for t in 0..self.items {
+                let xt = &x[t * self.cols..(t + 1) * self.cols];
+                want[t * self.rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
+            }
+        }
+        want
+    }
+
     fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
         RandomQ4::with_bits(4, rows, cols, group, items)
     }
@@ -288,21 +335,22 @@ impl RandomQ4 {
         let x: Vec<f32> = (0..items * cols)
             .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
             .collect();
-        let mut want = vec![0f64; items * rows];
-        for r in 0..rows {
-            let w: Vec<f64> = (0..cols)
-                .map(|k| {
-                    let q = (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
-                    let g = r * (cols / group) + k / group;
-                    q as f64 * scales[g] as f64 + biases[g] as f64
-                })
-                .collect();
-            for t in 0..items {
-                let xt = &x[t * cols..(t + 1) * cols];
-                want[t * rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
-            }
-        }
-        RandomQ4 {
+        let w: Vec<Vec<f64>> = (0..rows)
+            .map(|r| {
+                (0..cols)
+                    .map(|k| {
+                        let q =
+                            (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
+                        let g = r * (cols / group) + k / group;
+                        q as f64 * scales[g] as f64 + biases[g] as f64
+                    })
+                    .collect()
+            })
+            .collect();
+        let norm_w: Vec<f32> = (0..cols)
+            .map(|_| 0.5 + (next() % 1000) as f32 / 1000.0)
+            .collect();
+        let mut m = RandomQ4 {
             bits,
             rows,
             cols,
@@ -312,8 +360,12 @@ impl RandomQ4 {
             scale_off,
             bias_off,
             x,
-            want,
-        }
+            w,
+            want: Vec::new(),
+            norm_w,
+        };
+        m.want = m.product(&m.x);
+        m
     }
 
     /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: the relative L2
@@ -326,6 +378,7 @@ impl RandomQ4 {
         grid: &[u32; 3],
         nx: u32,
         fourth: Option<&wgpu::Buffer>,
+        rows_norm: Option<Option<f32>>,
     ) -> Result<f64> {
         let (rows, cols, items) = (self.rows, self.cols, self.items);
         let wbuf = gpu.upload("check.w", &self.data)?;
@@ -354,14 +407,29 @@ impl RandomQ4 {
             0,
             0,
         ];
+        // The row kernels (`rows_norm` Some): field 18 says whether to normalise the input
+        // first (RMSNorm with eps `Some(eps)` and the weight `self.norm_w`), 19 the eps.
+        let mut params = params;
+        let wn = gpu.upload_f32("check.wn", &self.norm_w)?;
+        if let Some(norm) = rows_norm {
+            params[18] = norm.is_some() as u32;
+            params[19] = norm.unwrap_or(0.0).to_bits();
+        }
         let mut bufs = vec![&wbuf, &xbuf, &ybuf];
         bufs.extend(fourth);
+        if rows_norm.is_some() {
+            bufs.push(&wn);
+        }
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);
         r.submit()?;
         let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let want = match rows_norm {
+            Some(Some(eps)) => self.product(&self.normed(eps)),
+            _ => self.want.clone(),
+        };
         let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(&self.want) {
+        for (g, w) in got.iter().zip(&want) {
             if !g.is_finite() {
                 return Ok(f64::INFINITY);
             }
@@ -628,6 +696,10 @@ struct Io<'b> {
     y_stride: usize,
     items: usize,
     accumulate: bool,
+    /// Where set, `x` is the residual stream and the kernel applies RMSNorm with this weight
+    /// first (decode's norms folded into linear_q4_rows / linear_q4_glu_rows: no rms_norm
+    /// dispatch; `Forward::fold_*`).
+    norm: Option<&'b Buf>,
 }
 
 pub struct Forward<'a> {
@@ -739,31 +811,45 @@ impl<'a> Forward<'a> {
         self.embed(&mut r, ids, t);
         let h = c.hidden;
         for (i, layer) in self.model.layers.iter().enumerate() {
-            self.rms_norm(&mut r, &s.x, &layer.input_norm, &s.xn, 0, t);
+            // Decode: the norms folded into the row kernels that read them, where all do.
+            let fold_in = t == 1
+                && self.fold_fused(match &layer.mixer {
+                    GpuMixer::Attention(a) => &a.qkv,
+                    GpuMixer::DeltaNet(d) => &d.in_proj,
+                });
+            let norm_in = fold_in.then_some(&layer.input_norm);
+            if !fold_in {
+                self.rms_norm(&mut r, &s.x, &layer.input_norm, &s.xn, 0, t);
+            }
             match &layer.mixer {
                 GpuMixer::Attention(a) => {
                     let (kc, vc) = seq.kv[i].as_ref().expect("attention layer has a KV cache");
-                    self.attention(&mut r, a, kc, vc, seq.len, t);
+                    self.attention(&mut r, a, kc, vc, seq.len, t, norm_in);
                 }
                 GpuMixer::DeltaNet(d) => {
                     let (st, conv) = seq.dn[i].as_ref().expect("DeltaNet layer has state");
-                    self.deltanet(&mut r, d, st, conv, t);
+                    self.deltanet(&mut r, d, st, conv, t, norm_in);
                 }
             }
-            self.rms_norm(&mut r, &s.x, &layer.post_norm, &s.xn, 0, t);
-            self.moe(&mut r, &layer.moe, t);
+            let fold_post = t == 1 && self.fold_moe(&layer.moe);
+            if !fold_post {
+                self.rms_norm(&mut r, &s.x, &layer.post_norm, &s.xn, 0, t);
+            }
+            self.moe(&mut r, &layer.moe, t, fold_post.then_some(&layer.post_norm));
         }
         // §2.7 final norm + LM head.
         let v = c.vocab;
         match out {
             LogitsOut::Last => {
-                self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);
-                self.linear(
-                    &mut r,
-                    "lin.lm_head",
-                    &self.model.lm_head,
-                    self.plain(&s.xn, h, &seq.logits, v, 1),
-                );
+                let lm = &self.model.lm_head;
+                let mut io = self.plain(&s.x, h, &seq.logits, v, 1);
+                if t == 1 && rows_ok(lm, &io) {
+                    io.norm = Some(&self.model.final_norm);
+                } else {
+                    self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);
+                    io.x = &s.xn;
+                }
+                self.linear(&mut r, "lin.lm_head", lm, io);
             }
             LogitsOut::All => {
                 self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, 0, t);
@@ -919,6 +1005,7 @@ impl<'a> Forward<'a> {
             y_stride: rows,
             items: t,
             accumulate: false,
+            norm: None,
         }
     }
 
@@ -967,12 +1054,52 @@ impl<'a> Forward<'a> {
 
     /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
     /// product per part (one in all where the formats allowed joining them at load).
-    fn fused(&self, r: &mut Recorder<'a>, label: &'static str, f: &'a Fused, y: &'a Buf, t: usize) {
+    /// `norm`: the parts read the residual stream and normalise it themselves (`fold_fused`).
+    fn fused(
+        &self,
+        r: &mut Recorder<'a>,
+        label: &'static str,
+        f: &'a Fused,
+        y: &'a Buf,
+        t: usize,
+        norm: Option<&'a Buf>,
+    ) {
         for (lin, off) in &f.parts {
-            let mut io = self.plain(&self.s.xn, self.cfg.hidden, y, f.rows, t);
+            let x = if norm.is_some() {
+                &self.s.x
+            } else {
+                &self.s.xn
+            };
+            let mut io = self.plain(x, self.cfg.hidden, y, f.rows, t);
             io.y_off = *off;
+            io.norm = norm;
             self.linear(r, label, lin, io);
         }
+    }
+
+    /// Whether a decode step's norm before `f` can be folded into it: one part, through
+    /// linear_q4_rows.wgsl.
+    fn fold_fused(&self, f: &Fused) -> bool {
+        let io = self.plain(&self.s.x, self.cfg.hidden, &self.s.x, f.rows, 1);
+        f.parts.len() == 1 && rows_ok(&f.parts[0].0, &io)
+    }
+
+    /// Whether a decode step's norm before the MoE can be folded into its readers: the router
+    /// (`fold_fused`) and the experts' gate/up through linear_q4_glu_rows.wgsl, the shared expert
+    /// riding in the stacks (nothing else reads the normalised input).
+    fn fold_moe(&self, m: &GpuMoe) -> bool {
+        let c = self.cfg;
+        let io = self.plain(
+            &self.s.x,
+            c.hidden,
+            &self.s.act,
+            c.expert_inter,
+            c.top_k + 1,
+        );
+        m.shared.is_none()
+            && self.fold_fused(&m.router)
+            && glu_ok(&m.gate, &m.up, &io)
+            && glu_rows_ok(&m.gate)
     }
 
     /// `y = W x` for plain matrices, slice by slice.
@@ -1009,16 +1136,18 @@ impl<'a> Forward<'a> {
             for sl in &w.slices {
                 let (nx, ny) = grid_2d(sl.count.div_ceil(ROWS_RB));
                 let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
+                let params = norm_params(&params, &io, self.cfg.rms_eps);
                 r.dispatch_as(
                     label,
                     &self.k.linear_q4_rows,
-                    &params[..18],
-                    &[&sl.buf, io.x, io.y],
+                    &params,
+                    &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
                     [nx, ny, io.items as u32],
                 );
             }
             return;
         }
+        debug_assert!(io.norm.is_none(), "a folded norm needs linear_q4_rows");
         let kernel = if mm {
             mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {
@@ -1065,14 +1194,34 @@ impl<'a> Forward<'a> {
         let rows = gate.rows;
         // linear_q4_glu_rows.wgsl (input once per workgroup, 16 rows streamed) for 2,048
         // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
-        let (kernel, per) = if gate.cols == 2048 && gate.mat_words.is_multiple_of(4) {
+        let row_kernel = glu_rows_ok(gate);
+        let (kernel, per) = if row_kernel {
             (&self.k.linear_q4_glu_rows, ROWS_RB)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
+        debug_assert!(row_kernel || io.norm.is_none());
         let (nx, ny) = grid_2d(rows.div_ceil(per));
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
+        if row_kernel {
+            let params = norm_params(&params, &io, self.cfg.rms_eps);
+            r.dispatch_as(
+                label,
+                kernel,
+                &params,
+                &[
+                    &sg.buf,
+                    io.x,
+                    io.y,
+                    &self.s.ids,
+                    &su.buf,
+                    io.norm.unwrap_or(io.x),
+                ],
+                [nx, ny, io.items as u32],
+            );
+            return;
+        }
         r.dispatch_as(
             label,
             kernel,
@@ -1124,6 +1273,7 @@ impl<'a> Forward<'a> {
     }
 
     /// MODEL.md §2.4, with the output projection added into the residual.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         r: &mut Recorder<'a>,
@@ -1132,12 +1282,13 @@ impl<'a> Forward<'a> {
         vc: &'a Buf,
         pos0: usize,
         t: usize,
+        norm: Option<&'a Buf>,
     ) {
         let c = self.cfg;
         let s = self.s;
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
         let stride = a.qkv.rows;
-        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t);
+        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm);
         r.dispatch(
             &self.k.attn_prep,
             &[
@@ -1195,6 +1346,7 @@ impl<'a> Forward<'a> {
         state: &'a Buf,
         conv: &'a Buf,
         t: usize,
+        norm: Option<&'a Buf>,
     ) {
         let c = self.cfg;
         let s = self.s;
@@ -1202,7 +1354,7 @@ impl<'a> Forward<'a> {
         let vd = hv * c.dn_v_dim;
         // Joint output per token: [qkv (conv channels) | z | b | a].
         let stride = d.in_proj.rows;
-        self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t);
+        self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t, norm);
         let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
         if t == 1 && cd.is_multiple_of(dk) && dv <= 128 {
             // A decode step: conv and q/k norm in one dispatch, recurrence and output norm in
@@ -1295,7 +1447,9 @@ impl<'a> Forward<'a> {
     /// the shared expert rides in the routed stacks (expert E, `GpuMoe::shared` None), each
     /// token has k + 1 items, the last one expert E with weight sigmoid(shared gate logit), and
     /// the same dispatches serve both.
-    fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize) {
+    /// `norm`: the router and the experts' GLU read the residual stream and normalise it
+    /// themselves (`fold_moe`).
+    fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize, norm: Option<&'a Buf>) {
         let c = self.cfg;
         let s = self.s;
         let (h, e, k, i, si) = (
@@ -1310,7 +1464,7 @@ impl<'a> Forward<'a> {
         let ks = k + stacked as usize;
         // Per token: E router logits, then the shared expert's gate logit.
         let rs = m.router.rows;
-        self.fused(r, "lin.router", &m.router, &s.router_logits, t);
+        self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm);
         r.dispatch(
             &self.k.moe_route,
             &[
@@ -1364,7 +1518,8 @@ impl<'a> Forward<'a> {
             self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
         } else if glu_ok(&m.gate, &m.up, &gate_io) {
             // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
-            let io = self.plain(&s.xn, h, &s.act, i, tk);
+            let mut io = self.plain(if norm.is_some() { &s.x } else { &s.xn }, h, &s.act, i, tk);
+            io.norm = norm;
             self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks));
         } else {
             self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);

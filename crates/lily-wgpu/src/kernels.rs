@@ -32,22 +32,8 @@ macro_rules! kernels {
                         checked,
                         &constants(stringify!($name), c, stacked),
                     )?,)*
-                    // An experimental feature of wgpu: where it does not compile, the
-                    // products stay on linear_q4_mm.
-                    linear_q4_mm_coop: if gpu.coop {
-                        Kernel::new(
-                            gpu,
-                            "linear_q4_mm_coop",
-                            COMMON,
-                            include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl"),
-                            checked,
-                            &[],
-                        )
-                        .map_err(|e| tracing::warn!("wgpu: linear_q4_mm_coop not used: {e:#}"))
-                        .ok()
-                    } else {
-                        None
-                    },
+                    // Chosen by the backend among `coop_variants` (each checked at load).
+                    linear_q4_mm_coop: None,
                 })
             }
         }
@@ -114,6 +100,72 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
         ],
         _ => Vec::new(),
     }
+}
+
+/// linear_q4_mm_coop.wgsl as written and in variants, for the backend to check one after the
+/// other at load (forward::check_mm) and use the first that computes the right product. On the
+/// H200 through Vulkan (driver 580.159.04, wgpu 30.0.2) the kernel as written differed from the
+/// host's product by 4.2e-1 (relative L2), while its logic with the cooperative operations
+/// emulated is right (tests/coop_emulated.rs). The variants test the suspects:
+/// - "one array": the f16 operands in one workgroup array (ws | xh | xl), in case separate f16
+///   arrays are not laid out on the 16-byte boundaries cooperative loads need;
+/// - "swapped layouts": row- and column-major exchanged in every load and store, in case
+///   `coopLoadT` / `coopLoad` reach the driver the other way round;
+/// - both together;
+/// - those two with the accumulators loaded from zeroed workgroup memory instead of made by the
+///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it).
+///
+/// Any that is wrong is refused by the check, so a wrong guess costs only a compile and a check.
+/// (A third suspect, the Vulkan memory model naga emits for cooperative matrices without
+/// NonPrivatePointer on workgroup accesses, has no variant in WGSL.)
+pub fn coop_variants() -> Vec<(&'static str, String)> {
+    let src = include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl");
+    let one_array = |s: &str| {
+        s.replace(
+            "var<workgroup> ws: array<f16, 4608>;",
+            "var<workgroup> shm: array<f16, 9216>;",
+        )
+        .replace("var<workgroup> xh: array<f16, 2304>;\n", "")
+        .replace("var<workgroup> xl: array<f16, 2304>;\n", "")
+        .replace("ws[", "shm[")
+        .replace("xh[", "shm[4608u + ")
+        .replace("xl[", "shm[6912u + ")
+    };
+    let swapped = |s: &str| {
+        s.replace("coopLoadT<", "COOP_ROW<")
+            .replace("coopLoad<", "coopLoadT<")
+            .replace("COOP_ROW<", "coopLoad<")
+            .replace("coopStore(", "coopStoreT(")
+    };
+    let zeroed = |s: &str| {
+        let mut out = s.to_string();
+        for c in ["c00", "c01", "c10", "c11"] {
+            out = out.replace(
+                &format!("var {c} = coop_mat16x16<f32, C>();"),
+                &format!("var {c} = coopLoad<coop_mat16x16<f32, C>>(&cs[0], 64u);"),
+            );
+        }
+        out.replace(
+            "    let sg = lid / 32u;\n",
+            "    let sg = lid / 32u;\n    for (var i = lid; i < 2048u; i += 64u) {\n        cs[i] = 0.0;\n    }\n    workgroupBarrier();\n",
+        )
+    };
+    vec![
+        ("as written", src.to_string()),
+        ("one array", one_array(src)),
+        ("swapped layouts", swapped(src)),
+        ("one array, swapped layouts", swapped(&one_array(src))),
+        ("zeroed accumulators, one array", zeroed(&one_array(src))),
+        (
+            "zeroed accumulators, one array, swapped layouts",
+            swapped(&zeroed(&one_array(src))),
+        ),
+    ]
+}
+
+/// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`).
+pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool) -> Result<Kernel> {
+    Kernel::new(gpu, "linear_q4_mm_coop", COMMON, source, checked, &[])
 }
 
 /// linear_q4_mm_coop.wgsl with its cooperative-matrix operations done in plain WGSL (f32
@@ -256,3 +308,42 @@ fn emu_store(c: array<f32, 8>, base: u32, lid: u32) {
     }
 }
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgpu::naga;
+
+    /// Every variant of linear_q4_mm_coop.wgsl, with the shared helpers as the loader joins them,
+    /// parses and validates in naga with cooperative matrices and f16 allowed (no GPU needed:
+    /// the variants only compile on adapters that have cooperative matrices).
+    #[test]
+    fn coop_variants_validate() {
+        let variants = coop_variants();
+        assert_eq!(variants.len(), 6);
+        // Each rewrite took effect.
+        assert!(variants[1].1.contains("shm[4608u + ") && !variants[1].1.contains("xh["));
+        assert!(
+            variants[2].1.contains("coopStoreT(")
+                && variants[2].1.contains("coopLoad<coop_mat16x16<f16, A>>")
+        );
+        assert!(variants[3].1.contains("shm[6912u + ") && variants[3].1.contains("coopStoreT("));
+        for v in &variants[4..] {
+            assert!(v.1.contains("cs[i] = 0.0;") && !v.1.contains("coop_mat16x16<f32, C>()"));
+        }
+        for (name, source) in variants {
+            let (enables, body): (Vec<&str>, Vec<&str>) = source
+                .lines()
+                .partition(|l| l.trim_start().starts_with("enable "));
+            let code = format!("{}\n{COMMON}\n{}", enables.join("\n"), body.join("\n"));
+            let module = naga::front::wgsl::parse_str(&code)
+                .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&code)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        }
+    }
+}
