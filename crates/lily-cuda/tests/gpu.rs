@@ -1245,7 +1245,10 @@ fn tensor_core_decode_gemvs_match_cpu() {
         // The staged row is the normed input rounded to bf16 (within the norm's own rounding
         // steps); the projections are then checked on exactly that row.
         check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-2);
-        assert!(got_xn.iter().all(|&v| v == round_bf16(v)), "{what}: staged row not bf16");
+        assert!(
+            got_xn.iter().all(|&v| v == round_bf16(v)),
+            "{what}: staged row not bf16"
+        );
         for (i, got) in got.iter().enumerate() {
             // Exact (unrounded) sums: only the f32 accumulation differs; the others are rounded
             // to bf16 (2^-9 relative at most).
@@ -1305,11 +1308,19 @@ fn tensor_core_decode_gemvs_match_cpu() {
         let got_ids: Vec<i32> = d.read(&ids, 0, top_k).unwrap();
         assert_eq!(got_ids, want_ids, "dec_glu4m round {round}: routed experts");
         let mx = logits[order[0]];
-        let picked: Vec<f32> = order[..top_k].iter().map(|&i| (logits[i] - mx).exp()).collect();
+        let picked: Vec<f32> = order[..top_k]
+            .iter()
+            .map(|&i| (logits[i] - mx).exp())
+            .collect();
         let sum: f32 = picked.iter().sum();
         let want_w: Vec<f32> = picked.iter().map(|p| p / sum).collect();
         let got_w: Vec<f32> = d.read(&route_w, 0, top_k).unwrap();
-        check(&format!("dec_glu4m round {round} routing weights"), &got_w, &want_w, 4e-3);
+        check(
+            &format!("dec_glu4m round {round} routing weights"),
+            &got_w,
+            &want_w,
+            4e-3,
+        );
         let silu = |g: f32| g / (1.0 + (-g).exp());
         let mut want_h = Vec::with_capacity(top_k * inter);
         for &id in &want_ids {
@@ -1318,12 +1329,22 @@ fn tensor_core_decode_gemvs_match_cpu() {
             want_h.extend(g.iter().zip(&u).map(|(g, u)| silu(*g) * u));
         }
         let got_h: Vec<f32> = d.read(&hd, 0, top_k * inter).unwrap();
-        check(&format!("dec_glu4m round {round} routed h"), &got_h, &want_h, 1e-2);
+        check(
+            &format!("dec_glu4m round {round} routed h"),
+            &got_h,
+            &want_h,
+            1e-2,
+        );
         let g = matmul(&sgate, &xn);
         let u = matmul(&sup, &xn);
         let want_s: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
         let got_s: Vec<f32> = d.read(&hsd, 0, sinter).unwrap();
-        check(&format!("dec_glu4m round {round} shared h"), &got_s, &want_s, 1e-2);
+        check(
+            &format!("dec_glu4m round {round} shared h"),
+            &got_s,
+            &want_s,
+            1e-2,
+        );
     }
     println!("KERNEL decode.cu tensor-core GEMVs and MoE first half match the CPU");
 }

@@ -10,47 +10,14 @@
 use std::sync::Arc;
 
 use lily_core::backend::{Backend, Flow};
-use lily_core::checkpoint::{self, LoadOptions};
 use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
-use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
+use lily_core::synth::{Preset, SynthFormat};
 use lily_core::weights::ModelWeights;
 use lily_wgpu::{WgpuBackend, WgpuOptions};
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
-    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
-        (0..n).map(|_| self.below(vocab) as u32).collect()
-    }
-}
-
-fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
-    let dir = std::env::temp_dir().join(format!(
-        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    synth(&SynthOptions {
-        preset,
-        format,
-        seed,
-        out: dir.clone(),
-        tokenizer: None,
-        layers: None,
-    })
-    .unwrap();
-    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    Arc::new(w)
-}
+mod support;
+use support::{synth_model, wgpu_backend_with, Rng};
 
 /// The wgpu backend, or `None` (test skipped) where no adapter exists outside CI.
 fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
@@ -62,23 +29,6 @@ fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
             ..WgpuOptions::default()
         },
     )
-}
-
-fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBackend> {
-    match WgpuBackend::new(w, opts) {
-        Ok(b) => {
-            println!("adapter: {}", lily_wgpu::describe_adapter(b.adapter()));
-            Some(b)
-        }
-        Err(e) => {
-            let ci = matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"));
-            if ci {
-                panic!("CI needs a wgpu adapter (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1): {e:#}");
-            }
-            println!("SKIPPED: no usable wgpu adapter here: {e:#}");
-            None
-        }
-    }
 }
 
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {

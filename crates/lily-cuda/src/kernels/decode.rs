@@ -157,7 +157,11 @@ fn mma_tile_rows(groups: usize, warps: usize) -> Option<usize> {
 /// biases 8-byte aligned (they are read 8 bytes at a time).
 fn mma_reads(w: &DevLinear) -> bool {
     let a = w.arg();
-    w.bits == 4 && w.group == 64 && [a.q, a.scales, a.biases].iter().all(|p| p.is_multiple_of(8))
+    w.bits == 4
+        && w.group == 64
+        && [a.q, a.scales, a.biases]
+            .iter()
+            .all(|p| p.is_multiple_of(8))
 }
 
 /// Lanes that share one row of `cols` columns, and rows per warp step.
@@ -479,7 +483,9 @@ impl Decode {
         // dec_glu4m), so 4 · MMA_KG must divide the groups.
         let groups = a.gate.cols / 64;
         let mma = gpu.mma_gemv
-            && [a.gate, a.up, a.shared_gate, a.shared_up].iter().all(|w| mma_reads(w))
+            && [a.gate, a.up, a.shared_gate, a.shared_up]
+                .iter()
+                .all(|w| mma_reads(w))
             && mma_tile_rows(groups, WARPS / 2) == Some(16);
         let (kernel, rows_per_tile) = if mma {
             (&self.glu4m, 16)

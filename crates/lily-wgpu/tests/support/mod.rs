@@ -1,0 +1,64 @@
+//! Pieces the wgpu test binaries share: a seeded generator, a synthetic model, the backend or a
+//! skip (outside CI) where no adapter exists.
+#![allow(dead_code)] // each binary uses its own subset
+
+use std::sync::Arc;
+
+use lily_core::checkpoint::{self, LoadOptions};
+use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
+use lily_core::weights::ModelWeights;
+use lily_wgpu::{WgpuBackend, WgpuOptions};
+
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+    pub fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.below(vocab) as u32).collect()
+    }
+}
+
+pub fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
+    let dir = std::env::temp_dir().join(format!(
+        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    synth(&SynthOptions {
+        preset,
+        format,
+        seed,
+        out: dir.clone(),
+        tokenizer: None,
+        layers: None,
+    })
+    .unwrap();
+    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Arc::new(w)
+}
+
+/// The backend with `opts`, or `None` (test skipped, with a message) where no adapter exists;
+/// under CI=true a missing adapter fails the test.
+pub fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::new(w, opts) {
+        Ok(b) => {
+            println!("adapter: {}", lily_wgpu::describe_adapter(b.adapter()));
+            Some(b)
+        }
+        Err(e) => {
+            let ci = matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"));
+            if ci {
+                panic!("CI needs a wgpu adapter (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1): {e:#}");
+            }
+            println!("SKIPPED: no usable wgpu adapter here: {e:#}");
+            None
+        }
+    }
+}
