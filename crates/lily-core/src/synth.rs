@@ -643,25 +643,28 @@ fn write_shard<'a>(
         let tensor_seed = hash_str(opts.seed, &s.logical);
         let n_rows = s.n_rows();
         let row_bytes: Vec<usize> = s.stored().iter().map(|t| t.3 / n_rows).collect();
-        const BLOCK: usize = 2048;
-        for block_start in (0..n_rows).step_by(BLOCK) {
-            let rows: Vec<usize> = (block_start..(block_start + BLOCK).min(n_rows)).collect();
-            let encoded: Vec<[Vec<u8>; 3]> = rows
-                .par_iter()
-                .map_init(Vec::new, |buf, &r| {
+        // Runs of CHUNK rows, each computed, encoded and written at its own offsets by whichever
+        // thread takes it (positioned writes to one file): nothing is gathered or written by one
+        // thread while the others wait.
+        const CHUNK: usize = 256;
+        (0..n_rows.div_ceil(CHUNK)).into_par_iter().try_for_each_init(
+            || (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]),
+            |(buf, parts), c| -> Result<()> {
+                let rows = c * CHUNK..((c + 1) * CHUNK).min(n_rows);
+                parts.iter_mut().for_each(Vec::clear);
+                for r in rows.clone() {
                     row_values(s, tensor_seed, r, opts.format, buf);
-                    encode_row(s, buf)
-                })
-                .collect();
-            for (part, (&start, &rb)) in starts.iter().zip(&row_bytes).enumerate() {
-                let bytes: Vec<u8> = encoded
-                    .iter()
-                    .flat_map(|e| e[part].iter().copied())
-                    .collect();
-                file.write_all_at(&bytes, (data_start + start + block_start * rb) as u64)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
-            }
-        }
+                    for (part, bytes) in parts.iter_mut().zip(encode_row(s, buf)) {
+                        part.extend_from_slice(&bytes);
+                    }
+                }
+                for (part, (&start, &rb)) in parts.iter().zip(starts.iter().zip(&row_bytes)) {
+                    file.write_all_at(part, (data_start + start + rows.start * rb) as u64)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                }
+                Ok(())
+            },
+        )?;
     }
     file.sync_all()?;
     Ok((data_start + offset) as u64)
