@@ -647,24 +647,26 @@ fn write_shard<'a>(
         // thread takes it (positioned writes to one file): nothing is gathered or written by one
         // thread while the others wait.
         const CHUNK: usize = 256;
-        (0..n_rows.div_ceil(CHUNK)).into_par_iter().try_for_each_init(
-            || (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]),
-            |(buf, parts), c| -> Result<()> {
-                let rows = c * CHUNK..((c + 1) * CHUNK).min(n_rows);
-                parts.iter_mut().for_each(Vec::clear);
-                for r in rows.clone() {
-                    row_values(s, tensor_seed, r, opts.format, buf);
-                    for (part, bytes) in parts.iter_mut().zip(encode_row(s, buf)) {
-                        part.extend_from_slice(&bytes);
+        (0..n_rows.div_ceil(CHUNK))
+            .into_par_iter()
+            .try_for_each_init(
+                || (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]),
+                |(buf, parts), c| -> Result<()> {
+                    let rows = c * CHUNK..((c + 1) * CHUNK).min(n_rows);
+                    parts.iter_mut().for_each(Vec::clear);
+                    for r in rows.clone() {
+                        row_values(s, tensor_seed, r, opts.format, buf);
+                        for (part, bytes) in parts.iter_mut().zip(encode_row(s, buf)) {
+                            part.extend_from_slice(&bytes);
+                        }
                     }
-                }
-                for (part, (&start, &rb)) in parts.iter().zip(starts.iter().zip(&row_bytes)) {
-                    file.write_all_at(part, (data_start + start + rows.start * rb) as u64)
-                        .with_context(|| format!("cannot write {}", path.display()))?;
-                }
-                Ok(())
-            },
-        )?;
+                    for (part, (&start, &rb)) in parts.iter().zip(starts.iter().zip(&row_bytes)) {
+                        file.write_all_at(part, (data_start + start + rows.start * rb) as u64)
+                            .with_context(|| format!("cannot write {}", path.display()))?;
+                    }
+                    Ok(())
+                },
+            )?;
     }
     file.sync_all()?;
     Ok((data_start + offset) as u64)

@@ -95,15 +95,8 @@ impl CudaBackend {
         }
         let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
         gpu.dependent_launch = plan.dependent_launch();
-        gpu.bulk_gemv = plan.bulk_gemv() && gpu.can_launch_dependents;
-        gpu.l1_weights = plan.l1_weights();
-        gpu.mma_gemv = plan.mma_gemv();
-        gpu.mma_lm_head = plan.mma_lm_head();
-        gpu.early_trigger = plan.early_trigger();
-        gpu.dec_blocks_per_sm = plan.decode_blocks_per_sm();
-        gpu.sample_parts = plan.multi_block_sampling();
-        gpu.sample_warp_scan = plan.warp_scan_sampling();
-        gpu.mma_attention = plan.mma_attention();
+        gpu.switches = plan.kernel_switches();
+        gpu.switches.bulk_gemv &= gpu.can_launch_dependents;
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

@@ -59,6 +59,47 @@ pub struct LaunchChecks {
     pub profile: bool,
 }
 
+/// Which kernels the decode step and the device sampler use, as the plan resolves them
+/// (`Plan::kernel_switches`; the meaning of each: `CudaOptions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSwitches {
+    /// The wide 4-bit decode projections stream by bulk copies (compute capability 9 and later).
+    pub bulk_gemv: bool,
+    /// decode.cu's weight loads allocate in L1 (built with DEC_WEIGHTS_L1).
+    pub l1_weights: bool,
+    /// The 4-bit decode GEMVs on the tensor cores (bf16 activations only).
+    pub mma_gemv: bool,
+    /// Only the widest decode GEMV (the lm_head) on the tensor cores.
+    pub mma_lm_head: bool,
+    /// decode.cu built with DEC_EARLY_TRIGGER.
+    pub early_trigger: bool,
+    /// Resident blocks per SM of the persistent decode grids (1 or 2).
+    pub dec_blocks_per_sm: usize,
+    /// Sampled picks' first pass over many blocks (sample_part).
+    pub sample_parts: bool,
+    /// sample.cu built with SAMPLE_WARP_SCAN.
+    pub sample_warp_scan: bool,
+    /// One-token split-KV attention on the tensor cores (bf16 activations only).
+    pub mma_attention: bool,
+}
+
+impl Default for KernelSwitches {
+    /// The kernels a `Gpu` starts with before a plan sets them: the CUDA-core paths.
+    fn default() -> KernelSwitches {
+        KernelSwitches {
+            bulk_gemv: false,
+            l1_weights: false,
+            mma_gemv: false,
+            mma_lm_head: false,
+            early_trigger: false,
+            dec_blocks_per_sm: 2,
+            sample_parts: true,
+            sample_warp_scan: false,
+            mma_attention: false,
+        }
+    }
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -74,31 +115,10 @@ pub struct Gpu {
     pub dependent_launch: bool,
     /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
     pub can_launch_dependents: bool,
-    /// The wide 4-bit decode projections stream by bulk copies (the plan's `bulk_gemv`, on
-    /// compute capability 9 and later only: set by the backend).
-    pub bulk_gemv: bool,
-    /// The decode kernels' weight loads allocate in L1 (the plan's `l1_weights`; decode.cu is
-    /// compiled with DEC_WEIGHTS_L1): set before `Kernels::load`.
-    pub l1_weights: bool,
-    /// The 4-bit decode GEMVs multiply on the tensor cores (the plan's `mma_gemv`; only with bf16
-    /// activations: set by the backend).
-    pub mma_gemv: bool,
-    /// Only the widest decode GEMV (the lm_head) on the tensor cores (the plan's `mma_lm_head`).
-    pub mma_lm_head: bool,
-    /// decode.cu compiled with DEC_EARLY_TRIGGER (the plan's `early_trigger`): set before
-    /// `Kernels::load`.
-    pub early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode grids (the plan's `decode_blocks_per_sm`).
-    pub dec_blocks_per_sm: usize,
-    /// Sampled picks run their first pass over many blocks (sample_part; the plan's
-    /// `multi_block_sampling`), else in one block.
-    pub sample_parts: bool,
-    /// sample.cu compiled with SAMPLE_WARP_SCAN (the plan's `warp_scan_sampling`): set before
-    /// `Kernels::load`.
-    pub sample_warp_scan: bool,
-    /// One-token split-KV attention on the tensor cores (attn_split_mma; the plan's
-    /// `mma_attention`, bf16 activations only).
-    pub mma_attention: bool,
+    /// The kernel choices and build switches the plan makes (`Plan::kernel_switches`; tests set
+    /// them directly). Build switches (`l1_weights`, `early_trigger`, `sample_warp_scan`) must be
+    /// set before `Kernels::load`.
+    pub switches: KernelSwitches,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -179,15 +199,7 @@ impl Gpu {
             sm_count,
             checks,
             dependent_launch: false,
-            bulk_gemv: false,
-            l1_weights: false,
-            mma_gemv: false,
-            mma_lm_head: false,
-            early_trigger: false,
-            dec_blocks_per_sm: 2,
-            sample_parts: true,
-            sample_warp_scan: false,
-            mma_attention: false,
+            switches: KernelSwitches::default(),
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,

@@ -11,7 +11,7 @@
 use lily_core::config::ModelConfig;
 use lily_core::sampling::SamplingParams;
 
-use crate::gpu::LaunchChecks;
+use crate::gpu::{KernelSwitches, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape};
 use crate::kernels::decode::{self, Decode};
 use crate::kernels::gemm;
@@ -309,15 +309,7 @@ pub struct Plan {
     graphs: bool,
     fused_decode: bool,
     dependent_launch: bool,
-    bulk_gemv: bool,
-    l1_weights: bool,
-    mma_gemv: bool,
-    mma_lm_head: bool,
-    early_trigger: bool,
-    decode_blocks_per_sm: usize,
-    multi_block_sampling: bool,
-    warp_scan_sampling: bool,
-    mma_attention: bool,
+    switches: KernelSwitches,
     checks: LaunchChecks,
 }
 
@@ -343,15 +335,17 @@ impl Plan {
             graphs: o.graphs,
             fused_decode: o.fused_decode,
             dependent_launch: o.dependent_launch,
-            bulk_gemv: o.bulk_gemv,
-            l1_weights: o.l1_weights,
-            mma_gemv: o.mma_gemv && o.bf16_activations,
-            mma_lm_head: o.mma_lm_head && o.bf16_activations,
-            early_trigger: o.early_trigger,
-            decode_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
-            multi_block_sampling: o.multi_block_sampling,
-            warp_scan_sampling: o.warp_scan_sampling,
-            mma_attention: o.mma_attention && o.bf16_activations,
+            switches: KernelSwitches {
+                bulk_gemv: o.bulk_gemv,
+                l1_weights: o.l1_weights,
+                mma_gemv: o.mma_gemv && o.bf16_activations,
+                mma_lm_head: o.mma_lm_head && o.bf16_activations,
+                early_trigger: o.early_trigger,
+                dec_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
+                sample_parts: o.multi_block_sampling,
+                sample_warp_scan: o.warp_scan_sampling,
+                mma_attention: o.mma_attention && o.bf16_activations,
+            },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
                 profile: o.profile,
@@ -506,50 +500,10 @@ impl Plan {
         self.dependent_launch
     }
 
-    /// Whether the wide 4-bit decode projections stream by bulk copies (the GPU must also have
-    /// them: `Gpu::can_launch_dependents`, compute capability 9 and later).
-    pub fn bulk_gemv(&self) -> bool {
-        self.bulk_gemv
-    }
-
-    /// Whether the decode kernels' weight loads allocate in L1.
-    pub fn l1_weights(&self) -> bool {
-        self.l1_weights
-    }
-
-    /// Whether the 4-bit decode GEMVs multiply on the tensor cores (bf16 activations only).
-    pub fn mma_gemv(&self) -> bool {
-        self.mma_gemv
-    }
-
-    /// Whether the lm_head's decode GEMV multiplies on the tensor cores.
-    pub fn mma_lm_head(&self) -> bool {
-        self.mma_lm_head
-    }
-
-    /// Whether decode kernels let the next one launch before their wait.
-    pub fn early_trigger(&self) -> bool {
-        self.early_trigger
-    }
-
-    /// Resident blocks per SM of the persistent decode GEMV grids (1 or 2).
-    pub fn decode_blocks_per_sm(&self) -> usize {
-        self.decode_blocks_per_sm
-    }
-
-    /// Whether sampled picks take many blocks for their first pass.
-    pub fn multi_block_sampling(&self) -> bool {
-        self.multi_block_sampling
-    }
-
-    /// Whether a sampled pick's radix select scans its bins with one warp.
-    pub fn warp_scan_sampling(&self) -> bool {
-        self.warp_scan_sampling
-    }
-
-    /// Whether one-token split-KV attention runs on the tensor cores (bf16 activations only).
-    pub fn mma_attention(&self) -> bool {
-        self.mma_attention
+    /// The decode and sampler kernels this plan picks (a GPU's `switches`; bulk copies also need
+    /// `Gpu::can_launch_dependents`, compute capability 9 and later).
+    pub fn kernel_switches(&self) -> KernelSwitches {
+        self.switches
     }
 
     /// The debug checks every launch gets.
@@ -560,6 +514,7 @@ impl Plan {
     /// One line for logs: the mode and every switch.
     pub fn describe(&self) -> String {
         let on = |b: bool| if b { "on" } else { "off" };
+        let sw = self.switches;
         format!(
             "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
@@ -573,15 +528,15 @@ impl Plan {
             on(self.decode_graphs()),
             on(self.fused_decode),
             on(self.dependent_launch),
-            on(self.bulk_gemv),
-            on(self.l1_weights),
-            on(self.mma_gemv),
-            on(self.mma_gemv || self.mma_lm_head),
-            on(self.early_trigger),
-            self.decode_blocks_per_sm,
-            on(self.multi_block_sampling),
-            on(self.warp_scan_sampling),
-            on(self.mma_attention),
+            on(sw.bulk_gemv),
+            on(sw.l1_weights),
+            on(sw.mma_gemv),
+            on(sw.mma_gemv || sw.mma_lm_head),
+            on(sw.early_trigger),
+            sw.dec_blocks_per_sm,
+            on(sw.sample_parts),
+            on(sw.sample_warp_scan),
+            on(sw.mma_attention),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -680,13 +635,18 @@ mod tests {
             bf16_activations: false,
             ..CudaOptions::default()
         });
-        assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.mma_gemv());
+        assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.kernel_switches().mma_gemv);
         let mma = Plan::resolve(&CudaOptions {
             mma_gemv: true,
             ..CudaOptions::default()
         });
-        assert!(mma.mma_gemv());
-        assert!(!fp32.mma_attention() && Plan::resolve(&CudaOptions::default()).mma_attention());
+        assert!(mma.kernel_switches().mma_gemv);
+        assert!(
+            !fp32.kernel_switches().mma_attention
+                && Plan::resolve(&CudaOptions::default())
+                    .kernel_switches()
+                    .mma_attention
+        );
         let shape = AttnShape {
             n_q: 16,
             n_kv: 2,

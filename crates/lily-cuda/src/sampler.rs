@@ -76,7 +76,7 @@ impl DeviceSampler {
             n_bias: ids.len(),
             greedy,
             argmax_parts: gpu.alloc(ARGMAX_SCRATCH * 4)?,
-            cands: if gpu.sample_parts && !greedy {
+            cands: if gpu.switches.sample_parts && !greedy {
                 Some(gpu.alloc(SAMPLE_CANDS_WORDS * 4)?)
             } else {
                 None

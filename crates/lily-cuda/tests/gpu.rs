@@ -797,7 +797,7 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
-                rig.g.g.mma_attention = mma;
+                rig.g.g.switches.mma_attention = mma;
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
@@ -1228,7 +1228,7 @@ fn round_bf16(v: f32) -> f32 {
 #[ignore = "needs an NVIDIA GPU"]
 fn tensor_core_decode_gemvs_match_cpu() {
     let mut d = dev(true);
-    d.g.mma_gemv = true;
+    d.g.switches.mma_gemv = true;
     let mut rng = Rng(41);
     for (cols, gated) in [
         (2048usize, false),
@@ -1367,9 +1367,12 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
     ] {
         let case = GemvCase::new(&d, &mut rng, cols, gated, false);
         for bulk in [false, true] {
-            d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+            d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
             let (got_xn, got) = case.run(&d);
-            let what = format!("dec_gemv {cols} cols gated={gated} bulk={}", d.g.bulk_gemv);
+            let what = format!(
+                "dec_gemv {cols} cols gated={gated} bulk={}",
+                d.g.switches.bulk_gemv
+            );
             check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
             for (i, got) in got.iter().enumerate() {
                 let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
@@ -1383,14 +1386,14 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
     let x = rng.vec(2048, 1.0);
     let xd = d.upload(&x).unwrap();
     for bulk in [false, true] {
-        d.g.bulk_gemv = bulk && d.g.can_launch_dependents;
+        d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
         let out = poisoned(&d, 20_000);
         d.k.decode
             .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
             .unwrap();
         let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
         check(
-            &format!("dec_gemv 20000 rows bulk={}", d.g.bulk_gemv),
+            &format!("dec_gemv 20000 rows bulk={}", d.g.switches.bulk_gemv),
             &got,
             &matmul(&w, &x),
             1e-5,
@@ -1683,7 +1686,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
     // Each set on the many-block pick (sample_part + sample_pick_parts, the default), on the
     // one-block sample_pick, and on the many-block pick with the warp-scan radix select
     // (sample.cu built with SAMPLE_WARP_SCAN, the plan's `warp_scan_sampling`).
-    let mut gw = dev_with(false, |g| g.sample_warp_scan = true);
+    let mut gw = dev_with(false, |g| g.switches.sample_warp_scan = true);
     let sets: Vec<(String, SamplingParams, bool, bool, bool, bool)> = sets
         .into_iter()
         .flat_map(|(n, p, c, m)| {
@@ -1696,7 +1699,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         .collect();
     for (name, params, coarse, constrained, parts, warp) in sets {
         let g: &mut Dev = if warp { &mut gw } else { &mut g };
-        g.g.sample_parts = parts;
+        g.g.switches.sample_parts = parts;
         let dl = g.alloc(vocab * 4).unwrap();
         let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
         let (dt, dlp) = (poisoned(g, 1), poisoned(g, 1));

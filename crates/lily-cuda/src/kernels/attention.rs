@@ -337,7 +337,7 @@ impl Attention {
         let group = s.n_q / s.n_kv;
         let chunks = group.div_ceil(SPLIT_MAX_G);
         let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
-        let mma = gpu.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
+        let mma = gpu.switches.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
         let (kernel, smem) = if mma {
             (&self.split_mma, split_mma_smem_bytes(s.d))
         } else {

@@ -368,11 +368,12 @@ impl Decode {
         // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
-        let bulk = gpu.bulk_gemv && bulk_serves(input.cols, outs);
+        let bulk = gpu.switches.bulk_gemv && bulk_serves(input.cols, outs);
         // The tensor-core kernel: every projection (`mma_gemv`), or only a launch of at least
         // MMA_WIDE_ROWS rows (`mma_lm_head`: the lm_head).
         let rows_total: usize = outs.iter().map(|(w, _)| w.rows).sum();
-        let wanted = gpu.mma_gemv || (gpu.mma_lm_head && rows_total >= MMA_WIDE_ROWS);
+        let sw = gpu.switches;
+        let wanted = sw.mma_gemv || (sw.mma_lm_head && rows_total >= MMA_WIDE_ROWS);
         let mma = match mma_tile_rows(groups, WARPS) {
             Some(rows) if wanted && !bulk && outs.iter().all(|(w, _)| mma_reads(w)) => Some(rows),
             _ => None,
@@ -446,7 +447,7 @@ impl Decode {
         let (grid, smem) = if bulk {
             (total.min(gpu.sm_count), bulk_smem(input.cols))
         } else {
-            (total.min(gpu.dec_blocks_per_sm * gpu.sm_count), 0)
+            (total.min(gpu.switches.dec_blocks_per_sm * gpu.sm_count), 0)
         };
         let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, smem);
         gpu.launch(kernel, cfg, |l| {
@@ -482,7 +483,7 @@ impl Decode {
         // On the tensor cores: four warps a matrix, each a quarter of the groups (decode.cu's
         // dec_glu4m), so 4 · MMA_KG must divide the groups.
         let groups = a.gate.cols / 64;
-        let mma = gpu.mma_gemv
+        let mma = gpu.switches.mma_gemv
             && [a.gate, a.up, a.shared_gate, a.shared_up]
                 .iter()
                 .all(|w| mma_reads(w))
@@ -496,7 +497,7 @@ impl Decode {
         };
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        let grid = tiles.min(gpu.dec_blocks_per_sm * gpu.sm_count) as u32;
+        let grid = tiles.min(gpu.switches.dec_blocks_per_sm * gpu.sm_count) as u32;
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),

@@ -104,14 +104,17 @@ impl Kernels {
             sample: sample::Sample::load(&sample::FILE.load_with(
                 gpu,
                 bf16,
-                &[format!("SAMPLE_WARP_SCAN={}", gpu.sample_warp_scan as i32)],
+                &[format!(
+                    "SAMPLE_WARP_SCAN={}",
+                    gpu.switches.sample_warp_scan as i32
+                )],
             )?)?,
             decode: decode::Decode::load(&decode::FILE.load_with(
                 gpu,
                 bf16,
                 &[
-                    format!("DEC_WEIGHTS_L1={}", gpu.l1_weights as i32),
-                    format!("DEC_EARLY_TRIGGER={}", gpu.early_trigger as i32),
+                    format!("DEC_WEIGHTS_L1={}", gpu.switches.l1_weights as i32),
+                    format!("DEC_EARLY_TRIGGER={}", gpu.switches.early_trigger as i32),
                 ],
             )?)?,
         })
