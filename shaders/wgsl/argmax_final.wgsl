@@ -11,9 +11,6 @@ struct P {
 @group(0) @binding(1) var<storage, read> Parts: array<f32>;
 @group(0) @binding(2) var<storage, read_write> Out: array<u32>;
 
-var<workgroup> best_v: array<f32, 256>;
-var<workgroup> best_i: array<u32, 256>;
-
 @compute @workgroup_size(256)
 fn argmax_final(@builtin(local_invocation_index) lid: u32) {
     var m = NEG_BIG;
@@ -26,23 +23,9 @@ fn argmax_final(@builtin(local_invocation_index) lid: u32) {
             mi = i;
         }
     }
-    best_v[lid] = m;
-    best_i[lid] = mi;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            let ov = best_v[lid + s];
-            let oi = best_i[lid + s];
-            if (ov > best_v[lid] || (ov == best_v[lid] && oi < best_i[lid])) {
-                best_v[lid] = ov;
-                best_i[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
-    let mx = best_v[0];
-    let idx = best_i[0];
-    workgroupBarrier();
+    let best = wg256_argmax(lid, m, mi);
+    let mx = best.v;
+    let idx = best.i;
     var sum = 0.0;
     for (var b = lid; b < p.parts; b += 256u) {
         let s = Parts[4u * b + 2u];
@@ -50,16 +33,9 @@ fn argmax_final(@builtin(local_invocation_index) lid: u32) {
             sum += s * exp(Parts[4u * b] - mx);
         }
     }
-    best_v[lid] = sum;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            best_v[lid] += best_v[lid + s];
-        }
-        workgroupBarrier();
-    }
+    let total = wg256_sum(lid, sum);
     if (lid == 0u) {
         Out[0] = idx;
-        Out[1] = bitcast<u32>(-log(best_v[0]));
+        Out[1] = bitcast<u32>(-log(total));
     }
 }

@@ -102,3 +102,69 @@ fn wg_max(lid: u32, v: f32) -> f32 {
 fn rms_scale(lid: u32, ss: f32, cols: u32, eps: f32) -> f32 {
     return 1.0 / sqrt(wg_sum(lid, ss) / f32(cols) + eps);
 }
+
+var<workgroup> wg256_v: array<f32, 256>;
+var<workgroup> wg256_i: array<u32, 256>;
+
+struct ValId {
+    v: f32,
+    i: u32,
+}
+
+// The largest v over a 256-invocation workgroup and its id i, the lower id on ties; every
+// invocation gets it. Uniform control flow only.
+fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    wg256_v[lid] = v;
+    wg256_i[lid] = i;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ov = wg256_v[lid + s];
+            let oi = wg256_i[lid + s];
+            if (ov > wg256_v[lid] || (ov == wg256_v[lid] && oi < wg256_i[lid])) {
+                wg256_v[lid] = ov;
+                wg256_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = ValId(wg256_v[0], wg256_i[0]);
+    workgroupBarrier();
+    return r;
+}
+
+// Σ v over a 256-invocation workgroup (a tree, the same order every time); every invocation
+// gets it. Uniform control flow only.
+fn wg256_sum(lid: u32, v: f32) -> f32 {
+    wg256_v[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            wg256_v[lid] += wg256_v[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = wg256_v[0];
+    workgroupBarrier();
+    return total;
+}
+
+// A radix-select pass's histogram (byte `shift` of the keys that match the prefix so far; the
+// sampling kernels fill it).
+var<workgroup> wg_bins: array<atomic<u32>, 256>;
+
+// The bin holding the remaining-th largest key, walking wg_bins from the top, and how many of
+// that bin's keys are still wanted: (bin, remaining within it). One invocation calls it.
+fn radix_bin(wanted: u32) -> vec2<u32> {
+    var remaining = wanted;
+    var d = 255u;
+    loop {
+        let c = atomicLoad(&wg_bins[d]);
+        if (remaining <= c || d == 0u) {
+            break;
+        }
+        remaining -= c;
+        d--;
+    }
+    return vec2<u32>(d, remaining);
+}

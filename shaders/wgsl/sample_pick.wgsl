@@ -42,7 +42,6 @@ const HIST_SEEN: u32 = 0x80000000u;
 const HIST_COUNT: u32 = 0x7fffffffu;
 const T: u32 = 256u;
 
-var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> ncand: atomic<u32>;
 var<workgroup> nvalid: atomic<u32>;
 var<workgroup> sel: vec3<u32>;            // (key prefix, how many still to take, k in effect)
@@ -150,7 +149,7 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
     var mask = 0u;
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        atomicStore(&bins[lid], 0u);
+        atomicStore(&wg_bins[lid], 0u);
         let s0 = workgroupUniformLoad(&sel);
         let prefix = s0.x;
         if (k > 0u) {
@@ -159,24 +158,15 @@ fn sample_pick(@builtin(local_invocation_index) lid: u32) {
                 if (valid(v)) {
                     let kk = key(v);
                     if ((kk & mask) == prefix) {
-                        atomicAdd(&bins[(kk >> shift) & 255u], 1u);
+                        atomicAdd(&wg_bins[(kk >> shift) & 255u], 1u);
                     }
                 }
             }
         }
         workgroupBarrier();
         if (lid == 0u && k > 0u) {
-            var remaining = s0.y;
-            var d = 255u;
-            loop {
-                let c = atomicLoad(&bins[d]);
-                if (remaining <= c || d == 0u) {
-                    break;
-                }
-                remaining -= c;
-                d--;
-            }
-            sel = vec3<u32>(prefix | (d << shift), remaining, k);
+            let hit = radix_bin(s0.y);
+            sel = vec3<u32>(prefix | (hit.x << shift), hit.y, k);
         }
         mask = mask | (255u << shift);
         // Invocation 0 has read the bins before they are cleared for the next pass.

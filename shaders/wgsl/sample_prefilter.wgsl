@@ -22,7 +22,6 @@ const T: u32 = 256u;
 const PER: u32 = 4u;   // span ≤ T · PER
 
 var<workgroup> keys: array<u32, 1024>;
-var<workgroup> bins: array<atomic<u32>, 256>;
 var<workgroup> sel: vec3<u32>;           // (key prefix, how many still to take, k here)
 var<workgroup> nvalid: atomic<u32>;
 var<workgroup> scan: array<u32, 256>;
@@ -112,27 +111,18 @@ fn sample_prefilter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     var mask = 0u;
     for (var round = 0u; round < 4u; round++) {
         let shift = 24u - 8u * round;
-        atomicStore(&bins[lid], 0u);
+        atomicStore(&wg_bins[lid], 0u);
         let s0 = workgroupUniformLoad(&sel);
         for (var j = 0u; j < PER; j++) {
             let kk = keys[lid * PER + j];
             if (kk != 0u && (kk & mask) == s0.x) {
-                atomicAdd(&bins[(kk >> shift) & 255u], 1u);
+                atomicAdd(&wg_bins[(kk >> shift) & 255u], 1u);
             }
         }
         workgroupBarrier();
         if (lid == 0u && k > 0u) {
-            var remaining = s0.y;
-            var d = 255u;
-            loop {
-                let c = atomicLoad(&bins[d]);
-                if (remaining <= c || d == 0u) {
-                    break;
-                }
-                remaining -= c;
-                d--;
-            }
-            sel = vec3<u32>(s0.x | (d << shift), remaining, k);
+            let hit = radix_bin(s0.y);
+            sel = vec3<u32>(s0.x | (hit.x << shift), hit.y, k);
         }
         mask = mask | (255u << shift);
         workgroupBarrier();
