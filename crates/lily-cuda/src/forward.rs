@@ -10,7 +10,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
-use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
+use crate::kernels::decode::{DnConv, DnConvStep, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -63,6 +63,9 @@ pub struct Scratch {
     pub perm: DevBuf,
     pub tiles: DevBuf,
     pub n_tiles: DevBuf,
+    /// u32 [dn_k_heads], zero: dec_dn_conv_step's tickets (never poisoned: every launch leaves
+    /// them at zero, and a launch relies on that).
+    pub dn_tickets: DevBuf,
     pub max_tiles: usize,
 }
 
@@ -149,6 +152,11 @@ impl Scratch {
             perm: buf(c * tk)?,
             tiles: buf(3 * moe::max_group_tiles(c * tk, cfg.n_experts))?,
             n_tiles: buf(1)?,
+            dn_tickets: {
+                let t = gpu.alloc(cfg.dn_k_heads.max(1) * 4)?;
+                gpu.fill(&t, 0)?;
+                t
+            },
             max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
         })
     }
@@ -494,7 +502,6 @@ impl Forward<'_> {
             conv_dim: cfg.conv_dim(),
             kernel: cfg.conv_kernel,
         };
-        k.decode.dn_conv(gpu, &c)?;
         let step = DnStep {
             c: s.c.ptr,
             b: s.b.ptr,
@@ -508,7 +515,17 @@ impl Forward<'_> {
             dk: cfg.dn_k_dim,
             dv: cfg.dn_v_dim,
         };
-        k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
+        if gpu.switches.fused_dn_conv {
+            let both = DnConvStep {
+                conv: &c,
+                step: &step,
+                tickets: s.dn_tickets.ptr,
+            };
+            k.decode.dn_conv_step(gpu, &both, deltanet::PREP_EPS)?;
+        } else {
+            k.decode.dn_conv(gpu, &c)?;
+            k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
+        }
         let o = Input {
             x: s.dn_o.ptr,
             cols: cfg.dn_value_dim(),

@@ -81,6 +81,8 @@ pub struct KernelSwitches {
     pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (bf16 activations only).
     pub mma_attention: bool,
+    /// DeltaNet's one-token conv inside the recurrent step's launch (dec_dn_conv_step).
+    pub fused_dn_conv: bool,
 }
 
 impl Default for KernelSwitches {
@@ -96,6 +98,7 @@ impl Default for KernelSwitches {
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
+            fused_dn_conv: true,
         }
     }
 }

@@ -101,14 +101,18 @@ pub struct CudaOptions {
     /// `LILY_SAMPLE_PARTS=0`).
     pub multi_block_sampling: bool,
     /// The radix select of a sampled pick finds each pass's bin with one warp's shuffle scan
-    /// instead of one thread walking the 256 bins (`--warp-scan-sampling`,
-    /// `LILY_WARP_SCAN=1`). Off until measured on a GPU (written after the session's last
-    /// device call; its prediction is in docs/perf-notes.md).
+    /// instead of one thread walking the 256 bins (`--no-warp-scan-sampling` keeps the walk,
+    /// `LILY_WARP_SCAN=0`). On: the sampler's share of a step at 4K fell from 3.2 % to 1.8 % on
+    /// the H200 (docs/perf-notes.md).
     pub warp_scan_sampling: bool,
     /// One-token split-KV attention multiplies on the tensor cores (attn_split_mma: q, P and the
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
+    /// DeltaNet's one-token conv runs inside the recurrent step's launch (dec_dn_conv_step, one
+    /// launch fewer per DeltaNet layer) instead of its own (`--no-fused-conv`,
+    /// `LILY_FUSED_CONV=0`).
+    pub fused_dn_conv: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -137,8 +141,9 @@ impl Default for CudaOptions {
             early_trigger: true,
             decode_blocks_per_sm: 2,
             multi_block_sampling: true,
-            warp_scan_sampling: false,
+            warp_scan_sampling: true,
             mma_attention: true,
+            fused_dn_conv: true,
             sync_each: false,
             profile: false,
         }
@@ -172,7 +177,8 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
-    /// | `LILY_WARP_SCAN=1` | `warp_scan_sampling` |
+    /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
+    /// | `LILY_FUSED_CONV=0` | `fused_dn_conv` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -199,7 +205,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 19] = [
+        let flags: [(&str, &mut bool); 20] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -220,6 +226,7 @@ impl CudaOptions {
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
+            ("LILY_FUSED_CONV", &mut self.fused_dn_conv),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -345,6 +352,7 @@ impl Plan {
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
+                fused_dn_conv: o.fused_dn_conv,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -516,7 +524,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -537,6 +545,7 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
+            on(sw.fused_dn_conv),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -589,7 +598,8 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
-            ("LILY_WARP_SCAN", "1"),
+            ("LILY_WARP_SCAN", "0"),
+            ("LILY_FUSED_CONV", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -615,8 +625,9 @@ mod tests {
                 early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
-                warp_scan_sampling: true,
+                warp_scan_sampling: false,
                 mma_attention: false,
+                fused_dn_conv: false,
                 sync_each: true,
                 profile: true,
             }

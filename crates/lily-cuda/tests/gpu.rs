@@ -966,7 +966,7 @@ fn deltanet_block_and_state_match_cpu_over_chunks() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_decode_blocks_match_cpu() {
-    let rig = BlockRig::new(8);
+    let mut rig = BlockRig::new(8);
     let c = rig.cfg.clone();
     let h = c.hidden;
     let mut rng = Rng(11);
@@ -999,36 +999,34 @@ fn fused_decode_blocks_match_cpu() {
 
     let w = random_deltanet(&mut rng, &c);
     let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
-    let mut st = ops::DeltaNetState::new(&c);
-    for (n, fused) in steps {
-        let x = rng.vec(n * h, 0.5);
-        let xn = rng.vec(n * h, 1.0);
+    // The one-token conv inside the recurrent step's launch (the default), then in its own.
+    for fused_conv in [true, false] {
+        rig.g.g.switches.fused_dn_conv = fused_conv;
         let (state, conv) = &rig.seq.dn[0];
-        let got = rig.run(&x, &xn, |f| {
-            if fused {
-                let input = as_is(rig.scratch.xn.ptr);
-                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
-                    .unwrap();
-            } else {
-                f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
-            }
-        });
-        let want = ops::deltanet(&c, &w, &xn, &mut st);
-        check(&format!("deltanet T={n} fused={fused}"), &got, &want, 1e-4);
-        let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
-        check(
-            &format!("deltanet state T={n} fused={fused}"),
-            &sv,
-            &st.state,
-            1e-4,
-        );
-        let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
-        check(
-            &format!("deltanet conv T={n} fused={fused}"),
-            &cv,
-            &st.conv,
-            1e-6,
-        );
+        rig.g.g.fill(state, 0).unwrap();
+        rig.g.g.fill(conv, 0).unwrap();
+        let mut st = ops::DeltaNetState::new(&c);
+        for (n, fused) in steps {
+            let x = rng.vec(n * h, 0.5);
+            let xn = rng.vec(n * h, 1.0);
+            let fused_conv = fused && fused_conv;
+            let got = rig.run(&x, &xn, |f| {
+                if fused {
+                    let input = as_is(rig.scratch.xn.ptr);
+                    f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                        .unwrap();
+                } else {
+                    f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
+                }
+            });
+            let want = ops::deltanet(&c, &w, &xn, &mut st);
+            let what = format!("deltanet T={n} fused={fused} conv in the step={fused_conv}");
+            check(&what, &got, &want, 1e-4);
+            let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
+            check(&format!("{what}: state"), &sv, &st.state, 1e-4);
+            let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
+            check(&format!("{what}: conv state"), &cv, &st.conv, 1e-6);
+        }
     }
 
     let e = c.n_experts;

@@ -103,13 +103,17 @@ pub struct CudaArgs {
     /// [env LILY_SAMPLE_PARTS=0].
     #[arg(long)]
     pub one_block_sampling: bool,
-    /// Find a sampled pick's radix-select bins with one warp instead of one thread: an
-    /// experiment, not yet measured [env LILY_WARP_SCAN=1].
+    /// Find a sampled pick's radix-select bins with one thread walking them instead of one
+    /// warp's scan [env LILY_WARP_SCAN=0].
     #[arg(long)]
-    pub warp_scan_sampling: bool,
+    pub no_warp_scan_sampling: bool,
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
+    /// DeltaNet's one-token conv in its own launch instead of inside the recurrent step's
+    /// [env LILY_FUSED_CONV=0].
+    #[arg(long)]
+    pub no_fused_conv: bool,
 }
 
 impl CudaArgs {
@@ -137,8 +141,9 @@ impl CudaArgs {
                 .decode_blocks_per_sm
                 .map_or(d.decode_blocks_per_sm, usize::from),
             multi_block_sampling: !self.one_block_sampling,
-            warp_scan_sampling: self.warp_scan_sampling,
+            warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
+            fused_dn_conv: !self.no_fused_conv,
             ..d
         }
     }
@@ -254,8 +259,9 @@ mod tests {
             "--decode-blocks-per-sm",
             "1",
             "--one-block-sampling",
-            "--warp-scan-sampling",
+            "--no-warp-scan-sampling",
             "--no-mma-attention",
+            "--no-fused-conv",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -280,8 +286,9 @@ mod tests {
                 early_trigger: false,
                 decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
-                warp_scan_sampling: true,
+                warp_scan_sampling: false,
                 mma_attention: false,
+                fused_dn_conv: false,
                 sync_each: false,
                 profile: false,
             }
