@@ -1085,6 +1085,104 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     dec_trigger_late();
 }
 
+// dec_glu4d: dec_glu4 three tiles deep (the plan's `deep_gemv`, as dec_gemv4d): with ≈ 2.2 tiles
+// a block, every routed row a block needs is requested right after the routing; x is read from
+// shared memory word by word (qrows_dot_shared). Same multiply-adds in the same order.
+// qrows_dot_shared for gate and up rows together (each x word read once for both).
+template <int R>
+__device__ __forceinline__ void qrows_dot2_shared(const QRows<4, 1, R>& rg, const QRows<4, 1, R>& ru, const float* xg,
+                                                  float sx, float (&g)[R], float (&u)[R]) {
+    float g0[R], g1[R], u0[R], u1[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) g0[i] = g1[i] = u0[i] = u1[i] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int wi = 4 * v + k;
+            float4 lo = *reinterpret_cast<const float4*>(xg + 8 * wi);
+            float4 hi = *reinterpret_cast<const float4*>(xg + 8 * wi + 4);
+            float xf[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const uint4& qg = rg.q[i][0][v];
+                const uint4& qu = ru.q[i][0][v];
+                nib8_fma(k == 0 ? qg.x : k == 1 ? qg.y : k == 2 ? qg.z : qg.w, xf, g0[i], g1[i]);
+                nib8_fma(k == 0 ? qu.x : k == 1 ? qu.y : k == 2 ? qu.z : qu.w, xf, u0[i], u1[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        g[i] = 0.0f + group_term<4>(rg.s[i][0], rg.b[i][0], g0[i] + g1[i], sx);
+        u[i] = 0.0f + group_term<4>(ru.s[i][0], ru.b[i][0], u0[i] + u1[i], sx);
+    }
+}
+
+__device__ __forceinline__ void glu_finish_shared(int tile, int per_item, const TileGeom& t, int g_rows, int s_rows,
+                                                  const GluTile& r, const float* xg, float sx, float* __restrict__ h,
+                                                  int h_stride, float* __restrict__ hs) {
+    int item = tile / per_item;
+    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+    int rows = item == 0 ? s_rows : g_rows;
+    float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
+    float g[DEC_GLU_R4], u[DEC_GLU_R4];
+    qrows_dot2_shared<DEC_GLU_R4>(r.g, r.u, xg, sx, g, u);
+    reduce_rows<DEC_GLU_R4>(g, t.lpr);
+    reduce_rows<DEC_GLU_R4>(u, t.lpr);
+    if (t.sl == 0) {
+#pragma unroll
+        for (int i = 0; i < DEC_GLU_R4; i++)
+            if (rbase + i < rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2)
+dec_glu4d(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+          int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+          const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+          int tiles_per_item) {
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
+    __shared__ float xsum[DEC_MAX_GROUPS];
+    __shared__ float p[DEC_MAX_EXPERTS];
+    __shared__ int ids_s[DEC_MAX_TOPK];
+    __shared__ float w_s[DEC_MAX_TOPK];
+    int cols = gate.cols;
+    int lane = threadIdx.x & 31;
+    TileGeom tg;
+    tg.G = cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = threadIdx.x >> 5;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    int step = gridDim.x, tiles = (top_k + 1) * tiles_per_item;
+    GluTile ra, rb, rc;
+    int t = blockIdx.x;
+    bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
+    if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+    dec_wait();
+    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+    if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+    if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rc);
+    const float* xg = xs + tg.sl * DEC_XPAD;
+    float sx = xsum[tg.sl];
+    for (; t < tiles; t += 3 * step) {
+        glu_finish_shared(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xg, sx, h, h_stride, hs);
+        if (t + 3 * step < tiles) glu_load(t + 3 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+        int tb = t + step;
+        if (tb >= tiles) break;
+        glu_finish_shared(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xg, sx, h, h_stride, hs);
+        if (tb + 3 * step < tiles) glu_load(tb + 3 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+        int tc = t + 2 * step;
+        if (tc >= tiles) break;
+        glu_finish_shared(tc, tiles_per_item, tg, gate.rows, sgate.rows, rc, xg, sx, h, h_stride, hs);
+        if (tc + 3 * step < tiles) glu_load(tc + 3 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rc);
+    }
+    dec_trigger_late();
+}
+
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
 // rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Items i < top_k are the routed
 // experts, item top_k the shared one. A block serves DEC_DOWN_WARPS · (32 / lpr) output rows with
