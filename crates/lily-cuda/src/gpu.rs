@@ -85,8 +85,6 @@ pub struct KernelSwitches {
     pub fused_dn_conv: bool,
     /// The 2048-wide 4-bit decode GEMVs three register buffers deep (dec_gemv4d).
     pub deep_gemv: bool,
-    /// The MoE's gate/up kernel three tiles deep (dec_glu4d).
-    pub deep_glu: bool,
 }
 
 impl Default for KernelSwitches {
@@ -104,7 +102,6 @@ impl Default for KernelSwitches {
             mma_attention: false,
             fused_dn_conv: true,
             deep_gemv: false,
-            deep_glu: false,
         }
     }
 }

@@ -117,9 +117,6 @@ pub struct CudaOptions {
     /// lm_head) keep three tiles of rows in flight instead of two, x read from shared memory
     /// (dec_gemv4d; `--no-deep-gemv`, `LILY_DEEP_GEMV=0`).
     pub deep_gemv: bool,
-    /// The MoE's gate/up/SiLU kernel keeps three tiles of rows in flight instead of two, x read
-    /// from shared memory (dec_glu4d; `--no-deep-glu`, `LILY_DEEP_GLU=0`).
-    pub deep_glu: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -152,7 +149,6 @@ impl Default for CudaOptions {
             mma_attention: true,
             fused_dn_conv: true,
             deep_gemv: true,
-            deep_glu: true,
             sync_each: false,
             profile: false,
         }
@@ -189,7 +185,6 @@ impl CudaOptions {
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_FUSED_CONV=0` | `fused_dn_conv` |
     /// | `LILY_DEEP_GEMV=0` | `deep_gemv` |
-    /// | `LILY_DEEP_GLU=0` | `deep_glu` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -216,7 +211,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 22] = [
+        let flags: [(&str, &mut bool); 21] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -239,7 +234,6 @@ impl CudaOptions {
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_FUSED_CONV", &mut self.fused_dn_conv),
             ("LILY_DEEP_GEMV", &mut self.deep_gemv),
-            ("LILY_DEEP_GLU", &mut self.deep_glu),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -367,7 +361,6 @@ impl Plan {
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_dn_conv: o.fused_dn_conv,
                 deep_gemv: o.deep_gemv,
-                deep_glu: o.deep_glu,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -539,7 +532,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}, GEMVs three deep {} (MoE gate/up {}){}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}, GEMVs three deep {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -562,7 +555,6 @@ impl Plan {
             on(sw.mma_attention),
             on(sw.fused_dn_conv),
             on(sw.deep_gemv),
-            on(sw.deep_glu),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -618,7 +610,6 @@ mod tests {
             ("LILY_WARP_SCAN", "0"),
             ("LILY_FUSED_CONV", "0"),
             ("LILY_DEEP_GEMV", "0"),
-            ("LILY_DEEP_GLU", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -648,7 +639,6 @@ mod tests {
                 mma_attention: false,
                 fused_dn_conv: false,
                 deep_gemv: false,
-                deep_glu: false,
                 sync_each: true,
                 profile: true,
             }

@@ -1034,9 +1034,7 @@ fn fused_decode_blocks_match_cpu() {
     let dw = upload_moe(&rig.g, "moe", &w).unwrap();
     let norm_w: Vec<f32> = rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect();
     let norm_dev = rig.g.upload(&norm_w).unwrap();
-    // Two tiles deep, then three (dec_glu4 / dec_glu4d).
-    for round in 0..4 {
-        rig.g.g.switches.deep_glu = round >= 2;
+    for _ in 0..3 {
         let x = rng.vec(h, 0.5);
         let got = rig.run(&x, &rng.vec(h, 1.0), |f| {
             let input = Input {
@@ -1052,10 +1050,7 @@ fn fused_decode_blocks_match_cpu() {
         });
         let xn = ops::rms_norm(&x, &norm_w, c.rms_eps);
         check(
-            &format!(
-                "fused moe (norm folded in, three tiles deep {})",
-                rig.g.g.switches.deep_glu
-            ),
+            "fused moe (norm folded in)",
             &got,
             &ops::moe(&c, &w, &xn),
             1e-4,

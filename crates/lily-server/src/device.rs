@@ -117,9 +117,6 @@ pub struct CudaArgs {
     /// The 2048-wide 4-bit decode GEMVs two tiles deep instead of three [env LILY_DEEP_GEMV=0].
     #[arg(long)]
     pub no_deep_gemv: bool,
-    /// The MoE's gate/up kernel two tiles deep instead of three [env LILY_DEEP_GLU=0].
-    #[arg(long)]
-    pub no_deep_glu: bool,
 }
 
 impl CudaArgs {
@@ -151,7 +148,6 @@ impl CudaArgs {
             mma_attention: !self.no_mma_attention,
             fused_dn_conv: !self.no_fused_conv,
             deep_gemv: !self.no_deep_gemv,
-            deep_glu: !self.no_deep_glu,
             ..d
         }
     }
@@ -271,7 +267,6 @@ mod tests {
             "--no-mma-attention",
             "--no-fused-conv",
             "--no-deep-gemv",
-            "--no-deep-glu",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -300,7 +295,6 @@ mod tests {
                 mma_attention: false,
                 fused_dn_conv: false,
                 deep_gemv: false,
-                deep_glu: false,
                 sync_each: false,
                 profile: false,
             }

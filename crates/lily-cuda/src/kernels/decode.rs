@@ -342,7 +342,6 @@ pub struct Decode {
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
-    glu4d: Kernel,
     gemv4m: Kernel,
     glu4m: Kernel,
     down_combine: Kernel,
@@ -364,7 +363,6 @@ impl Decode {
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
-            glu4d: k("dec_glu4d")?,
             gemv4m: k("dec_gemv4m")?,
             glu4m: k("dec_glu4m")?,
             down_combine: k("dec_down_combine")?,
@@ -509,8 +507,6 @@ impl Decode {
             && mma_tile_rows(groups, WARPS / 2) == Some(16);
         let (kernel, rows_per_tile) = if mma {
             (&self.glu4m, 16)
-        } else if pipelined && gpu.switches.deep_glu {
-            (&self.glu4d, WARPS * spw * GLU_R4)
         } else if pipelined {
             (&self.glu4, WARPS * spw * GLU_R4)
         } else {
