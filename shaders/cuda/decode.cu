@@ -60,9 +60,6 @@
 #ifndef DEC_R4
 #error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
-#ifndef DEC_DEEP_BUFS
-#error "DEC_DEEP_BUFS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
-#endif
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -614,103 +611,6 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
 DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
-
-// dec_gemv4d: dec_gemv4 with three register buffers instead of two (the plan's `deep_gemv`;
-// DEC_DEEP_BUFS must be 3): a block requests its first three tiles before pdl_wait, so a launch
-// of at most three tiles a block (DeltaNet's in_proj: 772 tiles over 264 blocks) streams in one
-// memory round trip, and the lm_head keeps half again as many bytes in flight. The registers for
-// the third buffer come from x: the lane's group is read from shared memory word by word (8
-// columns at a time) instead of being held as 64 floats. Per row the same multiply-adds in the
-// same order as dec_gemv4.
-
-// acc[i] = row i's share of the product over the lane's group (dot_group + group_term), the
-// group's x read from shared memory (xg: its 64 columns).
-template <int R>
-__device__ __forceinline__ void qrows_dot_shared(const QRows<4, 1, R>& r, const float* xg, float sx, float (&acc)[R]) {
-    float a0[R], a1[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) a0[i] = a1[i] = 0.0f;
-#pragma unroll
-    for (int v = 0; v < 2; v++) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int wi = 4 * v + k;  // word wi holds columns 8 wi .. 8 wi + 7
-            float4 lo = *reinterpret_cast<const float4*>(xg + 8 * wi);
-            float4 hi = *reinterpret_cast<const float4*>(xg + 8 * wi + 4);
-            float xf[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const uint4& q = r.q[i][0][v];
-                u32 w = k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
-                nib8_fma(w, xf, a0[i], a1[i]);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++) acc[i] = 0.0f + group_term<4>(r.s[i][0], r.b[i][0], a0[i] + a1[i], sx);
-}
-
-template <int R>
-__device__ __forceinline__ void deep_finish(const DecSegs& segs, int tile, const TileGeom& t, const QRows<4, 1, R>& r,
-                                            const float* xg, float sx) {
-    DecSeg sg = seg_of(segs, tile);
-    int rbase = tile_row0<R>(t, tile - sg.tile0);
-    float acc[R];
-    qrows_dot_shared<R>(r, xg, sx, acc);
-    reduce_rows<R>(acc, t.lpr);
-    if (t.sl == 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            if (rbase + i < sg.w.rows) store_out(sg.y + rbase + i, sg.mode, acc[i]);
-    }
-}
-
-template <int R>
-__device__ __forceinline__ void gemv_deep(const DecSegs& segs, const float* __restrict__ x,
-                                          const float* __restrict__ norm_w, float eps, const float* __restrict__ gz,
-                                          int head_dim, float* __restrict__ xn_out, int cols, float* xs,
-                                          float* xsum) {
-    int lane = threadIdx.x & 31;
-    TileGeom tg;
-    tg.G = cols >> 6;
-    tg.lpr = tg.G;
-    tg.spw = 32 / tg.lpr;
-    tg.warp = threadIdx.x >> 5;
-    tg.sub = lane / tg.lpr;
-    tg.sl = lane % tg.lpr;
-    int step = gridDim.x, tiles = segs.tiles;
-    QRows<4, 1, R> ra, rb, rc;
-    int t = blockIdx.x;
-    if (t < tiles) gemv_load<4, 1, R>(segs, t, tg, ra);
-    if (t + step < tiles) gemv_load<4, 1, R>(segs, t + step, tg, rb);
-    if (t + 2 * step < tiles) gemv_load<4, 1, R>(segs, t + 2 * step, tg, rc);
-    stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    dec_wait();
-    stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
-    const float* xg = xs + tg.sl * DEC_XPAD;
-    float sx = xsum[tg.sl];
-    for (; t < tiles; t += 3 * step) {
-        deep_finish<R>(segs, t, tg, ra, xg, sx);
-        if (t + 3 * step < tiles) gemv_load<4, 1, R>(segs, t + 3 * step, tg, ra);
-        int tb = t + step;
-        if (tb >= tiles) break;
-        deep_finish<R>(segs, tb, tg, rb, xg, sx);
-        if (tb + 3 * step < tiles) gemv_load<4, 1, R>(segs, tb + 3 * step, tg, rb);
-        int tc = t + 2 * step;
-        if (tc >= tiles) break;
-        deep_finish<R>(segs, tc, tg, rc, xg, sx);
-        if (tc + 3 * step < tiles) gemv_load<4, 1, R>(segs, tc + 3 * step, tg, rc);
-    }
-    dec_trigger_late();
-}
-
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2)
-dec_gemv4d(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-           const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
-    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
-    __shared__ float xsum[DEC_MAX_GROUPS];
-    gemv_deep<DEC_R4>(segs, x, norm_w, eps, gz, head_dim, xn_out, cols, xs, xsum);
-}
 
 // dec_gemv4b: dec_gemv4 with the weights streamed by bulk copies (sm_90+), for 4-bit weights of
 // 1024 or 2048 columns (U = cols / 1024 16-byte words of a row per lane). A launch's tiles are

@@ -83,8 +83,6 @@ pub struct KernelSwitches {
     pub mma_attention: bool,
     /// DeltaNet's one-token conv inside the recurrent step's launch (dec_dn_conv_step).
     pub fused_dn_conv: bool,
-    /// The 2048-wide 4-bit decode GEMVs three register buffers deep (dec_gemv4d).
-    pub deep_gemv: bool,
 }
 
 impl Default for KernelSwitches {
@@ -101,7 +99,6 @@ impl Default for KernelSwitches {
             sample_warp_scan: false,
             mma_attention: false,
             fused_dn_conv: true,
-            deep_gemv: false,
         }
     }
 }

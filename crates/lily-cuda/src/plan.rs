@@ -113,10 +113,6 @@ pub struct CudaOptions {
     /// launch fewer per DeltaNet layer) instead of its own (`--no-fused-conv`,
     /// `LILY_FUSED_CONV=0`).
     pub fused_dn_conv: bool,
-    /// The 4-bit decode GEMVs of 2048 columns (DeltaNet's in_proj, attention's q/k/v, the
-    /// lm_head) keep three tiles of rows in flight instead of two, x read from shared memory
-    /// (dec_gemv4d; `--no-deep-gemv`, `LILY_DEEP_GEMV=0`).
-    pub deep_gemv: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -148,7 +144,6 @@ impl Default for CudaOptions {
             warp_scan_sampling: true,
             mma_attention: true,
             fused_dn_conv: true,
-            deep_gemv: true,
             sync_each: false,
             profile: false,
         }
@@ -184,7 +179,6 @@ impl CudaOptions {
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_FUSED_CONV=0` | `fused_dn_conv` |
-    /// | `LILY_DEEP_GEMV=0` | `deep_gemv` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -211,7 +205,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 21] = [
+        let flags: [(&str, &mut bool); 20] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -233,7 +227,6 @@ impl CudaOptions {
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_FUSED_CONV", &mut self.fused_dn_conv),
-            ("LILY_DEEP_GEMV", &mut self.deep_gemv),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -360,7 +353,6 @@ impl Plan {
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_dn_conv: o.fused_dn_conv,
-                deep_gemv: o.deep_gemv,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -532,7 +524,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}, GEMVs three deep {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -554,7 +546,6 @@ impl Plan {
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
             on(sw.fused_dn_conv),
-            on(sw.deep_gemv),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -609,7 +600,6 @@ mod tests {
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_FUSED_CONV", "0"),
-            ("LILY_DEEP_GEMV", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -638,7 +628,6 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_dn_conv: false,
-                deep_gemv: false,
                 sync_each: true,
                 profile: true,
             }

@@ -1364,12 +1364,11 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
         (4096, false),
     ] {
         let case = GemvCase::new(&d, &mut rng, cols, gated, false);
-        for (bulk, deep) in [(false, false), (true, false), (false, true)] {
+        for bulk in [false, true] {
             d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
-            d.g.switches.deep_gemv = deep;
             let (got_xn, got) = case.run(&d);
             let what = format!(
-                "dec_gemv {cols} cols gated={gated} bulk={} deep={deep}",
+                "dec_gemv {cols} cols gated={gated} bulk={}",
                 d.g.switches.bulk_gemv
             );
             check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
@@ -1384,26 +1383,22 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
     let dw = upload_linear(&d, "long", &w).unwrap();
     let x = rng.vec(2048, 1.0);
     let xd = d.upload(&x).unwrap();
-    for (bulk, deep) in [(false, false), (true, false), (false, true)] {
+    for bulk in [false, true] {
         d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
-        d.g.switches.deep_gemv = deep;
         let out = poisoned(&d, 20_000);
         d.k.decode
             .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
             .unwrap();
         let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
         check(
-            &format!(
-                "dec_gemv 20000 rows bulk={} deep={deep}",
-                d.g.switches.bulk_gemv
-            ),
+            &format!("dec_gemv 20000 rows bulk={}", d.g.switches.bulk_gemv),
             &got,
             &matmul(&w, &x),
             1e-5,
         );
     }
     println!(
-        "KERNEL decode.cu wide GEMVs (bulk copies {}, three buffers deep) match the CPU",
+        "KERNEL decode.cu wide GEMVs (bulk copies {}) match the CPU",
         d.g.can_launch_dependents
     );
 }

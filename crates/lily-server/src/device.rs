@@ -114,9 +114,6 @@ pub struct CudaArgs {
     /// [env LILY_FUSED_CONV=0].
     #[arg(long)]
     pub no_fused_conv: bool,
-    /// The 2048-wide 4-bit decode GEMVs two tiles deep instead of three [env LILY_DEEP_GEMV=0].
-    #[arg(long)]
-    pub no_deep_gemv: bool,
 }
 
 impl CudaArgs {
@@ -147,7 +144,6 @@ impl CudaArgs {
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
             fused_dn_conv: !self.no_fused_conv,
-            deep_gemv: !self.no_deep_gemv,
             ..d
         }
     }
@@ -266,7 +262,6 @@ mod tests {
             "--no-warp-scan-sampling",
             "--no-mma-attention",
             "--no-fused-conv",
-            "--no-deep-gemv",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -294,7 +289,6 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_dn_conv: false,
-                deep_gemv: false,
                 sync_each: false,
                 profile: false,
             }

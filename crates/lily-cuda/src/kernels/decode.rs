@@ -32,8 +32,6 @@ pub const GLU_R: usize = 2;
 /// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them; `dec_gemv4w`
 /// and `dec_gemv8` stream one, their rows being twice as many bytes per lane).
 pub const R4: usize = 2;
-/// Register buffers of dec_gemv4d (the plan's `deep_gemv`); the kernel is written for three.
-pub const DEEP_BUFS: usize = 3;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
@@ -68,7 +66,6 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_R", R as i64),
         ("DEC_GLU_R", GLU_R as i64),
         ("DEC_R4", R4 as i64),
-        ("DEC_DEEP_BUFS", DEEP_BUFS as i64),
         ("DEC_MAX_COLS", MAX_COLS as i64),
         ("DEC_MAX_SEGS", MAX_SEGS as i64),
         ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
@@ -336,7 +333,6 @@ pub struct DnConvStep<'a> {
 pub struct Decode {
     gemv: Kernel,
     gemv4: Kernel,
-    gemv4d: Kernel,
     gemv4b: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -357,7 +353,6 @@ impl Decode {
         Ok(Decode {
             gemv: k("dec_gemv")?,
             gemv4: k("dec_gemv4")?,
-            gemv4d: k("dec_gemv4d")?,
             gemv4b: k("dec_gemv4b")?.allow_shared_memory(bulk_smem(2048))?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -397,7 +392,6 @@ impl Decode {
         let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
             _ if bulk => (&self.gemv4b, 0),
             _ if mma.is_some() => (&self.gemv4m, 0),
-            (true, _, 1..=32) if sw.deep_gemv => (&self.gemv4d, R4),
             (true, _, 1..=32) => (&self.gemv4, R4),
             (true, _, 64) => (&self.gemv4w, 1),
             (_, true, 1..=32) => (&self.gemv8, 1),
