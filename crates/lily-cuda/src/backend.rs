@@ -461,7 +461,7 @@ impl Backend for CudaBackend {
                         sampler,
                         s.logits.ptr,
                         s.next_token.ptr,
-                        s.next_logprob.ptr,
+                        s.next_logprob(),
                         mask_dev.map(|m| m.0),
                     )?,
                     None => {
@@ -469,7 +469,7 @@ impl Backend for CudaBackend {
                             logits: s.logits.ptr,
                             vocab: self.cfg.vocab,
                             token_out: s.next_token.ptr,
-                            logprob_out: s.next_logprob.ptr,
+                            logprob_out: s.next_logprob(),
                             partials: Some(self.scratch.argmax_parts.ptr),
                         };
                         match mask_dev {
@@ -481,20 +481,18 @@ impl Backend for CudaBackend {
                         }
                     }
                 }
-                let id: Vec<i32> = self.gpu.read(&s.next_token, 0, 1)?;
-                let lp: Vec<f32> = self.gpu.read(&s.next_logprob, 0, 1)?;
-                if id[0] < 0 || id[0] as usize >= self.cfg.vocab {
-                    bail!(
-                        "the device sampler chose token {}, outside the vocabulary",
-                        id[0]
-                    );
+                // Token and log-probability in one read: one wait for the device a token.
+                let pair: Vec<u32> = self.gpu.read(&s.next_token, 0, 2)?;
+                let (id, lp) = (pair[0] as i32, f32::from_bits(pair[1]));
+                if id < 0 || id as usize >= self.cfg.vocab {
+                    bail!("the device sampler chose token {id}, outside the vocabulary");
                 }
                 let logits = if top_logprobs > 0 {
                     Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?)
                 } else {
                     None
                 };
-                (id[0] as u32, lp[0], logits)
+                (id as u32, lp, logits)
             } else {
                 // SamplingPath::Host: top_k off or above 256, or device sampling off.
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;

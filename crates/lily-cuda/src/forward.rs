@@ -63,8 +63,8 @@ pub struct Scratch {
     pub perm: DevBuf,
     pub tiles: DevBuf,
     pub n_tiles: DevBuf,
-    /// u32 [dn_k_heads], zero: dec_dn_conv_step's tickets (never poisoned: every launch leaves
-    /// them at zero, and a launch relies on that).
+    /// u32 [layers, dn_k_heads], zero: dec_dn_conv_step's tickets, one set per DeltaNet layer
+    /// (never poisoned: every launch leaves them at zero, and a launch relies on that).
     pub dn_tickets: DevBuf,
     pub max_tiles: usize,
 }
@@ -153,7 +153,7 @@ impl Scratch {
             tiles: buf(3 * moe::max_group_tiles(c * tk, cfg.n_experts))?,
             n_tiles: buf(1)?,
             dn_tickets: {
-                let t = gpu.alloc(cfg.dn_k_heads.max(1) * 4)?;
+                let t = gpu.alloc(cfg.layers.len().max(1) * cfg.dn_k_heads.max(1) * 4)?;
                 gpu.fill(&t, 0)?;
                 t
             },
@@ -169,10 +169,9 @@ pub struct SeqState {
     pub len: usize,
     /// i32: the position of the next token; kernels read it, `advance_pos` moves it.
     pub pos: DevBuf,
-    /// i32: the sampled next token (the sampler writes it, the next decode step embeds it).
+    /// [i32, f32]: the sampled next token (the sampler writes it, the next decode step embeds
+    /// it) and its log-probability (`next_logprob`), side by side so one read brings both.
     pub next_token: DevBuf,
-    /// f32: its log-probability.
-    pub next_logprob: DevBuf,
     /// f32 [vocab]: logits of the last consumed token.
     pub logits: DevBuf,
     /// Per attention layer: K and V caches [max_ctx, Hkv, D] (fp32, or bf16 in bf16 mode).
@@ -181,6 +180,13 @@ pub struct SeqState {
     pub dn: Vec<(DevBuf, DevBuf)>,
     /// The one-token step embedding `next_token`, captured at the first decode (graphs on).
     pub decode_graph: Option<crate::graph::DecodeGraph>,
+}
+
+impl SeqState {
+    /// Where the sampler writes the next token's log-probability (f32, beside the token).
+    pub fn next_logprob(&self) -> u64 {
+        self.next_token.ptr + 4
+    }
 }
 
 pub fn kv_elem_bytes(bf16: bool) -> usize {
@@ -213,8 +219,7 @@ impl SeqState {
             max_ctx,
             len: 0,
             pos,
-            next_token: gpu.alloc(4)?,
-            next_logprob: gpu.alloc(4)?,
+            next_token: gpu.alloc(8)?,
             logits: gpu.alloc(cfg.vocab * F32)?,
             kv,
             dn,
@@ -293,7 +298,7 @@ impl Forward<'_> {
                     match self.plan.decode_deltanet(d, cfg, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            self.deltanet_one_token(d, state.ptr, conv.ptr, input)?
+                            self.deltanet_one_token(d, dn_i - 1, state.ptr, conv.ptr, input)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -478,10 +483,12 @@ impl Forward<'_> {
     }
 
     /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
-    /// then the gated norm folded into out_proj, added into the residual.
+    /// then the gated norm folded into out_proj, added into the residual. `dn_index`: which
+    /// DeltaNet layer (its conv-step tickets).
     pub fn deltanet_one_token(
         &self,
         d: &DevDeltaNet,
+        dn_index: usize,
         state: u64,
         conv: u64,
         input: Input,
@@ -516,10 +523,16 @@ impl Forward<'_> {
             dv: cfg.dn_v_dim,
         };
         if gpu.switches.fused_dn_conv {
+            if dn_index >= cfg.layers.len() {
+                bail!(
+                    "deltanet_one_token: DeltaNet layer {dn_index} of {}",
+                    cfg.layers.len()
+                );
+            }
             let both = DnConvStep {
                 conv: &c,
                 step: &step,
-                tickets: s.dn_tickets.ptr,
+                tickets: s.dn_tickets.ptr + (dn_index * cfg.dn_k_heads * 4) as u64,
             };
             k.decode.dn_conv_step(gpu, &both, deltanet::PREP_EPS)?;
         } else {

@@ -83,6 +83,8 @@ pub struct KernelSwitches {
     pub mma_attention: bool,
     /// DeltaNet's one-token conv inside the recurrent step's launch (dec_dn_conv_step).
     pub fused_dn_conv: bool,
+    /// attn_split_mma's tiles by bulk copies, one per key row (sm_90+).
+    pub bulk_attention: bool,
 }
 
 impl Default for KernelSwitches {
@@ -99,6 +101,7 @@ impl Default for KernelSwitches {
             sample_warp_scan: false,
             mma_attention: false,
             fused_dn_conv: true,
+            bulk_attention: false,
         }
     }
 }

@@ -787,17 +787,25 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     for (label, c, lens) in cases {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
-        // bf16 also with one-token steps on the tensor cores (attn_split_mma).
-        for (bf16, mma) in [(false, false), (true, false), (true, true)] {
-            let mode = match (bf16, mma) {
-                (false, _) => "fp32",
-                (true, false) => "bf16",
-                (true, true) => "bf16 tensor cores",
+        // bf16 also with one-token steps on the tensor cores (attn_split_mma), their tiles by
+        // cp.async or by bulk copies (attn_split_mma_bulk, sm_90+).
+        for (bf16, mma, bulk) in [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, true, true),
+        ] {
+            let mode = match (bf16, mma, bulk) {
+                (false, _, _) => "fp32",
+                (true, false, _) => "bf16",
+                (true, true, false) => "bf16 tensor cores",
+                (true, true, true) => "bf16 tensor cores, bulk copies",
             };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
                 rig.g.g.switches.mma_attention = mma;
+                rig.g.g.switches.bulk_attention = bulk;
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
@@ -1013,7 +1021,7 @@ fn fused_decode_blocks_match_cpu() {
             let got = rig.run(&x, &xn, |f| {
                 if fused {
                     let input = as_is(rig.scratch.xn.ptr);
-                    f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                    f.deltanet_one_token(&dw, 0, state.ptr, conv.ptr, input)
                         .unwrap();
                 } else {
                     f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();

@@ -114,6 +114,10 @@ pub struct CudaArgs {
     /// [env LILY_FUSED_CONV=0].
     #[arg(long)]
     pub no_fused_conv: bool,
+    /// The tensor-core decode attention's K/V tiles by 16-byte copies from every thread instead
+    /// of one bulk copy per key row [env LILY_BULK_ATTENTION=0].
+    #[arg(long)]
+    pub no_bulk_attention: bool,
 }
 
 impl CudaArgs {
@@ -144,6 +148,7 @@ impl CudaArgs {
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
             fused_dn_conv: !self.no_fused_conv,
+            bulk_attention: !self.no_bulk_attention,
             ..d
         }
     }
@@ -262,6 +267,7 @@ mod tests {
             "--no-warp-scan-sampling",
             "--no-mma-attention",
             "--no-fused-conv",
+            "--no-bulk-attention",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -289,6 +295,7 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_dn_conv: false,
+                bulk_attention: false,
                 sync_each: false,
                 profile: false,
             }
