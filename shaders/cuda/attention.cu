@@ -417,22 +417,12 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
 #ifndef SPLIT_MMA_STAGES
 #error "SPLIT_MMA_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
 #endif
-//
-// BULK (attn_split_mma_bulk, sm_90+; the plan's `bulk_attention`): the K and V rows of a tile
-// come by cp.async.bulk, one copy per row (d · 2 bytes) issued by the lanes of warp 0, completion
-// counted in bytes on the stage's mbarrier, instead of 16-byte cp.async by every thread: 64
-// requests a tile instead of 2,048, so an SM's outstanding requests stop capping the bytes in
-// flight. Rows past the split are zero-filled by the block's threads as before.
-template <bool BULK>
-__device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* __restrict__ k_cache,
-                                               const kv_t* __restrict__ v_cache, float* __restrict__ part_o,
-                                               float* __restrict__ part_ml, const int* __restrict__ pos_ptr,
-                                               int n_q, int n_kv, int d, float scale) {
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
+attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
+               int n_q, int n_kv, int d, float scale) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float split_smem[];
-#if __CUDA_ARCH__ >= 900
-    __shared__ __align__(8) unsigned long long full[SPLIT_MMA_STAGES];
-#endif
     int split = blockIdx.x;
     int pos = *pos_ptr;
     SplitBlock sb = split_block(split, n_q, n_kv, pos + 1);
@@ -449,39 +439,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
     const kv_t* kbase = k_cache + (long long)kvh * d;
     const kv_t* vbase = v_cache + (long long)kvh * d;
     int chunks_per_row = d / 8;
-#if __CUDA_ARCH__ >= 900
-    if (BULK) {
-        if (threadIdx.x == 0) {
-            for (int st = 0; st < SPLIT_MMA_STAGES; st++) mbar_init(&full[st], 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncthreads();
-    }
-#endif
     auto issue = [&](int b, int j0) {
-#if __CUDA_ARCH__ >= 900
-        if (BULK) {
-            // A tile past the split is never waited for: nothing to request.
-            if (j0 >= end) return;
-            int n = min(SPLIT_TILE, end - j0);
-            u32 row_bytes = (u32)d * sizeof(kv_t);
-            for (int i = threadIdx.x; i < (SPLIT_TILE - n) * chunks_per_row; i += blockDim.x) {
-                int jj = n + i / chunks_per_row, ch = (i % chunks_per_row) * 8;
-                *reinterpret_cast<uint4*>(k_s + (b * SPLIT_TILE + jj) * stride + ch) = make_uint4(0, 0, 0, 0);
-                *reinterpret_cast<uint4*>(v_s + (b * SPLIT_TILE + jj) * stride + ch) = make_uint4(0, 0, 0, 0);
-            }
-            if (threadIdx.x < 32) {
-                if (threadIdx.x == 0) mbar_expect_tx(&full[b], 2 * n * row_bytes);
-                __syncwarp();
-                for (int jj = threadIdx.x; jj < n; jj += 32) {
-                    long long j = j0 + jj;
-                    bulk_copy(k_s + (b * SPLIT_TILE + jj) * stride, kbase + j * row, row_bytes, &full[b]);
-                    bulk_copy(v_s + (b * SPLIT_TILE + jj) * stride, vbase + j * row, row_bytes, &full[b]);
-                }
-            }
-            return;
-        }
-#endif
         if (j0 >= end) {  // past the split: an empty group keeps the count
             cp_async_commit();
             return;
@@ -539,14 +497,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         // group per iteration (empty past the split), so tile it is complete once all but the
         // newest STAGES − 1 groups are.
         issue((it + SPLIT_MMA_STAGES - 1) % SPLIT_MMA_STAGES, j0 + (SPLIT_MMA_STAGES - 1) * SPLIT_TILE);
-#if __CUDA_ARCH__ >= 900
-        if (BULK)
-            mbar_wait(&full[b], (u32)(it / SPLIT_MMA_STAGES) & 1);
-        else
-            cp_async_wait<SPLIT_MMA_STAGES - 1>();
-#else
         cp_async_wait<SPLIT_MMA_STAGES - 1>();
-#endif
         __syncthreads();
         // S for keys 8·warp .. +7: lanes 0-7 address K rows for dims [k, k+8), 8-15 [k+8, k+16),
         // 16-31 the same for the next k-step.
@@ -627,24 +578,6 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
     }
 #else
     __trap();
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
-attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
-               int n_q, int n_kv, int d, float scale) {
-    split_mma_body<false>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale);
-}
-
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
-attn_split_mma_bulk(const float* __restrict__ q, const kv_t* __restrict__ k_cache,
-                    const kv_t* __restrict__ v_cache, float* __restrict__ part_o, float* __restrict__ part_ml,
-                    const int* __restrict__ pos_ptr, int n_tok, int n_q, int n_kv, int d, float scale) {
-#if __CUDA_ARCH__ >= 900
-    split_mma_body<true>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale);
-#else
-    __trap();  // the launcher uses it on sm_90+ only
 #endif
 }
 

@@ -626,6 +626,39 @@ DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 // Dynamic shared memory: DEC_BULK_STAGES stages of DEC_BULK_ROWS · (cols / 2 + 4 · cols / 64) bytes.
 // Grid: at most one block per SM (the ring is large); block DEC_WARPS · 32.
 #if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
 // Rows row0 .. row0 + n - 1 of the tile's weight into one stage (thread 0 only).
 __device__ __forceinline__ void bulk_tile(const DecSegs& segs, int tile, int cols, unsigned char* stage,
                                           unsigned long long* full) {
@@ -1177,145 +1210,6 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
-}
-
-// One conv channel for one token, in two halves: dn_conv_pre sums the state rows' terms
-// (Σ_j<k-1 taps[j] · rows[j], known before the token's value), dn_conv_post adds the token's and
-// applies silu: dec_dn_conv's sum in dec_dn_conv's order, so the fused step computes the same bits.
-__device__ __forceinline__ float dn_conv_pre(const float (&taps)[DEC_DN_MAX_K], const float (&rows)[DEC_DN_MAX_K],
-                                             int k) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) acc += taps[j] * rows[j];
-    return acc;
-}
-
-__device__ __forceinline__ float dn_conv_post(const float (&taps)[DEC_DN_MAX_K], int k, float acc, float mv) {
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K; j++)
-        if (j == k - 1) acc += taps[j] * mv;
-    return act(siluf(act(acc)));
-}
-
-// A channel's taps and conv-state rows (k - 1 of them).
-__device__ __forceinline__ void dn_conv_load(const float* __restrict__ conv_state, const float* __restrict__ w,
-                                             int conv_dim, int k, int ch, float (&taps)[DEC_DN_MAX_K],
-                                             float (&rows)[DEC_DN_MAX_K]) {
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K; j++)
-        if (j < k) {
-            taps[j] = w[(long long)ch * k + j];
-            if (j < k - 1) rows[j] = conv_state[(long long)j * conv_dim + ch];
-        }
-}
-
-// The channel's conv state shifted by the token's value mv.
-__device__ __forceinline__ void dn_conv_shift(float* __restrict__ conv_state, int conv_dim, int k, int ch,
-                                              const float (&rows)[DEC_DN_MAX_K], float mv) {
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
-}
-
-// dec_dn_conv_step: dec_dn_conv and dec_dn_step in one launch (the plan's `fused_dn_conv`), same
-// grid and arithmetic as dec_dn_step. Each block convolves the channels it reads: thread t < dk
-// the q and k channels t of its K head, thread t < DEC_DN_COLS the v channel of its column t. Before
-// pdl_wait (the conv state was last written by this layer's previous step) it loads the taps and
-// state rows and sums the rows' terms; after it, only the token's term is left. The v channels
-// belong to one block each, which shifts their conv state itself. The q and k channels of a K
-// head are read by all (n_v / n_k) · gridDim.y blocks of that head, so their state may only change
-// once every one of them has read it: each block, once its reads are consumed (still before
-// pdl_wait), takes a ticket (atomicInc on tickets[hk], wrapping to 0 at the last), and the block
-// holding the last ticket shifts them at its end. tickets: this layer's n_k zero-initialised
-// counters (one set per layer: blocks of the next DeltaNet layer's launch may start while this
-// one runs), back at 0 after every launch.
-extern "C" __global__ void __launch_bounds__(128)
-dec_dn_conv_step(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ conv_w,
-                 int conv_dim, int kernel, unsigned* __restrict__ tickets, const float* __restrict__ b,
-                 const float* __restrict__ a, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                 float* __restrict__ state, float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv,
-                 float eps) {
-    __shared__ float q_s[128], k_s[DEC_DN_MAX_DK], v_s[DEC_DN_COLS];  // q_s: one slot a thread (block 128)
-    __shared__ float ab_s[2];
-    __shared__ int last_s;
-    int hv = blockIdx.x, t = threadIdx.x;
-    int lane = t & 31, warp = t >> 5;
-    int part = lane % DEC_DN_PARTS;
-    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
-    int j = blockIdx.y * DEC_DN_COLS + col;
-    int rows = dk / DEC_DN_PARTS;
-    int hk = hv / (n_v_heads / n_k_heads);
-    int key_dim = n_k_heads * dk;
-    int qch = hk * dk + t, kch = key_dim + qch, vch = 2 * key_dim + hv * dv + blockIdx.y * DEC_DN_COLS + t;
-    bool qk = t < dk, vt = t < DEC_DN_COLS;
-    // Before pdl_wait: the state columns, the head's decay parameters, the conv taps and rows and
-    // the rows' part of the conv, the ticket.
-    float* sp = state + (long long)hv * dk * dv;
-    float s[DEC_DN_ROWS];
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
-    float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
-    float tq[DEC_DN_MAX_K], rq[DEC_DN_MAX_K], tk[DEC_DN_MAX_K], rk[DEC_DN_MAX_K], tv[DEC_DN_MAX_K],
-        rv[DEC_DN_MAX_K];
-    float pq = 0.0f, pk = 0.0f, pv = 0.0f;
-    if (qk) {
-        dn_conv_load(conv_state, conv_w, conv_dim, kernel, qch, tq, rq);
-        dn_conv_load(conv_state, conv_w, conv_dim, kernel, kch, tk, rk);
-        pq = dn_conv_pre(tq, rq, kernel);
-        pk = dn_conv_pre(tk, rk, kernel);
-    }
-    if (vt) {
-        dn_conv_load(conv_state, conv_w, conv_dim, kernel, vch, tv, rv);
-        pv = dn_conv_pre(tv, rv, kernel);
-    }
-    // The sums through shared memory: a store waits for the loads it depends on, and the barrier
-    // for the stores, so when thread 0 takes the ticket every state read of the block is done.
-    reinterpret_cast<volatile float*>(q_s)[t] = pq + pk + pv;
-    __syncthreads();
-    if (t == 0) {
-        unsigned readers = (unsigned)(n_v_heads / n_k_heads) * gridDim.y;
-        last_s = atomicInc(&tickets[hk], readers - 1) == readers - 1;
-    }
-    dec_wait();
-    float mq = 0.0f, mk = 0.0f, cq = 0.0f, ck = 0.0f;
-    if (qk) {
-        mq = m[qch];
-        mk = m[kch];
-        cq = dn_conv_post(tq, kernel, pq, mq);
-        ck = dn_conv_post(tk, kernel, pk, mk);
-    }
-    if (vt) {
-        float mv = m[vch];
-        v_s[t] = dn_conv_post(tv, kernel, pv, mv);
-        dn_conv_shift(conv_state, conv_dim, kernel, vch, rv, mv);
-    }
-    // dec_dn_step's q / k norms (one value a thread: the same sums).
-    float qq = block_sum(cq * cq);
-    float kk = block_sum(ck * ck);
-    float qn = rsqrtf(qq + eps) * rsqrtf((float)dk), kn = rsqrtf(kk + eps);
-    if (qk) {
-        q_s[t] = cq * qn;
-        k_s[t] = ck * kn;
-    }
-    if (t == 0) {
-        float beta = act(sigmoidf(b[hv]));
-        float g = -expf(a_log_h) * softplusf(a[hv] + dt_bias_h);
-        ab_s[0] = expf(g);
-        ab_s[1] = beta;
-    }
-    __syncthreads();
-    float alpha = ab_s[0], beta = ab_s[1];
-    float v = v_s[col];
-    float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);
-    if (part == 0) o[(long long)hv * dv + j] = act(out);
-#pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r++)
-        if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
-    if (last_s && qk) {
-        dn_conv_shift(conv_state, conv_dim, kernel, qch, rq, mq);
-        dn_conv_shift(conv_state, conv_dim, kernel, kch, rk, mk);
-    }
 }
 
 // ---- Tensor-core GEMVs (bf16 activations) ----------------------------------------------------

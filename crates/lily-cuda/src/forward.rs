@@ -10,7 +10,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
-use crate::kernels::decode::{DnConv, DnConvStep, DnStep, DownCombine, Glu, Input, Out, Prologue};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -63,9 +63,6 @@ pub struct Scratch {
     pub perm: DevBuf,
     pub tiles: DevBuf,
     pub n_tiles: DevBuf,
-    /// u32 [layers, dn_k_heads], zero: dec_dn_conv_step's tickets, one set per DeltaNet layer
-    /// (never poisoned: every launch leaves them at zero, and a launch relies on that).
-    pub dn_tickets: DevBuf,
     pub max_tiles: usize,
 }
 
@@ -152,11 +149,6 @@ impl Scratch {
             perm: buf(c * tk)?,
             tiles: buf(3 * moe::max_group_tiles(c * tk, cfg.n_experts))?,
             n_tiles: buf(1)?,
-            dn_tickets: {
-                let t = gpu.alloc(cfg.layers.len().max(1) * cfg.dn_k_heads.max(1) * 4)?;
-                gpu.fill(&t, 0)?;
-                t
-            },
             max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
         })
     }
@@ -298,7 +290,7 @@ impl Forward<'_> {
                     match self.plan.decode_deltanet(d, cfg, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            self.deltanet_one_token(d, dn_i - 1, state.ptr, conv.ptr, input)?
+                            self.deltanet_one_token(d, state.ptr, conv.ptr, input)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -483,12 +475,10 @@ impl Forward<'_> {
     }
 
     /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
-    /// then the gated norm folded into out_proj, added into the residual. `dn_index`: which
-    /// DeltaNet layer (its conv-step tickets).
+    /// then the gated norm folded into out_proj, added into the residual.
     pub fn deltanet_one_token(
         &self,
         d: &DevDeltaNet,
-        dn_index: usize,
         state: u64,
         conv: u64,
         input: Input,
@@ -509,6 +499,7 @@ impl Forward<'_> {
             conv_dim: cfg.conv_dim(),
             kernel: cfg.conv_kernel,
         };
+        k.decode.dn_conv(gpu, &c)?;
         let step = DnStep {
             c: s.c.ptr,
             b: s.b.ptr,
@@ -522,23 +513,7 @@ impl Forward<'_> {
             dk: cfg.dn_k_dim,
             dv: cfg.dn_v_dim,
         };
-        if gpu.switches.fused_dn_conv {
-            if dn_index >= cfg.layers.len() {
-                bail!(
-                    "deltanet_one_token: DeltaNet layer {dn_index} of {}",
-                    cfg.layers.len()
-                );
-            }
-            let both = DnConvStep {
-                conv: &c,
-                step: &step,
-                tickets: s.dn_tickets.ptr + (dn_index * cfg.dn_k_heads * 4) as u64,
-            };
-            k.decode.dn_conv_step(gpu, &both, deltanet::PREP_EPS)?;
-        } else {
-            k.decode.dn_conv(gpu, &c)?;
-            k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
-        }
+        k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
         let o = Input {
             x: s.dn_o.ptr,
             cols: cfg.dn_value_dim(),

@@ -81,10 +81,6 @@ pub struct KernelSwitches {
     pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (bf16 activations only).
     pub mma_attention: bool,
-    /// DeltaNet's one-token conv inside the recurrent step's launch (dec_dn_conv_step).
-    pub fused_dn_conv: bool,
-    /// attn_split_mma's tiles by bulk copies, one per key row (sm_90+).
-    pub bulk_attention: bool,
 }
 
 impl Default for KernelSwitches {
@@ -100,8 +96,6 @@ impl Default for KernelSwitches {
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
-            fused_dn_conv: true,
-            bulk_attention: false,
         }
     }
 }

@@ -109,14 +109,6 @@ pub struct CudaOptions {
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
-    /// DeltaNet's one-token conv runs inside the recurrent step's launch (dec_dn_conv_step, one
-    /// launch fewer per DeltaNet layer) instead of its own (`--no-fused-conv`,
-    /// `LILY_FUSED_CONV=0`).
-    pub fused_dn_conv: bool,
-    /// The tensor-core decode attention requests its K/V tiles by bulk copies, one per key row,
-    /// instead of 16-byte cp.async by every thread (attn_split_mma_bulk, sm_90+;
-    /// `--no-bulk-attention`, `LILY_BULK_ATTENTION=0`).
-    pub bulk_attention: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -147,8 +139,6 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
-            fused_dn_conv: true,
-            bulk_attention: true,
             sync_each: false,
             profile: false,
         }
@@ -183,8 +173,6 @@ impl CudaOptions {
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
-    /// | `LILY_FUSED_CONV=0` | `fused_dn_conv` |
-    /// | `LILY_BULK_ATTENTION=0` | `bulk_attention` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -211,7 +199,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 21] = [
+        let flags: [(&str, &mut bool); 19] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -232,8 +220,6 @@ impl CudaOptions {
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
-            ("LILY_FUSED_CONV", &mut self.fused_dn_conv),
-            ("LILY_BULK_ATTENTION", &mut self.bulk_attention),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -359,8 +345,6 @@ impl Plan {
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
-                fused_dn_conv: o.fused_dn_conv,
-                bulk_attention: o.bulk_attention && o.mma_attention && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -532,7 +516,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, fused DeltaNet conv {}, bulk-copy decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -553,8 +537,6 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
-            on(sw.fused_dn_conv),
-            on(sw.bulk_attention),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -608,8 +590,6 @@ mod tests {
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
-            ("LILY_FUSED_CONV", "0"),
-            ("LILY_BULK_ATTENTION", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -637,8 +617,6 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                fused_dn_conv: false,
-                bulk_attention: false,
                 sync_each: true,
                 profile: true,
             }

@@ -787,25 +787,17 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     for (label, c, lens) in cases {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
-        // bf16 also with one-token steps on the tensor cores (attn_split_mma), their tiles by
-        // cp.async or by bulk copies (attn_split_mma_bulk, sm_90+).
-        for (bf16, mma, bulk) in [
-            (false, false, false),
-            (true, false, false),
-            (true, true, false),
-            (true, true, true),
-        ] {
-            let mode = match (bf16, mma, bulk) {
-                (false, _, _) => "fp32",
-                (true, false, _) => "bf16",
-                (true, true, false) => "bf16 tensor cores",
-                (true, true, true) => "bf16 tensor cores, bulk copies",
+        // bf16 also with one-token steps on the tensor cores (attn_split_mma).
+        for (bf16, mma) in [(false, false), (true, false), (true, true)] {
+            let mode = match (bf16, mma) {
+                (false, _) => "fp32",
+                (true, false) => "bf16",
+                (true, true) => "bf16 tensor cores",
             };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
                 rig.g.g.switches.mma_attention = mma;
-                rig.g.g.switches.bulk_attention = bulk;
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
@@ -974,7 +966,7 @@ fn deltanet_block_and_state_match_cpu_over_chunks() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_decode_blocks_match_cpu() {
-    let mut rig = BlockRig::new(8);
+    let rig = BlockRig::new(8);
     let c = rig.cfg.clone();
     let h = c.hidden;
     let mut rng = Rng(11);
@@ -1007,34 +999,36 @@ fn fused_decode_blocks_match_cpu() {
 
     let w = random_deltanet(&mut rng, &c);
     let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
-    // The one-token conv inside the recurrent step's launch (the default), then in its own.
-    for fused_conv in [true, false] {
-        rig.g.g.switches.fused_dn_conv = fused_conv;
+    let mut st = ops::DeltaNetState::new(&c);
+    for (n, fused) in steps {
+        let x = rng.vec(n * h, 0.5);
+        let xn = rng.vec(n * h, 1.0);
         let (state, conv) = &rig.seq.dn[0];
-        rig.g.g.fill(state, 0).unwrap();
-        rig.g.g.fill(conv, 0).unwrap();
-        let mut st = ops::DeltaNetState::new(&c);
-        for (n, fused) in steps {
-            let x = rng.vec(n * h, 0.5);
-            let xn = rng.vec(n * h, 1.0);
-            let fused_conv = fused && fused_conv;
-            let got = rig.run(&x, &xn, |f| {
-                if fused {
-                    let input = as_is(rig.scratch.xn.ptr);
-                    f.deltanet_one_token(&dw, 0, state.ptr, conv.ptr, input)
-                        .unwrap();
-                } else {
-                    f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
-                }
-            });
-            let want = ops::deltanet(&c, &w, &xn, &mut st);
-            let what = format!("deltanet T={n} fused={fused} conv in the step={fused_conv}");
-            check(&what, &got, &want, 1e-4);
-            let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
-            check(&format!("{what}: state"), &sv, &st.state, 1e-4);
-            let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
-            check(&format!("{what}: conv state"), &cv, &st.conv, 1e-6);
-        }
+        let got = rig.run(&x, &xn, |f| {
+            if fused {
+                let input = as_is(rig.scratch.xn.ptr);
+                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                    .unwrap();
+            } else {
+                f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
+            }
+        });
+        let want = ops::deltanet(&c, &w, &xn, &mut st);
+        check(&format!("deltanet T={n} fused={fused}"), &got, &want, 1e-4);
+        let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
+        check(
+            &format!("deltanet state T={n} fused={fused}"),
+            &sv,
+            &st.state,
+            1e-4,
+        );
+        let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
+        check(
+            &format!("deltanet conv T={n} fused={fused}"),
+            &cv,
+            &st.conv,
+            1e-6,
+        );
     }
 
     let e = c.n_experts;

@@ -110,14 +110,6 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
-    /// DeltaNet's one-token conv in its own launch instead of inside the recurrent step's
-    /// [env LILY_FUSED_CONV=0].
-    #[arg(long)]
-    pub no_fused_conv: bool,
-    /// The tensor-core decode attention's K/V tiles by 16-byte copies from every thread instead
-    /// of one bulk copy per key row [env LILY_BULK_ATTENTION=0].
-    #[arg(long)]
-    pub no_bulk_attention: bool,
 }
 
 impl CudaArgs {
@@ -147,8 +139,6 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
-            fused_dn_conv: !self.no_fused_conv,
-            bulk_attention: !self.no_bulk_attention,
             ..d
         }
     }
@@ -266,8 +256,6 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
-            "--no-fused-conv",
-            "--no-bulk-attention",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -294,8 +282,6 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                fused_dn_conv: false,
-                bulk_attention: false,
                 sync_each: false,
                 profile: false,
             }

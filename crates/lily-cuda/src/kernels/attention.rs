@@ -203,7 +203,6 @@ pub struct Attention {
     prefill: Kernel,
     split: Kernel,
     split_mma: Kernel,
-    split_mma_bulk: Kernel,
     split_combine: Kernel,
     /// Bytes of one cache element (2 with bf16 activations, else 4).
     kv_bytes: usize,
@@ -225,10 +224,6 @@ impl Attention {
                 .waits_for_predecessor(),
             split_mma: m
                 .kernel("attn_split_mma")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
-                .waits_for_predecessor(),
-            split_mma_bulk: m
-                .kernel("attn_split_mma_bulk")?
                 .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
@@ -343,11 +338,7 @@ impl Attention {
         let chunks = group.div_ceil(SPLIT_MAX_G);
         let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
         let mma = gpu.switches.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
-        // Bulk copies (sm_90+): the same kernel with its tiles requested a row at a time.
-        let bulk = gpu.switches.bulk_attention && gpu.can_launch_dependents;
-        let (kernel, smem) = if mma && bulk {
-            (&self.split_mma_bulk, split_mma_smem_bytes(s.d))
-        } else if mma {
+        let (kernel, smem) = if mma {
             (&self.split_mma, split_mma_smem_bytes(s.d))
         } else {
             (&self.split, split_smem_bytes(s.d, self.kv_bytes))

@@ -321,15 +321,6 @@ pub struct DnStep {
     pub dv: usize,
 }
 
-/// DnConv and DnStep in one launch (dec_dn_conv_step).
-pub struct DnConvStep<'a> {
-    pub conv: &'a DnConv,
-    pub step: &'a DnStep,
-    /// u32 [n_k], zero-initialised and left at zero by every launch: who shifts a K head's q/k
-    /// conv state (the last of its blocks to have read it).
-    pub tickets: u64,
-}
-
 pub struct Decode {
     gemv: Kernel,
     gemv4: Kernel,
@@ -343,7 +334,6 @@ pub struct Decode {
     down_combine: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
-    dn_conv_step: Kernel,
 }
 
 impl Decode {
@@ -363,7 +353,6 @@ impl Decode {
             down_combine: k("dec_down_combine")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
-            dn_conv_step: k("dec_dn_conv_step")?,
         })
     }
 
@@ -609,52 +598,6 @@ impl Decode {
                 .arg(&a.dt_bias)
                 .arg(&a.state)
                 .arg(&a.o)
-                .arg(&n_k)
-                .arg(&n_v)
-                .arg(&dk)
-                .arg(&dv)
-                .arg(&eps);
-        })
-    }
-
-    /// dn_conv then dn_step as one launch; the same results bit for bit.
-    pub fn dn_conv_step(&self, gpu: &Gpu, a: &DnConvStep, eps: f32) -> Result<()> {
-        let (c, st) = (a.conv, a.step);
-        if !Self::dn_serves(st.n_k, st.n_v, st.dk, st.dv, c.kernel) {
-            bail!(
-                "dec_dn_conv_step: heads {}/{} of dims {}/{}, {} taps (dk a multiple of 32 up to {DN_MAX_DK}, dv of {DN_COLS}, 1..={DN_MAX_K} taps)",
-                st.n_k,
-                st.n_v,
-                st.dk,
-                st.dv,
-                c.kernel
-            );
-        }
-        if c.conv_dim != 2 * st.n_k * st.dk + st.n_v * st.dv {
-            bail!(
-                "dec_dn_conv_step: conv_dim {} is not q + k + v ({} + {} + {})",
-                c.conv_dim,
-                st.n_k * st.dk,
-                st.n_k * st.dk,
-                st.n_v * st.dv
-            );
-        }
-        let grid = (st.n_v as u32, (st.dv / DN_COLS) as u32, 1);
-        let (conv_dim, k) = (c.conv_dim as i32, c.kernel as i32);
-        let (n_k, n_v, dk, dv) = (st.n_k as i32, st.n_v as i32, st.dk as i32, st.dv as i32);
-        gpu.launch(&self.dn_conv_step, config(grid, 128, 0), |l| {
-            l.arg(&c.m)
-                .arg(&c.conv_state)
-                .arg(&c.weight)
-                .arg(&conv_dim)
-                .arg(&k)
-                .arg(&a.tickets)
-                .arg(&st.b)
-                .arg(&st.a)
-                .arg(&st.a_log)
-                .arg(&st.dt_bias)
-                .arg(&st.state)
-                .arg(&st.o)
                 .arg(&n_k)
                 .arg(&n_v)
                 .arg(&dk)
