@@ -453,6 +453,7 @@ impl Backend for CudaBackend {
                 _ => None,
             };
             let s = self.seq(seq)?;
+            self.gpu.profile_scope("decode pick");
             let (token, logprob, host_logits) = if path != SamplingPath::Host {
                 match &device_pick {
                     Some(ds) => ds.sample(

@@ -257,6 +257,11 @@ impl Forward<'_> {
             x: s.x.ptr,
             n_tok: n,
         };
+        gpu.profile_scope(if n == 1 {
+            "decode embed"
+        } else {
+            "prefill embed"
+        });
         k.embed.lookup(gpu, &lookup)?;
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
         let eps = cfg.rms_eps;
@@ -270,6 +275,11 @@ impl Forward<'_> {
         for layer in &model.layers {
             match &layer.mixer {
                 DevMixer::Attention(a) => {
+                    gpu.profile_scope(if n == 1 {
+                        "decode attention"
+                    } else {
+                        "prefill attention"
+                    });
                     let (k_cache, v_cache) = &seq.kv[attn_i];
                     attn_i += 1;
                     let (kc, vc, pos) = (k_cache.ptr, v_cache.ptr, seq.pos.ptr);
@@ -285,6 +295,11 @@ impl Forward<'_> {
                     }
                 }
                 DevMixer::DeltaNet(d) => {
+                    gpu.profile_scope(if n == 1 {
+                        "decode deltanet"
+                    } else {
+                        "prefill deltanet"
+                    });
                     let (state, conv) = &seq.dn[dn_i];
                     dn_i += 1;
                     match self.plan.decode_deltanet(d, cfg, n) {
@@ -299,6 +314,7 @@ impl Forward<'_> {
                     }
                 }
             }
+            gpu.profile_scope(if n == 1 { "decode moe" } else { "prefill moe" });
             match self.plan.decode_moe(&layer.moe, MoeShape::of(cfg), n) {
                 DecodePath::Fused => {
                     // The MoE's later kernels read the normed row from scratch.xn.
@@ -311,6 +327,11 @@ impl Forward<'_> {
                 }
             }
         }
+        gpu.profile_scope(if n == 1 {
+            "decode head"
+        } else {
+            "prefill head"
+        });
         k.sample.advance_pos(gpu, seq.pos.ptr, n)?;
         let v = cfg.vocab;
         let xn = Rows::new(s.xn.ptr, h);

@@ -124,32 +124,40 @@ pub struct Gpu {
     cache: KernelCache,
 }
 
-/// Accumulated device time per kernel name.
+/// Accumulated device time per kernel, by the part of the model that launched it (the scope,
+/// e.g. "deltanet", set by `Gpu::profile_scope`) and the kernel's name.
 #[derive(Default)]
 pub struct Profile {
-    rows: Vec<(&'static str, f64, u64)>,
+    rows: Vec<(&'static str, &'static str, f64, u64)>,
+    scope: &'static str,
 }
 
 impl Profile {
     fn add(&mut self, name: &'static str, ms: f64) {
-        match self.rows.iter_mut().find(|r| r.0 == name) {
+        let scope = self.scope;
+        match self.rows.iter_mut().find(|r| r.0 == scope && r.1 == name) {
             Some(r) => {
-                r.1 += ms;
-                r.2 += 1;
+                r.2 += ms;
+                r.3 += 1;
             }
-            None => self.rows.push((name, ms, 1)),
+            None => self.rows.push((scope, name, ms, 1)),
         }
     }
 
     /// The table, largest total first.
     pub fn report(&self) -> String {
         let mut rows = self.rows.clone();
-        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let total: f64 = rows.iter().map(|r| r.1).sum();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let total: f64 = rows.iter().map(|r| r.2).sum();
         let mut out = format!("kernel profile (device time, {total:.1} ms in all)\n");
-        for (name, ms, n) in rows {
+        for (scope, name, ms, n) in rows {
+            let label = if scope.is_empty() {
+                name.to_string()
+            } else {
+                format!("{scope}: {name}")
+            };
             out += &format!(
-                "  {name:<22} {ms:>10.2} ms {:>5.1} % {n:>8} launches {:>9.1} us each\n",
+                "  {label:<34} {ms:>10.2} ms {:>5.1} % {n:>8} launches {:>9.1} us each\n",
                 100.0 * ms / total.max(1e-9),
                 1000.0 * ms / n as f64
             );
@@ -346,6 +354,16 @@ impl Gpu {
         // SAFETY: callers pass addresses inside live allocations (see forward.rs).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(|e| anyhow!("device to device copy: {e}"))
+    }
+
+    /// With profiling on, the part of the model the next launches belong to (their rows in the
+    /// report read "scope: kernel"); nothing otherwise.
+    pub fn profile_scope(&self, scope: &'static str) {
+        if let Some(p) = &self.profile {
+            if let Ok(mut p) = p.lock() {
+                p.scope = scope;
+            }
+        }
     }
 
     /// Fills a buffer with one byte value, queued on the stream.
@@ -555,12 +573,14 @@ mod tests {
     fn the_profile_sums_per_kernel_and_lists_the_largest_first() {
         let mut p = Profile::default();
         p.add("linear", 1.0);
+        p.scope = "moe";
         p.add("gemm_dense", 6.0);
+        p.scope = "";
         p.add("linear", 2.0);
         let r = p.report();
         let lines: Vec<&str> = r.lines().collect();
         assert!(lines[0].contains("9.0 ms in all"), "{r}");
-        assert!(lines[1].trim_start().starts_with("gemm_dense"), "{r}");
+        assert!(lines[1].trim_start().starts_with("moe: gemm_dense"), "{r}");
         assert!(
             lines[1].contains("66.7 %") && lines[1].contains("1 launches"),
             "{r}"
