@@ -272,7 +272,7 @@ impl Forward<'_> {
             prologue: Prologue::RmsNorm { weight, eps },
             staged_out,
         };
-        for layer in &model.layers {
+        for (li, layer) in model.layers.iter().enumerate() {
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     gpu.profile_scope(if n == 1 {
@@ -319,7 +319,14 @@ impl Forward<'_> {
                 DecodePath::Fused => {
                     // The MoE's later kernels read the normed row from scratch.xn.
                     let input = normed(layer.post_norm.ptr, Some(s.xn.ptr));
-                    self.moe_one_token(&layer.moe, input)?
+                    // The next layer's input projections, requested into L2 by the MoE's
+                    // last kernel (the plan's `l2_prefetch`).
+                    let ahead: Vec<&DevLinear> = match model.layers.get(li + 1).map(|l| &l.mixer) {
+                        Some(DevMixer::DeltaNet(d)) => vec![&d.in_qkv, &d.in_z],
+                        Some(DevMixer::Attention(a)) => vec![&a.q_proj, &a.k_proj],
+                        None => Vec::new(),
+                    };
+                    self.moe_one_token(&layer.moe, input, &ahead)?
                 }
                 DecodePath::PerKernel => {
                     self.norm(Rows::new(s.x.ptr, h), layer.post_norm.ptr, n)?;
@@ -553,7 +560,8 @@ impl Forward<'_> {
     /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
     /// the normed row in scratch.xn), routing with every expert's gate/up/SiLU in one launch,
     /// every down projection with the combine and the residual add in one.
-    pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
+    /// `ahead`: weights the next launches read, requested into L2 during the MoE.
+    pub fn moe_one_token(&self, m: &DevMoe, input: Input, ahead: &[&DevLinear]) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
             bail!("moe_one_token: the normed row must end up in scratch.xn");
@@ -576,6 +584,8 @@ impl Forward<'_> {
             xn: s.xn.ptr,
             h: s.eh.ptr,
             h_shared: s.sh.ptr,
+            down: &m.down,
+            shared_down: &m.shared_down,
         };
         k.decode.glu(gpu, &glu)?;
         let down = DownCombine {
@@ -588,6 +598,7 @@ impl Forward<'_> {
             h_shared: s.sh.ptr,
             shared_gate: s.s_gate.ptr,
             x: s.x.ptr,
+            ahead,
         };
         k.decode.down_combine(gpu, &down)
     }

@@ -1048,7 +1048,8 @@ fn fused_decode_blocks_match_cpu() {
                 },
                 staged_out: Some(rig.scratch.xn.ptr),
             };
-            f.moe_one_token(&dw, input).unwrap()
+            f.moe_one_token(&dw, input, &[&dw.router, &dw.shared_down])
+                .unwrap()
         });
         let xn = ops::rms_norm(&x, &norm_w, c.rms_eps);
         check(
@@ -1299,6 +1300,9 @@ fn tensor_core_decode_gemvs_match_cpu() {
             xn: xd.ptr,
             h: hd.ptr,
             h_shared: hsd.ptr,
+            // Only requested into L2 (stacks of the same size as the down projections').
+            down: &dev_w[0],
+            shared_down: &dev_w[2],
         };
         d.k.decode.glu(&d, &glu).unwrap();
         // The routing: softmax, the top_k, renormalised.
