@@ -93,6 +93,18 @@
 #define DEC_RESIDUAL 1  // y = act(y + act(s))
 #define DEC_EXACT 2     // y = s
 
+// Weights a later launch reads, requested into L2 now (the plan's `l2_prefetch`): DEC_AHEAD
+// ranges; each block of the grid takes an even share of each range's 128-byte lines and its
+// threads issue one prefetch.global.L2 a line. A decode kernel waits on latencies most of its
+// time, so the DRAM reads of the next kernels' weights fit in its shadow and those kernels'
+// requests then hit L2 (≈ half the latency of DRAM).
+#define DEC_AHEAD 12
+struct L2Ahead {
+    const char* p[DEC_AHEAD];
+    unsigned long long bytes[DEC_AHEAD];
+    int n;
+};
+
 // One weight of a dec_gemv launch and where its rows go; tiles tile0 .. of the launch are its rows.
 struct DecSeg {
     QWeight w;
@@ -104,7 +116,8 @@ struct DecSeg {
 struct DecSegs {
     DecSeg s[DEC_MAX_SEGS];
     int n;
-    int tiles;  // tiles of all segments together
+    int tiles;     // tiles of all segments together
+    L2Ahead ahead;  // weights of later launches, requested into L2 before pdl_wait
 };
 
 // When the next kernel may launch (programmatic dependent launch, sm_90+). By default a decode
@@ -127,18 +140,6 @@ __device__ __forceinline__ void dec_trigger_late() {
     pdl_trigger();
 #endif
 }
-
-// Weights a later launch reads, requested into L2 now (the plan's `l2_prefetch`): DEC_AHEAD
-// ranges; each block of the grid takes an even share of each range's 128-byte lines and its
-// threads issue one prefetch.global.L2 a line. A decode kernel waits on latencies most of its
-// time, so the DRAM reads of the next kernels' weights fit in its shadow and those kernels'
-// requests then hit L2 (≈ half the latency of DRAM).
-#define DEC_AHEAD 8
-struct L2Ahead {
-    const char* p[DEC_AHEAD];
-    unsigned long long bytes[DEC_AHEAD];
-    int n;
-};
 
 __device__ __forceinline__ void l2_prefetch_share(const char* p, unsigned long long bytes) {
     unsigned long long lines = (bytes + 127) / 128;
@@ -473,6 +474,7 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
+    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -615,6 +617,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
     if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
     if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
+    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
@@ -635,7 +638,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
 }
 
 #define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2)                                           \
     NAME(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,              \
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {                  \
         __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];                                         \
@@ -741,6 +744,7 @@ __device__ __forceinline__ void gemv_bulk(const DecSegs& segs, const float* __re
             bulk_tile(segs, blockIdx.x + k * step, cols, ring + k * stage_bytes, &full[k]);
     }
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
+    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);  // its barriers publish the inits
     // The lane's columns: word u = lane + 32 j (j < U) of a row holds columns 32u .. 32u + 31.
@@ -1462,6 +1466,7 @@ dec_gemv4m(DecSegs segs, const float* __restrict__ x, const float* __restrict__ 
     if (n > 0) gemv4m_load(segs, m, 0, ra);
     if (n > 1) gemv4m_load(segs, m, 1, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
+    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     stage_xb(xs, m.G, xb);

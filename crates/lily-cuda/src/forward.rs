@@ -286,7 +286,8 @@ impl Forward<'_> {
                     match self.plan.decode_attention(a, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            self.attention_one_token(a, kc, vc, pos, input)?
+                            let ahead = moe_first(&layer.moe);
+                            self.attention_one_token(a, kc, vc, pos, input, &ahead)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -305,7 +306,8 @@ impl Forward<'_> {
                     match self.plan.decode_deltanet(d, cfg, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            self.deltanet_one_token(d, state.ptr, conv.ptr, input)?
+                            let ahead = moe_first(&layer.moe);
+                            self.deltanet_one_token(d, state.ptr, conv.ptr, input, &ahead)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -481,6 +483,7 @@ impl Forward<'_> {
     // residual with the block's norm as prologue (Forward::run), or an already normed row (tests).
 
     /// Gated attention of one token: q/k/v in one launch, attention, o_proj into the residual.
+    /// `ahead`: weights of the launches after o_proj, requested into L2 by it (`l2_prefetch`).
     pub fn attention_one_token(
         &self,
         a: &DevAttention,
@@ -488,6 +491,7 @@ impl Forward<'_> {
         v_cache: u64,
         pos: u64,
         input: Input,
+        ahead: &[&DevLinear],
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let qkv = [
@@ -495,21 +499,23 @@ impl Forward<'_> {
             (&a.k_proj, Out::Store(s.k.ptr)),
             (&a.v_proj, Out::Store(s.v.ptr)),
         ];
-        k.decode.project(gpu, input, &qkv)?;
+        k.decode.project_ahead(gpu, input, &qkv, &[&a.o_proj])?;
         self.attend(a, k_cache, v_cache, pos, 1)?;
         let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
-        k.decode
-            .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
+        let out = [(&a.o_proj, Out::AddToResidual(s.x.ptr))];
+        k.decode.project_ahead(gpu, o, &out, ahead)
     }
 
     /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
     /// then the gated norm folded into out_proj, added into the residual.
+    /// `ahead`: weights of the launches after out_proj, requested into L2 by it (`l2_prefetch`).
     pub fn deltanet_one_token(
         &self,
         d: &DevDeltaNet,
         state: u64,
         conv: u64,
         input: Input,
+        ahead: &[&DevLinear],
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let inputs = [
@@ -518,7 +524,8 @@ impl Forward<'_> {
             (&d.in_b, Out::Store(s.b.ptr)),
             (&d.in_a, Out::Store(s.a.ptr)),
         ];
-        k.decode.project(gpu, input, &inputs)?;
+        k.decode
+            .project_ahead(gpu, input, &inputs, &[&d.out_proj])?;
         let c = DnConv {
             m: s.m.ptr,
             conv_state: conv,
@@ -553,8 +560,8 @@ impl Forward<'_> {
             },
             staged_out: None,
         };
-        k.decode
-            .project(gpu, o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
+        let out = [(&d.out_proj, Out::AddToResidual(s.x.ptr))];
+        k.decode.project_ahead(gpu, o, &out, ahead)
     }
 
     /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
@@ -771,4 +778,15 @@ impl Forward<'_> {
         };
         k.moe.combine_into_residual(gpu, &combine)
     }
+}
+
+/// The weights a one-token MoE reads first whatever the routing (router, shared-expert gate,
+/// the shared expert's gate and up): what the layer's mixer requests into L2 for it.
+fn moe_first(m: &DevMoe) -> [&DevLinear; 4] {
+    [
+        &m.router,
+        &m.shared_expert_gate,
+        &m.shared_gate,
+        &m.shared_up,
+    ]
 }

@@ -985,7 +985,8 @@ fn fused_decode_blocks_match_cpu() {
             let p = rig.seq.pos.ptr;
             if fused {
                 let input = as_is(rig.scratch.xn.ptr);
-                f.attention_one_token(&dw, k.ptr, v.ptr, p, input).unwrap();
+                f.attention_one_token(&dw, k.ptr, v.ptr, p, input, &[&dw.o_proj])
+                    .unwrap();
             } else {
                 f.attention(&dw, k.ptr, v.ptr, p, n).unwrap();
             }
@@ -1007,7 +1008,7 @@ fn fused_decode_blocks_match_cpu() {
         let got = rig.run(&x, &xn, |f| {
             if fused {
                 let input = as_is(rig.scratch.xn.ptr);
-                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input, &[&dw.in_z])
                     .unwrap();
             } else {
                 f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();

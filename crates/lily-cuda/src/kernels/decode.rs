@@ -233,7 +233,7 @@ impl Input {
 
 /// `struct DecSeg` of decode.cu.
 /// decode.cu's L2Ahead: up to L2_AHEAD byte ranges a kernel requests into L2 for later launches.
-pub const L2_AHEAD: usize = 8;
+pub const L2_AHEAD: usize = 12;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -243,7 +243,7 @@ pub struct L2Ahead {
     n: i32,
 }
 
-// SAFETY: `#[repr(C)]` integers laid out as decode.cu's `L2Ahead` (8 pointers, 8 u64, one int,
+// SAFETY: `#[repr(C)]` integers laid out as decode.cu's `L2Ahead` (12 pointers, 12 u64, one int,
 // padded to 8 bytes by both compilers), copied into the launch's parameters.
 unsafe impl cudarc::driver::DeviceRepr for L2Ahead {}
 
@@ -280,6 +280,7 @@ struct DecSegs {
     s: [DecSeg; MAX_SEGS],
     n: i32,
     tiles: i32,
+    ahead: L2Ahead,
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's structs field for field.
@@ -397,6 +398,18 @@ impl Decode {
 
     /// Up to MAX_SEGS projections of one input row in one launch.
     pub fn project(&self, gpu: &Gpu, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
+        self.project_ahead(gpu, input, outs, &[])
+    }
+
+    /// `project`, the launch also requesting `ahead` (weights later launches read) into L2
+    /// before its wait, when the plan's `l2_prefetch` is on.
+    pub fn project_ahead(
+        &self,
+        gpu: &Gpu,
+        input: Input,
+        outs: &[(&DevLinear, Out)],
+        ahead: &[&DevLinear],
+    ) -> Result<()> {
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
         }
@@ -440,6 +453,11 @@ impl Decode {
             s: [empty; MAX_SEGS],
             n: outs.len() as i32,
             tiles: 0,
+            ahead: if gpu.switches.l2_prefetch {
+                L2Ahead::of(ahead)
+            } else {
+                L2Ahead::default()
+            },
         };
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
