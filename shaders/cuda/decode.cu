@@ -93,18 +93,6 @@
 #define DEC_RESIDUAL 1  // y = act(y + act(s))
 #define DEC_EXACT 2     // y = s
 
-// Weights a later launch reads, requested into L2 now (the plan's `l2_prefetch`): DEC_AHEAD
-// ranges; each block of the grid takes an even share of each range's 128-byte lines and its
-// threads issue one prefetch.global.L2 a line. A decode kernel waits on latencies most of its
-// time, so the DRAM reads of the next kernels' weights fit in its shadow and those kernels'
-// requests then hit L2 (≈ half the latency of DRAM).
-#define DEC_AHEAD 12
-struct L2Ahead {
-    const char* p[DEC_AHEAD];
-    unsigned long long bytes[DEC_AHEAD];
-    int n;
-};
-
 // One weight of a dec_gemv launch and where its rows go; tiles tile0 .. of the launch are its rows.
 struct DecSeg {
     QWeight w;
@@ -116,8 +104,7 @@ struct DecSeg {
 struct DecSegs {
     DecSeg s[DEC_MAX_SEGS];
     int n;
-    int tiles;     // tiles of all segments together
-    L2Ahead ahead;  // weights of later launches, requested into L2 before pdl_wait
+    int tiles;  // tiles of all segments together
 };
 
 // When the next kernel may launch (programmatic dependent launch, sm_90+). By default a decode
@@ -139,29 +126,6 @@ __device__ __forceinline__ void dec_trigger_late() {
 #if !(defined(DEC_EARLY_TRIGGER) && DEC_EARLY_TRIGGER)
     pdl_trigger();
 #endif
-}
-
-__device__ __forceinline__ void l2_prefetch_share(const char* p, unsigned long long bytes) {
-    unsigned long long lines = (bytes + 127) / 128;
-    unsigned long long per = (lines + gridDim.x - 1) / gridDim.x;
-    unsigned long long l0 = (unsigned long long)blockIdx.x * per;
-    unsigned long long l1 = min(lines, l0 + per);
-    for (unsigned long long l = l0 + threadIdx.x; l < l1; l += blockDim.x)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + l * 128));
-}
-
-__device__ __forceinline__ void l2_ahead(const L2Ahead& a) {
-#pragma unroll
-    for (int i = 0; i < DEC_AHEAD; i++)
-        if (i < a.n) l2_prefetch_share(a.p[i], a.bytes[i]);
-}
-
-// The whole of a 4/8-bit weight (packed values, scales, biases) as three ranges.
-__device__ __forceinline__ void l2_prefetch_weight(const QWeight& w) {
-    long long groups = (long long)w.rows * (w.cols / w.group);
-    l2_prefetch_share(reinterpret_cast<const char*>(w.q), (unsigned long long)w.rows * w.cols * w.bits / 8);
-    l2_prefetch_share(reinterpret_cast<const char*>(w.scales), (unsigned long long)groups * 2);
-    l2_prefetch_share(reinterpret_cast<const char*>(w.biases), (unsigned long long)groups * 2);
 }
 
 // 8-bit values: 2^23 + v for the byte of `v` that `sel` picks (sel = 0x7440 | byte), minus 2^23: the
@@ -474,7 +438,6 @@ dec_gemv(DecSegs segs, const float* __restrict__ x, const float* __restrict__ no
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
-    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -617,7 +580,6 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
     if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
     if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
@@ -638,7 +600,7 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
 }
 
 #define DEC_GEMV_PIPELINED(NAME, BITS, GPL, R)                                                                \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 2)                                           \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
     NAME(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,              \
          const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {                  \
         __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];                                         \
@@ -744,7 +706,6 @@ __device__ __forceinline__ void gemv_bulk(const DecSegs& segs, const float* __re
             bulk_tile(segs, blockIdx.x + k * step, cols, ring + k * stage_bytes, &full[k]);
     }
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);  // its barriers publish the inits
     // The lane's columns: word u = lane + 32 j (j < U) of a row holds columns 32u .. 32u + 31.
@@ -881,7 +842,7 @@ extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
 dec_glu(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-        int tiles_per_item, QWeight down, QWeight sdown, int ahead) {
+        int tiles_per_item) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
     __shared__ float p[DEC_MAX_EXPERTS];
@@ -986,7 +947,7 @@ extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
 dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
          int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
          const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-         int tiles_per_item, QWeight down, QWeight sdown, int ahead) {
+         int tiles_per_item) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
     __shared__ float p[DEC_MAX_EXPERTS];
@@ -1010,11 +971,6 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
-    if (ahead) {
-        // dec_down_combine's weights toward L2: the routed experts' (known now) and the shared one's.
-        for (int k = 0; k < top_k; k++) l2_prefetch_weight(expert(down, ids_s[k]));
-        l2_prefetch_weight(sdown);
-    }
     float xv[64];
     load_group(xs + tg.sl * DEC_XPAD, xv);
     float sx = xsum[tg.sl];
@@ -1040,7 +996,7 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
 extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
 dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
                  int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                 const float* __restrict__ s_gate, float* __restrict__ x, L2Ahead ahead) {
+                 const float* __restrict__ s_gate, float* __restrict__ x) {
     extern __shared__ __align__(16) float dec_smem[];
     int cols = down.cols, G = cols >> 6;
     int items = top_k + 1;
@@ -1075,7 +1031,6 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         for (int j = 0; j < DEC_DOWN_BATCH; j++)
             if (kc + j * DEC_DOWN_KSPLIT == top_k) load(j, top_k);
     }
-    l2_ahead(ahead);  // the next layer's input projections (static weights: before the wait)
     dec_wait();
     if (fast) {
 #pragma unroll
@@ -1466,7 +1421,6 @@ dec_gemv4m(DecSegs segs, const float* __restrict__ x, const float* __restrict__ 
     if (n > 0) gemv4m_load(segs, m, 0, ra);
     if (n > 1) gemv4m_load(segs, m, 1, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
-    l2_ahead(segs.ahead);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     stage_xb(xs, m.G, xb);
@@ -1514,7 +1468,7 @@ extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_MMA_BLOCKS)
 dec_glu4m(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
           int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
           const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-          int tiles_per_item, QWeight down, QWeight sdown, int ahead) {
+          int tiles_per_item) {
     __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
     __shared__ float xsum[DEC_MAX_GROUPS];
     __shared__ __align__(16) u32 xb[DEC_MAX_GROUPS * 32];

@@ -272,7 +272,7 @@ impl Forward<'_> {
             prologue: Prologue::RmsNorm { weight, eps },
             staged_out,
         };
-        for (li, layer) in model.layers.iter().enumerate() {
+        for layer in &model.layers {
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     gpu.profile_scope(if n == 1 {
@@ -286,8 +286,7 @@ impl Forward<'_> {
                     match self.plan.decode_attention(a, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            let ahead = moe_first(&layer.moe);
-                            self.attention_one_token(a, kc, vc, pos, input, &ahead)?
+                            self.attention_one_token(a, kc, vc, pos, input)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -306,8 +305,7 @@ impl Forward<'_> {
                     match self.plan.decode_deltanet(d, cfg, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            let ahead = moe_first(&layer.moe);
-                            self.deltanet_one_token(d, state.ptr, conv.ptr, input, &ahead)?
+                            self.deltanet_one_token(d, state.ptr, conv.ptr, input)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
@@ -321,14 +319,7 @@ impl Forward<'_> {
                 DecodePath::Fused => {
                     // The MoE's later kernels read the normed row from scratch.xn.
                     let input = normed(layer.post_norm.ptr, Some(s.xn.ptr));
-                    // The next layer's input projections, requested into L2 by the MoE's
-                    // last kernel (the plan's `l2_prefetch`).
-                    let ahead: Vec<&DevLinear> = match model.layers.get(li + 1).map(|l| &l.mixer) {
-                        Some(DevMixer::DeltaNet(d)) => vec![&d.in_qkv, &d.in_z],
-                        Some(DevMixer::Attention(a)) => vec![&a.q_proj, &a.k_proj],
-                        None => Vec::new(),
-                    };
-                    self.moe_one_token(&layer.moe, input, &ahead)?
+                    self.moe_one_token(&layer.moe, input)?
                 }
                 DecodePath::PerKernel => {
                     self.norm(Rows::new(s.x.ptr, h), layer.post_norm.ptr, n)?;
@@ -483,7 +474,6 @@ impl Forward<'_> {
     // residual with the block's norm as prologue (Forward::run), or an already normed row (tests).
 
     /// Gated attention of one token: q/k/v in one launch, attention, o_proj into the residual.
-    /// `ahead`: weights of the launches after o_proj, requested into L2 by it (`l2_prefetch`).
     pub fn attention_one_token(
         &self,
         a: &DevAttention,
@@ -491,7 +481,6 @@ impl Forward<'_> {
         v_cache: u64,
         pos: u64,
         input: Input,
-        ahead: &[&DevLinear],
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let qkv = [
@@ -499,23 +488,21 @@ impl Forward<'_> {
             (&a.k_proj, Out::Store(s.k.ptr)),
             (&a.v_proj, Out::Store(s.v.ptr)),
         ];
-        k.decode.project_ahead(gpu, input, &qkv, &[&a.o_proj])?;
+        k.decode.project(gpu, input, &qkv)?;
         self.attend(a, k_cache, v_cache, pos, 1)?;
         let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
-        let out = [(&a.o_proj, Out::AddToResidual(s.x.ptr))];
-        k.decode.project_ahead(gpu, o, &out, ahead)
+        k.decode
+            .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
     }
 
     /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
     /// then the gated norm folded into out_proj, added into the residual.
-    /// `ahead`: weights of the launches after out_proj, requested into L2 by it (`l2_prefetch`).
     pub fn deltanet_one_token(
         &self,
         d: &DevDeltaNet,
         state: u64,
         conv: u64,
         input: Input,
-        ahead: &[&DevLinear],
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let inputs = [
@@ -524,8 +511,7 @@ impl Forward<'_> {
             (&d.in_b, Out::Store(s.b.ptr)),
             (&d.in_a, Out::Store(s.a.ptr)),
         ];
-        k.decode
-            .project_ahead(gpu, input, &inputs, &[&d.out_proj])?;
+        k.decode.project(gpu, input, &inputs)?;
         let c = DnConv {
             m: s.m.ptr,
             conv_state: conv,
@@ -560,15 +546,14 @@ impl Forward<'_> {
             },
             staged_out: None,
         };
-        let out = [(&d.out_proj, Out::AddToResidual(s.x.ptr))];
-        k.decode.project_ahead(gpu, o, &out, ahead)
+        k.decode
+            .project(gpu, o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
     }
 
     /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
     /// the normed row in scratch.xn), routing with every expert's gate/up/SiLU in one launch,
     /// every down projection with the combine and the residual add in one.
-    /// `ahead`: weights the next launches read, requested into L2 during the MoE.
-    pub fn moe_one_token(&self, m: &DevMoe, input: Input, ahead: &[&DevLinear]) -> Result<()> {
+    pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
             bail!("moe_one_token: the normed row must end up in scratch.xn");
@@ -591,8 +576,6 @@ impl Forward<'_> {
             xn: s.xn.ptr,
             h: s.eh.ptr,
             h_shared: s.sh.ptr,
-            down: &m.down,
-            shared_down: &m.shared_down,
         };
         k.decode.glu(gpu, &glu)?;
         let down = DownCombine {
@@ -605,7 +588,6 @@ impl Forward<'_> {
             h_shared: s.sh.ptr,
             shared_gate: s.s_gate.ptr,
             x: s.x.ptr,
-            ahead,
         };
         k.decode.down_combine(gpu, &down)
     }
@@ -778,15 +760,4 @@ impl Forward<'_> {
         };
         k.moe.combine_into_residual(gpu, &combine)
     }
-}
-
-/// The weights a one-token MoE reads first whatever the routing (router, shared-expert gate,
-/// the shared expert's gate and up): what the layer's mixer requests into L2 for it.
-fn moe_first(m: &DevMoe) -> [&DevLinear; 4] {
-    [
-        &m.router,
-        &m.shared_expert_gate,
-        &m.shared_gate,
-        &m.shared_up,
-    ]
 }

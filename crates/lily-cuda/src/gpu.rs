@@ -81,8 +81,6 @@ pub struct KernelSwitches {
     pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (bf16 activations only).
     pub mma_attention: bool,
-    /// The MoE's kernels request the next launches' weights into L2 (decode.cu's L2Ahead).
-    pub l2_prefetch: bool,
 }
 
 impl Default for KernelSwitches {
@@ -98,7 +96,6 @@ impl Default for KernelSwitches {
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
-            l2_prefetch: true,
         }
     }
 }

@@ -109,11 +109,6 @@ pub struct CudaOptions {
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
-    /// One-token MoE kernels request weights the next launches read into L2 while they wait on
-    /// latencies: dec_glu4 the routed and shared experts' down projections once it has routed,
-    /// dec_down_combine the next layer's input projections (`--no-l2-prefetch`,
-    /// `LILY_L2_PREFETCH=0`).
-    pub l2_prefetch: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -144,7 +139,6 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
-            l2_prefetch: true,
             sync_each: false,
             profile: false,
         }
@@ -179,7 +173,6 @@ impl CudaOptions {
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
-    /// | `LILY_L2_PREFETCH=0` | `l2_prefetch` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     pub fn with_env_overrides(self) -> CudaOptions {
@@ -206,7 +199,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 20] = [
+        let flags: [(&str, &mut bool); 19] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -227,7 +220,6 @@ impl CudaOptions {
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
-            ("LILY_L2_PREFETCH", &mut self.l2_prefetch),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
         ];
@@ -353,7 +345,6 @@ impl Plan {
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
-                l2_prefetch: o.l2_prefetch,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -525,7 +516,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, L2 prefetch {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -546,7 +537,6 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
-            on(sw.l2_prefetch),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -600,7 +590,6 @@ mod tests {
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
-            ("LILY_L2_PREFETCH", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
         ]));
@@ -628,7 +617,6 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                l2_prefetch: false,
                 sync_each: true,
                 profile: true,
             }

@@ -985,8 +985,7 @@ fn fused_decode_blocks_match_cpu() {
             let p = rig.seq.pos.ptr;
             if fused {
                 let input = as_is(rig.scratch.xn.ptr);
-                f.attention_one_token(&dw, k.ptr, v.ptr, p, input, &[&dw.o_proj])
-                    .unwrap();
+                f.attention_one_token(&dw, k.ptr, v.ptr, p, input).unwrap();
             } else {
                 f.attention(&dw, k.ptr, v.ptr, p, n).unwrap();
             }
@@ -1008,7 +1007,7 @@ fn fused_decode_blocks_match_cpu() {
         let got = rig.run(&x, &xn, |f| {
             if fused {
                 let input = as_is(rig.scratch.xn.ptr);
-                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input, &[&dw.in_z])
+                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
                     .unwrap();
             } else {
                 f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
@@ -1049,8 +1048,7 @@ fn fused_decode_blocks_match_cpu() {
                 },
                 staged_out: Some(rig.scratch.xn.ptr),
             };
-            f.moe_one_token(&dw, input, &[&dw.router, &dw.shared_down])
-                .unwrap()
+            f.moe_one_token(&dw, input).unwrap()
         });
         let xn = ops::rms_norm(&x, &norm_w, c.rms_eps);
         check(
@@ -1301,9 +1299,6 @@ fn tensor_core_decode_gemvs_match_cpu() {
             xn: xd.ptr,
             h: hd.ptr,
             h_shared: hsd.ptr,
-            // Only requested into L2 (stacks of the same size as the down projections').
-            down: &dev_w[0],
-            shared_down: &dev_w[2],
         };
         d.k.decode.glu(&d, &glu).unwrap();
         // The routing: softmax, the top_k, renormalised.

@@ -110,10 +110,6 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
-    /// The MoE's decode kernels leave the next launches' weights to DRAM instead of requesting
-    /// them into L2 [env LILY_L2_PREFETCH=0].
-    #[arg(long)]
-    pub no_l2_prefetch: bool,
 }
 
 impl CudaArgs {
@@ -143,7 +139,6 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
-            l2_prefetch: !self.no_l2_prefetch,
             ..d
         }
     }
@@ -261,7 +256,6 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
-            "--no-l2-prefetch",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -288,7 +282,6 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                l2_prefetch: false,
                 sync_each: false,
                 profile: false,
             }

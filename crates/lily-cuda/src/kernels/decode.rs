@@ -232,38 +232,6 @@ impl Input {
 }
 
 /// `struct DecSeg` of decode.cu.
-/// decode.cu's L2Ahead: up to L2_AHEAD byte ranges a kernel requests into L2 for later launches.
-pub const L2_AHEAD: usize = 12;
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct L2Ahead {
-    p: [u64; L2_AHEAD],
-    bytes: [u64; L2_AHEAD],
-    n: i32,
-}
-
-// SAFETY: `#[repr(C)]` integers laid out as decode.cu's `L2Ahead` (12 pointers, 12 u64, one int,
-// padded to 8 bytes by both compilers), copied into the launch's parameters.
-unsafe impl cudarc::driver::DeviceRepr for L2Ahead {}
-
-impl L2Ahead {
-    /// The packed values, scales and biases of `weights`, in order, as many as fit.
-    pub fn of(weights: &[&DevLinear]) -> L2Ahead {
-        let mut a = L2Ahead::default();
-        let ranges = weights
-            .iter()
-            .flat_map(|w| [Some(&w.q), w.scales.as_ref(), w.biases.as_ref()])
-            .flatten();
-        for b in ranges.take(L2_AHEAD) {
-            a.p[a.n as usize] = b.ptr;
-            a.bytes[a.n as usize] = b.bytes as u64;
-            a.n += 1;
-        }
-        a
-    }
-}
-
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct DecSeg {
@@ -280,7 +248,6 @@ struct DecSegs {
     s: [DecSeg; MAX_SEGS],
     n: i32,
     tiles: i32,
-    ahead: L2Ahead,
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's structs field for field.
@@ -305,10 +272,6 @@ pub struct Glu<'a> {
     /// Routed outputs [top_k, inter] and the shared expert's [shared_inter].
     pub h: u64,
     pub h_shared: u64,
-    /// The down projections dec_down_combine reads next, requested into L2 once the routing is
-    /// known (with `l2_prefetch`).
-    pub down: &'a DevLinear,
-    pub shared_down: &'a DevLinear,
 }
 
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
@@ -323,9 +286,6 @@ pub struct DownCombine<'a> {
     pub h_shared: u64,
     /// f32 [1]: the shared expert's gate logit.
     pub shared_gate: u64,
-    /// Weights the next launches read (the next layer's input projections), requested into L2
-    /// before the wait (with `l2_prefetch`; at most L2_AHEAD ranges are taken).
-    pub ahead: &'a [&'a DevLinear],
     /// The residual row [hidden], updated in place.
     pub x: u64,
 }
@@ -398,18 +358,6 @@ impl Decode {
 
     /// Up to MAX_SEGS projections of one input row in one launch.
     pub fn project(&self, gpu: &Gpu, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
-        self.project_ahead(gpu, input, outs, &[])
-    }
-
-    /// `project`, the launch also requesting `ahead` (weights later launches read) into L2
-    /// before its wait, when the plan's `l2_prefetch` is on.
-    pub fn project_ahead(
-        &self,
-        gpu: &Gpu,
-        input: Input,
-        outs: &[(&DevLinear, Out)],
-        ahead: &[&DevLinear],
-    ) -> Result<()> {
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
         }
@@ -453,11 +401,6 @@ impl Decode {
             s: [empty; MAX_SEGS],
             n: outs.len() as i32,
             tiles: 0,
-            ahead: if gpu.switches.l2_prefetch {
-                L2Ahead::of(ahead)
-            } else {
-                L2Ahead::default()
-            },
         };
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
@@ -563,8 +506,6 @@ impl Decode {
         );
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
-        let (down, sdown) = (a.down.arg(), a.shared_down.arg());
-        let ahead = gpu.switches.l2_prefetch as i32;
         let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
@@ -580,10 +521,7 @@ impl Decode {
                 .arg(&a.h)
                 .arg(&h_stride)
                 .arg(&a.h_shared)
-                .arg(&per_item)
-                .arg(&down)
-                .arg(&sdown)
-                .arg(&ahead);
+                .arg(&per_item);
         })
     }
 
@@ -599,11 +537,6 @@ impl Decode {
         let smem = down_smem(a.down.cols, a.top_k);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
-        let ahead = if gpu.switches.l2_prefetch {
-            L2Ahead::of(a.ahead)
-        } else {
-            L2Ahead::default()
-        };
         let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
         gpu.launch(&self.down_combine, cfg, |l| {
             l.arg(&down)
@@ -615,8 +548,7 @@ impl Decode {
                 .arg(&h_stride)
                 .arg(&a.h_shared)
                 .arg(&a.shared_gate)
-                .arg(&a.x)
-                .arg(&ahead);
+                .arg(&a.x);
         })
     }
 
