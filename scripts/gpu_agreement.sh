@@ -96,11 +96,10 @@ else
   step synth 200 60 "$B" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M"
 fi
 note "model: $(du -sb "$M" 2>/dev/null | cut -f1) bytes in $M"
-[ -n "${WARM:-}" ] && wait "$WARM"
 
 # The CPU reference from now to the end (its own limit leaves TABLE_S for the table), niced so
 # that the GPU steps' host work (loading 19.5 GB, Python) goes first; all cores.
-TABLE_S=${TABLE_S:-30}
+TABLE_S=${TABLE_S:-40}
 if [ "${CPU:-1}" != 0 ]; then
   ( step cpu-fp32 100000 "$TABLE_S" nice -n 10 "$B" score --model "$M" --len "$LEN" --device cpu \
       --piece "${CPU_PIECE:-256}" --out "$W/cpu-fp32" ) &
@@ -111,6 +110,7 @@ fi
 # bf16 weights on the GPU) beside the wgpu backend (≈ 25 GB): both spend most of their time
 # loading. Reserves keep time for what follows each step.
 P=(--model "$M" --len "$LEN" --piece "${PIECE:-64}" --device)
+[ -n "${WARM:-}" ] && wait "$WARM"
 step cuda-bf16 120 $((TABLE_S + 180)) "$B" score "${P[@]}" cuda --out "$W/cuda-bf16"
 step cuda-fp32 120 $((TABLE_S + 150)) env LILY_CUDA_FP32=1 "$B" score "${P[@]}" cuda --out "$W/cuda-fp32"
 ( step hf-bf16 240 "$TABLE_S" python3 scripts/hf_agreement.py --model "$M" --len "$LEN" --save "$W/hf-bf16" --out "$W/hf.json" ) &
