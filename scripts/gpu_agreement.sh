@@ -56,7 +56,7 @@ step() {
   { [ $rc = 124 ] || [ $rc = 137 ]; } && rc="timeout ${t}s"
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$secs" "$(grep -v '^\s*$' "$W/$name.log" | tail -1 | cut -c1-160 | tr '\t' ' ')" >> "$STEPS"
   { echo "== $name rc=$rc ${secs}s (limit ${t}s)"; [ "$name" = table ] ||
-      grep -v -i -E "falling back|XDG_RUNTIME_DIR" "$W/$name.log" | tail -"${TAIL:-6}" | cut -c1-300; } >> "$LOGS"
+      grep -v -i -E "falling back|XDG_RUNTIME_DIR" "$W/$name.log" | tail -"${TAIL:-10}" | cut -c1-300; } >> "$LOGS"
 }
 
 note "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null) cores $(nproc) LEN=$LEN BUDGET=$BUDGET model $M"

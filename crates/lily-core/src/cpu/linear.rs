@@ -336,8 +336,9 @@ mod tests {
             },
         };
         let xs = rand_vec(t * cols, &mut seed);
-        for bits in [4, 8] {
-            let q = quantize_linear(&dense, bits, 64);
+        // Group 64: the compile-time four-token kernel; 32: its general form.
+        for (bits, group) in [(4, 64), (4, 32), (8, 64)] {
+            let q = quantize_linear(&dense, bits, group);
             let all = matmul(&q, &xs);
             for ti in 0..t {
                 let one = matmul(&q, &xs[ti * cols..(ti + 1) * cols]);
@@ -345,7 +346,7 @@ mod tests {
                     assert_eq!(
                         all[ti * rows + r].to_bits(),
                         one[r].to_bits(),
-                        "bits {bits} token {ti} row {r}"
+                        "bits {bits} group {group} token {ti} row {r}"
                     );
                 }
             }
