@@ -5,7 +5,8 @@
 #   3. Lily CUDA's production path over the same positions (when the binary has CUDA)
 #   4. HF transformers' bf16 path on the same weights; agreement of each with the reference
 #   5. optionally the bench sweep on CUDA (BENCH_PREFILL / BENCH_DECODE lists)
-# Logs and results go to $OUT.
+# Logs and results go to $OUT. For the agreement alone at 1,024 positions with every path (wgpu
+# too) and a summary table, in one bounded call: scripts/gpu_agreement.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 B=${LILY_ENGINE:-.carry/cuda/bin/lily-engine}

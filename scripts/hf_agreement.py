@@ -9,6 +9,12 @@ HF runs on the GPU in bf16 with the checkpoint's weights dequantised (w = scale*
 rounded to bf16), the model's fp32-kept modules in fp32, as `from_pretrained(dtype=bfloat16)` would.
 
     python3 scripts/hf_agreement.py --model /tmp/full-mlx --ref /tmp/ref-cpu --other /tmp/lily-cuda --out $OUT/agreement.json
+
+Without --ref, the token ids are those of `lily-engine score --len N --seed S` (the same seeded
+generator, `prompt` below) or of another score output (--ids-from); --save PREFIX writes HF's logits
+in score's format (PREFIX.f32 + PREFIX.json) for scripts/agreement_table.py:
+
+    python3 scripts/hf_agreement.py --model /tmp/full-mlx --len 1024 --save /tmp/agree/hf-bf16 --out /tmp/agree/hf.json
 """
 
 import argparse
@@ -52,6 +58,18 @@ def to_torch(entry, device):
     if dtype == "U32":
         return torch.from_numpy(np.array(raw).view(np.int32).reshape(shape)).to(device)
     raise SystemExit(f"unsupported dtype {dtype}")
+
+
+def prompt(length, vocab, seed=0):
+    """The token ids of `lily-engine score --len LENGTH --seed SEED` (cli_bench.rs `prompt`)."""
+    mask = (1 << 64) - 1
+    top = min(vocab, 248_044)
+    s = (seed ^ 0x9E3779B97F4A7C15) & mask
+    ids = []
+    for _ in range(length):
+        s = (s * 6364136223846793005 + 1442695040888963407) & mask
+        ids.append((s >> 33) % top)
+    return ids
 
 
 def dequantise(w, scales, biases, group=64):
@@ -106,7 +124,11 @@ def compare(ours, ref, vocab):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--ref", required=True, help="prefix of the fp32 reference (lily-engine score --device cpu)")
+    ap.add_argument("--ref", help="prefix of the fp32 reference (lily-engine score --device cpu)")
+    ap.add_argument("--ids-from", help="without --ref: the token ids of this score output (PREFIX.json)")
+    ap.add_argument("--len", type=int, help="without --ref / --ids-from: the ids of `lily-engine score --len N`")
+    ap.add_argument("--seed", type=int, default=0, help="with --len: score's --seed")
+    ap.add_argument("--save", help="write HF's logits as PREFIX.f32 + PREFIX.json (score's format)")
     ap.add_argument("--other", action="append", default=[], help="prefix of another score output to compare")
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", help="cuda (the real check) or cpu (a dry run on tiny models)")
@@ -118,12 +140,21 @@ def main():
     text.pop("model_type", None)
     config = transformers.Qwen3_5MoeTextConfig(**text)
     vocab = config.vocab_size
-    ref_meta = json.load(open(args.ref + ".json"))
-    ids = ref_meta["ids"]
-    ref = np.fromfile(args.ref + ".f32", dtype="<f4")
+    if args.ref:
+        ref_meta = json.load(open(args.ref + ".json"))
+        ids = ref_meta["ids"]
+        ref = np.fromfile(args.ref + ".f32", dtype="<f4")
+    elif args.ids_from:
+        ref_meta, ref = {}, None
+        ids = json.load(open(args.ids_from + ".json"))["ids"]
+    elif args.len:
+        ref_meta, ref = {}, None
+        ids = prompt(args.len, vocab, args.seed)
+    else:
+        raise SystemExit("give --ref, --ids-from or --len")
 
     results = {"reference": ref_meta.get("backend"), "positions": len(ids), "transformers": transformers.__version__, "torch": torch.__version__}
-    for other in args.other:
+    for other in args.other if ref is not None else []:
         meta = json.load(open(other + ".json"))
         assert meta["ids"] == ids, f"{other} scored other tokens"
         results[meta.get("backend", other)] = compare(np.fromfile(other + ".f32", dtype="<f4"), ref, vocab)
@@ -163,10 +194,19 @@ def main():
         if args.device == "cuda":
             torch.cuda.synchronize()
         fwd_s = time.time() - t1
-    results["hf_transformers_bf16"] = compare(logits, ref, vocab)
+    if ref is not None:
+        results["hf_transformers_bf16"] = compare(logits, ref, vocab)
     results["hf_load_s"] = load_s
     results["hf_forward_s"] = fwd_s
     results["hf_keep_in_fp32"] = list(keep_fp32)
+    if args.save:
+        np.ascontiguousarray(logits, dtype="<f4").tofile(args.save + ".f32")
+        device_name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+        meta = {"backend": f"hf transformers {transformers.__version__} bf16 (torch {torch.__version__}, {device_name})",
+                "model": args.model, "ids": ids, "vocab": vocab, "positions_done": len(ids),
+                "seconds": fwd_s, "load_seconds": load_s}
+        with open(args.save + ".json", "w") as f:
+            json.dump(meta, f)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results, indent=1))
