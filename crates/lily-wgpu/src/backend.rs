@@ -11,11 +11,13 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick,
-    Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    check_attention, check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words,
+    DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::{coop_emulated, coop_kernel, coop_variants, Kernels};
+use crate::kernels::{
+    attend_gqa_for, coop_diag, coop_emulated, coop_kernel, coop_variants, Kernels,
+};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
@@ -115,6 +117,17 @@ impl WgpuBackend {
                 kernels.linear_q4_mm_coop = None;
             }
         } else if gpu.coop {
+            if std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1") {
+                // What each cooperative-matrix operation does on this device (coop_diag.wgsl).
+                match coop_diag(&gpu) {
+                    Ok(lines) => {
+                        for l in lines {
+                            tracing::info!("wgpu: {l}");
+                        }
+                    }
+                    Err(e) => tracing::info!("wgpu: coop diag failed: {e:#}"),
+                }
+            }
             // An experimental wgpu feature: the first variant whose product is right is used.
             let mut tried = Vec::new();
             for (name, source) in coop_variants() {
@@ -195,6 +208,23 @@ impl WgpuBackend {
             None => None,
         };
         Ok((fp32, rows, coop))
+    }
+
+    /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
+    /// (`forward::check_attention`) at the full model's shapes (2 KV heads of 8 query heads,
+    /// head dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split
+    /// over workgroups), and 5 tokens after 300 (prefill): the largest relative L2 difference.
+    pub fn check_attention(&self) -> Result<f64> {
+        let mut worst = 0f64;
+        for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
+            let k = attend_gqa_for(&self.gpu, d, g, false)?;
+            for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
+                let e =
+                    check_attention(&self.gpu, &k, &self.kernels.attend_merge, (hkv, g, d), n, t)?;
+                worst = worst.max(e);
+            }
+        }
+        Ok(worst)
     }
 
     /// Whether prefill's 4-bit products run on cooperative matrices (linear_q4_mm_coop.wgsl),

@@ -35,23 +35,27 @@ fn mm_tile(kernel: &Kernel) -> usize {
 }
 const MM_ROWS: usize = 64;
 
-/// (head, token) pairs of attention below which the keys are split over several workgroups
-/// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
+/// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
+/// attend_gqa.wgsl), and the rows of partials that allows (`attention_splits`).
 const SPLIT_PAIRS: usize = 256;
-const PART_ROWS: usize = 512;
+const PART_ROWS: usize = 1024;
 /// Most splits per (head, token): attend_merge.wgsl's workgroup holds one per invocation.
 const MAX_SPLITS: usize = 64;
 
-/// How attend.wgsl splits the keys of `pairs` (query head, token) pairs whose longest causal
-/// range is `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill
-/// a large GPU at decode (≈ 512), at least 64 keys each; one split where pairs alone suffice.
-pub fn attention_splits(pairs: usize, n_max: usize) -> (usize, usize) {
-    let want = if pairs >= SPLIT_PAIRS {
+/// How attention splits the keys of `groups` workgroups' worth of (head or KV head, token)
+/// pairs, `rows` (query head, token) rows of partials per split, whose longest causal range is
+/// `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill a large
+/// GPU at decode (≈ 512), at least 64 keys each; one split where the pairs alone suffice.
+pub fn attention_splits(groups: usize, rows: usize, n_max: usize) -> (usize, usize) {
+    let want = if groups >= SPLIT_PAIRS {
         1
     } else {
-        (PART_ROWS / pairs.max(1)).max(1)
+        (2 * SPLIT_PAIRS / groups.max(1)).max(1)
     };
-    let nsplit = want.min(n_max.div_ceil(64)).clamp(1, MAX_SPLITS);
+    let nsplit = want
+        .min(PART_ROWS / rows.max(1))
+        .min(n_max.div_ceil(64))
+        .clamp(1, MAX_SPLITS);
     let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
     (n_max.div_ceil(span), span)
 }
@@ -84,8 +88,22 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
 /// Rows per workgroup of moe_down_rows.wgsl (its `RB`).
 const DOWN_RB: usize = 8;
 
-/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
+/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`) as the model's `linear_q4_rows` has it
+/// (and linear_q4_glu_rows.wgsl).
 const ROWS_RB: usize = 16;
+
+/// linear_q4_rows.wgsl's instance for a slice of `rows` rows, and its rows per workgroup: 16
+/// from 8,192 rows, else 4 from 1,024, else 2, so that even the router (257 rows) and the
+/// 2,048-row output projections run on ≥ 128 workgroups.
+fn rows_rb(k: &Kernels, rows: usize) -> (&Kernel, usize) {
+    if rows >= 8192 {
+        (&k.linear_q4_rows, ROWS_RB)
+    } else if rows >= 1024 {
+        (&k.linear_q4_rows4, 4)
+    } else {
+        (&k.linear_q4_rows2, 2)
+    }
+}
 
 /// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok` with 2,048 or 4,096
 /// columns, or `q8_ok` with 2,048 (each of its 64 invocations holds the inputs of one or two
@@ -155,18 +173,17 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
         let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
-        // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-        for norm in [None, Some(1e-6)] {
-            let e = m.run(
-                gpu,
-                &k.linear_q4_rows,
-                &[nx, ny, items as u32],
-                nx,
-                None,
-                Some(norm),
-            )?;
-            worst = worst.max(e);
+        for (kernel, rb) in [
+            (&k.linear_q4_rows, ROWS_RB),
+            (&k.linear_q4_rows4, 4),
+            (&k.linear_q4_rows2, 2),
+        ] {
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+            for norm in [None, Some(1e-6)] {
+                let e = m.run(gpu, kernel, &[nx, ny, items as u32], nx, None, Some(norm))?;
+                worst = worst.max(e);
+            }
         }
     }
     Ok(worst.max(glu))
@@ -249,6 +266,105 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         worst = worst.max((num / den.max(1e-30)).sqrt());
     }
     Ok(worst)
+}
+
+/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv by `kernels::attend_gqa_for`) and
+/// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
+/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
+/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
+/// relative L2 difference of the outputs.
+pub fn check_attention(
+    gpu: &Gpu,
+    gqa: &Kernel,
+    merge: &Kernel,
+    (hkv, g, d): (usize, usize, usize),
+    n: usize,
+    t: usize,
+) -> Result<f64> {
+    let hq = hkv * g;
+    let pos0 = n - t;
+    let qg_stride = hq * 2 * d + 2 * hkv * d;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (n * 131 + t * 7 + d + g) as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed % 20_001) as f32 / 10_000.0 - 1.0) * 1.5
+    };
+    let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
+    let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
+    let kc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
+    let vc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
+    let scale = 1.0 / (d as f32).sqrt();
+    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
+    let qb = gpu.upload_f32("check.q", &q)?;
+    let qgb = gpu.upload_f32("check.qg", &qg)?;
+    let kb = gpu.upload_f32("check.k", &kc)?;
+    let vb = gpu.upload_f32("check.v", &vc)?;
+    let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
+    let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        gqa,
+        &[
+            hq as u32,
+            hkv as u32,
+            d as u32,
+            pos0 as u32,
+            scale.to_bits(),
+            nsplit as u32,
+            span as u32,
+            qg_stride as u32,
+        ],
+        &[&qb, &qgb, &kb, &vb, &ob, &part],
+        [hkv as u32, t as u32, nsplit as u32],
+    );
+    if nsplit > 1 {
+        r.dispatch(
+            merge,
+            &[hq as u32, d as u32, nsplit as u32, qg_stride as u32],
+            &[&part, &qgb, &ob],
+            [hq as u32, t as u32, d.div_ceil(64) as u32],
+        );
+    }
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for ti in 0..t {
+        let keys = pos0 + ti + 1;
+        for h in 0..hq {
+            let kv = h / g;
+            let qr = &q[(ti * hq + h) * d..][..d];
+            let sc: Vec<f64> = (0..keys)
+                .map(|j| {
+                    let kr = &kc[(j * hkv + kv) * d..][..d];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for c in 0..d {
+                let o: f64 = (0..keys)
+                    .map(|j| w[j] * vc[(j * hkv + kv) * d + c] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let gate = qg[ti * qg_stride + h * 2 * d + d + c] as f64;
+                let want = o / (1.0 + (-gate).exp());
+                let gv = got[(ti * hq + h) * d + c] as f64;
+                if !gv.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (gv - want).powi(2);
+                den += want * want;
+            }
+        }
+    }
+    Ok((num / den.max(1e-30)).sqrt())
 }
 
 /// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
@@ -1134,12 +1250,13 @@ impl<'a> Forward<'a> {
         if !mm && experts.is_none() && rows_ok(w, &io) {
             // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
             for sl in &w.slices {
-                let (nx, ny) = grid_2d(sl.count.div_ceil(ROWS_RB));
+                let (kernel, rb) = rows_rb(self.k, sl.count);
+                let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                 let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
                 let params = norm_params(&params, &io, self.cfg.rms_eps);
                 r.dispatch_as(
                     label,
-                    &self.k.linear_q4_rows,
+                    kernel,
                     &params,
                     &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
                     [nx, ny, io.items as u32],
@@ -1303,13 +1420,13 @@ impl<'a> Forward<'a> {
             &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
-        let (nsplit, span) = attention_splits(hq * t, pos0 + t);
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
         // them), where the shapes allow; the same parameters, bindings and partials.
         let (kernel, heads) = match gqa_group(c) {
             Some(_) => (&self.k.attend_gqa, hkv),
             None => (&self.k.attend, hq),
         };
+        let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
         r.dispatch(
             kernel,
             &[
@@ -1330,7 +1447,7 @@ impl<'a> Forward<'a> {
                 &self.k.attend_merge,
                 &[hq as u32, d as u32, nsplit as u32, stride as u32],
                 &[&s.attn_part, &s.attn_proj, &s.o],
-                [hq as u32, t as u32, 1],
+                [hq as u32, t as u32, d.div_ceil(64) as u32],
             );
         }
         let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
@@ -1390,12 +1507,13 @@ impl<'a> Forward<'a> {
                 [hv as u32, 1, 1],
             );
         } else {
+            // dn_conv.wgsl: a workgroup = 64 channels × 16 tokens.
             let (nx, ny) = grid_2d(cd.div_ceil(64));
             r.dispatch(
                 &self.k.dn_conv,
                 &[t as u32, cd as u32, c.conv_kernel as u32, stride as u32],
                 &[&s.dn_proj, &d.conv, conv, &s.c],
-                [nx, ny, 1],
+                [nx, ny, t.div_ceil(16) as u32],
             );
             r.dispatch(
                 &self.k.dn_qk_norm,
@@ -1610,15 +1728,21 @@ mod tests {
     #[test]
     fn attention_splits_cover_the_keys_within_the_buffers() {
         for pairs in [1, 2, 4, 16, 64, 100, 255, 256, 2048, 8192] {
-            for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
-                let (nsplit, span) = attention_splits(pairs, n_max);
-                assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
-                assert!(span.is_multiple_of(64) && span > 0);
-                assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
-                if nsplit > 1 {
-                    assert!(pairs * nsplit <= PART_ROWS, "{pairs} × {nsplit}");
+            for per_group in [1, 2, 8] {
+                for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
+                    let rows = pairs * per_group;
+                    let (nsplit, span) = attention_splits(pairs, rows, n_max);
+                    assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
+                    assert!(span.is_multiple_of(64) && span > 0);
+                    assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
+                    if nsplit > 1 {
+                        assert!(rows * nsplit <= PART_ROWS, "{rows} × {nsplit}");
+                    }
                 }
             }
         }
+        // Decode on the full model (2 KV heads of 8 query heads) at 4K: 64 splits of 64 keys,
+        // 128 workgroups.
+        assert_eq!(attention_splits(2, 16, 4096), (64, 64));
     }
 }

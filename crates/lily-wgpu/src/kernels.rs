@@ -15,6 +15,10 @@ macro_rules! kernels {
             /// linear_q4_mm.wgsl on cooperative matrices, where the device has them
             /// (`Gpu::coop`) and its check at load passed (backend.rs).
             pub linear_q4_mm_coop: Option<Kernel>,
+            /// linear_q4_rows.wgsl with 4 and 2 rows a workgroup (its `RB`; the model's
+            /// `linear_q4_rows` has 16), for matrices of few rows (forward.rs `rows_rb`).
+            pub linear_q4_rows4: Kernel,
+            pub linear_q4_rows2: Kernel,
         }
 
         impl Kernels {
@@ -34,6 +38,8 @@ macro_rules! kernels {
                     )?,)*
                     // Chosen by the backend among `coop_variants` (each checked at load).
                     linear_q4_mm_coop: None,
+                    linear_q4_rows4: rows_kernel(gpu, 4, checked)?,
+                    linear_q4_rows2: rows_kernel(gpu, 2, checked)?,
                 })
             }
         }
@@ -72,17 +78,43 @@ kernels!(
     sample_pick,
 );
 
-/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 16 (its
-/// blocks of 256 / G keys), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8: all their reads in flight together).
+fn rows_kernel(gpu: &Gpu, rb: u32, checked: bool) -> Result<Kernel> {
+    Kernel::new(
+        gpu,
+        "linear_q4_rows",
+        COMMON,
+        include_str!("../../../shaders/wgsl/linear_q4_rows.wgsl"),
+        checked,
+        &[("RB", rb as f64), ("RI", rb.min(8) as f64)],
+    )
+}
+
+/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 8 (its
+/// blocks of 256 / G keys, its score partials in shared memory), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
 pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
     let g = c.n_heads / c.n_kv_heads.max(1);
     (c.n_kv_heads > 0
         && c.n_heads.is_multiple_of(c.n_kv_heads)
         && g.is_power_of_two()
-        && g <= 16
+        && g <= 8
         && c.head_dim.is_multiple_of(4)
         && c.head_dim <= 256)
         .then_some(g)
+}
+
+/// attend_gqa.wgsl compiled for head dim `d` and `g` query heads per KV head (the model's own
+/// instance takes them from its config): for checking the kernel at shapes the test models lack
+/// (forward::check_attention).
+pub fn attend_gqa_for(gpu: &Gpu, d: usize, g: usize, checked: bool) -> Result<Kernel> {
+    Kernel::new(
+        gpu,
+        "attend_gqa",
+        COMMON,
+        include_str!("../../../shaders/wgsl/attend_gqa.wgsl"),
+        checked,
+        &[("D", d as f64), ("G", g as f64)],
+    )
 }
 
 /// The `override` constants of kernel `name` for model `c`.
@@ -161,6 +193,114 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             swapped(&zeroed(&one_array(src))),
         ),
     ]
+}
+
+/// The cases of coop_diag.wgsl: (what the case does, what a device following
+/// SPV_KHR_cooperative_matrix as linear_q4_mm_coop.wgsl reads it gives).
+const COOP_DIAG_CASES: [(&str, &str); 12] = [
+    ("A=coopLoad(X) B=I coopStore", "X"),
+    ("A=coopLoadT(X) B=I coopStore", "Xt"),
+    ("A=coopLoad(X) B=I coopStoreT", "Xt"),
+    ("A=I B=coopLoad(X) coopStore", "X"),
+    ("A=I B=coopLoadT(X) coopStore", "Xt"),
+    ("A=0 B=I C=coopLoad(f32 X) coopStore", "X"),
+    ("A=coopLoadT(X) B=coopLoadT(Y) coopStoreT", "XY"),
+    ("case 0 from workgroup memory", "X"),
+    ("case 6 from workgroup memory (stride 24)", "XY"),
+    ("case 6 accumulated twice", "2XY"),
+    ("case 6, C loaded from zeroed workgroup f32", "XY"),
+    ("case 8 stored to workgroup memory, copied out", "XY"),
+];
+
+/// Runs coop_diag.wgsl (tiny 16 × 16 products through each cooperative-matrix operation, on a
+/// device with them: `Gpu::coop`) and names each case's result: one line per case, "ok" where it
+/// is what SPV_KHR_cooperative_matrix says, else what it equals (X, Xt, XY, …) or its first
+/// row and column. For the log ($LILY_WGPU_COOP_DIAG=1); milliseconds.
+pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
+    let kernel = Kernel::new(
+        gpu,
+        "coop_diag",
+        COMMON,
+        include_str!("../../../shaders/wgsl/coop_diag.wgsl"),
+        false,
+        &[],
+    )?;
+    let n = 16usize;
+    let x: Vec<f64> = (0..n * n).map(|i| i as f64).collect();
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let y: Vec<f64> = (0..n * n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 7) as f64 - 3.0
+        })
+        .collect();
+    let eye: Vec<f64> = (0..n * n)
+        .map(|i| if i / n == i % n { 1.0 } else { 0.0 })
+        .collect();
+    let mut s = Vec::with_capacity(4 * n * n);
+    for v in x
+        .iter()
+        .chain(&y)
+        .chain(&eye)
+        .chain(std::iter::repeat_n(&0.0, n * n))
+    {
+        s.push(half::f16::from_f64(*v));
+    }
+    let s_bytes: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let f: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+    let sb = gpu.upload("coop_diag.s", &s_bytes)?;
+    let fb = gpu.upload_f32("coop_diag.f", &f)?;
+    let cases = COOP_DIAG_CASES.len();
+    let ob = gpu.storage("coop_diag.o", (cases * n * n * 4) as u64)?;
+    let mut r = crate::gpu::Recorder::new(gpu);
+    r.dispatch(
+        &kernel,
+        &[cases as u32],
+        &[&sb, &fb, &ob],
+        [cases as u32, 1, 1],
+    );
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, cases * n * n)?;
+    let t = |m: &[f64]| -> Vec<f64> { (0..n * n).map(|i| m[(i % n) * n + i / n]).collect() };
+    let mul = |a: &[f64], b: &[f64]| -> Vec<f64> {
+        (0..n * n)
+            .map(|i| (0..n).map(|k| a[(i / n) * n + k] * b[k * n + i % n]).sum())
+            .collect()
+    };
+    let (xt, yt) = (t(&x), t(&y));
+    let xy = mul(&x, &y);
+    let named: Vec<(&str, Vec<f64>)> = vec![
+        ("X", x.clone()),
+        ("Xt", xt.clone()),
+        ("XY", xy.clone()),
+        ("(XY)t", t(&xy)),
+        ("2XY", xy.iter().map(|v| 2.0 * v).collect()),
+        ("YX", mul(&y, &x)),
+        ("XtY", mul(&xt, &y)),
+        ("XYt", mul(&x, &yt)),
+        ("XtYt", mul(&xt, &yt)),
+        ("YtXt", mul(&yt, &xt)),
+        ("zero", vec![0.0; n * n]),
+    ];
+    let mut lines = Vec::new();
+    for (c, (what, want)) in COOP_DIAG_CASES.iter().enumerate() {
+        let o = &got[c * n * n..(c + 1) * n * n];
+        let same = |m: &[f64]| o.iter().zip(m).all(|(a, b)| (*a as f64 - b).abs() < 1e-3);
+        let found = named.iter().find(|(_, m)| same(m)).map(|(name, _)| *name);
+        let verdict = match found {
+            Some(name) if name == *want => "ok".to_string(),
+            Some(name) => format!("WRONG: = {name}, want {want}"),
+            None => format!(
+                "WRONG: none of X, Xt, XY, … (want {want}); row 0 {:?}, column 0 {:?}",
+                &o[..8],
+                (0..8).map(|i| o[i * n]).collect::<Vec<_>>()
+            ),
+        };
+        lines.push(format!("coop diag case {c} ({what}): {verdict}"));
+    }
+    Ok(lines)
 }
 
 /// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`).
@@ -317,6 +457,24 @@ mod tests {
     /// Every variant of linear_q4_mm_coop.wgsl, with the shared helpers as the loader joins them,
     /// parses and validates in naga with cooperative matrices and f16 allowed (no GPU needed:
     /// the variants only compile on adapters that have cooperative matrices).
+    /// coop_diag.wgsl parses and validates as `coop_variants_validate` checks the variants.
+    #[test]
+    fn coop_diag_validates() {
+        let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
+        let (enables, body): (Vec<&str>, Vec<&str>) = source
+            .lines()
+            .partition(|l| l.trim_start().starts_with("enable "));
+        let code = format!("{}\n{COMMON}\n{}", enables.join("\n"), body.join("\n"));
+        let module = naga::front::wgsl::parse_str(&code)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&code)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    }
+
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();
