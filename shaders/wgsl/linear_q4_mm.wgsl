@@ -8,6 +8,9 @@
 // An item is a token (plain mode: tile z holds items z·TT..) or a (token, routed expert) pair
 // (expert mode: tile z is entry z of the tile list moe_group.wgsl wrote, items of one expert,
 // dispatched indirectly). Same slice layout as linear.wgsl. FLOPs: 2·rows·cols per item.
+// 8-bit matrices (the router, plain mode; groups of a multiple of 32): two 16-byte words per
+// row and step (on the H200 the router's prefill pass ran one item at a time on linear_q4.wgsl,
+// 152 µs per 512-token chunk).
 
 struct P {
     rows: u32,
@@ -58,6 +61,14 @@ fn deq(w: u32, sh: vec4<u32>, s: f32, b: f32) -> vec4<f32> {
     return vec4<f32>((vec4<u32>(w) >> sh) & NIB) * s + vec4<f32>(b);
 }
 
+const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
+const BYTE = vec4<u32>(255u);
+
+// The four 8-bit weights of word w (bits = 8: the router).
+fn deq8(w: u32, s: f32, b: f32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> SH_8) & BYTE) * s + vec4<f32>(b);
+}
+
 @compute @workgroup_size(64)
 fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let block = wid.x + wid.y * p.nwx;
@@ -99,7 +110,10 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     // 8·part .. 8·part + 7 of item `ti`.
     let wrow = block * RT + lid;
     let wlive = wrow < p.rows;
-    let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols / 8u)) / 4u;
+    // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
+    let eight = p.bits == 8u;
+    let wps = select(1u, 2u, eight);
+    let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols * p.bits / 32u)) / 4u;
     let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
     let ti = lid / 4u;
     let part = lid % 4u;
@@ -121,10 +135,14 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     var a3 = vec4<f32>(0.0);
     // Step 0's reads.
     var w = vec4<u32>(0u);
+    var w2 = vec4<u32>(0u);
     var sc = 0.0;
     var bi = 0.0;
     if (wlive) {
         w = W[qbase];
+        if (eight) {
+            w2 = W[qbase + 1u];
+        }
         sc = w_half4(p.scale_off + hbase);
         bi = w_half4(p.bias_off + hbase);
     }
@@ -141,6 +159,11 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             deq(w.y, SH_LO, sc, bi), deq(w.y, SH_HI, sc, bi),
             deq(w.z, SH_LO, sc, bi), deq(w.z, SH_HI, sc, bi),
             deq(w.w, SH_LO, sc, bi), deq(w.w, SH_HI, sc, bi));
+        if (eight) {
+            cols = array<vec4<f32>, 8>(
+                deq8(w.x, sc, bi), deq8(w.y, sc, bi), deq8(w.z, sc, bi), deq8(w.w, sc, bi),
+                deq8(w2.x, sc, bi), deq8(w2.y, sc, bi), deq8(w2.z, sc, bi), deq8(w2.w, sc, bi));
+        }
         let wg = lid / 4u;
         let wc = lid % 4u;
         for (var j = 0u; j < 8u; j++) {
@@ -166,7 +189,10 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         let qn = q + 1u;
         if (qn < quads) {
             if (wlive) {
-                w = W[qbase + qn];
+                w = W[qbase + qn * wps];
+                if (eight) {
+                    w2 = W[qbase + qn * wps + 1u];
+                }
                 let g = hbase + (qn * 32u) / p.group;
                 sc = w_half4(p.scale_off + g);
                 bi = w_half4(p.bias_off + g);

@@ -11,8 +11,9 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_attention, check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words,
-    DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, state_bytes,
+    uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN,
+    PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{
@@ -130,8 +131,25 @@ impl WgpuBackend {
             }
             // An experimental wgpu feature: the first variant whose product is right is used.
             let mut tried = Vec::new();
-            for (name, source) in coop_variants() {
-                let result = coop_kernel(&gpu, &source, opts.checked)
+            // First the kernel as written and in one array through SPIR-V with its workgroup
+            // accesses marked non-private (kernels::mark_nonprivate: the suspect left after
+            // the H200's run of the six WGSL variants), where the device takes SPIR-V as is.
+            let variants = coop_variants();
+            let patched = variants[..2]
+                .iter()
+                .filter(|_| gpu.passthrough)
+                .map(|(n, s)| {
+                    (
+                        format!("{n}, non-private workgroup accesses"),
+                        s.clone(),
+                        true,
+                    )
+                });
+            let plain = variants
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.clone(), false));
+            for (name, source, nonprivate) in patched.chain(plain) {
+                let result = coop_kernel(&gpu, &source, opts.checked, nonprivate)
                     .and_then(|k| check_mm(&gpu, &k).map(|e| (k, e)));
                 match result {
                     Ok((k, e)) if e < COOP_TOLERANCE => {
@@ -198,10 +216,14 @@ impl WgpuBackend {
 
     /// The 4-bit product kernels against the host's product on random matrices
     /// (`forward::check_mm`, `forward::check_rows`), relative L2 differences:
-    /// linear_q4_mm.wgsl's, linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's where it is in
-    /// use.
+    /// linear_q4_mm.wgsl's (4- and 8-bit), linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's
+    /// where it is in use.
     pub fn check_products(&self) -> Result<(f64, f64, Option<f64>)> {
-        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?;
+        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?.max(check_mm_bits(
+            &self.gpu,
+            &self.kernels.linear_q4_mm,
+            8,
+        )?);
         let rows = check_rows(&self.gpu, &self.kernels)?;
         let coop = match &self.kernels.linear_q4_mm_coop {
             Some(k) => Some(check_mm(&self.gpu, k)?),

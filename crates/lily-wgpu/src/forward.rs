@@ -85,12 +85,14 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
-/// Rows per workgroup of moe_down_rows.wgsl (its `RB`).
-const DOWN_RB: usize = 8;
+/// Rows per workgroup of moe_down_rows.wgsl (its `RB` override; a power of two ≤ 8).
+pub const DOWN_RB: usize = 4;
 
-/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`) as the model's `linear_q4_rows` has it
-/// (and linear_q4_glu_rows.wgsl).
+/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`) as the model's `linear_q4_rows` has it.
 const ROWS_RB: usize = 16;
+
+/// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
+pub const GLU_RB: usize = 8;
 
 /// linear_q4_rows.wgsl's instance for a slice of `rows` rows, and its rows per workgroup: 16
 /// from 8,192 rows, else 4 from 1,024, else 2, so that even the router (257 rows) and the
@@ -140,6 +142,12 @@ fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
         && io.x_stride.is_multiple_of(4)
 }
 
+/// Whether linear_q4_mm.wgsl takes this 8-bit matrix: `q8_ok` with groups and columns multiples
+/// of 32 (the kernel's 32-column steps, two 16-byte words of a row each, within one group).
+fn mm8_ok(w: &GpuLinear, io: &Io) -> bool {
+    q8_ok(w, io) && w.group.is_multiple_of(32) && w.cols.is_multiple_of(32)
+}
+
 /// The tiled product for `w` (q4_ok holds): on cooperative matrices where the device has them
 /// and the columns are a multiple of 64 (linear_q4_mm_coop.wgsl's step), else linear_q4_mm.wgsl.
 /// Both take the same parameters, bindings and grid.
@@ -156,8 +164,13 @@ fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
 /// cooperative kernel uses an experimental feature of wgpu, so the backend checks it this way
 /// before using it.
 pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
+    check_mm_bits(gpu, kernel, 4)
+}
+
+/// `check_mm` on a random matrix of `bits` (4, or 8: linear_q4_mm.wgsl's 8-bit path, `mm8_ok`).
+pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let m = RandomQ4::new(rows, cols, group, items);
+    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
     let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
     let z = items.div_ceil(mm_tile(kernel)) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
@@ -209,7 +222,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
-    let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
     let silu = |v: f64| v / (1.0 + (-v).exp());
     let mut worst = 0f64;
     // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
@@ -1246,7 +1259,10 @@ impl<'a> Forward<'a> {
         // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow; several
         // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
         let q4 = q4_ok(w, &io);
-        let mm = q4 && experts.is_none() && io.items > 1;
+        // 8-bit matrices (the router) take linear_q4_mm.wgsl too where each 32-column step
+        // lies in one group (`mm8_ok`).
+        let mm8 = mm8_ok(w, &io) && experts.is_none() && io.items > 1;
+        let mm = (q4 && experts.is_none() && io.items > 1) || mm8;
         if !mm && experts.is_none() && rows_ok(w, &io) {
             // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
             for sl in &w.slices {
@@ -1265,7 +1281,9 @@ impl<'a> Forward<'a> {
             return;
         }
         debug_assert!(io.norm.is_none(), "a folded norm needs linear_q4_rows");
-        let kernel = if mm {
+        let kernel = if mm8 {
+            &self.k.linear_q4_mm
+        } else if mm {
             mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {
             &self.k.linear_q4
@@ -1313,7 +1331,7 @@ impl<'a> Forward<'a> {
         // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
         let row_kernel = glu_rows_ok(gate);
         let (kernel, per) = if row_kernel {
-            (&self.k.linear_q4_glu_rows, ROWS_RB)
+            (&self.k.linear_q4_glu_rows, GLU_RB)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };

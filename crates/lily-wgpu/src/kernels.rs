@@ -126,9 +126,15 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
             ("D", c.head_dim as f64),
             ("G", gqa_group(c).unwrap_or(1) as f64),
         ],
-        "moe_down" | "moe_down_rows" => vec![
+        "linear_q4_glu_rows" => vec![("RB", crate::forward::GLU_RB as f64)],
+        "moe_down" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
+        ],
+        "moe_down_rows" => vec![
+            ("TOPK", (c.top_k + stacked as usize) as f64),
+            ("COLS", c.expert_inter as f64),
+            ("RB", crate::forward::DOWN_RB as f64),
         ],
         _ => Vec::new(),
     }
@@ -217,14 +223,26 @@ const COOP_DIAG_CASES: [(&str, &str); 12] = [
 /// is what SPV_KHR_cooperative_matrix says, else what it equals (X, Xt, XY, …) or its first
 /// row and column. For the log ($LILY_WGPU_COOP_DIAG=1); milliseconds.
 pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
-    let kernel = Kernel::new(
-        gpu,
-        "coop_diag",
-        COMMON,
-        include_str!("../../../shaders/wgsl/coop_diag.wgsl"),
-        false,
-        &[],
-    )?;
+    let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
+    let kernel = Kernel::new(gpu, "coop_diag", COMMON, source, false, &[])?;
+    let mut lines = coop_diag_run(gpu, &kernel, "")?;
+    // The same with the workgroup accesses non-private (`mark_nonprivate`), where the device
+    // takes SPIR-V as is.
+    match Kernel::from_patched_spirv(gpu, "coop_diag", COMMON, source, 32, |w| mark_nonprivate(w)) {
+        Ok((k, n)) => lines.extend(coop_diag_run(
+            gpu,
+            &k,
+            &format!(" [SPIR-V with {n} workgroup accesses non-private]"),
+        )?),
+        Err(e) => lines.push(format!(
+            "coop diag with non-private workgroup accesses: {e:#}"
+        )),
+    }
+    Ok(lines)
+}
+
+/// coop_diag.wgsl's cases through `kernel`, one line each (`coop_diag`), `tag` after each.
+fn coop_diag_run(gpu: &Gpu, kernel: &Kernel, tag: &str) -> Result<Vec<String>> {
     let n = 16usize;
     let x: Vec<f64> = (0..n * n).map(|i| i as f64).collect();
     let mut seed = 0x1234_5678_9abc_def1u64;
@@ -298,13 +316,117 @@ pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
                 (0..8).map(|i| o[i * n]).collect::<Vec<_>>()
             ),
         };
-        lines.push(format!("coop diag case {c} ({what}): {verdict}"));
+        lines.push(format!("coop diag case {c} ({what}){tag}: {verdict}"));
     }
     Ok(lines)
 }
 
-/// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`).
-pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool) -> Result<Kernel> {
+/// Marks every access to workgroup memory in SPIR-V `words` non-private (memory operand
+/// NonPrivatePointer): OpLoad, OpStore and the cooperative-matrix loads and stores through a
+/// pointer into a Workgroup variable. naga writes modules with cooperative matrices under the
+/// Vulkan memory model (SPV_KHR_vulkan_memory_model) but marks no access non-private, and under
+/// that model a barrier orders only non-private accesses: the driver may keep one invocation's
+/// workgroup stores from the others' loads after a barrier (glslang marks every access to
+/// `shared` variables non-private under that model). Returns how many accesses it marked; an
+/// error where the module is not under the Vulkan memory model or its words do not parse.
+pub fn mark_nonprivate(words: &mut Vec<u32>) -> Result<usize> {
+    const OP_MEMORY_MODEL: u32 = 14;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_FUNCTION_PARAMETER: u32 = 55;
+    const OP_VARIABLE: u32 = 59;
+    const OP_LOAD: u32 = 61;
+    const OP_STORE: u32 = 62;
+    const OP_ACCESS_CHAIN: u32 = 65;
+    const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+    const OP_PTR_ACCESS_CHAIN: u32 = 67;
+    const OP_COPY_OBJECT: u32 = 83;
+    const OP_COOP_LOAD: u32 = 4457;
+    const OP_COOP_STORE: u32 = 4458;
+    const SC_WORKGROUP: u32 = 4;
+    const MM_VULKAN: u32 = 3;
+    const NON_PRIVATE_POINTER: u32 = 0x20;
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        bail!("not SPIR-V");
+    }
+    // The instructions as (opcode, operand range).
+    let mut insts = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let wc = (words[i] >> 16) as usize;
+        if wc == 0 || i + wc > words.len() {
+            bail!("malformed SPIR-V at word {i}");
+        }
+        insts.push((words[i] & 0xffff, i + 1..i + wc));
+        i += wc;
+    }
+    let mut vulkan = false;
+    let mut wg_ptr_types = std::collections::HashSet::new();
+    let mut wg_ptrs = std::collections::HashSet::new();
+    for (op, r) in &insts {
+        let a = &words[r.clone()];
+        match *op {
+            OP_MEMORY_MODEL if a.len() >= 2 => vulkan = a[1] == MM_VULKAN,
+            OP_TYPE_POINTER if a.len() >= 2 && a[1] == SC_WORKGROUP => {
+                wg_ptr_types.insert(a[0]);
+            }
+            OP_FUNCTION_PARAMETER
+            | OP_VARIABLE
+            | OP_ACCESS_CHAIN
+            | OP_IN_BOUNDS_ACCESS_CHAIN
+            | OP_PTR_ACCESS_CHAIN
+            | OP_COPY_OBJECT
+                if a.len() >= 2 && wg_ptr_types.contains(&a[0]) =>
+            {
+                wg_ptrs.insert(a[1]);
+            }
+            _ => {}
+        }
+    }
+    if !vulkan {
+        bail!("the module is not under the Vulkan memory model");
+    }
+    // Where the memory operand sits (operand index) for each access through a workgroup pointer.
+    let mut out = Vec::with_capacity(words.len() + 64);
+    out.extend_from_slice(&words[..5]);
+    let mut marked = 0;
+    for (op, r) in &insts {
+        let a = &words[r.clone()];
+        let at = match *op {
+            OP_LOAD if a.len() >= 3 && wg_ptrs.contains(&a[2]) => Some(3),
+            OP_STORE if a.len() >= 2 && wg_ptrs.contains(&a[0]) => Some(2),
+            // Result type, result, pointer, layout, stride, memory operand.
+            OP_COOP_LOAD if a.len() >= 5 && wg_ptrs.contains(&a[2]) => Some(5),
+            // Pointer, object, layout, stride, memory operand.
+            OP_COOP_STORE if a.len() >= 4 && wg_ptrs.contains(&a[0]) => Some(4),
+            _ => None,
+        };
+        let mut ops = a.to_vec();
+        if let Some(at) = at {
+            if ops.len() > at {
+                ops[at] |= NON_PRIVATE_POINTER;
+            } else {
+                ops.push(NON_PRIVATE_POINTER);
+            }
+            marked += 1;
+        }
+        out.push(((ops.len() as u32 + 1) << 16) | op);
+        out.extend_from_slice(&ops);
+    }
+    *words = out;
+    Ok(marked)
+}
+
+/// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`); `nonprivate`: through
+/// naga's SPIR-V with its workgroup accesses marked non-private (`mark_nonprivate`), handed to
+/// the driver as is.
+pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool, nonprivate: bool) -> Result<Kernel> {
+    if nonprivate {
+        let (k, _) =
+            Kernel::from_patched_spirv(gpu, "linear_q4_mm_coop", COMMON, source, 64, |w| {
+                mark_nonprivate(w)
+            })?;
+        return Ok(k);
+    }
     Kernel::new(gpu, "linear_q4_mm_coop", COMMON, source, checked, &[])
 }
 
@@ -457,6 +579,79 @@ mod tests {
     /// Every variant of linear_q4_mm_coop.wgsl, with the shared helpers as the loader joins them,
     /// parses and validates in naga with cooperative matrices and f16 allowed (no GPU needed:
     /// the variants only compile on adapters that have cooperative matrices).
+    /// `mark_nonprivate` on naga's SPIR-V of linear_q4_mm_coop.wgsl and coop_diag.wgsl: every
+    /// load and store through a workgroup pointer (plain and cooperative) gets NonPrivatePointer,
+    /// nothing else changes, and the words still parse; a module outside the Vulkan memory model
+    /// (no cooperative matrices) is refused.
+    #[test]
+    fn nonprivate_marks_every_workgroup_access() {
+        use crate::gpu::naga_spirv;
+        let sources = [
+            ("linear_q4_mm_coop", coop_variants()[0].1.clone()),
+            (
+                "coop_diag",
+                include_str!("../../../shaders/wgsl/coop_diag.wgsl").to_string(),
+            ),
+        ];
+        for (name, source) in sources {
+            let before = naga_spirv(name, COMMON, &source).unwrap();
+            let mut after = before.clone();
+            let n = mark_nonprivate(&mut after).unwrap();
+            // Parse both: (opcode, operands) per instruction.
+            let parse = |w: &[u32]| {
+                let mut out = Vec::new();
+                let mut i = 5;
+                while i < w.len() {
+                    let wc = (w[i] >> 16) as usize;
+                    assert!(wc > 0 && i + wc <= w.len());
+                    out.push((w[i] & 0xffff, w[i + 1..i + wc].to_vec()));
+                    i += wc;
+                }
+                out
+            };
+            let (b, a) = (parse(&before), parse(&after));
+            assert_eq!(b.len(), a.len());
+            let wg_types: std::collections::HashSet<u32> = b
+                .iter()
+                .filter(|(op, o)| *op == 32 && o[1] == 4)
+                .map(|(_, o)| o[0])
+                .collect();
+            let wg_ptrs: std::collections::HashSet<u32> = b
+                .iter()
+                .filter(|(op, o)| [55, 59, 65, 66, 67, 83].contains(op) && wg_types.contains(&o[0]))
+                .map(|(_, o)| o[1])
+                .collect();
+            let mut accesses = 0;
+            for ((op, ob), (op2, oa)) in b.iter().zip(&a) {
+                assert_eq!(op, op2);
+                let at = match op {
+                    61 if wg_ptrs.contains(&ob[2]) => Some(3),
+                    62 if wg_ptrs.contains(&ob[0]) => Some(2),
+                    4457 if wg_ptrs.contains(&ob[2]) => Some(5),
+                    4458 if wg_ptrs.contains(&ob[0]) => Some(4),
+                    _ => None,
+                };
+                match at {
+                    Some(at) => {
+                        accesses += 1;
+                        assert_eq!(oa[..at], ob[..at.min(ob.len())]);
+                        assert_ne!(oa[at] & 0x20, 0, "{name}: op {op} not marked");
+                    }
+                    None => assert_eq!(oa, ob),
+                }
+            }
+            assert!(accesses > 10, "{name}: {accesses} workgroup accesses");
+            assert_eq!(n, accesses);
+        }
+        let plain = naga_spirv(
+            "rms_norm",
+            COMMON,
+            include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
+        )
+        .unwrap();
+        assert!(mark_nonprivate(&mut plain.clone()).is_err());
+    }
+
     /// coop_diag.wgsl parses and validates as `coop_variants_validate` checks the variants.
     #[test]
     fn coop_diag_validates() {
