@@ -17,7 +17,7 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{
-    attend_gqa_for, coop_diag, coop_emulated, coop_kernel, coop_variants, Kernels,
+    attend_gqa_for, coop_diag, coop_emulated, coop_kernel, coop_variants, passthrough_mm, Kernels,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -134,17 +134,17 @@ impl WgpuBackend {
             // First the kernel as written and in one array through SPIR-V with its workgroup
             // accesses marked non-private (kernels::mark_nonprivate: the suspect left after
             // the H200's run of the six WGSL variants), where the device takes SPIR-V as is.
+            // $LILY_WGPU_COOP_NONPRIVATE=0 leaves them out (should a driver refuse the words).
             let variants = coop_variants();
-            let patched = variants[..2]
-                .iter()
-                .filter(|_| gpu.passthrough)
-                .map(|(n, s)| {
-                    (
-                        format!("{n}, non-private workgroup accesses"),
-                        s.clone(),
-                        true,
-                    )
-                });
+            let nonprivate = gpu.passthrough
+                && std::env::var("LILY_WGPU_COOP_NONPRIVATE").map_or(true, |v| v != "0");
+            let patched = variants[..2].iter().filter(|_| nonprivate).map(|(n, s)| {
+                (
+                    format!("{n}, non-private workgroup accesses"),
+                    s.clone(),
+                    true,
+                )
+            });
             let plain = variants
                 .iter()
                 .map(|(n, s)| (n.to_string(), s.clone(), false));
@@ -230,6 +230,21 @@ impl WgpuBackend {
             None => None,
         };
         Ok((fp32, rows, coop))
+    }
+
+    /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup
+    /// accesses marked non-private, handed to the driver as is (the path of the cooperative-matrix
+    /// variants `kernels::mark_nonprivate` makes) against the host's product (`check_mm`); None
+    /// where the device takes no SPIR-V as is.
+    pub fn check_passthrough(&self) -> Result<Option<f64>> {
+        if !self.gpu.passthrough {
+            return Ok(None);
+        }
+        let (k, marked) = passthrough_mm(&self.gpu)?;
+        if marked == 0 {
+            bail!("no workgroup access marked non-private in linear_q4_mm");
+        }
+        Ok(Some(check_mm(&self.gpu, &k)?))
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64

@@ -228,7 +228,7 @@ pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
     let mut lines = coop_diag_run(gpu, &kernel, "")?;
     // The same with the workgroup accesses non-private (`mark_nonprivate`), where the device
     // takes SPIR-V as is.
-    match Kernel::from_patched_spirv(gpu, "coop_diag", COMMON, source, 32, |w| mark_nonprivate(w)) {
+    match Kernel::from_patched_spirv(gpu, "coop_diag", COMMON, source, 32, mark_nonprivate) {
         Ok((k, n)) => lines.extend(coop_diag_run(
             gpu,
             &k,
@@ -274,7 +274,7 @@ fn coop_diag_run(gpu: &Gpu, kernel: &Kernel, tag: &str) -> Result<Vec<String>> {
     let ob = gpu.storage("coop_diag.o", (cases * n * n * 4) as u64)?;
     let mut r = crate::gpu::Recorder::new(gpu);
     r.dispatch(
-        &kernel,
+        kernel,
         &[cases as u32],
         &[&sb, &fb, &ob],
         [cases as u32, 1, 1],
@@ -416,15 +416,74 @@ pub fn mark_nonprivate(words: &mut Vec<u32>) -> Result<usize> {
     Ok(marked)
 }
 
+/// linear_q4_mm.wgsl through `Kernel::from_patched_spirv`, its SPIR-V moved to the Vulkan memory
+/// model (`to_vulkan_memory_model`) and its workgroup accesses marked non-private
+/// (`mark_nonprivate`): checks the path of the cooperative-matrix variants (naga's SPIR-V here,
+/// the patch, the bind group layout, the driver taking the words as they are) on any adapter
+/// that takes SPIR-V as is, lavapipe included (`WgpuBackend::check_passthrough`).
+pub fn passthrough_mm(gpu: &Gpu) -> Result<(Kernel, usize)> {
+    Kernel::from_patched_spirv(
+        gpu,
+        "linear_q4_mm",
+        COMMON,
+        include_str!("../../../shaders/wgsl/linear_q4_mm.wgsl"),
+        64,
+        |w| {
+            to_vulkan_memory_model(w)?;
+            mark_nonprivate(w)
+        },
+    )
+}
+
+/// Puts SPIR-V `words` (1.5 or later, naga's GLSL450 memory model) under the Vulkan memory model,
+/// as naga writes modules with cooperative matrices: the memory model operand and the
+/// VulkanMemoryModel capability. For `passthrough_mm` (no cooperative matrices on lavapipe).
+fn to_vulkan_memory_model(words: &mut Vec<u32>) -> Result<()> {
+    const OP_CAPABILITY: u32 = 17;
+    const OP_MEMORY_MODEL: u32 = 14;
+    const CAP_VULKAN_MEMORY_MODEL: u32 = 5345;
+    if words.len() < 5 || words[1] < 0x0001_0500 {
+        bail!("SPIR-V before 1.5");
+    }
+    let mut i = 5;
+    let mut first_cap = None;
+    let mut model = None;
+    while i < words.len() {
+        let wc = (words[i] >> 16) as usize;
+        if wc == 0 {
+            bail!("malformed SPIR-V at word {i}");
+        }
+        match words[i] & 0xffff {
+            OP_CAPABILITY if first_cap.is_none() => first_cap = Some(i),
+            OP_MEMORY_MODEL => model = Some(i),
+            _ => {}
+        }
+        i += wc;
+    }
+    let (Some(cap), Some(mm)) = (first_cap, model) else {
+        bail!("no capability or memory model instruction");
+    };
+    words[mm + 2] = 3;
+    words.splice(
+        cap..cap,
+        [(2 << 16) | OP_CAPABILITY, CAP_VULKAN_MEMORY_MODEL],
+    );
+    Ok(())
+}
+
 /// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`); `nonprivate`: through
 /// naga's SPIR-V with its workgroup accesses marked non-private (`mark_nonprivate`), handed to
 /// the driver as is.
 pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool, nonprivate: bool) -> Result<Kernel> {
     if nonprivate {
-        let (k, _) =
-            Kernel::from_patched_spirv(gpu, "linear_q4_mm_coop", COMMON, source, 64, |w| {
-                mark_nonprivate(w)
-            })?;
+        let (k, _) = Kernel::from_patched_spirv(
+            gpu,
+            "linear_q4_mm_coop",
+            COMMON,
+            source,
+            64,
+            mark_nonprivate,
+        )?;
         return Ok(k);
     }
     Kernel::new(gpu, "linear_q4_mm_coop", COMMON, source, checked, &[])
