@@ -177,11 +177,13 @@ impl Gpu {
                 wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         // SPIR-V handed to the driver as is (`Kernel::from_patched_spirv`: the cooperative-matrix
-        // kernels with their workgroup accesses marked non-private); requested wherever the
-        // adapter has it, so that the path is tested on lavapipe too.
-        let passthrough = adapter
-            .features()
-            .contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        // kernels with their workgroup accesses marked non-private); requested wherever a
+        // Vulkan adapter has it, so that the path is tested on lavapipe too (other backends would
+        // need another language than SPIR-V: wgpu panics without one).
+        let passthrough = info.backend == wgpu::Backend::Vulkan
+            && adapter
+                .features()
+                .contains(wgpu::Features::PASSTHROUGH_SHADERS);
         if passthrough {
             required_features |= wgpu::Features::PASSTHROUGH_SHADERS;
         }
