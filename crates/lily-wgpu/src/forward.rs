@@ -20,10 +20,21 @@ const LINEAR_ROWS: usize = 8;
 /// Most workgroups of argmax_part.wgsl.
 const ARGMAX_PARTS: usize = 1024;
 
-/// Items per tile of linear_q4_mm.wgsl (its `TT`) and rows per workgroup (its `RT`).
+/// Items per tile of linear_q4_mm.wgsl (its `TT`).
 const MM_TILE: usize = 16;
 /// Items per tile of linear_q4_mm_coop.wgsl (its `TT`; its rows per workgroup are `MM_ROWS`).
 const MM_TILE_COOP: usize = 32;
+/// Rows per workgroup of linear_q4_mm.wgsl (its `RT`).
+const MM_ROWS_F32: usize = 128;
+
+/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+fn mm_rows(kernel: &Kernel) -> usize {
+    if kernel.name == "linear_q4_mm_coop" {
+        MM_ROWS
+    } else {
+        MM_ROWS_F32
+    }
+}
 
 /// Items per tile of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
 fn mm_tile(kernel: &Kernel) -> usize {
@@ -33,6 +44,7 @@ fn mm_tile(kernel: &Kernel) -> usize {
         MM_TILE
     }
 }
+/// Rows per workgroup of linear_q4_mm_coop.wgsl (its `RT`).
 const MM_ROWS: usize = 64;
 
 /// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
@@ -171,7 +183,7 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
 pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
     let m = RandomQ4::with_bits(bits, rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let (nx, ny) = grid_2d(rows.div_ceil(mm_rows(kernel)));
     let z = items.div_ceil(mm_tile(kernel)) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
     m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
@@ -1295,7 +1307,7 @@ impl<'a> Forward<'a> {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
-            let per = if mm { MM_ROWS } else { LINEAR_ROWS };
+            let per = if mm { mm_rows(kernel) } else { LINEAR_ROWS };
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
             let z = if mm {
@@ -1381,7 +1393,7 @@ impl<'a> Forward<'a> {
         args: u64,
     ) {
         let s = self.s;
-        let nx = w.rows.div_ceil(MM_ROWS);
+        let nx = w.rows.div_ceil(mm_rows(kernel));
         for sl in &w.slices {
             let params = linear_params(
                 w,
@@ -1641,8 +1653,8 @@ impl<'a> Forward<'a> {
                     tk as u32,
                     (e + stacked as usize) as u32,
                     mm_tile(ek) as u32,
-                    i.div_ceil(MM_ROWS) as u32,
-                    h.div_ceil(MM_ROWS) as u32,
+                    i.div_ceil(mm_rows(ek)) as u32,
+                    h.div_ceil(mm_rows(ek)) as u32,
                     s.tiles_at as u32,
                     s.order_at as u32,
                 ],
