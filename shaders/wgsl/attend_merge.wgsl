@@ -2,7 +2,7 @@
 //   M = max m_s, L = Σ l_s e^(m_s − M), o = Σ acc_s e^(m_s − M) / L, then o ⊙ sigmoid(gate).
 // A split that held no keys has l = 0 and m = NEG_BIG and adds nothing. Each split's (m, l) is
 // read once (invocation s), its factor e^(m_s − M) kept in shared memory; the column sums then
-// read the partials with no dependent loads between them. nsplit ≤ 64 (attention_splits).
+// read the partials with no dependent loads between them. A workgroup per (head, token, 64 columns). nsplit ≤ 64 (attention_splits).
 
 struct P {
     hq: u32,
@@ -37,7 +37,10 @@ fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     factor[lid] = f;
     let l = wg_sum(lid, ls * f);
-    for (var c = lid; c < d; c += 64u) {
+    // Workgroup z: columns 64 z .. 64 z + 63 (more workgroups at decode: 16 heads × 4).
+    workgroupBarrier();
+    let c = wid.z * 64u + lid;
+    if (c < d) {
         var a = 0.0;
         for (var s = 0u; s < p.nsplit; s++) {
             a += Part[b + s * w + c] * factor[s];

@@ -38,7 +38,9 @@ struct P {
 @group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
 @group(0) @binding(6) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 
-const RB: u32 = 16u;   // rows per workgroup (ROWS_RB on the host)
+// Rows per workgroup (GLU_RB on the host, ≤ 16 and a multiple of 8): 8, so that a decode step's
+// 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the H200).
+override RB: u32 = 8u;
 
 var<workgroup> wg_expert: u32;
 // part[r · 65 + lane], part_u: row r's partial sums of gate and up from invocation `lane`.
@@ -136,14 +138,16 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
         }
     }
     workgroupBarrier();
-    // Row r's 64 partials: invocations 4r .. 4r + 3 sum 16 each, then the first of them all four.
-    let r = lid / 4u;
-    let k = lid % 4u;
+    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
+    // the first of them all PR.
+    let pr = 64u / RB;
+    let r = lid / pr;
+    let k = lid % pr;
     var tg = 0.0;
     var tu = 0.0;
-    for (var i = 0u; i < 16u; i++) {
-        tg += part[r * 65u + k * 16u + i];
-        tu += part_u[r * 65u + k * 16u + i];
+    for (var i = 0u; i < RB; i++) {
+        tg += part[r * 65u + k * RB + i];
+        tu += part_u[r * 65u + k * RB + i];
     }
     workgroupBarrier();
     part[r * 65u + k] = tg;
@@ -151,8 +155,12 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     workgroupBarrier();
     if (k == 0u && r < nr) {
         let b = r * 65u;
-        let gate = (part[b] + part[b + 1u]) + (part[b + 2u] + part[b + 3u]);
-        let up = (part_u[b] + part_u[b + 1u]) + (part_u[b + 2u] + part_u[b + 3u]);
+        var gate = 0.0;
+        var up = 0.0;
+        for (var i = 0u; i < pr; i++) {
+            gate += part[b + i];
+            up += part_u[b + i];
+        }
         Y[p.y_off + item * p.y_stride + p.row0 + r0 + r] = silu(gate) * up;
     }
 }

@@ -1,8 +1,8 @@
 // moe_down.wgsl as linear_q4_rows.wgsl streams rows: a decode step's down projections of all
 // TOPK items and their weighted sum into the residual, x[r] += Σ_k w_k · (down_{e_k} a_k)[r].
-// A workgroup of 64 takes RB = 8 output rows; invocation (slot, q) = (lid / QN, lid % QN), QN =
+// A workgroup of 64 takes RB output rows; invocation (slot, q) = (lid / QN, lid % QN), QN =
 // COLS / 32 quads a row, holds quad q of the inputs of items slot, slot + 64/QN, ... (one at a
-// time) and reads that quad of the workgroup's 8 rows of each item's expert (8 reads in flight;
+// time) and reads that quad of the workgroup's RB rows of each item's expert (RB reads in flight;
 // the QN invocations of a slot read a row's contiguous bytes). The 64 partial sums of a row meet
 // in shared memory. main's profile on the H200 (c7ee898): moe_down 29.5 µs a call for 4.7 MB
 // (256 workgroups, each invocation 18 quads of inputs re-read per row). Same parameters and
@@ -28,7 +28,9 @@ struct P {
 override TOPK: u32 = 9u;
 override COLS: u32 = 512u;
 
-const RB: u32 = 8u;    // rows per workgroup (DOWN_RB on the host)
+// Rows per workgroup (DOWN_RB on the host; a power of two ≤ 8): 4, so that a decode step runs
+// on 512 workgroups (with 8: 256, 28 µs a call on the H200, profile of main 07ac75d).
+override RB: u32 = 4u;
 
 // part[r · 65 + lid]: row r's partial sum from invocation lid.
 var<workgroup> part: array<f32, 520>;
@@ -53,10 +55,24 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let g = (q * 32u) / p.group;
     let nr = min(RB, p.rows - r0);
     var acc = array<f32, 8>();
-    for (var k = slot; k < TOPK; k += ns) {
+    // This slot's items' experts and weights first, all reads in flight together.
+    var es = array<u32, 16>();
+    var wv = array<f32, 16>();
+    for (var i = 0u; i < 16u; i++) {
+        let k = slot + i * ns;
+        if (k < TOPK) {
+            es[i] = ids[t * TOPK + k];
+            wv[i] = wts[t * TOPK + k];
+        }
+    }
+    for (var i = 0u; i < 16u; i++) {
+        let k = slot + i * ns;
+        if (k >= TOPK) {
+            break;
+        }
         let item = t * TOPK + k;
-        let e = ids[item];
-        let wk = wts[item];
+        let e = es[i];
+        let wk = wv[i];
         let xb = item * (COLS / 4u) + q * 8u;
         let x0 = A[xb];
         let x1 = A[xb + 1u];
@@ -89,19 +105,21 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         part[j * 65u + lid] = acc[j];
     }
     workgroupBarrier();
-    // Row r's 64 partials: invocations 8r .. 8r + 7 sum 8 each, then the first of them all eight.
-    let r = lid / 8u;
-    let kk = lid % 8u;
+    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
+    // the first of them all PR.
+    let pr = 64u / RB;
+    let r = lid / pr;
+    let kk = lid % pr;
     var tot = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        tot += part[r * 65u + kk * 8u + i];
+    for (var i = 0u; i < RB; i++) {
+        tot += part[r * 65u + kk * RB + i];
     }
     workgroupBarrier();
     part[r * 65u + kk] = tot;
     workgroupBarrier();
     if (kk == 0u && r < nr) {
         var total = 0.0;
-        for (var i = 0u; i < 8u; i++) {
+        for (var i = 0u; i < pr; i++) {
             total += part[r * 65u + i];
         }
         X[t * p.rows + r0 + r] += total;

@@ -11,11 +11,14 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_mm, check_rows, conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick,
-    Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
+    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, state_bytes,
+    uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN,
+    PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::{coop_emulated, coop_kernel, coop_variants, Kernels};
+use crate::kernels::{
+    attend_gqa_for, coop_diag, coop_emulated, coop_kernel, coop_variants, passthrough_mm, Kernels,
+};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 /// How the backend runs.
@@ -115,10 +118,38 @@ impl WgpuBackend {
                 kernels.linear_q4_mm_coop = None;
             }
         } else if gpu.coop {
+            if std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1") {
+                // What each cooperative-matrix operation does on this device (coop_diag.wgsl).
+                match coop_diag(&gpu) {
+                    Ok(lines) => {
+                        for l in lines {
+                            tracing::info!("wgpu: {l}");
+                        }
+                    }
+                    Err(e) => tracing::info!("wgpu: coop diag failed: {e:#}"),
+                }
+            }
             // An experimental wgpu feature: the first variant whose product is right is used.
             let mut tried = Vec::new();
-            for (name, source) in coop_variants() {
-                let result = coop_kernel(&gpu, &source, opts.checked)
+            // First the kernel as written and in one array through SPIR-V with its workgroup
+            // accesses marked non-private (kernels::mark_nonprivate: the suspect left after
+            // the H200's run of the six WGSL variants), where the device takes SPIR-V as is.
+            // $LILY_WGPU_COOP_NONPRIVATE=0 leaves them out (should a driver refuse the words).
+            let variants = coop_variants();
+            let nonprivate = gpu.passthrough
+                && std::env::var("LILY_WGPU_COOP_NONPRIVATE").map_or(true, |v| v != "0");
+            let patched = variants[..2].iter().filter(|_| nonprivate).map(|(n, s)| {
+                (
+                    format!("{n}, non-private workgroup accesses"),
+                    s.clone(),
+                    true,
+                )
+            });
+            let plain = variants
+                .iter()
+                .map(|(n, s)| (n.to_string(), s.clone(), false));
+            for (name, source, nonprivate) in patched.chain(plain) {
+                let result = coop_kernel(&gpu, &source, opts.checked, nonprivate)
                     .and_then(|k| check_mm(&gpu, &k).map(|e| (k, e)));
                 match result {
                     Ok((k, e)) if e < COOP_TOLERANCE => {
@@ -185,16 +216,52 @@ impl WgpuBackend {
 
     /// The 4-bit product kernels against the host's product on random matrices
     /// (`forward::check_mm`, `forward::check_rows`), relative L2 differences:
-    /// linear_q4_mm.wgsl's, linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's where it is in
-    /// use.
+    /// linear_q4_mm.wgsl's (4- and 8-bit), linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's
+    /// where it is in use.
     pub fn check_products(&self) -> Result<(f64, f64, Option<f64>)> {
-        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?;
+        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?.max(check_mm_bits(
+            &self.gpu,
+            &self.kernels.linear_q4_mm,
+            8,
+        )?);
         let rows = check_rows(&self.gpu, &self.kernels)?;
         let coop = match &self.kernels.linear_q4_mm_coop {
             Some(k) => Some(check_mm(&self.gpu, k)?),
             None => None,
         };
         Ok((fp32, rows, coop))
+    }
+
+    /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup
+    /// accesses marked non-private, handed to the driver as is (the path of the cooperative-matrix
+    /// variants `kernels::mark_nonprivate` makes) against the host's product (`check_mm`); None
+    /// where the device takes no SPIR-V as is.
+    pub fn check_passthrough(&self) -> Result<Option<f64>> {
+        if !self.gpu.passthrough {
+            return Ok(None);
+        }
+        let (k, marked) = passthrough_mm(&self.gpu)?;
+        if marked == 0 {
+            bail!("no workgroup access marked non-private in linear_q4_mm");
+        }
+        Ok(Some(check_mm(&self.gpu, &k)?))
+    }
+
+    /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
+    /// (`forward::check_attention`) at the full model's shapes (2 KV heads of 8 query heads,
+    /// head dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split
+    /// over workgroups), and 5 tokens after 300 (prefill): the largest relative L2 difference.
+    pub fn check_attention(&self) -> Result<f64> {
+        let mut worst = 0f64;
+        for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
+            let k = attend_gqa_for(&self.gpu, d, g, false)?;
+            for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
+                let e =
+                    check_attention(&self.gpu, &k, &self.kernels.attend_merge, (hkv, g, d), n, t)?;
+                worst = worst.max(e);
+            }
+        }
+        Ok(worst)
     }
 
     /// Whether prefill's 4-bit products run on cooperative matrices (linear_q4_mm_coop.wgsl),

@@ -20,10 +20,21 @@ const LINEAR_ROWS: usize = 8;
 /// Most workgroups of argmax_part.wgsl.
 const ARGMAX_PARTS: usize = 1024;
 
-/// Items per tile of linear_q4_mm.wgsl (its `TT`) and rows per workgroup (its `RT`).
+/// Items per tile of linear_q4_mm.wgsl (its `TT`).
 const MM_TILE: usize = 16;
 /// Items per tile of linear_q4_mm_coop.wgsl (its `TT`; its rows per workgroup are `MM_ROWS`).
 const MM_TILE_COOP: usize = 32;
+/// Rows per workgroup of linear_q4_mm.wgsl (its `RT`).
+const MM_ROWS_F32: usize = 128;
+
+/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+fn mm_rows(kernel: &Kernel) -> usize {
+    if kernel.name == "linear_q4_mm_coop" {
+        MM_ROWS
+    } else {
+        MM_ROWS_F32
+    }
+}
 
 /// Items per tile of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
 fn mm_tile(kernel: &Kernel) -> usize {
@@ -33,25 +44,30 @@ fn mm_tile(kernel: &Kernel) -> usize {
         MM_TILE
     }
 }
+/// Rows per workgroup of linear_q4_mm_coop.wgsl (its `RT`).
 const MM_ROWS: usize = 64;
 
-/// (head, token) pairs of attention below which the keys are split over several workgroups
-/// (attend.wgsl), and the rows of partials that allows (`attention_splits`).
+/// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
+/// attend_gqa.wgsl), and the rows of partials that allows (`attention_splits`).
 const SPLIT_PAIRS: usize = 256;
-const PART_ROWS: usize = 512;
+const PART_ROWS: usize = 1024;
 /// Most splits per (head, token): attend_merge.wgsl's workgroup holds one per invocation.
 const MAX_SPLITS: usize = 64;
 
-/// How attend.wgsl splits the keys of `pairs` (query head, token) pairs whose longest causal
-/// range is `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill
-/// a large GPU at decode (≈ 512), at least 64 keys each; one split where pairs alone suffice.
-pub fn attention_splits(pairs: usize, n_max: usize) -> (usize, usize) {
-    let want = if pairs >= SPLIT_PAIRS {
+/// How attention splits the keys of `groups` workgroups' worth of (head or KV head, token)
+/// pairs, `rows` (query head, token) rows of partials per split, whose longest causal range is
+/// `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill a large
+/// GPU at decode (≈ 512), at least 64 keys each; one split where the pairs alone suffice.
+pub fn attention_splits(groups: usize, rows: usize, n_max: usize) -> (usize, usize) {
+    let want = if groups >= SPLIT_PAIRS {
         1
     } else {
-        (PART_ROWS / pairs.max(1)).max(1)
+        (2 * SPLIT_PAIRS / groups.max(1)).max(1)
     };
-    let nsplit = want.min(n_max.div_ceil(64)).clamp(1, MAX_SPLITS);
+    let nsplit = want
+        .min(PART_ROWS / rows.max(1))
+        .min(n_max.div_ceil(64))
+        .clamp(1, MAX_SPLITS);
     let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
     (n_max.div_ceil(span), span)
 }
@@ -81,11 +97,27 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
         && gate.slices[0].bias_off == up.slices[0].bias_off
 }
 
-/// Rows per workgroup of moe_down_rows.wgsl (its `RB`).
-const DOWN_RB: usize = 8;
+/// Rows per workgroup of moe_down_rows.wgsl (its `RB` override; a power of two ≤ 8).
+pub const DOWN_RB: usize = 4;
 
-/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`).
+/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`) as the model's `linear_q4_rows` has it.
 const ROWS_RB: usize = 16;
+
+/// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
+pub const GLU_RB: usize = 8;
+
+/// linear_q4_rows.wgsl's instance for a slice of `rows` rows, and its rows per workgroup: 16
+/// from 8,192 rows, else 4 from 1,024, else 2, so that even the router (257 rows) and the
+/// 2,048-row output projections run on ≥ 128 workgroups.
+fn rows_rb(k: &Kernels, rows: usize) -> (&Kernel, usize) {
+    if rows >= 8192 {
+        (&k.linear_q4_rows, ROWS_RB)
+    } else if rows >= 1024 {
+        (&k.linear_q4_rows4, 4)
+    } else {
+        (&k.linear_q4_rows2, 2)
+    }
+}
 
 /// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok` with 2,048 or 4,096
 /// columns, or `q8_ok` with 2,048 (each of its 64 invocations holds the inputs of one or two
@@ -122,6 +154,12 @@ fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
         && io.x_stride.is_multiple_of(4)
 }
 
+/// Whether linear_q4_mm.wgsl takes this 8-bit matrix: `q8_ok` with groups and columns multiples
+/// of 32 (the kernel's 32-column steps, two 16-byte words of a row each, within one group).
+fn mm8_ok(w: &GpuLinear, io: &Io) -> bool {
+    q8_ok(w, io) && w.group.is_multiple_of(32) && w.cols.is_multiple_of(32)
+}
+
 /// The tiled product for `w` (q4_ok holds): on cooperative matrices where the device has them
 /// and the columns are a multiple of 64 (linear_q4_mm_coop.wgsl's step), else linear_q4_mm.wgsl.
 /// Both take the same parameters, bindings and grid.
@@ -138,9 +176,14 @@ fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
 /// cooperative kernel uses an experimental feature of wgpu, so the backend checks it this way
 /// before using it.
 pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
+    check_mm_bits(gpu, kernel, 4)
+}
+
+/// `check_mm` on a random matrix of `bits` (4, or 8: linear_q4_mm.wgsl's 8-bit path, `mm8_ok`).
+pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let m = RandomQ4::new(rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
+    let (nx, ny) = grid_2d(rows.div_ceil(mm_rows(kernel)));
     let z = items.div_ceil(mm_tile(kernel)) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
     m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
@@ -155,18 +198,17 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
         let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
-        // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-        for norm in [None, Some(1e-6)] {
-            let e = m.run(
-                gpu,
-                &k.linear_q4_rows,
-                &[nx, ny, items as u32],
-                nx,
-                None,
-                Some(norm),
-            )?;
-            worst = worst.max(e);
+        for (kernel, rb) in [
+            (&k.linear_q4_rows, ROWS_RB),
+            (&k.linear_q4_rows4, 4),
+            (&k.linear_q4_rows2, 2),
+        ] {
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+            for norm in [None, Some(1e-6)] {
+                let e = m.run(gpu, kernel, &[nx, ny, items as u32], nx, None, Some(norm))?;
+                worst = worst.max(e);
+            }
         }
     }
     Ok(worst.max(glu))
@@ -192,7 +234,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
-    let (nx, ny) = grid_2d(rows.div_ceil(ROWS_RB));
+    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
     let silu = |v: f64| v / (1.0 + (-v).exp());
     let mut worst = 0f64;
     // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
@@ -249,6 +291,105 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         worst = worst.max((num / den.max(1e-30)).sqrt());
     }
     Ok(worst)
+}
+
+/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv by `kernels::attend_gqa_for`) and
+/// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
+/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
+/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
+/// relative L2 difference of the outputs.
+pub fn check_attention(
+    gpu: &Gpu,
+    gqa: &Kernel,
+    merge: &Kernel,
+    (hkv, g, d): (usize, usize, usize),
+    n: usize,
+    t: usize,
+) -> Result<f64> {
+    let hq = hkv * g;
+    let pos0 = n - t;
+    let qg_stride = hq * 2 * d + 2 * hkv * d;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (n * 131 + t * 7 + d + g) as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed % 20_001) as f32 / 10_000.0 - 1.0) * 1.5
+    };
+    let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
+    let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
+    let kc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
+    let vc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
+    let scale = 1.0 / (d as f32).sqrt();
+    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
+    let qb = gpu.upload_f32("check.q", &q)?;
+    let qgb = gpu.upload_f32("check.qg", &qg)?;
+    let kb = gpu.upload_f32("check.k", &kc)?;
+    let vb = gpu.upload_f32("check.v", &vc)?;
+    let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
+    let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        gqa,
+        &[
+            hq as u32,
+            hkv as u32,
+            d as u32,
+            pos0 as u32,
+            scale.to_bits(),
+            nsplit as u32,
+            span as u32,
+            qg_stride as u32,
+        ],
+        &[&qb, &qgb, &kb, &vb, &ob, &part],
+        [hkv as u32, t as u32, nsplit as u32],
+    );
+    if nsplit > 1 {
+        r.dispatch(
+            merge,
+            &[hq as u32, d as u32, nsplit as u32, qg_stride as u32],
+            &[&part, &qgb, &ob],
+            [hq as u32, t as u32, d.div_ceil(64) as u32],
+        );
+    }
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for ti in 0..t {
+        let keys = pos0 + ti + 1;
+        for h in 0..hq {
+            let kv = h / g;
+            let qr = &q[(ti * hq + h) * d..][..d];
+            let sc: Vec<f64> = (0..keys)
+                .map(|j| {
+                    let kr = &kc[(j * hkv + kv) * d..][..d];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for c in 0..d {
+                let o: f64 = (0..keys)
+                    .map(|j| w[j] * vc[(j * hkv + kv) * d + c] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let gate = qg[ti * qg_stride + h * 2 * d + d + c] as f64;
+                let want = o / (1.0 + (-gate).exp());
+                let gv = got[(ti * hq + h) * d + c] as f64;
+                if !gv.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (gv - want).powi(2);
+                den += want * want;
+            }
+        }
+    }
+    Ok((num / den.max(1e-30)).sqrt())
 }
 
 /// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
@@ -1130,16 +1271,20 @@ impl<'a> Forward<'a> {
         // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow; several
         // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
         let q4 = q4_ok(w, &io);
-        let mm = q4 && experts.is_none() && io.items > 1;
+        // 8-bit matrices (the router) take linear_q4_mm.wgsl too where each 32-column step
+        // lies in one group (`mm8_ok`).
+        let mm8 = mm8_ok(w, &io) && experts.is_none() && io.items > 1;
+        let mm = (q4 && experts.is_none() && io.items > 1) || mm8;
         if !mm && experts.is_none() && rows_ok(w, &io) {
             // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
             for sl in &w.slices {
-                let (nx, ny) = grid_2d(sl.count.div_ceil(ROWS_RB));
+                let (kernel, rb) = rows_rb(self.k, sl.count);
+                let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                 let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
                 let params = norm_params(&params, &io, self.cfg.rms_eps);
                 r.dispatch_as(
                     label,
-                    &self.k.linear_q4_rows,
+                    kernel,
                     &params,
                     &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
                     [nx, ny, io.items as u32],
@@ -1148,7 +1293,9 @@ impl<'a> Forward<'a> {
             return;
         }
         debug_assert!(io.norm.is_none(), "a folded norm needs linear_q4_rows");
-        let kernel = if mm {
+        let kernel = if mm8 {
+            &self.k.linear_q4_mm
+        } else if mm {
             mm_kernel(self.k, w)
         } else if q4 || q8_ok(w, &io) {
             &self.k.linear_q4
@@ -1160,7 +1307,7 @@ impl<'a> Forward<'a> {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
-            let per = if mm { MM_ROWS } else { LINEAR_ROWS };
+            let per = if mm { mm_rows(kernel) } else { LINEAR_ROWS };
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
             let z = if mm {
@@ -1196,7 +1343,7 @@ impl<'a> Forward<'a> {
         // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
         let row_kernel = glu_rows_ok(gate);
         let (kernel, per) = if row_kernel {
-            (&self.k.linear_q4_glu_rows, ROWS_RB)
+            (&self.k.linear_q4_glu_rows, GLU_RB)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
@@ -1246,7 +1393,7 @@ impl<'a> Forward<'a> {
         args: u64,
     ) {
         let s = self.s;
-        let nx = w.rows.div_ceil(MM_ROWS);
+        let nx = w.rows.div_ceil(mm_rows(kernel));
         for sl in &w.slices {
             let params = linear_params(
                 w,
@@ -1303,13 +1450,13 @@ impl<'a> Forward<'a> {
             &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
-        let (nsplit, span) = attention_splits(hq * t, pos0 + t);
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
         // them), where the shapes allow; the same parameters, bindings and partials.
         let (kernel, heads) = match gqa_group(c) {
             Some(_) => (&self.k.attend_gqa, hkv),
             None => (&self.k.attend, hq),
         };
+        let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
         r.dispatch(
             kernel,
             &[
@@ -1330,7 +1477,7 @@ impl<'a> Forward<'a> {
                 &self.k.attend_merge,
                 &[hq as u32, d as u32, nsplit as u32, stride as u32],
                 &[&s.attn_part, &s.attn_proj, &s.o],
-                [hq as u32, t as u32, 1],
+                [hq as u32, t as u32, d.div_ceil(64) as u32],
             );
         }
         let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
@@ -1390,12 +1537,13 @@ impl<'a> Forward<'a> {
                 [hv as u32, 1, 1],
             );
         } else {
+            // dn_conv.wgsl: a workgroup = 64 channels × 16 tokens.
             let (nx, ny) = grid_2d(cd.div_ceil(64));
             r.dispatch(
                 &self.k.dn_conv,
                 &[t as u32, cd as u32, c.conv_kernel as u32, stride as u32],
                 &[&s.dn_proj, &d.conv, conv, &s.c],
-                [nx, ny, 1],
+                [nx, ny, t.div_ceil(16) as u32],
             );
             r.dispatch(
                 &self.k.dn_qk_norm,
@@ -1505,8 +1653,8 @@ impl<'a> Forward<'a> {
                     tk as u32,
                     (e + stacked as usize) as u32,
                     mm_tile(ek) as u32,
-                    i.div_ceil(MM_ROWS) as u32,
-                    h.div_ceil(MM_ROWS) as u32,
+                    i.div_ceil(mm_rows(ek)) as u32,
+                    h.div_ceil(mm_rows(ek)) as u32,
                     s.tiles_at as u32,
                     s.order_at as u32,
                 ],
@@ -1610,15 +1758,21 @@ mod tests {
     #[test]
     fn attention_splits_cover_the_keys_within_the_buffers() {
         for pairs in [1, 2, 4, 16, 64, 100, 255, 256, 2048, 8192] {
-            for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
-                let (nsplit, span) = attention_splits(pairs, n_max);
-                assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
-                assert!(span.is_multiple_of(64) && span > 0);
-                assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
-                if nsplit > 1 {
-                    assert!(pairs * nsplit <= PART_ROWS, "{pairs} × {nsplit}");
+            for per_group in [1, 2, 8] {
+                for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
+                    let rows = pairs * per_group;
+                    let (nsplit, span) = attention_splits(pairs, rows, n_max);
+                    assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
+                    assert!(span.is_multiple_of(64) && span > 0);
+                    assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
+                    if nsplit > 1 {
+                        assert!(rows * nsplit <= PART_ROWS, "{rows} × {nsplit}");
+                    }
                 }
             }
         }
+        // Decode on the full model (2 KV heads of 8 query heads) at 4K: 64 splits of 64 keys,
+        // 128 workgroups.
+        assert_eq!(attention_splits(2, 16, 4096), (64, 64));
     }
 }

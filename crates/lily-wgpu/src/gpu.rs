@@ -23,6 +23,9 @@ pub struct Gpu {
     /// linear_q4_mm_coop.wgsl, and why or why not (`coop_support`).
     pub coop: bool,
     pub coop_note: String,
+    /// Whether shader modules can be given as SPIR-V words (wgpu's passthrough shaders;
+    /// `Kernel::from_patched_spirv`).
+    pub passthrough: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -173,6 +176,17 @@ impl Gpu {
             required_features |=
                 wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
+        // SPIR-V handed to the driver as is (`Kernel::from_patched_spirv`: the cooperative-matrix
+        // kernels with their workgroup accesses marked non-private); requested wherever a
+        // Vulkan adapter has it, so that the path is tested on lavapipe too (other backends would
+        // need another language than SPIR-V: wgpu panics without one).
+        let passthrough = info.backend == wgpu::Backend::Vulkan
+            && adapter
+                .features()
+                .contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        if passthrough {
+            required_features |= wgpu::Features::PASSTHROUGH_SHADERS;
+        }
         let experimental_features = if coop {
             // SAFETY: wgpu marks cooperative matrices experimental (its implementation may
             // still have bugs). Only linear_q4_mm_coop.wgsl uses them, and the backend checks
@@ -205,6 +219,7 @@ impl Gpu {
             timestamps,
             coop,
             coop_note,
+            passthrough,
             error,
             binder: Mutex::new(Binder::default()),
         })
@@ -434,6 +449,169 @@ impl Kernel {
             pipeline,
             layout,
         })
+    }
+}
+
+/// `source` with the shared helpers `common` in front (as `Kernel::new` joins them), parsed and
+/// validated by naga.
+fn naga_module(
+    name: &str,
+    common: &str,
+    source: &str,
+) -> Result<(wgpu::naga::Module, wgpu::naga::valid::ModuleInfo)> {
+    use wgpu::naga;
+    let (enables, body): (Vec<&str>, Vec<&str>) = source
+        .lines()
+        .partition(|l| l.trim_start().starts_with("enable "));
+    let code = format!("{}\n{common}\n{}", enables.join("\n"), body.join("\n"));
+    let module = naga::front::wgsl::parse_str(&code)
+        .map_err(|e| anyhow!("{name}: {}", e.emit_to_string(&code)))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| anyhow!("{name}: {e:?}"))?;
+    Ok((module, info))
+}
+
+/// `source` (with the shared helpers `common` in front, as `Kernel::new` joins them) compiled
+/// to SPIR-V 1.5 by naga, entry point `name`, without bounds checks or workgroup zeroing (as
+/// the backend's trusted modules).
+pub fn naga_spirv(name: &str, common: &str, source: &str) -> Result<Vec<u32>> {
+    use wgpu::naga;
+    let (module, info) = naga_module(name, common, source)?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 5),
+        flags: naga::back::spv::WriterFlags::empty(),
+        // No binding map: each @group(g) @binding(b) as descriptor set g, binding b.
+        fake_missing_bindings: true,
+        bounds_check_policies: naga::proc::BoundsCheckPolicies::default(),
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        ..Default::default()
+    };
+    naga::back::spv::write_vec(
+        &module,
+        &info,
+        &options,
+        Some(&naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: name.to_string(),
+        }),
+    )
+    .map_err(|e| anyhow!("{name}: SPIR-V: {e}"))
+}
+
+impl Kernel {
+    /// `source` (as `Kernel::new` joins it with `common`) compiled to SPIR-V by naga here, its
+    /// words changed by `patch`, and handed to the driver as they are (wgpu's passthrough
+    /// shaders; `Gpu::passthrough`), with the bind group layout wgpu would derive for the same
+    /// source. For the cooperative-matrix kernels, whose SPIR-V naga writes under the
+    /// Vulkan memory model with no access marked non-private (kernels.rs `mark_nonprivate`).
+    /// `workgroup_size`: the entry point's (for backends that need it; Vulkan does not).
+    pub fn from_patched_spirv(
+        gpu: &Gpu,
+        name: &'static str,
+        common: &str,
+        source: &str,
+        workgroup_size: u32,
+        patch: impl FnOnce(&mut Vec<u32>) -> Result<usize>,
+    ) -> Result<(Kernel, usize)> {
+        use wgpu::naga;
+        if !gpu.passthrough {
+            bail!("the device has no passthrough shaders");
+        }
+        // The bind group layout, as wgpu derives it for a WGSL module: group 0's bindings that
+        // the entry point uses (wgpu's own derived layouts belong to their pipeline alone).
+        let (module, info) = naga_module(name, common, source)?;
+        let ep = module
+            .entry_points
+            .iter()
+            .position(|e| e.name == name)
+            .with_context(|| format!("{name}: no entry point {name}"))?;
+        let uses = info.get_entry_point(ep);
+        let mut entries = Vec::new();
+        for (handle, var) in module.global_variables.iter() {
+            let Some(rb) = var.binding else { continue };
+            if rb.group != 0 || uses[handle].is_empty() {
+                continue;
+            }
+            let ty = match var.space {
+                naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
+                naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
+                    read_only: !access.contains(naga::StorageAccess::STORE),
+                },
+                _ => bail!("{name}: binding {} is not a buffer", rb.binding),
+            };
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: rb.binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let mut words = naga_spirv(name, common, source)?;
+        let patched = patch(&mut words)?;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // SAFETY: the words are naga's own SPIR-V for a module naga validated just above, with
+        // memory operands added by `patch`; the backend checks the kernel's results against the
+        // host's before using it (backend.rs).
+        let shader = unsafe {
+            gpu.device
+                .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+                    label: Some(name),
+                    entry_points: std::borrow::Cow::Owned(vec![
+                        wgpu::PassthroughShaderEntryPoint {
+                            name: std::borrow::Cow::Borrowed(name),
+                            workgroup_size: (workgroup_size, 1, 1),
+                        },
+                    ]),
+                    spirv: Some(std::borrow::Cow::Owned(words)),
+                    ..Default::default()
+                })
+        };
+        let bgl = gpu
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(name),
+                entries: &entries,
+            });
+        let layout = gpu
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(name),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        let pipeline = gpu
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&layout),
+                module: &shader,
+                entry_point: Some(name),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[],
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            bail!("compiling patched SPIR-V of {name}: {e}");
+        }
+        Ok((
+            Kernel {
+                name,
+                pipeline,
+                layout: bgl,
+            },
+            patched,
+        ))
     }
 }
 

@@ -15,6 +15,10 @@ macro_rules! kernels {
             /// linear_q4_mm.wgsl on cooperative matrices, where the device has them
             /// (`Gpu::coop`) and its check at load passed (backend.rs).
             pub linear_q4_mm_coop: Option<Kernel>,
+            /// linear_q4_rows.wgsl with 4 and 2 rows a workgroup (its `RB`; the model's
+            /// `linear_q4_rows` has 16), for matrices of few rows (forward.rs `rows_rb`).
+            pub linear_q4_rows4: Kernel,
+            pub linear_q4_rows2: Kernel,
         }
 
         impl Kernels {
@@ -34,6 +38,8 @@ macro_rules! kernels {
                     )?,)*
                     // Chosen by the backend among `coop_variants` (each checked at load).
                     linear_q4_mm_coop: None,
+                    linear_q4_rows4: rows_kernel(gpu, 4, checked)?,
+                    linear_q4_rows2: rows_kernel(gpu, 2, checked)?,
                 })
             }
         }
@@ -72,17 +78,43 @@ kernels!(
     sample_pick,
 );
 
-/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 16 (its
-/// blocks of 256 / G keys), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8: all their reads in flight together).
+fn rows_kernel(gpu: &Gpu, rb: u32, checked: bool) -> Result<Kernel> {
+    Kernel::new(
+        gpu,
+        "linear_q4_rows",
+        COMMON,
+        include_str!("../../../shaders/wgsl/linear_q4_rows.wgsl"),
+        checked,
+        &[("RB", rb as f64), ("RI", rb.min(8) as f64)],
+    )
+}
+
+/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 8 (its
+/// blocks of 256 / G keys, its score partials in shared memory), head dim a multiple of 4 and ≤ 256 (one invocation a dimension).
 pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
     let g = c.n_heads / c.n_kv_heads.max(1);
     (c.n_kv_heads > 0
         && c.n_heads.is_multiple_of(c.n_kv_heads)
         && g.is_power_of_two()
-        && g <= 16
+        && g <= 8
         && c.head_dim.is_multiple_of(4)
         && c.head_dim <= 256)
         .then_some(g)
+}
+
+/// attend_gqa.wgsl compiled for head dim `d` and `g` query heads per KV head (the model's own
+/// instance takes them from its config): for checking the kernel at shapes the test models lack
+/// (forward::check_attention).
+pub fn attend_gqa_for(gpu: &Gpu, d: usize, g: usize, checked: bool) -> Result<Kernel> {
+    Kernel::new(
+        gpu,
+        "attend_gqa",
+        COMMON,
+        include_str!("../../../shaders/wgsl/attend_gqa.wgsl"),
+        checked,
+        &[("D", d as f64), ("G", g as f64)],
+    )
 }
 
 /// The `override` constants of kernel `name` for model `c`.
@@ -94,9 +126,15 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
             ("D", c.head_dim as f64),
             ("G", gqa_group(c).unwrap_or(1) as f64),
         ],
-        "moe_down" | "moe_down_rows" => vec![
+        "linear_q4_glu_rows" => vec![("RB", crate::forward::GLU_RB as f64)],
+        "moe_down" => vec![
             ("TOPK", (c.top_k + stacked as usize) as f64),
             ("COLS", c.expert_inter as f64),
+        ],
+        "moe_down_rows" => vec![
+            ("TOPK", (c.top_k + stacked as usize) as f64),
+            ("COLS", c.expert_inter as f64),
+            ("RB", crate::forward::DOWN_RB as f64),
         ],
         _ => Vec::new(),
     }
@@ -163,8 +201,291 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`).
-pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool) -> Result<Kernel> {
+/// The cases of coop_diag.wgsl: (what the case does, what a device following
+/// SPV_KHR_cooperative_matrix as linear_q4_mm_coop.wgsl reads it gives).
+const COOP_DIAG_CASES: [(&str, &str); 12] = [
+    ("A=coopLoad(X) B=I coopStore", "X"),
+    ("A=coopLoadT(X) B=I coopStore", "Xt"),
+    ("A=coopLoad(X) B=I coopStoreT", "Xt"),
+    ("A=I B=coopLoad(X) coopStore", "X"),
+    ("A=I B=coopLoadT(X) coopStore", "Xt"),
+    ("A=0 B=I C=coopLoad(f32 X) coopStore", "X"),
+    ("A=coopLoadT(X) B=coopLoadT(Y) coopStoreT", "XY"),
+    ("case 0 from workgroup memory", "X"),
+    ("case 6 from workgroup memory (stride 24)", "XY"),
+    ("case 6 accumulated twice", "2XY"),
+    ("case 6, C loaded from zeroed workgroup f32", "XY"),
+    ("case 8 stored to workgroup memory, copied out", "XY"),
+];
+
+/// Runs coop_diag.wgsl (tiny 16 × 16 products through each cooperative-matrix operation, on a
+/// device with them: `Gpu::coop`) and names each case's result: one line per case, "ok" where it
+/// is what SPV_KHR_cooperative_matrix says, else what it equals (X, Xt, XY, …) or its first
+/// row and column. For the log ($LILY_WGPU_COOP_DIAG=1); milliseconds.
+pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
+    let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
+    let kernel = Kernel::new(gpu, "coop_diag", COMMON, source, false, &[])?;
+    let mut lines = coop_diag_run(gpu, &kernel, "")?;
+    // The same with the workgroup accesses non-private (`mark_nonprivate`), where the device
+    // takes SPIR-V as is.
+    match Kernel::from_patched_spirv(gpu, "coop_diag", COMMON, source, 32, mark_nonprivate) {
+        Ok((k, n)) => lines.extend(coop_diag_run(
+            gpu,
+            &k,
+            &format!(" [SPIR-V with {n} workgroup accesses non-private]"),
+        )?),
+        Err(e) => lines.push(format!(
+            "coop diag with non-private workgroup accesses: {e:#}"
+        )),
+    }
+    Ok(lines)
+}
+
+/// coop_diag.wgsl's cases through `kernel`, one line each (`coop_diag`), `tag` after each.
+fn coop_diag_run(gpu: &Gpu, kernel: &Kernel, tag: &str) -> Result<Vec<String>> {
+    let n = 16usize;
+    let x: Vec<f64> = (0..n * n).map(|i| i as f64).collect();
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let y: Vec<f64> = (0..n * n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 7) as f64 - 3.0
+        })
+        .collect();
+    let eye: Vec<f64> = (0..n * n)
+        .map(|i| if i / n == i % n { 1.0 } else { 0.0 })
+        .collect();
+    let mut s = Vec::with_capacity(4 * n * n);
+    for v in x
+        .iter()
+        .chain(&y)
+        .chain(&eye)
+        .chain(std::iter::repeat_n(&0.0, n * n))
+    {
+        s.push(half::f16::from_f64(*v));
+    }
+    let s_bytes: Vec<u8> = s.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let f: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+    let sb = gpu.upload("coop_diag.s", &s_bytes)?;
+    let fb = gpu.upload_f32("coop_diag.f", &f)?;
+    let cases = COOP_DIAG_CASES.len();
+    let ob = gpu.storage("coop_diag.o", (cases * n * n * 4) as u64)?;
+    let mut r = crate::gpu::Recorder::new(gpu);
+    r.dispatch(
+        kernel,
+        &[cases as u32],
+        &[&sb, &fb, &ob],
+        [cases as u32, 1, 1],
+    );
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, cases * n * n)?;
+    let t = |m: &[f64]| -> Vec<f64> { (0..n * n).map(|i| m[(i % n) * n + i / n]).collect() };
+    let mul = |a: &[f64], b: &[f64]| -> Vec<f64> {
+        (0..n * n)
+            .map(|i| (0..n).map(|k| a[(i / n) * n + k] * b[k * n + i % n]).sum())
+            .collect()
+    };
+    let (xt, yt) = (t(&x), t(&y));
+    let xy = mul(&x, &y);
+    let named: Vec<(&str, Vec<f64>)> = vec![
+        ("X", x.clone()),
+        ("Xt", xt.clone()),
+        ("XY", xy.clone()),
+        ("(XY)t", t(&xy)),
+        ("2XY", xy.iter().map(|v| 2.0 * v).collect()),
+        ("YX", mul(&y, &x)),
+        ("XtY", mul(&xt, &y)),
+        ("XYt", mul(&x, &yt)),
+        ("XtYt", mul(&xt, &yt)),
+        ("YtXt", mul(&yt, &xt)),
+        ("zero", vec![0.0; n * n]),
+    ];
+    let mut lines = Vec::new();
+    for (c, (what, want)) in COOP_DIAG_CASES.iter().enumerate() {
+        let o = &got[c * n * n..(c + 1) * n * n];
+        let same = |m: &[f64]| o.iter().zip(m).all(|(a, b)| (*a as f64 - b).abs() < 1e-3);
+        let found = named.iter().find(|(_, m)| same(m)).map(|(name, _)| *name);
+        let verdict = match found {
+            Some(name) if name == *want => "ok".to_string(),
+            Some(name) => format!("WRONG: = {name}, want {want}"),
+            None => format!(
+                "WRONG: none of X, Xt, XY, … (want {want}); row 0 {:?}, column 0 {:?}",
+                &o[..8],
+                (0..8).map(|i| o[i * n]).collect::<Vec<_>>()
+            ),
+        };
+        lines.push(format!("coop diag case {c} ({what}){tag}: {verdict}"));
+    }
+    Ok(lines)
+}
+
+/// Marks every access to workgroup memory in SPIR-V `words` non-private (memory operand
+/// NonPrivatePointer): OpLoad, OpStore and the cooperative-matrix loads and stores through a
+/// pointer into a Workgroup variable. naga writes modules with cooperative matrices under the
+/// Vulkan memory model (SPV_KHR_vulkan_memory_model) but marks no access non-private, and under
+/// that model a barrier orders only non-private accesses: the driver may keep one invocation's
+/// workgroup stores from the others' loads after a barrier (glslang marks every access to
+/// `shared` variables non-private under that model). Returns how many accesses it marked; an
+/// error where the module is not under the Vulkan memory model or its words do not parse.
+pub fn mark_nonprivate(words: &mut Vec<u32>) -> Result<usize> {
+    const OP_MEMORY_MODEL: u32 = 14;
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_FUNCTION_PARAMETER: u32 = 55;
+    const OP_VARIABLE: u32 = 59;
+    const OP_LOAD: u32 = 61;
+    const OP_STORE: u32 = 62;
+    const OP_ACCESS_CHAIN: u32 = 65;
+    const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+    const OP_PTR_ACCESS_CHAIN: u32 = 67;
+    const OP_COPY_OBJECT: u32 = 83;
+    const OP_COOP_LOAD: u32 = 4457;
+    const OP_COOP_STORE: u32 = 4458;
+    const SC_WORKGROUP: u32 = 4;
+    const MM_VULKAN: u32 = 3;
+    const NON_PRIVATE_POINTER: u32 = 0x20;
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        bail!("not SPIR-V");
+    }
+    // The instructions as (opcode, operand range).
+    let mut insts = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let wc = (words[i] >> 16) as usize;
+        if wc == 0 || i + wc > words.len() {
+            bail!("malformed SPIR-V at word {i}");
+        }
+        insts.push((words[i] & 0xffff, i + 1..i + wc));
+        i += wc;
+    }
+    let mut vulkan = false;
+    let mut wg_ptr_types = std::collections::HashSet::new();
+    let mut wg_ptrs = std::collections::HashSet::new();
+    for (op, r) in &insts {
+        let a = &words[r.clone()];
+        match *op {
+            OP_MEMORY_MODEL if a.len() >= 2 => vulkan = a[1] == MM_VULKAN,
+            OP_TYPE_POINTER if a.len() >= 2 && a[1] == SC_WORKGROUP => {
+                wg_ptr_types.insert(a[0]);
+            }
+            OP_FUNCTION_PARAMETER
+            | OP_VARIABLE
+            | OP_ACCESS_CHAIN
+            | OP_IN_BOUNDS_ACCESS_CHAIN
+            | OP_PTR_ACCESS_CHAIN
+            | OP_COPY_OBJECT
+                if a.len() >= 2 && wg_ptr_types.contains(&a[0]) =>
+            {
+                wg_ptrs.insert(a[1]);
+            }
+            _ => {}
+        }
+    }
+    if !vulkan {
+        bail!("the module is not under the Vulkan memory model");
+    }
+    // Where the memory operand sits (operand index) for each access through a workgroup pointer.
+    let mut out = Vec::with_capacity(words.len() + 64);
+    out.extend_from_slice(&words[..5]);
+    let mut marked = 0;
+    for (op, r) in &insts {
+        let a = &words[r.clone()];
+        let at = match *op {
+            OP_LOAD if a.len() >= 3 && wg_ptrs.contains(&a[2]) => Some(3),
+            OP_STORE if a.len() >= 2 && wg_ptrs.contains(&a[0]) => Some(2),
+            // Result type, result, pointer, layout, stride, memory operand.
+            OP_COOP_LOAD if a.len() >= 5 && wg_ptrs.contains(&a[2]) => Some(5),
+            // Pointer, object, layout, stride, memory operand.
+            OP_COOP_STORE if a.len() >= 4 && wg_ptrs.contains(&a[0]) => Some(4),
+            _ => None,
+        };
+        let mut ops = a.to_vec();
+        if let Some(at) = at {
+            if ops.len() > at {
+                ops[at] |= NON_PRIVATE_POINTER;
+            } else {
+                ops.push(NON_PRIVATE_POINTER);
+            }
+            marked += 1;
+        }
+        out.push(((ops.len() as u32 + 1) << 16) | op);
+        out.extend_from_slice(&ops);
+    }
+    *words = out;
+    Ok(marked)
+}
+
+/// linear_q4_mm.wgsl through `Kernel::from_patched_spirv`, its SPIR-V moved to the Vulkan memory
+/// model (`to_vulkan_memory_model`) and its workgroup accesses marked non-private
+/// (`mark_nonprivate`): checks the path of the cooperative-matrix variants (naga's SPIR-V here,
+/// the patch, the bind group layout, the driver taking the words as they are) on any adapter
+/// that takes SPIR-V as is, lavapipe included (`WgpuBackend::check_passthrough`).
+pub fn passthrough_mm(gpu: &Gpu) -> Result<(Kernel, usize)> {
+    Kernel::from_patched_spirv(
+        gpu,
+        "linear_q4_mm",
+        COMMON,
+        include_str!("../../../shaders/wgsl/linear_q4_mm.wgsl"),
+        64,
+        |w| {
+            to_vulkan_memory_model(w)?;
+            mark_nonprivate(w)
+        },
+    )
+}
+
+/// Puts SPIR-V `words` (1.5 or later, naga's GLSL450 memory model) under the Vulkan memory model,
+/// as naga writes modules with cooperative matrices: the memory model operand and the
+/// VulkanMemoryModel capability. For `passthrough_mm` (no cooperative matrices on lavapipe).
+fn to_vulkan_memory_model(words: &mut Vec<u32>) -> Result<()> {
+    const OP_CAPABILITY: u32 = 17;
+    const OP_MEMORY_MODEL: u32 = 14;
+    const CAP_VULKAN_MEMORY_MODEL: u32 = 5345;
+    if words.len() < 5 || words[1] < 0x0001_0500 {
+        bail!("SPIR-V before 1.5");
+    }
+    let mut i = 5;
+    let mut first_cap = None;
+    let mut model = None;
+    while i < words.len() {
+        let wc = (words[i] >> 16) as usize;
+        if wc == 0 {
+            bail!("malformed SPIR-V at word {i}");
+        }
+        match words[i] & 0xffff {
+            OP_CAPABILITY if first_cap.is_none() => first_cap = Some(i),
+            OP_MEMORY_MODEL => model = Some(i),
+            _ => {}
+        }
+        i += wc;
+    }
+    let (Some(cap), Some(mm)) = (first_cap, model) else {
+        bail!("no capability or memory model instruction");
+    };
+    words[mm + 2] = 3;
+    words.splice(
+        cap..cap,
+        [(2 << 16) | OP_CAPABILITY, CAP_VULKAN_MEMORY_MODEL],
+    );
+    Ok(())
+}
+
+/// Compiles variant `source` of linear_q4_mm_coop.wgsl (`coop_variants`); `nonprivate`: through
+/// naga's SPIR-V with its workgroup accesses marked non-private (`mark_nonprivate`), handed to
+/// the driver as is.
+pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool, nonprivate: bool) -> Result<Kernel> {
+    if nonprivate {
+        let (k, _) = Kernel::from_patched_spirv(
+            gpu,
+            "linear_q4_mm_coop",
+            COMMON,
+            source,
+            64,
+            mark_nonprivate,
+        )?;
+        return Ok(k);
+    }
     Kernel::new(gpu, "linear_q4_mm_coop", COMMON, source, checked, &[])
 }
 
@@ -317,6 +638,97 @@ mod tests {
     /// Every variant of linear_q4_mm_coop.wgsl, with the shared helpers as the loader joins them,
     /// parses and validates in naga with cooperative matrices and f16 allowed (no GPU needed:
     /// the variants only compile on adapters that have cooperative matrices).
+    /// `mark_nonprivate` on naga's SPIR-V of linear_q4_mm_coop.wgsl and coop_diag.wgsl: every
+    /// load and store through a workgroup pointer (plain and cooperative) gets NonPrivatePointer,
+    /// nothing else changes, and the words still parse; a module outside the Vulkan memory model
+    /// (no cooperative matrices) is refused.
+    #[test]
+    fn nonprivate_marks_every_workgroup_access() {
+        use crate::gpu::naga_spirv;
+        let sources = [
+            ("linear_q4_mm_coop", coop_variants()[0].1.clone()),
+            (
+                "coop_diag",
+                include_str!("../../../shaders/wgsl/coop_diag.wgsl").to_string(),
+            ),
+        ];
+        for (name, source) in sources {
+            let before = naga_spirv(name, COMMON, &source).unwrap();
+            let mut after = before.clone();
+            let n = mark_nonprivate(&mut after).unwrap();
+            // Parse both: (opcode, operands) per instruction.
+            let parse = |w: &[u32]| {
+                let mut out = Vec::new();
+                let mut i = 5;
+                while i < w.len() {
+                    let wc = (w[i] >> 16) as usize;
+                    assert!(wc > 0 && i + wc <= w.len());
+                    out.push((w[i] & 0xffff, w[i + 1..i + wc].to_vec()));
+                    i += wc;
+                }
+                out
+            };
+            let (b, a) = (parse(&before), parse(&after));
+            assert_eq!(b.len(), a.len());
+            let wg_types: std::collections::HashSet<u32> = b
+                .iter()
+                .filter(|(op, o)| *op == 32 && o[1] == 4)
+                .map(|(_, o)| o[0])
+                .collect();
+            let wg_ptrs: std::collections::HashSet<u32> = b
+                .iter()
+                .filter(|(op, o)| [55, 59, 65, 66, 67, 83].contains(op) && wg_types.contains(&o[0]))
+                .map(|(_, o)| o[1])
+                .collect();
+            let mut accesses = 0;
+            for ((op, ob), (op2, oa)) in b.iter().zip(&a) {
+                assert_eq!(op, op2);
+                let at = match op {
+                    61 if wg_ptrs.contains(&ob[2]) => Some(3),
+                    62 if wg_ptrs.contains(&ob[0]) => Some(2),
+                    4457 if wg_ptrs.contains(&ob[2]) => Some(5),
+                    4458 if wg_ptrs.contains(&ob[0]) => Some(4),
+                    _ => None,
+                };
+                match at {
+                    Some(at) => {
+                        accesses += 1;
+                        assert_eq!(oa[..at], ob[..at.min(ob.len())]);
+                        assert_ne!(oa[at] & 0x20, 0, "{name}: op {op} not marked");
+                    }
+                    None => assert_eq!(oa, ob),
+                }
+            }
+            assert!(accesses > 10, "{name}: {accesses} workgroup accesses");
+            assert_eq!(n, accesses);
+        }
+        let plain = naga_spirv(
+            "rms_norm",
+            COMMON,
+            include_str!("../../../shaders/wgsl/rms_norm.wgsl"),
+        )
+        .unwrap();
+        assert!(mark_nonprivate(&mut plain.clone()).is_err());
+    }
+
+    /// coop_diag.wgsl parses and validates as `coop_variants_validate` checks the variants.
+    #[test]
+    fn coop_diag_validates() {
+        let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
+        let (enables, body): (Vec<&str>, Vec<&str>) = source
+            .lines()
+            .partition(|l| l.trim_start().starts_with("enable "));
+        let code = format!("{}\n{COMMON}\n{}", enables.join("\n"), body.join("\n"));
+        let module = naga::front::wgsl::parse_str(&code)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&code)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    }
+
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();

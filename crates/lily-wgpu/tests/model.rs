@@ -114,6 +114,38 @@ fn product_kernels_match_the_host() {
     );
 }
 
+/// attend_gqa.wgsl with attend_merge.wgsl against the host's gated attention in f64 on random
+/// queries and caches, at the full model's shapes (8 query heads per KV head, head dim 256) and
+/// at `tiny`'s: decode with the keys split over workgroups, and a prefill-like block of tokens.
+#[test]
+fn attention_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 31);
+    let Some(gpu) = wgpu_backend(&w, 16) else {
+        return;
+    };
+    let e = gpu.check_attention().unwrap();
+    println!("attention vs the host's: {e:.2e}");
+    assert!(e < 1e-5, "attend_gqa differs from the host by {e:.2e}");
+}
+
+/// A kernel compiled to SPIR-V by naga here and handed to the driver as is (wgpu's passthrough
+/// shaders: the path of the cooperative-matrix variants whose workgroup accesses are marked
+/// non-private) computes linear_q4_mm.wgsl's product, checked against the host's in f64.
+#[test]
+fn passthrough_spirv_kernel_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 37);
+    let Some(gpu) = wgpu_backend(&w, 16) else {
+        return;
+    };
+    match gpu.check_passthrough().unwrap() {
+        Some(e) => {
+            println!("linear_q4_mm through passthrough SPIR-V vs the host's: {e:.2e}");
+            assert!(e < 1e-5, "differs from the host by {e:.2e}");
+        }
+        None => println!("SKIPPED: the adapter takes no SPIR-V as is"),
+    }
+}
+
 /// Prefill's 4-bit products on cooperative matrices (linear_q4_mm_coop.wgsl: f16 tensor-core
 /// products into f32), where the adapter has them (NVIDIA through Vulkan): teacher-forced logits
 /// against the CPU over 160 positions in chunks of 48, and greedy tokens after them. Skipped,
