@@ -111,8 +111,11 @@ fi
 # loading. Reserves keep time for what follows each step.
 P=(--model "$M" --len "$LEN" --piece "${PIECE:-64}" --device)
 [ -n "${WARM:-}" ] && wait "$WARM"
-step cuda-bf16 120 $((TABLE_S + 180)) "$B" score "${P[@]}" cuda --out "$W/cuda-bf16"
-step cuda-fp32 120 $((TABLE_S + 150)) env LILY_CUDA_FP32=1 "$B" score "${P[@]}" cuda --out "$W/cuda-fp32"
+# Reserves from the H200 run of session 5 (LEN 1024): each CUDA score ≈ 10 s with loading, HF
+# bf16 35 s, wgpu 31 s side by side; a BUDGET of 230 s with the earlier reserves (180, 150 s)
+# had left the CUDA steps out.
+step cuda-bf16 120 $((TABLE_S + 80)) "$B" score "${P[@]}" cuda --out "$W/cuda-bf16"
+step cuda-fp32 120 $((TABLE_S + 65)) env LILY_CUDA_FP32=1 "$B" score "${P[@]}" cuda --out "$W/cuda-fp32"
 ( step hf-bf16 240 "$TABLE_S" python3 scripts/hf_agreement.py --model "$M" --len "$LEN" --save "$W/hf-bf16" --out "$W/hf.json" ) &
 HF_PID=$!
 step wgpu 240 "$TABLE_S" "$B" score "${P[@]}" wgpu --out "$W/wgpu"
