@@ -276,6 +276,22 @@ mod tests {
             .collect()
     }
 
+    /// A rows × cols bf16 matrix of random values in [-1, 1).
+    fn random_bf16(rows: usize, cols: usize, seed: &mut u64) -> Linear {
+        let bytes: Vec<u8> = rand_vec(rows * cols, seed)
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect();
+        Linear {
+            experts: 1,
+            rows,
+            cols,
+            data: WeightData::Bf16 {
+                data: Blob::owned(bytes),
+            },
+        }
+    }
+
     /// Throughput of the 4-bit path, one token at a time against 64 at once (not a CI assertion:
     /// `cargo test --release -p lily-core q4_matmul_throughput -- --ignored --nocapture`).
     #[test]
@@ -283,19 +299,7 @@ mod tests {
     fn q4_matmul_throughput() {
         let mut seed = 5;
         let (rows, cols, t) = (2048, 2048, 64);
-        let w = rand_vec(rows * cols, &mut seed);
-        let bytes: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-            .collect();
-        let dense = Linear {
-            experts: 1,
-            rows,
-            cols,
-            data: WeightData::Bf16 {
-                data: Blob::owned(bytes),
-            },
-        };
+        let dense = random_bf16(rows, cols, &mut seed);
         let q = quantize_linear(&dense, 4, 64);
         let xs = rand_vec(t * cols, &mut seed);
         for _ in 0..2 {
@@ -322,19 +326,7 @@ mod tests {
         // prefix reuse and chunked prefill compare logits with `==`.
         let mut seed = 11;
         let (rows, cols, t) = (7, 256, 5);
-        let w = rand_vec(rows * cols, &mut seed);
-        let bytes: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-            .collect();
-        let dense = Linear {
-            experts: 1,
-            rows,
-            cols,
-            data: WeightData::Bf16 {
-                data: Blob::owned(bytes),
-            },
-        };
+        let dense = random_bf16(rows, cols, &mut seed);
         let xs = rand_vec(t * cols, &mut seed);
         // Group 64: the compile-time four-token kernel; 32: its general form.
         for (bits, group) in [(4, 64), (4, 32), (8, 64)] {
@@ -357,19 +349,7 @@ mod tests {
     fn fused_quantised_matmul_equals_dequantised_dot() {
         let mut seed = 3;
         let (rows, cols, t) = (24, 192, 3);
-        let w = rand_vec(rows * cols, &mut seed);
-        let bytes: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-            .collect();
-        let dense = Linear {
-            experts: 1,
-            rows,
-            cols,
-            data: WeightData::Bf16 {
-                data: Blob::owned(bytes),
-            },
-        };
+        let dense = random_bf16(rows, cols, &mut seed);
         let xs = rand_vec(t * cols, &mut seed);
         for bits in [4, 8] {
             let q = quantize_linear(&dense, bits, 64);
