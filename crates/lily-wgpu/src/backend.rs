@@ -11,9 +11,9 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, state_bytes,
-    uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN,
-    PICK_MAX_K,
+    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, probe_mm,
+    state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT,
+    HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{
@@ -118,7 +118,8 @@ impl WgpuBackend {
                 kernels.linear_q4_mm_coop = None;
             }
         } else if gpu.coop {
-            if std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1") {
+            let diag = std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1");
+            if diag {
                 // What each cooperative-matrix operation does on this device (coop_diag.wgsl).
                 match coop_diag(&gpu) {
                     Ok(lines) => {
@@ -157,7 +158,21 @@ impl WgpuBackend {
                         tried.push(format!("{name}: {e:.1e} relative, used"));
                         break;
                     }
-                    Ok((_, e)) => tried.push(format!("{name}: {e:.1e} relative")),
+                    Ok((k, e)) => {
+                        tried.push(format!("{name}: {e:.1e} relative"));
+                        // Where the refused kernel goes wrong (forward::probe_mm): for the
+                        // variants as written (with and without non-private accesses).
+                        if diag && !name.contains("one array") && !name.contains("swapped") {
+                            match probe_mm(&gpu, &k) {
+                                Ok(lines) => {
+                                    for l in lines {
+                                        tracing::info!("wgpu: {name}: {l}");
+                                    }
+                                }
+                                Err(e) => tracing::info!("wgpu: {name}: coop probe failed: {e:#}"),
+                            }
+                        }
+                    }
                     Err(e) => tried.push(format!("{name}: {e:#}")),
                 }
             }
@@ -230,6 +245,34 @@ impl WgpuBackend {
             None => None,
         };
         Ok((fp32, rows, coop))
+    }
+
+    /// `forward::probe_mm` (where the product goes wrong, block by block) on prefill's 4-bit
+    /// product kernel: linear_q4_mm_coop.wgsl where it is in use, else linear_q4_mm.wgsl.
+    pub fn probe_products(&self) -> Result<Vec<String>> {
+        probe_mm(
+            &self.gpu,
+            self.kernels
+                .linear_q4_mm_coop
+                .as_ref()
+                .unwrap_or(&self.kernels.linear_q4_mm),
+        )
+    }
+
+    /// `forward::probe_mm` on the emulated linear_q4_mm_coop.wgsl (`kernels::coop_emulated_source`)
+    /// changed by `edit`: a known fault, to test what the probe's map says about it.
+    #[doc(hidden)]
+    pub fn probe_emulated_with(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
+        let source = edit(&crate::kernels::coop_emulated_source()?);
+        let k = crate::gpu::Kernel::new(
+            &self.gpu,
+            "linear_q4_mm_coop",
+            crate::kernels::COMMON,
+            &source,
+            true,
+            &[],
+        )?;
+        probe_mm(&self.gpu, &k)
     }
 
     /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup

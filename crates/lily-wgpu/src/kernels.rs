@@ -6,7 +6,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{Gpu, Kernel};
 
-const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
+pub(crate) const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
 
 macro_rules! kernels {
     ($($name:ident),* $(,)?) => {

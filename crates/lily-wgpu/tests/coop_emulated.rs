@@ -57,6 +57,47 @@ fn cooperative_kernel_logic_matches_cpu_emulated() {
         coop < 1e-5,
         "emulated linear_q4_mm_coop differs from the host by {coop:.2e}"
     );
+    // The probe the H200 runs where the real kernel is refused ($LILY_WGPU_COOP_DIAG=1): on a
+    // right kernel every case is right and every block of its map is `.`.
+    let lines = gpu.probe_products().unwrap();
+    assert_eq!(lines.len(), 7);
+    for l in &lines {
+        println!("{l}");
+        if let Some((_, map)) = l.split_once("map (16 rows a character, 8 items a group): ") {
+            assert!(map.chars().all(|c| c == '.' || c == '|'), "{l}");
+        }
+    }
+    assert!(
+        lines[0].ends_with(": ..........|..........|..........|..........|.........."),
+        "{}",
+        lines[0]
+    );
+    // …and it names known faults: the bias terms left out (every block `p` where the biases
+    // are not 0), and the second tile's cooperative products left out (its items `b`).
+    let v = "let v = cs[n * 64u + lid] + bacc[n];";
+    let faulty = gpu
+        .probe_emulated_with(|s| {
+            assert!(s.contains(v));
+            s.replace(v, "let v = cs[n * 64u + lid];")
+        })
+        .unwrap();
+    println!("bias terms left out: {}", faulty[0]);
+    assert!(faulty[0].ends_with(": pppppppppp|pppppppppp|pppppppppp|pppppppppp|pppppppppp"));
+    assert!(
+        faulty[3].ends_with(": ....|....|....|...."),
+        "{}",
+        faulty[3]
+    );
+    let faulty = gpu
+        .probe_emulated_with(|s| {
+            s.replace(
+                v,
+                "let v = select(cs[n * 64u + lid], 0.0, wid.z == 1u) + bacc[n];",
+            )
+        })
+        .unwrap();
+    println!("second tile's products left out: {}", faulty[0]);
+    assert!(faulty[0].ends_with(": ..........|..........|..........|..........|bbbbbbbbbb"));
     let gs = gpu.new_seq(positions + 4).unwrap();
     let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
     let e = rel_l2(&got, &want);
