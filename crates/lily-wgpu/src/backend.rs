@@ -275,6 +275,24 @@ impl WgpuBackend {
         probe_mm(&self.gpu, &k)
     }
 
+    /// coop_diag_tile.wgsl (the diagnostic's run of linear_q4_mm_coop.wgsl's tile of products)
+    /// changed by `edit`, with its cooperative operations emulated in plain WGSL
+    /// (`kernels::emulate_coop_source`): its cases' lines, as the H200 would log them.
+    #[doc(hidden)]
+    pub fn coop_diag_tile_emulated(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
+        let src = edit(include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl"));
+        let source = crate::kernels::emulate_coop_source(&src)?;
+        let k = crate::gpu::Kernel::new(
+            &self.gpu,
+            "coop_diag_tile",
+            crate::kernels::COMMON,
+            &source,
+            true,
+            &[],
+        )?;
+        crate::kernels::coop_diag_tile_run(&self.gpu, &k, " (emulated)", true)
+    }
+
     /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup
     /// accesses marked non-private, handed to the driver as is (the path of the cooperative-matrix
     /// variants `kernels::mark_nonprivate` makes) against the host's product (`check_mm`); None

@@ -98,6 +98,37 @@ fn cooperative_kernel_logic_matches_cpu_emulated() {
         .unwrap();
     println!("second tile's products left out: {}", faulty[0]);
     assert!(faulty[0].ends_with(": ..........|..........|..........|..........|bbbbbbbbbb"));
+    // The diagnostic's run of the kernel's tile of products (coop_diag_tile.wgsl), emulated:
+    // every case right; and with the remainder part's products left out, case 1 named so.
+    let tile = gpu.coop_diag_tile_emulated(|s| s.to_string()).unwrap();
+    assert_eq!(tile.len(), 4);
+    for l in &tile {
+        println!("{l}");
+        assert!(l.ends_with(": ok"), "{l}");
+    }
+    let tile = gpu
+        .coop_diag_tile_emulated(|s| {
+            let lo = "            c00 = coopMultiplyAdd(a0, l0, c00);\n";
+            assert!(s.contains(lo));
+            s.replace(lo, "")
+        })
+        .unwrap();
+    println!("{}", tile[1]);
+    assert!(tile[1].contains("WRONG: map x.x.|....;"), "{}", tile[1]);
+    let tile = gpu
+        .coop_diag_tile_emulated(|s| {
+            s.replace("coopMultiplyAdd(a0, l0, c00)", "c00")
+                .replace("coopMultiplyAdd(a0, l1, c01)", "c01")
+                .replace("coopMultiplyAdd(a1, l0, c10)", "c10")
+                .replace("coopMultiplyAdd(a1, l1, c11)", "c11")
+        })
+        .unwrap();
+    println!("{}", tile[1]);
+    assert!(
+        tile[1].contains("WRONG: = A·Bt (hi part only, one step)"),
+        "{}",
+        tile[1]
+    );
     let gs = gpu.new_seq(positions + 4).unwrap();
     let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
     let e = rel_l2(&got, &want);
