@@ -42,6 +42,10 @@ pub struct WgpuOptions {
     /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
     /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
     pub emulate_coop: bool,
+    /// Prefill's fp32 4-bit products on linear_q4_mm64.wgsl (the kernel before the 128-row
+    /// tiles: 64 rows × 16 items a workgroup) instead of linear_q4_mm.wgsl: to compare the two
+    /// on one build. $LILY_WGPU_MM64=1 sets it.
+    pub mm64: bool,
 }
 
 impl Default for WgpuOptions {
@@ -58,6 +62,7 @@ impl Default for WgpuOptions {
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
             emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
+            mm64: std::env::var("LILY_WGPU_MM64").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -105,6 +110,17 @@ impl WgpuBackend {
         let gpu = Gpu::open(opts.allow_software)?;
         let mut kernels =
             Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
+        if opts.mm64 {
+            kernels.linear_q4_mm = crate::gpu::Kernel::new(
+                &gpu,
+                "linear_q4_mm64",
+                crate::kernels::COMMON,
+                include_str!("../../../shaders/wgsl/linear_q4_mm64.wgsl"),
+                opts.checked,
+                &[],
+            )?;
+            tracing::info!("wgpu: fp32 products on linear_q4_mm64 (LILY_WGPU_MM64=1)");
+        }
         let mut coop_note = gpu.coop_note.clone();
         if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
             kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);

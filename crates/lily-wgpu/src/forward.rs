@@ -27,9 +27,10 @@ const MM_TILE_COOP: usize = 32;
 /// Rows per workgroup of linear_q4_mm.wgsl (its `RT`).
 const MM_ROWS_F32: usize = 128;
 
-/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+/// Rows per workgroup of a tiled product kernel (linear_q4_mm, linear_q4_mm64 or
+/// linear_q4_mm_coop).
 fn mm_rows(kernel: &Kernel) -> usize {
-    if kernel.name == "linear_q4_mm_coop" {
+    if kernel.name == "linear_q4_mm_coop" || kernel.name == "linear_q4_mm64" {
         MM_ROWS
     } else {
         MM_ROWS_F32
@@ -44,7 +45,7 @@ fn mm_tile(kernel: &Kernel) -> usize {
         MM_TILE
     }
 }
-/// Rows per workgroup of linear_q4_mm_coop.wgsl (its `RT`).
+/// Rows per workgroup of linear_q4_mm_coop.wgsl and linear_q4_mm64.wgsl (their `RT`).
 const MM_ROWS: usize = 64;
 
 /// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
