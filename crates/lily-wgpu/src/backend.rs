@@ -275,11 +275,14 @@ impl WgpuBackend {
         )
     }
 
-    /// `forward::probe_mm` on the emulated linear_q4_mm_coop.wgsl (`kernels::coop_emulated_source`)
-    /// changed by `edit`: a known fault, to test what the probe's map says about it.
+    /// `forward::probe_mm` on linear_q4_mm_coop.wgsl changed by `edit` (a known fault, to test
+    /// what the probe's map says about it, or one of `kernels::coop_variants`), its cooperative
+    /// operations emulated (`kernels::emulate_coop_source`).
     #[doc(hidden)]
     pub fn probe_emulated_with(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
-        let source = edit(&crate::kernels::coop_emulated_source()?);
+        let source = crate::kernels::emulate_coop_source(&edit(include_str!(
+            "../../../shaders/wgsl/linear_q4_mm_coop.wgsl"
+        )))?;
         let k = crate::gpu::Kernel::new(
             &self.gpu,
             "linear_q4_mm_coop",
@@ -289,6 +292,17 @@ impl WgpuBackend {
             &[],
         )?;
         probe_mm(&self.gpu, &k)
+    }
+
+    /// `probe_emulated_with` on variant `i` of `kernels::coop_variants` (its name and lines).
+    #[doc(hidden)]
+    pub fn probe_emulated_variant(&self, i: usize) -> Result<(String, Vec<String>)> {
+        let variants = crate::kernels::coop_variants();
+        let (name, source) = variants.get(i).context("no such variant")?;
+        Ok((
+            name.to_string(),
+            self.probe_emulated_with(|_| source.clone())?,
+        ))
     }
 
     /// coop_diag_tile.wgsl (the diagnostic's run of linear_q4_mm_coop.wgsl's tile of products)

@@ -188,6 +188,21 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             "    let sg = lid / 32u;\n    for (var i = lid; i < 2048u; i += 64u) {\n        cs[i] = 0.0;\n    }\n    workgroupBarrier();\n",
         )
     };
+    // The bias sums b · Σx in workgroup memory (each invocation its own 32 slots) instead of a
+    // private array of 32 f32 beside the four accumulators: the one construct of the kernel
+    // that coop_diag_tile.wgsl leaves out besides the dequantisation and the tile lists.
+    let bias_shared = |s: &str| {
+        s.replace(
+            "var<workgroup> cs: array<f32, 2048>;\n",
+            "var<workgroup> cs: array<f32, 2048>;\nvar<workgroup> bs: array<f32, 2048>;\n",
+        )
+        .replace(
+            "    var bacc = array<f32, 32>();\n",
+            "    for (var n = 0u; n < 32u; n++) {\n        bs[n * 64u + lid] = 0.0;\n    }\n",
+        )
+        .replace("bacc[n] +=", "bs[n * 64u + lid] +=")
+        .replace("+ bacc[n];", "+ bs[n * 64u + lid];")
+    };
     vec![
         ("as written", src.to_string()),
         ("one array", one_array(src)),
@@ -198,6 +213,7 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             "zeroed accumulators, one array, swapped layouts",
             swapped(&zeroed(&one_array(src))),
         ),
+        ("bias sums in workgroup memory", bias_shared(src)),
     ]
 }
 
@@ -921,7 +937,8 @@ mod tests {
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();
-        assert_eq!(variants.len(), 6);
+        assert_eq!(variants.len(), 7);
+        assert!(variants[6].1.contains("bs[n * 64u + lid] += ") && !variants[6].1.contains("bacc"));
         // Each rewrite took effect.
         assert!(variants[1].1.contains("shm[4608u + ") && !variants[1].1.contains("xh["));
         assert!(

@@ -129,6 +129,14 @@ fn cooperative_kernel_logic_matches_cpu_emulated() {
         "{}",
         tile[1]
     );
+    // The variant with the bias sums in workgroup memory computes the same (emulated).
+    let (name, lines) = gpu.probe_emulated_variant(6).unwrap();
+    assert_eq!(name, "bias sums in workgroup memory");
+    println!("{name}: {}", lines[0]);
+    for l in &lines[..6] {
+        let (_, map) = l.split_once("a group): ").expect("a map");
+        assert!(map.chars().all(|c| c == '.' || c == '|'), "{l}");
+    }
     let gs = gpu.new_seq(positions + 4).unwrap();
     let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
     let e = rel_l2(&got, &want);
