@@ -946,7 +946,7 @@ mod tests {
                 && variants[2].1.contains("coopLoad<coop_mat16x16<f16, A>>")
         );
         assert!(variants[3].1.contains("shm[6912u + ") && variants[3].1.contains("coopStoreT("));
-        for v in &variants[4..] {
+        for v in &variants[4..6] {
             assert!(v.1.contains("cs[i] = 0.0;") && !v.1.contains("coop_mat16x16<f32, C>()"));
         }
         for (name, source) in variants {
