@@ -151,7 +151,8 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
 ///   `coopLoadT` / `coopLoad` reach the driver the other way round;
 /// - both together;
 /// - those two with the accumulators loaded from zeroed workgroup memory instead of made by the
-///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it).
+///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it);
+/// - the bias sums b · Σx in workgroup memory instead of a private array of 32 f32.
 ///
 /// Any that is wrong is refused by the check, so a wrong guess costs only a compile and a check.
 /// (A third suspect, the Vulkan memory model naga emits for cooperative matrices without
