@@ -27,6 +27,20 @@ enable wgpu_cooperative_matrix;
 // case 10: case 6 with the zero accumulator from coopLoad of zeroed workgroup f32 (expect XY)
 // case 11: case 8 with the result stored to workgroup memory (coopStore, stride 24), then
 //          copied out (expect XY)
+// Cases 12 … 17 step toward linear_q4_mm_coop.wgsl's own uses (coop_diag_tile.wgsl then runs
+// its whole tile):
+// case 12: A = I, B = coopLoad(X) from workgroup memory (column-major B, stride 24, as the
+//          kernel's xh / xl) (expect X)
+// case 13: case 0 stored column-major to workgroup memory (coopStore, stride 24), copied out
+//          (expect X)
+// case 14: case 6 with A = coopLoadT at the kernel's stride 72 and an offset inside a larger
+//          workgroup array (row 16, column 16, as its a1 at k = 1) (expect XY)
+// case 15: A = coopLoadT(X) from storage, B = coopLoad(Yᵀ laid out as the kernel's xh: item n's
+//          column k at n · 72 + k, from item 16 and column 16) (expect XY)
+// case 16: case 6 accumulated over a loop of 4 with workgroup barriers in it, the accumulator
+//          a `var` carried across iterations (expect 4XY)
+// case 17: case 6 stored column-major to workgroup f32 at the kernel's stride 64 and offset 16
+//          (as its c10), read back as the kernel reads cs (expect XY)
 
 struct P {
     cases: u32,
@@ -40,6 +54,10 @@ struct P {
 var<workgroup> wa: array<f16, 384>;
 var<workgroup> wb: array<f16, 384>;
 var<workgroup> wc: array<f32, 384>;
+// 32 rows (or items) × 72, as linear_q4_mm_coop.wgsl's ws / xh.
+var<workgroup> wt: array<f16, 2304>;
+// 16 items × 64 + 16, as its cs.
+var<workgroup> wd: array<f32, 1040>;
 
 @compute @workgroup_size(32)
 fn coop_diag(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -55,6 +73,12 @@ fn coop_diag(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         wa[r * 24u + c] = S[i];
         wb[r * 24u + c] = S[256u + i];
         wc[r * 24u + c] = 0.0;
+        // X at row 16, column 16 of wt (case 14); Yᵀ item-major from item 16 (case 15).
+        if (which == 14u) {
+            wt[(16u + r) * 72u + 16u + c] = S[i];
+        } else {
+            wt[(16u + c) * 72u + 16u + r] = S[256u + i];
+        }
     }
     workgroupBarrier();
     let zero = coop_mat16x16<f32, C>();
@@ -113,10 +137,55 @@ fn coop_diag(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let b = coopLoadT<coop_mat16x16<f16, B>>(&wb[0], 24u);
         coopStoreT(coopMultiplyAdd(a, b, zero), &wc[0], 24u);
     }
+    if (which == 12u) {
+        let a = coopLoad<coop_mat16x16<f16, A>>(&S[512], 16u);
+        let b = coopLoad<coop_mat16x16<f16, B>>(&wa[0], 24u);
+        coopStore(coopMultiplyAdd(a, b, zero), &O[ob], 16u);
+    }
+    if (which == 13u) {
+        let a = coopLoad<coop_mat16x16<f16, A>>(&S[0], 16u);
+        let b = coopLoad<coop_mat16x16<f16, B>>(&S[512], 16u);
+        coopStore(coopMultiplyAdd(a, b, zero), &wc[0], 24u);
+    }
+    if (which == 14u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&wt[16u * 72u + 16u], 72u);
+        let b = coopLoadT<coop_mat16x16<f16, B>>(&S[256], 16u);
+        coopStoreT(coopMultiplyAdd(a, b, zero), &O[ob], 16u);
+    }
+    if (which == 15u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&S[0], 16u);
+        let b = coopLoad<coop_mat16x16<f16, B>>(&wt[16u * 72u + 16u], 72u);
+        coopStoreT(coopMultiplyAdd(a, b, zero), &O[ob], 16u);
+    }
+    // Every case runs the loop (its barriers in uniform control flow); only case 16 multiplies.
+    var acc = coop_mat16x16<f32, C>();
+    for (var it = 0u; it < 4u; it++) {
+        workgroupBarrier();
+        if (which == 16u) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&wa[0], 24u);
+            let b = coopLoadT<coop_mat16x16<f16, B>>(&wb[0], 24u);
+            acc = coopMultiplyAdd(a, b, acc);
+        }
+        workgroupBarrier();
+    }
+    if (which == 16u) {
+        coopStoreT(acc, &O[ob], 16u);
+    }
+    if (which == 17u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&S[0], 16u);
+        let b = coopLoadT<coop_mat16x16<f16, B>>(&S[256], 16u);
+        coopStore(coopMultiplyAdd(a, b, zero), &wd[16], 64u);
+    }
     workgroupBarrier();
-    if (which == 11u) {
+    if (which == 11u || which == 13u) {
         for (var i = lid; i < 256u; i += 32u) {
             O[ob + i] = wc[(i / 16u) * 24u + i % 16u];
+        }
+    }
+    if (which == 17u) {
+        // Element (i, j) (row i, item j) at wd[16 + j · 64 + i].
+        for (var i = lid; i < 256u; i += 32u) {
+            O[ob + i] = wd[16u + (i % 16u) * 64u + i / 16u];
         }
     }
 }

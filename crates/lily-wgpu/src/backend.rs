@@ -11,9 +11,9 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, state_bytes,
-    uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT, HIST_SEEN,
-    PICK_MAX_K,
+    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, probe_mm,
+    state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT,
+    HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{
@@ -42,6 +42,10 @@ pub struct WgpuOptions {
     /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
     /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
     pub emulate_coop: bool,
+    /// Prefill's fp32 4-bit products on linear_q4_mm64.wgsl (the kernel before the 128-row
+    /// tiles: 64 rows × 16 items a workgroup) instead of linear_q4_mm.wgsl: to compare the two
+    /// on one build. $LILY_WGPU_MM64=1 sets it.
+    pub mm64: bool,
 }
 
 impl Default for WgpuOptions {
@@ -58,6 +62,7 @@ impl Default for WgpuOptions {
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
             emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
+            mm64: std::env::var("LILY_WGPU_MM64").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -105,6 +110,17 @@ impl WgpuBackend {
         let gpu = Gpu::open(opts.allow_software)?;
         let mut kernels =
             Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
+        if opts.mm64 {
+            kernels.linear_q4_mm = crate::gpu::Kernel::new(
+                &gpu,
+                "linear_q4_mm64",
+                crate::kernels::COMMON,
+                include_str!("../../../shaders/wgsl/linear_q4_mm64.wgsl"),
+                opts.checked,
+                &[],
+            )?;
+            tracing::info!("wgpu: fp32 products on linear_q4_mm64 (LILY_WGPU_MM64=1)");
+        }
         let mut coop_note = gpu.coop_note.clone();
         if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
             kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);
@@ -118,7 +134,8 @@ impl WgpuBackend {
                 kernels.linear_q4_mm_coop = None;
             }
         } else if gpu.coop {
-            if std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1") {
+            let diag = std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1");
+            if diag {
                 // What each cooperative-matrix operation does on this device (coop_diag.wgsl).
                 match coop_diag(&gpu) {
                     Ok(lines) => {
@@ -157,7 +174,21 @@ impl WgpuBackend {
                         tried.push(format!("{name}: {e:.1e} relative, used"));
                         break;
                     }
-                    Ok((_, e)) => tried.push(format!("{name}: {e:.1e} relative")),
+                    Ok((k, e)) => {
+                        tried.push(format!("{name}: {e:.1e} relative"));
+                        // Where the refused kernel goes wrong (forward::probe_mm): for the
+                        // variants as written (with and without non-private accesses).
+                        if diag && !name.contains("one array") && !name.contains("swapped") {
+                            match probe_mm(&gpu, &k) {
+                                Ok(lines) => {
+                                    for l in lines {
+                                        tracing::info!("wgpu: {name}: {l}");
+                                    }
+                                }
+                                Err(e) => tracing::info!("wgpu: {name}: coop probe failed: {e:#}"),
+                            }
+                        }
+                    }
                     Err(e) => tried.push(format!("{name}: {e:#}")),
                 }
             }
@@ -230,6 +261,66 @@ impl WgpuBackend {
             None => None,
         };
         Ok((fp32, rows, coop))
+    }
+
+    /// `forward::probe_mm` (where the product goes wrong, block by block) on prefill's 4-bit
+    /// product kernel: linear_q4_mm_coop.wgsl where it is in use, else linear_q4_mm.wgsl.
+    pub fn probe_products(&self) -> Result<Vec<String>> {
+        probe_mm(
+            &self.gpu,
+            self.kernels
+                .linear_q4_mm_coop
+                .as_ref()
+                .unwrap_or(&self.kernels.linear_q4_mm),
+        )
+    }
+
+    /// `forward::probe_mm` on linear_q4_mm_coop.wgsl changed by `edit` (a known fault, to test
+    /// what the probe's map says about it, or one of `kernels::coop_variants`), its cooperative
+    /// operations emulated (`kernels::emulate_coop_source`).
+    #[doc(hidden)]
+    pub fn probe_emulated_with(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
+        let source = crate::kernels::emulate_coop_source(&edit(include_str!(
+            "../../../shaders/wgsl/linear_q4_mm_coop.wgsl"
+        )))?;
+        let k = crate::gpu::Kernel::new(
+            &self.gpu,
+            "linear_q4_mm_coop",
+            crate::kernels::COMMON,
+            &source,
+            true,
+            &[],
+        )?;
+        probe_mm(&self.gpu, &k)
+    }
+
+    /// `probe_emulated_with` on variant `i` of `kernels::coop_variants` (its name and lines).
+    #[doc(hidden)]
+    pub fn probe_emulated_variant(&self, i: usize) -> Result<(String, Vec<String>)> {
+        let variants = crate::kernels::coop_variants();
+        let (name, source) = variants.get(i).context("no such variant")?;
+        Ok((
+            name.to_string(),
+            self.probe_emulated_with(|_| source.clone())?,
+        ))
+    }
+
+    /// coop_diag_tile.wgsl (the diagnostic's run of linear_q4_mm_coop.wgsl's tile of products)
+    /// changed by `edit`, with its cooperative operations emulated in plain WGSL
+    /// (`kernels::emulate_coop_source`): its cases' lines, as the H200 would log them.
+    #[doc(hidden)]
+    pub fn coop_diag_tile_emulated(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
+        let src = edit(include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl"));
+        let source = crate::kernels::emulate_coop_source(&src)?;
+        let k = crate::gpu::Kernel::new(
+            &self.gpu,
+            "coop_diag_tile",
+            crate::kernels::COMMON,
+            &source,
+            true,
+            &[],
+        )?;
+        crate::kernels::coop_diag_tile_run(&self.gpu, &k, " (emulated)", true)
     }
 
     /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup

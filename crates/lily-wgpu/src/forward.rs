@@ -27,9 +27,10 @@ const MM_TILE_COOP: usize = 32;
 /// Rows per workgroup of linear_q4_mm.wgsl (its `RT`).
 const MM_ROWS_F32: usize = 128;
 
-/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+/// Rows per workgroup of a tiled product kernel (linear_q4_mm, linear_q4_mm64 or
+/// linear_q4_mm_coop).
 fn mm_rows(kernel: &Kernel) -> usize {
-    if kernel.name == "linear_q4_mm_coop" {
+    if kernel.name == "linear_q4_mm_coop" || kernel.name == "linear_q4_mm64" {
         MM_ROWS
     } else {
         MM_ROWS_F32
@@ -44,7 +45,7 @@ fn mm_tile(kernel: &Kernel) -> usize {
         MM_TILE
     }
 }
-/// Rows per workgroup of linear_q4_mm_coop.wgsl (its `RT`).
+/// Rows per workgroup of linear_q4_mm_coop.wgsl and linear_q4_mm64.wgsl (their `RT`).
 const MM_ROWS: usize = 64;
 
 /// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
@@ -187,6 +188,124 @@ pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
     let z = items.div_ceil(mm_tile(kernel)) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
     m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
+}
+
+/// How `probe_mm` changes `check_mm`'s random matrix and inputs (all off: unchanged).
+#[derive(Clone, Copy, Default)]
+struct ProbeShape {
+    /// Every group's bias 0: the output is the cooperative products' alone.
+    zero_bias: bool,
+    /// Inputs rounded to integers (−3..3; exact in f16, so the remainder part x − f16(x) is 0).
+    int_x: bool,
+    /// Inputs zero outside columns [a, b).
+    x_window: Option<(usize, usize)>,
+}
+
+/// A tiled 4-bit product kernel (meant for linear_q4_mm_coop.wgsl where its check at load
+/// fails) on `check_mm`'s matrix and on changed ones, one line each, for the log
+/// ($LILY_WGPU_COOP_DIAG=1): the relative L2 difference from the host's product, and a map of
+/// which part of the output is wrong and how. Each output block of 16 rows × 8 items is one
+/// character: `.` right (< 1e-3 relative), `0` all zero, `b` only the bias terms b · Σx (the
+/// cooperative products missing), `p` only the cooperative products (the bias terms missing),
+/// `2` the products counted twice, `x` something else. One character per 16 rows across, one
+/// group of them per 8 items (`|` between). Then the same matrix with the inputs in only one
+/// window of 32 columns at a time (which steps of 64 columns and which half of a step go wrong).
+/// A few milliseconds.
+pub fn probe_mm(gpu: &Gpu, kernel: &Kernel) -> Result<Vec<String>> {
+    let plain = ProbeShape::default();
+    let cases: [(&str, usize, usize, usize, ProbeShape); 6] = [
+        (
+            "check's matrix: 160 rows, 512 columns, 40 items",
+            160,
+            512,
+            40,
+            plain,
+        ),
+        (
+            "the same, biases 0",
+            160,
+            512,
+            40,
+            ProbeShape {
+                zero_bias: true,
+                ..plain
+            },
+        ),
+        (
+            "the same, integer inputs",
+            160,
+            512,
+            40,
+            ProbeShape {
+                int_x: true,
+                ..plain
+            },
+        ),
+        (
+            "one workgroup, one step: 64 rows, 64 columns, 32 items, biases 0, integer inputs",
+            64,
+            64,
+            32,
+            ProbeShape {
+                zero_bias: true,
+                int_x: true,
+                ..plain
+            },
+        ),
+        (
+            "one workgroup, 8 steps: 64 rows, 512 columns, 32 items",
+            64,
+            512,
+            32,
+            plain,
+        ),
+        (
+            "two tiles of 32 items, two row blocks: 128 rows, 128 columns, 64 items",
+            128,
+            128,
+            64,
+            plain,
+        ),
+    ];
+    let mut lines = Vec::new();
+    for (what, rows, cols, items, shape) in cases {
+        let m = RandomQ4::shaped(4, rows, cols, 64, items, shape);
+        let got = m.run_probe(gpu, kernel)?;
+        lines.push(format!(
+            "coop probe ({what}): {:.1e} relative; {}",
+            rel_diff(&got, &m.want),
+            m.block_map(&got)
+        ));
+    }
+    // One window of 32 input columns at a time.
+    let mut windows = Vec::new();
+    for w in 0..16 {
+        let shape = ProbeShape {
+            x_window: Some((32 * w, 32 * w + 32)),
+            ..plain
+        };
+        let m = RandomQ4::shaped(4, 160, 512, 64, 40, shape);
+        let got = m.run_probe(gpu, kernel)?;
+        windows.push(format!("{}: {:.1e}", 32 * w, rel_diff(&got, &m.want)));
+    }
+    lines.push(format!(
+        "coop probe (check's matrix, inputs only in columns c..c+31), c: relative: {}",
+        windows.join(", ")
+    ));
+    Ok(lines)
+}
+
+/// Relative L2 difference of `got` from `want` (infinite where `got` has a non-finite value).
+fn rel_diff(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (*g as f64 - w).powi(2);
+        den += w.powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
@@ -407,6 +526,8 @@ struct RandomQ4 {
     /// The dequantised rows, and the host's product with `x`.
     w: Vec<Vec<f64>>,
     want: Vec<f64>,
+    /// The part of `want` from q·s alone (without the groups' bias terms b · Σx).
+    products_part: Vec<f64>,
     /// A random RMSNorm weight (`run` with a norm).
     norm_w: Vec<f32>,
 }
@@ -442,6 +563,18 @@ impl RandomQ4 {
     }
 
     fn with_bits(bits: usize, rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        RandomQ4::shaped(bits, rows, cols, group, items, ProbeShape::default())
+    }
+
+    /// `with_bits`'s matrix and inputs (the same random draws) changed as `shape` says.
+    fn shaped(
+        bits: usize,
+        rows: usize,
+        cols: usize,
+        group: usize,
+        items: usize,
+        shape: ProbeShape,
+    ) -> RandomQ4 {
         let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols + bits) as u64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -469,12 +602,35 @@ impl RandomQ4 {
         let bias_off = (data.len() / 2) as u32;
         let mut biases = Vec::with_capacity(ngroups);
         for s in &scales {
-            let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+            let (mut h, mut v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+            if shape.zero_bias {
+                (h, v) = (0, 0.0);
+            }
             biases.push(v);
             data.extend_from_slice(&h.to_le_bytes());
         }
         let x: Vec<f32> = (0..items * cols)
             .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
+            .enumerate()
+            .map(|(i, v)| {
+                let v = if shape.int_x { v.round() } else { v };
+                match shape.x_window {
+                    Some((a, b)) if !(a..b).contains(&(i % cols)) => 0.0,
+                    _ => v,
+                }
+            })
+            .collect();
+        // The products' part q·s alone (the cooperative matrices' share; the rest is b · Σx).
+        let wq: Vec<Vec<f64>> = (0..rows)
+            .map(|r| {
+                (0..cols)
+                    .map(|k| {
+                        let q =
+                            (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
+                        q as f64 * scales[r * (cols / group) + k / group] as f64
+                    })
+                    .collect()
+            })
             .collect();
         let w: Vec<Vec<f64>> = (0..rows)
             .map(|r| {
@@ -503,16 +659,73 @@ impl RandomQ4 {
             x,
             w,
             want: Vec::new(),
+            products_part: Vec::new(),
             norm_w,
         };
         m.want = m.product(&m.x);
+        // products_part: the q·s rows' product alone (`wq` in the place of `w`).
+        let full = std::mem::replace(&mut m.w, wq);
+        m.products_part = m.product(&m.x);
+        m.w = full;
         m
     }
 
-    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: the relative L2
-    /// difference of its output from the host's. `fourth`: the fourth binding, where the kernel
-    /// has one.
-    fn run(
+    /// A tiled product kernel on this matrix with `check_mm`'s grid (`probe_mm`).
+    fn run_probe(&self, gpu: &Gpu, kernel: &Kernel) -> Result<Vec<f32>> {
+        let (nx, ny) = grid_2d(self.rows.div_ceil(mm_rows(kernel)));
+        let z = self.items.div_ceil(mm_tile(kernel)) as u32;
+        let groups_buf = gpu.storage("mm_probe.groups", 16)?;
+        self.run_raw(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
+    }
+
+    /// `probe_mm`'s map of `got` (items × rows) against this matrix's product.
+    fn block_map(&self, got: &[f32]) -> String {
+        let (rows, items) = (self.rows, self.items);
+        let mut groups = Vec::new();
+        for t0 in (0..items).step_by(8) {
+            let mut g = String::new();
+            for r0 in (0..rows).step_by(16) {
+                let at: Vec<usize> = (t0..(t0 + 8).min(items))
+                    .flat_map(|t| (r0..(r0 + 16).min(rows)).map(move |r| t * rows + r))
+                    .collect();
+                let sub = |v: &dyn Fn(usize) -> f64| -> f64 {
+                    let (mut num, mut den) = (0f64, 0f64);
+                    for &i in &at {
+                        num += (got[i] as f64 - v(i)).powi(2);
+                        den += self.want[i].powi(2);
+                    }
+                    (num / den.max(1e-30)).sqrt()
+                };
+                let p = &self.products_part;
+                let w = &self.want;
+                let c = if at.iter().any(|&i| !got[i].is_finite()) {
+                    'n'
+                } else if sub(&|i| w[i]) < 1e-3 {
+                    '.'
+                } else if at.iter().all(|&i| got[i] == 0.0) {
+                    '0'
+                } else if sub(&|i| w[i] - p[i]) < 1e-2 {
+                    'b'
+                } else if sub(&|i| p[i]) < 1e-2 {
+                    'p'
+                } else if sub(&|i| w[i] + p[i]) < 1e-2 {
+                    '2'
+                } else {
+                    'x'
+                };
+                g.push(c);
+            }
+            groups.push(g);
+        }
+        format!(
+            "map (16 rows a character, 8 items a group): {}",
+            groups.join("|")
+        )
+    }
+
+    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×
+    /// rows). `fourth`: the fourth binding, where the kernel has one.
+    fn run_raw(
         &self,
         gpu: &Gpu,
         kernel: &Kernel,
@@ -520,7 +733,7 @@ impl RandomQ4 {
         nx: u32,
         fourth: Option<&wgpu::Buffer>,
         rows_norm: Option<Option<f32>>,
-    ) -> Result<f64> {
+    ) -> Result<Vec<f32>> {
         let (rows, cols, items) = (self.rows, self.cols, self.items);
         let wbuf = gpu.upload("check.w", &self.data)?;
         let xbuf = gpu.upload_f32("check.x", &self.x)?;
@@ -565,6 +778,20 @@ impl RandomQ4 {
         r.dispatch(kernel, &params, &bufs, *grid);
         r.submit()?;
         let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        Ok(got)
+    }
+
+    /// `run_raw`'s output against the host's product: the relative L2 difference.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: &[u32; 3],
+        nx: u32,
+        fourth: Option<&wgpu::Buffer>,
+        rows_norm: Option<Option<f32>>,
+    ) -> Result<f64> {
+        let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm)?;
         let want = match rows_norm {
             Some(Some(eps)) => self.product(&self.normed(eps)),
             _ => self.want.clone(),

@@ -6,7 +6,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{Gpu, Kernel};
 
-const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
+pub(crate) const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
 
 macro_rules! kernels {
     ($($name:ident),* $(,)?) => {
@@ -151,7 +151,8 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
 ///   `coopLoadT` / `coopLoad` reach the driver the other way round;
 /// - both together;
 /// - those two with the accumulators loaded from zeroed workgroup memory instead of made by the
-///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it).
+///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it);
+/// - the bias sums b · Σx in workgroup memory instead of a private array of 32 f32.
 ///
 /// Any that is wrong is refused by the check, so a wrong guess costs only a compile and a check.
 /// (A third suspect, the Vulkan memory model naga emits for cooperative matrices without
@@ -188,6 +189,21 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             "    let sg = lid / 32u;\n    for (var i = lid; i < 2048u; i += 64u) {\n        cs[i] = 0.0;\n    }\n    workgroupBarrier();\n",
         )
     };
+    // The bias sums b · Σx in workgroup memory (each invocation its own 32 slots) instead of a
+    // private array of 32 f32 beside the four accumulators: the one construct of the kernel
+    // that coop_diag_tile.wgsl leaves out besides the dequantisation and the tile lists.
+    let bias_shared = |s: &str| {
+        s.replace(
+            "var<workgroup> cs: array<f32, 2048>;\n",
+            "var<workgroup> cs: array<f32, 2048>;\nvar<workgroup> bs: array<f32, 2048>;\n",
+        )
+        .replace(
+            "    var bacc = array<f32, 32>();\n",
+            "    for (var n = 0u; n < 32u; n++) {\n        bs[n * 64u + lid] = 0.0;\n    }\n",
+        )
+        .replace("bacc[n] +=", "bs[n * 64u + lid] +=")
+        .replace("+ bacc[n];", "+ bs[n * 64u + lid];")
+    };
     vec![
         ("as written", src.to_string()),
         ("one array", one_array(src)),
@@ -198,12 +214,13 @@ pub fn coop_variants() -> Vec<(&'static str, String)> {
             "zeroed accumulators, one array, swapped layouts",
             swapped(&zeroed(&one_array(src))),
         ),
+        ("bias sums in workgroup memory", bias_shared(src)),
     ]
 }
 
 /// The cases of coop_diag.wgsl: (what the case does, what a device following
 /// SPV_KHR_cooperative_matrix as linear_q4_mm_coop.wgsl reads it gives).
-const COOP_DIAG_CASES: [(&str, &str); 12] = [
+const COOP_DIAG_CASES: [(&str, &str); 18] = [
     ("A=coopLoad(X) B=I coopStore", "X"),
     ("A=coopLoadT(X) B=I coopStore", "Xt"),
     ("A=coopLoad(X) B=I coopStoreT", "Xt"),
@@ -216,6 +233,33 @@ const COOP_DIAG_CASES: [(&str, &str); 12] = [
     ("case 6 accumulated twice", "2XY"),
     ("case 6, C loaded from zeroed workgroup f32", "XY"),
     ("case 8 stored to workgroup memory, copied out", "XY"),
+    ("A=I B=coopLoad(X) from workgroup memory (stride 24)", "X"),
+    (
+        "case 0 stored column-major to workgroup memory, copied out",
+        "X",
+    ),
+    (
+        "case 6 with A from workgroup memory at stride 72, row 16, column 16",
+        "XY",
+    ),
+    (
+        "A=coopLoadT(X) B=coopLoad(Yt laid out as the kernel's xh, stride 72, offset)",
+        "XY",
+    ),
+    ("case 6 accumulated in a loop of 4 with barriers", "4XY"),
+    (
+        "case 6 stored column-major to workgroup f32 at stride 64, offset 16",
+        "XY",
+    ),
+];
+
+/// The cases of coop_diag_tile.wgsl: (what the case does, which product is right, what it is
+/// without the remainder part / with one step only, for naming a wrong result).
+const COOP_DIAG_TILE_CASES: [&str; 4] = [
+    "the kernel's tile, one step, hi part",
+    "the kernel's tile, one step, hi and remainder parts",
+    "the kernel's tile, two steps with barriers, accumulators carried",
+    "two steps, the subgroups' rows swapped",
 ];
 
 /// Runs coop_diag.wgsl (tiny 16 × 16 products through each cooperative-matrix operation, on a
@@ -226,6 +270,24 @@ pub fn coop_diag(gpu: &Gpu) -> Result<Vec<String>> {
     let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
     let kernel = Kernel::new(gpu, "coop_diag", COMMON, source, false, &[])?;
     let mut lines = coop_diag_run(gpu, &kernel, "")?;
+    // The kernel's whole tile of products (coop_diag_tile.wgsl), as wgpu compiles it and
+    // non-private.
+    let tile = include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl");
+    match Kernel::new(gpu, "coop_diag_tile", COMMON, tile, false, &[]) {
+        Ok(k) => lines.extend(coop_diag_tile_run(gpu, &k, "", false)?),
+        Err(e) => lines.push(format!("coop diag tile: {e:#}")),
+    }
+    match Kernel::from_patched_spirv(gpu, "coop_diag_tile", COMMON, tile, 64, mark_nonprivate) {
+        Ok((k, n)) => lines.extend(coop_diag_tile_run(
+            gpu,
+            &k,
+            &format!(" [SPIR-V with {n} workgroup accesses non-private]"),
+            false,
+        )?),
+        Err(e) => lines.push(format!(
+            "coop diag tile with non-private workgroup accesses: {e:#}"
+        )),
+    }
     // The same with the workgroup accesses non-private (`mark_nonprivate`), where the device
     // takes SPIR-V as is.
     match Kernel::from_patched_spirv(gpu, "coop_diag", COMMON, source, 32, mark_nonprivate) {
@@ -295,6 +357,7 @@ fn coop_diag_run(gpu: &Gpu, kernel: &Kernel, tag: &str) -> Result<Vec<String>> {
         ("XY", xy.clone()),
         ("(XY)t", t(&xy)),
         ("2XY", xy.iter().map(|v| 2.0 * v).collect()),
+        ("4XY", xy.iter().map(|v| 4.0 * v).collect()),
         ("YX", mul(&y, &x)),
         ("XtY", mul(&xt, &y)),
         ("XYt", mul(&x, &yt)),
@@ -317,6 +380,127 @@ fn coop_diag_run(gpu: &Gpu, kernel: &Kernel, tag: &str) -> Result<Vec<String>> {
             ),
         };
         lines.push(format!("coop diag case {c} ({what}){tag}: {verdict}"));
+    }
+    Ok(lines)
+}
+
+/// coop_diag_tile.wgsl's cases through `kernel`, one line each (`coop_diag`), `tag` after each:
+/// "ok", or what the result equals among the cases' products (one step, no remainder part), and
+/// a map of its 16 × 16 blocks (4 of rows across, 2 of items: `.` right, `0` zero, `o` the right
+/// block of the other subgroup's rows, `x` else) with its first wrong element.
+/// `f32_inputs`: S in f32 (the emulation's, `emulate_coop_source`).
+pub fn coop_diag_tile_run(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    tag: &str,
+    f32_inputs: bool,
+) -> Result<Vec<String>> {
+    let (rows, cols, items) = (64usize, 64usize, 32usize);
+    let mut seed = 0x0bad_cafe_1234_5677u64;
+    let mut small = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % 5) as f64 - 2.0
+            })
+            .collect()
+    };
+    let (a, a2, b, b2) = (
+        small(rows * cols),
+        small(rows * cols),
+        small(items * cols),
+        small(items * cols),
+    );
+    let all = a.iter().chain(&a2).chain(&b).chain(&b2);
+    let s: Vec<u8> = if f32_inputs {
+        all.flat_map(|v| (*v as f32).to_le_bytes()).collect()
+    } else {
+        all.flat_map(|v| half::f16::from_f64(*v).to_le_bytes())
+            .collect()
+    };
+    // Element (row r, item n) at n · rows + r, as the kernel's cs.
+    let prod = |a: &[f64], b: &[f64]| -> Vec<f64> {
+        (0..rows * items)
+            .map(|i| {
+                let (n, r) = (i / rows, i % rows);
+                (0..cols).map(|k| a[r * cols + k] * b[n * cols + k]).sum()
+            })
+            .collect()
+    };
+    let add = |x: &[f64], y: &[f64]| -> Vec<f64> { x.iter().zip(y).map(|(p, q)| p + q).collect() };
+    let bb = add(&b, &b2);
+    let (ab, abb) = (prod(&a, &b), prod(&a, &bb));
+    let a2bb = prod(&a2, &bb);
+    let both = add(&abb, &a2bb);
+    let named: Vec<(&str, &Vec<f64>)> = vec![
+        ("A·Bt (hi part only, one step)", &ab),
+        ("A·(B+B2)t (one step)", &abb),
+        ("A2·(B+B2)t (the second step only)", &a2bb),
+        ("(A+A2)·(B+B2)t", &both),
+    ];
+    let wants = [&ab, &abb, &both, &both];
+    let cases = COOP_DIAG_TILE_CASES.len();
+    let sb = gpu.upload("coop_diag_tile.s", &s)?;
+    let ob = gpu.storage("coop_diag_tile.o", (cases * rows * items * 4) as u64)?;
+    let mut r = crate::gpu::Recorder::new(gpu);
+    r.dispatch(kernel, &[cases as u32], &[&sb, &ob], [cases as u32, 1, 1]);
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, cases * rows * items)?;
+    let mut lines = Vec::new();
+    for (c, what) in COOP_DIAG_TILE_CASES.iter().enumerate() {
+        let o = &got[c * rows * items..(c + 1) * rows * items];
+        let want = wants[c];
+        let same = |m: &[f64]| o.iter().zip(m).all(|(g, w)| (*g as f64 - w).abs() < 1e-3);
+        let verdict = if same(want) {
+            "ok".to_string()
+        } else {
+            let found = named.iter().find(|(_, m)| same(m)).map(|(n, _)| *n);
+            let mut map = String::new();
+            for n0 in [0usize, 16] {
+                if n0 > 0 {
+                    map.push('|');
+                }
+                for r0 in [0usize, 16, 32, 48] {
+                    let at = |r: usize, n: usize| n * rows + r;
+                    let block = |f: &dyn Fn(usize, usize) -> bool| {
+                        (n0..n0 + 16).all(|n| (r0..r0 + 16).all(|r| f(r, n)))
+                    };
+                    let other = (r0 + 32) % 64;
+                    map.push(
+                        if block(&|r, n| (o[at(r, n)] as f64 - want[at(r, n)]).abs() < 1e-3) {
+                            '.'
+                        } else if block(&|r, n| o[at(r, n)] == 0.0) {
+                            '0'
+                        } else if block(&|r, n| {
+                            (o[at(r, n)] as f64 - want[at(other + r - r0, n)]).abs() < 1e-3
+                        }) {
+                            'o'
+                        } else {
+                            'x'
+                        },
+                    );
+                }
+            }
+            let first = (0..rows * items)
+                .find(|&i| (o[i] as f64 - want[i]).abs() >= 1e-3)
+                .map(|i| {
+                    format!(
+                        "first wrong: row {}, item {}: {} (want {})",
+                        i % rows,
+                        i / rows,
+                        o[i],
+                        want[i]
+                    )
+                })
+                .unwrap_or_default();
+            match found {
+                Some(name) => format!("WRONG: = {name}; map {map}; {first}"),
+                None => format!("WRONG: map {map}; {first}"),
+            }
+        };
+        lines.push(format!("coop diag tile case {c} ({what}){tag}: {verdict}"));
     }
     Ok(lines)
 }
@@ -497,7 +681,13 @@ pub fn coop_kernel(gpu: &Gpu, source: &str, checked: bool, nonprivate: bool) -> 
 /// SPV_KHR_cooperative_matrix's as the emulation reads them; on real hardware they are checked
 /// at load (forward::check_mm).
 pub fn coop_emulated_source() -> Result<String> {
-    let src = include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl");
+    emulate_coop_source(include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl"))
+}
+
+/// `src` (linear_q4_mm_coop.wgsl, or coop_diag_tile.wgsl, which uses its operations in the same
+/// forms) with its cooperative-matrix operations done in plain WGSL and f32 in place of f16
+/// (`coop_emulated_source`).
+pub fn emulate_coop_source(src: &str) -> Result<String> {
     let mut out = String::new();
     for line in src.lines() {
         let code = line.split("//").next().unwrap_or("");
@@ -517,7 +707,7 @@ pub fn coop_emulated_source() -> Result<String> {
         "f16>",
     ] {
         if out.contains(word) {
-            bail!("linear_q4_mm_coop.wgsl uses {word} in a form the emulation does not rewrite");
+            bail!("the kernel uses {word} in a form the emulation does not rewrite");
         }
     }
     Ok(out)
@@ -542,7 +732,9 @@ fn emulate_line(line: &str) -> Result<String> {
         .trim_end()
         .replace("coop_mat16x16<f32, C>()", "array<f32, 8>()")
         .replace("vec4<f16>", "vec4<f32>")
-        .replace("array<f16,", "array<f32,");
+        .replace("array<f16,", "array<f32,")
+        .replace("array<f16>", "array<f32>")
+        .replace("f16(", "f32(");
     // let NAME = coopLoad<coop_mat16x16<f16, ROLE>>(&ARR[OFF], STRIDE);
     if let Some(i) = l.find("coopLoad") {
         let lhs = &l[..i];
@@ -651,6 +843,10 @@ mod tests {
                 "coop_diag",
                 include_str!("../../../shaders/wgsl/coop_diag.wgsl").to_string(),
             ),
+            (
+                "coop_diag_tile",
+                include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl").to_string(),
+            ),
         ];
         for (name, source) in sources {
             let before = naga_spirv(name, COMMON, &source).unwrap();
@@ -711,10 +907,20 @@ mod tests {
         assert!(mark_nonprivate(&mut plain.clone()).is_err());
     }
 
-    /// coop_diag.wgsl parses and validates as `coop_variants_validate` checks the variants.
+    /// coop_diag.wgsl and coop_diag_tile.wgsl parse and validate as `coop_variants_validate`
+    /// checks the variants; the tile's emulation (`emulate_coop_source`) takes its forms.
     #[test]
     fn coop_diag_validates() {
-        let source = include_str!("../../../shaders/wgsl/coop_diag.wgsl");
+        emulate_coop_source(include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl")).unwrap();
+        for source in [
+            include_str!("../../../shaders/wgsl/coop_diag.wgsl"),
+            include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl"),
+        ] {
+            validate_wgsl(source);
+        }
+    }
+
+    fn validate_wgsl(source: &str) {
         let (enables, body): (Vec<&str>, Vec<&str>) = source
             .lines()
             .partition(|l| l.trim_start().starts_with("enable "));
@@ -732,7 +938,8 @@ mod tests {
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();
-        assert_eq!(variants.len(), 6);
+        assert_eq!(variants.len(), 7);
+        assert!(variants[6].1.contains("bs[n * 64u + lid] += ") && !variants[6].1.contains("bacc"));
         // Each rewrite took effect.
         assert!(variants[1].1.contains("shm[4608u + ") && !variants[1].1.contains("xh["));
         assert!(
@@ -740,7 +947,7 @@ mod tests {
                 && variants[2].1.contains("coopLoad<coop_mat16x16<f16, A>>")
         );
         assert!(variants[3].1.contains("shm[6912u + ") && variants[3].1.contains("coopStoreT("));
-        for v in &variants[4..] {
+        for v in &variants[4..6] {
             assert!(v.1.contains("cs[i] = 0.0;") && !v.1.contains("coop_mat16x16<f32, C>()"));
         }
         for (name, source) in variants {

@@ -57,6 +57,86 @@ fn cooperative_kernel_logic_matches_cpu_emulated() {
         coop < 1e-5,
         "emulated linear_q4_mm_coop differs from the host by {coop:.2e}"
     );
+    // The probe the H200 runs where the real kernel is refused ($LILY_WGPU_COOP_DIAG=1): on a
+    // right kernel every case is right and every block of its map is `.`.
+    let lines = gpu.probe_products().unwrap();
+    assert_eq!(lines.len(), 7);
+    for l in &lines {
+        println!("{l}");
+        if let Some((_, map)) = l.split_once("map (16 rows a character, 8 items a group): ") {
+            assert!(map.chars().all(|c| c == '.' || c == '|'), "{l}");
+        }
+    }
+    assert!(
+        lines[0].ends_with(": ..........|..........|..........|..........|.........."),
+        "{}",
+        lines[0]
+    );
+    // …and it names known faults: the bias terms left out (every block `p` where the biases
+    // are not 0), and the second tile's cooperative products left out (its items `b`).
+    let v = "let v = cs[n * 64u + lid] + bacc[n];";
+    let faulty = gpu
+        .probe_emulated_with(|s| {
+            assert!(s.contains(v));
+            s.replace(v, "let v = cs[n * 64u + lid];")
+        })
+        .unwrap();
+    println!("bias terms left out: {}", faulty[0]);
+    assert!(faulty[0].ends_with(": pppppppppp|pppppppppp|pppppppppp|pppppppppp|pppppppppp"));
+    assert!(
+        faulty[3].ends_with(": ....|....|....|...."),
+        "{}",
+        faulty[3]
+    );
+    let faulty = gpu
+        .probe_emulated_with(|s| {
+            s.replace(
+                v,
+                "let v = select(cs[n * 64u + lid], 0.0, wid.z == 1u) + bacc[n];",
+            )
+        })
+        .unwrap();
+    println!("second tile's products left out: {}", faulty[0]);
+    assert!(faulty[0].ends_with(": ..........|..........|..........|..........|bbbbbbbbbb"));
+    // The diagnostic's run of the kernel's tile of products (coop_diag_tile.wgsl), emulated:
+    // every case right; and with the remainder part's products left out, case 1 named so.
+    let tile = gpu.coop_diag_tile_emulated(|s| s.to_string()).unwrap();
+    assert_eq!(tile.len(), 4);
+    for l in &tile {
+        println!("{l}");
+        assert!(l.ends_with(": ok"), "{l}");
+    }
+    let tile = gpu
+        .coop_diag_tile_emulated(|s| {
+            let lo = "            c00 = coopMultiplyAdd(a0, l0, c00);\n";
+            assert!(s.contains(lo));
+            s.replace(lo, "")
+        })
+        .unwrap();
+    println!("{}", tile[1]);
+    assert!(tile[1].contains("WRONG: map x.x.|....;"), "{}", tile[1]);
+    let tile = gpu
+        .coop_diag_tile_emulated(|s| {
+            s.replace("coopMultiplyAdd(a0, l0, c00)", "c00")
+                .replace("coopMultiplyAdd(a0, l1, c01)", "c01")
+                .replace("coopMultiplyAdd(a1, l0, c10)", "c10")
+                .replace("coopMultiplyAdd(a1, l1, c11)", "c11")
+        })
+        .unwrap();
+    println!("{}", tile[1]);
+    assert!(
+        tile[1].contains("WRONG: = A·Bt (hi part only, one step)"),
+        "{}",
+        tile[1]
+    );
+    // The variant with the bias sums in workgroup memory computes the same (emulated).
+    let (name, lines) = gpu.probe_emulated_variant(6).unwrap();
+    assert_eq!(name, "bias sums in workgroup memory");
+    println!("{name}: {}", lines[0]);
+    for l in &lines[..6] {
+        let (_, map) = l.split_once("a group): ").expect("a map");
+        assert!(map.chars().all(|c| c == '.' || c == '|'), "{l}");
+    }
     let gs = gpu.new_seq(positions + 4).unwrap();
     let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
     let e = rel_l2(&got, &want);

@@ -114,6 +114,29 @@ fn product_kernels_match_the_host() {
     );
 }
 
+/// linear_q4_mm64.wgsl (the 64-row product kernel kept for comparing on the H200,
+/// `WgpuOptions::mm64`) in linear_q4_mm's place: its 4- and 8-bit products against the host's.
+#[test]
+fn mm64_product_kernel_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 16,
+            mm64: true,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let (fp32, _, _) = gpu.check_products().unwrap();
+    println!("linear_q4_mm64 vs the host's: {fp32:.2e}");
+    assert!(
+        fp32 < 1e-5,
+        "linear_q4_mm64 differs from the host by {fp32:.2e}"
+    );
+}
+
 /// attend_gqa.wgsl with attend_merge.wgsl against the host's gated attention in f64 on random
 /// queries and caches, at the full model's shapes (8 query heads per KV head, head dim 256) and
 /// at `tiny`'s: decode with the keys split over workgroups, and a prefill-like block of tokens.
