@@ -62,10 +62,20 @@ def compare(ours, ref, n, block=64):
         ref2 += float(r2.sum())
         per_pos.extend(np.sqrt(d2 / r2).tolist())
         same += int((o.argmax(1) == r.argmax(1)).sum())
+    pp = np.asarray(per_pos)
+    worst = int(pp.argmax())
+    over = np.flatnonzero(pp > 1e-3)
     return {
         "positions": n,
         "rel_l2": float(np.sqrt(err2 / ref2)),
-        "rel_l2_median_position": float(np.median(per_pos)),
+        "rel_l2_median_position": float(np.median(pp)),
+        # Where the error sits: one position far off (a routing flip on near-tied router logits
+        # changes that row, and through attention and the recurrent state the rows after it) or
+        # every position a little (summation order).
+        "rel_l2_max_position": float(pp[worst]),
+        "worst_position": worst,
+        "positions_over_1e-3": int(over.size),
+        "first_position_over_1e-3": int(over[0]) if over.size else None,
         "top1_agreement": same / n,
         "top1_same": same,
     }
@@ -152,23 +162,26 @@ def main():
         if rrows is None:
             lines.append("(no rows)")
             continue
-        lines += ["| path | positions | logits rel. L2 | median per position | top-1 agreement |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += ["| path | positions | logits rel. L2 | median per position | worst position | positions > 1e-3 (first) | top-1 agreement |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for other in args.other:
             if other == ref:
                 continue
             ometa, orows = inputs[other]
             if orows is None:
-                lines.append(f"| {os.path.basename(other)} | 0 | | | (no output) |")
+                lines.append(f"| {os.path.basename(other)} | 0 | | | | | (no output) |")
                 continue
             c = done.get((ref, other))
             if c is None:
-                lines.append(f"| {os.path.basename(other)} | | | | (other tokens or vocabulary: not comparable) |")
+                lines.append(f"| {os.path.basename(other)} | | | | | | (other tokens or vocabulary: not comparable) |")
                 continue
             n = c["positions"]
             c.update(reference=os.path.basename(ref), path=os.path.basename(other), backend=ometa.get("backend"))
             results["comparisons"].append(c)
+            first = c["first_position_over_1e-3"]
             lines.append(f"| {name_of(other, ometa)} | {n} | {c['rel_l2']:.3g} | {c['rel_l2_median_position']:.3g} "
+                         f"| {c['rel_l2_max_position']:.3g} at {c['worst_position']} "
+                         f"| {c['positions_over_1e-3']}{'' if first is None else f' (from {first})'} "
                          f"| {100 * c['top1_agreement']:.1f} % ({c['top1_same']}/{n}) |")
     lines += verdict(results["comparisons"], args.ref, inputs)
     if args.steps and os.path.exists(args.steps):

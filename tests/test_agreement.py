@@ -89,11 +89,17 @@ def test_agreement_table_counts_whole_rows_and_matches_numpy(scored, tmp_path):
         assert c["positions"] == n
         assert c["rel_l2"] == pytest.approx(np.sqrt(((ours - want) ** 2).sum() / (want ** 2).sum()), rel=1e-9)
         assert c["top1_same"] == int((ours.argmax(1) == want.argmax(1)).sum())
+        per = np.sqrt(((ours - want) ** 2).sum(1) / (want ** 2).sum(1))
+        assert c["rel_l2_max_position"] == pytest.approx(per.max(), rel=1e-9)
+        assert c["worst_position"] == int(per.argmax())
+        over = np.flatnonzero(per > 1e-3)
+        assert c["positions_over_1e-3"] == over.size
+        assert c["first_position_over_1e-3"] == (int(over[0]) if over.size else None)
     assert got[("cuda-fp32", "cuda-bf16")]["top1_same"] == 22 and got[("cuda-fp32", "hf-bf16")]["top1_same"] == 20
     assert got[("cpu-fp32", "cuda-bf16")]["top1_same"] == 8 and got[("cpu-fp32", "hf-bf16")]["top1_same"] == 7
     summary = (tmp_path / "summary.md").read_text()
     assert "| cpu-fp32 | cpu | 10/24 |" in summary
-    assert "| missing | 0 | | | (no output) |" in summary
+    assert "| missing | 0 | | | | | (no output) |" in summary
     # The verdict uses the reference that covers the most positions: cuda-fp32 here.
     assert "cuda-bf16 vs cuda-fp32 over 24 positions: top-1 91.7 %" in summary
     assert "top-1 83.3 %" in summary and "**at least HF**" in summary
