@@ -247,6 +247,79 @@ impl CudaBackend {
     }
 }
 
+/// `CudaOptions::step_timing`: per decode step, the device's work from the graph's launch to the
+/// end of the pick (two events), summed, beside the host's wall time over the same steps; the
+/// difference is the time a token the device waits for the host (read, callback, launch).
+struct StepTiming {
+    on: bool,
+    start: Option<cudarc::driver::CudaEvent>,
+    end: Option<cudarc::driver::CudaEvent>,
+    device_ms: f64,
+    steps: usize,
+    first: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+}
+
+impl StepTiming {
+    fn new(on: bool) -> StepTiming {
+        StepTiming {
+            on,
+            start: None,
+            end: None,
+            device_ms: 0.0,
+            steps: 0,
+            first: None,
+            last: None,
+        }
+    }
+
+    fn event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent> {
+        gpu.stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| anyhow!("step timing event: {e}"))
+    }
+
+    /// Before a step's graph launch.
+    fn launching(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.on {
+            self.start = Some(Self::event(gpu)?);
+            self.first.get_or_insert_with(std::time::Instant::now);
+        }
+        Ok(())
+    }
+
+    /// After the step's pick kernels were queued.
+    fn picked(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.on && self.start.is_some() {
+            self.end = Some(Self::event(gpu)?);
+        }
+        Ok(())
+    }
+
+    /// After the token's read (the stream is synchronised).
+    fn read(&mut self) -> Result<()> {
+        if let (Some(a), Some(b)) = (self.start.take(), self.end.take()) {
+            self.device_ms += a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))? as f64;
+            self.steps += 1;
+            self.last = Some(std::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    fn report(&self) {
+        if let (Some(first), Some(last), true) = (self.first, self.last, self.steps > 0) {
+            let n = self.steps as f64;
+            let wall = last.duration_since(first).as_secs_f64() * 1e3 / n;
+            let device = self.device_ms / n;
+            tracing::info!(
+                "decode step timing over {} steps: device {device:.3} ms a token (graph launch to pick), wall {wall:.3} ms a token: the device waits {:.3} ms a token for the host",
+                self.steps,
+                wall - device
+            );
+        }
+    }
+}
+
 fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
     let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
@@ -427,6 +500,9 @@ impl Backend for CudaBackend {
         let path = self.plan.sampling(&sampler.params);
         // Created when the first device pick needs it.
         let mut device_pick: Option<DeviceSampler> = None;
+        // LILY_STEP_TIMING: each step's device work (an event before its graph launch, one after
+        // its pick) against the wall time between the first launch and the last read.
+        let mut timing = StepTiming::new(self.plan.step_timing);
         if sampler.is_constrained() && path != SamplingPath::Host && self.mask_bufs.is_none() {
             let words = self.gpu.alloc(self.cfg.vocab.div_ceil(32) * 4)?;
             let keys = self.gpu.alloc(self.cfg.vocab * 4)?;
@@ -482,8 +558,10 @@ impl Backend for CudaBackend {
                         }
                     }
                 }
+                timing.picked(&self.gpu)?;
                 // Token and log-probability in one read: one wait for the device a token.
                 let pair: Vec<u32> = self.gpu.read(&s.next_token, 0, 2)?;
+                timing.read()?;
                 let (id, lp) = (pair[0] as i32, f32::from_bits(pair[1]));
                 if id < 0 || id as usize >= self.cfg.vocab {
                     bail!("the device sampler chose token {id}, outside the vocabulary");
@@ -522,8 +600,10 @@ impl Backend for CudaBackend {
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
+            timing.launching(&self.gpu)?;
             self.decode_step(seq)?;
         }
+        timing.report();
         self.gpu.sync()
     }
 

@@ -113,6 +113,10 @@ pub struct CudaOptions {
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
     pub profile: bool,
+    /// Diagnostic: each decode call logs the device's work per token (from the step's graph
+    /// launch to the end of its pick, by events) beside the wall time per token, i.e. how long
+    /// the device waits for the host between steps (`LILY_STEP_TIMING=1`).
+    pub step_timing: bool,
 }
 
 impl Default for CudaOptions {
@@ -141,6 +145,7 @@ impl Default for CudaOptions {
             mma_attention: true,
             sync_each: false,
             profile: false,
+            step_timing: false,
         }
     }
 }
@@ -175,6 +180,7 @@ impl CudaOptions {
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
+    /// | `LILY_STEP_TIMING=1` | `step_timing` |
     pub fn with_env_overrides(self) -> CudaOptions {
         self.with_overrides(|k| std::env::var(k).ok())
     }
@@ -199,7 +205,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 19] = [
+        let flags: [(&str, &mut bool); 20] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -222,6 +228,7 @@ impl CudaOptions {
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
+            ("LILY_STEP_TIMING", &mut self.step_timing),
         ];
         for (k, flag) in flags {
             if let Some(on) = switch(k) {
@@ -311,6 +318,8 @@ pub struct Plan {
     dependent_launch: bool,
     switches: KernelSwitches,
     checks: LaunchChecks,
+    /// `CudaOptions::step_timing`.
+    pub step_timing: bool,
 }
 
 impl Plan {
@@ -350,6 +359,7 @@ impl Plan {
                 sync_each: o.sync_each,
                 profile: o.profile,
             },
+            step_timing: o.step_timing,
         }
     }
 
@@ -592,6 +602,7 @@ mod tests {
             ("LILY_WARP_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
+            ("LILY_STEP_TIMING", "1"),
         ]));
         assert_eq!(
             o,
@@ -619,6 +630,7 @@ mod tests {
                 mma_attention: false,
                 sync_each: true,
                 profile: true,
+                step_timing: true,
             }
         );
         // A zero or unparsable chunk, or a switch that is neither 0 nor 1, changes nothing.

@@ -284,6 +284,7 @@ mod tests {
                 mma_attention: false,
                 sync_each: false,
                 profile: false,
+                step_timing: false,
             }
         );
     }
