@@ -632,15 +632,14 @@ impl RandomQ4 {
                     .collect()
             })
             .collect();
-        let w: Vec<Vec<f64>> = (0..rows)
-            .map(|r| {
-                (0..cols)
-                    .map(|k| {
-                        let q =
-                            (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
-                        let g = r * (cols / group) + k / group;
-                        q as f64 * scales[g] as f64 + biases[g] as f64
-                    })
+        // The whole weight: q·s plus the group's bias.
+        let w: Vec<Vec<f64>> = wq
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                row.iter()
+                    .enumerate()
+                    .map(|(k, qs)| qs + biases[r * (cols / group) + k / group] as f64)
                     .collect()
             })
             .collect();

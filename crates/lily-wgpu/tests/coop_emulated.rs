@@ -9,20 +9,7 @@ use lily_core::synth::{Preset, SynthFormat};
 use lily_wgpu::WgpuOptions;
 
 mod support;
-use support::{synth_model, wgpu_backend_with, Rng};
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("element {i} is {}", got[i]);
-    }
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        num += ((g - w) as f64).powi(2);
-        den += (*w as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
+use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
 
 /// linear_q4_mm_coop.wgsl's own logic (tiles, dequantisation, the input's two parts, bias
 /// terms, expert tiles, accumulation, output) on any adapter: its cooperative-matrix operations

@@ -17,7 +17,7 @@ use lily_core::weights::ModelWeights;
 use lily_wgpu::{WgpuBackend, WgpuOptions};
 
 mod support;
-use support::{synth_model, wgpu_backend_with, Rng};
+use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
 
 /// The wgpu backend, or `None` (test skipped) where no adapter exists outside CI.
 fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
@@ -29,19 +29,6 @@ fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
             ..WgpuOptions::default()
         },
     )
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("element {i} is {}", got[i]);
-    }
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        num += ((g - w) as f64).powi(2);
-        den += (*w as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
 }
 
 /// Teacher-forced logits over `positions` random tokens: wgpu (prefill chunks of `chunk`) vs CPU.

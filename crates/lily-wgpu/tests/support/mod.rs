@@ -62,3 +62,17 @@ pub fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBack
         }
     }
 }
+
+/// Relative L2 distance of `got` from `want` (panics on a non-finite value of `got`).
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("element {i} is {}", got[i]);
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += ((g - w) as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
