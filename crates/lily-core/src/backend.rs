@@ -95,8 +95,14 @@ pub trait Backend: Send {
 
     /// Up to `n` times: sample a token from the pending logits with `sampler`, hand it to
     /// `on_token`; on `Flow::Continue` (and if fewer than `n` were sampled) feed it to the model so
-    /// its logits become pending. A token that ends generation is reported but not fed.
-    /// `top_logprobs` alternatives are computed when > 0.
+    /// its logits become pending. `top_logprobs` alternatives are computed when > 0.
+    ///
+    /// A token that ends generation (`Flow::Stop`) is reported and may or may not have been fed:
+    /// a backend may feed each token before it is reported, so the device never waits for the
+    /// caller (the CUDA backend's pipelined decode; never the `n`-th token, and never past the
+    /// context). `seq_len` afterwards tells which: every reported token up to `seq_len` minus
+    /// the length before the call was fed, and the sequence is in exactly the state of that
+    /// prefix (its pending logits those after the last token fed).
     fn decode(
         &mut self,
         seq: SeqId,

@@ -46,11 +46,17 @@ fn tiny() -> Arc<ModelWeights> {
 }
 
 /// The CPU backend, counting the prompt tokens it is asked to prefill; its snapshots fail while
-/// `full` is set (a device out of memory).
+/// `full` is set (a device out of memory). With `feeds_stop`, `decode` also feeds the token that
+/// ended generation by `Flow::Stop` (as the CUDA backend's pipelined decode does, which queues
+/// each token's forward pass before reporting it: `Backend::decode`), except the `n`-th and
+/// past the context, as that backend.
 struct Counting {
     cpu: CpuBackend,
     prefilled: Arc<AtomicUsize>,
     full: Arc<AtomicBool>,
+    feeds_stop: bool,
+    /// Each sequence's context, for `feeds_stop`.
+    contexts: std::collections::HashMap<SeqId, usize>,
 }
 
 impl Backend for Counting {
@@ -61,7 +67,9 @@ impl Backend for Counting {
         self.cpu.describe()
     }
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
-        self.cpu.new_seq(max_ctx)
+        let seq = self.cpu.new_seq(max_ctx)?;
+        self.contexts.insert(seq, max_ctx);
+        Ok(seq)
     }
     fn free_seq(&mut self, seq: SeqId) {
         self.cpu.free_seq(seq)
@@ -87,7 +95,22 @@ impl Backend for Counting {
         top_logprobs: usize,
         on_token: &mut dyn FnMut(&StepOut) -> Flow,
     ) -> Result<()> {
-        self.cpu.decode(seq, sampler, n, top_logprobs, on_token)
+        let (mut reported, mut last, mut stopped) = (0, None, false);
+        self.cpu
+            .decode(seq, sampler, n, top_logprobs, &mut |step: &StepOut| {
+                reported += 1;
+                last = Some(step.token);
+                let flow = on_token(step);
+                stopped = flow == Flow::Stop;
+                flow
+            })?;
+        let room = self.cpu.seq_len(seq)? < self.contexts.get(&seq).copied().unwrap_or(0);
+        if let (true, true, true, Some(token)) =
+            (self.feeds_stop, stopped && reported < n, room, last)
+        {
+            self.cpu.prefill(seq, &[token])?;
+        }
+        Ok(())
     }
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
         if self.full.load(Ordering::SeqCst) {
@@ -116,6 +139,16 @@ struct Server {
 }
 
 fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server {
+    server_feeding(w, budget, snapshot_every, false)
+}
+
+/// `server`, its backend feeding the token that ends generation if `feeds_stop` (`Counting`).
+fn server_feeding(
+    w: &Arc<ModelWeights>,
+    budget: usize,
+    snapshot_every: usize,
+    feeds_stop: bool,
+) -> Server {
     let prefilled = Arc::new(AtomicUsize::new(0));
     let full = Arc::new(AtomicBool::new(false));
     let backend = Counting {
@@ -123,6 +156,8 @@ fn server(w: &Arc<ModelWeights>, budget: usize, snapshot_every: usize) -> Server
         cpu: CpuBackend::new(w.clone()).with_prefill_chunk(16),
         prefilled: prefilled.clone(),
         full: full.clone(),
+        feeds_stop,
+        contexts: Default::default(),
     };
     let engine = Engine::start(
         Box::new(backend),
@@ -147,7 +182,9 @@ enum Seen {
     Done(Box<Outcome>),
 }
 
-struct Sink(Sender<Seen>);
+/// Sends what it sees; stops the generation at the token that leaves `left` at zero (a client
+/// that has seen its stop string), never when `left` starts at `usize::MAX`.
+struct Sink(Sender<Seen>, usize);
 
 impl JobSink for Sink {
     fn is_cancelled(&self) -> bool {
@@ -155,7 +192,12 @@ impl JobSink for Sink {
     }
     fn token(&mut self, step: &StepOut) -> Flow {
         let _ = self.0.send(Seen::Token(step.token));
-        Flow::Continue
+        self.1 = self.1.saturating_sub(1);
+        if self.1 == 0 {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
     }
     fn finished(&mut self, outcome: Outcome) {
         let _ = self.0.send(Seen::Done(Box::new(outcome)));
@@ -176,6 +218,12 @@ const GENERATION_PROMPT: [u32; 3] = [7, 11, 13];
 impl Server {
     /// One greedy request; `max_tokens` tokens always come back (no end-of-sequence id).
     fn ask(&self, prompt: &[u32], max_tokens: usize) -> Answer {
+        self.ask_stopping(prompt, max_tokens, usize::MAX)
+    }
+
+    /// One greedy request the client stops after `stop_after` tokens (if at most `max_tokens`:
+    /// `FinishReason::Stop`, else `Length`).
+    fn ask_stopping(&self, prompt: &[u32], max_tokens: usize, stop_after: usize) -> Answer {
         let before = self.prefilled.load(Ordering::SeqCst);
         let (tx, rx) = channel();
         let job = Job {
@@ -187,7 +235,7 @@ impl Server {
             save_prefix_at: Some(prompt.len() - GENERATION_PROMPT.len()),
             constraint: None,
             arrived: Some(Instant::now()),
-            sink: Box::new(Sink(tx)),
+            sink: Box::new(Sink(tx, stop_after)),
         };
         self.engine.submit(job).expect("queue");
         let mut tokens = Vec::new();
@@ -196,8 +244,13 @@ impl Server {
                 Seen::Token(t) => tokens.push(t),
                 Seen::Done(outcome) => match *outcome {
                     Outcome::Done { reason, usage } => {
-                        assert_eq!(reason, FinishReason::Length);
-                        assert_eq!(tokens.len(), max_tokens);
+                        let (want, n) = if stop_after <= max_tokens {
+                            (FinishReason::Stop, stop_after)
+                        } else {
+                            (FinishReason::Length, max_tokens)
+                        };
+                        assert_eq!(reason, want);
+                        assert_eq!(tokens.len(), n);
                         return Answer {
                             tokens,
                             usage,
@@ -296,7 +349,7 @@ fn each_turn_of_an_agent_conversation_prefills_only_its_new_tokens_and_answers_a
             conv.prompt.len() - GENERATION_PROMPT.len()
         } else {
             // The end of the last generated turn: its prompt and the answer tokens fed back
-            // (the last sampled token is never fed).
+            // (the CPU backend never feeds the last sampled token).
             conv.prompt.len() + conv.answer.len() - 1
         };
         assert_eq!(a.usage.cached_tokens, expected, "turn {i}");
@@ -548,6 +601,49 @@ fn failing_snapshots_free_the_kept_states_or_turn_reuse_off() {
     assert_eq!(turn(&never, &mut c).0, 0);
     assert_eq!(never.engine.prefix_stats().budget, 0);
     for s in [on, off, never] {
+        s.engine.shutdown();
+    }
+}
+
+/// A backend may feed the token that ends generation (the CUDA backend's pipelined decode;
+/// `Backend::decode`): the engine keeps the state `seq_len` says it holds, so the next turn
+/// resumes after the whole answer, prefills only what follows it and answers as without reuse
+/// and as a backend that never feeds that token. A turn that ends at `max_tokens` is never fed
+/// past its last token, by either backend.
+#[test]
+fn a_backend_that_feeds_the_stopping_token_resumes_after_the_whole_answer() {
+    let w = tiny();
+    let vocab = w.config.vocab;
+    let feeding = server_feeding(&w, 1 << 30, 0, true);
+    let plain = server(&w, 1 << 30, 0);
+    let off = server(&w, 0, 0);
+    let mut rng = Tokens(0x7F4A_7C15_9E37_79B9);
+    let mut conv = Conversation::default();
+    // (new tokens, the client's stop after so many tokens of at most 6: at the 6th, the last
+    // allowed, which is never fed; past it, never: the turn ends by its length)
+    let turns = [(30, 3), (20, 1), (25, 6), (15, 4), (12, 7), (10, 2)];
+    let mut ended_by_stop = false;
+    for (i, &(new, stop_after)) in turns.iter().enumerate() {
+        let prompt = conv.next(&mut rng, vocab, new, false);
+        let a = feeding.ask_stopping(&prompt, 6, stop_after);
+        let b = plain.ask_stopping(&prompt, 6, stop_after);
+        let c = off.ask_stopping(&prompt, 6, stop_after);
+        assert_eq!(a.tokens, c.tokens, "turn {i}: the feeding backend's answer");
+        assert_eq!(b.tokens, c.tokens, "turn {i}: the plain backend's answer");
+        if i > 0 {
+            let whole = conv.prompt.len() + conv.answer.len();
+            let fed_last = if ended_by_stop { whole } else { whole - 1 };
+            assert_eq!(a.usage.cached_tokens, fed_last, "turn {i}: feeding");
+            assert_eq!(b.usage.cached_tokens, whole - 1, "turn {i}: plain");
+            assert_eq!(a.usage.phases.sequence, SeqSource::Rewound, "turn {i}");
+        }
+        assert_eq!(a.prefilled, prompt.len() - a.usage.cached_tokens);
+        assert_eq!(b.prefilled, prompt.len() - b.usage.cached_tokens);
+        ended_by_stop = stop_after < 6;
+        conv.prompt = prompt;
+        conv.answer = a.tokens;
+    }
+    for s in [feeding, plain, off] {
         s.engine.shutdown();
     }
 }

@@ -1,8 +1,10 @@
 //! `CudaBackend`: the `Backend` contract (lily-core/src/backend.rs) on one NVIDIA GPU.
 //! Prefill runs in chunks of at most `chunk` tokens; decode embeds the token the device sampler
-//! wrote, so the id only crosses to the host to be reported.
+//! wrote, so the id only crosses to the host to be reported, and (pipelined, the default) the
+//! next step is queued before the host has read it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
@@ -11,7 +13,7 @@ use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
-use crate::gpu::{DevBuf, Gpu};
+use crate::gpu::{DevBuf, Gpu, Pinned};
 use crate::graph::DecodeGraph;
 use crate::kernels::sample::Argmax;
 use crate::kernels::{self, Kernels};
@@ -48,6 +50,26 @@ fn snapshot_parts(s: &SeqState) -> (Vec<(&DevBuf, usize)>, usize) {
     (parts, end)
 }
 
+/// A constrained step's device buffers: the allowed tokens as a bitset (u32 [vocab / 32]) and the
+/// masked logits (f32 [vocab]); and the page-locked words a pipelined decode uploads the bitset
+/// from without waiting for the stream.
+struct MaskBufs {
+    words: DevBuf,
+    keys: DevBuf,
+    staging: Pinned,
+}
+
+impl MaskBufs {
+    fn new(gpu: &Gpu, vocab: usize) -> Result<MaskBufs> {
+        let n_words = vocab.div_ceil(32);
+        Ok(MaskBufs {
+            words: gpu.alloc(n_words * 4)?,
+            keys: gpu.alloc(vocab * 4)?,
+            staging: Pinned::new(gpu, n_words)?,
+        })
+    }
+}
+
 /// Freed snapshots' buffers kept for the next snapshots (≈ 61 MB each on the full model): a
 /// snapshot then costs its device copies only, no allocation.
 const SPARE_SNAPSHOTS: usize = 8;
@@ -66,9 +88,11 @@ pub struct CudaBackend {
     spare_snaps: Vec<DevBuf>,
     next_id: u64,
     scratch: Scratch,
-    /// A constrained step's token bitset (u32 [vocab / 32]) and masked logits (f32 [vocab]),
-    /// allocated by the first constrained decode.
-    mask_bufs: Option<(DevBuf, DevBuf)>,
+    /// A constrained step's buffers, allocated by the first constrained decode.
+    mask_bufs: Option<MaskBufs>,
+    /// Where a pipelined decode's token and log-probability land (2 words), allocated by the
+    /// first pipelined decode.
+    token_read: Option<Pinned>,
     model: DevModel,
     cfg: ModelConfig,
     plan: Plan,
@@ -116,6 +140,7 @@ impl CudaBackend {
             next_id: 1,
             scratch,
             mask_bufs: None,
+            token_read: None,
             model,
             cfg: weights.config.clone(),
             plan,
@@ -245,29 +270,70 @@ impl CudaBackend {
         self.seqs.get_mut(&seq.0).expect("checked above").len += 1;
         Ok(())
     }
+
+    /// Pipelined decode, after a pick was queued: queues the copy of its token and
+    /// log-probability into page-locked memory, then (when `more` steps may follow and the
+    /// context has room) the forward pass that feeds the token, then waits for the copy alone.
+    /// The two words, and whether the token was fed.
+    fn read_pick_pipelined(
+        &mut self,
+        seq: SeqId,
+        more: bool,
+        timing: &mut StepTiming,
+    ) -> Result<([u32; 2], bool)> {
+        let s = self
+            .seqs
+            .get(&seq.0)
+            .ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
+        let read = self
+            .token_read
+            .as_mut()
+            .ok_or_else(|| anyhow!("pipelined decode without its pinned buffer"))?;
+        read.queue_read(&self.gpu, &s.next_token, 0, 2)?;
+        let feed = more && s.len < s.max_ctx;
+        if feed {
+            timing.launching(&self.gpu)?;
+            self.decode_step(seq)?;
+            timing.launched(&self.gpu)?;
+        }
+        let read = self
+            .token_read
+            .as_mut()
+            .ok_or_else(|| anyhow!("pipelined decode without its pinned buffer"))?;
+        let w = read.wait(2)?;
+        Ok(([w[0], w[1]], feed))
+    }
 }
 
-/// `CudaOptions::step_timing`: per decode step, the device's work from the graph's launch to the
-/// end of the pick (two events), summed, beside the host's wall time over the same steps; the
-/// difference is the time a token the device waits for the host (read, callback, launch).
+/// `CudaOptions::step_timing`: the device's work per token (events around each forward pass and
+/// each pick, summed) beside the host's wall time per token over the same steps, from the first
+/// forward pass's launch to the last timed token's read; the difference is the time a token the
+/// device waits for the host (read, callback, launch). Pipelined too: a span is summed once its
+/// end has passed (`read`), never waited for in the middle of a call, which would stall the
+/// pipeline; a forward pass queued for a token that ended generation counts as work.
 struct StepTiming {
     on: bool,
-    start: Option<cudarc::driver::CudaEvent>,
-    end: Option<cudarc::driver::CudaEvent>,
+    /// The start event of the span being queued (a forward pass or a pick).
+    open: Option<cudarc::driver::CudaEvent>,
+    /// Queued spans (start, end), not yet summed.
+    spans: VecDeque<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
     device_ms: f64,
+    /// Timed picks read so far, and whether the pick queued last was timed.
     steps: usize,
-    first: Option<std::time::Instant>,
-    last: Option<std::time::Instant>,
+    pick_timed: bool,
+    first: Option<Instant>,
+    last: Option<Instant>,
 }
 
 impl StepTiming {
     fn new(on: bool) -> StepTiming {
         StepTiming {
             on,
-            start: None,
-            end: None,
+            open: None,
+            spans: VecDeque::new(),
             device_ms: 0.0,
             steps: 0,
+            pick_timed: false,
             first: None,
             last: None,
         }
@@ -279,44 +345,81 @@ impl StepTiming {
             .map_err(|e| anyhow!("step timing event: {e}"))
     }
 
-    /// Before a step's graph launch.
+    fn close(&mut self, gpu: &Gpu) -> Result<bool> {
+        match self.open.take() {
+            Some(start) => {
+                self.spans.push_back((start, Self::event(gpu)?));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Before a forward pass is queued: timing starts with the call's first.
     fn launching(&mut self, gpu: &Gpu) -> Result<()> {
         if self.on {
-            self.start = Some(Self::event(gpu)?);
-            self.first.get_or_insert_with(std::time::Instant::now);
+            self.first.get_or_insert_with(Instant::now);
+            self.open = Some(Self::event(gpu)?);
         }
         Ok(())
     }
 
-    /// After the step's pick kernels were queued.
+    /// After the forward pass was queued.
+    fn launched(&mut self, gpu: &Gpu) -> Result<()> {
+        self.close(gpu).map(|_| ())
+    }
+
+    /// Before a pick is queued: timed once a forward pass was (the first pick of a call reads
+    /// logits an earlier call or prefill left).
+    fn picking(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.on && self.first.is_some() {
+            self.open = Some(Self::event(gpu)?);
+        }
+        Ok(())
+    }
+
+    /// After the pick was queued.
     fn picked(&mut self, gpu: &Gpu) -> Result<()> {
-        if self.on && self.start.is_some() {
-            self.end = Some(Self::event(gpu)?);
-        }
+        self.pick_timed = self.close(gpu)?;
         Ok(())
     }
 
-    /// After the token's read (the stream is synchronised).
+    /// After the pick's token was read: counts it if its pick was timed, and sums the spans that
+    /// have ended (a forward pass queued behind the pick may still run: left for later).
     fn read(&mut self) -> Result<()> {
-        if let (Some(a), Some(b)) = (self.start.take(), self.end.take()) {
-            self.device_ms += a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))? as f64;
+        if std::mem::take(&mut self.pick_timed) {
             self.steps += 1;
-            self.last = Some(std::time::Instant::now());
+            self.last = Some(Instant::now());
+        }
+        while self.spans.front().is_some_and(|(_, end)| end.is_complete()) {
+            self.sum_first()?;
         }
         Ok(())
     }
 
-    fn report(&self) {
+    fn sum_first(&mut self) -> Result<()> {
+        if let Some((a, b)) = self.spans.pop_front() {
+            self.device_ms += a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))? as f64;
+        }
+        Ok(())
+    }
+
+    /// At the end of the call (the stream is synchronised): the rest of the spans, and the line.
+    fn report(&mut self) -> Result<()> {
+        while !self.spans.is_empty() {
+            self.sum_first()?;
+        }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.steps > 0) {
             let n = self.steps as f64;
             let wall = last.duration_since(first).as_secs_f64() * 1e3 / n;
             let device = self.device_ms / n;
             tracing::info!(
-                "decode step timing over {} steps: device {device:.3} ms a token (graph launch to pick), wall {wall:.3} ms a token: the device waits {:.3} ms a token for the host",
+                "decode step timing over {} steps: device {device:.3} ms a token (forward pass and pick), wall {wall:.3} ms a token: the device waits {:.3} ms a token for the host",
                 self.steps,
                 wall - device
             );
         }
+        Ok(())
     }
 }
 
@@ -498,15 +601,26 @@ impl Backend for CudaBackend {
         // Sampling runs after the (possibly graph-replayed) forward step, outside the graph, so
         // the graph stays the same whatever the sampler is.
         let path = self.plan.sampling(&sampler.params);
+        // Pipelined (`Plan::pipelined_decode`): step N's pick is followed on the stream by the
+        // copy of its token and log-probability into page-locked memory (behind an event) and at
+        // once by step N + 1's forward pass, which embeds the token from the device. The host
+        // waits for that copy only, reports token N and, if the caller goes on, queues pick
+        // N + 1 behind the running pass (its mask and uniform taken now, after token N was
+        // accepted, exactly as unpipelined). The device so always has the next pass queued
+        // while the host handles a token. A token that ends generation has then been fed
+        // (`seq_len` says so; `Backend::decode`). The host checks the id after the pass that
+        // embeds it was queued: a device pick only writes ids in the vocabulary.
+        let pipelined = self.plan.pipelined_decode(path, top_logprobs);
         // Created when the first device pick needs it.
         let mut device_pick: Option<DeviceSampler> = None;
-        // LILY_STEP_TIMING: each step's device work (an event before its graph launch, one after
-        // its pick) against the wall time between the first launch and the last read.
+        // LILY_STEP_TIMING: each forward pass's and pick's device work (events around them)
+        // against the wall time between the first launch and the last read.
         let mut timing = StepTiming::new(self.plan.step_timing);
         if sampler.is_constrained() && path != SamplingPath::Host && self.mask_bufs.is_none() {
-            let words = self.gpu.alloc(self.cfg.vocab.div_ceil(32) * 4)?;
-            let keys = self.gpu.alloc(self.cfg.vocab * 4)?;
-            self.mask_bufs = Some((words, keys));
+            self.mask_bufs = Some(MaskBufs::new(&self.gpu, self.cfg.vocab)?);
+        }
+        if pipelined && self.token_read.is_none() {
+            self.token_read = Some(Pinned::new(&self.gpu, 2)?);
         }
         for step in 0..n {
             // A constrained step (a grammar's token mask; lily-core `constrain`): on the device
@@ -521,16 +635,24 @@ impl Backend for CudaBackend {
             if path == SamplingPath::Device && device_pick.is_none() {
                 device_pick = Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?);
             }
-            let mask_dev = match (&mask, &self.mask_bufs) {
-                (Some(words), Some((wbuf, kbuf))) if path != SamplingPath::Host => {
-                    self.gpu.write(wbuf, 0, words)?;
-                    Some((wbuf.ptr, kbuf.ptr))
+            let mask_dev = match (&mask, self.mask_bufs.as_mut()) {
+                (Some(words), Some(m)) if path != SamplingPath::Host => {
+                    if pipelined {
+                        // Queued behind the running forward pass, no wait for it.
+                        m.staging.queue_write(&self.gpu, words, &m.words, 0)?;
+                    } else {
+                        self.gpu.write(&m.words, 0, words)?;
+                    }
+                    Some((m.words.ptr, m.keys.ptr))
                 }
                 _ => None,
             };
-            let s = self.seq(seq)?;
-            self.gpu.profile_scope("decode pick");
+            // Whether this step's token was fed already (pipelined), so the step ends with it.
+            let mut fed = false;
             let (token, logprob, host_logits) = if path != SamplingPath::Host {
+                let s = self.seq(seq)?;
+                self.gpu.profile_scope("decode pick");
+                timing.picking(&self.gpu)?;
                 match &device_pick {
                     Some(ds) => ds.sample(
                         &self.gpu,
@@ -560,13 +682,22 @@ impl Backend for CudaBackend {
                 }
                 timing.picked(&self.gpu)?;
                 // Token and log-probability in one read: one wait for the device a token.
-                let pair: Vec<u32> = self.gpu.read(&s.next_token, 0, 2)?;
+                let pair = if pipelined {
+                    let (pair, fed_now) =
+                        self.read_pick_pipelined(seq, step + 1 < n, &mut timing)?;
+                    fed = fed_now;
+                    pair
+                } else {
+                    let pair: Vec<u32> = self.gpu.read(&s.next_token, 0, 2)?;
+                    [pair[0], pair[1]]
+                };
                 timing.read()?;
                 let (id, lp) = (pair[0] as i32, f32::from_bits(pair[1]));
                 if id < 0 || id as usize >= self.cfg.vocab {
                     bail!("the device sampler chose token {id}, outside the vocabulary");
                 }
                 let logits = if top_logprobs > 0 {
+                    let s = self.seq(seq)?;
                     Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?)
                 } else {
                     None
@@ -574,6 +705,7 @@ impl Backend for CudaBackend {
                 (id as u32, lp, logits)
             } else {
                 // SamplingPath::Host: top_k off or above 256, or device sampling off.
+                let s = self.seq(seq)?;
                 let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
                 if id as usize >= self.cfg.vocab {
@@ -596,15 +728,21 @@ impl Backend for CudaBackend {
             if flow == Flow::Stop || step + 1 == n {
                 break;
             }
-            let s = self.seq(seq)?;
-            if s.len + 1 > s.max_ctx {
-                bail!("the sequence's context of {} tokens is full", s.max_ctx);
+            if !fed {
+                let s = self.seq(seq)?;
+                if s.len + 1 > s.max_ctx {
+                    bail!("the sequence's context of {} tokens is full", s.max_ctx);
+                }
+                timing.launching(&self.gpu)?;
+                self.decode_step(seq)?;
+                timing.launched(&self.gpu)?;
             }
-            timing.launching(&self.gpu)?;
-            self.decode_step(seq)?;
         }
-        timing.report();
-        self.gpu.sync()
+        // Waits for a forward pass queued for a token that ended generation too (at most one
+        // step): its errors surface in this call, and the engine's next use of the sequence
+        // (a snapshot of the turn) would wait for it anyway.
+        self.gpu.sync()?;
+        timing.report()
     }
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {

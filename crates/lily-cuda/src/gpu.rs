@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig,
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DeviceRepr,
+    LaunchConfig, PinnedHostSlice,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -507,6 +508,137 @@ impl Drop for DevBuf {
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by malloc_sync and freed once; cuMemFree waits for pending work.
         let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// A page-locked host buffer of u32 words for copies queued on the GPU's stream, with an event
+/// after the last one queued: the host waits for exactly that copy, not for the whole stream, so
+/// work queued after the copy keeps the device busy meanwhile (pipelined decode, backend.rs).
+/// One copy is in flight at a time: every host access to the words waits for the last one.
+pub struct Pinned {
+    host: PinnedHostSlice<u32>,
+    /// Recorded after the last queued copy (no timing: the lightest event to record and wait
+    /// for; waiting spins or yields as the context's scheduling says, as a stream sync does).
+    done: CudaEvent,
+    /// Whether `done` was recorded since the last wait, i.e. a copy may still be running.
+    in_flight: bool,
+}
+
+impl Pinned {
+    pub fn new(gpu: &Gpu, words: usize) -> Result<Pinned> {
+        gpu.bind()?;
+        // Flags 0: cacheable memory (the default `alloc_pinned` is write-combined, slow for the
+        // host to read back).
+        // SAFETY: every bit pattern is a valid u32, so the uninitialised words are valid values.
+        let host =
+            unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(words.max(1), 0) }.map_err(|e| {
+                anyhow!("cannot allocate {words} words of page-locked host memory: {e}")
+            })?;
+        let done = gpu
+            .ctx
+            .new_event(None)
+            .map_err(|e| anyhow!("cannot create a CUDA event: {e}"))?;
+        Ok(Pinned {
+            host,
+            done,
+            in_flight: false,
+        })
+    }
+
+    /// Waits for the last queued copy (if any): errors of the work before it surface here.
+    fn settle(&mut self) -> Result<()> {
+        if self.in_flight {
+            self.done
+                .synchronize()
+                .map_err(|e| anyhow!("waiting for a device copy: {e}"))?;
+            self.in_flight = false;
+        }
+        Ok(())
+    }
+
+    fn queued(&mut self, gpu: &Gpu) -> Result<()> {
+        self.done
+            .record(&gpu.stream)
+            .map_err(|e| anyhow!("recording a copy's event: {e}"))?;
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Queues a copy of `n` words of `buf` from byte `offset` into this buffer, then the event;
+    /// `wait` hands them over. Returns at once.
+    pub fn queue_read(&mut self, gpu: &Gpu, buf: &DevBuf, offset: usize, n: usize) -> Result<()> {
+        self.settle()?;
+        if n > self.host.len() || offset + 4 * n > buf.bytes {
+            bail!(
+                "device read of {n} words at byte {offset} out of bounds ({} pinned words, a {}-byte buffer)",
+                self.host.len(),
+                buf.bytes
+            );
+        }
+        let dst = &mut self
+            .host
+            .as_mut_slice()
+            .map_err(|e| anyhow!("pinned buffer: {e}"))?[..n];
+        // SAFETY: the source range lies inside the allocation; the destination is page-locked
+        // memory owned by `self`, which nothing reads or writes until `done` has completed
+        // (`settle`, before every access and in `drop`).
+        unsafe { result::memcpy_dtoh_async(dst, buf.ptr + offset as u64, gpu.stream.cu_stream()) }
+            .map_err(|e| anyhow!("device to host copy: {e}"))?;
+        self.queued(gpu)
+    }
+
+    /// The first `n` words, once the last queued copy has landed.
+    pub fn wait(&mut self, n: usize) -> Result<&[u32]> {
+        self.settle()?;
+        let words = self
+            .host
+            .as_slice()
+            .map_err(|e| anyhow!("pinned buffer: {e}"))?;
+        words
+            .get(..n)
+            .ok_or_else(|| anyhow!("{n} words asked of a {}-word pinned buffer", words.len()))
+    }
+
+    /// Puts `data` here (after the last queued copy has finished with these words) and queues its
+    /// copy to `buf` at byte `offset`. Returns at once: `data` may go away, the words stay.
+    pub fn queue_write(
+        &mut self,
+        gpu: &Gpu,
+        data: &[u32],
+        buf: &DevBuf,
+        offset: usize,
+    ) -> Result<()> {
+        self.settle()?;
+        if data.len() > self.host.len() || offset + 4 * data.len() > buf.bytes {
+            bail!(
+                "device write of {} words at byte {offset} out of bounds ({} pinned words, a {}-byte buffer)",
+                data.len(),
+                self.host.len(),
+                buf.bytes
+            );
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let src = &mut self
+            .host
+            .as_mut_slice()
+            .map_err(|e| anyhow!("pinned buffer: {e}"))?[..data.len()];
+        src.copy_from_slice(data);
+        // SAFETY: the destination range lies inside the allocation; the source words stay
+        // untouched until `done` has completed (`settle`).
+        unsafe {
+            result::memcpy_htod_async(buf.ptr + offset as u64, &*src, gpu.stream.cu_stream())
+        }
+        .map_err(|e| anyhow!("host to device copy: {e}"))?;
+        self.queued(gpu)
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // The words must outlive a copy still running into or out of them.
+        let _ = self.done.synchronize();
     }
 }
 

@@ -109,6 +109,13 @@ pub struct CudaOptions {
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
+    /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
+    /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
+    /// device never waits for the host's read, callback and launch between tokens; a token that
+    /// ends generation may then have been fed (`Backend::decode`). Never with top log-probabilities
+    /// or host sampling, which read step N's logits (`--no-pipelined-decode`,
+    /// `LILY_PIPELINED_DECODE=0`).
+    pub pipelined_decode: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -143,6 +150,7 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
+            pipelined_decode: true,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -178,6 +186,7 @@ impl CudaOptions {
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
+    /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     /// | `LILY_STEP_TIMING=1` | `step_timing` |
@@ -205,7 +214,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 20] = [
+        let flags: [(&str, &mut bool); 21] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -226,6 +235,7 @@ impl CudaOptions {
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
+            ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
             ("LILY_STEP_TIMING", &mut self.step_timing),
@@ -320,6 +330,8 @@ pub struct Plan {
     checks: LaunchChecks,
     /// `CudaOptions::step_timing`.
     pub step_timing: bool,
+    /// `CudaOptions::pipelined_decode` (where it applies: `Plan::pipelined_decode`).
+    pipelined_decode: bool,
 }
 
 impl Plan {
@@ -360,6 +372,7 @@ impl Plan {
                 profile: o.profile,
             },
             step_timing: o.step_timing,
+            pipelined_decode: o.pipelined_decode,
         }
     }
 
@@ -504,6 +517,14 @@ impl Plan {
         self.graphs = false;
     }
 
+    /// Whether a decode call queues each next forward pass before the host reads the token it
+    /// feeds (`CudaOptions::pipelined_decode`): only where the host reads nothing but the token
+    /// and its log-probability, i.e. the pick is on the device and no top log-probabilities are
+    /// asked for (both read the step's logits, which the next pass overwrites).
+    pub fn pipelined_decode(&self, sampling: SamplingPath, top_logprobs: usize) -> bool {
+        self.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
+    }
+
     /// Whether kernels that wait for their predecessor are launched as programmatic dependents
     /// (the GPU must also support it: `Gpu::can_launch_dependents`).
     pub fn dependent_launch(&self) -> bool {
@@ -526,7 +547,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -547,6 +568,7 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
+            on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -600,6 +622,7 @@ mod tests {
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
+            ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -628,6 +651,7 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                pipelined_decode: false,
                 sync_each: true,
                 profile: true,
                 step_timing: true,
@@ -673,6 +697,22 @@ mod tests {
         assert_eq!(bf16.attention(shape, 15), AttentionPath::OneBlockPerHead);
         assert_eq!(bf16.attention(shape, 1), AttentionPath::SplitKv);
         assert_eq!(bf16.attention(shape, 4), AttentionPath::SplitKv);
+    }
+
+    #[test]
+    fn pipelined_decode_only_where_the_host_reads_just_the_token() {
+        let on = Plan::resolve(&CudaOptions::default());
+        assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
+        assert!(on.pipelined_decode(SamplingPath::Device, 0));
+        assert!(!on.pipelined_decode(SamplingPath::Host, 0));
+        assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
+        let off = Plan::resolve(&CudaOptions {
+            pipelined_decode: false,
+            ..CudaOptions::default()
+        });
+        assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
+        assert!(on.describe().contains("pipelined decode on"));
+        assert!(off.describe().contains("pipelined decode off"));
     }
 
     #[test]

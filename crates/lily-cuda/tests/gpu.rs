@@ -30,7 +30,7 @@ use lily_cuda::kernels::moe::{max_group_tiles, Group};
 use lily_cuda::kernels::norm::RmsNorm;
 use lily_cuda::kernels::sample::Argmax;
 use lily_cuda::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use lily_cuda::plan::{LinearPath, RouterPath};
+use lily_cuda::plan::{LinearPath, RouterPath, SamplingPath};
 use lily_cuda::sampler::DeviceSampler;
 use lily_cuda::weights::{upload_attention, upload_deltanet, upload_linear, upload_moe, DevLinear};
 use lily_cuda::{CudaBackend, CudaOptions, Plan};
@@ -2410,6 +2410,336 @@ fn decode_in_a_reused_sequence_equals_a_fresh_one() {
         );
         println!("MODEL {what}: same logits and {} greedy tokens", got.len());
     }
+}
+
+// ---- pipelined decode (`CudaOptions::pipelined_decode`) ------------------------------------
+
+/// A decode-test backend on `w`, pipelined or not, the environment ignored (so
+/// LILY_PIPELINED_DECODE cannot turn the comparison into one path against itself).
+fn pipeline_backend(w: &ModelWeights, pipelined: bool, bf16_activations: bool) -> CudaBackend {
+    let b = CudaBackend::with_plan(
+        w,
+        Plan::resolve(&CudaOptions {
+            bf16_activations,
+            chunk: 16,
+            pipelined_decode: pipelined,
+            ..CudaOptions::default()
+        }),
+    )
+    .unwrap();
+    assert_eq!(
+        b.plan().pipelined_decode(SamplingPath::DeviceGreedy, 0),
+        pipelined
+    );
+    b
+}
+
+/// What one decode call reported: (token, log-probability, top alternatives) per token.
+type Reported = Vec<(u32, f32, Vec<(u32, f32)>)>;
+
+/// Decodes up to `n` tokens, stopping at the `stop_at`-th (1-based) if given; the tokens
+/// reported and the call's result.
+fn decode_into(
+    b: &mut CudaBackend,
+    s: lily_core::backend::SeqId,
+    sampler: &mut Sampler,
+    n: usize,
+    top_logprobs: usize,
+    stop_at: Option<usize>,
+) -> (Reported, anyhow::Result<()>) {
+    let mut out = Vec::new();
+    let r = b.decode(s, sampler, n, top_logprobs, &mut |o| {
+        out.push((o.token, o.logprob, o.top.clone()));
+        if Some(out.len()) == stop_at {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    });
+    (out, r)
+}
+
+/// Reported tokens equal: ids exactly, log-probabilities (and the alternatives') within `lp_tol`
+/// (0 in fp32: the same kernels on the same inputs repeat bit for bit).
+fn same_reported(what: &str, got: &Reported, want: &Reported, lp_tol: f32) {
+    let ids = |r: &Reported| r.iter().map(|t| t.0).collect::<Vec<_>>();
+    assert_eq!(ids(got), ids(want), "{what}: tokens");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g.1 - w.1).abs() <= lp_tol,
+            "{what}: token {i}: logprob {} vs {}",
+            g.1,
+            w.1
+        );
+        assert_eq!(g.2.len(), w.2.len(), "{what}: token {i}: alternatives");
+        for (a, b) in g.2.iter().zip(&w.2) {
+            assert!(
+                a.0 == b.0 && (a.1 - b.1).abs() <= lp_tol,
+                "{what}: token {i}: alternatives {:?} vs {:?}",
+                g.2,
+                w.2
+            );
+        }
+    }
+}
+
+/// Pipelined decode reports exactly the unpipelined tokens and log-probabilities and leaves the
+/// sequence at the same length: greedy, seeded sampling (temperature, top_k, top_p, penalties:
+/// the uniform and the device history per pick), constrained greedy and sampled (a random mask
+/// per step, uploaded from page-locked memory while the forward pass runs), top log-probabilities
+/// (pipelining off for them by the plan) and host sampling (top_k 0, likewise); two decode calls
+/// each (the second rebuilds the device sampler), fp32 exactly and the shipping bf16 path.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn pipelined_decode_reports_the_unpipelined_tokens() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 21);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(31);
+    let prompt: Vec<u32> = (0..24).map(|_| rng.below(vocab) as u32).collect();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        presence_penalty: 1.0,
+        repetition_penalty: 1.1,
+        seed: 4242,
+        ..SamplingParams::greedy()
+    };
+    let host = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        seed: 7,
+        ..SamplingParams::greedy()
+    };
+    // (name, params, constrained, top_logprobs)
+    let cases: [(&str, &SamplingParams, bool, usize); 6] = [
+        ("greedy", &SamplingParams::greedy(), false, 0),
+        ("sampled", &sampled, false, 0),
+        ("constrained greedy", &SamplingParams::greedy(), true, 0),
+        ("constrained sampled", &sampled, true, 0),
+        ("greedy top_logprobs 4", &SamplingParams::greedy(), false, 4),
+        ("host sampling", &host, false, 0),
+    ];
+    for (bf16_activations, lp_tol) in [(false, 0.0), (true, 1e-3)] {
+        let run = |pipelined: bool,
+                   params: &SamplingParams,
+                   constrained: bool,
+                   top: usize|
+         -> (Reported, Vec<usize>) {
+            let mut b = pipeline_backend(&w, pipelined, bf16_activations);
+            let s = b.new_seq(128).unwrap();
+            b.prefill(s, &prompt).unwrap();
+            let constraint = constrained.then(|| {
+                Box::new(RandomMask::new(vocab, 9, &prompt[..8])) as Box<dyn TokenConstraint>
+            });
+            let mut sampler = Sampler::with_prompt(params.clone(), &prompt).constrained(constraint);
+            let (mut all, mut lens) = (Vec::new(), Vec::new());
+            for n in [13, 9] {
+                let (out, r) = decode_into(&mut b, s, &mut sampler, n, top, None);
+                r.unwrap();
+                assert_eq!(out.len(), n);
+                all.extend(out);
+                lens.push(b.seq_len(s).unwrap());
+            }
+            (all, lens)
+        };
+        for (name, params, constrained, top) in cases {
+            let what = format!("{name} (bf16 activations {bf16_activations})");
+            let (want, want_lens) = run(false, params, constrained, top);
+            let (got, got_lens) = run(true, params, constrained, top);
+            same_reported(
+                &format!("pipelined vs unpipelined, {what}"),
+                &got,
+                &want,
+                lp_tol,
+            );
+            // n tokens reported, n - 1 fed, each call.
+            assert_eq!(
+                want_lens,
+                vec![prompt.len() + 12, prompt.len() + 20],
+                "{what}"
+            );
+            assert_eq!(got_lens, want_lens, "{what}: sequence lengths");
+            println!(
+                "MODEL pipelined decode == unpipelined: {what}, {} tokens",
+                got.len()
+            );
+        }
+    }
+}
+
+/// A `Flow::Stop` at the k-th token of a pipelined decode leaves that token fed (`seq_len` =
+/// prompt + k, the logits those after it), and the next decode goes on exactly as an
+/// unpipelined run that was fed the same tokens (its stopping token fed by a prefill); greedy
+/// and seeded sampling (the random stream and the device history carry over), where both
+/// equal one uninterrupted decode. A stop at the n-th token, and n = 1, feed nothing.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_stop_in_pipelined_decode_leaves_the_token_fed_and_decode_resumes_after_it() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 22);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(32);
+    let prompt: Vec<u32> = (0..20).map(|_| rng.below(vocab) as u32).collect();
+    let sampled = SamplingParams {
+        temperature: 1.0,
+        top_k: 40,
+        top_p: 0.95,
+        frequency_penalty: 0.5,
+        seed: 99,
+        ..SamplingParams::greedy()
+    };
+    let p = prompt.len();
+    for (name, params) in [("greedy", SamplingParams::greedy()), ("sampled", sampled)] {
+        let k = 5;
+        // One uninterrupted unpipelined decode of 12.
+        let mut plain = pipeline_backend(&w, false, false);
+        let s = plain.new_seq(64).unwrap();
+        plain.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let (whole, r) = decode_into(&mut plain, s, &mut sampler, 12, 0, None);
+        r.unwrap();
+        drop(plain);
+
+        // Pipelined: stop at the k-th of at most 12, then 7 more.
+        let mut piped = pipeline_backend(&w, true, false);
+        let s = piped.new_seq(64).unwrap();
+        piped.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let (first, r) = decode_into(&mut piped, s, &mut sampler, 12, 0, Some(k));
+        r.unwrap();
+        assert_eq!(first.len(), k, "{name}");
+        assert_eq!(
+            piped.seq_len(s).unwrap(),
+            p + k,
+            "{name}: the stopping token was fed"
+        );
+        let piped_logits = piped.logits(s).unwrap();
+        let (rest, r) = decode_into(&mut piped, s, &mut sampler, 7, 0, None);
+        r.unwrap();
+        assert_eq!(piped.seq_len(s).unwrap(), p + k + 6, "{name}");
+
+        // Unpipelined: the same stop leaves the token unfed; a prefill feeds it.
+        let mut unpiped = pipeline_backend(&w, false, false);
+        let s = unpiped.new_seq(64).unwrap();
+        unpiped.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let (ufirst, r) = decode_into(&mut unpiped, s, &mut sampler, 12, 0, Some(k));
+        r.unwrap();
+        assert_eq!(
+            unpiped.seq_len(s).unwrap(),
+            p + k - 1,
+            "{name}: unpipelined"
+        );
+        unpiped.prefill(s, &[ufirst[k - 1].0]).unwrap();
+        check(
+            &format!("{name}: logits after the stopping token, pipelined vs fed by a prefill"),
+            &piped_logits,
+            &unpiped.logits(s).unwrap(),
+            1e-6,
+        );
+        let (urest, r) = decode_into(&mut unpiped, s, &mut sampler, 7, 0, None);
+        r.unwrap();
+        same_reported(&format!("{name}: before the stop"), &first, &ufirst, 0.0);
+        // The same kernels feed the token either way (a one-token prefill is the decode step's
+        // forward pass); the bound only leaves room for a launch-order difference.
+        same_reported(&format!("{name}: after the stop"), &rest, &urest, 1e-6);
+        let joined: Reported = first.iter().chain(&rest).cloned().collect();
+        same_reported(
+            &format!("{name}: stopped and resumed vs one decode"),
+            &joined,
+            &whole,
+            0.0,
+        );
+
+        // A stop at the n-th token, and n = 1: nothing fed (the last allowed token never is).
+        let s = piped.new_seq(64).unwrap();
+        piped.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+        let (out, r) = decode_into(&mut piped, s, &mut sampler, 4, 0, Some(4));
+        r.unwrap();
+        assert_eq!((out.len(), piped.seq_len(s).unwrap()), (4, p + 3), "{name}");
+        let (one, r) = decode_into(&mut piped, s, &mut sampler, 1, 0, None);
+        r.unwrap();
+        assert_eq!(
+            (one.len(), piped.seq_len(s).unwrap()),
+            (1, p + 3),
+            "{name}: n = 1"
+        );
+        // The n = 1 call picked from the same pending logits as the stop's 4th: greedy repeats
+        // it.
+        if name == "greedy" {
+            assert_eq!(one[0].0, out[3].0, "{name}: n = 1 after a stop at the n-th");
+        }
+        println!("MODEL pipelined decode: a stop at token {k} leaves it fed, and decode resumes as unpipelined ({name})");
+    }
+}
+
+/// Pipelined decode at a full context: no step past it is queued, and it ends as unpipelined
+/// decode does: the tokens that fit reported, then the context-full error (or a clean stop at
+/// the last that fits), the sequence full.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn pipelined_decode_stops_at_a_full_context_as_unpipelined() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(33);
+    let prompt: Vec<u32> = (0..20).map(|_| rng.below(vocab) as u32).collect();
+    let p = prompt.len();
+    let mut results = Vec::new();
+    for pipelined in [false, true] {
+        let mut b = pipeline_backend(&w, pipelined, false);
+        // Room for 3 generated tokens to be fed.
+        let s = b.new_seq(p + 3).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let (out, r) = decode_into(
+            &mut b,
+            s,
+            &mut Sampler::new(SamplingParams::greedy()),
+            10,
+            0,
+            None,
+        );
+        let e = r
+            .expect_err("a full context ends decode with an error")
+            .to_string();
+        assert!(e.contains("context") && e.contains("full"), "{e}");
+        assert_eq!(
+            (out.len(), b.seq_len(s).unwrap()),
+            (4, p + 3),
+            "pipelined {pipelined}"
+        );
+        // Stopping at the 4th token (the one that no longer fits) is no error.
+        let s2 = b.new_seq(p + 3).unwrap();
+        b.prefill(s2, &prompt).unwrap();
+        let (out2, r) = decode_into(
+            &mut b,
+            s2,
+            &mut Sampler::new(SamplingParams::greedy()),
+            10,
+            0,
+            Some(4),
+        );
+        r.unwrap();
+        assert_eq!(
+            (out2.len(), b.seq_len(s2).unwrap()),
+            (4, p + 3),
+            "pipelined {pipelined}"
+        );
+        same_reported(
+            &format!("pipelined {pipelined}: stopped vs failed"),
+            &out2,
+            &out,
+            0.0,
+        );
+        results.push(out);
+    }
+    same_reported(
+        "full context, pipelined vs unpipelined",
+        &results[1],
+        &results[0],
+        0.0,
+    );
+    println!("MODEL pipelined decode at a full context: 4 tokens, then the error, as unpipelined");
 }
 
 /// The on-disk kernel cache: a first open compiles, a second loads cubins, a corrupted entry is

@@ -110,6 +110,10 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
+    /// Decode one step at a time (the host reads each token before the next step is queued)
+    /// instead of queueing the next step before reading the token [env LILY_PIPELINED_DECODE=0].
+    #[arg(long)]
+    pub no_pipelined_decode: bool,
 }
 
 impl CudaArgs {
@@ -139,6 +143,7 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
+            pipelined_decode: !self.no_pipelined_decode,
             ..d
         }
     }
@@ -256,6 +261,7 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
+            "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -282,6 +288,7 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                pipelined_decode: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,

@@ -319,7 +319,8 @@ impl Worker {
     }
 
     /// Keeps the state at the end of the generated turn: the prompt and the generated tokens the
-    /// model was fed (the last one sampled, an end-of-sequence token included, never is).
+    /// model was fed, as `seq_len` tells (`Backend::decode`: the last one sampled, an
+    /// end-of-sequence token included, may or may not have been).
     fn save_turn(&mut self, lease: &Lease, prompt: &[u32], emitted: &[u32]) -> Result<()> {
         let fed = self
             .backend
