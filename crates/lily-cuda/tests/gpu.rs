@@ -21,7 +21,7 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{preset_text_config, synth, Preset, SynthFormat, SynthOptions};
 use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
-use lily_cuda::gpu::{DevBuf, Gpu};
+use lily_cuda::gpu::{DevBuf, Gpu, Pinned};
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
 use lily_cuda::kernels::decode::{Glu, Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
@@ -2413,6 +2413,37 @@ fn decode_in_a_reused_sequence_equals_a_fresh_one() {
 }
 
 // ---- pipelined decode (`CudaOptions::pipelined_decode`) ------------------------------------
+
+/// `gpu::Pinned` (pipelined decode's token read and mask upload): words written from page-locked
+/// memory arrive exactly; a read queued behind other work sees that work (a device copy, a fill,
+/// no stream sync between them); the staging words are reused once their copy has landed; copies
+/// out of range are refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn pinned_host_copies_are_stream_ordered() {
+    let g = Gpu::open(0, Default::default()).expect("a CUDA GPU and NVRTC");
+    let mut rng = Rng(41);
+    let words: Vec<u32> = (0..1000).map(|_| rng.next() as u32 | 1).collect();
+    let (a, b) = (g.alloc(4000).unwrap(), g.alloc(4000).unwrap());
+    let mut up = Pinned::new(&g, 1000).unwrap();
+    let mut down = Pinned::new(&g, 1000).unwrap();
+    up.queue_write(&g, &words, &a, 0).unwrap();
+    g.copy(&b, 0, &a, 0, 4000).unwrap();
+    down.queue_read(&g, &b, 0, 1000).unwrap();
+    assert_eq!(down.wait(1000).unwrap(), &words[..]);
+    g.fill(&b, 0xab).unwrap();
+    down.queue_read(&g, &b, 8, 2).unwrap();
+    assert_eq!(down.wait(2).unwrap(), &[0xabab_abab, 0xabab_abab]);
+    let again: Vec<u32> = words.iter().map(|w| w.rotate_left(7)).collect();
+    up.queue_write(&g, &again, &a, 0).unwrap();
+    up.queue_write(&g, &again[..10], &a, 400).unwrap();
+    assert_eq!(g.read::<u32>(&a, 0, 1000).unwrap()[..100], again[..100]);
+    assert_eq!(g.read::<u32>(&a, 400, 10).unwrap(), again[..10]);
+    assert!(down.queue_read(&g, &b, 3996, 2).is_err());
+    assert!(down.queue_read(&g, &b, 0, 1001).is_err());
+    assert!(up.queue_write(&g, &words, &a, 4).is_err());
+    println!("KERNEL pinned host copies: 1,000 words each way, stream-ordered");
+}
 
 /// A decode-test backend on `w`, pipelined or not, the environment ignored (so
 /// LILY_PIPELINED_DECODE cannot turn the comparison into one path against itself).
