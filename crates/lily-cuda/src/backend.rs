@@ -285,10 +285,8 @@ impl CudaBackend {
             .seqs
             .get(&seq.0)
             .ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
-        let read = self
-            .token_read
-            .as_mut()
-            .ok_or_else(|| anyhow!("pipelined decode without its pinned buffer"))?;
+        const ALLOCATED: &str = "decode allocates token_read when it pipelines";
+        let read = self.token_read.as_mut().expect(ALLOCATED);
         read.queue_read(&self.gpu, &s.next_token, 0, 2)?;
         let feed = more && s.len < s.max_ctx;
         if feed {
@@ -296,11 +294,7 @@ impl CudaBackend {
             self.decode_step(seq)?;
             timing.launched(&self.gpu)?;
         }
-        let read = self
-            .token_read
-            .as_mut()
-            .ok_or_else(|| anyhow!("pipelined decode without its pinned buffer"))?;
-        let w = read.wait(2)?;
+        let w = self.token_read.as_mut().expect(ALLOCATED).wait(2)?;
         Ok(([w[0], w[1]], feed))
     }
 }
