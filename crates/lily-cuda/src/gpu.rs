@@ -81,6 +81,9 @@ pub struct KernelSwitches {
     pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (bf16 activations only).
     pub mma_attention: bool,
+    /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
+    /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
+    pub fused_attn_prep: bool,
 }
 
 impl Default for KernelSwitches {
@@ -96,6 +99,7 @@ impl Default for KernelSwitches {
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
+            fused_attn_prep: false,
         }
     }
 }

@@ -109,6 +109,10 @@ pub struct CudaOptions {
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
+    /// One-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache
+    /// write) in its own blocks, one launch fewer per attention layer (`--no-fused-attn-prep`,
+    /// `LILY_FUSED_ATTN_PREP=0`).
+    pub fused_attn_prep: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -143,6 +147,7 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
+            fused_attn_prep: true,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -177,6 +182,7 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
+    /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
@@ -205,7 +211,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 20] = [
+        let flags: [(&str, &mut bool); 21] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -225,6 +231,7 @@ impl CudaOptions {
             ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
+            ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
@@ -354,6 +361,7 @@ impl Plan {
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
+                fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -526,7 +534,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}){}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -547,6 +555,7 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
+            on(sw.fused_attn_prep),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -599,6 +608,7 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
+            ("LILY_FUSED_ATTN_PREP", "0"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
@@ -628,6 +638,7 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                fused_attn_prep: false,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

@@ -765,9 +765,10 @@ impl AttnRig {
 /// kernel, at contexts 1, 7, 300, 5000 and 20000 (past 16384 keys a split holds more than one
 /// tile per warp), for a 1-token step and then a 3-token step, in both activation modes, with the
 /// tiny preset's heads (GQA group 2, head_dim 64) and the real model's (group 8, head_dim 256).
-/// bf16 runs twice: one-token steps on CUDA cores (attn_split) and on the tensor cores
+/// bf16 runs three times: one-token steps on CUDA cores (attn_split), on the tensor cores
 /// (attn_split_mma, which also rounds q and the softmax weights to bf16, as the flash prefill
-/// kernel does). Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs
+/// kernel does), and on the tensor cores with the q/k norms, RoPE and cache write inside the split
+/// kernel (attn_split_mma_prep; its norms sum in another order than attn_qk_prep's). Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs
 /// one-block 1e-5 (summation order only); bf16 vs CPU 3e-2 (q, k, v, the cache and the output are
 /// rounded to bf16, the CPU keeps fp32), bf16 split vs one-block 1e-2 (same roundings; an output
 /// may land one bf16 step apart).
@@ -787,17 +788,30 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     for (label, c, lens) in cases {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
-        // bf16 also with one-token steps on the tensor cores (attn_split_mma).
-        for (bf16, mma) in [(false, false), (true, false), (true, true)] {
-            let mode = match (bf16, mma) {
-                (false, _) => "fp32",
-                (true, false) => "bf16",
-                (true, true) => "bf16 tensor cores",
+        // bf16 also with one-token steps on the tensor cores (attn_split_mma), and with the
+        // prep fused into them (attn_split_mma_prep).
+        let modes = [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, true, true),
+        ];
+        for (bf16, mma, fused) in modes {
+            let mode = match (bf16, mma, fused) {
+                (false, _, _) => "fp32",
+                (true, false, _) => "bf16",
+                (true, true, false) => "bf16 tensor cores",
+                (true, true, true) => "bf16 tensor cores, fused prep",
             };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
                 rig.g.g.switches.mma_attention = mma;
+                rig.g.g.switches.fused_attn_prep = fused;
+                if fused {
+                    let shape = gattn::AttnShape::of(c);
+                    assert!(rig.g.k.attention.prep_fuses(&rig.g.g, shape, 1), "{label}: prep not fused");
+                }
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).

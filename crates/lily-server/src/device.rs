@@ -110,6 +110,10 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
+    /// One-token tensor-core attention with the q/k norms, RoPE and cache write in a launch of
+    /// their own before it [env LILY_FUSED_ATTN_PREP=0].
+    #[arg(long)]
+    pub no_fused_attn_prep: bool,
 }
 
 impl CudaArgs {
@@ -139,6 +143,7 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
+            fused_attn_prep: !self.no_fused_attn_prep,
             ..d
         }
     }
@@ -256,6 +261,7 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
+            "--no-fused-attn-prep",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -282,6 +288,7 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                fused_attn_prep: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,
