@@ -194,12 +194,12 @@ if [ -n "${AGENT_TRACE:-}" ]; then
 fi
 
 # NCU_FULL="REGEX": Nsight Compute's full set (stall reasons, memory chart, occupancy) on one launch
-# of each kernel matching REGEX at decode context 4K (ncu-full.txt).
+# of each kernel matching REGEX at decode context 4K or NCU_FULL_CTX (ncu-full.txt).
 if [ -n "${NCU_FULL:-}" ]; then
   NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   timeout "${NCU_FULL_TIMEOUT:-120}" "$NC" --graph-profiling node --clock-control none --set full \
     --kernel-name regex:"$NCU_FULL" --launch-skip "${NCU_FULL_SKIP:-60}" --launch-count "${NCU_FULL_COUNT:-2}" \
-    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 --decode-tokens 2 --repeat 1 \
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "${NCU_FULL_CTX:-4096}" --decode-tokens 2 --repeat 1 \
     > "$OUT/ncu-full.txt" 2>&1
   say "ncu full rc=$?"
 fi
