@@ -110,8 +110,9 @@ pub struct CudaOptions {
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
     /// One-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache
-    /// write) in its own blocks, one launch fewer per attention layer (`--no-fused-attn-prep`,
-    /// `LILY_FUSED_ATTN_PREP=0`).
+    /// write) in its own blocks, one launch fewer per attention layer (`--fused-attn-prep`,
+    /// `LILY_FUSED_ATTN_PREP=1`). Off until it has run on a GPU: written in a session whose
+    /// device loans were paused (docs/perf-notes.md, session 6).
     pub fused_attn_prep: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
@@ -147,7 +148,7 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
-            fused_attn_prep: true,
+            fused_attn_prep: false,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -182,7 +183,7 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
-    /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
+    /// | `LILY_FUSED_ATTN_PREP=1` | `fused_attn_prep` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
@@ -608,7 +609,7 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
-            ("LILY_FUSED_ATTN_PREP", "0"),
+            ("LILY_FUSED_ATTN_PREP", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
@@ -638,7 +639,7 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                fused_attn_prep: false,
+                fused_attn_prep: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

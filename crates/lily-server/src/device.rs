@@ -110,10 +110,11 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
-    /// One-token tensor-core attention with the q/k norms, RoPE and cache write in a launch of
-    /// their own before it [env LILY_FUSED_ATTN_PREP=0].
+    /// Experimental (not yet run on a GPU): one-token tensor-core attention does the q/k norms,
+    /// RoPE and cache write in its own blocks instead of a launch before it
+    /// [env LILY_FUSED_ATTN_PREP=1].
     #[arg(long)]
-    pub no_fused_attn_prep: bool,
+    pub fused_attn_prep: bool,
 }
 
 impl CudaArgs {
@@ -143,7 +144,7 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
-            fused_attn_prep: !self.no_fused_attn_prep,
+            fused_attn_prep: self.fused_attn_prep,
             ..d
         }
     }
@@ -261,7 +262,6 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
-            "--no-fused-attn-prep",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
