@@ -84,6 +84,9 @@ pub struct KernelSwitches {
     /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
     /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
     pub fused_attn_prep: bool,
+    /// 4-bit prefill projections of at least 128 tokens with wgmma on sm_90a (gemm_dense_wg)
+    /// instead of mma.sync (gemm_dense).
+    pub wgmma_gemm: bool,
 }
 
 impl Default for KernelSwitches {
@@ -100,6 +103,7 @@ impl Default for KernelSwitches {
             sample_warp_scan: false,
             mma_attention: false,
             fused_attn_prep: false,
+            wgmma_gemm: false,
         }
     }
 }

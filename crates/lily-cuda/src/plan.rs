@@ -114,6 +114,10 @@ pub struct CudaOptions {
     /// `LILY_FUSED_ATTN_PREP=1`). Off until it has run on a GPU: written in a session whose
     /// device loans were paused (docs/perf-notes.md, session 6).
     pub fused_attn_prep: bool,
+    /// Prefill's 4-bit dense projections (chunks of at least 128 tokens) with Hopper's warpgroup
+    /// MMA (gemm_dense_wg, sm_90a only) instead of mma.sync (`--wgmma-gemm`, `LILY_WGMMA_GEMM=1`).
+    /// Off until it has run on a GPU (docs/perf-notes.md, session 6).
+    pub wgmma_gemm: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -149,6 +153,7 @@ impl Default for CudaOptions {
             warp_scan_sampling: true,
             mma_attention: true,
             fused_attn_prep: false,
+            wgmma_gemm: false,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -184,6 +189,7 @@ impl CudaOptions {
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_FUSED_ATTN_PREP=1` | `fused_attn_prep` |
+    /// | `LILY_WGMMA_GEMM=1` | `wgmma_gemm` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
@@ -212,7 +218,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 21] = [
+        let flags: [(&str, &mut bool); 22] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -233,6 +239,7 @@ impl CudaOptions {
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
+            ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
@@ -363,6 +370,7 @@ impl Plan {
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
+                wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -535,7 +543,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}){}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -557,6 +565,7 @@ impl Plan {
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
             on(sw.fused_attn_prep),
+            on(sw.wgmma_gemm),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -610,6 +619,7 @@ mod tests {
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_FUSED_ATTN_PREP", "1"),
+            ("LILY_WGMMA_GEMM", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
@@ -640,6 +650,7 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_attn_prep: true,
+                wgmma_gemm: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

@@ -408,6 +408,78 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// gemm_dense_wg (wgmma, sm_90a; the plan's `wgmma_gemm`) vs the exact product of the bf16
+/// values it multiplies, as gemm_dense's test: 4-bit weights with groups of 64 and of 32, rows
+/// not a multiple of the block's 128, tokens not a multiple of 128, one and many k-steps, store
+/// and residual add; then at prefill's shapes against gemm_dense (same bf16 operands, fp32 sums
+/// in another order, outputs rounded to bf16: 5e-3), with both kernels' times printed (never
+/// asserted). Skipped (with a line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wgmma_linears_match_the_bf16_product() {
+    let mut g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!("KERNEL gemm_dense_wg: skipped on {} (sm_90a only)", g.g.arch);
+        return;
+    }
+    let mut rng = Rng(37);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    for (group, t, rows, cols) in [
+        (64usize, 128usize, 128usize, 64usize),
+        (64, 300, 200, 192),
+        (32, 130, 136, 512),
+        (64, 256, 1000, 2048),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        g.g.switches.wgmma_gemm = true;
+        assert!(lily_cuda::kernels::gemm::Gemm::takes_wgmma(&g.g, &dw, t), "{rows}x{cols} T={t}");
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let dy = poisoned(&g, t * rows);
+        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+        let want = bf16_product(&w, &x);
+        let what = format!("gemm_dense_wg group={group} T={t} {rows}x{cols}");
+        check(&what, &y, &want, 5e-3);
+        let r = bf(rng.vec(t * rows, 0.5));
+        g.write(&dy, 0, &r).unwrap();
+        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::AddToResidual);
+        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+        let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+        check(&format!("{what} +residual"), &y, &want, 5e-3);
+    }
+    // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
+    for (t, rows, cols) in [(4096usize, 8192usize, 2048usize), (4096, 2048, 4096), (512, 2048, 512)] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, 64);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let mut outs = Vec::new();
+        for wg in [false, true] {
+            g.g.switches.wgmma_gemm = wg;
+            let dy = poisoned(&g, t * rows);
+            g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+            g.sync().unwrap();
+            let reps = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+            }
+            g.sync().unwrap();
+            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            let tflops = 2.0 * (t * rows * cols) as f64 / secs / 1e12;
+            println!(
+                "KERNEL {} T={t} {rows}x{cols}: {:.1} µs, {tflops:.0} TFLOP/s",
+                if wg { "gemm_dense_wg" } else { "gemm_dense" },
+                secs * 1e6
+            );
+            outs.push(g.read::<f32>(&dy, 0, t * rows).unwrap());
+        }
+        check(&format!("gemm_dense_wg vs gemm_dense T={t} {rows}x{cols}"), &outs[1], &outs[0], 5e-3);
+    }
+}
+
 /// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
 /// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
 /// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.

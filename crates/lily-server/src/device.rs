@@ -115,6 +115,10 @@ pub struct CudaArgs {
     /// [env LILY_FUSED_ATTN_PREP=1].
     #[arg(long)]
     pub fused_attn_prep: bool,
+    /// Experimental (not yet run on a GPU): prefill's 4-bit projections with Hopper's warpgroup
+    /// MMA (sm_90a) [env LILY_WGMMA_GEMM=1].
+    #[arg(long)]
+    pub wgmma_gemm: bool,
 }
 
 impl CudaArgs {
@@ -145,6 +149,7 @@ impl CudaArgs {
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
             fused_attn_prep: self.fused_attn_prep,
+            wgmma_gemm: self.wgmma_gemm,
             ..d
         }
     }
@@ -289,6 +294,7 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_attn_prep: false,
+                wgmma_gemm: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,

@@ -16,6 +16,14 @@ pub const GEMM_LDS: usize = GEMM_BK + 8;
 pub const GEMM_THREADS: usize = 256;
 /// Tokens per block of gemm_dense / gemm_dense_exact.
 const DENSE_BM: usize = 64;
+/// gemm_dense_wg (wgmma, sm_90a): weight rows and tokens per block (WG_ROWS, WG_TOK in gemm.cu),
+/// k-steps of 64 columns in flight in its ring.
+pub const WG_ROWS: usize = 128;
+pub const WG_TOK: usize = 128;
+pub const WG_STAGES: usize = 4;
+/// The most groups a row of gemm_dense_wg's weights may have (its scales and biases are held in
+/// shared memory: 128 rows × groups × 4 bytes).
+pub const WG_MAX_GROUPS: usize = 64;
 
 pub const FILE: KernelFile = KernelFile {
     name: "gemm",
@@ -25,6 +33,7 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_BK", GEMM_BK as i64),
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
+        ("WG_STAGES", WG_STAGES as i64),
     ],
 };
 
@@ -36,6 +45,25 @@ pub const fn gemm_smem(bm: usize) -> usize {
 /// gemm_dense_exact's dynamic shared memory: gemm_smem plus two stages of residue tiles.
 pub const fn gemm_smem_exact(bm: usize) -> usize {
     gemm_smem(bm) + 2 * GEMM_BN * GEMM_LDS * 2
+}
+
+/// gemm_dense_wg's dynamic shared memory for `groups` groups a row: 1 KB of alignment slack, two
+/// bf16 B tiles (WG_TOK × 128 bytes), the ring (WG_STAGES × (WG_TOK × 64 f32 + WG_ROWS × 32
+/// bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4 bytes).
+pub const fn wg_smem(groups: usize) -> usize {
+    1024 + 2 * WG_TOK * 128 + WG_STAGES * (WG_TOK * 64 * 4 + WG_ROWS * 32) + WG_ROWS * groups * 4
+}
+
+/// Whether gemm_dense_wg takes this weight and chunk: 4-bit, whole 64-column steps, groups of a
+/// multiple of 16 columns (a thread's 16 columns of a step in one group), at most WG_MAX_GROUPS
+/// groups a row, and a chunk of at least one block of tokens.
+pub fn wg_fits(w: &DevLinear, n_tok: usize) -> bool {
+    w.bits == 4
+        && w.cols.is_multiple_of(GEMM_BK)
+        && w.group >= 16
+        && w.group.is_multiple_of(16)
+        && w.cols / w.group <= WG_MAX_GROUPS
+        && n_tok >= WG_TOK
 }
 
 /// Dynamic shared memory of the largest tile (64 tokens).
@@ -51,6 +79,7 @@ pub fn fits(w: &DevLinear) -> bool {
 
 pub struct Gemm {
     dense: Kernel,
+    dense_wg: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
     grouped32: Kernel,
@@ -60,6 +89,9 @@ impl Gemm {
     pub fn load(m: &Module) -> Result<Gemm> {
         Ok(Gemm {
             dense: m.kernel("gemm_dense")?.allow_shared_memory(GEMM_SMEM_MAX)?,
+            dense_wg: m
+                .kernel("gemm_dense_wg")?
+                .allow_shared_memory(wg_smem(WG_MAX_GROUPS))?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
                 .allow_shared_memory(gemm_smem_exact(DENSE_BM))?,
@@ -72,7 +104,14 @@ impl Gemm {
         })
     }
 
-    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums).
+    /// Whether `dense` runs gemm_dense_wg for this weight and chunk: the plan's `wgmma_gemm` on an
+    /// sm_90a device and `wg_fits`.
+    pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
+        gpu.switches.wgmma_gemm && gpu.arch == "sm_90a" && wg_fits(w, n_tok)
+    }
+
+    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wg
+    /// where `takes_wgmma`, else gemm_dense.
     pub fn dense(&self, gpu: &Gpu, a: &Project, store: Store) -> Result<()> {
         check_x("gemm_dense", a.x)?;
         let w = a.w.arg();
@@ -81,6 +120,19 @@ impl Gemm {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
+        if Self::takes_wgmma(gpu, a.w, a.n_tok) {
+            let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
+            let cfg = config(grid, 256, wg_smem(a.w.cols / a.w.group));
+            return gpu.launch(&self.dense_wg, cfg, |l| {
+                l.arg(&w)
+                    .arg(&a.x.ptr)
+                    .arg(&x_stride)
+                    .arg(&a.y.ptr)
+                    .arg(&y_stride)
+                    .arg(&n_tok)
+                    .arg(&accumulate);
+            });
+        }
         let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
         let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
         gpu.launch(&self.dense, cfg, |l| {
