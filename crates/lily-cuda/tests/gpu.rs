@@ -449,6 +449,31 @@ fn wgmma_linears_match_the_bf16_product() {
         let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
         check(&format!("{what} +residual"), &y, &want, 5e-3);
     }
+    // Grouped (gemm_grouped_wg64): skewed routing over tiles of 64 (one expert over two tiles,
+    // one with none), groups of 64 and 32, one and many k-steps.
+    g.g.switches.wgmma_gemm = true;
+    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 64)] {
+        let (e, rows, t, k) = (7, 136, 90, 2);
+        let items = t * k;
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let gr = Grouping::skewed(&g, &mut rng, items, e, 64);
+        let dx = g.upload(&x).unwrap();
+        let dy = poisoned(&g, items * rows);
+        let grouped = Grouped {
+            w: &dw,
+            groups: gr.groups,
+            x: Rows::new(dx.ptr, cols),
+            x_div: k,
+            y: Rows::new(dy.ptr, rows),
+        };
+        g.k.gemm.grouped(&g, &grouped).unwrap();
+        let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+        let want = gr.want(&w, &x, k, bf16_product);
+        let what = format!("gemm_grouped_wg64 group={group} {rows}x{cols} ({} tiles)", gr.tiles_made(&g));
+        check(&what, &y, &want, 5e-3);
+    }
     // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
     for (t, rows, cols) in [(4096usize, 8192usize, 2048usize), (4096, 2048, 4096), (512, 2048, 512)] {
         let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, 64);
