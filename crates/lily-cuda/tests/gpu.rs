@@ -408,6 +408,31 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
+/// x's rows (x_div = top_k), outputs NaN-poisoned first.
+fn gemm_grouped(
+    g: &Dev,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let items = x.len() / cols * k;
+    let dx = g.upload(x).unwrap();
+    let dy = poisoned(g, items * rows);
+    let grouped = Grouped {
+        w: dw,
+        groups: gr.groups,
+        x: Rows::new(dx.ptr, cols),
+        x_div: k,
+        y: Rows::new(dy.ptr, rows),
+    };
+    g.k.gemm.grouped(g, &grouped).unwrap();
+    g.read(&dy, 0, items * rows).unwrap()
+}
+
 /// gemm_dense_wg (wgmma, sm_90a; the plan's `wgmma_gemm`) vs the exact product of the bf16
 /// values it multiplies, as gemm_dense's test: 4-bit weights with groups of 64 and of 32, rows
 /// not a multiple of the block's 128, tokens not a multiple of 128, one and many k-steps, store
@@ -419,7 +444,10 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
 fn wgmma_linears_match_the_bf16_product() {
     let mut g = dev(true);
     if g.g.arch != "sm_90a" {
-        println!("KERNEL gemm_dense_wg: skipped on {} (sm_90a only)", g.g.arch);
+        println!(
+            "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
+            g.g.arch
+        );
         return;
     }
     let mut rng = Rng(37);
@@ -433,7 +461,10 @@ fn wgmma_linears_match_the_bf16_product() {
         let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
         let dw = upload_linear(&g, "w", &w).unwrap();
         g.g.switches.wgmma_gemm = true;
-        assert!(lily_cuda::kernels::gemm::Gemm::takes_wgmma(&g.g, &dw, t), "{rows}x{cols} T={t}");
+        assert!(
+            lily_cuda::kernels::gemm::Gemm::takes_wgmma(&g.g, &dw, t),
+            "{rows}x{cols} T={t}"
+        );
         let x = bf(rng.vec(t * cols, 1.0));
         let dx = g.upload(&x).unwrap();
         let dy = poisoned(&g, t * rows);
@@ -459,23 +490,20 @@ fn wgmma_linears_match_the_bf16_product() {
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
         let gr = Grouping::skewed(&g, &mut rng, items, e, 64);
-        let dx = g.upload(&x).unwrap();
-        let dy = poisoned(&g, items * rows);
-        let grouped = Grouped {
-            w: &dw,
-            groups: gr.groups,
-            x: Rows::new(dx.ptr, cols),
-            x_div: k,
-            y: Rows::new(dy.ptr, rows),
-        };
-        g.k.gemm.grouped(&g, &grouped).unwrap();
-        let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+        let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
         let want = gr.want(&w, &x, k, bf16_product);
-        let what = format!("gemm_grouped_wg64 group={group} {rows}x{cols} ({} tiles)", gr.tiles_made(&g));
+        let what = format!(
+            "gemm_grouped_wg64 group={group} {rows}x{cols} ({} tiles)",
+            gr.tiles_made(&g)
+        );
         check(&what, &y, &want, 5e-3);
     }
     // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
-    for (t, rows, cols) in [(4096usize, 8192usize, 2048usize), (4096, 2048, 4096), (512, 2048, 512)] {
+    for (t, rows, cols) in [
+        (4096usize, 8192usize, 2048usize),
+        (4096, 2048, 4096),
+        (512, 2048, 512),
+    ] {
         let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, 64);
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
@@ -501,7 +529,12 @@ fn wgmma_linears_match_the_bf16_product() {
             );
             outs.push(g.read::<f32>(&dy, 0, t * rows).unwrap());
         }
-        check(&format!("gemm_dense_wg vs gemm_dense T={t} {rows}x{cols}"), &outs[1], &outs[0], 5e-3);
+        check(
+            &format!("gemm_dense_wg vs gemm_dense T={t} {rows}x{cols}"),
+            &outs[1],
+            &outs[0],
+            5e-3,
+        );
     }
 }
 
@@ -593,17 +626,7 @@ fn tensor_core_linears_match_the_bf16_product() {
             let dw = upload_linear(&g, "w", &w).unwrap();
             let x = bf(rng.vec(t * cols, 1.0));
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
-            let dx = g.upload(&x).unwrap();
-            let dy = poisoned(&g, items * rows);
-            let grouped = Grouped {
-                w: &dw,
-                groups: gr.groups,
-                x: Rows::new(dx.ptr, cols),
-                x_div: k,
-                y: Rows::new(dy.ptr, rows),
-            };
-            g.k.gemm.grouped(&g, &grouped).unwrap();
-            let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
             let want = gr.want(&w, &x, k, bf16_product);
             check(
                 &format!(
@@ -907,7 +930,10 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
                 rig.g.g.switches.fused_attn_prep = fused;
                 if fused {
                     let shape = gattn::AttnShape::of(c);
-                    assert!(rig.g.k.attention.prep_fuses(&rig.g.g, shape, 1), "{label}: prep not fused");
+                    assert!(
+                        rig.g.k.attention.prep_fuses(&rig.g.g, shape, 1),
+                        "{label}: prep not fused"
+                    );
                 }
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();

@@ -386,7 +386,13 @@ impl Attention {
     /// `qk_prep` and `split_kv` of one token in two launches instead of three: attn_split_mma_prep
     /// norms and rotates each block's query heads itself and writes the new key and value into the
     /// cache (the block whose split holds them), then attn_split_combine. `p.q_out` is not written.
-    pub fn split_kv_prepped(&self, gpu: &Gpu, a: &Attend, parts: SplitPartials, p: &QkPrep) -> Result<()> {
+    pub fn split_kv_prepped(
+        &self,
+        gpu: &Gpu,
+        a: &Attend,
+        parts: SplitPartials,
+        p: &QkPrep,
+    ) -> Result<()> {
         let s = a.shape;
         if !self.prep_fuses(gpu, s, a.n_tok) {
             bail!(

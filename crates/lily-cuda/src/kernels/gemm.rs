@@ -134,22 +134,18 @@ impl Gemm {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
-        if Self::takes_wgmma(gpu, a.w, a.n_tok) {
+        let (kernel, cfg) = if Self::takes_wgmma(gpu, a.w, a.n_tok) {
             let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
-            let cfg = config(grid, 256, wg_smem(WG_TOK, a.w.cols / a.w.group));
-            return gpu.launch(&self.dense_wg, cfg, |l| {
-                l.arg(&w)
-                    .arg(&a.x.ptr)
-                    .arg(&x_stride)
-                    .arg(&a.y.ptr)
-                    .arg(&y_stride)
-                    .arg(&n_tok)
-                    .arg(&accumulate);
-            });
-        }
-        let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
-        let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
-        gpu.launch(&self.dense, cfg, |l| {
+            let smem = wg_smem(WG_TOK, a.w.cols / a.w.group);
+            (&self.dense_wg, config(grid, 256, smem))
+        } else {
+            let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
+            (
+                &self.dense,
+                config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM)),
+            )
+        };
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&a.x.ptr)
                 .arg(&x_stride)
