@@ -8,7 +8,7 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
-# new-noattn new-prep new-wgmma new-sampled new-sampledwalk new-sampled1 new), SERVED (old new: served decode at 4K), SERVED_TTFT (prompt
+# new-noattn new-prep new-wgmma new-chunked new-prefill new-sampled new-sampledwalk new-sampled1 new), SERVED (old new: served decode at 4K), SERVED_TTFT (prompt
 # lengths, e.g. "4096 131072": time to first token through `serve` with its default settings beside
 # the bench's prefill of the same lengths; TTFT_REPEAT), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
@@ -62,6 +62,8 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-noattn) cmd=("$NEW" bench "${B[@]}" --no-mma-attention) ;;
       new-prep) cmd=("$NEW" bench "${B[@]}" --fused-attn-prep) ;;
       new-wgmma) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm) ;;
+      new-chunked) cmd=("$NEW" bench "${B[@]}" --chunked-scan) ;;
+      new-prefill) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm --chunked-scan) ;;
       new-sampled1) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --one-block-sampling) ;;
       new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new-sampledwalk) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --no-warp-scan-sampling) ;;

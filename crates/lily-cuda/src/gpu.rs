@@ -87,6 +87,9 @@ pub struct KernelSwitches {
     /// 4-bit prefill projections of at least 128 tokens with wgmma on sm_90a (gemm_dense_wg)
     /// instead of mma.sync (gemm_dense).
     pub wgmma_gemm: bool,
+    /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
+    /// token (dn_recurrent).
+    pub chunked_scan: bool,
 }
 
 impl Default for KernelSwitches {
@@ -104,6 +107,7 @@ impl Default for KernelSwitches {
             mma_attention: false,
             fused_attn_prep: false,
             wgmma_gemm: false,
+            chunked_scan: false,
         }
     }
 }

@@ -118,6 +118,11 @@ pub struct CudaOptions {
     /// MMA (gemm_dense_wg, sm_90a only) instead of mma.sync (`--wgmma-gemm`, `LILY_WGMMA_GEMM=1`).
     /// Off until it has run on a GPU (docs/perf-notes.md, session 6).
     pub wgmma_gemm: bool,
+    /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
+    /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
+    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off until it has run on a GPU (docs/perf-notes.md,
+    /// session 6).
+    pub chunked_scan: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
     /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
@@ -154,6 +159,7 @@ impl Default for CudaOptions {
             mma_attention: true,
             fused_attn_prep: false,
             wgmma_gemm: false,
+            chunked_scan: false,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -190,6 +196,7 @@ impl CudaOptions {
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_FUSED_ATTN_PREP=1` | `fused_attn_prep` |
     /// | `LILY_WGMMA_GEMM=1` | `wgmma_gemm` |
+    /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
@@ -218,7 +225,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 22] = [
+        let flags: [(&str, &mut bool); 23] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -240,6 +247,7 @@ impl CudaOptions {
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
+            ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
             ("LILY_PROFILE", &mut self.profile),
@@ -371,6 +379,7 @@ impl Plan {
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
+                chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -543,7 +552,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {}, chunked DeltaNet scan {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -566,6 +575,7 @@ impl Plan {
             on(sw.mma_attention),
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
+            on(sw.chunked_scan),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
         )
@@ -620,6 +630,7 @@ mod tests {
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_FUSED_ATTN_PREP", "1"),
             ("LILY_WGMMA_GEMM", "1"),
+            ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
@@ -651,6 +662,7 @@ mod tests {
                 mma_attention: false,
                 fused_attn_prep: true,
                 wgmma_gemm: true,
+                chunked_scan: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

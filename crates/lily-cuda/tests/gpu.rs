@@ -1060,6 +1060,92 @@ fn attn_prefill_matches_attn_decode() {
     }
 }
 
+/// dn_chunked (the chunked gated delta rule; the plan's `chunked_scan`) against dn_recurrent (token
+/// by token) on the same random inputs and initial state, fp32: outputs and final state within
+/// 1e-4 (summation order and the chunk's cumulative log-decays only), for the real model's heads
+/// (16 K heads, 32 V heads, 128 × 128) and the tiny preset's, chunks of 64, 100, 300 and 1,000
+/// tokens (whole and partial 64-token chunks), decays from ≈ 1 to ≈ e⁻¹⁰ a token, each run
+/// continuing the state of the one before. Both kernels' times are printed, never asserted.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn chunked_deltanet_scan_matches_the_recurrent_one() {
+    use lily_cuda::kernels::deltanet::{DnRecurrent, DnShape};
+    let mut g = gpu();
+    let tiny = tiny_cfg();
+    let shapes = [
+        DnShape {
+            n_k: 16,
+            n_v: 32,
+            dk: 128,
+            dv: 128,
+        },
+        DnShape::of(&tiny),
+    ];
+    for s in shapes {
+        let mut rng = Rng(41);
+        let conv_dim = 2 * s.n_k * s.dk + s.n_v * s.dv;
+        let a_log: Vec<f32> = (0..s.n_v).map(|_| rng.val(1.5) - 0.5).collect();
+        let dt_bias = rng.vec(s.n_v, 1.0);
+        let (da_log, ddt) = (g.upload(&a_log).unwrap(), g.upload(&dt_bias).unwrap());
+        let init = rng.vec(s.n_v * s.dk * s.dv, 0.1);
+        let states = [g.upload(&init).unwrap(), g.upload(&init).unwrap()];
+        for n in [64usize, 100, 300, 1000] {
+            let c = rng.vec(n * conv_dim, 1.0);
+            let (b, a) = (rng.vec(n * s.n_v, 2.0), rng.vec(n * s.n_v, 2.0));
+            let (dc, db, da) = (
+                g.upload(&c).unwrap(),
+                g.upload(&b).unwrap(),
+                g.upload(&a).unwrap(),
+            );
+            let qk = g.alloc(n * s.n_k * 2 * s.dk * 4).unwrap();
+            let ab = g.alloc(n * s.n_v * 2 * 4).unwrap();
+            let mut outs = Vec::new();
+            for (chunked, state) in [false, true].into_iter().zip(&states) {
+                g.g.switches.chunked_scan = chunked;
+                assert_eq!(
+                    g.k.deltanet.takes_chunked(&g.g, s, n),
+                    chunked,
+                    "dn_chunked unavailable"
+                );
+                let o = poisoned(&g, n * s.n_v * s.dv);
+                let rec = DnRecurrent {
+                    c: dc.ptr,
+                    b: db.ptr,
+                    a: da.ptr,
+                    ba_stride: s.n_v,
+                    a_log: da_log.ptr,
+                    dt_bias: ddt.ptr,
+                    state: state.ptr,
+                    o: o.ptr,
+                    qk: qk.ptr,
+                    ab: ab.ptr,
+                };
+                g.sync().unwrap();
+                let start = std::time::Instant::now();
+                g.k.deltanet.recurrent(&g, s, &rec, n).unwrap();
+                g.sync().unwrap();
+                let took = start.elapsed();
+                let name = if chunked {
+                    "dn_chunked"
+                } else {
+                    "dn_recurrent"
+                };
+                println!(
+                    "KERNEL {name} {}x{} heads {}/{} T={n}: {took:.2?}",
+                    s.dk, s.dv, s.n_k, s.n_v
+                );
+                outs.push((
+                    g.read::<f32>(&o, 0, n * s.n_v * s.dv).unwrap(),
+                    g.read::<f32>(state, 0, init.len()).unwrap(),
+                ));
+            }
+            let what = format!("dn_chunked {}x{} T={n}", s.dk, s.dv);
+            check(&format!("{what} outputs"), &outs[1].0, &outs[0].0, 1e-4);
+            check(&format!("{what} state"), &outs[1].1, &outs[0].1, 1e-4);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn deltanet_block_and_state_match_cpu_over_chunks() {

@@ -119,6 +119,10 @@ pub struct CudaArgs {
     /// MMA (sm_90a) [env LILY_WGMMA_GEMM=1].
     #[arg(long)]
     pub wgmma_gemm: bool,
+    /// Experimental (not yet run on a GPU): prefill's DeltaNet recurrence in 64-token chunks
+    /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
+    #[arg(long)]
+    pub chunked_scan: bool,
 }
 
 impl CudaArgs {
@@ -150,6 +154,7 @@ impl CudaArgs {
             mma_attention: !self.no_mma_attention,
             fused_attn_prep: self.fused_attn_prep,
             wgmma_gemm: self.wgmma_gemm,
+            chunked_scan: self.chunked_scan,
             ..d
         }
     }
@@ -295,6 +300,7 @@ mod tests {
                 mma_attention: false,
                 fused_attn_prep: false,
                 wgmma_gemm: false,
+                chunked_scan: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,
