@@ -8,9 +8,10 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
-# new-noattn new-nopipe new-sampled new-sampledwalk new-sampled1 new-sampled-nopipe new; the
-# -nopipe ones with --no-pipelined-decode, LILY_STEP_TIMING=1 on every variant logs the device's
-# wait for the host), SERVED (old new: served decode at 4K), SERVED_TTFT (prompt
+# new-noattn new-prep new-wgmma new-chunked new-prefill new-nopipe new-sampled new-sampledwalk
+# new-sampled1 new-sampled-nopipe new; the -nopipe ones with --no-pipelined-decode, and
+# LILY_STEP_TIMING=1 on any variant logs the device's wait for the host), SERVED (old new:
+# served decode at 4K), SERVED_TTFT (prompt
 # lengths, e.g. "4096 131072": time to first token through `serve` with its default settings beside
 # the bench's prefill of the same lengths; TTFT_REPEAT), PROFILE_CTX (contexts of the per-kernel decode
 # profile), AGENT_TRACE ("CONTEXT TURNS": scripts/agent_trace.py, reuse on and off), CONSTRAIN=1
@@ -62,6 +63,10 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-late) cmd=("$NEW" bench "${B[@]}" --no-early-trigger) ;;
       new-1blk) cmd=("$NEW" bench "${B[@]}" --decode-blocks-per-sm 1) ;;
       new-noattn) cmd=("$NEW" bench "${B[@]}" --no-mma-attention) ;;
+      new-prep) cmd=("$NEW" bench "${B[@]}" --fused-attn-prep) ;;
+      new-wgmma) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm) ;;
+      new-chunked) cmd=("$NEW" bench "${B[@]}" --chunked-scan) ;;
+      new-prefill) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm --chunked-scan) ;;
       new-nopipe) cmd=("$NEW" bench "${B[@]}" --no-pipelined-decode) ;;
       new-sampled-nopipe) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --no-pipelined-decode) ;;
       new-sampled1) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --one-block-sampling) ;;
@@ -197,12 +202,12 @@ if [ -n "${AGENT_TRACE:-}" ]; then
 fi
 
 # NCU_FULL="REGEX": Nsight Compute's full set (stall reasons, memory chart, occupancy) on one launch
-# of each kernel matching REGEX at decode context 4K (ncu-full.txt).
+# of each kernel matching REGEX at decode context 4K or NCU_FULL_CTX (ncu-full.txt).
 if [ -n "${NCU_FULL:-}" ]; then
   NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   timeout "${NCU_FULL_TIMEOUT:-120}" "$NC" --graph-profiling node --clock-control none --set full \
     --kernel-name regex:"$NCU_FULL" --launch-skip "${NCU_FULL_SKIP:-60}" --launch-count "${NCU_FULL_COUNT:-2}" \
-    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx 4096 --decode-tokens 2 --repeat 1 \
+    "$NEW" bench --model "$M" --device cuda --prefill 16 --decode-ctx "${NCU_FULL_CTX:-4096}" --decode-tokens 2 --repeat 1 \
     > "$OUT/ncu-full.txt" 2>&1
   say "ncu full rc=$?"
 fi

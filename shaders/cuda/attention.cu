@@ -417,18 +417,77 @@ attn_split(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const 
 #ifndef SPLIT_MMA_STAGES
 #error "SPLIT_MMA_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
 #endif
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
-attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
-               int n_q, int n_kv, int d, float scale) {
+// attn_qk_prep's work for one row (a query head or the new key) in one warp, lane l holding
+// columns 8l .. 8l+7: the RMS norm with weights w, then NeoX RoPE on [0, rotary) with the angles'
+// cosines and sines rc / rs (rotary / 2 of each, attn_qk_prep's arithmetic), each value rounded as
+// attn_qk_prep rounds it. The partner of column i < rotary / 2 is i + rotary / 2, eight columns a
+// lane, so it sits rotary / 16 lanes away (rotary / 2 a multiple of 8: the launcher checks).
+__device__ __forceinline__ void prep_row(const float* __restrict__ src, const float* __restrict__ w, int d,
+                                         int rotary, const float* rc, const float* rs, float eps, float (&y)[8]) {
+    int lane = threadIdx.x & 31, c0 = 8 * lane;
+    bool has = c0 < d;
+    float x[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        x[e] = has ? src[c0 + e] : 0.0f;
+        ss += x[e] * x[e];
+    }
+    ss = warp_sum(ss);
+    float inv = rsqrtf(ss / (float)d + eps);
+    float b[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) b[e] = has ? act(x[e] * inv * w[c0 + e]) : 0.0f;
+    int half = rotary / 2, hop = half / 8;
+    int from = c0 < half ? lane + hop : c0 < rotary ? lane - hop : lane;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float other = __shfl_sync(0xffffffffu, b[e], from & 31);
+        int i = c0 + e;
+        if (i < rotary) {
+            int f = i < half ? i : i - half;
+            float c = rc[f], s = rs[f];
+            y[e] = act(i < half ? b[e] * c - other * s : b[e] * c + other * s);
+        } else {
+            y[e] = b[e];
+        }
+    }
+}
+
+// attn_qk_prep's inputs, for attn_split_mma_prep.
+struct PrepIn {
+    const float* qg;      // [n_q][2 d]: each head's q then its gate (the q projection's output)
+    const float* k_in;    // [n_kv][d]
+    const float* v_in;    // [n_kv][d]
+    const float* q_norm;  // [d]
+    const float* k_norm;  // [d]
+    kv_t* k_cache;        // written at row pos
+    kv_t* v_cache;
+    int rotary;
+    float theta, eps;
+};
+
+// The body of attn_split_mma (PREP false: q from attn_qk_prep's q_out) and attn_split_mma_prep
+// (PREP true: the block does attn_qk_prep's work itself — its query heads' norms and RoPE from the
+// projection's output, and, in the block whose split holds the new position, the new key and value
+// into the cache and straight into its shared tile — so one launch and one round trip less a layer).
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+template <bool PREP>
+__device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* k_cache,
+                                               const kv_t* v_cache, float* __restrict__ part_o,
+                                               float* __restrict__ part_ml, const int* __restrict__ pos_ptr,
+                                               int n_q, int n_kv, int d, float scale, const PrepIn& pin) {
     extern __shared__ __align__(16) float split_smem[];
+    // PREP: RoPE's cosines and sines at this position, the new key and value (bf16).
+    __shared__ float rc_s[PREP ? ATTN_MAX_D / 2 : 1], rs_s[PREP ? ATTN_MAX_D / 2 : 1];
+    __shared__ __align__(16) u16 kn_s[PREP ? ATTN_MAX_D : 8], vn_s[PREP ? ATTN_MAX_D : 8];
     int split = blockIdx.x;
     int pos = *pos_ptr;
     SplitBlock sb = split_block(split, n_q, n_kv, pos + 1);
     if (sb.start >= sb.end) return;  // uniform over the block
     int kvh = sb.kvh, h0 = sb.h0, ng = sb.ng, start = sb.start, end = sb.end;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    bool holds_new = PREP && pos >= start && pos < end;  // this split holds the new key
     int stride = d + SPLIT_MMA_PAD;  // bf16 elements per shared row
     u16* q_s = reinterpret_cast<u16*>(split_smem);    // [16][stride]
     u16* k_s = q_s + 16 * stride;                                // [STAGES][TILE][stride]
@@ -449,7 +508,10 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
             int j = j0 + jj;
             u16* kd = k_s + (b * SPLIT_TILE + jj) * stride + ch;
             u16* vd = v_s + (b * SPLIT_TILE + jj) * stride + ch;
-            if (j < end) {
+            if (PREP && j == pos) {  // the new key and value: from shared memory (after prep)
+                *reinterpret_cast<uint4*>(kd) = *reinterpret_cast<const uint4*>(kn_s + ch);
+                *reinterpret_cast<uint4*>(vd) = *reinterpret_cast<const uint4*>(vn_s + ch);
+            } else if (j < end) {
                 cp_async16(kd, kbase + (long long)j * row + ch);
                 cp_async16(vd, vbase + (long long)j * row + ch);
             } else {
@@ -466,18 +528,69 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
         issue(n_early, start + n_early * SPLIT_TILE);
         n_early++;
     }
-    pdl_wait();
-    for (int s = n_early; s < SPLIT_MMA_STAGES - 1; s++) issue(s, start + s * SPLIT_TILE);
-    // Q rows (heads h0 .. h0 + ng − 1, zero rows after), P's rows 8..15 zero.
-    for (int i = threadIdx.x; i < 16 * (d / 2); i += blockDim.x) {
-        int hh = i / (d / 2), c = (i % (d / 2)) * 2;
-        u32 v = 0;
-        if (hh < ng) {
-            const float* qr = q + (long long)(h0 + hh) * d + c;
-            v = pack_bf16x2(qr[0], qr[1]);
+    if (PREP) {
+        // The angles depend only on the position (attn_qk_prep's arithmetic, in double).
+        int half = pin.rotary / 2;
+        for (int f = threadIdx.x; f < half; f += blockDim.x) {
+            double inv_freq = 1.0 / pow((double)pin.theta, (double)(2 * f) / (double)pin.rotary);
+            double ang = (double)pos * inv_freq;
+            rc_s[f] = act((float)cos(ang));
+            rs_s[f] = act((float)sin(ang));
         }
-        *reinterpret_cast<u32*>(q_s + hh * stride + c) = v;
+        __syncthreads();
     }
+    pdl_wait();
+    if (PREP) {
+        // Warp 0 first makes the new key and value (only in the split that holds them), then
+        // every warp its query rows; rows ng .. 15 zero.
+        int c0 = 8 * lane;
+        if (holds_new && warp == 0) {
+            float y[8];
+            prep_row(pin.k_in + (long long)kvh * d, pin.k_norm, d, pin.rotary, rc_s, rs_s, pin.eps, y);
+            if (c0 < d) {
+                long long at = (long long)pos * n_kv * d + (long long)kvh * d + c0;
+                uint4 kw, vw;
+                const float* vr = pin.v_in + (long long)kvh * d + c0;
+                kw.x = (u32)kv_store(y[0]) | ((u32)kv_store(y[1]) << 16);
+                kw.y = (u32)kv_store(y[2]) | ((u32)kv_store(y[3]) << 16);
+                kw.z = (u32)kv_store(y[4]) | ((u32)kv_store(y[5]) << 16);
+                kw.w = (u32)kv_store(y[6]) | ((u32)kv_store(y[7]) << 16);
+                vw.x = (u32)kv_store(vr[0]) | ((u32)kv_store(vr[1]) << 16);
+                vw.y = (u32)kv_store(vr[2]) | ((u32)kv_store(vr[3]) << 16);
+                vw.z = (u32)kv_store(vr[4]) | ((u32)kv_store(vr[5]) << 16);
+                vw.w = (u32)kv_store(vr[6]) | ((u32)kv_store(vr[7]) << 16);
+                *reinterpret_cast<uint4*>(kn_s + c0) = kw;
+                *reinterpret_cast<uint4*>(vn_s + c0) = vw;
+                *reinterpret_cast<uint4*>(pin.k_cache + at) = kw;
+                *reinterpret_cast<uint4*>(pin.v_cache + at) = vw;
+            }
+        }
+        for (int hh = warp; hh < 16; hh += SPLIT_WARPS) {
+            float y[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (hh < ng)
+                prep_row(pin.qg + (long long)(h0 + hh) * 2 * d, pin.q_norm, d, pin.rotary, rc_s, rs_s, pin.eps, y);
+            if (c0 < d) {
+                uint4 qw = make_uint4(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]), pack_bf16x2(y[4], y[5]),
+                                      pack_bf16x2(y[6], y[7]));
+                *reinterpret_cast<uint4*>(q_s + hh * stride + c0) = qw;
+            }
+        }
+        __syncthreads();  // kn_s / vn_s before the tiles that copy them, q_s before the loop
+        for (int s = n_early; s < SPLIT_MMA_STAGES - 1; s++) issue(s, start + s * SPLIT_TILE);
+    } else {
+        for (int s = n_early; s < SPLIT_MMA_STAGES - 1; s++) issue(s, start + s * SPLIT_TILE);
+        // Q rows (heads h0 .. h0 + ng − 1, zero rows after).
+        for (int i = threadIdx.x; i < 16 * (d / 2); i += blockDim.x) {
+            int hh = i / (d / 2), c = (i % (d / 2)) * 2;
+            u32 v = 0;
+            if (hh < ng) {
+                const float* qr = q + (long long)(h0 + hh) * d + c;
+                v = pack_bf16x2(qr[0], qr[1]);
+            }
+            *reinterpret_cast<u32*>(q_s + hh * stride + c) = v;
+        }
+    }
+    // P's rows 8..15 zero.
     for (int i = threadIdx.x; i < 8 * (SPLIT_TILE + 8) / 2; i += blockDim.x)
         reinterpret_cast<u32*>(p_s + 8 * (SPLIT_TILE + 8))[i] = 0;
     int ncol = d / SPLIT_WARPS;      // output columns of this warp
@@ -576,6 +689,32 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
             part_ml[at * 2 + 1] = l;
         }
     }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
+attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
+               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
+               int n_q, int n_kv, int d, float scale) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    PrepIn none = {};
+    split_mma_body<false>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
+#else
+    __trap();
+#endif
+}
+
+// attn_split_mma_prep: attn_qk_prep + attn_split_mma of one token in one launch (the plan's
+// `fused_attn_prep`); the same partials, and the same cache row written at the position.
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
+attn_split_mma_prep(const float* __restrict__ qg, const float* __restrict__ k_in, const float* __restrict__ v_in,
+                    const float* __restrict__ q_norm, const float* __restrict__ k_norm, kv_t* __restrict__ k_cache,
+                    kv_t* __restrict__ v_cache, float* __restrict__ part_o, float* __restrict__ part_ml,
+                    const int* __restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,
+                    float scale) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps};
+    split_mma_body<true>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
 #else
     __trap();
 #endif

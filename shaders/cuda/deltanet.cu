@@ -194,3 +194,214 @@ extern "C" __global__ void dn_gated_norm(const float* __restrict__ o, const floa
     float inv = rsqrtf(ss / (float)dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) yh[i] = act(act(w[i] * act(oh[i] * inv)) * siluf(zh[i]));
 }
+
+// dn_chunked: dn_recurrent's result for a prefill chunk by the chunked form of the gated delta rule
+// (MODEL.md §2.5; the plan's `chunked_scan`), chunks of DNC_C = 64 tokens, fp32 throughout, on the
+// CUDA cores. Per V head hv and chunk (tokens i, j in 0..63; g = log α, Γ_i = Σ_{j ≤ i} g_j,
+// D_ij = exp(Γ_i − Γ_j) for j ≤ i):
+//   A_ij = β_i (k_i·k_j) D_ij (j < i),  P_ij = (q_i·k_j) D_ij (j ≤ i);
+//   W = (I + A)⁻¹ (β ⊙ K ⊙ e^Γ),  U = (I + A)⁻¹ (β ⊙ V)     (forward substitution);
+//   V' = U − W S;  O = (Q ⊙ e^Γ) S + P V';  S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V'.
+// The state's value columns are independent, so a block owns DNC_COLS = 32 columns of one head
+// (grid (Hv, dv / 32), block 256): it redoes A and P for its head (4× over the head's blocks) and
+// walks the chunks in order; its 128 × 32 slice of S stays in shared memory. Tokens past the
+// chunk's end are zero with β = 0 and g = 0, so they change nothing. α from dn_prep's ab: g = log α,
+// clamped at −88 where α underflowed to 0 (e^−88 is below every fp32 normal).
+// Thread maps: A and P one (i, j) pair per thread in turn (K and Q rows padded to DNC_LD floats
+// so the float4 reads of 32 consecutive j fall in distinct banks); the solves one column per thread
+// (threads 0..dk−1 a column of W, DN_MAX_DK..DN_MAX_DK+31 of U, in place over β ⊙ V), each its
+// own chain over the rows, no barrier;
+// V', O and S one value column per lane, rows strided by warp.
+// Limits (the launcher checks): dk ≤ 128, dk % 4 == 0, dv % 32 == 0.
+#define DNC_C 64
+#define DNC_COLS 32
+#define DNC_LD 132  // floats per shared K / Q / W row (128 + 4)
+
+struct DncSmem {
+    float* k;   // [DNC_C][DNC_LD]
+    float* q;   // [DNC_C][DNC_LD]
+    float* w;   // [DNC_C][DNC_LD]  W
+    float* a;   // [DNC_C][DNC_C + 1]  A (strict lower)
+    float* p;   // [DNC_C][DNC_C + 1]  P (lower, diagonal included)
+    float* u;   // [DNC_C][DNC_COLS + 1]  β ⊙ V, solved in place into U, then V'
+    float* s;   // [DN_MAX_DK][DNC_COLS]  the state's slice
+    float* gam;   // [DNC_C]  Γ
+    float* beta;  // [DNC_C]
+    float* eg;    // [DNC_C]  e^Γ
+    float* kd;    // [DNC_C]  e^{Γ_last − Γ}
+};
+
+extern "C" __global__ void __launch_bounds__(256)
+dn_chunked(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
+           float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
+           int dv) {
+    extern __shared__ __align__(16) float dnc_smem[];
+    DncSmem sm;
+    sm.k = dnc_smem;
+    sm.q = sm.k + DNC_C * DNC_LD;
+    sm.w = sm.q + DNC_C * DNC_LD;
+    sm.a = sm.w + DNC_C * DNC_LD;
+    sm.p = sm.a + DNC_C * (DNC_C + 1);
+    sm.u = sm.p + DNC_C * (DNC_C + 1);
+    sm.s = sm.u + DNC_C * (DNC_COLS + 1);
+    sm.gam = sm.s + DN_MAX_DK * DNC_COLS;
+    sm.beta = sm.gam + DNC_C;
+    sm.eg = sm.beta + DNC_C;
+    sm.kd = sm.eg + DNC_C;
+    int hv = blockIdx.x, j0 = blockIdx.y * DNC_COLS;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int hk = hv / (n_v_heads / n_k_heads);
+    int key_dim = n_k_heads * dk;
+    int conv_dim = 2 * key_dim + n_v_heads * dv;
+    float* sp = state + (long long)hv * dk * dv + j0;
+    for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) sm.s[i] = sp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS];
+    int per4 = dk / 4;
+    for (int t0 = 0; t0 < n_tok; t0 += DNC_C) {
+        int n = min(DNC_C, n_tok - t0);
+        // 1. The chunk's q, k (zero past its end), β ⊙ v, β, g.
+        for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
+            int i = idx / per4, f = 4 * (idx % per4);
+            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+            if (i < n) {
+                const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
+                qv = *reinterpret_cast<const float4*>(src + f);
+                kv = *reinterpret_cast<const float4*>(src + dk + f);
+            }
+            *reinterpret_cast<float4*>(sm.q + i * DNC_LD + f) = qv;
+            *reinterpret_cast<float4*>(sm.k + i * DNC_LD + f) = kv;
+        }
+        if (tid < DNC_C) {
+            float alpha = 1.0f, beta = 0.0f;
+            if (tid < n) {
+                alpha = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2];
+                beta = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2 + 1];
+            }
+            sm.beta[tid] = beta;
+            sm.gam[tid] = alpha > 0.0f ? fmaxf(logf(alpha), -88.0f) : -88.0f;
+        }
+        for (int idx = tid; idx < DNC_C * DNC_COLS; idx += blockDim.x) {
+            int i = idx / DNC_COLS, cc = idx % DNC_COLS;
+            float v = 0.0f, beta = 0.0f;
+            if (i < n) {
+                v = c[(long long)(t0 + i) * conv_dim + 2 * key_dim + (long long)hv * dv + j0 + cc];
+                beta = ab[((long long)(t0 + i) * n_v_heads + hv) * 2 + 1];
+            }
+            sm.u[i * (DNC_COLS + 1) + cc] = beta * v;
+        }
+        __syncthreads();
+        // 2. Γ: the inclusive prefix sum of g (two warps' scans joined).
+        if (warp < 2) {
+            float g = sm.gam[tid];
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, g, off);
+                if (lane >= off) g += y;
+            }
+            sm.gam[tid] = g;  // each warp's own prefix, joined below
+        }
+        __syncthreads();
+        if (tid >= 32 && tid < DNC_C) sm.gam[tid] += sm.gam[31];
+        __syncthreads();
+        // 3. A and P.
+        for (int pr = tid; pr < DNC_C * DNC_C; pr += blockDim.x) {
+            int i = pr / DNC_C, j = pr % DNC_C;
+            float kk = 0.0f, qq = 0.0f;
+            if (j <= i) {
+                const float* ki = sm.k + i * DNC_LD;
+                const float* qi = sm.q + i * DNC_LD;
+                const float* kj = sm.k + j * DNC_LD;
+                for (int m = 0; m < dk; m += 4) {
+                    float4 a4 = *reinterpret_cast<const float4*>(kj + m);
+                    float4 k4 = *reinterpret_cast<const float4*>(ki + m);
+                    float4 q4 = *reinterpret_cast<const float4*>(qi + m);
+                    kk += k4.x * a4.x + k4.y * a4.y + k4.z * a4.z + k4.w * a4.w;
+                    qq += q4.x * a4.x + q4.y * a4.y + q4.z * a4.z + q4.w * a4.w;
+                }
+                float dij = expf(sm.gam[i] - sm.gam[j]);
+                kk *= sm.beta[i] * dij;
+                qq *= dij;
+            }
+            sm.a[i * (DNC_C + 1) + j] = j < i ? kk : 0.0f;
+            sm.p[i * (DNC_C + 1) + j] = qq;
+        }
+        __syncthreads();
+        // 4. W = (I + A)⁻¹ (β ⊙ K ⊙ e^Γ) and U = (I + A)⁻¹ (β ⊙ V): a column per thread.
+        if (tid < dk || (tid >= DN_MAX_DK && tid < DN_MAX_DK + DNC_COLS)) {
+            bool is_w = tid < dk;
+            int col = is_w ? tid : tid - DN_MAX_DK;
+            float* x = is_w ? sm.w + col : sm.u + col;
+            int ld = is_w ? DNC_LD : DNC_COLS + 1;
+            for (int i = 0; i < DNC_C; i++) {
+                float rhs = is_w ? sm.beta[i] * expf(sm.gam[i]) * sm.k[i * DNC_LD + col] : x[i * ld];
+                const float* ai = sm.a + i * (DNC_C + 1);
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+                int j = 0;
+                for (; j + 4 <= i; j += 4) {
+                    s0 += ai[j] * x[j * ld];
+                    s1 += ai[j + 1] * x[(j + 1) * ld];
+                    s2 += ai[j + 2] * x[(j + 2) * ld];
+                    s3 += ai[j + 3] * x[(j + 3) * ld];
+                }
+                for (; j < i; j++) s0 += ai[j] * x[j * ld];
+                x[i * ld] = rhs - ((s0 + s1) + (s2 + s3));
+            }
+        }
+        __syncthreads();
+        // 5. V' = U − W S (in place over U): lane cc, rows warp + 8r. (And the decays steps 6
+        // and 7 use.)
+        if (tid < DNC_C) {
+            sm.eg[tid] = expf(sm.gam[tid]);
+            sm.kd[tid] = expf(sm.gam[DNC_C - 1] - sm.gam[tid]);
+        }
+        int cc = lane;
+        {
+            float acc[DNC_C / 8];
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) acc[r] = 0.0f;
+            for (int m = 0; m < dk; m++) {
+                float sv = sm.s[m * DNC_COLS + cc];
+#pragma unroll
+                for (int r = 0; r < DNC_C / 8; r++) acc[r] += sm.w[(warp + 8 * r) * DNC_LD + m] * sv;
+            }
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) sm.u[(warp + 8 * r) * (DNC_COLS + 1) + cc] -= acc[r];
+        }
+        __syncthreads();
+        // 6. O = (Q ⊙ e^Γ) S + P V'.
+        {
+            float acc[DNC_C / 8], intra[DNC_C / 8];
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) acc[r] = intra[r] = 0.0f;
+            for (int m = 0; m < dk; m++) {
+                float sv = sm.s[m * DNC_COLS + cc];
+#pragma unroll
+                for (int r = 0; r < DNC_C / 8; r++) acc[r] += sm.q[(warp + 8 * r) * DNC_LD + m] * sv;
+            }
+            for (int j = 0; j < DNC_C; j++) {
+                float vj = sm.u[j * (DNC_COLS + 1) + cc];
+#pragma unroll
+                for (int r = 0; r < DNC_C / 8; r++) intra[r] += sm.p[(warp + 8 * r) * (DNC_C + 1) + j] * vj;
+            }
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) {
+                int i = warp + 8 * r;
+                if (i < n)
+                    o[(long long)(t0 + i) * n_v_heads * dv + (long long)hv * dv + j0 + cc] =
+                        act(sm.eg[i] * acc[r] + intra[r]);
+            }
+        }
+        __syncthreads();  // S is read above and rewritten below
+        // 7. S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V' (P's entries past row n are zero: Γ_last
+        // is Γ at the chunk's last token, and the padded tokens have g = 0 anyway).
+        {
+            float decay = expf(sm.gam[DNC_C - 1]);
+            for (int m = warp; m < dk; m += 8) {
+                float acc = 0.0f;
+                for (int i = 0; i < DNC_C; i++) acc += sm.k[i * DNC_LD + m] * sm.kd[i] * sm.u[i * (DNC_COLS + 1) + cc];
+                sm.s[m * DNC_COLS + cc] = decay * sm.s[m * DNC_COLS + cc] + acc;
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) sp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS] = sm.s[i];
+}

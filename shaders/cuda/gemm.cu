@@ -333,3 +333,284 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
                float* __restrict__ y, int y_stride) {
     gemm_grouped_body<32>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
+
+// ---- Hopper (sm_90a): warpgroup MMA --------------------------------------------------------------
+// gemm_dense_wg (TOK = 128) / gemm_grouped_wg64 (TOK = 64): gemm_dense and gemm_grouped for 4-bit
+// weights with wgmma (the plan's `wgmma_gemm`, sm_90a). A block computes WG_ROWS = 128 weight rows ×
+// TOK tokens (items) with two warpgroups (256 threads), each 64 rows: per 16 columns one
+// wgmma.m64n{TOK}k16 with
+//   A = the weights, dequantised straight into the MMA's register fragments (bf16(scale·q + bias), as
+//     gemm_dense's w_store makes them): warp w of a warpgroup holds rows 16w + lane/4 and + 8;
+//   B = the tokens' activations, bf16, K-major in shared memory with the 128-byte swizzle (a token's
+//     64 columns of a k-step are one 128-byte row), read by the MMA through a matrix descriptor.
+// The columns are permuted inside each 16-column slice so that a thread's four columns of a
+// fragment are four consecutive packed weights: thread t (lane % 4) of a quad reads words 2t, 2t + 1
+// of each of its rows per 64-column step (columns 16t .. 16t + 15), and its fragment columns
+// {2t, 2t+1, 2t+8, 2t+9} of slice s are the weights at 16t + 4s + {0, 1, 2, 3}; the activations are
+// written into B with the same permutation (a dot product does not depend on the order of its
+// terms, so the result is the product of the unpermuted matrices).
+// Pipeline: a ring of WG_STAGES k-steps (the fp32 activations and the packed weights, cp.async,
+// issued WG_STAGES − 1 steps ahead); per step the block converts the next step's activations into
+// the other B buffer and its weights into the other register fragments while this step's wgmma run
+// asynchronously. Scales and biases of the block's rows for every group come into shared memory
+// once. The epilogue is gemm_dense's / gemm_grouped's: act(sum), or act(y + act(sum)) with
+// accumulate (dense only).
+// Limits (the launcher checks): bits 4, cols % 64 == 0, group % 16 == 0, cols / group ≤ 64.
+// Dynamic shared memory (wg_smem in the launcher): 1 KB of alignment slack, B 2 × TOK × 128 bytes,
+// the ring WG_STAGES × (TOK × 256 + 128 × 32 bytes), the scales and biases 128 × (cols / group) × 4.
+#ifndef WG_STAGES
+#error "WG_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+#define WG_ROWS 128
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The kernels' dynamic shared memory (wg_tile aligns it to 1024 bytes).
+extern __shared__ __align__(16) char wg_raw[];
+
+// d (64 × TOK f32, the warpgroup's accumulator fragment) += A (64 × 16 bf16, registers) · B (16 ×
+// TOK bf16, shared memory through `desc`).
+template <int TOK>
+__device__ __forceinline__ void wgmma_tok(float (&d)[TOK / 2], const u32 (&a)[4], unsigned long long desc);
+template <>
+__device__ __forceinline__ void wgmma_tok<64>(float (&d)[32], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_tok<128>(float (&d)[64], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Generic-proxy writes to shared memory, made visible to the MMA's (async-proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The descriptor of a K-major bf16 operand with the 128-byte swizzle at shared address `addr`
+// (1024-byte aligned atoms of 8 rows × 128 bytes): start address, leading byte offset (unused with
+// this swizzle: 1), stride byte offset 1024 (8 rows), layout 1 (128-byte swizzle).
+__device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
+    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// A block's shared memory: B (2 buffers), the ring, the (scale, bias) pairs, the token rows.
+template <int TOK>
+struct WgSmem {
+    static const int XB = TOK * 128;             // one B buffer
+    static const int RING_X = TOK * 64 * 4;      // a ring stage's fp32 activations
+    static const int STAGE = RING_X + WG_ROWS * 32;  // ... and packed weights
+    char* xb;
+    char* ring;
+    u32* sb;
+    const int* src;  // [TOK] activation row of each token slot (-1: none)
+};
+
+// Step `st`'s activations and packed weights into ring slot `slot` (one cp.async group is
+// committed by the caller; slots of absent tokens and rows past the weight's are not read: their
+// products are never stored).
+template <int TOK>
+__device__ __forceinline__ void wg_issue(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
+                                         int x_stride, const WgSmem<TOK>& sm, int st, int slot) {
+    char* xs = sm.ring + slot * WgSmem<TOK>::STAGE;
+    int k0 = st * 64;
+    for (int i = threadIdx.x; i < TOK * 16; i += blockDim.x) {
+        int n = i >> 4, c = (i & 15) * 4;
+        int src = sm.src[n];
+        if (src >= 0) cp_async16(xs + (n * 64 + c) * 4, x + (long long)src * x_stride + k0 + c);
+    }
+    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    long long row = w_row0 + min(m0 + r, w.rows - 1);
+    const char* wsrc = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + k0 / 2 + 16 * h;
+    cp_async16(xs + WgSmem<TOK>::RING_X + r * 32 + 16 * h, wsrc);
+}
+
+// Step `st` from ring slot `slot`: the activations into B buffer `xb` (bf16, permuted, swizzled) and
+// this thread's weight fragments into a[4][4] (slice s: a[s]).
+template <int TOK>
+__device__ __forceinline__ void wg_convert(const QWeight& w, const WgSmem<TOK>& sm, int groups, int st, int slot,
+                                           char* xb, u32 (&a)[4][4]) {
+    const char* xs = sm.ring + slot * WgSmem<TOK>::STAGE;
+#pragma unroll
+    for (int it = 0; it < TOK / 64; it++) {
+        int i = threadIdx.x + it * 256;
+        int n = i >> 2, s = i & 3;
+        const float* row = reinterpret_cast<const float*>(xs) + n * 64 + 4 * s;
+        // Odd tokens read their four 16-byte pieces in the order 1, 0, 3, 2, so that the eight
+        // lanes of a phase (two tokens × four slices) hit distinct banks.
+        int o = n & 1;
+        float4 l0 = *reinterpret_cast<const float4*>(row + 16 * (0 ^ o));
+        float4 l1 = *reinterpret_cast<const float4*>(row + 16 * (1 ^ o));
+        float4 l2 = *reinterpret_cast<const float4*>(row + 16 * (2 ^ o));
+        float4 l3 = *reinterpret_cast<const float4*>(row + 16 * (3 ^ o));
+        float4 x0 = o ? l1 : l0, x1 = o ? l0 : l1, x2 = o ? l3 : l2, x3 = o ? l2 : l3;
+        char* dst = xb + n * 128;
+        uint4 c0 = make_uint4(pack_bf16x2(x0.x, x0.y), pack_bf16x2(x1.x, x1.y), pack_bf16x2(x2.x, x2.y),
+                              pack_bf16x2(x3.x, x3.y));
+        uint4 c1 = make_uint4(pack_bf16x2(x0.z, x0.w), pack_bf16x2(x1.z, x1.w), pack_bf16x2(x2.z, x2.w),
+                              pack_bf16x2(x3.z, x3.w));
+        *reinterpret_cast<uint4*>(dst + (((2 * s) ^ (n & 7)) << 4)) = c0;
+        *reinterpret_cast<uint4*>(dst + (((2 * s + 1) ^ (n & 7)) << 4)) = c1;
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;  // the warpgroup's 64 rows, the warp's 16
+    int grp = (st * 64 + 16 * t) / w.group;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = r0 + 8 * h;
+        uint2 wd = *reinterpret_cast<const uint2*>(xs + WgSmem<TOK>::RING_X + r * 32 + 8 * t);
+        u32 p = sm.sb[r * groups + grp];
+        float sc = bf16_to_f32((u16)(p & 0xffffu)), bi = bf16_to_f32((u16)(p >> 16));
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            u32 word = s < 2 ? wd.x : wd.y;
+            int sh = 16 * (s & 1);
+            float v0 = fmaf(sc, (float)((word >> sh) & 15u), bi);
+            float v1 = fmaf(sc, (float)((word >> (sh + 4)) & 15u), bi);
+            float v2 = fmaf(sc, (float)((word >> (sh + 8)) & 15u), bi);
+            float v3 = fmaf(sc, (float)((word >> (sh + 12)) & 15u), bi);
+            a[s][h] = pack_bf16x2(v0, v1);      // fragment columns 2t, 2t + 1
+            a[s][2 + h] = pack_bf16x2(v2, v3);  // 2t + 8, 2t + 9
+        }
+    }
+}
+
+// One k-step: this step's four wgmma from B buffer st % 2 and fragments `a`; meanwhile the ring's
+// next request and the next step's conversion into the other buffer and `an`.
+template <int TOK>
+__device__ __forceinline__ void wg_step(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
+                                        int x_stride, const WgSmem<TOK>& sm, int groups, int st, int steps,
+                                        float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
+    u32 xb_cur = smem_addr(sm.xb + (st & 1) * WgSmem<TOK>::XB);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) wgmma_tok<TOK>(d, a[s], wg_desc(xb_cur + 32 * s));
+    wgmma_commit();
+    int ahead = st + WG_STAGES - 1;
+    if (ahead < steps) wg_issue<TOK>(w, w_row0, m0, x, x_stride, sm, ahead, ahead % WG_STAGES);
+    cp_async_commit();
+    if (st + 1 < steps) {
+        cp_async_wait<WG_STAGES - 2>();
+        __syncthreads();
+        wg_convert<TOK>(w, sm, groups, st + 1, (st + 1) % WG_STAGES, sm.xb + ((st + 1) & 1) * WgSmem<TOK>::XB, an);
+        fence_proxy_async();
+    }
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
+    __syncthreads();
+}
+
+// The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
+// src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
+// none; the caller fills them, the first barrier below publishes them).
+template <int TOK>
+__device__ __forceinline__ void wg_tile(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
+                                        int x_stride, const int* src, const int* dst, float* __restrict__ y,
+                                        int y_stride, int accumulate, char* raw) {
+    WgSmem<TOK> sm;
+    char* base = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    sm.xb = base;
+    sm.ring = base + 2 * WgSmem<TOK>::XB;
+    sm.sb = reinterpret_cast<u32*>(sm.ring + WG_STAGES * WgSmem<TOK>::STAGE);
+    sm.src = src;
+    int groups = w.cols / w.group, steps = w.cols / 64;
+    // Scales and biases of the block's rows, every group: (scale, bias) bf16 pairs.
+    for (int i = threadIdx.x; i < WG_ROWS * groups; i += blockDim.x) {
+        int r = i / groups, gi = i % groups;
+        long long at = (w_row0 + min(m0 + r, w.rows - 1)) * groups + gi;
+        sm.sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
+    }
+    __syncthreads();  // src (the caller's) before the first requests
+    for (int st = 0; st < WG_STAGES - 1; st++) {
+        if (st < steps) wg_issue<TOK>(w, w_row0, m0, x, x_stride, sm, st, st);
+        cp_async_commit();
+    }
+    float d[TOK / 2];
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) d[i] = 0.0f;
+    u32 a0[4][4], a1[4][4];
+    cp_async_wait<WG_STAGES - 2>();
+    __syncthreads();
+    wg_convert<TOK>(w, sm, groups, 0, 0, sm.xb, a0);
+    fence_proxy_async();
+    __syncthreads();
+    for (int st = 0; st < steps; st += 2) {
+        wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st, steps, d, a0, a1);
+        if (st + 1 < steps) wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st + 1, steps, d, a1, a0);
+    }
+    // d[4j + e]: row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64, token slot
+    // 8j + 2·(lane % 4) + e % 2.
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < TOK / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
+            if (r < w.rows && out >= 0) {
+                float* yp = y + (long long)out * y_stride + r;
+                float v = act(d[4 * j + e]);
+                *yp = accumulate ? act(*yp + v) : v;
+            }
+        }
+    }
+}
+#endif
+
+// grid (ceil(rows / 128), ceil(n_tok / 128)).
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_dense_wg(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+              int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ int rows[128];
+    if (threadIdx.x < 128) {
+        int n = blockIdx.y * 128 + threadIdx.x;
+        rows[threadIdx.x] = n < n_tok ? n : -1;
+    }
+    wg_tile<128>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
+#else
+    __trap();
+#endif
+}
+
+// grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
+// moe_group made them with tiles of TOK; blocks past *n_tiles exit.
+template <int TOK>
+__device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
+                                                const int* __restrict__ tiles, const int* __restrict__ n_tiles,
+                                                const float* __restrict__ x, int x_stride, int x_div,
+                                                float* __restrict__ y, int y_stride) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ int src[TOK], dst[TOK];
+    int t = blockIdx.y;
+    if (t >= *n_tiles) return;  // uniform over the block
+    int e = tiles[3 * t], start = tiles[3 * t + 1], cnt = tiles[3 * t + 2];
+    if (threadIdx.x < TOK) {
+        int item = threadIdx.x < cnt ? perm[start + threadIdx.x] : -1;
+        src[threadIdx.x] = item < 0 ? -1 : item / x_div;
+        dst[threadIdx.x] = item;
+    }
+    wg_tile<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wg64(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                  const int* __restrict__ n_tiles, const float* __restrict__ x, int x_stride, int x_div,
+                  float* __restrict__ y, int y_stride) {
+    grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+

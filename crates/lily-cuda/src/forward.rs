@@ -445,7 +445,11 @@ impl Forward<'_> {
             k_norm: a.k_norm.ptr,
             pos,
         };
-        k.attention.qk_prep(gpu, shape, &prep, n)?;
+        let path = self.plan.attention(shape, n);
+        let fused = path == AttentionPath::SplitKv && k.attention.prep_fuses(gpu, shape, n);
+        if !fused {
+            k.attention.qk_prep(gpu, shape, &prep, n)?;
+        }
         let attend = Attend {
             shape,
             q: s.q.ptr,
@@ -456,13 +460,17 @@ impl Forward<'_> {
             pos,
             n_tok: n,
         };
-        match self.plan.attention(shape, n) {
+        match path {
             AttentionPath::SplitKv => {
                 let parts = SplitPartials {
                     part_o: s.part_o.ptr,
                     part_ml: s.part_ml.ptr,
                 };
-                k.attention.split_kv(gpu, &attend, parts)?
+                if fused {
+                    k.attention.split_kv_prepped(gpu, &attend, parts, &prep)?
+                } else {
+                    k.attention.split_kv(gpu, &attend, parts)?
+                }
             }
             AttentionPath::FlashPrefill => k.attention.flash_prefill(gpu, &attend)?,
             AttentionPath::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,

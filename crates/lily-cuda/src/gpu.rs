@@ -82,6 +82,15 @@ pub struct KernelSwitches {
     pub sample_warp_scan: bool,
     /// One-token split-KV attention on the tensor cores (bf16 activations only).
     pub mma_attention: bool,
+    /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
+    /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
+    pub fused_attn_prep: bool,
+    /// 4-bit prefill projections of at least 128 tokens with wgmma on sm_90a (gemm_dense_wg)
+    /// instead of mma.sync (gemm_dense).
+    pub wgmma_gemm: bool,
+    /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
+    /// token (dn_recurrent).
+    pub chunked_scan: bool,
 }
 
 impl Default for KernelSwitches {
@@ -97,6 +106,9 @@ impl Default for KernelSwitches {
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
+            fused_attn_prep: false,
+            wgmma_gemm: false,
+            chunked_scan: false,
         }
     }
 }

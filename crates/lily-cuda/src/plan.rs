@@ -109,6 +109,20 @@ pub struct CudaOptions {
     /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
+    /// One-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache
+    /// write) in its own blocks, one launch fewer per attention layer (`--fused-attn-prep`,
+    /// `LILY_FUSED_ATTN_PREP=1`). Off until it has run on a GPU: written in a session whose
+    /// device loans were paused (docs/perf-notes.md, session 6).
+    pub fused_attn_prep: bool,
+    /// Prefill's 4-bit dense projections (chunks of at least 128 tokens) with Hopper's warpgroup
+    /// MMA (gemm_dense_wg, sm_90a only) instead of mma.sync (`--wgmma-gemm`, `LILY_WGMMA_GEMM=1`).
+    /// Off until it has run on a GPU (docs/perf-notes.md, session 6).
+    pub wgmma_gemm: bool,
+    /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
+    /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
+    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off until it has run on a GPU (docs/perf-notes.md,
+    /// session 6).
+    pub chunked_scan: bool,
     /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
     /// device never waits for the host's read, callback and launch between tokens; a token that
@@ -150,6 +164,9 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
+            fused_attn_prep: false,
+            wgmma_gemm: false,
+            chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
             profile: false,
@@ -185,6 +202,9 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
+    /// | `LILY_FUSED_ATTN_PREP=1` | `fused_attn_prep` |
+    /// | `LILY_WGMMA_GEMM=1` | `wgmma_gemm` |
+    /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
@@ -214,7 +234,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
         }
-        let flags: [(&str, &mut bool); 21] = [
+        let flags: [(&str, &mut bool); 24] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -234,6 +254,9 @@ impl CudaOptions {
             ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
+            ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
+            ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
+            ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
@@ -366,6 +389,9 @@ impl Plan {
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
+                fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
+                wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
+                chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -547,7 +573,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -568,6 +594,9 @@ impl Plan {
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.mma_attention),
+            on(sw.fused_attn_prep),
+            on(sw.wgmma_gemm),
+            on(sw.chunked_scan),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
@@ -621,6 +650,9 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
+            ("LILY_FUSED_ATTN_PREP", "1"),
+            ("LILY_WGMMA_GEMM", "1"),
+            ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
@@ -651,6 +683,9 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                fused_attn_prep: true,
+                wgmma_gemm: true,
+                chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,
                 profile: true,

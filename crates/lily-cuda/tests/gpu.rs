@@ -408,6 +408,136 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
+/// x's rows (x_div = top_k), outputs NaN-poisoned first.
+fn gemm_grouped(
+    g: &Dev,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let items = x.len() / cols * k;
+    let dx = g.upload(x).unwrap();
+    let dy = poisoned(g, items * rows);
+    let grouped = Grouped {
+        w: dw,
+        groups: gr.groups,
+        x: Rows::new(dx.ptr, cols),
+        x_div: k,
+        y: Rows::new(dy.ptr, rows),
+    };
+    g.k.gemm.grouped(g, &grouped).unwrap();
+    g.read(&dy, 0, items * rows).unwrap()
+}
+
+/// gemm_dense_wg (wgmma, sm_90a; the plan's `wgmma_gemm`) vs the exact product of the bf16
+/// values it multiplies, as gemm_dense's test: 4-bit weights with groups of 64 and of 32, rows
+/// not a multiple of the block's 128, tokens not a multiple of 128, one and many k-steps, store
+/// and residual add; then at prefill's shapes against gemm_dense (same bf16 operands, fp32 sums
+/// in another order, outputs rounded to bf16: 5e-3), with both kernels' times printed (never
+/// asserted). Skipped (with a line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wgmma_linears_match_the_bf16_product() {
+    let mut g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!(
+            "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
+            g.g.arch
+        );
+        return;
+    }
+    let mut rng = Rng(37);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    for (group, t, rows, cols) in [
+        (64usize, 128usize, 128usize, 64usize),
+        (64, 300, 200, 192),
+        (32, 130, 136, 512),
+        (64, 256, 1000, 2048),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        g.g.switches.wgmma_gemm = true;
+        assert!(
+            lily_cuda::kernels::gemm::Gemm::takes_wgmma(&g.g, &dw, t),
+            "{rows}x{cols} T={t}"
+        );
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let dy = poisoned(&g, t * rows);
+        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+        let want = bf16_product(&w, &x);
+        let what = format!("gemm_dense_wg group={group} T={t} {rows}x{cols}");
+        check(&what, &y, &want, 5e-3);
+        let r = bf(rng.vec(t * rows, 0.5));
+        g.write(&dy, 0, &r).unwrap();
+        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::AddToResidual);
+        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+        let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+        check(&format!("{what} +residual"), &y, &want, 5e-3);
+    }
+    // Grouped (gemm_grouped_wg64): skewed routing over tiles of 64 (one expert over two tiles,
+    // one with none), groups of 64 and 32, one and many k-steps.
+    g.g.switches.wgmma_gemm = true;
+    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 64)] {
+        let (e, rows, t, k) = (7, 136, 90, 2);
+        let items = t * k;
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let gr = Grouping::skewed(&g, &mut rng, items, e, 64);
+        let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
+        let want = gr.want(&w, &x, k, bf16_product);
+        let what = format!(
+            "gemm_grouped_wg64 group={group} {rows}x{cols} ({} tiles)",
+            gr.tiles_made(&g)
+        );
+        check(&what, &y, &want, 5e-3);
+    }
+    // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
+    for (t, rows, cols) in [
+        (4096usize, 8192usize, 2048usize),
+        (4096, 2048, 4096),
+        (512, 2048, 512),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, 64);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let mut outs = Vec::new();
+        for wg in [false, true] {
+            g.g.switches.wgmma_gemm = wg;
+            let dy = poisoned(&g, t * rows);
+            g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+            g.sync().unwrap();
+            let reps = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+            }
+            g.sync().unwrap();
+            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            let tflops = 2.0 * (t * rows * cols) as f64 / secs / 1e12;
+            println!(
+                "KERNEL {} T={t} {rows}x{cols}: {:.1} µs, {tflops:.0} TFLOP/s",
+                if wg { "gemm_dense_wg" } else { "gemm_dense" },
+                secs * 1e6
+            );
+            outs.push(g.read::<f32>(&dy, 0, t * rows).unwrap());
+        }
+        check(
+            &format!("gemm_dense_wg vs gemm_dense T={t} {rows}x{cols}"),
+            &outs[1],
+            &outs[0],
+            5e-3,
+        );
+    }
+}
+
 /// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
 /// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
 /// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.
@@ -496,17 +626,7 @@ fn tensor_core_linears_match_the_bf16_product() {
             let dw = upload_linear(&g, "w", &w).unwrap();
             let x = bf(rng.vec(t * cols, 1.0));
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
-            let dx = g.upload(&x).unwrap();
-            let dy = poisoned(&g, items * rows);
-            let grouped = Grouped {
-                w: &dw,
-                groups: gr.groups,
-                x: Rows::new(dx.ptr, cols),
-                x_div: k,
-                y: Rows::new(dy.ptr, rows),
-            };
-            g.k.gemm.grouped(&g, &grouped).unwrap();
-            let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
             let want = gr.want(&w, &x, k, bf16_product);
             check(
                 &format!(
@@ -765,9 +885,10 @@ impl AttnRig {
 /// kernel, at contexts 1, 7, 300, 5000 and 20000 (past 16384 keys a split holds more than one
 /// tile per warp), for a 1-token step and then a 3-token step, in both activation modes, with the
 /// tiny preset's heads (GQA group 2, head_dim 64) and the real model's (group 8, head_dim 256).
-/// bf16 runs twice: one-token steps on CUDA cores (attn_split) and on the tensor cores
+/// bf16 runs three times: one-token steps on CUDA cores (attn_split), on the tensor cores
 /// (attn_split_mma, which also rounds q and the softmax weights to bf16, as the flash prefill
-/// kernel does). Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs
+/// kernel does), and on the tensor cores with the q/k norms, RoPE and cache write inside the split
+/// kernel (attn_split_mma_prep; its norms sum in another order than attn_qk_prep's). Tolerances (relative L2): fp32 vs CPU 1e-4 (the attention block's), fp32 split vs
 /// one-block 1e-5 (summation order only); bf16 vs CPU 3e-2 (q, k, v, the cache and the output are
 /// rounded to bf16, the CPU keeps fp32), bf16 split vs one-block 1e-2 (same roundings; an output
 /// may land one bf16 step apart).
@@ -787,17 +908,33 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     for (label, c, lens) in cases {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
-        // bf16 also with one-token steps on the tensor cores (attn_split_mma).
-        for (bf16, mma) in [(false, false), (true, false), (true, true)] {
-            let mode = match (bf16, mma) {
-                (false, _) => "fp32",
-                (true, false) => "bf16",
-                (true, true) => "bf16 tensor cores",
+        // bf16 also with one-token steps on the tensor cores (attn_split_mma), and with the
+        // prep fused into them (attn_split_mma_prep).
+        let modes = [
+            (false, false, false),
+            (true, false, false),
+            (true, true, false),
+            (true, true, true),
+        ];
+        for (bf16, mma, fused) in modes {
+            let mode = match (bf16, mma, fused) {
+                (false, _, _) => "fp32",
+                (true, false, _) => "bf16",
+                (true, true, false) => "bf16 tensor cores",
+                (true, true, true) => "bf16 tensor cores, fused prep",
             };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
                 rig.g.g.switches.mma_attention = mma;
+                rig.g.g.switches.fused_attn_prep = fused;
+                if fused {
+                    let shape = gattn::AttnShape::of(c);
+                    assert!(
+                        rig.g.k.attention.prep_fuses(&rig.g.g, shape, 1),
+                        "{label}: prep not fused"
+                    );
+                }
                 let dw = upload_attention(&rig.g, c, "attn", &w).unwrap();
                 let mut kv = ops::KvCache::default();
                 // The first len − 1 tokens as prefill chunks (one-block kernel for chunks > 4).
@@ -919,6 +1056,92 @@ fn attn_prefill_matches_attn_decode() {
                  attn_decode {t_decode:.2?}, attn_prefill {t_prefill:.2?}"
             );
             check(&format!("{what} vs attn_decode"), &got, &want, 1e-2);
+        }
+    }
+}
+
+/// dn_chunked (the chunked gated delta rule; the plan's `chunked_scan`) against dn_recurrent (token
+/// by token) on the same random inputs and initial state, fp32: outputs and final state within
+/// 1e-4 (summation order and the chunk's cumulative log-decays only), for the real model's heads
+/// (16 K heads, 32 V heads, 128 × 128) and the tiny preset's, chunks of 64, 100, 300 and 1,000
+/// tokens (whole and partial 64-token chunks), decays from ≈ 1 to ≈ e⁻¹⁰ a token, each run
+/// continuing the state of the one before. Both kernels' times are printed, never asserted.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn chunked_deltanet_scan_matches_the_recurrent_one() {
+    use lily_cuda::kernels::deltanet::{DnRecurrent, DnShape};
+    let mut g = gpu();
+    let tiny = tiny_cfg();
+    let shapes = [
+        DnShape {
+            n_k: 16,
+            n_v: 32,
+            dk: 128,
+            dv: 128,
+        },
+        DnShape::of(&tiny),
+    ];
+    for s in shapes {
+        let mut rng = Rng(41);
+        let conv_dim = 2 * s.n_k * s.dk + s.n_v * s.dv;
+        let a_log: Vec<f32> = (0..s.n_v).map(|_| rng.val(1.5) - 0.5).collect();
+        let dt_bias = rng.vec(s.n_v, 1.0);
+        let (da_log, ddt) = (g.upload(&a_log).unwrap(), g.upload(&dt_bias).unwrap());
+        let init = rng.vec(s.n_v * s.dk * s.dv, 0.1);
+        let states = [g.upload(&init).unwrap(), g.upload(&init).unwrap()];
+        for n in [64usize, 100, 300, 1000] {
+            let c = rng.vec(n * conv_dim, 1.0);
+            let (b, a) = (rng.vec(n * s.n_v, 2.0), rng.vec(n * s.n_v, 2.0));
+            let (dc, db, da) = (
+                g.upload(&c).unwrap(),
+                g.upload(&b).unwrap(),
+                g.upload(&a).unwrap(),
+            );
+            let qk = g.alloc(n * s.n_k * 2 * s.dk * 4).unwrap();
+            let ab = g.alloc(n * s.n_v * 2 * 4).unwrap();
+            let mut outs = Vec::new();
+            for (chunked, state) in [false, true].into_iter().zip(&states) {
+                g.g.switches.chunked_scan = chunked;
+                assert_eq!(
+                    g.k.deltanet.takes_chunked(&g.g, s, n),
+                    chunked,
+                    "dn_chunked unavailable"
+                );
+                let o = poisoned(&g, n * s.n_v * s.dv);
+                let rec = DnRecurrent {
+                    c: dc.ptr,
+                    b: db.ptr,
+                    a: da.ptr,
+                    ba_stride: s.n_v,
+                    a_log: da_log.ptr,
+                    dt_bias: ddt.ptr,
+                    state: state.ptr,
+                    o: o.ptr,
+                    qk: qk.ptr,
+                    ab: ab.ptr,
+                };
+                g.sync().unwrap();
+                let start = std::time::Instant::now();
+                g.k.deltanet.recurrent(&g, s, &rec, n).unwrap();
+                g.sync().unwrap();
+                let took = start.elapsed();
+                let name = if chunked {
+                    "dn_chunked"
+                } else {
+                    "dn_recurrent"
+                };
+                println!(
+                    "KERNEL {name} {}x{} heads {}/{} T={n}: {took:.2?}",
+                    s.dk, s.dv, s.n_k, s.n_v
+                );
+                outs.push((
+                    g.read::<f32>(&o, 0, n * s.n_v * s.dv).unwrap(),
+                    g.read::<f32>(state, 0, init.len()).unwrap(),
+                ));
+            }
+            let what = format!("dn_chunked {}x{} T={n}", s.dk, s.dv);
+            check(&format!("{what} outputs"), &outs[1].0, &outs[0].0, 1e-4);
+            check(&format!("{what} state"), &outs[1].1, &outs[0].1, 1e-4);
         }
     }
 }

@@ -110,6 +110,19 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
+    /// Experimental (not yet run on a GPU): one-token tensor-core attention does the q/k norms,
+    /// RoPE and cache write in its own blocks instead of a launch before it
+    /// [env LILY_FUSED_ATTN_PREP=1].
+    #[arg(long)]
+    pub fused_attn_prep: bool,
+    /// Experimental (not yet run on a GPU): prefill's 4-bit projections with Hopper's warpgroup
+    /// MMA (sm_90a) [env LILY_WGMMA_GEMM=1].
+    #[arg(long)]
+    pub wgmma_gemm: bool,
+    /// Experimental (not yet run on a GPU): prefill's DeltaNet recurrence in 64-token chunks
+    /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
+    #[arg(long)]
+    pub chunked_scan: bool,
     /// Decode one step at a time (the host reads each token before the next step is queued)
     /// instead of queueing the next step before reading the token [env LILY_PIPELINED_DECODE=0].
     #[arg(long)]
@@ -143,6 +156,9 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
+            fused_attn_prep: self.fused_attn_prep,
+            wgmma_gemm: self.wgmma_gemm,
+            chunked_scan: self.chunked_scan,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
         }
@@ -288,6 +304,9 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
+                fused_attn_prep: false,
+                wgmma_gemm: false,
+                chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,
                 profile: false,

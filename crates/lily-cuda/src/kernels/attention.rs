@@ -203,6 +203,7 @@ pub struct Attention {
     prefill: Kernel,
     split: Kernel,
     split_mma: Kernel,
+    split_mma_prep: Kernel,
     split_combine: Kernel,
     /// Bytes of one cache element (2 with bf16 activations, else 4).
     kv_bytes: usize,
@@ -224,6 +225,10 @@ impl Attention {
                 .waits_for_predecessor(),
             split_mma: m
                 .kernel("attn_split_mma")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .waits_for_predecessor(),
+            split_mma_prep: m
+                .kernel("attn_split_mma_prep")?
                 .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
@@ -364,8 +369,70 @@ impl Attention {
             }
             l.arg(&scale);
         })?;
+        self.split_combine(gpu, a, parts)
+    }
+
+    /// Whether `split_kv_prepped` takes this step: the plan's `fused_attn_prep` and
+    /// attn_split_mma's case (bf16 cache, one token), with RoPE's half a whole number of a lane's
+    /// eight columns.
+    pub fn prep_fuses(&self, gpu: &Gpu, s: AttnShape, n_tok: usize) -> bool {
+        gpu.switches.fused_attn_prep
+            && gpu.switches.mma_attention
+            && split_mma_fits(s, n_tok, self.kv_bytes)
+            && s.rotary.is_multiple_of(16)
+            && s.rotary <= s.d
+    }
+
+    /// `qk_prep` and `split_kv` of one token in two launches instead of three: attn_split_mma_prep
+    /// norms and rotates each block's query heads itself and writes the new key and value into the
+    /// cache (the block whose split holds them), then attn_split_combine. `p.q_out` is not written.
+    pub fn split_kv_prepped(
+        &self,
+        gpu: &Gpu,
+        a: &Attend,
+        parts: SplitPartials,
+        p: &QkPrep,
+    ) -> Result<()> {
+        let s = a.shape;
+        if !self.prep_fuses(gpu, s, a.n_tok) {
+            bail!(
+                "attn_split_mma_prep: {} tokens, head_dim {}, rotary {} (one token, bf16 cache, head_dim a multiple of 64 up to {ATTN_MAX_D}, rotary a multiple of 16)",
+                a.n_tok,
+                s.d,
+                s.rotary
+            );
+        }
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let chunks = (s.n_q / s.n_kv).div_ceil(SPLIT_MAX_G);
+        let dims = [s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
+        let cfg = config(
+            (SPLIT_MAX_SPLITS as u32, (s.n_kv * chunks) as u32, 1),
+            (SPLIT_WARPS * 32) as u32,
+            split_mma_smem_bytes(s.d),
+        );
+        gpu.launch(&self.split_mma_prep, cfg, |l| {
+            l.arg(&p.qg)
+                .arg(&p.k)
+                .arg(&p.v)
+                .arg(&p.q_norm)
+                .arg(&p.k_norm)
+                .arg(&p.k_cache)
+                .arg(&p.v_cache)
+                .arg(&parts.part_o)
+                .arg(&parts.part_ml)
+                .arg(&p.pos);
+            for d in &dims {
+                l.arg(d);
+            }
+            l.arg(&s.theta).arg(&s.eps).arg(&scale);
+        })?;
+        self.split_combine(gpu, a, parts)
+    }
+
+    /// attn_split_combine: blocks of 64 columns, 8 warps over the splits.
+    fn split_combine(&self, gpu: &Gpu, a: &Attend, parts: SplitPartials) -> Result<()> {
+        let s = a.shape;
         let dims = [a.n_tok, s.n_q, s.d].map(|v| v as i32);
-        // attn_split_combine: blocks of 64 columns, 8 warps over the splits.
         let cfg = config(
             (s.n_q as u32, a.n_tok as u32, s.d.div_ceil(64) as u32),
             256,

@@ -14,6 +14,17 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 /// Value columns per dn_recurrent block (4 warps × 4 columns).
 pub const DN_COLS_PER_BLOCK: usize = 16;
+/// dn_chunked: tokens per chunk and value columns per block (DNC_C, DNC_COLS in deltanet.cu).
+pub const DNC_C: usize = 64;
+pub const DNC_COLS: usize = 32;
+/// dn_chunked's dynamic shared memory: K, Q and W [64][132], A and P [64][65], β ⊙ V / U / V'
+/// [64][33], the state's slice [DN_MAX_DK][32], four vectors of 64 (f32).
+pub const DNC_SMEM: usize = 4
+    * (3 * DNC_C * 132
+        + 2 * DNC_C * (DNC_C + 1)
+        + DNC_C * (DNC_COLS + 1)
+        + DN_MAX_DK * DNC_COLS
+        + 4 * DNC_C);
 
 pub const FILE: KernelFile = KernelFile {
     name: "deltanet",
@@ -114,6 +125,9 @@ pub struct DeltaNet {
     conv_state: Kernel,
     prep: Kernel,
     recurrent: Kernel,
+    /// dn_chunked, where the device grants its shared memory (160 KB: sm_80, sm_90; not the
+    /// 99 KB parts).
+    chunked: Option<Kernel>,
     gated_norm: Kernel,
 }
 
@@ -124,6 +138,8 @@ impl DeltaNet {
             conv_state: m.kernel("dn_conv_state")?,
             prep: m.kernel("dn_prep")?,
             recurrent: m.kernel("dn_recurrent")?,
+            // A refusal only means this device lacks the shared memory: the sequential scan serves.
+            chunked: m.kernel("dn_chunked")?.allow_shared_memory(DNC_SMEM).ok(),
             gated_norm: m.kernel("dn_gated_norm")?,
         })
     }
@@ -178,6 +194,25 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&PREP_EPS);
         })?;
+        if let Some(k) = self
+            .chunked
+            .as_ref()
+            .filter(|_| self.takes_chunked(gpu, s, n_tok))
+        {
+            let cfg = config((s.n_v as u32, (s.dv / DNC_COLS) as u32, 1), 256, DNC_SMEM);
+            return gpu.launch(k, cfg, |l| {
+                l.arg(&b.c)
+                    .arg(&b.qk)
+                    .arg(&b.ab)
+                    .arg(&b.state)
+                    .arg(&b.o)
+                    .arg(&n)
+                    .arg(&n_k)
+                    .arg(&n_v)
+                    .arg(&dk)
+                    .arg(&dv);
+            });
+        }
         let cfg = config((s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1), 128, 0);
         gpu.launch(&self.recurrent, cfg, |l| {
             l.arg(&b.c)
@@ -191,6 +226,18 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&dv);
         })
+    }
+
+    /// Whether `recurrent` runs dn_chunked for this chunk: the plan's `chunked_scan`, the device
+    /// granted its shared memory, at least one whole chunk of tokens, dk a multiple of 4 up to
+    /// DN_MAX_DK, dv a multiple of DNC_COLS.
+    pub fn takes_chunked(&self, gpu: &Gpu, s: DnShape, n_tok: usize) -> bool {
+        gpu.switches.chunked_scan
+            && self.chunked.is_some()
+            && n_tok >= DNC_C
+            && s.dk <= DN_MAX_DK
+            && s.dk.is_multiple_of(4)
+            && s.dv.is_multiple_of(DNC_COLS)
     }
 
     /// One block of 128 threads per (token, value head).

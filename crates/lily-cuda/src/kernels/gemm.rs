@@ -16,6 +16,15 @@ pub const GEMM_LDS: usize = GEMM_BK + 8;
 pub const GEMM_THREADS: usize = 256;
 /// Tokens per block of gemm_dense / gemm_dense_exact.
 const DENSE_BM: usize = 64;
+/// gemm_dense_wg / gemm_grouped_wg64 (wgmma, sm_90a): weight rows per block (WG_ROWS in gemm.cu),
+/// tokens per block of the dense kernel (items: the tile, 64, for the grouped one), k-steps of 64
+/// columns in flight in the ring.
+pub const WG_ROWS: usize = 128;
+pub const WG_TOK: usize = 128;
+pub const WG_STAGES: usize = 4;
+/// The most groups a row of gemm_dense_wg's weights may have (its scales and biases are held in
+/// shared memory: 128 rows × groups × 4 bytes).
+pub const WG_MAX_GROUPS: usize = 64;
 
 pub const FILE: KernelFile = KernelFile {
     name: "gemm",
@@ -25,6 +34,7 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_BK", GEMM_BK as i64),
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
+        ("WG_STAGES", WG_STAGES as i64),
     ],
 };
 
@@ -36,6 +46,23 @@ pub const fn gemm_smem(bm: usize) -> usize {
 /// gemm_dense_exact's dynamic shared memory: gemm_smem plus two stages of residue tiles.
 pub const fn gemm_smem_exact(bm: usize) -> usize {
     gemm_smem(bm) + 2 * GEMM_BN * GEMM_LDS * 2
+}
+
+/// The wgmma kernels' dynamic shared memory for `tok` tokens a block and `groups` groups a row:
+/// 1 KB of alignment slack, two bf16 B tiles (tok × 128 bytes), the ring (WG_STAGES × (tok × 64
+/// f32 + WG_ROWS × 32 bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4 bytes).
+pub const fn wg_smem(tok: usize, groups: usize) -> usize {
+    1024 + 2 * tok * 128 + WG_STAGES * (tok * 64 * 4 + WG_ROWS * 32) + WG_ROWS * groups * 4
+}
+
+/// Whether the wgmma kernels take this weight: 4-bit, whole 64-column steps, groups of a multiple
+/// of 16 columns (a thread's 16 columns of a step in one group), at most WG_MAX_GROUPS groups a row.
+pub fn wg_fits(w: &DevLinear) -> bool {
+    w.bits == 4
+        && w.cols.is_multiple_of(GEMM_BK)
+        && w.group >= 16
+        && w.group.is_multiple_of(16)
+        && w.cols / w.group <= WG_MAX_GROUPS
 }
 
 /// Dynamic shared memory of the largest tile (64 tokens).
@@ -51,15 +78,29 @@ pub fn fits(w: &DevLinear) -> bool {
 
 pub struct Gemm {
     dense: Kernel,
+    dense_wg: Kernel,
+    grouped_wg64: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
     grouped32: Kernel,
 }
 
 impl Gemm {
-    pub fn load(m: &Module) -> Result<Gemm> {
+    /// `hopper`: the device is sm_90a, where the wgmma kernels run and get their (large) shared
+    /// memory; elsewhere they are compiled as traps, never launched, and left at the default.
+    pub fn load(m: &Module, hopper: bool) -> Result<Gemm> {
+        let wg = |name: &'static str, bytes: usize| -> Result<Kernel> {
+            let k = m.kernel(name)?;
+            if hopper {
+                k.allow_shared_memory(bytes)
+            } else {
+                Ok(k)
+            }
+        };
         Ok(Gemm {
             dense: m.kernel("gemm_dense")?.allow_shared_memory(GEMM_SMEM_MAX)?,
+            dense_wg: wg("gemm_dense_wg", wg_smem(WG_TOK, WG_MAX_GROUPS))?,
+            grouped_wg64: wg("gemm_grouped_wg64", wg_smem(64, WG_MAX_GROUPS))?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
                 .allow_shared_memory(gemm_smem_exact(DENSE_BM))?,
@@ -72,7 +113,19 @@ impl Gemm {
         })
     }
 
-    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums).
+    /// Whether `dense` runs gemm_dense_wg for this weight and chunk (and `grouped`, with
+    /// `n_tok` = the tile, gemm_grouped_wg64): the plan's `wgmma_gemm` on an sm_90a device,
+    /// `wg_fits`, and a chunk of at least WG_TOK tokens (a grouped tile of 64 items).
+    pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
+        gpu.switches.wgmma_gemm && gpu.arch == "sm_90a" && wg_fits(w) && n_tok >= WG_TOK
+    }
+
+    fn takes_wgmma_grouped(gpu: &Gpu, w: &DevLinear, tile: usize) -> bool {
+        gpu.switches.wgmma_gemm && gpu.arch == "sm_90a" && wg_fits(w) && tile == 64
+    }
+
+    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wg
+    /// where `takes_wgmma`, else gemm_dense.
     pub fn dense(&self, gpu: &Gpu, a: &Project, store: Store) -> Result<()> {
         check_x("gemm_dense", a.x)?;
         let w = a.w.arg();
@@ -81,9 +134,18 @@ impl Gemm {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
-        let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
-        let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
-        gpu.launch(&self.dense, cfg, |l| {
+        let (kernel, cfg) = if Self::takes_wgmma(gpu, a.w, a.n_tok) {
+            let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
+            let smem = wg_smem(WG_TOK, a.w.cols / a.w.group);
+            (&self.dense_wg, config(grid, 256, smem))
+        } else {
+            let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
+            (
+                &self.dense,
+                config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM)),
+            )
+        };
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&a.x.ptr)
                 .arg(&x_stride)
@@ -113,7 +175,8 @@ impl Gemm {
     }
 
     /// The routed experts on tensor cores over tiles of 32 or 64 items (`a.groups.tile`, the
-    /// tile moe_group built them with).
+    /// tile moe_group built them with): gemm_grouped_wg64 for tiles of 64 where the wgmma kernels
+    /// are on and take the weight (`takes_wgmma`), else gemm_grouped32/64.
     pub fn grouped(&self, gpu: &Gpu, a: &Grouped) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
@@ -124,8 +187,14 @@ impl Gemm {
         };
         let w = a.w.arg();
         let (x_stride, x_div, y_stride) = (a.x.stride as i32, a.x_div as i32, a.y.stride as i32);
-        let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
-        let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(g.tile));
+        let (kernel, cfg) = if Self::takes_wgmma_grouped(gpu, a.w, g.tile) {
+            let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
+            let smem = wg_smem(g.tile, a.w.cols / a.w.group);
+            (&self.grouped_wg64, config(grid, 256, smem))
+        } else {
+            let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
+            (kernel, config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)))
+        };
         gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&g.perm)
