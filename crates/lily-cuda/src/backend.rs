@@ -272,9 +272,11 @@ impl CudaBackend {
     }
 
     /// Pipelined decode, after a pick was queued: queues the copy of its token and
-    /// log-probability into page-locked memory, then (when `more` steps may follow and the
-    /// context has room) the forward pass that feeds the token, then waits for the copy alone.
-    /// The two words, and whether the token was fed.
+    /// log-probability into page-locked memory (on the pinned buffer's side stream, so the next
+    /// pass need not wait for it), then (when `more` steps may follow and the context has room)
+    /// the forward pass that feeds the token, which only reads them, then waits for the copy
+    /// alone, on every path (the copy must end before the token's buffer can be written or
+    /// freed). The two words, and whether the token was fed.
     fn read_pick_pipelined(
         &mut self,
         seq: SeqId,
@@ -289,12 +291,17 @@ impl CudaBackend {
         let read = self.token_read.as_mut().expect(ALLOCATED);
         read.queue_read(&self.gpu, &s.next_token, 0, 2)?;
         let feed = more && s.len < s.max_ctx;
-        if feed {
-            timing.launching(&self.gpu)?;
-            self.decode_step(seq)?;
-            timing.launched(&self.gpu)?;
-        }
-        let w = self.token_read.as_mut().expect(ALLOCATED).wait(2)?;
+        let launched = if feed {
+            timing
+                .launching(&self.gpu)
+                .and_then(|()| self.decode_step(seq))
+                .and_then(|()| timing.launched(&self.gpu))
+        } else {
+            Ok(())
+        };
+        let read = self.token_read.as_mut().expect(ALLOCATED).wait(2);
+        launched?;
+        let w = read?;
         Ok(([w[0], w[1]], feed))
     }
 }
@@ -614,7 +621,7 @@ impl Backend for CudaBackend {
             self.mask_bufs = Some(MaskBufs::new(&self.gpu, self.cfg.vocab)?);
         }
         if pipelined && self.token_read.is_none() {
-            self.token_read = Some(Pinned::new(&self.gpu, 2)?);
+            self.token_read = Some(Pinned::with_side_stream(&self.gpu, 2)?);
         }
         for step in 0..n {
             // A constrained step (a grammar's token mask; lily-core `constrain`): on the device

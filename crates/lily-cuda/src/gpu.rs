@@ -523,10 +523,11 @@ impl Drop for DevBuf {
     }
 }
 
-/// A page-locked host buffer of u32 words for copies queued on the GPU's stream, with an event
-/// after the last one queued: the host waits for exactly that copy, not for the whole stream, so
-/// work queued after the copy keeps the device busy meanwhile (pipelined decode, backend.rs).
-/// One copy is in flight at a time: every host access to the words waits for the last one.
+/// A page-locked host buffer of u32 words for copies queued behind the GPU's stream's work, with
+/// an event after the last one queued: the host waits for exactly that copy, not for the whole
+/// stream, so work queued after the copy keeps the device busy meanwhile (pipelined decode,
+/// backend.rs). One copy is in flight at a time: every host access to the words waits for the
+/// last one.
 pub struct Pinned {
     host: PinnedHostSlice<u32>,
     /// Recorded after the last queued copy (no timing: the lightest event to record and wait
@@ -534,9 +535,13 @@ pub struct Pinned {
     done: CudaEvent,
     /// Whether `done` was recorded since the last wait, i.e. a copy may still be running.
     in_flight: bool,
+    /// `with_side_stream`: reads run on this stream, after an event recorded on the GPU's
+    /// stream, so a read does not hold up the kernels queued behind it there.
+    side: Option<(Arc<CudaStream>, CudaEvent)>,
 }
 
 impl Pinned {
+    /// Copies both ways queued on the GPU's stream, in its order.
     pub fn new(gpu: &Gpu, words: usize) -> Result<Pinned> {
         gpu.bind()?;
         // Flags 0: cacheable memory (the default `alloc_pinned` is write-combined, slow for the
@@ -554,7 +559,28 @@ impl Pinned {
             host,
             done,
             in_flight: false,
+            side: None,
         })
+    }
+
+    /// Reads (`queue_read`) on a stream of their own, started once the GPU's stream has reached
+    /// the read (an event), so the kernels queued behind it on the GPU's stream start without
+    /// waiting for the copy (a few µs for a few bytes). The caller's side of the bargain: nothing
+    /// queued on the GPU's stream between `queue_read` and `wait` writes the words being read,
+    /// and `wait` comes before their buffer can be freed. Writes still go on the GPU's stream,
+    /// in its order.
+    pub fn with_side_stream(gpu: &Gpu, words: usize) -> Result<Pinned> {
+        let mut p = Pinned::new(gpu, words)?;
+        let stream = gpu
+            .ctx
+            .new_stream()
+            .map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
+        let reached = gpu
+            .ctx
+            .new_event(None)
+            .map_err(|e| anyhow!("cannot create a CUDA event: {e}"))?;
+        p.side = Some((stream, reached));
+        Ok(p)
     }
 
     /// Waits for the last queued copy (if any): errors of the work before it surface here.
@@ -568,16 +594,16 @@ impl Pinned {
         Ok(())
     }
 
-    fn queued(&mut self, gpu: &Gpu) -> Result<()> {
+    fn queued(&mut self, stream: &CudaStream) -> Result<()> {
         self.done
-            .record(&gpu.stream)
+            .record(stream)
             .map_err(|e| anyhow!("recording a copy's event: {e}"))?;
         self.in_flight = true;
         Ok(())
     }
 
-    /// Queues a copy of `n` words of `buf` from byte `offset` into this buffer, then the event;
-    /// `wait` hands them over. Returns at once.
+    /// Queues a copy of `n` words of `buf` from byte `offset` into this buffer, behind the work
+    /// queued on the GPU's stream so far, then the event; `wait` hands them over. Returns at once.
     pub fn queue_read(&mut self, gpu: &Gpu, buf: &DevBuf, offset: usize, n: usize) -> Result<()> {
         self.settle()?;
         if n > self.host.len() || offset + 4 * n > buf.bytes {
@@ -587,16 +613,29 @@ impl Pinned {
                 buf.bytes
             );
         }
+        let stream = match &self.side {
+            Some((side, reached)) => {
+                reached
+                    .record(&gpu.stream)
+                    .map_err(|e| anyhow!("recording a read's start: {e}"))?;
+                side.wait(reached)
+                    .map_err(|e| anyhow!("ordering a read after the stream: {e}"))?;
+                side.clone()
+            }
+            None => gpu.stream.clone(),
+        };
         let dst = &mut self
             .host
             .as_mut_slice()
             .map_err(|e| anyhow!("pinned buffer: {e}"))?[..n];
-        // SAFETY: the source range lies inside the allocation; the destination is page-locked
-        // memory owned by `self`, which nothing reads or writes until `done` has completed
-        // (`settle`, before every access and in `drop`).
-        unsafe { result::memcpy_dtoh_async(dst, buf.ptr + offset as u64, gpu.stream.cu_stream()) }
+        // SAFETY: the source range lies inside the allocation, which outlives the copy (on the
+        // GPU's stream, freeing waits for it; on a side stream the caller waits first, see
+        // `with_side_stream`); the destination is page-locked memory owned by `self`, which
+        // nothing reads or writes until `done` has completed (`settle`, before every access and
+        // in `drop`).
+        unsafe { result::memcpy_dtoh_async(dst, buf.ptr + offset as u64, stream.cu_stream()) }
             .map_err(|e| anyhow!("device to host copy: {e}"))?;
-        self.queued(gpu)
+        self.queued(&stream)
     }
 
     /// The first `n` words, once the last queued copy has landed.
@@ -643,7 +682,7 @@ impl Pinned {
             result::memcpy_htod_async(buf.ptr + offset as u64, &*src, gpu.stream.cu_stream())
         }
         .map_err(|e| anyhow!("host to device copy: {e}"))?;
-        self.queued(gpu)
+        self.queued(&gpu.stream)
     }
 }
 

@@ -2639,8 +2639,8 @@ fn decode_in_a_reused_sequence_equals_a_fresh_one() {
 
 /// `gpu::Pinned` (pipelined decode's token read and mask upload): words written from page-locked
 /// memory arrive exactly; a read queued behind other work sees that work (a device copy, a fill,
-/// no stream sync between them); the staging words are reused once their copy has landed; copies
-/// out of range are refused.
+/// no stream sync between them), on the GPU's stream or a side stream; the staging words are
+/// reused once their copy has landed; copies out of range are refused.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn pinned_host_copies_are_stream_ordered() {
@@ -2665,7 +2665,24 @@ fn pinned_host_copies_are_stream_ordered() {
     assert!(down.queue_read(&g, &b, 3996, 2).is_err());
     assert!(down.queue_read(&g, &b, 0, 1001).is_err());
     assert!(up.queue_write(&g, &words, &a, 4).is_err());
-    println!("KERNEL pinned host copies: 1,000 words each way, stream-ordered");
+    // A side-stream read (pipelined decode's token) starts where the GPU's stream has reached:
+    // it sees a copy and a fill queued before it there, with no stream sync between them.
+    let mut side = Pinned::with_side_stream(&g, 1000).unwrap();
+    for round in 0..20u32 {
+        let byte = 0x11 * (round % 15 + 1) as u8;
+        g.copy(&b, 0, &a, 0, 4000).unwrap();
+        g.fill(&b, byte).unwrap();
+        g.copy(&b, 400, &a, 400, 40).unwrap();
+        side.queue_read(&g, &b, 0, 1000).unwrap();
+        let got = side.wait(1000).unwrap();
+        let fill = u32::from_ne_bytes([byte; 4]);
+        assert!(got[..100].iter().all(|&w| w == fill), "round {round}");
+        assert_eq!(got[100..110], again[..10], "round {round}");
+        assert!(got[110..].iter().all(|&w| w == fill), "round {round}");
+    }
+    println!(
+        "KERNEL pinned host copies: 1,000 words each way, stream-ordered, also from a side stream"
+    );
 }
 
 /// A decode-test backend on `w`, pipelined or not, the environment ignored (so
