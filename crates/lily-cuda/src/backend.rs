@@ -13,10 +13,11 @@ use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
-use crate::gpu::{DevBuf, Gpu, Pinned};
+use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
 use crate::kernels::sample::Argmax;
 use crate::kernels::{self, Kernels};
+use crate::pinned::Pinned;
 pub use crate::plan::CudaOptions;
 use crate::plan::{Plan, SamplingPath};
 use crate::sampler::DeviceSampler;

@@ -4,7 +4,8 @@
 
 //!
 //! Modules, runtime first (each uses only those above it): `gpu` (context, stream, buffers,
-//! module loading, launches) ← `weights` ← `kernels` (one launcher module per kernel file) ←
+//! module loading, launches) ← `pinned` (page-locked host memory for copies that overlap the
+//! GPU's work) ← `weights` ← `kernels` (one launcher module per kernel file) ←
 //! `plan` (every path decision) ← `forward` ← `backend`.
 
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod gpu;
 pub mod graph;
 pub mod kernels;
 pub mod nvrtc;
+pub mod pinned;
 pub mod plan;
 pub mod sampler;
 pub mod select;

@@ -21,7 +21,7 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{preset_text_config, synth, Preset, SynthFormat, SynthOptions};
 use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
-use lily_cuda::gpu::{DevBuf, Gpu, Pinned};
+use lily_cuda::gpu::{DevBuf, Gpu};
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
 use lily_cuda::kernels::decode::{Glu, Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
@@ -30,6 +30,7 @@ use lily_cuda::kernels::moe::{max_group_tiles, Group};
 use lily_cuda::kernels::norm::RmsNorm;
 use lily_cuda::kernels::sample::Argmax;
 use lily_cuda::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
+use lily_cuda::pinned::Pinned;
 use lily_cuda::plan::{LinearPath, RouterPath, SamplingPath};
 use lily_cuda::sampler::DeviceSampler;
 use lily_cuda::weights::{upload_attention, upload_deltanet, upload_linear, upload_moe, DevLinear};
@@ -2637,7 +2638,7 @@ fn decode_in_a_reused_sequence_equals_a_fresh_one() {
 
 // ---- pipelined decode (`CudaOptions::pipelined_decode`) ------------------------------------
 
-/// `gpu::Pinned` (pipelined decode's token read and mask upload): words written from page-locked
+/// `pinned::Pinned` (pipelined decode's token read and mask upload): words written from page-locked
 /// memory arrive exactly; a read queued behind other work sees that work (a device copy, a fill,
 /// no stream sync between them), on the GPU's stream or a side stream; the staging words are
 /// reused once their copy has landed; copies out of range are refused.
