@@ -127,8 +127,8 @@ pub struct CudaOptions {
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
     /// device never waits for the host's read, callback and launch between tokens; a token that
     /// ends generation may then have been fed (`Backend::decode`). Never with top log-probabilities
-    /// or host sampling, which read step N's logits (`--no-pipelined-decode`,
-    /// `LILY_PIPELINED_DECODE=0`).
+    /// or host sampling, which read step N's logits (`--pipelined-decode`,
+    /// `LILY_PIPELINED_DECODE=1`). Off until it has run on a GPU (docs/perf-notes.md, session 6).
     pub pipelined_decode: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
@@ -167,7 +167,7 @@ impl Default for CudaOptions {
             fused_attn_prep: false,
             wgmma_gemm: false,
             chunked_scan: false,
-            pipelined_decode: true,
+            pipelined_decode: false,
             sync_each: false,
             profile: false,
             step_timing: false,
@@ -206,7 +206,7 @@ impl CudaOptions {
     /// | `LILY_WGMMA_GEMM=1` | `wgmma_gemm` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
-    /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
+    /// | `LILY_PIPELINED_DECODE=1` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     /// | `LILY_STEP_TIMING=1` | `step_timing` |
@@ -654,7 +654,7 @@ mod tests {
             ("LILY_WGMMA_GEMM", "1"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
-            ("LILY_PIPELINED_DECODE", "0"),
+            ("LILY_PIPELINED_DECODE", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -686,7 +686,7 @@ mod tests {
                 fused_attn_prep: true,
                 wgmma_gemm: true,
                 chunked_scan: true,
-                pipelined_decode: false,
+                pipelined_decode: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,
@@ -736,15 +736,15 @@ mod tests {
 
     #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
-        let on = Plan::resolve(&CudaOptions::default());
+        let on = Plan::resolve(&CudaOptions {
+            pipelined_decode: true,
+            ..CudaOptions::default()
+        });
         assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.pipelined_decode(SamplingPath::Device, 0));
         assert!(!on.pipelined_decode(SamplingPath::Host, 0));
         assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
-        let off = Plan::resolve(&CudaOptions {
-            pipelined_decode: false,
-            ..CudaOptions::default()
-        });
+        let off = Plan::resolve(&CudaOptions::default());
         assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.describe().contains("pipelined decode on"));
         assert!(off.describe().contains("pipelined decode off"));

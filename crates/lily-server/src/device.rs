@@ -123,10 +123,10 @@ pub struct CudaArgs {
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
     pub chunked_scan: bool,
-    /// Decode one step at a time (the host reads each token before the next step is queued)
-    /// instead of queueing the next step before reading the token [env LILY_PIPELINED_DECODE=0].
+    /// Experimental (not yet run on a GPU): queue each decode step before the host has read the
+    /// token it feeds, instead of one step at a time [env LILY_PIPELINED_DECODE=1].
     #[arg(long)]
-    pub no_pipelined_decode: bool,
+    pub pipelined_decode: bool,
 }
 
 impl CudaArgs {
@@ -159,7 +159,7 @@ impl CudaArgs {
             fused_attn_prep: self.fused_attn_prep,
             wgmma_gemm: self.wgmma_gemm,
             chunked_scan: self.chunked_scan,
-            pipelined_decode: !self.no_pipelined_decode,
+            pipelined_decode: self.pipelined_decode,
             ..d
         }
     }
@@ -277,7 +277,6 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
-            "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
