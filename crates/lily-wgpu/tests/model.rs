@@ -83,7 +83,7 @@ fn logits_match_cpu_on_small_mlx() {
 /// positions in chunks of 40 (tiles partly filled, chunks after a cache, keys past one block).
 #[test]
 fn logits_match_cpu_with_tiled_prefill_attention() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 17);
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
     let positions = 100;
     let tokens = Rng(5).tokens(positions, w.config.vocab);
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
@@ -571,7 +571,7 @@ fn sampled_tokens_and_top_logprobs_match_cpu() {
 /// Chunks of 7 and 1-token steps give the same logits (each token's arithmetic is the same).
 #[test]
 fn chunked_prefill_equals_token_by_token() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 31);
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 33);
     let tokens = Rng(8).tokens(30, w.config.vocab);
     let Some(mut chunked) = wgpu_backend(&w, 7) else {
         return;
