@@ -50,8 +50,20 @@ pub struct WgpuOptions {
     pub attn_tile: bool,
     /// Prefill's fp32 4-bit (and 8-bit) products on linear_q4_mm_t32.wgsl (tiles of 32 items,
     /// 4 × 8 register blocks) in linear_q4_mm.wgsl's place: an experiment until measured on the
-    /// H200. $LILY_WGPU_MM_T32=1 sets it.
-    pub mm_t32: bool,
+    /// H200. $LILY_WGPU_MM_T32=1 sets `All`, =dense `Dense`.
+    pub mm_t32: MmT32,
+}
+
+/// Where prefill's fp32 products take linear_q4_mm_t32.wgsl (`WgpuOptions::mm_t32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmT32 {
+    /// Nowhere: linear_q4_mm.wgsl (tiles of 16 items) throughout.
+    Off,
+    /// The plain (dense) products; the routed experts' tiles stay on linear_q4_mm.wgsl (an
+    /// expert averages 16 items at chunk 512: tiles of 32 would run half empty).
+    Dense,
+    /// Every product, the routed experts' tiles (of 32) included.
+    All,
 }
 
 impl Default for WgpuOptions {
@@ -69,7 +81,11 @@ impl Default for WgpuOptions {
             max_slice_bytes: None,
             emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
             attn_tile: std::env::var("LILY_WGPU_ATTN_TILE").is_ok_and(|v| v == "1"),
-            mm_t32: std::env::var("LILY_WGPU_MM_T32").is_ok_and(|v| v == "1"),
+            mm_t32: match std::env::var("LILY_WGPU_MM_T32").as_deref() {
+                Ok("1") => MmT32::All,
+                Ok("dense") => MmT32::Dense,
+                _ => MmT32::Off,
+            },
         }
     }
 }
@@ -121,8 +137,8 @@ impl WgpuBackend {
         let mut kernels =
             Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
         let mut mm_note = "";
-        if opts.mm_t32 {
-            kernels.linear_q4_mm = crate::gpu::Kernel::new(
+        if opts.mm_t32 != MmT32::Off {
+            let t32 = crate::gpu::Kernel::new(
                 &gpu,
                 "linear_q4_mm_t32",
                 crate::kernels::COMMON,
@@ -130,7 +146,13 @@ impl WgpuBackend {
                 opts.checked,
                 &[],
             )?;
-            mm_note = "; fp32 products on linear_q4_mm_t32 (LILY_WGPU_MM_T32=1)";
+            let sixteen = std::mem::replace(&mut kernels.linear_q4_mm, t32);
+            if opts.mm_t32 == MmT32::Dense {
+                kernels.linear_q4_mm_expert = Some(sixteen);
+                mm_note = "; fp32 dense products on linear_q4_mm_t32, expert tiles on linear_q4_mm (LILY_WGPU_MM_T32=dense)";
+            } else {
+                mm_note = "; fp32 products on linear_q4_mm_t32 (LILY_WGPU_MM_T32=1)";
+            }
         }
         let mut tile_note = String::new();
         if opts.attn_tile {

@@ -1939,7 +1939,11 @@ impl<'a> Forward<'a> {
             {
                 coop
             }
-            _ => &self.k.linear_q4_mm,
+            _ => self
+                .k
+                .linear_q4_mm_expert
+                .as_ref()
+                .unwrap_or(&self.k.linear_q4_mm),
         };
         if grouped {
             r.dispatch(

@@ -19,6 +19,10 @@ macro_rules! kernels {
             /// was asked for it ($LILY_WGPU_ATTN_TILE=1), the model's shapes allow it
             /// (`tile_group`) and its check at load passed (backend.rs).
             pub attend_tile: Option<Kernel>,
+            /// The routed experts' tiled products where they run on another kernel than the
+            /// plain ones (`WgpuOptions::mm_t32` = Dense: linear_q4_mm.wgsl, the plain ones on
+            /// linear_q4_mm_t32.wgsl); None: `linear_q4_mm`.
+            pub linear_q4_mm_expert: Option<Kernel>,
             /// linear_q4_rows.wgsl with 4 and 2 rows a workgroup (its `RB`; the model's
             /// `linear_q4_rows` has 16), for matrices of few rows (forward.rs `rows_rb`).
             pub linear_q4_rows4: Kernel,
@@ -43,6 +47,7 @@ macro_rules! kernels {
                     // Chosen by the backend among `coop_variants` (each checked at load).
                     linear_q4_mm_coop: None,
                     attend_tile: None,
+                    linear_q4_mm_expert: None,
                     linear_q4_rows4: rows_kernel(gpu, 4, checked)?,
                     linear_q4_rows2: rows_kernel(gpu, 2, checked)?,
                 })

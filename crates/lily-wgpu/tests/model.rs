@@ -14,7 +14,7 @@ use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{Preset, SynthFormat};
 use lily_core::weights::ModelWeights;
-use lily_wgpu::{WgpuBackend, WgpuOptions};
+use lily_wgpu::{MmT32, WgpuBackend, WgpuOptions};
 
 mod support;
 use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
@@ -133,7 +133,8 @@ fn product_kernels_match_the_host() {
 
 /// linear_q4_mm_t32.wgsl (`WgpuOptions::mm_t32`: tiles of 32 items) in linear_q4_mm's place:
 /// its 4- and 8-bit products against the host's, and teacher-forced logits against the CPU over
-/// 70 positions in one chunk (plain tiles of 32 partly filled, expert tiles of 32).
+/// 70 positions in one chunk: every product on it (plain tiles of 32 partly filled, expert tiles
+/// of 32), and the plain ones only (expert tiles of 16 on linear_q4_mm.wgsl).
 #[test]
 fn t32_product_kernel_matches_the_host_and_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
@@ -142,28 +143,30 @@ fn t32_product_kernel_matches_the_host_and_cpu() {
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
     let cs = cpu.new_seq(positions + 4).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let Some(mut gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 70,
-            all_logits_chunk: 70,
-            mm_t32: true,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    let (fp32, _, _) = gpu.check_products().unwrap();
-    println!("linear_q4_mm_t32 vs the host's: {fp32:.2e}");
-    assert!(
-        fp32 < 1e-5,
-        "linear_q4_mm_t32 differs from the host by {fp32:.2e}"
-    );
-    let gs = gpu.new_seq(positions + 4).unwrap();
-    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
-    let e = rel_l2(&got, &want);
-    println!("logits rel_l2 {e:.3e} over {positions} positions (linear_q4_mm_t32)");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+    for mode in [MmT32::All, MmT32::Dense] {
+        let Some(mut gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 70,
+                all_logits_chunk: 70,
+                mm_t32: mode,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        let (fp32, _, _) = gpu.check_products().unwrap();
+        println!("{mode:?}: linear_q4_mm_t32 vs the host's: {fp32:.2e}");
+        assert!(
+            fp32 < 1e-5,
+            "linear_q4_mm_t32 differs from the host by {fp32:.2e}"
+        );
+        let gs = gpu.new_seq(positions + 4).unwrap();
+        let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+        let e = rel_l2(&got, &want);
+        println!("{mode:?}: logits rel_l2 {e:.3e} over {positions} positions");
+        assert!(e < 1e-3, "{mode:?}: logits differ from the CPU by {e:.3e}");
+    }
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
