@@ -140,6 +140,8 @@ fi
 # is not installed on the device machine: carry .gl (Debian's libvulkan1 and friends, see
 # ../.library/device/README.md); it is unpacked here. WGPU_BIN: another lily-engine for this bench
 # (e.g. a wgpu branch's build in .carry/wgpu/, gzipped or not), WGPU_PROFILE=1: its per-kernel profile.
+# WGPU_ENV2="NAME=VALUE ...", WGPU_ENV3: the same bench again with those variables set (A/B/C of
+# wgpu experiments in one call; logs wgpu2.log, wgpu3.log, their tails in the session log).
 if [ -n "${WGPU:-}" ] || [ "${SELFTEST:-0}" = 1 ]; then
   if ! ldconfig -p | grep -q libvulkan && [ -d .gl ]; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -161,6 +163,16 @@ if [ -n "${WGPU:-}" ]; then
   LILY_PROFILE="${WGPU_PROFILE:-0}" timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" --device wgpu --prefill "$wp" --decode-ctx "$wd" \
     --decode-tokens 64 --repeat 1 > "$OUT/wgpu.log" 2>&1
   say "wgpu bench rc=$?"; grep -v "^\s*$" "$OUT/wgpu.log" | tail -20 >> "$LOG"
+  # WGPU_ENV2, WGPU_ENV3: the same bench again with those variables set (logs wgpu2/3.log).
+  for n in 2 3; do
+    envs=$(eval echo "\${WGPU_ENV$n:-}")
+    [ -n "$envs" ] || continue
+    say "wgpu bench $n with: $envs"
+    # shellcheck disable=SC2086  # the assignments are meant to split on spaces
+    env $envs LILY_PROFILE="${WGPU_PROFILE:-0}" timeout "${WGPU_TIMEOUT:-240}" "$WB" bench --model "$M" \
+      --device wgpu --prefill "$wp" --decode-ctx "$wd" --decode-tokens 64 --repeat 1 > "$OUT/wgpu$n.log" 2>&1
+    say "wgpu bench $n rc=$?"; grep -v "^\s*$" "$OUT/wgpu$n.log" | tail -20 >> "$LOG"
+  done
 fi
 
 # NSYS=CTX: Nsight Systems (when the machine has it) over 64 decode steps at context CTX, the CUDA

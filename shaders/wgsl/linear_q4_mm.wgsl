@@ -1,12 +1,12 @@
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
-// 64 per (128 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per
-// row: 16 bytes, one group), invocation r dequantises rows r and r + 64's 32 weights into shared
-// memory and the tile's 16 × 32 inputs go there too; then each invocation accumulates an 8-row ×
-// 4-item block (three vec4 reads from shared memory per 32 products). The next step's weights
-// and inputs are read from memory while this one computes. Weights are read once per tile of
-// items, inputs once per 128 rows. With 64 rows and 4 × 4 blocks (two shared reads per 16
-// products) the H200 ran these products at ≈ 23 TFLOPS (profile of main 07ac75d), which the
-// shared-memory reads, not the multiply-adds, bound.
+// 64 per (64 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per
+// row: 16 bytes, one group), invocation r dequantises row r's 32 weights into shared memory and
+// the tile's 16 × 32 inputs go there too; then each invocation accumulates a 4-row × 4-item
+// block (vec4 reads of both from shared memory, 16 products per pair of reads). The next step's
+// weights and inputs are read from memory while this one computes. Weights are read once per
+// tile of items, inputs once per 64 rows. (A 128-row form with 8 × 4 register blocks, main
+// 9f9f7ee, ran slower on the H200: prefill at 4K 1,956 tok/s against this one's 2,363, every
+// product's time 18–25 % longer; removed.)
 // An item is a token (plain mode: tile z holds items z·TT..) or a (token, routed expert) pair
 // (expert mode: tile z is entry z of the tile list moe_group.wgsl wrote, items of one expert,
 // dispatched indirectly). Same slice layout as linear.wgsl. FLOPs: 2·rows·cols per item.
@@ -45,11 +45,11 @@ struct P {
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
 const TT: u32 = 16u;   // items per tile (MM_TILE on the host)
-const RT: u32 = 128u;  // rows per tile (MM_ROWS_F32 on the host)
+const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host, as linear_q4_mm_coop's)
 
-// ws[k · 32 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 4 + g]: items
+// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 4 + g]: items
 // 4g..4g + 3 at column k.
-var<workgroup> ws: array<vec4<f32>, 1024>;
+var<workgroup> ws: array<vec4<f32>, 512>;
 var<workgroup> xs: array<vec4<f32>, 128>;
 var<workgroup> tile_items: array<u32, 16>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
@@ -108,19 +108,15 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let slot = info.y - 1u;
     let quads = p.cols / 32u;
     let groups = p.cols / p.group;
-    // What this invocation brings to shared memory each step: rows `lid` and `lid + 64`'s
-    // quads, and columns 8·part .. 8·part + 7 of item `ti`.
+    // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
+    // 8·part .. 8·part + 7 of item `ti`.
     let wrow = block * RT + lid;
     let wlive = wrow < p.rows;
-    let wrow1 = wrow + 64u;
-    let wlive1 = wrow1 < p.rows;
     // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
     let eight = p.bits == 8u;
     let wps = select(1u, 2u, eight);
     let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols * p.bits / 32u)) / 4u;
     let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
-    let qbase1 = (slot * p.mat_words + select(0u, wrow1, wlive1) * (p.cols * p.bits / 32u)) / 4u;
-    let hbase1 = (slot * p.rows + select(0u, wrow1, wlive1)) * groups;
     let ti = lid / 4u;
     let part = lid % 4u;
     let xlive = ti < nt;
@@ -132,17 +128,13 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         }
     }
     let xb = (p.x_off + xr * p.x_stride) / 4u + part * 2u;
-    // The block this invocation accumulates: rows 8·rg.., items 4·tg...
+    // The block this invocation accumulates: rows 4·rg.., items 4·tg...
     let rg = lid / 4u;
     let tg = lid % 4u;
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
-    var a4 = vec4<f32>(0.0);
-    var a5 = vec4<f32>(0.0);
-    var a6 = vec4<f32>(0.0);
-    var a7 = vec4<f32>(0.0);
     // Step 0's reads.
     var w = vec4<u32>(0u);
     var w2 = vec4<u32>(0u);
@@ -155,18 +147,6 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         }
         sc = w_half4(p.scale_off + hbase);
         bi = w_half4(p.bias_off + hbase);
-    }
-    var v = vec4<u32>(0u);
-    var v2 = vec4<u32>(0u);
-    var sc1 = 0.0;
-    var bi1 = 0.0;
-    if (wlive1) {
-        v = W[qbase1];
-        if (eight) {
-            v2 = W[qbase1 + 1u];
-        }
-        sc1 = w_half4(p.scale_off + hbase1);
-        bi1 = w_half4(p.bias_off + hbase1);
     }
     var x0 = vec4<f32>(0.0);
     var x1 = vec4<f32>(0.0);
@@ -186,30 +166,14 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 deq8(w.x, sc, bi), deq8(w.y, sc, bi), deq8(w.z, sc, bi), deq8(w.w, sc, bi),
                 deq8(w2.x, sc, bi), deq8(w2.y, sc, bi), deq8(w2.z, sc, bi), deq8(w2.w, sc, bi));
         }
-        var cols1 = array<vec4<f32>, 8>(
-            deq(v.x, SH_LO, sc1, bi1), deq(v.x, SH_HI, sc1, bi1),
-            deq(v.y, SH_LO, sc1, bi1), deq(v.y, SH_HI, sc1, bi1),
-            deq(v.z, SH_LO, sc1, bi1), deq(v.z, SH_HI, sc1, bi1),
-            deq(v.w, SH_LO, sc1, bi1), deq(v.w, SH_HI, sc1, bi1));
-        if (eight) {
-            cols1 = array<vec4<f32>, 8>(
-                deq8(v.x, sc1, bi1), deq8(v.y, sc1, bi1), deq8(v.z, sc1, bi1), deq8(v.w, sc1, bi1),
-                deq8(v2.x, sc1, bi1), deq8(v2.y, sc1, bi1), deq8(v2.z, sc1, bi1),
-                deq8(v2.w, sc1, bi1));
-        }
         let wg = lid / 4u;
         let wc = lid % 4u;
         for (var j = 0u; j < 8u; j++) {
-            let c0 = cols[j];
-            ws[(4u * j) * 32u + wg][wc] = c0.x;
-            ws[(4u * j + 1u) * 32u + wg][wc] = c0.y;
-            ws[(4u * j + 2u) * 32u + wg][wc] = c0.z;
-            ws[(4u * j + 3u) * 32u + wg][wc] = c0.w;
-            let c1 = cols1[j];
-            ws[(4u * j) * 32u + 16u + wg][wc] = c1.x;
-            ws[(4u * j + 1u) * 32u + 16u + wg][wc] = c1.y;
-            ws[(4u * j + 2u) * 32u + 16u + wg][wc] = c1.z;
-            ws[(4u * j + 3u) * 32u + 16u + wg][wc] = c1.w;
+            let v = cols[j];
+            ws[(4u * j) * 16u + wg][wc] = v.x;
+            ws[(4u * j + 1u) * 16u + wg][wc] = v.y;
+            ws[(4u * j + 2u) * 16u + wg][wc] = v.z;
+            ws[(4u * j + 3u) * 16u + wg][wc] = v.w;
         }
         let k0 = part * 8u;
         let xg = ti / 4u;
@@ -226,22 +190,14 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         // The next step's reads, in flight while this one computes.
         let qn = q + 1u;
         if (qn < quads) {
-            let gq = (qn * 32u) / p.group;
             if (wlive) {
                 w = W[qbase + qn * wps];
                 if (eight) {
                     w2 = W[qbase + qn * wps + 1u];
                 }
-                sc = w_half4(p.scale_off + hbase + gq);
-                bi = w_half4(p.bias_off + hbase + gq);
-            }
-            if (wlive1) {
-                v = W[qbase1 + qn * wps];
-                if (eight) {
-                    v2 = W[qbase1 + qn * wps + 1u];
-                }
-                sc1 = w_half4(p.scale_off + hbase1 + gq);
-                bi1 = w_half4(p.bias_off + hbase1 + gq);
+                let g = hbase + (qn * 32u) / p.group;
+                sc = w_half4(p.scale_off + g);
+                bi = w_half4(p.bias_off + g);
             }
             if (xlive) {
                 x0 = X[xb + qn * 8u];
@@ -249,23 +205,18 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             }
         }
         for (var k = 0u; k < 32u; k++) {
-            let wa = ws[k * 32u + 2u * rg];
-            let wb = ws[k * 32u + 2u * rg + 1u];
+            let w4 = ws[k * 16u + rg];
             let x4 = xs[k * 4u + tg];
-            a0 += wa.x * x4;
-            a1 += wa.y * x4;
-            a2 += wa.z * x4;
-            a3 += wa.w * x4;
-            a4 += wb.x * x4;
-            a5 += wb.y * x4;
-            a6 += wb.z * x4;
-            a7 += wb.w * x4;
+            a0 += w4.x * x4;
+            a1 += w4.y * x4;
+            a2 += w4.z * x4;
+            a3 += w4.w * x4;
         }
         workgroupBarrier();
     }
-    var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
-    for (var i = 0u; i < 8u; i++) {
-        let row = block * RT + rg * 8u + i;
+    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    for (var i = 0u; i < 4u; i++) {
+        let row = block * RT + rg * 4u + i;
         if (row < p.rows) {
             let v = acc[i];
             for (var j = 0u; j < 4u; j++) {

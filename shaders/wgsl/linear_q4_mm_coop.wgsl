@@ -8,11 +8,18 @@ enable wgpu_cooperative_matrix;
 // where the adapter has that configuration and subgroups of exactly 32 (the host checks,
 // lily-wgpu/src/gpu.rs): each of the two subgroups owns 32 rows × 32 items (four accumulators).
 //
-// Precision: a weight is q·s + b (q the 4-bit integer, s and b the group's bf16 scale and bias).
-// The matrix products take q·s in f16 (q·s has ≤ 12 significant bits: exact or rounded by at most
-// 2⁻¹²) against the input split in two f16 parts, x = hi + lo (≈ 22 bits together), accumulated
-// in f32; the bias term b · Σx of each group is added in f32 beside them. So the result is close
+// Precision: a weight is q·s + b (q the 4-bit integer, s and b the group's bf16 scale and bias)
+// = (q − 8)·s + (b + 8·s). The matrix products take (q − 8)·s in f16: |q − 8| ≤ 8 has at most 3
+// significant bits and s 8 (bf16), so the product is exact in f16 wherever it is a normal f16
+// (q·s itself can need 12 bits and rounded by up to 2⁻¹¹: ≈ 4.5e-4 relative on the H200's probe).
+// The input is split in two f16 parts, x = hi + lo (≈ 22 bits together), accumulated in f32;
+// the bias term (b + 8·s) · Σx of each group is added in f32 beside them. So the result is close
 // to the fp32 kernel's (the host checks it against its own product at load; forward.rs).
+//
+// The bias sums live in workgroup memory (bs: each invocation its own 32 slots): the form with a
+// private array of 32 f32 beside the four accumulators computed garbage on the H200 (3.5e2
+// relative, changing between runs). kernels.rs `coop_variants` makes the other forms the
+// backend tries at load from the sections between `// <name>` and `// </name>` below.
 //
 // Per step of 64 columns (two quads of 32 per row): invocation r dequantises row r's 64 weights
 // (q·s) into shared memory, and brings one quad of one item (hi, lo and their sum); the next
@@ -55,12 +62,14 @@ const WS: u32 = 72u;
 
 // ws[r · WS + k]: q·s of row r, column k of the step (row-major A). xh[n · WS + k], xl: item n's
 // input at column k, f16 part and remainder (column-major B). xq[n · 2 + h]: Σ x of item n over
-// quad h of the step. cs[n · 64 + r]: the products (column-major C).
+// quad h of the step. cs[n · 64 + r]: the products (column-major C). bs[n · 64 + r]: row r's
+// bias terms Σ (b + 8·s) · Σx for item n.
 var<workgroup> ws: array<f16, 4608>;
 var<workgroup> xh: array<f16, 2304>;
 var<workgroup> xl: array<f16, 2304>;
 var<workgroup> xq: array<f32, 64>;
 var<workgroup> cs: array<f32, 2048>;
+var<workgroup> bs: array<f32, 2048>;
 var<workgroup> tile_items: array<u32, 32>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
@@ -68,11 +77,12 @@ fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
 }
 
-// q·s of the 8 nibbles of `w`, as f16, into ws at `at`.
+// (q − 8)·s of the 8 nibbles of `w`, as f16 (exact), into ws at `at`.
+// <put8>
 fn put8(at: u32, w: u32, s: f32) {
     let wv = vec4<u32>(w);
-    let lo = vec4<f16>(vec4<f32>((wv >> SH_LO) & NIB) * s);
-    let hi = vec4<f16>(vec4<f32>((wv >> SH_HI) & NIB) * s);
+    let lo = vec4<f16>((vec4<f32>((wv >> SH_LO) & NIB) - vec4<f32>(8.0)) * s);
+    let hi = vec4<f16>((vec4<f32>((wv >> SH_HI) & NIB) - vec4<f32>(8.0)) * s);
     ws[at] = lo.x;
     ws[at + 1u] = lo.y;
     ws[at + 2u] = lo.z;
@@ -82,8 +92,10 @@ fn put8(at: u32, w: u32, s: f32) {
     ws[at + 6u] = hi.z;
     ws[at + 7u] = hi.w;
 }
+// </put8>
 
 // Input columns at..at + 3 of an item: f16 parts into xh, remainders into xl; returns their sum.
+// <put_x>
 fn put_x(at: u32, v: vec4<f32>) -> f32 {
     let h = vec4<f16>(v);
     let l = vec4<f16>(v - vec4<f32>(h));
@@ -97,6 +109,7 @@ fn put_x(at: u32, v: vec4<f32>) -> f32 {
     xl[at + 3u] = l.w;
     return (v.x + v.y) + (v.z + v.w);
 }
+// </put_x>
 
 @compute @workgroup_size(64)
 fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -159,8 +172,9 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    // Σ_groups b · Σx for row `lid`, per item.
-    var bacc = array<f32, 32>();
+    for (var n = 0u; n < 32u; n++) {
+        bs[n * 64u + lid] = 0.0;
+    }
     // Step 0's reads.
     var w0 = vec4<u32>(0u);
     var w1 = vec4<u32>(0u);
@@ -177,13 +191,18 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         s1 = w_half4(p.scale_off + g1);
         b1 = w_half4(p.bias_off + g1);
     }
+    // <load_x>
     var x = array<vec4<f32>, 8>();
     if (xlive) {
         for (var i = 0u; i < 8u; i++) {
             x[i] = X[xb + i];
         }
     }
+    // </load_x>
     for (var st = 0u; st < steps; st++) {
+        // <read_w>
+        // </read_w>
+        // <stage_w>
         let wa = lid * WS;
         put8(wa, w0.x, s0);
         put8(wa + 8u, w0.y, s0);
@@ -193,16 +212,20 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         put8(wa + 40u, w1.y, s1);
         put8(wa + 48u, w1.z, s1);
         put8(wa + 56u, w1.w, s1);
+        // </stage_w>
+        // <stage_x>
         let xa = ti * WS + half * 32u;
         var sx = 0.0;
         for (var i = 0u; i < 8u; i++) {
             sx += put_x(xa + 4u * i, x[i]);
         }
         xq[lid] = sx;
-        let bq0 = b0;
-        let bq1 = b1;
+        // </stage_x>
+        let bq0 = b0 + 8.0 * s0;
+        let bq1 = b1 + 8.0 * s1;
         workgroupBarrier();
         // The next step's reads, in flight while this one computes.
+        // <prefetch>
         let sn = st + 1u;
         if (sn < steps) {
             if (wlive) {
@@ -222,6 +245,8 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
                 }
             }
         }
+        // </prefetch>
+        // <products>
         for (var k = 0u; k < 4u; k++) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ws[(sg * 32u) * WS + k * 16u], WS);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ws[(sg * 32u + 16u) * WS + k * 16u], WS);
@@ -238,8 +263,9 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             c10 = coopMultiplyAdd(a1, l0, c10);
             c11 = coopMultiplyAdd(a1, l1, c11);
         }
+        // </products>
         for (var n = 0u; n < 32u; n++) {
-            bacc[n] += bq0 * xq[2u * n] + bq1 * xq[2u * n + 1u];
+            bs[n * 64u + lid] += bq0 * xq[2u * n] + bq1 * xq[2u * n + 1u];
         }
         workgroupBarrier();
     }
@@ -252,7 +278,7 @@ fn linear_q4_mm_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     if (row < p.rows) {
         for (var n = 0u; n < 32u; n++) {
             if (n < nt) {
-                let v = cs[n * 64u + lid] + bacc[n];
+                let v = cs[n * 64u + lid] + bs[n * 64u + lid];
                 let o = p.y_off + tile_items[n] * p.y_stride + p.row0 + row;
                 if (p.accumulate != 0u) {
                     Y[o] += v;

@@ -17,7 +17,8 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::{
-    attend_gqa_for, coop_diag, coop_emulated, coop_kernel, coop_variants, passthrough_mm, Kernels,
+    attend_gqa_for, attend_tile_for, coop_diag, coop_emulated, coop_kernel, coop_variants,
+    passthrough_mm, tile_group, Kernels,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -42,10 +43,27 @@ pub struct WgpuOptions {
     /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
     /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
     pub emulate_coop: bool,
-    /// Prefill's fp32 4-bit products on linear_q4_mm64.wgsl (the kernel before the 128-row
-    /// tiles: 64 rows × 16 items a workgroup) instead of linear_q4_mm.wgsl: to compare the two
-    /// on one build. $LILY_WGPU_MM64=1 sets it.
-    pub mm64: bool,
+    /// Prefill attention on attend_tile.wgsl (64 / G tokens × the G query heads of a KV head a
+    /// workgroup: K and V read once per tile of tokens) instead of attend_gqa.wgsl, where the
+    /// model's shapes allow (`kernels::tile_group`) and its check at load passes. Off until
+    /// measured on the H200; $LILY_WGPU_ATTN_TILE=1 sets it.
+    pub attn_tile: bool,
+    /// Prefill's fp32 4-bit (and 8-bit) products on linear_q4_mm_t32.wgsl (tiles of 32 items,
+    /// 4 × 8 register blocks) in linear_q4_mm.wgsl's place: an experiment until measured on the
+    /// H200. $LILY_WGPU_MM_T32=1 sets `All`, =dense `Dense`.
+    pub mm_t32: MmT32,
+}
+
+/// Where prefill's fp32 products take linear_q4_mm_t32.wgsl (`WgpuOptions::mm_t32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmT32 {
+    /// Nowhere: linear_q4_mm.wgsl (tiles of 16 items) throughout.
+    Off,
+    /// The plain (dense) products; the routed experts' tiles stay on linear_q4_mm.wgsl (an
+    /// expert averages 16 items at chunk 512: tiles of 32 would run half empty).
+    Dense,
+    /// Every product, the routed experts' tiles (of 32) included.
+    All,
 }
 
 impl Default for WgpuOptions {
@@ -62,7 +80,12 @@ impl Default for WgpuOptions {
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
             emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
-            mm64: std::env::var("LILY_WGPU_MM64").is_ok_and(|v| v == "1"),
+            attn_tile: std::env::var("LILY_WGPU_ATTN_TILE").is_ok_and(|v| v == "1"),
+            mm_t32: match std::env::var("LILY_WGPU_MM_T32").as_deref() {
+                Ok("1") => MmT32::All,
+                Ok("dense") => MmT32::Dense,
+                _ => MmT32::Off,
+            },
         }
     }
 }
@@ -81,9 +104,12 @@ pub struct WgpuBackend {
 }
 
 /// Largest relative L2 difference between linear_q4_mm_coop.wgsl and the host's product at load
-/// (`check_mm`) for the cooperative kernel to be used: its f16 products differ by ≈ 1e-4;
-/// a wrong layout or a broken driver path differs by ≈ 1.
-const COOP_TOLERANCE: f64 = 1e-3;
+/// (`check_mm`) for the cooperative kernel to be used. Its operands (q − 8)·s are exact in f16
+/// and the input's two f16 parts carry ≈ 22 bits, so a right kernel differs by ≈ 1e-7 (1.3e-7
+/// emulated; the fp32 linear_q4_mm 4e-7); f16 inputs without their remainder ≈ 2e-4, the
+/// former q·s operands rounded to f16 ≈ 4.5e-4 (the H200's probe), a wrong layout or a broken
+/// driver path ≈ 1. 1e-4 keeps all but the first out.
+const COOP_TOLERANCE: f64 = 1e-4;
 
 /// Whether the device sampler (sample_adjust.wgsl, sample_pick.wgsl) takes these parameters:
 /// temperature > 0 with top_k in 1..=256, or greedy on adjusted logits (penalties, logit_bias).
@@ -110,16 +136,46 @@ impl WgpuBackend {
         let gpu = Gpu::open(opts.allow_software)?;
         let mut kernels =
             Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
-        if opts.mm64 {
-            kernels.linear_q4_mm = crate::gpu::Kernel::new(
+        let mut mm_note = "";
+        if opts.mm_t32 != MmT32::Off {
+            let t32 = crate::gpu::Kernel::new(
                 &gpu,
-                "linear_q4_mm64",
+                "linear_q4_mm_t32",
                 crate::kernels::COMMON,
-                include_str!("../../../shaders/wgsl/linear_q4_mm64.wgsl"),
+                include_str!("../../../shaders/wgsl/linear_q4_mm_t32.wgsl"),
                 opts.checked,
                 &[],
             )?;
-            tracing::info!("wgpu: fp32 products on linear_q4_mm64 (LILY_WGPU_MM64=1)");
+            let sixteen = std::mem::replace(&mut kernels.linear_q4_mm, t32);
+            if opts.mm_t32 == MmT32::Dense {
+                kernels.linear_q4_mm_expert = Some(sixteen);
+                mm_note = "; fp32 dense products on linear_q4_mm_t32, expert tiles on linear_q4_mm (LILY_WGPU_MM_T32=dense)";
+            } else {
+                mm_note = "; fp32 products on linear_q4_mm_t32 (LILY_WGPU_MM_T32=1)";
+            }
+        }
+        let mut tile_note = String::new();
+        if opts.attn_tile {
+            let c = &weights.config;
+            tile_note = match tile_group(c) {
+                None => {
+                    "; prefill attention on attend_gqa (attend_tile does not take these shapes)"
+                        .into()
+                }
+                Some(g) => {
+                    // Checked as attention is at load: a block of 37 tokens after 268 (tiles
+                    // partly filled, several key blocks, the causal edge inside blocks).
+                    let d = c.head_dim;
+                    let k = attend_tile_for(&gpu, d, g, opts.checked)?;
+                    let e = check_attention(&gpu, &k, None, (c.n_kv_heads, g, d), 305, 37)?;
+                    if e < 1e-4 {
+                        kernels.attend_tile = Some(k);
+                        format!("; prefill attention on attend_tile (checked at load: {e:.1e} relative)")
+                    } else {
+                        format!("; prefill attention on attend_gqa (attend_tile refused at load: {e:.1e} relative)")
+                    }
+                }
+            };
         }
         let mut coop_note = gpu.coop_note.clone();
         if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
@@ -146,39 +202,43 @@ impl WgpuBackend {
                     Err(e) => tracing::info!("wgpu: coop diag failed: {e:#}"),
                 }
             }
-            // An experimental wgpu feature: the first variant whose product is right is used.
+            // An experimental wgpu feature: the first usable variant whose product is right is
+            // used (kernels::coop_variants; none that its check refuses). Under
+            // $LILY_WGPU_COOP_DIAG=1 every variant is checked (the first right one still used)
+            // and each refused one probed (forward::probe_mm: where its product goes wrong), so
+            // that one run tests them all. Non-private variants only where the device takes
+            // SPIR-V as is; $LILY_WGPU_COOP_NONPRIVATE=0 leaves them out (should a driver refuse
+            // the words).
             let mut tried = Vec::new();
-            // First the kernel as written and in one array through SPIR-V with its workgroup
-            // accesses marked non-private (kernels::mark_nonprivate: the suspect left after
-            // the H200's run of the six WGSL variants), where the device takes SPIR-V as is.
-            // $LILY_WGPU_COOP_NONPRIVATE=0 leaves them out (should a driver refuse the words).
-            let variants = coop_variants();
-            let nonprivate = gpu.passthrough
+            let nonprivate_ok = gpu.passthrough
                 && std::env::var("LILY_WGPU_COOP_NONPRIVATE").map_or(true, |v| v != "0");
-            let patched = variants[..2].iter().filter(|_| nonprivate).map(|(n, s)| {
-                (
-                    format!("{n}, non-private workgroup accesses"),
-                    s.clone(),
-                    true,
-                )
-            });
-            let plain = variants
-                .iter()
-                .map(|(n, s)| (n.to_string(), s.clone(), false));
-            for (name, source, nonprivate) in patched.chain(plain) {
-                let result = coop_kernel(&gpu, &source, opts.checked, nonprivate)
+            for v in coop_variants() {
+                if (v.nonprivate && !nonprivate_ok) || (!v.usable && !diag) {
+                    continue;
+                }
+                if kernels.linear_q4_mm_coop.is_some() && !diag {
+                    break;
+                }
+                let name = v.name;
+                let result = coop_kernel(&gpu, &v.source, opts.checked, v.nonprivate)
                     .and_then(|k| check_mm(&gpu, &k).map(|e| (k, e)));
                 match result {
-                    Ok((k, e)) if e < COOP_TOLERANCE => {
-                        kernels.linear_q4_mm_coop = Some(k);
-                        tried.push(format!("{name}: {e:.1e} relative, used"));
-                        break;
+                    Ok((k, e)) if e < COOP_TOLERANCE && v.usable => {
+                        if kernels.linear_q4_mm_coop.is_none() {
+                            kernels.linear_q4_mm_coop = Some(k);
+                            tried.push(format!("{name}: {e:.1e} relative, used"));
+                        } else {
+                            tried.push(format!("{name}: {e:.1e} relative, right"));
+                        }
                     }
                     Ok((k, e)) => {
-                        tried.push(format!("{name}: {e:.1e} relative"));
-                        // Where the refused kernel goes wrong (forward::probe_mm): for the
-                        // variants as written (with and without non-private accesses).
-                        if diag && !name.contains("one array") && !name.contains("swapped") {
+                        let what = if e < COOP_TOLERANCE {
+                            "within"
+                        } else {
+                            "refused"
+                        };
+                        tried.push(format!("{name}: {e:.1e} relative, {what}"));
+                        if diag {
                             match probe_mm(&gpu, &k) {
                                 Ok(lines) => {
                                     for l in lines {
@@ -225,7 +285,7 @@ impl WgpuBackend {
                 .unwrap_or(0)
         };
         tracing::info!(
-            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches; {coop_note}",
+            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches; {coop_note}{tile_note}{mm_note}",
             describe_adapter(&gpu.info),
             model.bytes as f64 / 1e9,
             opts.chunk,
@@ -298,11 +358,36 @@ impl WgpuBackend {
     #[doc(hidden)]
     pub fn probe_emulated_variant(&self, i: usize) -> Result<(String, Vec<String>)> {
         let variants = crate::kernels::coop_variants();
-        let (name, source) = variants.get(i).context("no such variant")?;
+        let v = variants.get(i).context("no such variant")?;
         Ok((
-            name.to_string(),
-            self.probe_emulated_with(|_| source.clone())?,
+            v.name.to_string(),
+            self.probe_emulated_with(|_| v.source.clone())?,
         ))
+    }
+
+    /// Variants `which` of `kernels::coop_variants` with their cooperative operations emulated,
+    /// checked against the host's product (`forward::check_mm`) as the backend checks the real
+    /// ones at load: (name, relative L2 difference) each.
+    #[doc(hidden)]
+    pub fn check_emulated_variants(&self, which: &[usize]) -> Result<Vec<(String, f64)>> {
+        let mut out = Vec::new();
+        let variants = crate::kernels::coop_variants();
+        for &i in which {
+            let v = variants.get(i).context("no such variant")?;
+            let source = crate::kernels::emulate_coop_source(&v.source)
+                .with_context(|| format!("emulating {}", v.name))?;
+            let k = crate::gpu::Kernel::new(
+                &self.gpu,
+                "linear_q4_mm_coop",
+                crate::kernels::COMMON,
+                &source,
+                true,
+                &[],
+            )
+            .with_context(|| format!("compiling {} (emulated)", v.name))?;
+            out.push((v.name.to_string(), check_mm(&self.gpu, &k)?));
+        }
+        Ok(out)
     }
 
     /// coop_diag_tile.wgsl (the diagnostic's run of linear_q4_mm_coop.wgsl's tile of products)
@@ -347,8 +432,15 @@ impl WgpuBackend {
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
             let k = attend_gqa_for(&self.gpu, d, g, false)?;
             for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
-                let e =
-                    check_attention(&self.gpu, &k, &self.kernels.attend_merge, (hkv, g, d), n, t)?;
+                let merge = Some(&self.kernels.attend_merge);
+                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t)?;
+                worst = worst.max(e);
+            }
+            // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
+            // (pos0 = 0), a block after a long cache, a single token.
+            let k = attend_tile_for(&self.gpu, d, g, false)?;
+            for (n, t) in [(305usize, 37usize), (64, 64), (700, 70), (41, 1)] {
+                let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t)?;
                 worst = worst.max(e);
             }
         }
@@ -359,6 +451,11 @@ impl WgpuBackend {
     /// and why or why not.
     pub fn coop(&self) -> (bool, &str) {
         (self.kernels.linear_q4_mm_coop.is_some(), &self.coop_note)
+    }
+
+    /// Whether prefill attention runs on attend_tile.wgsl (`WgpuOptions::attn_tile`).
+    pub fn attn_tile(&self) -> bool {
+        self.kernels.attend_tile.is_some()
     }
 
     /// The adapter in use.

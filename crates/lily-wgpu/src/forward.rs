@@ -22,30 +22,24 @@ const ARGMAX_PARTS: usize = 1024;
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT`).
 const MM_TILE: usize = 16;
-/// Items per tile of linear_q4_mm_coop.wgsl (its `TT`; its rows per workgroup are `MM_ROWS`).
+/// Items per tile of linear_q4_mm_coop.wgsl and linear_q4_mm_t32.wgsl (their `TT`; their rows
+/// per workgroup are `MM_ROWS`).
 const MM_TILE_COOP: usize = 32;
-/// Rows per workgroup of linear_q4_mm.wgsl (its `RT`).
-const MM_ROWS_F32: usize = 128;
-
-/// Rows per workgroup of a tiled product kernel (linear_q4_mm, linear_q4_mm64 or
-/// linear_q4_mm_coop).
-fn mm_rows(kernel: &Kernel) -> usize {
-    if kernel.name == "linear_q4_mm_coop" || kernel.name == "linear_q4_mm64" {
-        MM_ROWS
-    } else {
-        MM_ROWS_F32
-    }
+/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop: both 64).
+fn mm_rows(_kernel: &Kernel) -> usize {
+    MM_ROWS
 }
 
-/// Items per tile of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop).
+/// Items per tile of a tiled product kernel (linear_q4_mm, linear_q4_mm_t32 in its place, or
+/// linear_q4_mm_coop).
 fn mm_tile(kernel: &Kernel) -> usize {
-    if kernel.name == "linear_q4_mm_coop" {
+    if kernel.name == "linear_q4_mm_coop" || kernel.name == "linear_q4_mm_t32" {
         MM_TILE_COOP
     } else {
         MM_TILE
     }
 }
-/// Rows per workgroup of linear_q4_mm_coop.wgsl and linear_q4_mm64.wgsl (their `RT`).
+/// Rows per workgroup of linear_q4_mm.wgsl and linear_q4_mm_coop.wgsl (their `RT`).
 const MM_ROWS: usize = 64;
 
 /// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
@@ -193,7 +187,8 @@ pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
 /// How `probe_mm` changes `check_mm`'s random matrix and inputs (all off: unchanged).
 #[derive(Clone, Copy, Default)]
 struct ProbeShape {
-    /// Every group's bias 0: the output is the cooperative products' alone.
+    /// Every group's bias −8·s: the bias term (b + 8·s)·Σx is 0, the output the cooperative
+    /// products' alone.
     zero_bias: bool,
     /// Inputs rounded to integers (−3..3; exact in f16, so the remainder part x − f16(x) is 0).
     int_x: bool,
@@ -205,7 +200,7 @@ struct ProbeShape {
 /// fails) on `check_mm`'s matrix and on changed ones, one line each, for the log
 /// ($LILY_WGPU_COOP_DIAG=1): the relative L2 difference from the host's product, and a map of
 /// which part of the output is wrong and how. Each output block of 16 rows × 8 items is one
-/// character: `.` right (< 1e-3 relative), `0` all zero, `b` only the bias terms b · Σx (the
+/// character: `.` right (< 1e-3 relative), `0` all zero, `b` only the bias terms (b + 8·s) · Σx (the
 /// cooperative products missing), `p` only the cooperative products (the bias terms missing),
 /// `2` the products counted twice, `x` something else. One character per 16 rows across, one
 /// group of them per 8 items (`|` between). Then the same matrix with the inputs in only one
@@ -222,7 +217,7 @@ pub fn probe_mm(gpu: &Gpu, kernel: &Kernel) -> Result<Vec<String>> {
             plain,
         ),
         (
-            "the same, biases 0",
+            "the same, bias terms 0",
             160,
             512,
             40,
@@ -242,7 +237,7 @@ pub fn probe_mm(gpu: &Gpu, kernel: &Kernel) -> Result<Vec<String>> {
             },
         ),
         (
-            "one workgroup, one step: 64 rows, 64 columns, 32 items, biases 0, integer inputs",
+            "one workgroup, one step: 64 rows, 64 columns, 32 items, bias terms 0, integer inputs",
             64,
             64,
             32,
@@ -417,10 +412,12 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 /// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
 /// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
 /// relative L2 difference of the outputs.
+/// With `merge` None, `gqa` is attend_tile.wgsl (`kernels::attend_tile_for`): tiles of 64 / g
+/// tokens, no key splits.
 pub fn check_attention(
     gpu: &Gpu,
     gqa: &Kernel,
-    merge: &Kernel,
+    merge: Option<&Kernel>,
     (hkv, g, d): (usize, usize, usize),
     n: usize,
     t: usize,
@@ -448,6 +445,27 @@ pub fn check_attention(
     let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
     let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
     let mut r = Recorder::new(gpu);
+    let Some(merge) = merge else {
+        r.dispatch(
+            gqa,
+            &[
+                hq as u32,
+                hkv as u32,
+                d as u32,
+                pos0 as u32,
+                scale.to_bits(),
+                1,
+                0,
+                qg_stride as u32,
+                t as u32,
+            ],
+            &[&qb, &qgb, &kb, &vb, &ob],
+            [hkv as u32, t.div_ceil(64 / g) as u32, 1],
+        );
+        r.submit()?;
+        let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+        return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
+    };
     r.dispatch(
         gqa,
         &[
@@ -473,6 +491,26 @@ pub fn check_attention(
     }
     r.submit()?;
     let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+    Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t))
+}
+
+/// `check_attention`'s comparison: the relative L2 difference of `got` from the host's gated
+/// attention in f64 (infinite where `got` has a non-finite value).
+#[allow(clippy::too_many_arguments)]
+fn attention_error(
+    got: &[f32],
+    q: &[f32],
+    qg: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    (hkv, g, d): (usize, usize, usize),
+    n: usize,
+    t: usize,
+) -> f64 {
+    let hq = hkv * g;
+    let pos0 = n - t;
+    let qg_stride = hq * 2 * d + 2 * hkv * d;
+    let scale = 1.0 / (d as f32).sqrt();
     let (mut num, mut den) = (0f64, 0f64);
     for ti in 0..t {
         let keys = pos0 + ti + 1;
@@ -501,14 +539,14 @@ pub fn check_attention(
                 let want = o / (1.0 + (-gate).exp());
                 let gv = got[(ti * hq + h) * d + c] as f64;
                 if !gv.is_finite() {
-                    return Ok(f64::INFINITY);
+                    return f64::INFINITY;
                 }
                 num += (gv - want).powi(2);
                 den += want * want;
             }
         }
     }
-    Ok((num / den.max(1e-30)).sqrt())
+    (num / den.max(1e-30)).sqrt()
 }
 
 /// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
@@ -604,7 +642,8 @@ impl RandomQ4 {
         for s in &scales {
             let (mut h, mut v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
             if shape.zero_bias {
-                (h, v) = (0, 0.0);
+                // b = −8·s (exact in bf16): the bias term (b + 8·s)·Σx is 0.
+                (h, v) = bf16(-8.0 * s);
             }
             biases.push(v);
             data.extend_from_slice(&h.to_le_bytes());
@@ -620,26 +659,32 @@ impl RandomQ4 {
                 }
             })
             .collect();
-        // The products' part q·s alone (the cooperative matrices' share; the rest is b · Σx).
+        // The products' part (q − 2^(bits−1))·s alone (linear_q4_mm_coop.wgsl's cooperative
+        // share; the rest is (b + 2^(bits−1)·s) · Σx).
         let wq: Vec<Vec<f64>> = (0..rows)
             .map(|r| {
                 (0..cols)
                     .map(|k| {
                         let q =
                             (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
-                        q as f64 * scales[r * (cols / group) + k / group] as f64
+                        let mid = (1u64 << (bits - 1)) as f64;
+                        (q as f64 - mid) * scales[r * (cols / group) + k / group] as f64
                     })
                     .collect()
             })
             .collect();
         // The whole weight: q·s plus the group's bias.
+        let mid = (1u64 << (bits - 1)) as f64;
         let w: Vec<Vec<f64>> = wq
             .iter()
             .enumerate()
             .map(|(r, row)| {
                 row.iter()
                     .enumerate()
-                    .map(|(k, qs)| qs + biases[r * (cols / group) + k / group] as f64)
+                    .map(|(k, qs)| {
+                        let g = r * (cols / group) + k / group;
+                        qs + mid * scales[g] as f64 + biases[g] as f64
+                    })
                     .collect()
             })
             .collect();
@@ -1676,6 +1721,30 @@ impl<'a> Forward<'a> {
             &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
+        // attend_tile (where it is in use, `WgpuOptions::attn_tile`): a prefill chunk's tokens
+        // in tiles of 64 / G with the G query heads of a KV head, no key splits.
+        if let (Some(tile), Some(g), true) = (&self.k.attend_tile, gqa_group(c), t > 1) {
+            r.dispatch(
+                tile,
+                &[
+                    hq as u32,
+                    hkv as u32,
+                    d as u32,
+                    pos0 as u32,
+                    (1.0 / (d as f32).sqrt()).to_bits(),
+                    1,
+                    0,
+                    stride as u32,
+                    t as u32,
+                ],
+                &[&s.q, &s.attn_proj, kc, vc, &s.o],
+                [hkv as u32, t.div_ceil(64 / g) as u32, 1],
+            );
+            let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
+            io.accumulate = true;
+            self.linear(r, "lin.attn.o", &a.o_proj, io);
+            return;
+        }
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
         // them), where the shapes allow; the same parameters, bindings and partials.
         let (kernel, heads) = match gqa_group(c) {
@@ -1870,7 +1939,11 @@ impl<'a> Forward<'a> {
             {
                 coop
             }
-            _ => &self.k.linear_q4_mm,
+            _ => self
+                .k
+                .linear_q4_mm_expert
+                .as_ref()
+                .unwrap_or(&self.k.linear_q4_mm),
         };
         if grouped {
             r.dispatch(

@@ -15,6 +15,14 @@ macro_rules! kernels {
             /// linear_q4_mm.wgsl on cooperative matrices, where the device has them
             /// (`Gpu::coop`) and its check at load passed (backend.rs).
             pub linear_q4_mm_coop: Option<Kernel>,
+            /// attend_tile.wgsl (prefill attention over tiles of tokens), where the backend
+            /// was asked for it ($LILY_WGPU_ATTN_TILE=1), the model's shapes allow it
+            /// (`tile_group`) and its check at load passed (backend.rs).
+            pub attend_tile: Option<Kernel>,
+            /// The routed experts' tiled products where they run on another kernel than the
+            /// plain ones (`WgpuOptions::mm_t32` = Dense: linear_q4_mm.wgsl, the plain ones on
+            /// linear_q4_mm_t32.wgsl); None: `linear_q4_mm`.
+            pub linear_q4_mm_expert: Option<Kernel>,
             /// linear_q4_rows.wgsl with 4 and 2 rows a workgroup (its `RB`; the model's
             /// `linear_q4_rows` has 16), for matrices of few rows (forward.rs `rows_rb`).
             pub linear_q4_rows4: Kernel,
@@ -38,6 +46,8 @@ macro_rules! kernels {
                     )?,)*
                     // Chosen by the backend among `coop_variants` (each checked at load).
                     linear_q4_mm_coop: None,
+                    attend_tile: None,
+                    linear_q4_mm_expert: None,
                     linear_q4_rows4: rows_kernel(gpu, 4, checked)?,
                     linear_q4_rows2: rows_kernel(gpu, 2, checked)?,
                 })
@@ -103,6 +113,28 @@ pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
         .then_some(g)
 }
 
+/// Query heads per KV head where attend_tile.wgsl takes the model: attend_gqa.wgsl's
+/// (`gqa_group`) with a head dim that is a multiple of 64 (its chunks of dimensions).
+pub fn tile_group(c: &ModelConfig) -> Option<usize> {
+    gqa_group(c).filter(|_| c.head_dim.is_multiple_of(64))
+}
+
+/// attend_tile.wgsl compiled for head dim `d` (a multiple of 64, ≤ 256) and `g` query heads per
+/// KV head (a power of two ≤ 8): 64 / g tokens a workgroup.
+pub fn attend_tile_for(gpu: &Gpu, d: usize, g: usize, checked: bool) -> Result<Kernel> {
+    if !d.is_multiple_of(64) || d > 256 || !g.is_power_of_two() || g > 8 {
+        bail!("attend_tile takes head dims of a multiple of 64 up to 256 and 1, 2, 4 or 8 query heads a KV head (not {d}, {g})");
+    }
+    Kernel::new(
+        gpu,
+        "attend_tile",
+        COMMON,
+        include_str!("../../../shaders/wgsl/attend_tile.wgsl"),
+        checked,
+        &[("D", d as f64), ("G", g as f64)],
+    )
+}
+
 /// attend_gqa.wgsl compiled for head dim `d` and `g` query heads per KV head (the model's own
 /// instance takes them from its config): for checking the kernel at shapes the test models lack
 /// (forward::check_attention).
@@ -140,81 +172,303 @@ fn constants(name: &str, c: &ModelConfig, stacked: bool) -> Vec<(&'static str, f
     }
 }
 
+/// One variant of linear_q4_mm_coop.wgsl for the backend to try at load (`coop_variants`).
+pub struct CoopVariant {
+    pub name: &'static str,
+    pub source: String,
+    /// Through naga's SPIR-V with its workgroup accesses marked non-private (`mark_nonprivate`),
+    /// where the device takes SPIR-V as is.
+    pub nonprivate: bool,
+    /// Whether the backend may use it where its check passes (false: a diagnostic only, run
+    /// under $LILY_WGPU_COOP_DIAG=1, e.g. one that drops the input's remainder part).
+    pub usable: bool,
+}
+
+/// `src` with the lines between `// <name>` and `// </name>` replaced by `with` (the markers
+/// kept, so a later rewrite can replace the section again); unchanged where the markers are
+/// missing (the unit test `coop_variants_validate` checks that every variant differs from the
+/// kernel as written).
+fn with_section(src: &str, name: &str, with: &str) -> String {
+    let open = format!("// <{name}>\n");
+    let close = format!("// </{name}>\n");
+    match (src.find(&open), src.find(&close)) {
+        (Some(a), Some(b)) if a + open.len() <= b => {
+            // The closing marker's line starts after the last newline before it.
+            let b = src[..b].rfind('\n').map_or(0, |i| i + 1);
+            format!("{}{}{}", &src[..a + open.len()], with, &src[b..])
+        }
+        _ => src.to_string(),
+    }
+}
+
+/// The lines between `// <name>` and `// </name>` of `src` (empty where missing).
+fn section<'s>(src: &'s str, name: &str) -> &'s str {
+    let open = format!("// <{name}>\n");
+    let close = format!("// </{name}>\n");
+    match (src.find(&open), src.find(&close)) {
+        (Some(a), Some(b)) if a + open.len() <= b => {
+            let b = src[..b].rfind('\n').map_or(0, |i| i + 1);
+            &src[a + open.len()..b]
+        }
+        _ => "",
+    }
+}
+
+/// The inputs of the step read from memory while they are staged (no private array of 8 vec4
+/// carried across the step's products).
+const STAGE_X_DIRECT: &str = "        let xa = ti * WS + half * 32u;
+        var sx = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            var v = vec4<f32>(0.0);
+            if (xlive) {
+                v = X[xb + st * 16u + i];
+            }
+            sx += put_x(xa + 4u * i, v);
+        }
+        xq[lid] = sx;
+";
+
+/// The next step's weights read during this step's products (the inputs no longer).
+const PREFETCH_W_ONLY: &str = "        let sn = st + 1u;
+        if (sn < steps && wlive) {
+            w0 = W[qbase + 2u * sn];
+            w1 = W[qbase + 2u * sn + 1u];
+            let g0 = hbase + (sn * 64u) / p.group;
+            let g1 = hbase + (sn * 64u + 32u) / p.group;
+            s0 = w_half4(p.scale_off + g0);
+            b0 = w_half4(p.bias_off + g0);
+            s1 = w_half4(p.scale_off + g1);
+            b1 = w_half4(p.bias_off + g1);
+        }
+";
+
+/// This step's weights read at the step's start (no reads in flight during the products).
+const READ_W_NOW: &str = "        if (wlive) {
+            w0 = W[qbase + 2u * st];
+            w1 = W[qbase + 2u * st + 1u];
+            let g0 = hbase + (st * 64u) / p.group;
+            let g1 = hbase + (st * 64u + 32u) / p.group;
+            s0 = w_half4(p.scale_off + g0);
+            b0 = w_half4(p.bias_off + g0);
+            s1 = w_half4(p.scale_off + g1);
+            b1 = w_half4(p.bias_off + g1);
+        }
+";
+
+/// Invocation n < 32 stages all 64 columns of item n (no split of an item's step in halves
+/// between two invocations), read from memory at the step.
+const STAGE_X_PER_ITEM: &str = "        if (lid < TT) {
+            let live = lid < nt;
+            var r = 0u;
+            if (live) {
+                r = tile_items[lid];
+                if (p.expert_mode != 0u) {
+                    r = r / p.x_div;
+                }
+            }
+            let xo = (p.x_off + r * p.x_stride) / 4u + st * 16u;
+            var sa = 0.0;
+            var sb = 0.0;
+            for (var i = 0u; i < 16u; i++) {
+                var v = vec4<f32>(0.0);
+                if (live) {
+                    v = X[xo + i];
+                }
+                let t = put_x(lid * WS + 4u * i, v);
+                if (i < 8u) {
+                    sa += t;
+                } else {
+                    sb += t;
+                }
+            }
+            xq[2u * lid] = sa;
+            xq[2u * lid + 1u] = sb;
+        }
+";
+
+/// put8 and put_x converting one f32 at a time to f16 (no vec4<f16> conversions).
+const PUT_SCALAR: &str = "fn put8(at: u32, w: u32, s: f32) {
+    for (var j = 0u; j < 4u; j++) {
+        let q_lo = f32((w >> (4u * j)) & 15u) - 8.0;
+        let q_hi = f32((w >> (16u + 4u * j)) & 15u) - 8.0;
+        ws[at + j] = f16(q_lo * s);
+        ws[at + 4u + j] = f16(q_hi * s);
+    }
+}
+fn put_x(at: u32, v: vec4<f32>) -> f32 {
+    for (var j = 0u; j < 4u; j++) {
+        let h = f16(v[j]);
+        xh[at + j] = h;
+        xl[at + j] = f16(v[j] - f32(h));
+    }
+    return (v.x + v.y) + (v.z + v.w);
+}
+";
+
+/// Columns 32..63 of each step in arrays of their own (ws2, xh2, xl2; stride 40 for all six):
+/// staging and products of the two halves apart.
+fn second_arrays(src: &str) -> String {
+    let s = src
+        .replace("const WS: u32 = 72u;", "const WS: u32 = 40u;")
+        .replace(
+            "var<workgroup> ws: array<f16, 4608>;\nvar<workgroup> xh: array<f16, 2304>;\nvar<workgroup> xl: array<f16, 2304>;\n",
+            "var<workgroup> ws: array<f16, 2560>;\nvar<workgroup> xh: array<f16, 1280>;\nvar<workgroup> xl: array<f16, 1280>;\nvar<workgroup> ws2: array<f16, 2560>;\nvar<workgroup> xh2: array<f16, 1280>;\nvar<workgroup> xl2: array<f16, 1280>;\n",
+        );
+    // put8 / put_x writing the second arrays: the same functions renamed.
+    let put8 = section(&s, "put8");
+    let put_x = section(&s, "put_x");
+    let extra = format!(
+        "{}{}",
+        put8.replace("fn put8(", "fn put8_2(")
+            .replace("ws[", "ws2["),
+        put_x
+            .replace("fn put_x(", "fn put_x2(")
+            .replace("xh[", "xh2[")
+            .replace("xl[", "xl2[")
+    );
+    let s = with_section(&s, "put_x", &format!("{put_x}{extra}"));
+    let stage_w = section(&s, "stage_w")
+        .replace("put8(wa + 32u,", "put8_2(wa,")
+        .replace("put8(wa + 40u,", "put8_2(wa + 8u,")
+        .replace("put8(wa + 48u,", "put8_2(wa + 16u,")
+        .replace("put8(wa + 56u,", "put8_2(wa + 24u,");
+    let s = with_section(&s, "stage_w", &stage_w);
+    let s = with_section(
+        &s,
+        "stage_x",
+        "        let xa = ti * WS;
+        var sx = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            if (half == 0u) {
+                sx += put_x(xa + 4u * i, x[i]);
+            } else {
+                sx += put_x2(xa + 4u * i, x[i]);
+            }
+        }
+        xq[lid] = sx;
+",
+    );
+    let products = section(&s, "products").replace("k < 4u", "k < 2u");
+    let second = products
+        .replace("&ws[", "&ws2[")
+        .replace("&xh[", "&xh2[")
+        .replace("&xl[", "&xl2[");
+    with_section(&s, "products", &format!("{products}{second}"))
+}
+
+/// The k loop of the products written out four times (k = 0..3 constants).
+fn unrolled(src: &str) -> String {
+    let products = section(src, "products");
+    let body = products
+        .strip_prefix("        for (var k = 0u; k < 4u; k++) {\n")
+        .and_then(|b| b.strip_suffix("        }\n"))
+        .unwrap_or("");
+    let mut out = String::new();
+    for k in 0..4 {
+        out += &format!("        {{\n            let k = {k}u;\n{body}        }}\n");
+    }
+    with_section(src, "products", &out)
+}
+
 /// linear_q4_mm_coop.wgsl as written and in variants, for the backend to check one after the
-/// other at load (forward::check_mm) and use the first that computes the right product. On the
-/// H200 through Vulkan (driver 580.159.04, wgpu 30.0.2) the kernel as written differed from the
-/// host's product by 4.2e-1 (relative L2), while its logic with the cooperative operations
-/// emulated is right (tests/coop_emulated.rs). The variants test the suspects:
-/// - "one array": the f16 operands in one workgroup array (ws | xh | xl), in case separate f16
-///   arrays are not laid out on the 16-byte boundaries cooperative loads need;
-/// - "swapped layouts": row- and column-major exchanged in every load and store, in case
-///   `coopLoadT` / `coopLoad` reach the driver the other way round;
-/// - both together;
-/// - those two with the accumulators loaded from zeroed workgroup memory instead of made by the
-///   zero constructor (naga emits OpConstantNull of the cooperative-matrix type for it);
-/// - the bias sums b · Σx in workgroup memory instead of a private array of 32 f32.
+/// other at load (forward::check_mm) and use the first usable one that computes the right
+/// product. On the H200 through Vulkan (driver 580.159.04, wgpu 30.0.2) the kernel with its bias
+/// sums in a private array computed garbage; with them in workgroup memory (the form written
+/// now) the products of columns 0..31 of each 64-column step were right and those of columns
+/// 32..63 wrong (0.5–0.6 relative where only they had inputs), while coop_diag_tile.wgsl (the
+/// same loads, strides and loops on copied operands) was right. The variants each change one
+/// suspect of that difference:
+/// - the inputs read from memory at staging (no private array of 8 vec4 live across the
+///   products), and no reads in flight at all (the structure of coop_diag_tile.wgsl);
+/// - one invocation stages all 64 columns of an item (no half split);
+/// - the k loop unrolled; the f16 rows at stride 80 instead of 72;
+/// - columns 32..63 in arrays of their own;
+/// - the workgroup accesses marked non-private (SPIR-V);
+/// - diagnostic only (never used): the remainder part dropped (f16 inputs alone), to see the
+///   precision that leaves.
 ///
 /// Any that is wrong is refused by the check, so a wrong guess costs only a compile and a check.
-/// (A third suspect, the Vulkan memory model naga emits for cooperative matrices without
-/// NonPrivatePointer on workgroup accesses, has no variant in WGSL.)
-pub fn coop_variants() -> Vec<(&'static str, String)> {
+pub fn coop_variants() -> Vec<CoopVariant> {
     let src = include_str!("../../../shaders/wgsl/linear_q4_mm_coop.wgsl");
-    let one_array = |s: &str| {
-        s.replace(
-            "var<workgroup> ws: array<f16, 4608>;",
-            "var<workgroup> shm: array<f16, 9216>;",
-        )
-        .replace("var<workgroup> xh: array<f16, 2304>;\n", "")
-        .replace("var<workgroup> xl: array<f16, 2304>;\n", "")
-        .replace("ws[", "shm[")
-        .replace("xh[", "shm[4608u + ")
-        .replace("xl[", "shm[6912u + ")
+    let direct = |s: &str| {
+        let s = with_section(s, "load_x", "");
+        let s = with_section(&s, "stage_x", STAGE_X_DIRECT);
+        with_section(&s, "prefetch", PREFETCH_W_ONLY)
     };
-    let swapped = |s: &str| {
-        s.replace("coopLoadT<", "COOP_ROW<")
-            .replace("coopLoad<", "coopLoadT<")
-            .replace("COOP_ROW<", "coopLoad<")
-            .replace("coopStore(", "coopStoreT(")
+    let no_prefetch = |s: &str| {
+        let s = direct(s);
+        let s = with_section(&s, "prefetch", "");
+        with_section(&s, "read_w", READ_W_NOW)
     };
-    let zeroed = |s: &str| {
-        let mut out = s.to_string();
-        for c in ["c00", "c01", "c10", "c11"] {
-            out = out.replace(
-                &format!("var {c} = coop_mat16x16<f32, C>();"),
-                &format!("var {c} = coopLoad<coop_mat16x16<f32, C>>(&cs[0], 64u);"),
-            );
-        }
-        out.replace(
-            "    let sg = lid / 32u;\n",
-            "    let sg = lid / 32u;\n    for (var i = lid; i < 2048u; i += 64u) {\n        cs[i] = 0.0;\n    }\n    workgroupBarrier();\n",
-        )
+    let per_item = |s: &str| with_section(&no_prefetch(s), "stage_x", STAGE_X_PER_ITEM);
+    let stride80 = |s: &str| {
+        s.replace("const WS: u32 = 72u;", "const WS: u32 = 80u;")
+            .replace("array<f16, 4608>", "array<f16, 5120>")
+            .replace("array<f16, 2304>", "array<f16, 2560>")
     };
-    // The bias sums b · Σx in workgroup memory (each invocation its own 32 slots) instead of a
-    // private array of 32 f32 beside the four accumulators: the one construct of the kernel
-    // that coop_diag_tile.wgsl leaves out besides the dequantisation and the tile lists.
-    let bias_shared = |s: &str| {
-        s.replace(
-            "var<workgroup> cs: array<f32, 2048>;\n",
-            "var<workgroup> cs: array<f32, 2048>;\nvar<workgroup> bs: array<f32, 2048>;\n",
-        )
-        .replace(
-            "    var bacc = array<f32, 32>();\n",
-            "    for (var n = 0u; n < 32u; n++) {\n        bs[n * 64u + lid] = 0.0;\n    }\n",
-        )
-        .replace("bacc[n] +=", "bs[n * 64u + lid] +=")
-        .replace("+ bacc[n];", "+ bs[n * 64u + lid];")
+    let hi_only = |s: &str| {
+        let products = section(s, "products");
+        let kept: String = products
+            .lines()
+            .filter(|l| !l.contains("l0") && !l.contains("l1"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        with_section(s, "products", &kept)
+    };
+    let v = |name, source: String, nonprivate, usable| CoopVariant {
+        name,
+        source,
+        nonprivate,
+        usable,
     };
     vec![
-        ("as written", src.to_string()),
-        ("one array", one_array(src)),
-        ("swapped layouts", swapped(src)),
-        ("one array, swapped layouts", swapped(&one_array(src))),
-        ("zeroed accumulators, one array", zeroed(&one_array(src))),
-        (
-            "zeroed accumulators, one array, swapped layouts",
-            swapped(&zeroed(&one_array(src))),
+        v("as written", src.to_string(), false, true),
+        v("k loop unrolled", unrolled(src), false, true),
+        v("rows at stride 80", stride80(src), false, true),
+        v("inputs read at staging", direct(src), false, true),
+        v(
+            "columns 32..63 in arrays of their own",
+            second_arrays(src),
+            false,
+            true,
         ),
-        ("bias sums in workgroup memory", bias_shared(src)),
+        v("no reads in flight", no_prefetch(src), false, true),
+        v(
+            "no reads in flight, one invocation an item",
+            per_item(src),
+            false,
+            true,
+        ),
+        v(
+            "no reads in flight, one invocation an item, k loop unrolled",
+            unrolled(&per_item(src)),
+            false,
+            true,
+        ),
+        v(
+            "scalar f16 conversions",
+            with_section(&with_section(src, "put8", PUT_SCALAR), "put_x", ""),
+            false,
+            true,
+        ),
+        v(
+            "as written, non-private workgroup accesses",
+            src.to_string(),
+            true,
+            true,
+        ),
+        v(
+            "no reads in flight, non-private workgroup accesses",
+            no_prefetch(src),
+            true,
+            true,
+        ),
+        v(
+            "hi part only (a diagnostic: never used)",
+            hi_only(src),
+            false,
+            false,
+        ),
     ]
 }
 
@@ -697,6 +951,14 @@ pub fn emulate_coop_source(src: &str) -> Result<String> {
         out += &emulate_line(code)?;
         out.push('\n');
     }
+    // emu_at: the f16 arrays the kernel declares, by tag.
+    out += "fn emu_at(tagged: u32, i: u32) -> f32 {\n    let tag = tagged >> 28u;\n    let o = (tagged & 0x0fffffffu) + i;\n";
+    for (tag, arr) in EMU_ARRAYS.iter().enumerate() {
+        if src.contains(&format!("var<workgroup> {arr}: array<f16,")) {
+            out += &format!("    if (tag == {tag}u) {{\n        return {arr}[o];\n    }}\n");
+        }
+    }
+    out += "    return 0.0;\n}\n";
     out += COOP_EMULATION;
     for word in [
         "coop_mat",
@@ -753,11 +1015,9 @@ fn emulate_line(line: &str) -> Result<String> {
         if !layout_ok || !rest.ends_with("], WS);") {
             bail!("a cooperative load the emulation does not take: {line}");
         }
-        // The array rides in the offset's top bits: 0 ws, 1 xh, 2 xl.
-        let tag = match arr {
-            "ws" => 0,
-            "xh" => 1,
-            _ => 2,
+        // The array rides in the offset's top bits: its place in EMU_ARRAYS.
+        let Some(tag) = EMU_ARRAYS.iter().position(|a| *a == arr) else {
+            bail!("a cooperative load from an array the emulation does not know: {line}");
         };
         return Ok(format!("{lhs}(({off}) | ({tag}u << 28u));"));
     }
@@ -783,18 +1043,11 @@ fn emulate_line(line: &str) -> Result<String> {
     Ok(l)
 }
 
+/// The f16 workgroup arrays cooperative loads may read in the emulation (`emulate_line`), in
+/// tag order.
+const EMU_ARRAYS: [&str; 6] = ["ws", "xh", "xl", "ws2", "xh2", "xl2"];
+
 const COOP_EMULATION: &str = r#"
-fn emu_at(tagged: u32, i: u32) -> f32 {
-    let tag = tagged >> 28u;
-    let o = (tagged & 0x0fffffffu) + i;
-    if (tag == 0u) {
-        return ws[o];
-    }
-    if (tag == 1u) {
-        return xh[o];
-    }
-    return xl[o];
-}
 
 // c += a · b for the 8 elements (i, j) = divmod((lid % 32) · 8 + e, 16) this invocation holds:
 // a row-major (element (i, k) at a + i·WS + k), b column-major (element (k, j) at b + j·WS + k).
@@ -838,7 +1091,7 @@ mod tests {
     fn nonprivate_marks_every_workgroup_access() {
         use crate::gpu::naga_spirv;
         let sources = [
-            ("linear_q4_mm_coop", coop_variants()[0].1.clone()),
+            ("linear_q4_mm_coop", coop_variants()[0].source.clone()),
             (
                 "coop_diag",
                 include_str!("../../../shaders/wgsl/coop_diag.wgsl").to_string(),
@@ -938,19 +1191,43 @@ mod tests {
     #[test]
     fn coop_variants_validate() {
         let variants = coop_variants();
-        assert_eq!(variants.len(), 7);
-        assert!(variants[6].1.contains("bs[n * 64u + lid] += ") && !variants[6].1.contains("bacc"));
-        // Each rewrite took effect.
-        assert!(variants[1].1.contains("shm[4608u + ") && !variants[1].1.contains("xh["));
-        assert!(
-            variants[2].1.contains("coopStoreT(")
-                && variants[2].1.contains("coopLoad<coop_mat16x16<f16, A>>")
-        );
-        assert!(variants[3].1.contains("shm[6912u + ") && variants[3].1.contains("coopStoreT("));
-        for v in &variants[4..6] {
-            assert!(v.1.contains("cs[i] = 0.0;") && !v.1.contains("coop_mat16x16<f32, C>()"));
+        assert_eq!(variants.len(), 12);
+        let base = &variants[0].source;
+        assert!(base.contains("bs[n * 64u + lid] += ") && !base.contains("bacc"));
+        // Each rewrite took effect: every variant but the non-private copy of one differs from
+        // those before it.
+        for (i, v) in variants.iter().enumerate() {
+            let same = variants[..i]
+                .iter()
+                .any(|w| w.source == v.source && w.nonprivate == v.nonprivate);
+            assert!(!same, "{}: the same as an earlier variant", v.name);
         }
-        for (name, source) in variants {
+        assert!(variants[1].source.contains("let k = 3u;"));
+        assert!(variants[2].source.contains("const WS: u32 = 80u;"));
+        assert!(!variants[3].source.contains("x[i] = X["));
+        let second = &variants[4].source;
+        assert!(second.contains("fn put8_2(") && second.contains("fn put_x2("));
+        assert!(second.contains("&xl2[16u * WS + k * 16u]") && second.contains("put8_2(wa + 24u,"));
+        assert!(!variants[5].source.contains("let sn = st + 1u;"));
+        assert!(variants[5].source.contains("w0 = W[qbase + 2u * st];"));
+        assert!(variants[6].source.contains("xq[2u * lid + 1u] = sb;"));
+        assert!(variants[7].source.contains("let k = 3u;") && variants[7].source.contains("= sb;"));
+        assert!(variants[8]
+            .source
+            .contains("ws[at + 4u + j] = f16(q_hi * s);"));
+        assert!(!variants[8].source.contains("vec4<f16>"));
+        assert!(variants[9].nonprivate && variants[10].nonprivate);
+        let hi = &variants[11];
+        assert!(!hi.usable && !hi.source.contains("l0") && hi.source.contains("(a1, h1, c11)"));
+        assert!(variants[..11].iter().all(|v| v.usable));
+        for v in &variants {
+            let (name, source) = (v.name, &v.source);
+            if std::env::var("DUMP_VARIANTS").is_ok() {
+                let _ = std::fs::write(
+                    format!("/tmp/variant-{}.wgsl", name.replace(' ', "_")),
+                    source,
+                );
+            }
             let (enables, body): (Vec<&str>, Vec<&str>) = source
                 .lines()
                 .partition(|l| l.trim_start().starts_with("enable "));

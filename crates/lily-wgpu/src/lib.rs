@@ -13,5 +13,5 @@ pub mod gpu;
 pub mod kernels;
 pub mod weights;
 
-pub use backend::{WgpuBackend, WgpuOptions};
+pub use backend::{MmT32, WgpuBackend, WgpuOptions};
 pub use gpu::{adapters_found, describe_adapter, profile};

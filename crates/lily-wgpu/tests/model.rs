@@ -14,7 +14,7 @@ use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{Preset, SynthFormat};
 use lily_core::weights::ModelWeights;
-use lily_wgpu::{WgpuBackend, WgpuOptions};
+use lily_wgpu::{MmT32, WgpuBackend, WgpuOptions};
 
 mod support;
 use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
@@ -78,6 +78,36 @@ fn logits_match_cpu_on_small_mlx() {
     logits_match_cpu(synth_model(Preset::Small, SynthFormat::Mlx, 13), 24, 8);
 }
 
+/// Prefill attention on attend_tile.wgsl (`WgpuOptions::attn_tile`: tiles of 64 / G tokens;
+/// tiny has G = 2, so 32 tokens a tile): teacher-forced logits against the CPU over 100
+/// positions in chunks of 40 (tiles partly filled, chunks after a cache, keys past one block).
+#[test]
+fn logits_match_cpu_with_tiled_prefill_attention() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    let positions = 100;
+    let tokens = Rng(5).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
+    let cs = cpu.new_seq(positions + 4).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let Some(mut gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 40,
+            all_logits_chunk: 40,
+            attn_tile: true,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert!(gpu.attn_tile(), "attend_tile in use");
+    let gs = gpu.new_seq(positions + 4).unwrap();
+    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+    let e = rel_l2(&got, &want);
+    println!("logits rel_l2 {e:.3e} over {positions} positions (attend_tile)");
+    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+}
+
 /// The 4-bit product kernels on shapes the small presets do not reach, against the host's f64
 /// product on random matrices: linear_q4_mm.wgsl (160 rows, 512 columns, 40 items) and
 /// linear_q4_rows.wgsl (decode's kernel for 2,048 and 4,096 columns; 37 rows, 2 items).
@@ -101,32 +131,48 @@ fn product_kernels_match_the_host() {
     );
 }
 
-/// linear_q4_mm64.wgsl (the 64-row product kernel kept for comparing on the H200,
-/// `WgpuOptions::mm64`) in linear_q4_mm's place: its 4- and 8-bit products against the host's.
+/// linear_q4_mm_t32.wgsl (`WgpuOptions::mm_t32`: tiles of 32 items) in linear_q4_mm's place:
+/// its 4- and 8-bit products against the host's, and teacher-forced logits against the CPU over
+/// 70 positions in one chunk: every product on it (plain tiles of 32 partly filled, expert tiles
+/// of 32), and the plain ones only (expert tiles of 16 on linear_q4_mm.wgsl).
 #[test]
-fn mm64_product_kernel_matches_the_host() {
+fn t32_product_kernel_matches_the_host_and_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
-    let Some(gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 16,
-            mm64: true,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    let (fp32, _, _) = gpu.check_products().unwrap();
-    println!("linear_q4_mm64 vs the host's: {fp32:.2e}");
-    assert!(
-        fp32 < 1e-5,
-        "linear_q4_mm64 differs from the host by {fp32:.2e}"
-    );
+    let positions = 70;
+    let tokens = Rng(9).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
+    let cs = cpu.new_seq(positions + 4).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    for mode in [MmT32::All, MmT32::Dense] {
+        let Some(mut gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 70,
+                all_logits_chunk: 70,
+                mm_t32: mode,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        let (fp32, _, _) = gpu.check_products().unwrap();
+        println!("{mode:?}: linear_q4_mm_t32 vs the host's: {fp32:.2e}");
+        assert!(
+            fp32 < 1e-5,
+            "linear_q4_mm_t32 differs from the host by {fp32:.2e}"
+        );
+        let gs = gpu.new_seq(positions + 4).unwrap();
+        let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+        let e = rel_l2(&got, &want);
+        println!("{mode:?}: logits rel_l2 {e:.3e} over {positions} positions");
+        assert!(e < 1e-3, "{mode:?}: logits differ from the CPU by {e:.3e}");
+    }
 }
 
-/// attend_gqa.wgsl with attend_merge.wgsl against the host's gated attention in f64 on random
-/// queries and caches, at the full model's shapes (8 query heads per KV head, head dim 256) and
-/// at `tiny`'s: decode with the keys split over workgroups, and a prefill-like block of tokens.
+/// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
+/// attention in f64 on random queries and caches, at the full model's shapes (8 query heads per
+/// KV head, head dim 256) and at `tiny`'s: decode with the keys split over workgroups, and
+/// prefill-like blocks of tokens.
 #[test]
 fn attention_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 31);
@@ -135,7 +181,10 @@ fn attention_kernels_match_the_host() {
     };
     let e = gpu.check_attention().unwrap();
     println!("attention vs the host's: {e:.2e}");
-    assert!(e < 1e-5, "attend_gqa differs from the host by {e:.2e}");
+    assert!(
+        e < 1e-5,
+        "attend_gqa or attend_tile differs from the host by {e:.2e}"
+    );
 }
 
 /// A kernel compiled to SPIR-V by naga here and handed to the driver as is (wgpu's passthrough
@@ -525,7 +574,7 @@ fn sampled_tokens_and_top_logprobs_match_cpu() {
 /// Chunks of 7 and 1-token steps give the same logits (each token's arithmetic is the same).
 #[test]
 fn chunked_prefill_equals_token_by_token() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 31);
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 33);
     let tokens = Rng(8).tokens(30, w.config.vocab);
     let Some(mut chunked) = wgpu_backend(&w, 7) else {
         return;

@@ -1,7 +1,9 @@
-// linear_q4_mm.wgsl as it was before its 128-row tiles (main 9f9f7ee^): 64 rows × 16 items a
-// workgroup, 4 × 4 register blocks. Kept to compare the two on the H200 in one build
-// ($LILY_WGPU_MM64=1 uses it in linear_q4_mm's place: `WgpuOptions::mm64`); prefill went
-// 2,184 → 2,096 tok/s at 4K across the branch that brought the 128-row tiles.
+// linear_q4_mm.wgsl with tiles of 32 items instead of 16 (64 rows × 32 items a workgroup of 64;
+// each invocation a 4-row × 8-item block: three shared vec4 reads per 32 multiply-adds, was two
+// per 16; each weight dequantised once per 32 items). Same parameters, bindings and grid
+// (z: tiles of 32; expert tiles of 32 from moe_group.wgsl). An experiment for the H200
+// ($LILY_WGPU_MM_T32=1 uses it in linear_q4_mm's place: `WgpuOptions::mm_t32`), kept beside the
+// 16-item kernel until measured. The rest as linear_q4_mm.wgsl says:
 //
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
 // 64 per (64 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per
@@ -9,7 +11,9 @@
 // the tile's 16 × 32 inputs go there too; then each invocation accumulates a 4-row × 4-item
 // block (vec4 reads of both from shared memory, 16 products per pair of reads). The next step's
 // weights and inputs are read from memory while this one computes. Weights are read once per
-// tile of items, inputs once per 64 rows.
+// tile of items, inputs once per 64 rows. (A 128-row form with 8 × 4 register blocks, main
+// 9f9f7ee, ran slower on the H200: prefill at 4K 1,956 tok/s against this one's 2,363, every
+// product's time 18–25 % longer; removed.)
 // An item is a token (plain mode: tile z holds items z·TT..) or a (token, routed expert) pair
 // (expert mode: tile z is entry z of the tile list moe_group.wgsl wrote, items of one expert,
 // dispatched indirectly). Same slice layout as linear.wgsl. FLOPs: 2·rows·cols per item.
@@ -47,14 +51,14 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
-const TT: u32 = 16u;   // items per tile (MM_TILE on the host)
+const TT: u32 = 32u;   // items per tile (MM_TILE_T32 on the host)
 const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host, as linear_q4_mm_coop's)
 
-// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 4 + g]: items
+// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 8 + g]: items
 // 4g..4g + 3 at column k.
 var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xs: array<vec4<f32>, 128>;
-var<workgroup> tile_items: array<u32, 16>;
+var<workgroup> xs: array<vec4<f32>, 256>;
+var<workgroup> tile_items: array<u32, 32>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
 fn w_half4(i: u32) -> f32 {
@@ -75,7 +79,7 @@ fn deq8(w: u32, s: f32, b: f32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(64)
-fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn linear_q4_mm_t32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let block = wid.x + wid.y * p.nwx;
     if (block * RT >= p.rows) {
         return;
@@ -112,7 +116,7 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let quads = p.cols / 32u;
     let groups = p.cols / p.group;
     // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
-    // 8·part .. 8·part + 7 of item `ti`.
+    // 16·part .. 16·part + 15 of item `ti`.
     let wrow = block * RT + lid;
     let wlive = wrow < p.rows;
     // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
@@ -120,8 +124,8 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let wps = select(1u, 2u, eight);
     let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols * p.bits / 32u)) / 4u;
     let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
-    let ti = lid / 4u;
-    let part = lid % 4u;
+    let ti = lid / 2u;
+    let part = lid % 2u;
     let xlive = ti < nt;
     var xr = 0u;
     if (xlive) {
@@ -130,14 +134,19 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             xr = xr / p.x_div;
         }
     }
-    let xb = (p.x_off + xr * p.x_stride) / 4u + part * 2u;
-    // The block this invocation accumulates: rows 4·rg.., items 4·tg...
+    let xb = (p.x_off + xr * p.x_stride) / 4u + part * 4u;
+    // The block this invocation accumulates: rows 4·rg.., items 8·tg.. (a·: 8·tg..8·tg + 3,
+    // b·: 8·tg + 4..).
     let rg = lid / 4u;
     let tg = lid % 4u;
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
+    var b0 = vec4<f32>(0.0);
+    var b1 = vec4<f32>(0.0);
+    var b2 = vec4<f32>(0.0);
+    var b3 = vec4<f32>(0.0);
     // Step 0's reads.
     var w = vec4<u32>(0u);
     var w2 = vec4<u32>(0u);
@@ -153,9 +162,13 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     }
     var x0 = vec4<f32>(0.0);
     var x1 = vec4<f32>(0.0);
+    var x2 = vec4<f32>(0.0);
+    var x3 = vec4<f32>(0.0);
     if (xlive) {
         x0 = X[xb];
         x1 = X[xb + 1u];
+        x2 = X[xb + 2u];
+        x3 = X[xb + 3u];
     }
     for (var q = 0u; q < quads; q++) {
         // This step's weights, dequantised, and inputs into shared memory.
@@ -178,17 +191,18 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             ws[(4u * j + 2u) * 16u + wg][wc] = v.z;
             ws[(4u * j + 3u) * 16u + wg][wc] = v.w;
         }
-        let k0 = part * 8u;
+        let k0 = part * 16u;
         let xg = ti / 4u;
         let xc = ti % 4u;
-        xs[(k0) * 4u + xg][xc] = x0.x;
-        xs[(k0 + 1u) * 4u + xg][xc] = x0.y;
-        xs[(k0 + 2u) * 4u + xg][xc] = x0.z;
-        xs[(k0 + 3u) * 4u + xg][xc] = x0.w;
-        xs[(k0 + 4u) * 4u + xg][xc] = x1.x;
-        xs[(k0 + 5u) * 4u + xg][xc] = x1.y;
-        xs[(k0 + 6u) * 4u + xg][xc] = x1.z;
-        xs[(k0 + 7u) * 4u + xg][xc] = x1.w;
+        let xv = array<vec4<f32>, 4>(x0, x1, x2, x3);
+        for (var e = 0u; e < 4u; e++) {
+            let v = xv[e];
+            let k = k0 + 4u * e;
+            xs[k * 8u + xg][xc] = v.x;
+            xs[(k + 1u) * 8u + xg][xc] = v.y;
+            xs[(k + 2u) * 8u + xg][xc] = v.z;
+            xs[(k + 3u) * 8u + xg][xc] = v.w;
+        }
         workgroupBarrier();
         // The next step's reads, in flight while this one computes.
         let qn = q + 1u;
@@ -205,31 +219,38 @@ fn linear_q4_mm64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             if (xlive) {
                 x0 = X[xb + qn * 8u];
                 x1 = X[xb + qn * 8u + 1u];
+                x2 = X[xb + qn * 8u + 2u];
+                x3 = X[xb + qn * 8u + 3u];
             }
         }
         for (var k = 0u; k < 32u; k++) {
             let w4 = ws[k * 16u + rg];
-            let x4 = xs[k * 4u + tg];
+            let x4 = xs[k * 8u + 2u * tg];
+            let y4 = xs[k * 8u + 2u * tg + 1u];
             a0 += w4.x * x4;
             a1 += w4.y * x4;
             a2 += w4.z * x4;
             a3 += w4.w * x4;
+            b0 += w4.x * y4;
+            b1 += w4.y * y4;
+            b2 += w4.z * y4;
+            b3 += w4.w * y4;
         }
         workgroupBarrier();
     }
-    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, b0, b1, b2, b3);
     for (var i = 0u; i < 4u; i++) {
         let row = block * RT + rg * 4u + i;
         if (row < p.rows) {
-            let v = acc[i];
-            for (var j = 0u; j < 4u; j++) {
-                let t = tg * 4u + j;
+            for (var j = 0u; j < 8u; j++) {
+                let v = acc[i + 4u * (j / 4u)];
+                let t = tg * 8u + j;
                 if (t < nt) {
                     let o = p.y_off + tile_items[t] * p.y_stride + p.row0 + row;
                     if (p.accumulate != 0u) {
-                        Y[o] += v[j];
+                        Y[o] += v[j % 4u];
                     } else {
-                        Y[o] = v[j];
+                        Y[o] = v[j % 4u];
                     }
                 }
             }
