@@ -50,10 +50,14 @@ fi
 
 # 3. wgpu through Vulkan: the load-time cooperative-matrix check with the new variants (the
 #    probe's lines), and the 4K prefill profile.
+# Then the same bench with fp32 products at chunk 2048 and the tiled prefill attention, and that
+# with the 32-item product kernel (branch issue13g's plan, docs/perf-notes.md).
 if want wgpu; then
-  OUT=/tmp/pend WGPU="4K 4K" WGPU_PROFILE=1 WGPU_TIMEOUT=170 LILY_WGPU_COOP_DIAG=1 VARIANTS="" \
+  OUT=/tmp/pend WGPU="4K 4K" WGPU_PROFILE=1 WGPU_TIMEOUT=150 LILY_WGPU_COOP_DIAG=1 VARIANTS="" \
+    WGPU_ENV2="LILY_WGPU_COOP=0 LILY_WGPU_ATTN_TILE=1 LILY_WGPU_CHUNK=2048" \
+    WGPU_ENV3="LILY_WGPU_COOP=0 LILY_WGPU_ATTN_TILE=1 LILY_WGPU_CHUNK=2048 LILY_WGPU_MM_T32=1" \
     bash "$HERE/gpu_session.sh" > /tmp/pend/wgpu.out 2>&1
-  cp /tmp/pend/wgpu.log "$OUT/wgpu.log"
+  for f in wgpu.log wgpu2.log wgpu3.log; do cp "/tmp/pend/$f" "$OUT/" 2>/dev/null; done
   say "wgpu done"
 fi
 
