@@ -153,7 +153,10 @@ fn forward(
         // The router's logits as ops::moe computes them (same function, same input).
         let rl = matmul(&layer.moe.router, &xn);
         for (ti, ch) in choices.iter_mut().enumerate() {
-            ch.push(choice(&rl[ti * c.n_experts..(ti + 1) * c.n_experts], c.top_k));
+            ch.push(choice(
+                &rl[ti * c.n_experts..(ti + 1) * c.n_experts],
+                c.top_k,
+            ));
         }
         let mut moe = ops::moe(c, &layer.moe, &xn);
         if p.site == Site::Branch {
@@ -246,7 +249,9 @@ fn the_instrumented_forward_is_the_cpu_backend_bit_for_bit() {
         assert_eq!(ch.set.len(), c.top_k);
         assert!((0.0..=1.0).contains(&ch.margin), "{}", ch.margin);
     }
-    let rl: Vec<f32> = (0..c.n_experts).map(|e| ((e * 7) % 5) as f32 * 0.3).collect();
+    let rl: Vec<f32> = (0..c.n_experts)
+        .map(|e| ((e * 7) % 5) as f32 * 0.3)
+        .collect();
     let mut route: Vec<usize> = ops::route(&rl, c.top_k).iter().map(|r| r.0).collect();
     route.sort_unstable();
     assert_eq!(choice(&rl, c.top_k).set, route);
@@ -260,7 +265,11 @@ fn the_instrumented_forward_is_the_cpu_backend_bit_for_bit() {
     };
     let (la, _) = forward(&w, &mut a, &ids[..4], &none);
     let (lb, _) = forward(&w, &mut b, &ids[..4], &p);
-    let d: f64 = la.iter().zip(&lb).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let d: f64 = la
+        .iter()
+        .zip(&lb)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
     let r: f64 = la.iter().map(|x| (*x as f64).powi(2)).sum();
     let rel = (d / r).sqrt();
     assert!(rel > 0.0 && rel < 1e-4, "{rel}");
@@ -304,7 +313,11 @@ fn router_flips_under_rounding_perturbations() {
             layers: Some(layers),
         })
         .expect("synth");
-        eprintln!("synth {}: {:.0} s", model.display(), t.elapsed().as_secs_f64());
+        eprintln!(
+            "synth {}: {:.0} s",
+            model.display(),
+            t.elapsed().as_secs_f64()
+        );
     }
     let w = checkpoint::load(&model, &LoadOptions::default()).expect("load");
     let c = &w.config;
@@ -379,7 +392,11 @@ fn router_flips_under_rounding_perturbations() {
             let (lb, cb) = forward(&w, &mut vs.run, part, &vs.p);
             for ti in 0..part.len() {
                 let (ra, rb) = (&la[ti * v..(ti + 1) * v], &lb[ti * v..(ti + 1) * v]);
-                let d2: f64 = ra.iter().zip(rb).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+                let d2: f64 = ra
+                    .iter()
+                    .zip(rb)
+                    .map(|(x, y)| ((x - y) as f64).powi(2))
+                    .sum();
                 let r2: f64 = ra.iter().map(|x| (*x as f64).powi(2)).sum();
                 vs.err2 += d2;
                 vs.ref2 += r2;
@@ -403,12 +420,19 @@ fn router_flips_under_rounding_perturbations() {
                         vs.first_flip = Some(pos0 + ti);
                     }
                 }
-                let min_m = ca[ti].iter().map(|c| c.margin).fold(f32::INFINITY, f32::min);
+                let min_m = ca[ti]
+                    .iter()
+                    .map(|c| c.margin)
+                    .fold(f32::INFINITY, f32::min);
                 vs.tsv += &format!(
                     "{}\t{rel:.3e}\t{}\t{}\t{min_m:.3e}\n",
                     pos0 + ti,
                     same as u8,
-                    if flipped.is_empty() { "-".into() } else { flipped.join(",") }
+                    if flipped.is_empty() {
+                        "-".into()
+                    } else {
+                        flipped.join(",")
+                    }
                 );
             }
         }
@@ -430,7 +454,10 @@ fn router_flips_under_rounding_perturbations() {
     println!("\n## Router margins of run A (p_k − p_k+1), {pairs} (position, layer) pairs");
     for th in [1e-7f32, 1e-6, 1e-5, 1e-4, 1e-3] {
         let n = all_m.iter().take_while(|m| m.0 < th).count();
-        println!("  margin < {th:.0e}: {n} ({:.3e} of pairs)", n as f64 / pairs as f64);
+        println!(
+            "  margin < {th:.0e}: {n} ({:.3e} of pairs)",
+            n as f64 / pairs as f64
+        );
     }
     println!(
         "  smallest: {}",
@@ -455,16 +482,28 @@ fn router_flips_under_rounding_perturbations() {
         };
         let mut before_sorted = before.clone();
         before_sorted.sort_by(f64::total_cmp);
-        println!("\n## Variant {} (perturbation seed {:#x})", vs.label, vs.p.seed);
-        println!("  positions: {n}, top-1 same: {} ({:.1} %)", vs.top1_same, 100.0 * vs.top1_same as f64 / n as f64);
-        println!("  logits rel. L2, whole sequence: {:.3e}", (vs.err2 / vs.ref2).sqrt());
+        println!(
+            "\n## Variant {} (perturbation seed {:#x})",
+            vs.label, vs.p.seed
+        );
+        println!(
+            "  positions: {n}, top-1 same: {} ({:.1} %)",
+            vs.top1_same,
+            100.0 * vs.top1_same as f64 / n as f64
+        );
+        println!(
+            "  logits rel. L2, whole sequence: {:.3e}",
+            (vs.err2 / vs.ref2).sqrt()
+        );
         println!(
             "  per position: median {:.3e}, p90 {:.3e}, p99 {:.3e}, max {:.3e} at {}",
             quantile(&sorted, 0.5),
             quantile(&sorted, 0.9),
             quantile(&sorted, 0.99),
             sorted[n - 1],
-            (0..n).max_by(|&x, &y| vs.per_pos[x].total_cmp(&vs.per_pos[y])).unwrap_or(0)
+            (0..n)
+                .max_by(|&x, &y| vs.per_pos[x].total_cmp(&vs.per_pos[y]))
+                .unwrap_or(0)
         );
         println!(
             "  positions > 1e-3: {} (first {:?}); > 1e-4: {}",
@@ -491,9 +530,21 @@ fn router_flips_under_rounding_perturbations() {
         let primary: Vec<&(usize, usize, f32)> = vs
             .flips
             .iter()
-            .filter(|f| Some(f.0) == first_flip && vs.flips.iter().all(|g| g.0 < f.0 || (g.0 == f.0 && g.1 >= f.1)))
+            .filter(|f| {
+                Some(f.0) == first_flip
+                    && vs
+                        .flips
+                        .iter()
+                        .all(|g| g.0 > f.0 || (g.0 == f.0 && g.1 >= f.1))
+            })
             .collect();
-        println!("  first flip(s): {:?}", primary.iter().map(|f| format!("pos {} L{} margin {:.2e}", f.0, f.1, f.2)).collect::<Vec<_>>());
+        println!(
+            "  first flip(s): {:?}",
+            primary
+                .iter()
+                .map(|f| format!("pos {} L{} margin {:.2e}", f.0, f.1, f.2))
+                .collect::<Vec<_>>()
+        );
         let mut fm: Vec<f32> = vs.flips.iter().map(|f| f.2).collect();
         fm.sort_by(f32::total_cmp);
         println!(
@@ -525,8 +576,9 @@ fn router_flips_under_rounding_perturbations() {
             );
         }
         // Flips per layer, and the expected number of flips of the perturbation alone (no earlier
-        // divergence): at each (position, layer), the chance that a |Δmargin| drawn from that
-        // layer's measured ones (before the first flip) exceeds run A's margin there; summed.
+        // divergence): at each (position, layer), the chance that a Δmargin drawn from that
+        // layer's measured ones (before the first flip) exceeds run A's margin there, with the
+        // sign that closes it (half of |Δmargin| > margin, the noise being symmetric); summed.
         let mut per_layer = vec![0usize; n_layers];
         for f in &vs.flips {
             per_layer[f.1] += 1;
@@ -544,11 +596,15 @@ fn router_flips_under_rounding_perturbations() {
                 .iter()
                 .map(|ms| {
                     let above = d.len() - d.partition_point(|x| *x <= ms[l]);
-                    above as f64 / d.len() as f64
+                    0.5 * above as f64 / d.len() as f64
                 })
                 .sum();
             expected += e_l;
-            line.push(format!("L{l}: median {:.1e} p99 {:.1e} -> {e_l:.2}", d[d.len() / 2], d[(d.len() - 1) * 99 / 100]));
+            line.push(format!(
+                "L{l}: median {:.1e} p99 {:.1e} -> {e_l:.2}",
+                d[d.len() / 2],
+                d[(d.len() - 1) * 99 / 100]
+            ));
         }
         println!("  |Δmargin| before the first flip, per layer, and expected flips from the perturbation alone:");
         println!("    {}", line.join("; "));
