@@ -80,6 +80,10 @@ def compare(ours, ref, n, block=64):
         "worst_position": worst,
         "positions_over_1e-3": int(over.size),
         "first_position_over_1e-3": int(over[0]) if over.size else None,
+        # The implementation's own agreement: the worst position before the first one over 1e-3
+        # (the first routing flip, on a correct fp32 path), or over all positions when none is.
+        "rel_l2_max_before_first_over_1e-3": float(pp[:over[0]].max()) if over.size and over[0] > 0
+        else (None if over.size else float(pp.max())),
         "top1_agreement": same / n,
         "top1_same": same,
     }
@@ -119,7 +123,9 @@ def verdict(comparisons, refs, inputs):
                        f"({'< 1e-4' if c['rel_l2'] < 1e-4 else 'NOT < 1e-4'}), top-1 {100 * c['top1_agreement']:.1f} %; "
                        f"per position median {c['rel_l2_median_position']:.3g}, p99 {c['rel_l2_p99_position']:.3g} "
                        f"({'< 1e-4' if c['rel_l2_p99_position'] < 1e-4 else 'NOT < 1e-4'}), "
-                       f"{c['positions_over_1e-3']} positions > 1e-3")
+                       f"{c['positions_over_1e-3']} positions > 1e-3"
+                       + ("" if c["rel_l2_max_before_first_over_1e-3"] is None else
+                          f", worst before the first of them {c['rel_l2_max_before_first_over_1e-3']:.3g}"))
     return out
 
 
