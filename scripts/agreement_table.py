@@ -69,6 +69,10 @@ def compare(ours, ref, n, block=64):
         "positions": n,
         "rel_l2": float(np.sqrt(err2 / ref2)),
         "rel_l2_median_position": float(np.median(pp)),
+        # The per-position form of a "< 1e-4" criterion (docs/perf-notes.md, session 6): on a
+        # random-weight MoE a correct fp32 path flips a near-tied expert at a few positions, which
+        # dominate the whole-sequence figure; the 99th percentile says whether more than 1 % do.
+        "rel_l2_p99_position": float(np.percentile(pp, 99)),
         # Where the error sits: one position far off (a routing flip on near-tied router logits
         # changes that row, and through attention and the recurrent state the rows after it) or
         # every position a little (summation order).
@@ -76,6 +80,10 @@ def compare(ours, ref, n, block=64):
         "worst_position": worst,
         "positions_over_1e-3": int(over.size),
         "first_position_over_1e-3": int(over[0]) if over.size else None,
+        # The implementation's own agreement: the worst position before the first one over 1e-3
+        # (the first routing flip, on a correct fp32 path), or over all positions when none is.
+        "rel_l2_max_before_first_over_1e-3": float(pp[:over[0]].max()) if over.size and over[0] > 0
+        else (None if over.size else float(pp.max())),
         "top1_agreement": same / n,
         "top1_same": same,
     }
@@ -112,7 +120,12 @@ def verdict(comparisons, refs, inputs):
         c = by.get((ref, "cuda-fp32"))
         if c is not None:
             out.append(f"- cuda-fp32 vs {ref} over {c['positions']} positions: rel. L2 {c['rel_l2']:.3g} "
-                       f"({'< 1e-4' if c['rel_l2'] < 1e-4 else 'NOT < 1e-4'}), top-1 {100 * c['top1_agreement']:.1f} %")
+                       f"({'< 1e-4' if c['rel_l2'] < 1e-4 else 'NOT < 1e-4'}), top-1 {100 * c['top1_agreement']:.1f} %; "
+                       f"per position median {c['rel_l2_median_position']:.3g}, p99 {c['rel_l2_p99_position']:.3g} "
+                       f"({'< 1e-4' if c['rel_l2_p99_position'] < 1e-4 else 'NOT < 1e-4'}), "
+                       f"{c['positions_over_1e-3']} positions > 1e-3"
+                       + ("" if c["rel_l2_max_before_first_over_1e-3"] is None else
+                          f", worst before the first of them {c['rel_l2_max_before_first_over_1e-3']:.3g}"))
     return out
 
 
@@ -162,25 +175,26 @@ def main():
         if rrows is None:
             lines.append("(no rows)")
             continue
-        lines += ["| path | positions | logits rel. L2 | median per position | worst position | positions > 1e-3 (first) | top-1 agreement |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| path | positions | logits rel. L2 | median per position | p99 per position | worst position "
+                  "| positions > 1e-3 (first) | top-1 agreement |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for other in args.other:
             if other == ref:
                 continue
             ometa, orows = inputs[other]
             if orows is None:
-                lines.append(f"| {os.path.basename(other)} | 0 | | | | | (no output) |")
+                lines.append(f"| {os.path.basename(other)} | 0 | | | | | | (no output) |")
                 continue
             c = done.get((ref, other))
             if c is None:
-                lines.append(f"| {os.path.basename(other)} | | | | | | (other tokens or vocabulary: not comparable) |")
+                lines.append(f"| {os.path.basename(other)} | | | | | | | (other tokens or vocabulary: not comparable) |")
                 continue
             n = c["positions"]
             c.update(reference=os.path.basename(ref), path=os.path.basename(other), backend=ometa.get("backend"))
             results["comparisons"].append(c)
             first = c["first_position_over_1e-3"]
             lines.append(f"| {name_of(other, ometa)} | {n} | {c['rel_l2']:.3g} | {c['rel_l2_median_position']:.3g} "
-                         f"| {c['rel_l2_max_position']:.3g} at {c['worst_position']} "
+                         f"| {c['rel_l2_p99_position']:.3g} | {c['rel_l2_max_position']:.3g} at {c['worst_position']} "
                          f"| {c['positions_over_1e-3']}{'' if first is None else f' (from {first})'} "
                          f"| {100 * c['top1_agreement']:.1f} % ({c['top1_same']}/{n}) |")
     lines += verdict(results["comparisons"], args.ref, inputs)

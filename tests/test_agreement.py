@@ -77,14 +77,14 @@ def test_agreement_table_counts_whole_rows_and_matches_numpy(scored, tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "agreement_table.py"),
                            "--ref", str(tmp_path / "cpu-fp32"), "--ref", str(tmp_path / "cuda-fp32"),
                            "--other", str(tmp_path / "cuda-bf16"), "--other", str(tmp_path / "hf-bf16"),
-                           "--other", str(tmp_path / "missing"),
+                           "--other", str(tmp_path / "missing"), "--other", str(tmp_path / "cuda-fp32"),
                            "--out", str(tmp_path / "summary.md"), "--json", str(tmp_path / "a.json")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     got = {(c["reference"], c["path"]): c for c in json.loads((tmp_path / "a.json").read_text())["comparisons"]}
     for (r, p), c in got.items():
         n = 10 if r == "cpu-fp32" else 24
-        ours = {"cuda-bf16": lily, "hf-bf16": hf}[p][:n].astype(np.float64)
+        ours = {"cuda-bf16": lily, "hf-bf16": hf, "cuda-fp32": ref}[p][:n].astype(np.float64)
         want = ref[:n].astype(np.float64)
         assert c["positions"] == n
         assert c["rel_l2"] == pytest.approx(np.sqrt(((ours - want) ** 2).sum() / (want ** 2).sum()), rel=1e-9)
@@ -95,11 +95,20 @@ def test_agreement_table_counts_whole_rows_and_matches_numpy(scored, tmp_path):
         over = np.flatnonzero(per > 1e-3)
         assert c["positions_over_1e-3"] == over.size
         assert c["first_position_over_1e-3"] == (int(over[0]) if over.size else None)
+        s = sorted(per)  # the 99th percentile, interpolated between the two nearest ranks
+        k = 0.99 * (n - 1)
+        want_p99 = s[int(k)] + (k - int(k)) * (s[min(int(k) + 1, n - 1)] - s[int(k)])
+        assert c["rel_l2_p99_position"] == pytest.approx(want_p99, rel=1e-9, abs=1e-300)
+        first = next((i for i, e in enumerate(per) if e > 1e-3), None)
+        pre = per if first is None else per[:first]
+        assert c["rel_l2_max_before_first_over_1e-3"] == (None if len(pre) == 0 else pytest.approx(max(pre), rel=1e-9))
     assert got[("cuda-fp32", "cuda-bf16")]["top1_same"] == 22 and got[("cuda-fp32", "hf-bf16")]["top1_same"] == 20
     assert got[("cpu-fp32", "cuda-bf16")]["top1_same"] == 8 and got[("cpu-fp32", "hf-bf16")]["top1_same"] == 7
     summary = (tmp_path / "summary.md").read_text()
     assert "| cpu-fp32 | cpu | 10/24 |" in summary
-    assert "| missing | 0 | | | | | (no output) |" in summary
+    assert "| missing | 0 | | | | | | (no output) |" in summary
+    assert ("cuda-fp32 vs cpu-fp32 over 10 positions: rel. L2 0 (< 1e-4), top-1 100.0 %; per position median 0, "
+            "p99 0 (< 1e-4), 0 positions > 1e-3, worst before the first of them 0") in summary
     # The verdict uses the reference that covers the most positions: cuda-fp32 here.
     assert "cuda-bf16 vs cuda-fp32 over 24 positions: top-1 91.7 %" in summary
     assert "top-1 83.3 %" in summary and "**at least HF**" in summary
