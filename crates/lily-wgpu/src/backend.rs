@@ -340,18 +340,24 @@ impl WgpuBackend {
     /// operations emulated (`kernels::emulate_coop_source`).
     #[doc(hidden)]
     pub fn probe_emulated_with(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
-        let source = crate::kernels::emulate_coop_source(&edit(include_str!(
+        let k = self.emulated_coop(&edit(include_str!(
             "../../../shaders/wgsl/linear_q4_mm_coop.wgsl"
         )))?;
-        let k = crate::gpu::Kernel::new(
+        probe_mm(&self.gpu, &k)
+    }
+
+    /// linear_q4_mm_coop.wgsl's `source` (or a variant) compiled with its cooperative operations
+    /// emulated (`kernels::emulate_coop_source`).
+    fn emulated_coop(&self, source: &str) -> Result<crate::gpu::Kernel> {
+        let source = crate::kernels::emulate_coop_source(source)?;
+        crate::gpu::Kernel::new(
             &self.gpu,
             "linear_q4_mm_coop",
             crate::kernels::COMMON,
             &source,
             true,
             &[],
-        )?;
-        probe_mm(&self.gpu, &k)
+        )
     }
 
     /// `probe_emulated_with` on variant `i` of `kernels::coop_variants` (its name and lines).
@@ -374,17 +380,9 @@ impl WgpuBackend {
         let variants = crate::kernels::coop_variants();
         for &i in which {
             let v = variants.get(i).context("no such variant")?;
-            let source = crate::kernels::emulate_coop_source(&v.source)
-                .with_context(|| format!("emulating {}", v.name))?;
-            let k = crate::gpu::Kernel::new(
-                &self.gpu,
-                "linear_q4_mm_coop",
-                crate::kernels::COMMON,
-                &source,
-                true,
-                &[],
-            )
-            .with_context(|| format!("compiling {} (emulated)", v.name))?;
+            let k = self
+                .emulated_coop(&v.source)
+                .with_context(|| format!("emulating and compiling {}", v.name))?;
             out.push((v.name.to_string(), check_mm(&self.gpu, &k)?));
         }
         Ok(out)

@@ -194,27 +194,22 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&PREP_EPS);
         })?;
-        if let Some(k) = self
+        // dn_chunked and dn_recurrent take the same arguments.
+        let chunked = self
             .chunked
             .as_ref()
-            .filter(|_| self.takes_chunked(gpu, s, n_tok))
-        {
-            let cfg = config((s.n_v as u32, (s.dv / DNC_COLS) as u32, 1), 256, DNC_SMEM);
-            return gpu.launch(k, cfg, |l| {
-                l.arg(&b.c)
-                    .arg(&b.qk)
-                    .arg(&b.ab)
-                    .arg(&b.state)
-                    .arg(&b.o)
-                    .arg(&n)
-                    .arg(&n_k)
-                    .arg(&n_v)
-                    .arg(&dk)
-                    .arg(&dv);
-            });
-        }
-        let cfg = config((s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1), 128, 0);
-        gpu.launch(&self.recurrent, cfg, |l| {
+            .filter(|_| self.takes_chunked(gpu, s, n_tok));
+        let (kernel, cfg) = match chunked {
+            Some(k) => (
+                k,
+                config((s.n_v as u32, (s.dv / DNC_COLS) as u32, 1), 256, DNC_SMEM),
+            ),
+            None => (
+                &self.recurrent,
+                config((s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1), 128, 0),
+            ),
+        };
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&b.c)
                 .arg(&b.qk)
                 .arg(&b.ab)

@@ -55,6 +55,11 @@ pub const fn wg_smem(tok: usize, groups: usize) -> usize {
     1024 + 2 * tok * 128 + WG_STAGES * (tok * 64 * 4 + WG_ROWS * 32) + WG_ROWS * groups * 4
 }
 
+/// Whether the device runs the wgmma kernels (sm_90a; elsewhere they are compiled as traps).
+pub fn runs_wgmma(gpu: &Gpu) -> bool {
+    gpu.arch == "sm_90a"
+}
+
 /// Whether the wgmma kernels take this weight: 4-bit, whole 64-column steps, groups of a multiple
 /// of 16 columns (a thread's 16 columns of a step in one group), at most WG_MAX_GROUPS groups a row.
 pub fn wg_fits(w: &DevLinear) -> bool {
@@ -117,11 +122,16 @@ impl Gemm {
     /// `n_tok` = the tile, gemm_grouped_wg64): the plan's `wgmma_gemm` on an sm_90a device,
     /// `wg_fits`, and a chunk of at least WG_TOK tokens (a grouped tile of 64 items).
     pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
-        gpu.switches.wgmma_gemm && gpu.arch == "sm_90a" && wg_fits(w) && n_tok >= WG_TOK
+        Self::wgmma_on(gpu, w) && n_tok >= WG_TOK
     }
 
     fn takes_wgmma_grouped(gpu: &Gpu, w: &DevLinear, tile: usize) -> bool {
-        gpu.switches.wgmma_gemm && gpu.arch == "sm_90a" && wg_fits(w) && tile == 64
+        Self::wgmma_on(gpu, w) && tile == 64
+    }
+
+    /// The plan's `wgmma_gemm` on a device that runs the wgmma kernels, for a weight they take.
+    fn wgmma_on(gpu: &Gpu, w: &DevLinear) -> bool {
+        gpu.switches.wgmma_gemm && runs_wgmma(gpu) && wg_fits(w)
     }
 
     /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wg

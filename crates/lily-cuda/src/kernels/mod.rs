@@ -97,7 +97,7 @@ impl Kernels {
             embed: embed::Embed::load(&embed::FILE.load(gpu, bf16)?)?,
             norm: norm::Norm::load(&norm::FILE.load(gpu, bf16)?)?,
             linear: linear::Linear::load(&linear::FILE.load(gpu, bf16)?)?,
-            gemm: gemm::Gemm::load(&gemm::FILE.load(gpu, bf16)?, gpu.arch == "sm_90a")?,
+            gemm: gemm::Gemm::load(&gemm::FILE.load(gpu, bf16)?, gemm::runs_wgmma(gpu))?,
             attention: attention::Attention::load(&attention::FILE.load(gpu, bf16)?, bf16)?,
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
