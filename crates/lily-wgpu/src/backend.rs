@@ -25,9 +25,13 @@ use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 /// How the backend runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgpuOptions {
-    /// Largest prefill chunk in tokens (activation scratch is sized for it). Default 512
-    /// ($LILY_WGPU_CHUNK overrides): a chunk's routed experts average 16 tokens each (256
-    /// experts, 8 per token), so each expert's weights serve a full tile of linear_q4_mm.
+    /// Largest prefill chunk in tokens (activation scratch is sized for it). Default 2048
+    /// ($LILY_WGPU_CHUNK overrides): a chunk's routed experts average 64 tokens each (256
+    /// experts, 8 per token), so each expert's weights serve four tiles of linear_q4_mm and
+    /// every dispatch fills the GPU (H200 via Vulkan, 4K prompt: 2,315 tok/s at 512 with the
+    /// tiled attention off, 3,175 at 2048 with it on; docs/perf-notes.md, session 7). The
+    /// largest activation (the DeltaNet input projections' output) is 101 MB at 2048, under
+    /// the 128 MiB binding limit wgpu assumes by default.
     pub chunk: usize,
     /// Most positions whose logits one pass keeps (`prefill_all_logits`).
     pub all_logits_chunk: usize,
@@ -45,12 +49,14 @@ pub struct WgpuOptions {
     pub emulate_coop: bool,
     /// Prefill attention on attend_tile.wgsl (64 / G tokens × the G query heads of a KV head a
     /// workgroup: K and V read once per tile of tokens) instead of attend_gqa.wgsl, where the
-    /// model's shapes allow (`kernels::tile_group`) and its check at load passes. Off until
-    /// measured on the H200; $LILY_WGPU_ATTN_TILE=1 sets it.
+    /// model's shapes allow (`kernels::tile_group`) and its check at load passes. On by
+    /// default (H200 via Vulkan, 4K prompt: attention 49.4 → 12.3 µs a token);
+    /// $LILY_WGPU_ATTN_TILE=0 turns it off.
     pub attn_tile: bool,
     /// Prefill's fp32 4-bit (and 8-bit) products on linear_q4_mm_t32.wgsl (tiles of 32 items,
-    /// 4 × 8 register blocks) in linear_q4_mm.wgsl's place: an experiment until measured on the
-    /// H200. $LILY_WGPU_MM_T32=1 sets `All`, =dense `Dense`.
+    /// 4 × 8 register blocks) in linear_q4_mm.wgsl's place. Default `Dense`: on the H200 the
+    /// DeltaNet input projections ran 73.9 → 67.4 µs a token on it while the experts' tiles ran
+    /// 42.5 → 43.9 (chunk 2048, 4K prompt). $LILY_WGPU_MM_T32=1 sets `All`, =0 `Off`.
     pub mm_t32: MmT32,
 }
 
@@ -72,7 +78,7 @@ impl Default for WgpuOptions {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or(512);
+            .unwrap_or(2048);
         WgpuOptions {
             chunk,
             all_logits_chunk: 32,
@@ -80,11 +86,11 @@ impl Default for WgpuOptions {
             checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
             max_slice_bytes: None,
             emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
-            attn_tile: std::env::var("LILY_WGPU_ATTN_TILE").is_ok_and(|v| v == "1"),
+            attn_tile: !std::env::var("LILY_WGPU_ATTN_TILE").is_ok_and(|v| v == "0"),
             mm_t32: match std::env::var("LILY_WGPU_MM_T32").as_deref() {
                 Ok("1") => MmT32::All,
-                Ok("dense") => MmT32::Dense,
-                _ => MmT32::Off,
+                Ok("0") => MmT32::Off,
+                _ => MmT32::Dense,
             },
         }
     }
@@ -149,7 +155,7 @@ impl WgpuBackend {
             let sixteen = std::mem::replace(&mut kernels.linear_q4_mm, t32);
             if opts.mm_t32 == MmT32::Dense {
                 kernels.linear_q4_mm_expert = Some(sixteen);
-                mm_note = "; fp32 dense products on linear_q4_mm_t32, expert tiles on linear_q4_mm (LILY_WGPU_MM_T32=dense)";
+                mm_note = "; fp32 dense products on linear_q4_mm_t32, expert tiles on linear_q4_mm";
             } else {
                 mm_note = "; fp32 products on linear_q4_mm_t32 (LILY_WGPU_MM_T32=1)";
             }

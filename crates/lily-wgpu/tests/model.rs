@@ -78,34 +78,39 @@ fn logits_match_cpu_on_small_mlx() {
     logits_match_cpu(synth_model(Preset::Small, SynthFormat::Mlx, 13), 24, 8);
 }
 
-/// Prefill attention on attend_tile.wgsl (`WgpuOptions::attn_tile`: tiles of 64 / G tokens;
-/// tiny has G = 2, so 32 tokens a tile): teacher-forced logits against the CPU over 100
-/// positions in chunks of 40 (tiles partly filled, chunks after a cache, keys past one block).
+/// Both prefill attentions, teacher-forced logits against the CPU over 100 positions in chunks
+/// of 40 (tiles partly filled, chunks after a cache, keys past one block): attend_tile.wgsl (the
+/// default, `WgpuOptions::attn_tile`: tiles of 64 / G tokens; tiny has G = 2, so 32 tokens a
+/// tile, with the dense products on linear_q4_mm_t32) and attend_gqa.wgsl with every product on
+/// linear_q4_mm.wgsl (the fallbacks).
 #[test]
-fn logits_match_cpu_with_tiled_prefill_attention() {
+fn logits_match_cpu_with_either_prefill_attention() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
     let positions = 100;
     let tokens = Rng(5).tokens(positions, w.config.vocab);
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
     let cs = cpu.new_seq(positions + 4).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let Some(mut gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 40,
-            all_logits_chunk: 40,
-            attn_tile: true,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    assert!(gpu.attn_tile(), "attend_tile in use");
-    let gs = gpu.new_seq(positions + 4).unwrap();
-    let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
-    let e = rel_l2(&got, &want);
-    println!("logits rel_l2 {e:.3e} over {positions} positions (attend_tile)");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+    for (tile, mm) in [(true, MmT32::Dense), (false, MmT32::Off)] {
+        let Some(mut gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 40,
+                all_logits_chunk: 40,
+                attn_tile: tile,
+                mm_t32: mm,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        assert_eq!(gpu.attn_tile(), tile, "attend_tile in use");
+        let gs = gpu.new_seq(positions + 4).unwrap();
+        let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+        let e = rel_l2(&got, &want);
+        println!("logits rel_l2 {e:.3e} over {positions} positions (attend_tile {tile}, {mm:?})");
+        assert!(e < 1e-3, "logits differ from the CPU by {e:.3e} (attend_tile {tile}, {mm:?})");
+    }
 }
 
 /// The 4-bit product kernels on shapes the small presets do not reach, against the host's f64
