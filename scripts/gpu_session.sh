@@ -8,8 +8,8 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
 # new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
-# new-noattn new-prep new-wgmma new-chunked new-prefill new-pipe new-pipeprep new-sampled new-sampledwalk
-# new-sampled1 new-sampled-pipe new; the -pipe ones with --pipelined-decode, and
+# new-noattn new-noprep new-nowgmma new-chunked new-nopipe new-session6 (session 6's defaults:
+# none of the three) new-sampled new-sampledwalk new-sampled1 new-sampled-nopipe new;
 # LILY_STEP_TIMING=1 on any variant logs the device's wait for the host), SERVED (old new:
 # served decode at 4K), SERVED_TTFT (prompt
 # lengths, e.g. "4096 131072": time to first token through `serve` with its default settings beside
@@ -63,13 +63,12 @@ for round in $(seq "${ROUNDS:-1}"); do
       new-late) cmd=("$NEW" bench "${B[@]}" --no-early-trigger) ;;
       new-1blk) cmd=("$NEW" bench "${B[@]}" --decode-blocks-per-sm 1) ;;
       new-noattn) cmd=("$NEW" bench "${B[@]}" --no-mma-attention) ;;
-      new-prep) cmd=("$NEW" bench "${B[@]}" --fused-attn-prep) ;;
-      new-wgmma) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm) ;;
+      new-noprep) cmd=("$NEW" bench "${B[@]}" --no-fused-attn-prep) ;;
+      new-nowgmma) cmd=("$NEW" bench "${B[@]}" --no-wgmma-gemm) ;;
       new-chunked) cmd=("$NEW" bench "${B[@]}" --chunked-scan) ;;
-      new-prefill) cmd=("$NEW" bench "${B[@]}" --wgmma-gemm --chunked-scan) ;;
-      new-pipe) cmd=("$NEW" bench "${B[@]}" --pipelined-decode) ;;
-      new-pipeprep) cmd=("$NEW" bench "${B[@]}" --pipelined-decode --fused-attn-prep) ;;
-      new-sampled-pipe) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --pipelined-decode) ;;
+      new-nopipe) cmd=("$NEW" bench "${B[@]}" --no-pipelined-decode) ;;
+      new-session6) cmd=("$NEW" bench "${B[@]}" --no-pipelined-decode --no-fused-attn-prep --no-wgmma-gemm) ;;
+      new-sampled-nopipe) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --no-pipelined-decode) ;;
       new-sampled1) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --one-block-sampling) ;;
       new-sampled) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95) ;;
       new-sampledwalk) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --no-warp-scan-sampling) ;;

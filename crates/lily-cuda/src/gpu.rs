@@ -84,9 +84,12 @@ pub struct KernelSwitches {
     /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
     /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
     pub fused_attn_prep: bool,
-    /// 4-bit prefill projections of at least 128 tokens with wgmma on sm_90a (gemm_dense_wg)
-    /// instead of mma.sync (gemm_dense).
+    /// 4-bit prefill projections with wgmma on sm_90a (gemm_dense_wg, gemm_grouped_wg64)
+    /// instead of mma.sync (gemm_dense, gemm_grouped64).
     pub wgmma_gemm: bool,
+    /// With `wgmma_gemm`: the fewest tokens of a chunk whose dense projections take
+    /// gemm_dense_wg (at least its tile, WG_TOK).
+    pub wgmma_min_tok: usize,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -107,6 +110,7 @@ impl Default for KernelSwitches {
             mma_attention: false,
             fused_attn_prep: false,
             wgmma_gemm: false,
+            wgmma_min_tok: crate::kernels::gemm::WG_TOK,
             chunked_scan: false,
         }
     }

@@ -110,25 +110,27 @@ pub struct CudaOptions {
     /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
     pub mma_attention: bool,
     /// One-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache
-    /// write) in its own blocks, one launch fewer per attention layer (`--fused-attn-prep`,
-    /// `LILY_FUSED_ATTN_PREP=1`). Off until it has run on a GPU: written in a session whose
-    /// device loans were paused (docs/perf-notes.md, session 6).
+    /// write) in its own blocks, one launch fewer per attention layer (`--no-fused-attn-prep`,
+    /// `LILY_FUSED_ATTN_PREP=0`). On: decode −24…−38 µs a token at 256 and 4K on the H200,
+    /// +25 µs at 128K (docs/perf-notes.md, session 7).
     pub fused_attn_prep: bool,
-    /// Prefill's 4-bit dense projections (chunks of at least 128 tokens) with Hopper's warpgroup
-    /// MMA (gemm_dense_wg, sm_90a only) instead of mma.sync (`--wgmma-gemm`, `LILY_WGMMA_GEMM=1`).
-    /// Off until it has run on a GPU (docs/perf-notes.md, session 6).
+    /// Prefill's 4-bit projections with Hopper's warpgroup MMA on sm_90a (gemm_dense_wg for dense
+    /// projections of chunks of at least WGMMA_MIN_TOK tokens, gemm_grouped_wg64 for the experts'
+    /// tiles of 64) instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On the H200:
+    /// 141 against 109–118 TFLOP/s at 4,096 tokens, slower at 512 (docs/perf-notes.md, session 7).
     pub wgmma_gemm: bool,
     /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
     /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
-    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off until it has run on a GPU (docs/perf-notes.md,
-    /// session 6).
+    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
+    /// 1.27× slower (docs/perf-notes.md, session 7).
     pub chunked_scan: bool,
     /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
     /// device never waits for the host's read, callback and launch between tokens; a token that
     /// ends generation may then have been fed (`Backend::decode`). Never with top log-probabilities
-    /// or host sampling, which read step N's logits (`--pipelined-decode`,
-    /// `LILY_PIPELINED_DECODE=1`). Off until it has run on a GPU (docs/perf-notes.md, session 6).
+    /// or host sampling, which read step N's logits (`--no-pipelined-decode`,
+    /// `LILY_PIPELINED_DECODE=0`). On: the device's wait for the host fell from 27–33 to 3 µs a
+    /// token on the H200 (docs/perf-notes.md, session 7).
     pub pipelined_decode: bool,
     /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
     pub sync_each: bool,
@@ -164,16 +166,21 @@ impl Default for CudaOptions {
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
-            fused_attn_prep: false,
-            wgmma_gemm: false,
+            fused_attn_prep: true,
+            wgmma_gemm: true,
             chunked_scan: false,
-            pipelined_decode: false,
+            pipelined_decode: true,
             sync_each: false,
             profile: false,
             step_timing: false,
         }
     }
 }
+
+/// The fewest tokens of a prefill chunk whose dense projections take gemm_dense_wg under
+/// `wgmma_gemm`: on the H200 it ran 141 TFLOP/s against gemm_dense's 109–118 at 4,096 tokens but
+/// 20.8 against 17.4 µs at 512 (docs/perf-notes.md, session 7).
+pub const WGMMA_MIN_TOK: usize = 2048;
 
 impl CudaOptions {
     /// The documented environment overrides, applied on top of these options. This is the one
@@ -391,6 +398,7 @@ impl Plan {
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
+                wgmma_min_tok: WGMMA_MIN_TOK,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
@@ -736,15 +744,15 @@ mod tests {
 
     #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
-        let on = Plan::resolve(&CudaOptions {
-            pipelined_decode: true,
-            ..CudaOptions::default()
-        });
+        let on = Plan::resolve(&CudaOptions::default());
         assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.pipelined_decode(SamplingPath::Device, 0));
         assert!(!on.pipelined_decode(SamplingPath::Host, 0));
         assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
-        let off = Plan::resolve(&CudaOptions::default());
+        let off = Plan::resolve(&CudaOptions {
+            pipelined_decode: false,
+            ..CudaOptions::default()
+        });
         assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.describe().contains("pipelined decode on"));
         assert!(off.describe().contains("pipelined decode off"));

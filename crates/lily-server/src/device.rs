@@ -110,23 +110,22 @@ pub struct CudaArgs {
     /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
     #[arg(long)]
     pub no_mma_attention: bool,
-    /// Experimental (not yet run on a GPU): one-token tensor-core attention does the q/k norms,
-    /// RoPE and cache write in its own blocks instead of a launch before it
-    /// [env LILY_FUSED_ATTN_PREP=1].
+    /// One-token tensor-core attention with a launch for the q/k norms, RoPE and cache write
+    /// before it instead of inside its own blocks [env LILY_FUSED_ATTN_PREP=0].
     #[arg(long)]
-    pub fused_attn_prep: bool,
-    /// Experimental (not yet run on a GPU): prefill's 4-bit projections with Hopper's warpgroup
-    /// MMA (sm_90a) [env LILY_WGMMA_GEMM=1].
+    pub no_fused_attn_prep: bool,
+    /// Prefill's 4-bit projections with mma.sync instead of Hopper's warpgroup MMA (sm_90a)
+    /// [env LILY_WGMMA_GEMM=0].
     #[arg(long)]
-    pub wgmma_gemm: bool,
-    /// Experimental (not yet run on a GPU): prefill's DeltaNet recurrence in 64-token chunks
+    pub no_wgmma_gemm: bool,
+    /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
     pub chunked_scan: bool,
-    /// Experimental (not yet run on a GPU): queue each decode step before the host has read the
-    /// token it feeds, instead of one step at a time [env LILY_PIPELINED_DECODE=1].
+    /// Decode one step at a time (the host reads each token before queueing the next step)
+    /// instead of pipelined [env LILY_PIPELINED_DECODE=0].
     #[arg(long)]
-    pub pipelined_decode: bool,
+    pub no_pipelined_decode: bool,
 }
 
 impl CudaArgs {
@@ -156,10 +155,10 @@ impl CudaArgs {
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
-            fused_attn_prep: self.fused_attn_prep,
-            wgmma_gemm: self.wgmma_gemm,
+            fused_attn_prep: !self.no_fused_attn_prep,
+            wgmma_gemm: !self.no_wgmma_gemm,
             chunked_scan: self.chunked_scan,
-            pipelined_decode: self.pipelined_decode,
+            pipelined_decode: !self.no_pipelined_decode,
             ..d
         }
     }
@@ -277,6 +276,9 @@ mod tests {
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
+            "--no-fused-attn-prep",
+            "--no-wgmma-gemm",
+            "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
         assert_eq!(

@@ -120,9 +120,9 @@ impl Gemm {
 
     /// Whether `dense` runs gemm_dense_wg for this weight and chunk (and `grouped`, with
     /// `n_tok` = the tile, gemm_grouped_wg64): the plan's `wgmma_gemm` on an sm_90a device,
-    /// `wg_fits`, and a chunk of at least WG_TOK tokens (a grouped tile of 64 items).
+    /// `wg_fits`, and a chunk of at least `wgmma_min_tok` tokens (a grouped tile of 64 items).
     pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
-        Self::wgmma_on(gpu, w) && n_tok >= WG_TOK
+        Self::wgmma_on(gpu, w) && n_tok >= WG_TOK.max(gpu.switches.wgmma_min_tok)
     }
 
     fn takes_wgmma_grouped(gpu: &Gpu, w: &DevLinear, tile: usize) -> bool {
