@@ -6,7 +6,8 @@
 #
 # Here: scripts/stage_gpu.sh (this build into .carry/cuda), a baseline lily-engine in
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
-# Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old new-unfused
+# Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old old-pipeprep
+# (session 6's binary with the switches it had off) new-unfused
 # new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
 # new-noattn new-noprep new-nowgmma new-chunked new-nopipe new-session6 (session 6's defaults:
 # none of the three) new-sampled new-sampledwalk new-sampled1 new-sampled-nopipe new;
@@ -54,6 +55,7 @@ for round in $(seq "${ROUNDS:-1}"); do
   for v in ${VARIANTS-old new-unfused new}; do
     case $v in
       old) cmd=("$OLD" bench "${B[@]}") ;;
+      old-pipeprep) cmd=("$OLD" bench "${B[@]}" --pipelined-decode --fused-attn-prep) ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
       new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;

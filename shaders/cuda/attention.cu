@@ -465,22 +465,29 @@ struct PrepIn {
     kv_t* v_cache;
     int rotary;
     float theta, eps;
+    // Shared memory the kernel declares (once, whichever body it runs): RoPE's cosines and
+    // sines at this position [ATTN_MAX_D / 2] each, the new key and value in bf16 [ATTN_MAX_D].
+    float *rc_s, *rs_s;
+    u16 *kn_s, *vn_s;
 };
 
 // The body of attn_split_mma (PREP false: q from attn_qk_prep's q_out) and attn_split_mma_prep
 // (PREP true: the block does attn_qk_prep's work itself — its query heads' norms and RoPE from the
 // projection's output, and, in the block whose split holds the new position, the new key and value
 // into the cache and straight into its shared tile — so one launch and one round trip less a layer).
+// DC: the head dimension when known at compile time (the model's 256: strides, the tile copy's
+// index arithmetic and the k loop fold into constants), 0 for any other (read from `d_arg`).
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
-template <bool PREP>
+template <bool PREP, int DC>
 __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* k_cache,
                                                const kv_t* v_cache, float* __restrict__ part_o,
                                                float* __restrict__ part_ml, const int* __restrict__ pos_ptr,
-                                               int n_q, int n_kv, int d, float scale, const PrepIn& pin) {
+                                               int n_q, int n_kv, int d_arg, float scale, const PrepIn& pin) {
+    const int d = DC ? DC : d_arg;
     extern __shared__ __align__(16) float split_smem[];
     // PREP: RoPE's cosines and sines at this position, the new key and value (bf16).
-    __shared__ float rc_s[PREP ? ATTN_MAX_D / 2 : 1], rs_s[PREP ? ATTN_MAX_D / 2 : 1];
-    __shared__ __align__(16) u16 kn_s[PREP ? ATTN_MAX_D : 8], vn_s[PREP ? ATTN_MAX_D : 8];
+    float *rc_s = pin.rc_s, *rs_s = pin.rs_s;
+    u16 *kn_s = pin.kn_s, *vn_s = pin.vn_s;
     int split = blockIdx.x;
     int pos = *pos_ptr;
     SplitBlock sb = split_block(split, n_q, n_kv, pos + 1);
@@ -497,9 +504,23 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
     long long row = (long long)n_kv * d;
     const kv_t* kbase = k_cache + (long long)kvh * d;
     const kv_t* vbase = v_cache + (long long)kvh * d;
-    int chunks_per_row = d / 8;
+    const int chunks_per_row = d / 8;
     auto issue = [&](int b, int j0) {
         if (j0 >= end) {  // past the split: an empty group keeps the count
+            cp_async_commit();
+            return;
+        }
+        if (j0 + SPLIT_TILE <= end && !(holds_new && pos < j0 + SPLIT_TILE)) {
+            // A whole tile of earlier steps' keys (every tile but a split's last): copies only,
+            // SPLIT_TILE · d / 8 chunks over the block's threads, no per-chunk tests.
+            constexpr int NT = SPLIT_WARPS * 32;
+#pragma unroll 4
+            for (int i = threadIdx.x; i < SPLIT_TILE * chunks_per_row; i += NT) {
+                int jj = i / chunks_per_row, ch = (i % chunks_per_row) * 8;
+                long long at = (long long)(j0 + jj) * row + ch;
+                cp_async16(k_s + (b * SPLIT_TILE + jj) * stride + ch, kbase + at);
+                cp_async16(v_s + (b * SPLIT_TILE + jj) * stride + ch, vbase + at);
+            }
             cp_async_commit();
             return;
         }
@@ -698,7 +719,10 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
                int n_q, int n_kv, int d, float scale) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     PrepIn none = {};
-    split_mma_body<false>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
+    if (d == 256)
+        split_mma_body<false, 256>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
+    else
+        split_mma_body<false, 0>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
 #else
     __trap();
 #endif
@@ -713,8 +737,13 @@ attn_split_mma_prep(const float* __restrict__ qg, const float* __restrict__ k_in
                     const int* __restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,
                     float scale) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
-    PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps};
-    split_mma_body<true>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
+    __shared__ float rc_s[ATTN_MAX_D / 2], rs_s[ATTN_MAX_D / 2];
+    __shared__ __align__(16) u16 kn_s[ATTN_MAX_D], vn_s[ATTN_MAX_D];
+    PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps, rc_s, rs_s, kn_s, vn_s};
+    if (d == 256)
+        split_mma_body<true, 256>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
+    else
+        split_mma_body<true, 0>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
 #else
     __trap();
 #endif
