@@ -476,7 +476,10 @@ struct PrepIn {
 // projection's output, and, in the block whose split holds the new position, the new key and value
 // into the cache and straight into its shared tile — so one launch and one round trip less a layer).
 // DC: the head dimension when known at compile time (the model's 256: strides, the tile copy's
-// index arithmetic and the k loop fold into constants), 0 for any other (read from `d_arg`).
+// index arithmetic and the k loop fold into constants, whole tiles copied without per-chunk
+// tests), 0 for any other (read from `d_arg`). The kernels take DC = 256 only past `long_keys`
+// keys (attention.rs SPLIT_LONG_KEYS, 64K): on the H200 it ran 128K contexts 3.9 % faster and
+// 256…32K 1–1.6 % slower (docs/perf-notes.md, session 7).
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
 template <bool PREP, int DC>
 __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* k_cache,
@@ -510,7 +513,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
             cp_async_commit();
             return;
         }
-        if (j0 + SPLIT_TILE <= end && !(holds_new && pos < j0 + SPLIT_TILE)) {
+        if (DC != 0 && j0 + SPLIT_TILE <= end && !(holds_new && pos < j0 + SPLIT_TILE)) {
             // A whole tile of earlier steps' keys (every tile but a split's last): copies only,
             // SPLIT_TILE · d / 8 chunks over the block's threads, no per-chunk tests.
             constexpr int NT = SPLIT_WARPS * 32;
@@ -716,10 +719,10 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
 extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
 attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
-               int n_q, int n_kv, int d, float scale) {
+               int n_q, int n_kv, int d, float scale, int long_keys) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     PrepIn none = {};
-    if (d == 256)
+    if (d == 256 && *pos_ptr + 1 > long_keys)
         split_mma_body<false, 256>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
     else
         split_mma_body<false, 0>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
@@ -735,12 +738,12 @@ attn_split_mma_prep(const float* __restrict__ qg, const float* __restrict__ k_in
                     const float* __restrict__ q_norm, const float* __restrict__ k_norm, kv_t* __restrict__ k_cache,
                     kv_t* __restrict__ v_cache, float* __restrict__ part_o, float* __restrict__ part_ml,
                     const int* __restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,
-                    float scale) {
+                    float scale, int long_keys) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     __shared__ float rc_s[ATTN_MAX_D / 2], rs_s[ATTN_MAX_D / 2];
     __shared__ __align__(16) u16 kn_s[ATTN_MAX_D], vn_s[ATTN_MAX_D];
     PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps, rc_s, rs_s, kn_s, vn_s};
-    if (d == 256)
+    if (d == 256 && *pos_ptr + 1 > long_keys)
         split_mma_body<true, 256>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
     else
         split_mma_body<true, 0>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);

@@ -84,6 +84,9 @@ pub struct KernelSwitches {
     /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
     /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
     pub fused_attn_prep: bool,
+    /// With `mma_attention` and head dim 256: the context (keys) from which the split kernels
+    /// take their long-context body (`attention::SPLIT_LONG_KEYS` unless a test moves it).
+    pub split_long_keys: usize,
     /// 4-bit prefill projections with wgmma on sm_90a (gemm_dense_wg, gemm_grouped_wg64)
     /// instead of mma.sync (gemm_dense, gemm_grouped64).
     pub wgmma_gemm: bool,
@@ -109,6 +112,7 @@ impl Default for KernelSwitches {
             sample_warp_scan: false,
             mma_attention: false,
             fused_attn_prep: false,
+            split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: false,
             wgmma_min_tok: crate::kernels::gemm::WG_TOK,
             chunked_scan: false,

@@ -397,6 +397,7 @@ impl Plan {
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
+                split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
                 wgmma_min_tok: WGMMA_MIN_TOK,
                 chunked_scan: o.chunked_scan && o.bf16_activations,

@@ -910,25 +910,34 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
         let mut rng = Rng(17);
         let w = random_attention(&mut rng, c);
         // bf16 also with one-token steps on the tensor cores (attn_split_mma), and with the
-        // prep fused into them (attn_split_mma_prep).
+        // prep fused into them (attn_split_mma_prep); each of those also with the long-context
+        // body (head dim 256 fixed at compile time) from the first key on (`split_long_keys` 0;
+        // by default it starts at 64K keys).
         let modes = [
-            (false, false, false),
-            (true, false, false),
-            (true, true, false),
-            (true, true, true),
+            (false, false, false, false),
+            (true, false, false, false),
+            (true, true, false, false),
+            (true, true, true, false),
+            (true, true, false, true),
+            (true, true, true, true),
         ];
-        for (bf16, mma, fused) in modes {
-            let mode = match (bf16, mma, fused) {
-                (false, _, _) => "fp32",
-                (true, false, _) => "bf16",
-                (true, true, false) => "bf16 tensor cores",
-                (true, true, true) => "bf16 tensor cores, fused prep",
+        for (bf16, mma, fused, long) in modes {
+            let mode = match (bf16, mma, fused, long) {
+                (false, _, _, _) => "fp32",
+                (true, false, _, _) => "bf16",
+                (true, true, false, false) => "bf16 tensor cores",
+                (true, true, true, false) => "bf16 tensor cores, fused prep",
+                (true, true, false, true) => "bf16 tensor cores, long-context body",
+                (true, true, true, true) => "bf16 tensor cores, fused prep, long-context body",
             };
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
                 rig.g.g.switches.mma_attention = mma;
                 rig.g.g.switches.fused_attn_prep = fused;
+                if long {
+                    rig.g.g.switches.split_long_keys = 0;
+                }
                 if fused {
                     let shape = gattn::AttnShape::of(c);
                     assert!(

@@ -18,6 +18,11 @@ pub const ATTN_WARPS: usize = 4;
 /// SM); at 128K 128 splits of 1,024 keys, 32 tiles streamed per block, and partials small enough
 /// that combining them costs little.
 pub const SPLIT_MAX_SPLITS: usize = 128;
+/// From this many keys on, attn_split_mma(_prep) runs its long-context body for head dim 256
+/// (the dimension fixed at compile time, whole tiles copied without per-chunk tests): on the
+/// H200 it made 128K contexts 3.9 % faster and 256…32K 1–1.6 % slower (docs/perf-notes.md,
+/// session 7). `KernelSwitches::split_long_keys` carries it to the launch.
+pub const SPLIT_LONG_KEYS: usize = 65536;
 /// Fewest keys per split (a multiple of the 32-key tile).
 pub const SPLIT_MIN_KEYS: usize = 32;
 /// Keys per shared-memory tile of attn_split (SPLIT_TILE in attention.cu).
@@ -357,6 +362,7 @@ impl Attention {
             (SPLIT_WARPS * 32) as u32,
             smem,
         );
+        let long_keys = gpu.switches.split_long_keys.min(i32::MAX as usize) as i32;
         gpu.launch(kernel, cfg, |l| {
             l.arg(&a.q)
                 .arg(&a.k_cache)
@@ -368,6 +374,9 @@ impl Attention {
                 l.arg(d);
             }
             l.arg(&scale);
+            if mma {
+                l.arg(&long_keys);
+            }
         })?;
         self.split_combine(gpu, a, parts)
     }
@@ -405,6 +414,7 @@ impl Attention {
         let scale = 1.0 / (s.d as f32).sqrt();
         let chunks = (s.n_q / s.n_kv).div_ceil(SPLIT_MAX_G);
         let dims = [s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
+        let long_keys = gpu.switches.split_long_keys.min(i32::MAX as usize) as i32;
         let cfg = config(
             (SPLIT_MAX_SPLITS as u32, (s.n_kv * chunks) as u32, 1),
             (SPLIT_WARPS * 32) as u32,
@@ -424,7 +434,7 @@ impl Attention {
             for d in &dims {
                 l.arg(d);
             }
-            l.arg(&s.theta).arg(&s.eps).arg(&scale);
+            l.arg(&s.theta).arg(&s.eps).arg(&scale).arg(&long_keys);
         })?;
         self.split_combine(gpu, a, parts)
     }
