@@ -1,74 +1,60 @@
 #!/usr/bin/env bash
-# The first device call after session 6, whose device loans were paused after its first call:
-# every kernel and path that session wrote without a GPU, checked and then measured, in one call
-# (≈ 8–9 minutes). Each of them is off by default (or, for the wgpu variants, checked at load)
-# until this has run; docs/perf-notes.md, the "(session 6)" sections, has each one's prediction.
+# The first device call after session 7, whose device budget ran out after it split the
+# one-token attention into general and _long kernels chosen by the host (two decode graphs a
+# sequence): that split has not run on a GPU (each kernel body has). In one call (≈ 6 minutes):
+#   tests    gpu_check.sh on the shipping defaults (kernel tests with a sync after each launch, the
+#            model and decode tests, the new decode_across_the_long_attention_threshold_*) beside
+#            the synthetic checkpoint's synth
+#   bench    the one sweep (prefill 512…128K, decode 256…128K) twice, alternated with
+#            LILY_SPLIT_LONG_KEYS=1000000000 (session 6's kernel at every context); predictions in
+#            docs/perf-notes.md, session 7, "What is on main after the calls"
+#   served   decode and time to first token through `lily-engine serve` at 4K and 128K
 #
-# Here: scripts/stage_gpu.sh (copies this script too); carry .carry/cuda, .carry/tokenizer, .gl.
-# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench wgpu ncu" picks parts)
+# Here: scripts/stage_gpu.sh (copies this script too); carry .carry/cuda and the tokenizer
+# (.carry/tokenizer, or .carry/tokgz/tokenizer.tgz: `tar czf .carry/tokgz/tokenizer.tgz -C .carry
+# tokenizer` keeps the carry under 64 MiB when a baseline binary travels too).
+# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench served" picks parts)
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$PWD/gpu-logs}"
-mkdir -p "$OUT"
+mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests bench prefill wgpu ncu} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests bench served} " == *" $1 "* ]]; }
+[ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
+  tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1
 
-# 1. The new GPU tests (beside the synthetic checkpoint's synth), then the model and decode
-#    tests on the shipping defaults: fused attention prep (split_kv_decode_attention's fused
-#    mode), the wgmma GEMMs, the chunked DeltaNet scan, the pipelined decode.
 if want tests; then
-  ( timeout 420 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture split_kv_decode_attention \
-      wgmma_linears chunked_deltanet pipelined_ pinned_host model_ decode_ \
-      --skip model_matches_cpu_on_checkpoint_from_env > "$OUT/tests.log" 2>&1
-    say "tests rc=$?" ) &
+  ( SKIP_COMPILE=1 OUT="$OUT/check" timeout 330 bash "$HERE/gpu_check.sh" > "$OUT/check/stdout" 2>&1
+    say "gpu_check rc=$?" ) &
   TESTS=$!
 fi
-mkdir -p "$OUT/run"
-OUT=$OUT/run VARIANTS="" bash "$HERE/gpu_session.sh" > $OUT/run/synth.out 2>&1
-say "synth: $(grep synth $OUT/run/session.txt | tail -1)"
+OUT=$OUT/run VARIANTS="" bash "$HERE/gpu_session.sh" > "$OUT/run/synth.out" 2>&1
+say "synth done"
 if want tests; then
   wait $TESTS
-  grep -E "^(KERNEL|MODEL)|^test |test result|panicked" "$OUT/tests.log" | tail -80 >> "$OUT/pending.txt"
+  grep -E "test result|FAILED|panicked|^MODEL long|ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
 fi
 
-# 2. The A/B benches, one binary, variants alternated: decode (pipelined and fused prep, each
-#    alone and together) and prefill (wgmma GEMMs, chunked scan, both).
+M=/dev/shm/full-mlx; [ -f "$M/config.json" ] || M=/tmp/full-mlx
 if want bench; then
-  OUT=$OUT/run VARIANTS="new new-pipe new-pipeprep" ROUNDS=2 PREFILL=512 DECODE=256,4K,128K REPEAT=1 \
-    LILY_STEP_TIMING=1 bash "$HERE/gpu_session.sh" > $OUT/run/bench1.out 2>&1
-  OUT=$OUT/run VARIANTS="new-sampled new-sampled-pipe new-prep" PREFILL=512 DECODE=4K REPEAT=1 \
-    LILY_STEP_TIMING=1 bash "$HERE/gpu_session.sh" > $OUT/run/bench1b.out 2>&1
-  say "decode A/B done"
-fi
-if want prefill; then
-  OUT=$OUT/run VARIANTS="new new-wgmma new-chunked new-prefill" ROUNDS=1 PREFILL=512,4K,32K DECODE=256 \
-    REPEAT=1 bash "$HERE/gpu_session.sh" > $OUT/run/bench2.out 2>&1
-  say "prefill A/B done"
-fi
-if want bench || want prefill; then
-  grep -v "^KERNEL" $OUT/run/bench.log | grep -E "=====|tok/s|^ +[0-9]|step timing" > "$OUT/bench.log"
+  for round in 1 2; do
+    for long in default 1000000000; do
+      envs=(); [ "$long" = default ] || envs=(LILY_SPLIT_LONG_KEYS=$long)
+      echo "===== round $round LILY_SPLIT_LONG_KEYS=$long" >> "$OUT/bench.log"
+      env "${envs[@]}" timeout 200 "$HERE/bin/lily-engine" bench --model "$M" --device cuda \
+        --prefill 512,4K,32K,128K --decode-ctx 256,4K,32K,128K --decode-tokens 128 --repeat 1 \
+        2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
+    done
+  done
+  say "bench done"
 fi
 
-# 3. wgpu through Vulkan: the load-time cooperative-matrix check with the new variants (the
-#    probe's lines), and the 4K prefill profile.
-# Then the same bench with fp32 products at chunk 2048 and the tiled prefill attention, and that
-# with the 32-item product kernel (branch issue13g's plan, docs/perf-notes.md).
-if want wgpu; then
-  OUT=$OUT/run WGPU="4K 4K" WGPU_PROFILE=1 WGPU_TIMEOUT=150 LILY_WGPU_COOP_DIAG=1 VARIANTS="" \
-    WGPU_ENV2="LILY_WGPU_COOP=0 LILY_WGPU_ATTN_TILE=1 LILY_WGPU_CHUNK=2048" \
-    WGPU_ENV3="LILY_WGPU_COOP=0 LILY_WGPU_ATTN_TILE=1 LILY_WGPU_CHUNK=2048 LILY_WGPU_MM_T32=1" \
-    bash "$HERE/gpu_session.sh" > $OUT/run/wgpu.out 2>&1
-  for f in wgpu.log wgpu2.log wgpu3.log; do cp "$OUT/run/$f" "$OUT/" 2>/dev/null; done
-  say "wgpu done"
-fi
-
-# 4. Nsight Compute's full set on the 128K decode attention (why 3.3 TB/s, issue 11).
-if want ncu && [ "$(el)" -lt 480 ]; then
-  OUT=$OUT/run NCU_FULL="attn_split_mma" NCU_FULL_CTX=131072 NCU_FULL_SKIP=5 NCU_FULL_COUNT=1 \
-    NCU_FULL_TIMEOUT=100 VARIANTS="" bash "$HERE/gpu_session.sh" > $OUT/run/ncu.out 2>&1
-  cp $OUT/run/ncu-full.txt "$OUT/" 2>/dev/null
-  say "ncu done"
+if want served && [ "$(el)" -lt 420 ]; then
+  OUT=$OUT/run VARIANTS="" SERVED=new SERVED_TTFT="4096 131072" TTFT_REPEAT=2 \
+    bash "$HERE/gpu_session.sh" > "$OUT/run/served.out" 2>&1
+  grep -hE "^(served|SERVED_TTFT)" "$OUT/run/session.txt" | cut -c1-400 >> "$OUT/pending.txt"
+  say "served done"
 fi

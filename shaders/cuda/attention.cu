@@ -477,9 +477,9 @@ struct PrepIn {
 // into the cache and straight into its shared tile — so one launch and one round trip less a layer).
 // DC: the head dimension when known at compile time (the model's 256: strides, the tile copy's
 // index arithmetic and the k loop fold into constants, whole tiles copied without per-chunk
-// tests), 0 for any other (read from `d_arg`). The kernels take DC = 256 only past `long_keys`
-// keys (attention.rs SPLIT_LONG_KEYS, 64K): on the H200 it ran 128K contexts 3.9 % faster and
-// 256…32K 1–1.6 % slower (docs/perf-notes.md, session 7).
+// tests), 0 for any other (read from `d_arg`). The _long kernels take DC = 256; the host runs them
+// past SPLIT_LONG_KEYS keys (attention.rs): on the H200 the 256 body ran 128K contexts 3.9–5.8 %
+// faster and shorter ones slower (docs/perf-notes.md, session 7).
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
 template <bool PREP, int DC>
 __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* k_cache,
@@ -716,16 +716,36 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
-attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
-               float* __restrict__ part_o, float* __restrict__ part_ml, const int* __restrict__ pos_ptr, int n_tok,
-               int n_q, int n_kv, int d, float scale, int long_keys) {
+// attn_split_mma: one token's split-KV attention on the tensor cores, q from attn_qk_prep.
+// attn_split_mma_long: the same with head dim 256 fixed at compile time (split_mma_body's DC), which
+// the host takes past SPLIT_LONG_KEYS keys (attention.rs); a kernel of its own, so the general
+// one keeps its registers (72; one kernel holding both bodies took 96 and ran 256…32K 1–3 %
+// slower on the H200, docs/perf-notes.md, session 7).
+// The _long kernels' head dimension: 256 on sm_90 (where the H200 measured it); elsewhere the
+// general body (on sm_86 / sm_89 the 256 body of the fused-prep kernel spills registers).
+#if __CUDA_ARCH__ >= 900
+#define SPLIT_LONG_DC 256
+#else
+#define SPLIT_LONG_DC 0
+#endif
+#define SPLIT_MMA_ARGS                                                                                    \
+    const float *__restrict__ q, const kv_t *__restrict__ k_cache, const kv_t *__restrict__ v_cache,      \
+        float *__restrict__ part_o, float *__restrict__ part_ml, const int *__restrict__ pos_ptr, int n_tok, \
+        int n_q, int n_kv, int d, float scale
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma(SPLIT_MMA_ARGS) {
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
     PrepIn none = {};
-    if (d == 256 && *pos_ptr + 1 > long_keys)
-        split_mma_body<false, 256>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
-    else
-        split_mma_body<false, 0>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
+    split_mma_body<false, 0>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_long(SPLIT_MMA_ARGS) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    if (d != 256) __trap();
+    PrepIn none = {};
+    split_mma_body<false, SPLIT_LONG_DC>(q, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, none);
 #else
     __trap();
 #endif
@@ -733,20 +753,37 @@ attn_split_mma(const float* __restrict__ q, const kv_t* __restrict__ k_cache, co
 
 // attn_split_mma_prep: attn_qk_prep + attn_split_mma of one token in one launch (the plan's
 // `fused_attn_prep`); the same partials, and the same cache row written at the position.
-extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
-attn_split_mma_prep(const float* __restrict__ qg, const float* __restrict__ k_in, const float* __restrict__ v_in,
-                    const float* __restrict__ q_norm, const float* __restrict__ k_norm, kv_t* __restrict__ k_cache,
-                    kv_t* __restrict__ v_cache, float* __restrict__ part_o, float* __restrict__ part_ml,
-                    const int* __restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,
-                    float scale, int long_keys) {
+// attn_split_mma_prep_long: the same with head dim 256 fixed at compile time.
+#define SPLIT_MMA_PREP_ARGS                                                                               \
+    const float *__restrict__ qg, const float *__restrict__ k_in, const float *__restrict__ v_in,         \
+        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kv_t *__restrict__ k_cache,  \
+        kv_t *__restrict__ v_cache, float *__restrict__ part_o, float *__restrict__ part_ml,              \
+        const int *__restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,   \
+        float scale
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+template <int DC>
+__device__ __forceinline__ void split_mma_prep_entry(SPLIT_MMA_PREP_ARGS) {
     __shared__ float rc_s[ATTN_MAX_D / 2], rs_s[ATTN_MAX_D / 2];
     __shared__ __align__(16) u16 kn_s[ATTN_MAX_D], vn_s[ATTN_MAX_D];
     PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps, rc_s, rs_s, kn_s, vn_s};
-    if (d == 256 && *pos_ptr + 1 > long_keys)
-        split_mma_body<true, 256>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
-    else
-        split_mma_body<true, 0>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
+    split_mma_body<true, DC>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_prep(SPLIT_MMA_PREP_ARGS) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    split_mma_prep_entry<0>(qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv,
+                            d, rotary, theta, eps, scale);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_prep_long(SPLIT_MMA_PREP_ARGS) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    if (d != 256) __trap();
+    split_mma_prep_entry<SPLIT_LONG_DC>(qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q,
+                              n_kv, d, rotary, theta, eps, scale);
 #else
     __trap();
 #endif

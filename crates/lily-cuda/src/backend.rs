@@ -15,6 +15,7 @@ use lily_core::weights::ModelWeights;
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
 use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
+use crate::kernels::attention::{Attention, AttnShape};
 use crate::kernels::sample::Argmax;
 use crate::kernels::{self, Kernels};
 use crate::pinned::Pinned;
@@ -200,6 +201,7 @@ impl CudaBackend {
         s.len = 0;
         s.max_ctx = max_ctx;
         s.decode_graph = None;
+        s.decode_graph_long = None;
         self.gpu.fill(&s.pos, 0)?;
         self.gpu.fill(&s.next_token, 0)?;
         for (state, conv) in &s.dn {
@@ -240,20 +242,33 @@ impl CudaBackend {
         lily_core::backend::check_tokens(self.cfg.vocab, s.len, s.max_ctx, tokens)
     }
 
-    /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on
-    /// (captured at the sequence's first decode step), else the same launches one by one.
+    /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on,
+    /// else the same launches one by one. A sequence keeps two graphs, captured at its first
+    /// decode step on each side of `split_long_keys` keys (the attention kernels differ there,
+    /// `Attention::long_keys`); each replays at any position on its side.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
-        if self.plan.decode_graphs() && self.seq(seq)?.decode_graph.is_none() {
+        let shape = AttnShape::of(&self.cfg);
+        let long = Attention::long_keys(&self.gpu, shape, self.seq(seq)?.len + 1);
+        fn graph(s: &SeqState, long: bool) -> &Option<DecodeGraph> {
+            if long {
+                &s.decode_graph_long
+            } else {
+                &s.decode_graph
+            }
+        }
+        if self.plan.decode_graphs() && graph(self.seq(seq)?, long).is_none() {
             let s = self.seq(seq)?;
             let fwd = self.forward();
             match DecodeGraph::capture(&self.gpu, || {
                 fwd.run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)
             }) {
                 Ok(g) => {
-                    self.seqs
-                        .get_mut(&seq.0)
-                        .expect("checked above")
-                        .decode_graph = Some(g)
+                    let s = self.seqs.get_mut(&seq.0).expect("checked above");
+                    if long {
+                        s.decode_graph_long = Some(g)
+                    } else {
+                        s.decode_graph = Some(g)
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, decoding without graphs: {e:#}");
@@ -262,7 +277,7 @@ impl CudaBackend {
             }
         }
         let s = self.seq(seq)?;
-        match (&s.decode_graph, self.plan.decode_graphs()) {
+        match (graph(s, long), self.plan.decode_graphs()) {
             (Some(g), true) => g.launch()?,
             _ => self
                 .forward()

@@ -170,8 +170,11 @@ pub struct SeqState {
     pub kv: Vec<(DevBuf, DevBuf)>,
     /// Per DeltaNet layer: recurrent state [Hv, dk, dv] fp32 and conv state [K-1, conv_dim].
     pub dn: Vec<(DevBuf, DevBuf)>,
-    /// The one-token step embedding `next_token`, captured at the first decode (graphs on).
+    /// The one-token step embedding `next_token`, captured at the first decode (graphs on)
+    /// whose keys take the general split kernels (`Attention::long_keys` false).
     pub decode_graph: Option<crate::graph::DecodeGraph>,
+    /// The same, captured at the first decode past `split_long_keys` keys (the _long kernels).
+    pub decode_graph_long: Option<crate::graph::DecodeGraph>,
 }
 
 impl SeqState {
@@ -216,6 +219,7 @@ impl SeqState {
             kv,
             dn,
             decode_graph: None,
+            decode_graph_long: None,
         };
         gpu.fill(&s.next_token, 0)?;
         Ok(s)
@@ -283,14 +287,15 @@ impl Forward<'_> {
                     let (k_cache, v_cache) = &seq.kv[attn_i];
                     attn_i += 1;
                     let (kc, vc, pos) = (k_cache.ptr, v_cache.ptr, seq.pos.ptr);
+                    let keys = seq.len + n;
                     match self.plan.decode_attention(a, n) {
                         DecodePath::Fused => {
                             let input = normed(layer.input_norm.ptr, None);
-                            self.attention_one_token(a, kc, vc, pos, input)?
+                            self.attention_one_token(a, kc, vc, pos, keys, input)?
                         }
                         DecodePath::PerKernel => {
                             self.norm(Rows::new(s.x.ptr, h), layer.input_norm.ptr, n)?;
-                            self.attention(a, kc, vc, pos, n)?
+                            self.attention(a, kc, vc, pos, keys, n)?
                         }
                     }
                 }
@@ -398,13 +403,15 @@ impl Forward<'_> {
 
     // The blocks below read the normed input from scratch.xn and add their output to scratch.x.
 
-    /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)).
+    /// Gated attention (MODEL.md §2.4): x += o_proj(attn(q, k, v) ⊙ sigmoid(gate)). `keys`:
+    /// the sequence's keys after this step as the host knows them (picks kernels, never results).
     pub fn attention(
         &self,
         a: &DevAttention,
         k_cache: u64,
         v_cache: u64,
         pos: u64,
+        keys: usize,
         n: usize,
     ) -> Result<()> {
         let (cfg, s) = (self.cfg, self.scratch);
@@ -417,7 +424,7 @@ impl Forward<'_> {
         self.project(&a.k_proj, xn, kr, n, Store::Overwrite)?;
         let vr = Rows::new(s.v.ptr, hkv * d);
         self.project(&a.v_proj, xn, vr, n, Store::Overwrite)?;
-        self.attend(a, k_cache, v_cache, pos, n)?;
+        self.attend(a, k_cache, v_cache, pos, keys, n)?;
         let o = Rows::new(s.attn_o.ptr, hq * d);
         self.project(&a.o_proj, o, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
     }
@@ -430,6 +437,7 @@ impl Forward<'_> {
         k_cache: u64,
         v_cache: u64,
         pos: u64,
+        keys: usize,
         n: usize,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
@@ -459,6 +467,7 @@ impl Forward<'_> {
             out: s.attn_o.ptr,
             pos,
             n_tok: n,
+            keys,
         };
         match path {
             AttentionPath::SplitKv => {
@@ -488,6 +497,7 @@ impl Forward<'_> {
         k_cache: u64,
         v_cache: u64,
         pos: u64,
+        keys: usize,
         input: Input,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
@@ -497,7 +507,7 @@ impl Forward<'_> {
             (&a.v_proj, Out::Store(s.v.ptr)),
         ];
         k.decode.project(gpu, input, &qkv)?;
-        self.attend(a, k_cache, v_cache, pos, 1)?;
+        self.attend(a, k_cache, v_cache, pos, keys, 1)?;
         let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
         k.decode
             .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])

@@ -114,6 +114,10 @@ pub struct CudaOptions {
     /// `LILY_FUSED_ATTN_PREP=0`). On: decode −24…−38 µs a token at 256 and 4K on the H200,
     /// +25 µs at 128K (docs/perf-notes.md, session 7).
     pub fused_attn_prep: bool,
+    /// Past this many keys, one-token tensor-core attention with head dim 256 takes the _long
+    /// split kernels (`attention::SPLIT_LONG_KEYS`, 65,536, by default; `LILY_SPLIT_LONG_KEYS=N`;
+    /// 0: always, a number past the context: never).
+    pub split_long_keys: usize,
     /// Prefill's 4-bit projections with Hopper's warpgroup MMA on sm_90a (gemm_dense_wg for dense
     /// projections of chunks of at least WGMMA_MIN_TOK tokens, gemm_grouped_wg64 for the experts'
     /// tiles of 64) instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On the H200:
@@ -167,6 +171,7 @@ impl Default for CudaOptions {
             warp_scan_sampling: true,
             mma_attention: true,
             fused_attn_prep: true,
+            split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: true,
             chunked_scan: false,
             pipelined_decode: true,
@@ -209,11 +214,12 @@ impl CudaOptions {
     /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
-    /// | `LILY_FUSED_ATTN_PREP=1` | `fused_attn_prep` |
-    /// | `LILY_WGMMA_GEMM=1` | `wgmma_gemm` |
+    /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
+    /// | `LILY_SPLIT_LONG_KEYS=N` | `split_long_keys` |
+    /// | `LILY_WGMMA_GEMM=0` | `wgmma_gemm` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
-    /// | `LILY_PIPELINED_DECODE=1` | `pipelined_decode` |
+    /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
     /// | `LILY_PROFILE=1` | `profile` |
     /// | `LILY_STEP_TIMING=1` | `step_timing` |
@@ -240,6 +246,9 @@ impl CudaOptions {
         }
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
+        }
+        if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
+            self.split_long_keys = n;
         }
         let flags: [(&str, &mut bool); 24] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
@@ -397,7 +406,7 @@ impl Plan {
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
-                split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
+                split_long_keys: o.split_long_keys,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
                 wgmma_min_tok: WGMMA_MIN_TOK,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
@@ -659,11 +668,12 @@ mod tests {
             ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
-            ("LILY_FUSED_ATTN_PREP", "1"),
-            ("LILY_WGMMA_GEMM", "1"),
+            ("LILY_FUSED_ATTN_PREP", "0"),
+            ("LILY_SPLIT_LONG_KEYS", "4096"),
+            ("LILY_WGMMA_GEMM", "0"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
-            ("LILY_PIPELINED_DECODE", "1"),
+            ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -692,10 +702,11 @@ mod tests {
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
-                fused_attn_prep: true,
-                wgmma_gemm: true,
+                fused_attn_prep: false,
+                split_long_keys: 4096,
+                wgmma_gemm: false,
                 chunked_scan: true,
-                pipelined_decode: true,
+                pipelined_decode: false,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

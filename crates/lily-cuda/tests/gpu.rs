@@ -800,7 +800,8 @@ fn attention_block_matches_cpu_over_chunks() {
         let xn = rng.vec(n * c.hidden, 1.0);
         let (k, v) = &rig.seq.kv[0];
         let got = rig.run(&x, &xn, |f| {
-            f.attention(&dw, k.ptr, v.ptr, rig.seq.pos.ptr, n).unwrap();
+            f.attention(&dw, k.ptr, v.ptr, rig.seq.pos.ptr, pos + n, n)
+                .unwrap();
             rig.g
                 .k
                 .sample
@@ -824,6 +825,8 @@ struct AttnRig {
     cfg: ModelConfig,
     scratch: Scratch,
     seq: SeqState,
+    /// The sequence's length as the host knows it (what `Forward::attention` is told).
+    len: std::cell::Cell<usize>,
     /// The same plan with split-KV off (the rig's own plan has it on).
     no_split: Plan,
 }
@@ -844,6 +847,7 @@ impl AttnRig {
             cfg: cfg.clone(),
             scratch,
             seq,
+            len: std::cell::Cell::new(0),
             no_split,
         }
     }
@@ -871,9 +875,12 @@ impl AttnRig {
             scratch: s,
         };
         let (k, v) = &self.seq.kv[0];
-        f.attention(dw, k.ptr, v.ptr, self.seq.pos.ptr, n).unwrap();
+        let keys = self.len.get() + n;
+        f.attention(dw, k.ptr, v.ptr, self.seq.pos.ptr, keys, n)
+            .unwrap();
         if advance {
             g.k.sample.advance_pos(g, self.seq.pos.ptr, n).unwrap();
+            self.len.set(keys);
         }
         g.sync().unwrap();
         let out: Vec<f32> = g.read(&s.x, 0, x.len()).unwrap();
@@ -1035,6 +1042,7 @@ fn attn_prefill_matches_attn_decode() {
                     out: out.ptr,
                     pos: dpos.ptr,
                     n_tok: n,
+                    keys: pos + n,
                 };
                 if prefill {
                     g.k.attention.flash_prefill(&g, &attend).unwrap();
@@ -1218,9 +1226,10 @@ fn fused_decode_blocks_match_cpu() {
             let p = rig.seq.pos.ptr;
             if fused {
                 let input = as_is(rig.scratch.xn.ptr);
-                f.attention_one_token(&dw, k.ptr, v.ptr, p, input).unwrap();
+                f.attention_one_token(&dw, k.ptr, v.ptr, p, pos + n, input)
+                    .unwrap();
             } else {
-                f.attention(&dw, k.ptr, v.ptr, p, n).unwrap();
+                f.attention(&dw, k.ptr, v.ptr, p, pos + n, n).unwrap();
             }
             rig.g.k.sample.advance_pos(&rig.g, p, n).unwrap();
         });
@@ -3068,4 +3077,91 @@ fn kernel_cache_is_used_and_corrupt_entries_are_rebuilt() {
     println!("CACHE cold open {cold:.2?}, warm open {warm:.2?}, corrupt entries rebuilt");
     std::env::remove_var("LILY_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A sequence that crosses `split_long_keys` mid-decode (the attention kernels change there, so
+/// the backend captures a second decode graph) reports the tokens and log-probabilities of one
+/// that never takes the _long kernels and of one that always does: the full model's widths
+/// (head dim 256) on 4 layers, bf16 activations, greedy and seeded sampling, graphs on and off,
+/// pipelined (the default) and not. The threshold sits inside the first decode call, and a
+/// rewind back under it (snapshot restore) goes back to the first graph.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_across_the_long_attention_threshold_reports_the_same_tokens() {
+    let dir = std::env::temp_dir().join(format!("lily-gpu-test-long-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    synth(&SynthOptions {
+        preset: Preset::Full,
+        format: SynthFormat::Mlx,
+        seed: 5,
+        out: dir.clone(),
+        tokenizer: None,
+        layers: Some(4),
+    })
+    .unwrap();
+    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(43);
+    let prompt: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed: 99,
+        ..SamplingParams::greedy()
+    };
+    for params in [SamplingParams::greedy(), sampled] {
+        for (graphs, pipelined) in [(true, true), (true, false), (false, true)] {
+            let run = |long_keys: usize| -> (Reported, Reported) {
+                let mut b = CudaBackend::with_plan(
+                    &w,
+                    Plan::resolve(&CudaOptions {
+                        graphs,
+                        pipelined_decode: pipelined,
+                        split_long_keys: long_keys,
+                        ..CudaOptions::default()
+                    }),
+                )
+                .unwrap();
+                let s = b.new_seq(128).unwrap();
+                b.prefill(s, &prompt).unwrap();
+                let snap = b.snapshot(s).unwrap();
+                let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+                // Keys 41.. : the threshold 50 is crossed at the tenth token.
+                let (first, r) = decode_into(&mut b, s, &mut sampler, 20, 0, None);
+                r.unwrap();
+                // Back to 40 keys (under the threshold) and decode again from there.
+                b.restore(s, snap).unwrap();
+                let mut sampler = Sampler::with_prompt(params.clone(), &prompt);
+                let (again, r) = decode_into(&mut b, s, &mut sampler, 20, 0, None);
+                r.unwrap();
+                (first, again)
+            };
+            let what = format!(
+                "temperature {} graphs {graphs} pipelined {pipelined}",
+                params.temperature
+            );
+            let (never, never_again) = run(usize::MAX);
+            let (crossing, crossing_again) = run(50);
+            let (always, _) = run(0);
+            println!(
+                "MODEL long-context attention crossing at 50 keys, {what}: {} tokens",
+                never.len()
+            );
+            same_reported(
+                &format!("crossing vs never, {what}"),
+                &crossing,
+                &never,
+                2e-2,
+            );
+            same_reported(&format!("always vs never, {what}"), &always, &never, 2e-2);
+            same_reported(
+                &format!("crossing after a restore, {what}"),
+                &crossing_again,
+                &never_again,
+                2e-2,
+            );
+        }
+    }
 }

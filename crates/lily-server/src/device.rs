@@ -306,6 +306,7 @@ mod tests {
                 warp_scan_sampling: false,
                 mma_attention: false,
                 fused_attn_prep: false,
+                split_long_keys: lily_cuda::kernels::attention::SPLIT_LONG_KEYS,
                 wgmma_gemm: false,
                 chunked_scan: false,
                 pipelined_decode: false,

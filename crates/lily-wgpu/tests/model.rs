@@ -109,7 +109,10 @@ fn logits_match_cpu_with_either_prefill_attention() {
         let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
         let e = rel_l2(&got, &want);
         println!("logits rel_l2 {e:.3e} over {positions} positions (attend_tile {tile}, {mm:?})");
-        assert!(e < 1e-3, "logits differ from the CPU by {e:.3e} (attend_tile {tile}, {mm:?})");
+        assert!(
+            e < 1e-3,
+            "logits differ from the CPU by {e:.3e} (attend_tile {tile}, {mm:?})"
+        );
     }
 }
 

@@ -18,10 +18,12 @@ pub const ATTN_WARPS: usize = 4;
 /// SM); at 128K 128 splits of 1,024 keys, 32 tiles streamed per block, and partials small enough
 /// that combining them costs little.
 pub const SPLIT_MAX_SPLITS: usize = 128;
-/// From this many keys on, attn_split_mma(_prep) runs its long-context body for head dim 256
-/// (the dimension fixed at compile time, whole tiles copied without per-chunk tests): on the
-/// H200 it made 128K contexts 3.9 % faster and 256…32K 1–1.6 % slower (docs/perf-notes.md,
-/// session 7). `KernelSwitches::split_long_keys` carries it to the launch.
+/// Past this many keys, one-token tensor-core attention with head dim 256 runs the _long kernels
+/// (attn_split_mma_long, attn_split_mma_prep_long: the dimension fixed at compile time, whole
+/// tiles copied without per-chunk tests, on sm_90 and later; before sm_90 they are the general
+/// body, which spills less): on the H200 that body ran 128K contexts 3.9–5.8 %
+/// faster and 256…32K 1–3 % slower (docs/perf-notes.md, session 7). `KernelSwitches::
+/// split_long_keys` carries it (tests move it); a decode graph is captured for each side.
 pub const SPLIT_LONG_KEYS: usize = 65536;
 /// Fewest keys per split (a multiple of the 32-key tile).
 pub const SPLIT_MIN_KEYS: usize = 32;
@@ -127,6 +129,9 @@ pub struct Attend {
     pub out: u64,
     pub pos: u64,
     pub n_tok: usize,
+    /// Keys after this step as the host knows them (the sequence's length plus `n_tok`): picks
+    /// the split kernels' long-context form (`Attention::long_keys`); it never moves a result.
+    pub keys: usize,
 }
 
 /// Split-KV scratch: f32 partial outputs and (max, sum) per split (`split_kv_scratch` sizes).
@@ -209,6 +214,8 @@ pub struct Attention {
     split: Kernel,
     split_mma: Kernel,
     split_mma_prep: Kernel,
+    split_mma_long: Kernel,
+    split_mma_prep_long: Kernel,
     split_combine: Kernel,
     /// Bytes of one cache element (2 with bf16 activations, else 4).
     kv_bytes: usize,
@@ -234,6 +241,14 @@ impl Attention {
                 .waits_for_predecessor(),
             split_mma_prep: m
                 .kernel("attn_split_mma_prep")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .waits_for_predecessor(),
+            split_mma_long: m
+                .kernel("attn_split_mma_long")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .waits_for_predecessor(),
+            split_mma_prep_long: m
+                .kernel("attn_split_mma_prep_long")?
                 .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
@@ -349,7 +364,12 @@ impl Attention {
         let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
         let mma = gpu.switches.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
         let (kernel, smem) = if mma {
-            (&self.split_mma, split_mma_smem_bytes(s.d))
+            let k = if Self::long_keys(gpu, s, a.keys) {
+                &self.split_mma_long
+            } else {
+                &self.split_mma
+            };
+            (k, split_mma_smem_bytes(s.d))
         } else {
             (&self.split, split_smem_bytes(s.d, self.kv_bytes))
         };
@@ -362,7 +382,6 @@ impl Attention {
             (SPLIT_WARPS * 32) as u32,
             smem,
         );
-        let long_keys = gpu.switches.split_long_keys.min(i32::MAX as usize) as i32;
         gpu.launch(kernel, cfg, |l| {
             l.arg(&a.q)
                 .arg(&a.k_cache)
@@ -374,11 +393,15 @@ impl Attention {
                 l.arg(d);
             }
             l.arg(&scale);
-            if mma {
-                l.arg(&long_keys);
-            }
         })?;
         self.split_combine(gpu, a, parts)
+    }
+
+    /// Whether a one-token tensor-core step over `keys` keys takes the _long kernels: head dim
+    /// 256 and more than `split_long_keys` keys. A decode graph holds one choice, so the backend
+    /// keeps a graph for each (`SeqState::decode_graph_long`).
+    pub fn long_keys(gpu: &Gpu, s: AttnShape, keys: usize) -> bool {
+        gpu.switches.mma_attention && s.d == 256 && keys > gpu.switches.split_long_keys
     }
 
     /// Whether `split_kv_prepped` takes this step: the plan's `fused_attn_prep` and
@@ -414,13 +437,17 @@ impl Attention {
         let scale = 1.0 / (s.d as f32).sqrt();
         let chunks = (s.n_q / s.n_kv).div_ceil(SPLIT_MAX_G);
         let dims = [s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
-        let long_keys = gpu.switches.split_long_keys.min(i32::MAX as usize) as i32;
+        let kernel = if Self::long_keys(gpu, s, a.keys) {
+            &self.split_mma_prep_long
+        } else {
+            &self.split_mma_prep
+        };
         let cfg = config(
             (SPLIT_MAX_SPLITS as u32, (s.n_kv * chunks) as u32, 1),
             (SPLIT_WARPS * 32) as u32,
             split_mma_smem_bytes(s.d),
         );
-        gpu.launch(&self.split_mma_prep, cfg, |l| {
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&p.qg)
                 .arg(&p.k)
                 .arg(&p.v)
@@ -434,7 +461,7 @@ impl Attention {
             for d in &dims {
                 l.arg(d);
             }
-            l.arg(&s.theta).arg(&s.eps).arg(&scale).arg(&long_keys);
+            l.arg(&s.theta).arg(&s.eps).arg(&scale);
         })?;
         self.split_combine(gpu, a, parts)
     }
