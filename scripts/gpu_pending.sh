@@ -8,7 +8,11 @@
 #   bench    the one sweep (prefill 512…128K, decode 256…128K) twice, alternated with
 #            LILY_SPLIT_LONG_KEYS=1000000000 (session 6's kernel at every context); predictions in
 #            docs/perf-notes.md, session 7, "What is on main after the calls"
+#   prefill  `--chunked-scan` (now dn_chunk_wu + dn_chunk_scan, never run on a GPU) against the
+#            default sequential scan at 512, 4K and 32K, two rounds
 #   served   decode and time to first token through `lily-engine serve` at 4K and 128K
+# All four do not fit one 600 s call: ONLY="tests bench", then ONLY="prefill served" at once (the
+# machine stays warm 30 s, so the second call finds the checkpoint in /dev/shm).
 #
 # Here: scripts/stage_gpu.sh (copies this script too); carry .carry/cuda and the tokenizer
 # (.carry/tokenizer, or .carry/tokgz/tokenizer.tgz: `tar czf .carry/tokgz/tokenizer.tgz -C .carry
@@ -21,7 +25,7 @@ mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests bench served} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests bench prefill served} " == *" $1 "* ]]; }
 [ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
   tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1
@@ -50,6 +54,13 @@ if want bench; then
     done
   done
   say "bench done"
+fi
+
+if want prefill; then
+  OUT=$OUT/run VARIANTS="new new-chunked" ROUNDS=2 PREFILL=512,4K,32K DECODE=256 REPEAT=1 \
+    bash "$HERE/gpu_session.sh" > "$OUT/run/prefill.out" 2>&1
+  grep -v "^KERNEL" "$OUT/run/bench.log" | grep -E "=====|tok/s|^ +[0-9]" > "$OUT/prefill.log"
+  say "prefill A/B done"
 fi
 
 if want served && [ "$(el)" -lt 420 ]; then

@@ -405,3 +405,247 @@ dn_chunked(const float* __restrict__ c, const float* __restrict__ qk, const floa
     }
     for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) sp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS] = sm.s[i];
 }
+
+// dn_chunk_wu + dn_chunk_scan: dn_chunked's arithmetic (the same equations, fp32, chunks of DNC_C
+// tokens) in two launches, so the work that does not depend on the state runs for every chunk at
+// once. dn_chunked walks the chunks in order in 128 blocks and redoes each chunk's A, P and
+// triangular solves in every block of a head; here
+//   dn_chunk_wu   grid (chunks, Hv), block 256: one chunk of one head: Γ, A and P, then W and U by
+//                 forward substitution, one column per thread (dk + dv ≤ 256 columns); writes the
+//                 chunk's record [W (DNC_C × dk) | U (DNC_C × dv) | P (DNC_C × DNC_C) | Γ (DNC_C)];
+//   dn_chunk_scan grid (Hv, dv / DNC_COLS), block 256: walks the chunks in order, loading each
+//                 record's W, P, Γ and its U columns with the chunk's q and k, for V' = U − W S,
+//                 O = (Q ⊙ e^Γ) S + P V' and S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V' (dn_chunked's
+//                 steps 5–7, the state's 128 × 32 slice in shared memory).
+// The records: `rec` holds chunks × Hv of them (forward.rs sizes it for the prefill chunk).
+// Limits as dn_chunked's, and dk + dv ≤ 256.
+__device__ __forceinline__ long long dnc_rec_floats(int dk, int dv) {
+    return (long long)DNC_C * (dk + dv + DNC_C + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+dn_chunk_wu(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
+            float* __restrict__ rec, int n_tok, int n_k_heads, int n_v_heads, int dk, int dv) {
+    extern __shared__ __align__(16) float dnc_smem[];
+    // k, q, w [DNC_C][DNC_LD]; u [DNC_C][dv + 1]; a, p [DNC_C][DNC_C + 1]; gam, beta [DNC_C].
+    float* sk = dnc_smem;
+    float* sq = sk + DNC_C * DNC_LD;
+    float* sw = sq + DNC_C * DNC_LD;
+    float* su = sw + DNC_C * DNC_LD;
+    int ldu = dv + 1;
+    float* sa = su + DNC_C * ldu;
+    float* sp = sa + DNC_C * (DNC_C + 1);
+    float* gam = sp + DNC_C * (DNC_C + 1);
+    float* bet = gam + DNC_C;
+    int chunk = blockIdx.x, hv = blockIdx.y, t0 = chunk * DNC_C;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int hk = hv / (n_v_heads / n_k_heads);
+    int key_dim = n_k_heads * dk;
+    int conv_dim = 2 * key_dim + n_v_heads * dv;
+    int n = min(DNC_C, n_tok - t0);
+    int per4 = dk / 4;
+    // 1. q, k (zero past the chunk's end), β ⊙ v, β, g.
+    for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
+        int i = idx / per4, f = 4 * (idx % per4);
+        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+        if (i < n) {
+            const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
+            qv = *reinterpret_cast<const float4*>(src + f);
+            kv = *reinterpret_cast<const float4*>(src + dk + f);
+        }
+        *reinterpret_cast<float4*>(sq + i * DNC_LD + f) = qv;
+        *reinterpret_cast<float4*>(sk + i * DNC_LD + f) = kv;
+    }
+    if (tid < DNC_C) {
+        float alpha = 1.0f, beta = 0.0f;
+        if (tid < n) {
+            alpha = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2];
+            beta = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2 + 1];
+        }
+        bet[tid] = beta;
+        gam[tid] = alpha > 0.0f ? fmaxf(logf(alpha), -88.0f) : -88.0f;
+    }
+    for (int idx = tid; idx < DNC_C * dv; idx += blockDim.x) {
+        int i = idx / dv, cc = idx % dv;
+        float v = 0.0f, beta = 0.0f;
+        if (i < n) {
+            v = c[(long long)(t0 + i) * conv_dim + 2 * key_dim + (long long)hv * dv + cc];
+            beta = ab[((long long)(t0 + i) * n_v_heads + hv) * 2 + 1];
+        }
+        su[i * ldu + cc] = beta * v;
+    }
+    __syncthreads();
+    // 2. Γ: the inclusive prefix sum of g (two warps' scans joined).
+    if (warp < 2) {
+        float g = gam[tid];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, g, off);
+            if (lane >= off) g += y;
+        }
+        gam[tid] = g;
+    }
+    __syncthreads();
+    if (tid >= 32 && tid < DNC_C) gam[tid] += gam[31];
+    __syncthreads();
+    // 3. A and P, as dn_chunked.
+    for (int pr = tid; pr < DNC_C * DNC_C; pr += blockDim.x) {
+        int i = pr / DNC_C, j = pr % DNC_C;
+        float kk = 0.0f, qq = 0.0f;
+        if (j <= i) {
+            const float* ki = sk + i * DNC_LD;
+            const float* qi = sq + i * DNC_LD;
+            const float* kj = sk + j * DNC_LD;
+            for (int m = 0; m < dk; m += 4) {
+                float4 a4 = *reinterpret_cast<const float4*>(kj + m);
+                float4 k4 = *reinterpret_cast<const float4*>(ki + m);
+                float4 q4 = *reinterpret_cast<const float4*>(qi + m);
+                kk += k4.x * a4.x + k4.y * a4.y + k4.z * a4.z + k4.w * a4.w;
+                qq += q4.x * a4.x + q4.y * a4.y + q4.z * a4.z + q4.w * a4.w;
+            }
+            float dij = expf(gam[i] - gam[j]);
+            kk *= bet[i] * dij;
+            qq *= dij;
+        }
+        sa[i * (DNC_C + 1) + j] = j < i ? kk : 0.0f;
+        sp[i * (DNC_C + 1) + j] = qq;
+    }
+    __syncthreads();
+    // 4. W = (I + A)⁻¹ (β ⊙ K ⊙ e^Γ) and U = (I + A)⁻¹ (β ⊙ V): thread t < dk a column of W,
+    // dk ≤ t < dk + dv a column of U, each its own chain over the rows.
+    if (tid < dk + dv) {
+        bool is_w = tid < dk;
+        int col = is_w ? tid : tid - dk;
+        float* x = is_w ? sw + col : su + col;
+        int ld = is_w ? DNC_LD : ldu;
+        for (int i = 0; i < DNC_C; i++) {
+            float rhs = is_w ? bet[i] * expf(gam[i]) * sk[i * DNC_LD + col] : x[i * ld];
+            const float* ai = sa + i * (DNC_C + 1);
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            int j = 0;
+            for (; j + 4 <= i; j += 4) {
+                s0 += ai[j] * x[j * ld];
+                s1 += ai[j + 1] * x[(j + 1) * ld];
+                s2 += ai[j + 2] * x[(j + 2) * ld];
+                s3 += ai[j + 3] * x[(j + 3) * ld];
+            }
+            for (; j < i; j++) s0 += ai[j] * x[j * ld];
+            x[i * ld] = rhs - ((s0 + s1) + (s2 + s3));
+        }
+    }
+    __syncthreads();
+    // 5. The record.
+    float* r = rec + ((long long)hv * gridDim.x + chunk) * dnc_rec_floats(dk, dv);
+    float* rw = r;
+    float* ru = rw + DNC_C * dk;
+    float* rp = ru + DNC_C * dv;
+    float* rg = rp + DNC_C * DNC_C;
+    for (int idx = tid; idx < DNC_C * dk; idx += blockDim.x) rw[idx] = sw[(idx / dk) * DNC_LD + idx % dk];
+    for (int idx = tid; idx < DNC_C * dv; idx += blockDim.x) ru[idx] = su[(idx / dv) * ldu + idx % dv];
+    for (int idx = tid; idx < DNC_C * DNC_C; idx += blockDim.x)
+        rp[idx] = sp[(idx / DNC_C) * (DNC_C + 1) + idx % DNC_C];
+    if (tid < DNC_C) rg[tid] = gam[tid];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+dn_chunk_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* __restrict__ state,
+              float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk, int dv) {
+    extern __shared__ __align__(16) float dnc_smem[];
+    // k, q, w [DNC_C][DNC_LD]; p [DNC_C][DNC_C + 1]; u [DNC_C][DNC_COLS + 1]; s [DN_MAX_DK][DNC_COLS];
+    // eg, kd [DNC_C].
+    float* sk = dnc_smem;
+    float* sq = sk + DNC_C * DNC_LD;
+    float* sw = sq + DNC_C * DNC_LD;
+    float* sp = sw + DNC_C * DNC_LD;
+    float* su = sp + DNC_C * (DNC_C + 1);
+    float* ss = su + DNC_C * (DNC_COLS + 1);
+    float* eg = ss + DN_MAX_DK * DNC_COLS;
+    float* kd = eg + DNC_C;
+    int hv = blockIdx.x, j0 = blockIdx.y * DNC_COLS;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int hk = hv / (n_v_heads / n_k_heads);
+    int n_chunks = (n_tok + DNC_C - 1) / DNC_C;
+    float* stp = state + (long long)hv * dk * dv + j0;
+    for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) ss[i] = stp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS];
+    int per4 = dk / 4;
+    int cc = lane;
+    for (int chunk = 0; chunk < n_chunks; chunk++) {
+        int t0 = chunk * DNC_C, n = min(DNC_C, n_tok - t0);
+        const float* r = rec + ((long long)hv * n_chunks + chunk) * dnc_rec_floats(dk, dv);
+        const float* rw = r;
+        const float* ru = rw + DNC_C * dk;
+        const float* rp = ru + DNC_C * dv;
+        const float* rg = rp + DNC_C * DNC_C;
+        // 1. The chunk's q and k (zero past its end), its W, P and U columns, the decays.
+        for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
+            int i = idx / per4, f = 4 * (idx % per4);
+            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+            if (i < n) {
+                const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
+                qv = *reinterpret_cast<const float4*>(src + f);
+                kv = *reinterpret_cast<const float4*>(src + dk + f);
+            }
+            *reinterpret_cast<float4*>(sq + i * DNC_LD + f) = qv;
+            *reinterpret_cast<float4*>(sk + i * DNC_LD + f) = kv;
+            *reinterpret_cast<float4*>(sw + i * DNC_LD + f) = *reinterpret_cast<const float4*>(rw + i * dk + f);
+        }
+        for (int idx = tid; idx < DNC_C * DNC_C; idx += blockDim.x)
+            sp[(idx / DNC_C) * (DNC_C + 1) + idx % DNC_C] = rp[idx];
+        for (int idx = tid; idx < DNC_C * DNC_COLS; idx += blockDim.x)
+            su[(idx / DNC_COLS) * (DNC_COLS + 1) + idx % DNC_COLS] = ru[(idx / DNC_COLS) * dv + j0 + idx % DNC_COLS];
+        if (tid < DNC_C) {
+            eg[tid] = expf(rg[tid]);
+            kd[tid] = expf(rg[DNC_C - 1] - rg[tid]);
+        }
+        __syncthreads();
+        // 2. V' = U − W S (in place over U): lane cc, rows warp + 8r.
+        {
+            float acc[DNC_C / 8];
+#pragma unroll
+            for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] = 0.0f;
+            for (int m = 0; m < dk; m++) {
+                float sv = ss[m * DNC_COLS + cc];
+#pragma unroll
+                for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] += sw[(warp + 8 * rr) * DNC_LD + m] * sv;
+            }
+#pragma unroll
+            for (int rr = 0; rr < DNC_C / 8; rr++) su[(warp + 8 * rr) * (DNC_COLS + 1) + cc] -= acc[rr];
+        }
+        __syncthreads();
+        // 3. O = (Q ⊙ e^Γ) S + P V'.
+        {
+            float acc[DNC_C / 8], intra[DNC_C / 8];
+#pragma unroll
+            for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] = intra[rr] = 0.0f;
+            for (int m = 0; m < dk; m++) {
+                float sv = ss[m * DNC_COLS + cc];
+#pragma unroll
+                for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] += sq[(warp + 8 * rr) * DNC_LD + m] * sv;
+            }
+            for (int j = 0; j < DNC_C; j++) {
+                float vj = su[j * (DNC_COLS + 1) + cc];
+#pragma unroll
+                for (int rr = 0; rr < DNC_C / 8; rr++) intra[rr] += sp[(warp + 8 * rr) * (DNC_C + 1) + j] * vj;
+            }
+#pragma unroll
+            for (int rr = 0; rr < DNC_C / 8; rr++) {
+                int i = warp + 8 * rr;
+                if (i < n)
+                    o[(long long)(t0 + i) * n_v_heads * dv + (long long)hv * dv + j0 + cc] =
+                        act(eg[i] * acc[rr] + intra[rr]);
+            }
+        }
+        __syncthreads();  // S is read above and rewritten below
+        // 4. S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V'.
+        {
+            float decay = eg[DNC_C - 1];
+            for (int m = warp; m < dk; m += 8) {
+                float acc = 0.0f;
+                for (int i = 0; i < DNC_C; i++) acc += sk[i * DNC_LD + m] * kd[i] * su[i * (DNC_COLS + 1) + cc];
+                ss[m * DNC_COLS + cc] = decay * ss[m * DNC_COLS + cc] + acc;
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) stp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS] = ss[i];
+}

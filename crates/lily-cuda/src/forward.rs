@@ -46,6 +46,9 @@ pub struct Scratch {
     pub dn_o: DevBuf,
     pub dn_qk: DevBuf,
     pub dn_ab: DevBuf,
+    /// The chunked DeltaNet scan's per-chunk records (`deltanet::chunk_records` for the chunk),
+    /// allocated only when the GPU's switches ask for the chunked scan.
+    pub dn_records: Option<DevBuf>,
     pub dn_y: DevBuf,
     pub router: DevBuf,
     pub ids: DevBuf,
@@ -133,6 +136,14 @@ impl Scratch {
             dn_o: buf(c * cfg.dn_value_dim())?,
             dn_qk: buf(c * cfg.dn_k_heads * 2 * cfg.dn_k_dim)?,
             dn_ab: buf(c * cfg.dn_v_heads * 2)?,
+            dn_records: if gpu.switches.chunked_scan {
+                Some(buf(crate::kernels::deltanet::chunk_records(
+                    DnShape::of(cfg),
+                    c,
+                ))?)
+            } else {
+                None
+            },
             dn_y: buf(c * cfg.dn_value_dim())?,
             router: buf(c * cfg.n_experts)?,
             ids: buf(c * tk)?,
@@ -644,6 +655,7 @@ impl Forward<'_> {
             o: s.dn_o.ptr,
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
+            records: s.dn_records.as_ref().map_or(0, |r| r.ptr),
         };
         k.deltanet.recurrent(gpu, shape, &rec, n)?;
         let gn = GatedNorm {

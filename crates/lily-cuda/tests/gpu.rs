@@ -1078,12 +1078,14 @@ fn attn_prefill_matches_attn_decode() {
     }
 }
 
-/// dn_chunked (the chunked gated delta rule; the plan's `chunked_scan`) against dn_recurrent (token
-/// by token) on the same random inputs and initial state, fp32: outputs and final state within
-/// 1e-4 (summation order and the chunk's cumulative log-decays only), for the real model's heads
-/// (16 K heads, 32 V heads, 128 × 128) and the tiny preset's, chunks of 64, 100, 300 and 1,000
-/// tokens (whole and partial 64-token chunks), decays from ≈ 1 to ≈ e⁻¹⁰ a token, each run
-/// continuing the state of the one before. Both kernels' times are printed, never asserted.
+/// The chunked gated delta rule (the plan's `chunked_scan`), as the one kernel dn_chunked and as
+/// the two launches dn_chunk_wu + dn_chunk_scan (with `DnRecurrent::records`), against
+/// dn_recurrent (token by token) on the same random inputs and initial state, fp32: outputs and
+/// final state within 1e-4 (summation order and the chunk's cumulative log-decays only), for the
+/// real model's heads (16 K heads, 32 V heads, 128 × 128) and the tiny preset's, chunks of 64,
+/// 100, 300 and 1,000 tokens (whole and partial 64-token chunks), decays from ≈ 1 to ≈ e⁻¹⁰ a
+/// token, each run continuing the state of the one before. The kernels' times are printed, never
+/// asserted.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn chunked_deltanet_scan_matches_the_recurrent_one() {
@@ -1106,7 +1108,11 @@ fn chunked_deltanet_scan_matches_the_recurrent_one() {
         let dt_bias = rng.vec(s.n_v, 1.0);
         let (da_log, ddt) = (g.upload(&a_log).unwrap(), g.upload(&dt_bias).unwrap());
         let init = rng.vec(s.n_v * s.dk * s.dv, 0.1);
-        let states = [g.upload(&init).unwrap(), g.upload(&init).unwrap()];
+        let states = [
+            g.upload(&init).unwrap(),
+            g.upload(&init).unwrap(),
+            g.upload(&init).unwrap(),
+        ];
         for n in [64usize, 100, 300, 1000] {
             let c = rng.vec(n * conv_dim, 1.0);
             let (b, a) = (rng.vec(n * s.n_v, 2.0), rng.vec(n * s.n_v, 2.0));
@@ -1117,8 +1123,13 @@ fn chunked_deltanet_scan_matches_the_recurrent_one() {
             );
             let qk = g.alloc(n * s.n_k * 2 * s.dk * 4).unwrap();
             let ab = g.alloc(n * s.n_v * 2 * 4).unwrap();
+            let records = g
+                .alloc(lily_cuda::kernels::deltanet::chunk_records(s, n) * 4)
+                .unwrap();
             let mut outs = Vec::new();
-            for (chunked, state) in [false, true].into_iter().zip(&states) {
+            // (chunked, two launches)
+            let variants = [(false, false), (true, false), (true, true)];
+            for ((chunked, split), state) in variants.into_iter().zip(&states) {
                 g.g.switches.chunked_scan = chunked;
                 assert_eq!(
                     g.k.deltanet.takes_chunked(&g.g, s, n),
@@ -1137,16 +1148,17 @@ fn chunked_deltanet_scan_matches_the_recurrent_one() {
                     o: o.ptr,
                     qk: qk.ptr,
                     ab: ab.ptr,
+                    records: if split { records.ptr } else { 0 },
                 };
                 g.sync().unwrap();
                 let start = std::time::Instant::now();
                 g.k.deltanet.recurrent(&g, s, &rec, n).unwrap();
                 g.sync().unwrap();
                 let took = start.elapsed();
-                let name = if chunked {
-                    "dn_chunked"
-                } else {
-                    "dn_recurrent"
+                let name = match (chunked, split) {
+                    (false, _) => "dn_recurrent",
+                    (true, false) => "dn_chunked",
+                    (true, true) => "dn_chunk_wu + dn_chunk_scan",
                 };
                 println!(
                     "KERNEL {name} {}x{} heads {}/{} T={n}: {took:.2?}",
@@ -1157,9 +1169,11 @@ fn chunked_deltanet_scan_matches_the_recurrent_one() {
                     g.read::<f32>(state, 0, init.len()).unwrap(),
                 ));
             }
-            let what = format!("dn_chunked {}x{} T={n}", s.dk, s.dv);
-            check(&format!("{what} outputs"), &outs[1].0, &outs[0].0, 1e-4);
-            check(&format!("{what} state"), &outs[1].1, &outs[0].1, 1e-4);
+            for (i, name) in [(1, "dn_chunked"), (2, "dn_chunk_wu + dn_chunk_scan")] {
+                let what = format!("{name} {}x{} T={n}", s.dk, s.dv);
+                check(&format!("{what} outputs"), &outs[i].0, &outs[0].0, 1e-4);
+                check(&format!("{what} state"), &outs[i].1, &outs[0].1, 1e-4);
+            }
         }
     }
 }
@@ -2098,8 +2112,18 @@ fn sampling_in_decode_equals_the_host_path() {
 // ---- whole model -------------------------------------------------------------------------
 
 fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
+    synth_model_layers(preset, format, seed, None)
+}
+
+/// `synth_model` with `layers` layers (a multiple of 4) at the preset's widths.
+fn synth_model_layers(
+    preset: Preset,
+    format: SynthFormat,
+    seed: u64,
+    layers: Option<usize>,
+) -> Arc<ModelWeights> {
     let dir = std::env::temp_dir().join(format!(
-        "lily-gpu-test-{preset:?}-{format:?}-{seed}-{}",
+        "lily-gpu-test-{preset:?}-{format:?}-{seed}-{layers:?}-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
@@ -2109,7 +2133,7 @@ fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeigh
         seed,
         out: dir.clone(),
         tokenizer: None,
-        layers: None,
+        layers,
     })
     .unwrap();
     let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
@@ -3088,19 +3112,7 @@ fn kernel_cache_is_used_and_corrupt_entries_are_rebuilt() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_across_the_long_attention_threshold_reports_the_same_tokens() {
-    let dir = std::env::temp_dir().join(format!("lily-gpu-test-long-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    synth(&SynthOptions {
-        preset: Preset::Full,
-        format: SynthFormat::Mlx,
-        seed: 5,
-        out: dir.clone(),
-        tokenizer: None,
-        layers: Some(4),
-    })
-    .unwrap();
-    let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 5, Some(4));
     let vocab = w.config.vocab;
     let mut rng = Rng(43);
     let prompt: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();

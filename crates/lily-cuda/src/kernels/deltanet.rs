@@ -25,6 +25,27 @@ pub const DNC_SMEM: usize = 4
         + DNC_C * (DNC_COLS + 1)
         + DN_MAX_DK * DNC_COLS
         + 4 * DNC_C);
+/// dn_chunk_wu's dynamic shared memory (f32): K, Q and W [64][132], U [64][dv + 1], A and P
+/// [64][65], Γ and β [64].
+pub const fn dnc_wu_smem(dv: usize) -> usize {
+    4 * (3 * DNC_C * 132 + DNC_C * (dv + 1) + 2 * DNC_C * (DNC_C + 1) + 2 * DNC_C)
+}
+/// dn_chunk_scan's dynamic shared memory (f32): K, Q and W [64][132], P [64][65], V' [64][33],
+/// the state's slice [DN_MAX_DK][32], e^Γ and e^{Γ_last − Γ} [64].
+pub const DNC_SCAN_SMEM: usize = 4
+    * (3 * DNC_C * 132
+        + DNC_C * (DNC_C + 1)
+        + DNC_C * (DNC_COLS + 1)
+        + DN_MAX_DK * DNC_COLS
+        + 2 * DNC_C);
+/// Largest value head dim of dn_chunk_wu (a thread per column of W and of U: dk + dv ≤ 256).
+pub const DNC_WU_MAX_DV: usize = 128;
+
+/// f32 elements of dn_chunk_wu's records for `n_tok` tokens: per value head and chunk of DNC_C,
+/// W [DNC_C][dk], U [DNC_C][dv], P [DNC_C][DNC_C] and Γ [DNC_C] (dnc_rec_floats in deltanet.cu).
+pub fn chunk_records(s: DnShape, n_tok: usize) -> usize {
+    s.n_v * n_tok.div_ceil(DNC_C) * DNC_C * (s.dk + s.dv + DNC_C + 1)
+}
 
 pub const FILE: KernelFile = KernelFile {
     name: "deltanet",
@@ -104,6 +125,9 @@ pub struct DnRecurrent {
     /// Scratch: normalised q and k [T, Hk, 2, dk], and (α, β) [T, Hv, 2].
     pub qk: u64,
     pub ab: u64,
+    /// Scratch for the two-launch chunked scan (`chunk_records` elements for the chunk), or 0:
+    /// the chunked scan then runs as the one kernel dn_chunked.
+    pub records: u64,
 }
 
 /// y = RMSNorm(o) · weight · silu(z) per value head.
@@ -128,6 +152,8 @@ pub struct DeltaNet {
     /// dn_chunked, where the device grants its shared memory (160 KB: sm_80, sm_90; not the
     /// 99 KB parts).
     chunked: Option<Kernel>,
+    /// dn_chunk_wu + dn_chunk_scan (the chunked scan in two launches), likewise.
+    chunked_split: Option<(Kernel, Kernel)>,
     gated_norm: Kernel,
 }
 
@@ -140,6 +166,15 @@ impl DeltaNet {
             recurrent: m.kernel("dn_recurrent")?,
             // A refusal only means this device lacks the shared memory: the sequential scan serves.
             chunked: m.kernel("dn_chunked")?.allow_shared_memory(DNC_SMEM).ok(),
+            chunked_split: match (
+                m.kernel("dn_chunk_wu")?
+                    .allow_shared_memory(dnc_wu_smem(DNC_WU_MAX_DV)),
+                m.kernel("dn_chunk_scan")?
+                    .allow_shared_memory(DNC_SCAN_SMEM),
+            ) {
+                (Ok(wu), Ok(scan)) => Some((wu, scan)),
+                _ => None,
+            },
             gated_norm: m.kernel("dn_gated_norm")?,
         })
     }
@@ -194,6 +229,34 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&PREP_EPS);
         })?;
+        if let Some((wu, scan)) = self.chunked_split.as_ref().filter(|_| {
+            b.records != 0 && s.dv <= DNC_WU_MAX_DV && self.takes_chunked(gpu, s, n_tok)
+        }) {
+            let grid = (n_tok.div_ceil(DNC_C) as u32, s.n_v as u32, 1);
+            gpu.launch(wu, config(grid, 256, dnc_wu_smem(s.dv)), |l| {
+                l.arg(&b.c)
+                    .arg(&b.qk)
+                    .arg(&b.ab)
+                    .arg(&b.records)
+                    .arg(&n)
+                    .arg(&n_k)
+                    .arg(&n_v)
+                    .arg(&dk)
+                    .arg(&dv);
+            })?;
+            let grid = (s.n_v as u32, (s.dv / DNC_COLS) as u32, 1);
+            return gpu.launch(scan, config(grid, 256, DNC_SCAN_SMEM), |l| {
+                l.arg(&b.qk)
+                    .arg(&b.records)
+                    .arg(&b.state)
+                    .arg(&b.o)
+                    .arg(&n)
+                    .arg(&n_k)
+                    .arg(&n_v)
+                    .arg(&dk)
+                    .arg(&dv);
+            });
+        }
         // dn_chunked and dn_recurrent take the same arguments.
         let chunked = self
             .chunked
