@@ -217,6 +217,166 @@ extern "C" __global__ void dn_gated_norm(const float* __restrict__ o, const floa
 #define DNC_COLS 32
 #define DNC_LD 132  // floats per shared K / Q / W row (128 + 4)
 
+// The steps dn_chunked, dn_chunk_wu and dn_chunk_scan share, for a block of 256 threads.
+
+// The chunk's q and k rows (zero past its end, `n` tokens from t0) into shared [DNC_C][DNC_LD].
+__device__ __forceinline__ void dnc_load_qk(float* sq, float* sk, const float* __restrict__ qk, int t0, int n,
+                                            int hk, int n_k_heads, int dk) {
+    int per4 = dk / 4;
+    for (int idx = threadIdx.x; idx < DNC_C * per4; idx += blockDim.x) {
+        int i = idx / per4, f = 4 * (idx % per4);
+        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
+        if (i < n) {
+            const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
+            qv = *reinterpret_cast<const float4*>(src + f);
+            kv = *reinterpret_cast<const float4*>(src + dk + f);
+        }
+        *reinterpret_cast<float4*>(sq + i * DNC_LD + f) = qv;
+        *reinterpret_cast<float4*>(sk + i * DNC_LD + f) = kv;
+    }
+}
+
+// β and g = log α (clamped at −88 where α underflowed) of the chunk's tokens (β = 0, g = 0 past
+// its end), then Γ, the inclusive prefix sum of g (two warps' scans joined). Ends synchronised.
+__device__ __forceinline__ void dnc_gamma(float* gam, float* bet, const float* __restrict__ ab, int t0, int n,
+                                          int hv, int n_v_heads) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid < DNC_C) {
+        float alpha = 1.0f, beta = 0.0f;
+        if (tid < n) {
+            alpha = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2];
+            beta = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2 + 1];
+        }
+        bet[tid] = beta;
+        gam[tid] = alpha > 0.0f ? fmaxf(logf(alpha), -88.0f) : -88.0f;
+    }
+    __syncthreads();
+    if (warp < 2) {
+        float g = gam[tid];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            float y = __shfl_up_sync(0xffffffffu, g, off);
+            if (lane >= off) g += y;
+        }
+        gam[tid] = g;  // each warp's own prefix, joined below
+    }
+    __syncthreads();
+    if (tid >= 32 && tid < DNC_C) gam[tid] += gam[31];
+    __syncthreads();
+}
+
+// A_ij = β_i (k_i·k_j) D_ij (j < i, else 0) and P_ij = (q_i·k_j) D_ij (j ≤ i, else 0), [DNC_C][DNC_C + 1],
+// one (i, j) pair per thread in turn.
+__device__ __forceinline__ void dnc_a_p(float* sa, float* sp, const float* sk, const float* sq, const float* gam,
+                                        const float* bet, int dk) {
+    for (int pr = threadIdx.x; pr < DNC_C * DNC_C; pr += blockDim.x) {
+        int i = pr / DNC_C, j = pr % DNC_C;
+        float kk = 0.0f, qq = 0.0f;
+        if (j <= i) {
+            const float* ki = sk + i * DNC_LD;
+            const float* qi = sq + i * DNC_LD;
+            const float* kj = sk + j * DNC_LD;
+            for (int m = 0; m < dk; m += 4) {
+                float4 a4 = *reinterpret_cast<const float4*>(kj + m);
+                float4 k4 = *reinterpret_cast<const float4*>(ki + m);
+                float4 q4 = *reinterpret_cast<const float4*>(qi + m);
+                kk += k4.x * a4.x + k4.y * a4.y + k4.z * a4.z + k4.w * a4.w;
+                qq += q4.x * a4.x + q4.y * a4.y + q4.z * a4.z + q4.w * a4.w;
+            }
+            float dij = expf(gam[i] - gam[j]);
+            kk *= bet[i] * dij;
+            qq *= dij;
+        }
+        sa[i * (DNC_C + 1) + j] = j < i ? kk : 0.0f;
+        sp[i * (DNC_C + 1) + j] = qq;
+    }
+}
+
+// One column of (I + A)⁻¹ R by forward substitution, in place at x (stride ld): R's column is
+// β ⊙ e^Γ ⊙ K's column `kcol` (W) when is_w, else x itself (U, over β ⊙ V).
+__device__ __forceinline__ void dnc_solve_column(float* x, int ld, bool is_w, int kcol, const float* sa,
+                                                 const float* sk, const float* gam, const float* bet) {
+    for (int i = 0; i < DNC_C; i++) {
+        float rhs = is_w ? bet[i] * expf(gam[i]) * sk[i * DNC_LD + kcol] : x[i * ld];
+        const float* ai = sa + i * (DNC_C + 1);
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        int j = 0;
+        for (; j + 4 <= i; j += 4) {
+            s0 += ai[j] * x[j * ld];
+            s1 += ai[j + 1] * x[(j + 1) * ld];
+            s2 += ai[j + 2] * x[(j + 2) * ld];
+            s3 += ai[j + 3] * x[(j + 3) * ld];
+        }
+        for (; j < i; j++) s0 += ai[j] * x[j * ld];
+        x[i * ld] = rhs - ((s0 + s1) + (s2 + s3));
+    }
+}
+
+// With W, P, U (over the state's DNC_COLS columns j0.., [DNC_C][DNC_COLS + 1]), e^Γ and
+// e^{Γ_last − Γ} in shared memory: V' = U − W S in place over U, O = (Q ⊙ e^Γ) S + P V' for the
+// chunk's n tokens, S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V' (P's entries past row n are zero;
+// Γ_last is Γ at the chunk's last token, the padded tokens having g = 0). Lane = value column,
+// rows strided by warp. Starts and ends synchronised.
+__device__ __forceinline__ void dnc_state_step(float* su, float* ss, const float* sw, const float* sq,
+                                               const float* sk, const float* sp, const float* eg, const float* kd,
+                                               float* __restrict__ o, int t0, int n, int hv, int n_v_heads,
+                                               int dk, int dv, int j0) {
+    int cc = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    {
+        float acc[DNC_C / 8];
+#pragma unroll
+        for (int r = 0; r < DNC_C / 8; r++) acc[r] = 0.0f;
+        for (int m = 0; m < dk; m++) {
+            float sv = ss[m * DNC_COLS + cc];
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) acc[r] += sw[(warp + 8 * r) * DNC_LD + m] * sv;
+        }
+#pragma unroll
+        for (int r = 0; r < DNC_C / 8; r++) su[(warp + 8 * r) * (DNC_COLS + 1) + cc] -= acc[r];
+    }
+    __syncthreads();
+    {
+        float acc[DNC_C / 8], intra[DNC_C / 8];
+#pragma unroll
+        for (int r = 0; r < DNC_C / 8; r++) acc[r] = intra[r] = 0.0f;
+        for (int m = 0; m < dk; m++) {
+            float sv = ss[m * DNC_COLS + cc];
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) acc[r] += sq[(warp + 8 * r) * DNC_LD + m] * sv;
+        }
+        for (int j = 0; j < DNC_C; j++) {
+            float vj = su[j * (DNC_COLS + 1) + cc];
+#pragma unroll
+            for (int r = 0; r < DNC_C / 8; r++) intra[r] += sp[(warp + 8 * r) * (DNC_C + 1) + j] * vj;
+        }
+#pragma unroll
+        for (int r = 0; r < DNC_C / 8; r++) {
+            int i = warp + 8 * r;
+            if (i < n)
+                o[(long long)(t0 + i) * n_v_heads * dv + (long long)hv * dv + j0 + cc] = act(eg[i] * acc[r] + intra[r]);
+        }
+    }
+    __syncthreads();  // S is read above and rewritten below
+    {
+        float decay = eg[DNC_C - 1];
+        for (int m = warp; m < dk; m += 8) {
+            float acc = 0.0f;
+            for (int i = 0; i < DNC_C; i++) acc += sk[i * DNC_LD + m] * kd[i] * su[i * (DNC_COLS + 1) + cc];
+            ss[m * DNC_COLS + cc] = decay * ss[m * DNC_COLS + cc] + acc;
+        }
+    }
+    __syncthreads();
+}
+
+// e^Γ and e^{Γ_last − Γ} from Γ (threads < DNC_C).
+__device__ __forceinline__ void dnc_decays(float* eg, float* kd, const float* gam) {
+    int tid = threadIdx.x;
+    if (tid < DNC_C) {
+        eg[tid] = expf(gam[tid]);
+        kd[tid] = expf(gam[DNC_C - 1] - gam[tid]);
+    }
+}
+
 struct DncSmem {
     float* k;   // [DNC_C][DNC_LD]
     float* q;   // [DNC_C][DNC_LD]
@@ -249,36 +409,16 @@ dn_chunked(const float* __restrict__ c, const float* __restrict__ qk, const floa
     sm.eg = sm.beta + DNC_C;
     sm.kd = sm.eg + DNC_C;
     int hv = blockIdx.x, j0 = blockIdx.y * DNC_COLS;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x;
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     int conv_dim = 2 * key_dim + n_v_heads * dv;
     float* sp = state + (long long)hv * dk * dv + j0;
     for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) sm.s[i] = sp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS];
-    int per4 = dk / 4;
     for (int t0 = 0; t0 < n_tok; t0 += DNC_C) {
         int n = min(DNC_C, n_tok - t0);
-        // 1. The chunk's q, k (zero past its end), β ⊙ v, β, g.
-        for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
-            int i = idx / per4, f = 4 * (idx % per4);
-            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-            if (i < n) {
-                const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
-                qv = *reinterpret_cast<const float4*>(src + f);
-                kv = *reinterpret_cast<const float4*>(src + dk + f);
-            }
-            *reinterpret_cast<float4*>(sm.q + i * DNC_LD + f) = qv;
-            *reinterpret_cast<float4*>(sm.k + i * DNC_LD + f) = kv;
-        }
-        if (tid < DNC_C) {
-            float alpha = 1.0f, beta = 0.0f;
-            if (tid < n) {
-                alpha = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2];
-                beta = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2 + 1];
-            }
-            sm.beta[tid] = beta;
-            sm.gam[tid] = alpha > 0.0f ? fmaxf(logf(alpha), -88.0f) : -88.0f;
-        }
+        // 1. The chunk's q, k, β ⊙ v (its DNC_COLS columns), β, Γ.
+        dnc_load_qk(sm.q, sm.k, qk, t0, n, hk, n_k_heads, dk);
         for (int idx = tid; idx < DNC_C * DNC_COLS; idx += blockDim.x) {
             int i = idx / DNC_COLS, cc = idx % DNC_COLS;
             float v = 0.0f, beta = 0.0f;
@@ -288,120 +428,18 @@ dn_chunked(const float* __restrict__ c, const float* __restrict__ qk, const floa
             }
             sm.u[i * (DNC_COLS + 1) + cc] = beta * v;
         }
+        dnc_gamma(sm.gam, sm.beta, ab, t0, n, hv, n_v_heads);
+        // 2. A and P.
+        dnc_a_p(sm.a, sm.p, sm.k, sm.q, sm.gam, sm.beta, dk);
         __syncthreads();
-        // 2. Γ: the inclusive prefix sum of g (two warps' scans joined).
-        if (warp < 2) {
-            float g = sm.gam[tid];
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                float y = __shfl_up_sync(0xffffffffu, g, off);
-                if (lane >= off) g += y;
-            }
-            sm.gam[tid] = g;  // each warp's own prefix, joined below
-        }
+        // 3. W (threads 0..dk−1, a column each) and U (DN_MAX_DK..DN_MAX_DK+31), no barrier.
+        if (tid < dk) dnc_solve_column(sm.w + tid, DNC_LD, true, tid, sm.a, sm.k, sm.gam, sm.beta);
+        if (tid >= DN_MAX_DK && tid < DN_MAX_DK + DNC_COLS)
+            dnc_solve_column(sm.u + tid - DN_MAX_DK, DNC_COLS + 1, false, 0, sm.a, sm.k, sm.gam, sm.beta);
+        dnc_decays(sm.eg, sm.kd, sm.gam);
         __syncthreads();
-        if (tid >= 32 && tid < DNC_C) sm.gam[tid] += sm.gam[31];
-        __syncthreads();
-        // 3. A and P.
-        for (int pr = tid; pr < DNC_C * DNC_C; pr += blockDim.x) {
-            int i = pr / DNC_C, j = pr % DNC_C;
-            float kk = 0.0f, qq = 0.0f;
-            if (j <= i) {
-                const float* ki = sm.k + i * DNC_LD;
-                const float* qi = sm.q + i * DNC_LD;
-                const float* kj = sm.k + j * DNC_LD;
-                for (int m = 0; m < dk; m += 4) {
-                    float4 a4 = *reinterpret_cast<const float4*>(kj + m);
-                    float4 k4 = *reinterpret_cast<const float4*>(ki + m);
-                    float4 q4 = *reinterpret_cast<const float4*>(qi + m);
-                    kk += k4.x * a4.x + k4.y * a4.y + k4.z * a4.z + k4.w * a4.w;
-                    qq += q4.x * a4.x + q4.y * a4.y + q4.z * a4.z + q4.w * a4.w;
-                }
-                float dij = expf(sm.gam[i] - sm.gam[j]);
-                kk *= sm.beta[i] * dij;
-                qq *= dij;
-            }
-            sm.a[i * (DNC_C + 1) + j] = j < i ? kk : 0.0f;
-            sm.p[i * (DNC_C + 1) + j] = qq;
-        }
-        __syncthreads();
-        // 4. W = (I + A)⁻¹ (β ⊙ K ⊙ e^Γ) and U = (I + A)⁻¹ (β ⊙ V): a column per thread.
-        if (tid < dk || (tid >= DN_MAX_DK && tid < DN_MAX_DK + DNC_COLS)) {
-            bool is_w = tid < dk;
-            int col = is_w ? tid : tid - DN_MAX_DK;
-            float* x = is_w ? sm.w + col : sm.u + col;
-            int ld = is_w ? DNC_LD : DNC_COLS + 1;
-            for (int i = 0; i < DNC_C; i++) {
-                float rhs = is_w ? sm.beta[i] * expf(sm.gam[i]) * sm.k[i * DNC_LD + col] : x[i * ld];
-                const float* ai = sm.a + i * (DNC_C + 1);
-                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-                int j = 0;
-                for (; j + 4 <= i; j += 4) {
-                    s0 += ai[j] * x[j * ld];
-                    s1 += ai[j + 1] * x[(j + 1) * ld];
-                    s2 += ai[j + 2] * x[(j + 2) * ld];
-                    s3 += ai[j + 3] * x[(j + 3) * ld];
-                }
-                for (; j < i; j++) s0 += ai[j] * x[j * ld];
-                x[i * ld] = rhs - ((s0 + s1) + (s2 + s3));
-            }
-        }
-        __syncthreads();
-        // 5. V' = U − W S (in place over U): lane cc, rows warp + 8r. (And the decays steps 6
-        // and 7 use.)
-        if (tid < DNC_C) {
-            sm.eg[tid] = expf(sm.gam[tid]);
-            sm.kd[tid] = expf(sm.gam[DNC_C - 1] - sm.gam[tid]);
-        }
-        int cc = lane;
-        {
-            float acc[DNC_C / 8];
-#pragma unroll
-            for (int r = 0; r < DNC_C / 8; r++) acc[r] = 0.0f;
-            for (int m = 0; m < dk; m++) {
-                float sv = sm.s[m * DNC_COLS + cc];
-#pragma unroll
-                for (int r = 0; r < DNC_C / 8; r++) acc[r] += sm.w[(warp + 8 * r) * DNC_LD + m] * sv;
-            }
-#pragma unroll
-            for (int r = 0; r < DNC_C / 8; r++) sm.u[(warp + 8 * r) * (DNC_COLS + 1) + cc] -= acc[r];
-        }
-        __syncthreads();
-        // 6. O = (Q ⊙ e^Γ) S + P V'.
-        {
-            float acc[DNC_C / 8], intra[DNC_C / 8];
-#pragma unroll
-            for (int r = 0; r < DNC_C / 8; r++) acc[r] = intra[r] = 0.0f;
-            for (int m = 0; m < dk; m++) {
-                float sv = sm.s[m * DNC_COLS + cc];
-#pragma unroll
-                for (int r = 0; r < DNC_C / 8; r++) acc[r] += sm.q[(warp + 8 * r) * DNC_LD + m] * sv;
-            }
-            for (int j = 0; j < DNC_C; j++) {
-                float vj = sm.u[j * (DNC_COLS + 1) + cc];
-#pragma unroll
-                for (int r = 0; r < DNC_C / 8; r++) intra[r] += sm.p[(warp + 8 * r) * (DNC_C + 1) + j] * vj;
-            }
-#pragma unroll
-            for (int r = 0; r < DNC_C / 8; r++) {
-                int i = warp + 8 * r;
-                if (i < n)
-                    o[(long long)(t0 + i) * n_v_heads * dv + (long long)hv * dv + j0 + cc] =
-                        act(sm.eg[i] * acc[r] + intra[r]);
-            }
-        }
-        __syncthreads();  // S is read above and rewritten below
-        // 7. S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V' (P's entries past row n are zero: Γ_last
-        // is Γ at the chunk's last token, and the padded tokens have g = 0 anyway).
-        {
-            float decay = expf(sm.gam[DNC_C - 1]);
-            for (int m = warp; m < dk; m += 8) {
-                float acc = 0.0f;
-                for (int i = 0; i < DNC_C; i++) acc += sm.k[i * DNC_LD + m] * sm.kd[i] * sm.u[i * (DNC_COLS + 1) + cc];
-                sm.s[m * DNC_COLS + cc] = decay * sm.s[m * DNC_COLS + cc] + acc;
-            }
-        }
-        __syncthreads();
+        // 4. V', O and the state.
+        dnc_state_step(sm.u, sm.s, sm.w, sm.q, sm.k, sm.p, sm.eg, sm.kd, o, t0, n, hv, n_v_heads, dk, dv, j0);
     }
     for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) sp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS] = sm.s[i];
 }
@@ -414,11 +452,10 @@ dn_chunked(const float* __restrict__ c, const float* __restrict__ qk, const floa
 //                 forward substitution, one column per thread (dk + dv ≤ 256 columns); writes the
 //                 chunk's record [W (DNC_C × dk) | U (DNC_C × dv) | P (DNC_C × DNC_C) | Γ (DNC_C)];
 //   dn_chunk_scan grid (Hv, dv / DNC_COLS), block 256: walks the chunks in order, loading each
-//                 record's W, P, Γ and its U columns with the chunk's q and k, for V' = U − W S,
-//                 O = (Q ⊙ e^Γ) S + P V' and S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V' (dn_chunked's
-//                 steps 5–7, the state's 128 × 32 slice in shared memory).
-// The records: `rec` holds chunks × Hv of them (forward.rs sizes it for the prefill chunk).
-// Limits as dn_chunked's, and dk + dv ≤ 256.
+//                 record's W, P, Γ and its U columns with the chunk's q and k, for V', O and the
+//                 state (dnc_state_step, as dn_chunked; the state's dk × 32 slice in shared memory).
+// The records: `rec` holds Hv × chunks of them (forward.rs sizes it for the prefill chunk).
+// Limits as dn_chunked's, and dv ≤ 128 (dk + dv ≤ 256 threads).
 __device__ __forceinline__ long long dnc_rec_floats(int dk, int dv) {
     return (long long)DNC_C * (dk + dv + DNC_C + 1);
 }
@@ -438,33 +475,13 @@ dn_chunk_wu(const float* __restrict__ c, const float* __restrict__ qk, const flo
     float* gam = sp + DNC_C * (DNC_C + 1);
     float* bet = gam + DNC_C;
     int chunk = blockIdx.x, hv = blockIdx.y, t0 = chunk * DNC_C;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x;
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     int conv_dim = 2 * key_dim + n_v_heads * dv;
     int n = min(DNC_C, n_tok - t0);
-    int per4 = dk / 4;
-    // 1. q, k (zero past the chunk's end), β ⊙ v, β, g.
-    for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
-        int i = idx / per4, f = 4 * (idx % per4);
-        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-        if (i < n) {
-            const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
-            qv = *reinterpret_cast<const float4*>(src + f);
-            kv = *reinterpret_cast<const float4*>(src + dk + f);
-        }
-        *reinterpret_cast<float4*>(sq + i * DNC_LD + f) = qv;
-        *reinterpret_cast<float4*>(sk + i * DNC_LD + f) = kv;
-    }
-    if (tid < DNC_C) {
-        float alpha = 1.0f, beta = 0.0f;
-        if (tid < n) {
-            alpha = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2];
-            beta = ab[((long long)(t0 + tid) * n_v_heads + hv) * 2 + 1];
-        }
-        bet[tid] = beta;
-        gam[tid] = alpha > 0.0f ? fmaxf(logf(alpha), -88.0f) : -88.0f;
-    }
+    // 1. q, k, β ⊙ v (every value column), β, Γ.
+    dnc_load_qk(sq, sk, qk, t0, n, hk, n_k_heads, dk);
     for (int idx = tid; idx < DNC_C * dv; idx += blockDim.x) {
         int i = idx / dv, cc = idx % dv;
         float v = 0.0f, beta = 0.0f;
@@ -474,67 +491,15 @@ dn_chunk_wu(const float* __restrict__ c, const float* __restrict__ qk, const flo
         }
         su[i * ldu + cc] = beta * v;
     }
+    dnc_gamma(gam, bet, ab, t0, n, hv, n_v_heads);
+    // 2. A and P.
+    dnc_a_p(sa, sp, sk, sq, gam, bet, dk);
     __syncthreads();
-    // 2. Γ: the inclusive prefix sum of g (two warps' scans joined).
-    if (warp < 2) {
-        float g = gam[tid];
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            float y = __shfl_up_sync(0xffffffffu, g, off);
-            if (lane >= off) g += y;
-        }
-        gam[tid] = g;
-    }
+    // 3. W (thread t < dk: column t) and U (dk ≤ t < dk + dv: column t − dk).
+    if (tid < dk) dnc_solve_column(sw + tid, DNC_LD, true, tid, sa, sk, gam, bet);
+    else if (tid < dk + dv) dnc_solve_column(su + tid - dk, ldu, false, 0, sa, sk, gam, bet);
     __syncthreads();
-    if (tid >= 32 && tid < DNC_C) gam[tid] += gam[31];
-    __syncthreads();
-    // 3. A and P, as dn_chunked.
-    for (int pr = tid; pr < DNC_C * DNC_C; pr += blockDim.x) {
-        int i = pr / DNC_C, j = pr % DNC_C;
-        float kk = 0.0f, qq = 0.0f;
-        if (j <= i) {
-            const float* ki = sk + i * DNC_LD;
-            const float* qi = sq + i * DNC_LD;
-            const float* kj = sk + j * DNC_LD;
-            for (int m = 0; m < dk; m += 4) {
-                float4 a4 = *reinterpret_cast<const float4*>(kj + m);
-                float4 k4 = *reinterpret_cast<const float4*>(ki + m);
-                float4 q4 = *reinterpret_cast<const float4*>(qi + m);
-                kk += k4.x * a4.x + k4.y * a4.y + k4.z * a4.z + k4.w * a4.w;
-                qq += q4.x * a4.x + q4.y * a4.y + q4.z * a4.z + q4.w * a4.w;
-            }
-            float dij = expf(gam[i] - gam[j]);
-            kk *= bet[i] * dij;
-            qq *= dij;
-        }
-        sa[i * (DNC_C + 1) + j] = j < i ? kk : 0.0f;
-        sp[i * (DNC_C + 1) + j] = qq;
-    }
-    __syncthreads();
-    // 4. W = (I + A)⁻¹ (β ⊙ K ⊙ e^Γ) and U = (I + A)⁻¹ (β ⊙ V): thread t < dk a column of W,
-    // dk ≤ t < dk + dv a column of U, each its own chain over the rows.
-    if (tid < dk + dv) {
-        bool is_w = tid < dk;
-        int col = is_w ? tid : tid - dk;
-        float* x = is_w ? sw + col : su + col;
-        int ld = is_w ? DNC_LD : ldu;
-        for (int i = 0; i < DNC_C; i++) {
-            float rhs = is_w ? bet[i] * expf(gam[i]) * sk[i * DNC_LD + col] : x[i * ld];
-            const float* ai = sa + i * (DNC_C + 1);
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            int j = 0;
-            for (; j + 4 <= i; j += 4) {
-                s0 += ai[j] * x[j * ld];
-                s1 += ai[j + 1] * x[(j + 1) * ld];
-                s2 += ai[j + 2] * x[(j + 2) * ld];
-                s3 += ai[j + 3] * x[(j + 3) * ld];
-            }
-            for (; j < i; j++) s0 += ai[j] * x[j * ld];
-            x[i * ld] = rhs - ((s0 + s1) + (s2 + s3));
-        }
-    }
-    __syncthreads();
-    // 5. The record.
+    // 4. The record.
     float* r = rec + ((long long)hv * gridDim.x + chunk) * dnc_rec_floats(dk, dv);
     float* rw = r;
     float* ru = rw + DNC_C * dk;
@@ -562,13 +527,12 @@ dn_chunk_scan(const float* __restrict__ qk, const float* __restrict__ rec, float
     float* eg = ss + DN_MAX_DK * DNC_COLS;
     float* kd = eg + DNC_C;
     int hv = blockIdx.x, j0 = blockIdx.y * DNC_COLS;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x;
     int hk = hv / (n_v_heads / n_k_heads);
     int n_chunks = (n_tok + DNC_C - 1) / DNC_C;
     float* stp = state + (long long)hv * dk * dv + j0;
     for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) ss[i] = stp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS];
     int per4 = dk / 4;
-    int cc = lane;
     for (int chunk = 0; chunk < n_chunks; chunk++) {
         int t0 = chunk * DNC_C, n = min(DNC_C, n_tok - t0);
         const float* r = rec + ((long long)hv * n_chunks + chunk) * dnc_rec_floats(dk, dv);
@@ -576,76 +540,20 @@ dn_chunk_scan(const float* __restrict__ qk, const float* __restrict__ rec, float
         const float* ru = rw + DNC_C * dk;
         const float* rp = ru + DNC_C * dv;
         const float* rg = rp + DNC_C * DNC_C;
-        // 1. The chunk's q and k (zero past its end), its W, P and U columns, the decays.
+        // 1. The chunk's q and k, its W, P and U columns, the decays.
+        dnc_load_qk(sq, sk, qk, t0, n, hk, n_k_heads, dk);
         for (int idx = tid; idx < DNC_C * per4; idx += blockDim.x) {
             int i = idx / per4, f = 4 * (idx % per4);
-            float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), kv = qv;
-            if (i < n) {
-                const float* src = qk + ((long long)(t0 + i) * n_k_heads + hk) * 2 * dk;
-                qv = *reinterpret_cast<const float4*>(src + f);
-                kv = *reinterpret_cast<const float4*>(src + dk + f);
-            }
-            *reinterpret_cast<float4*>(sq + i * DNC_LD + f) = qv;
-            *reinterpret_cast<float4*>(sk + i * DNC_LD + f) = kv;
             *reinterpret_cast<float4*>(sw + i * DNC_LD + f) = *reinterpret_cast<const float4*>(rw + i * dk + f);
         }
         for (int idx = tid; idx < DNC_C * DNC_C; idx += blockDim.x)
             sp[(idx / DNC_C) * (DNC_C + 1) + idx % DNC_C] = rp[idx];
         for (int idx = tid; idx < DNC_C * DNC_COLS; idx += blockDim.x)
             su[(idx / DNC_COLS) * (DNC_COLS + 1) + idx % DNC_COLS] = ru[(idx / DNC_COLS) * dv + j0 + idx % DNC_COLS];
-        if (tid < DNC_C) {
-            eg[tid] = expf(rg[tid]);
-            kd[tid] = expf(rg[DNC_C - 1] - rg[tid]);
-        }
+        dnc_decays(eg, kd, rg);
         __syncthreads();
-        // 2. V' = U − W S (in place over U): lane cc, rows warp + 8r.
-        {
-            float acc[DNC_C / 8];
-#pragma unroll
-            for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] = 0.0f;
-            for (int m = 0; m < dk; m++) {
-                float sv = ss[m * DNC_COLS + cc];
-#pragma unroll
-                for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] += sw[(warp + 8 * rr) * DNC_LD + m] * sv;
-            }
-#pragma unroll
-            for (int rr = 0; rr < DNC_C / 8; rr++) su[(warp + 8 * rr) * (DNC_COLS + 1) + cc] -= acc[rr];
-        }
-        __syncthreads();
-        // 3. O = (Q ⊙ e^Γ) S + P V'.
-        {
-            float acc[DNC_C / 8], intra[DNC_C / 8];
-#pragma unroll
-            for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] = intra[rr] = 0.0f;
-            for (int m = 0; m < dk; m++) {
-                float sv = ss[m * DNC_COLS + cc];
-#pragma unroll
-                for (int rr = 0; rr < DNC_C / 8; rr++) acc[rr] += sq[(warp + 8 * rr) * DNC_LD + m] * sv;
-            }
-            for (int j = 0; j < DNC_C; j++) {
-                float vj = su[j * (DNC_COLS + 1) + cc];
-#pragma unroll
-                for (int rr = 0; rr < DNC_C / 8; rr++) intra[rr] += sp[(warp + 8 * rr) * (DNC_C + 1) + j] * vj;
-            }
-#pragma unroll
-            for (int rr = 0; rr < DNC_C / 8; rr++) {
-                int i = warp + 8 * rr;
-                if (i < n)
-                    o[(long long)(t0 + i) * n_v_heads * dv + (long long)hv * dv + j0 + cc] =
-                        act(eg[i] * acc[rr] + intra[rr]);
-            }
-        }
-        __syncthreads();  // S is read above and rewritten below
-        // 4. S ← e^{Γ_last} S + (K ⊙ e^{Γ_last − Γ})ᵀ V'.
-        {
-            float decay = eg[DNC_C - 1];
-            for (int m = warp; m < dk; m += 8) {
-                float acc = 0.0f;
-                for (int i = 0; i < DNC_C; i++) acc += sk[i * DNC_LD + m] * kd[i] * su[i * (DNC_COLS + 1) + cc];
-                ss[m * DNC_COLS + cc] = decay * ss[m * DNC_COLS + cc] + acc;
-            }
-        }
-        __syncthreads();
+        // 2. V', O and the state.
+        dnc_state_step(su, ss, sw, sq, sk, sp, eg, kd, o, t0, n, hv, n_v_heads, dk, dv, j0);
     }
     for (int i = tid; i < dk * DNC_COLS; i += blockDim.x) stp[(long long)(i / DNC_COLS) * dv + i % DNC_COLS] = ss[i];
 }

@@ -206,7 +206,9 @@ impl DeltaNet {
         })
     }
 
-    /// dn_prep (norms and gates of every token, in parallel) then the recurrence.
+    /// dn_prep (norms and gates of every token, in parallel) then the recurrence: where
+    /// `takes_chunked`, dn_chunk_wu + dn_chunk_scan when the caller gives the records' scratch,
+    /// else dn_chunked; otherwise dn_recurrent.
     pub fn recurrent(&self, gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Result<()> {
         let conv_dim = (2 * s.n_k * s.dk + s.n_v * s.dv) as i32;
         let ba_stride = b.ba_stride as i32;
@@ -229,32 +231,24 @@ impl DeltaNet {
                 .arg(&dk)
                 .arg(&PREP_EPS);
         })?;
+        // Every scan kernel ends its arguments with the chunk's length and the heads' shape.
+        let tail = [n, n_k, n_v, dk, dv];
         if let Some((wu, scan)) = self.chunked_split.as_ref().filter(|_| {
             b.records != 0 && s.dv <= DNC_WU_MAX_DV && self.takes_chunked(gpu, s, n_tok)
         }) {
             let grid = (n_tok.div_ceil(DNC_C) as u32, s.n_v as u32, 1);
             gpu.launch(wu, config(grid, 256, dnc_wu_smem(s.dv)), |l| {
-                l.arg(&b.c)
-                    .arg(&b.qk)
-                    .arg(&b.ab)
-                    .arg(&b.records)
-                    .arg(&n)
-                    .arg(&n_k)
-                    .arg(&n_v)
-                    .arg(&dk)
-                    .arg(&dv);
+                l.arg(&b.c).arg(&b.qk).arg(&b.ab).arg(&b.records);
+                for v in &tail {
+                    l.arg(v);
+                }
             })?;
             let grid = (s.n_v as u32, (s.dv / DNC_COLS) as u32, 1);
             return gpu.launch(scan, config(grid, 256, DNC_SCAN_SMEM), |l| {
-                l.arg(&b.qk)
-                    .arg(&b.records)
-                    .arg(&b.state)
-                    .arg(&b.o)
-                    .arg(&n)
-                    .arg(&n_k)
-                    .arg(&n_v)
-                    .arg(&dk)
-                    .arg(&dv);
+                l.arg(&b.qk).arg(&b.records).arg(&b.state).arg(&b.o);
+                for v in &tail {
+                    l.arg(v);
+                }
             });
         }
         // dn_chunked and dn_recurrent take the same arguments.
@@ -273,16 +267,10 @@ impl DeltaNet {
             ),
         };
         gpu.launch(kernel, cfg, |l| {
-            l.arg(&b.c)
-                .arg(&b.qk)
-                .arg(&b.ab)
-                .arg(&b.state)
-                .arg(&b.o)
-                .arg(&n)
-                .arg(&n_k)
-                .arg(&n_v)
-                .arg(&dk)
-                .arg(&dv);
+            l.arg(&b.c).arg(&b.qk).arg(&b.ab).arg(&b.state).arg(&b.o);
+            for v in &tail {
+                l.arg(v);
+            }
         })
     }
 
