@@ -1,9 +1,12 @@
 // linear_q4_mm.wgsl with tiles of 32 items instead of 16 (64 rows × 32 items a workgroup of 64;
 // each invocation a 4-row × 8-item block: three shared vec4 reads per 32 multiply-adds, was two
 // per 16; each weight dequantised once per 32 items). Same parameters, bindings and grid
-// (z: tiles of 32; expert tiles of 32 from moe_group.wgsl). An experiment for the H200
-// ($LILY_WGPU_MM_T32=1 uses it in linear_q4_mm's place: `WgpuOptions::mm_t32`), kept beside the
-// 16-item kernel until measured. The rest as linear_q4_mm.wgsl says:
+// (z: tiles of 32; expert tiles of 32 from moe_group.wgsl). On the H200 it ran the dense
+// products faster (DeltaNet in_proj 73.9 → 67.4 µs a token) and the experts' tiles slower (42.5 →
+// 43.9), so both kernels stay: this one for the dense products by default (`WgpuOptions::mm_t32`).
+// Only the tile width differs from linear_q4_mm.wgsl; one source for both (the block width a
+// constant) would change the 16-item kernel's inner loop, so it waits for an H200 A/B. The rest
+// as linear_q4_mm.wgsl says:
 //
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
 // 64 per (64 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per

@@ -200,8 +200,7 @@ impl CudaBackend {
         // sequence), so a reused sequence behaves exactly as a new one, timing included.
         s.len = 0;
         s.max_ctx = max_ctx;
-        s.decode_graph = None;
-        s.decode_graph_long = None;
+        s.decode_graphs = [None, None];
         self.gpu.fill(&s.pos, 0)?;
         self.gpu.fill(&s.next_token, 0)?;
         for (state, conv) in &s.dn {
@@ -248,27 +247,22 @@ impl CudaBackend {
     /// `Attention::long_keys`); each replays at any position on its side.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
         let shape = AttnShape::of(&self.cfg);
-        let long = Attention::long_keys(&self.gpu, shape, self.seq(seq)?.len + 1);
-        fn graph(s: &SeqState, long: bool) -> &Option<DecodeGraph> {
-            if long {
-                &s.decode_graph_long
-            } else {
-                &s.decode_graph
-            }
-        }
-        if self.plan.decode_graphs() && graph(self.seq(seq)?, long).is_none() {
+        let which = usize::from(Attention::long_keys(
+            &self.gpu,
+            shape,
+            self.seq(seq)?.len + 1,
+        ));
+        if self.plan.decode_graphs() && self.seq(seq)?.decode_graphs[which].is_none() {
             let s = self.seq(seq)?;
             let fwd = self.forward();
             match DecodeGraph::capture(&self.gpu, || {
                 fwd.run(&self.model, s, s.next_token.ptr, 1, LogitsOut::Last)
             }) {
                 Ok(g) => {
-                    let s = self.seqs.get_mut(&seq.0).expect("checked above");
-                    if long {
-                        s.decode_graph_long = Some(g)
-                    } else {
-                        s.decode_graph = Some(g)
-                    }
+                    self.seqs
+                        .get_mut(&seq.0)
+                        .expect("checked above")
+                        .decode_graphs[which] = Some(g)
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, decoding without graphs: {e:#}");
@@ -277,7 +271,7 @@ impl CudaBackend {
             }
         }
         let s = self.seq(seq)?;
-        match (graph(s, long), self.plan.decode_graphs()) {
+        match (&s.decode_graphs[which], self.plan.decode_graphs()) {
             (Some(g), true) => g.launch()?,
             _ => self
                 .forward()

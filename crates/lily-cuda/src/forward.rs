@@ -181,11 +181,9 @@ pub struct SeqState {
     pub kv: Vec<(DevBuf, DevBuf)>,
     /// Per DeltaNet layer: recurrent state [Hv, dk, dv] fp32 and conv state [K-1, conv_dim].
     pub dn: Vec<(DevBuf, DevBuf)>,
-    /// The one-token step embedding `next_token`, captured at the first decode (graphs on)
-    /// whose keys take the general split kernels (`Attention::long_keys` false).
-    pub decode_graph: Option<crate::graph::DecodeGraph>,
-    /// The same, captured at the first decode past `split_long_keys` keys (the _long kernels).
-    pub decode_graph_long: Option<crate::graph::DecodeGraph>,
+    /// The one-token step embedding `next_token` (graphs on), one per attention-kernel choice,
+    /// indexed by `Attention::long_keys`: each captured at the first decode step that takes it.
+    pub decode_graphs: [Option<crate::graph::DecodeGraph>; 2],
 }
 
 impl SeqState {
@@ -229,8 +227,7 @@ impl SeqState {
             logits: gpu.alloc(cfg.vocab * F32)?,
             kv,
             dn,
-            decode_graph: None,
-            decode_graph_long: None,
+            decode_graphs: [None, None],
         };
         gpu.fill(&s.next_token, 0)?;
         Ok(s)

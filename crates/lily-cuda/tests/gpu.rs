@@ -58,6 +58,10 @@ impl Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+    /// `n` random token ids below `vocab`.
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.below(vocab) as u32).collect()
+    }
 }
 
 fn bf16_linear(rng: &mut Rng, experts: usize, rows: usize, cols: usize) -> Linear {
@@ -1825,7 +1829,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
     let vocab = 248_320;
     let draws = 200;
     let mut rng = Rng(21);
-    let hot: Vec<u32> = (0..30).map(|_| rng.below(vocab) as u32).collect();
+    let hot = rng.tokens(30, vocab);
     let prompt: Vec<u32> = hot[..10]
         .iter()
         .copied()
@@ -2035,7 +2039,7 @@ fn sampling_in_decode_equals_the_host_path() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 13);
     let vocab = w.config.vocab;
     let mut rng = Rng(6);
-    let prompt: Vec<u32> = (0..24).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(24, vocab);
     let params = SamplingParams {
         temperature: 1.0,
         top_k: 20,
@@ -2195,7 +2199,7 @@ fn parity_chunked(
 ) {
     let vocab = w.config.vocab;
     let mut rng = Rng(99);
-    let tokens: Vec<u32> = (0..positions).map(|_| rng.below(vocab) as u32).collect();
+    let tokens = rng.tokens(positions, vocab);
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(32);
     let cs = cpu.new_seq(positions + 16).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
@@ -2282,7 +2286,7 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
     let w = synth_model(preset, SynthFormat::Mlx, 21);
     let vocab = w.config.vocab;
     let mut rng = Rng(40);
-    let prompt: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(40, vocab);
     let mut cuda = CudaBackend::new(&w, CudaOptions::default()).unwrap();
     let plan = cuda.plan().clone();
     assert_eq!(
@@ -2410,7 +2414,7 @@ fn decode_chunking_and_snapshots_are_consistent() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 12);
     let vocab = w.config.vocab;
     let mut rng = Rng(5);
-    let prompt: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(40, vocab);
     let greedy = || Sampler::new(SamplingParams::greedy());
     let run = |b: &mut dyn Backend, n: usize| -> Vec<(u32, f32)> {
         let s = b.new_seq(128).unwrap();
@@ -2569,8 +2573,8 @@ fn decode_in_a_reused_sequence_equals_a_fresh_one() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 14);
     let vocab = w.config.vocab;
     let mut rng = Rng(9);
-    let first: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
-    let second: Vec<u32> = (0..36).map(|_| rng.below(vocab) as u32).collect();
+    let first = rng.tokens(40, vocab);
+    let second = rng.tokens(36, vocab);
     let greedy = || Sampler::new(SamplingParams::greedy());
     // A bug in the reuse (a state not reset) shows as an O(1) difference; the bounds only leave
     // room for summation order, should the two backends' kernels not be bit-for-bit repeatable.
@@ -2809,7 +2813,7 @@ fn pipelined_decode_reports_the_unpipelined_tokens() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 21);
     let vocab = w.config.vocab;
     let mut rng = Rng(31);
-    let prompt: Vec<u32> = (0..24).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(24, vocab);
     let sampled = SamplingParams {
         temperature: 0.8,
         top_k: 20,
@@ -2893,7 +2897,7 @@ fn a_stop_in_pipelined_decode_leaves_the_token_fed_and_decode_resumes_after_it()
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 22);
     let vocab = w.config.vocab;
     let mut rng = Rng(32);
-    let prompt: Vec<u32> = (0..20).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(20, vocab);
     let sampled = SamplingParams {
         temperature: 1.0,
         top_k: 40,
@@ -2997,7 +3001,7 @@ fn pipelined_decode_stops_at_a_full_context_as_unpipelined() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
     let vocab = w.config.vocab;
     let mut rng = Rng(33);
-    let prompt: Vec<u32> = (0..20).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(20, vocab);
     let p = prompt.len();
     let mut results = Vec::new();
     for pipelined in [false, true] {
@@ -3115,7 +3119,7 @@ fn decode_across_the_long_attention_threshold_reports_the_same_tokens() {
     let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 5, Some(4));
     let vocab = w.config.vocab;
     let mut rng = Rng(43);
-    let prompt: Vec<u32> = (0..40).map(|_| rng.below(vocab) as u32).collect();
+    let prompt = rng.tokens(40, vocab);
     let sampled = SamplingParams {
         temperature: 0.8,
         top_k: 20,

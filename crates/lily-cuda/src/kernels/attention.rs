@@ -399,7 +399,7 @@ impl Attention {
 
     /// Whether a one-token tensor-core step over `keys` keys takes the _long kernels: head dim
     /// 256 and more than `split_long_keys` keys. A decode graph holds one choice, so the backend
-    /// keeps a graph for each (`SeqState::decode_graph_long`).
+    /// keeps a graph for each (`SeqState::decode_graphs`).
     pub fn long_keys(gpu: &Gpu, s: AttnShape, keys: usize) -> bool {
         gpu.switches.mma_attention && s.d == 256 && keys > gpu.switches.split_long_keys
     }
