@@ -1,34 +1,30 @@
 #!/usr/bin/env bash
-# The first device call after session 7, whose device budget ran out after it split the
-# one-token attention into general and _long kernels chosen by the host (two decode graphs a
-# sequence): that split has not run on a GPU (each kernel body has). In one call (≈ 6 minutes):
-#   tests    gpu_check.sh on the shipping defaults (kernel tests with a sync after each launch, the
-#            model and decode tests, the new decode_across_the_long_attention_threshold_*) beside
-#            the synthetic checkpoint's synth
-#   bench    the one sweep (prefill 512…128K, decode 256…128K) twice, alternated with
-#            LILY_SPLIT_LONG_KEYS=1000000000 (session 6's kernel at every context); predictions in
-#            docs/perf-notes.md, session 7, "What is on main after the calls"
-#   prefill  `--chunked-scan` (now dn_chunk_wu + dn_chunk_scan, never run on a GPU) against the
-#            default sequential scan at 512, 4K and 32K, two rounds
-#   served   decode and time to first token through `lily-engine serve` at 4K and 128K
-# All four do not fit one 600 s call: ONLY="tests bench", then ONLY="prefill served" at once (the
-# machine stays warm 30 s, so the second call finds the checkpoint in /dev/shm).
-#
-# Here: scripts/stage_gpu.sh (copies this script too); carry .carry/cuda and the tokenizer
-# (.carry/tokenizer, or .carry/tokgz/tokenizer.tgz: `tar czf .carry/tokgz/tokenizer.tgz -C .carry
-# tokenizer` keeps the carry under 64 MiB when a baseline binary travels too).
-# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench served" picks parts)
+# Session 8's device call for the bf16-staged wgmma GEMMs (gemm_dense_wgb, gemm_grouped_wgb64,
+# to_bf16; issue 12), written without a GPU. One call (≈ 8 minutes):
+#   tests    gpu_check.sh on the shipping defaults (kernel tests with a sync after each launch,
+#            wgmma_linears_match_the_bf16_product included, then every model and decode test)
+#            beside the synthetic checkpoint's synth; then the wgmma test alone (its timings
+#            without a sync after each launch)
+#   logits   teacher-forced logits of LEN (2,048) positions in one chunk of that size (the chunk
+#            takes the wgmma path) with the default (gemm_*_wgb), --no-wgmma-bf16 (gemm_*_wg) and
+#            --no-wgmma-gemm (mma.sync): relative L2 and top-1 agreement between them
+#   bench    prefill 512, 4K, 32K, 128K: the default against --no-wgmma-bf16, two rounds alternated
+#   profile  LILY_PROFILE=1 prefill of 4K and 32K (device time per kernel)
+# Here: scripts/stage_gpu.sh; carry .carry/cuda and .carry/tokgz (or .carry/tokenizer).
+# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests logits bench profile" picks parts)
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
+B="$HERE/bin/lily-engine"
 OUT="${OUT:-$PWD/gpu-logs}"
+LEN="${LEN:-2048}"
 mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests bench prefill served} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests logits bench profile} " == *" $1 "* ]]; }
 [ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
   tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
-export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1
+export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1 LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
 
 if want tests; then
   ( SKIP_COMPILE=1 OUT="$OUT/check" timeout 330 bash "$HERE/gpu_check.sh" > "$OUT/check/stdout" 2>&1
@@ -39,33 +35,54 @@ OUT=$OUT/run VARIANTS="" bash "$HERE/gpu_session.sh" > "$OUT/run/synth.out" 2>&1
 say "synth done"
 if want tests; then
   wait $TESTS
-  grep -E "test result|FAILED|panicked|^MODEL long|ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
+  grep -E "test result|FAILED|panicked|^ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
+  timeout 120 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture wgmma_linears > "$OUT/wgmma.log" 2>&1
+  say "wgmma test rc=$?"
+  grep -E "^KERNEL|test result|panicked" "$OUT/wgmma.log" >> "$OUT/pending.txt"
 fi
 
 M=/dev/shm/full-mlx; [ -f "$M/config.json" ] || M=/tmp/full-mlx
+if want logits; then
+  W=/tmp/pending-logits; mkdir -p "$W"
+  for v in wgb wg mma; do
+    case $v in wgb) f=() ;; wg) f=(--no-wgmma-bf16) ;; mma) f=(--no-wgmma-gemm) ;; esac
+    timeout 120 "$B" score --model "$M" --len "$LEN" --piece "$LEN" --device cuda --out "$W/$v" "${f[@]}" \
+      > "$OUT/score-$v.log" 2>&1
+    say "score $v rc=$?"
+  done
+  python3 - "$W" "$LEN" >> "$OUT/pending.txt" 2>&1 <<'PY'
+import sys, numpy as np
+w, n = sys.argv[1], int(sys.argv[2])
+L = {v: np.memmap(f"{w}/{v}.f32", dtype=np.float32, mode="r").reshape(n, -1) for v in ("wgb", "wg", "mma")}
+for a, b in (("wgb", "mma"), ("wg", "mma"), ("wgb", "wg")):
+    x, y = L[a], L[b]
+    rel, top = [], 0
+    for i in range(0, n, 256):
+        xa, ya = np.asarray(x[i:i + 256], np.float64), np.asarray(y[i:i + 256], np.float64)
+        rel += list(np.linalg.norm(xa - ya, axis=1) / np.linalg.norm(ya, axis=1))
+        top += int((xa.argmax(1) == ya.argmax(1)).sum())
+    rel = np.array(rel)
+    print(f"LOGITS {a} vs {b} over {n} positions (one chunk of {n}): rel L2 median {np.median(rel):.3e}, "
+          f"p99 {np.quantile(rel, 0.99):.3e}, max {rel.max():.3e}; top-1 {top}/{n}")
+PY
+  rm -rf "$W"
+  say "logits done"
+fi
+
 if want bench; then
   for round in 1 2; do
-    for long in default 1000000000; do
-      envs=(); [ "$long" = default ] || envs=(LILY_SPLIT_LONG_KEYS=$long)
-      echo "===== round $round LILY_SPLIT_LONG_KEYS=$long" >> "$OUT/bench.log"
-      env "${envs[@]}" timeout 200 "$HERE/bin/lily-engine" bench --model "$M" --device cuda \
-        --prefill 512,4K,32K,128K --decode-ctx 256,4K,32K,128K --decode-tokens 128 --repeat 1 \
-        2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
+    for v in default no-wgmma-bf16; do
+      f=(); [ "$v" = default ] || f=(--$v)
+      echo "===== round $round $v" >> "$OUT/bench.log"
+      timeout 120 "$B" bench --model "$M" --device cuda --prefill 512,4K,32K,128K --decode-ctx 256 \
+        --decode-tokens 32 --repeat 1 "${f[@]}" 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
     done
   done
   say "bench done"
 fi
 
-if want prefill; then
-  OUT=$OUT/run VARIANTS="new new-chunked" ROUNDS=2 PREFILL=512,4K,32K DECODE=256 REPEAT=1 \
-    bash "$HERE/gpu_session.sh" > "$OUT/run/prefill.out" 2>&1
-  grep -v "^KERNEL" "$OUT/run/bench.log" | grep -E "=====|tok/s|^ +[0-9]" > "$OUT/prefill.log"
-  say "prefill A/B done"
-fi
-
-if want served && [ "$(el)" -lt 420 ]; then
-  OUT=$OUT/run VARIANTS="" SERVED=new SERVED_TTFT="4096 131072" TTFT_REPEAT=2 \
-    bash "$HERE/gpu_session.sh" > "$OUT/run/served.out" 2>&1
-  grep -hE "^(served|SERVED_TTFT)" "$OUT/run/session.txt" | cut -c1-400 >> "$OUT/pending.txt"
-  say "served done"
+if want profile && [ "$(el)" -lt 480 ]; then
+  LILY_PROFILE=1 timeout 100 "$B" bench --model "$M" --device cuda --prefill 4K,32K --decode-ctx 256 \
+    --decode-tokens 4 --repeat 1 > "$OUT/profile.log" 2>&1
+  say "profile rc=$?"
 fi

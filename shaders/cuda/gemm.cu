@@ -393,6 +393,7 @@ __device__ __forceinline__ void wgmma_tok<128>(float (&d)[64], const u32 (&a)[4]
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // Generic-proxy writes to shared memory, made visible to the MMA's (async-proxy) reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -402,6 +403,27 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
     return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
            (1ull << 62);
+}
+
+// The block's sums out: d[4j + e] is row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64,
+// token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate.
+template <int TOK>
+__device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int rows, const int* dst,
+                                         float* __restrict__ y, int y_stride, int accumulate) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < TOK / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
+            if (r < rows && out >= 0) {
+                float* yp = y + (long long)out * y_stride + r;
+                float v = act(d[4 * j + e]);
+                *yp = accumulate ? act(*yp + v) : v;
+            }
+        }
+    }
 }
 
 // A block's shared memory: B (2 buffers), the ring, the (scale, bias) pairs, the token rows.
@@ -549,22 +571,7 @@ __device__ __forceinline__ void wg_tile(const QWeight& w, long long w_row0, int 
         wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st, steps, d, a0, a1);
         if (st + 1 < steps) wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st + 1, steps, d, a1, a0);
     }
-    // d[4j + e]: row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64, token slot
-    // 8j + 2·(lane % 4) + e % 2.
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
-#pragma unroll
-    for (int j = 0; j < TOK / 8; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
-            if (r < w.rows && out >= 0) {
-                float* yp = y + (long long)out * y_stride + r;
-                float v = act(d[4 * j + e]);
-                *yp = accumulate ? act(*yp + v) : v;
-            }
-        }
-    }
+    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
 }
 #endif
 
@@ -584,12 +591,193 @@ gemm_dense_wg(QWeight w, const float* __restrict__ x, int x_stride, float* __res
 #endif
 }
 
+// ---- gemm_dense_wgb / gemm_grouped_wgb64: the wgmma GEMMs for activations staged as bf16 ----------
+// The same products as gemm_dense_wg / gemm_grouped_wg64, reading the activations as bf16 rows
+// (`to_bf16` below stages a GEMM's input; bf16-valued in this mode, so exactly) in their natural
+// column order:
+//   B: a stage's TOK × 64 bf16 go by cp.async straight into the MMA's layout (16-byte chunk c of
+//      token n at chunk c ^ (n % 8) of its 128-byte row: the 128-byte swizzle), no conversion pass;
+//   A: thread (g, t) of a warp holds, per 16-column slice s, columns 16s + 2t, +1 (byte t of the
+//      step's packed word 2s) and 16s + 2t + 8, +9 (byte t of word 2s + 1) of rows g and g + 8: it
+//      reads its rows' 32 bytes and picks the bytes with prmt; a 4-bit value becomes a float by
+//      its exponent (0x4B000000 | q is 2^23 + q), with no integer-to-float conversion;
+//   the k-steps overlap: step st + 1's MMAs are issued while step st's run (wait_group 1), and the
+//      ring slot of step st − 1 is refilled once both warpgroups have passed it, one barrier a step.
+// Scales and biases of the block's rows sit in shared memory group-major (consecutive rows in
+// consecutive banks). Limits (the launcher checks, `wgb_fits`): as gemm_dense_wg's, the group a power
+// of two (a slice's group by a shift) and cols % 128 == 0 (an even number of k-steps: the main loop
+// takes two a turn with no branch between the MMAs, which would make ptxas serialise them).
+// Dynamic shared memory (wgb_smem in the launcher): 1 KB of alignment slack, the ring WGB_STAGES ×
+// (TOK × 128 + 128 × 32 bytes), the (scale, bias) pairs 128 × (cols / group) × 4.
+#ifndef WGB_STAGES
+#error "WGB_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+
+// y[r, c] = bf16(x[r, c]) for r < rows, c < cols (cols % 8 == 0); y's rows are cols long.
+extern "C" __global__ void to_bf16(const float* __restrict__ x, int x_stride, u16* __restrict__ y, int cols,
+                                   int rows) {
+    int per_row = cols / 8;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)per_row * rows) return;
+    int r = (int)(i / per_row), c = (int)(i % per_row) * 8;
+    const float4* src = reinterpret_cast<const float4*>(x + (long long)r * x_stride + c);
+    float4 a = src[0], b = src[1];
+    *reinterpret_cast<uint4*>(y + (long long)r * cols + c) =
+        make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int TOK>
+struct Wgb {
+    static const int XB = TOK * 128;              // a stage's activations
+    static const int STAGE = XB + WG_ROWS * 32;   // ... and packed weights
+};
+
+// Step `st` (activations and packed weights) into ring slot `slot`; the caller commits the group.
+template <int TOK>
+__device__ __forceinline__ void wgb_issue(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                          int x_stride, const int* src, char* ring, int st, int slot) {
+    char* xs = ring + slot * Wgb<TOK>::STAGE;
+    int k0 = st * 64;
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++) {
+        int i = threadIdx.x + it * 256;
+        int n = i >> 3, c = i & 7;
+        int sr = src[n];
+        if (sr >= 0) cp_async16(xs + n * 128 + ((c ^ (n & 7)) << 4), x + (long long)sr * x_stride + k0 + 8 * c);
+    }
+    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    long long row = w_row0 + min(m0 + r, w.rows - 1);
+    const char* wsrc = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + k0 / 2 + 16 * h;
+    cp_async16(xs + Wgb<TOK>::XB + r * 32 + 16 * h, wsrc);
+}
+
+// A 4-bit value q (bits 0-3 of v) as a float.
+__device__ __forceinline__ float wgb_q(u32 v) { return __uint_as_float(0x4B000000u | (v & 15u)) - 8388608.0f; }
+
+// Step `st`'s weight fragments from ring slot `slot` into a[4][4] (slice s: a[s]). sb: the
+// block's (scale, bias) pairs, group-major; gsh: log2 of the 16-column slices a group.
+template <int TOK>
+__device__ __forceinline__ void wgb_dequant(const char* ring, const u32* sb, int gsh, int st, int slot,
+                                            u32 (&a)[4][4]) {
+    const char* ws = ring + slot * Wgb<TOK>::STAGE + Wgb<TOK>::XB;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+    u32 sel = (u32)t | ((u32)(t + 4) << 4);  // byte t of the first word, then byte t of the second
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = r0 + 8 * h;
+        uint4 lo = *reinterpret_cast<const uint4*>(ws + r * 32);
+        uint4 hi = *reinterpret_cast<const uint4*>(ws + r * 32 + 16);
+        u32 wd[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            u32 p = sb[((st * 4 + s) >> gsh) * WG_ROWS + r];
+            float sc = bf16_to_f32((u16)(p & 0xffffu)), bi = bf16_to_f32((u16)(p >> 16));
+            u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], sel);
+            a[s][h] = pack_bf16x2(fmaf(sc, wgb_q(b), bi), fmaf(sc, wgb_q(b >> 4), bi));           // 2t, 2t + 1
+            a[s][2 + h] = pack_bf16x2(fmaf(sc, wgb_q(b >> 8), bi), fmaf(sc, wgb_q(b >> 12), bi));  // 2t + 8, + 9
+        }
+    }
+}
+
+// One k-step: its four wgmma from ring slot st % WGB_STAGES and fragments `a`; then, while they
+// run, the ring's next request and step st + 1's fragments into `an`.
+template <int TOK>
+__device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                         int x_stride, const int* src, char* ring, const u32* sb, int gsh, int st,
+                                         int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
+    u32 cur = smem_addr(ring + (st % WGB_STAGES) * Wgb<TOK>::STAGE);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) wgmma_tok<TOK>(d, a[s], wg_desc(cur + 32 * s));
+    wgmma_commit();
+    cp_async_wait<WGB_STAGES - 3>();  // this thread's copies of step st + 1
+    fence_proxy_async();
+    wgmma_wait1();  // this warpgroup's step st − 1: `an` and slot (st − 1) % WGB_STAGES are free
+    __syncthreads();
+    int ahead = st + WGB_STAGES - 1;
+    if (ahead < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % WGB_STAGES);
+    cp_async_commit();
+    if (st + 1 < steps) wgb_dequant<TOK>(ring, sb, gsh, st + 1, (st + 1) % WGB_STAGES, an);
+}
+
+// The block: rows m0 .. m0 + 127 of the matrix at w_row0, token slots src / dst as wg_tile's.
+template <int TOK>
+__device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                         int x_stride, const int* src, const int* dst, float* __restrict__ y,
+                                         int y_stride, int accumulate, char* raw) {
+    char* ring = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    u32* sb = reinterpret_cast<u32*>(ring + WGB_STAGES * Wgb<TOK>::STAGE);
+    int groups = w.cols / w.group, steps = w.cols / 64, gsh = __ffs(w.group >> 4) - 1;
+    for (int i = threadIdx.x; i < WG_ROWS * groups; i += blockDim.x) {
+        int r = i & (WG_ROWS - 1), gi = i / WG_ROWS;
+        long long at = (w_row0 + min(m0 + r, w.rows - 1)) * groups + gi;
+        sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
+    }
+    __syncthreads();  // src (the caller's) before the first requests
+    for (int st = 0; st < WGB_STAGES - 1; st++) {
+        if (st < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
+        cp_async_commit();
+    }
+    float d[TOK / 2];
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) d[i] = 0.0f;
+    u32 a0[4][4], a1[4][4];
+    cp_async_wait<WGB_STAGES - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    wgb_dequant<TOK>(ring, sb, gsh, 0, 0, a0);
+    for (int st = 0; st < steps; st += 2) {  // steps is even: no branch between the MMAs
+        wgb_step<TOK>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1);
+        wgb_step<TOK>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0);
+    }
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
+    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
+}
+#endif
+
+// grid (ceil(rows / 128), ceil(n_tok / 128)); x: bf16 rows.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_dense_wgb(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+               int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ int rows[128];
+    if (threadIdx.x < 128) {
+        int n = blockIdx.y * 128 + threadIdx.x;
+        rows[threadIdx.x] = n < n_tok ? n : -1;
+    }
+    wgb_tile<128>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
+#else
+    __trap();
+#endif
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wg_tile for fp32 activations, wgb_tile for staged bf16 ones.
+template <int TOK>
+__device__ __forceinline__ void wg_any(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
+                                       int x_stride, const int* src, const int* dst, float* __restrict__ y,
+                                       int y_stride, int accumulate, char* raw) {
+    wg_tile<TOK>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, accumulate, raw);
+}
+template <int TOK>
+__device__ __forceinline__ void wg_any(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                       int x_stride, const int* src, const int* dst, float* __restrict__ y,
+                                       int y_stride, int accumulate, char* raw) {
+    wgb_tile<TOK>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, accumulate, raw);
+}
+#endif
+
 // grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
 // moe_group made them with tiles of TOK; blocks past *n_tiles exit.
-template <int TOK>
+// X: float (gemm_grouped_wg64) or u16, bf16 rows (gemm_grouped_wgb64).
+template <int TOK, typename X>
 __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
                                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,
-                                                const float* __restrict__ x, int x_stride, int x_div,
+                                                const X* __restrict__ x, int x_stride, int x_div,
                                                 float* __restrict__ y, int y_stride) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __shared__ int src[TOK], dst[TOK];
@@ -601,7 +789,7 @@ __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __r
         src[threadIdx.x] = item < 0 ? -1 : item / x_div;
         dst[threadIdx.x] = item;
     }
-    wg_tile<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+    wg_any<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
 #else
     __trap();
 #endif
@@ -614,3 +802,9 @@ gemm_grouped_wg64(QWeight w, const int* __restrict__ perm, const int* __restrict
     grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
 
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb64(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                   const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                   float* __restrict__ y, int y_stride) {
+    grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}

@@ -13,6 +13,7 @@ use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
+use crate::kernels::gemm::Gemm;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
@@ -50,6 +51,9 @@ pub struct Scratch {
     /// allocated only when the GPU's switches ask for the chunked scan.
     pub dn_records: Option<DevBuf>,
     pub dn_y: DevBuf,
+    /// bf16 [chunk × the widest GEMM input]: a projection's input staged for the bf16-input
+    /// wgmma kernels (`Forward::stage_bf16`), allocated only when the GPU's switches stage.
+    pub xbf: Option<DevBuf>,
     pub router: DevBuf,
     pub ids: DevBuf,
     pub route_w: DevBuf,
@@ -145,6 +149,18 @@ impl Scratch {
                 None
             },
             dn_y: buf(c * cfg.dn_value_dim())?,
+            xbf: if Gemm::stages(gpu, c) {
+                let widest = [
+                    h,
+                    cfg.dn_value_dim(),
+                    cfg.n_heads * cfg.head_dim,
+                    tk * cfg.expert_inter,
+                    cfg.shared_inter,
+                ];
+                Some(gpu.alloc(c * widest.into_iter().max().unwrap_or(h) * 2)?)
+            } else {
+                None
+            },
             router: buf(c * cfg.n_experts)?,
             ids: buf(c * tk)?,
             route_w: buf(c * tk)?,
@@ -389,8 +405,27 @@ impl Forward<'_> {
 
     /// y (+)= W x for `n` rows: tensor cores or CUDA cores, as the plan says.
     pub fn project(&self, w: &DevLinear, x: Rows, y: Rows, n: usize, store: Store) -> Result<()> {
+        self.project_staged(w, x, None, y, n, store)
+    }
+
+    /// `project` with x also staged as bf16 (`stage_bf16`) for the kernels that read it so.
+    pub fn project_staged(
+        &self,
+        w: &DevLinear,
+        x: Rows,
+        xb: Option<Rows>,
+        y: Rows,
+        n: usize,
+        store: Store,
+    ) -> Result<()> {
         let (gpu, k) = (self.gpu, self.kernels);
-        let a = Project { w, x, y, n_tok: n };
+        let a = Project {
+            w,
+            x,
+            xb,
+            y,
+            n_tok: n,
+        };
         match self.plan.linear(w, n) {
             LinearPath::TensorCores => k.gemm.dense(gpu, &a, store),
             LinearPath::CudaCores => k.linear.project(gpu, &a, store),
@@ -402,11 +437,33 @@ impl Forward<'_> {
     /// follows the fp32 model wherever it can.
     pub fn router_logits(&self, w: &DevLinear, x: Rows, y: Rows, n: usize) -> Result<()> {
         let (gpu, k) = (self.gpu, self.kernels);
-        let a = Project { w, x, y, n_tok: n };
+        let a = Project {
+            w,
+            x,
+            xb: None,
+            y,
+            n_tok: n,
+        };
         match self.plan.router(w, n) {
             RouterPath::TensorCoresSplitPrecision => k.gemm.dense_exact(gpu, &a),
             RouterPath::CudaCoresExact => k.linear.project_exact(gpu, &a),
         }
+    }
+
+    /// `rows` rows of x (`cols` wide) as bf16 in scratch.xbf, for the GEMMs of an n-token chunk
+    /// when the plan stages them (`Gemm::stages`); None: the GEMMs read x. The staged rows stay
+    /// until the next call.
+    fn stage_bf16(&self, x: Rows, rows: usize, cols: usize, n: usize) -> Result<Option<Rows>> {
+        let Some(buf) = &self.scratch.xbf else {
+            return Ok(None);
+        };
+        if !Gemm::stages(self.gpu, n) || !cols.is_multiple_of(8) || rows * cols * 2 > buf.bytes {
+            return Ok(None);
+        }
+        self.kernels
+            .gemm
+            .to_bf16(self.gpu, x, rows, cols, buf.ptr)?;
+        Ok(Some(Rows::new(buf.ptr, cols)))
     }
 
     // The blocks below read the normed input from scratch.xn and add their output to scratch.x.
@@ -426,15 +483,18 @@ impl Forward<'_> {
         let h = cfg.hidden;
         let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let xn = Rows::new(s.xn.ptr, h);
+        let xb = self.stage_bf16(xn, n, h, n)?;
         let qg = Rows::new(s.qg.ptr, 2 * hq * d);
-        self.project(&a.q_proj, xn, qg, n, Store::Overwrite)?;
+        self.project_staged(&a.q_proj, xn, xb, qg, n, Store::Overwrite)?;
         let kr = Rows::new(s.k.ptr, hkv * d);
-        self.project(&a.k_proj, xn, kr, n, Store::Overwrite)?;
+        self.project_staged(&a.k_proj, xn, xb, kr, n, Store::Overwrite)?;
         let vr = Rows::new(s.v.ptr, hkv * d);
-        self.project(&a.v_proj, xn, vr, n, Store::Overwrite)?;
+        self.project_staged(&a.v_proj, xn, xb, vr, n, Store::Overwrite)?;
         self.attend(a, k_cache, v_cache, pos, keys, n)?;
         let o = Rows::new(s.attn_o.ptr, hq * d);
-        self.project(&a.o_proj, o, Rows::new(s.x.ptr, h), n, Store::AddToResidual)
+        let ob = self.stage_bf16(o, n, hq * d, n)?;
+        let x = Rows::new(s.x.ptr, h);
+        self.project_staged(&a.o_proj, o, ob, x, n, Store::AddToResidual)
     }
 
     /// q/k norms, RoPE and the cache write of scratch.qg / k / v, then attention into
@@ -624,11 +684,15 @@ impl Forward<'_> {
         let h = cfg.hidden;
         let (conv_dim, vd, hv) = (cfg.conv_dim(), cfg.dn_value_dim(), cfg.dn_v_heads);
         let xn = Rows::new(s.xn.ptr, h);
+        let xb = self.stage_bf16(xn, n, h, n)?;
         let m = Rows::new(s.m.ptr, conv_dim);
-        self.project(&dnw.in_qkv, xn, m, n, Store::Overwrite)?;
-        self.project(&dnw.in_z, xn, Rows::new(s.z.ptr, vd), n, Store::Overwrite)?;
-        self.project(&dnw.in_b, xn, Rows::new(s.b.ptr, hv), n, Store::Overwrite)?;
-        self.project(&dnw.in_a, xn, Rows::new(s.a.ptr, hv), n, Store::Overwrite)?;
+        self.project_staged(&dnw.in_qkv, xn, xb, m, n, Store::Overwrite)?;
+        let z = Rows::new(s.z.ptr, vd);
+        self.project_staged(&dnw.in_z, xn, xb, z, n, Store::Overwrite)?;
+        let b = Rows::new(s.b.ptr, hv);
+        self.project_staged(&dnw.in_b, xn, xb, b, n, Store::Overwrite)?;
+        let a = Rows::new(s.a.ptr, hv);
+        self.project_staged(&dnw.in_a, xn, xb, a, n, Store::Overwrite)?;
         let c = Conv {
             m: s.m.ptr,
             m_stride: conv_dim,
@@ -666,13 +730,9 @@ impl Forward<'_> {
         };
         k.deltanet.gated_norm(gpu, shape, &gn)?;
         let y = Rows::new(s.dn_y.ptr, vd);
-        self.project(
-            &dnw.out_proj,
-            y,
-            Rows::new(s.x.ptr, h),
-            n,
-            Store::AddToResidual,
-        )
+        let yb = self.stage_bf16(y, n, vd, n)?;
+        let x = Rows::new(s.x.ptr, h);
+        self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
@@ -719,6 +779,7 @@ impl Forward<'_> {
             w,
             groups,
             x,
+            xb: None,
             x_div,
             y,
         };
@@ -726,10 +787,24 @@ impl Forward<'_> {
             MoePath::TensorCoreGrouped { tile } => {
                 let g = groups(tile);
                 k.moe.group(gpu, &group(g))?;
-                k.gemm.grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;
-                k.gemm.grouped(gpu, &by_expert(&m.up, g, xn, top_k, eu))?;
+                let staged = |w, x, xb, x_div, y| Grouped {
+                    xb,
+                    ..by_expert(w, g, x, x_div, y)
+                };
+                let xb = if tile == 64 {
+                    self.stage_bf16(xn, n, h, n)?
+                } else {
+                    None
+                };
+                k.gemm.grouped(gpu, &staged(&m.gate, xn, xb, top_k, eg))?;
+                k.gemm.grouped(gpu, &staged(&m.up, xn, xb, top_k, eu))?;
                 k.moe.silu_mul(gpu, &silu)?;
-                k.gemm.grouped(gpu, &by_expert(&m.down, g, eh, 1, ey))?;
+                let hb = if tile == 64 {
+                    self.stage_bf16(eh, items, inter, n)?
+                } else {
+                    None
+                };
+                k.gemm.grouped(gpu, &staged(&m.down, eh, hb, 1, ey))?;
             }
             MoePath::Grouped => {
                 let g = groups(GROUP_TILE);
@@ -755,9 +830,13 @@ impl Forward<'_> {
                 k.linear.gather(gpu, &gather(&m.down, eh, 1, ey))?;
             }
         }
+        // The routed experts' staging (if any) moved on to their hidden rows: xn again.
+        let xb = self.stage_bf16(xn, n, h, n)?;
         let (sg, su) = (Rows::new(s.sg.ptr, sinter), Rows::new(s.su.ptr, sinter));
-        self.project(&m.shared_gate, xn, sg, n, Store::Overwrite)?;
-        self.project(&m.shared_up, xn, su, n, Store::Overwrite)?;
+        self.project_staged(&m.shared_gate, xn, xb, sg, n, Store::Overwrite)?;
+        self.project_staged(&m.shared_up, xn, xb, su, n, Store::Overwrite)?;
+        let s_gate = Rows::new(s.s_gate.ptr, 1);
+        self.project_staged(&m.shared_expert_gate, xn, xb, s_gate, n, Store::Overwrite)?;
         let shared_silu = SiluMul {
             g: s.sg.ptr,
             u: s.su.ptr,
@@ -766,15 +845,9 @@ impl Forward<'_> {
         };
         k.moe.silu_mul(gpu, &shared_silu)?;
         let sh = Rows::new(s.sh.ptr, sinter);
-        self.project(
-            &m.shared_down,
-            sh,
-            Rows::new(s.sy.ptr, h),
-            n,
-            Store::Overwrite,
-        )?;
-        let s_gate = Rows::new(s.s_gate.ptr, 1);
-        self.project(&m.shared_expert_gate, xn, s_gate, n, Store::Overwrite)?;
+        let shb = self.stage_bf16(sh, n, sinter, n)?;
+        let sy = Rows::new(s.sy.ptr, h);
+        self.project_staged(&m.shared_down, sh, shb, sy, n, Store::Overwrite)?;
         let combine = Combine {
             x: s.x.ptr,
             y_experts: s.ey.ptr,

@@ -93,6 +93,9 @@ pub struct KernelSwitches {
     /// With `wgmma_gemm`: the fewest tokens of a chunk whose dense projections take
     /// gemm_dense_wg (at least its tile, WG_TOK).
     pub wgmma_min_tok: usize,
+    /// With `wgmma_gemm`: the GEMMs' inputs staged as bf16 and read by gemm_dense_wgb /
+    /// gemm_grouped_wgb64 (Forward::stage_bf16) instead of gemm_dense_wg / gemm_grouped_wg64.
+    pub wgmma_bf16: bool,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -115,6 +118,7 @@ impl Default for KernelSwitches {
             split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: false,
             wgmma_min_tok: crate::kernels::gemm::WG_TOK,
+            wgmma_bf16: false,
             chunked_scan: false,
         }
     }

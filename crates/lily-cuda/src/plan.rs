@@ -123,6 +123,12 @@ pub struct CudaOptions {
     /// tiles of 64) instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On the H200:
     /// 141 against 109–118 TFLOP/s at 4,096 tokens, slower at 512 (docs/perf-notes.md, session 7).
     pub wgmma_gemm: bool,
+    /// With `wgmma_gemm`: each projection's input rows are staged once as bf16 (`to_bf16`) and
+    /// the wgmma GEMMs read them straight into their MMA layout (gemm_dense_wgb,
+    /// gemm_grouped_wgb64: no conversion pass in the kernel, weights dequantised without
+    /// integer-to-float conversions, one MMA group in flight across k-steps) instead of
+    /// converting fp32 activations block by block (`--no-wgmma-bf16`, `LILY_WGMMA_BF16=0`).
+    pub wgmma_bf16: bool,
     /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
     /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
     /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
@@ -173,6 +179,7 @@ impl Default for CudaOptions {
             fused_attn_prep: true,
             split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: true,
+            wgmma_bf16: true,
             chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
@@ -217,6 +224,7 @@ impl CudaOptions {
     /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
     /// | `LILY_SPLIT_LONG_KEYS=N` | `split_long_keys` |
     /// | `LILY_WGMMA_GEMM=0` | `wgmma_gemm` |
+    /// | `LILY_WGMMA_BF16=0` | `wgmma_bf16` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
@@ -250,7 +258,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 24] = [
+        let flags: [(&str, &mut bool); 25] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -272,6 +280,7 @@ impl CudaOptions {
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
+            ("LILY_WGMMA_BF16", &mut self.wgmma_bf16),
             ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
@@ -409,6 +418,7 @@ impl Plan {
                 split_long_keys: o.split_long_keys,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
                 wgmma_min_tok: WGMMA_MIN_TOK,
+                wgmma_bf16: o.wgmma_bf16 && o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
@@ -591,7 +601,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} (bf16 staging {}), chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -614,6 +624,7 @@ impl Plan {
             on(sw.mma_attention),
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
+            on(sw.wgmma_bf16),
             on(sw.chunked_scan),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
@@ -671,6 +682,7 @@ mod tests {
             ("LILY_FUSED_ATTN_PREP", "0"),
             ("LILY_SPLIT_LONG_KEYS", "4096"),
             ("LILY_WGMMA_GEMM", "0"),
+            ("LILY_WGMMA_BF16", "0"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
@@ -705,6 +717,7 @@ mod tests {
                 fused_attn_prep: false,
                 split_long_keys: 4096,
                 wgmma_gemm: false,
+                wgmma_bf16: false,
                 chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,

@@ -156,9 +156,26 @@ impl Dev {
     /// y (+)= W x through the kernel the plan picks (as Forward::project does).
     #[allow(clippy::too_many_arguments)]
     fn project(&self, w: &DevLinear, x: u64, xs: usize, y: u64, ys: usize, n: usize, store: Store) {
+        self.project_staged(w, x, xs, None, y, ys, n, store)
+    }
+
+    /// `project` with x also staged as bf16 (`xb`) for the kernels that read it so.
+    #[allow(clippy::too_many_arguments)]
+    fn project_staged(
+        &self,
+        w: &DevLinear,
+        x: u64,
+        xs: usize,
+        xb: Option<Rows>,
+        y: u64,
+        ys: usize,
+        n: usize,
+        store: Store,
+    ) {
         let a = Project {
             w,
             x: Rows::new(x, xs),
+            xb,
             y: Rows::new(y, ys),
             n_tok: n,
         };
@@ -174,6 +191,7 @@ impl Dev {
         let a = Project {
             w,
             x: Rows::new(x, xs),
+            xb: None,
             y: Rows::new(y, ys),
             n_tok: n,
         };
@@ -372,6 +390,7 @@ fn linear_grouped_matches_cpu_per_expert() {
             w: &dw,
             groups: gr.groups,
             x: Rows::new(dx.ptr, cols),
+            xb: None,
             x_div: k,
             y: Rows::new(dy.ptr, rows),
         };
@@ -424,13 +443,33 @@ fn gemm_grouped(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
-    let items = x.len() / cols * k;
+    gemm_grouped_staged(g, dw, gr, x, k, rows, cols, false)
+}
+
+/// `gemm_grouped`, with x also staged as bf16 (`to_bf16`) when `staged`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_grouped_staged(
+    g: &Dev,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+    staged: bool,
+) -> Vec<f32> {
+    let (n, items) = (x.len() / cols, x.len() / cols * k);
     let dx = g.upload(x).unwrap();
+    let xb = g.alloc(n * cols * 2).unwrap();
+    g.k.gemm
+        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
+        .unwrap();
     let dy = poisoned(g, items * rows);
     let grouped = Grouped {
         w: dw,
         groups: gr.groups,
         x: Rows::new(dx.ptr, cols),
+        xb: staged.then(|| Rows::new(xb.ptr, cols)),
         x_div: k,
         y: Rows::new(dy.ptr, rows),
     };
@@ -438,15 +477,17 @@ fn gemm_grouped(
     g.read(&dy, 0, items * rows).unwrap()
 }
 
-/// gemm_dense_wg (wgmma, sm_90a; the plan's `wgmma_gemm`) vs the exact product of the bf16
-/// values it multiplies, as gemm_dense's test: 4-bit weights with groups of 64 and of 32, rows
-/// not a multiple of the block's 128, tokens not a multiple of 128, one and many k-steps, store
-/// and residual add; then at prefill's shapes against gemm_dense (same bf16 operands, fp32 sums
-/// in another order, outputs rounded to bf16: 5e-3), with both kernels' times printed (never
-/// asserted). Skipped (with a line) on GPUs other than sm_90a.
+/// gemm_dense_wg and gemm_dense_wgb (wgmma, sm_90a; the plan's `wgmma_gemm`, the second on
+/// inputs staged as bf16 by `to_bf16`) vs the exact product of the bf16 values they multiply, as
+/// gemm_dense's test: 4-bit weights with groups of 16 … 128, rows not a multiple of the block's
+/// 128, tokens not a multiple of 128, one and many k-steps, store and residual add; the grouped
+/// forms over skewed routing; then at prefill's shapes against gemm_dense (same bf16 operands,
+/// fp32 sums in another order, outputs rounded to bf16: 5e-3), with every kernel's time printed
+/// (never asserted). Skipped (with a line) on GPUs other than sm_90a.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn wgmma_linears_match_the_bf16_product() {
+    use lily_cuda::kernels::gemm::{wgb_fits, Gemm};
     let mut g = dev(true);
     if g.g.arch != "sm_90a" {
         println!(
@@ -457,51 +498,74 @@ fn wgmma_linears_match_the_bf16_product() {
     }
     let mut rng = Rng(37);
     let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    // x (rows × cols f32 on the device) staged as bf16 rows.
+    let stage = |g: &Dev, x: u64, rows: usize, cols: usize| -> DevBuf {
+        let b = g.alloc(rows * cols * 2).unwrap();
+        g.k.gemm
+            .to_bf16(&g.g, Rows::new(x, cols), rows, cols, b.ptr)
+            .unwrap();
+        b
+    };
+    g.g.switches.wgmma_gemm = true;
     for (group, t, rows, cols) in [
         (64usize, 128usize, 128usize, 64usize),
         (64, 300, 200, 192),
         (32, 130, 136, 512),
         (64, 256, 1000, 2048),
+        (16, 200, 136, 256),
+        (128, 300, 264, 1024),
+        (64, 128, 128, 128),
     ] {
         let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
         let dw = upload_linear(&g, "w", &w).unwrap();
-        g.g.switches.wgmma_gemm = true;
-        assert!(
-            lily_cuda::kernels::gemm::Gemm::takes_wgmma(&g.g, &dw, t),
-            "{rows}x{cols} T={t}"
-        );
+        assert!(Gemm::takes_wgmma(&g.g, &dw, t), "{rows}x{cols} T={t}");
         let x = bf(rng.vec(t * cols, 1.0));
         let dx = g.upload(&x).unwrap();
-        let dy = poisoned(&g, t * rows);
-        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
-        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
         let want = bf16_product(&w, &x);
-        let what = format!("gemm_dense_wg group={group} T={t} {rows}x{cols}");
-        check(&what, &y, &want, 5e-3);
         let r = bf(rng.vec(t * rows, 0.5));
-        g.write(&dy, 0, &r).unwrap();
-        g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::AddToResidual);
-        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
-        let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
-        check(&format!("{what} +residual"), &y, &want, 5e-3);
+        let xb = stage(&g, dx.ptr, t, cols);
+        let staged = [None, Some(Rows::new(xb.ptr, cols))];
+        for xb in staged.into_iter().filter(|s| s.is_none() || wgb_fits(&dw)) {
+            let name = if xb.is_some() {
+                "gemm_dense_wgb"
+            } else {
+                "gemm_dense_wg"
+            };
+            let dy = poisoned(&g, t * rows);
+            g.project_staged(&dw, dx.ptr, cols, xb, dy.ptr, rows, t, Store::Overwrite);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let what = format!("{name} group={group} T={t} {rows}x{cols}");
+            check(&what, &y, &want, 5e-3);
+            g.write(&dy, 0, &r).unwrap();
+            g.project_staged(&dw, dx.ptr, cols, xb, dy.ptr, rows, t, Store::AddToResidual);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+            check(&format!("{what} +residual"), &y, &want, 5e-3);
+        }
     }
-    // Grouped (gemm_grouped_wg64): skewed routing over tiles of 64 (one expert over two tiles,
-    // one with none), groups of 64 and 32, one and many k-steps.
-    g.g.switches.wgmma_gemm = true;
-    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 64)] {
+    // Grouped (gemm_grouped_wg64, gemm_grouped_wgb64): skewed routing over tiles of 64 (one
+    // expert over two tiles, one with none), groups of 64 and 32, one and many k-steps.
+    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 64), (64, 128)] {
         let (e, rows, t, k) = (7, 136, 90, 2);
         let items = t * k;
         let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
         let gr = Grouping::skewed(&g, &mut rng, items, e, 64);
-        let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
         let want = gr.want(&w, &x, k, bf16_product);
-        let what = format!(
-            "gemm_grouped_wg64 group={group} {rows}x{cols} ({} tiles)",
-            gr.tiles_made(&g)
-        );
-        check(&what, &y, &want, 5e-3);
+        for staged in [false, true].into_iter().filter(|&s| !s || wgb_fits(&dw)) {
+            let y = gemm_grouped_staged(&g, &dw, &gr, &x, k, rows, cols, staged);
+            let what = format!(
+                "{} group={group} {rows}x{cols} ({} tiles)",
+                if staged {
+                    "gemm_grouped_wgb64"
+                } else {
+                    "gemm_grouped_wg64"
+                },
+                gr.tiles_made(&g)
+            );
+            check(&what, &y, &want, 5e-3);
+        }
     }
     // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
     for (t, rows, cols) in [
@@ -513,33 +577,46 @@ fn wgmma_linears_match_the_bf16_product() {
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
         let dx = g.upload(&x).unwrap();
-        let mut outs = Vec::new();
-        for wg in [false, true] {
-            g.g.switches.wgmma_gemm = wg;
-            let dy = poisoned(&g, t * rows);
-            g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+        let xb = stage(&g, dx.ptr, t, cols);
+        let reps = 10;
+        let timed = |g: &Dev, f: &dyn Fn()| -> f64 {
+            f();
             g.sync().unwrap();
-            let reps = 10;
             let start = std::time::Instant::now();
             for _ in 0..reps {
-                g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+                f();
             }
             g.sync().unwrap();
-            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            start.elapsed().as_secs_f64() / reps as f64
+        };
+        let secs = timed(&g, &|| {
+            g.k.gemm
+                .to_bf16(&g.g, Rows::new(dx.ptr, cols), t, cols, xb.ptr)
+                .unwrap()
+        });
+        println!("KERNEL to_bf16 T={t} x{cols}: {:.1} µs", secs * 1e6);
+        let mut outs = Vec::new();
+        for (name, wg, staged) in [
+            ("gemm_dense", false, None),
+            ("gemm_dense_wg", true, None),
+            ("gemm_dense_wgb", true, Some(Rows::new(xb.ptr, cols))),
+        ] {
+            g.g.switches.wgmma_gemm = wg;
+            let dy = poisoned(&g, t * rows);
+            let secs = timed(&g, &|| {
+                g.project_staged(&dw, dx.ptr, cols, staged, dy.ptr, rows, t, Store::Overwrite)
+            });
             let tflops = 2.0 * (t * rows * cols) as f64 / secs / 1e12;
             println!(
-                "KERNEL {} T={t} {rows}x{cols}: {:.1} µs, {tflops:.0} TFLOP/s",
-                if wg { "gemm_dense_wg" } else { "gemm_dense" },
+                "KERNEL {name} T={t} {rows}x{cols}: {:.1} µs, {tflops:.0} TFLOP/s",
                 secs * 1e6
             );
-            outs.push(g.read::<f32>(&dy, 0, t * rows).unwrap());
+            outs.push((name, g.read::<f32>(&dy, 0, t * rows).unwrap()));
         }
-        check(
-            &format!("gemm_dense_wg vs gemm_dense T={t} {rows}x{cols}"),
-            &outs[1],
-            &outs[0],
-            5e-3,
-        );
+        for (name, y) in &outs[1..] {
+            let what = format!("{name} vs gemm_dense T={t} {rows}x{cols}");
+            check(&what, y, &outs[0].1, 5e-3);
+        }
     }
 }
 

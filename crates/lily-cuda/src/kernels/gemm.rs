@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 
-use super::{blocks, check_x, config, Grouped, KernelFile, Project, Store};
+use super::{blocks, check_x, config, Grouped, KernelFile, Project, Rows, Store};
 use crate::gpu::{Gpu, Kernel, Module};
 use crate::weights::DevLinear;
 
@@ -22,6 +22,8 @@ const DENSE_BM: usize = 64;
 pub const WG_ROWS: usize = 128;
 pub const WG_TOK: usize = 128;
 pub const WG_STAGES: usize = 4;
+/// gemm_dense_wgb / gemm_grouped_wgb64 (bf16 inputs): k-steps in the ring.
+pub const WGB_STAGES: usize = 5;
 /// The most groups a row of gemm_dense_wg's weights may have (its scales and biases are held in
 /// shared memory: 128 rows × groups × 4 bytes).
 pub const WG_MAX_GROUPS: usize = 64;
@@ -35,6 +37,7 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
         ("WG_STAGES", WG_STAGES as i64),
+        ("WGB_STAGES", WGB_STAGES as i64),
     ],
 };
 
@@ -53,6 +56,18 @@ pub const fn gemm_smem_exact(bm: usize) -> usize {
 /// f32 + WG_ROWS × 32 bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4 bytes).
 pub const fn wg_smem(tok: usize, groups: usize) -> usize {
     1024 + 2 * tok * 128 + WG_STAGES * (tok * 64 * 4 + WG_ROWS * 32) + WG_ROWS * groups * 4
+}
+
+/// The bf16-input wgmma kernels' dynamic shared memory: 1 KB of alignment slack, the ring
+/// (WGB_STAGES × (tok × 128 + WG_ROWS × 32 bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4).
+pub const fn wgb_smem(tok: usize, groups: usize) -> usize {
+    1024 + WGB_STAGES * (tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4
+}
+
+/// Whether the bf16-input wgmma kernels take this weight: as `wg_fits`, with groups of a power of
+/// two and an even number of 64-column k-steps.
+pub fn wgb_fits(w: &DevLinear) -> bool {
+    wg_fits(w) && w.group.is_power_of_two() && w.cols.is_multiple_of(2 * GEMM_BK)
 }
 
 /// Whether the device runs the wgmma kernels (sm_90a; elsewhere they are compiled as traps).
@@ -85,6 +100,9 @@ pub struct Gemm {
     dense: Kernel,
     dense_wg: Kernel,
     grouped_wg64: Kernel,
+    dense_wgb: Kernel,
+    grouped_wgb64: Kernel,
+    to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
     grouped32: Kernel,
@@ -106,6 +124,9 @@ impl Gemm {
             dense: m.kernel("gemm_dense")?.allow_shared_memory(GEMM_SMEM_MAX)?,
             dense_wg: wg("gemm_dense_wg", wg_smem(WG_TOK, WG_MAX_GROUPS))?,
             grouped_wg64: wg("gemm_grouped_wg64", wg_smem(64, WG_MAX_GROUPS))?,
+            dense_wgb: wg("gemm_dense_wgb", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
+            grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
+            to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
                 .allow_shared_memory(gemm_smem_exact(DENSE_BM))?,
@@ -129,13 +150,39 @@ impl Gemm {
         Self::wgmma_on(gpu, w) && tile == 64
     }
 
+    /// Whether a chunk of `n_tok` tokens stages its GEMM inputs as bf16 (`to_bf16`) for the
+    /// bf16-input wgmma kernels: the plan's `wgmma_bf16` on a device that runs them, and a chunk
+    /// the dense wgmma kernel takes.
+    pub fn stages(gpu: &Gpu, n_tok: usize) -> bool {
+        gpu.switches.wgmma_gemm
+            && gpu.switches.wgmma_bf16
+            && runs_wgmma(gpu)
+            && n_tok >= WG_TOK.max(gpu.switches.wgmma_min_tok)
+    }
+
+    /// out[r, c] = bf16(x[r, c]) for `rows` rows of `cols` (a multiple of 8) columns; out's rows
+    /// are `cols` long.
+    pub fn to_bf16(&self, gpu: &Gpu, x: Rows, rows: usize, cols: usize, out: u64) -> Result<()> {
+        check_x("to_bf16", x)?;
+        if !cols.is_multiple_of(8) {
+            bail!("to_bf16: {cols} columns (expected a multiple of 8)");
+        }
+        let n = rows * cols / 8;
+        let cfg = config((blocks(n, 256), 1, 1), 256, 0);
+        let (x_stride, cols, rows) = (x.stride as i32, cols as i32, rows as i32);
+        gpu.launch(&self.to_bf16, cfg, |l| {
+            l.arg(&x.ptr).arg(&x_stride).arg(&out).arg(&cols).arg(&rows);
+        })
+    }
+
     /// The plan's `wgmma_gemm` on a device that runs the wgmma kernels, for a weight they take.
     fn wgmma_on(gpu: &Gpu, w: &DevLinear) -> bool {
         gpu.switches.wgmma_gemm && runs_wgmma(gpu) && wg_fits(w)
     }
 
-    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wg
-    /// where `takes_wgmma`, else gemm_dense.
+    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): where
+    /// `takes_wgmma`, gemm_dense_wgb when the input is staged (`a.xb`) and the weight fits it,
+    /// else gemm_dense_wg; elsewhere gemm_dense.
     pub fn dense(&self, gpu: &Gpu, a: &Project, store: Store) -> Result<()> {
         check_x("gemm_dense", a.x)?;
         let w = a.w.arg();
@@ -144,10 +191,30 @@ impl Gemm {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
+        let grid_wg = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
+        let groups = a.w.cols / a.w.group;
+        if let Some(xb) =
+            a.xb.filter(|_| Self::takes_wgmma(gpu, a.w, a.n_tok) && wgb_fits(a.w))
+        {
+            let (xb_stride, cfg) = (
+                xb.stride as i32,
+                config(grid_wg, 256, wgb_smem(WG_TOK, groups)),
+            );
+            return gpu.launch(&self.dense_wgb, cfg, |l| {
+                l.arg(&w)
+                    .arg(&xb.ptr)
+                    .arg(&xb_stride)
+                    .arg(&a.y.ptr)
+                    .arg(&y_stride)
+                    .arg(&n_tok)
+                    .arg(&accumulate);
+            });
+        }
         let (kernel, cfg) = if Self::takes_wgmma(gpu, a.w, a.n_tok) {
-            let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
-            let smem = wg_smem(WG_TOK, a.w.cols / a.w.group);
-            (&self.dense_wg, config(grid, 256, smem))
+            (
+                &self.dense_wg,
+                config(grid_wg, 256, wg_smem(WG_TOK, groups)),
+            )
         } else {
             let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
             (
@@ -185,8 +252,9 @@ impl Gemm {
     }
 
     /// The routed experts on tensor cores over tiles of 32 or 64 items (`a.groups.tile`, the
-    /// tile moe_group built them with): gemm_grouped_wg64 for tiles of 64 where the wgmma kernels
-    /// are on and take the weight (`takes_wgmma`), else gemm_grouped32/64.
+    /// tile moe_group built them with): for tiles of 64 where the wgmma kernels are on and take
+    /// the weight (`takes_wgmma`), gemm_grouped_wgb64 when the input is staged (`a.xb`) and the
+    /// weight fits it, else gemm_grouped_wg64; elsewhere gemm_grouped32/64.
     pub fn grouped(&self, gpu: &Gpu, a: &Grouped) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
@@ -196,21 +264,37 @@ impl Gemm {
             t => bail!("gemm_grouped: tiles of {t} items (expected 32 or 64)"),
         };
         let w = a.w.arg();
-        let (x_stride, x_div, y_stride) = (a.x.stride as i32, a.x_div as i32, a.y.stride as i32);
-        let (kernel, cfg) = if Self::takes_wgmma_grouped(gpu, a.w, g.tile) {
-            let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
-            let smem = wg_smem(g.tile, a.w.cols / a.w.group);
-            (&self.grouped_wg64, config(grid, 256, smem))
-        } else {
-            let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
-            (kernel, config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)))
+        let (x_div, y_stride) = (a.x_div as i32, a.y.stride as i32);
+        let groups = a.w.cols / a.w.group;
+        let wg = Self::takes_wgmma_grouped(gpu, a.w, g.tile);
+        let grid_wg = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
+        let (kernel, cfg, x) = match a.xb.filter(|_| wg && wgb_fits(a.w)) {
+            Some(xb) => (
+                &self.grouped_wgb64,
+                config(grid_wg, 256, wgb_smem(g.tile, groups)),
+                xb,
+            ),
+            None if wg => (
+                &self.grouped_wg64,
+                config(grid_wg, 256, wg_smem(g.tile, groups)),
+                a.x,
+            ),
+            None => {
+                let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
+                (
+                    kernel,
+                    config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)),
+                    a.x,
+                )
+            }
         };
+        let x_stride = x.stride as i32;
         gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&g.perm)
                 .arg(&g.tiles)
                 .arg(&g.n_tiles)
-                .arg(&a.x.ptr)
+                .arg(&x.ptr)
                 .arg(&x_stride)
                 .arg(&x_div)
                 .arg(&a.y.ptr)

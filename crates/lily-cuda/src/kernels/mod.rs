@@ -182,6 +182,9 @@ pub(crate) fn check_x(kernel: &str, x: Rows) -> Result<()> {
 pub struct Project<'a> {
     pub w: &'a DevLinear,
     pub x: Rows,
+    /// The same rows staged as bf16 (`gemm::Gemm::to_bf16`; stride in bf16 elements), for the
+    /// kernels that read them so; None: only `x`.
+    pub xb: Option<Rows>,
     pub y: Rows,
     pub n_tok: usize,
 }
@@ -205,6 +208,8 @@ pub struct Grouped<'a> {
     pub w: &'a DevLinear,
     pub groups: ExpertGroups,
     pub x: Rows,
+    /// x staged as bf16, as `Project::xb`.
+    pub xb: Option<Rows>,
     /// Items per activation row (top_k for the gate/up projections of routed tokens, 1 after).
     pub x_div: usize,
     pub y: Rows,
