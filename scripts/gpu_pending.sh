@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Session 8's device call for the bf16-staged wgmma GEMMs (gemm_dense_wgb, gemm_grouped_wgb64,
 # to_bf16; issue 12), written without a GPU. One call (≈ 8 minutes):
-#   tests    gpu_check.sh on the shipping defaults (kernel tests with a sync after each launch,
-#            wgmma_linears_match_the_bf16_product included, then every model and decode test)
-#            beside the synthetic checkpoint's synth; then the wgmma test alone (its timings
-#            without a sync after each launch)
+#   tests    every model and decode test, then the linear kernels' tests with a sync after each
+#            launch (wgmma_linears_match_the_bf16_product among them), beside the synthetic
+#            checkpoint's synth; then the wgmma test alone (its timings without the syncs)
 #   logits   teacher-forced logits of LEN (2,048) positions in one chunk of that size (the chunk
 #            takes the wgmma path) with the default (gemm_*_wgb), --no-wgmma-bf16 (gemm_*_wg) and
 #            --no-wgmma-gemm (mma.sync): relative L2 and top-1 agreement between them
-#   bench    prefill 512, 4K, 32K, 128K: the default against --no-wgmma-bf16, two rounds alternated
+#   bench    prefill 512, 4K, 32K, 128K on the default, against --no-wgmma-bf16 and LILY_WGB_TOK=256
 #   profile  LILY_PROFILE=1 prefill of 4K and 32K (device time per kernel)
 # Here: scripts/stage_gpu.sh; carry .carry/cuda and .carry/tokgz (or .carry/tokenizer).
 # There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests logits bench profile" picks parts)
@@ -27,15 +26,22 @@ want() { [[ " ${ONLY:-tests logits bench profile} " == *" $1 "* ]]; }
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1 LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
 
 if want tests; then
-  ( SKIP_COMPILE=1 OUT="$OUT/check" timeout 330 bash "$HERE/gpu_check.sh" > "$OUT/check/stdout" 2>&1
-    say "gpu_check rc=$?" ) &
+  # The model and decode tests (the forward pass's staging plumbing and the MoE's new order), then
+  # the GEMM kernel tests with a sync after each launch, beside synth; the other kernels did not
+  # change since call 1 of this session passed gpu_check.sh.
+  ( timeout 300 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture model_ decode_ \
+      --skip model_matches_cpu_on_checkpoint_from_env > "$OUT/check/model.log" 2>&1
+    say "model tests rc=$?"
+    LILY_CUDA_SYNC=1 timeout 120 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture linears \
+      > "$OUT/check/linears.log" 2>&1
+    say "linear kernel tests (synced) rc=$?" ) &
   TESTS=$!
 fi
 OUT=$OUT/run VARIANTS="" bash "$HERE/gpu_session.sh" > "$OUT/run/synth.out" 2>&1
 say "synth done"
 if want tests; then
   wait $TESTS
-  grep -E "test result|FAILED|panicked|^ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
+  grep -hE "test result|FAILED|panicked" "$OUT/check/model.log" "$OUT/check/linears.log" >> "$OUT/pending.txt"
   timeout 120 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture wgmma_linears > "$OUT/wgmma.log" 2>&1
   say "wgmma test rc=$?"
   grep -E "^KERNEL|test result|panicked" "$OUT/wgmma.log" >> "$OUT/pending.txt"
@@ -70,13 +76,14 @@ PY
 fi
 
 if want bench; then
-  for round in 1 2; do
-    for v in default no-wgmma-bf16; do
-      f=(); [ "$v" = default ] || f=(--$v)
-      echo "===== round $round $v" >> "$OUT/bench.log"
-      timeout 120 "$B" bench --model "$M" --device cuda --prefill 512,4K,32K,128K --decode-ctx 256 \
-        --decode-tokens 32 --repeat 1 "${f[@]}" 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
-    done
+  # The one sweep on the default (twice), the wgmma kernels of session 7 (--no-wgmma-bf16) and the
+  # 256-token dense blocks (LILY_WGB_TOK=256, twice), alternated.
+  for v in default wgb256 no-wgmma-bf16 default wgb256; do
+    f=(); e=(); p=4K,32K,128K
+    case $v in default) p=512,4K,32K,128K ;; wgb256) e=(LILY_WGB_TOK=256) ;; *) f=(--$v) ;; esac
+    echo "===== $v" >> "$OUT/bench.log"
+    env "${e[@]}" timeout 120 "$B" bench --model "$M" --device cuda --prefill "$p" --decode-ctx 256 \
+      --decode-tokens 32 --repeat 1 "${f[@]}" 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
   done
   say "bench done"
 fi

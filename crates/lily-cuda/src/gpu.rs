@@ -96,6 +96,9 @@ pub struct KernelSwitches {
     /// With `wgmma_gemm`: the GEMMs' inputs staged as bf16 and read by gemm_dense_wgb /
     /// gemm_grouped_wgb64 (Forward::stage_bf16) instead of gemm_dense_wg / gemm_grouped_wg64.
     pub wgmma_bf16: bool,
+    /// With `wgmma_bf16`: tokens a block of the dense kernel (128: gemm_dense_wgb, 256:
+    /// gemm_dense_wgb256).
+    pub wgb_tok: usize,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -119,6 +122,7 @@ impl Default for KernelSwitches {
             wgmma_gemm: false,
             wgmma_min_tok: crate::kernels::gemm::WG_TOK,
             wgmma_bf16: false,
+            wgb_tok: 128,
             chunked_scan: false,
         }
     }

@@ -129,6 +129,10 @@ pub struct CudaOptions {
     /// integer-to-float conversions, one MMA group in flight across k-steps) instead of
     /// converting fp32 activations block by block (`--no-wgmma-bf16`, `LILY_WGMMA_BF16=0`).
     pub wgmma_bf16: bool,
+    /// With `wgmma_bf16`: tokens a block of the dense bf16-input GEMM, 128 (gemm_dense_wgb) or 256
+    /// (gemm_dense_wgb256: half the weight work a product, 128 accumulators a thread;
+    /// `LILY_WGB_TOK=256`).
+    pub wgb_tok: usize,
     /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
     /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
     /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
@@ -180,6 +184,7 @@ impl Default for CudaOptions {
             split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: true,
             wgmma_bf16: true,
+            wgb_tok: 128,
             chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
@@ -225,6 +230,7 @@ impl CudaOptions {
     /// | `LILY_SPLIT_LONG_KEYS=N` | `split_long_keys` |
     /// | `LILY_WGMMA_GEMM=0` | `wgmma_gemm` |
     /// | `LILY_WGMMA_BF16=0` | `wgmma_bf16` |
+    /// | `LILY_WGB_TOK=N` (128 or 256) | `wgb_tok` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
@@ -254,6 +260,9 @@ impl CudaOptions {
         }
         if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
             self.decode_blocks_per_sm = n;
+        }
+        if let Some(n) = number("LILY_WGB_TOK").filter(|&t| t == 128 || t == 256) {
+            self.wgb_tok = n;
         }
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
@@ -419,6 +428,7 @@ impl Plan {
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
                 wgmma_min_tok: WGMMA_MIN_TOK,
                 wgmma_bf16: o.wgmma_bf16 && o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
+                wgb_tok: o.wgb_tok,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
@@ -601,7 +611,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} (bf16 staging {}), chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} (bf16 staging {}, {} tokens a block), chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -625,6 +635,7 @@ impl Plan {
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
             on(sw.wgmma_bf16),
+            sw.wgb_tok,
             on(sw.chunked_scan),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
@@ -683,6 +694,7 @@ mod tests {
             ("LILY_SPLIT_LONG_KEYS", "4096"),
             ("LILY_WGMMA_GEMM", "0"),
             ("LILY_WGMMA_BF16", "0"),
+            ("LILY_WGB_TOK", "256"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
@@ -718,6 +730,7 @@ mod tests {
                 split_long_keys: 4096,
                 wgmma_gemm: false,
                 wgmma_bf16: false,
+                wgb_tok: 256,
                 chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,

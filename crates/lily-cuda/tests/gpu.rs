@@ -524,13 +524,14 @@ fn wgmma_linears_match_the_bf16_product() {
         let want = bf16_product(&w, &x);
         let r = bf(rng.vec(t * rows, 0.5));
         let xb = stage(&g, dx.ptr, t, cols);
-        let staged = [None, Some(Rows::new(xb.ptr, cols))];
-        for xb in staged.into_iter().filter(|s| s.is_none() || wgb_fits(&dw)) {
-            let name = if xb.is_some() {
-                "gemm_dense_wgb"
-            } else {
-                "gemm_dense_wg"
-            };
+        let staged = Some(Rows::new(xb.ptr, cols));
+        let paths = [
+            ("gemm_dense_wg", None, 128),
+            ("gemm_dense_wgb", staged, 128),
+            ("gemm_dense_wgb256", staged, 256),
+        ];
+        for (name, xb, tok) in paths.into_iter().filter(|p| p.1.is_none() || wgb_fits(&dw)) {
+            g.g.switches.wgb_tok = tok;
             let dy = poisoned(&g, t * rows);
             g.project_staged(&dw, dx.ptr, cols, xb, dy.ptr, rows, t, Store::Overwrite);
             let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
@@ -596,12 +597,15 @@ fn wgmma_linears_match_the_bf16_product() {
         });
         println!("KERNEL to_bf16 T={t} x{cols}: {:.1} µs", secs * 1e6);
         let mut outs = Vec::new();
-        for (name, wg, staged) in [
-            ("gemm_dense", false, None),
-            ("gemm_dense_wg", true, None),
-            ("gemm_dense_wgb", true, Some(Rows::new(xb.ptr, cols))),
+        let staged = Some(Rows::new(xb.ptr, cols));
+        for (name, wg, staged, tok) in [
+            ("gemm_dense", false, None, 128),
+            ("gemm_dense_wg", true, None, 128),
+            ("gemm_dense_wgb", true, staged, 128),
+            ("gemm_dense_wgb256", true, staged, 256),
         ] {
             g.g.switches.wgmma_gemm = wg;
+            g.g.switches.wgb_tok = tok;
             let dy = poisoned(&g, t * rows);
             let secs = timed(&g, &|| {
                 g.project_staged(&dw, dx.ptr, cols, staged, dy.ptr, rows, t, Store::Overwrite)

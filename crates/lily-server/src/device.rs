@@ -315,6 +315,7 @@ mod tests {
                 split_long_keys: lily_cuda::kernels::attention::SPLIT_LONG_KEYS,
                 wgmma_gemm: false,
                 wgmma_bf16: false,
+                wgb_tok: 128,
                 chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,

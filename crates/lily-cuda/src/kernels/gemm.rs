@@ -101,6 +101,7 @@ pub struct Gemm {
     dense_wg: Kernel,
     grouped_wg64: Kernel,
     dense_wgb: Kernel,
+    dense_wgb256: Kernel,
     grouped_wgb64: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
@@ -125,6 +126,7 @@ impl Gemm {
             dense_wg: wg("gemm_dense_wg", wg_smem(WG_TOK, WG_MAX_GROUPS))?,
             grouped_wg64: wg("gemm_grouped_wg64", wg_smem(64, WG_MAX_GROUPS))?,
             dense_wgb: wg("gemm_dense_wgb", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
+            dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
@@ -196,11 +198,19 @@ impl Gemm {
         if let Some(xb) =
             a.xb.filter(|_| Self::takes_wgmma(gpu, a.w, a.n_tok) && wgb_fits(a.w))
         {
-            let (xb_stride, cfg) = (
-                xb.stride as i32,
-                config(grid_wg, 256, wgb_smem(WG_TOK, groups)),
-            );
-            return gpu.launch(&self.dense_wgb, cfg, |l| {
+            let tok = if gpu.switches.wgb_tok == 256 {
+                256
+            } else {
+                WG_TOK
+            };
+            let kernel = if tok == 256 {
+                &self.dense_wgb256
+            } else {
+                &self.dense_wgb
+            };
+            let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
+            let (xb_stride, cfg) = (xb.stride as i32, config(grid, 256, wgb_smem(tok, groups)));
+            return gpu.launch(kernel, cfg, |l| {
                 l.arg(&w)
                     .arg(&xb.ptr)
                     .arg(&xb_stride)
