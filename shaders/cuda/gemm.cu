@@ -335,36 +335,40 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 }
 
 // ---- Hopper (sm_90a): warpgroup MMA --------------------------------------------------------------
-// gemm_dense_wg (TOK = 128) / gemm_grouped_wg64 (TOK = 64): gemm_dense and gemm_grouped for 4-bit
-// weights with wgmma (the plan's `wgmma_gemm`, sm_90a). A block computes WG_ROWS = 128 weight rows ×
-// TOK tokens (items) with two warpgroups (256 threads), each 64 rows: per 16 columns one
-// wgmma.m64n{TOK}k16 with
+// gemm_dense_wgb (TOK = 128), gemm_dense_wgb256 (TOK = 256) / gemm_grouped_wgb64, _wgb128 (TOK = 64, 128):
+// gemm_dense and gemm_grouped for 4-bit weights with wgmma (the plan's `wgmma_gemm`, sm_90a), on
+// activations the forward pass staged as bf16 rows (`to_bf16` below; bf16-valued in this mode, so
+// exactly). A block computes WG_ROWS = 128 weight rows × TOK tokens (items) with two warpgroups
+// (256 threads), each 64 rows: per 16 columns one wgmma.m64n{TOK}k16 with
 //   A = the weights, dequantised straight into the MMA's register fragments (bf16(scale·q + bias), as
-//     gemm_dense's w_store makes them): warp w of a warpgroup holds rows 16w + lane/4 and + 8;
-//   B = the tokens' activations, bf16, K-major in shared memory with the 128-byte swizzle (a token's
-//     64 columns of a k-step are one 128-byte row), read by the MMA through a matrix descriptor.
-// The columns are permuted inside each 16-column slice so that a thread's four columns of a
-// fragment are four consecutive packed weights: thread t (lane % 4) of a quad reads words 2t, 2t + 1
-// of each of its rows per 64-column step (columns 16t .. 16t + 15), and its fragment columns
-// {2t, 2t+1, 2t+8, 2t+9} of slice s are the weights at 16t + 4s + {0, 1, 2, 3}; the activations are
-// written into B with the same permutation (a dot product does not depend on the order of its
-// terms, so the result is the product of the unpermuted matrices).
-// Pipeline: a ring of WG_STAGES k-steps (the fp32 activations and the packed weights, cp.async,
-// issued WG_STAGES − 1 steps ahead); per step the block converts the next step's activations into
-// the other B buffer and its weights into the other register fragments while this step's wgmma run
-// asynchronously. Scales and biases of the block's rows for every group come into shared memory
-// once. The epilogue is gemm_dense's / gemm_grouped's: act(sum), or act(y + act(sum)) with
-// accumulate (dense only).
-// Limits (the launcher checks): bits 4, cols % 64 == 0, group % 16 == 0, cols / group ≤ 64.
-// Dynamic shared memory (wg_smem in the launcher): 1 KB of alignment slack, B 2 × TOK × 128 bytes,
-// the ring WG_STAGES × (TOK × 256 + 128 × 32 bytes), the scales and biases 128 × (cols / group) × 4.
-#ifndef WG_STAGES
-#error "WG_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+//     gemm_dense's w_store makes them): thread (g, t) of warp w holds, per 16-column slice s, columns
+//     16s + 2t, +1 (byte t of the step's packed word 2s) and 16s + 2t + 8, +9 (byte t of word 2s + 1)
+//     of rows 16w + g and + 8; it reads its rows' 32 bytes and picks the bytes with prmt, and a
+//     4-bit value becomes a float by its exponent (0x4B000000 | q is 2^23 + q), with no
+//     integer-to-float conversion;
+//   B = the tokens' activations, K-major in shared memory with the 128-byte swizzle (a token's 64
+//     columns of a k-step are one 128-byte row), copied by cp.async straight into that layout
+//     (16-byte chunk c of token n at chunk c ^ (n % 8)) and read by the MMA through a descriptor.
+// Pipeline: a ring of WGB_STAGES k-steps (activations and packed weights, issued WGB_STAGES − 1
+// steps ahead); step st + 1's MMAs are issued while step st's run (wait_group 1), step st + 1's
+// fragments are dequantised meanwhile, and the ring slot of step st − 1 is refilled once both
+// warpgroups have passed it: one barrier a step. Scales and biases of the block's rows sit in
+// shared memory group-major (consecutive rows in consecutive banks). The epilogue is
+// gemm_dense's / gemm_grouped's: act(sum), or act(y + act(sum)) with accumulate (dense only).
+// Limits (the launcher checks, `wg_fits`): bits 4, cols % 128 == 0 (an even number of k-steps: the
+// main loop takes two a turn with no branch between the MMAs, which would make ptxas serialise
+// them), a group of a power of two ≥ 16 (a slice's group by a shift), cols / group ≤ 64.
+// Dynamic shared memory (wgb_smem in the launcher): 1 KB of alignment slack, the ring WGB_STAGES ×
+// (TOK × 128 + 128 × 32 bytes), the (scale, bias) pairs 128 × (cols / group) × 4.
+// History: session 6's gemm_dense_wg converted fp32 activations inside each block and waited for
+// each step's MMAs: 141 TFLOP/s on the H200 where these reach 252 (TOK 128) and 335 (TOK 256).
+#ifndef WGB_STAGES
+#error "WGB_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
 #endif
 #define WG_ROWS 128
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The kernels' dynamic shared memory (wg_tile aligns it to 1024 bytes).
+// The kernels' dynamic shared memory (wgb_tile aligns it to 1024 bytes).
 extern __shared__ __align__(16) char wg_raw[];
 
 // d (64 × TOK f32, the warpgroup's accumulator fragment) += A (64 × 16 bf16, registers) · B (16 ×
@@ -436,191 +440,6 @@ __device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int 
     }
 }
 
-// A block's shared memory: B (2 buffers), the ring, the (scale, bias) pairs, the token rows.
-template <int TOK>
-struct WgSmem {
-    static const int XB = TOK * 128;             // one B buffer
-    static const int RING_X = TOK * 64 * 4;      // a ring stage's fp32 activations
-    static const int STAGE = RING_X + WG_ROWS * 32;  // ... and packed weights
-    char* xb;
-    char* ring;
-    u32* sb;
-    const int* src;  // [TOK] activation row of each token slot (-1: none)
-};
-
-// Step `st`'s activations and packed weights into ring slot `slot` (one cp.async group is
-// committed by the caller; slots of absent tokens and rows past the weight's are not read: their
-// products are never stored).
-template <int TOK>
-__device__ __forceinline__ void wg_issue(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
-                                         int x_stride, const WgSmem<TOK>& sm, int st, int slot) {
-    char* xs = sm.ring + slot * WgSmem<TOK>::STAGE;
-    int k0 = st * 64;
-    for (int i = threadIdx.x; i < TOK * 16; i += blockDim.x) {
-        int n = i >> 4, c = (i & 15) * 4;
-        int src = sm.src[n];
-        if (src >= 0) cp_async16(xs + (n * 64 + c) * 4, x + (long long)src * x_stride + k0 + c);
-    }
-    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
-    long long row = w_row0 + min(m0 + r, w.rows - 1);
-    const char* wsrc = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + k0 / 2 + 16 * h;
-    cp_async16(xs + WgSmem<TOK>::RING_X + r * 32 + 16 * h, wsrc);
-}
-
-// Step `st` from ring slot `slot`: the activations into B buffer `xb` (bf16, permuted, swizzled) and
-// this thread's weight fragments into a[4][4] (slice s: a[s]).
-template <int TOK>
-__device__ __forceinline__ void wg_convert(const QWeight& w, const WgSmem<TOK>& sm, int groups, int st, int slot,
-                                           char* xb, u32 (&a)[4][4]) {
-    const char* xs = sm.ring + slot * WgSmem<TOK>::STAGE;
-#pragma unroll
-    for (int it = 0; it < TOK / 64; it++) {
-        int i = threadIdx.x + it * 256;
-        int n = i >> 2, s = i & 3;
-        const float* row = reinterpret_cast<const float*>(xs) + n * 64 + 4 * s;
-        // Odd tokens read their four 16-byte pieces in the order 1, 0, 3, 2, so that the eight
-        // lanes of a phase (two tokens × four slices) hit distinct banks.
-        int o = n & 1;
-        float4 l0 = *reinterpret_cast<const float4*>(row + 16 * (0 ^ o));
-        float4 l1 = *reinterpret_cast<const float4*>(row + 16 * (1 ^ o));
-        float4 l2 = *reinterpret_cast<const float4*>(row + 16 * (2 ^ o));
-        float4 l3 = *reinterpret_cast<const float4*>(row + 16 * (3 ^ o));
-        float4 x0 = o ? l1 : l0, x1 = o ? l0 : l1, x2 = o ? l3 : l2, x3 = o ? l2 : l3;
-        char* dst = xb + n * 128;
-        uint4 c0 = make_uint4(pack_bf16x2(x0.x, x0.y), pack_bf16x2(x1.x, x1.y), pack_bf16x2(x2.x, x2.y),
-                              pack_bf16x2(x3.x, x3.y));
-        uint4 c1 = make_uint4(pack_bf16x2(x0.z, x0.w), pack_bf16x2(x1.z, x1.w), pack_bf16x2(x2.z, x2.w),
-                              pack_bf16x2(x3.z, x3.w));
-        *reinterpret_cast<uint4*>(dst + (((2 * s) ^ (n & 7)) << 4)) = c0;
-        *reinterpret_cast<uint4*>(dst + (((2 * s + 1) ^ (n & 7)) << 4)) = c1;
-    }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;  // the warpgroup's 64 rows, the warp's 16
-    int grp = (st * 64 + 16 * t) / w.group;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int r = r0 + 8 * h;
-        uint2 wd = *reinterpret_cast<const uint2*>(xs + WgSmem<TOK>::RING_X + r * 32 + 8 * t);
-        u32 p = sm.sb[r * groups + grp];
-        float sc = bf16_to_f32((u16)(p & 0xffffu)), bi = bf16_to_f32((u16)(p >> 16));
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            u32 word = s < 2 ? wd.x : wd.y;
-            int sh = 16 * (s & 1);
-            float v0 = fmaf(sc, (float)((word >> sh) & 15u), bi);
-            float v1 = fmaf(sc, (float)((word >> (sh + 4)) & 15u), bi);
-            float v2 = fmaf(sc, (float)((word >> (sh + 8)) & 15u), bi);
-            float v3 = fmaf(sc, (float)((word >> (sh + 12)) & 15u), bi);
-            a[s][h] = pack_bf16x2(v0, v1);      // fragment columns 2t, 2t + 1
-            a[s][2 + h] = pack_bf16x2(v2, v3);  // 2t + 8, 2t + 9
-        }
-    }
-}
-
-// One k-step: this step's four wgmma from B buffer st % 2 and fragments `a`; meanwhile the ring's
-// next request and the next step's conversion into the other buffer and `an`.
-template <int TOK>
-__device__ __forceinline__ void wg_step(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
-                                        int x_stride, const WgSmem<TOK>& sm, int groups, int st, int steps,
-                                        float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
-    u32 xb_cur = smem_addr(sm.xb + (st & 1) * WgSmem<TOK>::XB);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; s++) wgmma_tok<TOK>(d, a[s], wg_desc(xb_cur + 32 * s));
-    wgmma_commit();
-    int ahead = st + WG_STAGES - 1;
-    if (ahead < steps) wg_issue<TOK>(w, w_row0, m0, x, x_stride, sm, ahead, ahead % WG_STAGES);
-    cp_async_commit();
-    if (st + 1 < steps) {
-        cp_async_wait<WG_STAGES - 2>();
-        __syncthreads();
-        wg_convert<TOK>(w, sm, groups, st + 1, (st + 1) % WG_STAGES, sm.xb + ((st + 1) & 1) * WgSmem<TOK>::XB, an);
-        fence_proxy_async();
-    }
-    wgmma_wait0();
-#pragma unroll
-    for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
-    __syncthreads();
-}
-
-// The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
-// src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
-// none; the caller fills them, the first barrier below publishes them).
-template <int TOK>
-__device__ __forceinline__ void wg_tile(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
-                                        int x_stride, const int* src, const int* dst, float* __restrict__ y,
-                                        int y_stride, int accumulate, char* raw) {
-    WgSmem<TOK> sm;
-    char* base = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    sm.xb = base;
-    sm.ring = base + 2 * WgSmem<TOK>::XB;
-    sm.sb = reinterpret_cast<u32*>(sm.ring + WG_STAGES * WgSmem<TOK>::STAGE);
-    sm.src = src;
-    int groups = w.cols / w.group, steps = w.cols / 64;
-    // Scales and biases of the block's rows, every group: (scale, bias) bf16 pairs.
-    for (int i = threadIdx.x; i < WG_ROWS * groups; i += blockDim.x) {
-        int r = i / groups, gi = i % groups;
-        long long at = (w_row0 + min(m0 + r, w.rows - 1)) * groups + gi;
-        sm.sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
-    }
-    __syncthreads();  // src (the caller's) before the first requests
-    for (int st = 0; st < WG_STAGES - 1; st++) {
-        if (st < steps) wg_issue<TOK>(w, w_row0, m0, x, x_stride, sm, st, st);
-        cp_async_commit();
-    }
-    float d[TOK / 2];
-#pragma unroll
-    for (int i = 0; i < TOK / 2; i++) d[i] = 0.0f;
-    u32 a0[4][4], a1[4][4];
-    cp_async_wait<WG_STAGES - 2>();
-    __syncthreads();
-    wg_convert<TOK>(w, sm, groups, 0, 0, sm.xb, a0);
-    fence_proxy_async();
-    __syncthreads();
-    for (int st = 0; st < steps; st += 2) {
-        wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st, steps, d, a0, a1);
-        if (st + 1 < steps) wg_step<TOK>(w, w_row0, m0, x, x_stride, sm, groups, st + 1, steps, d, a1, a0);
-    }
-    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
-}
-#endif
-
-// grid (ceil(rows / 128), ceil(n_tok / 128)).
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_dense_wg(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-              int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __shared__ int rows[128];
-    if (threadIdx.x < 128) {
-        int n = blockIdx.y * 128 + threadIdx.x;
-        rows[threadIdx.x] = n < n_tok ? n : -1;
-    }
-    wg_tile<128>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
-#else
-    __trap();
-#endif
-}
-
-// ---- gemm_dense_wgb / gemm_grouped_wgb64: the wgmma GEMMs for activations staged as bf16 ----------
-// The same products as gemm_dense_wg / gemm_grouped_wg64, reading the activations as bf16 rows
-// (`to_bf16` below stages a GEMM's input; bf16-valued in this mode, so exactly) in their natural
-// column order:
-//   B: a stage's TOK × 64 bf16 go by cp.async straight into the MMA's layout (16-byte chunk c of
-//      token n at chunk c ^ (n % 8) of its 128-byte row: the 128-byte swizzle), no conversion pass;
-//   A: thread (g, t) of a warp holds, per 16-column slice s, columns 16s + 2t, +1 (byte t of the
-//      step's packed word 2s) and 16s + 2t + 8, +9 (byte t of word 2s + 1) of rows g and g + 8: it
-//      reads its rows' 32 bytes and picks the bytes with prmt; a 4-bit value becomes a float by
-//      its exponent (0x4B000000 | q is 2^23 + q), with no integer-to-float conversion;
-//   the k-steps overlap: step st + 1's MMAs are issued while step st's run (wait_group 1), and the
-//      ring slot of step st − 1 is refilled once both warpgroups have passed it, one barrier a step.
-// Scales and biases of the block's rows sit in shared memory group-major (consecutive rows in
-// consecutive banks). Limits (the launcher checks, `wgb_fits`): as gemm_dense_wg's, the group a power
-// of two (a slice's group by a shift) and cols % 128 == 0 (an even number of k-steps: the main loop
-// takes two a turn with no branch between the MMAs, which would make ptxas serialise them).
-// Dynamic shared memory (wgb_smem in the launcher): 1 KB of alignment slack, the ring WGB_STAGES ×
-// (TOK × 128 + 128 × 32 bytes), the (scale, bias) pairs 128 × (cols / group) × 4.
-#ifndef WGB_STAGES
-#error "WGB_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
 #endif
 
 // y[r, c] = bf16(x[r, c]) for r < rows, c < cols (cols % 8 == 0); y's rows are cols long.
@@ -712,7 +531,9 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
     if (st + 1 < steps) wgb_dequant<TOK>(ring, sb, gsh, st + 1, (st + 1) % WGB_STAGES, an);
 }
 
-// The block: rows m0 .. m0 + 127 of the matrix at w_row0, token slots src / dst as wg_tile's.
+// The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
+// src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
+// none; the caller fills them, the first barrier below publishes them).
 template <int TOK>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
@@ -780,29 +601,12 @@ gemm_dense_wgb256(QWeight w, const u16* __restrict__ x, int x_stride, float* __r
 #endif
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// wg_tile for fp32 activations, wgb_tile for staged bf16 ones.
-template <int TOK>
-__device__ __forceinline__ void wg_any(const QWeight& w, long long w_row0, int m0, const float* __restrict__ x,
-                                       int x_stride, const int* src, const int* dst, float* __restrict__ y,
-                                       int y_stride, int accumulate, char* raw) {
-    wg_tile<TOK>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, accumulate, raw);
-}
-template <int TOK>
-__device__ __forceinline__ void wg_any(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
-                                       int x_stride, const int* src, const int* dst, float* __restrict__ y,
-                                       int y_stride, int accumulate, char* raw) {
-    wgb_tile<TOK>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, accumulate, raw);
-}
-#endif
-
 // grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
 // moe_group made them with tiles of TOK; blocks past *n_tiles exit.
-// X: float (gemm_grouped_wg64) or u16, bf16 rows (gemm_grouped_wgb64).
-template <int TOK, typename X>
+template <int TOK>
 __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
                                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,
-                                                const X* __restrict__ x, int x_stride, int x_div,
+                                                const u16* __restrict__ x, int x_stride, int x_div,
                                                 float* __restrict__ y, int y_stride) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __shared__ int src[TOK], dst[TOK];
@@ -814,17 +618,10 @@ __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __r
         src[threadIdx.x] = item < 0 ? -1 : item / x_div;
         dst[threadIdx.x] = item;
     }
-    wg_any<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+    wgb_tile<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
 #else
     __trap();
 #endif
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_grouped_wg64(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
-                  const int* __restrict__ n_tiles, const float* __restrict__ x, int x_stride, int x_div,
-                  float* __restrict__ y, int y_stride) {
-    grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
@@ -832,4 +629,12 @@ gemm_grouped_wgb64(QWeight w, const int* __restrict__ perm, const int* __restric
                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                    float* __restrict__ y, int y_stride) {
     grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+
+// Tiles of 128 items (`wgmma_group_tile` = 128, where experts average ≥ 96 items a chunk).
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                    float* __restrict__ y, int y_stride) {
+    grouped_wg_body<128>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }

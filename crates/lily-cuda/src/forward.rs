@@ -785,13 +785,14 @@ impl Forward<'_> {
         };
         match self.plan.moe(m, shape, n) {
             MoePath::TensorCoreGrouped { tile } => {
+                let tile = Gemm::group_tile(gpu, tile, n, items, e);
                 let g = groups(tile);
                 k.moe.group(gpu, &group(g))?;
                 let staged = |w, x, xb, x_div, y| Grouped {
                     xb,
                     ..by_expert(w, g, x, x_div, y)
                 };
-                let xb = if tile == 64 {
+                let xb = if tile >= 64 {
                     self.stage_bf16(xn, n, h, n)?
                 } else {
                     None
@@ -799,7 +800,7 @@ impl Forward<'_> {
                 k.gemm.grouped(gpu, &staged(&m.gate, xn, xb, top_k, eg))?;
                 k.gemm.grouped(gpu, &staged(&m.up, xn, xb, top_k, eu))?;
                 k.moe.silu_mul(gpu, &silu)?;
-                let hb = if tile == 64 {
+                let hb = if tile >= 64 {
                     self.stage_bf16(eh, items, inter, n)?
                 } else {
                     None

@@ -87,18 +87,21 @@ pub struct KernelSwitches {
     /// With `mma_attention` and head dim 256: the context (keys) from which the split kernels
     /// take their long-context body (`attention::SPLIT_LONG_KEYS` unless a test moves it).
     pub split_long_keys: usize,
-    /// 4-bit prefill projections with wgmma on sm_90a (gemm_dense_wg, gemm_grouped_wg64)
-    /// instead of mma.sync (gemm_dense, gemm_grouped64).
+    /// 4-bit prefill projections with wgmma on sm_90a (gemm_dense_wgb(256), gemm_grouped_wgb64, on
+    /// inputs staged as bf16) instead of mma.sync (gemm_dense, gemm_grouped64).
     pub wgmma_gemm: bool,
-    /// With `wgmma_gemm`: the fewest tokens of a chunk whose dense projections take
-    /// gemm_dense_wg (at least its tile, WG_TOK).
+    /// With `wgmma_gemm`: the fewest tokens of a chunk whose projections take the wgmma kernels
+    /// (at least WG_TOK).
     pub wgmma_min_tok: usize,
-    /// With `wgmma_gemm`: the GEMMs' inputs staged as bf16 and read by gemm_dense_wgb /
-    /// gemm_grouped_wgb64 (Forward::stage_bf16) instead of gemm_dense_wg / gemm_grouped_wg64.
-    pub wgmma_bf16: bool,
-    /// With `wgmma_bf16`: tokens a block of the dense kernel (128: gemm_dense_wgb, 256:
+    /// With `wgmma_gemm`: tokens a block of the dense kernel (128: gemm_dense_wgb, 256:
     /// gemm_dense_wgb256).
     pub wgb_tok: usize,
+    /// With `wgb_tok` = 256: the fewest tokens of a chunk that takes it (gemm::WGB256_MIN_TOK
+    /// unless a test moves it).
+    pub wgb256_min_tok: usize,
+    /// With `wgmma_gemm`: the routed experts' tile once experts average three quarters of it
+    /// (64: gemm_grouped_wgb64, 128: gemm_grouped_wgb128).
+    pub wgmma_group_tile: usize,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -121,8 +124,9 @@ impl Default for KernelSwitches {
             split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: false,
             wgmma_min_tok: crate::kernels::gemm::WG_TOK,
-            wgmma_bf16: false,
-            wgb_tok: 128,
+            wgb_tok: 256,
+            wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
+            wgmma_group_tile: 128,
             chunked_scan: false,
         }
     }

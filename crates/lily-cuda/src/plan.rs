@@ -118,25 +118,30 @@ pub struct CudaOptions {
     /// split kernels (`attention::SPLIT_LONG_KEYS`, 65,536, by default; `LILY_SPLIT_LONG_KEYS=N`;
     /// 0: always, a number past the context: never).
     pub split_long_keys: usize,
-    /// Prefill's 4-bit projections with Hopper's warpgroup MMA on sm_90a (gemm_dense_wg for dense
-    /// projections of chunks of at least WGMMA_MIN_TOK tokens, gemm_grouped_wg64 for the experts'
-    /// tiles of 64) instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On the H200:
-    /// 141 against 109–118 TFLOP/s at 4,096 tokens, slower at 512 (docs/perf-notes.md, session 7).
+    /// Prefill's 4-bit projections with Hopper's warpgroup MMA on sm_90a for chunks of at least
+    /// `wgmma_min_tok` tokens: each projection's input staged once as bf16 (`to_bf16`), then
+    /// gemm_dense_wgb / gemm_dense_wgb256 for dense projections and gemm_grouped_wgb64 / _wgb128
+    /// for the experts' tiles, instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On
+    /// the H200: 336 against gemm_dense's 118 TFLOP/s at 4,096 tokens; prefill 512 7,770 → 8,716,
+    /// 4K 14,200 → 20,040 tok/s (docs/perf-notes.md, session 8).
     pub wgmma_gemm: bool,
-    /// With `wgmma_gemm`: each projection's input rows are staged once as bf16 (`to_bf16`) and
-    /// the wgmma GEMMs read them straight into their MMA layout (gemm_dense_wgb,
-    /// gemm_grouped_wgb64: no conversion pass in the kernel, weights dequantised without
-    /// integer-to-float conversions, one MMA group in flight across k-steps) instead of
-    /// converting fp32 activations block by block (`--no-wgmma-bf16`, `LILY_WGMMA_BF16=0`).
-    pub wgmma_bf16: bool,
-    /// With `wgmma_bf16`: tokens a block of the dense bf16-input GEMM, 128 (gemm_dense_wgb) or 256
-    /// (gemm_dense_wgb256: half the weight work a product, 128 accumulators a thread;
-    /// `LILY_WGB_TOK=256`).
+    /// With `wgmma_gemm`: tokens a block of the dense wgmma GEMM for chunks of at least
+    /// gemm::WGB256_MIN_TOK tokens, 256 (gemm_dense_wgb256: 336 TFLOP/s at 4,096 tokens on the
+    /// H200) or 128 (gemm_dense_wgb: 253; `LILY_WGB_TOK=128`); smaller chunks take 128 (at 512
+    /// tokens 13.0 against 19.3 µs).
     pub wgb_tok: usize,
+    /// With `wgmma_gemm`: the fewest tokens of a chunk whose projections take the wgmma kernels
+    /// (WGMMA_MIN_TOK; `LILY_WGMMA_MIN_TOK=N`, at least 128).
+    pub wgmma_min_tok: usize,
+    /// With `wgmma_gemm`: items a tile of the routed experts' wgmma GEMM once experts average
+    /// three quarters of it, 128 (gemm_grouped_wgb128: prefill +0.8…1.3 % at 4K…128K on the H200)
+    /// or 64 (gemm_grouped_wgb64; `LILY_WGMMA_GROUP_TILE=64`).
+    pub wgmma_group_tile: usize,
     /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
     /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
     /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
-    /// 1.27× slower (docs/perf-notes.md, session 7).
+    /// 1.27× slower in one kernel (session 7) and 1.17× in two launches (session 8;
+    /// docs/perf-notes.md).
     pub chunked_scan: bool,
     /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
@@ -183,8 +188,9 @@ impl Default for CudaOptions {
             fused_attn_prep: true,
             split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
             wgmma_gemm: true,
-            wgmma_bf16: true,
-            wgb_tok: 128,
+            wgb_tok: 256,
+            wgmma_min_tok: WGMMA_MIN_TOK,
+            wgmma_group_tile: 128,
             chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
@@ -194,10 +200,11 @@ impl Default for CudaOptions {
     }
 }
 
-/// The fewest tokens of a prefill chunk whose dense projections take gemm_dense_wg under
-/// `wgmma_gemm`: on the H200 it ran 141 TFLOP/s against gemm_dense's 109–118 at 4,096 tokens but
-/// 20.8 against 17.4 µs at 512 (docs/perf-notes.md, session 7).
-pub const WGMMA_MIN_TOK: usize = 2048;
+/// The fewest tokens of a prefill chunk whose projections take the wgmma kernels under
+/// `wgmma_gemm`: at 512 tokens gemm_dense_wgb runs 13.0 against gemm_dense's 17.3 µs (2048×512)
+/// and a 512-token prefill 7,770 → 8,716 tok/s on the H200 (docs/perf-notes.md, session 8);
+/// shorter chunks are not measured and keep mma.sync.
+pub const WGMMA_MIN_TOK: usize = 512;
 
 impl CudaOptions {
     /// The documented environment overrides, applied on top of these options. This is the one
@@ -229,8 +236,9 @@ impl CudaOptions {
     /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
     /// | `LILY_SPLIT_LONG_KEYS=N` | `split_long_keys` |
     /// | `LILY_WGMMA_GEMM=0` | `wgmma_gemm` |
-    /// | `LILY_WGMMA_BF16=0` | `wgmma_bf16` |
     /// | `LILY_WGB_TOK=N` (128 or 256) | `wgb_tok` |
+    /// | `LILY_WGMMA_MIN_TOK=N` (N ≥ 128) | `wgmma_min_tok` |
+    /// | `LILY_WGMMA_GROUP_TILE=N` (64 or 128) | `wgmma_group_tile` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
@@ -264,10 +272,16 @@ impl CudaOptions {
         if let Some(n) = number("LILY_WGB_TOK").filter(|&t| t == 128 || t == 256) {
             self.wgb_tok = n;
         }
+        if let Some(n) = number("LILY_WGMMA_GROUP_TILE").filter(|&t| t == 64 || t == 128) {
+            self.wgmma_group_tile = n;
+        }
+        if let Some(n) = number("LILY_WGMMA_MIN_TOK").filter(|&t| t >= 128) {
+            self.wgmma_min_tok = n;
+        }
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 25] = [
+        let flags: [(&str, &mut bool); 24] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -289,7 +303,6 @@ impl CudaOptions {
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
-            ("LILY_WGMMA_BF16", &mut self.wgmma_bf16),
             ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
@@ -426,9 +439,10 @@ impl Plan {
                 fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
                 split_long_keys: o.split_long_keys,
                 wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
-                wgmma_min_tok: WGMMA_MIN_TOK,
-                wgmma_bf16: o.wgmma_bf16 && o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
+                wgmma_min_tok: o.wgmma_min_tok,
+                wgmma_group_tile: o.wgmma_group_tile,
                 wgb_tok: o.wgb_tok,
+                wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
@@ -611,7 +625,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} (bf16 staging {}, {} tokens a block), chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block), chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -634,7 +648,6 @@ impl Plan {
             on(sw.mma_attention),
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
-            on(sw.wgmma_bf16),
             sw.wgb_tok,
             on(sw.chunked_scan),
             on(self.pipelined_decode),
@@ -693,8 +706,9 @@ mod tests {
             ("LILY_FUSED_ATTN_PREP", "0"),
             ("LILY_SPLIT_LONG_KEYS", "4096"),
             ("LILY_WGMMA_GEMM", "0"),
-            ("LILY_WGMMA_BF16", "0"),
-            ("LILY_WGB_TOK", "256"),
+            ("LILY_WGB_TOK", "128"),
+            ("LILY_WGMMA_MIN_TOK", "1024"),
+            ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
@@ -729,8 +743,9 @@ mod tests {
                 fused_attn_prep: false,
                 split_long_keys: 4096,
                 wgmma_gemm: false,
-                wgmma_bf16: false,
-                wgb_tok: 256,
+                wgb_tok: 128,
+                wgmma_min_tok: 1024,
+                wgmma_group_tile: 64,
                 chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,

@@ -118,10 +118,6 @@ pub struct CudaArgs {
     /// [env LILY_WGMMA_GEMM=0].
     #[arg(long)]
     pub no_wgmma_gemm: bool,
-    /// Prefill's wgmma GEMMs converting fp32 activations inside each block instead of reading
-    /// inputs staged once as bf16 [env LILY_WGMMA_BF16=0].
-    #[arg(long)]
-    pub no_wgmma_bf16: bool,
     /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
@@ -161,7 +157,6 @@ impl CudaArgs {
             mma_attention: !self.no_mma_attention,
             fused_attn_prep: !self.no_fused_attn_prep,
             wgmma_gemm: !self.no_wgmma_gemm,
-            wgmma_bf16: !self.no_wgmma_bf16,
             chunked_scan: self.chunked_scan,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
@@ -283,7 +278,6 @@ mod tests {
             "--no-mma-attention",
             "--no-fused-attn-prep",
             "--no-wgmma-gemm",
-            "--no-wgmma-bf16",
             "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
@@ -314,8 +308,9 @@ mod tests {
                 fused_attn_prep: false,
                 split_long_keys: lily_cuda::kernels::attention::SPLIT_LONG_KEYS,
                 wgmma_gemm: false,
-                wgmma_bf16: false,
-                wgb_tok: 128,
+                wgb_tok: 256,
+                wgmma_min_tok: lily_cuda::plan::WGMMA_MIN_TOK,
+                wgmma_group_tile: 128,
                 chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,

@@ -16,16 +16,18 @@ pub const GEMM_LDS: usize = GEMM_BK + 8;
 pub const GEMM_THREADS: usize = 256;
 /// Tokens per block of gemm_dense / gemm_dense_exact.
 const DENSE_BM: usize = 64;
-/// gemm_dense_wg / gemm_grouped_wg64 (wgmma, sm_90a): weight rows per block (WG_ROWS in gemm.cu),
-/// tokens per block of the dense kernel (items: the tile, 64, for the grouped one), k-steps of 64
-/// columns in flight in the ring.
+/// gemm_dense_wgb(256) / gemm_grouped_wgb64 (wgmma, sm_90a): weight rows per block (WG_ROWS in
+/// gemm.cu), the fewest tokens a block of the dense kernels has (128; 256 for gemm_dense_wgb256,
+/// the plan's `wgb_tok`; items: the tile, 64, for the grouped one), k-steps of 64 columns in the
+/// ring.
 pub const WG_ROWS: usize = 128;
 pub const WG_TOK: usize = 128;
-pub const WG_STAGES: usize = 4;
-/// gemm_dense_wgb / gemm_grouped_wgb64 (bf16 inputs): k-steps in the ring.
+/// The fewest tokens of a chunk whose dense projections take gemm_dense_wgb256 when the plan's
+/// `wgb_tok` is 256 (it loses to gemm_dense_wgb at 512 tokens: 19.3 against 13.0 µs, 2048×512).
+pub const WGB256_MIN_TOK: usize = 2048;
 pub const WGB_STAGES: usize = 5;
-/// The most groups a row of gemm_dense_wg's weights may have (its scales and biases are held in
-/// shared memory: 128 rows × groups × 4 bytes).
+/// The most groups a row of the wgmma kernels' weights may have (its scales and biases are held
+/// in shared memory: 128 rows × groups × 4 bytes).
 pub const WG_MAX_GROUPS: usize = 64;
 
 pub const FILE: KernelFile = KernelFile {
@@ -36,7 +38,6 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_BK", GEMM_BK as i64),
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
-        ("WG_STAGES", WG_STAGES as i64),
         ("WGB_STAGES", WGB_STAGES as i64),
     ],
 };
@@ -52,22 +53,10 @@ pub const fn gemm_smem_exact(bm: usize) -> usize {
 }
 
 /// The wgmma kernels' dynamic shared memory for `tok` tokens a block and `groups` groups a row:
-/// 1 KB of alignment slack, two bf16 B tiles (tok × 128 bytes), the ring (WG_STAGES × (tok × 64
-/// f32 + WG_ROWS × 32 bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4 bytes).
-pub const fn wg_smem(tok: usize, groups: usize) -> usize {
-    1024 + 2 * tok * 128 + WG_STAGES * (tok * 64 * 4 + WG_ROWS * 32) + WG_ROWS * groups * 4
-}
-
-/// The bf16-input wgmma kernels' dynamic shared memory: 1 KB of alignment slack, the ring
-/// (WGB_STAGES × (tok × 128 + WG_ROWS × 32 bytes)), the (scale, bias) pairs (WG_ROWS × groups × 4).
+/// 1 KB of alignment slack, the ring (WGB_STAGES × (tok × 128 + WG_ROWS × 32 bytes)), the (scale,
+/// bias) pairs (WG_ROWS × groups × 4).
 pub const fn wgb_smem(tok: usize, groups: usize) -> usize {
     1024 + WGB_STAGES * (tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4
-}
-
-/// Whether the bf16-input wgmma kernels take this weight: as `wg_fits`, with groups of a power of
-/// two and an even number of 64-column k-steps.
-pub fn wgb_fits(w: &DevLinear) -> bool {
-    wg_fits(w) && w.group.is_power_of_two() && w.cols.is_multiple_of(2 * GEMM_BK)
 }
 
 /// Whether the device runs the wgmma kernels (sm_90a; elsewhere they are compiled as traps).
@@ -75,13 +64,14 @@ pub fn runs_wgmma(gpu: &Gpu) -> bool {
     gpu.arch == "sm_90a"
 }
 
-/// Whether the wgmma kernels take this weight: 4-bit, whole 64-column steps, groups of a multiple
-/// of 16 columns (a thread's 16 columns of a step in one group), at most WG_MAX_GROUPS groups a row.
+/// Whether the wgmma kernels take this weight: 4-bit, an even number of 64-column k-steps,
+/// groups of a power of two ≥ 16 columns (a 16-column slice in one group, found by a shift), at
+/// most WG_MAX_GROUPS groups a row.
 pub fn wg_fits(w: &DevLinear) -> bool {
     w.bits == 4
-        && w.cols.is_multiple_of(GEMM_BK)
+        && w.cols.is_multiple_of(2 * GEMM_BK)
         && w.group >= 16
-        && w.group.is_multiple_of(16)
+        && w.group.is_power_of_two()
         && w.cols / w.group <= WG_MAX_GROUPS
 }
 
@@ -98,11 +88,10 @@ pub fn fits(w: &DevLinear) -> bool {
 
 pub struct Gemm {
     dense: Kernel,
-    dense_wg: Kernel,
-    grouped_wg64: Kernel,
     dense_wgb: Kernel,
     dense_wgb256: Kernel,
     grouped_wgb64: Kernel,
+    grouped_wgb128: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
@@ -123,11 +112,10 @@ impl Gemm {
         };
         Ok(Gemm {
             dense: m.kernel("gemm_dense")?.allow_shared_memory(GEMM_SMEM_MAX)?,
-            dense_wg: wg("gemm_dense_wg", wg_smem(WG_TOK, WG_MAX_GROUPS))?,
-            grouped_wg64: wg("gemm_grouped_wg64", wg_smem(64, WG_MAX_GROUPS))?,
             dense_wgb: wg("gemm_dense_wgb", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
             dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
+            grouped_wgb128: wg("gemm_grouped_wgb128", wgb_smem(128, WG_MAX_GROUPS))?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
@@ -141,23 +129,41 @@ impl Gemm {
         })
     }
 
-    /// Whether `dense` runs gemm_dense_wg for this weight and chunk (and `grouped`, with
-    /// `n_tok` = the tile, gemm_grouped_wg64): the plan's `wgmma_gemm` on an sm_90a device,
-    /// `wg_fits`, and a chunk of at least `wgmma_min_tok` tokens (a grouped tile of 64 items).
+    /// Whether `dense` runs a wgmma kernel for this weight and chunk when its input is staged
+    /// (`grouped`: `takes_wgmma_grouped`): the plan's `wgmma_gemm` on an sm_90a device, `wg_fits`,
+    /// and a chunk of at least `wgmma_min_tok` tokens.
     pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
-        Self::wgmma_on(gpu, w) && n_tok >= WG_TOK.max(gpu.switches.wgmma_min_tok)
+        Self::wgmma_on(gpu, w) && Self::stages(gpu, n_tok)
     }
 
     fn takes_wgmma_grouped(gpu: &Gpu, w: &DevLinear, tile: usize) -> bool {
-        Self::wgmma_on(gpu, w) && tile == 64
+        Self::wgmma_on(gpu, w) && (tile == 64 || tile == 128)
+    }
+
+    /// The routed experts' tile for a chunk of `n_tok` tokens whose plan tile is `tile`: the
+    /// plan's `wgmma_group_tile` (128) where the chunk stages its inputs and experts average at
+    /// least three quarters of it (`n_items` over `n_experts`), else `tile`. Only the wgmma
+    /// kernel takes tiles of 128.
+    pub fn group_tile(
+        gpu: &Gpu,
+        tile: usize,
+        n_tok: usize,
+        n_items: usize,
+        n_experts: usize,
+    ) -> usize {
+        let big = gpu.switches.wgmma_group_tile;
+        if big > tile && Self::stages(gpu, n_tok) && 4 * n_items >= 3 * big * n_experts {
+            big
+        } else {
+            tile
+        }
     }
 
     /// Whether a chunk of `n_tok` tokens stages its GEMM inputs as bf16 (`to_bf16`) for the
-    /// bf16-input wgmma kernels: the plan's `wgmma_bf16` on a device that runs them, and a chunk
-    /// the dense wgmma kernel takes.
+    /// wgmma kernels: the plan's `wgmma_gemm` on a device that runs them, and a chunk of at least
+    /// `wgmma_min_tok` tokens.
     pub fn stages(gpu: &Gpu, n_tok: usize) -> bool {
         gpu.switches.wgmma_gemm
-            && gpu.switches.wgmma_bf16
             && runs_wgmma(gpu)
             && n_tok >= WG_TOK.max(gpu.switches.wgmma_min_tok)
     }
@@ -182,59 +188,43 @@ impl Gemm {
         gpu.switches.wgmma_gemm && runs_wgmma(gpu) && wg_fits(w)
     }
 
-    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): where
-    /// `takes_wgmma`, gemm_dense_wgb when the input is staged (`a.xb`) and the weight fits it,
-    /// else gemm_dense_wg; elsewhere gemm_dense.
+    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wgb
+    /// (gemm_dense_wgb256 for chunks of WGB256_MIN_TOK tokens or more, `wgb256_min_tok`, when the
+    /// plan's `wgb_tok` is 256) where `takes_wgmma` and the input is staged (`a.xb`), else gemm_dense.
     pub fn dense(&self, gpu: &Gpu, a: &Project, store: Store) -> Result<()> {
         check_x("gemm_dense", a.x)?;
         let w = a.w.arg();
-        let (x_stride, y_stride, n_tok) = (a.x.stride as i32, a.y.stride as i32, a.n_tok as i32);
+        let (y_stride, n_tok) = (a.y.stride as i32, a.n_tok as i32);
         let accumulate: i32 = match store {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
-        let grid_wg = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, WG_TOK), 1);
-        let groups = a.w.cols / a.w.group;
-        if let Some(xb) =
-            a.xb.filter(|_| Self::takes_wgmma(gpu, a.w, a.n_tok) && wgb_fits(a.w))
-        {
-            let tok = if gpu.switches.wgb_tok == 256 {
-                256
-            } else {
-                WG_TOK
-            };
-            let kernel = if tok == 256 {
-                &self.dense_wgb256
-            } else {
-                &self.dense_wgb
-            };
-            let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
-            let (xb_stride, cfg) = (xb.stride as i32, config(grid, 256, wgb_smem(tok, groups)));
-            return gpu.launch(kernel, cfg, |l| {
-                l.arg(&w)
-                    .arg(&xb.ptr)
-                    .arg(&xb_stride)
-                    .arg(&a.y.ptr)
-                    .arg(&y_stride)
-                    .arg(&n_tok)
-                    .arg(&accumulate);
-            });
-        }
-        let (kernel, cfg) = if Self::takes_wgmma(gpu, a.w, a.n_tok) {
-            (
-                &self.dense_wg,
-                config(grid_wg, 256, wg_smem(WG_TOK, groups)),
-            )
-        } else {
-            let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
-            (
-                &self.dense,
-                config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM)),
-            )
+        let (kernel, cfg, x) = match a.xb.filter(|_| Self::takes_wgmma(gpu, a.w, a.n_tok)) {
+            Some(xb) => {
+                let tok = if gpu.switches.wgb_tok == 256 && a.n_tok >= gpu.switches.wgb256_min_tok {
+                    256
+                } else {
+                    WG_TOK
+                };
+                let kernel = if tok == 256 {
+                    &self.dense_wgb256
+                } else {
+                    &self.dense_wgb
+                };
+                let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
+                let smem = wgb_smem(tok, a.w.cols / a.w.group);
+                (kernel, config(grid, 256, smem), xb)
+            }
+            None => {
+                let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
+                let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
+                (&self.dense, cfg, a.x)
+            }
         };
+        let x_stride = x.stride as i32;
         gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
-                .arg(&a.x.ptr)
+                .arg(&x.ptr)
                 .arg(&x_stride)
                 .arg(&a.y.ptr)
                 .arg(&y_stride)
@@ -262,33 +252,33 @@ impl Gemm {
     }
 
     /// The routed experts on tensor cores over tiles of 32 or 64 items (`a.groups.tile`, the
-    /// tile moe_group built them with): for tiles of 64 where the wgmma kernels are on and take
-    /// the weight (`takes_wgmma`), gemm_grouped_wgb64 when the input is staged (`a.xb`) and the
-    /// weight fits it, else gemm_grouped_wg64; elsewhere gemm_grouped32/64.
+    /// tile moe_group built them with): gemm_grouped_wgb64 for tiles of 64 where the wgmma kernels
+    /// are on, take the weight and the input is staged (`a.xb`), else gemm_grouped32/64.
     pub fn grouped(&self, gpu: &Gpu, a: &Grouped) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
         let kernel = match g.tile {
-            64 => &self.grouped64,
+            64 | 128 => &self.grouped64,
             32 => &self.grouped32,
-            t => bail!("gemm_grouped: tiles of {t} items (expected 32 or 64)"),
+            t => bail!("gemm_grouped: tiles of {t} items (expected 32, 64 or 128)"),
         };
         let w = a.w.arg();
         let (x_div, y_stride) = (a.x_div as i32, a.y.stride as i32);
-        let groups = a.w.cols / a.w.group;
         let wg = Self::takes_wgmma_grouped(gpu, a.w, g.tile);
-        let grid_wg = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
-        let (kernel, cfg, x) = match a.xb.filter(|_| wg && wgb_fits(a.w)) {
-            Some(xb) => (
-                &self.grouped_wgb64,
-                config(grid_wg, 256, wgb_smem(g.tile, groups)),
-                xb,
-            ),
-            None if wg => (
-                &self.grouped_wg64,
-                config(grid_wg, 256, wg_smem(g.tile, groups)),
-                a.x,
-            ),
+        let (kernel, cfg, x) = match a.xb.filter(|_| wg) {
+            Some(xb) => {
+                let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
+                let smem = wgb_smem(g.tile, a.w.cols / a.w.group);
+                let kernel = if g.tile == 128 {
+                    &self.grouped_wgb128
+                } else {
+                    &self.grouped_wgb64
+                };
+                (kernel, config(grid, 256, smem), xb)
+            }
+            None if g.tile == 128 => {
+                bail!("gemm_grouped: tiles of 128 items need the wgmma kernel and a staged input")
+            }
             None => {
                 let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
                 (

@@ -13,7 +13,7 @@ pub const MOE_MAX_E: usize = 1024;
 /// Most experts per token: moe_route is one warp per token.
 pub const MOE_MAX_TOP_K: usize = 32;
 /// Most items per tile moe_group builds (gemm_grouped64).
-pub const MOE_MAX_TILE: usize = 64;
+pub const MOE_MAX_TILE: usize = 128;
 
 pub const FILE: KernelFile = KernelFile {
     name: "moe",
