@@ -433,22 +433,10 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
 }
 
 /// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
-/// x's rows (x_div = top_k), outputs NaN-poisoned first.
-fn gemm_grouped(
-    g: &Dev,
-    dw: &DevLinear,
-    gr: &Grouping,
-    x: &[f32],
-    k: usize,
-    rows: usize,
-    cols: usize,
-) -> Vec<f32> {
-    gemm_grouped_staged(g, dw, gr, x, k, rows, cols, false)
-}
-
-/// `gemm_grouped`, with x also staged as bf16 (`to_bf16`) when `staged`.
+/// x's rows (x_div = top_k), outputs NaN-poisoned first; x also staged as bf16 (`to_bf16`) for
+/// the wgmma kernels when `staged`.
 #[allow(clippy::too_many_arguments)]
-fn gemm_grouped_staged(
+fn gemm_grouped(
     g: &Dev,
     dw: &DevLinear,
     gr: &Grouping,
@@ -555,7 +543,7 @@ fn wgmma_linears_match_the_bf16_product() {
         for tile in [64, 128] {
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
             let want = gr.want(&w, &x, k, bf16_product);
-            let y = gemm_grouped_staged(&g, &dw, &gr, &x, k, rows, cols, true);
+            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols, true);
             let what = format!(
                 "gemm_grouped_wgb{tile} group={group} {rows}x{cols} ({} tiles)",
                 gr.tiles_made(&g)
@@ -706,7 +694,7 @@ fn tensor_core_linears_match_the_bf16_product() {
             let dw = upload_linear(&g, "w", &w).unwrap();
             let x = bf(rng.vec(t * cols, 1.0));
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
-            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols);
+            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols, false);
             let want = gr.want(&w, &x, k, bf16_product);
             check(
                 &format!(
