@@ -785,7 +785,8 @@ impl Forward<'_> {
         };
         match self.plan.moe(m, shape, n) {
             MoePath::TensorCoreGrouped { tile } => {
-                let tile = Gemm::group_tile(gpu, tile, n, items, e);
+                let experts = [&m.gate, &m.up, &m.down];
+                let tile = Gemm::group_tile(gpu, &experts, tile, n, items, e);
                 let g = groups(tile);
                 k.moe.group(gpu, &group(g))?;
                 let staged = |w, x, xb, x_div, y| Grouped {

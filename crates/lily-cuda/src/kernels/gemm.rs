@@ -141,18 +141,24 @@ impl Gemm {
     }
 
     /// The routed experts' tile for a chunk of `n_tok` tokens whose plan tile is `tile`: the
-    /// plan's `wgmma_group_tile` (128) where the chunk stages its inputs and experts average at
-    /// least three quarters of it (`n_items` over `n_experts`), else `tile`. Only the wgmma
-    /// kernel takes tiles of 128.
+    /// plan's `wgmma_group_tile` (128) where the chunk stages its inputs, the wgmma kernel takes
+    /// every one of the experts' weights (`experts`: gate, up, down) and experts average at least
+    /// three quarters of it (`n_items` over `n_experts`), else `tile`. Only the wgmma kernel takes
+    /// tiles of 128.
     pub fn group_tile(
         gpu: &Gpu,
+        experts: &[&DevLinear],
         tile: usize,
         n_tok: usize,
         n_items: usize,
         n_experts: usize,
     ) -> usize {
         let big = gpu.switches.wgmma_group_tile;
-        if big > tile && Self::stages(gpu, n_tok) && 4 * n_items >= 3 * big * n_experts {
+        if big > tile
+            && Self::stages(gpu, n_tok)
+            && experts.iter().all(|w| Self::wgmma_on(gpu, w))
+            && 4 * n_items >= 3 * big * n_experts
+        {
             big
         } else {
             tile
