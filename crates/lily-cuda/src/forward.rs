@@ -752,6 +752,15 @@ impl Forward<'_> {
             shape,
         };
         k.moe.route(gpu, &route)?;
+        // xn staged once for every projection that reads it: the shared expert's first (they
+        // are independent of the routed experts), then the routed gate and up, before the
+        // routed and shared down projections stage their own hidden rows over it.
+        let xb = self.stage_bf16(xn, n, h, n)?;
+        let (sg, su) = (Rows::new(s.sg.ptr, sinter), Rows::new(s.su.ptr, sinter));
+        self.project_staged(&m.shared_gate, xn, xb, sg, n, Store::Overwrite)?;
+        self.project_staged(&m.shared_up, xn, xb, su, n, Store::Overwrite)?;
+        let s_gate = Rows::new(s.s_gate.ptr, 1);
+        self.project_staged(&m.shared_expert_gate, xn, xb, s_gate, n, Store::Overwrite)?;
         let items = n * top_k;
         let (eg, eu) = (Rows::new(s.eg.ptr, inter), Rows::new(s.eu.ptr, inter));
         let (eh, ey) = (Rows::new(s.eh.ptr, inter), Rows::new(s.ey.ptr, h));
@@ -793,11 +802,6 @@ impl Forward<'_> {
                     xb,
                     ..by_expert(w, g, x, x_div, y)
                 };
-                let xb = if tile >= 64 {
-                    self.stage_bf16(xn, n, h, n)?
-                } else {
-                    None
-                };
                 k.gemm.grouped(gpu, &staged(&m.gate, xn, xb, top_k, eg))?;
                 k.gemm.grouped(gpu, &staged(&m.up, xn, xb, top_k, eu))?;
                 k.moe.silu_mul(gpu, &silu)?;
@@ -832,13 +836,6 @@ impl Forward<'_> {
                 k.linear.gather(gpu, &gather(&m.down, eh, 1, ey))?;
             }
         }
-        // The routed experts' staging (if any) moved on to their hidden rows: xn again.
-        let xb = self.stage_bf16(xn, n, h, n)?;
-        let (sg, su) = (Rows::new(s.sg.ptr, sinter), Rows::new(s.su.ptr, sinter));
-        self.project_staged(&m.shared_gate, xn, xb, sg, n, Store::Overwrite)?;
-        self.project_staged(&m.shared_up, xn, xb, su, n, Store::Overwrite)?;
-        let s_gate = Rows::new(s.s_gate.ptr, 1);
-        self.project_staged(&m.shared_expert_gate, xn, xb, s_gate, n, Store::Overwrite)?;
         let shared_silu = SiluMul {
             g: s.sg.ptr,
             u: s.su.ptr,

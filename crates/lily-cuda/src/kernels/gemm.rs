@@ -263,11 +263,6 @@ impl Gemm {
     pub fn grouped(&self, gpu: &Gpu, a: &Grouped) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
-        let kernel = match g.tile {
-            64 | 128 => &self.grouped64,
-            32 => &self.grouped32,
-            t => bail!("gemm_grouped: tiles of {t} items (expected 32, 64 or 128)"),
-        };
         let w = a.w.arg();
         let (x_div, y_stride) = (a.x_div as i32, a.y.stride as i32);
         let wg = Self::takes_wgmma_grouped(gpu, a.w, g.tile);
@@ -282,10 +277,15 @@ impl Gemm {
                 };
                 (kernel, config(grid, 256, smem), xb)
             }
-            None if g.tile == 128 => {
-                bail!("gemm_grouped: tiles of 128 items need the wgmma kernel and a staged input")
-            }
             None => {
+                let kernel = match g.tile {
+                    64 => &self.grouped64,
+                    32 => &self.grouped32,
+                    128 => bail!(
+                        "gemm_grouped: tiles of 128 items need the wgmma kernel and a staged input"
+                    ),
+                    t => bail!("gemm_grouped: tiles of {t} items (expected 32, 64 or 128)"),
+                };
                 let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
                 (
                     kernel,
