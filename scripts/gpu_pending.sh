@@ -10,15 +10,9 @@
 #            session 8): prefill ≈ 8,716 / 20,040 / 16,731 / 10,630, decode ≈ 495 / 491 / 435 / 359
 #   served   decode and time to first token through `lily-engine serve` at 4K and 128K (issue 12:
 #            ≤ 1.10× the bench's prefill; 1.012× / 1.006× before this session's GEMMs)
-#   batch4   dn_recurrent4 (`--dn-batch4`, session 8, never run): its test against dn_recurrent
-#            (chunked_deltanet_scan_matches_the_recurrent_one, times printed), then prefill 512, 4K,
-#            32K with and without it, alternated twice; predicted scan 61 → 35–50 ms a 4K chunk,
-#            prefill 4K ≈ 20,000 → 21,500–23,500, 32K ≈ 16,700 → 17,700–19,300 (perf-notes, session 8)
 #   profile  LILY_PROFILE=1 prefill of 512 and 4K (device time per kernel: what 512 still lacks)
 # Here: scripts/stage_gpu.sh; carry .carry/cuda and .carry/tokgz (or .carry/tokenizer).
-# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench batch4 served profile" picks
-# parts; all of them do not fit one 600 s call: ONLY="tests bench batch4", then at once ONLY="served
-# profile" — the machine stays warm 30 s, so the second call finds the checkpoint in /dev/shm)
+# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench served profile" picks parts)
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 B="$HERE/bin/lily-engine"
@@ -27,7 +21,7 @@ mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests bench batch4 served profile} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests bench served profile} " == *" $1 "* ]]; }
 [ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
   tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1 LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
@@ -52,20 +46,6 @@ if want bench; then
       --decode-ctx 256,4K,32K,128K --decode-tokens 128 --repeat 1 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
   done
   say "bench done"
-fi
-
-if want batch4; then
-  timeout 120 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture chunked_deltanet_scan > "$OUT/batch4-test.log" 2>&1
-  say "dn_recurrent4 test rc=$?"
-  grep -E "^KERNEL dn_recurrent|test result|panicked" "$OUT/batch4-test.log" >> "$OUT/pending.txt"
-  for round in 1 2; do
-    for f in "" --dn-batch4; do
-      echo "===== round $round ${f:-default}" >> "$OUT/batch4.log"
-      timeout 100 "$B" bench --model "$M" --device cuda --prefill 512,4K,32K --decode-ctx 256 --decode-tokens 8 \
-        --repeat 1 $f 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/batch4.log"
-    done
-  done
-  say "batch4 A/B done"
 fi
 
 if want served && [ "$(el)" -lt 420 ]; then

@@ -126,32 +126,16 @@ __device__ __forceinline__ void dn_stage(float (*qk_s)[2 * DN_MAX_DK], float (*v
     }
 }
 
-// dn_recurrent4: dn_recurrent taking tokens DN_BATCH (4) at a time (`dn_batch4`). Within a batch
-// of tokens i = 0 … 3 from state S, with A_i = α_0 ⋯ α_i and d(i, m) = α_{m+1} ⋯ α_i:
-//   u_i = A_i Sᵀk_i + Σ_{m<i} d(i, m) (k_m·k_i) δ_m,   δ_i = β_i (v_i − u_i),
-//   o_i = A_i Sᵀq_i + Σ_{m≤i} d(i, m) (k_m·q_i) δ_m,   S ← A_3 S + Σ_m d(3, m) k_m δ_mᵀ,
-// the recurrence unrolled (exact in real arithmetic). Each lane's eight sums Sᵀk_i, Sᵀq_i go
-// through one 3-step shuffle reduction together, instead of two reductions a token in sequence;
-// the dots k_m·k_i and k_m·q_i (state-independent) are computed per tile by the whole block
-// beside the scan. A short last batch pads with α = 1, β = 0. Same layout, tiles and limits as
-// dn_recurrent.
-#define DN_BATCH 4
-
 // grid (n_v_heads, dv / DN_COLS_PER_BLOCK), block 128: warp w owns columns 4w .. 4w+3 of the
 // block's 16, lane L column 4w + L/8 and state rows i = L%8 + 8r. Tokens go through shared
 // memory DN_TT at a time, double-buffered: the next tile's copies fly while this one computes.
-// BATCH 1: dn_recurrent, a token at a time (dn_column_step); DN_BATCH: dn_recurrent4.
-template <int BATCH>
-__device__ __forceinline__ void dn_scan(const float* __restrict__ c, const float* __restrict__ qk,
-                                        const float* __restrict__ ab, float* __restrict__ state,
-                                        float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
-                                        int dv) {
+extern "C" __global__ void __launch_bounds__(128)
+dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
+             float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
+             int dv) {
     __shared__ __align__(16) float qk_s[2][DN_TT][2 * DN_MAX_DK];
     __shared__ __align__(16) float v_s[2][DN_TT][DN_COLS_PER_BLOCK];
     __shared__ float ab_s[2][DN_TT][2];
-    // dn_recurrent4: dots_s[tt][m] = k_m·k_tt, dots_s[tt][DN_BATCH + m] = k_m·q_tt (m: tokens of
-    // tt's batch).
-    __shared__ float dots_s[DN_TT][2 * DN_BATCH];
     int hv = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = lane % DN_PARTS;
@@ -182,123 +166,18 @@ __device__ __forceinline__ void dn_scan(const float* __restrict__ c, const float
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (BATCH == 1) {
-            for (int tt = 0; tt < nt; tt++) {
-                const float* qs = qk_s[buf][tt];
-                const float* ks = qs + dk;
-                float alpha = ab_s[buf][tt][0], beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
-                float out = dn_column_step<DN_ROWS, DN_PARTS>(s, qs, ks, part, rows, alpha, beta, v);
-                if (part == 0) o[(long long)(t0 + tt) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
-            }
-        } else {
-            // The tile's dots, one a thread (DN_TT · 2 · DN_BATCH = 128); lanes start at different
-            // columns so that the rows (256 floats apart: one bank) do not conflict.
-            for (int d = threadIdx.x; d < DN_TT * 2 * DN_BATCH; d += blockDim.x) {
-                int tt = d / (2 * DN_BATCH), w = d % (2 * DN_BATCH), m = w % DN_BATCH;
-                int tm = (tt / DN_BATCH) * DN_BATCH + m;
-                float acc = 0.0f;
-                if (tt < nt && tm < nt) {
-                    const float* km = qk_s[buf][tm] + dk;
-                    const float* x = qk_s[buf][tt] + (w < DN_BATCH ? dk : 0);
-                    for (int e = 0; e < dk; e++) {
-                        int i = e + lane < dk ? e + lane : e + lane - dk;
-                        acc = fmaf(km[i], x[i], acc);
-                    }
-                }
-                dots_s[tt][w] = acc;
-            }
-            __syncthreads();
-            for (int b0 = 0; b0 < nt; b0 += DN_BATCH) {
-                int nb = min(DN_BATCH, nt - b0);
-                float sum[2 * DN_BATCH];  // Sᵀk_i, then Sᵀq_i (this lane's rows)
-#pragma unroll
-                for (int i = 0; i < DN_BATCH; i++) {
-                    const float* qs = qk_s[buf][b0 + i];
-                    const float* ks = qs + dk;
-                    float a0 = 0.0f, a1 = 0.0f, c0 = 0.0f, c1 = 0.0f;
-                    if (i < nb) {
-#pragma unroll
-                        for (int r = 0; r < DN_ROWS; r += 2) {
-                            if (r < rows) {
-                                a0 = fmaf(s[r], ks[part + DN_PARTS * r], a0);
-                                a1 = fmaf(s[r + 1], ks[part + DN_PARTS * (r + 1)], a1);
-                                c0 = fmaf(s[r], qs[part + DN_PARTS * r], c0);
-                                c1 = fmaf(s[r + 1], qs[part + DN_PARTS * (r + 1)], c1);
-                            }
-                        }
-                    }
-                    sum[i] = a0 + a1;
-                    sum[DN_BATCH + i] = c0 + c1;
-                }
-#pragma unroll
-                for (int off = 1; off < DN_PARTS; off <<= 1) {
-#pragma unroll
-                    for (int i = 0; i < 2 * DN_BATCH; i++) sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], off);
-                }
-                // The batch's decays: al[i] (1 past the batch's end), d(i, m) by running products.
-                float al[DN_BATCH], be[DN_BATCH], v[DN_BATCH];
-#pragma unroll
-                for (int i = 0; i < DN_BATCH; i++) {
-                    bool in = i < nb;
-                    al[i] = in ? ab_s[buf][b0 + i][0] : 1.0f;
-                    be[i] = in ? ab_s[buf][b0 + i][1] : 0.0f;
-                    v[i] = in ? v_s[buf][b0 + i][col] : 0.0f;
-                }
-                float delta[DN_BATCH], acum = 1.0f;
-#pragma unroll
-                for (int i = 0; i < DN_BATCH; i++) {
-                    acum *= al[i];  // A_i
-                    const float* dt = dots_s[b0 + i];
-                    float u = acum * sum[i], out = acum * sum[DN_BATCH + i], dim = 1.0f;  // dim = d(i, m)
-#pragma unroll
-                    for (int m = i - 1; m >= 0; m--) {
-                        dim *= al[m + 1];
-                        u = fmaf(dim * dt[m], delta[m], u);
-                        out = fmaf(dim * dt[DN_BATCH + m], delta[m], out);
-                    }
-                    delta[i] = i < nb ? be[i] * (v[i] - u) : 0.0f;
-                    out = fmaf(dt[DN_BATCH + i], delta[i], out);
-                    if (i < nb && part == 0)
-                        o[(long long)(t0 + b0 + i) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
-                }
-                // S ← A_last S + Σ_m d(last, m) k_m δ_m (absent tokens: δ = 0, α = 1, never read).
-                float coef[DN_BATCH], dl = 1.0f;
-#pragma unroll
-                for (int m = DN_BATCH - 1; m >= 0; m--) {
-                    coef[m] = dl * delta[m];
-                    dl *= al[m];
-                }
-#pragma unroll
-                for (int r = 0; r < DN_ROWS; r++) {
-                    if (r < rows) {
-                        float x = acum * s[r];
-#pragma unroll
-                        for (int m = 0; m < DN_BATCH; m++)
-                            if (m < nb) x = fmaf(coef[m], qk_s[buf][b0 + m][dk + part + DN_PARTS * r], x);
-                        s[r] = x;
-                    }
-                }
-            }
+        for (int tt = 0; tt < nt; tt++) {
+            const float* qs = qk_s[buf][tt];
+            const float* ks = qs + dk;
+            float alpha = ab_s[buf][tt][0], beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
+            float out = dn_column_step<DN_ROWS, DN_PARTS>(s, qs, ks, part, rows, alpha, beta, v);
+            if (part == 0) o[(long long)(t0 + tt) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
         }
-        __syncthreads();  // this buffer (and the dots) are restaged two tiles on
+        __syncthreads();  // this buffer is restaged two tiles on
     }
 #pragma unroll
     for (int r = 0; r < DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DN_PARTS * r) * dv + j] = s[r];
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
-             float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
-             int dv) {
-    dn_scan<1>(c, qk, ab, state, o, n_tok, n_k_heads, n_v_heads, dk, dv);
-}
-
-extern "C" __global__ void __launch_bounds__(128)
-dn_recurrent4(const float* __restrict__ c, const float* __restrict__ qk, const float* __restrict__ ab,
-              float* __restrict__ state, float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk,
-              int dv) {
-    dn_scan<DN_BATCH>(c, qk, ab, state, o, n_tok, n_k_heads, n_v_heads, dk, dv);
 }
 
 extern "C" __global__ void dn_gated_norm(const float* __restrict__ o, const float* __restrict__ z, int z_stride,

@@ -102,8 +102,6 @@ pub struct KernelSwitches {
     /// With `wgmma_gemm`: the routed experts' tile once experts average three quarters of it
     /// (64: gemm_grouped_wgb64, 128: gemm_grouped_wgb128).
     pub wgmma_group_tile: usize,
-    /// dn_recurrent4 instead of dn_recurrent: four tokens a shuffle reduction.
-    pub dn_batch4: bool,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -130,7 +128,6 @@ impl Default for KernelSwitches {
             wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
             wgmma_group_tile: 128,
             chunked_scan: false,
-            dn_batch4: false,
         }
     }
 }

@@ -143,11 +143,6 @@ pub struct CudaOptions {
     /// 1.27× slower in one kernel (session 7) and 1.17× in two launches (session 8;
     /// docs/perf-notes.md).
     pub chunked_scan: bool,
-    /// Prefill's sequential DeltaNet scan takes tokens four at a time (dn_recurrent4: the four
-    /// tokens' state sums in one shuffle reduction, the recurrence unrolled over them with the
-    /// tokens' key and query dots) instead of one (`--dn-batch4`, `LILY_DN_BATCH4=1`). Off until
-    /// measured (docs/perf-notes.md, session 8: predicted scan 61 → 35–50 ms at 4K).
-    pub dn_batch4: bool,
     /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
     /// device never waits for the host's read, callback and launch between tokens; a token that
@@ -197,7 +192,6 @@ impl Default for CudaOptions {
             wgmma_min_tok: WGMMA_MIN_TOK,
             wgmma_group_tile: 128,
             chunked_scan: false,
-            dn_batch4: false,
             pipelined_decode: true,
             sync_each: false,
             profile: false,
@@ -246,7 +240,6 @@ impl CudaOptions {
     /// | `LILY_WGMMA_MIN_TOK=N` (N ≥ 128) | `wgmma_min_tok` |
     /// | `LILY_WGMMA_GROUP_TILE=N` (64 or 128) | `wgmma_group_tile` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
-    /// | `LILY_DN_BATCH4=1` | `dn_batch4` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
@@ -288,7 +281,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 25] = [
+        let flags: [(&str, &mut bool); 24] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -311,7 +304,6 @@ impl CudaOptions {
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
             ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
-            ("LILY_DN_BATCH4", &mut self.dn_batch4),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
@@ -452,7 +444,6 @@ impl Plan {
                 wgb_tok: o.wgb_tok,
                 wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
-                dn_batch4: o.dn_batch4,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -634,7 +625,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block), chunked DeltaNet scan {}, DeltaNet scan four tokens a reduction {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block), chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -659,7 +650,6 @@ impl Plan {
             on(sw.wgmma_gemm),
             sw.wgb_tok,
             on(sw.chunked_scan),
-            on(sw.dn_batch4),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
@@ -720,7 +710,6 @@ mod tests {
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_CHUNKED_SCAN", "1"),
-            ("LILY_DN_BATCH4", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
@@ -758,7 +747,6 @@ mod tests {
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
                 chunked_scan: true,
-                dn_batch4: true,
                 pipelined_decode: false,
                 sync_each: true,
                 profile: true,

@@ -122,10 +122,6 @@ pub struct CudaArgs {
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
     pub chunked_scan: bool,
-    /// Experimental: prefill's sequential DeltaNet scan four tokens a shuffle reduction
-    /// (dn_recurrent4) [env LILY_DN_BATCH4=1].
-    #[arg(long)]
-    pub dn_batch4: bool,
     /// Decode one step at a time (the host reads each token before queueing the next step)
     /// instead of pipelined [env LILY_PIPELINED_DECODE=0].
     #[arg(long)]
@@ -162,7 +158,6 @@ impl CudaArgs {
             fused_attn_prep: !self.no_fused_attn_prep,
             wgmma_gemm: !self.no_wgmma_gemm,
             chunked_scan: self.chunked_scan,
-            dn_batch4: self.dn_batch4,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
         }
@@ -317,7 +312,6 @@ mod tests {
                 wgmma_min_tok: lily_cuda::plan::WGMMA_MIN_TOK,
                 wgmma_group_tile: 128,
                 chunked_scan: false,
-                dn_batch4: false,
                 pipelined_decode: false,
                 sync_each: false,
                 profile: false,

@@ -149,7 +149,6 @@ pub struct DeltaNet {
     conv_state: Kernel,
     prep: Kernel,
     recurrent: Kernel,
-    recurrent4: Kernel,
     /// dn_chunked, where the device grants its shared memory (160 KB: sm_80, sm_90; not the
     /// 99 KB parts).
     chunked: Option<Kernel>,
@@ -165,7 +164,6 @@ impl DeltaNet {
             conv_state: m.kernel("dn_conv_state")?,
             prep: m.kernel("dn_prep")?,
             recurrent: m.kernel("dn_recurrent")?,
-            recurrent4: m.kernel("dn_recurrent4")?,
             // A refusal only means this device lacks the shared memory: the sequential scan serves.
             chunked: m.kernel("dn_chunked")?.allow_shared_memory(DNC_SMEM).ok(),
             chunked_split: match (
@@ -210,7 +208,7 @@ impl DeltaNet {
 
     /// dn_prep (norms and gates of every token, in parallel) then the recurrence: where
     /// `takes_chunked`, dn_chunk_wu + dn_chunk_scan when the caller gives the records' scratch,
-    /// else dn_chunked; otherwise dn_recurrent (dn_recurrent4 under the plan's `dn_batch4`).
+    /// else dn_chunked; otherwise dn_recurrent.
     pub fn recurrent(&self, gpu: &Gpu, s: DnShape, b: &DnRecurrent, n_tok: usize) -> Result<()> {
         let conv_dim = (2 * s.n_k * s.dk + s.n_v * s.dv) as i32;
         let ba_stride = b.ba_stride as i32;
@@ -253,7 +251,7 @@ impl DeltaNet {
                 }
             });
         }
-        // dn_chunked, dn_recurrent and dn_recurrent4 take the same arguments.
+        // dn_chunked and dn_recurrent take the same arguments.
         let chunked = self
             .chunked
             .as_ref()
@@ -264,11 +262,7 @@ impl DeltaNet {
                 config((s.n_v as u32, (s.dv / DNC_COLS) as u32, 1), 256, DNC_SMEM),
             ),
             None => (
-                if gpu.switches.dn_batch4 {
-                    &self.recurrent4
-                } else {
-                    &self.recurrent
-                },
+                &self.recurrent,
                 config((s.n_v as u32, (s.dv / DN_COLS_PER_BLOCK) as u32, 1), 128, 0),
             ),
         };
