@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The next device call after session 8, whose budget ran out after its last A/B: the shipping
-# build's defaults (wgmma GEMMs from 512-token chunks, 256-token dense blocks from 2,048, the
-# routed experts' tiles of 128) were each measured in call 9 through environment variables, never
-# as one binary's defaults. In one call (≈ 7 minutes):
-#   tests    gpu_check.sh on the shipping defaults (kernel tests with a sync after each launch, the
-#            model and decode tests, model_prefill_chunks_through_each_gemm_path_* among them)
+# Session 9's device calls for issue 12 (prefill), after attn_prefill_wg (prefill attention on
+# wgmma, the plan's `wgmma_attention`). Parts, picked by ONLY (default: all, which does not fit one
+# 600 s call; the machine stays warm 30 s, so a second call at once finds the checkpoint in
+# /dev/shm):
+#   tests    gpu_check.sh (kernel tests with a sync after each launch, model and decode tests)
 #            beside the synthetic checkpoint's synth
-#   bench    the one sweep (prefill 512…128K, decode 256…128K), twice; predicted (docs/perf-notes.md,
-#            session 8): prefill ≈ 8,716 / 20,040 / 16,731 / 10,630, decode ≈ 495 / 491 / 435 / 359
-#   served   decode and time to first token through `lily-engine serve` at 4K and 128K (issue 12:
-#            ≤ 1.10× the bench's prefill; 1.012× / 1.006× before this session's GEMMs)
-#   profile  LILY_PROFILE=1 prefill of 512 and 4K (device time per kernel: what 512 still lacks)
-# Here: scripts/stage_gpu.sh; carry .carry/cuda and .carry/tokgz (or .carry/tokenizer).
-# There: OUT=$OUT/p bash .carry/cuda/gpu_pending.sh   (ONLY="tests bench served profile" picks parts)
+#   attn     attn_prefill_matches_attn_decode: attn_prefill and attn_prefill_wg against attn_decode,
+#            TFLOP/s of each up to a 32K prompt's last chunk (4,096 queries over 32,768 keys)
+#   bench    the one sweep (prefill 512…128K, decode 256…128K), ROUNDS times (default 1)
+#   ab       prefill AB_PREFILL (default 4K,32K,128K) with AB_FLAG (default --no-wgmma-attention)
+#            and without, alternated twice
+#   profile  LILY_PROFILE=1 prefill of 512 and 32K: device time per kernel
+#   served   decode and time to first token through `lily-engine serve` at 4K and 128K
+# Here: scripts/stage_gpu.sh; carry .carry/cuda and .carry/tokgz. There:
+#   ONLY="tests attn bench" OUT=$OUT/p bash .carry/cuda/gpu_pending.sh
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 B="$HERE/bin/lily-engine"
@@ -21,11 +22,17 @@ mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests bench served profile} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests attn bench ab profile served} " == *" $1 "* ]]; }
 [ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
   tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1 LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
 
+if want attn; then
+  timeout 120 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture attn_prefill_matches_attn_decode \
+    > "$OUT/attn-test.log" 2>&1
+  say "attn test rc=$?"
+  grep -E "^KERNEL attn_prefill|test result|panicked|error" "$OUT/attn-test.log" | cut -c1-220 >> "$OUT/pending.txt"
+fi
 if want tests; then
   ( SKIP_COMPILE=1 OUT="$OUT/check" timeout 330 bash "$HERE/gpu_check.sh" > "$OUT/check/stdout" 2>&1
     say "gpu_check rc=$?" ) &
@@ -35,12 +42,12 @@ OUT=$OUT/run VARIANTS="" bash "$HERE/gpu_session.sh" > "$OUT/run/synth.out" 2>&1
 say "synth done"
 if want tests; then
   wait $TESTS
-  grep -E "test result|FAILED|panicked|^MODEL 3,100|^ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
+  grep -E "test result|FAILED|panicked|^MODEL (3,100|700)|^ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
 fi
 
 M=/dev/shm/full-mlx; [ -f "$M/config.json" ] || M=/tmp/full-mlx
 if want bench; then
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-1}"); do
     echo "===== round $round" >> "$OUT/bench.log"
     timeout 200 "$B" bench --model "$M" --device cuda --prefill 512,4K,32K,128K \
       --decode-ctx 256,4K,32K,128K --decode-tokens 128 --repeat 1 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/bench.log"
@@ -48,15 +55,28 @@ if want bench; then
   say "bench done"
 fi
 
-if want served && [ "$(el)" -lt 420 ]; then
+if want ab; then
+  for round in 1 2; do
+    for f in "${AB_FLAG:---no-wgmma-attention}" ""; do
+      echo "===== round $round ${f:-default}" >> "$OUT/ab.log"
+      timeout 100 "$B" bench --model "$M" --device cuda --prefill "${AB_PREFILL:-4K,32K,128K}" --decode-ctx 256 --decode-tokens 8 \
+        --repeat 1 $f 2>&1 | grep -vE "INFO|^\s*$" >> "$OUT/ab.log"
+    done
+  done
+  say "A/B done"
+fi
+
+if want profile; then
+  for p in 512 32K; do
+    LILY_PROFILE=1 timeout 60 "$B" bench --model "$M" --device cuda --prefill $p --decode-ctx 256 \
+      --decode-tokens 4 --repeat 1 > "$OUT/profile-$p.log" 2>&1
+    say "profile $p rc=$?"
+  done
+fi
+
+if want served; then
   OUT=$OUT/run VARIANTS="" SERVED=new SERVED_TTFT="4096 131072" TTFT_REPEAT=2 \
     bash "$HERE/gpu_session.sh" > "$OUT/run/served.out" 2>&1
   grep -hE "^(served|SERVED_TTFT)" "$OUT/run/session.txt" | cut -c1-400 >> "$OUT/pending.txt"
   say "served done"
-fi
-
-if want profile && [ "$(el)" -lt 520 ]; then
-  LILY_PROFILE=1 timeout 60 "$B" bench --model "$M" --device cuda --prefill 512,4K --decode-ctx 256 \
-    --decode-tokens 4 --repeat 1 > "$OUT/profile.log" 2>&1
-  say "profile rc=$?"
 fi

@@ -1125,3 +1125,209 @@ attn_prefill(const float* __restrict__ q, const float* __restrict__ qg, const kv
             break;
     }
 }
+
+// ---- attn_prefill_wg: flash attention on Hopper's warpgroup MMA (sm_90a, bf16 mode, head dim 256) ----
+// The same inputs, causal mask and output as attn_prefill, for the plan's `wgmma_attention`. One
+// block of two warpgroups (256 threads) per WGA_Q (64) consecutive queries and two query heads of
+// one kv head (grid ceil(T/64) x Hq/2, the last query block first); warpgroup w owns head 2y + w,
+// warp 4w + i of it queries 16i..16i+15. Both warpgroups read the same K and V tiles, so a tile
+// costs the L2 half what one head a block would, and their causal ranges are equal.
+// Shared memory (dynamic, aligned to 1024 bytes; WGA_SMEM in the launcher): Q of both heads, 2 x
+// 32 KB, then a ring of two stages of K and V tiles of WGA_KEYS (64) keys, 32 KB each. Every
+// operand is stored as 64-dim column blocks of rows of 128 bytes with the 128-byte swizzle
+// (16-byte chunk c of row r at chunk c ^ (r % 8)); a block is 64 rows (Q, keys) x 128 bytes, so Q
+// and K are K-major operands (rows: queries / keys, contiguous: dims) and V, laid out exactly as
+// K, is the MN-major operand of P·V (contiguous: the 256 output dims, 8 keys an atom).
+// Per key tile (all of it double-buffered: tile j + 1's cp.async copies fly while j computes):
+//   S = Q·Kᵀ: 16 wgmma.m64n64k16 (A and B from shared memory), fp32;
+//   causal mask on the tiles that cross a warp's diagonal, online softmax per row in registers
+//   (the 4 lanes of a quad hold a row's 64 scores; the scale folded into exp2's argument), O
+//   rescaled only when some row of the warp has a new maximum;
+//   O += P·V: P rounded to bf16 (as attn_prefill does) straight from the S accumulators into A
+//   fragments, 4 wgmma.m64n256k16 with V through an MN-major descriptor.
+// Keys past the block's last query position are zero rows (never read from the cache). The
+// epilogue is attn_prefill's. Registers: O 128 + S 32 floats a thread, one block per SM.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
+// S (64 × 64 f32) = Q (64 × 16 bf16) · Kᵀ (16 × 64), both K-major in shared memory through their
+// descriptors; `acc` 0 overwrites S (the first k-step), else adds to it.
+__device__ __forceinline__ void wgmma_qk(float (&d)[32], unsigned long long qd, unsigned long long kd, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(qd), "l"(kd), "r"(acc));
+}
+
+// O (64 × 256 f32) += P (64 × 16 bf16, registers) · V (16 keys × 256 dims, MN-major in shared
+// memory through `vd`, read with the transpose bit).
+__device__ __forceinline__ void wgmma_pv(float (&d)[128], const u32 (&a)[4], unsigned long long vd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd), "r"(1));
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+attn_prefill_wg(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
+                const kv_t* __restrict__ v_cache, float* __restrict__ out, const int* __restrict__ pos_ptr,
+                int n_tok, int n_q, int n_kv, int d, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
+    constexpr int D = 256, BLK = WGA_Q * 128, TILE = WGA_KEYS * 128 * (D / 64);  // bytes
+    static_assert(WGA_Q == 64 && WGA_KEYS == 64, "one m64 warpgroup tile of queries, S of 64 keys");
+    extern __shared__ __align__(16) char wga_raw[];
+    char* q_s = wga_raw + ((1024 - (smem_addr(wga_raw) & 1023)) & 1023);  // [2 heads][4 blocks][64][128 B]
+    char* ring = q_s + 2 * (D / 64) * BLK;                                 // [2 stages][K, V][4 blocks][64][128 B]
+    const int pos = *pos_ptr;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, row0 = (warp & 3) * 16;  // the warpgroup (head of the pair), the warp's rows
+    const int h0 = blockIdx.y * 2, h = h0 + wg;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_Q;
+    const int kvh = h0 / (n_q / n_kv);
+    const int kmax = pos + min(q0 + WGA_Q, n_tok) - 1;
+    const int n_tiles = kmax / WGA_KEYS + 1;
+    const long long kv_stride = (long long)n_kv * D;
+    const kv_t* k_head = k_cache + (long long)kvh * D;
+    const kv_t* v_head = v_cache + (long long)kvh * D;
+    (void)d;
+
+    // Q of both heads as bf16 (exact in bf16 mode), zero rows past the chunk.
+#pragma unroll 4
+    for (int it = 0; it < 2 * WGA_Q * (D / 8) / 256; it++) {
+        int i = tid + it * 256;
+        int hw = i >> 11, r = (i >> 5) & 63, c = i & 31;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (q0 + r < n_tok) {
+            const float* src = q + ((long long)(q0 + r) * n_q + h0 + hw) * D + 8 * c;
+            float4 a = *reinterpret_cast<const float4*>(src);
+            float4 b = *reinterpret_cast<const float4*>(src + 4);
+            w = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(q_s + hw * (D / 64) * BLK + (c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = w;
+    }
+    // Keys of tile `tile` into ring stage `st`: K at 0, V at TILE.
+    auto stage = [&](int tile, int st) {
+        char* ks = ring + st * 2 * TILE;
+        int k0 = tile * WGA_KEYS;
+#pragma unroll
+        for (int it = 0; it < WGA_KEYS * (D / 8) / 256; it++) {
+            int i = tid + it * 256;
+            int r = i >> 5, c = i & 31;
+            int off = (c >> 3) * (WGA_KEYS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+            if (k0 + r <= kmax) {
+                long long e = (long long)(k0 + r) * kv_stride + 8 * c;
+                cp_async16(ks + off, k_head + e);
+                cp_async16(ks + TILE + off, v_head + e);
+            } else {
+                *reinterpret_cast<uint4*>(ks + off) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4*>(ks + TILE + off) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    };
+    stage(0, 0);
+    cp_async_commit();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m_a = NEG_INF, m_b = NEG_INF;  // running max of the (unscaled) scores of rows g, g + 8
+    float l_a = 0.0f, l_b = 0.0f;        // this lane's part of their running sums
+    const float sl2 = scale * 1.4426950408889634f;
+    const int pos_a = pos + q0 + row0 + g, pos_b = pos_a + 8;
+    const int warp_first = pos + q0 + row0;  // the warp's first query position
+    const u32 q_addr = smem_addr(q_s + wg * (D / 64) * BLK);
+    for (int tile = 0; tile < n_tiles; tile++) {
+        cp_async_wait<0>();  // this thread's copies of tile `tile`
+        fence_proxy_async();
+        __syncthreads();  // tile `tile` in place; every warpgroup is done with tile − 1's stage
+        if (tile + 1 < n_tiles) stage(tile + 1, (tile + 1) & 1);
+        cp_async_commit();
+        const u32 k_addr = smem_addr(ring + (tile & 1) * 2 * TILE), v_addr = k_addr + TILE;
+        float s[32];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            u32 off = (ks >> 2) * BLK + (ks & 3) * 32;
+            wgmma_qk(s, wg_desc(q_addr + off), wg_desc(k_addr + off), ks);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < 32; i++) asm volatile("" : "+f"(s[i])::"memory");
+        // Element e of n-tile j: row g (e < 2) or g + 8, key k0 + 8j + 2t + (e & 1). Scores stay
+        // unscaled until the exponent (scale > 0 keeps the order): p = 2^(s·sl2 − m·sl2).
+        const int k0 = tile * WGA_KEYS;
+        if (k0 + WGA_KEYS - 1 > warp_first) {  // the tile crosses the warp's diagonal
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (k0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_a : pos_b)) s[4 * j + e] = NEG_INF;
+            }
+        }
+        float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, x));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, x));
+        }
+        // O and l are rescaled only where a row's maximum moved (most tiles past the first few
+        // leave every row's maximum where it was: the 128 multiplies a thread are skipped).
+        if (__any_sync(0xffffffffu, mx_a != m_a || mx_b != m_b)) {
+            const float corr_a = exp2f((m_a - mx_a) * sl2), corr_b = exp2f((m_b - mx_b) * sl2);
+            l_a *= corr_a;
+            l_b *= corr_b;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= corr_a;
+                o[4 * j + 1] *= corr_a;
+                o[4 * j + 2] *= corr_b;
+                o[4 * j + 3] *= corr_b;
+            }
+        }
+        m_a = mx_a;
+        m_b = mx_b;
+        const float ms_a = m_a * sl2, ms_b = m_b * sl2;
+        u32 p[4][4];  // k-step kk: keys 16kk .. 16kk + 15 (n-tiles 2kk, 2kk + 1)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float p0 = exp2f(fmaf(s[4 * j], sl2, -ms_a)), p1 = exp2f(fmaf(s[4 * j + 1], sl2, -ms_a));
+            float p2 = exp2f(fmaf(s[4 * j + 2], sl2, -ms_b)), p3 = exp2f(fmaf(s[4 * j + 3], sl2, -ms_b));
+            l_a += p0 + p1;
+            l_b += p2 + p3;
+            p[j >> 1][2 * (j & 1)] = pack_bf16x2(p0, p1);
+            p[j >> 1][2 * (j & 1) + 1] = pack_bf16x2(p2, p3);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WGA_KEYS / 16; kk++) wgmma_pv(o, p[kk], wg_desc_mn(v_addr + kk * 2048, WGA_KEYS * 128));
+        wgmma_commit();
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
+    }
+
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
+    }
+    const int t_a = q0 + row0 + g, t_b = t_a + 8;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        int c = 8 * j + 2 * t;
+        if (t_a < n_tok) attn_store2(qg, out, t_a, h, n_q, D, c, o[4 * j], o[4 * j + 1], l_a);
+        if (t_b < n_tok) attn_store2(qg, out, t_b, h, n_q, D, c, o[4 * j + 2], o[4 * j + 3], l_b);
+    }
+#else
+    __trap();
+#endif
+}

@@ -172,6 +172,32 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// ---- Hopper (sm_90a): warpgroup MMA (gemm.cu's wgb kernels, attention.cu's attn_prefill_wg) ----
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+// Generic-proxy writes to shared memory, made visible to the MMA's (async-proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The descriptor of a K-major bf16 operand with the 128-byte swizzle at shared address `addr`
+// (1024-byte aligned atoms of 8 rows × 128 bytes): start address, leading byte offset (unused with
+// this swizzle: 1), stride byte offset 1024 (8 rows), layout 1 (128-byte swizzle).
+__device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
+    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// The descriptor of an MN-major bf16 operand with the 128-byte swizzle (read with the transpose
+// bit): rows of 64 MN-consecutive elements (128 bytes), a row per k index, 8 k indices an atom
+// (stride byte offset 1024), the next 64 MN elements `mn_stride` bytes on (leading byte offset).
+__device__ __forceinline__ unsigned long long wg_desc_mn(u32 addr, u32 mn_stride) {
+    return (unsigned long long)((addr & 0x3ffffu) >> 4) | ((unsigned long long)((mn_stride & 0x3ffffu) >> 4) << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+#endif
+
 // ---- pieces two kernel files share ----------------------------------------------------------
 
 // One token of the gated delta rule for one value column, as dn_recurrent and the decode step

@@ -404,21 +404,6 @@ __device__ __forceinline__ void wgmma_tok<256>(float (&d)[128], const u32 (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
-// Generic-proxy writes to shared memory, made visible to the MMA's (async-proxy) reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// The descriptor of a K-major bf16 operand with the 128-byte swizzle at shared address `addr`
-// (1024-byte aligned atoms of 8 rows × 128 bytes): start address, leading byte offset (unused with
-// this swizzle: 1), stride byte offset 1024 (8 rows), layout 1 (128-byte swizzle).
-__device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
-    return (unsigned long long)((addr & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
 // The block's sums out: d[4j + e] is row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64,
 // token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate.
 template <int TOK>

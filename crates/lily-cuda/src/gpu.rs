@@ -102,6 +102,12 @@ pub struct KernelSwitches {
     /// With `wgmma_gemm`: the routed experts' tile once experts average three quarters of it
     /// (64: gemm_grouped_wgb64, 128: gemm_grouped_wgb128).
     pub wgmma_group_tile: usize,
+    /// With `wgmma_gemm`: staged chunks whose experts average fewer than 48 items take the wgmma
+    /// kernel's tiles of 64 instead of mma.sync's tiles of 32 (`Gemm::group_tile`).
+    pub wgmma_small_tiles: bool,
+    /// Prefill chunks of at least attention::WGA_MIN_TOK tokens take attn_prefill_wg (wgmma,
+    /// sm_90a, head dim 256) for their attention instead of attn_prefill (mma.sync).
+    pub wgmma_attention: bool,
     /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
     /// token (dn_recurrent).
     pub chunked_scan: bool,
@@ -127,6 +133,8 @@ impl Default for KernelSwitches {
             wgb_tok: 256,
             wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
             wgmma_group_tile: 128,
+            wgmma_small_tiles: false,
+            wgmma_attention: false,
             chunked_scan: false,
         }
     }

@@ -137,6 +137,16 @@ pub struct CudaOptions {
     /// three quarters of it, 128 (gemm_grouped_wgb128: prefill +0.8…1.3 % at 4K…128K on the H200)
     /// or 64 (gemm_grouped_wgb64; `LILY_WGMMA_GROUP_TILE=64`).
     pub wgmma_group_tile: usize,
+    /// With `wgmma_gemm`: the routed experts of a staged chunk whose experts average fewer than
+    /// 48 items (a 512-token chunk: 16) take gemm_grouped_wgb64's tiles of 64 instead of
+    /// gemm_grouped32's (mma.sync) tiles of 32 (`--no-wgmma-small-tiles`,
+    /// `LILY_WGMMA_SMALL_TILES=0`): such a chunk is bound by streaming the experts' weights.
+    pub wgmma_small_tiles: bool,
+    /// Prefill chunks of at least 1,024 tokens (attention::WGA_MIN_TOK) run their causal attention
+    /// with Hopper's warpgroup MMA on sm_90a where the head dim is 256 (attn_prefill_wg: two
+    /// query heads a block sharing the K/V tiles, S and P·V on wgmma) instead of mma.sync
+    /// (attn_prefill; `--no-wgmma-attention`, `LILY_WGMMA_ATTENTION=0`). Needs `flash_prefill`.
+    pub wgmma_attention: bool,
     /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
     /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
     /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
@@ -191,6 +201,8 @@ impl Default for CudaOptions {
             wgb_tok: 256,
             wgmma_min_tok: WGMMA_MIN_TOK,
             wgmma_group_tile: 128,
+            wgmma_small_tiles: true,
+            wgmma_attention: true,
             chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
@@ -239,6 +251,8 @@ impl CudaOptions {
     /// | `LILY_WGB_TOK=N` (128 or 256) | `wgb_tok` |
     /// | `LILY_WGMMA_MIN_TOK=N` (N ≥ 128) | `wgmma_min_tok` |
     /// | `LILY_WGMMA_GROUP_TILE=N` (64 or 128) | `wgmma_group_tile` |
+    /// | `LILY_WGMMA_SMALL_TILES=0` | `wgmma_small_tiles` |
+    /// | `LILY_WGMMA_ATTENTION=0` | `wgmma_attention` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
@@ -281,7 +295,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 24] = [
+        let flags: [(&str, &mut bool); 26] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -303,6 +317,8 @@ impl CudaOptions {
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
+            ("LILY_WGMMA_SMALL_TILES", &mut self.wgmma_small_tiles),
+            ("LILY_WGMMA_ATTENTION", &mut self.wgmma_attention),
             ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
@@ -443,6 +459,8 @@ impl Plan {
                 wgmma_group_tile: o.wgmma_group_tile,
                 wgb_tok: o.wgb_tok,
                 wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
+                wgmma_small_tiles: o.wgmma_small_tiles,
+                wgmma_attention: o.wgmma_attention && o.flash_prefill && o.bf16_activations,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
@@ -625,7 +643,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block), chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -649,6 +667,8 @@ impl Plan {
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
             sw.wgb_tok,
+            on(sw.wgmma_small_tiles),
+            on(sw.wgmma_attention),
             on(sw.chunked_scan),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
@@ -709,6 +729,8 @@ mod tests {
             ("LILY_WGB_TOK", "128"),
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
+            ("LILY_WGMMA_SMALL_TILES", "0"),
+            ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
@@ -746,6 +768,8 @@ mod tests {
                 wgb_tok: 128,
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
+                wgmma_small_tiles: false,
+                wgmma_attention: false,
                 chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,

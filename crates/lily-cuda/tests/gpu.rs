@@ -1055,18 +1055,26 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     }
 }
 
-/// The tensor-core prefill kernel vs the one-block-per-(token, head) kernel on the same random
+/// The tensor-core prefill kernels vs the one-block-per-(token, head) kernel on the same random
 /// inputs in bf16 mode (q and the caches bf16 values, never zero), outputs NaN-poisoned before
 /// each run: the real model's heads (16 q, 2 kv, head_dim 256) and the tiny preset's (4, 2, 64),
 /// chunks of 100 tokens at position 0, 77 at 300 (neither a multiple of the 64-query block, a
-/// long prefix) and 512 at 3000 (timed). Tolerance: relative L2 < 1e-2, since attn_prefill
-/// rounds the softmax weights to bf16 before P·V and an output may then land one bf16 step from
+/// long prefix), 512 at 3000, 1,100 at 5,000 and 4,096 at 28,672 (a 32K prompt's last chunk;
+/// timed). attn_prefill (mma.sync) always; attn_prefill_wg (wgmma) where it runs (sm_90a, head
+/// dim 256), whatever the chunk's length. Tolerance: relative L2 < 1e-2, since both round the
+/// softmax weights to bf16 before P·V and an output may then land one bf16 step from
 /// attn_decode's (which keeps them fp32).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn attn_prefill_matches_attn_decode() {
     let g = dev(true);
-    let chunks = [(0usize, 100usize), (300, 77), (3000, 512)];
+    let chunks = [
+        (0usize, 100usize),
+        (300, 77),
+        (3000, 512),
+        (5000, 1100),
+        (28672, 4096),
+    ];
     let max_ctx = chunks.iter().map(|&(pos, n)| pos + n).max().unwrap();
     for (n_q, n_kv, d) in [(16usize, 2usize, 256usize), (4, 2, 64)] {
         let mut rng = Rng(23);
@@ -1078,6 +1086,7 @@ fn attn_prefill_matches_attn_decode() {
             theta: 1e7,
             eps: 1e-6,
         };
+        let wg = lily_cuda::kernels::gemm::runs_wgmma(&g) && gattn::prefill_wg_fits(shape);
         let mut cache = || -> DevBuf {
             let bits: Vec<u16> = (0..max_ctx * n_kv * d)
                 .map(|_| bf16::from_f32(rng.val(1.0)).to_bits())
@@ -1096,7 +1105,8 @@ fn attn_prefill_matches_attn_decode() {
             let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
             let dpos = g.upload(&[pos as i32]).unwrap();
             let out = g.alloc(n * n_q * d * 4).unwrap();
-            let run = |prefill: bool| -> (Vec<f32>, std::time::Duration) {
+            // 0: attn_decode (one block per token and head), 1: attn_prefill, 2: attn_prefill_wg.
+            let run = |kernel: usize| -> (Vec<f32>, std::time::Duration) {
                 g.fill(&out, 0xff).unwrap();
                 g.sync().unwrap();
                 let t = std::time::Instant::now();
@@ -1111,36 +1121,43 @@ fn attn_prefill_matches_attn_decode() {
                     n_tok: n,
                     keys: pos + n,
                 };
-                if prefill {
-                    g.k.attention.flash_prefill(&g, &attend).unwrap();
-                } else {
-                    g.k.attention.one_block_per_head(&g, &attend).unwrap();
+                match kernel {
+                    0 => g.k.attention.one_block_per_head(&g, &attend).unwrap(),
+                    1 => g.k.attention.flash_prefill(&g, &attend).unwrap(),
+                    _ => g.k.attention.prefill_wg(&g, &attend).unwrap(),
                 }
                 g.sync().unwrap();
                 let dt = t.elapsed();
                 (g.read(&out, 0, n * n_q * d).unwrap(), dt)
             };
-            let (want, _) = run(false);
-            let (got, _) = run(true);
-            // Timed once more, warm.
-            let (_, t_decode) = run(false);
-            let (_, t_prefill) = run(true);
+            let (want, _) = run(0);
             assert!(
                 want.iter().all(|x| x.is_finite()),
                 "attn_decode left an output unwritten"
             );
-            let max_abs = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
             let max_want = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let what = format!("attn_prefill Hq {n_q} Hkv {n_kv} D {d} pos {pos} T {n}");
-            println!(
-                "KERNEL {what}: max abs diff {max_abs:.3e} (max |out| {max_want:.3e}); \
-                 attn_decode {t_decode:.2?}, attn_prefill {t_prefill:.2?}"
-            );
-            check(&format!("{what} vs attn_decode"), &got, &want, 1e-2);
+            // Causal multiply-adds: Q·Kᵀ and P·V over every (query, visible key) pair.
+            let pairs: f64 = (0..n).map(|t| (pos + t + 1) as f64).sum();
+            let flops = 4.0 * (n_q * d) as f64 * pairs;
+            for (kernel, name) in [(1, "attn_prefill"), (2, "attn_prefill_wg")] {
+                if kernel == 2 && !wg {
+                    continue;
+                }
+                let (got, _) = run(kernel);
+                let (_, took) = run(kernel); // warm
+                let max_abs = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                let what = format!("{name} Hq {n_q} Hkv {n_kv} D {d} pos {pos} T {n}");
+                println!(
+                    "KERNEL {what}: max abs diff {max_abs:.3e} (max |out| {max_want:.3e}); \
+                     {took:.2?}, {:.0} TFLOP/s",
+                    flops / took.as_secs_f64() / 1e12
+                );
+                check(&format!("{what} vs attn_decode"), &got, &want, 1e-2);
+            }
         }
     }
 }
@@ -3247,46 +3264,65 @@ fn decode_across_the_long_attention_threshold_reports_the_same_tokens() {
 
 /// A prefill chunk long enough for the wgmma GEMMs (≥ WGMMA_MIN_TOK tokens, not a multiple of the
 /// blocks' 128 or 256; experts average 97 items, so tiles of 128 are taken when asked) through
-/// each path the plan offers — mma.sync only, wgmma on inputs staged as bf16 with 128- and
-/// 256-token dense blocks, with the experts' tiles of 64 or 128 — on a full-width 4-layer model:
-/// the same greedy tokens and log-probabilities after it. The kernels multiply the same bf16
-/// operands with fp32 sums, so this checks the forward pass's staging (each projection reads the
-/// input it should, the MoE's routed and shared experts theirs) end to end.
+/// each path the plan offers — mma.sync only (and attn_prefill), wgmma on inputs staged as bf16
+/// with 128- and 256-token dense blocks, with the experts' tiles of 64 or 128 (and attn_prefill_wg
+/// under the defaults) — on a full-width 4-layer model: the same greedy tokens and
+/// log-probabilities after it. Then a 700-token chunk (experts average 22 items) on mma.sync
+/// against the wgmma GEMMs with the experts' tiles of 64 (`wgmma_small_tiles`). The kernels
+/// multiply the same bf16 operands with fp32 sums, so this checks the forward pass's staging (each
+/// projection reads the input it should, the MoE's routed and shared experts theirs) end to end.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 5, Some(4));
     let mut rng = Rng(47);
-    let prompt = rng.tokens(3_100, w.config.vocab);
-    let run = |wgmma_gemm: bool, wgb_tok: usize, wgmma_group_tile: usize| -> Reported {
-        let mut b = CudaBackend::with_plan(
-            &w,
-            Plan::resolve(&CudaOptions {
-                wgmma_gemm,
-                wgb_tok,
-                wgmma_group_tile,
-                ..CudaOptions::default()
-            }),
-        )
-        .unwrap();
-        let s = b.new_seq(3_200).unwrap();
-        b.prefill(s, &prompt).unwrap();
-        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
-        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
-        r.unwrap();
-        got
-    };
-    let mma = run(false, 128, 64);
-    for (what, tok, tile) in [
-        ("wgmma, 128 tokens a block, tiles of 64", 128, 64),
-        ("wgmma, 256 tokens a block, tiles of 64", 256, 64),
-        ("wgmma, 256 tokens a block, tiles of 128", 256, 128),
+    let long = rng.tokens(3_100, w.config.vocab);
+    let short = rng.tokens(700, w.config.vocab);
+    let run =
+        |prompt: &[u32], wgmma_gemm: bool, wgb_tok: usize, wgmma_group_tile: usize| -> Reported {
+            let mut b = CudaBackend::with_plan(
+                &w,
+                Plan::resolve(&CudaOptions {
+                    wgmma_gemm,
+                    wgb_tok,
+                    wgmma_group_tile,
+                    wgmma_small_tiles: wgmma_gemm,
+                    wgmma_attention: wgmma_gemm,
+                    ..CudaOptions::default()
+                }),
+            )
+            .unwrap();
+            let s = b.new_seq(3_200).unwrap();
+            b.prefill(s, prompt).unwrap();
+            let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), prompt);
+            let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
+            r.unwrap();
+            got
+        };
+    for (prompt, name, paths) in [
+        (
+            &long,
+            "3,100-token chunk",
+            &[
+                ("wgmma, 128 tokens a block, tiles of 64", 128, 64),
+                ("wgmma, 256 tokens a block, tiles of 64", 256, 64),
+                ("wgmma, 256 tokens a block, tiles of 128", 256, 128),
+            ][..],
+        ),
+        (
+            &short,
+            "700-token chunk",
+            &[("wgmma, experts' tiles of 64 for 22 items", 256, 128)][..],
+        ),
     ] {
-        let got = run(true, tok, tile);
-        println!(
-            "MODEL 3,100-token chunk, {what}: {:?}",
-            got.iter().map(|t| t.0).collect::<Vec<_>>()
-        );
-        same_reported(&format!("{what} vs mma.sync"), &got, &mma, 2e-2);
+        let mma = run(prompt, false, 128, 64);
+        for &(what, tok, tile) in paths {
+            let got = run(prompt, true, tok, tile);
+            println!(
+                "MODEL {name}, {what}: {:?}",
+                got.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+            same_reported(&format!("{name}, {what} vs mma.sync"), &got, &mma, 2e-2);
+        }
     }
 }

@@ -118,6 +118,14 @@ pub struct CudaArgs {
     /// [env LILY_WGMMA_GEMM=0].
     #[arg(long)]
     pub no_wgmma_gemm: bool,
+    /// Prefill chunks' attention with mma.sync (attn_prefill) instead of Hopper's warpgroup MMA
+    /// (attn_prefill_wg, sm_90a, head dim 256) [env LILY_WGMMA_ATTENTION=0].
+    #[arg(long)]
+    pub no_wgmma_attention: bool,
+    /// Routed experts with few items a chunk on mma.sync's tiles of 32 instead of the wgmma
+    /// kernel's tiles of 64 [env LILY_WGMMA_SMALL_TILES=0].
+    #[arg(long)]
+    pub no_wgmma_small_tiles: bool,
     /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
@@ -157,6 +165,8 @@ impl CudaArgs {
             mma_attention: !self.no_mma_attention,
             fused_attn_prep: !self.no_fused_attn_prep,
             wgmma_gemm: !self.no_wgmma_gemm,
+            wgmma_attention: !self.no_wgmma_attention,
+            wgmma_small_tiles: !self.no_wgmma_small_tiles,
             chunked_scan: self.chunked_scan,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
@@ -278,6 +288,8 @@ mod tests {
             "--no-mma-attention",
             "--no-fused-attn-prep",
             "--no-wgmma-gemm",
+            "--no-wgmma-attention",
+            "--no-wgmma-small-tiles",
             "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
@@ -311,6 +323,8 @@ mod tests {
                 wgb_tok: 256,
                 wgmma_min_tok: lily_cuda::plan::WGMMA_MIN_TOK,
                 wgmma_group_tile: 128,
+                wgmma_small_tiles: false,
+                wgmma_attention: false,
                 chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,

@@ -48,6 +48,19 @@ pub const PF_KEYS_SMALL: usize = 64;
 pub const PF_KEYS_256: usize = 32;
 /// Tiles in flight per attn_split_mma block (two land while one is used).
 pub const SPLIT_MMA_STAGES: usize = 3;
+/// attn_prefill_wg (wgmma, sm_90a, head dim 256): queries a block (one m64 tile per warpgroup).
+pub const WGA_Q: usize = 64;
+/// attn_prefill_wg: keys a K / V tile (S is 64 × WGA_KEYS a warpgroup).
+pub const WGA_KEYS: usize = 64;
+/// attn_prefill_wg: the head dim it serves.
+pub const WGA_D: usize = 256;
+/// attn_prefill_wg's dynamic shared memory: 1 KB of alignment slack, Q of two heads, two stages
+/// of a K and a V tile (bf16, 128-byte swizzled rows): 193 KB, one block an SM.
+pub const WGA_SMEM: usize = 1024 + 2 * WGA_Q * WGA_D * 2 + 2 * 2 * WGA_KEYS * WGA_D * 2;
+/// The fewest tokens of a chunk whose attention takes attn_prefill_wg under the plan's
+/// `wgmma_attention`: its blocks hold 64 queries of two heads, so a chunk of T tokens has T / 8
+/// of them (attn_prefill: T / 4 of a quarter the size); below 1,024 tokens they would leave SMs idle.
+pub const WGA_MIN_TOK: usize = 1024;
 
 pub const FILE: KernelFile = KernelFile {
     name: "attention",
@@ -65,6 +78,8 @@ pub const FILE: KernelFile = KernelFile {
         ("PF_KEYS_SMALL", PF_KEYS_SMALL as i64),
         ("PF_KEYS_256", PF_KEYS_256 as i64),
         ("SPLIT_MMA_STAGES", SPLIT_MMA_STAGES as i64),
+        ("WGA_Q", WGA_Q as i64),
+        ("WGA_KEYS", WGA_KEYS as i64),
     ],
 };
 
@@ -182,6 +197,12 @@ pub fn prefill_fits(s: AttnShape) -> bool {
     prefill_keys(s.d).is_some() && s.n_kv > 0 && s.n_q.is_multiple_of(s.n_kv)
 }
 
+/// Whether `attn_prefill_wg` serves this shape: head dim 256 and an even number of query heads a
+/// kv head (a block's two heads share their K and V tiles).
+pub fn prefill_wg_fits(s: AttnShape) -> bool {
+    s.d == WGA_D && s.n_kv > 0 && s.n_q.is_multiple_of(s.n_kv) && (s.n_q / s.n_kv).is_multiple_of(2)
+}
+
 /// Dynamic shared memory of an attn_split block for head dim `d` and cache elements of
 /// `kv_bytes`: q [SPLIT_MAX_G][d] f32, K [2][SPLIT_TILE][d + 16 bytes], V [2][SPLIT_TILE][d],
 /// p [SPLIT_MAX_G][SPLIT_TILE] f32.
@@ -211,6 +232,7 @@ pub struct Attention {
     qk_prep: Kernel,
     decode: Kernel,
     prefill: Kernel,
+    prefill_wg: Kernel,
     split: Kernel,
     split_mma: Kernel,
     split_mma_prep: Kernel,
@@ -222,9 +244,18 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn load(m: &Module, bf16_activations: bool) -> Result<Attention> {
+    /// `hopper`: the device is sm_90a, where attn_prefill_wg runs and gets its (large) shared
+    /// memory; elsewhere it is compiled as a trap, never launched, and left at the default.
+    pub fn load(m: &Module, bf16_activations: bool, hopper: bool) -> Result<Attention> {
         let kv_bytes = if bf16_activations { 2 } else { 4 };
+        let prefill_wg = m.kernel("attn_prefill_wg")?;
+        let prefill_wg = if hopper {
+            prefill_wg.allow_shared_memory(WGA_SMEM)?
+        } else {
+            prefill_wg
+        };
         Ok(Attention {
+            prefill_wg,
             kv_bytes,
             qk_prep: m.kernel("attn_qk_prep")?.waits_for_predecessor(),
             decode: m.kernel("attn_decode")?,
@@ -313,12 +344,49 @@ impl Attention {
         if a.n_tok == 0 {
             return Ok(());
         }
+        if Self::takes_wg(gpu, s, a.n_tok, self.kv_bytes) {
+            return self.prefill_wg(gpu, a);
+        }
         let cfg = config(
             (blocks(a.n_tok, PF_Q), s.n_q as u32, 1),
             (PF_WARPS * 32) as u32,
             smem,
         );
         self.launch_attend(gpu, &self.prefill, cfg, a)
+    }
+
+    /// Whether `flash_prefill` runs attn_prefill_wg: the plan's `wgmma_attention` on an sm_90a
+    /// device, a bf16 cache, a shape it serves and a chunk of at least WGA_MIN_TOK tokens.
+    pub fn takes_wg(gpu: &Gpu, s: AttnShape, n_tok: usize, kv_bytes: usize) -> bool {
+        gpu.switches.wgmma_attention
+            && super::gemm::runs_wgmma(gpu)
+            && kv_bytes == 2
+            && prefill_wg_fits(s)
+            && n_tok >= WGA_MIN_TOK
+    }
+
+    /// attn_prefill_wg itself, whatever the chunk's length (the tests call it directly): sm_90a,
+    /// bf16 cache and `prefill_wg_fits` only. `flash_prefill` checks the alignment first.
+    pub fn prefill_wg(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+        let s = a.shape;
+        if !super::gemm::runs_wgmma(gpu) || self.kv_bytes != 2 || !prefill_wg_fits(s) {
+            bail!(
+                "attn_prefill_wg: needs sm_90a, a bf16 cache and head_dim {WGA_D} with an even number of query heads a kv head ({} / {}, head_dim {}, arch {})",
+                s.n_q,
+                s.n_kv,
+                s.d,
+                gpu.arch
+            );
+        }
+        if a.n_tok == 0 {
+            return Ok(());
+        }
+        let cfg = config(
+            (blocks(a.n_tok, WGA_Q), (s.n_q / 2) as u32, 1),
+            256,
+            WGA_SMEM,
+        );
+        self.launch_attend(gpu, &self.prefill_wg, cfg, a)
     }
 
     /// attn_decode and attn_prefill: the same arguments.

@@ -140,11 +140,14 @@ impl Gemm {
         Self::wgmma_on(gpu, w) && (tile == 64 || tile == 128)
     }
 
-    /// The routed experts' tile for a chunk of `n_tok` tokens whose plan tile is `tile`: the
-    /// plan's `wgmma_group_tile` (128) where the chunk stages its inputs, the wgmma kernel takes
-    /// every one of the experts' weights (`experts`: gate, up, down) and experts average at least
-    /// three quarters of it (`n_items` over `n_experts`), else `tile`. Only the wgmma kernel takes
-    /// tiles of 128.
+    /// The routed experts' tile for a chunk of `n_tok` tokens whose plan tile is `tile`. Where the
+    /// chunk stages its inputs and the wgmma kernel takes every one of the experts' weights
+    /// (`experts`: gate, up, down): the plan's `wgmma_group_tile` (128) if experts average at
+    /// least three quarters of it (`n_items` over `n_experts`); else, under the plan's
+    /// `wgmma_small_tiles`, at least 64 (gemm_grouped_wgb64 instead of mma.sync's tiles of 32:
+    /// a chunk with few items an expert is bound by the experts' weights, which the wgmma
+    /// kernel's deeper copy pipeline streams faster). Otherwise `tile`. Only the wgmma kernel
+    /// takes tiles of 128.
     pub fn group_tile(
         gpu: &Gpu,
         experts: &[&DevLinear],
@@ -153,13 +156,14 @@ impl Gemm {
         n_items: usize,
         n_experts: usize,
     ) -> usize {
+        if !Self::stages(gpu, n_tok) || !experts.iter().all(|w| Self::wgmma_on(gpu, w)) {
+            return tile;
+        }
         let big = gpu.switches.wgmma_group_tile;
-        if big > tile
-            && Self::stages(gpu, n_tok)
-            && experts.iter().all(|w| Self::wgmma_on(gpu, w))
-            && 4 * n_items >= 3 * big * n_experts
-        {
+        if big > tile && 4 * n_items >= 3 * big * n_experts {
             big
+        } else if gpu.switches.wgmma_small_tiles {
+            tile.max(64)
         } else {
             tile
         }

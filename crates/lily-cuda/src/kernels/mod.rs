@@ -98,7 +98,11 @@ impl Kernels {
             norm: norm::Norm::load(&norm::FILE.load(gpu, bf16)?)?,
             linear: linear::Linear::load(&linear::FILE.load(gpu, bf16)?)?,
             gemm: gemm::Gemm::load(&gemm::FILE.load(gpu, bf16)?, gemm::runs_wgmma(gpu))?,
-            attention: attention::Attention::load(&attention::FILE.load(gpu, bf16)?, bf16)?,
+            attention: attention::Attention::load(
+                &attention::FILE.load(gpu, bf16)?,
+                bf16,
+                gemm::runs_wgmma(gpu),
+            )?,
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,
             sample: sample::Sample::load(&sample::FILE.load_with(
