@@ -5,6 +5,7 @@
 # /dev/shm):
 #   tests    gpu_check.sh (kernel tests with a sync after each launch, model and decode tests)
 #            beside the synthetic checkpoint's synth
+#   kern     the GPU tests named in KTESTS (substrings), beside the synth
 #   attn     attn_prefill_matches_attn_decode: attn_prefill and attn_prefill_wg against attn_decode,
 #            TFLOP/s of each up to a 32K prompt's last chunk (4,096 queries over 32,768 keys)
 #   bench    the one sweep (prefill 512…128K, decode 256…128K), ROUNDS times (default 1)
@@ -22,7 +23,7 @@ mkdir -p "$OUT/run" "$OUT/check"
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "$* (at $(el) s)" | tee -a "$OUT/pending.txt"; }
-want() { [[ " ${ONLY:-tests attn bench ab profile served} " == *" $1 "* ]]; }
+want() { [[ " ${ONLY:-tests kern attn bench ab profile served} " == *" $1 "* ]]; }
 [ -f "$HERE/../tokgz/tokenizer.tgz" ] && [ ! -f "$HERE/../tokenizer/tokenizer.json" ] &&
   tar xzf "$HERE/../tokgz/tokenizer.tgz" -C "$HERE/.."
 export SKIP_CHECK=1 SKIP_PROFILE=1 SKIP_PARITY=1 LILY_CACHE_DIR="${LILY_CACHE_DIR:-/tmp/lily-cache}"
@@ -32,6 +33,13 @@ if want attn; then
     > "$OUT/attn-test.log" 2>&1
   say "attn test rc=$?"
   grep -E "^KERNEL attn_prefill|test result|panicked|error" "$OUT/attn-test.log" | cut -c1-220 >> "$OUT/pending.txt"
+fi
+if want kern; then
+  ( for t in ${KTESTS:-tensor_core_linears}; do
+      timeout 200 "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture "$t" >> "$OUT/kern.log" 2>&1
+      say "test $t rc=$?"
+    done ) &
+  KERN=$!
 fi
 if want tests; then
   ( SKIP_COMPILE=1 OUT="$OUT/check" timeout 330 bash "$HERE/gpu_check.sh" > "$OUT/check/stdout" 2>&1
@@ -43,6 +51,11 @@ say "synth done"
 if want tests; then
   wait $TESTS
   grep -E "test result|FAILED|panicked|^MODEL (3,100|700)|^ENGINE cuda" "$OUT/check/summary.txt" >> "$OUT/pending.txt"
+fi
+
+if want kern; then
+  wait $KERN
+  grep -E "router|^MODEL|test result|panicked|FAILED" "$OUT/kern.log" | cut -c1-200 >> "$OUT/pending.txt"
 fi
 
 M=/dev/shm/full-mlx; [ -f "$M/config.json" ] || M=/tmp/full-mlx

@@ -148,7 +148,8 @@ __device__ __forceinline__ void x_store(const XSlice<BM>& xs, u16* a_tile) {
 template <int BM, int BITS, bool EXACT>
 __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, int n0, const float* __restrict__ x,
                                           int x_stride, const int* src_rows, const int* dst_rows,
-                                          float* __restrict__ y, int y_stride, int accumulate, u16* smem) {
+                                          float* __restrict__ y, int y_stride, int accumulate, u16* smem,
+                                          int s0, int s1) {
     const int WARPS_M = BM / 32, WARPS_N = 8 / WARPS_M;
     const int WN = GEMM_BN / WARPS_N;  // 32 or 16 for BM 64, 32
     const int MT = 2, NT = WN / 8;
@@ -175,16 +176,15 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
 
     XSlice<BM> xs;
     WSlice<BITS> ws;
-    x_load<BM>(x, x_stride, src_rows, 0, xs);
-    w_load<BITS>(w, b_row, b_live, b_c, ws);
+    x_load<BM>(x, x_stride, src_rows, s0 * GEMM_BK, xs);
+    w_load<BITS>(w, b_row, b_live, s0 * GEMM_BK + b_c, ws);
     x_store<BM>(xs, a_buf[0]);
     w_store<BITS, EXACT>(ws, b_buf[0] + b_r * GEMM_LDS + b_c, b_lo[0] + b_r * GEMM_LDS + b_c);
     __syncthreads();
 
-    int steps = w.cols / GEMM_BK;
-    for (int s = 0; s < steps; s++) {
-        int cur = s & 1;
-        bool more = s + 1 < steps;
+    for (int s = s0; s < s1; s++) {
+        int cur = (s - s0) & 1;
+        bool more = s + 1 < s1;
         if (more) {
             int k1 = (s + 1) * GEMM_BK;
             x_load<BM>(x, x_stride, src_rows, k1, xs);
@@ -253,23 +253,27 @@ __device__ __forceinline__ void gemm_tile(const QWeight& w, long long w_row0, in
     }
 }
 
+// k-steps s0 .. s1 − 1 (of BK columns); by default all of them.
 template <int BM, bool EXACT = false>
 __device__ __forceinline__ void gemm_dispatch(const QWeight& w, long long w_row0, int n0, const float* x, int x_stride,
                                               const int* src_rows, const int* dst_rows, float* y, int y_stride,
-                                              int accumulate, u16* smem) {
+                                              int accumulate, u16* smem, int s0 = 0, int s1 = -1) {
+    if (s1 < 0) s1 = w.cols / GEMM_BK;
     if (w.bits == 4)
-        gemm_tile<BM, 4, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 4, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem, s0, s1);
     else if (w.bits == 8)
-        gemm_tile<BM, 8, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 8, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem, s0, s1);
     else
-        gemm_tile<BM, 16, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem);
+        gemm_tile<BM, 16, EXACT>(w, w_row0, n0, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate, smem, s0,
+                                 s1);
 }
 
 // grid (ceil(rows / BN), ceil(n_tok / 64)); 64 tokens per block. (128-token tiles were measured
 // slower on the H200: fewer blocks per SM and a ragged last wave.)
 template <bool EXACT>
 __device__ __forceinline__ void gemm_dense_body(const QWeight& w, const float* __restrict__ x, int x_stride,
-                                                float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
+                                                float* __restrict__ y, int y_stride, int n_tok, int accumulate,
+                                                int s0 = 0, int s1 = -1) {
     extern __shared__ __align__(16) u16 gemm_smem[];
     __shared__ int src_rows[64], dst_rows[64];
     int m0 = blockIdx.y * 64;
@@ -280,7 +284,7 @@ __device__ __forceinline__ void gemm_dense_body(const QWeight& w, const float* _
     }
     __syncthreads();
     gemm_dispatch<64, EXACT>(w, 0, blockIdx.x * GEMM_BN, x, x_stride, src_rows, dst_rows, y, y_stride, accumulate,
-                             gemm_smem);
+                             gemm_smem, s0, s1);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
@@ -292,10 +296,28 @@ gemm_dense(QWeight w, const float* __restrict__ x, int x_stride, float* __restri
 // The MoE router: y = W x with the weights as hi + lo bf16 pairs (two mma per fragment) and the
 // sums stored unrounded. x must be bf16-valued (it is in this mode), so the products are those
 // of the fp32 weights to ~2⁻¹⁶: routing as in the fp32 model, on tensor cores.
+// Split over the columns (the plan's `router_split_k`) when the grid is deep (gridDim.z parts):
+// part z takes an equal run of the k-steps and writes its unrounded partial sums to
+// y + z · part_stride (rows of y_stride); gemm_sum_parts then adds the parts in order. A chunk of
+// 512 tokens has only 16 blocks of 64 tokens × 128 experts, each stepping through all 2,048
+// columns in sequence; in parts, more blocks share the k-steps.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_dense_exact(QWeight w, const float* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
-                 int n_tok) {
-    gemm_dense_body<true>(w, x, x_stride, y, y_stride, n_tok, 0);
+                 int n_tok, long long part_stride) {
+    int steps = w.cols / GEMM_BK, per = (steps + gridDim.z - 1) / gridDim.z;
+    int s0 = min(steps, (int)blockIdx.z * per), s1 = min(steps, s0 + per);
+    gemm_dense_body<true>(w, x, x_stride, y + blockIdx.z * part_stride, y_stride, n_tok, 0, s0, s1);
+}
+
+// y[n, r] = Σ_z parts[z · part_stride + n · cols + r] for n < n_tok, r < cols, z in order.
+extern "C" __global__ void gemm_sum_parts(const float* __restrict__ parts, int n_parts, long long part_stride,
+                                          float* __restrict__ y, int y_stride, int cols, int n_tok) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * cols) return;
+    int n = (int)(i / cols), r = (int)(i % cols);
+    float s = parts[i];
+    for (int z = 1; z < n_parts; z++) s += parts[z * part_stride + i];
+    y[(long long)n * y_stride + r] = s;
 }
 
 // grid (ceil(rows / BN), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ bm), bm = 32

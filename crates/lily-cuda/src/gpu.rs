@@ -105,6 +105,9 @@ pub struct KernelSwitches {
     /// With `wgmma_gemm`: staged chunks whose experts average fewer than 48 items take the wgmma
     /// kernel's tiles of 64 instead of mma.sync's tiles of 32 (`Gemm::group_tile`).
     pub wgmma_small_tiles: bool,
+    /// The router's split-precision GEMM splits its columns over more blocks where its grid is
+    /// shallow (`gemm::exact_parts`), then adds the parts (gemm_sum_parts).
+    pub router_split_k: bool,
     /// Prefill chunks of at least attention::WGA_MIN_TOK tokens take attn_prefill_wg (wgmma,
     /// sm_90a, head dim 256) for their attention instead of attn_prefill (mma.sync).
     pub wgmma_attention: bool,
@@ -134,6 +137,7 @@ impl Default for KernelSwitches {
             wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
             wgmma_group_tile: 128,
             wgmma_small_tiles: false,
+            router_split_k: false,
             wgmma_attention: false,
             chunked_scan: false,
         }

@@ -142,6 +142,11 @@ pub struct CudaOptions {
     /// gemm_grouped32's (mma.sync) tiles of 32 (`--no-wgmma-small-tiles`,
     /// `LILY_WGMMA_SMALL_TILES=0`): such a chunk is bound by streaming the experts' weights.
     pub wgmma_small_tiles: bool,
+    /// The router's split-precision GEMM on tensor cores splits its 2,048 columns into up to 8
+    /// runs of k-steps where its grid is shallow (a 512-token chunk: 16 blocks of 64 tokens × 128
+    /// experts, each walking all the columns in sequence), the parts added after in a fixed order
+    /// (`--no-router-split-k`, `LILY_ROUTER_SPLIT_K=0`).
+    pub router_split_k: bool,
     /// Prefill chunks of at least 1,024 tokens (attention::WGA_MIN_TOK) run their causal attention
     /// with Hopper's warpgroup MMA on sm_90a where the head dim is 256 (attn_prefill_wg: two
     /// query heads a block sharing the K/V tiles, S and P·V on wgmma) instead of mma.sync
@@ -202,6 +207,7 @@ impl Default for CudaOptions {
             wgmma_min_tok: WGMMA_MIN_TOK,
             wgmma_group_tile: 128,
             wgmma_small_tiles: true,
+            router_split_k: true,
             wgmma_attention: true,
             chunked_scan: false,
             pipelined_decode: true,
@@ -252,6 +258,7 @@ impl CudaOptions {
     /// | `LILY_WGMMA_MIN_TOK=N` (N ≥ 128) | `wgmma_min_tok` |
     /// | `LILY_WGMMA_GROUP_TILE=N` (64 or 128) | `wgmma_group_tile` |
     /// | `LILY_WGMMA_SMALL_TILES=0` | `wgmma_small_tiles` |
+    /// | `LILY_ROUTER_SPLIT_K=0` | `router_split_k` |
     /// | `LILY_WGMMA_ATTENTION=0` | `wgmma_attention` |
     /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
@@ -295,7 +302,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 26] = [
+        let flags: [(&str, &mut bool); 27] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -318,6 +325,7 @@ impl CudaOptions {
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
             ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
             ("LILY_WGMMA_SMALL_TILES", &mut self.wgmma_small_tiles),
+            ("LILY_ROUTER_SPLIT_K", &mut self.router_split_k),
             ("LILY_WGMMA_ATTENTION", &mut self.wgmma_attention),
             ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
@@ -460,6 +468,7 @@ impl Plan {
                 wgb_tok: o.wgb_tok,
                 wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
                 wgmma_small_tiles: o.wgmma_small_tiles,
+                router_split_k: o.router_split_k,
                 wgmma_attention: o.wgmma_attention && o.flash_prefill && o.bf16_activations,
                 chunked_scan: o.chunked_scan && o.bf16_activations,
             },
@@ -643,7 +652,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, router split over its columns {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -663,6 +672,7 @@ impl Plan {
             sw.dec_blocks_per_sm,
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
+            on(sw.router_split_k),
             on(sw.mma_attention),
             on(sw.fused_attn_prep),
             on(sw.wgmma_gemm),
@@ -730,6 +740,7 @@ mod tests {
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_WGMMA_SMALL_TILES", "0"),
+            ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
@@ -769,6 +780,7 @@ mod tests {
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
                 wgmma_small_tiles: false,
+                router_split_k: false,
                 wgmma_attention: false,
                 chunked_scan: true,
                 pipelined_decode: false,

@@ -656,17 +656,19 @@ fn tensor_core_linears_match_the_bf16_product() {
             );
         }
     }
-    // The router in split precision (gemm_dense_exact): the fp32 weights' product to ~1e-5.
-    for bits in [8u32, 4] {
-        let (t, rows, cols) = (100usize, 136usize, 256usize);
+    // The router in split precision (gemm_dense_exact): the fp32 weights' product to ~1e-5; in
+    // one pass over the columns and split into parts (`router_split_k`; 512 tokens of 256
+    // experts × 2,048 columns: 8 parts, as Qwen3.6's router at a 512-token chunk).
+    let mut g = g;
+    for (bits, t, rows, cols) in [
+        (8u32, 100usize, 136usize, 256usize),
+        (4, 100, 136, 256),
+        (8, 512, 256, 2048),
+    ] {
         let w = linear(&mut rng, bits, 1, rows, cols);
         let dw = upload_linear(&g, "router", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
         let dx = g.upload(&x).unwrap();
-        let dy = poisoned(&g, t * rows);
-        assert_eq!(g.plan.router(&dw, t), RouterPath::TensorCoresSplitPrecision);
-        g.router(&dw, dx.ptr, cols, dy.ptr, rows, t);
-        let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
         let mut wr = vec![0f32; cols];
         let mut want = vec![0f32; t * rows];
         for r in 0..rows {
@@ -678,13 +680,31 @@ fn tensor_core_linears_match_the_bf16_product() {
                 want[n * rows + r] = s as f32;
             }
         }
-        check(
-            &format!("gemm_dense_exact (router) bits={bits} T={t}"),
-            &y,
-            &want,
-            2e-5,
-        );
+        for split in [false, true] {
+            g.g.switches.router_split_k = split;
+            let parts = if split {
+                lily_cuda::kernels::gemm::exact_parts(
+                    rows.div_ceil(128) * t.div_ceil(64),
+                    g.sm_count,
+                    cols / 64,
+                    t * rows,
+                )
+            } else {
+                1
+            };
+            let dy = poisoned(&g, t * rows);
+            assert_eq!(g.plan.router(&dw, t), RouterPath::TensorCoresSplitPrecision);
+            g.router(&dw, dx.ptr, cols, dy.ptr, rows, t);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            check(
+                &format!("gemm_dense_exact (router) bits={bits} T={t} {rows}x{cols}, {parts} parts"),
+                &y,
+                &want,
+                2e-5,
+            );
+        }
     }
+    g.g.switches.router_split_k = false;
     // Grouped: skewed routing (one expert over two 64-item tiles, one expert with none).
     for tile in [32usize, 64] {
         for bits in [4u32, 8] {

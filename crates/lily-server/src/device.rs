@@ -126,6 +126,10 @@ pub struct CudaArgs {
     /// kernel's tiles of 64 [env LILY_WGMMA_SMALL_TILES=0].
     #[arg(long)]
     pub no_wgmma_small_tiles: bool,
+    /// The router's tensor-core GEMM over all its columns in each block instead of split into
+    /// parts where its grid is shallow [env LILY_ROUTER_SPLIT_K=0].
+    #[arg(long)]
+    pub no_router_split_k: bool,
     /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
     /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
     #[arg(long)]
@@ -167,6 +171,7 @@ impl CudaArgs {
             wgmma_gemm: !self.no_wgmma_gemm,
             wgmma_attention: !self.no_wgmma_attention,
             wgmma_small_tiles: !self.no_wgmma_small_tiles,
+            router_split_k: !self.no_router_split_k,
             chunked_scan: self.chunked_scan,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
@@ -290,6 +295,7 @@ mod tests {
             "--no-wgmma-gemm",
             "--no-wgmma-attention",
             "--no-wgmma-small-tiles",
+            "--no-router-split-k",
             "--no-pipelined-decode",
         ]);
         let o = cli.cuda.options();
@@ -324,6 +330,7 @@ mod tests {
                 wgmma_min_tok: lily_cuda::plan::WGMMA_MIN_TOK,
                 wgmma_group_tile: 128,
                 wgmma_small_tiles: false,
+                router_split_k: false,
                 wgmma_attention: false,
                 chunked_scan: false,
                 pipelined_decode: false,

@@ -419,7 +419,9 @@ fn a_full_queue_hands_the_job_back() {
 
 #[test]
 fn cancelled_jobs_stop_and_waiting_ones_never_start() {
-    let (backend, decoded, prefilled) = ScriptBackend::new(&[5; 64], 10);
+    // 40 ms a token: the test thread has two tokens' time (80 ms) to see the first token and
+    // raise the cancel flag, even on a loaded 2-core machine (10 ms was once not enough there).
+    let (backend, decoded, prefilled) = ScriptBackend::new(&[5; 64], 40);
     let engine = Engine::start(Box::new(backend), opts(4)).unwrap();
     let (first, rx_first, cancel_first) = job(&[1, 2], 50, usize::MAX);
     let (second, rx_second, cancel_second) = job(&[1, 2, 3, 4], 50, usize::MAX);

@@ -75,6 +75,22 @@ pub fn wg_fits(w: &DevLinear) -> bool {
         && w.cols / w.group <= WG_MAX_GROUPS
 }
 
+/// Parts the router's columns are split into (`Gemm::dense_exact` under `router_split_k`): the
+/// largest power of two up to EXACT_MAX_PARTS that keeps `base` blocks × parts within two a
+/// multiprocessor, divides the `steps` k-steps, and keeps parts × `out` floats within
+/// EXACT_PART_FLOATS; 1 where the unsplit grid already fills the device.
+pub fn exact_parts(base: usize, sm_count: usize, steps: usize, out: usize) -> usize {
+    let mut parts = 1;
+    while parts < EXACT_MAX_PARTS
+        && base * parts * 2 <= 2 * sm_count
+        && steps.is_multiple_of(parts * 2)
+        && out * parts * 2 <= EXACT_PART_FLOATS
+    {
+        parts *= 2;
+    }
+    parts
+}
+
 /// Dynamic shared memory of the largest tile (64 tokens).
 const GEMM_SMEM_MAX: usize = gemm_smem(64);
 
@@ -86,8 +102,17 @@ pub fn fits(w: &DevLinear) -> bool {
         && (w.bits == 16 || w.group.is_multiple_of(32))
 }
 
+/// The router's split-K partial sums (`Gemm::dense_exact`): at most this many floats (parts ×
+/// tokens × rows; 8 MB), fewer parts where a chunk would need more.
+pub const EXACT_PART_FLOATS: usize = 2 << 20;
+/// The most parts `Gemm::dense_exact` splits the router's columns into.
+pub const EXACT_MAX_PARTS: usize = 8;
+
 pub struct Gemm {
     dense: Kernel,
+    sum_parts: Kernel,
+    /// The router's split-K partial sums (EXACT_PART_FLOATS floats).
+    exact_parts: crate::gpu::DevBuf,
     dense_wgb: Kernel,
     dense_wgb256: Kernel,
     grouped_wgb64: Kernel,
@@ -101,7 +126,7 @@ pub struct Gemm {
 impl Gemm {
     /// `hopper`: the device is sm_90a, where the wgmma kernels run and get their (large) shared
     /// memory; elsewhere they are compiled as traps, never launched, and left at the default.
-    pub fn load(m: &Module, hopper: bool) -> Result<Gemm> {
+    pub fn load(gpu: &Gpu, m: &Module, hopper: bool) -> Result<Gemm> {
         let wg = |name: &'static str, bytes: usize| -> Result<Kernel> {
             let k = m.kernel(name)?;
             if hopper {
@@ -112,6 +137,8 @@ impl Gemm {
         };
         Ok(Gemm {
             dense: m.kernel("gemm_dense")?.allow_shared_memory(GEMM_SMEM_MAX)?,
+            sum_parts: m.kernel("gemm_sum_parts")?,
+            exact_parts: gpu.alloc(EXACT_PART_FLOATS * 4)?,
             dense_wgb: wg("gemm_dense_wgb", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
             dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
@@ -248,15 +275,43 @@ impl Gemm {
     pub fn dense_exact(&self, gpu: &Gpu, a: &Project) -> Result<()> {
         check_x("linear_router", a.x)?;
         let w = a.w.arg();
-        let (x_stride, y_stride, n_tok) = (a.x.stride as i32, a.y.stride as i32, a.n_tok as i32);
-        let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
+        let (rows, n) = (a.w.rows, a.n_tok);
+        let base = blocks(rows, GEMM_BN) * blocks(n, DENSE_BM);
+        let parts = if gpu.switches.router_split_k {
+            exact_parts(base as usize, gpu.sm_count, a.w.cols / GEMM_BK, n * rows)
+        } else {
+            1
+        };
+        let grid = (blocks(rows, GEMM_BN), blocks(n, DENSE_BM), parts as u32);
         let cfg = config(grid, GEMM_THREADS as u32, gemm_smem_exact(DENSE_BM));
+        // One part: straight into y; more: into exact_parts (rows of `rows`), then summed.
+        let (y, y_stride, part_stride) = if parts == 1 {
+            (a.y.ptr, a.y.stride as i32, 0i64)
+        } else {
+            (self.exact_parts.ptr, rows as i32, (n * rows) as i64)
+        };
+        let (x_stride, n_tok) = (a.x.stride as i32, n as i32);
         gpu.launch(&self.dense_exact, cfg, |l| {
             l.arg(&w)
                 .arg(&a.x.ptr)
                 .arg(&x_stride)
-                .arg(&a.y.ptr)
+                .arg(&y)
                 .arg(&y_stride)
+                .arg(&n_tok)
+                .arg(&part_stride);
+        })?;
+        if parts == 1 {
+            return Ok(());
+        }
+        let (n_parts, out_stride, cols) = (parts as i32, a.y.stride as i32, rows as i32);
+        let cfg = config((blocks(n * rows, 256), 1, 1), 256, 0);
+        gpu.launch(&self.sum_parts, cfg, |l| {
+            l.arg(&self.exact_parts.ptr)
+                .arg(&n_parts)
+                .arg(&part_stride)
+                .arg(&a.y.ptr)
+                .arg(&out_stride)
+                .arg(&cols)
                 .arg(&n_tok);
         })
     }
@@ -310,5 +365,27 @@ impl Gemm {
                 .arg(&a.y.ptr)
                 .arg(&y_stride);
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_router_splits_its_columns_only_where_the_grid_is_shallow() {
+        // Qwen3.6's router (256 experts × 2,048 columns: 2 row blocks, 32 k-steps) on 132 SMs.
+        let parts = |n: usize| exact_parts(2 * n.div_ceil(64), 132, 32, n * 256);
+        assert_eq!(parts(512), 8); // 16 blocks → 128
+        assert_eq!(parts(1024), 8); // 32 → 256
+        assert_eq!(parts(2048), 4); // 64 → 256
+        assert_eq!(parts(4096), 2); // 128 → 256
+        assert_eq!(parts(8192), 1); // 256 blocks fill the device; 8 MB would not hold two parts
+        // Never more parts than k-steps, nor parts that do not divide them.
+        assert_eq!(exact_parts(1, 132, 2, 100), 2);
+        assert_eq!(exact_parts(1, 132, 3, 100), 1);
+        // The partial sums' buffer bounds the parts.
+        assert_eq!(exact_parts(1, 132, 32, EXACT_PART_FLOATS / 2), 2);
+        assert_eq!(exact_parts(1, 132, 32, EXACT_PART_FLOATS), 1);
     }
 }

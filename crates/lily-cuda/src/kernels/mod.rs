@@ -97,7 +97,7 @@ impl Kernels {
             embed: embed::Embed::load(&embed::FILE.load(gpu, bf16)?)?,
             norm: norm::Norm::load(&norm::FILE.load(gpu, bf16)?)?,
             linear: linear::Linear::load(&linear::FILE.load(gpu, bf16)?)?,
-            gemm: gemm::Gemm::load(&gemm::FILE.load(gpu, bf16)?, gemm::runs_wgmma(gpu))?,
+            gemm: gemm::Gemm::load(gpu, &gemm::FILE.load(gpu, bf16)?, gemm::runs_wgmma(gpu))?,
             attention: attention::Attention::load(
                 &attention::FILE.load(gpu, bf16)?,
                 bf16,
