@@ -900,6 +900,16 @@ __device__ __forceinline__ void attn_store2(const float* __restrict__ qg, float*
     *reinterpret_cast<float2*>(out + ((long long)t * n_q + h) * d + c) = r;
 }
 
+// The tensor-core prefill kernels' row sums: each of the 4 lanes of a quad holds part of rows g
+// and g + 8; afterwards every lane holds the whole.
+__device__ __forceinline__ void quad_sums(float& a, float& b) {
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, x);
+        b += __shfl_xor_sync(0xffffffffu, b, x);
+    }
+}
+
 // One block: queries q0..q0+63 of head h against keys 0..kmax in tiles of BC keys (see the top).
 template <int D, int BC>
 __device__ __forceinline__ void attn_prefill_tiles(const float* __restrict__ q, const float* __restrict__ qg,
@@ -1091,11 +1101,7 @@ __device__ __forceinline__ void attn_prefill_tiles(const float* __restrict__ q, 
 
     // Full row sums, then attn_decode's epilogue. Element e of n-tile n: row g (e < 2) or g+8,
     // dim 8n + 2·tq + (e & 1).
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
-    }
+    quad_sums(l_a, l_b);
     const int t_a = q0 + row0 + g, t_b = t_a + 8;
 #pragma unroll
     for (int n = 0; n < NT_D; n++) {
@@ -1315,11 +1321,7 @@ attn_prefill_wg(const float* __restrict__ q, const float* __restrict__ qg, const
         for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
     }
 
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, x);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, x);
-    }
+    quad_sums(l_a, l_b);
     const int t_a = q0 + row0 + g, t_b = t_a + 8;
 #pragma unroll
     for (int j = 0; j < 32; j++) {
