@@ -697,7 +697,9 @@ fn tensor_core_linears_match_the_bf16_product() {
             g.router(&dw, dx.ptr, cols, dy.ptr, rows, t);
             let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
             check(
-                &format!("gemm_dense_exact (router) bits={bits} T={t} {rows}x{cols}, {parts} parts"),
+                &format!(
+                    "gemm_dense_exact (router) bits={bits} T={t} {rows}x{cols}, {parts} parts"
+                ),
                 &y,
                 &want,
                 2e-5,

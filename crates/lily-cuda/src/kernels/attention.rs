@@ -555,3 +555,33 @@ impl Attention {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(n_q: usize, n_kv: usize, d: usize) -> AttnShape {
+        AttnShape {
+            n_q,
+            n_kv,
+            d,
+            rotary: d,
+            theta: 1e7,
+            eps: 1e-6,
+        }
+    }
+
+    #[test]
+    fn attn_prefill_wg_takes_head_dim_256_with_query_heads_in_pairs() {
+        assert!(prefill_wg_fits(shape(16, 2, 256))); // Qwen3.6: 8 query heads a kv head
+        assert!(prefill_wg_fits(shape(4, 2, 256)));
+        assert!(!prefill_wg_fits(shape(6, 2, 256))); // 3 a kv head: a block's pair would straddle two
+        assert!(!prefill_wg_fits(shape(2, 2, 256))); // 1 a kv head
+        assert!(!prefill_wg_fits(shape(16, 2, 128)));
+        assert!(!prefill_wg_fits(shape(16, 0, 256)));
+        // Its shared memory (Q of two heads, two stages of K and V, alignment) within the
+        // H200's 227 KB a block.
+        assert_eq!(WGA_SMEM, 1024 + 65_536 + 131_072);
+        assert!(WGA_SMEM <= 232_448);
+    }
+}

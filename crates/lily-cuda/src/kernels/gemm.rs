@@ -380,7 +380,8 @@ mod tests {
         assert_eq!(parts(1024), 8); // 32 → 256
         assert_eq!(parts(2048), 4); // 64 → 256
         assert_eq!(parts(4096), 2); // 128 → 256
-        assert_eq!(parts(8192), 1); // 256 blocks fill the device; 8 MB would not hold two parts
+                                    // 256 blocks fill the device (and 8 MB would not hold two parts).
+        assert_eq!(parts(8192), 1);
         // Never more parts than k-steps, nor parts that do not divide them.
         assert_eq!(exact_parts(1, 132, 2, 100), 2);
         assert_eq!(exact_parts(1, 132, 3, 100), 1);
