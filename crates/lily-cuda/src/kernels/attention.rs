@@ -54,9 +54,16 @@ pub const WGA_Q: usize = 64;
 pub const WGA_KEYS: usize = 64;
 /// attn_prefill_wg: the head dim it serves.
 pub const WGA_D: usize = 256;
-/// attn_prefill_wg's dynamic shared memory: 1 KB of alignment slack, Q of two heads, two stages
-/// of a K and a V tile (bf16, 128-byte swizzled rows): 193 KB, one block an SM.
-pub const WGA_SMEM: usize = 1024 + 2 * WGA_Q * WGA_D * 2 + 2 * 2 * WGA_KEYS * WGA_D * 2;
+/// attn_prefill_wg: query heads a block, one warpgroup (128 threads) each (fixed by the kernel).
+pub const WGA_HEADS: usize = 2;
+/// attn_prefill_wg: stages of the K/V ring (fixed by the kernel).
+const WGA_STAGES: usize = 2;
+/// attn_prefill_wg's dynamic shared memory: 1 KB of alignment slack, Q of the block's heads, the
+/// ring's stages of a K and a V tile (bf16, 128-byte swizzled rows): 193 KB, one block an SM.
+pub const WGA_SMEM: usize =
+    1024 + WGA_HEADS * WGA_Q * WGA_D * 2 + WGA_STAGES * 2 * WGA_KEYS * WGA_D * 2;
+// Within sm_90's 227 KB of shared memory a block.
+const _: () = assert!(WGA_SMEM <= 232_448);
 /// The fewest tokens of a chunk whose attention takes attn_prefill_wg under the plan's
 /// `wgmma_attention`: its blocks hold 64 queries of two heads, so a chunk of T tokens has T / 8
 /// of them (attn_prefill: T / 4 of a quarter the size); below 1,024 tokens they would leave SMs idle.
@@ -200,7 +207,10 @@ pub fn prefill_fits(s: AttnShape) -> bool {
 /// Whether `attn_prefill_wg` serves this shape: head dim 256 and an even number of query heads a
 /// kv head (a block's two heads share their K and V tiles).
 pub fn prefill_wg_fits(s: AttnShape) -> bool {
-    s.d == WGA_D && s.n_kv > 0 && s.n_q.is_multiple_of(s.n_kv) && (s.n_q / s.n_kv).is_multiple_of(2)
+    s.d == WGA_D
+        && s.n_kv > 0
+        && s.n_q.is_multiple_of(s.n_kv)
+        && (s.n_q / s.n_kv).is_multiple_of(WGA_HEADS)
 }
 
 /// Dynamic shared memory of an attn_split block for head dim `d` and cache elements of
@@ -382,8 +392,8 @@ impl Attention {
             return Ok(());
         }
         let cfg = config(
-            (blocks(a.n_tok, WGA_Q), (s.n_q / 2) as u32, 1),
-            256,
+            (blocks(a.n_tok, WGA_Q), (s.n_q / WGA_HEADS) as u32, 1),
+            (WGA_HEADS * 128) as u32,
             WGA_SMEM,
         );
         self.launch_attend(gpu, &self.prefill_wg, cfg, a)
@@ -579,9 +589,7 @@ mod tests {
         assert!(!prefill_wg_fits(shape(2, 2, 256))); // 1 a kv head
         assert!(!prefill_wg_fits(shape(16, 2, 128)));
         assert!(!prefill_wg_fits(shape(16, 0, 256)));
-        // Its shared memory (Q of two heads, two stages of K and V, alignment) within the
-        // H200's 227 KB a block.
+        // Its shared memory: alignment, Q of two heads, two stages of K and V.
         assert_eq!(WGA_SMEM, 1024 + 65_536 + 131_072);
-        assert!(WGA_SMEM <= 232_448);
     }
 }

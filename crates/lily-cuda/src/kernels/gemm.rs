@@ -376,11 +376,12 @@ mod tests {
     fn the_router_splits_its_columns_only_where_the_grid_is_shallow() {
         // Qwen3.6's router (256 experts × 2,048 columns: 2 row blocks, 32 k-steps) on 132 SMs.
         let parts = |n: usize| exact_parts(2 * n.div_ceil(64), 132, 32, n * 256);
-        assert_eq!(parts(512), 8); // 16 blocks → 128
-        assert_eq!(parts(1024), 8); // 32 → 256
-        assert_eq!(parts(2048), 4); // 64 → 256
-        assert_eq!(parts(4096), 2); // 128 → 256
-                                    // 256 blocks fill the device (and 8 MB would not hold two parts).
+        // Blocks before → after: 16 → 128, 32 → 256, 64 → 256, 128 → 256; at 8K, 256 blocks fill
+        // the device (and 8 MB would not hold two parts).
+        assert_eq!(parts(512), 8);
+        assert_eq!(parts(1024), 8);
+        assert_eq!(parts(2048), 4);
+        assert_eq!(parts(4096), 2);
         assert_eq!(parts(8192), 1);
         // Never more parts than k-steps, nor parts that do not divide them.
         assert_eq!(exact_parts(1, 132, 2, 100), 2);
