@@ -10,6 +10,7 @@ import jsonschema
 import openai
 import pytest
 
+import json_prefix
 from conftest import Server
 
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -124,10 +125,24 @@ def test_streamed_json_schema_answer_validates(cpu_server):
 def test_json_object_answers_are_objects(cpu_server):
     r = chat(cpu_server, seed=5, max_tokens=30, response_format={"type": "json_object"})
     text = r.choices[0].message.content
-    assert text.startswith("{")
-    # Free-form objects can run past a small max_tokens; a finished one must parse.
-    if r.choices[0].finish_reason == "stop":
+    assert text.lstrip().startswith("{")
+    # Free-form objects can run past a small max_tokens: a cut answer must still be a prefix some
+    # continuation completes, a finished one a whole object.
+    finished = r.choices[0].finish_reason == "stop"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    json_prefix.check(text, complete=finished)
+    if finished:
         assert isinstance(json.loads(text), dict)
+
+
+def test_the_json_prefix_check_refuses_what_no_continuation_completes():
+    for text in ['{"a": [1, 2', '{"name": "Al\\', '{"x": -', '{"ok": tr']:
+        json_prefix.check(text, complete=False)
+    for text in ['{"a" 1', '{"a": tx', '{"a": 1}}', '{"a": [1,,', '{"a": 01']:
+        with pytest.raises(json_prefix.Invalid):
+            json_prefix.check(text, complete=False)
+    with pytest.raises(json_prefix.Invalid):
+        json_prefix.check('{"a": 1', complete=True)
 
 
 def test_reasoning_stays_free_until_it_closes(cpu_server):

@@ -8,6 +8,7 @@ pub mod config;
 pub mod constrain;
 pub mod cpu;
 pub mod engine;
+pub mod logprob;
 pub mod parse;
 pub mod quant;
 pub mod sampling;

@@ -44,6 +44,16 @@ pub const HISTORY_SEEN: u32 = 0x8000_0000;
 pub const HISTORY_COUNT: u32 = 0x7fff_ffff;
 
 impl SamplingParams {
+    /// Greedy with nothing that changes the logits first (no penalty, no logit_bias): the token
+    /// is the argmax of the raw logits, which a GPU backend picks on the device.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && self.logit_bias.is_empty()
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && self.repetition_penalty == 1.0
+    }
+
     /// The logit_bias entries inside `vocab`, sorted by id stably (repeated ids keep the
     /// request's order, in which the host adds them): the table a device sampler searches.
     pub fn sorted_logit_bias(&self, vocab: usize) -> Vec<(u32, f32)> {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
+use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
@@ -434,25 +435,6 @@ impl StepTiming {
     }
 }
 
-fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
-    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
-    (logits[id] - mx) - sum.ln() as f32
-}
-
-fn top_n(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    let n = n.min(logits.len());
-    idx.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| {
-        logits[b].total_cmp(&logits[a])
-    });
-    idx.truncate(n);
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    idx.into_iter()
-        .map(|i| (i as u32, log_softmax_at(logits, i)))
-        .collect()
-}
-
 /// Share of the free device memory one sequence's KV cache may take for the default context
 /// (the rest is for the prefix cache's kept sequences and snapshots).
 const DEFAULT_CONTEXT_MEMORY_SHARE: usize = 4;
@@ -660,7 +642,7 @@ impl Backend for CudaBackend {
             };
             // Whether this step's token was fed already (pipelined), so the step ends with it.
             let mut fed = false;
-            let (token, logprob, host_logits) = if path != SamplingPath::Host {
+            let (token, logprob, top) = if path != SamplingPath::Host {
                 let s = self.seq(seq)?;
                 self.gpu.profile_scope("decode pick");
                 timing.picking(&self.gpu)?;
@@ -707,13 +689,14 @@ impl Backend for CudaBackend {
                 if id < 0 || id as usize >= self.cfg.vocab {
                     bail!("the device sampler chose token {id}, outside the vocabulary");
                 }
-                let logits = if top_logprobs > 0 {
+                let top = if top_logprobs > 0 {
                     let s = self.seq(seq)?;
-                    Some(self.gpu.read::<f32>(&s.logits, 0, self.cfg.vocab)?)
+                    let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
+                    LogSoftmax::new(&logits).top(top_logprobs)
                 } else {
-                    None
+                    Vec::new()
                 };
-                (id as u32, lp, logits)
+                (id as u32, lp, top)
             } else {
                 // SamplingPath::Host: top_k off or above 256, or device sampling off.
                 let s = self.seq(seq)?;
@@ -723,12 +706,8 @@ impl Backend for CudaBackend {
                     bail!("the sampler chose token {id}, outside the vocabulary");
                 }
                 self.gpu.write(&s.next_token, 0, &[id as i32])?;
-                let lp = log_softmax_at(&logits, id as usize);
-                (id, lp, Some(logits))
-            };
-            let top = match (&host_logits, top_logprobs) {
-                (Some(l), k) if k > 0 => top_n(l, k),
-                _ => Vec::new(),
+                let (lp, top) = token_logprob(&logits, id, top_logprobs);
+                (id, lp, top)
             };
             sampler.accept(token);
             let flow = on_token(&StepOut {

@@ -598,12 +598,7 @@ impl Plan {
     /// covers pick there when device sampling is on; the rest (top_k off or above 256) use the
     /// host sampler on downloaded logits.
     pub fn sampling(&self, p: &SamplingParams) -> SamplingPath {
-        let greedy = p.temperature <= 0.0
-            && p.logit_bias.is_empty()
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.repetition_penalty == 1.0;
-        if greedy {
+        if p.is_plain_greedy() {
             SamplingPath::DeviceGreedy
         } else if self.device_sampling && sampler::supports(p) {
             SamplingPath::Device

@@ -1830,7 +1830,7 @@ fn argmax_and_logprob_match_cpu() {
             .sum::<f64>()
             .ln();
     let want_lp = (logits[planted] as f64 - lse) as f32;
-    let (cpu_lp, _) = lily_core::cpu::logprobs(&logits, planted as u32, 0);
+    let (cpu_lp, _) = lily_core::logprob::token_logprob(&logits, planted as u32, 0);
     // One block, and the two-stage form decode uses (per-block partials, then a final block).
     let parts = poisoned(&g, lily_cuda::kernels::sample::ARGMAX_SCRATCH);
     for partials in [None, Some(parts.ptr)] {

@@ -15,6 +15,7 @@ mod load;
 mod metrics;
 mod openai;
 mod output;
+mod request;
 mod routes;
 #[cfg(feature = "scripted")]
 mod scripted;

@@ -32,7 +32,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
-use lily_core::engine::token_logprob;
+use lily_core::logprob::token_logprob;
 use lily_core::sampling::Sampler;
 use lily_core::text::{ids, Tokenizer};
 use serde_json::Value;

@@ -9,7 +9,7 @@ use lily_core::parse::prompt_opens_reasoning;
 use serde_json::Value;
 
 use crate::openai::error::ApiError;
-use crate::openai::fields::{kind, Fields};
+use crate::request::fields::{kind, Fields};
 use crate::state::Model;
 
 /// Which tool calls the answer must make. Both APIs map onto this: OpenAI `"auto"` / `"none"` /

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Context, Result};
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
+use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
@@ -122,20 +123,12 @@ const COOP_TOLERANCE: f64 = 1e-4;
 /// top_k 0 (the whole vocabulary) or above 256 samples on the host from read-back logits.
 fn device_sampled(p: &SamplingParams) -> bool {
     if p.temperature <= 0.0 {
-        !device_greedy(p)
+        !p.is_plain_greedy()
     } else {
         (1..=PICK_MAX_K).contains(&p.top_k)
     }
 }
 
-/// Greedy with nothing that changes logits first: the GPU picks (argmax_part.wgsl, argmax_final.wgsl).
-fn device_greedy(p: &SamplingParams) -> bool {
-    p.temperature <= 0.0
-        && p.logit_bias.is_empty()
-        && p.presence_penalty == 0.0
-        && p.frequency_penalty == 0.0
-        && p.repetition_penalty == 1.0
-}
 
 impl WgpuBackend {
     pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
@@ -516,7 +509,7 @@ impl WgpuBackend {
                 self.cfg.vocab
             );
         }
-        if device_greedy(p) || !device_sampled(p) {
+        if p.is_plain_greedy() || !device_sampled(p) {
             return Ok(None);
         }
         let d = self.device_pick(sampler)?;
@@ -660,12 +653,6 @@ impl Drop for WgpuBackend {
     }
 }
 
-fn log_softmax_at(logits: &[f32], id: usize) -> f32 {
-    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
-    (logits[id] - mx) - sum.ln() as f32
-}
-
 impl Backend for WgpuBackend {
     fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -744,7 +731,7 @@ impl Backend for WgpuBackend {
         if self.seq(seq)?.len == 0 {
             bail!("decode before prefill: no logits to sample from");
         }
-        let greedy = device_greedy(&sampler.params);
+        let greedy = sampler.params.is_plain_greedy();
         let dev = if !greedy && device_sampled(&sampler.params) {
             Some(self.device_pick(sampler)?)
         } else {
@@ -763,7 +750,7 @@ impl Backend for WgpuBackend {
             // host, where the mask applies: the GPU's kernels take no mask.
             let masked = sampler.next_mask().is_some();
             let s = self.seq(seq)?;
-            let (token, logprob, host_logits) = if (greedy || dev.is_some()) && !masked {
+            let (token, logprob, top) = if (greedy || dev.is_some()) && !masked {
                 if !picked {
                     match &dev {
                         Some(d) => {
@@ -777,12 +764,13 @@ impl Backend for WgpuBackend {
                 if out[0] as usize >= self.cfg.vocab {
                     bail!("the GPU picked token {}, outside the vocabulary", out[0]);
                 }
-                let logits = if top_logprobs > 0 {
-                    Some(self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)?)
+                let top = if top_logprobs > 0 {
+                    let logits = self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)?;
+                    LogSoftmax::new(&logits).top(top_logprobs)
                 } else {
-                    None
+                    Vec::new()
                 };
-                (out[0], f32::from_bits(out[1]), logits)
+                (out[0], f32::from_bits(out[1]), top)
             } else {
                 let logits = self.gpu.read_f32(&s.logits, 0, self.cfg.vocab)?;
                 let id = sampler.sample(&logits);
@@ -792,12 +780,8 @@ impl Backend for WgpuBackend {
                 self.gpu
                     .queue
                     .write_buffer(&s.next, 0, bytemuck::bytes_of(&id));
-                let lp = log_softmax_at(&logits, id as usize);
-                (id, lp, Some(logits))
-            };
-            let top = match (&host_logits, top_logprobs) {
-                (Some(l), k) if k > 0 => lily_core::cpu::logprobs(l, token, k).1,
-                _ => Vec::new(),
+                let (lp, top) = token_logprob(&logits, id, top_logprobs);
+                (id, lp, top)
             };
             sampler.accept(token);
             if masked {

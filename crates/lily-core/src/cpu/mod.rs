@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use crate::config::ModelConfig;
+use crate::logprob::token_logprob;
 use crate::sampling::Sampler;
 use crate::weights::{Mixer, ModelWeights};
 use ops::{DeltaNetState, KvCache};
@@ -142,33 +143,6 @@ fn forward(
     Ok(logits)
 }
 
-/// log-softmax of one entry, and the `k` most likely (id, logprob) pairs.
-pub fn logprobs(logits: &[f32], token: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // Summed in f64: 248K f32 terms would lose ~1e-4 of the log-sum-exp.
-    let lse = max
-        + (logits
-            .iter()
-            .map(|l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32);
-    let mut top = Vec::new();
-    if k > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let k = k.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            logits[b as usize].total_cmp(&logits[a as usize])
-        });
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        top = idx
-            .into_iter()
-            .map(|i| (i, logits[i as usize] - lse))
-            .collect();
-    }
-    (logits[token as usize] - lse, top)
-}
-
 impl Backend for CpuBackend {
     fn config(&self) -> &ModelConfig {
         &self.weights.config
@@ -267,7 +241,7 @@ impl Backend for CpuBackend {
                 .context("decode before prefill: no logits to sample from")?;
             let token = sampler.sample(logits);
             sampler.accept(token);
-            let (logprob, top) = logprobs(logits, token, top_logprobs);
+            let (logprob, top) = token_logprob(logits, token, top_logprobs);
             if on_token(&StepOut {
                 token,
                 logprob,

@@ -12,13 +12,11 @@
 //! the deepest one, within a byte budget (`prefix.rs`).
 
 mod job;
-mod logprob;
 mod prefix;
 mod queue;
 mod worker;
 
 pub use job::{FinishReason, Job, JobSink, Outcome, Phases, PromptLogprob, SeqSource, Usage};
-pub use logprob::token_logprob;
 pub use prefix::PrefixStats;
 pub use queue::{Queue, QueueFull};
 pub use worker::{Engine, EngineOptions};

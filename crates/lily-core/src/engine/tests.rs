@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use super::*;
 use crate::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use crate::config::ModelConfig;
+use crate::logprob::token_logprob;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::synth::{preset_text_config, Preset};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
-use super::logprob::token_logprob;
+use crate::logprob::token_logprob;
 use super::prefix::{Lease, PrefixCache, PrefixStats};
 use super::queue::{Queue, QueueFull};
 use crate::backend::{Backend, Flow, SeqId};

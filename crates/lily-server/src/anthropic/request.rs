@@ -7,8 +7,8 @@ use lily_core::sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
 use crate::openai::error::ApiError;
-use crate::openai::fields::{kind, read, Fields};
-use crate::openai::params;
+use crate::request::fields::{kind, read, Fields};
+use crate::request::params;
 use crate::structured::ToolChoice;
 
 pub struct MessagesRequest {

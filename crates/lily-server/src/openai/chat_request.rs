@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::fields::{read, read_at, within, Fields, Int, Obj};
-use super::params::{self, GenerationFields, SamplingFields};
+use crate::request::fields::{read, read_at, within, Fields, Int, Obj};
+use crate::request::params::{self, GenerationFields, SamplingFields};
 use crate::structured::{openai_response_format, openai_tool_choice, ToolChoice};
 
 pub struct ChatRequest {

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::fields::{kind, read, within, Int};
-use super::params::{self, GenerationFields, SamplingFields};
+use crate::request::fields::{kind, read, within, Int};
+use crate::request::params::{self, GenerationFields, SamplingFields};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;

@@ -3,6 +3,4 @@
 pub mod chat_request;
 pub mod completion_request;
 pub mod error;
-pub mod fields;
-pub mod params;
 pub mod response;

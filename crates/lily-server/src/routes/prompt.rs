@@ -7,7 +7,7 @@ use lily_core::chat::{ChatError, ChatOptions};
 use serde_json::{json, Map, Value};
 
 use crate::openai::error::ApiError;
-use crate::openai::params::{bounded_prompt, check_prompt_bytes};
+use crate::request::params::{bounded_prompt, check_prompt_bytes};
 use crate::state::Model;
 
 pub struct ChatPrompt {

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
+use crate::openai::error::ApiError;
 
 /// Parses a request body that must be one JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {

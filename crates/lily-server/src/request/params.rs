@@ -1,5 +1,5 @@
-//! Request fields shared by `/v1/chat/completions` and `/v1/completions`: sampling, stop strings,
-//! token limits, streaming options.
+//! Request fields both wire formats share (`/v1/chat/completions`, `/v1/completions` and the
+//! Anthropic `/v1/messages`): sampling, stop strings, token limits, streaming options.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use lily_core::text::{Bounded, MAX_PIECE_BYTES};
 use serde::Deserialize;
 
-use super::error::ApiError;
-use super::fields::{within, Int, Num, Obj};
+use crate::openai::error::ApiError;
+use crate::request::fields::{within, Int, Num, Obj};
 
 /// At most this many stop strings (OpenAI allows 4; a few more costs nothing).
 const MAX_STOPS: usize = 16;
@@ -247,7 +247,7 @@ pub fn fit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::fields::read;
+    use crate::request::fields::read;
     use serde_json::{json, Value};
 
     fn sampling_of(v: &Value) -> Result<SamplingParams, ApiError> {
