@@ -24,6 +24,13 @@ use crate::plan::{Plan, SamplingPath};
 use crate::sampler::DeviceSampler;
 use crate::weights::{upload_model, DevModel};
 
+/// The CUDA backend for `opts` (the environment overrides apply on top, plan.rs), or the reason
+/// it cannot run here (no driver, no GPU, no NVRTC, ...): what lily-server's `--device cuda|auto`
+/// calls.
+pub fn cuda_backend(weights: &ModelWeights, opts: &CudaOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(CudaBackend::new(weights, opts.clone())?))
+}
+
 /// Most tokens per forward pass when every position's logits are kept (`prefill_all_logits`).
 const ALL_LOGITS_CHUNK: usize = 256;
 
@@ -122,7 +129,6 @@ impl CudaBackend {
         let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
         gpu.dependent_launch = plan.dependent_launch();
         gpu.switches = plan.kernel_switches();
-        gpu.switches.bulk_gemv &= gpu.can_launch_dependents;
         let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
         let model = upload_model(&gpu, weights)?;
         let scratch = Scratch::new(&gpu, &weights.config, chunk)?;

@@ -47,9 +47,6 @@ pub struct Scratch {
     pub dn_o: DevBuf,
     pub dn_qk: DevBuf,
     pub dn_ab: DevBuf,
-    /// The chunked DeltaNet scan's per-chunk records (`deltanet::chunk_records` for the chunk),
-    /// allocated only when the GPU's switches ask for the chunked scan.
-    pub dn_records: Option<DevBuf>,
     pub dn_y: DevBuf,
     /// bf16 [chunk × the widest GEMM input]: a projection's input staged for the bf16-input
     /// wgmma kernels (`Forward::stage_bf16`), allocated only when the GPU's switches stage.
@@ -140,14 +137,6 @@ impl Scratch {
             dn_o: buf(c * cfg.dn_value_dim())?,
             dn_qk: buf(c * cfg.dn_k_heads * 2 * cfg.dn_k_dim)?,
             dn_ab: buf(c * cfg.dn_v_heads * 2)?,
-            dn_records: if gpu.switches.chunked_scan {
-                Some(buf(crate::kernels::deltanet::chunk_records(
-                    DnShape::of(cfg),
-                    c,
-                ))?)
-            } else {
-                None
-            },
             dn_y: buf(c * cfg.dn_value_dim())?,
             xbf: if Gemm::stages(gpu, c) {
                 let widest = [
@@ -716,7 +705,6 @@ impl Forward<'_> {
             o: s.dn_o.ptr,
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
-            records: s.dn_records.as_ref().map_or(0, |r| r.ptr),
         };
         k.deltanet.recurrent(gpu, shape, &rec, n)?;
         let gn = GatedNorm {

@@ -63,18 +63,8 @@ pub struct LaunchChecks {
 /// (`Plan::kernel_switches`; the meaning of each: `CudaOptions`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelSwitches {
-    /// The wide 4-bit decode projections stream by bulk copies (compute capability 9 and later).
-    pub bulk_gemv: bool,
-    /// decode.cu's weight loads allocate in L1 (built with DEC_WEIGHTS_L1).
-    pub l1_weights: bool,
-    /// The 4-bit decode GEMVs on the tensor cores (bf16 activations only).
-    pub mma_gemv: bool,
-    /// Only the widest decode GEMV (the lm_head) on the tensor cores.
-    pub mma_lm_head: bool,
     /// decode.cu built with DEC_EARLY_TRIGGER.
     pub early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode grids (1 or 2).
-    pub dec_blocks_per_sm: usize,
     /// Sampled picks' first pass over many blocks (sample_part).
     pub sample_parts: bool,
     /// sample.cu built with SAMPLE_WARP_SCAN.
@@ -111,21 +101,13 @@ pub struct KernelSwitches {
     /// Prefill chunks of at least attention::WGA_MIN_TOK tokens take attn_prefill_wg (wgmma,
     /// sm_90a, head dim 256) for their attention instead of attn_prefill (mma.sync).
     pub wgmma_attention: bool,
-    /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
-    /// token (dn_recurrent).
-    pub chunked_scan: bool,
 }
 
 impl Default for KernelSwitches {
     /// The kernels a `Gpu` starts with before a plan sets them: the CUDA-core paths.
     fn default() -> KernelSwitches {
         KernelSwitches {
-            bulk_gemv: false,
-            l1_weights: false,
-            mma_gemv: false,
-            mma_lm_head: false,
             early_trigger: false,
-            dec_blocks_per_sm: 2,
             sample_parts: true,
             sample_warp_scan: false,
             mma_attention: false,
@@ -139,7 +121,6 @@ impl Default for KernelSwitches {
             wgmma_small_tiles: false,
             router_split_k: false,
             wgmma_attention: false,
-            chunked_scan: false,
         }
     }
 }
@@ -160,7 +141,7 @@ pub struct Gpu {
     /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
     pub can_launch_dependents: bool,
     /// The kernel choices and build switches the plan makes (`Plan::kernel_switches`; tests set
-    /// them directly). Build switches (`l1_weights`, `early_trigger`, `sample_warp_scan`) must be
+    /// them directly). Build switches (`early_trigger`, `sample_warp_scan`) must be
     /// set before `Kernels::load`.
     pub switches: KernelSwitches,
     profile: Option<Mutex<Profile>>,

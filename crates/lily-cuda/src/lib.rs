@@ -18,9 +18,8 @@ pub mod nvrtc;
 pub mod pinned;
 pub mod plan;
 pub mod sampler;
-pub mod select;
 pub mod weights;
 
 pub use backend::CudaBackend;
 pub use plan::{CudaOptions, Plan};
-pub use select::{cuda_backend, select_backend, DeviceChoice};
+pub use backend::cuda_backend;

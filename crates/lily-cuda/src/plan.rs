@@ -70,32 +70,10 @@ pub struct CudaOptions {
     /// while the one before it finishes, loading its weights before it waits for its input
     /// (`--no-dependent-launch`, `LILY_PDL=0`).
     pub dependent_launch: bool,
-    /// The 2048-wide 4-bit decode projections (DeltaNet in_proj, attention q/k/v, lm_head)
-    /// stream their weights with bulk copies (sm_90+: `cp.async.bulk` into a ring of shared
-    /// memory, one thread issuing a block's tiles) instead of register loads (`--bulk-gemv`,
-    /// `LILY_BULK_GEMV=1`). Off by default: measured slower on the H200 (docs/perf-notes.md).
-    pub bulk_gemv: bool,
-    /// The decode kernels' weight loads allocate in L1 (`ld.global.nc` without
-    /// `L1::no_allocate`), so a lane's second 16-byte request of a 32-byte sector hits the line its
-    /// first request brought instead of fetching the sector from L2 again (`--l1-weights`,
-    /// `LILY_L1_WEIGHTS=1`). Off by default: measured 3.6 % slower at 4K on the H200.
-    pub l1_weights: bool,
-    /// The 4-bit decode GEMVs (`dec_gemv4`, `dec_gemv4w`, `dec_glu4`) multiply on the tensor
-    /// cores (`mma.sync`, bf16 inputs exact for bf16 activations and 4-bit values, f32 sums)
-    /// instead of the CUDA cores (`--mma-gemv`, `LILY_MMA_GEMV=1`). bf16 activations only. Off
-    /// by default: measured 5 % slower at 4K on the H200 (the GEMVs are not issue-bound).
-    pub mma_gemv: bool,
-    /// Only the lm_head's decode GEMV (248,320 rows, the one long stream of a token) on the
-    /// tensor cores (`--mma-lm-head`, `LILY_MMA_LM_HEAD=1`). bf16 activations only.
-    pub mma_lm_head: bool,
     /// Every decode kernel lets the next one launch as soon as its own early weight loads are
     /// issued (griddepcontrol.launch_dependents before its wait), instead of after its last
     /// rows (`--no-early-trigger`, `LILY_EARLY_TRIGGER=0`): +6 % at 4K on the H200.
     pub early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode GEMV grids (`--decode-blocks-per-sm N`,
-    /// `LILY_DECODE_BLOCKS=N`, 1 or 2): with 1, a kernel takes half the registers of an SM and
-    /// the next kernel's blocks fit beside it.
-    pub decode_blocks_per_sm: usize,
     /// A sampled pick's first pass (top_k of the 248K scaled logits) runs over many blocks
     /// (`sample_part`), the rest in one; else all in one block (`--one-block-sampling`,
     /// `LILY_SAMPLE_PARTS=0`).
@@ -152,12 +130,6 @@ pub struct CudaOptions {
     /// query heads a block sharing the K/V tiles, S and P·V on wgmma) instead of mma.sync
     /// (attn_prefill; `--no-wgmma-attention`, `LILY_WGMMA_ATTENTION=0`). Needs `flash_prefill`.
     pub wgmma_attention: bool,
-    /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
-    /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
-    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
-    /// 1.27× slower in one kernel (session 7) and 1.17× in two launches (session 8;
-    /// docs/perf-notes.md).
-    pub chunked_scan: bool,
     /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
     /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
     /// device never waits for the host's read, callback and launch between tokens; a token that
@@ -191,12 +163,7 @@ impl Default for CudaOptions {
             exact_router_on_tensor_cores: true,
             fused_decode: true,
             dependent_launch: true,
-            bulk_gemv: false,
-            l1_weights: false,
-            mma_gemv: false,
-            mma_lm_head: false,
             early_trigger: true,
-            decode_blocks_per_sm: 2,
             multi_block_sampling: true,
             warp_scan_sampling: true,
             mma_attention: true,
@@ -209,7 +176,6 @@ impl Default for CudaOptions {
             wgmma_small_tiles: true,
             router_split_k: true,
             wgmma_attention: true,
-            chunked_scan: false,
             pipelined_decode: true,
             sync_each: false,
             profile: false,
@@ -243,12 +209,7 @@ impl CudaOptions {
     /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
     /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
     /// | `LILY_PDL=0` | `dependent_launch` |
-    /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
-    /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
-    /// | `LILY_MMA_GEMV=1` | `mma_gemv` |
-    /// | `LILY_MMA_LM_HEAD=1` | `mma_lm_head` |
     /// | `LILY_EARLY_TRIGGER=0` | `early_trigger` |
-    /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
     /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
     /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
     /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
@@ -260,7 +221,6 @@ impl CudaOptions {
     /// | `LILY_WGMMA_SMALL_TILES=0` | `wgmma_small_tiles` |
     /// | `LILY_ROUTER_SPLIT_K=0` | `router_split_k` |
     /// | `LILY_WGMMA_ATTENTION=0` | `wgmma_attention` |
-    /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
     /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
     /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
     /// | `LILY_CUDA_SYNC=1` | `sync_each` |
@@ -287,9 +247,6 @@ impl CudaOptions {
         if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
             self.chunk = n;
         }
-        if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
-            self.decode_blocks_per_sm = n;
-        }
         if let Some(n) = number("LILY_WGB_TOK").filter(|&t| t == 128 || t == 256) {
             self.wgb_tok = n;
         }
@@ -302,7 +259,7 @@ impl CudaOptions {
         if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
             self.split_long_keys = n;
         }
-        let flags: [(&str, &mut bool); 27] = [
+        let flags: [(&str, &mut bool); 22] = [
             ("LILY_CUDA_GRAPH", &mut self.graphs),
             ("LILY_MOE_GROUPED", &mut self.moe_grouped),
             ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
@@ -315,11 +272,7 @@ impl CudaOptions {
             ),
             ("LILY_FUSED_DECODE", &mut self.fused_decode),
             ("LILY_PDL", &mut self.dependent_launch),
-            ("LILY_BULK_GEMV", &mut self.bulk_gemv),
-            ("LILY_L1_WEIGHTS", &mut self.l1_weights),
-            ("LILY_MMA_GEMV", &mut self.mma_gemv),
             ("LILY_EARLY_TRIGGER", &mut self.early_trigger),
-            ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
             ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
             ("LILY_MMA_ATTENTION", &mut self.mma_attention),
             ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
@@ -327,7 +280,6 @@ impl CudaOptions {
             ("LILY_WGMMA_SMALL_TILES", &mut self.wgmma_small_tiles),
             ("LILY_ROUTER_SPLIT_K", &mut self.router_split_k),
             ("LILY_WGMMA_ATTENTION", &mut self.wgmma_attention),
-            ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
             ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
             ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
             ("LILY_CUDA_SYNC", &mut self.sync_each),
@@ -451,12 +403,7 @@ impl Plan {
             fused_decode: o.fused_decode,
             dependent_launch: o.dependent_launch,
             switches: KernelSwitches {
-                bulk_gemv: o.bulk_gemv,
-                l1_weights: o.l1_weights,
-                mma_gemv: o.mma_gemv && o.bf16_activations,
-                mma_lm_head: o.mma_lm_head && o.bf16_activations,
                 early_trigger: o.early_trigger,
-                dec_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
                 sample_parts: o.multi_block_sampling,
                 sample_warp_scan: o.warp_scan_sampling,
                 mma_attention: o.mma_attention && o.bf16_activations,
@@ -470,7 +417,6 @@ impl Plan {
                 wgmma_small_tiles: o.wgmma_small_tiles,
                 router_split_k: o.router_split_k,
                 wgmma_attention: o.wgmma_attention && o.flash_prefill && o.bf16_activations,
-                chunked_scan: o.chunked_scan && o.bf16_activations,
             },
             checks: LaunchChecks {
                 sync_each: o.sync_each,
@@ -636,8 +582,7 @@ impl Plan {
         self.dependent_launch
     }
 
-    /// The decode and sampler kernels this plan picks (a GPU's `switches`; bulk copies also need
-    /// `Gpu::can_launch_dependents`, compute capability 9 and later).
+    /// The decode and sampler kernels this plan picks (a GPU's `switches`).
     pub fn kernel_switches(&self) -> KernelSwitches {
         self.switches
     }
@@ -652,7 +597,7 @@ impl Plan {
         let on = |b: bool| if b { "on" } else { "off" };
         let sw = self.switches;
         format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, router split over its columns {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
+            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, early trigger {}, many-block sampling {}, warp-scan sampling {}, router split over its columns {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, pipelined decode {}{}{}",
             if self.bf16_activations { "bf16" } else { "fp32" },
             self.prefill_chunk,
             on(self.tensor_cores),
@@ -664,12 +609,7 @@ impl Plan {
             on(self.decode_graphs()),
             on(self.fused_decode),
             on(self.dependent_launch),
-            on(sw.bulk_gemv),
-            on(sw.l1_weights),
-            on(sw.mma_gemv),
-            on(sw.mma_gemv || sw.mma_lm_head),
             on(sw.early_trigger),
-            sw.dec_blocks_per_sm,
             on(sw.sample_parts),
             on(sw.sample_warp_scan),
             on(sw.router_split_k),
@@ -679,7 +619,6 @@ impl Plan {
             sw.wgb_tok,
             on(sw.wgmma_small_tiles),
             on(sw.wgmma_attention),
-            on(sw.chunked_scan),
             on(self.pipelined_decode),
             if self.checks.sync_each { ", sync after each launch" } else { "" },
             if self.checks.profile { ", profiling" } else { "" },
@@ -725,12 +664,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_PDL", "0"),
-            ("LILY_BULK_GEMV", "1"),
-            ("LILY_L1_WEIGHTS", "1"),
-            ("LILY_MMA_GEMV", "1"),
             ("LILY_EARLY_TRIGGER", "0"),
-            ("LILY_MMA_LM_HEAD", "1"),
-            ("LILY_DECODE_BLOCKS", "1"),
             ("LILY_SAMPLE_PARTS", "0"),
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_FUSED_ATTN_PREP", "0"),
@@ -742,7 +676,6 @@ mod tests {
             ("LILY_WGMMA_SMALL_TILES", "0"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
-            ("LILY_CHUNKED_SCAN", "1"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_CUDA_SYNC", "1"),
@@ -764,12 +697,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
-                bulk_gemv: true,
-                l1_weights: true,
-                mma_gemv: true,
-                mma_lm_head: true,
                 early_trigger: false,
-                decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
@@ -782,7 +710,6 @@ mod tests {
                 wgmma_small_tiles: false,
                 router_split_k: false,
                 wgmma_attention: false,
-                chunked_scan: true,
                 pipelined_decode: false,
                 sync_each: true,
                 profile: true,
@@ -803,12 +730,7 @@ mod tests {
             bf16_activations: false,
             ..CudaOptions::default()
         });
-        assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.kernel_switches().mma_gemv);
-        let mma = Plan::resolve(&CudaOptions {
-            mma_gemv: true,
-            ..CudaOptions::default()
-        });
-        assert!(mma.kernel_switches().mma_gemv);
+        assert!(!fp32.tensor_cores && !fp32.flash_prefill);
         assert!(
             !fp32.kernel_switches().mma_attention
                 && Plan::resolve(&CudaOptions::default())

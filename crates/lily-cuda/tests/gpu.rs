@@ -23,7 +23,7 @@ use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
 use lily_cuda::gpu::{DevBuf, Gpu};
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
-use lily_cuda::kernels::decode::{Glu, Input, Out, Prologue};
+use lily_cuda::kernels::decode::{Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
 use lily_cuda::kernels::linear::{Gather, GROUP_TILE};
 use lily_cuda::kernels::moe::{max_group_tiles, Group};
@@ -1184,106 +1184,6 @@ fn attn_prefill_matches_attn_decode() {
     }
 }
 
-/// The chunked gated delta rule (the plan's `chunked_scan`), as the one kernel dn_chunked and as
-/// the two launches dn_chunk_wu + dn_chunk_scan (with `DnRecurrent::records`), against
-/// dn_recurrent (token by token) on the same random inputs and initial state, fp32: outputs and
-/// final state within 1e-4 (summation order and the chunk's cumulative log-decays only), for the
-/// real model's heads (16 K heads, 32 V heads, 128 × 128) and the tiny preset's, chunks of 64,
-/// 100, 300 and 1,000 tokens (whole and partial 64-token chunks), decays from ≈ 1 to ≈ e⁻¹⁰ a
-/// token, each run continuing the state of the one before. The kernels' times are printed, never
-/// asserted.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn chunked_deltanet_scan_matches_the_recurrent_one() {
-    use lily_cuda::kernels::deltanet::{DnRecurrent, DnShape};
-    let mut g = gpu();
-    let tiny = tiny_cfg();
-    let shapes = [
-        DnShape {
-            n_k: 16,
-            n_v: 32,
-            dk: 128,
-            dv: 128,
-        },
-        DnShape::of(&tiny),
-    ];
-    for s in shapes {
-        let mut rng = Rng(41);
-        let conv_dim = 2 * s.n_k * s.dk + s.n_v * s.dv;
-        let a_log: Vec<f32> = (0..s.n_v).map(|_| rng.val(1.5) - 0.5).collect();
-        let dt_bias = rng.vec(s.n_v, 1.0);
-        let (da_log, ddt) = (g.upload(&a_log).unwrap(), g.upload(&dt_bias).unwrap());
-        let init = rng.vec(s.n_v * s.dk * s.dv, 0.1);
-        let states = [
-            g.upload(&init).unwrap(),
-            g.upload(&init).unwrap(),
-            g.upload(&init).unwrap(),
-        ];
-        for n in [64usize, 100, 300, 1000] {
-            let c = rng.vec(n * conv_dim, 1.0);
-            let (b, a) = (rng.vec(n * s.n_v, 2.0), rng.vec(n * s.n_v, 2.0));
-            let (dc, db, da) = (
-                g.upload(&c).unwrap(),
-                g.upload(&b).unwrap(),
-                g.upload(&a).unwrap(),
-            );
-            let qk = g.alloc(n * s.n_k * 2 * s.dk * 4).unwrap();
-            let ab = g.alloc(n * s.n_v * 2 * 4).unwrap();
-            let records = g
-                .alloc(lily_cuda::kernels::deltanet::chunk_records(s, n) * 4)
-                .unwrap();
-            let mut outs = Vec::new();
-            // (chunked, two launches)
-            let variants = [(false, false), (true, false), (true, true)];
-            for ((chunked, split), state) in variants.into_iter().zip(&states) {
-                g.g.switches.chunked_scan = chunked;
-                assert_eq!(
-                    g.k.deltanet.takes_chunked(&g.g, s, n),
-                    chunked,
-                    "dn_chunked unavailable"
-                );
-                let o = poisoned(&g, n * s.n_v * s.dv);
-                let rec = DnRecurrent {
-                    c: dc.ptr,
-                    b: db.ptr,
-                    a: da.ptr,
-                    ba_stride: s.n_v,
-                    a_log: da_log.ptr,
-                    dt_bias: ddt.ptr,
-                    state: state.ptr,
-                    o: o.ptr,
-                    qk: qk.ptr,
-                    ab: ab.ptr,
-                    records: if split { records.ptr } else { 0 },
-                };
-                g.sync().unwrap();
-                let start = std::time::Instant::now();
-                g.k.deltanet.recurrent(&g, s, &rec, n).unwrap();
-                g.sync().unwrap();
-                let took = start.elapsed();
-                let name = match (chunked, split) {
-                    (false, _) => "dn_recurrent",
-                    (true, false) => "dn_chunked",
-                    (true, true) => "dn_chunk_wu + dn_chunk_scan",
-                };
-                println!(
-                    "KERNEL {name} {}x{} heads {}/{} T={n}: {took:.2?}",
-                    s.dk, s.dv, s.n_k, s.n_v
-                );
-                outs.push((
-                    g.read::<f32>(&o, 0, n * s.n_v * s.dv).unwrap(),
-                    g.read::<f32>(state, 0, init.len()).unwrap(),
-                ));
-            }
-            for (i, name) in [(1, "dn_chunked"), (2, "dn_chunk_wu + dn_chunk_scan")] {
-                let what = format!("{name} {}x{} T={n}", s.dk, s.dv);
-                check(&format!("{what} outputs"), &outs[i].0, &outs[0].0, 1e-4);
-                check(&format!("{what} state"), &outs[i].1, &outs[0].1, 1e-4);
-            }
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn deltanet_block_and_state_match_cpu_over_chunks() {
@@ -1582,143 +1482,14 @@ fn round_bf16(v: f32) -> f32 {
     bf16::from_f32(v).to_f32()
 }
 
-/// The tensor-core decode GEMVs (`dec_gemv4m`, `dec_glu4m`; bf16 activations) against the CPU:
-/// every width they take (256 … 4096 columns), rows that end mid-tile, every store mode,
-/// several projections per launch, the norm and the gated norm folded in, more tiles than the
-/// grid; then the MoE's first half (routing, 8 routed experts and the shared one).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn tensor_core_decode_gemvs_match_cpu() {
-    let mut d = dev(true);
-    d.g.switches.mma_gemv = true;
-    let mut rng = Rng(41);
-    for (cols, gated) in [
-        (2048usize, false),
-        (2048, true),
-        (4096, true),
-        (4096, false),
-        (1024, false),
-        (512, false),
-        (256, false),
-    ] {
-        let case = GemvCase::new(&d, &mut rng, cols, gated, true);
-        let (got_xn, got) = case.run(&d);
-        let what = format!("dec_gemv4m {cols} cols gated={gated}");
-        // The staged row is the normed input rounded to bf16 (within the norm's own rounding
-        // steps); the projections are then checked on exactly that row.
-        check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-2);
-        assert!(
-            got_xn.iter().all(|&v| v == round_bf16(v)),
-            "{what}: staged row not bf16"
-        );
-        for (i, got) in got.iter().enumerate() {
-            // Exact (unrounded) sums: only the f32 accumulation differs; the others are rounded
-            // to bf16 (2^-9 relative at most).
-            let tol = if i == 2 { 2e-5 } else { 4e-3 };
-            let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
-            check(&what, got, &case.want(i, &got_xn), tol);
-        }
-    }
-    // Many tiles a block (the lm_head's shape, shorter), input taken as it is.
-    let w = linear(&mut rng, 4, 1, 20_000, 2048);
-    let dw = upload_linear(&d, "long", &w).unwrap();
-    let x: Vec<f32> = rng.vec(2048, 1.0).into_iter().map(round_bf16).collect();
-    let xd = d.upload(&x).unwrap();
-    let out = poisoned(&d, 20_000);
-    d.k.decode
-        .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Exact(out.ptr))])
-        .unwrap();
-    let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
-    check("dec_gemv4m 20000 rows", &got, &matmul(&w, &x), 2e-5);
-
-    // The MoE's first half: 32 experts of 512 × 1024 (routed) and a 256-row shared expert.
-    let (e, top_k, inter, sinter, h) = (32usize, 8usize, 512usize, 256usize, 1024usize);
-    let gate = linear(&mut rng, 4, e, inter, h);
-    let up = linear(&mut rng, 4, e, inter, h);
-    let sgate = linear(&mut rng, 4, 1, sinter, h);
-    let sup = linear(&mut rng, 4, 1, sinter, h);
-    let dev_w: Vec<DevLinear> = [&gate, &up, &sgate, &sup]
-        .iter()
-        .enumerate()
-        .map(|(i, w)| upload_linear(&d, &format!("moe{i}"), w).unwrap())
-        .collect();
-    for round in 0..3 {
-        let xn: Vec<f32> = rng.vec(h, 1.0).into_iter().map(round_bf16).collect();
-        let logits = rng.vec(e, 2.0);
-        let (xd, ld) = (d.upload(&xn).unwrap(), d.upload(&logits).unwrap());
-        let (ids, route_w) = (poisoned(&d, top_k), poisoned(&d, top_k));
-        let (hd, hsd) = (poisoned(&d, top_k * inter), poisoned(&d, sinter));
-        let glu = Glu {
-            gate: &dev_w[0],
-            up: &dev_w[1],
-            router_logits: ld.ptr,
-            n_experts: e,
-            ids: ids.ptr,
-            route_w: route_w.ptr,
-            top_k,
-            shared_gate: &dev_w[2],
-            shared_up: &dev_w[3],
-            xn: xd.ptr,
-            h: hd.ptr,
-            h_shared: hsd.ptr,
-        };
-        d.k.decode.glu(&d, &glu).unwrap();
-        // The routing: softmax, the top_k, renormalised.
-        let mut order: Vec<usize> = (0..e).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        let want_ids: Vec<i32> = order[..top_k].iter().map(|&i| i as i32).collect();
-        let got_ids: Vec<i32> = d.read(&ids, 0, top_k).unwrap();
-        assert_eq!(got_ids, want_ids, "dec_glu4m round {round}: routed experts");
-        let mx = logits[order[0]];
-        let picked: Vec<f32> = order[..top_k]
-            .iter()
-            .map(|&i| (logits[i] - mx).exp())
-            .collect();
-        let sum: f32 = picked.iter().sum();
-        let want_w: Vec<f32> = picked.iter().map(|p| p / sum).collect();
-        let got_w: Vec<f32> = d.read(&route_w, 0, top_k).unwrap();
-        check(
-            &format!("dec_glu4m round {round} routing weights"),
-            &got_w,
-            &want_w,
-            4e-3,
-        );
-        let silu = |g: f32| g / (1.0 + (-g).exp());
-        let mut want_h = Vec::with_capacity(top_k * inter);
-        for &id in &want_ids {
-            let g = matmul(&gate.expert(id as usize), &xn);
-            let u = matmul(&up.expert(id as usize), &xn);
-            want_h.extend(g.iter().zip(&u).map(|(g, u)| silu(*g) * u));
-        }
-        let got_h: Vec<f32> = d.read(&hd, 0, top_k * inter).unwrap();
-        check(
-            &format!("dec_glu4m round {round} routed h"),
-            &got_h,
-            &want_h,
-            1e-2,
-        );
-        let g = matmul(&sgate, &xn);
-        let u = matmul(&sup, &xn);
-        let want_s: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
-        let got_s: Vec<f32> = d.read(&hsd, 0, sinter).unwrap();
-        check(
-            &format!("dec_glu4m round {round} shared h"),
-            &got_s,
-            &want_s,
-            1e-2,
-        );
-    }
-    println!("KERNEL decode.cu tensor-core GEMVs and MoE first half match the CPU");
-}
-
 /// The decode GEMVs at the model's widths (2048: in_proj, q/k/v, lm_head; 4096: o_proj /
 /// out_proj) with the staging forms they use there (RMSNorm and DeltaNet's gated norm folded in,
 /// every store mode, several projections per launch, rows that end mid-tile, more tiles than a
-/// block's ring holds), with and without bulk copies, against the CPU.
+/// the grid holds at once), against the CPU.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
-    let mut d = gpu();
+fn wide_decode_gemvs_match_cpu() {
+    let d = gpu();
     let mut rng = Rng(29);
     for (cols, gated) in [
         (2048usize, false),
@@ -1728,43 +1499,26 @@ fn wide_decode_gemvs_match_cpu_with_and_without_bulk_copies() {
         (4096, false),
     ] {
         let case = GemvCase::new(&d, &mut rng, cols, gated, false);
-        for bulk in [false, true] {
-            d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
-            let (got_xn, got) = case.run(&d);
-            let what = format!(
-                "dec_gemv {cols} cols gated={gated} bulk={}",
-                d.g.switches.bulk_gemv
-            );
-            check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
-            for (i, got) in got.iter().enumerate() {
-                let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
-                check(&what, got, &case.want(i, &case.xn), 1e-5);
-            }
+        let (got_xn, got) = case.run(&d);
+        let what = format!("dec_gemv {cols} cols gated={gated}");
+        check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
+        for (i, got) in got.iter().enumerate() {
+            let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
+            check(&what, got, &case.want(i, &case.xn), 1e-5);
         }
     }
-    // More tiles than the grid's rings hold at once (the lm_head's shape, shorter).
+    // More tiles than the persistent grid takes at once (the lm_head's shape, shorter).
     let w = linear(&mut rng, 4, 1, 20_000, 2048);
     let dw = upload_linear(&d, "long", &w).unwrap();
     let x = rng.vec(2048, 1.0);
     let xd = d.upload(&x).unwrap();
-    for bulk in [false, true] {
-        d.g.switches.bulk_gemv = bulk && d.g.can_launch_dependents;
-        let out = poisoned(&d, 20_000);
-        d.k.decode
-            .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
-            .unwrap();
-        let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
-        check(
-            &format!("dec_gemv 20000 rows bulk={}", d.g.switches.bulk_gemv),
-            &got,
-            &matmul(&w, &x),
-            1e-5,
-        );
-    }
-    println!(
-        "KERNEL decode.cu wide GEMVs (bulk copies {}) match the CPU",
-        d.g.can_launch_dependents
-    );
+    let out = poisoned(&d, 20_000);
+    d.k.decode
+        .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
+        .unwrap();
+    let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
+    check("dec_gemv 20000 rows", &got, &matmul(&w, &x), 1e-5);
+    println!("KERNEL decode.cu wide GEMVs match the CPU");
 }
 
 #[test]

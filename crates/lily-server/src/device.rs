@@ -76,29 +76,10 @@ pub struct CudaArgs {
     /// [env LILY_PDL=0].
     #[arg(long)]
     pub no_dependent_launch: bool,
-    /// Stream the wide 4-bit decode projections with bulk copies into shared memory (sm_90+)
-    /// instead of register loads: an experiment, slower today [env LILY_BULK_GEMV=1].
-    #[arg(long)]
-    pub bulk_gemv: bool,
-    /// Let the decode kernels' weight loads allocate in L1 instead of `L1::no_allocate`: an
-    /// experiment, slower today [env LILY_L1_WEIGHTS=1].
-    #[arg(long)]
-    pub l1_weights: bool,
-    /// Multiply the 4-bit decode GEMVs on the tensor cores instead of the CUDA cores: an
-    /// experiment, slower today [env LILY_MMA_GEMV=1].
-    #[arg(long)]
-    pub mma_gemv: bool,
-    /// Only the lm_head's decode GEMV on the tensor cores: an experiment [env LILY_MMA_LM_HEAD=1].
-    #[arg(long)]
-    pub mma_lm_head: bool,
     /// Let each decode kernel start the next one only after its last rows instead of as soon as
     /// its early weight loads are issued (sm_90+) [env LILY_EARLY_TRIGGER=0].
     #[arg(long)]
     pub no_early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode GEMV grids, 1 or 2
-    /// [env LILY_DECODE_BLOCKS].
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub decode_blocks_per_sm: Option<u8>,
     /// Run a sampled pick in one block instead of a many-block first pass
     /// [env LILY_SAMPLE_PARTS=0].
     #[arg(long)]
@@ -130,10 +111,6 @@ pub struct CudaArgs {
     /// parts where its grid is shallow [env LILY_ROUTER_SPLIT_K=0].
     #[arg(long)]
     pub no_router_split_k: bool,
-    /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
-    /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
-    #[arg(long)]
-    pub chunked_scan: bool,
     /// Decode one step at a time (the host reads each token before queueing the next step)
     /// instead of pipelined [env LILY_PIPELINED_DECODE=0].
     #[arg(long)]
@@ -156,14 +133,7 @@ impl CudaArgs {
             exact_router_on_tensor_cores: !self.router_on_cuda_cores,
             fused_decode: !self.no_fused_decode,
             dependent_launch: !self.no_dependent_launch,
-            bulk_gemv: self.bulk_gemv,
-            l1_weights: self.l1_weights,
-            mma_gemv: self.mma_gemv,
-            mma_lm_head: self.mma_lm_head,
             early_trigger: !self.no_early_trigger,
-            decode_blocks_per_sm: self
-                .decode_blocks_per_sm
-                .map_or(d.decode_blocks_per_sm, usize::from),
             multi_block_sampling: !self.one_block_sampling,
             warp_scan_sampling: !self.no_warp_scan_sampling,
             mma_attention: !self.no_mma_attention,
@@ -172,7 +142,6 @@ impl CudaArgs {
             wgmma_attention: !self.no_wgmma_attention,
             wgmma_small_tiles: !self.no_wgmma_small_tiles,
             router_split_k: !self.no_router_split_k,
-            chunked_scan: self.chunked_scan,
             pipelined_decode: !self.no_pipelined_decode,
             ..d
         }
@@ -286,8 +255,6 @@ mod tests {
             "--no-fused-decode",
             "--no-dependent-launch",
             "--no-early-trigger",
-            "--decode-blocks-per-sm",
-            "1",
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
@@ -314,12 +281,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
-                bulk_gemv: false,
-                l1_weights: false,
-                mma_gemv: false,
-                mma_lm_head: false,
                 early_trigger: false,
-                decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
@@ -332,7 +294,6 @@ mod tests {
                 wgmma_small_tiles: false,
                 router_split_k: false,
                 wgmma_attention: false,
-                chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,
                 profile: false,

@@ -116,10 +116,10 @@ impl Kernels {
             decode: decode::Decode::load(&decode::FILE.load_with(
                 gpu,
                 bf16,
-                &[
-                    format!("DEC_WEIGHTS_L1={}", gpu.switches.l1_weights as i32),
-                    format!("DEC_EARLY_TRIGGER={}", gpu.switches.early_trigger as i32),
-                ],
+                &[format!(
+                    "DEC_EARLY_TRIGGER={}",
+                    gpu.switches.early_trigger as i32
+                )],
             )?)?,
         })
     }
