@@ -1,73 +1,113 @@
-//! The plan: every path decision of the CUDA backend in one place. Which kernel runs for a given
-//! step is a function of the plan and the shape (`Plan::linear`, `router`, `attention`, `moe`,
-//! `sampling`), and forward.rs / backend.rs only ever ask the plan, so reading them tells what
-//! runs. The plan is filled once, when the backend is built, from `CudaOptions` (the
-//! `lily-engine` flags, lily-server's `CudaArgs`), with environment variables as documented
-//! overrides on top, read in one function (`CudaOptions::with_env_overrides`).
+//! The plan: which kernel runs, decided in one place. `Plan::resolve` takes the options as asked
+//! for (options.rs: the flags, with the environment overrides applied by `Plan::new`) and what the
+//! device can run (`gpu::DeviceCaps`), and answers, for a step's shape, with the concrete kernel
+//! of each launcher: `dense` (`Dense`), `router` (`Router`), `experts` (`Experts`), `attention`
+//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, and the compile-time
+//! variants of the kernel files (`build`). The kernel enums live beside their launchers
+//! (kernels/gemm.rs `DenseGemm`, `GroupedGemm`; kernels/attention.rs `SplitKernel`,
+//! `PrefillKernel`); launchers take them as arguments and test no switch, and forward.rs and
+//! backend.rs `match` on the plan's answers.
 //!
-//! Not here: `LILY_NVRTC` (nvrtc.rs) and `LILY_CACHE_DIR` (cache.rs), which say where to find
-//! files, not what to run.
+//! What runs, shipping configuration, Qwen3.6's full shape (MLX 4-bit, 8-bit router and shared
+//! gate) on an H200 (sm_90a), by step length `n` and keys `k` (the unit test
+//! `the_full_shape_takes_the_kernels_the_table_names` checks every row):
+//!
+//! | step | projections | router | routed experts | attention | DeltaNet scan |
+//! |---|---|---|---|---|---|
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
+//! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
+//! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
+//! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
+//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | as above |
+//! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//!
+//! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
+//! 4,096-token chunks at growing context; the context changes only the one-token attention
+//! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
+//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine`; picks: `argmax_part` + `argmax_final`
+//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`.
+//! The fp32 mode (`--fp32-activations`) takes the CUDA-core rows' kernels at every length, with
+//! `attn_decode` for chunks and `attn_split` for one token.
 
+use anyhow::Result;
 use lily_core::config::ModelConfig;
 use lily_core::sampling::SamplingParams;
 
-use crate::gpu::{KernelSwitches, LaunchChecks};
-use crate::kernels::attention::{self, AttnShape};
+use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
+use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{self, Decode};
-use crate::kernels::gemm;
+use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
+use crate::kernels::KernelBuild;
 pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
-use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMoe};
+use crate::weights::{DevAttention, DevDeltaNet, DevMoe, LinearShape};
 
 /// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
 /// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
 pub const TENSOR_CORE_MIN_TOK: usize = 16;
-/// How a linear (y = W x) runs.
+
+/// Which kernel computes y (+)= W x for a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinearPath {
-    /// gemm.cu `gemm_dense`: bf16 mma, fp32 sums (prefill chunks, bf16 mode).
-    TensorCores,
-    /// linear.cu `linear` / `linear_wide`: fp32 from the packed weights.
-    CudaCores,
+pub enum Dense {
+    /// linear.cu `linear` / `linear_wide` (by width): CUDA cores, fp32 from the packed weights.
+    Linear,
+    /// gemm.cu: tensor cores, the kernel named.
+    Gemm(DenseGemm),
 }
 
-/// How the MoE router's logits are computed (always unrounded fp32 precision).
+/// Which kernel computes the MoE router's logits (always unrounded fp32 precision).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RouterPath {
-    /// gemm.cu `gemm_dense_exact`: weights split into bf16 hi + lo, two mma.
-    TensorCoresSplitPrecision,
+pub enum Router {
     /// linear.cu `linear` / `linear_wide` storing exact sums.
-    CudaCoresExact,
-}
-
-/// Which attention kernel runs (all take the same inputs and write the same output).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionPath {
-    /// `attn_split` + `attn_split_combine` (flash-decoding over slices of the cache).
-    SplitKv,
-    /// `attn_prefill` (flash attention on tensor cores).
-    FlashPrefill,
-    /// `attn_decode`: one block per (token, query head).
-    OneBlockPerHead,
+    LinearExact,
+    /// gemm.cu `gemm_dense_exact` (weights split into bf16 hi + lo, two mma), its columns split
+    /// into `parts` (1: none; more: the parts added by `gemm_sum_parts`).
+    GemmExact { parts: usize },
 }
 
 /// How the routed experts of a step run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoePath {
-    /// moe_group into tiles of `tile` (32 or 64) items, then `gemm_grouped{tile}`.
-    TensorCoreGrouped { tile: usize },
-    /// moe_group into tiles of linear::GROUP_TILE items, then `linear_grouped`.
-    Grouped,
+pub enum Experts {
     /// `linear_gather`: one expert per item.
     Gather,
+    /// `moe_group` into tiles of linear::GROUP_TILE items, then `linear_grouped`.
+    LinearGrouped,
+    /// `moe_group` into tiles of `tile` items, then each projection's tensor-core kernel (the
+    /// wgmma ones read their input staged as bf16).
+    Gemm {
+        tile: usize,
+        gate: GroupedGemm,
+        up: GroupedGemm,
+        down: GroupedGemm,
+    },
+}
+
+/// Which attention kernels run between the q/k/v projections and o_proj (all write the same
+/// output from the same inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// `attn_qk_prep`, then `attn_decode`: one block per (token, query head).
+    OneBlockPerHead,
+    /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill` or
+    /// `attn_prefill_wg`).
+    Prefill(PrefillKernel),
+    /// Split-KV (flash-decoding): `attn_qk_prep` then the split kernel, or, `prep_fused`, the
+    /// split kernel's prep form alone (`attn_split_mma_prep`, `_long`); then
+    /// `attn_split_combine`.
+    Split {
+        kernel: SplitKernel,
+        prep_fused: bool,
+    },
 }
 
 /// How a block of a one-token step (decode) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodePath {
     /// decode.cu: the block's norm folded into its projections, the projections of one input in
-    /// one launch, the glue fused (see kernels/decode.rs).
+    /// one launch, the glue fused (see kernels/decode.rs; the GEMV kernel follows the weights'
+    /// width and bits).
     Fused,
     /// The same launches as a prefill chunk's, for one token.
     PerKernel,
@@ -76,170 +116,243 @@ pub enum DecodePath {
 /// Where the next token is picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplingPath {
-    /// `argmax_logprob` (greedy settings).
+    /// `argmax_part` + `argmax_final` (greedy settings).
     DeviceGreedy,
-    /// `sample_adjust` + `sample_pick` with the host-drawn uniform.
+    /// `sample_adjust` + the pick with the host-drawn uniform (`sample_part` +
+    /// `sample_pick_parts` with many-block sampling, else `sample_pick`).
     Device,
     /// The host sampler on downloaded logits.
     Host,
 }
 
-/// Every path decision, resolved (see the module comment).
+/// Every kernel decision, resolved (see the module comment).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub ordinal: usize,
     pub bf16_activations: bool,
     /// Largest prefill chunk: prefill runs in chunks of at most this many tokens.
     pub prefill_chunk: usize,
-    tensor_cores: bool,
-    exact_router_on_tensor_cores: bool,
-    flash_prefill: bool,
-    split_kv: bool,
-    moe_grouped: bool,
-    device_sampling: bool,
-    graphs: bool,
-    fused_decode: bool,
-    dependent_launch: bool,
-    switches: KernelSwitches,
-    checks: LaunchChecks,
     /// `CudaOptions::step_timing`.
     pub step_timing: bool,
-    /// `CudaOptions::pipelined_decode` (where it applies: `Plan::pipelined_decode`).
-    pipelined_decode: bool,
-    /// The options as resolved (a switch that needs another one off where that one is off).
-    effective: CudaOptions,
+    /// The options as resolved against each other and the device: a switch that needs bf16
+    /// activations, another switch or a device capability is off where that is missing.
+    o: CudaOptions,
+    device: DeviceCaps,
 }
 
 impl Plan {
-    /// `opts` with the environment overrides, resolved: tensor cores and flash prefill need bf16
-    /// activations.
-    pub fn new(opts: &CudaOptions) -> Plan {
-        Plan::resolve(&opts.clone().with_env_overrides())
+    /// `opts` with the environment overrides, resolved for `device`.
+    pub fn new(opts: &CudaOptions, device: DeviceCaps) -> Plan {
+        Plan::resolve(&opts.clone().with_env_overrides(), device)
     }
 
-    /// `opts` exactly as given (no environment), resolved.
-    pub fn resolve(o: &CudaOptions) -> Plan {
+    /// The GPU `o.ordinal` opened with `o`'s debug checks, and `o` exactly as given (no
+    /// environment) resolved for it.
+    pub fn open(o: &CudaOptions) -> Result<(Gpu, Plan)> {
+        let checks = LaunchChecks {
+            sync_each: o.sync_each,
+            profile: o.profile,
+        };
+        let gpu = Gpu::open(o.ordinal, checks)?;
+        let plan = Plan::resolve(o, gpu.caps());
+        Ok((gpu, plan))
+    }
+
+    /// `o` exactly as given (no environment), resolved for `device`: tensor cores, flash
+    /// prefill and tensor-core decode attention need bf16 activations; the wgmma kernels need
+    /// what they build on and an sm_90a device; programmatic dependent launch a device that has
+    /// it; graphs no debug check.
+    pub fn resolve(o: &CudaOptions, device: DeviceCaps) -> Plan {
         let bf16 = o.bf16_activations;
+        let tensor_cores = o.tensor_cores && bf16;
+        let flash_prefill = o.flash_prefill && bf16;
+        let mma_attention = o.mma_attention && bf16;
         let effective = CudaOptions {
-            tensor_cores: o.tensor_cores && bf16,
-            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && o.tensor_cores && bf16,
-            flash_prefill: o.flash_prefill && bf16,
-            mma_attention: o.mma_attention && bf16,
-            fused_attn_prep: o.fused_attn_prep && o.mma_attention && bf16,
-            wgmma_gemm: o.wgmma_gemm && o.tensor_cores && bf16,
-            wgmma_attention: o.wgmma_attention && o.flash_prefill && bf16,
+            tensor_cores,
+            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
+            flash_prefill,
+            mma_attention,
+            fused_attn_prep: o.fused_attn_prep && mma_attention,
+            wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
+            wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
+            dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             ..o.clone()
         };
         Plan {
-            effective,
             ordinal: o.ordinal,
-            bf16_activations: o.bf16_activations,
+            bf16_activations: bf16,
             prefill_chunk: o.chunk,
-            tensor_cores: o.tensor_cores && o.bf16_activations,
-            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores,
-            flash_prefill: o.flash_prefill && o.bf16_activations,
-            split_kv: o.split_kv,
-            moe_grouped: o.moe_grouped,
-            device_sampling: o.device_sampling,
-            graphs: o.graphs,
-            fused_decode: o.fused_decode,
-            dependent_launch: o.dependent_launch,
-            switches: KernelSwitches {
-                early_trigger: o.early_trigger,
-                sample_parts: o.multi_block_sampling,
-                sample_warp_scan: o.warp_scan_sampling,
-                mma_attention: o.mma_attention && o.bf16_activations,
-                fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
-                split_long_keys: o.split_long_keys,
-                wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
-                wgmma_min_tok: o.wgmma_min_tok,
-                wgmma_group_tile: o.wgmma_group_tile,
-                wgb_tok: o.wgb_tok,
-                wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
-                wgmma_small_tiles: o.wgmma_small_tiles,
-                router_split_k: o.router_split_k,
-                wgmma_attention: o.wgmma_attention && o.flash_prefill && o.bf16_activations,
-            },
-            checks: LaunchChecks {
-                sync_each: o.sync_each,
-                profile: o.profile,
-            },
             step_timing: o.step_timing,
-            pipelined_decode: o.pipelined_decode,
+            o: effective,
+            device,
         }
     }
 
-    /// Whether the tensor-core kernels serve this weight in this mode.
-    fn on_tensor_cores(&self, w: &DevLinear) -> bool {
-        self.tensor_cores && gemm::fits(w)
+    /// The kernel files' compile-time variants.
+    pub fn build(&self) -> KernelBuild {
+        KernelBuild {
+            bf16_activations: self.bf16_activations,
+            early_trigger: self.o.early_trigger,
+            warp_scan_sampling: self.o.warp_scan_sampling,
+        }
     }
 
-    /// A step's linear: tensor cores for chunks of at least TENSOR_CORE_MIN_TOK tokens when the
-    /// weight's layout fits, else CUDA cores.
-    pub fn linear(&self, w: &DevLinear, n_tok: usize) -> LinearPath {
-        if n_tok >= TENSOR_CORE_MIN_TOK && self.on_tensor_cores(w) {
-            LinearPath::TensorCores
+    /// Bytes of one KV-cache element.
+    fn kv_bytes(&self) -> usize {
+        if self.bf16_activations {
+            2
         } else {
-            LinearPath::CudaCores
+            4
         }
     }
 
-    /// The MoE router: like `linear`, and only if the split-precision kernel is wanted.
-    pub fn router(&self, w: &DevLinear, n_tok: usize) -> RouterPath {
-        if n_tok >= TENSOR_CORE_MIN_TOK
-            && self.on_tensor_cores(w)
-            && self.exact_router_on_tensor_cores
+    fn on_tensor_cores(&self, w: &LinearShape) -> bool {
+        self.o.tensor_cores && gemm::fits(w)
+    }
+
+    fn on_wgmma(&self, w: &LinearShape) -> bool {
+        self.o.wgmma_gemm && gemm::wg_fits(w)
+    }
+
+    /// Whether an n-token chunk stages its projections' inputs as bf16 (`to_bf16`) for the
+    /// wgmma kernels: `wgmma_gemm` and at least `wgmma_min_tok` tokens.
+    pub fn stages(&self, n_tok: usize) -> bool {
+        self.o.wgmma_gemm && n_tok >= gemm::WG_TOK.max(self.o.wgmma_min_tok)
+    }
+
+    /// y (+)= W x for an n-token step whose input is staged as bf16 when `staged`: the wgmma
+    /// kernels for weights they take (256 tokens a block from gemm::WGB256_MIN_TOK tokens when
+    /// `wgb_tok` is 256), else gemm_dense, for chunks of at least TENSOR_CORE_MIN_TOK tokens
+    /// whose weight the tensor-core kernels take; else the CUDA cores.
+    pub fn dense(&self, w: &LinearShape, n_tok: usize, staged: bool) -> Dense {
+        if n_tok < TENSOR_CORE_MIN_TOK || !self.on_tensor_cores(w) {
+            return Dense::Linear;
+        }
+        if !(staged && self.on_wgmma(w) && self.stages(n_tok)) {
+            return Dense::Gemm(DenseGemm::Mma);
+        }
+        if self.o.wgb_tok == 256 && n_tok >= gemm::WGB256_MIN_TOK {
+            Dense::Gemm(DenseGemm::Wgb256)
+        } else {
+            Dense::Gemm(DenseGemm::Wgb)
+        }
+    }
+
+    /// The MoE router: split precision on the tensor cores where `dense` would take them (and
+    /// `exact_router_on_tensor_cores`), its columns split where its grid is shallow
+    /// (`router_split_k`, gemm::exact_parts); else exact sums on the CUDA cores.
+    pub fn router(&self, w: &LinearShape, n_tok: usize) -> Router {
+        if n_tok < TENSOR_CORE_MIN_TOK
+            || !self.on_tensor_cores(w)
+            || !self.o.exact_router_on_tensor_cores
         {
-            RouterPath::TensorCoresSplitPrecision
+            return Router::LinearExact;
+        }
+        let parts = if self.o.router_split_k {
+            gemm::exact_parts(
+                gemm::exact_blocks(w.rows, n_tok),
+                self.device.sm_count,
+                w.cols / gemm::GEMM_BK,
+                n_tok * w.rows,
+            )
         } else {
-            RouterPath::CudaCoresExact
+            1
+        };
+        Router::GemmExact { parts }
+    }
+
+    /// The routed experts (`w`: gate, up, down): grouped on the tensor cores for chunks of at
+    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
+    /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
+    /// once experts average three quarters of it, else at least 64 under `wgmma_small_tiles`),
+    /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
+    pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
+        let grouped = self.o.moe_grouped;
+        if !(grouped && n_tok >= TENSOR_CORE_MIN_TOK && w.iter().all(|w| self.on_tensor_cores(w))) {
+            return if grouped && n_tok > 1 {
+                Experts::LinearGrouped
+            } else {
+                Experts::Gather
+            };
+        }
+        let items = n_tok * shape.top_k;
+        let mut tile = if items >= 48 * shape.n_experts {
+            64
+        } else {
+            32
+        };
+        let staged = self.stages(n_tok);
+        if staged && w.iter().all(|w| self.on_wgmma(w)) {
+            let big = self.o.wgmma_group_tile;
+            if big > tile && 4 * items >= 3 * big * shape.n_experts {
+                tile = big;
+            } else if self.o.wgmma_small_tiles {
+                tile = tile.max(64);
+            }
+        }
+        let kernel = |w: &LinearShape| match tile {
+            128 => GroupedGemm::Wgb128,
+            64 if staged && self.on_wgmma(w) => GroupedGemm::Wgb64,
+            64 => GroupedGemm::Mma64,
+            _ => GroupedGemm::Mma32,
+        };
+        Experts::Gemm {
+            tile,
+            gate: kernel(w[0]),
+            up: kernel(w[1]),
+            down: kernel(w[2]),
         }
     }
 
-    /// Split-KV for short steps (decode), flash attention for prefill chunks in bf16 mode,
-    /// else one block per (token, query head).
-    pub fn attention(&self, shape: AttnShape, n_tok: usize) -> AttentionPath {
-        if self.split_kv && attention::split_kv_fits(shape, n_tok) {
-            AttentionPath::SplitKv
-        } else if self.flash_prefill
+    /// The attention of an n-token step over `keys` keys (the sequence's length after it, as
+    /// the host knows it): split-KV for steps of at most attention::SPLIT_MAX_TOK tokens (on the
+    /// tensor cores for one token, `mma_attention`, with the prep inside under
+    /// `fused_attn_prep`, the long-context body past `split_long_keys` keys), flash prefill for
+    /// chunks of at least TENSOR_CORE_MIN_TOK tokens (wgmma for chunks of at least
+    /// attention::WGA_MIN_TOK, `wgmma_attention`), else one block per (token, query head).
+    pub fn attention(&self, shape: AttnShape, n_tok: usize, keys: usize) -> AttentionKernels {
+        let kv_bytes = self.kv_bytes();
+        if self.o.split_kv && attention::split_kv_fits(shape, n_tok) {
+            let mma = self.o.mma_attention && attention::split_mma_fits(shape, n_tok, kv_bytes);
+            let kernel = match (mma, self.long_keys(shape, keys)) {
+                (false, _) => SplitKernel::Cuda,
+                (true, false) => SplitKernel::Mma,
+                (true, true) => SplitKernel::MmaLong,
+            };
+            let prep_fused = mma && self.o.fused_attn_prep && attention::prep_fits(shape);
+            AttentionKernels::Split { kernel, prep_fused }
+        } else if self.o.flash_prefill
             && n_tok >= TENSOR_CORE_MIN_TOK
             && attention::prefill_fits(shape)
         {
-            AttentionPath::FlashPrefill
+            let wg = self.o.wgmma_attention
+                && kv_bytes == 2
+                && attention::prefill_wg_fits(shape)
+                && n_tok >= attention::WGA_MIN_TOK;
+            AttentionKernels::Prefill(if wg {
+                PrefillKernel::Wgmma
+            } else {
+                PrefillKernel::Mma
+            })
         } else {
-            AttentionPath::OneBlockPerHead
+            AttentionKernels::OneBlockPerHead
         }
     }
 
-    /// The routed experts: grouped on tensor cores for chunks of at least TENSOR_CORE_MIN_TOK
-    /// tokens (tiles of 64 items once experts average 48 or more, else 32: less padding),
-    /// grouped on CUDA cores for other multi-token steps, gathered for one token.
-    pub fn moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> MoePath {
-        let tensor_cores = [&m.gate, &m.up, &m.down]
-            .iter()
-            .all(|w| self.on_tensor_cores(w));
-        if self.moe_grouped && n_tok >= TENSOR_CORE_MIN_TOK && tensor_cores {
-            let items = n_tok * shape.top_k;
-            let tile = if items >= 48 * shape.n_experts {
-                64
-            } else {
-                32
-            };
-            MoePath::TensorCoreGrouped { tile }
-        } else if self.moe_grouped && n_tok > 1 {
-            MoePath::Grouped
-        } else {
-            MoePath::Gather
-        }
+    /// Whether one-token tensor-core attention over `keys` keys takes the _long split kernels:
+    /// head dim 256 and more than `split_long_keys` keys. A decode graph holds one choice, so
+    /// the backend keeps a graph for each side (`SeqState::decode_graphs`).
+    pub fn long_keys(&self, shape: AttnShape, keys: usize) -> bool {
+        self.o.mma_attention && shape.d == 256 && keys > self.o.split_long_keys
     }
 
     /// One-token steps of an attention layer: fused when its weights are what decode.cu reads.
     pub fn decode_attention(&self, a: &DevAttention, n_tok: usize) -> DecodePath {
         let fits = [&a.q_proj, &a.k_proj, &a.v_proj]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == a.q_proj.cols)
-            && decode::serves(&a.o_proj);
+            .all(|w| decode::serves(&w.shape()) && w.cols == a.q_proj.cols)
+            && decode::serves(&a.o_proj.shape());
         self.fused_if(n_tok, fits)
     }
 
@@ -247,8 +360,8 @@ impl Plan {
     pub fn decode_deltanet(&self, d: &DevDeltaNet, cfg: &ModelConfig, n_tok: usize) -> DecodePath {
         let fits = [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == d.in_qkv.cols)
-            && decode::serves(&d.out_proj)
+            .all(|w| decode::serves(&w.shape()) && w.cols == d.in_qkv.cols)
+            && decode::serves(&d.out_proj.shape())
             && Decode::dn_serves(
                 cfg.dn_k_heads,
                 cfg.dn_v_heads,
@@ -263,20 +376,25 @@ impl Plan {
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == m.router.cols)
-            && decode::glu_serves(&m.gate, &m.up, &m.shared_gate, &m.shared_up)
-            && decode::down_serves(&m.down, &m.shared_down, shape.top_k);
+            .all(|w| decode::serves(&w.shape()) && w.cols == m.router.cols)
+            && decode::glu_serves(
+                &m.gate.shape(),
+                &m.up.shape(),
+                &m.shared_gate.shape(),
+                &m.shared_up.shape(),
+            )
+            && decode::down_serves(&m.down.shape(), &m.shared_down.shape(), shape.top_k);
         self.fused_if(n_tok, fits)
     }
 
     /// A single row through one weight (the lm_head of the last token): decode.cu's GEMV when
-    /// the weight fits, else as `linear` says.
-    pub fn one_row(&self, w: &DevLinear) -> DecodePath {
+    /// the weight fits, else as `dense` says.
+    pub fn one_row(&self, w: &LinearShape) -> DecodePath {
         self.fused_if(1, decode::serves(w))
     }
 
     fn fused_if(&self, n_tok: usize, fits: bool) -> DecodePath {
-        if self.fused_decode && n_tok == 1 && fits {
+        if self.o.fused_decode && n_tok == 1 && fits {
             DecodePath::Fused
         } else {
             DecodePath::PerKernel
@@ -294,21 +412,27 @@ impl Plan {
             && p.repetition_penalty == 1.0;
         if greedy {
             SamplingPath::DeviceGreedy
-        } else if self.device_sampling && sampler::supports(p) {
+        } else if self.o.device_sampling && sampler::supports(p) {
             SamplingPath::Device
         } else {
             SamplingPath::Host
         }
     }
 
+    /// Whether a sampled pick's first pass runs over many blocks (`sample_part` +
+    /// `sample_pick_parts`) instead of one (`sample_pick`).
+    pub fn many_block_sampling(&self) -> bool {
+        self.o.multi_block_sampling
+    }
+
     /// Whether decode steps replay a captured CUDA graph (never with the debug checks on).
     pub fn decode_graphs(&self) -> bool {
-        self.graphs && !self.checks.sync_each && !self.checks.profile
+        self.o.graphs
     }
 
     /// Decode without graphs from now on (capture failed).
     pub fn give_up_graphs(&mut self) {
-        self.graphs = false;
+        self.o.graphs = false;
     }
 
     /// Whether a decode call queues each next forward pass before the host reads the token it
@@ -316,47 +440,57 @@ impl Plan {
     /// and its log-probability, i.e. the pick is on the device and no top log-probabilities are
     /// asked for (both read the step's logits, which the next pass overwrites).
     pub fn pipelined_decode(&self, sampling: SamplingPath, top_logprobs: usize) -> bool {
-        self.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
+        self.o.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
     }
 
-    /// Whether kernels that wait for their predecessor are launched as programmatic dependents
-    /// (the GPU must also support it: `Gpu::can_launch_dependents`).
+    /// Whether kernels that wait for their predecessor are launched as programmatic dependents.
     pub fn dependent_launch(&self) -> bool {
-        self.dependent_launch
-    }
-
-    /// The decode and sampler kernels this plan picks (a GPU's `switches`).
-    pub fn kernel_switches(&self) -> KernelSwitches {
-        self.switches
+        self.o.dependent_launch
     }
 
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
-        self.checks
+        LaunchChecks {
+            sync_each: self.o.sync_each,
+            profile: self.o.profile,
+        }
     }
 
     /// One line for logs: every switch and knob as resolved (`CudaOptions::describe`).
     pub fn describe(&self) -> String {
-        self.effective.describe()
+        self.o.describe()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lily_core::synth::{preset_text_config, Preset};
+
+    const H200: DeviceCaps = DeviceCaps {
+        wgmma: true,
+        dependent_launch: true,
+        sm_count: 132,
+    };
+
+    fn mlx(rows: usize, cols: usize, bits: u32, experts: usize) -> LinearShape {
+        LinearShape {
+            experts,
+            rows,
+            cols,
+            bits,
+            group: 64,
+        }
+    }
 
     #[test]
     fn tensor_cores_and_flash_prefill_need_bf16_activations() {
-        let fp32 = Plan::resolve(&CudaOptions {
-            bf16_activations: false,
-            ..CudaOptions::default()
-        });
-        assert!(!fp32.tensor_cores && !fp32.flash_prefill);
-        assert!(
-            !fp32.kernel_switches().mma_attention
-                && Plan::resolve(&CudaOptions::default())
-                    .kernel_switches()
-                    .mma_attention
+        let fp32 = Plan::resolve(
+            &CudaOptions {
+                bf16_activations: false,
+                ..CudaOptions::default()
+            },
+            H200,
         );
         let shape = AttnShape {
             n_q: 16,
@@ -366,25 +500,288 @@ mod tests {
             theta: 1e7,
             eps: 1e-6,
         };
-        assert_eq!(fp32.attention(shape, 512), AttentionPath::OneBlockPerHead);
-        let bf16 = Plan::resolve(&CudaOptions::default());
-        assert_eq!(bf16.attention(shape, 512), AttentionPath::FlashPrefill);
-        assert_eq!(bf16.attention(shape, 15), AttentionPath::OneBlockPerHead);
-        assert_eq!(bf16.attention(shape, 1), AttentionPath::SplitKv);
-        assert_eq!(bf16.attention(shape, 4), AttentionPath::SplitKv);
+        let w = mlx(2048, 2048, 4, 1);
+        assert_eq!(fp32.dense(&w, 4096, true), Dense::Linear);
+        assert_eq!(
+            fp32.attention(shape, 512, 512),
+            AttentionKernels::OneBlockPerHead
+        );
+        assert_eq!(
+            fp32.attention(shape, 1, 100),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        let bf16 = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(
+            bf16.attention(shape, 512, 512),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert_eq!(
+            bf16.attention(shape, 15, 15),
+            AttentionKernels::OneBlockPerHead
+        );
+        assert_eq!(
+            bf16.attention(shape, 4, 4),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        assert!(fp32.describe().contains("tensor cores off"));
+    }
+
+    #[test]
+    fn the_wgmma_kernels_need_an_sm_90a_device() {
+        let ampere = DeviceCaps {
+            wgmma: false,
+            dependent_launch: false,
+            sm_count: 108,
+        };
+        let p = Plan::resolve(&CudaOptions::default(), ampere);
+        let w = mlx(8192, 2048, 4, 1);
+        assert!(!p.stages(4096));
+        assert_eq!(p.dense(&w, 4096, false), Dense::Gemm(DenseGemm::Mma));
+        assert!(!p.dependent_launch());
+        let shape = AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        assert_eq!(
+            p.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(p.describe().contains("wgmma prefill GEMM off"));
+    }
+
+    /// The module comment's table, row by row, for the full shape at 1, 512, 4K, 32K and 128K
+    /// tokens of context (each prompt in chunks of 4,096; the last chunk of a 32K or 128K prompt
+    /// is a full one at that context), from the shapes of the shipped MLX checkpoint.
+    #[test]
+    fn the_full_shape_takes_the_kernels_the_table_names() {
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let p = Plan::resolve(&CudaOptions::default(), H200);
+        let (h, e) = (cfg.hidden, cfg.n_experts);
+        let shape = AttnShape::of(&cfg);
+        let moe = MoeShape::of(&cfg);
+        let q = mlx(2 * cfg.n_heads * cfg.head_dim, h, 4, 1);
+        let o = mlx(h, cfg.n_heads * cfg.head_dim, 4, 1);
+        let in_qkv = mlx(cfg.conv_dim(), h, 4, 1);
+        let router = mlx(e, h, 8, 1);
+        let gate = mlx(cfg.expert_inter, h, 4, e);
+        let down = mlx(h, cfg.expert_inter, 4, e);
+        let lm_head = mlx(cfg.vocab, h, 4, 1);
+        assert_eq!(p.prefill_chunk, 4096);
+        // Decode (n = 1): the fused kernels, split attention with the prep inside.
+        assert_eq!(p.one_row(&lm_head), DecodePath::Fused);
+        assert!(decode::serves(&router) && decode::serves(&o) && decode::serves(&in_qkv));
+        for (keys, kernel) in [
+            (512, SplitKernel::Mma),
+            (4096, SplitKernel::Mma),
+            (32_768, SplitKernel::Mma),
+            (65_536, SplitKernel::Mma),
+            (65_537, SplitKernel::MmaLong),
+            (131_072, SplitKernel::MmaLong),
+        ] {
+            assert_eq!(
+                p.attention(shape, 1, keys),
+                AttentionKernels::Split {
+                    kernel,
+                    prep_fused: true
+                },
+                "{keys} keys"
+            );
+        }
+        assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
+        // Short multi-token steps: CUDA cores.
+        for n in [2, 4, 15] {
+            assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);
+            assert_eq!(p.router(&router, n), Router::LinearExact);
+            assert_eq!(
+                p.experts([&gate, &gate, &down], moe, n),
+                Experts::LinearGrouped
+            );
+        }
+        assert!(matches!(
+            p.attention(shape, 4, 4),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                ..
+            }
+        ));
+        assert_eq!(p.attention(shape, 5, 5), AttentionKernels::OneBlockPerHead);
+        // Chunks: (tokens, dense kernel, router parts, experts' tile and kernel, attention).
+        let mma = |tile| match tile {
+            32 => GroupedGemm::Mma32,
+            _ => GroupedGemm::Mma64,
+        };
+        for (n, dense, parts, tile, grouped, attn) in [
+            (16, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (256, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (511, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (
+                512,
+                DenseGemm::Wgb,
+                8,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Mma,
+            ),
+            (
+                1024,
+                DenseGemm::Wgb,
+                8,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                2048,
+                DenseGemm::Wgb256,
+                4,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                3072,
+                DenseGemm::Wgb256,
+                2,
+                128,
+                GroupedGemm::Wgb128,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                4096,
+                DenseGemm::Wgb256,
+                2,
+                128,
+                GroupedGemm::Wgb128,
+                PrefillKernel::Wgmma,
+            ),
+        ] {
+            let staged = p.stages(n);
+            assert_eq!(staged, n >= 512, "{n}");
+            for w in [&q, &o, &in_qkv] {
+                assert_eq!(p.dense(w, n, staged), Dense::Gemm(dense), "{n}");
+            }
+            assert_eq!(p.router(&router, n), Router::GemmExact { parts }, "{n}");
+            assert_eq!(
+                p.experts([&gate, &gate, &down], moe, n),
+                Experts::Gemm {
+                    tile,
+                    gate: grouped,
+                    up: grouped,
+                    down: grouped
+                },
+                "{n}"
+            );
+            assert_eq!(
+                p.attention(shape, n, n),
+                AttentionKernels::Prefill(attn),
+                "{n}"
+            );
+            // The context does not change a chunk's kernels (a 128K prompt's last chunk).
+            assert_eq!(
+                p.attention(shape, n, 131_072),
+                AttentionKernels::Prefill(attn)
+            );
+        }
+        // 8-bit weights (the router, the shared expert's gate) never take the wgmma kernels.
+        assert_eq!(
+            p.dense(&mlx(1, h, 8, 1), 4096, true),
+            Dense::Gemm(DenseGemm::Mma)
+        );
+    }
+
+    #[test]
+    fn switches_off_take_the_kernels_they_name() {
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let (shape, moe) = (AttnShape::of(&cfg), MoeShape::of(&cfg));
+        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
+        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
+        let router = mlx(cfg.n_experts, cfg.hidden, 8, 1);
+        let off = |f: fn(&mut CudaOptions)| {
+            let mut o = CudaOptions::default();
+            f(&mut o);
+            Plan::resolve(&o, H200)
+        };
+        let p = off(|o| o.wgmma_small_tiles = false);
+        assert_eq!(
+            p.experts([&gate, &gate, &down], moe, 512),
+            Experts::Gemm {
+                tile: 32,
+                gate: GroupedGemm::Mma32,
+                up: GroupedGemm::Mma32,
+                down: GroupedGemm::Mma32
+            }
+        );
+        let p = off(|o| o.wgmma_group_tile = 64);
+        assert!(matches!(
+            p.experts([&gate, &gate, &down], moe, 4096),
+            Experts::Gemm { tile: 64, .. }
+        ));
+        let p = off(|o| o.router_split_k = false);
+        assert_eq!(p.router(&router, 512), Router::GemmExact { parts: 1 });
+        let p = off(|o| o.exact_router_on_tensor_cores = false);
+        assert_eq!(p.router(&router, 512), Router::LinearExact);
+        let p = off(|o| o.wgb_tok = 128);
+        assert_eq!(p.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::Wgb));
+        let p = off(|o| o.wgmma_attention = false);
+        assert_eq!(
+            p.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        let p = off(|o| o.fused_attn_prep = false);
+        assert_eq!(
+            p.attention(shape, 1, 4096),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Mma,
+                prep_fused: false
+            }
+        );
+        let p = off(|o| o.mma_attention = false);
+        assert_eq!(
+            p.attention(shape, 1, 131_072),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        let p = off(|o| o.split_kv = false);
+        assert_eq!(
+            p.attention(shape, 1, 4096),
+            AttentionKernels::OneBlockPerHead
+        );
+        let p = off(|o| o.moe_grouped = false);
+        assert_eq!(p.experts([&gate, &gate, &down], moe, 4096), Experts::Gather);
+        let p = off(|o| o.wgmma_gemm = false);
+        assert!(!p.stages(4096));
+        assert_eq!(p.dense(&gate, 4096, false), Dense::Gemm(DenseGemm::Mma));
+        let p = off(|o| o.tensor_cores = false);
+        assert_eq!(p.dense(&gate, 4096, false), Dense::Linear);
+        assert_eq!(p.router(&router, 4096), Router::LinearExact);
     }
 
     #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
-        let on = Plan::resolve(&CudaOptions::default());
+        let on = Plan::resolve(&CudaOptions::default(), H200);
         assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.pipelined_decode(SamplingPath::Device, 0));
         assert!(!on.pipelined_decode(SamplingPath::Host, 0));
         assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
-        let off = Plan::resolve(&CudaOptions {
-            pipelined_decode: false,
-            ..CudaOptions::default()
-        });
+        let off = Plan::resolve(
+            &CudaOptions {
+                pipelined_decode: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.describe().contains("pipelined decode on"));
         assert!(off.describe().contains("pipelined decode off"));
@@ -392,11 +789,14 @@ mod tests {
 
     #[test]
     fn debug_checks_turn_graphs_off() {
-        let p = Plan::resolve(&CudaOptions {
-            profile: true,
-            ..CudaOptions::default()
-        });
+        let p = Plan::resolve(
+            &CudaOptions {
+                profile: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert!(!p.decode_graphs());
-        assert!(Plan::resolve(&CudaOptions::default()).decode_graphs());
+        assert!(Plan::resolve(&CudaOptions::default(), H200).decode_graphs());
     }
 }

@@ -22,16 +22,18 @@ use lily_core::synth::{preset_text_config, synth, Preset, SynthFormat, SynthOpti
 use lily_core::weights::*;
 use lily_cuda::forward::{Forward, Scratch, SeqState};
 use lily_cuda::gpu::{DevBuf, Gpu};
+use lily_cuda::kernels::attention::PrefillKernel;
 use lily_cuda::kernels::attention::{self as gattn, Attend, AttnShape};
 use lily_cuda::kernels::decode::{Input, Out, Prologue};
 use lily_cuda::kernels::embed::Lookup;
+use lily_cuda::kernels::gemm::{DenseGemm, GroupedGemm};
 use lily_cuda::kernels::linear::{Gather, GROUP_TILE};
 use lily_cuda::kernels::moe::{max_group_tiles, Group};
 use lily_cuda::kernels::norm::RmsNorm;
 use lily_cuda::kernels::sample::Argmax;
 use lily_cuda::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use lily_cuda::pinned::Pinned;
-use lily_cuda::plan::{LinearPath, RouterPath, SamplingPath};
+use lily_cuda::plan::{Dense, Router, SamplingPath};
 use lily_cuda::sampler::DeviceSampler;
 use lily_cuda::weights::{upload_attention, upload_deltanet, upload_linear, upload_moe, DevLinear};
 use lily_cuda::{CudaBackend, CudaOptions, Plan};
@@ -116,6 +118,8 @@ fn check(what: &str, got: &[f32], want: &[f32], tol: f64) {
 struct Dev {
     g: Gpu,
     k: Kernels,
+    /// The options `plan` resolves (`plan_with` derives others from them).
+    opts: CudaOptions,
     plan: Plan,
 }
 
@@ -126,25 +130,35 @@ impl std::ops::Deref for Dev {
     }
 }
 
-fn plan_for(bf16_activations: bool) -> Plan {
-    Plan::new(&CudaOptions {
+/// The kernel tests' options in one activation mode: the plan's paths as they ship, and off the
+/// kernel variants a test picks itself (tensor-core decode attention and its fused prep, the
+/// wgmma kernels, the router's split, early trigger, the warp-scan pick), with the environment
+/// overrides (e.g. LILY_CUDA_SYNC=1) on top.
+fn kernel_test_options(bf16_activations: bool) -> CudaOptions {
+    CudaOptions {
         bf16_activations,
+        mma_attention: false,
+        fused_attn_prep: false,
+        wgmma_gemm: false,
+        wgmma_small_tiles: false,
+        wgmma_attention: false,
+        router_split_k: false,
+        early_trigger: false,
+        warp_scan_sampling: false,
         ..CudaOptions::default()
-    })
+    }
+    .with_env_overrides()
 }
 
 fn dev(bf16_activations: bool) -> Dev {
-    dev_with(bf16_activations, |_| {})
+    dev_with(kernel_test_options(bf16_activations))
 }
 
-/// `dev` with the GPU's build switches (e.g. `sample_warp_scan`) set by `setup` before the
-/// kernels are compiled.
-fn dev_with(bf16_activations: bool, setup: impl FnOnce(&mut Gpu)) -> Dev {
-    let plan = plan_for(bf16_activations);
-    let mut g = Gpu::open(0, plan.launch_checks()).expect("a CUDA GPU and NVRTC");
-    setup(&mut g);
-    let k = Kernels::load(&g, plan.bf16_activations).expect("every kernel loads");
-    Dev { g, k, plan }
+/// The GPU, the plan of `opts` for it and the kernel files in the variants it asks for.
+fn dev_with(opts: CudaOptions) -> Dev {
+    let (g, plan) = Plan::open(&opts).expect("a CUDA GPU and NVRTC");
+    let k = Kernels::load(&g, &plan.build()).expect("every kernel loads");
+    Dev { g, k, opts, plan }
 }
 
 /// The fp32-activation GPU most kernel tests use.
@@ -153,6 +167,13 @@ fn gpu() -> Dev {
 }
 
 impl Dev {
+    /// The plan of this GPU's options changed by `f` (the kernels stay as loaded).
+    fn plan_with(&self, f: impl FnOnce(&mut CudaOptions)) -> Plan {
+        let mut o = self.opts.clone();
+        f(&mut o);
+        Plan::resolve(&o, self.g.caps())
+    }
+
     /// y (+)= W x through the kernel the plan picks (as Forward::project does).
     #[allow(clippy::too_many_arguments)]
     fn project(&self, w: &DevLinear, x: u64, xs: usize, y: u64, ys: usize, n: usize, store: Store) {
@@ -179,25 +200,9 @@ impl Dev {
             y: Rows::new(y, ys),
             n_tok: n,
         };
-        match self.plan.linear(w, n) {
-            LinearPath::TensorCores => self.k.gemm.dense(&self.g, &a, store),
-            LinearPath::CudaCores => self.k.linear.project(&self.g, &a, store),
-        }
-        .unwrap()
-    }
-
-    /// The router's exact logits through the kernel the plan picks.
-    fn router(&self, w: &DevLinear, x: u64, xs: usize, y: u64, ys: usize, n: usize) {
-        let a = Project {
-            w,
-            x: Rows::new(x, xs),
-            xb: None,
-            y: Rows::new(y, ys),
-            n_tok: n,
-        };
-        match self.plan.router(w, n) {
-            RouterPath::TensorCoresSplitPrecision => self.k.gemm.dense_exact(&self.g, &a),
-            RouterPath::CudaCoresExact => self.k.linear.project_exact(&self.g, &a),
+        match self.plan.dense(&w.shape(), n, xb.is_some()) {
+            Dense::Gemm(kernel) => self.k.gemm.dense(&self.g, kernel, &a, store),
+            Dense::Linear => self.k.linear.project(&self.g, &a, store),
         }
         .unwrap()
     }
@@ -434,17 +439,17 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
 
 /// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
 /// x's rows (x_div = top_k), outputs NaN-poisoned first; x also staged as bf16 (`to_bf16`) for
-/// the wgmma kernels when `staged`.
+/// the wgmma kernels when `kernel` reads it so.
 #[allow(clippy::too_many_arguments)]
 fn gemm_grouped(
     g: &Dev,
+    kernel: GroupedGemm,
     dw: &DevLinear,
     gr: &Grouping,
     x: &[f32],
     k: usize,
     rows: usize,
     cols: usize,
-    staged: bool,
 ) -> Vec<f32> {
     let (n, items) = (x.len() / cols, x.len() / cols * k);
     let dx = g.upload(x).unwrap();
@@ -457,11 +462,11 @@ fn gemm_grouped(
         w: dw,
         groups: gr.groups,
         x: Rows::new(dx.ptr, cols),
-        xb: staged.then(|| Rows::new(xb.ptr, cols)),
+        xb: kernel.staged().then(|| Rows::new(xb.ptr, cols)),
         x_div: k,
         y: Rows::new(dy.ptr, rows),
     };
-    g.k.gemm.grouped(g, &grouped).unwrap();
+    g.k.gemm.grouped(g, kernel, &grouped).unwrap();
     g.read(&dy, 0, items * rows).unwrap()
 }
 
@@ -475,8 +480,7 @@ fn gemm_grouped(
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn wgmma_linears_match_the_bf16_product() {
-    use lily_cuda::kernels::gemm::Gemm;
-    let mut g = dev(true);
+    let g = dev(true);
     if g.g.arch != "sm_90a" {
         println!(
             "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
@@ -486,10 +490,26 @@ fn wgmma_linears_match_the_bf16_product() {
     }
     let mut rng = Rng(37);
     let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
-    // x (rows × cols f32 on the device) staged as bf16 rows.
-    // Every chunk size below takes the kernel asked for (the plan keeps 256-token blocks for
-    // chunks of WGB256_MIN_TOK or more).
-    g.g.switches.wgb256_min_tok = 0;
+    // x (rows × cols f32 on the device) staged as bf16 rows. Every chunk size below takes the
+    // kernel asked for (the plan keeps 256-token blocks for chunks of WGB256_MIN_TOK or more).
+    #[allow(clippy::too_many_arguments)]
+    let dense = |g: &Dev,
+                 kernel: DenseGemm,
+                 dw: &DevLinear,
+                 x: u64,
+                 xb: Option<Rows>,
+                 y: u64,
+                 t: usize,
+                 store: Store| {
+        let a = Project {
+            w: dw,
+            x: Rows::new(x, dw.cols),
+            xb,
+            y: Rows::new(y, dw.rows),
+            n_tok: t,
+        };
+        g.k.gemm.dense(&g.g, kernel, &a, store).unwrap()
+    };
     let stage = |g: &Dev, x: u64, rows: usize, cols: usize| -> DevBuf {
         let b = g.alloc(rows * cols * 2).unwrap();
         g.k.gemm
@@ -497,7 +517,7 @@ fn wgmma_linears_match_the_bf16_product() {
             .unwrap();
         b
     };
-    g.g.switches.wgmma_gemm = true;
+    let wg = g.plan_with(|o| o.wgmma_gemm = true);
     for (group, t, rows, cols) in [
         (64usize, 128usize, 128usize, 128usize),
         (64, 300, 200, 256),
@@ -508,25 +528,39 @@ fn wgmma_linears_match_the_bf16_product() {
     ] {
         let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
         let dw = upload_linear(&g, "w", &w).unwrap();
-        assert!(Gemm::takes_wgmma(&g.g, &dw, t), "{rows}x{cols} T={t}");
+        assert!(
+            matches!(
+                wg.dense(&dw.shape(), t, true),
+                Dense::Gemm(DenseGemm::Wgb | DenseGemm::Wgb256)
+            ),
+            "{rows}x{cols} T={t}"
+        );
         let x = bf(rng.vec(t * cols, 1.0));
         let dx = g.upload(&x).unwrap();
         let want = bf16_product(&w, &x);
         let r = bf(rng.vec(t * rows, 0.5));
         let xb = stage(&g, dx.ptr, t, cols);
         let staged = Some(Rows::new(xb.ptr, cols));
-        for (name, xb, tok) in [
-            ("gemm_dense_wgb", staged, 128),
-            ("gemm_dense_wgb256", staged, 256),
+        for (name, kernel) in [
+            ("gemm_dense_wgb", DenseGemm::Wgb),
+            ("gemm_dense_wgb256", DenseGemm::Wgb256),
         ] {
-            g.g.switches.wgb_tok = tok;
             let dy = poisoned(&g, t * rows);
-            g.project_staged(&dw, dx.ptr, cols, xb, dy.ptr, rows, t, Store::Overwrite);
+            dense(&g, kernel, &dw, dx.ptr, staged, dy.ptr, t, Store::Overwrite);
             let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
             let what = format!("{name} group={group} T={t} {rows}x{cols}");
             check(&what, &y, &want, 5e-3);
             g.write(&dy, 0, &r).unwrap();
-            g.project_staged(&dw, dx.ptr, cols, xb, dy.ptr, rows, t, Store::AddToResidual);
+            dense(
+                &g,
+                kernel,
+                &dw,
+                dx.ptr,
+                staged,
+                dy.ptr,
+                t,
+                Store::AddToResidual,
+            );
             let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
             let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
             check(&format!("{what} +residual"), &y, &want, 5e-3);
@@ -540,10 +574,11 @@ fn wgmma_linears_match_the_bf16_product() {
         let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
         let dw = upload_linear(&g, "w", &w).unwrap();
         let x = bf(rng.vec(t * cols, 1.0));
-        for tile in [64, 128] {
+        for kernel in [GroupedGemm::Wgb64, GroupedGemm::Wgb128] {
+            let tile = kernel.tile();
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
             let want = gr.want(&w, &x, k, bf16_product);
-            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols, true);
+            let y = gemm_grouped(&g, kernel, &dw, &gr, &x, k, rows, cols);
             let what = format!(
                 "gemm_grouped_wgb{tile} group={group} {rows}x{cols} ({} tiles)",
                 gr.tiles_made(&g)
@@ -581,16 +616,14 @@ fn wgmma_linears_match_the_bf16_product() {
         println!("KERNEL to_bf16 T={t} x{cols}: {:.1} µs", secs * 1e6);
         let mut outs = Vec::new();
         let staged = Some(Rows::new(xb.ptr, cols));
-        for (name, wg, staged, tok) in [
-            ("gemm_dense", false, None, 128),
-            ("gemm_dense_wgb", true, staged, 128),
-            ("gemm_dense_wgb256", true, staged, 256),
+        for (name, kernel, staged) in [
+            ("gemm_dense", DenseGemm::Mma, None),
+            ("gemm_dense_wgb", DenseGemm::Wgb, staged),
+            ("gemm_dense_wgb256", DenseGemm::Wgb256, staged),
         ] {
-            g.g.switches.wgmma_gemm = wg;
-            g.g.switches.wgb_tok = tok;
             let dy = poisoned(&g, t * rows);
             let secs = timed(&g, &|| {
-                g.project_staged(&dw, dx.ptr, cols, staged, dy.ptr, rows, t, Store::Overwrite)
+                dense(&g, kernel, &dw, dx.ptr, staged, dy.ptr, t, Store::Overwrite)
             });
             let tflops = 2.0 * (t * rows * cols) as f64 / secs / 1e12;
             println!(
@@ -627,8 +660,8 @@ fn tensor_core_linears_match_the_bf16_product() {
             let w = linear(&mut rng, bits, 1, rows, cols);
             let dw = upload_linear(&g, "w", &w).unwrap();
             assert_eq!(
-                g.plan.linear(&dw, t),
-                LinearPath::TensorCores,
+                g.plan.dense(&dw.shape(), t, false),
+                Dense::Gemm(DenseGemm::Mma),
                 "bf16 mode runs chunks of >= 16 tokens on tensor cores unless LILY_TENSOR_CORES=0"
             );
             let x = bf(rng.vec(t * cols, 1.0));
@@ -659,7 +692,6 @@ fn tensor_core_linears_match_the_bf16_product() {
     // The router in split precision (gemm_dense_exact): the fp32 weights' product to ~1e-5; in
     // one pass over the columns and split into parts (`router_split_k`; 512 tokens of 256
     // experts × 2,048 columns: 8 parts, as Qwen3.6's router at a 512-token chunk).
-    let mut g = g;
     for (bits, t, rows, cols) in [
         (8u32, 100usize, 136usize, 256usize),
         (4, 100, 136, 256),
@@ -681,20 +713,19 @@ fn tensor_core_linears_match_the_bf16_product() {
             }
         }
         for split in [false, true] {
-            g.g.switches.router_split_k = split;
-            let parts = if split {
-                lily_cuda::kernels::gemm::exact_parts(
-                    rows.div_ceil(128) * t.div_ceil(64),
-                    g.sm_count,
-                    cols / 64,
-                    t * rows,
-                )
-            } else {
-                1
+            let plan = g.plan_with(|o| o.router_split_k = split);
+            let Router::GemmExact { parts } = plan.router(&dw.shape(), t) else {
+                panic!("bf16 mode runs the router of >= 16 tokens on tensor cores");
             };
             let dy = poisoned(&g, t * rows);
-            assert_eq!(g.plan.router(&dw, t), RouterPath::TensorCoresSplitPrecision);
-            g.router(&dw, dx.ptr, cols, dy.ptr, rows, t);
+            let a = Project {
+                w: &dw,
+                x: Rows::new(dx.ptr, cols),
+                xb: None,
+                y: Rows::new(dy.ptr, rows),
+                n_tok: t,
+            };
+            g.k.gemm.dense_exact(&g.g, parts, &a).unwrap();
             let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
             check(
                 &format!(
@@ -706,9 +737,9 @@ fn tensor_core_linears_match_the_bf16_product() {
             );
         }
     }
-    g.g.switches.router_split_k = false;
     // Grouped: skewed routing (one expert over two 64-item tiles, one expert with none).
-    for tile in [32usize, 64] {
+    for kernel in [GroupedGemm::Mma32, GroupedGemm::Mma64] {
+        let tile = kernel.tile();
         for bits in [4u32, 8] {
             let (e, rows, cols, t, k) = (7, 136, 256, 90, 2);
             let items = t * k;
@@ -716,7 +747,7 @@ fn tensor_core_linears_match_the_bf16_product() {
             let dw = upload_linear(&g, "w", &w).unwrap();
             let x = bf(rng.vec(t * cols, 1.0));
             let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
-            let y = gemm_grouped(&g, &dw, &gr, &x, k, rows, cols, false);
+            let y = gemm_grouped(&g, kernel, &dw, &gr, &x, k, rows, cols);
             let want = gr.want(&w, &x, k, bf16_product);
             check(
                 &format!(
@@ -788,13 +819,9 @@ impl BlockRig {
     fn new(chunk: usize) -> BlockRig {
         let g = gpu();
         let cfg = tiny_cfg();
-        let scratch = Scratch::new(&g, &cfg, chunk).unwrap();
+        let scratch = Scratch::new(&g, &cfg, chunk, g.plan.stages(chunk)).unwrap();
         let seq = SeqState::new(&g, &cfg, 64, false).unwrap();
-        let gathered = Plan::new(&CudaOptions {
-            bf16_activations: false,
-            moe_grouped: false,
-            ..CudaOptions::default()
-        });
+        let gathered = g.plan_with(|o| o.moe_grouped = false);
         BlockRig {
             g,
             cfg,
@@ -924,13 +951,9 @@ impl AttnRig {
     fn new(cfg: &ModelConfig, bf16: bool, max_ctx: usize) -> AttnRig {
         // bf16 mode: the prefix chunks (> 16 tokens) run attn_prefill.
         let g = dev(bf16);
-        let scratch = Scratch::new(&g, cfg, 512).unwrap();
+        let scratch = Scratch::new(&g, cfg, 512, false).unwrap();
         let seq = SeqState::new(&g, cfg, max_ctx, bf16).unwrap();
-        let no_split = Plan::new(&CudaOptions {
-            bf16_activations: bf16,
-            split_kv: false,
-            ..CudaOptions::default()
-        });
+        let no_split = g.plan_with(|o| o.split_kv = false);
         AttnRig {
             g,
             cfg: cfg.clone(),
@@ -1029,15 +1052,23 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
             let (tol_cpu, tol_old) = if bf16 { (3e-2, 1e-2) } else { (1e-4, 1e-5) };
             for &len in lens {
                 let mut rig = AttnRig::new(c, bf16, len + 3);
-                rig.g.g.switches.mma_attention = mma;
-                rig.g.g.switches.fused_attn_prep = fused;
-                if long {
-                    rig.g.g.switches.split_long_keys = 0;
-                }
+                rig.g.plan = rig.g.plan_with(|o| {
+                    o.mma_attention = mma;
+                    o.fused_attn_prep = fused;
+                    if long {
+                        o.split_long_keys = 0;
+                    }
+                });
                 if fused {
                     let shape = gattn::AttnShape::of(c);
                     assert!(
-                        rig.g.k.attention.prep_fuses(&rig.g.g, shape, 1),
+                        matches!(
+                            rig.g.plan.attention(shape, 1, len),
+                            lily_cuda::plan::AttentionKernels::Split {
+                                prep_fused: true,
+                                ..
+                            }
+                        ),
                         "{label}: prep not fused"
                     );
                 }
@@ -1141,12 +1172,12 @@ fn attn_prefill_matches_attn_decode() {
                     out: out.ptr,
                     pos: dpos.ptr,
                     n_tok: n,
-                    keys: pos + n,
                 };
+                let a = &g.k.attention;
                 match kernel {
-                    0 => g.k.attention.one_block_per_head(&g, &attend).unwrap(),
-                    1 => g.k.attention.flash_prefill(&g, &attend).unwrap(),
-                    _ => g.k.attention.prefill_wg(&g, &attend).unwrap(),
+                    0 => a.one_block_per_head(&g, &attend).unwrap(),
+                    1 => a.flash_prefill(&g, PrefillKernel::Mma, &attend).unwrap(),
+                    _ => a.flash_prefill(&g, PrefillKernel::Wgmma, &attend).unwrap(),
                 }
                 g.sync().unwrap();
                 let dt = t.elapsed();
@@ -1681,7 +1712,7 @@ impl TokenConstraint for RandomMask {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn sampling_on_device_picks_the_host_samplers_tokens() {
-    let mut g = gpu();
+    let g = gpu();
     let vocab = 248_320;
     let draws = 200;
     let mut rng = Rng(21);
@@ -1802,7 +1833,10 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
     // Each set on the many-block pick (sample_part + sample_pick_parts, the default), on the
     // one-block sample_pick, and on the many-block pick with the warp-scan radix select
     // (sample.cu built with SAMPLE_WARP_SCAN, the plan's `warp_scan_sampling`).
-    let mut gw = dev_with(false, |g| g.switches.sample_warp_scan = true);
+    let gw = dev_with(CudaOptions {
+        warp_scan_sampling: true,
+        ..kernel_test_options(false)
+    });
     let sets: Vec<(String, SamplingParams, bool, bool, bool, bool)> = sets
         .into_iter()
         .flat_map(|(n, p, c, m)| {
@@ -1814,8 +1848,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
         })
         .collect();
     for (name, params, coarse, constrained, parts, warp) in sets {
-        let g: &mut Dev = if warp { &mut gw } else { &mut g };
-        g.g.switches.sample_parts = parts;
+        let g: &Dev = if warp { &gw } else { &g };
         let dl = g.alloc(vocab * 4).unwrap();
         let dw = g.alloc(vocab.div_ceil(32) * 4).unwrap();
         let (dt, dlp) = (poisoned(g, 1), poisoned(g, 1));
@@ -1830,7 +1863,7 @@ fn sampling_on_device_picks_the_host_samplers_tokens() {
             host.accept(t);
             dev.accept(t);
         }
-        let ds = DeviceSampler::new(g, vocab, &dev).unwrap();
+        let ds = DeviceSampler::new(g, vocab, &dev, parts).unwrap();
         let mut worst_lp = 0f64;
         let mut distinct = std::collections::HashSet::new();
         for draw in 0..draws {
@@ -2147,7 +2180,7 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
     let plan = cuda.plan().clone();
     assert_eq!(
         plan,
-        Plan::new(&CudaOptions::default()),
+        Plan::new(&CudaOptions::default(), cuda.gpu().caps()),
         "the backend runs the plan of its options"
     );
     let cs = cuda.new_seq(128).unwrap();
@@ -2591,14 +2624,14 @@ fn pinned_host_copies_are_stream_ordered() {
 /// A decode-test backend on `w`, pipelined or not, the environment ignored (so
 /// LILY_PIPELINED_DECODE cannot turn the comparison into one path against itself).
 fn pipeline_backend(w: &ModelWeights, pipelined: bool, bf16_activations: bool) -> CudaBackend {
-    let b = CudaBackend::with_plan(
+    let b = CudaBackend::with_options(
         w,
-        Plan::resolve(&CudaOptions {
+        &CudaOptions {
             bf16_activations,
             chunk: 16,
             pipelined_decode: pipelined,
             ..CudaOptions::default()
-        }),
+        },
     )
     .unwrap();
     assert_eq!(
@@ -2986,14 +3019,14 @@ fn decode_across_the_long_attention_threshold_reports_the_same_tokens() {
     for params in [SamplingParams::greedy(), sampled] {
         for (graphs, pipelined) in [(true, true), (true, false), (false, true)] {
             let run = |long_keys: usize| -> (Reported, Reported) {
-                let mut b = CudaBackend::with_plan(
+                let mut b = CudaBackend::with_options(
                     &w,
-                    Plan::resolve(&CudaOptions {
+                    &CudaOptions {
                         graphs,
                         pipelined_decode: pipelined,
                         split_long_keys: long_keys,
                         ..CudaOptions::default()
-                    }),
+                    },
                 )
                 .unwrap();
                 let s = b.new_seq(128).unwrap();
@@ -3056,16 +3089,16 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     let short = rng.tokens(700, w.config.vocab);
     let run =
         |prompt: &[u32], wgmma_gemm: bool, wgb_tok: usize, wgmma_group_tile: usize| -> Reported {
-            let mut b = CudaBackend::with_plan(
+            let mut b = CudaBackend::with_options(
                 &w,
-                Plan::resolve(&CudaOptions {
+                &CudaOptions {
                     wgmma_gemm,
                     wgb_tok,
                     wgmma_group_tile,
                     wgmma_small_tiles: wgmma_gemm,
                     wgmma_attention: wgmma_gemm,
                     ..CudaOptions::default()
-                }),
+                },
             )
             .unwrap();
             let s = b.new_seq(3_200).unwrap();

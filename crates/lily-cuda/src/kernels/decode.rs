@@ -7,7 +7,7 @@ use cudarc::driver::DeviceRepr;
 
 use super::{blocks, config, KernelFile};
 use crate::gpu::{Gpu, Kernel, Module};
-use crate::weights::{DevLinear, QWeightArg};
+use crate::weights::{DevLinear, LinearShape, QWeightArg};
 
 /// Warps of a `dec_gemv` / `dec_glu` block (256 threads: the fused norm sums in rms_norm's order).
 pub const WARPS: usize = 8;
@@ -76,7 +76,7 @@ pub const FILE: KernelFile = KernelFile {
 /// Whether the decode kernels read this weight: MLX affine 4/8-bit, groups of 64 columns, an
 /// input width they stage whole, and lanes that split a row evenly (64-column groups a power of
 /// two below 32, or a multiple of 32).
-pub fn serves(w: &DevLinear) -> bool {
+pub fn serves(w: &LinearShape) -> bool {
     let groups = w.cols / 64;
     matches!(w.bits, 4 | 8)
         && w.group == 64
@@ -87,7 +87,12 @@ pub fn serves(w: &DevLinear) -> bool {
 }
 
 /// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
-pub fn glu_serves(gate: &DevLinear, up: &DevLinear, sgate: &DevLinear, sup: &DevLinear) -> bool {
+pub fn glu_serves(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
     [gate, up, sgate, sup]
         .iter()
         .all(|w| serves(w) && w.cols == gate.cols)
@@ -103,7 +108,7 @@ fn down_smem(inter: usize, top_k: usize) -> usize {
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
-pub fn down_serves(down: &DevLinear, sdown: &DevLinear, top_k: usize) -> bool {
+pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> bool {
     serves(down)
         && serves(sdown)
         && down.cols == sdown.cols
@@ -329,7 +334,7 @@ impl Decode {
         };
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
-            if !serves(w) || w.cols != input.cols || w.experts != 1 {
+            if !serves(&w.shape()) || w.cols != input.cols || w.experts != 1 {
                 bail!(
                     "dec_gemv: a {}x{} {}-bit weight (group {}) on a {}-wide input",
                     w.rows,
@@ -384,7 +389,8 @@ impl Decode {
     }
 
     pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
-        if !glu_serves(a.gate, a.up, a.shared_gate, a.shared_up) {
+        let (gate, up) = (a.gate.shape(), a.up.shape());
+        if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
         }
         if a.n_experts > MAX_EXPERTS || a.top_k == 0 || a.top_k > MAX_TOPK.min(a.n_experts) {
@@ -437,7 +443,7 @@ impl Decode {
     }
 
     pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
-        if !down_serves(a.down, a.shared_down, a.top_k) {
+        if !down_serves(&a.down.shape(), &a.shared_down.shape(), a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
