@@ -6,7 +6,8 @@
 //! variants of the kernel files (`build`). The kernel enums live beside their launchers
 //! (kernels/gemm.rs `DenseGemm`, `GroupedGemm`; kernels/attention.rs `SplitKernel`,
 //! `PrefillKernel`); launchers take them as arguments and test no switch, and forward.rs and
-//! backend.rs `match` on the plan's answers.
+//! backend.rs `match` on the plan's answers. Why each switch stays (the A/B its "on" side won, or
+//! the fallback its "off" side is) is its `why` in options.rs's table.
 //!
 //! What runs, shipping configuration, Qwen3.6's full shape (MLX 4-bit, 8-bit router and shared
 //! gate) on an H200 (sm_90a), by step length `n` and keys `k` (the unit test
