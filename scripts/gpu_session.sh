@@ -8,8 +8,8 @@
 # .carry/old/ (e.g. main's, built from a clean worktree). There: bash .carry/cuda/gpu_session.sh.
 # Knobs: PREFILL, DECODE (bench lists), REPEAT, ROUNDS (alternations), VARIANTS (old old-pipeprep
 # (session 6's binary with the switches it had off) new-unfused
-# new-nopdl new-bulk new-l1 new-mma new-mmalm new-late new-1blk
-# new-noattn new-noprep new-nowgmma new-chunked new-nopipe new-session6 (session 6's defaults:
+# new-nopdl new-late
+# new-noattn new-noprep new-nowgmma new-nopipe new-session6 (session 6's defaults:
 # none of the three) new-sampled new-sampledwalk new-sampled1 new-sampled-nopipe new;
 # LILY_STEP_TIMING=1 on any variant logs the device's wait for the host), SERVED (old new:
 # served decode at 4K), SERVED_TTFT (prompt
@@ -58,16 +58,10 @@ for round in $(seq "${ROUNDS:-1}"); do
       old-pipeprep) cmd=("$OLD" bench "${B[@]}" --pipelined-decode --fused-attn-prep) ;;
       new-unfused) cmd=("$NEW" bench "${B[@]}" --no-fused-decode) ;;
       new-nopdl) cmd=("$NEW" bench "${B[@]}" --no-dependent-launch) ;;
-      new-bulk) cmd=("$NEW" bench "${B[@]}" --bulk-gemv) ;;
-      new-l1) cmd=("$NEW" bench "${B[@]}" --l1-weights) ;;
-      new-mma) cmd=("$NEW" bench "${B[@]}" --mma-gemv) ;;
-      new-mmalm) cmd=("$NEW" bench "${B[@]}" --mma-lm-head) ;;
       new-late) cmd=("$NEW" bench "${B[@]}" --no-early-trigger) ;;
-      new-1blk) cmd=("$NEW" bench "${B[@]}" --decode-blocks-per-sm 1) ;;
       new-noattn) cmd=("$NEW" bench "${B[@]}" --no-mma-attention) ;;
       new-noprep) cmd=("$NEW" bench "${B[@]}" --no-fused-attn-prep) ;;
       new-nowgmma) cmd=("$NEW" bench "${B[@]}" --no-wgmma-gemm) ;;
-      new-chunked) cmd=("$NEW" bench "${B[@]}" --chunked-scan) ;;
       new-nopipe) cmd=("$NEW" bench "${B[@]}" --no-pipelined-decode) ;;
       new-session6) cmd=("$NEW" bench "${B[@]}" --no-pipelined-decode --no-fused-attn-prep --no-wgmma-gemm) ;;
       new-sampled-nopipe) cmd=("$NEW" bench "${B[@]}" --temperature 0.6 --top-k 20 --top-p 0.95 --no-pipelined-decode) ;;
@@ -194,7 +188,7 @@ fi
 # NCU=CTX: Nsight Compute over the first decode steps at context CTX (each kernel node of the graph
 # profiled alone, caches flushed, clocks left alone): duration, DRAM bytes and throughput per
 # launch (ncu.csv, raw page; aggregate with scripts/ncu_summary.py). NCU_ARGS: more bench flags
-# (e.g. --no-mma-gemv), NCU_OUT: another file name.
+# (e.g. --no-mma-attention), NCU_OUT: another file name.
 if [ -n "${NCU:-}" ]; then
   NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   timeout "${NCU_TIMEOUT:-150}" "$NC" --graph-profiling node --clock-control none --csv --page raw \

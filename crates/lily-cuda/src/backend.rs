@@ -16,7 +16,7 @@ use lily_core::weights::ModelWeights;
 use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
 use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
-use crate::kernels::attention::{Attention, AttnShape};
+use crate::kernels::attention::AttnShape;
 use crate::kernels::sample::Argmax;
 use crate::kernels::{self, Kernels};
 use crate::pinned::Pinned;
@@ -24,6 +24,13 @@ pub use crate::plan::CudaOptions;
 use crate::plan::{Plan, SamplingPath};
 use crate::sampler::DeviceSampler;
 use crate::weights::{upload_model, DevModel};
+
+/// The CUDA backend for `opts` (the environment overrides apply on top, plan.rs), or the reason
+/// it cannot run here (no driver, no GPU, no NVRTC, ...): what lily-server's `--device cuda|auto`
+/// calls.
+pub fn cuda_backend(weights: &ModelWeights, opts: &CudaOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(CudaBackend::new(weights, opts.clone())?))
+}
 
 /// Most tokens per forward pass when every position's logits are kept (`prefill_all_logits`).
 const ALL_LOGITS_CHUNK: usize = 256;
@@ -104,15 +111,15 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// The backend for `opts` with the environment overrides on top (`Plan::new`).
+    /// The backend for `opts` with the environment overrides on top.
     pub fn new(weights: &ModelWeights, opts: CudaOptions) -> Result<CudaBackend> {
-        CudaBackend::with_plan(weights, Plan::new(&opts))
+        CudaBackend::with_options(weights, &opts.with_env_overrides())
     }
 
-    /// The backend running exactly `plan`.
-    pub fn with_plan(weights: &ModelWeights, plan: Plan) -> Result<CudaBackend> {
+    /// The backend for exactly `opts` (no environment), resolved for its GPU (`Plan::open`).
+    pub fn with_options(weights: &ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
         kernels::check_limits(&weights.config)?;
-        let chunk = plan.prefill_chunk;
+        let chunk = opts.chunk;
         // Grid limits of the simple kernels: gathered expert items and token blocks go in grid.y.
         if chunk == 0 || chunk * weights.config.top_k > 65_535 {
             bail!(
@@ -120,13 +127,11 @@ impl CudaBackend {
                 65_535 / weights.config.top_k
             );
         }
-        let mut gpu = Gpu::open(plan.ordinal, plan.launch_checks())?;
+        let (mut gpu, plan) = Plan::open(opts)?;
         gpu.dependent_launch = plan.dependent_launch();
-        gpu.switches = plan.kernel_switches();
-        gpu.switches.bulk_gemv &= gpu.can_launch_dependents;
-        let kernels = Kernels::load(&gpu, plan.bf16_activations)?;
+        let kernels = Kernels::load(&gpu, &plan.build())?;
         let model = upload_model(&gpu, weights)?;
-        let scratch = Scratch::new(&gpu, &weights.config, chunk)?;
+        let scratch = Scratch::new(&gpu, &weights.config, chunk, plan.stages(chunk))?;
         gpu.sync()?;
         tracing::info!(
             "cuda: {} ({}), {:.2} GB of weights on the device; {}",
@@ -245,14 +250,10 @@ impl CudaBackend {
     /// Feeds the token the sampler left in `next_token`: the captured graph when graphs are on,
     /// else the same launches one by one. A sequence keeps two graphs, captured at its first
     /// decode step on each side of `split_long_keys` keys (the attention kernels differ there,
-    /// `Attention::long_keys`); each replays at any position on its side.
+    /// `Plan::long_keys`); each replays at any position on its side.
     fn decode_step(&mut self, seq: SeqId) -> Result<()> {
         let shape = AttnShape::of(&self.cfg);
-        let which = usize::from(Attention::long_keys(
-            &self.gpu,
-            shape,
-            self.seq(seq)?.len + 1,
-        ));
+        let which = usize::from(self.plan.long_keys(shape, self.seq(seq)?.len + 1));
         if self.plan.decode_graphs() && self.seq(seq)?.decode_graphs[which].is_none() {
             let s = self.seq(seq)?;
             let fwd = self.forward();
@@ -626,7 +627,12 @@ impl Backend for CudaBackend {
                 w
             });
             if path == SamplingPath::Device && device_pick.is_none() {
-                device_pick = Some(DeviceSampler::new(&self.gpu, self.cfg.vocab, sampler)?);
+                device_pick = Some(DeviceSampler::new(
+                    &self.gpu,
+                    self.cfg.vocab,
+                    sampler,
+                    self.plan.many_block_sampling(),
+                )?);
             }
             let mask_dev = match (&mask, self.mask_bufs.as_mut()) {
                 (Some(words), Some(m)) if path != SamplingPath::Host => {

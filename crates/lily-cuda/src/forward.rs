@@ -2,8 +2,9 @@
 //! CPU backend: embed → 40 × (norm → attention | DeltaNet → residual → norm → MoE → residual)
 //! → final norm → lm_head. Every buffer it touches exists before it runs (scratch for the largest
 //! chunk, per-sequence state), positions are read on the device, and nothing waits on the host,
-//! so the decode step can be captured as one replayable CUDA graph. Which kernel runs
-//! for a step is the plan's decision (plan.rs); every `match self.plan…` below shows it.
+//! so the decode step can be captured as one replayable CUDA graph. Which kernel runs for a step
+//! is the plan's decision (plan.rs): every `match self.plan…` below names the kernels of each
+//! answer, and the launchers take the plan's kernel as an argument.
 
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
@@ -13,12 +14,11 @@ use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
-use crate::kernels::gemm::Gemm;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use crate::plan::{AttentionPath, DecodePath, LinearPath, MoePath, Plan, RouterPath};
+use crate::plan::{AttentionKernels, DecodePath, Dense, Experts, Plan, Router};
 use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe};
 
 const F32: usize = 4;
@@ -47,12 +47,9 @@ pub struct Scratch {
     pub dn_o: DevBuf,
     pub dn_qk: DevBuf,
     pub dn_ab: DevBuf,
-    /// The chunked DeltaNet scan's per-chunk records (`deltanet::chunk_records` for the chunk),
-    /// allocated only when the GPU's switches ask for the chunked scan.
-    pub dn_records: Option<DevBuf>,
     pub dn_y: DevBuf,
     /// bf16 [chunk × the widest GEMM input]: a projection's input staged for the bf16-input
-    /// wgmma kernels (`Forward::stage_bf16`), allocated only when the GPU's switches stage.
+    /// wgmma kernels (`Forward::stage_bf16`), allocated only when the plan stages a full chunk.
     pub xbf: Option<DevBuf>,
     pub router: DevBuf,
     pub ids: DevBuf,
@@ -114,7 +111,9 @@ impl Scratch {
         Ok(())
     }
 
-    pub fn new(gpu: &Gpu, cfg: &ModelConfig, chunk: usize) -> Result<Scratch> {
+    /// Scratch for chunks of up to `chunk` tokens; `stages`: whether such a chunk stages its
+    /// GEMM inputs as bf16 (`Plan::stages`).
+    pub fn new(gpu: &Gpu, cfg: &ModelConfig, chunk: usize, stages: bool) -> Result<Scratch> {
         let c = chunk;
         let buf = |elems: usize| gpu.alloc(elems * F32);
         let (h, tk) = (cfg.hidden, cfg.top_k);
@@ -140,16 +139,8 @@ impl Scratch {
             dn_o: buf(c * cfg.dn_value_dim())?,
             dn_qk: buf(c * cfg.dn_k_heads * 2 * cfg.dn_k_dim)?,
             dn_ab: buf(c * cfg.dn_v_heads * 2)?,
-            dn_records: if gpu.switches.chunked_scan {
-                Some(buf(crate::kernels::deltanet::chunk_records(
-                    DnShape::of(cfg),
-                    c,
-                ))?)
-            } else {
-                None
-            },
             dn_y: buf(c * cfg.dn_value_dim())?,
-            xbf: if Gemm::stages(gpu, c) {
+            xbf: if stages {
                 let widest = [
                     h,
                     cfg.dn_value_dim(),
@@ -198,7 +189,7 @@ pub struct SeqState {
     /// Per DeltaNet layer: recurrent state [Hv, dk, dv] fp32 and conv state [K-1, conv_dim].
     pub dn: Vec<(DevBuf, DevBuf)>,
     /// The one-token step embedding `next_token` (graphs on), one per attention-kernel choice,
-    /// indexed by `Attention::long_keys`: each captured at the first decode step that takes it.
+    /// indexed by `Plan::long_keys`: each captured at the first decode step that takes it.
     pub decode_graphs: [Option<crate::graph::DecodeGraph>; 2],
 }
 
@@ -368,7 +359,7 @@ impl Forward<'_> {
             LogitsOut::Last => {
                 let last = s.x.ptr + ((n - 1) * h * F32) as u64;
                 self.norm(Rows::new(last, h), model.final_norm.ptr, 1)?;
-                match self.plan.one_row(&model.lm_head) {
+                match self.plan.one_row(&model.lm_head.shape()) {
                     DecodePath::Fused => {
                         let out = [(&model.lm_head, Out::Store(seq.logits.ptr))];
                         k.decode.project(gpu, Input::row(s.xn.ptr, h), &out)?
@@ -426,9 +417,9 @@ impl Forward<'_> {
             y,
             n_tok: n,
         };
-        match self.plan.linear(w, n) {
-            LinearPath::TensorCores => k.gemm.dense(gpu, &a, store),
-            LinearPath::CudaCores => k.linear.project(gpu, &a, store),
+        match self.plan.dense(&w.shape(), n, xb.is_some()) {
+            Dense::Gemm(kernel) => k.gemm.dense(gpu, kernel, &a, store),
+            Dense::Linear => k.linear.project(gpu, &a, store),
         }
     }
 
@@ -444,20 +435,20 @@ impl Forward<'_> {
             y,
             n_tok: n,
         };
-        match self.plan.router(w, n) {
-            RouterPath::TensorCoresSplitPrecision => k.gemm.dense_exact(gpu, &a),
-            RouterPath::CudaCoresExact => k.linear.project_exact(gpu, &a),
+        match self.plan.router(&w.shape(), n) {
+            Router::GemmExact { parts } => k.gemm.dense_exact(gpu, parts, &a),
+            Router::LinearExact => k.linear.project_exact(gpu, &a),
         }
     }
 
     /// `rows` rows of x (`cols` wide) as bf16 in scratch.xbf, for the GEMMs of an n-token chunk
-    /// when the plan stages them (`Gemm::stages`); None: the GEMMs read x. The staged rows stay
+    /// when the plan stages them (`Plan::stages`); None: the GEMMs read x. The staged rows stay
     /// until the next call.
     fn stage_bf16(&self, x: Rows, rows: usize, cols: usize, n: usize) -> Result<Option<Rows>> {
         let Some(buf) = &self.scratch.xbf else {
             return Ok(None);
         };
-        if !Gemm::stages(self.gpu, n) || !cols.is_multiple_of(8) || rows * cols * 2 > buf.bytes {
+        if !self.plan.stages(n) || !cols.is_multiple_of(8) || rows * cols * 2 > buf.bytes {
             return Ok(None);
         }
         self.kernels
@@ -521,8 +512,14 @@ impl Forward<'_> {
             k_norm: a.k_norm.ptr,
             pos,
         };
-        let path = self.plan.attention(shape, n);
-        let fused = path == AttentionPath::SplitKv && k.attention.prep_fuses(gpu, shape, n);
+        let kernels = self.plan.attention(shape, n, keys);
+        let fused = matches!(
+            kernels,
+            AttentionKernels::Split {
+                prep_fused: true,
+                ..
+            }
+        );
         if !fused {
             k.attention.qk_prep(gpu, shape, &prep, n)?;
         }
@@ -535,22 +532,24 @@ impl Forward<'_> {
             out: s.attn_o.ptr,
             pos,
             n_tok: n,
-            keys,
         };
-        match path {
-            AttentionPath::SplitKv => {
-                let parts = SplitPartials {
-                    part_o: s.part_o.ptr,
-                    part_ml: s.part_ml.ptr,
-                };
-                if fused {
-                    k.attention.split_kv_prepped(gpu, &attend, parts, &prep)?
-                } else {
-                    k.attention.split_kv(gpu, &attend, parts)?
-                }
-            }
-            AttentionPath::FlashPrefill => k.attention.flash_prefill(gpu, &attend)?,
-            AttentionPath::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,
+        let parts = SplitPartials {
+            part_o: s.part_o.ptr,
+            part_ml: s.part_ml.ptr,
+        };
+        match kernels {
+            AttentionKernels::Split {
+                kernel,
+                prep_fused: true,
+            } => k
+                .attention
+                .split_kv_prepped(gpu, kernel, &attend, parts, &prep)?,
+            AttentionKernels::Split {
+                kernel,
+                prep_fused: false,
+            } => k.attention.split_kv(gpu, kernel, &attend, parts)?,
+            AttentionKernels::Prefill(kernel) => k.attention.flash_prefill(gpu, kernel, &attend)?,
+            AttentionKernels::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,
         }
         Ok(())
     }
@@ -716,7 +715,6 @@ impl Forward<'_> {
             o: s.dn_o.ptr,
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
-            records: s.dn_records.as_ref().map_or(0, |r| r.ptr),
         };
         k.deltanet.recurrent(gpu, shape, &rec, n)?;
         let gn = GatedNorm {
@@ -792,27 +790,32 @@ impl Forward<'_> {
             x_div,
             y,
         };
-        match self.plan.moe(m, shape, n) {
-            MoePath::TensorCoreGrouped { tile } => {
-                let experts = [&m.gate, &m.up, &m.down];
-                let tile = Gemm::group_tile(gpu, &experts, tile, n, items, e);
+        let weights = [&m.gate.shape(), &m.up.shape(), &m.down.shape()];
+        match self.plan.experts(weights, shape, n) {
+            Experts::Gemm {
+                tile,
+                gate,
+                up,
+                down,
+            } => {
                 let g = groups(tile);
                 k.moe.group(gpu, &group(g))?;
                 let staged = |w, x, xb, x_div, y| Grouped {
                     xb,
                     ..by_expert(w, g, x, x_div, y)
                 };
-                k.gemm.grouped(gpu, &staged(&m.gate, xn, xb, top_k, eg))?;
-                k.gemm.grouped(gpu, &staged(&m.up, xn, xb, top_k, eu))?;
+                k.gemm
+                    .grouped(gpu, gate, &staged(&m.gate, xn, xb, top_k, eg))?;
+                k.gemm.grouped(gpu, up, &staged(&m.up, xn, xb, top_k, eu))?;
                 k.moe.silu_mul(gpu, &silu)?;
-                let hb = if tile >= 64 {
+                let hb = if down.staged() {
                     self.stage_bf16(eh, items, inter, n)?
                 } else {
                     None
                 };
-                k.gemm.grouped(gpu, &staged(&m.down, eh, hb, 1, ey))?;
+                k.gemm.grouped(gpu, down, &staged(&m.down, eh, hb, 1, ey))?;
             }
-            MoePath::Grouped => {
+            Experts::LinearGrouped => {
                 let g = groups(GROUP_TILE);
                 k.moe.group(gpu, &group(g))?;
                 k.linear
@@ -821,7 +824,7 @@ impl Forward<'_> {
                 k.moe.silu_mul(gpu, &silu)?;
                 k.linear.grouped(gpu, &by_expert(&m.down, g, eh, 1, ey))?;
             }
-            MoePath::Gather => {
+            Experts::Gather => {
                 let gather = |w, x, x_div, y| Gather {
                     w,
                     ids: s.ids.ptr,

@@ -59,89 +59,15 @@ pub struct LaunchChecks {
     pub profile: bool,
 }
 
-/// Which kernels the decode step and the device sampler use, as the plan resolves them
-/// (`Plan::kernel_switches`; the meaning of each: `CudaOptions`).
+/// What the device can run, as the plan needs it (`Gpu::caps`; `plan::Plan::resolve`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelSwitches {
-    /// The wide 4-bit decode projections stream by bulk copies (compute capability 9 and later).
-    pub bulk_gemv: bool,
-    /// decode.cu's weight loads allocate in L1 (built with DEC_WEIGHTS_L1).
-    pub l1_weights: bool,
-    /// The 4-bit decode GEMVs on the tensor cores (bf16 activations only).
-    pub mma_gemv: bool,
-    /// Only the widest decode GEMV (the lm_head) on the tensor cores.
-    pub mma_lm_head: bool,
-    /// decode.cu built with DEC_EARLY_TRIGGER.
-    pub early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode grids (1 or 2).
-    pub dec_blocks_per_sm: usize,
-    /// Sampled picks' first pass over many blocks (sample_part).
-    pub sample_parts: bool,
-    /// sample.cu built with SAMPLE_WARP_SCAN.
-    pub sample_warp_scan: bool,
-    /// One-token split-KV attention on the tensor cores (bf16 activations only).
-    pub mma_attention: bool,
-    /// With `mma_attention`: the q/k norms, RoPE and the cache write inside the split kernel
-    /// (attn_split_mma_prep) instead of a launch of attn_qk_prep before it.
-    pub fused_attn_prep: bool,
-    /// With `mma_attention` and head dim 256: the context (keys) from which the split kernels
-    /// take their long-context body (`attention::SPLIT_LONG_KEYS` unless a test moves it).
-    pub split_long_keys: usize,
-    /// 4-bit prefill projections with wgmma on sm_90a (gemm_dense_wgb(256), gemm_grouped_wgb64, on
-    /// inputs staged as bf16) instead of mma.sync (gemm_dense, gemm_grouped64).
-    pub wgmma_gemm: bool,
-    /// With `wgmma_gemm`: the fewest tokens of a chunk whose projections take the wgmma kernels
-    /// (at least WG_TOK).
-    pub wgmma_min_tok: usize,
-    /// With `wgmma_gemm`: tokens a block of the dense kernel (128: gemm_dense_wgb, 256:
-    /// gemm_dense_wgb256).
-    pub wgb_tok: usize,
-    /// With `wgb_tok` = 256: the fewest tokens of a chunk that takes it (gemm::WGB256_MIN_TOK
-    /// unless a test moves it).
-    pub wgb256_min_tok: usize,
-    /// With `wgmma_gemm`: the routed experts' tile once experts average three quarters of it
-    /// (64: gemm_grouped_wgb64, 128: gemm_grouped_wgb128).
-    pub wgmma_group_tile: usize,
-    /// With `wgmma_gemm`: staged chunks whose experts average fewer than 48 items take the wgmma
-    /// kernel's tiles of 64 instead of mma.sync's tiles of 32 (`Gemm::group_tile`).
-    pub wgmma_small_tiles: bool,
-    /// The router's split-precision GEMM splits its columns over more blocks where its grid is
-    /// shallow (`gemm::exact_parts`), then adds the parts (gemm_sum_parts).
-    pub router_split_k: bool,
-    /// Prefill chunks of at least attention::WGA_MIN_TOK tokens take attn_prefill_wg (wgmma,
-    /// sm_90a, head dim 256) for their attention instead of attn_prefill (mma.sync).
-    pub wgmma_attention: bool,
-    /// Prefill chunks' DeltaNet recurrence in its chunked form (dn_chunked) instead of token by
-    /// token (dn_recurrent).
-    pub chunked_scan: bool,
-}
-
-impl Default for KernelSwitches {
-    /// The kernels a `Gpu` starts with before a plan sets them: the CUDA-core paths.
-    fn default() -> KernelSwitches {
-        KernelSwitches {
-            bulk_gemv: false,
-            l1_weights: false,
-            mma_gemv: false,
-            mma_lm_head: false,
-            early_trigger: false,
-            dec_blocks_per_sm: 2,
-            sample_parts: true,
-            sample_warp_scan: false,
-            mma_attention: false,
-            fused_attn_prep: false,
-            split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
-            wgmma_gemm: false,
-            wgmma_min_tok: crate::kernels::gemm::WG_TOK,
-            wgb_tok: 256,
-            wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
-            wgmma_group_tile: 128,
-            wgmma_small_tiles: false,
-            router_split_k: false,
-            wgmma_attention: false,
-            chunked_scan: false,
-        }
-    }
+pub struct DeviceCaps {
+    /// sm_90a: Hopper's warpgroup MMA (wgmma) kernels run; elsewhere they are compiled as traps.
+    pub wgmma: bool,
+    /// Kernels can be launched as programmatic dependents (compute capability 9 and later).
+    pub dependent_launch: bool,
+    /// Streaming multiprocessors.
+    pub sm_count: usize,
 }
 
 pub struct Gpu {
@@ -159,10 +85,6 @@ pub struct Gpu {
     pub dependent_launch: bool,
     /// Whether the device can launch programmatic dependents at all (compute capability >= 9).
     pub can_launch_dependents: bool,
-    /// The kernel choices and build switches the plan makes (`Plan::kernel_switches`; tests set
-    /// them directly). Build switches (`l1_weights`, `early_trigger`, `sample_warp_scan`) must be
-    /// set before `Kernels::load`.
-    pub switches: KernelSwitches,
     profile: Option<Mutex<Profile>>,
     nvrtc: Nvrtc,
     cache: KernelCache,
@@ -251,12 +173,20 @@ impl Gpu {
             sm_count,
             checks,
             dependent_launch: false,
-            switches: KernelSwitches::default(),
             can_launch_dependents: major >= 9,
             profile: checks.profile.then(|| Mutex::new(Profile::default())),
             nvrtc,
             cache,
         })
+    }
+
+    /// What this device can run (the plan resolves its options against it).
+    pub fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            wgmma: self.arch == "sm_90a",
+            dependent_launch: self.can_launch_dependents,
+            sm_count: self.sm_count,
+        }
     }
 
     /// One kernel file's module for this GPU's architecture: from the disk cache when an intact

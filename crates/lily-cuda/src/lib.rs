@@ -6,7 +6,7 @@
 //! Modules, runtime first (each uses only those above it): `gpu` (context, stream, buffers,
 //! module loading, launches) ← `pinned` (page-locked host memory for copies that overlap the
 //! GPU's work) ← `weights` ← `kernels` (one launcher module per kernel file) ←
-//! `plan` (every path decision) ← `forward` ← `backend`.
+//! `options` (the switches and knobs, declared once) ← `plan` (every path decision) ← `forward` ← `backend`.
 
 pub mod backend;
 pub mod cache;
@@ -15,12 +15,12 @@ pub mod gpu;
 pub mod graph;
 pub mod kernels;
 pub mod nvrtc;
+pub mod options;
 pub mod pinned;
 pub mod plan;
 pub mod sampler;
-pub mod select;
 pub mod weights;
 
+pub use backend::cuda_backend;
 pub use backend::CudaBackend;
 pub use plan::{CudaOptions, Plan};
-pub use select::{cuda_backend, select_backend, DeviceChoice};

@@ -1,393 +1,114 @@
-//! The plan: every path decision of the CUDA backend in one place. Which kernel runs for a given
-//! step is a function of the plan and the shape (`Plan::linear`, `router`, `attention`, `moe`,
-//! `sampling`), and forward.rs / backend.rs only ever ask the plan, so reading them tells what
-//! runs. The plan is filled once, when the backend is built, from `CudaOptions` (the
-//! `lily-engine` flags, lily-server's `CudaArgs`), with environment variables as documented
-//! overrides on top, read in one function (`CudaOptions::with_env_overrides`).
+//! The plan: which kernel runs, decided in one place. `Plan::resolve` takes the options as asked
+//! for (options.rs: the flags, with the environment overrides applied by `Plan::new`) and what the
+//! device can run (`gpu::DeviceCaps`), and answers, for a step's shape, with the concrete kernel
+//! of each launcher: `dense` (`Dense`), `router` (`Router`), `experts` (`Experts`), `attention`
+//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, and the compile-time
+//! variants of the kernel files (`build`). The kernel enums live beside their launchers
+//! (kernels/gemm.rs `DenseGemm`, `GroupedGemm`; kernels/attention.rs `SplitKernel`,
+//! `PrefillKernel`); launchers take them as arguments and test no switch, and forward.rs and
+//! backend.rs `match` on the plan's answers. Why each switch stays (the A/B its "on" side won, or
+//! the fallback its "off" side is) is its `why` in options.rs's table.
 //!
-//! Not here: `LILY_NVRTC` (nvrtc.rs) and `LILY_CACHE_DIR` (cache.rs), which say where to find
-//! files, not what to run.
+//! What runs, shipping configuration, Qwen3.6's full shape (MLX 4-bit, 8-bit router and shared
+//! gate) on an H200 (sm_90a), by step length `n` and keys `k` (the unit test
+//! `the_full_shape_takes_the_kernels_the_table_names` checks every row):
+//!
+//! | step | projections | router | routed experts | attention | DeltaNet scan |
+//! |---|---|---|---|---|---|
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
+//! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
+//! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
+//! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
+//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | as above |
+//! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//!
+//! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
+//! 4,096-token chunks at growing context; the context changes only the one-token attention
+//! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
+//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine`; picks: `argmax_part` + `argmax_final`
+//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`.
+//! The fp32 mode (`--fp32-activations`) takes the CUDA-core rows' kernels at every length, with
+//! `attn_decode` for chunks and `attn_split` for one token.
 
+use anyhow::Result;
 use lily_core::config::ModelConfig;
 use lily_core::sampling::SamplingParams;
 
-use crate::gpu::{KernelSwitches, LaunchChecks};
-use crate::kernels::attention::{self, AttnShape};
+use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
+use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{self, Decode};
-use crate::kernels::gemm;
+use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
+use crate::kernels::KernelBuild;
+pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
-use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMoe};
+use crate::weights::{DevAttention, DevDeltaNet, DevMoe, LinearShape};
 
 /// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
 /// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
 pub const TENSOR_CORE_MIN_TOK: usize = 16;
-/// Default largest prefill chunk (tokens per forward pass; scratch is sized for it).
-pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
 
-/// How the backend runs, as asked for (CLI flags; `Default` is the configuration that ships).
-/// `Plan::new` applies the environment overrides on top and resolves what depends on what.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CudaOptions {
-    /// GPU ordinal (`LILY_CUDA_DEVICE`).
-    pub ordinal: usize,
-    /// Round activations to bf16 where the reference model stores them (production). `false`
-    /// keeps every activation and the KV cache in fp32 (parity with the CPU backend;
-    /// `--fp32-activations`, `LILY_CUDA_FP32=1`).
-    pub bf16_activations: bool,
-    /// Largest prefill chunk (`--prefill-chunk`, `LILY_PREFILL_CHUNK`).
-    pub chunk: usize,
-    /// Replay each sequence's decode step as a captured CUDA graph (`--no-cuda-graphs`,
-    /// `LILY_CUDA_GRAPH=0`).
-    pub graphs: bool,
-    /// Prefill chunks run the routed experts grouped by expert (moe_group + grouped linears), so
-    /// each expert's weights are read once per tile instead of once per item; decode (one token)
-    /// always gathers (`--no-moe-grouping`, `LILY_MOE_GROUPED=0`).
-    pub moe_grouped: bool,
-    /// Prefill chunks run `attn_prefill` (flash attention on tensor cores: bf16 mma, fp32
-    /// softmax); bf16 activations only, since it rounds q, k, v and the softmax weights to bf16
-    /// (`--no-flash-prefill`, `LILY_ATTN_PREFILL=0`).
-    pub flash_prefill: bool,
-    /// Steps of at most `attention::SPLIT_MAX_TOK` tokens (decode) run split-KV (flash-decoding)
-    /// attention (`--no-split-kv`, `LILY_SPLIT_KV=0`).
-    pub split_kv: bool,
-    /// Sample on the device when the settings allow it (`sampler::supports`); `false` keeps
-    /// non-greedy sampling on the host, on downloaded logits (`--no-device-sampling`,
-    /// `LILY_DEVICE_SAMPLING=0`). Greedy always picks on the device.
-    pub device_sampling: bool,
-    /// Linears of prefill chunks on tensor cores (gemm.cu); bf16 activations only, since weights
-    /// and activations enter the mma as bf16 (`--no-tensor-cores`, `LILY_TENSOR_CORES=0`).
-    pub tensor_cores: bool,
-    /// The MoE router of prefill chunks on tensor cores in split precision (gemm_dense_exact)
-    /// when tensor cores are on, else on CUDA cores, same precision
-    /// (`--router-on-cuda-cores`, `LILY_EXACT_ROUTER_TC=0`).
-    pub exact_router_on_tensor_cores: bool,
-    /// One-token steps (decode) run the fused kernels of decode.cu: the norms folded into the
-    /// projections, one launch for the projections sharing an input, the MoE in two launches,
-    /// DeltaNet's conv and recurrence in two (`--no-fused-decode`, `LILY_FUSED_DECODE=0`).
-    pub fused_decode: bool,
-    /// The decode kernels are launched as programmatic dependents on sm_90+ (PDL): each may start
-    /// while the one before it finishes, loading its weights before it waits for its input
-    /// (`--no-dependent-launch`, `LILY_PDL=0`).
-    pub dependent_launch: bool,
-    /// The 2048-wide 4-bit decode projections (DeltaNet in_proj, attention q/k/v, lm_head)
-    /// stream their weights with bulk copies (sm_90+: `cp.async.bulk` into a ring of shared
-    /// memory, one thread issuing a block's tiles) instead of register loads (`--bulk-gemv`,
-    /// `LILY_BULK_GEMV=1`). Off by default: measured slower on the H200 (docs/perf-notes.md).
-    pub bulk_gemv: bool,
-    /// The decode kernels' weight loads allocate in L1 (`ld.global.nc` without
-    /// `L1::no_allocate`), so a lane's second 16-byte request of a 32-byte sector hits the line its
-    /// first request brought instead of fetching the sector from L2 again (`--l1-weights`,
-    /// `LILY_L1_WEIGHTS=1`). Off by default: measured 3.6 % slower at 4K on the H200.
-    pub l1_weights: bool,
-    /// The 4-bit decode GEMVs (`dec_gemv4`, `dec_gemv4w`, `dec_glu4`) multiply on the tensor
-    /// cores (`mma.sync`, bf16 inputs exact for bf16 activations and 4-bit values, f32 sums)
-    /// instead of the CUDA cores (`--mma-gemv`, `LILY_MMA_GEMV=1`). bf16 activations only. Off
-    /// by default: measured 5 % slower at 4K on the H200 (the GEMVs are not issue-bound).
-    pub mma_gemv: bool,
-    /// Only the lm_head's decode GEMV (248,320 rows, the one long stream of a token) on the
-    /// tensor cores (`--mma-lm-head`, `LILY_MMA_LM_HEAD=1`). bf16 activations only.
-    pub mma_lm_head: bool,
-    /// Every decode kernel lets the next one launch as soon as its own early weight loads are
-    /// issued (griddepcontrol.launch_dependents before its wait), instead of after its last
-    /// rows (`--no-early-trigger`, `LILY_EARLY_TRIGGER=0`): +6 % at 4K on the H200.
-    pub early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode GEMV grids (`--decode-blocks-per-sm N`,
-    /// `LILY_DECODE_BLOCKS=N`, 1 or 2): with 1, a kernel takes half the registers of an SM and
-    /// the next kernel's blocks fit beside it.
-    pub decode_blocks_per_sm: usize,
-    /// A sampled pick's first pass (top_k of the 248K scaled logits) runs over many blocks
-    /// (`sample_part`), the rest in one; else all in one block (`--one-block-sampling`,
-    /// `LILY_SAMPLE_PARTS=0`).
-    pub multi_block_sampling: bool,
-    /// The radix select of a sampled pick finds each pass's bin with one warp's shuffle scan
-    /// instead of one thread walking the 256 bins (`--no-warp-scan-sampling` keeps the walk,
-    /// `LILY_WARP_SCAN=0`). On: the sampler's share of a step at 4K fell from 3.2 % to 1.8 % on
-    /// the H200 (docs/perf-notes.md).
-    pub warp_scan_sampling: bool,
-    /// One-token split-KV attention multiplies on the tensor cores (attn_split_mma: q, P and the
-    /// cache in bf16, f32 sums) instead of CUDA-core FMAs (`--no-mma-attention`,
-    /// `LILY_MMA_ATTENTION=0`). bf16 activations only.
-    pub mma_attention: bool,
-    /// One-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache
-    /// write) in its own blocks, one launch fewer per attention layer (`--no-fused-attn-prep`,
-    /// `LILY_FUSED_ATTN_PREP=0`). On: decode −24…−38 µs a token at 256 and 4K on the H200,
-    /// +25 µs at 128K (docs/perf-notes.md, session 7).
-    pub fused_attn_prep: bool,
-    /// Past this many keys, one-token tensor-core attention with head dim 256 takes the _long
-    /// split kernels (`attention::SPLIT_LONG_KEYS`, 65,536, by default; `LILY_SPLIT_LONG_KEYS=N`;
-    /// 0: always, a number past the context: never).
-    pub split_long_keys: usize,
-    /// Prefill's 4-bit projections with Hopper's warpgroup MMA on sm_90a for chunks of at least
-    /// `wgmma_min_tok` tokens: each projection's input staged once as bf16 (`to_bf16`), then
-    /// gemm_dense_wgb / gemm_dense_wgb256 for dense projections and gemm_grouped_wgb64 / _wgb128
-    /// for the experts' tiles, instead of mma.sync (`--no-wgmma-gemm`, `LILY_WGMMA_GEMM=0`). On
-    /// the H200: 336 against gemm_dense's 118 TFLOP/s at 4,096 tokens; prefill 512 7,770 → 8,716,
-    /// 4K 14,200 → 20,040 tok/s (docs/perf-notes.md, session 8).
-    pub wgmma_gemm: bool,
-    /// With `wgmma_gemm`: tokens a block of the dense wgmma GEMM for chunks of at least
-    /// gemm::WGB256_MIN_TOK tokens, 256 (gemm_dense_wgb256: 336 TFLOP/s at 4,096 tokens on the
-    /// H200) or 128 (gemm_dense_wgb: 253; `LILY_WGB_TOK=128`); smaller chunks take 128 (at 512
-    /// tokens 13.0 against 19.3 µs).
-    pub wgb_tok: usize,
-    /// With `wgmma_gemm`: the fewest tokens of a chunk whose projections take the wgmma kernels
-    /// (WGMMA_MIN_TOK; `LILY_WGMMA_MIN_TOK=N`, at least 128).
-    pub wgmma_min_tok: usize,
-    /// With `wgmma_gemm`: items a tile of the routed experts' wgmma GEMM once experts average
-    /// three quarters of it, 128 (gemm_grouped_wgb128: prefill +0.8…1.3 % at 4K…128K on the H200)
-    /// or 64 (gemm_grouped_wgb64; `LILY_WGMMA_GROUP_TILE=64`).
-    pub wgmma_group_tile: usize,
-    /// With `wgmma_gemm`: the routed experts of a staged chunk whose experts average fewer than
-    /// 48 items (a 512-token chunk: 16) take gemm_grouped_wgb64's tiles of 64 instead of
-    /// gemm_grouped32's (mma.sync) tiles of 32 (`--no-wgmma-small-tiles`,
-    /// `LILY_WGMMA_SMALL_TILES=0`): such a chunk is bound by streaming the experts' weights.
-    pub wgmma_small_tiles: bool,
-    /// The router's split-precision GEMM on tensor cores splits its 2,048 columns into up to 8
-    /// runs of k-steps where its grid is shallow (a 512-token chunk: 16 blocks of 64 tokens × 128
-    /// experts, each walking all the columns in sequence), the parts added after in a fixed order
-    /// (`--no-router-split-k`, `LILY_ROUTER_SPLIT_K=0`).
-    pub router_split_k: bool,
-    /// Prefill chunks of at least 1,024 tokens (attention::WGA_MIN_TOK) run their causal attention
-    /// with Hopper's warpgroup MMA on sm_90a where the head dim is 256 (attn_prefill_wg: two
-    /// query heads a block sharing the K/V tiles, S and P·V on wgmma) instead of mma.sync
-    /// (attn_prefill; `--no-wgmma-attention`, `LILY_WGMMA_ATTENTION=0`). Needs `flash_prefill`.
-    pub wgmma_attention: bool,
-    /// Prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form
-    /// (dn_chunked: 64-token chunks, fp32 on the CUDA cores) instead of token by token
-    /// (`--chunked-scan`, `LILY_CHUNKED_SCAN=1`). Off: on the H200 it made a 4K prompt's prefill
-    /// 1.27× slower in one kernel (session 7) and 1.17× in two launches (session 8;
-    /// docs/perf-notes.md).
-    pub chunked_scan: bool,
-    /// Decode queues step N + 1's forward pass right after step N's pick, before the host has
-    /// read token N (which comes back by an asynchronous copy into page-locked memory), so the
-    /// device never waits for the host's read, callback and launch between tokens; a token that
-    /// ends generation may then have been fed (`Backend::decode`). Never with top log-probabilities
-    /// or host sampling, which read step N's logits (`--no-pipelined-decode`,
-    /// `LILY_PIPELINED_DECODE=0`). On: the device's wait for the host fell from 27–33 to 3 µs a
-    /// token on the H200 (docs/perf-notes.md, session 7).
-    pub pipelined_decode: bool,
-    /// Debug: synchronise after every launch so an error names its kernel (`LILY_CUDA_SYNC=1`).
-    pub sync_each: bool,
-    /// Debug: device time per kernel, printed at exit; graphs off (`LILY_PROFILE=1`).
-    pub profile: bool,
-    /// Diagnostic: each decode call logs the device's work per token (from the step's graph
-    /// launch to the end of its pick, by events) beside the wall time per token, i.e. how long
-    /// the device waits for the host between steps (`LILY_STEP_TIMING=1`).
-    pub step_timing: bool,
-}
-
-impl Default for CudaOptions {
-    fn default() -> CudaOptions {
-        CudaOptions {
-            ordinal: 0,
-            bf16_activations: true,
-            chunk: DEFAULT_PREFILL_CHUNK,
-            graphs: true,
-            moe_grouped: true,
-            flash_prefill: true,
-            split_kv: true,
-            device_sampling: true,
-            tensor_cores: true,
-            exact_router_on_tensor_cores: true,
-            fused_decode: true,
-            dependent_launch: true,
-            bulk_gemv: false,
-            l1_weights: false,
-            mma_gemv: false,
-            mma_lm_head: false,
-            early_trigger: true,
-            decode_blocks_per_sm: 2,
-            multi_block_sampling: true,
-            warp_scan_sampling: true,
-            mma_attention: true,
-            fused_attn_prep: true,
-            split_long_keys: crate::kernels::attention::SPLIT_LONG_KEYS,
-            wgmma_gemm: true,
-            wgb_tok: 256,
-            wgmma_min_tok: WGMMA_MIN_TOK,
-            wgmma_group_tile: 128,
-            wgmma_small_tiles: true,
-            router_split_k: true,
-            wgmma_attention: true,
-            chunked_scan: false,
-            pipelined_decode: true,
-            sync_each: false,
-            profile: false,
-            step_timing: false,
-        }
-    }
-}
-
-/// The fewest tokens of a prefill chunk whose projections take the wgmma kernels under
-/// `wgmma_gemm`: at 512 tokens gemm_dense_wgb runs 13.0 against gemm_dense's 17.3 µs (2048×512)
-/// and a 512-token prefill 7,770 → 8,716 tok/s on the H200 (docs/perf-notes.md, session 8);
-/// shorter chunks are not measured and keep mma.sync.
-pub const WGMMA_MIN_TOK: usize = 512;
-
-impl CudaOptions {
-    /// The documented environment overrides, applied on top of these options. This is the one
-    /// place the backend reads `LILY_*` variables. A switch set to `1` turns its path on, `0` off;
-    /// any other value (or none) leaves the option as it is.
-    ///
-    /// | variable | option |
-    /// |---|---|
-    /// | `LILY_CUDA_DEVICE=N` | `ordinal` |
-    /// | `LILY_CUDA_FP32=1` | fp32 activations (`bf16_activations = false`) |
-    /// | `LILY_PREFILL_CHUNK=N` (N > 0) | `chunk` |
-    /// | `LILY_CUDA_GRAPH=0` | `graphs` |
-    /// | `LILY_MOE_GROUPED=0` | `moe_grouped` |
-    /// | `LILY_ATTN_PREFILL=0` | `flash_prefill` |
-    /// | `LILY_SPLIT_KV=0` | `split_kv` |
-    /// | `LILY_DEVICE_SAMPLING=0` | `device_sampling` |
-    /// | `LILY_TENSOR_CORES=0` | `tensor_cores` |
-    /// | `LILY_EXACT_ROUTER_TC=0` | `exact_router_on_tensor_cores` |
-    /// | `LILY_FUSED_DECODE=0` | `fused_decode` |
-    /// | `LILY_PDL=0` | `dependent_launch` |
-    /// | `LILY_BULK_GEMV=1` | `bulk_gemv` |
-    /// | `LILY_L1_WEIGHTS=1` | `l1_weights` |
-    /// | `LILY_MMA_GEMV=1` | `mma_gemv` |
-    /// | `LILY_MMA_LM_HEAD=1` | `mma_lm_head` |
-    /// | `LILY_EARLY_TRIGGER=0` | `early_trigger` |
-    /// | `LILY_DECODE_BLOCKS=N` (1 or 2) | `decode_blocks_per_sm` |
-    /// | `LILY_SAMPLE_PARTS=0` | `multi_block_sampling` |
-    /// | `LILY_MMA_ATTENTION=0` | `mma_attention` |
-    /// | `LILY_FUSED_ATTN_PREP=0` | `fused_attn_prep` |
-    /// | `LILY_SPLIT_LONG_KEYS=N` | `split_long_keys` |
-    /// | `LILY_WGMMA_GEMM=0` | `wgmma_gemm` |
-    /// | `LILY_WGB_TOK=N` (128 or 256) | `wgb_tok` |
-    /// | `LILY_WGMMA_MIN_TOK=N` (N ≥ 128) | `wgmma_min_tok` |
-    /// | `LILY_WGMMA_GROUP_TILE=N` (64 or 128) | `wgmma_group_tile` |
-    /// | `LILY_WGMMA_SMALL_TILES=0` | `wgmma_small_tiles` |
-    /// | `LILY_ROUTER_SPLIT_K=0` | `router_split_k` |
-    /// | `LILY_WGMMA_ATTENTION=0` | `wgmma_attention` |
-    /// | `LILY_CHUNKED_SCAN=1` | `chunked_scan` |
-    /// | `LILY_WARP_SCAN=0` | `warp_scan_sampling` |
-    /// | `LILY_PIPELINED_DECODE=0` | `pipelined_decode` |
-    /// | `LILY_CUDA_SYNC=1` | `sync_each` |
-    /// | `LILY_PROFILE=1` | `profile` |
-    /// | `LILY_STEP_TIMING=1` | `step_timing` |
-    pub fn with_env_overrides(self) -> CudaOptions {
-        self.with_overrides(|k| std::env::var(k).ok())
-    }
-
-    /// `with_env_overrides` with the variables looked up by `var` (tests).
-    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> CudaOptions {
-        let switch = |k: &str| match var(k).as_deref() {
-            Some("1") => Some(true),
-            Some("0") => Some(false),
-            _ => None,
-        };
-        let number = |k: &str| var(k).and_then(|v| v.parse::<usize>().ok());
-        if let Some(n) = number("LILY_CUDA_DEVICE") {
-            self.ordinal = n;
-        }
-        if let Some(fp32) = switch("LILY_CUDA_FP32") {
-            self.bf16_activations = !fp32;
-        }
-        if let Some(n) = number("LILY_PREFILL_CHUNK").filter(|&c| c > 0) {
-            self.chunk = n;
-        }
-        if let Some(n) = number("LILY_DECODE_BLOCKS").filter(|&b| b == 1 || b == 2) {
-            self.decode_blocks_per_sm = n;
-        }
-        if let Some(n) = number("LILY_WGB_TOK").filter(|&t| t == 128 || t == 256) {
-            self.wgb_tok = n;
-        }
-        if let Some(n) = number("LILY_WGMMA_GROUP_TILE").filter(|&t| t == 64 || t == 128) {
-            self.wgmma_group_tile = n;
-        }
-        if let Some(n) = number("LILY_WGMMA_MIN_TOK").filter(|&t| t >= 128) {
-            self.wgmma_min_tok = n;
-        }
-        if let Some(n) = number("LILY_SPLIT_LONG_KEYS") {
-            self.split_long_keys = n;
-        }
-        let flags: [(&str, &mut bool); 27] = [
-            ("LILY_CUDA_GRAPH", &mut self.graphs),
-            ("LILY_MOE_GROUPED", &mut self.moe_grouped),
-            ("LILY_ATTN_PREFILL", &mut self.flash_prefill),
-            ("LILY_SPLIT_KV", &mut self.split_kv),
-            ("LILY_DEVICE_SAMPLING", &mut self.device_sampling),
-            ("LILY_TENSOR_CORES", &mut self.tensor_cores),
-            (
-                "LILY_EXACT_ROUTER_TC",
-                &mut self.exact_router_on_tensor_cores,
-            ),
-            ("LILY_FUSED_DECODE", &mut self.fused_decode),
-            ("LILY_PDL", &mut self.dependent_launch),
-            ("LILY_BULK_GEMV", &mut self.bulk_gemv),
-            ("LILY_L1_WEIGHTS", &mut self.l1_weights),
-            ("LILY_MMA_GEMV", &mut self.mma_gemv),
-            ("LILY_EARLY_TRIGGER", &mut self.early_trigger),
-            ("LILY_MMA_LM_HEAD", &mut self.mma_lm_head),
-            ("LILY_SAMPLE_PARTS", &mut self.multi_block_sampling),
-            ("LILY_MMA_ATTENTION", &mut self.mma_attention),
-            ("LILY_FUSED_ATTN_PREP", &mut self.fused_attn_prep),
-            ("LILY_WGMMA_GEMM", &mut self.wgmma_gemm),
-            ("LILY_WGMMA_SMALL_TILES", &mut self.wgmma_small_tiles),
-            ("LILY_ROUTER_SPLIT_K", &mut self.router_split_k),
-            ("LILY_WGMMA_ATTENTION", &mut self.wgmma_attention),
-            ("LILY_CHUNKED_SCAN", &mut self.chunked_scan),
-            ("LILY_WARP_SCAN", &mut self.warp_scan_sampling),
-            ("LILY_PIPELINED_DECODE", &mut self.pipelined_decode),
-            ("LILY_CUDA_SYNC", &mut self.sync_each),
-            ("LILY_PROFILE", &mut self.profile),
-            ("LILY_STEP_TIMING", &mut self.step_timing),
-        ];
-        for (k, flag) in flags {
-            if let Some(on) = switch(k) {
-                *flag = on;
-            }
-        }
-        self
-    }
-}
-
-/// How a linear (y = W x) runs.
+/// Which kernel computes y (+)= W x for a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinearPath {
-    /// gemm.cu `gemm_dense`: bf16 mma, fp32 sums (prefill chunks, bf16 mode).
-    TensorCores,
-    /// linear.cu `linear` / `linear_wide`: fp32 from the packed weights.
-    CudaCores,
+pub enum Dense {
+    /// linear.cu `linear` / `linear_wide` (by width): CUDA cores, fp32 from the packed weights.
+    Linear,
+    /// gemm.cu: tensor cores, the kernel named.
+    Gemm(DenseGemm),
 }
 
-/// How the MoE router's logits are computed (always unrounded fp32 precision).
+/// Which kernel computes the MoE router's logits (always unrounded fp32 precision).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RouterPath {
-    /// gemm.cu `gemm_dense_exact`: weights split into bf16 hi + lo, two mma.
-    TensorCoresSplitPrecision,
+pub enum Router {
     /// linear.cu `linear` / `linear_wide` storing exact sums.
-    CudaCoresExact,
-}
-
-/// Which attention kernel runs (all take the same inputs and write the same output).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttentionPath {
-    /// `attn_split` + `attn_split_combine` (flash-decoding over slices of the cache).
-    SplitKv,
-    /// `attn_prefill` (flash attention on tensor cores).
-    FlashPrefill,
-    /// `attn_decode`: one block per (token, query head).
-    OneBlockPerHead,
+    LinearExact,
+    /// gemm.cu `gemm_dense_exact` (weights split into bf16 hi + lo, two mma), its columns split
+    /// into `parts` (1: none; more: the parts added by `gemm_sum_parts`).
+    GemmExact { parts: usize },
 }
 
 /// How the routed experts of a step run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MoePath {
-    /// moe_group into tiles of `tile` (32 or 64) items, then `gemm_grouped{tile}`.
-    TensorCoreGrouped { tile: usize },
-    /// moe_group into tiles of linear::GROUP_TILE items, then `linear_grouped`.
-    Grouped,
+pub enum Experts {
     /// `linear_gather`: one expert per item.
     Gather,
+    /// `moe_group` into tiles of linear::GROUP_TILE items, then `linear_grouped`.
+    LinearGrouped,
+    /// `moe_group` into tiles of `tile` items, then each projection's tensor-core kernel (the
+    /// wgmma ones read their input staged as bf16).
+    Gemm {
+        tile: usize,
+        gate: GroupedGemm,
+        up: GroupedGemm,
+        down: GroupedGemm,
+    },
+}
+
+/// Which attention kernels run between the q/k/v projections and o_proj (all write the same
+/// output from the same inputs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// `attn_qk_prep`, then `attn_decode`: one block per (token, query head).
+    OneBlockPerHead,
+    /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill` or
+    /// `attn_prefill_wg`).
+    Prefill(PrefillKernel),
+    /// Split-KV (flash-decoding): `attn_qk_prep` then the split kernel, or, `prep_fused`, the
+    /// split kernel's prep form alone (`attn_split_mma_prep`, `_long`); then
+    /// `attn_split_combine`.
+    Split {
+        kernel: SplitKernel,
+        prep_fused: bool,
+    },
 }
 
 /// How a block of a one-token step (decode) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodePath {
     /// decode.cu: the block's norm folded into its projections, the projections of one input in
-    /// one launch, the glue fused (see kernels/decode.rs).
+    /// one launch, the glue fused (see kernels/decode.rs; the GEMV kernel follows the weights'
+    /// width and bits).
     Fused,
     /// The same launches as a prefill chunk's, for one token.
     PerKernel,
@@ -396,161 +117,243 @@ pub enum DecodePath {
 /// Where the next token is picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplingPath {
-    /// `argmax_logprob` (greedy settings).
+    /// `argmax_part` + `argmax_final` (greedy settings).
     DeviceGreedy,
-    /// `sample_adjust` + `sample_pick` with the host-drawn uniform.
+    /// `sample_adjust` + the pick with the host-drawn uniform (`sample_part` +
+    /// `sample_pick_parts` with many-block sampling, else `sample_pick`).
     Device,
     /// The host sampler on downloaded logits.
     Host,
 }
 
-/// Every path decision, resolved (see the module comment).
+/// Every kernel decision, resolved (see the module comment).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub ordinal: usize,
     pub bf16_activations: bool,
     /// Largest prefill chunk: prefill runs in chunks of at most this many tokens.
     pub prefill_chunk: usize,
-    tensor_cores: bool,
-    exact_router_on_tensor_cores: bool,
-    flash_prefill: bool,
-    split_kv: bool,
-    moe_grouped: bool,
-    device_sampling: bool,
-    graphs: bool,
-    fused_decode: bool,
-    dependent_launch: bool,
-    switches: KernelSwitches,
-    checks: LaunchChecks,
     /// `CudaOptions::step_timing`.
     pub step_timing: bool,
-    /// `CudaOptions::pipelined_decode` (where it applies: `Plan::pipelined_decode`).
-    pipelined_decode: bool,
+    /// The options as resolved against each other and the device: a switch that needs bf16
+    /// activations, another switch or a device capability is off where that is missing.
+    o: CudaOptions,
+    device: DeviceCaps,
 }
 
 impl Plan {
-    /// `opts` with the environment overrides, resolved: tensor cores and flash prefill need bf16
-    /// activations.
-    pub fn new(opts: &CudaOptions) -> Plan {
-        Plan::resolve(&opts.clone().with_env_overrides())
+    /// `opts` with the environment overrides, resolved for `device`.
+    pub fn new(opts: &CudaOptions, device: DeviceCaps) -> Plan {
+        Plan::resolve(&opts.clone().with_env_overrides(), device)
     }
 
-    /// `opts` exactly as given (no environment), resolved.
-    pub fn resolve(o: &CudaOptions) -> Plan {
+    /// The GPU `o.ordinal` opened with `o`'s debug checks, and `o` exactly as given (no
+    /// environment) resolved for it.
+    pub fn open(o: &CudaOptions) -> Result<(Gpu, Plan)> {
+        let checks = LaunchChecks {
+            sync_each: o.sync_each,
+            profile: o.profile,
+        };
+        let gpu = Gpu::open(o.ordinal, checks)?;
+        let plan = Plan::resolve(o, gpu.caps());
+        Ok((gpu, plan))
+    }
+
+    /// `o` exactly as given (no environment), resolved for `device`: tensor cores, flash
+    /// prefill and tensor-core decode attention need bf16 activations; the wgmma kernels need
+    /// what they build on and an sm_90a device; programmatic dependent launch a device that has
+    /// it; graphs no debug check.
+    pub fn resolve(o: &CudaOptions, device: DeviceCaps) -> Plan {
+        let bf16 = o.bf16_activations;
+        let tensor_cores = o.tensor_cores && bf16;
+        let flash_prefill = o.flash_prefill && bf16;
+        let mma_attention = o.mma_attention && bf16;
+        let effective = CudaOptions {
+            tensor_cores,
+            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
+            flash_prefill,
+            mma_attention,
+            fused_attn_prep: o.fused_attn_prep && mma_attention,
+            wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
+            wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
+            dependent_launch: o.dependent_launch && device.dependent_launch,
+            graphs: o.graphs && !o.sync_each && !o.profile,
+            ..o.clone()
+        };
         Plan {
             ordinal: o.ordinal,
-            bf16_activations: o.bf16_activations,
+            bf16_activations: bf16,
             prefill_chunk: o.chunk,
-            tensor_cores: o.tensor_cores && o.bf16_activations,
-            exact_router_on_tensor_cores: o.exact_router_on_tensor_cores,
-            flash_prefill: o.flash_prefill && o.bf16_activations,
-            split_kv: o.split_kv,
-            moe_grouped: o.moe_grouped,
-            device_sampling: o.device_sampling,
-            graphs: o.graphs,
-            fused_decode: o.fused_decode,
-            dependent_launch: o.dependent_launch,
-            switches: KernelSwitches {
-                bulk_gemv: o.bulk_gemv,
-                l1_weights: o.l1_weights,
-                mma_gemv: o.mma_gemv && o.bf16_activations,
-                mma_lm_head: o.mma_lm_head && o.bf16_activations,
-                early_trigger: o.early_trigger,
-                dec_blocks_per_sm: o.decode_blocks_per_sm.clamp(1, 2),
-                sample_parts: o.multi_block_sampling,
-                sample_warp_scan: o.warp_scan_sampling,
-                mma_attention: o.mma_attention && o.bf16_activations,
-                fused_attn_prep: o.fused_attn_prep && o.mma_attention && o.bf16_activations,
-                split_long_keys: o.split_long_keys,
-                wgmma_gemm: o.wgmma_gemm && o.tensor_cores && o.bf16_activations,
-                wgmma_min_tok: o.wgmma_min_tok,
-                wgmma_group_tile: o.wgmma_group_tile,
-                wgb_tok: o.wgb_tok,
-                wgb256_min_tok: crate::kernels::gemm::WGB256_MIN_TOK,
-                wgmma_small_tiles: o.wgmma_small_tiles,
-                router_split_k: o.router_split_k,
-                wgmma_attention: o.wgmma_attention && o.flash_prefill && o.bf16_activations,
-                chunked_scan: o.chunked_scan && o.bf16_activations,
-            },
-            checks: LaunchChecks {
-                sync_each: o.sync_each,
-                profile: o.profile,
-            },
             step_timing: o.step_timing,
-            pipelined_decode: o.pipelined_decode,
+            o: effective,
+            device,
         }
     }
 
-    /// Whether the tensor-core kernels serve this weight in this mode.
-    fn on_tensor_cores(&self, w: &DevLinear) -> bool {
-        self.tensor_cores && gemm::fits(w)
+    /// The kernel files' compile-time variants.
+    pub fn build(&self) -> KernelBuild {
+        KernelBuild {
+            bf16_activations: self.bf16_activations,
+            early_trigger: self.o.early_trigger,
+            warp_scan_sampling: self.o.warp_scan_sampling,
+        }
     }
 
-    /// A step's linear: tensor cores for chunks of at least TENSOR_CORE_MIN_TOK tokens when the
-    /// weight's layout fits, else CUDA cores.
-    pub fn linear(&self, w: &DevLinear, n_tok: usize) -> LinearPath {
-        if n_tok >= TENSOR_CORE_MIN_TOK && self.on_tensor_cores(w) {
-            LinearPath::TensorCores
+    /// Bytes of one KV-cache element.
+    fn kv_bytes(&self) -> usize {
+        if self.bf16_activations {
+            2
         } else {
-            LinearPath::CudaCores
+            4
         }
     }
 
-    /// The MoE router: like `linear`, and only if the split-precision kernel is wanted.
-    pub fn router(&self, w: &DevLinear, n_tok: usize) -> RouterPath {
-        if n_tok >= TENSOR_CORE_MIN_TOK
-            && self.on_tensor_cores(w)
-            && self.exact_router_on_tensor_cores
+    fn on_tensor_cores(&self, w: &LinearShape) -> bool {
+        self.o.tensor_cores && gemm::fits(w)
+    }
+
+    fn on_wgmma(&self, w: &LinearShape) -> bool {
+        self.o.wgmma_gemm && gemm::wg_fits(w)
+    }
+
+    /// Whether an n-token chunk stages its projections' inputs as bf16 (`to_bf16`) for the
+    /// wgmma kernels: `wgmma_gemm` and at least `wgmma_min_tok` tokens.
+    pub fn stages(&self, n_tok: usize) -> bool {
+        self.o.wgmma_gemm && n_tok >= gemm::WG_TOK.max(self.o.wgmma_min_tok)
+    }
+
+    /// y (+)= W x for an n-token step whose input is staged as bf16 when `staged`: the wgmma
+    /// kernels for weights they take (256 tokens a block from gemm::WGB256_MIN_TOK tokens when
+    /// `wgb_tok` is 256), else gemm_dense, for chunks of at least TENSOR_CORE_MIN_TOK tokens
+    /// whose weight the tensor-core kernels take; else the CUDA cores.
+    pub fn dense(&self, w: &LinearShape, n_tok: usize, staged: bool) -> Dense {
+        if n_tok < TENSOR_CORE_MIN_TOK || !self.on_tensor_cores(w) {
+            return Dense::Linear;
+        }
+        if !(staged && self.on_wgmma(w) && self.stages(n_tok)) {
+            return Dense::Gemm(DenseGemm::Mma);
+        }
+        if self.o.wgb_tok == 256 && n_tok >= gemm::WGB256_MIN_TOK {
+            Dense::Gemm(DenseGemm::Wgb256)
+        } else {
+            Dense::Gemm(DenseGemm::Wgb)
+        }
+    }
+
+    /// The MoE router: split precision on the tensor cores where `dense` would take them (and
+    /// `exact_router_on_tensor_cores`), its columns split where its grid is shallow
+    /// (`router_split_k`, gemm::exact_parts); else exact sums on the CUDA cores.
+    pub fn router(&self, w: &LinearShape, n_tok: usize) -> Router {
+        if n_tok < TENSOR_CORE_MIN_TOK
+            || !self.on_tensor_cores(w)
+            || !self.o.exact_router_on_tensor_cores
         {
-            RouterPath::TensorCoresSplitPrecision
+            return Router::LinearExact;
+        }
+        let parts = if self.o.router_split_k {
+            gemm::exact_parts(
+                gemm::exact_blocks(w.rows, n_tok),
+                self.device.sm_count,
+                w.cols / gemm::GEMM_BK,
+                n_tok * w.rows,
+            )
         } else {
-            RouterPath::CudaCoresExact
+            1
+        };
+        Router::GemmExact { parts }
+    }
+
+    /// The routed experts (`w`: gate, up, down): grouped on the tensor cores for chunks of at
+    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
+    /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
+    /// once experts average three quarters of it, else at least 64 under `wgmma_small_tiles`),
+    /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
+    pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
+        let grouped = self.o.moe_grouped;
+        if !(grouped && n_tok >= TENSOR_CORE_MIN_TOK && w.iter().all(|w| self.on_tensor_cores(w))) {
+            return if grouped && n_tok > 1 {
+                Experts::LinearGrouped
+            } else {
+                Experts::Gather
+            };
+        }
+        let items = n_tok * shape.top_k;
+        let mut tile = if items >= 48 * shape.n_experts {
+            64
+        } else {
+            32
+        };
+        let staged = self.stages(n_tok);
+        if staged && w.iter().all(|w| self.on_wgmma(w)) {
+            let big = self.o.wgmma_group_tile;
+            if big > tile && 4 * items >= 3 * big * shape.n_experts {
+                tile = big;
+            } else if self.o.wgmma_small_tiles {
+                tile = tile.max(64);
+            }
+        }
+        let kernel = |w: &LinearShape| match tile {
+            128 => GroupedGemm::Wgb128,
+            64 if staged && self.on_wgmma(w) => GroupedGemm::Wgb64,
+            64 => GroupedGemm::Mma64,
+            _ => GroupedGemm::Mma32,
+        };
+        Experts::Gemm {
+            tile,
+            gate: kernel(w[0]),
+            up: kernel(w[1]),
+            down: kernel(w[2]),
         }
     }
 
-    /// Split-KV for short steps (decode), flash attention for prefill chunks in bf16 mode,
-    /// else one block per (token, query head).
-    pub fn attention(&self, shape: AttnShape, n_tok: usize) -> AttentionPath {
-        if self.split_kv && attention::split_kv_fits(shape, n_tok) {
-            AttentionPath::SplitKv
-        } else if self.flash_prefill
+    /// The attention of an n-token step over `keys` keys (the sequence's length after it, as
+    /// the host knows it): split-KV for steps of at most attention::SPLIT_MAX_TOK tokens (on the
+    /// tensor cores for one token, `mma_attention`, with the prep inside under
+    /// `fused_attn_prep`, the long-context body past `split_long_keys` keys), flash prefill for
+    /// chunks of at least TENSOR_CORE_MIN_TOK tokens (wgmma for chunks of at least
+    /// attention::WGA_MIN_TOK, `wgmma_attention`), else one block per (token, query head).
+    pub fn attention(&self, shape: AttnShape, n_tok: usize, keys: usize) -> AttentionKernels {
+        let kv_bytes = self.kv_bytes();
+        if self.o.split_kv && attention::split_kv_fits(shape, n_tok) {
+            let mma = self.o.mma_attention && attention::split_mma_fits(shape, n_tok, kv_bytes);
+            let kernel = match (mma, self.long_keys(shape, keys)) {
+                (false, _) => SplitKernel::Cuda,
+                (true, false) => SplitKernel::Mma,
+                (true, true) => SplitKernel::MmaLong,
+            };
+            let prep_fused = mma && self.o.fused_attn_prep && attention::prep_fits(shape);
+            AttentionKernels::Split { kernel, prep_fused }
+        } else if self.o.flash_prefill
             && n_tok >= TENSOR_CORE_MIN_TOK
             && attention::prefill_fits(shape)
         {
-            AttentionPath::FlashPrefill
+            let wg = self.o.wgmma_attention
+                && kv_bytes == 2
+                && attention::prefill_wg_fits(shape)
+                && n_tok >= attention::WGA_MIN_TOK;
+            AttentionKernels::Prefill(if wg {
+                PrefillKernel::Wgmma
+            } else {
+                PrefillKernel::Mma
+            })
         } else {
-            AttentionPath::OneBlockPerHead
+            AttentionKernels::OneBlockPerHead
         }
     }
 
-    /// The routed experts: grouped on tensor cores for chunks of at least TENSOR_CORE_MIN_TOK
-    /// tokens (tiles of 64 items once experts average 48 or more, else 32: less padding),
-    /// grouped on CUDA cores for other multi-token steps, gathered for one token.
-    pub fn moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> MoePath {
-        let tensor_cores = [&m.gate, &m.up, &m.down]
-            .iter()
-            .all(|w| self.on_tensor_cores(w));
-        if self.moe_grouped && n_tok >= TENSOR_CORE_MIN_TOK && tensor_cores {
-            let items = n_tok * shape.top_k;
-            let tile = if items >= 48 * shape.n_experts {
-                64
-            } else {
-                32
-            };
-            MoePath::TensorCoreGrouped { tile }
-        } else if self.moe_grouped && n_tok > 1 {
-            MoePath::Grouped
-        } else {
-            MoePath::Gather
-        }
+    /// Whether one-token tensor-core attention over `keys` keys takes the _long split kernels:
+    /// head dim 256 and more than `split_long_keys` keys. A decode graph holds one choice, so
+    /// the backend keeps a graph for each side (`SeqState::decode_graphs`).
+    pub fn long_keys(&self, shape: AttnShape, keys: usize) -> bool {
+        self.o.mma_attention && shape.d == 256 && keys > self.o.split_long_keys
     }
 
     /// One-token steps of an attention layer: fused when its weights are what decode.cu reads.
     pub fn decode_attention(&self, a: &DevAttention, n_tok: usize) -> DecodePath {
         let fits = [&a.q_proj, &a.k_proj, &a.v_proj]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == a.q_proj.cols)
-            && decode::serves(&a.o_proj);
+            .all(|w| decode::serves(&w.shape()) && w.cols == a.q_proj.cols)
+            && decode::serves(&a.o_proj.shape());
         self.fused_if(n_tok, fits)
     }
 
@@ -558,8 +361,8 @@ impl Plan {
     pub fn decode_deltanet(&self, d: &DevDeltaNet, cfg: &ModelConfig, n_tok: usize) -> DecodePath {
         let fits = [&d.in_qkv, &d.in_z, &d.in_b, &d.in_a]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == d.in_qkv.cols)
-            && decode::serves(&d.out_proj)
+            .all(|w| decode::serves(&w.shape()) && w.cols == d.in_qkv.cols)
+            && decode::serves(&d.out_proj.shape())
             && Decode::dn_serves(
                 cfg.dn_k_heads,
                 cfg.dn_v_heads,
@@ -574,20 +377,25 @@ impl Plan {
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
             .iter()
-            .all(|w| decode::serves(w) && w.cols == m.router.cols)
-            && decode::glu_serves(&m.gate, &m.up, &m.shared_gate, &m.shared_up)
-            && decode::down_serves(&m.down, &m.shared_down, shape.top_k);
+            .all(|w| decode::serves(&w.shape()) && w.cols == m.router.cols)
+            && decode::glu_serves(
+                &m.gate.shape(),
+                &m.up.shape(),
+                &m.shared_gate.shape(),
+                &m.shared_up.shape(),
+            )
+            && decode::down_serves(&m.down.shape(), &m.shared_down.shape(), shape.top_k);
         self.fused_if(n_tok, fits)
     }
 
     /// A single row through one weight (the lm_head of the last token): decode.cu's GEMV when
-    /// the weight fits, else as `linear` says.
-    pub fn one_row(&self, w: &DevLinear) -> DecodePath {
+    /// the weight fits, else as `dense` says.
+    pub fn one_row(&self, w: &LinearShape) -> DecodePath {
         self.fused_if(1, decode::serves(w))
     }
 
     fn fused_if(&self, n_tok: usize, fits: bool) -> DecodePath {
-        if self.fused_decode && n_tok == 1 && fits {
+        if self.o.fused_decode && n_tok == 1 && fits {
             DecodePath::Fused
         } else {
             DecodePath::PerKernel
@@ -600,21 +408,27 @@ impl Plan {
     pub fn sampling(&self, p: &SamplingParams) -> SamplingPath {
         if p.is_plain_greedy() {
             SamplingPath::DeviceGreedy
-        } else if self.device_sampling && sampler::supports(p) {
+        } else if self.o.device_sampling && sampler::supports(p) {
             SamplingPath::Device
         } else {
             SamplingPath::Host
         }
     }
 
+    /// Whether a sampled pick's first pass runs over many blocks (`sample_part` +
+    /// `sample_pick_parts`) instead of one (`sample_pick`).
+    pub fn many_block_sampling(&self) -> bool {
+        self.o.multi_block_sampling
+    }
+
     /// Whether decode steps replay a captured CUDA graph (never with the debug checks on).
     pub fn decode_graphs(&self) -> bool {
-        self.graphs && !self.checks.sync_each && !self.checks.profile
+        self.o.graphs
     }
 
     /// Decode without graphs from now on (capture failed).
     pub fn give_up_graphs(&mut self) {
-        self.graphs = false;
+        self.o.graphs = false;
     }
 
     /// Whether a decode call queues each next forward pass before the host reads the token it
@@ -622,193 +436,57 @@ impl Plan {
     /// and its log-probability, i.e. the pick is on the device and no top log-probabilities are
     /// asked for (both read the step's logits, which the next pass overwrites).
     pub fn pipelined_decode(&self, sampling: SamplingPath, top_logprobs: usize) -> bool {
-        self.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
+        self.o.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
     }
 
-    /// Whether kernels that wait for their predecessor are launched as programmatic dependents
-    /// (the GPU must also support it: `Gpu::can_launch_dependents`).
+    /// Whether kernels that wait for their predecessor are launched as programmatic dependents.
     pub fn dependent_launch(&self) -> bool {
-        self.dependent_launch
-    }
-
-    /// The decode and sampler kernels this plan picks (a GPU's `switches`; bulk copies also need
-    /// `Gpu::can_launch_dependents`, compute capability 9 and later).
-    pub fn kernel_switches(&self) -> KernelSwitches {
-        self.switches
+        self.o.dependent_launch
     }
 
     /// The debug checks every launch gets.
     pub fn launch_checks(&self) -> LaunchChecks {
-        self.checks
+        LaunchChecks {
+            sync_each: self.o.sync_each,
+            profile: self.o.profile,
+        }
     }
 
-    /// One line for logs: the mode and every switch.
+    /// One line for logs: every switch and knob as resolved (`CudaOptions::describe`).
     pub fn describe(&self) -> String {
-        let on = |b: bool| if b { "on" } else { "off" };
-        let sw = self.switches;
-        format!(
-            "{} activations, prefill chunk {}, tensor cores {}, router on tensor cores {}, flash prefill {}, split-KV {}, MoE grouping {}, device sampling {}, CUDA graphs {}, fused decode {}, dependent launch {}, bulk-copy GEMV {}, weights via L1 {}, tensor-core GEMV {} (lm_head {}), early trigger {}, decode blocks per SM {}, many-block sampling {}, warp-scan sampling {}, router split over its columns {}, tensor-core decode attention {} (fused prep {}), wgmma prefill GEMM {} ({} tokens a block, experts' tiles of 64 for few items {}), wgmma prefill attention {}, chunked DeltaNet scan {}, pipelined decode {}{}{}",
-            if self.bf16_activations { "bf16" } else { "fp32" },
-            self.prefill_chunk,
-            on(self.tensor_cores),
-            on(self.tensor_cores && self.exact_router_on_tensor_cores),
-            on(self.flash_prefill),
-            on(self.split_kv),
-            on(self.moe_grouped),
-            on(self.device_sampling),
-            on(self.decode_graphs()),
-            on(self.fused_decode),
-            on(self.dependent_launch),
-            on(sw.bulk_gemv),
-            on(sw.l1_weights),
-            on(sw.mma_gemv),
-            on(sw.mma_gemv || sw.mma_lm_head),
-            on(sw.early_trigger),
-            sw.dec_blocks_per_sm,
-            on(sw.sample_parts),
-            on(sw.sample_warp_scan),
-            on(sw.router_split_k),
-            on(sw.mma_attention),
-            on(sw.fused_attn_prep),
-            on(sw.wgmma_gemm),
-            sw.wgb_tok,
-            on(sw.wgmma_small_tiles),
-            on(sw.wgmma_attention),
-            on(sw.chunked_scan),
-            on(self.pipelined_decode),
-            if self.checks.sync_each { ", sync after each launch" } else { "" },
-            if self.checks.profile { ", profiling" } else { "" },
-        )
+        self.o.describe()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lily_core::synth::{preset_text_config, Preset};
 
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
+    const H200: DeviceCaps = DeviceCaps {
+        wgmma: true,
+        dependent_launch: true,
+        sm_count: 132,
+    };
+
+    fn mlx(rows: usize, cols: usize, bits: u32, experts: usize) -> LinearShape {
+        LinearShape {
+            experts,
+            rows,
+            cols,
+            bits,
+            group: 64,
         }
     }
 
     #[test]
-    fn no_environment_leaves_the_options_as_given() {
-        let o = CudaOptions {
-            split_kv: false,
-            chunk: 512,
-            ..CudaOptions::default()
-        };
-        assert_eq!(o.clone().with_overrides(|_| None), o);
-    }
-
-    #[test]
-    fn environment_variables_override_the_options() {
-        let o = CudaOptions::default().with_overrides(env(&[
-            ("LILY_CUDA_FP32", "1"),
-            ("LILY_CUDA_DEVICE", "2"),
-            ("LILY_PREFILL_CHUNK", "256"),
-            ("LILY_CUDA_GRAPH", "0"),
-            ("LILY_MOE_GROUPED", "0"),
-            ("LILY_ATTN_PREFILL", "0"),
-            ("LILY_SPLIT_KV", "0"),
-            ("LILY_DEVICE_SAMPLING", "0"),
-            ("LILY_TENSOR_CORES", "0"),
-            ("LILY_EXACT_ROUTER_TC", "0"),
-            ("LILY_FUSED_DECODE", "0"),
-            ("LILY_PDL", "0"),
-            ("LILY_BULK_GEMV", "1"),
-            ("LILY_L1_WEIGHTS", "1"),
-            ("LILY_MMA_GEMV", "1"),
-            ("LILY_EARLY_TRIGGER", "0"),
-            ("LILY_MMA_LM_HEAD", "1"),
-            ("LILY_DECODE_BLOCKS", "1"),
-            ("LILY_SAMPLE_PARTS", "0"),
-            ("LILY_MMA_ATTENTION", "0"),
-            ("LILY_FUSED_ATTN_PREP", "0"),
-            ("LILY_SPLIT_LONG_KEYS", "4096"),
-            ("LILY_WGMMA_GEMM", "0"),
-            ("LILY_WGB_TOK", "128"),
-            ("LILY_WGMMA_MIN_TOK", "1024"),
-            ("LILY_WGMMA_GROUP_TILE", "64"),
-            ("LILY_WGMMA_SMALL_TILES", "0"),
-            ("LILY_ROUTER_SPLIT_K", "0"),
-            ("LILY_WGMMA_ATTENTION", "0"),
-            ("LILY_CHUNKED_SCAN", "1"),
-            ("LILY_WARP_SCAN", "0"),
-            ("LILY_PIPELINED_DECODE", "0"),
-            ("LILY_CUDA_SYNC", "1"),
-            ("LILY_PROFILE", "1"),
-            ("LILY_STEP_TIMING", "1"),
-        ]));
-        assert_eq!(
-            o,
-            CudaOptions {
-                ordinal: 2,
-                bf16_activations: false,
-                chunk: 256,
-                graphs: false,
-                moe_grouped: false,
-                flash_prefill: false,
-                split_kv: false,
-                device_sampling: false,
-                tensor_cores: false,
-                exact_router_on_tensor_cores: false,
-                fused_decode: false,
-                dependent_launch: false,
-                bulk_gemv: true,
-                l1_weights: true,
-                mma_gemv: true,
-                mma_lm_head: true,
-                early_trigger: false,
-                decode_blocks_per_sm: 1,
-                multi_block_sampling: false,
-                warp_scan_sampling: false,
-                mma_attention: false,
-                fused_attn_prep: false,
-                split_long_keys: 4096,
-                wgmma_gemm: false,
-                wgb_tok: 128,
-                wgmma_min_tok: 1024,
-                wgmma_group_tile: 64,
-                wgmma_small_tiles: false,
-                router_split_k: false,
-                wgmma_attention: false,
-                chunked_scan: true,
-                pipelined_decode: false,
-                sync_each: true,
-                profile: true,
-                step_timing: true,
-            }
-        );
-        // A zero or unparsable chunk, or a switch that is neither 0 nor 1, changes nothing.
-        let o = CudaOptions::default().with_overrides(env(&[
-            ("LILY_PREFILL_CHUNK", "0"),
-            ("LILY_SPLIT_KV", "yes"),
-        ]));
-        assert_eq!(o, CudaOptions::default());
-    }
-
-    #[test]
     fn tensor_cores_and_flash_prefill_need_bf16_activations() {
-        let fp32 = Plan::resolve(&CudaOptions {
-            bf16_activations: false,
-            ..CudaOptions::default()
-        });
-        assert!(!fp32.tensor_cores && !fp32.flash_prefill && !fp32.kernel_switches().mma_gemv);
-        let mma = Plan::resolve(&CudaOptions {
-            mma_gemv: true,
-            ..CudaOptions::default()
-        });
-        assert!(mma.kernel_switches().mma_gemv);
-        assert!(
-            !fp32.kernel_switches().mma_attention
-                && Plan::resolve(&CudaOptions::default())
-                    .kernel_switches()
-                    .mma_attention
+        let fp32 = Plan::resolve(
+            &CudaOptions {
+                bf16_activations: false,
+                ..CudaOptions::default()
+            },
+            H200,
         );
         let shape = AttnShape {
             n_q: 16,
@@ -818,25 +496,288 @@ mod tests {
             theta: 1e7,
             eps: 1e-6,
         };
-        assert_eq!(fp32.attention(shape, 512), AttentionPath::OneBlockPerHead);
-        let bf16 = Plan::resolve(&CudaOptions::default());
-        assert_eq!(bf16.attention(shape, 512), AttentionPath::FlashPrefill);
-        assert_eq!(bf16.attention(shape, 15), AttentionPath::OneBlockPerHead);
-        assert_eq!(bf16.attention(shape, 1), AttentionPath::SplitKv);
-        assert_eq!(bf16.attention(shape, 4), AttentionPath::SplitKv);
+        let w = mlx(2048, 2048, 4, 1);
+        assert_eq!(fp32.dense(&w, 4096, true), Dense::Linear);
+        assert_eq!(
+            fp32.attention(shape, 512, 512),
+            AttentionKernels::OneBlockPerHead
+        );
+        assert_eq!(
+            fp32.attention(shape, 1, 100),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        let bf16 = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(
+            bf16.attention(shape, 512, 512),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert_eq!(
+            bf16.attention(shape, 15, 15),
+            AttentionKernels::OneBlockPerHead
+        );
+        assert_eq!(
+            bf16.attention(shape, 4, 4),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        assert!(fp32.describe().contains("tensor cores off"));
+    }
+
+    #[test]
+    fn the_wgmma_kernels_need_an_sm_90a_device() {
+        let ampere = DeviceCaps {
+            wgmma: false,
+            dependent_launch: false,
+            sm_count: 108,
+        };
+        let p = Plan::resolve(&CudaOptions::default(), ampere);
+        let w = mlx(8192, 2048, 4, 1);
+        assert!(!p.stages(4096));
+        assert_eq!(p.dense(&w, 4096, false), Dense::Gemm(DenseGemm::Mma));
+        assert!(!p.dependent_launch());
+        let shape = AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        assert_eq!(
+            p.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(p.describe().contains("wgmma prefill GEMM off"));
+    }
+
+    /// The module comment's table, row by row, for the full shape at 1, 512, 4K, 32K and 128K
+    /// tokens of context (each prompt in chunks of 4,096; the last chunk of a 32K or 128K prompt
+    /// is a full one at that context), from the shapes of the shipped MLX checkpoint.
+    #[test]
+    fn the_full_shape_takes_the_kernels_the_table_names() {
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let p = Plan::resolve(&CudaOptions::default(), H200);
+        let (h, e) = (cfg.hidden, cfg.n_experts);
+        let shape = AttnShape::of(&cfg);
+        let moe = MoeShape::of(&cfg);
+        let q = mlx(2 * cfg.n_heads * cfg.head_dim, h, 4, 1);
+        let o = mlx(h, cfg.n_heads * cfg.head_dim, 4, 1);
+        let in_qkv = mlx(cfg.conv_dim(), h, 4, 1);
+        let router = mlx(e, h, 8, 1);
+        let gate = mlx(cfg.expert_inter, h, 4, e);
+        let down = mlx(h, cfg.expert_inter, 4, e);
+        let lm_head = mlx(cfg.vocab, h, 4, 1);
+        assert_eq!(p.prefill_chunk, 4096);
+        // Decode (n = 1): the fused kernels, split attention with the prep inside.
+        assert_eq!(p.one_row(&lm_head), DecodePath::Fused);
+        assert!(decode::serves(&router) && decode::serves(&o) && decode::serves(&in_qkv));
+        for (keys, kernel) in [
+            (512, SplitKernel::Mma),
+            (4096, SplitKernel::Mma),
+            (32_768, SplitKernel::Mma),
+            (65_536, SplitKernel::Mma),
+            (65_537, SplitKernel::MmaLong),
+            (131_072, SplitKernel::MmaLong),
+        ] {
+            assert_eq!(
+                p.attention(shape, 1, keys),
+                AttentionKernels::Split {
+                    kernel,
+                    prep_fused: true
+                },
+                "{keys} keys"
+            );
+        }
+        assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
+        // Short multi-token steps: CUDA cores.
+        for n in [2, 4, 15] {
+            assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);
+            assert_eq!(p.router(&router, n), Router::LinearExact);
+            assert_eq!(
+                p.experts([&gate, &gate, &down], moe, n),
+                Experts::LinearGrouped
+            );
+        }
+        assert!(matches!(
+            p.attention(shape, 4, 4),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                ..
+            }
+        ));
+        assert_eq!(p.attention(shape, 5, 5), AttentionKernels::OneBlockPerHead);
+        // Chunks: (tokens, dense kernel, router parts, experts' tile and kernel, attention).
+        let mma = |tile| match tile {
+            32 => GroupedGemm::Mma32,
+            _ => GroupedGemm::Mma64,
+        };
+        for (n, dense, parts, tile, grouped, attn) in [
+            (16, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (256, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (511, DenseGemm::Mma, 8, 32, mma(32), PrefillKernel::Mma),
+            (
+                512,
+                DenseGemm::Wgb,
+                8,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Mma,
+            ),
+            (
+                1024,
+                DenseGemm::Wgb,
+                8,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                2048,
+                DenseGemm::Wgb256,
+                4,
+                64,
+                GroupedGemm::Wgb64,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                3072,
+                DenseGemm::Wgb256,
+                2,
+                128,
+                GroupedGemm::Wgb128,
+                PrefillKernel::Wgmma,
+            ),
+            (
+                4096,
+                DenseGemm::Wgb256,
+                2,
+                128,
+                GroupedGemm::Wgb128,
+                PrefillKernel::Wgmma,
+            ),
+        ] {
+            let staged = p.stages(n);
+            assert_eq!(staged, n >= 512, "{n}");
+            for w in [&q, &o, &in_qkv] {
+                assert_eq!(p.dense(w, n, staged), Dense::Gemm(dense), "{n}");
+            }
+            assert_eq!(p.router(&router, n), Router::GemmExact { parts }, "{n}");
+            assert_eq!(
+                p.experts([&gate, &gate, &down], moe, n),
+                Experts::Gemm {
+                    tile,
+                    gate: grouped,
+                    up: grouped,
+                    down: grouped
+                },
+                "{n}"
+            );
+            assert_eq!(
+                p.attention(shape, n, n),
+                AttentionKernels::Prefill(attn),
+                "{n}"
+            );
+            // The context does not change a chunk's kernels (a 128K prompt's last chunk).
+            assert_eq!(
+                p.attention(shape, n, 131_072),
+                AttentionKernels::Prefill(attn)
+            );
+        }
+        // 8-bit weights (the router, the shared expert's gate) never take the wgmma kernels.
+        assert_eq!(
+            p.dense(&mlx(1, h, 8, 1), 4096, true),
+            Dense::Gemm(DenseGemm::Mma)
+        );
+    }
+
+    #[test]
+    fn switches_off_take_the_kernels_they_name() {
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let (shape, moe) = (AttnShape::of(&cfg), MoeShape::of(&cfg));
+        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
+        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
+        let router = mlx(cfg.n_experts, cfg.hidden, 8, 1);
+        let off = |f: fn(&mut CudaOptions)| {
+            let mut o = CudaOptions::default();
+            f(&mut o);
+            Plan::resolve(&o, H200)
+        };
+        let p = off(|o| o.wgmma_small_tiles = false);
+        assert_eq!(
+            p.experts([&gate, &gate, &down], moe, 512),
+            Experts::Gemm {
+                tile: 32,
+                gate: GroupedGemm::Mma32,
+                up: GroupedGemm::Mma32,
+                down: GroupedGemm::Mma32
+            }
+        );
+        let p = off(|o| o.wgmma_group_tile = 64);
+        assert!(matches!(
+            p.experts([&gate, &gate, &down], moe, 4096),
+            Experts::Gemm { tile: 64, .. }
+        ));
+        let p = off(|o| o.router_split_k = false);
+        assert_eq!(p.router(&router, 512), Router::GemmExact { parts: 1 });
+        let p = off(|o| o.exact_router_on_tensor_cores = false);
+        assert_eq!(p.router(&router, 512), Router::LinearExact);
+        let p = off(|o| o.wgb_tok = 128);
+        assert_eq!(p.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::Wgb));
+        let p = off(|o| o.wgmma_attention = false);
+        assert_eq!(
+            p.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        let p = off(|o| o.fused_attn_prep = false);
+        assert_eq!(
+            p.attention(shape, 1, 4096),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Mma,
+                prep_fused: false
+            }
+        );
+        let p = off(|o| o.mma_attention = false);
+        assert_eq!(
+            p.attention(shape, 1, 131_072),
+            AttentionKernels::Split {
+                kernel: SplitKernel::Cuda,
+                prep_fused: false
+            }
+        );
+        let p = off(|o| o.split_kv = false);
+        assert_eq!(
+            p.attention(shape, 1, 4096),
+            AttentionKernels::OneBlockPerHead
+        );
+        let p = off(|o| o.moe_grouped = false);
+        assert_eq!(p.experts([&gate, &gate, &down], moe, 4096), Experts::Gather);
+        let p = off(|o| o.wgmma_gemm = false);
+        assert!(!p.stages(4096));
+        assert_eq!(p.dense(&gate, 4096, false), Dense::Gemm(DenseGemm::Mma));
+        let p = off(|o| o.tensor_cores = false);
+        assert_eq!(p.dense(&gate, 4096, false), Dense::Linear);
+        assert_eq!(p.router(&router, 4096), Router::LinearExact);
     }
 
     #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
-        let on = Plan::resolve(&CudaOptions::default());
+        let on = Plan::resolve(&CudaOptions::default(), H200);
         assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.pipelined_decode(SamplingPath::Device, 0));
         assert!(!on.pipelined_decode(SamplingPath::Host, 0));
         assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
-        let off = Plan::resolve(&CudaOptions {
-            pipelined_decode: false,
-            ..CudaOptions::default()
-        });
+        let off = Plan::resolve(
+            &CudaOptions {
+                pipelined_decode: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
         assert!(on.describe().contains("pipelined decode on"));
         assert!(off.describe().contains("pipelined decode off"));
@@ -844,11 +785,14 @@ mod tests {
 
     #[test]
     fn debug_checks_turn_graphs_off() {
-        let p = Plan::resolve(&CudaOptions {
-            profile: true,
-            ..CudaOptions::default()
-        });
+        let p = Plan::resolve(
+            &CudaOptions {
+                profile: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert!(!p.decode_graphs());
-        assert!(Plan::resolve(&CudaOptions::default()).decode_graphs());
+        assert!(Plan::resolve(&CudaOptions::default(), H200).decode_graphs());
     }
 }

@@ -40,13 +40,20 @@ pub struct DeviceSampler {
     /// two-stage argmax over these partials instead of sample_pick's one block.
     greedy: bool,
     argmax_parts: DevBuf,
-    /// The many-block pick's candidates (`Gpu::sample_parts`), else None: one block.
+    /// The many-block pick's candidates (`Plan::many_block_sampling`), else None: one block.
     cands: Option<DevBuf>,
 }
 
 impl DeviceSampler {
-    /// Uploads `sampler`'s parameters, logit_bias and history (the tokens it has seen so far).
-    pub fn new(gpu: &Gpu, vocab: usize, sampler: &Sampler) -> Result<DeviceSampler> {
+    /// Uploads `sampler`'s parameters, logit_bias and history (the tokens it has seen so far);
+    /// a sampled pick's first pass runs over many blocks when `many_blocks`
+    /// (`Plan::many_block_sampling`).
+    pub fn new(
+        gpu: &Gpu,
+        vocab: usize,
+        sampler: &Sampler,
+        many_blocks: bool,
+    ) -> Result<DeviceSampler> {
         let p = &sampler.params;
         let hist = sampler.device_history(vocab);
         let bias = p.sorted_logit_bias(vocab);
@@ -76,7 +83,7 @@ impl DeviceSampler {
             n_bias: ids.len(),
             greedy,
             argmax_parts: gpu.alloc(ARGMAX_SCRATCH * 4)?,
-            cands: if gpu.switches.sample_parts && !greedy {
+            cands: if many_blocks && !greedy {
                 Some(gpu.alloc(SAMPLE_CANDS_WORDS * 4)?)
             } else {
                 None

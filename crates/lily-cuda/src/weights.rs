@@ -40,7 +40,28 @@ pub struct DevLinear {
     pub biases: Option<DevBuf>,
 }
 
+/// A weight's layout: what the plan's kernel choices and the kernels' limits depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearShape {
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// 4 or 8 (MLX affine), 16 (bf16).
+    pub bits: u32,
+    pub group: usize,
+}
+
 impl DevLinear {
+    pub fn shape(&self) -> LinearShape {
+        LinearShape {
+            experts: self.experts,
+            rows: self.rows,
+            cols: self.cols,
+            bits: self.bits,
+            group: self.group,
+        }
+    }
+
     /// The kernels' view of this weight.
     pub fn arg(&self) -> QWeightArg {
         QWeightArg {

@@ -1,14 +1,15 @@
 //! Picking the backend that runs the model: `--device auto|cpu|cuda|wgpu`, and the CUDA backend's
-//! path switches (`CudaArgs`, flattened into serve, generate, bench and score).
+//! flags (`CudaArgs`, flattened into serve, generate, bench and score).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
-use clap::{Args, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, ValueEnum};
 use lily_core::backend::Backend;
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
+use lily_cuda::options::{KNOBS, SWITCHES};
 use lily_cuda::{cuda_backend, CudaOptions};
 use lily_wgpu::{WgpuBackend, WgpuOptions};
 
@@ -24,158 +25,94 @@ pub enum Device {
     Wgpu,
 }
 
-/// How the CUDA backend runs (ignored on the CPU). Every switch turns one optimisation off so its
-/// effect can be measured; the defaults are the configuration that ships. The environment
-/// variable named in each help text overrides the flag (lily-cuda/src/plan.rs).
-#[derive(Args, Clone, Debug, Default)]
-#[command(next_help_heading = "CUDA backend")]
+/// How the CUDA backend runs (ignored on the CPU): the flags of lily-cuda's option table
+/// (`lily_cuda::options::SWITCHES` and `KNOBS`, each with its help and environment override),
+/// added to the command by `augment_args` and read back into the options they set, with no code
+/// per switch here. The defaults are the configuration that ships; the environment overrides
+/// apply on top, in lily-cuda (`CudaOptions::with_env_overrides`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CudaArgs {
-    /// Largest prefill chunk in tokens (activation scratch is sized for it) [default: 4096;
-    /// env LILY_PREFILL_CHUNK].
-    #[arg(long, value_name = "N")]
-    pub prefill_chunk: Option<usize>,
-    /// Keep activations and the KV cache in fp32 (parity with the CPU backend) instead of
-    /// bf16; also turns off the tensor-core paths [env LILY_CUDA_FP32=1].
-    #[arg(long)]
-    pub fp32_activations: bool,
-    /// Decode with plain kernel launches instead of replaying a captured CUDA graph per step
-    /// [env LILY_CUDA_GRAPH=0].
-    #[arg(long)]
-    pub no_cuda_graphs: bool,
-    /// Decode attention with one block per query head instead of split-KV (flash-decoding)
-    /// [env LILY_SPLIT_KV=0].
-    #[arg(long)]
-    pub no_split_kv: bool,
-    /// Sample non-greedy settings on the host from downloaded logits instead of on the device
-    /// (greedy always picks on the device) [env LILY_DEVICE_SAMPLING=0].
-    #[arg(long)]
-    pub no_device_sampling: bool,
-    /// Run the linears of prefill chunks on CUDA cores instead of tensor cores
-    /// [env LILY_TENSOR_CORES=0].
-    #[arg(long)]
-    pub no_tensor_cores: bool,
-    /// Prefill attention with one block per (token, query head) instead of flash attention on
-    /// tensor cores [env LILY_ATTN_PREFILL=0].
-    #[arg(long)]
-    pub no_flash_prefill: bool,
-    /// Run prefill's routed experts one item at a time (gathered) instead of grouped by expert
-    /// [env LILY_MOE_GROUPED=0].
-    #[arg(long)]
-    pub no_moe_grouping: bool,
-    /// Compute the MoE router of prefill chunks on CUDA cores instead of on tensor cores in
-    /// split precision (the same fp32 precision either way) [env LILY_EXACT_ROUTER_TC=0].
-    #[arg(long)]
-    pub router_on_cuda_cores: bool,
-    /// Decode with the per-kernel launches of a prefill chunk instead of the fused one-token
-    /// kernels (norms folded into the projections, the MoE in two launches)
-    /// [env LILY_FUSED_DECODE=0].
-    #[arg(long)]
-    pub no_fused_decode: bool,
-    /// Launch the decode kernels one after another instead of as programmatic dependents
-    /// (sm_90+: a kernel starts while its predecessor finishes and loads its weights early)
-    /// [env LILY_PDL=0].
-    #[arg(long)]
-    pub no_dependent_launch: bool,
-    /// Stream the wide 4-bit decode projections with bulk copies into shared memory (sm_90+)
-    /// instead of register loads: an experiment, slower today [env LILY_BULK_GEMV=1].
-    #[arg(long)]
-    pub bulk_gemv: bool,
-    /// Let the decode kernels' weight loads allocate in L1 instead of `L1::no_allocate`: an
-    /// experiment, slower today [env LILY_L1_WEIGHTS=1].
-    #[arg(long)]
-    pub l1_weights: bool,
-    /// Multiply the 4-bit decode GEMVs on the tensor cores instead of the CUDA cores: an
-    /// experiment, slower today [env LILY_MMA_GEMV=1].
-    #[arg(long)]
-    pub mma_gemv: bool,
-    /// Only the lm_head's decode GEMV on the tensor cores: an experiment [env LILY_MMA_LM_HEAD=1].
-    #[arg(long)]
-    pub mma_lm_head: bool,
-    /// Let each decode kernel start the next one only after its last rows instead of as soon as
-    /// its early weight loads are issued (sm_90+) [env LILY_EARLY_TRIGGER=0].
-    #[arg(long)]
-    pub no_early_trigger: bool,
-    /// Resident blocks per SM of the persistent decode GEMV grids, 1 or 2
-    /// [env LILY_DECODE_BLOCKS].
-    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub decode_blocks_per_sm: Option<u8>,
-    /// Run a sampled pick in one block instead of a many-block first pass
-    /// [env LILY_SAMPLE_PARTS=0].
-    #[arg(long)]
-    pub one_block_sampling: bool,
-    /// Find a sampled pick's radix-select bins with one thread walking them instead of one
-    /// warp's scan [env LILY_WARP_SCAN=0].
-    #[arg(long)]
-    pub no_warp_scan_sampling: bool,
-    /// One-token attention on CUDA cores instead of the tensor cores [env LILY_MMA_ATTENTION=0].
-    #[arg(long)]
-    pub no_mma_attention: bool,
-    /// One-token tensor-core attention with a launch for the q/k norms, RoPE and cache write
-    /// before it instead of inside its own blocks [env LILY_FUSED_ATTN_PREP=0].
-    #[arg(long)]
-    pub no_fused_attn_prep: bool,
-    /// Prefill's 4-bit projections with mma.sync instead of Hopper's warpgroup MMA (sm_90a)
-    /// [env LILY_WGMMA_GEMM=0].
-    #[arg(long)]
-    pub no_wgmma_gemm: bool,
-    /// Prefill chunks' attention with mma.sync (attn_prefill) instead of Hopper's warpgroup MMA
-    /// (attn_prefill_wg, sm_90a, head dim 256) [env LILY_WGMMA_ATTENTION=0].
-    #[arg(long)]
-    pub no_wgmma_attention: bool,
-    /// Routed experts with few items a chunk on mma.sync's tiles of 32 instead of the wgmma
-    /// kernel's tiles of 64 [env LILY_WGMMA_SMALL_TILES=0].
-    #[arg(long)]
-    pub no_wgmma_small_tiles: bool,
-    /// The router's tensor-core GEMM over all its columns in each block instead of split into
-    /// parts where its grid is shallow [env LILY_ROUTER_SPLIT_K=0].
-    #[arg(long)]
-    pub no_router_split_k: bool,
-    /// Experimental (slower on the H200): prefill's DeltaNet recurrence in 64-token chunks
-    /// (the chunked gated delta rule) [env LILY_CHUNKED_SCAN=1].
-    #[arg(long)]
-    pub chunked_scan: bool,
-    /// Decode one step at a time (the host reads each token before queueing the next step)
-    /// instead of pipelined [env LILY_PIPELINED_DECODE=0].
-    #[arg(long)]
-    pub no_pipelined_decode: bool,
+    /// The switches whose flag was given (each flag sets the side its switch does not ship with).
+    pub switches: Vec<&'static str>,
+    /// The knobs whose flag was given, with their values.
+    pub knobs: Vec<(&'static str, usize)>,
 }
 
 impl CudaArgs {
     /// The options these flags ask for (environment overrides apply later, in lily-cuda).
     pub fn options(&self) -> CudaOptions {
-        let d = CudaOptions::default();
-        CudaOptions {
-            chunk: self.prefill_chunk.unwrap_or(d.chunk),
-            bf16_activations: !self.fp32_activations,
-            graphs: !self.no_cuda_graphs,
-            split_kv: !self.no_split_kv,
-            device_sampling: !self.no_device_sampling,
-            tensor_cores: !self.no_tensor_cores,
-            flash_prefill: !self.no_flash_prefill,
-            moe_grouped: !self.no_moe_grouping,
-            exact_router_on_tensor_cores: !self.router_on_cuda_cores,
-            fused_decode: !self.no_fused_decode,
-            dependent_launch: !self.no_dependent_launch,
-            bulk_gemv: self.bulk_gemv,
-            l1_weights: self.l1_weights,
-            mma_gemv: self.mma_gemv,
-            mma_lm_head: self.mma_lm_head,
-            early_trigger: !self.no_early_trigger,
-            decode_blocks_per_sm: self
-                .decode_blocks_per_sm
-                .map_or(d.decode_blocks_per_sm, usize::from),
-            multi_block_sampling: !self.one_block_sampling,
-            warp_scan_sampling: !self.no_warp_scan_sampling,
-            mma_attention: !self.no_mma_attention,
-            fused_attn_prep: !self.no_fused_attn_prep,
-            wgmma_gemm: !self.no_wgmma_gemm,
-            wgmma_attention: !self.no_wgmma_attention,
-            wgmma_small_tiles: !self.no_wgmma_small_tiles,
-            router_split_k: !self.no_router_split_k,
-            chunked_scan: self.chunked_scan,
-            pipelined_decode: !self.no_pipelined_decode,
-            ..d
+        let mut o = CudaOptions::default();
+        for s in SWITCHES.iter().filter(|s| self.switches.contains(&s.field)) {
+            if let Some(v) = o.switch_mut(s.field) {
+                *v = !s.default;
+            }
         }
+        for (field, n) in &self.knobs {
+            if let Some(v) = o.knob_mut(field) {
+                *v = *n;
+            }
+        }
+        o
+    }
+}
+
+impl clap::Args for CudaArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let mut cmd = cmd.next_help_heading("CUDA backend");
+        for s in SWITCHES {
+            if let Some(flag) = s.flag {
+                cmd = cmd.arg(
+                    Arg::new(s.field)
+                        .long(flag)
+                        .action(ArgAction::SetTrue)
+                        .help(s.flag_help()),
+                );
+            }
+        }
+        for k in KNOBS {
+            if let Some(flag) = k.flag {
+                let (accepts, accepted) = (k.accepts, k.accepted);
+                let parse = move |v: &str| -> Result<usize, String> {
+                    match v.parse::<usize>() {
+                        Ok(n) if accepts(n) => Ok(n),
+                        _ => Err(format!("expected a whole number, {accepted}")),
+                    }
+                };
+                cmd = cmd.arg(
+                    Arg::new(k.field)
+                        .long(flag)
+                        .value_name("N")
+                        .value_parser(parse)
+                        .help(k.flag_help()),
+                );
+            }
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl clap::FromArgMatches for CudaArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let switches = SWITCHES
+            .iter()
+            .filter(|s| s.flag.is_some() && m.get_flag(s.field))
+            .map(|s| s.field)
+            .collect();
+        let knobs = KNOBS
+            .iter()
+            .filter(|k| k.flag.is_some())
+            .filter_map(|k| m.get_one::<usize>(k.field).map(|n| (k.field, *n)))
+            .collect();
+        Ok(CudaArgs { switches, knobs })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
     }
 }
 
@@ -270,7 +207,9 @@ mod tests {
     }
 
     #[test]
-    fn each_flag_turns_its_path_off() {
+    fn each_flag_sets_the_side_its_switch_does_not_ship_with() {
+        // Every flag of the table at once, spelled out here (not from the table), and the
+        // options written out field by field.
         let cli = Cli::parse_from([
             "lily-engine",
             "--prefill-chunk",
@@ -286,8 +225,6 @@ mod tests {
             "--no-fused-decode",
             "--no-dependent-launch",
             "--no-early-trigger",
-            "--decode-blocks-per-sm",
-            "1",
             "--one-block-sampling",
             "--no-warp-scan-sampling",
             "--no-mma-attention",
@@ -314,12 +251,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 dependent_launch: false,
-                bulk_gemv: false,
-                l1_weights: false,
-                mma_gemv: false,
-                mma_lm_head: false,
                 early_trigger: false,
-                decode_blocks_per_sm: 1,
                 multi_block_sampling: false,
                 warp_scan_sampling: false,
                 mma_attention: false,
@@ -327,17 +259,28 @@ mod tests {
                 split_long_keys: lily_cuda::kernels::attention::SPLIT_LONG_KEYS,
                 wgmma_gemm: false,
                 wgb_tok: 256,
-                wgmma_min_tok: lily_cuda::plan::WGMMA_MIN_TOK,
+                wgmma_min_tok: lily_cuda::options::WGMMA_MIN_TOK,
                 wgmma_group_tile: 128,
                 wgmma_small_tiles: false,
                 router_split_k: false,
                 wgmma_attention: false,
-                chunked_scan: false,
                 pipelined_decode: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,
             }
         );
+    }
+
+    #[test]
+    fn a_knob_refuses_a_value_it_does_not_take() {
+        let err = Cli::try_parse_from(["lily-engine", "--prefill-chunk", "0"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("at least 1"), "{err}");
+        assert!(Cli::try_parse_from(["lily-engine", "--prefill-chunk", "x"]).is_err());
+        // Environment-only switches have no flag.
+        assert!(Cli::try_parse_from(["lily-engine", "--sync-each"]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! attention.cu: gated full attention (MODEL.md §2.4) between the q/k/v projections and o_proj:
-//! q/k prep and the KV-cache write, then one of three kernels with the same inputs and output
-//! (the plan picks, `plan::AttentionPath`): split-KV decode, flash prefill on tensor cores, or one
-//! block per (token, query head).
+//! q/k prep and the KV-cache write, then one of three kinds of kernel with the same inputs and
+//! output (the plan picks, `plan::AttentionKernels`): split-KV decode (`SplitKernel`), flash
+//! prefill on tensor cores (`PrefillKernel`), or one block per (token, query head).
 
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
@@ -22,8 +22,8 @@ pub const SPLIT_MAX_SPLITS: usize = 128;
 /// (attn_split_mma_long, attn_split_mma_prep_long: the dimension fixed at compile time, whole
 /// tiles copied without per-chunk tests, on sm_90 and later; before sm_90 they are the general
 /// body, which spills less): on the H200 that body ran 128K contexts 3.9–5.8 %
-/// faster and 256…32K 1–3 % slower (docs/perf-notes.md, session 7). `KernelSwitches::
-/// split_long_keys` carries it (tests move it); a decode graph is captured for each side.
+/// faster and 256…32K 1–3 % slower (docs/perf-notes.md, session 7). The plan's `split_long_keys`
+/// carries it (tests move it); a decode graph is captured for each side.
 pub const SPLIT_LONG_KEYS: usize = 65536;
 /// Fewest keys per split (a multiple of the 32-key tile).
 pub const SPLIT_MIN_KEYS: usize = 32;
@@ -151,9 +151,6 @@ pub struct Attend {
     pub out: u64,
     pub pos: u64,
     pub n_tok: usize,
-    /// Keys after this step as the host knows them (the sequence's length plus `n_tok`): picks
-    /// the split kernels' long-context form (`Attention::long_keys`); it never moves a result.
-    pub keys: usize,
 }
 
 /// Split-KV scratch: f32 partial outputs and (max, sum) per split (`split_kv_scratch` sizes).
@@ -227,8 +224,36 @@ fn split_mma_smem_bytes(d: usize) -> usize {
 
 /// Whether attn_split_mma takes this step: bf16 cache, one token, head dim a multiple of 64 (four
 /// warps of output columns, two n-tiles at a time).
-fn split_mma_fits(s: AttnShape, n_tok: usize, kv_bytes: usize) -> bool {
+pub fn split_mma_fits(s: AttnShape, n_tok: usize, kv_bytes: usize) -> bool {
     kv_bytes == 2 && n_tok == 1 && s.d.is_multiple_of(64) && s.d <= ATTN_MAX_D && SPLIT_WARPS == 4
+}
+
+/// Whether attn_split_mma_prep can do attn_qk_prep's work for this shape (with `split_mma_fits`):
+/// RoPE's half a whole number of a lane's eight columns.
+pub fn prep_fits(s: AttnShape) -> bool {
+    s.rotary.is_multiple_of(16) && s.rotary <= s.d
+}
+
+/// The split-KV kernels (then attn_split_combine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitKernel {
+    /// `attn_split`: CUDA-core FMAs, any activation mode, up to SPLIT_MAX_TOK tokens.
+    Cuda,
+    /// `attn_split_mma` (`attn_split_mma_prep` with the prep inside): one token on the tensor
+    /// cores, bf16 cache (`split_mma_fits`).
+    Mma,
+    /// `attn_split_mma_long` / `attn_split_mma_prep_long`: the same, head dim 256 fixed at
+    /// compile time (long contexts, SPLIT_LONG_KEYS).
+    MmaLong,
+}
+
+/// The flash-attention prefill kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// `attn_prefill`: mma.sync, head dims 64, 128 and 256.
+    Mma,
+    /// `attn_prefill_wg`: wgmma (sm_90a), head dim 256, bf16 cache (`prefill_wg_fits`).
+    Wgmma,
 }
 
 fn split_smem_bytes(d: usize, kv_bytes: usize) -> usize {
@@ -328,10 +353,10 @@ impl Attention {
         self.launch_attend(gpu, &self.decode, cfg, a)
     }
 
-    /// Causal gated attention of a prefill chunk on tensor cores (bf16 mma, fp32 softmax and
-    /// accumulation): the same inputs and output as `one_block_per_head`. Any `n_tok` works;
-    /// head dims 64, 128 and 256 only.
-    pub fn flash_prefill(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+    /// Causal gated attention of a prefill chunk on tensor cores by `kernel` (bf16 mma, fp32
+    /// softmax and accumulation): the same inputs and output as `one_block_per_head`. Any
+    /// `n_tok` works; head dims 64, 128 and 256 only (attn_prefill_wg: `prefill_wg_fits`).
+    pub fn flash_prefill(&self, gpu: &Gpu, kernel: PrefillKernel, a: &Attend) -> Result<()> {
         let s = a.shape;
         let Some(smem) = attn_prefill_smem(s.d) else {
             bail!("attn_prefill: head_dim {} (supported: 64, 128, 256)", s.d);
@@ -354,7 +379,7 @@ impl Attention {
         if a.n_tok == 0 {
             return Ok(());
         }
-        if Self::takes_wg(gpu, s, a.n_tok, self.kv_bytes) {
+        if kernel == PrefillKernel::Wgmma {
             return self.prefill_wg(gpu, a);
         }
         let cfg = config(
@@ -365,19 +390,9 @@ impl Attention {
         self.launch_attend(gpu, &self.prefill, cfg, a)
     }
 
-    /// Whether `flash_prefill` runs attn_prefill_wg: the plan's `wgmma_attention` on an sm_90a
-    /// device, a bf16 cache, a shape it serves and a chunk of at least WGA_MIN_TOK tokens.
-    pub fn takes_wg(gpu: &Gpu, s: AttnShape, n_tok: usize, kv_bytes: usize) -> bool {
-        gpu.switches.wgmma_attention
-            && super::gemm::runs_wgmma(gpu)
-            && kv_bytes == 2
-            && prefill_wg_fits(s)
-            && n_tok >= WGA_MIN_TOK
-    }
-
-    /// attn_prefill_wg itself, whatever the chunk's length (the tests call it directly): sm_90a,
-    /// bf16 cache and `prefill_wg_fits` only. `flash_prefill` checks the alignment first.
-    pub fn prefill_wg(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+    /// attn_prefill_wg, whatever the chunk's length: sm_90a, bf16 cache and `prefill_wg_fits`
+    /// only. `flash_prefill` checks the alignment first.
+    fn prefill_wg(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
         let s = a.shape;
         if !super::gemm::runs_wgmma(gpu) || self.kv_bytes != 2 || !prefill_wg_fits(s) {
             bail!(
@@ -424,10 +439,16 @@ impl Attention {
         })
     }
 
-    /// Split-KV (flash-decoding) attention: `attn_split` then `attn_split_combine`; the same
-    /// inputs and output as `one_block_per_head`. The grid does not depend on the position
-    /// (graph capture): blocks past the live splits exit at once.
-    pub fn split_kv(&self, gpu: &Gpu, a: &Attend, parts: SplitPartials) -> Result<()> {
+    /// Split-KV (flash-decoding) attention: `kernel` then `attn_split_combine`; the same inputs
+    /// and output as `one_block_per_head`. The grid does not depend on the position (graph
+    /// capture): blocks past the live splits exit at once.
+    pub fn split_kv(
+        &self,
+        gpu: &Gpu,
+        kernel: SplitKernel,
+        a: &Attend,
+        parts: SplitPartials,
+    ) -> Result<()> {
         let s = a.shape;
         if !split_kv_fits(s, a.n_tok) {
             bail!(
@@ -440,16 +461,17 @@ impl Attention {
         let group = s.n_q / s.n_kv;
         let chunks = group.div_ceil(SPLIT_MAX_G);
         let dims = [a.n_tok, s.n_q, s.n_kv, s.d].map(|v| v as i32);
-        let mma = gpu.switches.mma_attention && split_mma_fits(s, a.n_tok, self.kv_bytes);
-        let (kernel, smem) = if mma {
-            let k = if Self::long_keys(gpu, s, a.keys) {
-                &self.split_mma_long
-            } else {
-                &self.split_mma
-            };
-            (k, split_mma_smem_bytes(s.d))
-        } else {
-            (&self.split, split_smem_bytes(s.d, self.kv_bytes))
+        if kernel != SplitKernel::Cuda && !split_mma_fits(s, a.n_tok, self.kv_bytes) {
+            bail!(
+                "attn_split_mma: {} tokens, head_dim {} (one token, bf16 cache, head_dim a multiple of 64 up to {ATTN_MAX_D})",
+                a.n_tok,
+                s.d
+            );
+        }
+        let (kernel, smem) = match kernel {
+            SplitKernel::Cuda => (&self.split, split_smem_bytes(s.d, self.kv_bytes)),
+            SplitKernel::Mma => (&self.split_mma, split_mma_smem_bytes(s.d)),
+            SplitKernel::MmaLong => (&self.split_mma_long, split_mma_smem_bytes(s.d)),
         };
         let cfg = config(
             (
@@ -475,36 +497,23 @@ impl Attention {
         self.split_combine(gpu, a, parts)
     }
 
-    /// Whether a one-token tensor-core step over `keys` keys takes the _long kernels: head dim
-    /// 256 and more than `split_long_keys` keys. A decode graph holds one choice, so the backend
-    /// keeps a graph for each (`SeqState::decode_graphs`).
-    pub fn long_keys(gpu: &Gpu, s: AttnShape, keys: usize) -> bool {
-        gpu.switches.mma_attention && s.d == 256 && keys > gpu.switches.split_long_keys
-    }
-
-    /// Whether `split_kv_prepped` takes this step: the plan's `fused_attn_prep` and
-    /// attn_split_mma's case (bf16 cache, one token), with RoPE's half a whole number of a lane's
-    /// eight columns.
-    pub fn prep_fuses(&self, gpu: &Gpu, s: AttnShape, n_tok: usize) -> bool {
-        gpu.switches.fused_attn_prep
-            && gpu.switches.mma_attention
-            && split_mma_fits(s, n_tok, self.kv_bytes)
-            && s.rotary.is_multiple_of(16)
-            && s.rotary <= s.d
-    }
-
     /// `qk_prep` and `split_kv` of one token in two launches instead of three: attn_split_mma_prep
     /// norms and rotates each block's query heads itself and writes the new key and value into the
     /// cache (the block whose split holds them), then attn_split_combine. `p.q_out` is not written.
+    /// `kernel`: `Mma` (attn_split_mma_prep) or `MmaLong` (attn_split_mma_prep_long).
     pub fn split_kv_prepped(
         &self,
         gpu: &Gpu,
+        kernel: SplitKernel,
         a: &Attend,
         parts: SplitPartials,
         p: &QkPrep,
     ) -> Result<()> {
         let s = a.shape;
-        if !self.prep_fuses(gpu, s, a.n_tok) {
+        if kernel == SplitKernel::Cuda
+            || !split_mma_fits(s, a.n_tok, self.kv_bytes)
+            || !prep_fits(s)
+        {
             bail!(
                 "attn_split_mma_prep: {} tokens, head_dim {}, rotary {} (one token, bf16 cache, head_dim a multiple of 64 up to {ATTN_MAX_D}, rotary a multiple of 16)",
                 a.n_tok,
@@ -515,7 +524,7 @@ impl Attention {
         let scale = 1.0 / (s.d as f32).sqrt();
         let chunks = (s.n_q / s.n_kv).div_ceil(SPLIT_MAX_G);
         let dims = [s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
-        let kernel = if Self::long_keys(gpu, s, a.keys) {
+        let kernel = if kernel == SplitKernel::MmaLong {
             &self.split_mma_prep_long
         } else {
             &self.split_mma_prep

@@ -7,7 +7,7 @@ use cudarc::driver::DeviceRepr;
 
 use super::{blocks, config, KernelFile};
 use crate::gpu::{Gpu, Kernel, Module};
-use crate::weights::{DevLinear, QWeightArg};
+use crate::weights::{DevLinear, LinearShape, QWeightArg};
 
 /// Warps of a `dec_gemv` / `dec_glu` block (256 threads: the fused norm sums in rms_norm's order).
 pub const WARPS: usize = 8;
@@ -16,8 +16,9 @@ pub const DOWN_WARPS: usize = 4;
 /// Most experts and experts per token `dec_glu` routes (moe.cu's router limits).
 pub const MAX_EXPERTS: usize = 1024;
 pub const MAX_TOPK: usize = 32;
-/// Most resident blocks per SM of a persistent `dec_gemv` / `dec_glu` grid (256 threads at up to
-/// 128 registers each); the grid takes `Gpu::dec_blocks_per_sm` (the plan's, 1 or 2).
+/// Blocks per SM of a persistent `dec_gemv` / `dec_glu` grid (256 threads at up to 128 registers
+/// each). One a SM, so that the next kernel's blocks fit beside it, lost its A/B (−17 % at 4K on
+/// the H200, docs/perf-notes.md, session 4).
 pub const BLOCKS_PER_SM: usize = 2;
 /// Item chunks of a `dec_down_combine` block: DOWN_WARPS row groups × DOWN_KSPLIT chunks of the
 /// top_k + 1 experts, one warp each.
@@ -43,15 +44,6 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 pub const DN_PARTS: usize = 8;
 pub const DN_COLS: usize = 16;
-/// Rows of a `dec_gemv4b` tile (one bulk copy each of their packed values, scales and biases)
-/// and tiles in flight per block (the shared-memory ring's stages).
-pub const BULK_ROWS: usize = 16;
-pub const BULK_STAGES: usize = 4;
-/// 64-column groups of a `dec_gemv4m` / `dec_glu4m` warp's unit (16 rows of them, two units in
-/// flight per warp).
-pub const MMA_KG: usize = 4;
-/// Rows from which `Gpu::mma_lm_head` sends a decode projection to the tensor cores.
-pub const MMA_WIDE_ROWS: usize = 65_536;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
@@ -78,17 +70,13 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
-        ("DEC_BULK_ROWS", BULK_ROWS as i64),
-        ("DEC_BULK_STAGES", BULK_STAGES as i64),
-        ("DEC_MMA_KG", MMA_KG as i64),
-        ("DEC_MMA_BLOCKS", BLOCKS_PER_SM as i64),
     ],
 };
 
 /// Whether the decode kernels read this weight: MLX affine 4/8-bit, groups of 64 columns, an
 /// input width they stage whole, and lanes that split a row evenly (64-column groups a power of
 /// two below 32, or a multiple of 32).
-pub fn serves(w: &DevLinear) -> bool {
+pub fn serves(w: &LinearShape) -> bool {
     let groups = w.cols / 64;
     matches!(w.bits, 4 | 8)
         && w.group == 64
@@ -99,7 +87,12 @@ pub fn serves(w: &DevLinear) -> bool {
 }
 
 /// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
-pub fn glu_serves(gate: &DevLinear, up: &DevLinear, sgate: &DevLinear, sup: &DevLinear) -> bool {
+pub fn glu_serves(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
     [gate, up, sgate, sup]
         .iter()
         .all(|w| serves(w) && w.cols == gate.cols)
@@ -115,53 +108,12 @@ fn down_smem(inter: usize, top_k: usize) -> usize {
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
-pub fn down_serves(down: &DevLinear, sdown: &DevLinear, top_k: usize) -> bool {
+pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> bool {
     serves(down)
         && serves(sdown)
         && down.cols == sdown.cols
         && down.rows == sdown.rows
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
-}
-
-/// Dynamic shared memory of a `dec_gemv4b` block: the ring of tiles.
-fn bulk_smem(cols: usize) -> usize {
-    BULK_STAGES * BULK_ROWS * (cols / 2 + cols / 16)
-}
-
-/// Whether `dec_gemv4b` streams these projections: 4-bit, 1024 or 2048 columns, every range it
-/// copies 16-byte aligned.
-fn bulk_serves(cols: usize, outs: &[(&DevLinear, Out)]) -> bool {
-    (cols == 1024 || cols == 2048)
-        && outs.iter().all(|(w, _)| {
-            let a = w.arg();
-            w.bits == 4
-                && [a.q, a.scales, a.biases]
-                    .iter()
-                    .all(|p| p.is_multiple_of(16))
-        })
-}
-
-/// Rows of a `dec_gemv4m` tile for rows of `groups` 64-column groups (decode.cu's mshape: the
-/// block's warps split a tile's groups MMA_KG at a time, the rest are row tiles of 16), or None
-/// when the tensor-core kernels do not take this width.
-fn mma_tile_rows(groups: usize, warps: usize) -> Option<usize> {
-    if groups == 0 || !groups.is_multiple_of(MMA_KG) || groups > MAX_COLS / 64 {
-        return None;
-    }
-    let chunks = groups / MMA_KG;
-    let ks = chunks.min(warps);
-    (chunks.is_multiple_of(ks) && warps.is_multiple_of(ks)).then_some(16 * (warps / ks))
-}
-
-/// Whether the tensor-core kernels read this 4-bit weight: its packed values, scales and
-/// biases 8-byte aligned (they are read 8 bytes at a time).
-fn mma_reads(w: &DevLinear) -> bool {
-    let a = w.arg();
-    w.bits == 4
-        && w.group == 64
-        && [a.q, a.scales, a.biases]
-            .iter()
-            .all(|p| p.is_multiple_of(8))
 }
 
 /// Lanes that share one row of `cols` columns, and rows per warp step.
@@ -324,13 +276,10 @@ pub struct DnStep {
 pub struct Decode {
     gemv: Kernel,
     gemv4: Kernel,
-    gemv4b: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
-    gemv4m: Kernel,
-    glu4m: Kernel,
     down_combine: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
@@ -343,13 +292,10 @@ impl Decode {
         Ok(Decode {
             gemv: k("dec_gemv")?,
             gemv4: k("dec_gemv4")?,
-            gemv4b: k("dec_gemv4b")?.allow_shared_memory(bulk_smem(2048))?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
-            gemv4m: k("dec_gemv4m")?,
-            glu4m: k("dec_glu4m")?,
             down_combine: k("dec_down_combine")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
@@ -368,29 +314,13 @@ impl Decode {
         // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
-        let bulk = gpu.switches.bulk_gemv && bulk_serves(input.cols, outs);
-        // The tensor-core kernel: every projection (`mma_gemv`), or only a launch of at least
-        // MMA_WIDE_ROWS rows (`mma_lm_head`: the lm_head).
-        let rows_total: usize = outs.iter().map(|(w, _)| w.rows).sum();
-        let sw = gpu.switches;
-        let wanted = sw.mma_gemv || (sw.mma_lm_head && rows_total >= MMA_WIDE_ROWS);
-        let mma = match mma_tile_rows(groups, WARPS) {
-            Some(rows) if wanted && !bulk && outs.iter().all(|(w, _)| mma_reads(w)) => Some(rows),
-            _ => None,
-        };
         let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
-            _ if bulk => (&self.gemv4b, 0),
-            _ if mma.is_some() => (&self.gemv4m, 0),
             (true, _, 1..=32) => (&self.gemv4, R4),
             (true, _, 64) => (&self.gemv4w, 1),
             (_, true, 1..=32) => (&self.gemv8, 1),
             _ => (&self.gemv, R),
         };
-        let rows_per_block = match mma {
-            Some(rows) => rows,
-            None if bulk => BULK_ROWS,
-            None => WARPS * spw * rows,
-        };
+        let rows_per_block = WARPS * spw * rows;
         let empty = DecSeg {
             w: QWeightArg::default(),
             y: 0,
@@ -404,7 +334,7 @@ impl Decode {
         };
         let mut total = 0usize;
         for (i, (w, out)) in outs.iter().enumerate() {
-            if !serves(w) || w.cols != input.cols || w.experts != 1 {
+            if !serves(&w.shape()) || w.cols != input.cols || w.experts != 1 {
                 bail!(
                     "dec_gemv: a {}x{} {}-bit weight (group {}) on a {}-wide input",
                     w.rows,
@@ -444,12 +374,8 @@ impl Decode {
         };
         let staged_out = input.staged_out.unwrap_or(0);
         let cols = input.cols as i32;
-        let (grid, smem) = if bulk {
-            (total.min(gpu.sm_count), bulk_smem(input.cols))
-        } else {
-            (total.min(gpu.switches.dec_blocks_per_sm * gpu.sm_count), 0)
-        };
-        let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, smem);
+        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count);
+        let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&segs)
                 .arg(&input.x)
@@ -463,7 +389,8 @@ impl Decode {
     }
 
     pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
-        if !glu_serves(a.gate, a.up, a.shared_gate, a.shared_up) {
+        let (gate, up) = (a.gate.shape(), a.up.shape());
+        if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
         }
         if a.n_experts > MAX_EXPERTS || a.top_k == 0 || a.top_k > MAX_TOPK.min(a.n_experts) {
@@ -480,24 +407,14 @@ impl Decode {
             .iter()
             .all(|w| w.bits == 4)
             && a.gate.cols / 64 <= 32;
-        // On the tensor cores: four warps a matrix, each a quarter of the groups (decode.cu's
-        // dec_glu4m), so 4 · MMA_KG must divide the groups.
-        let groups = a.gate.cols / 64;
-        let mma = gpu.switches.mma_gemv
-            && [a.gate, a.up, a.shared_gate, a.shared_up]
-                .iter()
-                .all(|w| mma_reads(w))
-            && mma_tile_rows(groups, WARPS / 2) == Some(16);
-        let (kernel, rows_per_tile) = if mma {
-            (&self.glu4m, 16)
-        } else if pipelined {
+        let (kernel, rows_per_tile) = if pipelined {
             (&self.glu4, WARPS * spw * GLU_R4)
         } else {
             (&self.glu, WARPS * spw * GLU_R)
         };
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        let grid = tiles.min(gpu.switches.dec_blocks_per_sm * gpu.sm_count) as u32;
+        let grid = tiles.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),
@@ -526,7 +443,7 @@ impl Decode {
     }
 
     pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
-        if !down_serves(a.down, a.shared_down, a.top_k) {
+        if !down_serves(&a.down.shape(), &a.shared_down.shape(), a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {

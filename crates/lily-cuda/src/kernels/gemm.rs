@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 
 use super::{blocks, check_x, config, Grouped, KernelFile, Project, Rows, Store};
 use crate::gpu::{Gpu, Kernel, Module};
-use crate::weights::DevLinear;
+use crate::weights::LinearShape;
 
 /// Output rows per block.
 pub const GEMM_BN: usize = 128;
@@ -15,7 +15,7 @@ pub const GEMM_BK: usize = 64;
 pub const GEMM_LDS: usize = GEMM_BK + 8;
 pub const GEMM_THREADS: usize = 256;
 /// Tokens per block of gemm_dense / gemm_dense_exact.
-const DENSE_BM: usize = 64;
+pub const DENSE_BM: usize = 64;
 /// gemm_dense_wgb(256) / gemm_grouped_wgb64 (wgmma, sm_90a): weight rows per block (WG_ROWS in
 /// gemm.cu), the fewest tokens a block of the dense kernels has (128; 256 for gemm_dense_wgb256,
 /// the plan's `wgb_tok`; items: the tile, 64, for the grouped one), k-steps of 64 columns in the
@@ -61,13 +61,13 @@ pub const fn wgb_smem(tok: usize, groups: usize) -> usize {
 
 /// Whether the device runs the wgmma kernels (sm_90a; elsewhere they are compiled as traps).
 pub fn runs_wgmma(gpu: &Gpu) -> bool {
-    gpu.arch == "sm_90a"
+    gpu.caps().wgmma
 }
 
 /// Whether the wgmma kernels take this weight: 4-bit, an even number of 64-column k-steps,
 /// groups of a power of two ≥ 16 columns (a 16-column slice in one group, found by a shift), at
 /// most WG_MAX_GROUPS groups a row.
-pub fn wg_fits(w: &DevLinear) -> bool {
+pub fn wg_fits(w: &LinearShape) -> bool {
     w.bits == 4
         && w.cols.is_multiple_of(2 * GEMM_BK)
         && w.group >= 16
@@ -75,7 +75,13 @@ pub fn wg_fits(w: &DevLinear) -> bool {
         && w.cols / w.group <= WG_MAX_GROUPS
 }
 
-/// Parts the router's columns are split into (`Gemm::dense_exact` under `router_split_k`): the
+/// Blocks of gemm_dense_exact's grid for a `rows`-row weight and `n_tok` tokens, before any split
+/// of its columns.
+pub fn exact_blocks(rows: usize, n_tok: usize) -> usize {
+    rows.div_ceil(GEMM_BN) * n_tok.div_ceil(DENSE_BM)
+}
+
+/// Parts the router's columns are split into (the plan's `router` under `router_split_k`): the
 /// largest power of two up to EXACT_MAX_PARTS that keeps `base` blocks × parts within two a
 /// multiprocessor, divides the `steps` k-steps, and keeps parts × `out` floats within
 /// EXACT_PART_FLOATS; 1 where the unsplit grid already fills the device.
@@ -96,7 +102,7 @@ const GEMM_SMEM_MAX: usize = gemm_smem(64);
 
 /// Whether these kernels take this weight's layout: whole k-steps, 4/8-bit groups that do not
 /// straddle a 32-column fragment, or bf16.
-pub fn fits(w: &DevLinear) -> bool {
+pub fn fits(w: &LinearShape) -> bool {
     w.cols.is_multiple_of(GEMM_BK)
         && matches!(w.bits, 4 | 8 | 16)
         && (w.bits == 16 || w.group.is_multiple_of(32))
@@ -107,6 +113,46 @@ pub fn fits(w: &DevLinear) -> bool {
 pub const EXACT_PART_FLOATS: usize = 2 << 20;
 /// The most parts `Gemm::dense_exact` splits the router's columns into.
 pub const EXACT_MAX_PARTS: usize = 8;
+
+/// The dense (one weight) tensor-core kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseGemm {
+    /// `gemm_dense`: mma.sync, DENSE_BM tokens a block, reads the f32 input.
+    Mma,
+    /// `gemm_dense_wgb`: wgmma (sm_90a), WG_TOK tokens a block, reads the input staged as bf16.
+    Wgb,
+    /// `gemm_dense_wgb256`: the same with 256 tokens a block.
+    Wgb256,
+}
+
+/// The routed experts' tensor-core kernels, each over tiles of its own size (`tile`), the tiles
+/// moe_group built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedGemm {
+    /// `gemm_grouped32` / `gemm_grouped64`: mma.sync, reads the f32 input.
+    Mma32,
+    Mma64,
+    /// `gemm_grouped_wgb64` / `gemm_grouped_wgb128`: wgmma (sm_90a), reads the input staged as
+    /// bf16.
+    Wgb64,
+    Wgb128,
+}
+
+impl GroupedGemm {
+    /// Items a tile.
+    pub fn tile(self) -> usize {
+        match self {
+            GroupedGemm::Mma32 => 32,
+            GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
+            GroupedGemm::Wgb128 => 128,
+        }
+    }
+
+    /// Whether the kernel reads the input staged as bf16.
+    pub fn staged(self) -> bool {
+        matches!(self, GroupedGemm::Wgb64 | GroupedGemm::Wgb128)
+    }
+}
 
 pub struct Gemm {
     dense: Kernel,
@@ -156,55 +202,6 @@ impl Gemm {
         })
     }
 
-    /// Whether `dense` runs a wgmma kernel for this weight and chunk when its input is staged
-    /// (`grouped`: `takes_wgmma_grouped`): the plan's `wgmma_gemm` on an sm_90a device, `wg_fits`,
-    /// and a chunk of at least `wgmma_min_tok` tokens.
-    pub fn takes_wgmma(gpu: &Gpu, w: &DevLinear, n_tok: usize) -> bool {
-        Self::wgmma_on(gpu, w) && Self::stages(gpu, n_tok)
-    }
-
-    fn takes_wgmma_grouped(gpu: &Gpu, w: &DevLinear, tile: usize) -> bool {
-        Self::wgmma_on(gpu, w) && (tile == 64 || tile == 128)
-    }
-
-    /// The routed experts' tile for a chunk of `n_tok` tokens whose plan tile is `tile`. Where the
-    /// chunk stages its inputs and the wgmma kernel takes every one of the experts' weights
-    /// (`experts`: gate, up, down): the plan's `wgmma_group_tile` (128) if experts average at
-    /// least three quarters of it (`n_items` over `n_experts`); else, under the plan's
-    /// `wgmma_small_tiles`, at least 64 (gemm_grouped_wgb64 instead of mma.sync's tiles of 32:
-    /// a chunk with few items an expert is bound by the experts' weights, which the wgmma
-    /// kernel's deeper copy pipeline streams faster). Otherwise `tile`. Only the wgmma kernel
-    /// takes tiles of 128.
-    pub fn group_tile(
-        gpu: &Gpu,
-        experts: &[&DevLinear],
-        tile: usize,
-        n_tok: usize,
-        n_items: usize,
-        n_experts: usize,
-    ) -> usize {
-        if !Self::stages(gpu, n_tok) || !experts.iter().all(|w| Self::wgmma_on(gpu, w)) {
-            return tile;
-        }
-        let big = gpu.switches.wgmma_group_tile;
-        if big > tile && 4 * n_items >= 3 * big * n_experts {
-            big
-        } else if gpu.switches.wgmma_small_tiles {
-            tile.max(64)
-        } else {
-            tile
-        }
-    }
-
-    /// Whether a chunk of `n_tok` tokens stages its GEMM inputs as bf16 (`to_bf16`) for the
-    /// wgmma kernels: the plan's `wgmma_gemm` on a device that runs them, and a chunk of at least
-    /// `wgmma_min_tok` tokens.
-    pub fn stages(gpu: &Gpu, n_tok: usize) -> bool {
-        gpu.switches.wgmma_gemm
-            && runs_wgmma(gpu)
-            && n_tok >= WG_TOK.max(gpu.switches.wgmma_min_tok)
-    }
-
     /// out[r, c] = bf16(x[r, c]) for `rows` rows of `cols` (a multiple of 8) columns; out's rows
     /// are `cols` long.
     pub fn to_bf16(&self, gpu: &Gpu, x: Rows, rows: usize, cols: usize, out: u64) -> Result<()> {
@@ -220,15 +217,10 @@ impl Gemm {
         })
     }
 
-    /// The plan's `wgmma_gemm` on a device that runs the wgmma kernels, for a weight they take.
-    fn wgmma_on(gpu: &Gpu, w: &DevLinear) -> bool {
-        gpu.switches.wgmma_gemm && runs_wgmma(gpu) && wg_fits(w)
-    }
-
-    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums): gemm_dense_wgb
-    /// (gemm_dense_wgb256 for chunks of WGB256_MIN_TOK tokens or more, `wgb256_min_tok`, when the
-    /// plan's `wgb_tok` is 256) where `takes_wgmma` and the input is staged (`a.xb`), else gemm_dense.
-    pub fn dense(&self, gpu: &Gpu, a: &Project, store: Store) -> Result<()> {
+    /// y (+)= W x on tensor cores (weights and activations as bf16, fp32 sums) by `kernel`; the
+    /// wgmma kernels read the input staged as bf16 (`a.xb`) and need sm_90a and a weight they
+    /// take (`wg_fits`).
+    pub fn dense(&self, gpu: &Gpu, kernel: DenseGemm, a: &Project, store: Store) -> Result<()> {
         check_x("gemm_dense", a.x)?;
         let w = a.w.arg();
         let (y_stride, n_tok) = (a.y.stride as i32, a.n_tok as i32);
@@ -236,23 +228,19 @@ impl Gemm {
             Store::Overwrite => 0,
             Store::AddToResidual => 1,
         };
-        let (kernel, cfg, x) = match a.xb.filter(|_| Self::takes_wgmma(gpu, a.w, a.n_tok)) {
-            Some(xb) => {
-                let tok = if gpu.switches.wgb_tok == 256 && a.n_tok >= gpu.switches.wgb256_min_tok {
-                    256
+        let (kernel, cfg, x) = match kernel {
+            DenseGemm::Wgb | DenseGemm::Wgb256 => {
+                let (k, tok) = if kernel == DenseGemm::Wgb256 {
+                    (&self.dense_wgb256, 256)
                 } else {
-                    WG_TOK
+                    (&self.dense_wgb, WG_TOK)
                 };
-                let kernel = if tok == 256 {
-                    &self.dense_wgb256
-                } else {
-                    &self.dense_wgb
-                };
+                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
                 let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
                 let smem = wgb_smem(tok, a.w.cols / a.w.group);
-                (kernel, config(grid, 256, smem), xb)
+                (k, config(grid, 256, smem), xb)
             }
-            None => {
+            DenseGemm::Mma => {
                 let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
                 let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
                 (&self.dense, cfg, a.x)
@@ -270,18 +258,39 @@ impl Gemm {
         })
     }
 
+    /// The wgmma kernel `k`'s input: the staged rows, on a device and for a weight it takes.
+    fn wgmma_input(gpu: &Gpu, k: &Kernel, w: &LinearShape, xb: Option<Rows>) -> Result<Rows> {
+        if !runs_wgmma(gpu) || !wg_fits(w) {
+            bail!(
+                "{}: needs sm_90a and a 4-bit weight it takes ({}x{}, {}-bit, groups of {}, arch {})",
+                k.name,
+                w.rows,
+                w.cols,
+                w.bits,
+                w.group,
+                gpu.arch
+            );
+        }
+        xb.ok_or_else(|| anyhow::anyhow!("{}: the input must be staged as bf16", k.name))
+    }
+
     /// y = W x in split precision (each weight as bf16 hi + lo, two mma, sums unrounded): the
-    /// MoE router's logits with fp32 weights' precision; x is bf16-valued in bf16 mode.
-    pub fn dense_exact(&self, gpu: &Gpu, a: &Project) -> Result<()> {
+    /// MoE router's logits with fp32 weights' precision; x is bf16-valued in bf16 mode. The
+    /// columns run in `parts` parts (1: one pass; more: partial sums added in order by
+    /// gemm_sum_parts): a power of two up to EXACT_MAX_PARTS that divides the k-steps, with the
+    /// partial sums within EXACT_PART_FLOATS.
+    pub fn dense_exact(&self, gpu: &Gpu, parts: usize, a: &Project) -> Result<()> {
         check_x("linear_router", a.x)?;
         let w = a.w.arg();
         let (rows, n) = (a.w.rows, a.n_tok);
-        let base = blocks(rows, GEMM_BN) * blocks(n, DENSE_BM);
-        let parts = if gpu.switches.router_split_k {
-            exact_parts(base as usize, gpu.sm_count, a.w.cols / GEMM_BK, n * rows)
-        } else {
-            1
-        };
+        let steps = a.w.cols / GEMM_BK;
+        if !(parts.is_power_of_two()
+            && parts <= EXACT_MAX_PARTS
+            && steps.is_multiple_of(parts)
+            && (parts == 1 || n * rows * parts <= EXACT_PART_FLOATS))
+        {
+            bail!("gemm_dense_exact: {parts} parts of {steps} k-steps for {n} x {rows} outputs");
+        }
         let grid = (blocks(rows, GEMM_BN), blocks(n, DENSE_BM), parts as u32);
         let cfg = config(grid, GEMM_THREADS as u32, gemm_smem_exact(DENSE_BM));
         // One part: straight into y; more: into exact_parts (rows of `rows`), then summed.
@@ -316,41 +325,41 @@ impl Gemm {
         })
     }
 
-    /// The routed experts on tensor cores over tiles of 32 or 64 items (`a.groups.tile`, the
-    /// tile moe_group built them with): gemm_grouped_wgb64 for tiles of 64 where the wgmma kernels
-    /// are on, take the weight and the input is staged (`a.xb`), else gemm_grouped32/64.
-    pub fn grouped(&self, gpu: &Gpu, a: &Grouped) -> Result<()> {
+    /// The routed experts on tensor cores by `kernel`, over the tiles moe_group built, whose
+    /// size (`a.groups.tile`) must be the kernel's; the wgmma kernels read the input staged as
+    /// bf16 (`a.xb`).
+    pub fn grouped(&self, gpu: &Gpu, kernel: GroupedGemm, a: &Grouped) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
         let w = a.w.arg();
         let (x_div, y_stride) = (a.x_div as i32, a.y.stride as i32);
-        let wg = Self::takes_wgmma_grouped(gpu, a.w, g.tile);
-        let (kernel, cfg, x) = match a.xb.filter(|_| wg) {
-            Some(xb) => {
-                let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
-                let smem = wgb_smem(g.tile, a.w.cols / a.w.group);
-                let kernel = if g.tile == 128 {
+        if g.tile != kernel.tile() {
+            bail!(
+                "gemm_grouped: tiles of {} items for a kernel of {}-item tiles",
+                g.tile,
+                kernel.tile()
+            );
+        }
+        let (kernel, cfg, x) = match kernel {
+            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
+                let k = if kernel == GroupedGemm::Wgb128 {
                     &self.grouped_wgb128
                 } else {
                     &self.grouped_wgb64
                 };
-                (kernel, config(grid, 256, smem), xb)
+                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
+                let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
+                let smem = wgb_smem(g.tile, a.w.cols / a.w.group);
+                (k, config(grid, 256, smem), xb)
             }
-            None => {
-                let kernel = match g.tile {
-                    64 => &self.grouped64,
-                    32 => &self.grouped32,
-                    128 => bail!(
-                        "gemm_grouped: tiles of 128 items need the wgmma kernel and a staged input"
-                    ),
-                    t => bail!("gemm_grouped: tiles of {t} items (expected 32, 64 or 128)"),
+            GroupedGemm::Mma32 | GroupedGemm::Mma64 => {
+                let k = if kernel == GroupedGemm::Mma64 {
+                    &self.grouped64
+                } else {
+                    &self.grouped32
                 };
                 let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
-                (
-                    kernel,
-                    config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)),
-                    a.x,
-                )
+                (k, config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)), a.x)
             }
         };
         let x_stride = x.stride as i32;

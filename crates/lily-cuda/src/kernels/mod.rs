@@ -2,8 +2,9 @@
 //! Each module owns its file (`FILE`: the source and the compile-time constants passed to NVRTC
 //! as `-DNAME=VALUE`, so every constant is written once, in Rust), its kernel handles, their
 //! launch geometry and shared-memory opt-in, its shape limits, and launch methods that take
-//! typed argument structs. Which launcher runs for a given shape is the plan's decision
-//! (plan.rs), read by forward.rs.
+//! typed argument structs. Which kernel runs for a given shape is the plan's decision (plan.rs):
+//! a launcher that serves several kernels takes the plan's choice as an argument (an enum beside
+//! it) and tests no switch.
 
 pub mod attention;
 pub mod decode;
@@ -76,6 +77,17 @@ pub const FILES: &[&KernelFile] = &[
     &decode::FILE,
 ];
 
+/// The compile-time variants of the kernel files a plan asks for (`plan::Plan::build`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelBuild {
+    /// Every file in its bf16-activation form (LILY_BF16_ACT), else fp32.
+    pub bf16_activations: bool,
+    /// decode.cu with DEC_EARLY_TRIGGER.
+    pub early_trigger: bool,
+    /// sample.cu with SAMPLE_WARP_SCAN.
+    pub warp_scan_sampling: bool,
+}
+
 /// Every kernel Lily launches, by kernel file.
 pub struct Kernels {
     pub embed: embed::Embed,
@@ -90,9 +102,9 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Loads every kernel file for `gpu` in one activation mode (bf16 or fp32 activations).
-    pub fn load(gpu: &Gpu, bf16_activations: bool) -> Result<Kernels> {
-        let bf16 = bf16_activations;
+    /// Loads every kernel file for `gpu` in the variants `build` asks for.
+    pub fn load(gpu: &Gpu, build: &KernelBuild) -> Result<Kernels> {
+        let bf16 = build.bf16_activations;
         Ok(Kernels {
             embed: embed::Embed::load(&embed::FILE.load(gpu, bf16)?)?,
             norm: norm::Norm::load(&norm::FILE.load(gpu, bf16)?)?,
@@ -110,16 +122,13 @@ impl Kernels {
                 bf16,
                 &[format!(
                     "SAMPLE_WARP_SCAN={}",
-                    gpu.switches.sample_warp_scan as i32
+                    build.warp_scan_sampling as i32
                 )],
             )?)?,
             decode: decode::Decode::load(&decode::FILE.load_with(
                 gpu,
                 bf16,
-                &[
-                    format!("DEC_WEIGHTS_L1={}", gpu.switches.l1_weights as i32),
-                    format!("DEC_EARLY_TRIGGER={}", gpu.switches.early_trigger as i32),
-                ],
+                &[format!("DEC_EARLY_TRIGGER={}", build.early_trigger as i32)],
             )?)?,
         })
     }

@@ -1,0 +1,521 @@
+//! `CudaOptions`: how the CUDA backend is asked to run, declared once. Each switch and each
+//! numeric knob is one row of the `options!` table below, which gives its field, the value that
+//! ships, its `lily-engine` flag (lily-server builds its `CudaArgs` from `SWITCHES` and `KNOBS`,
+//! no per-switch code there), its environment override, its label in `Plan::describe`, its help
+//! text (the flag's help and the crate README's row: `readme_rows`) and, for a switch, why it
+//! stays (the A/B it won, or the fallback it is). The plan (plan.rs) turns the options, resolved
+//! against the device, into kernels.
+//!
+//! Environment overrides are read in one function (`CudaOptions::with_env_overrides`): a
+//! switch's variable set to `1` or `0` sets it (`LILY_CUDA_FP32=1` turns `bf16_activations`
+//! off), a knob's variable sets it when it is a number the knob accepts; anything else leaves
+//! the option as it is. Not options, so read where they are used: `LILY_NVRTC` (nvrtc.rs) and
+//! `LILY_CACHE_DIR` (cache.rs), which say where to find files, not what to run.
+
+use crate::kernels::attention::SPLIT_LONG_KEYS;
+
+/// Default largest prefill chunk (tokens per forward pass; scratch is sized for it).
+pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
+
+/// The fewest tokens of a prefill chunk whose projections take the wgmma kernels under
+/// `wgmma_gemm`: at 512 tokens gemm_dense_wgb runs 13.0 against gemm_dense's 17.3 µs (2048×512)
+/// and a 512-token prefill 7,770 → 8,716 tok/s on the H200 (docs/perf-notes.md, session 8);
+/// shorter chunks are not measured and keep mma.sync.
+pub const WGMMA_MIN_TOK: usize = 512;
+
+/// One on/off switch (a row of the `options!` table).
+#[derive(Clone, Copy, Debug)]
+pub struct Switch {
+    /// The `CudaOptions` field.
+    pub field: &'static str,
+    /// The value that ships.
+    pub default: bool,
+    /// The `lily-engine` flag that sets the other side (`None`: environment only).
+    pub flag: Option<&'static str>,
+    /// The environment override and the value its `1` gives the field (`0` the other).
+    pub env: &'static str,
+    pub env_one: bool,
+    /// `Plan::describe`'s label.
+    pub label: &'static str,
+    /// What the switch does when on.
+    pub help: &'static str,
+    /// Why it stays (its last A/B, or the fallback its other side is).
+    pub why: &'static str,
+}
+
+/// One numeric knob (a row of the `options!` table).
+#[derive(Clone, Copy, Debug)]
+pub struct Knob {
+    pub field: &'static str,
+    pub default: usize,
+    /// The `lily-engine` flag that sets it (`None`: environment only).
+    pub flag: Option<&'static str>,
+    pub env: &'static str,
+    /// The values it takes, and their description for errors and docs.
+    pub accepts: fn(usize) -> bool,
+    pub accepted: &'static str,
+    pub label: &'static str,
+    pub help: &'static str,
+}
+
+impl Switch {
+    /// The environment value that sets the switch to `on`.
+    pub fn env_value(&self, on: bool) -> &'static str {
+        if on == self.env_one {
+            "1"
+        } else {
+            "0"
+        }
+    }
+
+    /// The flag's help: what the switch does, which side the flag sets, its variable.
+    pub fn flag_help(&self) -> String {
+        let side = if self.default { "off" } else { "on" };
+        format!(
+            "Turns {side}: {} [env {}={}]",
+            self.help,
+            self.env,
+            self.env_value(!self.default)
+        )
+    }
+}
+
+impl Knob {
+    pub fn flag_help(&self) -> String {
+        format!(
+            "{} ({}) [default: {}; env {}]",
+            self.help, self.accepted, self.default, self.env
+        )
+    }
+}
+
+macro_rules! options {
+    (
+        switches {
+            $( $sf:ident = $sd:literal, flag $sflag:expr, env $senv:literal = $sone:literal,
+               label $slabel:literal, help $shelp:literal, why $swhy:literal; )*
+        }
+        knobs {
+            $( $kf:ident = $kd:expr, flag $kflag:expr, env $kenv:literal,
+               accepts $kacc:expr, $kaccepted:literal, label $klabel:literal, help $khelp:literal; )*
+        }
+    ) => {
+        /// How the backend runs, as asked for (`Default`: the configuration that ships). Each
+        /// field's meaning: its row of `SWITCHES` / `KNOBS` (`help`, `why`).
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct CudaOptions {
+            $( pub $sf: bool, )*
+            $( pub $kf: usize, )*
+        }
+
+        impl Default for CudaOptions {
+            fn default() -> CudaOptions {
+                CudaOptions {
+                    $( $sf: $sd, )*
+                    $( $kf: $kd, )*
+                }
+            }
+        }
+
+        /// Every switch, in `describe` order.
+        pub const SWITCHES: &[Switch] = &[
+            $( Switch {
+                field: stringify!($sf),
+                default: $sd,
+                flag: $sflag,
+                env: $senv,
+                env_one: $sone,
+                label: $slabel,
+                help: $shelp,
+                why: $swhy,
+            }, )*
+        ];
+
+        /// Every numeric knob, in `describe` order.
+        pub const KNOBS: &[Knob] = &[
+            $( Knob {
+                field: stringify!($kf),
+                default: $kd,
+                flag: $kflag,
+                env: $kenv,
+                accepts: $kacc,
+                accepted: $kaccepted,
+                label: $klabel,
+                help: $khelp,
+            }, )*
+        ];
+
+        impl CudaOptions {
+            /// The switch named `field` (a `SWITCHES` row's field).
+            pub fn switch(&self, field: &str) -> Option<bool> {
+                match field {
+                    $( stringify!($sf) => Some(self.$sf), )*
+                    _ => None,
+                }
+            }
+
+            pub fn switch_mut(&mut self, field: &str) -> Option<&mut bool> {
+                match field {
+                    $( stringify!($sf) => Some(&mut self.$sf), )*
+                    _ => None,
+                }
+            }
+
+            /// The knob named `field` (a `KNOBS` row's field).
+            pub fn knob(&self, field: &str) -> Option<usize> {
+                match field {
+                    $( stringify!($kf) => Some(self.$kf), )*
+                    _ => None,
+                }
+            }
+
+            pub fn knob_mut(&mut self, field: &str) -> Option<&mut usize> {
+                match field {
+                    $( stringify!($kf) => Some(&mut self.$kf), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+options! {
+    switches {
+        bf16_activations = true, flag Some("fp32-activations"), env "LILY_CUDA_FP32" = false,
+            label "bf16 activations",
+            help "activations and the KV cache rounded to bf16 where the reference model stores them (accumulation and the DeltaNet state stay fp32); off keeps them in fp32 (parity with the CPU backend) and turns every tensor-core path off",
+            why "the production precision; fp32 is the parity mode";
+        tensor_cores = true, flag Some("no-tensor-cores"), env "LILY_TENSOR_CORES" = true,
+            label "tensor cores",
+            help "the linears of prefill chunks (≥ 16 tokens) on the tensor cores (gemm.cu, bf16 mode) instead of linear.cu's CUDA-core kernels",
+            why "the fallback is the fp32 path";
+        exact_router_on_tensor_cores = true, flag Some("router-on-cuda-cores"), env "LILY_EXACT_ROUTER_TC" = true,
+            label "router on tensor cores",
+            help "the MoE router of prefill chunks on the tensor cores in split precision (gemm_dense_exact, each weight as bf16 hi + lo) instead of the CUDA cores; the same fp32 precision either way",
+            why "the CUDA-core router is the exact reference it is tested against";
+        router_split_k = true, flag Some("no-router-split-k"), env "LILY_ROUTER_SPLIT_K" = true,
+            label "router split over its columns",
+            help "the router's split-precision GEMM splits its columns into up to 8 parts where its grid is shallow (gemm::exact_parts), the parts added in order by gemm_sum_parts",
+            why "won its A/B: prefill 512 +4.3 % on the H200 (session 9)";
+        wgmma_gemm = true, flag Some("no-wgmma-gemm"), env "LILY_WGMMA_GEMM" = true,
+            label "wgmma prefill GEMM",
+            help "prefill's 4-bit projections on Hopper's warpgroup MMA (sm_90a) for chunks of at least wgmma_min_tok tokens, inputs staged as bf16, instead of mma.sync",
+            why "won its A/B: prefill 4K 14,200 → 20,040 tok/s on the H200 (session 8); elsewhere the device has no wgmma";
+        wgmma_small_tiles = true, flag Some("no-wgmma-small-tiles"), env "LILY_WGMMA_SMALL_TILES" = true,
+            label "experts' wgmma tiles of 64 for few items",
+            help "the routed experts of a staged chunk whose experts average fewer than 48 items on gemm_grouped_wgb64's tiles of 64 instead of gemm_grouped32's (mma.sync) tiles of 32",
+            why "won its A/B: prefill 512 +6 %, 1K +19 % on the H200 (session 9)";
+        flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
+            label "flash prefill",
+            help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
+            why "the fallback serves fp32 mode and head dims attn_prefill lacks";
+        wgmma_attention = true, flag Some("no-wgmma-attention"), env "LILY_WGMMA_ATTENTION" = true,
+            label "wgmma prefill attention",
+            help "prefill chunks of at least 1,024 tokens run their attention on Hopper's warpgroup MMA (attn_prefill_wg: sm_90a, head dim 256) instead of mma.sync (attn_prefill)",
+            why "won its A/B: prefill 128K 10,610 → 14,003 tok/s on the H200 (session 9); elsewhere the device has no wgmma";
+        moe_grouped = true, flag Some("no-moe-grouping"), env "LILY_MOE_GROUPED" = true,
+            label "MoE grouping",
+            help "prefill's routed experts grouped by expert (moe_group, then grouped linears), each expert's weights read once a tile, instead of one item at a time (gathered); decode always gathers",
+            why "the gathered form is the reference of the grouped kernels";
+        split_kv = true, flag Some("no-split-kv"), env "LILY_SPLIT_KV" = true,
+            label "split-KV",
+            help "steps of at most 4 tokens (decode) run split-KV (flash-decoding) attention instead of one block per (token, query head)",
+            why "the one-block kernel is the reference the split kernels are tested against";
+        mma_attention = true, flag Some("no-mma-attention"), env "LILY_MMA_ATTENTION" = true,
+            label "tensor-core decode attention",
+            help "one-token split-KV attention on the tensor cores (attn_split_mma: q, P and the cache in bf16, f32 sums; bf16 mode) instead of CUDA-core FMAs (attn_split)",
+            why "won its A/B: decode 128K +26 % on the H200 (session 4); attn_split serves fp32 mode";
+        fused_attn_prep = true, flag Some("no-fused-attn-prep"), env "LILY_FUSED_ATTN_PREP" = true,
+            label "fused attention prep",
+            help "one-token tensor-core attention does attn_qk_prep's work (q/k norms, RoPE, the cache write) in its own blocks (attn_split_mma_prep), one launch fewer per attention layer",
+            why "won its A/B: decode −24…−38 µs a token at 256 and 4K on the H200 (session 7)";
+        fused_decode = true, flag Some("no-fused-decode"), env "LILY_FUSED_DECODE" = true,
+            label "fused decode",
+            help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
+            why "the per-kernel form serves weights decode.cu does not read";
+        dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
+            label "dependent launch",
+            help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
+            why "won its A/B: decode +2–3 % on the H200 (session 2); before sm_90 the device cannot";
+        early_trigger = true, flag Some("no-early-trigger"), env "LILY_EARLY_TRIGGER" = true,
+            label "early trigger",
+            help "every decode kernel lets the next one launch as soon as its own early weight loads are issued instead of after its last rows (decode.cu built with DEC_EARLY_TRIGGER)",
+            why "won its A/B: decode 4K +6.1 % on the H200 (session 4)";
+        graphs = true, flag Some("no-cuda-graphs"), env "LILY_CUDA_GRAPH" = true,
+            label "CUDA graphs",
+            help "each sequence's decode step replayed as a captured CUDA graph instead of plain launches (never with the debug checks)",
+            why "plain launches are what a failed capture falls back to";
+        pipelined_decode = true, flag Some("no-pipelined-decode"), env "LILY_PIPELINED_DECODE" = true,
+            label "pipelined decode",
+            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with top log-probabilities or host sampling, which read step N's logits)",
+            why "won its A/B: the device's wait for the host 27–33 → 3 µs a token on the H200 (session 7)";
+        device_sampling = true, flag Some("no-device-sampling"), env "LILY_DEVICE_SAMPLING" = true,
+            label "device sampling",
+            help "non-greedy settings the device sampler covers (top_k 1..=256) pick on the device instead of the host sampler on downloaded logits; greedy always picks on the device",
+            why "the host sampler is the reference and serves what the device sampler does not";
+        multi_block_sampling = true, flag Some("one-block-sampling"), env "LILY_SAMPLE_PARTS" = true,
+            label "many-block sampling",
+            help "a sampled pick's first pass (top_k of the 248K scaled logits) over many blocks (sample_part), the rest in one, instead of all in one block",
+            why "won its A/B: the sampler 0.47 → 0.17 ms a token at 4K on the H200 (session 4)";
+        warp_scan_sampling = true, flag Some("no-warp-scan-sampling"), env "LILY_WARP_SCAN" = true,
+            label "warp-scan sampling",
+            help "the radix select of a sampled pick finds each pass's bin with one warp's shuffle scan instead of one thread walking the 256 bins (sample.cu built with SAMPLE_WARP_SCAN)",
+            why "won its A/B: the sampler's share of a step at 4K 3.2 → 1.8 % on the H200 (session 5)";
+        sync_each = false, flag None, env "LILY_CUDA_SYNC" = true,
+            label "sync after each launch",
+            help "debug: synchronise after every launch so an error names its kernel (graphs off)",
+            why "a debugging aid";
+        profile = false, flag None, env "LILY_PROFILE" = true,
+            label "profiling",
+            help "debug: device time per kernel and part of the model, events around every launch (graphs off), printed to stderr at exit",
+            why "a measuring aid";
+        step_timing = false, flag None, env "LILY_STEP_TIMING" = true,
+            label "step timing",
+            help "each decode call logs the device's work per token beside the wall time per token, i.e. how long the device waits for the host between steps",
+            why "a measuring aid";
+    }
+    knobs {
+        ordinal = 0, flag None, env "LILY_CUDA_DEVICE",
+            accepts |_| true, "a GPU ordinal", label "GPU",
+            help "the GPU the backend runs on";
+        chunk = DEFAULT_PREFILL_CHUNK, flag Some("prefill-chunk"), env "LILY_PREFILL_CHUNK",
+            accepts |n| n > 0, "at least 1", label "prefill chunk",
+            help "largest prefill chunk in tokens (activation scratch is sized for it)";
+        wgmma_min_tok = WGMMA_MIN_TOK, flag None, env "LILY_WGMMA_MIN_TOK",
+            accepts |n| n >= 128, "at least 128", label "wgmma GEMM from tokens",
+            help "with wgmma_gemm: the fewest tokens of a chunk whose projections take the wgmma kernels";
+        wgb_tok = 256, flag None, env "LILY_WGB_TOK",
+            accepts |n| n == 128 || n == 256, "128 or 256", label "wgmma GEMM tokens a block",
+            help "with wgmma_gemm: tokens a block of the dense wgmma GEMM for chunks of at least gemm::WGB256_MIN_TOK tokens (256: gemm_dense_wgb256, 128: gemm_dense_wgb); smaller chunks take 128";
+        wgmma_group_tile = 128, flag None, env "LILY_WGMMA_GROUP_TILE",
+            accepts |n| n == 64 || n == 128, "64 or 128", label "experts' wgmma tile",
+            help "with wgmma_gemm: items a tile of the routed experts' wgmma GEMM once experts average three quarters of it (128: gemm_grouped_wgb128, 64: gemm_grouped_wgb64)";
+        split_long_keys = SPLIT_LONG_KEYS, flag None, env "LILY_SPLIT_LONG_KEYS",
+            accepts |_| true, "any number of keys", label "long decode attention past keys",
+            help "past this many keys one-token tensor-core attention with head dim 256 takes the _long split kernels (0: always; a number past the context: never)";
+    }
+}
+
+impl CudaOptions {
+    /// These options with the environment overrides on top: the one place the backend reads
+    /// `LILY_*` variables (see the module comment).
+    pub fn with_env_overrides(self) -> CudaOptions {
+        self.with_overrides(|k| std::env::var(k).ok())
+    }
+
+    /// `with_env_overrides` with the variables looked up by `var` (tests).
+    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> CudaOptions {
+        for s in SWITCHES {
+            let value = match var(s.env).as_deref() {
+                Some("1") => s.env_one,
+                Some("0") => !s.env_one,
+                _ => continue,
+            };
+            if let Some(field) = self.switch_mut(s.field) {
+                *field = value;
+            }
+        }
+        for k in KNOBS {
+            let Some(n) = var(k.env).and_then(|v| v.parse::<usize>().ok()) else {
+                continue;
+            };
+            if let Some(field) = self.knob_mut(k.field).filter(|_| (k.accepts)(n)) {
+                *field = n;
+            }
+        }
+        self
+    }
+
+    /// One line: every switch (`label on|off`) and knob (`label N`), in table order.
+    pub fn describe(&self) -> String {
+        let switches = SWITCHES.iter().map(|s| {
+            let on = self.switch(s.field).unwrap_or(s.default);
+            format!("{} {}", s.label, if on { "on" } else { "off" })
+        });
+        let knobs = KNOBS
+            .iter()
+            .map(|k| format!("{} {}", k.label, self.knob(k.field).unwrap_or(k.default)));
+        switches.chain(knobs).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The crate README's table of switches and knobs (README.md holds exactly these rows; a unit
+/// test checks it).
+pub fn readme_rows() -> String {
+    let mut out = String::from(
+        "| flag | environment (on / off) | default | what it does when on |\n|---|---|---|---|\n",
+    );
+    for s in SWITCHES {
+        let flag = s.flag.map_or("—".to_string(), |f| format!("`--{f}`"));
+        let on = if s.default { "on" } else { "off" };
+        out += &format!(
+            "| {flag} | `{}={}` / `{}` | {on} | {} |\n",
+            s.env,
+            s.env_value(true),
+            s.env_value(false),
+            s.help
+        );
+    }
+    for k in KNOBS {
+        let flag = k.flag.map_or("—".to_string(), |f| format!("`--{f} N`"));
+        out += &format!(
+            "| {flag} | `{}=N` ({}) | {} | {} |\n",
+            k.env, k.accepted, k.default, k.help
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn no_environment_leaves_the_options_as_given() {
+        let o = CudaOptions {
+            split_kv: false,
+            chunk: 512,
+            ..CudaOptions::default()
+        };
+        assert_eq!(o.clone().with_overrides(|_| None), o);
+    }
+
+    #[test]
+    fn environment_variables_override_the_options() {
+        let o = CudaOptions::default().with_overrides(env(&[
+            ("LILY_CUDA_FP32", "1"),
+            ("LILY_CUDA_DEVICE", "2"),
+            ("LILY_PREFILL_CHUNK", "256"),
+            ("LILY_CUDA_GRAPH", "0"),
+            ("LILY_MOE_GROUPED", "0"),
+            ("LILY_ATTN_PREFILL", "0"),
+            ("LILY_SPLIT_KV", "0"),
+            ("LILY_DEVICE_SAMPLING", "0"),
+            ("LILY_TENSOR_CORES", "0"),
+            ("LILY_EXACT_ROUTER_TC", "0"),
+            ("LILY_FUSED_DECODE", "0"),
+            ("LILY_PDL", "0"),
+            ("LILY_EARLY_TRIGGER", "0"),
+            ("LILY_SAMPLE_PARTS", "0"),
+            ("LILY_MMA_ATTENTION", "0"),
+            ("LILY_FUSED_ATTN_PREP", "0"),
+            ("LILY_SPLIT_LONG_KEYS", "4096"),
+            ("LILY_WGMMA_GEMM", "0"),
+            ("LILY_WGB_TOK", "128"),
+            ("LILY_WGMMA_MIN_TOK", "1024"),
+            ("LILY_WGMMA_GROUP_TILE", "64"),
+            ("LILY_WGMMA_SMALL_TILES", "0"),
+            ("LILY_ROUTER_SPLIT_K", "0"),
+            ("LILY_WGMMA_ATTENTION", "0"),
+            ("LILY_WARP_SCAN", "0"),
+            ("LILY_PIPELINED_DECODE", "0"),
+            ("LILY_CUDA_SYNC", "1"),
+            ("LILY_PROFILE", "1"),
+            ("LILY_STEP_TIMING", "1"),
+        ]));
+        // Written out field by field (not from the table) so the test checks the table.
+        assert_eq!(
+            o,
+            CudaOptions {
+                ordinal: 2,
+                bf16_activations: false,
+                chunk: 256,
+                graphs: false,
+                moe_grouped: false,
+                flash_prefill: false,
+                split_kv: false,
+                device_sampling: false,
+                tensor_cores: false,
+                exact_router_on_tensor_cores: false,
+                fused_decode: false,
+                dependent_launch: false,
+                early_trigger: false,
+                multi_block_sampling: false,
+                warp_scan_sampling: false,
+                mma_attention: false,
+                fused_attn_prep: false,
+                split_long_keys: 4096,
+                wgmma_gemm: false,
+                wgb_tok: 128,
+                wgmma_min_tok: 1024,
+                wgmma_group_tile: 64,
+                wgmma_small_tiles: false,
+                router_split_k: false,
+                wgmma_attention: false,
+                pipelined_decode: false,
+                sync_each: true,
+                profile: true,
+                step_timing: true,
+            }
+        );
+        // A value a knob does not take, or a switch that is neither 0 nor 1, changes nothing.
+        let o = CudaOptions::default().with_overrides(env(&[
+            ("LILY_PREFILL_CHUNK", "0"),
+            ("LILY_WGB_TOK", "192"),
+            ("LILY_WGMMA_MIN_TOK", "64"),
+            ("LILY_SPLIT_KV", "yes"),
+            ("LILY_CUDA_FP32", "0"),
+        ]));
+        assert_eq!(o, CudaOptions::default());
+    }
+
+    #[test]
+    fn every_row_names_a_field_and_flags_and_variables_are_unique() {
+        let o = CudaOptions::default();
+        let mut names: Vec<&str> = Vec::new();
+        for s in SWITCHES {
+            assert_eq!(o.switch(s.field), Some(s.default), "{}", s.field);
+            assert!(s.env.starts_with("LILY_") && !s.help.is_empty() && !s.why.is_empty());
+            names.extend(s.flag);
+            names.push(s.env);
+        }
+        for k in KNOBS {
+            assert_eq!(o.knob(k.field), Some(k.default), "{}", k.field);
+            assert!((k.accepts)(k.default), "{}", k.field);
+            names.extend(k.flag);
+            names.push(k.env);
+        }
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a flag or variable is declared twice");
+    }
+
+    #[test]
+    fn describe_names_every_switch_and_knob() {
+        let d = CudaOptions {
+            pipelined_decode: false,
+            chunk: 512,
+            ..CudaOptions::default()
+        }
+        .describe();
+        assert!(
+            d.starts_with("bf16 activations on, tensor cores on,"),
+            "{d}"
+        );
+        assert!(
+            d.contains("pipelined decode off") && d.contains("prefill chunk 512"),
+            "{d}"
+        );
+        assert_eq!(d.split(", ").count(), SWITCHES.len() + KNOBS.len());
+    }
+
+    #[test]
+    fn the_readme_lists_every_switch_and_knob_as_the_table_says() {
+        let readme = include_str!("../README.md");
+        let rows = readme_rows();
+        assert!(
+            readme.contains(&rows),
+            "crates/lily-cuda/README.md's option table differs from options::readme_rows():\n{rows}"
+        );
+    }
+}

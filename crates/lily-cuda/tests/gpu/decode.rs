@@ -1,0 +1,305 @@
+//! decode.cu: the fused one-token kernels against the CPU.
+
+use crate::common::*;
+
+/// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
+/// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
+/// and conv state carried across both paths), the MoE from the residual row with its norm folded
+/// in, and the lm_head's GEMV against the CPU matmul.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_decode_blocks_match_cpu() {
+    let rig = BlockRig::new(8);
+    let c = rig.cfg.clone();
+    let h = c.hidden;
+    let mut rng = Rng(11);
+    let as_is = |x: u64| Input::row(x, h);
+    let steps = [(5usize, false), (1, true), (1, true), (2, false), (1, true)];
+
+    let w = random_attention(&mut rng, &c);
+    let dw = upload_attention(&rig.g, &c, "attn", &w).unwrap();
+    let mut kv = ops::KvCache::default();
+    let mut pos = 0;
+    for (n, fused) in steps {
+        let x = rng.vec(n * h, 0.5);
+        let xn = rng.vec(n * h, 1.0);
+        let (k, v) = &rig.seq.kv[0];
+        let got = rig.run(&x, &xn, |f| {
+            let p = rig.seq.pos.ptr;
+            if fused {
+                let input = as_is(rig.scratch.xn.ptr);
+                f.attention_one_token(&dw, k.ptr, v.ptr, p, pos + n, input)
+                    .unwrap();
+            } else {
+                f.attention(&dw, k.ptr, v.ptr, p, pos + n, n).unwrap();
+            }
+            rig.g.k.sample.advance_pos(&rig.g, p, n).unwrap();
+        });
+        let want = ops::attention(&c, &w, &xn, &mut kv, pos);
+        let what = format!("attention pos={pos} T={n} fused={fused}");
+        check(&what, &got, &want, 1e-4);
+        pos += n;
+    }
+
+    let w = random_deltanet(&mut rng, &c);
+    let dw = upload_deltanet(&rig.g, &c, "dn", &w).unwrap();
+    let mut st = ops::DeltaNetState::new(&c);
+    for (n, fused) in steps {
+        let x = rng.vec(n * h, 0.5);
+        let xn = rng.vec(n * h, 1.0);
+        let (state, conv) = &rig.seq.dn[0];
+        let got = rig.run(&x, &xn, |f| {
+            if fused {
+                let input = as_is(rig.scratch.xn.ptr);
+                f.deltanet_one_token(&dw, state.ptr, conv.ptr, input)
+                    .unwrap();
+            } else {
+                f.deltanet(&dw, state.ptr, conv.ptr, n).unwrap();
+            }
+        });
+        let want = ops::deltanet(&c, &w, &xn, &mut st);
+        check(&format!("deltanet T={n} fused={fused}"), &got, &want, 1e-4);
+        let sv: Vec<f32> = rig.g.read(state, 0, st.state.len()).unwrap();
+        check(
+            &format!("deltanet state T={n} fused={fused}"),
+            &sv,
+            &st.state,
+            1e-4,
+        );
+        let cv: Vec<f32> = rig.g.read(conv, 0, st.conv.len()).unwrap();
+        check(
+            &format!("deltanet conv T={n} fused={fused}"),
+            &cv,
+            &st.conv,
+            1e-6,
+        );
+    }
+
+    let e = c.n_experts;
+    let w = random_moe(&mut rng, &c);
+    let dw = upload_moe(&rig.g, "moe", &w).unwrap();
+    let norm_w: Vec<f32> = rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect();
+    let norm_dev = rig.g.upload(&norm_w).unwrap();
+    for _ in 0..3 {
+        let x = rng.vec(h, 0.5);
+        let got = rig.run(&x, &rng.vec(h, 1.0), |f| {
+            let input = Input {
+                x: rig.scratch.x.ptr,
+                cols: h,
+                prologue: Prologue::RmsNorm {
+                    weight: norm_dev.ptr,
+                    eps: c.rms_eps,
+                },
+                staged_out: Some(rig.scratch.xn.ptr),
+            };
+            f.moe_one_token(&dw, input).unwrap()
+        });
+        let xn = ops::rms_norm(&x, &norm_w, c.rms_eps);
+        check(
+            "fused moe (norm folded in)",
+            &got,
+            &ops::moe(&c, &w, &xn),
+            1e-4,
+        );
+        let staged: Vec<f32> = rig.g.read(&rig.scratch.xn, 0, h).unwrap();
+        check("fused moe staged norm", &staged, &xn, 1e-6);
+        let logits: Vec<f32> = rig.g.read(&rig.scratch.router, 0, e).unwrap();
+        check(
+            "fused router logits",
+            &logits,
+            &matmul(&w.router, &xn),
+            1e-5,
+        );
+    }
+
+    // A wide single-row GEMV with several outputs per launch (the lm_head's and in_proj's path).
+    let heads = linear(&mut rng, 4, 1, 1000, h);
+    let dh = upload_linear(&rig.g, "head", &heads).unwrap();
+    let x = rng.vec(h, 1.0);
+    rig.g.write(&rig.scratch.xn, 0, &x).unwrap();
+    let out = poisoned(&rig.g, 1000);
+    let outs = [(&dh, Out::Store(out.ptr))];
+    rig.g
+        .k
+        .decode
+        .project(&rig.g, as_is(rig.scratch.xn.ptr), &outs)
+        .unwrap();
+    let got: Vec<f32> = rig.g.read(&out, 0, 1000).unwrap();
+    check("dec_gemv 1000 rows", &got, &matmul(&heads, &x), 1e-5);
+    println!("KERNEL decode.cu fused blocks: attention, DeltaNet, MoE and GEMV match the CPU");
+}
+
+/// One fused-projection case of the decode GEMV tests: four random 4-bit weights of 300, 77, 16
+/// and 1 rows over `cols` columns (rows that end mid-tile), the input row with RMSNorm or
+/// DeltaNet's gated norm folded in (head dim 128), every store mode, one launch; `xn` is the CPU's
+/// normed row. With `bf16`, the inputs are bf16 values (what that mode stores).
+struct GemvCase {
+    ws: Vec<Linear>,
+    dws: Vec<DevLinear>,
+    xn: Vec<f32>,
+    resid: Vec<f32>,
+    bufs: [DevBuf; 3],
+    gated: bool,
+    head_dim: usize,
+    cols: usize,
+}
+
+const GEMV_CASE_ROWS: [usize; 4] = [300, 77, 16, 1];
+
+const GEMV_CASE_EPS: f32 = 1e-6;
+
+impl GemvCase {
+    fn new(d: &Dev, rng: &mut Rng, cols: usize, gated: bool, bf16: bool) -> GemvCase {
+        let r = |v: Vec<f32>| -> Vec<f32> {
+            if bf16 {
+                v.into_iter().map(round_bf16).collect()
+            } else {
+                v
+            }
+        };
+        let ws: Vec<Linear> = GEMV_CASE_ROWS
+            .iter()
+            .map(|&n| linear(rng, 4, 1, n, cols))
+            .collect();
+        let dws = ws
+            .iter()
+            .enumerate()
+            .map(|(i, w)| upload_linear(d, &format!("w{i}"), w).unwrap())
+            .collect();
+        let x = r(rng.vec(cols, 1.0));
+        let z = r(rng.vec(cols, 1.0));
+        let head_dim = 128.min(cols);
+        let eps = GEMV_CASE_EPS;
+        let norm_w: Vec<f32> = r(rng
+            .vec(if gated { head_dim } else { cols }, 1.0)
+            .iter()
+            .map(|v| 1.0 + 0.3 * v)
+            .collect());
+        let xn: Vec<f32> = if gated {
+            let mut y = vec![0f32; cols];
+            for h in 0..cols / head_dim {
+                let o = &x[h * head_dim..(h + 1) * head_dim];
+                let ss: f32 = o.iter().map(|v| v * v).sum();
+                let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
+                for i in 0..head_dim {
+                    let zc = z[h * head_dim + i];
+                    y[h * head_dim + i] = norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
+                }
+            }
+            y
+        } else {
+            ops::rms_norm(&x, &norm_w, eps)
+        };
+        let resid = r(rng.vec(GEMV_CASE_ROWS[1], 1.0));
+        let bufs = [
+            d.upload(&x).unwrap(),
+            d.upload(&z).unwrap(),
+            d.upload(&norm_w).unwrap(),
+        ];
+        GemvCase {
+            ws,
+            dws,
+            xn,
+            resid,
+            bufs,
+            gated,
+            head_dim,
+            cols,
+        }
+    }
+
+    /// One launch through `Decode::project` as `d` is set up: the staged row and the four outputs.
+    fn run(&self, d: &Dev) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let [xd, zd, nd] = &self.bufs;
+        let outs_dev: Vec<DevBuf> = GEMV_CASE_ROWS.iter().map(|&r| poisoned(d, r)).collect();
+        d.write(&outs_dev[1], 0, &self.resid).unwrap();
+        let staged = poisoned(d, self.cols);
+        let eps = GEMV_CASE_EPS;
+        let prologue = if self.gated {
+            Prologue::GatedNorm {
+                weight: nd.ptr,
+                z: zd.ptr,
+                head_dim: self.head_dim,
+                eps,
+            }
+        } else {
+            Prologue::RmsNorm {
+                weight: nd.ptr,
+                eps,
+            }
+        };
+        let input = Input {
+            x: xd.ptr,
+            cols: self.cols,
+            prologue,
+            staged_out: Some(staged.ptr),
+        };
+        let outs = [
+            (&self.dws[0], Out::Store(outs_dev[0].ptr)),
+            (&self.dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&self.dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&self.dws[3], Out::Store(outs_dev[3].ptr)),
+        ];
+        d.k.decode.project(d, input, &outs).unwrap();
+        let got_xn = d.read(&staged, 0, self.cols).unwrap();
+        let outs = outs_dev
+            .iter()
+            .zip(GEMV_CASE_ROWS)
+            .map(|(b, n)| d.read(b, 0, n).unwrap())
+            .collect();
+        (got_xn, outs)
+    }
+
+    /// The CPU's outputs for the staged row `xn`: W·xn, plus the residual for output 1.
+    fn want(&self, i: usize, xn: &[f32]) -> Vec<f32> {
+        let mut want = matmul(&self.ws[i], xn);
+        if i == 1 {
+            want.iter_mut().zip(&self.resid).for_each(|(a, r)| *a += r);
+        }
+        want
+    }
+}
+
+/// bf16 rounding to nearest even (what the bf16-activation kernels store).
+fn round_bf16(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
+/// The decode GEMVs at the model's widths (2048: in_proj, q/k/v, lm_head; 4096: o_proj /
+/// out_proj) with the staging forms they use there (RMSNorm and DeltaNet's gated norm folded in,
+/// every store mode, several projections per launch, rows that end mid-tile, more tiles than a
+/// the grid holds at once), against the CPU.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wide_decode_gemvs_match_cpu() {
+    let d = gpu();
+    let mut rng = Rng(29);
+    for (cols, gated) in [
+        (2048usize, false),
+        (2048, true),
+        (1024, false),
+        (4096, true),
+        (4096, false),
+    ] {
+        let case = GemvCase::new(&d, &mut rng, cols, gated, false);
+        let (got_xn, got) = case.run(&d);
+        let what = format!("dec_gemv {cols} cols gated={gated}");
+        check(&format!("{what} staged input"), &got_xn, &case.xn, 1e-6);
+        for (i, got) in got.iter().enumerate() {
+            let what = format!("{what} output {i} ({} rows)", GEMV_CASE_ROWS[i]);
+            check(&what, got, &case.want(i, &case.xn), 1e-5);
+        }
+    }
+    // More tiles than the persistent grid takes at once (the lm_head's shape, shorter).
+    let w = linear(&mut rng, 4, 1, 20_000, 2048);
+    let dw = upload_linear(&d, "long", &w).unwrap();
+    let x = rng.vec(2048, 1.0);
+    let xd = d.upload(&x).unwrap();
+    let out = poisoned(&d, 20_000);
+    d.k.decode
+        .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
+        .unwrap();
+    let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
+    check("dec_gemv 20000 rows", &got, &matmul(&w, &x), 1e-5);
+    println!("KERNEL decode.cu wide GEMVs match the CPU");
+}

@@ -1,0 +1,350 @@
+//! gemm.cu: the tensor-core linears (mma.sync and wgmma; dense, grouped, the split-precision router) against the exact product of their bf16 inputs.
+
+use crate::common::*;
+
+/// y = W x with W's dequantised values and x rounded to bf16 (what the tensor-core kernels
+/// multiply), summed in f64: the exact product those kernels approximate.
+fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
+    let (rows, cols) = (w.rows, w.cols);
+    let rb = |v: f32| bf16::from_f32(v).to_f32() as f64;
+    let mut wr = vec![0f32; cols];
+    let mut wq = vec![0f64; rows * cols];
+    for r in 0..rows {
+        w.dequant_row(r, &mut wr);
+        for c in 0..cols {
+            wq[r * cols + c] = rb(wr[c]);
+        }
+    }
+    let t = x.len() / cols;
+    let mut y = vec![0f32; t * rows];
+    for n in 0..t {
+        for r in 0..rows {
+            let s: f64 = (0..cols)
+                .map(|c| wq[r * cols + c] * rb(x[n * cols + c]))
+                .sum();
+            y[n * rows + r] = s as f32;
+        }
+    }
+    y
+}
+
+/// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
+/// x's rows (x_div = top_k), outputs NaN-poisoned first; x also staged as bf16 (`to_bf16`) for
+/// the wgmma kernels when `kernel` reads it so.
+#[allow(clippy::too_many_arguments)]
+fn gemm_grouped(
+    g: &Dev,
+    kernel: GroupedGemm,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let (n, items) = (x.len() / cols, x.len() / cols * k);
+    let dx = g.upload(x).unwrap();
+    let xb = g.alloc(n * cols * 2).unwrap();
+    g.k.gemm
+        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
+        .unwrap();
+    let dy = poisoned(g, items * rows);
+    let grouped = Grouped {
+        w: dw,
+        groups: gr.groups,
+        x: Rows::new(dx.ptr, cols),
+        xb: kernel.staged().then(|| Rows::new(xb.ptr, cols)),
+        x_div: k,
+        y: Rows::new(dy.ptr, rows),
+    };
+    g.k.gemm.grouped(g, kernel, &grouped).unwrap();
+    g.read(&dy, 0, items * rows).unwrap()
+}
+
+/// gemm_dense_wgb, gemm_dense_wgb256 and gemm_grouped_wgb64 (wgmma, sm_90a; the plan's
+/// `wgmma_gemm`, on inputs staged as bf16 by `to_bf16`) vs the exact product of the bf16 values
+/// they multiply, as gemm_dense's test: 4-bit weights with groups of 16 … 128, rows not a
+/// multiple of the block's 128, tokens not a multiple of the block's, two and many k-steps, store
+/// and residual add; the grouped form over skewed routing; then at prefill's shapes against
+/// gemm_dense (same bf16 operands, fp32 sums, outputs rounded to bf16: 5e-3), with every
+/// kernel's time printed (never asserted). Skipped (with a line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wgmma_linears_match_the_bf16_product() {
+    let g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!(
+            "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
+            g.g.arch
+        );
+        return;
+    }
+    let mut rng = Rng(37);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    // x (rows × cols f32 on the device) staged as bf16 rows. Every chunk size below takes the
+    // kernel asked for (the plan keeps 256-token blocks for chunks of WGB256_MIN_TOK or more).
+    #[allow(clippy::too_many_arguments)]
+    let dense = |g: &Dev,
+                 kernel: DenseGemm,
+                 dw: &DevLinear,
+                 x: u64,
+                 xb: Option<Rows>,
+                 y: u64,
+                 t: usize,
+                 store: Store| {
+        let a = Project {
+            w: dw,
+            x: Rows::new(x, dw.cols),
+            xb,
+            y: Rows::new(y, dw.rows),
+            n_tok: t,
+        };
+        g.k.gemm.dense(&g.g, kernel, &a, store).unwrap()
+    };
+    let stage = |g: &Dev, x: u64, rows: usize, cols: usize| -> DevBuf {
+        let b = g.alloc(rows * cols * 2).unwrap();
+        g.k.gemm
+            .to_bf16(&g.g, Rows::new(x, cols), rows, cols, b.ptr)
+            .unwrap();
+        b
+    };
+    for (group, t, rows, cols) in [
+        (64usize, 128usize, 128usize, 128usize),
+        (64, 300, 200, 256),
+        (32, 130, 136, 512),
+        (64, 256, 1000, 2048),
+        (16, 200, 136, 256),
+        (128, 300, 264, 1024),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        assert!(
+            lily_cuda::kernels::gemm::wg_fits(&dw.shape()),
+            "{rows}x{cols} group {group}: a weight the wgmma kernels take"
+        );
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let want = bf16_product(&w, &x);
+        let r = bf(rng.vec(t * rows, 0.5));
+        let xb = stage(&g, dx.ptr, t, cols);
+        let staged = Some(Rows::new(xb.ptr, cols));
+        for (name, kernel) in [
+            ("gemm_dense_wgb", DenseGemm::Wgb),
+            ("gemm_dense_wgb256", DenseGemm::Wgb256),
+        ] {
+            let dy = poisoned(&g, t * rows);
+            dense(&g, kernel, &dw, dx.ptr, staged, dy.ptr, t, Store::Overwrite);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let what = format!("{name} group={group} T={t} {rows}x{cols}");
+            check(&what, &y, &want, 5e-3);
+            g.write(&dy, 0, &r).unwrap();
+            dense(
+                &g,
+                kernel,
+                &dw,
+                dx.ptr,
+                staged,
+                dy.ptr,
+                t,
+                Store::AddToResidual,
+            );
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+            check(&format!("{what} +residual"), &y, &want, 5e-3);
+        }
+    }
+    // Grouped (gemm_grouped_wgb64, _wgb128): skewed routing over tiles of 64 and 128 (one expert
+    // over two tiles, one with none), groups of 64 and 32, two and many k-steps.
+    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 128)] {
+        let (e, rows, t, k) = (7, 136, 90, 2);
+        let items = t * k;
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        for kernel in [GroupedGemm::Wgb64, GroupedGemm::Wgb128] {
+            let tile = kernel.tile();
+            let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
+            let want = gr.want(&w, &x, k, bf16_product);
+            let y = gemm_grouped(&g, kernel, &dw, &gr, &x, k, rows, cols);
+            let what = format!(
+                "gemm_grouped_wgb{tile} group={group} {rows}x{cols} ({} tiles)",
+                gr.tiles_made(&g)
+            );
+            check(&what, &y, &want, 5e-3);
+        }
+    }
+    // Prefill's shapes (DeltaNet in_proj, out_proj, shared expert down) against gemm_dense.
+    for (t, rows, cols) in [
+        (4096usize, 8192usize, 2048usize),
+        (4096, 2048, 4096),
+        (512, 2048, 512),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, 64);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let xb = stage(&g, dx.ptr, t, cols);
+        let reps = 10;
+        let timed = |g: &Dev, f: &dyn Fn()| -> f64 {
+            f();
+            g.sync().unwrap();
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                f();
+            }
+            g.sync().unwrap();
+            start.elapsed().as_secs_f64() / reps as f64
+        };
+        let secs = timed(&g, &|| {
+            g.k.gemm
+                .to_bf16(&g.g, Rows::new(dx.ptr, cols), t, cols, xb.ptr)
+                .unwrap()
+        });
+        println!("KERNEL to_bf16 T={t} x{cols}: {:.1} µs", secs * 1e6);
+        let mut outs = Vec::new();
+        let staged = Some(Rows::new(xb.ptr, cols));
+        for (name, kernel, staged) in [
+            ("gemm_dense", DenseGemm::Mma, None),
+            ("gemm_dense_wgb", DenseGemm::Wgb, staged),
+            ("gemm_dense_wgb256", DenseGemm::Wgb256, staged),
+        ] {
+            let dy = poisoned(&g, t * rows);
+            let secs = timed(&g, &|| {
+                dense(&g, kernel, &dw, dx.ptr, staged, dy.ptr, t, Store::Overwrite)
+            });
+            let tflops = 2.0 * (t * rows * cols) as f64 / secs / 1e12;
+            println!(
+                "KERNEL {name} T={t} {rows}x{cols}: {:.1} µs, {tflops:.0} TFLOP/s",
+                secs * 1e6
+            );
+            outs.push((name, g.read::<f32>(&dy, 0, t * rows).unwrap()));
+        }
+        for (name, y) in &outs[1..] {
+            let what = format!("{name} vs gemm_dense T={t} {rows}x{cols}");
+            check(&what, y, &outs[0].1, 5e-3);
+        }
+    }
+}
+
+/// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
+/// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
+/// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tensor_core_linears_match_the_bf16_product() {
+    let g = dev(true);
+    let mut rng = Rng(31);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64, several k-steps.
+    for bits in [4u32, 8, 16] {
+        for (t, rows, cols) in [
+            (16usize, 200usize, 192usize),
+            (100, 130, 512),
+            (64, 64, 64),
+            (300, 20, 128),
+            (128, 256, 256),
+        ] {
+            let w = linear(&mut rng, bits, 1, rows, cols);
+            let dw = upload_linear(&g, "w", &w).unwrap();
+            assert_eq!(
+                g.plan.dense(&dw.shape(), t, false),
+                Dense::Gemm(DenseGemm::Mma),
+                "bf16 mode runs chunks of >= 16 tokens on tensor cores unless LILY_TENSOR_CORES=0"
+            );
+            let x = bf(rng.vec(t * cols, 1.0));
+            let dx = g.upload(&x).unwrap();
+            let dy = poisoned(&g, t * rows);
+            g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::Overwrite);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want = bf16_product(&w, &x);
+            check(
+                &format!("gemm_dense bits={bits} T={t} {rows}x{cols}"),
+                &y,
+                &want,
+                5e-3,
+            );
+            let r = bf(rng.vec(t * rows, 0.5));
+            g.write(&dy, 0, &r).unwrap();
+            g.project(&dw, dx.ptr, cols, dy.ptr, rows, t, Store::AddToResidual);
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&r).map(|(a, b)| a + b).collect();
+            check(
+                &format!("gemm_dense+residual bits={bits} T={t}"),
+                &y,
+                &want,
+                5e-3,
+            );
+        }
+    }
+    // The router in split precision (gemm_dense_exact): the fp32 weights' product to ~1e-5; in
+    // one pass over the columns and split into parts (`router_split_k`; 512 tokens of 256
+    // experts × 2,048 columns: 8 parts, as Qwen3.6's router at a 512-token chunk).
+    for (bits, t, rows, cols) in [
+        (8u32, 100usize, 136usize, 256usize),
+        (4, 100, 136, 256),
+        (8, 512, 256, 2048),
+    ] {
+        let w = linear(&mut rng, bits, 1, rows, cols);
+        let dw = upload_linear(&g, "router", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let mut wr = vec![0f32; cols];
+        let mut want = vec![0f32; t * rows];
+        for r in 0..rows {
+            w.dequant_row(r, &mut wr);
+            for n in 0..t {
+                let s: f64 = (0..cols)
+                    .map(|c| wr[c] as f64 * x[n * cols + c] as f64)
+                    .sum();
+                want[n * rows + r] = s as f32;
+            }
+        }
+        for split in [false, true] {
+            let plan = g.plan_with(|o| o.router_split_k = split);
+            let Router::GemmExact { parts } = plan.router(&dw.shape(), t) else {
+                panic!("bf16 mode runs the router of >= 16 tokens on tensor cores");
+            };
+            let dy = poisoned(&g, t * rows);
+            let a = Project {
+                w: &dw,
+                x: Rows::new(dx.ptr, cols),
+                xb: None,
+                y: Rows::new(dy.ptr, rows),
+                n_tok: t,
+            };
+            g.k.gemm.dense_exact(&g.g, parts, &a).unwrap();
+            let y: Vec<f32> = g.read(&dy, 0, t * rows).unwrap();
+            check(
+                &format!(
+                    "gemm_dense_exact (router) bits={bits} T={t} {rows}x{cols}, {parts} parts"
+                ),
+                &y,
+                &want,
+                2e-5,
+            );
+        }
+    }
+    // Grouped: skewed routing (one expert over two 64-item tiles, one expert with none).
+    for kernel in [GroupedGemm::Mma32, GroupedGemm::Mma64] {
+        let tile = kernel.tile();
+        for bits in [4u32, 8] {
+            let (e, rows, cols, t, k) = (7, 136, 256, 90, 2);
+            let items = t * k;
+            let w = linear(&mut rng, bits, e, rows, cols);
+            let dw = upload_linear(&g, "w", &w).unwrap();
+            let x = bf(rng.vec(t * cols, 1.0));
+            let gr = Grouping::skewed(&g, &mut rng, items, e, tile);
+            let y = gemm_grouped(&g, kernel, &dw, &gr, &x, k, rows, cols);
+            let want = gr.want(&w, &x, k, bf16_product);
+            check(
+                &format!(
+                    "gemm_grouped{tile} bits={bits} ({} tiles)",
+                    gr.tiles_made(&g)
+                ),
+                &y,
+                &want,
+                5e-3,
+            );
+        }
+    }
+}
