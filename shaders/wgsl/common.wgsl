@@ -1,4 +1,4 @@
-// Shared by every kernel file: the loader (lily-wgpu/src/kernels.rs) puts this text in front of
+// Shared by every kernel file: the loader (lily-wgpu/src/shaders.rs) puts this text in front of
 // each one. Helpers only; no bindings. Workgroup reductions assume a workgroup of 64 invocations
 // and never a subgroup width (lavapipe has 8 lanes, NVIDIA and Apple 32).
 
@@ -17,6 +17,30 @@ fn bf16_at(word: u32, i: u32) -> f32 {
         return bf16_lo(word);
     }
     return bf16_hi(word);
+}
+
+// The matrix products' parameters (forward.rs `linear_params`, words 0..17): the uniform of
+// linear.wgsl, linear_q4.wgsl and linear_q4_glu.wgsl, and member `m` of the others' (their own
+// fields from word 20: a struct member of a uniform takes a multiple of 16 bytes).
+struct Mat {
+    rows: u32,        // rows of one matrix (or of this slice, plain mode)
+    cols: u32,
+    bits: u32,        // 4, 8 (affine) or 16 (bf16)
+    group: u32,
+    row0: u32,        // first output row of this slice (plain mode)
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,   // in bf16 halves from the start of W
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,          // first expert of this slice
+    e_count: u32,
+    x_div: u32,       // expert mode: input row = item / x_div
+    mat_words: u32,   // packed words per expert matrix
+    nwx: u32,         // workgroups along x (row block = x + y · nwx)
+    accumulate: u32,  // 1: Y += W x
 }
 
 fn silu(x: f32) -> f32 {
