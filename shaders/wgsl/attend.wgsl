@@ -34,7 +34,9 @@ var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> probs: array<f32, 64>;
 
 @compute @workgroup_size(64)
-fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let h = wid.x;
     let t = wid.y;
     let split = wid.z;

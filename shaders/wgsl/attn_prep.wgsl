@@ -27,7 +27,9 @@ struct P {
 var<workgroup> head: array<f32, 256>;
 
 @compute @workgroup_size(64)
-fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let h = wid.x;
     let t = wid.y;
     let d = p.d;

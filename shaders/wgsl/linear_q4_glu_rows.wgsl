@@ -39,7 +39,9 @@ fn u_half4(i: u32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let block = wid.x + wid.y * p.m.nwx;
     let item = wid.z;
     let r0 = block * RB;

@@ -67,9 +67,10 @@ impl WgpuBackend {
             opts.adapter.as_deref(),
             opts.profile,
             opts.limits,
+            opts.subgroups,
         )?;
         let c = &weights.config;
-        let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &gpu.limits)?;
+        let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &gpu.limits, gpu.subgroups)?;
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
             (plan.prefill_attention, &plan.specs.attend_tile)
         {
@@ -154,7 +155,9 @@ impl WgpuBackend {
         let mut worst = 0f64;
         let mut tiles = Vec::new();
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
-            let k = crate::gpu::Kernel::new(&self.gpu, &attend_gqa_spec(d, g), false)?;
+            let sg = self.plan.subgroups;
+            let spec = attend_gqa_spec(d, g).with_subgroups(sg);
+            let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
             for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
                 let merge = Some(&self.kernels.attend_merge);
                 let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t)?;
@@ -163,7 +166,7 @@ impl WgpuBackend {
             // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
             // (pos0 = 0), a block after a long cache, a single token.
             for keys in [32, 16] {
-                let spec = attend_tile_spec(d, g, keys)?;
+                let spec = attend_tile_spec(d, g, keys)?.with_subgroups(sg);
                 if spec.needs()?.exceeds(&self.gpu.limits).is_some() {
                     continue;
                 }

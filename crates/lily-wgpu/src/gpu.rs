@@ -23,6 +23,9 @@ pub struct Gpu {
     pub timestamps: bool,
     /// Whether passes are profiled (`WgpuOptions::profile`).
     pub profiled: bool,
+    /// Whether subgroup operations were enabled (wgpu's SUBGROUP feature) for the reductions
+    /// (shaders/wgsl/reduce_subgroup.wgsl).
+    pub subgroups: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -164,12 +167,14 @@ impl Gpu {
     /// The best adapter (discrete, integrated, virtual, then software such as lavapipe), or the
     /// first whose name contains `adapter`; `allow_software`: whether a CPU adapter (lavapipe,
     /// SwiftShader) may be chosen; the device created with the adapter's limits or those capped
-    /// at Apple's (`limits`); GPU timestamps where `profiled` and the adapter has them.
+    /// at Apple's (`limits`); GPU timestamps where `profiled` and the adapter has them; subgroup
+    /// operations where `subgroups` and the adapter has them.
     pub fn open(
         allow_software: bool,
         adapter: Option<&str>,
         profiled: bool,
         limits: DeviceLimits,
+        subgroups: bool,
     ) -> Result<Gpu> {
         let instance = instance();
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends()));
@@ -205,11 +210,15 @@ impl Gpu {
         } else {
             "no timestamp queries here: host wall time, one submission per dispatch"
         });
-        let required_features = if timestamps {
+        let mut required_features = if timestamps {
             wgpu::Features::TIMESTAMP_QUERY
         } else {
             wgpu::Features::empty()
         };
+        let subgroups = subgroups && adapter.features().contains(wgpu::Features::SUBGROUP);
+        if subgroups {
+            required_features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
             required_features,
@@ -232,6 +241,7 @@ impl Gpu {
             limits,
             timestamps,
             profiled,
+            subgroups,
             error,
             binder: Mutex::new(Binder::default()),
         })

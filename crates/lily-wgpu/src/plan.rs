@@ -55,6 +55,9 @@ pub struct WgpuOptions {
     pub profile: bool,
     /// The limits the device is created with (`LILY_WGPU_LIMITS=apple`).
     pub limits: DeviceLimits,
+    /// The workgroup reductions on subgroups where the adapter has them (`LILY_WGPU_SUBGROUPS=0`:
+    /// through workgroup memory everywhere).
+    pub subgroups: bool,
 }
 
 impl Default for WgpuOptions {
@@ -69,6 +72,7 @@ impl Default for WgpuOptions {
             adapter: None,
             profile: false,
             limits: DeviceLimits::Adapter,
+            subgroups: true,
         }
     }
 }
@@ -102,6 +106,9 @@ impl WgpuOptions {
         }
         if is("LILY_WGPU_LIMITS", "apple") {
             self.limits = DeviceLimits::Apple;
+        }
+        if is("LILY_WGPU_SUBGROUPS", "0") {
+            self.subgroups = false;
         }
         self
     }
@@ -245,6 +252,49 @@ pub struct Specs {
 }
 
 impl Specs {
+    /// Every kernel's reductions on subgroups (`on`) or through workgroup memory.
+    fn set_subgroups(&mut self, on: bool) {
+        for s in [
+            &mut self.linear,
+            &mut self.linear_q4,
+            &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows4,
+            &mut self.linear_q4_rows2,
+            &mut self.linear_q4_mm16,
+            &mut self.linear_q4_mm32,
+            &mut self.linear_q4_glu,
+            &mut self.linear_q4_glu_rows,
+            &mut self.moe_group,
+            &mut self.embed,
+            &mut self.rms_norm,
+            &mut self.gated_norm,
+            &mut self.attn_prep,
+            &mut self.attend,
+            &mut self.attend_gqa,
+            &mut self.attend_merge,
+            &mut self.dn_conv,
+            &mut self.dn_qk_norm,
+            &mut self.dn_recur,
+            &mut self.dn_conv_norm,
+            &mut self.dn_recur_norm,
+            &mut self.moe_route,
+            &mut self.swiglu,
+            &mut self.moe_combine,
+            &mut self.moe_down,
+            &mut self.moe_down_rows,
+            &mut self.argmax_part,
+            &mut self.argmax_final,
+            &mut self.sample_adjust,
+            &mut self.sample_prefilter,
+            &mut self.sample_pick,
+        ] {
+            s.subgroups = on;
+        }
+        if let Some(s) = &mut self.attend_tile {
+            s.subgroups = on;
+        }
+    }
+
     /// Every kernel, with a short name for messages.
     pub fn all(&self) -> Vec<&Spec> {
         let mut v = vec![
@@ -353,6 +403,9 @@ pub struct Plan {
     pub decode_attention: DecodeAttention,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
+    /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
+    /// (reduce_subgroup.wgsl) or through workgroup memory (reduce_workgroup.wgsl).
+    pub subgroups: bool,
     /// The limits the device was created with (`DeviceLimits`), for the log line.
     pub limits: DeviceLimits,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
@@ -362,15 +415,17 @@ pub struct Plan {
 impl Plan {
     /// `opts` (environment overrides already applied) resolved for model `c` (`stacked`: the
     /// shared expert rides in the routed stacks, so each token has top_k + 1 items) on a device
-    /// with `limits`. Each kernel's needs are checked against the limits: where the preferred
-    /// variant does not fit, the next is taken and a note says so; where none does, an error
-    /// names the kernel.
+    /// with `limits` (and subgroup operations where `subgroups`). Each kernel's needs are checked
+    /// against the limits: where the preferred variant does not fit, the next is taken and a
+    /// note says so; where none does, an error names the kernel.
     pub fn resolve(
         opts: &WgpuOptions,
         c: &ModelConfig,
         stacked: bool,
         limits: &wgpu::Limits,
+        subgroups: bool,
     ) -> Result<Plan> {
+        let subgroups = subgroups && opts.subgroups;
         let mut notes = Vec::new();
         let top = (c.top_k + stacked as usize) as f64;
         let decode_attention = match gqa_group(c) {
@@ -389,7 +444,7 @@ impl Plan {
         if let (true, Some(g)) = (opts.attn_tile, tile_group(c)) {
             // Blocks of 32 keys where they fit, else 16 (Apple's 32 KiB), else attend_gqa.
             for keys in [32, 16] {
-                let spec = attend_tile_spec(c.head_dim, g, keys)?;
+                let spec = attend_tile_spec(c.head_dim, g, keys)?.with_subgroups(subgroups);
                 match spec.needs()?.exceeds(limits) {
                     None => {
                         prefill_attention = PrefillAttention::Tile { g, keys };
@@ -402,7 +457,7 @@ impl Plan {
                 }
             }
         }
-        let specs = Specs {
+        let mut specs = Specs {
             linear: Spec::new("linear", &[]),
             linear_q4: Spec::new("linear_q4", &[]),
             linear_q4_rows16: rows_spec(16),
@@ -447,6 +502,7 @@ impl Plan {
             sample_prefilter: Spec::new("sample_prefilter", &[]),
             sample_pick: Spec::new("sample_pick", &[]),
         };
+        specs.set_subgroups(subgroups);
         for spec in specs.all() {
             if let Some(why) = spec.needs()?.exceeds(limits) {
                 bail!(
@@ -466,6 +522,7 @@ impl Plan {
             prefill_attention,
             decode_attention,
             specs,
+            subgroups,
             limits: opts.limits,
             notes,
         })
@@ -503,11 +560,16 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, prefill chunk {}, limits {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
+            "fp32 activations, prefill chunk {}, limits {}, reductions {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
             self.chunk,
             match self.limits {
                 DeviceLimits::Adapter => "the adapter's",
                 DeviceLimits::Apple => "capped at Apple's (32 KiB workgroup memory)",
+            },
+            if self.subgroups {
+                "on subgroups"
+            } else {
+                "through workgroup memory"
             },
             self.dense_mm.items(),
             self.expert_mm.items(),
@@ -704,7 +766,9 @@ mod tests {
             ("LILY_WGPU_ADAPTER", "H200"),
             ("LILY_PROFILE", "1"),
             ("LILY_WGPU_LIMITS", "apple"),
+            ("LILY_WGPU_SUBGROUPS", "0"),
         ]));
+        assert!(!o.subgroups);
         assert_eq!(o.chunk, 512);
         assert!(o.checked && !o.attn_tile && o.profile);
         assert_eq!(o.adapter.as_deref(), Some("H200"));

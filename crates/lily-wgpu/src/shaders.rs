@@ -9,6 +9,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use wgpu::naga;
 
 pub const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
+/// The workgroup reductions (wg_sum, wg_max, rms_scale, wg256_sum, wg256_argmax) on subgroups,
+/// and the same through workgroup memory for devices without subgroup operations.
+pub const REDUCE_SUBGROUP: &str = include_str!("../../../shaders/wgsl/reduce_subgroup.wgsl");
+pub const REDUCE_WORKGROUP: &str = include_str!("../../../shaders/wgsl/reduce_workgroup.wgsl");
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -52,11 +56,14 @@ sources!(
     "swiglu",
 );
 
-/// One kernel as compiled: its file (= entry point) and its `override` constants.
+/// One kernel as compiled: its file (= entry point), its `override` constants, and whether its
+/// reductions run on subgroups (reduce_subgroup.wgsl in front) or through workgroup memory
+/// (reduce_workgroup.wgsl).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
     pub name: &'static str,
     pub constants: Vec<(&'static str, f64)>,
+    pub subgroups: bool,
 }
 
 impl Spec {
@@ -64,7 +71,14 @@ impl Spec {
         Spec {
             name,
             constants: constants.to_vec(),
+            subgroups: false,
         }
+    }
+
+    /// This kernel with its reductions on subgroups (`true`) or through workgroup memory.
+    pub fn with_subgroups(mut self, on: bool) -> Spec {
+        self.subgroups = on;
+        self
     }
 
     /// The kernel file's text.
@@ -76,15 +90,20 @@ impl Spec {
             .with_context(|| format!("no WGSL kernel named {}", self.name))
     }
 
-    /// The module as the device compiles it: `enable` directives first, then common.wgsl, then
-    /// the kernel.
+    /// The module as the device compiles it: `enable` directives first, then the reductions'
+    /// file, common.wgsl, then the kernel.
     pub fn code(&self) -> Result<String> {
         let source = self.source()?;
         let (enables, body): (Vec<&str>, Vec<&str>) = source
             .lines()
             .partition(|l| l.trim_start().starts_with("enable "));
+        let reduce = if self.subgroups {
+            REDUCE_SUBGROUP
+        } else {
+            REDUCE_WORKGROUP
+        };
         Ok(format!(
-            "{}\n{COMMON}\n{}",
+            "{}\n{reduce}\n{COMMON}\n{}",
             enables.join("\n"),
             body.join("\n")
         ))

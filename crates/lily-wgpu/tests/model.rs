@@ -117,6 +117,71 @@ fn logits_match_cpu_with_either_prefill_attention() {
     }
 }
 
+/// The workgroup reductions (norms, attention's softmax and merge, the greedy pick) in both
+/// forms: on subgroups (the default where the adapter has them; lavapipe: 8 lanes) and through
+/// workgroup memory (`WgpuOptions::subgroups` false): teacher-forced logits against the CPU over
+/// 70 positions in chunks of 24, then 8 greedy tokens (decode's folded norms, split attention
+/// merged, argmax on the GPU) equal to the CPU's.
+#[test]
+fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
+    let positions = 70;
+    let tokens = Rng(17).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
+    let cs = cpu.new_seq(positions + 12).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let greedy = |b: &mut dyn Backend, s| {
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let mut out = Vec::new();
+        b.decode(s, &mut sampler, 8, 0, &mut |step| {
+            out.push(step.token);
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want_tokens = greedy(&mut cpu, cs);
+    let mut forms = Vec::new();
+    for subgroups in [true, false] {
+        let Some(mut gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 24,
+                all_logits_chunk: 24,
+                subgroups,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        let on = gpu.plan().subgroups;
+        assert!(subgroups || !on, "subgroups turned off but in use");
+        forms.push(on);
+        let gs = gpu.new_seq(positions + 12).unwrap();
+        let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
+        let e = rel_l2(&got, &want);
+        println!("reductions on subgroups {on}: logits rel_l2 {e:.3e} over {positions} positions");
+        assert!(
+            e < 1e-3,
+            "subgroups {on}: logits differ from the CPU by {e:.3e}"
+        );
+        assert_eq!(
+            greedy(&mut gpu, gs),
+            want_tokens,
+            "subgroups {on}: greedy tokens"
+        );
+        let (att, _) = gpu.check_attention().unwrap();
+        assert!(
+            att < 1e-5,
+            "subgroups {on}: attention differs from the host by {att:.2e}"
+        );
+    }
+    // CI's lavapipe has subgroups: both forms ran there.
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        assert_eq!(forms, [true, false], "both reduction forms in CI");
+    }
+}
+
 /// The 4-bit product kernels on shapes the small presets do not reach, against the host's f64
 /// product on random matrices: linear_q4_mm.wgsl with tiles of 16 and 32 items, 4- and 8-bit
 /// (160 rows, 512 columns, 40 items: the last tile and row block partly filled) and

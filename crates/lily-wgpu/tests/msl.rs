@@ -30,21 +30,24 @@ fn large_limits() -> wgpu::Limits {
 }
 
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
-/// expert in the stacks or not, on a large GPU and on an Apple one.
+/// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
+/// through workgroup memory.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
     for attn_tile in [true, false] {
         for stacked in [true, false] {
             for limits in [large_limits(), apple_limits()] {
-                let opts = WgpuOptions {
-                    attn_tile,
-                    ..WgpuOptions::default()
-                };
-                let plan = Plan::resolve(&opts, &c, stacked, &limits).unwrap();
-                for s in plan.specs.all() {
-                    if !out.contains(s) {
-                        out.push(s.clone());
+                for subgroups in [true, false] {
+                    let opts = WgpuOptions {
+                        attn_tile,
+                        ..WgpuOptions::default()
+                    };
+                    let plan = Plan::resolve(&opts, &c, stacked, &limits, subgroups).unwrap();
+                    for s in plan.specs.all() {
+                        if !out.contains(s) {
+                            out.push(s.clone());
+                        }
                     }
                 }
             }
@@ -101,7 +104,7 @@ fn to_msl(spec: &Spec) -> Result<String, String> {
 #[test]
 fn every_choosable_kernel_translates_to_msl() {
     let specs = choosable();
-    assert!(specs.len() > 30, "{} kernels", specs.len());
+    assert!(specs.len() > 60, "{} kernels", specs.len());
     let mut failed = Vec::new();
     for spec in &specs {
         match to_msl(spec) {
@@ -125,7 +128,7 @@ fn every_choosable_kernel_translates_to_msl() {
 fn the_apple_plan_fits_apple_limits() {
     let c = full_config();
     let limits = apple_limits();
-    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &limits).unwrap();
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &limits, true).unwrap();
     println!("plan: {}", plan.describe());
     // attend_tile is kept, with blocks of 16 keys (32 do not fit).
     assert_eq!(
@@ -160,7 +163,7 @@ fn an_oversized_kernel_is_caught() {
     let needs = big.needs().unwrap();
     assert_eq!(needs.workgroup_bytes, 42_752);
     assert!(needs.exceeds(&apple_limits()).is_some());
-    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &large_limits()).unwrap();
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &large_limits(), true).unwrap();
     assert_eq!(
         plan.prefill_attention,
         PrefillAttention::Tile { g: 8, keys: 32 }
