@@ -396,10 +396,22 @@ impl Backend for WgpuBackend {
         &self.cfg
     }
 
+    /// The adapter, the limits in use, its subgroup sizes and the plan: what a bug report needs
+    /// (`lily-engine bench` and `selftest` print it).
     fn describe(&self) -> String {
+        let i = &self.gpu.info;
+        let l = &self.gpu.limits;
         format!(
-            "wgpu {} ({:?}, fp32 activations)",
-            self.gpu.info.name, self.gpu.info.backend
+            "wgpu {} ({:?}, {:?}; {} B workgroup memory, {} invocations, subgroups of {}..{} lanes{}): {}",
+            i.name,
+            i.backend,
+            i.device_type,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            i.subgroup_min_size,
+            i.subgroup_max_size,
+            if self.gpu.subgroups { " in use" } else { " not used" },
+            self.plan.describe()
         )
     }
 
