@@ -26,9 +26,6 @@ struct P {
 override RB: u32 = 8u;
 
 var<workgroup> wg_expert: u32;
-// part[r · 65 + lane], part_u: row r's partial sums of gate and up from invocation `lane`.
-var<workgroup> part: array<f32, 1040>;
-var<workgroup> part_u: array<f32, 1040>;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -117,35 +114,16 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             bu[j] = u_half4(p.m.bias_off + h);
         }
         for (var j = 0u; j < 8u; j++) {
-            let i = (r8 + j) * 65u + lid;
-            part[i] = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
-            part_u[i] = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+            let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
+            let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+            rows_put(r8 + j, vec2<f32>(gate, up));
         }
     }
-    workgroupBarrier();
-    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
-    // the first of them all PR.
-    let pr = 64u / RB;
-    let r = lid / pr;
-    let k = lid % pr;
-    var tg = 0.0;
-    var tu = 0.0;
-    for (var i = 0u; i < RB; i++) {
-        tg += part[r * 65u + k * RB + i];
-        tu += part_u[r * 65u + k * RB + i];
-    }
-    workgroupBarrier();
-    part[r * 65u + k] = tg;
-    part_u[r * 65u + k] = tu;
-    workgroupBarrier();
-    if (k == 0u && r < nr) {
-        let b = r * 65u;
-        var gate = 0.0;
-        var up = 0.0;
-        for (var i = 0u; i < pr; i++) {
-            gate += part[b + i];
-            up += part_u[b + i];
-        }
+    let total = rows_total(lid, RB);
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        let gate = total.x;
+        let up = total.y;
         Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = silu(gate) * up;
     }
 }

@@ -4,11 +4,11 @@
 // owns 16-byte words lane and lane + 64 (32 columns each at 4 bits, 16 at 8) of every row: it
 // holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
 // the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
-// consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet in
-// shared memory. main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
+// consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet through
+// `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
-// host checks: forward.rs `rows_ok`).
+// host checks: plan.rs `rows_ok`).
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
@@ -29,8 +29,6 @@ struct P {
 override RB: u32 = 16u;
 override RI: u32 = 8u;
 
-// part[r · 65 + lane]: row r's partial sum from invocation `lane` (65: rows in different banks).
-var<workgroup> part: array<f32, 1040>;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -119,8 +117,9 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             s[j] = w_half4(p.m.scale_off + hbase + ga);
             b[j] = w_half4(p.m.bias_off + hbase + ga);
         }
+        var pa = array<f32, 8>();
         for (var j = 0u; j < RI; j++) {
-            part[(r8 + j) * 65u + lid] = s[j] * qd(w[j], xa) + b[j] * sa;
+            pa[j] = s[j] * qd(w[j], xa) + b[j] * sa;
         }
         if (two) {
             for (var j = 0u; j < RI; j++) {
@@ -135,28 +134,16 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
                 b[j] = w_half4(p.m.bias_off + hbase + gc);
             }
             for (var j = 0u; j < RI; j++) {
-                part[(r8 + j) * 65u + lid] += s[j] * qd(w[j], xc) + b[j] * sc;
+                pa[j] += s[j] * qd(w[j], xc) + b[j] * sc;
             }
         }
-    }
-    workgroupBarrier();
-    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
-    // the first of them all PR.
-    let pr = 64u / RB;
-    let r = lid / pr;
-    let k = lid % pr;
-    var t = 0.0;
-    for (var i = 0u; i < RB; i++) {
-        t += part[r * 65u + k * RB + i];
-    }
-    workgroupBarrier();
-    part[r * 65u + k] = t;
-    workgroupBarrier();
-    if (k == 0u && r < nr) {
-        var total = 0.0;
-        for (var i = 0u; i < pr; i++) {
-            total += part[r * 65u + i];
+        for (var j = 0u; j < RI; j++) {
+            rows_put(r8 + j, vec2<f32>(pa[j], 0.0));
         }
+    }
+    let total = rows_total(lid, RB).x;
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
         let o = p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r;
         if (p.m.accumulate != 0u) {
             Y[o] += total;
