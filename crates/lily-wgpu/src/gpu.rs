@@ -124,43 +124,32 @@ pub fn apple_limits() -> wgpu::Limits {
     }
 }
 
-/// `adapter` with each limit `apple_limits` sets taken at the lower (the stricter alignment).
+/// `adapter` with each limit `apple_limits` sets taken at the lower (the alignments at the
+/// stricter).
 pub fn capped_at_apple(adapter: &wgpu::Limits) -> wgpu::Limits {
     let a = apple_limits();
-    wgpu::Limits {
-        max_compute_workgroup_storage_size: adapter
-            .max_compute_workgroup_storage_size
-            .min(a.max_compute_workgroup_storage_size),
-        max_compute_invocations_per_workgroup: adapter
-            .max_compute_invocations_per_workgroup
-            .min(a.max_compute_invocations_per_workgroup),
-        max_compute_workgroup_size_x: adapter
-            .max_compute_workgroup_size_x
-            .min(a.max_compute_workgroup_size_x),
-        max_compute_workgroup_size_y: adapter
-            .max_compute_workgroup_size_y
-            .min(a.max_compute_workgroup_size_y),
-        max_compute_workgroup_size_z: adapter
-            .max_compute_workgroup_size_z
-            .min(a.max_compute_workgroup_size_z),
-        max_storage_buffers_per_shader_stage: adapter
-            .max_storage_buffers_per_shader_stage
-            .min(a.max_storage_buffers_per_shader_stage),
-        max_buffer_size: adapter.max_buffer_size.min(a.max_buffer_size),
-        max_storage_buffer_binding_size: adapter
-            .max_storage_buffer_binding_size
-            .min(a.max_storage_buffer_binding_size),
-        max_compute_workgroups_per_dimension: adapter
-            .max_compute_workgroups_per_dimension
-            .min(a.max_compute_workgroups_per_dimension),
-        min_uniform_buffer_offset_alignment: adapter
-            .min_uniform_buffer_offset_alignment
-            .max(a.min_uniform_buffer_offset_alignment),
-        min_storage_buffer_offset_alignment: adapter
-            .min_storage_buffer_offset_alignment
-            .max(a.min_storage_buffer_offset_alignment),
-        ..adapter.clone()
+    let mut l = adapter.clone();
+    macro_rules! lower {
+        ($($f:ident),*) => { $(l.$f = l.$f.min(a.$f);)* };
     }
+    lower!(
+        max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y,
+        max_compute_workgroup_size_z,
+        max_storage_buffers_per_shader_stage,
+        max_buffer_size,
+        max_storage_buffer_binding_size,
+        max_compute_workgroups_per_dimension
+    );
+    l.min_uniform_buffer_offset_alignment = l
+        .min_uniform_buffer_offset_alignment
+        .max(a.min_uniform_buffer_offset_alignment);
+    l.min_storage_buffer_offset_alignment = l
+        .min_storage_buffer_offset_alignment
+        .max(a.min_storage_buffer_offset_alignment);
+    l
 }
 
 impl Gpu {

@@ -21,6 +21,18 @@ use lily_wgpu::{WgpuBackend, WgpuOptions};
 mod support;
 use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
 
+/// `n` greedy tokens decoded from sequence `s` of `b`.
+fn greedy_tokens(b: &mut dyn Backend, s: lily_core::backend::SeqId, n: usize) -> Vec<u32> {
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let mut out = Vec::new();
+    b.decode(s, &mut sampler, n, 0, &mut |step| {
+        out.push(step.token);
+        Flow::Continue
+    })
+    .unwrap();
+    out
+}
+
 /// The wgpu backend, or `None` (test skipped) where no adapter exists outside CI.
 fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
     wgpu_backend_with(
@@ -130,17 +142,7 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
     let cs = cpu.new_seq(positions + 12).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let greedy = |b: &mut dyn Backend, s| {
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        let mut out = Vec::new();
-        b.decode(s, &mut sampler, 8, 0, &mut |step| {
-            out.push(step.token);
-            Flow::Continue
-        })
-        .unwrap();
-        out
-    };
-    let want_tokens = greedy(&mut cpu, cs);
+    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
     let mut forms = Vec::new();
     for subgroups in [true, false] {
         let Some(mut gpu) = wgpu_backend_with(
@@ -166,7 +168,7 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
             "subgroups {on}: logits differ from the CPU by {e:.3e}"
         );
         assert_eq!(
-            greedy(&mut gpu, gs),
+            greedy_tokens(&mut gpu, gs, 8),
             want_tokens,
             "subgroups {on}: greedy tokens"
         );
@@ -246,18 +248,8 @@ fn long_chunks_and_split_attention_match_cpu() {
     let e = rel_l2(&got, &want);
     println!("300 positions in chunks of 128: last logits rel_l2 {e:.3e}");
     assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-    let run = |b: &mut dyn Backend, s| {
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        let mut out = Vec::new();
-        b.decode(s, &mut sampler, 8, 0, &mut |step| {
-            out.push(step.token);
-            Flow::Continue
-        })
-        .unwrap();
-        out
-    };
-    let want = run(&mut cpu, cs);
-    let got = run(&mut gpu, gs);
+    let want = greedy_tokens(&mut cpu, cs, 8);
+    let got = greedy_tokens(&mut gpu, gs, 8);
     assert_eq!(got, want, "greedy tokens after 300 positions");
 }
 
@@ -587,19 +579,9 @@ fn snapshot_restore_is_exact() {
     let s = gpu.new_seq(64).unwrap();
     gpu.prefill(s, &first).unwrap();
     let snap = gpu.snapshot(s).unwrap();
-    let greedy = |b: &mut WgpuBackend, n: usize| {
-        let mut out = Vec::new();
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        b.decode(s, &mut sampler, n, 0, &mut |t| {
-            out.push(t.token);
-            Flow::Continue
-        })
-        .unwrap();
-        out
-    };
     gpu.prefill(s, &second).unwrap();
     let after_second = gpu.logits(s).unwrap();
-    let cont_a = greedy(&mut gpu, 6);
+    let cont_a = greedy_tokens(&mut gpu, s, 6);
     gpu.restore(s, snap).unwrap();
     assert_eq!(gpu.seq_len(s).unwrap(), first.len());
     gpu.prefill(s, &second).unwrap();
@@ -609,7 +591,7 @@ fn snapshot_restore_is_exact() {
         "logits after restore differ"
     );
     assert_eq!(
-        greedy(&mut gpu, 6),
+        greedy_tokens(&mut gpu, s, 6),
         cont_a,
         "continuation after restore differs"
     );
