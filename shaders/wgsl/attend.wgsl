@@ -20,8 +20,8 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read> Vc: array<KV>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
@@ -60,7 +60,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             let kbase = (j * p.hkv + kvh) * d4;
             var dot4 = vec4<f32>(0.0);
             for (var c = 0u; c < d4; c++) {
-                dot4 += qs[c] * Kc[kbase + c];
+                dot4 += qs[c] * vec4<f32>(Kc[kbase + c]);
             }
             s = (dot4.x + dot4.y + dot4.z + dot4.w) * p.scale;
         }
@@ -81,7 +81,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
                 var a = acc[i] * corr;
                 for (var jj = 0u; jj < 64u; jj++) {
                     if (jj < cnt) {
-                        a += probs[jj] * Vc[((kb + jj) * p.hkv + kvh) * d + c];
+                        a += probs[jj] * f32(Vc[((kb + jj) * p.hkv + kvh) * d + c]);
                     }
                 }
                 acc[i] = a;

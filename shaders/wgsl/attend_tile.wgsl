@@ -35,8 +35,8 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read> Vc: array<KV4>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
 // Head dim (a multiple of 64, ≤ 256) and query heads per KV head (a power of two ≤ 8).
@@ -100,7 +100,7 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let c = i % 16u;
                 var v = vec4<f32>(0.0);
                 if (kb + j < k1) {
-                    v = Kc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c];
+                    v = vec4<f32>(Kc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c]);
                 }
                 ks[j * CS + c] = v;
             }
@@ -153,7 +153,7 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let c = i % 16u;
                 var v = vec4<f32>(0.0);
                 if (kb + j < k1) {
-                    v = Vc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c];
+                    v = vec4<f32>(Vc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c]);
                 }
                 vs[i] = v;
             }

@@ -16,7 +16,9 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{attend_gqa_spec, attend_tile_spec, MmTile, Plan, PrefillAttention, WgpuOptions};
+use crate::plan::{
+    attend_gqa_spec, attend_tile_spec, DeviceCaps, MmTile, Plan, PrefillAttention, WgpuOptions,
+};
 use crate::probes::{check_attention, check_mm, check_rows};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -68,16 +70,23 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
+            opts.f16_kv,
         )?;
         let c = &weights.config;
-        let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &gpu.limits, gpu.subgroups)?;
+        let caps = DeviceCaps {
+            limits: gpu.limits.clone(),
+            subgroups: gpu.subgroups,
+            f16: gpu.f16,
+        };
+        let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
             (plan.prefill_attention, &plan.specs.attend_tile)
         {
             // Checked as attention is at load: a block of 37 tokens after 268 (tiles partly
             // filled, several key blocks, the causal edge inside blocks).
             let k = crate::gpu::Kernel::new(&gpu, spec, plan.checked)?;
-            let e = check_attention(&gpu, &k, None, (c.n_kv_heads, g, c.head_dim), 305, 37)?;
+            let shape = (c.n_kv_heads, g, c.head_dim);
+            let e = check_attention(&gpu, &k, None, shape, 305, 37, plan.kv_f16)?;
             if e < ATTEND_TILE_TOLERANCE {
                 plan.notes
                     .push(format!("attend_tile checked at load: {e:.1e} relative"));
@@ -156,23 +165,26 @@ impl WgpuBackend {
         let mut tiles = Vec::new();
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
             let sg = self.plan.subgroups;
-            let spec = attend_gqa_spec(d, g).with_subgroups(sg);
+            let f16 = self.plan.kv_f16;
+            let mut spec = attend_gqa_spec(d, g).with_subgroups(sg);
+            spec.kv_f16 = f16;
             let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
             for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
                 let merge = Some(&self.kernels.attend_merge);
-                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t)?;
+                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t, f16)?;
                 worst = worst.max(e);
             }
             // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
             // (pos0 = 0), a block after a long cache, a single token.
             for keys in [32, 16] {
-                let spec = attend_tile_spec(d, g, keys)?.with_subgroups(sg);
+                let mut spec = attend_tile_spec(d, g, keys)?.with_subgroups(sg);
+                spec.kv_f16 = f16;
                 if spec.needs()?.exceeds(&self.gpu.limits).is_some() {
                     continue;
                 }
                 let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
                 for (n, t) in [(305usize, 37usize), (64, 64), (700, 70), (41, 1)] {
-                    let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t)?;
+                    let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t, f16)?;
                     worst = worst.max(e);
                 }
                 tiles.push([d, g, keys]);
@@ -355,9 +367,9 @@ impl WgpuBackend {
     /// submission.
     fn duplicate(&self, s: &SeqState, max_ctx: usize) -> Result<SeqState> {
         let c = &self.cfg;
-        let d = SeqState::new(&self.gpu, c, max_ctx)?;
+        let d = SeqState::new(&self.gpu, c, max_ctx, self.plan.kv_f16)?;
         let mut r = Recorder::new(&self.gpu);
-        let kv = s.len as u64 * kv_row_bytes(c);
+        let kv = s.len as u64 * kv_row_bytes(c, self.plan.kv_f16);
         for (a, b) in s.kv.iter().zip(&d.kv) {
             if let (Some((ka, va)), Some((kb, vb))) = (a, b) {
                 r.copy(ka, 0, kb, 0, kv);
@@ -419,7 +431,7 @@ impl Backend for WgpuBackend {
         if max_ctx == 0 {
             bail!("a sequence needs a context of at least one token");
         }
-        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx)?;
+        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.plan.kv_f16)?;
         let id = self.next_id;
         self.next_id += 1;
         self.seqs.insert(id, s);

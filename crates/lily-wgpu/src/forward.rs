@@ -225,8 +225,9 @@ pub struct SeqState {
 }
 
 impl SeqState {
-    pub fn new(gpu: &Gpu, c: &ModelConfig, max_ctx: usize) -> Result<SeqState> {
-        let kv_bytes = (max_ctx * c.n_kv_heads * c.head_dim * 4) as u64;
+    /// `kv_f16`: the KV cache in f16 (the plan's `kv_f16`), else f32.
+    pub fn new(gpu: &Gpu, c: &ModelConfig, max_ctx: usize, kv_f16: bool) -> Result<SeqState> {
+        let kv_bytes = max_ctx as u64 * kv_row_bytes(c, kv_f16);
         let mut kv = Vec::new();
         let mut dn = Vec::new();
         for (i, kind) in c.layers.iter().enumerate() {
@@ -266,8 +267,9 @@ pub fn conv_bytes(c: &ModelConfig) -> u64 {
     ((c.conv_kernel - 1) * c.conv_dim() * 4) as u64
 }
 
-pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
-    (c.n_kv_heads * c.head_dim * 4) as u64
+/// Bytes of one position's K (or V) in the cache: f16 or f32 elements.
+pub fn kv_row_bytes(c: &ModelConfig, kv_f16: bool) -> u64 {
+    (c.n_kv_heads * c.head_dim * if kv_f16 { 2 } else { 4 }) as u64
 }
 
 /// Byte offset of u_hi, u_lo in sample_pick.wgsl's parameters.

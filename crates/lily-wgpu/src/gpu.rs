@@ -26,6 +26,8 @@ pub struct Gpu {
     /// Whether subgroup operations were enabled (wgpu's SUBGROUP feature) for the reductions
     /// (shaders/wgsl/reduce_subgroup.wgsl).
     pub subgroups: bool,
+    /// Whether f16 in shaders was enabled (wgpu's SHADER_F16) for the KV cache.
+    pub f16: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -157,13 +159,14 @@ impl Gpu {
     /// first whose name contains `adapter`; `allow_software`: whether a CPU adapter (lavapipe,
     /// SwiftShader) may be chosen; the device created with the adapter's limits or those capped
     /// at Apple's (`limits`); GPU timestamps where `profiled` and the adapter has them; subgroup
-    /// operations where `subgroups` and the adapter has them.
+    /// operations where `subgroups`, f16 in shaders where `f16`, each where the adapter has it.
     pub fn open(
         allow_software: bool,
         adapter: Option<&str>,
         profiled: bool,
         limits: DeviceLimits,
         subgroups: bool,
+        f16: bool,
     ) -> Result<Gpu> {
         let instance = instance();
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends()));
@@ -208,6 +211,10 @@ impl Gpu {
         if subgroups {
             required_features |= wgpu::Features::SUBGROUP;
         }
+        let f16 = f16 && adapter.features().contains(wgpu::Features::SHADER_F16);
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
             required_features,
@@ -231,6 +238,7 @@ impl Gpu {
             timestamps,
             profiled,
             subgroups,
+            f16,
             error,
             binder: Mutex::new(Binder::default()),
         })

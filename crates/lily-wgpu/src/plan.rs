@@ -58,6 +58,16 @@ pub struct WgpuOptions {
     /// The workgroup reductions on subgroups where the adapter has them (`LILY_WGPU_SUBGROUPS=0`:
     /// through workgroup memory everywhere).
     pub subgroups: bool,
+    /// The KV cache in f16 where the adapter has SHADER_F16 (`LILY_WGPU_F16_KV=0`: f32).
+    pub f16_kv: bool,
+}
+
+/// What the device offers the plan: its limits (as created) and the optional features enabled.
+#[derive(Clone, Debug)]
+pub struct DeviceCaps {
+    pub limits: wgpu::Limits,
+    pub subgroups: bool,
+    pub f16: bool,
 }
 
 impl Default for WgpuOptions {
@@ -73,6 +83,7 @@ impl Default for WgpuOptions {
             profile: false,
             limits: DeviceLimits::Adapter,
             subgroups: true,
+            f16_kv: true,
         }
     }
 }
@@ -109,6 +120,9 @@ impl WgpuOptions {
         }
         if is("LILY_WGPU_SUBGROUPS", "0") {
             self.subgroups = false;
+        }
+        if is("LILY_WGPU_F16_KV", "0") {
+            self.f16_kv = false;
         }
         self
     }
@@ -406,6 +420,8 @@ pub struct Plan {
     /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
     /// (reduce_subgroup.wgsl) or through workgroup memory (reduce_workgroup.wgsl).
     pub subgroups: bool,
+    /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
+    pub kv_f16: bool,
     /// The limits the device was created with (`DeviceLimits`), for the log line.
     pub limits: DeviceLimits,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
@@ -415,17 +431,18 @@ pub struct Plan {
 impl Plan {
     /// `opts` (environment overrides already applied) resolved for model `c` (`stacked`: the
     /// shared expert rides in the routed stacks, so each token has top_k + 1 items) on a device
-    /// with `limits` (and subgroup operations where `subgroups`). Each kernel's needs are checked
-    /// against the limits: where the preferred variant does not fit, the next is taken and a
-    /// note says so; where none does, an error names the kernel.
+    /// `device` offers. Each kernel's needs are checked against the device's limits: where the
+    /// preferred variant does not fit, the next is taken and a note says so; where none does, an
+    /// error names the kernel.
     pub fn resolve(
         opts: &WgpuOptions,
         c: &ModelConfig,
         stacked: bool,
-        limits: &wgpu::Limits,
-        subgroups: bool,
+        device: &DeviceCaps,
     ) -> Result<Plan> {
-        let subgroups = subgroups && opts.subgroups;
+        let limits = &device.limits;
+        let subgroups = device.subgroups && opts.subgroups;
+        let kv_f16 = device.f16 && opts.f16_kv;
         let mut notes = Vec::new();
         let top = (c.top_k + stacked as usize) as f64;
         let decode_attention = match gqa_group(c) {
@@ -444,7 +461,8 @@ impl Plan {
         if let (true, Some(g)) = (opts.attn_tile, tile_group(c)) {
             // Blocks of 32 keys where they fit, else 16 (Apple's 32 KiB), else attend_gqa.
             for keys in [32, 16] {
-                let spec = attend_tile_spec(c.head_dim, g, keys)?.with_subgroups(subgroups);
+                let mut spec = attend_tile_spec(c.head_dim, g, keys)?.with_subgroups(subgroups);
+                spec.kv_f16 = kv_f16;
                 match spec.needs()?.exceeds(limits) {
                     None => {
                         prefill_attention = PrefillAttention::Tile { g, keys };
@@ -503,6 +521,13 @@ impl Plan {
             sample_pick: Spec::new("sample_pick", &[]),
         };
         specs.set_subgroups(subgroups);
+        for s in [
+            &mut specs.attn_prep,
+            &mut specs.attend,
+            &mut specs.attend_gqa,
+        ] {
+            s.kv_f16 = kv_f16;
+        }
         for spec in specs.all() {
             if let Some(why) = spec.needs()?.exceeds(limits) {
                 bail!(
@@ -523,6 +548,7 @@ impl Plan {
             decode_attention,
             specs,
             subgroups,
+            kv_f16,
             limits: opts.limits,
             notes,
         })
@@ -560,7 +586,8 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, prefill chunk {}, limits {}, reductions {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
+            "fp32 activations, {} KV cache, prefill chunk {}, limits {}, reductions {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
+            if self.kv_f16 { "f16" } else { "f32" },
             self.chunk,
             match self.limits {
                 DeviceLimits::Adapter => "the adapter's",
@@ -767,8 +794,9 @@ mod tests {
             ("LILY_PROFILE", "1"),
             ("LILY_WGPU_LIMITS", "apple"),
             ("LILY_WGPU_SUBGROUPS", "0"),
+            ("LILY_WGPU_F16_KV", "0"),
         ]));
-        assert!(!o.subgroups);
+        assert!(!o.subgroups && !o.f16_kv);
         assert_eq!(o.chunk, 512);
         assert!(o.checked && !o.attn_tile && o.profile);
         assert_eq!(o.adapter.as_deref(), Some("H200"));

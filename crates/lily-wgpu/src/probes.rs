@@ -126,13 +126,13 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     Ok(worst)
 }
 
-/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv by `kernels::attend_gqa_for`) and
+/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and
 /// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
 /// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
 /// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
 /// relative L2 difference of the outputs.
-/// With `merge` None, `gqa` is attend_tile.wgsl (`kernels::attend_tile_for`): tiles of 64 / g
-/// tokens, no key splits.
+/// With `merge` None, `gqa` is attend_tile.wgsl (`plan::attend_tile_spec`): tiles of 64 / g
+/// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache.
 pub fn check_attention(
     gpu: &Gpu,
     gqa: &Kernel,
@@ -140,6 +140,7 @@ pub fn check_attention(
     (hkv, g, d): (usize, usize, usize),
     n: usize,
     t: usize,
+    kv_f16: bool,
 ) -> Result<f64> {
     let hq = hkv * g;
     let pos0 = n - t;
@@ -153,14 +154,31 @@ pub fn check_attention(
     };
     let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
     let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
-    let kc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
-    let vc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
+    // An f16 cache (`kv_f16`: the kernel compiled for one) holds the values rounded to f16; the
+    // host's reference takes the same rounded values, so the check is of the kernel's arithmetic.
+    let round = |v: f32| {
+        if kv_f16 {
+            half::f16::from_f32(v).to_f32()
+        } else {
+            v
+        }
+    };
+    let kc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
+    let vc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let scale = 1.0 / (d as f32).sqrt();
     let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
     let qb = gpu.upload_f32("check.q", &q)?;
     let qgb = gpu.upload_f32("check.qg", &qg)?;
-    let kb = gpu.upload_f32("check.k", &kc)?;
-    let vb = gpu.upload_f32("check.v", &vc)?;
+    let cache = |label: &str, v: &[f32]| {
+        if kv_f16 {
+            let h: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
+            gpu.upload(label, bytemuck::cast_slice(&h))
+        } else {
+            gpu.upload_f32(label, v)
+        }
+    };
+    let kb = cache("check.k", &kc)?;
+    let vb = cache("check.v", &vc)?;
     let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
     let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
     let mut r = Recorder::new(gpu);

@@ -13,6 +13,9 @@ pub const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
 /// and the same through workgroup memory for devices without subgroup operations.
 pub const REDUCE_SUBGROUP: &str = include_str!("../../../shaders/wgsl/reduce_subgroup.wgsl");
 pub const REDUCE_WORKGROUP: &str = include_str!("../../../shaders/wgsl/reduce_workgroup.wgsl");
+/// The KV cache's element types (`KV`, `KV4`): f32, or f16 where the device has SHADER_F16.
+pub const KV_F32: &str = include_str!("../../../shaders/wgsl/kv_f32.wgsl");
+pub const KV_F16: &str = include_str!("../../../shaders/wgsl/kv_f16.wgsl");
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -56,14 +59,16 @@ sources!(
     "swiglu",
 );
 
-/// One kernel as compiled: its file (= entry point), its `override` constants, and whether its
+/// One kernel as compiled: its file (= entry point), its `override` constants, whether its
 /// reductions run on subgroups (reduce_subgroup.wgsl in front) or through workgroup memory
-/// (reduce_workgroup.wgsl).
+/// (reduce_workgroup.wgsl), and whether the KV cache it reads or writes is f16 (kv_f16.wgsl) or
+/// f32 (kv_f32.wgsl).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
     pub name: &'static str,
     pub constants: Vec<(&'static str, f64)>,
     pub subgroups: bool,
+    pub kv_f16: bool,
 }
 
 impl Spec {
@@ -72,6 +77,7 @@ impl Spec {
             name,
             constants: constants.to_vec(),
             subgroups: false,
+            kv_f16: false,
         }
     }
 
@@ -91,11 +97,13 @@ impl Spec {
     }
 
     /// The module as the device compiles it: `enable` directives first, then the reductions'
-    /// file, common.wgsl, then the kernel.
+    /// file, common.wgsl, the KV cache's types and the kernel.
     pub fn code(&self) -> Result<String> {
-        let source = self.source()?;
-        let (enables, body): (Vec<&str>, Vec<&str>) = source
+        let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
+        let (enables, body): (Vec<&str>, Vec<&str>) = kv
             .lines()
+            .chain([""])
+            .chain(self.source()?.lines())
             .partition(|l| l.trim_start().starts_with("enable "));
         let reduce = if self.subgroups {
             REDUCE_SUBGROUP

@@ -9,7 +9,7 @@
 use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
-use lily_wgpu::plan::{Plan, PrefillAttention};
+use lily_wgpu::plan::{DeviceCaps, Plan, PrefillAttention};
 use lily_wgpu::shaders::{validator, Spec};
 use lily_wgpu::WgpuOptions;
 
@@ -31,19 +31,24 @@ fn large_limits() -> wgpu::Limits {
 
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
-/// through workgroup memory.
+/// through workgroup memory, the KV cache in f16 and in f32.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
     for attn_tile in [true, false] {
         for stacked in [true, false] {
             for limits in [large_limits(), apple_limits()] {
-                for subgroups in [true, false] {
+                for (subgroups, f16) in [(true, true), (false, false)] {
                     let opts = WgpuOptions {
                         attn_tile,
                         ..WgpuOptions::default()
                     };
-                    let plan = Plan::resolve(&opts, &c, stacked, &limits, subgroups).unwrap();
+                    let device = DeviceCaps {
+                        limits: limits.clone(),
+                        subgroups,
+                        f16,
+                    };
+                    let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
                     for s in plan.specs.all() {
                         if !out.contains(s) {
                             out.push(s.clone());
@@ -128,7 +133,12 @@ fn every_choosable_kernel_translates_to_msl() {
 fn the_apple_plan_fits_apple_limits() {
     let c = full_config();
     let limits = apple_limits();
-    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &limits, true).unwrap();
+    let device = DeviceCaps {
+        limits,
+        subgroups: true,
+        f16: true,
+    };
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
     // attend_tile is kept, with blocks of 16 keys (32 do not fit).
     assert_eq!(
@@ -163,7 +173,12 @@ fn an_oversized_kernel_is_caught() {
     let needs = big.needs().unwrap();
     assert_eq!(needs.workgroup_bytes, 42_752);
     assert!(needs.exceeds(&apple_limits()).is_some());
-    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &large_limits(), true).unwrap();
+    let device = DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16: true,
+    };
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     assert_eq!(
         plan.prefill_attention,
         PrefillAttention::Tile { g: 8, keys: 32 }
