@@ -26,7 +26,7 @@ struct P {
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
-// The head dim, fixed per model (lily-wgpu/src/kernels.rs): the loops over it, and over the 64
+// The head dim, fixed per model (lily-wgpu/src/plan.rs): the loops over it, and over the 64
 // keys of a block, have constant bounds and unroll, so their reads issue together.
 override D: u32 = 256u;
 

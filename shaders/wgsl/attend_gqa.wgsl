@@ -33,7 +33,7 @@ struct P {
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
-// The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/kernels.rs).
+// The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
 override G: u32 = 8u;
 

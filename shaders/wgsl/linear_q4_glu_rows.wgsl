@@ -5,7 +5,7 @@
 // consecutive 16 bytes of a row. Same parameters, bindings and grid (with RB rows a workgroup)
 // as linear_q4_glu.wgsl: plain matrices or routed experts (item z: token z / x_div, expert
 // ids[z]). main's profile on the H200 (c7ee898): linear_q4_glu 24.8 µs a call for 9 experts'
-// 9.4 MB (≈ 380 GB/s). The host checks the shapes (forward.rs `glu_rows_ok`).
+// 9.4 MB (≈ 380 GB/s). The host checks the shapes (plan.rs `glu_rows_ok`).
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)

@@ -694,7 +694,7 @@ impl<'a> Forward<'a> {
 
     /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
     /// product per part (one in all where the formats allowed joining them at load).
-    /// `norm`: the parts read the residual stream and normalise it themselves (`fold_fused`).
+    /// `norm`: the parts read the residual stream and normalise it themselves (`Plan::folds_norm`).
     fn fused(
         &self,
         r: &mut Recorder<'a>,
@@ -1092,7 +1092,7 @@ impl<'a> Forward<'a> {
     /// token has k + 1 items, the last one expert E with weight sigmoid(shared gate logit), and
     /// the same dispatches serve both.
     /// `norm`: the router and the experts' GLU read the residual stream and normalise it
-    /// themselves (`fold_moe`).
+    /// themselves (`Plan::folds_moe_norm`).
     fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize, norm: Option<&'a Buf>) {
         let c = self.cfg;
         let s = self.s;
