@@ -452,11 +452,13 @@ impl<'a> Forward<'a> {
         let h = c.hidden;
         for (i, layer) in self.model.layers.iter().enumerate() {
             // Decode: the norms folded into the row kernels that read them, where all do.
-            let fold_in = t == 1
-                && self.plan.folds_norm(match &layer.mixer {
+            let fold_in = self.plan.folds_norm(
+                match &layer.mixer {
                     GpuMixer::Attention(a) => &a.qkv,
                     GpuMixer::DeltaNet(d) => &d.in_proj,
-                });
+                },
+                t,
+            );
             let norm_in = fold_in.then_some(&layer.input_norm);
             if !fold_in {
                 self.rms_norm(&mut r, &s.x, &layer.input_norm, &s.xn, 0, t);
@@ -471,7 +473,7 @@ impl<'a> Forward<'a> {
                     self.deltanet(&mut r, d, st, conv, t, norm_in);
                 }
             }
-            let fold_post = t == 1 && self.plan.folds_moe_norm(&layer.moe);
+            let fold_post = self.plan.folds_moe_norm(&layer.moe, t);
             if !fold_post {
                 self.rms_norm(&mut r, &s.x, &layer.post_norm, &s.xn, 0, t);
             }
@@ -483,7 +485,7 @@ impl<'a> Forward<'a> {
             LogitsOut::Last => {
                 let lm = &self.model.lm_head;
                 let mut io = self.plain(&s.x, h, &seq.logits, v, 1);
-                if t == 1 && self.plan.linear(lm, 1, false, io.aligned()) == LinearKernel::Rows {
+                if self.plan.folds_final_norm(lm, t) {
                     io.norm = Some(&self.model.final_norm);
                 } else {
                     self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);

@@ -631,19 +631,25 @@ impl Plan {
         }
     }
 
-    /// Whether a decode step's norm before `f` (one launch site's matrices) folds into them: one
-    /// part, on linear_q4_rows.wgsl.
-    pub fn folds_norm(&self, f: &Fused) -> bool {
-        f.parts.len() == 1 && rows_ok(&f.parts[0].0, true)
+    /// Whether the norm before `f` (one launch site's matrices) over `t` tokens folds into them:
+    /// a decode step, one part, on linear_q4_rows.wgsl.
+    pub fn folds_norm(&self, f: &Fused, t: usize) -> bool {
+        t == 1 && f.parts.len() == 1 && rows_ok(&f.parts[0].0, true)
     }
 
-    /// Whether a decode step's norm before the MoE folds into its readers: the router
-    /// (`folds_norm`) and the experts' gate/up on linear_q4_glu_rows.wgsl, the shared expert
-    /// riding in the stacks (nothing else reads the normalised input).
-    pub fn folds_moe_norm(&self, m: &GpuMoe) -> bool {
+    /// Whether the norm before the MoE over `t` tokens folds into its readers: a decode step, the
+    /// router (`folds_norm`) and the experts' gate/up on linear_q4_glu_rows.wgsl, the shared
+    /// expert riding in the stacks (nothing else reads the normalised input).
+    pub fn folds_moe_norm(&self, m: &GpuMoe, t: usize) -> bool {
         m.shared.is_none()
-            && self.folds_norm(&m.router)
-            && self.experts_up(m, 1) == ExpertsUp::GluRows
+            && self.folds_norm(&m.router, t)
+            && self.experts_up(m, t) == ExpertsUp::GluRows
+    }
+
+    /// Whether the final norm folds into lm_head (`lm`) over `t` tokens: a decode step whose
+    /// lm_head runs on linear_q4_rows.wgsl.
+    pub fn folds_final_norm(&self, lm: &GpuLinear, t: usize) -> bool {
+        t == 1 && self.linear(lm, 1, false, true) == LinearKernel::Rows
     }
 
     /// The gate/up kernels of a MoE block over `t` tokens.
