@@ -18,6 +18,9 @@
 //!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl); the general kernels
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else.
+//! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
+//!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
+//!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
 
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
