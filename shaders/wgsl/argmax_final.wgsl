@@ -12,7 +12,9 @@ struct P {
 @group(0) @binding(2) var<storage, read_write> Out: array<u32>;
 
 @compute @workgroup_size(256)
-fn argmax_final(@builtin(local_invocation_index) lid: u32) {
+fn argmax_final(lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     var m = NEG_BIG;
     var mi = 0xffffffffu;
     for (var b = lid; b < p.parts; b += 256u) {

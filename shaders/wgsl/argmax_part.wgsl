@@ -13,7 +13,9 @@ struct P {
 @group(0) @binding(2) var<storage, read_write> Parts: array<f32>;
 
 @compute @workgroup_size(256)
-fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let a = wid.x * p.span;
     let b = min(a + p.span, p.n);
     var m = NEG_BIG;

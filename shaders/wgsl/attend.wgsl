@@ -20,13 +20,13 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read> Vc: array<KV>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
-// The head dim, fixed per model (lily-wgpu/src/kernels.rs): the loops over it, and over the 64
+// The head dim, fixed per model (lily-wgpu/src/plan.rs): the loops over it, and over the 64
 // keys of a block, have constant bounds and unroll, so their reads issue together.
 override D: u32 = 256u;
 
@@ -34,7 +34,9 @@ var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> probs: array<f32, 64>;
 
 @compute @workgroup_size(64)
-fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let h = wid.x;
     let t = wid.y;
     let split = wid.z;
@@ -58,7 +60,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             let kbase = (j * p.hkv + kvh) * d4;
             var dot4 = vec4<f32>(0.0);
             for (var c = 0u; c < d4; c++) {
-                dot4 += qs[c] * Kc[kbase + c];
+                dot4 += qs[c] * vec4<f32>(Kc[kbase + c]);
             }
             s = (dot4.x + dot4.y + dot4.z + dot4.w) * p.scale;
         }
@@ -79,7 +81,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 var a = acc[i] * corr;
                 for (var jj = 0u; jj < 64u; jj++) {
                     if (jj < cnt) {
-                        a += probs[jj] * Vc[((kb + jj) * p.hkv + kvh) * d + c];
+                        a += probs[jj] * f32(Vc[((kb + jj) * p.hkv + kvh) * d + c]);
                     }
                 }
                 acc[i] = a;

@@ -27,13 +27,13 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Vc: array<f32>;
+@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read> Vc: array<KV>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
-// The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/kernels.rs).
+// The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
 override G: u32 = 8u;
 
@@ -85,7 +85,7 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             if (jk < k1) {
                 let kbase = (jk * p.hkv + kvh) * d4;
                 for (var c = ks; c < d4; c += G) {
-                    let kv = Kc[kbase + c];
+                    let kv = vec4<f32>(Kc[kbase + c]);
                     for (var g = 0u; g < G; g++) {
                         pd[g] += qs[g * d4 + c] * kv;
                     }
@@ -139,7 +139,7 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             if (jj < cnt) {
                 var v = 0.0;
                 if (c < D) {
-                    v = Vc[((kb + jj) * p.hkv + kvh) * D + c];
+                    v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
                 }
                 for (var g = 0u; g < G; g++) {
                     let w = pr[g * kbn + jj];

@@ -19,7 +19,9 @@ struct P {
 var<workgroup> factor: array<f32, 64>;
 
 @compute @workgroup_size(64)
-fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let row = wid.y * p.hq + wid.x;
     let d = p.d;
     let w = d + 2u;

@@ -3,13 +3,15 @@
 // (token, head) of the tile, so each cached K and V row is read once per TQ tokens (attend_gqa.wgsl
 // reads it once per token: on the H200 at a 4K prompt it spent 48.9 µs per prefill token, each
 // 512-token chunk's call reading ≈ 4 GB of K and V). Written for prefill (chunks of many
-// tokens); the host uses it there only under $LILY_WGPU_ATTN_TILE=1 (forward.rs) until measured.
+// tokens; the plan's `PrefillAttention::Tile`: on the H200 at a 4K prompt 12.3 µs a token).
 // Same bindings and outputs as attend_gqa.wgsl without key splits (its O directly, gated).
+// Workgroup memory: 17 KiB of queries + 33·KB vec4 of keys, values and scores: 42.75 KiB with
+// blocks of KB = 32 keys, 29.5 KiB with 16 (Apple GPUs have 32 KiB; the plan takes 16 there).
 //
-// Per block of KB = 32 keys:
+// Per block of KB keys (an override: 32, or 16):
 // - scores S = Q·Kᵀ (64 rows × 32 keys) over the head dim in chunks of 64 dimensions, the
 //   tile's queries and the block's keys through shared memory; invocation (rp, kg) =
-//   (lid / 8, lid % 8) holds rows 2·rp, 2·rp + 1 × keys kg + 8·i (i < 4) in registers;
+//   (lid / 8, lid % 8) holds rows 2·rp, 2·rp + 1 × keys kg + 8·i (i < KB / 8) in registers;
 // - online softmax per row (invocations 0..63, one row each): the running max and sum, the
 //   block's weights p = exp(s − m) in place of the scores, the old sums' correction;
 // - O += P·V (64 rows × D) in chunks of 64 dimensions of V: invocation (rg, c4) = (lid / 16,
@@ -33,15 +35,17 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read> Vc: array<KV4>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 
 // Head dim (a multiple of 64, ≤ 256) and query heads per KV head (a power of two ≤ 8).
 override D: u32 = 256u;
 override G: u32 = 8u;
 
-const KB: u32 = 32u;
+override KB: u32 = 32u;
+override KS_LEN: u32 = KB * 17u;
+override VS_LEN: u32 = KB * 16u;
 // Row stride (vec4) of qs and ks: 16 vec4 of a chunk + 1 (rows on different banks).
 const CS: u32 = 17u;
 
@@ -50,9 +54,9 @@ const CS: u32 = 17u;
 // score, then weight, of row r and key j (four rows a vec4: one read for an invocation's four
 // rows); corr[r]: the row's correction of this block.
 var<workgroup> qs: array<vec4<f32>, 1088>;
-var<workgroup> ks: array<vec4<f32>, 544>;
-var<workgroup> vs: array<vec4<f32>, 512>;
-var<workgroup> ss: array<vec4<f32>, 512>;
+var<workgroup> ks: array<vec4<f32>, KS_LEN>;
+var<workgroup> vs: array<vec4<f32>, VS_LEN>;
+var<workgroup> ss: array<vec4<f32>, VS_LEN>;
 var<workgroup> corr: array<f32, 64>;
 
 const DCMAX: u32 = 4u;   // chunks of 64 dimensions in D at most
@@ -67,7 +71,8 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     // Keys of the tile's last token.
     let nt = min(tq, p.tokens - t0);
     let k1 = p.pos0 + t0 + nt;
-    // Scores: rows 2·rp, 2·rp + 1; keys kg, kg + 8, kg + 16, kg + 24.
+    // Scores: rows 2·rp, 2·rp + 1; keys kg, kg + 8, .. (KB / 8 of them).
+    let kpi = KB / 8u;
     let rp = lid / 8u;
     let kg = lid % 8u;
     // Values: rows 4·rg .. 4·rg + 3, dimension vec4 c4 of each chunk.
@@ -90,12 +95,12 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
                 qs[r * CS + c] = v;
             }
-            for (var i = lid; i < 512u; i += 256u) {
+            for (var i = lid; i < KB * 16u; i += 256u) {
                 let j = i / 16u;
                 let c = i % 16u;
                 var v = vec4<f32>(0.0);
                 if (kb + j < k1) {
-                    v = Kc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c];
+                    v = vec4<f32>(Kc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c]);
                 }
                 ks[j * CS + c] = v;
             }
@@ -103,7 +108,7 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             for (var c = 0u; c < 16u; c++) {
                 let q0 = qs[(2u * rp) * CS + c];
                 let q1 = qs[(2u * rp + 1u) * CS + c];
-                for (var i = 0u; i < 4u; i++) {
+                for (var i = 0u; i < kpi; i++) {
                     let k = ks[(kg + 8u * i) * CS + c];
                     s[i] += dot(q0, k);
                     s[4u + i] += dot(q1, k);
@@ -114,7 +119,7 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         for (var h = 0u; h < 2u; h++) {
             let r = 2u * rp + h;
             let last = p.pos0 + t0 + r / G;   // the row's last key
-            for (var i = 0u; i < 4u; i++) {
+            for (var i = 0u; i < kpi; i++) {
                 let j = kg + 8u * i;
                 var v = NEG_BIG;
                 if (kb + j <= last) {
@@ -143,12 +148,12 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         workgroupBarrier();
         let cr = vec4<f32>(corr[4u * rg], corr[4u * rg + 1u], corr[4u * rg + 2u], corr[4u * rg + 3u]);
         for (var ch = 0u; ch < nc; ch++) {
-            for (var i = lid; i < 512u; i += 256u) {
+            for (var i = lid; i < KB * 16u; i += 256u) {
                 let j = i / 16u;
                 let c = i % 16u;
                 var v = vec4<f32>(0.0);
                 if (kb + j < k1) {
-                    v = Vc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c];
+                    v = vec4<f32>(Vc[((kb + j) * p.hkv + kvh) * d4 + ch * 16u + c]);
                 }
                 vs[i] = v;
             }

@@ -21,13 +21,15 @@ struct P {
 @group(0) @binding(2) var<storage, read> norms: array<f32>;  // q_norm[d] then k_norm[d]
 @group(0) @binding(3) var<storage, read> rope: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Q: array<f32>;
-@group(0) @binding(5) var<storage, read_write> Kc: array<f32>;
-@group(0) @binding(6) var<storage, read_write> Vc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> Kc: array<KV>;
+@group(0) @binding(6) var<storage, read_write> Vc: array<KV>;
 
 var<workgroup> head: array<f32, 256>;
 
 @compute @workgroup_size(64)
-fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let h = wid.x;
     let t = wid.y;
     let d = p.d;
@@ -39,7 +41,7 @@ fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let src = row + k0 + p.hkv * d + vh * d;
         let dst = ((p.pos0 + t) * p.hkv + vh) * d;
         for (var c = lid; c < d; c += 64u) {
-            Vc[dst + c] = QKV[src + c];
+            Vc[dst + c] = KV(QKV[src + c]);
         }
         return;
     }
@@ -78,7 +80,7 @@ fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         if (is_q) {
             Q[(t * p.hq + h) * d + c] = y;
         } else {
-            Kc[((p.pos0 + t) * p.hkv + h - p.hq) * d + c] = y;
+            Kc[((p.pos0 + t) * p.hkv + h - p.hq) * d + c] = KV(y);
         }
     }
 }

@@ -1,6 +1,7 @@
-// Shared by every kernel file: the loader (lily-wgpu/src/kernels.rs) puts this text in front of
-// each one. Helpers only; no bindings. Workgroup reductions assume a workgroup of 64 invocations
-// and never a subgroup width (lavapipe has 8 lanes, NVIDIA and Apple 32).
+// Shared by every kernel file: the loader (lily-wgpu/src/shaders.rs) puts this text in front of
+// each one, after one of the two reduction files (reduce_subgroup.wgsl where the device has
+// subgroup operations, else reduce_workgroup.wgsl: the same functions). Helpers only; no
+// bindings.
 
 // The two bf16 values packed in one little-endian u32: element 2i is the low half.
 fn bf16_lo(w: u32) -> f32 {
@@ -17,6 +18,30 @@ fn bf16_at(word: u32, i: u32) -> f32 {
         return bf16_lo(word);
     }
     return bf16_hi(word);
+}
+
+// The matrix products' parameters (forward.rs `linear_params`, words 0..17): the uniform of
+// linear.wgsl, linear_q4.wgsl and linear_q4_glu.wgsl, and member `m` of the others' (their own
+// fields from word 20: a struct member of a uniform takes a multiple of 16 bytes).
+struct Mat {
+    rows: u32,        // rows of one matrix (or of this slice, plain mode)
+    cols: u32,
+    bits: u32,        // 4, 8 (affine) or 16 (bf16)
+    group: u32,
+    row0: u32,        // first output row of this slice (plain mode)
+    x_stride: u32,
+    x_off: u32,
+    y_stride: u32,
+    y_off: u32,
+    scale_off: u32,   // in bf16 halves from the start of W
+    bias_off: u32,
+    expert_mode: u32,
+    e0: u32,          // first expert of this slice
+    e_count: u32,
+    x_div: u32,       // expert mode: input row = item / x_div
+    mat_words: u32,   // packed words per expert matrix
+    nwx: u32,         // workgroups along x (row block = x + y · nwx)
+    accumulate: u32,  // 1: Y += W x
 }
 
 fn silu(x: f32) -> f32 {
@@ -64,90 +89,6 @@ fn xsum32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f
 }
 
 const NEG_BIG: f32 = -3.0e38;
-
-var<workgroup> wg_part: array<f32, 64>;
-
-// Σ v over a 64-invocation workgroup; every invocation gets the total. Uniform control flow only.
-fn wg_sum(lid: u32, v: f32) -> f32 {
-    wg_part[lid] = v;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            wg_part[lid] += wg_part[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = wg_part[0];
-    workgroupBarrier();
-    return total;
-}
-
-// max v over a 64-invocation workgroup.
-fn wg_max(lid: u32, v: f32) -> f32 {
-    wg_part[lid] = v;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            wg_part[lid] = max(wg_part[lid], wg_part[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let m = wg_part[0];
-    workgroupBarrier();
-    return m;
-}
-
-// rsqrt(Σ ss / cols + eps) where each of a 64-invocation workgroup brings its part `ss` of the
-// row's Σ x² (rms_norm.wgsl's scale). Uniform control flow only.
-fn rms_scale(lid: u32, ss: f32, cols: u32, eps: f32) -> f32 {
-    return 1.0 / sqrt(wg_sum(lid, ss) / f32(cols) + eps);
-}
-
-var<workgroup> wg256_v: array<f32, 256>;
-var<workgroup> wg256_i: array<u32, 256>;
-
-struct ValId {
-    v: f32,
-    i: u32,
-}
-
-// The largest v over a 256-invocation workgroup and its id i, the lower id on ties; every
-// invocation gets it. Uniform control flow only.
-fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {
-    wg256_v[lid] = v;
-    wg256_i[lid] = i;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            let ov = wg256_v[lid + s];
-            let oi = wg256_i[lid + s];
-            if (ov > wg256_v[lid] || (ov == wg256_v[lid] && oi < wg256_i[lid])) {
-                wg256_v[lid] = ov;
-                wg256_i[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
-    let r = ValId(wg256_v[0], wg256_i[0]);
-    workgroupBarrier();
-    return r;
-}
-
-// Σ v over a 256-invocation workgroup (a tree, the same order every time); every invocation
-// gets it. Uniform control flow only.
-fn wg256_sum(lid: u32, v: f32) -> f32 {
-    wg256_v[lid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            wg256_v[lid] += wg256_v[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = wg256_v[0];
-    workgroupBarrier();
-    return total;
-}
 
 // A radix-select pass's histogram (byte `shift` of the keys that match the prefix so far; the
 // sampling kernels fill it).

@@ -23,7 +23,9 @@ struct P {
 var<workgroup> vals: array<f32, 256>;
 
 @compute @workgroup_size(64)
-fn dn_conv_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn dn_conv_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let block = wid.x;
     let km1 = p.k - 1u;
     var ss = 0.0;

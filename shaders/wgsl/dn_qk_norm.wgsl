@@ -14,7 +14,9 @@ struct P {
 @group(0) @binding(2) var<storage, read_write> QK: array<f32>;
 
 @compute @workgroup_size(64)
-fn dn_qk_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn dn_qk_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let hh = wid.x;
     let t = wid.y;
     let src = t * p.cd + hh * p.dk;

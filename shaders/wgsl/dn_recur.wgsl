@@ -24,7 +24,7 @@ struct P {
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
 @group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
 
-// The key head dim, fixed per model (lily-wgpu/src/kernels.rs): constant loop bounds let the
+// The key head dim, fixed per model (lily-wgpu/src/plan.rs): constant loop bounds let the
 // driver unroll the loops and keep the state column in registers.
 override DK: u32 = 128u;
 

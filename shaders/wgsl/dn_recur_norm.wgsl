@@ -35,7 +35,7 @@ struct P {
 
 var<workgroup> part: array<f32, 128>;
 
-// The key head dim, fixed per model (lily-wgpu/src/kernels.rs): constant loop bounds let the
+// The key head dim, fixed per model (lily-wgpu/src/plan.rs): constant loop bounds let the
 // driver unroll the loops and keep the state column in registers.
 override DK: u32 = 128u;
 

@@ -17,7 +17,9 @@ struct P {
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 
 @compute @workgroup_size(64)
-fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let row = wid.x + wid.y * 65535u;
     if (row >= p.rows) {
         return;

@@ -7,28 +7,7 @@
 // Per group: y += scale · Σ qᵢxᵢ + bias · Σ xᵢ (the CPU's fused dot, cpu/linear.rs).
 // Bytes: the slice's rows once per item; FLOPs: 2 · rows · cols per item.
 
-struct P {
-    rows: u32,        // rows of one matrix (or of this slice, plain mode)
-    cols: u32,
-    bits: u32,        // 4, 8 (affine) or 16 (bf16)
-    group: u32,
-    row0: u32,        // first output row of this slice (plain mode)
-    x_stride: u32,
-    x_off: u32,
-    y_stride: u32,
-    y_off: u32,
-    scale_off: u32,   // in bf16 halves from the start of W
-    bias_off: u32,
-    expert_mode: u32,
-    e0: u32,          // first expert of this slice
-    e_count: u32,
-    x_div: u32,       // expert mode: input row = item / x_div
-    mat_words: u32,   // packed words per expert matrix
-    nwx: u32,         // workgroups along x (row block = x + y · nwx)
-    accumulate: u32,  // 1: Y += W x
-}
-
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<uniform> p: Mat;
 @group(0) @binding(1) var<storage, read> W: array<u32>;
 @group(0) @binding(2) var<storage, read> X: array<f32>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;

@@ -9,28 +9,7 @@
 // linear.wgsl (the host picks this kernel when bits = 4, group % 32 = 0, cols % 32 = 0 and the
 // input offsets are multiples of 4).
 
-struct P {
-    rows: u32,
-    cols: u32,
-    bits: u32,
-    group: u32,
-    row0: u32,
-    x_stride: u32,
-    x_off: u32,
-    y_stride: u32,
-    y_off: u32,
-    scale_off: u32,
-    bias_off: u32,
-    expert_mode: u32,
-    e0: u32,
-    e_count: u32,
-    x_div: u32,
-    mat_words: u32,
-    nwx: u32,
-    accumulate: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<uniform> p: Mat;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;

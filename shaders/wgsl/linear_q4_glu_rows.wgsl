@@ -5,27 +5,10 @@
 // consecutive 16 bytes of a row. Same parameters, bindings and grid (with RB rows a workgroup)
 // as linear_q4_glu.wgsl: plain matrices or routed experts (item z: token z / x_div, expert
 // ids[z]). main's profile on the H200 (c7ee898): linear_q4_glu 24.8 µs a call for 9 experts'
-// 9.4 MB (≈ 380 GB/s). The host checks the shapes (forward.rs `glu_rows_ok`).
+// 9.4 MB (≈ 380 GB/s). The host checks the shapes (plan.rs `glu_rows_ok`).
 
 struct P {
-    rows: u32,
-    cols: u32,
-    bits: u32,
-    group: u32,
-    row0: u32,
-    x_stride: u32,
-    x_off: u32,
-    y_stride: u32,
-    y_off: u32,
-    scale_off: u32,
-    bias_off: u32,
-    expert_mode: u32,
-    e0: u32,
-    e_count: u32,
-    x_div: u32,
-    mat_words: u32,
-    nwx: u32,
-    accumulate: u32,
+    @size(80) m: Mat,   // words 0..19 (Mat and two unused)
     norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
     eps: f32,
 }
@@ -43,9 +26,6 @@ struct P {
 override RB: u32 = 8u;
 
 var<workgroup> wg_expert: u32;
-// part[r · 65 + lane], part_u: row r's partial sums of gate and up from invocation `lane`.
-var<workgroup> part: array<f32, 1040>;
-var<workgroup> part_u: array<f32, 1040>;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -56,29 +36,31 @@ fn u_half4(i: u32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let block = wid.x + wid.y * p.nwx;
+fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
+    let block = wid.x + wid.y * p.m.nwx;
     let item = wid.z;
     let r0 = block * RB;
-    if (r0 >= p.rows) {
+    if (r0 >= p.m.rows) {
         return;
     }
     var slot = 0u;
     var xrow = item;
-    if (p.expert_mode != 0u) {
+    if (p.m.expert_mode != 0u) {
         if (lid == 0u) {
             wg_expert = ids[item];
         }
         let e = workgroupUniformLoad(&wg_expert);
-        if (e < p.e0 || e >= p.e0 + p.e_count) {
+        if (e < p.m.e0 || e >= p.m.e0 + p.m.e_count) {
             return;
         }
-        slot = e - p.e0;
-        xrow = item / p.x_div;
+        slot = e - p.m.e0;
+        xrow = item / p.m.x_div;
     }
-    let quads = p.cols / 32u;            // 64
-    let groups = p.cols / p.group;
-    let xb = (p.x_off + xrow * p.x_stride) / 4u + lid * 8u;
+    let quads = p.m.cols / 32u;            // 64
+    let groups = p.m.cols / p.m.group;
+    let xb = (p.m.x_off + xrow * p.m.x_stride) / 4u + lid * 8u;
     var x0 = X[xb];
     var x1 = X[xb + 1u];
     var x2 = X[xb + 2u];
@@ -92,7 +74,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
         // 64 invocations hold it all).
         let ss = ((dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3)))
             + ((dot(x4, x4) + dot(x5, x5)) + (dot(x6, x6) + dot(x7, x7)));
-        let r = rms_scale(lid, ss, p.cols, p.eps);
+        let r = rms_scale(lid, ss, p.m.cols, p.eps);
         let wb = lid * 8u;
         x0 = x0 * r * Wn[wb];
         x1 = x1 * r * Wn[wb + 1u];
@@ -104,10 +86,10 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
         x7 = x7 * r * Wn[wb + 7u];
     }
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
-    let g = (lid * 32u) / p.group;
-    let nr = min(RB, p.rows - r0);
-    let qslot = slot * p.mat_words / 4u;
-    let hslot = slot * p.rows * groups;
+    let g = (lid * 32u) / p.m.group;
+    let nr = min(RB, p.m.rows - r0);
+    let qslot = slot * p.m.mat_words / 4u;
+    let hslot = slot * p.m.rows * groups;
     for (var r8 = 0u; r8 < RB; r8 += 8u) {
         // Eight rows' reads of both matrices together (rows past the end read row r0 again;
         // not stored).
@@ -126,41 +108,22 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
             let h = hslot + row * groups + g;
             wg[j] = W[q];
             wu[j] = Wu[q];
-            sg[j] = w_half4(p.scale_off + h);
-            bg[j] = w_half4(p.bias_off + h);
-            su[j] = u_half4(p.scale_off + h);
-            bu[j] = u_half4(p.bias_off + h);
+            sg[j] = w_half4(p.m.scale_off + h);
+            bg[j] = w_half4(p.m.bias_off + h);
+            su[j] = u_half4(p.m.scale_off + h);
+            bu[j] = u_half4(p.m.bias_off + h);
         }
         for (var j = 0u; j < 8u; j++) {
-            let i = (r8 + j) * 65u + lid;
-            part[i] = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
-            part_u[i] = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+            let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
+            let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+            rows_put(r8 + j, vec2<f32>(gate, up));
         }
     }
-    workgroupBarrier();
-    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
-    // the first of them all PR.
-    let pr = 64u / RB;
-    let r = lid / pr;
-    let k = lid % pr;
-    var tg = 0.0;
-    var tu = 0.0;
-    for (var i = 0u; i < RB; i++) {
-        tg += part[r * 65u + k * RB + i];
-        tu += part_u[r * 65u + k * RB + i];
-    }
-    workgroupBarrier();
-    part[r * 65u + k] = tg;
-    part_u[r * 65u + k] = tu;
-    workgroupBarrier();
-    if (k == 0u && r < nr) {
-        let b = r * 65u;
-        var gate = 0.0;
-        var up = 0.0;
-        for (var i = 0u; i < pr; i++) {
-            gate += part[b + i];
-            up += part_u[b + i];
-        }
-        Y[p.y_off + item * p.y_stride + p.row0 + r0 + r] = silu(gate) * up;
+    let total = rows_total(lid, RB);
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        let gate = total.x;
+        let up = total.y;
+        Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = silu(gate) * up;
     }
 }

@@ -1,8 +1,9 @@
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
-// 64 per (64 output rows, tile of up to TT = 16 items). Per step of 32 columns (one quad per
-// row: 16 bytes, one group), invocation r dequantises row r's 32 weights into shared memory and
-// the tile's 16 × 32 inputs go there too; then each invocation accumulates a 4-row × 4-item
-// block (vec4 reads of both from shared memory, 16 products per pair of reads). The next step's
+// 64 per (64 output rows, tile of up to TT items; TT = 16 or 32, an override: the plan's
+// `MmTile`). Per step of 32 columns (one quad per row: 16 bytes, one group), invocation r
+// dequantises row r's 32 weights into shared memory and the tile's TT × 32 inputs go there too;
+// then each invocation accumulates a 4-row × TT/4-item block (vec4 reads of both from shared
+// memory: at TT = 32 three reads per 32 multiply-adds, at 16 two per 16). The next step's
 // weights and inputs are read from memory while this one computes. Weights are read once per
 // tile of items, inputs once per 64 rows. (A 128-row form with 8 × 4 register blocks, main
 // 9f9f7ee, ran slower on the H200: prefill at 4K 1,956 tok/s against this one's 2,363, every
@@ -15,24 +16,7 @@
 // 152 µs per 512-token chunk).
 
 struct P {
-    rows: u32,
-    cols: u32,
-    bits: u32,
-    group: u32,
-    row0: u32,
-    x_stride: u32,
-    x_off: u32,
-    y_stride: u32,
-    y_off: u32,
-    scale_off: u32,
-    bias_off: u32,
-    expert_mode: u32,
-    e0: u32,
-    e_count: u32,
-    x_div: u32,
-    mat_words: u32,
-    nwx: u32,
-    accumulate: u32,
+    @size(80) m: Mat,   // words 0..19 (Mat and two unused)
     items: u32,       // plain mode: items in all
     tiles_at: u32,    // expert mode: where the tile list starts in G (u32s)
     order_at: u32,    // expert mode: where the items sorted by expert start in G
@@ -44,14 +28,15 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
-const TT: u32 = 16u;   // items per tile (MM_TILE on the host)
-const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host, as linear_q4_mm_coop's)
+override TT: u32 = 16u;   // items per tile, 16 or 32 (MmTile on the host)
+override XS_LEN: u32 = 8u * TT;
+const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host)
 
-// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · 4 + g]: items
+// ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · TT/4 + g]: items
 // 4g..4g + 3 at column k.
 var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xs: array<vec4<f32>, 128>;
-var<workgroup> tile_items: array<u32, 16>;
+var<workgroup> xs: array<vec4<f32>, XS_LEN>;
+var<workgroup> tile_items: array<u32, TT>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
 fn w_half4(i: u32) -> f32 {
@@ -73,12 +58,12 @@ fn deq8(w: u32, s: f32, b: f32) -> vec4<f32> {
 
 @compute @workgroup_size(64)
 fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let block = wid.x + wid.y * p.nwx;
-    if (block * RT >= p.rows) {
+    let block = wid.x + wid.y * p.m.nwx;
+    if (block * RT >= p.m.rows) {
         return;
     }
     if (lid == 0u) {
-        if (p.expert_mode == 0u) {
+        if (p.m.expert_mode == 0u) {
             let first = wid.z * TT;
             let n = min(TT, p.items - first);
             for (var i = 0u; i < n; i++) {
@@ -94,8 +79,8 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 tile_items[i] = G[p.order_at + start + i];
             }
             var slot1 = 0u;
-            if (e >= p.e0 && e < p.e0 + p.e_count) {
-                slot1 = e - p.e0 + 1u;
+            if (e >= p.m.e0 && e < p.m.e0 + p.m.e_count) {
+                slot1 = e - p.m.e0 + 1u;
             }
             tile_info = vec2<u32>(n, slot1);
         }
@@ -106,35 +91,37 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     let slot = info.y - 1u;
-    let quads = p.cols / 32u;
-    let groups = p.cols / p.group;
+    let quads = p.m.cols / 32u;
+    let groups = p.m.cols / p.m.group;
     // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
-    // 8·part .. 8·part + 7 of item `ti`.
+    // TT/2 · part .. of item `ti` (64 / TT invocations an item, TT / 8 vec4 each).
     let wrow = block * RT + lid;
-    let wlive = wrow < p.rows;
+    let wlive = wrow < p.m.rows;
     // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
-    let eight = p.bits == 8u;
+    let eight = p.m.bits == 8u;
     let wps = select(1u, 2u, eight);
-    let qbase = (slot * p.mat_words + select(0u, wrow, wlive) * (p.cols * p.bits / 32u)) / 4u;
-    let hbase = (slot * p.rows + select(0u, wrow, wlive)) * groups;
-    let ti = lid / 4u;
-    let part = lid % 4u;
+    let qbase = (slot * p.m.mat_words + select(0u, wrow, wlive) * (p.m.cols * p.m.bits / 32u)) / 4u;
+    let hbase = (slot * p.m.rows + select(0u, wrow, wlive)) * groups;
+    let ipi = 64u / TT;
+    let nx4 = TT / 8u;
+    let ti = lid / ipi;
+    let part = lid % ipi;
     let xlive = ti < nt;
     var xr = 0u;
     if (xlive) {
         xr = tile_items[ti];
-        if (p.expert_mode != 0u) {
-            xr = xr / p.x_div;
+        if (p.m.expert_mode != 0u) {
+            xr = xr / p.m.x_div;
         }
     }
-    let xb = (p.x_off + xr * p.x_stride) / 4u + part * 2u;
-    // The block this invocation accumulates: rows 4·rg.., items 4·tg...
+    let xb = (p.m.x_off + xr * p.m.x_stride) / 4u + part * nx4;
+    // The block this invocation accumulates: rows 4·rg.., items nb·4·tg.. (nb vec4 of items;
+    // acc[4b + i]: row 4·rg + i, items of vec4 b).
     let rg = lid / 4u;
     let tg = lid % 4u;
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
+    let nb = TT / 16u;
+    let xw = TT / 4u;
+    var acc = array<vec4<f32>, 8>();
     // Step 0's reads.
     var w = vec4<u32>(0u);
     var w2 = vec4<u32>(0u);
@@ -145,14 +132,14 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         if (eight) {
             w2 = W[qbase + 1u];
         }
-        sc = w_half4(p.scale_off + hbase);
-        bi = w_half4(p.bias_off + hbase);
+        sc = w_half4(p.m.scale_off + hbase);
+        bi = w_half4(p.m.bias_off + hbase);
     }
-    var x0 = vec4<f32>(0.0);
-    var x1 = vec4<f32>(0.0);
+    var xv = array<vec4<f32>, 4>();
     if (xlive) {
-        x0 = X[xb];
-        x1 = X[xb + 1u];
+        for (var e = 0u; e < nx4; e++) {
+            xv[e] = X[xb + e];
+        }
     }
     for (var q = 0u; q < quads; q++) {
         // This step's weights, dequantised, and inputs into shared memory.
@@ -175,17 +162,17 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             ws[(4u * j + 2u) * 16u + wg][wc] = v.z;
             ws[(4u * j + 3u) * 16u + wg][wc] = v.w;
         }
-        let k0 = part * 8u;
+        let k0 = part * 4u * nx4;
         let xg = ti / 4u;
         let xc = ti % 4u;
-        xs[(k0) * 4u + xg][xc] = x0.x;
-        xs[(k0 + 1u) * 4u + xg][xc] = x0.y;
-        xs[(k0 + 2u) * 4u + xg][xc] = x0.z;
-        xs[(k0 + 3u) * 4u + xg][xc] = x0.w;
-        xs[(k0 + 4u) * 4u + xg][xc] = x1.x;
-        xs[(k0 + 5u) * 4u + xg][xc] = x1.y;
-        xs[(k0 + 6u) * 4u + xg][xc] = x1.z;
-        xs[(k0 + 7u) * 4u + xg][xc] = x1.w;
+        for (var e = 0u; e < nx4; e++) {
+            let v = xv[e];
+            let k = k0 + 4u * e;
+            xs[k * xw + xg][xc] = v.x;
+            xs[(k + 1u) * xw + xg][xc] = v.y;
+            xs[(k + 2u) * xw + xg][xc] = v.z;
+            xs[(k + 3u) * xw + xg][xc] = v.w;
+        }
         workgroupBarrier();
         // The next step's reads, in flight while this one computes.
         let qn = q + 1u;
@@ -195,38 +182,40 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 if (eight) {
                     w2 = W[qbase + qn * wps + 1u];
                 }
-                let g = hbase + (qn * 32u) / p.group;
-                sc = w_half4(p.scale_off + g);
-                bi = w_half4(p.bias_off + g);
+                let g = hbase + (qn * 32u) / p.m.group;
+                sc = w_half4(p.m.scale_off + g);
+                bi = w_half4(p.m.bias_off + g);
             }
             if (xlive) {
-                x0 = X[xb + qn * 8u];
-                x1 = X[xb + qn * 8u + 1u];
+                for (var e = 0u; e < nx4; e++) {
+                    xv[e] = X[xb + qn * 8u + e];
+                }
             }
         }
         for (var k = 0u; k < 32u; k++) {
             let w4 = ws[k * 16u + rg];
-            let x4 = xs[k * 4u + tg];
-            a0 += w4.x * x4;
-            a1 += w4.y * x4;
-            a2 += w4.z * x4;
-            a3 += w4.w * x4;
+            for (var b = 0u; b < nb; b++) {
+                let x4 = xs[k * xw + nb * tg + b];
+                acc[4u * b] += w4.x * x4;
+                acc[4u * b + 1u] += w4.y * x4;
+                acc[4u * b + 2u] += w4.z * x4;
+                acc[4u * b + 3u] += w4.w * x4;
+            }
         }
         workgroupBarrier();
     }
-    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
     for (var i = 0u; i < 4u; i++) {
         let row = block * RT + rg * 4u + i;
-        if (row < p.rows) {
-            let v = acc[i];
-            for (var j = 0u; j < 4u; j++) {
-                let t = tg * 4u + j;
+        if (row < p.m.rows) {
+            for (var j = 0u; j < 4u * nb; j++) {
+                let v = acc[i + 4u * (j / 4u)];
+                let t = tg * 4u * nb + j;
                 if (t < nt) {
-                    let o = p.y_off + tile_items[t] * p.y_stride + p.row0 + row;
-                    if (p.accumulate != 0u) {
-                        Y[o] += v[j];
+                    let o = p.m.y_off + tile_items[t] * p.m.y_stride + p.m.row0 + row;
+                    if (p.m.accumulate != 0u) {
+                        Y[o] += v[j % 4u];
                     } else {
-                        Y[o] = v[j];
+                        Y[o] = v[j % 4u];
                     }
                 }
             }

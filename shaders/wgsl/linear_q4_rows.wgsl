@@ -4,31 +4,14 @@
 // owns 16-byte words lane and lane + 64 (32 columns each at 4 bits, 16 at 8) of every row: it
 // holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
 // the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
-// consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet in
-// shared memory. main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
+// consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet through
+// `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
-// host checks: forward.rs `rows_ok`).
+// host checks: plan.rs `rows_ok`).
 
 struct P {
-    rows: u32,
-    cols: u32,
-    bits: u32,
-    group: u32,
-    row0: u32,
-    x_stride: u32,
-    x_off: u32,
-    y_stride: u32,
-    y_off: u32,
-    scale_off: u32,
-    bias_off: u32,
-    expert_mode: u32,
-    e0: u32,
-    e_count: u32,
-    x_div: u32,
-    mat_words: u32,
-    nwx: u32,
-    accumulate: u32,
+    @size(80) m: Mat,   // words 0..19 (Mat and two unused)
     norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
     eps: f32,
 }
@@ -46,8 +29,6 @@ struct P {
 override RB: u32 = 16u;
 override RI: u32 = 8u;
 
-// part[r · 65 + lane]: row r's partial sum from invocation `lane` (65: rows in different banks).
-var<workgroup> part: array<f32, 1040>;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -58,7 +39,7 @@ const BYTE = vec4<u32>(255u);
 
 // Σ q x over one 16-byte word of a row against its inputs x (8 vec4 at 4 bits, the first 4 at 8).
 fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
-    if (p.bits == 8u) {
+    if (p.m.bits == 8u) {
         return (dot(vec4<f32>((vec4<u32>(w.x) >> SH_8) & BYTE), x[0])
             + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x[1]))
             + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x[2])
@@ -68,19 +49,21 @@ fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let block = wid.x + wid.y * p.nwx;
+fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
+    let block = wid.x + wid.y * p.m.nwx;
     let item = wid.z;
     let r0 = block * RB;
-    if (r0 >= p.rows) {
+    if (r0 >= p.m.rows) {
         return;
     }
-    let span = 128u / p.bits;            // columns per 16-byte word: 32 or 16
+    let span = 128u / p.m.bits;            // columns per 16-byte word: 32 or 16
     let nv = span / 4u;                   // input vec4 per word
-    let quads = p.cols / span;           // words per row: 64 or 128
+    let quads = p.m.cols / span;           // words per row: 64 or 128
     let two = quads > 64u;
-    let groups = p.cols / p.group;
-    let xb = (p.x_off + item * p.x_stride) / 4u;
+    let groups = p.m.cols / p.m.group;
+    let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
     // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
     var xc = array<vec4<f32>, 8>();
@@ -103,7 +86,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var i = 0u; i < 8u; i++) {
             ss += dot(xa[i], xa[i]) + dot(xc[i], xc[i]);
         }
-        let r = rms_scale(lid, ss, p.cols, p.eps);
+        let r = rms_scale(lid, ss, p.m.cols, p.eps);
         for (var i = 0u; i < 8u; i++) {
             if (i < nv) {
                 xa[i] = xa[i] * r * Wn[lid * nv + i];
@@ -115,9 +98,9 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
-    let ga = (lid * span) / p.group;
-    let gc = ((lid + 64u) * span) / p.group;
-    let nr = min(RB, p.rows - r0);
+    let ga = (lid * span) / p.m.group;
+    let gc = ((lid + 64u) * span) / p.m.group;
+    let nr = min(RB, p.m.rows - r0);
     for (var r8 = 0u; r8 < RB; r8 += RI) {
         // RI rows' reads together (rows past the end read row r0 again; not stored).
         var w = array<vec4<u32>, 8>();
@@ -131,11 +114,12 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             let qbase = row * quads;
             let hbase = row * groups;
             w[j] = W[qbase + lid];
-            s[j] = w_half4(p.scale_off + hbase + ga);
-            b[j] = w_half4(p.bias_off + hbase + ga);
+            s[j] = w_half4(p.m.scale_off + hbase + ga);
+            b[j] = w_half4(p.m.bias_off + hbase + ga);
         }
+        var pa = array<f32, 8>();
         for (var j = 0u; j < RI; j++) {
-            part[(r8 + j) * 65u + lid] = s[j] * qd(w[j], xa) + b[j] * sa;
+            pa[j] = s[j] * qd(w[j], xa) + b[j] * sa;
         }
         if (two) {
             for (var j = 0u; j < RI; j++) {
@@ -146,34 +130,22 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 let qbase = row * quads;
                 let hbase = row * groups;
                 w[j] = W[qbase + lid + 64u];
-                s[j] = w_half4(p.scale_off + hbase + gc);
-                b[j] = w_half4(p.bias_off + hbase + gc);
+                s[j] = w_half4(p.m.scale_off + hbase + gc);
+                b[j] = w_half4(p.m.bias_off + hbase + gc);
             }
             for (var j = 0u; j < RI; j++) {
-                part[(r8 + j) * 65u + lid] += s[j] * qd(w[j], xc) + b[j] * sc;
+                pa[j] += s[j] * qd(w[j], xc) + b[j] * sc;
             }
         }
-    }
-    workgroupBarrier();
-    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
-    // the first of them all PR.
-    let pr = 64u / RB;
-    let r = lid / pr;
-    let k = lid % pr;
-    var t = 0.0;
-    for (var i = 0u; i < RB; i++) {
-        t += part[r * 65u + k * RB + i];
-    }
-    workgroupBarrier();
-    part[r * 65u + k] = t;
-    workgroupBarrier();
-    if (k == 0u && r < nr) {
-        var total = 0.0;
-        for (var i = 0u; i < pr; i++) {
-            total += part[r * 65u + i];
+        for (var j = 0u; j < RI; j++) {
+            rows_put(r8 + j, vec2<f32>(pa[j], 0.0));
         }
-        let o = p.y_off + item * p.y_stride + p.row0 + r0 + r;
-        if (p.accumulate != 0u) {
+    }
+    let total = rows_total(lid, RB).x;
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        let o = p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r;
+        if (p.m.accumulate != 0u) {
             Y[o] += total;
         } else {
             Y[o] = total;

@@ -23,7 +23,7 @@ struct P {
 @group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
 @group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
 
-// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/kernels.rs):
+// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/plan.rs):
 // the loops over items and quads have constant bounds and unroll, every read in flight at once.
 override TOPK: u32 = 9u;
 override COLS: u32 = 512u;

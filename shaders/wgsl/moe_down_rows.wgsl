@@ -4,7 +4,8 @@
 // COLS / 32 quads a row, holds quad q of the inputs of items slot, slot + 64/QN, ... (one at a
 // time) and reads that quad of the workgroup's RB rows of each item's expert (RB reads in flight;
 // the QN invocations of a slot read a row's contiguous bytes). The 64 partial sums of a row meet
-// in shared memory. main's profile on the H200 (c7ee898): moe_down 29.5 µs a call for 4.7 MB
+// through `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200
+// (c7ee898): moe_down 29.5 µs a call for 4.7 MB
 // (256 workgroups, each invocation 18 quads of inputs re-read per row). Same parameters and
 // bindings as moe_down.wgsl; the host uses it where 64 is a multiple of COLS / 32.
 
@@ -24,7 +25,7 @@ struct P {
 @group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
 @group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
 
-// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/kernels.rs).
+// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/plan.rs).
 override TOPK: u32 = 9u;
 override COLS: u32 = 512u;
 
@@ -32,15 +33,14 @@ override COLS: u32 = 512u;
 // on 512 workgroups (with 8: 256, 28 µs a call on the H200, profile of main 07ac75d).
 override RB: u32 = 4u;
 
-// part[r · 65 + lid]: row r's partial sum from invocation lid.
-var<workgroup> part: array<f32, 520>;
-
 fn we_half(i: u32) -> f32 {
     return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
 }
 
 @compute @workgroup_size(64)
-fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let block = wid.x + wid.y * p.nwx;
     let t = wid.z;
     let r0 = block * RB;
@@ -102,26 +102,11 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         }
     }
     for (var j = 0u; j < RB; j++) {
-        part[j * 65u + lid] = acc[j];
+        rows_put(j, vec2<f32>(acc[j], 0.0));
     }
-    workgroupBarrier();
-    // Row r's 64 partials: the PR = 64 / RB invocations r·PR .. r·PR + PR − 1 sum RB each, then
-    // the first of them all PR.
-    let pr = 64u / RB;
-    let r = lid / pr;
-    let kk = lid % pr;
-    var tot = 0.0;
-    for (var i = 0u; i < RB; i++) {
-        tot += part[r * 65u + kk * RB + i];
-    }
-    workgroupBarrier();
-    part[r * 65u + kk] = tot;
-    workgroupBarrier();
-    if (kk == 0u && r < nr) {
-        var total = 0.0;
-        for (var i = 0u; i < pr; i++) {
-            total += part[r * 65u + i];
-        }
+    let total = rows_total(lid, RB).x;
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
         X[t * p.rows + r0 + r] += total;
     }
 }

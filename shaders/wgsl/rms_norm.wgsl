@@ -18,10 +18,10 @@ struct P {
 const T: u32 = 256u;
 const PER: u32 = 4u;
 
-var<workgroup> red: array<f32, 256>;
-
 @compute @workgroup_size(256)
-fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+    lanes_init(lanes_in);
+    let lid = lanes_in.lid;
     let c4 = p.cols / 4u;
     let xb = (p.r0 + wid.x) * c4;
     let yb = wid.x * c4;
@@ -36,15 +36,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             ss += dot(xv[j], xv[j]);
         }
     }
-    red[lid] = ss;
-    workgroupBarrier();
-    for (var s = T / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = 1.0 / sqrt(red[0] / f32(p.cols) + p.eps);
+    let r = 1.0 / sqrt(wg256_sum(lid, ss) / f32(p.cols) + p.eps);
     for (var j = 0u; j < PER; j++) {
         let c = lid + j * T;
         if (c < c4) {

@@ -12,90 +12,16 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
 
 use crate::forward::{
-    check_attention, check_mm, check_mm_bits, check_rows, conv_bytes, kv_row_bytes, probe_mm,
-    state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch, SeqState, HIST_COUNT,
-    HIST_SEEN, PICK_MAX_K,
+    conv_bytes, kv_row_bytes, state_bytes, uniform_words, DevicePick, Forward, LogitsOut, Scratch,
+    SeqState, HIST_COUNT, HIST_SEEN, PICK_MAX_K,
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
-use crate::kernels::{
-    attend_gqa_for, attend_tile_for, coop_diag, coop_emulated, coop_kernel, coop_variants,
-    passthrough_mm, tile_group, Kernels,
+use crate::kernels::Kernels;
+use crate::plan::{
+    attend_gqa_spec, attend_tile_spec, DeviceCaps, MmTile, Plan, PrefillAttention, WgpuOptions,
 };
+use crate::probes::{check_attention, check_mm, check_rows};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
-
-/// How the backend runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WgpuOptions {
-    /// Largest prefill chunk in tokens (activation scratch is sized for it). Default 2048
-    /// ($LILY_WGPU_CHUNK overrides): a chunk's routed experts average 64 tokens each (256
-    /// experts, 8 per token), so each expert's weights serve four tiles of linear_q4_mm and
-    /// every dispatch fills the GPU (H200 via Vulkan, 4K prompt: 2,315 tok/s at 512 with the
-    /// tiled attention off, 3,175 at 2048 with it on; docs/perf-notes.md, session 7). The
-    /// largest activation (the DeltaNet input projections' output) is 101 MB at 2048, under
-    /// the 128 MiB binding limit wgpu assumes by default.
-    pub chunk: usize,
-    /// Most positions whose logits one pass keeps (`prefill_all_logits`).
-    pub all_logits_chunk: usize,
-    /// Whether a software adapter (lavapipe) may be used.
-    pub allow_software: bool,
-    /// Keep wgpu's runtime bounds checks in the shaders (debugging; $LILY_WGPU_CHECKED=1).
-    pub checked: bool,
-    /// Cut weights into slices of at most this many bytes even where the device binds more
-    /// (tests: exercises the sliced path on a tiny model).
-    pub max_slice_bytes: Option<u64>,
-    /// Run prefill's products through linear_q4_mm_coop.wgsl with its cooperative-matrix
-    /// operations emulated in plain WGSL where the adapter has none (tests on lavapipe:
-    /// `kernels::coop_emulated_source`). Slow; not for use. $LILY_WGPU_COOP_EMULATE=1 sets it
-    /// (e.g. `lily-engine selftest --allow-software` on a full-width synthetic model).
-    pub emulate_coop: bool,
-    /// Prefill attention on attend_tile.wgsl (64 / G tokens × the G query heads of a KV head a
-    /// workgroup: K and V read once per tile of tokens) instead of attend_gqa.wgsl, where the
-    /// model's shapes allow (`kernels::tile_group`) and its check at load passes. On by
-    /// default (H200 via Vulkan, 4K prompt: attention 49.4 → 12.3 µs a token);
-    /// $LILY_WGPU_ATTN_TILE=0 turns it off.
-    pub attn_tile: bool,
-    /// Prefill's fp32 4-bit (and 8-bit) products on linear_q4_mm_t32.wgsl (tiles of 32 items,
-    /// 4 × 8 register blocks) in linear_q4_mm.wgsl's place. Default `Dense`: on the H200 the
-    /// DeltaNet input projections ran 73.9 → 67.4 µs a token on it while the experts' tiles ran
-    /// 42.5 → 43.9 (chunk 2048, 4K prompt). $LILY_WGPU_MM_T32=1 sets `All`, =0 `Off`.
-    pub mm_t32: MmT32,
-}
-
-/// Where prefill's fp32 products take linear_q4_mm_t32.wgsl (`WgpuOptions::mm_t32`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MmT32 {
-    /// Nowhere: linear_q4_mm.wgsl (tiles of 16 items) throughout.
-    Off,
-    /// The plain (dense) products; the routed experts' tiles stay on linear_q4_mm.wgsl (an
-    /// expert averages 16 items at chunk 512: tiles of 32 would run half empty).
-    Dense,
-    /// Every product, the routed experts' tiles (of 32) included.
-    All,
-}
-
-impl Default for WgpuOptions {
-    fn default() -> Self {
-        let chunk = std::env::var("LILY_WGPU_CHUNK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(2048);
-        WgpuOptions {
-            chunk,
-            all_logits_chunk: 32,
-            allow_software: true,
-            checked: std::env::var("LILY_WGPU_CHECKED").is_ok_and(|v| v == "1"),
-            max_slice_bytes: None,
-            emulate_coop: std::env::var("LILY_WGPU_COOP_EMULATE").is_ok_and(|v| v == "1"),
-            attn_tile: !std::env::var("LILY_WGPU_ATTN_TILE").is_ok_and(|v| v == "0"),
-            mm_t32: match std::env::var("LILY_WGPU_MM_T32").as_deref() {
-                Ok("1") => MmT32::All,
-                Ok("0") => MmT32::Off,
-                _ => MmT32::Dense,
-            },
-        }
-    }
-}
 
 pub struct WgpuBackend {
     // Field order matters for drop: buffers before the device.
@@ -105,18 +31,10 @@ pub struct WgpuBackend {
     scratch: Scratch,
     model: GpuModel,
     kernels: Kernels,
+    plan: Plan,
     cfg: ModelConfig,
     gpu: Gpu,
-    coop_note: String,
 }
-
-/// Largest relative L2 difference between linear_q4_mm_coop.wgsl and the host's product at load
-/// (`check_mm`) for the cooperative kernel to be used. Its operands (q − 8)·s are exact in f16
-/// and the input's two f16 parts carry ≈ 22 bits, so a right kernel differs by ≈ 1e-7 (1.3e-7
-/// emulated; the fp32 linear_q4_mm 4e-7); f16 inputs without their remainder ≈ 2e-4, the
-/// former q·s operands rounded to f16 ≈ 4.5e-4 (the H200's probe), a wrong layout or a broken
-/// driver path ≈ 1. 1e-4 keeps all but the first out.
-const COOP_TOLERANCE: f64 = 1e-4;
 
 /// Whether the device sampler (sample_adjust.wgsl, sample_pick.wgsl) takes these parameters:
 /// temperature > 0 with top_k in 1..=256, or greedy on adjusted logits (penalties, logit_bias).
@@ -130,145 +48,51 @@ fn device_sampled(p: &SamplingParams) -> bool {
 }
 
 
+/// Largest relative L2 difference from the host's attention for attend_tile.wgsl to be used
+/// (its check at load; a right kernel differs by ≈ 1e-7).
+const ATTEND_TILE_TOLERANCE: f64 = 1e-4;
+
 impl WgpuBackend {
+    /// The backend on the adapter `opts` asks for, with the environment's overrides applied on
+    /// top (`WgpuOptions::with_env_overrides`) and the plan resolved for this model and device.
     pub fn new(weights: &ModelWeights, opts: WgpuOptions) -> Result<WgpuBackend> {
-        let gpu = Gpu::open(opts.allow_software)?;
-        let mut kernels =
-            Kernels::load(&gpu, &weights.config, stack_shared(weights), opts.checked)?;
-        let mut mm_note = "";
-        if opts.mm_t32 != MmT32::Off {
-            let t32 = crate::gpu::Kernel::new(
-                &gpu,
-                "linear_q4_mm_t32",
-                crate::kernels::COMMON,
-                include_str!("../../../shaders/wgsl/linear_q4_mm_t32.wgsl"),
-                opts.checked,
-                &[],
-            )?;
-            let sixteen = std::mem::replace(&mut kernels.linear_q4_mm, t32);
-            if opts.mm_t32 == MmT32::Dense {
-                kernels.linear_q4_mm_expert = Some(sixteen);
-                mm_note = "; fp32 dense products on linear_q4_mm_t32, expert tiles on linear_q4_mm";
-            } else {
-                mm_note = "; fp32 products on linear_q4_mm_t32 (LILY_WGPU_MM_T32=1)";
-            }
-        }
-        let mut tile_note = String::new();
-        if opts.attn_tile {
-            let c = &weights.config;
-            tile_note = match tile_group(c) {
-                None => {
-                    "; prefill attention on attend_gqa (attend_tile does not take these shapes)"
-                        .into()
-                }
-                Some(g) => {
-                    // Checked as attention is at load: a block of 37 tokens after 268 (tiles
-                    // partly filled, several key blocks, the causal edge inside blocks).
-                    let d = c.head_dim;
-                    let k = attend_tile_for(&gpu, d, g, opts.checked)?;
-                    let e = check_attention(&gpu, &k, None, (c.n_kv_heads, g, d), 305, 37)?;
-                    if e < 1e-4 {
-                        kernels.attend_tile = Some(k);
-                        format!("; prefill attention on attend_tile (checked at load: {e:.1e} relative)")
-                    } else {
-                        format!("; prefill attention on attend_gqa (attend_tile refused at load: {e:.1e} relative)")
-                    }
-                }
-            };
-        }
-        let mut coop_note = gpu.coop_note.clone();
-        if opts.emulate_coop && kernels.linear_q4_mm_coop.is_none() {
-            kernels.linear_q4_mm_coop = Some(coop_emulated(&gpu, opts.checked)?);
-            coop_note = "cooperative matrices emulated in plain WGSL (a test)".into();
-        }
-        if kernels.linear_q4_mm_coop.is_some() {
-            // The emulation (tests): checked as a real one would be.
-            let e = check_mm(&gpu, kernels.linear_q4_mm_coop.as_ref().expect("just set"))?;
-            coop_note = format!("{coop_note} (checked at load: {e:.1e} relative)");
-            if e >= COOP_TOLERANCE {
-                kernels.linear_q4_mm_coop = None;
-            }
-        } else if gpu.coop {
-            let diag = std::env::var("LILY_WGPU_COOP_DIAG").is_ok_and(|v| v == "1");
-            if diag {
-                // What each cooperative-matrix operation does on this device (coop_diag.wgsl).
-                match coop_diag(&gpu) {
-                    Ok(lines) => {
-                        for l in lines {
-                            tracing::info!("wgpu: {l}");
-                        }
-                    }
-                    Err(e) => tracing::info!("wgpu: coop diag failed: {e:#}"),
-                }
-            }
-            // An experimental wgpu feature: the first usable variant whose product is right is
-            // used (kernels::coop_variants; none that its check refuses). Under
-            // $LILY_WGPU_COOP_DIAG=1 every variant is checked (the first right one still used)
-            // and each refused one probed (forward::probe_mm: where its product goes wrong), so
-            // that one run tests them all. Non-private variants only where the device takes
-            // SPIR-V as is; $LILY_WGPU_COOP_NONPRIVATE=0 leaves them out (should a driver refuse
-            // the words).
-            let mut tried = Vec::new();
-            let nonprivate_ok = gpu.passthrough
-                && std::env::var("LILY_WGPU_COOP_NONPRIVATE").map_or(true, |v| v != "0");
-            for v in coop_variants() {
-                if (v.nonprivate && !nonprivate_ok) || (!v.usable && !diag) {
-                    continue;
-                }
-                if kernels.linear_q4_mm_coop.is_some() && !diag {
-                    break;
-                }
-                let name = v.name;
-                let result = coop_kernel(&gpu, &v.source, opts.checked, v.nonprivate)
-                    .and_then(|k| check_mm(&gpu, &k).map(|e| (k, e)));
-                match result {
-                    Ok((k, e)) if e < COOP_TOLERANCE && v.usable => {
-                        if kernels.linear_q4_mm_coop.is_none() {
-                            kernels.linear_q4_mm_coop = Some(k);
-                            tried.push(format!("{name}: {e:.1e} relative, used"));
-                        } else {
-                            tried.push(format!("{name}: {e:.1e} relative, right"));
-                        }
-                    }
-                    Ok((k, e)) => {
-                        let what = if e < COOP_TOLERANCE {
-                            "within"
-                        } else {
-                            "refused"
-                        };
-                        tried.push(format!("{name}: {e:.1e} relative, {what}"));
-                        if diag {
-                            match probe_mm(&gpu, &k) {
-                                Ok(lines) => {
-                                    for l in lines {
-                                        tracing::info!("wgpu: {name}: {l}");
-                                    }
-                                }
-                                Err(e) => tracing::info!("wgpu: {name}: coop probe failed: {e:#}"),
-                            }
-                        }
-                    }
-                    Err(e) => tried.push(format!("{name}: {e:#}")),
-                }
-            }
-            let tried = tried.join("; ");
-            coop_note = if kernels.linear_q4_mm_coop.is_some() {
-                format!(
-                    "{coop_note} (variants checked at load against the host's product: {tried})"
-                )
-            } else {
-                format!("no cooperative matrices: no variant of linear_q4_mm_coop computed the host's product ({tried})")
-            };
-            tracing::info!("wgpu: {coop_note}");
-        }
-        let model = upload_model(&gpu, weights, opts.max_slice_bytes)
-            .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
-        let scratch = Scratch::new(
-            &gpu,
-            &weights.config,
-            opts.chunk,
-            opts.all_logits_chunk.clamp(1, opts.chunk),
+        let opts = opts.with_env_overrides();
+        let gpu = Gpu::open(
+            opts.allow_software,
+            opts.adapter.as_deref(),
+            opts.profile,
+            opts.limits,
+            opts.subgroups,
+            opts.f16_kv,
         )?;
+        let c = &weights.config;
+        let caps = DeviceCaps {
+            limits: gpu.limits.clone(),
+            subgroups: gpu.subgroups,
+            f16: gpu.f16,
+        };
+        let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
+        if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
+            (plan.prefill_attention, &plan.specs.attend_tile)
+        {
+            // Checked as attention is at load: a block of 37 tokens after 268 (tiles partly
+            // filled, several key blocks, the causal edge inside blocks).
+            let k = crate::gpu::Kernel::new(&gpu, spec, plan.checked)?;
+            let shape = (c.n_kv_heads, g, c.head_dim);
+            let e = check_attention(&gpu, &k, None, shape, 305, 37, plan.kv_f16)?;
+            if e < ATTEND_TILE_TOLERANCE {
+                plan.notes
+                    .push(format!("attend_tile checked at load: {e:.1e} relative"));
+            } else {
+                plan.refuse_attend_tile(format!(
+                    "attend_tile refused at load: {e:.1e} relative from the host's attention"
+                ));
+            }
+        }
+        let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
+        let model = upload_model(&gpu, weights, plan.max_slice_bytes)
+            .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
+        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk, plan.expert_mm)?;
         gpu.wait()?;
         // Matrix products per layer's input projections (1 where q/k/v, and qkv/z/b/a, share
         // a format and were joined at load).
@@ -284,12 +108,12 @@ impl WgpuBackend {
                 .unwrap_or(0)
         };
         tracing::info!(
-            "wgpu: {}, {:.2} GB of weights on the device, prefill chunk {}, input projections in {} (attention) / {} (DeltaNet) dispatches; {coop_note}{tile_note}{mm_note}",
+            "wgpu: {}, {:.2} GB of weights on the device, input projections in {} (attention) / {} (DeltaNet) dispatches; {}",
             describe_adapter(&gpu.info),
             model.bytes as f64 / 1e9,
-            opts.chunk,
             parts(true),
             parts(false),
+            plan.describe(),
         );
         Ok(WgpuBackend {
             seqs: HashMap::new(),
@@ -298,156 +122,68 @@ impl WgpuBackend {
             scratch,
             model,
             kernels,
-            cfg: weights.config.clone(),
+            plan,
+            cfg: c.clone(),
             gpu,
-            coop_note,
         })
     }
 
+    /// The plan in use (the kernel at each launch site).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
     /// The 4-bit product kernels against the host's product on random matrices
-    /// (`forward::check_mm`, `forward::check_rows`), relative L2 differences:
-    /// linear_q4_mm.wgsl's (4- and 8-bit), linear_q4_rows.wgsl's, and linear_q4_mm_coop.wgsl's
-    /// where it is in use.
-    pub fn check_products(&self) -> Result<(f64, f64, Option<f64>)> {
-        let fp32 = check_mm(&self.gpu, &self.kernels.linear_q4_mm)?.max(check_mm_bits(
-            &self.gpu,
-            &self.kernels.linear_q4_mm,
-            8,
-        )?);
+    /// (`probes::check_mm`, `probes::check_rows`), relative L2 differences: linear_q4_mm.wgsl's
+    /// (tiles of 16 and 32 items, 4- and 8-bit) and linear_q4_rows.wgsl's.
+    pub fn check_products(&self) -> Result<(f64, f64)> {
+        let mut mm = 0f64;
+        for tile in [MmTile::T16, MmTile::T32] {
+            for bits in [4, 8] {
+                mm = mm.max(check_mm(&self.gpu, self.kernels.mm(tile), tile, bits)?);
+            }
+        }
         let rows = check_rows(&self.gpu, &self.kernels)?;
-        let coop = match &self.kernels.linear_q4_mm_coop {
-            Some(k) => Some(check_mm(&self.gpu, k)?),
-            None => None,
-        };
-        Ok((fp32, rows, coop))
-    }
-
-    /// `forward::probe_mm` (where the product goes wrong, block by block) on prefill's 4-bit
-    /// product kernel: linear_q4_mm_coop.wgsl where it is in use, else linear_q4_mm.wgsl.
-    pub fn probe_products(&self) -> Result<Vec<String>> {
-        probe_mm(
-            &self.gpu,
-            self.kernels
-                .linear_q4_mm_coop
-                .as_ref()
-                .unwrap_or(&self.kernels.linear_q4_mm),
-        )
-    }
-
-    /// `forward::probe_mm` on linear_q4_mm_coop.wgsl changed by `edit` (a known fault, to test
-    /// what the probe's map says about it, or one of `kernels::coop_variants`), its cooperative
-    /// operations emulated (`kernels::emulate_coop_source`).
-    #[doc(hidden)]
-    pub fn probe_emulated_with(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
-        let k = self.emulated_coop(&edit(include_str!(
-            "../../../shaders/wgsl/linear_q4_mm_coop.wgsl"
-        )))?;
-        probe_mm(&self.gpu, &k)
-    }
-
-    /// linear_q4_mm_coop.wgsl's `source` (or a variant) compiled with its cooperative operations
-    /// emulated (`kernels::emulate_coop_source`).
-    fn emulated_coop(&self, source: &str) -> Result<crate::gpu::Kernel> {
-        let source = crate::kernels::emulate_coop_source(source)?;
-        crate::gpu::Kernel::new(
-            &self.gpu,
-            "linear_q4_mm_coop",
-            crate::kernels::COMMON,
-            &source,
-            true,
-            &[],
-        )
-    }
-
-    /// `probe_emulated_with` on variant `i` of `kernels::coop_variants` (its name and lines).
-    #[doc(hidden)]
-    pub fn probe_emulated_variant(&self, i: usize) -> Result<(String, Vec<String>)> {
-        let variants = crate::kernels::coop_variants();
-        let v = variants.get(i).context("no such variant")?;
-        Ok((
-            v.name.to_string(),
-            self.probe_emulated_with(|_| v.source.clone())?,
-        ))
-    }
-
-    /// Variants `which` of `kernels::coop_variants` with their cooperative operations emulated,
-    /// checked against the host's product (`forward::check_mm`) as the backend checks the real
-    /// ones at load: (name, relative L2 difference) each.
-    #[doc(hidden)]
-    pub fn check_emulated_variants(&self, which: &[usize]) -> Result<Vec<(String, f64)>> {
-        let mut out = Vec::new();
-        let variants = crate::kernels::coop_variants();
-        for &i in which {
-            let v = variants.get(i).context("no such variant")?;
-            let k = self
-                .emulated_coop(&v.source)
-                .with_context(|| format!("emulating and compiling {}", v.name))?;
-            out.push((v.name.to_string(), check_mm(&self.gpu, &k)?));
-        }
-        Ok(out)
-    }
-
-    /// coop_diag_tile.wgsl (the diagnostic's run of linear_q4_mm_coop.wgsl's tile of products)
-    /// changed by `edit`, with its cooperative operations emulated in plain WGSL
-    /// (`kernels::emulate_coop_source`): its cases' lines, as the H200 would log them.
-    #[doc(hidden)]
-    pub fn coop_diag_tile_emulated(&self, edit: impl Fn(&str) -> String) -> Result<Vec<String>> {
-        let src = edit(include_str!("../../../shaders/wgsl/coop_diag_tile.wgsl"));
-        let source = crate::kernels::emulate_coop_source(&src)?;
-        let k = crate::gpu::Kernel::new(
-            &self.gpu,
-            "coop_diag_tile",
-            crate::kernels::COMMON,
-            &source,
-            true,
-            &[],
-        )?;
-        crate::kernels::coop_diag_tile_run(&self.gpu, &k, " (emulated)", true)
-    }
-
-    /// linear_q4_mm.wgsl compiled to SPIR-V here, under the Vulkan memory model with its workgroup
-    /// accesses marked non-private, handed to the driver as is (the path of the cooperative-matrix
-    /// variants `kernels::mark_nonprivate` makes) against the host's product (`check_mm`); None
-    /// where the device takes no SPIR-V as is.
-    pub fn check_passthrough(&self) -> Result<Option<f64>> {
-        if !self.gpu.passthrough {
-            return Ok(None);
-        }
-        let (k, marked) = passthrough_mm(&self.gpu)?;
-        if marked == 0 {
-            bail!("no workgroup access marked non-private in linear_q4_mm");
-        }
-        Ok(Some(check_mm(&self.gpu, &k)?))
+        Ok((mm, rows))
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
-    /// (`forward::check_attention`) at the full model's shapes (2 KV heads of 8 query heads,
-    /// head dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split
-    /// over workgroups), and 5 tokens after 300 (prefill): the largest relative L2 difference.
-    pub fn check_attention(&self) -> Result<f64> {
+    /// (`probes::check_attention`) at the full model's shapes (2 KV heads of 8 query heads, head
+    /// dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split over
+    /// workgroups), and 5 tokens after 300 (prefill); attend_tile.wgsl with blocks of 32 and 16
+    /// keys where they fit this device: the largest relative L2 difference, and the attend_tile
+    /// variants checked (head dim, heads a KV head, keys a block).
+    pub fn check_attention(&self) -> Result<(f64, Vec<[usize; 3]>)> {
         let mut worst = 0f64;
+        let mut tiles = Vec::new();
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
-            let k = attend_gqa_for(&self.gpu, d, g, false)?;
+            let sg = self.plan.subgroups;
+            let f16 = self.plan.kv_f16;
+            let mut spec = attend_gqa_spec(d, g).with_subgroups(sg);
+            spec.kv_f16 = f16;
+            let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
             for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
                 let merge = Some(&self.kernels.attend_merge);
-                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t)?;
+                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t, f16)?;
                 worst = worst.max(e);
             }
             // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
             // (pos0 = 0), a block after a long cache, a single token.
-            let k = attend_tile_for(&self.gpu, d, g, false)?;
-            for (n, t) in [(305usize, 37usize), (64, 64), (700, 70), (41, 1)] {
-                let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t)?;
-                worst = worst.max(e);
+            for keys in [32, 16] {
+                let mut spec = attend_tile_spec(d, g, keys)?.with_subgroups(sg);
+                spec.kv_f16 = f16;
+                if spec.needs()?.exceeds(&self.gpu.limits).is_some() {
+                    continue;
+                }
+                let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
+                for (n, t) in [(305usize, 37usize), (64, 64), (700, 70), (41, 1)] {
+                    let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t, f16)?;
+                    worst = worst.max(e);
+                }
+                tiles.push([d, g, keys]);
             }
         }
-        Ok(worst)
-    }
-
-    /// Whether prefill's 4-bit products run on cooperative matrices (linear_q4_mm_coop.wgsl),
-    /// and why or why not.
-    pub fn coop(&self) -> (bool, &str) {
-        (self.kernels.linear_q4_mm_coop.is_some(), &self.coop_note)
+        Ok((worst, tiles))
     }
 
     /// Whether prefill attention runs on attend_tile.wgsl (`WgpuOptions::attn_tile`).
@@ -469,6 +205,7 @@ impl WgpuBackend {
     fn forward(&self) -> Forward<'_> {
         Forward {
             gpu: &self.gpu,
+            plan: &self.plan,
             k: &self.kernels,
             model: &self.model,
             s: &self.scratch,
@@ -623,9 +360,9 @@ impl WgpuBackend {
     /// submission.
     fn duplicate(&self, s: &SeqState, max_ctx: usize) -> Result<SeqState> {
         let c = &self.cfg;
-        let d = SeqState::new(&self.gpu, c, max_ctx)?;
+        let d = SeqState::new(&self.gpu, c, max_ctx, self.plan.kv_f16)?;
         let mut r = Recorder::new(&self.gpu);
-        let kv = s.len as u64 * kv_row_bytes(c);
+        let kv = s.len as u64 * kv_row_bytes(c, self.plan.kv_f16);
         for (a, b) in s.kv.iter().zip(&d.kv) {
             if let (Some((ka, va)), Some((kb, vb))) = (a, b) {
                 r.copy(ka, 0, kb, 0, kv);
@@ -658,10 +395,22 @@ impl Backend for WgpuBackend {
         &self.cfg
     }
 
+    /// The adapter, the limits in use, its subgroup sizes and the plan: what a bug report needs
+    /// (`lily-engine bench` and `selftest` print it).
     fn describe(&self) -> String {
+        let i = &self.gpu.info;
+        let l = &self.gpu.limits;
         format!(
-            "wgpu {} ({:?}, fp32 activations)",
-            self.gpu.info.name, self.gpu.info.backend
+            "wgpu {} ({:?}, {:?}; {} B workgroup memory, {} invocations, subgroups of {}..{} lanes{}): {}",
+            i.name,
+            i.backend,
+            i.device_type,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            i.subgroup_min_size,
+            i.subgroup_max_size,
+            if self.gpu.subgroups { " in use" } else { " not used" },
+            self.plan.describe()
         )
     }
 
@@ -669,7 +418,7 @@ impl Backend for WgpuBackend {
         if max_ctx == 0 {
             bail!("a sequence needs a context of at least one token");
         }
-        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx)?;
+        let s = SeqState::new(&self.gpu, &self.cfg, max_ctx, self.plan.kv_f16)?;
         let id = self.next_id;
         self.next_id += 1;
         self.seqs.insert(id, s);

@@ -6,46 +6,25 @@
 use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
 
-use crate::gpu::{grid_2d, Gpu, Kernel, Prepared, Recorder};
-use crate::kernels::{gqa_group, Kernels};
+use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
+use crate::kernels::Kernels;
+use crate::plan::{
+    rows_rb, DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention,
+    DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
+};
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
 };
 
 type Buf = wgpu::Buffer;
 
-/// Output rows one `linear` workgroup computes (linear.wgsl's `ROWS`).
-const LINEAR_ROWS: usize = 8;
-
 /// Most workgroups of argmax_part.wgsl.
 const ARGMAX_PARTS: usize = 1024;
-
-/// Items per tile of linear_q4_mm.wgsl (its `TT`).
-const MM_TILE: usize = 16;
-/// Items per tile of linear_q4_mm_coop.wgsl and linear_q4_mm_t32.wgsl (their `TT`; their rows
-/// per workgroup are `MM_ROWS`).
-const MM_TILE_COOP: usize = 32;
-/// Rows per workgroup of a tiled product kernel (linear_q4_mm or linear_q4_mm_coop: both 64).
-fn mm_rows(_kernel: &Kernel) -> usize {
-    MM_ROWS
-}
-
-/// Items per tile of a tiled product kernel (linear_q4_mm, linear_q4_mm_t32 in its place, or
-/// linear_q4_mm_coop).
-fn mm_tile(kernel: &Kernel) -> usize {
-    if kernel.name == "linear_q4_mm_coop" || kernel.name == "linear_q4_mm_t32" {
-        MM_TILE_COOP
-    } else {
-        MM_TILE
-    }
-}
-/// Rows per workgroup of linear_q4_mm.wgsl and linear_q4_mm_coop.wgsl (their `RT`).
-const MM_ROWS: usize = 64;
 
 /// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
 /// attend_gqa.wgsl), and the rows of partials that allows (`attention_splits`).
 const SPLIT_PAIRS: usize = 256;
-const PART_ROWS: usize = 1024;
+pub const PART_ROWS: usize = 1024;
 /// Most splits per (head, token): attend_merge.wgsl's workgroup holds one per invocation.
 const MAX_SPLITS: usize = 64;
 
@@ -67,793 +46,22 @@ pub fn attention_splits(groups: usize, rows: usize, n_max: usize) -> (usize, usi
     (n_max.div_ceil(span), span)
 }
 
-/// Whether linear_q4(_mm).wgsl take this matrix and input: MLX 4-bit, groups of a multiple of
-/// 32, inputs on 16-byte boundaries.
-fn q4_ok(w: &GpuLinear, io: &Io) -> bool {
-    w.bits == 4
-        && w.group.is_multiple_of(32)
-        && w.cols.is_multiple_of(32)
-        && io.x_off.is_multiple_of(4)
-        && io.x_stride.is_multiple_of(4)
-}
-
-/// Whether linear_q4_glu.wgsl takes this gate and up: both 4-bit as `q4_ok` wants, the same
-/// shape, each in one slice with the same layout (so one set of offsets serves both).
-fn glu_ok(gate: &GpuLinear, up: &GpuLinear, io: &Io) -> bool {
-    q4_ok(gate, io)
-        && q4_ok(up, io)
-        && gate.rows == up.rows
-        && gate.cols == up.cols
-        && gate.group == up.group
-        && gate.experts == up.experts
-        && gate.slices.len() == 1
-        && up.slices.len() == 1
-        && gate.slices[0].scale_off == up.slices[0].scale_off
-        && gate.slices[0].bias_off == up.slices[0].bias_off
-}
-
-/// Rows per workgroup of moe_down_rows.wgsl (its `RB` override; a power of two ≤ 8).
-pub const DOWN_RB: usize = 4;
-
-/// Rows per workgroup of linear_q4_rows.wgsl (its `RB`) as the model's `linear_q4_rows` has it.
-const ROWS_RB: usize = 16;
-
-/// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
-pub const GLU_RB: usize = 8;
-
-/// linear_q4_rows.wgsl's instance for a slice of `rows` rows, and its rows per workgroup: 16
-/// from 8,192 rows, else 4 from 1,024, else 2, so that even the router (257 rows) and the
-/// 2,048-row output projections run on ≥ 128 workgroups.
-fn rows_rb(k: &Kernels, rows: usize) -> (&Kernel, usize) {
-    if rows >= 8192 {
-        (&k.linear_q4_rows, ROWS_RB)
-    } else if rows >= 1024 {
-        (&k.linear_q4_rows4, 4)
-    } else {
-        (&k.linear_q4_rows2, 2)
-    }
-}
-
-/// Whether linear_q4_rows.wgsl takes this plain matrix and input: `q4_ok` with 2,048 or 4,096
-/// columns, or `q8_ok` with 2,048 (each of its 64 invocations holds the inputs of one or two
-/// 16-byte words of a row).
-fn rows_ok(w: &GpuLinear, io: &Io) -> bool {
-    let q4 = q4_ok(w, io) && (w.cols == 2048 || w.cols == 4096);
-    let q8 = q8_ok(w, io) && w.cols == 2048;
-    (q4 || q8) && w.experts <= 1
-}
-
-/// Whether linear_q4_glu_rows.wgsl takes this gate (and up, which `glu_ok` matched to it): 2,048
-/// input columns (its 64 invocations hold one quad each).
-fn glu_rows_ok(gate: &GpuLinear) -> bool {
-    gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
-}
-
-/// The row kernels' parameters: linear.wgsl's first 18, then whether to normalise the input
-/// first (`Io::norm`) and the norm's eps.
-fn norm_params(params: &[u32; 21], io: &Io, eps: f32) -> [u32; 20] {
-    let mut out = [0u32; 20];
-    out[..18].copy_from_slice(&params[..18]);
-    out[18] = io.norm.is_some() as u32;
-    out[19] = eps.to_bits();
+/// The row kernels' parameters (linear_q4_rows.wgsl, linear_q4_glu_rows.wgsl): common.wgsl's
+/// `Mat`, then from word 20 whether to normalise the input first (`Io::norm`) and the norm's eps.
+fn norm_params(params: &[u32; 23], io: &Io, eps: f32) -> [u32; 22] {
+    let mut out = [0u32; 22];
+    out[..MAT_WORDS].copy_from_slice(&params[..MAT_WORDS]);
+    out[20] = io.norm.is_some() as u32;
+    out[21] = eps.to_bits();
     out
 }
 
-/// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
-/// columns multiples of 16, inputs on 16-byte boundaries.
-fn q8_ok(w: &GpuLinear, io: &Io) -> bool {
-    w.bits == 8
-        && w.group.is_multiple_of(16)
-        && w.cols.is_multiple_of(16)
-        && io.x_off.is_multiple_of(4)
-        && io.x_stride.is_multiple_of(4)
-}
+/// Words of common.wgsl's `Mat`; a kernel's own parameters start at word 20 (a struct member of
+/// a uniform takes a multiple of 16 bytes).
+pub const MAT_WORDS: usize = 18;
 
-/// Whether linear_q4_mm.wgsl takes this 8-bit matrix: `q8_ok` with groups and columns multiples
-/// of 32 (the kernel's 32-column steps, two 16-byte words of a row each, within one group).
-fn mm8_ok(w: &GpuLinear, io: &Io) -> bool {
-    q8_ok(w, io) && w.group.is_multiple_of(32) && w.cols.is_multiple_of(32)
-}
-
-/// The tiled product for `w` (q4_ok holds): on cooperative matrices where the device has them
-/// and the columns are a multiple of 64 (linear_q4_mm_coop.wgsl's step), else linear_q4_mm.wgsl.
-/// Both take the same parameters, bindings and grid.
-fn mm_kernel<'k>(k: &'k Kernels, w: &GpuLinear) -> &'k Kernel {
-    match &k.linear_q4_mm_coop {
-        Some(coop) if w.cols.is_multiple_of(64) => coop,
-        _ => &k.linear_q4_mm,
-    }
-}
-
-/// A tiled 4-bit product kernel (linear_q4_mm.wgsl or linear_q4_mm_coop.wgsl) against the
-/// host's product in f64, on a random 4-bit matrix (160 rows, the last workgroup partly filled;
-/// 512 columns in groups of 64; 40 items, the last tile of 8): the relative L2 difference. The
-/// cooperative kernel uses an experimental feature of wgpu, so the backend checks it this way
-/// before using it.
-pub fn check_mm(gpu: &Gpu, kernel: &Kernel) -> Result<f64> {
-    check_mm_bits(gpu, kernel, 4)
-}
-
-/// `check_mm` on a random matrix of `bits` (4, or 8: linear_q4_mm.wgsl's 8-bit path, `mm8_ok`).
-pub fn check_mm_bits(gpu: &Gpu, kernel: &Kernel, bits: usize) -> Result<f64> {
-    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(mm_rows(kernel)));
-    let z = items.div_ceil(mm_tile(kernel)) as u32;
-    let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
-}
-
-/// How `probe_mm` changes `check_mm`'s random matrix and inputs (all off: unchanged).
-#[derive(Clone, Copy, Default)]
-struct ProbeShape {
-    /// Every group's bias −8·s: the bias term (b + 8·s)·Σx is 0, the output the cooperative
-    /// products' alone.
-    zero_bias: bool,
-    /// Inputs rounded to integers (−3..3; exact in f16, so the remainder part x − f16(x) is 0).
-    int_x: bool,
-    /// Inputs zero outside columns [a, b).
-    x_window: Option<(usize, usize)>,
-}
-
-/// A tiled 4-bit product kernel (meant for linear_q4_mm_coop.wgsl where its check at load
-/// fails) on `check_mm`'s matrix and on changed ones, one line each, for the log
-/// ($LILY_WGPU_COOP_DIAG=1): the relative L2 difference from the host's product, and a map of
-/// which part of the output is wrong and how. Each output block of 16 rows × 8 items is one
-/// character: `.` right (< 1e-3 relative), `0` all zero, `b` only the bias terms (b + 8·s) · Σx (the
-/// cooperative products missing), `p` only the cooperative products (the bias terms missing),
-/// `2` the products counted twice, `x` something else. One character per 16 rows across, one
-/// group of them per 8 items (`|` between). Then the same matrix with the inputs in only one
-/// window of 32 columns at a time (which steps of 64 columns and which half of a step go wrong).
-/// A few milliseconds.
-pub fn probe_mm(gpu: &Gpu, kernel: &Kernel) -> Result<Vec<String>> {
-    let plain = ProbeShape::default();
-    let cases: [(&str, usize, usize, usize, ProbeShape); 6] = [
-        (
-            "check's matrix: 160 rows, 512 columns, 40 items",
-            160,
-            512,
-            40,
-            plain,
-        ),
-        (
-            "the same, bias terms 0",
-            160,
-            512,
-            40,
-            ProbeShape {
-                zero_bias: true,
-                ..plain
-            },
-        ),
-        (
-            "the same, integer inputs",
-            160,
-            512,
-            40,
-            ProbeShape {
-                int_x: true,
-                ..plain
-            },
-        ),
-        (
-            "one workgroup, one step: 64 rows, 64 columns, 32 items, bias terms 0, integer inputs",
-            64,
-            64,
-            32,
-            ProbeShape {
-                zero_bias: true,
-                int_x: true,
-                ..plain
-            },
-        ),
-        (
-            "one workgroup, 8 steps: 64 rows, 512 columns, 32 items",
-            64,
-            512,
-            32,
-            plain,
-        ),
-        (
-            "two tiles of 32 items, two row blocks: 128 rows, 128 columns, 64 items",
-            128,
-            128,
-            64,
-            plain,
-        ),
-    ];
-    let mut lines = Vec::new();
-    for (what, rows, cols, items, shape) in cases {
-        let m = RandomQ4::shaped(4, rows, cols, 64, items, shape);
-        let got = m.run_probe(gpu, kernel)?;
-        lines.push(format!(
-            "coop probe ({what}): {:.1e} relative; {}",
-            rel_diff(&got, &m.want),
-            m.block_map(&got)
-        ));
-    }
-    // One window of 32 input columns at a time.
-    let mut windows = Vec::new();
-    for w in 0..16 {
-        let shape = ProbeShape {
-            x_window: Some((32 * w, 32 * w + 32)),
-            ..plain
-        };
-        let m = RandomQ4::shaped(4, 160, 512, 64, 40, shape);
-        let got = m.run_probe(gpu, kernel)?;
-        windows.push(format!("{}: {:.1e}", 32 * w, rel_diff(&got, &m.want)));
-    }
-    lines.push(format!(
-        "coop probe (check's matrix, inputs only in columns c..c+31), c: relative: {}",
-        windows.join(", ")
-    ));
-    Ok(lines)
-}
-
-/// Relative L2 difference of `got` from `want` (infinite where `got` has a non-finite value).
-fn rel_diff(got: &[f32], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (g, w) in got.iter().zip(want) {
-        if !g.is_finite() {
-            return f64::INFINITY;
-        }
-        num += (*g as f64 - w).powi(2);
-        den += w.powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
-/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
-/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
-pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k)?;
-    let mut worst = 0f64;
-    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        let (rows, items) = (37usize, 2usize);
-        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        for (kernel, rb) in [
-            (&k.linear_q4_rows, ROWS_RB),
-            (&k.linear_q4_rows4, 4),
-            (&k.linear_q4_rows2, 2),
-        ] {
-            let (nx, ny) = grid_2d(rows.div_ceil(rb));
-            // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-            for norm in [None, Some(1e-6)] {
-                let e = m.run(gpu, kernel, &[nx, ny, items as u32], nx, None, Some(norm))?;
-                worst = worst.max(e);
-            }
-        }
-    }
-    Ok(worst.max(glu))
-}
-
-/// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
-/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
-fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let (rows, cols, items) = (37usize, 2048usize, 2usize);
-    let gate = RandomQ4::new(rows, cols, 64, items);
-    let up = RandomQ4::new(rows + 1, cols, 64, items);
-    // Up's first `rows` rows in gate's slice layout (the kernel takes one set of offsets).
-    let words = rows * cols / 8;
-    let mut data = up.data[..words * 4].to_vec();
-    let ng = rows * cols / 64;
-    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
-    data.extend_from_slice(&up.data[us..us + ng * 2]);
-    data.resize(gate.bias_off as usize * 2, 0);
-    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
-    let wg = gpu.upload("check.gate", &gate.data)?;
-    let wu = gpu.upload("check.up", &data)?;
-    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
-    let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
-    let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
-    let ids = gpu.storage("check.ids", 16)?;
-    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
-    let silu = |v: f64| v / (1.0 + (-v).exp());
-    let mut worst = 0f64;
-    // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-    for norm in [None, Some(1e-6f32)] {
-        let x = match norm {
-            Some(eps) => gate.normed(eps),
-            None => gate.x.clone(),
-        };
-        let params: [u32; 20] = [
-            rows as u32,
-            cols as u32,
-            4,
-            64,
-            0,
-            cols as u32,
-            0,
-            rows as u32,
-            0,
-            gate.scale_off,
-            gate.bias_off,
-            0,
-            0,
-            0,
-            1,
-            (rows * cols / 8) as u32,
-            nx,
-            0,
-            norm.is_some() as u32,
-            norm.unwrap_or(0.0).to_bits(),
-        ];
-        let mut r = Recorder::new(gpu);
-        r.dispatch(
-            &k.linear_q4_glu_rows,
-            &params,
-            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn],
-            [nx, ny, items as u32],
-        );
-        r.submit()?;
-        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-        let (mut num, mut den) = (0f64, 0f64);
-        for t in 0..items {
-            let xt = &x[t * cols..(t + 1) * cols];
-            for row in 0..rows {
-                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
-                let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
-                let g = got[t * rows + row];
-                if !g.is_finite() {
-                    return Ok(f64::INFINITY);
-                }
-                num += (g as f64 - want).powi(2);
-                den += want.powi(2);
-            }
-        }
-        worst = worst.max((num / den.max(1e-30)).sqrt());
-    }
-    Ok(worst)
-}
-
-/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv by `kernels::attend_gqa_for`) and
-/// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
-/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
-/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
-/// relative L2 difference of the outputs.
-/// With `merge` None, `gqa` is attend_tile.wgsl (`kernels::attend_tile_for`): tiles of 64 / g
-/// tokens, no key splits.
-pub fn check_attention(
-    gpu: &Gpu,
-    gqa: &Kernel,
-    merge: Option<&Kernel>,
-    (hkv, g, d): (usize, usize, usize),
-    n: usize,
-    t: usize,
-) -> Result<f64> {
-    let hq = hkv * g;
-    let pos0 = n - t;
-    let qg_stride = hq * 2 * d + 2 * hkv * d;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (n * 131 + t * 7 + d + g) as u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        ((seed % 20_001) as f32 / 10_000.0 - 1.0) * 1.5
-    };
-    let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
-    let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
-    let kc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
-    let vc: Vec<f32> = (0..n * hkv * d).map(|_| rnd()).collect();
-    let scale = 1.0 / (d as f32).sqrt();
-    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
-    let qb = gpu.upload_f32("check.q", &q)?;
-    let qgb = gpu.upload_f32("check.qg", &qg)?;
-    let kb = gpu.upload_f32("check.k", &kc)?;
-    let vb = gpu.upload_f32("check.v", &vc)?;
-    let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
-    let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
-    let mut r = Recorder::new(gpu);
-    let Some(merge) = merge else {
-        r.dispatch(
-            gqa,
-            &[
-                hq as u32,
-                hkv as u32,
-                d as u32,
-                pos0 as u32,
-                scale.to_bits(),
-                1,
-                0,
-                qg_stride as u32,
-                t as u32,
-            ],
-            &[&qb, &qgb, &kb, &vb, &ob],
-            [hkv as u32, t.div_ceil(64 / g) as u32, 1],
-        );
-        r.submit()?;
-        let got = gpu.read_f32(&ob, 0, t * hq * d)?;
-        return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
-    };
-    r.dispatch(
-        gqa,
-        &[
-            hq as u32,
-            hkv as u32,
-            d as u32,
-            pos0 as u32,
-            scale.to_bits(),
-            nsplit as u32,
-            span as u32,
-            qg_stride as u32,
-        ],
-        &[&qb, &qgb, &kb, &vb, &ob, &part],
-        [hkv as u32, t as u32, nsplit as u32],
-    );
-    if nsplit > 1 {
-        r.dispatch(
-            merge,
-            &[hq as u32, d as u32, nsplit as u32, qg_stride as u32],
-            &[&part, &qgb, &ob],
-            [hq as u32, t as u32, d.div_ceil(64) as u32],
-        );
-    }
-    r.submit()?;
-    let got = gpu.read_f32(&ob, 0, t * hq * d)?;
-    Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t))
-}
-
-/// `check_attention`'s comparison: the relative L2 difference of `got` from the host's gated
-/// attention in f64 (infinite where `got` has a non-finite value).
-#[allow(clippy::too_many_arguments)]
-fn attention_error(
-    got: &[f32],
-    q: &[f32],
-    qg: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    (hkv, g, d): (usize, usize, usize),
-    n: usize,
-    t: usize,
-) -> f64 {
-    let hq = hkv * g;
-    let pos0 = n - t;
-    let qg_stride = hq * 2 * d + 2 * hkv * d;
-    let scale = 1.0 / (d as f32).sqrt();
-    let (mut num, mut den) = (0f64, 0f64);
-    for ti in 0..t {
-        let keys = pos0 + ti + 1;
-        for h in 0..hq {
-            let kv = h / g;
-            let qr = &q[(ti * hq + h) * d..][..d];
-            let sc: Vec<f64> = (0..keys)
-                .map(|j| {
-                    let kr = &kc[(j * hkv + kv) * d..][..d];
-                    qr.iter()
-                        .zip(kr)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * scale as f64
-                })
-                .collect();
-            let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
-            let w: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
-            let sum: f64 = w.iter().sum();
-            for c in 0..d {
-                let o: f64 = (0..keys)
-                    .map(|j| w[j] * vc[(j * hkv + kv) * d + c] as f64)
-                    .sum::<f64>()
-                    / sum;
-                let gate = qg[ti * qg_stride + h * 2 * d + d + c] as f64;
-                let want = o / (1.0 + (-gate).exp());
-                let gv = got[(ti * hq + h) * d + c] as f64;
-                if !gv.is_finite() {
-                    return f64::INFINITY;
-                }
-                num += (gv - want).powi(2);
-                den += want * want;
-            }
-        }
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
-/// random inputs for `items` items, and the host's product in f64.
-struct RandomQ4 {
-    bits: usize,
-    rows: usize,
-    cols: usize,
-    group: usize,
-    items: usize,
-    data: Vec<u8>,
-    scale_off: u32,
-    bias_off: u32,
-    x: Vec<f32>,
-    /// The dequantised rows, and the host's product with `x`.
-    w: Vec<Vec<f64>>,
-    want: Vec<f64>,
-    /// The part of `want` from q·s alone (without the groups' bias terms b · Σx).
-    products_part: Vec<f64>,
-    /// A random RMSNorm weight (`run` with a norm).
-    norm_w: Vec<f32>,
-}
-
-impl RandomQ4 {
-    /// Each item's inputs through RMSNorm (rms_norm.wgsl's formula) with `norm_w`.
-    fn normed(&self, eps: f32) -> Vec<f32> {
-        let mut out = self.x.clone();
-        for row in out.chunks_mut(self.cols) {
-            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / self.cols as f64;
-            let r = 1.0 / (ms + eps as f64).sqrt();
-            for (v, w) in row.iter_mut().zip(&self.norm_w) {
-                *v = (*v as f64 * r * *w as f64) as f32;
-            }
-        }
-        out
-    }
-
-    /// The host's product of the rows with inputs `x` (items × cols), f64.
-    fn product(&self, x: &[f32]) -> Vec<f64> {
-        let mut want = vec![0f64; self.items * self.rows];
-        for (r, w) in self.w.iter().enumerate() {
-            for t in 0..self.items {
-                let xt = &x[t * self.cols..(t + 1) * self.cols];
-                want[t * self.rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
-            }
-        }
-        want
-    }
-
-    fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
-        RandomQ4::with_bits(4, rows, cols, group, items)
-    }
-
-    fn with_bits(bits: usize, rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
-        RandomQ4::shaped(bits, rows, cols, group, items, ProbeShape::default())
-    }
-
-    /// `with_bits`'s matrix and inputs (the same random draws) changed as `shape` says.
-    fn shaped(
-        bits: usize,
-        rows: usize,
-        cols: usize,
-        group: usize,
-        items: usize,
-        shape: ProbeShape,
-    ) -> RandomQ4 {
-        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols + bits) as u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        // bf16 (truncated) and its value.
-        let bf16 = |v: f32| {
-            let h = (v.to_bits() >> 16) as u16;
-            (h, f32::from_bits((h as u32) << 16))
-        };
-        let per = 32 / bits;
-        let words: Vec<u32> = (0..rows * cols / per).map(|_| next() as u32).collect();
-        let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let scale_off = (data.len() / 2) as u32;
-        let ngroups = rows * cols / group;
-        let mut scales = Vec::with_capacity(ngroups);
-        for _ in 0..ngroups {
-            let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
-            scales.push(v);
-            data.extend_from_slice(&h.to_le_bytes());
-        }
-        data.resize(data.len().div_ceil(4) * 4, 0);
-        let bias_off = (data.len() / 2) as u32;
-        let mut biases = Vec::with_capacity(ngroups);
-        for s in &scales {
-            let (mut h, mut v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
-            if shape.zero_bias {
-                // b = −8·s (exact in bf16): the bias term (b + 8·s)·Σx is 0.
-                (h, v) = bf16(-8.0 * s);
-            }
-            biases.push(v);
-            data.extend_from_slice(&h.to_le_bytes());
-        }
-        let x: Vec<f32> = (0..items * cols)
-            .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
-            .enumerate()
-            .map(|(i, v)| {
-                let v = if shape.int_x { v.round() } else { v };
-                match shape.x_window {
-                    Some((a, b)) if !(a..b).contains(&(i % cols)) => 0.0,
-                    _ => v,
-                }
-            })
-            .collect();
-        // The products' part (q − 2^(bits−1))·s alone (linear_q4_mm_coop.wgsl's cooperative
-        // share; the rest is (b + 2^(bits−1)·s) · Σx).
-        let wq: Vec<Vec<f64>> = (0..rows)
-            .map(|r| {
-                (0..cols)
-                    .map(|k| {
-                        let q =
-                            (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
-                        let mid = (1u64 << (bits - 1)) as f64;
-                        (q as f64 - mid) * scales[r * (cols / group) + k / group] as f64
-                    })
-                    .collect()
-            })
-            .collect();
-        // The whole weight: q·s plus the group's bias.
-        let mid = (1u64 << (bits - 1)) as f64;
-        let w: Vec<Vec<f64>> = wq
-            .iter()
-            .enumerate()
-            .map(|(r, row)| {
-                row.iter()
-                    .enumerate()
-                    .map(|(k, qs)| {
-                        let g = r * (cols / group) + k / group;
-                        qs + mid * scales[g] as f64 + biases[g] as f64
-                    })
-                    .collect()
-            })
-            .collect();
-        let norm_w: Vec<f32> = (0..cols)
-            .map(|_| 0.5 + (next() % 1000) as f32 / 1000.0)
-            .collect();
-        let mut m = RandomQ4 {
-            bits,
-            rows,
-            cols,
-            group,
-            items,
-            data,
-            scale_off,
-            bias_off,
-            x,
-            w,
-            want: Vec::new(),
-            products_part: Vec::new(),
-            norm_w,
-        };
-        m.want = m.product(&m.x);
-        // products_part: the q·s rows' product alone (`wq` in the place of `w`).
-        let full = std::mem::replace(&mut m.w, wq);
-        m.products_part = m.product(&m.x);
-        m.w = full;
-        m
-    }
-
-    /// A tiled product kernel on this matrix with `check_mm`'s grid (`probe_mm`).
-    fn run_probe(&self, gpu: &Gpu, kernel: &Kernel) -> Result<Vec<f32>> {
-        let (nx, ny) = grid_2d(self.rows.div_ceil(mm_rows(kernel)));
-        let z = self.items.div_ceil(mm_tile(kernel)) as u32;
-        let groups_buf = gpu.storage("mm_probe.groups", 16)?;
-        self.run_raw(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
-    }
-
-    /// `probe_mm`'s map of `got` (items × rows) against this matrix's product.
-    fn block_map(&self, got: &[f32]) -> String {
-        let (rows, items) = (self.rows, self.items);
-        let mut groups = Vec::new();
-        for t0 in (0..items).step_by(8) {
-            let mut g = String::new();
-            for r0 in (0..rows).step_by(16) {
-                let at: Vec<usize> = (t0..(t0 + 8).min(items))
-                    .flat_map(|t| (r0..(r0 + 16).min(rows)).map(move |r| t * rows + r))
-                    .collect();
-                let sub = |v: &dyn Fn(usize) -> f64| -> f64 {
-                    let (mut num, mut den) = (0f64, 0f64);
-                    for &i in &at {
-                        num += (got[i] as f64 - v(i)).powi(2);
-                        den += self.want[i].powi(2);
-                    }
-                    (num / den.max(1e-30)).sqrt()
-                };
-                let p = &self.products_part;
-                let w = &self.want;
-                let c = if at.iter().any(|&i| !got[i].is_finite()) {
-                    'n'
-                } else if sub(&|i| w[i]) < 1e-3 {
-                    '.'
-                } else if at.iter().all(|&i| got[i] == 0.0) {
-                    '0'
-                } else if sub(&|i| w[i] - p[i]) < 1e-2 {
-                    'b'
-                } else if sub(&|i| p[i]) < 1e-2 {
-                    'p'
-                } else if sub(&|i| w[i] + p[i]) < 1e-2 {
-                    '2'
-                } else {
-                    'x'
-                };
-                g.push(c);
-            }
-            groups.push(g);
-        }
-        format!(
-            "map (16 rows a character, 8 items a group): {}",
-            groups.join("|")
-        )
-    }
-
-    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×
-    /// rows). `fourth`: the fourth binding, where the kernel has one.
-    fn run_raw(
-        &self,
-        gpu: &Gpu,
-        kernel: &Kernel,
-        grid: &[u32; 3],
-        nx: u32,
-        fourth: Option<&wgpu::Buffer>,
-        rows_norm: Option<Option<f32>>,
-    ) -> Result<Vec<f32>> {
-        let (rows, cols, items) = (self.rows, self.cols, self.items);
-        let wbuf = gpu.upload("check.w", &self.data)?;
-        let xbuf = gpu.upload_f32("check.x", &self.x)?;
-        let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
-        let params: [u32; 21] = [
-            rows as u32,
-            cols as u32,
-            self.bits as u32,
-            self.group as u32,
-            0,
-            cols as u32,
-            0,
-            rows as u32,
-            0,
-            self.scale_off,
-            self.bias_off,
-            0,
-            0,
-            0,
-            1,
-            (rows * cols * self.bits / 32) as u32,
-            nx,
-            0,
-            items as u32,
-            0,
-            0,
-        ];
-        // The row kernels (`rows_norm` Some): field 18 says whether to normalise the input
-        // first (RMSNorm with eps `Some(eps)` and the weight `self.norm_w`), 19 the eps.
-        let mut params = params;
-        let wn = gpu.upload_f32("check.wn", &self.norm_w)?;
-        if let Some(norm) = rows_norm {
-            params[18] = norm.is_some() as u32;
-            params[19] = norm.unwrap_or(0.0).to_bits();
-        }
-        let mut bufs = vec![&wbuf, &xbuf, &ybuf];
-        bufs.extend(fourth);
-        if rows_norm.is_some() {
-            bufs.push(&wn);
-        }
-        let mut r = Recorder::new(gpu);
-        r.dispatch(kernel, &params, &bufs, *grid);
-        r.submit()?;
-        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-        Ok(got)
-    }
-
-    /// `run_raw`'s output against the host's product: the relative L2 difference.
-    fn run(
-        &self,
-        gpu: &Gpu,
-        kernel: &Kernel,
-        grid: &[u32; 3],
-        nx: u32,
-        fourth: Option<&wgpu::Buffer>,
-        rows_norm: Option<Option<f32>>,
-    ) -> Result<f64> {
-        let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm)?;
-        let want = match rows_norm {
-            Some(Some(eps)) => self.product(&self.normed(eps)),
-            _ => self.want.clone(),
-        };
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(&want) {
-            if !g.is_finite() {
-                return Ok(f64::INFINITY);
-            }
-            num += (*g as f64 - w).powi(2);
-            den += w.powi(2);
-        }
-        Ok((num / den.max(1e-30)).sqrt())
-    }
-}
-
-/// The parameters of linear.wgsl, linear_q4.wgsl and linear_q4_mm.wgsl (the first two read
-/// only the leading fields).
+/// The parameters of linear.wgsl, linear_q4.wgsl (common.wgsl's `Mat`) and linear_q4_mm.wgsl
+/// (`Mat`, then from word 20 the items, and where its tile list and sorted items start).
 #[allow(clippy::too_many_arguments)]
 fn linear_params(
     w: &GpuLinear,
@@ -867,7 +75,7 @@ fn linear_params(
     nx: u32,
     tiles_at: usize,
     order_at: usize,
-) -> [u32; 21] {
+) -> [u32; 23] {
     [
         rows as u32,
         w.cols as u32,
@@ -887,6 +95,8 @@ fn linear_params(
         w.mat_words as u32,
         nx,
         io.accumulate as u32,
+        0,
+        0,
         io.items as u32,
         tiles_at as u32,
         order_at as u32,
@@ -938,7 +148,15 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    pub fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, all_chunk: usize) -> Result<Scratch> {
+    /// `expert_tile`: the items per tile of the routed experts' products (moe_group.wgsl's
+    /// tile list is sized for it).
+    pub fn new(
+        gpu: &Gpu,
+        c: &ModelConfig,
+        chunk: usize,
+        all_chunk: usize,
+        expert_tile: MmTile,
+    ) -> Result<Scratch> {
         // Items per token: the top_k routed experts and, where it rides in their stacks, the
         // shared expert (sized for it either way).
         let ks = c.top_k + 1;
@@ -949,7 +167,7 @@ impl Scratch {
         let t = chunk;
         let (h, tk) = (c.hidden, t * ks);
         let tiles_at = 8;
-        let order_at = tiles_at + 4 * (tk.div_ceil(MM_TILE) + c.n_experts + 1);
+        let order_at = tiles_at + 4 * (tk.div_ceil(expert_tile.items()) + c.n_experts + 1);
         Ok(Scratch {
             chunk,
             all_chunk,
@@ -1007,8 +225,9 @@ pub struct SeqState {
 }
 
 impl SeqState {
-    pub fn new(gpu: &Gpu, c: &ModelConfig, max_ctx: usize) -> Result<SeqState> {
-        let kv_bytes = (max_ctx * c.n_kv_heads * c.head_dim * 4) as u64;
+    /// `kv_f16`: the KV cache in f16 (the plan's `kv_f16`), else f32.
+    pub fn new(gpu: &Gpu, c: &ModelConfig, max_ctx: usize, kv_f16: bool) -> Result<SeqState> {
+        let kv_bytes = max_ctx as u64 * kv_row_bytes(c, kv_f16);
         let mut kv = Vec::new();
         let mut dn = Vec::new();
         for (i, kind) in c.layers.iter().enumerate() {
@@ -1048,8 +267,9 @@ pub fn conv_bytes(c: &ModelConfig) -> u64 {
     ((c.conv_kernel - 1) * c.conv_dim() * 4) as u64
 }
 
-pub fn kv_row_bytes(c: &ModelConfig) -> u64 {
-    (c.n_kv_heads * c.head_dim * 4) as u64
+/// Bytes of one position's K (or V) in the cache: f16 or f32 elements.
+pub fn kv_row_bytes(c: &ModelConfig, kv_f16: bool) -> u64 {
+    (c.n_kv_heads * c.head_dim * if kv_f16 { 2 } else { 4 }) as u64
 }
 
 /// Byte offset of u_hi, u_lo in sample_pick.wgsl's parameters.
@@ -1114,8 +334,16 @@ struct Io<'b> {
     norm: Option<&'b Buf>,
 }
 
+impl Io<'_> {
+    /// Whether the input rows lie on 16-byte boundaries (the vec4 kernels' reads).
+    fn aligned(&self) -> bool {
+        self.x_off.is_multiple_of(4) && self.x_stride.is_multiple_of(4)
+    }
+}
+
 pub struct Forward<'a> {
     pub gpu: &'a Gpu,
+    pub plan: &'a Plan,
     pub k: &'a Kernels,
     pub model: &'a GpuModel,
     pub s: &'a Scratch,
@@ -1224,11 +452,13 @@ impl<'a> Forward<'a> {
         let h = c.hidden;
         for (i, layer) in self.model.layers.iter().enumerate() {
             // Decode: the norms folded into the row kernels that read them, where all do.
-            let fold_in = t == 1
-                && self.fold_fused(match &layer.mixer {
+            let fold_in = self.plan.folds_norm(
+                match &layer.mixer {
                     GpuMixer::Attention(a) => &a.qkv,
                     GpuMixer::DeltaNet(d) => &d.in_proj,
-                });
+                },
+                t,
+            );
             let norm_in = fold_in.then_some(&layer.input_norm);
             if !fold_in {
                 self.rms_norm(&mut r, &s.x, &layer.input_norm, &s.xn, 0, t);
@@ -1243,7 +473,7 @@ impl<'a> Forward<'a> {
                     self.deltanet(&mut r, d, st, conv, t, norm_in);
                 }
             }
-            let fold_post = t == 1 && self.fold_moe(&layer.moe);
+            let fold_post = self.plan.folds_moe_norm(&layer.moe, t);
             if !fold_post {
                 self.rms_norm(&mut r, &s.x, &layer.post_norm, &s.xn, 0, t);
             }
@@ -1255,7 +485,7 @@ impl<'a> Forward<'a> {
             LogitsOut::Last => {
                 let lm = &self.model.lm_head;
                 let mut io = self.plain(&s.x, h, &seq.logits, v, 1);
-                if t == 1 && rows_ok(lm, &io) {
+                if self.plan.folds_final_norm(lm, t) {
                     io.norm = Some(&self.model.final_norm);
                 } else {
                     self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, t - 1, 1);
@@ -1466,7 +696,7 @@ impl<'a> Forward<'a> {
 
     /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
     /// product per part (one in all where the formats allowed joining them at load).
-    /// `norm`: the parts read the residual stream and normalise it themselves (`fold_fused`).
+    /// `norm`: the parts read the residual stream and normalise it themselves (`Plan::folds_norm`).
     fn fused(
         &self,
         r: &mut Recorder<'a>,
@@ -1487,31 +717,6 @@ impl<'a> Forward<'a> {
             io.norm = norm;
             self.linear(r, label, lin, io);
         }
-    }
-
-    /// Whether a decode step's norm before `f` can be folded into it: one part, through
-    /// linear_q4_rows.wgsl.
-    fn fold_fused(&self, f: &Fused) -> bool {
-        let io = self.plain(&self.s.x, self.cfg.hidden, &self.s.x, f.rows, 1);
-        f.parts.len() == 1 && rows_ok(&f.parts[0].0, &io)
-    }
-
-    /// Whether a decode step's norm before the MoE can be folded into its readers: the router
-    /// (`fold_fused`) and the experts' gate/up through linear_q4_glu_rows.wgsl, the shared expert
-    /// riding in the stacks (nothing else reads the normalised input).
-    fn fold_moe(&self, m: &GpuMoe) -> bool {
-        let c = self.cfg;
-        let io = self.plain(
-            &self.s.x,
-            c.hidden,
-            &self.s.act,
-            c.expert_inter,
-            c.top_k + 1,
-        );
-        m.shared.is_none()
-            && self.fold_fused(&m.router)
-            && glu_ok(&m.gate, &m.up, &io)
-            && glu_rows_ok(&m.gate)
     }
 
     /// `y = W x` for plain matrices, slice by slice.
@@ -1539,54 +744,47 @@ impl<'a> Forward<'a> {
         io: Io<'a>,
         experts: Option<usize>,
     ) {
-        // linear_q4.wgsl: 16-byte reads of 4-bit weights, where the shapes allow; several
-        // tokens: linear_q4_mm.wgsl, each weight read once per tile of tokens.
-        let q4 = q4_ok(w, &io);
-        // 8-bit matrices (the router) take linear_q4_mm.wgsl too where each 32-column step
-        // lies in one group (`mm8_ok`).
-        let mm8 = mm8_ok(w, &io) && experts.is_none() && io.items > 1;
-        let mm = (q4 && experts.is_none() && io.items > 1) || mm8;
-        if !mm && experts.is_none() && rows_ok(w, &io) {
-            // linear_q4_rows.wgsl: inputs once per workgroup, rows streamed.
-            for sl in &w.slices {
-                let (kernel, rb) = rows_rb(self.k, sl.count);
-                let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
-                let params = linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
-                let params = norm_params(&params, &io, self.cfg.rms_eps);
-                r.dispatch_as(
-                    label,
-                    kernel,
-                    &params,
-                    &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
-                    [nx, ny, io.items as u32],
-                );
-            }
-            return;
-        }
-        debug_assert!(io.norm.is_none(), "a folded norm needs linear_q4_rows");
-        let kernel = if mm8 {
-            &self.k.linear_q4_mm
-        } else if mm {
-            mm_kernel(self.k, w)
-        } else if q4 || q8_ok(w, &io) {
-            &self.k.linear_q4
-        } else {
-            &self.k.linear
-        };
+        let choice = self
+            .plan
+            .linear(w, io.items, experts.is_some(), io.aligned());
+        debug_assert!(
+            io.norm.is_none() || choice == LinearKernel::Rows,
+            "a folded norm needs linear_q4_rows"
+        );
         for sl in &w.slices {
             let (rows, row0, e0, e_count) = match experts {
                 None => (sl.count, sl.first, 0, 0),
                 Some(_) => (w.rows, 0, sl.first, sl.count),
             };
-            let per = if mm { mm_rows(kernel) } else { LINEAR_ROWS };
+            let (kernel, per, z, fourth) = match choice {
+                LinearKernel::Rows => {
+                    // Inputs once per workgroup, rows streamed; the norm folded in where asked.
+                    let rb = rows_rb(sl.count);
+                    let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
+                    let params =
+                        linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
+                    let params = norm_params(&params, &io, self.cfg.rms_eps);
+                    r.dispatch_as(
+                        label,
+                        self.k.rows(rb),
+                        &params,
+                        &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
+                        [nx, ny, io.items as u32],
+                    );
+                    continue;
+                }
+                // Each weight read once per tile of tokens.
+                LinearKernel::Mm(tile) => (
+                    self.k.mm(tile),
+                    MM_ROWS,
+                    io.items.div_ceil(tile.items()),
+                    &self.s.groups,
+                ),
+                LinearKernel::Q4 => (&self.k.linear_q4, LINEAR_ROWS, io.items, &self.s.ids),
+                LinearKernel::Plain => (&self.k.linear, LINEAR_ROWS, io.items, &self.s.ids),
+            };
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
-            let z = if mm {
-                io.items.div_ceil(mm_tile(kernel))
-            } else {
-                io.items
-            };
-            let fourth = if mm { &self.s.groups } else { &self.s.ids };
             r.dispatch_as(
                 label,
                 kernel,
@@ -1597,8 +795,10 @@ impl<'a> Forward<'a> {
         }
     }
 
-    /// `io.y = silu(gate x) ⊙ (up x)` through linear_q4_glu.wgsl (`glu_ok` holds): plain
-    /// matrices (`experts` None) or routed experts (item i: token i / x_div, expert `ids[i]`).
+    /// `io.y = silu(gate x) ⊙ (up x)` in one dispatch (the plan's `ExpertsUp::GluRows`, else
+    /// `Glu`): plain matrices (`experts` None) or routed experts (item i: token i / x_div,
+    /// expert `ids[i]`).
+    #[allow(clippy::too_many_arguments)]
     fn glu(
         &self,
         r: &mut Recorder<'a>,
@@ -1607,12 +807,13 @@ impl<'a> Forward<'a> {
         up: &'a GpuLinear,
         io: Io<'a>,
         experts: Option<usize>,
+        how: ExpertsUp,
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
-        // linear_q4_glu_rows.wgsl (input once per workgroup, 16 rows streamed) for 2,048
+        // linear_q4_glu_rows.wgsl (input once per workgroup, 8 rows streamed) for 2,048
         // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
-        let row_kernel = glu_rows_ok(gate);
+        let row_kernel = how == ExpertsUp::GluRows;
         let (kernel, per) = if row_kernel {
             (&self.k.linear_q4_glu_rows, GLU_RB)
         } else {
@@ -1649,22 +850,23 @@ impl<'a> Forward<'a> {
         );
     }
 
-    /// Routed experts of a prefill chunk through `kernel` (linear_q4_mm or linear_q4_mm_coop,
-    /// the one whose tile size moe_group.wgsl was given): the tiles moe_group.wgsl listed,
-    /// dispatched with the arguments it wrote at byte `args` of `Scratch::groups`.
+    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl with tiles of `tile` (the
+    /// size moe_group.wgsl was given): the tiles moe_group.wgsl listed, dispatched with the
+    /// arguments it wrote at byte `args` of `Scratch::groups`.
     #[allow(clippy::too_many_arguments)]
     fn experts_mm(
         &self,
         r: &mut Recorder<'a>,
         label: &'static str,
-        kernel: &'a Kernel,
+        tile: MmTile,
         w: &'a GpuLinear,
         io: Io<'a>,
         x_div: usize,
         args: u64,
     ) {
         let s = self.s;
-        let nx = w.rows.div_ceil(mm_rows(kernel));
+        let kernel = self.k.mm(tile);
+        let nx = w.rows.div_ceil(MM_ROWS);
         for sl in &w.slices {
             let params = linear_params(
                 w,
@@ -1721,9 +923,10 @@ impl<'a> Forward<'a> {
             &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
             [(hq + 2 * hkv) as u32, t as u32, 1],
         );
-        // attend_tile (where it is in use, `WgpuOptions::attn_tile`): a prefill chunk's tokens
-        // in tiles of 64 / G with the G query heads of a KV head, no key splits.
-        if let (Some(tile), Some(g), true) = (&self.k.attend_tile, gqa_group(c), t > 1) {
+        let how = self.plan.attention(t);
+        // attend_tile: a prefill chunk's tokens in tiles of 64 / G with the G query heads of a
+        // KV head, no key splits.
+        if let (PrefillAttention::Tile { g, .. }, Some(tile)) = (how, &self.k.attend_tile) {
             r.dispatch(
                 tile,
                 &[
@@ -1747,9 +950,9 @@ impl<'a> Forward<'a> {
         }
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
         // them), where the shapes allow; the same parameters, bindings and partials.
-        let (kernel, heads) = match gqa_group(c) {
-            Some(_) => (&self.k.attend_gqa, hkv),
-            None => (&self.k.attend, hq),
+        let (kernel, heads) = match how {
+            PrefillAttention::Plain => (&self.k.attend, hq),
+            _ => (&self.k.attend_gqa, hkv),
         };
         let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
         r.dispatch(
@@ -1798,7 +1001,7 @@ impl<'a> Forward<'a> {
         let stride = d.in_proj.rows;
         self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t, norm);
         let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
-        if t == 1 && cd.is_multiple_of(dk) && dv <= 128 {
+        if self.plan.deltanet(c, t) == DeltaNetPath::Step {
             // A decode step: conv and q/k norm in one dispatch, recurrence and output norm in
             // another.
             r.dispatch(
@@ -1891,7 +1094,7 @@ impl<'a> Forward<'a> {
     /// token has k + 1 items, the last one expert E with weight sigmoid(shared gate logit), and
     /// the same dispatches serve both.
     /// `norm`: the router and the experts' GLU read the residual stream and normalise it
-    /// themselves (`fold_moe`).
+    /// themselves (`Plan::folds_moe_norm`).
     fn moe(&self, r: &mut Recorder<'a>, m: &'a GpuMoe, t: usize, norm: Option<&'a Buf>) {
         let c = self.cfg;
         let s = self.s;
@@ -1925,64 +1128,54 @@ impl<'a> Forward<'a> {
         let gate_io = self.plain(&s.xn, h, &s.g, i, tk);
         let up_io = self.plain(&s.xn, h, &s.u, i, tk);
         let down_io = self.plain(&s.act, i, &s.ye, h, tk);
-        // A prefill chunk: items grouped by expert on the GPU, each expert's weights read once
-        // per tile of its tokens (linear_q4_mm.wgsl), when all three matrices allow it.
-        let grouped =
-            t > 1 && q4_ok(&m.gate, &gate_io) && q4_ok(&m.up, &up_io) && q4_ok(&m.down, &down_io);
-        // One kernel for the three (their tiles are one list): the cooperative one where it
-        // takes all three.
-        let ek = match &self.k.linear_q4_mm_coop {
-            Some(coop)
-                if [&m.gate, &m.up, &m.down]
-                    .iter()
-                    .all(|w| w.cols.is_multiple_of(64)) =>
-            {
-                coop
+        match self.plan.experts_up(m, t) {
+            ExpertsUp::Grouped(tile) => {
+                // A prefill chunk: items grouped by expert on the GPU, each expert's weights read
+                // once per tile of its tokens.
+                r.dispatch(
+                    &self.k.moe_group,
+                    &[
+                        tk as u32,
+                        (e + stacked as usize) as u32,
+                        tile.items() as u32,
+                        i.div_ceil(MM_ROWS) as u32,
+                        h.div_ceil(MM_ROWS) as u32,
+                        s.tiles_at as u32,
+                        s.order_at as u32,
+                    ],
+                    &[&s.ids, &s.groups],
+                    [1, 1, 1],
+                );
+                self.experts_mm(r, "lin.experts.gate", tile, &m.gate, gate_io, ks, 0);
+                self.experts_mm(r, "lin.experts.up", tile, &m.up, up_io, ks, 0);
+                self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
             }
-            _ => self
-                .k
-                .linear_q4_mm_expert
-                .as_ref()
-                .unwrap_or(&self.k.linear_q4_mm),
-        };
-        if grouped {
-            r.dispatch(
-                &self.k.moe_group,
-                &[
-                    tk as u32,
-                    (e + stacked as usize) as u32,
-                    mm_tile(ek) as u32,
-                    i.div_ceil(mm_rows(ek)) as u32,
-                    h.div_ceil(mm_rows(ek)) as u32,
-                    s.tiles_at as u32,
-                    s.order_at as u32,
-                ],
-                &[&s.ids, &s.groups],
-                [1, 1, 1],
-            );
-            self.experts_mm(r, "lin.experts.gate", ek, &m.gate, gate_io, ks, 0);
-            self.experts_mm(r, "lin.experts.up", ek, &m.up, up_io, ks, 0);
-            self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
-        } else if glu_ok(&m.gate, &m.up, &gate_io) {
-            // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
-            let mut io = self.plain(if norm.is_some() { &s.x } else { &s.xn }, h, &s.act, i, tk);
-            io.norm = norm;
-            self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks));
-        } else {
-            self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);
-            self.linear_experts(r, "lin.experts.up", &m.up, up_io, ks);
-            self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
+            how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
+                // A decode step: gate, up and silu(gate) ⊙ up in one dispatch.
+                let x = if norm.is_some() { &s.x } else { &s.xn };
+                let mut io = self.plain(x, h, &s.act, i, tk);
+                io.norm = norm;
+                self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks), how);
+            }
+            ExpertsUp::Separate => {
+                self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);
+                self.linear_experts(r, "lin.experts.up", &m.up, up_io, ks);
+                self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
+            }
         }
         if let Some(sh) = &m.shared {
-            let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
-            let su_io = self.plain(&s.xn, h, &s.su, si, t);
-            if t == 1 && glu_ok(&sh.gate, &sh.up, &sg_io) {
-                let io = self.plain(&s.xn, h, &s.sa, si, t);
-                self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None);
-            } else {
-                self.linear(r, "lin.shared.gate", &sh.gate, sg_io);
-                self.linear(r, "lin.shared.up", &sh.up, su_io);
-                self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+            match self.plan.shared_up(&sh.gate, &sh.up, t) {
+                how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
+                    let io = self.plain(&s.xn, h, &s.sa, si, t);
+                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how);
+                }
+                _ => {
+                    let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
+                    let su_io = self.plain(&s.xn, h, &s.su, si, t);
+                    self.linear(r, "lin.shared.gate", &sh.gate, sg_io);
+                    self.linear(r, "lin.shared.up", &sh.up, su_io);
+                    self.swiglu(r, &s.sg, &s.su, &s.sa, t * si);
+                }
             }
             self.linear(
                 r,
@@ -1991,41 +1184,40 @@ impl<'a> Forward<'a> {
                 self.plain(&s.sa, si, &s.sh, h, t),
             );
         }
-        let fused =
-            stacked && !grouped && t == 1 && q4_ok(&m.down, &down_io) && m.down.slices.len() == 1;
-        if fused {
-            // A decode step: every item's down projection and the weighted sum into the
-            // residual at once.
-            let de = &m.down.slices[0];
-            // moe_down_rows.wgsl where a row's quads divide 64 (512 columns: 16), else
-            // moe_down.wgsl.
-            let quads = i / 32;
-            let (kernel, per) = if quads > 0 && 64 % quads == 0 {
-                (&self.k.moe_down_rows, DOWN_RB)
-            } else {
-                (&self.k.moe_down, LINEAR_ROWS)
-            };
-            let (nx, ny) = grid_2d(h.div_ceil(per));
-            r.dispatch_as(
-                "moe_down",
-                kernel,
-                &[
-                    h as u32,
-                    i as u32,
-                    m.down.group as u32,
-                    de.scale_off,
-                    de.bias_off,
-                    nx,
-                ],
-                &[&de.buf, &s.act, &s.wts, &s.ids, &s.x],
-                [nx, ny, t as u32],
-            );
-            return;
-        }
-        if grouped {
-            self.experts_mm(r, "lin.experts.down", ek, &m.down, down_io, 1, 16);
-        } else {
-            self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
+        let down = self.plan.experts_down(m, t);
+        match down {
+            ExpertsDown::FusedRows | ExpertsDown::Fused => {
+                // A decode step: every item's down projection and the weighted sum into the
+                // residual at once.
+                let de = &m.down.slices[0];
+                let (kernel, per) = if down == ExpertsDown::FusedRows {
+                    (&self.k.moe_down_rows, DOWN_RB)
+                } else {
+                    (&self.k.moe_down, LINEAR_ROWS)
+                };
+                let (nx, ny) = grid_2d(h.div_ceil(per));
+                r.dispatch_as(
+                    "moe_down",
+                    kernel,
+                    &[
+                        h as u32,
+                        i as u32,
+                        m.down.group as u32,
+                        de.scale_off,
+                        de.bias_off,
+                        nx,
+                    ],
+                    &[&de.buf, &s.act, &s.wts, &s.ids, &s.x],
+                    [nx, ny, t as u32],
+                );
+                return;
+            }
+            ExpertsDown::Grouped(tile) => {
+                self.experts_mm(r, "lin.experts.down", tile, &m.down, down_io, 1, 16);
+            }
+            ExpertsDown::Separate => {
+                self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);
+            }
         }
         r.dispatch(
             &self.k.moe_combine,

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::shaders::Spec;
+
 /// Bytes reserved per dispatch in the parameter buffer: every uniform offset must be a multiple
 /// of the device's alignment (256 on every adapter wgpu supports), and no kernel's parameters
 /// are larger.
@@ -19,13 +21,13 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether GPU timestamps were enabled (for `LILY_PROFILE=1`, where the adapter has them).
     pub timestamps: bool,
-    /// Whether cooperative matrices (16 × 16 × 16, f16 products into f32) were enabled for
-    /// linear_q4_mm_coop.wgsl, and why or why not (`coop_support`).
-    pub coop: bool,
-    pub coop_note: String,
-    /// Whether shader modules can be given as SPIR-V words (wgpu's passthrough shaders;
-    /// `Kernel::from_patched_spirv`).
-    pub passthrough: bool,
+    /// Whether passes are profiled (`WgpuOptions::profile`).
+    pub profiled: bool,
+    /// Whether subgroup operations were enabled (wgpu's SUBGROUP feature) for the reductions
+    /// (shaders/wgsl/reduce_subgroup.wgsl).
+    pub subgroups: bool,
+    /// Whether f16 in shaders was enabled (wgpu's SHADER_F16) for the KV cache.
+    pub f16: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -91,56 +93,92 @@ pub fn describe_adapter(info: &wgpu::AdapterInfo) -> String {
     )
 }
 
-/// Whether linear_q4_mm_coop.wgsl can run on `adapter`: cooperative matrices with a
-/// 16 × 16 × 16 configuration of f16 products into f32, f16 in shaders, and subgroups of exactly
-/// 32 lanes (the kernel gives each of its two subgroups 32 rows). `LILY_WGPU_COOP=0` turns it
-/// off (to compare with linear_q4_mm.wgsl). Err says why not.
-fn coop_support(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Result<(), String> {
-    if std::env::var("LILY_WGPU_COOP").is_ok_and(|v| v == "0") {
-        return Err("turned off by LILY_WGPU_COOP=0".into());
+/// The limits the device is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceLimits {
+    /// The adapter's own.
+    Adapter,
+    /// The adapter's, each capped at an Apple GPU's through wgpu's Metal backend
+    /// (`apple_limits`): the contract the kernels are tested against without a Mac.
+    Apple,
+}
+
+/// An Apple GPU's limits through wgpu 30's Metal backend (wgpu-hal 30.0.2 src/metal/adapter.rs,
+/// Apple families 4+ / macOS family 1, read 2026-12-04): 32 KiB of threadgroup memory, 1,024
+/// threads a threadgroup, 31 buffer slots a stage less the two wgpu keeps (immediates and the
+/// buffer-sizes buffer), `maxBufferLength` per device (1 GiB is the least on a Mac: wgpu's
+/// fallback before macOS 10.14) for buffers and bindings alike, 65,535 workgroups a dimension,
+/// uniform offsets aligned to 256 and storage offsets to 32.
+pub fn apple_limits() -> wgpu::Limits {
+    wgpu::Limits {
+        max_compute_workgroup_storage_size: 32 << 10,
+        max_compute_invocations_per_workgroup: 1024,
+        max_compute_workgroup_size_x: 1024,
+        max_compute_workgroup_size_y: 1024,
+        max_compute_workgroup_size_z: 1024,
+        max_storage_buffers_per_shader_stage: 29,
+        max_buffer_size: 1 << 30,
+        max_storage_buffer_binding_size: 1 << 30,
+        max_compute_workgroups_per_dimension: 0xFFFF,
+        min_uniform_buffer_offset_alignment: 256,
+        min_storage_buffer_offset_alignment: 32,
+        ..wgpu::Limits::default()
     }
-    let f = adapter.features();
-    if !f.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-        return Err("the adapter has none".into());
+}
+
+/// `adapter` with each limit `apple_limits` sets taken at the lower (the alignments at the
+/// stricter).
+pub fn capped_at_apple(adapter: &wgpu::Limits) -> wgpu::Limits {
+    let a = apple_limits();
+    let mut l = adapter.clone();
+    macro_rules! lower {
+        ($($f:ident),*) => { $(l.$f = l.$f.min(a.$f);)* };
     }
-    if !f.contains(wgpu::Features::SHADER_F16) {
-        return Err("the adapter has no f16 in shaders".into());
-    }
-    if info.subgroup_min_size != 32 || info.subgroup_max_size != 32 {
-        return Err(format!(
-            "subgroups of {}..{} lanes (the kernel wants exactly 32)",
-            info.subgroup_min_size, info.subgroup_max_size
-        ));
-    }
-    let found = adapter.cooperative_matrix_properties().iter().any(|p| {
-        p.m_size == 16
-            && p.n_size == 16
-            && p.k_size == 16
-            && p.ab_type == wgpu::CooperativeScalarType::F16
-            && p.cr_type == wgpu::CooperativeScalarType::F32
-    });
-    if !found {
-        return Err("no 16x16x16 configuration of f16 products into f32".into());
-    }
-    Ok(())
+    lower!(
+        max_compute_workgroup_storage_size,
+        max_compute_invocations_per_workgroup,
+        max_compute_workgroup_size_x,
+        max_compute_workgroup_size_y,
+        max_compute_workgroup_size_z,
+        max_storage_buffers_per_shader_stage,
+        max_buffer_size,
+        max_storage_buffer_binding_size,
+        max_compute_workgroups_per_dimension
+    );
+    l.min_uniform_buffer_offset_alignment = l
+        .min_uniform_buffer_offset_alignment
+        .max(a.min_uniform_buffer_offset_alignment);
+    l.min_storage_buffer_offset_alignment = l
+        .min_storage_buffer_offset_alignment
+        .max(a.min_storage_buffer_offset_alignment);
+    l
 }
 
 impl Gpu {
     /// The best adapter (discrete, integrated, virtual, then software such as lavapipe), or the
-    /// first whose name contains `$LILY_WGPU_ADAPTER`. `allow_software`: whether a CPU adapter
-    /// (lavapipe, SwiftShader) may be chosen.
-    pub fn open(allow_software: bool) -> Result<Gpu> {
+    /// first whose name contains `adapter`; `allow_software`: whether a CPU adapter (lavapipe,
+    /// SwiftShader) may be chosen; the device created with the adapter's limits or those capped
+    /// at Apple's (`limits`); GPU timestamps where `profiled` and the adapter has them; subgroup
+    /// operations where `subgroups`, f16 in shaders where `f16`, each where the adapter has it.
+    pub fn open(
+        allow_software: bool,
+        adapter: Option<&str>,
+        profiled: bool,
+        limits: DeviceLimits,
+        subgroups: bool,
+        f16: bool,
+    ) -> Result<Gpu> {
         let instance = instance();
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends()));
         if adapters.is_empty() {
             bail!("wgpu found no Vulkan or Metal adapter (on Linux: is a Vulkan driver and libvulkan1 installed?)");
         }
         adapters.sort_by_key(|a| rank(a.get_info().device_type));
-        let wanted = std::env::var("LILY_WGPU_ADAPTER").ok();
-        let adapter = match &wanted {
+        let wanted = adapter;
+        let adapter = match wanted {
             Some(name) => adapters
                 .into_iter()
-                .find(|a| a.get_info().name.contains(name.as_str()))
+                .find(|a| a.get_info().name.contains(name))
                 .with_context(|| {
                     format!("no wgpu adapter's name contains LILY_WGPU_ADAPTER={name:?}")
                 })?,
@@ -153,9 +191,12 @@ impl Gpu {
                 describe_adapter(&info)
             );
         }
-        let limits = adapter.limits();
-        let timestamps =
-            profile::enabled() && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let limits = match limits {
+            DeviceLimits::Adapter => adapter.limits(),
+            DeviceLimits::Apple => capped_at_apple(&adapter.limits()),
+        };
+        profile::set_enabled(profiled);
+        let timestamps = profiled && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         profile::set_source(if timestamps {
             "GPU timestamps, one compute pass per dispatch"
         } else {
@@ -166,40 +207,18 @@ impl Gpu {
         } else {
             wgpu::Features::empty()
         };
-        let coop_check = coop_support(&adapter, &info);
-        let coop = coop_check.is_ok();
-        let coop_note = match coop_check {
-            Ok(()) => "cooperative matrices 16x16x16 f16 -> f32 for prefill products".to_string(),
-            Err(why) => format!("no cooperative matrices: {why}"),
-        };
-        if coop {
-            required_features |=
-                wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let subgroups = subgroups && adapter.features().contains(wgpu::Features::SUBGROUP);
+        if subgroups {
+            required_features |= wgpu::Features::SUBGROUP;
         }
-        // SPIR-V handed to the driver as is (`Kernel::from_patched_spirv`: the cooperative-matrix
-        // kernels with their workgroup accesses marked non-private); requested wherever a
-        // Vulkan adapter has it, so that the path is tested on lavapipe too (other backends would
-        // need another language than SPIR-V: wgpu panics without one).
-        let passthrough = info.backend == wgpu::Backend::Vulkan
-            && adapter
-                .features()
-                .contains(wgpu::Features::PASSTHROUGH_SHADERS);
-        if passthrough {
-            required_features |= wgpu::Features::PASSTHROUGH_SHADERS;
+        let f16 = f16 && adapter.features().contains(wgpu::Features::SHADER_F16);
+        if f16 {
+            required_features |= wgpu::Features::SHADER_F16;
         }
-        let experimental_features = if coop {
-            // SAFETY: wgpu marks cooperative matrices experimental (its implementation may
-            // still have bugs). Only linear_q4_mm_coop.wgsl uses them, and the backend checks
-            // its results against linear_q4_mm.wgsl at load before using it (forward.rs).
-            unsafe { wgpu::ExperimentalFeatures::enabled() }
-        } else {
-            wgpu::ExperimentalFeatures::disabled()
-        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
             required_features,
             required_limits: limits.clone(),
-            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("opening {}", describe_adapter(&info)))?;
@@ -217,9 +236,9 @@ impl Gpu {
             info,
             limits,
             timestamps,
-            coop,
-            coop_note,
-            passthrough,
+            profiled,
+            subgroups,
+            f16,
             error,
             binder: Mutex::new(Binder::default()),
         })
@@ -393,24 +412,20 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Compiles `source` (with the shared helpers in front); the entry point is named `name`.
-    /// `checked`: keep wgpu's bounds checks in the generated shader (slower; for debugging).
-    /// `constants`: values of the shader's `override` constants (shapes fixed per model, so that
-    /// loops over them have constant bounds the driver can unroll).
-    pub fn new(
-        gpu: &Gpu,
-        name: &'static str,
-        common: &str,
-        source: &str,
-        checked: bool,
-        constants: &[(&str, f64)],
-    ) -> Result<Kernel> {
-        // `enable` directives must come first in a module: those of the kernel go before the
-        // shared helpers.
-        let (enables, body): (Vec<&str>, Vec<&str>) = source
-            .lines()
-            .partition(|l| l.trim_start().starts_with("enable "));
-        let code = format!("{}\n{common}\n{}", enables.join("\n"), body.join("\n"));
+    /// Compiles `spec` (plan.rs; its file with common.wgsl in front, its `override` constants:
+    /// shapes fixed per model, so that loops over them have constant bounds the driver can
+    /// unroll), after checking that it fits the device's limits (`shaders::Needs`: wgpu does not
+    /// check workgroup memory). `checked`: keep wgpu's bounds checks in the generated shader
+    /// (slower; for debugging).
+    pub fn new(gpu: &Gpu, spec: &Spec, checked: bool) -> Result<Kernel> {
+        let name = spec.name;
+        if let Some(why) = spec.needs()?.exceeds(&gpu.limits) {
+            bail!(
+                "WGSL kernel {name} ({:?}) does not fit this device: {why}",
+                spec.constants
+            );
+        }
+        let code = spec.code()?;
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),
@@ -420,7 +435,7 @@ impl Kernel {
             gpu.device.create_shader_module(desc)
         } else {
             // SAFETY: every index a kernel computes is bounded by the shapes checked at load
-            // (weights.rs, forward.rs); the design asks for unchecked modules for speed.
+            // (weights.rs, plan.rs); the design asks for unchecked modules for speed.
             unsafe {
                 gpu.device
                     .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
@@ -435,7 +450,7 @@ impl Kernel {
                 entry_point: Some(name),
                 // Every kernel writes its workgroup memory before reading it.
                 compilation_options: wgpu::PipelineCompilationOptions {
-                    constants,
+                    constants: &spec.constants,
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
@@ -449,169 +464,6 @@ impl Kernel {
             pipeline,
             layout,
         })
-    }
-}
-
-/// `source` with the shared helpers `common` in front (as `Kernel::new` joins them), parsed and
-/// validated by naga.
-fn naga_module(
-    name: &str,
-    common: &str,
-    source: &str,
-) -> Result<(wgpu::naga::Module, wgpu::naga::valid::ModuleInfo)> {
-    use wgpu::naga;
-    let (enables, body): (Vec<&str>, Vec<&str>) = source
-        .lines()
-        .partition(|l| l.trim_start().starts_with("enable "));
-    let code = format!("{}\n{common}\n{}", enables.join("\n"), body.join("\n"));
-    let module = naga::front::wgsl::parse_str(&code)
-        .map_err(|e| anyhow!("{name}: {}", e.emit_to_string(&code)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| anyhow!("{name}: {e:?}"))?;
-    Ok((module, info))
-}
-
-/// `source` (with the shared helpers `common` in front, as `Kernel::new` joins them) compiled
-/// to SPIR-V 1.5 by naga, entry point `name`, without bounds checks or workgroup zeroing (as
-/// the backend's trusted modules).
-pub fn naga_spirv(name: &str, common: &str, source: &str) -> Result<Vec<u32>> {
-    use wgpu::naga;
-    let (module, info) = naga_module(name, common, source)?;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 5),
-        flags: naga::back::spv::WriterFlags::empty(),
-        // No binding map: each @group(g) @binding(b) as descriptor set g, binding b.
-        fake_missing_bindings: true,
-        bounds_check_policies: naga::proc::BoundsCheckPolicies::default(),
-        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
-        force_loop_bounding: false,
-        ..Default::default()
-    };
-    naga::back::spv::write_vec(
-        &module,
-        &info,
-        &options,
-        Some(&naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: name.to_string(),
-        }),
-    )
-    .map_err(|e| anyhow!("{name}: SPIR-V: {e}"))
-}
-
-impl Kernel {
-    /// `source` (as `Kernel::new` joins it with `common`) compiled to SPIR-V by naga here, its
-    /// words changed by `patch`, and handed to the driver as they are (wgpu's passthrough
-    /// shaders; `Gpu::passthrough`), with the bind group layout wgpu would derive for the same
-    /// source. For the cooperative-matrix kernels, whose SPIR-V naga writes under the
-    /// Vulkan memory model with no access marked non-private (kernels.rs `mark_nonprivate`).
-    /// `workgroup_size`: the entry point's (for backends that need it; Vulkan does not).
-    pub fn from_patched_spirv(
-        gpu: &Gpu,
-        name: &'static str,
-        common: &str,
-        source: &str,
-        workgroup_size: u32,
-        patch: impl FnOnce(&mut Vec<u32>) -> Result<usize>,
-    ) -> Result<(Kernel, usize)> {
-        use wgpu::naga;
-        if !gpu.passthrough {
-            bail!("the device has no passthrough shaders");
-        }
-        // The bind group layout, as wgpu derives it for a WGSL module: group 0's bindings that
-        // the entry point uses (wgpu's own derived layouts belong to their pipeline alone).
-        let (module, info) = naga_module(name, common, source)?;
-        let ep = module
-            .entry_points
-            .iter()
-            .position(|e| e.name == name)
-            .with_context(|| format!("{name}: no entry point {name}"))?;
-        let uses = info.get_entry_point(ep);
-        let mut entries = Vec::new();
-        for (handle, var) in module.global_variables.iter() {
-            let Some(rb) = var.binding else { continue };
-            if rb.group != 0 || uses[handle].is_empty() {
-                continue;
-            }
-            let ty = match var.space {
-                naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
-                naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
-                    read_only: !access.contains(naga::StorageAccess::STORE),
-                },
-                _ => bail!("{name}: binding {} is not a buffer", rb.binding),
-            };
-            entries.push(wgpu::BindGroupLayoutEntry {
-                binding: rb.binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty,
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
-            });
-        }
-        let mut words = naga_spirv(name, common, source)?;
-        let patched = patch(&mut words)?;
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        // SAFETY: the words are naga's own SPIR-V for a module naga validated just above, with
-        // memory operands added by `patch`; the backend checks the kernel's results against the
-        // host's before using it (backend.rs).
-        let shader = unsafe {
-            gpu.device
-                .create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
-                    label: Some(name),
-                    entry_points: std::borrow::Cow::Owned(vec![
-                        wgpu::PassthroughShaderEntryPoint {
-                            name: std::borrow::Cow::Borrowed(name),
-                            workgroup_size: (workgroup_size, 1, 1),
-                        },
-                    ]),
-                    spirv: Some(std::borrow::Cow::Owned(words)),
-                    ..Default::default()
-                })
-        };
-        let bgl = gpu
-            .device
-            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(name),
-                entries: &entries,
-            });
-        let layout = gpu
-            .device
-            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(name),
-                bind_group_layouts: &[Some(&bgl)],
-                immediate_size: 0,
-            });
-        let pipeline = gpu
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(name),
-                layout: Some(&layout),
-                module: &shader,
-                entry_point: Some(name),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[],
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            bail!("compiling patched SPIR-V of {name}: {e}");
-        }
-        Ok((
-            Kernel {
-                name,
-                pipeline,
-                layout: bgl,
-            },
-            patched,
-        ))
     }
 }
 
@@ -804,7 +656,7 @@ impl<'a> Recorder<'a> {
     /// submission), to be submitted later with `Prepared::submit` or dropped. Under the profile
     /// the recording itself is kept and submitted as usual.
     pub fn prepare(self) -> Result<Prepared<'a>> {
-        let work = if profile::enabled() || self.ops.is_empty() {
+        let work = if self.gpu.profiled || self.ops.is_empty() {
             PreparedWork::Later(self)
         } else {
             let cb = self.encode(None)?;
@@ -828,7 +680,7 @@ impl<'a> Recorder<'a> {
         if self.ops.is_empty() {
             return Ok(());
         }
-        if profile::enabled() {
+        if self.gpu.profiled {
             return self.submit_profiled();
         }
         let cb = self.encode(None)?;
@@ -1119,11 +971,16 @@ pub mod profile {
 
     static TABLE: Mutex<BTreeMap<&'static str, Phase>> = Mutex::new(BTreeMap::new());
     static SOURCE: Mutex<&'static str> = Mutex::new("");
+    static ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+    /// Whether a device was opened with profiling (`WgpuOptions::profile`).
     pub fn enabled() -> bool {
-        ["LILY_PROFILE", "LILY_WGPU_PROFILE"]
-            .iter()
-            .any(|k| std::env::var(k).is_ok_and(|v| v == "1"))
+        ENABLED.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Set when a device opens.
+    pub fn set_enabled(on: bool) {
+        ENABLED.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How the times are taken (set when the device opens).

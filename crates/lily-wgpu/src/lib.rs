@@ -3,15 +3,23 @@
 //! activations and fp32 DeltaNet state; weights stay in their checkpoint form (MLX 4/8-bit or
 //! bf16) in slices under the device's largest storage binding.
 //!
-//! Modules, runtime first (each uses only those above it): `gpu` (adapter, device, buffers, the
-//! dispatch recorder) ← `kernels` (shaders/wgsl/) ← `weights` ← `forward` ← `backend`.
-//! Kernels use at most 7 storage bindings each and never assume a subgroup width.
+//! Modules, runtime first (each uses only those above it): `shaders` (the WGSL sources and what
+//! each kernel needs from the device) ← `gpu` (adapter, device, buffers, the dispatch recorder)
+//! ← `weights` ← `plan` (options and environment resolved into the kernel each launch site
+//! runs) ← `kernels` (the plan's kernels compiled) ← `forward` ← `probes` (kernels against the
+//! host, at load and in tests) ← `backend`. Kernels use at most 7 storage bindings each and
+//! never assume a subgroup width.
 
 pub mod backend;
 pub mod forward;
 pub mod gpu;
 pub mod kernels;
+pub mod plan;
+pub mod probes;
+pub mod shaders;
 pub mod weights;
 
-pub use backend::{MmT32, WgpuBackend, WgpuOptions};
+pub use backend::WgpuBackend;
+pub use gpu::DeviceLimits;
 pub use gpu::{adapters_found, describe_adapter, profile};
+pub use plan::{Plan, WgpuOptions};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use lily_core::checkpoint::{self, LoadOptions};
 use lily_core::synth::{synth, Preset, SynthFormat, SynthOptions};
 use lily_core::weights::ModelWeights;
-use lily_wgpu::{WgpuBackend, WgpuOptions};
+use lily_wgpu::{DeviceLimits, WgpuBackend, WgpuOptions};
 
 pub struct Rng(pub u64);
 
@@ -44,12 +44,27 @@ pub fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelW
     Arc::new(w)
 }
 
-/// The backend with `opts`, or `None` (test skipped, with a message) where no adapter exists;
-/// under CI=true a missing adapter fails the test.
+/// The limits this test binary creates devices with: Apple's in tests/apple_limits.rs (which
+/// runs tests/model.rs's tests as its module `model`), the adapter's elsewhere.
+pub fn limits() -> DeviceLimits {
+    if module_path!().starts_with("apple_limits::") {
+        DeviceLimits::Apple
+    } else {
+        DeviceLimits::Adapter
+    }
+}
+
+/// The backend with `opts` (under `limits()`), or `None` (test skipped, with a message) where no
+/// adapter exists; under CI=true a missing adapter fails the test.
 pub fn wgpu_backend_with(w: &ModelWeights, opts: WgpuOptions) -> Option<WgpuBackend> {
+    let opts = WgpuOptions {
+        limits: limits(),
+        ..opts
+    };
     match WgpuBackend::new(w, opts) {
         Ok(b) => {
             println!("adapter: {}", lily_wgpu::describe_adapter(b.adapter()));
+            println!("plan: {}", b.plan().describe());
             Some(b)
         }
         Err(e) => {

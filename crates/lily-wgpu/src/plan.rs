@@ -1,0 +1,821 @@
+//! What the wgpu backend runs, decided in one place: `WgpuOptions` (with the documented
+//! environment overrides applied in one function, `WgpuOptions::with_overrides`) resolved
+//! against the adapter's limits and the model's shapes into a `Plan` that names, for each
+//! launch site of forward.rs, the concrete kernel (file and `override` constants) that runs.
+//! forward.rs matches on the plan's answers; it tests no shape itself.
+//!
+//! The choices, and why each is the default (measurements: docs/perf-notes.md):
+//! - prefill's 4-bit and 8-bit plain (dense) products: linear_q4_mm.wgsl with tiles of 32 items
+//!   (DeltaNet in_proj 73.9 → 67.4 µs a token on the H200 against 16, session 7); the routed
+//!   experts' tiles: 16 items (42.5 against 43.9 µs with 32: an expert averages 64 items at chunk
+//!   2048, tiles of 32 run emptier);
+//! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
+//!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
+//!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
+//!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl;
+//! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
+//!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
+//!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
+//!   projections and the weighted sum in one (moe_down_rows.wgsl); the general kernels
+//!   (linear_q4.wgsl, linear.wgsl) for whatever else.
+//! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
+//!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
+//!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
+
+use anyhow::{bail, Result};
+use lily_core::config::ModelConfig;
+
+use crate::gpu::DeviceLimits;
+use crate::shaders::Spec;
+use crate::weights::{Fused, GpuLinear, GpuMoe};
+
+/// How the backend is asked to run. `Default` holds the defaults only; the environment's
+/// overrides come on top through `with_env_overrides` (`WgpuBackend::new` applies them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    /// Largest prefill chunk in tokens (activation scratch is sized for it; `LILY_WGPU_CHUNK`).
+    /// 2048: a chunk's routed experts average 64 tokens each (256 experts, 8 per token), so each
+    /// expert's weights serve four tiles and every dispatch fills the GPU (H200 via Vulkan, 4K
+    /// prompt: 2,315 tok/s at 512, 3,175 at 2048; docs/perf-notes.md, session 7). The largest
+    /// activation (the DeltaNet input projections' output) is 101 MB at 2048, under the 128 MiB
+    /// binding limit wgpu assumes by default.
+    pub chunk: usize,
+    /// Most positions whose logits one pass keeps (`prefill_all_logits`).
+    pub all_logits_chunk: usize,
+    /// Whether a software adapter (lavapipe) may be used.
+    pub allow_software: bool,
+    /// Keep wgpu's runtime bounds checks in the shaders (debugging; `LILY_WGPU_CHECKED=1`).
+    pub checked: bool,
+    /// Cut weights into slices of at most this many bytes even where the device binds more
+    /// (tests: exercises the sliced path on a tiny model).
+    pub max_slice_bytes: Option<u64>,
+    /// Prefill attention on attend_tile.wgsl where the model's shapes allow, it fits the device
+    /// and its check at load passes (`LILY_WGPU_ATTN_TILE=0`: attend_gqa.wgsl).
+    pub attn_tile: bool,
+    /// The adapter whose name contains this (`LILY_WGPU_ADAPTER`), else the best one.
+    pub adapter: Option<String>,
+    /// Per-kernel GPU times (`LILY_PROFILE=1` or `LILY_WGPU_PROFILE=1`).
+    pub profile: bool,
+    /// The limits the device is created with (`LILY_WGPU_LIMITS=apple`).
+    pub limits: DeviceLimits,
+    /// The workgroup reductions on subgroups where the adapter has them (`LILY_WGPU_SUBGROUPS=0`:
+    /// through workgroup memory everywhere).
+    pub subgroups: bool,
+    /// The KV cache in f16 where the adapter has SHADER_F16 (`LILY_WGPU_F16_KV=0`: f32).
+    pub f16_kv: bool,
+}
+
+/// What the device offers the plan: its limits (as created) and the optional features enabled.
+#[derive(Clone, Debug)]
+pub struct DeviceCaps {
+    pub limits: wgpu::Limits,
+    pub subgroups: bool,
+    pub f16: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            chunk: 2048,
+            all_logits_chunk: 32,
+            allow_software: true,
+            checked: false,
+            max_slice_bytes: None,
+            attn_tile: true,
+            adapter: None,
+            profile: false,
+            limits: DeviceLimits::Adapter,
+            subgroups: true,
+            f16_kv: true,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// These options with the documented environment variables applied on top. The one place
+    /// lily-wgpu reads its environment.
+    pub fn with_env_overrides(self) -> WgpuOptions {
+        self.with_overrides(|k| std::env::var(k).ok())
+    }
+
+    /// `with_env_overrides` with the variables looked up by `var` (tests).
+    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> WgpuOptions {
+        let is = |k: &str, v: &str| var(k).is_some_and(|x| x == v);
+        if let Some(n) = var("LILY_WGPU_CHUNK").and_then(|v| v.parse::<usize>().ok()) {
+            if n > 0 {
+                self.chunk = n;
+            }
+        }
+        if is("LILY_WGPU_CHECKED", "1") {
+            self.checked = true;
+        }
+        if is("LILY_WGPU_ATTN_TILE", "0") {
+            self.attn_tile = false;
+        }
+        if let Some(name) = var("LILY_WGPU_ADAPTER") {
+            self.adapter = Some(name);
+        }
+        if is("LILY_PROFILE", "1") || is("LILY_WGPU_PROFILE", "1") {
+            self.profile = true;
+        }
+        if is("LILY_WGPU_LIMITS", "apple") {
+            self.limits = DeviceLimits::Apple;
+        }
+        if is("LILY_WGPU_SUBGROUPS", "0") {
+            self.subgroups = false;
+        }
+        if is("LILY_WGPU_F16_KV", "0") {
+            self.f16_kv = false;
+        }
+        self
+    }
+}
+
+/// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmTile {
+    T16,
+    T32,
+}
+
+impl MmTile {
+    pub fn items(self) -> usize {
+        match self {
+            MmTile::T16 => 16,
+            MmTile::T32 => 32,
+        }
+    }
+}
+
+/// Rows per workgroup of linear_q4_mm.wgsl.
+pub const MM_ROWS: usize = 64;
+/// Output rows one workgroup of linear.wgsl, linear_q4.wgsl, linear_q4_glu.wgsl and moe_down.wgsl
+/// computes (their `ROWS`).
+pub const LINEAR_ROWS: usize = 8;
+/// Rows per workgroup of moe_down_rows.wgsl (its `RB` override; a power of two ≤ 8).
+pub const DOWN_RB: usize = 4;
+/// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
+pub const GLU_RB: usize = 8;
+
+/// The kernel of prefill attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillAttention {
+    /// attend_tile.wgsl: tiles of 64 / g tokens × the g query heads of a KV head, blocks of
+    /// `keys` keys (32, or 16 where 32 do not fit the workgroup memory).
+    Tile { g: usize, keys: usize },
+    /// attend_gqa.wgsl as at decode, one token a workgroup.
+    Gqa,
+    /// attend.wgsl, one head and token a workgroup.
+    Plain,
+}
+
+/// The kernel of decode attention (split over the keys where the heads alone do not fill the
+/// GPU, merged by attend_merge.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeAttention {
+    /// attend_gqa.wgsl: the g query heads of a KV head in one workgroup.
+    Gqa { g: usize },
+    /// attend.wgsl.
+    Plain,
+}
+
+/// The kernel one matrix product (a launch site of `Forward::linear`) takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearKernel {
+    /// linear_q4_rows.wgsl (decode; the norm may be folded in), `rows_rb` rows a workgroup.
+    Rows,
+    /// linear_q4_mm.wgsl (prefill): 64 rows × a tile of items a workgroup.
+    Mm(MmTile),
+    /// linear_q4.wgsl: 16-byte reads of 4-bit (or 8-bit) weights, 8 rows a workgroup.
+    Q4,
+    /// linear.wgsl: any format, 8 rows a workgroup.
+    Plain,
+}
+
+/// How a MoE block's gate/up products run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertsUp {
+    /// Prefill: items grouped by expert on the GPU (moe_group.wgsl), gate and up as tiles of
+    /// linear_q4_mm.wgsl, then swiglu.wgsl.
+    Grouped(MmTile),
+    /// Decode: silu(gate x) ⊙ (up x) in one dispatch, linear_q4_glu_rows.wgsl.
+    GluRows,
+    /// The same on linear_q4_glu.wgsl (other widths).
+    Glu,
+    /// Gate and up one item at a time (`linear`), then swiglu.wgsl.
+    Separate,
+}
+
+/// How a MoE block's down products and the weighted sum run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertsDown {
+    /// Decode with the shared expert in the stacks: every item's down projection and the weighted
+    /// sum into the residual at once, moe_down_rows.wgsl.
+    FusedRows,
+    /// The same on moe_down.wgsl (rows whose quads do not divide 64).
+    Fused,
+    /// Tiles of linear_q4_mm.wgsl from the grouping, then moe_combine.wgsl.
+    Grouped(MmTile),
+    /// One item at a time (`linear`), then moe_combine.wgsl.
+    Separate,
+}
+
+/// The kernels of a DeltaNet block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaNetPath {
+    /// A decode step: dn_conv_norm.wgsl then dn_recur_norm.wgsl (a workgroup per head).
+    Step,
+    /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
+    Chunk,
+}
+
+/// The kernels the backend compiles, as `Spec`s: one field per kernel (file and constants).
+#[derive(Clone, Debug)]
+pub struct Specs {
+    pub linear: Spec,
+    pub linear_q4: Spec,
+    pub linear_q4_rows16: Spec,
+    pub linear_q4_rows4: Spec,
+    pub linear_q4_rows2: Spec,
+    pub linear_q4_mm16: Spec,
+    pub linear_q4_mm32: Spec,
+    pub linear_q4_glu: Spec,
+    pub linear_q4_glu_rows: Spec,
+    pub moe_group: Spec,
+    pub embed: Spec,
+    pub rms_norm: Spec,
+    pub gated_norm: Spec,
+    pub attn_prep: Spec,
+    pub attend: Spec,
+    pub attend_gqa: Spec,
+    pub attend_merge: Spec,
+    /// Where prefill attention is `PrefillAttention::Tile`.
+    pub attend_tile: Option<Spec>,
+    pub dn_conv: Spec,
+    pub dn_qk_norm: Spec,
+    pub dn_recur: Spec,
+    pub dn_conv_norm: Spec,
+    pub dn_recur_norm: Spec,
+    pub moe_route: Spec,
+    pub swiglu: Spec,
+    pub moe_combine: Spec,
+    pub moe_down: Spec,
+    pub moe_down_rows: Spec,
+    pub argmax_part: Spec,
+    pub argmax_final: Spec,
+    pub sample_adjust: Spec,
+    pub sample_prefilter: Spec,
+    pub sample_pick: Spec,
+}
+
+impl Specs {
+    /// Every kernel's reductions on subgroups (`on`) or through workgroup memory.
+    fn set_subgroups(&mut self, on: bool) {
+        for s in [
+            &mut self.linear,
+            &mut self.linear_q4,
+            &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows4,
+            &mut self.linear_q4_rows2,
+            &mut self.linear_q4_mm16,
+            &mut self.linear_q4_mm32,
+            &mut self.linear_q4_glu,
+            &mut self.linear_q4_glu_rows,
+            &mut self.moe_group,
+            &mut self.embed,
+            &mut self.rms_norm,
+            &mut self.gated_norm,
+            &mut self.attn_prep,
+            &mut self.attend,
+            &mut self.attend_gqa,
+            &mut self.attend_merge,
+            &mut self.dn_conv,
+            &mut self.dn_qk_norm,
+            &mut self.dn_recur,
+            &mut self.dn_conv_norm,
+            &mut self.dn_recur_norm,
+            &mut self.moe_route,
+            &mut self.swiglu,
+            &mut self.moe_combine,
+            &mut self.moe_down,
+            &mut self.moe_down_rows,
+            &mut self.argmax_part,
+            &mut self.argmax_final,
+            &mut self.sample_adjust,
+            &mut self.sample_prefilter,
+            &mut self.sample_pick,
+        ] {
+            s.subgroups = on;
+        }
+        if let Some(s) = &mut self.attend_tile {
+            s.subgroups = on;
+        }
+    }
+
+    /// Every kernel, with a short name for messages.
+    pub fn all(&self) -> Vec<&Spec> {
+        let mut v = vec![
+            &self.linear,
+            &self.linear_q4,
+            &self.linear_q4_rows16,
+            &self.linear_q4_rows4,
+            &self.linear_q4_rows2,
+            &self.linear_q4_mm16,
+            &self.linear_q4_mm32,
+            &self.linear_q4_glu,
+            &self.linear_q4_glu_rows,
+            &self.moe_group,
+            &self.embed,
+            &self.rms_norm,
+            &self.gated_norm,
+            &self.attn_prep,
+            &self.attend,
+            &self.attend_gqa,
+            &self.attend_merge,
+            &self.dn_conv,
+            &self.dn_qk_norm,
+            &self.dn_recur,
+            &self.dn_conv_norm,
+            &self.dn_recur_norm,
+            &self.moe_route,
+            &self.swiglu,
+            &self.moe_combine,
+            &self.moe_down,
+            &self.moe_down_rows,
+            &self.argmax_part,
+            &self.argmax_final,
+            &self.sample_adjust,
+            &self.sample_prefilter,
+            &self.sample_pick,
+        ];
+        v.extend(self.attend_tile.as_ref());
+        v
+    }
+}
+
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together).
+pub fn rows_spec(rb: usize) -> Spec {
+    Spec::new(
+        "linear_q4_rows",
+        &[("RB", rb as f64), ("RI", rb.min(8) as f64)],
+    )
+}
+
+/// linear_q4_mm.wgsl with tiles of `tile` items.
+pub fn mm_spec(tile: MmTile) -> Spec {
+    Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)])
+}
+
+/// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
+pub fn attend_gqa_spec(d: usize, g: usize) -> Spec {
+    Spec::new("attend_gqa", &[("D", d as f64), ("G", g as f64)])
+}
+
+/// attend_tile.wgsl for head dim `d` (a multiple of 64, ≤ 256), `g` query heads per KV head (a
+/// power of two ≤ 8) and blocks of `keys` keys (16 or 32).
+pub fn attend_tile_spec(d: usize, g: usize, keys: usize) -> Result<Spec> {
+    if !d.is_multiple_of(64) || d > 256 || !g.is_power_of_two() || g > 8 {
+        bail!("attend_tile takes head dims of a multiple of 64 up to 256 and 1, 2, 4 or 8 query heads a KV head (not {d}, {g})");
+    }
+    if keys != 16 && keys != 32 {
+        bail!("attend_tile takes blocks of 16 or 32 keys (not {keys})");
+    }
+    Ok(Spec::new(
+        "attend_tile",
+        &[("D", d as f64), ("G", g as f64), ("KB", keys as f64)],
+    ))
+}
+
+/// Query heads per KV head where attend_gqa.wgsl takes the model: a power of two ≤ 8 (its
+/// blocks of 256 / G keys, its score partials in shared memory), head dim a multiple of 4 and
+/// ≤ 256 (one invocation a dimension).
+pub fn gqa_group(c: &ModelConfig) -> Option<usize> {
+    let g = c.n_heads / c.n_kv_heads.max(1);
+    (c.n_kv_heads > 0
+        && c.n_heads.is_multiple_of(c.n_kv_heads)
+        && g.is_power_of_two()
+        && g <= 8
+        && c.head_dim.is_multiple_of(4)
+        && c.head_dim <= 256)
+        .then_some(g)
+}
+
+/// Query heads per KV head where attend_tile.wgsl takes the model: `gqa_group`'s with a head dim
+/// that is a multiple of 64 (its chunks of dimensions).
+pub fn tile_group(c: &ModelConfig) -> Option<usize> {
+    gqa_group(c).filter(|_| c.head_dim.is_multiple_of(64))
+}
+
+/// The resolved plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub chunk: usize,
+    pub all_logits_chunk: usize,
+    pub checked: bool,
+    pub max_slice_bytes: Option<u64>,
+    /// Prefill's plain (dense) products and the routed experts' tiles.
+    pub dense_mm: MmTile,
+    pub expert_mm: MmTile,
+    pub prefill_attention: PrefillAttention,
+    pub decode_attention: DecodeAttention,
+    /// Every kernel compiled, with the constants of this model and plan.
+    pub specs: Specs,
+    /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
+    /// (reduce_subgroup.wgsl) or through workgroup memory (reduce_workgroup.wgsl).
+    pub subgroups: bool,
+    /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
+    pub kv_f16: bool,
+    /// The limits the device was created with (`DeviceLimits`), for the log line.
+    pub limits: DeviceLimits,
+    /// What was changed to fit the device, or refused at load, and why (for the log line).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// `opts` (environment overrides already applied) resolved for model `c` (`stacked`: the
+    /// shared expert rides in the routed stacks, so each token has top_k + 1 items) on a device
+    /// `device` offers. Each kernel's needs are checked against the device's limits: where the
+    /// preferred variant does not fit, the next is taken and a note says so; where none does, an
+    /// error names the kernel.
+    pub fn resolve(
+        opts: &WgpuOptions,
+        c: &ModelConfig,
+        stacked: bool,
+        device: &DeviceCaps,
+    ) -> Result<Plan> {
+        let limits = &device.limits;
+        let subgroups = device.subgroups && opts.subgroups;
+        let kv_f16 = device.f16 && opts.f16_kv;
+        let mut notes = Vec::new();
+        let top = (c.top_k + stacked as usize) as f64;
+        let decode_attention = match gqa_group(c) {
+            Some(g) => DecodeAttention::Gqa { g },
+            None => DecodeAttention::Plain,
+        };
+        let gqa_g = match decode_attention {
+            DecodeAttention::Gqa { g } => g,
+            DecodeAttention::Plain => 1,
+        };
+        let mut prefill_attention = match decode_attention {
+            DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
+            DecodeAttention::Plain => PrefillAttention::Plain,
+        };
+        let mut attend_tile = None;
+        if let (true, Some(g)) = (opts.attn_tile, tile_group(c)) {
+            // Blocks of 32 keys where they fit, else 16 (Apple's 32 KiB), else attend_gqa.
+            for keys in [32, 16] {
+                let mut spec = attend_tile_spec(c.head_dim, g, keys)?.with_subgroups(subgroups);
+                spec.kv_f16 = kv_f16;
+                match spec.needs()?.exceeds(limits) {
+                    None => {
+                        prefill_attention = PrefillAttention::Tile { g, keys };
+                        attend_tile = Some(spec);
+                        break;
+                    }
+                    Some(why) => {
+                        notes.push(format!("attend_tile with blocks of {keys} keys: {why}"))
+                    }
+                }
+            }
+        }
+        let mut specs = Specs {
+            linear: Spec::new("linear", &[]),
+            linear_q4: Spec::new("linear_q4", &[]),
+            linear_q4_rows16: rows_spec(16),
+            linear_q4_rows4: rows_spec(4),
+            linear_q4_rows2: rows_spec(2),
+            linear_q4_mm16: mm_spec(MmTile::T16),
+            linear_q4_mm32: mm_spec(MmTile::T32),
+            linear_q4_glu: Spec::new("linear_q4_glu", &[]),
+            linear_q4_glu_rows: Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
+            moe_group: Spec::new("moe_group", &[]),
+            embed: Spec::new("embed", &[]),
+            rms_norm: Spec::new("rms_norm", &[]),
+            gated_norm: Spec::new("gated_norm", &[]),
+            attn_prep: Spec::new("attn_prep", &[]),
+            attend: Spec::new("attend", &[("D", c.head_dim as f64)]),
+            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g),
+            attend_merge: Spec::new("attend_merge", &[]),
+            attend_tile,
+            dn_conv: Spec::new("dn_conv", &[]),
+            dn_qk_norm: Spec::new("dn_qk_norm", &[]),
+            dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
+            dn_conv_norm: Spec::new("dn_conv_norm", &[]),
+            dn_recur_norm: Spec::new("dn_recur_norm", &[("DK", c.dn_k_dim as f64)]),
+            moe_route: Spec::new("moe_route", &[]),
+            swiglu: Spec::new("swiglu", &[]),
+            moe_combine: Spec::new("moe_combine", &[]),
+            moe_down: Spec::new(
+                "moe_down",
+                &[("TOPK", top), ("COLS", c.expert_inter as f64)],
+            ),
+            moe_down_rows: Spec::new(
+                "moe_down_rows",
+                &[
+                    ("TOPK", top),
+                    ("COLS", c.expert_inter as f64),
+                    ("RB", DOWN_RB as f64),
+                ],
+            ),
+            argmax_part: Spec::new("argmax_part", &[]),
+            argmax_final: Spec::new("argmax_final", &[]),
+            sample_adjust: Spec::new("sample_adjust", &[]),
+            sample_prefilter: Spec::new("sample_prefilter", &[]),
+            sample_pick: Spec::new("sample_pick", &[]),
+        };
+        specs.set_subgroups(subgroups);
+        for s in [
+            &mut specs.attn_prep,
+            &mut specs.attend,
+            &mut specs.attend_gqa,
+        ] {
+            s.kv_f16 = kv_f16;
+        }
+        for spec in specs.all() {
+            if let Some(why) = spec.needs()?.exceeds(limits) {
+                bail!(
+                    "WGSL kernel {} ({:?}) does not fit this device: {why}",
+                    spec.name,
+                    spec.constants
+                );
+            }
+        }
+        Ok(Plan {
+            chunk: opts.chunk,
+            all_logits_chunk: opts.all_logits_chunk.clamp(1, opts.chunk.max(1)),
+            checked: opts.checked,
+            max_slice_bytes: opts.max_slice_bytes,
+            dense_mm: MmTile::T32,
+            expert_mm: MmTile::T16,
+            prefill_attention,
+            decode_attention,
+            specs,
+            subgroups,
+            kv_f16,
+            limits: opts.limits,
+            notes,
+        })
+    }
+
+    /// Prefill attention falls back to attend_gqa.wgsl (attend_tile refused at load: `why`).
+    pub fn refuse_attend_tile(&mut self, why: String) {
+        self.prefill_attention = match self.decode_attention {
+            DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
+            DecodeAttention::Plain => PrefillAttention::Plain,
+        };
+        self.specs.attend_tile = None;
+        self.notes.push(why);
+    }
+
+    /// One line for logs: every choice and what was changed to fit the device.
+    pub fn describe(&self) -> String {
+        let prefill_attention = match self.prefill_attention {
+            PrefillAttention::Tile { g, keys } => {
+                format!(
+                    "attend_tile ({} tokens × {g} heads, blocks of {keys} keys)",
+                    64 / g
+                )
+            }
+            PrefillAttention::Gqa => "attend_gqa".into(),
+            PrefillAttention::Plain => "attend".into(),
+        };
+        let decode_attention = match self.decode_attention {
+            DecodeAttention::Gqa { g } => format!("attend_gqa ({g} heads a KV head)"),
+            DecodeAttention::Plain => "attend".into(),
+        };
+        let notes = if self.notes.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", self.notes.join("; "))
+        };
+        format!(
+            "fp32 activations, {} KV cache, prefill chunk {}, limits {}, reductions {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
+            if self.kv_f16 { "f16" } else { "f32" },
+            self.chunk,
+            match self.limits {
+                DeviceLimits::Adapter => "the adapter's",
+                DeviceLimits::Apple => "capped at Apple's (32 KiB workgroup memory)",
+            },
+            if self.subgroups {
+                "on subgroups"
+            } else {
+                "through workgroup memory"
+            },
+            self.dense_mm.items(),
+            self.expert_mm.items(),
+            if self.checked { ", bounds checks on" } else { "" },
+        )
+    }
+
+    /// The kernel for `w` at one launch site of `Forward::linear`: `items` items (tokens, or
+    /// routed items where `experts`), inputs on 16-byte boundaries where `aligned`.
+    /// `Rows`: the rows per workgroup by the slice's rows, `rows_rb`.
+    pub fn linear(
+        &self,
+        w: &GpuLinear,
+        items: usize,
+        experts: bool,
+        aligned: bool,
+    ) -> LinearKernel {
+        let q4 = q4_ok(w, aligned);
+        // 8-bit matrices (the router) take linear_q4_mm.wgsl too where each 32-column step lies
+        // in one group.
+        let mm8 = q8_ok(w, aligned) && w.group.is_multiple_of(32) && w.cols.is_multiple_of(32);
+        if !experts && items > 1 && (q4 || mm8) {
+            return LinearKernel::Mm(self.dense_mm);
+        }
+        if !experts && rows_ok(w, aligned) {
+            return LinearKernel::Rows;
+        }
+        if q4 || q8_ok(w, aligned) {
+            LinearKernel::Q4
+        } else {
+            LinearKernel::Plain
+        }
+    }
+
+    /// Whether the norm before `f` (one launch site's matrices) over `t` tokens folds into them:
+    /// a decode step, one part, on linear_q4_rows.wgsl.
+    pub fn folds_norm(&self, f: &Fused, t: usize) -> bool {
+        t == 1 && f.parts.len() == 1 && rows_ok(&f.parts[0].0, true)
+    }
+
+    /// Whether the norm before the MoE over `t` tokens folds into its readers: a decode step, the
+    /// router (`folds_norm`) and the experts' gate/up on linear_q4_glu_rows.wgsl, the shared
+    /// expert riding in the stacks (nothing else reads the normalised input).
+    pub fn folds_moe_norm(&self, m: &GpuMoe, t: usize) -> bool {
+        m.shared.is_none()
+            && self.folds_norm(&m.router, t)
+            && self.experts_up(m, t) == ExpertsUp::GluRows
+    }
+
+    /// Whether the final norm folds into lm_head (`lm`) over `t` tokens: a decode step whose
+    /// lm_head runs on linear_q4_rows.wgsl.
+    pub fn folds_final_norm(&self, lm: &GpuLinear, t: usize) -> bool {
+        t == 1 && self.linear(lm, 1, false, true) == LinearKernel::Rows
+    }
+
+    /// The gate/up kernels of a MoE block over `t` tokens.
+    pub fn experts_up(&self, m: &GpuMoe, t: usize) -> ExpertsUp {
+        if t > 1 && [&m.gate, &m.up, &m.down].iter().all(|w| q4_ok(w, true)) {
+            return ExpertsUp::Grouped(self.expert_mm);
+        }
+        if glu_ok(&m.gate, &m.up) {
+            if glu_rows_ok(&m.gate) {
+                ExpertsUp::GluRows
+            } else {
+                ExpertsUp::Glu
+            }
+        } else {
+            ExpertsUp::Separate
+        }
+    }
+
+    /// The shared expert's gate/up (where it does not ride in the stacks) over `t` tokens.
+    pub fn shared_up(&self, gate: &GpuLinear, up: &GpuLinear, t: usize) -> ExpertsUp {
+        match (t, glu_ok(gate, up), glu_rows_ok(gate)) {
+            (1, true, true) => ExpertsUp::GluRows,
+            (1, true, false) => ExpertsUp::Glu,
+            _ => ExpertsUp::Separate,
+        }
+    }
+
+    /// The down products and weighted sum of a MoE block over `t` tokens.
+    pub fn experts_down(&self, m: &GpuMoe, t: usize) -> ExpertsDown {
+        let up = self.experts_up(m, t);
+        if let ExpertsUp::Grouped(tile) = up {
+            return ExpertsDown::Grouped(tile);
+        }
+        if m.shared.is_none() && t == 1 && q4_ok(&m.down, true) && m.down.slices.len() == 1 {
+            // moe_down_rows.wgsl where a row's quads divide 64 (512 columns: 16).
+            let quads = m.down.cols / 32;
+            return if quads > 0 && 64 % quads == 0 {
+                ExpertsDown::FusedRows
+            } else {
+                ExpertsDown::Fused
+            };
+        }
+        ExpertsDown::Separate
+    }
+
+    /// The attention kernel for `t` tokens.
+    pub fn attention(&self, t: usize) -> PrefillAttention {
+        if t > 1 {
+            return self.prefill_attention;
+        }
+        match self.decode_attention {
+            DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
+            DecodeAttention::Plain => PrefillAttention::Plain,
+        }
+    }
+
+    /// The DeltaNet kernels for `t` tokens of model `c`.
+    pub fn deltanet(&self, c: &ModelConfig, t: usize) -> DeltaNetPath {
+        if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 {
+            DeltaNetPath::Step
+        } else {
+            DeltaNetPath::Chunk
+        }
+    }
+}
+
+/// linear_q4_rows.wgsl's rows per workgroup for a matrix (slice) of `rows` rows: 16 from 8,192
+/// rows, else 4 from 1,024, else 2, so that even the router (257 rows) and the 2,048-row output
+/// projections run on ≥ 128 workgroups.
+pub fn rows_rb(rows: usize) -> usize {
+    if rows >= 8192 {
+        16
+    } else if rows >= 1024 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Whether linear_q4(_mm).wgsl take this matrix: MLX 4-bit, groups of a multiple of 32, inputs
+/// on 16-byte boundaries.
+fn q4_ok(w: &GpuLinear, aligned: bool) -> bool {
+    w.bits == 4 && w.group.is_multiple_of(32) && w.cols.is_multiple_of(32) && aligned
+}
+
+/// Whether linear_q4.wgsl takes this 8-bit matrix (16 weights per 16-byte read): groups and
+/// columns multiples of 16, inputs on 16-byte boundaries.
+fn q8_ok(w: &GpuLinear, aligned: bool) -> bool {
+    w.bits == 8 && w.group.is_multiple_of(16) && w.cols.is_multiple_of(16) && aligned
+}
+
+/// Whether linear_q4_rows.wgsl takes this plain matrix: 4-bit with 2,048 or 4,096 columns, or
+/// 8-bit with 2,048 (each of its 64 invocations holds the inputs of one or two 16-byte words of
+/// a row).
+fn rows_ok(w: &GpuLinear, aligned: bool) -> bool {
+    let q4 = q4_ok(w, aligned) && (w.cols == 2048 || w.cols == 4096);
+    let q8 = q8_ok(w, aligned) && w.cols == 2048;
+    (q4 || q8) && w.experts <= 1
+}
+
+/// Whether linear_q4_glu(_rows).wgsl take this gate and up: both 4-bit as `q4_ok` wants, the
+/// same shape, each in one slice with the same layout (one set of offsets serves both).
+fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
+    q4_ok(gate, true)
+        && q4_ok(up, true)
+        && gate.rows == up.rows
+        && gate.cols == up.cols
+        && gate.group == up.group
+        && gate.experts == up.experts
+        && gate.slices.len() == 1
+        && up.slices.len() == 1
+        && gate.slices[0].scale_off == up.slices[0].scale_off
+        && gate.slices[0].bias_off == up.slices[0].bias_off
+}
+
+/// Whether linear_q4_glu_rows.wgsl takes this gate: 2,048 input columns (its 64 invocations
+/// hold one quad each).
+fn glu_rows_ok(gate: &GpuLinear) -> bool {
+    gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn no_environment_leaves_the_options_as_given() {
+        let o = WgpuOptions::default().with_overrides(env(&[]));
+        assert_eq!(o, WgpuOptions::default());
+    }
+
+    #[test]
+    fn environment_variables_override_the_options() {
+        let o = WgpuOptions::default().with_overrides(env(&[
+            ("LILY_WGPU_CHUNK", "512"),
+            ("LILY_WGPU_CHECKED", "1"),
+            ("LILY_WGPU_ATTN_TILE", "0"),
+            ("LILY_WGPU_ADAPTER", "H200"),
+            ("LILY_PROFILE", "1"),
+            ("LILY_WGPU_LIMITS", "apple"),
+            ("LILY_WGPU_SUBGROUPS", "0"),
+            ("LILY_WGPU_F16_KV", "0"),
+        ]));
+        assert!(!o.subgroups && !o.f16_kv);
+        assert_eq!(o.chunk, 512);
+        assert!(o.checked && !o.attn_tile && o.profile);
+        assert_eq!(o.adapter.as_deref(), Some("H200"));
+        assert_eq!(o.limits, DeviceLimits::Apple);
+        // Values that are not the documented ones change nothing.
+        let o = WgpuOptions::default().with_overrides(env(&[
+            ("LILY_WGPU_CHUNK", "0"),
+            ("LILY_WGPU_ATTN_TILE", "1"),
+            ("LILY_WGPU_LIMITS", "metal"),
+        ]));
+        assert_eq!(o, WgpuOptions::default());
+    }
+}

@@ -1,0 +1,492 @@
+//! Load-time and test checks of kernels against the host: each runs a kernel on random inputs
+//! (a random MLX 4/8-bit matrix, random queries and cache) and compares with the same
+//! computation in f64 on the host, as a relative L2 difference. The backend checks attend_tile
+//! this way before using it; tests check every product and attention kernel.
+
+use anyhow::Result;
+
+use crate::forward::{attention_splits, PART_ROWS};
+use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
+use crate::kernels::Kernels;
+use crate::plan::{MmTile, GLU_RB, MM_ROWS};
+
+/// linear_q4_mm.wgsl with tiles of `tile` against the host's product in f64, on a random matrix
+/// of `bits` (4, or 8: the router's path) with 160 rows (the last workgroup partly filled), 512
+/// columns in groups of 64 and 40 items (the last tile partly filled): the relative L2
+/// difference.
+pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result<f64> {
+    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
+    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
+    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let z = items.div_ceil(tile.items()) as u32;
+    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
+}
+
+/// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
+/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
+pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k)?;
+    let mut worst = 0f64;
+    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
+        let (rows, items) = (37usize, 2usize);
+        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+        for rb in [16, 4, 2] {
+            let kernel = k.rows(rb);
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+            for norm in [None, Some(1e-6)] {
+                let e = m.run(gpu, kernel, &[nx, ny, items as u32], nx, None, Some(norm))?;
+                worst = worst.max(e);
+            }
+        }
+    }
+    Ok(worst.max(glu))
+}
+
+/// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
+/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
+fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (rows, cols, items) = (37usize, 2048usize, 2usize);
+    let gate = RandomQ4::new(rows, cols, 64, items);
+    let up = RandomQ4::new(rows + 1, cols, 64, items);
+    // Up's first `rows` rows in gate's slice layout (the kernel takes one set of offsets).
+    let words = rows * cols / 8;
+    let mut data = up.data[..words * 4].to_vec();
+    let ng = rows * cols / 64;
+    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
+    data.extend_from_slice(&up.data[us..us + ng * 2]);
+    data.resize(gate.bias_off as usize * 2, 0);
+    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
+    let wg = gpu.upload("check.gate", &gate.data)?;
+    let wu = gpu.upload("check.up", &data)?;
+    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
+    let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+    let ids = gpu.storage("check.ids", 16)?;
+    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let mut worst = 0f64;
+    // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
+    for norm in [None, Some(1e-6f32)] {
+        let x = match norm {
+            Some(eps) => gate.normed(eps),
+            None => gate.x.clone(),
+        };
+        let params: [u32; 22] = [
+            rows as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            gate.scale_off,
+            gate.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            0,
+            0,
+            0,
+            norm.is_some() as u32,
+            norm.unwrap_or(0.0).to_bits(),
+        ];
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            &k.linear_q4_glu_rows,
+            &params,
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn],
+            [nx, ny, items as u32],
+        );
+        r.submit()?;
+        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for t in 0..items {
+            let xt = &x[t * cols..(t + 1) * cols];
+            for row in 0..rows {
+                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
+                let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
+                let g = got[t * rows + row];
+                if !g.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (g as f64 - want).powi(2);
+                den += want.powi(2);
+            }
+        }
+        worst = worst.max((num / den.max(1e-30)).sqrt());
+    }
+    Ok(worst)
+}
+
+/// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and
+/// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
+/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
+/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
+/// relative L2 difference of the outputs.
+/// With `merge` None, `gqa` is attend_tile.wgsl (`plan::attend_tile_spec`): tiles of 64 / g
+/// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache.
+pub fn check_attention(
+    gpu: &Gpu,
+    gqa: &Kernel,
+    merge: Option<&Kernel>,
+    (hkv, g, d): (usize, usize, usize),
+    n: usize,
+    t: usize,
+    kv_f16: bool,
+) -> Result<f64> {
+    let hq = hkv * g;
+    let pos0 = n - t;
+    let qg_stride = hq * 2 * d + 2 * hkv * d;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (n * 131 + t * 7 + d + g) as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed % 20_001) as f32 / 10_000.0 - 1.0) * 1.5
+    };
+    let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
+    let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
+    // An f16 cache (`kv_f16`: the kernel compiled for one) holds the values rounded to f16; the
+    // host's reference takes the same rounded values, so the check is of the kernel's arithmetic.
+    let round = |v: f32| {
+        if kv_f16 {
+            half::f16::from_f32(v).to_f32()
+        } else {
+            v
+        }
+    };
+    let kc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
+    let vc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
+    let scale = 1.0 / (d as f32).sqrt();
+    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
+    let qb = gpu.upload_f32("check.q", &q)?;
+    let qgb = gpu.upload_f32("check.qg", &qg)?;
+    let cache = |label: &str, v: &[f32]| {
+        if kv_f16 {
+            let h: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
+            gpu.upload(label, bytemuck::cast_slice(&h))
+        } else {
+            gpu.upload_f32(label, v)
+        }
+    };
+    let kb = cache("check.k", &kc)?;
+    let vb = cache("check.v", &vc)?;
+    let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
+    let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
+    let mut r = Recorder::new(gpu);
+    let Some(merge) = merge else {
+        r.dispatch(
+            gqa,
+            &[
+                hq as u32,
+                hkv as u32,
+                d as u32,
+                pos0 as u32,
+                scale.to_bits(),
+                1,
+                0,
+                qg_stride as u32,
+                t as u32,
+            ],
+            &[&qb, &qgb, &kb, &vb, &ob],
+            [hkv as u32, t.div_ceil(64 / g) as u32, 1],
+        );
+        r.submit()?;
+        let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+        return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
+    };
+    r.dispatch(
+        gqa,
+        &[
+            hq as u32,
+            hkv as u32,
+            d as u32,
+            pos0 as u32,
+            scale.to_bits(),
+            nsplit as u32,
+            span as u32,
+            qg_stride as u32,
+        ],
+        &[&qb, &qgb, &kb, &vb, &ob, &part],
+        [hkv as u32, t as u32, nsplit as u32],
+    );
+    if nsplit > 1 {
+        r.dispatch(
+            merge,
+            &[hq as u32, d as u32, nsplit as u32, qg_stride as u32],
+            &[&part, &qgb, &ob],
+            [hq as u32, t as u32, d.div_ceil(64) as u32],
+        );
+    }
+    r.submit()?;
+    let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+    Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t))
+}
+
+/// `check_attention`'s comparison: the relative L2 difference of `got` from the host's gated
+/// attention in f64 (infinite where `got` has a non-finite value).
+#[allow(clippy::too_many_arguments)]
+fn attention_error(
+    got: &[f32],
+    q: &[f32],
+    qg: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    (hkv, g, d): (usize, usize, usize),
+    n: usize,
+    t: usize,
+) -> f64 {
+    let hq = hkv * g;
+    let pos0 = n - t;
+    let qg_stride = hq * 2 * d + 2 * hkv * d;
+    let scale = 1.0 / (d as f32).sqrt();
+    let (mut num, mut den) = (0f64, 0f64);
+    for ti in 0..t {
+        let keys = pos0 + ti + 1;
+        for h in 0..hq {
+            let kv = h / g;
+            let qr = &q[(ti * hq + h) * d..][..d];
+            let sc: Vec<f64> = (0..keys)
+                .map(|j| {
+                    let kr = &kc[(j * hkv + kv) * d..][..d];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let mx = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for c in 0..d {
+                let o: f64 = (0..keys)
+                    .map(|j| w[j] * vc[(j * hkv + kv) * d + c] as f64)
+                    .sum::<f64>()
+                    / sum;
+                let gate = qg[ti * qg_stride + h * 2 * d + d + c] as f64;
+                let want = o / (1.0 + (-gate).exp());
+                let gv = got[(ti * hq + h) * d + c] as f64;
+                if !gv.is_finite() {
+                    return f64::INFINITY;
+                }
+                num += (gv - want).powi(2);
+                den += want * want;
+            }
+        }
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// A random MLX 4-bit (or 8-bit) matrix (one slice: packed words, bf16 scales, bf16 biases),
+/// random inputs for `items` items, and the host's product in f64.
+struct RandomQ4 {
+    bits: usize,
+    rows: usize,
+    cols: usize,
+    group: usize,
+    items: usize,
+    data: Vec<u8>,
+    scale_off: u32,
+    bias_off: u32,
+    x: Vec<f32>,
+    /// The dequantised rows, and the host's product with `x`.
+    w: Vec<Vec<f64>>,
+    want: Vec<f64>,
+    /// A random RMSNorm weight (`run` with a norm).
+    norm_w: Vec<f32>,
+}
+
+impl RandomQ4 {
+    /// Each item's inputs through RMSNorm (rms_norm.wgsl's formula) with `norm_w`.
+    fn normed(&self, eps: f32) -> Vec<f32> {
+        let mut out = self.x.clone();
+        for row in out.chunks_mut(self.cols) {
+            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / self.cols as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            for (v, w) in row.iter_mut().zip(&self.norm_w) {
+                *v = (*v as f64 * r * *w as f64) as f32;
+            }
+        }
+        out
+    }
+
+    /// The host's product of the rows with inputs `x` (items × cols), f64.
+    fn product(&self, x: &[f32]) -> Vec<f64> {
+        let mut want = vec![0f64; self.items * self.rows];
+        for (r, w) in self.w.iter().enumerate() {
+            for t in 0..self.items {
+                let xt = &x[t * self.cols..(t + 1) * self.cols];
+                want[t * self.rows + r] = w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum();
+            }
+        }
+        want
+    }
+
+    fn new(rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        RandomQ4::with_bits(4, rows, cols, group, items)
+    }
+
+    fn with_bits(bits: usize, rows: usize, cols: usize, group: usize, items: usize) -> RandomQ4 {
+        let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (rows * 31 + cols + bits) as u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        // bf16 (truncated) and its value.
+        let bf16 = |v: f32| {
+            let h = (v.to_bits() >> 16) as u16;
+            (h, f32::from_bits((h as u32) << 16))
+        };
+        let per = 32 / bits;
+        let words: Vec<u32> = (0..rows * cols / per).map(|_| next() as u32).collect();
+        let mut data: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let scale_off = (data.len() / 2) as u32;
+        let ngroups = rows * cols / group;
+        let mut scales = Vec::with_capacity(ngroups);
+        for _ in 0..ngroups {
+            let (h, v) = bf16(0.002 + 0.03 * (next() % 1000) as f32 / 1000.0);
+            scales.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        data.resize(data.len().div_ceil(4) * 4, 0);
+        let bias_off = (data.len() / 2) as u32;
+        let mut biases = Vec::with_capacity(ngroups);
+        for s in &scales {
+            let (h, v) = bf16(-s * (4.0 + 8.0 * (next() % 1000) as f32 / 1000.0));
+            biases.push(v);
+            data.extend_from_slice(&h.to_le_bytes());
+        }
+        let x: Vec<f32> = (0..items * cols)
+            .map(|_| ((next() % 20_001) as f32 / 10_000.0 - 1.0) * 3.0)
+            .collect();
+        // The dequantised weight, MLX's affine form: q·s + b per group.
+        let w: Vec<Vec<f64>> = (0..rows)
+            .map(|r| {
+                (0..cols)
+                    .map(|k| {
+                        let q =
+                            (words[(r * cols + k) / per] >> (bits * (k % per))) & ((1 << bits) - 1);
+                        let g = r * (cols / group) + k / group;
+                        q as f64 * scales[g] as f64 + biases[g] as f64
+                    })
+                    .collect()
+            })
+            .collect();
+        let norm_w: Vec<f32> = (0..cols)
+            .map(|_| 0.5 + (next() % 1000) as f32 / 1000.0)
+            .collect();
+        let mut m = RandomQ4 {
+            bits,
+            rows,
+            cols,
+            group,
+            items,
+            data,
+            scale_off,
+            bias_off,
+            x,
+            w,
+            want: Vec::new(),
+            norm_w,
+        };
+        m.want = m.product(&m.x);
+        m
+    }
+
+    /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×
+    /// rows). `fourth`: the fourth binding, where the kernel has one.
+    fn run_raw(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: &[u32; 3],
+        nx: u32,
+        fourth: Option<&wgpu::Buffer>,
+        rows_norm: Option<Option<f32>>,
+    ) -> Result<Vec<f32>> {
+        let (rows, cols, items) = (self.rows, self.cols, self.items);
+        let wbuf = gpu.upload("check.w", &self.data)?;
+        let xbuf = gpu.upload_f32("check.x", &self.x)?;
+        let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
+        let params: [u32; 23] = [
+            rows as u32,
+            cols as u32,
+            self.bits as u32,
+            self.group as u32,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            self.scale_off,
+            self.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols * self.bits / 32) as u32,
+            nx,
+            0,
+            0,
+            0,
+            items as u32,
+            0,
+            0,
+        ];
+        // The row kernels (`rows_norm` Some): word 20 says whether to normalise the input first
+        // (RMSNorm with eps `Some(eps)` and the weight `self.norm_w`), 21 the eps.
+        let mut params = params;
+        let wn = gpu.upload_f32("check.wn", &self.norm_w)?;
+        if let Some(norm) = rows_norm {
+            params[20] = norm.is_some() as u32;
+            params[21] = norm.unwrap_or(0.0).to_bits();
+        }
+        let mut bufs = vec![&wbuf, &xbuf, &ybuf];
+        bufs.extend(fourth);
+        if rows_norm.is_some() {
+            bufs.push(&wn);
+        }
+        let mut r = Recorder::new(gpu);
+        r.dispatch(kernel, &params, &bufs, *grid);
+        r.submit()?;
+        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        Ok(got)
+    }
+
+    /// `run_raw`'s output against the host's product: the relative L2 difference.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: &[u32; 3],
+        nx: u32,
+        fourth: Option<&wgpu::Buffer>,
+        rows_norm: Option<Option<f32>>,
+    ) -> Result<f64> {
+        let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm)?;
+        let want = match rows_norm {
+            Some(Some(eps)) => self.product(&self.normed(eps)),
+            _ => self.want.clone(),
+        };
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(&want) {
+            if !g.is_finite() {
+                return Ok(f64::INFINITY);
+            }
+            num += (*g as f64 - w).powi(2);
+            den += w.powi(2);
+        }
+        Ok((num / den.max(1e-30)).sqrt())
+    }
+}

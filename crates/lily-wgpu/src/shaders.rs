@@ -1,0 +1,233 @@
+//! The WGSL sources (shaders/wgsl/, one entry point per file, named after it), how a kernel is
+//! assembled from one (shaders/wgsl/common.wgsl in front), and what an instance of it needs from
+//! the device: its workgroup memory and invocations, computed by naga with the `override`
+//! constants resolved, so that the plan can check them against the adapter's limits before a
+//! pipeline is built (wgpu checks the invocations, not the workgroup memory; on Metal an
+//! oversized kernel fails or misbehaves at dispatch: docs WGPU.md).
+
+use anyhow::{anyhow, bail, Context, Result};
+use wgpu::naga;
+
+pub const COMMON: &str = include_str!("../../../shaders/wgsl/common.wgsl");
+/// The workgroup reductions (wg_sum, wg_max, rms_scale, wg256_sum, wg256_argmax) on subgroups,
+/// and the same through workgroup memory for devices without subgroup operations.
+pub const REDUCE_SUBGROUP: &str = include_str!("../../../shaders/wgsl/reduce_subgroup.wgsl");
+pub const REDUCE_WORKGROUP: &str = include_str!("../../../shaders/wgsl/reduce_workgroup.wgsl");
+/// The KV cache's element types (`KV`, `KV4`): f32, or f16 where the device has SHADER_F16.
+pub const KV_F32: &str = include_str!("../../../shaders/wgsl/kv_f32.wgsl");
+pub const KV_F16: &str = include_str!("../../../shaders/wgsl/kv_f16.wgsl");
+
+macro_rules! sources {
+    ($($name:literal),* $(,)?) => {
+        /// Every kernel file, by entry point.
+        pub const SOURCES: &[(&str, &str)] = &[
+            $(($name, include_str!(concat!("../../../shaders/wgsl/", $name, ".wgsl"))),)*
+        ];
+    };
+}
+
+sources!(
+    "argmax_final",
+    "argmax_part",
+    "attend",
+    "attend_gqa",
+    "attend_merge",
+    "attend_tile",
+    "attn_prep",
+    "dn_conv",
+    "dn_conv_norm",
+    "dn_qk_norm",
+    "dn_recur",
+    "dn_recur_norm",
+    "embed",
+    "gated_norm",
+    "linear",
+    "linear_q4",
+    "linear_q4_glu",
+    "linear_q4_glu_rows",
+    "linear_q4_mm",
+    "linear_q4_rows",
+    "moe_combine",
+    "moe_down",
+    "moe_down_rows",
+    "moe_group",
+    "moe_route",
+    "rms_norm",
+    "sample_adjust",
+    "sample_pick",
+    "sample_prefilter",
+    "swiglu",
+);
+
+/// One kernel as compiled: its file (= entry point), its `override` constants, whether its
+/// reductions run on subgroups (reduce_subgroup.wgsl in front) or through workgroup memory
+/// (reduce_workgroup.wgsl), and whether the KV cache it reads or writes is f16 (kv_f16.wgsl) or
+/// f32 (kv_f32.wgsl).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    pub name: &'static str,
+    pub constants: Vec<(&'static str, f64)>,
+    pub subgroups: bool,
+    pub kv_f16: bool,
+}
+
+impl Spec {
+    pub fn new(name: &'static str, constants: &[(&'static str, f64)]) -> Spec {
+        Spec {
+            name,
+            constants: constants.to_vec(),
+            subgroups: false,
+            kv_f16: false,
+        }
+    }
+
+    /// This kernel with its reductions on subgroups (`true`) or through workgroup memory.
+    pub fn with_subgroups(mut self, on: bool) -> Spec {
+        self.subgroups = on;
+        self
+    }
+
+    /// The kernel file's text.
+    pub fn source(&self) -> Result<&'static str> {
+        SOURCES
+            .iter()
+            .find(|(n, _)| *n == self.name)
+            .map(|(_, s)| *s)
+            .with_context(|| format!("no WGSL kernel named {}", self.name))
+    }
+
+    /// The module as the device compiles it: `enable` directives first, then the reductions'
+    /// file, common.wgsl, the KV cache's types and the kernel.
+    pub fn code(&self) -> Result<String> {
+        let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
+        let (enables, body): (Vec<&str>, Vec<&str>) = kv
+            .lines()
+            .chain([""])
+            .chain(self.source()?.lines())
+            .partition(|l| l.trim_start().starts_with("enable "));
+        let reduce = if self.subgroups {
+            REDUCE_SUBGROUP
+        } else {
+            REDUCE_WORKGROUP
+        };
+        Ok(format!(
+            "{}\n{reduce}\n{COMMON}\n{}",
+            enables.join("\n"),
+            body.join("\n")
+        ))
+    }
+
+    /// The module parsed and validated by naga, with the constants resolved (naga's
+    /// `process_overrides`, as wgpu does before handing a module to its backend).
+    pub fn resolved(&self) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
+        let code = self.code()?;
+        let module = naga::front::wgsl::parse_str(&code)
+            .map_err(|e| anyhow!("{}: {}", self.name, e.emit_to_string(&code)))?;
+        let info = validator()
+            .validate(&module)
+            .map_err(|e| anyhow!("{}: {e:?}", self.name))?;
+        let mut constants = naga::back::PipelineConstants::default();
+        for (k, v) in &self.constants {
+            constants.insert(k.to_string(), *v);
+        }
+        let (module, info) = naga::back::pipeline_constants::process_overrides(
+            &module,
+            &info,
+            Some((naga::ShaderStage::Compute, self.name)),
+            &constants,
+        )
+        .map_err(|e| anyhow!("{}: resolving its override constants: {e}", self.name))?;
+        Ok((module.into_owned(), info.into_owned()))
+    }
+
+    /// What the kernel needs from the device (`Needs`).
+    pub fn needs(&self) -> Result<Needs> {
+        let (module, info) = self.resolved()?;
+        needs_of(&module, &info, self.name)
+    }
+}
+
+/// A validator allowing every capability (the device's features are checked by wgpu).
+pub fn validator() -> naga::valid::Validator {
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+}
+
+/// What a kernel instance needs from the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    /// Workgroup memory of the variables the entry point uses, each rounded up to 16 bytes (as
+    /// Metal allocates threadgroup memory).
+    pub workgroup_bytes: u64,
+    /// Invocations per workgroup.
+    pub invocations: u32,
+    /// Storage buffers bound.
+    pub storage_buffers: u32,
+}
+
+impl Needs {
+    /// Why this kernel does not fit `limits`, or None where it does.
+    pub fn exceeds(&self, limits: &wgpu::Limits) -> Option<String> {
+        if self.workgroup_bytes > limits.max_compute_workgroup_storage_size as u64 {
+            return Some(format!(
+                "{} bytes of workgroup memory, above the device's {}",
+                self.workgroup_bytes, limits.max_compute_workgroup_storage_size
+            ));
+        }
+        if self.invocations > limits.max_compute_invocations_per_workgroup {
+            return Some(format!(
+                "{} invocations a workgroup, above the device's {}",
+                self.invocations, limits.max_compute_invocations_per_workgroup
+            ));
+        }
+        if self.storage_buffers > limits.max_storage_buffers_per_shader_stage {
+            return Some(format!(
+                "{} storage buffers, above the device's {}",
+                self.storage_buffers, limits.max_storage_buffers_per_shader_stage
+            ));
+        }
+        None
+    }
+}
+
+/// `Needs` of entry point `name` of a resolved module.
+pub fn needs_of(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    name: &str,
+) -> Result<Needs> {
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == name)
+        .with_context(|| format!("{name}: no entry point {name}"))?;
+    let uses = info.get_entry_point(ep);
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .map_err(|e| anyhow!("{name}: laying out its types: {e}"))?;
+    let (mut workgroup_bytes, mut storage_buffers) = (0u64, 0u32);
+    for (handle, var) in module.global_variables.iter() {
+        if uses[handle].is_empty() {
+            continue;
+        }
+        match var.space {
+            naga::AddressSpace::WorkGroup => {
+                workgroup_bytes += (layouter[var.ty].size as u64).div_ceil(16) * 16;
+            }
+            naga::AddressSpace::Storage { .. } => storage_buffers += 1,
+            _ => {}
+        }
+    }
+    let [x, y, z] = module.entry_points[ep].workgroup_size;
+    if module.entry_points[ep].workgroup_size_overrides.is_some() {
+        bail!("{name}: its workgroup size is still an override after resolving");
+    }
+    Ok(Needs {
+        workgroup_bytes,
+        invocations: x * y * z,
+        storage_buffers,
+    })
+}

@@ -1,0 +1,189 @@
+//! Apple's limits as a tested contract, without a Mac (issue 29): every kernel the backend can
+//! choose for the full Qwen3.6-35B-A3B shape is translated to Metal Shading Language by naga's
+//! MSL back end (the translation wgpu's Metal backend makes), with its `override` constants
+//! resolved to the real model's values, and the kernels the plan chooses under an Apple GPU's
+//! limits (`lily_wgpu::gpu::apple_limits`) are checked against them: workgroup memory ≤ 32 KiB
+//! (naga's layout of the workgroup variables the entry point uses, each rounded up to 16 bytes
+//! as Metal allocates them), invocations ≤ 1,024, storage buffers ≤ 29. No GPU needed.
+
+use lily_core::config::ModelConfig;
+use lily_core::synth::{preset_text_config, Preset};
+use lily_wgpu::gpu::apple_limits;
+use lily_wgpu::plan::{DeviceCaps, Plan, PrefillAttention};
+use lily_wgpu::shaders::{validator, Spec};
+use lily_wgpu::WgpuOptions;
+
+fn full_config() -> ModelConfig {
+    let mut text = preset_text_config(Preset::Full);
+    text["model_type"] = "qwen3_5_moe_text".into();
+    ModelConfig::from_json(&text).unwrap()
+}
+
+/// Limits of a large GPU (the H200 through Vulkan: 48 KiB of workgroup memory).
+fn large_limits() -> wgpu::Limits {
+    wgpu::Limits {
+        max_compute_workgroup_storage_size: 48 << 10,
+        max_compute_invocations_per_workgroup: 1024,
+        max_storage_buffers_per_shader_stage: 64,
+        ..wgpu::Limits::default()
+    }
+}
+
+/// Every kernel some plan can choose for the full model: both prefill attentions, the shared
+/// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
+/// through workgroup memory, the KV cache in f16 and in f32.
+fn choosable() -> Vec<Spec> {
+    let c = full_config();
+    let mut out: Vec<Spec> = Vec::new();
+    for attn_tile in [true, false] {
+        for stacked in [true, false] {
+            for limits in [large_limits(), apple_limits()] {
+                for (subgroups, f16) in [(true, true), (false, false)] {
+                    let opts = WgpuOptions {
+                        attn_tile,
+                        ..WgpuOptions::default()
+                    };
+                    let device = DeviceCaps {
+                        limits: limits.clone(),
+                        subgroups,
+                        f16,
+                    };
+                    let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
+                    for s in plan.specs.all() {
+                        if !out.contains(s) {
+                            out.push(s.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `spec` translated to MSL as wgpu's Metal backend would: overrides resolved, validated with
+/// the capabilities naga's MSL writer supports, each buffer binding given a slot and the
+/// buffer-sizes buffer after them.
+fn to_msl(spec: &Spec) -> Result<String, String> {
+    let (module, _) = spec.resolved().map_err(|e| format!("{e:#}"))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::back::msl::supported_capabilities(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{}: not valid for Metal: {e:?}", spec.name))?;
+    let mut resources = naga::back::msl::EntryPointResources::default();
+    let mut slot = 0u8;
+    for (_, var) in module.global_variables.iter() {
+        if let Some(rb) = var.binding {
+            resources.resources.insert(
+                rb,
+                naga::back::msl::BindTarget {
+                    buffer: Some(slot),
+                    mutable: matches!(var.space, naga::AddressSpace::Storage { access } if access.contains(naga::StorageAccess::STORE)),
+                    ..Default::default()
+                },
+            );
+            slot += 1;
+        }
+    }
+    resources.sizes_buffer = Some(slot);
+    let mut options = naga::back::msl::Options {
+        lang_version: (2, 4),
+        fake_missing_bindings: false,
+        zero_initialize_workgroup_memory: false,
+        ..Default::default()
+    };
+    options
+        .per_entry_point_map
+        .insert(spec.name.to_string(), resources);
+    let pipeline = naga::back::msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, spec.name.to_string())),
+        ..Default::default()
+    };
+    naga::back::msl::write_string(&module, &info, &options, &pipeline)
+        .map(|(msl, _)| msl)
+        .map_err(|e| format!("{}: MSL: {e:?}", spec.name))
+}
+
+#[test]
+fn every_choosable_kernel_translates_to_msl() {
+    let specs = choosable();
+    assert!(specs.len() > 60, "{} kernels", specs.len());
+    let mut failed = Vec::new();
+    for spec in &specs {
+        match to_msl(spec) {
+            Ok(msl) => assert!(
+                msl.contains(&format!("kernel void {}", spec.name)),
+                "{}: no kernel function in its MSL",
+                spec.name
+            ),
+            Err(e) => failed.push(e),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "kernels that do not translate to MSL:\n{}",
+        failed.join("\n")
+    );
+    println!("{} kernels translate to MSL", specs.len());
+}
+
+#[test]
+fn the_apple_plan_fits_apple_limits() {
+    let c = full_config();
+    let limits = apple_limits();
+    let device = DeviceCaps {
+        limits,
+        subgroups: true,
+        f16: true,
+    };
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    println!("plan: {}", plan.describe());
+    // attend_tile is kept, with blocks of 16 keys (32 do not fit).
+    assert_eq!(
+        plan.prefill_attention,
+        PrefillAttention::Tile { g: 8, keys: 16 }
+    );
+    let mut over = Vec::new();
+    for spec in plan.specs.all() {
+        let (module, info) = spec.resolved().unwrap();
+        let needs = lily_wgpu::shaders::needs_of(&module, &info, spec.name).unwrap();
+        println!(
+            "{:<20} {:>6} bytes of workgroup memory, {:>4} invocations, {} storage buffers",
+            spec.name, needs.workgroup_bytes, needs.invocations, needs.storage_buffers
+        );
+        if needs.workgroup_bytes > 32 << 10
+            || needs.invocations > 1024
+            || needs.storage_buffers > 29
+        {
+            over.push(format!("{} {:?}: {needs:?}", spec.name, spec.constants));
+        }
+    }
+    assert!(over.is_empty(), "kernels over Apple's limits: {over:?}");
+}
+
+/// The check itself: attend_tile with blocks of 32 keys (what every device ran before the plan
+/// checked workgroup memory) needs 42,752 bytes, over Apple's 32 KiB, and the plan refuses it
+/// there but takes it on a large GPU.
+#[test]
+fn an_oversized_kernel_is_caught() {
+    let c = full_config();
+    let big = lily_wgpu::plan::attend_tile_spec(c.head_dim, 8, 32).unwrap();
+    let needs = big.needs().unwrap();
+    assert_eq!(needs.workgroup_bytes, 42_752);
+    assert!(needs.exceeds(&apple_limits()).is_some());
+    let device = DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16: true,
+    };
+    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    assert_eq!(
+        plan.prefill_attention,
+        PrefillAttention::Tile { g: 8, keys: 32 }
+    );
+    // A plain validator accepts the same module: the limit is the plan's to check.
+    let (module, _) = big.resolved().unwrap();
+    validator().validate(&module).unwrap();
+}

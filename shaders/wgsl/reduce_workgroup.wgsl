@@ -1,0 +1,133 @@
+// The workgroup reductions through workgroup memory (trees of barriers), for devices without
+// subgroup operations; reduce_subgroup.wgsl has the same functions on subgroups. The loader
+// (lily-wgpu/src/shaders.rs) puts one of the two in front of every kernel. A kernel that
+// reduces takes `lanes_in: Lanes` among its entry point's parameters and calls
+// `lanes_init(lanes_in)` first.
+
+struct Lanes {
+    @builtin(local_invocation_index) lid: u32,
+}
+
+var<private> lanes: Lanes;
+
+fn lanes_init(l: Lanes) {
+    lanes = l;
+}
+
+// The products' row totals (linear_q4_rows, linear_q4_glu_rows, moe_down_rows: 64 invocations,
+// rb ≤ 16 rows): each invocation puts its partials of rows 0..rb − 1 (two values a row: glu's
+// gate and up), then `rows_total` gives row lid / (64 / rb)'s totals at the first invocation of
+// its group of 64 / rb. rows_part[r · 65 + invocation] (65: rows on different banks).
+var<workgroup> rows_part: array<vec2<f32>, 1040>;
+
+fn rows_put(r: u32, v: vec2<f32>) {
+    rows_part[r * 65u + lanes.lid] = v;
+}
+
+// Row r's 64 partials: the 64 / rb invocations of its group sum rb each, then the first of them
+// all of those. Uniform control flow only.
+fn rows_total(lid: u32, rb: u32) -> vec2<f32> {
+    workgroupBarrier();
+    let pr = 64u / rb;
+    let r = lid / pr;
+    let k = lid % pr;
+    var t = vec2<f32>(0.0);
+    for (var i = 0u; i < rb; i++) {
+        t += rows_part[r * 65u + k * rb + i];
+    }
+    workgroupBarrier();
+    rows_part[r * 65u + k] = t;
+    workgroupBarrier();
+    var total = vec2<f32>(0.0);
+    if (k == 0u) {
+        for (var i = 0u; i < pr; i++) {
+            total += rows_part[r * 65u + i];
+        }
+    }
+    return total;
+}
+
+var<workgroup> wg_part: array<f32, 64>;
+
+// Σ v over a 64-invocation workgroup; every invocation gets the total. Uniform control flow only.
+fn wg_sum(lid: u32, v: f32) -> f32 {
+    wg_part[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            wg_part[lid] += wg_part[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = wg_part[0];
+    workgroupBarrier();
+    return total;
+}
+
+// max v over a 64-invocation workgroup.
+fn wg_max(lid: u32, v: f32) -> f32 {
+    wg_part[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            wg_part[lid] = max(wg_part[lid], wg_part[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = wg_part[0];
+    workgroupBarrier();
+    return m;
+}
+
+// rsqrt(Σ ss / cols + eps) where each of a 64-invocation workgroup brings its part `ss` of the
+// row's Σ x² (rms_norm.wgsl's scale). Uniform control flow only.
+fn rms_scale(lid: u32, ss: f32, cols: u32, eps: f32) -> f32 {
+    return 1.0 / sqrt(wg_sum(lid, ss) / f32(cols) + eps);
+}
+
+var<workgroup> wg256_v: array<f32, 256>;
+var<workgroup> wg256_i: array<u32, 256>;
+
+struct ValId {
+    v: f32,
+    i: u32,
+}
+
+// The largest v over a 256-invocation workgroup and its id i, the lower id on ties; every
+// invocation gets it. Uniform control flow only.
+fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    wg256_v[lid] = v;
+    wg256_i[lid] = i;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ov = wg256_v[lid + s];
+            let oi = wg256_i[lid + s];
+            if (ov > wg256_v[lid] || (ov == wg256_v[lid] && oi < wg256_i[lid])) {
+                wg256_v[lid] = ov;
+                wg256_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = ValId(wg256_v[0], wg256_i[0]);
+    workgroupBarrier();
+    return r;
+}
+
+// Σ v over a 256-invocation workgroup (a tree, the same order every time); every invocation
+// gets it. Uniform control flow only.
+fn wg256_sum(lid: u32, v: f32) -> f32 {
+    wg256_v[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            wg256_v[lid] += wg256_v[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = wg256_v[0];
+    workgroupBarrier();
+    return total;
+}
+
