@@ -21,6 +21,7 @@ mod scripted;
 mod serve;
 mod state;
 mod structured;
+mod webui;
 
 use clap::{Parser, Subcommand};
 
