@@ -182,6 +182,9 @@ def test_markdown_renders_and_html_in_an_answer_is_only_text(browser, server):
     ask(browser, "A riddle?")
     answer = wait_answered(browser, 2)
     assert answer.find_element(By.CSS_SELECTOR, ".text strong").text == "42"
+    answer.find_element(By.CSS_SELECTOR, "details.thinking summary").click()  # for the picture
+    time.sleep(0.2)
+    browser.execute_script("const m = document.getElementById('messages'); m.scrollTop = m.scrollHeight")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOT))
 
