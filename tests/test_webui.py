@@ -270,9 +270,26 @@ def test_with_an_api_key_the_page_asks_for_it_and_shows_a_wrong_one_refused(
         server.stop()
 
 
+def fill_the_queue(server) -> list:
+    """Long streams opened until the server refuses one with 429; the open ones, to close later."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    held = []
+    for _ in range(20):
+        body = {"messages": [{"role": "user", "content": "story"}], "stream": True}
+        r = client.send(client.build_request("POST", "/v1/chat/completions", json=body), stream=True)
+        if r.status_code == 429:
+            r.close()
+            return held
+        assert r.status_code == 200, r.status_code
+        held.append(r)
+    raise AssertionError("20 streams and no 429")
+
+
 def test_busy_and_context_full_get_clear_messages(browser, tmp_path_factory, small_model):
-    # Loading for a few seconds: the API answers 503 meanwhile; then a context too small to chat.
-    server = Server(scripted(tmp_path_factory, small_model, load_delay_ms=4000), "--ctx-size", "48")
+    # Loading for a few seconds: the API answers 503 meanwhile; then a full queue (429); then a
+    # context too small for the message. 200 ms a token keeps the queue's streams going meanwhile.
+    server = Server(scripted(tmp_path_factory, small_model, load_delay_ms=4000, delay_ms=200),
+                    "--ctx-size", "48", "--max-queue", "1")
     try:
         deadline = time.time() + 10
         while True:
@@ -287,10 +304,18 @@ def test_busy_and_context_full_get_clear_messages(browser, tmp_path_factory, sma
         note = wait_answered(browser, 1).find_element(By.CSS_SELECTOR, ".note")
         assert note.text.startswith("The server is busy or not ready (503: the model is still loading"), note.text
         server.wait_ready()
+        held = fill_the_queue(server)
+        try:
+            ask(browser, "hello")
+            note = wait_answered(browser, 2).find_element(By.CSS_SELECTOR, ".note")
+            assert note.text.startswith("The server is busy: too many requests are waiting (429"), note.text
+        finally:
+            for r in held:
+                r.close()
         ask(browser, "word " * 100)
-        note = wait_answered(browser, 2).find_element(By.CSS_SELECTOR, ".note")
+        note = wait_answered(browser, 3).find_element(By.CSS_SELECTOR, ".note")
         assert note.text.startswith("The conversation no longer fits the model's context"), note.text
-        assert console_errors(browser, allow=["status of 503", "status of 400"]) == []
+        assert console_errors(browser, allow=["status of 503", "status of 429", "status of 400"]) == []
     finally:
         server.stop()
 

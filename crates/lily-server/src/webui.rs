@@ -14,7 +14,7 @@ use axum::Router;
 
 /// The policy every file of the page is served with. `'self'` everywhere it matters; objects,
 /// `<base>`, form posts and framing by other sites are off.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
     style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
     form-action 'none'; frame-ancestors 'none'";
 
@@ -67,7 +67,7 @@ fn serve(asset: &'static Asset) -> Response {
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::REFERRER_POLICY, "no-referrer"),
         (header::X_FRAME_OPTIONS, "DENY"),
-        // Small files: revalidating each load costs nothing and a new binary's page shows at once.
+        // A few small files, fetched anew on each load: a new binary's page shows at once.
         (header::CACHE_CONTROL, "no-cache"),
     ];
     let mut response = asset.body.into_response();
