@@ -18,51 +18,32 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
     style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
     form-action 'none'; frame-ancestors 'none'";
 
-/// One file of the page: where it is served, its type, its bytes.
-struct Asset {
-    path: &'static str,
-    content_type: &'static str,
-    body: &'static [u8],
-}
+const HTML: &str = "text/html; charset=utf-8";
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+const SVG: &str = "image/svg+xml";
 
-const ASSETS: &[Asset] = &[
-    Asset {
-        path: "/",
-        content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../web/index.html"),
-    },
-    Asset {
-        path: "/app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../web/app.js"),
-    },
-    Asset {
-        path: "/markdown.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../web/markdown.js"),
-    },
-    Asset {
-        path: "/style.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../web/style.css"),
-    },
-    Asset {
-        path: "/favicon.svg",
-        content_type: "image/svg+xml",
-        body: include_bytes!("../web/favicon.svg"),
-    },
+/// The page's files: where each is served, its type, its bytes.
+const ASSETS: &[(&str, &str, &[u8])] = &[
+    ("/", HTML, include_bytes!("../web/index.html")),
+    ("/app.js", JS, include_bytes!("../web/app.js")),
+    ("/markdown.js", JS, include_bytes!("../web/markdown.js")),
+    ("/style.css", CSS, include_bytes!("../web/style.css")),
+    ("/favicon.svg", SVG, include_bytes!("../web/favicon.svg")),
 ];
 
 /// The page's routes, to merge into the API's router (GET, and HEAD with it).
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    ASSETS.iter().fold(Router::new(), |router, asset| {
-        router.route(asset.path, get(move || async move { serve(asset) }))
-    })
+    ASSETS
+        .iter()
+        .fold(Router::new(), |router, &(path, content_type, body)| {
+            router.route(path, get(move || async move { serve(content_type, body) }))
+        })
 }
 
-fn serve(asset: &'static Asset) -> Response {
+fn serve(content_type: &'static str, body: &'static [u8]) -> Response {
     let headers = [
-        (header::CONTENT_TYPE, asset.content_type),
+        (header::CONTENT_TYPE, content_type),
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::REFERRER_POLICY, "no-referrer"),
@@ -70,7 +51,7 @@ fn serve(asset: &'static Asset) -> Response {
         // A few small files, fetched anew on each load: a new binary's page shows at once.
         (header::CACHE_CONTROL, "no-cache"),
     ];
-    let mut response = asset.body.into_response();
+    let mut response = body.into_response();
     for (name, value) in headers {
         response
             .headers_mut()
@@ -162,7 +143,7 @@ mod tests {
 
     #[test]
     fn the_page_has_no_inline_script_or_style() {
-        let html = std::str::from_utf8(super::ASSETS[0].body).unwrap();
+        let html = std::str::from_utf8(super::ASSETS[0].2).unwrap();
         assert!(!html.contains("<script>") && !html.contains("style="));
         // No event-handler attributes (` onclick=`, ` oninput=`, ...): CSP would refuse them.
         let handler = html.match_indices(" on").any(|(at, _)| {
