@@ -201,6 +201,45 @@ def test_markdown_renders_and_html_in_an_answer_is_only_text(browser, server):
     assert console_errors(browser) == []
 
 
+# Markdown and the HTML CommonMark / GFM make of it (written out by hand from their specs), except
+# where the page is stricter on purpose: only http(s) links become links, and links open elsewhere.
+LINK = ' target="_blank" rel="noopener noreferrer"'
+MARKDOWN = [
+    ("# Title\n\nSome *em* and **strong** and `code <b>`",
+     "<h1>Title</h1><p>Some <em>em</em> and <strong>strong</strong> and <code>code &lt;b&gt;</code></p>"),
+    ("<script>alert(1)</script> & <img src=x onerror=alert(1)>",
+     "<p>&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;img src=x onerror=alert(1)&gt;</p>"),
+    ("[x](javascript:alert(1)) [site](https://example.com/a?b=1) https://example.org/x.",
+     f'<p>[x](javascript:alert(1)) <a href="https://example.com/a?b=1"{LINK}>site</a> '
+     f'<a href="https://example.org/x"{LINK}>https://example.org/x</a>.</p>'),
+    ("| a | b |\n|---|---|\n| 1 | **2** |",
+     "<table><thead><tr><th>a</th><th>b</th></tr></thead>"
+     "<tbody><tr><td>1</td><td><strong>2</strong></td></tr></tbody></table>"),
+    ("- a\n  - b\n- c\n\n3. three\n4. four",
+     '<ul><li>a<ul><li>b</li></ul></li><li>c</li></ul><ol start="3"><li>three</li><li>four</li></ol>'),
+    ("> quote\n> more\n\npara\nline two", "<blockquote><p>quote\nmore</p></blockquote><p>para\nline two</p>"),
+    ("snake_case_name _it_ __b__ ~~s~~ a * b * c",
+     "<p>snake_case_name <em>it</em> <strong>b</strong> <del>s</del> a * b * c</p>"),
+    ("---\n## H2 ##\ntext", "<hr><h2>H2</h2><p>text</p>"),
+]
+
+
+def test_the_markdown_renderer_builds_elements_and_never_markup(browser, server):
+    open_page(browser, server)
+    render = "const box = document.createElement('div'); box.appendChild(LilyMarkdown.render(arguments[0]));" \
+             " return box.innerHTML"
+    for markdown, html in MARKDOWN:
+        assert browser.execute_script(render, markdown) == html, markdown
+    # A code block keeps its text exactly, even one still open (an answer streaming); a copy button.
+    code = browser.execute_script(
+        "const f = LilyMarkdown.render(arguments[0]);"
+        " return Array.from(f.querySelectorAll('.codeblock')).map(b => ["
+        "b.querySelector('.code-head span').textContent, b.querySelector('pre code').textContent,"
+        " b.querySelectorAll('button.copy').length])",
+        "```js\nlet a = '<b>';\n\n```\ntext\n~~~\nunclosed <i>")
+    assert code == [["js", "let a = '<b>';\n", 1], ["code", "unclosed <i>", 1]]
+
+
 def test_stop_ends_the_answer_within_a_second_and_the_engine_frees_it(browser, server):
     open_page(browser, server)
     ask(browser, "a long story")

@@ -203,8 +203,15 @@ const LilyMarkdown = (() => {
         item.push(next.replace(new RegExp("^ {0," + (indent + 4) + "}"), ""));
       }
       const li = node.appendChild(el("li"));
-      if (item.length === 1 || item.slice(1).every((l) => !l.trim())) inline(item[0], li);
-      else blocks(item, li);
+      if (item.length === 1 || item.slice(1).every((l) => !l.trim())) {
+        inline(item[0], li);
+      } else {
+        blocks(item, li);
+        // A tight item (no blank line in it) holds its text bare, as CommonMark renders it.
+        if (item.every((l) => l.trim())) {
+          for (const p of Array.from(li.children)) if (p.tagName === "P") p.replaceWith(...p.childNodes);
+        }
+      }
     }
     return i;
   }
