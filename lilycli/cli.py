@@ -109,6 +109,8 @@ def serve(
         try:
             with running_engine(opts, log=log) as (engine, url):
                 typer.echo(f"Lily is serving {model} at {url}/v1 (Ctrl-C to stop)")
+                if "--no-webui" not in opts.extra:
+                    typer.echo(f"Chat in your browser: {url}/")
                 engine.echo = True  # from now on the engine's own log lines show
                 engine.wait()
                 raise engine.died("stopped unexpectedly")

@@ -9,6 +9,7 @@
 # NVRTC kernel-compilation test, ignored elsewhere, runs and must pass; and Mesa's lavapipe (CPU
 # Vulkan: Debian's mesa-vulkan-drivers + libvulkan1) is installed with apt when missing (as root),
 # so the wgpu backend's tests run on it and must pass. Elsewhere they skip without a Vulkan driver.
+# Likewise headless Chromium (Debian's chromium + chromium-driver) for the chat page's browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,7 +60,28 @@ elif ! $ci && ! vulkan_present; then
     "(apt-get install mesa-vulkan-drivers libvulkan1 runs them on lavapipe, as CI does)"
 fi
 
-# 3. Rust.
+# 3. A browser for the chat page's tests (tests/test_webui.py): Debian's chromium and its driver,
+#    installed in CI when missing (as root), as lavapipe is; elsewhere those tests skip without them.
+browser_present() {
+  command -v chromium >/dev/null && command -v chromedriver >/dev/null
+}
+if $ci && ! browser_present; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: installing chromium and chromium-driver for the chat page's browser tests"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      chromium chromium-driver >/dev/null
+  else
+    echo "scripts/test.sh: CI runs the chat page's tests in headless Chromium; install it first" \
+      "(as root): apt-get install chromium chromium-driver" >&2
+    exit 1
+  fi
+elif ! $ci && ! browser_present; then
+  echo "scripts/test.sh: no chromium / chromedriver here, so the chat page's browser tests skip" \
+    "(apt-get install chromium chromium-driver runs them, as CI does)"
+fi
+
+# 4. Rust.
 cargo test --workspace --release -j2
 if $ci; then
   cargo test --workspace --release -j2 --test kernels_compile -- --include-ignored
@@ -68,6 +90,6 @@ else
     "CI=true bash scripts/test.sh runs it as CI does"
 fi
 
-# 4. Python end to end, against the release binary.
+# 5. Python end to end, against the release binary.
 cargo build --release -p lily-server -j2 --features scripted
 python3 -m pytest tests -q

@@ -191,6 +191,7 @@ def main() -> int:
     p.add_argument("--ctx-size", type=int)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--device")
+    p.add_argument("--no-webui", action="store_true")
     p = sub.add_parser("synth")
     p.add_argument("--preset", required=True)
     p.add_argument("--format", required=True)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 from lily_harness import LilyProcess, free_port, process_alive
 from openai import OpenAI
@@ -67,6 +68,9 @@ def test_serve_streams_to_the_openai_client_and_stops_on_ctrl_c(serving_engine):
     try:
         url = lily.wait_for_url(timeout=120)
         [engine_pid] = children(lily.process.pid)
+        # The chat page the printed line points at is there.
+        page = httpx.get(f"{url}/")
+        assert page.status_code == 200 and "<title>Lily</title>" in page.text
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         stream = client.chat.completions.create(

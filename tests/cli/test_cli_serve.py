@@ -29,6 +29,11 @@ def test_serve_prints_url_when_ready_and_forwards_the_signal(fake_engine, tmp_pa
     try:
         url = lily.wait_for_url()
         assert url == f"http://127.0.0.1:{port}"
+        # Beside the API's URL, the chat page's.
+        deadline = time.monotonic() + 5
+        while f"Chat in your browser: {url}/\n" not in lily.out:
+            assert time.monotonic() < deadline, lily.out
+            time.sleep(0.05)
         # The URL is printed only once the engine is ready.
         assert httpx.get(f"{url}/health").json()["status"] == "ok"
         # While it loaded, the progress the engine reports was shown.
@@ -49,6 +54,17 @@ def test_serve_passes_engine_options_through(fake_engine, tmp_path):
         assert httpx.get(f"{url}/v1/models").status_code == 401
         ok = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sekret"})
         assert ok.json()["data"][0]["id"] == "fake-model"
+    finally:
+        lily.process.send_signal(signal.SIGTERM)
+        lily.wait()
+
+
+def test_serve_with_no_webui_prints_no_chat_page(fake_engine, tmp_path):
+    lily, _ = serve_fake(tmp_path, "--no-webui")
+    try:
+        lily.wait_for_url()
+        time.sleep(0.3)  # what would follow the URL line has been printed by now
+        assert "Chat in your browser" not in lily.out
     finally:
         lily.process.send_signal(signal.SIGTERM)
         lily.wait()

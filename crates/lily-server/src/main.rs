@@ -22,6 +22,7 @@ mod scripted;
 mod serve;
 mod state;
 mod structured;
+mod webui;
 
 use clap::{Parser, Subcommand};
 

@@ -69,6 +69,9 @@ pub struct ServeArgs {
     /// 64 (routers 8-bit), as MLX would: a quarter of the memory and the kernels' fast path.
     #[arg(long)]
     pub keep_bf16: bool,
+    /// Do not serve the chat page at `/` (only the API is served then).
+    #[arg(long)]
+    pub no_webui: bool,
     #[command(flatten)]
     pub cuda: CudaArgs,
 }
@@ -103,6 +106,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "listening on http://{addr} (model {} loading)",
         state.model_id
     );
+    if !args.no_webui {
+        tracing::info!("chat page at http://{addr}/ (--no-webui turns it off)");
+    }
 
     let opts = LoadOptions {
         model: args.model.clone(),
@@ -140,7 +146,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         })
         .context("cannot start the loader thread")?;
 
-    let app = routes::router(state.clone());
+    let app = routes::router(state.clone(), !args.no_webui);
     let (signal_tx, signal_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(connections::serve(listener, app, limits, async {
         let _ = signal_rx.await;

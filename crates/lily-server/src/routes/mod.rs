@@ -66,8 +66,15 @@ fn body_limit(state: &AppState) -> usize {
     })
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+/// The API's routes, and the chat page's (`webui`) unless `--no-webui` turned it off.
+pub fn router(state: Arc<AppState>, webui: bool) -> Router {
+    let pages = if webui {
+        crate::webui::routes()
+    } else {
+        Router::new()
+    };
     Router::new()
+        .merge(pages)
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/messages", post(messages::handle))
