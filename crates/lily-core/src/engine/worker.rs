@@ -462,6 +462,9 @@ impl Worker {
                 continue;
             }
             let mut slot = slots.remove(i);
+            // Counted out before its sink hears the end, so a client that has its answer never
+            // sees itself still running.
+            self.shared.running.store(slots.len(), Ordering::Relaxed);
             let Stage::Finished(result) = std::mem::replace(&mut slot.stage, Stage::Prefill) else {
                 continue;
             };
