@@ -74,6 +74,9 @@ struct Logged {
     contexts: HashMap<SeqId, usize>,
     /// The most sequences alive at once.
     peak: Arc<AtomicUsize>,
+    /// `decode` also feeds the token it was stopped at (as the CUDA backend's pipelined decode
+    /// may: `Backend::decode`), except the `n`-th.
+    feeds_stop: bool,
 }
 
 impl Logged {
@@ -84,6 +87,7 @@ impl Logged {
             room,
             contexts: HashMap::new(),
             peak: Default::default(),
+            feeds_stop: false,
         }
     }
 
@@ -135,7 +139,21 @@ impl Backend for Logged {
         on_token: &mut dyn FnMut(&StepOut) -> Flow,
     ) -> Result<()> {
         self.log(Call::Decode(seq));
-        self.cpu.decode(seq, sampler, n, top_logprobs, on_token)
+        let (mut reported, mut last, mut stopped) = (0, None, false);
+        self.cpu
+            .decode(seq, sampler, n, top_logprobs, &mut |step: &StepOut| {
+                reported += 1;
+                last = Some(step.token);
+                let flow = on_token(step);
+                stopped = flow == Flow::Stop;
+                flow
+            })?;
+        match last {
+            Some(token) if self.feeds_stop && stopped && reported < n => {
+                self.cpu.prefill(seq, &[token])
+            }
+            _ => Ok(()),
+        }
     }
     fn decode_step(
         &mut self,
@@ -182,6 +200,7 @@ impl JobSink for Sink {
     }
 }
 
+#[derive(Clone)]
 struct Request {
     prompt: Vec<u32>,
     max_tokens: usize,
@@ -278,8 +297,9 @@ fn concurrent_answers_equal_one_at_a_time(preset: Preset, n: usize) {
     let w = model(preset);
     let requests = requests(w.config.vocab, n);
     let want = one_at_a_time(&w, &requests);
-    for prefix_cache in [0, 64 << 20] {
-        let backend = Logged::new(&w, 16, usize::MAX);
+    for (prefix_cache, feeds_stop) in [(0, false), (64 << 20, false), (0, true)] {
+        let mut backend = Logged::new(&w, 16, usize::MAX);
+        backend.feeds_stop = feeds_stop;
         let calls = backend.calls.clone();
         let e = engine(backend, 4, prefix_cache);
         let jobs: Vec<_> = requests.iter().map(job).collect();
@@ -291,7 +311,10 @@ fn concurrent_answers_equal_one_at_a_time(preset: Preset, n: usize) {
         for (i, rx) in rxs.iter().enumerate() {
             let (tokens, outcome) = results(rx);
             assert_eq!(reason(&outcome), FinishReason::Length);
-            assert_eq!(tokens, want[i], "request {i}, prefix cache {prefix_cache}");
+            assert_eq!(
+                tokens, want[i],
+                "request {i}, prefix cache {prefix_cache}, feeds_stop {feeds_stop}"
+            );
         }
         let stats = e.scheduler_stats();
         assert!(
@@ -530,54 +553,81 @@ fn a_request_waits_for_memory_instead_of_failing() {
 fn a_long_prompt_holds_a_running_stream_up_by_one_chunk_at_a_time() {
     let w = model(Preset::Tiny);
     let vocab = w.config.vocab;
-    let backend = Logged::new(&w, 16, usize::MAX);
-    let calls = backend.calls.clone();
-    let e = engine(backend, 4, 0);
-    // 5 ms a token: the first still streams while the long prompt is fed.
-    let (first, rx_first, _) = slow_job(
-        &Request {
-            prompt: prompt(8, 1, vocab),
-            max_tokens: 200,
-        },
-        5,
-    );
-    e.submit(first).unwrap_or_else(|_| panic!("queued"));
-    // Once the first streams, a prompt of ten chunks arrives.
-    assert!(matches!(
-        rx_first.recv_timeout(Duration::from_secs(60)),
-        Ok(Seen::Token(_))
-    ));
-    let (long, rx_long, _) = job(&Request {
+    let first = Request {
+        prompt: prompt(8, 1, vocab),
+        max_tokens: 200,
+    };
+    let long = Request {
         prompt: prompt(160, 2, vocab),
         max_tokens: 2,
-    });
-    e.submit(long).unwrap_or_else(|_| panic!("queued"));
-    assert_eq!(reason(&results(&rx_long).1), FinishReason::Length);
-    assert_eq!(reason(&results(&rx_first).1), FinishReason::Length);
-    e.shutdown();
-    let calls = calls.lock().unwrap();
-    let long_seq = calls
-        .iter()
-        .rev()
-        .find_map(|c| match c {
-            Call::Prefill(seq, 16) => Some(*seq),
-            _ => None,
-        })
-        .expect("the long prompt was prefilled in chunks");
-    let chunks: Vec<usize> = calls
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| matches!(c, Call::Prefill(seq, _) if *seq == long_seq))
-        .map(|(i, _)| i)
-        .collect();
-    assert_eq!(chunks.len(), 10);
-    for pair in chunks.windows(2) {
-        assert!(
-            calls[pair[0] + 1..pair[1]]
-                .iter()
-                .any(|c| matches!(c, Call::Step(rows) if !rows.contains(&long_seq))),
-            "a decode step of the running stream between two chunks: {:?}",
-            &calls[pair[0]..=pair[1]]
+    };
+    let want = one_at_a_time(&w, &[first.clone(), long.clone()]);
+    // The first decodes alone (one `decode` call) until the long one arrives; that call is left
+    // after a token, which the backend may have fed or not (`Backend::decode`): both are tried.
+    for feeds_stop in [false, true] {
+        let mut backend = Logged::new(&w, 16, usize::MAX);
+        backend.feeds_stop = feeds_stop;
+        let calls = backend.calls.clone();
+        let e = engine(backend, 4, 0);
+        // 5 ms a token: the first still streams while the long prompt is fed.
+        let (j, rx_first, _) = slow_job(&first, 5);
+        e.submit(j).unwrap_or_else(|_| panic!("queued"));
+        // Once the first streams, a prompt of ten chunks arrives.
+        let Ok(Seen::Token(token)) = rx_first.recv_timeout(Duration::from_secs(60)) else {
+            panic!("the first streams");
+        };
+        let (j, rx_long, _) = job(&long);
+        e.submit(j).unwrap_or_else(|_| panic!("queued"));
+        let (tokens, outcome) = results(&rx_long);
+        assert_eq!(reason(&outcome), FinishReason::Length);
+        assert_eq!(tokens, want[1], "feeds_stop {feeds_stop}");
+        let (rest, outcome) = results(&rx_first);
+        assert_eq!(reason(&outcome), FinishReason::Length);
+        assert_eq!(
+            [vec![token], rest].concat(),
+            want[0],
+            "feeds_stop {feeds_stop}"
         );
+        e.shutdown();
+        let calls = calls.lock().unwrap();
+        let long_seq = calls
+            .iter()
+            .rev()
+            .find_map(|c| match c {
+                Call::Prefill(seq, 16) => Some(*seq),
+                _ => None,
+            })
+            .expect("the long prompt was prefilled in chunks");
+        let chunks: Vec<usize> = calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| matches!(c, Call::Prefill(seq, _) if *seq == long_seq))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(chunks.len(), 10);
+        // Left once for the long one to join: the token it was left at fed here unless `decode`
+        // fed it already.
+        let Some(Call::Decode(first_seq)) = calls.iter().find(|c| matches!(c, Call::Decode(_)))
+        else {
+            panic!("the first decoded alone: {calls:?}");
+        };
+        let fed_after = calls
+            .iter()
+            .filter(|c| matches!(c, Call::Prefill(seq, 1) if seq == first_seq))
+            .count();
+        assert_eq!(
+            fed_after,
+            usize::from(!feeds_stop),
+            "feeds_stop {feeds_stop}"
+        );
+        for pair in chunks.windows(2) {
+            assert!(
+                calls[pair[0] + 1..pair[1]]
+                    .iter()
+                    .any(|c| matches!(c, Call::Step(rows) if !rows.contains(&long_seq))),
+                "a decode step of the running stream between two chunks: {:?}",
+                &calls[pair[0]..=pair[1]]
+            );
+        }
     }
 }

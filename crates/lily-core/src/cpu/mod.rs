@@ -110,6 +110,9 @@ fn forward_batch(
     let c = &w.config;
     let h = c.hidden;
     for (st, tokens) in seqs.iter() {
+        if tokens.is_empty() {
+            bail!("a forward pass needs at least one token of each sequence");
+        }
         crate::backend::check_tokens(c.vocab, st.pos, st.max_ctx, tokens)?;
     }
     let t: usize = seqs.iter().map(|(_, tokens)| tokens.len()).sum();
