@@ -36,7 +36,7 @@ pub struct ServeArgs {
     /// quarter of the free device memory holds its KV cache; on the CPU min(model maximum, 32768)].
     #[arg(long)]
     pub ctx_size: Option<usize>,
-    /// Requests that may wait behind the running one; more get 429.
+    /// Requests that may wait behind the running ones; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
     /// Conversations decoded together at most, one batched step for all; more wait in the queue
