@@ -524,29 +524,33 @@ fn a_request_waits_for_memory_instead_of_failing() {
     let requests = requests(w.config.vocab, 4);
     let want = one_at_a_time(&w, &requests);
     // Room for the largest sequence and the smallest, never all four (11, 37, 63 and 89 tokens):
-    // some wait until others end.
+    // some wait until others end. With prefix reuse on, sequences would be sized to the whole
+    // context (256 tokens, more than the room): each gets its own size instead, and kept ones
+    // are freed to make room.
     let sizes: Vec<usize> = requests
         .iter()
         .map(|r| r.prompt.len() + r.max_tokens)
         .collect();
     let room = sizes[3] + sizes[0];
-    let backend = Logged::new(&w, 16, room);
-    let peak = backend.peak.clone();
-    let e = engine(backend, 4, 0);
-    let mut rxs = Vec::new();
-    for r in &requests {
-        let (j, rx, _) = job(r);
-        e.submit(j).unwrap_or_else(|_| panic!("queued"));
-        rxs.push(rx);
+    for prefix_cache in [0, 64 << 20] {
+        let backend = Logged::new(&w, 16, room);
+        let peak = backend.peak.clone();
+        let e = engine(backend, 4, prefix_cache);
+        let mut rxs = Vec::new();
+        for r in &requests {
+            let (j, rx, _) = job(r);
+            e.submit(j).unwrap_or_else(|_| panic!("queued"));
+            rxs.push(rx);
+        }
+        for (i, rx) in rxs.iter().enumerate() {
+            let (tokens, outcome) = results(rx);
+            assert_eq!(reason(&outcome), FinishReason::Length, "request {i}");
+            assert_eq!(tokens, want[i], "request {i}, prefix cache {prefix_cache}");
+        }
+        let peak = peak.load(Ordering::SeqCst);
+        assert!((2..4).contains(&peak), "{peak} sequences at once");
+        e.shutdown();
     }
-    for (i, rx) in rxs.iter().enumerate() {
-        let (tokens, outcome) = results(rx);
-        assert_eq!(reason(&outcome), FinishReason::Length, "request {i}");
-        assert_eq!(tokens, want[i], "request {i}");
-    }
-    let peak = peak.load(Ordering::SeqCst);
-    assert!((2..4).contains(&peak), "{peak} sequences at once");
-    e.shutdown();
 }
 
 #[test]

@@ -284,7 +284,14 @@ impl Worker {
         let acquiring = Instant::now();
         let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
         let acquired = catch_unwind(AssertUnwindSafe(|| {
-            prefixes.acquire(backend, &job.prompt, needed, capacity, reuse)
+            match prefixes.acquire(backend, &job.prompt, needed, capacity, reuse) {
+                // No room for a sequence of the whole context: one of the job's own size still
+                // runs it (and is kept for the later turns that fit in it).
+                Err(_) if capacity > needed => {
+                    prefixes.acquire(backend, &job.prompt, needed, needed, reuse)
+                }
+                acquired => acquired,
+            }
         }));
         usage.phases.acquire = acquiring.elapsed();
         let lease = match acquired {
