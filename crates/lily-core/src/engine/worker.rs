@@ -5,7 +5,7 @@
 //! call (`Backend::decode_step`). So a new request joins between two steps, and a long prompt
 //! holds the others' streams up by at most one chunk at a time.
 //!
-//! A job alone on the engine runs as it always did: one `Backend::decode` call for all its
+//! A job alone on the engine runs the single-sequence path: one `Backend::decode` call for all its
 //! tokens (the CUDA backend's pipelined, graph-replayed loop), left only when another job could
 //! join. With `max_batch` 1 jobs run strictly one after another.
 //!
@@ -345,11 +345,26 @@ impl Worker {
             return;
         }
         if slots.len() == 1 {
-            // Alone: today's path. Left after a token when another job could join.
+            // Alone: the single-sequence path, left after a token when another job could join.
             let may_join = self.max_batch > 1 && !held;
             self.decode_alone(&mut slots[0], queue, may_join);
         } else {
-            self.decode_together(slots, &decoding);
+            // A token left unfed fails only its own job.
+            for &i in &decoding {
+                let slot = &mut slots[i];
+                let fed = catch_unwind(AssertUnwindSafe(|| self.feed_unfed(slot)));
+                if let Some(e) = failure(fed) {
+                    slot.stage = Stage::Finished(Err(e));
+                }
+            }
+            let rows: Vec<usize> = decoding
+                .iter()
+                .copied()
+                .filter(|&i| matches!(slots[i].stage, Stage::Decode))
+                .collect();
+            if !rows.is_empty() {
+                self.decode_together(slots, &rows);
+            }
         }
         for &i in &decoding {
             let slot = &mut slots[i];
@@ -416,9 +431,6 @@ impl Worker {
     /// One token for each generating job, in one `decode_step`.
     fn decode_together(&mut self, slots: &mut [Slot], decoding: &[usize]) {
         let result = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
-            for &i in decoding {
-                self.feed_unfed(&mut slots[i])?;
-            }
             let mut samplers = Vec::with_capacity(decoding.len());
             for &i in decoding {
                 samplers.push(
