@@ -49,6 +49,16 @@ pub fn check_tokens(vocab: usize, len: usize, max_ctx: usize, tokens: &[u32]) ->
     Ok(())
 }
 
+/// One sequence's part in a batched decode step (`Backend::decode_step`).
+pub struct DecodeRow<'a> {
+    pub seq: SeqId,
+    pub sampler: &'a mut Sampler,
+    /// Alternatives to report with the token (0 = none).
+    pub top_logprobs: usize,
+    /// Whether the token may be fed when the caller goes on: false for a sequence's last one.
+    pub feed: bool,
+}
+
 pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// A short human description ("cpu (16 threads)", "cuda NVIDIA H200 sm_90a").
@@ -111,6 +121,42 @@ pub trait Backend: Send {
         top_logprobs: usize,
         on_token: &mut dyn FnMut(&StepOut) -> Flow,
     ) -> Result<()>;
+
+    /// How many sequences the engine decodes together when the server is not told
+    /// (`lily-engine serve --max-batch`): the batch this backend's `decode_step` serves best.
+    /// 1 for a backend whose `decode_step` is the default one-at-a-time loop.
+    fn default_max_batch(&self) -> usize {
+        1
+    }
+
+    /// One decode step for several sequences (each at most once): for each row in order, sample a
+    /// token from its pending logits with its sampler and report it with `on_token(row index,
+    /// step)`; then feed every token whose row has `feed` and whose report answered
+    /// `Flow::Continue`, so that its logits become pending. A token not fed leaves its sequence as
+    /// it was (its sampler has accepted it). A backend overrides this with one forward pass for
+    /// all the fed tokens (each weight read once for the batch); the default runs the rows one
+    /// after another through `decode` (one token) and `prefill`. An error fails the whole step.
+    fn decode_step(
+        &mut self,
+        rows: &mut [DecodeRow<'_>],
+        on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
+    ) -> Result<()> {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let before = self.seq_len(row.seq)?;
+            let mut picked = None;
+            self.decode(row.seq, row.sampler, 1, row.top_logprobs, &mut |step| {
+                picked = Some((step.token, on_token(i, step)));
+                Flow::Stop
+            })?;
+            // `decode` never feeds its n-th token; checked all the same (`seq_len` tells).
+            if let Some((token, Flow::Continue)) = picked {
+                if row.feed && self.seq_len(row.seq)? == before {
+                    self.prefill(row.seq, &[token])?;
+                }
+            }
+        }
+        Ok(())
+    }
 
     /// Saves `seq`'s state at its current length. The snapshot shares `seq`'s KV rows up to that
     /// length: it stays valid while `seq` lives and those rows are not rewritten, which only a

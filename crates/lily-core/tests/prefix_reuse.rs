@@ -166,6 +166,7 @@ fn server_feeding(
             ctx_size: 1024,
             prefix_cache_bytes: budget,
             snapshot_every,
+            max_batch: None,
         },
     )
     .expect("engine");

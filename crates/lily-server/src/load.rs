@@ -21,6 +21,8 @@ pub struct LoadOptions {
     pub device: Device,
     pub ctx_size: Option<usize>,
     pub max_queue: usize,
+    /// `--max-batch`; `None`: the backend's default.
+    pub max_batch: Option<usize>,
     pub prefix_cache_bytes: usize,
     pub snapshot_every: usize,
     pub quantize: bool,
@@ -102,8 +104,13 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
             ctx_size,
             prefix_cache_bytes: opts.prefix_cache_bytes,
             snapshot_every: opts.snapshot_every,
+            max_batch: opts.max_batch,
         },
     )?;
+    tracing::info!(
+        "decoding up to {} conversations at once",
+        engine.max_batch()
+    );
     Ok(Model {
         engine,
         tokenizer,
@@ -145,6 +152,7 @@ mod tests {
             device: Device::Cpu,
             ctx_size: None,
             max_queue: 1,
+            max_batch: None,
             prefix_cache_bytes: 0,
             snapshot_every: 0,
             quantize: true,

@@ -1,24 +1,89 @@
 //! Prometheus text exposition (`GET /metrics`): requests by endpoint and status, prompt and
-//! generated tokens, prefill and decode throughput, time to first token, queue depth, prefix
-//! reuse (hits, misses, evictions, bytes held).
+//! generated tokens, prefill and decode throughput, time to first token, queue time, running and
+//! waiting sequences, decode batch sizes, prefix reuse (hits, misses, evictions, bytes held).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use lily_core::engine::{FinishReason, Outcome, PrefixStats};
+use lily_core::engine::{FinishReason, Outcome, PrefixStats, SchedulerStats};
 
-/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
-const TTFT_BUCKETS: [f64; 12] = [
+/// Upper bounds (seconds) of the time-to-first-token and queue-time histogram buckets.
+const SECONDS_BUCKETS: [f64; 12] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-#[derive(Default)]
+/// Upper bounds of the decode batch size histogram buckets.
+const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// A Prometheus histogram: cumulative buckets, sum and count.
+struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: vec![0; bounds.len()],
+            count: 0,
+            sum: 0.0,
+        }
+    }
+
+    /// Records `n` observations of `value`.
+    fn observe(&mut self, value: f64, n: u64) {
+        self.count += n;
+        self.sum += value * n as f64;
+        for (bucket, &bound) in self.buckets.iter_mut().zip(self.bounds) {
+            if value <= bound {
+                *bucket += n;
+            }
+        }
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        header(out, name, "histogram", help);
+        for (bound, n) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
 pub struct Metrics {
     inner: Mutex<Counters>,
 }
 
-#[derive(Default)]
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            inner: Mutex::new(Counters {
+                requests: BTreeMap::new(),
+                finished: BTreeMap::new(),
+                prompt_tokens: 0,
+                cached_tokens: 0,
+                generated_tokens: 0,
+                prefill_seconds: 0.0,
+                decode_seconds: 0.0,
+                sink_seconds: 0.0,
+                mask_seconds: 0.0,
+                masks: 0,
+                queue_seconds: 0.0,
+                queue_time: Histogram::new(&SECONDS_BUCKETS),
+                ttft: Histogram::new(&SECONDS_BUCKETS),
+                last_prefill_tps: 0.0,
+                last_decode_tps: 0.0,
+            }),
+        }
+    }
+}
+
 struct Counters {
     /// (endpoint, HTTP status) → count.
     requests: BTreeMap<(String, u16), u64>,
@@ -33,19 +98,18 @@ struct Counters {
     mask_seconds: f64,
     masks: u64,
     queue_seconds: f64,
-    ttft_buckets: [u64; TTFT_BUCKETS.len()],
-    ttft_count: u64,
-    ttft_sum: f64,
+    /// Per request: from its queueing to its start on the engine.
+    queue_time: Histogram,
+    ttft: Histogram,
     last_prefill_tps: f64,
     last_decode_tps: f64,
 }
 
 /// Values read from the engine when the page is rendered.
 pub struct Gauges {
-    pub queue_depth: usize,
-    pub running: usize,
     pub ready: bool,
     pub prefix: PrefixStats,
+    pub scheduler: SchedulerStats,
 }
 
 impl Metrics {
@@ -81,6 +145,7 @@ impl Metrics {
         c.cached_tokens += usage.cached_tokens as u64;
         c.generated_tokens += usage.completion_tokens as u64;
         c.queue_seconds += usage.queue_time.as_secs_f64();
+        c.queue_time.observe(usage.queue_time.as_secs_f64(), 1);
         let prefill = usage.prefill_time.as_secs_f64();
         let decode = usage.decode_time.as_secs_f64();
         c.prefill_seconds += prefill;
@@ -95,14 +160,7 @@ impl Metrics {
             c.last_decode_tps = usage.completion_tokens as f64 / decode;
         }
         if let Some(ttft) = usage.time_to_first_token {
-            let t = ttft.as_secs_f64();
-            c.ttft_count += 1;
-            c.ttft_sum += t;
-            for (bucket, bound) in c.ttft_buckets.iter_mut().zip(TTFT_BUCKETS) {
-                if t <= bound {
-                    *bucket += 1;
-                }
-            }
+            c.ttft.observe(ttft.as_secs_f64(), 1);
         }
     }
 
@@ -134,7 +192,8 @@ impl Metrics {
             );
         }
         let p = &gauges.prefix;
-        let scalars: [(&str, &str, &str, String); 21] = [
+        let sched = &gauges.scheduler;
+        let scalars: [(&str, &str, &str, String); 22] = [
             (
                 "lily_prompt_tokens_total",
                 "counter",
@@ -204,14 +263,20 @@ impl Metrics {
             (
                 "lily_queue_depth",
                 "gauge",
-                "Requests waiting for the engine.",
-                gauges.queue_depth.to_string(),
+                "Requests (sequences) waiting for the engine: queued, or held until their sequence fits in memory.",
+                sched.waiting.to_string(),
             ),
             (
                 "lily_requests_running",
                 "gauge",
-                "Requests running on the engine.",
-                gauges.running.to_string(),
+                "Requests (sequences) running on the engine, prefilling or decoding.",
+                sched.running.to_string(),
+            ),
+            (
+                "lily_max_batch",
+                "gauge",
+                "Sequences the engine decodes together at most (--max-batch).",
+                sched.max_batch.to_string(),
             ),
             (
                 "lily_model_ready",
@@ -266,19 +331,25 @@ impl Metrics {
             header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {value}");
         }
-        let name = "lily_time_to_first_token_seconds";
-        header(
+        c.ttft.render(
             &mut out,
-            name,
-            "histogram",
+            "lily_time_to_first_token_seconds",
             "From the start of a generation (after queueing) to its first token.",
         );
-        for (bound, n) in TTFT_BUCKETS.iter().zip(c.ttft_buckets) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {n}");
+        c.queue_time.render(
+            &mut out,
+            "lily_queue_time_seconds",
+            "Per request, from its queueing to its start on the engine (waiting for a place in the batch or for memory).",
+        );
+        let mut batches = Histogram::new(&BATCH_BUCKETS);
+        for (i, &n) in sched.steps.iter().enumerate() {
+            batches.observe((i + 1) as f64, n);
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", c.ttft_count);
-        let _ = writeln!(out, "{name}_sum {}", c.ttft_sum);
-        let _ = writeln!(out, "{name}_count {}", c.ttft_count);
+        batches.render(
+            &mut out,
+            "lily_decode_batch_size",
+            "Sequences each decode step advanced by one token.",
+        );
         out
     }
 }

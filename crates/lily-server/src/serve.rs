@@ -36,9 +36,14 @@ pub struct ServeArgs {
     /// quarter of the free device memory holds its KV cache; on the CPU min(model maximum, 32768)].
     #[arg(long)]
     pub ctx_size: Option<usize>,
-    /// Requests that may wait behind the running one; more get 429.
+    /// Requests that may wait behind the running ones; more get 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
+    /// Conversations decoded together at most, one batched step for all; more wait in the queue
+    /// (or until their sequence fits in memory) [default: the backend's: 1 on every backend until
+    /// its batched decode lands; the CPU backend batches for real at any N].
+    #[arg(long, value_name = "N")]
+    pub max_batch: Option<usize>,
     /// MiB of device memory (host memory on the CPU backend) for conversation states kept for
     /// reuse by later requests: sequences' KV caches and their snapshots, least recently used
     /// evicted first (0 = prefix reuse off).
@@ -88,6 +93,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.max_queue == 0 {
         anyhow::bail!("--max-queue must be at least 1 (requests wait in the queue until the engine takes them)");
     }
+    if args.max_batch == Some(0) {
+        anyhow::bail!("--max-batch must be at least 1");
+    }
     let limits = connection_limits(&args)?;
     let api_key = api_key(args.api_key.as_deref())?;
     let addr = listen_address(&args.host, args.port).await?;
@@ -115,6 +123,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         device: args.device,
         ctx_size: args.ctx_size,
         max_queue: args.max_queue,
+        max_batch: args.max_batch,
         prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         snapshot_every: args.snapshot_every,
         quantize: !args.keep_bf16,

@@ -9,7 +9,7 @@ use lily_core::text::Tokenizer;
 
 use crate::metrics::{Gauges, Metrics};
 use crate::openai::error::ApiError;
-use lily_core::engine::PrefixStats;
+use lily_core::engine::{PrefixStats, SchedulerStats};
 
 /// A loaded model: the engine (which owns the backend) and the text side.
 pub struct Model {
@@ -70,16 +70,14 @@ impl AppState {
     pub fn gauges(&self) -> Gauges {
         match &*self.phase.read().unwrap_or_else(|p| p.into_inner()) {
             Phase::Ready(model) => Gauges {
-                queue_depth: model.engine.queue_depth(),
-                running: usize::from(model.engine.is_busy()),
                 ready: true,
                 prefix: model.engine.prefix_stats(),
+                scheduler: model.engine.scheduler_stats(),
             },
             _ => Gauges {
-                queue_depth: 0,
-                running: 0,
                 ready: false,
                 prefix: PrefixStats::default(),
+                scheduler: SchedulerStats::default(),
             },
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
+use crate::backend::{Backend, DecodeRow, Flow, SeqId, SnapshotId, StepOut};
 use crate::config::ModelConfig;
 use crate::logprob::token_logprob;
 use crate::sampling::Sampler;
@@ -88,58 +88,95 @@ impl CpuBackend {
     }
 }
 
-/// One chunk through the whole model. Returns the logits of the last token, or of all tokens.
+/// One chunk of one sequence through the whole model. Returns the logits of the last token, or of
+/// all tokens.
 fn forward(
     w: &ModelWeights,
     st: &mut SeqState,
     tokens: &[u32],
     all_logits: bool,
 ) -> Result<Vec<f32>> {
+    forward_batch(w, &mut [(st, tokens)], all_logits)
+}
+
+/// Several sequences' tokens through the whole model in one pass (a decode step of a batch: one
+/// token each): every weight is applied to all rows at once, attention and DeltaNet run on each
+/// sequence's own state. Returns the logits of each sequence's last token in order (of every
+/// token with `all_logits`). Every sequence is checked before any state changes.
+fn forward_batch(
+    w: &ModelWeights,
+    seqs: &mut [(&mut SeqState, &[u32])],
+    all_logits: bool,
+) -> Result<Vec<f32>> {
     let c = &w.config;
-    let (t, h) = (tokens.len(), c.hidden);
-    crate::backend::check_tokens(c.vocab, st.pos, st.max_ctx, tokens)?;
+    let h = c.hidden;
+    for (st, tokens) in seqs.iter() {
+        if tokens.is_empty() {
+            bail!("a forward pass needs at least one token of each sequence");
+        }
+        crate::backend::check_tokens(c.vocab, st.pos, st.max_ctx, tokens)?;
+    }
+    let t: usize = seqs.iter().map(|(_, tokens)| tokens.len()).sum();
     // §2.1 embedding.
     let mut x = vec![0f32; t * h];
-    for (row, &id) in x.chunks_mut(h).zip(tokens) {
+    let all_tokens = seqs.iter().flat_map(|(_, tokens)| tokens.iter());
+    for (row, &id) in x.chunks_mut(h).zip(all_tokens) {
         w.embed.dequant_row(id as usize, row);
     }
     // §2.3 decoder layers: two pre-norm residual branches each.
     for (i, layer) in w.layers.iter().enumerate() {
         let xn = ops::rms_norm(&x, &layer.input_norm, c.rms_eps);
         let mixed = match &layer.mixer {
-            Mixer::Attention(a) => ops::attention(
-                c,
-                a,
-                &xn,
-                st.kv[i]
-                    .as_mut()
-                    .context("attention layer without KV cache")?,
-                st.pos,
-            ),
-            Mixer::DeltaNet(d) => ops::deltanet(
-                c,
-                d,
-                &xn,
-                st.deltanet[i]
-                    .as_mut()
-                    .context("DeltaNet layer without state")?,
-            ),
+            Mixer::Attention(a) => {
+                let mut caches = seqs
+                    .iter_mut()
+                    .map(|(st, tokens)| {
+                        Ok(ops::AttentionSeq {
+                            pos0: st.pos,
+                            len: tokens.len(),
+                            kv: st.kv[i]
+                                .as_mut()
+                                .context("attention layer without KV cache")?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                ops::attention_batch(c, a, &xn, &mut caches)
+            }
+            Mixer::DeltaNet(d) => {
+                let mut states = seqs
+                    .iter_mut()
+                    .map(|(st, tokens)| {
+                        let state = st.deltanet[i]
+                            .as_mut()
+                            .context("DeltaNet layer without state")?;
+                        Ok((state, tokens.len()))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                ops::deltanet_batch(c, d, &xn, &mut states)
+            }
         };
         x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
         let xn = ops::rms_norm(&x, &layer.post_norm, c.rms_eps);
         let moe = ops::moe(c, &layer.moe, &xn);
         x.iter_mut().zip(&moe).for_each(|(a, b)| *a += b);
     }
-    st.pos += t;
-    // §2.7 final norm + LM head.
-    let rows = if all_logits {
-        &x[..]
-    } else {
-        &x[(t - 1) * h..]
-    };
-    let hn = ops::rms_norm(rows, &w.final_norm, c.rms_eps);
+    // §2.7 final norm + LM head, on the rows whose logits are wanted.
+    let mut rows = Vec::new();
+    let mut row0 = 0;
+    for (st, tokens) in seqs.iter_mut() {
+        st.pos += tokens.len();
+        let end = row0 + tokens.len();
+        let first = if all_logits { row0 } else { end - 1 };
+        rows.extend_from_slice(&x[first * h..end * h]);
+        row0 = end;
+    }
+    let hn = ops::rms_norm(&rows, &w.final_norm, c.rms_eps);
     let logits = linear::matmul(&w.lm_head, &hn);
-    st.logits = Some(logits[logits.len() - c.vocab..].to_vec());
+    let mut row_end = 0;
+    for (st, tokens) in seqs.iter_mut() {
+        row_end += if all_logits { tokens.len() } else { 1 };
+        st.logits = Some(logits[(row_end - 1) * c.vocab..row_end * c.vocab].to_vec());
+    }
     Ok(logits)
 }
 
@@ -254,6 +291,57 @@ impl Backend for CpuBackend {
             forward(&weights, st, &[token], false)?;
         }
         Ok(())
+    }
+
+    /// Samples every row, then feeds the continuing rows' tokens in one batched pass
+    /// (`forward_batch`): the logits each sequence gets are those `decode` would give it.
+    fn decode_step(
+        &mut self,
+        rows: &mut [DecodeRow<'_>],
+        on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
+    ) -> Result<()> {
+        let mut feed: Vec<(u64, u32)> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
+            let st = self
+                .seqs
+                .get(&row.seq.0)
+                .with_context(|| format!("unknown sequence {}", row.seq.0))?;
+            let logits = st
+                .logits
+                .as_ref()
+                .context("decode before prefill: no logits to sample from")?;
+            let token = row.sampler.sample(logits);
+            row.sampler.accept(token);
+            let (logprob, top) = logprobs(logits, token, row.top_logprobs);
+            let step = StepOut {
+                token,
+                logprob,
+                top,
+            };
+            if on_token(i, &step) == Flow::Continue && row.feed {
+                if feed.iter().any(|&(id, _)| id == row.seq.0) {
+                    bail!("sequence {} appears twice in one decode step", row.seq.0);
+                }
+                feed.push((row.seq.0, token));
+            }
+        }
+        if feed.is_empty() {
+            return Ok(());
+        }
+        // Taken out of the map for the pass (disjoint mutable borrows), put back whatever happens.
+        let mut states: Vec<(u64, SeqState, [u32; 1])> = feed
+            .iter()
+            .filter_map(|&(id, token)| self.seqs.remove(&id).map(|st| (id, st, [token])))
+            .collect();
+        let mut batch: Vec<(&mut SeqState, &[u32])> = states
+            .iter_mut()
+            .map(|(_, st, token)| (st, &token[..]))
+            .collect();
+        let result = forward_batch(&self.weights, &mut batch, false);
+        drop(batch);
+        self.seqs
+            .extend(states.into_iter().map(|(id, st, _)| (id, st)));
+        result.map(|_| ())
     }
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {

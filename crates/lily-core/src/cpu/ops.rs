@@ -69,7 +69,15 @@ pub struct KvCache {
     pub v: Vec<f32>,
 }
 
-/// Gated full attention for T tokens at positions `pos0..pos0+T` (MODEL.md §2.4).
+/// One sequence's rows in a batched pass: the next `len` rows of the activations are its tokens
+/// at positions `pos0..pos0+len`, with its own KV cache.
+pub struct AttentionSeq<'a> {
+    pub kv: &'a mut KvCache,
+    pub pos0: usize,
+    pub len: usize,
+}
+
+/// Gated full attention for T tokens at positions `pos0..pos0+T` of one sequence (MODEL.md §2.4).
 pub fn attention(
     c: &ModelConfig,
     w: &AttentionWeights,
@@ -77,8 +85,28 @@ pub fn attention(
     kv: &mut KvCache,
     pos0: usize,
 ) -> Vec<f32> {
+    let len = xn.len() / c.hidden;
+    attention_batch(c, w, xn, &mut [AttentionSeq { kv, pos0, len }])
+}
+
+/// Gated full attention for the rows of several sequences at once (MODEL.md §2.4): the
+/// projections over every row (each weight read once), the attention itself per sequence over
+/// its own cache and positions.
+pub fn attention_batch(
+    c: &ModelConfig,
+    w: &AttentionWeights,
+    xn: &[f32],
+    seqs: &mut [AttentionSeq<'_>],
+) -> Vec<f32> {
     let (hq, hkv, d) = (c.n_heads, c.n_kv_heads, c.head_dim);
     let t = xn.len() / c.hidden;
+    // Each row's sequence and position.
+    let rows: Vec<(usize, usize)> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, seq)| (0..seq.len).map(move |i| (s, seq.pos0 + i)))
+        .collect();
+    debug_assert_eq!(rows.len(), t);
     let qg = matmul(&w.q_proj, xn); // [T, Hq, 2D]: per head [query | gate]
     let mut k = matmul(&w.k_proj, xn); // [T, Hkv, D]
     let v = matmul(&w.v_proj, xn);
@@ -93,22 +121,30 @@ pub fn attention(
     }
     for (i, head) in q.chunks_mut(d).enumerate() {
         rms_norm_in_place(head, &w.q_norm, c.rms_eps);
-        rope_in_place(head, pos0 + i / hq, c.rotary_dim, c.rope_theta);
+        rope_in_place(head, rows[i / hq].1, c.rotary_dim, c.rope_theta);
     }
     for (i, head) in k.chunks_mut(d).enumerate() {
         rms_norm_in_place(head, &w.k_norm, c.rms_eps);
-        rope_in_place(head, pos0 + i / hkv, c.rotary_dim, c.rope_theta);
+        rope_in_place(head, rows[i / hkv].1, c.rotary_dim, c.rope_theta);
     }
-    kv.k.extend_from_slice(&k);
-    kv.v.extend_from_slice(&v);
+    let mut row0 = 0;
+    for seq in seqs.iter_mut() {
+        let span = row0 * hkv * d..(row0 + seq.len) * hkv * d;
+        seq.kv.k.extend_from_slice(&k[span.clone()]);
+        seq.kv.v.extend_from_slice(&v[span]);
+        row0 += seq.len;
+    }
+    let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.kv).collect();
     let scale = 1.0 / (d as f32).sqrt();
     let group = c.gqa_group();
     let mut o = vec![0f32; t * hq * d];
     o.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
         let (ti, h) = (i / hq, i % hq);
+        let (s, pos) = rows[ti];
+        let kv = caches[s];
         let kvh = h / group;
         let qh = &q[i * d..(i + 1) * d];
-        let n = pos0 + ti + 1; // causal: keys 0..=pos
+        let n = pos + 1; // causal: keys 0..=pos
         let mut scores: Vec<f32> = (0..n)
             .map(|j| dot(qh, &kv.k[(j * hkv + kvh) * d..][..d]) * scale)
             .collect();
@@ -150,25 +186,76 @@ impl DeltaNetState {
     }
 }
 
-/// Gated DeltaNet for T tokens (MODEL.md §2.5), recurrent form.
+/// Gated DeltaNet for T tokens of one sequence (MODEL.md §2.5), recurrent form.
 pub fn deltanet(
     c: &ModelConfig,
     w: &DeltaNetWeights,
     xn: &[f32],
     st: &mut DeltaNetState,
 ) -> Vec<f32> {
+    let len = xn.len() / c.hidden;
+    deltanet_batch(c, w, xn, &mut [(st, len)])
+}
+
+/// Gated DeltaNet for the rows of several sequences at once (MODEL.md §2.5): `seqs` holds each
+/// sequence's state and its number of rows, in row order. The projections run over every row
+/// (each weight read once); the conv and the recurrence per sequence, on its own state.
+pub fn deltanet_batch(
+    c: &ModelConfig,
+    w: &DeltaNetWeights,
+    xn: &[f32],
+    seqs: &mut [(&mut DeltaNetState, usize)],
+) -> Vec<f32> {
     let t = xn.len() / c.hidden;
-    let (cd, kk) = (c.conv_dim(), c.conv_kernel);
-    let (hk, hv, dk, dv) = (c.dn_k_heads, c.dn_v_heads, c.dn_k_dim, c.dn_v_dim);
-    let key_dim = c.dn_key_dim();
+    let (hv, dv) = (c.dn_v_heads, c.dn_v_dim);
+    let cd = c.conv_dim();
     let m = matmul(&w.in_qkv, xn); // [T, conv_dim]
     let z = matmul(&w.in_z, xn); // [T, Hv·dv]
     let b = matmul(&w.in_b, xn); // [T, Hv]
     let a = matmul(&w.in_a, xn); // [T, Hv]
+    let mut o = vec![0f32; t * hv * dv];
+    let mut row0 = 0;
+    for (st, len) in seqs.iter_mut() {
+        let rows = row0..row0 + *len;
+        deltanet_recurrence(
+            c,
+            w,
+            &m[rows.start * cd..rows.end * cd],
+            &b[rows.start * hv..rows.end * hv],
+            &a[rows.start * hv..rows.end * hv],
+            st,
+            &mut o[rows.start * hv * dv..rows.end * hv * dv],
+        );
+        row0 = rows.end;
+    }
+    // Step 8: gated RMSNorm per value head: w ⊙ norm(o) ⊙ silu(z).
+    for (oh, zh) in o.chunks_mut(dv).zip(z.chunks(dv)) {
+        rms_norm_in_place(oh, &w.norm, c.rms_eps);
+        for (x, zz) in oh.iter_mut().zip(zh) {
+            *x *= silu(*zz);
+        }
+    }
+    matmul(&w.out_proj, &o)
+}
 
+/// Steps 2-7 of MODEL.md §2.5 for one sequence's consecutive rows: the projected `m` (q|k|v),
+/// `b` and `a`, its state updated in place; the per-head outputs `o`, before the gated norm.
+fn deltanet_recurrence(
+    c: &ModelConfig,
+    w: &DeltaNetWeights,
+    m: &[f32],
+    b: &[f32],
+    a: &[f32],
+    st: &mut DeltaNetState,
+    o: &mut [f32],
+) {
+    let (cd, kk) = (c.conv_dim(), c.conv_kernel);
+    let (hk, hv, dk, dv) = (c.dn_k_heads, c.dn_v_heads, c.dn_k_dim, c.dn_v_dim);
+    let key_dim = c.dn_key_dim();
+    let t = m.len() / cd;
     // Step 2: causal depthwise conv over [history; m], then SiLU.
     let mut hist = st.conv.clone();
-    hist.extend_from_slice(&m);
+    hist.extend_from_slice(m);
     let mut conv_out = vec![0f32; t * cd];
     for ti in 0..t {
         for ch in 0..cd {
@@ -179,7 +266,6 @@ pub fn deltanet(
     }
     st.conv.copy_from_slice(&hist[t * cd..]);
 
-    let mut o = vec![0f32; t * hv * dv];
     let ratio = hv / hk;
     for ti in 0..t {
         let row = &conv_out[ti * cd..(ti + 1) * cd];
@@ -227,14 +313,6 @@ pub fn deltanet(
                 }
             });
     }
-    // Step 8: gated RMSNorm per value head: w ⊙ norm(o) ⊙ silu(z).
-    for (oh, zh) in o.chunks_mut(dv).zip(z.chunks(dv)) {
-        rms_norm_in_place(oh, &w.norm, c.rms_eps);
-        for (x, zz) in oh.iter_mut().zip(zh) {
-            *x *= silu(*zz);
-        }
-    }
-    matmul(&w.out_proj, &o)
 }
 
 /// Router: softmax over all experts, top-k, renormalised (MODEL.md §2.6). Returns (expert, weight)

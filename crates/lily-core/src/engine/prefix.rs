@@ -386,13 +386,6 @@ impl PrefixCache {
         }
     }
 
-    /// Frees every session, busy or not (after a panic, when no lease is out any more).
-    pub fn reset(&mut self, backend: &mut dyn Backend) {
-        for s in self.sessions.drain(..) {
-            free_session(backend, s);
-        }
-    }
-
     /// Forgets everything (after a backend failure the saved states are not trusted). Leases
     /// still out are freed by their `release`.
     pub fn clear(&mut self, backend: &mut dyn Backend) {

@@ -74,6 +74,11 @@ impl Queue {
         }
     }
 
+    /// The next waiting job, if any, without waiting.
+    pub fn try_pop(&self) -> Option<(Job, Instant)> {
+        self.lock().jobs.pop_front()
+    }
+
     pub fn len(&self) -> usize {
         self.lock().jobs.len()
     }

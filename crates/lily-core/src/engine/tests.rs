@@ -142,6 +142,7 @@ fn opts(max_queue: usize) -> EngineOptions {
         ctx_size: 4096,
         prefix_cache_bytes: 0,
         snapshot_every: 0,
+        max_batch: None,
     }
 }
 
@@ -517,6 +518,7 @@ fn a_saved_prefix_is_reused_by_prompts_that_start_with_it() {
         ctx_size: 4096,
         prefix_cache_bytes: 1 << 20,
         snapshot_every: 0,
+        max_batch: None,
     };
     let engine = Engine::start(Box::new(backend), options).unwrap();
     let run = |prompt: &[u32], save_at: Option<usize>| {

@@ -1,26 +1,37 @@
-//! The engine thread: owns the backend (which is `Send` but not `Sync`) and runs queued jobs one at
-//! a time, so answers never interleave.
+//! The engine thread: owns the backend (which is `Send` but not `Sync`) and schedules the jobs
+//! on it. Up to `max_batch` jobs run at once, each in its own sequence: every turn of the loop
+//! admits waiting jobs, feeds one prefill chunk of one job still reading its prompt, then runs
+//! one decode step for every job that is generating — one token each, in one batched backend
+//! call (`Backend::decode_step`). So a new request joins between two steps, and a long prompt
+//! holds the others' streams up by at most one chunk at a time.
+//!
+//! A job alone on the engine runs the single-sequence path: one `Backend::decode` call for all its
+//! tokens (the CUDA backend's pipelined, graph-replayed loop), left only when another job could
+//! join. With `max_batch` 1 jobs run strictly one after another.
+//!
+//! Admission by memory: a job joins only when its sequence can be had (the prefix cache frees
+//! kept states first); if the backend has no room while others run, the job waits at the head of
+//! the queue until one of them ends, instead of failing.
 
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 
-use super::job::{FinishReason, Job, Outcome, PromptLogprob, Usage};
-use crate::logprob::token_logprob;
-use super::prefix::{Lease, PrefixCache, PrefixStats};
+use super::job::{FinishReason, Job, Outcome, Usage};
+use super::prefix::{PrefixCache, PrefixStats};
 use super::queue::{Queue, QueueFull};
-use crate::backend::{Backend, Flow, SeqId};
+use super::slot::{Slot, Stage};
+use crate::backend::{Backend, DecodeRow, Flow};
 use crate::config::ModelConfig;
-use crate::sampling::Sampler;
 
 #[derive(Clone, Copy, Debug)]
 pub struct EngineOptions {
-    /// Jobs that may wait behind the running one.
+    /// Jobs that may wait behind the running ones.
     pub max_queue: usize,
     /// Tokens a sequence may hold (prompt + output); sequences are sized to it when prefix reuse
     /// is on, so a kept sequence can take any later turn.
@@ -30,16 +41,39 @@ pub struct EngineOptions {
     /// Also snapshot every this many prompt tokens of a long prefill (0 = only at the ends of
     /// conversations, prompts and generated turns).
     pub snapshot_every: usize,
+    /// Jobs decoding together at most; `None`: the backend's `default_max_batch`.
+    pub max_batch: Option<usize>,
+}
+
+/// The scheduler's state, for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Jobs running now (prefilling or decoding).
+    pub running: usize,
+    /// Jobs waiting for a place: queued, or held back until a sequence fits in memory.
+    pub waiting: usize,
+    pub max_batch: usize,
+    /// Decode steps by batch size: `steps[b - 1]` steps decoded `b` sequences at once.
+    pub steps: Vec<u64>,
+}
+
+/// Counters the engine thread updates and callers read.
+struct Shared {
+    running: AtomicUsize,
+    /// A job taken from the queue that waits for memory (0 or 1).
+    held: AtomicUsize,
+    steps: Vec<AtomicU64>,
 }
 
 pub struct Engine {
     queue: Arc<Queue>,
-    busy: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     cancel_all: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
     config: ModelConfig,
     description: String,
     prefix_stats: Arc<Mutex<PrefixStats>>,
+    max_batch: usize,
 }
 
 impl Engine {
@@ -47,8 +81,16 @@ impl Engine {
     pub fn start(backend: Box<dyn Backend>, opts: EngineOptions) -> Result<Engine> {
         let config = backend.config().clone();
         let description = backend.describe();
+        let max_batch = opts
+            .max_batch
+            .unwrap_or_else(|| backend.default_max_batch())
+            .max(1);
         let queue = Arc::new(Queue::new(opts.max_queue));
-        let busy = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared {
+            running: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            steps: (0..max_batch).map(|_| AtomicU64::new(0)).collect(),
+        });
         let cancel_all = Arc::new(AtomicBool::new(false));
         let prefixes = PrefixCache::new(opts.prefix_cache_bytes);
         let prefix_stats = Arc::new(Mutex::new(prefixes.stats()));
@@ -60,24 +102,25 @@ impl Engine {
             prefix_stats: prefix_stats.clone(),
             ctx_size: opts.ctx_size,
             snapshot_every: opts.snapshot_every,
-            started: Instant::now(),
-            chunk_times: Vec::new(),
+            max_batch,
+            shared: shared.clone(),
         };
         let thread = {
-            let (queue, busy) = (queue.clone(), busy.clone());
+            let queue = queue.clone();
             std::thread::Builder::new()
                 .name("lily-engine".into())
-                .spawn(move || worker.serve(&queue, &busy))
+                .spawn(move || worker.serve(&queue))
                 .context("cannot start the engine thread")?
         };
         Ok(Engine {
             queue,
-            busy,
+            shared,
             cancel_all,
             thread: Mutex::new(Some(thread)),
             config,
             description,
             prefix_stats,
+            max_batch,
         })
     }
 
@@ -94,22 +137,46 @@ impl Engine {
         &self.description
     }
 
+    /// Jobs decoding together at most.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
     /// Queues `job`; a full (or shut down) queue hands it back.
     pub fn submit(&self, job: Job) -> Result<(), QueueFull> {
         self.queue.push(job)
     }
 
-    /// Jobs waiting, not counting the one running.
+    /// Jobs waiting, not counting the running ones.
     pub fn queue_depth(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.shared.held.load(Ordering::Relaxed)
+    }
+
+    /// Jobs running now.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Relaxed)
     }
 
     /// Whether a job is running now.
     pub fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Relaxed)
+        self.running() > 0
     }
 
-    /// Cancels the running job and every waiting one (their sinks hear `Cancelled`), refuses new
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            running: self.running(),
+            waiting: self.queue_depth(),
+            max_batch: self.max_batch,
+            steps: self
+                .shared
+                .steps
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
+        }
+    }
+
+    /// Cancels the running jobs and every waiting one (their sinks hear `Cancelled`), refuses new
     /// jobs and waits for the engine thread to end.
     pub fn shutdown(&self) {
         self.cancel_all.store(true, Ordering::Relaxed);
@@ -138,60 +205,73 @@ struct Worker {
     snapshot_every: usize,
     eos_ids: Vec<u32>,
     cancel_all: Arc<AtomicBool>,
-    /// When the running job left the queue.
-    started: Instant,
-    /// The running job's prefill calls, timed (its timing line).
-    chunk_times: Vec<Duration>,
+    max_batch: usize,
+    shared: Arc<Shared>,
 }
 
+/// A job taken from the queue, with when it was queued.
+type Queued = (Job, Instant);
+
 impl Worker {
-    fn serve(mut self, queue: &Queue, busy: &AtomicBool) {
-        while let Some((mut job, queued_at)) = queue.pop() {
-            busy.store(true, Ordering::Relaxed);
-            self.started = Instant::now();
-            self.chunk_times.clear();
-            let mut usage = Usage {
-                prompt_tokens: job.prompt.len(),
-                ..Usage::default()
-            };
-            usage.queue_time = self.started.saturating_duration_since(queued_at);
-            usage.phases.prepare = job
-                .arrived
-                .map(|arrived| queued_at.saturating_duration_since(arrived));
-            // A panicking backend fails this job, not the server.
-            let result = catch_unwind(AssertUnwindSafe(|| self.run(&mut job, &mut usage)));
-            tracing::info!("{}", timing_line(&usage, &self.chunk_times));
-            let outcome = match result {
-                Ok(Ok(reason)) => Outcome::Done { reason, usage },
-                Ok(Err(e)) => Outcome::Failed {
-                    message: format!("{e:#}"),
-                    usage,
-                },
-                Err(panic) => {
-                    // Saved states may be half-written, and the job's lease is lost: start clean.
-                    self.prefixes.reset(self.backend.as_mut());
-                    Outcome::Failed {
-                        message: panic_message(panic.as_ref()),
-                        usage,
-                    }
-                }
-            };
-            if let Outcome::Failed { message, .. } = &outcome {
-                tracing::error!("generation failed: {message}");
+    fn serve(mut self, queue: &Queue) {
+        let mut slots: Vec<Slot> = Vec::new();
+        // The head of the queue, waiting until its sequence fits beside the running ones.
+        let mut held: Option<Queued> = None;
+        // Whether to try the held job again (a running job has ended since it was refused).
+        let mut retry_held = false;
+        loop {
+            if slots.is_empty() {
+                let Some(next) = held.take().or_else(|| queue.pop()) else {
+                    break;
+                };
+                self.admit(next, &mut slots, &mut held);
             }
-            *self.prefix_stats.lock().unwrap_or_else(|p| p.into_inner()) = self.prefixes.stats();
-            job.sink.finished(outcome);
-            busy.store(false, Ordering::Relaxed);
+            while slots.len() < self.max_batch && (held.is_none() || retry_held) {
+                retry_held = false;
+                let Some(next) = held.take().or_else(|| queue.try_pop()) else {
+                    break;
+                };
+                if !self.admit(next, &mut slots, &mut held) {
+                    break;
+                }
+            }
+            self.publish(slots.len(), held.is_some());
+            if slots.is_empty() {
+                continue;
+            }
+            self.step(&mut slots, queue, held.is_some());
+            let before = slots.len();
+            self.finish_ended(&mut slots);
+            retry_held |= slots.len() < before;
         }
+        self.publish(0, false);
     }
 
-    fn cancelled(&self, job: &Job) -> bool {
-        self.cancel_all.load(Ordering::Relaxed) || job.sink.is_cancelled()
+    fn publish(&self, running: usize, held: bool) {
+        self.shared.running.store(running, Ordering::Relaxed);
+        self.shared.held.store(usize::from(held), Ordering::Relaxed);
     }
 
-    fn run(&mut self, job: &mut Job, usage: &mut Usage) -> Result<FinishReason> {
-        if self.cancelled(job) {
-            return Ok(FinishReason::Cancelled);
+    /// Starts `job` in a new slot if its sequence can be had. False if it must wait for memory
+    /// (then it is `held`); a job that cannot run even alone fails.
+    fn admit(
+        &mut self,
+        (mut job, queued_at): Queued,
+        slots: &mut Vec<Slot>,
+        held: &mut Option<Queued>,
+    ) -> bool {
+        let started = Instant::now();
+        let mut usage = Usage {
+            prompt_tokens: job.prompt.len(),
+            ..Usage::default()
+        };
+        usage.queue_time = started.saturating_duration_since(queued_at);
+        usage.phases.prepare = job
+            .arrived
+            .map(|arrived| queued_at.saturating_duration_since(arrived));
+        if self.cancel_all.load(Ordering::Relaxed) || job.sink.is_cancelled() {
+            self.report(&mut job, &usage, &[], Ok(FinishReason::Cancelled));
+            return true;
         }
         let needed = job.prompt.len() + job.max_tokens;
         // Scoring prompts feed every token from the start; they neither resume nor keep state.
@@ -201,242 +281,267 @@ impl Worker {
         } else {
             needed
         };
-        let backend = self.backend.as_mut();
         let acquiring = Instant::now();
-        let lease = match self
-            .prefixes
-            .acquire(backend, &job.prompt, needed, capacity, reuse)
-        {
-            Ok(lease) => lease,
-            Err(e) => {
-                self.prefixes.clear(backend);
-                return Err(e);
+        let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
+        let acquired = catch_unwind(AssertUnwindSafe(|| {
+            match prefixes.acquire(backend, &job.prompt, needed, capacity, reuse) {
+                // No room for a sequence of the whole context: one of the job's own size still
+                // runs it (and is kept for the later turns that fit in it).
+                Err(_) if capacity > needed => {
+                    prefixes.acquire(backend, &job.prompt, needed, needed, reuse)
+                }
+                acquired => acquired,
+            }
+        }));
+        usage.phases.acquire = acquiring.elapsed();
+        let lease = match acquired {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) if !slots.is_empty() => {
+                tracing::info!(
+                    "a job of {needed} tokens waits for memory beside {} running ({e:#})",
+                    slots.len()
+                );
+                *held = Some((job, queued_at));
+                return false;
+            }
+            Ok(Err(e)) => {
+                self.prefixes.clear(self.backend.as_mut());
+                self.report(&mut job, &usage, &[], Err(e));
+                return true;
+            }
+            Err(panic) => {
+                self.prefixes.clear(self.backend.as_mut());
+                self.report(
+                    &mut job,
+                    &usage,
+                    &[],
+                    Err(anyhow!(panic_message(panic.as_ref()))),
+                );
+                return true;
             }
         };
-        usage.phases.acquire = acquiring.elapsed();
         usage.phases.sequence = lease.source;
-        usage.cached_tokens = lease.resumed;
-        let result = self.generate(&lease, job, usage);
-        let releasing = Instant::now();
-        if result.is_err() {
-            self.prefixes.clear(self.backend.as_mut());
-        }
-        self.prefixes.release(self.backend.as_mut(), lease);
-        usage.phases.release += releasing.elapsed();
-        result
+        slots.push(Slot::new(job, usage, lease, started, self.snapshot_every));
+        true
     }
 
-    fn generate(
-        &mut self,
-        lease: &Lease,
-        job: &mut Job,
-        usage: &mut Usage,
-    ) -> Result<FinishReason> {
-        let seq = lease.seq;
-        let start = Instant::now();
-        let prefilled = if job.prompt_logprobs {
-            self.prefill_scoring(seq, job)?
+    /// One turn of the schedule: a prefill chunk for the first job still reading its prompt, then
+    /// one token for every generating job.
+    fn step(&mut self, slots: &mut [Slot], queue: &Queue, held: bool) {
+        if let Some(slot) = slots.iter_mut().find(|s| matches!(s.stage, Stage::Prefill)) {
+            let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
+            let cancel_all = &*self.cancel_all;
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                slot.prefill_piece(backend, prefixes, cancel_all)
+            }));
+            if let Some(e) = failure(result) {
+                slot.stage = Stage::Finished(Err(e));
+            }
+        }
+        let decoding: Vec<usize> = (0..slots.len())
+            .filter(|&i| matches!(slots[i].stage, Stage::Decode))
+            .collect();
+        if decoding.is_empty() {
+            return;
+        }
+        if slots.len() == 1 {
+            // Alone: the single-sequence path, left after a token when another job could join.
+            let may_join = self.max_batch > 1 && !held;
+            self.decode_alone(&mut slots[0], queue, may_join);
         } else {
-            self.prefill(lease, job, usage)?
-        };
-        usage.prefill_time = start.elapsed();
-        let prefill_end = Instant::now();
-        let job_start = self.started;
-        if !prefilled {
-            return Ok(FinishReason::Cancelled);
-        }
-        if job.max_tokens == 0 {
-            return Ok(FinishReason::Length);
-        }
-
-        let decode_start = Instant::now();
-        let mut sampler = Sampler::with_prompt(job.sampling.clone(), &job.prompt)
-            .constrained(job.constraint.take());
-        let mut ended_by_eos = false;
-        let mut stopped = false;
-        let mut generated = 0usize;
-        let mut emitted = Vec::new();
-        let (eos_ids, cancel_all) = (&self.eos_ids, &self.cancel_all);
-        let sink = &mut job.sink;
-        self.backend.decode(
-            seq,
-            &mut sampler,
-            job.max_tokens,
-            job.top_logprobs,
-            &mut |step| {
-                let entered = Instant::now();
-                emitted.push(step.token);
-                if eos_ids.contains(&step.token) {
-                    ended_by_eos = true;
-                    return Flow::Stop;
+            // A token left unfed fails only its own job.
+            for &i in &decoding {
+                let slot = &mut slots[i];
+                let fed = catch_unwind(AssertUnwindSafe(|| self.feed_unfed(slot)));
+                if let Some(e) = failure(fed) {
+                    slot.stage = Stage::Finished(Err(e));
                 }
-                generated += 1;
-                if generated == 1 {
-                    usage.time_to_first_token = Some(entered.duration_since(start));
-                    usage.phases.engine_ttft = Some(entered.duration_since(job_start));
-                    usage.phases.first_pick = entered.duration_since(prefill_end);
-                }
-                if cancel_all.load(Ordering::Relaxed) || sink.is_cancelled() {
-                    stopped = true;
-                    return Flow::Stop;
-                }
-                let flow = sink.token(step);
-                stopped = flow == Flow::Stop;
-                usage.sink_time += entered.elapsed();
-                flow
-            },
-        )?;
-        usage.decode_time = decode_start.elapsed();
-        usage.constraint = sampler.mask_stats();
-        let masks = usage.constraint;
-        if masks.masks > 0 {
-            tracing::info!(
-                "constrained decoding: {} masks, mean {:.1} µs, max {:.1} µs; decode {:.1} µs/token",
-                masks.masks,
-                masks.total.as_secs_f64() * 1e6 / masks.masks as f64,
-                masks.max.as_secs_f64() * 1e6,
-                usage.decode_time.as_secs_f64() * 1e6 / generated.max(1) as f64
-            );
+            }
+            let rows: Vec<usize> = decoding
+                .iter()
+                .copied()
+                .filter(|&i| matches!(slots[i].stage, Stage::Decode))
+                .collect();
+            if !rows.is_empty() {
+                self.decode_together(slots, &rows);
+            }
         }
-        tracing::debug!(
-            "decoded {generated} tokens in {:.1} ms, {:.1} µs/token in the sink",
-            usage.decode_time.as_secs_f64() * 1e3,
-            usage.sink_time.as_secs_f64() * 1e6 / generated.max(1) as f64
-        );
-        usage.completion_tokens = generated;
-        if lease.keeps() {
-            let saving = Instant::now();
-            self.save_turn(lease, &job.prompt, &emitted)?;
-            usage.phases.release += saving.elapsed();
+        for &i in &decoding {
+            let slot = &mut slots[i];
+            if matches!(slot.stage, Stage::Decode) && slot.decoded_all() {
+                let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
+                let cancel_all = &*self.cancel_all;
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    slot.end_decode(backend, prefixes, cancel_all)
+                }));
+                if let Err(panic) = result {
+                    slot.stage = Stage::Finished(Err(anyhow!(panic_message(panic.as_ref()))));
+                }
+            }
         }
-        Ok(if self.cancelled(job) {
-            FinishReason::Cancelled
-        } else if ended_by_eos || stopped {
-            FinishReason::Stop
-        } else {
-            FinishReason::Length
-        })
     }
 
-    /// Keeps the state at the end of the generated turn: the prompt and the generated tokens the
-    /// model was fed, as `seq_len` tells (`Backend::decode`: the last one sampled, an
-    /// end-of-sequence token included, may or may not have been).
-    fn save_turn(&mut self, lease: &Lease, prompt: &[u32], emitted: &[u32]) -> Result<()> {
-        let fed = self
-            .backend
-            .seq_len(lease.seq)?
-            .saturating_sub(prompt.len());
-        if fed > 0 && fed <= emitted.len() {
-            let tokens = [prompt, &emitted[..fed]].concat();
-            self.prefixes
-                .save(self.backend.as_mut(), lease, &tokens, false);
+    /// Feeds a token reported but not fed when `decode` was left early.
+    fn feed_unfed(&mut self, slot: &mut Slot) -> Result<()> {
+        if let (Some(token), Some(seq)) = (slot.unfed.take(), slot.seq()) {
+            self.backend.prefill(seq, &[token])?;
         }
         Ok(())
     }
 
-    /// Feeds the prompt in chunks from where the lease resumed, keeping the state at the save
-    /// points; false if the job was cancelled on the way.
-    fn prefill(&mut self, lease: &Lease, job: &Job, usage: &mut Usage) -> Result<bool> {
-        let mut done = lease.resumed;
-        let points = if lease.keeps() {
-            save_points(
-                job.prompt.len(),
-                done,
-                job.save_prefix_at,
-                self.snapshot_every,
-            )
-        } else {
-            Vec::new()
-        };
-        // The backend's chunk, so a cancelled request stops within one piece.
-        let chunk = self.backend.prefill_chunk().max(1);
-        while done < job.prompt.len() {
-            if self.cancelled(job) {
-                return Ok(false);
+    /// The only job: one `decode` call for its remaining tokens. With `may_join`, it stops after
+    /// a token when a job is queued, so that the next turn admits it.
+    fn decode_alone(&mut self, slot: &mut Slot, queue: &Queue, may_join: bool) {
+        let result = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+            self.feed_unfed(slot)?;
+            let seq = slot.seq().context("a running job without a sequence")?;
+            let mut sampler = slot
+                .sampler
+                .take()
+                .context("a generating job without a sampler")?;
+            let (eos_ids, cancel_all) = (&self.eos_ids, &*self.cancel_all);
+            let (n, top) = (slot.remaining(), slot.job.top_logprobs);
+            let mut tokens = 0u64;
+            let mut left = false;
+            let decoded = self.backend.decode(seq, &mut sampler, n, top, &mut |step| {
+                tokens += 1;
+                let flow = slot.on_token(step, eos_ids, cancel_all);
+                if flow == Flow::Continue && may_join && !queue.is_empty() {
+                    left = true;
+                    return Flow::Stop;
+                }
+                flow
+            });
+            slot.sampler = Some(sampler);
+            self.shared.steps[0].fetch_add(tokens, Ordering::Relaxed);
+            decoded?;
+            if left && !slot.decoded_all() {
+                // `decode` may have fed the token it was stopped at (`Backend::decode`).
+                if self.backend.seq_len(seq)? < slot.fed_len() {
+                    slot.unfed = slot.last_emitted();
+                }
             }
-            let mut end = (done + chunk).min(job.prompt.len());
-            if let Some(&at) = points.iter().find(|&&at| at > done) {
-                end = end.min(at);
-            }
-            let t = Instant::now();
-            self.backend.prefill(lease.seq, &job.prompt[done..end])?;
-            let took = t.elapsed();
-            self.chunk_times.push(took);
-            let p = &mut usage.phases;
-            p.chunks += 1;
-            p.chunk_time += took;
-            p.max_chunk = p.max_chunk.max(took);
-            done = end;
-            if points.contains(&done) {
-                let end = job.save_prefix_at == Some(done);
-                let t = Instant::now();
-                self.prefixes
-                    .save(self.backend.as_mut(), lease, &job.prompt[..done], end);
-                usage.phases.snapshots += 1;
-                usage.phases.snapshot_time += t.elapsed();
-            }
+            Ok(())
+        }));
+        if let Some(e) = failure(result) {
+            slot.stage = Stage::Finished(Err(e));
         }
-        Ok(true)
     }
 
-    /// Feeds the prompt in chunks and scores each token against the logits before it (teacher
-    /// forcing); the first token has nothing before it. False if the job was cancelled on the way.
-    fn prefill_scoring(&mut self, seq: SeqId, job: &mut Job) -> Result<bool> {
-        let vocab = self.backend.config().vocab;
-        let mut scores = Vec::with_capacity(job.prompt.len());
-        let mut previous: Option<Vec<f32>> = None;
-        for piece in job.prompt.chunks(SCORING_CHUNK) {
-            if self.cancelled(job) {
-                return Ok(false);
+    /// One token for each generating job, in one `decode_step`.
+    fn decode_together(&mut self, slots: &mut [Slot], decoding: &[usize]) {
+        let result = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+            let mut samplers = Vec::with_capacity(decoding.len());
+            for &i in decoding {
+                samplers.push(
+                    slots[i]
+                        .sampler
+                        .take()
+                        .context("a generating job without a sampler")?,
+                );
             }
-            let all = self.backend.prefill_all_logits(seq, piece)?;
-            for (i, &token) in piece.iter().enumerate() {
-                let before = if i == 0 {
-                    previous.as_deref()
-                } else {
-                    Some(&all[(i - 1) * vocab..i * vocab])
-                };
-                scores.push(match before {
-                    None => PromptLogprob {
-                        token,
-                        logprob: None,
-                        top: Vec::new(),
-                    },
-                    Some(logits) => {
-                        let (logprob, top) = token_logprob(logits, token, job.top_logprobs);
-                        PromptLogprob {
-                            token,
-                            logprob: Some(logprob),
-                            top,
-                        }
-                    }
+            let mut rows = Vec::with_capacity(decoding.len());
+            for (&i, sampler) in decoding.iter().zip(samplers.iter_mut()) {
+                let slot = &slots[i];
+                rows.push(DecodeRow {
+                    seq: slot.seq().context("a running job without a sequence")?,
+                    sampler,
+                    top_logprobs: slot.job.top_logprobs,
+                    feed: slot.remaining() > 1,
                 });
             }
-            previous = Some(all[(piece.len() - 1) * vocab..].to_vec());
+            let (eos_ids, cancel_all) = (&self.eos_ids, &*self.cancel_all);
+            let stepped = self.backend.decode_step(&mut rows, &mut |row, step| {
+                slots[decoding[row]].on_token(step, eos_ids, cancel_all)
+            });
+            drop(rows);
+            for (&i, sampler) in decoding.iter().zip(samplers) {
+                slots[i].sampler = Some(sampler);
+            }
+            if let Some(n) = self.shared.steps.get(decoding.len() - 1) {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+            stepped
+        }));
+        if let Some(e) = failure(result) {
+            // One batched call: every job in it fails.
+            let message = format!("{e:#}");
+            for &i in decoding {
+                slots[i].stage = Stage::Finished(Err(anyhow!("{message}")));
+            }
         }
-        job.sink.prompt_logprobs(scores);
-        Ok(true)
+    }
+
+    /// Hands every ended job's sequence back and reports its outcome.
+    fn finish_ended(&mut self, slots: &mut Vec<Slot>) {
+        let mut i = 0;
+        while i < slots.len() {
+            if !matches!(slots[i].stage, Stage::Finished(_)) {
+                i += 1;
+                continue;
+            }
+            let mut slot = slots.remove(i);
+            // Counted out before its sink hears the end, so a client that has its answer never
+            // sees itself still running.
+            self.shared.running.store(slots.len(), Ordering::Relaxed);
+            let Stage::Finished(result) = std::mem::replace(&mut slot.stage, Stage::Prefill) else {
+                continue;
+            };
+            let releasing = Instant::now();
+            if result.is_err() {
+                // After a failure the saved states are not trusted (the running jobs' are kept).
+                self.prefixes.clear(self.backend.as_mut());
+            }
+            if let Some(lease) = slot.lease.take() {
+                let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
+                let released = catch_unwind(AssertUnwindSafe(|| prefixes.release(backend, lease)));
+                if released.is_err() {
+                    tracing::error!("releasing a sequence panicked; the kept prefixes are dropped");
+                    self.prefixes.clear(self.backend.as_mut());
+                }
+            }
+            slot.usage.phases.release += releasing.elapsed();
+            let chunk_times = std::mem::take(&mut slot.chunk_times);
+            let usage = slot.usage;
+            self.report(&mut slot.job, &usage, &chunk_times, result);
+        }
+    }
+
+    /// The job's end: its timing line, its outcome to the sink.
+    fn report(
+        &self,
+        job: &mut Job,
+        usage: &Usage,
+        chunk_times: &[Duration],
+        result: Result<FinishReason>,
+    ) {
+        tracing::info!("{}", timing_line(usage, chunk_times));
+        let outcome = match result {
+            Ok(reason) => Outcome::Done {
+                reason,
+                usage: *usage,
+            },
+            Err(e) => {
+                let message = format!("{e:#}");
+                tracing::error!("generation failed: {message}");
+                Outcome::Failed {
+                    message,
+                    usage: *usage,
+                }
+            }
+        };
+        *self.prefix_stats.lock().unwrap_or_else(|p| p.into_inner()) = self.prefixes.stats();
+        job.sink.finished(outcome);
     }
 }
 
-/// Where a prompt of `len` tokens, resumed at `resumed`, is snapshotted, in order: the end of the
-/// conversation (`conversation_end`, before the generation prompt), every multiple of `every`,
-/// and the end of the prompt.
-fn save_points(
-    len: usize,
-    resumed: usize,
-    conversation_end: Option<usize>,
-    every: usize,
-) -> Vec<usize> {
-    let mut points: Vec<usize> = conversation_end.into_iter().collect();
-    if let Some(last) = len.checked_div(every) {
-        points.extend((resumed / every + 1..=last).map(|k| k * every));
+/// The error of a backend call that failed or panicked.
+fn failure<T>(result: std::thread::Result<Result<T>>) -> Option<anyhow::Error> {
+    match result {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e),
+        Err(panic) => Some(anyhow!(panic_message(panic.as_ref()))),
     }
-    points.push(len);
-    points.retain(|&p| p > resumed && p <= len);
-    points.sort_unstable();
-    points.dedup();
-    points
 }
 
 /// The job's one-line timing log: `timing:` then `key=value` pairs (milliseconds as `_ms`), so
@@ -510,10 +615,6 @@ pub(super) fn timing_line(usage: &Usage, chunks: &[Duration]) -> String {
 /// Prefill calls listed one by one in the timing line (the rest are counted).
 const TIMED_CHUNKS_SHOWN: usize = 16;
 
-/// Prompt tokens per scoring pass: bounds the host copy of all-position logits (64 × 248,320 f32
-/// = 64 MB).
-const SCORING_CHUNK: usize = 64;
-
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     let detail = panic
         .downcast_ref::<&str>()
@@ -521,19 +622,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into());
     format!("the backend panicked: {detail}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::save_points;
-
-    #[test]
-    fn save_points_are_the_conversation_end_the_multiples_and_the_prompt_end_after_the_resume() {
-        assert_eq!(save_points(10, 0, Some(7), 0), vec![7, 10]);
-        assert_eq!(save_points(10, 0, Some(7), 4), vec![4, 7, 8, 10]);
-        assert_eq!(save_points(10, 5, Some(7), 4), vec![7, 8, 10]);
-        assert_eq!(save_points(10, 8, Some(7), 4), vec![10]);
-        assert_eq!(save_points(8, 0, Some(8), 4), vec![4, 8]);
-        assert_eq!(save_points(3, 0, None, 4), vec![3]);
-    }
 }
