@@ -312,7 +312,7 @@ impl Backend for CpuBackend {
                 .context("decode before prefill: no logits to sample from")?;
             let token = row.sampler.sample(logits);
             row.sampler.accept(token);
-            let (logprob, top) = logprobs(logits, token, row.top_logprobs);
+            let (logprob, top) = token_logprob(logits, token, row.top_logprobs);
             let step = StepOut {
                 token,
                 logprob,
