@@ -1,4 +1,4 @@
-//! The Backend contract (shared/docs/ARCHITECTURE.md §3): a backend implements the model's forward
+//! The Backend contract (docs/ARCHITECTURE.md §3): a backend implements the model's forward
 //! step itself, not tensor ops. Sequences and snapshots live inside the backend (device memory on a
 //! GPU), so the trait is object safe and the engine can hold `Box<dyn Backend>`.
 

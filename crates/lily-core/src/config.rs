@@ -1,5 +1,5 @@
 //! The model description: every dimension of a `qwen3_5_moe` text model, read from `config.json`
-//! (shared/docs/MODEL.md §1). Backends read shapes from here and nowhere else.
+//! (docs/MODEL.md §1). Backends read shapes from here and nowhere else.
 
 use std::path::Path;
 

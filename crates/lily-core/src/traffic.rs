@@ -1,4 +1,4 @@
-//! The bytes one decode step has to move (shared/docs/PERFORMANCE.md §2): the floor a batch-1
+//! The bytes one decode step has to move (docs/PERFORMANCE.md §2): the floor a batch-1
 //! decoder is measured against. Counted from the checkpoint as stored (packed words, scales and
 //! biases), so 4-bit, 8-bit and bf16 weights each count what they are.
 

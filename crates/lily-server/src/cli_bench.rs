@@ -1,4 +1,4 @@
-//! `lily-engine bench`: the sweep of shared/docs/PERFORMANCE.md §1. Prefill throughput at prompt
+//! `lily-engine bench`: the sweep of docs/PERFORMANCE.md §1. Prefill throughput at prompt
 //! length L (first token in → last logits ready on the host) and decode throughput at context L
 //! (N greedy steps after a prefill of L), median of `repeat` runs after a warm-up. Each decode row
 //! also gives the bytes a step must move (lily_core::traffic) and the fraction of the bandwidth
@@ -42,7 +42,7 @@ pub struct BenchArgs {
     seed: u64,
     /// Memory bandwidth the decode floor is computed with, GB/s: the bytes a step must move
     /// (active weights, recurrent state, KV cache) over this. Default: the H200's measured
-    /// device-to-device copy bandwidth (shared/docs/PERFORMANCE.md §2).
+    /// device-to-device copy bandwidth (docs/PERFORMANCE.md §2).
     #[arg(long, default_value_t = 4300.0)]
     bandwidth_gbs: f64,
     /// Decode with sampling instead of greedy: the temperature (with --top-k and --top-p), as a

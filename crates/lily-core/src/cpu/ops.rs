@@ -1,4 +1,4 @@
-//! The model's steps, one function each, in the words and order of shared/docs/MODEL.md §2.
+//! The model's steps, one function each, in the words and order of docs/MODEL.md §2.
 //! Activations are f32 `[T, features]` row-major for a chunk of T consecutive tokens.
 //! These are also the references the CUDA kernels are tested against.
 
