@@ -1,4 +1,4 @@
-"""`lily bench`: run the engine's prefill/decode sweep (shared/docs/PERFORMANCE.md §1) and report it.
+"""`lily bench`: run the engine's prefill/decode sweep (docs/PERFORMANCE.md §1) and report it.
 
 The engine measures and writes the JSON
   {"engine","version","gpu","model","format","prefill":[{"len","tok_s","ms"}],"decode":[{"ctx","tok_s","ms_per_tok"}]};

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lilycli.errors import LilyError
 
-# Repos Lily knows (shared/docs/MODEL.md §3). Others are allowed with a warning: the engine only
+# Repos Lily knows (docs/MODEL.md §3). Others are allowed with a warning: the engine only
 # runs the Qwen3.6-35B-A3B architecture, whoever converted it.
 DEFAULT_REPO = "mlx-community/Qwen3.6-35B-A3B-4bit"
 KNOWN_REPOS = {
