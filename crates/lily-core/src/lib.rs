@@ -9,6 +9,7 @@ pub mod constrain;
 pub mod cpu;
 pub mod engine;
 pub mod logprob;
+pub mod options;
 pub mod parse;
 pub mod quant;
 pub mod sampling;

@@ -1,12 +1,14 @@
 //! `CudaOptions`: how the CUDA backend is asked to run, declared once. Each switch and each
-//! numeric knob is one row of the `options!` table below, which gives its field, the value that
+//! numeric knob is one row of the table below (`lily_core::backend_options!`, the macro lily-wgpu's
+//! `WgpuOptions` is declared with too), which gives its field, the value that
 //! ships, its `lily-engine` flag (lily-server builds its `CudaArgs` from `SWITCHES` and `KNOBS`,
 //! no per-switch code there), its environment override, its label in `Plan::describe`, its help
 //! text (the flag's help and the crate README's row: `readme_rows`) and, for a switch, why it
 //! stays (the A/B it won, or the fallback it is). The plan (plan.rs) turns the options, resolved
 //! against the device, into kernels.
 //!
-//! Environment overrides are read in one function (`CudaOptions::with_env_overrides`): a
+//! Environment overrides are read in one function (`CudaOptions::with_env_overrides`, i.e.
+//! `lily_core::options::with_overrides`): a
 //! switch's variable set to `1` or `0` sets it (`LILY_CUDA_FP32=1` turns `bf16_activations`
 //! off), a knob's variable sets it when it is a number the knob accepts; anything else leaves
 //! the option as it is. Not options, so read where they are used: `LILY_NVRTC` (nvrtc.rs) and
@@ -23,163 +25,12 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
 /// shorter chunks are not measured and keep mma.sync.
 pub const WGMMA_MIN_TOK: usize = 512;
 
-/// One on/off switch (a row of the `options!` table).
-#[derive(Clone, Copy, Debug)]
-pub struct Switch {
-    /// The `CudaOptions` field.
-    pub field: &'static str,
-    /// The value that ships.
-    pub default: bool,
-    /// The `lily-engine` flag that sets the other side (`None`: environment only).
-    pub flag: Option<&'static str>,
-    /// The environment override and the value its `1` gives the field (`0` the other).
-    pub env: &'static str,
-    pub env_one: bool,
-    /// `Plan::describe`'s label.
-    pub label: &'static str,
-    /// What the switch does when on.
-    pub help: &'static str,
-    /// Why it stays (its last A/B, or the fallback its other side is).
-    pub why: &'static str,
-}
+pub use lily_core::options::{Knob, Switch};
 
-/// One numeric knob (a row of the `options!` table).
-#[derive(Clone, Copy, Debug)]
-pub struct Knob {
-    pub field: &'static str,
-    pub default: usize,
-    /// The `lily-engine` flag that sets it (`None`: environment only).
-    pub flag: Option<&'static str>,
-    pub env: &'static str,
-    /// The values it takes, and their description for errors and docs.
-    pub accepts: fn(usize) -> bool,
-    pub accepted: &'static str,
-    pub label: &'static str,
-    pub help: &'static str,
-}
-
-impl Switch {
-    /// The environment value that sets the switch to `on`.
-    pub fn env_value(&self, on: bool) -> &'static str {
-        if on == self.env_one {
-            "1"
-        } else {
-            "0"
-        }
-    }
-
-    /// The flag's help: what the switch does, which side the flag sets, its variable.
-    pub fn flag_help(&self) -> String {
-        let side = if self.default { "off" } else { "on" };
-        format!(
-            "Turns {side}: {} [env {}={}]",
-            self.help,
-            self.env,
-            self.env_value(!self.default)
-        )
-    }
-}
-
-impl Knob {
-    pub fn flag_help(&self) -> String {
-        format!(
-            "{} ({}) [default: {}; env {}]",
-            self.help, self.accepted, self.default, self.env
-        )
-    }
-}
-
-macro_rules! options {
-    (
-        switches {
-            $( $sf:ident = $sd:literal, flag $sflag:expr, env $senv:literal = $sone:literal,
-               label $slabel:literal, help $shelp:literal, why $swhy:literal; )*
-        }
-        knobs {
-            $( $kf:ident = $kd:expr, flag $kflag:expr, env $kenv:literal,
-               accepts $kacc:expr, $kaccepted:literal, label $klabel:literal, help $khelp:literal; )*
-        }
-    ) => {
-        /// How the backend runs, as asked for (`Default`: the configuration that ships). Each
-        /// field's meaning: its row of `SWITCHES` / `KNOBS` (`help`, `why`).
-        #[derive(Clone, Debug, PartialEq, Eq)]
-        pub struct CudaOptions {
-            $( pub $sf: bool, )*
-            $( pub $kf: usize, )*
-        }
-
-        impl Default for CudaOptions {
-            fn default() -> CudaOptions {
-                CudaOptions {
-                    $( $sf: $sd, )*
-                    $( $kf: $kd, )*
-                }
-            }
-        }
-
-        /// Every switch, in `describe` order.
-        pub const SWITCHES: &[Switch] = &[
-            $( Switch {
-                field: stringify!($sf),
-                default: $sd,
-                flag: $sflag,
-                env: $senv,
-                env_one: $sone,
-                label: $slabel,
-                help: $shelp,
-                why: $swhy,
-            }, )*
-        ];
-
-        /// Every numeric knob, in `describe` order.
-        pub const KNOBS: &[Knob] = &[
-            $( Knob {
-                field: stringify!($kf),
-                default: $kd,
-                flag: $kflag,
-                env: $kenv,
-                accepts: $kacc,
-                accepted: $kaccepted,
-                label: $klabel,
-                help: $khelp,
-            }, )*
-        ];
-
-        impl CudaOptions {
-            /// The switch named `field` (a `SWITCHES` row's field).
-            pub fn switch(&self, field: &str) -> Option<bool> {
-                match field {
-                    $( stringify!($sf) => Some(self.$sf), )*
-                    _ => None,
-                }
-            }
-
-            pub fn switch_mut(&mut self, field: &str) -> Option<&mut bool> {
-                match field {
-                    $( stringify!($sf) => Some(&mut self.$sf), )*
-                    _ => None,
-                }
-            }
-
-            /// The knob named `field` (a `KNOBS` row's field).
-            pub fn knob(&self, field: &str) -> Option<usize> {
-                match field {
-                    $( stringify!($kf) => Some(self.$kf), )*
-                    _ => None,
-                }
-            }
-
-            pub fn knob_mut(&mut self, field: &str) -> Option<&mut usize> {
-                match field {
-                    $( stringify!($kf) => Some(&mut self.$kf), )*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-options! {
+lily_core::backend_options! {
+    /// How the backend runs, as asked for (`Default`: the configuration that ships). Each
+    /// field's meaning: its row of `SWITCHES` / `KNOBS` (`help`, `why`).
+    pub struct CudaOptions, heading "CUDA backend", id "cuda";
     switches {
         bf16_activations = true, flag Some("fp32-activations"), env "LILY_CUDA_FP32" = false,
             label "bf16 activations",
@@ -294,81 +145,20 @@ options! {
             accepts |_| true, "any number of keys", label "long decode attention past keys",
             help "past this many keys one-token tensor-core attention with head dim 256 takes the _long split kernels (0: always; a number past the context: never)";
     }
-}
-
-impl CudaOptions {
-    /// These options with the environment overrides on top: the one place the backend reads
-    /// `LILY_*` variables (see the module comment).
-    pub fn with_env_overrides(self) -> CudaOptions {
-        self.with_overrides(|k| std::env::var(k).ok())
-    }
-
-    /// `with_env_overrides` with the variables looked up by `var` (tests).
-    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> CudaOptions {
-        for s in SWITCHES {
-            let value = match var(s.env).as_deref() {
-                Some("1") => s.env_one,
-                Some("0") => !s.env_one,
-                _ => continue,
-            };
-            if let Some(field) = self.switch_mut(s.field) {
-                *field = value;
-            }
-        }
-        for k in KNOBS {
-            let Some(n) = var(k.env).and_then(|v| v.parse::<usize>().ok()) else {
-                continue;
-            };
-            if let Some(field) = self.knob_mut(k.field).filter(|_| (k.accepts)(n)) {
-                *field = n;
-            }
-        }
-        self
-    }
-
-    /// One line: every switch (`label on|off`) and knob (`label N`), in table order.
-    pub fn describe(&self) -> String {
-        let switches = SWITCHES.iter().map(|s| {
-            let on = self.switch(s.field).unwrap_or(s.default);
-            format!("{} {}", s.label, if on { "on" } else { "off" })
-        });
-        let knobs = KNOBS
-            .iter()
-            .map(|k| format!("{} {}", k.label, self.knob(k.field).unwrap_or(k.default)));
-        switches.chain(knobs).collect::<Vec<_>>().join(", ")
-    }
+    texts {}
+    fields {}
 }
 
 /// The crate README's table of switches and knobs (README.md holds exactly these rows; a unit
 /// test checks it).
 pub fn readme_rows() -> String {
-    let mut out = String::from(
-        "| flag | environment (on / off) | default | what it does when on |\n|---|---|---|---|\n",
-    );
-    for s in SWITCHES {
-        let flag = s.flag.map_or("—".to_string(), |f| format!("`--{f}`"));
-        let on = if s.default { "on" } else { "off" };
-        out += &format!(
-            "| {flag} | `{}={}` / `{}` | {on} | {} |\n",
-            s.env,
-            s.env_value(true),
-            s.env_value(false),
-            s.help
-        );
-    }
-    for k in KNOBS {
-        let flag = k.flag.map_or("—".to_string(), |f| format!("`--{f} N`"));
-        out += &format!(
-            "| {flag} | `{}=N` ({}) | {} | {} |\n",
-            k.env, k.accepted, k.default, k.help
-        );
-    }
-    out
+    lily_core::options::readme_rows::<CudaOptions>()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lily_core::options::Options;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {

@@ -14,7 +14,7 @@ use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::traffic::decode_bytes;
 use serde_json::json;
 
-use crate::device::{open_backend_with_weights, CudaArgs, Device};
+use crate::device::{open_backend_with_weights, BackendArgs, Device};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
     #[command(flatten)]
-    cuda: CudaArgs,
+    backend: BackendArgs,
 }
 
 fn parse_len(s: &str) -> Result<usize> {
@@ -148,7 +148,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !(a.bandwidth_gbs.is_finite() && a.bandwidth_gbs > 0.0) {
         anyhow::bail!("--bandwidth-gbs must be a positive number of GB/s");
     }
-    let (mut b, weights) = open_backend_with_weights(&a.model, a.device, a.quantize, &a.cuda)?;
+    let (mut b, weights) = open_backend_with_weights(&a.model, a.device, a.quantize, &a.backend)?;
     let vocab = b.config().vocab;
     let device = b.describe();
     eprintln!("bench on {device}");

@@ -8,7 +8,7 @@ use lily_core::backend::Flow;
 use lily_core::config::ModelConfig;
 use lily_core::sampling::{Sampler, SamplingParams};
 
-use crate::device::{open_backend, CudaArgs, Device};
+use crate::device::{open_backend, BackendArgs, Device};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -27,7 +27,7 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     #[command(flatten)]
-    cuda: CudaArgs,
+    backend: BackendArgs,
 }
 
 /// Prompt plus generated tokens must fit the model's context (`max_position_embeddings`).
@@ -57,7 +57,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let config = ModelConfig::from_dir(&a.model)?;
     check_fits(prompt.len(), a.max_tokens, config.max_position)?;
     let t0 = Instant::now();
-    let mut backend = open_backend(&a.model, a.device, a.quantize, &a.cuda)?;
+    let mut backend = open_backend(&a.model, a.device, a.quantize, &a.backend)?;
     eprintln!(
         "loaded {} in {:.2} s",
         a.model.display(),

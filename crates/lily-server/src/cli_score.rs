@@ -13,7 +13,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::cli_bench::prompt;
-use crate::device::{open_backend, CudaArgs, Device};
+use crate::device::{open_backend, BackendArgs, Device};
 
 #[derive(Args)]
 pub struct ScoreArgs {
@@ -32,12 +32,12 @@ pub struct ScoreArgs {
     #[arg(long)]
     out: PathBuf,
     #[command(flatten)]
-    cuda: CudaArgs,
+    backend: BackendArgs,
 }
 
 pub fn run(a: ScoreArgs) -> Result<()> {
     let t_load = std::time::Instant::now();
-    let mut b = open_backend(&a.model, a.device, false, &a.cuda)?;
+    let mut b = open_backend(&a.model, a.device, false, &a.backend)?;
     let load_seconds = t_load.elapsed().as_secs_f64();
     let b_desc = b.describe();
     let vocab = b.config().vocab;

@@ -1,6 +1,8 @@
-//! Picking the backend that runs the model: `--device auto|cpu|cuda|wgpu`, and the CUDA backend's
-//! flags (`CudaArgs`, flattened into serve, generate, bench and score).
+//! Picking the backend that runs the model: `--device auto|cpu|cuda|wgpu`, and the GPU backends'
+//! flags (`BackendArgs`: lily-cuda's and lily-wgpu's option tables, flattened into serve,
+//! generate, bench and score).
 
+use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,7 +11,7 @@ use clap::{Arg, ArgAction, ArgMatches, ValueEnum};
 use lily_core::backend::Backend;
 use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
-use lily_cuda::options::{KNOBS, SWITCHES};
+use lily_core::options::Options;
 use lily_cuda::{cuda_backend, CudaOptions};
 use lily_wgpu::{WgpuBackend, WgpuOptions};
 
@@ -21,28 +23,60 @@ pub enum Device {
     Cpu,
     Cuda,
     /// The wgpu backend on the best adapter, a software one (lavapipe) included; the adapter
-    /// whose name contains $LILY_WGPU_ADAPTER when set.
+    /// whose name contains `--wgpu-adapter` ($LILY_WGPU_ADAPTER) when given.
     Wgpu,
 }
 
-/// How the CUDA backend runs (ignored on the CPU): the flags of lily-cuda's option table
-/// (`lily_cuda::options::SWITCHES` and `KNOBS`, each with its help and environment override),
-/// added to the command by `augment_args` and read back into the options they set, with no code
-/// per switch here. The defaults are the configuration that ships; the environment overrides
-/// apply on top, in lily-cuda (`CudaOptions::with_env_overrides`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CudaArgs {
+/// How the GPU backends run (each ignored by the others): the flags of lily-cuda's and
+/// lily-wgpu's option tables.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackendArgs {
+    #[command(flatten)]
+    pub cuda: CudaArgs,
+    #[command(flatten)]
+    pub wgpu: WgpuArgs,
+}
+
+/// The CUDA backend's flags (`lily_cuda::options`).
+pub type CudaArgs = OptionArgs<CudaOptions>;
+/// The wgpu backend's flags (`lily_wgpu::options`, all `--wgpu-*`).
+pub type WgpuArgs = OptionArgs<WgpuOptions>;
+
+/// A backend's flags: those of its option table (`Options::SWITCHES`, `KNOBS` and `TEXTS`, each
+/// with its help and environment override), added to the command by `augment_args` and read
+/// back into the options they set, with no code per option here. The defaults are the
+/// configuration that ships; the environment overrides apply on top, in the backend
+/// (`with_env_overrides`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionArgs<O> {
     /// The switches whose flag was given (each flag sets the side its switch does not ship with).
     pub switches: Vec<&'static str>,
     /// The knobs whose flag was given, with their values.
     pub knobs: Vec<(&'static str, usize)>,
+    /// The text options whose flag was given, with their texts.
+    pub texts: Vec<(&'static str, String)>,
+    backend: PhantomData<O>,
 }
 
-impl CudaArgs {
-    /// The options these flags ask for (environment overrides apply later, in lily-cuda).
-    pub fn options(&self) -> CudaOptions {
-        let mut o = CudaOptions::default();
-        for s in SWITCHES.iter().filter(|s| self.switches.contains(&s.field)) {
+impl<O> Default for OptionArgs<O> {
+    fn default() -> Self {
+        OptionArgs {
+            switches: Vec::new(),
+            knobs: Vec::new(),
+            texts: Vec::new(),
+            backend: PhantomData,
+        }
+    }
+}
+
+impl<O: Options> OptionArgs<O> {
+    /// The options these flags ask for (environment overrides apply later, in the backend).
+    pub fn options(&self) -> O {
+        let mut o = O::default();
+        for s in O::SWITCHES
+            .iter()
+            .filter(|s| self.switches.contains(&s.field))
+        {
             if let Some(v) = o.switch_mut(s.field) {
                 *v = !s.default;
             }
@@ -52,24 +86,28 @@ impl CudaArgs {
                 *v = *n;
             }
         }
+        for (field, text) in &self.texts {
+            // Parsed already by the flag's value parser.
+            o.set_text(field, text);
+        }
         o
     }
 }
 
-impl clap::Args for CudaArgs {
+impl<O: Options> clap::Args for OptionArgs<O> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        let mut cmd = cmd.next_help_heading("CUDA backend");
-        for s in SWITCHES {
+        let mut cmd = cmd.next_help_heading(O::HEADING);
+        for s in O::SWITCHES {
             if let Some(flag) = s.flag {
                 cmd = cmd.arg(
-                    Arg::new(s.field)
+                    Arg::new(s.key)
                         .long(flag)
                         .action(ArgAction::SetTrue)
                         .help(s.flag_help()),
                 );
             }
         }
-        for k in KNOBS {
+        for k in O::KNOBS {
             if let Some(flag) = k.flag {
                 let (accepts, accepted) = (k.accepts, k.accepted);
                 let parse = move |v: &str| -> Result<usize, String> {
@@ -79,11 +117,32 @@ impl clap::Args for CudaArgs {
                     }
                 };
                 cmd = cmd.arg(
-                    Arg::new(k.field)
+                    Arg::new(k.key)
                         .long(flag)
                         .value_name("N")
                         .value_parser(parse)
                         .help(k.flag_help()),
+                );
+            }
+        }
+        let defaults = O::default();
+        for t in O::TEXTS {
+            if let Some(flag) = t.flag {
+                let (field, accepted) = (t.field, t.accepted);
+                let parse = move |v: &str| -> Result<String, String> {
+                    if O::default().set_text(field, v) {
+                        Ok(v.to_string())
+                    } else {
+                        Err(format!("expected {accepted}"))
+                    }
+                };
+                let default = defaults.text(t.field).unwrap_or_default();
+                cmd = cmd.arg(
+                    Arg::new(t.key)
+                        .long(flag)
+                        .value_name(t.value_name)
+                        .value_parser(parse)
+                        .help(t.flag_help(&default)),
                 );
             }
         }
@@ -95,19 +154,29 @@ impl clap::Args for CudaArgs {
     }
 }
 
-impl clap::FromArgMatches for CudaArgs {
+impl<O: Options> clap::FromArgMatches for OptionArgs<O> {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
-        let switches = SWITCHES
+        let switches = O::SWITCHES
             .iter()
-            .filter(|s| s.flag.is_some() && m.get_flag(s.field))
+            .filter(|s| s.flag.is_some() && m.get_flag(s.key))
             .map(|s| s.field)
             .collect();
-        let knobs = KNOBS
+        let knobs = O::KNOBS
             .iter()
             .filter(|k| k.flag.is_some())
-            .filter_map(|k| m.get_one::<usize>(k.field).map(|n| (k.field, *n)))
+            .filter_map(|k| m.get_one::<usize>(k.key).map(|n| (k.field, *n)))
             .collect();
-        Ok(CudaArgs { switches, knobs })
+        let texts = O::TEXTS
+            .iter()
+            .filter(|t| t.flag.is_some())
+            .filter_map(|t| m.get_one::<String>(t.key).map(|v| (t.field, v.clone())))
+            .collect();
+        Ok(OptionArgs {
+            switches,
+            knobs,
+            texts,
+            backend: PhantomData,
+        })
     }
 
     fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
@@ -121,9 +190,9 @@ pub fn open_backend(
     model: &Path,
     device: Device,
     quantize: bool,
-    cuda: &CudaArgs,
+    args: &BackendArgs,
 ) -> Result<Box<dyn Backend>> {
-    Ok(open_backend_with_weights(model, device, quantize, cuda)?.0)
+    Ok(open_backend_with_weights(model, device, quantize, args)?.0)
 }
 
 /// `open_backend`, also handing back the weights (the bench counts the bytes a step moves).
@@ -131,7 +200,7 @@ pub fn open_backend_with_weights(
     model: &Path,
     device: Device,
     quantize: bool,
-    cuda: &CudaArgs,
+    args: &BackendArgs,
 ) -> Result<(Box<dyn Backend>, Arc<lily_core::weights::ModelWeights>)> {
     let weights = Arc::new(load(
         model,
@@ -143,17 +212,17 @@ pub fn open_backend_with_weights(
     let wgpu = |allow_software: bool| -> Result<Box<dyn Backend>> {
         let opts = WgpuOptions {
             allow_software,
-            ..WgpuOptions::default()
+            ..args.wgpu.options()
         };
         Ok(Box::new(WgpuBackend::new(&weights, opts)?))
     };
     let backend = match device {
         Device::Cpu => cpu(),
-        Device::Cuda => cuda_backend(&weights, &cuda.options())?,
+        Device::Cuda => cuda_backend(&weights, &args.cuda.options())?,
         Device::Wgpu => wgpu(true)?,
         // Auto: the first of CUDA, wgpu on a hardware adapter, the CPU that starts here. A
         // software Vulkan (lavapipe) is never picked: the CPU backend is faster.
-        Device::Auto => match cuda_backend(&weights, &cuda.options()) {
+        Device::Auto => match cuda_backend(&weights, &args.cuda.options()) {
             Ok(b) => {
                 tracing::info!("device auto: using CUDA, the first choice");
                 b
@@ -194,16 +263,62 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    use lily_wgpu::DeviceLimits;
+
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        cuda: CudaArgs,
+        backend: BackendArgs,
     }
 
     #[test]
     fn no_flags_ask_for_the_configuration_that_ships() {
         let cli = Cli::parse_from(["lily-engine"]);
-        assert_eq!(cli.cuda.options(), CudaOptions::default());
+        assert_eq!(cli.backend.cuda.options(), CudaOptions::default());
+        assert_eq!(cli.backend.wgpu.options(), WgpuOptions::default());
+    }
+
+    #[test]
+    fn each_wgpu_flag_sets_its_option() {
+        // Every flag of lily-wgpu's table, spelled out here (not from the table).
+        let cli = Cli::parse_from([
+            "lily-engine",
+            "--wgpu-prefill-chunk",
+            "256",
+            "--wgpu-no-attend-tile",
+            "--wgpu-no-subgroups",
+            "--wgpu-f32-kv",
+            "--wgpu-limits",
+            "apple",
+            "--wgpu-adapter",
+            "llvmpipe",
+            "--prefill-chunk",
+            "1024",
+        ]);
+        assert_eq!(
+            cli.backend.wgpu.options(),
+            WgpuOptions {
+                chunk: 256,
+                attn_tile: false,
+                subgroups: false,
+                f16_kv: false,
+                limits: DeviceLimits::Apple,
+                adapter: Some("llvmpipe".into()),
+                ..WgpuOptions::default()
+            }
+        );
+        // CUDA's flags set CUDA's options only, and the other way round.
+        assert_eq!(cli.backend.cuda.options().chunk, 1024);
+        let o = Cli::parse_from(["lily-engine", "--no-split-kv"]).backend;
+        assert_eq!(o.wgpu.options(), WgpuOptions::default());
+        let err = Cli::try_parse_from(["lily-engine", "--wgpu-limits", "metal"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("adapter or apple"), "{err}");
+        assert!(Cli::try_parse_from(["lily-engine", "--wgpu-prefill-chunk", "0"]).is_err());
+        // Debugging and measuring aids are environment only.
+        assert!(Cli::try_parse_from(["lily-engine", "--wgpu-checked"]).is_err());
     }
 
     #[test]
@@ -235,7 +350,7 @@ mod tests {
             "--no-router-split-k",
             "--no-pipelined-decode",
         ]);
-        let o = cli.cuda.options();
+        let o = cli.backend.cuda.options();
         assert_eq!(
             o,
             CudaOptions {

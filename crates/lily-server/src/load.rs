@@ -10,7 +10,7 @@ use lily_core::engine::{Engine, EngineOptions};
 use lily_core::text::Tokenizer;
 
 pub use crate::device::Device;
-use crate::device::{open_backend, CudaArgs};
+use crate::device::{open_backend, BackendArgs};
 use crate::state::Model;
 
 /// Prefix of the test-only scripted model (see `scripted.rs`).
@@ -26,7 +26,7 @@ pub struct LoadOptions {
     pub prefix_cache_bytes: usize,
     pub snapshot_every: usize,
     pub quantize: bool,
-    pub cuda: CudaArgs,
+    pub backend: BackendArgs,
 }
 
 /// The id clients see: the model directory's name.
@@ -60,7 +60,7 @@ pub fn load(opts: &LoadOptions, stage: &dyn Fn(&'static str)) -> Result<Model> {
                 bail!("--model {}: not a directory", dir.display());
             }
             stage("loading weights");
-            let backend = open_backend(&dir, opts.device, opts.quantize, &opts.cuda)
+            let backend = open_backend(&dir, opts.device, opts.quantize, &opts.backend)
                 .with_context(|| format!("loading {}", dir.display()))?;
             (backend, dir)
         }
@@ -156,7 +156,7 @@ mod tests {
             prefix_cache_bytes: 0,
             snapshot_every: 0,
             quantize: true,
-            cuda: CudaArgs::default(),
+            backend: BackendArgs::default(),
         };
         let err = format!("{:#}", load(&opts, &|_| {}).err().unwrap());
         assert!(err.contains("cargo feature `scripted`"), "{err}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::connections::{self, ConnectionLimits};
-use crate::device::CudaArgs;
+use crate::device::BackendArgs;
 use crate::load::{self, Device, LoadOptions};
 use crate::metrics::Metrics;
 use crate::openai::response::unix_now;
@@ -78,7 +78,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_webui: bool,
     #[command(flatten)]
-    pub cuda: CudaArgs,
+    pub backend: BackendArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -127,7 +127,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         snapshot_every: args.snapshot_every,
         quantize: !args.keep_bf16,
-        cuda: args.cuda.clone(),
+        backend: args.backend.clone(),
     };
     let loader_state = state.clone();
     std::thread::Builder::new()

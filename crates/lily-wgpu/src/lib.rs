@@ -5,8 +5,9 @@
 //!
 //! Modules, runtime first (each uses only those above it): `shaders` (the WGSL sources and what
 //! each kernel needs from the device) ← `gpu` (adapter, device, buffers, the dispatch recorder)
-//! ← `weights` ← `plan` (options and environment resolved into the kernel each launch site
-//! runs) ← `kernels` (the plan's kernels compiled) ← `forward` ← `probes` (kernels against the
+//! ← `weights` ← `options` (each option declared once; the environment read in one function)
+//! ← `plan` (the options resolved into the kernel each launch site runs) ← `kernels` (the
+//! plan's kernels compiled) ← `forward` ← `probes` (kernels against the
 //! host, at load and in tests) ← `backend`. Kernels use at most 7 storage bindings each and
 //! never assume a subgroup width.
 
@@ -14,6 +15,7 @@ pub mod backend;
 pub mod forward;
 pub mod gpu;
 pub mod kernels;
+pub mod options;
 pub mod plan;
 pub mod probes;
 pub mod shaders;
@@ -22,4 +24,5 @@ pub mod weights;
 pub use backend::WgpuBackend;
 pub use gpu::DeviceLimits;
 pub use gpu::{adapters_found, describe_adapter, profile};
-pub use plan::{Plan, WgpuOptions};
+pub use options::WgpuOptions;
+pub use plan::Plan;

@@ -1,5 +1,5 @@
-//! What the wgpu backend runs, decided in one place: `WgpuOptions` (with the documented
-//! environment overrides applied in one function, `WgpuOptions::with_overrides`) resolved
+//! What the wgpu backend runs, decided in one place: `WgpuOptions` (options.rs: each option
+//! declared once, the environment overrides applied in one function) resolved
 //! against the adapter's limits and the model's shapes into a `Plan` that names, for each
 //! launch site of forward.rs, the concrete kernel (file and `override` constants) that runs.
 //! forward.rs matches on the plan's answers; it tests no shape itself.
@@ -25,45 +25,10 @@
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
-use crate::gpu::DeviceLimits;
 use crate::shaders::Spec;
 use crate::weights::{Fused, GpuLinear, GpuMoe};
 
-/// How the backend is asked to run. `Default` holds the defaults only; the environment's
-/// overrides come on top through `with_env_overrides` (`WgpuBackend::new` applies them).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WgpuOptions {
-    /// Largest prefill chunk in tokens (activation scratch is sized for it; `LILY_WGPU_CHUNK`).
-    /// 2048: a chunk's routed experts average 64 tokens each (256 experts, 8 per token), so each
-    /// expert's weights serve four tiles and every dispatch fills the GPU (H200 via Vulkan, 4K
-    /// prompt: 2,315 tok/s at 512, 3,175 at 2048; docs/perf-notes.md, session 7). The largest
-    /// activation (the DeltaNet input projections' output) is 101 MB at 2048, under the 128 MiB
-    /// binding limit wgpu assumes by default.
-    pub chunk: usize,
-    /// Most positions whose logits one pass keeps (`prefill_all_logits`).
-    pub all_logits_chunk: usize,
-    /// Whether a software adapter (lavapipe) may be used.
-    pub allow_software: bool,
-    /// Keep wgpu's runtime bounds checks in the shaders (debugging; `LILY_WGPU_CHECKED=1`).
-    pub checked: bool,
-    /// Cut weights into slices of at most this many bytes even where the device binds more
-    /// (tests: exercises the sliced path on a tiny model).
-    pub max_slice_bytes: Option<u64>,
-    /// Prefill attention on attend_tile.wgsl where the model's shapes allow, it fits the device
-    /// and its check at load passes (`LILY_WGPU_ATTN_TILE=0`: attend_gqa.wgsl).
-    pub attn_tile: bool,
-    /// The adapter whose name contains this (`LILY_WGPU_ADAPTER`), else the best one.
-    pub adapter: Option<String>,
-    /// Per-kernel GPU times (`LILY_PROFILE=1` or `LILY_WGPU_PROFILE=1`).
-    pub profile: bool,
-    /// The limits the device is created with (`LILY_WGPU_LIMITS=apple`).
-    pub limits: DeviceLimits,
-    /// The workgroup reductions on subgroups where the adapter has them (`LILY_WGPU_SUBGROUPS=0`:
-    /// through workgroup memory everywhere).
-    pub subgroups: bool,
-    /// The KV cache in f16 where the adapter has SHADER_F16 (`LILY_WGPU_F16_KV=0`: f32).
-    pub f16_kv: bool,
-}
+pub use crate::options::WgpuOptions;
 
 /// What the device offers the plan: its limits (as created) and the optional features enabled.
 #[derive(Clone, Debug)]
@@ -71,64 +36,6 @@ pub struct DeviceCaps {
     pub limits: wgpu::Limits,
     pub subgroups: bool,
     pub f16: bool,
-}
-
-impl Default for WgpuOptions {
-    fn default() -> Self {
-        WgpuOptions {
-            chunk: 2048,
-            all_logits_chunk: 32,
-            allow_software: true,
-            checked: false,
-            max_slice_bytes: None,
-            attn_tile: true,
-            adapter: None,
-            profile: false,
-            limits: DeviceLimits::Adapter,
-            subgroups: true,
-            f16_kv: true,
-        }
-    }
-}
-
-impl WgpuOptions {
-    /// These options with the documented environment variables applied on top. The one place
-    /// lily-wgpu reads its environment.
-    pub fn with_env_overrides(self) -> WgpuOptions {
-        self.with_overrides(|k| std::env::var(k).ok())
-    }
-
-    /// `with_env_overrides` with the variables looked up by `var` (tests).
-    pub fn with_overrides(mut self, var: impl Fn(&str) -> Option<String>) -> WgpuOptions {
-        let is = |k: &str, v: &str| var(k).is_some_and(|x| x == v);
-        if let Some(n) = var("LILY_WGPU_CHUNK").and_then(|v| v.parse::<usize>().ok()) {
-            if n > 0 {
-                self.chunk = n;
-            }
-        }
-        if is("LILY_WGPU_CHECKED", "1") {
-            self.checked = true;
-        }
-        if is("LILY_WGPU_ATTN_TILE", "0") {
-            self.attn_tile = false;
-        }
-        if let Some(name) = var("LILY_WGPU_ADAPTER") {
-            self.adapter = Some(name);
-        }
-        if is("LILY_PROFILE", "1") || is("LILY_WGPU_PROFILE", "1") {
-            self.profile = true;
-        }
-        if is("LILY_WGPU_LIMITS", "apple") {
-            self.limits = DeviceLimits::Apple;
-        }
-        if is("LILY_WGPU_SUBGROUPS", "0") {
-            self.subgroups = false;
-        }
-        if is("LILY_WGPU_F16_KV", "0") {
-            self.f16_kv = false;
-        }
-        self
-    }
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
@@ -406,6 +313,11 @@ pub fn tile_group(c: &ModelConfig) -> Option<usize> {
     gqa_group(c).filter(|_| c.head_dim.is_multiple_of(64))
 }
 
+/// Whether prefill attention is attend_tile.wgsl.
+fn attend_tile_on(a: PrefillAttention) -> bool {
+    matches!(a, PrefillAttention::Tile { .. })
+}
+
 /// The resolved plan.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -425,10 +337,11 @@ pub struct Plan {
     pub subgroups: bool,
     /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
     pub kv_f16: bool,
-    /// The limits the device was created with (`DeviceLimits`), for the log line.
-    pub limits: DeviceLimits,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
+    /// The options as resolved: those asked for, with the switches the device or the model
+    /// turned off turned off (for the log line).
+    pub options: WgpuOptions,
 }
 
 impl Plan {
@@ -540,7 +453,14 @@ impl Plan {
                 );
             }
         }
+        let options = WgpuOptions {
+            attn_tile: attend_tile_on(prefill_attention),
+            subgroups,
+            f16_kv: kv_f16,
+            ..opts.clone()
+        };
         Ok(Plan {
+            options,
             chunk: opts.chunk,
             all_logits_chunk: opts.all_logits_chunk.clamp(1, opts.chunk.max(1)),
             checked: opts.checked,
@@ -552,7 +472,6 @@ impl Plan {
             specs,
             subgroups,
             kv_f16,
-            limits: opts.limits,
             notes,
         })
     }
@@ -564,6 +483,7 @@ impl Plan {
             DecodeAttention::Plain => PrefillAttention::Plain,
         };
         self.specs.attend_tile = None;
+        self.options.attn_tile = false;
         self.notes.push(why);
     }
 
@@ -589,21 +509,10 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {} KV cache, prefill chunk {}, limits {}, reductions {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{}{notes}",
-            if self.kv_f16 { "f16" } else { "f32" },
-            self.chunk,
-            match self.limits {
-                DeviceLimits::Adapter => "the adapter's",
-                DeviceLimits::Apple => "capped at Apple's (32 KiB workgroup memory)",
-            },
-            if self.subgroups {
-                "on subgroups"
-            } else {
-                "through workgroup memory"
-            },
+            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{notes}",
+            self.options.describe(),
             self.dense_mm.items(),
             self.expert_mm.items(),
-            if self.checked { ", bounds checks on" } else { "" },
         )
     }
 
@@ -772,50 +681,4 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
 /// hold one quad each).
 fn glu_rows_ok(gate: &GpuLinear) -> bool {
     gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn no_environment_leaves_the_options_as_given() {
-        let o = WgpuOptions::default().with_overrides(env(&[]));
-        assert_eq!(o, WgpuOptions::default());
-    }
-
-    #[test]
-    fn environment_variables_override_the_options() {
-        let o = WgpuOptions::default().with_overrides(env(&[
-            ("LILY_WGPU_CHUNK", "512"),
-            ("LILY_WGPU_CHECKED", "1"),
-            ("LILY_WGPU_ATTN_TILE", "0"),
-            ("LILY_WGPU_ADAPTER", "H200"),
-            ("LILY_PROFILE", "1"),
-            ("LILY_WGPU_LIMITS", "apple"),
-            ("LILY_WGPU_SUBGROUPS", "0"),
-            ("LILY_WGPU_F16_KV", "0"),
-        ]));
-        assert!(!o.subgroups && !o.f16_kv);
-        assert_eq!(o.chunk, 512);
-        assert!(o.checked && !o.attn_tile && o.profile);
-        assert_eq!(o.adapter.as_deref(), Some("H200"));
-        assert_eq!(o.limits, DeviceLimits::Apple);
-        // Values that are not the documented ones change nothing.
-        let o = WgpuOptions::default().with_overrides(env(&[
-            ("LILY_WGPU_CHUNK", "0"),
-            ("LILY_WGPU_ATTN_TILE", "1"),
-            ("LILY_WGPU_LIMITS", "metal"),
-        ]));
-        assert_eq!(o, WgpuOptions::default());
-    }
 }

@@ -1,0 +1,267 @@
+//! `WgpuOptions`: how the wgpu backend is asked to run, declared once. Each switch, knob and
+//! text option is one row of the table below (`lily_core::backend_options!`, the macro lily-cuda's
+//! `CudaOptions` is declared with too), which gives its field, the value that ships, its
+//! `lily-engine` flag (lily-server builds its `--wgpu-*` flags from `SWITCHES`, `KNOBS` and
+//! `TEXTS`, no code per option there), its environment override, its label in `Plan::describe`,
+//! its help text (the flag's help and the crate README's row: `readme_rows`) and, for a switch,
+//! why it stays. The plan (plan.rs) resolves the options against the adapter and the model into
+//! kernels.
+//!
+//! Environment overrides are read in one function (`WgpuOptions::with_env_overrides`, i.e.
+//! `lily_core::options::with_overrides`; `WgpuBackend::new` applies it): a switch's variable set
+//! to `1` or `0` sets it (`LILY_WGPU_F16_KV=0` turns `f16_kv` off), a knob's sets it when it is a
+//! number the knob accepts, a text option's when it is a text the option takes; anything else
+//! leaves the option as it is.
+
+use lily_core::options::TextValue;
+
+use crate::gpu::DeviceLimits;
+
+/// Default largest prefill chunk in tokens (activation scratch is sized for it). 2048: a chunk's
+/// routed experts average 64 tokens each (256 experts, 8 per token), so each expert's weights
+/// serve four tiles and every dispatch fills the GPU (H200 via Vulkan, 4K prompt: 2,315 tok/s at
+/// 512, 3,175 at 2048; docs/perf-notes.md, session 7). The largest activation (the DeltaNet input
+/// projections' output) is 101 MB at 2048, under the 128 MiB binding limit wgpu assumes by
+/// default.
+pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
+
+/// `adapter` (the adapter's own limits) or `apple` (each capped at an Apple GPU's).
+impl TextValue for DeviceLimits {
+    fn parse_text(text: &str) -> Option<Self> {
+        match text {
+            "adapter" => Some(DeviceLimits::Adapter),
+            "apple" => Some(DeviceLimits::Apple),
+            _ => None,
+        }
+    }
+
+    fn show_text(&self) -> String {
+        match self {
+            DeviceLimits::Adapter => "adapter",
+            DeviceLimits::Apple => "apple",
+        }
+        .to_string()
+    }
+}
+
+lily_core::backend_options! {
+    /// How the backend is asked to run (`Default`: the configuration that ships; the
+    /// environment's overrides come on top through `with_env_overrides`, which
+    /// `WgpuBackend::new` applies). Each option's meaning: its row of `SWITCHES` / `KNOBS` /
+    /// `TEXTS` (`help`, `why`).
+    pub struct WgpuOptions, heading "wgpu backend", id "wgpu";
+    switches {
+        attn_tile = true, flag Some("wgpu-no-attend-tile"), env "LILY_WGPU_ATTN_TILE" = true,
+            label "attend_tile",
+            help "prefill attention on attend_tile.wgsl (K/V read once per tile of tokens) where the model's shapes allow, it fits the device's workgroup memory and its check at load passes, instead of attend_gqa.wgsl (one token a workgroup)",
+            why "won its A/B: prefill attention 49.4 → 12.3 µs a token at a 4K prompt on the H200 through Vulkan (session 7); attend_gqa serves the shapes and devices attend_tile does not";
+        subgroups = true, flag Some("wgpu-no-subgroups"), env "LILY_WGPU_SUBGROUPS" = true,
+            label "subgroup reductions",
+            help "the workgroup reductions (norms, softmax, the greedy pick, row totals) on subgroups (reduce_subgroup.wgsl) where the adapter has them, instead of through workgroup memory (reduce_workgroup.wgsl)",
+            why "issue 29's design, not yet measured on a GPU (session 10: the A/B to run); the workgroup-memory form serves adapters without subgroups";
+        f16_kv = true, flag Some("wgpu-f32-kv"), env "LILY_WGPU_F16_KV" = true,
+            label "f16 KV cache",
+            help "the KV cache in f16 where the adapter has SHADER_F16 (scores, softmax and sums in f32), instead of f32",
+            why "issue 29's design, not yet measured on a GPU (session 10: the A/B to run); the f32 cache serves adapters without f16 and is the parity form";
+        checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
+            label "bounds checks",
+            help "debug: wgpu's runtime bounds checks kept in the shaders",
+            why "a debugging aid";
+        profile = false, flag None, env "LILY_WGPU_PROFILE" | "LILY_PROFILE" = true,
+            label "profiling",
+            help "per-kernel GPU times (timestamp queries where the adapter has them), printed at the end of `lily-engine bench`",
+            why "a measuring aid";
+    }
+    knobs {
+        chunk = DEFAULT_PREFILL_CHUNK, flag Some("wgpu-prefill-chunk"), env "LILY_WGPU_CHUNK",
+            accepts |n| n > 0, "at least 1", label "prefill chunk",
+            help "largest prefill chunk in tokens (activation scratch is sized for it)";
+    }
+    texts {
+        limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
+            value "LIMITS", accepts "adapter or apple", label "limits",
+            help "the limits the device is created with: the adapter's own, or each capped at an Apple GPU's through Metal (32 KiB of workgroup memory; the contract CI checks without a Mac)";
+        adapter: Option<String> = None, flag Some("wgpu-adapter"), env "LILY_WGPU_ADAPTER",
+            value "NAME", accepts "part of an adapter's name", label "adapter",
+            help "the adapter whose name contains this, else the best one (discrete, integrated, virtual, then software)";
+    }
+    fields {
+        /// Most positions whose logits one pass keeps (`prefill_all_logits`).
+        all_logits_chunk: usize = 32;
+        /// Whether a software adapter (lavapipe) may be used (`--device auto` says no).
+        allow_software: bool = true;
+        /// Cut weights into slices of at most this many bytes even where the device binds more
+        /// (tests: exercises the sliced path on a tiny model).
+        max_slice_bytes: Option<u64> = None;
+    }
+}
+
+/// The crate README's table of options (README.md holds exactly these rows; a unit test checks
+/// it).
+pub fn readme_rows() -> String {
+    lily_core::options::readme_rows::<WgpuOptions>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lily_core::options::Options;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_defaults_are_the_configuration_that_ships() {
+        // Written out field by field (not from the table) so the test checks the table.
+        assert_eq!(
+            WgpuOptions::default(),
+            WgpuOptions {
+                chunk: 2048,
+                all_logits_chunk: 32,
+                allow_software: true,
+                checked: false,
+                max_slice_bytes: None,
+                attn_tile: true,
+                adapter: None,
+                profile: false,
+                limits: DeviceLimits::Adapter,
+                subgroups: true,
+                f16_kv: true,
+            }
+        );
+    }
+
+    #[test]
+    fn no_environment_leaves_the_options_as_given() {
+        let o = WgpuOptions {
+            chunk: 96,
+            subgroups: false,
+            adapter: Some("llvmpipe".into()),
+            ..WgpuOptions::default()
+        };
+        assert_eq!(o.clone().with_overrides(env(&[])), o);
+    }
+
+    #[test]
+    fn environment_variables_override_the_options() {
+        let o = WgpuOptions::default().with_overrides(env(&[
+            ("LILY_WGPU_CHUNK", "512"),
+            ("LILY_WGPU_CHECKED", "1"),
+            ("LILY_WGPU_ATTN_TILE", "0"),
+            ("LILY_WGPU_ADAPTER", "H200"),
+            ("LILY_PROFILE", "1"),
+            ("LILY_WGPU_LIMITS", "apple"),
+            ("LILY_WGPU_SUBGROUPS", "0"),
+            ("LILY_WGPU_F16_KV", "0"),
+        ]));
+        assert_eq!(
+            o,
+            WgpuOptions {
+                chunk: 512,
+                checked: true,
+                attn_tile: false,
+                adapter: Some("H200".into()),
+                profile: true,
+                limits: DeviceLimits::Apple,
+                subgroups: false,
+                f16_kv: false,
+                ..WgpuOptions::default()
+            }
+        );
+        // Either profiling variable; the backend's own is read first.
+        let o = WgpuOptions::default().with_overrides(env(&[("LILY_WGPU_PROFILE", "1")]));
+        assert!(o.profile);
+        let o = WgpuOptions::default()
+            .with_overrides(env(&[("LILY_WGPU_PROFILE", "0"), ("LILY_PROFILE", "1")]));
+        assert!(!o.profile);
+        // Values that are not the documented ones change nothing.
+        let o = WgpuOptions::default().with_overrides(env(&[
+            ("LILY_WGPU_CHUNK", "0"),
+            ("LILY_WGPU_ATTN_TILE", "yes"),
+            ("LILY_WGPU_LIMITS", "metal"),
+        ]));
+        assert_eq!(o, WgpuOptions::default());
+        // The environment sets the side a flag's options did not.
+        let asked = WgpuOptions {
+            limits: DeviceLimits::Apple,
+            ..WgpuOptions::default()
+        };
+        let o = asked.with_overrides(env(&[("LILY_WGPU_LIMITS", "adapter")]));
+        assert_eq!(o.limits, DeviceLimits::Adapter);
+    }
+
+    #[test]
+    fn every_row_names_a_field_and_flags_and_variables_are_unique() {
+        let o = WgpuOptions::default();
+        let mut names: Vec<&str> = Vec::new();
+        for s in SWITCHES {
+            assert_eq!(o.switch(s.field), Some(s.default), "{}", s.field);
+            assert!(s.env.starts_with("LILY_") && !s.help.is_empty() && !s.why.is_empty());
+            names.extend(s.flag);
+            names.push(s.env);
+            names.extend(s.also);
+        }
+        for k in KNOBS {
+            assert_eq!(o.knob(k.field), Some(k.default), "{}", k.field);
+            assert!((k.accepts)(k.default), "{}", k.field);
+            names.extend(k.flag);
+            names.push(k.env);
+        }
+        for t in TEXTS {
+            let shown = o.text(t.field).unwrap_or_default();
+            let mut again = WgpuOptions::default();
+            // Every text option shows as a text it takes (`any` is a name too).
+            assert!(again.set_text(t.field, &shown), "{}", t.field);
+            names.extend(t.flag);
+            names.push(t.env);
+        }
+        // Every flag is the backend's own.
+        assert!(names
+            .iter()
+            .filter(|n| !n.starts_with("LILY_"))
+            .all(|f| f.starts_with("wgpu-")));
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a flag or variable is declared twice");
+    }
+
+    #[test]
+    fn describe_names_every_option() {
+        let d = WgpuOptions {
+            f16_kv: false,
+            chunk: 512,
+            limits: DeviceLimits::Apple,
+            ..WgpuOptions::default()
+        }
+        .describe();
+        assert!(
+            d.starts_with("attend_tile on, subgroup reductions on, f16 KV cache off,"),
+            "{d}"
+        );
+        assert!(
+            d.contains("prefill chunk 512") && d.ends_with("limits apple, adapter any"),
+            "{d}"
+        );
+        assert_eq!(
+            d.split(", ").count(),
+            SWITCHES.len() + KNOBS.len() + TEXTS.len()
+        );
+    }
+
+    #[test]
+    fn the_readme_lists_every_option_as_the_table_says() {
+        let readme = include_str!("../README.md");
+        let rows = readme_rows();
+        assert!(
+            readme.contains(&rows),
+            "crates/lily-wgpu/README.md's option table differs from options::readme_rows():\n{rows}"
+        );
+    }
+}
