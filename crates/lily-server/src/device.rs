@@ -287,7 +287,7 @@ mod tests {
             "256",
             "--wgpu-no-attend-tile",
             "--wgpu-no-subgroups",
-            "--wgpu-f32-kv",
+            "--wgpu-f16-kv",
             "--wgpu-limits",
             "apple",
             "--wgpu-adapter",
@@ -301,7 +301,7 @@ mod tests {
                 chunk: 256,
                 attn_tile: false,
                 subgroups: false,
-                f16_kv: false,
+                f16_kv: true,
                 limits: DeviceLimits::Apple,
                 adapter: Some("llvmpipe".into()),
                 ..WgpuOptions::default()
