@@ -27,7 +27,11 @@ say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noh
 "$NEW" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" "${TOK[@]}" > /tmp/synth.log 2>&1 &
 SYN=$!
 # selftest: every device against the CPU on a tiny model (agreement, greedy tokens).
-timeout 120 "$NEW" selftest > "$OUT/selftest.txt" 2>&1; say "selftest rc=$? at $(at): $(grep -iE 'wgpu|cuda|agree|FAIL' "$OUT/selftest.txt" | head -8 | tr '\n' ' ' | cut -c1-900)"
+for p in tiny small; do
+  "$NEW" synth --preset $p --format mlx --seed 3 --out /tmp/st-$p "${TOK[@]}" > /dev/null 2>&1
+  timeout 90 "$NEW" selftest --model /tmp/st-$p > "$OUT/selftest-$p.txt" 2>&1
+  say "selftest $p rc=$? at $(at): $(grep -iE 'wgpu|cuda|agree|FAIL|error' "$OUT/selftest-$p.txt" | head -8 | tr '\n' ' ' | cut -c1-900)"
+done
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   mkdir -p /tmp/chk
   SKIP_COMPILE=1 OUT=/tmp/chk timeout "${CHECK_S:-200}" bash "$HERE/gpu_check.sh" > /tmp/check.log 2>&1
