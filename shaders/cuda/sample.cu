@@ -650,7 +650,8 @@ sample_pick_parts(const float* __restrict__ logits, int vocab, int top_k, float 
 //   and writes parts[b] = (its largest logit, Σ exp(logit − that), its k best candidates; 0 where
 //   the slice has fewer).
 // logprob_final: one block of 256 threads: the log-sum-exp of the blocks' partials (in f64), the
-//   k best of the ARGMAX_BLOCKS · k candidates, out[2i] = id, out[2i + 1] = logprob bits.
+//   k best of the ARGMAX_BLOCKS · k candidates (held in shared memory, 20 KB at k = 20),
+//   out[2i] = id, out[2i + 1] = logprob bits; an id of 0xffffffff where there are fewer than k.
 // Bytes: logits [V] read once (the rounds re-read the block's slice from L1).
 #ifndef LOGPROB_MAX_K
 #error "LOGPROB_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
@@ -731,6 +732,7 @@ __device__ __forceinline__ float key_value(u32 key) {
 
 extern "C" __global__ void __launch_bounds__(256)
 logprob_final(const u32* __restrict__ parts, int n_parts, int k, u32* __restrict__ out) {
+    __shared__ u64 cand[ARGMAX_BLOCKS * LOGPROB_MAX_K];
     __shared__ u64 red[32];
     __shared__ float mx_s[32];
     __shared__ double s_logz;
@@ -753,12 +755,14 @@ logprob_final(const u32* __restrict__ parts, int n_parts, int k, u32* __restrict
         }
         s_logz = (double)m + log(s);
     }
-    // Each thread's best candidate among its (part, rank) slots; the rounds as in logprob_part.
-    int slots = n_parts * k;
+    // The candidates into shared memory (the rounds re-read them), each thread's best among its
+    // slots; the rounds as in logprob_part.
+    int slots = min(n_parts, ARGMAX_BLOCKS) * k;
     u64 best = 0;
     for (int j = t; j < slots; j += blockDim.x) {
         const u32* c = parts + (long long)(j / k) * LOGPROB_PART_WORDS + 2 + 2 * (j % k);
         u64 v = ((u64)c[0] << 32) | c[1];
+        cand[j] = v;
         best = v > best ? v : best;
     }
     __syncthreads();
@@ -779,8 +783,7 @@ logprob_final(const u32* __restrict__ parts, int n_parts, int k, u32* __restrict
         if (top != 0 && best == top) {
             best = 0;
             for (int j = t; j < slots; j += blockDim.x) {
-                const u32* c = parts + (long long)(j / k) * LOGPROB_PART_WORDS + 2 + 2 * (j % k);
-                u64 v = ((u64)c[0] << 32) | c[1];
+                u64 v = cand[j];
                 if (v < last && v > best) best = v;
             }
         }

@@ -2,7 +2,8 @@
 //! for (options.rs: the flags, with the environment overrides applied by `Plan::new`) and what the
 //! device can run (`gpu::DeviceCaps`), and answers, for a step's shape, with the concrete kernel
 //! of each launcher: `dense` (`Dense`), `router` (`Router`), `experts` (`Experts`), `attention`
-//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, and the compile-time
+//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, `logprobs`
+//! (`LogprobsPath`), and the compile-time
 //! variants of the kernel files (`build`). The kernel enums live beside their launchers
 //! (kernels/gemm.rs `DenseGemm`, `GroupedGemm`; kernels/attention.rs `SplitKernel`,
 //! `PrefillKernel`); launchers take them as arguments and test no switch, and forward.rs and
@@ -27,7 +28,9 @@
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
 //! `moe_route`, `moe_group`, `silu_mul`, `moe_combine`; picks: `argmax_part` + `argmax_final`
-//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`.
+//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`;
+//! top log-probabilities (`logprobs`: 1..=20 of them with a device pick): `logprob_part` +
+//! `logprob_final` after the pick.
 //! The fp32 mode (`--fp32-activations`) takes the CUDA-core rows' kernels at every length, with
 //! `attn_decode` for chunks and `attn_split` for one token.
 

@@ -234,6 +234,7 @@ mod tests {
             "--no-wgmma-small-tiles",
             "--no-router-split-k",
             "--no-pipelined-decode",
+            "--no-device-logprobs",
         ]);
         let o = cli.cuda.options();
         assert_eq!(
@@ -265,6 +266,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
+                device_logprobs: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,
