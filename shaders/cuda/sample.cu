@@ -640,3 +640,152 @@ sample_pick_parts(const float* __restrict__ logits, int vocab, int top_k, float 
     pick_core(logits, flat_v, flat_i, total, top_k, top_p, min_p, u, remember, hist, token_out, logprob_out,
               s_mx, s_se);
 }
+
+// Top log-probabilities on the device (the host's lily_core::logprob, reported with a decode
+// step's token): the row's log-sum-exp and its k ≤ LOGPROB_MAX_K best (id, log-probability) pairs,
+// most likely first, ties to the lower id (f32::total_cmp order of the logits, as the host sorts).
+// A candidate is one u64, (order_key(logit) << 32) | ~id: the larger u64 is the better candidate,
+// so every selection is a max, and round r takes the largest candidate below round r − 1's.
+// logprob_part: grid ARGMAX_BLOCKS, block 256; block b takes a contiguous slice of the vocabulary
+//   and writes parts[b] = (its largest logit, Σ exp(logit − that), its k best candidates; 0 where
+//   the slice has fewer).
+// logprob_final: one block of 256 threads: the log-sum-exp of the blocks' partials (in f64), the
+//   k best of the ARGMAX_BLOCKS · k candidates (held in shared memory, 20 KB at k = 20),
+//   out[2i] = id, out[2i + 1] = logprob bits; an id of 0xffffffff where there are fewer than k.
+// Bytes: logits [V] read once (the rounds re-read the block's slice from L1).
+#ifndef LOGPROB_MAX_K
+#error "LOGPROB_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
+#endif
+#define LOGPROB_PART_WORDS (2 + 2 * LOGPROB_MAX_K)
+
+__device__ __forceinline__ u64 lp_cand(float v, int i) {
+    return ((u64)order_key(v) << 32) | (u64)(~(u32)i);
+}
+
+// The block's largest of `c` (every thread gets it); red: 32 u64 of shared memory.
+__device__ __forceinline__ u64 block_max_u64(u64 c, u64* red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 d = __shfl_xor_sync(0xffffffffu, c, o);
+        c = d > c ? d : c;
+    }
+    __syncthreads();
+    if (lane == 0) red[warp] = c;
+    __syncthreads();
+    c = 0;
+    for (int w = 0; w < nw; w++) c = red[w] > c ? red[w] : c;
+    return c;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+logprob_part(const float* __restrict__ logits, int vocab, int k, u32* __restrict__ parts) {
+    __shared__ u64 red[32];
+    __shared__ float mx_s[32];
+    int per = (vocab + gridDim.x - 1) / gridDim.x;
+    int lo = blockIdx.x * per, hi = min(vocab, lo + per);
+    float mx = NEG_INF;
+    u64 best = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = logits[i];
+        mx = fmaxf(mx, v);
+        u64 c = lp_cand(v, i);
+        best = c > best ? c : best;
+    }
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) mx_s[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, mx_s[w]);
+    float s = 0.0f;
+    if (mx != NEG_INF)
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(logits[i] - mx);
+    s = block_sum(s);
+    u32* out = parts + (long long)blockIdx.x * LOGPROB_PART_WORDS;
+    if (threadIdx.x == 0) {
+        out[0] = __float_as_uint(mx);
+        out[1] = __float_as_uint(s);
+    }
+    // Round r: the largest candidate below the last one taken. A thread's own best is recomputed
+    // only when it was the one taken.
+    u64 last = ~0ull;
+    for (int r = 0; r < k; r++) {
+        u64 top = block_max_u64(best, red);
+        if (threadIdx.x == 0) {
+            out[2 + 2 * r] = (u32)(top >> 32);
+            out[3 + 2 * r] = (u32)top;
+        }
+        last = top;
+        if (top != 0 && best == top) {
+            best = 0;
+            for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+                u64 c = lp_cand(logits[i], i);
+                if (c < last && c > best) best = c;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float key_value(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+logprob_final(const u32* __restrict__ parts, int n_parts, int k, u32* __restrict__ out) {
+    __shared__ u64 cand[ARGMAX_BLOCKS * LOGPROB_MAX_K];
+    __shared__ u64 red[32];
+    __shared__ float mx_s[32];
+    __shared__ double s_logz;
+    int t = threadIdx.x;
+    // M = the largest of the blocks' maxima; Σ_b sum_b · exp(max_b − M), in f64.
+    float m = NEG_INF;
+    for (int p = t; p < n_parts; p += blockDim.x)
+        m = fmaxf(m, __uint_as_float(parts[(long long)p * LOGPROB_PART_WORDS]));
+    m = warp_max(m);
+    if ((t & 31) == 0) mx_s[t >> 5] = m;
+    __syncthreads();
+    m = NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, mx_s[w]);
+    if (t == 0) {
+        double s = 0.0;
+        for (int p = 0; p < n_parts; p++) {
+            float mp = __uint_as_float(parts[(long long)p * LOGPROB_PART_WORDS]);
+            float sp = __uint_as_float(parts[(long long)p * LOGPROB_PART_WORDS + 1]);
+            if (sp > 0.0f) s += (double)sp * exp((double)mp - (double)m);
+        }
+        s_logz = (double)m + log(s);
+    }
+    // The candidates into shared memory (the rounds re-read them), each thread's best among its
+    // slots; the rounds as in logprob_part.
+    int slots = min(n_parts, ARGMAX_BLOCKS) * k;
+    u64 best = 0;
+    for (int j = t; j < slots; j += blockDim.x) {
+        const u32* c = parts + (long long)(j / k) * LOGPROB_PART_WORDS + 2 + 2 * (j % k);
+        u64 v = ((u64)c[0] << 32) | c[1];
+        cand[j] = v;
+        best = v > best ? v : best;
+    }
+    __syncthreads();
+    double logz = s_logz;
+    u64 last = ~0ull;
+    for (int r = 0; r < k; r++) {
+        u64 top = block_max_u64(best, red);
+        if (t == 0) {
+            if (top == 0) {
+                out[2 * r] = 0xffffffffu;
+                out[2 * r + 1] = __float_as_uint(NEG_INF);
+            } else {
+                out[2 * r] = ~(u32)top;
+                out[2 * r + 1] = __float_as_uint((float)((double)key_value((u32)(top >> 32)) - logz));
+            }
+        }
+        last = top;
+        if (top != 0 && best == top) {
+            best = 0;
+            for (int j = t; j < slots; j += blockDim.x) {
+                u64 v = cand[j];
+                if (v < last && v > best) best = v;
+            }
+        }
+    }
+}

@@ -13,15 +13,15 @@ use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
-use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState};
+use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
 use crate::kernels::attention::AttnShape;
-use crate::kernels::sample::Argmax;
+use crate::kernels::sample::{Argmax, TopLogprobs};
 use crate::kernels::{self, Kernels};
 use crate::pinned::Pinned;
 pub use crate::plan::CudaOptions;
-use crate::plan::{Plan, SamplingPath};
+use crate::plan::{LogprobsPath, Plan, SamplingPath};
 use crate::sampler::DeviceSampler;
 use crate::weights::{upload_model, DevModel};
 
@@ -100,8 +100,8 @@ pub struct CudaBackend {
     scratch: Scratch,
     /// A constrained step's buffers, allocated by the first constrained decode.
     mask_bufs: Option<MaskBufs>,
-    /// Where a pipelined decode's token and log-probability land (2 words), allocated by the
-    /// first pipelined decode.
+    /// Where a pipelined decode's token, log-probability and device top log-probabilities land
+    /// (NEXT_TOKEN_WORDS words), allocated by the first pipelined decode.
     token_read: Option<Pinned>,
     model: DevModel,
     cfg: ModelConfig,
@@ -288,20 +288,22 @@ impl CudaBackend {
     /// pass need not wait for it), then (when `more` steps may follow and the context has room)
     /// the forward pass that feeds the token, which only reads them, then waits for the copy
     /// alone, on every path (the copy must end before the token's buffer can be written or
-    /// freed). The two words, and whether the token was fed.
+    /// freed). The first `words` words (token, log-probability, then the device top
+    /// log-probabilities' pairs), and whether the token was fed.
     fn read_pick_pipelined(
         &mut self,
         seq: SeqId,
+        words: usize,
         more: bool,
         timing: &mut StepTiming,
-    ) -> Result<([u32; 2], bool)> {
+    ) -> Result<(Vec<u32>, bool)> {
         let s = self
             .seqs
             .get(&seq.0)
             .ok_or_else(|| anyhow!("unknown sequence {}", seq.0))?;
         const ALLOCATED: &str = "decode allocates token_read when it pipelines";
         let read = self.token_read.as_mut().expect(ALLOCATED);
-        read.queue_read(&self.gpu, &s.next_token, 0, 2)?;
+        read.queue_read(&self.gpu, &s.next_token, 0, words)?;
         let feed = more && s.len < s.max_ctx;
         let launched = if feed {
             timing
@@ -311,10 +313,14 @@ impl CudaBackend {
         } else {
             Ok(())
         };
-        let read = self.token_read.as_mut().expect(ALLOCATED).wait(2);
+        let read = self
+            .token_read
+            .as_mut()
+            .expect(ALLOCATED)
+            .wait(words)
+            .map(<[u32]>::to_vec);
         launched?;
-        let w = read?;
-        Ok(([w[0], w[1]], feed))
+        Ok((read?, feed))
     }
 }
 
@@ -604,7 +610,15 @@ impl Backend for CudaBackend {
         // while the host handles a token. A token that ends generation has then been fed
         // (`seq_len` says so; `Backend::decode`). The host checks the id after the pass that
         // embeds it was queued: a device pick only writes ids in the vocabulary.
-        let pipelined = self.plan.pipelined_decode(path, top_logprobs);
+        // Top log-probabilities on the device (`Plan::logprobs`): computed right after the pick
+        // into the words beside the token, read with it (pipelined too).
+        let lp_path = self.plan.logprobs(path, top_logprobs, self.cfg.vocab);
+        let words = 2 + if lp_path == LogprobsPath::Device {
+            2 * top_logprobs
+        } else {
+            0
+        };
+        let pipelined = self.plan.pipelined_decode(path, lp_path);
         // Created when the first device pick needs it.
         let mut device_pick: Option<DeviceSampler> = None;
         // LILY_STEP_TIMING: each forward pass's and pick's device work (events around them)
@@ -614,7 +628,7 @@ impl Backend for CudaBackend {
             self.mask_bufs = Some(MaskBufs::new(&self.gpu, self.cfg.vocab)?);
         }
         if pipelined && self.token_read.is_none() {
-            self.token_read = Some(Pinned::with_side_stream(&self.gpu, 2)?);
+            self.token_read = Some(Pinned::with_side_stream(&self.gpu, NEXT_TOKEN_WORDS)?);
         }
         for step in 0..n {
             // A constrained step (a grammar's token mask; lily-core `constrain`): on the device
@@ -679,28 +693,54 @@ impl Backend for CudaBackend {
                         }
                     }
                 }
+                if lp_path == LogprobsPath::Device {
+                    self.kernels.sample.top_logprobs(
+                        &self.gpu,
+                        &TopLogprobs {
+                            logits: s.logits.ptr,
+                            vocab: self.cfg.vocab,
+                            k: top_logprobs,
+                            parts: self.scratch.logprob_parts.ptr,
+                            out: s.top_logprobs_out(),
+                        },
+                    )?;
+                }
                 timing.picked(&self.gpu)?;
-                // Token and log-probability in one read: one wait for the device a token.
-                let pair = if pipelined {
-                    let (pair, fed_now) =
-                        self.read_pick_pipelined(seq, step + 1 < n, &mut timing)?;
+                // Token, log-probability and device top log-probabilities in one read: one wait
+                // for the device a token.
+                let w = if pipelined {
+                    let (w, fed_now) =
+                        self.read_pick_pipelined(seq, words, step + 1 < n, &mut timing)?;
                     fed = fed_now;
-                    pair
+                    w
                 } else {
-                    let pair: Vec<u32> = self.gpu.read(&s.next_token, 0, 2)?;
-                    [pair[0], pair[1]]
+                    self.gpu.read::<u32>(&s.next_token, 0, words)?
                 };
                 timing.read()?;
-                let (id, lp) = (pair[0] as i32, f32::from_bits(pair[1]));
+                let (id, lp) = (w[0] as i32, f32::from_bits(w[1]));
                 if id < 0 || id as usize >= self.cfg.vocab {
                     bail!("the device sampler chose token {id}, outside the vocabulary");
                 }
-                let top = if top_logprobs > 0 {
-                    let s = self.seq(seq)?;
-                    let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
-                    LogSoftmax::new(&logits).top(top_logprobs)
-                } else {
-                    Vec::new()
+                let top = match lp_path {
+                    LogprobsPath::None => Vec::new(),
+                    LogprobsPath::Device => {
+                        let mut top = Vec::with_capacity(top_logprobs);
+                        for pair in w[2..].chunks_exact(2) {
+                            if pair[0] as usize >= self.cfg.vocab {
+                                bail!(
+                                    "the device's top log-probabilities name token {}, outside the vocabulary",
+                                    pair[0]
+                                );
+                            }
+                            top.push((pair[0], f32::from_bits(pair[1])));
+                        }
+                        top
+                    }
+                    LogprobsPath::Host => {
+                        let s = self.seq(seq)?;
+                        let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
+                        LogSoftmax::new(&logits).top(top_logprobs)
+                    }
                 };
                 (id as u32, lp, top)
             } else {

@@ -28,6 +28,8 @@ pub struct Scratch {
     pub chunk: usize,
     /// f32 [ARGMAX_SCRATCH]: the two-stage argmax's per-block partials.
     pub argmax_parts: DevBuf,
+    /// u32 [LOGPROB_SCRATCH_WORDS]: the device top log-probabilities' partials.
+    pub logprob_parts: DevBuf,
     pub tokens: DevBuf,
     pub x: DevBuf,
     pub xn: DevBuf,
@@ -121,6 +123,7 @@ impl Scratch {
         Ok(Scratch {
             chunk,
             argmax_parts: buf(crate::kernels::sample::ARGMAX_SCRATCH)?,
+            logprob_parts: buf(crate::kernels::sample::LOGPROB_SCRATCH_WORDS)?,
             tokens: buf(c)?,
             x: buf(c * h)?,
             xn: buf(c * h)?,
@@ -179,8 +182,10 @@ pub struct SeqState {
     pub len: usize,
     /// i32: the position of the next token; kernels read it, `advance_pos` moves it.
     pub pos: DevBuf,
-    /// [i32, f32]: the sampled next token (the sampler writes it, the next decode step embeds
-    /// it) and its log-probability (`next_logprob`), side by side so one read brings both.
+    /// [i32, f32, then LOGPROB_MAX_K × (u32 id, f32)]: the sampled next token (the sampler
+    /// writes it, the next decode step embeds it), its log-probability (`next_logprob`) and the
+    /// step's top log-probabilities when the device computes them (`top_logprobs_out`), side by
+    /// side so one read brings all three.
     pub next_token: DevBuf,
     /// f32 [vocab]: logits of the last consumed token.
     pub logits: DevBuf,
@@ -198,7 +203,15 @@ impl SeqState {
     pub fn next_logprob(&self) -> u64 {
         self.next_token.ptr + 4
     }
+
+    /// Where the device writes the step's top log-probabilities (u32 [2 · LOGPROB_MAX_K]).
+    pub fn top_logprobs_out(&self) -> u64 {
+        self.next_token.ptr + 8
+    }
 }
+
+/// u32 words of `SeqState::next_token`: token, log-probability, the top log-probabilities.
+pub const NEXT_TOKEN_WORDS: usize = 2 + 2 * crate::kernels::sample::LOGPROB_MAX_K;
 
 pub fn kv_elem_bytes(bf16: bool) -> usize {
     if bf16 {
@@ -230,7 +243,7 @@ impl SeqState {
             max_ctx,
             len: 0,
             pos,
-            next_token: gpu.alloc(8)?,
+            next_token: gpu.alloc(NEXT_TOKEN_WORDS * 4)?,
             logits: gpu.alloc(cfg.vocab * F32)?,
             kv,
             dn,

@@ -98,8 +98,12 @@ lily_core::backend_options! {
             why "plain launches are what a failed capture falls back to";
         pipelined_decode = true, flag Some("no-pipelined-decode"), env "LILY_PIPELINED_DECODE" = true,
             label "pipelined decode",
-            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with top log-probabilities or host sampling, which read step N's logits)",
+            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with host sampling or top log-probabilities on the host, which read step N's logits)",
             why "won its A/B: the device's wait for the host 27–33 → 3 µs a token on the H200 (session 7)";
+        device_logprobs = true, flag Some("no-device-logprobs"), env "LILY_DEVICE_LOGPROBS" = true,
+            label "device top log-probabilities",
+            help "a decode step's top log-probabilities (1..=20) computed on the device after the pick (logprob_part + logprob_final: the log-sum-exp and the k best), the host reading 2 + 2k words instead of the 248K logits, pipelined decode kept on",
+            why "the host path (lily_core::logprob on the downloaded row) is the reference and serves host sampling";
         device_sampling = true, flag Some("no-device-sampling"), env "LILY_DEVICE_SAMPLING" = true,
             label "device sampling",
             help "non-greedy settings the device sampler covers (top_k 1..=256) pick on the device instead of the host sampler on downloaded logits; greedy always picks on the device",
@@ -208,6 +212,7 @@ mod tests {
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
+            ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -242,6 +247,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
+                device_logprobs: false,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

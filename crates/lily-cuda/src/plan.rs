@@ -2,7 +2,8 @@
 //! for (options.rs: the flags, with the environment overrides applied by `Plan::new`) and what the
 //! device can run (`gpu::DeviceCaps`), and answers, for a step's shape, with the concrete kernel
 //! of each launcher: `dense` (`Dense`), `router` (`Router`), `experts` (`Experts`), `attention`
-//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, and the compile-time
+//! (`AttentionKernels`), the one-token paths (`DecodePath`), `sampling`, `logprobs`
+//! (`LogprobsPath`), and the compile-time
 //! variants of the kernel files (`build`). The kernel enums live beside their launchers
 //! (kernels/gemm.rs `DenseGemm`, `GroupedGemm`; kernels/attention.rs `SplitKernel`,
 //! `PrefillKernel`); launchers take them as arguments and test no switch, and forward.rs and
@@ -27,7 +28,9 @@
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
 //! `moe_route`, `moe_group`, `silu_mul`, `moe_combine`; picks: `argmax_part` + `argmax_final`
-//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`.
+//! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`;
+//! top log-probabilities (`logprobs`: 1..=20 of them with a device pick): `logprob_part` +
+//! `logprob_final` after the pick.
 //! The fp32 mode (`--fp32-activations`) takes the CUDA-core rows' kernels at every length, with
 //! `attn_decode` for chunks and `attn_split` for one token.
 
@@ -123,6 +126,17 @@ pub enum SamplingPath {
     /// `sample_pick_parts` with many-block sampling, else `sample_pick`).
     Device,
     /// The host sampler on downloaded logits.
+    Host,
+}
+
+/// Where a decode step's top log-probabilities are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogprobsPath {
+    /// None asked for.
+    None,
+    /// `logprob_part` + `logprob_final` after the pick; the host reads 2k words.
+    Device,
+    /// lily_core::logprob on the downloaded logits.
     Host,
 }
 
@@ -432,11 +446,33 @@ impl Plan {
     }
 
     /// Whether a decode call queues each next forward pass before the host reads the token it
-    /// feeds (`CudaOptions::pipelined_decode`): only where the host reads nothing but the token
-    /// and its log-probability, i.e. the pick is on the device and no top log-probabilities are
-    /// asked for (both read the step's logits, which the next pass overwrites).
-    pub fn pipelined_decode(&self, sampling: SamplingPath, top_logprobs: usize) -> bool {
-        self.o.pipelined_decode && sampling != SamplingPath::Host && top_logprobs == 0
+    /// feeds (`CudaOptions::pipelined_decode`): only where the host reads nothing but what the
+    /// device wrote beside the token, i.e. the pick and any top log-probabilities are on the
+    /// device (the host paths read the step's logits, which the next pass overwrites).
+    pub fn pipelined_decode(&self, sampling: SamplingPath, logprobs: LogprobsPath) -> bool {
+        self.o.pipelined_decode && sampling != SamplingPath::Host && logprobs != LogprobsPath::Host
+    }
+
+    /// Where `top_logprobs` alternatives are computed: on the device with device picks (and
+    /// `device_logprobs` on) for 1..=LOGPROB_MAX_K of them within the vocabulary, else on the
+    /// host from the downloaded logits (which host sampling downloads anyway).
+    pub fn logprobs(
+        &self,
+        sampling: SamplingPath,
+        top_logprobs: usize,
+        vocab: usize,
+    ) -> LogprobsPath {
+        if top_logprobs == 0 {
+            LogprobsPath::None
+        } else if self.o.device_logprobs
+            && sampling != SamplingPath::Host
+            && top_logprobs <= crate::kernels::sample::LOGPROB_MAX_K
+            && top_logprobs <= vocab
+        {
+            LogprobsPath::Device
+        } else {
+            LogprobsPath::Host
+        }
     }
 
     /// Whether kernels that wait for their predecessor are launched as programmatic dependents.
@@ -767,10 +803,12 @@ mod tests {
     #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
         let on = Plan::resolve(&CudaOptions::default(), H200);
-        assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, 0));
-        assert!(on.pipelined_decode(SamplingPath::Device, 0));
-        assert!(!on.pipelined_decode(SamplingPath::Host, 0));
-        assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, 3));
+        let none = LogprobsPath::None;
+        assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, none));
+        assert!(on.pipelined_decode(SamplingPath::Device, none));
+        assert!(!on.pipelined_decode(SamplingPath::Host, none));
+        assert!(on.pipelined_decode(SamplingPath::DeviceGreedy, LogprobsPath::Device));
+        assert!(!on.pipelined_decode(SamplingPath::DeviceGreedy, LogprobsPath::Host));
         let off = Plan::resolve(
             &CudaOptions {
                 pipelined_decode: false,
@@ -778,9 +816,43 @@ mod tests {
             },
             H200,
         );
-        assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, 0));
+        assert!(!off.pipelined_decode(SamplingPath::DeviceGreedy, none));
         assert!(on.describe().contains("pipelined decode on"));
         assert!(off.describe().contains("pipelined decode off"));
+    }
+
+    #[test]
+    fn top_logprobs_on_the_device_with_device_picks_up_to_twenty() {
+        let on = Plan::resolve(&CudaOptions::default(), H200);
+        let v = 248_320;
+        assert_eq!(
+            on.logprobs(SamplingPath::DeviceGreedy, 0, v),
+            LogprobsPath::None
+        );
+        for k in [1, 5, 20] {
+            assert_eq!(
+                on.logprobs(SamplingPath::DeviceGreedy, k, v),
+                LogprobsPath::Device
+            );
+            assert_eq!(
+                on.logprobs(SamplingPath::Device, k, v),
+                LogprobsPath::Device
+            );
+            assert_eq!(on.logprobs(SamplingPath::Host, k, v), LogprobsPath::Host);
+        }
+        assert_eq!(on.logprobs(SamplingPath::Device, 21, v), LogprobsPath::Host);
+        assert_eq!(on.logprobs(SamplingPath::Device, 5, 4), LogprobsPath::Host);
+        let off = Plan::resolve(
+            &CudaOptions {
+                device_logprobs: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            off.logprobs(SamplingPath::DeviceGreedy, 5, v),
+            LogprobsPath::Host
+        );
     }
 
     #[test]

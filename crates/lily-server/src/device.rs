@@ -349,6 +349,7 @@ mod tests {
             "--no-wgmma-small-tiles",
             "--no-router-split-k",
             "--no-pipelined-decode",
+            "--no-device-logprobs",
         ]);
         let o = cli.backend.cuda.options();
         assert_eq!(
@@ -380,6 +381,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
+                device_logprobs: false,
                 sync_each: false,
                 profile: false,
                 step_timing: false,

@@ -20,6 +20,11 @@ pub const SAMPLE_PARTS: usize = 128;
 pub const SAMPLE_PART_CAP: usize = 2048;
 /// u32 words of the candidates' scratch (`sample_part` / `sample_pick_parts`, see sample.cu).
 pub const SAMPLE_CANDS_WORDS: usize = 3 * SAMPLE_PARTS + 4 * SAMPLE_PARTS * PICK_MAX_K as usize;
+/// Most top log-probabilities the device computes (OpenAI's maximum `top_logprobs`).
+pub const LOGPROB_MAX_K: usize = 20;
+/// u32 words of the top log-probabilities' scratch: per ARGMAX_BLOCKS block its maximum, its
+/// exp-sum and LOGPROB_MAX_K candidates of two words (see sample.cu).
+pub const LOGPROB_SCRATCH_WORDS: usize = ARGMAX_BLOCKS * (2 + 2 * LOGPROB_MAX_K);
 
 pub const FILE: KernelFile = KernelFile {
     name: "sample",
@@ -30,6 +35,7 @@ pub const FILE: KernelFile = KernelFile {
         ("ARGMAX_BLOCKS", ARGMAX_BLOCKS as i64),
         ("SAMPLE_PARTS", SAMPLE_PARTS as i64),
         ("SAMPLE_PART_CAP", SAMPLE_PART_CAP as i64),
+        ("LOGPROB_MAX_K", LOGPROB_MAX_K as i64),
     ],
 };
 
@@ -83,7 +89,20 @@ pub struct Pick<'a> {
     pub mask: Option<u64>,
 }
 
+/// The `k` (1..=LOGPROB_MAX_K, at most `vocab`) most likely tokens of `logits` [vocab] with their
+/// log-probabilities, into `out` (u32 [2k]: id, then the f32 bits of its log-probability, most
+/// likely first, ties to the lower id); `parts` is u32 [LOGPROB_SCRATCH_WORDS] scratch.
+pub struct TopLogprobs {
+    pub logits: u64,
+    pub vocab: usize,
+    pub k: usize,
+    pub parts: u64,
+    pub out: u64,
+}
+
 pub struct Sample {
+    logprob_part: Kernel,
+    logprob_final: Kernel,
     argmax_logprob: Kernel,
     argmax_part: Kernel,
     argmax_final: Kernel,
@@ -98,6 +117,8 @@ pub struct Sample {
 impl Sample {
     pub fn load(m: &Module) -> Result<Sample> {
         Ok(Sample {
+            logprob_part: m.kernel("logprob_part")?,
+            logprob_final: m.kernel("logprob_final")?,
             argmax_logprob: m.kernel("argmax_logprob")?,
             argmax_part: m.kernel("argmax_part")?.waits_for_predecessor(),
             argmax_final: m.kernel("argmax_final")?.waits_for_predecessor(),
@@ -273,6 +294,27 @@ impl Sample {
                 .arg(&b.hist)
                 .arg(&a.token_out)
                 .arg(&a.logprob_out);
+        })
+    }
+
+    /// The top log-probabilities of a row (`TopLogprobs`): ARGMAX_BLOCKS blocks, then one.
+    pub fn top_logprobs(&self, gpu: &Gpu, a: &TopLogprobs) -> Result<()> {
+        if a.k == 0 || a.k > LOGPROB_MAX_K || a.k > a.vocab {
+            bail!(
+                "device top log-probabilities take k in 1..={} (and at most the vocabulary of {}), got {}",
+                LOGPROB_MAX_K,
+                a.vocab,
+                a.k
+            );
+        }
+        let (vocab, k) = (a.vocab as i32, a.k as i32);
+        let cfg = config((ARGMAX_BLOCKS as u32, 1, 1), 256, 0);
+        gpu.launch(&self.logprob_part, cfg, |l| {
+            l.arg(&a.logits).arg(&vocab).arg(&k).arg(&a.parts);
+        })?;
+        let n_parts = ARGMAX_BLOCKS as i32;
+        gpu.launch(&self.logprob_final, config((1, 1, 1), 256, 0), |l| {
+            l.arg(&a.parts).arg(&n_parts).arg(&k).arg(&a.out);
         })
     }
 

@@ -21,10 +21,10 @@ pub use lily_cuda::kernels::gemm::{DenseGemm, GroupedGemm};
 pub use lily_cuda::kernels::linear::{Gather, GROUP_TILE};
 pub use lily_cuda::kernels::moe::{max_group_tiles, Group};
 pub use lily_cuda::kernels::norm::RmsNorm;
-pub use lily_cuda::kernels::sample::Argmax;
+pub use lily_cuda::kernels::sample::{Argmax, TopLogprobs, LOGPROB_MAX_K, LOGPROB_SCRATCH_WORDS};
 pub use lily_cuda::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 pub use lily_cuda::pinned::Pinned;
-pub use lily_cuda::plan::{Dense, Router, SamplingPath};
+pub use lily_cuda::plan::{Dense, LogprobsPath, Router, SamplingPath};
 pub use lily_cuda::sampler::DeviceSampler;
 pub use lily_cuda::weights::{
     upload_attention, upload_deltanet, upload_linear, upload_moe, DevLinear,

@@ -365,3 +365,90 @@ fn sampling_in_decode_equals_the_host_path() {
 }
 
 // ---- whole model -------------------------------------------------------------------------
+
+/// Device top log-probabilities (logprob_part + logprob_final) against lily_core::logprob on
+/// random 248,320-entry rows with planted ties (equal logits, -0.0 beside 0.0, a tie across the
+/// k-th place and across two blocks' slices): ids equal, log-probabilities within 1e-5 of the
+/// host's (its log-sum-exp summed in f64), for k = 1, 5, 20; and the k a launch refuses.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn top_logprobs_on_device_match_the_host() {
+    let g = gpu();
+    let vocab = 248_320;
+    let parts = poisoned(&g, LOGPROB_SCRATCH_WORDS);
+    let out = poisoned(&g, 2 * LOGPROB_MAX_K);
+    let mut worst = 0f32;
+    for seed in 0..4u64 {
+        let mut rng = Rng(100 + seed);
+        let mut logits = rng.vec(vocab, 4.0);
+        // A cluster of equal maxima spread over several blocks' slices (ties to the lower id),
+        // more of them than places at k = 5, and a signed zero pair near the top in seed 3.
+        let top = 11.0 + seed as f32;
+        for &i in &[200_001usize, 7, 123_456, 1_940, 1_941, 77_777, 248_319] {
+            logits[i] = top;
+        }
+        for &i in &[5_000usize, 3, 240_000] {
+            logits[i] = top - 0.5;
+        }
+        if seed == 3 {
+            for l in logits.iter_mut() {
+                *l -= top + 1.0; // every logit negative, the largest -1
+            }
+            logits[9] = 0.0;
+            logits[10] = -0.0;
+            logits[8] = 0.0;
+        }
+        let dl = g.upload(&logits).unwrap();
+        let ls = lily_core::logprob::LogSoftmax::new(&logits);
+        for k in [1usize, 5, 20] {
+            g.fill(&out, 0xff).unwrap();
+            g.k.sample
+                .top_logprobs(
+                    &g,
+                    &TopLogprobs {
+                        logits: dl.ptr,
+                        vocab,
+                        k,
+                        parts: parts.ptr,
+                        out: out.ptr,
+                    },
+                )
+                .unwrap();
+            let w: Vec<u32> = g.read(&out, 0, 2 * k).unwrap();
+            let got: Vec<(u32, f32)> = w
+                .chunks_exact(2)
+                .map(|p| (p[0], f32::from_bits(p[1])))
+                .collect();
+            let want = ls.top(k);
+            assert_eq!(
+                got.iter().map(|t| t.0).collect::<Vec<_>>(),
+                want.iter().map(|t| t.0).collect::<Vec<_>>(),
+                "seed {seed} k {k}: ids"
+            );
+            for ((_, a), (id, b)) in got.iter().zip(&want) {
+                // The f64 reference too: the host's value is itself within 1e-6 of it.
+                let exact = log_softmax_f64(&logits, *id as usize) as f32;
+                assert!(
+                    (a - b).abs() < 1e-5,
+                    "seed {seed} k {k} id {id}: {a} vs host {b}"
+                );
+                assert!(
+                    (a - exact).abs() < 1e-5,
+                    "seed {seed} k {k} id {id}: {a} vs f64 {exact}"
+                );
+                worst = worst.max((a - b).abs());
+            }
+        }
+    }
+    for bad in [0usize, LOGPROB_MAX_K + 1] {
+        let a = TopLogprobs {
+            logits: out.ptr,
+            vocab,
+            k: bad,
+            parts: parts.ptr,
+            out: out.ptr,
+        };
+        assert!(g.k.sample.top_logprobs(&g, &a).is_err(), "k {bad}");
+    }
+    println!("KERNEL top_logprobs: k 1/5/20 on 4 rows of 248,320 with ties equal the host's ids, worst logprob diff {worst:.2e}");
+}
