@@ -176,6 +176,16 @@ pub fn with_overrides<O: Options>(mut o: O, var: impl Fn(&str) -> Option<String>
 
 /// One line: every switch (`label on|off`), knob (`label N`) and text option (`label text`), in
 /// table order.
+/// An environment made of `pairs` (name, value), for tests of [`with_overrides`].
+pub fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |k| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }
+}
+
 pub fn describe<O: Options>(o: &O) -> String {
     let switches = O::SWITCHES.iter().map(|s| {
         let on = o.switch(s.field).unwrap_or(s.default);

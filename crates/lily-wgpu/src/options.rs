@@ -107,14 +107,7 @@ mod tests {
     use super::*;
     use lily_core::options::Options;
 
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
+    use lily_core::options::env_of as env;
 
     #[test]
     fn the_defaults_are_the_configuration_that_ships() {
