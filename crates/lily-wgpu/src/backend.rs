@@ -47,7 +47,6 @@ fn device_sampled(p: &SamplingParams) -> bool {
     }
 }
 
-
 /// Largest relative L2 difference from the host's attention for attend_tile.wgsl to be used
 /// (its check at load; a right kernel differs by ≈ 1e-7).
 const ATTEND_TILE_TOLERANCE: f64 = 1e-4;

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::job::{FinishReason, Job, PromptLogprob, Usage};
-use crate::logprob::token_logprob;
 use super::prefix::{Lease, PrefixCache};
 use crate::backend::{Backend, Flow, StepOut};
+use crate::logprob::token_logprob;
 use crate::sampling::Sampler;
 
 /// Prompt tokens per scoring pass: bounds the host copy of all-position logits (64 × 248,320 f32

@@ -19,10 +19,10 @@ use super::prompt::chat_prompt;
 use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::chat_request::ChatRequest;
 use crate::openai::error::ApiError;
-use crate::request::fields::parse_object;
-use crate::request::params::fit;
 use crate::openai::response::{chat_logprob, finish, new_id, unix_now, usage};
 use crate::output::Output;
+use crate::request::fields::parse_object;
+use crate::request::params::fit;
 use crate::state::{AppState, Model};
 use crate::structured;
 

@@ -18,10 +18,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::completion_request::{CompletionRequest, Prompt};
 use crate::openai::error::ApiError;
-use crate::request::fields::parse_object;
-use crate::request::params::{bounded_prompt, check_prompt_bytes, fit};
 use crate::openai::response::{finish, new_id, unix_now, usage, CompletionLogprobs};
 use crate::output::Output;
+use crate::request::fields::parse_object;
+use crate::request::params::{bounded_prompt, check_prompt_bytes, fit};
 use crate::state::{AppState, Model};
 use lily_core::parse::Event as Piece;
 

@@ -22,10 +22,10 @@ use crate::anthropic::error::AnthropicError;
 use crate::anthropic::request::MessagesRequest;
 use crate::generate::{submit, GenEvent, GenRequest};
 use crate::openai::error::ApiError;
-use crate::request::fields::parse_object;
-use crate::request::params::fit;
 use crate::openai::response::new_id;
 use crate::output::Output;
+use crate::request::fields::parse_object;
+use crate::request::params::fit;
 use crate::state::AppState;
 use crate::structured;
 
