@@ -176,6 +176,44 @@ pub fn with_overrides<O: Options>(mut o: O, var: impl Fn(&str) -> Option<String>
 
 /// One line: every switch (`label on|off`), knob (`label N`) and text option (`label text`), in
 /// table order.
+/// The checks every backend's table must pass (its unit tests call this): each row names a field
+/// holding the row's default, every variable starts `LILY_`, every switch says what it does and
+/// why it stays, every knob accepts its default, every text option shows as a text it takes, and
+/// no flag or variable is declared twice. Returns the flags and variables, for further checks.
+pub fn check_table<O: Options>() -> Vec<&'static str> {
+    let o = O::default();
+    let mut names: Vec<&'static str> = Vec::new();
+    for s in O::SWITCHES {
+        assert_eq!(o.switch(s.field), Some(s.default), "{}", s.field);
+        assert!(s.env.starts_with("LILY_") && !s.help.is_empty() && !s.why.is_empty());
+        names.extend(s.flag);
+        names.push(s.env);
+        names.extend(s.also);
+    }
+    for k in O::KNOBS {
+        assert_eq!(o.knob(k.field), Some(k.default), "{}", k.field);
+        assert!((k.accepts)(k.default), "{}", k.field);
+        names.extend(k.flag);
+        names.push(k.env);
+    }
+    for t in O::TEXTS {
+        let shown = o.text(t.field).unwrap_or_default();
+        let mut again = O::default();
+        assert!(again.set_text(t.field, &shown), "{}", t.field);
+        names.extend(t.flag);
+        names.push(t.env);
+    }
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        names.len(),
+        "a flag or variable is declared twice"
+    );
+    names
+}
+
 /// An environment made of `pairs` (name, value), for tests of [`with_overrides`].
 pub fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
     move |k| {

@@ -162,7 +162,6 @@ pub fn readme_rows() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lily_core::options::Options;
 
     use lily_core::options::env_of as env;
 
@@ -259,24 +258,7 @@ mod tests {
 
     #[test]
     fn every_row_names_a_field_and_flags_and_variables_are_unique() {
-        let o = CudaOptions::default();
-        let mut names: Vec<&str> = Vec::new();
-        for s in SWITCHES {
-            assert_eq!(o.switch(s.field), Some(s.default), "{}", s.field);
-            assert!(s.env.starts_with("LILY_") && !s.help.is_empty() && !s.why.is_empty());
-            names.extend(s.flag);
-            names.push(s.env);
-        }
-        for k in KNOBS {
-            assert_eq!(o.knob(k.field), Some(k.default), "{}", k.field);
-            assert!((k.accepts)(k.default), "{}", k.field);
-            names.extend(k.flag);
-            names.push(k.env);
-        }
-        let n = names.len();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), n, "a flag or variable is declared twice");
+        lily_core::options::check_table::<CudaOptions>();
     }
 
     #[test]

@@ -105,7 +105,6 @@ pub fn readme_rows() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lily_core::options::Options;
 
     use lily_core::options::env_of as env;
 
@@ -191,38 +190,12 @@ mod tests {
 
     #[test]
     fn every_row_names_a_field_and_flags_and_variables_are_unique() {
-        let o = WgpuOptions::default();
-        let mut names: Vec<&str> = Vec::new();
-        for s in SWITCHES {
-            assert_eq!(o.switch(s.field), Some(s.default), "{}", s.field);
-            assert!(s.env.starts_with("LILY_") && !s.help.is_empty() && !s.why.is_empty());
-            names.extend(s.flag);
-            names.push(s.env);
-            names.extend(s.also);
-        }
-        for k in KNOBS {
-            assert_eq!(o.knob(k.field), Some(k.default), "{}", k.field);
-            assert!((k.accepts)(k.default), "{}", k.field);
-            names.extend(k.flag);
-            names.push(k.env);
-        }
-        for t in TEXTS {
-            let shown = o.text(t.field).unwrap_or_default();
-            let mut again = WgpuOptions::default();
-            // Every text option shows as a text it takes (`any` is a name too).
-            assert!(again.set_text(t.field, &shown), "{}", t.field);
-            names.extend(t.flag);
-            names.push(t.env);
-        }
+        let names = lily_core::options::check_table::<WgpuOptions>();
         // Every flag is the backend's own.
         assert!(names
             .iter()
             .filter(|n| !n.starts_with("LILY_"))
             .all(|f| f.starts_with("wgpu-")));
-        let n = names.len();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), n, "a flag or variable is declared twice");
     }
 
     #[test]
