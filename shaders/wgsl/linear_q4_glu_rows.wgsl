@@ -116,10 +116,10 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var j = 0u; j < 8u; j++) {
             let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
             let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
-            rows_put(r8 + j, vec2<f32>(gate, up));
+            rows2_put(lid, r8 + j, vec2<f32>(gate, up));
         }
     }
-    let total = rows_total(lid, RB);
+    let total = rows2_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         let gate = total.x;

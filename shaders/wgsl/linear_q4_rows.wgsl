@@ -5,7 +5,7 @@
 // holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
 // the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
 // consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet through
-// `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
+// `row_put` / `row_total` (common.wgsl). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
 // host checks: plan.rs `rows_ok`).
@@ -138,10 +138,10 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             }
         }
         for (var j = 0u; j < RI; j++) {
-            rows_put(r8 + j, vec2<f32>(pa[j], 0.0));
+            row_put(lid, r8 + j, pa[j]);
         }
     }
-    let total = rows_total(lid, RB).x;
+    let total = row_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         let o = p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r;
