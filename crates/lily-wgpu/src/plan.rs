@@ -130,7 +130,7 @@ pub enum ExpertsDown {
 /// The kernels of a DeltaNet block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeltaNetPath {
-    /// A decode step: dn_conv_norm.wgsl then dn_recur_norm.wgsl (a workgroup per head).
+    /// A decode step: dn_conv_norm.wgsl then dn_recur_norm.wgsl (a workgroup of 512 per head).
     Step,
     /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
     Chunk,
@@ -620,7 +620,9 @@ impl Plan {
 
     /// The DeltaNet kernels for `t` tokens of model `c`.
     pub fn deltanet(&self, c: &ModelConfig, t: usize) -> DeltaNetPath {
-        if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 {
+        // dn_recur_norm.wgsl: 4 slices of whole vec4s of dk, ≤ 32 state values an invocation.
+        let dk_ok = c.dn_k_dim.is_multiple_of(16) && c.dn_k_dim <= 128;
+        if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
             DeltaNetPath::Step
         } else {
             DeltaNetPath::Chunk
