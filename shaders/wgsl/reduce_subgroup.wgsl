@@ -93,3 +93,9 @@ fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {
 fn wg256_sum(lid: u32, v: f32) -> f32 {
     return wg_sum(lid, v);
 }
+
+// The largest v over a 64-invocation workgroup and its id i, the lower id on ties (the same
+// function as wg256_argmax: any workgroup size).
+fn wg_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    return wg256_argmax(lid, v, i);
+}

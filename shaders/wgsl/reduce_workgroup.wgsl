@@ -60,6 +60,31 @@ struct ValId {
     i: u32,
 }
 
+var<workgroup> wg_part_i: array<u32, 64>;
+
+// The largest v over a 64-invocation workgroup and its id i, the lower id on ties; every
+// invocation gets it. Uniform control flow only.
+fn wg_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    wg_part[lid] = v;
+    wg_part_i[lid] = i;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ov = wg_part[lid + s];
+            let oi = wg_part_i[lid + s];
+            if (ov > wg_part[lid] || (ov == wg_part[lid] && oi < wg_part_i[lid])) {
+                wg_part[lid] = ov;
+                wg_part_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = ValId(wg_part[0], wg_part_i[0]);
+    workgroupBarrier();
+    return r;
+}
+
+
 // The largest v over a 256-invocation workgroup and its id i, the lower id on ties; every
 // invocation gets it. Uniform control flow only.
 fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {

@@ -56,6 +56,31 @@ fn norm_params(params: &[u32; 23], io: &Io, eps: f32) -> [u32; 22] {
     out
 }
 
+/// A MoE block's routing done inside linear_q4_glu_rows.wgsl (`Plan::routes_in_glu`): E routed
+/// experts, k picked a token, the router output's row stride, items a token.
+#[derive(Clone, Copy, Debug)]
+pub struct Route {
+    pub e: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub ks: usize,
+}
+
+/// linear_q4_glu_rows.wgsl's parameters: `norm_params`, then from word 22 its routing (`route`
+/// 1, E, k, the logits' row stride, items a token) or 0 (ids read from the ids buffer).
+pub fn glu_rows_params(norm: &[u32; 22], route: Option<Route>) -> [u32; 27] {
+    let mut out = [0u32; 27];
+    out[..22].copy_from_slice(norm);
+    if let Some(rt) = route {
+        out[22] = 1;
+        out[23] = rt.e as u32;
+        out[24] = rt.k as u32;
+        out[25] = rt.stride as u32;
+        out[26] = rt.ks as u32;
+    }
+    out
+}
+
 /// Words of common.wgsl's `Mat`; a kernel's own parameters start at word 20 (a struct member of
 /// a uniform takes a multiple of 16 bytes).
 pub const MAT_WORDS: usize = 18;
@@ -808,6 +833,7 @@ impl<'a> Forward<'a> {
         io: Io<'a>,
         experts: Option<usize>,
         how: ExpertsUp,
+        route: Option<Route>,
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
@@ -824,7 +850,7 @@ impl<'a> Forward<'a> {
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         if row_kernel {
-            let params = norm_params(&params, &io, self.cfg.rms_eps);
+            let params = glu_rows_params(&norm_params(&params, &io, self.cfg.rms_eps), route);
             r.dispatch_as(
                 label,
                 kernel,
@@ -836,6 +862,8 @@ impl<'a> Forward<'a> {
                     &self.s.ids,
                     &su.buf,
                     io.norm.unwrap_or(io.x),
+                    &self.s.router_logits,
+                    &self.s.wts,
                 ],
                 [nx, ny, io.items as u32],
             );
@@ -1111,19 +1139,28 @@ impl<'a> Forward<'a> {
         // Per token: E router logits, then the shared expert's gate logit.
         let rs = m.router.rows;
         self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm);
-        r.dispatch(
-            &self.k.moe_route,
-            &[
-                t as u32,
-                e as u32,
-                k as u32,
-                rs as u32,
-                ks as u32,
-                stacked as u32,
-            ],
-            &[&s.router_logits, &s.ids, &s.wts],
-            [t as u32, 1, 1],
-        );
+        // Decode: the routing inside the experts' GLU dispatch (`Plan::routes_in_glu`).
+        let route = self.plan.routes_in_glu(m, t).then_some(Route {
+            e,
+            k,
+            stride: rs,
+            ks,
+        });
+        if route.is_none() {
+            r.dispatch(
+                &self.k.moe_route,
+                &[
+                    t as u32,
+                    e as u32,
+                    k as u32,
+                    rs as u32,
+                    ks as u32,
+                    stacked as u32,
+                ],
+                &[&s.router_logits, &s.ids, &s.wts],
+                [t as u32, 1, 1],
+            );
+        }
         let tk = t * ks;
         let gate_io = self.plain(&s.xn, h, &s.g, i, tk);
         let up_io = self.plain(&s.xn, h, &s.u, i, tk);
@@ -1155,7 +1192,16 @@ impl<'a> Forward<'a> {
                 let x = if norm.is_some() { &s.x } else { &s.xn };
                 let mut io = self.plain(x, h, &s.act, i, tk);
                 io.norm = norm;
-                self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks), how);
+                self.glu(
+                    r,
+                    "lin.experts.glu",
+                    &m.gate,
+                    &m.up,
+                    io,
+                    Some(ks),
+                    how,
+                    route,
+                );
             }
             ExpertsUp::Separate => {
                 self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);
@@ -1167,7 +1213,7 @@ impl<'a> Forward<'a> {
             match self.plan.shared_up(&sh.gate, &sh.up, t) {
                 how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
                     let io = self.plain(&s.xn, h, &s.sa, si, t);
-                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how);
+                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how, None);
                 }
                 _ => {
                     let sg_io = self.plain(&s.xn, h, &s.sg, si, t);

@@ -16,7 +16,8 @@
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
 //!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
-//!   projections and the weighted sum in one (moe_down_rows.wgsl); the general kernels
+//!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
+//!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model); the general kernels
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
@@ -337,6 +338,9 @@ pub struct Plan {
     pub subgroups: bool,
     /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
     pub kv_f16: bool,
+    /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
+    /// invocation); `routes_in_glu` says where it is used.
+    pub route_in_glu: bool,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
     /// The options as resolved: those asked for, with the switches the device or the model
@@ -472,6 +476,7 @@ impl Plan {
             specs,
             subgroups,
             kv_f16,
+            route_in_glu: c.n_experts <= 512,
             notes,
         })
     }
@@ -509,10 +514,15 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{notes}",
+            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             self.options.describe(),
             self.dense_mm.items(),
             self.expert_mm.items(),
+            if self.route_in_glu {
+                "in linear_q4_glu_rows"
+            } else {
+                "moe_route"
+            },
         )
     }
 
@@ -578,6 +588,14 @@ impl Plan {
         } else {
             ExpertsUp::Separate
         }
+    }
+
+    /// Whether a MoE block's routing over `t` tokens runs inside its experts' GLU dispatch
+    /// (linear_q4_glu_rows.wgsl's `route`: each workgroup ranks its token's experts itself, row
+    /// block 0 writes the ids and weights the down products read), with no moe_route.wgsl
+    /// dispatch: where the experts' gate/up run on linear_q4_glu_rows.wgsl (decode) and E ≤ 512.
+    pub fn routes_in_glu(&self, m: &GpuMoe, t: usize) -> bool {
+        self.route_in_glu && self.experts_up(m, t) == ExpertsUp::GluRows
     }
 
     /// The shared expert's gate/up (where it does not ride in the stacks) over `t` tokens.

@@ -27,7 +27,7 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
 /// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
 pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k)?;
+    let glu = check_glu_rows(gpu, k)?.max(check_glu_route(gpu, k)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
@@ -74,7 +74,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             Some(eps) => gate.normed(eps),
             None => gate.x.clone(),
         };
-        let params: [u32; 22] = [
+        let params: [u32; 27] = [
             rows as u32,
             cols as u32,
             4,
@@ -97,12 +97,17 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             0,
             norm.is_some() as u32,
             norm.unwrap_or(0.0).to_bits(),
+            0,
+            0,
+            0,
+            0,
+            0,
         ];
         let mut r = Recorder::new(gpu);
         r.dispatch(
             &k.linear_q4_glu_rows,
             &params,
-            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn],
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &xbuf, &ids],
             [nx, ny, items as u32],
         );
         r.submit()?;
@@ -114,6 +119,163 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
                 let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
                 let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
                 let g = got[t * rows + row];
+                if !g.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (g as f64 - want).powi(2);
+                den += want.powi(2);
+            }
+        }
+        worst = worst.max((num / den.max(1e-30)).sqrt());
+    }
+    Ok(worst)
+}
+
+/// linear_q4_glu_rows.wgsl routing its items itself (`route`, decode's experts): 2 tokens, E = 130
+/// routed experts (the third of an invocation's slots partly filled) and the shared expert as
+/// expert E of random 4-bit stacks (12 rows an expert: two row blocks, the second partly filled),
+/// k = 8, random router logits with planted ties (three equal among the first picks of token 0;
+/// two equal across the k-th place of token 1), the norm folded in and not. Against the host:
+/// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
+/// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
+/// expert in f64: the largest relative difference. ids and weights start poisoned.
+fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
+    let ks = topk + 1;
+    let items = tokens * ks;
+    let stack = (e + 1) * r_e;
+    let gate = RandomQ4::new(stack, cols, 64, tokens);
+    let up = RandomQ4::new(stack + 1, cols, 64, tokens);
+    let words = stack * cols / 8;
+    let mut data = up.data[..words * 4].to_vec();
+    let ng = stack * cols / 64;
+    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
+    data.extend_from_slice(&up.data[us..us + ng * 2]);
+    data.resize(gate.bias_off as usize * 2, 0);
+    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
+    // Router logits [tokens, E + 1] (column E: the shared expert's gate), random in ±4.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut logits: Vec<f32> = (0..tokens * (e + 1))
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed % 80_001) as f32 / 10_000.0) - 4.0
+        })
+        .collect();
+    // Token 0: experts 5, 70 and 129 tie above every other; token 1: 9 and 100 tie at a value
+    // between its 7th and 8th largest others, so one of them takes the 8th place (the lower id).
+    for i in [5, 70, 129] {
+        logits[i] = 6.0;
+    }
+    {
+        let row = &mut logits[e + 1..2 * (e + 1)];
+        let mut others: Vec<f32> = (0..e)
+            .filter(|&i| i != 9 && i != 100)
+            .map(|i| row[i])
+            .collect();
+        others.sort_by(|a, b| b.total_cmp(a));
+        let tie = (others[6] + others[7]) / 2.0;
+        row[9] = tie;
+        row[100] = tie;
+    }
+    // The host's routing: experts by (logit descending, id ascending), the first k, weights
+    // exp(l − top) renormalised over them; item k the shared expert.
+    let mut want_ids = Vec::new();
+    let mut want_wts = Vec::new();
+    for t in 0..tokens {
+        let row = &logits[t * (e + 1)..(t + 1) * (e + 1)];
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let top = row[order[0]] as f64;
+        let ev: Vec<f64> = order[..topk]
+            .iter()
+            .map(|&i| (row[i] as f64 - top).exp())
+            .collect();
+        let den: f64 = ev.iter().sum();
+        for (r, &i) in order[..topk].iter().enumerate() {
+            want_ids.push(i as u32);
+            want_wts.push(ev[r] / den);
+        }
+        want_ids.push(e as u32);
+        want_wts.push(1.0 / (1.0 + (-(row[e] as f64)).exp()));
+    }
+    let wg = gpu.upload("check.gate", &gate.data)?;
+    let wu = gpu.upload("check.up", &data)?;
+    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
+    let lbuf = gpu.upload_f32("check.logits", &logits)?;
+    let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
+    let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let mut worst = 0f64;
+    for norm in [None, Some(1e-6f32)] {
+        let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
+        let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
+        let x = match norm {
+            Some(eps) => gate.normed(eps),
+            None => gate.x.clone(),
+        };
+        let params: [u32; 27] = [
+            r_e as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            r_e as u32,
+            0,
+            gate.scale_off,
+            gate.bias_off,
+            1,
+            0,
+            (e + 1) as u32,
+            ks as u32,
+            (r_e * cols / 8) as u32,
+            nx,
+            0,
+            0,
+            0,
+            norm.is_some() as u32,
+            norm.unwrap_or(0.0).to_bits(),
+            1,
+            e as u32,
+            topk as u32,
+            (e + 1) as u32,
+            ks as u32,
+        ];
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            &k.linear_q4_glu_rows,
+            &params,
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &lbuf, &wts],
+            [nx, ny, items as u32],
+        );
+        r.submit()?;
+        let got_ids = gpu.read_u32(&ids, items)?;
+        if got_ids != want_ids {
+            anyhow::bail!(
+                "linear_q4_glu_rows routed experts {got_ids:?}, the host's {want_ids:?} (norm {norm:?})"
+            );
+        }
+        let got_wts = gpu.read_f32(&wts, 0, items)?;
+        for (g, w) in got_wts.iter().zip(&want_wts) {
+            let d = (*g as f64 - w).abs() / w.abs().max(1e-30);
+            if !d.is_finite() {
+                return Ok(f64::INFINITY);
+            }
+            worst = worst.max(d);
+        }
+        let got = gpu.read_f32(&ybuf, 0, items * r_e)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for (item, &ex) in want_ids.iter().enumerate() {
+            let xt = &x[(item / ks) * cols..(item / ks + 1) * cols];
+            for row in 0..r_e {
+                let wrow = ex as usize * r_e + row;
+                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
+                let want = silu(dot(&gate.w[wrow])) * dot(&up.w[wrow]);
+                let g = got[item * r_e + row];
                 if !g.is_finite() {
                     return Ok(f64::INFINITY);
                 }

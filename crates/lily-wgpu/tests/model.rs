@@ -179,6 +179,12 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
             att < 1e-5,
             "subgroups {on}: attention differs from the host by {att:.2e}"
         );
+        // The row kernels' totals and the GLU's own routing (its workgroup argmax) in this form.
+        let (mm, rows) = gpu.check_products().unwrap();
+        assert!(
+            mm < 1e-5 && rows < 1e-5,
+            "subgroups {on}: products differ from the host by {mm:.2e} / {rows:.2e}"
+        );
     }
     // CI's lavapipe has subgroups: both forms ran there.
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
