@@ -56,6 +56,18 @@ fn norm_params(params: &[u32; 23], io: &Io, eps: f32) -> [u32; 22] {
     out
 }
 
+/// linear_q4_rows.wgsl's parameters: `norm_params`, then from word 22 the DeltaNet conv it runs on
+/// its first rows (channels, taps; `Io::conv`) or 0.
+fn rows_params(norm: &[u32; 22], conv: Option<(usize, usize)>) -> [u32; 24] {
+    let mut out = [0u32; 24];
+    out[..22].copy_from_slice(norm);
+    if let Some((channels, k)) = conv {
+        out[22] = channels as u32;
+        out[23] = k as u32;
+    }
+    out
+}
+
 /// A MoE block's routing done inside linear_q4_glu_rows.wgsl (`Plan::routes_in_glu`): E routed
 /// experts, k picked a token, the router output's row stride, items a token.
 #[derive(Clone, Copy, Debug)]
@@ -357,6 +369,19 @@ struct Io<'b> {
     /// first (decode's norms folded into linear_q4_rows / linear_q4_glu_rows: no rms_norm
     /// dispatch; `Forward::fold_*`).
     norm: Option<&'b Buf>,
+    /// Where set, output rows below `channels` are DeltaNet conv channels: linear_q4_rows runs
+    /// their causal conv too (decode, `DeltaNetPath::StepConvInRows`).
+    conv: Option<ConvIo<'b>>,
+}
+
+/// A DeltaNet conv run inside the in_proj product: its taps `[channels, k]` and state
+/// `[k − 1, channels]`.
+#[derive(Clone, Copy)]
+struct ConvIo<'b> {
+    taps: &'b Buf,
+    state: &'b Buf,
+    channels: usize,
+    k: usize,
 }
 
 impl Io<'_> {
@@ -673,6 +698,7 @@ impl<'a> Forward<'a> {
             items: t,
             accumulate: false,
             norm: None,
+            conv: None,
         }
     }
 
@@ -722,6 +748,7 @@ impl<'a> Forward<'a> {
     /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
     /// product per part (one in all where the formats allowed joining them at load).
     /// `norm`: the parts read the residual stream and normalise it themselves (`Plan::folds_norm`).
+    #[allow(clippy::too_many_arguments)]
     fn fused(
         &self,
         r: &mut Recorder<'a>,
@@ -730,7 +757,9 @@ impl<'a> Forward<'a> {
         y: &'a Buf,
         t: usize,
         norm: Option<&'a Buf>,
+        conv: Option<ConvIo<'a>>,
     ) {
+        debug_assert!(conv.is_none() || f.parts.len() == 1);
         for (lin, off) in &f.parts {
             let x = if norm.is_some() {
                 &self.s.x
@@ -740,6 +769,7 @@ impl<'a> Forward<'a> {
             let mut io = self.plain(x, self.cfg.hidden, y, f.rows, t);
             io.y_off = *off;
             io.norm = norm;
+            io.conv = conv;
             self.linear(r, label, lin, io);
         }
     }
@@ -773,8 +803,8 @@ impl<'a> Forward<'a> {
             .plan
             .linear(w, io.items, experts.is_some(), io.aligned());
         debug_assert!(
-            io.norm.is_none() || choice == LinearKernel::Rows,
-            "a folded norm needs linear_q4_rows"
+            (io.norm.is_none() && io.conv.is_none()) || choice == LinearKernel::Rows,
+            "a folded norm or conv needs linear_q4_rows"
         );
         for sl in &w.slices {
             let (rows, row0, e0, e_count) = match experts {
@@ -788,12 +818,22 @@ impl<'a> Forward<'a> {
                     let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
-                    let params = norm_params(&params, &io, self.cfg.rms_eps);
+                    let params = rows_params(
+                        &norm_params(&params, &io, self.cfg.rms_eps),
+                        io.conv.map(|cv| (cv.channels, cv.k)),
+                    );
                     r.dispatch_as(
                         label,
                         self.k.rows(rb),
                         &params,
-                        &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
+                        &[
+                            &sl.buf,
+                            io.x,
+                            io.y,
+                            io.norm.unwrap_or(io.x),
+                            io.conv.map_or(io.x, |cv| cv.taps),
+                            io.conv.map_or(io.y, |cv| cv.state),
+                        ],
                         [nx, ny, io.items as u32],
                     );
                     continue;
@@ -936,7 +976,7 @@ impl<'a> Forward<'a> {
         let s = self.s;
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
         let stride = a.qkv.rows;
-        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm);
+        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm, None);
         r.dispatch(
             &self.k.attn_prep,
             &[
@@ -1027,24 +1067,38 @@ impl<'a> Forward<'a> {
         let vd = hv * c.dn_v_dim;
         // Joint output per token: [qkv (conv channels) | z | b | a].
         let stride = d.in_proj.rows;
-        self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t, norm);
+        let path = self.plan.deltanet(c, t, &d.in_proj);
+        // Decode: the conv inside the in_proj product where it runs on linear_q4_rows.
+        let conv_in = (path == DeltaNetPath::StepConvInRows).then_some(ConvIo {
+            taps: &d.conv,
+            state: conv,
+            channels: cd,
+            k: c.conv_kernel,
+        });
+        self.fused(
+            r,
+            "lin.dn.in_proj",
+            &d.in_proj,
+            &s.dn_proj,
+            t,
+            norm,
+            conv_in,
+        );
         let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
-        if self.plan.deltanet(c, t) == DeltaNetPath::Step {
-            // A decode step: conv and q/k norm in one dispatch, recurrence and output norm in
-            // another.
-            r.dispatch(
-                &self.k.dn_conv_norm,
-                &[
-                    cd as u32,
-                    c.conv_kernel as u32,
-                    stride as u32,
-                    hk as u32,
-                    dk as u32,
-                    (1.0 / (dk as f32).sqrt()).to_bits(),
-                ],
-                &[&s.dn_proj, &d.conv, conv, &s.c, &s.qk],
-                [(cd / dk) as u32, 1, 1],
-            );
+        if path != DeltaNetPath::Chunk {
+            // A decode step: the conv (in the product above, or a dispatch of its own), then
+            // the q/k norms, recurrence and output norm in one dispatch.
+            let conv_out = if path == DeltaNetPath::Step {
+                r.dispatch(
+                    &self.k.dn_conv_step,
+                    &[cd as u32, c.conv_kernel as u32],
+                    &[&s.dn_proj, &d.conv, conv, &s.c],
+                    [cd.div_ceil(64) as u32, 1, 1],
+                );
+                &s.c
+            } else {
+                &s.dn_proj
+            };
             r.dispatch(
                 &self.k.dn_recur_norm,
                 &[
@@ -1058,8 +1112,9 @@ impl<'a> Forward<'a> {
                     (cd + vd) as u32,
                     cd as u32,
                     c.rms_eps.to_bits(),
+                    (1.0 / (dk as f32).sqrt()).to_bits(),
                 ],
-                &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
+                &[conv_out, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
                 [hv as u32, 1, 1],
             );
         } else {
@@ -1138,7 +1193,7 @@ impl<'a> Forward<'a> {
         let ks = k + stacked as usize;
         // Per token: E router logits, then the shared expert's gate logit.
         let rs = m.router.rows;
-        self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm);
+        self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm, None);
         // Decode: the routing inside the experts' GLU dispatch (`Plan::routes_in_glu`).
         let route = self.plan.routes_in_glu(m, t).then_some(Route {
             e,

@@ -131,7 +131,11 @@ pub enum ExpertsDown {
 /// The kernels of a DeltaNet block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeltaNetPath {
-    /// A decode step: dn_conv_norm.wgsl then dn_recur_norm.wgsl (a workgroup of 512 per head).
+    /// A decode step: the conv inside the in_proj product (linear_q4_rows.wgsl's `conv_step`),
+    /// then dn_recur_norm.wgsl (q/k norms, recurrence, output norm; a workgroup of 512 a head).
+    StepConvInRows,
+    /// A decode step whose in_proj does not run on linear_q4_rows: dn_conv_step.wgsl, then
+    /// dn_recur_norm.wgsl.
     Step,
     /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
     Chunk,
@@ -162,7 +166,7 @@ pub struct Specs {
     pub dn_conv: Spec,
     pub dn_qk_norm: Spec,
     pub dn_recur: Spec,
-    pub dn_conv_norm: Spec,
+    pub dn_conv_step: Spec,
     pub dn_recur_norm: Spec,
     pub moe_route: Spec,
     pub swiglu: Spec,
@@ -200,7 +204,7 @@ impl Specs {
             &mut self.dn_conv,
             &mut self.dn_qk_norm,
             &mut self.dn_recur,
-            &mut self.dn_conv_norm,
+            &mut self.dn_conv_step,
             &mut self.dn_recur_norm,
             &mut self.moe_route,
             &mut self.swiglu,
@@ -243,7 +247,7 @@ impl Specs {
             &self.dn_conv,
             &self.dn_qk_norm,
             &self.dn_recur,
-            &self.dn_conv_norm,
+            &self.dn_conv_step,
             &self.dn_recur_norm,
             &self.moe_route,
             &self.swiglu,
@@ -417,7 +421,7 @@ impl Plan {
             dn_conv: Spec::new("dn_conv", &[]),
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
-            dn_conv_norm: Spec::new("dn_conv_norm", &[]),
+            dn_conv_step: Spec::new("dn_conv_step", &[]),
             dn_recur_norm: Spec::new("dn_recur_norm", &[("DK", c.dn_k_dim as f64)]),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
@@ -636,12 +640,17 @@ impl Plan {
         }
     }
 
-    /// The DeltaNet kernels for `t` tokens of model `c`.
-    pub fn deltanet(&self, c: &ModelConfig, t: usize) -> DeltaNetPath {
+    /// The DeltaNet kernels for `t` tokens of model `c` whose input projections are `in_proj`.
+    pub fn deltanet(&self, c: &ModelConfig, t: usize, in_proj: &Fused) -> DeltaNetPath {
         // dn_recur_norm.wgsl: 4 slices of whole vec4s of dk, ≤ 32 state values an invocation.
         let dk_ok = c.dn_k_dim.is_multiple_of(16) && c.dn_k_dim <= 128;
         if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
-            DeltaNetPath::Step
+            // The conv on the product's rows where that product is one linear_q4_rows dispatch.
+            if self.folds_norm(in_proj, t) {
+                DeltaNetPath::StepConvInRows
+            } else {
+                DeltaNetPath::Step
+            }
         } else {
             DeltaNetPath::Chunk
         }

@@ -27,7 +27,9 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
 /// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
 pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k)?.max(check_glu_route(gpu, k)?);
+    let glu = check_glu_rows(gpu, k)?
+        .max(check_glu_route(gpu, k)?)
+        .max(check_rows_conv(gpu, k)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
@@ -127,6 +129,101 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             }
         }
         worst = worst.max((num / den.max(1e-30)).sqrt());
+    }
+    Ok(worst)
+}
+
+/// linear_q4_rows.wgsl running DeltaNet's causal conv on its first rows (`conv_ch`, decode's
+/// in_proj): a random 4-bit matrix of 37 rows × 2,048 columns (the input normalised first, as at
+/// decode), the first 29 rows conv channels with random taps (k = 4) and a random state, for
+/// 16, 4 and 2 rows a workgroup. Against the host in f64: each conv channel's silu(Σ taps ·
+/// (state, x)) with x its product, the other rows' products, and the shifted state: the largest
+/// relative L2 difference.
+fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (rows, cols, ch, taps_k) = (37usize, 2048usize, 29usize, 4usize);
+    let m = RandomQ4::new(rows, cols, 64, 1);
+    let eps = 1e-6f32;
+    let x = m.normed(eps);
+    let prod = m.product(&x);
+    let mut seed = 0x51ed_2701_a3c4_9b17u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed % 20_001) as f32 / 10_000.0) - 1.0
+    };
+    let taps: Vec<f32> = (0..ch * taps_k).map(|_| rnd() * 0.5).collect();
+    let state0: Vec<f32> = (0..(taps_k - 1) * ch).map(|_| rnd() * 2.0).collect();
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let mut want_y = prod.clone();
+    let mut want_state = state0.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    for c in 0..ch {
+        let mut acc = taps[c * taps_k + taps_k - 1] as f64 * prod[c];
+        for j in 0..taps_k - 1 {
+            acc += taps[c * taps_k + j] as f64 * state0[j * ch + c] as f64;
+        }
+        want_y[c] = silu(acc);
+        for j in 0..taps_k - 2 {
+            want_state[j * ch + c] = state0[(j + 1) * ch + c] as f64;
+        }
+        want_state[(taps_k - 2) * ch + c] = prod[c];
+    }
+    let rel = |got: &[f32], want: &[f64]| -> f64 {
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            num += (*g as f64 - w).powi(2);
+            den += w.powi(2);
+        }
+        (num / den.max(1e-30)).sqrt()
+    };
+    let wbuf = gpu.upload("check.w", &m.data)?;
+    let xbuf = gpu.upload_f32("check.x", &m.x)?;
+    let wn = gpu.upload_f32("check.wn", &m.norm_w)?;
+    let tbuf = gpu.upload_f32("check.taps", &taps)?;
+    let mut worst = 0f64;
+    for rb in [16usize, 4, 2] {
+        let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
+        let sbuf = gpu.upload_f32("check.state", &state0)?;
+        let (nx, ny) = grid_2d(rows.div_ceil(rb));
+        let mut params = [0u32; 24];
+        params[..18].copy_from_slice(&[
+            rows as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            m.scale_off,
+            m.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            0,
+        ]);
+        params[20] = 1;
+        params[21] = eps.to_bits();
+        params[22] = ch as u32;
+        params[23] = taps_k as u32;
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            k.rows(rb),
+            &params,
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
+            [nx, ny, 1],
+        );
+        r.submit()?;
+        let y = gpu.read_f32(&ybuf, 0, rows)?;
+        let st = gpu.read_f32(&sbuf, 0, state0.len())?;
+        worst = worst.max(rel(&y, &want_y)).max(rel(&st, &want_state));
     }
     Ok(worst)
 }
@@ -617,7 +714,8 @@ impl RandomQ4 {
         let mut bufs = vec![&wbuf, &xbuf, &ybuf];
         bufs.extend(fourth);
         if rows_norm.is_some() {
-            bufs.push(&wn);
+            // The norm's weight, then the conv's taps and state (unused: no conv channels).
+            bufs.extend([&wn, &xbuf, &ybuf]);
         }
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);
