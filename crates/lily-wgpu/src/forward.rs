@@ -977,21 +977,25 @@ impl<'a> Forward<'a> {
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
         let stride = a.qkv.rows;
         self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm, None);
-        r.dispatch(
-            &self.k.attn_prep,
-            &[
-                hq as u32,
-                hkv as u32,
-                d as u32,
-                c.rotary_dim as u32,
-                pos0 as u32,
-                c.rms_eps.to_bits(),
-                stride as u32,
-            ],
-            &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
-            [(hq + 2 * hkv) as u32, t as u32, 1],
-        );
         let how = self.plan.attention(t);
+        // Decode: attn_prep's work inside attend_gqa (`Plan::prep_in_attend`).
+        let prep = self.plan.prep_in_attend(t);
+        if !prep {
+            r.dispatch(
+                &self.k.attn_prep,
+                &[
+                    hq as u32,
+                    hkv as u32,
+                    d as u32,
+                    c.rotary_dim as u32,
+                    pos0 as u32,
+                    c.rms_eps.to_bits(),
+                    stride as u32,
+                ],
+                &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
+                [(hq + 2 * hkv) as u32, t as u32, 1],
+            );
+        }
         // attend_tile: a prefill chunk's tokens in tiles of 64 / G with the G query heads of a
         // KV head, no key splits.
         if let (PrefillAttention::Tile { g, .. }, Some(tile)) = (how, &self.k.attend_tile) {
@@ -1017,10 +1021,21 @@ impl<'a> Forward<'a> {
             return;
         }
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
-        // them), where the shapes allow; the same parameters, bindings and partials.
-        let (kernel, heads) = match how {
-            PrefillAttention::Plain => (&self.k.attend, hq),
-            _ => (&self.k.attend_gqa, hkv),
+        // them), where the shapes allow; the same parameters, bindings and partials, and two
+        // bindings more (the q/k norms and rope table of its `prep`).
+        let bufs = [
+            &s.q,
+            &s.attn_proj,
+            kc,
+            vc,
+            &s.o,
+            &s.attn_part,
+            &a.qk_norm,
+            &s.rope,
+        ];
+        let (kernel, heads, bufs) = match how {
+            PrefillAttention::Plain => (&self.k.attend, hq, &bufs[..6]),
+            _ => (&self.k.attend_gqa, hkv, &bufs[..]),
         };
         let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
         r.dispatch(
@@ -1034,8 +1049,11 @@ impl<'a> Forward<'a> {
                 nsplit as u32,
                 span as u32,
                 stride as u32,
+                prep as u32,
+                c.rotary_dim as u32,
+                c.rms_eps.to_bits(),
             ],
-            &[&s.q, &s.attn_proj, kc, vc, &s.o, &s.attn_part],
+            bufs,
             [heads as u32, t as u32, nsplit as u32],
         );
         if nsplit > 1 {

@@ -17,7 +17,9 @@
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
 //!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
-//!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model); the general kernels
+//!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
+//!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
+//!   attn_prep's work inside attend_gqa (10 fewer); the general kernels
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
@@ -638,6 +640,13 @@ impl Plan {
             DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
             DecodeAttention::Plain => PrefillAttention::Plain,
         }
+    }
+
+    /// Whether attention over `t` tokens does attn_prep.wgsl's work (q/k norms, RoPE, the new K/V
+    /// into the cache) inside attend_gqa.wgsl (`prep`), with no attn_prep dispatch: a decode step
+    /// on attend_gqa.
+    pub fn prep_in_attend(&self, t: usize) -> bool {
+        t == 1 && matches!(self.decode_attention, DecodeAttention::Gqa { .. })
     }
 
     /// The DeltaNet kernels for `t` tokens of model `c` whose input projections are `in_proj`.

@@ -474,7 +474,8 @@ pub fn check_attention(
             span as u32,
             qg_stride as u32,
         ],
-        &[&qb, &qgb, &kb, &vb, &ob, &part],
+        // The q/k norms' weights and the rope table (bindings 7, 8): unused without `prep`.
+        &[&qb, &qgb, &kb, &vb, &ob, &part, &qb, &qb],
         [hkv as u32, t as u32, nsplit as u32],
     );
     if nsplit > 1 {
