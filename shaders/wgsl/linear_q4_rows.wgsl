@@ -88,6 +88,21 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let quads = p.m.cols / span;           // words per row: 64 or 128
     let two = quads > 64u;
     let groups = p.m.cols / p.m.group;
+    let ga = (lid * span) / p.m.group;
+    let gc = ((lid + 64u) * span) / p.m.group;
+    let nr = min(RB, p.m.rows - r0);
+    // The first RI rows' words (word lid of each) first: they do not depend on the inputs, so
+    // their reads are in flight during the inputs' reads and the norm's reduction (one DRAM
+    // round trip fewer on the kernel's path; rows past the end read row r0 again, not stored).
+    var w = array<vec4<u32>, 8>();
+    var s = array<f32, 8>();
+    var b = array<f32, 8>();
+    for (var j = 0u; j < RI; j++) {
+        let row = select(r0, r0 + j, j < nr);
+        w[j] = W[row * quads + lid];
+        s[j] = w_half4(p.m.scale_off + row * groups + ga);
+        b[j] = w_half4(p.m.bias_off + row * groups + ga);
+    }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
     // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
@@ -123,24 +138,21 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
-    let ga = (lid * span) / p.m.group;
-    let gc = ((lid + 64u) * span) / p.m.group;
-    let nr = min(RB, p.m.rows - r0);
     for (var r8 = 0u; r8 < RB; r8 += RI) {
-        // RI rows' reads together (rows past the end read row r0 again; not stored).
-        var w = array<vec4<u32>, 8>();
-        var s = array<f32, 8>();
-        var b = array<f32, 8>();
-        for (var j = 0u; j < RI; j++) {
-            var row = r0 + r8 + j;
-            if (r8 + j >= nr) {
-                row = r0;
+        // RI rows' reads together (rows past the end read row r0 again; not stored); the first
+        // RI were read above.
+        if (r8 > 0u) {
+            for (var j = 0u; j < RI; j++) {
+                var row = r0 + r8 + j;
+                if (r8 + j >= nr) {
+                    row = r0;
+                }
+                let qbase = row * quads;
+                let hbase = row * groups;
+                w[j] = W[qbase + lid];
+                s[j] = w_half4(p.m.scale_off + hbase + ga);
+                b[j] = w_half4(p.m.bias_off + hbase + ga);
             }
-            let qbase = row * quads;
-            let hbase = row * groups;
-            w[j] = W[qbase + lid];
-            s[j] = w_half4(p.m.scale_off + hbase + ga);
-            b[j] = w_half4(p.m.bias_off + hbase + ga);
         }
         var pa = array<f32, 8>();
         for (var j = 0u; j < RI; j++) {
