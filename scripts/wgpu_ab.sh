@@ -4,7 +4,8 @@
 # decode at 4K, one binary per step, then per-kernel profiles.
 #
 # Here: the binaries as DIR/bin/lily-engine-NAME(.gz) for NAME in $VARIANTS (old = main 064c7fc,
-# main = 0979a68, fix = b9a7d29, recur = 7ed17c4, route = a59e4c3, conv = 041f4a1: see the notes),
+# main = 0979a68, fix = b9a7d29, head = the branch's last kernel commit 67964b3; the steps between,
+# if staged: recur = 7ed17c4, route = a59e4c3, conv = 041f4a1, prep = 5f8bb0b: see the notes),
 # this script beside them, the Vulkan loader debs in .gl (../.library/device/README.md). There:
 #   bash .carry/wgpu-speed/wgpu_ab.sh        (carry: .carry/wgpu-speed .gl)
 # Logs: $OUT/summary.txt (the table), $OUT/prof-NAME.log (LILY_PROFILE=1 runs).
@@ -13,8 +14,8 @@ set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
 OUT="${OUT:-/tmp/wgpu-ab}"; mkdir -p "$OUT"
-VARIANTS="${VARIANTS:-old main fix recur route conv}"
-PROFILE="${PROFILE:-old main conv}"
+VARIANTS="${VARIANTS:-old main fix head}"
+PROFILE="${PROFILE:-old main head}"
 t0=$(date +%s); at() { echo "$(( $(date +%s) - t0 ))"; }
 LOG=$OUT/summary.txt; say() { echo "$*" | tee -a "$LOG"; }
 for f in "$HERE"/bin/*.gz; do [ -f "$f" ] && gunzip -f "$f"; done
