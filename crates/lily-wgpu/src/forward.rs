@@ -71,16 +71,16 @@ fn rows_params(norm: &[u32; 22], conv: Option<(usize, usize)>) -> [u32; 24] {
 /// A MoE block's routing done inside linear_q4_glu_rows.wgsl (`Plan::routes_in_glu`): E routed
 /// experts, k picked a token, the router output's row stride, items a token.
 #[derive(Clone, Copy, Debug)]
-pub struct Route {
-    pub e: usize,
-    pub k: usize,
-    pub stride: usize,
-    pub ks: usize,
+struct Route {
+    e: usize,
+    k: usize,
+    stride: usize,
+    ks: usize,
 }
 
 /// linear_q4_glu_rows.wgsl's parameters: `norm_params`, then from word 22 its routing (`route`
 /// 1, E, k, the logits' row stride, items a token) or 0 (ids read from the ids buffer).
-pub fn glu_rows_params(norm: &[u32; 22], route: Option<Route>) -> [u32; 27] {
+fn glu_rows_params(norm: &[u32; 22], route: Option<Route>) -> [u32; 27] {
     let mut out = [0u32; 27];
     out[..22].copy_from_slice(norm);
     if let Some(rt) = route {
