@@ -22,16 +22,21 @@ struct P {
     nsplit: u32,
     span: u32,     // keys per split, a multiple of 64
     qg_stride: u32, // row stride of QG (the joint projection; gate of head h at h·2D + D)
+    prep: u32,      // 1 (decode, one token): attn_prep.wgsl's work done here (`prep_queries`)
+    rot: u32,       // rotary dims (prep)
+    eps: f32,       // the q/k norms' eps (prep)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read> Kc: array<KV4>;
-@group(0) @binding(4) var<storage, read> Vc: array<KV>;
+@group(0) @binding(3) var<storage, read_write> Kc: array<KV4>;
+@group(0) @binding(4) var<storage, read_write> Vc: array<KV>;
 @group(0) @binding(5) var<storage, read_write> O: array<f32>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
+@group(0) @binding(7) var<storage, read> norms: array<f32>;  // prep: q_norm[D] then k_norm[D]
+@group(0) @binding(8) var<storage, read> rope: array<f32>;   // prep: cos[rot/2] | sin[rot/2]
 
 // The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
@@ -46,6 +51,50 @@ var<workgroup> qs: array<vec4<f32>, 512>;
 var<workgroup> kp: array<f32, 2304>;
 var<workgroup> sc: array<f32, 256>;
 var<workgroup> pr: array<f32, 256>;
+// prep: the new key (normalised, rotated; rounded as the cache holds it) and value of this KV
+// head, used for position pos0 instead of the cache, and stored into it at the end.
+var<workgroup> knew: array<f32, 256>;
+var<workgroup> vnew: array<f32, 256>;
+
+// Element c of the head staged in kp[base ..] after attn_prep.wgsl's steps: × r (its RMS norm's
+// scale) × the norm's weight norms[nb + c], then NeoX RoPE on the first `rot` dims (the host's
+// cos / sin at rope[rb ..]).
+fn prepped(base: u32, c: u32, r: f32, nb: u32, rb: u32) -> f32 {
+    let half = p.rot / 2u;
+    let x = kp[base + c] * r * norms[nb + c];
+    if (c < half) {
+        let x2 = kp[base + c + half] * r * norms[nb + c + half];
+        return x * rope[rb + c] - x2 * rope[rb + half + c];
+    } else if (c < p.rot) {
+        let i = c - half;
+        let x1 = kp[base + i] * r * norms[nb + i];
+        return x * rope[rb + i] + x1 * rope[rb + half + i];
+    }
+    return x;
+}
+
+// prep: RMS-norm scales of the `heads` rows of D staged in kp (sums of squares by 32 invocations a
+// row, then one), into pr[0 .. heads). Uniform control flow only.
+fn stage_scales(lid: u32, heads: u32) {
+    if (lid < heads * 32u) {
+        let g = lid / 32u;
+        var ss = 0.0;
+        for (var c = lid % 32u; c < D; c += 32u) {
+            let v = kp[g * D + c];
+            ss += v * v;
+        }
+        sc[lid] = ss;
+    }
+    workgroupBarrier();
+    if (lid < heads) {
+        var ss = 0.0;
+        for (var i = 0u; i < 32u; i++) {
+            ss += sc[lid * 32u + i];
+        }
+        pr[lid] = 1.0 / sqrt(ss / f32(D) + p.eps);
+    }
+    workgroupBarrier();
+}
 
 @compute @workgroup_size(256)
 fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -54,15 +103,57 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let split = wid.z;
     let d4 = D / 4u;
     let kbn = 256u / G;
-    for (var i = lid; i < G * d4; i += 256u) {
-        let g = i / d4;
-        let c = i % d4;
-        qs[i] = Q[(t * p.hq + kvh * G + g) * d4 + c];
-    }
-    workgroupBarrier();
     let n = p.pos0 + t + 1u;
     let k0 = split * p.span;
     let k1 = min(n, k0 + p.span);
+    // The new position (prep): its key and value come from knew / vnew, not the cache.
+    var pos_new = 0xffffffffu;
+    if (p.prep != 0u) {
+        // attn_prep.wgsl for this workgroup's G query heads (every split), and for its KV
+        // head's key and value (the split holding the new position), from the joint
+        // projection QG: one token, so no attn_prep dispatch at decode.
+        let row = t * p.qg_stride;
+        let rb = t * p.rot;
+        for (var i = lid; i < G * D; i += 256u) {
+            kp[i] = QG[row + (kvh * G + i / D) * 2u * D + i % D];
+        }
+        workgroupBarrier();
+        stage_scales(lid, G);
+        for (var e = lid; e < G * d4; e += 256u) {
+            let g = e / d4;
+            let c = (e % d4) * 4u;
+            let r = pr[g];
+            qs[e] = vec4<f32>(
+                prepped(g * D, c, r, 0u, rb),
+                prepped(g * D, c + 1u, r, 0u, rb),
+                prepped(g * D, c + 2u, r, 0u, rb),
+                prepped(g * D, c + 3u, r, 0u, rb)
+            );
+        }
+        workgroupBarrier();
+        let pos = p.pos0 + t;
+        if (pos >= k0 && pos < k1) {
+            let kq = row + p.hq * 2u * D;
+            for (var c = lid; c < D; c += 256u) {
+                kp[c] = QG[kq + kvh * D + c];
+                vnew[c] = f32(KV(QG[kq + p.hkv * D + kvh * D + c]));
+            }
+            workgroupBarrier();
+            stage_scales(lid, 1u);
+            for (var c = lid; c < D; c += 256u) {
+                knew[c] = f32(KV(prepped(0u, c, pr[0], D, rb)));
+            }
+            workgroupBarrier();
+            pos_new = pos;
+        }
+    } else {
+        for (var i = lid; i < G * d4; i += 256u) {
+            let g = i / d4;
+            let c = i % d4;
+            qs[i] = Q[(t * p.hq + kvh * G + g) * d4 + c];
+        }
+        workgroupBarrier();
+    }
     // Scores: invocation (kj, ks) = (lid / G, lid % G) reads slice ks of key kj's row (vec4
     // ks, ks + G, …: the G invocations of a key read consecutive 16-byte words, so a read
     // instruction touches few cache lines) and forms the G heads' partial dot products.
@@ -85,7 +176,10 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             if (jk < k1) {
                 let kbase = (jk * p.hkv + kvh) * d4;
                 for (var c = ks; c < d4; c += G) {
-                    let kv = vec4<f32>(Kc[kbase + c]);
+                    var kv = vec4<f32>(Kc[kbase + c]);
+                    if (jk == pos_new) {
+                        kv = vec4<f32>(knew[4u * c], knew[4u * c + 1u], knew[4u * c + 2u], knew[4u * c + 3u]);
+                    }
                     for (var g = 0u; g < G; g++) {
                         pd[g] += qs[g * d4 + c] * kv;
                     }
@@ -140,6 +234,9 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 var v = 0.0;
                 if (c < D) {
                     v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
+                    if (kb + jj == pos_new) {
+                        v = vnew[c];
+                    }
                 }
                 for (var g = 0u; g < G; g++) {
                     let w = pr[g * kbn + jj];
@@ -153,6 +250,13 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let c = lid;
     if (c >= D) {
         return;
+    }
+    if (pos_new != 0xffffffffu) {
+        // The new key and value into the cache (no invocation of this dispatch reads them there).
+        Vc[(pos_new * p.hkv + kvh) * D + c] = KV(vnew[c]);
+        if (c < d4) {
+            Kc[(pos_new * p.hkv + kvh) * d4 + c] = KV4(vec4<f32>(knew[4u * c], knew[4u * c + 1u], knew[4u * c + 2u], knew[4u * c + 3u]));
+        }
     }
     for (var g = 0u; g < G; g++) {
         let h = kvh * G + g;

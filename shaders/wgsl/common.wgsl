@@ -90,6 +90,69 @@ fn xsum32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f
 
 const NEG_BIG: f32 = -3.0e38;
 
+// The row kernels' totals (linear_q4_rows, moe_down_rows: `row_*`, one value a row;
+// linear_q4_glu_rows: `rows2_*`, gate and up), through workgroup memory in both reduction forms:
+// 64 invocations, rb ≤ 16 rows. Each invocation puts its partial of rows 0..rb − 1, then
+// `row_total` gives row lid / (64 / rb)'s total at the first invocation of its group of 64 / rb.
+// part[r · 65 + invocation] (65: rows on different banks). On the H200 this beat one subgroupAdd
+// a row (docs/perf-notes.md, session 11: 16 rows were 80 shuffle steps an invocation, 160 with
+// the unused second value of a shared vec2 form).
+var<workgroup> row_part: array<f32, 1040>;
+
+fn row_put(lid: u32, r: u32, v: f32) {
+    row_part[r * 65u + lid] = v;
+}
+
+// Row r's 64 partials: the 64 / rb invocations of its group sum rb each, then the first of them
+// all of those. Uniform control flow only.
+fn row_total(lid: u32, rb: u32) -> f32 {
+    workgroupBarrier();
+    let pr = 64u / rb;
+    let r = lid / pr;
+    let k = lid % pr;
+    var t = 0.0;
+    for (var i = 0u; i < rb; i++) {
+        t += row_part[r * 65u + k * rb + i];
+    }
+    workgroupBarrier();
+    row_part[r * 65u + k] = t;
+    workgroupBarrier();
+    var total = 0.0;
+    if (k == 0u) {
+        for (var i = 0u; i < pr; i++) {
+            total += row_part[r * 65u + i];
+        }
+    }
+    return total;
+}
+
+var<workgroup> rows2_part: array<vec2<f32>, 1040>;
+
+fn rows2_put(lid: u32, r: u32, v: vec2<f32>) {
+    rows2_part[r * 65u + lid] = v;
+}
+
+fn rows2_total(lid: u32, rb: u32) -> vec2<f32> {
+    workgroupBarrier();
+    let pr = 64u / rb;
+    let r = lid / pr;
+    let k = lid % pr;
+    var t = vec2<f32>(0.0);
+    for (var i = 0u; i < rb; i++) {
+        t += rows2_part[r * 65u + k * rb + i];
+    }
+    workgroupBarrier();
+    rows2_part[r * 65u + k] = t;
+    workgroupBarrier();
+    var total = vec2<f32>(0.0);
+    if (k == 0u) {
+        for (var i = 0u; i < pr; i++) {
+            total += rows2_part[r * 65u + i];
+        }
+    }
+    return total;
+}
+
 // A radix-select pass's histogram (byte `shift` of the keys that match the prefix so far; the
 // sampling kernels fill it).
 var<workgroup> wg_bins: array<atomic<u32>, 256>;

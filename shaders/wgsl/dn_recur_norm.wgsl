@@ -1,15 +1,19 @@
 // A decode step's DeltaNet recurrence and output norm in one dispatch (dn_recur.wgsl for one
-// token, then gated_norm.wgsl): one workgroup of 128 per value head (invocation j owns column j
-// of the state, j < dv ≤ 128), then y = w ⊙ (o · rsqrt(mean(o²) + eps)) ⊙ silu(z) over the head.
-// What follows is dn_recur's description.
+// token, then gated_norm.wgsl): one workgroup of 512 per value head, invocation lid = q · 128 + j
+// owns rows q · DK/4 .. (q + 1) · DK/4 − 1 of column j of the state (j < dv ≤ 128), so that each
+// invocation keeps DK/4 state values in registers and a head's 64 KB (full model) are read by
+// 16 warps with DK/4 loads each in flight, not 4 warps with DK each (session 11: the step was
+// latency-bound on 32 workgroups of 128). The four slices' partial dot products meet in
+// workgroup memory; then y = w ⊙ (o · rsqrt(mean(o²) + eps)) ⊙ silu(z) over the head. q and k
+// come as the conv's output (C: q | k | v) and are l2-normalised here (dn_qk_norm.wgsl's
+// arithmetic: × rsqrt(Σ² + 1e-6), queries also × qscale), the slices' sums of squares met in
+// workgroup memory, so that no dispatch between the conv and this one is needed.
 //
 // Gated DeltaNet step 5–7 (MODEL.md §2.5), recurrent form, fp32 state S [hv, dk, dv]:
 //   β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), S ← exp(g) · S,
 //   u = Sᵀk, δ = β (v − u), S ← S + k δᵀ, o = Sᵀq (the updated state).
-// Column j of S only meets column j, so invocation j of the head's workgroup owns it in
-// registers for the whole chunk: no reductions, no barriers. Workgroups of 32 columns, so that a
-// decode step spreads over hv · dv / 32 workgroups (128 on the full model) rather than hv. Value head h reads key head
-// h / (hv / hk). Bytes: S read and written once per chunk; FLOPs: ≈ 6 · dk · dv per token and head.
+// Value head h reads key head h / (hv / hk). The plan takes this kernel where DK is a multiple
+// of 16 (each slice whole vec4s) and dv ≤ 128.
 
 struct P {
     tokens: u32,
@@ -22,85 +26,111 @@ struct P {
     ba_off: u32,
     z_off: u32,      // z of head h at BA[z_off + h · dv] (the joint in_proj output)
     eps: f32,
+    qscale: f32,     // 1 / sqrt(dk)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> C: array<f32>;      // conv output; v at 2·hk·dk
-@group(0) @binding(2) var<storage, read> QK: array<vec4<f32>>; // normalised q | k
-@group(0) @binding(3) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
-@group(0) @binding(4) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
-@group(0) @binding(5) var<storage, read_write> S: array<f32>;
-@group(0) @binding(6) var<storage, read> Wn: array<f32>;     // the norm's weight [dv]
-@group(0) @binding(7) var<storage, read_write> Y: array<f32>; // [hv·dv]
+@group(0) @binding(1) var<storage, read> C: array<vec4<f32>>; // conv output q | k | v
+@group(0) @binding(2) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
+@group(0) @binding(3) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
+@group(0) @binding(4) var<storage, read_write> S: array<f32>;
+@group(0) @binding(5) var<storage, read> Wn: array<f32>;     // the norm's weight [dv]
+@group(0) @binding(6) var<storage, read_write> Y: array<f32>; // [hv·dv]
 
-var<workgroup> part: array<f32, 128>;
+// The slices' partials of u and o: [slice · 128 + column]; then the columns' o² for the norm.
+var<workgroup> part_u: array<f32, 512>;
+var<workgroup> part_o: array<f32, 512>;
+var<workgroup> sq: array<f32, 128>;
+// The slices' Σ q², Σ k².
+var<workgroup> nqk: array<vec2<f32>, 4>;
 
 // The key head dim, fixed per model (lily-wgpu/src/plan.rs): constant loop bounds let the
-// driver unroll the loops and keep the state column in registers.
+// driver unroll the loops and keep the state slice in registers.
 override DK: u32 = 128u;
+const SLICES: u32 = 4u;
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(512)
 fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
+    let q = lid / 128u;
+    let jj = lid % 128u;
     // Columns past dv compute on column 0 (in bounds) and write nothing, so every invocation
     // reaches the barriers below.
-    let live = lid < p.dv;
-    let j = select(0u, lid, live);
-    let dk = DK;
-    let key_dim = p.hk * dk;
+    let live = jj < p.dv;
+    let j = select(0u, jj, live);
+    let n = DK / SLICES;
+    let i0 = q * n;
+    let key_dim = p.hk * DK;
     let kh = h / (p.hv / p.hk);
-    var s: array<f32, 128>;
-    for (var i = 0u; i < dk; i++) {
-        s[i] = S[(h * dk + i) * p.dv + j];
+    var s: array<f32, 32>;
+    for (var i = 0u; i < n; i++) {
+        s[i] = S[(h * DK + i0 + i) * p.dv + j];
     }
     let t = 0u;
-    {
-        let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
-        let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
-        let alpha = exp(g);
-        // q and k of the token as vec4 (dk % 4 = 0); four partial sums each, so the dot
-        // products are chains of dk / 4, not dk, dependent adds.
-        let qb = (t * 2u * key_dim + kh * dk) / 4u;
-        let kb = qb + key_dim / 4u;
-        var u4 = vec4<f32>(0.0);
-        for (var i = 0u; i < dk; i += 4u) {
-            let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) * alpha;
-            s[i] = sv.x;
-            s[i + 1u] = sv.y;
-            s[i + 2u] = sv.z;
-            s[i + 3u] = sv.w;
-            u4 += sv * QK[kb + i / 4u];
+    let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
+    let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
+    let alpha = exp(g);
+    // q and k of the token as vec4 (this slice's DK/4 rows, unnormalised); four partial sums
+    // each. One token: C holds q at 0, k at key_dim, v at 2·key_dim.
+    let qb = (kh * DK + i0) / 4u;
+    let kb = qb + key_dim / 4u;
+    var nq4 = vec4<f32>(0.0);
+    var nk4 = vec4<f32>(0.0);
+    var u4 = vec4<f32>(0.0);
+    for (var i = 0u; i < n; i += 4u) {
+        let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) * alpha;
+        s[i] = sv.x;
+        s[i + 1u] = sv.y;
+        s[i + 2u] = sv.z;
+        s[i + 3u] = sv.w;
+        let q4 = C[qb + i / 4u];
+        let k4 = C[kb + i / 4u];
+        nq4 += q4 * q4;
+        nk4 += k4 * k4;
+        u4 += sv * k4;
+    }
+    if (jj == 0u) {
+        nqk[q] = vec2<f32>((nq4.x + nq4.y) + (nq4.z + nq4.w), (nk4.x + nk4.y) + (nk4.z + nk4.w));
+    }
+    part_u[lid] = (u4.x + u4.y) + (u4.z + u4.w);
+    workgroupBarrier();
+    let nn = (nqk[0] + nqk[1]) + (nqk[2] + nqk[3]);
+    let rq = p.qscale / sqrt(nn.x + 1e-6);
+    let rk = 1.0 / sqrt(nn.y + 1e-6);
+    let u = rk * ((part_u[jj] + part_u[128u + jj]) + (part_u[256u + jj] + part_u[384u + jj]));
+    let vi = 2u * key_dim + h * p.dv + j;
+    let delta = beta * (C[vi / 4u][vi % 4u] - u);
+    var o4 = vec4<f32>(0.0);
+    for (var i = 0u; i < n; i += 4u) {
+        let k4 = C[kb + i / 4u] * rk;
+        let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) + k4 * delta;
+        s[i] = sv.x;
+        s[i + 1u] = sv.y;
+        s[i + 2u] = sv.z;
+        s[i + 3u] = sv.w;
+        o4 += sv * C[qb + i / 4u];
+    }
+    if (live) {
+        for (var i = 0u; i < n; i++) {
+            S[(h * DK + i0 + i) * p.dv + j] = s[i];
         }
-        let u = (u4.x + u4.y) + (u4.z + u4.w);
-        let delta = beta * (C[t * p.cd + 2u * key_dim + h * p.dv + j] - u);
-        var o4 = vec4<f32>(0.0);
-        for (var i = 0u; i < dk; i += 4u) {
-            let k4 = QK[kb + i / 4u];
-            let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) + k4 * delta;
-            s[i] = sv.x;
-            s[i + 1u] = sv.y;
-            s[i + 2u] = sv.z;
-            s[i + 3u] = sv.w;
-            o4 += sv * QK[qb + i / 4u];
+    }
+    part_o[lid] = (o4.x + o4.y) + (o4.z + o4.w);
+    workgroupBarrier();
+    let o = rq * ((part_o[jj] + part_o[128u + jj]) + (part_o[256u + jj] + part_o[384u + jj]));
+    if (q == 0u) {
+        sq[jj] = select(0.0, o * o, live);
+    }
+    workgroupBarrier();
+    for (var w = 64u; w > 0u; w = w >> 1u) {
+        if (lid < w) {
+            sq[lid] += sq[lid + w];
         }
-        let o = (o4.x + o4.y) + (o4.z + o4.w);
-        if (live) {
-            for (var i = 0u; i < dk; i++) {
-                S[(h * dk + i) * p.dv + j] = s[i];
-            }
-        }
-        part[lid] = select(0.0, o * o, live);
         workgroupBarrier();
-        for (var w = 64u; w > 0u; w = w >> 1u) {
-            if (lid < w) {
-                part[lid] += part[lid + w];
-            }
-            workgroupBarrier();
-        }
-        let r = 1.0 / sqrt(part[0] / f32(p.dv) + p.eps);
-        if (live) {
-            let z = BA[p.z_off + h * p.dv + j];
-            Y[h * p.dv + j] = o * r * Wn[j] * silu(z);
-        }
+    }
+    let r = 1.0 / sqrt(sq[0] / f32(p.dv) + p.eps);
+    if (live && q == 0u) {
+        let z = BA[p.z_off + h * p.dv + j];
+        Y[h * p.dv + j] = o * r * Wn[j] * silu(z);
     }
 }

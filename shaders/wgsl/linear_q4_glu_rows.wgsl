@@ -4,28 +4,97 @@
 // expert, 8 rows' 16-byte reads of each in flight at a time, consecutive invocations reading
 // consecutive 16 bytes of a row. Same parameters, bindings and grid (with RB rows a workgroup)
 // as linear_q4_glu.wgsl: plain matrices or routed experts (item z: token z / x_div, expert
-// ids[z]). main's profile on the H200 (c7ee898): linear_q4_glu 24.8 µs a call for 9 experts'
+// ids[z], or routed here from the router's logits: `route`, decode). main's profile on the H200 (c7ee898): linear_q4_glu 24.8 µs a call for 9 experts'
 // 9.4 MB (≈ 380 GB/s). The host checks the shapes (plan.rs `glu_rows_ok`).
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
     norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
     eps: f32,
+    route: u32,       // 1 (expert mode): each workgroup routes its token itself (`route`)
+    e: u32,           // routed experts
+    k: u32,           // experts picked a token
+    l_stride: u32,    // row stride of L (E logits, then the shared gate's)
+    ks: u32,          // items a token: k, or k + 1 with the shared expert stacked as expert E
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
 @group(0) @binding(6) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
+@group(0) @binding(7) var<storage, read> L: array<f32>;          // router logits (route = 1)
+@group(0) @binding(8) var<storage, read_write> wts: array<f32>;  // routing weights (route = 1)
 
 // Rows per workgroup (GLU_RB on the host, ≤ 16 and a multiple of 8): 8, so that a decode step's
 // 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the H200).
 override RB: u32 = 8u;
 
 var<workgroup> wg_expert: u32;
+
+// The expert of `item` (token item / ks, rank item % ks) by moe_route.wgsl's rule, computed by
+// the workgroup from the router's logits, so that a decode step needs no moe_route dispatch:
+// softmax over the E experts, the k largest (ties to the lower id) in k rounds of a workgroup
+// argmax (invocation lid holds experts lid + 64 m, E ≤ 512), weights renormalised over the k
+// (exp(l − top) / Σ over the k: moe_route's ev / sum / kept); rank k is the shared expert (id E,
+// weight sigmoid of its gate logit, column E of L) where it rides in the stacks. `write`: this
+// workgroup (row block 0 of the item) stores the item's id and weight for moe_down_rows. Every
+// invocation returns the same id. Uniform control flow only.
+fn route(lid: u32, item: u32, write: bool) -> u32 {
+    let tt = item / p.ks;
+    let rk = item % p.ks;
+    let lb = tt * p.l_stride;
+    var lv = array<f32, 8>();
+    var taken = 0u; // bit m: expert lid + 64 m picked already, or past E
+    for (var m = 0u; m < 8u; m++) {
+        let i = lid + 64u * m;
+        if (i < p.e) {
+            lv[m] = L[lb + i];
+        } else {
+            taken |= 1u << m;
+        }
+    }
+    var top = 0.0;
+    var den = 0.0;
+    var ve = 0.0;
+    var e = p.e;
+    for (var r = 0u; r < p.k; r++) {
+        var bv = -3.4028235e38;
+        var bi = 0xffffffffu;
+        for (var m = 0u; m < 8u; m++) {
+            if ((taken & (1u << m)) == 0u && (bi == 0xffffffffu || lv[m] > bv)) {
+                bv = lv[m];
+                bi = lid + 64u * m;
+            }
+        }
+        let b = wg_argmax(lid, bv, bi);
+        if (b.i % 64u == lid) {
+            taken |= 1u << (b.i / 64u);
+        }
+        if (r == 0u) {
+            top = b.v;
+        }
+        let ev = exp(b.v - top);
+        den += ev;
+        if (r == rk) {
+            e = b.i;
+            ve = ev;
+        }
+    }
+    var w = 0.0;
+    if (rk < p.k) {
+        w = ve / den;
+    } else {
+        w = sigmoid(L[lb + p.e]);
+    }
+    if (write && lid == 0u) {
+        ids[item] = e;
+        wts[item] = w;
+    }
+    return e;
+}
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -46,18 +115,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         return;
     }
     var slot = 0u;
-    var xrow = item;
-    if (p.m.expert_mode != 0u) {
-        if (lid == 0u) {
-            wg_expert = ids[item];
-        }
-        let e = workgroupUniformLoad(&wg_expert);
-        if (e < p.m.e0 || e >= p.m.e0 + p.m.e_count) {
-            return;
-        }
-        slot = e - p.m.e0;
-        xrow = item / p.m.x_div;
-    }
+    let xrow = select(item, item / p.m.x_div, p.m.expert_mode != 0u);
+    // The inputs first: their reads overlap the routing below.
     let quads = p.m.cols / 32u;            // 64
     let groups = p.m.cols / p.m.group;
     let xb = (p.m.x_off + xrow * p.m.x_stride) / 4u + lid * 8u;
@@ -69,6 +128,21 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var x5 = X[xb + 5u];
     var x6 = X[xb + 6u];
     var x7 = X[xb + 7u];
+    if (p.m.expert_mode != 0u) {
+        if (p.route != 0u) {
+            let routed = route(lid, item, block == 0u);
+            if (lid == 0u) {
+                wg_expert = routed;
+            }
+        } else if (lid == 0u) {
+            wg_expert = ids[item];
+        }
+        let e = workgroupUniformLoad(&wg_expert);
+        if (e < p.m.e0 || e >= p.m.e0 + p.m.e_count) {
+            return;
+        }
+        slot = e - p.m.e0;
+    }
     if (p.norm != 0u) {
         // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w over the row (2,048 columns: the
         // 64 invocations hold it all).
@@ -116,10 +190,10 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var j = 0u; j < 8u; j++) {
             let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
             let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
-            rows_put(r8 + j, vec2<f32>(gate, up));
+            rows2_put(lid, r8 + j, vec2<f32>(gate, up));
         }
     }
-    let total = rows_total(lid, RB);
+    let total = rows2_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         let gate = total.x;

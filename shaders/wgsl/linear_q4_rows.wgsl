@@ -5,15 +5,18 @@
 // holds those inputs (and their sums, the bias terms' factor) and reads its 16 bytes of each of
 // the workgroup's RB = 16 rows, 8 rows' reads in flight at a time; consecutive invocations read
 // consecutive 16 bytes of a row (1 KB per row per read). Per row the 64 partial sums meet through
-// `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
+// `row_put` / `row_total` (common.wgsl). main's profile on the H200 (c7ee898): linear_q4 reached 350–490 GB/s (in_proj
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
-// host checks: plan.rs `rows_ok`).
+// host checks: plan.rs `rows_ok`). Decode's DeltaNet in_proj also runs the causal conv of its
+// conv channels here (`conv_ch`, one item: `conv_step`).
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
     norm: u32,        // 1: X is the residual stream; normalise it first (RMSNorm with Wn, eps)
     eps: f32,
+    conv_ch: u32,     // rows (global) below this are DeltaNet conv channels (`conv_step`); 0: none
+    conv_k: u32,      // the conv's taps
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -21,6 +24,28 @@ struct P {
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
+@group(0) @binding(5) var<storage, read> taps: array<f32>;          // conv taps [conv_ch, conv_k]
+@group(0) @binding(6) var<storage, read_write> cstate: array<f32>;  // conv state [conv_k − 1, conv_ch]
+
+// A decode step's DeltaNet causal conv of channel `ch` (dn_conv_step.wgsl's, fused into the
+// in_proj product that computes the channel's input x: no conv dispatch): the state's K − 1
+// earlier inputs and x through the taps, the state shifted, silu.
+fn conv_step(ch: u32, x: f32) -> f32 {
+    let cd = p.conv_ch;
+    let km1 = p.conv_k - 1u;
+    var s = 0.0;
+    for (var j = 0u; j < km1; j++) {
+        s += taps[ch * p.conv_k + j] * cstate[j * cd + ch];
+    }
+    s += taps[ch * p.conv_k + km1] * x;
+    for (var j = 0u; j + 1u < km1; j++) {
+        cstate[j * cd + ch] = cstate[(j + 1u) * cd + ch];
+    }
+    if (km1 > 0u) {
+        cstate[(km1 - 1u) * cd + ch] = x;
+    }
+    return silu(s);
+}
 
 // Rows per workgroup (a power of two ≤ 16; the host's `rows_rb`) and rows whose reads are in
 // flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
@@ -63,6 +88,21 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let quads = p.m.cols / span;           // words per row: 64 or 128
     let two = quads > 64u;
     let groups = p.m.cols / p.m.group;
+    let ga = (lid * span) / p.m.group;
+    let gc = ((lid + 64u) * span) / p.m.group;
+    let nr = min(RB, p.m.rows - r0);
+    // The first RI rows' words (word lid of each) first: they do not depend on the inputs, so
+    // their reads are in flight during the inputs' reads and the norm's reduction (one DRAM
+    // round trip fewer on the kernel's path; rows past the end read row r0 again, not stored).
+    var w = array<vec4<u32>, 8>();
+    var s = array<f32, 8>();
+    var b = array<f32, 8>();
+    for (var j = 0u; j < RI; j++) {
+        let row = select(r0, r0 + j, j < nr);
+        w[j] = W[row * quads + lid];
+        s[j] = w_half4(p.m.scale_off + row * groups + ga);
+        b[j] = w_half4(p.m.bias_off + row * groups + ga);
+    }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
     // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
@@ -98,24 +138,21 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
-    let ga = (lid * span) / p.m.group;
-    let gc = ((lid + 64u) * span) / p.m.group;
-    let nr = min(RB, p.m.rows - r0);
     for (var r8 = 0u; r8 < RB; r8 += RI) {
-        // RI rows' reads together (rows past the end read row r0 again; not stored).
-        var w = array<vec4<u32>, 8>();
-        var s = array<f32, 8>();
-        var b = array<f32, 8>();
-        for (var j = 0u; j < RI; j++) {
-            var row = r0 + r8 + j;
-            if (r8 + j >= nr) {
-                row = r0;
+        // RI rows' reads together (rows past the end read row r0 again; not stored); the first
+        // RI were read above.
+        if (r8 > 0u) {
+            for (var j = 0u; j < RI; j++) {
+                var row = r0 + r8 + j;
+                if (r8 + j >= nr) {
+                    row = r0;
+                }
+                let qbase = row * quads;
+                let hbase = row * groups;
+                w[j] = W[qbase + lid];
+                s[j] = w_half4(p.m.scale_off + hbase + ga);
+                b[j] = w_half4(p.m.bias_off + hbase + ga);
             }
-            let qbase = row * quads;
-            let hbase = row * groups;
-            w[j] = W[qbase + lid];
-            s[j] = w_half4(p.m.scale_off + hbase + ga);
-            b[j] = w_half4(p.m.bias_off + hbase + ga);
         }
         var pa = array<f32, 8>();
         for (var j = 0u; j < RI; j++) {
@@ -138,14 +175,17 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             }
         }
         for (var j = 0u; j < RI; j++) {
-            rows_put(r8 + j, vec2<f32>(pa[j], 0.0));
+            row_put(lid, r8 + j, pa[j]);
         }
     }
-    let total = rows_total(lid, RB).x;
+    let total = row_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
-        let o = p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r;
-        if (p.m.accumulate != 0u) {
+        let row = p.m.row0 + r0 + r;
+        let o = p.m.y_off + item * p.m.y_stride + row;
+        if (row < p.conv_ch) {
+            Y[o] = conv_step(row, total);
+        } else if (p.m.accumulate != 0u) {
             Y[o] += total;
         } else {
             Y[o] = total;

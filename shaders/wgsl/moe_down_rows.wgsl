@@ -4,7 +4,7 @@
 // COLS / 32 quads a row, holds quad q of the inputs of items slot, slot + 64/QN, ... (one at a
 // time) and reads that quad of the workgroup's RB rows of each item's expert (RB reads in flight;
 // the QN invocations of a slot read a row's contiguous bytes). The 64 partial sums of a row meet
-// through `rows_put` / `rows_total` (subgroups, or workgroup memory). main's profile on the H200
+// through `row_put` / `row_total` (common.wgsl). main's profile on the H200
 // (c7ee898): moe_down 29.5 µs a call for 4.7 MB
 // (256 workgroups, each invocation 18 quads of inputs re-read per row). Same parameters and
 // bindings as moe_down.wgsl; the host uses it where 64 is a multiple of COLS / 32.
@@ -102,9 +102,9 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         }
     }
     for (var j = 0u; j < RB; j++) {
-        rows_put(j, vec2<f32>(acc[j], 0.0));
+        row_put(lid, j, acc[j]);
     }
-    let total = rows_total(lid, RB).x;
+    let total = row_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         X[t * p.rows + r0 + r] += total;

@@ -23,30 +23,6 @@ fn subgroup_first() -> bool {
     return subgroupBroadcastFirst(lanes.lid) == lanes.lid;
 }
 
-// The products' row totals (reduce_workgroup.wgsl's API): each row's partials summed in each
-// subgroup, one slot per subgroup: rows_part[r · 65 + subgroup].
-var<workgroup> rows_part: array<vec2<f32>, 1040>;
-
-fn rows_put(r: u32, v: vec2<f32>) {
-    let t = subgroupAdd(v);
-    if (subgroup_first()) {
-        rows_part[r * 65u + lanes.sg] = t;
-    }
-}
-
-fn rows_total(lid: u32, rb: u32) -> vec2<f32> {
-    workgroupBarrier();
-    let pr = 64u / rb;
-    let r = lid / pr;
-    var total = vec2<f32>(0.0);
-    if (lid % pr == 0u) {
-        for (var s = 0u; s < lanes.nsg; s++) {
-            total += rows_part[r * 65u + s];
-        }
-    }
-    return total;
-}
-
 // One slot per subgroup: at most 256 / 4.
 var<workgroup> wg_part: array<f32, 64>;
 var<workgroup> wg_part_i: array<u32, 64>;
@@ -116,4 +92,10 @@ fn wg256_argmax(lid: u32, v: f32, i: u32) -> ValId {
 // Σ v over a 256-invocation workgroup (the same order every time); every invocation gets it.
 fn wg256_sum(lid: u32, v: f32) -> f32 {
     return wg_sum(lid, v);
+}
+
+// The largest v over a 64-invocation workgroup and its id i, the lower id on ties (the same
+// function as wg256_argmax: any workgroup size).
+fn wg_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    return wg256_argmax(lid, v, i);
 }

@@ -14,39 +14,6 @@ fn lanes_init(l: Lanes) {
     lanes = l;
 }
 
-// The products' row totals (linear_q4_rows, linear_q4_glu_rows, moe_down_rows: 64 invocations,
-// rb ≤ 16 rows): each invocation puts its partials of rows 0..rb − 1 (two values a row: glu's
-// gate and up), then `rows_total` gives row lid / (64 / rb)'s totals at the first invocation of
-// its group of 64 / rb. rows_part[r · 65 + invocation] (65: rows on different banks).
-var<workgroup> rows_part: array<vec2<f32>, 1040>;
-
-fn rows_put(r: u32, v: vec2<f32>) {
-    rows_part[r * 65u + lanes.lid] = v;
-}
-
-// Row r's 64 partials: the 64 / rb invocations of its group sum rb each, then the first of them
-// all of those. Uniform control flow only.
-fn rows_total(lid: u32, rb: u32) -> vec2<f32> {
-    workgroupBarrier();
-    let pr = 64u / rb;
-    let r = lid / pr;
-    let k = lid % pr;
-    var t = vec2<f32>(0.0);
-    for (var i = 0u; i < rb; i++) {
-        t += rows_part[r * 65u + k * rb + i];
-    }
-    workgroupBarrier();
-    rows_part[r * 65u + k] = t;
-    workgroupBarrier();
-    var total = vec2<f32>(0.0);
-    if (k == 0u) {
-        for (var i = 0u; i < pr; i++) {
-            total += rows_part[r * 65u + i];
-        }
-    }
-    return total;
-}
-
 var<workgroup> wg_part: array<f32, 64>;
 
 // Σ v over a 64-invocation workgroup; every invocation gets the total. Uniform control flow only.
@@ -92,6 +59,31 @@ struct ValId {
     v: f32,
     i: u32,
 }
+
+var<workgroup> wg_part_i: array<u32, 64>;
+
+// The largest v over a 64-invocation workgroup and its id i, the lower id on ties; every
+// invocation gets it. Uniform control flow only.
+fn wg_argmax(lid: u32, v: f32, i: u32) -> ValId {
+    wg_part[lid] = v;
+    wg_part_i[lid] = i;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ov = wg_part[lid + s];
+            let oi = wg_part_i[lid + s];
+            if (ov > wg_part[lid] || (ov == wg_part[lid] && oi < wg_part_i[lid])) {
+                wg_part[lid] = ov;
+                wg_part_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = ValId(wg_part[0], wg_part_i[0]);
+    workgroupBarrier();
+    return r;
+}
+
 
 // The largest v over a 256-invocation workgroup and its id i, the lower id on ties; every
 // invocation gets it. Uniform control flow only.

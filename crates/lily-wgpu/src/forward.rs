@@ -56,6 +56,43 @@ fn norm_params(params: &[u32; 23], io: &Io, eps: f32) -> [u32; 22] {
     out
 }
 
+/// linear_q4_rows.wgsl's parameters: `norm_params`, then from word 22 the DeltaNet conv it runs on
+/// its first rows (channels, taps; `Io::conv`) or 0.
+fn rows_params(norm: &[u32; 22], conv: Option<(usize, usize)>) -> [u32; 24] {
+    let mut out = [0u32; 24];
+    out[..22].copy_from_slice(norm);
+    if let Some((channels, k)) = conv {
+        out[22] = channels as u32;
+        out[23] = k as u32;
+    }
+    out
+}
+
+/// A MoE block's routing done inside linear_q4_glu_rows.wgsl (`Plan::routes_in_glu`): E routed
+/// experts, k picked a token, the router output's row stride, items a token.
+#[derive(Clone, Copy, Debug)]
+struct Route {
+    e: usize,
+    k: usize,
+    stride: usize,
+    ks: usize,
+}
+
+/// linear_q4_glu_rows.wgsl's parameters: `norm_params`, then from word 22 its routing (`route`
+/// 1, E, k, the logits' row stride, items a token) or 0 (ids read from the ids buffer).
+fn glu_rows_params(norm: &[u32; 22], route: Option<Route>) -> [u32; 27] {
+    let mut out = [0u32; 27];
+    out[..22].copy_from_slice(norm);
+    if let Some(rt) = route {
+        out[22] = 1;
+        out[23] = rt.e as u32;
+        out[24] = rt.k as u32;
+        out[25] = rt.stride as u32;
+        out[26] = rt.ks as u32;
+    }
+    out
+}
+
 /// Words of common.wgsl's `Mat`; a kernel's own parameters start at word 20 (a struct member of
 /// a uniform takes a multiple of 16 bytes).
 pub const MAT_WORDS: usize = 18;
@@ -332,6 +369,19 @@ struct Io<'b> {
     /// first (decode's norms folded into linear_q4_rows / linear_q4_glu_rows: no rms_norm
     /// dispatch; `Forward::fold_*`).
     norm: Option<&'b Buf>,
+    /// Where set, output rows below `channels` are DeltaNet conv channels: linear_q4_rows runs
+    /// their causal conv too (decode, `DeltaNetPath::StepConvInRows`).
+    conv: Option<ConvIo<'b>>,
+}
+
+/// A DeltaNet conv run inside the in_proj product: its taps `[channels, k]` and state
+/// `[k − 1, channels]`.
+#[derive(Clone, Copy)]
+struct ConvIo<'b> {
+    taps: &'b Buf,
+    state: &'b Buf,
+    channels: usize,
+    k: usize,
 }
 
 impl Io<'_> {
@@ -648,6 +698,7 @@ impl<'a> Forward<'a> {
             items: t,
             accumulate: false,
             norm: None,
+            conv: None,
         }
     }
 
@@ -697,6 +748,7 @@ impl<'a> Forward<'a> {
     /// The parts of `f` into `y` (row stride `f.rows`), each at its column offset: one matrix
     /// product per part (one in all where the formats allowed joining them at load).
     /// `norm`: the parts read the residual stream and normalise it themselves (`Plan::folds_norm`).
+    #[allow(clippy::too_many_arguments)]
     fn fused(
         &self,
         r: &mut Recorder<'a>,
@@ -705,7 +757,9 @@ impl<'a> Forward<'a> {
         y: &'a Buf,
         t: usize,
         norm: Option<&'a Buf>,
+        conv: Option<ConvIo<'a>>,
     ) {
+        debug_assert!(conv.is_none() || f.parts.len() == 1);
         for (lin, off) in &f.parts {
             let x = if norm.is_some() {
                 &self.s.x
@@ -715,6 +769,7 @@ impl<'a> Forward<'a> {
             let mut io = self.plain(x, self.cfg.hidden, y, f.rows, t);
             io.y_off = *off;
             io.norm = norm;
+            io.conv = conv;
             self.linear(r, label, lin, io);
         }
     }
@@ -748,8 +803,8 @@ impl<'a> Forward<'a> {
             .plan
             .linear(w, io.items, experts.is_some(), io.aligned());
         debug_assert!(
-            io.norm.is_none() || choice == LinearKernel::Rows,
-            "a folded norm needs linear_q4_rows"
+            (io.norm.is_none() && io.conv.is_none()) || choice == LinearKernel::Rows,
+            "a folded norm or conv needs linear_q4_rows"
         );
         for sl in &w.slices {
             let (rows, row0, e0, e_count) = match experts {
@@ -763,12 +818,22 @@ impl<'a> Forward<'a> {
                     let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
-                    let params = norm_params(&params, &io, self.cfg.rms_eps);
+                    let params = rows_params(
+                        &norm_params(&params, &io, self.cfg.rms_eps),
+                        io.conv.map(|cv| (cv.channels, cv.k)),
+                    );
                     r.dispatch_as(
                         label,
                         self.k.rows(rb),
                         &params,
-                        &[&sl.buf, io.x, io.y, io.norm.unwrap_or(io.x)],
+                        &[
+                            &sl.buf,
+                            io.x,
+                            io.y,
+                            io.norm.unwrap_or(io.x),
+                            io.conv.map_or(io.x, |cv| cv.taps),
+                            io.conv.map_or(io.y, |cv| cv.state),
+                        ],
                         [nx, ny, io.items as u32],
                     );
                     continue;
@@ -808,6 +873,7 @@ impl<'a> Forward<'a> {
         io: Io<'a>,
         experts: Option<usize>,
         how: ExpertsUp,
+        route: Option<Route>,
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
@@ -824,7 +890,7 @@ impl<'a> Forward<'a> {
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         if row_kernel {
-            let params = norm_params(&params, &io, self.cfg.rms_eps);
+            let params = glu_rows_params(&norm_params(&params, &io, self.cfg.rms_eps), route);
             r.dispatch_as(
                 label,
                 kernel,
@@ -836,6 +902,8 @@ impl<'a> Forward<'a> {
                     &self.s.ids,
                     &su.buf,
                     io.norm.unwrap_or(io.x),
+                    &self.s.router_logits,
+                    &self.s.wts,
                 ],
                 [nx, ny, io.items as u32],
             );
@@ -908,22 +976,26 @@ impl<'a> Forward<'a> {
         let s = self.s;
         let (hq, hkv, d, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden);
         let stride = a.qkv.rows;
-        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm);
-        r.dispatch(
-            &self.k.attn_prep,
-            &[
-                hq as u32,
-                hkv as u32,
-                d as u32,
-                c.rotary_dim as u32,
-                pos0 as u32,
-                c.rms_eps.to_bits(),
-                stride as u32,
-            ],
-            &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
-            [(hq + 2 * hkv) as u32, t as u32, 1],
-        );
+        self.fused(r, "lin.attn.qkv", &a.qkv, &s.attn_proj, t, norm, None);
         let how = self.plan.attention(t);
+        // Decode: attn_prep's work inside attend_gqa (`Plan::prep_in_attend`).
+        let prep = self.plan.prep_in_attend(t);
+        if !prep {
+            r.dispatch(
+                &self.k.attn_prep,
+                &[
+                    hq as u32,
+                    hkv as u32,
+                    d as u32,
+                    c.rotary_dim as u32,
+                    pos0 as u32,
+                    c.rms_eps.to_bits(),
+                    stride as u32,
+                ],
+                &[&s.attn_proj, &a.qk_norm, &s.rope, &s.q, kc, vc],
+                [(hq + 2 * hkv) as u32, t as u32, 1],
+            );
+        }
         // attend_tile: a prefill chunk's tokens in tiles of 64 / G with the G query heads of a
         // KV head, no key splits.
         if let (PrefillAttention::Tile { g, .. }, Some(tile)) = (how, &self.k.attend_tile) {
@@ -949,10 +1021,21 @@ impl<'a> Forward<'a> {
             return;
         }
         // attend_gqa: the query heads of a KV head in one workgroup (K and V read once for
-        // them), where the shapes allow; the same parameters, bindings and partials.
-        let (kernel, heads) = match how {
-            PrefillAttention::Plain => (&self.k.attend, hq),
-            _ => (&self.k.attend_gqa, hkv),
+        // them), where the shapes allow; the same parameters, bindings and partials, and two
+        // bindings more (the q/k norms and rope table of its `prep`).
+        let bufs = [
+            &s.q,
+            &s.attn_proj,
+            kc,
+            vc,
+            &s.o,
+            &s.attn_part,
+            &a.qk_norm,
+            &s.rope,
+        ];
+        let (kernel, heads, bufs) = match how {
+            PrefillAttention::Plain => (&self.k.attend, hq, &bufs[..6]),
+            _ => (&self.k.attend_gqa, hkv, &bufs[..]),
         };
         let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
         r.dispatch(
@@ -966,8 +1049,11 @@ impl<'a> Forward<'a> {
                 nsplit as u32,
                 span as u32,
                 stride as u32,
+                prep as u32,
+                c.rotary_dim as u32,
+                c.rms_eps.to_bits(),
             ],
-            &[&s.q, &s.attn_proj, kc, vc, &s.o, &s.attn_part],
+            bufs,
             [heads as u32, t as u32, nsplit as u32],
         );
         if nsplit > 1 {
@@ -999,24 +1085,38 @@ impl<'a> Forward<'a> {
         let vd = hv * c.dn_v_dim;
         // Joint output per token: [qkv (conv channels) | z | b | a].
         let stride = d.in_proj.rows;
-        self.fused(r, "lin.dn.in_proj", &d.in_proj, &s.dn_proj, t, norm);
+        let path = self.plan.deltanet(c, t, &d.in_proj);
+        // Decode: the conv inside the in_proj product where it runs on linear_q4_rows.
+        let conv_in = (path == DeltaNetPath::StepConvInRows).then_some(ConvIo {
+            taps: &d.conv,
+            state: conv,
+            channels: cd,
+            k: c.conv_kernel,
+        });
+        self.fused(
+            r,
+            "lin.dn.in_proj",
+            &d.in_proj,
+            &s.dn_proj,
+            t,
+            norm,
+            conv_in,
+        );
         let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
-        if self.plan.deltanet(c, t) == DeltaNetPath::Step {
-            // A decode step: conv and q/k norm in one dispatch, recurrence and output norm in
-            // another.
-            r.dispatch(
-                &self.k.dn_conv_norm,
-                &[
-                    cd as u32,
-                    c.conv_kernel as u32,
-                    stride as u32,
-                    hk as u32,
-                    dk as u32,
-                    (1.0 / (dk as f32).sqrt()).to_bits(),
-                ],
-                &[&s.dn_proj, &d.conv, conv, &s.c, &s.qk],
-                [(cd / dk) as u32, 1, 1],
-            );
+        if path != DeltaNetPath::Chunk {
+            // A decode step: the conv (in the product above, or a dispatch of its own), then
+            // the q/k norms, recurrence and output norm in one dispatch.
+            let conv_out = if path == DeltaNetPath::Step {
+                r.dispatch(
+                    &self.k.dn_conv_step,
+                    &[cd as u32, c.conv_kernel as u32],
+                    &[&s.dn_proj, &d.conv, conv, &s.c],
+                    [cd.div_ceil(64) as u32, 1, 1],
+                );
+                &s.c
+            } else {
+                &s.dn_proj
+            };
             r.dispatch(
                 &self.k.dn_recur_norm,
                 &[
@@ -1030,8 +1130,9 @@ impl<'a> Forward<'a> {
                     (cd + vd) as u32,
                     cd as u32,
                     c.rms_eps.to_bits(),
+                    (1.0 / (dk as f32).sqrt()).to_bits(),
                 ],
-                &[&s.c, &s.qk, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
+                &[conv_out, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
                 [hv as u32, 1, 1],
             );
         } else {
@@ -1110,20 +1211,29 @@ impl<'a> Forward<'a> {
         let ks = k + stacked as usize;
         // Per token: E router logits, then the shared expert's gate logit.
         let rs = m.router.rows;
-        self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm);
-        r.dispatch(
-            &self.k.moe_route,
-            &[
-                t as u32,
-                e as u32,
-                k as u32,
-                rs as u32,
-                ks as u32,
-                stacked as u32,
-            ],
-            &[&s.router_logits, &s.ids, &s.wts],
-            [t as u32, 1, 1],
-        );
+        self.fused(r, "lin.router", &m.router, &s.router_logits, t, norm, None);
+        // Decode: the routing inside the experts' GLU dispatch (`Plan::routes_in_glu`).
+        let route = self.plan.routes_in_glu(m, t).then_some(Route {
+            e,
+            k,
+            stride: rs,
+            ks,
+        });
+        if route.is_none() {
+            r.dispatch(
+                &self.k.moe_route,
+                &[
+                    t as u32,
+                    e as u32,
+                    k as u32,
+                    rs as u32,
+                    ks as u32,
+                    stacked as u32,
+                ],
+                &[&s.router_logits, &s.ids, &s.wts],
+                [t as u32, 1, 1],
+            );
+        }
         let tk = t * ks;
         let gate_io = self.plain(&s.xn, h, &s.g, i, tk);
         let up_io = self.plain(&s.xn, h, &s.u, i, tk);
@@ -1155,7 +1265,16 @@ impl<'a> Forward<'a> {
                 let x = if norm.is_some() { &s.x } else { &s.xn };
                 let mut io = self.plain(x, h, &s.act, i, tk);
                 io.norm = norm;
-                self.glu(r, "lin.experts.glu", &m.gate, &m.up, io, Some(ks), how);
+                self.glu(
+                    r,
+                    "lin.experts.glu",
+                    &m.gate,
+                    &m.up,
+                    io,
+                    Some(ks),
+                    how,
+                    route,
+                );
             }
             ExpertsUp::Separate => {
                 self.linear_experts(r, "lin.experts.gate", &m.gate, gate_io, ks);
@@ -1167,7 +1286,7 @@ impl<'a> Forward<'a> {
             match self.plan.shared_up(&sh.gate, &sh.up, t) {
                 how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
                     let io = self.plain(&s.xn, h, &s.sa, si, t);
-                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how);
+                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how, None);
                 }
                 _ => {
                     let sg_io = self.plain(&s.xn, h, &s.sg, si, t);

@@ -51,7 +51,7 @@ kernels!(
     dn_conv,
     dn_qk_norm,
     dn_recur,
-    dn_conv_norm,
+    dn_conv_step,
     dn_recur_norm,
     moe_route,
     swiglu,

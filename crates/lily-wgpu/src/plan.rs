@@ -16,7 +16,10 @@
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
 //!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
-//!   projections and the weighted sum in one (moe_down_rows.wgsl); the general kernels
+//!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
+//!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
+//!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
+//!   attn_prep's work inside attend_gqa (10 fewer); the general kernels
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
@@ -130,7 +133,11 @@ pub enum ExpertsDown {
 /// The kernels of a DeltaNet block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeltaNetPath {
-    /// A decode step: dn_conv_norm.wgsl then dn_recur_norm.wgsl (a workgroup per head).
+    /// A decode step: the conv inside the in_proj product (linear_q4_rows.wgsl's `conv_step`),
+    /// then dn_recur_norm.wgsl (q/k norms, recurrence, output norm; a workgroup of 512 a head).
+    StepConvInRows,
+    /// A decode step whose in_proj does not run on linear_q4_rows: dn_conv_step.wgsl, then
+    /// dn_recur_norm.wgsl.
     Step,
     /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
     Chunk,
@@ -161,7 +168,7 @@ pub struct Specs {
     pub dn_conv: Spec,
     pub dn_qk_norm: Spec,
     pub dn_recur: Spec,
-    pub dn_conv_norm: Spec,
+    pub dn_conv_step: Spec,
     pub dn_recur_norm: Spec,
     pub moe_route: Spec,
     pub swiglu: Spec,
@@ -199,7 +206,7 @@ impl Specs {
             &mut self.dn_conv,
             &mut self.dn_qk_norm,
             &mut self.dn_recur,
-            &mut self.dn_conv_norm,
+            &mut self.dn_conv_step,
             &mut self.dn_recur_norm,
             &mut self.moe_route,
             &mut self.swiglu,
@@ -242,7 +249,7 @@ impl Specs {
             &self.dn_conv,
             &self.dn_qk_norm,
             &self.dn_recur,
-            &self.dn_conv_norm,
+            &self.dn_conv_step,
             &self.dn_recur_norm,
             &self.moe_route,
             &self.swiglu,
@@ -337,6 +344,9 @@ pub struct Plan {
     pub subgroups: bool,
     /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
     pub kv_f16: bool,
+    /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
+    /// invocation); `routes_in_glu` says where it is used.
+    pub route_in_glu: bool,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
     /// The options as resolved: those asked for, with the switches the device or the model
@@ -413,7 +423,7 @@ impl Plan {
             dn_conv: Spec::new("dn_conv", &[]),
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
-            dn_conv_norm: Spec::new("dn_conv_norm", &[]),
+            dn_conv_step: Spec::new("dn_conv_step", &[]),
             dn_recur_norm: Spec::new("dn_recur_norm", &[("DK", c.dn_k_dim as f64)]),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
@@ -472,6 +482,7 @@ impl Plan {
             specs,
             subgroups,
             kv_f16,
+            route_in_glu: c.n_experts <= 512,
             notes,
         })
     }
@@ -509,10 +520,15 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows{notes}",
+            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             self.options.describe(),
             self.dense_mm.items(),
             self.expert_mm.items(),
+            if self.route_in_glu {
+                "in linear_q4_glu_rows"
+            } else {
+                "moe_route"
+            },
         )
     }
 
@@ -580,6 +596,14 @@ impl Plan {
         }
     }
 
+    /// Whether a MoE block's routing over `t` tokens runs inside its experts' GLU dispatch
+    /// (linear_q4_glu_rows.wgsl's `route`: each workgroup ranks its token's experts itself, row
+    /// block 0 writes the ids and weights the down products read), with no moe_route.wgsl
+    /// dispatch: where the experts' gate/up run on linear_q4_glu_rows.wgsl (decode) and E ≤ 512.
+    pub fn routes_in_glu(&self, m: &GpuMoe, t: usize) -> bool {
+        self.route_in_glu && self.experts_up(m, t) == ExpertsUp::GluRows
+    }
+
     /// The shared expert's gate/up (where it does not ride in the stacks) over `t` tokens.
     pub fn shared_up(&self, gate: &GpuLinear, up: &GpuLinear, t: usize) -> ExpertsUp {
         match (t, glu_ok(gate, up), glu_rows_ok(gate)) {
@@ -618,10 +642,24 @@ impl Plan {
         }
     }
 
-    /// The DeltaNet kernels for `t` tokens of model `c`.
-    pub fn deltanet(&self, c: &ModelConfig, t: usize) -> DeltaNetPath {
-        if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 {
-            DeltaNetPath::Step
+    /// Whether attention over `t` tokens does attn_prep.wgsl's work (q/k norms, RoPE, the new K/V
+    /// into the cache) inside attend_gqa.wgsl (`prep`), with no attn_prep dispatch: a decode step
+    /// on attend_gqa.
+    pub fn prep_in_attend(&self, t: usize) -> bool {
+        t == 1 && matches!(self.decode_attention, DecodeAttention::Gqa { .. })
+    }
+
+    /// The DeltaNet kernels for `t` tokens of model `c` whose input projections are `in_proj`.
+    pub fn deltanet(&self, c: &ModelConfig, t: usize, in_proj: &Fused) -> DeltaNetPath {
+        // dn_recur_norm.wgsl: 4 slices of whole vec4s of dk, ≤ 32 state values an invocation.
+        let dk_ok = c.dn_k_dim.is_multiple_of(16) && c.dn_k_dim <= 128;
+        if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
+            // The conv on the product's rows where that product is one linear_q4_rows dispatch.
+            if self.folds_norm(in_proj, t) {
+                DeltaNetPath::StepConvInRows
+            } else {
+                DeltaNetPath::Step
+            }
         } else {
             DeltaNetPath::Chunk
         }

@@ -27,7 +27,9 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
 /// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
 pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k)?;
+    let glu = check_glu_rows(gpu, k)?
+        .max(check_glu_route(gpu, k)?)
+        .max(check_rows_conv(gpu, k)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
@@ -74,7 +76,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             Some(eps) => gate.normed(eps),
             None => gate.x.clone(),
         };
-        let params: [u32; 22] = [
+        let params: [u32; 27] = [
             rows as u32,
             cols as u32,
             4,
@@ -97,12 +99,17 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             0,
             norm.is_some() as u32,
             norm.unwrap_or(0.0).to_bits(),
+            0,
+            0,
+            0,
+            0,
+            0,
         ];
         let mut r = Recorder::new(gpu);
         r.dispatch(
             &k.linear_q4_glu_rows,
             &params,
-            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn],
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &xbuf, &ids],
             [nx, ny, items as u32],
         );
         r.submit()?;
@@ -114,6 +121,258 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
                 let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
                 let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
                 let g = got[t * rows + row];
+                if !g.is_finite() {
+                    return Ok(f64::INFINITY);
+                }
+                num += (g as f64 - want).powi(2);
+                den += want.powi(2);
+            }
+        }
+        worst = worst.max((num / den.max(1e-30)).sqrt());
+    }
+    Ok(worst)
+}
+
+/// linear_q4_rows.wgsl running DeltaNet's causal conv on its first rows (`conv_ch`, decode's
+/// in_proj): a random 4-bit matrix of 37 rows × 2,048 columns (the input normalised first, as at
+/// decode), the first 29 rows conv channels with random taps (k = 4) and a random state, for
+/// 16, 4 and 2 rows a workgroup. Against the host in f64: each conv channel's silu(Σ taps ·
+/// (state, x)) with x its product, the other rows' products, and the shifted state: the largest
+/// relative L2 difference.
+fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (rows, cols, ch, taps_k) = (37usize, 2048usize, 29usize, 4usize);
+    let m = RandomQ4::new(rows, cols, 64, 1);
+    let eps = 1e-6f32;
+    let x = m.normed(eps);
+    let prod = m.product(&x);
+    let mut seed = 0x51ed_2701_a3c4_9b17u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        ((seed % 20_001) as f32 / 10_000.0) - 1.0
+    };
+    let taps: Vec<f32> = (0..ch * taps_k).map(|_| rnd() * 0.5).collect();
+    let state0: Vec<f32> = (0..(taps_k - 1) * ch).map(|_| rnd() * 2.0).collect();
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let mut want_y = prod.clone();
+    let mut want_state = state0.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    for c in 0..ch {
+        let mut acc = taps[c * taps_k + taps_k - 1] as f64 * prod[c];
+        for j in 0..taps_k - 1 {
+            acc += taps[c * taps_k + j] as f64 * state0[j * ch + c] as f64;
+        }
+        want_y[c] = silu(acc);
+        for j in 0..taps_k - 2 {
+            want_state[j * ch + c] = state0[(j + 1) * ch + c] as f64;
+        }
+        want_state[(taps_k - 2) * ch + c] = prod[c];
+    }
+    let rel = |got: &[f32], want: &[f64]| -> f64 {
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            num += (*g as f64 - w).powi(2);
+            den += w.powi(2);
+        }
+        (num / den.max(1e-30)).sqrt()
+    };
+    let wbuf = gpu.upload("check.w", &m.data)?;
+    let xbuf = gpu.upload_f32("check.x", &m.x)?;
+    let wn = gpu.upload_f32("check.wn", &m.norm_w)?;
+    let tbuf = gpu.upload_f32("check.taps", &taps)?;
+    let mut worst = 0f64;
+    for rb in [16usize, 4, 2] {
+        let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
+        let sbuf = gpu.upload_f32("check.state", &state0)?;
+        let (nx, ny) = grid_2d(rows.div_ceil(rb));
+        let mut params = [0u32; 24];
+        params[..18].copy_from_slice(&[
+            rows as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            m.scale_off,
+            m.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            0,
+        ]);
+        params[20] = 1;
+        params[21] = eps.to_bits();
+        params[22] = ch as u32;
+        params[23] = taps_k as u32;
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            k.rows(rb),
+            &params,
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
+            [nx, ny, 1],
+        );
+        r.submit()?;
+        let y = gpu.read_f32(&ybuf, 0, rows)?;
+        let st = gpu.read_f32(&sbuf, 0, state0.len())?;
+        worst = worst.max(rel(&y, &want_y)).max(rel(&st, &want_state));
+    }
+    Ok(worst)
+}
+
+/// linear_q4_glu_rows.wgsl routing its items itself (`route`, decode's experts): 2 tokens, E = 130
+/// routed experts (the third of an invocation's slots partly filled) and the shared expert as
+/// expert E of random 4-bit stacks (12 rows an expert: two row blocks, the second partly filled),
+/// k = 8, random router logits with planted ties (three equal among the first picks of token 0;
+/// two equal across the k-th place of token 1), the norm folded in and not. Against the host:
+/// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
+/// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
+/// expert in f64: the largest relative difference. ids and weights start poisoned.
+fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+    let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
+    let ks = topk + 1;
+    let items = tokens * ks;
+    let stack = (e + 1) * r_e;
+    let gate = RandomQ4::new(stack, cols, 64, tokens);
+    let up = RandomQ4::new(stack + 1, cols, 64, tokens);
+    let words = stack * cols / 8;
+    let mut data = up.data[..words * 4].to_vec();
+    let ng = stack * cols / 64;
+    let (us, ub) = (up.scale_off as usize * 2, up.bias_off as usize * 2);
+    data.extend_from_slice(&up.data[us..us + ng * 2]);
+    data.resize(gate.bias_off as usize * 2, 0);
+    data.extend_from_slice(&up.data[ub..ub + ng * 2]);
+    // Router logits [tokens, E + 1] (column E: the shared expert's gate), random in ±4.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut logits: Vec<f32> = (0..tokens * (e + 1))
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed % 80_001) as f32 / 10_000.0) - 4.0
+        })
+        .collect();
+    // Token 0: experts 5, 70 and 129 tie above every other; token 1: 9 and 100 tie at a value
+    // between its 7th and 8th largest others, so one of them takes the 8th place (the lower id).
+    for i in [5, 70, 129] {
+        logits[i] = 6.0;
+    }
+    {
+        let row = &mut logits[e + 1..2 * (e + 1)];
+        let mut others: Vec<f32> = (0..e)
+            .filter(|&i| i != 9 && i != 100)
+            .map(|i| row[i])
+            .collect();
+        others.sort_by(|a, b| b.total_cmp(a));
+        let tie = (others[6] + others[7]) / 2.0;
+        row[9] = tie;
+        row[100] = tie;
+    }
+    // The host's routing: experts by (logit descending, id ascending), the first k, weights
+    // exp(l − top) renormalised over them; item k the shared expert.
+    let mut want_ids = Vec::new();
+    let mut want_wts = Vec::new();
+    for t in 0..tokens {
+        let row = &logits[t * (e + 1)..(t + 1) * (e + 1)];
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let top = row[order[0]] as f64;
+        let ev: Vec<f64> = order[..topk]
+            .iter()
+            .map(|&i| (row[i] as f64 - top).exp())
+            .collect();
+        let den: f64 = ev.iter().sum();
+        for (r, &i) in order[..topk].iter().enumerate() {
+            want_ids.push(i as u32);
+            want_wts.push(ev[r] / den);
+        }
+        want_ids.push(e as u32);
+        want_wts.push(1.0 / (1.0 + (-(row[e] as f64)).exp()));
+    }
+    let wg = gpu.upload("check.gate", &gate.data)?;
+    let wu = gpu.upload("check.up", &data)?;
+    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
+    let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
+    let lbuf = gpu.upload_f32("check.logits", &logits)?;
+    let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
+    let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    let mut worst = 0f64;
+    for norm in [None, Some(1e-6f32)] {
+        let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
+        let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
+        let x = match norm {
+            Some(eps) => gate.normed(eps),
+            None => gate.x.clone(),
+        };
+        let params: [u32; 27] = [
+            r_e as u32,
+            cols as u32,
+            4,
+            64,
+            0,
+            cols as u32,
+            0,
+            r_e as u32,
+            0,
+            gate.scale_off,
+            gate.bias_off,
+            1,
+            0,
+            (e + 1) as u32,
+            ks as u32,
+            (r_e * cols / 8) as u32,
+            nx,
+            0,
+            0,
+            0,
+            norm.is_some() as u32,
+            norm.unwrap_or(0.0).to_bits(),
+            1,
+            e as u32,
+            topk as u32,
+            (e + 1) as u32,
+            ks as u32,
+        ];
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            &k.linear_q4_glu_rows,
+            &params,
+            &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &lbuf, &wts],
+            [nx, ny, items as u32],
+        );
+        r.submit()?;
+        let got_ids = gpu.read_u32(&ids, items)?;
+        if got_ids != want_ids {
+            anyhow::bail!(
+                "linear_q4_glu_rows routed experts {got_ids:?}, the host's {want_ids:?} (norm {norm:?})"
+            );
+        }
+        let got_wts = gpu.read_f32(&wts, 0, items)?;
+        for (g, w) in got_wts.iter().zip(&want_wts) {
+            let d = (*g as f64 - w).abs() / w.abs().max(1e-30);
+            if !d.is_finite() {
+                return Ok(f64::INFINITY);
+            }
+            worst = worst.max(d);
+        }
+        let got = gpu.read_f32(&ybuf, 0, items * r_e)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for (item, &ex) in want_ids.iter().enumerate() {
+            let xt = &x[(item / ks) * cols..(item / ks + 1) * cols];
+            for row in 0..r_e {
+                let wrow = ex as usize * r_e + row;
+                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
+                let want = silu(dot(&gate.w[wrow])) * dot(&up.w[wrow]);
+                let g = got[item * r_e + row];
                 if !g.is_finite() {
                     return Ok(f64::INFINITY);
                 }
@@ -215,7 +474,8 @@ pub fn check_attention(
             span as u32,
             qg_stride as u32,
         ],
-        &[&qb, &qgb, &kb, &vb, &ob, &part],
+        // The q/k norms' weights and the rope table (bindings 7, 8): unused without `prep`.
+        &[&qb, &qgb, &kb, &vb, &ob, &part, &qb, &qb],
         [hkv as u32, t as u32, nsplit as u32],
     );
     if nsplit > 1 {
@@ -455,7 +715,8 @@ impl RandomQ4 {
         let mut bufs = vec![&wbuf, &xbuf, &ybuf];
         bufs.extend(fourth);
         if rows_norm.is_some() {
-            bufs.push(&wn);
+            // The norm's weight, then the conv's taps and state (unused: no conv channels).
+            bufs.extend([&wn, &xbuf, &ybuf]);
         }
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);

@@ -35,7 +35,7 @@ sources!(
     "attend_tile",
     "attn_prep",
     "dn_conv",
-    "dn_conv_norm",
+    "dn_conv_step",
     "dn_qk_norm",
     "dn_recur",
     "dn_recur_norm",

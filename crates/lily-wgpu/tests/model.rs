@@ -21,7 +21,7 @@ use lily_wgpu::{WgpuBackend, WgpuOptions};
 // A path from this file's directory: tests/apple_limits.rs includes this file as a module.
 #[path = "support/mod.rs"]
 mod support;
-use support::{rel_l2, synth_model, wgpu_backend_with, Rng};
+use support::{rel_l2, synth_model, synth_model_layers, wgpu_backend_with, Rng};
 
 /// `n` greedy tokens decoded from sequence `s` of `b`.
 fn greedy_tokens(b: &mut dyn Backend, s: lily_core::backend::SeqId, n: usize) -> Vec<u32> {
@@ -178,6 +178,12 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
         assert!(
             att < 1e-5,
             "subgroups {on}: attention differs from the host by {att:.2e}"
+        );
+        // The row kernels' totals and the GLU's own routing (its workgroup argmax) in this form.
+        let (mm, rows) = gpu.check_products().unwrap();
+        assert!(
+            mm < 1e-5 && rows < 1e-5,
+            "subgroups {on}: products differ from the host by {mm:.2e} / {rows:.2e}"
         );
     }
     // CI's lavapipe has subgroups: both forms ran there.
@@ -619,6 +625,52 @@ fn chunked_prefill_equals_token_by_token() {
         e < 2e-5,
         "chunked prefill differs from token-by-token: {e:.3e}"
     );
+}
+
+/// The full model's widths (4 layers: three DeltaNet, one attention), where decode runs its own
+/// kernels (the row products with the norms and the DeltaNet conv folded in, the GLU routing its
+/// items itself, moe_down_rows, dn_recur_norm with dk = 128, attend_gqa with 8 heads a KV head):
+/// 12 positions token by token against the CPU (the last logits within 1e-3) and against the
+/// same prompt as one chunk (prefill's kernels; within 2e-5), in both reduction forms. About
+/// 2.5 GB of weights and a minute on lavapipe: `cargo test --release -p lily-wgpu --test model --
+/// --ignored full_width` (and on the GPU machine).
+#[test]
+#[ignore]
+fn full_width_decode_matches_cpu() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
+    let tokens = Rng(5).tokens(12, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(16).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    for subgroups in [true, false] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            subgroups,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let a = gpu.new_seq(16).unwrap();
+        gpu.prefill(a, &tokens).unwrap();
+        let chunked = gpu.logits(a).unwrap();
+        let b = gpu.new_seq(16).unwrap();
+        for t in &tokens {
+            gpu.prefill(b, &[*t]).unwrap();
+        }
+        let stepped = gpu.logits(b).unwrap();
+        let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
+        println!(
+            "full widths, subgroups {subgroups}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+        );
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        assert!(
+            e_chunk < 2e-5,
+            "decode differs from prefill by {e_chunk:.3e}"
+        );
+    }
 }
 
 /// Restoring a snapshot gives back exactly the state it saved: the same logits and the same

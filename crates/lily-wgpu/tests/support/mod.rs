@@ -25,8 +25,18 @@ impl Rng {
 }
 
 pub fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelWeights> {
+    synth_model_layers(preset, format, seed, None)
+}
+
+/// `synth_model` with `layers` layers (a multiple of 4) instead of the preset's, its widths kept.
+pub fn synth_model_layers(
+    preset: Preset,
+    format: SynthFormat,
+    seed: u64,
+    layers: Option<usize>,
+) -> Arc<ModelWeights> {
     let dir = std::env::temp_dir().join(format!(
-        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{}",
+        "lily-wgpu-test-{preset:?}-{format:?}-{seed}-{layers:?}-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
@@ -36,7 +46,7 @@ pub fn synth_model(preset: Preset, format: SynthFormat, seed: u64) -> Arc<ModelW
         seed,
         out: dir.clone(),
         tokenizer: None,
-        layers: None,
+        layers,
     })
     .unwrap();
     let w = checkpoint::load(&dir, &LoadOptions::default()).unwrap();
