@@ -387,6 +387,23 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
+    /// The DeltaNet conv and recurrence of each sequence of a batched decode step (one token
+    /// each, `Forward::run_batch`): decode.cu's `dec_dn_conv` + `dec_dn_step` where the one-token
+    /// step fuses them (`fused_decode` and the head shapes fit), else a one-token chunk's
+    /// `dn_conv` + `dn_prep` + `dn_recurrent`. Every other kernel of a batched step is the one
+    /// a step of that many tokens takes (`dense`, `router`, `experts`; `attention` of one token
+    /// per sequence).
+    pub fn batch_scan(&self, cfg: &ModelConfig) -> DecodePath {
+        let fits = Decode::dn_serves(
+            cfg.dn_k_heads,
+            cfg.dn_v_heads,
+            cfg.dn_k_dim,
+            cfg.dn_v_dim,
+            cfg.conv_kernel,
+        );
+        self.fused_if(1, fits)
+    }
+
     /// One-token steps of a MoE block: fused when every expert weight fits.
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
