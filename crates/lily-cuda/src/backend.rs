@@ -822,9 +822,10 @@ impl Backend for CudaBackend {
         timing.report()
     }
 
-    /// Eight sequences a step: the batched pass (batch.rs) reads each weight once for them.
+    /// 1 until the batched step (batch.rs) is measured on the device against the queue (issue
+    /// 32: 4 clients ≥ 2.5× one client's decode, 8 ≥ 3.5×); `--max-batch N` runs it now.
     fn default_max_batch(&self) -> usize {
-        8
+        1
     }
 
     /// Every row picked as `decode` picks, then one forward pass for the rows fed (batch.rs).
