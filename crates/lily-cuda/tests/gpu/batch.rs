@@ -8,9 +8,10 @@ use lily_core::backend::{DecodeRow, SeqId};
 
 /// bf16 activations: the batched pass (linear.cu over the rows) and the one-token pass
 /// (decode.cu's fused GEMVs) round the same activations but sum in different orders, so a
-/// rounding (and rarely a routed expert) can differ; measured well under this, while a wrong row,
-/// cache or state gives errors of order 1.
-const BF16_TOL: f64 = 0.1;
+/// rounding (and now and then a routed expert) can differ, and the difference carries through the
+/// caches and states: allowed as much as the shipping configuration against the fp32 CPU
+/// (model.rs, SHIPPING_LOGITS_TOL), while a wrong row, cache or state gives errors of order 1.
+const BF16_TOL: f64 = 0.15;
 
 /// Which rows a step feeds: every row, except (step 3) row 1 asked not to be fed, (step 5) row 2
 /// answering `Flow::Stop`, (step 7) only row 0 fed (the one-sequence path).
