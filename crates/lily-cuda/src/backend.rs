@@ -946,3 +946,46 @@ impl Drop for CudaBackend {
         let _ = self.gpu.sync();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(token: i32, logprob: f32, top: &[(u32, f32)]) -> Vec<u32> {
+        let mut w = vec![token as u32, logprob.to_bits()];
+        for &(id, lp) in top {
+            w.extend([id, lp.to_bits()]);
+        }
+        w
+    }
+
+    #[test]
+    fn a_pick_is_read_back_with_its_alternatives_and_ids_past_the_vocabulary_are_refused() {
+        let top = [(7, -0.25), (3, -1.5)];
+        let step = picked_step(&words(7, -0.25, &top), 10, LogprobsPath::Device).unwrap();
+        assert_eq!(
+            step,
+            StepOut {
+                token: 7,
+                logprob: -0.25,
+                top: top.to_vec()
+            }
+        );
+        // Without device alternatives only the token and its log-probability are read.
+        for path in [LogprobsPath::None, LogprobsPath::Host] {
+            let step = picked_step(&words(9, -2.0, &[]), 10, path).unwrap();
+            assert_eq!((step.token, step.logprob, step.top.len()), (9, -2.0, 0));
+        }
+        for bad in [10, -1] {
+            let e = picked_step(&words(bad, 0.0, &[]), 10, LogprobsPath::None).unwrap_err();
+            assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+        }
+        let e = picked_step(
+            &words(2, -0.1, &[(2, -0.1), (12, -3.0)]),
+            10,
+            LogprobsPath::Device,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("name token 12"), "{e}");
+    }
+}

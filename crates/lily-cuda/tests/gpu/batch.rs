@@ -166,21 +166,8 @@ fn decode_batched_rows_keep_their_own_sampling() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
     let vocab = w.config.vocab;
     let mut rng = Rng(77);
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_k: 20,
-        top_p: 0.9,
-        presence_penalty: 1.0,
-        repetition_penalty: 1.1,
-        seed: 99,
-        ..SamplingParams::greedy()
-    };
-    let host = SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
-        seed: 5,
-        ..SamplingParams::greedy()
-    };
+    let sampled = sampled_params(99);
+    let host = host_sampled_params(5);
     // (params, constrained, top_logprobs)
     let cases: [(&SamplingParams, bool, usize); 5] = [
         (&SamplingParams::greedy(), false, 0),
