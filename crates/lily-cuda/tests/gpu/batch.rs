@@ -28,16 +28,20 @@ fn order(step: usize, n: usize) -> Vec<usize> {
     }
 }
 
-fn batched_steps_match_alone(preset: Preset) {
+/// `fused_decode`: off, the DeltaNet scan of each sequence runs a one-token chunk's kernels
+/// (`Plan::batch_scan`) and decoding alone the unfused one-token path.
+fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
     let w = synth_model(preset, SynthFormat::Mlx, 17);
     let vocab = w.config.vocab;
     let mut rng = Rng(5);
     let prompts: Vec<Vec<u32>> = [9, 23, 40].iter().map(|&n| rng.tokens(n, vocab)).collect();
     let steps = 10;
     for bf16_activations in [false, true] {
-        let what = format!("{preset:?}, bf16 activations {bf16_activations}");
+        let what =
+            format!("{preset:?}, bf16 activations {bf16_activations}, fused decode {fused_decode}");
         let opts = CudaOptions {
             bf16_activations,
+            fused_decode,
             chunk: 64,
             ..CudaOptions::default()
         };
@@ -143,17 +147,18 @@ fn batched_steps_match_alone(preset: Preset) {
 /// not fed, one answering Stop, one step feeding a single row, one passing the rows reversed),
 /// equal each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL
 /// bf16) and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps
-/// its length and logits bit for bit.
+/// its length and logits bit for bit. On tiny also with the fused decode kernels off.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
-    batched_steps_match_alone(Preset::Tiny);
+    batched_steps_match_alone(Preset::Tiny, true);
+    batched_steps_match_alone(Preset::Tiny, false);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
-    batched_steps_match_alone(Preset::Small);
+    batched_steps_match_alone(Preset::Small, true);
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),
