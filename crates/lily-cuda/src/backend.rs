@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
-use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
+use lily_core::backend::{Backend, DecodeRow, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
 use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::Sampler;
@@ -24,6 +24,8 @@ pub use crate::plan::CudaOptions;
 use crate::plan::{LogprobsPath, Plan, SamplingPath};
 use crate::sampler::DeviceSampler;
 use crate::weights::{upload_model, DevModel};
+
+mod batch;
 
 /// The CUDA backend for `opts` (the environment overrides apply on top, plan.rs), or the reason
 /// it cannot run here (no driver, no GPU, no NVRTC, ...): what lily-server's `--device cuda|auto`
@@ -103,6 +105,8 @@ pub struct CudaBackend {
     /// Where a pipelined decode's token, log-probability and device top log-probabilities land
     /// (NEXT_TOKEN_WORDS words), allocated by the first pipelined decode.
     token_read: Option<Pinned>,
+    /// The batched decode step's buffers and graphs (batch.rs).
+    batch: batch::BatchState,
     model: DevModel,
     cfg: ModelConfig,
     plan: Plan,
@@ -149,6 +153,7 @@ impl CudaBackend {
             scratch,
             mask_bufs: None,
             token_read: None,
+            batch: batch::BatchState::default(),
             model,
             cfg: weights.config.clone(),
             plan,
@@ -251,7 +256,7 @@ impl CudaBackend {
     /// else the same launches one by one. A sequence keeps two graphs, captured at its first
     /// decode step on each side of `split_long_keys` keys (the attention kernels differ there,
     /// `Plan::long_keys`); each replays at any position on its side.
-    fn decode_step(&mut self, seq: SeqId) -> Result<()> {
+    fn feed_next(&mut self, seq: SeqId) -> Result<()> {
         let shape = AttnShape::of(&self.cfg);
         let which = usize::from(self.plan.long_keys(shape, self.seq(seq)?.len + 1));
         if self.plan.decode_graphs() && self.seq(seq)?.decode_graphs[which].is_none() {
@@ -283,6 +288,60 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Queues a device pick from `s`'s pending logits into its `next_token` words: the device
+    /// sampler when one is given, else the greedy argmax; `mask`: the allowed tokens' bitset on
+    /// the device. Then, on the device path, the top `top_logprobs` log-probabilities beside it.
+    fn queue_pick(
+        &self,
+        s: &SeqState,
+        sampler: &mut Sampler,
+        device_pick: Option<&DeviceSampler>,
+        mask: Option<(u64, u64)>,
+        lp_path: LogprobsPath,
+        top_logprobs: usize,
+    ) -> Result<()> {
+        match device_pick {
+            Some(ds) => ds.sample(
+                &self.gpu,
+                &self.kernels.sample,
+                sampler,
+                s.logits.ptr,
+                s.next_token.ptr,
+                s.next_logprob(),
+                mask.map(|m| m.0),
+            )?,
+            None => {
+                let argmax = Argmax {
+                    logits: s.logits.ptr,
+                    vocab: self.cfg.vocab,
+                    token_out: s.next_token.ptr,
+                    logprob_out: s.next_logprob(),
+                    partials: Some(self.scratch.argmax_parts.ptr),
+                };
+                match mask {
+                    Some((words, keys)) => self
+                        .kernels
+                        .sample
+                        .argmax_masked(&self.gpu, &argmax, words, keys)?,
+                    None => self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?,
+                }
+            }
+        }
+        if lp_path == LogprobsPath::Device {
+            self.kernels.sample.top_logprobs(
+                &self.gpu,
+                &TopLogprobs {
+                    logits: s.logits.ptr,
+                    vocab: self.cfg.vocab,
+                    k: top_logprobs,
+                    parts: self.scratch.logprob_parts.ptr,
+                    out: s.top_logprobs_out(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// Pipelined decode, after a pick was queued: queues the copy of its token and
     /// log-probability into page-locked memory (on the pinned buffer's side stream, so the next
     /// pass need not wait for it), then (when `more` steps may follow and the context has room)
@@ -308,7 +367,7 @@ impl CudaBackend {
         let launched = if feed {
             timing
                 .launching(&self.gpu)
-                .and_then(|()| self.decode_step(seq))
+                .and_then(|()| self.feed_next(seq))
                 .and_then(|()| timing.launched(&self.gpu))
         } else {
             Ok(())
@@ -322,6 +381,34 @@ impl CudaBackend {
         launched?;
         Ok((read?, feed))
     }
+}
+
+/// A device pick as read back (`NEXT_TOKEN_WORDS` layout: token, log-probability, then the
+/// device top log-probabilities' (id, log-probability) pairs when `lp_path` is `Device`; `w`
+/// holds just the words the pick wrote): the token, its log-probability and the alternatives
+/// (empty unless on the device). Ids outside the vocabulary are refused.
+fn picked_step(w: &[u32], vocab: usize, lp_path: LogprobsPath) -> Result<StepOut> {
+    let (id, lp) = (w[0] as i32, f32::from_bits(w[1]));
+    if id < 0 || id as usize >= vocab {
+        bail!("the device sampler chose token {id}, outside the vocabulary");
+    }
+    let mut top = Vec::new();
+    if lp_path == LogprobsPath::Device {
+        for pair in w[2..].chunks_exact(2) {
+            if pair[0] as usize >= vocab {
+                bail!(
+                    "the device's top log-probabilities name token {}, outside the vocabulary",
+                    pair[0]
+                );
+            }
+            top.push((pair[0], f32::from_bits(pair[1])));
+        }
+    }
+    Ok(StepOut {
+        token: id as u32,
+        logprob: lp,
+        top,
+    })
 }
 
 /// `CudaOptions::step_timing`: the device's work per token (events around each forward pass and
@@ -506,6 +593,7 @@ impl Backend for CudaBackend {
     fn free_seq(&mut self, seq: SeqId) {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
+        self.batch.forget(seq);
         if let Some(s) = self.seqs.remove(&seq.0) {
             self.keep_spare_seq(s);
         }
@@ -666,45 +754,14 @@ impl Backend for CudaBackend {
                 let s = self.seq(seq)?;
                 self.gpu.profile_scope("decode pick");
                 timing.picking(&self.gpu)?;
-                match &device_pick {
-                    Some(ds) => ds.sample(
-                        &self.gpu,
-                        &self.kernels.sample,
-                        sampler,
-                        s.logits.ptr,
-                        s.next_token.ptr,
-                        s.next_logprob(),
-                        mask_dev.map(|m| m.0),
-                    )?,
-                    None => {
-                        let argmax = Argmax {
-                            logits: s.logits.ptr,
-                            vocab: self.cfg.vocab,
-                            token_out: s.next_token.ptr,
-                            logprob_out: s.next_logprob(),
-                            partials: Some(self.scratch.argmax_parts.ptr),
-                        };
-                        match mask_dev {
-                            Some((words, keys)) => self
-                                .kernels
-                                .sample
-                                .argmax_masked(&self.gpu, &argmax, words, keys)?,
-                            None => self.kernels.sample.argmax_logprob(&self.gpu, &argmax)?,
-                        }
-                    }
-                }
-                if lp_path == LogprobsPath::Device {
-                    self.kernels.sample.top_logprobs(
-                        &self.gpu,
-                        &TopLogprobs {
-                            logits: s.logits.ptr,
-                            vocab: self.cfg.vocab,
-                            k: top_logprobs,
-                            parts: self.scratch.logprob_parts.ptr,
-                            out: s.top_logprobs_out(),
-                        },
-                    )?;
-                }
+                self.queue_pick(
+                    s,
+                    sampler,
+                    device_pick.as_ref(),
+                    mask_dev,
+                    lp_path,
+                    top_logprobs,
+                )?;
                 timing.picked(&self.gpu)?;
                 // Token, log-probability and device top log-probabilities in one read: one wait
                 // for the device a token.
@@ -717,32 +774,16 @@ impl Backend for CudaBackend {
                     self.gpu.read::<u32>(&s.next_token, 0, words)?
                 };
                 timing.read()?;
-                let (id, lp) = (w[0] as i32, f32::from_bits(w[1]));
-                if id < 0 || id as usize >= self.cfg.vocab {
-                    bail!("the device sampler chose token {id}, outside the vocabulary");
-                }
+                let step = picked_step(&w, self.cfg.vocab, lp_path)?;
                 let top = match lp_path {
-                    LogprobsPath::None => Vec::new(),
-                    LogprobsPath::Device => {
-                        let mut top = Vec::with_capacity(top_logprobs);
-                        for pair in w[2..].chunks_exact(2) {
-                            if pair[0] as usize >= self.cfg.vocab {
-                                bail!(
-                                    "the device's top log-probabilities name token {}, outside the vocabulary",
-                                    pair[0]
-                                );
-                            }
-                            top.push((pair[0], f32::from_bits(pair[1])));
-                        }
-                        top
-                    }
                     LogprobsPath::Host => {
                         let s = self.seq(seq)?;
                         let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
                         LogSoftmax::new(&logits).top(top_logprobs)
                     }
+                    _ => step.top,
                 };
-                (id as u32, lp, top)
+                (step.token, step.logprob, top)
             } else {
                 // SamplingPath::Host: top_k off or above 256, or device sampling off.
                 let s = self.seq(seq)?;
@@ -770,7 +811,7 @@ impl Backend for CudaBackend {
                     bail!("the sequence's context of {} tokens is full", s.max_ctx);
                 }
                 timing.launching(&self.gpu)?;
-                self.decode_step(seq)?;
+                self.feed_next(seq)?;
                 timing.launched(&self.gpu)?;
             }
         }
@@ -779,6 +820,21 @@ impl Backend for CudaBackend {
         // (a snapshot of the turn) would wait for it anyway.
         self.gpu.sync()?;
         timing.report()
+    }
+
+    /// 1 until the batched step (batch.rs) is measured on the device against the queue (issue
+    /// 32: 4 clients ≥ 2.5× one client's decode, 8 ≥ 3.5×); `--max-batch N` runs it now.
+    fn default_max_batch(&self) -> usize {
+        1
+    }
+
+    /// Every row picked as `decode` picks, then one forward pass for the rows fed (batch.rs).
+    fn decode_step(
+        &mut self,
+        rows: &mut [DecodeRow<'_>],
+        on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
+    ) -> Result<()> {
+        self.decode_rows(rows, on_token)
     }
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
@@ -888,5 +944,48 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(token: i32, logprob: f32, top: &[(u32, f32)]) -> Vec<u32> {
+        let mut w = vec![token as u32, logprob.to_bits()];
+        for &(id, lp) in top {
+            w.extend([id, lp.to_bits()]);
+        }
+        w
+    }
+
+    #[test]
+    fn a_pick_is_read_back_with_its_alternatives_and_ids_past_the_vocabulary_are_refused() {
+        let top = [(7, -0.25), (3, -1.5)];
+        let step = picked_step(&words(7, -0.25, &top), 10, LogprobsPath::Device).unwrap();
+        assert_eq!(
+            step,
+            StepOut {
+                token: 7,
+                logprob: -0.25,
+                top: top.to_vec()
+            }
+        );
+        // Without device alternatives only the token and its log-probability are read.
+        for path in [LogprobsPath::None, LogprobsPath::Host] {
+            let step = picked_step(&words(9, -2.0, &[]), 10, path).unwrap();
+            assert_eq!((step.token, step.logprob, step.top.len()), (9, -2.0, 0));
+        }
+        for bad in [10, -1] {
+            let e = picked_step(&words(bad, 0.0, &[]), 10, LogprobsPath::None).unwrap_err();
+            assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+        }
+        let e = picked_step(
+            &words(2, -0.1, &[(2, -0.1), (12, -3.0)]),
+            10,
+            LogprobsPath::Device,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("name token 12"), "{e}");
     }
 }

@@ -393,6 +393,92 @@ impl Forward<'_> {
         Ok(())
     }
 
+    /// One decode step for several sequences (`CudaBackend`'s batched `decode_step`): the token
+    /// each sequence's sampler left in its `next_token` goes through the model at row b of the
+    /// scratch (b: its index in `seqs`). The norms, every projection, the router, the routed
+    /// experts (grouped over all rows' picks) and lm_head run once over the rows, each weight
+    /// read once for the batch, with the kernels the plan names for a step of that many tokens;
+    /// attention and the DeltaNet conv and recurrence run per sequence on its own row, caches,
+    /// state and position (`Plan::batch_scan` names the scan). lm_head writes the rows' logits
+    /// into `logits` ([rows, vocab]), each row then copied into its sequence's `logits`; every
+    /// position advances by one. Like `run`, nothing waits on the host (graph-capturable).
+    pub fn run_batch(&self, model: &DevModel, seqs: &[&SeqState], logits: u64) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (h, rows) = (cfg.hidden, seqs.len());
+        if rows == 0 || rows > s.chunk {
+            bail!(
+                "a batched step of {rows} sequences: the scratch holds 1..={}",
+                s.chunk
+            );
+        }
+        gpu.profile_scope("batch embed");
+        for (row, seq) in seqs.iter().enumerate() {
+            let lookup = Lookup {
+                table: &model.embed,
+                tokens: seq.next_token.ptr,
+                x: s.x.ptr + (row * h * F32) as u64,
+                n_tok: 1,
+            };
+            k.embed.lookup(gpu, &lookup)?;
+        }
+        let x = Rows::new(s.x.ptr, h);
+        let (mut attn_i, mut dn_i) = (0usize, 0usize);
+        for layer in &model.layers {
+            self.norm(x, layer.input_norm.ptr, rows)?;
+            match &layer.mixer {
+                DevMixer::Attention(a) => {
+                    gpu.profile_scope("batch attention");
+                    self.attention_in(a, rows)?;
+                    for (row, seq) in seqs.iter().enumerate() {
+                        let (kc, vc) = &seq.kv[attn_i];
+                        let keys = seq.len + 1;
+                        self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
+                    }
+                    attn_i += 1;
+                    self.attention_out(a, rows)?;
+                }
+                DevMixer::DeltaNet(d) => {
+                    gpu.profile_scope("batch deltanet");
+                    self.deltanet_in(d, rows)?;
+                    for (row, seq) in seqs.iter().enumerate() {
+                        let (state, conv) = &seq.dn[dn_i];
+                        match self.plan.batch_scan(cfg) {
+                            DecodePath::Fused => {
+                                self.deltanet_scan_one_token(d, state.ptr, conv.ptr, row)?
+                            }
+                            DecodePath::PerKernel => {
+                                self.deltanet_scan(d, state.ptr, conv.ptr, 1, row)?
+                            }
+                        }
+                    }
+                    dn_i += 1;
+                    self.deltanet_out(d, rows)?;
+                }
+            }
+            gpu.profile_scope("batch moe");
+            self.norm(x, layer.post_norm.ptr, rows)?;
+            self.moe(&layer.moe, rows)?;
+        }
+        gpu.profile_scope("batch head");
+        for seq in seqs {
+            k.sample.advance_pos(gpu, seq.pos.ptr, 1)?;
+        }
+        self.norm(x, model.final_norm.ptr, rows)?;
+        let v = cfg.vocab;
+        let all = Rows::new(logits, v);
+        self.project(
+            &model.lm_head,
+            Rows::new(s.xn.ptr, h),
+            all,
+            rows,
+            Store::Overwrite,
+        )?;
+        for (row, seq) in seqs.iter().enumerate() {
+            gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
+        }
+        Ok(())
+    }
+
     /// scratch.xn[..rows] = RMSNorm(x[..rows]) · weight.
     fn norm(&self, x: Rows, weight: u64, rows: usize) -> Result<()> {
         let h = self.cfg.hidden;
@@ -483,6 +569,13 @@ impl Forward<'_> {
         keys: usize,
         n: usize,
     ) -> Result<()> {
+        self.attention_in(a, n)?;
+        self.attend(a, k_cache, v_cache, pos, keys, n, 0)?;
+        self.attention_out(a, n)
+    }
+
+    /// q_proj (query and gate), k_proj and v_proj of `n` rows of scratch.xn.
+    fn attention_in(&self, a: &DevAttention, n: usize) -> Result<()> {
         let (cfg, s) = (self.cfg, self.scratch);
         let h = cfg.hidden;
         let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
@@ -493,16 +586,23 @@ impl Forward<'_> {
         let kr = Rows::new(s.k.ptr, hkv * d);
         self.project_staged(&a.k_proj, xn, xb, kr, n, Store::Overwrite)?;
         let vr = Rows::new(s.v.ptr, hkv * d);
-        self.project_staged(&a.v_proj, xn, xb, vr, n, Store::Overwrite)?;
-        self.attend(a, k_cache, v_cache, pos, keys, n)?;
-        let o = Rows::new(s.attn_o.ptr, hq * d);
-        let ob = self.stage_bf16(o, n, hq * d, n)?;
-        let x = Rows::new(s.x.ptr, h);
+        self.project_staged(&a.v_proj, xn, xb, vr, n, Store::Overwrite)
+    }
+
+    /// o_proj of `n` rows of scratch.attn_o, added into the residual.
+    fn attention_out(&self, a: &DevAttention, n: usize) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.scratch);
+        let hqd = cfg.n_heads * cfg.head_dim;
+        let o = Rows::new(s.attn_o.ptr, hqd);
+        let ob = self.stage_bf16(o, n, hqd, n)?;
+        let x = Rows::new(s.x.ptr, cfg.hidden);
         self.project_staged(&a.o_proj, o, ob, x, n, Store::AddToResidual)
     }
 
     /// q/k norms, RoPE and the cache write of scratch.qg / k / v, then attention into
-    /// scratch.attn_o with the kernel the plan picks.
+    /// scratch.attn_o with the kernel the plan picks; the `n` tokens of one sequence from row
+    /// `row` of those buffers on (a batched step runs each sequence's token at its own row).
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         a: &DevAttention,
@@ -511,14 +611,18 @@ impl Forward<'_> {
         pos: u64,
         keys: usize,
         n: usize,
+        row: usize,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let shape = AttnShape::of(cfg);
+        let (hq, hkv, d) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let at = |buf: &DevBuf, cols: usize| buf.ptr + (row * cols * F32) as u64;
+        let (qg, q) = (at(&s.qg, 2 * hq * d), at(&s.q, hq * d));
         let prep = QkPrep {
-            qg: s.qg.ptr,
-            k: s.k.ptr,
-            v: s.v.ptr,
-            q_out: s.q.ptr,
+            qg,
+            k: at(&s.k, hkv * d),
+            v: at(&s.v, hkv * d),
+            q_out: q,
             k_cache,
             v_cache,
             q_norm: a.q_norm.ptr,
@@ -538,11 +642,11 @@ impl Forward<'_> {
         }
         let attend = Attend {
             shape,
-            q: s.q.ptr,
-            qg: s.qg.ptr,
+            q,
+            qg,
             k_cache,
             v_cache,
-            out: s.attn_o.ptr,
+            out: at(&s.attn_o, hq * d),
             pos,
             n_tok: n,
         };
@@ -587,7 +691,7 @@ impl Forward<'_> {
             (&a.v_proj, Out::Store(s.v.ptr)),
         ];
         k.decode.project(gpu, input, &qkv)?;
-        self.attend(a, k_cache, v_cache, pos, keys, 1)?;
+        self.attend(a, k_cache, v_cache, pos, keys, 1, 0)?;
         let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
         k.decode
             .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
@@ -610,29 +714,7 @@ impl Forward<'_> {
             (&d.in_a, Out::Store(s.a.ptr)),
         ];
         k.decode.project(gpu, input, &inputs)?;
-        let c = DnConv {
-            m: s.m.ptr,
-            conv_state: conv,
-            weight: d.conv.ptr,
-            c: s.c.ptr,
-            conv_dim: cfg.conv_dim(),
-            kernel: cfg.conv_kernel,
-        };
-        k.decode.dn_conv(gpu, &c)?;
-        let step = DnStep {
-            c: s.c.ptr,
-            b: s.b.ptr,
-            a: s.a.ptr,
-            a_log: d.a_log.ptr,
-            dt_bias: d.dt_bias.ptr,
-            state,
-            o: s.dn_o.ptr,
-            n_k: cfg.dn_k_heads,
-            n_v: cfg.dn_v_heads,
-            dk: cfg.dn_k_dim,
-            dv: cfg.dn_v_dim,
-        };
-        k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)?;
+        self.deltanet_scan_one_token(d, state, conv, 0)?;
         let o = Input {
             x: s.dn_o.ptr,
             cols: cfg.dn_value_dim(),
@@ -646,6 +728,43 @@ impl Forward<'_> {
         };
         k.decode
             .project(gpu, o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
+    }
+
+    /// decode.cu's conv and recurrent step of one token at row `row` of scratch.m / b / a, into
+    /// that row of scratch.dn_o.
+    fn deltanet_scan_one_token(
+        &self,
+        d: &DevDeltaNet,
+        state: u64,
+        conv: u64,
+        row: usize,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (conv_dim, hv) = (cfg.conv_dim(), cfg.dn_v_heads);
+        let at = |buf: &DevBuf, cols: usize| buf.ptr + (row * cols * F32) as u64;
+        let c = DnConv {
+            m: at(&s.m, conv_dim),
+            conv_state: conv,
+            weight: d.conv.ptr,
+            c: at(&s.c, conv_dim),
+            conv_dim,
+            kernel: cfg.conv_kernel,
+        };
+        k.decode.dn_conv(gpu, &c)?;
+        let step = DnStep {
+            c: at(&s.c, conv_dim),
+            b: at(&s.b, hv),
+            a: at(&s.a, hv),
+            a_log: d.a_log.ptr,
+            dt_bias: d.dt_bias.ptr,
+            state,
+            o: at(&s.dn_o, cfg.dn_value_dim()),
+            n_k: cfg.dn_k_heads,
+            n_v: hv,
+            dk: cfg.dn_k_dim,
+            dv: cfg.dn_v_dim,
+        };
+        k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)
     }
 
     /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
@@ -692,7 +811,14 @@ impl Forward<'_> {
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).
     pub fn deltanet(&self, dnw: &DevDeltaNet, state: u64, conv: u64, n: usize) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        self.deltanet_in(dnw, n)?;
+        self.deltanet_scan(dnw, state, conv, n, 0)?;
+        self.deltanet_out(dnw, n)
+    }
+
+    /// The four input projections (qkv, z, b, a) of `n` rows of scratch.xn.
+    fn deltanet_in(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.scratch);
         let h = cfg.hidden;
         let (conv_dim, vd, hv) = (cfg.conv_dim(), cfg.dn_value_dim(), cfg.dn_v_heads);
         let xn = Rows::new(s.xn.ptr, h);
@@ -704,13 +830,28 @@ impl Forward<'_> {
         let b = Rows::new(s.b.ptr, hv);
         self.project_staged(&dnw.in_b, xn, xb, b, n, Store::Overwrite)?;
         let a = Rows::new(s.a.ptr, hv);
-        self.project_staged(&dnw.in_a, xn, xb, a, n, Store::Overwrite)?;
+        self.project_staged(&dnw.in_a, xn, xb, a, n, Store::Overwrite)
+    }
+
+    /// Conv and recurrence of one sequence's `n` tokens, from row `row` of scratch.m / b / a on,
+    /// into the same rows of scratch.dn_o (a batched step runs each sequence at its own row).
+    fn deltanet_scan(
+        &self,
+        dnw: &DevDeltaNet,
+        state: u64,
+        conv: u64,
+        n: usize,
+        row: usize,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (conv_dim, vd, hv) = (cfg.conv_dim(), cfg.dn_value_dim(), cfg.dn_v_heads);
+        let at = |buf: &DevBuf, cols: usize| buf.ptr + (row * cols * F32) as u64;
         let c = Conv {
-            m: s.m.ptr,
+            m: at(&s.m, conv_dim),
             m_stride: conv_dim,
             conv_state: conv,
             weight: dnw.conv.ptr,
-            c: s.c.ptr,
+            c: at(&s.c, conv_dim),
             n_tok: n,
             conv_dim,
             k: cfg.conv_kernel,
@@ -718,18 +859,25 @@ impl Forward<'_> {
         k.deltanet.conv(gpu, &c)?;
         let shape = DnShape::of(cfg);
         let rec = DnRecurrent {
-            c: s.c.ptr,
-            b: s.b.ptr,
-            a: s.a.ptr,
+            c: at(&s.c, conv_dim),
+            b: at(&s.b, hv),
+            a: at(&s.a, hv),
             ba_stride: hv,
             a_log: dnw.a_log.ptr,
             dt_bias: dnw.dt_bias.ptr,
             state,
-            o: s.dn_o.ptr,
+            o: at(&s.dn_o, vd),
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
         };
-        k.deltanet.recurrent(gpu, shape, &rec, n)?;
+        k.deltanet.recurrent(gpu, shape, &rec, n)
+    }
+
+    /// The gated norm of `n` rows of scratch.dn_o with scratch.z, then out_proj, added into the
+    /// residual.
+    fn deltanet_out(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let vd = cfg.dn_value_dim();
         let gn = GatedNorm {
             o: s.dn_o.ptr,
             z: s.z.ptr,
@@ -739,10 +887,10 @@ impl Forward<'_> {
             n_tok: n,
             eps: cfg.rms_eps,
         };
-        k.deltanet.gated_norm(gpu, shape, &gn)?;
+        k.deltanet.gated_norm(gpu, DnShape::of(cfg), &gn)?;
         let y = Rows::new(s.dn_y.ptr, vd);
         let yb = self.stage_bf16(y, n, vd, n)?;
-        let x = Rows::new(s.x.ptr, h);
+        let x = Rows::new(s.x.ptr, cfg.hidden);
         self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
     }
 

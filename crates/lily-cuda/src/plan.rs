@@ -17,6 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
+//! | batched decode: B sequences, one token each (2 ≤ B ≤ 8, `Forward::run_batch`) | `linear` / `linear_wide` over the B rows, lm_head too | `linear` exact | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | per sequence `dec_dn_conv` + `dec_dn_step` (`batch_scan`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -27,7 +28,8 @@
 //! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
-//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine`; picks: `argmax_part` + `argmax_final`
+//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: one `embed` and one
+//! `advance_pos` per sequence, its rows' logits copied into each sequence's); picks: `argmax_part` + `argmax_final`
 //! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`;
 //! top log-probabilities (`logprobs`: 1..=20 of them with a device pick): `logprob_part` +
 //! `logprob_final` after the pick.
@@ -387,6 +389,23 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
+    /// The DeltaNet conv and recurrence of each sequence of a batched decode step (one token
+    /// each, `Forward::run_batch`): decode.cu's `dec_dn_conv` + `dec_dn_step` where the one-token
+    /// step fuses them (`fused_decode` and the head shapes fit), else a one-token chunk's
+    /// `dn_conv` + `dn_prep` + `dn_recurrent`. Every other kernel of a batched step is the one
+    /// a step of that many tokens takes (`dense`, `router`, `experts`; `attention` of one token
+    /// per sequence).
+    pub fn batch_scan(&self, cfg: &ModelConfig) -> DecodePath {
+        let fits = Decode::dn_serves(
+            cfg.dn_k_heads,
+            cfg.dn_v_heads,
+            cfg.dn_k_dim,
+            cfg.dn_v_dim,
+            cfg.conv_kernel,
+        );
+        self.fused_if(1, fits)
+    }
+
     /// One-token steps of a MoE block: fused when every expert weight fits.
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
@@ -630,8 +649,14 @@ mod tests {
             );
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
+        // A batched decode step: the rows' projections as a short step's, each sequence's
+        // attention as one token's, its DeltaNet scan decode.cu's.
+        assert_eq!(p.batch_scan(&cfg), DecodePath::Fused);
+        for b in [2, 8] {
+            assert_eq!(p.dense(&lm_head, b, false), Dense::Linear);
+        }
         // Short multi-token steps: CUDA cores.
-        for n in [2, 4, 15] {
+        for n in [2, 4, 8, 15] {
             assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);
             assert_eq!(p.router(&router, n), Router::LinearExact);
             assert_eq!(

@@ -477,6 +477,30 @@ pub fn synth_model_layers(
     Arc::new(w)
 }
 
+/// Seeded sampling the device sampler covers, with penalties (temperature 0.8, top_k 20, top_p
+/// 0.9, presence 1.0, repetition 1.1): the uniform and the device history matter at every pick.
+pub fn sampled_params(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        presence_penalty: 1.0,
+        repetition_penalty: 1.1,
+        seed,
+        ..SamplingParams::greedy()
+    }
+}
+
+/// Seeded sampling over the whole vocabulary (top_k 0): the host sampler's path.
+pub fn host_sampled_params(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        seed,
+        ..SamplingParams::greedy()
+    }
+}
+
 /// What one decode call reported: (token, log-probability, top alternatives) per token.
 pub type Reported = Vec<(u32, f32, Vec<(u32, f32)>)>;
 

@@ -8,10 +8,11 @@
 //! that chain several steps; the whole model in fp32-activation mode must be under 1e-3.
 //!
 //! One module per kernel file (`X.rs` tests `shaders/cuda/X.cu` through `kernels/X.rs`), then the
-//! whole model (`model.rs`) and pipelined decode (`pipeline.rs`); `common.rs` holds what several
+//! whole model (`model.rs`), pipelined decode (`pipeline.rs`) and the batched decode step (`batch.rs`); `common.rs` holds what several
 //! share. Test names keep the words scripts/gpu_check.sh filters on (`model_`, `decode_`).
 
 mod attention;
+mod batch;
 mod common;
 mod decode;
 mod deltanet;

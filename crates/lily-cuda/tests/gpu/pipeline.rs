@@ -84,21 +84,8 @@ fn pipelined_decode_reports_the_unpipelined_tokens() {
     let vocab = w.config.vocab;
     let mut rng = Rng(31);
     let prompt = rng.tokens(24, vocab);
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_k: 20,
-        top_p: 0.9,
-        presence_penalty: 1.0,
-        repetition_penalty: 1.1,
-        seed: 4242,
-        ..SamplingParams::greedy()
-    };
-    let host = SamplingParams {
-        temperature: 1.0,
-        top_k: 0,
-        seed: 7,
-        ..SamplingParams::greedy()
-    };
+    let sampled = sampled_params(4242);
+    let host = host_sampled_params(7);
     // (name, params, constrained, top_logprobs)
     let cases: [(&str, &SamplingParams, bool, usize); 6] = [
         ("greedy", &SamplingParams::greedy(), false, 0),

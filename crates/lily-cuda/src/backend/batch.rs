@@ -1,0 +1,278 @@
+//! The batched decode step (`Backend::decode_step`, docs/batching.md): every row's token is
+//! picked on the device as `decode` picks one (or on the host where `decode` would), all picks
+//! come back in one read, they are reported in row order, and then the continuing rows' tokens
+//! go through the model together in one forward pass (`Forward::run_batch`: each weight read
+//! once for the batch). A step that feeds one sequence takes that sequence's own one-token path
+//! (`feed_next`: decode.cu's fused kernels, its own graph), so a batch of one runs today's step.
+//!
+//! Graphs: the batched pass bakes every sequence's buffers into its launches, so a captured
+//! graph replays only for exactly the same sequences in the same order, each on the same side of
+//! `Plan::long_keys` — the batch changes only when a job joins or leaves, so steady decoding
+//! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
+//! of its sequences is freed, all go when the logits buffer they write is replaced.
+
+use std::collections::VecDeque;
+
+use anyhow::{anyhow, bail, Result};
+use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
+use lily_core::logprob::{token_logprob, LogSoftmax};
+
+use super::{picked_step, CudaBackend};
+use crate::forward::{SeqState, NEXT_TOKEN_WORDS};
+use crate::gpu::DevBuf;
+use crate::graph::DecodeGraph;
+use crate::kernels::attention::AttnShape;
+use crate::plan::{LogprobsPath, SamplingPath};
+use crate::sampler::DeviceSampler;
+
+/// Batched-step graphs kept (each a set of sequences in an order).
+const BATCH_GRAPHS: usize = 16;
+
+/// What a graph of the batched pass was captured for: each sequence, and whether its attention
+/// took the long-context kernels (`Plan::long_keys`).
+type GraphKey = Vec<(u64, bool)>;
+
+/// The batched step's device buffers and graphs, allocated by the first batched step.
+#[derive(Default)]
+pub(super) struct BatchState {
+    /// u32 [rows × NEXT_TOKEN_WORDS]: each row's pick words, gathered for one read.
+    picks: Option<DevBuf>,
+    /// f32 [rows, vocab]: lm_head's output for the rows, copied into each sequence's logits.
+    logits: Option<DevBuf>,
+    graphs: VecDeque<(GraphKey, DecodeGraph)>,
+}
+
+impl BatchState {
+    /// Drops the graphs that feed `seq` (it is being freed: its buffers may go to another).
+    pub(super) fn forget(&mut self, seq: SeqId) {
+        self.graphs
+            .retain(|(key, _)| key.iter().all(|&(id, _)| id != seq.0));
+    }
+}
+
+/// How one row's token was picked.
+enum Picked {
+    /// On the device: its words are in `BatchState::picks` at the row.
+    Device { words: usize, lp_path: LogprobsPath },
+    /// On the host, from the downloaded logits.
+    Host(StepOut),
+}
+
+/// At least `bytes` in `buf`: the buffer kept if large enough, else a new one. True when it was
+/// replaced.
+fn ensure(backend: &CudaBackend, buf: &mut Option<DevBuf>, bytes: usize) -> Result<bool> {
+    if buf.as_ref().is_some_and(|b| b.bytes >= bytes) {
+        return Ok(false);
+    }
+    backend.gpu.sync()?;
+    *buf = None;
+    *buf = Some(backend.gpu.alloc(bytes)?);
+    Ok(true)
+}
+
+impl CudaBackend {
+    /// `Backend::decode_step` (see the module comment). The forward pass is queued, not waited
+    /// for: the next call's picks queue behind it, so the host's turn overlaps the device's pass
+    /// (an error in it surfaces at the next synchronisation).
+    pub(super) fn decode_rows(
+        &mut self,
+        rows: &mut [DecodeRow<'_>],
+        on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        for (i, row) in rows.iter().enumerate() {
+            if self.seq(row.seq)?.len == 0 {
+                bail!("decode needs a prefilled sequence");
+            }
+            if rows[..i].iter().any(|r| r.seq == row.seq) {
+                bail!("sequence {} appears twice in one decode step", row.seq.0);
+            }
+        }
+        let mut picks = std::mem::take(&mut self.batch.picks);
+        let sized = ensure(self, &mut picks, rows.len() * NEXT_TOKEN_WORDS * 4);
+        self.batch.picks = picks;
+        sized?;
+        // Device samplers live until the picks are read (their buffers are the picks' inputs).
+        let mut samplers = Vec::new();
+        let mut picked = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
+            picked.push(self.queue_row_pick(i, row, &mut samplers)?);
+        }
+        let all: Vec<u32> = match &self.batch.picks {
+            Some(buf) if picked.iter().any(|p| matches!(p, Picked::Device { .. })) => {
+                self.gpu.read(buf, 0, rows.len() * NEXT_TOKEN_WORDS)?
+            }
+            _ => Vec::new(),
+        };
+        drop(samplers);
+        let mut fed = Vec::with_capacity(rows.len());
+        for (i, (row, pick)) in rows.iter_mut().zip(picked).enumerate() {
+            let step = match pick {
+                Picked::Device { words, lp_path } => {
+                    let at = i * NEXT_TOKEN_WORDS;
+                    let mut step = picked_step(&all[at..at + words], self.cfg.vocab, lp_path)?;
+                    if lp_path == LogprobsPath::Host {
+                        let s = self.seq(row.seq)?;
+                        let logits: Vec<f32> = self.gpu.read(&s.logits, 0, self.cfg.vocab)?;
+                        step.top = LogSoftmax::new(&logits).top(row.top_logprobs);
+                    }
+                    step
+                }
+                Picked::Host(step) => step,
+            };
+            row.sampler.accept(step.token);
+            if on_token(i, &step) == Flow::Continue && row.feed {
+                fed.push(row.seq);
+            }
+        }
+        for &seq in &fed {
+            let s = self.seq(seq)?;
+            if s.len + 1 > s.max_ctx {
+                bail!("the sequence's context of {} tokens is full", s.max_ctx);
+            }
+        }
+        match fed.as_slice() {
+            [] => Ok(()),
+            [one] => self.feed_next(*one),
+            many => self.feed_batch(many),
+        }
+    }
+
+    /// Row `i`'s pick as `decode` makes it for one step, not waited for on the device paths:
+    /// queued, its words then copied to row `i` of the gathered picks.
+    fn queue_row_pick(
+        &mut self,
+        i: usize,
+        row: &mut DecodeRow<'_>,
+        samplers: &mut Vec<DeviceSampler>,
+    ) -> Result<Picked> {
+        let vocab = self.cfg.vocab;
+        let path = self.plan.sampling(&row.sampler.params);
+        let mask = row.sampler.next_mask().map(|m| {
+            let mut w = m.words().to_vec();
+            w.resize(vocab.div_ceil(32), 0); // a mask's own vocabulary may differ: none beyond
+            w
+        });
+        if path == SamplingPath::Host {
+            let s = self.seq(row.seq)?;
+            let logits: Vec<f32> = self.gpu.read(&s.logits, 0, vocab)?;
+            let id = row.sampler.sample(&logits);
+            if id as usize >= vocab {
+                bail!("the sampler chose token {id}, outside the vocabulary");
+            }
+            self.gpu.write(&s.next_token, 0, &[id as i32])?;
+            let (logprob, top) = token_logprob(&logits, id, row.top_logprobs);
+            return Ok(Picked::Host(StepOut {
+                token: id,
+                logprob,
+                top,
+            }));
+        }
+        if mask.is_some() && self.mask_bufs.is_none() {
+            self.mask_bufs = Some(super::MaskBufs::new(&self.gpu, vocab)?);
+        }
+        // `gpu.write` is ordered after the picks queued before it, so one mask buffer serves
+        // every row.
+        let mask_dev = match (&mask, &self.mask_bufs) {
+            (Some(words), Some(m)) => {
+                self.gpu.write(&m.words, 0, words)?;
+                Some((m.words.ptr, m.keys.ptr))
+            }
+            _ => None,
+        };
+        if path == SamplingPath::Device {
+            samplers.push(DeviceSampler::new(
+                &self.gpu,
+                vocab,
+                row.sampler,
+                self.plan.many_block_sampling(),
+            )?);
+        }
+        let lp_path = self.plan.logprobs(path, row.top_logprobs, vocab);
+        let s = self.seq(row.seq)?;
+        self.gpu.profile_scope("decode pick");
+        let ds = if path == SamplingPath::Device {
+            samplers.last()
+        } else {
+            None
+        };
+        self.queue_pick(s, row.sampler, ds, mask_dev, lp_path, row.top_logprobs)?;
+        let words = 2 + if lp_path == LogprobsPath::Device {
+            2 * row.top_logprobs
+        } else {
+            0
+        };
+        let picks = self
+            .batch
+            .picks
+            .as_ref()
+            .ok_or_else(|| anyhow!("the batched step's pick buffer is missing"))?;
+        let at = picks.ptr + (i * NEXT_TOKEN_WORDS * 4) as u64;
+        self.gpu.copy_raw(at, s.next_token.ptr, words * 4)?;
+        Ok(Picked::Device { words, lp_path })
+    }
+
+    /// Feeds each of `fed`'s (at least two) sequences the token in its `next_token`, in one
+    /// batched forward pass: its graph replayed when one was captured for these sequences, else
+    /// captured now (graphs on) or launched plainly.
+    fn feed_batch(&mut self, fed: &[SeqId]) -> Result<()> {
+        let bytes = fed.len() * self.cfg.vocab * 4;
+        let mut logits = std::mem::take(&mut self.batch.logits);
+        let replaced = self.with_room(|b| ensure(b, &mut logits, bytes));
+        self.batch.logits = logits;
+        if replaced? {
+            self.batch.graphs.clear();
+        }
+        let shape = AttnShape::of(&self.cfg);
+        let mut key = GraphKey::with_capacity(fed.len());
+        for &seq in fed {
+            key.push((seq.0, self.plan.long_keys(shape, self.seq(seq)?.len + 1)));
+        }
+        let graphs = self.plan.decode_graphs();
+        let hit = graphs
+            .then(|| self.batch.graphs.iter().position(|(k, _)| *k == key))
+            .flatten();
+        match hit {
+            Some(i) => self.batch.graphs[i].1.launch()?,
+            None => {
+                let seqs = fed
+                    .iter()
+                    .map(|&seq| self.seq(seq))
+                    .collect::<Result<Vec<&SeqState>>>()?;
+                let out = self
+                    .batch
+                    .logits
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("the batched step's logits buffer is missing"))?
+                    .ptr;
+                let fwd = self.forward();
+                let captured = graphs.then(|| {
+                    DecodeGraph::capture(&self.gpu, || fwd.run_batch(&self.model, &seqs, out))
+                });
+                match captured {
+                    Some(Ok(g)) => {
+                        g.launch()?;
+                        if self.batch.graphs.len() >= BATCH_GRAPHS {
+                            self.batch.graphs.pop_front();
+                        }
+                        self.batch.graphs.push_back((key, g));
+                    }
+                    Some(Err(e)) => {
+                        fwd.run_batch(&self.model, &seqs, out)?;
+                        tracing::warn!(
+                            "CUDA graph capture of a batched step failed, decoding without graphs: {e:#}"
+                        );
+                        self.plan.give_up_graphs();
+                    }
+                    None => fwd.run_batch(&self.model, &seqs, out)?,
+                }
+            }
+        }
+        for &seq in fed {
+            if let Some(s) = self.seqs.get_mut(&seq.0) {
+                s.len += 1;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,247 @@
+//! The batched decode step (`Backend::decode_step`, src/backend/batch.rs): several sequences of
+//! different lengths stepped together give each the tokens and logits it gets decoded alone, and
+//! the CPU reference agrees; a row not fed leaves its sequence as it was; each row keeps its own
+//! sampling settings.
+
+use crate::common::*;
+use lily_core::backend::{DecodeRow, SeqId};
+
+/// bf16 activations: the batched pass (linear.cu over the rows) and the one-token pass
+/// (decode.cu's fused GEMVs) round the same activations but sum in different orders, so a
+/// rounding (and now and then a routed expert) can differ, and the difference carries through the
+/// caches and states: allowed as much as the shipping configuration against the fp32 CPU
+/// (model.rs, SHIPPING_LOGITS_TOL), while a wrong row, cache or state gives errors of order 1.
+const BF16_TOL: f64 = 0.15;
+
+/// Which rows a step feeds: every row, except (step 3) row 1 asked not to be fed, (step 5) row 2
+/// answering `Flow::Stop`, (step 7) only row 0 fed (the one-sequence path).
+fn fed(step: usize, row: usize) -> bool {
+    !(step == 3 && row == 1 || step == 5 && row == 2 || step == 7 && row != 0)
+}
+
+/// Rows in the order they are passed (step 8 passes them reversed: another graph).
+fn order(step: usize, n: usize) -> Vec<usize> {
+    if step == 8 {
+        (0..n).rev().collect()
+    } else {
+        (0..n).collect()
+    }
+}
+
+/// `fused_decode`: off, the DeltaNet scan of each sequence runs a one-token chunk's kernels
+/// (`Plan::batch_scan`) and decoding alone the unfused one-token path.
+fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
+    let w = synth_model(preset, SynthFormat::Mlx, 17);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(5);
+    let prompts: Vec<Vec<u32>> = [9, 23, 40].iter().map(|&n| rng.tokens(n, vocab)).collect();
+    let steps = 10;
+    for bf16_activations in [false, true] {
+        let what =
+            format!("{preset:?}, bf16 activations {bf16_activations}, fused decode {fused_decode}");
+        let opts = CudaOptions {
+            bf16_activations,
+            fused_decode,
+            chunk: 64,
+            ..CudaOptions::default()
+        };
+        let mut b = CudaBackend::with_options(&w, &opts).unwrap();
+        let mut cpu = CpuBackend::new(w.clone());
+        let open = |b: &mut dyn Backend| -> Vec<SeqId> {
+            prompts
+                .iter()
+                .map(|p| {
+                    let s = b.new_seq(128).unwrap();
+                    b.prefill(s, p).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let (batch, alone, on_cpu) = (open(&mut b), open(&mut b), open(&mut cpu));
+        let greedy = || Sampler::new(SamplingParams::greedy());
+        let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
+        let mut alone_samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
+        let (mut worst, mut worst_cpu) = (0f64, 0f64);
+        for step in 0..steps {
+            let before: Vec<(usize, Vec<f32>)> = batch
+                .iter()
+                .map(|&s| (b.seq_len(s).unwrap(), b.logits(s).unwrap()))
+                .collect();
+            let rows_order = order(step, batch.len());
+            let mut tokens = vec![None; batch.len()];
+            {
+                let mut by_row: Vec<Option<&mut Sampler>> = samplers.iter_mut().map(Some).collect();
+                let mut rows: Vec<DecodeRow> = rows_order
+                    .iter()
+                    .map(|&i| DecodeRow {
+                        seq: batch[i],
+                        sampler: by_row[i].take().unwrap(),
+                        top_logprobs: 0,
+                        feed: !(step == 3 && i == 1 || step == 7 && i != 0),
+                    })
+                    .collect();
+                b.decode_step(&mut rows, &mut |r, o| {
+                    let i = rows_order[r];
+                    assert!(tokens[i].is_none(), "row {r} reported twice");
+                    tokens[i] = Some(o.token);
+                    if step == 5 && i == 2 {
+                        Flow::Stop
+                    } else {
+                        Flow::Continue
+                    }
+                })
+                .unwrap();
+            }
+            for i in 0..batch.len() {
+                let token = tokens[i].expect("every row reports a token");
+                let (out, r) = decode_into(&mut b, alone[i], &mut alone_samplers[i], 1, 0, None);
+                r.unwrap();
+                if !bf16_activations {
+                    assert_eq!(out[0].0, token, "{what}: step {step} row {i}: token");
+                }
+                let len = b.seq_len(batch[i]).unwrap();
+                if !fed(step, i) {
+                    assert_eq!(
+                        len, before[i].0,
+                        "{what}: step {step} row {i} unfed: length"
+                    );
+                    let now = b.logits(batch[i]).unwrap();
+                    assert!(
+                        now == before[i].1,
+                        "{what}: step {step} row {i} unfed: logits changed"
+                    );
+                    continue;
+                }
+                assert_eq!(len, before[i].0 + 1, "{what}: step {step} row {i}: length");
+                // Teacher forcing: the sequence alone and the CPU take the batched token.
+                b.prefill(alone[i], &[token]).unwrap();
+                let got = b.logits(batch[i]).unwrap();
+                let e = rel_l2("batched vs alone", &got, &b.logits(alone[i]).unwrap());
+                worst = worst.max(e);
+                if !bf16_activations {
+                    cpu.prefill(on_cpu[i], &[token]).unwrap();
+                    let want = cpu.logits(on_cpu[i]).unwrap();
+                    worst_cpu = worst_cpu.max(rel_l2("batched vs cpu", &got, &want));
+                    assert_eq!(
+                        lily_core::sampling::argmax(&got),
+                        lily_core::sampling::argmax(&want),
+                        "{what}: step {step} row {i}: the CPU's next token"
+                    );
+                }
+            }
+        }
+        println!(
+            "MODEL batched decode {what}: 3 sequences ({:?} prompt tokens), {steps} steps, logits vs alone rel_l2 ≤ {worst:.3e}, vs CPU ≤ {worst_cpu:.3e}",
+            prompts.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        let tol = if bf16_activations { BF16_TOL } else { 1e-4 };
+        assert!(worst < tol, "{what}: batched vs alone rel_l2 {worst:.3e}");
+        assert!(
+            worst_cpu < 1e-3,
+            "{what}: batched vs CPU rel_l2 {worst_cpu:.3e}"
+        );
+    }
+}
+
+/// Three sequences of different prompt lengths decoded greedily together, ten steps (some rows
+/// not fed, one answering Stop, one step feeding a single row, one passing the rows reversed),
+/// equal each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL
+/// bf16) and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps
+/// its length and logits bit for bit. On tiny also with the fused decode kernels off.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
+    batched_steps_match_alone(Preset::Tiny, true);
+    batched_steps_match_alone(Preset::Tiny, false);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_match_each_sequence_alone_on_small() {
+    batched_steps_match_alone(Preset::Small, true);
+}
+
+/// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),
+/// constrained sampling (a random mask per step), greedy with 4 top log-probabilities (on the
+/// device) and host sampling (top_k 0) stepped together report what each sequence's own
+/// `decode` reports (fp32: ids exactly, log-probabilities within 1e-3).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_rows_keep_their_own_sampling() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(77);
+    let sampled = sampled_params(99);
+    let host = host_sampled_params(5);
+    // (params, constrained, top_logprobs)
+    let cases: [(&SamplingParams, bool, usize); 5] = [
+        (&SamplingParams::greedy(), false, 0),
+        (&sampled, false, 0),
+        (&sampled, true, 0),
+        (&SamplingParams::greedy(), false, 4),
+        (&host, false, 0),
+    ];
+    let prompts: Vec<Vec<u32>> = (0..cases.len())
+        .map(|i| rng.tokens(7 + 6 * i, vocab))
+        .collect();
+    let sampler = |i: usize| {
+        let (params, constrained, _) = cases[i];
+        let constraint = constrained.then(|| {
+            Box::new(RandomMask::new(vocab, 13, &prompts[i][..4])) as Box<dyn TokenConstraint>
+        });
+        Sampler::with_prompt(params.clone(), &prompts[i]).constrained(constraint)
+    };
+    let opts = CudaOptions {
+        bf16_activations: false,
+        chunk: 64,
+        ..CudaOptions::default()
+    };
+    let mut b = CudaBackend::with_options(&w, &opts).unwrap();
+    let steps = 8;
+    let mut want = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let s = b.new_seq(128).unwrap();
+        b.prefill(s, p).unwrap();
+        let (out, r) = decode_into(&mut b, s, &mut sampler(i), steps, cases[i].2, None);
+        r.unwrap();
+        want.push(out);
+    }
+    let seqs: Vec<SeqId> = prompts
+        .iter()
+        .map(|p| {
+            let s = b.new_seq(128).unwrap();
+            b.prefill(s, p).unwrap();
+            s
+        })
+        .collect();
+    let mut samplers: Vec<Sampler> = (0..cases.len()).map(sampler).collect();
+    let mut got: Vec<Reported> = vec![Vec::new(); cases.len()];
+    for step in 0..steps {
+        let mut rows: Vec<DecodeRow> = samplers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| DecodeRow {
+                seq: seqs[i],
+                sampler: s,
+                top_logprobs: cases[i].2,
+                feed: step + 1 < steps,
+            })
+            .collect();
+        b.decode_step(&mut rows, &mut |r, o| {
+            got[r].push((o.token, o.logprob, o.top.clone()));
+            Flow::Continue
+        })
+        .unwrap();
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        same_reported(&format!("batched row {i} vs alone"), g, w, 1e-3);
+        assert_eq!(
+            b.seq_len(seqs[i]).unwrap(),
+            prompts[i].len() + steps - 1,
+            "row {i}: n tokens reported, n - 1 fed"
+        );
+    }
+    println!(
+        "MODEL batched decode rows keep their sampling: greedy, sampled, constrained, top_logprobs 4, host; {steps} steps each equal decode alone"
+    );
+}
