@@ -1,6 +1,7 @@
 //! The CPU backend: the readable reference of the whole model (MODEL.md §2.3), f32 activations,
 //! multi-threaded with rayon. Prefill runs in chunks of `prefill_chunk` tokens through all layers.
 
+pub mod chunked;
 pub mod linear;
 pub mod ops;
 
