@@ -8,7 +8,9 @@
 //! - prefill's 4-bit and 8-bit plain (dense) products: linear_q4_mm.wgsl with tiles of 32 items
 //!   (DeltaNet in_proj 73.9 → 67.4 µs a token on the H200 against 16, session 7); the routed
 //!   experts' tiles: 16 items (42.5 against 43.9 µs with 32: an expert averages 64 items at chunk
-//!   2048, tiles of 32 run emptier);
+//!   2048, tiles of 32 run emptier); with f16 tiles (`f16_tiles`, off until measured: session 11
+//!   wgpu-prefill in docs/perf-notes.md) the dense products take tiles of 64 where they fit the
+//!   device's workgroup memory and the experts' tiles are sized by the chunk's load (`expert_tile`);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -42,10 +44,12 @@ pub struct DeviceCaps {
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
+/// Tiles of 64 only in f16 (tile_f16.wgsl's `TMAX`: the same bytes as f32 tiles of 32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmTile {
     T16,
     T32,
+    T64,
 }
 
 impl MmTile {
@@ -53,6 +57,7 @@ impl MmTile {
         match self {
             MmTile::T16 => 16,
             MmTile::T32 => 32,
+            MmTile::T64 => 64,
         }
     }
 }
@@ -153,6 +158,8 @@ pub struct Specs {
     pub linear_q4_rows2: Spec,
     pub linear_q4_mm16: Spec,
     pub linear_q4_mm32: Spec,
+    /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
+    pub linear_q4_mm64: Option<Spec>,
     pub linear_q4_glu: Spec,
     pub linear_q4_glu_rows: Spec,
     pub moe_group: Spec,
@@ -221,7 +228,10 @@ impl Specs {
         ] {
             s.subgroups = on;
         }
-        if let Some(s) = &mut self.attend_tile {
+        for s in [&mut self.attend_tile, &mut self.linear_q4_mm64]
+            .into_iter()
+            .flatten()
+        {
             s.subgroups = on;
         }
     }
@@ -263,6 +273,7 @@ impl Specs {
             &self.sample_pick,
         ];
         v.extend(self.attend_tile.as_ref());
+        v.extend(self.linear_q4_mm64.as_ref());
         v
     }
 }
@@ -275,9 +286,15 @@ pub fn rows_spec(rb: usize) -> Spec {
     )
 }
 
-/// linear_q4_mm.wgsl with tiles of `tile` items.
-pub fn mm_spec(tile: MmTile) -> Spec {
-    Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)])
+/// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32. Tiles of 64 exist only
+/// in f16 (tile_f32.wgsl's register arrays hold 32 items).
+pub fn mm_spec(tile: MmTile, f16: bool) -> Result<Spec> {
+    if tile == MmTile::T64 && !f16 {
+        bail!("linear_q4_mm takes tiles of 64 items in f16 only");
+    }
+    let mut spec = Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)]);
+    spec.tile_f16 = f16;
+    Ok(spec)
 }
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
@@ -332,9 +349,15 @@ pub struct Plan {
     pub all_logits_chunk: usize,
     pub checked: bool,
     pub max_slice_bytes: Option<u64>,
-    /// Prefill's plain (dense) products and the routed experts' tiles.
+    /// Prefill's plain (dense) products' tiles, and the routed experts' where they are fixed
+    /// (f32 tiles; `expert_tile` gives a chunk's).
     pub dense_mm: MmTile,
     pub expert_mm: MmTile,
+    /// linear_q4_mm.wgsl's tiles in f16 (else f32).
+    pub tile_f16: bool,
+    /// With f16 tiles: the routed items an expert averages a token (top_k / E), by which
+    /// `expert_tile` sizes a chunk's tiles; None: `expert_mm` always.
+    pub expert_load: Option<f64>,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// Every kernel compiled, with the constants of this model and plan.
@@ -369,7 +392,17 @@ impl Plan {
         let limits = &device.limits;
         let subgroups = device.subgroups && opts.subgroups;
         let kv_f16 = device.f16 && opts.f16_kv;
+        let tile_f16 = device.f16 && opts.f16_tiles;
         let mut notes = Vec::new();
+        // f16 tiles: 64 items where they fit (the same bytes as f32's 32), else 32.
+        let mut linear_q4_mm64 = None;
+        if tile_f16 {
+            let spec = mm_spec(MmTile::T64, true)?.with_subgroups(subgroups);
+            match spec.needs()?.exceeds(limits) {
+                None => linear_q4_mm64 = Some(spec),
+                Some(why) => notes.push(format!("linear_q4_mm with f16 tiles of 64: {why}")),
+            }
+        }
         let top = (c.top_k + stacked as usize) as f64;
         let decode_attention = match gqa_group(c) {
             Some(g) => DecodeAttention::Gqa { g },
@@ -407,8 +440,9 @@ impl Plan {
             linear_q4_rows16: rows_spec(16),
             linear_q4_rows4: rows_spec(4),
             linear_q4_rows2: rows_spec(2),
-            linear_q4_mm16: mm_spec(MmTile::T16),
-            linear_q4_mm32: mm_spec(MmTile::T32),
+            linear_q4_mm16: mm_spec(MmTile::T16, tile_f16)?,
+            linear_q4_mm32: mm_spec(MmTile::T32, tile_f16)?,
+            linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
             moe_group: Spec::new("moe_group", &[]),
@@ -467,7 +501,13 @@ impl Plan {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
             f16_kv: kv_f16,
+            f16_tiles: tile_f16,
             ..opts.clone()
+        };
+        let dense_mm = if specs.linear_q4_mm64.is_some() {
+            MmTile::T64
+        } else {
+            MmTile::T32
         };
         Ok(Plan {
             options,
@@ -475,8 +515,10 @@ impl Plan {
             all_logits_chunk: opts.all_logits_chunk.clamp(1, opts.chunk.max(1)),
             checked: opts.checked,
             max_slice_bytes: opts.max_slice_bytes,
-            dense_mm: MmTile::T32,
+            dense_mm,
             expert_mm: MmTile::T16,
+            tile_f16,
+            expert_load: tile_f16.then(|| c.top_k as f64 / c.n_experts.max(1) as f64),
             prefill_attention,
             decode_attention,
             specs,
@@ -520,10 +562,14 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "fp32 activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             self.options.describe(),
+            if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),
-            self.expert_mm.items(),
+            match self.expert_load {
+                Some(_) => format!("{} by load", self.expert_tiles().iter().map(|t| t.items().to_string()).collect::<Vec<_>>().join("/")),
+                None => self.expert_mm.items().to_string(),
+            },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
             } else {
@@ -583,7 +629,7 @@ impl Plan {
     /// The gate/up kernels of a MoE block over `t` tokens.
     pub fn experts_up(&self, m: &GpuMoe, t: usize) -> ExpertsUp {
         if t > 1 && [&m.gate, &m.up, &m.down].iter().all(|w| q4_ok(w, true)) {
-            return ExpertsUp::Grouped(self.expert_mm);
+            return ExpertsUp::Grouped(self.expert_tile(t));
         }
         if glu_ok(&m.gate, &m.up) {
             if glu_rows_ok(&m.gate) {
@@ -594,6 +640,37 @@ impl Plan {
         } else {
             ExpertsUp::Separate
         }
+    }
+
+    /// The tiles the routed experts' products may take (compiled), largest first.
+    pub fn expert_tiles(&self) -> Vec<MmTile> {
+        match self.expert_load {
+            None => vec![self.expert_mm],
+            Some(_) => {
+                let mut v = Vec::new();
+                if self.specs.linear_q4_mm64.is_some() {
+                    v.push(MmTile::T64);
+                }
+                v.extend([MmTile::T32, MmTile::T16]);
+                v
+            }
+        }
+    }
+
+    /// The routed experts' tile for a chunk of `t` tokens. With f16 tiles, by the chunk's load
+    /// (the seed's tile-by-expert-load choice, per chunk): the largest compiled tile of at most
+    /// half the items an expert averages (t · top_k / E), so that an expert's last tile is not
+    /// mostly empty (2,048 tokens, 8 of 256 experts: 64 items, tiles of 32; 512 tokens: 16); with
+    /// f32 tiles `expert_mm` (16: measured best at chunk 2,048, session 7).
+    pub fn expert_tile(&self, t: usize) -> MmTile {
+        let Some(per_token) = self.expert_load else {
+            return self.expert_mm;
+        };
+        let half = t as f64 * per_token / 2.0;
+        self.expert_tiles()
+            .into_iter()
+            .find(|tile| tile.items() as f64 <= half)
+            .unwrap_or(MmTile::T16)
     }
 
     /// Whether a MoE block's routing over `t` tokens runs inside its experts' GLU dispatch
