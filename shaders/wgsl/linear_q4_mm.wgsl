@@ -1,6 +1,6 @@
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
-// 64 per (64 output rows, tile of up to TT items; TT = 16, 32 or 64, an override: the plan's
-// `MmTile`; 64 only with f16 tiles). The tiles' element type is `TS` (tile_f32.wgsl or
+// 64 per (64 output rows, tile of up to TT items; TT = 16, 32 or 64 ≤ TMAX, an override: the
+// plan's `MmTile`). The tiles' element type is `TS` (tile_f32.wgsl or
 // tile_f16.wgsl in front: f16 where the device has SHADER_F16 and the plan's `f16_tiles` is on),
 // each element converted to f32 as it is read back: the sums are f32 in both forms. Per step of 32 columns (one quad per row: 16 bytes, one group), invocation r
 // dequantises row r's 32 weights into shared memory and the tile's TT × 32 inputs go there too;

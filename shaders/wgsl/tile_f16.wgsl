@@ -5,4 +5,3 @@ enable f16;
 
 alias TS = f16;
 alias TS4 = vec4<f16>;
-const TMAX: u32 = 64u;

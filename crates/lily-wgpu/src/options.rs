@@ -80,6 +80,9 @@ lily_core::backend_options! {
         chunk = DEFAULT_PREFILL_CHUNK, flag Some("wgpu-prefill-chunk"), env "LILY_WGPU_CHUNK",
             accepts |n| n > 0, "at least 1", label "prefill chunk",
             help "largest prefill chunk in tokens (activation scratch is sized for it)";
+        dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
+            accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
+            help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
     }
     texts {
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
@@ -130,6 +133,7 @@ mod tests {
                 subgroups: true,
                 f16_kv: false,
                 f16_tiles: false,
+                dense_tile: 0,
             }
         );
     }
@@ -157,6 +161,7 @@ mod tests {
             ("LILY_WGPU_SUBGROUPS", "0"),
             ("LILY_WGPU_F16_KV", "1"),
             ("LILY_WGPU_F16_TILES", "1"),
+            ("LILY_WGPU_DENSE_TILE", "64"),
         ]));
         assert_eq!(
             o,
@@ -170,6 +175,7 @@ mod tests {
                 subgroups: false,
                 f16_kv: true,
                 f16_tiles: true,
+                dense_tile: 64,
                 ..WgpuOptions::default()
             }
         );
@@ -184,6 +190,7 @@ mod tests {
             ("LILY_WGPU_CHUNK", "0"),
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
+            ("LILY_WGPU_DENSE_TILE", "48"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.

@@ -44,7 +44,7 @@ pub struct DeviceCaps {
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
-/// Tiles of 64 only in f16 (tile_f16.wgsl's `TMAX`: the same bytes as f32 tiles of 32).
+/// Tiles of 64 in f16 take the bytes of f32 tiles of 32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmTile {
     T16,
@@ -286,15 +286,13 @@ pub fn rows_spec(rb: usize) -> Spec {
     )
 }
 
-/// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32. Tiles of 64 exist only
-/// in f16 (tile_f32.wgsl's register arrays hold 32 items).
-pub fn mm_spec(tile: MmTile, f16: bool) -> Result<Spec> {
-    if tile == MmTile::T64 && !f16 {
-        bail!("linear_q4_mm takes tiles of 64 items in f16 only");
-    }
+/// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
+/// sized for 32 items (so tiles of 16 and 32 compile as main's did), or 64.
+pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
     let mut spec = Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)]);
     spec.tile_f16 = f16;
-    Ok(spec)
+    spec.tile_max = tile.items().max(32) as u32;
+    spec
 }
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
@@ -394,13 +392,26 @@ impl Plan {
         let kv_f16 = device.f16 && opts.f16_kv;
         let tile_f16 = device.f16 && opts.f16_tiles;
         let mut notes = Vec::new();
-        // f16 tiles: 64 items where they fit (the same bytes as f32's 32), else 32.
+        // The dense products' tiles: as asked (`dense_tile`), else 64 in f16 (the bytes of f32's
+        // 32), else 32; tiles of 64 only where they fit the device's workgroup memory.
+        let mut dense_mm = match opts.dense_tile {
+            16 => MmTile::T16,
+            32 => MmTile::T32,
+            64 => MmTile::T64,
+            _ if tile_f16 => MmTile::T64,
+            _ => MmTile::T32,
+        };
         let mut linear_q4_mm64 = None;
-        if tile_f16 {
-            let spec = mm_spec(MmTile::T64, true)?.with_subgroups(subgroups);
+        if tile_f16 || dense_mm == MmTile::T64 {
+            let spec = mm_spec(MmTile::T64, tile_f16).with_subgroups(subgroups);
             match spec.needs()?.exceeds(limits) {
                 None => linear_q4_mm64 = Some(spec),
-                Some(why) => notes.push(format!("linear_q4_mm with f16 tiles of 64: {why}")),
+                Some(why) => {
+                    notes.push(format!("linear_q4_mm with tiles of 64: {why}"));
+                    if dense_mm == MmTile::T64 {
+                        dense_mm = MmTile::T32;
+                    }
+                }
             }
         }
         let top = (c.top_k + stacked as usize) as f64;
@@ -440,8 +451,8 @@ impl Plan {
             linear_q4_rows16: rows_spec(16),
             linear_q4_rows4: rows_spec(4),
             linear_q4_rows2: rows_spec(2),
-            linear_q4_mm16: mm_spec(MmTile::T16, tile_f16)?,
-            linear_q4_mm32: mm_spec(MmTile::T32, tile_f16)?,
+            linear_q4_mm16: mm_spec(MmTile::T16, tile_f16),
+            linear_q4_mm32: mm_spec(MmTile::T32, tile_f16),
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
@@ -502,12 +513,8 @@ impl Plan {
             subgroups,
             f16_kv: kv_f16,
             f16_tiles: tile_f16,
+            dense_tile: dense_mm.items(),
             ..opts.clone()
-        };
-        let dense_mm = if specs.linear_q4_mm64.is_some() {
-            MmTile::T64
-        } else {
-            MmTile::T32
         };
         Ok(Plan {
             options,

@@ -16,8 +16,8 @@ pub const REDUCE_WORKGROUP: &str = include_str!("../../../shaders/wgsl/reduce_wo
 /// The KV cache's element types (`KV`, `KV4`): f32, or f16 where the device has SHADER_F16.
 pub const KV_F32: &str = include_str!("../../../shaders/wgsl/kv_f32.wgsl");
 pub const KV_F16: &str = include_str!("../../../shaders/wgsl/kv_f16.wgsl");
-/// linear_q4_mm.wgsl's tile element type (`TS`, `TS4`) and most items a tile (`TMAX`): f32 (32),
-/// or f16 (64) where the device has SHADER_F16 and the plan's `f16_tiles` is on.
+/// linear_q4_mm.wgsl's tile element type (`TS`, `TS4`): f32, or f16 where the device has
+/// SHADER_F16 and the plan's `f16_tiles` is on (`Spec::tile_max` gives its `TMAX`).
 pub const TILE_F32: &str = include_str!("../../../shaders/wgsl/tile_f32.wgsl");
 pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
 
@@ -75,6 +75,9 @@ pub struct Spec {
     pub subgroups: bool,
     pub kv_f16: bool,
     pub tile_f16: bool,
+    /// `TMAX` in front of the kernel: the most items a linear_q4_mm.wgsl tile holds (the size
+    /// of its register arrays): 32, or 64 for tiles of 64.
+    pub tile_max: u32,
 }
 
 impl Spec {
@@ -85,6 +88,7 @@ impl Spec {
             subgroups: false,
             kv_f16: false,
             tile_f16: false,
+            tile_max: 32,
         }
     }
 
@@ -128,8 +132,9 @@ impl Spec {
             REDUCE_WORKGROUP
         };
         Ok(format!(
-            "{}\n{reduce}\n{COMMON}\n{}",
+            "{}\n{reduce}\n{COMMON}\nconst TMAX: u32 = {}u;\n{}",
             enables.join("\n"),
+            self.tile_max,
             body.join("\n")
         ))
     }

@@ -248,7 +248,8 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
 }
 
 /// Prefill's product tiles in f16 (`f16_tiles`, where the adapter has SHADER_F16; lavapipe has
-/// it) and in f32 (the fallback, the default): teacher-forced logits against the CPU's fp32 over
+/// it), in f32 (the fallback, the default) and in f32 with dense tiles of 64 (`dense_tile`, the
+/// A/B's third form): teacher-forced logits against the CPU's fp32 over
 /// 808 positions prefilled as 512 + 256 + 40 tokens, so that with f16 tiles the dense products
 /// run on tiles of 64 and the routed experts' tiles take each size by load (`tiny`: 4 of 16
 /// experts a token, so 128 / 64 / 10 items an expert: tiles of 64, 32 and 16); then 8 greedy
@@ -265,19 +266,21 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
     let want_tokens = greedy_tokens(&mut cpu, cs, 8);
     let mut forms = Vec::new();
-    for f16_tiles in [true, false] {
+    for (f16_tiles, dense_tile) in [(true, 0), (false, 0), (false, 64)] {
         let Some(mut gpu) = wgpu_backend_with(
             &w,
             WgpuOptions {
                 chunk: 512,
                 all_logits_chunk: 512,
                 f16_tiles,
+                dense_tile,
                 ..WgpuOptions::default()
             },
         ) else {
             return;
         };
         let plan = gpu.plan();
+        let plan_dense = plan.dense_mm.items();
         let on = plan.tile_f16;
         assert!(f16_tiles || !on, "f16 tiles turned off but in use");
         forms.push(on);
@@ -290,10 +293,12 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
             let by_load: Vec<MmTile> = pieces.iter().map(|&t| plan.expert_tile(t)).collect();
             assert_eq!(by_load, [MmTile::T64, MmTile::T32, MmTile::T16]);
         } else {
-            assert_eq!(
-                (plan.dense_mm, plan.expert_tile(512)),
-                (MmTile::T32, MmTile::T16)
-            );
+            let dense = if dense_tile == 64 {
+                MmTile::T64
+            } else {
+                MmTile::T32
+            };
+            assert_eq!((plan.dense_mm, plan.expert_tile(512)), (dense, MmTile::T16));
         }
         let (mm, rows) = gpu.check_products().unwrap();
         println!("f16 tiles {on}: linear_q4_mm vs the host {mm:.2e}");
@@ -334,7 +339,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
             let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
             same += (row(&got) == row(&want)) as usize;
         }
-        println!("f16 tiles {on}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}");
+        println!("f16 tiles {on}, dense tiles of {}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}", plan_dense);
         assert!(
             e < bound,
             "f16 tiles {on}: logits differ from the CPU by {e:.3e}"
@@ -377,7 +382,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
         }
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        assert_eq!(forms, [true, false], "both tile forms in CI");
+        assert_eq!(forms, [true, false, false], "both tile forms in CI");
     }
 }
 

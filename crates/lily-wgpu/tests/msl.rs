@@ -32,7 +32,7 @@ fn large_limits() -> wgpu::Limits {
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
-/// (tiles of 16, 32 and 64) and in f32 (16 and 32).
+/// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`).
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -45,6 +45,8 @@ fn choosable() -> Vec<Spec> {
                         attn_tile,
                         f16_kv: f16,
                         f16_tiles: f16,
+                        // The A/B's f32 tiles of 64 (and f16's by default).
+                        dense_tile: if subgroups { 64 } else { 0 },
                         ..WgpuOptions::default()
                     };
                     let device = DeviceCaps {
@@ -115,7 +117,10 @@ fn every_choosable_kernel_translates_to_msl() {
     let specs = choosable();
     assert!(specs.len() > 60, "{} kernels", specs.len());
     // Prefill's products in both tile forms, every tile size each form takes.
-    for (f16, tts) in [(true, &[16.0, 32.0, 64.0][..]), (false, &[16.0, 32.0][..])] {
+    for (f16, tts) in [
+        (true, &[16.0, 32.0, 64.0][..]),
+        (false, &[16.0, 32.0, 64.0][..]),
+    ] {
         for tt in tts {
             assert!(
                 specs.iter().any(|s| s.name == "linear_q4_mm"
