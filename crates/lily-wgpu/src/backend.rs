@@ -91,15 +91,7 @@ impl WgpuBackend {
         let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
         let model = upload_model(&gpu, weights, plan.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
-        // The tile list sized for the smallest tile any chunk may take (the most tiles).
-        let smallest = plan.expert_tiles().into_iter().min_by_key(|t| t.items());
-        let scratch = Scratch::new(
-            &gpu,
-            c,
-            plan.chunk,
-            plan.all_logits_chunk,
-            smallest.unwrap_or(MmTile::T16),
-        )?;
+        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk)?;
         gpu.wait()?;
         // Matrix products per layer's input projections (1 where q/k/v, and qkv/z/b/a, share
         // a format and were joined at load).

@@ -82,7 +82,7 @@ impl Kernels {
     }
 
     /// linear_q4_mm.wgsl with tiles of `tile`: one the plan chose (`Plan::dense_mm`,
-    /// `Plan::expert_tile`), so compiled — tiles of 64 are chosen only where
+    /// `Plan::expert_tiles`), so compiled — tiles of 64 are chosen only where
     /// `Specs::linear_q4_mm64` exists, and `load` compiles every spec.
     pub fn mm(&self, tile: MmTile) -> &Kernel {
         self.mm_if(tile)

@@ -10,7 +10,7 @@
 //!   experts' tiles: 16 items (42.5 against 43.9 µs with 32: an expert averages 64 items at chunk
 //!   2048, tiles of 32 run emptier); with f16 tiles (`f16_tiles`, off until measured: session 11
 //!   wgpu-prefill in docs/perf-notes.md) the dense products take tiles of 64 where they fit the
-//!   device's workgroup memory and the experts' tiles are sized by the chunk's load (`expert_tile`);
+//!   device's workgroup memory and each expert's tiles are sized by its load (`expert_tiles`);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -59,6 +59,15 @@ impl MmTile {
             MmTile::T32 => 32,
             MmTile::T64 => 64,
         }
+    }
+
+    /// This size and the smaller ones, largest first (moe_group.wgsl's sizes: each half the
+    /// one before).
+    pub fn down_to_16(self) -> Vec<MmTile> {
+        [MmTile::T64, MmTile::T32, MmTile::T16]
+            .into_iter()
+            .filter(|t| t.items() <= self.items())
+            .collect()
     }
 }
 
@@ -111,7 +120,8 @@ pub enum LinearKernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertsUp {
     /// Prefill: items grouped by expert on the GPU (moe_group.wgsl), gate and up as tiles of
-    /// linear_q4_mm.wgsl, then swiglu.wgsl.
+    /// linear_q4_mm.wgsl, then swiglu.wgsl; tiles of this size and the smaller ones
+    /// (`MmTile::down_to_16`), each expert's by its load.
     Grouped(MmTile),
     /// Decode: silu(gate x) ⊙ (up x) in one dispatch, linear_q4_glu_rows.wgsl.
     GluRows,
@@ -347,15 +357,12 @@ pub struct Plan {
     pub all_logits_chunk: usize,
     pub checked: bool,
     pub max_slice_bytes: Option<u64>,
-    /// Prefill's plain (dense) products' tiles, and the routed experts' where they are fixed
-    /// (f32 tiles; `expert_tile` gives a chunk's).
+    /// Prefill's plain (dense) products' tiles, and the routed experts' largest (each expert's
+    /// tiles sized by its load from this one down to 16: `expert_tiles`).
     pub dense_mm: MmTile,
     pub expert_mm: MmTile,
     /// linear_q4_mm.wgsl's tiles in f16 (else f32).
     pub tile_f16: bool,
-    /// With f16 tiles: the routed items an expert averages a token (top_k / E), by which
-    /// `expert_tile` sizes a chunk's tiles; None: `expert_mm` always.
-    pub expert_load: Option<f64>,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// Every kernel compiled, with the constants of this model and plan.
@@ -508,6 +515,11 @@ impl Plan {
                 );
             }
         }
+        let expert_mm = match (tile_f16, specs.linear_q4_mm64.is_some()) {
+            (true, true) => MmTile::T64,
+            (true, false) => MmTile::T32,
+            (false, _) => MmTile::T16,
+        };
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
@@ -523,9 +535,8 @@ impl Plan {
             checked: opts.checked,
             max_slice_bytes: opts.max_slice_bytes,
             dense_mm,
-            expert_mm: MmTile::T16,
+            expert_mm,
             tile_f16,
-            expert_load: tile_f16.then(|| c.top_k as f64 / c.n_experts.max(1) as f64),
             prefill_attention,
             decode_attention,
             specs,
@@ -573,9 +584,15 @@ impl Plan {
             self.options.describe(),
             if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),
-            match self.expert_load {
-                Some(_) => format!("{} by load", self.expert_tiles().iter().map(|t| t.items().to_string()).collect::<Vec<_>>().join("/")),
-                None => self.expert_mm.items().to_string(),
+            match self.expert_tiles().as_slice() {
+                [one] => one.items().to_string(),
+                more => format!(
+                    "{} by each expert's load",
+                    more.iter()
+                        .map(|t| t.items().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                ),
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
@@ -636,7 +653,7 @@ impl Plan {
     /// The gate/up kernels of a MoE block over `t` tokens.
     pub fn experts_up(&self, m: &GpuMoe, t: usize) -> ExpertsUp {
         if t > 1 && [&m.gate, &m.up, &m.down].iter().all(|w| q4_ok(w, true)) {
-            return ExpertsUp::Grouped(self.expert_tile(t));
+            return ExpertsUp::Grouped(self.expert_mm);
         }
         if glu_ok(&m.gate, &m.up) {
             if glu_rows_ok(&m.gate) {
@@ -649,35 +666,12 @@ impl Plan {
         }
     }
 
-    /// The tiles the routed experts' products may take (compiled), largest first.
+    /// The tiles the routed experts' products take, largest first: with f16 tiles 64 (where
+    /// compiled) or 32 down to 16, each expert's by its load in each chunk (moe_group.wgsl: the
+    /// largest of at most half its items, so that its last tile is not mostly empty); with f32
+    /// tiles 16 alone (measured best at chunk 2,048 against 32, session 7).
     pub fn expert_tiles(&self) -> Vec<MmTile> {
-        match self.expert_load {
-            None => vec![self.expert_mm],
-            Some(_) => {
-                let mut v = Vec::new();
-                if self.specs.linear_q4_mm64.is_some() {
-                    v.push(MmTile::T64);
-                }
-                v.extend([MmTile::T32, MmTile::T16]);
-                v
-            }
-        }
-    }
-
-    /// The routed experts' tile for a chunk of `t` tokens. With f16 tiles, by the chunk's load
-    /// (the seed's tile-by-expert-load choice, per chunk): the largest compiled tile of at most
-    /// half the items an expert averages (t · top_k / E), so that an expert's last tile is not
-    /// mostly empty (2,048 tokens, 8 of 256 experts: 64 items, tiles of 32; 512 tokens: 16); with
-    /// f32 tiles `expert_mm` (16: measured best at chunk 2,048, session 7).
-    pub fn expert_tile(&self, t: usize) -> MmTile {
-        let Some(per_token) = self.expert_load else {
-            return self.expert_mm;
-        };
-        let half = t as f64 * per_token / 2.0;
-        self.expert_tiles()
-            .into_iter()
-            .find(|tile| tile.items() as f64 <= half)
-            .unwrap_or(MmTile::T16)
+        self.expert_mm.down_to_16()
     }
 
     /// Whether a MoE block's routing over `t` tokens runs inside its experts' GLU dispatch
