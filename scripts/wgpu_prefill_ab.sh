@@ -3,8 +3,8 @@
 # "session 11, branch wgpu-prefill"): wgpu through Vulkan on the full-size synthetic checkpoint,
 # prefill at 512 / 4K / 32K for main and for this branch with its f16 tiles off (the default:
 # f32 tiles, the same kernel as main's), off with dense tiles of 64 (`LILY_WGPU_DENSE_TILE=64`:
-# the tile size's effect alone) and on (`LILY_WGPU_F16_TILES=1`: dense tiles of 64, experts' by
-# load), then per-kernel profiles at 4K (`LILY_PROFILE=1`: the lin.* rows), then `selftest` on
+# the tile size's effect alone) and on (`LILY_WGPU_F16_TILES=1`: dense tiles of 64, each
+# expert's by its load), then per-kernel profiles at 4K (`LILY_PROFILE=1`: the lin.* rows), then `selftest` on
 # the small model with the f16 tiles on and off (agreement with the CPU; its bound is 1e-3).
 #
 # Here: the binaries as DIR/bin/lily-engine-NAME(.gz) for NAME in main (main 901c269: the

@@ -65,7 +65,7 @@ lily_core::backend_options! {
             why "off: on the H200 through Vulkan it moved `small`'s logits 4.5e-3 from the CPU's (f32 cache 6.4e-6; selftest's bound 1e-3, session 10); on only once it scores at HF bf16's level over 1,024 full-shape positions";
         f16_tiles = false, flag Some("wgpu-f16-tiles"), env "LILY_WGPU_F16_TILES" = true,
             label "f16 tiles",
-            help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, the experts' tiles sized by the chunk's load; instead of f32 tiles (dense 32, experts 16)",
+            help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, each expert's tiles sized by its load; instead of f32 tiles (dense 32, experts 16)",
             why "off: not yet measured on a GPU (issue 29 deliverable 5; predicted no faster on the H200 through Vulkan, where each f16 element read back costs a conversion: docs/perf-notes.md, session 11 wgpu-prefill); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
