@@ -1,9 +1,11 @@
 // linear_q4.wgsl for many items at once (prefill) as a tiled matrix product: one workgroup of
-// 64 per (64 output rows, tile of up to TT items; TT = 16 or 32, an override: the plan's
-// `MmTile`). Per step of 32 columns (one quad per row: 16 bytes, one group), invocation r
+// 64 per (64 output rows, tile of up to TT items; TT = 16, 32 or 64 ≤ TMAX, an override: the
+// plan's `MmTile`). The tiles' element type is `TS` (tile_f32.wgsl or
+// tile_f16.wgsl in front: f16 where the device has SHADER_F16 and the plan's `f16_tiles` is on),
+// each element converted to f32 as it is read back: the sums are f32 in both forms. Per step of 32 columns (one quad per row: 16 bytes, one group), invocation r
 // dequantises row r's 32 weights into shared memory and the tile's TT × 32 inputs go there too;
 // then each invocation accumulates a 4-row × TT/4-item block (vec4 reads of both from shared
-// memory: at TT = 32 three reads per 32 multiply-adds, at 16 two per 16). The next step's
+// memory: at TT = 64 five reads per 64 multiply-adds, at 32 three per 32, at 16 two per 16). The next step's
 // weights and inputs are read from memory while this one computes. Weights are read once per
 // tile of items, inputs once per 64 rows. (A 128-row form with 8 × 4 register blocks, main
 // 9f9f7ee, ran slower on the H200: prefill at 4K 1,956 tok/s against this one's 2,363, every
@@ -28,14 +30,14 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
-override TT: u32 = 16u;   // items per tile, 16 or 32 (MmTile on the host)
+override TT: u32 = 16u;   // items per tile, 16, 32 or 64 ≤ TMAX (MmTile on the host)
 override XS_LEN: u32 = 8u * TT;
 const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host)
 
 // ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · TT/4 + g]: items
 // 4g..4g + 3 at column k.
-var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xs: array<vec4<f32>, XS_LEN>;
+var<workgroup> ws: array<TS4, 512>;
+var<workgroup> xs: array<TS4, XS_LEN>;
 var<workgroup> tile_items: array<u32, TT>;
 var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
 
@@ -121,7 +123,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let tg = lid % 4u;
     let nb = TT / 16u;
     let xw = TT / 4u;
-    var acc = array<vec4<f32>, 8>();
+    var acc = array<vec4<f32>, TMAX / 4u>();
     // Step 0's reads.
     var w = vec4<u32>(0u);
     var w2 = vec4<u32>(0u);
@@ -135,7 +137,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         sc = w_half4(p.m.scale_off + hbase);
         bi = w_half4(p.m.bias_off + hbase);
     }
-    var xv = array<vec4<f32>, 4>();
+    var xv = array<vec4<f32>, TMAX / 8u>();
     if (xlive) {
         for (var e = 0u; e < nx4; e++) {
             xv[e] = X[xb + e];
@@ -157,10 +159,10 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         let wc = lid % 4u;
         for (var j = 0u; j < 8u; j++) {
             let v = cols[j];
-            ws[(4u * j) * 16u + wg][wc] = v.x;
-            ws[(4u * j + 1u) * 16u + wg][wc] = v.y;
-            ws[(4u * j + 2u) * 16u + wg][wc] = v.z;
-            ws[(4u * j + 3u) * 16u + wg][wc] = v.w;
+            ws[(4u * j) * 16u + wg][wc] = TS(v.x);
+            ws[(4u * j + 1u) * 16u + wg][wc] = TS(v.y);
+            ws[(4u * j + 2u) * 16u + wg][wc] = TS(v.z);
+            ws[(4u * j + 3u) * 16u + wg][wc] = TS(v.w);
         }
         let k0 = part * 4u * nx4;
         let xg = ti / 4u;
@@ -168,10 +170,10 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         for (var e = 0u; e < nx4; e++) {
             let v = xv[e];
             let k = k0 + 4u * e;
-            xs[k * xw + xg][xc] = v.x;
-            xs[(k + 1u) * xw + xg][xc] = v.y;
-            xs[(k + 2u) * xw + xg][xc] = v.z;
-            xs[(k + 3u) * xw + xg][xc] = v.w;
+            xs[k * xw + xg][xc] = TS(v.x);
+            xs[(k + 1u) * xw + xg][xc] = TS(v.y);
+            xs[(k + 2u) * xw + xg][xc] = TS(v.z);
+            xs[(k + 3u) * xw + xg][xc] = TS(v.w);
         }
         workgroupBarrier();
         // The next step's reads, in flight while this one computes.
@@ -193,9 +195,9 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             }
         }
         for (var k = 0u; k < 32u; k++) {
-            let w4 = ws[k * 16u + rg];
+            let w4 = vec4<f32>(ws[k * 16u + rg]);
             for (var b = 0u; b < nb; b++) {
-                let x4 = xs[k * xw + nb * tg + b];
+                let x4 = vec4<f32>(xs[k * xw + nb * tg + b]);
                 acc[4u * b] += w4.x * x4;
                 acc[4u * b + 1u] += w4.y * x4;
                 acc[4u * b + 2u] += w4.z * x4;

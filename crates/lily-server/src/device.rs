@@ -288,6 +288,7 @@ mod tests {
             "--wgpu-no-attend-tile",
             "--wgpu-no-subgroups",
             "--wgpu-f16-kv",
+            "--wgpu-f16-tiles",
             "--wgpu-limits",
             "apple",
             "--wgpu-adapter",
@@ -302,6 +303,7 @@ mod tests {
                 attn_tile: false,
                 subgroups: false,
                 f16_kv: true,
+                f16_tiles: true,
                 limits: DeviceLimits::Apple,
                 adapter: Some("llvmpipe".into()),
                 ..WgpuOptions::default()

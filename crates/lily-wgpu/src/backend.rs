@@ -20,7 +20,7 @@ use crate::kernels::Kernels;
 use crate::plan::{
     attend_gqa_spec, attend_tile_spec, DeviceCaps, MmTile, Plan, PrefillAttention, WgpuOptions,
 };
-use crate::probes::{check_attention, check_mm, check_rows};
+use crate::probes::{check_attention, check_mm, check_mm_f16, check_rows};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 pub struct WgpuBackend {
@@ -62,7 +62,7 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
-            opts.f16_kv,
+            opts.f16_kv || opts.f16_tiles,
         )?;
         let c = &weights.config;
         let caps = DeviceCaps {
@@ -91,7 +91,7 @@ impl WgpuBackend {
         let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
         let model = upload_model(&gpu, weights, plan.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
-        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk, plan.expert_mm)?;
+        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk)?;
         gpu.wait()?;
         // Matrix products per layer's input projections (1 where q/k/v, and qkv/z/b/a, share
         // a format and were joined at load).
@@ -134,16 +134,45 @@ impl WgpuBackend {
 
     /// The 4-bit product kernels against the host's product on random matrices
     /// (`probes::check_mm`, `probes::check_rows`), relative L2 differences: linear_q4_mm.wgsl's
-    /// (tiles of 16 and 32 items, 4- and 8-bit) and linear_q4_rows.wgsl's.
+    /// (tiles of 16 and 32 items, 4- and 8-bit; with f16 tiles, `Plan::tile_f16`, every tile
+    /// compiled, 64 too, against the product of the operands as the kernel stages them in f16:
+    /// `check_products_f16`) and linear_q4_rows.wgsl's.
     pub fn check_products(&self) -> Result<(f64, f64)> {
+        if self.plan.tile_f16 {
+            // Against the f16-staged operands (the kernel's own rounding taken out).
+            let (_, staged) = self.check_products_f16()?;
+            let rows = check_rows(&self.gpu, &self.kernels)?;
+            return Ok((staged, rows));
+        }
         let mut mm = 0f64;
-        for tile in [MmTile::T16, MmTile::T32] {
+        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+            let Some(kernel) = self.kernels.mm_if(tile) else {
+                continue;
+            };
             for bits in [4, 8] {
-                mm = mm.max(check_mm(&self.gpu, self.kernels.mm(tile), tile, bits)?);
+                mm = mm.max(check_mm(&self.gpu, kernel, tile, bits)?);
             }
         }
         let rows = check_rows(&self.gpu, &self.kernels)?;
         Ok((mm, rows))
+    }
+
+    /// With f16 tiles (`Plan::tile_f16`): every linear_q4_mm.wgsl tile compiled (16, 32, 64
+    /// items; 4- and 8-bit) against the host (`probes::check_mm_f16`): the largest relative L2
+    /// difference from the exact product and from the product of the f16-staged operands.
+    pub fn check_products_f16(&self) -> Result<(f64, f64)> {
+        let (mut exact, mut staged) = (0f64, 0f64);
+        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+            let Some(kernel) = self.kernels.mm_if(tile) else {
+                continue;
+            };
+            for bits in [4, 8] {
+                let (e, s) = check_mm_f16(&self.gpu, kernel, tile, bits)?;
+                exact = exact.max(e);
+                staged = staged.max(s);
+            }
+        }
+        Ok((exact, staged))
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64

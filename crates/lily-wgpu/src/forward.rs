@@ -163,9 +163,11 @@ pub struct Scratch {
     router_logits: Buf,
     ids: Buf,
     wts: Buf,
-    /// moe_group.wgsl's output: indirect dispatch arguments, tile list, items by expert.
+    /// moe_group.wgsl's output: indirect dispatch arguments, a tile list per tile size (room
+    /// for `tile_cap` tiles each), items by expert.
     groups: Buf,
     tiles_at: usize,
+    tile_cap: usize,
     order_at: usize,
     g: Buf,
     u: Buf,
@@ -185,15 +187,9 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// `expert_tile`: the items per tile of the routed experts' products (moe_group.wgsl's
-    /// tile list is sized for it).
-    pub fn new(
-        gpu: &Gpu,
-        c: &ModelConfig,
-        chunk: usize,
-        all_chunk: usize,
-        expert_tile: MmTile,
-    ) -> Result<Scratch> {
+    /// moe_group.wgsl's tile lists: one per tile size (at most 3: 64, 32, 16), each with room
+    /// for a chunk's items in tiles of 16 (the smallest, the most tiles).
+    pub fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, all_chunk: usize) -> Result<Scratch> {
         // Items per token: the top_k routed experts and, where it rides in their stacks, the
         // shared expert (sized for it either way).
         let ks = c.top_k + 1;
@@ -203,8 +199,10 @@ impl Scratch {
         let f = |label: &str, n: usize| gpu.storage(label, n as u64 * 4);
         let t = chunk;
         let (h, tk) = (c.hidden, t * ks);
-        let tiles_at = 8;
-        let order_at = tiles_at + 4 * (tk.div_ceil(expert_tile.items()) + c.n_experts + 1);
+        // Three sizes' indirect arguments (8 words each), then their lists.
+        let tiles_at = 24;
+        let tile_cap = tk.div_ceil(MmTile::T16.items()) + c.n_experts + 1;
+        let order_at = tiles_at + 4 * tile_cap * 3;
         Ok(Scratch {
             chunk,
             all_chunk,
@@ -230,6 +228,7 @@ impl Scratch {
             wts: f("expert_weights", tk)?,
             groups: gpu.storage_indirect("expert_groups", (order_at + tk) as u64 * 4)?,
             tiles_at,
+            tile_cap,
             order_at,
             g: f("expert_gate", tk * c.expert_inter)?,
             u: f("expert_up", tk * c.expert_inter)?,
@@ -356,6 +355,7 @@ pub enum LogitsOut {
 }
 
 /// Where a matrix-vector product reads and writes, in f32 elements.
+#[derive(Clone, Copy)]
 struct Io<'b> {
     x: &'b Buf,
     x_off: usize,
@@ -918,9 +918,9 @@ impl<'a> Forward<'a> {
         );
     }
 
-    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl with tiles of `tile` (the
-    /// size moe_group.wgsl was given): the tiles moe_group.wgsl listed, dispatched with the
-    /// arguments it wrote at byte `args` of `Scratch::groups`.
+    /// Routed experts of a prefill chunk through linear_q4_mm.wgsl with tiles of `tile`: the
+    /// tiles of that size moe_group.wgsl listed at word `list_at` of `Scratch::groups`,
+    /// dispatched with the arguments it wrote at byte `args`.
     #[allow(clippy::too_many_arguments)]
     fn experts_mm(
         &self,
@@ -931,6 +931,7 @@ impl<'a> Forward<'a> {
         io: Io<'a>,
         x_div: usize,
         args: u64,
+        list_at: usize,
     ) {
         let s = self.s;
         let kernel = self.k.mm(tile);
@@ -946,7 +947,7 @@ impl<'a> Forward<'a> {
                 sl.first,
                 sl.count,
                 nx as u32,
-                s.tiles_at,
+                list_at,
                 s.order_at,
             );
             r.dispatch_indirect(
@@ -1242,22 +1243,39 @@ impl<'a> Forward<'a> {
             ExpertsUp::Grouped(tile) => {
                 // A prefill chunk: items grouped by expert on the GPU, each expert's weights read
                 // once per tile of its tokens.
+                // Each expert's tiles sized by its load: one list (and indirect dispatch) per
+                // size.
                 r.dispatch(
                     &self.k.moe_group,
                     &[
                         tk as u32,
                         (e + stacked as usize) as u32,
-                        tile.items() as u32,
+                        tile.down_to_16().len() as u32,
                         i.div_ceil(MM_ROWS) as u32,
                         h.div_ceil(MM_ROWS) as u32,
                         s.tiles_at as u32,
                         s.order_at as u32,
+                        s.tile_cap as u32,
+                        tile.items() as u32,
                     ],
                     &[&s.ids, &s.groups],
                     [1, 1, 1],
                 );
-                self.experts_mm(r, "lin.experts.gate", tile, &m.gate, gate_io, ks, 0);
-                self.experts_mm(r, "lin.experts.up", tile, &m.up, up_io, ks, 0);
+                for (k, size) in tile.down_to_16().into_iter().enumerate() {
+                    let list = s.tiles_at + 4 * s.tile_cap * k;
+                    let args = 32 * k as u64;
+                    self.experts_mm(
+                        r,
+                        "lin.experts.gate",
+                        size,
+                        &m.gate,
+                        gate_io,
+                        ks,
+                        args,
+                        list,
+                    );
+                    self.experts_mm(r, "lin.experts.up", size, &m.up, up_io, ks, args, list);
+                }
                 self.swiglu(r, &s.g, &s.u, &s.act, tk * i);
             }
             how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
@@ -1332,7 +1350,11 @@ impl<'a> Forward<'a> {
                 return;
             }
             ExpertsDown::Grouped(tile) => {
-                self.experts_mm(r, "lin.experts.down", tile, &m.down, down_io, 1, 16);
+                for (k, size) in tile.down_to_16().into_iter().enumerate() {
+                    let list = s.tiles_at + 4 * s.tile_cap * k;
+                    let args = 32 * k as u64 + 16;
+                    self.experts_mm(r, "lin.experts.down", size, &m.down, down_io, 1, args, list);
+                }
             }
             ExpertsDown::Separate => {
                 self.linear_experts(r, "lin.experts.down", &m.down, down_io, 1);

@@ -12,6 +12,8 @@ macro_rules! kernels {
             $(pub $name: Kernel,)*
             /// Where the plan's prefill attention is attend_tile.wgsl.
             pub attend_tile: Option<Kernel>,
+            /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
+            pub linear_q4_mm64: Option<Kernel>,
         }
 
         impl Kernels {
@@ -21,6 +23,10 @@ macro_rules! kernels {
                 Ok(Kernels {
                     $($name: Kernel::new(gpu, &specs.$name, checked)?,)*
                     attend_tile: match &specs.attend_tile {
+                        Some(s) => Some(Kernel::new(gpu, s, checked)?),
+                        None => None,
+                    },
+                    linear_q4_mm64: match &specs.linear_q4_mm64 {
                         Some(s) => Some(Kernel::new(gpu, s, checked)?),
                         None => None,
                     },
@@ -66,12 +72,21 @@ kernels!(
 );
 
 impl Kernels {
-    /// linear_q4_mm.wgsl with tiles of `tile`.
-    pub fn mm(&self, tile: MmTile) -> &Kernel {
+    /// linear_q4_mm.wgsl with tiles of `tile`, where compiled (`has_mm`).
+    pub fn mm_if(&self, tile: MmTile) -> Option<&Kernel> {
         match tile {
-            MmTile::T16 => &self.linear_q4_mm16,
-            MmTile::T32 => &self.linear_q4_mm32,
+            MmTile::T16 => Some(&self.linear_q4_mm16),
+            MmTile::T32 => Some(&self.linear_q4_mm32),
+            MmTile::T64 => self.linear_q4_mm64.as_ref(),
         }
+    }
+
+    /// linear_q4_mm.wgsl with tiles of `tile`: one the plan chose (`Plan::dense_mm`,
+    /// `Plan::expert_tiles`), so compiled — tiles of 64 are chosen only where
+    /// `Specs::linear_q4_mm64` exists, and `load` compiles every spec.
+    pub fn mm(&self, tile: MmTile) -> &Kernel {
+        self.mm_if(tile)
+            .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
     }
 
     /// linear_q4_rows.wgsl with `rb` rows a workgroup (`plan::rows_rb`: 16, 4 or 2).

@@ -63,6 +63,10 @@ lily_core::backend_options! {
             label "f16 KV cache",
             help "the KV cache in f16 where the adapter has SHADER_F16 (scores, softmax and sums in f32), instead of f32",
             why "off: on the H200 through Vulkan it moved `small`'s logits 4.5e-3 from the CPU's (f32 cache 6.4e-6; selftest's bound 1e-3, session 10); on only once it scores at HF bf16's level over 1,024 full-shape positions";
+        f16_tiles = false, flag Some("wgpu-f16-tiles"), env "LILY_WGPU_F16_TILES" = true,
+            label "f16 tiles",
+            help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, each expert's tiles sized by its load; instead of f32 tiles (dense 32, experts 16)",
+            why "off: not yet measured on a GPU (issue 29 deliverable 5; predicted no faster on the H200 through Vulkan, where each f16 element read back costs a conversion: docs/perf-notes.md, session 11 wgpu-prefill); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -76,6 +80,9 @@ lily_core::backend_options! {
         chunk = DEFAULT_PREFILL_CHUNK, flag Some("wgpu-prefill-chunk"), env "LILY_WGPU_CHUNK",
             accepts |n| n > 0, "at least 1", label "prefill chunk",
             help "largest prefill chunk in tokens (activation scratch is sized for it)";
+        dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
+            accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
+            help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
     }
     texts {
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
@@ -125,6 +132,8 @@ mod tests {
                 limits: DeviceLimits::Adapter,
                 subgroups: true,
                 f16_kv: false,
+                f16_tiles: false,
+                dense_tile: 0,
             }
         );
     }
@@ -151,6 +160,8 @@ mod tests {
             ("LILY_WGPU_LIMITS", "apple"),
             ("LILY_WGPU_SUBGROUPS", "0"),
             ("LILY_WGPU_F16_KV", "1"),
+            ("LILY_WGPU_F16_TILES", "1"),
+            ("LILY_WGPU_DENSE_TILE", "64"),
         ]));
         assert_eq!(
             o,
@@ -163,6 +174,8 @@ mod tests {
                 limits: DeviceLimits::Apple,
                 subgroups: false,
                 f16_kv: true,
+                f16_tiles: true,
+                dense_tile: 64,
                 ..WgpuOptions::default()
             }
         );
@@ -177,6 +190,7 @@ mod tests {
             ("LILY_WGPU_CHUNK", "0"),
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
+            ("LILY_WGPU_DENSE_TILE", "48"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.
@@ -208,7 +222,9 @@ mod tests {
         }
         .describe();
         assert!(
-            d.starts_with("attend_tile on, subgroup reductions on, f16 KV cache off,"),
+            d.starts_with(
+                "attend_tile on, subgroup reductions on, f16 KV cache off, f16 tiles off,"
+            ),
             "{d}"
         );
         assert!(

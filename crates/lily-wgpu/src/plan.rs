@@ -8,7 +8,9 @@
 //! - prefill's 4-bit and 8-bit plain (dense) products: linear_q4_mm.wgsl with tiles of 32 items
 //!   (DeltaNet in_proj 73.9 → 67.4 µs a token on the H200 against 16, session 7); the routed
 //!   experts' tiles: 16 items (42.5 against 43.9 µs with 32: an expert averages 64 items at chunk
-//!   2048, tiles of 32 run emptier);
+//!   2048, tiles of 32 run emptier); with f16 tiles (`f16_tiles`, off until measured: session 11
+//!   wgpu-prefill in docs/perf-notes.md) the dense products take tiles of 64 where they fit the
+//!   device's workgroup memory and each expert's tiles are sized by its load (`expert_tiles`);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -42,10 +44,12 @@ pub struct DeviceCaps {
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
+/// Tiles of 64 in f16 take the bytes of f32 tiles of 32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmTile {
     T16,
     T32,
+    T64,
 }
 
 impl MmTile {
@@ -53,7 +57,17 @@ impl MmTile {
         match self {
             MmTile::T16 => 16,
             MmTile::T32 => 32,
+            MmTile::T64 => 64,
         }
+    }
+
+    /// This size and the smaller ones, largest first (moe_group.wgsl's sizes: each half the
+    /// one before).
+    pub fn down_to_16(self) -> Vec<MmTile> {
+        [MmTile::T64, MmTile::T32, MmTile::T16]
+            .into_iter()
+            .filter(|t| t.items() <= self.items())
+            .collect()
     }
 }
 
@@ -106,7 +120,8 @@ pub enum LinearKernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertsUp {
     /// Prefill: items grouped by expert on the GPU (moe_group.wgsl), gate and up as tiles of
-    /// linear_q4_mm.wgsl, then swiglu.wgsl.
+    /// linear_q4_mm.wgsl, then swiglu.wgsl; tiles of this size and the smaller ones
+    /// (`MmTile::down_to_16`), each expert's by its load.
     Grouped(MmTile),
     /// Decode: silu(gate x) ⊙ (up x) in one dispatch, linear_q4_glu_rows.wgsl.
     GluRows,
@@ -153,6 +168,8 @@ pub struct Specs {
     pub linear_q4_rows2: Spec,
     pub linear_q4_mm16: Spec,
     pub linear_q4_mm32: Spec,
+    /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
+    pub linear_q4_mm64: Option<Spec>,
     pub linear_q4_glu: Spec,
     pub linear_q4_glu_rows: Spec,
     pub moe_group: Spec,
@@ -221,7 +238,10 @@ impl Specs {
         ] {
             s.subgroups = on;
         }
-        if let Some(s) = &mut self.attend_tile {
+        for s in [&mut self.attend_tile, &mut self.linear_q4_mm64]
+            .into_iter()
+            .flatten()
+        {
             s.subgroups = on;
         }
     }
@@ -263,6 +283,7 @@ impl Specs {
             &self.sample_pick,
         ];
         v.extend(self.attend_tile.as_ref());
+        v.extend(self.linear_q4_mm64.as_ref());
         v
     }
 }
@@ -275,9 +296,13 @@ pub fn rows_spec(rb: usize) -> Spec {
     )
 }
 
-/// linear_q4_mm.wgsl with tiles of `tile` items.
-pub fn mm_spec(tile: MmTile) -> Spec {
-    Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)])
+/// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
+/// sized for 32 items (so tiles of 16 and 32 compile as main's did), or 64.
+pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
+    let mut spec = Spec::new("linear_q4_mm", &[("TT", tile.items() as f64)]);
+    spec.tile_f16 = f16;
+    spec.tile_max = tile.items().max(32) as u32;
+    spec
 }
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
@@ -332,9 +357,12 @@ pub struct Plan {
     pub all_logits_chunk: usize,
     pub checked: bool,
     pub max_slice_bytes: Option<u64>,
-    /// Prefill's plain (dense) products and the routed experts' tiles.
+    /// Prefill's plain (dense) products' tiles, and the routed experts' largest (each expert's
+    /// tiles sized by its load from this one down to 16: `expert_tiles`).
     pub dense_mm: MmTile,
     pub expert_mm: MmTile,
+    /// linear_q4_mm.wgsl's tiles in f16 (else f32).
+    pub tile_f16: bool,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// Every kernel compiled, with the constants of this model and plan.
@@ -369,7 +397,30 @@ impl Plan {
         let limits = &device.limits;
         let subgroups = device.subgroups && opts.subgroups;
         let kv_f16 = device.f16 && opts.f16_kv;
+        let tile_f16 = device.f16 && opts.f16_tiles;
         let mut notes = Vec::new();
+        // The dense products' tiles: as asked (`dense_tile`), else 64 in f16 (the bytes of f32's
+        // 32), else 32; tiles of 64 only where they fit the device's workgroup memory.
+        let mut dense_mm = match opts.dense_tile {
+            16 => MmTile::T16,
+            32 => MmTile::T32,
+            64 => MmTile::T64,
+            _ if tile_f16 => MmTile::T64,
+            _ => MmTile::T32,
+        };
+        let mut linear_q4_mm64 = None;
+        if tile_f16 || dense_mm == MmTile::T64 {
+            let spec = mm_spec(MmTile::T64, tile_f16).with_subgroups(subgroups);
+            match spec.needs()?.exceeds(limits) {
+                None => linear_q4_mm64 = Some(spec),
+                Some(why) => {
+                    notes.push(format!("linear_q4_mm with tiles of 64: {why}"));
+                    if dense_mm == MmTile::T64 {
+                        dense_mm = MmTile::T32;
+                    }
+                }
+            }
+        }
         let top = (c.top_k + stacked as usize) as f64;
         let decode_attention = match gqa_group(c) {
             Some(g) => DecodeAttention::Gqa { g },
@@ -407,8 +458,9 @@ impl Plan {
             linear_q4_rows16: rows_spec(16),
             linear_q4_rows4: rows_spec(4),
             linear_q4_rows2: rows_spec(2),
-            linear_q4_mm16: mm_spec(MmTile::T16),
-            linear_q4_mm32: mm_spec(MmTile::T32),
+            linear_q4_mm16: mm_spec(MmTile::T16, tile_f16),
+            linear_q4_mm32: mm_spec(MmTile::T32, tile_f16),
+            linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
             moe_group: Spec::new("moe_group", &[]),
@@ -463,10 +515,17 @@ impl Plan {
                 );
             }
         }
+        let expert_mm = match (tile_f16, specs.linear_q4_mm64.is_some()) {
+            (true, true) => MmTile::T64,
+            (true, false) => MmTile::T32,
+            (false, _) => MmTile::T16,
+        };
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
             f16_kv: kv_f16,
+            f16_tiles: tile_f16,
+            dense_tile: dense_mm.items(),
             ..opts.clone()
         };
         Ok(Plan {
@@ -475,8 +534,9 @@ impl Plan {
             all_logits_chunk: opts.all_logits_chunk.clamp(1, opts.chunk.max(1)),
             checked: opts.checked,
             max_slice_bytes: opts.max_slice_bytes,
-            dense_mm: MmTile::T32,
-            expert_mm: MmTile::T16,
+            dense_mm,
+            expert_mm,
+            tile_f16,
             prefill_attention,
             decode_attention,
             specs,
@@ -520,10 +580,20 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {}, prefill products linear_q4_mm (dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "fp32 activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             self.options.describe(),
+            if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),
-            self.expert_mm.items(),
+            match self.expert_tiles().as_slice() {
+                [one] => one.items().to_string(),
+                more => format!(
+                    "{} by each expert's load",
+                    more.iter()
+                        .map(|t| t.items().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                ),
+            },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
             } else {
@@ -594,6 +664,14 @@ impl Plan {
         } else {
             ExpertsUp::Separate
         }
+    }
+
+    /// The tiles the routed experts' products take, largest first: with f16 tiles 64 (where
+    /// compiled) or 32 down to 16, each expert's by its load in each chunk (moe_group.wgsl: the
+    /// largest of at most half its items, so that its last tile is not mostly empty); with f32
+    /// tiles 16 alone (measured best at chunk 2,048 against 32, session 7).
+    pub fn expert_tiles(&self) -> Vec<MmTile> {
+        self.expert_mm.down_to_16()
     }
 
     /// Whether a MoE block's routing over `t` tokens runs inside its experts' GLU dispatch

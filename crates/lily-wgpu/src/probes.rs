@@ -23,6 +23,44 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result
     m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
 }
 
+/// linear_q4_mm.wgsl with f16 tiles (tile_f16.wgsl) on `check_mm`'s matrix and inputs: the
+/// relative L2 difference from the host's f64 product of the exact operands (the f16 rounding of
+/// both, visible), and from the host's f64 product of the operands rounded to f16 as the kernel
+/// stages them (the dequantised weight `q·s + b` and the input, each to the nearest f16: only the
+/// f32 sums' order differs, so a wrong item, row or column shows here where f16 rounding would
+/// hide it in the first figure).
+pub fn check_mm_f16(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result<(f64, f64)> {
+    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
+    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
+    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let z = items.div_ceil(tile.items()) as u32;
+    let groups_buf = gpu.storage("mm_check.groups", 16)?;
+    let got = m.run_raw(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)?;
+    let f16 = |v: f64| half::f16::from_f64(v).to_f64();
+    let x16: Vec<f64> = m.x.iter().map(|v| f16(*v as f64)).collect();
+    let mut staged = vec![0f64; items * rows];
+    for (r, w) in m.w.iter().enumerate() {
+        for t in 0..items {
+            let xt = &x16[t * cols..(t + 1) * cols];
+            staged[t * rows + r] = w.iter().zip(xt).map(|(a, b)| f16(*a) * b).sum();
+        }
+    }
+    Ok((rel_l2_f64(&got, &m.want), rel_l2_f64(&got, &staged)))
+}
+
+/// Relative L2 difference of `got` from `want` (infinite where `got` holds a non-finite value).
+fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (*g as f64 - w).powi(2);
+        den += w.powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
 /// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
@@ -740,14 +778,6 @@ impl RandomQ4 {
             Some(Some(eps)) => self.product(&self.normed(eps)),
             _ => self.want.clone(),
         };
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(&want) {
-            if !g.is_finite() {
-                return Ok(f64::INFINITY);
-            }
-            num += (*g as f64 - w).powi(2);
-            den += w.powi(2);
-        }
-        Ok((num / den.max(1e-30)).sqrt())
+        Ok(rel_l2_f64(&got, &want))
     }
 }

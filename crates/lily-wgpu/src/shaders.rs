@@ -16,6 +16,10 @@ pub const REDUCE_WORKGROUP: &str = include_str!("../../../shaders/wgsl/reduce_wo
 /// The KV cache's element types (`KV`, `KV4`): f32, or f16 where the device has SHADER_F16.
 pub const KV_F32: &str = include_str!("../../../shaders/wgsl/kv_f32.wgsl");
 pub const KV_F16: &str = include_str!("../../../shaders/wgsl/kv_f16.wgsl");
+/// linear_q4_mm.wgsl's tile element type (`TS`, `TS4`): f32, or f16 where the device has
+/// SHADER_F16 and the plan's `f16_tiles` is on (`Spec::tile_max` gives its `TMAX`).
+pub const TILE_F32: &str = include_str!("../../../shaders/wgsl/tile_f32.wgsl");
+pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -61,14 +65,19 @@ sources!(
 
 /// One kernel as compiled: its file (= entry point), its `override` constants, whether its
 /// reductions run on subgroups (reduce_subgroup.wgsl in front) or through workgroup memory
-/// (reduce_workgroup.wgsl), and whether the KV cache it reads or writes is f16 (kv_f16.wgsl) or
-/// f32 (kv_f32.wgsl).
+/// (reduce_workgroup.wgsl), whether the KV cache it reads or writes is f16 (kv_f16.wgsl) or
+/// f32 (kv_f32.wgsl), and whether its workgroup tiles are f16 (tile_f16.wgsl) or f32
+/// (tile_f32.wgsl; only linear_q4_mm.wgsl has such tiles).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
     pub name: &'static str,
     pub constants: Vec<(&'static str, f64)>,
     pub subgroups: bool,
     pub kv_f16: bool,
+    pub tile_f16: bool,
+    /// `TMAX` in front of the kernel: the most items a linear_q4_mm.wgsl tile holds (the size
+    /// of its register arrays): 32, or 64 for tiles of 64.
+    pub tile_max: u32,
 }
 
 impl Spec {
@@ -78,6 +87,8 @@ impl Spec {
             constants: constants.to_vec(),
             subgroups: false,
             kv_f16: false,
+            tile_f16: false,
+            tile_max: 32,
         }
     }
 
@@ -97,22 +108,33 @@ impl Spec {
     }
 
     /// The module as the device compiles it: `enable` directives first, then the reductions'
-    /// file, common.wgsl, the KV cache's types and the kernel.
+    /// file, common.wgsl, the KV cache's types, the tiles' types and the kernel.
     pub fn code(&self) -> Result<String> {
         let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
-        let (enables, body): (Vec<&str>, Vec<&str>) = kv
+        let tile = if self.tile_f16 { TILE_F16 } else { TILE_F32 };
+        let (mut enables, body): (Vec<&str>, Vec<&str>) = kv
             .lines()
+            .chain([""])
+            .chain(tile.lines())
             .chain([""])
             .chain(self.source()?.lines())
             .partition(|l| l.trim_start().starts_with("enable "));
+        // One line per extension (the KV cache and the tiles may both enable f16).
+        let mut seen = Vec::new();
+        enables.retain(|l| {
+            let new = !seen.contains(&l.trim());
+            seen.push(l.trim());
+            new
+        });
         let reduce = if self.subgroups {
             REDUCE_SUBGROUP
         } else {
             REDUCE_WORKGROUP
         };
         Ok(format!(
-            "{}\n{reduce}\n{COMMON}\n{}",
+            "{}\n{reduce}\n{COMMON}\nconst TMAX: u32 = {}u;\n{}",
             enables.join("\n"),
+            self.tile_max,
             body.join("\n")
         ))
     }

@@ -16,6 +16,7 @@ use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::synth::{Preset, SynthFormat};
 use lily_core::weights::ModelWeights;
+use lily_wgpu::plan::MmTile;
 use lily_wgpu::{WgpuBackend, WgpuOptions};
 
 // A path from this file's directory: tests/apple_limits.rs includes this file as a module.
@@ -243,6 +244,148 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         assert_eq!(forms, [true, false], "both KV cache forms in CI");
+    }
+}
+
+/// Prefill's product tiles in f16 (`f16_tiles`, where the adapter has SHADER_F16; lavapipe has
+/// it), in f32 (the fallback, the default) and in f32 with dense tiles of 64 (`dense_tile`, the
+/// A/B's third form): teacher-forced logits against the CPU's fp32 over
+/// 808 positions prefilled as 512 + 256 + 40 tokens, so that with f16 tiles the dense products
+/// run on tiles of 64 and each routed expert's tiles take a size by its load (`tiny`: 4 of 16
+/// experts a token, so 128 / 64 / 10 items an expert on average: tiles of 64 for experts with
+/// ≥ 128 items, 32 for ≥ 64, else 16, in one chunk); then 8 greedy
+/// tokens equal to the CPU's, and the product kernels against the host's f64 (f16: the inputs'
+/// rounding, ≈ 2^-11 relative each, visible and bounded; f32: summation order only).
+#[test]
+fn prefill_tiles_in_f16_and_f32_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    let pieces = [512usize, 256, 40];
+    let positions: usize = pieces.iter().sum();
+    let tokens = Rng(37).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(positions + 12).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+    let mut forms = Vec::new();
+    for (f16_tiles, dense_tile) in [(true, 0), (false, 0), (false, 64)] {
+        let Some(mut gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 512,
+                all_logits_chunk: 512,
+                f16_tiles,
+                dense_tile,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        let plan = gpu.plan();
+        let plan_dense = plan.dense_mm.items();
+        let on = plan.tile_f16;
+        assert!(f16_tiles || !on, "f16 tiles turned off but in use");
+        forms.push(on);
+        if on {
+            assert_eq!(
+                plan.dense_mm,
+                MmTile::T64,
+                "f16 dense tiles of 64 fit lavapipe"
+            );
+            assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+        } else {
+            let dense = if dense_tile == 64 {
+                MmTile::T64
+            } else {
+                MmTile::T32
+            };
+            assert_eq!(
+                (plan.dense_mm, plan.expert_tiles()),
+                (dense, vec![MmTile::T16])
+            );
+        }
+        let (mm, rows) = gpu.check_products().unwrap();
+        println!("f16 tiles {on}: linear_q4_mm vs the host {mm:.2e}");
+        assert!(
+            mm < 1e-5,
+            "f16 tiles {on}: linear_q4_mm differs from the host by {mm:.2e}"
+        );
+        assert!(
+            rows < 1e-5,
+            "linear_q4_rows differs from the host by {rows:.2e}"
+        );
+        if on {
+            // Against the exact operands: each product's two inputs rounded to f16 (relative
+            // error ≤ 2^-11 each, ≈ 2^-11 · √(2/3) ≈ 4e-4 in L2 for independent roundings):
+            // visible, and bounded.
+            let (exact, staged) = gpu.check_products_f16().unwrap();
+            println!("f16 tiles: linear_q4_mm vs the exact product {exact:.2e}, vs the f16-staged one {staged:.2e}");
+            assert!(
+                (1e-5..2e-3).contains(&exact),
+                "f16 tiles: linear_q4_mm differs from the exact product by {exact:.2e}"
+            );
+        }
+        let gs = gpu.new_seq(positions + 12).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for n in pieces {
+            got.extend(gpu.prefill_all_logits(gs, &tokens[at..at + n]).unwrap());
+            at += n;
+        }
+        let e = rel_l2(&got, &want);
+        // f16: every product's inputs rounded (3.1e-4 a product, above), amplified through 8
+        // layers of random weights and routing near-ties (lavapipe: 9.4e-3, top-1 802 of 808);
+        // f32: summation order only (6.1e-6).
+        let bound = if on { 3e-2 } else { 2e-5 };
+        let vocab = w.config.vocab;
+        let mut same = 0;
+        for p in 0..positions {
+            let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
+            same += (row(&got) == row(&want)) as usize;
+        }
+        println!("f16 tiles {on}, dense tiles of {}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}", plan_dense);
+        assert!(
+            e < bound,
+            "f16 tiles {on}: logits differ from the CPU by {e:.3e}"
+        );
+        assert!(
+            same * 100 >= positions * 98,
+            "f16 tiles {on}: top-1 agreement {same}/{positions}"
+        );
+        assert_eq!(
+            greedy_tokens(&mut gpu, gs, 8),
+            want_tokens,
+            "f16 tiles {on}: greedy tokens"
+        );
+        if on {
+            // The same prompt in chunks of 32 (no expert gets 64 items, so tiles of 16
+            // throughout): each item's
+            // product is summed in the same order whatever its tile, so the two differ only by
+            // the chunking's f32 order in attention and the scan (and the f16 roundings that
+            // flips; lavapipe: 0, bit-identical); tiles of 64 or 32 that lost or mixed items
+            // would differ by far more.
+            let Some(mut small) = wgpu_backend_with(
+                &w,
+                WgpuOptions {
+                    chunk: 32,
+                    all_logits_chunk: 32,
+                    f16_tiles: true,
+                    ..WgpuOptions::default()
+                },
+            ) else {
+                return;
+            };
+            let ss = small.new_seq(positions + 12).unwrap();
+            let by32 = small.prefill_all_logits(ss, &tokens).unwrap();
+            let d = rel_l2(&got, &by32);
+            println!("f16 tiles: chunks of 512 / 256 / 40 against chunks of 32: rel_l2 {d:.3e}");
+            assert!(
+                d < 1e-4,
+                "f16 tiles: tiles by load differ from tiles of 16 by {d:.3e}"
+            );
+        }
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        assert_eq!(forms, [true, false, false], "both tile forms in CI");
     }
 }
 

@@ -9,7 +9,7 @@
 use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
-use lily_wgpu::plan::{DeviceCaps, Plan, PrefillAttention};
+use lily_wgpu::plan::{DeviceCaps, MmTile, Plan, PrefillAttention};
 use lily_wgpu::shaders::{validator, Spec};
 use lily_wgpu::WgpuOptions;
 
@@ -31,16 +31,22 @@ fn large_limits() -> wgpu::Limits {
 
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
-/// through workgroup memory, the KV cache in f16 and in f32.
+/// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
+/// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`).
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
     for attn_tile in [true, false] {
         for stacked in [true, false] {
             for limits in [large_limits(), apple_limits()] {
-                for (subgroups, f16) in [(true, true), (false, false)] {
+                for (subgroups, f16) in [(true, true), (false, false), (true, false), (false, true)]
+                {
                     let opts = WgpuOptions {
                         attn_tile,
+                        f16_kv: f16,
+                        f16_tiles: f16,
+                        // The A/B's f32 tiles of 64 (and f16's by default).
+                        dense_tile: if subgroups { 64 } else { 0 },
                         ..WgpuOptions::default()
                     };
                     let device = DeviceCaps {
@@ -110,6 +116,24 @@ fn to_msl(spec: &Spec) -> Result<String, String> {
 fn every_choosable_kernel_translates_to_msl() {
     let specs = choosable();
     assert!(specs.len() > 60, "{} kernels", specs.len());
+    // Prefill's products in both tile forms, every tile size each form takes.
+    for (f16, tts) in [
+        (true, &[16.0, 32.0, 64.0][..]),
+        (false, &[16.0, 32.0, 64.0][..]),
+    ] {
+        for tt in tts {
+            assert!(
+                specs.iter().any(|s| s.name == "linear_q4_mm"
+                    && s.tile_f16 == f16
+                    && s.constants.contains(&("TT", *tt))),
+                "linear_q4_mm with tiles of {tt} in f16 {f16} is not among the kernels checked"
+            );
+        }
+    }
+    assert!(
+        specs.iter().any(|s| s.kv_f16),
+        "no kernel with the f16 KV cache checked"
+    );
     let mut failed = Vec::new();
     for spec in &specs {
         match to_msl(spec) {
@@ -131,6 +155,13 @@ fn every_choosable_kernel_translates_to_msl() {
 
 #[test]
 fn the_apple_plan_fits_apple_limits() {
+    for f16 in [false, true] {
+        apple_plan_fits(f16);
+    }
+}
+
+/// The plan for an Apple GPU (f16 KV cache and f16 product tiles `f16` or not) fits its limits.
+fn apple_plan_fits(f16: bool) {
     let c = full_config();
     let limits = apple_limits();
     let device = DeviceCaps {
@@ -138,8 +169,16 @@ fn the_apple_plan_fits_apple_limits() {
         subgroups: true,
         f16: true,
     };
-    let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    let opts = WgpuOptions {
+        f16_kv: f16,
+        f16_tiles: f16,
+        ..WgpuOptions::default()
+    };
+    let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
+    // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
+    assert_eq!(plan.tile_f16, f16);
+    assert_eq!(plan.dense_mm, if f16 { MmTile::T64 } else { MmTile::T32 });
     // attend_tile is kept, with blocks of 16 keys (32 do not fit).
     assert_eq!(
         plan.prefill_attention,
