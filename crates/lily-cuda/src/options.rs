@@ -116,6 +116,10 @@ lily_core::backend_options! {
             label "warp-scan sampling",
             help "the radix select of a sampled pick finds each pass's bin with one warp's shuffle scan instead of one thread walking the 256 bins (sample.cu built with SAMPLE_WARP_SCAN)",
             why "won its A/B: the sampler's share of a step at 4K 3.2 → 1.8 % on the H200 (session 5)";
+        batched_decode = false, flag Some("batched-decode"), env "LILY_BATCHED_DECODE" = true,
+            label "batched decode",
+            help "a decode step of several sequences feeds their tokens in one forward pass (backend/batch.rs: each weight read once for the batch) instead of one sequence after another, each its own one-token step",
+            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes)";
         sync_each = false, flag None, env "LILY_CUDA_SYNC" = true,
             label "sync after each launch",
             help "debug: synchronise after every launch so an error names its kernel (graphs off)",
@@ -205,6 +209,7 @@ mod tests {
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_DEVICE_LOGPROBS", "0"),
+            ("LILY_BATCHED_DECODE", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -240,6 +245,7 @@ mod tests {
                 wgmma_attention: false,
                 pipelined_decode: false,
                 device_logprobs: false,
+                batched_decode: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

@@ -459,6 +459,13 @@ impl Plan {
         self.o.graphs
     }
 
+    /// Whether a decode step of several sequences feeds them in one batched forward pass
+    /// (backend/batch.rs, `Forward::run_batch`) instead of one sequence after another
+    /// (`lily_core::backend::decode_step_one_by_one`): `batched_decode`.
+    pub fn batched_decode(&self) -> bool {
+        self.o.batched_decode
+    }
+
     /// Decode without graphs from now on (capture failed).
     pub fn give_up_graphs(&mut self) {
         self.o.graphs = false;

@@ -42,6 +42,7 @@ fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
         let opts = CudaOptions {
             bf16_activations,
             fused_decode,
+            batched_decode: true,
             chunk: 64,
             ..CudaOptions::default()
         };
@@ -193,6 +194,7 @@ fn decode_batched_rows_keep_their_own_sampling() {
     };
     let opts = CudaOptions {
         bf16_activations: false,
+        batched_decode: true,
         chunk: 64,
         ..CudaOptions::default()
     };
