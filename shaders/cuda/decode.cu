@@ -1027,3 +1027,161 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
     for (int r = 0; r < DEC_DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
 }
+
+// ---- Batched decode (several sequences, one token each) -----------------------------------------
+
+// dec_gemv_rows: y_s[b] = W_s · x[b] for the nb ≤ DEC_B_MAX rows of a batched decode step
+// (Forward::run_batch), up to DEC_MAX_SEGS weights reading the same rows (as dec_gemv): each
+// weight is read once for all the rows. x [nb, cols] (already normed) is staged in shared memory
+// (dynamic: nb · G · DEC_XPAD floats and nb · G group sums, G = cols / 64). L = min(8, G) lanes (a
+// power of two) share a weight row, each taking the groups sl, sl + L, ...; per group it turns
+// the packed weights into floats once and dots them with every staged row: the lanes of different
+// rows read the same x addresses (broadcasts) and the L lanes of a row L distinct groups (distinct
+// banks with the DEC_XPAD padding), so shared memory serves the nb rows at the FMA rate. The
+// next group's weights are in flight while this one's are summed. Output row b of a weight is
+// y + b · rows (its rows are the width of its output). Persistent grid over tiles of
+// DEC_WARPS · (32 / L) weight rows; block DEC_WARPS · 32.
+template <int BITS>
+struct BGroup {
+    uint4 q[BITS / 2];
+    float s, b;
+};
+
+template <int BITS>
+__device__ __forceinline__ void bgroup_load(const QWeight& w, long long row, int G, int g, BGroup<BITS>& r) {
+    const int WPG = 2 * BITS;  // u32 words per group
+    // The lane reads its group's words whole (32 or 64 bytes): through L1, so the second 16 bytes
+    // of a sector come from there.
+    const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * ((long long)G * WPG) + (long long)g * WPG);
+#pragma unroll
+    for (int v = 0; v < BITS / 2; v++) r.q[v] = __ldg(qp + v);
+    r.s = bf16_to_f32(w.scales[row * G + g]);
+    r.b = bf16_to_f32(w.biases[row * G + g]);
+}
+
+// acc[b] += group g's share of row · x[b] for b < nb; xg: row 0's group g in shared memory, rows
+// `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
+template <int BITS>
+__device__ __forceinline__ void bgroup_dot(const BGroup<BITS>& r, const float* xg, int xstride,
+                                           const float* xsum_g, int G, int nb, float (&acc)[DEC_B_MAX]) {
+    float a0[DEC_B_MAX], a1[DEC_B_MAX];
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++) a0[b] = a1[b] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < BITS / 2; v++) {
+        u32 words[4] = {r.q[v].x, r.q[v].y, r.q[v].z, r.q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 w = words[i];
+            if (BITS == 4) {
+                // Word 4v+i: columns 8(4v+i) .. +7; low nibbles the even columns, high the odd.
+                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
+                float we[4], wo[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    we[k] = nib_f(lo, NIB_SEL(k));
+                    wo[k] = nib_f(hi, NIB_SEL(k));
+                }
+                int c = 8 * (4 * v + i);
+#pragma unroll
+                for (int b = 0; b < DEC_B_MAX; b++) {
+                    if (b < nb) {
+                        float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
+                        float4 xb = *reinterpret_cast<const float4*>(xg + b * xstride + c + 4);
+                        a0[b] = fmaf(we[0], xa.x, a0[b]);
+                        a1[b] = fmaf(wo[0], xa.y, a1[b]);
+                        a0[b] = fmaf(we[1], xa.z, a0[b]);
+                        a1[b] = fmaf(wo[1], xa.w, a1[b]);
+                        a0[b] = fmaf(we[2], xb.x, a0[b]);
+                        a1[b] = fmaf(wo[2], xb.y, a1[b]);
+                        a0[b] = fmaf(we[3], xb.z, a0[b]);
+                        a1[b] = fmaf(wo[3], xb.w, a1[b]);
+                    }
+                }
+            } else {
+                // Word 4v+i: columns 4(4v+i) .. +3, byte j column j.
+                float w0 = byte_f(w, 0x7440), w1 = byte_f(w, 0x7441);
+                float w2 = byte_f(w, 0x7442), w3 = byte_f(w, 0x7443);
+                int c = 4 * (4 * v + i);
+#pragma unroll
+                for (int b = 0; b < DEC_B_MAX; b++) {
+                    if (b < nb) {
+                        float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
+                        a0[b] = fmaf(w0, xa.x, a0[b]);
+                        a1[b] = fmaf(w1, xa.y, a1[b]);
+                        a0[b] = fmaf(w2, xa.z, a0[b]);
+                        a1[b] = fmaf(w3, xa.w, a1[b]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b < nb) acc[b] += group_term<BITS>(r.s, r.b, a0[b] + a1[b], xsum_g[b * G]);
+}
+
+// acc[b] = the lane's share of row `row` (clamped to the last row) · x[b]: its groups sl + j·L,
+// two deep (the next group's loads in flight while this one is summed).
+template <int BITS>
+__device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L, int sl, const float* xs,
+                                         const float* xsum, int nb, float (&acc)[DEC_B_MAX]) {
+    long long r = min(row, w.rows - 1);
+    int xstride = G * DEC_XPAD;
+    BGroup<BITS> ga, gb;
+    int g = sl;
+    if (g < G) bgroup_load<BITS>(w, r, G, g, ga);
+    for (; g < G; g += 2 * L) {
+        if (g + L < G) bgroup_load<BITS>(w, r, G, g + L, gb);
+        bgroup_dot<BITS>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
+        if (g + L >= G) break;
+        if (g + 2 * L < G) bgroup_load<BITS>(w, r, G, g + 2 * L, ga);
+        bgroup_dot<BITS>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int G = cols >> 6;
+    float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
+    float* xsum = xs + nb * G * DEC_XPAD;    // [nb][G]
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int L = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
+    int rpw = 32 / L, sub = lane / L, sl = lane % L;
+    dec_wait();
+    // The rows, 16 bytes at a time (cols % 64 == 0: a float4 never straddles a group or a row).
+    int n4 = nb * cols / 4;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        int b = (4 * i) / cols, c = (4 * i) % cols;
+        float4 v = *reinterpret_cast<const float4*>(x + (long long)b * cols + c);
+        *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
+    }
+    __syncthreads();
+    // Each (row, group)'s sum, as stage_slow sums a group.
+    for (int bg = warp; bg < nb * G; bg += DEC_WARPS) {
+        float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
+        if (lane == 0) xsum[bg] = s;
+    }
+    __syncthreads();
+    for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
+        DecSeg sg = seg_of(segs, tile);
+        int row = (tile - sg.tile0) * DEC_WARPS * rpw + warp * rpw + sub;
+        float acc[DEC_B_MAX];
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;
+        if (sg.w.bits == 4)
+            brow_dot<4>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+        else
+            brow_dot<8>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++)
+            for (int o = L >> 1; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+        if (sl == 0 && row < sg.w.rows) {
+#pragma unroll
+            for (int b = 0; b < DEC_B_MAX; b++)
+                if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row, sg.mode, acc[b]);
+        }
+    }
+    dec_trigger_late();
+}

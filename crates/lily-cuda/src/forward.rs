@@ -19,7 +19,9 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{AttentionKernels, DecodePath, Dense, Experts, Plan, Router};
-use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe};
+use crate::weights::{
+    DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
+};
 
 const F32: usize = 4;
 
@@ -428,18 +430,31 @@ impl Forward<'_> {
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     gpu.profile_scope("batch attention");
-                    self.attention_in(a, rows)?;
+                    let qkv = [
+                        (&a.q_proj, Out::Store(s.qg.ptr)),
+                        (&a.k_proj, Out::Store(s.k.ptr)),
+                        (&a.v_proj, Out::Store(s.v.ptr)),
+                    ];
+                    self.project_batch(s.xn.ptr, h, rows, &qkv)?;
                     for (row, seq) in seqs.iter().enumerate() {
                         let (kc, vc) = &seq.kv[attn_i];
                         let keys = seq.len + 1;
                         self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
                     }
                     attn_i += 1;
-                    self.attention_out(a, rows)?;
+                    let hqd = cfg.n_heads * cfg.head_dim;
+                    let o = [(&a.o_proj, Out::AddToResidual(s.x.ptr))];
+                    self.project_batch(s.attn_o.ptr, hqd, rows, &o)?;
                 }
                 DevMixer::DeltaNet(d) => {
                     gpu.profile_scope("batch deltanet");
-                    self.deltanet_in(d, rows)?;
+                    let inputs = [
+                        (&d.in_qkv, Out::Store(s.m.ptr)),
+                        (&d.in_z, Out::Store(s.z.ptr)),
+                        (&d.in_b, Out::Store(s.b.ptr)),
+                        (&d.in_a, Out::Store(s.a.ptr)),
+                    ];
+                    self.project_batch(s.xn.ptr, h, rows, &inputs)?;
                     for (row, seq) in seqs.iter().enumerate() {
                         let (state, conv) = &seq.dn[dn_i];
                         match self.plan.batch_scan(cfg) {
@@ -452,12 +467,14 @@ impl Forward<'_> {
                         }
                     }
                     dn_i += 1;
-                    self.deltanet_out(d, rows)?;
+                    self.deltanet_gated_norm(d, rows)?;
+                    let out = [(&d.out_proj, Out::AddToResidual(s.x.ptr))];
+                    self.project_batch(s.dn_y.ptr, cfg.dn_value_dim(), rows, &out)?;
                 }
             }
             gpu.profile_scope("batch moe");
             self.norm(x, layer.post_norm.ptr, rows)?;
-            self.moe(&layer.moe, rows)?;
+            self.moe_batch(&layer.moe, rows)?;
         }
         gpu.profile_scope("batch head");
         for seq in seqs {
@@ -465,18 +482,85 @@ impl Forward<'_> {
         }
         self.norm(x, model.final_norm.ptr, rows)?;
         let v = cfg.vocab;
-        let all = Rows::new(logits, v);
-        self.project(
-            &model.lm_head,
-            Rows::new(s.xn.ptr, h),
-            all,
-            rows,
-            Store::Overwrite,
-        )?;
+        self.project_batch(s.xn.ptr, h, rows, &[(&model.lm_head, Out::Store(logits))])?;
         for (row, seq) in seqs.iter().enumerate() {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
         Ok(())
+    }
+
+    /// The projections of one input for the `rows` rows of a batched decode step (x: f32
+    /// [rows, cols]), as `Plan::batch_projections` says: decode.cu's `dec_gemv_rows` in one
+    /// launch, or each weight's B-token kernel (`project`; the router's exact `router_logits`).
+    /// Output row b of a weight of r rows goes to its pointer + b · r floats.
+    fn project_batch(
+        &self,
+        x: u64,
+        cols: usize,
+        rows: usize,
+        outs: &[(&DevLinear, Out)],
+    ) -> Result<()> {
+        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
+        match self.plan.batch_projections(&shapes) {
+            DecodePath::Fused => self
+                .kernels
+                .decode
+                .project_rows(self.gpu, x, cols, rows, outs),
+            DecodePath::PerKernel => {
+                let xr = Rows::new(x, cols);
+                for &(w, out) in outs {
+                    match out {
+                        Out::Store(y) => {
+                            self.project(w, xr, Rows::new(y, w.rows), rows, Store::Overwrite)?
+                        }
+                        Out::AddToResidual(y) => {
+                            self.project(w, xr, Rows::new(y, w.rows), rows, Store::AddToResidual)?
+                        }
+                        Out::Exact(y) => self.router_logits(w, xr, Rows::new(y, w.rows), rows)?,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn): the router and the
+    /// shared expert's gate, gate and up projections of xn together (`project_batch`), the
+    /// routing, the routed experts grouped over the rows' picks, the shared expert's down
+    /// projection, the combine into the residual.
+    fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (h, sinter) = (cfg.hidden, cfg.shared_inter);
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+            (&m.shared_gate, Out::Store(s.sg.ptr)),
+            (&m.shared_up, Out::Store(s.su.ptr)),
+        ];
+        self.project_batch(s.xn.ptr, h, rows, &first)?;
+        let route = Route {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            n_tok: rows,
+            shape: MoeShape::of(cfg),
+        };
+        k.moe.route(gpu, &route)?;
+        self.routed_experts(m, rows, None)?;
+        let shared_silu = SiluMul {
+            g: s.sg.ptr,
+            u: s.su.ptr,
+            h: s.sh.ptr,
+            n: rows * sinter,
+        };
+        k.moe.silu_mul(gpu, &shared_silu)?;
+        self.project_batch(
+            s.sh.ptr,
+            sinter,
+            rows,
+            &[(&m.shared_down, Out::Store(s.sy.ptr))],
+        )?;
+        self.combine(rows)
     }
 
     /// scratch.xn[..rows] = RMSNorm(x[..rows]) · weight.
@@ -876,6 +960,17 @@ impl Forward<'_> {
     /// The gated norm of `n` rows of scratch.dn_o with scratch.z, then out_proj, added into the
     /// residual.
     fn deltanet_out(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.scratch);
+        let vd = cfg.dn_value_dim();
+        self.deltanet_gated_norm(dnw, n)?;
+        let y = Rows::new(s.dn_y.ptr, vd);
+        let yb = self.stage_bf16(y, n, vd, n)?;
+        let x = Rows::new(s.x.ptr, cfg.hidden);
+        self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
+    }
+
+    /// The gated norm of `n` rows of scratch.dn_o with scratch.z into scratch.dn_y.
+    fn deltanet_gated_norm(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let vd = cfg.dn_value_dim();
         let gn = GatedNorm {
@@ -887,19 +982,14 @@ impl Forward<'_> {
             n_tok: n,
             eps: cfg.rms_eps,
         };
-        k.deltanet.gated_norm(gpu, DnShape::of(cfg), &gn)?;
-        let y = Rows::new(s.dn_y.ptr, vd);
-        let yb = self.stage_bf16(y, n, vd, n)?;
-        let x = Rows::new(s.x.ptr, cfg.hidden);
-        self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
+        k.deltanet.gated_norm(gpu, DnShape::of(cfg), &gn)
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
     pub fn moe(&self, m: &DevMoe, n: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
-        let (e, top_k, inter, sinter) =
-            (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
+        let (e, sinter) = (cfg.n_experts, cfg.shared_inter);
         let shape = MoeShape::of(cfg);
         let xn = Rows::new(s.xn.ptr, h);
         self.router_logits(&m.router, xn, Rows::new(s.router.ptr, e), n)?;
@@ -920,6 +1010,29 @@ impl Forward<'_> {
         self.project_staged(&m.shared_up, xn, xb, su, n, Store::Overwrite)?;
         let s_gate = Rows::new(s.s_gate.ptr, 1);
         self.project_staged(&m.shared_expert_gate, xn, xb, s_gate, n, Store::Overwrite)?;
+        self.routed_experts(m, n, xb)?;
+        let shared_silu = SiluMul {
+            g: s.sg.ptr,
+            u: s.su.ptr,
+            h: s.sh.ptr,
+            n: n * sinter,
+        };
+        k.moe.silu_mul(gpu, &shared_silu)?;
+        let sh = Rows::new(s.sh.ptr, sinter);
+        let shb = self.stage_bf16(sh, n, sinter, n)?;
+        let sy = Rows::new(s.sy.ptr, h);
+        self.project_staged(&m.shared_down, sh, shb, sy, n, Store::Overwrite)?;
+        self.combine(n)
+    }
+
+    /// The routed experts of `n` rows of scratch.xn (`xb`: staged as bf16), routed in
+    /// scratch.ids, into scratch.ey, with the kernels `Plan::experts` names.
+    fn routed_experts(&self, m: &DevMoe, n: usize, xb: Option<Rows>) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let h = cfg.hidden;
+        let (e, top_k, inter) = (cfg.n_experts, cfg.top_k, cfg.expert_inter);
+        let shape = MoeShape::of(cfg);
+        let xn = Rows::new(s.xn.ptr, h);
         let items = n * top_k;
         let (eg, eu) = (Rows::new(s.eg.ptr, inter), Rows::new(s.eu.ptr, inter));
         let (eh, ey) = (Rows::new(s.eh.ptr, inter), Rows::new(s.ey.ptr, h));
@@ -1000,17 +1113,13 @@ impl Forward<'_> {
                 k.linear.gather(gpu, &gather(&m.down, eh, 1, ey))?;
             }
         }
-        let shared_silu = SiluMul {
-            g: s.sg.ptr,
-            u: s.su.ptr,
-            h: s.sh.ptr,
-            n: n * sinter,
-        };
-        k.moe.silu_mul(gpu, &shared_silu)?;
-        let sh = Rows::new(s.sh.ptr, sinter);
-        let shb = self.stage_bf16(sh, n, sinter, n)?;
-        let sy = Rows::new(s.sy.ptr, h);
-        self.project_staged(&m.shared_down, sh, shb, sy, n, Store::Overwrite)?;
+        Ok(())
+    }
+
+    /// x += Σ_k w_k · ey_k + sigmoid(s_gate) · sy for `n` rows (moe_combine).
+    fn combine(&self, n: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (h, top_k) = (cfg.hidden, cfg.top_k);
         let combine = Combine {
             x: s.x.ptr,
             y_experts: s.ey.ptr,

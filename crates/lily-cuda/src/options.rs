@@ -84,6 +84,10 @@ lily_core::backend_options! {
             label "fused decode",
             help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
             why "the per-kernel form serves weights decode.cu does not read";
+        fused_batch = true, flag Some("no-fused-batch"), env "LILY_FUSED_BATCH" = true,
+            label "fused batched decode",
+            help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
+            why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -193,6 +197,7 @@ mod tests {
             ("LILY_TENSOR_CORES", "0"),
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
+            ("LILY_FUSED_BATCH", "0"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -229,6 +234,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
+                fused_batch: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

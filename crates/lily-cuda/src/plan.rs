@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
-//! | batched decode: B sequences, one token each (2 ≤ B ≤ 8, `Forward::run_batch`) | `linear` / `linear_wide` over the B rows, lm_head too | `linear` exact | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | per sequence `dec_dn_conv` + `dec_dn_step` (`batch_scan`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; o_proj, out_proj, shared down, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | in the xn launch with the shared expert's gate, gate and up, exact (`--no-fused-batch`: `linear` exact) | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | per sequence `dec_dn_conv` + `dec_dn_step` (`batch_scan`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -406,6 +406,25 @@ impl Plan {
         self.fused_if(1, fits)
     }
 
+    /// The projections of one input in a batched decode step (`Forward::run_batch`, one token
+    /// of each of B sequences): decode.cu's `dec_gemv_rows` in one launch (each weight read once
+    /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
+    /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
+    /// most decode::MAX_SEGS of them; else `dense`'s kernel for a B-token step (`router` for the
+    /// router), one launch a weight.
+    pub fn batch_projections(&self, ws: &[LinearShape]) -> DecodePath {
+        let fits = !ws.is_empty()
+            && ws.len() <= decode::MAX_SEGS
+            && ws
+                .iter()
+                .all(|w| decode::serves(w) && w.experts == 1 && w.cols == ws[0].cols);
+        if self.o.fused_batch {
+            self.fused_if(1, fits)
+        } else {
+            DecodePath::PerKernel
+        }
+    }
+
     /// One-token steps of a MoE block: fused when every expert weight fits.
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
@@ -617,6 +636,52 @@ mod tests {
         assert!(p.describe().contains("wgmma prefill GEMM off"));
     }
 
+    #[test]
+    fn batched_projections_fuse_what_decode_cu_reads_under_their_switches() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let on = Plan::resolve(&CudaOptions::default(), H200);
+        let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
+        assert_eq!(on.batch_projections(&fused), DecodePath::Fused);
+        assert_eq!(on.batch_projections(&[w(2048, 4096, 4)]), DecodePath::Fused);
+        // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
+        // expert stack: each weight's B-token kernel.
+        let per_kernel: [&[LinearShape]; 6] = [
+            &[w(2048, 2048, 3)],
+            &[w(2048, 8192, 4)],
+            &[w(2048, 2048, 4), w(2048, 1024, 4)],
+            &[w(64, 2048, 4); decode::MAX_SEGS + 1],
+            &[],
+            &[mlx(512, 2048, 4, 8)],
+        ];
+        for ws in per_kernel {
+            assert_eq!(on.batch_projections(ws), DecodePath::PerKernel, "{ws:?}");
+        }
+        let mut group = w(2048, 2048, 4);
+        group.group = 32;
+        assert_eq!(on.batch_projections(&[group]), DecodePath::PerKernel);
+        // Off under either switch.
+        for o in [
+            CudaOptions {
+                fused_batch: false,
+                ..CudaOptions::default()
+            },
+            CudaOptions {
+                fused_decode: false,
+                ..CudaOptions::default()
+            },
+        ] {
+            let p = Plan::resolve(&o, H200);
+            assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
+        }
+        // The batched step itself is off unless asked for.
+        assert!(!on.batched_decode());
+        let batched = CudaOptions {
+            batched_decode: true,
+            ..CudaOptions::default()
+        };
+        assert!(Plan::resolve(&batched, H200).batched_decode());
+    }
+
     /// The module comment's table, row by row, for the full shape at 1, 512, 4K, 32K and 128K
     /// tokens of context (each prompt in chunks of 4,096; the last chunk of a 32K or 128K prompt
     /// is a full one at that context), from the shapes of the shipped MLX checkpoint.
@@ -656,11 +721,35 @@ mod tests {
             );
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
-        // A batched decode step: the rows' projections as a short step's, each sequence's
-        // attention as one token's, its DeltaNet scan decode.cu's.
+        // A batched decode step: the projections of each input in one dec_gemv_rows launch
+        // (q/k/v; DeltaNet's four; the router with the shared expert's gate, gate and up;
+        // o_proj, out_proj, shared down and lm_head alone), the routed experts grouped over
+        // the rows' picks, each sequence's attention as one token's, its DeltaNet scan
+        // decode.cu's.
+        let k = mlx(cfg.n_kv_heads * cfg.head_dim, h, 4, 1);
+        let dn_b = mlx(cfg.dn_v_heads, h, 4, 1);
+        let out_proj = mlx(h, cfg.dn_value_dim(), 4, 1);
+        let s_gate = mlx(1, h, 8, 1);
+        let s_up = mlx(cfg.shared_inter, h, 4, 1);
+        let s_down = mlx(h, cfg.shared_inter, 4, 1);
+        let z = mlx(cfg.dn_value_dim(), h, 4, 1);
+        for ws in [
+            &[q, k, k][..],
+            &[in_qkv, z, dn_b, dn_b],
+            &[router, s_gate, s_up, s_up],
+            &[o],
+            &[out_proj],
+            &[s_down],
+            &[lm_head],
+        ] {
+            assert_eq!(p.batch_projections(ws), DecodePath::Fused, "{ws:?}");
+        }
         assert_eq!(p.batch_scan(&cfg), DecodePath::Fused);
         for b in [2, 8] {
-            assert_eq!(p.dense(&lm_head, b, false), Dense::Linear);
+            assert_eq!(
+                p.experts([&gate, &gate, &down], moe, b),
+                Experts::LinearGrouped
+            );
         }
         // Short multi-token steps: CUDA cores.
         for n in [2, 4, 8, 15] {

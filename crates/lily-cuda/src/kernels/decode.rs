@@ -44,6 +44,13 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 pub const DN_PARTS: usize = 8;
 pub const DN_COLS: usize = 16;
+/// Most rows (sequences of a batched decode step) one `dec_gemv_rows` launch dots each weight with
+/// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
+/// BATCH_SMEM_MAX, take several launches of at most that many rows each.
+pub const BATCH_MAX: usize = 8;
+/// Dynamic shared memory a `dec_gemv_rows` block may take: what every supported architecture
+/// lets a kernel opt in to (sm_86 / sm_89 / sm_120: 99 KB).
+const BATCH_SMEM_MAX: usize = 96 * 1024;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
@@ -70,6 +77,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
+        ("DEC_B_MAX", BATCH_MAX as i64),
     ],
 };
 
@@ -114,6 +122,29 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && down.cols == sdown.cols
         && down.rows == sdown.rows
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
+}
+
+/// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
+/// the rows padded, and their group sums.
+fn rows_smem(cols: usize, rows: usize) -> usize {
+    rows * (cols / 64) * (XPAD + 1) * 4
+}
+
+/// Rows one `dec_gemv_rows` launch takes for inputs of `cols` columns (at least 1 for any
+/// width `serves` accepts: 4,096 columns stage 17.7 KB a row).
+pub fn rows_per_launch(cols: usize) -> usize {
+    (1..=BATCH_MAX)
+        .rev()
+        .find(|&r| rows_smem(cols, r) <= BATCH_SMEM_MAX)
+        .unwrap_or(1)
+}
+
+/// Lanes that share one row of `cols` columns in `dec_gemv_rows` (a power of two, at most 8),
+/// and rows per warp step.
+fn rows_lanes(cols: usize) -> (usize, usize) {
+    let g = cols / 64;
+    let l = [8, 4, 2, 1].into_iter().find(|&l| g >= l).unwrap_or(1);
+    (l, 32 / l)
 }
 
 /// Lanes that share one row of `cols` columns, and rows per warp step.
@@ -275,6 +306,7 @@ pub struct DnStep {
 
 pub struct Decode {
     gemv: Kernel,
+    gemv_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -291,6 +323,7 @@ impl Decode {
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         Ok(Decode {
             gemv: k("dec_gemv")?,
+            gemv_rows: k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -386,6 +419,80 @@ impl Decode {
                 .arg(&staged_out)
                 .arg(&cols);
         })
+    }
+
+    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
+    /// normed), each weight read once for all of them (`dec_gemv_rows`, BATCH_MAX rows a launch
+    /// at most): output row b of a weight of `r` rows goes to its pointer + b · r floats.
+    pub fn project_rows(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        cols: usize,
+        rows: usize,
+        outs: &[(&DevLinear, Out)],
+    ) -> Result<()> {
+        if outs.is_empty() || outs.len() > MAX_SEGS {
+            bail!("dec_gemv_rows: {} projections (1..={MAX_SEGS})", outs.len());
+        }
+        if rows == 0 {
+            bail!("dec_gemv_rows: no input rows");
+        }
+        if !x.is_multiple_of(16) {
+            bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
+        }
+        let (_, rpw) = rows_lanes(cols);
+        let rows_per_tile = WARPS * rpw;
+        let empty = DecSeg {
+            w: QWeightArg::default(),
+            y: 0,
+            mode: 0,
+            tile0: i32::MAX,
+        };
+        let mut segs = DecSegs {
+            s: [empty; MAX_SEGS],
+            n: outs.len() as i32,
+            tiles: 0,
+        };
+        let mut total = 0usize;
+        for (i, (w, out)) in outs.iter().enumerate() {
+            if !serves(&w.shape()) || w.cols != cols || w.experts != 1 {
+                bail!(
+                    "dec_gemv_rows: a {}x{} {}-bit weight (group {}) on a {cols}-wide input",
+                    w.rows,
+                    w.cols,
+                    w.bits,
+                    w.group,
+                );
+            }
+            let (y, mode) = out.parts();
+            segs.s[i] = DecSeg {
+                w: w.arg(),
+                y,
+                mode,
+                tile0: total as i32,
+            };
+            total += w.rows.div_ceil(rows_per_tile);
+        }
+        segs.tiles = total as i32;
+        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        let per_launch = rows_per_launch(cols);
+        let mut b0 = 0;
+        while b0 < rows {
+            let nb = per_launch.min(rows - b0);
+            let mut at = segs;
+            for (i, (w, _)) in outs.iter().enumerate() {
+                at.s[i].y += (b0 * w.rows * 4) as u64;
+            }
+            let xb = x + (b0 * cols * 4) as u64;
+            let (nb_arg, cols_arg) = (nb as i32, cols as i32);
+            let cfg = config((grid, 1, 1), (WARPS * 32) as u32, rows_smem(cols, nb));
+            gpu.launch(&self.gemv_rows, cfg, |l| {
+                l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
+            })?;
+            b0 += nb;
+        }
+        Ok(())
     }
 
     pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {

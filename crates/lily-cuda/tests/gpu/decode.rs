@@ -303,3 +303,98 @@ fn wide_decode_gemvs_match_cpu() {
     check("dec_gemv 20000 rows", &got, &matmul(&w, &x), 1e-5);
     println!("KERNEL decode.cu wide GEMVs match the CPU");
 }
+
+/// `dec_gemv_rows` (a batched decode step's projections, `Decode::project_rows`) against the CPU:
+/// at the model's widths (2048; 4096, whose eight rows take two launches, 5 + 3) and narrow ones
+/// (64 and 256 columns: 1 and 4 lanes a weight row), 1, 2, 3, 8 and 11 rows (more than a launch
+/// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
+/// (the router's and the shared-expert gate's width) and every store mode (stored, added into a
+/// residual, exact), outputs poisoned first. fp32: 1e-5 as the one-row GEMVs; bf16 inputs and
+/// stores: each output rounded as the kernel rounds it, 1e-2.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_gemv_rows_match_cpu() {
+    let rows_of = [300usize, 77, 16, 1];
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let r = |v: f32| {
+            if bf16_activations {
+                round_bf16(v)
+            } else {
+                v
+            }
+        };
+        let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+        let mut rng = Rng(41);
+        for cols in [2048usize, 4096, 64, 256] {
+            let bits = [4u32, 4, 8, 8];
+            let ws: Vec<Linear> = rows_of
+                .iter()
+                .zip(bits)
+                .map(|(&n, b)| linear(&mut rng, b, 1, n, cols))
+                .collect();
+            let dws: Vec<DevLinear> = ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+                .collect();
+            for nb in [1usize, 2, 3, 8, 11] {
+                let what = format!("dec_gemv_rows {cols} cols, {nb} rows, bf16 {bf16_activations}");
+                let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(r).collect();
+                let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
+                let xd = d.upload(&x).unwrap();
+                let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
+                d.write(&outs_dev[1], 0, &resid).unwrap();
+                let outs = [
+                    (&dws[0], Out::Store(outs_dev[0].ptr)),
+                    (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                    (&dws[2], Out::Exact(outs_dev[2].ptr)),
+                    (&dws[3], Out::Store(outs_dev[3].ptr)),
+                ];
+                d.k.decode
+                    .project_rows(&d, xd.ptr, cols, nb, &outs)
+                    .unwrap();
+                for (i, n) in rows_of.iter().enumerate() {
+                    let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
+                    let mut want = Vec::with_capacity(nb * n);
+                    for b in 0..nb {
+                        let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
+                        want.extend(y.iter().enumerate().map(|(j, &v)| match i {
+                            1 => r(resid[b * n + j] + r(v)),
+                            2 => v,
+                            _ => r(v),
+                        }));
+                    }
+                    check(
+                        &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                        &got,
+                        &want,
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+    // Bad calls are refused with a message, nothing launched.
+    let d = gpu();
+    let mut rng = Rng(43);
+    let w = upload_linear(&d, "w", &linear(&mut rng, 4, 1, 16, 128)).unwrap();
+    let buf = poisoned(&d, 4 * 128);
+    let out = [(&w, Out::Store(buf.ptr))];
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr, 256, 2, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("256-wide"), "{e}");
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr, 128, 0, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("no input rows"), "{e}");
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr + 4, 128, 1, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("16-byte"), "{e}");
+    println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
+}
