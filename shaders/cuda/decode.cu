@@ -943,9 +943,8 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
 // dec_dn_conv: c = silu(conv(m)) for one token and the conv state shifted by it: dn_conv then
 // dn_conv_state in one launch (each thread owns its channel, so nothing is read after another
 // block wrote it). grid ceil(conv_dim / 128), block 128.
-extern "C" __global__ void __launch_bounds__(128)
-dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
-            float* __restrict__ c, int conv_dim, int k) {
+__device__ __forceinline__ void dn_conv_one(const float* __restrict__ m, float* __restrict__ conv_state,
+                                            const float* __restrict__ w, float* __restrict__ c, int conv_dim, int k) {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     bool live = ch < conv_dim;
     // Before pdl_wait: the conv state (last written by this layer's previous step, long done)
@@ -973,15 +972,31 @@ dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const f
         if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
 }
 
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
+            float* __restrict__ c, int conv_dim, int k) {
+    dn_conv_one(m, conv_state, w, c, conv_dim, k);
+}
+
+// dec_dn_conv_rows: dec_dn_conv for each sequence of a batched decode step, sequence b in
+// blockIdx.y: its token at row b of m and c ([B, conv_dim]), its conv state conv_states[b] (a
+// table the host writes once per batch composition, read before pdl_wait like the state).
+// grid (ceil(conv_dim / 128), B), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv_rows(const float* __restrict__ m, float* const* __restrict__ conv_states, const float* __restrict__ w,
+                 float* __restrict__ c, int conv_dim, int k) {
+    long long row = (long long)blockIdx.y * conv_dim;
+    dn_conv_one(m + row, conv_states[blockIdx.y], w, c + row, conv_dim, k);
+}
+
 // dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
 // every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and
 // computes α, β of its V head, then updates its DEC_DN_COLS state columns as dn_recurrent does.
-extern "C" __global__ void __launch_bounds__(128)
-dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
-            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
-            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
-    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
-    __shared__ float ab_s[2];
+__device__ __forceinline__ void dn_step_one(const float* __restrict__ c, const float* __restrict__ b,
+                                            const float* __restrict__ a, const float* __restrict__ a_log,
+                                            const float* __restrict__ dt_bias, float* __restrict__ state,
+                                            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv,
+                                            float eps, float* q_s, float* k_s, float* ab_s) {
     int hv = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = lane % DEC_DN_PARTS;
@@ -1026,6 +1041,31 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
+            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
+    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
+    __shared__ float ab_s[2];
+    dn_step_one(c, b, a, a_log, dt_bias, state, o, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
+}
+
+// dec_dn_step_rows: dec_dn_step for each sequence of a batched decode step, sequence r in
+// blockIdx.z: its token at row r of c [B, conv_dim], b and a [B, n_v_heads], o [B, n_v_heads · dv],
+// its recurrent state states[r] (a table the host writes once per batch composition).
+// grid (n_v_heads, dv / DEC_DN_COLS, B), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+                 const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* const* __restrict__ states,
+                 float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
+    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
+    __shared__ float ab_s[2];
+    long long r = blockIdx.z;
+    long long conv_dim = 2LL * n_k_heads * dk + (long long)n_v_heads * dv;
+    dn_step_one(c + r * conv_dim, b + r * n_v_heads, a + r * n_v_heads, a_log, dt_bias, states[r],
+                o + r * n_v_heads * dv, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
 }
 
 // ---- Batched decode (several sequences, one token each) -----------------------------------------

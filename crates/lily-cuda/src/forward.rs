@@ -18,7 +18,7 @@ use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use crate::plan::{AttentionKernels, DecodePath, Dense, Experts, Plan, Router};
+use crate::plan::{AttentionKernels, BatchScan, DecodePath, Dense, Experts, Plan, Router};
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
 };
@@ -404,7 +404,17 @@ impl Forward<'_> {
     /// state and position (`Plan::batch_scan` names the scan). lm_head writes the rows' logits
     /// into `logits` ([rows, vocab]), each row then copied into its sequence's `logits`; every
     /// position advances by one. Like `run`, nothing waits on the host (graph-capturable).
-    pub fn run_batch(&self, model: &DevModel, seqs: &[&SeqState], logits: u64) -> Result<()> {
+    ///
+    /// `table`: the device copy of `batch_table(seqs)` where the plan's `batch_scan` is
+    /// `BatchScan::Rows` (the scans of all sequences in one launch read their states through
+    /// it), else unused (0). Like the graphs, it holds for exactly these sequences in this order.
+    pub fn run_batch(
+        &self,
+        model: &DevModel,
+        seqs: &[&SeqState],
+        logits: u64,
+        table: u64,
+    ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let (h, rows) = (cfg.hidden, seqs.len());
         if rows == 0 || rows > s.chunk {
@@ -455,14 +465,23 @@ impl Forward<'_> {
                         (&d.in_a, Out::Store(s.a.ptr)),
                     ];
                     self.project_batch(s.xn.ptr, h, rows, &inputs)?;
-                    for (row, seq) in seqs.iter().enumerate() {
-                        let (state, conv) = &seq.dn[dn_i];
-                        match self.plan.batch_scan(cfg) {
-                            DecodePath::Fused => {
-                                self.deltanet_scan_one_token(d, state.ptr, conv.ptr, row)?
+                    match self.plan.batch_scan(cfg) {
+                        BatchScan::Rows => {
+                            if table == 0 {
+                                bail!("a batched step's DeltaNet scans need the state table");
                             }
-                            DecodePath::PerKernel => {
-                                self.deltanet_scan(d, state.ptr, conv.ptr, 1, row)?
+                            let states = table + (dn_i * 2 * rows * 8) as u64;
+                            let convs = states + (rows * 8) as u64;
+                            self.deltanet_scan_rows(d, states, convs, rows)?;
+                        }
+                        scan => {
+                            for (row, seq) in seqs.iter().enumerate() {
+                                let (state, conv) = &seq.dn[dn_i];
+                                if scan == BatchScan::OneToken {
+                                    self.deltanet_scan_one_token(d, state.ptr, conv.ptr, row)?
+                                } else {
+                                    self.deltanet_scan(d, state.ptr, conv.ptr, 1, row)?
+                                }
                             }
                         }
                     }
@@ -487,6 +506,55 @@ impl Forward<'_> {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
         Ok(())
+    }
+
+    /// The pointer table of a batched step's DeltaNet scans (`BatchScan::Rows`): u64 [DeltaNet
+    /// layers][2][rows], each layer's recurrent states then its conv states, one a sequence in
+    /// `seqs`'s order.
+    pub fn batch_table(seqs: &[&SeqState]) -> Vec<u64> {
+        let layers = seqs.first().map_or(0, |s| s.dn.len());
+        let mut t = Vec::with_capacity(layers * 2 * seqs.len());
+        for i in 0..layers {
+            t.extend(seqs.iter().map(|s| s.dn[i].0.ptr));
+            t.extend(seqs.iter().map(|s| s.dn[i].1.ptr));
+        }
+        t
+    }
+
+    /// The conv and recurrent step of the `rows` sequences of a batched step in one launch
+    /// each, their tokens at rows 0.. of scratch.m / b / a, into those rows of scratch.dn_o;
+    /// `states` and `convs`: device tables of each row's recurrent and conv state pointers.
+    fn deltanet_scan_rows(
+        &self,
+        d: &DevDeltaNet,
+        states: u64,
+        convs: u64,
+        rows: usize,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let c = DnConv {
+            m: s.m.ptr,
+            conv_state: convs,
+            weight: d.conv.ptr,
+            c: s.c.ptr,
+            conv_dim: cfg.conv_dim(),
+            kernel: cfg.conv_kernel,
+        };
+        k.decode.dn_conv_rows(gpu, &c, rows)?;
+        let step = DnStep {
+            c: s.c.ptr,
+            b: s.b.ptr,
+            a: s.a.ptr,
+            a_log: d.a_log.ptr,
+            dt_bias: d.dt_bias.ptr,
+            state: states,
+            o: s.dn_o.ptr,
+            n_k: cfg.dn_k_heads,
+            n_v: cfg.dn_v_heads,
+            dk: cfg.dn_k_dim,
+            dv: cfg.dn_v_dim,
+        };
+        k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows)
     }
 
     /// The projections of one input for the `rows` rows of a batched decode step (x: f32

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; o_proj, out_proj, shared down, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | in the xn launch with the shared expert's gate, gate and up, exact (`--no-fused-batch`: `linear` exact) | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | per sequence `dec_dn_conv` + `dec_dn_step` (`batch_scan`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; o_proj, out_proj, shared down, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | in the xn launch with the shared expert's gate, gate and up, exact (`--no-fused-batch`: `linear` exact) | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -117,6 +117,18 @@ pub enum DecodePath {
     Fused,
     /// The same launches as a prefill chunk's, for one token.
     PerKernel,
+}
+
+/// How a batched decode step runs each sequence's DeltaNet conv and recurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchScan {
+    /// decode.cu's `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each
+    /// (the sequence in a grid dimension, its states through a pointer table).
+    Rows,
+    /// Per sequence, decode.cu's `dec_dn_conv` + `dec_dn_step`.
+    OneToken,
+    /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
+    Chunk,
 }
 
 /// Where the next token is picked.
@@ -389,13 +401,12 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
-    /// The DeltaNet conv and recurrence of each sequence of a batched decode step (one token
-    /// each, `Forward::run_batch`): decode.cu's `dec_dn_conv` + `dec_dn_step` where the one-token
-    /// step fuses them (`fused_decode` and the head shapes fit), else a one-token chunk's
-    /// `dn_conv` + `dn_prep` + `dn_recurrent`. Every other kernel of a batched step is the one
-    /// a step of that many tokens takes (`dense`, `router`, `experts`; `attention` of one token
-    /// per sequence).
-    pub fn batch_scan(&self, cfg: &ModelConfig) -> DecodePath {
+    /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
+    /// each, `Forward::run_batch`): where the one-token step fuses them (`fused_decode` and the
+    /// head shapes fit) decode.cu's kernels, all sequences in one launch each under
+    /// `fused_batch` (`Rows`), else one sequence at a time (`OneToken`); otherwise a one-token
+    /// chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
+    pub fn batch_scan(&self, cfg: &ModelConfig) -> BatchScan {
         let fits = Decode::dn_serves(
             cfg.dn_k_heads,
             cfg.dn_v_heads,
@@ -403,7 +414,11 @@ impl Plan {
             cfg.dn_v_dim,
             cfg.conv_kernel,
         );
-        self.fused_if(1, fits)
+        match self.fused_if(1, fits) {
+            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows,
+            DecodePath::Fused => BatchScan::OneToken,
+            DecodePath::PerKernel => BatchScan::Chunk,
+        }
     }
 
     /// The projections of one input in a batched decode step (`Forward::run_batch`, one token
@@ -673,6 +688,26 @@ mod tests {
             let p = Plan::resolve(&o, H200);
             assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
         }
+        // The DeltaNet scans: one launch for all sequences, one a sequence without
+        // fused_batch, a chunk's kernels without fused_decode.
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows);
+        let first = CudaOptions {
+            fused_batch: false,
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            Plan::resolve(&first, H200).batch_scan(&cfg),
+            BatchScan::OneToken
+        );
+        let unfused = CudaOptions {
+            fused_decode: false,
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            Plan::resolve(&unfused, H200).batch_scan(&cfg),
+            BatchScan::Chunk
+        );
         // The batched step itself is off unless asked for.
         assert!(!on.batched_decode());
         let batched = CudaOptions {
@@ -744,7 +779,7 @@ mod tests {
         ] {
             assert_eq!(p.batch_projections(ws), DecodePath::Fused, "{ws:?}");
         }
-        assert_eq!(p.batch_scan(&cfg), DecodePath::Fused);
+        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
         for b in [2, 8] {
             assert_eq!(
                 p.experts([&gate, &gate, &down], moe, b),

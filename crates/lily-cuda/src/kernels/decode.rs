@@ -315,6 +315,8 @@ pub struct Decode {
     down_combine: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
+    dn_conv_rows: Kernel,
+    dn_step_rows: Kernel,
 }
 
 impl Decode {
@@ -332,6 +334,8 @@ impl Decode {
             down_combine: k("dec_down_combine")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
+            dn_conv_rows: k("dec_dn_conv_rows")?,
+            dn_step_rows: k("dec_dn_step_rows")?,
         })
     }
 
@@ -587,12 +591,28 @@ impl Decode {
     }
 
     pub fn dn_conv(&self, gpu: &Gpu, a: &DnConv) -> Result<()> {
+        self.dn_conv_launch(gpu, a, None)
+    }
+
+    /// `dn_conv` for the `rows` sequences of a batched decode step in one launch: `a.m` and `a.c`
+    /// are row 0 of [rows, conv_dim], `a.conv_state` a device table of `rows` conv-state
+    /// pointers (u64), row b's state at entry b.
+    pub fn dn_conv_rows(&self, gpu: &Gpu, a: &DnConv, rows: usize) -> Result<()> {
+        self.dn_conv_launch(gpu, a, Some(rows))
+    }
+
+    fn dn_conv_launch(&self, gpu: &Gpu, a: &DnConv, rows: Option<usize>) -> Result<()> {
         if !(1..=DN_MAX_K).contains(&a.kernel) {
             bail!("dec_dn_conv: {} conv taps (1..={DN_MAX_K})", a.kernel);
         }
+        let (kernel, n) = match rows {
+            None => (&self.dn_conv, 1),
+            Some(0) => bail!("dec_dn_conv_rows: no rows"),
+            Some(n) => (&self.dn_conv_rows, n as u32),
+        };
         let (conv_dim, k) = (a.conv_dim as i32, a.kernel as i32);
-        let cfg = config((blocks(a.conv_dim, 128), 1, 1), 128, 0);
-        gpu.launch(&self.dn_conv, cfg, |l| {
+        let cfg = config((blocks(a.conv_dim, 128), n, 1), 128, 0);
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&a.m)
                 .arg(&a.conv_state)
                 .arg(&a.weight)
@@ -603,6 +623,17 @@ impl Decode {
     }
 
     pub fn dn_step(&self, gpu: &Gpu, a: &DnStep, eps: f32) -> Result<()> {
+        self.dn_step_launch(gpu, a, eps, None)
+    }
+
+    /// `dn_step` for the `rows` sequences of a batched decode step in one launch: `a.c`, `a.b`,
+    /// `a.a` and `a.o` are row 0 of their [rows, ...] buffers, `a.state` a device table of
+    /// `rows` recurrent-state pointers (u64), row r's state at entry r.
+    pub fn dn_step_rows(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: usize) -> Result<()> {
+        self.dn_step_launch(gpu, a, eps, Some(rows))
+    }
+
+    fn dn_step_launch(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: Option<usize>) -> Result<()> {
         if !Self::dn_serves(a.n_k, a.n_v, a.dk, a.dv, 1) {
             bail!(
                 "dec_dn_step: heads {}/{} of dims {}/{} (dk a multiple of 32 up to {DN_MAX_DK}, dv of {DN_COLS})",
@@ -612,9 +643,14 @@ impl Decode {
                 a.dv
             );
         }
-        let grid = (a.n_v as u32, (a.dv / DN_COLS) as u32, 1);
+        let (kernel, n) = match rows {
+            None => (&self.dn_step, 1),
+            Some(0) => bail!("dec_dn_step_rows: no rows"),
+            Some(n) => (&self.dn_step_rows, n as u32),
+        };
+        let grid = (a.n_v as u32, (a.dv / DN_COLS) as u32, n);
         let (n_k, n_v, dk, dv) = (a.n_k as i32, a.n_v as i32, a.dk as i32, a.dv as i32);
-        gpu.launch(&self.dn_step, config(grid, 128, 0), |l| {
+        gpu.launch(kernel, config(grid, 128, 0), |l| {
             l.arg(&a.c)
                 .arg(&a.b)
                 .arg(&a.a)

@@ -398,3 +398,130 @@ fn batched_decode_gemv_rows_match_cpu() {
     assert!(e.to_string().contains("16-byte"), "{e}");
     println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
 }
+
+/// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
+/// one launch each, its states through a pointer table) against `dec_dn_conv` + `dec_dn_step` run
+/// one sequence at a time on copies of the same states (those are tested against the CPU in
+/// fused_decode_blocks_match_cpu): the same code per sequence, so the outputs, recurrent states
+/// and conv states agree bit for bit, over two steps (the second reading the states the first
+/// wrote through the table), for 1, 3 and 8 sequences, at the full model's head shape and a
+/// small one, in both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
+    use lily_cuda::kernels::decode::{DnConv, DnStep};
+    use lily_cuda::kernels::deltanet::PREP_EPS;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(47);
+        // (k heads, v heads, dk, dv, conv taps)
+        for (nk, nv, dk, dv, taps) in [
+            (16usize, 32usize, 128usize, 128usize, 4usize),
+            (1, 2, 32, 16, 2),
+        ] {
+            let conv_dim = 2 * nk * dk + nv * dv;
+            let (state_n, conv_n) = (nv * dk * dv, (taps - 1) * conv_dim);
+            let weight = d.upload(&rng.vec(conv_dim * taps, 0.5)).unwrap();
+            let a_log = d.upload(&rng.vec(nv, 0.5)).unwrap();
+            let dt_bias = d.upload(&rng.vec(nv, 0.5)).unwrap();
+            for rows in [1usize, 3, 8] {
+                let what = format!("{rows} sequences, heads {nk}/{nv} of {dk}/{dv}, {taps} taps, bf16 {bf16_activations}");
+                let states: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(state_n, 0.1)).collect();
+                let convs: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(conv_n, 1.0)).collect();
+                let up = |v: &Vec<Vec<f32>>| -> Vec<DevBuf> {
+                    v.iter().map(|s| d.upload(s).unwrap()).collect()
+                };
+                let (st_rows, cv_rows, st_one, cv_one) =
+                    (up(&states), up(&convs), up(&states), up(&convs));
+                let mut table: Vec<u64> = st_rows.iter().map(|b| b.ptr).collect();
+                let states_at = 0;
+                let convs_at = rows * 8;
+                table.extend(cv_rows.iter().map(|b| b.ptr));
+                let table = d.upload(&table).unwrap();
+                let (c_rows, o_rows) =
+                    (poisoned(&d, rows * conv_dim), poisoned(&d, rows * nv * dv));
+                let (c_one, o_one) = (poisoned(&d, rows * conv_dim), poisoned(&d, rows * nv * dv));
+                for step in 0..2 {
+                    let m = d.upload(&rng.vec(rows * conv_dim, 1.0)).unwrap();
+                    let b = d.upload(&rng.vec(rows * nv, 1.0)).unwrap();
+                    let a = d.upload(&rng.vec(rows * nv, 1.0)).unwrap();
+                    let conv = |m: u64, conv_state: u64, c: u64| DnConv {
+                        m,
+                        conv_state,
+                        weight: weight.ptr,
+                        c,
+                        conv_dim,
+                        kernel: taps,
+                    };
+                    let dn_step = |c: u64, b: u64, a: u64, state: u64, o: u64| DnStep {
+                        c,
+                        b,
+                        a,
+                        a_log: a_log.ptr,
+                        dt_bias: dt_bias.ptr,
+                        state,
+                        o,
+                        n_k: nk,
+                        n_v: nv,
+                        dk,
+                        dv,
+                    };
+                    let dec = &d.k.decode;
+                    dec.dn_conv_rows(
+                        &d,
+                        &conv(m.ptr, table.ptr + convs_at as u64, c_rows.ptr),
+                        rows,
+                    )
+                    .unwrap();
+                    let s = dn_step(
+                        c_rows.ptr,
+                        b.ptr,
+                        a.ptr,
+                        table.ptr + states_at as u64,
+                        o_rows.ptr,
+                    );
+                    dec.dn_step_rows(&d, &s, PREP_EPS, rows).unwrap();
+                    for r in 0..rows {
+                        let f = |buf: u64, n: usize| buf + (r * n * 4) as u64;
+                        let cr = f(c_one.ptr, conv_dim);
+                        dec.dn_conv(&d, &conv(f(m.ptr, conv_dim), cv_one[r].ptr, cr))
+                            .unwrap();
+                        let s = dn_step(
+                            cr,
+                            f(b.ptr, nv),
+                            f(a.ptr, nv),
+                            st_one[r].ptr,
+                            f(o_one.ptr, nv * dv),
+                        );
+                        dec.dn_step(&d, &s, PREP_EPS).unwrap();
+                    }
+                    let read = |buf: &DevBuf, n: usize| -> Vec<f32> { d.read(buf, 0, n).unwrap() };
+                    let what = format!("{what}, step {step}");
+                    assert!(
+                        bits(&read(&c_rows, rows * conv_dim))
+                            == bits(&read(&c_one, rows * conv_dim)),
+                        "{what}: conv outputs"
+                    );
+                    let o = read(&o_rows, rows * nv * dv);
+                    assert!(o.iter().all(|v| v.is_finite()), "{what}: outputs unwritten");
+                    assert!(
+                        bits(&o) == bits(&read(&o_one, rows * nv * dv)),
+                        "{what}: outputs"
+                    );
+                    for r in 0..rows {
+                        assert!(
+                            bits(&read(&st_rows[r], state_n)) == bits(&read(&st_one[r], state_n)),
+                            "{what}: row {r} state"
+                        );
+                        assert!(
+                            bits(&read(&cv_rows[r], conv_n)) == bits(&read(&cv_one[r], conv_n)),
+                            "{what}: row {r} conv state"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
+}
