@@ -3,10 +3,11 @@
 # `decode_batched_*` and `batched_decode_*` with every decode_ / model_ / pipelined test), then on
 # the full-size synthetic checkpoint, the batched step switched on (LILY_BATCHED_DECODE=1):
 # concurrent clients 1,4,8 with --max-batch 8, first with the first version's kernels
-# (LILY_FUSED_BATCH=0: linear.cu over the rows, one sequence's DeltaNet scan at a time), then
-# with the fused batched kernels (dec_gemv_rows, dec_dn_*_rows); with SKIP_NOGRAPH=0 the same at
-# 4,8 with graphs off; and the 4K bench (batch 1, unchanged). Summary: $OUT/summary.txt. The
-# timeouts (tests 250 s, each concurrent run 120 s, bench 90 s) keep the call under the device
+# (LILY_FUSED_BATCH=0: linear.cu over the rows, the experts grouped, one DeltaNet scan at a
+# time), then with the fused batched kernels (dec_gemv_rows, dec_dn_*_rows, dec_glu4_rows,
+# dec_down_combine_rows); with SKIP_NOGRAPH=0 the same at 4,8 with graphs off; and the 4K bench
+# (batch 1, unchanged). Summary: $OUT/summary.txt. The timeouts (tests 250 s, each concurrent
+# run 120 s, bench 90 s) keep the call under the device
 # tool's 600 s; run it with timeout_s 600.
 #
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/NAME`, then

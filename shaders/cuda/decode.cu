@@ -759,16 +759,13 @@ __device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-         int tiles_per_item) {
-    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
-    __shared__ float xsum[DEC_MAX_GROUPS];
-    __shared__ float p[DEC_MAX_EXPERTS];
-    __shared__ int ids_s[DEC_MAX_TOPK];
-    __shared__ float w_s[DEC_MAX_TOPK];
+// dec_glu4's work for one token (its shared memory passed in).
+__device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
+                                           int n_experts, int top_k, int* __restrict__ ids,
+                                           float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                                           const float* __restrict__ xn, float* __restrict__ h, int h_stride,
+                                           float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
+                                           float* p, int* ids_s, float* w_s) {
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -801,6 +798,39 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     dec_trigger_late();
 }
 
+#define GLU4_SHARED                                          \
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD]; \
+    __shared__ float xsum[DEC_MAX_GROUPS];                   \
+    __shared__ float p[DEC_MAX_EXPERTS];                     \
+    __shared__ int ids_s[DEC_MAX_TOPK];                      \
+    __shared__ float w_s[DEC_MAX_TOPK];
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+         int tiles_per_item) {
+    GLU4_SHARED
+    glu4_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+               tiles_per_item, xs, xsum, p, ids_s, w_s);
+}
+
+// dec_glu4_rows: dec_glu4 for each token of a batched decode step, token b in blockIdx.y (each
+// routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
+// [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
+// expert is read once per token. grid (blocks per token, B).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+              int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+              const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+              int tiles_per_item) {
+    GLU4_SHARED
+    long long b = blockIdx.y;
+    glu4_token(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, route_w + b * top_k,
+               sgate, sup, xn + b * gate.cols, h + b * top_k * h_stride, h_stride, hs + b * sgate.rows,
+               tiles_per_item, xs, xsum, p, ids_s, w_s);
+}
+
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
 // rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Items i < top_k are the routed
 // experts, item top_k the shared one. A block serves DEC_DOWN_WARPS · (32 / lpr) output rows with
@@ -809,10 +839,11 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
 // to hide its latencies; the chunks' partial sums meet in shared memory. Dynamic shared memory
 // (down_smem in the launcher): the top_k + 1 input rows padded, their group sums, the partials.
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                 const float* __restrict__ s_gate, float* __restrict__ x) {
+__device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                                   const float* __restrict__ route_w, int top_k,
+                                                   const float* __restrict__ h, int h_stride,
+                                                   const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                                   float* __restrict__ x) {
     extern __shared__ __align__(16) float dec_smem[];
     int cols = down.cols, G = cols >> 6;
     int items = top_k + 1;
@@ -936,6 +967,25 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
         yy += act(act(sigmoidf(s_gate[0])) * shared_part[r_local]);
         x[c] = act(x[c] + act(yy));
     }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
+                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                 const float* __restrict__ s_gate, float* __restrict__ x) {
+    down_combine_token(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);
+}
+
+// dec_down_combine_rows: dec_down_combine for each token of a batched decode step, token b in
+// blockIdx.y: ids and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B],
+// x [B, down.rows]. grid (ceil(hidden / rows a block), B).
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
+                      int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                      const float* __restrict__ s_gate, float* __restrict__ x) {
+    long long b = blockIdx.y;
+    down_combine_token(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, h_stride,
+                       hs + b * sdown.cols, s_gate + b, x + b * down.rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------

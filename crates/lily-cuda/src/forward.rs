@@ -18,7 +18,9 @@ use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use crate::plan::{AttentionKernels, BatchScan, DecodePath, Dense, Experts, Plan, Router};
+use crate::plan::{
+    AttentionKernels, BatchMoe, BatchScan, DecodePath, Dense, Experts, Plan, Router,
+};
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
 };
@@ -508,6 +510,46 @@ impl Forward<'_> {
         Ok(())
     }
 
+    /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
+    /// the router logits and the shared-expert gate of all rows in one launch, then each row's
+    /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
+    /// projection with the combine and the residual add in one.
+    fn moe_rows(&self, m: &DevMoe, rows: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+        ];
+        self.project_batch(s.xn.ptr, cfg.hidden, rows, &first)?;
+        let glu = Glu {
+            gate: &m.gate,
+            up: &m.up,
+            router_logits: s.router.ptr,
+            n_experts: cfg.n_experts,
+            ids: s.ids.ptr,
+            route_w: s.route_w.ptr,
+            top_k: cfg.top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn: s.xn.ptr,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+        };
+        k.decode.glu_rows(gpu, &glu, rows)?;
+        let down = DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            top_k: cfg.top_k,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+            shared_gate: s.s_gate.ptr,
+            x: s.x.ptr,
+        };
+        k.decode.down_combine_rows(gpu, &down, rows)
+    }
+
     /// The pointer table of a batched step's DeltaNet scans (`BatchScan::Rows`): u64 [DeltaNet
     /// layers][2][rows], each layer's recurrent states then its conv states, one a sequence in
     /// `seqs`'s order.
@@ -592,12 +634,16 @@ impl Forward<'_> {
         }
     }
 
-    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn): the router and the
-    /// shared expert's gate, gate and up projections of xn together (`project_batch`), the
-    /// routing, the routed experts grouped over the rows' picks, the shared expert's down
-    /// projection, the combine into the residual.
+    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn), as
+    /// `Plan::batch_moe` says: one-token decode's three launches with the token in a grid
+    /// dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
+    /// projections of xn together (`project_batch`), the routing, the routed experts grouped
+    /// over the rows' picks, the shared expert's down projection, the combine into the residual.
     fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        if self.plan.batch_moe(m, MoeShape::of(cfg)) == BatchMoe::Rows {
+            return self.moe_rows(m, rows);
+        }
         let (h, sinter) = (cfg.hidden, cfg.shared_inter);
         let first = [
             (&m.router, Out::Exact(s.router.ptr)),

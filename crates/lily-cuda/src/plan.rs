@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; o_proj, out_proj, shared down, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | in the xn launch with the shared expert's gate, gate and up, exact (`--no-fused-batch`: `linear` exact) | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -129,6 +129,19 @@ pub enum BatchScan {
     OneToken,
     /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
     Chunk,
+}
+
+/// How a batched decode step runs its MoE blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchMoe {
+    /// The router and the shared-expert gate in one `dec_gemv_rows`, then each token's routing,
+    /// experts' gate/up/SiLU and shared expert in one `dec_glu4_rows`, and every down
+    /// projection, the combine and the residual add in one `dec_down_combine_rows`: one-token
+    /// decode's MoE with the token in a grid dimension.
+    Rows,
+    /// The shared expert's projections over the rows (`batch_projections`), `moe_route`, the
+    /// routed experts grouped over the rows' picks (`experts`), `moe_combine`.
+    Grouped,
 }
 
 /// Where the next token is picked.
@@ -440,6 +453,32 @@ impl Plan {
         }
     }
 
+    /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
+    /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
+    pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
+        let glu = [
+            m.gate.shape(),
+            m.up.shape(),
+            m.shared_gate.shape(),
+            m.shared_up.shape(),
+        ];
+        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu)
+    }
+
+    /// `batch_moe` for a block whose one-token path is `one_token`, with these gate, up, shared
+    /// gate and shared up weights.
+    fn batch_moe_for(&self, one_token: DecodePath, glu: &[LinearShape; 4]) -> BatchMoe {
+        let [gate, up, sgate, sup] = glu;
+        if self.o.fused_batch
+            && one_token == DecodePath::Fused
+            && decode::glu_rows_serves(gate, up, sgate, sup)
+        {
+            BatchMoe::Rows
+        } else {
+            BatchMoe::Grouped
+        }
+    }
+
     /// One-token steps of a MoE block: fused when every expert weight fits.
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
@@ -688,6 +727,48 @@ mod tests {
             let p = Plan::resolve(&o, H200);
             assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
         }
+        // The MoE: one-token decode's kernels with the token in a grid dimension where the
+        // one-token step fuses the block on dec_glu4 (4-bit gate/up, ≤ 2,048 columns).
+        let glu = [
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+        ];
+        assert_eq!(on.batch_moe_for(DecodePath::Fused, &glu), BatchMoe::Rows);
+        assert_eq!(
+            on.batch_moe_for(DecodePath::PerKernel, &glu),
+            BatchMoe::Grouped
+        );
+        let glu8 = [
+            w(512, 2048, 8),
+            w(512, 2048, 8),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+        ];
+        assert_eq!(
+            on.batch_moe_for(DecodePath::Fused, &glu8),
+            BatchMoe::Grouped
+        );
+        let wide = [
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+        ];
+        assert_eq!(
+            on.batch_moe_for(DecodePath::Fused, &wide),
+            BatchMoe::Grouped
+        );
+        let first = CudaOptions {
+            fused_batch: false,
+            ..CudaOptions::default()
+        };
+        let first = Plan::resolve(&first, H200);
+        assert_eq!(
+            first.batch_moe_for(DecodePath::Fused, &glu),
+            BatchMoe::Grouped
+        );
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.
         let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
@@ -757,10 +838,9 @@ mod tests {
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
         // A batched decode step: the projections of each input in one dec_gemv_rows launch
-        // (q/k/v; DeltaNet's four; the router with the shared expert's gate, gate and up;
-        // o_proj, out_proj, shared down and lm_head alone), the routed experts grouped over
-        // the rows' picks, each sequence's attention as one token's, its DeltaNet scan
-        // decode.cu's.
+        // (q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj
+        // and lm_head alone), the MoE as one token's with the token in grid.y, each sequence's
+        // attention as one token's, the DeltaNet scans in one launch each.
         let k = mlx(cfg.n_kv_heads * cfg.head_dim, h, 4, 1);
         let dn_b = mlx(cfg.dn_v_heads, h, 4, 1);
         let out_proj = mlx(h, cfg.dn_value_dim(), 4, 1);
@@ -771,21 +851,19 @@ mod tests {
         for ws in [
             &[q, k, k][..],
             &[in_qkv, z, dn_b, dn_b],
-            &[router, s_gate, s_up, s_up],
+            &[router, s_gate],
             &[o],
             &[out_proj],
-            &[s_down],
             &[lm_head],
         ] {
             assert_eq!(p.batch_projections(ws), DecodePath::Fused, "{ws:?}");
         }
+        assert!(decode::down_serves(&down, &s_down, moe.top_k));
+        assert_eq!(
+            p.batch_moe_for(DecodePath::Fused, &[gate, gate, s_up, s_up]),
+            BatchMoe::Rows
+        );
         assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
-        for b in [2, 8] {
-            assert_eq!(
-                p.experts([&gate, &gate, &down], moe, b),
-                Experts::LinearGrouped
-            );
-        }
         // Short multi-token steps: CUDA cores.
         for n in [2, 4, 8, 15] {
             assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);

@@ -108,6 +108,28 @@ pub fn glu_serves(
         && sgate.rows == sup.rows
 }
 
+/// Whether `Decode::glu_rows` reads these weights: what `glu` reads on its pipelined kernel
+/// (`dec_glu4`: all four 4-bit, one 64-column group a lane).
+pub fn glu_rows_serves(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
+    glu_serves(gate, up, sgate, sup) && glu_pipelined(gate, up, sgate, sup)
+}
+
+/// Whether `glu` takes its pipelined kernel (`dec_glu4`): all four 4-bit, at most 32 groups of
+/// 64 columns (one a lane).
+fn glu_pipelined(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
+    [gate, up, sgate, sup].iter().all(|w| w.bits == 4) && gate.cols / 64 <= 32
+}
+
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
 /// group sums, and the item chunks' partial sums per output row.
 fn down_smem(inter: usize, top_k: usize) -> usize {
@@ -312,7 +334,9 @@ pub struct Decode {
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
+    glu4_rows: Kernel,
     down_combine: Kernel,
+    down_combine_rows: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -331,7 +355,9 @@ impl Decode {
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
+            glu4_rows: k("dec_glu4_rows")?,
             down_combine: k("dec_down_combine")?,
+            down_combine_rows: k("dec_down_combine_rows")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -500,6 +526,18 @@ impl Decode {
     }
 
     pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
+        self.glu_launch(gpu, a, None)
+    }
+
+    /// `glu` for each of the `rows` tokens of a batched decode step in one launch
+    /// (`dec_glu4_rows`, weights `glu_rows_serves` accepts): `a`'s buffers are row 0 of
+    /// router_logits [rows, n_experts], ids and route_w [rows, top_k], xn [rows, cols], h
+    /// [rows, top_k, inter] and h_shared [rows, shared inter].
+    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
+        self.glu_launch(gpu, a, Some(rows))
+    }
+
+    fn glu_launch(&self, gpu: &Gpu, a: &Glu, token_rows: Option<usize>) -> Result<()> {
         let (gate, up) = (a.gate.shape(), a.up.shape());
         if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
@@ -514,18 +552,21 @@ impl Decode {
         let (_, spw) = lanes_per_row(a.gate.cols);
         let rows = a.gate.rows.max(a.shared_gate.rows);
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
-        let pipelined = [a.gate, a.up, a.shared_gate, a.shared_up]
-            .iter()
-            .all(|w| w.bits == 4)
-            && a.gate.cols / 64 <= 32;
-        let (kernel, rows_per_tile) = if pipelined {
-            (&self.glu4, WARPS * spw * GLU_R4)
-        } else {
-            (&self.glu, WARPS * spw * GLU_R)
+        let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
+        let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
+        let (kernel, rows_per_tile) = match (pipelined, token_rows) {
+            (true, None) => (&self.glu4, WARPS * spw * GLU_R4),
+            (false, None) => (&self.glu, WARPS * spw * GLU_R),
+            (true, Some(1..)) => (&self.glu4_rows, WARPS * spw * GLU_R4),
+            (false, Some(_)) => bail!("dec_glu4_rows: expert weights it does not read"),
+            (true, Some(_)) => bail!("dec_glu4_rows: no rows"),
         };
+        let tokens = token_rows.unwrap_or(1);
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        let grid = tiles.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        // A persistent grid of BLOCKS_PER_SM blocks an SM shared by the tokens.
+        let per_token = (BLOCKS_PER_SM * gpu.sm_count).div_ceil(tokens);
+        let grid = (tiles.min(per_token) as u32, tokens as u32, 1);
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),
@@ -534,7 +575,7 @@ impl Decode {
         );
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
-        let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
+        let cfg = config(grid, (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)
@@ -554,6 +595,27 @@ impl Decode {
     }
 
     pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
+        self.down_combine_launch(gpu, a, 1, &self.down_combine)
+    }
+
+    /// `down_combine` for each of the `rows` tokens of a batched decode step in one launch
+    /// (`dec_down_combine_rows`): `a`'s buffers are row 0 of ids and weights [rows, top_k], h
+    /// [rows, top_k, inter], h_shared [rows, shared inter], shared_gate [rows] and x [rows,
+    /// hidden].
+    pub fn down_combine_rows(&self, gpu: &Gpu, a: &DownCombine, rows: usize) -> Result<()> {
+        if rows == 0 {
+            bail!("dec_down_combine_rows: no rows");
+        }
+        self.down_combine_launch(gpu, a, rows, &self.down_combine_rows)
+    }
+
+    fn down_combine_launch(
+        &self,
+        gpu: &Gpu,
+        a: &DownCombine,
+        rows: usize,
+        kernel: &Kernel,
+    ) -> Result<()> {
         if !down_serves(&a.down.shape(), &a.shared_down.shape(), a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
         }
@@ -565,8 +627,12 @@ impl Decode {
         let smem = down_smem(a.down.cols, a.top_k);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
-        let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
-        gpu.launch(&self.down_combine, cfg, |l| {
+        let cfg = config(
+            (grid, rows as u32, 1),
+            (DOWN_WARPS * DOWN_KSPLIT * 32) as u32,
+            smem,
+        );
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&down)
                 .arg(&sdown)
                 .arg(&a.ids)

@@ -525,3 +525,117 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
     }
     println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
 }
+
+/// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
+/// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
+/// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
+/// the routing (ids, weights), the experts' and shared expert's hidden rows and the residual
+/// rows agree bit for bit, for 1, 3 and 8 tokens, on tiny's and small's MoE shapes, in both
+/// activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_moe_rows_match_one_token_at_a_time() {
+    use lily_cuda::kernels::decode::{DownCombine, Glu};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(53);
+        for preset in [Preset::Tiny, Preset::Small] {
+            let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            let (h, e, tk, inter, si) = (
+                c.hidden,
+                c.n_experts,
+                c.top_k,
+                c.expert_inter,
+                c.shared_inter,
+            );
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            let glu_shapes = [
+                dw.gate.shape(),
+                dw.up.shape(),
+                dw.shared_gate.shape(),
+                dw.shared_up.shape(),
+            ];
+            assert!(
+                lily_cuda::kernels::decode::glu_rows_serves(
+                    &glu_shapes[0],
+                    &glu_shapes[1],
+                    &glu_shapes[2],
+                    &glu_shapes[3]
+                ),
+                "{preset:?}: the test needs dec_glu4's shapes"
+            );
+            for rows in [1usize, 3, 8] {
+                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
+                let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
+                let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
+                let x0 = rng.vec(rows * h, 1.0);
+                // [rows-form, one-at-a-time] buffers
+                let ids = [
+                    d.alloc(rows * tk * 4).unwrap(),
+                    d.alloc(rows * tk * 4).unwrap(),
+                ];
+                let rw = [poisoned(&d, rows * tk), poisoned(&d, rows * tk)];
+                let eh = [
+                    poisoned(&d, rows * tk * inter),
+                    poisoned(&d, rows * tk * inter),
+                ];
+                let sh = [poisoned(&d, rows * si), poisoned(&d, rows * si)];
+                let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
+                let glu = |i: usize, at: usize| Glu {
+                    gate: &dw.gate,
+                    up: &dw.up,
+                    router_logits: logits.ptr + (at * e * 4) as u64,
+                    n_experts: e,
+                    ids: ids[i].ptr + (at * tk * 4) as u64,
+                    route_w: rw[i].ptr + (at * tk * 4) as u64,
+                    top_k: tk,
+                    shared_gate: &dw.shared_gate,
+                    shared_up: &dw.shared_up,
+                    xn: xn.ptr + (at * h * 4) as u64,
+                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
+                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                };
+                let down = |i: usize, at: usize| DownCombine {
+                    down: &dw.down,
+                    shared_down: &dw.shared_down,
+                    ids: ids[i].ptr + (at * tk * 4) as u64,
+                    weights: rw[i].ptr + (at * tk * 4) as u64,
+                    top_k: tk,
+                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
+                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                    shared_gate: s_gate.ptr + (at * 4) as u64,
+                    x: x[i].ptr + (at * h * 4) as u64,
+                };
+                let dec = &d.k.decode;
+                dec.glu_rows(&d, &glu(0, 0), rows).unwrap();
+                dec.down_combine_rows(&d, &down(0, 0), rows).unwrap();
+                for at in 0..rows {
+                    dec.glu(&d, &glu(1, at)).unwrap();
+                    dec.down_combine(&d, &down(1, at)).unwrap();
+                }
+                let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+                let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
+                assert_eq!(read_ids(&ids[0]), read_ids(&ids[1]), "{what}: expert ids");
+                for (name, b, n) in [
+                    ("routing weights", &rw, rows * tk),
+                    ("experts' hidden rows", &eh, rows * tk * inter),
+                    ("shared expert's hidden rows", &sh, rows * si),
+                    ("residual rows", &x, rows * h),
+                ] {
+                    let got = read(&b[0], n);
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{what}: {name} unwritten"
+                    );
+                    assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
+                }
+                let moved = read(&x[0], rows * h);
+                assert!(moved != x0, "{what}: the residual rows did not change");
+            }
+        }
+    }
+    println!("KERNEL decode.cu batched MoE equals one token at a time");
+}
