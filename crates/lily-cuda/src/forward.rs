@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
+use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
@@ -19,7 +19,7 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchMoe, BatchScan, DecodePath, Dense, Experts, Plan, Router,
+    AttentionKernels, BatchAttention, BatchMoe, BatchScan, DecodePath, Dense, Experts, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -176,6 +176,57 @@ impl Scratch {
             n_tiles: buf(1)?,
             max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
         })
+    }
+}
+
+/// Where a batched step's kernels find each sequence's buffers in the device copy of
+/// `Forward::batch_table` (`rows` sequences of `model`).
+struct BatchTable {
+    at: u64,
+    rows: usize,
+    dn_layers: usize,
+    attn_layers: usize,
+}
+
+impl BatchTable {
+    fn new(at: u64, model: &DevModel, rows: usize) -> Result<BatchTable> {
+        if at == 0 {
+            bail!("a batched step's kernels need the sequences' pointer table");
+        }
+        let dn_layers = model
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mixer, DevMixer::DeltaNet(_)))
+            .count();
+        Ok(BatchTable {
+            at,
+            rows,
+            dn_layers,
+            attn_layers: model.layers.len() - dn_layers,
+        })
+    }
+
+    /// Entry `i` (in u64s) of the table.
+    fn entry(&self, i: usize) -> u64 {
+        self.at + (i * 8) as u64
+    }
+
+    /// DeltaNet layer `i`'s recurrent states, then its conv states.
+    fn states(&self, i: usize) -> u64 {
+        self.entry(2 * i * self.rows)
+    }
+
+    fn convs(&self, i: usize) -> u64 {
+        self.entry((2 * i + 1) * self.rows)
+    }
+
+    /// Attention layer `i`'s key caches followed by its value caches.
+    fn caches(&self, i: usize) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * i) * self.rows)
+    }
+
+    fn positions(&self) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * self.attn_layers) * self.rows)
     }
 }
 
@@ -407,9 +458,9 @@ impl Forward<'_> {
     /// into `logits` ([rows, vocab]), each row then copied into its sequence's `logits`; every
     /// position advances by one. Like `run`, nothing waits on the host (graph-capturable).
     ///
-    /// `table`: the device copy of `batch_table(seqs)` where the plan's `batch_scan` is
-    /// `BatchScan::Rows` (the scans of all sequences in one launch read their states through
-    /// it), else unused (0). Like the graphs, it holds for exactly these sequences in this order.
+    /// `table`: the device copy of `batch_table(seqs)` (`BatchTable`: the kernels that run
+    /// every sequence in one launch find its states, caches and position through it). Like the
+    /// graphs, it holds for exactly these sequences in this order.
     pub fn run_batch(
         &self,
         model: &DevModel,
@@ -448,10 +499,39 @@ impl Forward<'_> {
                         (&a.v_proj, Out::Store(s.v.ptr)),
                     ];
                     self.project_batch(s.xn.ptr, h, rows, &qkv)?;
-                    for (row, seq) in seqs.iter().enumerate() {
-                        let (kc, vc) = &seq.kv[attn_i];
-                        let keys = seq.len + 1;
-                        self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
+                    let keys: Vec<usize> = seqs.iter().map(|seq| seq.len + 1).collect();
+                    match self.plan.batch_attention(AttnShape::of(cfg), &keys) {
+                        BatchAttention::Rows(kernel) => {
+                            let t = BatchTable::new(table, model, rows)?;
+                            let rows_attend = RowsAttend {
+                                qg: s.qg.ptr,
+                                k: s.k.ptr,
+                                v: s.v.ptr,
+                                q_norm: a.q_norm.ptr,
+                                k_norm: a.k_norm.ptr,
+                                caches: t.caches(attn_i),
+                                positions: t.positions(),
+                                out: s.attn_o.ptr,
+                                parts: SplitPartials {
+                                    part_o: s.part_o.ptr,
+                                    part_ml: s.part_ml.ptr,
+                                },
+                                rows,
+                            };
+                            k.attention.split_kv_prepped_rows(
+                                gpu,
+                                kernel,
+                                AttnShape::of(cfg),
+                                &rows_attend,
+                            )?;
+                        }
+                        BatchAttention::PerSequence => {
+                            for (row, seq) in seqs.iter().enumerate() {
+                                let (kc, vc) = &seq.kv[attn_i];
+                                let keys = seq.len + 1;
+                                self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
+                            }
+                        }
                     }
                     attn_i += 1;
                     let hqd = cfg.n_heads * cfg.head_dim;
@@ -469,12 +549,8 @@ impl Forward<'_> {
                     self.project_batch(s.xn.ptr, h, rows, &inputs)?;
                     match self.plan.batch_scan(cfg) {
                         BatchScan::Rows => {
-                            if table == 0 {
-                                bail!("a batched step's DeltaNet scans need the state table");
-                            }
-                            let states = table + (dn_i * 2 * rows * 8) as u64;
-                            let convs = states + (rows * 8) as u64;
-                            self.deltanet_scan_rows(d, states, convs, rows)?;
+                            let t = BatchTable::new(table, model, rows)?;
+                            self.deltanet_scan_rows(d, t.states(dn_i), t.convs(dn_i), rows)?;
                         }
                         scan => {
                             for (row, seq) in seqs.iter().enumerate() {
@@ -550,16 +626,21 @@ impl Forward<'_> {
         k.decode.down_combine_rows(gpu, &down, rows)
     }
 
-    /// The pointer table of a batched step's DeltaNet scans (`BatchScan::Rows`): u64 [DeltaNet
-    /// layers][2][rows], each layer's recurrent states then its conv states, one a sequence in
-    /// `seqs`'s order.
+    /// The pointer table of a batched step (`BatchTable` reads it): u64, one a sequence in
+    /// `seqs`'s order: per DeltaNet layer the recurrent states then the conv states, per
+    /// attention layer the key caches then the value caches, then the positions.
     pub fn batch_table(seqs: &[&SeqState]) -> Vec<u64> {
-        let layers = seqs.first().map_or(0, |s| s.dn.len());
-        let mut t = Vec::with_capacity(layers * 2 * seqs.len());
-        for i in 0..layers {
+        let (dn, attn) = seqs.first().map_or((0, 0), |s| (s.dn.len(), s.kv.len()));
+        let mut t = Vec::with_capacity((2 * dn + 2 * attn + 1) * seqs.len());
+        for i in 0..dn {
             t.extend(seqs.iter().map(|s| s.dn[i].0.ptr));
             t.extend(seqs.iter().map(|s| s.dn[i].1.ptr));
         }
+        for i in 0..attn {
+            t.extend(seqs.iter().map(|s| s.kv[i].0.ptr));
+            t.extend(seqs.iter().map(|s| s.kv[i].1.ptr));
+        }
+        t.extend(seqs.iter().map(|s| s.pos.ptr));
         t
     }
 

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -129,6 +129,16 @@ pub enum BatchScan {
     OneToken,
     /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
     Chunk,
+}
+
+/// How a batched decode step runs the attention of its sequences (one token each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchAttention {
+    /// Every sequence in one `attn_split_mma_prep_rows` (this kernel's body: `Mma` or
+    /// `MmaLong`) and one `attn_split_combine_rows`, the sequence in a grid dimension.
+    Rows(SplitKernel),
+    /// Each sequence as its one-token step (`attention` of one token).
+    PerSequence,
 }
 
 /// How a batched decode step runs its MoE blocks.
@@ -453,6 +463,32 @@ impl Plan {
         }
     }
 
+    /// The attention of a batched decode step whose sequences hold `keys` keys each after it:
+    /// `BatchAttention::Rows` under `fused_batch` where every sequence's one-token attention is
+    /// the tensor-core split kernel with the prep inside and there are at most
+    /// attention::SPLIT_ROWS of them (the _long body when every sequence takes it, else the
+    /// general one, which serves any length); else each sequence as one token.
+    pub fn batch_attention(&self, shape: AttnShape, keys: &[usize]) -> BatchAttention {
+        if !self.o.fused_batch || keys.is_empty() || keys.len() > attention::SPLIT_ROWS {
+            return BatchAttention::PerSequence;
+        }
+        let mut all_long = true;
+        for &k in keys {
+            match self.attention(shape, 1, k) {
+                AttentionKernels::Split {
+                    kernel: kernel @ (SplitKernel::Mma | SplitKernel::MmaLong),
+                    prep_fused: true,
+                } => all_long &= kernel == SplitKernel::MmaLong,
+                _ => return BatchAttention::PerSequence,
+            }
+        }
+        BatchAttention::Rows(if all_long {
+            SplitKernel::MmaLong
+        } else {
+            SplitKernel::Mma
+        })
+    }
+
     /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
     /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
     pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
@@ -727,6 +763,54 @@ mod tests {
             let p = Plan::resolve(&o, H200);
             assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
         }
+        // Attention: every sequence in one launch where each takes the fused-prep tensor-core
+        // split kernel, the _long body only when all do; per sequence past SPLIT_ROWS
+        // sequences, without fused_batch, or where a sequence's one-token attention is another.
+        let a256 = AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        let long = on.o.split_long_keys + 1;
+        assert_eq!(
+            on.batch_attention(a256, &[10, 4096, 3]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            on.batch_attention(a256, &[10, long]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            on.batch_attention(a256, &[long, long + 5]),
+            BatchAttention::Rows(SplitKernel::MmaLong)
+        );
+        let too_many = vec![10; attention::SPLIT_ROWS + 1];
+        assert_eq!(
+            on.batch_attention(a256, &too_many),
+            BatchAttention::PerSequence
+        );
+        assert_eq!(on.batch_attention(a256, &[]), BatchAttention::PerSequence);
+        let fp32 = CudaOptions {
+            bf16_activations: false,
+            ..CudaOptions::default()
+        };
+        let fp32 = Plan::resolve(&fp32, H200);
+        assert_eq!(
+            fp32.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
+        );
+        let no_prep = CudaOptions {
+            fused_attn_prep: false,
+            ..CudaOptions::default()
+        };
+        let no_prep = Plan::resolve(&no_prep, H200);
+        assert_eq!(
+            no_prep.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
+        );
         // The MoE: one-token decode's kernels with the token in a grid dimension where the
         // one-token step fuses the block on dec_glu4 (4-bit gate/up, ≤ 2,048 columns).
         let glu = [
@@ -768,6 +852,10 @@ mod tests {
         assert_eq!(
             first.batch_moe_for(DecodePath::Fused, &glu),
             BatchMoe::Grouped
+        );
+        assert_eq!(
+            first.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
         );
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.

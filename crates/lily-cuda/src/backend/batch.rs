@@ -11,10 +11,11 @@
 //! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
 //! of its sequences is freed, all go when the logits buffer they write is replaced.
 //!
-//! State table: where the DeltaNet scans of all sequences run in one launch each
-//! (`BatchScan::Rows`), they find each sequence's states through a device table of pointers
-//! (`Forward::batch_table`), written when a set of sequences is first run: a graph keeps its own
-//! table (its launches read it at every replay), plain launches rewrite one table each step.
+//! Pointer table: the kernels that run every sequence in one launch (the DeltaNet scans,
+//! attention) find each sequence's states, caches and position through a device table of
+//! pointers (`Forward::batch_table`), written when a set of sequences is first run: a graph
+//! keeps its own table (its launches read it at every replay), plain launches rewrite one table
+//! each step.
 
 use std::collections::VecDeque;
 
@@ -27,7 +28,7 @@ use crate::forward::{Forward, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::DevBuf;
 use crate::graph::DecodeGraph;
 use crate::kernels::attention::AttnShape;
-use crate::plan::{BatchScan, LogprobsPath, SamplingPath};
+use crate::plan::{LogprobsPath, SamplingPath};
 use crate::sampler::DeviceSampler;
 
 /// Batched-step graphs kept (each a set of sequences in an order).
@@ -45,12 +46,12 @@ pub(super) struct BatchState {
     /// f32 [rows, vocab]: lm_head's output for the rows, copied into each sequence's logits.
     logits: Option<DevBuf>,
     graphs: VecDeque<Captured>,
-    /// The state table of plain (not captured) batched passes, rewritten each step.
+    /// The pointer table of plain (not captured) batched passes, rewritten each step.
     plain_table: Option<DevBuf>,
 }
 
-/// A captured batched pass: the sequences it was captured for, the graph and the state table
-/// its launches read (None where the plan's scans take none).
+/// A captured batched pass: the sequences it was captured for, the graph and the pointer table
+/// its launches read.
 struct Captured {
     key: GraphKey,
     graph: DecodeGraph,
@@ -250,33 +251,32 @@ impl CudaBackend {
         match hit {
             Some(i) => self.batch.graphs[i].graph.launch()?,
             None => {
-                // The state table for these sequences: a new one for a graph to keep, else the
+                // The pointer table for these sequences: a new one for a graph to keep, else the
                 // plain passes' one (the previous pass is done: this step's picks were read).
-                let words = if self.plan.batch_scan(&self.cfg) == BatchScan::Rows {
+                let words = {
                     let seqs = fed
                         .iter()
                         .map(|&seq| self.seq(seq))
                         .collect::<Result<Vec<&SeqState>>>()?;
                     Forward::batch_table(&seqs)
-                } else {
-                    Vec::new()
                 };
-                let mut table = None;
-                if !words.is_empty() {
-                    let bytes = words.len() * 8;
-                    if graphs {
-                        table = Some(self.with_room(|b| b.gpu.alloc(bytes))?);
-                    } else {
-                        let mut plain = self.batch.plain_table.take();
-                        let sized = self.with_room(|b| ensure(b, &mut plain, bytes));
-                        table = plain;
-                        sized?;
-                    }
-                    if let Some(t) = &table {
+                let bytes = words.len() * 8;
+                let table = if graphs {
+                    Some(self.with_room(|b| b.gpu.alloc(bytes))?)
+                } else {
+                    let mut plain = self.batch.plain_table.take();
+                    let sized = self.with_room(|b| ensure(b, &mut plain, bytes));
+                    let plain = plain;
+                    sized?;
+                    plain
+                };
+                let table_ptr = match &table {
+                    Some(t) => {
                         self.gpu.write(t, 0, &words)?;
+                        t.ptr
                     }
-                }
-                let table_ptr = table.as_ref().map_or(0, |t| t.ptr);
+                    None => bail!("the batched step's pointer table is missing"),
+                };
                 let seqs = fed
                     .iter()
                     .map(|&seq| self.seq(seq))

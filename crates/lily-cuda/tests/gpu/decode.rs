@@ -639,3 +639,188 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
     }
     println!("KERNEL decode.cu batched MoE equals one token at a time");
 }
+
+/// The batched step's attention (`attn_split_mma_prep_rows` + `attn_split_combine_rows`: every
+/// sequence in one launch each, its caches and position through pointer tables) against
+/// `attn_split_mma_prep` + `attn_split_combine` run one sequence at a time on copies of the same
+/// caches (those are tested against the CPU in attention.rs): the same code per sequence, so the
+/// outputs and the caches (the new key and value written at each position) agree bit for bit.
+/// bf16 (the tensor-core kernels' mode); the full model's head shape (general and _long bodies)
+/// and a small one (head dim 64, rotary 16); 1, 3 and 8 sequences of different lengths (one
+/// split to many).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
+    use gattn::{QkPrep, RowsAttend, SplitKernel, SplitPartials};
+    let d = dev(true);
+    let mut rng = Rng(59);
+    let max_ctx = 1024;
+    let shapes = [
+        (
+            AttnShape {
+                n_q: 16,
+                n_kv: 2,
+                d: 256,
+                rotary: 64,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::Mma,
+        ),
+        (
+            AttnShape {
+                n_q: 16,
+                n_kv: 2,
+                d: 256,
+                rotary: 64,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::MmaLong,
+        ),
+        (
+            AttnShape {
+                n_q: 4,
+                n_kv: 2,
+                d: 64,
+                rotary: 16,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::Mma,
+        ),
+    ];
+    let lens = [37usize, 700, 5, 129, 1, 64, 999, 300];
+    let (po, pml) = gattn::split_kv_scratch(16, 256);
+    let (part_o, part_ml) = (poisoned(&d, po), poisoned(&d, pml));
+    let parts = SplitPartials {
+        part_o: part_o.ptr,
+        part_ml: part_ml.ptr,
+    };
+    for (s, kernel) in shapes {
+        let (hq, hkv, hd) = (s.n_q, s.n_kv, s.d);
+        let q_norm = d
+            .upload(
+                &rng.vec(hd, 0.3)
+                    .iter()
+                    .map(|v| 1.0 + v)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap();
+        let k_norm = d
+            .upload(
+                &rng.vec(hd, 0.3)
+                    .iter()
+                    .map(|v| 1.0 + v)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap();
+        for rows in [1usize, 3, 8] {
+            let what = format!("{hq}/{hkv} heads of {hd}, {kernel:?}, {rows} sequences");
+            let cache_n = max_ctx * hkv * hd;
+            let bf16_vals = |n: usize, rng: &mut Rng| -> Vec<u16> {
+                rng.vec(n, 1.0)
+                    .iter()
+                    .map(|&v| bf16::from_f32(v).to_bits())
+                    .collect()
+            };
+            let caches: Vec<(Vec<u16>, Vec<u16>)> = (0..rows)
+                .map(|_| (bf16_vals(cache_n, &mut rng), bf16_vals(cache_n, &mut rng)))
+                .collect();
+            let up = || -> Vec<(DevBuf, DevBuf)> {
+                caches
+                    .iter()
+                    .map(|(k, v)| (d.upload(k).unwrap(), d.upload(v).unwrap()))
+                    .collect()
+            };
+            let (c_rows, c_one) = (up(), up());
+            let pos: Vec<DevBuf> = (0..rows)
+                .map(|b| d.upload(&[lens[b] as i32 - 1]).unwrap())
+                .collect();
+            let r = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
+            };
+            let qg = d.upload(&r(rng.vec(rows * 2 * hq * hd, 1.0))).unwrap();
+            let kin = d.upload(&r(rng.vec(rows * hkv * hd, 1.0))).unwrap();
+            let vin = d.upload(&r(rng.vec(rows * hkv * hd, 1.0))).unwrap();
+            let q_scratch = poisoned(&d, hq * hd);
+            let (out_rows, out_one) = (poisoned(&d, rows * hq * hd), poisoned(&d, rows * hq * hd));
+            let mut caches_t: Vec<u64> = c_rows.iter().map(|(k, _)| k.ptr).collect();
+            caches_t.extend(c_rows.iter().map(|(_, v)| v.ptr));
+            let caches_t = d.upload(&caches_t).unwrap();
+            let pos_t = d
+                .upload(&pos.iter().map(|p| p.ptr).collect::<Vec<u64>>())
+                .unwrap();
+            let a = RowsAttend {
+                qg: qg.ptr,
+                k: kin.ptr,
+                v: vin.ptr,
+                q_norm: q_norm.ptr,
+                k_norm: k_norm.ptr,
+                caches: caches_t.ptr,
+                positions: pos_t.ptr,
+                out: out_rows.ptr,
+                parts,
+                rows,
+            };
+            d.k.attention
+                .split_kv_prepped_rows(&d, kernel, s, &a)
+                .unwrap();
+            for b in 0..rows {
+                let at = |buf: &DevBuf, n: usize| buf.ptr + (b * n * 4) as u64;
+                let (kc, vc) = &c_one[b];
+                let prep = QkPrep {
+                    qg: at(&qg, 2 * hq * hd),
+                    k: at(&kin, hkv * hd),
+                    v: at(&vin, hkv * hd),
+                    q_out: q_scratch.ptr,
+                    k_cache: kc.ptr,
+                    v_cache: vc.ptr,
+                    q_norm: q_norm.ptr,
+                    k_norm: k_norm.ptr,
+                    pos: pos[b].ptr,
+                };
+                let attend = Attend {
+                    shape: s,
+                    q: q_scratch.ptr,
+                    qg: at(&qg, 2 * hq * hd),
+                    k_cache: kc.ptr,
+                    v_cache: vc.ptr,
+                    out: at(&out_one, hq * hd),
+                    pos: pos[b].ptr,
+                    n_tok: 1,
+                };
+                d.k.attention
+                    .split_kv_prepped(&d, kernel, &attend, parts, &prep)
+                    .unwrap();
+            }
+            let got: Vec<f32> = d.read(&out_rows, 0, rows * hq * hd).unwrap();
+            let want: Vec<f32> = d.read(&out_one, 0, rows * hq * hd).unwrap();
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{what}: outputs unwritten"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert!(bits(&got) == bits(&want), "{what}: outputs");
+            for b in 0..rows {
+                for (i, name) in [(0, "key"), (1, "value")] {
+                    let (x, y) = if i == 0 {
+                        (&c_rows[b].0, &c_one[b].0)
+                    } else {
+                        (&c_rows[b].1, &c_one[b].1)
+                    };
+                    let gx: Vec<u16> = d.read(x, 0, cache_n).unwrap();
+                    let gy: Vec<u16> = d.read(y, 0, cache_n).unwrap();
+                    assert!(gx == gy, "{what}: sequence {b} {name} cache");
+                    let row = (lens[b] - 1) * hkv * hd;
+                    let before = if i == 0 { &caches[b].0 } else { &caches[b].1 };
+                    assert!(
+                        gx[row..row + hkv * hd] != before[row..row + hkv * hd],
+                        "{what}: sequence {b}: no new {name} written"
+                    );
+                }
+            }
+        }
+    }
+    println!("KERNEL attention.cu batched split attention equals one sequence at a time");
+}
