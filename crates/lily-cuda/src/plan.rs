@@ -952,6 +952,14 @@ mod tests {
             BatchMoe::Rows
         );
         assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
+        assert_eq!(
+            p.batch_attention(shape, &[512, 4096, 65_537]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            p.batch_attention(shape, &[65_537, 131_072]),
+            BatchAttention::Rows(SplitKernel::MmaLong)
+        );
         // Short multi-token steps: CUDA cores.
         for n in [2, 4, 8, 15] {
             assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);
