@@ -19,7 +19,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchMoe, BatchScan, DecodePath, Dense, Experts, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchScan, DecodePath, Dense, Experts,
+    Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -227,6 +228,11 @@ impl BatchTable {
 
     fn positions(&self) -> u64 {
         self.entry((2 * self.dn_layers + 2 * self.attn_layers) * self.rows)
+    }
+
+    /// The sequences' next tokens (i32 at the start of each `next_token`).
+    fn tokens(&self) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * self.attn_layers + 1) * self.rows)
     }
 }
 
@@ -477,14 +483,24 @@ impl Forward<'_> {
             );
         }
         gpu.profile_scope("batch embed");
-        for (row, seq) in seqs.iter().enumerate() {
-            let lookup = Lookup {
-                table: &model.embed,
-                tokens: seq.next_token.ptr,
-                x: s.x.ptr + (row * h * F32) as u64,
-                n_tok: 1,
-            };
-            k.embed.lookup(gpu, &lookup)?;
+        let head = self.plan.batch_head();
+        match head {
+            BatchHead::Rows => {
+                let t = BatchTable::new(table, model, rows)?;
+                k.embed
+                    .lookup_rows(gpu, &model.embed, t.tokens(), s.x.ptr, rows)?;
+            }
+            BatchHead::PerSequence => {
+                for (row, seq) in seqs.iter().enumerate() {
+                    let lookup = Lookup {
+                        table: &model.embed,
+                        tokens: seq.next_token.ptr,
+                        x: s.x.ptr + (row * h * F32) as u64,
+                        n_tok: 1,
+                    };
+                    k.embed.lookup(gpu, &lookup)?;
+                }
+            }
         }
         let x = Rows::new(s.x.ptr, h);
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
@@ -574,8 +590,16 @@ impl Forward<'_> {
             self.moe_batch(&layer.moe, rows)?;
         }
         gpu.profile_scope("batch head");
-        for seq in seqs {
-            k.sample.advance_pos(gpu, seq.pos.ptr, 1)?;
+        match head {
+            BatchHead::Rows => {
+                let t = BatchTable::new(table, model, rows)?;
+                k.sample.advance_pos_rows(gpu, t.positions(), rows, 1)?;
+            }
+            BatchHead::PerSequence => {
+                for seq in seqs {
+                    k.sample.advance_pos(gpu, seq.pos.ptr, 1)?;
+                }
+            }
         }
         self.norm(x, model.final_norm.ptr, rows)?;
         let v = cfg.vocab;
@@ -628,10 +652,11 @@ impl Forward<'_> {
 
     /// The pointer table of a batched step (`BatchTable` reads it): u64, one a sequence in
     /// `seqs`'s order: per DeltaNet layer the recurrent states then the conv states, per
-    /// attention layer the key caches then the value caches, then the positions.
+    /// attention layer the key caches then the value caches, then the positions, then the
+    /// next tokens.
     pub fn batch_table(seqs: &[&SeqState]) -> Vec<u64> {
         let (dn, attn) = seqs.first().map_or((0, 0), |s| (s.dn.len(), s.kv.len()));
-        let mut t = Vec::with_capacity((2 * dn + 2 * attn + 1) * seqs.len());
+        let mut t = Vec::with_capacity((2 * dn + 2 * attn + 2) * seqs.len());
         for i in 0..dn {
             t.extend(seqs.iter().map(|s| s.dn[i].0.ptr));
             t.extend(seqs.iter().map(|s| s.dn[i].1.ptr));
@@ -641,6 +666,7 @@ impl Forward<'_> {
             t.extend(seqs.iter().map(|s| s.kv[i].1.ptr));
         }
         t.extend(seqs.iter().map(|s| s.pos.ptr));
+        t.extend(seqs.iter().map(|s| s.next_token.ptr));
         t
     }
 

@@ -28,8 +28,9 @@
 //! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
-//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: one `embed` and one
-//! `advance_pos` per sequence, its rows' logits copied into each sequence's); picks: `argmax_part` + `argmax_final`
+//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: `embed_rows` and
+//! `advance_pos_rows` for all sequences, `batch_head`; `--no-fused-batch`: one `embed` and one
+//! `advance_pos` per sequence; its rows' logits copied into each sequence's); picks: `argmax_part` + `argmax_final`
 //! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`;
 //! top log-probabilities (`logprobs`: 1..=20 of them with a device pick): `logprob_part` +
 //! `logprob_final` after the pick.
@@ -138,6 +139,16 @@ pub enum BatchAttention {
     /// `MmaLong`) and one `attn_split_combine_rows`, the sequence in a grid dimension.
     Rows(SplitKernel),
     /// Each sequence as its one-token step (`attention` of one token).
+    PerSequence,
+}
+
+/// How a batched decode step embeds its tokens and advances its positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchHead {
+    /// `embed_rows` and `advance_pos_rows`: every sequence in one launch each (its token and
+    /// position through the pointer table).
+    Rows,
+    /// `embed` and `advance_pos` per sequence.
     PerSequence,
 }
 
@@ -487,6 +498,16 @@ impl Plan {
         } else {
             SplitKernel::Mma
         })
+    }
+
+    /// The embedding and position update of a batched decode step: one launch each for all
+    /// sequences under `fused_batch`, else one a sequence.
+    pub fn batch_head(&self) -> BatchHead {
+        if self.o.fused_batch {
+            BatchHead::Rows
+        } else {
+            BatchHead::PerSequence
+        }
     }
 
     /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
@@ -857,6 +878,8 @@ mod tests {
             first.batch_attention(a256, &[10, 20]),
             BatchAttention::PerSequence
         );
+        assert_eq!(first.batch_head(), BatchHead::PerSequence);
+        assert_eq!(on.batch_head(), BatchHead::Rows);
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.
         let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();

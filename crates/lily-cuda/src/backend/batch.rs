@@ -11,8 +11,9 @@
 //! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
 //! of its sequences is freed, all go when the logits buffer they write is replaced.
 //!
-//! Pointer table: the kernels that run every sequence in one launch (the DeltaNet scans,
-//! attention) find each sequence's states, caches and position through a device table of
+//! Pointer table: the kernels that run every sequence in one launch (the embedding, the DeltaNet
+//! scans, attention, the position update) find each sequence's token, states, caches and
+//! position through a device table of
 //! pointers (`Forward::batch_table`), written when a set of sequences is first run: a graph
 //! keeps its own table (its launches read it at every replay), plain launches rewrite one table
 //! each step.
