@@ -789,21 +789,58 @@ extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_pr
 #endif
 }
 
+// attn_split_mma_prep_rows / attn_split_mma_prep_long_rows: attn_split_mma_prep for each sequence
+// of a batched decode step (one token each), sequence b in blockIdx.z: its token's projections at
+// row b of qg / k_in / v_in, its partials in slot b (token b's of a step), its caches and position
+// through tables the host writes once per batch composition: caches[b] (keys), caches[B + b]
+// (values), positions[b]. grid (SPLIT_MAX_SPLITS, n_kv · chunks, B).
+#define SPLIT_MMA_PREP_ROWS_ARGS                                                                          \
+    const float *__restrict__ qg, const float *__restrict__ k_in, const float *__restrict__ v_in,         \
+        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kv_t *const *__restrict__ caches, \
+        float *__restrict__ part_o, float *__restrict__ part_ml, const int *const *__restrict__ positions,  \
+        int n_q, int n_kv, int d, int rotary, float theta, float eps, float scale
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+template <int DC>
+__device__ __forceinline__ void split_mma_prep_rows_entry(SPLIT_MMA_PREP_ROWS_ARGS) {
+    long long b = blockIdx.z, slots = (long long)n_q * SPLIT_MAX_SPLITS;
+    split_mma_prep_entry<DC>(qg + b * n_q * 2 * d, k_in + b * n_kv * d, v_in + b * n_kv * d, q_norm, k_norm,
+                             caches[b], caches[gridDim.z + b], part_o + b * slots * d, part_ml + b * slots * 2,
+                             positions[b], n_q, n_kv, d, rotary, theta, eps, scale);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_prep_rows(SPLIT_MMA_PREP_ROWS_ARGS) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    split_mma_prep_rows_entry<0>(qg, k_in, v_in, q_norm, k_norm, caches, part_o, part_ml, positions, n_q, n_kv, d,
+                                 rotary, theta, eps, scale);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32)
+attn_split_mma_prep_long_rows(SPLIT_MMA_PREP_ROWS_ARGS) {
+#if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
+    if (d != 256) __trap();
+    split_mma_prep_rows_entry<SPLIT_LONG_DC>(qg, k_in, v_in, q_norm, k_norm, caches, part_o, part_ml, positions, n_q,
+                                             n_kv, d, rotary, theta, eps, scale);
+#else
+    __trap();
+#endif
+}
+
 // attn_split_combine: one block per (query head, token, 64 columns); its 8 warps take every 8th
 // split, each lane 2 columns, so the partials stream with many loads in flight instead of one
-// thread walking every split in turn; the warps' sums meet in shared memory.
-extern "C" __global__ void __launch_bounds__(256)
-attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_o,
-                   const float* __restrict__ part_ml, float* __restrict__ out, const int* __restrict__ pos_ptr,
-                   int n_tok, int n_q, int d) {
-    pdl_wait();
+// thread walking every split in turn; the warps' sums meet in shared memory. Token t's `len`
+// keys; the caller has waited for its predecessor (pdl_wait).
+__device__ __forceinline__ void split_combine_token(const float* __restrict__ qg, const float* __restrict__ part_o,
+                                                    const float* __restrict__ part_ml, float* __restrict__ out,
+                                                    int t, int len, int n_q, int d) {
     __shared__ float w_s[SPLIT_MAX_SPLITS];
     __shared__ float mx_s[8];
     __shared__ float2 acc_s[8][32];
-    int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z * 64 + 2 * (threadIdx.x & 31);
-    if (t >= n_tok) return;  // uniform over the block
+    int h = blockIdx.x, c = blockIdx.z * 64 + 2 * (threadIdx.x & 31);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int len = *pos_ptr + t + 1;
     int n_s = (len + split_keys(len) - 1) / split_keys(len);
     long long base = ((long long)t * n_q + h) * SPLIT_MAX_SPLITS;
     float big = NEG_INF;
@@ -842,6 +879,28 @@ attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_
         dst[0] = act(act(sum.x / total) * act(sigmoidf(gate[0])));
         dst[1] = act(act(sum.y / total) * act(sigmoidf(gate[1])));
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+attn_split_combine(const float* __restrict__ qg, const float* __restrict__ part_o,
+                   const float* __restrict__ part_ml, float* __restrict__ out, const int* __restrict__ pos_ptr,
+                   int n_tok, int n_q, int d) {
+    pdl_wait();
+    int t = blockIdx.y;
+    if (t >= n_tok) return;  // uniform over the block
+    split_combine_token(qg, part_o, part_ml, out, t, *pos_ptr + t + 1, n_q, d);
+}
+
+// attn_split_combine_rows: attn_split_combine for each sequence of a batched decode step (one
+// token each), sequence t in blockIdx.y: its rows of qg and out, its partials' slot t, its
+// position through the table positions[t].
+extern "C" __global__ void __launch_bounds__(256)
+attn_split_combine_rows(const float* __restrict__ qg, const float* __restrict__ part_o,
+                        const float* __restrict__ part_ml, float* __restrict__ out,
+                        const int* const* __restrict__ positions, int n_q, int d) {
+    pdl_wait();
+    int t = blockIdx.y;
+    split_combine_token(qg, part_o, part_ml, out, t, *positions[t] + 1, n_q, d);
 }
 
 // ---- prefill on tensor cores --------------------------------------------------------------------

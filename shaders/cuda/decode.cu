@@ -759,16 +759,13 @@ __device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeo
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-         int tiles_per_item) {
-    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];
-    __shared__ float xsum[DEC_MAX_GROUPS];
-    __shared__ float p[DEC_MAX_EXPERTS];
-    __shared__ int ids_s[DEC_MAX_TOPK];
-    __shared__ float w_s[DEC_MAX_TOPK];
+// dec_glu4's work for one token (its shared memory passed in).
+__device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
+                                           int n_experts, int top_k, int* __restrict__ ids,
+                                           float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                                           const float* __restrict__ xn, float* __restrict__ h, int h_stride,
+                                           float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
+                                           float* p, int* ids_s, float* w_s) {
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -801,6 +798,39 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
     dec_trigger_late();
 }
 
+#define GLU4_SHARED                                          \
+    __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD]; \
+    __shared__ float xsum[DEC_MAX_GROUPS];                   \
+    __shared__ float p[DEC_MAX_EXPERTS];                     \
+    __shared__ int ids_s[DEC_MAX_TOPK];                      \
+    __shared__ float w_s[DEC_MAX_TOPK];
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+         int tiles_per_item) {
+    GLU4_SHARED
+    glu4_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+               tiles_per_item, xs, xsum, p, ids_s, w_s);
+}
+
+// dec_glu4_rows: dec_glu4 for each token of a batched decode step, token b in blockIdx.y (each
+// routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
+// [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
+// expert is read once per token. grid (blocks per token, B).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+              int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+              const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+              int tiles_per_item) {
+    GLU4_SHARED
+    long long b = blockIdx.y;
+    glu4_token(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, route_w + b * top_k,
+               sgate, sup, xn + b * gate.cols, h + b * top_k * h_stride, h_stride, hs + b * sgate.rows,
+               tiles_per_item, xs, xsum, p, ids_s, w_s);
+}
+
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
 // rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Items i < top_k are the routed
 // experts, item top_k the shared one. A block serves DEC_DOWN_WARPS · (32 / lpr) output rows with
@@ -809,10 +839,11 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
 // to hide its latencies; the chunks' partial sums meet in shared memory. Dynamic shared memory
 // (down_smem in the launcher): the top_k + 1 input rows padded, their group sums, the partials.
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                 const float* __restrict__ s_gate, float* __restrict__ x) {
+__device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                                   const float* __restrict__ route_w, int top_k,
+                                                   const float* __restrict__ h, int h_stride,
+                                                   const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                                   float* __restrict__ x) {
     extern __shared__ __align__(16) float dec_smem[];
     int cols = down.cols, G = cols >> 6;
     int items = top_k + 1;
@@ -938,14 +969,32 @@ dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const
     }
 }
 
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
+                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                 const float* __restrict__ s_gate, float* __restrict__ x) {
+    down_combine_token(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);
+}
+
+// dec_down_combine_rows: dec_down_combine for each token of a batched decode step, token b in
+// blockIdx.y: ids and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B],
+// x [B, down.rows]. grid (ceil(hidden / rows a block), B).
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
+                      int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                      const float* __restrict__ s_gate, float* __restrict__ x) {
+    long long b = blockIdx.y;
+    down_combine_token(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, h_stride,
+                       hs + b * sdown.cols, s_gate + b, x + b * down.rows);
+}
+
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 
 // dec_dn_conv: c = silu(conv(m)) for one token and the conv state shifted by it: dn_conv then
 // dn_conv_state in one launch (each thread owns its channel, so nothing is read after another
 // block wrote it). grid ceil(conv_dim / 128), block 128.
-extern "C" __global__ void __launch_bounds__(128)
-dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
-            float* __restrict__ c, int conv_dim, int k) {
+__device__ __forceinline__ void dn_conv_one(const float* __restrict__ m, float* __restrict__ conv_state,
+                                            const float* __restrict__ w, float* __restrict__ c, int conv_dim, int k) {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     bool live = ch < conv_dim;
     // Before pdl_wait: the conv state (last written by this layer's previous step, long done)
@@ -973,15 +1022,31 @@ dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const f
         if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
 }
 
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv(const float* __restrict__ m, float* __restrict__ conv_state, const float* __restrict__ w,
+            float* __restrict__ c, int conv_dim, int k) {
+    dn_conv_one(m, conv_state, w, c, conv_dim, k);
+}
+
+// dec_dn_conv_rows: dec_dn_conv for each sequence of a batched decode step, sequence b in
+// blockIdx.y: its token at row b of m and c ([B, conv_dim]), its conv state conv_states[b] (a
+// table the host writes once per batch composition, read before pdl_wait like the state).
+// grid (ceil(conv_dim / 128), B), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_conv_rows(const float* __restrict__ m, float* const* __restrict__ conv_states, const float* __restrict__ w,
+                 float* __restrict__ c, int conv_dim, int k) {
+    long long row = (long long)blockIdx.y * conv_dim;
+    dn_conv_one(m + row, conv_states[blockIdx.y], w, c + row, conv_dim, k);
+}
+
 // dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
 // every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and
 // computes α, β of its V head, then updates its DEC_DN_COLS state columns as dn_recurrent does.
-extern "C" __global__ void __launch_bounds__(128)
-dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
-            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
-            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
-    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
-    __shared__ float ab_s[2];
+__device__ __forceinline__ void dn_step_one(const float* __restrict__ c, const float* __restrict__ b,
+                                            const float* __restrict__ a, const float* __restrict__ a_log,
+                                            const float* __restrict__ dt_bias, float* __restrict__ state,
+                                            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv,
+                                            float eps, float* q_s, float* k_s, float* ab_s) {
     int hv = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int part = lane % DEC_DN_PARTS;
@@ -1026,4 +1091,187 @@ dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const floa
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
         if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_step(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+            const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
+            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
+    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
+    __shared__ float ab_s[2];
+    dn_step_one(c, b, a, a_log, dt_bias, state, o, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
+}
+
+// dec_dn_step_rows: dec_dn_step for each sequence of a batched decode step, sequence r in
+// blockIdx.z: its token at row r of c [B, conv_dim], b and a [B, n_v_heads], o [B, n_v_heads · dv],
+// its recurrent state states[r] (a table the host writes once per batch composition).
+// grid (n_v_heads, dv / DEC_DN_COLS, B), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+                 const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* const* __restrict__ states,
+                 float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv, float eps) {
+    __shared__ float q_s[DEC_DN_MAX_DK], k_s[DEC_DN_MAX_DK];
+    __shared__ float ab_s[2];
+    long long r = blockIdx.z;
+    long long conv_dim = 2LL * n_k_heads * dk + (long long)n_v_heads * dv;
+    dn_step_one(c + r * conv_dim, b + r * n_v_heads, a + r * n_v_heads, a_log, dt_bias, states[r],
+                o + r * n_v_heads * dv, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
+}
+
+// ---- Batched decode (several sequences, one token each) -----------------------------------------
+
+// dec_gemv_rows: y_s[b] = W_s · x[b] for the nb ≤ DEC_B_MAX rows of a batched decode step
+// (Forward::run_batch), up to DEC_MAX_SEGS weights reading the same rows (as dec_gemv): each
+// weight is read once for all the rows. x [nb, cols] (already normed) is staged in shared memory
+// (dynamic: nb · G · DEC_XPAD floats and nb · G group sums, G = cols / 64). L = min(8, G) lanes (a
+// power of two) share a weight row, each taking the groups sl, sl + L, ...; per group it turns
+// the packed weights into floats once and dots them with every staged row: the lanes of different
+// rows read the same x addresses (broadcasts) and the L lanes of a row L distinct groups (distinct
+// banks with the DEC_XPAD padding), so shared memory serves the nb rows at the FMA rate. The
+// next group's weights are in flight while this one's are summed. Output row b of a weight is
+// y + b · rows (its rows are the width of its output). Persistent grid over tiles of
+// DEC_WARPS · (32 / L) weight rows; block DEC_WARPS · 32.
+template <int BITS>
+struct BGroup {
+    uint4 q[BITS / 2];
+    float s, b;
+};
+
+template <int BITS>
+__device__ __forceinline__ void bgroup_load(const QWeight& w, long long row, int G, int g, BGroup<BITS>& r) {
+    const int WPG = 2 * BITS;  // u32 words per group
+    // The lane reads its group's words whole (32 or 64 bytes): through L1, so the second 16 bytes
+    // of a sector come from there.
+    const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * ((long long)G * WPG) + (long long)g * WPG);
+#pragma unroll
+    for (int v = 0; v < BITS / 2; v++) r.q[v] = __ldg(qp + v);
+    r.s = bf16_to_f32(w.scales[row * G + g]);
+    r.b = bf16_to_f32(w.biases[row * G + g]);
+}
+
+// acc[b] += group g's share of row · x[b] for b < nb; xg: row 0's group g in shared memory, rows
+// `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
+template <int BITS>
+__device__ __forceinline__ void bgroup_dot(const BGroup<BITS>& r, const float* xg, int xstride,
+                                           const float* xsum_g, int G, int nb, float (&acc)[DEC_B_MAX]) {
+    float a0[DEC_B_MAX], a1[DEC_B_MAX];
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++) a0[b] = a1[b] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < BITS / 2; v++) {
+        u32 words[4] = {r.q[v].x, r.q[v].y, r.q[v].z, r.q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 w = words[i];
+            if (BITS == 4) {
+                // Word 4v+i: columns 8(4v+i) .. +7; low nibbles the even columns, high the odd.
+                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
+                float we[4], wo[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    we[k] = nib_f(lo, NIB_SEL(k));
+                    wo[k] = nib_f(hi, NIB_SEL(k));
+                }
+                int c = 8 * (4 * v + i);
+#pragma unroll
+                for (int b = 0; b < DEC_B_MAX; b++) {
+                    if (b < nb) {
+                        float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
+                        float4 xb = *reinterpret_cast<const float4*>(xg + b * xstride + c + 4);
+                        a0[b] = fmaf(we[0], xa.x, a0[b]);
+                        a1[b] = fmaf(wo[0], xa.y, a1[b]);
+                        a0[b] = fmaf(we[1], xa.z, a0[b]);
+                        a1[b] = fmaf(wo[1], xa.w, a1[b]);
+                        a0[b] = fmaf(we[2], xb.x, a0[b]);
+                        a1[b] = fmaf(wo[2], xb.y, a1[b]);
+                        a0[b] = fmaf(we[3], xb.z, a0[b]);
+                        a1[b] = fmaf(wo[3], xb.w, a1[b]);
+                    }
+                }
+            } else {
+                // Word 4v+i: columns 4(4v+i) .. +3, byte j column j.
+                float w0 = byte_f(w, 0x7440), w1 = byte_f(w, 0x7441);
+                float w2 = byte_f(w, 0x7442), w3 = byte_f(w, 0x7443);
+                int c = 4 * (4 * v + i);
+#pragma unroll
+                for (int b = 0; b < DEC_B_MAX; b++) {
+                    if (b < nb) {
+                        float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
+                        a0[b] = fmaf(w0, xa.x, a0[b]);
+                        a1[b] = fmaf(w1, xa.y, a1[b]);
+                        a0[b] = fmaf(w2, xa.z, a0[b]);
+                        a1[b] = fmaf(w3, xa.w, a1[b]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b < nb) acc[b] += group_term<BITS>(r.s, r.b, a0[b] + a1[b], xsum_g[b * G]);
+}
+
+// acc[b] = the lane's share of row `row` (clamped to the last row) · x[b]: its groups sl + j·L,
+// two deep (the next group's loads in flight while this one is summed).
+template <int BITS>
+__device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L, int sl, const float* xs,
+                                         const float* xsum, int nb, float (&acc)[DEC_B_MAX]) {
+    long long r = min(row, w.rows - 1);
+    int xstride = G * DEC_XPAD;
+    BGroup<BITS> ga, gb;
+    int g = sl;
+    if (g < G) bgroup_load<BITS>(w, r, G, g, ga);
+    for (; g < G; g += 2 * L) {
+        if (g + L < G) bgroup_load<BITS>(w, r, G, g + L, gb);
+        bgroup_dot<BITS>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
+        if (g + L >= G) break;
+        if (g + 2 * L < G) bgroup_load<BITS>(w, r, G, g + 2 * L, ga);
+        bgroup_dot<BITS>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int G = cols >> 6;
+    float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
+    float* xsum = xs + nb * G * DEC_XPAD;    // [nb][G]
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int L = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
+    int rpw = 32 / L, sub = lane / L, sl = lane % L;
+    dec_wait();
+    // The rows, 16 bytes at a time (cols % 64 == 0: a float4 never straddles a group or a row).
+    int n4 = nb * cols / 4;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        int b = (4 * i) / cols, c = (4 * i) % cols;
+        float4 v = *reinterpret_cast<const float4*>(x + (long long)b * cols + c);
+        *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
+    }
+    __syncthreads();
+    // Each (row, group)'s sum, as stage_slow sums a group.
+    for (int bg = warp; bg < nb * G; bg += DEC_WARPS) {
+        float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
+        if (lane == 0) xsum[bg] = s;
+    }
+    __syncthreads();
+    for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
+        DecSeg sg = seg_of(segs, tile);
+        int row = (tile - sg.tile0) * DEC_WARPS * rpw + warp * rpw + sub;
+        float acc[DEC_B_MAX];
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;
+        if (sg.w.bits == 4)
+            brow_dot<4>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+        else
+            brow_dot<8>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++)
+            for (int o = L >> 1; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+        if (sl == 0 && row < sg.w.rows) {
+#pragma unroll
+            for (int b = 0; b < DEC_B_MAX; b++)
+                if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row, sg.mode, acc[b]);
+        }
+    }
+    dec_trigger_late();
 }

@@ -180,6 +180,14 @@ extern "C" __global__ void advance_pos(int* pos, int n) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += n;
 }
 
+// advance_pos_rows: *pos[i] += n for the rows sequences of a batched decode step (pos: a table of
+// their position pointers), one thread each. grid ceil(rows / 128), block 128.
+extern "C" __global__ void advance_pos_rows(int* const* pos, int rows, int n) {
+    pdl_wait();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows) *pos[i] += n;
+}
+
 #ifndef PICK_MAX_K
 #error "PICK_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/sample.rs)"
 #endif

@@ -49,6 +49,31 @@ pub fn check_tokens(vocab: usize, len: usize, max_ctx: usize, tokens: &[u32]) ->
     Ok(())
 }
 
+/// `Backend::decode_step`'s default: the rows one after another, each through `decode` (one
+/// token) and, when it is fed, `prefill` — one forward pass a row. A backend whose batched step is
+/// switched off calls it too.
+pub fn decode_step_one_by_one<B: Backend + ?Sized>(
+    backend: &mut B,
+    rows: &mut [DecodeRow<'_>],
+    on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
+) -> Result<()> {
+    for (i, row) in rows.iter_mut().enumerate() {
+        let before = backend.seq_len(row.seq)?;
+        let mut picked = None;
+        backend.decode(row.seq, row.sampler, 1, row.top_logprobs, &mut |step| {
+            picked = Some((step.token, on_token(i, step)));
+            Flow::Stop
+        })?;
+        // `decode` never feeds its n-th token; checked all the same (`seq_len` tells).
+        if let Some((token, Flow::Continue)) = picked {
+            if row.feed && backend.seq_len(row.seq)? == before {
+                backend.prefill(row.seq, &[token])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One sequence's part in a batched decode step (`Backend::decode_step`).
 pub struct DecodeRow<'a> {
     pub seq: SeqId,
@@ -135,27 +160,14 @@ pub trait Backend: Send {
     /// `Flow::Continue`, so that its logits become pending. A token not fed leaves its sequence as
     /// it was (its sampler has accepted it). A backend overrides this with one forward pass for
     /// all the fed tokens (each weight read once for the batch); the default runs the rows one
-    /// after another through `decode` (one token) and `prefill`. An error fails the whole step.
+    /// after another through `decode` (one token) and `prefill` (`decode_step_one_by_one`). An
+    /// error fails the whole step.
     fn decode_step(
         &mut self,
         rows: &mut [DecodeRow<'_>],
         on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
     ) -> Result<()> {
-        for (i, row) in rows.iter_mut().enumerate() {
-            let before = self.seq_len(row.seq)?;
-            let mut picked = None;
-            self.decode(row.seq, row.sampler, 1, row.top_logprobs, &mut |step| {
-                picked = Some((step.token, on_token(i, step)));
-                Flow::Stop
-            })?;
-            // `decode` never feeds its n-th token; checked all the same (`seq_len` tells).
-            if let Some((token, Flow::Continue)) = picked {
-                if row.feed && self.seq_len(row.seq)? == before {
-                    self.prefill(row.seq, &[token])?;
-                }
-            }
-        }
-        Ok(())
+        decode_step_one_by_one(self, rows, on_token)
     }
 
     /// Saves `seq`'s state at its current length. The snapshot shares `seq`'s KV rows up to that

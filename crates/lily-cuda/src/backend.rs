@@ -823,18 +823,24 @@ impl Backend for CudaBackend {
     }
 
     /// 1 until the batched step (batch.rs) is measured on the device against the queue (issue
-    /// 32: 4 clients ≥ 2.5× one client's decode, 8 ≥ 3.5×); `--max-batch N` runs it now.
+    /// 32: 4 clients ≥ 2.5× one client's decode, 8 ≥ 3.5×); `--max-batch N --batched-decode`
+    /// runs it now.
     fn default_max_batch(&self) -> usize {
         1
     }
 
-    /// Every row picked as `decode` picks, then one forward pass for the rows fed (batch.rs).
+    /// With `batched_decode`: every row picked as `decode` picks, then one forward pass for the
+    /// rows fed (batch.rs). Without: the rows one after another, as the trait's default.
     fn decode_step(
         &mut self,
         rows: &mut [DecodeRow<'_>],
         on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
     ) -> Result<()> {
-        self.decode_rows(rows, on_token)
+        if self.plan.batched_decode() {
+            self.decode_rows(rows, on_token)
+        } else {
+            lily_core::backend::decode_step_one_by_one(self, rows, on_token)
+        }
     }
 
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {

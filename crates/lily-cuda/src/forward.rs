@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, SplitPartials};
+use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
@@ -18,8 +18,13 @@ use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
-use crate::plan::{AttentionKernels, DecodePath, Dense, Experts, Plan, Router};
-use crate::weights::{DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe};
+use crate::plan::{
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchScan, DecodePath, Dense, Experts,
+    Plan, Router,
+};
+use crate::weights::{
+    DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
+};
 
 const F32: usize = 4;
 
@@ -172,6 +177,62 @@ impl Scratch {
             n_tiles: buf(1)?,
             max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
         })
+    }
+}
+
+/// Where a batched step's kernels find each sequence's buffers in the device copy of
+/// `Forward::batch_table` (`rows` sequences of `model`).
+struct BatchTable {
+    at: u64,
+    rows: usize,
+    dn_layers: usize,
+    attn_layers: usize,
+}
+
+impl BatchTable {
+    fn new(at: u64, model: &DevModel, rows: usize) -> Result<BatchTable> {
+        if at == 0 {
+            bail!("a batched step's kernels need the sequences' pointer table");
+        }
+        let dn_layers = model
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mixer, DevMixer::DeltaNet(_)))
+            .count();
+        Ok(BatchTable {
+            at,
+            rows,
+            dn_layers,
+            attn_layers: model.layers.len() - dn_layers,
+        })
+    }
+
+    /// Entry `i` (in u64s) of the table.
+    fn entry(&self, i: usize) -> u64 {
+        self.at + (i * 8) as u64
+    }
+
+    /// DeltaNet layer `i`'s recurrent states, then its conv states.
+    fn states(&self, i: usize) -> u64 {
+        self.entry(2 * i * self.rows)
+    }
+
+    fn convs(&self, i: usize) -> u64 {
+        self.entry((2 * i + 1) * self.rows)
+    }
+
+    /// Attention layer `i`'s key caches followed by its value caches.
+    fn caches(&self, i: usize) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * i) * self.rows)
+    }
+
+    fn positions(&self) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * self.attn_layers) * self.rows)
+    }
+
+    /// The sequences' next tokens (i32 at the start of each `next_token`).
+    fn tokens(&self) -> u64 {
+        self.entry((2 * self.dn_layers + 2 * self.attn_layers + 1) * self.rows)
     }
 }
 
@@ -402,7 +463,17 @@ impl Forward<'_> {
     /// state and position (`Plan::batch_scan` names the scan). lm_head writes the rows' logits
     /// into `logits` ([rows, vocab]), each row then copied into its sequence's `logits`; every
     /// position advances by one. Like `run`, nothing waits on the host (graph-capturable).
-    pub fn run_batch(&self, model: &DevModel, seqs: &[&SeqState], logits: u64) -> Result<()> {
+    ///
+    /// `table`: the device copy of `batch_table(seqs)` (`BatchTable`: the kernels that run
+    /// every sequence in one launch find its states, caches and position through it). Like the
+    /// graphs, it holds for exactly these sequences in this order.
+    pub fn run_batch(
+        &self,
+        model: &DevModel,
+        seqs: &[&SeqState],
+        logits: u64,
+        table: u64,
+    ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let (h, rows) = (cfg.hidden, seqs.len());
         if rows == 0 || rows > s.chunk {
@@ -412,14 +483,24 @@ impl Forward<'_> {
             );
         }
         gpu.profile_scope("batch embed");
-        for (row, seq) in seqs.iter().enumerate() {
-            let lookup = Lookup {
-                table: &model.embed,
-                tokens: seq.next_token.ptr,
-                x: s.x.ptr + (row * h * F32) as u64,
-                n_tok: 1,
-            };
-            k.embed.lookup(gpu, &lookup)?;
+        let head = self.plan.batch_head();
+        match head {
+            BatchHead::Rows => {
+                let t = BatchTable::new(table, model, rows)?;
+                k.embed
+                    .lookup_rows(gpu, &model.embed, t.tokens(), s.x.ptr, rows)?;
+            }
+            BatchHead::PerSequence => {
+                for (row, seq) in seqs.iter().enumerate() {
+                    let lookup = Lookup {
+                        table: &model.embed,
+                        tokens: seq.next_token.ptr,
+                        x: s.x.ptr + (row * h * F32) as u64,
+                        n_tok: 1,
+                    };
+                    k.embed.lookup(gpu, &lookup)?;
+                }
+            }
         }
         let x = Rows::new(s.x.ptr, h);
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
@@ -428,55 +509,279 @@ impl Forward<'_> {
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     gpu.profile_scope("batch attention");
-                    self.attention_in(a, rows)?;
-                    for (row, seq) in seqs.iter().enumerate() {
-                        let (kc, vc) = &seq.kv[attn_i];
-                        let keys = seq.len + 1;
-                        self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
+                    let qkv = [
+                        (&a.q_proj, Out::Store(s.qg.ptr)),
+                        (&a.k_proj, Out::Store(s.k.ptr)),
+                        (&a.v_proj, Out::Store(s.v.ptr)),
+                    ];
+                    self.project_batch(s.xn.ptr, h, rows, &qkv)?;
+                    let keys: Vec<usize> = seqs.iter().map(|seq| seq.len + 1).collect();
+                    match self.plan.batch_attention(AttnShape::of(cfg), &keys) {
+                        BatchAttention::Rows(kernel) => {
+                            let t = BatchTable::new(table, model, rows)?;
+                            let rows_attend = RowsAttend {
+                                qg: s.qg.ptr,
+                                k: s.k.ptr,
+                                v: s.v.ptr,
+                                q_norm: a.q_norm.ptr,
+                                k_norm: a.k_norm.ptr,
+                                caches: t.caches(attn_i),
+                                positions: t.positions(),
+                                out: s.attn_o.ptr,
+                                parts: SplitPartials {
+                                    part_o: s.part_o.ptr,
+                                    part_ml: s.part_ml.ptr,
+                                },
+                                rows,
+                            };
+                            k.attention.split_kv_prepped_rows(
+                                gpu,
+                                kernel,
+                                AttnShape::of(cfg),
+                                &rows_attend,
+                            )?;
+                        }
+                        BatchAttention::PerSequence => {
+                            for (row, seq) in seqs.iter().enumerate() {
+                                let (kc, vc) = &seq.kv[attn_i];
+                                let keys = seq.len + 1;
+                                self.attend(a, kc.ptr, vc.ptr, seq.pos.ptr, keys, 1, row)?;
+                            }
+                        }
                     }
                     attn_i += 1;
-                    self.attention_out(a, rows)?;
+                    let hqd = cfg.n_heads * cfg.head_dim;
+                    let o = [(&a.o_proj, Out::AddToResidual(s.x.ptr))];
+                    self.project_batch(s.attn_o.ptr, hqd, rows, &o)?;
                 }
                 DevMixer::DeltaNet(d) => {
                     gpu.profile_scope("batch deltanet");
-                    self.deltanet_in(d, rows)?;
-                    for (row, seq) in seqs.iter().enumerate() {
-                        let (state, conv) = &seq.dn[dn_i];
-                        match self.plan.batch_scan(cfg) {
-                            DecodePath::Fused => {
-                                self.deltanet_scan_one_token(d, state.ptr, conv.ptr, row)?
-                            }
-                            DecodePath::PerKernel => {
-                                self.deltanet_scan(d, state.ptr, conv.ptr, 1, row)?
+                    let inputs = [
+                        (&d.in_qkv, Out::Store(s.m.ptr)),
+                        (&d.in_z, Out::Store(s.z.ptr)),
+                        (&d.in_b, Out::Store(s.b.ptr)),
+                        (&d.in_a, Out::Store(s.a.ptr)),
+                    ];
+                    self.project_batch(s.xn.ptr, h, rows, &inputs)?;
+                    match self.plan.batch_scan(cfg) {
+                        BatchScan::Rows => {
+                            let t = BatchTable::new(table, model, rows)?;
+                            self.deltanet_scan_rows(d, t.states(dn_i), t.convs(dn_i), rows)?;
+                        }
+                        scan => {
+                            for (row, seq) in seqs.iter().enumerate() {
+                                let (state, conv) = &seq.dn[dn_i];
+                                if scan == BatchScan::OneToken {
+                                    self.deltanet_scan_one_token(d, state.ptr, conv.ptr, row)?
+                                } else {
+                                    self.deltanet_scan(d, state.ptr, conv.ptr, 1, row)?
+                                }
                             }
                         }
                     }
                     dn_i += 1;
-                    self.deltanet_out(d, rows)?;
+                    self.deltanet_gated_norm(d, rows)?;
+                    let out = [(&d.out_proj, Out::AddToResidual(s.x.ptr))];
+                    self.project_batch(s.dn_y.ptr, cfg.dn_value_dim(), rows, &out)?;
                 }
             }
             gpu.profile_scope("batch moe");
             self.norm(x, layer.post_norm.ptr, rows)?;
-            self.moe(&layer.moe, rows)?;
+            self.moe_batch(&layer.moe, rows)?;
         }
         gpu.profile_scope("batch head");
-        for seq in seqs {
-            k.sample.advance_pos(gpu, seq.pos.ptr, 1)?;
+        match head {
+            BatchHead::Rows => {
+                let t = BatchTable::new(table, model, rows)?;
+                k.sample.advance_pos_rows(gpu, t.positions(), rows, 1)?;
+            }
+            BatchHead::PerSequence => {
+                for seq in seqs {
+                    k.sample.advance_pos(gpu, seq.pos.ptr, 1)?;
+                }
+            }
         }
         self.norm(x, model.final_norm.ptr, rows)?;
         let v = cfg.vocab;
-        let all = Rows::new(logits, v);
-        self.project(
-            &model.lm_head,
-            Rows::new(s.xn.ptr, h),
-            all,
-            rows,
-            Store::Overwrite,
-        )?;
+        self.project_batch(s.xn.ptr, h, rows, &[(&model.lm_head, Out::Store(logits))])?;
         for (row, seq) in seqs.iter().enumerate() {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
         Ok(())
+    }
+
+    /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
+    /// the router logits and the shared-expert gate of all rows in one launch, then each row's
+    /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
+    /// projection with the combine and the residual add in one.
+    fn moe_rows(&self, m: &DevMoe, rows: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+        ];
+        self.project_batch(s.xn.ptr, cfg.hidden, rows, &first)?;
+        let glu = Glu {
+            gate: &m.gate,
+            up: &m.up,
+            router_logits: s.router.ptr,
+            n_experts: cfg.n_experts,
+            ids: s.ids.ptr,
+            route_w: s.route_w.ptr,
+            top_k: cfg.top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn: s.xn.ptr,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+        };
+        k.decode.glu_rows(gpu, &glu, rows)?;
+        let down = DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            top_k: cfg.top_k,
+            h: s.eh.ptr,
+            h_shared: s.sh.ptr,
+            shared_gate: s.s_gate.ptr,
+            x: s.x.ptr,
+        };
+        k.decode.down_combine_rows(gpu, &down, rows)
+    }
+
+    /// The pointer table of a batched step (`BatchTable` reads it): u64, one a sequence in
+    /// `seqs`'s order: per DeltaNet layer the recurrent states then the conv states, per
+    /// attention layer the key caches then the value caches, then the positions, then the
+    /// next tokens.
+    pub fn batch_table(seqs: &[&SeqState]) -> Vec<u64> {
+        let (dn, attn) = seqs.first().map_or((0, 0), |s| (s.dn.len(), s.kv.len()));
+        let mut t = Vec::with_capacity((2 * dn + 2 * attn + 2) * seqs.len());
+        for i in 0..dn {
+            t.extend(seqs.iter().map(|s| s.dn[i].0.ptr));
+            t.extend(seqs.iter().map(|s| s.dn[i].1.ptr));
+        }
+        for i in 0..attn {
+            t.extend(seqs.iter().map(|s| s.kv[i].0.ptr));
+            t.extend(seqs.iter().map(|s| s.kv[i].1.ptr));
+        }
+        t.extend(seqs.iter().map(|s| s.pos.ptr));
+        t.extend(seqs.iter().map(|s| s.next_token.ptr));
+        t
+    }
+
+    /// The conv and recurrent step of the `rows` sequences of a batched step in one launch
+    /// each, their tokens at rows 0.. of scratch.m / b / a, into those rows of scratch.dn_o;
+    /// `states` and `convs`: device tables of each row's recurrent and conv state pointers.
+    fn deltanet_scan_rows(
+        &self,
+        d: &DevDeltaNet,
+        states: u64,
+        convs: u64,
+        rows: usize,
+    ) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let c = DnConv {
+            m: s.m.ptr,
+            conv_state: convs,
+            weight: d.conv.ptr,
+            c: s.c.ptr,
+            conv_dim: cfg.conv_dim(),
+            kernel: cfg.conv_kernel,
+        };
+        k.decode.dn_conv_rows(gpu, &c, rows)?;
+        let step = DnStep {
+            c: s.c.ptr,
+            b: s.b.ptr,
+            a: s.a.ptr,
+            a_log: d.a_log.ptr,
+            dt_bias: d.dt_bias.ptr,
+            state: states,
+            o: s.dn_o.ptr,
+            n_k: cfg.dn_k_heads,
+            n_v: cfg.dn_v_heads,
+            dk: cfg.dn_k_dim,
+            dv: cfg.dn_v_dim,
+        };
+        k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows)
+    }
+
+    /// The projections of one input for the `rows` rows of a batched decode step (x: f32
+    /// [rows, cols]), as `Plan::batch_projections` says: decode.cu's `dec_gemv_rows` in one
+    /// launch, or each weight's B-token kernel (`project`; the router's exact `router_logits`).
+    /// Output row b of a weight of r rows goes to its pointer + b · r floats.
+    fn project_batch(
+        &self,
+        x: u64,
+        cols: usize,
+        rows: usize,
+        outs: &[(&DevLinear, Out)],
+    ) -> Result<()> {
+        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
+        match self.plan.batch_projections(&shapes) {
+            DecodePath::Fused => self
+                .kernels
+                .decode
+                .project_rows(self.gpu, x, cols, rows, outs),
+            DecodePath::PerKernel => {
+                let xr = Rows::new(x, cols);
+                for &(w, out) in outs {
+                    match out {
+                        Out::Store(y) => {
+                            self.project(w, xr, Rows::new(y, w.rows), rows, Store::Overwrite)?
+                        }
+                        Out::AddToResidual(y) => {
+                            self.project(w, xr, Rows::new(y, w.rows), rows, Store::AddToResidual)?
+                        }
+                        Out::Exact(y) => self.router_logits(w, xr, Rows::new(y, w.rows), rows)?,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn), as
+    /// `Plan::batch_moe` says: one-token decode's three launches with the token in a grid
+    /// dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
+    /// projections of xn together (`project_batch`), the routing, the routed experts grouped
+    /// over the rows' picks, the shared expert's down projection, the combine into the residual.
+    fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        if self.plan.batch_moe(m, MoeShape::of(cfg)) == BatchMoe::Rows {
+            return self.moe_rows(m, rows);
+        }
+        let (h, sinter) = (cfg.hidden, cfg.shared_inter);
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+            (&m.shared_gate, Out::Store(s.sg.ptr)),
+            (&m.shared_up, Out::Store(s.su.ptr)),
+        ];
+        self.project_batch(s.xn.ptr, h, rows, &first)?;
+        let route = Route {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.route_w.ptr,
+            n_tok: rows,
+            shape: MoeShape::of(cfg),
+        };
+        k.moe.route(gpu, &route)?;
+        self.routed_experts(m, rows, None)?;
+        let shared_silu = SiluMul {
+            g: s.sg.ptr,
+            u: s.su.ptr,
+            h: s.sh.ptr,
+            n: rows * sinter,
+        };
+        k.moe.silu_mul(gpu, &shared_silu)?;
+        self.project_batch(
+            s.sh.ptr,
+            sinter,
+            rows,
+            &[(&m.shared_down, Out::Store(s.sy.ptr))],
+        )?;
+        self.combine(rows)
     }
 
     /// scratch.xn[..rows] = RMSNorm(x[..rows]) · weight.
@@ -876,6 +1181,17 @@ impl Forward<'_> {
     /// The gated norm of `n` rows of scratch.dn_o with scratch.z, then out_proj, added into the
     /// residual.
     fn deltanet_out(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.scratch);
+        let vd = cfg.dn_value_dim();
+        self.deltanet_gated_norm(dnw, n)?;
+        let y = Rows::new(s.dn_y.ptr, vd);
+        let yb = self.stage_bf16(y, n, vd, n)?;
+        let x = Rows::new(s.x.ptr, cfg.hidden);
+        self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
+    }
+
+    /// The gated norm of `n` rows of scratch.dn_o with scratch.z into scratch.dn_y.
+    fn deltanet_gated_norm(&self, dnw: &DevDeltaNet, n: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let vd = cfg.dn_value_dim();
         let gn = GatedNorm {
@@ -887,19 +1203,14 @@ impl Forward<'_> {
             n_tok: n,
             eps: cfg.rms_eps,
         };
-        k.deltanet.gated_norm(gpu, DnShape::of(cfg), &gn)?;
-        let y = Rows::new(s.dn_y.ptr, vd);
-        let yb = self.stage_bf16(y, n, vd, n)?;
-        let x = Rows::new(s.x.ptr, cfg.hidden);
-        self.project_staged(&dnw.out_proj, y, yb, x, n, Store::AddToResidual)
+        k.deltanet.gated_norm(gpu, DnShape::of(cfg), &gn)
     }
 
     /// MoE (MODEL.md §2.6): x += Σ_k w_k expert_k(xn) + sigmoid(gate·xn) shared(xn).
     pub fn moe(&self, m: &DevMoe, n: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let h = cfg.hidden;
-        let (e, top_k, inter, sinter) =
-            (cfg.n_experts, cfg.top_k, cfg.expert_inter, cfg.shared_inter);
+        let (e, sinter) = (cfg.n_experts, cfg.shared_inter);
         let shape = MoeShape::of(cfg);
         let xn = Rows::new(s.xn.ptr, h);
         self.router_logits(&m.router, xn, Rows::new(s.router.ptr, e), n)?;
@@ -920,6 +1231,29 @@ impl Forward<'_> {
         self.project_staged(&m.shared_up, xn, xb, su, n, Store::Overwrite)?;
         let s_gate = Rows::new(s.s_gate.ptr, 1);
         self.project_staged(&m.shared_expert_gate, xn, xb, s_gate, n, Store::Overwrite)?;
+        self.routed_experts(m, n, xb)?;
+        let shared_silu = SiluMul {
+            g: s.sg.ptr,
+            u: s.su.ptr,
+            h: s.sh.ptr,
+            n: n * sinter,
+        };
+        k.moe.silu_mul(gpu, &shared_silu)?;
+        let sh = Rows::new(s.sh.ptr, sinter);
+        let shb = self.stage_bf16(sh, n, sinter, n)?;
+        let sy = Rows::new(s.sy.ptr, h);
+        self.project_staged(&m.shared_down, sh, shb, sy, n, Store::Overwrite)?;
+        self.combine(n)
+    }
+
+    /// The routed experts of `n` rows of scratch.xn (`xb`: staged as bf16), routed in
+    /// scratch.ids, into scratch.ey, with the kernels `Plan::experts` names.
+    fn routed_experts(&self, m: &DevMoe, n: usize, xb: Option<Rows>) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let h = cfg.hidden;
+        let (e, top_k, inter) = (cfg.n_experts, cfg.top_k, cfg.expert_inter);
+        let shape = MoeShape::of(cfg);
+        let xn = Rows::new(s.xn.ptr, h);
         let items = n * top_k;
         let (eg, eu) = (Rows::new(s.eg.ptr, inter), Rows::new(s.eu.ptr, inter));
         let (eh, ey) = (Rows::new(s.eh.ptr, inter), Rows::new(s.ey.ptr, h));
@@ -1000,17 +1334,13 @@ impl Forward<'_> {
                 k.linear.gather(gpu, &gather(&m.down, eh, 1, ey))?;
             }
         }
-        let shared_silu = SiluMul {
-            g: s.sg.ptr,
-            u: s.su.ptr,
-            h: s.sh.ptr,
-            n: n * sinter,
-        };
-        k.moe.silu_mul(gpu, &shared_silu)?;
-        let sh = Rows::new(s.sh.ptr, sinter);
-        let shb = self.stage_bf16(sh, n, sinter, n)?;
-        let sy = Rows::new(s.sy.ptr, h);
-        self.project_staged(&m.shared_down, sh, shb, sy, n, Store::Overwrite)?;
+        Ok(())
+    }
+
+    /// x += Σ_k w_k · ey_k + sigmoid(s_gate) · sy for `n` rows (moe_combine).
+    fn combine(&self, n: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (h, top_k) = (cfg.hidden, cfg.top_k);
         let combine = Combine {
             x: s.x.ptr,
             y_experts: s.ey.ptr,

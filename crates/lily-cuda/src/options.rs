@@ -84,6 +84,10 @@ lily_core::backend_options! {
             label "fused decode",
             help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
             why "the per-kernel form serves weights decode.cu does not read";
+        fused_batch = true, flag Some("no-fused-batch"), env "LILY_FUSED_BATCH" = true,
+            label "fused batched decode",
+            help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
+            why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -116,6 +120,10 @@ lily_core::backend_options! {
             label "warp-scan sampling",
             help "the radix select of a sampled pick finds each pass's bin with one warp's shuffle scan instead of one thread walking the 256 bins (sample.cu built with SAMPLE_WARP_SCAN)",
             why "won its A/B: the sampler's share of a step at 4K 3.2 → 1.8 % on the H200 (session 5)";
+        batched_decode = false, flag Some("batched-decode"), env "LILY_BATCHED_DECODE" = true,
+            label "batched decode",
+            help "a decode step of several sequences feeds their tokens in one forward pass (backend/batch.rs: each weight read once for the batch) instead of one sequence after another, each its own one-token step",
+            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes)";
         sync_each = false, flag None, env "LILY_CUDA_SYNC" = true,
             label "sync after each launch",
             help "debug: synchronise after every launch so an error names its kernel (graphs off)",
@@ -189,6 +197,7 @@ mod tests {
             ("LILY_TENSOR_CORES", "0"),
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
+            ("LILY_FUSED_BATCH", "0"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -205,6 +214,7 @@ mod tests {
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_DEVICE_LOGPROBS", "0"),
+            ("LILY_BATCHED_DECODE", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -224,6 +234,7 @@ mod tests {
                 tensor_cores: false,
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
+                fused_batch: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,
@@ -240,6 +251,7 @@ mod tests {
                 wgmma_attention: false,
                 pipelined_decode: false,
                 device_logprobs: false,
+                batched_decode: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

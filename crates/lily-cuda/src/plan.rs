@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
-//! | batched decode: B sequences, one token each (2 ≤ B ≤ 8, `Forward::run_batch`) | `linear` / `linear_wide` over the B rows, lm_head too | `linear` exact | `linear_grouped` over the B × top_k picks | per sequence, as n = 1: `attn_split_mma_prep` (`_long` past 65,536 keys) + `attn_split_combine` | per sequence `dec_dn_conv` + `dec_dn_step` (`batch_scan`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
@@ -28,8 +28,9 @@
 //! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
-//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: one `embed` and one
-//! `advance_pos` per sequence, its rows' logits copied into each sequence's); picks: `argmax_part` + `argmax_final`
+//! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: `embed_rows` and
+//! `advance_pos_rows` for all sequences, `batch_head`; `--no-fused-batch`: one `embed` and one
+//! `advance_pos` per sequence; its rows' logits copied into each sequence's); picks: `argmax_part` + `argmax_final`
 //! (greedy), `sample_adjust` + `sample_part` + `sample_pick_parts` (sampled), `sample_mask`;
 //! top log-probabilities (`logprobs`: 1..=20 of them with a device pick): `logprob_part` +
 //! `logprob_final` after the pick.
@@ -117,6 +118,51 @@ pub enum DecodePath {
     Fused,
     /// The same launches as a prefill chunk's, for one token.
     PerKernel,
+}
+
+/// How a batched decode step runs each sequence's DeltaNet conv and recurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchScan {
+    /// decode.cu's `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each
+    /// (the sequence in a grid dimension, its states through a pointer table).
+    Rows,
+    /// Per sequence, decode.cu's `dec_dn_conv` + `dec_dn_step`.
+    OneToken,
+    /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
+    Chunk,
+}
+
+/// How a batched decode step runs the attention of its sequences (one token each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchAttention {
+    /// Every sequence in one `attn_split_mma_prep_rows` (this kernel's body: `Mma` or
+    /// `MmaLong`) and one `attn_split_combine_rows`, the sequence in a grid dimension.
+    Rows(SplitKernel),
+    /// Each sequence as its one-token step (`attention` of one token).
+    PerSequence,
+}
+
+/// How a batched decode step embeds its tokens and advances its positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchHead {
+    /// `embed_rows` and `advance_pos_rows`: every sequence in one launch each (its token and
+    /// position through the pointer table).
+    Rows,
+    /// `embed` and `advance_pos` per sequence.
+    PerSequence,
+}
+
+/// How a batched decode step runs its MoE blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchMoe {
+    /// The router and the shared-expert gate in one `dec_gemv_rows`, then each token's routing,
+    /// experts' gate/up/SiLU and shared expert in one `dec_glu4_rows`, and every down
+    /// projection, the combine and the residual add in one `dec_down_combine_rows`: one-token
+    /// decode's MoE with the token in a grid dimension.
+    Rows,
+    /// The shared expert's projections over the rows (`batch_projections`), `moe_route`, the
+    /// routed experts grouped over the rows' picks (`experts`), `moe_combine`.
+    Grouped,
 }
 
 /// Where the next token is picked.
@@ -389,13 +435,12 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
-    /// The DeltaNet conv and recurrence of each sequence of a batched decode step (one token
-    /// each, `Forward::run_batch`): decode.cu's `dec_dn_conv` + `dec_dn_step` where the one-token
-    /// step fuses them (`fused_decode` and the head shapes fit), else a one-token chunk's
-    /// `dn_conv` + `dn_prep` + `dn_recurrent`. Every other kernel of a batched step is the one
-    /// a step of that many tokens takes (`dense`, `router`, `experts`; `attention` of one token
-    /// per sequence).
-    pub fn batch_scan(&self, cfg: &ModelConfig) -> DecodePath {
+    /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
+    /// each, `Forward::run_batch`): where the one-token step fuses them (`fused_decode` and the
+    /// head shapes fit) decode.cu's kernels, all sequences in one launch each under
+    /// `fused_batch` (`Rows`), else one sequence at a time (`OneToken`); otherwise a one-token
+    /// chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
+    pub fn batch_scan(&self, cfg: &ModelConfig) -> BatchScan {
         let fits = Decode::dn_serves(
             cfg.dn_k_heads,
             cfg.dn_v_heads,
@@ -403,7 +448,92 @@ impl Plan {
             cfg.dn_v_dim,
             cfg.conv_kernel,
         );
-        self.fused_if(1, fits)
+        match self.fused_if(1, fits) {
+            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows,
+            DecodePath::Fused => BatchScan::OneToken,
+            DecodePath::PerKernel => BatchScan::Chunk,
+        }
+    }
+
+    /// The projections of one input in a batched decode step (`Forward::run_batch`, one token
+    /// of each of B sequences): decode.cu's `dec_gemv_rows` in one launch (each weight read once
+    /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
+    /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
+    /// most decode::MAX_SEGS of them; else `dense`'s kernel for a B-token step (`router` for the
+    /// router), one launch a weight.
+    pub fn batch_projections(&self, ws: &[LinearShape]) -> DecodePath {
+        let fits = !ws.is_empty()
+            && ws.len() <= decode::MAX_SEGS
+            && ws
+                .iter()
+                .all(|w| decode::serves(w) && w.experts == 1 && w.cols == ws[0].cols);
+        if self.o.fused_batch {
+            self.fused_if(1, fits)
+        } else {
+            DecodePath::PerKernel
+        }
+    }
+
+    /// The attention of a batched decode step whose sequences hold `keys` keys each after it:
+    /// `BatchAttention::Rows` under `fused_batch` where every sequence's one-token attention is
+    /// the tensor-core split kernel with the prep inside and there are at most
+    /// attention::SPLIT_ROWS of them (the _long body when every sequence takes it, else the
+    /// general one, which serves any length); else each sequence as one token.
+    pub fn batch_attention(&self, shape: AttnShape, keys: &[usize]) -> BatchAttention {
+        if !self.o.fused_batch || keys.is_empty() || keys.len() > attention::SPLIT_ROWS {
+            return BatchAttention::PerSequence;
+        }
+        let mut all_long = true;
+        for &k in keys {
+            match self.attention(shape, 1, k) {
+                AttentionKernels::Split {
+                    kernel: kernel @ (SplitKernel::Mma | SplitKernel::MmaLong),
+                    prep_fused: true,
+                } => all_long &= kernel == SplitKernel::MmaLong,
+                _ => return BatchAttention::PerSequence,
+            }
+        }
+        BatchAttention::Rows(if all_long {
+            SplitKernel::MmaLong
+        } else {
+            SplitKernel::Mma
+        })
+    }
+
+    /// The embedding and position update of a batched decode step: one launch each for all
+    /// sequences under `fused_batch`, else one a sequence.
+    pub fn batch_head(&self) -> BatchHead {
+        if self.o.fused_batch {
+            BatchHead::Rows
+        } else {
+            BatchHead::PerSequence
+        }
+    }
+
+    /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
+    /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
+    pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
+        let glu = [
+            m.gate.shape(),
+            m.up.shape(),
+            m.shared_gate.shape(),
+            m.shared_up.shape(),
+        ];
+        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu)
+    }
+
+    /// `batch_moe` for a block whose one-token path is `one_token`, with these gate, up, shared
+    /// gate and shared up weights.
+    fn batch_moe_for(&self, one_token: DecodePath, glu: &[LinearShape; 4]) -> BatchMoe {
+        let [gate, up, sgate, sup] = glu;
+        if self.o.fused_batch
+            && one_token == DecodePath::Fused
+            && decode::glu_rows_serves(gate, up, sgate, sup)
+        {
+            BatchMoe::Rows
+        } else {
+            BatchMoe::Grouped
+        }
     }
 
     /// One-token steps of a MoE block: fused when every expert weight fits.
@@ -457,6 +587,13 @@ impl Plan {
     /// Whether decode steps replay a captured CUDA graph (never with the debug checks on).
     pub fn decode_graphs(&self) -> bool {
         self.o.graphs
+    }
+
+    /// Whether a decode step of several sequences feeds them in one batched forward pass
+    /// (backend/batch.rs, `Forward::run_batch`) instead of one sequence after another
+    /// (`lily_core::backend::decode_step_one_by_one`): `batched_decode`.
+    pub fn batched_decode(&self) -> bool {
+        self.o.batched_decode
     }
 
     /// Decode without graphs from now on (capture failed).
@@ -610,6 +747,168 @@ mod tests {
         assert!(p.describe().contains("wgmma prefill GEMM off"));
     }
 
+    #[test]
+    fn batched_projections_fuse_what_decode_cu_reads_under_their_switches() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let on = Plan::resolve(&CudaOptions::default(), H200);
+        let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
+        assert_eq!(on.batch_projections(&fused), DecodePath::Fused);
+        assert_eq!(on.batch_projections(&[w(2048, 4096, 4)]), DecodePath::Fused);
+        // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
+        // expert stack: each weight's B-token kernel.
+        let per_kernel: [&[LinearShape]; 6] = [
+            &[w(2048, 2048, 3)],
+            &[w(2048, 8192, 4)],
+            &[w(2048, 2048, 4), w(2048, 1024, 4)],
+            &[w(64, 2048, 4); decode::MAX_SEGS + 1],
+            &[],
+            &[mlx(512, 2048, 4, 8)],
+        ];
+        for ws in per_kernel {
+            assert_eq!(on.batch_projections(ws), DecodePath::PerKernel, "{ws:?}");
+        }
+        let mut group = w(2048, 2048, 4);
+        group.group = 32;
+        assert_eq!(on.batch_projections(&[group]), DecodePath::PerKernel);
+        // Off under either switch.
+        for o in [
+            CudaOptions {
+                fused_batch: false,
+                ..CudaOptions::default()
+            },
+            CudaOptions {
+                fused_decode: false,
+                ..CudaOptions::default()
+            },
+        ] {
+            let p = Plan::resolve(&o, H200);
+            assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
+        }
+        // Attention: every sequence in one launch where each takes the fused-prep tensor-core
+        // split kernel, the _long body only when all do; per sequence past SPLIT_ROWS
+        // sequences, without fused_batch, or where a sequence's one-token attention is another.
+        let a256 = AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        };
+        let long = on.o.split_long_keys + 1;
+        assert_eq!(
+            on.batch_attention(a256, &[10, 4096, 3]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            on.batch_attention(a256, &[10, long]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            on.batch_attention(a256, &[long, long + 5]),
+            BatchAttention::Rows(SplitKernel::MmaLong)
+        );
+        let too_many = vec![10; attention::SPLIT_ROWS + 1];
+        assert_eq!(
+            on.batch_attention(a256, &too_many),
+            BatchAttention::PerSequence
+        );
+        assert_eq!(on.batch_attention(a256, &[]), BatchAttention::PerSequence);
+        let fp32 = CudaOptions {
+            bf16_activations: false,
+            ..CudaOptions::default()
+        };
+        let fp32 = Plan::resolve(&fp32, H200);
+        assert_eq!(
+            fp32.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
+        );
+        let no_prep = CudaOptions {
+            fused_attn_prep: false,
+            ..CudaOptions::default()
+        };
+        let no_prep = Plan::resolve(&no_prep, H200);
+        assert_eq!(
+            no_prep.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
+        );
+        // The MoE: one-token decode's kernels with the token in a grid dimension where the
+        // one-token step fuses the block on dec_glu4 (4-bit gate/up, ≤ 2,048 columns).
+        let glu = [
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+        ];
+        assert_eq!(on.batch_moe_for(DecodePath::Fused, &glu), BatchMoe::Rows);
+        assert_eq!(
+            on.batch_moe_for(DecodePath::PerKernel, &glu),
+            BatchMoe::Grouped
+        );
+        let glu8 = [
+            w(512, 2048, 8),
+            w(512, 2048, 8),
+            w(512, 2048, 4),
+            w(512, 2048, 4),
+        ];
+        assert_eq!(
+            on.batch_moe_for(DecodePath::Fused, &glu8),
+            BatchMoe::Grouped
+        );
+        let wide = [
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+            w(512, 4096, 4),
+        ];
+        assert_eq!(
+            on.batch_moe_for(DecodePath::Fused, &wide),
+            BatchMoe::Grouped
+        );
+        let first = CudaOptions {
+            fused_batch: false,
+            ..CudaOptions::default()
+        };
+        let first = Plan::resolve(&first, H200);
+        assert_eq!(
+            first.batch_moe_for(DecodePath::Fused, &glu),
+            BatchMoe::Grouped
+        );
+        assert_eq!(
+            first.batch_attention(a256, &[10, 20]),
+            BatchAttention::PerSequence
+        );
+        assert_eq!(first.batch_head(), BatchHead::PerSequence);
+        assert_eq!(on.batch_head(), BatchHead::Rows);
+        // The DeltaNet scans: one launch for all sequences, one a sequence without
+        // fused_batch, a chunk's kernels without fused_decode.
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows);
+        let first = CudaOptions {
+            fused_batch: false,
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            Plan::resolve(&first, H200).batch_scan(&cfg),
+            BatchScan::OneToken
+        );
+        let unfused = CudaOptions {
+            fused_decode: false,
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            Plan::resolve(&unfused, H200).batch_scan(&cfg),
+            BatchScan::Chunk
+        );
+        // The batched step itself is off unless asked for.
+        assert!(!on.batched_decode());
+        let batched = CudaOptions {
+            batched_decode: true,
+            ..CudaOptions::default()
+        };
+        assert!(Plan::resolve(&batched, H200).batched_decode());
+    }
+
     /// The module comment's table, row by row, for the full shape at 1, 512, 4K, 32K and 128K
     /// tokens of context (each prompt in chunks of 4,096; the last chunk of a 32K or 128K prompt
     /// is a full one at that context), from the shapes of the shipped MLX checkpoint.
@@ -649,12 +948,41 @@ mod tests {
             );
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
-        // A batched decode step: the rows' projections as a short step's, each sequence's
-        // attention as one token's, its DeltaNet scan decode.cu's.
-        assert_eq!(p.batch_scan(&cfg), DecodePath::Fused);
-        for b in [2, 8] {
-            assert_eq!(p.dense(&lm_head, b, false), Dense::Linear);
+        // A batched decode step: the projections of each input in one dec_gemv_rows launch
+        // (q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj
+        // and lm_head alone), the MoE as one token's with the token in grid.y, each sequence's
+        // attention as one token's, the DeltaNet scans in one launch each.
+        let k = mlx(cfg.n_kv_heads * cfg.head_dim, h, 4, 1);
+        let dn_b = mlx(cfg.dn_v_heads, h, 4, 1);
+        let out_proj = mlx(h, cfg.dn_value_dim(), 4, 1);
+        let s_gate = mlx(1, h, 8, 1);
+        let s_up = mlx(cfg.shared_inter, h, 4, 1);
+        let s_down = mlx(h, cfg.shared_inter, 4, 1);
+        let z = mlx(cfg.dn_value_dim(), h, 4, 1);
+        for ws in [
+            &[q, k, k][..],
+            &[in_qkv, z, dn_b, dn_b],
+            &[router, s_gate],
+            &[o],
+            &[out_proj],
+            &[lm_head],
+        ] {
+            assert_eq!(p.batch_projections(ws), DecodePath::Fused, "{ws:?}");
         }
+        assert!(decode::down_serves(&down, &s_down, moe.top_k));
+        assert_eq!(
+            p.batch_moe_for(DecodePath::Fused, &[gate, gate, s_up, s_up]),
+            BatchMoe::Rows
+        );
+        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
+        assert_eq!(
+            p.batch_attention(shape, &[512, 4096, 65_537]),
+            BatchAttention::Rows(SplitKernel::Mma)
+        );
+        assert_eq!(
+            p.batch_attention(shape, &[65_537, 131_072]),
+            BatchAttention::Rows(SplitKernel::MmaLong)
+        );
         // Short multi-token steps: CUDA cores.
         for n in [2, 4, 8, 15] {
             assert_eq!(p.dense(&q, n, p.stages(n)), Dense::Linear);

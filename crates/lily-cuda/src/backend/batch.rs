@@ -10,6 +10,13 @@
 //! `Plan::long_keys` — the batch changes only when a job joins or leaves, so steady decoding
 //! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
 //! of its sequences is freed, all go when the logits buffer they write is replaced.
+//!
+//! Pointer table: the kernels that run every sequence in one launch (the embedding, the DeltaNet
+//! scans, attention, the position update) find each sequence's token, states, caches and
+//! position through a device table of
+//! pointers (`Forward::batch_table`), written when a set of sequences is first run: a graph
+//! keeps its own table (its launches read it at every replay), plain launches rewrite one table
+//! each step.
 
 use std::collections::VecDeque;
 
@@ -18,7 +25,7 @@ use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
 use lily_core::logprob::{token_logprob, LogSoftmax};
 
 use super::{picked_step, CudaBackend};
-use crate::forward::{SeqState, NEXT_TOKEN_WORDS};
+use crate::forward::{Forward, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::DevBuf;
 use crate::graph::DecodeGraph;
 use crate::kernels::attention::AttnShape;
@@ -39,14 +46,24 @@ pub(super) struct BatchState {
     picks: Option<DevBuf>,
     /// f32 [rows, vocab]: lm_head's output for the rows, copied into each sequence's logits.
     logits: Option<DevBuf>,
-    graphs: VecDeque<(GraphKey, DecodeGraph)>,
+    graphs: VecDeque<Captured>,
+    /// The pointer table of plain (not captured) batched passes, rewritten each step.
+    plain_table: Option<DevBuf>,
+}
+
+/// A captured batched pass: the sequences it was captured for, the graph and the pointer table
+/// its launches read.
+struct Captured {
+    key: GraphKey,
+    graph: DecodeGraph,
+    _table: Option<DevBuf>,
 }
 
 impl BatchState {
     /// Drops the graphs that feed `seq` (it is being freed: its buffers may go to another).
     pub(super) fn forget(&mut self, seq: SeqId) {
         self.graphs
-            .retain(|(key, _)| key.iter().all(|&(id, _)| id != seq.0));
+            .retain(|c| c.key.iter().all(|&(id, _)| id != seq.0));
     }
 }
 
@@ -230,11 +247,37 @@ impl CudaBackend {
         }
         let graphs = self.plan.decode_graphs();
         let hit = graphs
-            .then(|| self.batch.graphs.iter().position(|(k, _)| *k == key))
+            .then(|| self.batch.graphs.iter().position(|c| c.key == key))
             .flatten();
         match hit {
-            Some(i) => self.batch.graphs[i].1.launch()?,
+            Some(i) => self.batch.graphs[i].graph.launch()?,
             None => {
+                // The pointer table for these sequences: a new one for a graph to keep, else the
+                // plain passes' one (the previous pass is done: this step's picks were read).
+                let words = {
+                    let seqs = fed
+                        .iter()
+                        .map(|&seq| self.seq(seq))
+                        .collect::<Result<Vec<&SeqState>>>()?;
+                    Forward::batch_table(&seqs)
+                };
+                let bytes = words.len() * 8;
+                let table = if graphs {
+                    Some(self.with_room(|b| b.gpu.alloc(bytes))?)
+                } else {
+                    let mut plain = self.batch.plain_table.take();
+                    let sized = self.with_room(|b| ensure(b, &mut plain, bytes));
+                    let plain = plain;
+                    sized?;
+                    plain
+                };
+                let table_ptr = match &table {
+                    Some(t) => {
+                        self.gpu.write(t, 0, &words)?;
+                        t.ptr
+                    }
+                    None => bail!("the batched step's pointer table is missing"),
+                };
                 let seqs = fed
                     .iter()
                     .map(|&seq| self.seq(seq))
@@ -246,25 +289,33 @@ impl CudaBackend {
                     .ok_or_else(|| anyhow!("the batched step's logits buffer is missing"))?
                     .ptr;
                 let fwd = self.forward();
-                let captured = graphs.then(|| {
-                    DecodeGraph::capture(&self.gpu, || fwd.run_batch(&self.model, &seqs, out))
-                });
+                let run = || fwd.run_batch(&self.model, &seqs, out, table_ptr);
+                let captured = graphs.then(|| DecodeGraph::capture(&self.gpu, run));
                 match captured {
                     Some(Ok(g)) => {
                         g.launch()?;
                         if self.batch.graphs.len() >= BATCH_GRAPHS {
                             self.batch.graphs.pop_front();
                         }
-                        self.batch.graphs.push_back((key, g));
+                        self.batch.graphs.push_back(Captured {
+                            key,
+                            graph: g,
+                            _table: table,
+                        });
                     }
                     Some(Err(e)) => {
-                        fwd.run_batch(&self.model, &seqs, out)?;
+                        run()?;
                         tracing::warn!(
                             "CUDA graph capture of a batched step failed, decoding without graphs: {e:#}"
                         );
                         self.plan.give_up_graphs();
+                        // Kept until the next plain pass replaces it (this one may still read it).
+                        self.batch.plain_table = table;
                     }
-                    None => fwd.run_batch(&self.model, &seqs, out)?,
+                    None => {
+                        run()?;
+                        self.batch.plain_table = table;
+                    }
                 }
             }
         }

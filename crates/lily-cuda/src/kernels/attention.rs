@@ -160,9 +160,31 @@ pub struct SplitPartials {
     pub part_ml: u64,
 }
 
-/// Split-KV scratch: f32 elements of (part_o, part_ml).
+/// Sequences one `attn_split_mma_prep_rows` launch serves (a batched decode step's rows, each in
+/// a token's slot of the split-KV scratch): as many as a `dec_gemv_rows` launch.
+pub const SPLIT_ROWS: usize = crate::kernels::decode::BATCH_MAX;
+
+/// One token of each of `rows` sequences of a batched decode step for `split_kv_prepped_rows`:
+/// row b of qg [rows, 2 n_q d], k and v [rows, n_kv d], out [rows, n_q d]; `caches`: a device
+/// table of 2 · rows cache pointers (the key caches, then the value caches), `positions` one of
+/// `rows` position pointers (i32), both in the rows' order.
+pub struct RowsAttend {
+    pub qg: u64,
+    pub k: u64,
+    pub v: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub caches: u64,
+    pub positions: u64,
+    pub out: u64,
+    pub parts: SplitPartials,
+    pub rows: usize,
+}
+
+/// Split-KV scratch: f32 elements of (part_o, part_ml), for the larger of SPLIT_MAX_TOK tokens
+/// and SPLIT_ROWS sequences.
 pub fn split_kv_scratch(n_q: usize, d: usize) -> (usize, usize) {
-    let slots = SPLIT_MAX_TOK * n_q * SPLIT_MAX_SPLITS;
+    let slots = SPLIT_MAX_TOK.max(SPLIT_ROWS) * n_q * SPLIT_MAX_SPLITS;
     (slots * d, slots * 2)
 }
 
@@ -274,6 +296,9 @@ pub struct Attention {
     split_mma_long: Kernel,
     split_mma_prep_long: Kernel,
     split_combine: Kernel,
+    split_mma_prep_rows: Kernel,
+    split_mma_prep_long_rows: Kernel,
+    split_combine_rows: Kernel,
     /// Bytes of one cache element (2 with bf16 activations, else 4).
     kv_bytes: usize,
 }
@@ -318,6 +343,15 @@ impl Attention {
                 .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
+            split_mma_prep_rows: m
+                .kernel("attn_split_mma_prep_rows")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .waits_for_predecessor(),
+            split_mma_prep_long_rows: m
+                .kernel("attn_split_mma_prep_long_rows")?
+                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .waits_for_predecessor(),
+            split_combine_rows: m.kernel("attn_split_combine_rows")?.waits_for_predecessor(),
         })
     }
 
@@ -551,6 +585,78 @@ impl Attention {
             l.arg(&s.theta).arg(&s.eps).arg(&scale);
         })?;
         self.split_combine(gpu, a, parts)
+    }
+
+    /// `split_kv_prepped` for one token of each of `a.rows` (≤ SPLIT_ROWS) sequences of a batched
+    /// decode step in two launches (`attn_split_mma_prep_rows` or its _long form, then
+    /// `attn_split_combine_rows`), the sequence in a grid dimension.
+    pub fn split_kv_prepped_rows(
+        &self,
+        gpu: &Gpu,
+        kernel: SplitKernel,
+        s: AttnShape,
+        a: &RowsAttend,
+    ) -> Result<()> {
+        if kernel == SplitKernel::Cuda || !split_mma_fits(s, 1, self.kv_bytes) || !prep_fits(s) {
+            bail!(
+                "attn_split_mma_prep_rows: head_dim {}, rotary {} (bf16 cache, head_dim a multiple of 64 up to {ATTN_MAX_D}, rotary a multiple of 16)",
+                s.d,
+                s.rotary
+            );
+        }
+        if a.rows == 0 || a.rows > SPLIT_ROWS {
+            bail!(
+                "attn_split_mma_prep_rows: {} sequences (1..={SPLIT_ROWS})",
+                a.rows
+            );
+        }
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let chunks = (s.n_q / s.n_kv).div_ceil(SPLIT_MAX_G);
+        let dims = [s.n_q, s.n_kv, s.d, s.rotary].map(|v| v as i32);
+        let prep = if kernel == SplitKernel::MmaLong {
+            &self.split_mma_prep_long_rows
+        } else {
+            &self.split_mma_prep_rows
+        };
+        let cfg = config(
+            (
+                SPLIT_MAX_SPLITS as u32,
+                (s.n_kv * chunks) as u32,
+                a.rows as u32,
+            ),
+            (SPLIT_WARPS * 32) as u32,
+            split_mma_smem_bytes(s.d),
+        );
+        gpu.launch(prep, cfg, |l| {
+            l.arg(&a.qg)
+                .arg(&a.k)
+                .arg(&a.v)
+                .arg(&a.q_norm)
+                .arg(&a.k_norm)
+                .arg(&a.caches)
+                .arg(&a.parts.part_o)
+                .arg(&a.parts.part_ml)
+                .arg(&a.positions);
+            for d in &dims {
+                l.arg(d);
+            }
+            l.arg(&s.theta).arg(&s.eps).arg(&scale);
+        })?;
+        let (n_q, d) = (s.n_q as i32, s.d as i32);
+        let cfg = config(
+            (s.n_q as u32, a.rows as u32, s.d.div_ceil(64) as u32),
+            256,
+            0,
+        );
+        gpu.launch(&self.split_combine_rows, cfg, |l| {
+            l.arg(&a.qg)
+                .arg(&a.parts.part_o)
+                .arg(&a.parts.part_ml)
+                .arg(&a.out)
+                .arg(&a.positions)
+                .arg(&n_q)
+                .arg(&d);
+        })
     }
 
     /// attn_split_combine: blocks of 64 columns, 8 warps over the splits.

@@ -44,6 +44,13 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 pub const DN_PARTS: usize = 8;
 pub const DN_COLS: usize = 16;
+/// Most rows (sequences of a batched decode step) one `dec_gemv_rows` launch dots each weight with
+/// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
+/// BATCH_SMEM_MAX, take several launches of at most that many rows each.
+pub const BATCH_MAX: usize = 8;
+/// Dynamic shared memory a `dec_gemv_rows` block may take: what every supported architecture
+/// lets a kernel opt in to (sm_86 / sm_89 / sm_120: 99 KB).
+const BATCH_SMEM_MAX: usize = 96 * 1024;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
@@ -70,6 +77,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
+        ("DEC_B_MAX", BATCH_MAX as i64),
     ],
 };
 
@@ -100,6 +108,28 @@ pub fn glu_serves(
         && sgate.rows == sup.rows
 }
 
+/// Whether `Decode::glu_rows` reads these weights: what `glu` reads on its pipelined kernel
+/// (`dec_glu4`: all four 4-bit, one 64-column group a lane).
+pub fn glu_rows_serves(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
+    glu_serves(gate, up, sgate, sup) && glu_pipelined(gate, up, sgate, sup)
+}
+
+/// Whether `glu` takes its pipelined kernel (`dec_glu4`): all four 4-bit, at most 32 groups of
+/// 64 columns (one a lane).
+fn glu_pipelined(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
+    [gate, up, sgate, sup].iter().all(|w| w.bits == 4) && gate.cols / 64 <= 32
+}
+
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
 /// group sums, and the item chunks' partial sums per output row.
 fn down_smem(inter: usize, top_k: usize) -> usize {
@@ -114,6 +144,29 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && down.cols == sdown.cols
         && down.rows == sdown.rows
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
+}
+
+/// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
+/// the rows padded, and their group sums.
+fn rows_smem(cols: usize, rows: usize) -> usize {
+    rows * (cols / 64) * (XPAD + 1) * 4
+}
+
+/// Rows one `dec_gemv_rows` launch takes for inputs of `cols` columns (at least 1 for any
+/// width `serves` accepts: 4,096 columns stage 17.7 KB a row).
+pub fn rows_per_launch(cols: usize) -> usize {
+    (1..=BATCH_MAX)
+        .rev()
+        .find(|&r| rows_smem(cols, r) <= BATCH_SMEM_MAX)
+        .unwrap_or(1)
+}
+
+/// Lanes that share one row of `cols` columns in `dec_gemv_rows` (a power of two, at most 8),
+/// and rows per warp step.
+fn rows_lanes(cols: usize) -> (usize, usize) {
+    let g = cols / 64;
+    let l = [8, 4, 2, 1].into_iter().find(|&l| g >= l).unwrap_or(1);
+    (l, 32 / l)
 }
 
 /// Lanes that share one row of `cols` columns, and rows per warp step.
@@ -275,14 +328,19 @@ pub struct DnStep {
 
 pub struct Decode {
     gemv: Kernel,
+    gemv_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
+    glu4_rows: Kernel,
     down_combine: Kernel,
+    down_combine_rows: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
+    dn_conv_rows: Kernel,
+    dn_step_rows: Kernel,
 }
 
 impl Decode {
@@ -291,14 +349,19 @@ impl Decode {
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         Ok(Decode {
             gemv: k("dec_gemv")?,
+            gemv_rows: k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
+            glu4_rows: k("dec_glu4_rows")?,
             down_combine: k("dec_down_combine")?,
+            down_combine_rows: k("dec_down_combine_rows")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
+            dn_conv_rows: k("dec_dn_conv_rows")?,
+            dn_step_rows: k("dec_dn_step_rows")?,
         })
     }
 
@@ -388,7 +451,93 @@ impl Decode {
         })
     }
 
+    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
+    /// normed), each weight read once for all of them (`dec_gemv_rows`, BATCH_MAX rows a launch
+    /// at most): output row b of a weight of `r` rows goes to its pointer + b · r floats.
+    pub fn project_rows(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        cols: usize,
+        rows: usize,
+        outs: &[(&DevLinear, Out)],
+    ) -> Result<()> {
+        if outs.is_empty() || outs.len() > MAX_SEGS {
+            bail!("dec_gemv_rows: {} projections (1..={MAX_SEGS})", outs.len());
+        }
+        if rows == 0 {
+            bail!("dec_gemv_rows: no input rows");
+        }
+        if !x.is_multiple_of(16) {
+            bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
+        }
+        let (_, rpw) = rows_lanes(cols);
+        let rows_per_tile = WARPS * rpw;
+        let empty = DecSeg {
+            w: QWeightArg::default(),
+            y: 0,
+            mode: 0,
+            tile0: i32::MAX,
+        };
+        let mut segs = DecSegs {
+            s: [empty; MAX_SEGS],
+            n: outs.len() as i32,
+            tiles: 0,
+        };
+        let mut total = 0usize;
+        for (i, (w, out)) in outs.iter().enumerate() {
+            if !serves(&w.shape()) || w.cols != cols || w.experts != 1 {
+                bail!(
+                    "dec_gemv_rows: a {}x{} {}-bit weight (group {}) on a {cols}-wide input",
+                    w.rows,
+                    w.cols,
+                    w.bits,
+                    w.group,
+                );
+            }
+            let (y, mode) = out.parts();
+            segs.s[i] = DecSeg {
+                w: w.arg(),
+                y,
+                mode,
+                tile0: total as i32,
+            };
+            total += w.rows.div_ceil(rows_per_tile);
+        }
+        segs.tiles = total as i32;
+        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        let per_launch = rows_per_launch(cols);
+        let mut b0 = 0;
+        while b0 < rows {
+            let nb = per_launch.min(rows - b0);
+            let mut at = segs;
+            for (i, (w, _)) in outs.iter().enumerate() {
+                at.s[i].y += (b0 * w.rows * 4) as u64;
+            }
+            let xb = x + (b0 * cols * 4) as u64;
+            let (nb_arg, cols_arg) = (nb as i32, cols as i32);
+            let cfg = config((grid, 1, 1), (WARPS * 32) as u32, rows_smem(cols, nb));
+            gpu.launch(&self.gemv_rows, cfg, |l| {
+                l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
+            })?;
+            b0 += nb;
+        }
+        Ok(())
+    }
+
     pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
+        self.glu_launch(gpu, a, None)
+    }
+
+    /// `glu` for each of the `rows` tokens of a batched decode step in one launch
+    /// (`dec_glu4_rows`, weights `glu_rows_serves` accepts): `a`'s buffers are row 0 of
+    /// router_logits [rows, n_experts], ids and route_w [rows, top_k], xn [rows, cols], h
+    /// [rows, top_k, inter] and h_shared [rows, shared inter].
+    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
+        self.glu_launch(gpu, a, Some(rows))
+    }
+
+    fn glu_launch(&self, gpu: &Gpu, a: &Glu, token_rows: Option<usize>) -> Result<()> {
         let (gate, up) = (a.gate.shape(), a.up.shape());
         if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
@@ -403,18 +552,21 @@ impl Decode {
         let (_, spw) = lanes_per_row(a.gate.cols);
         let rows = a.gate.rows.max(a.shared_gate.rows);
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
-        let pipelined = [a.gate, a.up, a.shared_gate, a.shared_up]
-            .iter()
-            .all(|w| w.bits == 4)
-            && a.gate.cols / 64 <= 32;
-        let (kernel, rows_per_tile) = if pipelined {
-            (&self.glu4, WARPS * spw * GLU_R4)
-        } else {
-            (&self.glu, WARPS * spw * GLU_R)
+        let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
+        let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
+        let (kernel, rows_per_tile) = match (pipelined, token_rows) {
+            (true, None) => (&self.glu4, WARPS * spw * GLU_R4),
+            (false, None) => (&self.glu, WARPS * spw * GLU_R),
+            (true, Some(1..)) => (&self.glu4_rows, WARPS * spw * GLU_R4),
+            (false, Some(_)) => bail!("dec_glu4_rows: expert weights it does not read"),
+            (true, Some(_)) => bail!("dec_glu4_rows: no rows"),
         };
+        let tokens = token_rows.unwrap_or(1);
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        let grid = tiles.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        // A persistent grid of BLOCKS_PER_SM blocks an SM shared by the tokens.
+        let per_token = (BLOCKS_PER_SM * gpu.sm_count).div_ceil(tokens);
+        let grid = (tiles.min(per_token) as u32, tokens as u32, 1);
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),
@@ -423,7 +575,7 @@ impl Decode {
         );
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
-        let cfg = config((grid, 1, 1), (WARPS * 32) as u32, 0);
+        let cfg = config(grid, (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)
@@ -443,6 +595,27 @@ impl Decode {
     }
 
     pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
+        self.down_combine_launch(gpu, a, 1, &self.down_combine)
+    }
+
+    /// `down_combine` for each of the `rows` tokens of a batched decode step in one launch
+    /// (`dec_down_combine_rows`): `a`'s buffers are row 0 of ids and weights [rows, top_k], h
+    /// [rows, top_k, inter], h_shared [rows, shared inter], shared_gate [rows] and x [rows,
+    /// hidden].
+    pub fn down_combine_rows(&self, gpu: &Gpu, a: &DownCombine, rows: usize) -> Result<()> {
+        if rows == 0 {
+            bail!("dec_down_combine_rows: no rows");
+        }
+        self.down_combine_launch(gpu, a, rows, &self.down_combine_rows)
+    }
+
+    fn down_combine_launch(
+        &self,
+        gpu: &Gpu,
+        a: &DownCombine,
+        rows: usize,
+        kernel: &Kernel,
+    ) -> Result<()> {
         if !down_serves(&a.down.shape(), &a.shared_down.shape(), a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
         }
@@ -454,8 +627,12 @@ impl Decode {
         let smem = down_smem(a.down.cols, a.top_k);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
-        let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
-        gpu.launch(&self.down_combine, cfg, |l| {
+        let cfg = config(
+            (grid, rows as u32, 1),
+            (DOWN_WARPS * DOWN_KSPLIT * 32) as u32,
+            smem,
+        );
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&down)
                 .arg(&sdown)
                 .arg(&a.ids)
@@ -480,12 +657,28 @@ impl Decode {
     }
 
     pub fn dn_conv(&self, gpu: &Gpu, a: &DnConv) -> Result<()> {
+        self.dn_conv_launch(gpu, a, None)
+    }
+
+    /// `dn_conv` for the `rows` sequences of a batched decode step in one launch: `a.m` and `a.c`
+    /// are row 0 of [rows, conv_dim], `a.conv_state` a device table of `rows` conv-state
+    /// pointers (u64), row b's state at entry b.
+    pub fn dn_conv_rows(&self, gpu: &Gpu, a: &DnConv, rows: usize) -> Result<()> {
+        self.dn_conv_launch(gpu, a, Some(rows))
+    }
+
+    fn dn_conv_launch(&self, gpu: &Gpu, a: &DnConv, rows: Option<usize>) -> Result<()> {
         if !(1..=DN_MAX_K).contains(&a.kernel) {
             bail!("dec_dn_conv: {} conv taps (1..={DN_MAX_K})", a.kernel);
         }
+        let (kernel, n) = match rows {
+            None => (&self.dn_conv, 1),
+            Some(0) => bail!("dec_dn_conv_rows: no rows"),
+            Some(n) => (&self.dn_conv_rows, n as u32),
+        };
         let (conv_dim, k) = (a.conv_dim as i32, a.kernel as i32);
-        let cfg = config((blocks(a.conv_dim, 128), 1, 1), 128, 0);
-        gpu.launch(&self.dn_conv, cfg, |l| {
+        let cfg = config((blocks(a.conv_dim, 128), n, 1), 128, 0);
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&a.m)
                 .arg(&a.conv_state)
                 .arg(&a.weight)
@@ -496,6 +689,17 @@ impl Decode {
     }
 
     pub fn dn_step(&self, gpu: &Gpu, a: &DnStep, eps: f32) -> Result<()> {
+        self.dn_step_launch(gpu, a, eps, None)
+    }
+
+    /// `dn_step` for the `rows` sequences of a batched decode step in one launch: `a.c`, `a.b`,
+    /// `a.a` and `a.o` are row 0 of their [rows, ...] buffers, `a.state` a device table of
+    /// `rows` recurrent-state pointers (u64), row r's state at entry r.
+    pub fn dn_step_rows(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: usize) -> Result<()> {
+        self.dn_step_launch(gpu, a, eps, Some(rows))
+    }
+
+    fn dn_step_launch(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: Option<usize>) -> Result<()> {
         if !Self::dn_serves(a.n_k, a.n_v, a.dk, a.dv, 1) {
             bail!(
                 "dec_dn_step: heads {}/{} of dims {}/{} (dk a multiple of 32 up to {DN_MAX_DK}, dv of {DN_COLS})",
@@ -505,9 +709,14 @@ impl Decode {
                 a.dv
             );
         }
-        let grid = (a.n_v as u32, (a.dv / DN_COLS) as u32, 1);
+        let (kernel, n) = match rows {
+            None => (&self.dn_step, 1),
+            Some(0) => bail!("dec_dn_step_rows: no rows"),
+            Some(n) => (&self.dn_step_rows, n as u32),
+        };
+        let grid = (a.n_v as u32, (a.dv / DN_COLS) as u32, n);
         let (n_k, n_v, dk, dv) = (a.n_k as i32, a.n_v as i32, a.dk as i32, a.dv as i32);
-        gpu.launch(&self.dn_step, config(grid, 128, 0), |l| {
+        gpu.launch(kernel, config(grid, 128, 0), |l| {
             l.arg(&a.c)
                 .arg(&a.b)
                 .arg(&a.a)

@@ -112,6 +112,7 @@ pub struct Sample {
     pick_parts: Kernel,
     mask: Kernel,
     advance_pos: Kernel,
+    advance_pos_rows: Kernel,
 }
 
 impl Sample {
@@ -128,6 +129,7 @@ impl Sample {
             pick_parts: m.kernel("sample_pick_parts")?,
             mask: m.kernel("sample_mask")?,
             advance_pos: m.kernel("advance_pos")?.waits_for_predecessor(),
+            advance_pos_rows: m.kernel("advance_pos_rows")?.waits_for_predecessor(),
         })
     }
 
@@ -323,6 +325,16 @@ impl Sample {
         let n = n as i32;
         gpu.launch(&self.advance_pos, config((1, 1, 1), 32, 0), |l| {
             l.arg(&pos).arg(&n);
+        })
+    }
+
+    /// `advance_pos` for the `rows` sequences of a batched decode step in one launch (`pos`: a
+    /// device table of their position pointers).
+    pub fn advance_pos_rows(&self, gpu: &Gpu, pos: u64, rows: usize, n: usize) -> Result<()> {
+        let (r, n) = (rows as i32, n as i32);
+        let cfg = config((rows.div_ceil(128).max(1) as u32, 1, 1), 128, 0);
+        gpu.launch(&self.advance_pos_rows, cfg, |l| {
+            l.arg(&pos).arg(&r).arg(&n);
         })
     }
 }

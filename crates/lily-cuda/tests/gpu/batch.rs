@@ -28,20 +28,45 @@ fn order(step: usize, n: usize) -> Vec<usize> {
     }
 }
 
-/// `fused_decode`: off, the DeltaNet scan of each sequence runs a one-token chunk's kernels
-/// (`Plan::batch_scan`) and decoding alone the unfused one-token path.
-fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
+/// How a batched-step test runs: the switches it sets and its sequences' prompt lengths.
+#[derive(Clone, Copy)]
+struct Case {
+    /// Off, the DeltaNet scan of each sequence runs a one-token chunk's kernels
+    /// (`Plan::batch_scan`), the projections linear.cu's (`Plan::batch_projections`) and
+    /// decoding alone the unfused one-token path.
+    fused_decode: bool,
+    /// Off, the projections run linear.cu's kernels over the rows (the first version).
+    fused_batch: bool,
+    prompts: &'static [usize],
+}
+
+/// Past this many keys the bf16 runs' attention takes the _long split kernels where the shape
+/// has them (`split_long_keys`, head dim 256): the prompts of 40 tokens start past it, those of
+/// 23 cross it during the steps (a new graph).
+const LONG_KEYS: usize = 30;
+
+fn batched_steps_match_alone(preset: Preset, case: Case) {
+    let Case {
+        fused_decode,
+        fused_batch,
+        prompts,
+    } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
     let vocab = w.config.vocab;
     let mut rng = Rng(5);
-    let prompts: Vec<Vec<u32>> = [9, 23, 40].iter().map(|&n| rng.tokens(n, vocab)).collect();
+    let prompts: Vec<Vec<u32>> = prompts.iter().map(|&n| rng.tokens(n, vocab)).collect();
     let steps = 10;
     for bf16_activations in [false, true] {
-        let what =
-            format!("{preset:?}, bf16 activations {bf16_activations}, fused decode {fused_decode}");
+        let what = format!(
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}",
+            prompts.len()
+        );
         let opts = CudaOptions {
             bf16_activations,
             fused_decode,
+            fused_batch,
+            batched_decode: true,
+            split_long_keys: LONG_KEYS,
             chunk: 64,
             ..CudaOptions::default()
         };
@@ -131,7 +156,7 @@ fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
             }
         }
         println!(
-            "MODEL batched decode {what}: 3 sequences ({:?} prompt tokens), {steps} steps, logits vs alone rel_l2 ≤ {worst:.3e}, vs CPU ≤ {worst_cpu:.3e}",
+            "MODEL batched decode {what}: {:?} prompt tokens, {steps} steps, logits vs alone rel_l2 ≤ {worst:.3e}, vs CPU ≤ {worst_cpu:.3e}",
             prompts.iter().map(Vec::len).collect::<Vec<_>>()
         );
         let tol = if bf16_activations { BF16_TOL } else { 1e-4 };
@@ -143,22 +168,58 @@ fn batched_steps_match_alone(preset: Preset, fused_decode: bool) {
     }
 }
 
-/// Three sequences of different prompt lengths decoded greedily together, ten steps (some rows
-/// not fed, one answering Stop, one step feeding a single row, one passing the rows reversed),
-/// equal each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL
-/// bf16) and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps
-/// its length and logits bit for bit. On tiny also with the fused decode kernels off.
+/// The shipping batched step (the fused kernels), the first version's (linear.cu over the rows)
+/// and the unfused one.
+const FUSED: Case = Case {
+    fused_decode: true,
+    fused_batch: true,
+    prompts: &[9, 23, 40],
+};
+const FIRST_VERSION: Case = Case {
+    fused_batch: false,
+    ..FUSED
+};
+const UNFUSED: Case = Case {
+    fused_decode: false,
+    ..FUSED
+};
+
+/// Sequences of different prompt lengths decoded greedily together, ten steps (some rows not
+/// fed, one answering Stop, one step feeding a single row, one passing the rows reversed), equal
+/// each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL bf16)
+/// and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps its
+/// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
+/// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
+/// inputs where the shape has them).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
-    batched_steps_match_alone(Preset::Tiny, true);
-    batched_steps_match_alone(Preset::Tiny, false);
+    batched_steps_match_alone(Preset::Tiny, FUSED);
+    batched_steps_match_alone(Preset::Tiny, FIRST_VERSION);
+    batched_steps_match_alone(Preset::Tiny, UNFUSED);
+    let two = Case {
+        prompts: &[31, 12],
+        ..FUSED
+    };
+    batched_steps_match_alone(Preset::Tiny, two);
+    let eight = Case {
+        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
+        ..FUSED
+    };
+    batched_steps_match_alone(Preset::Tiny, eight);
 }
 
+/// As on tiny, on small: three sequences (fused, first version), eight (fused).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
-    batched_steps_match_alone(Preset::Small, true);
+    batched_steps_match_alone(Preset::Small, FUSED);
+    batched_steps_match_alone(Preset::Small, FIRST_VERSION);
+    let eight = Case {
+        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
+        ..FUSED
+    };
+    batched_steps_match_alone(Preset::Small, eight);
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),
@@ -193,6 +254,7 @@ fn decode_batched_rows_keep_their_own_sampling() {
     };
     let opts = CudaOptions {
         bf16_activations: false,
+        batched_decode: true,
         chunk: 64,
         ..CudaOptions::default()
     };

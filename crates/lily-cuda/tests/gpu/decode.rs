@@ -303,3 +303,524 @@ fn wide_decode_gemvs_match_cpu() {
     check("dec_gemv 20000 rows", &got, &matmul(&w, &x), 1e-5);
     println!("KERNEL decode.cu wide GEMVs match the CPU");
 }
+
+/// `dec_gemv_rows` (a batched decode step's projections, `Decode::project_rows`) against the CPU:
+/// at the model's widths (2048; 4096, whose eight rows take two launches, 5 + 3) and narrow ones
+/// (64 and 256 columns: 1 and 4 lanes a weight row), 1, 2, 3, 8 and 11 rows (more than a launch
+/// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
+/// (the router's and the shared-expert gate's width) and every store mode (stored, added into a
+/// residual, exact), outputs poisoned first. fp32: 1e-5 as the one-row GEMVs; bf16 inputs and
+/// stores: each output rounded as the kernel rounds it, 1e-2.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_gemv_rows_match_cpu() {
+    let rows_of = [300usize, 77, 16, 1];
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let r = |v: f32| {
+            if bf16_activations {
+                round_bf16(v)
+            } else {
+                v
+            }
+        };
+        let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+        let mut rng = Rng(41);
+        for cols in [2048usize, 4096, 64, 256] {
+            let bits = [4u32, 4, 8, 8];
+            let ws: Vec<Linear> = rows_of
+                .iter()
+                .zip(bits)
+                .map(|(&n, b)| linear(&mut rng, b, 1, n, cols))
+                .collect();
+            let dws: Vec<DevLinear> = ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+                .collect();
+            for nb in [1usize, 2, 3, 8, 11] {
+                let what = format!("dec_gemv_rows {cols} cols, {nb} rows, bf16 {bf16_activations}");
+                let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(r).collect();
+                let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
+                let xd = d.upload(&x).unwrap();
+                let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
+                d.write(&outs_dev[1], 0, &resid).unwrap();
+                let outs = [
+                    (&dws[0], Out::Store(outs_dev[0].ptr)),
+                    (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                    (&dws[2], Out::Exact(outs_dev[2].ptr)),
+                    (&dws[3], Out::Store(outs_dev[3].ptr)),
+                ];
+                d.k.decode
+                    .project_rows(&d, xd.ptr, cols, nb, &outs)
+                    .unwrap();
+                for (i, n) in rows_of.iter().enumerate() {
+                    let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
+                    let mut want = Vec::with_capacity(nb * n);
+                    for b in 0..nb {
+                        let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
+                        want.extend(y.iter().enumerate().map(|(j, &v)| match i {
+                            1 => r(resid[b * n + j] + r(v)),
+                            2 => v,
+                            _ => r(v),
+                        }));
+                    }
+                    check(
+                        &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                        &got,
+                        &want,
+                        tol,
+                    );
+                }
+            }
+        }
+    }
+    // Bad calls are refused with a message, nothing launched.
+    let d = gpu();
+    let mut rng = Rng(43);
+    let w = upload_linear(&d, "w", &linear(&mut rng, 4, 1, 16, 128)).unwrap();
+    let buf = poisoned(&d, 4 * 128);
+    let out = [(&w, Out::Store(buf.ptr))];
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr, 256, 2, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("256-wide"), "{e}");
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr, 128, 0, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("no input rows"), "{e}");
+    let e =
+        d.k.decode
+            .project_rows(&d, buf.ptr + 4, 128, 1, &out)
+            .unwrap_err();
+    assert!(e.to_string().contains("16-byte"), "{e}");
+    println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
+}
+
+/// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
+/// one launch each, its states through a pointer table) against `dec_dn_conv` + `dec_dn_step` run
+/// one sequence at a time on copies of the same states (those are tested against the CPU in
+/// fused_decode_blocks_match_cpu): the same code per sequence, so the outputs, recurrent states
+/// and conv states agree bit for bit, over two steps (the second reading the states the first
+/// wrote through the table), for 1, 3 and 8 sequences, at the full model's head shape and a
+/// small one, in both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
+    use lily_cuda::kernels::decode::{DnConv, DnStep};
+    use lily_cuda::kernels::deltanet::PREP_EPS;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(47);
+        // (k heads, v heads, dk, dv, conv taps)
+        for (nk, nv, dk, dv, taps) in [
+            (16usize, 32usize, 128usize, 128usize, 4usize),
+            (1, 2, 32, 16, 2),
+        ] {
+            let conv_dim = 2 * nk * dk + nv * dv;
+            let (state_n, conv_n) = (nv * dk * dv, (taps - 1) * conv_dim);
+            let weight = d.upload(&rng.vec(conv_dim * taps, 0.5)).unwrap();
+            let a_log = d.upload(&rng.vec(nv, 0.5)).unwrap();
+            let dt_bias = d.upload(&rng.vec(nv, 0.5)).unwrap();
+            for rows in [1usize, 3, 8] {
+                let what = format!("{rows} sequences, heads {nk}/{nv} of {dk}/{dv}, {taps} taps, bf16 {bf16_activations}");
+                let states: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(state_n, 0.1)).collect();
+                let convs: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(conv_n, 1.0)).collect();
+                let up = |v: &Vec<Vec<f32>>| -> Vec<DevBuf> {
+                    v.iter().map(|s| d.upload(s).unwrap()).collect()
+                };
+                let (st_rows, cv_rows, st_one, cv_one) =
+                    (up(&states), up(&convs), up(&states), up(&convs));
+                let mut table: Vec<u64> = st_rows.iter().map(|b| b.ptr).collect();
+                let states_at = 0;
+                let convs_at = rows * 8;
+                table.extend(cv_rows.iter().map(|b| b.ptr));
+                let table = d.upload(&table).unwrap();
+                let (c_rows, o_rows) =
+                    (poisoned(&d, rows * conv_dim), poisoned(&d, rows * nv * dv));
+                let (c_one, o_one) = (poisoned(&d, rows * conv_dim), poisoned(&d, rows * nv * dv));
+                for step in 0..2 {
+                    let m = d.upload(&rng.vec(rows * conv_dim, 1.0)).unwrap();
+                    let b = d.upload(&rng.vec(rows * nv, 1.0)).unwrap();
+                    let a = d.upload(&rng.vec(rows * nv, 1.0)).unwrap();
+                    let conv = |m: u64, conv_state: u64, c: u64| DnConv {
+                        m,
+                        conv_state,
+                        weight: weight.ptr,
+                        c,
+                        conv_dim,
+                        kernel: taps,
+                    };
+                    let dn_step = |c: u64, b: u64, a: u64, state: u64, o: u64| DnStep {
+                        c,
+                        b,
+                        a,
+                        a_log: a_log.ptr,
+                        dt_bias: dt_bias.ptr,
+                        state,
+                        o,
+                        n_k: nk,
+                        n_v: nv,
+                        dk,
+                        dv,
+                    };
+                    let dec = &d.k.decode;
+                    dec.dn_conv_rows(
+                        &d,
+                        &conv(m.ptr, table.ptr + convs_at as u64, c_rows.ptr),
+                        rows,
+                    )
+                    .unwrap();
+                    let s = dn_step(
+                        c_rows.ptr,
+                        b.ptr,
+                        a.ptr,
+                        table.ptr + states_at as u64,
+                        o_rows.ptr,
+                    );
+                    dec.dn_step_rows(&d, &s, PREP_EPS, rows).unwrap();
+                    for r in 0..rows {
+                        let f = |buf: u64, n: usize| buf + (r * n * 4) as u64;
+                        let cr = f(c_one.ptr, conv_dim);
+                        dec.dn_conv(&d, &conv(f(m.ptr, conv_dim), cv_one[r].ptr, cr))
+                            .unwrap();
+                        let s = dn_step(
+                            cr,
+                            f(b.ptr, nv),
+                            f(a.ptr, nv),
+                            st_one[r].ptr,
+                            f(o_one.ptr, nv * dv),
+                        );
+                        dec.dn_step(&d, &s, PREP_EPS).unwrap();
+                    }
+                    let read = |buf: &DevBuf, n: usize| -> Vec<f32> { d.read(buf, 0, n).unwrap() };
+                    let what = format!("{what}, step {step}");
+                    assert!(
+                        bits(&read(&c_rows, rows * conv_dim))
+                            == bits(&read(&c_one, rows * conv_dim)),
+                        "{what}: conv outputs"
+                    );
+                    let o = read(&o_rows, rows * nv * dv);
+                    assert!(o.iter().all(|v| v.is_finite()), "{what}: outputs unwritten");
+                    assert!(
+                        bits(&o) == bits(&read(&o_one, rows * nv * dv)),
+                        "{what}: outputs"
+                    );
+                    for r in 0..rows {
+                        assert!(
+                            bits(&read(&st_rows[r], state_n)) == bits(&read(&st_one[r], state_n)),
+                            "{what}: row {r} state"
+                        );
+                        assert!(
+                            bits(&read(&cv_rows[r], conv_n)) == bits(&read(&cv_one[r], conv_n)),
+                            "{what}: row {r} conv state"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
+}
+
+/// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
+/// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
+/// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
+/// the routing (ids, weights), the experts' and shared expert's hidden rows and the residual
+/// rows agree bit for bit, for 1, 3 and 8 tokens, on tiny's and small's MoE shapes, in both
+/// activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_moe_rows_match_one_token_at_a_time() {
+    use lily_cuda::kernels::decode::{DownCombine, Glu};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(53);
+        for preset in [Preset::Tiny, Preset::Small] {
+            let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            let (h, e, tk, inter, si) = (
+                c.hidden,
+                c.n_experts,
+                c.top_k,
+                c.expert_inter,
+                c.shared_inter,
+            );
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            let glu_shapes = [
+                dw.gate.shape(),
+                dw.up.shape(),
+                dw.shared_gate.shape(),
+                dw.shared_up.shape(),
+            ];
+            assert!(
+                lily_cuda::kernels::decode::glu_rows_serves(
+                    &glu_shapes[0],
+                    &glu_shapes[1],
+                    &glu_shapes[2],
+                    &glu_shapes[3]
+                ),
+                "{preset:?}: the test needs dec_glu4's shapes"
+            );
+            for rows in [1usize, 3, 8] {
+                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
+                let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
+                let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
+                let x0 = rng.vec(rows * h, 1.0);
+                // [rows-form, one-at-a-time] buffers
+                let ids = [
+                    d.alloc(rows * tk * 4).unwrap(),
+                    d.alloc(rows * tk * 4).unwrap(),
+                ];
+                let rw = [poisoned(&d, rows * tk), poisoned(&d, rows * tk)];
+                let eh = [
+                    poisoned(&d, rows * tk * inter),
+                    poisoned(&d, rows * tk * inter),
+                ];
+                let sh = [poisoned(&d, rows * si), poisoned(&d, rows * si)];
+                let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
+                let glu = |i: usize, at: usize| Glu {
+                    gate: &dw.gate,
+                    up: &dw.up,
+                    router_logits: logits.ptr + (at * e * 4) as u64,
+                    n_experts: e,
+                    ids: ids[i].ptr + (at * tk * 4) as u64,
+                    route_w: rw[i].ptr + (at * tk * 4) as u64,
+                    top_k: tk,
+                    shared_gate: &dw.shared_gate,
+                    shared_up: &dw.shared_up,
+                    xn: xn.ptr + (at * h * 4) as u64,
+                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
+                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                };
+                let down = |i: usize, at: usize| DownCombine {
+                    down: &dw.down,
+                    shared_down: &dw.shared_down,
+                    ids: ids[i].ptr + (at * tk * 4) as u64,
+                    weights: rw[i].ptr + (at * tk * 4) as u64,
+                    top_k: tk,
+                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
+                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                    shared_gate: s_gate.ptr + (at * 4) as u64,
+                    x: x[i].ptr + (at * h * 4) as u64,
+                };
+                let dec = &d.k.decode;
+                dec.glu_rows(&d, &glu(0, 0), rows).unwrap();
+                dec.down_combine_rows(&d, &down(0, 0), rows).unwrap();
+                for at in 0..rows {
+                    dec.glu(&d, &glu(1, at)).unwrap();
+                    dec.down_combine(&d, &down(1, at)).unwrap();
+                }
+                let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+                let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
+                assert_eq!(read_ids(&ids[0]), read_ids(&ids[1]), "{what}: expert ids");
+                for (name, b, n) in [
+                    ("routing weights", &rw, rows * tk),
+                    ("experts' hidden rows", &eh, rows * tk * inter),
+                    ("shared expert's hidden rows", &sh, rows * si),
+                    ("residual rows", &x, rows * h),
+                ] {
+                    let got = read(&b[0], n);
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{what}: {name} unwritten"
+                    );
+                    assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
+                }
+                let moved = read(&x[0], rows * h);
+                assert!(moved != x0, "{what}: the residual rows did not change");
+            }
+        }
+    }
+    println!("KERNEL decode.cu batched MoE equals one token at a time");
+}
+
+/// The batched step's attention (`attn_split_mma_prep_rows` + `attn_split_combine_rows`: every
+/// sequence in one launch each, its caches and position through pointer tables) against
+/// `attn_split_mma_prep` + `attn_split_combine` run one sequence at a time on copies of the same
+/// caches (those are tested against the CPU in attention.rs): the same code per sequence, so the
+/// outputs and the caches (the new key and value written at each position) agree bit for bit.
+/// bf16 (the tensor-core kernels' mode); the full model's head shape (general and _long bodies)
+/// and a small one (head dim 64, rotary 16); 1, 3 and 8 sequences of different lengths (one
+/// split to many).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
+    use gattn::{QkPrep, RowsAttend, SplitKernel, SplitPartials};
+    let d = dev(true);
+    let mut rng = Rng(59);
+    let max_ctx = 1024;
+    let shapes = [
+        (
+            AttnShape {
+                n_q: 16,
+                n_kv: 2,
+                d: 256,
+                rotary: 64,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::Mma,
+        ),
+        (
+            AttnShape {
+                n_q: 16,
+                n_kv: 2,
+                d: 256,
+                rotary: 64,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::MmaLong,
+        ),
+        (
+            AttnShape {
+                n_q: 4,
+                n_kv: 2,
+                d: 64,
+                rotary: 16,
+                theta: 1e7,
+                eps: 1e-6,
+            },
+            SplitKernel::Mma,
+        ),
+    ];
+    let lens = [37usize, 700, 5, 129, 1, 64, 999, 300];
+    let (po, pml) = gattn::split_kv_scratch(16, 256);
+    let (part_o, part_ml) = (poisoned(&d, po), poisoned(&d, pml));
+    let parts = SplitPartials {
+        part_o: part_o.ptr,
+        part_ml: part_ml.ptr,
+    };
+    for (s, kernel) in shapes {
+        let (hq, hkv, hd) = (s.n_q, s.n_kv, s.d);
+        let q_norm = d
+            .upload(
+                &rng.vec(hd, 0.3)
+                    .iter()
+                    .map(|v| 1.0 + v)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap();
+        let k_norm = d
+            .upload(
+                &rng.vec(hd, 0.3)
+                    .iter()
+                    .map(|v| 1.0 + v)
+                    .collect::<Vec<f32>>(),
+            )
+            .unwrap();
+        for rows in [1usize, 3, 8] {
+            let what = format!("{hq}/{hkv} heads of {hd}, {kernel:?}, {rows} sequences");
+            let cache_n = max_ctx * hkv * hd;
+            let bf16_vals = |n: usize, rng: &mut Rng| -> Vec<u16> {
+                rng.vec(n, 1.0)
+                    .iter()
+                    .map(|&v| bf16::from_f32(v).to_bits())
+                    .collect()
+            };
+            let caches: Vec<(Vec<u16>, Vec<u16>)> = (0..rows)
+                .map(|_| (bf16_vals(cache_n, &mut rng), bf16_vals(cache_n, &mut rng)))
+                .collect();
+            let up = || -> Vec<(DevBuf, DevBuf)> {
+                caches
+                    .iter()
+                    .map(|(k, v)| (d.upload(k).unwrap(), d.upload(v).unwrap()))
+                    .collect()
+            };
+            let (c_rows, c_one) = (up(), up());
+            let pos: Vec<DevBuf> = (0..rows)
+                .map(|b| d.upload(&[lens[b] as i32 - 1]).unwrap())
+                .collect();
+            let r = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect()
+            };
+            let qg = d.upload(&r(rng.vec(rows * 2 * hq * hd, 1.0))).unwrap();
+            let kin = d.upload(&r(rng.vec(rows * hkv * hd, 1.0))).unwrap();
+            let vin = d.upload(&r(rng.vec(rows * hkv * hd, 1.0))).unwrap();
+            let q_scratch = poisoned(&d, hq * hd);
+            let (out_rows, out_one) = (poisoned(&d, rows * hq * hd), poisoned(&d, rows * hq * hd));
+            let mut caches_t: Vec<u64> = c_rows.iter().map(|(k, _)| k.ptr).collect();
+            caches_t.extend(c_rows.iter().map(|(_, v)| v.ptr));
+            let caches_t = d.upload(&caches_t).unwrap();
+            let pos_t = d
+                .upload(&pos.iter().map(|p| p.ptr).collect::<Vec<u64>>())
+                .unwrap();
+            let a = RowsAttend {
+                qg: qg.ptr,
+                k: kin.ptr,
+                v: vin.ptr,
+                q_norm: q_norm.ptr,
+                k_norm: k_norm.ptr,
+                caches: caches_t.ptr,
+                positions: pos_t.ptr,
+                out: out_rows.ptr,
+                parts,
+                rows,
+            };
+            d.k.attention
+                .split_kv_prepped_rows(&d, kernel, s, &a)
+                .unwrap();
+            for b in 0..rows {
+                let at = |buf: &DevBuf, n: usize| buf.ptr + (b * n * 4) as u64;
+                let (kc, vc) = &c_one[b];
+                let prep = QkPrep {
+                    qg: at(&qg, 2 * hq * hd),
+                    k: at(&kin, hkv * hd),
+                    v: at(&vin, hkv * hd),
+                    q_out: q_scratch.ptr,
+                    k_cache: kc.ptr,
+                    v_cache: vc.ptr,
+                    q_norm: q_norm.ptr,
+                    k_norm: k_norm.ptr,
+                    pos: pos[b].ptr,
+                };
+                let attend = Attend {
+                    shape: s,
+                    q: q_scratch.ptr,
+                    qg: at(&qg, 2 * hq * hd),
+                    k_cache: kc.ptr,
+                    v_cache: vc.ptr,
+                    out: at(&out_one, hq * hd),
+                    pos: pos[b].ptr,
+                    n_tok: 1,
+                };
+                d.k.attention
+                    .split_kv_prepped(&d, kernel, &attend, parts, &prep)
+                    .unwrap();
+            }
+            let got: Vec<f32> = d.read(&out_rows, 0, rows * hq * hd).unwrap();
+            let want: Vec<f32> = d.read(&out_one, 0, rows * hq * hd).unwrap();
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{what}: outputs unwritten"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert!(bits(&got) == bits(&want), "{what}: outputs");
+            for b in 0..rows {
+                for (i, name) in [(0, "key"), (1, "value")] {
+                    let (x, y) = if i == 0 {
+                        (&c_rows[b].0, &c_one[b].0)
+                    } else {
+                        (&c_rows[b].1, &c_one[b].1)
+                    };
+                    let gx: Vec<u16> = d.read(x, 0, cache_n).unwrap();
+                    let gy: Vec<u16> = d.read(y, 0, cache_n).unwrap();
+                    assert!(gx == gy, "{what}: sequence {b} {name} cache");
+                    let row = (lens[b] - 1) * hkv * hd;
+                    let before = if i == 0 { &caches[b].0 } else { &caches[b].1 };
+                    assert!(
+                        gx[row..row + hkv * hd] != before[row..row + hkv * hd],
+                        "{what}: sequence {b}: no new {name} written"
+                    );
+                }
+            }
+        }
+    }
+    println!("KERNEL attention.cu batched split attention equals one sequence at a time");
+}
