@@ -610,17 +610,11 @@ impl Forward<'_> {
         Ok(())
     }
 
-    /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
-    /// the router logits and the shared-expert gate of all rows in one launch, then each row's
-    /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
-    /// projection with the combine and the residual add in one.
-    fn moe_rows(&self, m: &DevMoe, rows: usize) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
-        let first = [
-            (&m.router, Out::Exact(s.router.ptr)),
-            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
-        ];
-        self.project_batch(s.xn.ptr, cfg.hidden, rows, &first)?;
+    /// The arguments of the MoE's two fused launches (decode.cu `dec_glu4` and
+    /// `dec_down_combine`, or their rows forms) over the scratch buffers: one place for the
+    /// one-token step and the batched one.
+    fn moe_args<'m>(&self, m: &'m DevMoe) -> (Glu<'m>, DownCombine<'m>) {
+        let (cfg, s) = (self.cfg, self.scratch);
         let glu = Glu {
             gate: &m.gate,
             up: &m.up,
@@ -635,7 +629,6 @@ impl Forward<'_> {
             h: s.eh.ptr,
             h_shared: s.sh.ptr,
         };
-        k.decode.glu_rows(gpu, &glu, rows)?;
         let down = DownCombine {
             down: &m.down,
             shared_down: &m.shared_down,
@@ -647,6 +640,22 @@ impl Forward<'_> {
             shared_gate: s.s_gate.ptr,
             x: s.x.ptr,
         };
+        (glu, down)
+    }
+
+    /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
+    /// the router logits and the shared-expert gate of all rows in one launch, then each row's
+    /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
+    /// projection with the combine and the residual add in one.
+    fn moe_rows(&self, m: &DevMoe, rows: usize) -> Result<()> {
+        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+        ];
+        self.project_batch(s.xn.ptr, cfg.hidden, rows, &first)?;
+        let (glu, down) = self.moe_args(m);
+        k.decode.glu_rows(gpu, &glu, rows)?;
         k.decode.down_combine_rows(gpu, &down, rows)
     }
 
@@ -1076,7 +1085,7 @@ impl Forward<'_> {
     /// the normed row in scratch.xn), routing with every expert's gate/up/SiLU in one launch,
     /// every down projection with the combine and the residual add in one.
     pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (gpu, k, s) = (self.gpu, self.kernels, self.scratch);
         if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
             bail!("moe_one_token: the normed row must end up in scratch.xn");
         }
@@ -1085,32 +1094,8 @@ impl Forward<'_> {
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
         k.decode.project(gpu, input, &first)?;
-        let glu = Glu {
-            gate: &m.gate,
-            up: &m.up,
-            router_logits: s.router.ptr,
-            n_experts: cfg.n_experts,
-            ids: s.ids.ptr,
-            route_w: s.route_w.ptr,
-            top_k: cfg.top_k,
-            shared_gate: &m.shared_gate,
-            shared_up: &m.shared_up,
-            xn: s.xn.ptr,
-            h: s.eh.ptr,
-            h_shared: s.sh.ptr,
-        };
+        let (glu, down) = self.moe_args(m);
         k.decode.glu(gpu, &glu)?;
-        let down = DownCombine {
-            down: &m.down,
-            shared_down: &m.shared_down,
-            ids: s.ids.ptr,
-            weights: s.route_w.ptr,
-            top_k: cfg.top_k,
-            h: s.eh.ptr,
-            h_shared: s.sh.ptr,
-            shared_gate: s.s_gate.ptr,
-            x: s.x.ptr,
-        };
         k.decode.down_combine(gpu, &down)
     }
 
