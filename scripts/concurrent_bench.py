@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from serve_bench import ServerLog, engine_binary, fresh_prompt
+from serve_bench import ServerLog, engine_binary, fresh_prompt, wait_ready
 
 
 def stream(url, prompt, max_tokens, out, start_at):
@@ -100,17 +100,8 @@ def main():
     log = ServerLog()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.file)
     try:
-        deadline = time.time() + a.start_timeout
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                print("server did not start:\n" + log.path.read_text(errors="replace")[-3000:], file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        if not wait_ready(url, proc, log, a.start_timeout):
+            return 1
         print("server: " + " ".join(cmd[1:]), flush=True)
         run(url, [fresh_prompt(64, "warm")], 8)  # warm-up: graphs, caches
         alone = {}

@@ -114,6 +114,23 @@ class ServerLog:
         self.seen = len([l for l in self.path.read_text(errors="replace").splitlines() if "timing: " in l])
 
 
+def wait_ready(url: str, proc: subprocess.Popen, log: "ServerLog", timeout: float) -> bool:
+    """Polls the server's /health until it answers 200. False, with the tail of its log printed,
+    if the process exits or `timeout` seconds pass first."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            print("server did not start", file=sys.stderr)
+            print(log.path.read_text(errors="replace")[-4000:], file=sys.stderr)
+            return False
+        time.sleep(0.2)
+
+
 def parse_timing(line: str) -> dict:
     out = {}
     for key, value in re.findall(r"(\w+)=(\S+)", line.split("timing: ", 1)[1]):
@@ -254,19 +271,9 @@ def main() -> int:
             cmd += ["--ctx-size", str(a.ctx_size)]
         log = ServerLog()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.file)
-        deadline = time.time() + a.start_timeout
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                print("server did not start", file=sys.stderr)
-                print(log.path.read_text(errors="replace")[-4000:], file=sys.stderr)
-                proc.kill()
-                return 1
-            time.sleep(0.2)
+        if not wait_ready(url, proc, log, a.start_timeout):
+            proc.kill()
+            return 1
         ready = [l for l in log.path.read_text(errors="replace").splitlines() if "ready (context" in l]
         if ready:
             print("server: " + ready[-1].split("model ", 1)[-1].strip())

@@ -106,7 +106,6 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
     let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
-    let silu = |v: f64| v / (1.0 + (-v).exp());
     let mut worst = 0f64;
     // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
     for norm in [None, Some(1e-6f32)] {
@@ -152,21 +151,8 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         );
         r.submit()?;
         let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-        let (mut num, mut den) = (0f64, 0f64);
-        for t in 0..items {
-            let xt = &x[t * cols..(t + 1) * cols];
-            for row in 0..rows {
-                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
-                let want = silu(dot(&gate.w[row])) * dot(&up.w[row]);
-                let g = got[t * rows + row];
-                if !g.is_finite() {
-                    return Ok(f64::INFINITY);
-                }
-                num += (g as f64 - want).powi(2);
-                den += want.powi(2);
-            }
-        }
-        worst = worst.max((num / den.max(1e-30)).sqrt());
+        let items_x = (0..items).map(|t| (&x[t * cols..(t + 1) * cols], 0));
+        worst = worst.max(glu_rel_err(&got, rows, &gate, &up, items_x));
     }
     Ok(worst)
 }
@@ -192,7 +178,6 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     };
     let taps: Vec<f32> = (0..ch * taps_k).map(|_| rnd() * 0.5).collect();
     let state0: Vec<f32> = (0..(taps_k - 1) * ch).map(|_| rnd() * 2.0).collect();
-    let silu = |v: f64| v / (1.0 + (-v).exp());
     let mut want_y = prod.clone();
     let mut want_state = state0.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     for c in 0..ch {
@@ -342,7 +327,6 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
     let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
-    let silu = |v: f64| v / (1.0 + (-v).exp());
     let mut worst = 0f64;
     for norm in [None, Some(1e-6f32)] {
         let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
@@ -403,22 +387,13 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             worst = worst.max(d);
         }
         let got = gpu.read_f32(&ybuf, 0, items * r_e)?;
-        let (mut num, mut den) = (0f64, 0f64);
-        for (item, &ex) in want_ids.iter().enumerate() {
-            let xt = &x[(item / ks) * cols..(item / ks + 1) * cols];
-            for row in 0..r_e {
-                let wrow = ex as usize * r_e + row;
-                let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
-                let want = silu(dot(&gate.w[wrow])) * dot(&up.w[wrow]);
-                let g = got[item * r_e + row];
-                if !g.is_finite() {
-                    return Ok(f64::INFINITY);
-                }
-                num += (g as f64 - want).powi(2);
-                den += want.powi(2);
-            }
-        }
-        worst = worst.max((num / den.max(1e-30)).sqrt());
+        let items_x = want_ids.iter().enumerate().map(|(item, &ex)| {
+            (
+                &x[(item / ks) * cols..(item / ks + 1) * cols],
+                ex as usize * r_e,
+            )
+        });
+        worst = worst.max(glu_rel_err(&got, r_e, &gate, &up, items_x));
     }
     Ok(worst)
 }
@@ -579,6 +554,37 @@ fn attention_error(
                 num += (gv - want).powi(2);
                 den += want * want;
             }
+        }
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// SiLU in f64, for the host references.
+fn silu(v: f64) -> f64 {
+    v / (1.0 + (-v).exp())
+}
+
+/// The relative L2 difference of a GLU kernel's `got` ([items, rows]) from the host's
+/// silu(gate · x) · (up · x) in f64, item i taking the input row and the first weight row that
+/// `items` gives it; infinite on any non-finite value.
+fn glu_rel_err<'x>(
+    got: &[f32],
+    rows: usize,
+    gate: &RandomQ4,
+    up: &RandomQ4,
+    items: impl Iterator<Item = (&'x [f32], usize)>,
+) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (item, (xt, w0)) in items.enumerate() {
+        for row in 0..rows {
+            let dot = |w: &[f64]| -> f64 { w.iter().zip(xt).map(|(a, b)| a * *b as f64).sum() };
+            let want = silu(dot(&gate.w[w0 + row])) * dot(&up.w[w0 + row]);
+            let g = got[item * rows + row];
+            if !g.is_finite() {
+                return f64::INFINITY;
+            }
+            num += (g as f64 - want).powi(2);
+            den += want.powi(2);
         }
     }
     (num / den.max(1e-30)).sqrt()

@@ -326,6 +326,50 @@ pub struct DnStep {
     pub dv: usize,
 }
 
+/// The segment table of a projection launch (`dec_gemv*`, `dec_gemv_rows`): each output's
+/// weight, destination and store mode, and the first of its tiles of `rows_per_tile` rows;
+/// `tiles` the total. `kernel` names the launcher in errors.
+fn segments(
+    kernel: &str,
+    outs: &[(&DevLinear, Out)],
+    cols: usize,
+    rows_per_tile: usize,
+) -> Result<DecSegs> {
+    let empty = DecSeg {
+        w: QWeightArg::default(),
+        y: 0,
+        mode: 0,
+        tile0: i32::MAX,
+    };
+    let mut segs = DecSegs {
+        s: [empty; MAX_SEGS],
+        n: outs.len() as i32,
+        tiles: 0,
+    };
+    let mut total = 0usize;
+    for (i, (w, out)) in outs.iter().enumerate() {
+        if !serves(&w.shape()) || w.cols != cols || w.experts != 1 {
+            bail!(
+                "{kernel}: a {}x{} {}-bit weight (group {}) on a {cols}-wide input",
+                w.rows,
+                w.cols,
+                w.bits,
+                w.group,
+            );
+        }
+        let (y, mode) = out.parts();
+        segs.s[i] = DecSeg {
+            w: w.arg(),
+            y,
+            mode,
+            tile0: total as i32,
+        };
+        total += w.rows.div_ceil(rows_per_tile);
+    }
+    segs.tiles = total as i32;
+    Ok(segs)
+}
+
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
@@ -384,39 +428,7 @@ impl Decode {
             _ => (&self.gemv, R),
         };
         let rows_per_block = WARPS * spw * rows;
-        let empty = DecSeg {
-            w: QWeightArg::default(),
-            y: 0,
-            mode: 0,
-            tile0: i32::MAX,
-        };
-        let mut segs = DecSegs {
-            s: [empty; MAX_SEGS],
-            n: outs.len() as i32,
-            tiles: 0,
-        };
-        let mut total = 0usize;
-        for (i, (w, out)) in outs.iter().enumerate() {
-            if !serves(&w.shape()) || w.cols != input.cols || w.experts != 1 {
-                bail!(
-                    "dec_gemv: a {}x{} {}-bit weight (group {}) on a {}-wide input",
-                    w.rows,
-                    w.cols,
-                    w.bits,
-                    w.group,
-                    input.cols
-                );
-            }
-            let (y, mode) = out.parts();
-            segs.s[i] = DecSeg {
-                w: w.arg(),
-                y,
-                mode,
-                tile0: total as i32,
-            };
-            total += w.rows.div_ceil(rows_per_block);
-        }
-        segs.tiles = total as i32;
+        let segs = segments("dec_gemv", outs, input.cols, rows_per_block)?;
         let (norm_w, eps, gz, head_dim) = match input.prologue {
             Prologue::None => (0, 0.0, 0, 1),
             Prologue::RmsNorm { weight, eps } => (weight, eps, 0, 1),
@@ -437,7 +449,7 @@ impl Decode {
         };
         let staged_out = input.staged_out.unwrap_or(0);
         let cols = input.cols as i32;
-        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count);
+        let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count);
         let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&segs)
@@ -473,39 +485,8 @@ impl Decode {
         }
         let (_, rpw) = rows_lanes(cols);
         let rows_per_tile = WARPS * rpw;
-        let empty = DecSeg {
-            w: QWeightArg::default(),
-            y: 0,
-            mode: 0,
-            tile0: i32::MAX,
-        };
-        let mut segs = DecSegs {
-            s: [empty; MAX_SEGS],
-            n: outs.len() as i32,
-            tiles: 0,
-        };
-        let mut total = 0usize;
-        for (i, (w, out)) in outs.iter().enumerate() {
-            if !serves(&w.shape()) || w.cols != cols || w.experts != 1 {
-                bail!(
-                    "dec_gemv_rows: a {}x{} {}-bit weight (group {}) on a {cols}-wide input",
-                    w.rows,
-                    w.cols,
-                    w.bits,
-                    w.group,
-                );
-            }
-            let (y, mode) = out.parts();
-            segs.s[i] = DecSeg {
-                w: w.arg(),
-                y,
-                mode,
-                tile0: total as i32,
-            };
-            total += w.rows.div_ceil(rows_per_tile);
-        }
-        segs.tiles = total as i32;
-        let grid = total.min(BLOCKS_PER_SM * gpu.sm_count) as u32;
+        let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
+        let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let per_launch = rows_per_launch(cols);
         let mut b0 = 0;
         while b0 < rows {
