@@ -420,6 +420,33 @@ dn_wy_prep(const float* __restrict__ c, const float* __restrict__ qk, const floa
     }
 }
 
+// acc (two m16n8 tiles: 16 rows × 16 columns) += A · B over k (a multiple of 8): A's 16 rows at
+// a (rows lda apart), B's k rows of 16 columns at b (ldb apart); tf32 operands, fp32 sums.
+__device__ __forceinline__ void dn_wy_mma_16x16(float (&acc)[2][4], const float* a, int lda, const float* b, int ldb,
+                                                int k) {
+    for (int k0 = 0; k0 < k; k0 += 8) {
+        u32 fa[4];
+        frag_a_tf32(fa, a + k0, lda, 1);
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            u32 b0, b1;
+            frag_b_tf32(b0, b1, b + k0 * ldb + 8 * n, ldb, 1);
+            mma_tf32(acc[n], fa, b0, b1);
+        }
+    }
+}
+
+// Stores a warp's 16 × 32 block of accumulators (four m16n8 tiles: rows g, g + 8, columns 8n +
+// 2t, + 1) at p, rows ld floats apart.
+__device__ __forceinline__ void dn_wy_store_16x32(const float (&acc)[4][4], float* p, long long ld) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            *reinterpret_cast<float2*>(p + (g + 8 * h) * ld + 8 * n + 2 * t) = make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+}
+
 extern "C" __global__ void __launch_bounds__(DN_WY_SCAN_THREADS)
 dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* __restrict__ state,
            float* __restrict__ o, int n_tok, int n_k_heads, int n_v_heads, int dk, int dv) {
@@ -489,14 +516,7 @@ dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* _
                 u[n][2 * h + 1] = v.y;
             }
         // S into shared memory for the products that read it.
-        if (has_rows) {
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *reinterpret_cast<float2*>(ss + (16 * warp + g + 8 * h) * DN_WY_LDV + 8 * n + 2 * tq) =
-                        make_float2(acc_s[n][2 * h], acc_s[n][2 * h + 1]);
-        }
+        if (has_rows) dn_wy_store_16x32(acc_s, ss + 16 * warp * DN_WY_LDV, DN_WY_LDV);
         cp_async_wait<0>();
         __syncthreads();
         if (threadIdx.x < DN_WY_C) dec[threadIdx.x] = expf(gs[DN_WY_C - 1] - gs[threadIdx.x]);
@@ -504,16 +524,7 @@ dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* _
         // Δ = U − W S.
         {
             float x[2][4] = {};
-            for (int k0 = 0; k0 < dk; k0 += 8) {
-                u32 fa[4];
-                frag_a_tf32(fa, wsm + 16 * mb * DN_WY_LD + k0, DN_WY_LD, 1);
-#pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    u32 b0, b1;
-                    frag_b_tf32(b0, b1, ss + k0 * DN_WY_LDV + 16 * nh + 8 * n, DN_WY_LDV, 1);
-                    mma_tf32(x[n], fa, b0, b1);
-                }
-            }
+            dn_wy_mma_16x16(x, wsm + 16 * mb * DN_WY_LD, DN_WY_LD, ss + 16 * nh, DN_WY_LDV, dk);
 #pragma unroll
             for (int n = 0; n < 2; n++)
 #pragma unroll
@@ -530,16 +541,7 @@ dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* _
         // O = diag(e^G) Q S + P Δ (P is lower triangular: k stops at the warp's last row).
         {
             float acc[2][4] = {};
-            for (int k0 = 0; k0 < dk; k0 += 8) {
-                u32 fa[4];
-                frag_a_tf32(fa, qs + 16 * mb * DN_WY_LD + k0, DN_WY_LD, 1);
-#pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    u32 b0, b1;
-                    frag_b_tf32(b0, b1, ss + k0 * DN_WY_LDV + 16 * nh + 8 * n, DN_WY_LDV, 1);
-                    mma_tf32(acc[n], fa, b0, b1);
-                }
-            }
+            dn_wy_mma_16x16(acc, qs + 16 * mb * DN_WY_LD, DN_WY_LD, ss + 16 * nh, DN_WY_LDV, dk);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float e = expf(gs[16 * mb + g + 8 * h]);
@@ -549,16 +551,7 @@ dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* _
                     acc[n][2 * h + 1] *= e;
                 }
             }
-            for (int k0 = 0; k0 < 16 * (mb + 1); k0 += 8) {
-                u32 fa[4];
-                frag_a_tf32(fa, ps + 16 * mb * DN_WY_LDC + k0, DN_WY_LDC, 1);
-#pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    u32 b0, b1;
-                    frag_b_tf32(b0, b1, ds + k0 * DN_WY_LDV + 16 * nh + 8 * n, DN_WY_LDV, 1);
-                    mma_tf32(acc[n], fa, b0, b1);
-                }
-            }
+            dn_wy_mma_16x16(acc, ps + 16 * mb * DN_WY_LDC, DN_WY_LDC, ds + 16 * nh, DN_WY_LDV, 16 * (mb + 1));
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int r = 16 * mb + g + 8 * h;
@@ -604,14 +597,7 @@ dn_wy_scan(const float* __restrict__ qk, const float* __restrict__ rec, float* _
             cp_async_commit();
         }
     }
-    if (has_rows) {
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                *reinterpret_cast<float2*>(sp + (long long)(16 * warp + g + 8 * h) * dv + 8 * n + 2 * tq) =
-                    make_float2(acc_s[n][2 * h], acc_s[n][2 * h + 1]);
-    }
+    if (has_rows) dn_wy_store_16x32(acc_s, sp + (long long)16 * warp * dv, dv);
 }
 
 extern "C" __global__ void dn_gated_norm(const float* __restrict__ o, const float* __restrict__ z, int z_stride,
