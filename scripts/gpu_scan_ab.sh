@@ -8,7 +8,8 @@
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/NAME`, then
 # `gzip -9 /work/main/.carry/NAME/bin/*` and copy this script into that folder. There:
 #   bash .carry/NAME/gpu_scan_ab.sh          (run's carry: .carry/NAME; timeout_s 600)
-# Knobs: SKIP_TESTS=1, TEST_S (each test part's timeout, 150), BENCH_S (90), DEADLINE (450),
+# Knobs: SKIP_TESTS=1, TEST_S (the new tests' timeout, 200), MODEL_TEST_S (the other model tests',
+# 120), BENCH_S (90), DEADLINE (450),
 # ROUNDS (bench rounds of off + on, 2), SKIP_PROFILE=1.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -26,12 +27,12 @@ SYN=$!
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # The new tests first (the kernel against dn_recurrent and the CPU, the model with the switch on
   # and off), then every other DeltaNet and model test.
-  timeout "${TEST_S:-150}" "$B/gpu" --ignored --test-threads=1 --nocapture deltanet:: \
+  timeout "${TEST_S:-200}" "$B/gpu" --ignored --test-threads=1 --nocapture deltanet:: \
     model_prefill_through_the_tensor_core_scan > "$OUT/tests-scan.log" 2>&1
   say "tests (scan) rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked|rel_l2|MODEL" "$OUT/tests-scan.log" | grep -v " ok$" | head -60 | tee -a "$S"
   grep -E "^test .* ok$" "$OUT/tests-scan.log" | tee -a "$S"
-  timeout "${TEST_S:-150}" "$B/gpu" --ignored --test-threads=1 model_ --skip model_matches_cpu_on_checkpoint_from_env \
+  timeout "${MODEL_TEST_S:-120}" "$B/gpu" --ignored --test-threads=1 model_ --skip model_matches_cpu_on_checkpoint_from_env \
     --skip model_prefill_through_the_tensor_core_scan > "$OUT/tests-model.log" 2>&1
   say "tests (model) rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked" "$OUT/tests-model.log" | grep -v " ok$" | head -20 | tee -a "$S"
