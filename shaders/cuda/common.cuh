@@ -155,6 +155,49 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A float rounded to tf32 (10-bit mantissa, to nearest, ties away), in a 32-bit register.
+__device__ __forceinline__ u32 to_tf32(float f) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+// c (16x8 fp32) += a (16x8 tf32, row major) · b (8x8 tf32, "col"). Lane L (g = L/4, t = L%4)
+// holds a = (g, t), (g+8, t), (g, t+4), (g+8, t+4); b = (k t, n g), (k t+4, n g); c = (g, 2t),
+// (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Fragments of m16n8k8 tf32 operands read from fp32 values anywhere addressable (strides in
+// elements, so a transposed operand is the same call with the strides swapped), rounded on the way.
+// A: the 16×8 tile whose element (row r, col k) is p[r·rs + k·ks].
+__device__ __forceinline__ void frag_a_tf32(u32 (&a)[4], const float* p, int rs, int ks) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    a[0] = to_tf32(p[g * rs + t * ks]);
+    a[1] = to_tf32(p[(g + 8) * rs + t * ks]);
+    a[2] = to_tf32(p[g * rs + (t + 4) * ks]);
+    a[3] = to_tf32(p[(g + 8) * rs + (t + 4) * ks]);
+}
+// The same tile with column k multiplied by sc[k] first (a diagonal matrix on the right).
+__device__ __forceinline__ void frag_a_tf32_cols(u32 (&a)[4], const float* p, int rs, int ks, const float* sc) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    float s0 = sc[t], s1 = sc[t + 4];
+    a[0] = to_tf32(p[g * rs + t * ks] * s0);
+    a[1] = to_tf32(p[(g + 8) * rs + t * ks] * s0);
+    a[2] = to_tf32(p[g * rs + (t + 4) * ks] * s1);
+    a[3] = to_tf32(p[(g + 8) * rs + (t + 4) * ks] * s1);
+}
+// B: the 8×8 tile whose element (k, n) is p[k·ks + n·ns].
+__device__ __forceinline__ void frag_b_tf32(u32& b0, u32& b1, const float* p, int ks, int ns) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    b0 = to_tf32(p[t * ks + g * ns]);
+    b1 = to_tf32(p[(t + 4) * ks + g * ns]);
+}
+
 // Two floats rounded to nearest-even bf16, `lo` in the low half (the lower column / k index).
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     u32 r;

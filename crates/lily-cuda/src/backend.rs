@@ -135,7 +135,7 @@ impl CudaBackend {
         gpu.dependent_launch = plan.dependent_launch();
         let kernels = Kernels::load(&gpu, &plan.build())?;
         let model = upload_model(&gpu, weights)?;
-        let scratch = Scratch::new(&gpu, &weights.config, chunk, plan.stages(chunk))?;
+        let scratch = Scratch::new(&gpu, &weights.config, chunk, &plan)?;
         gpu.sync()?;
         tracing::info!(
             "cuda: {} ({}), {:.2} GB of weights on the device; {}",

@@ -12,7 +12,7 @@ use lily_core::config::ModelConfig;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
-use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnShape, GatedNorm};
+use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
@@ -54,6 +54,9 @@ pub struct Scratch {
     pub dn_o: DevBuf,
     pub dn_qk: DevBuf,
     pub dn_ab: DevBuf,
+    /// The tensor-core DeltaNet scan's per-chunk records (`deltanet::wy_records` for the chunk),
+    /// allocated only when the plan runs that scan for a full chunk (`Plan::deltanet_scan`).
+    pub dn_records: Option<DevBuf>,
     pub dn_y: DevBuf,
     /// bf16 [chunk × the widest GEMM input]: a projection's input staged for the bf16-input
     /// wgmma kernels (`Forward::stage_bf16`), allocated only when the plan stages a full chunk.
@@ -118,10 +121,13 @@ impl Scratch {
         Ok(())
     }
 
-    /// Scratch for chunks of up to `chunk` tokens; `stages`: whether such a chunk stages its
-    /// GEMM inputs as bf16 (`Plan::stages`).
-    pub fn new(gpu: &Gpu, cfg: &ModelConfig, chunk: usize, stages: bool) -> Result<Scratch> {
+    /// Scratch for chunks of up to `chunk` tokens as `plan` runs them: the bf16 staging where
+    /// such a chunk stages its GEMM inputs (`Plan::stages`), the DeltaNet records where it takes
+    /// the tensor-core scan (`Plan::deltanet_scan`).
+    pub fn new(gpu: &Gpu, cfg: &ModelConfig, chunk: usize, plan: &Plan) -> Result<Scratch> {
         let c = chunk;
+        let stages = plan.stages(chunk);
+        let dn = DnShape::of(cfg);
         let buf = |elems: usize| gpu.alloc(elems * F32);
         let (h, tk) = (cfg.hidden, cfg.top_k);
         let (part_o, part_ml) = attention::split_kv_scratch(cfg.n_heads, cfg.head_dim);
@@ -147,6 +153,10 @@ impl Scratch {
             dn_o: buf(c * cfg.dn_value_dim())?,
             dn_qk: buf(c * cfg.dn_k_heads * 2 * cfg.dn_k_dim)?,
             dn_ab: buf(c * cfg.dn_v_heads * 2)?,
+            dn_records: match plan.deltanet_scan(dn, c) {
+                DnScan::Chunked => Some(buf(deltanet::wy_records(dn, c))?),
+                DnScan::Recurrent => None,
+            },
             dn_y: buf(c * cfg.dn_value_dim())?,
             xbf: if stages {
                 let widest = [
@@ -1159,8 +1169,10 @@ impl Forward<'_> {
             o: at(&s.dn_o, vd),
             qk: s.dn_qk.ptr,
             ab: s.dn_ab.ptr,
+            records: s.dn_records.as_ref().map_or(0, |r| r.ptr),
         };
-        k.deltanet.recurrent(gpu, shape, &rec, n)
+        k.deltanet
+            .scan(gpu, self.plan.deltanet_scan(shape, n), shape, &rec, n)
     }
 
     /// The gated norm of `n` rows of scratch.dn_o with scratch.z, then out_proj, added into the

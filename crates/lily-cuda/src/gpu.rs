@@ -68,6 +68,9 @@ pub struct DeviceCaps {
     pub dependent_launch: bool,
     /// Streaming multiprocessors.
     pub sm_count: usize,
+    /// Bytes of shared memory a block can be granted (the opt-in limit: 227 KB on sm_90, 163 KB
+    /// on sm_80, 99 KB on sm_86 / 89 / 120).
+    pub max_shared_memory: usize,
 }
 
 pub struct Gpu {
@@ -77,6 +80,8 @@ pub struct Gpu {
     pub arch: String,
     /// Streaming multiprocessors: persistent (grid-stride) kernels size their grids by it.
     pub sm_count: usize,
+    /// `DeviceCaps::max_shared_memory`.
+    pub max_shared_memory: usize,
     /// Debug checks around every launch (synchronise, profile).
     pub checks: LaunchChecks,
     /// Kernels marked `Kernel::waits_for_predecessor` are launched as programmatic dependents
@@ -160,6 +165,12 @@ impl Gpu {
             )
             .map_err(|e| anyhow!("multiprocessor count: {e}"))?
             .max(1) as usize;
+        let max_shared_memory = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| anyhow!("shared memory per block: {e}"))?
+            .max(0) as usize;
         let stream = ctx
             .new_stream()
             .map_err(|e| anyhow!("cannot create a CUDA stream: {e}"))?;
@@ -171,6 +182,7 @@ impl Gpu {
             name,
             arch,
             sm_count,
+            max_shared_memory,
             checks,
             dependent_launch: false,
             can_launch_dependents: major >= 9,
@@ -186,6 +198,7 @@ impl Gpu {
             wgmma: self.arch == "sm_90a",
             dependent_launch: self.can_launch_dependents,
             sm_count: self.sm_count,
+            max_shared_memory: self.max_shared_memory,
         }
     }
 

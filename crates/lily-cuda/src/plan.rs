@@ -25,6 +25,11 @@
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
+//! Under `tc_scan` (off until measured; bf16 mode, a device granting 150 KB of shared memory a
+//! block) the DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is `dn_prep` +
+//! `dn_wy_prep` + `dn_wy_scan` (the chunked form on the tensor cores) instead of `dn_prep` +
+//! `dn_recurrent` (`deltanet_scan`; the test `the_tensor_core_scan_runs_where_its_switch_and_the_device_allow`).
+//!
 //! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
@@ -44,6 +49,7 @@ use lily_core::sampling::SamplingParams;
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{self, Decode};
+use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
 use crate::kernels::KernelBuild;
@@ -54,6 +60,11 @@ use crate::weights::{DevAttention, DevDeltaNet, DevMoe, LinearShape};
 /// Fewest tokens of a step that take the tensor-core kernels (gemm.cu, `attn_prefill`): one
 /// warp's 16 mma rows; shorter steps (decode) keep the CUDA-core kernels.
 pub const TENSOR_CORE_MIN_TOK: usize = 16;
+
+/// Fewest tokens of a step whose DeltaNet scan takes the tensor-core chunked form under `tc_scan`:
+/// one whole chunk (deltanet::DN_WY_C). Shorter steps walk at most 63 tokens in order; where the
+/// two forms cross is for the A/B to say (perf-notes, session 12).
+pub const TC_SCAN_MIN_TOK: usize = deltanet::DN_WY_C;
 
 /// Which kernel computes y (+)= W x for a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +233,8 @@ impl Plan {
     }
 
     /// `o` exactly as given (no environment), resolved for `device`: tensor cores, flash
-    /// prefill and tensor-core decode attention need bf16 activations; the wgmma kernels need
+    /// prefill, tensor-core decode attention and the tensor-core DeltaNet scan need bf16
+    /// activations (the scan also the device's shared memory); the wgmma kernels need
     /// what they build on and an sm_90a device; programmatic dependent launch a device that has
     /// it; graphs no debug check.
     pub fn resolve(o: &CudaOptions, device: DeviceCaps) -> Plan {
@@ -238,6 +250,7 @@ impl Plan {
             fused_attn_prep: o.fused_attn_prep && mma_attention,
             wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
             wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
+            tc_scan: o.tc_scan && bf16 && device.max_shared_memory >= deltanet::DN_WY_SMEM,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             ..o.clone()
@@ -400,6 +413,17 @@ impl Plan {
             })
         } else {
             AttentionKernels::OneBlockPerHead
+        }
+    }
+
+    /// The DeltaNet recurrence of an n-token step: the chunked form on the tensor cores
+    /// (`DnScan::Chunked`: dn_wy_prep + dn_wy_scan) under `tc_scan` for steps of at least
+    /// TC_SCAN_MIN_TOK tokens whose heads it takes, else token by token (dn_recurrent).
+    pub fn deltanet_scan(&self, shape: DnShape, n_tok: usize) -> DnScan {
+        if self.o.tc_scan && n_tok >= TC_SCAN_MIN_TOK && deltanet::wy_fits(shape) {
+            DnScan::Chunked
+        } else {
+            DnScan::Recurrent
         }
     }
 
@@ -659,6 +683,7 @@ mod tests {
         wgmma: true,
         dependent_launch: true,
         sm_count: 132,
+        max_shared_memory: 232_448,
     };
 
     fn mlx(rows: usize, cols: usize, bits: u32, experts: usize) -> LinearShape {
@@ -726,6 +751,7 @@ mod tests {
             wgmma: false,
             dependent_launch: false,
             sm_count: 108,
+            max_shared_memory: 166_912,
         };
         let p = Plan::resolve(&CudaOptions::default(), ampere);
         let w = mlx(8192, 2048, 4, 1);
@@ -1071,6 +1097,12 @@ mod tests {
                 AttentionKernels::Prefill(attn),
                 "{n}"
             );
+            // The DeltaNet scan: token by token as shipped (`tc_scan` off).
+            assert_eq!(
+                p.deltanet_scan(DnShape::of(&cfg), n),
+                DnScan::Recurrent,
+                "{n}"
+            );
             // The context does not change a chunk's kernels (a 128K prompt's last chunk).
             assert_eq!(
                 p.attention(shape, n, 131_072),
@@ -1205,6 +1237,70 @@ mod tests {
         assert_eq!(
             off.logprobs(SamplingPath::DeviceGreedy, 5, v),
             LogprobsPath::Host
+        );
+    }
+
+    #[test]
+    fn the_tensor_core_scan_runs_where_its_switch_and_the_device_allow() {
+        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let full = DnShape::of(&cfg);
+        let tiny = DnShape::of(&ModelConfig::from_json(&preset_text_config(Preset::Tiny)).unwrap());
+        let on = CudaOptions {
+            tc_scan: true,
+            ..CudaOptions::default()
+        };
+        // Shipping: token by token at every length.
+        let shipping = Plan::resolve(&CudaOptions::default(), H200);
+        for n in [1, 63, 64, 512, 4096] {
+            assert_eq!(shipping.deltanet_scan(full, n), DnScan::Recurrent, "{n}");
+        }
+        assert!(shipping
+            .describe()
+            .contains("tensor-core DeltaNet scan off"));
+        // On: chunked from one whole chunk, for the full heads and the tiny preset's (32 × 32).
+        let p = Plan::resolve(&on, H200);
+        assert!(p.describe().contains("tensor-core DeltaNet scan on"));
+        for (n, want) in [
+            (1, DnScan::Recurrent),
+            (63, DnScan::Recurrent),
+            (64, DnScan::Chunked),
+            (65, DnScan::Chunked),
+            (4096, DnScan::Chunked),
+        ] {
+            assert_eq!(p.deltanet_scan(full, n), want, "{n}");
+            assert_eq!(p.deltanet_scan(tiny, n), want, "tiny {n}");
+        }
+        // Heads it does not take: dv not a multiple of 32, dk past 128.
+        for s in [DnShape { dv: 48, ..full }, DnShape { dk: 256, ..full }] {
+            assert_eq!(p.deltanet_scan(s, 4096), DnScan::Recurrent, "{s:?}");
+        }
+        // fp32 mode, and a device that cannot grant dn_wy_scan's shared memory (sm_86 / 89 / 120:
+        // 99 KB), keep the recurrence; an A100's 163 KB suffices.
+        let fp32 = CudaOptions {
+            bf16_activations: false,
+            ..on.clone()
+        };
+        assert_eq!(
+            Plan::resolve(&fp32, H200).deltanet_scan(full, 4096),
+            DnScan::Recurrent
+        );
+        let small_smem = DeviceCaps {
+            max_shared_memory: 101_376,
+            ..H200
+        };
+        assert_eq!(
+            Plan::resolve(&on, small_smem).deltanet_scan(full, 4096),
+            DnScan::Recurrent
+        );
+        let a100 = DeviceCaps {
+            wgmma: false,
+            dependent_launch: false,
+            sm_count: 108,
+            max_shared_memory: 166_912,
+        };
+        assert_eq!(
+            Plan::resolve(&on, a100).deltanet_scan(full, 4096),
+            DnScan::Chunked
         );
     }
 

@@ -52,7 +52,7 @@ impl AttnRig {
     fn new(cfg: &ModelConfig, bf16: bool, max_ctx: usize) -> AttnRig {
         // bf16 mode: the prefix chunks (> 16 tokens) run attn_prefill.
         let g = dev(bf16);
-        let scratch = Scratch::new(&g, cfg, 512, false).unwrap();
+        let scratch = Scratch::new(&g, cfg, 512, &g.plan).unwrap();
         let seq = SeqState::new(&g, cfg, max_ctx, bf16).unwrap();
         let no_split = g.plan_with(|o| o.split_kv = false);
         AttnRig {

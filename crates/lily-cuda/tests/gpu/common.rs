@@ -320,7 +320,7 @@ impl BlockRig {
     pub fn new(chunk: usize) -> BlockRig {
         let g = gpu();
         let cfg = tiny_cfg();
-        let scratch = Scratch::new(&g, &cfg, chunk, g.plan.stages(chunk)).unwrap();
+        let scratch = Scratch::new(&g, &cfg, chunk, &g.plan).unwrap();
         let seq = SeqState::new(&g, &cfg, 64, false).unwrap();
         let gathered = g.plan_with(|o| o.moe_grouped = false);
         BlockRig {

@@ -728,3 +728,90 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
         }
     }
 }
+
+/// The tensor-core DeltaNet scan (`tc_scan`) in the shipping configuration against the same
+/// configuration without it, on the tiny and small presets (32 × 32 heads) and a full-width
+/// 4-layer model (Qwen3.6's 128 × 128 heads): a 200-token prompt prefilled in two calls (130
+/// tokens, then 70 continuing the state: chunks of 64 with partial last ones), whose last logits
+/// must agree within TC_SCAN_LOGITS_TOL, then 8 greedy tokens with their top-2 log-probabilities
+/// (within the same): the same tokens until a step where the two runs' best tokens are within 0.1
+/// nats of each other in the run without it (a near-tie on random weights, after which the
+/// sequences may part).
+/// How far the tensor-core scan may move the model's logits (rel. L2) and log-probabilities: its
+/// tf32 products move the DeltaNet outputs by ≈ 5e-4 relative (scripts/cuda_emu), which flips
+/// bf16 roundings of the activations after them here and there (2⁻⁹ each) and may flip a routed
+/// expert at a near-tie; the whole bf16 path is 4.6e-2 … 8.4e-2 from fp32 (SHIPPING_LOGITS_TOL's
+/// note), so the scan's share must stay under that. A wrong scan moves them by order 1.
+const TC_SCAN_LOGITS_TOL: f64 = 5e-2;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
+    use lily_cuda::kernels::deltanet::{DnScan, DnShape};
+    let models = [
+        ("tiny", synth_model(Preset::Tiny, SynthFormat::Mlx, 61)),
+        ("small", synth_model(Preset::Small, SynthFormat::Mlx, 62)),
+        (
+            "full-width 4 layers",
+            synth_model_layers(Preset::Full, SynthFormat::Mlx, 63, Some(4)),
+        ),
+    ];
+    for (name, w) in models {
+        let prompt = Rng(64).tokens(200, w.config.vocab);
+        let run = |tc_scan: bool| -> (Vec<f32>, Reported) {
+            let opts = CudaOptions {
+                tc_scan,
+                ..CudaOptions::default()
+            };
+            let mut b = CudaBackend::with_options(&w, &opts).unwrap();
+            let plan = b.plan().clone();
+            assert_eq!(
+                plan.deltanet_scan(DnShape::of(&w.config), 70) == DnScan::Chunked,
+                tc_scan,
+                "{name}: the plan runs the scan asked for ({})",
+                plan.describe()
+            );
+            let s = b.new_seq(256).unwrap();
+            b.prefill(s, &prompt[..130]).unwrap();
+            b.prefill(s, &prompt[130..]).unwrap();
+            let logits = b.logits(s).unwrap();
+            let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
+            let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 2, None);
+            r.unwrap();
+            (logits, got)
+        };
+        let (want_l, want) = run(false);
+        let (got_l, got) = run(true);
+        let e = rel_l2(&format!("{name}: prefill logits"), &got_l, &want_l);
+        let ids = |r: &Reported| r.iter().map(|t| t.0).collect::<Vec<_>>();
+        println!(
+            "MODEL {name}: tc_scan prefill logits rel_l2 {e:.3e}; greedy {:?} vs {:?}",
+            ids(&got),
+            ids(&want)
+        );
+        assert!(
+            e < TC_SCAN_LOGITS_TOL,
+            "{name}: prefill logits rel. L2 {e:.3e} with tc_scan"
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            if g.0 == w.0 {
+                assert!(
+                    f64::from((g.1 - w.1).abs()) < TC_SCAN_LOGITS_TOL,
+                    "{name}: token {i}: logprob {} vs {}",
+                    g.1,
+                    w.1
+                );
+                continue;
+            }
+            let other = w.2.iter().find(|a| a.0 == g.0).map(|a| a.1);
+            assert!(
+                other.is_some_and(|lp| w.1 - lp < 0.1),
+                "{name}: greedy step {i}: {} with tc_scan, {} without (its alternatives {:?}): not a near-tie",
+                g.0,
+                w.0,
+                w.2
+            );
+            break;
+        }
+    }
+}
