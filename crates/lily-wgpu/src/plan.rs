@@ -164,30 +164,13 @@ pub enum DeltaNetPath {
 pub type FormSpecs = Vec<Spec>;
 
 /// The forms of the products whose input is always an activation (prefill's tiles, the general
-/// kernels: a folded norm runs on linear_q4_rows only): output an activation or an f32 buffer.
-const READS_ACT: [Form; 2] = [
-    Form {
-        x_f32: false,
-        y_f32: false,
-    },
-    Form {
-        x_f32: false,
-        y_f32: true,
-    },
-];
+/// kernels: a folded norm runs on linear_q4_rows only): output an activation or an f32 buffer
+/// (`Form::ALL`'s first two).
+const READS_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[1]];
 
 /// linear_q4_glu_rows.wgsl's forms: the residual stream (folded norm) or an activation in, an
-/// activation out.
-const WRITES_ACT: [Form; 2] = [
-    Form {
-        x_f32: false,
-        y_f32: false,
-    },
-    Form {
-        x_f32: true,
-        y_f32: false,
-    },
-];
+/// activation out (`Form::ALL`'s first and third).
+const WRITES_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[2]];
 
 /// `spec` in each of `forms` where activations are f16, else once.
 pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {

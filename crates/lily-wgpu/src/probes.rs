@@ -79,20 +79,26 @@ pub fn check_mm(
     bits: usize,
     sides: Sides,
 ) -> Result<f64> {
+    let (m, got) = mm_probe(gpu, kernel, tile, bits, sides)?;
+    Ok(rel_l2_f64(&got, &m.want_for(None, sides)))
+}
+
+/// `check_mm`'s random matrix and inputs through `kernel`: the matrix, and the kernel's output.
+fn mm_probe(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    tile: MmTile,
+    bits: usize,
+    sides: Sides,
+) -> Result<(RandomQ4, Vec<f32>)> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
     let m = RandomQ4::with_bits(bits, rows, cols, group, items);
     let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
     let z = items.div_ceil(tile.items()) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    m.run(
-        gpu,
-        kernel,
-        &[nx, ny, z],
-        nx,
-        Some(&groups_buf),
-        None,
-        sides,
-    )
+    let grid = [nx, ny, z];
+    let got = m.run_raw(gpu, kernel, &grid, nx, Some(&groups_buf), None, sides)?;
+    Ok((m, got))
 }
 
 /// linear_q4_mm.wgsl with f16 tiles (tile_f16.wgsl) on `check_mm`'s matrix and inputs: the
@@ -109,20 +115,8 @@ pub fn check_mm_f16(
     bits: usize,
     sides: Sides,
 ) -> Result<(f64, f64)> {
-    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
-    let z = items.div_ceil(tile.items()) as u32;
-    let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    let got = m.run_raw(
-        gpu,
-        kernel,
-        &[nx, ny, z],
-        nx,
-        Some(&groups_buf),
-        None,
-        sides,
-    )?;
+    let (m, got) = mm_probe(gpu, kernel, tile, bits, sides)?;
+    let (rows, cols, items) = (m.rows, m.cols, m.items);
     let f16 = |v: f64| half::f16::from_f64(v).to_f64();
     let x16: Vec<f64> = m.x.iter().map(|v| f16(*v as f64)).collect();
     let mut staged = vec![0f64; items * rows];
@@ -905,11 +899,16 @@ impl RandomQ4 {
         sides: Sides,
     ) -> Result<f64> {
         let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm, sides)?;
-        let want = match rows_norm {
+        Ok(rel_l2_f64(&got, &self.want_for(rows_norm, sides)))
+    }
+
+    /// The host's product of the inputs as `run_raw` feeds them: normalised first
+    /// (`rows_norm`), or rounded to f16 where `sides.x_f16`.
+    fn want_for(&self, rows_norm: Option<Option<f32>>, sides: Sides) -> Vec<f64> {
+        match rows_norm {
             Some(Some(eps)) => self.product(&self.normed(eps)),
             _ if sides.x_f16 => self.product(&round_f16(&self.x, true)),
             _ => self.want.clone(),
-        };
-        Ok(rel_l2_f64(&got, &want))
+        }
     }
 }

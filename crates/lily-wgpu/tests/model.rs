@@ -37,6 +37,14 @@ fn greedy_tokens(b: &mut dyn Backend, s: lily_core::backend::SeqId, n: usize) ->
     out
 }
 
+/// Positions whose largest logit is at the same id in `got` and `want` (rows of `vocab`).
+fn top1_agreement(got: &[f32], want: &[f32], vocab: usize) -> usize {
+    got.chunks(vocab)
+        .zip(want.chunks(vocab))
+        .filter(|(g, w)| lily_core::sampling::argmax(g) == lily_core::sampling::argmax(w))
+        .count()
+}
+
 /// The wgpu backend, or `None` (test skipped) where no adapter exists outside CI.
 fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
     wgpu_backend_with(
@@ -62,11 +70,7 @@ fn logits_match_cpu(w: Arc<ModelWeights>, positions: usize, chunk: usize) {
     let gs = gpu.new_seq(positions + 4).unwrap();
     let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
     let e = rel_l2(&got, &want);
-    let mut same = 0;
-    for p in 0..positions {
-        let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
-        same += (row(&got) == row(&want)) as usize;
-    }
+    let same = top1_agreement(&got, &want, vocab);
     println!(
         "logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}"
     );
@@ -338,11 +342,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
         // f32: summation order only (6.1e-6).
         let bound = if on { 3e-2 } else { 2e-5 };
         let vocab = w.config.vocab;
-        let mut same = 0;
-        for p in 0..positions {
-            let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
-            same += (row(&got) == row(&want)) as usize;
-        }
+        let same = top1_agreement(&got, &want, vocab);
         println!("f16 tiles {on}, dense tiles of {}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}", plan_dense);
         assert!(
             e < bound,
@@ -450,11 +450,7 @@ fn activations_in_f16_and_f32_match_cpu() {
             let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
             let e = rel_l2(&got, &want);
             let vocab = w.config.vocab;
-            let mut same = 0;
-            for p in 0..positions {
-                let row = |l: &[f32]| lily_core::sampling::argmax(&l[p * vocab..(p + 1) * vocab]);
-                same += (row(&got) == row(&want)) as usize;
-            }
+            let same = top1_agreement(&got, &want, vocab);
             println!("{what}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}");
             // f16: a value stored ≈ 6 times on a layer's longest path (DeltaNet's projection,
             // conv, q/k, recurrence, gated norm; 2^-11 / √3 each, ≈ 7e-4 a layer in quadrature),
