@@ -254,3 +254,32 @@ fn an_oversized_kernel_is_caught() {
     let (module, _) = big.resolved().unwrap();
     validator().validate(&module).unwrap();
 }
+
+/// Without SHADER_F16 the f16 activations are refused by the plan: the kernels compiled are the
+/// very ones the switch off gives (every product in one form, every kernel's text the same), and
+/// the resolved options say the switch is off.
+#[test]
+fn f16_activations_fall_back_to_f32_without_shader_f16() {
+    let c = full_config();
+    let device = |f16| DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16,
+    };
+    let on = WgpuOptions {
+        f16_acts: true,
+        ..WgpuOptions::default()
+    };
+    let refused = Plan::resolve(&on, &c, true, &device(false)).unwrap();
+    let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device(true)).unwrap();
+    assert!(!refused.act_f16 && !refused.options.f16_acts);
+    let code =
+        |p: &Plan| -> Vec<String> { p.specs.all().iter().map(|s| s.code().unwrap()).collect() };
+    assert_eq!(code(&refused), code(&off));
+    assert_eq!(refused.specs.linear_q4_rows16.len(), 1);
+    // With SHADER_F16 the same options compile every kernel with f16 activations, the row
+    // products in their four forms.
+    let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
+    assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
+    assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
+}
