@@ -18,11 +18,11 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> QG: array<f32>;
+@group(0) @binding(1) var<storage, read> Q: array<ACT4>;
+@group(0) @binding(2) var<storage, read> QG: array<ACT>;
 @group(0) @binding(3) var<storage, read> Kc: array<KV4>;
 @group(0) @binding(4) var<storage, read> Vc: array<KV>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O: array<ACT>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 
@@ -44,7 +44,7 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let d4 = D / 4u;
     let kvh = h / (p.hq / p.hkv);
     for (var c = lid; c < d4; c += 64u) {
-        qs[c] = Q[(t * p.hq + h) * d4 + c];
+        qs[c] = vec4<f32>(Q[(t * p.hq + h) * d4 + c]);
     }
     workgroupBarrier();
     let n = p.pos0 + t + 1u;
@@ -95,8 +95,8 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var i = 0u; i < 4u; i++) {
             let c = lid + 64u * i;
             if (c < d) {
-                let g = QG[t * p.qg_stride + h * 2u * d + d + c];
-                O[row * d + c] = acc[i] / l * sigmoid(g);
+                let g = f32(QG[t * p.qg_stride + h * 2u * d + d + c]);
+                O[row * d + c] = ACT(acc[i] / l * sigmoid(g));
             }
         }
         return;

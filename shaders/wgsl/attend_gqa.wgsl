@@ -28,11 +28,11 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> QG: array<f32>;
+@group(0) @binding(1) var<storage, read> Q: array<ACT4>;
+@group(0) @binding(2) var<storage, read> QG: array<ACT>;
 @group(0) @binding(3) var<storage, read_write> Kc: array<KV4>;
 @group(0) @binding(4) var<storage, read_write> Vc: array<KV>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O: array<ACT>;
 // [(token · hq + head) · nsplit + split] · (d + 2): acc[d], running max, running sum.
 @group(0) @binding(6) var<storage, read_write> Part: array<f32>;
 @group(0) @binding(7) var<storage, read> norms: array<f32>;  // prep: q_norm[D] then k_norm[D]
@@ -115,7 +115,7 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         let row = t * p.qg_stride;
         let rb = t * p.rot;
         for (var i = lid; i < G * D; i += 256u) {
-            kp[i] = QG[row + (kvh * G + i / D) * 2u * D + i % D];
+            kp[i] = f32(QG[row + (kvh * G + i / D) * 2u * D + i % D]);
         }
         workgroupBarrier();
         stage_scales(lid, G);
@@ -135,8 +135,8 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         if (pos >= k0 && pos < k1) {
             let kq = row + p.hq * 2u * D;
             for (var c = lid; c < D; c += 256u) {
-                kp[c] = QG[kq + kvh * D + c];
-                vnew[c] = f32(KV(QG[kq + p.hkv * D + kvh * D + c]));
+                kp[c] = f32(QG[kq + kvh * D + c]);
+                vnew[c] = f32(KV(f32(QG[kq + p.hkv * D + kvh * D + c])));
             }
             workgroupBarrier();
             stage_scales(lid, 1u);
@@ -150,7 +150,7 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         for (var i = lid; i < G * d4; i += 256u) {
             let g = i / d4;
             let c = i % d4;
-            qs[i] = Q[(t * p.hq + kvh * G + g) * d4 + c];
+            qs[i] = vec4<f32>(Q[(t * p.hq + kvh * G + g) * d4 + c]);
         }
         workgroupBarrier();
     }
@@ -262,8 +262,8 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         let h = kvh * G + g;
         let row = t * p.hq + h;
         if (p.nsplit == 1u) {
-            let gate = QG[t * p.qg_stride + h * 2u * D + D + c];
-            O[row * D + c] = acc[g] / l[g] * sigmoid(gate);
+            let gate = f32(QG[t * p.qg_stride + h * 2u * D + D + c]);
+            O[row * D + c] = ACT(acc[g] / l[g] * sigmoid(gate));
         } else {
             let pb = (row * p.nsplit + split) * (D + 2u);
             Part[pb + c] = acc[g];

@@ -13,8 +13,8 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> Part: array<f32>;
-@group(0) @binding(2) var<storage, read> QG: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(2) var<storage, read> QG: array<ACT>;
+@group(0) @binding(3) var<storage, read_write> O: array<ACT>;
 
 var<workgroup> factor: array<f32, 64>;
 
@@ -47,7 +47,7 @@ fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var s = 0u; s < p.nsplit; s++) {
             a += Part[b + s * w + c] * factor[s];
         }
-        let g = QG[wid.y * p.qg_stride + wid.x * 2u * d + d + c];
-        O[row * d + c] = a / l * sigmoid(g);
+        let g = f32(QG[wid.y * p.qg_stride + wid.x * 2u * d + d + c]);
+        O[row * d + c] = ACT(a / l * sigmoid(g));
     }
 }

@@ -33,11 +33,11 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> QG: array<f32>;
+@group(0) @binding(1) var<storage, read> Q: array<ACT4>;
+@group(0) @binding(2) var<storage, read> QG: array<ACT>;
 @group(0) @binding(3) var<storage, read> Kc: array<KV4>;
 @group(0) @binding(4) var<storage, read> Vc: array<KV4>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O: array<ACT>;
 
 // Head dim (a multiple of 64, ≤ 256) and query heads per KV head (a power of two ≤ 8).
 override D: u32 = 256u;
@@ -91,7 +91,7 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let ti = r / G;
                 var v = vec4<f32>(0.0);
                 if (ti < nt) {
-                    v = Q[((t0 + ti) * p.hq + kvh * G + r % G) * d4 + ch * 16u + c];
+                    v = vec4<f32>(Q[((t0 + ti) * p.hq + kvh * G + r % G) * d4 + ch * 16u + c]);
                 }
                 qs[r * CS + c] = v;
             }
@@ -194,10 +194,10 @@ fn attend_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let c = ch * 64u + 4u * c4;
                 let gb = tok * p.qg_stride + head * 2u * D + D + c;
                 let ob = (tok * p.hq + head) * D + c;
-                O[ob] = o.x * sigmoid(QG[gb]);
-                O[ob + 1u] = o.y * sigmoid(QG[gb + 1u]);
-                O[ob + 2u] = o.z * sigmoid(QG[gb + 2u]);
-                O[ob + 3u] = o.w * sigmoid(QG[gb + 3u]);
+                O[ob] = ACT(o.x * sigmoid(f32(QG[gb])));
+                O[ob + 1u] = ACT(o.y * sigmoid(f32(QG[gb + 1u])));
+                O[ob + 2u] = ACT(o.z * sigmoid(f32(QG[gb + 2u])));
+                O[ob + 3u] = ACT(o.w * sigmoid(f32(QG[gb + 3u])));
             }
         }
     }

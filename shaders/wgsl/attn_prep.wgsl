@@ -17,10 +17,10 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> QKV: array<f32>;
+@group(0) @binding(1) var<storage, read> QKV: array<ACT>;
 @group(0) @binding(2) var<storage, read> norms: array<f32>;  // q_norm[d] then k_norm[d]
 @group(0) @binding(3) var<storage, read> rope: array<f32>;
-@group(0) @binding(4) var<storage, read_write> Q: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Q: array<ACT>;
 @group(0) @binding(5) var<storage, read_write> Kc: array<KV>;
 @group(0) @binding(6) var<storage, read_write> Vc: array<KV>;
 
@@ -41,7 +41,7 @@ fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         let src = row + k0 + p.hkv * d + vh * d;
         let dst = ((p.pos0 + t) * p.hkv + vh) * d;
         for (var c = lid; c < d; c += 64u) {
-            Vc[dst + c] = KV(QKV[src + c]);
+            Vc[dst + c] = KV(f32(QKV[src + c]));
         }
         return;
     }
@@ -50,9 +50,9 @@ fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     for (var c = lid; c < d; c += 64u) {
         var v: f32;
         if (is_q) {
-            v = QKV[row + h * 2u * d + c];
+            v = f32(QKV[row + h * 2u * d + c]);
         } else {
-            v = QKV[row + k0 + (h - p.hq) * d + c];
+            v = f32(QKV[row + k0 + (h - p.hq) * d + c]);
         }
         head[c] = v;
         ss += v * v;
@@ -78,7 +78,7 @@ fn attn_prep(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             y = head[c] * rope[rb + i] + head[i] * rope[rb + half + i];
         }
         if (is_q) {
-            Q[(t * p.hq + h) * d + c] = y;
+            Q[(t * p.hq + h) * d + c] = ACT(y);
         } else {
             Kc[((p.pos0 + t) * p.hkv + h - p.hq) * d + c] = KV(y);
         }

@@ -15,10 +15,10 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> M: array<f32>;       // [tokens, cd] pre-conv
+@group(0) @binding(1) var<storage, read> M: array<ACT>;       // [tokens, cd] pre-conv
 @group(0) @binding(2) var<storage, read> taps: array<f32>;    // [cd, k]
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;  // [k − 1, cd]
-@group(0) @binding(4) var<storage, read_write> C: array<f32>; // [tokens, cd]
+@group(0) @binding(4) var<storage, read_write> C: array<ACT>; // [tokens, cd]
 
 const TB: u32 = 16u;
 
@@ -37,7 +37,7 @@ fn dn_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         if (i >= 8u - km1) {
             let back = 8u - i;   // tokens before t0: 1 ..= km1
             if (t0 >= back) {
-                xs[i] = M[(t0 - back) * p.m_stride + ch];
+                xs[i] = f32(M[(t0 - back) * p.m_stride + ch]);
             } else {
                 // State row km1 − (back − t0): the oldest first.
                 xs[i] = state[(km1 - (back - t0)) * p.cd + ch];
@@ -46,7 +46,7 @@ fn dn_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     }
     for (var i = 0u; i < TB; i++) {
         if (t0 + i < p.tokens) {
-            xs[8u + i] = M[(t0 + i) * p.m_stride + ch];
+            xs[8u + i] = f32(M[(t0 + i) * p.m_stride + ch]);
         }
     }
     var w = array<f32, 9>();
@@ -64,7 +64,7 @@ fn dn_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
                     s += w[j] * xs[8u + i + j - km1];
                 }
             }
-            C[(t0 + i) * p.cd + ch] = silu(s);
+            C[(t0 + i) * p.cd + ch] = ACT(silu(s));
         }
     }
     if (wid.z == 0u) {
@@ -75,7 +75,7 @@ fn dn_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
                 let back = km1 - j;   // tokens before the chunk's end
                 var v = 0.0;
                 if (p.tokens >= back) {
-                    v = M[(p.tokens - back) * p.m_stride + ch];
+                    v = f32(M[(p.tokens - back) * p.m_stride + ch]);
                 } else {
                     v = xs[8u - (back - p.tokens)];
                 }

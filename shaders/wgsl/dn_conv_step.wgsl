@@ -9,10 +9,10 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> M: array<f32>;            // the joint in_proj output
+@group(0) @binding(1) var<storage, read> M: array<ACT>;            // the joint in_proj output
 @group(0) @binding(2) var<storage, read> taps: array<f32>;         // [cd, k]
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;  // [k − 1, cd]
-@group(0) @binding(4) var<storage, read_write> C: array<f32>;      // [cd]
+@group(0) @binding(4) var<storage, read_write> C: array<ACT>;      // [cd]
 
 @compute @workgroup_size(64)
 fn dn_conv_step(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -21,7 +21,7 @@ fn dn_conv_step(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let km1 = p.k - 1u;
-    let x = M[ch];
+    let x = f32(M[ch]);
     var s = 0.0;
     for (var j = 0u; j < km1; j++) {
         s += taps[ch * p.k + j] * state[j * p.cd + ch];
@@ -33,5 +33,5 @@ fn dn_conv_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (km1 > 0u) {
         state[(km1 - 1u) * p.cd + ch] = x;
     }
-    C[ch] = silu(s);
+    C[ch] = ACT(silu(s));
 }

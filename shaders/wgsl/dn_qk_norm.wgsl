@@ -10,8 +10,8 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> C: array<f32>;
-@group(0) @binding(2) var<storage, read_write> QK: array<f32>;
+@group(0) @binding(1) var<storage, read> C: array<ACT>;
+@group(0) @binding(2) var<storage, read_write> QK: array<ACT>;
 
 @compute @workgroup_size(64)
 fn dn_qk_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
@@ -23,7 +23,7 @@ fn dn_qk_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let dst = (t * 2u * p.hk + hh) * p.dk;
     var ss = 0.0;
     for (var c = lid; c < p.dk; c += 64u) {
-        let v = C[src + c];
+        let v = f32(C[src + c]);
         ss += v * v;
     }
     let total = wg_sum(lid, ss);
@@ -34,9 +34,9 @@ fn dn_qk_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     for (var c = lid; c < p.dk; c += 64u) {
         if (hh < p.hk) {
-            QK[dst + c] = C[src + c] * r * scale;
+            QK[dst + c] = ACT(f32(C[src + c]) * r * scale);
         } else {
-            QK[dst + c] = C[src + c] * r;
+            QK[dst + c] = ACT(f32(C[src + c]) * r);
         }
     }
 }

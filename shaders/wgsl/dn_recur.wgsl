@@ -17,12 +17,12 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> C: array<f32>;      // conv output; v at 2·hk·dk
-@group(0) @binding(2) var<storage, read> QK: array<vec4<f32>>; // normalised q | k
-@group(0) @binding(3) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
+@group(0) @binding(1) var<storage, read> C: array<ACT>;      // conv output; v at 2·hk·dk
+@group(0) @binding(2) var<storage, read> QK: array<ACT4>; // normalised q | k
+@group(0) @binding(3) var<storage, read> BA: array<ACT>;     // per token: b[hv] then a[hv]
 @group(0) @binding(4) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
 @group(0) @binding(5) var<storage, read_write> S: array<f32>;
-@group(0) @binding(6) var<storage, read_write> O: array<f32>; // [tokens, hv·dv]
+@group(0) @binding(6) var<storage, read_write> O: array<ACT>; // [tokens, hv·dv]
 
 // The key head dim, fixed per model (lily-wgpu/src/plan.rs): constant loop bounds let the
 // driver unroll the loops and keep the state column in registers.
@@ -81,19 +81,19 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             let tt = i / d4;
             let c = i % d4;
             let qb = ((tb + tt) * 2u * key_dim + kh * dk) / 4u;
-            qs[i] = QK[qb + c];
-            ks[i] = QK[qb + key_dim / 4u + c];
+            qs[i] = vec4<f32>(QK[qb + c]);
+            ks[i] = vec4<f32>(QK[qb + key_dim / 4u + c]);
         }
         if (lid < n) {
             let t = tb + lid;
-            let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
-            let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
+            let beta = sigmoid(f32(BA[t * p.ba_stride + p.ba_off + h]));
+            let g = -exp(decay[h]) * softplus(f32(BA[t * p.ba_stride + p.ba_off + p.hv + h]) + decay[p.hv + h]);
             ba[lid] = vec2<f32>(beta, exp(g));
         }
         var vv = array<f32, 16>();
         for (var tt = 0u; tt < TB; tt++) {
             if (tt < n) {
-                vv[tt] = C[(tb + tt) * p.cd + 2u * key_dim + h * p.dv + jj];
+                vv[tt] = f32(C[(tb + tt) * p.cd + 2u * key_dim + h * p.dv + jj]);
             }
         }
         workgroupBarrier();
@@ -130,7 +130,7 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             let o = (red[ob] + red[ob + 32u]) + (red[ob + 64u] + red[ob + 96u]);
             buf ^= 1u;
             if (live && sl == 0u) {
-                O[t * p.hv * p.dv + h * p.dv + j] = o;
+                O[t * p.hv * p.dv + h * p.dv + j] = ACT(o);
             }
         }
         workgroupBarrier();

@@ -30,12 +30,12 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> C: array<vec4<f32>>; // conv output q | k | v
-@group(0) @binding(2) var<storage, read> BA: array<f32>;     // per token: b[hv] then a[hv]
+@group(0) @binding(1) var<storage, read> C: array<ACT4>; // conv output q | k | v
+@group(0) @binding(2) var<storage, read> BA: array<ACT>;     // per token: b[hv] then a[hv]
 @group(0) @binding(3) var<storage, read> decay: array<f32>;  // A_log[hv] then dt_bias[hv]
 @group(0) @binding(4) var<storage, read_write> S: array<f32>;
 @group(0) @binding(5) var<storage, read> Wn: array<f32>;     // the norm's weight [dv]
-@group(0) @binding(6) var<storage, read_write> Y: array<f32>; // [hv·dv]
+@group(0) @binding(6) var<storage, read_write> Y: array<ACT>; // [hv·dv]
 
 // The slices' partials of u and o: [slice · 128 + column]; then the columns' o² for the norm.
 var<workgroup> part_u: array<f32, 512>;
@@ -67,8 +67,8 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         s[i] = S[(h * DK + i0 + i) * p.dv + j];
     }
     let t = 0u;
-    let beta = sigmoid(BA[t * p.ba_stride + p.ba_off + h]);
-    let g = -exp(decay[h]) * softplus(BA[t * p.ba_stride + p.ba_off + p.hv + h] + decay[p.hv + h]);
+    let beta = sigmoid(f32(BA[t * p.ba_stride + p.ba_off + h]));
+    let g = -exp(decay[h]) * softplus(f32(BA[t * p.ba_stride + p.ba_off + p.hv + h]) + decay[p.hv + h]);
     let alpha = exp(g);
     // q and k of the token as vec4 (this slice's DK/4 rows, unnormalised); four partial sums
     // each. One token: C holds q at 0, k at key_dim, v at 2·key_dim.
@@ -83,8 +83,8 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         s[i + 1u] = sv.y;
         s[i + 2u] = sv.z;
         s[i + 3u] = sv.w;
-        let q4 = C[qb + i / 4u];
-        let k4 = C[kb + i / 4u];
+        let q4 = vec4<f32>(C[qb + i / 4u]);
+        let k4 = vec4<f32>(C[kb + i / 4u]);
         nq4 += q4 * q4;
         nk4 += k4 * k4;
         u4 += sv * k4;
@@ -99,16 +99,16 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let rk = 1.0 / sqrt(nn.y + 1e-6);
     let u = rk * ((part_u[jj] + part_u[128u + jj]) + (part_u[256u + jj] + part_u[384u + jj]));
     let vi = 2u * key_dim + h * p.dv + j;
-    let delta = beta * (C[vi / 4u][vi % 4u] - u);
+    let delta = beta * (f32(C[vi / 4u][vi % 4u]) - u);
     var o4 = vec4<f32>(0.0);
     for (var i = 0u; i < n; i += 4u) {
-        let k4 = C[kb + i / 4u] * rk;
+        let k4 = vec4<f32>(C[kb + i / 4u]) * rk;
         let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) + k4 * delta;
         s[i] = sv.x;
         s[i + 1u] = sv.y;
         s[i + 2u] = sv.z;
         s[i + 3u] = sv.w;
-        o4 += sv * C[qb + i / 4u];
+        o4 += sv * vec4<f32>(C[qb + i / 4u]);
     }
     if (live) {
         for (var i = 0u; i < n; i++) {
@@ -130,7 +130,7 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
     let r = 1.0 / sqrt(sq[0] / f32(p.dv) + p.eps);
     if (live && q == 0u) {
-        let z = BA[p.z_off + h * p.dv + j];
-        Y[h * p.dv + j] = o * r * Wn[j] * silu(z);
+        let z = f32(BA[p.z_off + h * p.dv + j]);
+        Y[h * p.dv + j] = ACT(o * r * Wn[j] * silu(z));
     }
 }

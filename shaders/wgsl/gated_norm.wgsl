@@ -11,10 +11,10 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> O: array<f32>;
+@group(0) @binding(1) var<storage, read> O: array<ACT>;
 @group(0) @binding(2) var<storage, read> Wn: array<f32>;
-@group(0) @binding(3) var<storage, read> Z: array<f32>;
-@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<storage, read> Z: array<ACT>;
+@group(0) @binding(4) var<storage, read_write> Y: array<ACT>;
 
 @compute @workgroup_size(64)
 fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
@@ -28,12 +28,12 @@ fn gated_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let zb = (row / p.heads) * p.z_stride + p.z_off + (row % p.heads) * p.cols;
     var ss = 0.0;
     for (var c = lid; c < p.cols; c += 64u) {
-        let v = O[b + c];
+        let v = f32(O[b + c]);
         ss += v * v;
     }
     let total = wg_sum(lid, ss);
     let r = 1.0 / sqrt(total / f32(p.cols) + p.eps);
     for (var c = lid; c < p.cols; c += 64u) {
-        Y[b + c] = O[b + c] * r * Wn[c] * silu(Z[zb + c]);
+        Y[b + c] = ACT(f32(O[b + c]) * r * Wn[c] * silu(f32(Z[zb + c])));
     }
 }

@@ -9,8 +9,8 @@
 
 @group(0) @binding(0) var<uniform> p: Mat;
 @group(0) @binding(1) var<storage, read> W: array<u32>;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<XS>;
+@group(0) @binding(3) var<storage, read_write> Y: array<YS>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
 
 var<workgroup> wg_expert: u32;
@@ -57,12 +57,12 @@ fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             let word = W[wbase + w];
             let c0 = w * epw;
             if (p.bits == 16u) {
-                acc += bf16_lo(word) * X[xb + c0] + bf16_hi(word) * X[xb + c0 + 1u];
+                acc += bf16_lo(word) * f32(X[xb + c0]) + bf16_hi(word) * f32(X[xb + c0 + 1u]);
             } else {
                 var qd = 0.0;
                 var xs = 0.0;
                 for (var j = 0u; j < epw; j++) {
-                    let xv = X[xb + c0 + j];
+                    let xv = f32(X[xb + c0 + j]);
                     qd += f32((word >> (j * p.bits)) & mask) * xv;
                     xs += xv;
                 }
@@ -80,9 +80,9 @@ fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         let o = p.y_off + item * p.y_stride + p.row0 + row;
         if (p.accumulate != 0u) {
-            Y[o] += total;
+            Y[o] = YS(f32(Y[o]) + total);
         } else {
-            Y[o] = total;
+            Y[o] = YS(total);
         }
     }
 }

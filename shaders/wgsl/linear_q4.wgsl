@@ -8,8 +8,8 @@
 
 @group(0) @binding(0) var<uniform> p: Mat;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<XS4>;
+@group(0) @binding(3) var<storage, read_write> Y: array<YS>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
 
 var<workgroup> wg_expert: u32;
@@ -27,14 +27,14 @@ fn quad(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
         return quad8(w, xb, hbase, q);
     }
     let x = xb + q * 8u;
-    let x0 = X[x];
-    let x1 = X[x + 1u];
-    let x2 = X[x + 2u];
-    let x3 = X[x + 3u];
-    let x4 = X[x + 4u];
-    let x5 = X[x + 5u];
-    let x6 = X[x + 6u];
-    let x7 = X[x + 7u];
+    let x0 = vec4<f32>(X[x]);
+    let x1 = vec4<f32>(X[x + 1u]);
+    let x2 = vec4<f32>(X[x + 2u]);
+    let x3 = vec4<f32>(X[x + 3u]);
+    let x4 = vec4<f32>(X[x + 4u]);
+    let x5 = vec4<f32>(X[x + 5u]);
+    let x6 = vec4<f32>(X[x + 6u]);
+    let x7 = vec4<f32>(X[x + 7u]);
     let qd = qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = hbase + (q * 32u) / p.group;
@@ -47,10 +47,10 @@ const BYTE = vec4<u32>(255u);
 // quad for 8-bit weights: 16 per quad (4 per word), one group (group % 16 = 0).
 fn quad8(w: vec4<u32>, xb: u32, hbase: u32, q: u32) -> f32 {
     let x = xb + q * 4u;
-    let x0 = X[x];
-    let x1 = X[x + 1u];
-    let x2 = X[x + 2u];
-    let x3 = X[x + 3u];
+    let x0 = vec4<f32>(X[x]);
+    let x1 = vec4<f32>(X[x + 1u]);
+    let x2 = vec4<f32>(X[x + 2u]);
+    let x3 = vec4<f32>(X[x + 3u]);
     let qd = (dot(vec4<f32>((vec4<u32>(w.x) >> SH_8) & BYTE), x0)
         + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x1))
         + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x2)
@@ -124,9 +124,9 @@ fn linear_q4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         let o = p.y_off + item * p.y_stride + p.row0 + row;
         if (p.accumulate != 0u) {
-            Y[o] += total;
+            Y[o] = YS(f32(Y[o]) + total);
         } else {
-            Y[o] = total;
+            Y[o] = YS(total);
         }
     }
 }

@@ -11,8 +11,8 @@
 
 @group(0) @binding(0) var<uniform> p: Mat;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<ACT4>;
+@group(0) @binding(3) var<storage, read_write> Y: array<ACT>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
 @group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
 
@@ -34,14 +34,14 @@ fn u_half4(i: u32) -> f32 {
 // at half `hbase`; the inputs are read once for both.
 fn quad2(wg: vec4<u32>, wu: vec4<u32>, xb: u32, hbase: u32, q: u32) -> vec2<f32> {
     let x = xb + q * 8u;
-    let x0 = X[x];
-    let x1 = X[x + 1u];
-    let x2 = X[x + 2u];
-    let x3 = X[x + 3u];
-    let x4 = X[x + 4u];
-    let x5 = X[x + 5u];
-    let x6 = X[x + 6u];
-    let x7 = X[x + 7u];
+    let x0 = vec4<f32>(X[x]);
+    let x1 = vec4<f32>(X[x + 1u]);
+    let x2 = vec4<f32>(X[x + 2u]);
+    let x3 = vec4<f32>(X[x + 3u]);
+    let x4 = vec4<f32>(X[x + 4u]);
+    let x5 = vec4<f32>(X[x + 5u]);
+    let x6 = vec4<f32>(X[x + 6u]);
+    let x7 = vec4<f32>(X[x + 7u]);
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = hbase + (q * 32u) / p.group;
     let gate = w_half4(p.scale_off + g) * qdot32(wg, x0, x1, x2, x3, x4, x5, x6, x7)
@@ -117,6 +117,6 @@ fn linear_q4_glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
             g += wg_part[lid + i];
             u += wg_part_u[lid + i];
         }
-        Y[p.y_off + item * p.y_stride + p.row0 + row] = silu(g) * u;
+        Y[p.y_off + item * p.y_stride + p.row0 + row] = ACT(silu(g) * u);
     }
 }

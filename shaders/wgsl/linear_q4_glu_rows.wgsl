@@ -20,8 +20,8 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;   // gate
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<XS4>;
+@group(0) @binding(3) var<storage, read_write> Y: array<ACT>;
 @group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(5) var<storage, read> Wu: array<vec4<u32>>;  // up
 @group(0) @binding(6) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
@@ -120,14 +120,14 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let quads = p.m.cols / 32u;            // 64
     let groups = p.m.cols / p.m.group;
     let xb = (p.m.x_off + xrow * p.m.x_stride) / 4u + lid * 8u;
-    var x0 = X[xb];
-    var x1 = X[xb + 1u];
-    var x2 = X[xb + 2u];
-    var x3 = X[xb + 3u];
-    var x4 = X[xb + 4u];
-    var x5 = X[xb + 5u];
-    var x6 = X[xb + 6u];
-    var x7 = X[xb + 7u];
+    var x0 = vec4<f32>(X[xb]);
+    var x1 = vec4<f32>(X[xb + 1u]);
+    var x2 = vec4<f32>(X[xb + 2u]);
+    var x3 = vec4<f32>(X[xb + 3u]);
+    var x4 = vec4<f32>(X[xb + 4u]);
+    var x5 = vec4<f32>(X[xb + 5u]);
+    var x6 = vec4<f32>(X[xb + 6u]);
+    var x7 = vec4<f32>(X[xb + 7u]);
     if (p.m.expert_mode != 0u) {
         if (p.route != 0u) {
             let routed = route(lid, item, block == 0u);
@@ -198,6 +198,6 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     if (lid % (64u / RB) == 0u && r < nr) {
         let gate = total.x;
         let up = total.y;
-        Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = silu(gate) * up;
+        Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = ACT(silu(gate) * up);
     }
 }

@@ -26,8 +26,8 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<XS4>;
+@group(0) @binding(3) var<storage, read_write> Y: array<YS>;
 @group(0) @binding(4) var<storage, read> G: array<u32>;
 
 override TT: u32 = 16u;   // items per tile, 16, 32 or 64 ≤ TMAX (MmTile on the host)
@@ -140,7 +140,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     var xv = array<vec4<f32>, TMAX / 8u>();
     if (xlive) {
         for (var e = 0u; e < nx4; e++) {
-            xv[e] = X[xb + e];
+            xv[e] = vec4<f32>(X[xb + e]);
         }
     }
     for (var q = 0u; q < quads; q++) {
@@ -190,7 +190,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
             }
             if (xlive) {
                 for (var e = 0u; e < nx4; e++) {
-                    xv[e] = X[xb + qn * 8u + e];
+                    xv[e] = vec4<f32>(X[xb + qn * 8u + e]);
                 }
             }
         }
@@ -215,9 +215,9 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 if (t < nt) {
                     let o = p.m.y_off + tile_items[t] * p.m.y_stride + p.m.row0 + row;
                     if (p.m.accumulate != 0u) {
-                        Y[o] += v[j % 4u];
+                        Y[o] = YS(f32(Y[o]) + v[j % 4u]);
                     } else {
-                        Y[o] = v[j % 4u];
+                        Y[o] = YS(v[j % 4u]);
                     }
                 }
             }

@@ -21,8 +21,8 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<XS4>;
+@group(0) @binding(3) var<storage, read_write> Y: array<YS>;
 @group(0) @binding(4) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 @group(0) @binding(5) var<storage, read> taps: array<f32>;          // conv taps [conv_ch, conv_k]
 @group(0) @binding(6) var<storage, read_write> cstate: array<f32>;  // conv state [conv_k − 1, conv_ch]
@@ -109,13 +109,13 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var xc = array<vec4<f32>, 8>();
     for (var i = 0u; i < 8u; i++) {
         if (i < nv) {
-            xa[i] = X[xb + lid * nv + i];
+            xa[i] = vec4<f32>(X[xb + lid * nv + i]);
         }
     }
     if (two) {
         for (var i = 0u; i < 8u; i++) {
             if (i < nv) {
-                xc[i] = X[xb + (lid + 64u) * nv + i];
+                xc[i] = vec4<f32>(X[xb + (lid + 64u) * nv + i]);
             }
         }
     }
@@ -184,11 +184,11 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         let row = p.m.row0 + r0 + r;
         let o = p.m.y_off + item * p.m.y_stride + row;
         if (row < p.conv_ch) {
-            Y[o] = conv_step(row, total);
+            Y[o] = YS(conv_step(row, total));
         } else if (p.m.accumulate != 0u) {
-            Y[o] += total;
+            Y[o] = YS(f32(Y[o]) + total);
         } else {
-            Y[o] = total;
+            Y[o] = YS(total);
         }
     }
 }

@@ -14,9 +14,9 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> X: array<f32>;  // [tokens, h] residual
-@group(0) @binding(2) var<storage, read> Ye: array<f32>;       // [tokens · k, h]
+@group(0) @binding(2) var<storage, read> Ye: array<ACT>;       // [tokens · k, h]
 @group(0) @binding(3) var<storage, read> wts: array<f32>;      // [tokens, k]
-@group(0) @binding(4) var<storage, read> Sh: array<f32>;       // [tokens, h]
+@group(0) @binding(4) var<storage, read> Sh: array<ACT>;       // [tokens, h]
 @group(0) @binding(5) var<storage, read> SG: array<f32>;
 
 @compute @workgroup_size(64)
@@ -28,10 +28,10 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var o = 0.0;
     for (var k = 0u; k < p.k; k++) {
-        o += wts[t * p.k + k] * Ye[(t * p.k + k) * p.h + c];
+        o += wts[t * p.k + k] * f32(Ye[(t * p.k + k) * p.h + c]);
     }
     if (p.with_shared != 0u) {
-        o += sigmoid(SG[t * p.sg_stride + p.sg_off]) * Sh[t * p.h + c];
+        o += sigmoid(SG[t * p.sg_stride + p.sg_off]) * f32(Sh[t * p.h + c]);
     }
     X[t * p.h + c] += o;
 }

@@ -18,7 +18,7 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> We: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> A: array<vec4<f32>>;    // [tokens · TOPK, cols]
+@group(0) @binding(2) var<storage, read> A: array<ACT4>;    // [tokens · TOPK, cols]
 @group(0) @binding(3) var<storage, read> wts: array<f32>;        // [tokens, TOPK]
 @group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
 @group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
@@ -40,14 +40,14 @@ fn expert_quad(e: u32, row: u32, xb: u32, q: u32) -> f32 {
     let quads = p.cols / 32u;
     let w = We[(e * p.rows + row) * quads + q];
     let x = xb + q * 8u;
-    let x0 = A[x];
-    let x1 = A[x + 1u];
-    let x2 = A[x + 2u];
-    let x3 = A[x + 3u];
-    let x4 = A[x + 4u];
-    let x5 = A[x + 5u];
-    let x6 = A[x + 6u];
-    let x7 = A[x + 7u];
+    let x0 = vec4<f32>(A[x]);
+    let x1 = vec4<f32>(A[x + 1u]);
+    let x2 = vec4<f32>(A[x + 2u]);
+    let x3 = vec4<f32>(A[x + 3u]);
+    let x4 = vec4<f32>(A[x + 4u]);
+    let x5 = vec4<f32>(A[x + 5u]);
+    let x6 = vec4<f32>(A[x + 6u]);
+    let x7 = vec4<f32>(A[x + 7u]);
     let qd = qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = (e * p.rows + row) * (p.cols / p.group) + (q * 32u) / p.group;

@@ -20,7 +20,7 @@ struct P {
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> We: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> A: array<vec4<f32>>;    // [tokens · TOPK, cols]
+@group(0) @binding(2) var<storage, read> A: array<ACT4>;    // [tokens · TOPK, cols]
 @group(0) @binding(3) var<storage, read> wts: array<f32>;        // [tokens, TOPK]
 @group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
 @group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
@@ -74,14 +74,14 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         let e = es[i];
         let wk = wv[i];
         let xb = item * (COLS / 4u) + q * 8u;
-        let x0 = A[xb];
-        let x1 = A[xb + 1u];
-        let x2 = A[xb + 2u];
-        let x3 = A[xb + 3u];
-        let x4 = A[xb + 4u];
-        let x5 = A[xb + 5u];
-        let x6 = A[xb + 6u];
-        let x7 = A[xb + 7u];
+        let x0 = vec4<f32>(A[xb]);
+        let x1 = vec4<f32>(A[xb + 1u]);
+        let x2 = vec4<f32>(A[xb + 2u]);
+        let x3 = vec4<f32>(A[xb + 3u]);
+        let x4 = vec4<f32>(A[xb + 4u]);
+        let x5 = vec4<f32>(A[xb + 5u]);
+        let x6 = vec4<f32>(A[xb + 6u]);
+        let x7 = vec4<f32>(A[xb + 7u]);
         let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
         // Rows past the end read row r0 again (not stored).
         var w = array<vec4<u32>, 8>();

@@ -13,7 +13,7 @@ struct P {
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> Wn: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> Y: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> Y: array<ACT4>;
 
 const T: u32 = 256u;
 const PER: u32 = 4u;
@@ -40,7 +40,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     for (var j = 0u; j < PER; j++) {
         let c = lid + j * T;
         if (c < c4) {
-            Y[yb + c] = xv[j] * r * wv[j];
+            Y[yb + c] = ACT4(xv[j] * r * wv[j]);
         }
     }
 }

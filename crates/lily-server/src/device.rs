@@ -289,6 +289,7 @@ mod tests {
             "--wgpu-no-subgroups",
             "--wgpu-f16-kv",
             "--wgpu-f16-tiles",
+            "--wgpu-f16-acts",
             "--wgpu-limits",
             "apple",
             "--wgpu-adapter",
@@ -304,6 +305,7 @@ mod tests {
                 subgroups: false,
                 f16_kv: true,
                 f16_tiles: true,
+                f16_acts: true,
                 limits: DeviceLimits::Apple,
                 adapter: Some("llvmpipe".into()),
                 ..WgpuOptions::default()

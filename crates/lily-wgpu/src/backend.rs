@@ -20,7 +20,7 @@ use crate::kernels::Kernels;
 use crate::plan::{
     attend_gqa_spec, attend_tile_spec, DeviceCaps, MmTile, Plan, PrefillAttention, WgpuOptions,
 };
-use crate::probes::{check_attention, check_mm, check_mm_f16, check_rows};
+use crate::probes::{check_attention, check_mm, check_mm_f16, check_rows, Sides, F16_STORE};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 pub struct WgpuBackend {
@@ -48,7 +48,8 @@ fn device_sampled(p: &SamplingParams) -> bool {
 }
 
 /// Largest relative L2 difference from the host's attention for attend_tile.wgsl to be used
-/// (its check at load; a right kernel differs by ≈ 1e-7).
+/// (its check at load; a right kernel differs by ≈ 1e-7, and with f16 activations by its
+/// output's f16 store, up to `probes::F16_STORE`, added).
 const ATTEND_TILE_TOLERANCE: f64 = 1e-4;
 
 impl WgpuBackend {
@@ -62,7 +63,7 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
-            opts.f16_kv || opts.f16_tiles,
+            opts.f16_kv || opts.f16_tiles || opts.f16_acts,
         )?;
         let c = &weights.config;
         let caps = DeviceCaps {
@@ -78,8 +79,9 @@ impl WgpuBackend {
             // filled, several key blocks, the causal edge inside blocks).
             let k = crate::gpu::Kernel::new(&gpu, spec, plan.checked)?;
             let shape = (c.n_kv_heads, g, c.head_dim);
-            let e = check_attention(&gpu, &k, None, shape, 305, 37, plan.kv_f16)?;
-            if e < ATTEND_TILE_TOLERANCE {
+            let e = check_attention(&gpu, &k, None, shape, 305, 37, plan.kv_f16, plan.act_f16)?;
+            let store = if plan.act_f16 { F16_STORE } else { 0.0 };
+            if e < ATTEND_TILE_TOLERANCE + store {
                 plan.notes
                     .push(format!("attend_tile checked at load: {e:.1e} relative"));
             } else {
@@ -91,7 +93,7 @@ impl WgpuBackend {
         let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
         let model = upload_model(&gpu, weights, plan.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
-        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk)?;
+        let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk, plan.act_f16)?;
         gpu.wait()?;
         // Matrix products per layer's input projections (1 where q/k/v, and qkv/z/b/a, share
         // a format and were joined at load).
@@ -136,24 +138,29 @@ impl WgpuBackend {
     /// (`probes::check_mm`, `probes::check_rows`), relative L2 differences: linear_q4_mm.wgsl's
     /// (tiles of 16 and 32 items, 4- and 8-bit; with f16 tiles, `Plan::tile_f16`, every tile
     /// compiled, 64 too, against the product of the operands as the kernel stages them in f16:
-    /// `check_products_f16`) and linear_q4_rows.wgsl's.
+    /// `check_products_f16`) and linear_q4_rows.wgsl's; each in every form compiled (with f16
+    /// activations, `Plan::act_f16`, inputs rounded to f16 as the kernels read them, outputs to
+    /// f16 where they are activations: `probes::Sides`).
     pub fn check_products(&self) -> Result<(f64, f64)> {
+        let act = self.plan.act_f16;
+        let rows = check_rows(&self.gpu, &self.kernels, act)?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).
             let (_, staged) = self.check_products_f16()?;
-            let rows = check_rows(&self.gpu, &self.kernels)?;
             return Ok((staged, rows));
         }
         let mut mm = 0f64;
         for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-            let Some(kernel) = self.kernels.mm_if(tile) else {
+            let Some(forms) = self.kernels.mm_if(tile) else {
                 continue;
             };
-            for bits in [4, 8] {
-                mm = mm.max(check_mm(&self.gpu, kernel, tile, bits)?);
+            for (form, kernel) in forms.iter() {
+                for bits in [4, 8] {
+                    let sides = Sides::of(form, act);
+                    mm = mm.max(check_mm(&self.gpu, kernel, tile, bits, sides)?);
+                }
             }
         }
-        let rows = check_rows(&self.gpu, &self.kernels)?;
         Ok((mm, rows))
     }
 
@@ -163,13 +170,16 @@ impl WgpuBackend {
     pub fn check_products_f16(&self) -> Result<(f64, f64)> {
         let (mut exact, mut staged) = (0f64, 0f64);
         for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-            let Some(kernel) = self.kernels.mm_if(tile) else {
+            let Some(forms) = self.kernels.mm_if(tile) else {
                 continue;
             };
-            for bits in [4, 8] {
-                let (e, s) = check_mm_f16(&self.gpu, kernel, tile, bits)?;
-                exact = exact.max(e);
-                staged = staged.max(s);
+            for (form, kernel) in forms.iter() {
+                for bits in [4, 8] {
+                    let sides = Sides::of(form, self.plan.act_f16);
+                    let (e, s) = check_mm_f16(&self.gpu, kernel, tile, bits, sides)?;
+                    exact = exact.max(e);
+                    staged = staged.max(s);
+                }
             }
         }
         Ok((exact, staged))
@@ -186,13 +196,14 @@ impl WgpuBackend {
         let mut tiles = Vec::new();
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
             let sg = self.plan.subgroups;
-            let f16 = self.plan.kv_f16;
+            let (f16, act) = (self.plan.kv_f16, self.plan.act_f16);
             let mut spec = attend_gqa_spec(d, g).with_subgroups(sg);
             spec.kv_f16 = f16;
+            spec.act_f16 = act;
             let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
             for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
                 let merge = Some(&self.kernels.attend_merge);
-                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t, f16)?;
+                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t, f16, act)?;
                 worst = worst.max(e);
             }
             // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
@@ -200,12 +211,13 @@ impl WgpuBackend {
             for keys in [32, 16] {
                 let mut spec = attend_tile_spec(d, g, keys)?.with_subgroups(sg);
                 spec.kv_f16 = f16;
+                spec.act_f16 = act;
                 if spec.needs()?.exceeds(&self.gpu.limits).is_some() {
                     continue;
                 }
                 let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
                 for (n, t) in [(305usize, 37usize), (64, 64), (700, 70), (41, 1)] {
-                    let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t, f16)?;
+                    let e = check_attention(&self.gpu, &k, None, (hkv, g, d), n, t, f16, act)?;
                     worst = worst.max(e);
                 }
                 tiles.push([d, g, keys]);

@@ -1,7 +1,9 @@
 //! One chunk of tokens through the whole model on the GPU, step for step as the CPU reference
 //! (lily-core/src/cpu/mod.rs `forward`, MODEL.md §2): embedding, per layer RMSNorm → gated
 //! attention or Gated DeltaNet → residual, RMSNorm → MoE → residual, final norm, lm_head.
-//! Activations are fp32; every dispatch of the chunk goes into one submission.
+//! Activations between kernels are f32, or f16 where the plan says (`Plan::act_f16`: `Scratch`'s
+//! buffers but the residual stream, logits and router logits); every dispatch of the chunk goes
+//! into one submission.
 
 use anyhow::{bail, Result};
 use lily_core::config::{LayerKind, ModelConfig};
@@ -140,7 +142,9 @@ fn linear_params(
     ]
 }
 
-/// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences.
+/// Activation buffers for chunks of up to `chunk` tokens, shared by all sequences. `x` (the
+/// residual stream), the router's logits, routing, attention's partials, the rope table and the
+/// logits are f32 (`holds_f32`); the others hold `ACT` (f16 where `Plan::act_f16`).
 pub struct Scratch {
     pub chunk: usize,
     /// Rows of `all_logits`: the most positions whose logits one pass keeps.
@@ -187,9 +191,22 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// Whether `b` is one of the f32 buffers (the products' `Form`: what they read and write),
+    /// not an activation.
+    fn holds_f32(&self, b: &Buf) -> bool {
+        [&self.x, &self.router_logits, &self.all_logits].contains(&b)
+    }
+
     /// moe_group.wgsl's tile lists: one per tile size (at most 3: 64, 32, 16), each with room
-    /// for a chunk's items in tiles of 16 (the smallest, the most tiles).
-    pub fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, all_chunk: usize) -> Result<Scratch> {
+    /// for a chunk's items in tiles of 16 (the smallest, the most tiles). `act_f16`: the
+    /// activations in f16 (`Plan::act_f16`).
+    pub fn new(
+        gpu: &Gpu,
+        c: &ModelConfig,
+        chunk: usize,
+        all_chunk: usize,
+        act_f16: bool,
+    ) -> Result<Scratch> {
         // Items per token: the top_k routed experts and, where it rides in their stacks, the
         // shared expert (sized for it either way).
         let ks = c.top_k + 1;
@@ -197,6 +214,10 @@ impl Scratch {
             bail!("prefill chunk {chunk} must be in 1..={}", 65_535 / ks);
         }
         let f = |label: &str, n: usize| gpu.storage(label, n as u64 * 4);
+        // An activation of n elements (whole 16 bytes: an f16 buffer may end mid-word).
+        let a = |label: &str, n: usize| {
+            gpu.storage(label, (n as u64 * act_bytes(act_f16)).div_ceil(16) * 16)
+        };
         let t = chunk;
         let (h, tk) = (c.hidden, t * ks);
         // Three sizes' indirect arguments (8 words each), then their lists.
@@ -207,22 +228,22 @@ impl Scratch {
             chunk,
             all_chunk,
             x: f("x", t * h)?,
-            xn: f("xn", t * h)?,
-            attn_proj: f(
+            xn: a("xn", t * h)?,
+            attn_proj: a(
                 "attn_proj",
                 t * (c.n_heads * 2 + c.n_kv_heads * 2) * c.head_dim,
             )?,
-            q: f("q", t * c.n_heads * c.head_dim)?,
-            o: f("o", t * c.n_heads * c.head_dim)?,
+            q: a("q", t * c.n_heads * c.head_dim)?,
+            o: a("o", t * c.n_heads * c.head_dim)?,
             attn_part: f("attention_partials", PART_ROWS * (c.head_dim + 2))?,
-            dn_proj: f(
+            dn_proj: a(
                 "dn_proj",
                 t * (c.conv_dim() + c.dn_v_heads * c.dn_v_dim + 2 * c.dn_v_heads),
             )?,
-            c: f("conv_out", t * c.conv_dim())?,
-            qk: f("qk", t * 2 * c.dn_key_dim())?,
-            odn: f("deltanet_out", t * c.dn_v_heads * c.dn_v_dim)?,
-            ogn: f("deltanet_normed", t * c.dn_v_heads * c.dn_v_dim)?,
+            c: a("conv_out", t * c.conv_dim())?,
+            qk: a("qk", t * 2 * c.dn_key_dim())?,
+            odn: a("deltanet_out", t * c.dn_v_heads * c.dn_v_dim)?,
+            ogn: a("deltanet_normed", t * c.dn_v_heads * c.dn_v_dim)?,
             router_logits: f("router_logits", t * (c.n_experts + 1))?,
             ids: f("expert_ids", tk)?,
             wts: f("expert_weights", tk)?,
@@ -230,14 +251,14 @@ impl Scratch {
             tiles_at,
             tile_cap,
             order_at,
-            g: f("expert_gate", tk * c.expert_inter)?,
-            u: f("expert_up", tk * c.expert_inter)?,
-            act: f("expert_act", tk * c.expert_inter)?,
-            ye: f("expert_out", tk * h)?,
-            sg: f("shared_gate", t * c.shared_inter)?,
-            su: f("shared_up", t * c.shared_inter)?,
-            sa: f("shared_act", t * c.shared_inter)?,
-            sh: f("shared_out", t * h)?,
+            g: a("expert_gate", tk * c.expert_inter)?,
+            u: a("expert_up", tk * c.expert_inter)?,
+            act: a("expert_act", tk * c.expert_inter)?,
+            ye: a("expert_out", tk * h)?,
+            sg: a("shared_gate", t * c.shared_inter)?,
+            su: a("shared_up", t * c.shared_inter)?,
+            sa: a("shared_act", t * c.shared_inter)?,
+            sh: a("shared_out", t * h)?,
             rope: f("rope", t * c.rotary_dim)?,
             tokens: f("tokens", t)?,
             argmax_parts: f("argmax_parts", 4 * ARGMAX_PARTS)?,
@@ -292,6 +313,15 @@ impl SeqState {
             logits: gpu.storage("logits", c.vocab as u64 * 4)?,
             next: gpu.storage("next_token", 8)?,
         })
+    }
+}
+
+/// Bytes of one activation element: f16 or f32.
+pub fn act_bytes(act_f16: bool) -> u64 {
+    if act_f16 {
+        2
+    } else {
+        4
     }
 }
 
@@ -354,7 +384,7 @@ pub enum LogitsOut {
     All,
 }
 
-/// Where a matrix-vector product reads and writes, in f32 elements.
+/// Where a matrix-vector product reads and writes, in elements.
 #[derive(Clone, Copy)]
 struct Io<'b> {
     x: &'b Buf,
@@ -365,6 +395,9 @@ struct Io<'b> {
     y_stride: usize,
     items: usize,
     accumulate: bool,
+    /// `y` is an f32 buffer outside the scratch (the sequence's logits); the scratch's f32
+    /// buffers say so themselves (`Scratch::holds_f32`, `Forward::form`).
+    y_f32: bool,
     /// Where set, `x` is the residual stream and the kernel applies RMSNorm with this weight
     /// first (decode's norms folded into linear_q4_rows / linear_q4_glu_rows: no rms_norm
     /// dispatch; `Forward::fold_*`).
@@ -388,6 +421,12 @@ impl Io<'_> {
     /// Whether the input rows lie on 16-byte boundaries (the vec4 kernels' reads).
     fn aligned(&self) -> bool {
         self.x_off.is_multiple_of(4) && self.x_stride.is_multiple_of(4)
+    }
+
+    /// Added into `y` (the residual stream).
+    fn into_residual(mut self) -> Self {
+        self.accumulate = true;
+        self
     }
 }
 
@@ -535,6 +574,8 @@ impl<'a> Forward<'a> {
             LogitsOut::Last => {
                 let lm = &self.model.lm_head;
                 let mut io = self.plain(&s.x, h, &seq.logits, v, 1);
+                // The sequence's logits (f32).
+                io.y_f32 = true;
                 if self.plan.folds_final_norm(lm, t) {
                     io.norm = Some(&self.model.final_norm);
                 } else {
@@ -545,12 +586,8 @@ impl<'a> Forward<'a> {
             }
             LogitsOut::All => {
                 self.rms_norm(&mut r, &s.x, &self.model.final_norm, &s.xn, 0, t);
-                self.linear(
-                    &mut r,
-                    "lin.lm_head",
-                    &self.model.lm_head,
-                    self.plain(&s.xn, h, &s.all_logits, v, t),
-                );
+                let io = self.plain(&s.xn, h, &s.all_logits, v, t);
+                self.linear(&mut r, "lin.lm_head", &self.model.lm_head, io);
                 r.copy(
                     &s.all_logits,
                     ((t - 1) * v * 4) as u64,
@@ -687,6 +724,14 @@ impl<'a> Forward<'a> {
         }
     }
 
+    /// The form of the product `io` describes (`Plan::form`): whether it reads the residual
+    /// stream (a folded norm), whether it writes an f32 buffer.
+    fn form(&self, io: &Io) -> crate::shaders::Form {
+        let s = self.s;
+        self.plan
+            .form(s.holds_f32(io.x), io.y_f32 || s.holds_f32(io.y))
+    }
+
     fn plain<'b>(&self, x: &'b Buf, cols: usize, y: &'b Buf, rows: usize, t: usize) -> Io<'b> {
         Io {
             x,
@@ -697,6 +742,7 @@ impl<'a> Forward<'a> {
             y_stride: rows,
             items: t,
             accumulate: false,
+            y_f32: false,
             norm: None,
             conv: None,
         }
@@ -802,6 +848,7 @@ impl<'a> Forward<'a> {
         let choice = self
             .plan
             .linear(w, io.items, experts.is_some(), io.aligned());
+        let form = self.form(&io);
         debug_assert!(
             (io.norm.is_none() && io.conv.is_none()) || choice == LinearKernel::Rows,
             "a folded norm or conv needs linear_q4_rows"
@@ -824,7 +871,7 @@ impl<'a> Forward<'a> {
                     );
                     r.dispatch_as(
                         label,
-                        self.k.rows(rb),
+                        self.k.rows(rb).get(form),
                         &params,
                         &[
                             &sl.buf,
@@ -840,13 +887,20 @@ impl<'a> Forward<'a> {
                 }
                 // Each weight read once per tile of tokens.
                 LinearKernel::Mm(tile) => (
-                    self.k.mm(tile),
+                    self.k.mm(tile).get(form),
                     MM_ROWS,
                     io.items.div_ceil(tile.items()),
                     &self.s.groups,
                 ),
-                LinearKernel::Q4 => (&self.k.linear_q4, LINEAR_ROWS, io.items, &self.s.ids),
-                LinearKernel::Plain => (&self.k.linear, LINEAR_ROWS, io.items, &self.s.ids),
+                LinearKernel::Q4 => (
+                    self.k.linear_q4.get(form),
+                    LINEAR_ROWS,
+                    io.items,
+                    &self.s.ids,
+                ),
+                LinearKernel::Plain => {
+                    (self.k.linear.get(form), LINEAR_ROWS, io.items, &self.s.ids)
+                }
             };
             let (nx, ny) = grid_2d(rows.div_ceil(per));
             let params = linear_params(w, sl, &io, rows, row0, experts, e0, e_count, nx, 0, 0);
@@ -880,8 +934,9 @@ impl<'a> Forward<'a> {
         // linear_q4_glu_rows.wgsl (input once per workgroup, 8 rows streamed) for 2,048
         // input columns, else linear_q4_glu.wgsl (8 rows a workgroup).
         let row_kernel = how == ExpertsUp::GluRows;
+        let form = self.form(&io);
         let (kernel, per) = if row_kernel {
-            (&self.k.linear_q4_glu_rows, GLU_RB)
+            (self.k.linear_q4_glu_rows.get(form), GLU_RB)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
@@ -934,7 +989,7 @@ impl<'a> Forward<'a> {
         list_at: usize,
     ) {
         let s = self.s;
-        let kernel = self.k.mm(tile);
+        let kernel = self.k.mm(tile).get(self.form(&io));
         let nx = w.rows.div_ceil(MM_ROWS);
         for sl in &w.slices {
             let params = linear_params(
@@ -1016,8 +1071,7 @@ impl<'a> Forward<'a> {
                 &[&s.q, &s.attn_proj, kc, vc, &s.o],
                 [hkv as u32, t.div_ceil(64 / g) as u32, 1],
             );
-            let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
-            io.accumulate = true;
+            let io = self.plain(&s.o, hq * d, &s.x, h, t).into_residual();
             self.linear(r, "lin.attn.o", &a.o_proj, io);
             return;
         }
@@ -1065,8 +1119,7 @@ impl<'a> Forward<'a> {
                 [hq as u32, t as u32, d.div_ceil(64) as u32],
             );
         }
-        let mut io = self.plain(&s.o, hq * d, &s.x, h, t);
-        io.accumulate = true;
+        let io = self.plain(&s.o, hq * d, &s.x, h, t).into_residual();
         self.linear(r, "lin.attn.o", &a.o_proj, io);
     }
 
@@ -1186,8 +1239,7 @@ impl<'a> Forward<'a> {
                 [nx, ny, 1],
             );
         }
-        let mut io = self.plain(&s.ogn, vd, &s.x, h, t);
-        io.accumulate = true;
+        let io = self.plain(&s.ogn, vd, &s.x, h, t).into_residual();
         self.linear(r, "lin.dn.out", &d.out_proj, io);
     }
 

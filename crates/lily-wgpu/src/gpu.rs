@@ -26,8 +26,8 @@ pub struct Gpu {
     /// Whether subgroup operations were enabled (wgpu's SUBGROUP feature) for the reductions
     /// (shaders/wgsl/reduce_subgroup.wgsl).
     pub subgroups: bool,
-    /// Whether f16 in shaders was enabled (wgpu's SHADER_F16) for the KV cache or the prefill
-    /// products' tiles.
+    /// Whether f16 in shaders was enabled (wgpu's SHADER_F16) for the KV cache, the prefill
+    /// products' tiles or the activations between kernels.
     pub f16: bool,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,

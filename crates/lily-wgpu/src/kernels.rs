@@ -1,19 +1,50 @@
 //! The compiled kernels: one pipeline per `Spec` of the plan (plan.rs `Specs`), compiled once
-//! per device.
+//! per device; the matrix products one per form (`Forms`).
 
 use anyhow::Result;
 
 use crate::gpu::{Gpu, Kernel};
-use crate::plan::{MmTile, Specs};
+use crate::plan::{FormSpecs, MmTile, Specs};
+use crate::shaders::Form;
+
+/// A matrix product kernel in each form the plan compiled (`plan::FormSpecs`): one where
+/// activations are f32, else one per form its launch sites take.
+pub struct Forms(Vec<(Form, Kernel)>);
+
+impl Forms {
+    fn load(gpu: &Gpu, specs: &FormSpecs, checked: bool) -> Result<Forms> {
+        let mut v = Vec::new();
+        for s in specs {
+            v.push((s.form, Kernel::new(gpu, s, checked)?));
+        }
+        Ok(Forms(v))
+    }
+
+    /// Each form compiled, with its kernel.
+    pub fn iter(&self) -> impl Iterator<Item = (Form, &Kernel)> {
+        self.0.iter().map(|(f, k)| (*f, k))
+    }
+
+    /// The kernel in `form` (`Plan::form`: the one form where activations are f32).
+    pub fn get(&self, form: Form) -> &Kernel {
+        &self
+            .0
+            .iter()
+            .find(|(f, _)| *f == form)
+            .expect("the plan compiles each product in every form its launch sites take")
+            .1
+    }
+}
 
 macro_rules! kernels {
-    ($($name:ident),* $(,)?) => {
+    (forms: $($form:ident),*; $($name:ident),* $(,)?) => {
         pub struct Kernels {
+            $(pub $form: Forms,)*
             $(pub $name: Kernel,)*
             /// Where the plan's prefill attention is attend_tile.wgsl.
             pub attend_tile: Option<Kernel>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
-            pub linear_q4_mm64: Option<Kernel>,
+            pub linear_q4_mm64: Option<Forms>,
         }
 
         impl Kernels {
@@ -21,13 +52,14 @@ macro_rules! kernels {
             /// ($LILY_WGPU_CHECKED=1; for debugging).
             pub fn load(gpu: &Gpu, specs: &Specs, checked: bool) -> Result<Kernels> {
                 Ok(Kernels {
+                    $($form: Forms::load(gpu, &specs.$form, checked)?,)*
                     $($name: Kernel::new(gpu, &specs.$name, checked)?,)*
                     attend_tile: match &specs.attend_tile {
                         Some(s) => Some(Kernel::new(gpu, s, checked)?),
                         None => None,
                     },
                     linear_q4_mm64: match &specs.linear_q4_mm64 {
-                        Some(s) => Some(Kernel::new(gpu, s, checked)?),
+                        Some(s) => Some(Forms::load(gpu, s, checked)?),
                         None => None,
                     },
                 })
@@ -37,15 +69,15 @@ macro_rules! kernels {
 }
 
 kernels!(
-    linear,
+    forms: linear,
     linear_q4,
     linear_q4_rows16,
     linear_q4_rows4,
     linear_q4_rows2,
     linear_q4_mm16,
     linear_q4_mm32,
+    linear_q4_glu_rows;
     linear_q4_glu,
-    linear_q4_glu_rows,
     moe_group,
     embed,
     rms_norm,
@@ -72,8 +104,8 @@ kernels!(
 );
 
 impl Kernels {
-    /// linear_q4_mm.wgsl with tiles of `tile`, where compiled (`has_mm`).
-    pub fn mm_if(&self, tile: MmTile) -> Option<&Kernel> {
+    /// linear_q4_mm.wgsl with tiles of `tile`, where compiled.
+    pub fn mm_if(&self, tile: MmTile) -> Option<&Forms> {
         match tile {
             MmTile::T16 => Some(&self.linear_q4_mm16),
             MmTile::T32 => Some(&self.linear_q4_mm32),
@@ -84,13 +116,13 @@ impl Kernels {
     /// linear_q4_mm.wgsl with tiles of `tile`: one the plan chose (`Plan::dense_mm`,
     /// `Plan::expert_tiles`), so compiled — tiles of 64 are chosen only where
     /// `Specs::linear_q4_mm64` exists, and `load` compiles every spec.
-    pub fn mm(&self, tile: MmTile) -> &Kernel {
+    pub fn mm(&self, tile: MmTile) -> &Forms {
         self.mm_if(tile)
             .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
     }
 
     /// linear_q4_rows.wgsl with `rb` rows a workgroup (`plan::rows_rb`: 16, 4 or 2).
-    pub fn rows(&self, rb: usize) -> &Kernel {
+    pub fn rows(&self, rb: usize) -> &Forms {
         match rb {
             16 => &self.linear_q4_rows16,
             4 => &self.linear_q4_rows4,

@@ -67,6 +67,10 @@ lily_core::backend_options! {
             label "f16 tiles",
             help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, each expert's tiles sized by its load; instead of f32 tiles (dense 32, experts 16)",
             why "off: not yet measured on a GPU (issue 29 deliverable 5; predicted no faster on the H200 through Vulkan, where each f16 element read back costs a conversion: docs/perf-notes.md, session 11 wgpu-prefill); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
+        f16_acts = false, flag Some("wgpu-f16-acts"), env "LILY_WGPU_F16_ACTS" = true,
+            label "f16 activations",
+            help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 where the adapter has SHADER_F16, instead of f32; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32",
+            why "off: not yet measured on a GPU (issue 29 deliverable 2; prediction in docs/perf-notes.md, session 12 wgpu-f16act); rounds each stored activation to f16 (2^-11 relative: lavapipe's tiny logits 1e-3-level from the CPU's, see the crate README); on only once it wins its A/B (scripts/wgpu_f16_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 activations serve adapters without SHADER_F16";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -133,6 +137,7 @@ mod tests {
                 subgroups: true,
                 f16_kv: false,
                 f16_tiles: false,
+                f16_acts: false,
                 dense_tile: 0,
             }
         );
@@ -161,6 +166,7 @@ mod tests {
             ("LILY_WGPU_SUBGROUPS", "0"),
             ("LILY_WGPU_F16_KV", "1"),
             ("LILY_WGPU_F16_TILES", "1"),
+            ("LILY_WGPU_F16_ACTS", "1"),
             ("LILY_WGPU_DENSE_TILE", "64"),
         ]));
         assert_eq!(
@@ -175,6 +181,7 @@ mod tests {
                 subgroups: false,
                 f16_kv: true,
                 f16_tiles: true,
+                f16_acts: true,
                 dense_tile: 64,
                 ..WgpuOptions::default()
             }
@@ -223,7 +230,7 @@ mod tests {
         .describe();
         assert!(
             d.starts_with(
-                "attend_tile on, subgroup reductions on, f16 KV cache off, f16 tiles off,"
+                "attend_tile on, subgroup reductions on, f16 KV cache off, f16 tiles off, f16 activations off,"
             ),
             "{d}"
         );

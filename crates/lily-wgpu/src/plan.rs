@@ -30,7 +30,7 @@
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
-use crate::shaders::Spec;
+use crate::shaders::{Form, Spec};
 use crate::weights::{Fused, GpuLinear, GpuMoe};
 
 pub use crate::options::WgpuOptions;
@@ -158,20 +158,49 @@ pub enum DeltaNetPath {
     Chunk,
 }
 
-/// The kernels the backend compiles, as `Spec`s: one field per kernel (file and constants).
+/// A matrix product kernel in the forms its launch sites take (`Form`: what it reads and
+/// writes): one `Spec` where activations are f32 (every form the same kernel), else one per form
+/// (`in_forms`).
+pub type FormSpecs = Vec<Spec>;
+
+/// The forms of the products whose input is always an activation (prefill's tiles, the general
+/// kernels: a folded norm runs on linear_q4_rows only): output an activation or an f32 buffer
+/// (`Form::ALL`'s first two).
+const READS_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[1]];
+
+/// linear_q4_glu_rows.wgsl's forms: the residual stream (folded norm) or an activation in, an
+/// activation out (`Form::ALL`'s first and third).
+const WRITES_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[2]];
+
+/// `spec` in each of `forms` where activations are f16, else once.
+pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {
+    if !act_f16 {
+        return vec![spec];
+    }
+    forms
+        .iter()
+        .map(|&form| Spec {
+            form,
+            ..spec.clone()
+        })
+        .collect()
+}
+
+/// The kernels the backend compiles, as `Spec`s: one field per kernel (file and constants); the
+/// matrix products in their forms (`FormSpecs`).
 #[derive(Clone, Debug)]
 pub struct Specs {
-    pub linear: Spec,
-    pub linear_q4: Spec,
-    pub linear_q4_rows16: Spec,
-    pub linear_q4_rows4: Spec,
-    pub linear_q4_rows2: Spec,
-    pub linear_q4_mm16: Spec,
-    pub linear_q4_mm32: Spec,
+    pub linear: FormSpecs,
+    pub linear_q4: FormSpecs,
+    pub linear_q4_rows16: FormSpecs,
+    pub linear_q4_rows4: FormSpecs,
+    pub linear_q4_rows2: FormSpecs,
+    pub linear_q4_mm16: FormSpecs,
+    pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
-    pub linear_q4_mm64: Option<Spec>,
+    pub linear_q4_mm64: Option<FormSpecs>,
     pub linear_q4_glu: Spec,
-    pub linear_q4_glu_rows: Spec,
+    pub linear_q4_glu_rows: FormSpecs,
     pub moe_group: Spec,
     pub embed: Spec,
     pub rms_norm: Spec,
@@ -200,55 +229,9 @@ pub struct Specs {
 }
 
 impl Specs {
-    /// Every kernel's reductions on subgroups (`on`) or through workgroup memory.
-    fn set_subgroups(&mut self, on: bool) {
-        for s in [
-            &mut self.linear,
-            &mut self.linear_q4,
-            &mut self.linear_q4_rows16,
-            &mut self.linear_q4_rows4,
-            &mut self.linear_q4_rows2,
-            &mut self.linear_q4_mm16,
-            &mut self.linear_q4_mm32,
-            &mut self.linear_q4_glu,
-            &mut self.linear_q4_glu_rows,
-            &mut self.moe_group,
-            &mut self.embed,
-            &mut self.rms_norm,
-            &mut self.gated_norm,
-            &mut self.attn_prep,
-            &mut self.attend,
-            &mut self.attend_gqa,
-            &mut self.attend_merge,
-            &mut self.dn_conv,
-            &mut self.dn_qk_norm,
-            &mut self.dn_recur,
-            &mut self.dn_conv_step,
-            &mut self.dn_recur_norm,
-            &mut self.moe_route,
-            &mut self.swiglu,
-            &mut self.moe_combine,
-            &mut self.moe_down,
-            &mut self.moe_down_rows,
-            &mut self.argmax_part,
-            &mut self.argmax_final,
-            &mut self.sample_adjust,
-            &mut self.sample_prefilter,
-            &mut self.sample_pick,
-        ] {
-            s.subgroups = on;
-        }
-        for s in [&mut self.attend_tile, &mut self.linear_q4_mm64]
-            .into_iter()
-            .flatten()
-        {
-            s.subgroups = on;
-        }
-    }
-
-    /// Every kernel, with a short name for messages.
+    /// Every kernel (each product in each of its forms).
     pub fn all(&self) -> Vec<&Spec> {
-        let mut v = vec![
+        let mut v: Vec<&Spec> = [
             &self.linear,
             &self.linear_q4,
             &self.linear_q4_rows16,
@@ -256,8 +239,14 @@ impl Specs {
             &self.linear_q4_rows2,
             &self.linear_q4_mm16,
             &self.linear_q4_mm32,
-            &self.linear_q4_glu,
             &self.linear_q4_glu_rows,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        v.extend(self.linear_q4_mm64.iter().flatten());
+        v.extend([
+            &self.linear_q4_glu,
             &self.moe_group,
             &self.embed,
             &self.rms_norm,
@@ -281,9 +270,54 @@ impl Specs {
             &self.sample_adjust,
             &self.sample_prefilter,
             &self.sample_pick,
-        ];
+        ]);
         v.extend(self.attend_tile.as_ref());
-        v.extend(self.linear_q4_mm64.as_ref());
+        v
+    }
+
+    /// `all`, to change: the choices every kernel shares (reductions, element types).
+    fn all_mut(&mut self) -> Vec<&mut Spec> {
+        let mut v: Vec<&mut Spec> = [
+            &mut self.linear,
+            &mut self.linear_q4,
+            &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows4,
+            &mut self.linear_q4_rows2,
+            &mut self.linear_q4_mm16,
+            &mut self.linear_q4_mm32,
+            &mut self.linear_q4_glu_rows,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        v.extend(self.linear_q4_mm64.iter_mut().flatten());
+        v.extend([
+            &mut self.linear_q4_glu,
+            &mut self.moe_group,
+            &mut self.embed,
+            &mut self.rms_norm,
+            &mut self.gated_norm,
+            &mut self.attn_prep,
+            &mut self.attend,
+            &mut self.attend_gqa,
+            &mut self.attend_merge,
+            &mut self.dn_conv,
+            &mut self.dn_qk_norm,
+            &mut self.dn_recur,
+            &mut self.dn_conv_step,
+            &mut self.dn_recur_norm,
+            &mut self.moe_route,
+            &mut self.swiglu,
+            &mut self.moe_combine,
+            &mut self.moe_down,
+            &mut self.moe_down_rows,
+            &mut self.argmax_part,
+            &mut self.argmax_final,
+            &mut self.sample_adjust,
+            &mut self.sample_prefilter,
+            &mut self.sample_pick,
+        ]);
+        v.extend(self.attend_tile.as_mut());
         v
     }
 }
@@ -372,6 +406,9 @@ pub struct Plan {
     pub subgroups: bool,
     /// Whether the KV cache is f16 (else f32): 2 or 4 bytes an element.
     pub kv_f16: bool,
+    /// Whether the activations between kernels are f16 (else f32): `Scratch`'s buffers but the
+    /// residual stream, logits and router logits (the crate README's table).
+    pub act_f16: bool,
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
@@ -398,6 +435,7 @@ impl Plan {
         let subgroups = device.subgroups && opts.subgroups;
         let kv_f16 = device.f16 && opts.f16_kv;
         let tile_f16 = device.f16 && opts.f16_tiles;
+        let act_f16 = device.f16 && opts.f16_acts;
         let mut notes = Vec::new();
         // The dense products' tiles: as asked (`dense_tile`), else 64 in f16 (the bytes of f32's
         // 32), else 32; tiles of 64 only where they fit the device's workgroup memory.
@@ -412,7 +450,7 @@ impl Plan {
         if tile_f16 || dense_mm == MmTile::T64 {
             let spec = mm_spec(MmTile::T64, tile_f16).with_subgroups(subgroups);
             match spec.needs()?.exceeds(limits) {
-                None => linear_q4_mm64 = Some(spec),
+                None => linear_q4_mm64 = Some(in_forms(spec, &READS_ACT, act_f16)),
                 Some(why) => {
                     notes.push(format!("linear_q4_mm with tiles of 64: {why}"));
                     if dense_mm == MmTile::T64 {
@@ -453,16 +491,20 @@ impl Plan {
             }
         }
         let mut specs = Specs {
-            linear: Spec::new("linear", &[]),
-            linear_q4: Spec::new("linear_q4", &[]),
-            linear_q4_rows16: rows_spec(16),
-            linear_q4_rows4: rows_spec(4),
-            linear_q4_rows2: rows_spec(2),
-            linear_q4_mm16: mm_spec(MmTile::T16, tile_f16),
-            linear_q4_mm32: mm_spec(MmTile::T32, tile_f16),
+            linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
+            linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
+            linear_q4_rows16: in_forms(rows_spec(16), &Form::ALL, act_f16),
+            linear_q4_rows4: in_forms(rows_spec(4), &Form::ALL, act_f16),
+            linear_q4_rows2: in_forms(rows_spec(2), &Form::ALL, act_f16),
+            linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
+            linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
-            linear_q4_glu_rows: Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
+            linear_q4_glu_rows: in_forms(
+                Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
+                &WRITES_ACT,
+                act_f16,
+            ),
             moe_group: Spec::new("moe_group", &[]),
             embed: Spec::new("embed", &[]),
             rms_norm: Spec::new("rms_norm", &[]),
@@ -498,7 +540,10 @@ impl Plan {
             sample_prefilter: Spec::new("sample_prefilter", &[]),
             sample_pick: Spec::new("sample_pick", &[]),
         };
-        specs.set_subgroups(subgroups);
+        for s in specs.all_mut() {
+            s.subgroups = subgroups;
+            s.act_f16 = act_f16;
+        }
         for s in [
             &mut specs.attn_prep,
             &mut specs.attend,
@@ -525,6 +570,7 @@ impl Plan {
             subgroups,
             f16_kv: kv_f16,
             f16_tiles: tile_f16,
+            f16_acts: act_f16,
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
@@ -542,6 +588,7 @@ impl Plan {
             specs,
             subgroups,
             kv_f16,
+            act_f16,
             route_in_glu: c.n_experts <= 512,
             notes,
         })
@@ -580,7 +627,8 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "fp32 activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),
@@ -600,6 +648,18 @@ impl Plan {
                 "moe_route"
             },
         )
+    }
+
+    /// The form of a product (`Form`) that reads the residual stream (`x_f32`: a folded norm) or
+    /// an activation, and writes an f32 buffer (`y_f32`: the residual stream, logits, the
+    /// router's logits) or an activation: where activations are f32, every launch site's the one
+    /// form compiled.
+    pub fn form(&self, x_f32: bool, y_f32: bool) -> Form {
+        if self.act_f16 {
+            Form { x_f32, y_f32 }
+        } else {
+            Form::default()
+        }
     }
 
     /// The kernel for `w` at one launch site of `Forward::linear`: `items` items (tokens, or

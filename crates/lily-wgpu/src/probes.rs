@@ -9,18 +9,96 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{MmTile, GLU_RB, MM_ROWS};
+use crate::shaders::Form;
+
+/// The largest relative difference an f16 store adds to one value (round to nearest, 11
+/// significant bits): 2^-11. A kernel whose output is an f16 activation differs from the host's
+/// f64 by up to this (its inputs' rounding taken out of the host's reference, `Sides`).
+pub const F16_STORE: f64 = 1.0 / 2048.0;
+
+/// Which of a kernel's inputs and outputs hold f16 activations, as a probe feeds it and reads it
+/// back: the input (an activation, not the residual stream) and the output (an activation, not
+/// an f32 buffer), where activations are f16. The host's reference takes the input rounded to
+/// f16 as the kernel reads it; the output's own rounding (2^-11 relative at most) remains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Sides {
+    pub x_f16: bool,
+    pub y_f16: bool,
+}
+
+impl Sides {
+    /// A product kernel's `form` where activations are f16 (`act_f16`) or f32.
+    pub fn of(form: Form, act_f16: bool) -> Sides {
+        Sides {
+            x_f16: act_f16 && !form.x_f32,
+            y_f16: act_f16 && !form.y_f32,
+        }
+    }
+}
+
+/// Each value rounded to f16 where `f16` (as a kernel reading an f16 activation sees it).
+fn round_f16(v: &[f32], f16: bool) -> Vec<f32> {
+    if !f16 {
+        return v.to_vec();
+    }
+    v.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect()
+}
+
+/// `v` uploaded as an activation: f16 where `f16`, else f32.
+fn upload_act(gpu: &Gpu, label: &str, v: &[f32], f16: bool) -> Result<wgpu::Buffer> {
+    if f16 {
+        let h: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
+        gpu.upload(label, bytemuck::cast_slice(&h))
+    } else {
+        gpu.upload_f32(label, v)
+    }
+}
+
+/// The first `n` elements of an activation buffer (f16 where `f16`), as f32.
+fn read_act(gpu: &Gpu, buf: &wgpu::Buffer, n: usize, f16: bool) -> Result<Vec<f32>> {
+    if !f16 {
+        return gpu.read_f32(buf, 0, n);
+    }
+    let words = gpu.read_u32(buf, n.div_ceil(2))?;
+    Ok(words
+        .iter()
+        .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+        .take(n)
+        .map(|h| half::f16::from_bits(h).to_f32())
+        .collect())
+}
 
 /// linear_q4_mm.wgsl with tiles of `tile` against the host's product in f64, on a random matrix
 /// of `bits` (4, or 8: the router's path) with 160 rows (the last workgroup partly filled), 512
 /// columns in groups of 64 and 40 items (the last tile partly filled): the relative L2
-/// difference.
-pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result<f64> {
+/// difference. `sides`: the kernel's form's f16 input and output (`Sides`).
+pub fn check_mm(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    tile: MmTile,
+    bits: usize,
+    sides: Sides,
+) -> Result<f64> {
+    let (m, got) = mm_probe(gpu, kernel, tile, bits, sides)?;
+    Ok(rel_l2_f64(&got, &m.want_for(None, sides)))
+}
+
+/// `check_mm`'s random matrix and inputs through `kernel`: the matrix, and the kernel's output.
+fn mm_probe(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    tile: MmTile,
+    bits: usize,
+    sides: Sides,
+) -> Result<(RandomQ4, Vec<f32>)> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
     let m = RandomQ4::with_bits(bits, rows, cols, group, items);
     let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
     let z = items.div_ceil(tile.items()) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    m.run(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)
+    let grid = [nx, ny, z];
+    let got = m.run_raw(gpu, kernel, &grid, nx, Some(&groups_buf), None, sides)?;
+    Ok((m, got))
 }
 
 /// linear_q4_mm.wgsl with f16 tiles (tile_f16.wgsl) on `check_mm`'s matrix and inputs: the
@@ -28,14 +106,17 @@ pub fn check_mm(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result
 /// both, visible), and from the host's f64 product of the operands rounded to f16 as the kernel
 /// stages them (the dequantised weight `q·s + b` and the input, each to the nearest f16: only the
 /// f32 sums' order differs, so a wrong item, row or column shows here where f16 rounding would
-/// hide it in the first figure).
-pub fn check_mm_f16(gpu: &Gpu, kernel: &Kernel, tile: MmTile, bits: usize) -> Result<(f64, f64)> {
-    let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
-    let m = RandomQ4::with_bits(bits, rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
-    let z = items.div_ceil(tile.items()) as u32;
-    let groups_buf = gpu.storage("mm_check.groups", 16)?;
-    let got = m.run_raw(gpu, kernel, &[nx, ny, z], nx, Some(&groups_buf), None)?;
+/// hide it in the first figure). `sides`: as `check_mm`'s (the f16 output's rounding remains in
+/// both figures).
+pub fn check_mm_f16(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    tile: MmTile,
+    bits: usize,
+    sides: Sides,
+) -> Result<(f64, f64)> {
+    let (m, got) = mm_probe(gpu, kernel, tile, bits, sides)?;
+    let (rows, cols, items) = (m.rows, m.cols, m.items);
     let f16 = |v: f64| half::f16::from_f64(v).to_f64();
     let x16: Vec<f64> = m.x.iter().map(|v| f16(*v as f64)).collect();
     let mut staged = vec![0f64; items * rows];
@@ -63,22 +144,32 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
-/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference.
-pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k)?
-        .max(check_glu_route(gpu, k)?)
-        .max(check_rows_conv(gpu, k)?);
+/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference, over every
+/// form compiled (`act_f16`: the activations f16, `Sides`).
+pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k, act_f16)?
+        .max(check_glu_route(gpu, k, act_f16)?)
+        .max(check_rows_conv(gpu, k, act_f16)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         let (rows, items) = (37usize, 2usize);
         let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
         for rb in [16, 4, 2] {
-            let kernel = k.rows(rb);
-            let (nx, ny) = grid_2d(rows.div_ceil(rb));
-            // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-            for norm in [None, Some(1e-6)] {
-                let e = m.run(gpu, kernel, &[nx, ny, items as u32], nx, None, Some(norm))?;
-                worst = worst.max(e);
+            for (form, kernel) in k.rows(rb).iter() {
+                let sides = Sides::of(form, act_f16);
+                let (nx, ny) = grid_2d(rows.div_ceil(rb));
+                // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`) where
+                // the input is the residual stream.
+                let norms = if sides.x_f16 {
+                    &[None][..]
+                } else {
+                    &[None, Some(1e-6)][..]
+                };
+                for &norm in norms {
+                    let grid = [nx, ny, items as u32];
+                    let e = m.run(gpu, kernel, &grid, nx, None, Some(norm), sides)?;
+                    worst = worst.max(e);
+                }
             }
         }
     }
@@ -87,7 +178,7 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 
 /// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
 /// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
-fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let (rows, cols, items) = (37usize, 2048usize, 2usize);
     let gate = RandomQ4::new(rows, cols, 64, items);
     let up = RandomQ4::new(rows + 1, cols, 64, items);
@@ -101,17 +192,16 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     data.extend_from_slice(&up.data[ub..ub + ng * 2]);
     let wg = gpu.upload("check.gate", &gate.data)?;
     let wu = gpu.upload("check.up", &data)?;
-    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
     let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
     let mut worst = 0f64;
-    // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`).
-    for norm in [None, Some(1e-6f32)] {
+    for (kernel, sides, norm) in glu_cases(k, act_f16) {
+        let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
         let x = match norm {
             Some(eps) => gate.normed(eps),
-            None => gate.x.clone(),
+            None => round_f16(&gate.x, sides.x_f16),
         };
         let params: [u32; 27] = [
             rows as u32,
@@ -144,17 +234,31 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         ];
         let mut r = Recorder::new(gpu);
         r.dispatch(
-            &k.linear_q4_glu_rows,
+            kernel,
             &params,
             &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &xbuf, &ids],
             [nx, ny, items as u32],
         );
         r.submit()?;
-        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+        let got = read_act(gpu, &ybuf, items * rows, sides.y_f16)?;
         let items_x = (0..items).map(|t| (&x[t * cols..(t + 1) * cols], 0));
         worst = worst.max(glu_rel_err(&got, rows, &gate, &up, items_x));
     }
     Ok(worst)
+}
+
+/// linear_q4_glu_rows.wgsl's forms (`Sides`), each plain and, where its input is the residual
+/// stream, with the RMSNorm folded in (decode's norms: `Io::norm`; eps 1e-6).
+fn glu_cases(k: &Kernels, act_f16: bool) -> Vec<(&Kernel, Sides, Option<f32>)> {
+    let mut v = Vec::new();
+    for (form, kernel) in k.linear_q4_glu_rows.iter() {
+        let sides = Sides::of(form, act_f16);
+        v.push((kernel, sides, None));
+        if !sides.x_f16 {
+            v.push((kernel, sides, Some(1e-6f32)));
+        }
+    }
+    v
 }
 
 /// linear_q4_rows.wgsl running DeltaNet's causal conv on its first rows (`conv_ch`, decode's
@@ -163,7 +267,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 /// 16, 4 and 2 rows a workgroup. Against the host in f64: each conv channel's silu(Σ taps ·
 /// (state, x)) with x its product, the other rows' products, and the shifted state: the largest
 /// relative L2 difference.
-fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let (rows, cols, ch, taps_k) = (37usize, 2048usize, 29usize, 4usize);
     let m = RandomQ4::new(rows, cols, 64, 1);
     let eps = 1e-6f32;
@@ -237,14 +341,20 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         params[22] = ch as u32;
         params[23] = taps_k as u32;
         let mut r = Recorder::new(gpu);
+        // The residual stream in (the norm folded), DeltaNet's joint projection (an activation)
+        // out; the conv state f32.
+        let form = Form {
+            x_f32: act_f16,
+            y_f32: false,
+        };
         r.dispatch(
-            k.rows(rb),
+            k.rows(rb).get(form),
             &params,
             &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
             [nx, ny, 1],
         );
         r.submit()?;
-        let y = gpu.read_f32(&ybuf, 0, rows)?;
+        let y = read_act(gpu, &ybuf, rows, act_f16)?;
         let st = gpu.read_f32(&sbuf, 0, state0.len())?;
         worst = worst.max(rel(&y, &want_y)).max(rel(&st, &want_state));
     }
@@ -259,7 +369,7 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 /// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
 /// expert in f64: the largest relative difference. ids and weights start poisoned.
-fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
+fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -322,18 +432,18 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
     }
     let wg = gpu.upload("check.gate", &gate.data)?;
     let wu = gpu.upload("check.up", &data)?;
-    let xbuf = gpu.upload_f32("check.x", &gate.x)?;
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
     let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
     let mut worst = 0f64;
-    for norm in [None, Some(1e-6f32)] {
+    for (kernel, sides, norm) in glu_cases(k, act_f16) {
+        let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
         let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
         let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
         let x = match norm {
             Some(eps) => gate.normed(eps),
-            None => gate.x.clone(),
+            None => round_f16(&gate.x, sides.x_f16),
         };
         let params: [u32; 27] = [
             r_e as u32,
@@ -366,7 +476,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
         ];
         let mut r = Recorder::new(gpu);
         r.dispatch(
-            &k.linear_q4_glu_rows,
+            kernel,
             &params,
             &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &lbuf, &wts],
             [nx, ny, items as u32],
@@ -386,7 +496,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
             }
             worst = worst.max(d);
         }
-        let got = gpu.read_f32(&ybuf, 0, items * r_e)?;
+        let got = read_act(gpu, &ybuf, items * r_e, sides.y_f16)?;
         let items_x = want_ids.iter().enumerate().map(|(item, &ex)| {
             (
                 &x[(item / ks) * cols..(item / ks + 1) * cols],
@@ -404,7 +514,10 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels) -> Result<f64> {
 /// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
 /// relative L2 difference of the outputs.
 /// With `merge` None, `gqa` is attend_tile.wgsl (`plan::attend_tile_spec`): tiles of 64 / g
-/// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache.
+/// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache; `act_f16`: its queries, gates
+/// and output are f16 activations (the host takes the queries and gates rounded to f16; the
+/// output's rounding, 2^-11 relative at most, remains).
+#[allow(clippy::too_many_arguments)]
 pub fn check_attention(
     gpu: &Gpu,
     gqa: &Kernel,
@@ -413,6 +526,7 @@ pub fn check_attention(
     n: usize,
     t: usize,
     kv_f16: bool,
+    act_f16: bool,
 ) -> Result<f64> {
     let hq = hkv * g;
     let pos0 = n - t;
@@ -426,6 +540,7 @@ pub fn check_attention(
     };
     let q: Vec<f32> = (0..t * hq * d).map(|_| rnd()).collect();
     let qg: Vec<f32> = (0..t * qg_stride).map(|_| rnd()).collect();
+    let (q, qg) = (round_f16(&q, act_f16), round_f16(&qg, act_f16));
     // An f16 cache (`kv_f16`: the kernel compiled for one) holds the values rounded to f16; the
     // host's reference takes the same rounded values, so the check is of the kernel's arithmetic.
     let round = |v: f32| {
@@ -439,8 +554,8 @@ pub fn check_attention(
     let vc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let scale = 1.0 / (d as f32).sqrt();
     let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
-    let qb = gpu.upload_f32("check.q", &q)?;
-    let qgb = gpu.upload_f32("check.qg", &qg)?;
+    let qb = upload_act(gpu, "check.q", &q, act_f16)?;
+    let qgb = upload_act(gpu, "check.qg", &qg, act_f16)?;
     let cache = |label: &str, v: &[f32]| {
         if kv_f16 {
             let h: Vec<half::f16> = v.iter().map(|x| half::f16::from_f32(*x)).collect();
@@ -472,7 +587,7 @@ pub fn check_attention(
             [hkv as u32, t.div_ceil(64 / g) as u32, 1],
         );
         r.submit()?;
-        let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+        let got = read_act(gpu, &ob, t * hq * d, act_f16)?;
         return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
     };
     r.dispatch(
@@ -500,7 +615,7 @@ pub fn check_attention(
         );
     }
     r.submit()?;
-    let got = gpu.read_f32(&ob, 0, t * hq * d)?;
+    let got = read_act(gpu, &ob, t * hq * d, act_f16)?;
     Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t))
 }
 
@@ -710,6 +825,7 @@ impl RandomQ4 {
 
     /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×
     /// rows). `fourth`: the fourth binding, where the kernel has one.
+    #[allow(clippy::too_many_arguments)]
     fn run_raw(
         &self,
         gpu: &Gpu,
@@ -718,10 +834,11 @@ impl RandomQ4 {
         nx: u32,
         fourth: Option<&wgpu::Buffer>,
         rows_norm: Option<Option<f32>>,
+        sides: Sides,
     ) -> Result<Vec<f32>> {
         let (rows, cols, items) = (self.rows, self.cols, self.items);
         let wbuf = gpu.upload("check.w", &self.data)?;
-        let xbuf = gpu.upload_f32("check.x", &self.x)?;
+        let xbuf = upload_act(gpu, "check.x", &self.x, sides.x_f16)?;
         let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
         let params: [u32; 23] = [
             rows as u32,
@@ -765,11 +882,12 @@ impl RandomQ4 {
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);
         r.submit()?;
-        let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-        Ok(got)
+        read_act(gpu, &ybuf, items * rows, sides.y_f16)
     }
 
-    /// `run_raw`'s output against the host's product: the relative L2 difference.
+    /// `run_raw`'s output against the host's product (of the inputs as the kernel reads them:
+    /// rounded to f16 where `sides.x_f16`): the relative L2 difference.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         gpu: &Gpu,
@@ -778,12 +896,19 @@ impl RandomQ4 {
         nx: u32,
         fourth: Option<&wgpu::Buffer>,
         rows_norm: Option<Option<f32>>,
+        sides: Sides,
     ) -> Result<f64> {
-        let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm)?;
-        let want = match rows_norm {
+        let got = self.run_raw(gpu, kernel, grid, nx, fourth, rows_norm, sides)?;
+        Ok(rel_l2_f64(&got, &self.want_for(rows_norm, sides)))
+    }
+
+    /// The host's product of the inputs as `run_raw` feeds them: normalised first
+    /// (`rows_norm`), or rounded to f16 where `sides.x_f16`.
+    fn want_for(&self, rows_norm: Option<Option<f32>>, sides: Sides) -> Vec<f64> {
+        match rows_norm {
             Some(Some(eps)) => self.product(&self.normed(eps)),
+            _ if sides.x_f16 => self.product(&round_f16(&self.x, true)),
             _ => self.want.clone(),
-        };
-        Ok(rel_l2_f64(&got, &want))
+        }
     }
 }

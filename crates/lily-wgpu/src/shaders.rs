@@ -20,6 +20,10 @@ pub const KV_F16: &str = include_str!("../../../shaders/wgsl/kv_f16.wgsl");
 /// SHADER_F16 and the plan's `f16_tiles` is on (`Spec::tile_max` gives its `TMAX`).
 pub const TILE_F32: &str = include_str!("../../../shaders/wgsl/tile_f32.wgsl");
 pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
+/// The activations' element type between kernels (`ACT`, `ACT4`): f32, or f16 where the device
+/// has SHADER_F16 and the plan's `act_f16` is on.
+pub const ACT_F32: &str = include_str!("../../../shaders/wgsl/act_f32.wgsl");
+pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -66,8 +70,9 @@ sources!(
 /// One kernel as compiled: its file (= entry point), its `override` constants, whether its
 /// reductions run on subgroups (reduce_subgroup.wgsl in front) or through workgroup memory
 /// (reduce_workgroup.wgsl), whether the KV cache it reads or writes is f16 (kv_f16.wgsl) or
-/// f32 (kv_f32.wgsl), and whether its workgroup tiles are f16 (tile_f16.wgsl) or f32
-/// (tile_f32.wgsl; only linear_q4_mm.wgsl has such tiles).
+/// f32 (kv_f32.wgsl), whether its workgroup tiles are f16 (tile_f16.wgsl) or f32
+/// (tile_f32.wgsl; only linear_q4_mm.wgsl has such tiles), and whether the activations it reads
+/// and writes are f16 (act_f16.wgsl) or f32 (act_f32.wgsl).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {
     pub name: &'static str,
@@ -78,6 +83,42 @@ pub struct Spec {
     /// `TMAX` in front of the kernel: the most items a linear_q4_mm.wgsl tile holds (the size
     /// of its register arrays): 32, or 64 for tiles of 64.
     pub tile_max: u32,
+    pub act_f16: bool,
+    /// A product kernel's form (`XS`, `YS` in front of it): its input is the f32 residual
+    /// stream (a decode step's folded norm) rather than an activation (`ACT`), its output an
+    /// f32 buffer (the residual stream it adds into, the router's or the model's logits).
+    pub form: Form,
+}
+
+/// What a matrix product reads and writes (`Spec::form`): `x_f32` its input is the residual
+/// stream, `y_f32` its output is an f32 buffer. Where activations are f32 every form compiles
+/// to the same kernel (`Form::F32`'s only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Form {
+    pub x_f32: bool,
+    pub y_f32: bool,
+}
+
+impl Form {
+    /// Every form, as `Forms` indexes them.
+    pub const ALL: [Form; 4] = [
+        Form {
+            x_f32: false,
+            y_f32: false,
+        },
+        Form {
+            x_f32: false,
+            y_f32: true,
+        },
+        Form {
+            x_f32: true,
+            y_f32: false,
+        },
+        Form {
+            x_f32: true,
+            y_f32: true,
+        },
+    ];
 }
 
 impl Spec {
@@ -89,6 +130,8 @@ impl Spec {
             kv_f16: false,
             tile_f16: false,
             tile_max: 32,
+            act_f16: false,
+            form: Form::default(),
         }
     }
 
@@ -108,18 +151,37 @@ impl Spec {
     }
 
     /// The module as the device compiles it: `enable` directives first, then the reductions'
-    /// file, common.wgsl, the KV cache's types, the tiles' types and the kernel.
+    /// file, common.wgsl, the KV cache's types, the tiles' types, the activations' types (and
+    /// a product's `XS` / `YS`: `ACT`, or f32 as its form says) and the kernel.
     pub fn code(&self) -> Result<String> {
         let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
         let tile = if self.tile_f16 { TILE_F16 } else { TILE_F32 };
+        let act = if self.act_f16 { ACT_F16 } else { ACT_F32 };
+        let side = |name: &str, f32_side: bool| {
+            let (t, t4) = if f32_side {
+                ("f32", "vec4<f32>")
+            } else {
+                ("ACT", "ACT4")
+            };
+            format!("alias {name} = {t};\nalias {name}4 = {t4};")
+        };
+        let forms = format!(
+            "{}\n{}",
+            side("XS", self.form.x_f32),
+            side("YS", self.form.y_f32)
+        );
         let (mut enables, body): (Vec<&str>, Vec<&str>) = kv
             .lines()
             .chain([""])
             .chain(tile.lines())
             .chain([""])
+            .chain(act.lines())
+            .chain(forms.lines())
+            .chain([""])
             .chain(self.source()?.lines())
             .partition(|l| l.trim_start().starts_with("enable "));
-        // One line per extension (the KV cache and the tiles may both enable f16).
+        // One line per extension (the KV cache, the tiles and the activations may each enable
+        // f16).
         let mut seen = Vec::new();
         enables.retain(|l| {
             let new = !seen.contains(&l.trim());

@@ -10,7 +10,7 @@ use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
 use lily_wgpu::plan::{DeviceCaps, MmTile, Plan, PrefillAttention};
-use lily_wgpu::shaders::{validator, Spec};
+use lily_wgpu::shaders::{validator, Form, Spec};
 use lily_wgpu::WgpuOptions;
 
 fn full_config() -> ModelConfig {
@@ -32,7 +32,8 @@ fn large_limits() -> wgpu::Limits {
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
-/// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`).
+/// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
+/// f16 and in f32 (each product in each of its forms).
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -41,23 +42,27 @@ fn choosable() -> Vec<Spec> {
             for limits in [large_limits(), apple_limits()] {
                 for (subgroups, f16) in [(true, true), (false, false), (true, false), (false, true)]
                 {
-                    let opts = WgpuOptions {
-                        attn_tile,
-                        f16_kv: f16,
-                        f16_tiles: f16,
-                        // The A/B's f32 tiles of 64 (and f16's by default).
-                        dense_tile: if subgroups { 64 } else { 0 },
-                        ..WgpuOptions::default()
-                    };
-                    let device = DeviceCaps {
-                        limits: limits.clone(),
-                        subgroups,
-                        f16,
-                    };
-                    let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
-                    for s in plan.specs.all() {
-                        if !out.contains(s) {
-                            out.push(s.clone());
+                    // f16 activations alone, and with the f16 KV cache and tiles.
+                    for f16_acts in [false, true] {
+                        let opts = WgpuOptions {
+                            attn_tile,
+                            f16_kv: f16,
+                            f16_tiles: f16,
+                            f16_acts,
+                            // The A/B's f32 tiles of 64 (and f16's by default).
+                            dense_tile: if subgroups { 64 } else { 0 },
+                            ..WgpuOptions::default()
+                        };
+                        let device = DeviceCaps {
+                            limits: limits.clone(),
+                            subgroups,
+                            f16: f16 || f16_acts,
+                        };
+                        let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
+                        for s in plan.specs.all() {
+                            if !out.contains(s) {
+                                out.push(s.clone());
+                            }
                         }
                     }
                 }
@@ -134,6 +139,26 @@ fn every_choosable_kernel_translates_to_msl() {
         specs.iter().any(|s| s.kv_f16),
         "no kernel with the f16 KV cache checked"
     );
+    // Every kernel with f16 activations, the products in each form their launch sites take.
+    let f32_names: Vec<&str> = specs
+        .iter()
+        .filter(|s| !s.act_f16)
+        .map(|s| s.name)
+        .collect();
+    for name in f32_names {
+        assert!(
+            specs.iter().any(|s| s.name == name && s.act_f16),
+            "{name} with f16 activations is not among the kernels checked"
+        );
+    }
+    for form in Form::ALL {
+        assert!(
+            specs
+                .iter()
+                .any(|s| s.name == "linear_q4_rows" && s.act_f16 && s.form == form),
+            "linear_q4_rows in form {form:?} with f16 activations is not among the kernels checked"
+        );
+    }
     let mut failed = Vec::new();
     for spec in &specs {
         match to_msl(spec) {
@@ -160,7 +185,8 @@ fn the_apple_plan_fits_apple_limits() {
     }
 }
 
-/// The plan for an Apple GPU (f16 KV cache and f16 product tiles `f16` or not) fits its limits.
+/// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not)
+/// fits its limits.
 fn apple_plan_fits(f16: bool) {
     let c = full_config();
     let limits = apple_limits();
@@ -172,10 +198,12 @@ fn apple_plan_fits(f16: bool) {
     let opts = WgpuOptions {
         f16_kv: f16,
         f16_tiles: f16,
+        f16_acts: f16,
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
+    assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);
     assert_eq!(plan.dense_mm, if f16 { MmTile::T64 } else { MmTile::T32 });
@@ -225,4 +253,33 @@ fn an_oversized_kernel_is_caught() {
     // A plain validator accepts the same module: the limit is the plan's to check.
     let (module, _) = big.resolved().unwrap();
     validator().validate(&module).unwrap();
+}
+
+/// Without SHADER_F16 the f16 activations are refused by the plan: the kernels compiled are the
+/// very ones the switch off gives (every product in one form, every kernel's text the same), and
+/// the resolved options say the switch is off.
+#[test]
+fn f16_activations_fall_back_to_f32_without_shader_f16() {
+    let c = full_config();
+    let device = |f16| DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16,
+    };
+    let on = WgpuOptions {
+        f16_acts: true,
+        ..WgpuOptions::default()
+    };
+    let refused = Plan::resolve(&on, &c, true, &device(false)).unwrap();
+    let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device(true)).unwrap();
+    assert!(!refused.act_f16 && !refused.options.f16_acts);
+    let code =
+        |p: &Plan| -> Vec<String> { p.specs.all().iter().map(|s| s.code().unwrap()).collect() };
+    assert_eq!(code(&refused), code(&off));
+    assert_eq!(refused.specs.linear_q4_rows16.len(), 1);
+    // With SHADER_F16 the same options compile every kernel with f16 activations, the row
+    // products in their four forms.
+    let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
+    assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
+    assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
 }
