@@ -26,6 +26,10 @@ pub const WG_TOK: usize = 128;
 /// `wgb_tok` is 256 (it loses to gemm_dense_wgb at 512 tokens: 19.3 against 13.0 µs, 2048×512).
 pub const WGB256_MIN_TOK: usize = 2048;
 pub const WGB_STAGES: usize = 5;
+/// The longest run of one expert's items a block of gemm_grouped_wgb_load takes (moe_group's
+/// tile under `group_tiles_by_load`); the block picks the narrowest of 64, 128, 192 or 256 tokens
+/// that holds its run.
+pub const WGB_LOAD_TILE: usize = 256;
 /// The most groups a row of the wgmma kernels' weights may have (its scales and biases are held
 /// in shared memory: 128 rows × groups × 4 bytes).
 pub const WG_MAX_GROUPS: usize = 64;
@@ -39,6 +43,7 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
         ("WGB_STAGES", WGB_STAGES as i64),
+        ("WGB_LOAD_TILE", WGB_LOAD_TILE as i64),
     ],
 };
 
@@ -136,6 +141,9 @@ pub enum GroupedGemm {
     /// bf16.
     Wgb64,
     Wgb128,
+    /// `gemm_grouped_wgb_load`: wgmma over runs of up to WGB_LOAD_TILE items, each block as wide
+    /// as its run (`group_tiles_by_load`).
+    WgbLoad,
 }
 
 impl GroupedGemm {
@@ -145,12 +153,16 @@ impl GroupedGemm {
             GroupedGemm::Mma32 => 32,
             GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
             GroupedGemm::Wgb128 => 128,
+            GroupedGemm::WgbLoad => WGB_LOAD_TILE,
         }
     }
 
     /// Whether the kernel reads the input staged as bf16.
     pub fn staged(self) -> bool {
-        matches!(self, GroupedGemm::Wgb64 | GroupedGemm::Wgb128)
+        matches!(
+            self,
+            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 | GroupedGemm::WgbLoad
+        )
     }
 }
 
@@ -163,6 +175,7 @@ pub struct Gemm {
     dense_wgb256: Kernel,
     grouped_wgb64: Kernel,
     grouped_wgb128: Kernel,
+    grouped_wgb_load: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
@@ -189,6 +202,10 @@ impl Gemm {
             dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
             grouped_wgb128: wg("gemm_grouped_wgb128", wgb_smem(128, WG_MAX_GROUPS))?,
+            grouped_wgb_load: wg(
+                "gemm_grouped_wgb_load",
+                wgb_smem(WGB_LOAD_TILE, WG_MAX_GROUPS),
+            )?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
@@ -341,11 +358,11 @@ impl Gemm {
             );
         }
         let (kernel, cfg, x) = match kernel {
-            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
-                let k = if kernel == GroupedGemm::Wgb128 {
-                    &self.grouped_wgb128
-                } else {
-                    &self.grouped_wgb64
+            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 | GroupedGemm::WgbLoad => {
+                let k = match kernel {
+                    GroupedGemm::Wgb128 => &self.grouped_wgb128,
+                    GroupedGemm::WgbLoad => &self.grouped_wgb_load,
+                    _ => &self.grouped_wgb64,
                 };
                 let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
                 let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);

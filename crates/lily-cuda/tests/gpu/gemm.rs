@@ -226,6 +226,119 @@ fn wgmma_linears_match_the_bf16_product() {
     }
 }
 
+/// gemm_grouped_wgb_load (`group_tiles_by_load`: runs of up to 256 items an expert, each block
+/// as wide as its run) against the exact product of the bf16 values it multiplies (5e-3, as the
+/// fixed tiles) and against gemm_grouped_wgb128 on the same items, which must be bit-identical:
+/// each output is the same sequence of k16 products summed in fp32 whatever the MMA's width
+/// (gemm_dense_wgb against gemm_dense_wgb256 were, session 8). The experts' loads hit every width
+/// and its edges (none, 20, 64 | 65, 128 | 129, 192 | 193, 256 | 257, 300, 600: a run of 256 then
+/// the rest), rows off the block's 128, groups of 64 and 32, two and many k-steps. Then Qwen3.6's
+/// routed experts at a 4,096-token chunk (32,768 items over 256 experts, uniformly random routes:
+/// experts average 128 ± 11) with gate/up's 512 × 2,048 and down's 2,048 × 512: both kernels'
+/// times printed (never asserted), their outputs compared bit for bit. Skipped (with a line) on
+/// GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
+    let g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!(
+            "KERNEL gemm_grouped_wgb_load: skipped on {} (sm_90a only)",
+            g.g.arch
+        );
+        return;
+    }
+    let mut rng = Rng(59);
+    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
+    let same_bits = |what: &str, a: &[f32], b: &[f32]| {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        println!(
+            "KERNEL {what}: {differ} of {} outputs differ in bits",
+            a.len()
+        );
+        assert_eq!(
+            differ, 0,
+            "{what}: outputs differ from the fixed tiles' in bits"
+        );
+    };
+    let counts = [0usize, 20, 64, 65, 128, 129, 192, 193, 256, 257, 300, 600];
+    let (k, e) = (2, counts.len());
+    let items: usize = counts.iter().sum();
+    assert_eq!(items % k, 0);
+    for (group, rows, cols) in [
+        (64usize, 136usize, 256usize),
+        (32, 264, 512),
+        (64, 136, 128),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(items / k * cols, 1.0));
+        let load = Grouping::with_counts(&g, &mut rng, &counts, GroupedGemm::WgbLoad.tile());
+        let fixed = Grouping::of(&g, load.ids.clone(), e, GroupedGemm::Wgb128.tile());
+        let want = load.want(&w, &x, k, bf16_product);
+        let y = gemm_grouped(&g, GroupedGemm::WgbLoad, &dw, &load, &x, k, rows, cols);
+        let what = format!(
+            "gemm_grouped_wgb_load group={group} {rows}x{cols} ({} runs)",
+            load.tiles_made(&g)
+        );
+        check(&what, &y, &want, 5e-3);
+        let y128 = gemm_grouped(&g, GroupedGemm::Wgb128, &dw, &fixed, &x, k, rows, cols);
+        same_bits(&format!("{what} vs gemm_grouped_wgb128"), &y, &y128);
+    }
+    // Qwen3.6's routed experts at a 4,096-token chunk.
+    let (e, top_k, t) = (256usize, 8usize, 4096usize);
+    let ids: Vec<i32> = (0..t * top_k).map(|_| rng.below(e) as i32).collect();
+    for (rows, cols) in [(512usize, 2048usize), (2048, 512)] {
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, 64);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let dx = g.upload(&x).unwrap();
+        let xb = g.alloc(t * cols * 2).unwrap();
+        g.k.gemm
+            .to_bf16(&g.g, Rows::new(dx.ptr, cols), t, cols, xb.ptr)
+            .unwrap();
+        let mut outs = Vec::new();
+        for kernel in [GroupedGemm::Wgb128, GroupedGemm::WgbLoad] {
+            let gr = Grouping::of(&g, ids.clone(), e, kernel.tile());
+            let dy = poisoned(&g, t * top_k * rows);
+            let grouped = Grouped {
+                w: &dw,
+                groups: gr.groups,
+                x: Rows::new(dx.ptr, cols),
+                xb: Some(Rows::new(xb.ptr, cols)),
+                x_div: top_k,
+                y: Rows::new(dy.ptr, rows),
+            };
+            let launch = || g.k.gemm.grouped(&g.g, kernel, &grouped).unwrap();
+            launch();
+            g.sync().unwrap();
+            let reps = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                launch();
+            }
+            g.sync().unwrap();
+            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            let tflops = 2.0 * (t * top_k * rows * cols) as f64 / secs / 1e12;
+            println!(
+                "KERNEL {kernel:?} T={t} x{top_k} over {e} experts {rows}x{cols} ({} tiles): {:.1} µs, {tflops:.0} TFLOP/s",
+                gr.tiles_made(&g),
+                secs * 1e6
+            );
+            outs.push(g.read::<f32>(&dy, 0, t * top_k * rows).unwrap());
+        }
+        same_bits(
+            &format!("gemm_grouped_wgb_load vs _wgb128 at T={t} {rows}x{cols}"),
+            &outs[1],
+            &outs[0],
+        );
+    }
+}
+
 /// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
 /// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
 /// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.
