@@ -457,6 +457,28 @@ __device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int 
     }
 }
 
+// The up projection's sums out as the routed experts' hidden rows (moe.cu's silu_mul, then
+// to_bf16, in the epilogue): h = act(act(silu(g)) · act(sum)) with g the gate projection's output
+// (fp32 rows of y_stride), stored as bf16 into h_out (rows of y_stride); bf16-valued in this
+// mode, so the bits silu_mul + to_bf16 store.
+template <int TOK>
+__device__ __forceinline__ void wg_store_glu(const float (&d)[TOK / 2], int m0, int rows, const int* dst,
+                                             const float* __restrict__ g, u16* __restrict__ h_out, int y_stride) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+    for (int j = 0; j < TOK / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
+            if (r < rows && out >= 0) {
+                long long at = (long long)out * y_stride + r;
+                h_out[at] = f32_to_bf16(act(act(siluf(g[at])) * act(d[4 * j + e])));
+            }
+        }
+    }
+}
+
 #endif
 
 // y[r, c] = bf16(x[r, c]) for r < rows, c < cols (cols % 8 == 0); y's rows are cols long.
@@ -550,11 +572,14 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
 
 // The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
 // src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
-// none; the caller fills them, the first barrier below publishes them).
+// none; the caller fills them, the first barrier below publishes them). glu_out (with glu_gate):
+// the epilogue is wg_store_glu's instead of wg_store's.
 template <int TOK>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
-                                         int y_stride, int accumulate, char* raw) {
+                                         int y_stride, int accumulate, char* raw,
+                                         const float* __restrict__ glu_gate = nullptr,
+                                         u16* __restrict__ glu_out = nullptr) {
     char* ring = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
     u32* sb = reinterpret_cast<u32*>(ring + WGB_STAGES * Wgb<TOK>::STAGE);
     int groups = w.cols / w.group, steps = w.cols / 64, gsh = __ffs(w.group >> 4) - 1;
@@ -583,7 +608,10 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
-    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
+    if (glu_out)
+        wg_store_glu<TOK>(d, m0, w.rows, dst, glu_gate, glu_out, y_stride);
+    else
+        wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
 }
 #endif
 
@@ -665,14 +693,18 @@ gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restri
 // with fixed tiles of 128 an expert of 129…160 items (half of them at 4K, where experts average
 // 128) pays two full tiles; here one of 192 (perf-notes, session 12, branch prefill-moe).
 // Registers and shared memory are the widest instantiation's (wgb_smem(256, …), one block an SM,
-// as gemm_grouped_wgb128's 119 KB already is).
+// as gemm_grouped_wgb128's 119 KB already is). glu_out (`experts_glu_epilogue`; null: y, fp32):
+// the up projection stores the experts' hidden rows h = silu(g) · u as bf16 there (wg_store_glu,
+// g = glu_gate: the gate projection's output), the down projection's staged input, with no
+// silu_mul and no to_bf16 between.
 #if WGB_LOAD_TILE != 256
 #error "gemm_grouped_wgb_load gives each of its 256 threads one slot of a run of WGB_LOAD_TILE items"
 #endif
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_grouped_wgb_load(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                       const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
-                      float* __restrict__ y, int y_stride) {
+                      float* __restrict__ y, int y_stride, const float* __restrict__ glu_gate,
+                      u16* __restrict__ glu_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __shared__ int src[WGB_LOAD_TILE], dst[WGB_LOAD_TILE];
     int t = blockIdx.y;
@@ -684,13 +716,13 @@ gemm_grouped_wgb_load(QWeight w, const int* __restrict__ perm, const int* __rest
     long long w_row0 = (long long)e * w.rows;
     int m0 = blockIdx.x * WG_ROWS;
     if (cnt <= 64)
-        wgb_tile<64>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+        wgb_tile<64>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
     else if (cnt <= 128)
-        wgb_tile<128>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+        wgb_tile<128>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
     else if (cnt <= 192)
-        wgb_tile<192>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+        wgb_tile<192>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
     else
-        wgb_tile<256>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+        wgb_tile<256>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
 #else
     __trap();
 #endif

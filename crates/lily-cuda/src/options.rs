@@ -72,6 +72,10 @@ lily_core::backend_options! {
             label "experts' wgmma tiles by load",
             help "the routed experts of a staged chunk whose experts average at least 48 items on gemm_grouped_wgb_load: each expert's items in runs of up to 256, each block's wgmma as wide as its run (64, 128, 192 or 256 items) instead of fixed tiles of wgmma_group_tile (an expert of 129 items: one 192-wide block instead of two of 128)",
             why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes, session 12, branch prefill-moe)";
+        experts_glu_epilogue = false, flag Some("experts-glu-epilogue"), env "LILY_EXPERTS_GLU_EPILOGUE" = true,
+            label "experts' GLU in the up projection",
+            help "with group_tiles_by_load: the routed experts' up projection stores silu(gate) · up as the down projection's bf16 input in its epilogue (gemm_grouped_wgb_load), no silu_mul and no to_bf16 between (the same bits)",
+            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes, session 12, branch prefill-moe)";
         moe_grouped = true, flag Some("no-moe-grouping"), env "LILY_MOE_GROUPED" = true,
             label "MoE grouping",
             help "prefill's routed experts grouped by expert (moe_group, then grouped linears), each expert's weights read once a tile, instead of one item at a time (gathered); decode always gathers",
@@ -225,6 +229,7 @@ mod tests {
             ("LILY_BATCHED_DECODE", "1"),
             ("LILY_TC_SCAN", "1"),
             ("LILY_GROUP_TILES_BY_LOAD", "1"),
+            ("LILY_EXPERTS_GLU_EPILOGUE", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -264,6 +269,7 @@ mod tests {
                 batched_decode: true,
                 tc_scan: true,
                 group_tiles_by_load: true,
+                experts_glu_epilogue: true,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

@@ -28,7 +28,9 @@
 //! Under `group_tiles_by_load` (off until measured; sm_90a) the routed experts of staged chunks
 //! whose experts average at least 48 items (≥ 1,536 tokens) take `gemm_grouped_wgb_load`
 //! instead of `gemm_grouped_wgb64` / `_wgb128`: runs of up to 256 items an expert, each block's
-//! wgmma as wide as its run (`experts`; the test
+//! wgmma as wide as its run, and under `experts_glu_epilogue` too (off) the up projection's
+//! epilogue stores silu(gate) · up as bf16 for the down projection: no `silu_mul`, no `to_bf16`
+//! of the hidden rows (`experts`; the test
 //! `the_experts_tiles_follow_their_load_where_the_switch_asks`).
 //!
 //! Under `tc_scan` (off until measured; bf16 mode, a device granting 150 KB of shared memory a
@@ -352,7 +354,8 @@ impl Plan {
     /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average
     /// GROUP_TILE_64_MIN_AVG (48), else 32; on a staged chunk whose three weights the wgmma
     /// kernels take, under `group_tiles_by_load` once experts average 48 `gemm_grouped_wgb_load`
-    /// over runs of up to 256 items, else `wgmma_group_tile` (128) once experts average three
+    /// over runs of up to 256 items (its up projection with the GLU in the epilogue under
+    /// `experts_glu_epilogue`), else `wgmma_group_tile` (128) once experts average three
     /// quarters of it, else at least 64 under `wgmma_small_tiles`),
     /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
     pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
@@ -371,10 +374,15 @@ impl Plan {
         if staged && w.iter().all(|w| self.on_wgmma(w)) {
             if many && self.o.group_tiles_by_load {
                 let kernel = GroupedGemm::WgbLoad;
+                let up = if self.o.experts_glu_epilogue {
+                    GroupedGemm::WgbLoadGlu
+                } else {
+                    kernel
+                };
                 return Experts::Gemm {
                     tile: kernel.tile(),
                     gate: kernel,
-                    up: kernel,
+                    up,
                     down: kernel,
                 };
             }
@@ -1269,6 +1277,37 @@ mod tests {
             p.experts([&gate, &gate, &down], moe, 4096),
             Experts::Gemm {
                 gate: GroupedGemm::Mma64,
+                ..
+            }
+        ));
+        // With the GLU in the up projection's epilogue; alone it changes nothing.
+        let p = on(
+            CudaOptions {
+                experts_glu_epilogue: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            p.experts([&gate, &gate, &down], moe, 4096),
+            Experts::Gemm {
+                tile: 256,
+                gate: GroupedGemm::WgbLoad,
+                up: GroupedGemm::WgbLoadGlu,
+                down: GroupedGemm::WgbLoad,
+            }
+        );
+        let p = Plan::resolve(
+            &CudaOptions {
+                experts_glu_epilogue: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert!(matches!(
+            p.experts([&gate, &gate, &down], moe, 4096),
+            Experts::Gemm {
+                up: GroupedGemm::Wgb128,
                 ..
             }
         ));

@@ -144,6 +144,9 @@ pub enum GroupedGemm {
     /// `gemm_grouped_wgb_load`: wgmma over runs of up to WGB_LOAD_TILE items, each block as wide
     /// as its run (`group_tiles_by_load`).
     WgbLoad,
+    /// The same kernel as the up projection with the GLU in its epilogue (`Gemm::grouped_glu`:
+    /// the experts' hidden rows silu(gate) · up stored as bf16; `experts_glu_epilogue`).
+    WgbLoadGlu,
 }
 
 impl GroupedGemm {
@@ -153,7 +156,7 @@ impl GroupedGemm {
             GroupedGemm::Mma32 => 32,
             GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
             GroupedGemm::Wgb128 => 128,
-            GroupedGemm::WgbLoad => WGB_LOAD_TILE,
+            GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu => WGB_LOAD_TILE,
         }
     }
 
@@ -161,7 +164,10 @@ impl GroupedGemm {
     pub fn staged(self) -> bool {
         matches!(
             self,
-            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 | GroupedGemm::WgbLoad
+            GroupedGemm::Wgb64
+                | GroupedGemm::Wgb128
+                | GroupedGemm::WgbLoad
+                | GroupedGemm::WgbLoadGlu
         )
     }
 }
@@ -346,6 +352,27 @@ impl Gemm {
     /// size (`a.groups.tile`) must be the kernel's; the wgmma kernels read the input staged as
     /// bf16 (`a.xb`).
     pub fn grouped(&self, gpu: &Gpu, kernel: GroupedGemm, a: &Grouped) -> Result<()> {
+        if kernel == GroupedGemm::WgbLoadGlu {
+            bail!("gemm_grouped: the GLU epilogue's kernel runs through Gemm::grouped_glu");
+        }
+        self.grouped_launch(gpu, kernel, a, None)
+    }
+
+    /// The routed experts' up projection with the GLU in its epilogue (gemm_grouped_wgb_load,
+    /// `experts_glu_epilogue`): for each item and row, h = silu(g) · (W x) stored as bf16 at `h`
+    /// (rows of `a.y.stride` bf16), where g is the gate projection's output in `a.y` (fp32, read,
+    /// never written): silu_mul and the down projection's to_bf16 in one pass.
+    pub fn grouped_glu(&self, gpu: &Gpu, a: &Grouped, h: u64) -> Result<()> {
+        self.grouped_launch(gpu, GroupedGemm::WgbLoadGlu, a, Some(h))
+    }
+
+    fn grouped_launch(
+        &self,
+        gpu: &Gpu,
+        kernel: GroupedGemm,
+        a: &Grouped,
+        glu_out: Option<u64>,
+    ) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
         let w = a.w.arg();
@@ -357,11 +384,15 @@ impl Gemm {
                 kernel.tile()
             );
         }
+        let kernel_of = kernel;
         let (kernel, cfg, x) = match kernel {
-            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 | GroupedGemm::WgbLoad => {
+            GroupedGemm::Wgb64
+            | GroupedGemm::Wgb128
+            | GroupedGemm::WgbLoad
+            | GroupedGemm::WgbLoadGlu => {
                 let k = match kernel {
                     GroupedGemm::Wgb128 => &self.grouped_wgb128,
-                    GroupedGemm::WgbLoad => &self.grouped_wgb_load,
+                    GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu => &self.grouped_wgb_load,
                     _ => &self.grouped_wgb64,
                 };
                 let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
@@ -380,6 +411,12 @@ impl Gemm {
             }
         };
         let x_stride = x.stride as i32;
+        // gemm_grouped_wgb_load also takes the GLU epilogue's gate rows and output (0: none).
+        let by_load = matches!(kernel_of, GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu);
+        let (glu_gate, glu_h) = match glu_out {
+            Some(h) => (a.y.ptr, h),
+            None => (0u64, 0u64),
+        };
         gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&g.perm)
@@ -390,6 +427,9 @@ impl Gemm {
                 .arg(&x_div)
                 .arg(&a.y.ptr)
                 .arg(&y_stride);
+            if by_load {
+                l.arg(&glu_gate).arg(&glu_h);
+            }
         })
     }
 }

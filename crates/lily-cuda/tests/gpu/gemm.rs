@@ -226,6 +226,52 @@ fn wgmma_linears_match_the_bf16_product() {
     }
 }
 
+/// The routed experts' up projection with the GLU epilogue (`Gemm::grouped_glu`) for the grouping
+/// `gr`: silu(gate) · (W x) per item and row, read back from bf16 (NaN-poisoned first).
+#[allow(clippy::too_many_arguments)]
+fn gemm_grouped_glu(
+    g: &Dev,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    gate: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let (n, items) = (x.len() / cols, x.len() / cols * k);
+    let dx = g.upload(x).unwrap();
+    let xb = g.alloc(n * cols * 2).unwrap();
+    g.k.gemm
+        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
+        .unwrap();
+    let dgate = g.upload(gate).unwrap();
+    let dh = g.alloc(items * rows * 2).unwrap();
+    g.fill(&dh, 0xff).unwrap();
+    let grouped = Grouped {
+        w: dw,
+        groups: gr.groups,
+        x: Rows::new(dx.ptr, cols),
+        xb: Some(Rows::new(xb.ptr, cols)),
+        x_div: k,
+        y: Rows::new(dgate.ptr, rows),
+    };
+    g.k.gemm.grouped_glu(g, &grouped, dh.ptr).unwrap();
+    let after: Vec<f32> = g.read(&dgate, 0, items * rows).unwrap();
+    assert!(
+        after
+            .iter()
+            .zip(gate)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the GLU epilogue wrote into its gate rows"
+    );
+    g.read::<u16>(&dh, 0, items * rows)
+        .unwrap()
+        .into_iter()
+        .map(|b| bf16::from_bits(b).to_f32())
+        .collect()
+}
+
 /// gemm_grouped_wgb_load (`group_tiles_by_load`: runs of up to 256 items an expert, each block
 /// as wide as its run) against the exact product of the bf16 values it multiplies (5e-3, as the
 /// fixed tiles) and against gemm_grouped_wgb128 on the same items, which must be bit-identical:
@@ -235,8 +281,9 @@ fn wgmma_linears_match_the_bf16_product() {
 /// the rest), rows off the block's 128, groups of 64 and 32, two and many k-steps. Then Qwen3.6's
 /// routed experts at a 4,096-token chunk (32,768 items over 256 experts, uniformly random routes:
 /// experts average 128 ± 11) with gate/up's 512 × 2,048 and down's 2,048 × 512: both kernels'
-/// times printed (never asserted), their outputs compared bit for bit. Skipped (with a line) on
-/// GPUs other than sm_90a.
+/// times printed (never asserted), their outputs compared bit for bit. The GLU epilogue
+/// (`experts_glu_epilogue`) against silu_mul + to_bf16 of the plain output (bit for bit) and the
+/// f64 silu(gate) · product (5e-3). Skipped (with a line) on GPUs other than sm_90a.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
@@ -288,6 +335,42 @@ fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
         check(&what, &y, &want, 5e-3);
         let y128 = gemm_grouped(&g, GroupedGemm::Wgb128, &dw, &fixed, &x, k, rows, cols);
         same_bits(&format!("{what} vs gemm_grouped_wgb128"), &y, &y128);
+        // The GLU epilogue (`experts_glu_epilogue`): silu(gate) · (W x) as bf16, against
+        // silu_mul + to_bf16 of the plain output (the same bits) and the f64 product.
+        let gate = bf(rng.vec(items * rows, 2.0));
+        let h = gemm_grouped_glu(&g, &dw, &load, &x, &gate, k, rows, cols);
+        let dgate = g.upload(&gate).unwrap();
+        let du = g.upload(&y).unwrap();
+        let dh = poisoned(&g, items * rows);
+        let silu = lily_cuda::kernels::moe::SiluMul {
+            g: dgate.ptr,
+            u: du.ptr,
+            h: dh.ptr,
+            n: items * rows,
+        };
+        g.k.moe.silu_mul(&g.g, &silu).unwrap();
+        let hb = g.alloc(items * rows * 2).unwrap();
+        g.k.gemm
+            .to_bf16(&g.g, Rows::new(dh.ptr, rows), items, rows, hb.ptr)
+            .unwrap();
+        let two_step: Vec<f32> = g
+            .read::<u16>(&hb, 0, items * rows)
+            .unwrap()
+            .into_iter()
+            .map(|b| bf16::from_bits(b).to_f32())
+            .collect();
+        same_bits(
+            &format!("{what} GLU epilogue vs silu_mul + to_bf16"),
+            &h,
+            &two_step,
+        );
+        let silu_f64 = |v: f32| f64::from(v) / (1.0 + (-f64::from(v)).exp());
+        let want_h: Vec<f32> = gate
+            .iter()
+            .zip(&want)
+            .map(|(&gv, &u)| (silu_f64(gv) * f64::from(u)) as f32)
+            .collect();
+        check(&format!("{what} GLU epilogue"), &h, &want_h, 5e-3);
     }
     // Qwen3.6's routed experts at a 4,096-token chunk.
     let (e, top_k, t) = (256usize, 8usize, 4096usize);

@@ -816,8 +816,10 @@ fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
     }
 }
 
-/// The routed experts' tiles sized by load (`group_tiles_by_load`: gemm_grouped_wgb_load) in the
-/// shipping configuration against the same configuration without it (fixed tiles of 128) on a
+/// The routed experts' tiles sized by load (`group_tiles_by_load`: gemm_grouped_wgb_load), alone
+/// and with the GLU in the up projection's epilogue (`experts_glu_epilogue`), in the shipping
+/// configuration against the same configuration without them (fixed tiles of 128; 64 for the
+/// 1,600-token chunk) on a
 /// full-width 4-layer model: a 4,096-token chunk (experts average 128 items: runs of every width)
 /// and a 1,600-token one continuing it (they average 50), then 8 greedy tokens with their top-2
 /// log-probabilities. The two kernels multiply the same bf16 operands and sum each output's k16
@@ -830,9 +832,10 @@ fn model_prefill_with_the_experts_tiles_by_load_matches_the_fixed_tiles() {
     use lily_cuda::plan::Experts;
     let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 67, Some(4));
     let prompt = Rng(68).tokens(4_096 + 1_600, w.config.vocab);
-    let run = |by_load: bool| -> (Vec<f32>, Vec<f32>, Reported) {
+    let run = |by_load: bool, glu: bool| -> (Vec<f32>, Vec<f32>, Reported) {
         let opts = CudaOptions {
             group_tiles_by_load: by_load,
+            experts_glu_epilogue: glu,
             ..CudaOptions::default()
         };
         let mut b = CudaBackend::with_options(&w, &opts).unwrap();
@@ -856,15 +859,22 @@ fn model_prefill_with_the_experts_tiles_by_load_matches_the_fixed_tiles() {
         );
         let moe = lily_cuda::kernels::moe::MoeShape::of(layer);
         for n in [4_096, 1_600] {
+            let want_up = match (by_load, glu) {
+                (false, _) => GroupedGemm::Wgb128,
+                (true, false) => GroupedGemm::WgbLoad,
+                (true, true) => GroupedGemm::WgbLoadGlu,
+            };
+            let got_up = match plan.experts([&gate, &gate, &down], moe, n) {
+                Experts::Gemm { up, .. } => Some(up),
+                _ => None,
+            };
             assert_eq!(
-                matches!(
-                    plan.experts([&gate, &gate, &down], moe, n),
-                    Experts::Gemm {
-                        gate: GroupedGemm::WgbLoad,
-                        ..
-                    }
-                ),
-                by_load,
+                got_up,
+                Some(if n < 3_072 && !by_load {
+                    GroupedGemm::Wgb64
+                } else {
+                    want_up
+                }),
                 "{n} tokens: the plan takes the tiles asked for ({})",
                 plan.describe()
             );
@@ -879,14 +889,30 @@ fn model_prefill_with_the_experts_tiles_by_load_matches_the_fixed_tiles() {
         r.unwrap();
         (first, second, got)
     };
-    let (want_1, want_2, want) = run(false);
-    let (got_1, got_2, got) = run(true);
-    let e1 = rel_l2("4,096-token chunk: logits", &got_1, &want_1);
-    let e2 = rel_l2("1,600-token chunk after it: logits", &got_2, &want_2);
-    println!(
-        "MODEL tiles by load: prefill logits rel_l2 {e1:.3e} (4,096) {e2:.3e} (+1,600); greedy {:?}",
-        got.iter().map(|t| t.0).collect::<Vec<_>>()
-    );
-    assert!(e1 <= 1e-6 && e2 <= 1e-6, "logits moved: {e1:.3e}, {e2:.3e}");
-    same_reported("tiles by load vs fixed tiles of 128", &got, &want, 1e-5);
+    let (want_1, want_2, want) = run(false, false);
+    for (what, glu) in [
+        ("tiles by load", false),
+        ("tiles by load, GLU epilogue", true),
+    ] {
+        let (got_1, got_2, got) = run(true, glu);
+        let e1 = rel_l2(
+            &format!("{what}: 4,096-token chunk: logits"),
+            &got_1,
+            &want_1,
+        );
+        let e2 = rel_l2(
+            &format!("{what}: 1,600 tokens after it: logits"),
+            &got_2,
+            &want_2,
+        );
+        println!(
+            "MODEL {what}: prefill logits rel_l2 {e1:.3e} (4,096) {e2:.3e} (+1,600); greedy {:?}",
+            got.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        assert!(
+            e1 <= 1e-6 && e2 <= 1e-6,
+            "{what}: logits moved: {e1:.3e}, {e2:.3e}"
+        );
+        same_reported(&format!("{what} vs fixed tiles"), &got, &want, 1e-5);
+    }
 }
