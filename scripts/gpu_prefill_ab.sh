@@ -7,34 +7,23 @@
 # (off / moe / scan / scan+moe; moe = both new switches), then one run of scan + tiles by load
 # alone (the GLU's own share) and one profile of a 4K prefill with everything on. Summary:
 # $OUT/summary.txt (logs beside it). ≤ 9 minutes: no run starts past DEADLINE seconds (default
-# 470) that could not end by 540.
+# 460) that could not end by 540.
 #
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/prefill-moe`,
-# then `gzip -9 /work/main/.carry/prefill-moe/bin/*` and copy this script into that folder. There:
+# then `gzip -9 /work/main/.carry/prefill-moe/bin/*` and copy this script into that folder
+# (stage_gpu.sh copies gpu_ab_common.sh, the preamble it sources). There:
 #   bash .carry/prefill-moe/gpu_prefill_ab.sh   (run's carry: .carry/prefill-moe; timeout_s 600)
-# Knobs: SKIP_TESTS=1, TEST_S (the tests' timeout, 150), BENCH_S (75), DEADLINE (470),
+# Knobs: SKIP_TESTS=1, TEST_S (the tests' timeout, 180), BENCH_S (75), DEADLINE (460),
 # ROUNDS (rounds of the four variants, 2), SKIP_PROFILE=1.
 set -u
-HERE="$(cd "$(dirname "$0")" && pwd)"
-cd "$HERE/../.."
-for f in "$HERE"/bin/*.gz; do [ -f "$f" ] && gunzip -kf "$f"; done
-chmod +x "$HERE"/bin/*
-B=$HERE/bin; M=/dev/shm/full-mlx; export LILY_CACHE_DIR=/tmp/lily-cache
-OUT=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUT"
-S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-left() { [ "$(el)" -lt "${DEADLINE:-470}" ]; }
-say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
-"$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > "$OUT/synth.log" 2>&1 &
-SYN=$!
+. "$(dirname "$0")/gpu_ab_common.sh" 460
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # The kernel test (runs of every width against the exact bf16 product and bit for bit against
-  # the fixed tiles; the GLU epilogue against silu_mul + to_bf16; 4K expert shapes timed), the
-  # model test (logits and greedy tokens with the switches on vs off), every other GEMM kernel
-  # test, the MoE kernels' tests and the model test of every GEMM path.
-  timeout "${TEST_S:-150}" "$B/gpu" --ignored --test-threads=1 --nocapture gemm:: moe:: \
-    model_prefill_with_the_experts_tiles_by_load model_prefill_chunks_through_each_gemm_path \
-    > "$OUT/tests.log" 2>&1
+  # the fixed tiles; the GLU epilogue against silu_mul + to_bf16; 4K expert shapes timed), every
+  # other GEMM kernel test (the shared epilogue), the MoE kernels' tests, and the model test
+  # (logits and greedy tokens with the switches on vs off).
+  timeout "${TEST_S:-180}" "$B/gpu" --ignored --test-threads=1 --nocapture gemm:: moe:: \
+    model_prefill_with_the_experts_tiles_by_load > "$OUT/tests.log" 2>&1
   say "tests rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked|differ in bits|wgb_load|WgbLoad|Wgb128|MODEL" "$OUT/tests.log" \
     | grep -v " ok$" | head -60 | tee -a "$S"

@@ -62,7 +62,7 @@ helpers = (between(common, 'struct QWeight {', '};') + '};\n'
            + between(common, '__device__ __forceinline__ u16 f32_to_bf16', '}\n') + '}\n'
            + between(common, '__device__ __forceinline__ float siluf', '\n') + '\n'
            + between(common, '__device__ __forceinline__ unsigned long long wg_desc(', '}\n') + '}\n')
-# The epilogues (wg_store, wg_store_glu) and everything from the wgmma tiles on; the asm-only
+# The epilogue (wg_store) and everything from the wgmma tiles on; the asm-only
 # wgmma_tok specialisations come from wgmma.h instead.
 stores = between(gemm, "// The block's sums out:", '#endif\n\n// y[r, c] = bf16(x[r, c])')
 tiles = gemm[gemm.index('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <int TOK>\nstruct Wgb {'):]

@@ -437,33 +437,15 @@ __device__ __forceinline__ void wgmma_tok<256>(float (&d)[128], const u32 (&a)[4
 }
 
 // The block's sums out: d[4j + e] is row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64,
-// token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate.
+// token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate. With h_out
+// (the routed experts' up projection under `experts_glu_epilogue`): moe.cu's silu_mul, then
+// to_bf16, in the epilogue: h = act(act(silu(g)) · act(sum)) with g the gate projection's output
+// (fp32 rows of y_stride) stored as bf16 into h_out (rows of y_stride), y untouched;
+// bf16-valued in this mode, so the bits silu_mul + to_bf16 store.
 template <int TOK>
 __device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int rows, const int* dst,
-                                         float* __restrict__ y, int y_stride, int accumulate) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
-#pragma unroll
-    for (int j = 0; j < TOK / 8; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
-            if (r < rows && out >= 0) {
-                float* yp = y + (long long)out * y_stride + r;
-                float v = act(d[4 * j + e]);
-                *yp = accumulate ? act(*yp + v) : v;
-            }
-        }
-    }
-}
-
-// The up projection's sums out as the routed experts' hidden rows (moe.cu's silu_mul, then
-// to_bf16, in the epilogue): h = act(act(silu(g)) · act(sum)) with g the gate projection's output
-// (fp32 rows of y_stride), stored as bf16 into h_out (rows of y_stride); bf16-valued in this
-// mode, so the bits silu_mul + to_bf16 store.
-template <int TOK>
-__device__ __forceinline__ void wg_store_glu(const float (&d)[TOK / 2], int m0, int rows, const int* dst,
-                                             const float* __restrict__ g, u16* __restrict__ h_out, int y_stride) {
+                                         float* __restrict__ y, int y_stride, int accumulate,
+                                         const float* __restrict__ g, u16* __restrict__ h_out) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -473,7 +455,11 @@ __device__ __forceinline__ void wg_store_glu(const float (&d)[TOK / 2], int m0, 
             int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
             if (r < rows && out >= 0) {
                 long long at = (long long)out * y_stride + r;
-                h_out[at] = f32_to_bf16(act(act(siluf(g[at])) * act(d[4 * j + e])));
+                float v = act(d[4 * j + e]);
+                if (h_out)
+                    h_out[at] = f32_to_bf16(act(act(siluf(g[at])) * v));
+                else
+                    y[at] = accumulate ? act(y[at] + v) : v;
             }
         }
     }
@@ -573,7 +559,7 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
 // The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
 // src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
 // none; the caller fills them, the first barrier below publishes them). glu_out (with glu_gate):
-// the epilogue is wg_store_glu's instead of wg_store's.
+// wg_store's GLU epilogue.
 template <int TOK>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
@@ -608,10 +594,7 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
-    if (glu_out)
-        wg_store_glu<TOK>(d, m0, w.rows, dst, glu_gate, glu_out, y_stride);
-    else
-        wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
+    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate, glu_gate, glu_out);
 }
 #endif
 
@@ -694,7 +677,7 @@ gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restri
 // 128) pays two full tiles; here one of 192 (perf-notes, session 12, branch prefill-moe).
 // Registers and shared memory are the widest instantiation's (wgb_smem(256, …), one block an SM,
 // as gemm_grouped_wgb128's 119 KB already is). glu_out (`experts_glu_epilogue`; null: y, fp32):
-// the up projection stores the experts' hidden rows h = silu(g) · u as bf16 there (wg_store_glu,
+// the up projection stores the experts' hidden rows h = silu(g) · u as bf16 there (wg_store's,
 // g = glu_gate: the gate projection's output), the down projection's staged input, with no
 // silu_mul and no to_bf16 between.
 #if WGB_LOAD_TILE != 256

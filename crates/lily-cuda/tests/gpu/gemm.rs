@@ -28,6 +28,33 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// Each value rounded to bf16 (the activations the bf16 mode's kernels read).
+fn bf(v: Vec<f32>) -> Vec<f32> {
+    v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect()
+}
+
+/// The device with the bf16 mode's kernels where it runs the wgmma ones (sm_90a); elsewhere a
+/// line saying `what` was skipped, and None.
+fn hopper(what: &str) -> Option<Dev> {
+    let g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!("KERNEL {what}: skipped on {} (sm_90a only)", g.g.arch);
+        return None;
+    }
+    Some(g)
+}
+
+/// x (rows of `cols`) on the device, and staged as bf16 rows (`to_bf16`) for the wgmma kernels.
+fn upload_staged(g: &Dev, x: &[f32], cols: usize) -> (DevBuf, DevBuf) {
+    let n = x.len() / cols;
+    let dx = g.upload(x).unwrap();
+    let xb = g.alloc(n * cols * 2).unwrap();
+    g.k.gemm
+        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
+        .unwrap();
+    (dx, xb)
+}
+
 /// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
 /// x's rows (x_div = top_k), outputs NaN-poisoned first; x also staged as bf16 (`to_bf16`) for
 /// the wgmma kernels when `kernel` reads it so.
@@ -42,12 +69,8 @@ fn gemm_grouped(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
-    let (n, items) = (x.len() / cols, x.len() / cols * k);
-    let dx = g.upload(x).unwrap();
-    let xb = g.alloc(n * cols * 2).unwrap();
-    g.k.gemm
-        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
-        .unwrap();
+    let items = x.len() / cols * k;
+    let (dx, xb) = upload_staged(g, x, cols);
     let dy = poisoned(g, items * rows);
     let grouped = Grouped {
         w: dw,
@@ -71,16 +94,10 @@ fn gemm_grouped(
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn wgmma_linears_match_the_bf16_product() {
-    let g = dev(true);
-    if g.g.arch != "sm_90a" {
-        println!(
-            "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
-            g.g.arch
-        );
+    let Some(g) = hopper("gemm_dense_wg") else {
         return;
-    }
+    };
     let mut rng = Rng(37);
-    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
     // x (rows × cols f32 on the device) staged as bf16 rows. Every chunk size below takes the
     // kernel asked for (the plan keeps 256-token blocks for chunks of WGB256_MIN_TOK or more).
     #[allow(clippy::too_many_arguments)]
@@ -239,12 +256,8 @@ fn gemm_grouped_glu(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
-    let (n, items) = (x.len() / cols, x.len() / cols * k);
-    let dx = g.upload(x).unwrap();
-    let xb = g.alloc(n * cols * 2).unwrap();
-    g.k.gemm
-        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
-        .unwrap();
+    let items = x.len() / cols * k;
+    let (dx, xb) = upload_staged(g, x, cols);
     let dgate = g.upload(gate).unwrap();
     let dh = g.alloc(items * rows * 2).unwrap();
     g.fill(&dh, 0xff).unwrap();
@@ -287,16 +300,10 @@ fn gemm_grouped_glu(
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
-    let g = dev(true);
-    if g.g.arch != "sm_90a" {
-        println!(
-            "KERNEL gemm_grouped_wgb_load: skipped on {} (sm_90a only)",
-            g.g.arch
-        );
+    let Some(g) = hopper("gemm_grouped_wgb_load") else {
         return;
-    }
+    };
     let mut rng = Rng(59);
-    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
     let same_bits = |what: &str, a: &[f32], b: &[f32]| {
         let differ = a
             .iter()
@@ -378,12 +385,7 @@ fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
     for (rows, cols) in [(512usize, 2048usize), (2048, 512)] {
         let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, 64);
         let dw = upload_linear(&g, "w", &w).unwrap();
-        let x = bf(rng.vec(t * cols, 1.0));
-        let dx = g.upload(&x).unwrap();
-        let xb = g.alloc(t * cols * 2).unwrap();
-        g.k.gemm
-            .to_bf16(&g.g, Rows::new(dx.ptr, cols), t, cols, xb.ptr)
-            .unwrap();
+        let (dx, xb) = upload_staged(&g, &bf(rng.vec(t * cols, 1.0)), cols);
         let mut outs = Vec::new();
         for kernel in [GroupedGemm::Wgb128, GroupedGemm::WgbLoad] {
             let gr = Grouping::of(&g, ids.clone(), e, kernel.tile());
@@ -430,7 +432,6 @@ fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
 fn tensor_core_linears_match_the_bf16_product() {
     let g = dev(true);
     let mut rng = Rng(31);
-    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
     // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64, several k-steps.
     for bits in [4u32, 8, 16] {
         for (t, rows, cols) in [
