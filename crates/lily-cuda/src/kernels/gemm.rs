@@ -384,7 +384,8 @@ impl Gemm {
                 kernel.tile()
             );
         }
-        let kernel_of = kernel;
+        // gemm_grouped_wgb_load also takes the GLU epilogue's gate rows and output (0: none).
+        let by_load = matches!(kernel, GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu);
         let (kernel, cfg, x) = match kernel {
             GroupedGemm::Wgb64
             | GroupedGemm::Wgb128
@@ -411,8 +412,6 @@ impl Gemm {
             }
         };
         let x_stride = x.stride as i32;
-        // gemm_grouped_wgb_load also takes the GLU epilogue's gate rows and output (0: none).
-        let by_load = matches!(kernel_of, GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu);
         let (glu_gate, glu_h) = match glu_out {
             Some(h) => (a.y.ptr, h),
             None => (0u64, 0u64),
