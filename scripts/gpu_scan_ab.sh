@@ -6,24 +6,14 @@
 # past DEADLINE seconds (default 450) that could not end by 540.
 #
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/NAME`, then
-# `gzip -9 /work/main/.carry/NAME/bin/*` and copy this script into that folder. There:
+# `gzip -9 /work/main/.carry/NAME/bin/*` and copy this script into that folder
+# (stage_gpu.sh copies gpu_ab_common.sh, the preamble it sources). There:
 #   bash .carry/NAME/gpu_scan_ab.sh          (run's carry: .carry/NAME; timeout_s 600)
 # Knobs: SKIP_TESTS=1, TEST_S (the new tests' timeout, 200), MODEL_TEST_S (the other model tests',
 # 120), BENCH_S (90), DEADLINE (450),
 # ROUNDS (bench rounds of off + on, 2), SKIP_PROFILE=1.
 set -u
-HERE="$(cd "$(dirname "$0")" && pwd)"
-cd "$HERE/../.."
-for f in "$HERE"/bin/*.gz; do [ -f "$f" ] && gunzip -kf "$f"; done
-chmod +x "$HERE"/bin/*
-B=$HERE/bin; M=/dev/shm/full-mlx; export LILY_CACHE_DIR=/tmp/lily-cache
-OUT=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUT"
-S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-left() { [ "$(el)" -lt "${DEADLINE:-450}" ]; }
-say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
-"$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > "$OUT/synth.log" 2>&1 &
-SYN=$!
+. "$(dirname "$0")/gpu_ab_common.sh" 450
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # The new tests first (the kernel against dn_recurrent and the CPU, the model with the switch on
   # and off), then every other DeltaNet and model test.

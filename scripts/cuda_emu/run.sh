@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Runs deltanet.cu's tensor-core scan (dn_wy_prep + dn_wy_scan) on the CPU, without a GPU: the
-# kernels' own source compiled as C++ against shim.h (a block = 256 threads with real barriers,
-# mma.sync m16n8k8 tf32 and shuffles as warp-collective functions over the PTX fragment layouts,
-# cvt.rna.tf32 as its bit rounding, cp.async deferred until cp.async.wait_group, shared memory and
-# every input the kernels must not read filled with NaN), against an f64 token-by-token
-# recurrence (driver.cpp). A check of the kernels' indexing, fragments, masks, barriers and
-# waits while no GPU is lent; it says nothing of speed, and real hardware may still race where
-# the emulation's scheduling did not.
-#   bash scripts/cuda_emu/run.sh            (≈ 3 minutes on 2 cores; the full-shape case dominates)
-# Each line: heads, dk, tokens, decay scale, tf32 on/off, outputs' and final state's rel. L2;
-# the script fails if one is above the GPU test's tolerance (3e-3 with tf32, 1e-5 without).
-# Measured 2026-12-05 (session 12): fp32 products ≤ 2.3e-6, tf32 products 3.6e-4 … 8.0e-4.
+# Runs CUDA kernels on the CPU, without a GPU: the kernels' own source compiled as C++ against
+# shim.h (a block = 256 threads with real barriers, warp-collective functions over the PTX
+# fragment layouts, cp.async deferred until cp.async.wait_group, shared memory and every input
+# the kernels must not read filled with NaN). A check of the kernels' indexing, fragments, masks,
+# barriers and waits while no GPU is lent; it says nothing of speed, and real hardware may still
+# race where the emulation's scheduling did not.
+#   bash scripts/cuda_emu/run.sh [scan|gemm]   (both by default; ≈ 3 minutes + ≈ 1 on 2 cores)
+# scan: deltanet.cu's tensor-core scan (dn_wy_prep + dn_wy_scan; mma.sync m16n8k8 tf32,
+#   cvt.rna.tf32 as its bit rounding) against an f64 token-by-token recurrence (driver.cpp).
+#   Each line: heads, dk, tokens, decay scale, tf32 on/off, outputs' and final state's rel. L2;
+#   fails above the GPU test's tolerance (3e-3 with tf32, 1e-5 without).
+#   Measured 2026-12-05 (session 12): fp32 products ≤ 2.3e-6, tf32 products 3.6e-4 … 8.0e-4.
+# gemm: gemm.cu's routed-experts kernels gemm_grouped_wgb_load (runs of every width, the GLU
+#   epilogue) and gemm_grouped_wgb128 through wgmma.h (warpgroup MMA with A in registers and B
+#   through a 128-byte-swizzled descriptor, retired at wait_group as on the device) against an
+#   f64 product of the same bf16 operands (gemm_driver.cpp); fails above 5e-3 (the GPU test's
+#   tolerance), on any unwritten output, or where the GLU epilogue's bits differ from silu_mul +
+#   to_bf16's.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT
+WHAT="${1:-all}"
+if [ "$WHAT" = all ] || [ "$WHAT" = scan ]; then
 python3 - "$ROOT" "$W" <<'PY'
 import sys
 root, w = sys.argv[1], sys.argv[2]
@@ -39,4 +47,45 @@ for args in "2 4 32 1 8.0 1" "2 4 32 63 8.0 1" "2 4 32 64 8.0 1" "2 4 32 65 8.0 
             "16 32 128 130 10.0 0" "16 32 128 200 1.0 1"; do
   "$W/emu" $args || fail=1
 done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = gemm ]; then
+python3 - "$ROOT" "$W" <<'PY'
+import re, sys
+root, w = sys.argv[1], sys.argv[2]
+common = open(f'{root}/shaders/cuda/common.cuh').read()
+gemm = open(f'{root}/shaders/cuda/gemm.cu').read()
+def between(text, start, end):
+    i = text.index(start)
+    return text[i:text.index(end, i)]
+helpers = (between(common, 'struct QWeight {', '};') + '};\n'
+           + between(common, '__device__ __forceinline__ float bf16_to_f32', '\n') + '\n'
+           + between(common, '__device__ __forceinline__ u16 f32_to_bf16', '}\n') + '}\n'
+           + between(common, '__device__ __forceinline__ float siluf', '\n') + '\n'
+           + between(common, '__device__ __forceinline__ unsigned long long wg_desc(', '}\n') + '}\n')
+# The epilogue (wg_store) and everything from the wgmma tiles on; the asm-only
+# wgmma_tok specialisations come from wgmma.h instead.
+stores = between(gemm, "// The block's sums out:", '#endif\n\n// y[r, c] = bf16(x[r, c])')
+tiles = gemm[gemm.index('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <int TOK>\nstruct Wgb {'):]
+tiles = tiles.replace('asm volatile("" : "+f"(d[i])::"memory");', ';')
+rs = open(f'{root}/crates/lily-cuda/src/kernels/gemm.rs').read()
+def const(name):
+    return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
+defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGB_STAGES', 'WGB_LOAD_TILE', 'WG_ROWS'])
+src = ('#define EMU_ACT_BF16\n'
+       f'#include "{root}/scripts/cuda_emu/shim.h"\n#include "{root}/scripts/cuda_emu/wgmma.h"\n'
+       '#define __CUDA_ARCH_FEAT_SM90_ALL 1\n#define __shared__ static\n#define wg_raw ((char*)g_smem)\n'
+       + defs + helpers + 'template <int TOK> void wgmma_tok(float (&d)[TOK / 2], const u32 (&a)[4], unsigned long long desc);\n'
+       + stores + '\n' + tiles + f'\n#include "{root}/scripts/cuda_emu/gemm_driver.cpp"\n')
+open(f'{w}/emu_gemm.cpp', 'w').write(src)
+PY
+g++ -std=c++20 -O2 -pthread "$W/emu_gemm.cpp" -o "$W/emu_gemm"
+# rows cols group x_div glu kernel counts…: every run width and its edges (an expert of 600 items:
+# 256 + 256 + 88), rows off the block's 128, gate/up-like (x_div 2, many k-steps) and down-like
+# (x_div 1, groups of 32) shapes, the fixed tiles of 128 on the same loads.
+LOADS="0 20 64 65 128 129 192 193 256 257 300 600"
+for args in "136 256 64 2 1 load $LOADS" "136 256 64 2 0 128 $LOADS" "264 512 32 1 0 load 7 130 250 1" \
+            "136 128 64 2 1 load 2 62 200"; do
+  "$W/emu_gemm" $args || fail=1
+done
+fi
 exit "${fail:-0}"

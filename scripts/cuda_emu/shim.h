@@ -26,9 +26,18 @@ using std::min; using std::max;
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(x)
+#ifdef EMU_ACT_BF16  // bf16 activation mode (gemm.cu's wgmma kernels run only there): act rounds to bf16
+inline float act(float f) {
+    unsigned int x; memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) <= 0x7f800000u) x = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &x, 4);
+    return f;
+}
+#else
 inline float act(float f) { return f; }
+#endif
 
 bool g_tf32 = true;
 inline u32 as_u(float f) { u32 u; memcpy(&u, &f, 4); return u; }
@@ -42,6 +51,7 @@ inline u32 to_tf32(float f) {
 
 std::barrier<>* g_block_bar;
 std::barrier<>* g_warp_bar[8];
+std::barrier<>* g_wg_bar[2];  // the two warpgroups of a 256-thread block (wgmma.h)
 float* g_smem;
 inline int lane_id() { return threadIdx.x & 31; }
 inline int warp_id() { return threadIdx.x >> 5; }
@@ -111,15 +121,20 @@ inline void launch(dim3e grid, int threads, size_t smem_floats, std::function<vo
         std::barrier<> bb(threads);
         std::barrier<> wb[8] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32),
                                 std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
+        std::barrier<> gb[2] = {std::barrier<>(128), std::barrier<>(128)};
         g_block_bar = &bb;
         for (int i = 0; i < 8; i++) g_warp_bar[i] = &wb[i];
+        for (int i = 0; i < 2; i++) g_wg_bar[i] = &gb[i];
         std::vector<std::thread> ts;
         for (int t = 0; t < threads; t++)
             ts.emplace_back([&, t, bx, by] {
                 threadIdx = {t, 0, 0}; blockIdx = {bx, by, 0};
                 t_groups.clear(); t_open.clear();
                 kernel();
-                if (!t_open.empty() || !t_groups.empty()) g_unwaited++;
+                // Groups left with copies in them (empty trailing commits are harmless).
+                bool left = !t_open.empty();
+                for (auto& g : t_groups) left = left || !g.empty();
+                if (left) g_unwaited++;
             });
         for (auto& t : ts) t.join();
     }

@@ -28,6 +28,33 @@ fn bf16_product(w: &Linear, x: &[f32]) -> Vec<f32> {
     y
 }
 
+/// Each value rounded to bf16 (the activations the bf16 mode's kernels read).
+fn bf(v: Vec<f32>) -> Vec<f32> {
+    v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect()
+}
+
+/// The device with the bf16 mode's kernels where it runs the wgmma ones (sm_90a); elsewhere a
+/// line saying `what` was skipped, and None.
+fn hopper(what: &str) -> Option<Dev> {
+    let g = dev(true);
+    if g.g.arch != "sm_90a" {
+        println!("KERNEL {what}: skipped on {} (sm_90a only)", g.g.arch);
+        return None;
+    }
+    Some(g)
+}
+
+/// x (rows of `cols`) on the device, and staged as bf16 rows (`to_bf16`) for the wgmma kernels.
+fn upload_staged(g: &Dev, x: &[f32], cols: usize) -> (DevBuf, DevBuf) {
+    let n = x.len() / cols;
+    let dx = g.upload(x).unwrap();
+    let xb = g.alloc(n * cols * 2).unwrap();
+    g.k.gemm
+        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
+        .unwrap();
+    (dx, xb)
+}
+
 /// The routed experts' product through `Gemm::grouped` (tensor cores) for the grouping `gr` of
 /// x's rows (x_div = top_k), outputs NaN-poisoned first; x also staged as bf16 (`to_bf16`) for
 /// the wgmma kernels when `kernel` reads it so.
@@ -42,12 +69,8 @@ fn gemm_grouped(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
-    let (n, items) = (x.len() / cols, x.len() / cols * k);
-    let dx = g.upload(x).unwrap();
-    let xb = g.alloc(n * cols * 2).unwrap();
-    g.k.gemm
-        .to_bf16(&g.g, Rows::new(dx.ptr, cols), n, cols, xb.ptr)
-        .unwrap();
+    let items = x.len() / cols * k;
+    let (dx, xb) = upload_staged(g, x, cols);
     let dy = poisoned(g, items * rows);
     let grouped = Grouped {
         w: dw,
@@ -71,16 +94,10 @@ fn gemm_grouped(
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn wgmma_linears_match_the_bf16_product() {
-    let g = dev(true);
-    if g.g.arch != "sm_90a" {
-        println!(
-            "KERNEL gemm_dense_wg: skipped on {} (sm_90a only)",
-            g.g.arch
-        );
+    let Some(g) = hopper("gemm_dense_wg") else {
         return;
-    }
+    };
     let mut rng = Rng(37);
-    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
     // x (rows × cols f32 on the device) staged as bf16 rows. Every chunk size below takes the
     // kernel asked for (the plan keeps 256-token blocks for chunks of WGB256_MIN_TOK or more).
     #[allow(clippy::too_many_arguments)]
@@ -226,6 +243,187 @@ fn wgmma_linears_match_the_bf16_product() {
     }
 }
 
+/// The routed experts' up projection with the GLU epilogue (`Gemm::grouped_glu`) for the grouping
+/// `gr`: silu(gate) · (W x) per item and row, read back from bf16 (NaN-poisoned first).
+#[allow(clippy::too_many_arguments)]
+fn gemm_grouped_glu(
+    g: &Dev,
+    dw: &DevLinear,
+    gr: &Grouping,
+    x: &[f32],
+    gate: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let items = x.len() / cols * k;
+    let (dx, xb) = upload_staged(g, x, cols);
+    let dgate = g.upload(gate).unwrap();
+    let dh = g.alloc(items * rows * 2).unwrap();
+    g.fill(&dh, 0xff).unwrap();
+    let grouped = Grouped {
+        w: dw,
+        groups: gr.groups,
+        x: Rows::new(dx.ptr, cols),
+        xb: Some(Rows::new(xb.ptr, cols)),
+        x_div: k,
+        y: Rows::new(dgate.ptr, rows),
+    };
+    g.k.gemm.grouped_glu(g, &grouped, dh.ptr).unwrap();
+    let after: Vec<f32> = g.read(&dgate, 0, items * rows).unwrap();
+    assert!(
+        after
+            .iter()
+            .zip(gate)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the GLU epilogue wrote into its gate rows"
+    );
+    g.read::<u16>(&dh, 0, items * rows)
+        .unwrap()
+        .into_iter()
+        .map(|b| bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+/// gemm_grouped_wgb_load (`group_tiles_by_load`: runs of up to 256 items an expert, each block
+/// as wide as its run) against the exact product of the bf16 values it multiplies (5e-3, as the
+/// fixed tiles) and against gemm_grouped_wgb128 on the same items, which must be bit-identical:
+/// each output is the same sequence of k16 products summed in fp32 whatever the MMA's width
+/// (gemm_dense_wgb against gemm_dense_wgb256 were, session 8). The experts' loads hit every width
+/// and its edges (none, 20, 64 | 65, 128 | 129, 192 | 193, 256 | 257, 300, 600: a run of 256 then
+/// the rest), rows off the block's 128, groups of 64 and 32, two and many k-steps. Then Qwen3.6's
+/// routed experts at a 4,096-token chunk (32,768 items over 256 experts, uniformly random routes:
+/// experts average 128 ± 11) with gate/up's 512 × 2,048 and down's 2,048 × 512: both kernels'
+/// times printed (never asserted), their outputs compared bit for bit. The GLU epilogue
+/// (`experts_glu_epilogue`) against silu_mul + to_bf16 of the plain output (bit for bit) and the
+/// f64 silu(gate) · product (5e-3). Skipped (with a line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn grouped_tiles_by_load_match_the_bf16_product_and_the_fixed_tiles() {
+    let Some(g) = hopper("gemm_grouped_wgb_load") else {
+        return;
+    };
+    let mut rng = Rng(59);
+    let same_bits = |what: &str, a: &[f32], b: &[f32]| {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        println!(
+            "KERNEL {what}: {differ} of {} outputs differ in bits",
+            a.len()
+        );
+        assert_eq!(
+            differ, 0,
+            "{what}: outputs differ from the fixed tiles' in bits"
+        );
+    };
+    let counts = [0usize, 20, 64, 65, 128, 129, 192, 193, 256, 257, 300, 600];
+    let (k, e) = (2, counts.len());
+    let items: usize = counts.iter().sum();
+    assert_eq!(items % k, 0);
+    for (group, rows, cols) in [
+        (64usize, 136usize, 256usize),
+        (32, 264, 512),
+        (64, 136, 128),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(items / k * cols, 1.0));
+        let load = Grouping::with_counts(&g, &mut rng, &counts, GroupedGemm::WgbLoad.tile());
+        let fixed = Grouping::of(&g, load.ids.clone(), e, GroupedGemm::Wgb128.tile());
+        let want = load.want(&w, &x, k, bf16_product);
+        let y = gemm_grouped(&g, GroupedGemm::WgbLoad, &dw, &load, &x, k, rows, cols);
+        let what = format!(
+            "gemm_grouped_wgb_load group={group} {rows}x{cols} ({} runs)",
+            load.tiles_made(&g)
+        );
+        check(&what, &y, &want, 5e-3);
+        let y128 = gemm_grouped(&g, GroupedGemm::Wgb128, &dw, &fixed, &x, k, rows, cols);
+        same_bits(&format!("{what} vs gemm_grouped_wgb128"), &y, &y128);
+        // The GLU epilogue (`experts_glu_epilogue`): silu(gate) · (W x) as bf16, against
+        // silu_mul + to_bf16 of the plain output (the same bits) and the f64 product.
+        let gate = bf(rng.vec(items * rows, 2.0));
+        let h = gemm_grouped_glu(&g, &dw, &load, &x, &gate, k, rows, cols);
+        let dgate = g.upload(&gate).unwrap();
+        let du = g.upload(&y).unwrap();
+        let dh = poisoned(&g, items * rows);
+        let silu = lily_cuda::kernels::moe::SiluMul {
+            g: dgate.ptr,
+            u: du.ptr,
+            h: dh.ptr,
+            n: items * rows,
+        };
+        g.k.moe.silu_mul(&g.g, &silu).unwrap();
+        let hb = g.alloc(items * rows * 2).unwrap();
+        g.k.gemm
+            .to_bf16(&g.g, Rows::new(dh.ptr, rows), items, rows, hb.ptr)
+            .unwrap();
+        let two_step: Vec<f32> = g
+            .read::<u16>(&hb, 0, items * rows)
+            .unwrap()
+            .into_iter()
+            .map(|b| bf16::from_bits(b).to_f32())
+            .collect();
+        same_bits(
+            &format!("{what} GLU epilogue vs silu_mul + to_bf16"),
+            &h,
+            &two_step,
+        );
+        let silu_f64 = |v: f32| f64::from(v) / (1.0 + (-f64::from(v)).exp());
+        let want_h: Vec<f32> = gate
+            .iter()
+            .zip(&want)
+            .map(|(&gv, &u)| (silu_f64(gv) * f64::from(u)) as f32)
+            .collect();
+        check(&format!("{what} GLU epilogue"), &h, &want_h, 5e-3);
+    }
+    // Qwen3.6's routed experts at a 4,096-token chunk.
+    let (e, top_k, t) = (256usize, 8usize, 4096usize);
+    let ids: Vec<i32> = (0..t * top_k).map(|_| rng.below(e) as i32).collect();
+    for (rows, cols) in [(512usize, 2048usize), (2048, 512)] {
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, 64);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let (dx, xb) = upload_staged(&g, &bf(rng.vec(t * cols, 1.0)), cols);
+        let mut outs = Vec::new();
+        for kernel in [GroupedGemm::Wgb128, GroupedGemm::WgbLoad] {
+            let gr = Grouping::of(&g, ids.clone(), e, kernel.tile());
+            let dy = poisoned(&g, t * top_k * rows);
+            let grouped = Grouped {
+                w: &dw,
+                groups: gr.groups,
+                x: Rows::new(dx.ptr, cols),
+                xb: Some(Rows::new(xb.ptr, cols)),
+                x_div: top_k,
+                y: Rows::new(dy.ptr, rows),
+            };
+            let launch = || g.k.gemm.grouped(&g.g, kernel, &grouped).unwrap();
+            launch();
+            g.sync().unwrap();
+            let reps = 10;
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                launch();
+            }
+            g.sync().unwrap();
+            let secs = start.elapsed().as_secs_f64() / reps as f64;
+            let tflops = 2.0 * (t * top_k * rows * cols) as f64 / secs / 1e12;
+            println!(
+                "KERNEL {kernel:?} T={t} x{top_k} over {e} experts {rows}x{cols} ({} tiles): {:.1} µs, {tflops:.0} TFLOP/s",
+                gr.tiles_made(&g),
+                secs * 1e6
+            );
+            outs.push(g.read::<f32>(&dy, 0, t * top_k * rows).unwrap());
+        }
+        same_bits(
+            &format!("gemm_grouped_wgb_load vs _wgb128 at T={t} {rows}x{cols}"),
+            &outs[1],
+            &outs[0],
+        );
+    }
+}
+
 /// Tensor-core linears (gemm.cu, bf16 activation mode) vs the exact product of the bf16 values
 /// they multiply. Tolerance 5e-3: the outputs are rounded to bf16 (≈ 1e-3 relative RMS) and
 /// summed in fp32; a wrong fragment layout or tile bound gives errors of order 1.
@@ -234,7 +432,6 @@ fn wgmma_linears_match_the_bf16_product() {
 fn tensor_core_linears_match_the_bf16_product() {
     let g = dev(true);
     let mut rng = Rng(31);
-    let bf = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&a| bf16::from_f32(a).to_f32()).collect() };
     // Dense: rows not a multiple of 128 (or under 64), tokens not a multiple of 64, several k-steps.
     for bits in [4u32, 8, 16] {
         for (t, rows, cols) in [

@@ -815,3 +815,104 @@ fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
         }
     }
 }
+
+/// The routed experts' tiles sized by load (`group_tiles_by_load`: gemm_grouped_wgb_load), alone
+/// and with the GLU in the up projection's epilogue (`experts_glu_epilogue`), in the shipping
+/// configuration against the same configuration without them (fixed tiles of 128; 64 for the
+/// 1,600-token chunk) on a
+/// full-width 4-layer model: a 4,096-token chunk (experts average 128 items: runs of every width)
+/// and a 1,600-token one continuing it (they average 50), then 8 greedy tokens with their top-2
+/// log-probabilities. The two kernels multiply the same bf16 operands and sum each output's k16
+/// products in the same order (the kernel test finds them bit-identical), so the logits may
+/// differ by nothing but a reordering's rounding: 1e-6 (rel. L2; a wrong run or slot moves them
+/// by order 1).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_prefill_with_the_experts_tiles_by_load_matches_the_fixed_tiles() {
+    use lily_cuda::plan::Experts;
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 67, Some(4));
+    let prompt = Rng(68).tokens(4_096 + 1_600, w.config.vocab);
+    let run = |by_load: bool, glu: bool| -> (Vec<f32>, Vec<f32>, Reported) {
+        let opts = CudaOptions {
+            group_tiles_by_load: by_load,
+            experts_glu_epilogue: glu,
+            ..CudaOptions::default()
+        };
+        let mut b = CudaBackend::with_options(&w, &opts).unwrap();
+        let plan = b.plan().clone();
+        let layer = &w.config;
+        let (gate, down) = (
+            lily_cuda::weights::LinearShape {
+                experts: layer.n_experts,
+                rows: layer.expert_inter,
+                cols: layer.hidden,
+                bits: 4,
+                group: 64,
+            },
+            lily_cuda::weights::LinearShape {
+                experts: layer.n_experts,
+                rows: layer.hidden,
+                cols: layer.expert_inter,
+                bits: 4,
+                group: 64,
+            },
+        );
+        let moe = lily_cuda::kernels::moe::MoeShape::of(layer);
+        for n in [4_096, 1_600] {
+            let want_up = match (by_load, glu) {
+                (false, _) => GroupedGemm::Wgb128,
+                (true, false) => GroupedGemm::WgbLoad,
+                (true, true) => GroupedGemm::WgbLoadGlu,
+            };
+            let got_up = match plan.experts([&gate, &gate, &down], moe, n) {
+                Experts::Gemm { up, .. } => Some(up),
+                _ => None,
+            };
+            assert_eq!(
+                got_up,
+                Some(if n < 3_072 && !by_load {
+                    GroupedGemm::Wgb64
+                } else {
+                    want_up
+                }),
+                "{n} tokens: the plan takes the tiles asked for ({})",
+                plan.describe()
+            );
+        }
+        let s = b.new_seq(6_000).unwrap();
+        b.prefill(s, &prompt[..4_096]).unwrap();
+        let first = b.logits(s).unwrap();
+        b.prefill(s, &prompt[4_096..]).unwrap();
+        let second = b.logits(s).unwrap();
+        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
+        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 2, None);
+        r.unwrap();
+        (first, second, got)
+    };
+    let (want_1, want_2, want) = run(false, false);
+    for (what, glu) in [
+        ("tiles by load", false),
+        ("tiles by load, GLU epilogue", true),
+    ] {
+        let (got_1, got_2, got) = run(true, glu);
+        let e1 = rel_l2(
+            &format!("{what}: 4,096-token chunk: logits"),
+            &got_1,
+            &want_1,
+        );
+        let e2 = rel_l2(
+            &format!("{what}: 1,600 tokens after it: logits"),
+            &got_2,
+            &want_2,
+        );
+        println!(
+            "MODEL {what}: prefill logits rel_l2 {e1:.3e} (4,096) {e2:.3e} (+1,600); greedy {:?}",
+            got.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        assert!(
+            e1 <= 1e-6 && e2 <= 1e-6,
+            "{what}: logits moved: {e1:.3e}, {e2:.3e}"
+        );
+        same_reported(&format!("{what} vs fixed tiles"), &got, &want, 1e-5);
+    }
+}

@@ -1,0 +1,114 @@
+#include <cstdio>
+#include <random>
+// The GEMM part of scripts/cuda_emu/run.sh: gemm.cu's gemm_grouped_wgb_load (and, for
+// comparison, gemm_grouped_wgb128) run through shim.h + wgmma.h on random 4-bit experts, against
+// an f64 product of the same bf16 operands. Arguments: rows cols group x_div glu(0/1)
+// kernel(load/128) count… (items per expert; the items are shuffled). The tiles are built on the
+// host as moe_group builds them (each expert's items in order, runs of up to the tile).
+static double rel(const std::vector<float>& got, const std::vector<double>& want, size_t* bad) {
+    double num = 0, den = 0;
+    *bad = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) { (*bad)++; continue; }
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+int main(int argc, char** argv) {
+    if (argc < 8) { fprintf(stderr, "usage: rows cols group x_div glu load|128 counts...\n"); return 2; }
+    int rows = atoi(argv[1]), cols = atoi(argv[2]), group = atoi(argv[3]), x_div = atoi(argv[4]);
+    bool glu = atoi(argv[5]) != 0, load = std::string(argv[6]) == "load";
+    std::vector<int> counts;
+    for (int i = 7; i < argc; i++) counts.push_back(atoi(argv[i]));
+    int E = (int)counts.size(), items = 0;
+    for (int c : counts) items += c;
+    if (items % x_div) { fprintf(stderr, "items %% x_div != 0\n"); return 2; }
+    std::mt19937 rng(rows * 31 + cols + items);
+    std::uniform_real_distribution<float> U(-1, 1);
+    // Weights: 4-bit q, bf16 scales and biases, as the checkpoint stores them.
+    int wpr = cols / 8, gpr = cols / group;
+    std::vector<u32> q((size_t)E * rows * wpr);
+    for (auto& v : q) v = (u32)rng();
+    std::vector<u16> sc((size_t)E * rows * gpr), bi(sc.size());
+    for (size_t i = 0; i < sc.size(); i++) {
+        sc[i] = emu_bf16((0.2f + 0.8f * std::fabs(U(rng))) / (8.0f * std::sqrt((float)cols)));
+        bi[i] = emu_bf16(U(rng) * 8.0f * emu_f32(sc[i]));
+    }
+    QWeight w{q.data(), sc.data(), bi.data(), 4, rows, cols, group};
+    auto wdq = [&](int e, int r, int c) -> double {  // bf16(scale·q + bias), as the kernels make it
+        size_t row = (size_t)e * rows + r;
+        u32 v = (q[row * wpr + c / 8] >> (4 * (c % 8))) & 15u;
+        float s = emu_f32(sc[row * gpr + c / group]), b = emu_f32(bi[row * gpr + c / group]);
+        return emu_f32(emu_bf16(fmaf(s, (float)v, b)));
+    };
+    int n_x = items / x_div;
+    std::vector<u16> x((size_t)n_x * cols);
+    for (auto& v : x) v = emu_bf16(U(rng));
+    // Routed items, shuffled; grouped expert by expert into runs of up to `tile`.
+    std::vector<int> ids;
+    for (int e = 0; e < E; e++) for (int i = 0; i < counts[e]; i++) ids.push_back(e);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int tile = load ? WGB_LOAD_TILE : 128;
+    std::vector<int> perm, tiles;
+    for (int e = 0; e < E; e++) {
+        int start = (int)perm.size();
+        for (int i = 0; i < items; i++) if (ids[i] == e) perm.push_back(i);
+        for (int s = 0; s < counts[e]; s += tile) tiles.insert(tiles.end(), {e, start + s, std::min(tile, counts[e] - s)});
+    }
+    int n_tiles = (int)tiles.size() / 3;
+    std::vector<float> y((size_t)items * rows, NAN), gate;
+    std::vector<u16> h;
+    if (glu) {
+        gate.resize(y.size());
+        for (auto& v : gate) v = emu_f32(emu_bf16(2.0f * U(rng)));
+        h.assign(y.size(), 0xffff);
+    }
+    int groups = cols / group;
+    size_t smem = 1024 + WGB_STAGES * ((size_t)tile * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4;
+    dim3e grid{(rows + WG_ROWS - 1) / WG_ROWS, n_tiles + 2, 1};  // two blocks past the tiles: they exit
+    auto run = [&](bool with_glu) {
+        launch(grid, 256, smem / 4, [&] {
+            if (load)
+                gemm_grouped_wgb_load(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows,
+                                      with_glu ? gate.data() : nullptr, with_glu ? h.data() : nullptr);
+            else
+                gemm_grouped_wgb128(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
+        });
+    };
+    run(false);
+    std::vector<double> want(y.size());
+    for (int i = 0; i < items; i++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0;
+            for (int c = 0; c < cols; c++) s += wdq(ids[i], r, c) * emu_f32(x[(size_t)(i / x_div) * cols + c]);
+            want[(size_t)i * rows + r] = s;
+        }
+    size_t bad;
+    double e = rel(y, want, &bad);
+    bool ok = bad == 0 && e < 5e-3 && g_wg_errors == 0;
+    printf("%s %dx%d group %d x_div %d, %d items over %d experts in %d runs: rel. L2 %.2e%s%s\n",
+           load ? "gemm_grouped_wgb_load" : "gemm_grouped_wgb128", rows, cols, group, x_div, items, E, n_tiles, e,
+           bad ? " (unwritten outputs!)" : "", g_wg_errors ? " (warpgroup ops out of step!)" : "");
+    if (glu) {
+        run(true);
+        std::vector<float> hf(h.size());
+        std::vector<double> hw(h.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < h.size(); i++) {
+            hf[i] = emu_f32(h[i]);
+            double g = gate[i];
+            hw[i] = g / (1.0 + std::exp(-g)) * want[i];
+            // silu_mul then to_bf16 of the plain output, as the unfused path stores them.
+            u16 two_step = emu_bf16(act(act(siluf(gate[i])) * y[i]));
+            differ += two_step != h[i];
+        }
+        double eh = rel(hf, hw, &bad);
+        bool hok = bad == 0 && eh < 5e-3 && differ == 0;
+        printf("  GLU epilogue: rel. L2 %.2e against f64 silu(g)·Wx, %zu of %zu differ from silu_mul + to_bf16%s\n", eh,
+               differ, h.size(), bad ? " (unwritten outputs!)" : "");
+        ok = ok && hok;
+    }
+    if (!ok) printf("  FAILED\n");
+    return ok ? 0 : 1;
+}
