@@ -1,5 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
-// shim_decode.h, common.cuh's helpers and decode.cu). Argument: gemv | moe | dn.
+// shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
+// Argument: gemv | moe | dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -14,6 +15,7 @@
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
+//   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
 // must stay untouched. What this cannot show: races a GPU's real scheduling could expose (here a
@@ -531,6 +533,138 @@ static void run_dn() {
     run_dn_shape(1, 2, 32, 16, 2, {1, 3, 8}, {1, 3, 8});
 }
 
+// ---- attn ---------------------------------------------------------------------------------------
+#ifdef LILY_BF16_ACT
+// attn_split_mma_prep_rows (or _long_rows) + attn_split_combine_rows against an f64 attention of
+// each sequence (RMSNorm and NeoX RoPE of q and the new k, the new key and value into the bf16
+// cache at the position, softmax(q·k / sqrt(d)) · v over keys 0..pos, times sigmoid(gate)), and
+// bit for bit against attn_split_mma_prep (_long) + attn_split_combine one sequence at a time on
+// copies of the caches (the claim of tests/gpu/decode.rs).
+static size_t split_mma_smem_floats(int d) {
+    size_t bytes = (size_t)(16 + 2 * SPLIT_MMA_STAGES * 32) * (d + 8) * 2 + 16 * (32 + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4;
+    return bytes / 4;
+}
+static void run_attn_shape(int n_q, int n_kv, int d, int rotary, bool long_kernel) {
+    const float theta = 1e7f, eps = 1e-6f, scale = 1.0f / std::sqrt((float)d);
+    const int lens[8] = {37, 700, 5, 129, 1, 64, 9001, 300};
+    const int max_ctx = 9088;
+    size_t cache_n = (size_t)max_ctx * n_kv * d;
+    std::vector<float> q_norm = vec(d, 0.3f), k_norm = vec(d, 0.3f);
+    for (auto& v : q_norm) v += 1; for (auto& v : k_norm) v += 1;
+    int chunks = (n_q / n_kv + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
+    size_t slots = (size_t)DEC_B_MAX * n_q * SPLIT_MAX_SPLITS;
+    for (int B : {1, 3, 8}) {
+        std::vector<std::vector<u16>> caches(2 * B);
+        for (auto& c : caches) { c.resize(cache_n); for (auto& x : c) x = bf16_of(val(1.0f)); }
+        std::vector<std::vector<u16>> c_rows = caches, c_one = caches;
+        auto rnd_bf16 = [](size_t n) { std::vector<float> v = vec(n, 1.0f); for (auto& x : v) x = (float)f_of_bf16(bf16_of(x)); return v; };
+        std::vector<float> qg = rnd_bf16((size_t)B * 2 * n_q * d), kin = rnd_bf16((size_t)B * n_kv * d), vin = rnd_bf16((size_t)B * n_kv * d);
+        std::vector<int> pos(B);
+        std::vector<const int*> pos_t(B);
+        std::vector<u16*> cache_t(2 * B);
+        for (int b = 0; b < B; b++) { pos[b] = lens[b] - 1; }
+        for (int b = 0; b < B; b++) { pos_t[b] = &pos[b]; cache_t[b] = c_rows[b].data(); cache_t[B + b] = c_rows[B + b].data(); }
+        Buf<float> part_o(slots * d), part_ml(slots * 2), out((size_t)B * n_q * d);
+        launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, B}, SPLIT_WARPS * 32, split_mma_smem_floats(d), [&] {
+            auto k = long_kernel ? attn_split_mma_prep_long_rows : attn_split_mma_prep_rows;
+            k(qg.data(), kin.data(), vin.data(), q_norm.data(), k_norm.data(), cache_t.data(), part_o.p(), part_ml.p(),
+              pos_t.data(), n_q, n_kv, d, rotary, theta, eps, scale);
+        });
+        launch_k({n_q, B, (d + 63) / 64}, 256, 0, [&] {
+            attn_split_combine_rows(qg.data(), part_o.p(), part_ml.p(), out.p(), pos_t.data(), n_q, d);
+        });
+        // f64 reference
+        double e_out = 0, e_new = 0;
+        bool untouched = true;
+        for (int b = 0; b < B; b++) {
+            int p = pos[b], half = rotary / 2;
+            auto prep = [&](const float* x, const std::vector<float>& w, std::vector<double>& y) {
+                double ss = 0;
+                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+                double inv = 1 / std::sqrt(ss / d + eps);
+                std::vector<double> n(d);
+                for (int i = 0; i < d; i++) n[i] = x[i] * inv * w[i];
+                y = n;
+                for (int i = 0; i < rotary; i++) {
+                    int f = i < half ? i : i - half;
+                    double ang = p / std::pow((double)theta, 2.0 * f / rotary);
+                    y[i] = i < half ? n[i] * std::cos(ang) - n[i + half] * std::sin(ang) : n[i] * std::cos(ang) + n[i - half] * std::sin(ang);
+                }
+            };
+            std::vector<double> want((size_t)n_q * d);
+            for (int g = 0; g < n_kv; g++) {
+                std::vector<double> kn;
+                prep(&kin[((size_t)b * n_kv + g) * d], k_norm, kn);
+                // the new row: bf16 of the f64 key and of the value
+                std::vector<double> knew(d), vnew(d);
+                for (int i = 0; i < d; i++) { knew[i] = f_of_bf16(bf16_of((float)kn[i])); vnew[i] = f_of_bf16(bf16_of(vin[((size_t)b * n_kv + g) * d + i])); }
+                std::vector<double> gk(d), gv(d);
+                size_t at = ((size_t)p * n_kv + g) * d;
+                for (int i = 0; i < d; i++) { gk[i] = f_of_bf16(c_rows[b][at + i]); gv[i] = f_of_bf16(c_rows[B + b][at + i]); }
+                e_new = std::max(e_new, std::max(rel_l2(std::vector<float>(gk.begin(), gk.end()).data(), knew.data(), d),
+                                                 rel_l2(std::vector<float>(gv.begin(), gv.end()).data(), vnew.data(), d)));
+                for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
+                    std::vector<double> q;
+                    const float* src = &qg[((size_t)b * n_q + h) * 2 * d];
+                    prep(src, q_norm, q);
+                    std::vector<double> sc(p + 1);
+                    double mx = -1e300;
+                    for (int j = 0; j <= p; j++) {
+                        double s = 0;
+                        for (int i = 0; i < d; i++) s += q[i] * (j == p ? knew[i] : f_of_bf16(caches[b][((size_t)j * n_kv + g) * d + i]));
+                        sc[j] = s / std::sqrt((double)d);
+                        mx = std::max(mx, sc[j]);
+                    }
+                    double sum = 0;
+                    for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
+                    for (int i = 0; i < d; i++) {
+                        double o = 0;
+                        for (int j = 0; j <= p; j++) o += sc[j] * (j == p ? vnew[i] : f_of_bf16(caches[B + b][((size_t)j * n_kv + g) * d + i]));
+                        double gate = src[d + i];
+                        want[(size_t)h * d + i] = o / sum / (1 + std::exp(-gate));
+                    }
+                }
+            }
+            e_out = std::max(e_out, rel_l2(out.p() + (size_t)b * n_q * d, want.data(), want.size()));
+            for (int kvv = 0; kvv < 2; kvv++)
+                for (size_t i = 0; i < cache_n; i++)
+                    if (c_rows[kvv * B + b][i] != caches[kvv * B + b][i] && i / ((size_t)n_kv * d) != (size_t)p) untouched = false;
+        }
+        char what[200];
+        const char* kname = long_kernel ? "_long" : "";
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: outputs", n_q, n_kv, d, kname, B);
+        verdict(what, e_out < 2e-2 && out.guard_ok(), "  rel_l2 %.2e (q, P rounded to bf16)", e_out);
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: new key, value rows", n_q, n_kv, d, kname, B);
+        verdict(what, e_new < 1e-2, "  rel_l2 %.2e", e_new);
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: other cache rows untouched", n_q, n_kv, d, kname, B);
+        verdict(what, untouched);
+        // One sequence at a time.
+        Buf<float> out1((size_t)B * n_q * d);
+        for (int b = 0; b < B; b++) {
+            const float* qgb = qg.data() + (size_t)b * 2 * n_q * d;
+            launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, 1}, SPLIT_WARPS * 32, split_mma_smem_floats(d), [&] {
+                auto k = long_kernel ? attn_split_mma_prep_long : attn_split_mma_prep;
+                k(qgb, kin.data() + (size_t)b * n_kv * d, vin.data() + (size_t)b * n_kv * d, q_norm.data(), k_norm.data(),
+                  c_one[b].data(), c_one[B + b].data(), part_o.p(), part_ml.p(), &pos[b], n_q, n_kv, d, rotary, theta, eps, scale);
+            });
+            launch_k({n_q, 1, (d + 63) / 64}, 256, 0, [&] {
+                attn_split_combine(qgb, part_o.p(), part_ml.p(), out1.p() + (size_t)b * n_q * d, &pos[b], 1, n_q, d);
+            });
+        }
+        bool same = same_bits(out.p(), out1.p(), out.n);
+        for (int i = 0; i < 2 * B; i++) same = same && c_rows[i] == c_one[i];
+        snprintf(what, sizeof what, "%d/%d heads of %d, %d seqs vs prep%s + combine alone", n_q, n_kv, d, B, kname);
+        verdict(what, same, same ? "  bit for bit" : "  differ");
+    }
+}
+static void run_attn() {
+    printf("attn_split_mma_prep_rows + attn_split_combine_rows (bf16)\n");
+    run_attn_shape(16, 2, 256, 64, false);
+    run_attn_shape(16, 2, 256, 64, true);
+    run_attn_shape(4, 2, 64, 16, false);
+}
+#endif
+
 int main(int argc, char** argv) {
     alarm(600);  // a lane missing a warp collective hangs the emulation: end it
     std::string part = argc > 1 ? argv[1] : "";
@@ -538,7 +672,10 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
-    else { fprintf(stderr, "usage: emu gemv|moe|dn\n"); return 2; }
+#ifdef LILY_BF16_ACT
+    else if (part == "attn") run_attn();
+#endif
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;
