@@ -111,11 +111,10 @@ struct QW {
             b[g] = bf16_of(-0.5f * range * sc + val(0.01f));
         }
     }
-    QWeight view(int e = -1) const {
+    QWeight view() const {
         QWeight w;
         w.q = q.data(); w.scales = (const u16*)s.data(); w.biases = (const u16*)b.data();
         w.bits = bits; w.rows = rows; w.cols = cols; w.group = 64;
-        (void)e;
         return w;
     }
     int code(int e, int r, int c) const {
