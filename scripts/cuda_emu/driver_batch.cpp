@@ -269,6 +269,12 @@ static void run_gemv() {
     // out_proj / o_proj: 4096 → 2048 added into the residual; 8 rows take two launches (5 + 3).
     QW out(4, 1, 2048, 4096);
     gemv_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, {1, 8});
+    // The router (exact logits) beside the shared expert's gate (one row), 8-bit as MLX stores them.
+    QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
+    gemv_case("router", 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 8});
+    // The shared expert's down projection: 512 columns (8 groups, one a lane).
+    QW sdown(4, 1, 2048, 512);
+    gemv_case("shared down", 512, {&sdown}, {DEC_STORE}, {1, 3, 8});
     // Narrow inputs: 256 columns (4 lanes a weight row) and 64 (one).
     QW n256(4, 1, 77, 256), n64(8, 1, 300, 64);
     gemv_case("narrow", 256, {&n256}, {DEC_STORE}, {3});
