@@ -59,7 +59,11 @@ inline void __syncthreads();
 // warp-shared slots
 struct WarpSlots { u32 a[32][4]; u32 b[32][2]; float c[32][4]; float v[32]; };
 WarpSlots g_ws[8];
+#ifndef SHIM_FIBERS  // shim_decode.h brings its own barriers (a block's threads as fibers)
 inline void __syncwarp() { g_warp_bar[warp_id()]->arrive_and_wait(); }
+#else
+inline void __syncwarp();
+#endif
 inline float __shfl_up_sync(unsigned, float v, int off) {
     auto& w = g_ws[warp_id()]; int l = lane_id();
     w.v[l] = v; __syncwarp();
@@ -108,7 +112,9 @@ template <int N> inline void cp_async_wait() {
         t_groups.pop_front();
     }
 }
+#ifndef SHIM_FIBERS
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+#endif
 
 // Runs `kernel` over the grid, a block at a time, `threads` threads, `smem_floats` of shared memory
 // filled with NaN first.

@@ -1,0 +1,687 @@
+// The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
+// shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
+// Argument: gemv | moe | dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
+//
+//   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
+//         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
+//         weights (w = scale · q + bias per 64-column group, bf16 scale and bias, element j of a
+//         u32 at bits · j), every store mode, 4- and 8-bit; and for one row against the one-row
+//         kernels (dec_gemv4, dec_gemv4w, dec_gemv8), which sum in another order: compared to a
+//         tolerance, since the GPU tests claim no bit equality there.
+//   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
+//         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
+//         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
+//         at a time (the claim of tests/gpu/decode.rs).
+//   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
+//         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
+//         dec_dn_step one sequence at a time on copies of the states.
+//   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
+//
+// Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
+// must stay untouched. What this cannot show: races a GPU's real scheduling could expose (here a
+// block's threads run as OS threads and blocks one after another, so a missing barrier is only
+// caught when the OS happens to interleave the threads badly), memory ordering between blocks
+// and kernels, programmatic dependent launch (griddepcontrol is a no-op: kernels run in order),
+// NVRTC's FMA contraction (off here) and CUDA's approximate rsqrtf (see shim_decode.h).
+#include <csignal>
+#include <unistd.h>
+#include <cinttypes>
+#include <random>
+
+#ifdef LILY_BF16_ACT
+static const bool BF16 = true;
+#else
+static const bool BF16 = false;
+#endif
+static const int SM_COUNT = 132;  // the H200's: the launchers' persistent grids as on the device
+static int g_fail = 0;
+static std::mt19937_64 g_rng(20261205);
+
+// Uniform in ±[0.05, 1) · scale: never zero (the GPU tests' Rng::val).
+static float val(float scale) {
+    double u = (g_rng() >> 11) * (1.0 / 9007199254740992.0);
+    return (g_rng() & 1 ? 1.0f : -1.0f) * (float)(0.05 + 0.95 * u) * scale;
+}
+static std::vector<float> vec(size_t n, float scale) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = val(scale);
+    return v;
+}
+// bf16 here: our own round-to-nearest-even (the reference does not borrow common.cuh's).
+static uint16_t bf16_of(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static double f_of_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static double rb(double v) { return BF16 ? f_of_bf16(bf16_of((float)v)) : v; }  // act() of the reference
+
+// A buffer with NaN bits in the guard band after its n elements.
+static const size_t GUARD = 64;
+template <class T>
+struct Buf {
+    std::vector<T> v;
+    size_t n;
+    explicit Buf(size_t n_) : v(n_ + GUARD), n(n_) { poison(); }
+    void poison() { uint32_t p = 0x7fc00000u; for (auto& x : v) memcpy(&x, &p, 4); }
+    T* p() { return v.data(); }
+    T& operator[](size_t i) { return v[i]; }
+    bool guard_ok() const {
+        for (size_t i = n; i < v.size(); i++) { uint32_t u; memcpy(&u, &v[i], 4); if (u != 0x7fc00000u) return false; }
+        return true;
+    }
+};
+
+static void verdict(const char* what, bool ok, const char* fmt = "", double a = 0, double b = 0) {
+    printf("  %-64s %s", what, ok ? "ok  " : "FAIL");
+    printf(fmt, a, b);
+    printf("\n");
+    fflush(stdout);
+    if (!ok) g_fail = 1;
+}
+
+// rel L2 of got against want; non-finite values count as failure (returned as 1e9).
+static double rel_l2(const float* got, const double* want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(got[i])) return 1e9;
+        num += (got[i] - want[i]) * (got[i] - want[i]);
+        den += want[i] * want[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+}
+static bool same_bits(const void* a, const void* b, size_t n4) { return memcmp(a, b, 4 * n4) == 0; }
+
+// An MLX affine stack of `experts` [rows, cols] matrices, random codes, scales and biases.
+struct QW {
+    int bits, rows, cols, experts;
+    std::vector<u32> q;
+    std::vector<uint16_t> s, b;
+    QW(int bits_, int experts_, int rows_, int cols_) : bits(bits_), rows(rows_), cols(cols_), experts(experts_) {
+        size_t words = (size_t)experts * rows * cols * bits / 32, groups = (size_t)experts * rows * (cols / 64);
+        q.resize(words);
+        for (auto& w : q) w = (u32)g_rng();
+        s.resize(groups); b.resize(groups);
+        // w = s·q + b spans about ±(scale of the row), codes centred by the bias.
+        float range = bits == 4 ? 15.0f : 255.0f;
+        for (size_t g = 0; g < groups; g++) {
+            float sc = std::fabs(val(0.08f)) / range;
+            if (g_rng() % 5 == 0) sc = -sc;  // MLX may write negative scales
+            s[g] = bf16_of(sc);
+            b[g] = bf16_of(-0.5f * range * sc + val(0.01f));
+        }
+    }
+    QWeight view() const {
+        QWeight w;
+        w.q = q.data(); w.scales = (const u16*)s.data(); w.biases = (const u16*)b.data();
+        w.bits = bits; w.rows = rows; w.cols = cols; w.group = 64;
+        return w;
+    }
+    int code(int e, int r, int c) const {
+        size_t per = 32 / bits, row0 = ((size_t)e * rows + r) * (cols / per);
+        u32 word = q[row0 + c / per];
+        return (word >> (bits * (c % per))) & ((1u << bits) - 1);
+    }
+    double weight(int e, int r, int c) const {
+        size_t g = ((size_t)e * rows + r) * (cols / 64) + c / 64;
+        return f_of_bf16(s[g]) * code(e, r, c) + f_of_bf16(b[g]);
+    }
+    // f64 row · x
+    double dot(int e, int r, const double* x) const {
+        double acc = 0;
+        for (int c = 0; c < cols; c++) acc += weight(e, r, c) * x[c];
+        return acc;
+    }
+};
+
+// ---- gemv ---------------------------------------------------------------------------------------
+
+// Decode::project_rows's launch geometry (crates/lily-cuda/src/kernels/decode.rs).
+static int rows_lanes_rpw(int cols) { int g = cols / 64, l = g >= 8 ? 8 : g >= 4 ? 4 : g >= 2 ? 2 : 1; return 32 / l; }
+static size_t rows_smem_floats(int cols, int rows) { return (size_t)rows * (cols / 64) * (DEC_XPAD + 1); }
+static int rows_per_launch(int cols) {
+    for (int r = DEC_B_MAX; r >= 1; r--) if (rows_smem_floats(cols, r) * 4 <= 96 * 1024) return r;
+    return 1;
+}
+struct Seg { const QW* w; int mode; };
+static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, int rows_per_tile) {
+    DecSegs d{};
+    int total = 0;
+    for (int i = 0; i < DEC_MAX_SEGS; i++) d.s[i].tile0 = 0x7fffffff;
+    for (size_t i = 0; i < segs.size(); i++) {
+        d.s[i].w = segs[i].w->view(); d.s[i].y = ys[i]; d.s[i].mode = segs[i].mode; d.s[i].tile0 = total;
+        total += (segs[i].w->rows + rows_per_tile - 1) / rows_per_tile;
+    }
+    d.n = (int)segs.size(); d.tiles = total;
+    return d;
+}
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+    int rows_per_tile = DEC_WARPS * rows_lanes_rpw(cols);
+    DecSegs base = make_segs(segs, ys, rows_per_tile);
+    int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
+    for (int b0 = 0; b0 < rows; b0 += per) {
+        int nb = std::min(per, rows - b0);
+        DecSegs at = base;
+        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
+        const float* xb = x + (size_t)b0 * cols;
+        launch_k({grid, 1, 1}, DEC_WARPS * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
+    }
+}
+// Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
+static void project_one(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols) {
+    int G = cols / 64, lpr = std::min(32, G), spw = 32 / lpr;
+    bool all4 = true, all8 = true;
+    for (auto& s : segs) { all4 &= s.w->bits == 4; all8 &= s.w->bits == 8; }
+    int R = all4 && G <= 32 ? DEC_R4 : 1;
+    DecSegs d = make_segs(segs, ys, DEC_WARPS * spw * R);
+    int grid = std::min(d.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    auto k = all4 && G <= 32 ? dec_gemv4 : all4 && G == 64 ? dec_gemv4w : all8 && G <= 32 ? dec_gemv8 : dec_gemv;
+    launch_k({grid, 1, 1}, DEC_WARPS * 32, 0, [&] { k(d, x, nullptr, 0.0f, nullptr, 1, nullptr, cols); });
+}
+
+static void gemv_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, std::vector<int> nbs) {
+    std::vector<Seg> segs;
+    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
+    for (int nb : nbs) {
+        std::vector<float> x = vec((size_t)nb * cols, 1.0f);
+        if (BF16) for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
+        std::vector<Buf<float>> outs;
+        std::vector<std::vector<float>> resid;
+        std::vector<float*> ys;
+        for (size_t i = 0; i < ws.size(); i++) {
+            outs.emplace_back((size_t)nb * ws[i]->rows);
+            resid.push_back(vec((size_t)nb * ws[i]->rows, 1.0f));
+            if (BF16) for (auto& v : resid.back()) v = (float)f_of_bf16(bf16_of(v));
+        }
+        for (size_t i = 0; i < ws.size(); i++) {
+            if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), outs[i].v.begin());
+            ys.push_back(outs[i].p());
+        }
+        project_rows(segs, ys, x.data(), cols, nb);
+        for (size_t i = 0; i < ws.size(); i++) {
+            const QW& w = *ws[i];
+            std::vector<double> want((size_t)nb * w.rows);
+            double worst = 0;  // per element: |err| / Σ_j |w_j x_j|
+            for (int b = 0; b < nb; b++) {
+                std::vector<double> xd(x.begin() + (size_t)b * cols, x.begin() + (size_t)(b + 1) * cols);
+                for (int r = 0; r < w.rows; r++) {
+                    double y = 0, mag = 0;
+                    for (int c = 0; c < cols; c++) { double t = w.weight(0, r, c) * xd[c]; y += t; mag += std::fabs(t); }
+                    size_t at = (size_t)b * w.rows + r;
+                    double want_v = modes[i] == DEC_RESIDUAL ? rb(resid[i][at] + rb(y)) : modes[i] == DEC_EXACT ? y : rb(y);
+                    want[at] = want_v;
+                    double got = outs[i][at];
+                    double scale = mag + (modes[i] == DEC_RESIDUAL ? std::fabs(resid[i][at]) : 0);
+                    double e = std::isfinite(got) ? std::fabs(got - want_v) / scale : 1e9;
+                    worst = std::max(worst, e);
+                }
+            }
+            double e = rel_l2(outs[i].p(), want.data(), want.size());
+            const char* mode = modes[i] == DEC_STORE ? "store" : modes[i] == DEC_RESIDUAL ? "residual" : "exact";
+            char what[160];
+            snprintf(what, sizeof what, "%s: %d rows, %d cols, %d-bit x %d, %s", name, nb, cols, w.bits, w.rows, mode);
+            // fp32: the GPU test's 1e-5; bf16: a stored value within a bf16 step of the f64 one.
+            double tol = BF16 ? 1e-2 : 1e-5, tol_el = BF16 ? 8e-3 : 2e-6;
+            verdict(what, e < tol && worst < tol_el && outs[i].guard_ok(), "  rel_l2 %.2e, worst element %.2e of Σ|w x|", e, worst);
+        }
+        if (nb == 1) {
+            // The one-row kernels on the same row: another summation order, so a tolerance.
+            std::vector<Buf<float>> one;
+            std::vector<float*> ys1;
+            for (size_t i = 0; i < ws.size(); i++) {
+                one.emplace_back(ws[i]->rows);
+                if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), one.back().v.begin());
+            }
+            for (auto& o : one) ys1.push_back(o.p());
+            // The one-row kernels are chosen by width: 4-bit and 8-bit weights go to separate launches.
+            for (int bits : {4, 8}) {
+                std::vector<Seg> sub; std::vector<float*> ysub;
+                for (size_t i = 0; i < ws.size(); i++) if (ws[i]->bits == bits) { sub.push_back(segs[i]); ysub.push_back(ys1[i]); }
+                if (!sub.empty()) project_one(sub, ysub, x.data(), cols);
+            }
+            for (size_t i = 0; i < ws.size(); i++) {
+                double num = 0, den = 0; size_t differ = 0;
+                for (int r = 0; r < ws[i]->rows; r++) {
+                    double a = outs[i][r], b = one[i][r];
+                    num += (a - b) * (a - b); den += b * b;
+                    differ += memcmp(&outs[i][r], &one[i][r], 4) != 0;
+                }
+                double e = std::sqrt(num / std::max(den, 1e-300));
+                char what[160];
+                snprintf(what, sizeof what, "%s: 1 row vs the one-row kernel, %d-bit x %d", name, ws[i]->bits, ws[i]->rows);
+                bool ok = std::isfinite(e) && e < (BF16 ? 1e-2 : 1e-6);
+                printf("  %-64s %s  rel %.2e, %zu of %d values not bit-equal\n", what, ok ? "ok  " : "FAIL", e, differ, ws[i]->rows);
+                if (!ok) g_fail = 1;
+            }
+        }
+    }
+}
+
+static void run_gemv() {
+    printf("dec_gemv_rows (activations %s)\n", BF16 ? "bf16" : "fp32");
+    // DeltaNet's in_proj at the model's width: qkv 8192 and z 4096 rows (4-bit), b and a 32 rows
+    // (8-bit here, to take the 8-bit path beside the 4-bit one), all four in one launch.
+    QW qkv(4, 1, 8192, 2048), z(4, 1, 4096, 2048), bw(8, 1, 32, 2048), aw(8, 1, 32, 2048);
+    gemv_case("in_proj", 2048, {&qkv, &z, &bw, &aw}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {1, 3, 8});
+    // Rows that end mid-tile, and more rows than a launch takes (11 = 8 + 3).
+    QW w300(4, 1, 300, 2048), w77(8, 1, 77, 2048), w16(4, 1, 16, 2048), w1(8, 1, 1, 2048);
+    gemv_case("ragged", 2048, {&w300, &w77, &w16, &w1}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {2, 11});
+    // out_proj / o_proj: 4096 → 2048 added into the residual; 8 rows take two launches (5 + 3).
+    QW out(4, 1, 2048, 4096);
+    gemv_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, {1, 8});
+    // The router (exact logits) beside the shared expert's gate (one row), 8-bit as MLX stores them.
+    QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
+    gemv_case("router", 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 8});
+    // The shared expert's down projection: 512 columns (8 groups, one a lane).
+    QW sdown(4, 1, 2048, 512);
+    gemv_case("shared down", 512, {&sdown}, {DEC_STORE}, {1, 3, 8});
+    // Narrow inputs: 256 columns (4 lanes a weight row) and 64 (one).
+    QW n256(4, 1, 77, 256), n64(8, 1, 300, 64);
+    gemv_case("narrow", 256, {&n256}, {DEC_STORE}, {3});
+    gemv_case("narrow", 64, {&n64}, {DEC_STORE}, {3});
+}
+
+// ---- moe ----------------------------------------------------------------------------------------
+
+struct Moe {
+    int hidden = 2048, n_exp = 256, top_k = 8, inter = 512, sinter = 512;
+    QW gate{4, 256, 512, 2048}, up{4, 256, 512, 2048}, sgate{4, 1, 512, 2048}, sup{4, 1, 512, 2048};
+    QW down{4, 256, 2048, 512}, sdown{4, 1, 2048, 512};
+};
+
+struct MoeIo {
+    int B, tk, h, inter, n_exp;
+    std::vector<float> logits, xn, s_gate, x0;
+    Buf<int> ids; Buf<float> rw, eh, sh, x;
+    MoeIo(const Moe& m, int B_)
+        : B(B_), tk(m.top_k), h(m.hidden), inter(m.inter), n_exp(m.n_exp),
+          ids((size_t)B_ * m.top_k), rw((size_t)B_ * m.top_k), eh((size_t)B_ * m.top_k * m.inter),
+          sh((size_t)B_ * m.sinter), x((size_t)B_ * m.hidden) {}
+};
+
+static int glu_per_item(const Moe& m) {
+    int lpr = std::min(32, m.hidden / 64), spw = 32 / lpr, rows_per_tile = DEC_WARPS * spw * DEC_GLU_R4;
+    int rows = std::max(m.gate.rows, m.sgate.rows);
+    return (rows + rows_per_tile - 1) / rows_per_tile;
+}
+// Decode::glu_launch / down_combine_launch's geometry.
+static void moe_rows(const Moe& m, MoeIo& io) {
+    int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
+    int per_token = (LAUNCH_BLOCKS_PER_SM * SM_COUNT + io.B - 1) / io.B;
+    QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
+    launch_k({std::min(tiles, per_token), io.B, 1}, DEC_WARPS * 32, 0, [&] {
+        dec_glu4_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+                      io.eh.p(), m.inter, io.sh.p(), per_item);
+    });
+    int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr;
+    int grid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
+    size_t smem = (size_t)(m.top_k + 1) * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
+    QWeight d = m.down.view(), sd = m.sdown.view();
+    launch_k({grid, io.B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, smem, [&] {
+        dec_down_combine_rows(d, sd, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(), io.s_gate.data(), io.x.p());
+    });
+}
+static void moe_one_at_a_time(const Moe& m, MoeIo& io) {
+    int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
+    QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
+    QWeight d = m.down.view(), sd = m.sdown.view();
+    int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr;
+    int grid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
+    size_t smem = (size_t)(m.top_k + 1) * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
+    for (int t = 0; t < io.B; t++) {
+        int* ids = io.ids.p() + t * m.top_k; float* rw = io.rw.p() + t * m.top_k;
+        float* eh = io.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = io.sh.p() + (size_t)t * m.sinter;
+        launch_k({std::min(tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+                     io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
+        });
+        launch_k({grid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, smem, [&] {
+            dec_down_combine(d, sd, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t, io.x.p() + (size_t)t * m.hidden);
+        });
+    }
+}
+
+static double silu(double v) { return v / (1 + std::exp(-v)); }
+
+static void run_moe(std::vector<int> Bs, std::vector<int> bit_Bs) {
+    printf("dec_glu4_rows + dec_down_combine_rows (activations %s)\n", BF16 ? "bf16" : "fp32");
+    Moe m;
+    for (int B : Bs) {
+        MoeIo io(m, B);
+        io.logits = vec((size_t)B * m.n_exp, 2.0f);
+        io.xn = vec((size_t)B * m.hidden, 1.0f);
+        if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
+        io.s_gate = vec(B, 1.0f);
+        io.x0 = vec((size_t)B * m.hidden, 1.0f);
+        if (BF16) for (auto& v : io.x0) v = (float)f_of_bf16(bf16_of(v));
+        std::copy(io.x0.begin(), io.x0.end(), io.x.v.begin());
+        moe_rows(m, io);
+        // f64 reference, token by token.
+        bool ids_ok = true;
+        double e_rw = 0, e_h = 0, e_sh = 0, e_x = 0, min_gap = 1e9;
+        for (int t = 0; t < B; t++) {
+            const float* lt = io.logits.data() + (size_t)t * m.n_exp;
+            double mx = -1e300, sum = 0;
+            for (int e = 0; e < m.n_exp; e++) mx = std::max(mx, (double)lt[e]);
+            std::vector<double> p(m.n_exp);
+            for (int e = 0; e < m.n_exp; e++) { p[e] = std::exp(lt[e] - mx); sum += p[e]; }
+            for (auto& v : p) v /= sum;
+            std::vector<int> order(m.n_exp);
+            for (int e = 0; e < m.n_exp; e++) order[e] = e;
+            std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+            min_gap = std::min(min_gap, (p[order[m.top_k - 1]] - p[order[m.top_k]]) / p[order[0]]);
+            double picked = 0;
+            for (int k = 0; k < m.top_k; k++) picked += p[order[k]];
+            std::vector<double> xd(io.xn.begin() + (size_t)t * m.hidden, io.xn.begin() + (size_t)(t + 1) * m.hidden);
+            std::vector<double> y(m.hidden, 0.0), want_rw(m.top_k), want_h((size_t)m.top_k * m.inter), want_sh(m.sinter);
+            for (int k = 0; k < m.top_k; k++) {
+                int e = order[k];
+                if (io.ids[(size_t)t * m.top_k + k] != e) ids_ok = false;
+                want_rw[k] = rb(p[e] / picked);
+                for (int r = 0; r < m.inter; r++) {
+                    double gv = m.gate.dot(e, r, xd.data()), uv = m.up.dot(e, r, xd.data());
+                    want_h[(size_t)k * m.inter + r] = rb(rb(silu(rb(gv))) * rb(uv));
+                }
+            }
+            for (int r = 0; r < m.sinter; r++) {
+                double gv = m.sgate.dot(0, r, xd.data()), uv = m.sup.dot(0, r, xd.data());
+                want_sh[r] = rb(rb(silu(rb(gv))) * rb(uv));
+            }
+            double sg = rb(1 / (1 + std::exp(-(double)io.s_gate[t])));
+            std::vector<double> want_x(m.hidden);
+            for (int c = 0; c < m.hidden; c++) {
+                double acc = 0;
+                for (int k = 0; k < m.top_k; k++) acc += want_rw[k] * rb(m.down.dot(order[k], c, &want_h[(size_t)k * m.inter]));
+                acc += rb(sg * rb(m.sdown.dot(0, c, want_sh.data())));
+                want_x[c] = rb(io.x0[(size_t)t * m.hidden + c] + rb(acc));
+            }
+            e_rw = std::max(e_rw, rel_l2(io.rw.p() + (size_t)t * m.top_k, want_rw.data(), m.top_k));
+            e_h = std::max(e_h, rel_l2(io.eh.p() + (size_t)t * m.top_k * m.inter, want_h.data(), want_h.size()));
+            e_sh = std::max(e_sh, rel_l2(io.sh.p() + (size_t)t * m.sinter, want_sh.data(), m.sinter));
+            // the residual's change (x − x0): what the kernel adds, not hidden under x0
+            std::vector<float> dx(m.hidden); std::vector<double> want_dx(m.hidden);
+            for (int c = 0; c < m.hidden; c++) {
+                dx[c] = io.x[(size_t)t * m.hidden + c] - io.x0[(size_t)t * m.hidden + c];
+                want_dx[c] = want_x[c] - io.x0[(size_t)t * m.hidden + c];
+            }
+            e_x = std::max(e_x, rel_l2(dx.data(), want_dx.data(), m.hidden));
+        }
+        bool guards = io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok() && io.x.guard_ok();
+        double tol = BF16 ? 2e-2 : 1e-5;
+        char what[160];
+        snprintf(what, sizeof what, "%d tokens: expert ids (top-8 margin ≥ %.1e of p_max)", B, min_gap);
+        verdict(what, ids_ok);
+        snprintf(what, sizeof what, "%d tokens: routing weights", B);
+        verdict(what, e_rw < (BF16 ? 1e-2 : 1e-6), "  rel_l2 %.2e", e_rw);
+        snprintf(what, sizeof what, "%d tokens: experts' hidden rows [%d, 8, 512]", B, B);
+        verdict(what, e_h < tol, "  rel_l2 %.2e", e_h);
+        snprintf(what, sizeof what, "%d tokens: shared expert's hidden rows", B);
+        verdict(what, e_sh < tol, "  rel_l2 %.2e", e_sh);
+        snprintf(what, sizeof what, "%d tokens: residual rows' update (x - x0)", B);
+        verdict(what, e_x < (BF16 ? 5e-2 : 1e-5), "  rel_l2 %.2e", e_x);
+        snprintf(what, sizeof what, "%d tokens: nothing written past the outputs", B);
+        verdict(what, guards);
+        if (std::find(bit_Bs.begin(), bit_Bs.end(), B) != bit_Bs.end()) {
+            MoeIo one(m, B);
+            one.logits = io.logits; one.xn = io.xn; one.s_gate = io.s_gate; one.x0 = io.x0;
+            std::copy(io.x0.begin(), io.x0.end(), one.x.v.begin());
+            moe_one_at_a_time(m, one);
+            snprintf(what, sizeof what, "%d tokens vs dec_glu4 + dec_down_combine a token at a time", B);
+            bool same = same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.rw.p(), one.rw.p(), io.rw.n) &&
+                        same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n) &&
+                        same_bits(io.x.p(), one.x.p(), io.x.n);
+            verdict(what, same, same ? "  bit for bit" : "  differ");
+        }
+    }
+}
+
+// ---- dn -----------------------------------------------------------------------------------------
+
+static void run_dn_shape(int nk, int nv, int dk, int dv, int taps, std::vector<int> Bs, std::vector<int> bit_Bs) {
+    const float eps = 1e-6f;
+    int conv_dim = 2 * nk * dk + nv * dv;
+    size_t state_n = (size_t)nv * dk * dv, conv_n = (size_t)(taps - 1) * conv_dim;
+    std::vector<float> weight = vec((size_t)conv_dim * taps, 0.5f), a_log = vec(nv, 0.5f), dt_bias = vec(nv, 0.5f);
+    for (int B : Bs) {
+        bool bits_too = std::find(bit_Bs.begin(), bit_Bs.end(), B) != bit_Bs.end();
+        std::vector<Buf<float>> st, cv, st1, cv1;
+        std::vector<std::vector<double>> ref_st, ref_cv;
+        for (int r = 0; r < B; r++) {
+            std::vector<float> s = vec(state_n, 0.1f), c = vec(conv_n, 1.0f);
+            st.emplace_back(state_n); cv.emplace_back(conv_n); st1.emplace_back(state_n); cv1.emplace_back(conv_n);
+            std::copy(s.begin(), s.end(), st[r].v.begin()); std::copy(s.begin(), s.end(), st1[r].v.begin());
+            std::copy(c.begin(), c.end(), cv[r].v.begin()); std::copy(c.begin(), c.end(), cv1[r].v.begin());
+            ref_st.emplace_back(s.begin(), s.end()); ref_cv.emplace_back(c.begin(), c.end());
+        }
+        std::vector<float*> st_t, cv_t;
+        for (int r = 0; r < B; r++) { st_t.push_back(st[r].p()); cv_t.push_back(cv[r].p()); }
+        for (int step = 0; step < 2; step++) {
+            std::vector<float> m = vec((size_t)B * conv_dim, 1.0f), bb = vec((size_t)B * nv, 1.0f), aa = vec((size_t)B * nv, 1.0f);
+            Buf<float> c((size_t)B * conv_dim), o((size_t)B * nv * dv), c1((size_t)B * conv_dim), o1((size_t)B * nv * dv);
+            launch_k({(conv_dim + 127) / 128, B, 1}, 128, 0, [&] { dec_dn_conv_rows(m.data(), cv_t.data(), weight.data(), c.p(), conv_dim, taps); });
+            launch_k({nv, dv / DEC_DN_COLS, B}, 128, 0, [&] {
+                dec_dn_step_rows(c.p(), bb.data(), aa.data(), a_log.data(), dt_bias.data(), st_t.data(), o.p(), nk, nv, dk, dv, eps);
+            });
+            // f64 reference.
+            double e_c = 0, e_o = 0, e_s = 0; bool conv_state_exact = true;
+            for (int r = 0; r < B; r++) {
+                std::vector<double> cref(conv_dim);
+                for (int ch = 0; ch < conv_dim; ch++) {
+                    double acc = 0;
+                    for (int j = 0; j < taps - 1; j++) acc += (double)weight[(size_t)ch * taps + j] * ref_cv[r][(size_t)j * conv_dim + ch];
+                    acc += (double)weight[(size_t)ch * taps + taps - 1] * m[(size_t)r * conv_dim + ch];
+                    cref[ch] = rb(silu(rb(acc)));
+                }
+                for (int j = 0; j < taps - 1; j++)
+                    for (int ch = 0; ch < conv_dim; ch++)
+                        ref_cv[r][(size_t)j * conv_dim + ch] = j + 1 < taps - 1 ? ref_cv[r][(size_t)(j + 1) * conv_dim + ch] : m[(size_t)r * conv_dim + ch];
+                e_c = std::max(e_c, rel_l2(c.p() + (size_t)r * conv_dim, cref.data(), conv_dim));
+                for (size_t i = 0; i < conv_n; i++) if ((double)cv[r][i] != ref_cv[r][i]) conv_state_exact = false;
+                std::vector<double> oref((size_t)nv * dv);
+                int key_dim = nk * dk;
+                for (int hv = 0; hv < nv; hv++) {
+                    int hk = hv / (nv / nk);
+                    const double* q = &cref[(size_t)hk * dk]; const double* k = &cref[(size_t)key_dim + hk * dk];
+                    double qq = 0, kk = 0;
+                    for (int i = 0; i < dk; i++) { qq += q[i] * q[i]; kk += k[i] * k[i]; }
+                    double qn = 1 / std::sqrt(qq + eps) / std::sqrt((double)dk), kn = 1 / std::sqrt(kk + eps);
+                    double beta = rb(1 / (1 + std::exp(-(double)bb[(size_t)r * nv + hv])));
+                    double x = (double)aa[(size_t)r * nv + hv] + dt_bias[hv];
+                    double g = -std::exp((double)a_log[hv]) * (x > 20 ? x : std::log1p(std::exp(x)));
+                    double alpha = std::exp(g);
+                    double* S = &ref_st[r][(size_t)hv * dk * dv];
+                    for (int i = 0; i < dk * dv; i++) S[i] *= alpha;
+                    for (int j = 0; j < dv; j++) {
+                        double u = 0;
+                        for (int i = 0; i < dk; i++) u += S[(size_t)i * dv + j] * k[i] * kn;
+                        double d = beta * (cref[(size_t)2 * key_dim + hv * dv + j] - u);
+                        double out = 0;
+                        for (int i = 0; i < dk; i++) { S[(size_t)i * dv + j] += k[i] * kn * d; out += S[(size_t)i * dv + j] * q[i] * qn; }
+                        oref[(size_t)hv * dv + j] = rb(out);
+                    }
+                }
+                e_o = std::max(e_o, rel_l2(o.p() + (size_t)r * nv * dv, oref.data(), oref.size()));
+                e_s = std::max(e_s, rel_l2(st[r].p(), ref_st[r].data(), state_n));
+            }
+            bool guards = c.guard_ok() && o.guard_ok();
+            for (int r = 0; r < B; r++) guards = guards && st[r].guard_ok() && cv[r].guard_ok();
+            char what[200];
+            double tol = BF16 ? 2e-2 : 2e-5;
+            snprintf(what, sizeof what, "heads %d/%d of %d/%d, %d taps, %d seqs, step %d: conv out", nk, nv, dk, dv, taps, B, step);
+            verdict(what, e_c < (BF16 ? 1e-2 : 1e-6), "  rel_l2 %.2e", e_c);
+            snprintf(what, sizeof what, "heads %d/%d of %d/%d, %d taps, %d seqs, step %d: conv states shifted", nk, nv, dk, dv, taps, B, step);
+            verdict(what, conv_state_exact, conv_state_exact ? "  exactly" : "");
+            snprintf(what, sizeof what, "heads %d/%d of %d/%d, %d taps, %d seqs, step %d: outputs, states", nk, nv, dk, dv, taps, B, step);
+            verdict(what, e_o < tol && e_s < tol, "  rel_l2 %.2e, %.2e", e_o, e_s);
+            snprintf(what, sizeof what, "heads %d/%d of %d/%d, %d taps, %d seqs, step %d: nothing written past", nk, nv, dk, dv, taps, B, step);
+            verdict(what, guards);
+            if (bits_too) {
+                for (int r = 0; r < B; r++) {
+                    float* cr = c1.p() + (size_t)r * conv_dim;
+                    launch_k({(conv_dim + 127) / 128, 1, 1}, 128, 0, [&] { dec_dn_conv(m.data() + (size_t)r * conv_dim, cv1[r].p(), weight.data(), cr, conv_dim, taps); });
+                    launch_k({nv, dv / DEC_DN_COLS, 1}, 128, 0, [&] {
+                        dec_dn_step(cr, bb.data() + (size_t)r * nv, aa.data() + (size_t)r * nv, a_log.data(), dt_bias.data(), st1[r].p(), o1.p() + (size_t)r * nv * dv, nk, nv, dk, dv, eps);
+                    });
+                }
+                bool same = same_bits(c.p(), c1.p(), c.n) && same_bits(o.p(), o1.p(), o.n);
+                for (int r = 0; r < B; r++) same = same && same_bits(st[r].p(), st1[r].p(), state_n) && same_bits(cv[r].p(), cv1[r].p(), conv_n);
+                snprintf(what, sizeof what, "heads %d/%d, %d seqs, step %d vs dec_dn_conv + dec_dn_step alone", nk, nv, B, step);
+                verdict(what, same, same ? "  bit for bit" : "  differ");
+            }
+        }
+    }
+}
+
+static void run_dn() {
+    printf("dec_dn_conv_rows + dec_dn_step_rows (activations %s)\n", BF16 ? "bf16" : "fp32");
+    run_dn_shape(16, 32, 128, 128, 4, {1, 3, 8}, {1, 3, 8});
+    run_dn_shape(1, 2, 32, 16, 2, {1, 3, 8}, {1, 3, 8});
+}
+
+// ---- attn ---------------------------------------------------------------------------------------
+#ifdef LILY_BF16_ACT
+// attn_split_mma_prep_rows (or _long_rows) + attn_split_combine_rows against an f64 attention of
+// each sequence (RMSNorm and NeoX RoPE of q and the new k, the new key and value into the bf16
+// cache at the position, softmax(q·k / sqrt(d)) · v over keys 0..pos, times sigmoid(gate)), and
+// bit for bit against attn_split_mma_prep (_long) + attn_split_combine one sequence at a time on
+// copies of the caches (the claim of tests/gpu/decode.rs).
+static size_t split_mma_smem_floats(int d) {
+    size_t bytes = (size_t)(16 + 2 * SPLIT_MMA_STAGES * 32) * (d + 8) * 2 + 16 * (32 + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4;
+    return bytes / 4;
+}
+static void run_attn_shape(int n_q, int n_kv, int d, int rotary, bool long_kernel) {
+    const float theta = 1e7f, eps = 1e-6f, scale = 1.0f / std::sqrt((float)d);
+    const int lens[8] = {37, 700, 5, 129, 1, 64, 9001, 300};
+    const int max_ctx = 9088;
+    size_t cache_n = (size_t)max_ctx * n_kv * d;
+    std::vector<float> q_norm = vec(d, 0.3f), k_norm = vec(d, 0.3f);
+    for (auto& v : q_norm) v += 1; for (auto& v : k_norm) v += 1;
+    int chunks = (n_q / n_kv + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
+    size_t slots = (size_t)DEC_B_MAX * n_q * SPLIT_MAX_SPLITS;
+    for (int B : {1, 3, 8}) {
+        std::vector<std::vector<u16>> caches(2 * B);
+        for (auto& c : caches) { c.resize(cache_n); for (auto& x : c) x = bf16_of(val(1.0f)); }
+        std::vector<std::vector<u16>> c_rows = caches, c_one = caches;
+        auto rnd_bf16 = [](size_t n) { std::vector<float> v = vec(n, 1.0f); for (auto& x : v) x = (float)f_of_bf16(bf16_of(x)); return v; };
+        std::vector<float> qg = rnd_bf16((size_t)B * 2 * n_q * d), kin = rnd_bf16((size_t)B * n_kv * d), vin = rnd_bf16((size_t)B * n_kv * d);
+        std::vector<int> pos(B);
+        std::vector<const int*> pos_t(B);
+        std::vector<u16*> cache_t(2 * B);
+        for (int b = 0; b < B; b++) { pos[b] = lens[b] - 1; }
+        for (int b = 0; b < B; b++) { pos_t[b] = &pos[b]; cache_t[b] = c_rows[b].data(); cache_t[B + b] = c_rows[B + b].data(); }
+        Buf<float> part_o(slots * d), part_ml(slots * 2), out((size_t)B * n_q * d);
+        launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, B}, SPLIT_WARPS * 32, split_mma_smem_floats(d), [&] {
+            auto k = long_kernel ? attn_split_mma_prep_long_rows : attn_split_mma_prep_rows;
+            k(qg.data(), kin.data(), vin.data(), q_norm.data(), k_norm.data(), cache_t.data(), part_o.p(), part_ml.p(),
+              pos_t.data(), n_q, n_kv, d, rotary, theta, eps, scale);
+        });
+        launch_k({n_q, B, (d + 63) / 64}, 256, 0, [&] {
+            attn_split_combine_rows(qg.data(), part_o.p(), part_ml.p(), out.p(), pos_t.data(), n_q, d);
+        });
+        // f64 reference
+        double e_out = 0, e_new = 0;
+        bool untouched = true;
+        for (int b = 0; b < B; b++) {
+            int p = pos[b], half = rotary / 2;
+            auto prep = [&](const float* x, const std::vector<float>& w, std::vector<double>& y) {
+                double ss = 0;
+                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+                double inv = 1 / std::sqrt(ss / d + eps);
+                std::vector<double> n(d);
+                for (int i = 0; i < d; i++) n[i] = x[i] * inv * w[i];
+                y = n;
+                for (int i = 0; i < rotary; i++) {
+                    int f = i < half ? i : i - half;
+                    double ang = p / std::pow((double)theta, 2.0 * f / rotary);
+                    y[i] = i < half ? n[i] * std::cos(ang) - n[i + half] * std::sin(ang) : n[i] * std::cos(ang) + n[i - half] * std::sin(ang);
+                }
+            };
+            std::vector<double> want((size_t)n_q * d);
+            for (int g = 0; g < n_kv; g++) {
+                std::vector<double> kn;
+                prep(&kin[((size_t)b * n_kv + g) * d], k_norm, kn);
+                // the new row: bf16 of the f64 key and of the value
+                std::vector<double> knew(d), vnew(d);
+                for (int i = 0; i < d; i++) { knew[i] = f_of_bf16(bf16_of((float)kn[i])); vnew[i] = f_of_bf16(bf16_of(vin[((size_t)b * n_kv + g) * d + i])); }
+                std::vector<double> gk(d), gv(d);
+                size_t at = ((size_t)p * n_kv + g) * d;
+                for (int i = 0; i < d; i++) { gk[i] = f_of_bf16(c_rows[b][at + i]); gv[i] = f_of_bf16(c_rows[B + b][at + i]); }
+                e_new = std::max(e_new, std::max(rel_l2(std::vector<float>(gk.begin(), gk.end()).data(), knew.data(), d),
+                                                 rel_l2(std::vector<float>(gv.begin(), gv.end()).data(), vnew.data(), d)));
+                for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
+                    std::vector<double> q;
+                    const float* src = &qg[((size_t)b * n_q + h) * 2 * d];
+                    prep(src, q_norm, q);
+                    std::vector<double> sc(p + 1);
+                    double mx = -1e300;
+                    for (int j = 0; j <= p; j++) {
+                        double s = 0;
+                        for (int i = 0; i < d; i++) s += q[i] * (j == p ? knew[i] : f_of_bf16(caches[b][((size_t)j * n_kv + g) * d + i]));
+                        sc[j] = s / std::sqrt((double)d);
+                        mx = std::max(mx, sc[j]);
+                    }
+                    double sum = 0;
+                    for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
+                    for (int i = 0; i < d; i++) {
+                        double o = 0;
+                        for (int j = 0; j <= p; j++) o += sc[j] * (j == p ? vnew[i] : f_of_bf16(caches[B + b][((size_t)j * n_kv + g) * d + i]));
+                        double gate = src[d + i];
+                        want[(size_t)h * d + i] = o / sum / (1 + std::exp(-gate));
+                    }
+                }
+            }
+            e_out = std::max(e_out, rel_l2(out.p() + (size_t)b * n_q * d, want.data(), want.size()));
+            for (int kvv = 0; kvv < 2; kvv++)
+                for (size_t i = 0; i < cache_n; i++)
+                    if (c_rows[kvv * B + b][i] != caches[kvv * B + b][i] && i / ((size_t)n_kv * d) != (size_t)p) untouched = false;
+        }
+        char what[200];
+        const char* kname = long_kernel ? "_long" : "";
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: outputs", n_q, n_kv, d, kname, B);
+        verdict(what, e_out < 2e-2 && out.guard_ok(), "  rel_l2 %.2e (q, P rounded to bf16)", e_out);
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: new key, value rows", n_q, n_kv, d, kname, B);
+        verdict(what, e_new < 1e-2, "  rel_l2 %.2e", e_new);
+        snprintf(what, sizeof what, "%d/%d heads of %d, prep%s_rows, %d seqs: other cache rows untouched", n_q, n_kv, d, kname, B);
+        verdict(what, untouched);
+        // One sequence at a time.
+        Buf<float> out1((size_t)B * n_q * d);
+        for (int b = 0; b < B; b++) {
+            const float* qgb = qg.data() + (size_t)b * 2 * n_q * d;
+            launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, 1}, SPLIT_WARPS * 32, split_mma_smem_floats(d), [&] {
+                auto k = long_kernel ? attn_split_mma_prep_long : attn_split_mma_prep;
+                k(qgb, kin.data() + (size_t)b * n_kv * d, vin.data() + (size_t)b * n_kv * d, q_norm.data(), k_norm.data(),
+                  c_one[b].data(), c_one[B + b].data(), part_o.p(), part_ml.p(), &pos[b], n_q, n_kv, d, rotary, theta, eps, scale);
+            });
+            launch_k({n_q, 1, (d + 63) / 64}, 256, 0, [&] {
+                attn_split_combine(qgb, part_o.p(), part_ml.p(), out1.p() + (size_t)b * n_q * d, &pos[b], 1, n_q, d);
+            });
+        }
+        bool same = same_bits(out.p(), out1.p(), out.n);
+        for (int i = 0; i < 2 * B; i++) same = same && c_rows[i] == c_one[i];
+        snprintf(what, sizeof what, "%d/%d heads of %d, %d seqs vs prep%s + combine alone", n_q, n_kv, d, B, kname);
+        verdict(what, same, same ? "  bit for bit" : "  differ");
+    }
+}
+static void run_attn() {
+    printf("attn_split_mma_prep_rows + attn_split_combine_rows (bf16)\n");
+    run_attn_shape(16, 2, 256, 64, false);
+    run_attn_shape(16, 2, 256, 64, true);
+    run_attn_shape(4, 2, 64, 16, false);
+}
+#endif
+
+int main(int argc, char** argv) {
+    alarm(600);  // a lane missing a warp collective hangs the emulation: end it
+    std::string part = argc > 1 ? argv[1] : "";
+    auto t0 = std::chrono::steady_clock::now();
+    if (part == "gemv") run_gemv();
+    else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
+    else if (part == "dn") run_dn();
+#ifdef LILY_BF16_ACT
+    else if (part == "attn") run_attn();
+#endif
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
+    return g_fail;
+}

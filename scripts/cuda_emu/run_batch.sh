@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
+# dec_gemv_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
+# attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
+# source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
+# block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
+# memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
+# PTX layouts; cp.async deferred until its wait), checked by driver_batch.cpp against f64
+# references and, where the GPU tests claim bit equality, against the one-sequence kernels
+# emulated the same way. A check of indexing, per-sequence pointers, strides, fragments, barriers
+# and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
+# it cannot show.
+#   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
+#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn [bf16]  (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (six known bugs put in: each must be caught)
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$HERE/../.."
+W="$(mktemp -d)"
+trap 'rm -rf "$W"' EXIT
+gen() {  # writes $W/emu.cpp: shim_decode.h, the kernels' source as C++, driver_batch.cpp
+python3 - "$ROOT" "$W" <<'PY'
+import re, sys
+root, w = sys.argv[1], sys.argv[2]
+common = open(f'{root}/shaders/cuda/common.cuh').read()
+dec = open(f'{root}/shaders/cuda/decode.cu').read()
+# common.cuh without its inline-PTX tensor-core / cp.async / Hopper helpers (decode.cu uses none).
+common = common[:common.index('// ---- tensor cores and asynchronous copies')] + \
+    common[common.index('// ---- pieces two kernel files share'):]
+def swap(src, old, new, count=1):
+    if src.count(old) != count:
+        sys.exit(f'run_batch.sh: expected {count} of {old!r} in the kernel source; it changed')
+    return src.replace(old, new)
+# `run_batch.sh mutants`: one known bug put into the kernels (EMU_MUTANT = its index), which the
+# emulation must catch: the proof that a pass means something.
+MUTANTS = [
+    ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
+     'dec_gemv_rows without the barrier after staging x'),
+    ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
+    ('dec', 'hs + b * sgate.rows', 'hs', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
+    ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
+    ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
+    ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
+]
+import os
+att = open(f'{root}/shaders/cuda/attention.cu').read()
+if os.environ.get('EMU_MUTANT'):
+    f, old, new, what = MUTANTS[int(os.environ['EMU_MUTANT'])]
+    print(f'mutant: {what}')
+    if f == 'dec':
+        dec = swap(dec, old, new)
+    else:
+        att = swap(att, old, new)
+# The two inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
+dec = swap(dec, '''    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;''', '    return __ldg(p);')
+dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 2)
+# attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
+# as for sm_90 (the _long kernels' head dim 256 compiled in) but with griddepcontrol (common.cuh)
+# a no-op.
+att = att[:att.index('// ---- split-KV decode')] + att[att.index('// ---- split-KV decode'):att.index('// attn_split: the split')] + \
+    att[att.index('// attn_split_mma: attn_split for one token'):att.index('// ---- prefill on tensor cores')]
+att = att.replace('__CUDA_ARCH__', 'EMU_CUDA_ARCH')
+att = swap(att, 'extern __shared__ __align__(16) float split_smem[];', 'float* split_smem = t_smem;')
+# Static shared arrays: one per block (shim_decode.h's shared_arr).
+def shared(m):
+    ty, decls = m.group(1), m.group(2)
+    out = []
+    for d in decls.split(','):
+        name, dims = re.fullmatch(r'\s*(\w+)((?:\[[^\]]+\])+)\s*', d).groups()
+        dims = re.findall(r'\[([^\]]+)\]', dims)
+        if len(dims) == 1:
+            out.append(f'{ty}* {name} = shared_arr<{ty}>("{name}", {dims[0]});')
+        else:
+            inner = ''.join(f'[{x}]' for x in dims[1:])
+            total = '*'.join(f'({x})' for x in dims)
+            out.append(f'{ty} (*{name}){inner} = reinterpret_cast<{ty} (*){inner}>(shared_arr<{ty}>("{name}", {total}));')
+    return ' '.join(out)
+pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16)\s+([^;]+);')
+common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
+for src in (common, dec, att):
+    # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
+    # compile to nothing, kernels running one after another.)
+    code = re.sub(r'#if __CUDA_ARCH__ >= 900.*?#endif', '', re.sub(r'//[^\n]*', '', src), flags=re.S)
+    if 'asm' in code or '__shared__' in src:
+        sys.exit('run_batch.sh: inline PTX or a shared declaration left unreplaced')
+# The launcher's constants (crates/lily-cuda/src/kernels/decode.rs), as FILE.defines passes them.
+rs = open(f'{root}/crates/lily-cuda/src/kernels/decode.rs').read()
+def const(name):
+    return re.search(r'pub const ' + name + r': usize = (\d+);', rs).group(1)
+defs = ''.join(f'#define {d} {const(c)}\n' for d, c in re.findall(r'\("(DEC_\w+)", (\w+) as i64\)', rs))
+defs += f'#define LAUNCH_BLOCKS_PER_SM {const("BLOCKS_PER_SM")}\n'
+ars = open(f'{root}/crates/lily-cuda/src/kernels/attention.rs').read()
+def aconst(name):
+    return re.search(r'pub const ' + name + r': usize = (\d+);', ars).group(1)
+defs += ''.join(f'#define {d} {aconst(c)}\n' for d, c in re.findall(r'\("(\w+)", (\w+) as i64\)', ars))
+defs += '#define EMU_CUDA_ARCH 900\n'
+open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + dec + att +
+                                f'\n#include "{root}/scripts/cuda_emu/driver_batch.cpp"\n')
+PY
+}
+build() {  # build FLAGS...: the emulator with these compiler flags into $W/emu
+  g++ -std=c++20 -O2 -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wno-unknown-pragmas -pthread "$@" \
+    "$W/emu.cpp" -o "$W/emu"
+}
+if [ "${1:-}" = mutants ]; then
+  # (index, part that must fail, build flags)
+  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT"; do
+    set -- $m
+    EMU_MUTANT=$1 gen
+    build ${3:-}
+    if "$W/emu" "$2" >"$W/log" 2>&1; then
+      echo "  NOT CAUGHT"; fail=1
+    else
+      echo "  caught: $(grep -m1 -E 'FAIL|deadlock|abort|never' "$W/log" | sed 's/  */ /g')"
+    fi
+  done
+  exit "${fail:-0}"
+fi
+gen
+if [ "${1:-}" = "" ]; then
+  # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
+  build; for p in gemv moe dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv moe dn attn; do "$W/emu" "$p" || fail=1; done
+else
+  if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
+  "$W/emu" "$1" || fail=1
+fi
+exit "${fail:-0}"
