@@ -705,6 +705,18 @@ mod tests {
     use super::*;
     use lily_core::synth::{preset_text_config, Preset};
 
+    /// Qwen3.6's attention shape (16 query heads, 2 KV heads of 256, rotary 64).
+    fn qwen_attention() -> AttnShape {
+        AttnShape {
+            n_q: 16,
+            n_kv: 2,
+            d: 256,
+            rotary: 64,
+            theta: 1e7,
+            eps: 1e-6,
+        }
+    }
+
     const H200: DeviceCaps = DeviceCaps {
         wgmma: true,
         dependent_launch: true,
@@ -731,14 +743,7 @@ mod tests {
             },
             H200,
         );
-        let shape = AttnShape {
-            n_q: 16,
-            n_kv: 2,
-            d: 256,
-            rotary: 64,
-            theta: 1e7,
-            eps: 1e-6,
-        };
+        let shape = qwen_attention();
         let w = mlx(2048, 2048, 4, 1);
         assert_eq!(fp32.dense(&w, 4096, true), Dense::Linear);
         assert_eq!(
@@ -784,14 +789,7 @@ mod tests {
         assert!(!p.stages(4096));
         assert_eq!(p.dense(&w, 4096, false), Dense::Gemm(DenseGemm::Mma));
         assert!(!p.dependent_launch());
-        let shape = AttnShape {
-            n_q: 16,
-            n_kv: 2,
-            d: 256,
-            rotary: 64,
-            theta: 1e7,
-            eps: 1e-6,
-        };
+        let shape = qwen_attention();
         assert_eq!(
             p.attention(shape, 4096, 4096),
             AttentionKernels::Prefill(PrefillKernel::Mma)
@@ -839,14 +837,7 @@ mod tests {
         // Attention: every sequence in one launch where each takes the fused-prep tensor-core
         // split kernel, the _long body only when all do; per sequence past SPLIT_ROWS
         // sequences, without fused_batch, or where a sequence's one-token attention is another.
-        let a256 = AttnShape {
-            n_q: 16,
-            n_kv: 2,
-            d: 256,
-            rotary: 64,
-            theta: 1e7,
-            eps: 1e-6,
-        };
+        let a256 = qwen_attention();
         let long = on.o.split_long_keys + 1;
         assert_eq!(
             on.batch_attention(a256, &[10, 4096, 3]),
