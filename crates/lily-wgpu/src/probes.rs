@@ -295,17 +295,6 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         }
         want_state[(taps_k - 2) * ch + c] = prod[c];
     }
-    let rel = |got: &[f32], want: &[f64]| -> f64 {
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(want) {
-            if !g.is_finite() {
-                return f64::INFINITY;
-            }
-            num += (*g as f64 - w).powi(2);
-            den += w.powi(2);
-        }
-        (num / den.max(1e-30)).sqrt()
-    };
     let wbuf = gpu.upload("check.w", &m.data)?;
     let xbuf = gpu.upload_f32("check.x", &m.x)?;
     let wn = gpu.upload_f32("check.wn", &m.norm_w)?;
@@ -356,7 +345,9 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         r.submit()?;
         let y = read_act(gpu, &ybuf, rows, act_f16)?;
         let st = gpu.read_f32(&sbuf, 0, state0.len())?;
-        worst = worst.max(rel(&y, &want_y)).max(rel(&st, &want_state));
+        worst = worst
+            .max(rel_l2_f64(&y, &want_y))
+            .max(rel_l2_f64(&st, &want_state));
     }
     Ok(worst)
 }
