@@ -106,7 +106,8 @@ extern "C" __global__ void dn_prep(const float* __restrict__ c, int conv_dim, co
 }
 
 // Stages tokens t0 .. t0+nt of what dn_recurrent's block reads into shared memory: q and k of
-// its K head (cp.async), v of its 16 columns (cp.async), g and β (plain loads).
+// its K head (cp.async), v of its 16 columns (cp.async), α = e^g and β (plain loads: the
+// exponential once a token here, off the recurrence's per-token chain).
 __device__ __forceinline__ void dn_stage(float (*qk_s)[2 * DN_MAX_DK], float (*v_s)[DN_COLS_PER_BLOCK],
                                          float (*ab_s)[2], const float* __restrict__ qk,
                                          const float* __restrict__ ab, const float* __restrict__ c, int t0, int nt,
@@ -123,7 +124,7 @@ __device__ __forceinline__ void dn_stage(float (*qk_s)[2 * DN_MAX_DK], float (*v
     }
     cp_async_commit();
     for (int tt = threadIdx.x; tt < nt; tt += blockDim.x) {
-        ab_s[tt][0] = ab[((long long)(t0 + tt) * n_v_heads + hv) * 2];
+        ab_s[tt][0] = expf(ab[((long long)(t0 + tt) * n_v_heads + hv) * 2]);
         ab_s[tt][1] = ab[((long long)(t0 + tt) * n_v_heads + hv) * 2 + 1];
     }
 }
@@ -171,7 +172,7 @@ dn_recurrent(const float* __restrict__ c, const float* __restrict__ qk, const fl
         for (int tt = 0; tt < nt; tt++) {
             const float* qs = qk_s[buf][tt];
             const float* ks = qs + dk;
-            float alpha = expf(ab_s[buf][tt][0]), beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
+            float alpha = ab_s[buf][tt][0], beta = ab_s[buf][tt][1], v = v_s[buf][tt][col];
             float out = dn_column_step<DN_ROWS, DN_PARTS>(s, qs, ks, part, rows, alpha, beta, v);
             if (part == 0) o[(long long)(t0 + tt) * n_v_heads * dv + (long long)hv * dv + j] = act(out);
         }
