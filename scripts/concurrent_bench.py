@@ -123,6 +123,13 @@ def main():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+        # What the server said beyond its request lines: warnings, errors, graph captures.
+        said = [l for l in log.path.read_text(errors="replace").splitlines()
+                if any(w in l for w in ("WARN", "ERROR", "graph"))]
+        for l in said[:20]:
+            print("server log: " + l, flush=True)
+        if len(said) > 20:
+            print(f"server log: … {len(said) - 20} more such lines", flush=True)
     return 0
 
 

@@ -63,6 +63,26 @@ def test_bench_runs_the_real_sweep_on_a_synthetic_model(real_engine, tmp_path):
     assert run["engine"] == "lily"
 
 
+def test_bench_measures_sequences_decoding_together(real_engine, tmp_path):
+    """`lily-engine bench --batch`: N sequences step together through the batched decode step
+    (the CPU backend batches too); each row counts N tokens a step."""
+    model = tmp_path / "tiny"
+    subprocess.run([str(real_engine), "synth", "--preset", "tiny", "--format", "mlx", "--seed", "5",
+                    "--out", str(model)], check=True, capture_output=True)
+    out = tmp_path / "batch.json"
+    args = [str(real_engine), "bench", "--model", str(model), "--device", "cpu", "--prefill", "16",
+            "--decode-ctx", "8,20", "--decode-tokens", "3", "--repeat", "1"]
+    run = subprocess.run([*args, "--batch", "1,2,3", "--json", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["decode_batch"]
+    assert [(r["batch"], r["ctx"]) for r in rows] == [(2, 8), (2, 20), (3, 8), (3, 20)]
+    assert all(r["tok_s"] > 0 and r["ms_per_step"] > 0 for r in rows)
+    # The table's rows: batch, context, tok/s, ms a step, the ratio to one sequence.
+    assert any(line.split()[:2] == ["3", "20"] for line in run.stdout.splitlines())
+    bad = subprocess.run([*args, "--batch", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--batch" in bad.stderr
+
+
 def test_serve_streams_to_the_openai_client_and_stops_on_ctrl_c(serving_engine):
     lily = LilyProcess("serve", "--model", "synthetic:small", "--port", str(free_port()))
     try:

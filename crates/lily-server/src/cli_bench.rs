@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use lily_core::backend::{Backend, Flow, SeqId};
+use lily_core::backend::{Backend, DecodeRow, Flow, SeqId};
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::traffic::decode_bytes;
 use serde_json::json;
@@ -28,6 +28,11 @@ pub struct BenchArgs {
     decode_ctx: Vec<String>,
     #[arg(long, default_value_t = 128)]
     decode_tokens: usize,
+    /// Sequences decoding together (docs/batching.md): for each N > 1, N sequences of each
+    /// decode context step together through `Backend::decode_step`, one token each a step; the
+    /// row gives the aggregate tok/s (N tokens a step). 1 is the one-sequence `decode` above.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     #[arg(long, value_enum, default_value_t = Device::Auto)]
@@ -106,6 +111,54 @@ fn time_prefill(b: &mut dyn Backend, ids: &[u32]) -> Result<f64> {
     Ok(s)
 }
 
+/// `n` steps of `rows` sequences (each prefilled with its own prompt of `ctx` tokens) decoding
+/// together: seconds for the `n` steps.
+fn time_decode_batch(
+    b: &mut dyn Backend,
+    ctx: usize,
+    rows: usize,
+    n: usize,
+    params: &SamplingParams,
+    seed: u64,
+) -> Result<f64> {
+    let vocab = b.config().vocab;
+    let mut seqs = Vec::with_capacity(rows);
+    let r = (|| {
+        for row in 0..rows {
+            let seq = b.new_seq(ctx + n + 2)?;
+            seqs.push(seq);
+            prefill(b, seq, &prompt(ctx, vocab, seed + row as u64))?;
+        }
+        let mut samplers: Vec<Sampler> = (0..rows).map(|_| Sampler::new(params.clone())).collect();
+        let step = |b: &mut dyn Backend, samplers: &mut [Sampler]| -> Result<()> {
+            let mut batch: Vec<DecodeRow> = seqs
+                .iter()
+                .zip(samplers.iter_mut())
+                .map(|(&seq, sampler)| DecodeRow {
+                    seq,
+                    sampler,
+                    top_logprobs: 0,
+                    feed: true,
+                })
+                .collect();
+            b.decode_step(&mut batch, &mut |_, _| Flow::Continue)
+        };
+        // One step first: the batch's graph is captured there, as a server's first step does.
+        step(b, &mut samplers)?;
+        let t = Instant::now();
+        for _ in 0..n {
+            step(b, &mut samplers)?;
+        }
+        // The last step's pass is queued, not waited for: one more pick reads its logits.
+        b.decode(seqs[0], &mut samplers[0], 1, 0, &mut |_| Flow::Stop)?;
+        Ok(t.elapsed().as_secs_f64())
+    })();
+    for seq in seqs {
+        b.free_seq(seq);
+    }
+    r
+}
+
 fn time_decode(b: &mut dyn Backend, ids: &[u32], n: usize, params: &SamplingParams) -> Result<f64> {
     let seq = b.new_seq(ids.len() + n + 1)?;
     let r = (|| {
@@ -145,6 +198,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|s| parse_len(s))
         .collect::<Result<_>>()?;
     let repeat = a.repeat.max(1);
+    if a.batch.contains(&0) {
+        anyhow::bail!("--batch takes sequence counts of 1 or more");
+    }
     if !(a.bandwidth_gbs.is_finite() && a.bandwidth_gbs > 0.0) {
         anyhow::bail!("--bandwidth-gbs must be a positive number of GB/s");
     }
@@ -222,6 +278,37 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "bandwidth_gbs": a.bandwidth_gbs,
         }));
     }
+    let batches: Vec<usize> = a.batch.iter().copied().filter(|&n| n > 1).collect();
+    let mut batch_rows = Vec::new();
+    if !batches.is_empty() {
+        println!(
+            "{:>8} {:>8} {:>12} {:>10} {:>10}",
+            "batch", "ctx", "tok/s", "ms/step", "× one"
+        );
+    }
+    for &rows in &batches {
+        for (&ctx, one) in decode.iter().zip(&decode_rows) {
+            let n = a.decode_tokens.max(1);
+            let s = median(
+                (0..repeat)
+                    .map(|_| time_decode_batch(b.as_mut(), ctx.max(1), rows, n, &sampling, a.seed))
+                    .collect::<Result<_>>()?,
+            );
+            let tok_s = (rows * n) as f64 / s;
+            let ratio = tok_s / one["tok_s"].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{rows:>8} {ctx:>8} {tok_s:>12.1} {:>10.3} {ratio:>10.2}",
+                s / n as f64 * 1e3
+            );
+            batch_rows.push(json!({
+                "batch": rows,
+                "ctx": ctx,
+                "tok_s": tok_s,
+                "ms_per_step": s / n as f64 * 1e3,
+                "vs_one": ratio,
+            }));
+        }
+    }
     if let Some(profile) = lily_wgpu::profile::take_report() {
         eprintln!("{profile}");
         // The results again below the profile, for logs that keep only their tail.
@@ -246,6 +333,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "format": checkpoint_format(&a.model, a.quantize),
             "prefill": prefill_rows,
             "decode": decode_rows,
+            "decode_batch": batch_rows,
         });
         let tmp = path.with_extension("json.partial");
         std::fs::write(&tmp, serde_json::to_string_pretty(&report)?)

@@ -293,6 +293,11 @@ impl CudaBackend {
                 let captured = graphs.then(|| DecodeGraph::capture(&self.gpu, run));
                 match captured {
                     Some(Ok(g)) => {
+                        tracing::info!(
+                            "captured the batched step's graph for {} sequences ({} kept before)",
+                            fed.len(),
+                            self.batch.graphs.len()
+                        );
                         g.launch()?;
                         if self.batch.graphs.len() >= BATCH_GRAPHS {
                             self.batch.graphs.pop_front();
