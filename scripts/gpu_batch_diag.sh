@@ -5,6 +5,8 @@
 # one. On a full-width synthetic checkpoint of LAYERS (8) layers, so that it synthesises in
 # seconds:
 #   1. `bench --batch 1,4,8` with the batched step on (LILY_BATCHED_DECODE=1), graphs on, then
+#      4 and 8 with LILY_STEP_TIMING=1 (device time a step, events around the picks and the
+#      forward pass, beside the wall time a step: the host's share with graphs on), then
 #      graphs off (LILY_CUDA_GRAPH=0), then per-kernel device time of batch 4 (LILY_PROFILE=1;
 #      graphs off there too): wall time a step beside device time a step says host or device;
 #   2. served: concurrent_bench.py with 1 and 4 clients (the server's warnings and graph
@@ -38,6 +40,8 @@ bench() {  # bench NAME SECONDS BATCHES [ENV=VALUE ...]
     | grep -E "^ +[0-9]|tok/s|error|Error" | tee -a "$S"
 }
 bench graphs 60 1,4,8
+bench timing 60 4,8 LILY_STEP_TIMING=1
+grep -h "step timing" "$OUT/bench-timing.log" | cut -c1-300 | tee -a "$S"
 bench nograph 60 4 LILY_CUDA_GRAPH=0
 bench profile 60 4 LILY_PROFILE=1
 grep -E "kernel profile|^  " "$OUT/bench-profile.log" | head -40 >> "$S"

@@ -146,7 +146,7 @@ lily_core::backend_options! {
             why "a measuring aid";
         step_timing = false, flag None, env "LILY_STEP_TIMING" = true,
             label "step timing",
-            help "each decode call logs the device's work per token beside the wall time per token, i.e. how long the device waits for the host between steps",
+            help "each decode call, and every 64 batched decode steps, logs the device's work per token beside the wall time per token, i.e. how long the device waits for the host between steps",
             why "a measuring aid";
     }
     knobs {

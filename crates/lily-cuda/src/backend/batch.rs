@@ -19,8 +19,10 @@
 //! each step.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
+use cudarc::driver::CudaEvent;
 use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
 use lily_core::logprob::{token_logprob, LogSoftmax};
 
@@ -49,6 +51,84 @@ pub(super) struct BatchState {
     graphs: VecDeque<Captured>,
     /// The pointer table of plain (not captured) batched passes, rewritten each step.
     plain_table: Option<DevBuf>,
+    /// `CudaOptions::step_timing`: device and wall time of the batched steps.
+    timing: StepTimes,
+}
+
+/// Batched steps timed (`step_timing`): the device's work a step (events around the picks and
+/// around the forward pass) beside the host's wall time a step, logged every TIMED_STEPS steps.
+/// Each span is summed after the picks' read that follows it, which has waited for it.
+#[derive(Default)]
+struct StepTimes {
+    /// The forward pass queued last, not yet summed.
+    forward: Option<(CudaEvent, CudaEvent)>,
+    /// The picks of the step being run.
+    picks: Option<(CudaEvent, CudaEvent)>,
+    steps: usize,
+    rows: usize,
+    forward_ms: f64,
+    picks_ms: f64,
+    since: Option<Instant>,
+}
+
+/// Batched steps a `step_timing` line sums.
+const TIMED_STEPS: usize = 64;
+
+fn timing_event(backend: &CudaBackend) -> Result<CudaEvent> {
+    backend
+        .gpu
+        .stream
+        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| anyhow!("step timing event: {e}"))
+}
+
+fn span_ms(span: Option<(CudaEvent, CudaEvent)>) -> Result<f64> {
+    match span {
+        Some((a, b)) => Ok(f64::from(
+            a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))?,
+        )),
+        None => Ok(0.0),
+    }
+}
+
+impl StepTimes {
+    /// After a step's picks were read (the stream has reached them): sums its picks and the
+    /// forward pass before them, and logs the line every TIMED_STEPS steps.
+    fn read(&mut self, rows: usize) -> Result<()> {
+        let picks = span_ms(self.picks.take())?;
+        let Some(forward) = self.forward.take() else {
+            // The picks read logits a prefill or a one-sequence step left (not timed here): the
+            // timing starts again from this step.
+            *self = StepTimes {
+                since: Some(Instant::now()),
+                ..StepTimes::default()
+            };
+            return Ok(());
+        };
+        self.forward_ms += span_ms(Some(forward))?;
+        self.picks_ms += picks;
+        self.steps += 1;
+        self.rows += rows;
+        if self.steps >= TIMED_STEPS {
+            let n = self.steps as f64;
+            let wall = self
+                .since
+                .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3 / n);
+            let (fwd, pick) = (self.forward_ms / n, self.picks_ms / n);
+            tracing::info!(
+                "batched decode step timing over {} steps of {:.1} rows: device {:.3} ms a step (forward pass {fwd:.3}, picks {pick:.3}), wall {wall:.3} ms a step: the device waits {:.3} ms a step for the host",
+                self.steps,
+                self.rows as f64 / n,
+                fwd + pick,
+                wall - fwd - pick
+            );
+            *self = StepTimes {
+                since: Some(Instant::now()),
+                ..StepTimes::default()
+            };
+        }
+        Ok(())
+    }
 }
 
 /// A captured batched pass: the sequences it was captured for, the graph and the pointer table
@@ -112,8 +192,13 @@ impl CudaBackend {
         // Device samplers live until the picks are read (their buffers are the picks' inputs).
         let mut samplers = Vec::new();
         let mut picked = Vec::with_capacity(rows.len());
+        let timed = self.plan.step_timing;
+        let pick_start = timed.then(|| timing_event(self)).transpose()?;
         for (i, row) in rows.iter_mut().enumerate() {
             picked.push(self.queue_row_pick(i, row, &mut samplers)?);
+        }
+        if let Some(start) = pick_start {
+            self.batch.timing.picks = Some((start, timing_event(self)?));
         }
         let all: Vec<u32> = match &self.batch.picks {
             Some(buf) if picked.iter().any(|p| matches!(p, Picked::Device { .. })) => {
@@ -121,6 +206,11 @@ impl CudaBackend {
             }
             _ => Vec::new(),
         };
+        if timed {
+            // The read waited for the picks and the forward pass queued before them.
+            self.gpu.sync()?;
+            self.batch.timing.read(rows.len())?;
+        }
         drop(samplers);
         let mut fed = Vec::with_capacity(rows.len());
         for (i, (row, pick)) in rows.iter_mut().zip(picked).enumerate() {
@@ -245,6 +335,25 @@ impl CudaBackend {
         for &seq in fed {
             key.push((seq.0, self.plan.long_keys(shape, self.seq(seq)?.len + 1)));
         }
+        let forward_start = self
+            .plan
+            .step_timing
+            .then(|| timing_event(self))
+            .transpose()?;
+        self.launch_batch(fed, key)?;
+        if let Some(start) = forward_start {
+            self.batch.timing.forward = Some((start, timing_event(self)?));
+        }
+        for &seq in fed {
+            if let Some(s) = self.seqs.get_mut(&seq.0) {
+                s.len += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The batched forward pass of `fed` (graph key `key`): replayed, captured or launched.
+    fn launch_batch(&mut self, fed: &[SeqId], key: GraphKey) -> Result<()> {
         let graphs = self.plan.decode_graphs();
         let hit = graphs
             .then(|| self.batch.graphs.iter().position(|c| c.key == key))
@@ -322,11 +431,6 @@ impl CudaBackend {
                         self.batch.plain_table = table;
                     }
                 }
-            }
-        }
-        for &seq in fed {
-            if let Some(s) = self.seqs.get_mut(&seq.0) {
-                s.len += 1;
             }
         }
         Ok(())
