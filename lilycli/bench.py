@@ -1,7 +1,8 @@
 """`lily bench`: run the engine's prefill/decode sweep (docs/PERFORMANCE.md §1) and report it.
 
 The engine measures and writes the JSON
-  {"engine","version","gpu","model","format","prefill":[{"len","tok_s","ms"}],"decode":[{"ctx","tok_s","ms_per_tok"}]};
+  {"engine","version","gpu","model","format","prefill":[{"len","tok_s","ms"}],"decode":[{"ctx","tok_s","ms_per_tok"}],
+   "decode_batch":[{"batch","ctx","tok_s","ms_per_step","vs_one"}] (with --batch)};
 this module only runs it, reads that file back, prints it as one table and compares two runs.
 """
 
@@ -128,6 +129,16 @@ def table(run: dict) -> str:
             f"{length_label(n):>8}  {_cell(p and p['tok_s'], ',.1f'):>14}  {_cell(p and p['ms'], ',.1f'):>11}  "
             f"{_cell(d and d['tok_s'], ',.1f'):>13}  {_cell(d and d['ms_per_tok'], '.2f'):>8}"
         )
+    batched = [r for r in run.get("decode_batch") or [] if isinstance(r, dict)]
+    if batched:
+        # `lily-engine bench --batch N`: N sequences decoding together, N tokens a step.
+        lines.append(f"{'batch':>8}  {'context':>8}  {'decode tok/s':>13}  {'ms/step':>8}  {'x one':>6}")
+        for r in batched:
+            lines.append(
+                f"{r.get('batch', '?'):>8}  {length_label(int(r.get('ctx', 0))):>8}  "
+                f"{_cell(r.get('tok_s'), ',.1f'):>13}  {_cell(r.get('ms_per_step'), '.2f'):>8}  "
+                f"{_cell(r.get('vs_one'), '.2f'):>6}"
+            )
     return "\n".join(lines)
 
 

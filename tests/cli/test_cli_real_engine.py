@@ -16,6 +16,7 @@ from lily_harness import LilyProcess, free_port, process_alive
 from openai import OpenAI
 from typer.testing import CliRunner
 
+from lilycli.bench import table as bench_table
 from lilycli.cli import app
 
 runner = CliRunner()
@@ -79,6 +80,9 @@ def test_bench_measures_sequences_decoding_together(real_engine, tmp_path):
     assert all(r["tok_s"] > 0 and r["ms_per_step"] > 0 for r in rows)
     # The table's rows: batch, context, tok/s, ms a step, the ratio to one sequence.
     assert any(line.split()[:2] == ["3", "20"] for line in run.stdout.splitlines())
+    # `lily bench` passes --batch on and prints the rows under its table.
+    printed = bench_table(json.loads(out.read_text()))
+    assert [line.split()[:2] for line in printed.splitlines()[-4:]] == [["2", "8"], ["2", "20"], ["3", "8"], ["3", "20"]]
     bad = subprocess.run([*args, "--batch", "0"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--batch" in bad.stderr
 
