@@ -84,6 +84,26 @@ pub struct DecodeRow<'a> {
     pub feed: bool,
 }
 
+impl<'a> DecodeRow<'a> {
+    /// A row for each of `seqs` with its sampler (in order), each fed, with `top_logprobs`
+    /// alternatives.
+    pub fn each(
+        seqs: &[SeqId],
+        samplers: &'a mut [Sampler],
+        top_logprobs: usize,
+    ) -> Vec<DecodeRow<'a>> {
+        seqs.iter()
+            .zip(samplers.iter_mut())
+            .map(|(&seq, sampler)| DecodeRow {
+                seq,
+                sampler,
+                top_logprobs,
+                feed: true,
+            })
+            .collect()
+    }
+}
+
 pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// A short human description ("cpu (16 threads)", "cuda NVIDIA H200 sm_90a").

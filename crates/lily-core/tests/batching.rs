@@ -367,16 +367,7 @@ fn the_batched_step_gives_each_sequence_the_logits_of_its_own_step() {
             .iter()
             .map(|p| Sampler::with_prompt(SamplingParams::greedy(), p))
             .collect();
-        let mut rows: Vec<DecodeRow> = seqs_b
-            .iter()
-            .zip(samplers.iter_mut())
-            .map(|(&seq, sampler)| DecodeRow {
-                seq,
-                sampler,
-                top_logprobs: 2,
-                feed: true,
-            })
-            .collect();
+        let mut rows = DecodeRow::each(&seqs_b, &mut samplers, 2);
         let mut picked = vec![0u32; rows.len()];
         batched
             .decode_step(&mut rows, &mut |i, out| {

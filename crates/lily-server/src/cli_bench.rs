@@ -131,16 +131,7 @@ fn time_decode_batch(
         }
         let mut samplers: Vec<Sampler> = (0..rows).map(|_| Sampler::new(params.clone())).collect();
         let step = |b: &mut dyn Backend, samplers: &mut [Sampler]| -> Result<()> {
-            let mut batch: Vec<DecodeRow> = seqs
-                .iter()
-                .zip(samplers.iter_mut())
-                .map(|(&seq, sampler)| DecodeRow {
-                    seq,
-                    sampler,
-                    top_logprobs: 0,
-                    feed: true,
-                })
-                .collect();
+            let mut batch = DecodeRow::each(&seqs, samplers, 0);
             b.decode_step(&mut batch, &mut |_, _| Flow::Continue)
         };
         // One step first: the batch's graph is captured there, as a server's first step does.
