@@ -25,14 +25,6 @@
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
-//! Under `group_tiles_by_load` (off until measured; sm_90a) the routed experts of staged chunks
-//! whose experts average at least 48 items (≥ 1,536 tokens) take `gemm_grouped_wgb_load`
-//! instead of `gemm_grouped_wgb64` / `_wgb128`: runs of up to 256 items an expert, each block's
-//! wgmma as wide as its run, and under `experts_glu_epilogue` too (off) the up projection's
-//! epilogue stores silu(gate) · up as bf16 for the down projection: no `silu_mul`, no `to_bf16`
-//! of the hidden rows (`experts`; the test
-//! `the_experts_tiles_follow_their_load_where_the_switch_asks`).
-//!
 //! Under `tc_scan` (off until measured; bf16 mode, a device granting 150 KB of shared memory a
 //! block) the DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is `dn_prep` +
 //! `dn_wy_prep` + `dn_wy_scan` (the chunked form on the tensor cores) instead of `dn_prep` +
@@ -73,10 +65,6 @@ pub const TENSOR_CORE_MIN_TOK: usize = 16;
 /// one whole chunk (deltanet::DN_WY_C). Shorter steps walk at most 63 tokens in order; where the
 /// two forms cross is for the A/B to say (perf-notes, session 12).
 pub const TC_SCAN_MIN_TOK: usize = deltanet::DN_WY_C;
-
-/// Items an expert averages in a chunk from which its tensor-core tiles hold 64 items (32
-/// below), and from which `group_tiles_by_load` sizes them by the expert's load.
-pub const GROUP_TILE_64_MIN_AVG: usize = 48;
 
 /// Which kernel computes y (+)= W x for a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,12 +339,9 @@ impl Plan {
     }
 
     /// The routed experts (`w`: gate, up, down): grouped on the tensor cores for chunks of at
-    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average
-    /// GROUP_TILE_64_MIN_AVG (48), else 32; on a staged chunk whose three weights the wgmma
-    /// kernels take, under `group_tiles_by_load` once experts average 48 `gemm_grouped_wgb_load`
-    /// over runs of up to 256 items (its up projection with the GLU in the epilogue under
-    /// `experts_glu_epilogue`), else `wgmma_group_tile` (128) once experts average three
-    /// quarters of it, else at least 64 under `wgmma_small_tiles`),
+    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
+    /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
+    /// once experts average three quarters of it, else at least 64 under `wgmma_small_tiles`),
     /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
     pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
         let grouped = self.o.moe_grouped;
@@ -368,24 +353,13 @@ impl Plan {
             };
         }
         let items = n_tok * shape.top_k;
-        let many = items >= GROUP_TILE_64_MIN_AVG * shape.n_experts;
-        let mut tile = if many { 64 } else { 32 };
+        let mut tile = if items >= 48 * shape.n_experts {
+            64
+        } else {
+            32
+        };
         let staged = self.stages(n_tok);
         if staged && w.iter().all(|w| self.on_wgmma(w)) {
-            if many && self.o.group_tiles_by_load {
-                let kernel = GroupedGemm::WgbLoad;
-                let up = if self.o.experts_glu_epilogue {
-                    GroupedGemm::WgbLoadGlu
-                } else {
-                    kernel
-                };
-                return Experts::Gemm {
-                    tile: kernel.tile(),
-                    gate: kernel,
-                    up,
-                    down: kernel,
-                };
-            }
             let big = self.o.wgmma_group_tile;
             if big > tile && 4 * items >= 3 * big * shape.n_experts {
                 tile = big;
@@ -1200,118 +1174,6 @@ mod tests {
         let p = off(|o| o.tensor_cores = false);
         assert_eq!(p.dense(&gate, 4096, false), Dense::Linear);
         assert_eq!(p.router(&router, 4096), Router::LinearExact);
-    }
-
-    #[test]
-    fn the_experts_tiles_follow_their_load_where_the_switch_asks() {
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-        let moe = MoeShape::of(&cfg);
-        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
-        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
-        let on = |o: CudaOptions, device| {
-            Plan::resolve(
-                &CudaOptions {
-                    group_tiles_by_load: true,
-                    ..o
-                },
-                device,
-            )
-        };
-        let load = Experts::Gemm {
-            tile: 256,
-            gate: GroupedGemm::WgbLoad,
-            up: GroupedGemm::WgbLoad,
-            down: GroupedGemm::WgbLoad,
-        };
-        let p = on(CudaOptions::default(), H200);
-        // Experts average 48 items from 1,536 tokens (top 8 of 256): by load from there, at 4K too.
-        for n in [1536, 2048, 3072, 4096] {
-            assert_eq!(p.experts([&gate, &gate, &down], moe, n), load, "{n}");
-        }
-        // Fewer items: the fixed tiles as shipped (tiles of 64 at 512 and 1,535 tokens).
-        for n in [512, 1535] {
-            assert!(
-                matches!(
-                    p.experts([&gate, &gate, &down], moe, n),
-                    Experts::Gemm {
-                        tile: 64,
-                        gate: GroupedGemm::Wgb64,
-                        ..
-                    }
-                ),
-                "{n}"
-            );
-        }
-        // Unstaged chunks (mma.sync) and devices without wgmma keep the fixed tiles.
-        let p = on(
-            CudaOptions {
-                wgmma_gemm: false,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                gate: GroupedGemm::Mma64,
-                ..
-            }
-        ));
-        let p = on(
-            CudaOptions::default(),
-            DeviceCaps {
-                wgmma: false,
-                ..H200
-            },
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                gate: GroupedGemm::Mma64,
-                ..
-            }
-        ));
-        // With the GLU in the up projection's epilogue; alone it changes nothing.
-        let p = on(
-            CudaOptions {
-                experts_glu_epilogue: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert_eq!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                tile: 256,
-                gate: GroupedGemm::WgbLoad,
-                up: GroupedGemm::WgbLoadGlu,
-                down: GroupedGemm::WgbLoad,
-            }
-        );
-        let p = Plan::resolve(
-            &CudaOptions {
-                experts_glu_epilogue: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                up: GroupedGemm::Wgb128,
-                ..
-            }
-        ));
-        // Off (as shipped): tiles of 128 at 4K.
-        let p = Plan::resolve(&CudaOptions::default(), H200);
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                tile: 128,
-                gate: GroupedGemm::Wgb128,
-                ..
-            }
-        ));
     }
 
     #[test]
