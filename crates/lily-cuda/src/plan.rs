@@ -27,7 +27,7 @@
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
-//! and a device granting 150 KB of shared memory a block: sm_80 and sm_90, not sm_86 / 89 / 120);
+//! and a device granting 150 KB of shared memory a block, e.g. sm_80 or sm_90a, not sm_86 / 89 / 120);
 //! shorter steps, fp32 mode, such devices and `--no-tc-scan` take `dn_prep` + `dn_recurrent`
 //! (`deltanet_scan`; the test `the_tensor_core_scan_runs_where_its_switch_and_the_device_allow`).
 //!
