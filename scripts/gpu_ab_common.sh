@@ -1,4 +1,4 @@
-# The preamble of the one-call device A/B scripts (gpu_scan_ab.sh, gpu_prefill_ab.sh), sourced
+# The preamble of the one-call device A/B scripts (gpu_scan_ab.sh and the like), sourced
 # from their staged folder (.carry/NAME, beside bin/): unpacks the binaries, goes to the
 # checkout's root, sets B (binaries), M (the synthetic checkpoint in /dev/shm), OUT, the summary
 # S with `say`, the clock `el` and `left` (false past DEADLINE seconds, default $1), prints the

@@ -1,9 +1,9 @@
 #include <cstdio>
 #include <random>
-// The GEMM part of scripts/cuda_emu/run.sh: gemm.cu's gemm_grouped_wgb_load (and, for
-// comparison, gemm_grouped_wgb128) run through shim.h + wgmma.h on random 4-bit experts, against
-// an f64 product of the same bf16 operands. Arguments: rows cols group x_div glu(0/1)
-// kernel(load/128) count… (items per expert; the items are shuffled). The tiles are built on the
+// The GEMM part of scripts/cuda_emu/run.sh: gemm.cu's routed-experts wgmma kernels
+// gemm_grouped_wgb64 and gemm_grouped_wgb128 run through shim.h + wgmma.h on random 4-bit
+// experts, against an f64 product of the same bf16 operands. Arguments: rows cols group x_div
+// tile(64/128) count… (items per expert; the items are shuffled). The tiles are built on the
 // host as moe_group builds them (each expert's items in order, runs of up to the tile).
 static double rel(const std::vector<float>& got, const std::vector<double>& want, size_t* bad) {
     double num = 0, den = 0;
@@ -16,11 +16,12 @@ static double rel(const std::vector<float>& got, const std::vector<double>& want
     return std::sqrt(num / std::max(den, 1e-300));
 }
 int main(int argc, char** argv) {
-    if (argc < 8) { fprintf(stderr, "usage: rows cols group x_div glu load|128 counts...\n"); return 2; }
+    if (argc < 7) { fprintf(stderr, "usage: rows cols group x_div 64|128 counts...\n"); return 2; }
     int rows = atoi(argv[1]), cols = atoi(argv[2]), group = atoi(argv[3]), x_div = atoi(argv[4]);
-    bool glu = atoi(argv[5]) != 0, load = std::string(argv[6]) == "load";
+    int tile = atoi(argv[5]);
+    if (tile != 64 && tile != 128) { fprintf(stderr, "tile %d: 64 or 128\n", tile); return 2; }
     std::vector<int> counts;
-    for (int i = 7; i < argc; i++) counts.push_back(atoi(argv[i]));
+    for (int i = 6; i < argc; i++) counts.push_back(atoi(argv[i]));
     int E = (int)counts.size(), items = 0;
     for (int c : counts) items += c;
     if (items % x_div) { fprintf(stderr, "items %% x_div != 0\n"); return 2; }
@@ -49,7 +50,6 @@ int main(int argc, char** argv) {
     std::vector<int> ids;
     for (int e = 0; e < E; e++) for (int i = 0; i < counts[e]; i++) ids.push_back(e);
     std::shuffle(ids.begin(), ids.end(), rng);
-    int tile = load ? WGB_LOAD_TILE : 128;
     std::vector<int> perm, tiles;
     for (int e = 0; e < E; e++) {
         int start = (int)perm.size();
@@ -57,26 +57,16 @@ int main(int argc, char** argv) {
         for (int s = 0; s < counts[e]; s += tile) tiles.insert(tiles.end(), {e, start + s, std::min(tile, counts[e] - s)});
     }
     int n_tiles = (int)tiles.size() / 3;
-    std::vector<float> y((size_t)items * rows, NAN), gate;
-    std::vector<u16> h;
-    if (glu) {
-        gate.resize(y.size());
-        for (auto& v : gate) v = emu_f32(emu_bf16(2.0f * U(rng)));
-        h.assign(y.size(), 0xffff);
-    }
+    std::vector<float> y((size_t)items * rows, NAN);
     int groups = cols / group;
     size_t smem = 1024 + WGB_STAGES * ((size_t)tile * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4;
     dim3e grid{(rows + WG_ROWS - 1) / WG_ROWS, n_tiles + 2, 1};  // two blocks past the tiles: they exit
-    auto run = [&](bool with_glu) {
-        launch(grid, 256, smem / 4, [&] {
-            if (load)
-                gemm_grouped_wgb_load(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows,
-                                      with_glu ? gate.data() : nullptr, with_glu ? h.data() : nullptr);
-            else
-                gemm_grouped_wgb128(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
-        });
-    };
-    run(false);
+    launch(grid, 256, smem / 4, [&] {
+        if (tile == 64)
+            gemm_grouped_wgb64(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
+        else
+            gemm_grouped_wgb128(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
+    });
     std::vector<double> want(y.size());
     for (int i = 0; i < items; i++)
         for (int r = 0; r < rows; r++) {
@@ -87,28 +77,9 @@ int main(int argc, char** argv) {
     size_t bad;
     double e = rel(y, want, &bad);
     bool ok = bad == 0 && e < 5e-3 && g_wg_errors == 0;
-    printf("%s %dx%d group %d x_div %d, %d items over %d experts in %d runs: rel. L2 %.2e%s%s\n",
-           load ? "gemm_grouped_wgb_load" : "gemm_grouped_wgb128", rows, cols, group, x_div, items, E, n_tiles, e,
+    printf("gemm_grouped_wgb%d %dx%d group %d x_div %d, %d items over %d experts in %d runs: rel. L2 %.2e%s%s\n",
+           tile, rows, cols, group, x_div, items, E, n_tiles, e,
            bad ? " (unwritten outputs!)" : "", g_wg_errors ? " (warpgroup ops out of step!)" : "");
-    if (glu) {
-        run(true);
-        std::vector<float> hf(h.size());
-        std::vector<double> hw(h.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < h.size(); i++) {
-            hf[i] = emu_f32(h[i]);
-            double g = gate[i];
-            hw[i] = g / (1.0 + std::exp(-g)) * want[i];
-            // silu_mul then to_bf16 of the plain output, as the unfused path stores them.
-            u16 two_step = emu_bf16(act(act(siluf(gate[i])) * y[i]));
-            differ += two_step != h[i];
-        }
-        double eh = rel(hf, hw, &bad);
-        bool hok = bad == 0 && eh < 5e-3 && differ == 0;
-        printf("  GLU epilogue: rel. L2 %.2e against f64 silu(g)·Wx, %zu of %zu differ from silu_mul + to_bf16%s\n", eh,
-               differ, h.size(), bad ? " (unwritten outputs!)" : "");
-        ok = ok && hok;
-    }
     if (!ok) printf("  FAILED\n");
     return ok ? 0 : 1;
 }

@@ -417,16 +417,6 @@ __device__ __forceinline__ void wgmma_tok<128>(float (&d)[64], const u32 (&a)[4]
 }
 
 template <>
-__device__ __forceinline__ void wgmma_tok<192>(float (&d)[96], const u32 (&a)[4], unsigned long long desc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
-        "{%96, %97, %98, %99}, %100, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-template <>
 __device__ __forceinline__ void wgmma_tok<256>(float (&d)[128], const u32 (&a)[4], unsigned long long desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
@@ -437,15 +427,10 @@ __device__ __forceinline__ void wgmma_tok<256>(float (&d)[128], const u32 (&a)[4
 }
 
 // The block's sums out: d[4j + e] is row 16·warp + lane/4 (+ 8 for e ≥ 2) of the warpgroup's 64,
-// token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate. With h_out
-// (the routed experts' up projection under `experts_glu_epilogue`): moe.cu's silu_mul, then
-// to_bf16, in the epilogue: h = act(act(silu(g)) · act(sum)) with g the gate projection's output
-// (fp32 rows of y_stride) stored as bf16 into h_out (rows of y_stride), y untouched;
-// bf16-valued in this mode, so the bits silu_mul + to_bf16 store.
+// token slot 8j + 2·(lane % 4) + e % 2; act(sum), or act(y + act(sum)) with accumulate.
 template <int TOK>
 __device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int rows, const int* dst,
-                                         float* __restrict__ y, int y_stride, int accumulate,
-                                         const float* __restrict__ g, u16* __restrict__ h_out) {
+                                         float* __restrict__ y, int y_stride, int accumulate) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r0 = m0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -454,12 +439,9 @@ __device__ __forceinline__ void wg_store(const float (&d)[TOK / 2], int m0, int 
         for (int e = 0; e < 4; e++) {
             int r = r0 + 8 * (e >> 1), out = dst[8 * j + 2 * (lane & 3) + (e & 1)];
             if (r < rows && out >= 0) {
-                long long at = (long long)out * y_stride + r;
+                float* yp = y + (long long)out * y_stride + r;
                 float v = act(d[4 * j + e]);
-                if (h_out)
-                    h_out[at] = f32_to_bf16(act(act(siluf(g[at])) * v));
-                else
-                    y[at] = accumulate ? act(y[at] + v) : v;
+                *yp = accumulate ? act(*yp + v) : v;
             }
         }
     }
@@ -558,14 +540,11 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
 
 // The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
 // src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
-// none; the caller fills them, the first barrier below publishes them). glu_out (with glu_gate):
-// wg_store's GLU epilogue.
+// none; the caller fills them, the first barrier below publishes them).
 template <int TOK>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
-                                         int y_stride, int accumulate, char* raw,
-                                         const float* __restrict__ glu_gate = nullptr,
-                                         u16* __restrict__ glu_out = nullptr) {
+                                         int y_stride, int accumulate, char* raw) {
     char* ring = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
     u32* sb = reinterpret_cast<u32*>(ring + WGB_STAGES * Wgb<TOK>::STAGE);
     int groups = w.cols / w.group, steps = w.cols / 64, gsh = __ffs(w.group >> 4) - 1;
@@ -594,7 +573,7 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     wgmma_wait0();
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
-    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate, glu_gate, glu_out);
+    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
 }
 #endif
 
@@ -665,48 +644,4 @@ gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restri
                     const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                     float* __restrict__ y, int y_stride) {
     grouped_wg_body<128>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
-}
-
-// gemm_grouped_wgb_load (`group_tiles_by_load`): tiles sized by the expert's load. moe_group cuts
-// each expert's items into runs of up to WGB_LOAD_TILE (256, from the launcher); each block takes the narrowest
-// wgmma that holds its run, m64n{64, 128, 192, 256}k16, through the same wgb_tile as the fixed
-// kernels (one instantiation a width; the branch is uniform over the block). Why: a block's
-// k-step costs about the dequantisation of its 128 weight rows plus TOK tokens of MMA (the dense
-// kernel: 252 TFLOP/s at 128 tokens, 335 at 256, so the fixed part ≈ 126 tokens' worth), and
-// with fixed tiles of 128 an expert of 129…160 items (half of them at 4K, where experts average
-// 128) pays two full tiles; here one of 192 (perf-notes, session 12, branch prefill-moe).
-// Registers and shared memory are the widest instantiation's (wgb_smem(256, …), one block an SM,
-// as gemm_grouped_wgb128's 119 KB already is). glu_out (`experts_glu_epilogue`; null: y, fp32):
-// the up projection stores the experts' hidden rows h = silu(g) · u as bf16 there (wg_store's,
-// g = glu_gate: the gate projection's output), the down projection's staged input, with no
-// silu_mul and no to_bf16 between.
-#if WGB_LOAD_TILE != 256
-#error "gemm_grouped_wgb_load gives each of its 256 threads one slot of a run of WGB_LOAD_TILE items"
-#endif
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_grouped_wgb_load(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
-                      const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
-                      float* __restrict__ y, int y_stride, const float* __restrict__ glu_gate,
-                      u16* __restrict__ glu_out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __shared__ int src[WGB_LOAD_TILE], dst[WGB_LOAD_TILE];
-    int t = blockIdx.y;
-    if (t >= *n_tiles) return;  // uniform over the block
-    int e = tiles[3 * t], start = tiles[3 * t + 1], cnt = tiles[3 * t + 2];
-    int item = threadIdx.x < cnt ? perm[start + threadIdx.x] : -1;  // 256 threads: a slot each
-    src[threadIdx.x] = item < 0 ? -1 : item / x_div;
-    dst[threadIdx.x] = item;
-    long long w_row0 = (long long)e * w.rows;
-    int m0 = blockIdx.x * WG_ROWS;
-    if (cnt <= 64)
-        wgb_tile<64>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
-    else if (cnt <= 128)
-        wgb_tile<128>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
-    else if (cnt <= 192)
-        wgb_tile<192>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
-    else
-        wgb_tile<256>(w, w_row0, m0, x, x_stride, src, dst, y, y_stride, 0, wg_raw, glu_gate, glu_out);
-#else
-    __trap();
-#endif
 }

@@ -14,7 +14,6 @@ use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, Spl
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
-use crate::kernels::gemm::GroupedGemm;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
@@ -1299,19 +1298,12 @@ impl Forward<'_> {
                 };
                 k.gemm
                     .grouped(gpu, gate, &staged(&m.gate, xn, xb, top_k, eg))?;
-                let hb = if up == GroupedGemm::WgbLoadGlu {
-                    // silu(eg) · up straight into eh's memory as the bf16 rows down reads.
-                    k.gemm
-                        .grouped_glu(gpu, &staged(&m.up, xn, xb, top_k, eg), s.eh.ptr)?;
-                    Some(Rows::new(s.eh.ptr, inter))
+                k.gemm.grouped(gpu, up, &staged(&m.up, xn, xb, top_k, eu))?;
+                k.moe.silu_mul(gpu, &silu)?;
+                let hb = if down.staged() {
+                    self.stage_bf16(eh, items, inter, n)?
                 } else {
-                    k.gemm.grouped(gpu, up, &staged(&m.up, xn, xb, top_k, eu))?;
-                    k.moe.silu_mul(gpu, &silu)?;
-                    if down.staged() {
-                        self.stage_bf16(eh, items, inter, n)?
-                    } else {
-                        None
-                    }
+                    None
                 };
                 k.gemm.grouped(gpu, down, &staged(&m.down, eh, hb, 1, ey))?;
             }

@@ -64,18 +64,10 @@ lily_core::backend_options! {
             label "wgmma prefill attention",
             help "prefill chunks of at least 1,024 tokens run their attention on Hopper's warpgroup MMA (attn_prefill_wg: sm_90a, head dim 256) instead of mma.sync (attn_prefill)",
             why "won its A/B: prefill 128K 10,610 → 14,003 tok/s on the H200 (session 9); elsewhere the device has no wgmma";
-        tc_scan = false, flag Some("tc-scan"), env "LILY_TC_SCAN" = true,
+        tc_scan = true, flag Some("no-tc-scan"), env "LILY_TC_SCAN" = true,
             label "tensor-core DeltaNet scan",
             help "prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form on the tensor cores (dn_wy_prep: every 64-token chunk's W, U and masked QKᵀ at once; dn_wy_scan: the chunks in order; tf32 products, fp32 sums and state; bf16 mode, devices granting 150 KB of shared memory a block) instead of token by token (dn_recurrent)",
-            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes, session 12)";
-        group_tiles_by_load = false, flag Some("group-tiles-by-load"), env "LILY_GROUP_TILES_BY_LOAD" = true,
-            label "experts' wgmma tiles by load",
-            help "the routed experts of a staged chunk whose experts average at least 48 items on gemm_grouped_wgb_load: each expert's items in runs of up to 256, each block's wgmma as wide as its run (64, 128, 192 or 256 items) instead of fixed tiles of wgmma_group_tile (an expert of 129 items: one 192-wide block instead of two of 128)",
-            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes, session 12, branch prefill-moe)";
-        experts_glu_epilogue = false, flag Some("experts-glu-epilogue"), env "LILY_EXPERTS_GLU_EPILOGUE" = true,
-            label "experts' GLU in the up projection",
-            help "with group_tiles_by_load: the routed experts' up projection stores silu(gate) · up as the down projection's bf16 input in its epilogue (gemm_grouped_wgb_load), no silu_mul and no to_bf16 between (the same bits)",
-            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes, session 12, branch prefill-moe)";
+            why "won its A/B: prefill 512 / 4K / 32K +10 / +25 / +22 % on the H200 (20,051 → 25,083 tok/s at 4K; perf-notes, session 13); the recurrence serves steps under 64 tokens, fp32 mode and devices without 150 KB of shared memory";
         moe_grouped = true, flag Some("no-moe-grouping"), env "LILY_MOE_GROUPED" = true,
             label "MoE grouping",
             help "prefill's routed experts grouped by expert (moe_group, then grouped linears), each expert's weights read once a tile, instead of one item at a time (gathered); decode always gathers",
@@ -227,9 +219,7 @@ mod tests {
             ("LILY_PIPELINED_DECODE", "0"),
             ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_BATCHED_DECODE", "1"),
-            ("LILY_TC_SCAN", "1"),
-            ("LILY_GROUP_TILES_BY_LOAD", "1"),
-            ("LILY_EXPERTS_GLU_EPILOGUE", "1"),
+            ("LILY_TC_SCAN", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -267,9 +257,7 @@ mod tests {
                 pipelined_decode: false,
                 device_logprobs: false,
                 batched_decode: true,
-                tc_scan: true,
-                group_tiles_by_load: true,
-                experts_glu_epilogue: true,
+                tc_scan: false,
                 sync_each: true,
                 profile: true,
                 step_timing: true,

@@ -20,23 +20,16 @@
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
-//! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above |
-//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | as above |
+//! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
+//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
-//! Under `group_tiles_by_load` (off until measured; sm_90a) the routed experts of staged chunks
-//! whose experts average at least 48 items (≥ 1,536 tokens) take `gemm_grouped_wgb_load`
-//! instead of `gemm_grouped_wgb64` / `_wgb128`: runs of up to 256 items an expert, each block's
-//! wgmma as wide as its run, and under `experts_glu_epilogue` too (off) the up projection's
-//! epilogue stores silu(gate) · up as bf16 for the down projection: no `silu_mul`, no `to_bf16`
-//! of the hidden rows (`experts`; the test
-//! `the_experts_tiles_follow_their_load_where_the_switch_asks`).
-//!
-//! Under `tc_scan` (off until measured; bf16 mode, a device granting 150 KB of shared memory a
-//! block) the DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is `dn_prep` +
-//! `dn_wy_prep` + `dn_wy_scan` (the chunked form on the tensor cores) instead of `dn_prep` +
-//! `dn_recurrent` (`deltanet_scan`; the test `the_tensor_core_scan_runs_where_its_switch_and_the_device_allow`).
+//! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
+//! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
+//! and a device granting 150 KB of shared memory a block, e.g. sm_80 or sm_90a, not sm_86 / 89 / 120);
+//! shorter steps, fp32 mode, such devices and `--no-tc-scan` take `dn_prep` + `dn_recurrent`
+//! (`deltanet_scan`; the test `the_tensor_core_scan_runs_where_its_switch_and_the_device_allow`).
 //!
 //! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
 //! 4,096-token chunks at growing context; the context changes only the one-token attention
@@ -70,13 +63,10 @@ use crate::weights::{DevAttention, DevDeltaNet, DevMoe, LinearShape};
 pub const TENSOR_CORE_MIN_TOK: usize = 16;
 
 /// Fewest tokens of a step whose DeltaNet scan takes the tensor-core chunked form under `tc_scan`:
-/// one whole chunk (deltanet::DN_WY_C). Shorter steps walk at most 63 tokens in order; where the
-/// two forms cross is for the A/B to say (perf-notes, session 12).
+/// one whole chunk (deltanet::DN_WY_C). Shorter steps walk at most 63 tokens in order; the A/B
+/// measured 512 tokens and up (+10 % prefill at 512, perf-notes session 13), not where between 64
+/// and 512 the two forms cross.
 pub const TC_SCAN_MIN_TOK: usize = deltanet::DN_WY_C;
-
-/// Items an expert averages in a chunk from which its tensor-core tiles hold 64 items (32
-/// below), and from which `group_tiles_by_load` sizes them by the expert's load.
-pub const GROUP_TILE_64_MIN_AVG: usize = 48;
 
 /// Which kernel computes y (+)= W x for a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,12 +341,9 @@ impl Plan {
     }
 
     /// The routed experts (`w`: gate, up, down): grouped on the tensor cores for chunks of at
-    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average
-    /// GROUP_TILE_64_MIN_AVG (48), else 32; on a staged chunk whose three weights the wgmma
-    /// kernels take, under `group_tiles_by_load` once experts average 48 `gemm_grouped_wgb_load`
-    /// over runs of up to 256 items (its up projection with the GLU in the epilogue under
-    /// `experts_glu_epilogue`), else `wgmma_group_tile` (128) once experts average three
-    /// quarters of it, else at least 64 under `wgmma_small_tiles`),
+    /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
+    /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
+    /// once experts average three quarters of it, else at least 64 under `wgmma_small_tiles`),
     /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
     pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
         let grouped = self.o.moe_grouped;
@@ -368,24 +355,13 @@ impl Plan {
             };
         }
         let items = n_tok * shape.top_k;
-        let many = items >= GROUP_TILE_64_MIN_AVG * shape.n_experts;
-        let mut tile = if many { 64 } else { 32 };
+        let mut tile = if items >= 48 * shape.n_experts {
+            64
+        } else {
+            32
+        };
         let staged = self.stages(n_tok);
         if staged && w.iter().all(|w| self.on_wgmma(w)) {
-            if many && self.o.group_tiles_by_load {
-                let kernel = GroupedGemm::WgbLoad;
-                let up = if self.o.experts_glu_epilogue {
-                    GroupedGemm::WgbLoadGlu
-                } else {
-                    kernel
-                };
-                return Experts::Gemm {
-                    tile: kernel.tile(),
-                    gate: kernel,
-                    up,
-                    down: kernel,
-                };
-            }
             let big = self.o.wgmma_group_tile;
             if big > tile && 4 * items >= 3 * big * shape.n_experts {
                 tile = big;
@@ -1114,10 +1090,14 @@ mod tests {
                 AttentionKernels::Prefill(attn),
                 "{n}"
             );
-            // The DeltaNet scan: token by token as shipped (`tc_scan` off).
+            // The DeltaNet scan: on the tensor cores from one whole chunk (`tc_scan`).
             assert_eq!(
                 p.deltanet_scan(DnShape::of(&cfg), n),
-                DnScan::Recurrent,
+                if n >= 64 {
+                    DnScan::Chunked
+                } else {
+                    DnScan::Recurrent
+                },
                 "{n}"
             );
             // The context does not change a chunk's kernels (a 128K prompt's last chunk).
@@ -1203,118 +1183,6 @@ mod tests {
     }
 
     #[test]
-    fn the_experts_tiles_follow_their_load_where_the_switch_asks() {
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-        let moe = MoeShape::of(&cfg);
-        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
-        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
-        let on = |o: CudaOptions, device| {
-            Plan::resolve(
-                &CudaOptions {
-                    group_tiles_by_load: true,
-                    ..o
-                },
-                device,
-            )
-        };
-        let load = Experts::Gemm {
-            tile: 256,
-            gate: GroupedGemm::WgbLoad,
-            up: GroupedGemm::WgbLoad,
-            down: GroupedGemm::WgbLoad,
-        };
-        let p = on(CudaOptions::default(), H200);
-        // Experts average 48 items from 1,536 tokens (top 8 of 256): by load from there, at 4K too.
-        for n in [1536, 2048, 3072, 4096] {
-            assert_eq!(p.experts([&gate, &gate, &down], moe, n), load, "{n}");
-        }
-        // Fewer items: the fixed tiles as shipped (tiles of 64 at 512 and 1,535 tokens).
-        for n in [512, 1535] {
-            assert!(
-                matches!(
-                    p.experts([&gate, &gate, &down], moe, n),
-                    Experts::Gemm {
-                        tile: 64,
-                        gate: GroupedGemm::Wgb64,
-                        ..
-                    }
-                ),
-                "{n}"
-            );
-        }
-        // Unstaged chunks (mma.sync) and devices without wgmma keep the fixed tiles.
-        let p = on(
-            CudaOptions {
-                wgmma_gemm: false,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                gate: GroupedGemm::Mma64,
-                ..
-            }
-        ));
-        let p = on(
-            CudaOptions::default(),
-            DeviceCaps {
-                wgmma: false,
-                ..H200
-            },
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                gate: GroupedGemm::Mma64,
-                ..
-            }
-        ));
-        // With the GLU in the up projection's epilogue; alone it changes nothing.
-        let p = on(
-            CudaOptions {
-                experts_glu_epilogue: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert_eq!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                tile: 256,
-                gate: GroupedGemm::WgbLoad,
-                up: GroupedGemm::WgbLoadGlu,
-                down: GroupedGemm::WgbLoad,
-            }
-        );
-        let p = Plan::resolve(
-            &CudaOptions {
-                experts_glu_epilogue: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                up: GroupedGemm::Wgb128,
-                ..
-            }
-        ));
-        // Off (as shipped): tiles of 128 at 4K.
-        let p = Plan::resolve(&CudaOptions::default(), H200);
-        assert!(matches!(
-            p.experts([&gate, &gate, &down], moe, 4096),
-            Experts::Gemm {
-                tile: 128,
-                gate: GroupedGemm::Wgb128,
-                ..
-            }
-        ));
-    }
-
-    #[test]
     fn pipelined_decode_only_where_the_host_reads_just_the_token() {
         let on = Plan::resolve(&CudaOptions::default(), H200);
         let none = LogprobsPath::None;
@@ -1374,19 +1242,22 @@ mod tests {
         let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
         let full = DnShape::of(&cfg);
         let tiny = DnShape::of(&ModelConfig::from_json(&preset_text_config(Preset::Tiny)).unwrap());
-        let on = CudaOptions {
-            tc_scan: true,
-            ..CudaOptions::default()
-        };
-        // Shipping: token by token at every length.
-        let shipping = Plan::resolve(&CudaOptions::default(), H200);
+        // Off (`--no-tc-scan`): token by token at every length.
+        let off = Plan::resolve(
+            &CudaOptions {
+                tc_scan: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         for n in [1, 63, 64, 512, 4096] {
-            assert_eq!(shipping.deltanet_scan(full, n), DnScan::Recurrent, "{n}");
+            assert_eq!(off.deltanet_scan(full, n), DnScan::Recurrent, "{n}");
         }
-        assert!(shipping
-            .describe()
-            .contains("tensor-core DeltaNet scan off"));
-        // On: chunked from one whole chunk, for the full heads and the tiny preset's (32 × 32).
+        assert!(off.describe().contains("tensor-core DeltaNet scan off"));
+        // Shipping (on): chunked from one whole chunk, for the full heads and the tiny preset's
+        // (32 × 32).
+        let on = CudaOptions::default();
+        assert!(on.tc_scan);
         let p = Plan::resolve(&on, H200);
         assert!(p.describe().contains("tensor-core DeltaNet scan on"));
         for (n, want) in [

@@ -26,10 +26,6 @@ pub const WG_TOK: usize = 128;
 /// `wgb_tok` is 256 (it loses to gemm_dense_wgb at 512 tokens: 19.3 against 13.0 µs, 2048×512).
 pub const WGB256_MIN_TOK: usize = 2048;
 pub const WGB_STAGES: usize = 5;
-/// The longest run of one expert's items a block of gemm_grouped_wgb_load takes (moe_group's
-/// tile under `group_tiles_by_load`); the block picks the narrowest of 64, 128, 192 or 256 tokens
-/// that holds its run.
-pub const WGB_LOAD_TILE: usize = 256;
 /// The most groups a row of the wgmma kernels' weights may have (its scales and biases are held
 /// in shared memory: 128 rows × groups × 4 bytes).
 pub const WG_MAX_GROUPS: usize = 64;
@@ -43,7 +39,6 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
         ("WGB_STAGES", WGB_STAGES as i64),
-        ("WGB_LOAD_TILE", WGB_LOAD_TILE as i64),
     ],
 };
 
@@ -141,12 +136,6 @@ pub enum GroupedGemm {
     /// bf16.
     Wgb64,
     Wgb128,
-    /// `gemm_grouped_wgb_load`: wgmma over runs of up to WGB_LOAD_TILE items, each block as wide
-    /// as its run (`group_tiles_by_load`).
-    WgbLoad,
-    /// The same kernel as the up projection with the GLU in its epilogue (`Gemm::grouped_glu`:
-    /// the experts' hidden rows silu(gate) · up stored as bf16; `experts_glu_epilogue`).
-    WgbLoadGlu,
 }
 
 impl GroupedGemm {
@@ -156,19 +145,12 @@ impl GroupedGemm {
             GroupedGemm::Mma32 => 32,
             GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
             GroupedGemm::Wgb128 => 128,
-            GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu => WGB_LOAD_TILE,
         }
     }
 
     /// Whether the kernel reads the input staged as bf16.
     pub fn staged(self) -> bool {
-        matches!(
-            self,
-            GroupedGemm::Wgb64
-                | GroupedGemm::Wgb128
-                | GroupedGemm::WgbLoad
-                | GroupedGemm::WgbLoadGlu
-        )
+        matches!(self, GroupedGemm::Wgb64 | GroupedGemm::Wgb128)
     }
 }
 
@@ -181,7 +163,6 @@ pub struct Gemm {
     dense_wgb256: Kernel,
     grouped_wgb64: Kernel,
     grouped_wgb128: Kernel,
-    grouped_wgb_load: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
@@ -208,10 +189,6 @@ impl Gemm {
             dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
             grouped_wgb128: wg("gemm_grouped_wgb128", wgb_smem(128, WG_MAX_GROUPS))?,
-            grouped_wgb_load: wg(
-                "gemm_grouped_wgb_load",
-                wgb_smem(WGB_LOAD_TILE, WG_MAX_GROUPS),
-            )?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
@@ -352,27 +329,6 @@ impl Gemm {
     /// size (`a.groups.tile`) must be the kernel's; the wgmma kernels read the input staged as
     /// bf16 (`a.xb`).
     pub fn grouped(&self, gpu: &Gpu, kernel: GroupedGemm, a: &Grouped) -> Result<()> {
-        if kernel == GroupedGemm::WgbLoadGlu {
-            bail!("gemm_grouped: the GLU epilogue's kernel runs through Gemm::grouped_glu");
-        }
-        self.grouped_launch(gpu, kernel, a, None)
-    }
-
-    /// The routed experts' up projection with the GLU in its epilogue (gemm_grouped_wgb_load,
-    /// `experts_glu_epilogue`): for each item and row, h = silu(g) · (W x) stored as bf16 at `h`
-    /// (rows of `a.y.stride` bf16), where g is the gate projection's output in `a.y` (fp32, read,
-    /// never written): silu_mul and the down projection's to_bf16 in one pass.
-    pub fn grouped_glu(&self, gpu: &Gpu, a: &Grouped, h: u64) -> Result<()> {
-        self.grouped_launch(gpu, GroupedGemm::WgbLoadGlu, a, Some(h))
-    }
-
-    fn grouped_launch(
-        &self,
-        gpu: &Gpu,
-        kernel: GroupedGemm,
-        a: &Grouped,
-        glu_out: Option<u64>,
-    ) -> Result<()> {
         check_x("gemm_grouped", a.x)?;
         let g = a.groups;
         let w = a.w.arg();
@@ -384,17 +340,12 @@ impl Gemm {
                 kernel.tile()
             );
         }
-        // gemm_grouped_wgb_load also takes the GLU epilogue's gate rows and output (0: none).
-        let by_load = matches!(kernel, GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu);
         let (kernel, cfg, x) = match kernel {
-            GroupedGemm::Wgb64
-            | GroupedGemm::Wgb128
-            | GroupedGemm::WgbLoad
-            | GroupedGemm::WgbLoadGlu => {
-                let k = match kernel {
-                    GroupedGemm::Wgb128 => &self.grouped_wgb128,
-                    GroupedGemm::WgbLoad | GroupedGemm::WgbLoadGlu => &self.grouped_wgb_load,
-                    _ => &self.grouped_wgb64,
+            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
+                let k = if kernel == GroupedGemm::Wgb128 {
+                    &self.grouped_wgb128
+                } else {
+                    &self.grouped_wgb64
                 };
                 let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
                 let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
@@ -412,10 +363,6 @@ impl Gemm {
             }
         };
         let x_stride = x.stride as i32;
-        let (glu_gate, glu_h) = match glu_out {
-            Some(h) => (a.y.ptr, h),
-            None => (0u64, 0u64),
-        };
         gpu.launch(kernel, cfg, |l| {
             l.arg(&w)
                 .arg(&g.perm)
@@ -426,9 +373,6 @@ impl Gemm {
                 .arg(&x_div)
                 .arg(&a.y.ptr)
                 .arg(&y_stride);
-            if by_load {
-                l.arg(&glu_gate).arg(&glu_h);
-            }
         })
     }
 }

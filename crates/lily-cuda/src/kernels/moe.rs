@@ -12,8 +12,8 @@ use crate::gpu::{Gpu, Kernel, Module};
 pub const MOE_MAX_E: usize = 1024;
 /// Most experts per token: moe_route is one warp per token.
 pub const MOE_MAX_TOP_K: usize = 32;
-/// Most items per tile moe_group builds (gemm_grouped_wgb_load's runs).
-pub const MOE_MAX_TILE: usize = super::gemm::WGB_LOAD_TILE;
+/// Most items per tile moe_group builds (gemm_grouped64).
+pub const MOE_MAX_TILE: usize = 128;
 
 pub const FILE: KernelFile = KernelFile {
     name: "moe",
@@ -126,7 +126,7 @@ impl Moe {
         })
     }
 
-    /// One block of 1024 threads builds every tile (GROUP_TILE..=MOE_MAX_TILE items each).
+    /// One block of 1024 threads builds every tile (GROUP_TILE..=64 items each).
     pub fn group(&self, gpu: &Gpu, a: &Group) -> Result<()> {
         let g = a.into;
         if !(GROUP_TILE..=MOE_MAX_TILE).contains(&g.tile) {

@@ -253,23 +253,6 @@ impl Grouping {
                 }
             })
             .collect();
-        Grouping::of(g, ids, e, tile)
-    }
-
-    /// `counts[e]` items for expert e, in an order shuffled by `rng`.
-    pub fn with_counts(g: &Dev, rng: &mut Rng, counts: &[usize], tile: usize) -> Grouping {
-        let mut ids: Vec<i32> = (0..counts.len())
-            .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
-            .collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i + 1));
-        }
-        Grouping::of(g, ids, counts.len(), tile)
-    }
-
-    /// The items `ids` (expert of each) over `e` experts grouped by moe_group into tiles of `tile`.
-    pub fn of(g: &Dev, ids: Vec<i32>, e: usize, tile: usize) -> Grouping {
-        let items = ids.len();
         let dids = g.upload(&ids).unwrap();
         let max_tiles = max_group_tiles(items, e);
         let (perm, tiles, n_tiles) = (

