@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One short device call (≈ 2.5 min; session 13): why the batched decode step is slow served
-# (issue 32: 4 clients 440 tok/s together where one alone makes 495), and whether the
+# One short device call (≈ 2.5 min, ≈ 5.5 with the GPU tests; session 13): why the batched
+# decode step is slow served (issue 32: 4 clients 440 tok/s together where one alone makes 495),
+# and whether the
 # tensor-core DeltaNet scan (`tc_scan`, issue 31) keeps the model as faithful as the recurrent
 # one. On a full-width synthetic checkpoint of LAYERS (8) layers, so that it synthesises in
 # seconds:
@@ -15,7 +16,9 @@
 #      recurrent scan, bf16 with tc_scan; scripts/agreement_table.py against fp32.
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/NAME`, gzip
 # the binaries, copy this script, concurrent_bench.py and serve_bench.py beside them. There:
-#   bash .carry/NAME/gpu_batch_diag.sh   (carry: .carry/NAME .carry/tokenizer; timeout_s ≤ 300)
+#   bash .carry/NAME/gpu_batch_diag.sh   (carry: .carry/NAME .carry/tokenizer; timeout_s 600)
+# Knobs: LAYERS (8), LEN (1,024 scored positions), STEPS (64 timed steps), SKIP_TESTS=1, TESTS,
+# TEST_S (200).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
@@ -28,8 +31,20 @@ t0=$(date +%s); at() { echo "$(( $(date +%s) - t0 ))s"; }
 LEN=${LEN:-1024}
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 timeout 90 "$E" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --layers "${LAYERS:-8}" \
-  --out "$M" --tokenizer "$HERE/../tokenizer" > "$OUT/synth.log" 2>&1
-say "synth ${LAYERS:-8} layers rc=$? at $(at)"
+  --out "$M" --tokenizer "$HERE/../tokenizer" > "$OUT/synth.log" 2>&1 &
+SYN=$!
+# 0. Where the GPU test binary is staged beside lily-engine (bin/gpu.gz, scripts/stage_gpu.sh):
+#    the GPU tests of TESTS (default: the tensor-core scan's and the shipping configuration's,
+#    with the GEMM and MoE kernels'), while the checkpoint is synthesised.
+if [ -f "$HERE/bin/gpu.gz" ] && [ "${SKIP_TESTS:-0}" != 1 ]; then
+  gunzip -kf "$HERE/bin/gpu.gz"; chmod +x "$HERE/bin/gpu"
+  timeout "${TEST_S:-200}" "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture \
+    ${TESTS:-deltanet:: model_prefill_through_the_tensor_core_scan model_in_the_shipping_configuration gemm:: moe::} \
+    > "$OUT/tests.log" 2>&1
+  say "tests rc=$? at $(at)"
+  grep -E "^test .*FAILED|^test result|panicked|^MODEL" "$OUT/tests.log" | cut -c1-300 | head -40 | tee -a "$S"
+fi
+wait $SYN; say "synth ${LAYERS:-8} layers rc=$? at $(at)"
 export LILY_BATCHED_DECODE=1
 bench() {  # bench NAME SECONDS BATCHES [ENV=VALUE ...]
   local name=$1 secs=$2 batches=$3; shift 3
