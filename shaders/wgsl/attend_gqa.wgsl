@@ -20,7 +20,7 @@ struct P {
     pos0: u32,
     scale: f32,
     nsplit: u32,
-    span: u32,     // keys per split, a multiple of 64
+    span: u32,     // keys per split, a multiple of 64 (of 256 / G with `attn_split`)
     qg_stride: u32, // row stride of QG (the joint projection; gate of head h at h·2D + D)
     prep: u32,      // 1 (decode, one token): attn_prep.wgsl's work done here (`prep_queries`)
     rot: u32,       // rotary dims (prep)
@@ -41,6 +41,12 @@ struct P {
 // The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
 override G: u32 = 8u;
+// 1 (`WgpuOptions::attn_flat`): every invocation reads its keys' and values' words in loops of
+// constant trip count with no condition around the reads (keys past the split's end read its
+// last key again, their scores unused and their weights 0; dimensions past D read D − 1, times
+// 0), so a block's reads of an invocation can issue together instead of one round trip each.
+// The same sums in the same order: outputs bit for bit those of FLAT = 0.
+override FLAT: u32 = 0u;
 
 const GMAX: u32 = 8u;
 
@@ -173,7 +179,22 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         {
             var pd = array<vec4<f32>, GMAX>();
             let jk = kb + kj;
-            if (jk < k1) {
+            if (FLAT != 0u) {
+                let jr = min(jk, k1 - 1u);
+                let kbase = (jr * p.hkv + kvh) * d4;
+                for (var i = 0u; i < (d4 + G - 1u) / G; i++) {
+                    let c = ks + i * G;
+                    let cc = min(c, d4 - 1u);
+                    var kv = vec4<f32>(Kc[kbase + cc]);
+                    if (jr == pos_new) {
+                        kv = vec4<f32>(knew[4u * cc], knew[4u * cc + 1u], knew[4u * cc + 2u], knew[4u * cc + 3u]);
+                    }
+                    kv = select(vec4<f32>(0.0), kv, c < d4);
+                    for (var g = 0u; g < G; g++) {
+                        pd[g] += qs[g * d4 + cc] * kv;
+                    }
+                }
+            } else if (jk < k1) {
                 let kbase = (jk * p.hkv + kvh) * d4;
                 for (var c = ks; c < d4; c += G) {
                     var kv = vec4<f32>(Kc[kbase + c]);
@@ -229,19 +250,35 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         // Constant bounds (kbn, G: override constants) so the V reads can issue together.
         let cnt = min(kbn, k1 - kb);
-        for (var jj = 0u; jj < kbn; jj++) {
-            if (jj < cnt) {
-                var v = 0.0;
-                if (c < D) {
-                    v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
-                    if (kb + jj == pos_new) {
-                        v = vnew[c];
-                    }
+        if (FLAT != 0u) {
+            let cc = min(c, D - 1u);
+            for (var jj = 0u; jj < kbn; jj++) {
+                let key = min(kb + jj, k1 - 1u);
+                var v = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                if (key == pos_new) {
+                    v = vnew[cc];
                 }
                 for (var g = 0u; g < G; g++) {
                     let w = pr[g * kbn + jj];
                     acc[g] += w * v;
                     l[g] += w;
+                }
+            }
+        } else {
+            for (var jj = 0u; jj < kbn; jj++) {
+                if (jj < cnt) {
+                    var v = 0.0;
+                    if (c < D) {
+                        v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
+                        if (kb + jj == pos_new) {
+                            v = vnew[c];
+                        }
+                    }
+                    for (var g = 0u; g < G; g++) {
+                        let w = pr[g * kbn + jj];
+                        acc[g] += w * v;
+                        l[g] += w;
+                    }
                 }
             }
         }

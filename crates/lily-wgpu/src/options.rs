@@ -71,6 +71,14 @@ lily_core::backend_options! {
             label "f16 activations",
             help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 where the adapter has SHADER_F16, instead of f32; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32",
             why "off: not yet measured on a GPU (issue 29 deliverable 2; prediction in docs/perf-notes.md, session 12 wgpu-f16act); rounds each stored activation to f16 (2^-11 relative: lavapipe's tiny logits 1e-3-level from the CPU's, see the crate README); on only once it wins its A/B (scripts/wgpu_f16_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 activations serve adapters without SHADER_F16";
+        attn_flat = false, flag Some("wgpu-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
+            label "attend_gqa flat reads",
+            help "attend_gqa.wgsl's key and value reads with no condition around them, in loops of constant trip count (keys past a split's end read its last key again, weighted 0), so an invocation's reads of a block of keys issue together; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention ≈ 19 → 3–5 µs a block of 32 keys on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+        attn_split = false, flag Some("wgpu-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
+            label "decode attention split",
+            help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -138,6 +146,8 @@ mod tests {
                 f16_kv: false,
                 f16_tiles: false,
                 f16_acts: false,
+                attn_flat: false,
+                attn_split: false,
                 dense_tile: 0,
             }
         );
@@ -168,6 +178,8 @@ mod tests {
             ("LILY_WGPU_F16_TILES", "1"),
             ("LILY_WGPU_F16_ACTS", "1"),
             ("LILY_WGPU_DENSE_TILE", "64"),
+            ("LILY_WGPU_ATTN_FLAT", "1"),
+            ("LILY_WGPU_ATTN_SPLIT", "1"),
         ]));
         assert_eq!(
             o,
@@ -183,6 +195,8 @@ mod tests {
                 f16_tiles: true,
                 f16_acts: true,
                 dense_tile: 64,
+                attn_flat: true,
+                attn_split: true,
                 ..WgpuOptions::default()
             }
         );

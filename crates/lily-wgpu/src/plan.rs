@@ -41,6 +41,8 @@ pub struct DeviceCaps {
     pub limits: wgpu::Limits,
     pub subgroups: bool,
     pub f16: bool,
+    /// The adapter's kind (`split_workgroups`: how many workgroups cover it).
+    pub device_type: wgpu::DeviceType,
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
@@ -91,6 +93,57 @@ pub enum PrefillAttention {
     Gqa,
     /// attend.wgsl, one head and token a workgroup.
     Plain,
+}
+
+/// How attention spreads the keys of its (head or KV head, token) pairs over workgroups, split
+/// by split (forward.rs `attention_splits`; attend_merge.wgsl combines the splits). The plan's
+/// `splits` says which rule a launch takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitRule {
+    /// Workgroups wanted: the keys are split where the pairs are fewer than half this many.
+    pub workgroups: usize,
+    /// Keys per split: a multiple of this.
+    pub granule: usize,
+    /// Most splits per pair (≤ forward.rs `MERGE_MAX_SPLITS`).
+    pub max_splits: usize,
+    /// Rows of partials, (query head, token) × splits, at most (≤ forward.rs `PART_ROWS`).
+    pub part_rows: usize,
+}
+
+impl SplitRule {
+    /// Prefill's rule, and decode's without `attn_split`: ≈ 512 workgroups, spans of whole 64
+    /// keys, ≤ 64 splits and 1,024 rows of partials (at 4K on the full model: 33 splits of 128
+    /// keys a KV head, 66 workgroups of 4 blocks of attend_gqa's 32 keys).
+    pub const WIDE: SplitRule = SplitRule {
+        workgroups: 512,
+        granule: 64,
+        max_splits: 64,
+        part_rows: 1024,
+    };
+
+    /// Decode's rule with `attn_split`: `workgroups` for the adapter (`split_workgroups`), spans
+    /// of whole blocks of the kernel's keys (`granule`: attend_gqa's 256 / G), up to 256 splits
+    /// (at 4K on the full model: 129 splits of 32 keys a KV head, 258 workgroups of one block;
+    /// at 32K 205 of 160).
+    pub fn decode(workgroups: usize, granule: usize) -> SplitRule {
+        SplitRule {
+            workgroups,
+            granule,
+            max_splits: 256,
+            part_rows: 4096,
+        }
+    }
+}
+
+/// Workgroups decode attention wants with `attn_split`, by the adapter's kind: a discrete GPU's
+/// (the H200's 132 SMs: ≈ 4 each), an integrated one's (Apple's 8–40 GPU cores: 3–16 each),
+/// anything else's (lavapipe's CPU threads).
+pub fn split_workgroups(device_type: wgpu::DeviceType) -> usize {
+    match device_type {
+        wgpu::DeviceType::DiscreteGpu => 512,
+        wgpu::DeviceType::IntegratedGpu => 128,
+        _ => 64,
+    }
 }
 
 /// The kernel of decode attention (split over the keys where the heads alone do not fill the
@@ -339,9 +392,17 @@ pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
     spec
 }
 
-/// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
-pub fn attend_gqa_spec(d: usize, g: usize) -> Spec {
-    Spec::new("attend_gqa", &[("D", d as f64), ("G", g as f64)])
+/// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
+/// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
+pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
+    Spec::new(
+        "attend_gqa",
+        &[
+            ("D", d as f64),
+            ("G", g as f64),
+            ("FLAT", flat as u32 as f64),
+        ],
+    )
 }
 
 /// attend_tile.wgsl for head dim `d` (a multiple of 64, ≤ 256), `g` query heads per KV head (a
@@ -399,6 +460,9 @@ pub struct Plan {
     pub tile_f16: bool,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
+    /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
+    /// the adapter's `SplitRule::decode`.
+    pub decode_splits: SplitRule,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
     /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
@@ -511,7 +575,7 @@ impl Plan {
             gated_norm: Spec::new("gated_norm", &[]),
             attn_prep: Spec::new("attn_prep", &[]),
             attend: Spec::new("attend", &[("D", c.head_dim as f64)]),
-            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g),
+            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat),
             attend_merge: Spec::new("attend_merge", &[]),
             attend_tile,
             dn_conv: Spec::new("dn_conv", &[]),
@@ -565,6 +629,17 @@ impl Plan {
             (true, false) => MmTile::T32,
             (false, _) => MmTile::T16,
         };
+        // Decode attention's splits: whole blocks of attend_gqa's 256 / G keys (attend.wgsl:
+        // 64), as many workgroups as the adapter's kind wants.
+        let decode_splits = if opts.attn_split {
+            let granule = match decode_attention {
+                DecodeAttention::Gqa { g } => 256 / g,
+                DecodeAttention::Plain => 64,
+            };
+            SplitRule::decode(split_workgroups(device.device_type), granule)
+        } else {
+            SplitRule::WIDE
+        };
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
@@ -585,6 +660,7 @@ impl Plan {
             tile_f16,
             prefill_attention,
             decode_attention,
+            decode_splits,
             specs,
             subgroups,
             kv_f16,
@@ -617,9 +693,16 @@ impl Plan {
             PrefillAttention::Gqa => "attend_gqa".into(),
             PrefillAttention::Plain => "attend".into(),
         };
+        let splits = self.decode_splits;
         let decode_attention = match self.decode_attention {
-            DecodeAttention::Gqa { g } => format!("attend_gqa ({g} heads a KV head)"),
-            DecodeAttention::Plain => "attend".into(),
+            DecodeAttention::Gqa { g } => format!(
+                "attend_gqa ({g} heads a KV head, keys split for ≈ {} workgroups in spans of {}, ≤ {} splits)",
+                splits.workgroups, splits.granule, splits.max_splits
+            ),
+            DecodeAttention::Plain => format!(
+                "attend (keys split for ≈ {} workgroups in spans of {})",
+                splits.workgroups, splits.granule
+            ),
         };
         let notes = if self.notes.is_empty() {
             String::new()
@@ -777,6 +860,16 @@ impl Plan {
         match self.decode_attention {
             DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
             DecodeAttention::Plain => PrefillAttention::Plain,
+        }
+    }
+
+    /// How attention over `t` tokens splits its keys over workgroups: decode's rule
+    /// (`decode_splits`) for one token, `SplitRule::WIDE` for a chunk.
+    pub fn splits(&self, t: usize) -> SplitRule {
+        if t == 1 {
+            self.decode_splits
+        } else {
+            SplitRule::WIDE
         }
     }
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{MmTile, GLU_RB, MM_ROWS};
+use crate::plan::{MmTile, SplitRule, GLU_RB, MM_ROWS};
 use crate::shaders::Form;
 
 /// The largest relative difference an f16 store adds to one value (round to nearest, 11
@@ -501,9 +501,9 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 
 /// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and
 /// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
-/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
-/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
-/// relative L2 difference of the outputs.
+/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1; prefill-like:
+/// t > 1), the keys split as `attention_splits` says under `merge`'s rule. The relative L2
+/// difference of the outputs.
 /// With `merge` None, `gqa` is attend_tile.wgsl (`plan::attend_tile_spec`): tiles of 64 / g
 /// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache; `act_f16`: its queries, gates
 /// and output are f16 activations (the host takes the queries and gates rounded to f16; the
@@ -512,7 +512,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 pub fn check_attention(
     gpu: &Gpu,
     gqa: &Kernel,
-    merge: Option<&Kernel>,
+    merge: Option<(&Kernel, &SplitRule)>,
     (hkv, g, d): (usize, usize, usize),
     n: usize,
     t: usize,
@@ -544,7 +544,6 @@ pub fn check_attention(
     let kc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let vc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let scale = 1.0 / (d as f32).sqrt();
-    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
     let qb = upload_act(gpu, "check.q", &q, act_f16)?;
     let qgb = upload_act(gpu, "check.qg", &qg, act_f16)?;
     let cache = |label: &str, v: &[f32]| {
@@ -560,7 +559,7 @@ pub fn check_attention(
     let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
     let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
     let mut r = Recorder::new(gpu);
-    let Some(merge) = merge else {
+    let Some((merge, rule)) = merge else {
         r.dispatch(
             gqa,
             &[
@@ -581,6 +580,7 @@ pub fn check_attention(
         let got = read_act(gpu, &ob, t * hq * d, act_f16)?;
         return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
     };
+    let (nsplit, span) = attention_splits(rule, hkv * t, hq * t, n);
     r.dispatch(
         gqa,
         &[

@@ -552,6 +552,68 @@ fn long_chunks_and_split_attention_match_cpu() {
     assert_eq!(got, want, "greedy tokens after 300 positions");
 }
 
+/// Decode attention with its reads flat (`attn_flat`) and its keys split by the plan
+/// (`attn_split`), as a decode step runs them (attn_prep's work inside attend_gqa, the new key
+/// and value in workgroup memory): 300 positions prefilled, then 4 one token at a time; the last
+/// logits against the CPU for each of the four settings, `attn_flat` bit for bit those without
+/// it (the same sums in the same order), then 8 greedy tokens with both on as the CPU's.
+#[test]
+fn decode_attention_flat_and_split_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 19);
+    let tokens = Rng(6).tokens(304, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(320).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let run = |attn_flat: bool, attn_split: bool| {
+        let opts = WgpuOptions {
+            chunk: 128,
+            all_logits_chunk: 32,
+            attn_flat,
+            attn_split,
+            ..WgpuOptions::default()
+        };
+        let mut gpu = wgpu_backend_with(&w, opts)?;
+        let s = gpu.new_seq(320).unwrap();
+        gpu.prefill(s, &tokens[..300]).unwrap();
+        for t in &tokens[300..] {
+            gpu.prefill(s, &[*t]).unwrap();
+        }
+        let logits = gpu.logits(s).unwrap();
+        Some((gpu, s, logits))
+    };
+    let Some((_, _, plain)) = run(false, false) else {
+        return;
+    };
+    let (_, _, flat) = run(true, false).unwrap();
+    let (_, _, split) = run(false, true).unwrap();
+    let (mut both, bs, both_logits) = run(true, true).unwrap();
+    for (name, got) in [
+        ("shipping", &plain),
+        ("flat", &flat),
+        ("split", &split),
+        ("both", &both_logits),
+    ] {
+        let e = rel_l2(got, &want);
+        println!("decode attention {name}: last logits rel_l2 {e:.3e}");
+        assert!(e < 1e-3, "{name}: logits differ from the CPU by {e:.3e}");
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&flat),
+        bits(&plain),
+        "attn_flat changed the shipping split's logits"
+    );
+    assert_eq!(
+        bits(&both_logits),
+        bits(&split),
+        "attn_flat changed attn_split's logits"
+    );
+    let want = greedy_tokens(&mut cpu, cs, 8);
+    let got = greedy_tokens(&mut both, bs, 8);
+    assert_eq!(got, want, "greedy tokens with attn_flat and attn_split");
+}
+
 /// The device sampler (sample_adjust.wgsl, sample_pick.wgsl) against the host's
 /// `Sampler::sample` on the same logits, seed and history: every pick must be the same token,
 /// over 6 settings × 150 seeds on `tiny` and × 25 on `small` (temperature with top_k / top_p / min_p, ties, −∞ and NaN logits,
