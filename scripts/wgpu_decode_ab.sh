@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device call for session 13's wgpu decode attention (issue 29 deliverable 4; docs/perf-notes.md
 # "session 13, branch wgpu-decode"): wgpu through Vulkan on the full-size synthetic checkpoint,
-# `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64` with the session's two switches
-# off and on, alternated so that drift shows:
-#   off    the defaults (both off)
-#   both   LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1
+# `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64` with the session's switches off
+# and on, alternated so that drift shows:
+#   off    the defaults (all off)
+#   all    LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64
 #   flat   LILY_WGPU_ATTN_FLAT=1   (attend_gqa's reads unconditional, constant trip counts)
 #   split  LILY_WGPU_ATTN_SPLIT=1  (decode attention's keys split by the plan: 258 workgroups at 4K)
-#   prof   both, LILY_PROFILE=1    (per-kernel table: attend_gqa and attend_merge's rows)
-# then, while time is left, off and both again (the second pair of the alternation).
+#   lm     LILY_WGPU_LM_ROWS=64    (lm_head 64 rows a workgroup: 3,880 workgroups, not 15,520)
+#   prof   all, LILY_PROFILE=1     (per-kernel table: attend_gqa, attend_merge, lin.lm_head)
+# then, while time is left, off and all again (the second pair of the alternation).
 #
 # Here: the binary as DIR/bin/lily-engine(.gz), this script beside it, the Vulkan loader debs in
 # .gl (../.library/device/README.md). There, from the repo root:
@@ -54,18 +55,19 @@ bench() {
   # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
   say "$name rc=$rc at $(at)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$W/$name.log" | tr -s ' ' | tr '\n' '|')"
   grep -h -m1 "wgpu: " "$W/$name.log" \
-    | grep -oE "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|decode attention attend[^)]*\)" \
+    | grep -oE "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|lm_head rows [0-9]+|decode attention attend[^)]*\)" \
     | tr '\n' ' ' >> "$LOG"; echo >> "$LOG"
   grep -v XDG_RUNTIME_DIR "$W/$name.log" | tail -80 > "$OUT/bench-$name.log"
 }
-ON="LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1"
-OFF="LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=0"
+ON="LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64"
+OFF="LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=0 LILY_WGPU_LM_ROWS=0"
 bench off $OFF
-bench both $ON
-bench flat LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=0
-bench split LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=1
+bench all $ON
+bench flat $OFF LILY_WGPU_ATTN_FLAT=1
+bench split $OFF LILY_WGPU_ATTN_SPLIT=1
+bench lm $OFF LILY_WGPU_LM_ROWS=64
 bench prof $ON LILY_PROFILE=1
 bench off2 $OFF
-bench both2 $ON
+bench all2 $ON
 grep -h -m1 "wgpu: " "$W/off.log" 2>/dev/null | cut -c1-1500 >> "$LOG"
 say "done at $(at)s"

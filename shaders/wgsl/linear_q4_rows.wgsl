@@ -47,8 +47,8 @@ fn conv_step(ch: u32, x: f32) -> f32 {
     return silu(s);
 }
 
-// Rows per workgroup (a power of two ≤ 16; the host's `rows_rb`) and rows whose reads are in
-// flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
+// Rows per workgroup (a power of two ≤ 16, or 32 / 64 for lm_head with `lm_rows` and ROW_PART
+// = RB · 65; the plan's `rows_rb`) and rows whose reads are in flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
 // spread over the GPU: on the H200 the router (257 rows: 17 workgroups of 16) took 21 µs a call
 // and the 2,048-row output projections (128 workgroups) 24 µs, as long as the 12,352-row in_proj.
 override RB: u32 = 16u;

@@ -145,7 +145,7 @@ impl WgpuBackend {
     /// f16 where they are activations: `probes::Sides`).
     pub fn check_products(&self) -> Result<(f64, f64)> {
         let act = self.plan.act_f16;
-        let rows = check_rows(&self.gpu, &self.kernels, act)?;
+        let rows = check_rows(&self.gpu, &self.kernels, act, self.plan.lm_rows)?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).
             let (_, staged) = self.check_products_f16()?;

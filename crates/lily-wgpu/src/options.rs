@@ -95,6 +95,9 @@ lily_core::backend_options! {
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
+        lm_rows = 0, flag Some("wgpu-lm-rows"), env "LILY_WGPU_LM_ROWS",
+            accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "lm_head rows",
+            help "rows a workgroup of decode's lm_head (linear_q4_rows.wgsl): 0 lets the plan choose (16, as every matrix of 8,192 rows or more); 32 or 64 read the input and fold the final norm once per 32 / 64 rows (the full model's 248,320 rows: 7,760 / 3,880 workgroups instead of 15,520); an A/B aid until measured (session 13, wgpu-decode)";
     }
     texts {
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
@@ -149,6 +152,7 @@ mod tests {
                 attn_flat: false,
                 attn_split: false,
                 dense_tile: 0,
+                lm_rows: 0,
             }
         );
     }
@@ -180,6 +184,7 @@ mod tests {
             ("LILY_WGPU_DENSE_TILE", "64"),
             ("LILY_WGPU_ATTN_FLAT", "1"),
             ("LILY_WGPU_ATTN_SPLIT", "1"),
+            ("LILY_WGPU_LM_ROWS", "64"),
         ]));
         assert_eq!(
             o,
@@ -197,6 +202,7 @@ mod tests {
                 dense_tile: 64,
                 attn_flat: true,
                 attn_split: true,
+                lm_rows: 64,
                 ..WgpuOptions::default()
             }
         );
@@ -212,6 +218,7 @@ mod tests {
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
             ("LILY_WGPU_DENSE_TILE", "48"),
+            ("LILY_WGPU_LM_ROWS", "8"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.

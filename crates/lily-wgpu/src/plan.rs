@@ -14,10 +14,15 @@
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
-//!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl;
+//!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl; its
+//!   keys split by `SplitRule::WIDE` (spans of 64 keys, ≤ 64 splits), or with `attn_split` (off
+//!   until measured: session 13 wgpu-decode) by `SplitRule::decode` (spans of one block of
+//!   attend_gqa's keys, ≤ 256 splits, workgroups by the adapter's kind); `attn_flat` (off) its
+//!   reads unconditional;
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
-//!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
+//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured);
+//!   the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
 //!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
 //!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
@@ -248,6 +253,8 @@ pub struct Specs {
     pub linear_q4_rows16: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
+    /// lm_head's with `lm_rows` above 16 (`Plan::rows_rb`).
+    pub linear_q4_rows_lm: Option<FormSpecs>,
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -298,6 +305,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter().flatten());
+        v.extend(self.linear_q4_rows_lm.iter().flatten());
         v.extend([
             &self.linear_q4_glu,
             &self.moe_group,
@@ -344,6 +352,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
+        v.extend(self.linear_q4_rows_lm.iter_mut().flatten());
         v.extend([
             &mut self.linear_q4_glu,
             &mut self.moe_group,
@@ -375,12 +384,14 @@ impl Specs {
     }
 }
 
-/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together).
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
+/// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them.
 pub fn rows_spec(rb: usize) -> Spec {
-    Spec::new(
-        "linear_q4_rows",
-        &[("RB", rb as f64), ("RI", rb.min(8) as f64)],
-    )
+    let mut constants = vec![("RB", rb as f64), ("RI", rb.min(8) as f64)];
+    if rb > 16 {
+        constants.push(("ROW_PART", (rb * 65) as f64));
+    }
+    Spec::new("linear_q4_rows", &constants)
 }
 
 /// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
@@ -463,6 +474,11 @@ pub struct Plan {
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
     /// the adapter's `SplitRule::decode`.
     pub decode_splits: SplitRule,
+    /// Rows a workgroup of lm_head on linear_q4_rows.wgsl (`rows_rb`): 16 (`rows_rb` by its
+    /// rows), or `lm_rows`' 32 or 64.
+    pub lm_rows: usize,
+    /// The vocabulary: the rows of lm_head (`rows_rb` tells it by them).
+    pub vocab: usize,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
     /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
@@ -554,12 +570,19 @@ impl Plan {
                 }
             }
         }
+        // lm_head's rows a workgroup: as asked (`lm_rows`), else 16 as the other large matrices.
+        let lm_rows = match opts.lm_rows {
+            32 | 64 => opts.lm_rows,
+            _ => 16,
+        };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
             linear_q4_rows16: in_forms(rows_spec(16), &Form::ALL, act_f16),
             linear_q4_rows4: in_forms(rows_spec(4), &Form::ALL, act_f16),
             linear_q4_rows2: in_forms(rows_spec(2), &Form::ALL, act_f16),
+            linear_q4_rows_lm: (lm_rows > 16)
+                .then(|| in_forms(rows_spec(lm_rows), &Form::ALL, act_f16)),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -647,6 +670,7 @@ impl Plan {
             f16_tiles: tile_f16,
             f16_acts: act_f16,
             dense_tile: dense_mm.items(),
+            lm_rows,
             ..opts.clone()
         };
         Ok(Plan {
@@ -661,6 +685,8 @@ impl Plan {
             prefill_attention,
             decode_attention,
             decode_splits,
+            lm_rows,
+            vocab: c.vocab,
             specs,
             subgroups,
             kv_f16,
@@ -860,6 +886,17 @@ impl Plan {
         match self.decode_attention {
             DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
             DecodeAttention::Plain => PrefillAttention::Plain,
+        }
+    }
+
+    /// linear_q4_rows.wgsl's rows a workgroup for a slice of `slice_rows` rows of `w`: lm_head's
+    /// (the matrix of the vocabulary's rows) `lm_rows` where above 16, else `rows_rb` (the full
+    /// model's lm_head: 16).
+    pub fn rows_rb(&self, w: &GpuLinear, slice_rows: usize) -> usize {
+        if self.lm_rows > 16 && w.rows == self.vocab {
+            self.lm_rows
+        } else {
+            rows_rb(slice_rows)
         }
     }
 

@@ -143,18 +143,24 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
-/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
-/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference, over every
-/// form compiled (`act_f16`: the activations f16, `Sides`).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items;
+/// 150 rows for lm_head's `lm_rows` of 32 or 64, `Kernels::linear_q4_rows_lm` where compiled:
+/// two full workgroups and a partial one), and linear_q4_glu_rows.wgsl (`check_glu_rows`): the
+/// largest relative L2 difference, over every form compiled (`act_f16`: the activations f16,
+/// `Sides`).
+pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, lm_rows: usize) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
         .max(check_glu_route(gpu, k, act_f16)?)
         .max(check_rows_conv(gpu, k, act_f16)?);
     let mut worst = 0f64;
+    let mut cases = vec![(16, 37usize), (4, 37), (2, 37)];
+    if k.linear_q4_rows_lm.is_some() {
+        cases.push((lm_rows, 150));
+    }
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        let (rows, items) = (37usize, 2usize);
-        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        for rb in [16, 4, 2] {
+        for &(rb, rows) in &cases {
+            let items = 2usize;
+            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
             for (form, kernel) in k.rows(rb).iter() {
                 let sides = Sides::of(form, act_f16);
                 let (nx, ny) = grid_2d(rows.div_ceil(rb));

@@ -490,19 +490,30 @@ fn activations_in_f16_and_f32_match_cpu() {
 #[test]
 fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
-    let Some(gpu) = wgpu_backend(&w, 16) else {
-        return;
-    };
-    let (fp32, rows) = gpu.check_products().unwrap();
-    println!("4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
-    assert!(
-        fp32 < 1e-5,
-        "linear_q4_mm differs from the host by {fp32:.2e}"
-    );
-    assert!(
-        rows < 1e-5,
-        "linear_q4_rows differs from the host by {rows:.2e}"
-    );
+    // The shipping kernels, then lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32
+    // and 64 rows a workgroup, its row totals' workgroup memory sized for them).
+    for lm_rows in [0, 32, 64] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            lm_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
+        let (fp32, rows) = gpu.check_products().unwrap();
+        println!("lm_rows {lm_rows}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+        assert!(
+            fp32 < 1e-5,
+            "linear_q4_mm differs from the host by {fp32:.2e}"
+        );
+        assert!(
+            rows < 1e-5,
+            "linear_q4_rows (lm_rows {lm_rows}) differs from the host by {rows:.2e}"
+        );
+    }
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
