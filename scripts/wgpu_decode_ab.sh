@@ -4,11 +4,12 @@
 # `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64` with the switches off and on,
 # alternated so that drift shows:
 #   off    the defaults (all off)
-#   all    LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64
-#   flat   LILY_WGPU_ATTN_FLAT=1   (attend_gqa's reads unconditional, constant trip counts)
+#   all    LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64 LILY_WGPU_ROWS_FLAT=1
+#   prof   all, LILY_PROFILE=1     (per-kernel table: attend_gqa, attend_merge, lin.*)
+#   flat   LILY_WGPU_ATTN_FLAT=1   (attend_gqa's reads 8 at a time, unconditional)
 #   split  LILY_WGPU_ATTN_SPLIT=1  (decode attention's keys split by the plan: 258 workgroups at 4K)
+#   rows   LILY_WGPU_ROWS_FLAT=1   (linear_q4_rows' input and norm-weight reads unconditional)
 #   lm     LILY_WGPU_LM_ROWS=64    (lm_head 64 rows a workgroup: 3,880 workgroups, not 15,520)
-#   prof   all, LILY_PROFILE=1     (per-kernel table: attend_gqa, attend_merge, lin.lm_head)
 # then, while time is left, off and all again (the second pair of the alternation). ≤ 9 minutes:
 # no run starts past DEADLINE seconds (default 440) that could not end by 540.
 #
@@ -39,18 +40,19 @@ bench() {
   # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
   say "$name rc=$rc at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$OUT/full-$name.log" | tr -s ' ' | tr '\n' '|')"
   grep -h -m1 "wgpu: " "$OUT/full-$name.log" \
-    | grep -oE "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|lm_head rows [0-9]+|decode attention attend[^)]*\)" \
+    | grep -oE "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|lm_head rows [0-9]+|linear_q4_rows flat reads [a-z]+|decode attention attend[^)]*\)" \
     | tr '\n' ' ' >> "$S"; echo >> "$S"
   grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
 }
-ON="LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64"
-OFF="LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=0 LILY_WGPU_LM_ROWS=0"
+ON="LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64 LILY_WGPU_ROWS_FLAT=1"
+OFF="LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=0 LILY_WGPU_LM_ROWS=0 LILY_WGPU_ROWS_FLAT=0"
 bench off $OFF
 bench all $ON
+bench prof $ON LILY_PROFILE=1
 bench flat $OFF LILY_WGPU_ATTN_FLAT=1
 bench split $OFF LILY_WGPU_ATTN_SPLIT=1
+bench rows $OFF LILY_WGPU_ROWS_FLAT=1
 bench lm $OFF LILY_WGPU_LM_ROWS=64
-bench prof $ON LILY_PROFILE=1
 bench off2 $OFF
 bench all2 $ON
 grep -h -m1 "wgpu: " "$OUT/full-off.log" 2>/dev/null | cut -c1-1500 >> "$S"

@@ -41,11 +41,12 @@ struct P {
 // The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
 override G: u32 = 8u;
-// 1 (`WgpuOptions::attn_flat`): every invocation reads its keys' and values' words in loops of
-// constant trip count with no condition around the reads (keys past the split's end read its
-// last key again, their scores unused and their weights 0; dimensions past D read D − 1, times
-// 0), so a block's reads of an invocation can issue together instead of one round trip each.
-// The same sums in the same order: outputs bit for bit those of FLAT = 0.
+// 1 (`WgpuOptions::attn_flat`): every invocation reads its keys' and values' words 8 at a time
+// into registers, with no condition around the reads (keys past the split's end read its last
+// key again, their scores unused and their weights 0; dimensions past D read D − 1, times 0),
+// then uses them: 8 reads in flight together instead of one round trip each, whether or not the
+// compiler unrolls the loops. The same sums in the same order: outputs bit for bit those of
+// FLAT = 0.
 override FLAT: u32 = 0u;
 
 const GMAX: u32 = 8u;
@@ -180,18 +181,26 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             var pd = array<vec4<f32>, GMAX>();
             let jk = kb + kj;
             if (FLAT != 0u) {
+                // 8 words' reads issued together, then their products (a constant trip count
+                // of ⌈D / 4 / G⌉ words: 8 for the full model and tiny).
                 let jr = min(jk, k1 - 1u);
                 let kbase = (jr * p.hkv + kvh) * d4;
-                for (var i = 0u; i < (d4 + G - 1u) / G; i++) {
-                    let c = ks + i * G;
-                    let cc = min(c, d4 - 1u);
-                    var kv = vec4<f32>(Kc[kbase + cc]);
-                    if (jr == pos_new) {
-                        kv = vec4<f32>(knew[4u * cc], knew[4u * cc + 1u], knew[4u * cc + 2u], knew[4u * cc + 3u]);
+                for (var i0 = 0u; i0 < (d4 + G - 1u) / G; i0 += 8u) {
+                    var kw = array<vec4<f32>, 8>();
+                    for (var i = 0u; i < 8u; i++) {
+                        kw[i] = vec4<f32>(Kc[kbase + min(ks + (i0 + i) * G, d4 - 1u)]);
                     }
-                    kv = select(vec4<f32>(0.0), kv, c < d4);
-                    for (var g = 0u; g < G; g++) {
-                        pd[g] += qs[g * d4 + cc] * kv;
+                    for (var i = 0u; i < 8u; i++) {
+                        let c = ks + (i0 + i) * G;
+                        let cc = min(c, d4 - 1u);
+                        var kv = kw[i];
+                        if (jr == pos_new) {
+                            kv = vec4<f32>(knew[4u * cc], knew[4u * cc + 1u], knew[4u * cc + 2u], knew[4u * cc + 3u]);
+                        }
+                        kv = select(vec4<f32>(0.0), kv, c < d4);
+                        for (var g = 0u; g < G; g++) {
+                            pd[g] += qs[g * d4 + cc] * kv;
+                        }
                     }
                 }
             } else if (jk < k1) {
@@ -251,17 +260,26 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         // Constant bounds (kbn, G: override constants) so the V reads can issue together.
         let cnt = min(kbn, k1 - kb);
         if (FLAT != 0u) {
+            // 8 keys' values read together, then summed in key order (kbn = 256 / G ≥ 32, a
+            // multiple of 8).
             let cc = min(c, D - 1u);
-            for (var jj = 0u; jj < kbn; jj++) {
-                let key = min(kb + jj, k1 - 1u);
-                var v = f32(Vc[(key * p.hkv + kvh) * D + cc]);
-                if (key == pos_new) {
-                    v = vnew[cc];
+            for (var j0 = 0u; j0 < kbn; j0 += 8u) {
+                var vv = array<f32, 8>();
+                for (var i = 0u; i < 8u; i++) {
+                    let key = min(kb + j0 + i, k1 - 1u);
+                    vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
                 }
-                for (var g = 0u; g < G; g++) {
-                    let w = pr[g * kbn + jj];
-                    acc[g] += w * v;
-                    l[g] += w;
+                for (var i = 0u; i < 8u; i++) {
+                    let jj = j0 + i;
+                    var v = vv[i];
+                    if (min(kb + jj, k1 - 1u) == pos_new) {
+                        v = vnew[cc];
+                    }
+                    for (var g = 0u; g < G; g++) {
+                        let w = pr[g * kbn + jj];
+                        acc[g] += w * v;
+                        l[g] += w;
+                    }
                 }
             }
         } else {

@@ -79,6 +79,10 @@ lily_core::backend_options! {
             label "decode attention split",
             help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
             why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+        rows_flat = false, flag Some("wgpu-rows-flat"), env "LILY_WGPU_ROWS_FLAT" = true,
+            label "linear_q4_rows flat reads",
+            help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -151,6 +155,7 @@ mod tests {
                 f16_acts: false,
                 attn_flat: false,
                 attn_split: false,
+                rows_flat: false,
                 dense_tile: 0,
                 lm_rows: 0,
             }
@@ -185,6 +190,7 @@ mod tests {
             ("LILY_WGPU_ATTN_FLAT", "1"),
             ("LILY_WGPU_ATTN_SPLIT", "1"),
             ("LILY_WGPU_LM_ROWS", "64"),
+            ("LILY_WGPU_ROWS_FLAT", "1"),
         ]));
         assert_eq!(
             o,
@@ -203,6 +209,7 @@ mod tests {
                 attn_flat: true,
                 attn_split: true,
                 lm_rows: 64,
+                rows_flat: true,
                 ..WgpuOptions::default()
             }
         );

@@ -21,7 +21,8 @@
 //!   reads unconditional;
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
-//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured);
+//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured;
+//!   `rows_flat`, off, their input reads unconditional);
 //!   the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
 //!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
@@ -385,9 +386,14 @@ impl Specs {
 }
 
 /// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
-/// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them.
-pub fn rows_spec(rb: usize) -> Spec {
-    let mut constants = vec![("RB", rb as f64), ("RI", rb.min(8) as f64)];
+/// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
+/// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`).
+pub fn rows_spec(rb: usize, flat: bool) -> Spec {
+    let mut constants = vec![
+        ("RB", rb as f64),
+        ("RI", rb.min(8) as f64),
+        ("FLAT", flat as u32 as f64),
+    ];
     if rb > 16 {
         constants.push(("ROW_PART", (rb * 65) as f64));
     }
@@ -575,14 +581,15 @@ impl Plan {
             32 | 64 => opts.lm_rows,
             _ => 16,
         };
+        let rows_flat = opts.rows_flat;
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: in_forms(rows_spec(16), &Form::ALL, act_f16),
-            linear_q4_rows4: in_forms(rows_spec(4), &Form::ALL, act_f16),
-            linear_q4_rows2: in_forms(rows_spec(2), &Form::ALL, act_f16),
+            linear_q4_rows16: in_forms(rows_spec(16, rows_flat), &Form::ALL, act_f16),
+            linear_q4_rows4: in_forms(rows_spec(4, rows_flat), &Form::ALL, act_f16),
+            linear_q4_rows2: in_forms(rows_spec(2, rows_flat), &Form::ALL, act_f16),
             linear_q4_rows_lm: (lm_rows > 16)
-                .then(|| in_forms(rows_spec(lm_rows), &Form::ALL, act_f16)),
+                .then(|| in_forms(rows_spec(lm_rows, rows_flat), &Form::ALL, act_f16)),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,

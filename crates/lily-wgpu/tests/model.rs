@@ -490,13 +490,17 @@ fn activations_in_f16_and_f32_match_cpu() {
 #[test]
 fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
-    // The shipping kernels, then lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32
-    // and 64 rows a workgroup, its row totals' workgroup memory sized for them).
-    for lm_rows in [0, 32, 64] {
+    // The shipping kernels, lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32 and 64
+    // rows a workgroup, its row totals' workgroup memory sized for them), and linear_q4_rows'
+    // flat reads (`rows_flat`), whose outputs (so their difference from the host's) must equal
+    // the conditional reads' bit for bit.
+    let mut rows_err = std::collections::HashMap::new();
+    for (lm_rows, rows_flat) in [(0, false), (0, true), (32, false), (64, false), (64, true)] {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
             lm_rows,
+            rows_flat,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
@@ -504,15 +508,22 @@ fn product_kernels_match_the_host() {
         };
         assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
         let (fp32, rows) = gpu.check_products().unwrap();
-        println!("lm_rows {lm_rows}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+        println!("lm_rows {lm_rows}, rows_flat {rows_flat}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
         assert!(
             fp32 < 1e-5,
             "linear_q4_mm differs from the host by {fp32:.2e}"
         );
         assert!(
             rows < 1e-5,
-            "linear_q4_rows (lm_rows {lm_rows}) differs from the host by {rows:.2e}"
+            "linear_q4_rows (lm_rows {lm_rows}, rows_flat {rows_flat}) differs from the host by {rows:.2e}"
         );
+        if let Some(other) = rows_err.insert(lm_rows, rows) {
+            assert_eq!(
+                rows.to_bits(),
+                f64::to_bits(other),
+                "rows_flat changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
+            );
+        }
     }
 }
 

@@ -52,6 +52,7 @@ fn choosable() -> Vec<Spec> {
                             // attend_gqa with its reads flat (FLAT = 1) and without.
                             attn_flat: f16_acts,
                             attn_split: f16_acts,
+                            rows_flat: f16_acts,
                             // lm_head's 64 rows a workgroup (ROW_PART sized for them).
                             lm_rows: if f16_acts { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
