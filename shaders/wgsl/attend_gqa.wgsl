@@ -20,7 +20,7 @@ struct P {
     pos0: u32,
     scale: f32,
     nsplit: u32,
-    span: u32,     // keys per split, a multiple of 64
+    span: u32,     // keys per split, a multiple of 64 (of 256 / G with `attn_split`)
     qg_stride: u32, // row stride of QG (the joint projection; gate of head h at h·2D + D)
     prep: u32,      // 1 (decode, one token): attn_prep.wgsl's work done here (`prep_queries`)
     rot: u32,       // rotary dims (prep)
@@ -41,6 +41,13 @@ struct P {
 // The head dim and the query heads per KV head, fixed per model (lily-wgpu/src/plan.rs).
 override D: u32 = 256u;
 override G: u32 = 8u;
+// 1 (`WgpuOptions::attn_flat`): every invocation reads its keys' and values' words 8 at a time
+// into registers, with no condition around the reads (keys past the split's end read its last
+// key again, their scores unused and their weights 0; dimensions past D read D − 1, times 0),
+// then uses them: 8 reads in flight together instead of one round trip each, whether or not the
+// compiler unrolls the loops. The same sums in the same order: outputs bit for bit those of
+// FLAT = 0.
+override FLAT: u32 = 0u;
 
 const GMAX: u32 = 8u;
 
@@ -173,7 +180,30 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         {
             var pd = array<vec4<f32>, GMAX>();
             let jk = kb + kj;
-            if (jk < k1) {
+            if (FLAT != 0u) {
+                // 8 words' reads issued together, then their products (a constant trip count
+                // of ⌈D / 4 / G⌉ words: 8 for the full model and tiny).
+                let jr = min(jk, k1 - 1u);
+                let kbase = (jr * p.hkv + kvh) * d4;
+                for (var i0 = 0u; i0 < (d4 + G - 1u) / G; i0 += 8u) {
+                    var kw = array<vec4<f32>, 8>();
+                    for (var i = 0u; i < 8u; i++) {
+                        kw[i] = vec4<f32>(Kc[kbase + min(ks + (i0 + i) * G, d4 - 1u)]);
+                    }
+                    for (var i = 0u; i < 8u; i++) {
+                        let c = ks + (i0 + i) * G;
+                        let cc = min(c, d4 - 1u);
+                        var kv = kw[i];
+                        if (jr == pos_new) {
+                            kv = vec4<f32>(knew[4u * cc], knew[4u * cc + 1u], knew[4u * cc + 2u], knew[4u * cc + 3u]);
+                        }
+                        kv = select(vec4<f32>(0.0), kv, c < d4);
+                        for (var g = 0u; g < G; g++) {
+                            pd[g] += qs[g * d4 + cc] * kv;
+                        }
+                    }
+                }
+            } else if (jk < k1) {
                 let kbase = (jk * p.hkv + kvh) * d4;
                 for (var c = ks; c < d4; c += G) {
                     var kv = vec4<f32>(Kc[kbase + c]);
@@ -229,19 +259,44 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         }
         // Constant bounds (kbn, G: override constants) so the V reads can issue together.
         let cnt = min(kbn, k1 - kb);
-        for (var jj = 0u; jj < kbn; jj++) {
-            if (jj < cnt) {
-                var v = 0.0;
-                if (c < D) {
-                    v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
-                    if (kb + jj == pos_new) {
-                        v = vnew[c];
+        if (FLAT != 0u) {
+            // 8 keys' values read together, then summed in key order (kbn = 256 / G ≥ 32, a
+            // multiple of 8).
+            let cc = min(c, D - 1u);
+            for (var j0 = 0u; j0 < kbn; j0 += 8u) {
+                var vv = array<f32, 8>();
+                for (var i = 0u; i < 8u; i++) {
+                    let key = min(kb + j0 + i, k1 - 1u);
+                    vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                }
+                for (var i = 0u; i < 8u; i++) {
+                    let jj = j0 + i;
+                    var v = vv[i];
+                    if (min(kb + jj, k1 - 1u) == pos_new) {
+                        v = vnew[cc];
+                    }
+                    for (var g = 0u; g < G; g++) {
+                        let w = pr[g * kbn + jj];
+                        acc[g] += w * v;
+                        l[g] += w;
                     }
                 }
-                for (var g = 0u; g < G; g++) {
-                    let w = pr[g * kbn + jj];
-                    acc[g] += w * v;
-                    l[g] += w;
+            }
+        } else {
+            for (var jj = 0u; jj < kbn; jj++) {
+                if (jj < cnt) {
+                    var v = 0.0;
+                    if (c < D) {
+                        v = f32(Vc[((kb + jj) * p.hkv + kvh) * D + c]);
+                        if (kb + jj == pos_new) {
+                            v = vnew[c];
+                        }
+                    }
+                    for (var g = 0u; g < G; g++) {
+                        let w = pr[g * kbn + jj];
+                        acc[g] += w * v;
+                        l[g] += w;
+                    }
                 }
             }
         }

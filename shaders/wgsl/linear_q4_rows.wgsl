@@ -47,12 +47,16 @@ fn conv_step(ch: u32, x: f32) -> f32 {
     return silu(s);
 }
 
-// Rows per workgroup (a power of two ≤ 16; the host's `rows_rb`) and rows whose reads are in
-// flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
+// Rows per workgroup (a power of two ≤ 16, or 32 / 64 for lm_head with `lm_rows` and ROW_PART
+// = RB · 65; the plan's `rows_rb`) and rows whose reads are in flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
 // spread over the GPU: on the H200 the router (257 rows: 17 workgroups of 16) took 21 µs a call
 // and the 2,048-row output projections (128 workgroups) 24 µs, as long as the 12,352-row in_proj.
 override RB: u32 = 16u;
 override RI: u32 = 8u;
+// 1 (`WgpuOptions::rows_flat`): the inputs' and the norm's weights' reads with no condition
+// around each (words past nv read word nv − 1 and are not used), so an invocation's 8 reads
+// issue together whether or not the compiler predicates them. Outputs bit for bit those of 0.
+override FLAT: u32 = 0u;
 
 
 fn w_half4(i: u32) -> f32 {
@@ -108,13 +112,19 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var xa = array<vec4<f32>, 8>();
     var xc = array<vec4<f32>, 8>();
     for (var i = 0u; i < 8u; i++) {
-        if (i < nv) {
+        if (FLAT != 0u) {
+            let v = vec4<f32>(X[xb + lid * nv + min(i, nv - 1u)]);
+            xa[i] = select(xa[i], v, i < nv);
+        } else if (i < nv) {
             xa[i] = vec4<f32>(X[xb + lid * nv + i]);
         }
     }
     if (two) {
         for (var i = 0u; i < 8u; i++) {
-            if (i < nv) {
+            if (FLAT != 0u) {
+                let v = vec4<f32>(X[xb + (lid + 64u) * nv + min(i, nv - 1u)]);
+                xc[i] = select(xc[i], v, i < nv);
+            } else if (i < nv) {
                 xc[i] = vec4<f32>(X[xb + (lid + 64u) * nv + i]);
             }
         }
@@ -127,11 +137,24 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             ss += dot(xa[i], xa[i]) + dot(xc[i], xc[i]);
         }
         let r = rms_scale(lid, ss, p.m.cols, p.eps);
-        for (var i = 0u; i < 8u; i++) {
-            if (i < nv) {
-                xa[i] = xa[i] * r * Wn[lid * nv + i];
-                if (two) {
-                    xc[i] = xc[i] * r * Wn[(lid + 64u) * nv + i];
+        if (FLAT != 0u) {
+            for (var i = 0u; i < 8u; i++) {
+                let wa = Wn[lid * nv + min(i, nv - 1u)];
+                xa[i] = select(xa[i], xa[i] * r * wa, i < nv);
+            }
+            if (two) {
+                for (var i = 0u; i < 8u; i++) {
+                    let wc = Wn[(lid + 64u) * nv + min(i, nv - 1u)];
+                    xc[i] = select(xc[i], xc[i] * r * wc, i < nv);
+                }
+            }
+        } else {
+            for (var i = 0u; i < 8u; i++) {
+                if (i < nv) {
+                    xa[i] = xa[i] * r * Wn[lid * nv + i];
+                    if (two) {
+                        xc[i] = xc[i] * r * Wn[(lid + 64u) * nv + i];
+                    }
                 }
             }
         }

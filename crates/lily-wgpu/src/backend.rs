@@ -18,7 +18,8 @@ use crate::forward::{
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    attend_gqa_spec, attend_tile_spec, DeviceCaps, MmTile, Plan, PrefillAttention, WgpuOptions,
+    attend_gqa_spec, attend_tile_spec, split_workgroups, DeviceCaps, MmTile, Plan,
+    PrefillAttention, SplitRule, WgpuOptions,
 };
 use crate::probes::{check_attention, check_mm, check_mm_f16, check_rows, Sides, F16_STORE};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
@@ -70,6 +71,7 @@ impl WgpuBackend {
             limits: gpu.limits.clone(),
             subgroups: gpu.subgroups,
             f16: gpu.f16,
+            device_type: gpu.info.device_type,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
@@ -143,7 +145,7 @@ impl WgpuBackend {
     /// f16 where they are activations: `probes::Sides`).
     pub fn check_products(&self) -> Result<(f64, f64)> {
         let act = self.plan.act_f16;
-        let rows = check_rows(&self.gpu, &self.kernels, act)?;
+        let rows = check_rows(&self.gpu, &self.kernels, act, self.plan.lm_rows)?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).
             let (_, staged) = self.check_products_f16()?;
@@ -188,23 +190,43 @@ impl WgpuBackend {
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
     /// (`probes::check_attention`) at the full model's shapes (2 KV heads of 8 query heads, head
     /// dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split over
-    /// workgroups), and 5 tokens after 300 (prefill); attend_tile.wgsl with blocks of 32 and 16
-    /// keys where they fit this device: the largest relative L2 difference, and the attend_tile
-    /// variants checked (head dim, heads a KV head, keys a block).
+    /// workgroups), and 5 tokens after 300 (prefill), with its reads conditional and flat
+    /// (`FLAT`, whose outputs must equal the others' bit for bit), the keys split as today
+    /// (`SplitRule::WIDE`) and as `attn_split` on a discrete GPU (`SplitRule::decode`: at 2,500
+    /// positions 79 splits of 32 keys, more than one per invocation of attend_merge);
+    /// attend_tile.wgsl with blocks of 32 and 16 keys where they fit this device: the largest
+    /// relative L2 difference, and the attend_tile variants checked (head dim, heads a KV head,
+    /// keys a block).
     pub fn check_attention(&self) -> Result<(f64, Vec<[usize; 3]>)> {
         let mut worst = 0f64;
         let mut tiles = Vec::new();
         for (hkv, g, d) in [(2usize, 8usize, 256usize), (2, 2, 64)] {
             let sg = self.plan.subgroups;
             let (f16, act) = (self.plan.kv_f16, self.plan.act_f16);
-            let mut spec = attend_gqa_spec(d, g).with_subgroups(sg);
-            spec.kv_f16 = f16;
-            spec.act_f16 = act;
-            let k = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
-            for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5)] {
-                let merge = Some(&self.kernels.attend_merge);
-                let e = check_attention(&self.gpu, &k, merge, (hkv, g, d), n, t, f16, act)?;
-                worst = worst.max(e);
+            let split = SplitRule::decode(split_workgroups(wgpu::DeviceType::DiscreteGpu), 256 / g);
+            let kernels = [false, true].map(|flat| {
+                let mut spec = attend_gqa_spec(d, g, flat).with_subgroups(sg);
+                spec.kv_f16 = f16;
+                spec.act_f16 = act;
+                crate::gpu::Kernel::new(&self.gpu, &spec, false)
+            });
+            for rule in [SplitRule::WIDE, split] {
+                for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5), (2500, 1)] {
+                    let mut got = [0f64; 2];
+                    for (k, e) in kernels.iter().zip(got.iter_mut()) {
+                        let k = k.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                        let merge = Some((&self.kernels.attend_merge, &rule));
+                        *e = check_attention(&self.gpu, k, merge, (hkv, g, d), n, t, f16, act)?;
+                    }
+                    if got[0].to_bits() != got[1].to_bits() {
+                        anyhow::bail!(
+                            "attend_gqa with FLAT differs from without: {:e} against {:e} ({hkv} KV heads of {g}, head dim {d}, {n} positions, {t} tokens, {rule:?})",
+                            got[1],
+                            got[0]
+                        );
+                    }
+                    worst = worst.max(got[0]);
+                }
             }
             // attend_tile.wgsl: tiles partly filled, the whole prompt in one block of tokens
             // (pos0 = 0), a block after a long cache, a single token.

@@ -11,7 +11,7 @@ use lily_core::config::{LayerKind, ModelConfig};
 use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    rows_rb, DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention,
+    DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
     DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
 };
 use crate::weights::{
@@ -23,28 +23,33 @@ type Buf = wgpu::Buffer;
 /// Most workgroups of argmax_part.wgsl.
 const ARGMAX_PARTS: usize = 1024;
 
-/// Workgroups of attention below which the keys are split over several workgroups (attend.wgsl,
-/// attend_gqa.wgsl), and the rows of partials that allows (`attention_splits`).
-const SPLIT_PAIRS: usize = 256;
-pub const PART_ROWS: usize = 1024;
-/// Most splits per (head, token): attend_merge.wgsl's workgroup holds one per invocation.
-const MAX_SPLITS: usize = 64;
+/// Rows of attention's partials, (query head, token) × splits (the buffer; each rule's
+/// `part_rows` at most).
+pub const PART_ROWS: usize = 4096;
+/// Most splits per (head, token): attend_merge.wgsl's `SMAX` (each rule's `max_splits` at most).
+pub const MERGE_MAX_SPLITS: usize = 256;
 
 /// How attention splits the keys of `groups` workgroups' worth of (head or KV head, token)
 /// pairs, `rows` (query head, token) rows of partials per split, whose longest causal range is
-/// `n_max` keys: (splits, keys per split, a multiple of 64). Enough workgroups to fill a large
-/// GPU at decode (≈ 512), at least 64 keys each; one split where the pairs alone suffice.
-pub fn attention_splits(groups: usize, rows: usize, n_max: usize) -> (usize, usize) {
-    let want = if groups >= SPLIT_PAIRS {
+/// `n_max` keys, under `rule` (the plan's `splits`): (splits, keys per split, a multiple of the
+/// rule's granule). Enough splits for the rule's workgroups, each at least a granule; one split
+/// where the pairs alone are half as many.
+pub fn attention_splits(
+    rule: &SplitRule,
+    groups: usize,
+    rows: usize,
+    n_max: usize,
+) -> (usize, usize) {
+    let want = if 2 * groups >= rule.workgroups {
         1
     } else {
-        (2 * SPLIT_PAIRS / groups.max(1)).max(1)
+        (rule.workgroups / groups.max(1)).max(1)
     };
     let nsplit = want
-        .min(PART_ROWS / rows.max(1))
-        .min(n_max.div_ceil(64))
-        .clamp(1, MAX_SPLITS);
-    let span = n_max.div_ceil(nsplit).div_ceil(64) * 64;
+        .min(rule.part_rows.min(PART_ROWS) / rows.max(1))
+        .min(n_max.div_ceil(rule.granule))
+        .clamp(1, rule.max_splits.min(MERGE_MAX_SPLITS));
+    let span = n_max.div_ceil(nsplit).div_ceil(rule.granule) * rule.granule;
     (n_max.div_ceil(span), span)
 }
 
@@ -861,7 +866,7 @@ impl<'a> Forward<'a> {
             let (kernel, per, z, fourth) = match choice {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
-                    let rb = rows_rb(sl.count);
+                    let rb = self.plan.rows_rb(w, sl.count);
                     let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
@@ -1092,7 +1097,7 @@ impl<'a> Forward<'a> {
             PrefillAttention::Plain => (&self.k.attend, hq, &bufs[..6]),
             _ => (&self.k.attend_gqa, hkv, &bufs[..]),
         };
-        let (nsplit, span) = attention_splits(heads * t, hq * t, pos0 + t);
+        let (nsplit, span) = attention_splits(&self.plan.splits(t), heads * t, hq * t, pos0 + t);
         r.dispatch(
             kernel,
             &[
@@ -1437,26 +1442,46 @@ impl<'a> Forward<'a> {
 mod tests {
     use super::*;
 
-    /// Every split count fits attend_merge (≤ 64) and the partials buffer, the splits cover
-    /// the keys in spans of whole 64-key blocks, and none is empty at the longest range.
+    /// Under each rule, every split count fits attend_merge and the partials buffer (and the
+    /// rule's own bounds), the splits cover the keys in spans of whole granules, and none is
+    /// empty at the longest range.
     #[test]
     fn attention_splits_cover_the_keys_within_the_buffers() {
-        for pairs in [1, 2, 4, 16, 64, 100, 255, 256, 2048, 8192] {
-            for per_group in [1, 2, 8] {
-                for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
-                    let rows = pairs * per_group;
-                    let (nsplit, span) = attention_splits(pairs, rows, n_max);
-                    assert!((1..=MAX_SPLITS).contains(&nsplit), "{pairs} {n_max}");
-                    assert!(span.is_multiple_of(64) && span > 0);
-                    assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
-                    if nsplit > 1 {
-                        assert!(rows * nsplit <= PART_ROWS, "{rows} × {nsplit}");
+        let rules = [
+            SplitRule::WIDE,
+            SplitRule::decode(512, 32),
+            SplitRule::decode(128, 128),
+            SplitRule::decode(64, 32),
+        ];
+        for rule in &rules {
+            for pairs in [1, 2, 4, 16, 64, 100, 255, 256, 2048, 8192] {
+                for per_group in [1, 2, 8] {
+                    for n_max in [1, 63, 64, 65, 300, 4096, 4097, 32_768, 262_144] {
+                        let rows = pairs * per_group;
+                        let (nsplit, span) = attention_splits(rule, pairs, rows, n_max);
+                        assert!((1..=rule.max_splits).contains(&nsplit), "{pairs} {n_max}");
+                        assert!(nsplit <= MERGE_MAX_SPLITS);
+                        assert!(span.is_multiple_of(rule.granule) && span > 0);
+                        assert!(nsplit * span >= n_max && (nsplit - 1) * span < n_max);
+                        if nsplit > 1 {
+                            assert!(rows * nsplit <= rule.part_rows, "{rows} × {nsplit}");
+                            assert!(rows * nsplit <= PART_ROWS, "{rows} × {nsplit}");
+                        }
                     }
                 }
             }
         }
-        // Decode on the full model (2 KV heads of 8 query heads) at 4K: 64 splits of 64 keys,
-        // 128 workgroups.
-        assert_eq!(attention_splits(2, 16, 4096), (64, 64));
+        // Decode on the full model (2 KV heads of 8 query heads), today's rule: at 4,096 keys
+        // 64 splits of 64 (128 workgroups), one key more 33 of 128 (66 workgroups).
+        let wide = &SplitRule::WIDE;
+        assert_eq!(attention_splits(wide, 2, 16, 4096), (64, 64));
+        assert_eq!(attention_splits(wide, 2, 16, 4097), (33, 128));
+        assert_eq!(attention_splits(wide, 2, 16, 32_800), (57, 576));
+        // `attn_split` on a discrete GPU: blocks of 32 keys, up to 256 splits a KV head.
+        let split = &SplitRule::decode(512, 32);
+        assert_eq!(attention_splits(split, 2, 16, 4097), (129, 32));
+        assert_eq!(attention_splits(split, 2, 16, 32_800), (205, 160));
+        // Prefill's chunk (2 KV heads × 512 tokens) is never split.
+        assert_eq!(attention_splits(wide, 1024, 8192, 4096).0, 1);
     }
 }

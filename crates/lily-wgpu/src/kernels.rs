@@ -45,6 +45,8 @@ macro_rules! kernels {
             pub attend_tile: Option<Kernel>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
             pub linear_q4_mm64: Option<Forms>,
+            /// Where lm_head takes more than 16 rows a workgroup (`Specs::linear_q4_rows_lm`).
+            pub linear_q4_rows_lm: Option<Forms>,
         }
 
         impl Kernels {
@@ -59,6 +61,10 @@ macro_rules! kernels {
                         None => None,
                     },
                     linear_q4_mm64: match &specs.linear_q4_mm64 {
+                        Some(s) => Some(Forms::load(gpu, s, checked)?),
+                        None => None,
+                    },
+                    linear_q4_rows_lm: match &specs.linear_q4_rows_lm {
                         Some(s) => Some(Forms::load(gpu, s, checked)?),
                         None => None,
                     },
@@ -121,12 +127,16 @@ impl Kernels {
             .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
     }
 
-    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`plan::rows_rb`: 16, 4 or 2).
+    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 4 or 2; lm_head's
+    /// 32 or 64 with `lm_rows`, where the plan compiled them).
     pub fn rows(&self, rb: usize) -> &Forms {
         match rb {
             16 => &self.linear_q4_rows16,
             4 => &self.linear_q4_rows4,
-            _ => &self.linear_q4_rows2,
+            2 => &self.linear_q4_rows2,
+            _ => self.linear_q4_rows_lm.as_ref().expect(
+                "the plan gives lm_head more than 16 rows a workgroup only where it compiled them",
+            ),
         }
     }
 }

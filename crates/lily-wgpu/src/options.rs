@@ -71,6 +71,18 @@ lily_core::backend_options! {
             label "f16 activations",
             help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 where the adapter has SHADER_F16, instead of f32; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32",
             why "off: not yet measured on a GPU (issue 29 deliverable 2; prediction in docs/perf-notes.md, session 12 wgpu-f16act); rounds each stored activation to f16 (2^-11 relative: lavapipe's tiny logits 1e-3-level from the CPU's, see the crate README); on only once it wins its A/B (scripts/wgpu_f16_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 activations serve adapters without SHADER_F16";
+        attn_flat = false, flag Some("wgpu-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
+            label "attend_gqa flat reads",
+            help "attend_gqa.wgsl's key and value reads with no condition around them, in loops of constant trip count (keys past a split's end read its last key again, weighted 0), so an invocation's reads of a block of keys issue together; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention ≈ 19 → 3–5 µs a block of 32 keys on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+        attn_split = false, flag Some("wgpu-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
+            label "decode attention split",
+            help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+        rows_flat = false, flag Some("wgpu-rows-flat"), env "LILY_WGPU_ROWS_FLAT" = true,
+            label "linear_q4_rows flat reads",
+            help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -87,6 +99,9 @@ lily_core::backend_options! {
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
+        lm_rows = 0, flag Some("wgpu-lm-rows"), env "LILY_WGPU_LM_ROWS",
+            accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "lm_head rows",
+            help "rows a workgroup of decode's lm_head (linear_q4_rows.wgsl): 0 lets the plan choose (16, as every matrix of 8,192 rows or more); 32 or 64 read the input and fold the final norm once per 32 / 64 rows (the full model's 248,320 rows: 7,760 / 3,880 workgroups instead of 15,520); an A/B aid until measured (session 13, wgpu-decode)";
     }
     texts {
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
@@ -138,7 +153,11 @@ mod tests {
                 f16_kv: false,
                 f16_tiles: false,
                 f16_acts: false,
+                attn_flat: false,
+                attn_split: false,
+                rows_flat: false,
                 dense_tile: 0,
+                lm_rows: 0,
             }
         );
     }
@@ -168,6 +187,10 @@ mod tests {
             ("LILY_WGPU_F16_TILES", "1"),
             ("LILY_WGPU_F16_ACTS", "1"),
             ("LILY_WGPU_DENSE_TILE", "64"),
+            ("LILY_WGPU_ATTN_FLAT", "1"),
+            ("LILY_WGPU_ATTN_SPLIT", "1"),
+            ("LILY_WGPU_LM_ROWS", "64"),
+            ("LILY_WGPU_ROWS_FLAT", "1"),
         ]));
         assert_eq!(
             o,
@@ -183,6 +206,10 @@ mod tests {
                 f16_tiles: true,
                 f16_acts: true,
                 dense_tile: 64,
+                attn_flat: true,
+                attn_split: true,
+                lm_rows: 64,
+                rows_flat: true,
                 ..WgpuOptions::default()
             }
         );
@@ -198,6 +225,7 @@ mod tests {
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
             ("LILY_WGPU_DENSE_TILE", "48"),
+            ("LILY_WGPU_LM_ROWS", "8"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.

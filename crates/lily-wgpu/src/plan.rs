@@ -14,10 +14,16 @@
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
-//!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl;
+//!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl; its
+//!   keys split by `SplitRule::WIDE` (spans of 64 keys, ≤ 64 splits), or with `attn_split` (off
+//!   until measured: session 13 wgpu-decode) by `SplitRule::decode` (spans of one block of
+//!   attend_gqa's keys, ≤ 256 splits, workgroups by the adapter's kind); `attn_flat` (off) its
+//!   reads unconditional;
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
-//!   matrix's rows (≥ 128 workgroups); the experts' gate/up as one GLU dispatch; their down
+//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured;
+//!   `rows_flat`, off, their input reads unconditional);
+//!   the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
 //!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
 //!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
@@ -41,6 +47,8 @@ pub struct DeviceCaps {
     pub limits: wgpu::Limits,
     pub subgroups: bool,
     pub f16: bool,
+    /// The adapter's kind (`split_workgroups`: how many workgroups cover it).
+    pub device_type: wgpu::DeviceType,
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
@@ -91,6 +99,57 @@ pub enum PrefillAttention {
     Gqa,
     /// attend.wgsl, one head and token a workgroup.
     Plain,
+}
+
+/// How attention spreads the keys of its (head or KV head, token) pairs over workgroups, split
+/// by split (forward.rs `attention_splits`; attend_merge.wgsl combines the splits). The plan's
+/// `splits` says which rule a launch takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitRule {
+    /// Workgroups wanted: the keys are split where the pairs are fewer than half this many.
+    pub workgroups: usize,
+    /// Keys per split: a multiple of this.
+    pub granule: usize,
+    /// Most splits per pair (≤ forward.rs `MERGE_MAX_SPLITS`).
+    pub max_splits: usize,
+    /// Rows of partials, (query head, token) × splits, at most (≤ forward.rs `PART_ROWS`).
+    pub part_rows: usize,
+}
+
+impl SplitRule {
+    /// Prefill's rule, and decode's without `attn_split`: ≈ 512 workgroups, spans of whole 64
+    /// keys, ≤ 64 splits and 1,024 rows of partials (at 4K on the full model: 33 splits of 128
+    /// keys a KV head, 66 workgroups of 4 blocks of attend_gqa's 32 keys).
+    pub const WIDE: SplitRule = SplitRule {
+        workgroups: 512,
+        granule: 64,
+        max_splits: 64,
+        part_rows: 1024,
+    };
+
+    /// Decode's rule with `attn_split`: `workgroups` for the adapter (`split_workgroups`), spans
+    /// of whole blocks of the kernel's keys (`granule`: attend_gqa's 256 / G), up to 256 splits
+    /// (at 4K on the full model: 129 splits of 32 keys a KV head, 258 workgroups of one block;
+    /// at 32K 205 of 160).
+    pub fn decode(workgroups: usize, granule: usize) -> SplitRule {
+        SplitRule {
+            workgroups,
+            granule,
+            max_splits: 256,
+            part_rows: 4096,
+        }
+    }
+}
+
+/// Workgroups decode attention wants with `attn_split`, by the adapter's kind: a discrete GPU's
+/// (the H200's 132 SMs: ≈ 4 each), an integrated one's (Apple's 8–40 GPU cores: 3–16 each),
+/// anything else's (lavapipe's CPU threads).
+pub fn split_workgroups(device_type: wgpu::DeviceType) -> usize {
+    match device_type {
+        wgpu::DeviceType::DiscreteGpu => 512,
+        wgpu::DeviceType::IntegratedGpu => 128,
+        _ => 64,
+    }
 }
 
 /// The kernel of decode attention (split over the keys where the heads alone do not fill the
@@ -195,6 +254,8 @@ pub struct Specs {
     pub linear_q4_rows16: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
+    /// lm_head's with `lm_rows` above 16 (`Plan::rows_rb`).
+    pub linear_q4_rows_lm: Option<FormSpecs>,
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -245,6 +306,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter().flatten());
+        v.extend(self.linear_q4_rows_lm.iter().flatten());
         v.extend([
             &self.linear_q4_glu,
             &self.moe_group,
@@ -291,6 +353,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
+        v.extend(self.linear_q4_rows_lm.iter_mut().flatten());
         v.extend([
             &mut self.linear_q4_glu,
             &mut self.moe_group,
@@ -322,12 +385,19 @@ impl Specs {
     }
 }
 
-/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together).
-pub fn rows_spec(rb: usize) -> Spec {
-    Spec::new(
-        "linear_q4_rows",
-        &[("RB", rb as f64), ("RI", rb.min(8) as f64)],
-    )
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
+/// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
+/// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`).
+pub fn rows_spec(rb: usize, flat: bool) -> Spec {
+    let mut constants = vec![
+        ("RB", rb as f64),
+        ("RI", rb.min(8) as f64),
+        ("FLAT", flat as u32 as f64),
+    ];
+    if rb > 16 {
+        constants.push(("ROW_PART", (rb * 65) as f64));
+    }
+    Spec::new("linear_q4_rows", &constants)
 }
 
 /// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
@@ -339,9 +409,17 @@ pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
     spec
 }
 
-/// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head.
-pub fn attend_gqa_spec(d: usize, g: usize) -> Spec {
-    Spec::new("attend_gqa", &[("D", d as f64), ("G", g as f64)])
+/// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
+/// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
+pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
+    Spec::new(
+        "attend_gqa",
+        &[
+            ("D", d as f64),
+            ("G", g as f64),
+            ("FLAT", flat as u32 as f64),
+        ],
+    )
 }
 
 /// attend_tile.wgsl for head dim `d` (a multiple of 64, ≤ 256), `g` query heads per KV head (a
@@ -399,6 +477,14 @@ pub struct Plan {
     pub tile_f16: bool,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
+    /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
+    /// the adapter's `SplitRule::decode`.
+    pub decode_splits: SplitRule,
+    /// Rows a workgroup of lm_head on linear_q4_rows.wgsl (`rows_rb`): 16 (`rows_rb` by its
+    /// rows), or `lm_rows`' 32 or 64.
+    pub lm_rows: usize,
+    /// The vocabulary: the rows of lm_head (`rows_rb` tells it by them).
+    pub vocab: usize,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
     /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
@@ -490,12 +576,20 @@ impl Plan {
                 }
             }
         }
+        // lm_head's rows a workgroup: as asked (`lm_rows`), else 16 as the other large matrices.
+        let lm_rows = match opts.lm_rows {
+            32 | 64 => opts.lm_rows,
+            _ => 16,
+        };
+        let rows_flat = opts.rows_flat;
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: in_forms(rows_spec(16), &Form::ALL, act_f16),
-            linear_q4_rows4: in_forms(rows_spec(4), &Form::ALL, act_f16),
-            linear_q4_rows2: in_forms(rows_spec(2), &Form::ALL, act_f16),
+            linear_q4_rows16: in_forms(rows_spec(16, rows_flat), &Form::ALL, act_f16),
+            linear_q4_rows4: in_forms(rows_spec(4, rows_flat), &Form::ALL, act_f16),
+            linear_q4_rows2: in_forms(rows_spec(2, rows_flat), &Form::ALL, act_f16),
+            linear_q4_rows_lm: (lm_rows > 16)
+                .then(|| in_forms(rows_spec(lm_rows, rows_flat), &Form::ALL, act_f16)),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -511,7 +605,7 @@ impl Plan {
             gated_norm: Spec::new("gated_norm", &[]),
             attn_prep: Spec::new("attn_prep", &[]),
             attend: Spec::new("attend", &[("D", c.head_dim as f64)]),
-            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g),
+            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat),
             attend_merge: Spec::new("attend_merge", &[]),
             attend_tile,
             dn_conv: Spec::new("dn_conv", &[]),
@@ -565,6 +659,17 @@ impl Plan {
             (true, false) => MmTile::T32,
             (false, _) => MmTile::T16,
         };
+        // Decode attention's splits: whole blocks of attend_gqa's 256 / G keys (attend.wgsl:
+        // 64), as many workgroups as the adapter's kind wants.
+        let decode_splits = if opts.attn_split {
+            let granule = match decode_attention {
+                DecodeAttention::Gqa { g } => 256 / g,
+                DecodeAttention::Plain => 64,
+            };
+            SplitRule::decode(split_workgroups(device.device_type), granule)
+        } else {
+            SplitRule::WIDE
+        };
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
@@ -572,6 +677,7 @@ impl Plan {
             f16_tiles: tile_f16,
             f16_acts: act_f16,
             dense_tile: dense_mm.items(),
+            lm_rows,
             ..opts.clone()
         };
         Ok(Plan {
@@ -585,6 +691,9 @@ impl Plan {
             tile_f16,
             prefill_attention,
             decode_attention,
+            decode_splits,
+            lm_rows,
+            vocab: c.vocab,
             specs,
             subgroups,
             kv_f16,
@@ -617,9 +726,16 @@ impl Plan {
             PrefillAttention::Gqa => "attend_gqa".into(),
             PrefillAttention::Plain => "attend".into(),
         };
+        let splits = self.decode_splits;
         let decode_attention = match self.decode_attention {
-            DecodeAttention::Gqa { g } => format!("attend_gqa ({g} heads a KV head)"),
-            DecodeAttention::Plain => "attend".into(),
+            DecodeAttention::Gqa { g } => format!(
+                "attend_gqa ({g} heads a KV head, keys split for ≈ {} workgroups in spans of {}, ≤ {} splits)",
+                splits.workgroups, splits.granule, splits.max_splits
+            ),
+            DecodeAttention::Plain => format!(
+                "attend (keys split for ≈ {} workgroups in spans of {})",
+                splits.workgroups, splits.granule
+            ),
         };
         let notes = if self.notes.is_empty() {
             String::new()
@@ -777,6 +893,27 @@ impl Plan {
         match self.decode_attention {
             DecodeAttention::Gqa { .. } => PrefillAttention::Gqa,
             DecodeAttention::Plain => PrefillAttention::Plain,
+        }
+    }
+
+    /// linear_q4_rows.wgsl's rows a workgroup for a slice of `slice_rows` rows of `w`: lm_head's
+    /// (the matrix of the vocabulary's rows) `lm_rows` where above 16, else `rows_rb` (the full
+    /// model's lm_head: 16).
+    pub fn rows_rb(&self, w: &GpuLinear, slice_rows: usize) -> usize {
+        if self.lm_rows > 16 && w.rows == self.vocab {
+            self.lm_rows
+        } else {
+            rows_rb(slice_rows)
+        }
+    }
+
+    /// How attention over `t` tokens splits its keys over workgroups: decode's rule
+    /// (`decode_splits`) for one token, `SplitRule::WIDE` for a chunk.
+    pub fn splits(&self, t: usize) -> SplitRule {
+        if t == 1 {
+            self.decode_splits
+        } else {
+            SplitRule::WIDE
         }
     }
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{MmTile, GLU_RB, MM_ROWS};
+use crate::plan::{MmTile, SplitRule, GLU_RB, MM_ROWS};
 use crate::shaders::Form;
 
 /// The largest relative difference an f16 store adds to one value (round to nearest, 11
@@ -143,18 +143,24 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
-/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items),
-/// and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest relative L2 difference, over every
-/// form compiled (`act_f16`: the activations f16, `Sides`).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items;
+/// 150 rows for lm_head's `lm_rows` of 32 or 64, `Kernels::linear_q4_rows_lm` where compiled:
+/// two full workgroups and a partial one), and linear_q4_glu_rows.wgsl (`check_glu_rows`): the
+/// largest relative L2 difference, over every form compiled (`act_f16`: the activations f16,
+/// `Sides`).
+pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, lm_rows: usize) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
         .max(check_glu_route(gpu, k, act_f16)?)
         .max(check_rows_conv(gpu, k, act_f16)?);
     let mut worst = 0f64;
+    let mut cases = vec![(16, 37usize), (4, 37), (2, 37)];
+    if k.linear_q4_rows_lm.is_some() {
+        cases.push((lm_rows, 150));
+    }
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        let (rows, items) = (37usize, 2usize);
-        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        for rb in [16, 4, 2] {
+        for &(rb, rows) in &cases {
+            let items = 2usize;
+            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
             for (form, kernel) in k.rows(rb).iter() {
                 let sides = Sides::of(form, act_f16);
                 let (nx, ny) = grid_2d(rows.div_ceil(rb));
@@ -501,9 +507,9 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 
 /// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and
 /// attend_merge.wgsl against the host's gated attention in f64, on random queries, gates and a
-/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1, keys split
-/// as `attention_splits` says; prefill-like: t > 1), split as the forward pass would. The
-/// relative L2 difference of the outputs.
+/// random cache of `n` positions: `t` tokens at positions n − t .. n (decode: t = 1; prefill-like:
+/// t > 1), the keys split as `attention_splits` says under `merge`'s rule. The relative L2
+/// difference of the outputs.
 /// With `merge` None, `gqa` is attend_tile.wgsl (`plan::attend_tile_spec`): tiles of 64 / g
 /// tokens, no key splits. `kv_f16`: the kernel reads an f16 cache; `act_f16`: its queries, gates
 /// and output are f16 activations (the host takes the queries and gates rounded to f16; the
@@ -512,7 +518,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 pub fn check_attention(
     gpu: &Gpu,
     gqa: &Kernel,
-    merge: Option<&Kernel>,
+    merge: Option<(&Kernel, &SplitRule)>,
     (hkv, g, d): (usize, usize, usize),
     n: usize,
     t: usize,
@@ -544,7 +550,6 @@ pub fn check_attention(
     let kc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let vc: Vec<f32> = (0..n * hkv * d).map(|_| round(rnd())).collect();
     let scale = 1.0 / (d as f32).sqrt();
-    let (nsplit, span) = attention_splits(hkv * t, hq * t, n);
     let qb = upload_act(gpu, "check.q", &q, act_f16)?;
     let qgb = upload_act(gpu, "check.qg", &qg, act_f16)?;
     let cache = |label: &str, v: &[f32]| {
@@ -560,7 +565,7 @@ pub fn check_attention(
     let ob = gpu.storage("check.o", (t * hq * d * 4) as u64)?;
     let part = gpu.storage("check.part", (PART_ROWS * (d + 2) * 4) as u64)?;
     let mut r = Recorder::new(gpu);
-    let Some(merge) = merge else {
+    let Some((merge, rule)) = merge else {
         r.dispatch(
             gqa,
             &[
@@ -581,6 +586,7 @@ pub fn check_attention(
         let got = read_act(gpu, &ob, t * hq * d, act_f16)?;
         return Ok(attention_error(&got, &q, &qg, &kc, &vc, (hkv, g, d), n, t));
     };
+    let (nsplit, span) = attention_splits(rule, hkv * t, hq * t, n);
     r.dispatch(
         gqa,
         &[

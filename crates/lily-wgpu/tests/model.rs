@@ -490,19 +490,41 @@ fn activations_in_f16_and_f32_match_cpu() {
 #[test]
 fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
-    let Some(gpu) = wgpu_backend(&w, 16) else {
-        return;
-    };
-    let (fp32, rows) = gpu.check_products().unwrap();
-    println!("4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
-    assert!(
-        fp32 < 1e-5,
-        "linear_q4_mm differs from the host by {fp32:.2e}"
-    );
-    assert!(
-        rows < 1e-5,
-        "linear_q4_rows differs from the host by {rows:.2e}"
-    );
+    // The shipping kernels, lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32 and 64
+    // rows a workgroup, its row totals' workgroup memory sized for them), and linear_q4_rows'
+    // flat reads (`rows_flat`), whose outputs (so their difference from the host's) must equal
+    // the conditional reads' bit for bit.
+    let mut rows_err = std::collections::HashMap::new();
+    for (lm_rows, rows_flat) in [(0, false), (0, true), (32, false), (64, false), (64, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            lm_rows,
+            rows_flat,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
+        let (fp32, rows) = gpu.check_products().unwrap();
+        println!("lm_rows {lm_rows}, rows_flat {rows_flat}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+        assert!(
+            fp32 < 1e-5,
+            "linear_q4_mm differs from the host by {fp32:.2e}"
+        );
+        assert!(
+            rows < 1e-5,
+            "linear_q4_rows (lm_rows {lm_rows}, rows_flat {rows_flat}) differs from the host by {rows:.2e}"
+        );
+        if let Some(other) = rows_err.insert(lm_rows, rows) {
+            assert_eq!(
+                rows.to_bits(),
+                f64::to_bits(other),
+                "rows_flat changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
+            );
+        }
+    }
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
@@ -550,6 +572,68 @@ fn long_chunks_and_split_attention_match_cpu() {
     let want = greedy_tokens(&mut cpu, cs, 8);
     let got = greedy_tokens(&mut gpu, gs, 8);
     assert_eq!(got, want, "greedy tokens after 300 positions");
+}
+
+/// Decode attention with its reads flat (`attn_flat`) and its keys split by the plan
+/// (`attn_split`), as a decode step runs them (attn_prep's work inside attend_gqa, the new key
+/// and value in workgroup memory): 300 positions prefilled, then 4 one token at a time; the last
+/// logits against the CPU for each of the four settings, `attn_flat` bit for bit those without
+/// it (the same sums in the same order), then 8 greedy tokens with both on as the CPU's.
+#[test]
+fn decode_attention_flat_and_split_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 19);
+    let tokens = Rng(6).tokens(304, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(320).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let run = |attn_flat: bool, attn_split: bool| {
+        let opts = WgpuOptions {
+            chunk: 128,
+            all_logits_chunk: 32,
+            attn_flat,
+            attn_split,
+            ..WgpuOptions::default()
+        };
+        let mut gpu = wgpu_backend_with(&w, opts)?;
+        let s = gpu.new_seq(320).unwrap();
+        gpu.prefill(s, &tokens[..300]).unwrap();
+        for t in &tokens[300..] {
+            gpu.prefill(s, &[*t]).unwrap();
+        }
+        let logits = gpu.logits(s).unwrap();
+        Some((gpu, s, logits))
+    };
+    let Some((_, _, plain)) = run(false, false) else {
+        return;
+    };
+    let (_, _, flat) = run(true, false).unwrap();
+    let (_, _, split) = run(false, true).unwrap();
+    let (mut both, bs, both_logits) = run(true, true).unwrap();
+    for (name, got) in [
+        ("shipping", &plain),
+        ("flat", &flat),
+        ("split", &split),
+        ("both", &both_logits),
+    ] {
+        let e = rel_l2(got, &want);
+        println!("decode attention {name}: last logits rel_l2 {e:.3e}");
+        assert!(e < 1e-3, "{name}: logits differ from the CPU by {e:.3e}");
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&flat),
+        bits(&plain),
+        "attn_flat changed the shipping split's logits"
+    );
+    assert_eq!(
+        bits(&both_logits),
+        bits(&split),
+        "attn_flat changed attn_split's logits"
+    );
+    let want = greedy_tokens(&mut cpu, cs, 8);
+    let got = greedy_tokens(&mut both, bs, 8);
+    assert_eq!(got, want, "greedy tokens with attn_flat and attn_split");
 }
 
 /// The device sampler (sample_adjust.wgsl, sample_pick.wgsl) against the host's

@@ -33,7 +33,7 @@ fn large_limits() -> wgpu::Limits {
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
-/// f16 and in f32 (each product in each of its forms).
+/// f16 and in f32 (each product in each of its forms), attend_gqa's reads flat and not, lm_head's 64 rows a workgroup and 16.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -49,6 +49,12 @@ fn choosable() -> Vec<Spec> {
                             f16_kv: f16,
                             f16_tiles: f16,
                             f16_acts,
+                            // attend_gqa with its reads flat (FLAT = 1) and without.
+                            attn_flat: f16_acts,
+                            attn_split: f16_acts,
+                            rows_flat: f16_acts,
+                            // lm_head's 64 rows a workgroup (ROW_PART sized for them).
+                            lm_rows: if f16_acts { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -57,6 +63,7 @@ fn choosable() -> Vec<Spec> {
                             limits: limits.clone(),
                             subgroups,
                             f16: f16 || f16_acts,
+                            device_type: wgpu::DeviceType::DiscreteGpu,
                         };
                         let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
                         for s in plan.specs.all() {
@@ -194,6 +201,7 @@ fn apple_plan_fits(f16: bool) {
         limits,
         subgroups: true,
         f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
     };
     let opts = WgpuOptions {
         f16_kv: f16,
@@ -244,6 +252,7 @@ fn an_oversized_kernel_is_caught() {
         limits: large_limits(),
         subgroups: true,
         f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
     };
     let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     assert_eq!(
@@ -265,6 +274,7 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
         limits: large_limits(),
         subgroups: true,
         f16,
+        device_type: wgpu::DeviceType::DiscreteGpu,
     };
     let on = WgpuOptions {
         f16_acts: true,
