@@ -61,6 +61,11 @@ fn every_kernel_compiles_for_every_supported_arch() {
                 match nvrtc.compile(file.name, &file.full_source(), arch, &defines) {
                     Ok(c) => {
                         assert!(!c.cubin.is_empty(), "{} {arch}: empty cubin", file.name);
+                        // LILY_PTXAS_REPORT=sm_90a (an arch): ptxas' registers and shared memory
+                        // of every kernel for it, to reason about occupancy without a GPU.
+                        if std::env::var("LILY_PTXAS_REPORT").is_ok_and(|a| a == *arch) {
+                            eprintln!("== {}.cu {extra} {arch} bf16={bf16}\n{}", file.name, c.log);
+                        }
                         for s in spills(&c.log) {
                             failures.push(format!(
                                 "{}.cu {extra} {arch} bf16={bf16}: register spill: {s}",
