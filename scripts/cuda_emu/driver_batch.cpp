@@ -156,7 +156,7 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     return d;
 }
 static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
-    int rows_per_tile = DEC_WARPS * rows_lanes_rpw(cols);
+    int rows_per_tile = DEC_ROWS_WARPS * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
     for (int b0 = 0; b0 < rows; b0 += per) {
@@ -164,7 +164,7 @@ static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, c
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
-        launch_k({grid, 1, 1}, DEC_WARPS * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
+        launch_k({grid, 1, 1}, DEC_ROWS_WARPS * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
     }
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).

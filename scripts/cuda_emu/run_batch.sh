@@ -37,7 +37,7 @@ MUTANTS = [
     ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
      'dec_gemv_rows without the barrier after staging x'),
     ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
-    ('dec', 'hs + b * sgate.rows', 'hs', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
+    ('dec', 'top_k * h_stride, sgate.rows);', 'top_k * h_stride, 0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
@@ -59,6 +59,8 @@ dec = swap(dec, '''    uint4 r;
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 2)
+# dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
+dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
 # as for sm_90 (the _long kernels' head dim 256 compiled in) but with griddepcontrol (common.cuh)
 # a no-op.

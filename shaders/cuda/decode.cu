@@ -765,7 +765,7 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                            const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                            float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
-                                           float* p, int* ids_s, float* w_s) {
+                                           float* p, int* ids_s, float* w_s, int h_tok = 0, int hs_tok = 0) {
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -788,11 +788,13 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     load_group(xs + tg.sl * DEC_XPAD, xv);
     float sx = xsum[tg.sl];
     for (; t < tiles; t += 2 * step) {
-        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xv, sx, h, h_stride, hs);
+        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xv, sx,
+                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
         if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
         int tb = t + step;
         if (tb >= tiles) break;
-        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx, h, h_stride, hs);
+        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx,
+                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
         if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     }
     dec_trigger_late();
@@ -819,16 +821,18 @@ dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int 
 // routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
 // [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
 // expert is read once per token. grid (blocks per token, B).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
 dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
               int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
               const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
               int tiles_per_item) {
     GLU4_SHARED
     long long b = blockIdx.y;
+    // The outputs' token offsets are taken where they are stored (from blockIdx.y), not held
+    // through the tile loop: two blocks of this kernel fit an SM only below 128 registers.
     glu4_token(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, route_w + b * top_k,
-               sgate, sup, xn + b * gate.cols, h + b * top_k * h_stride, h_stride, hs + b * sgate.rows,
-               tiles_per_item, xs, xsum, p, ids_s, w_s);
+               sgate, sup, xn + b * gate.cols, h, h_stride, hs, tiles_per_item, xs, xsum, p, ids_s, w_s,
+               top_k * h_stride, sgate.rows);
 }
 
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
@@ -1130,7 +1134,11 @@ dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const
 // banks with the DEC_XPAD padding), so shared memory serves the nb rows at the FMA rate. The
 // next group's weights are in flight while this one's are summed. Output row b of a weight is
 // y + b · rows (its rows are the width of its output). Persistent grid over tiles of
-// DEC_WARPS · (32 / L) weight rows; block DEC_WARPS · 32.
+// DEC_ROWS_WARPS · (32 / L) weight rows; block DEC_ROWS_WARPS · 32. The grid is sized for
+// DEC_BLOCKS_PER_SM blocks an SM, so on Hopper the block is 6 warps, which lets two blocks of its
+// 141 registers a thread be resident together (with 8 warps only one was: the grid ran in two
+// waves); elsewhere a bound of two blocks spills, so the block stays 8 warps, unbounded
+// (Decode::project_rows's rows_warps says the same).
 template <int BITS>
 struct BGroup {
     uint4 q[BITS / 2];
@@ -1230,7 +1238,14 @@ __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define DEC_ROWS_WARPS 6
+#define DEC_ROWS_MIN_BLOCKS DEC_BLOCKS_PER_SM
+#else
+#define DEC_ROWS_WARPS 8
+#define DEC_ROWS_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
 dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
@@ -1249,14 +1264,14 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     }
     __syncthreads();
     // Each (row, group)'s sum, as stage_slow sums a group.
-    for (int bg = warp; bg < nb * G; bg += DEC_WARPS) {
+    for (int bg = warp; bg < nb * G; bg += DEC_ROWS_WARPS) {
         float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
         if (lane == 0) xsum[bg] = s;
     }
     __syncthreads();
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
-        int row = (tile - sg.tile0) * DEC_WARPS * rpw + warp * rpw + sub;
+        int row = (tile - sg.tile0) * DEC_ROWS_WARPS * rpw + warp * rpw + sub;
         float acc[DEC_B_MAX];
 #pragma unroll
         for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;

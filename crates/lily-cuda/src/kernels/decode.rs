@@ -48,6 +48,17 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
+/// Warps of a `dec_gemv_rows` block (decode.cu's DEC_ROWS_WARPS, chosen there by the arch): 6 on
+/// Hopper, so that two blocks of its 141 registers a thread fit an SM (65,536 registers), as its
+/// persistent grid of BLOCKS_PER_SM blocks an SM assumes (with 8 warps only one did, and the
+/// grid ran in two waves); 8 elsewhere, where bounding it to two blocks spills.
+fn rows_warps(gpu: &Gpu) -> usize {
+    if gpu.arch == "sm_90a" || gpu.arch == "sm_90" {
+        6
+    } else {
+        8
+    }
+}
 /// Dynamic shared memory a `dec_gemv_rows` block may take: what every supported architecture
 /// lets a kernel opt in to (sm_86 / sm_89 / sm_120: 99 KB).
 const BATCH_SMEM_MAX: usize = 96 * 1024;
@@ -78,6 +89,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
+        ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
     ],
 };
 
@@ -484,7 +496,8 @@ impl Decode {
             bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
         }
         let (_, rpw) = rows_lanes(cols);
-        let rows_per_tile = WARPS * rpw;
+        let warps = rows_warps(gpu);
+        let rows_per_tile = warps * rpw;
         let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
         let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let per_launch = rows_per_launch(cols);
@@ -497,7 +510,7 @@ impl Decode {
             }
             let xb = x + (b0 * cols * 4) as u64;
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
-            let cfg = config((grid, 1, 1), (WARPS * 32) as u32, rows_smem(cols, nb));
+            let cfg = config((grid, 1, 1), (warps * 32) as u32, rows_smem(cols, nb));
             gpu.launch(&self.gemv_rows, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
             })?;
