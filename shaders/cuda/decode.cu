@@ -1134,11 +1134,11 @@ dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const
 // banks with the DEC_XPAD padding), so shared memory serves the nb rows at the FMA rate. The
 // next group's weights are in flight while this one's are summed. Output row b of a weight is
 // y + b · rows (its rows are the width of its output). Persistent grid over tiles of
-// DEC_ROWS_WARPS · (32 / L) weight rows; block DEC_ROWS_WARPS · 32. The grid is sized for
-// DEC_BLOCKS_PER_SM blocks an SM, so on Hopper the block is 6 warps, which lets two blocks of its
-// 141 registers a thread be resident together (with 8 warps only one was: the grid ran in two
-// waves); elsewhere a bound of two blocks spills, so the block stays 8 warps, unbounded
-// (Decode::project_rows's rows_warps says the same).
+// (blockDim.x / 32) · (32 / L) weight rows; block DEC_ROWS_WARPS · 32 at most (the launcher reads
+// the bound back: Kernel::max_threads). The grid is sized for DEC_BLOCKS_PER_SM blocks an SM, so
+// on Hopper the block is 6 warps, which lets two blocks of its 141 registers a thread be resident
+// together (with 8 warps only one was: the grid ran in two waves); elsewhere a bound of two
+// blocks spills, so the block stays 8 warps, unbounded.
 template <int BITS>
 struct BGroup {
     uint4 q[BITS / 2];
@@ -1264,14 +1264,15 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     }
     __syncthreads();
     // Each (row, group)'s sum, as stage_slow sums a group.
-    for (int bg = warp; bg < nb * G; bg += DEC_ROWS_WARPS) {
+    int warps = blockDim.x >> 5;
+    for (int bg = warp; bg < nb * G; bg += warps) {
         float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
         if (lane == 0) xsum[bg] = s;
     }
     __syncthreads();
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
-        int row = (tile - sg.tile0) * DEC_ROWS_WARPS * rpw + warp * rpw + sub;
+        int row = (tile - sg.tile0) * warps * rpw + warp * rpw + sub;
         float acc[DEC_B_MAX];
 #pragma unroll
         for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;

@@ -411,6 +411,22 @@ fn picked_step(w: &[u32], vocab: usize, lp_path: LogprobsPath) -> Result<StepOut
     })
 }
 
+/// A timing event recorded on the stream now (step timing: one-sequence and batched).
+fn timing_event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent> {
+    gpu.stream
+        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| anyhow!("step timing event: {e}"))
+}
+
+/// Milliseconds between two recorded timing events (both passed).
+fn span_ms(start: &cudarc::driver::CudaEvent, end: &cudarc::driver::CudaEvent) -> Result<f64> {
+    Ok(f64::from(
+        start
+            .elapsed_ms(end)
+            .map_err(|e| anyhow!("step timing: {e}"))?,
+    ))
+}
+
 /// `CudaOptions::step_timing`: the device's work per token (events around each forward pass and
 /// each pick, summed) beside the host's wall time per token over the same steps, from the first
 /// forward pass's launch to the last timed token's read; the difference is the time a token the
@@ -445,16 +461,10 @@ impl StepTiming {
         }
     }
 
-    fn event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent> {
-        gpu.stream
-            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| anyhow!("step timing event: {e}"))
-    }
-
     fn close(&mut self, gpu: &Gpu) -> Result<bool> {
         match self.open.take() {
             Some(start) => {
-                self.spans.push_back((start, Self::event(gpu)?));
+                self.spans.push_back((start, timing_event(gpu)?));
                 Ok(true)
             }
             None => Ok(false),
@@ -465,7 +475,7 @@ impl StepTiming {
     fn launching(&mut self, gpu: &Gpu) -> Result<()> {
         if self.on {
             self.first.get_or_insert_with(Instant::now);
-            self.open = Some(Self::event(gpu)?);
+            self.open = Some(timing_event(gpu)?);
         }
         Ok(())
     }
@@ -479,7 +489,7 @@ impl StepTiming {
     /// logits an earlier call or prefill left).
     fn picking(&mut self, gpu: &Gpu) -> Result<()> {
         if self.on && self.first.is_some() {
-            self.open = Some(Self::event(gpu)?);
+            self.open = Some(timing_event(gpu)?);
         }
         Ok(())
     }
@@ -505,7 +515,7 @@ impl StepTiming {
 
     fn sum_first(&mut self) -> Result<()> {
         if let Some((a, b)) = self.spans.pop_front() {
-            self.device_ms += a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))? as f64;
+            self.device_ms += span_ms(&a, &b)?;
         }
         Ok(())
     }

@@ -534,6 +534,16 @@ impl Kernel {
         self
     }
 
+    /// The most threads a block of this kernel may have on this device: its `__launch_bounds__`,
+    /// or fewer where its registers allow fewer.
+    pub fn max_threads(&self) -> Result<usize> {
+        let n = self
+            .func
+            .max_threads_per_block()
+            .map_err(|e| anyhow!("kernel {}: its largest block: {e}", self.name))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     /// Lets the kernel use up to `bytes` of dynamic shared memory: above the default 48 KB a
     /// kernel must be allowed it explicitly, once, before its first launch.
     pub fn allow_shared_memory(self, bytes: usize) -> Result<Kernel> {

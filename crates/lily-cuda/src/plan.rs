@@ -681,16 +681,15 @@ mod tests {
     use super::*;
     use lily_core::synth::{preset_text_config, Preset};
 
-    /// Qwen3.6's attention shape (16 query heads, 2 KV heads of 256, rotary 64).
+    /// Qwen3.6's attention shape (16 query heads, 2 KV heads of 256, rotary 64), as the full
+    /// preset's config gives it.
     fn qwen_attention() -> AttnShape {
-        AttnShape {
-            n_q: 16,
-            n_kv: 2,
-            d: 256,
-            rotary: 64,
-            theta: 1e7,
-            eps: 1e-6,
-        }
+        AttnShape::of(&full_config())
+    }
+
+    /// The real model's config (the full synthetic preset).
+    fn full_config() -> ModelConfig {
+        ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap()
     }
 
     const H200: DeviceCaps = DeviceCaps {
@@ -901,7 +900,7 @@ mod tests {
         assert_eq!(on.batch_head(), BatchHead::Rows);
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let cfg = full_config();
         assert_eq!(on.batch_scan(&cfg), BatchScan::Rows);
         let first = CudaOptions {
             fused_batch: false,
@@ -933,7 +932,7 @@ mod tests {
     /// is a full one at that context), from the shapes of the shipped MLX checkpoint.
     #[test]
     fn the_full_shape_takes_the_kernels_the_table_names() {
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let cfg = full_config();
         let p = Plan::resolve(&CudaOptions::default(), H200);
         let (h, e) = (cfg.hidden, cfg.n_experts);
         let shape = AttnShape::of(&cfg);
@@ -1115,7 +1114,7 @@ mod tests {
 
     #[test]
     fn switches_off_take_the_kernels_they_name() {
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let cfg = full_config();
         let (shape, moe) = (AttnShape::of(&cfg), MoeShape::of(&cfg));
         let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
         let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
@@ -1239,7 +1238,7 @@ mod tests {
 
     #[test]
     fn the_tensor_core_scan_runs_where_its_switch_and_the_device_allow() {
-        let cfg = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+        let cfg = full_config();
         let full = DnShape::of(&cfg);
         let tiny = DnShape::of(&ModelConfig::from_json(&preset_text_config(Preset::Tiny)).unwrap());
         // Off (`--no-tc-scan`): token by token at every length.

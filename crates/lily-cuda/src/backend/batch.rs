@@ -26,7 +26,7 @@ use cudarc::driver::CudaEvent;
 use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
 use lily_core::logprob::{token_logprob, LogSoftmax};
 
-use super::{picked_step, CudaBackend};
+use super::{picked_step, span_ms, timing_event, CudaBackend};
 use crate::forward::{Forward, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::DevBuf;
 use crate::graph::DecodeGraph;
@@ -74,28 +74,14 @@ struct StepTimes {
 /// Batched steps a `step_timing` line sums.
 const TIMED_STEPS: usize = 64;
 
-fn timing_event(backend: &CudaBackend) -> Result<CudaEvent> {
-    backend
-        .gpu
-        .stream
-        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(|e| anyhow!("step timing event: {e}"))
-}
-
-fn span_ms(span: Option<(CudaEvent, CudaEvent)>) -> Result<f64> {
-    match span {
-        Some((a, b)) => Ok(f64::from(
-            a.elapsed_ms(&b).map_err(|e| anyhow!("step timing: {e}"))?,
-        )),
-        None => Ok(0.0),
-    }
-}
-
 impl StepTimes {
     /// After a step's picks were read (the stream has reached them): sums its picks and the
     /// forward pass before them, and logs the line every TIMED_STEPS steps.
     fn read(&mut self, rows: usize) -> Result<()> {
-        let picks = span_ms(self.picks.take())?;
+        let picks = match self.picks.take() {
+            Some((a, b)) => span_ms(&a, &b)?,
+            None => 0.0,
+        };
         let Some(forward) = self.forward.take() else {
             // The picks read logits a prefill or a one-sequence step left (not timed here): the
             // timing starts again from this step.
@@ -105,7 +91,7 @@ impl StepTimes {
             };
             return Ok(());
         };
-        self.forward_ms += span_ms(Some(forward))?;
+        self.forward_ms += span_ms(&forward.0, &forward.1)?;
         self.picks_ms += picks;
         self.steps += 1;
         self.rows += rows;
@@ -193,12 +179,12 @@ impl CudaBackend {
         let mut samplers = Vec::new();
         let mut picked = Vec::with_capacity(rows.len());
         let timed = self.plan.step_timing;
-        let pick_start = timed.then(|| timing_event(self)).transpose()?;
+        let pick_start = timed.then(|| timing_event(&self.gpu)).transpose()?;
         for (i, row) in rows.iter_mut().enumerate() {
             picked.push(self.queue_row_pick(i, row, &mut samplers)?);
         }
         if let Some(start) = pick_start {
-            self.batch.timing.picks = Some((start, timing_event(self)?));
+            self.batch.timing.picks = Some((start, timing_event(&self.gpu)?));
         }
         let all: Vec<u32> = match &self.batch.picks {
             Some(buf) if picked.iter().any(|p| matches!(p, Picked::Device { .. })) => {
@@ -338,11 +324,11 @@ impl CudaBackend {
         let forward_start = self
             .plan
             .step_timing
-            .then(|| timing_event(self))
+            .then(|| timing_event(&self.gpu))
             .transpose()?;
         self.launch_batch(fed, key)?;
         if let Some(start) = forward_start {
-            self.batch.timing.forward = Some((start, timing_event(self)?));
+            self.batch.timing.forward = Some((start, timing_event(&self.gpu)?));
         }
         for &seq in fed {
             if let Some(s) = self.seqs.get_mut(&seq.0) {

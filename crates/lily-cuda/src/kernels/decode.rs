@@ -48,16 +48,16 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
-/// Warps of a `dec_gemv_rows` block (decode.cu's DEC_ROWS_WARPS, chosen there by the arch): 6 on
-/// Hopper, so that two blocks of its 141 registers a thread fit an SM (65,536 registers), as its
-/// persistent grid of BLOCKS_PER_SM blocks an SM assumes (with 8 warps only one did, and the
-/// grid ran in two waves); 8 elsewhere, where bounding it to two blocks spills.
-fn rows_warps(gpu: &Gpu) -> usize {
-    if gpu.arch == "sm_90a" || gpu.arch == "sm_90" {
-        6
-    } else {
-        8
+/// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
+/// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 141 registers
+/// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
+/// elsewhere), at most WARPS.
+fn rows_warps(kernel: &Kernel) -> Result<usize> {
+    let warps = (kernel.max_threads()? / 32).min(WARPS);
+    if warps == 0 {
+        bail!("dec_gemv_rows: its registers allow no whole warp a block");
     }
+    Ok(warps)
 }
 /// Dynamic shared memory a `dec_gemv_rows` block may take: what every supported architecture
 /// lets a kernel opt in to (sm_86 / sm_89 / sm_120: 99 KB).
@@ -385,6 +385,8 @@ fn segments(
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
+    /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
+    rows_warps: usize,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -403,9 +405,11 @@ impl Decode {
     pub fn load(m: &Module) -> Result<Decode> {
         // Every decode kernel waits for its predecessor before touching anything but weights.
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
+        let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
-            gemv_rows: k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
+            rows_warps: rows_warps(&gemv_rows)?,
+            gemv_rows,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -496,7 +500,7 @@ impl Decode {
             bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
         }
         let (_, rpw) = rows_lanes(cols);
-        let warps = rows_warps(gpu);
+        let warps = self.rows_warps;
         let rows_per_tile = warps * rpw;
         let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
         let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
