@@ -32,7 +32,89 @@ struct P {
 // 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the H200).
 override RB: u32 = 8u;
 
+// 1 (`WgpuOptions::glu_early`): the routing by `route_early` (order keys, one barrier a round,
+// only the rounds the item needs) and the folded norm's weights read with the input, the norm
+// applied as silu(r · G(x ⊙ w)) ⊙ (r · U(x ⊙ w)) with r = 1 / RMS(x) on the row totals (the
+// products are linear in x after the scale), its reduction while the weights' reads are in
+// flight.
+override EARLY: u32 = 0u;
+
 var<workgroup> wg_expert: u32;
+
+// A u32 whose unsigned order is the order of the f32 values (−0 as +0): sign set, all bits
+// flipped; else the sign bit set. The largest logit gets the largest key.
+fn order_key(v: f32) -> u32 {
+    var b = bitcast<u32>(v);
+    if (b == 0x80000000u) {
+        b = 0u;
+    }
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// The value of an `order_key`.
+fn key_value(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+// `route`'s rule and result with EARLY: the shared expert (rank k) without ranking; a routed
+// rank r after r + 1 rounds, all k where `write` (row block 0: the weight's sum needs them);
+// each round one `wg_argmax_key` (integer keys, one barrier). Key 0 marks an expert taken or
+// past E (the logits' keys are above 0 but for NaNs). Uniform control flow only.
+fn route_early(lid: u32, item: u32, write: bool) -> u32 {
+    let tt = item / p.ks;
+    let rk = item % p.ks;
+    let lb = tt * p.l_stride;
+    if (rk >= p.k) {
+        if (write && lid == 0u) {
+            ids[item] = p.e;
+            wts[item] = sigmoid(L[lb + p.e]);
+        }
+        return p.e;
+    }
+    var kv = array<u32, 8>();
+    for (var m = 0u; m < 8u; m++) {
+        let i = lid + 64u * m;
+        if (i < p.e) {
+            kv[m] = order_key(L[lb + i]);
+        }
+    }
+    let rounds = select(rk + 1u, p.k, write);
+    var top = 0.0;
+    var den = 0.0;
+    var ve = 0.0;
+    var e = p.e;
+    for (var r = 0u; r < rounds; r++) {
+        var bk = 0u;
+        var bi = 0xffffffffu;
+        for (var m = 0u; m < 8u; m++) {
+            if (kv[m] > bk) {
+                bk = kv[m];
+                bi = lid + 64u * m;
+            }
+        }
+        let b = wg_argmax_key(lid, bk, bi, r);
+        for (var m = 0u; m < 8u; m++) {
+            if (lid + 64u * m == b.i) {
+                kv[m] = 0u;
+            }
+        }
+        let v = key_value(b.k);
+        if (r == 0u) {
+            top = v;
+        }
+        let ev = exp(v - top);
+        den += ev;
+        if (r == rk) {
+            e = b.i;
+            ve = ev;
+        }
+    }
+    if (write && lid == 0u) {
+        ids[item] = e;
+        wts[item] = ve / den;
+    }
+    return e;
+}
 
 // The expert of `item` (token item / ks, rank item % ks) by moe_route.wgsl's rule, computed by
 // the workgroup from the router's logits, so that a decode step needs no moe_route dispatch:
@@ -128,8 +210,28 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var x5 = vec4<f32>(X[xb + 5u]);
     var x6 = vec4<f32>(X[xb + 6u]);
     var x7 = vec4<f32>(X[xb + 7u]);
+    // EARLY: the norm's weights with the input (before the routing's barriers).
+    var ss = 0.0;
+    if (EARLY != 0u && p.norm != 0u) {
+        let wb = lid * 8u;
+        ss = ((dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3)))
+            + ((dot(x4, x4) + dot(x5, x5)) + (dot(x6, x6) + dot(x7, x7)));
+        x0 = x0 * Wn[wb];
+        x1 = x1 * Wn[wb + 1u];
+        x2 = x2 * Wn[wb + 2u];
+        x3 = x3 * Wn[wb + 3u];
+        x4 = x4 * Wn[wb + 4u];
+        x5 = x5 * Wn[wb + 5u];
+        x6 = x6 * Wn[wb + 6u];
+        x7 = x7 * Wn[wb + 7u];
+    }
     if (p.m.expert_mode != 0u) {
-        if (p.route != 0u) {
+        if (p.route != 0u && EARLY != 0u) {
+            let routed = route_early(lid, item, block == 0u);
+            if (lid == 0u) {
+                wg_expert = routed;
+            }
+        } else if (p.route != 0u) {
             let routed = route(lid, item, block == 0u);
             if (lid == 0u) {
                 wg_expert = routed;
@@ -143,7 +245,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         }
         slot = e - p.m.e0;
     }
-    if (p.norm != 0u) {
+    if (EARLY == 0u && p.norm != 0u) {
         // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w over the row (2,048 columns: the
         // 64 invocations hold it all).
         let ss = ((dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3)))
@@ -162,6 +264,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     let g = (lid * 32u) / p.m.group;
     let nr = min(RB, p.m.rows - r0);
+    var rn = 1.0;
     let qslot = slot * p.m.mat_words / 4u;
     let hslot = slot * p.m.rows * groups;
     for (var r8 = 0u; r8 < RB; r8 += 8u) {
@@ -187,6 +290,10 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             su[j] = u_half4(p.m.scale_off + h);
             bu[j] = u_half4(p.m.bias_off + h);
         }
+        if (EARLY != 0u && p.norm != 0u && r8 == 0u) {
+            // The norm's scale while the first rows' reads are in flight.
+            rn = rms_scale(lid, ss, p.m.cols, p.eps);
+        }
         for (var j = 0u; j < 8u; j++) {
             let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
             let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
@@ -196,8 +303,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let total = rows2_total(lid, RB);
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
-        let gate = total.x;
-        let up = total.y;
+        let gate = total.x * rn;
+        let up = total.y * rn;
         Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = ACT(silu(gate) * up);
     }
 }

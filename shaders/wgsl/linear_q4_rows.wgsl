@@ -57,6 +57,13 @@ override RI: u32 = 8u;
 // around each (words past nv read word nv − 1 and are not used), so an invocation's 8 reads
 // issue together whether or not the compiler predicates them. Outputs bit for bit those of 0.
 override FLAT: u32 = 0u;
+// 1 (`WgpuOptions::rows_early`): both 16-byte words of a two-word row (8-bit, or 4,096
+// columns) of the first RI rows and their scales, the input and the folded norm's weights all
+// read before any arithmetic or barrier (their reads in flight together: one DRAM round trip
+// where 0 has two and an L2 one after the norm's barrier), and the norm applied as
+// y = r · W (x ⊙ w) with r = 1 / RMS(x) on each row's total (the product is linear in x after
+// the scale), its reduction after the rows' arithmetic.
+override EARLY: u32 = 0u;
 
 
 fn w_half4(i: u32) -> f32 {
@@ -107,6 +114,18 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         s[j] = w_half4(p.m.scale_off + row * groups + ga);
         b[j] = w_half4(p.m.bias_off + row * groups + ga);
     }
+    // EARLY: the second words of those rows too.
+    var w2 = array<vec4<u32>, 8>();
+    var s2 = array<f32, 8>();
+    var b2 = array<f32, 8>();
+    if (EARLY != 0u && two) {
+        for (var j = 0u; j < RI; j++) {
+            let row = select(r0, r0 + j, j < nr);
+            w2[j] = W[row * quads + lid + 64u];
+            s2[j] = w_half4(p.m.scale_off + row * groups + gc);
+            b2[j] = w_half4(p.m.bias_off + row * groups + gc);
+        }
+    }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
     // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
@@ -129,7 +148,27 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             }
         }
     }
-    if (p.norm != 0u) {
+    // EARLY: x ⊙ w here (the norm's weights read unconditionally, clamped, with the input), Σx²
+    // of the raw input kept for the scale taken after the rows' arithmetic.
+    var ss_early = 0.0;
+    if (EARLY != 0u && p.norm != 0u) {
+        var wa = array<vec4<f32>, 8>();
+        var wc = array<vec4<f32>, 8>();
+        for (var i = 0u; i < 8u; i++) {
+            wa[i] = Wn[lid * nv + min(i, nv - 1u)];
+        }
+        if (two) {
+            for (var i = 0u; i < 8u; i++) {
+                wc[i] = Wn[(lid + 64u) * nv + min(i, nv - 1u)];
+            }
+        }
+        for (var i = 0u; i < 8u; i++) {
+            ss_early += dot(xa[i], xa[i]) + dot(xc[i], xc[i]);
+            xa[i] = select(xa[i], xa[i] * wa[i], i < nv);
+            xc[i] = select(xc[i], xc[i] * wc[i], i < nv);
+        }
+    }
+    if (EARLY == 0u && p.norm != 0u) {
         // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w, on this invocation's inputs (the
         // workgroup holds the whole row between its invocations).
         var ss = 0.0;
@@ -181,7 +220,12 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var j = 0u; j < RI; j++) {
             pa[j] = s[j] * qd(w[j], xa) + b[j] * sa;
         }
-        if (two) {
+        if (two && EARLY != 0u && r8 == 0u) {
+            // Read with the first words.
+            for (var j = 0u; j < RI; j++) {
+                pa[j] += s2[j] * qd(w2[j], xc) + b2[j] * sc;
+            }
+        } else if (two) {
             for (var j = 0u; j < RI; j++) {
                 var row = r0 + r8 + j;
                 if (r8 + j >= nr) {
@@ -201,7 +245,11 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             row_put(lid, r8 + j, pa[j]);
         }
     }
-    let total = row_total(lid, RB);
+    var rn = 1.0;
+    if (EARLY != 0u && p.norm != 0u) {
+        rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
+    }
+    let total = row_total(lid, RB) * rn;
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         let row = p.m.row0 + r0 + r;

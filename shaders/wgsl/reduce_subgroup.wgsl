@@ -99,3 +99,37 @@ fn wg256_sum(lid: u32, v: f32) -> f32 {
 fn wg_argmax(lid: u32, v: f32, i: u32) -> ValId {
     return wg256_argmax(lid, v, i);
 }
+
+struct KeyId {
+    k: u32,
+    i: u32,
+}
+
+// Two sets of slots, round by round (`round` & 1), so a round needs one barrier: an invocation
+// writes a set again two rounds later, after the next round's barrier, which every invocation
+// reaches only once it has read this round's.
+var<workgroup> wg_key2: array<u32, 128>;
+var<workgroup> wg_key2_i: array<u32, 128>;
+
+// The largest u32 key over the workgroup and its id i, the lower id on ties; every invocation
+// gets it. Calls must number their rounds 0, 1, 2, … (one barrier a call). Integer subgroup
+// reductions (no shuffle chain on NVIDIA: `redux`). Uniform control flow only.
+fn wg_argmax_key(lid: u32, key: u32, i: u32, round: u32) -> KeyId {
+    let m = subgroupMax(key);
+    let mi = subgroupMin(select(0xffffffffu, i, key == m));
+    let base = (round & 1u) * 64u;
+    if (subgroup_first()) {
+        wg_key2[base + lanes.sg] = m;
+        wg_key2_i[base + lanes.sg] = mi;
+    }
+    workgroupBarrier();
+    var best = KeyId(wg_key2[base], wg_key2_i[base]);
+    for (var s = 1u; s < lanes.nsg; s++) {
+        let ok = wg_key2[base + s];
+        let oi = wg_key2_i[base + s];
+        if (ok > best.k || (ok == best.k && oi < best.i)) {
+            best = KeyId(ok, oi);
+        }
+    }
+    return best;
+}

@@ -123,3 +123,34 @@ fn wg256_sum(lid: u32, v: f32) -> f32 {
     return total;
 }
 
+
+struct KeyId {
+    k: u32,
+    i: u32,
+}
+
+var<workgroup> wg_key: array<u32, 64>;
+var<workgroup> wg_key_i: array<u32, 64>;
+
+// The largest u32 key over a 64-invocation workgroup and its id i, the lower id on ties; every
+// invocation gets it (`round`: reduce_subgroup.wgsl's slot sets; a tree needs its own barriers).
+// Uniform control flow only.
+fn wg_argmax_key(lid: u32, key: u32, i: u32, round: u32) -> KeyId {
+    wg_key[lid] = key;
+    wg_key_i[lid] = i;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ok = wg_key[lid + s];
+            let oi = wg_key_i[lid + s];
+            if (ok > wg_key[lid] || (ok == wg_key[lid] && oi < wg_key_i[lid])) {
+                wg_key[lid] = ok;
+                wg_key_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = KeyId(wg_key[0], wg_key_i[0]);
+    workgroupBarrier();
+    return r;
+}

@@ -21,7 +21,9 @@ use crate::plan::{
     attend_gqa_spec, attend_tile_spec, split_workgroups, DeviceCaps, MmTile, Plan,
     PrefillAttention, SplitRule, WgpuOptions,
 };
-use crate::probes::{check_attention, check_mm, check_mm_f16, check_rows, Sides, F16_STORE};
+use crate::probes::{
+    check_attention, check_down_rows, check_mm, check_mm_f16, check_rows, Sides, F16_STORE,
+};
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
 pub struct WgpuBackend {
@@ -134,6 +136,18 @@ impl WgpuBackend {
     /// The plan in use (the kernel at each launch site).
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations, `down_early`)
+    /// against the host on the full model's shape and two others (`probes::check_down_rows`):
+    /// the largest relative L2 difference.
+    pub fn check_down_rows(&self) -> Result<f64> {
+        check_down_rows(
+            &self.gpu,
+            self.plan.subgroups,
+            self.plan.act_f16,
+            self.plan.options.down_early,
+        )
     }
 
     /// The 4-bit product kernels against the host's product on random matrices

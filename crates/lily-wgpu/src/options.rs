@@ -83,6 +83,18 @@ lily_core::backend_options! {
             label "linear_q4_rows flat reads",
             help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
             why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+        rows_early = false, flag Some("wgpu-rows-early"), env "LILY_WGPU_ROWS_EARLY" = true,
+            label "linear_q4_rows early reads",
+            help "linear_q4_rows.wgsl (decode's plain products, the MoE's router among them) with every read of a row block's first rows (both 16-byte words of a two-word row, their scales), the input and the folded norm's weights issued before any arithmetic or barrier, the norm's 1 / RMS applied to each row's total",
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted the router 15.2 → 12.5–13.5 µs a call on the H200, one DRAM and one L2 round trip fewer; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+        glu_early = false, flag Some("wgpu-glu-early"), env "LILY_WGPU_GLU_EARLY" = true,
+            label "linear_q4_glu_rows early routing",
+            help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 29.4 → 24–26 µs a call on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+        down_early = false, flag Some("wgpu-down-early"), env "LILY_WGPU_DOWN_EARLY" = true,
+            label "moe_down_rows early reads",
+            help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -156,6 +168,9 @@ mod tests {
                 attn_flat: false,
                 attn_split: false,
                 rows_flat: false,
+                rows_early: false,
+                glu_early: false,
+                down_early: false,
                 dense_tile: 0,
                 lm_rows: 0,
             }
@@ -191,6 +206,9 @@ mod tests {
             ("LILY_WGPU_ATTN_SPLIT", "1"),
             ("LILY_WGPU_LM_ROWS", "64"),
             ("LILY_WGPU_ROWS_FLAT", "1"),
+            ("LILY_WGPU_ROWS_EARLY", "1"),
+            ("LILY_WGPU_GLU_EARLY", "1"),
+            ("LILY_WGPU_DOWN_EARLY", "1"),
         ]));
         assert_eq!(
             o,
@@ -210,6 +228,9 @@ mod tests {
                 attn_split: true,
                 lm_rows: 64,
                 rows_flat: true,
+                rows_early: true,
+                glu_early: true,
+                down_early: true,
                 ..WgpuOptions::default()
             }
         );

@@ -28,7 +28,11 @@
 //!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
 //!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
 //!   attn_prep's work inside attend_gqa (10 fewer); the general kernels
-//!   (linear_q4.wgsl, linear.wgsl) for whatever else.
+//!   (linear_q4.wgsl, linear.wgsl) for whatever else. The decode MoE's reads issued before any
+//!   arithmetic (`EARLY` of linear_q4_rows, the router's kernel: `rows_early`; of
+//!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`; of moe_down_rows, each
+//!   slot's items at once: `down_early`, where they fit its registers) are off until measured
+//!   (session 14 wgpu-moe).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -387,17 +391,59 @@ impl Specs {
 
 /// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
 /// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
-/// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`).
-pub fn rows_spec(rb: usize, flat: bool) -> Spec {
+/// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`);
+/// `early`: every read of its first rows, the input and the norm's weights before any arithmetic
+/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
+pub fn rows_spec(rb: usize, flat: bool, early: bool) -> Spec {
     let mut constants = vec![
         ("RB", rb as f64),
         ("RI", rb.min(8) as f64),
         ("FLAT", flat as u32 as f64),
+        ("EARLY", early as u32 as f64),
     ];
     if rb > 16 {
         constants.push(("ROW_PART", (rb * 65) as f64));
     }
     Spec::new("linear_q4_rows", &constants)
+}
+
+/// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
+/// one barrier a round and only the rounds its item needs, the norm's weights read with the
+/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`).
+pub fn glu_rows_spec(early: bool) -> Spec {
+    Spec::new(
+        "linear_q4_glu_rows",
+        &[("RB", GLU_RB as f64), ("EARLY", early as u32 as f64)],
+    )
+}
+
+/// Most items an invocation slot of moe_down_rows.wgsl reads at once with `EARLY` (its register
+/// arrays' size).
+pub const DOWN_EARLY_MAX_ITEMS: usize = 4;
+
+/// Items an invocation slot of moe_down_rows.wgsl takes for `topk` items a token of `cols`
+/// columns (its 64 invocations: `cols / 32` a row, `64 / (cols / 32)` slots): 3 on the full model
+/// (9 items, 4 slots).
+pub fn down_items_a_slot(topk: usize, cols: usize) -> usize {
+    let slots = (64 / (cols / 32).max(1)).max(1);
+    topk.div_ceil(slots)
+}
+
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup;
+/// `early`: each slot's items (`down_items_a_slot`, at most DOWN_EARLY_MAX_ITEMS) read before
+/// any arithmetic (`WgpuOptions::down_early`, its `EARLY` and `NI`).
+pub fn down_rows_spec(topk: usize, cols: usize, early: bool) -> Spec {
+    let ni = down_items_a_slot(topk, cols);
+    Spec::new(
+        "moe_down_rows",
+        &[
+            ("TOPK", topk as f64),
+            ("COLS", cols as f64),
+            ("RB", DOWN_RB as f64),
+            ("EARLY", early as u32 as f64),
+            ("NI", ni.clamp(1, DOWN_EARLY_MAX_ITEMS) as f64),
+        ],
+    )
 }
 
 /// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
@@ -582,23 +628,35 @@ impl Plan {
             _ => 16,
         };
         let rows_flat = opts.rows_flat;
+        let rows_early = opts.rows_early;
+        // moe_down_rows' early reads hold each slot's items in registers: at most
+        // DOWN_EARLY_MAX_ITEMS of them.
+        let down_early = opts.down_early
+            && down_items_a_slot(top as usize, c.expert_inter) <= DOWN_EARLY_MAX_ITEMS;
+        if opts.down_early && !down_early {
+            notes.push(format!(
+                "moe_down_rows early reads off: {} items a slot, more than {DOWN_EARLY_MAX_ITEMS}",
+                down_items_a_slot(top as usize, c.expert_inter)
+            ));
+        }
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: in_forms(rows_spec(16, rows_flat), &Form::ALL, act_f16),
-            linear_q4_rows4: in_forms(rows_spec(4, rows_flat), &Form::ALL, act_f16),
-            linear_q4_rows2: in_forms(rows_spec(2, rows_flat), &Form::ALL, act_f16),
-            linear_q4_rows_lm: (lm_rows > 16)
-                .then(|| in_forms(rows_spec(lm_rows, rows_flat), &Form::ALL, act_f16)),
+            linear_q4_rows16: in_forms(rows_spec(16, rows_flat, rows_early), &Form::ALL, act_f16),
+            linear_q4_rows4: in_forms(rows_spec(4, rows_flat, rows_early), &Form::ALL, act_f16),
+            linear_q4_rows2: in_forms(rows_spec(2, rows_flat, rows_early), &Form::ALL, act_f16),
+            linear_q4_rows_lm: (lm_rows > 16).then(|| {
+                in_forms(
+                    rows_spec(lm_rows, rows_flat, rows_early),
+                    &Form::ALL,
+                    act_f16,
+                )
+            }),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
-            linear_q4_glu_rows: in_forms(
-                Spec::new("linear_q4_glu_rows", &[("RB", GLU_RB as f64)]),
-                &WRITES_ACT,
-                act_f16,
-            ),
+            linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early), &WRITES_ACT, act_f16),
             moe_group: Spec::new("moe_group", &[]),
             embed: Spec::new("embed", &[]),
             rms_norm: Spec::new("rms_norm", &[]),
@@ -620,14 +678,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: Spec::new(
-                "moe_down_rows",
-                &[
-                    ("TOPK", top),
-                    ("COLS", c.expert_inter as f64),
-                    ("RB", DOWN_RB as f64),
-                ],
-            ),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_early),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -678,6 +729,7 @@ impl Plan {
             f16_acts: act_f16,
             dense_tile: dense_mm.items(),
             lm_rows,
+            down_early,
             ..opts.clone()
         };
         Ok(Plan {

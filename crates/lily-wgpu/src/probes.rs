@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{MmTile, SplitRule, GLU_RB, MM_ROWS};
+use crate::plan::{down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS};
 use crate::shaders::Form;
 
 /// The largest relative difference an f16 store adds to one value (round to nearest, 11
@@ -501,6 +501,78 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             )
         });
         worst = worst.max(glu_rel_err(&got, r_e, &gate, &up, items_x));
+    }
+    Ok(worst)
+}
+
+/// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
+/// compiled as `down_rows_spec(topk, cols, early)` with the plan's reductions and activations)
+/// against the host in f64: x[t, r] += Σ_k w_{t,k} · (down_{e_{t,k}} a_{t,k})[r] on a random 4-bit
+/// stack of 11 experts of 37 rows (the last row block partly filled), 2 tokens, random experts
+/// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
+/// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
+/// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
+/// The largest relative L2 difference of the sums added.
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, early: bool) -> Result<f64> {
+    let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
+    let mut worst = 0f64;
+    for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
+        let items = tokens * topk;
+        let m = RandomQ4::new(n_e * rows, cols, 64, items);
+        let mut seed = 0x3c6e_f372_fe94_f82bu64 ^ cols as u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let ids: Vec<u32> = (0..items).map(|_| (next() % n_e as u64) as u32).collect();
+        let wts: Vec<f32> = (0..items)
+            .map(|_| 0.05 + (next() % 1000) as f32 / 1000.0)
+            .collect();
+        let x0: Vec<f32> = (0..tokens * rows)
+            .map(|_| ((next() % 2001) as f32 / 1000.0 - 1.0) * 0.5)
+            .collect();
+        let a = round_f16(&m.x, act_f16);
+        let mut want = vec![0f64; tokens * rows];
+        for t in 0..tokens {
+            for (r, w) in want[t * rows..(t + 1) * rows].iter_mut().enumerate() {
+                for k in 0..topk {
+                    let item = t * topk + k;
+                    let wrow = &m.w[ids[item] as usize * rows + r];
+                    let at = &a[item * cols..(item + 1) * cols];
+                    let dot: f64 = wrow.iter().zip(at).map(|(p, q)| p * *q as f64).sum();
+                    *w += wts[item] as f64 * dot;
+                }
+            }
+        }
+        let spec = crate::shaders::Spec {
+            act_f16,
+            ..down_rows_spec(topk, cols, early).with_subgroups(subgroups)
+        };
+        let kernel = Kernel::new(gpu, &spec, false)?;
+        let wbuf = gpu.upload("check.down", &m.data)?;
+        let abuf = upload_act(gpu, "check.a", &m.x, act_f16)?;
+        let wtbuf = gpu.upload_f32("check.wts", &wts)?;
+        let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
+        let xbuf = gpu.upload_f32("check.x", &x0)?;
+        let (nx, ny) = grid_2d(rows.div_ceil(DOWN_RB));
+        let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            &kernel,
+            &params,
+            &[&wbuf, &abuf, &wtbuf, &idbuf, &xbuf],
+            [nx, ny, tokens as u32],
+        );
+        r.submit()?;
+        let got = gpu.read_f32(&xbuf, 0, tokens * rows)?;
+        let added: Vec<f32> = got
+            .iter()
+            .zip(&x0)
+            .map(|(g, x)| (*g as f64 - *x as f64) as f32)
+            .collect();
+        worst = worst.max(rel_l2_f64(&added, &want));
     }
     Ok(worst)
 }

@@ -527,6 +527,83 @@ fn product_kernels_match_the_host() {
     }
 }
 
+/// The decode MoE's kernels with their reads issued early (`rows_early`, `glu_early`,
+/// `down_early`) and as they ship, in both reduction forms, against the host's f64:
+/// linear_q4_rows (the router's 8-bit 2,048 columns among its shapes, the norm folded in and
+/// not), linear_q4_glu_rows (plain, and routing its own items: experts equal to the host's with
+/// planted ties, weights, products) and moe_down_rows (the full model's 9 items of 512 columns,
+/// 9 of 256, 5 of 64).
+#[test]
+fn moe_kernels_with_early_reads_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 37);
+    for subgroups in [true, false] {
+        for early in [false, true] {
+            let opts = WgpuOptions {
+                chunk: 16,
+                all_logits_chunk: 16,
+                subgroups,
+                rows_early: early,
+                glu_early: early,
+                down_early: early,
+                ..WgpuOptions::default()
+            };
+            let Some(gpu) = wgpu_backend_with(&w, opts) else {
+                return;
+            };
+            assert_eq!(gpu.plan().options.down_early, early);
+            let (_, rows) = gpu.check_products().unwrap();
+            let down = gpu.check_down_rows().unwrap();
+            println!(
+                "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
+            );
+            assert!(
+                rows < 1e-5,
+                "linear_q4_rows or linear_q4_glu_rows (early {early}) differs from the host by {rows:.2e}"
+            );
+            assert!(
+                down < 1e-5,
+                "moe_down_rows (early {early}) differs from the host by {down:.2e}"
+            );
+        }
+    }
+}
+
+/// A decode with the MoE's early reads on (on `tiny` the down projections run on
+/// moe_down_rows.wgsl; the router and the GLU take the row kernels only at 2,048 columns:
+/// `full_width_decode_matches_cpu`) against the CPU: 40 positions one token at a time, the last
+/// logits, then 16 greedy tokens.
+#[test]
+fn decode_with_early_moe_reads_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
+    let tokens = Rng(7).tokens(40, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let opts = WgpuOptions {
+        chunk: 16,
+        all_logits_chunk: 16,
+        rows_early: true,
+        glu_early: true,
+        down_early: true,
+        ..WgpuOptions::default()
+    };
+    let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+        return;
+    };
+    let gs = gpu.new_seq(64).unwrap();
+    for t in &tokens {
+        gpu.prefill(gs, &[*t]).unwrap();
+    }
+    let got = gpu.logits(gs).unwrap();
+    let e = rel_l2(&got, &want);
+    println!("early MoE reads, 40 positions token by token: last logits rel_l2 {e:.3e}");
+    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+    let want = greedy_tokens(&mut cpu, cs, 16);
+    let got = greedy_tokens(&mut gpu, gs, 16);
+    assert_eq!(got, want, "greedy tokens with the MoE's early reads");
+}
+
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
 /// attention in f64 on random queries and caches, at the full model's shapes (8 query heads per
 /// KV head, head dim 256) and at `tiny`'s: decode with the keys split over workgroups, and
@@ -966,12 +1043,23 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts) in [(true, false), (false, false), (true, true)] {
+    for (subgroups, f16_acts, early) in [
+        (true, false, false),
+        (false, false, false),
+        (true, true, false),
+        (true, false, true),
+        (false, false, true),
+    ] {
+        // `early`: the MoE's reads issued early (router, GLU, down: `rows_early`, `glu_early`,
+        // `down_early`), which only the full widths take.
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
             subgroups,
             f16_acts,
+            rows_early: early,
+            glu_early: early,
+            down_early: early,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
@@ -988,7 +1076,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)

@@ -33,7 +33,8 @@ fn large_limits() -> wgpu::Limits {
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
-/// f16 and in f32 (each product in each of its forms), attend_gqa's reads flat and not, lm_head's 64 rows a workgroup and 16.
+/// f16 and in f32 (each product in each of its forms), attend_gqa's reads flat and not, lm_head's 64 rows a workgroup and 16, the decode MoE's
+/// early reads and not.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -53,6 +54,10 @@ fn choosable() -> Vec<Spec> {
                             attn_flat: f16_acts,
                             attn_split: f16_acts,
                             rows_flat: f16_acts,
+                            // The decode MoE's early reads (EARLY = 1) and not.
+                            rows_early: f16_acts,
+                            glu_early: f16_acts,
+                            down_early: f16_acts,
                             // lm_head's 64 rows a workgroup (ROW_PART sized for them).
                             lm_rows: if f16_acts { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
