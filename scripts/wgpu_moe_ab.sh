@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# One device call for session 14's decode-MoE switches (issue 29 deliverable 4; docs/perf-notes.md
+# "session 14, branch wgpu-moe"): wgpu through Vulkan on the full-size synthetic checkpoint,
+# `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64` with the switches off and on,
+# alternated so that drift shows, the per-kernel profiles of a 4K decode with all off and all on,
+# and `selftest` (wgpu on the H200 against the CPU) on a 4-layer full-width model, where decode
+# takes these kernels (the small presets' widths do not):
+#   off    the defaults (all off)
+#   all    LILY_WGPU_ROWS_EARLY=1 LILY_WGPU_GLU_EARLY=1 LILY_WGPU_DOWN_EARLY=1
+#   st     selftest with all on (the 4-layer model: agreement and greedy tokens against the CPU)
+#   prof   all, LILY_PROFILE=1, 4K only   (per-kernel table: lin.router, lin.experts.glu, moe_down)
+#   proff  off, LILY_PROFILE=1, 4K only   (the same table before)
+#   rows   LILY_WGPU_ROWS_EARLY=1  (linear_q4_rows' reads first: the router, and every row product)
+#   glu    LILY_WGPU_GLU_EARLY=1   (the GLU's routing rounds on keys, one barrier each, only those needed)
+#   down   LILY_WGPU_DOWN_EARLY=1  (moe_down_rows' items a slot read together)
+# then, while time is left, off and all again (the second pair of the alternation). ≤ 9 minutes:
+# no run starts past DEADLINE seconds (default 440) that could not end by 540.
+#
+# Here: the binary as DIR/bin/lily-engine(.gz) (built with `--features scripted`), this script and
+# gpu_ab_common.sh (the preamble it sources) beside it, the Vulkan loader debs in .gl
+# (../.library/device/README.md). There, from the repo root:
+#   bash .carry/wgpu-moe/wgpu_moe_ab.sh        (carry: .carry/wgpu-moe .gl; timeout_s 600)
+# Logs: $OUT/summary.txt (every run's rows and plan line), $OUT/bench-NAME.log (the last lines of
+# each run; prof's and proff's hold the per-kernel tables), $OUT/selftest.log.
+# Knobs: DEADLINE (440), BENCH_S (a run's timeout, 100), SKIP (names of runs left out).
+set -u
+. "$(dirname "$0")/gpu_ab_common.sh" 440
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$VK_DRIVER_FILES" ] || unset VK_DRIVER_FILES
+"$B/lily-engine" --version >> "$S" 2>&1
+M4=/dev/shm/full4-mlx
+"$B/lily-engine" synth --preset qwen3.6-35b-a3b --layers 4 --format mlx --seed 11 --out "$M4" \
+  > "$OUT/synth4.log" 2>&1 &
+SYN4=$!
+wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
+skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# bench NAME CTX ENV...: one sweep (decode at CTX) under the environment ENV.
+bench() {
+  local name=$1 ctx=$2; shift 2
+  if skipped "$name"; then say "skip $name"; return; fi
+  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
+  env "$@" timeout "${BENCH_S:-100}" "$B/lily-engine" bench --model $M --device wgpu --prefill 512 \
+    --decode-ctx "$ctx" --decode-tokens 64 --repeat 1 > "$OUT/full-$name.log" 2>&1
+  local rc=$?
+  # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
+  say "$name rc=$rc at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$OUT/full-$name.log" | tr -s ' ' | tr '\n' '|')"
+  grep -h -m1 "wgpu: " "$OUT/full-$name.log" \
+    | grep -oE "linear_q4_rows early reads [a-z]+|linear_q4_glu_rows early routing [a-z]+|moe_down_rows early reads [a-z]+" \
+    | tr '\n' ' ' >> "$S"; echo >> "$S"
+  grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
+  # The MoE's rows (and the other row products') of a profile: decode's table comes last.
+  grep -E "lin\.router|lin\.experts\.glu|moe_down|lin\.dn\.out|lin\.attn\.o|lin\.dn\.in_proj|lin\.attn\.qkv|lin\.lm_head" "$OUT/bench-$name.log" \
+    | tr -s " " | tail -8 >> "$S"
+}
+# selftest NAME ENV...: wgpu (and CUDA) against the CPU on the 4-layer full-width model.
+selftest() {
+  local name=$1; shift
+  if skipped "$name"; then say "skip $name"; return; fi
+  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
+  wait $SYN4 2>/dev/null
+  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 8 \
+    > "$OUT/$name.log" 2>&1
+  say "$name rc=$? at $(el)s: $(grep -iE '^device:|agreement|greedy|FAIL|error' "$OUT/$name.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-900)"
+}
+ON="LILY_WGPU_ROWS_EARLY=1 LILY_WGPU_GLU_EARLY=1 LILY_WGPU_DOWN_EARLY=1"
+OFF="LILY_WGPU_ROWS_EARLY=0 LILY_WGPU_GLU_EARLY=0 LILY_WGPU_DOWN_EARLY=0"
+bench off 4K,32K $OFF
+bench all 4K,32K $ON
+selftest st $ON
+bench prof 4K $ON LILY_PROFILE=1
+bench proff 4K $OFF LILY_PROFILE=1
+bench rows 4K,32K $OFF LILY_WGPU_ROWS_EARLY=1
+bench glu 4K,32K $OFF LILY_WGPU_GLU_EARLY=1
+bench down 4K,32K $OFF LILY_WGPU_DOWN_EARLY=1
+bench off2 4K,32K $OFF
+bench all2 4K,32K $ON
+grep -h -m1 "wgpu: " "$OUT/full-off.log" 2>/dev/null | cut -c1-1500 >> "$S"
+say "done at $(el)s"
