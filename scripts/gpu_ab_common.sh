@@ -16,3 +16,24 @@ left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
 "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > "$OUT/synth.log" 2>&1 &
 SYN=$!
+
+# skipped NAME: whether SKIP (names of runs left out) holds NAME.
+skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# wgpu_bench NAME CTX KEYS ENV...: one wgpu sweep of the full model, `bench --prefill 512
+# --decode-ctx CTX --decode-tokens 64`, under the environment ENV (timeout BENCH_S, 100 s),
+# unless SKIP names it or the deadline passed. The summary gets the bench's rows and the parts of
+# the plan line that match the extended regex KEYS (the switches' labels); $OUT/bench-NAME.log the
+# run's last 80 lines (a profile's tables).
+wgpu_bench() {
+  local name=$1 ctx=$2 keys=$3; shift 3
+  if skipped "$name"; then say "skip $name"; return 1; fi
+  if ! left; then say "skip $name: past the deadline at $(el)s"; return 1; fi
+  env "$@" timeout "${BENCH_S:-100}" "$B/lily-engine" bench --model $M --device wgpu --prefill 512 \
+    --decode-ctx "$ctx" --decode-tokens 64 --repeat 1 > "$OUT/full-$name.log" 2>&1
+  local rc=$?
+  # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
+  say "$name rc=$rc at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$OUT/full-$name.log" | tr -s ' ' | tr '\n' '|')"
+  grep -h -m1 "wgpu: " "$OUT/full-$name.log" | grep -oE "$keys" | tr '\n' ' ' >> "$S"; echo >> "$S"
+  grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
+}

@@ -27,22 +27,10 @@ export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$VK_DRIVER_FILES" ] || unset VK_DRIVER_FILES
 "$B/lily-engine" --version >> "$S" 2>&1
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
-skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
-
-# bench NAME ENV...: one sweep under the environment ENV.
+# bench NAME ENV...: one sweep (decode at 4K and 32K) under the environment ENV.
 bench() {
   local name=$1; shift
-  if skipped "$name"; then say "skip $name"; return; fi
-  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
-  env "$@" timeout "${BENCH_S:-100}" "$B/lily-engine" bench --model $M --device wgpu --prefill 512 \
-    --decode-ctx 4K,32K --decode-tokens 64 --repeat 1 > "$OUT/full-$name.log" 2>&1
-  local rc=$?
-  # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
-  say "$name rc=$rc at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$OUT/full-$name.log" | tr -s ' ' | tr '\n' '|')"
-  grep -h -m1 "wgpu: " "$OUT/full-$name.log" \
-    | grep -oE "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|lm_head rows [0-9]+|linear_q4_rows flat reads [a-z]+|decode attention attend[^)]*\)" \
-    | tr '\n' ' ' >> "$S"; echo >> "$S"
-  grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
+  wgpu_bench "$name" 4K,32K "attend_gqa flat reads [a-z]+|decode attention split [a-z]+|lm_head rows [0-9]+|linear_q4_rows flat reads [a-z]+|decode attention attend[^)]*\)" "$@"
 }
 ON="LILY_WGPU_ATTN_FLAT=1 LILY_WGPU_ATTN_SPLIT=1 LILY_WGPU_LM_ROWS=64 LILY_WGPU_ROWS_FLAT=1"
 OFF="LILY_WGPU_ATTN_FLAT=0 LILY_WGPU_ATTN_SPLIT=0 LILY_WGPU_LM_ROWS=0 LILY_WGPU_ROWS_FLAT=0"

@@ -34,24 +34,12 @@ M4=/dev/shm/full4-mlx
   > "$OUT/synth4.log" 2>&1 &
 SYN4=$!
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
-skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
-
-# bench NAME CTX ENV...: one sweep (decode at CTX) under the environment ENV.
+# bench NAME CTX ENV...: one sweep (decode at CTX) under the environment ENV; a profile's rows
+# of the MoE's kernels and the other row products into the summary (decode's table comes last).
 bench() {
   local name=$1 ctx=$2; shift 2
-  if skipped "$name"; then say "skip $name"; return; fi
-  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
-  env "$@" timeout "${BENCH_S:-100}" "$B/lily-engine" bench --model $M --device wgpu --prefill 512 \
-    --decode-ctx "$ctx" --decode-tokens 64 --repeat 1 > "$OUT/full-$name.log" 2>&1
-  local rc=$?
-  # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
-  say "$name rc=$rc at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$OUT/full-$name.log" | tr -s ' ' | tr '\n' '|')"
-  grep -h -m1 "wgpu: " "$OUT/full-$name.log" \
-    | grep -oE "linear_q4_rows early reads [a-z]+|linear_q4_glu_rows early routing [a-z]+|moe_down_rows early reads [a-z]+" \
-    | tr '\n' ' ' >> "$S"; echo >> "$S"
-  grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
-  # The MoE's rows (and the other row products') of a profile: decode's table comes last.
-  grep -E "lin\.router|lin\.experts\.glu|moe_down|lin\.dn\.out|lin\.attn\.o|lin\.dn\.in_proj|lin\.attn\.qkv|lin\.lm_head" "$OUT/bench-$name.log" \
+  wgpu_bench "$name" "$ctx" "linear_q4_rows early reads [a-z]+|linear_q4_glu_rows early routing [a-z]+|moe_down_rows early reads [a-z]+" "$@" || return
+  grep -E "^  (lin\.router|lin\.experts\.glu|moe_down|lin\.dn\.out|lin\.attn\.o|lin\.dn\.in_proj|lin\.attn\.qkv|lin\.lm_head) " "$OUT/bench-$name.log" \
     | tr -s " " | tail -8 >> "$S"
 }
 # selftest NAME ENV...: wgpu (and CUDA) against the CPU on the 4-layer full-width model.
