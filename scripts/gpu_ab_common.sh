@@ -17,6 +17,15 @@ say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --form
 "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > "$OUT/synth.log" 2>&1 &
 SYN=$!
 
+# wgpu_setup: the Vulkan loader from the debs in .gl (../.library/device/README.md), the NVIDIA
+# ICD where the machine has it, and the binary's version into the summary.
+wgpu_setup() {
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [ -f "$VK_DRIVER_FILES" ] || unset VK_DRIVER_FILES
+  "$B/lily-engine" --version >> "$S" 2>&1
+}
+
 # skipped NAME: whether SKIP (names of runs left out) holds NAME.
 skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 

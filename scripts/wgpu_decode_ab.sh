@@ -22,10 +22,7 @@
 # Knobs: DEADLINE (440), BENCH_S (a run's timeout, 100), SKIP (names of runs left out).
 set -u
 . "$(dirname "$0")/gpu_ab_common.sh" 440
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$VK_DRIVER_FILES" ] || unset VK_DRIVER_FILES
-"$B/lily-engine" --version >> "$S" 2>&1
+wgpu_setup
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
 # bench NAME ENV...: one sweep (decode at 4K and 32K) under the environment ENV.
 bench() {

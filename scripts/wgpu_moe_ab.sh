@@ -25,10 +25,7 @@
 # Knobs: DEADLINE (440), BENCH_S (a run's timeout, 100), SKIP (names of runs left out).
 set -u
 . "$(dirname "$0")/gpu_ab_common.sh" 440
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$VK_DRIVER_FILES" ] || unset VK_DRIVER_FILES
-"$B/lily-engine" --version >> "$S" 2>&1
+wgpu_setup
 M4=/dev/shm/full4-mlx
 "$B/lily-engine" synth --preset qwen3.6-35b-a3b --layers 4 --format mlx --seed 11 --out "$M4" \
   > "$OUT/synth4.log" 2>&1 &
