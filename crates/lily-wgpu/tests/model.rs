@@ -536,35 +536,41 @@ fn product_kernels_match_the_host() {
 #[test]
 fn moe_kernels_with_early_reads_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 37);
-    for subgroups in [true, false] {
-        for early in [false, true] {
-            let opts = WgpuOptions {
-                chunk: 16,
-                all_logits_chunk: 16,
-                subgroups,
-                rows_early: early,
-                glu_early: early,
-                down_early: early,
-                ..WgpuOptions::default()
-            };
-            let Some(gpu) = wgpu_backend_with(&w, opts) else {
-                return;
-            };
-            assert_eq!(gpu.plan().options.down_early, early);
-            let (_, rows) = gpu.check_products().unwrap();
-            let down = gpu.check_down_rows().unwrap();
-            println!(
-                "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
-            );
-            assert!(
-                rows < 1e-5,
-                "linear_q4_rows or linear_q4_glu_rows (early {early}) differs from the host by {rows:.2e}"
-            );
-            assert!(
-                down < 1e-5,
-                "moe_down_rows (early {early}) differs from the host by {down:.2e}"
-            );
-        }
+    // linear_q4_rows' early reads also with its flat input reads (`rows_flat`: both overrides).
+    for (subgroups, early, rows_flat) in [
+        (true, false, false),
+        (true, true, false),
+        (true, true, true),
+        (false, false, false),
+        (false, true, false),
+    ] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            rows_flat,
+            rows_early: early,
+            glu_early: early,
+            down_early: early,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().options.down_early, early);
+        let (_, rows) = gpu.check_products().unwrap();
+        let down = gpu.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, early reads {early}, rows_flat {rows_flat}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
+        );
+        assert!(
+            rows < 1e-5,
+            "linear_q4_rows or linear_q4_glu_rows (early {early}) differs from the host by {rows:.2e}"
+        );
+        assert!(
+            down < 1e-5,
+            "moe_down_rows (early {early}) differs from the host by {down:.2e}"
+        );
     }
 }
 
