@@ -45,8 +45,8 @@ selftest() {
   if skipped "$name"; then say "skip $name"; return; fi
   if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
   wait $SYN4 2>/dev/null
-  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 8 \
-    > "$OUT/$name.log" 2>&1
+  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 16 \
+    --bench-prefill 32 --bench-decode 8 > "$OUT/$name.log" 2>&1
   say "$name rc=$? at $(el)s: $(grep -iE '^device:|agreement|greedy|FAIL|error' "$OUT/$name.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-900)"
 }
 ON="LILY_WGPU_ROWS_EARLY=1 LILY_WGPU_GLU_EARLY=1 LILY_WGPU_DOWN_EARLY=1"
