@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, MoeWeights};
+use crate::kernels::decode::{self, Decode, MoeWeightShapes};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -592,11 +592,11 @@ impl Plan {
     /// memory its share of the weights needs (decode::moe_fits: sm_80 and sm_90 for the full
     /// shape, not the 99 KB of sm_86 / 89 / 120); else the three launches.
     pub fn decode_moe_kernels(&self, m: &DevMoe, shape: MoeShape) -> DecodeMoe {
-        self.decode_moe_for(&MoeWeights::of(m), shape)
+        self.decode_moe_for(&MoeWeightShapes::of(m), shape)
     }
 
-    /// `decode_moe_kernels` for a block of these weights.
-    fn decode_moe_for(&self, w: &MoeWeights, shape: MoeShape) -> DecodeMoe {
+    /// `decode_moe_kernels` for a block of weights of these shapes.
+    pub fn decode_moe_for(&self, w: &MoeWeightShapes, shape: MoeShape) -> DecodeMoe {
         let d = &self.device;
         if self.o.fused_moe
             && decode::moe_fits(
@@ -1344,14 +1344,14 @@ mod tests {
     }
 
     /// The full shape's MoE block as `dec_moe` sees it.
-    fn full_moe_weights(cfg: &ModelConfig) -> MoeWeights {
+    fn full_moe_weights(cfg: &ModelConfig) -> MoeWeightShapes {
         let (h, e, i, si) = (
             cfg.hidden,
             cfg.n_experts,
             cfg.expert_inter,
             cfg.shared_inter,
         );
-        MoeWeights {
+        MoeWeightShapes {
             router: mlx(e, h, 8, 1),
             shared_expert_gate: mlx(1, h, 8, 1),
             gate: mlx(i, h, 4, e),
@@ -1407,14 +1407,14 @@ mod tests {
         let h = cfg.hidden;
         for (bad, top_k) in [
             (
-                MoeWeights {
+                MoeWeightShapes {
                     router: mlx(cfg.n_experts, h, 4, 1),
                     ..w
                 },
                 shape.top_k,
             ),
             (
-                MoeWeights {
+                MoeWeightShapes {
                     shared_gate: mlx(1024, h, 4, 1),
                     shared_up: mlx(1024, h, 4, 1),
                     shared_down: mlx(h, 1024, 4, 1),
@@ -1423,7 +1423,7 @@ mod tests {
                 shape.top_k,
             ),
             (
-                MoeWeights {
+                MoeWeightShapes {
                     gate: mlx(512, 4096, 4, cfg.n_experts),
                     ..w
                 },

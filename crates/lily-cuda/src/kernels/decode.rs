@@ -161,7 +161,7 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
 
 /// The weights of a MoE block as `dec_moe` reads them, in the order of decode.cu's `DecMoe`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeWeights {
+pub struct MoeWeightShapes {
     pub router: LinearShape,
     pub shared_expert_gate: LinearShape,
     pub gate: LinearShape,
@@ -172,9 +172,9 @@ pub struct MoeWeights {
     pub shared_down: LinearShape,
 }
 
-impl MoeWeights {
-    pub fn of(m: &DevMoe) -> MoeWeights {
-        MoeWeights {
+impl MoeWeightShapes {
+    pub fn of(m: &DevMoe) -> MoeWeightShapes {
+        MoeWeightShapes {
             router: m.router.shape(),
             shared_expert_gate: m.shared_expert_gate.shape(),
             gate: m.gate.shape(),
@@ -192,7 +192,7 @@ impl MoeWeights {
 /// routed one; hidden and expert widths of 512, 1,024 or 2,048 (whole 16-byte pieces of scales
 /// a row, a power-of-two number of 64-column groups up to 32: one group a lane); at most
 /// MAX_EXPERTS experts and MAX_TOPK picked.
-pub fn moe_unfit(w: &MoeWeights, n_experts: usize, top_k: usize) -> Option<String> {
+pub fn moe_unfit(w: &MoeWeightShapes, n_experts: usize, top_k: usize) -> Option<String> {
     let (hidden, inter) = (w.gate.cols, w.gate.rows);
     let want = |name: &str,
                 s: &LinearShape,
@@ -266,7 +266,7 @@ fn moe_smem(hidden: usize, inter: usize, n_experts: usize, top_k: usize, grid: u
 /// `max_shared_memory` bytes: the shapes it takes (`moe_unfit`), and one block an SM (its
 /// persistent grid) fits the shared memory its share of the weights needs.
 pub fn moe_fits(
-    w: &MoeWeights,
+    w: &MoeWeightShapes,
     n_experts: usize,
     top_k: usize,
     sm_count: usize,
@@ -830,7 +830,7 @@ impl Decode {
     /// its shared memory), phases separated by a grid barrier over `moe_barrier`.
     pub fn moe(&self, gpu: &Gpu, a: &MoeBlock) -> Result<()> {
         let m = a.moe;
-        if let Some(why) = moe_unfit(&MoeWeights::of(m), a.n_experts, a.top_k) {
+        if let Some(why) = moe_unfit(&MoeWeightShapes::of(m), a.n_experts, a.top_k) {
             bail!("dec_moe: {why}");
         }
         let (hidden, inter) = (m.gate.cols, m.gate.rows);
