@@ -11,6 +11,11 @@
 //                     item, the shared expert: the MoE's first half in one launch.
 //   dec_down_combine: x += Σ_k w_k · down_k · h_k + sigmoid(g_s) · down_s · h_s: the experts' down
 //                     projections, routing weights, shared-expert gate, combine and residual add.
+//   dec_moe:          the whole MoE block of one token in one persistent launch (the router and the
+//                     shared-expert gate as dec_gemv8 computes them, then dec_glu4's and
+//                     dec_down_combine's work), its phases met at a grid barrier, every weight row a
+//                     block needs requested at once as soon as the token is routed (issue 30,
+//                     `--fused-moe`; its comment below says how, and the PDL hazard).
 //
 // Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
 // groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
