@@ -735,6 +735,14 @@ mod tests {
         max_shared_memory: 232_448,
     };
 
+    /// An A100's: 108 SMs, 163 KB of shared memory a block, no wgmma, no dependent launch.
+    const A100: DeviceCaps = DeviceCaps {
+        wgmma: false,
+        dependent_launch: false,
+        sm_count: 108,
+        max_shared_memory: 166_912,
+    };
+
     fn mlx(rows: usize, cols: usize, bits: u32, experts: usize) -> LinearShape {
         LinearShape {
             experts,
@@ -1331,14 +1339,8 @@ mod tests {
             Plan::resolve(&on, small_smem).deltanet_scan(full, 4096),
             DnScan::Recurrent
         );
-        let a100 = DeviceCaps {
-            wgmma: false,
-            dependent_launch: false,
-            sm_count: 108,
-            max_shared_memory: 166_912,
-        };
         assert_eq!(
-            Plan::resolve(&on, a100).deltanet_scan(full, 4096),
+            Plan::resolve(&on, A100).deltanet_scan(full, 4096),
             DnScan::Chunked
         );
     }
@@ -1380,21 +1382,15 @@ mod tests {
         assert_eq!(p.decode_moe_for(&w, shape), DecodeMoe::OneLaunch);
         // An A100 (108 SMs, 163 KB a block): its larger shares still fit; sm_86 / 89 / 120 (99 KB)
         // do not, on any SM count they come with.
-        let a100 = DeviceCaps {
-            wgmma: false,
-            dependent_launch: false,
-            sm_count: 108,
-            max_shared_memory: 166_912,
-        };
         assert_eq!(
-            Plan::resolve(&on, a100).decode_moe_for(&w, shape),
+            Plan::resolve(&on, A100).decode_moe_for(&w, shape),
             DecodeMoe::OneLaunch
         );
         for sm_count in [46, 84, 128, 170] {
             let small = DeviceCaps {
                 sm_count,
                 max_shared_memory: 101_376,
-                ..a100
+                ..A100
             };
             assert_eq!(
                 Plan::resolve(&on, small).decode_moe_for(&w, shape),

@@ -30,6 +30,54 @@ fn agreement(got: &[f32], want: &[f32], vocab: usize) -> Agreement {
     }
 }
 
+/// Two runs' teacher-forced logits (`first`, `second`, named by `names`) against the fp32 CPU's
+/// (`want`): prints both agreements and the runs' distance, and with `bound` = (margin, abs)
+/// asserts the first as faithful as the second (its rel. L2 at most the second's × (1 + margin)
+/// + abs). Returns the runs' rel. L2 to each other.
+fn compare_faithfulness(
+    label: &str,
+    names: [&str; 2],
+    first: &[f32],
+    second: &[f32],
+    want: &[f32],
+    vocab: usize,
+    bound: Option<(f64, f64)>,
+) -> f64 {
+    let (a, b) = (
+        agreement(first, want, vocab),
+        agreement(second, want, vocab),
+    );
+    let between = rel_l2(
+        &format!("{label}: {} vs {}", names[0], names[1]),
+        first,
+        second,
+    );
+    println!(
+        "MODEL {label}: {} teacher-forced positions against the fp32 CPU: {} rel_l2 {:.3e} (worst position {:.3e}, top-1 {:.1}%), {} {:.3e} (worst {:.3e}, top-1 {:.1}%); between them {between:.3e}",
+        want.len() / vocab,
+        names[0],
+        a.rel_l2,
+        a.worst_position,
+        100.0 * a.top1,
+        names[1],
+        b.rel_l2,
+        b.worst_position,
+        100.0 * b.top1
+    );
+    if let Some((margin, abs)) = bound {
+        let limit = b.rel_l2 * (1.0 + margin) + abs;
+        assert!(
+            a.rel_l2 <= limit,
+            "{label}: with {} the logits are rel. L2 {:.3e} from fp32, with {} {:.3e} (allowed {limit:.3e})",
+            names[0],
+            a.rel_l2,
+            names[1],
+            b.rel_l2
+        );
+    }
+    between
+}
+
 fn parity(preset: Preset, format: SynthFormat, positions: usize) {
     parity_of(
         &format!("{preset:?} {format:?}"),
@@ -822,25 +870,14 @@ fn model_prefill_through_the_tensor_core_scan_is_as_faithful_to_fp32_as_the_recu
         };
         let (off_l, off_t) = run(false);
         let (on_l, on_t) = run(true);
-        let off = agreement(&off_l, &want, vocab);
-        let on = agreement(&on_l, &want, vocab);
-        let between = rel_l2(&format!("{name}: on vs off"), &on_l, &off_l);
-        println!(
-            "MODEL {name}: {} teacher-forced positions against the fp32 CPU: tc_scan on rel_l2 {:.3e} (worst position {:.3e}, top-1 {:.1}%), off {:.3e} (worst {:.3e}, top-1 {:.1}%); on vs off {between:.3e}",
-            prompt.len(),
-            on.rel_l2,
-            on.worst_position,
-            100.0 * on.top1,
-            off.rel_l2,
-            off.worst_position,
-            100.0 * off.top1
-        );
-        let bound = off.rel_l2 * (1.0 + TC_SCAN_FAITHFUL_MARGIN) + TC_SCAN_FAITHFUL_ABS;
-        assert!(
-            on.rel_l2 <= bound,
-            "{name}: with tc_scan the logits are rel. L2 {:.3e} from fp32, without {:.3e} (allowed {bound:.3e})",
-            on.rel_l2,
-            off.rel_l2
+        compare_faithfulness(
+            name,
+            ["tc_scan on", "tc_scan off"],
+            &on_l,
+            &off_l,
+            &want,
+            vocab,
+            Some((TC_SCAN_FAITHFUL_MARGIN, TC_SCAN_FAITHFUL_ABS)),
         );
         let mut ties = Vec::new();
         for (what, tokens) in [("tc_scan on", &on_t), ("tc_scan off", &off_t)] {
@@ -949,29 +986,16 @@ fn model_decode_with_the_one_launch_moe_matches_the_three_launches() {
         };
         let (off_l, off_t) = run(false);
         let (on_l, on_t) = run(true);
-        let (on, off) = (
-            agreement(&on_l, &want, vocab),
-            agreement(&off_l, &want, vocab),
-        );
-        let between = rel_l2(&format!("{mode}: on vs off"), &on_l, &off_l);
-        println!(
-            "MODEL full-width 4 layers {mode}: {} one-token steps against the fp32 CPU: dec_moe rel_l2 {:.3e} (worst position {:.3e}, top-1 {:.1}%), three launches {:.3e} (worst {:.3e}, top-1 {:.1}%); on vs off {between:.3e}",
-            prompt.len(),
-            on.rel_l2,
-            on.worst_position,
-            100.0 * on.top1,
-            off.rel_l2,
-            off.worst_position,
-            100.0 * off.top1
+        let between = compare_faithfulness(
+            &format!("full-width 4 layers {mode}, one token a step"),
+            ["dec_moe", "the three launches"],
+            &on_l,
+            &off_l,
+            &want,
+            vocab,
+            bf16_activations.then_some((FUSED_MOE_FAITHFUL_MARGIN, FUSED_MOE_FAITHFUL_ABS)),
         );
         if bf16_activations {
-            let bound = off.rel_l2 * (1.0 + FUSED_MOE_FAITHFUL_MARGIN) + FUSED_MOE_FAITHFUL_ABS;
-            assert!(
-                on.rel_l2 <= bound,
-                "bf16: with dec_moe the logits are rel. L2 {:.3e} from fp32, with the three launches {:.3e} (allowed {bound:.3e})",
-                on.rel_l2,
-                off.rel_l2
-            );
             let tokens: Vec<u32> = on_t.iter().map(|t| t.0).collect();
             let ps = cpu.new_seq(64).unwrap();
             cpu.prefill(ps, &prompt).unwrap();
