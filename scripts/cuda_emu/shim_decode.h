@@ -217,6 +217,8 @@ inline unsigned emu_add(unsigned* p, unsigned v) {
 }
 inline void emu_store(unsigned* p, unsigned v) { *p = v; }
 inline void __nanosleep(unsigned) { fiber_yield(); }
+// __threadfence (fence.sc.gpu) orders memory on a GPU; fibers run one at a time: nothing to do.
+inline void __threadfence() {}
 
 // Warp collectives (shfl.sync.bfly, redux.sync .max/.min .u32): every lane of the warp writes its
 // value to a slot, meets the others at the warp barrier, reads its partner's (or the reduction),

@@ -1011,16 +1011,19 @@ dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, 
 // A software barrier over the whole grid of a persistent launch (every block resident at once: the
 // launcher sizes the grid so), self-resetting so a captured graph can replay it: bar[0] counts the
 // blocks that arrived, bar[1] is the generation. Thread 0 of each block reads the generation
-// BEFORE arriving (after its own arrival the last block may already have moved it on), arrives
-// with a release (the block's writes, ordered before it by __syncthreads, become visible at gpu
-// scope), and waits with acquire loads until the generation moves; the last block to arrive resets
-// the count, then publishes the next generation (release), so the count is 0 again before any
-// block can arrive at the next barrier.
+// BEFORE arriving (after its own arrival the last block may already have moved it on), fences
+// (as cooperative groups' grid sync does: the block's writes, ordered before it by
+// __syncthreads, made visible at gpu scope), arrives with a release, and waits with acquire loads
+// until the generation moves; the last block to arrive resets the count, then publishes the next
+// generation (release), so the count is 0 again before any block can arrive at the next barrier.
+// Readers of what other blocks wrote before a barrier load it with ld.global.cg (L2), so no stale
+// L1 line can answer.
 __device__ __forceinline__ void grid_sync(unsigned* bar) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned gen, arrived;
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+        __threadfence();
         asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
         if (arrived == gridDim.x - 1) {
             asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
@@ -1040,15 +1043,22 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
 // cols / 64 groups, then their bf16 scales, then their biases (MOE_REC bytes: cols / 2 + cols / 16).
 #define MOE_REC(cols) ((cols) / 2 + (cols) / 16)
 
-// The c-th 16-byte piece of row `row` of w as a record lays it out (cols a multiple of 512, so
-// the scales and biases of a row are whole 16-byte pieces).
-__device__ __forceinline__ const void* rec_src(const QWeight& w, long long row, int c) {
+// Requests (cp.async) row `row` of w into the record at dst, by the n threads t = 0 .. n - 1 of
+// a warp or half-warp: the row's pointers are computed once, each thread then copies the 16-byte
+// pieces t, t + n, ... (cols a multiple of 512, so the scales and biases of a row are whole
+// pieces): a few instructions a copy, so a block's 30 copies a thread are all asked for within
+// a microsecond or so.
+__device__ __forceinline__ void rec_request(const QWeight& w, long long row, unsigned char* dst, int t, int n) {
     int G = w.cols >> 6;
-    int qc = G * 2;  // 16-byte pieces of the packed words (32 bytes a group)
-    if (c < qc) return reinterpret_cast<const char*>(w.q + row * (G * 8)) + 16 * c;
-    c -= qc;
-    if (c < G / 8) return reinterpret_cast<const char*>(w.scales + row * G) + 16 * c;
-    return reinterpret_cast<const char*>(w.biases + row * G) + 16 * (c - G / 8);
+    int qc = G * 2, sc = G / 8;  // pieces of the packed words (32 bytes a group), of the scales
+    const char* q = reinterpret_cast<const char*>(w.q + row * (G * 8));
+    const char* s = reinterpret_cast<const char*>(w.scales + row * G);
+    const char* b = reinterpret_cast<const char*>(w.biases + row * G);
+#pragma unroll 1
+    for (int c = t; c < qc + 2 * sc; c += n) {
+        const char* src = c < qc ? q + 16 * c : c < qc + sc ? s + 16 * (c - qc) : b + 16 * (c - qc - sc);
+        cp_async16(dst + 16 * c, src);
+    }
 }
 
 // Lane sl's group of a staged record as QRows<4, 1, 1> (qrows_dot's input).
@@ -1083,34 +1093,33 @@ struct DecMoe {
     int n_experts, top_k, gu_share, down_share;
 };
 
-// Requests (cp.async) the block's gate/up records whose item is (ITEM0) or is not (!ITEM0) the
-// shared expert: record 2 · jl + m is row j0 + jl of gate (m = 0) or up (m = 1).
+// Requests the block's gate/up records whose item is (ITEM0) or is not (!ITEM0) the shared
+// expert: record 2 · jl + m is row j0 + jl of gate (m = 0) or up (m = 1); a warp a record.
 template <bool ITEM0>
 __device__ __forceinline__ void moe_request_gu(const DecMoe& a, const int* ids_s, int j0, int rows,
                                                unsigned char* gu) {
-    int cols = a.gate.cols, rec = MOE_REC(cols), pieces = rec / 16;
-    int inter = a.gate.rows;
-    for (int i = threadIdx.x; i < 2 * rows * pieces; i += blockDim.x) {
-        int rr = i / pieces, c = i % pieces, jl = rr >> 1;
-        int j = j0 + jl;
+    int rec = MOE_REC(a.gate.cols), inter = a.gate.rows;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int rr = warp; rr < 2 * rows; rr += warps) {
+        int j = j0 + (rr >> 1);
         if ((j < inter) != ITEM0) continue;
         int item = j / inter, r = j % inter;
         bool is_up = rr & 1;
         QWeight w = item == 0 ? (is_up ? a.sup : a.sgate) : expert(is_up ? a.up : a.gate, ids_s[item - 1]);
-        cp_async16(gu + (long long)rr * rec + 16 * c, rec_src(w, r, c));
+        rec_request(w, r, gu + (long long)rr * rec, lane, 32);
     }
 }
 
 // Phase C's records: for output row c0 + rl and item k (k < top_k: expert ids[k]'s down, k = top_k
-// the shared expert's), record rl · items + k.
+// the shared expert's), record rl · items + k; a half-warp a record (18 pieces for 512 columns).
 __device__ __forceinline__ void moe_request_down(const DecMoe& a, const int* ids_s, int c0, int rows,
                                                  unsigned char* dn) {
-    int cols = a.down.cols, rec = MOE_REC(cols), pieces = rec / 16, items = a.top_k + 1;
-    for (int i = threadIdx.x; i < rows * items * pieces; i += blockDim.x) {
-        int rr = i / pieces, c = i % pieces;
+    int rec = MOE_REC(a.down.cols), items = a.top_k + 1;
+    int half = threadIdx.x >> 4, halves = blockDim.x >> 4;
+    for (int rr = half; rr < rows * items; rr += halves) {
         int rl = rr / items, k = rr % items;
         QWeight w = k < a.top_k ? expert(a.down, ids_s[k]) : a.sdown;
-        cp_async16(dn + (long long)rr * rec + 16 * c, rec_src(w, c0 + rl, c));
+        rec_request(w, c0 + rl, dn + (long long)rr * rec, threadIdx.x & 15, 16);
     }
 }
 
@@ -1137,7 +1146,10 @@ __device__ __forceinline__ void moe_request_down(const DecMoe& a, const int* ids
 // PDL hazard: the dependents are triggered only after the second grid_sync. Triggered earlier,
 // the next kernel's blocks could take SMs while some of ours are not yet resident, and our
 // resident blocks would wait at a grid barrier for blocks that cannot start: a deadlock. After
-// the second barrier every block of ours is resident and none waits for another again.
+// the second barrier every block of ours is resident and none waits for another again. (Before
+// us: we are launched once every block of the kernel before has triggered, so all of them are
+// resident already; ours take SMs as theirs leave and wait at griddepcontrol.wait, not at a
+// barrier, so the kernel before always finishes.)
 // Shared memory (dynamic, moe_smem in the launcher): x staged, the logits, the routing scratch,
 // the gate/up records (phase C's staged h and per-(row, item) down results in their place), the
 // down records: 133 KB a block for the full shape on an H200 (132 SMs), 159 KB on an A100 (108).

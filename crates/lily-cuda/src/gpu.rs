@@ -555,6 +555,16 @@ impl Kernel {
         Ok(n as usize)
     }
 
+    /// Bytes of static (`__shared__`) memory a block of this kernel holds: with the dynamic
+    /// shared memory a launch asks for, at most what the device grants a block.
+    pub fn static_shared_memory(&self) -> Result<usize> {
+        let n = self
+            .func
+            .shared_size_bytes()
+            .map_err(|e| anyhow!("kernel {}: its static shared memory: {e}", self.name))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     /// Lets the kernel use up to `bytes` of dynamic shared memory: above the default 48 KB a
     /// kernel must be allowed it explicitly, once, before its first launch.
     pub fn allow_shared_memory(self, bytes: usize) -> Result<Kernel> {

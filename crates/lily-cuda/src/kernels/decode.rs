@@ -262,6 +262,10 @@ fn moe_smem(hidden: usize, inter: usize, n_experts: usize, top_k: usize, grid: u
     front + gu.max(phase_c) + down_share * items * moe_rec(inter)
 }
 
+/// Bytes of static shared memory a `dec_moe` block holds at most (its routing and block_sum's
+/// arrays: 384 bytes), beside the dynamic `moe_smem`; the launcher checks the exact figure.
+const MOE_STATIC_SMEM: usize = 512;
+
 /// Whether `dec_moe` runs this block on a device of `sm_count` SMs granting a block
 /// `max_shared_memory` bytes: the shapes it takes (`moe_unfit`), and one block an SM (its
 /// persistent grid) fits the shared memory its share of the weights needs.
@@ -274,7 +278,8 @@ pub fn moe_fits(
 ) -> bool {
     moe_unfit(w, n_experts, top_k).is_none()
         && sm_count > 0
-        && moe_smem(w.gate.cols, w.gate.rows, n_experts, top_k, sm_count) <= max_shared_memory
+        && moe_smem(w.gate.cols, w.gate.rows, n_experts, top_k, sm_count) + MOE_STATIC_SMEM
+            <= max_shared_memory
 }
 
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
@@ -569,6 +574,9 @@ pub struct Decode {
     down_combine: Kernel,
     down_combine_rows: Kernel,
     moe: Kernel,
+    /// Dynamic shared memory a `dec_moe` block may take on this device: what it grants a block,
+    /// less the kernel's static arrays.
+    moe_smem_max: usize,
     /// `dec_moe`'s grid barrier: u32 count and generation, zero at load, back to a count of 0
     /// after every barrier.
     moe_barrier: DevBuf,
@@ -585,6 +593,11 @@ impl Decode {
         let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
         let moe_barrier = gpu.alloc(8)?;
         gpu.fill(&moe_barrier, 0)?;
+        let moe = k("dec_moe")?;
+        let moe_smem_max = gpu
+            .max_shared_memory
+            .saturating_sub(moe.static_shared_memory()?);
+        let moe = moe.allow_shared_memory(moe_smem_max)?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
@@ -597,7 +610,8 @@ impl Decode {
             glu4_rows: k("dec_glu4_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
-            moe: k("dec_moe")?.allow_shared_memory(gpu.max_shared_memory)?,
+            moe,
+            moe_smem_max,
             moe_barrier,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
@@ -867,10 +881,10 @@ impl Decode {
         }
         let grid = gpu.sm_count;
         let smem = moe_smem(hidden, inter, a.n_experts, a.top_k, grid);
-        if smem > gpu.max_shared_memory {
+        if smem > self.moe_smem_max {
             bail!(
-                "dec_moe: {smem} bytes of shared memory a block on {grid} blocks; the device grants {}",
-                gpu.max_shared_memory
+                "dec_moe: {smem} bytes of shared memory a block on {grid} blocks; the device grants {} beside its static arrays",
+                self.moe_smem_max
             );
         }
         let threads = WARPS * 32;
