@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One device call for the one-launch decode MoE (issue 30, `fused_moe`: decode.cu's dec_moe):
-#   1. its GPU tests (the kernel against the three launches and the CPU at the full shape, graph
-#      replays; the model with the switch on and off), then the other decode and MoE kernel tests;
+#   1. its GPU tests (the kernel against the three launches and the CPU at the full widths, graph
+#      replays; the model with the switch on and off); the other decode and MoE kernel tests come
+#      last (5.), while time is left;
 #   2. on the full-size synthetic checkpoint, `bench` decode at 256 / 4K / 32K with the switch off
 #      and on, alternated ROUNDS (2) times (graphs on, the shipping configuration otherwise);
 #   3. one `LILY_PROFILE=1` decode at 4K of each (graphs off: every launch between events);
 #   4. teacher-forced `score` over LEN (1,024) positions fed one token a call (`--piece 1`: every
 #      position a one-token step, so every MoE block runs the kernel under test): fp32 (the
 #      reference), bf16 with the switch off, bf16 on, fp32 on; scripts/agreement_table.py
-#      against fp32.
+#      against fp32;
+#   5. the other decode and MoE kernel tests.
 # Summary: $OUT/summary.txt (logs beside it). ≤ 9.5 minutes: no step starts past DEADLINE
 # seconds (default 480).
 #
@@ -27,10 +29,6 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   say "tests (dec_moe) rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked|bit for bit|graph replays|MODEL|dec_moe vs CPU" \
     "$OUT/tests-moe.log" | cut -c1-300 | head -60 | tee -a "$S"
-  timeout "${KERNEL_TEST_S:-90}" "$B/gpu" --ignored --test-threads=1 decode:: moe:: --skip one_launch_moe \
-    > "$OUT/tests-decode.log" 2>&1
-  say "tests (decode, moe) rc=$? at $(el)s"
-  grep -E "^test .*(ok|FAILED)$|^test result|panicked" "$OUT/tests-decode.log" | head -20 | tee -a "$S"
 fi
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
 bench() {  # bench NAME FUSED_MOE: decode at 256 / 4K / 32K with the switch off (0) or on (1)
@@ -68,5 +66,13 @@ if [ "${SKIP_SCORE:-0}" != 1 ]; then
   timeout 30 python3 "$HERE/agreement_table.py" --ref "$W/fp32" --other "$W/bf16-three" --other "$W/bf16-one" \
     --other "$W/fp32-one" --out "$OUT/agreement.md" --json "$OUT/agreement.json" > "$W/table.log" 2>&1
   say "table rc=$? at $(el)s"; grep -E "^\| " "$OUT/agreement.md" | cut -c1-400 | head -12 | tee -a "$S"
+fi
+# Last, while time is left: the other decode and MoE kernel tests (dec_down_combine's input
+# staging is now stage_items, shared with dec_moe).
+if [ "${SKIP_TESTS:-0}" != 1 ] && left; then
+  timeout "${KERNEL_TEST_S:-90}" "$B/gpu" --ignored --test-threads=1 decode:: moe:: --skip one_launch_moe \
+    > "$OUT/tests-decode.log" 2>&1
+  say "tests (decode, moe) rc=$? at $(el)s"
+  grep -E "^test .*(ok|FAILED)$|^test result|panicked" "$OUT/tests-decode.log" | head -20 | tee -a "$S"
 fi
 say "done at $(el)s"
