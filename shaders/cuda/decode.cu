@@ -11,6 +11,11 @@
 //                     item, the shared expert: the MoE's first half in one launch.
 //   dec_down_combine: x += Σ_k w_k · down_k · h_k + sigmoid(g_s) · down_s · h_s: the experts' down
 //                     projections, routing weights, shared-expert gate, combine and residual add.
+//   dec_moe:          the whole MoE block of one token in one persistent launch (the router and the
+//                     shared-expert gate as dec_gemv8 computes them, then dec_glu4's and
+//                     dec_down_combine's work), its phases met at a grid barrier, every weight row a
+//                     block needs requested at once as soon as the token is routed (issue 30,
+//                     `--fused-moe`; its comment below says how, and the PDL hazard).
 //
 // Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
 // groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
@@ -835,6 +840,42 @@ dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                top_k * h_stride, sgate.rows);
 }
 
+// The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
+// memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
+// DEC_DOWN_STAGE loads in flight per thread; a 64-column group is 16 consecutive loads of one
+// half-warp (every bound here is a multiple of 16 loads: cols % 64 == 0, blockDim % 32 == 0), so
+// its sum is a shuffle over those 16 lanes. L2_ONLY: the rows were written by other blocks of this
+// launch (dec_moe), so they are read from L2 (ld.global.cg), never from a stale L1 line.
+template <bool L2_ONLY>
+__device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
+                                            int top_k, int cols, float* hsm, float* hsum) {
+    int G = cols >> 6, items = top_k + 1;
+    int n4 = items * cols / 4;
+    for (int i0 = 0; i0 < n4; i0 += DEC_DOWN_STAGE * blockDim.x) {
+        float4 v[DEC_DOWN_STAGE];
+#pragma unroll
+        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
+            int idx = i0 + i * blockDim.x + threadIdx.x;
+            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (idx < n4) {
+                int k = (4 * idx) / cols, col = (4 * idx) % cols;
+                const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
+                v[i] = L2_ONLY ? __ldcg(reinterpret_cast<const float4*>(src)) : *reinterpret_cast<const float4*>(src);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
+            int idx = i0 + i * blockDim.x + threadIdx.x;
+            int k = (4 * idx) / cols, col = (4 * idx) % cols;
+            if (idx < n4) *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
+            float gs = (v[i].x + v[i].y) + (v[i].z + v[i].w);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+            if (idx < n4 && (threadIdx.x & 15) == 0) hsum[k * G + (col >> 6)] = gs;
+        }
+    }
+}
+
 // x[c] += Σ_k w_k · act(down_{ids[k]}[c] · h_k) + act(act(sigmoid(s_gate)) · act(sdown[c] · hs)), then
 // rounded, as moe_combine does. h [top_k, h_stride], hs [inter]. Items i < top_k are the routed
 // experts, item top_k the shared one. A block serves DEC_DOWN_WARPS · (32 / lpr) output rows with
@@ -890,34 +931,7 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
             if (i < top_k) load(j, i);
         }
     }
-    // The top_k + 1 input rows into shared memory, 16 bytes at a time, DEC_DOWN_STAGE loads in
-    // flight per thread; a 64-column group is 16 consecutive loads of one half-warp (every bound
-    // here is a multiple of 16 loads: cols % 64 == 0, blockDim % 32 == 0), so its sum is a
-    // shuffle over those 16 lanes.
-    int n4 = items * cols / 4;
-    for (int i0 = 0; i0 < n4; i0 += DEC_DOWN_STAGE * blockDim.x) {
-        float4 v[DEC_DOWN_STAGE];
-#pragma unroll
-        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
-            int idx = i0 + i * blockDim.x + threadIdx.x;
-            v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (idx < n4) {
-                int k = (4 * idx) / cols, col = (4 * idx) % cols;
-                const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
-                v[i] = *reinterpret_cast<const float4*>(src);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < DEC_DOWN_STAGE; i++) {
-            int idx = i0 + i * blockDim.x + threadIdx.x;
-            int k = (4 * idx) / cols, col = (4 * idx) % cols;
-            if (idx < n4) *reinterpret_cast<float4*>(&hsm[(k * G + (col >> 6)) * DEC_XPAD + (col & 63)]) = v[i];
-            float gs = (v[i].x + v[i].y) + (v[i].z + v[i].w);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-            if (idx < n4 && (threadIdx.x & 15) == 0) hsum[k * G + (col >> 6)] = gs;
-        }
-    }
+    stage_items<false>(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
     float y = 0.0f, ys = 0.0f;
     if (fast) {
@@ -990,6 +1004,290 @@ dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, 
     long long b = blockIdx.y;
     down_combine_token(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, h_stride,
                        hs + b * sdown.cols, s_gate + b, x + b * down.rows);
+}
+
+// ---- The whole MoE block of one token in one launch (dec_moe) ----------------------------------
+
+// A software barrier over the whole grid of a persistent launch (every block resident at once: the
+// launcher sizes the grid so), self-resetting so a captured graph can replay it: bar[0] counts the
+// blocks that arrived, bar[1] is the generation. Thread 0 of each block reads the generation
+// BEFORE arriving (after its own arrival the last block may already have moved it on), fences
+// (as cooperative groups' grid sync does: the block's writes, ordered before it by
+// __syncthreads, made visible at gpu scope), arrives with a release, and waits with acquire loads
+// until the generation moves; the last block to arrive resets the count, then publishes the next
+// generation (release), so the count is 0 again before any block can arrive at the next barrier.
+// Readers of what other blocks wrote before a barrier load it with ld.global.cg (L2), so no stale
+// L1 line can answer.
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned gen, arrived;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+        __threadfence();
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
+        if (arrived == gridDim.x - 1) {
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
+        } else {
+            unsigned now;
+            do {
+                __nanosleep(20);
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
+            } while (now == gen);
+        }
+    }
+    __syncthreads();
+}
+
+// One row of a 4-bit matrix as dec_moe stages it in shared memory: the packed words of its
+// cols / 64 groups, then their bf16 scales, then their biases (MOE_REC bytes: cols / 2 + cols / 16).
+#define MOE_REC(cols) ((cols) / 2 + (cols) / 16)
+
+// Requests (cp.async) row `row` of w into the record at dst, by the n threads t = 0 .. n - 1 of
+// a warp or half-warp: the row's pointers are computed once, each thread then copies the 16-byte
+// pieces t, t + n, ... (cols a multiple of 512, so the scales and biases of a row are whole
+// pieces): a few instructions a copy, so a block's 30 copies a thread are all asked for within
+// a microsecond or so.
+__device__ __forceinline__ void rec_request(const QWeight& w, long long row, unsigned char* dst, int t, int n) {
+    int G = w.cols >> 6;
+    int qc = G * 2, sc = G / 8;  // pieces of the packed words (32 bytes a group), of the scales
+    const char* q = reinterpret_cast<const char*>(w.q + row * (G * 8));
+    const char* s = reinterpret_cast<const char*>(w.scales + row * G);
+    const char* b = reinterpret_cast<const char*>(w.biases + row * G);
+#pragma unroll 1
+    for (int c = t; c < qc + 2 * sc; c += n) {
+        const char* src = c < qc ? q + 16 * c : c < qc + sc ? s + 16 * (c - qc) : b + 16 * (c - qc - sc);
+        cp_async16(dst + 16 * c, src);
+    }
+}
+
+// Lane sl's group of a staged record as QRows<4, 1, 1> (qrows_dot's input).
+__device__ __forceinline__ void rec_group(const unsigned char* rec, int G, int sl, QRows<4, 1, 1>& r) {
+    const uint4* q = reinterpret_cast<const uint4*>(rec + 32 * sl);
+    r.q[0][0][0] = q[0];
+    r.q[0][0][1] = q[1];
+    const u16* sb = reinterpret_cast<const u16*>(rec + 32 * G);
+    r.s[0][0] = bf16_to_f32(sb[sl]);
+    r.b[0][0] = bf16_to_f32(sb[G + sl]);
+}
+
+// Everything dec_moe reads and writes. The gate/up rows of the top_k + 1 items (item 0 the shared
+// expert, item k the routed expert ids[k - 1], inter rows each) are one list of (top_k + 1) · inter
+// rows split over the grid, gu_share consecutive rows a block; the hidden output rows likewise,
+// down_share a block.
+struct DecMoe {
+    QWeight router, sgw;                 // 8-bit [n_experts, hidden], [1, hidden]
+    QWeight gate, up, sgate, sup;        // 4-bit stacks [n_experts, inter, hidden], shared [inter, hidden]
+    QWeight down, sdown;                 // 4-bit [n_experts, hidden, inter], shared [hidden, inter]
+    const float* norm_w;                 // [hidden] the post-attention RMSNorm
+    float eps;
+    float* x;                            // [hidden] the residual row, updated in place
+    float* xn;                           // [hidden] written: the normed row (block 0)
+    float* logits;                       // [n_experts] written: the router's exact logits
+    float* s_gate;                       // [1] written: the shared expert's gate logit
+    int* ids;                            // [top_k] written (block 0)
+    float* route_w;                      // [top_k] written (block 0)
+    float* h;                            // [top_k, inter] written
+    float* hs;                           // [inter] written
+    unsigned* bar;                       // [2] the grid barrier's count and generation
+    int n_experts, top_k, gu_share, down_share;
+};
+
+// Requests the block's gate/up records whose item is (ITEM0) or is not (!ITEM0) the shared
+// expert: record 2 · jl + m is row j0 + jl of gate (m = 0) or up (m = 1); a warp a record.
+template <bool ITEM0>
+__device__ __forceinline__ void moe_request_gu(const DecMoe& a, const int* ids_s, int j0, int rows,
+                                               unsigned char* gu) {
+    int rec = MOE_REC(a.gate.cols), inter = a.gate.rows;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int rr = warp; rr < 2 * rows; rr += warps) {
+        int j = j0 + (rr >> 1);
+        if ((j < inter) != ITEM0) continue;
+        int item = j / inter, r = j % inter;
+        bool is_up = rr & 1;
+        QWeight w = item == 0 ? (is_up ? a.sup : a.sgate) : expert(is_up ? a.up : a.gate, ids_s[item - 1]);
+        rec_request(w, r, gu + (long long)rr * rec, lane, 32);
+    }
+}
+
+// Phase C's records: for output row c0 + rl and item k (k < top_k: expert ids[k]'s down, k = top_k
+// the shared expert's), record rl · items + k; a half-warp a record (18 pieces for 512 columns).
+__device__ __forceinline__ void moe_request_down(const DecMoe& a, const int* ids_s, int c0, int rows,
+                                                 unsigned char* dn) {
+    int rec = MOE_REC(a.down.cols), items = a.top_k + 1;
+    int half = threadIdx.x >> 4, halves = blockDim.x >> 4;
+    for (int rr = half; rr < rows * items; rr += halves) {
+        int rl = rr / items, k = rr % items;
+        QWeight w = k < a.top_k ? expert(a.down, ids_s[k]) : a.sdown;
+        rec_request(w, c0 + rl, dn + (long long)rr * rec, threadIdx.x & 15, 16);
+    }
+}
+
+// dec_moe: the MoE block of a one-token step in one launch, doing what dec_gemv8 (router and
+// shared-expert gate, the post-attention RMSNorm folded in), dec_glu4 and dec_down_combine do,
+// with the same rounding points and the same sums in the same order (each row's dot product,
+// group sums, the routing, the combine), so its outputs equal theirs. A persistent grid of blocks
+// all resident at once (the launcher: at most one an SM's worth, checked against the occupancy),
+// three phases separated by grid_sync:
+//   before pdl_wait: each block's router rows into registers, its shared-expert gate/up rows
+//     (item 0, no routing needed) requested into shared memory (cp.async), the norm's weights
+//     toward L2: weights never change, so they stream while the kernel before finishes;
+//   A: x staged and RMS-normed (stage_x, as dec_gemv8), the block's router rows → exact logits,
+//     the shared-expert gate logit → s_gate. grid_sync.
+//   B: every block routes the token from the 256 logits (route_top_k; block 0 publishes ids,
+//     route_w), then requests in one go its routed gate/up rows AND its phase-C down rows (known
+//     once routed): the block's whole share of the layer's weights in flight at once; computes
+//     its gate/up rows h = act(act(silu(act(g))) · act(u)) → h / hs. grid_sync.
+//   C: stages h (all top_k + 1 rows, from L2) with group sums, the down rows of its output rows
+//     (already in shared memory), combines as dec_down_combine: x[c] = act(x[c] + act(yy)).
+// Bytes a layer (full shape): router 0.53 MB, gate/up 9 × 2 × 0.56 MB, down 9 × 0.59 MB: 16.6 MB,
+// the same as the three launches; what is saved is two launch boundaries and the dependent
+// round trips between them.
+// PDL hazard: the dependents are triggered only after the second grid_sync. Triggered earlier,
+// the next kernel's blocks could take SMs while some of ours are not yet resident, and our
+// resident blocks would wait at a grid barrier for blocks that cannot start: a deadlock. After
+// the second barrier every block of ours is resident and none waits for another again. (Before
+// us: we are launched once every block of the kernel before has triggered, so all of them are
+// resident already; ours take SMs as theirs leave and wait at griddepcontrol.wait, not at a
+// barrier, so the kernel before always finishes.)
+// Shared memory (dynamic, moe_smem in the launcher): x staged, the logits, the routing scratch,
+// the gate/up records (phase C's staged h and per-(row, item) down results in their place), the
+// down records: 133 KB a block for the full shape on an H200 (132 SMs), 159 KB on an A100 (108).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
+dec_moe(DecMoe a) {
+    extern __shared__ __align__(16) float dec_smem[];
+    __shared__ int ids_s[DEC_MAX_TOPK];
+    __shared__ float w_s[DEC_MAX_TOPK];
+    int hidden = a.gate.cols, inter = a.gate.rows, top_k = a.top_k, items = top_k + 1;
+    int Gh = hidden >> 6, Gi = inter >> 6;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float* xs = dec_smem;                                  // [Gh][DEC_XPAD]
+    float* xsum = xs + Gh * DEC_XPAD;                      // [Gh]
+    float* lg = xsum + ((Gh + 3) & ~3);                    // [n_experts] the logits
+    float* p = lg + ((a.n_experts + 3) & ~3);              // [n_experts] route_top_k's scratch
+    // Phase B's gate/up records, then in the same bytes phase C's staged h and down results
+    // (the records are all read before the second barrier), then the down records.
+    unsigned char* gu = reinterpret_cast<unsigned char*>(p + ((a.n_experts + 3) & ~3));
+    float* hsm = reinterpret_cast<float*>(gu);             // [items][Gi][DEC_XPAD]
+    float* hsum = hsm + items * Gi * DEC_XPAD;             // [items][Gi]
+    float* dsum = hsum + ((items * Gi + 3) & ~3);          // [down_share][items]
+    long long gu_bytes = (long long)2 * a.gu_share * MOE_REC(hidden);
+    long long c_bytes = 4LL * (items * Gi * DEC_XPAD + ((items * Gi + 3) & ~3) + ((a.down_share * items + 3) & ~3));
+    unsigned char* dn = gu + max(gu_bytes, c_bytes);
+    int j0 = blockIdx.x * a.gu_share;
+    int gu_rows = max(0, min(a.gu_share, items * inter - j0));
+    int c0 = blockIdx.x * a.down_share;
+    int dn_rows = max(0, min(a.down_share, hidden - c0));
+
+    // Before pdl_wait: weights only.
+    int lpr = Gh, spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
+    int n_lg = a.n_experts + 1;  // router rows, then the shared-expert gate's one row
+    int lg_tiles = (n_lg + spw - 1) / spw, lg_step = gridDim.x * warps;
+    int t0 = warp * gridDim.x + blockIdx.x;
+    auto lg_row = [&](int t, QWeight& w, int& r) {
+        int i = min(t * spw + sub, n_lg - 1);
+        w = i < a.n_experts ? a.router : a.sgw;
+        r = i < a.n_experts ? i : 0;
+        return t * spw + sub;
+    };
+    QRows<8, 1, 1> rq;
+    if (t0 < lg_tiles) {
+        QWeight w;
+        int r;
+        lg_row(t0, w, r);
+        qrows_load<8, 1, 1>(w, r, Gh, lpr, sl, rq);
+    }
+    moe_request_gu<true>(a, ids_s, j0, gu_rows, gu);
+    cp_async_commit();
+    stage_prefetch(a.norm_w, hidden, 1, false);
+    pdl_wait();
+
+    // A: x normed, the router's logits and the shared-expert gate.
+    stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, a.xn);
+    float xv[64];
+    load_group(xs + sl * DEC_XPAD, xv);
+    float sx = xsum[sl];
+    for (int t = t0; t < lg_tiles; t += lg_step) {
+        QWeight w;
+        int r;
+        int i = lg_row(t, w, r);
+        if (t != t0) qrows_load<8, 1, 1>(w, r, Gh, lpr, sl, rq);
+        float acc[1];
+        qrows_dot<8, 1, 1>(rq, sl, lpr, xv, sx, nullptr, nullptr, acc);
+        reduce_rows<1>(acc, lpr);
+        if (sl == 0 && i < n_lg) {
+            if (i < a.n_experts)
+                a.logits[i] = acc[0];
+            else
+                a.s_gate[0] = act(acc[0]);
+        }
+    }
+    grid_sync(a.bar);
+
+    // B: route, request every remaining weight row of the block, its gate/up rows.
+    for (int e = threadIdx.x; e < a.n_experts; e += blockDim.x) lg[e] = __ldcg(a.logits + e);
+    __syncthreads();
+    route_warp<true>(lg, a.n_experts, top_k, a.ids, a.route_w, p, ids_s, w_s);
+    __syncthreads();
+    moe_request_gu<false>(a, ids_s, j0, gu_rows, gu);
+    cp_async_commit();
+    moe_request_down(a, ids_s, c0, dn_rows, dn);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    int rec_h = MOE_REC(hidden);
+    for (int jl = warp * spw + sub; jl - sub < gu_rows; jl += warps * spw) {
+        int jc = min(jl, max(gu_rows - 1, 0));
+        QRows<4, 1, 1> rg, ru;
+        rec_group(gu + (long long)(2 * jc) * rec_h, Gh, sl, rg);
+        rec_group(gu + (long long)(2 * jc + 1) * rec_h, Gh, sl, ru);
+        float g[1], u[1];
+        qrows_dot<4, 1, 1>(rg, sl, lpr, xv, sx, nullptr, nullptr, g);
+        qrows_dot<4, 1, 1>(ru, sl, lpr, xv, sx, nullptr, nullptr, u);
+        reduce_rows<1>(g, lpr);
+        reduce_rows<1>(u, lpr);
+        if (sl == 0 && jl < gu_rows) {
+            int j = j0 + jl, item = j / inter, r = j % inter;
+            float* out = item == 0 ? a.hs : a.h + (long long)(item - 1) * inter;
+            out[r] = act(act(siluf(act(g[0]))) * act(u[0]));
+        }
+    }
+    grid_sync(a.bar);
+    pdl_trigger();  // every block is resident and past its last barrier (see the hazard above)
+
+    // C: the down rows of the block's outputs, combined, added into x.
+    cp_async_wait<0>();
+    stage_items<true>(a.h, inter, a.hs, top_k, inter, hsm, hsum);
+    __syncthreads();
+    int lpr_d = min(32, Gi), spw_d = 32 / lpr_d, sub_d = lane / lpr_d, sl_d = lane % lpr_d;
+    int rec_d = MOE_REC(inter);
+    for (int pr = warp * spw_d + sub_d; pr - sub_d < dn_rows * items; pr += warps * spw_d) {
+        int pc = min(pr, max(dn_rows * items - 1, 0));
+        int k = pc % items;
+        QRows<4, 1, 1> rd;
+        rec_group(dn + (long long)pc * rec_d, Gi, sl_d, rd);
+        float hv[64];
+        load_group(hsm + (k * Gi + sl_d) * DEC_XPAD, hv);
+        float acc[1];
+        qrows_dot<4, 1, 1>(rd, sl_d, lpr_d, hv, hsum[k * Gi + sl_d], nullptr, nullptr, acc);
+        reduce_rows<1>(acc, lpr_d);
+        if (sl_d == 0 && pr < dn_rows * items) dsum[pr] = act(acc[0]);
+    }
+    __syncthreads();
+    // dec_down_combine's order: DEC_DOWN_KSPLIT chunks of the routed items (k, k + KSPLIT, ...)
+    // summed each from 0, the chunks added in order, then the shared expert's gated term.
+    for (int rl = threadIdx.x; rl < dn_rows; rl += blockDim.x) {
+        const float* d = dsum + rl * items;
+        float yy = 0.0f;
+        for (int kc = 0; kc < DEC_DOWN_KSPLIT; kc++) {
+            float y = 0.0f;
+            for (int k = kc; k < top_k; k += DEC_DOWN_KSPLIT) y += w_s[k] * d[k];
+            yy = kc == 0 ? y : yy + y;
+        }
+        yy += act(act(sigmoidf(__ldcg(a.s_gate))) * d[top_k]);
+        float* xc = a.x + c0 + rl;
+        *xc = act(*xc + act(yy));
+    }
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------

@@ -88,6 +88,10 @@ lily_core::backend_options! {
             label "fused decode",
             help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
             why "the per-kernel form serves weights decode.cu does not read";
+        fused_moe = false, flag Some("fused-moe"), env "LILY_FUSED_MOE" = true,
+            label "one-launch decode MoE",
+            help "a one-token step's MoE block in one persistent launch (decode.cu's dec_moe: router, routing, gate/up/SiLU, down, combine and residual add, phases met at a grid barrier, every weight row of a block requested at once) instead of three (dec_gemv8, dec_glu4, dec_down_combine); where its shapes and its shared memory at one block an SM fit (sm_80, sm_90)",
+            why "not yet measured: on once the H200's A/B wins (perf-notes, issue 30)";
         fused_batch = true, flag Some("no-fused-batch"), env "LILY_FUSED_BATCH" = true,
             label "fused batched decode",
             help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
@@ -202,6 +206,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
+            ("LILY_FUSED_MOE", "1"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -240,6 +245,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
+                fused_moe: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

@@ -125,11 +125,14 @@ impl Kernels {
                     build.warp_scan_sampling as i32
                 )],
             )?)?,
-            decode: decode::Decode::load(&decode::FILE.load_with(
+            decode: decode::Decode::load(
                 gpu,
-                bf16,
-                &[format!("DEC_EARLY_TRIGGER={}", build.early_trigger as i32)],
-            )?)?,
+                &decode::FILE.load_with(
+                    gpu,
+                    bf16,
+                    &[format!("DEC_EARLY_TRIGGER={}", build.early_trigger as i32)],
+                )?,
+            )?,
         })
     }
 }

@@ -824,3 +824,265 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
     }
     println!("KERNEL attention.cu batched split attention equals one sequence at a time");
 }
+
+/// The outputs of one MoE block of one token, as Forward::moe_one_token leaves them: the residual
+/// row, the normed row, the router's logits, the shared expert's gate logit, the routing and the
+/// experts' hidden rows.
+struct MoeBufs {
+    x: DevBuf,
+    xn: DevBuf,
+    logits: DevBuf,
+    s_gate: DevBuf,
+    ids: DevBuf,
+    rw: DevBuf,
+    eh: DevBuf,
+    sh: DevBuf,
+}
+
+impl MoeBufs {
+    fn new(d: &Dev, c: &ModelConfig, x0: &[f32]) -> MoeBufs {
+        MoeBufs {
+            x: d.upload(x0).unwrap(),
+            xn: poisoned(d, c.hidden),
+            logits: poisoned(d, c.n_experts),
+            s_gate: poisoned(d, 1),
+            ids: d.alloc(c.top_k * 4).unwrap(),
+            rw: poisoned(d, c.top_k),
+            eh: poisoned(d, c.top_k * c.expert_inter),
+            sh: poisoned(d, c.shared_inter),
+        }
+    }
+
+    fn input(&self, c: &ModelConfig, norm: &DevBuf) -> Input {
+        Input {
+            x: self.x.ptr,
+            cols: c.hidden,
+            prologue: Prologue::RmsNorm {
+                weight: norm.ptr,
+                eps: c.rms_eps,
+            },
+            staged_out: Some(self.xn.ptr),
+        }
+    }
+
+    /// dec_moe, the block in one launch.
+    fn one_launch(&self, d: &Dev, c: &ModelConfig, m: &lily_cuda::weights::DevMoe, norm: &DevBuf) {
+        let block = lily_cuda::kernels::decode::MoeBlock {
+            input: self.input(c, norm),
+            moe: m,
+            n_experts: c.n_experts,
+            top_k: c.top_k,
+            logits: self.logits.ptr,
+            shared_gate_logit: self.s_gate.ptr,
+            ids: self.ids.ptr,
+            route_w: self.rw.ptr,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+        };
+        d.k.decode.moe(d, &block).unwrap();
+    }
+
+    /// dec_gemv8 (router and shared-expert gate, the norm folded in), dec_glu4, dec_down_combine.
+    fn three_launches(
+        &self,
+        d: &Dev,
+        c: &ModelConfig,
+        m: &lily_cuda::weights::DevMoe,
+        norm: &DevBuf,
+    ) {
+        use lily_cuda::kernels::decode::{DownCombine, Glu};
+        let first = [
+            (&m.router, Out::Exact(self.logits.ptr)),
+            (&m.shared_expert_gate, Out::Store(self.s_gate.ptr)),
+        ];
+        d.k.decode.project(d, self.input(c, norm), &first).unwrap();
+        let glu = Glu {
+            gate: &m.gate,
+            up: &m.up,
+            router_logits: self.logits.ptr,
+            n_experts: c.n_experts,
+            ids: self.ids.ptr,
+            route_w: self.rw.ptr,
+            top_k: c.top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn: self.xn.ptr,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+        };
+        d.k.decode.glu(d, &glu).unwrap();
+        let down = DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: self.ids.ptr,
+            weights: self.rw.ptr,
+            top_k: c.top_k,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+            shared_gate: self.s_gate.ptr,
+            x: self.x.ptr,
+        };
+        d.k.decode.down_combine(d, &down).unwrap();
+    }
+
+    /// Every f32 output by name (the ids apart).
+    fn read(&self, d: &Dev, c: &ModelConfig) -> Vec<(&'static str, Vec<f32>)> {
+        let r = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+        vec![
+            ("residual row", r(&self.x, c.hidden)),
+            ("normed row", r(&self.xn, c.hidden)),
+            ("router logits", r(&self.logits, c.n_experts)),
+            ("shared expert gate logit", r(&self.s_gate, 1)),
+            ("routing weights", r(&self.rw, c.top_k)),
+            (
+                "experts' hidden rows",
+                r(&self.eh, c.top_k * c.expert_inter),
+            ),
+            ("shared expert's hidden row", r(&self.sh, c.shared_inter)),
+        ]
+    }
+
+    fn read_ids(&self, d: &Dev, c: &ModelConfig) -> Vec<i32> {
+        d.read(&self.ids, 0, c.top_k).unwrap()
+    }
+}
+
+/// decode.cu's `dec_moe` (the MoE block of one token in one persistent launch, `--fused-moe`) at
+/// the full model's widths (hidden 2048, experts of width 512, top 8 of 64 experts, the shared
+/// expert; 8-bit router and shared gate, 4-bit experts), outputs poisoned first: against the three launches it
+/// replaces (`dec_gemv8` with the norm folded in, `dec_glu4`, `dec_down_combine`), which it
+/// claims to equal (the same helpers, the same sums in the same order: bit for bit in the CPU
+/// emulation, run_batch.sh fused; here to a tolerance, since NVRTC may contract an expression
+/// differently in another kernel), every output; in fp32 against the CPU's MoE; then captured in
+/// a CUDA graph four times in a row and replayed 25 times (the grid barrier must reset itself:
+/// a barrier that did not would hang or tear the next launch's phases), every replay the same
+/// bits. Both activation modes; PDL on (the shipping launch).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
+    use lily_cuda::graph::DecodeGraph;
+    use lily_cuda::kernels::moe::MoeShape;
+    use lily_cuda::plan::DecodeMoe;
+    // The full model's widths and top 8, of 64 experts (256 would only lengthen the host's
+    // setup: a block's work does not depend on how many experts it picks from).
+    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+    c.n_experts = 64;
+    let h = c.hidden;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut rng = Rng(77);
+    let w = random_moe(&mut rng, &c);
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mode = if bf16_activations { "bf16" } else { "fp32" };
+        let dw = upload_moe(&d, "moe", &w).unwrap();
+        let on = d.plan_with(|o| o.fused_moe = true);
+        assert_eq!(
+            on.decode_moe_kernels(&dw, MoeShape::of(&c)),
+            DecodeMoe::OneLaunch,
+            "the plan must take dec_moe for the full shape on this GPU (sm_80 / sm_90: {} SMs, {} bytes of shared memory a block)",
+            d.sm_count,
+            d.max_shared_memory
+        );
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            if bf16_activations {
+                v.into_iter().map(round_bf16).collect()
+            } else {
+                v
+            }
+        };
+        let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
+        let norm = d.upload(&norm_w).unwrap();
+        for step in 0..3 {
+            let what = format!("{mode}, token {step}");
+            let x0 = round(rng.vec(h, 0.5));
+            let one = MoeBufs::new(&d, &c, &x0);
+            let three = MoeBufs::new(&d, &c, &x0);
+            one.one_launch(&d, &c, &dw, &norm);
+            three.three_launches(&d, &c, &dw, &norm);
+            assert_eq!(
+                one.read_ids(&d, &c),
+                three.read_ids(&d, &c),
+                "{what}: expert ids"
+            );
+            let (got, want) = (one.read(&d, &c), three.read(&d, &c));
+            let mut same = true;
+            for ((name, g), (_, t)) in got.iter().zip(&want) {
+                assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
+                same &= bits(g) == bits(t);
+                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+                check(
+                    &format!("dec_moe vs three launches, {what}: {name}"),
+                    g,
+                    t,
+                    tol,
+                );
+            }
+            println!("KERNEL dec_moe {what}: the three launches' outputs bit for bit: {same}");
+            let dx: Vec<f32> = got[0].1.iter().zip(&x0).map(|(a, b)| a - b).collect();
+            assert!(
+                dx.iter().any(|&v| v != 0.0),
+                "{what}: the residual row did not change"
+            );
+            if !bf16_activations {
+                let xn = ops::rms_norm(&x0, &norm_w, c.rms_eps);
+                check(
+                    &format!("dec_moe vs CPU, {what}: normed row"),
+                    &got[1].1,
+                    &xn,
+                    1e-6,
+                );
+                check(
+                    &format!("dec_moe vs CPU, {what}: router logits"),
+                    &got[2].1,
+                    &matmul(&w.router, &xn),
+                    1e-5,
+                );
+                check(
+                    &format!("dec_moe vs CPU, {what}: residual update"),
+                    &dx,
+                    &ops::moe(&c, &w, &xn),
+                    1e-4,
+                );
+            }
+        }
+        // Graph replays: four launches a replay (x restored before each), 25 replays (not under
+        // the debug checks, which synchronise or time every launch: no capture then).
+        if !d.plan.decode_graphs() {
+            println!("KERNEL dec_moe {mode}: graph replays skipped (debug checks on)");
+            continue;
+        }
+        let x0 = round(rng.vec(h, 0.5));
+        let start = d.upload(&x0).unwrap();
+        let bufs = MoeBufs::new(&d, &c, &x0);
+        let graph = DecodeGraph::capture(&d, || {
+            for _ in 0..4 {
+                d.copy_raw(bufs.x.ptr, start.ptr, h * 4)?;
+                bufs.one_launch(&d, &c, &dw, &norm);
+            }
+            Ok(())
+        })
+        .unwrap();
+        let mut first: Option<Vec<u32>> = None;
+        for replay in 0..25 {
+            graph.launch().unwrap();
+            d.sync().unwrap();
+            let x = bits(&d.read::<f32>(&bufs.x, 0, h).unwrap());
+            match &first {
+                None => first = Some(x),
+                Some(f) => assert!(
+                    *f == x,
+                    "{mode}: graph replay {replay} differs from the first"
+                ),
+            }
+        }
+        let plain = MoeBufs::new(&d, &c, &x0);
+        plain.one_launch(&d, &c, &dw, &norm);
+        let x = bits(&d.read::<f32>(&plain.x, 0, h).unwrap());
+        assert!(
+            first == Some(x),
+            "{mode}: the replays differ from a plain launch"
+        );
+        println!("KERNEL dec_moe {mode}: 100 launches in 25 graph replays, the same bits each");
+    }
+    println!("KERNEL decode.cu dec_moe equals the three launches and the CPU");
+}
