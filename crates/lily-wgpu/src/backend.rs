@@ -22,7 +22,8 @@ use crate::plan::{
     PrefillAttention, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_down_rows, check_mm, check_mm_f16, check_rows, Sides, F16_STORE,
+    check_attention, check_dn_step, check_down_rows, check_mm, check_mm_f16, check_rows, DnStep,
+    Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -147,6 +148,18 @@ impl WgpuBackend {
             self.plan.subgroups,
             self.plan.act_f16,
             self.plan.options.down_early,
+        )
+    }
+
+    /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations, `dn_early`) but for
+    /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
+    pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
+        check_dn_step(
+            &self.gpu,
+            self.plan.subgroups,
+            self.plan.act_f16,
+            self.plan.options.dn_early,
+            (dk, dv),
         )
     }
 

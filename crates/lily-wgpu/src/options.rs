@@ -95,6 +95,14 @@ lily_core::backend_options! {
             label "moe_down_rows early reads",
             help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
             why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+        rows_deep = false, flag Some("wgpu-rows-deep"), env "LILY_WGPU_ROWS_DEEP" = true,
+            label "linear_q4_rows deep reads",
+            help "linear_q4_rows.wgsl (decode's plain products: DeltaNet's in_proj with its conv, attention's qkv, the output projections, lm_head) with each round of rows read before the previous round's arithmetic (16 rows a workgroup: all 16 in flight from the start), and a stored row's conv taps and state or accumulated output read at the start, not after the row totals; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 15, wgpu-dn: predicted DeltaNet's in_proj 30.1 → 25–27 µs a call and attention's qkv 28.7 → 26.5–27.5 on the H200, one or two DRAM round trips off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+        dn_early = false, flag Some("wgpu-dn-early"), env "LILY_WGPU_DN_EARLY" = true,
+            label "dn_recur_norm early reads",
+            help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 15, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -171,6 +179,8 @@ mod tests {
                 rows_early: false,
                 glu_early: false,
                 down_early: false,
+                rows_deep: false,
+                dn_early: false,
                 dense_tile: 0,
                 lm_rows: 0,
             }
@@ -209,6 +219,8 @@ mod tests {
             ("LILY_WGPU_ROWS_EARLY", "1"),
             ("LILY_WGPU_GLU_EARLY", "1"),
             ("LILY_WGPU_DOWN_EARLY", "1"),
+            ("LILY_WGPU_ROWS_DEEP", "1"),
+            ("LILY_WGPU_DN_EARLY", "1"),
         ]));
         assert_eq!(
             o,
@@ -231,6 +243,8 @@ mod tests {
                 rows_early: true,
                 glu_early: true,
                 down_early: true,
+                rows_deep: true,
+                dn_early: true,
                 ..WgpuOptions::default()
             }
         );

@@ -32,7 +32,10 @@
 //!   arithmetic (`EARLY` of linear_q4_rows, the router's kernel: `rows_early`; of
 //!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`; of moe_down_rows, each
 //!   slot's items at once: `down_early`, where they fit its registers) are off until measured
-//!   (session 14 wgpu-moe).
+//!   (session 14 wgpu-moe), as are the DeltaNet chain's (session 15 wgpu-dn): linear_q4_rows'
+//!   rounds of rows read one round ahead and a stored row's conv taps, state or accumulated
+//!   output read at the start (`DEEP`: `rows_deep`), dn_recur_norm's v, z and norm weight read
+//!   with the state and its Σ o² after one barrier (`EARLY`: `dn_early`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the issue's design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -389,22 +392,52 @@ impl Specs {
     }
 }
 
+/// How linear_q4_rows.wgsl issues its reads (each a switch of `WgpuOptions`, off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowsReads {
+    pub flat: bool,
+    pub early: bool,
+    pub deep: bool,
+}
+
+impl RowsReads {
+    pub fn of(opts: &WgpuOptions) -> RowsReads {
+        RowsReads {
+            flat: opts.rows_flat,
+            early: opts.rows_early,
+            deep: opts.rows_deep,
+        }
+    }
+}
+
 /// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
 /// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
 /// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`);
 /// `early`: every read of its first rows, the input and the norm's weights before any arithmetic
-/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
-pub fn rows_spec(rb: usize, flat: bool, early: bool) -> Spec {
+/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `deep`:
+/// each round's rows read before the previous round's arithmetic, a stored row's conv taps and
+/// state or accumulated output at the start (`WgpuOptions::rows_deep`, its `DEEP`).
+pub fn rows_spec(rb: usize, reads: RowsReads) -> Spec {
     let mut constants = vec![
         ("RB", rb as f64),
         ("RI", rb.min(8) as f64),
-        ("FLAT", flat as u32 as f64),
-        ("EARLY", early as u32 as f64),
+        ("FLAT", reads.flat as u32 as f64),
+        ("EARLY", reads.early as u32 as f64),
+        ("DEEP", reads.deep as u32 as f64),
     ];
     if rb > 16 {
         constants.push(("ROW_PART", (rb * 65) as f64));
     }
     Spec::new("linear_q4_rows", &constants)
+}
+
+/// dn_recur_norm.wgsl for key head dim `dk`; `early`: v, z and the norm's weight read with the
+/// state, the head's Σ o² in registers after one barrier (`WgpuOptions::dn_early`, its `EARLY`).
+pub fn dn_recur_norm_spec(dk: usize, early: bool) -> Spec {
+    Spec::new(
+        "dn_recur_norm",
+        &[("DK", dk as f64), ("EARLY", early as u32 as f64)],
+    )
 }
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
@@ -627,8 +660,7 @@ impl Plan {
             32 | 64 => opts.lm_rows,
             _ => 16,
         };
-        let rows_flat = opts.rows_flat;
-        let rows_early = opts.rows_early;
+        let reads = RowsReads::of(opts);
         // moe_down_rows' early reads hold each slot's items in registers: at most
         // DOWN_EARLY_MAX_ITEMS of them.
         let down_early = opts.down_early
@@ -642,16 +674,11 @@ impl Plan {
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: in_forms(rows_spec(16, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows4: in_forms(rows_spec(4, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows2: in_forms(rows_spec(2, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows_lm: (lm_rows > 16).then(|| {
-                in_forms(
-                    rows_spec(lm_rows, rows_flat, rows_early),
-                    &Form::ALL,
-                    act_f16,
-                )
-            }),
+            linear_q4_rows16: in_forms(rows_spec(16, reads), &Form::ALL, act_f16),
+            linear_q4_rows4: in_forms(rows_spec(4, reads), &Form::ALL, act_f16),
+            linear_q4_rows2: in_forms(rows_spec(2, reads), &Form::ALL, act_f16),
+            linear_q4_rows_lm: (lm_rows > 16)
+                .then(|| in_forms(rows_spec(lm_rows, reads), &Form::ALL, act_f16)),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -670,7 +697,7 @@ impl Plan {
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
             dn_conv_step: Spec::new("dn_conv_step", &[]),
-            dn_recur_norm: Spec::new("dn_recur_norm", &[("DK", c.dn_k_dim as f64)]),
+            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim, opts.dn_early),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
             moe_combine: Spec::new("moe_combine", &[]),

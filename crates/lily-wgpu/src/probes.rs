@@ -8,7 +8,9 @@ use anyhow::Result;
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS};
+use crate::plan::{
+    dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
+};
 use crate::shaders::Form;
 
 /// The largest relative difference an f16 store adds to one value (round to nearest, 11
@@ -151,7 +153,8 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, lm_rows: usize) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
         .max(check_glu_route(gpu, k, act_f16)?)
-        .max(check_rows_conv(gpu, k, act_f16)?);
+        .max(check_rows_conv(gpu, k, act_f16)?)
+        .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
     let mut cases = vec![(16, 37usize), (4, 37), (2, 37)];
     if k.linear_q4_rows_lm.is_some() {
@@ -356,6 +359,191 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             .max(rel_l2_f64(&st, &want_state));
     }
     Ok(worst)
+}
+
+/// linear_q4_rows.wgsl adding into the residual stream (`accumulate`: decode's output
+/// projections, 4,096 columns at 4 rows a workgroup, and 2,048 at 16, 37 rows, 2 items): the
+/// host's random residual plus the f64 product of the activation input, against the residual
+/// read back, every form that writes an f32 buffer. The relative L2 difference of the sums added.
+fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+    let (rows, items) = (37usize, 2usize);
+    let mut worst = 0f64;
+    for (cols, rb) in [(4096usize, 4usize), (2048, 16)] {
+        let m = RandomQ4::new(rows, cols, 64, items);
+        let y0: Vec<f32> =
+            m.x.iter()
+                .take(items * rows)
+                .map(|v| v * 0.7 + 0.1)
+                .collect();
+        for (form, kernel) in k.rows(rb).iter() {
+            if act_f16 && !form.y_f32 {
+                continue;
+            }
+            let sides = Sides::of(form, act_f16);
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            let wbuf = gpu.upload("check.w", &m.data)?;
+            let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
+            let ybuf = gpu.upload_f32("check.y", &y0)?;
+            let mut params = [0u32; 24];
+            params[..18].copy_from_slice(&[
+                rows as u32,
+                cols as u32,
+                4,
+                64,
+                0,
+                cols as u32,
+                0,
+                rows as u32,
+                0,
+                m.scale_off,
+                m.bias_off,
+                0,
+                0,
+                0,
+                1,
+                (rows * cols / 8) as u32,
+                nx,
+                1,
+            ]);
+            let mut r = Recorder::new(gpu);
+            r.dispatch(
+                kernel,
+                &params,
+                &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
+                [nx, ny, items as u32],
+            );
+            r.submit()?;
+            let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+            let added: Vec<f32> = got
+                .iter()
+                .zip(&y0)
+                .map(|(g, y)| (*g as f64 - *y as f64) as f32)
+                .collect();
+            worst = worst.max(rel_l2_f64(&added, &m.want_for(None, sides)));
+        }
+    }
+    Ok(worst)
+}
+
+/// The outputs of dn_recur_norm.wgsl on one probe (`check_dn_step`): the normed, gated output
+/// `[hv · dv]` and the updated state `[hv, dk, dv]`.
+pub struct DnStep {
+    pub y: Vec<f32>,
+    pub state: Vec<f32>,
+    /// Their relative L2 differences from the host's f64.
+    pub y_err: f64,
+    pub state_err: f64,
+}
+
+/// dn_recur_norm.wgsl (a decode step's DeltaNet: q/k L2 norms, gated delta rule, output norm
+/// with the silu(z) gate; MODEL.md §2.5) compiled for key dim `dk` as `dn_recur_norm_spec(dk,
+/// early)` with the plan's reductions and activations, against the host in f64 on random
+/// inputs: 4 value heads over 2 key heads of dk = `dk`, dv = `dv` (below 128: columns past dv
+/// idle), a random state, conv output (q | k | v), z, b, a, decay and norm weight (the
+/// activations rounded to f16 where `act_f16`, as the kernel reads them).
+pub fn check_dn_step(
+    gpu: &Gpu,
+    subgroups: bool,
+    act_f16: bool,
+    early: bool,
+    (dk, dv): (usize, usize),
+) -> Result<DnStep> {
+    let (hv, hk) = (4usize, 2usize);
+    let (key_dim, vd) = (hk * dk, hv * dv);
+    let cd = 2 * key_dim + vd;
+    let eps = 1e-6f32;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (dk * 1000 + dv) as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % 20_001) as f32 / 10_000.0 - 1.0
+    };
+    let c = round_f16(&(0..cd).map(|_| rnd()).collect::<Vec<f32>>(), act_f16);
+    // The joint projection's tail as the kernel reads it: z [hv · dv], then b [hv], a [hv].
+    let ba = round_f16(
+        &(0..vd + 2 * hv).map(|_| rnd() * 2.0).collect::<Vec<f32>>(),
+        act_f16,
+    );
+    let decay: Vec<f32> = (0..2 * hv).map(|_| rnd() * 0.5).collect();
+    let state0: Vec<f32> = (0..hv * dk * dv).map(|_| rnd() * 0.3).collect();
+    let wn: Vec<f32> = (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect();
+    let qscale = 1.0 / (dk as f32).sqrt();
+    // The host in f64.
+    let softplus = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
+    let mut want_s: Vec<f64> = state0.iter().map(|&v| v as f64).collect();
+    let mut want_y = vec![0f64; vd];
+    for h in 0..hv {
+        let kh = h / (hv / hk);
+        let l2 = |v: &[f32], scale: f64| {
+            let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
+            let r = scale / (n + 1e-6).sqrt();
+            v.iter().map(|x| *x as f64 * r).collect::<Vec<f64>>()
+        };
+        let q = l2(&c[kh * dk..(kh + 1) * dk], qscale as f64);
+        let kk = l2(&c[key_dim + kh * dk..key_dim + (kh + 1) * dk], 1.0);
+        let v = &c[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
+        let beta = 1.0 / (1.0 + (-(ba[vd + h] as f64)).exp());
+        let g = -(decay[h] as f64).exp() * softplus(ba[vd + hv + h] as f64 + decay[hv + h] as f64);
+        let alpha = g.exp();
+        let st = &mut want_s[h * dk * dv..(h + 1) * dk * dv];
+        st.iter_mut().for_each(|x| *x *= alpha);
+        let mut o = vec![0f64; dv];
+        for (j, oj) in o.iter_mut().enumerate() {
+            let u: f64 = (0..dk).map(|i| st[i * dv + j] * kk[i]).sum();
+            let delta = beta * (v[j] as f64 - u);
+            for i in 0..dk {
+                st[i * dv + j] += kk[i] * delta;
+            }
+            *oj = (0..dk).map(|i| st[i * dv + j] * q[i]).sum();
+        }
+        let ms = o.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+        let r = 1.0 / (ms + eps as f64).sqrt();
+        for j in 0..dv {
+            let z = ba[h * dv + j] as f64;
+            want_y[h * dv + j] = o[j] * r * wn[j] as f64 * (z / (1.0 + (-z).exp()));
+        }
+    }
+    let spec = crate::shaders::Spec {
+        act_f16,
+        ..dn_recur_norm_spec(dk, early).with_subgroups(subgroups)
+    };
+    let kernel = Kernel::new(gpu, &spec, false)?;
+    let cbuf = upload_act(gpu, "check.c", &c, act_f16)?;
+    let babuf = upload_act(gpu, "check.ba", &ba, act_f16)?;
+    let dbuf = gpu.upload_f32("check.decay", &decay)?;
+    let sbuf = gpu.upload_f32("check.state", &state0)?;
+    let wbuf = gpu.upload_f32("check.wn", &wn)?;
+    let ybuf = gpu.storage("check.y", (vd * 4) as u64)?;
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        &kernel,
+        &[
+            1,
+            hv as u32,
+            hk as u32,
+            dk as u32,
+            dv as u32,
+            cd as u32,
+            (vd + 2 * hv) as u32,
+            vd as u32,
+            0,
+            eps.to_bits(),
+            qscale.to_bits(),
+        ],
+        &[&cbuf, &babuf, &dbuf, &sbuf, &wbuf, &ybuf],
+        [hv as u32, 1, 1],
+    );
+    r.submit()?;
+    let y = read_act(gpu, &ybuf, vd, act_f16)?;
+    let state = gpu.read_f32(&sbuf, 0, state0.len())?;
+    let (y_err, state_err) = (rel_l2_f64(&y, &want_y), rel_l2_f64(&state, &want_s));
+    Ok(DnStep {
+        y,
+        state,
+        y_err,
+        state_err,
+    })
 }
 
 /// linear_q4_glu_rows.wgsl routing its items itself (`route`, decode's experts): 2 tokens, E = 130

@@ -610,6 +610,123 @@ fn decode_with_early_moe_reads_matches_cpu() {
     assert_eq!(got, want, "greedy tokens with the MoE's early reads");
 }
 
+/// The DeltaNet decode chain's reads issued earlier (`rows_deep`: linear_q4_rows' rounds of rows
+/// read one round ahead, a stored row's conv taps and state or accumulated output at the start;
+/// `dn_early`: dn_recur_norm's v, z and norm weight with the state, its Σ o² after one barrier)
+/// and as they ship, in both reduction forms, against the host's f64: linear_q4_rows (16 / 4 / 2
+/// rows a workgroup, the DeltaNet conv on its rows, adding into the residual) and dn_recur_norm
+/// at the full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle). Both switches
+/// keep the same sums in the same order: outputs bit for bit those without them.
+#[test]
+fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
+    for subgroups in [true, false] {
+        let mut base: Option<(f64, Vec<Vec<f32>>)> = None;
+        for on in [false, true] {
+            let opts = WgpuOptions {
+                chunk: 16,
+                all_logits_chunk: 16,
+                subgroups,
+                rows_deep: on,
+                dn_early: on,
+                ..WgpuOptions::default()
+            };
+            let Some(gpu) = wgpu_backend_with(&w, opts) else {
+                return;
+            };
+            assert_eq!(
+                (gpu.plan().options.rows_deep, gpu.plan().options.dn_early),
+                (on, on)
+            );
+            let (_, rows) = gpu.check_products().unwrap();
+            let mut outs = Vec::new();
+            let mut dn = 0f64;
+            for (dk, dv) in [(128, 128), (64, 96)] {
+                let st = gpu.check_dn_step(dk, dv).unwrap();
+                dn = dn.max(st.y_err).max(st.state_err);
+                outs.push(st.y);
+                outs.push(st.state);
+            }
+            println!(
+                "subgroups {subgroups}, deep / early reads {on}: linear_q4_rows / glu_rows {rows:.2e}, dn_recur_norm {dn:.2e}"
+            );
+            assert!(
+                rows < 1e-5,
+                "linear_q4_rows (rows_deep {on}) differs from the host by {rows:.2e}"
+            );
+            assert!(
+                dn < 1e-5,
+                "dn_recur_norm (dn_early {on}) differs from the host by {dn:.2e}"
+            );
+            match &base {
+                None => base = Some((rows, outs)),
+                Some((r0, o0)) => {
+                    assert_eq!(
+                        rows.to_bits(),
+                        r0.to_bits(),
+                        "rows_deep changed linear_q4_rows' outputs: {rows:e} against {r0:e}"
+                    );
+                    for (a, b) in outs.iter().zip(o0) {
+                        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "dn_early changed dn_recur_norm's outputs");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A decode with the DeltaNet chain's early reads on (on `tiny` decode's DeltaNet runs
+/// dn_recur_norm with dk 32; its products take linear_q4_rows only at 2,048 columns:
+/// `full_width_decode_matches_cpu`) against the CPU: 40 positions one token at a time, the last
+/// logits bit for bit those without the switches, then 16 greedy tokens.
+#[test]
+fn decode_with_early_deltanet_reads_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    let tokens = Rng(9).tokens(40, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let mut logits = Vec::new();
+    for on in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            rows_deep: on,
+            dn_early: on,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let gs = gpu.new_seq(64).unwrap();
+        for t in &tokens {
+            gpu.prefill(gs, &[*t]).unwrap();
+        }
+        let got = gpu.logits(gs).unwrap();
+        let e = rel_l2(&got, &want);
+        println!(
+            "early DeltaNet reads {on}, 40 positions token by token: last logits rel_l2 {e:.3e}"
+        );
+        assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
+        if on {
+            let want_tokens = greedy_tokens(&mut cpu, cs, 16);
+            let got_tokens = greedy_tokens(&mut gpu, gs, 16);
+            assert_eq!(
+                got_tokens, want_tokens,
+                "greedy tokens with the early DeltaNet reads"
+            );
+        }
+        logits.push(got);
+    }
+    let same = logits[0]
+        .iter()
+        .zip(&logits[1])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the early DeltaNet reads changed the logits");
+}
+
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
 /// attention in f64 on random queries and caches, at the full model's shapes (8 query heads per
 /// KV head, head dim 256) and at `tiny`'s: decode with the keys split over workgroups, and
@@ -1049,15 +1166,19 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early) in [
-        (true, false, false),
-        (false, false, false),
-        (true, true, false),
-        (true, false, true),
-        (false, false, true),
+    for (subgroups, f16_acts, early, dn) in [
+        (true, false, false, false),
+        (false, false, false, false),
+        (true, true, false, false),
+        (true, false, true, false),
+        (false, false, true, false),
+        (true, false, false, true),
+        (false, false, true, true),
     ] {
         // `early`: the MoE's reads issued early (router, GLU, down: `rows_early`, `glu_early`,
-        // `down_early`), which only the full widths take.
+        // `down_early`), which only the full widths take; `dn`: the DeltaNet chain's
+        // (`rows_deep`: in_proj with its conv, qkv, the output projections, lm_head;
+        // `dn_early`: dn_recur_norm at dk 128).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1066,6 +1187,8 @@ fn full_width_decode_matches_cpu() {
             rows_early: early,
             glu_early: early,
             down_early: early,
+            rows_deep: dn,
+            dn_early: dn,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
@@ -1082,7 +1205,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)
