@@ -313,27 +313,7 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
         let sbuf = gpu.upload_f32("check.state", &state0)?;
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
-        let mut params = [0u32; 24];
-        params[..18].copy_from_slice(&[
-            rows as u32,
-            cols as u32,
-            4,
-            64,
-            0,
-            cols as u32,
-            0,
-            rows as u32,
-            0,
-            m.scale_off,
-            m.bias_off,
-            0,
-            0,
-            0,
-            1,
-            (rows * cols / 8) as u32,
-            nx,
-            0,
-        ]);
+        let mut params = m.rows_params(nx, false);
         params[20] = 1;
         params[21] = eps.to_bits();
         params[22] = ch as u32;
@@ -384,27 +364,7 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             let wbuf = gpu.upload("check.w", &m.data)?;
             let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
             let ybuf = gpu.upload_f32("check.y", &y0)?;
-            let mut params = [0u32; 24];
-            params[..18].copy_from_slice(&[
-                rows as u32,
-                cols as u32,
-                4,
-                64,
-                0,
-                cols as u32,
-                0,
-                rows as u32,
-                0,
-                m.scale_off,
-                m.bias_off,
-                0,
-                0,
-                0,
-                1,
-                (rows * cols / 8) as u32,
-                nx,
-                1,
-            ]);
+            let params = m.rows_params(nx, true);
             let mut r = Recorder::new(gpu);
             r.dispatch(
                 kernel,
@@ -1078,6 +1038,35 @@ impl RandomQ4 {
         };
         m.want = m.product(&m.x);
         m
+    }
+
+    /// linear_q4_rows.wgsl's parameters for this 4-bit matrix in plain mode (one item a row of
+    /// `cols` inputs, outputs `rows` apart; `nx` workgroups along x), adding into the output where
+    /// `accumulate`; no norm, no conv (words 20.. zero).
+    fn rows_params(&self, nx: u32, accumulate: bool) -> [u32; 24] {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut params = [0u32; 24];
+        params[..18].copy_from_slice(&[
+            rows as u32,
+            cols as u32,
+            4,
+            self.group as u32,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            self.scale_off,
+            self.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            accumulate as u32,
+        ]);
+        params
     }
 
     /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×

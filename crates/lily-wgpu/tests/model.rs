@@ -581,11 +581,6 @@ fn moe_kernels_with_early_reads_match_the_host() {
 #[test]
 fn decode_with_early_moe_reads_matches_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
-    let tokens = Rng(7).tokens(40, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
     let opts = WgpuOptions {
         chunk: 16,
         all_logits_chunk: 16,
@@ -594,20 +589,43 @@ fn decode_with_early_moe_reads_matches_cpu() {
         down_early: true,
         ..WgpuOptions::default()
     };
-    let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-        return;
-    };
+    stepped_decode_matches_cpu(
+        &w,
+        Rng(7).tokens(40, w.config.vocab),
+        opts,
+        "early MoE reads",
+    );
+}
+
+/// `tokens` fed one at a time to the wgpu backend with `opts` against the CPU's prefill of them:
+/// the last logits within 1e-3, then 16 greedy tokens equal. The logits (None without an
+/// adapter).
+fn stepped_decode_matches_cpu(
+    w: &Arc<ModelWeights>,
+    tokens: Vec<u32>,
+    opts: WgpuOptions,
+    what: &str,
+) -> Option<Vec<f32>> {
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let mut gpu = wgpu_backend_with(w, opts)?;
     let gs = gpu.new_seq(64).unwrap();
     for t in &tokens {
         gpu.prefill(gs, &[*t]).unwrap();
     }
     let got = gpu.logits(gs).unwrap();
     let e = rel_l2(&got, &want);
-    println!("early MoE reads, 40 positions token by token: last logits rel_l2 {e:.3e}");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-    let want = greedy_tokens(&mut cpu, cs, 16);
-    let got = greedy_tokens(&mut gpu, gs, 16);
-    assert_eq!(got, want, "greedy tokens with the MoE's early reads");
+    println!(
+        "{what}, {} positions token by token: last logits rel_l2 {e:.3e}",
+        tokens.len()
+    );
+    assert!(e < 1e-3, "{what}: logits differ from the CPU by {e:.3e}");
+    let want_tokens = greedy_tokens(&mut cpu, cs, 16);
+    let got_tokens = greedy_tokens(&mut gpu, gs, 16);
+    assert_eq!(got_tokens, want_tokens, "greedy tokens with {what}");
+    Some(got)
 }
 
 /// The DeltaNet decode chain's reads issued earlier (`rows_deep`: linear_q4_rows' rounds of rows
@@ -683,11 +701,6 @@ fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
 #[test]
 fn decode_with_early_deltanet_reads_matches_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
-    let tokens = Rng(9).tokens(40, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
     let mut logits = Vec::new();
     for on in [false, true] {
         let opts = WgpuOptions {
@@ -697,27 +710,11 @@ fn decode_with_early_deltanet_reads_matches_cpu() {
             dn_early: on,
             ..WgpuOptions::default()
         };
-        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+        let tokens = Rng(9).tokens(40, w.config.vocab);
+        let what = format!("early DeltaNet reads {on}");
+        let Some(got) = stepped_decode_matches_cpu(&w, tokens, opts, &what) else {
             return;
         };
-        let gs = gpu.new_seq(64).unwrap();
-        for t in &tokens {
-            gpu.prefill(gs, &[*t]).unwrap();
-        }
-        let got = gpu.logits(gs).unwrap();
-        let e = rel_l2(&got, &want);
-        println!(
-            "early DeltaNet reads {on}, 40 positions token by token: last logits rel_l2 {e:.3e}"
-        );
-        assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-        if on {
-            let want_tokens = greedy_tokens(&mut cpu, cs, 16);
-            let got_tokens = greedy_tokens(&mut gpu, gs, 16);
-            assert_eq!(
-                got_tokens, want_tokens,
-                "greedy tokens with the early DeltaNet reads"
-            );
-        }
         logits.push(got);
     }
     let same = logits[0]
