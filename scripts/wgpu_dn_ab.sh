@@ -5,13 +5,15 @@
 # alternated so that drift shows, the per-kernel profiles of a 4K decode with both off and both on,
 # and `selftest` (wgpu on the H200 against the CPU) on a 4-layer full-width model, where decode
 # takes these kernels (the small presets' widths do not):
-#   off    the defaults (both off)
-#   all    LILY_WGPU_ROWS_DEEP=1 LILY_WGPU_DN_EARLY=1
-#   st     selftest with both on (the 4-layer model: agreement and greedy tokens against the CPU)
-#   prof   all, LILY_PROFILE=1, 4K only   (per-kernel table: lin.dn.in_proj, dn_recur_norm, lin.dn.out, ...)
-#   proff  off, LILY_PROFILE=1, 4K only   (the same table before)
+#   off    the defaults (all off)
+#   all    LILY_WGPU_ROWS_DEEP=1 LILY_WGPU_DN_EARLY=1 LILY_WGPU_DN_SPLIT=1 (dn_early has nothing to
+#          act on once the split replaces dn_recur_norm: all = rows_deep + dn_split)
+#   st     selftest with all on (the 4-layer model: agreement and greedy tokens against the CPU)
+#   prof   all, LILY_PROFILE=1, 4K only   (per-kernel table: lin.dn.in_proj, dn_recur_cols, lin.dn.out, ...)
+#   proff  off, LILY_PROFILE=1, 4K only   (the same table before: dn_recur_norm)
 #   deep   LILY_WGPU_ROWS_DEEP=1  (linear_q4_rows' rows a round ahead, the conv's and residual's reads first)
 #   early  LILY_WGPU_DN_EARLY=1   (dn_recur_norm's v, z, norm weight first; Σ o² after one barrier)
+#   split  LILY_WGPU_DN_SPLIT=1   (the recurrence over 32-column blocks, its norm and gate in out_proj)
 # then, while time is left, off and all again (the second pair of the alternation). ≤ 9 minutes:
 # no run starts past DEADLINE seconds (default 440) that could not end by 540.
 #
@@ -31,11 +33,11 @@ wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
 # of the switches' kernels and the other row products into the summary.
 bench() {
   local name=$1 ctx=$2; shift 2
-  wgpu_bench_rows "$name" "$ctx" "linear_q4_rows deep reads [a-z]+|dn_recur_norm early reads [a-z]+" \
-    "lin\.dn\.in_proj|dn_recur_norm|lin\.dn\.out|lin\.attn\.qkv|lin\.attn\.o|lin\.router|lin\.lm_head" "$@"
+  wgpu_bench_rows "$name" "$ctx" "linear_q4_rows deep reads [a-z]+|dn_recur_norm early reads [a-z]+|DeltaNet recurrence split [a-z]+" \
+    "lin\.dn\.in_proj|dn_recur_norm|dn_recur_cols|lin\.dn\.out|lin\.attn\.qkv|lin\.attn\.o|lin\.lm_head" "$@"
 }
-ON="LILY_WGPU_ROWS_DEEP=1 LILY_WGPU_DN_EARLY=1"
-OFF="LILY_WGPU_ROWS_DEEP=0 LILY_WGPU_DN_EARLY=0"
+ON="LILY_WGPU_ROWS_DEEP=1 LILY_WGPU_DN_EARLY=1 LILY_WGPU_DN_SPLIT=1"
+OFF="LILY_WGPU_ROWS_DEEP=0 LILY_WGPU_DN_EARLY=0 LILY_WGPU_DN_SPLIT=0"
 bench off 4K,32K $OFF
 bench all 4K,32K $ON
 wgpu_selftest st $ON
@@ -43,6 +45,7 @@ bench prof 4K $ON LILY_PROFILE=1
 bench proff 4K $OFF LILY_PROFILE=1
 bench deep 4K,32K $OFF LILY_WGPU_ROWS_DEEP=1
 bench early 4K,32K $OFF LILY_WGPU_DN_EARLY=1
+bench split 4K,32K $OFF LILY_WGPU_DN_SPLIT=1
 bench off2 4K,32K $OFF
 bench all2 4K,32K $ON
 grep -h -m1 "wgpu: " "$OUT/full-off.log" 2>/dev/null | cut -c1-1500 >> "$S"

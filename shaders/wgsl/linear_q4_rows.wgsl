@@ -9,7 +9,8 @@
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
 // host checks: plan.rs `rows_ok`). Decode's DeltaNet in_proj also runs the causal conv of its
-// conv channels here (`conv_ch`, one item: `conv_step`).
+// conv channels here (`conv_ch`, one item: `conv_step`), and with `dn_split` its out_proj applies
+// the output norm and gate to the raw o it reads (`gate_dv`, one item: `gate`).
 // Bytes a workgroup: RB rows × (cols / 2 + cols / 16) (4-bit g64) from DRAM, the input (and the
 // norm's weight) from L2: 16 rows of 2,048 columns 18 KB + 16 KB; FLOPs 2 × RB × cols.
 
@@ -19,6 +20,8 @@ struct P {
     eps: f32,
     conv_ch: u32,     // rows (global) below this are DeltaNet conv channels (`conv_step`); 0: none
     conv_k: u32,      // the conv's taps
+    gate_dv: u32,     // DeltaNet's output norm and gate on the input (`gate`), heads of this many columns; 0: none
+    z_off: u32,       // gate: z of input column i at Z[z_off + i] (a multiple of 4)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -28,6 +31,10 @@ struct P {
 @group(0) @binding(4) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 @group(0) @binding(5) var<storage, read> taps: array<f32>;          // conv taps [conv_ch, conv_k]
 @group(0) @binding(6) var<storage, read_write> cstate: array<f32>;  // conv state [conv_k − 1, conv_ch]
+@group(0) @binding(7) var<storage, read> Z: array<ACT4>;            // gate: the joint in_proj output
+
+// gate: each invocation's Σ o² of its two words' columns.
+var<workgroup> gate_part: array<vec2<f32>, 64>;
 
 // A decode step's DeltaNet causal conv of channel `ch` (dn_conv_step.wgsl's, fused into the
 // in_proj product that computes the channel's input x: no conv dispatch): the state's K − 1
@@ -113,6 +120,9 @@ override EARLY: u32 = 0u;
 // (a conv channel's taps and state, `conv_held`; an accumulated output's old value) at the
 // start too, not after the row totals. Outputs bit for bit those of 0.
 override DEEP: u32 = 0u;
+// 1 (`WgpuOptions::dn_split`, the plan's kernel for out_proj's rows a workgroup): `gate` compiled
+// in (0 leaves it out, so its registers do not count against every other product's occupancy).
+override GATE: u32 = 0u;
 // Most conv taps `conv_held` holds in registers (the model's 4); a longer conv runs `conv_step`.
 const CONV_HELD: u32 = 4u;
 
@@ -133,6 +143,45 @@ fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
             + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
     }
     return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+}
+
+// DeltaNet's output norm and gate on the input (`WgpuOptions::dn_split`: out_proj reading
+// dn_recur_cols.wgsl's raw o): gated_norm.wgsl's y = w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) per
+// head of gate_dv columns, on this invocation's inputs (4-bit words of 32 columns: a head's
+// columns lie in gate_dv / 32 consecutive invocations' first words, and as many second words).
+// w ⊙ silu(z) is formed while the heads' Σ o² meet in workgroup memory (one barrier); w is the
+// norm's weight (Wn, [gate_dv]). Uniform control flow only.
+fn gate(lid: u32, span: u32, two: bool, xa: ptr<function, array<vec4<f32>, 8>>,
+        xc: ptr<function, array<vec4<f32>, 8>>) {
+    var ss = vec2<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        ss += vec2<f32>(dot((*xa)[i], (*xa)[i]), dot((*xc)[i], (*xc)[i]));
+    }
+    gate_part[lid] = ss;
+    var ga = array<vec4<f32>, 8>();
+    var gc = array<vec4<f32>, 8>();
+    for (var i = 0u; i < 8u; i++) {
+        let ca = lid * span + 4u * i;
+        let za = vec4<f32>(Z[(p.z_off + ca) / 4u]);
+        ga[i] = Wn[(ca % p.gate_dv) / 4u] * (za / (1.0 + exp(-za)));
+        if (two) {
+            let cc = (lid + 64u) * span + 4u * i;
+            let zc = vec4<f32>(Z[(p.z_off + cc) / 4u]);
+            gc[i] = Wn[(cc % p.gate_dv) / 4u] * (zc / (1.0 + exp(-zc)));
+        }
+    }
+    workgroupBarrier();
+    let per = p.gate_dv / span;
+    let first = (lid / per) * per;
+    var hs = vec2<f32>(0.0);
+    for (var m = 0u; m < per; m++) {
+        hs += gate_part[first + m];
+    }
+    let r = 1.0 / sqrt(hs / f32(p.gate_dv) + vec2<f32>(p.eps));
+    for (var i = 0u; i < 8u; i++) {
+        (*xa)[i] = (*xa)[i] * r.x * ga[i];
+        (*xc)[i] = (*xc)[i] * r.y * gc[i];
+    }
 }
 
 // Word `q` (lid, or lid + 64 for the second of a two-word row) of rows rr .. rr + RI − 1 of the
@@ -221,6 +270,9 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
                 xc[i] = vec4<f32>(X[xb + (lid + 64u) * nv + i]);
             }
         }
+    }
+    if (GATE != 0u && p.gate_dv != 0u) {
+        gate(lid, span, two, &xa, &xc);
     }
     // EARLY: x ⊙ w here (the norm's weights read unconditionally, clamped, with the input), Σx²
     // of the raw input kept for the scale taken after the rows' arithmetic.

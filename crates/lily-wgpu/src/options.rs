@@ -103,6 +103,10 @@ lily_core::backend_options! {
             label "dn_recur_norm early reads",
             help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
             why "off: not yet measured on a GPU (session 15, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+        dn_split = false, flag Some("wgpu-dn-split"), env "LILY_WGPU_DN_SPLIT" = true,
+            label "DeltaNet recurrence split",
+            help "decode's DeltaNet recurrence over blocks of 32 columns of a head (dn_recur_cols.wgsl: 4 workgroups a head, 128 on the full model, instead of dn_recur_norm.wgsl's one), its output norm and silu(z) gate applied by out_proj's linear_q4_rows as it reads o, where the shapes allow (4-bit out_proj, heads of a multiple of 32 columns)",
+            why "off: not yet measured on a GPU (session 15, wgpu-dn: predicted the recurrence 14.1 → 9–10 µs a call on the H200, its 64 KB of state each way spread over 4 SMs, out_proj + 0.5–1 µs; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -181,6 +185,7 @@ mod tests {
                 down_early: false,
                 rows_deep: false,
                 dn_early: false,
+                dn_split: false,
                 dense_tile: 0,
                 lm_rows: 0,
             }
@@ -221,6 +226,7 @@ mod tests {
             ("LILY_WGPU_DOWN_EARLY", "1"),
             ("LILY_WGPU_ROWS_DEEP", "1"),
             ("LILY_WGPU_DN_EARLY", "1"),
+            ("LILY_WGPU_DN_SPLIT", "1"),
         ]));
         assert_eq!(
             o,
@@ -245,6 +251,7 @@ mod tests {
                 down_early: true,
                 rows_deep: true,
                 dn_early: true,
+                dn_split: true,
                 ..WgpuOptions::default()
             }
         );

@@ -632,9 +632,11 @@ fn stepped_decode_matches_cpu(
 /// read one round ahead, a stored row's conv taps and state or accumulated output at the start;
 /// `dn_early`: dn_recur_norm's v, z and norm weight with the state, its Σ o² after one barrier)
 /// and as they ship, in both reduction forms, against the host's f64: linear_q4_rows (16 / 4 / 2
-/// rows a workgroup, the DeltaNet conv on its rows, adding into the residual) and dn_recur_norm
-/// at the full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle). Both switches
-/// keep the same sums in the same order: outputs bit for bit those without them.
+/// rows a workgroup, the DeltaNet conv on its rows, adding into the residual, applying
+/// DeltaNet's output norm and gate to its input: `dn_split`'s out_proj) and dn_recur_norm at the
+/// full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle), and `dn_split`'s
+/// dn_recur_cols on the same inputs. `rows_deep` and `dn_early` keep the same sums in the same
+/// order: outputs bit for bit those without them.
 #[test]
 fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
@@ -658,15 +660,23 @@ fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
             );
             let (_, rows) = gpu.check_products().unwrap();
             let mut outs = Vec::new();
-            let mut dn = 0f64;
+            let (mut dn, mut cols) = (0f64, 0f64);
             for (dk, dv) in [(128, 128), (64, 96)] {
                 let st = gpu.check_dn_step(dk, dv).unwrap();
                 dn = dn.max(st.y_err).max(st.state_err);
                 outs.push(st.y);
                 outs.push(st.state);
+                // `dn_split`'s recurrence over blocks of 32 columns (96: the last block idle
+                // past dv).
+                let st = gpu.check_dn_cols(dk, dv).unwrap();
+                cols = cols.max(st.y_err).max(st.state_err);
             }
             println!(
-                "subgroups {subgroups}, deep / early reads {on}: linear_q4_rows / glu_rows {rows:.2e}, dn_recur_norm {dn:.2e}"
+                "subgroups {subgroups}, deep / early reads {on}: linear_q4_rows / glu_rows (with the gate) {rows:.2e}, dn_recur_norm {dn:.2e}, dn_recur_cols {cols:.2e}"
+            );
+            assert!(
+                cols < 1e-5,
+                "dn_recur_cols differs from the host by {cols:.2e}"
             );
             assert!(
                 rows < 1e-5,
@@ -1163,19 +1173,22 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early, dn) in [
-        (true, false, false, false),
-        (false, false, false, false),
-        (true, true, false, false),
-        (true, false, true, false),
-        (false, false, true, false),
-        (true, false, false, true),
-        (false, false, true, true),
+    for (subgroups, f16_acts, early, dn, split) in [
+        (true, false, false, false, false),
+        (false, false, false, false, false),
+        (true, true, false, false, false),
+        (true, false, true, false, false),
+        (false, false, true, false, false),
+        (true, false, false, true, false),
+        (false, false, true, true, false),
+        (true, false, false, true, true),
+        (true, true, false, false, true),
     ] {
         // `early`: the MoE's reads issued early (router, GLU, down: `rows_early`, `glu_early`,
         // `down_early`), which only the full widths take; `dn`: the DeltaNet chain's
         // (`rows_deep`: in_proj with its conv, qkv, the output projections, lm_head;
-        // `dn_early`: dn_recur_norm at dk 128).
+        // `dn_early`: dn_recur_norm at dk 128); `split`: the recurrence over column blocks, its
+        // output norm and gate in out_proj (`dn_split`).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1186,12 +1199,14 @@ fn full_width_decode_matches_cpu() {
             down_early: early,
             rows_deep: dn,
             dn_early: dn,
+            dn_split: split,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
         let on = gpu.plan().act_f16;
+        assert_eq!(gpu.plan().options.dn_split, split);
         let a = gpu.new_seq(16).unwrap();
         gpu.prefill(a, &tokens).unwrap();
         let chunked = gpu.logits(a).unwrap();
@@ -1202,7 +1217,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}, split {split}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)

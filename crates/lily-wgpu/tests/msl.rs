@@ -61,6 +61,7 @@ fn choosable() -> Vec<Spec> {
                             // The DeltaNet chain's early reads (DEEP = 1, EARLY = 1) and not.
                             rows_deep: f16_acts,
                             dn_early: f16_acts,
+                            dn_split: f16_acts,
                             // lm_head's 64 rows a workgroup (ROW_PART sized for them).
                             lm_rows: if f16_acts { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
