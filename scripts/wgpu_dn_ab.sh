@@ -14,8 +14,8 @@
 #   deep   LILY_WGPU_ROWS_DEEP=1  (linear_q4_rows' rows a round ahead, the conv's and residual's reads first)
 #   early  LILY_WGPU_DN_EARLY=1   (dn_recur_norm's v, z, norm weight first; Σ o² after one barrier)
 #   split  LILY_WGPU_DN_SPLIT=1   (the recurrence over 32-column blocks, its norm and gate in out_proj)
-# then, while time is left, off and all again (the second pair of the alternation). ≤ 9 minutes:
-# no run starts past DEADLINE seconds (default 440) that could not end by 540.
+# then, while time is left, off and all again (the second pair of the alternation). ≤ 8 minutes:
+# no bench starts past DEADLINE seconds (default 380; each ends within BENCH_S, 100: by 480).
 #
 # Here: the binary as DIR/bin/lily-engine(.gz) (built with `--features scripted`), this script and
 # gpu_ab_common.sh (the preamble it sources) beside it, the Vulkan loader debs in .gl
@@ -23,9 +23,9 @@
 #   bash .carry/wgpu-dn/wgpu_dn_ab.sh        (carry: .carry/wgpu-dn .gl; timeout_s 600)
 # Logs: $OUT/summary.txt (every run's rows and plan line), $OUT/bench-NAME.log (the last lines of
 # each run; prof's and proff's hold the per-kernel tables), $OUT/st.log.
-# Knobs: DEADLINE (440), BENCH_S (a run's timeout, 100), SKIP (names of runs left out).
+# Knobs: DEADLINE (380), BENCH_S (a run's timeout, 100), SKIP (names of runs left out).
 set -u
-. "$(dirname "$0")/gpu_ab_common.sh" 440
+. "$(dirname "$0")/gpu_ab_common.sh" 380
 wgpu_setup
 wgpu_synth4
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"

@@ -492,15 +492,24 @@ fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
     // The shipping kernels, lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32 and 64
     // rows a workgroup, its row totals' workgroup memory sized for them), and linear_q4_rows'
-    // flat reads (`rows_flat`), whose outputs (so their difference from the host's) must equal
-    // the conditional reads' bit for bit.
+    // flat reads (`rows_flat`) and its rows read a round ahead (`rows_deep`: at 64 rows a
+    // workgroup, 8 rounds), whose outputs (so their difference from the host's) must equal the
+    // others' bit for bit.
     let mut rows_err = std::collections::HashMap::new();
-    for (lm_rows, rows_flat) in [(0, false), (0, true), (32, false), (64, false), (64, true)] {
+    for (lm_rows, rows_flat, rows_deep) in [
+        (0, false, false),
+        (0, true, false),
+        (32, false, false),
+        (64, false, false),
+        (64, true, false),
+        (64, false, true),
+    ] {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
             lm_rows,
             rows_flat,
+            rows_deep,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
@@ -508,7 +517,7 @@ fn product_kernels_match_the_host() {
         };
         assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
         let (fp32, rows) = gpu.check_products().unwrap();
-        println!("lm_rows {lm_rows}, rows_flat {rows_flat}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+        println!("lm_rows {lm_rows}, rows_flat {rows_flat}, rows_deep {rows_deep}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
         assert!(
             fp32 < 1e-5,
             "linear_q4_mm differs from the host by {fp32:.2e}"
@@ -521,7 +530,7 @@ fn product_kernels_match_the_host() {
             assert_eq!(
                 rows.to_bits(),
                 f64::to_bits(other),
-                "rows_flat changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
+                "rows_flat / rows_deep changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
             );
         }
     }
