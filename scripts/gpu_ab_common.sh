@@ -46,3 +46,35 @@ wgpu_bench() {
   grep -h -m1 "wgpu: " "$OUT/full-$name.log" | grep -oE "$keys" | tr '\n' ' ' >> "$S"; echo >> "$S"
   grep -v XDG_RUNTIME_DIR "$OUT/full-$name.log" | tail -80 > "$OUT/bench-$name.log"
 }
+
+# wgpu_bench_rows NAME CTX KEYS ROWS ENV...: wgpu_bench, then the rows of the per-kernel profile
+# (a LILY_PROFILE=1 run's; decode's table comes last) whose labels match the extended regex ROWS
+# (one row a name) into the summary.
+wgpu_bench_rows() {
+  local name=$1 ctx=$2 keys=$3 rows=$4; shift 4
+  wgpu_bench "$name" "$ctx" "$keys" "$@" || return
+  grep -E "^  ($rows) " "$OUT/bench-$name.log" | tr -s " " \
+    | tail -"$(echo "$rows" | tr '|' '\n' | wc -l)" >> "$S"
+}
+
+# wgpu_synth4: a 4-layer model of the full widths (where decode takes the full model's kernels;
+# the small presets' widths do not) synthesised into M4 in the background (its pid: SYN4).
+wgpu_synth4() {
+  M4=/dev/shm/full4-mlx
+  "$B/lily-engine" synth --preset qwen3.6-35b-a3b --layers 4 --format mlx --seed 11 --out "$M4" \
+    > "$OUT/synth4.log" 2>&1 &
+  SYN4=$!
+}
+
+# wgpu_selftest NAME ENV...: `selftest` (wgpu, and CUDA, against the CPU) on wgpu_synth4's model
+# under the environment ENV, unless SKIP names it or the deadline passed; its lines on the
+# device, agreement and greedy tokens into the summary, the whole into $OUT/NAME.log.
+wgpu_selftest() {
+  local name=$1; shift
+  if skipped "$name"; then say "skip $name"; return; fi
+  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
+  wait "$SYN4" 2>/dev/null
+  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 16 \
+    --bench-prefill 32 --bench-decode 8 > "$OUT/$name.log" 2>&1
+  say "$name rc=$? at $(el)s: $(grep -iE '^device:|agreement|greedy|FAIL|error' "$OUT/$name.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-900)"
+}

@@ -26,34 +26,20 @@
 set -u
 . "$(dirname "$0")/gpu_ab_common.sh" 440
 wgpu_setup
-M4=/dev/shm/full4-mlx
-"$B/lily-engine" synth --preset qwen3.6-35b-a3b --layers 4 --format mlx --seed 11 --out "$M4" \
-  > "$OUT/synth4.log" 2>&1 &
-SYN4=$!
+wgpu_synth4
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
 # bench NAME CTX ENV...: one sweep (decode at CTX) under the environment ENV; a profile's rows
-# of the MoE's kernels and the other row products into the summary (decode's table comes last).
+# of the switches' kernels and the other row products into the summary.
 bench() {
   local name=$1 ctx=$2; shift 2
-  wgpu_bench "$name" "$ctx" "linear_q4_rows early reads [a-z]+|linear_q4_glu_rows early routing [a-z]+|moe_down_rows early reads [a-z]+" "$@" || return
-  grep -E "^  (lin\.router|lin\.experts\.glu|moe_down|lin\.dn\.out|lin\.attn\.o|lin\.dn\.in_proj|lin\.attn\.qkv|lin\.lm_head) " "$OUT/bench-$name.log" \
-    | tr -s " " | tail -8 >> "$S"
-}
-# selftest NAME ENV...: wgpu (and CUDA) against the CPU on the 4-layer full-width model.
-selftest() {
-  local name=$1; shift
-  if skipped "$name"; then say "skip $name"; return; fi
-  if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
-  wait $SYN4 2>/dev/null
-  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 16 \
-    --bench-prefill 32 --bench-decode 8 > "$OUT/$name.log" 2>&1
-  say "$name rc=$? at $(el)s: $(grep -iE '^device:|agreement|greedy|FAIL|error' "$OUT/$name.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-900)"
+  wgpu_bench_rows "$name" "$ctx" "linear_q4_rows early reads [a-z]+|linear_q4_glu_rows early routing [a-z]+|moe_down_rows early reads [a-z]+" \
+    "lin\.router|lin\.experts\.glu|moe_down|lin\.dn\.out|lin\.attn\.o|lin\.dn\.in_proj|lin\.attn\.qkv|lin\.lm_head" "$@"
 }
 ON="LILY_WGPU_ROWS_EARLY=1 LILY_WGPU_GLU_EARLY=1 LILY_WGPU_DOWN_EARLY=1"
 OFF="LILY_WGPU_ROWS_EARLY=0 LILY_WGPU_GLU_EARLY=0 LILY_WGPU_DOWN_EARLY=0"
 bench off 4K,32K $OFF
 bench all 4K,32K $ON
-selftest st $ON
+wgpu_selftest st $ON
 bench prof 4K $ON LILY_PROFILE=1
 bench proff 4K $OFF LILY_PROFILE=1
 bench rows 4K,32K $OFF LILY_WGPU_ROWS_EARLY=1

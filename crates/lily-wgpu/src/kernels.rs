@@ -47,6 +47,8 @@ macro_rules! kernels {
             pub linear_q4_mm64: Option<Forms>,
             /// Where lm_head takes more than 16 rows a workgroup (`Specs::linear_q4_rows_lm`).
             pub linear_q4_rows_lm: Option<Forms>,
+            /// Where decode's DeltaNet recurrence runs over column blocks (`Specs::dn_recur_cols`).
+            pub dn_recur_cols: Option<Kernel>,
         }
 
         impl Kernels {
@@ -66,6 +68,10 @@ macro_rules! kernels {
                     },
                     linear_q4_rows_lm: match &specs.linear_q4_rows_lm {
                         Some(s) => Some(Forms::load(gpu, s, checked)?),
+                        None => None,
+                    },
+                    dn_recur_cols: match &specs.dn_recur_cols {
+                        Some(s) => Some(Kernel::new(gpu, s, checked)?),
                         None => None,
                     },
                 })

@@ -95,6 +95,18 @@ lily_core::backend_options! {
             label "moe_down_rows early reads",
             help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
             why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+        rows_deep = false, flag Some("wgpu-rows-deep"), env "LILY_WGPU_ROWS_DEEP" = true,
+            label "linear_q4_rows deep reads",
+            help "linear_q4_rows.wgsl (decode's plain products: DeltaNet's in_proj with its conv, attention's qkv, the output projections, lm_head) with each round of rows read before the previous round's arithmetic (16 rows a workgroup: all 16 in flight from the start), and a stored row's conv taps and state or accumulated output read at the start, not after the row totals; outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted DeltaNet's in_proj 30.1 → 25–27 µs a call and attention's qkv 28.7 → 26.5–27.5 on the H200, one or two DRAM round trips off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+        dn_early = false, flag Some("wgpu-dn-early"), env "LILY_WGPU_DN_EARLY" = true,
+            label "dn_recur_norm early reads",
+            help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+        dn_split = false, flag Some("wgpu-dn-split"), env "LILY_WGPU_DN_SPLIT" = true,
+            label "DeltaNet recurrence split",
+            help "decode's DeltaNet recurrence over blocks of 32 columns of a head (dn_recur_cols.wgsl: 4 workgroups a head, 128 on the full model, instead of dn_recur_norm.wgsl's one), its output norm and silu(z) gate applied by out_proj's linear_q4_rows as it reads o, where the shapes allow (4-bit out_proj, heads of a multiple of 32 columns)",
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted the recurrence 14.1 → 9–10 µs a call on the H200, its 64 KB of state each way spread over 4 SMs, out_proj + 0.5–1 µs; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -171,6 +183,9 @@ mod tests {
                 rows_early: false,
                 glu_early: false,
                 down_early: false,
+                rows_deep: false,
+                dn_early: false,
+                dn_split: false,
                 dense_tile: 0,
                 lm_rows: 0,
             }
@@ -209,6 +224,9 @@ mod tests {
             ("LILY_WGPU_ROWS_EARLY", "1"),
             ("LILY_WGPU_GLU_EARLY", "1"),
             ("LILY_WGPU_DOWN_EARLY", "1"),
+            ("LILY_WGPU_ROWS_DEEP", "1"),
+            ("LILY_WGPU_DN_EARLY", "1"),
+            ("LILY_WGPU_DN_SPLIT", "1"),
         ]));
         assert_eq!(
             o,
@@ -231,6 +249,9 @@ mod tests {
                 rows_early: true,
                 glu_early: true,
                 down_early: true,
+                rows_deep: true,
+                dn_early: true,
+                dn_split: true,
                 ..WgpuOptions::default()
             }
         );

@@ -32,7 +32,12 @@
 //!   arithmetic (`EARLY` of linear_q4_rows, the router's kernel: `rows_early`; of
 //!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`; of moe_down_rows, each
 //!   slot's items at once: `down_early`, where they fit its registers) are off until measured
-//!   (session 14 wgpu-moe).
+//!   (session 14 wgpu-moe), as are the DeltaNet chain's (session 14 wgpu-dn): linear_q4_rows'
+//!   rounds of rows read one round ahead and a stored row's conv taps, state or accumulated
+//!   output read at the start (`DEEP`: `rows_deep`), dn_recur_norm's v, z and norm weight read
+//!   with the state and its Σ o² after one barrier (`EARLY`: `dn_early`); the recurrence over
+//!   blocks of 32 columns with its output norm and gate in out_proj (`dn_split`: dn_recur_cols.wgsl
+//!   and linear_q4_rows' `gate`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the issue's design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -92,6 +97,9 @@ pub const LINEAR_ROWS: usize = 8;
 pub const DOWN_RB: usize = 4;
 /// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
 pub const GLU_RB: usize = 8;
+/// Columns a workgroup of dn_recur_cols.wgsl (its `CB`: 4 workgroups a head of 128, each 16
+/// slices of 8 state rows of 32 columns).
+pub const DN_COLS: usize = 32;
 
 /// The kernel of prefill attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,6 +225,10 @@ pub enum DeltaNetPath {
     /// A decode step whose in_proj does not run on linear_q4_rows: dn_conv_step.wgsl, then
     /// dn_recur_norm.wgsl.
     Step,
+    /// `StepConvInRows` with the recurrence over blocks of `DN_COLS` columns (dn_recur_cols.wgsl,
+    /// o unnormalised) and the output norm and gate inside out_proj's linear_q4_rows (`gate`):
+    /// `dn_split`.
+    StepSplit,
     /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
     Chunk,
 }
@@ -276,6 +288,9 @@ pub struct Specs {
     pub attend_merge: Spec,
     /// Where prefill attention is `PrefillAttention::Tile`.
     pub attend_tile: Option<Spec>,
+    /// Where decode's DeltaNet recurrence runs over column blocks (`dn_split`:
+    /// `DeltaNetPath::StepSplit`).
+    pub dn_recur_cols: Option<Spec>,
     pub dn_conv: Spec,
     pub dn_qk_norm: Spec,
     pub dn_recur: Spec,
@@ -338,6 +353,7 @@ impl Specs {
             &self.sample_pick,
         ]);
         v.extend(self.attend_tile.as_ref());
+        v.extend(self.dn_recur_cols.as_ref());
         v
     }
 
@@ -385,7 +401,29 @@ impl Specs {
             &mut self.sample_pick,
         ]);
         v.extend(self.attend_tile.as_mut());
+        v.extend(self.dn_recur_cols.as_mut());
         v
+    }
+}
+
+/// How linear_q4_rows.wgsl issues its reads (each a switch of `WgpuOptions`, off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowsReads {
+    pub flat: bool,
+    pub early: bool,
+    pub deep: bool,
+    /// DeltaNet's output norm and gate on the input compiled in (`dn_split`'s out_proj: `GATE`).
+    pub gate: bool,
+}
+
+impl RowsReads {
+    pub fn of(opts: &WgpuOptions) -> RowsReads {
+        RowsReads {
+            flat: opts.rows_flat,
+            early: opts.rows_early,
+            deep: opts.rows_deep,
+            gate: false,
+        }
     }
 }
 
@@ -393,18 +431,65 @@ impl Specs {
 /// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
 /// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`);
 /// `early`: every read of its first rows, the input and the norm's weights before any arithmetic
-/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
-pub fn rows_spec(rb: usize, flat: bool, early: bool) -> Spec {
+/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `deep`:
+/// each round's rows read before the previous round's arithmetic, a stored row's conv taps and
+/// state or accumulated output at the start (`WgpuOptions::rows_deep`, its `DEEP`); `gate`: DeltaNet's
+/// output norm and gate on the input compiled in (`WgpuOptions::dn_split`, its `GATE`).
+pub fn rows_spec(rb: usize, reads: RowsReads) -> Spec {
     let mut constants = vec![
         ("RB", rb as f64),
         ("RI", rb.min(8) as f64),
-        ("FLAT", flat as u32 as f64),
-        ("EARLY", early as u32 as f64),
+        ("FLAT", reads.flat as u32 as f64),
+        ("EARLY", reads.early as u32 as f64),
+        ("DEEP", reads.deep as u32 as f64),
+        ("GATE", reads.gate as u32 as f64),
     ];
     if rb > 16 {
         constants.push(("ROW_PART", (rb * 65) as f64));
     }
     Spec::new("linear_q4_rows", &constants)
+}
+
+/// dn_recur_norm.wgsl for key head dim `dk`; `early`: v, z and the norm's weight read with the
+/// state, the head's Σ o² in registers after one barrier (`WgpuOptions::dn_early`, its `EARLY`).
+pub fn dn_recur_norm_spec(dk: usize, early: bool) -> Spec {
+    Spec::new(
+        "dn_recur_norm",
+        &[("DK", dk as f64), ("EARLY", early as u32 as f64)],
+    )
+}
+
+/// dn_recur_cols.wgsl for key head dim `dk`, DN_COLS columns a workgroup.
+pub fn dn_recur_cols_spec(dk: usize) -> Spec {
+    Spec::new(
+        "dn_recur_cols",
+        &[("DK", dk as f64), ("CB", DN_COLS as f64)],
+    )
+}
+
+/// Whether dn_recur_cols.wgsl takes the model's DeltaNet: each invocation's rows (dk / (512 /
+/// DN_COLS)) whole vec4s, at most 32.
+fn dn_cols_ok(c: &ModelConfig) -> bool {
+    let n = c.dn_k_dim / (512 / DN_COLS);
+    c.dn_k_dim.is_multiple_of(512 / DN_COLS) && n.is_multiple_of(4) && n > 0 && n <= 32
+}
+
+/// Whether out_proj `w` can apply DeltaNet's output norm and gate as it reads o (linear_q4_rows'
+/// `gate`): a linear_q4_rows matrix of 4-bit words (32 columns each) over hv heads of dv
+/// columns, a head's words a divisor of 64 invocations' (so the second words start a head too),
+/// z on 16-byte boundaries in the joint projection.
+fn gate_ok(w: &GpuLinear, c: &ModelConfig, gate_rb: Option<usize>) -> bool {
+    let words = c.dn_v_dim / 32;
+    // One slice, on the row kernel compiled with the gate.
+    let on_gate_kernel = w.slices.len() == 1 && Some(rows_rb(w.slices[0].count)) == gate_rb;
+    on_gate_kernel
+        && rows_ok(w, true)
+        && w.bits == 4
+        && w.cols == c.dn_v_heads * c.dn_v_dim
+        && c.dn_v_dim.is_multiple_of(32)
+        && words > 0
+        && 64 % words == 0
+        && c.conv_dim().is_multiple_of(4)
 }
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
@@ -544,6 +629,10 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
+    /// Rows a workgroup of the linear_q4_rows kernel compiled with DeltaNet's output norm and
+    /// gate (`GATE`), where `dn_split` is on: out_proj's (`rows_rb` of its rows, the hidden
+    /// size); `deltanet` takes `StepSplit` only where out_proj runs on it.
+    pub gate_rb: Option<usize>,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
     /// The options as resolved: those asked for, with the switches the device or the model
@@ -627,8 +716,18 @@ impl Plan {
             32 | 64 => opts.lm_rows,
             _ => 16,
         };
-        let rows_flat = opts.rows_flat;
-        let rows_early = opts.rows_early;
+        let reads = RowsReads::of(opts);
+        // `dn_split`: the recurrence over column blocks where dn_recur_cols takes the model, and
+        // out_proj's row kernel (its rows a workgroup: `gate_rb`) with the norm and gate in.
+        let gate_rb = (opts.dn_split && dn_cols_ok(c)).then(|| rows_rb(c.hidden));
+        let rows = |rb: usize| {
+            let gate = gate_rb == Some(rb);
+            in_forms(
+                rows_spec(rb, RowsReads { gate, ..reads }),
+                &Form::ALL,
+                act_f16,
+            )
+        };
         // moe_down_rows' early reads hold each slot's items in registers: at most
         // DOWN_EARLY_MAX_ITEMS of them.
         let down_early = opts.down_early
@@ -642,16 +741,11 @@ impl Plan {
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: in_forms(rows_spec(16, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows4: in_forms(rows_spec(4, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows2: in_forms(rows_spec(2, rows_flat, rows_early), &Form::ALL, act_f16),
-            linear_q4_rows_lm: (lm_rows > 16).then(|| {
-                in_forms(
-                    rows_spec(lm_rows, rows_flat, rows_early),
-                    &Form::ALL,
-                    act_f16,
-                )
-            }),
+            linear_q4_rows16: rows(16),
+            linear_q4_rows4: rows(4),
+            linear_q4_rows2: rows(2),
+            linear_q4_rows_lm: (lm_rows > 16)
+                .then(|| in_forms(rows_spec(lm_rows, reads), &Form::ALL, act_f16)),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -666,11 +760,12 @@ impl Plan {
             attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat),
             attend_merge: Spec::new("attend_merge", &[]),
             attend_tile,
+            dn_recur_cols: gate_rb.map(|_| dn_recur_cols_spec(c.dn_k_dim)),
             dn_conv: Spec::new("dn_conv", &[]),
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
             dn_conv_step: Spec::new("dn_conv_step", &[]),
-            dn_recur_norm: Spec::new("dn_recur_norm", &[("DK", c.dn_k_dim as f64)]),
+            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim, opts.dn_early),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
             moe_combine: Spec::new("moe_combine", &[]),
@@ -721,8 +816,16 @@ impl Plan {
         } else {
             SplitRule::WIDE
         };
+        let dn_split = gate_rb.is_some();
+        if opts.dn_split && !dn_split {
+            notes.push(format!(
+                "DeltaNet recurrence split off: dk {} is not 16 slices of whole vec4s",
+                c.dn_k_dim
+            ));
+        }
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
+            dn_split,
             subgroups,
             f16_kv: kv_f16,
             f16_tiles: tile_f16,
@@ -751,6 +854,7 @@ impl Plan {
             kv_f16,
             act_f16,
             route_in_glu: c.n_experts <= 512,
+            gate_rb,
             notes,
         })
     }
@@ -976,14 +1080,26 @@ impl Plan {
         t == 1 && matches!(self.decode_attention, DecodeAttention::Gqa { .. })
     }
 
-    /// The DeltaNet kernels for `t` tokens of model `c` whose input projections are `in_proj`.
-    pub fn deltanet(&self, c: &ModelConfig, t: usize, in_proj: &Fused) -> DeltaNetPath {
+    /// The DeltaNet kernels for `t` tokens of model `c` whose input and output projections are
+    /// `in_proj` and `out_proj`.
+    pub fn deltanet(
+        &self,
+        c: &ModelConfig,
+        t: usize,
+        in_proj: &Fused,
+        out_proj: &GpuLinear,
+    ) -> DeltaNetPath {
         // dn_recur_norm.wgsl: 4 slices of whole vec4s of dk, ≤ 32 state values an invocation.
         let dk_ok = c.dn_k_dim.is_multiple_of(16) && c.dn_k_dim <= 128;
         if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
             // The conv on the product's rows where that product is one linear_q4_rows dispatch.
             if self.folds_norm(in_proj, t) {
-                DeltaNetPath::StepConvInRows
+                // `dn_split`: where compiled and out_proj can take the norm and gate.
+                if self.gate_rb.is_some() && gate_ok(out_proj, c, self.gate_rb) {
+                    DeltaNetPath::StepSplit
+                } else {
+                    DeltaNetPath::StepConvInRows
+                }
             } else {
                 DeltaNetPath::Step
             }

@@ -8,7 +8,10 @@ use anyhow::Result;
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
-use crate::plan::{down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS};
+use crate::plan::{
+    dn_recur_cols_spec, dn_recur_norm_spec, down_rows_spec, rows_spec, MmTile, RowsReads,
+    SplitRule, DN_COLS, DOWN_RB, GLU_RB, MM_ROWS,
+};
 use crate::shaders::Form;
 
 /// The largest relative difference an f16 store adds to one value (round to nearest, 11
@@ -148,10 +151,19 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// two full workgroups and a partial one), and linear_q4_glu_rows.wgsl (`check_glu_rows`): the
 /// largest relative L2 difference, over every form compiled (`act_f16`: the activations f16,
 /// `Sides`).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, lm_rows: usize) -> Result<f64> {
+/// `subgroups`: the plan's reductions, for the kernels compiled here (`check_rows_gate`).
+pub fn check_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    act_f16: bool,
+    lm_rows: usize,
+    subgroups: bool,
+) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
         .max(check_glu_route(gpu, k, act_f16)?)
-        .max(check_rows_conv(gpu, k, act_f16)?);
+        .max(check_rows_conv(gpu, k, act_f16)?)
+        .max(check_rows_accumulate(gpu, k, act_f16)?)
+        .max(check_rows_gate(gpu, subgroups, act_f16)?);
     let mut worst = 0f64;
     let mut cases = vec![(16, 37usize), (4, 37), (2, 37)];
     if k.linear_q4_rows_lm.is_some() {
@@ -310,27 +322,7 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
         let sbuf = gpu.upload_f32("check.state", &state0)?;
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
-        let mut params = [0u32; 24];
-        params[..18].copy_from_slice(&[
-            rows as u32,
-            cols as u32,
-            4,
-            64,
-            0,
-            cols as u32,
-            0,
-            rows as u32,
-            0,
-            m.scale_off,
-            m.bias_off,
-            0,
-            0,
-            0,
-            1,
-            (rows * cols / 8) as u32,
-            nx,
-            0,
-        ]);
+        let mut params = m.rows_params(nx, false);
         params[20] = 1;
         params[21] = eps.to_bits();
         params[22] = ch as u32;
@@ -345,7 +337,7 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         r.dispatch(
             k.rows(rb).get(form),
             &params,
-            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf, &xbuf],
             [nx, ny, 1],
         );
         r.submit()?;
@@ -354,6 +346,342 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         worst = worst
             .max(rel_l2_f64(&y, &want_y))
             .max(rel_l2_f64(&st, &want_state));
+    }
+    Ok(worst)
+}
+
+/// linear_q4_rows.wgsl adding into the residual stream (`accumulate`: decode's output
+/// projections, 4,096 columns at 4 rows a workgroup, and 2,048 at 16, 37 rows, 2 items): the
+/// host's random residual plus the f64 product of the activation input, against the residual
+/// read back, every form that writes an f32 buffer. The relative L2 difference of the sums added.
+fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+    let (rows, items) = (37usize, 2usize);
+    let mut worst = 0f64;
+    for (cols, rb) in [(4096usize, 4usize), (2048, 16)] {
+        let m = RandomQ4::new(rows, cols, 64, items);
+        let y0: Vec<f32> =
+            m.x.iter()
+                .take(items * rows)
+                .map(|v| v * 0.7 + 0.1)
+                .collect();
+        for (form, kernel) in k.rows(rb).iter() {
+            if act_f16 && !form.y_f32 {
+                continue;
+            }
+            let sides = Sides::of(form, act_f16);
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            let wbuf = gpu.upload("check.w", &m.data)?;
+            let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
+            let ybuf = gpu.upload_f32("check.y", &y0)?;
+            let params = m.rows_params(nx, true);
+            let mut r = Recorder::new(gpu);
+            r.dispatch(
+                kernel,
+                &params,
+                &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf, &xbuf],
+                [nx, ny, items as u32],
+            );
+            r.submit()?;
+            let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+            let added: Vec<f32> = got
+                .iter()
+                .zip(&y0)
+                .map(|(g, y)| (*g as f64 - *y as f64) as f32)
+                .collect();
+            worst = worst.max(rel_l2_f64(&added, &m.want_for(None, sides)));
+        }
+    }
+    Ok(worst)
+}
+
+/// The outputs of a decode DeltaNet kernel on one probe (`check_dn_step`, `check_dn_cols`): its
+/// output `[hv · dv]` (dn_recur_norm's normed and gated y, dn_recur_cols' raw o) and the updated
+/// state `[hv, dk, dv]`.
+pub struct DnStep {
+    pub y: Vec<f32>,
+    pub state: Vec<f32>,
+    /// Their relative L2 differences from the host's f64.
+    pub y_err: f64,
+    pub state_err: f64,
+}
+
+/// Random inputs of a decode DeltaNet step: 4 value heads over 2 key heads of dk, dv; the conv
+/// output (q | k | v), the joint projection's tail as the kernels read it (z [hv · dv], then b
+/// [hv], a [hv]), decay (A_log, dt_bias), the state and the output norm's weight (activations
+/// rounded to f16 where `act_f16`, as the kernels read them).
+struct DnInputs {
+    hv: usize,
+    hk: usize,
+    dk: usize,
+    dv: usize,
+    c: Vec<f32>,
+    ba: Vec<f32>,
+    decay: Vec<f32>,
+    state0: Vec<f32>,
+    wn: Vec<f32>,
+}
+
+/// The host's step in f64 (MODEL.md §2.5): o (the updated state times the l2-normalised, scaled
+/// q), y = w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) per head, and the updated state.
+struct DnHost {
+    o: Vec<f64>,
+    y: Vec<f64>,
+    state: Vec<f64>,
+}
+
+const DN_EPS: f32 = 1e-6;
+
+impl DnInputs {
+    fn random(dk: usize, dv: usize, act_f16: bool) -> DnInputs {
+        let (hv, hk) = (4usize, 2usize);
+        let cd = 2 * hk * dk + hv * dv;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (dk * 1000 + dv) as u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 20_001) as f32 / 10_000.0 - 1.0
+        };
+        let c = round_f16(&(0..cd).map(|_| rnd()).collect::<Vec<f32>>(), act_f16);
+        let ba = (0..hv * dv + 2 * hv)
+            .map(|_| rnd() * 2.0)
+            .collect::<Vec<f32>>();
+        DnInputs {
+            hv,
+            hk,
+            dk,
+            dv,
+            c,
+            ba: round_f16(&ba, act_f16),
+            decay: (0..2 * hv).map(|_| rnd() * 0.5).collect(),
+            state0: (0..hv * dk * dv).map(|_| rnd() * 0.3).collect(),
+            wn: (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect(),
+        }
+    }
+
+    fn qscale(&self) -> f32 {
+        1.0 / (self.dk as f32).sqrt()
+    }
+
+    fn host(&self) -> DnHost {
+        let (hv, hk, dk, dv) = (self.hv, self.hk, self.dk, self.dv);
+        let (key_dim, vd) = (hk * dk, hv * dv);
+        let (c, ba, decay) = (&self.c, &self.ba, &self.decay);
+        let softplus = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
+        let l2 = |v: &[f32], scale: f64| {
+            let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
+            let r = scale / (n + 1e-6).sqrt();
+            v.iter().map(|x| *x as f64 * r).collect::<Vec<f64>>()
+        };
+        let mut state: Vec<f64> = self.state0.iter().map(|&v| v as f64).collect();
+        let mut o = vec![0f64; vd];
+        let mut y = vec![0f64; vd];
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            let q = l2(&c[kh * dk..(kh + 1) * dk], self.qscale() as f64);
+            let kk = l2(&c[key_dim + kh * dk..key_dim + (kh + 1) * dk], 1.0);
+            let v = &c[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
+            let beta = 1.0 / (1.0 + (-(ba[vd + h] as f64)).exp());
+            let g =
+                -(decay[h] as f64).exp() * softplus(ba[vd + hv + h] as f64 + decay[hv + h] as f64);
+            let st = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            st.iter_mut().for_each(|x| *x *= g.exp());
+            let oh = &mut o[h * dv..(h + 1) * dv];
+            for (j, oj) in oh.iter_mut().enumerate() {
+                let u: f64 = (0..dk).map(|i| st[i * dv + j] * kk[i]).sum();
+                let delta = beta * (v[j] as f64 - u);
+                for i in 0..dk {
+                    st[i * dv + j] += kk[i] * delta;
+                }
+                *oj = (0..dk).map(|i| st[i * dv + j] * q[i]).sum();
+            }
+            let ms = oh.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+            let r = 1.0 / (ms + DN_EPS as f64).sqrt();
+            for j in 0..dv {
+                let z = ba[h * dv + j] as f64;
+                y[h * dv + j] = oh[j] * r * self.wn[j] as f64 * (z / (1.0 + (-z).exp()));
+            }
+        }
+        DnHost { o, y, state }
+    }
+
+    /// `kernel` (dn_recur_norm.wgsl's parameters and bindings, the norm's weight dropped for
+    /// dn_recur_cols.wgsl: `with_norm`) on these inputs over `grid`: its output and state.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        grid: [u32; 3],
+        with_norm: bool,
+        act_f16: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (hv, hk, dk, dv) = (self.hv, self.hk, self.dk, self.dv);
+        let vd = hv * dv;
+        let cbuf = upload_act(gpu, "check.c", &self.c, act_f16)?;
+        let babuf = upload_act(gpu, "check.ba", &self.ba, act_f16)?;
+        let dbuf = gpu.upload_f32("check.decay", &self.decay)?;
+        let sbuf = gpu.upload_f32("check.state", &self.state0)?;
+        let wbuf = gpu.upload_f32("check.wn", &self.wn)?;
+        let ybuf = gpu.storage("check.y", (vd * 4) as u64)?;
+        let mut bufs = vec![&cbuf, &babuf, &dbuf, &sbuf];
+        if with_norm {
+            bufs.push(&wbuf);
+        }
+        bufs.push(&ybuf);
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            kernel,
+            &[
+                1,
+                hv as u32,
+                hk as u32,
+                dk as u32,
+                dv as u32,
+                self.c.len() as u32,
+                (vd + 2 * hv) as u32,
+                vd as u32,
+                0,
+                DN_EPS.to_bits(),
+                self.qscale().to_bits(),
+            ],
+            &bufs,
+            grid,
+        );
+        r.submit()?;
+        Ok((
+            read_act(gpu, &ybuf, vd, act_f16)?,
+            gpu.read_f32(&sbuf, 0, self.state0.len())?,
+        ))
+    }
+}
+
+/// dn_recur_norm.wgsl (a decode step's DeltaNet: q/k L2 norms, gated delta rule, output norm
+/// with the silu(z) gate; MODEL.md §2.5) compiled for key dim `dk` as `dn_recur_norm_spec(dk,
+/// early)` with the plan's reductions and activations, against the host in f64 on `DnInputs`:
+/// dv = `dv` (below 128: columns past dv idle).
+pub fn check_dn_step(
+    gpu: &Gpu,
+    subgroups: bool,
+    act_f16: bool,
+    early: bool,
+    (dk, dv): (usize, usize),
+) -> Result<DnStep> {
+    let inp = DnInputs::random(dk, dv, act_f16);
+    let want = inp.host();
+    let spec = crate::shaders::Spec {
+        act_f16,
+        ..dn_recur_norm_spec(dk, early).with_subgroups(subgroups)
+    };
+    let kernel = Kernel::new(gpu, &spec, false)?;
+    let (y, state) = inp.run(gpu, &kernel, [inp.hv as u32, 1, 1], true, act_f16)?;
+    let (y_err, state_err) = (rel_l2_f64(&y, &want.y), rel_l2_f64(&state, &want.state));
+    Ok(DnStep {
+        y,
+        state,
+        y_err,
+        state_err,
+    })
+}
+
+/// dn_recur_cols.wgsl (`dn_split`: the recurrence over blocks of DN_COLS columns, o
+/// unnormalised) compiled for key dim `dk` with the plan's activations, against the host in f64
+/// on `DnInputs` with dv = `dv` (not a multiple of DN_COLS: a block's columns past dv idle): o
+/// and the updated state.
+pub fn check_dn_cols(gpu: &Gpu, act_f16: bool, (dk, dv): (usize, usize)) -> Result<DnStep> {
+    let inp = DnInputs::random(dk, dv, act_f16);
+    let want = inp.host();
+    let spec = crate::shaders::Spec {
+        act_f16,
+        ..dn_recur_cols_spec(dk)
+    };
+    let kernel = Kernel::new(gpu, &spec, false)?;
+    let grid = [inp.hv as u32, dv.div_ceil(DN_COLS) as u32, 1];
+    let (y, state) = inp.run(gpu, &kernel, grid, false, act_f16)?;
+    let (y_err, state_err) = (rel_l2_f64(&y, &want.o), rel_l2_f64(&state, &want.state));
+    Ok(DnStep {
+        y,
+        state,
+        y_err,
+        state_err,
+    })
+}
+
+/// linear_q4_rows.wgsl applying DeltaNet's output norm and gate to its input (`gate`: decode's
+/// out_proj with `dn_split`) on random 4-bit matrices of 37 rows over 32 heads of 128 columns
+/// (4,096: the full model's) and of 64 (2,048), at 4 and 16 rows a workgroup, one item: random
+/// o (an activation), z (at an offset in a larger buffer) and norm weight, against the host's
+/// product of w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) in f64, every form that reads an
+/// activation; compiled here with `GATE` (the plan compiles it only for out_proj's rows a
+/// workgroup where `dn_split` is on). The largest relative L2 difference.
+fn check_rows_gate(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
+    let (rows, z_off, eps) = (37usize, 12usize, 1e-6f32);
+    let mut worst = 0f64;
+    for (cols, dv) in [(4096usize, 128usize), (2048, 64)] {
+        let m = RandomQ4::new(rows, cols, 64, 1);
+        let mut seed = 0x6a09_e667_f3bc_c908u64 ^ cols as u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 20_001) as f32 / 10_000.0 - 1.0
+        };
+        let z: Vec<f32> = (0..z_off + cols).map(|_| rnd() * 3.0).collect();
+        let wn: Vec<f32> = (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect();
+        let wbuf = gpu.upload("check.w", &m.data)?;
+        let wnbuf = gpu.upload_f32("check.wn", &wn)?;
+        for rb in [4usize, 16] {
+            let gate = RowsReads {
+                gate: true,
+                ..RowsReads::default()
+            };
+            let spec = rows_spec(rb, gate).with_subgroups(subgroups);
+            // The forms that read an activation (o): both outputs where activations are f16.
+            let forms: Vec<Form> = if act_f16 {
+                Form::ALL.into_iter().filter(|f| !f.x_f32).collect()
+            } else {
+                vec![Form::default()]
+            };
+            for form in forms {
+                let spec = crate::shaders::Spec {
+                    act_f16,
+                    form,
+                    ..spec.clone()
+                };
+                let kernel = &Kernel::new(gpu, &spec, false)?;
+                let sides = Sides::of(spec.form, act_f16);
+                let (o, zr) = (round_f16(&m.x, sides.x_f16), round_f16(&z, act_f16));
+                let mut y = vec![0f32; cols];
+                for h in 0..cols / dv {
+                    let oh = &o[h * dv..(h + 1) * dv];
+                    let ms = oh.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / dv as f64;
+                    let r = 1.0 / (ms + eps as f64).sqrt();
+                    for j in 0..dv {
+                        let zz = zr[z_off + h * dv + j] as f64;
+                        y[h * dv + j] =
+                            (oh[j] as f64 * r * wn[j] as f64 * (zz / (1.0 + (-zz).exp()))) as f32;
+                    }
+                }
+                let want = m.product(&y);
+                let xbuf = upload_act(gpu, "check.o", &m.x, sides.x_f16)?;
+                let zbuf = upload_act(gpu, "check.z", &z, act_f16)?;
+                let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
+                let (nx, ny) = grid_2d(rows.div_ceil(rb));
+                let mut params = m.rows_params(nx, false);
+                params[21] = eps.to_bits();
+                params[24] = dv as u32;
+                params[25] = z_off as u32;
+                let mut r = Recorder::new(gpu);
+                r.dispatch(
+                    kernel,
+                    &params,
+                    &[&wbuf, &xbuf, &ybuf, &wnbuf, &xbuf, &ybuf, &zbuf],
+                    [nx, ny, 1],
+                );
+                r.submit()?;
+                let got = read_act(gpu, &ybuf, rows, sides.y_f16)?;
+                worst = worst.max(rel_l2_f64(&got, &want));
+            }
+        }
     }
     Ok(worst)
 }
@@ -892,6 +1220,35 @@ impl RandomQ4 {
         m
     }
 
+    /// linear_q4_rows.wgsl's parameters for this 4-bit matrix in plain mode (one item a row of
+    /// `cols` inputs, outputs `rows` apart; `nx` workgroups along x), adding into the output where
+    /// `accumulate`; no norm, conv or gate (words 20.. zero).
+    fn rows_params(&self, nx: u32, accumulate: bool) -> [u32; 26] {
+        let (rows, cols) = (self.rows, self.cols);
+        let mut params = [0u32; 26];
+        params[..18].copy_from_slice(&[
+            rows as u32,
+            cols as u32,
+            4,
+            self.group as u32,
+            0,
+            cols as u32,
+            0,
+            rows as u32,
+            0,
+            self.scale_off,
+            self.bias_off,
+            0,
+            0,
+            0,
+            1,
+            (rows * cols / 8) as u32,
+            nx,
+            accumulate as u32,
+        ]);
+        params
+    }
+
     /// `kernel` (linear.wgsl's parameters, plain mode) on this matrix: its output (items ×
     /// rows). `fourth`: the fourth binding, where the kernel has one.
     #[allow(clippy::too_many_arguments)]
@@ -946,7 +1303,7 @@ impl RandomQ4 {
         bufs.extend(fourth);
         if rows_norm.is_some() {
             // The norm's weight, then the conv's taps and state (unused: no conv channels).
-            bufs.extend([&wn, &xbuf, &ybuf]);
+            bufs.extend([&wn, &xbuf, &ybuf, &xbuf]);
         }
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);

@@ -46,6 +46,7 @@ sources!(
     "dn_conv_step",
     "dn_qk_norm",
     "dn_recur",
+    "dn_recur_cols",
     "dn_recur_norm",
     "embed",
     "gated_norm",

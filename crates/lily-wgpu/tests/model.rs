@@ -492,15 +492,24 @@ fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
     // The shipping kernels, lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32 and 64
     // rows a workgroup, its row totals' workgroup memory sized for them), and linear_q4_rows'
-    // flat reads (`rows_flat`), whose outputs (so their difference from the host's) must equal
-    // the conditional reads' bit for bit.
+    // flat reads (`rows_flat`) and its rows read a round ahead (`rows_deep`: at 64 rows a
+    // workgroup, 8 rounds), whose outputs (so their difference from the host's) must equal the
+    // others' bit for bit.
     let mut rows_err = std::collections::HashMap::new();
-    for (lm_rows, rows_flat) in [(0, false), (0, true), (32, false), (64, false), (64, true)] {
+    for (lm_rows, rows_flat, rows_deep) in [
+        (0, false, false),
+        (0, true, false),
+        (32, false, false),
+        (64, false, false),
+        (64, true, false),
+        (64, false, true),
+    ] {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
             lm_rows,
             rows_flat,
+            rows_deep,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
@@ -508,7 +517,7 @@ fn product_kernels_match_the_host() {
         };
         assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
         let (fp32, rows) = gpu.check_products().unwrap();
-        println!("lm_rows {lm_rows}, rows_flat {rows_flat}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+        println!("lm_rows {lm_rows}, rows_flat {rows_flat}, rows_deep {rows_deep}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
         assert!(
             fp32 < 1e-5,
             "linear_q4_mm differs from the host by {fp32:.2e}"
@@ -521,7 +530,7 @@ fn product_kernels_match_the_host() {
             assert_eq!(
                 rows.to_bits(),
                 f64::to_bits(other),
-                "rows_flat changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
+                "rows_flat / rows_deep changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
             );
         }
     }
@@ -581,11 +590,6 @@ fn moe_kernels_with_early_reads_match_the_host() {
 #[test]
 fn decode_with_early_moe_reads_matches_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
-    let tokens = Rng(7).tokens(40, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
     let opts = WgpuOptions {
         chunk: 16,
         all_logits_chunk: 16,
@@ -594,20 +598,149 @@ fn decode_with_early_moe_reads_matches_cpu() {
         down_early: true,
         ..WgpuOptions::default()
     };
-    let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-        return;
-    };
+    stepped_decode_matches_cpu(
+        &w,
+        Rng(7).tokens(40, w.config.vocab),
+        opts,
+        "early MoE reads",
+    );
+}
+
+/// `tokens` fed one at a time to the wgpu backend with `opts` against the CPU's prefill of them:
+/// the last logits within 1e-3, then 16 greedy tokens equal. The logits (None without an
+/// adapter).
+fn stepped_decode_matches_cpu(
+    w: &Arc<ModelWeights>,
+    tokens: Vec<u32>,
+    opts: WgpuOptions,
+    what: &str,
+) -> Option<Vec<f32>> {
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let mut gpu = wgpu_backend_with(w, opts)?;
     let gs = gpu.new_seq(64).unwrap();
     for t in &tokens {
         gpu.prefill(gs, &[*t]).unwrap();
     }
     let got = gpu.logits(gs).unwrap();
     let e = rel_l2(&got, &want);
-    println!("early MoE reads, 40 positions token by token: last logits rel_l2 {e:.3e}");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-    let want = greedy_tokens(&mut cpu, cs, 16);
-    let got = greedy_tokens(&mut gpu, gs, 16);
-    assert_eq!(got, want, "greedy tokens with the MoE's early reads");
+    println!(
+        "{what}, {} positions token by token: last logits rel_l2 {e:.3e}",
+        tokens.len()
+    );
+    assert!(e < 1e-3, "{what}: logits differ from the CPU by {e:.3e}");
+    let want_tokens = greedy_tokens(&mut cpu, cs, 16);
+    let got_tokens = greedy_tokens(&mut gpu, gs, 16);
+    assert_eq!(got_tokens, want_tokens, "greedy tokens with {what}");
+    Some(got)
+}
+
+/// The DeltaNet decode chain's reads issued earlier (`rows_deep`: linear_q4_rows' rounds of rows
+/// read one round ahead, a stored row's conv taps and state or accumulated output at the start;
+/// `dn_early`: dn_recur_norm's v, z and norm weight with the state, its Σ o² after one barrier)
+/// and as they ship, in both reduction forms, against the host's f64: linear_q4_rows (16 / 4 / 2
+/// rows a workgroup, the DeltaNet conv on its rows, adding into the residual, applying
+/// DeltaNet's output norm and gate to its input: `dn_split`'s out_proj) and dn_recur_norm at the
+/// full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle), and `dn_split`'s
+/// dn_recur_cols on the same inputs. `rows_deep` and `dn_early` keep the same sums in the same
+/// order: outputs bit for bit those without them.
+#[test]
+fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
+    for subgroups in [true, false] {
+        let mut base: Option<(f64, Vec<Vec<f32>>)> = None;
+        for on in [false, true] {
+            let opts = WgpuOptions {
+                chunk: 16,
+                all_logits_chunk: 16,
+                subgroups,
+                rows_deep: on,
+                dn_early: on,
+                ..WgpuOptions::default()
+            };
+            let Some(gpu) = wgpu_backend_with(&w, opts) else {
+                return;
+            };
+            assert_eq!(
+                (gpu.plan().options.rows_deep, gpu.plan().options.dn_early),
+                (on, on)
+            );
+            let (_, rows) = gpu.check_products().unwrap();
+            let mut outs = Vec::new();
+            let (mut dn, mut cols) = (0f64, 0f64);
+            for (dk, dv) in [(128, 128), (64, 96)] {
+                let st = gpu.check_dn_step(dk, dv).unwrap();
+                dn = dn.max(st.y_err).max(st.state_err);
+                outs.push(st.y);
+                outs.push(st.state);
+                // `dn_split`'s recurrence over blocks of 32 columns (96: the last block idle
+                // past dv).
+                let st = gpu.check_dn_cols(dk, dv).unwrap();
+                cols = cols.max(st.y_err).max(st.state_err);
+            }
+            println!(
+                "subgroups {subgroups}, deep / early reads {on}: linear_q4_rows / glu_rows (with the gate) {rows:.2e}, dn_recur_norm {dn:.2e}, dn_recur_cols {cols:.2e}"
+            );
+            assert!(
+                cols < 1e-5,
+                "dn_recur_cols differs from the host by {cols:.2e}"
+            );
+            assert!(
+                rows < 1e-5,
+                "linear_q4_rows (rows_deep {on}) differs from the host by {rows:.2e}"
+            );
+            assert!(
+                dn < 1e-5,
+                "dn_recur_norm (dn_early {on}) differs from the host by {dn:.2e}"
+            );
+            match &base {
+                None => base = Some((rows, outs)),
+                Some((r0, o0)) => {
+                    assert_eq!(
+                        rows.to_bits(),
+                        r0.to_bits(),
+                        "rows_deep changed linear_q4_rows' outputs: {rows:e} against {r0:e}"
+                    );
+                    for (a, b) in outs.iter().zip(o0) {
+                        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "dn_early changed dn_recur_norm's outputs");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A decode with the DeltaNet chain's early reads on (on `tiny` decode's DeltaNet runs
+/// dn_recur_norm with dk 32; its products take linear_q4_rows only at 2,048 columns:
+/// `full_width_decode_matches_cpu`) against the CPU: 40 positions one token at a time, the last
+/// logits bit for bit those without the switches, then 16 greedy tokens.
+#[test]
+fn decode_with_early_deltanet_reads_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    let mut logits = Vec::new();
+    for on in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            rows_deep: on,
+            dn_early: on,
+            ..WgpuOptions::default()
+        };
+        let tokens = Rng(9).tokens(40, w.config.vocab);
+        let what = format!("early DeltaNet reads {on}");
+        let Some(got) = stepped_decode_matches_cpu(&w, tokens, opts, &what) else {
+            return;
+        };
+        logits.push(got);
+    }
+    let same = logits[0]
+        .iter()
+        .zip(&logits[1])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the early DeltaNet reads changed the logits");
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
@@ -1049,15 +1182,22 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early) in [
-        (true, false, false),
-        (false, false, false),
-        (true, true, false),
-        (true, false, true),
-        (false, false, true),
+    for (subgroups, f16_acts, early, dn, split) in [
+        (true, false, false, false, false),
+        (false, false, false, false, false),
+        (true, true, false, false, false),
+        (true, false, true, false, false),
+        (false, false, true, false, false),
+        (true, false, false, true, false),
+        (false, false, true, true, false),
+        (true, false, false, true, true),
+        (true, true, false, false, true),
     ] {
         // `early`: the MoE's reads issued early (router, GLU, down: `rows_early`, `glu_early`,
-        // `down_early`), which only the full widths take.
+        // `down_early`), which only the full widths take; `dn`: the DeltaNet chain's
+        // (`rows_deep`: in_proj with its conv, qkv, the output projections, lm_head;
+        // `dn_early`: dn_recur_norm at dk 128); `split`: the recurrence over column blocks, its
+        // output norm and gate in out_proj (`dn_split`).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1066,12 +1206,16 @@ fn full_width_decode_matches_cpu() {
             rows_early: early,
             glu_early: early,
             down_early: early,
+            rows_deep: dn,
+            dn_early: dn,
+            dn_split: split,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
         let on = gpu.plan().act_f16;
+        assert_eq!(gpu.plan().options.dn_split, split);
         let a = gpu.new_seq(16).unwrap();
         gpu.prefill(a, &tokens).unwrap();
         let chunked = gpu.logits(a).unwrap();
@@ -1082,7 +1226,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}, split {split}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)

@@ -34,7 +34,7 @@ fn large_limits() -> wgpu::Limits {
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
 /// f16 and in f32 (each product in each of its forms), attend_gqa's reads flat and not, lm_head's 64 rows a workgroup and 16, the decode MoE's
-/// early reads and not.
+/// early reads and not, the DeltaNet chain's early reads and not.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -58,6 +58,10 @@ fn choosable() -> Vec<Spec> {
                             rows_early: f16_acts,
                             glu_early: f16_acts,
                             down_early: f16_acts,
+                            // The DeltaNet chain's early reads (DEEP = 1, EARLY = 1) and not.
+                            rows_deep: f16_acts,
+                            dn_early: f16_acts,
+                            dn_split: f16_acts,
                             // lm_head's 64 rows a workgroup (ROW_PART sized for them).
                             lm_rows: if f16_acts { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
