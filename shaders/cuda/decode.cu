@@ -16,6 +16,10 @@
 //                     dec_down_combine's work), its phases met at a grid barrier, every weight row a
 //                     block needs requested at once as soon as the token is routed (issue 30,
 //                     `--fused-moe`; its comment below says how, and the PDL hazard).
+//   dec_moe_rows:     dec_moe's design for the B ≤ 8 rows of a batched step (issue 32,
+//                     `--fused-moe-rows`): rms_norm + dec_gemv_rows + dec_glu4_rows +
+//                     dec_down_combine_rows in one launch, the shared expert's rows read once for
+//                     all rows, the block's weights streamed through a ring of cp.async slots.
 //
 // Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
 // groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
@@ -1670,6 +1674,38 @@ __device__ __forceinline__ void moe_rows_request(const DecMoeRows& a, const MoeR
     }
 }
 
+// Phase A's staging: the nb rows of x [nb, cols] RMS-normed into xs [nb][G][DEC_XPAD] with their
+// group sums (xsum [nb][G]), each row as stage_x stages it (the same values, the same sums); in
+// the fast form every row's loads are in flight before the first row's sum.
+template <int V>
+__device__ __forceinline__ void stage_rows_fast(const float* __restrict__ x, const float* __restrict__ norm_w,
+                                                float eps, int cols, int nb, float* xs, float* xsum,
+                                                float* __restrict__ xn_out) {
+    int G = cols >> 6;
+    XRow<V> r[DEC_B_MAX];
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b < nb) stage_load<V>(x + (long long)b * cols, nullptr, r[b]);
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b < nb)
+            stage_finish<V>(r[b], norm_w, eps, cols, false, 1, xs + b * G * DEC_XPAD, xsum + b * G,
+                            xn_out ? xn_out + (long long)b * cols : nullptr);
+}
+
+__device__ __forceinline__ void stage_rows(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+                                           int cols, int nb, float* xs, float* xsum, float* __restrict__ xn_out) {
+    // (rows are cols floats apart, a multiple of 64: row 0's alignment is every row's)
+    switch (stage_width(x, norm_w, cols, nullptr, 1, xn_out)) {
+        case 4: stage_rows_fast<4>(x, norm_w, eps, cols, nb, xs, xsum, xn_out); break;
+        case 8: stage_rows_fast<8>(x, norm_w, eps, cols, nb, xs, xsum, xn_out); break;
+        default:
+            for (int b = 0; b < nb; b++)
+                stage_x(x + (long long)b * cols, norm_w, eps, cols, nullptr, 1, xs + b * (cols >> 6) * DEC_XPAD,
+                        xsum + b * (cols >> 6), xn_out ? xn_out + (long long)b * cols : nullptr);
+    }
+}
+
 // dec_moe_rows: the MoE block of the nb rows of a batched decode step (2 ≤ nb ≤ DEC_B_MAX) in one
 // launch, doing what rms_norm + dec_gemv_rows (router and shared-expert gate) + dec_glu4_rows +
 // dec_down_combine_rows do, with the same rounding points and sums in the same order, so each
@@ -1680,8 +1716,8 @@ __device__ __forceinline__ void moe_rows_request(const DecMoeRows& a, const MoeR
 // shared memory:
 //   before pdl_wait: the block's shared-expert down rows (one record an output row, used by every
 //     row b) requested; the norm's weights toward L2.
-//   A: each row staged and RMS-normed (stage_x: rms_norm's arithmetic; its group sums are
-//     dec_glu4's), each row's group sums as dec_gemv_rows sums them; the block's router rows and
+//   A: the rows staged and RMS-normed (stage_rows: stage_x's arithmetic, i.e. rms_norm's, every
+//     row's loads in flight at once; its group sums are dec_glu4's), each row's group sums as dec_gemv_rows sums them; the block's router rows and
 //     the shared-expert gate row dotted with all nb rows (brow_dot, dec_gemv_rows' order) →
 //     exact logits [nb, n_experts], s_gate [nb]. grid_sync.
 //   B: a warp routes a row (route_top_k; block 0 publishes ids, route_w); the first `slots`
@@ -1743,9 +1779,7 @@ dec_moe_rows(DecMoeRows a) {
     pdl_wait();
 
     // A: the rows normed, the router's logits and the shared-expert gate of every row.
-    for (int b = 0; b < nb; b++)
-        stage_x(a.x + (long long)b * hidden, a.norm_w, a.eps, hidden, nullptr, 1, xs + b * Gh * DEC_XPAD,
-                xsum_g + b * Gh, a.xn ? a.xn + (long long)b * hidden : nullptr);
+    stage_rows(a.x, a.norm_w, a.eps, hidden, nb, xs, xsum_g, a.xn);
     for (int bg = warp; bg < nb * Gh; bg += warps) {
         float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
         if (lane == 0) xsum_r[bg] = s;
