@@ -58,8 +58,10 @@ static size_t fused_smem_floats(const FusedMoe& m, int grid, int& gu_share, int&
     return bytes / 4;
 }
 
-static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, float eps, FusedOut& o,
-                         unsigned* bar) {
+// DecMoe's fields for the outputs `o` (FusedOut or driver_fused_moe_rows.cpp's RowsOut), the
+// shares left to the caller.
+template <class Out>
+static DecMoe moe_args(const FusedMoe& m, const std::vector<float>& norm_w, float eps, Out& o, unsigned* bar) {
     DecMoe a;
     a.router = m.router.view(); a.sgw = m.sgw.view();
     a.gate = m.gate.view(); a.up = m.up.view(); a.sgate = m.sgate.view(); a.sup = m.sup.view();
@@ -68,6 +70,12 @@ static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, fl
     a.x = o.x.p(); a.xn = o.xn.p(); a.logits = o.logits.p(); a.s_gate = o.s_gate.p();
     a.ids = o.ids.p(); a.route_w = o.rw.p(); a.h = o.h.p(); a.hs = o.hs.p(); a.bar = bar;
     a.n_experts = m.n_exp; a.top_k = m.top_k;
+    return a;
+}
+
+static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, float eps, FusedOut& o,
+                         unsigned* bar) {
+    DecMoe a = moe_args(m, norm_w, eps, o, bar);
     size_t smem = fused_smem_floats(m, FUSED_GRID, a.gu_share, a.down_share);
     launch_coop(FUSED_GRID, DEC_WARPS * 32, smem, [&] { dec_moe(a); });
 }

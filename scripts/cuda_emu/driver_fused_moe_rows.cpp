@@ -53,14 +53,9 @@ static size_t rows_smem_floats(const FusedMoe& m, int nb, int grid, int slots, i
 static void rows_launch(const FusedMoe& m, const std::vector<float>& norm_w, float eps, RowsOut& o, int slots,
                         unsigned* bar) {
     DecMoeRows a;
-    a.router = m.router.view(); a.sgw = m.sgw.view();
-    a.gate = m.gate.view(); a.up = m.up.view(); a.sgate = m.sgate.view(); a.sup = m.sup.view();
-    a.down = m.down.view(); a.sdown = m.sdown.view();
-    a.norm_w = norm_w.data(); a.eps = eps;
-    a.x = o.x.p(); a.xn = o.xn.p(); a.logits = o.logits.p(); a.s_gate = o.s_gate.p();
-    a.ids = o.ids.p(); a.route_w = o.rw.p(); a.h = o.h.p(); a.hs = o.hs.p(); a.bar = bar;
-    a.n_experts = m.n_exp; a.top_k = m.top_k; a.nb = o.nb; a.slots = slots;
-    size_t smem = rows_smem_floats(m, o.nb, ROWS_GRID, slots, a.gu_share, a.down_share);
+    a.m = moe_args(m, norm_w, eps, o, bar);
+    a.nb = o.nb; a.slots = slots;
+    size_t smem = rows_smem_floats(m, o.nb, ROWS_GRID, slots, a.m.gu_share, a.m.down_share);
     launch_coop(ROWS_GRID, DEC_WARPS * 32, smem, [&] { dec_moe_rows(a); });
 }
 

@@ -1075,6 +1075,39 @@ __device__ __forceinline__ void rec_group(const unsigned char* rec, int G, int s
     r.b[0][0] = bf16_to_f32(sb[G + sl]);
 }
 
+// A staged record's dot with a staged row (xs [G][DEC_XPAD], its group sums xsum [G]): the lane's
+// group, summed over the lpr lanes of its row.
+__device__ __forceinline__ float rec_dot(const unsigned char* rec, int G, int sl, int lpr, const float* xs,
+                                         const float* xsum) {
+    QRows<4, 1, 1> r;
+    rec_group(rec, G, sl, r);
+    float xv[64];
+    load_group(xs + sl * DEC_XPAD, xv);
+    float acc[1];
+    qrows_dot<4, 1, 1>(r, sl, lpr, xv, xsum[sl], nullptr, nullptr, acc);
+    reduce_rows<1>(acc, lpr);
+    return acc[0];
+}
+
+// The combine of n output rows (dec_down_combine's order): dsum [n][items] holds each row's
+// act(down · h) per item (item top_k the shared expert's), w the routing weights; DEC_DOWN_KSPLIT
+// chunks of the routed items (k, k + KSPLIT, ...) summed each from 0, the chunks added in order,
+// then the shared expert's gated term; x[r] = act(x[r] + act(yy)).
+__device__ __forceinline__ void moe_combine(const float* dsum, int items, int top_k, const float* w, float s_gate,
+                                            float* x, int n) {
+    for (int rl = threadIdx.x; rl < n; rl += blockDim.x) {
+        const float* d = dsum + rl * items;
+        float yy = 0.0f;
+        for (int kc = 0; kc < DEC_DOWN_KSPLIT; kc++) {
+            float y = 0.0f;
+            for (int k = kc; k < top_k; k += DEC_DOWN_KSPLIT) y += w[k] * d[k];
+            yy = kc == 0 ? y : yy + y;
+        }
+        yy += act(act(sigmoidf(s_gate)) * d[top_k]);
+        x[rl] = act(x[rl] + act(yy));
+    }
+}
+
 // Everything dec_moe reads and writes. The gate/up rows of the top_k + 1 items (item 0 the shared
 // expert, item k the routed expert ids[k - 1], inter rows each) are one list of (top_k + 1) · inter
 // rows split over the grid, gu_share consecutive rows a block; the hidden output rows likewise,
@@ -1268,30 +1301,11 @@ dec_moe(DecMoe a) {
     for (int pr = warp * spw_d + sub_d; pr - sub_d < dn_rows * items; pr += warps * spw_d) {
         int pc = min(pr, max(dn_rows * items - 1, 0));
         int k = pc % items;
-        QRows<4, 1, 1> rd;
-        rec_group(dn + (long long)pc * rec_d, Gi, sl_d, rd);
-        float hv[64];
-        load_group(hsm + (k * Gi + sl_d) * DEC_XPAD, hv);
-        float acc[1];
-        qrows_dot<4, 1, 1>(rd, sl_d, lpr_d, hv, hsum[k * Gi + sl_d], nullptr, nullptr, acc);
-        reduce_rows<1>(acc, lpr_d);
-        if (sl_d == 0 && pr < dn_rows * items) dsum[pr] = act(acc[0]);
+        float acc = rec_dot(dn + (long long)pc * rec_d, Gi, sl_d, lpr_d, hsm + k * Gi * DEC_XPAD, hsum + k * Gi);
+        if (sl_d == 0 && pr < dn_rows * items) dsum[pr] = act(acc);
     }
     __syncthreads();
-    // dec_down_combine's order: DEC_DOWN_KSPLIT chunks of the routed items (k, k + KSPLIT, ...)
-    // summed each from 0, the chunks added in order, then the shared expert's gated term.
-    for (int rl = threadIdx.x; rl < dn_rows; rl += blockDim.x) {
-        const float* d = dsum + rl * items;
-        float yy = 0.0f;
-        for (int kc = 0; kc < DEC_DOWN_KSPLIT; kc++) {
-            float y = 0.0f;
-            for (int k = kc; k < top_k; k += DEC_DOWN_KSPLIT) y += w_s[k] * d[k];
-            yy = kc == 0 ? y : yy + y;
-        }
-        yy += act(act(sigmoidf(__ldcg(a.s_gate))) * d[top_k]);
-        float* xc = a.x + c0 + rl;
-        *xc = act(*xc + act(yy));
-    }
+    moe_combine(dsum, items, top_k, w_s, __ldcg(a.s_gate), a.x + c0, dn_rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
@@ -1598,24 +1612,13 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
 
 // Everything dec_moe_rows reads and writes: DecMoe's fields for nb rows (x, xn [nb, hidden];
 // logits [nb, n_experts]; s_gate [nb]; ids, route_w [nb, top_k]; h [nb, top_k, inter]; hs [nb,
-// inter]) and the ring's geometry. The gate/up rows of the 1 + nb · top_k items (item 0 the
-// shared expert, dotted with every row; item 1 + b · top_k + k row b's pick k, dotted with row b
-// only) are one list of (1 + nb · top_k) · inter rows split over the grid, gu_share a block; the
-// hidden output rows likewise, down_share a block.
+// inter]), then the rows and the ring's slots. The gate/up rows of the 1 + nb · top_k items (item
+// 0 the shared expert, dotted with every row; item 1 + b · top_k + k row b's pick k, dotted with
+// row b only) are one list of (1 + nb · top_k) · inter rows split over the grid, gu_share a
+// block; the hidden output rows likewise, down_share a block.
 struct DecMoeRows {
-    QWeight router, sgw, gate, up, sgate, sup, down, sdown;
-    const float* norm_w;
-    float eps;
-    float* x;
-    float* xn;
-    float* logits;
-    float* s_gate;
-    int* ids;
-    float* route_w;
-    float* h;
-    float* hs;
-    unsigned* bar;
-    int n_experts, top_k, nb, gu_share, down_share, slots;
+    DecMoe m;
+    int nb, slots;
 };
 
 // The ring's slot: 18,432 bytes, i.e. 8 warps' worth of gate/up rows (16 records of a 2,048-wide
@@ -1648,7 +1651,7 @@ struct MoeRing {
 
 // Requests chunk `c` of the block's ring into `slot` (one cp.async group, committed by the
 // caller): a warp a gate/up record, a half-warp a down record.
-__device__ __forceinline__ void moe_rows_request(const DecMoeRows& a, const MoeRing& g, const int* ids_s, int c,
+__device__ __forceinline__ void moe_rows_request(const DecMoe& a, const MoeRing& g, const int* ids_s, int c,
                                                  unsigned char* slot) {
     int inter = a.gate.rows;
     if (c < g.gu_chunks) {
@@ -1736,11 +1739,13 @@ __device__ __forceinline__ void stage_rows(const float* __restrict__ x, const fl
 // and down results in their place), both sets of group sums, the logits and routing scratch
 // [nb, n_experts] each, the shared-expert down records, the ring.
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
-dec_moe_rows(DecMoeRows a) {
+dec_moe_rows(DecMoeRows rows) {
     extern __shared__ __align__(16) float dec_smem[];
+    const DecMoe& a = rows.m;
+    int slots = rows.slots;
     __shared__ int ids_s[DEC_B_MAX * DEC_MAX_TOPK];
     __shared__ float w_s[DEC_B_MAX * DEC_MAX_TOPK];
-    int hidden = a.gate.cols, inter = a.gate.rows, top_k = a.top_k, nb = a.nb, items = top_k + 1;
+    int hidden = a.gate.cols, inter = a.gate.rows, top_k = a.top_k, nb = rows.nb, items = top_k + 1;
     int Gh = hidden >> 6, Gi = inter >> 6;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int xs_floats = nb * Gh * DEC_XPAD;
@@ -1832,16 +1837,16 @@ dec_moe_rows(DecMoeRows a) {
     __syncthreads();
     int issued = 0;
     auto issue = [&]() {
-        if (issued < g.chunks) moe_rows_request(a, g, ids_s, issued, ring + (long long)(issued % a.slots) * MOE_SLOT);
+        if (issued < g.chunks) moe_rows_request(a, g, ids_s, issued, ring + (long long)(issued % slots) * MOE_SLOT);
         cp_async_commit();  // (an empty group past the last chunk keeps the count of pending groups exact)
         issued++;
     };
-    while (issued < a.slots) issue();
+    while (issued < slots) issue();
     int lpr = Gh, spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
     for (int c = 0; c < g.gu_chunks; c++) {
         cp_async_wait_n(issued - c - 1);  // chunk c and everything before it landed
         __syncthreads();
-        const unsigned char* slot = ring + (long long)(c % a.slots) * MOE_SLOT;
+        const unsigned char* slot = ring + (long long)(c % slots) * MOE_SLOT;
         int n = min(g.gu_per, g.gu_rows - c * g.gu_per);
         for (int jl = warp * spw + sub; jl - sub < n; jl += warps * spw) {
             int jc = min(jl, n - 1), j = g.j0 + c * g.gu_per + jc, item = j / inter, r = j % inter;
@@ -1883,50 +1888,26 @@ dec_moe_rows(DecMoeRows a) {
         // The shared expert's down dots: item top_k of each output row.
         for (int rl = warp * spw_d + sub_d; rl - sub_d < g.dn_rows; rl += warps * spw_d) {
             int rc = min(rl, max(g.dn_rows - 1, 0));
-            QRows<4, 1, 1> rd;
-            rec_group(sd + (long long)rc * rec_d, Gi, sl_d, rd);
-            float hv[64];
-            load_group(hsm + (top_k * Gi + sl_d) * DEC_XPAD, hv);
-            float acc[1];
-            qrows_dot<4, 1, 1>(rd, sl_d, lpr_d, hv, hsum[top_k * Gi + sl_d], nullptr, nullptr, acc);
-            reduce_rows<1>(acc, lpr_d);
-            if (sl_d == 0 && rl < g.dn_rows) dsum[rl * items + top_k] = act(acc[0]);
+            float acc = rec_dot(sd + (long long)rc * rec_d, Gi, sl_d, lpr_d, hsm + top_k * Gi * DEC_XPAD,
+                                hsum + top_k * Gi);
+            if (sl_d == 0 && rl < g.dn_rows) dsum[rl * items + top_k] = act(acc);
         }
         for (int cc = 0; cc < g.dn_chunks; cc++) {
             int c = g.gu_chunks + b * g.dn_chunks + cc;
             cp_async_wait_n(issued - c - 1);
             __syncthreads();
-            const unsigned char* slot = ring + (long long)(c % a.slots) * MOE_SLOT;
+            const unsigned char* slot = ring + (long long)(c % slots) * MOE_SLOT;
             int i0 = cc * g.dn_per, n = min(g.dn_per, g.dn_rows * top_k - i0);
             for (int pr = warp * spw_d + sub_d; pr - sub_d < n; pr += warps * spw_d) {
                 int pc = min(pr, n - 1), i = i0 + pc, k = i % top_k;
-                QRows<4, 1, 1> rd;
-                rec_group(slot + (long long)pc * rec_d, Gi, sl_d, rd);
-                float hv[64];
-                load_group(hsm + (k * Gi + sl_d) * DEC_XPAD, hv);
-                float acc[1];
-                qrows_dot<4, 1, 1>(rd, sl_d, lpr_d, hv, hsum[k * Gi + sl_d], nullptr, nullptr, acc);
-                reduce_rows<1>(acc, lpr_d);
-                if (sl_d == 0 && pr < n) dsum[(i / top_k) * items + k] = act(acc[0]);
+                float acc = rec_dot(slot + (long long)pc * rec_d, Gi, sl_d, lpr_d, hsm + k * Gi * DEC_XPAD, hsum + k * Gi);
+                if (sl_d == 0 && pr < n) dsum[(i / top_k) * items + k] = act(acc);
             }
             __syncthreads();
             issue();
         }
-        // dec_down_combine's order (see dec_moe).
-        const float* wb = w_s + b * top_k;
-        float sgb = __ldcg(a.s_gate + b);
-        for (int rl = threadIdx.x; rl < g.dn_rows; rl += blockDim.x) {
-            const float* d = dsum + rl * items;
-            float yy = 0.0f;
-            for (int kc = 0; kc < DEC_DOWN_KSPLIT; kc++) {
-                float y = 0.0f;
-                for (int k = kc; k < top_k; k += DEC_DOWN_KSPLIT) y += wb[k] * d[k];
-                yy = kc == 0 ? y : yy + y;
-            }
-            yy += act(act(sigmoidf(sgb)) * d[top_k]);
-            float* xc = a.x + (long long)b * hidden + g.c0 + rl;
-            *xc = act(*xc + act(yy));
-        }
+        moe_combine(dsum, items, top_k, w_s + b * top_k, __ldcg(a.s_gate + b), a.x + (long long)b * hidden + g.c0,
+                    g.dn_rows);
         __syncthreads();  // hsm / dsum are restaged for the next row
     }
 }

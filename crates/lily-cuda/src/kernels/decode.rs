@@ -539,6 +539,57 @@ struct DecMoeArg {
     down_share: i32,
 }
 
+impl DecMoeArg {
+    /// `m`'s weights, every other field zero (the launchers fill them in).
+    fn weights(m: &DevMoe) -> DecMoeArg {
+        DecMoeArg {
+            router: m.router.arg(),
+            sgw: m.shared_expert_gate.arg(),
+            gate: m.gate.arg(),
+            up: m.up.arg(),
+            sgate: m.shared_gate.arg(),
+            sup: m.shared_up.arg(),
+            down: m.down.arg(),
+            sdown: m.shared_down.arg(),
+            norm_w: 0,
+            eps: 0.0,
+            x: 0,
+            xn: 0,
+            logits: 0,
+            s_gate: 0,
+            ids: 0,
+            route_w: 0,
+            h: 0,
+            hs: 0,
+            bar: 0,
+            n_experts: 0,
+            top_k: 0,
+            gu_share: 0,
+            down_share: 0,
+        }
+    }
+}
+
+/// Whether every expert matrix of `m` (its packed words, scales and biases) is 16-byte aligned:
+/// `dec_moe` and `dec_moe_rows` copy them with cp.async in whole 16-byte pieces.
+fn experts_aligned(m: &DevMoe) -> bool {
+    [
+        &m.gate,
+        &m.up,
+        &m.shared_gate,
+        &m.shared_up,
+        &m.down,
+        &m.shared_down,
+    ]
+    .iter()
+    .all(|l| {
+        let q = l.arg();
+        [q.q, q.scales, q.biases]
+            .iter()
+            .all(|p| p.is_multiple_of(16))
+    })
+}
+
 // SAFETY: plain #[repr(C)] data matching decode.cu's DecMoe field for field (the padding after
 // `eps` is the same in both: the next field is 8-byte aligned).
 unsafe impl DeviceRepr for DecMoeArg {}
@@ -572,34 +623,13 @@ pub struct MoeRows<'a> {
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct DecMoeRowsArg {
-    router: QWeightArg,
-    sgw: QWeightArg,
-    gate: QWeightArg,
-    up: QWeightArg,
-    sgate: QWeightArg,
-    sup: QWeightArg,
-    down: QWeightArg,
-    sdown: QWeightArg,
-    norm_w: u64,
-    eps: f32,
-    x: u64,
-    xn: u64,
-    logits: u64,
-    s_gate: u64,
-    ids: u64,
-    route_w: u64,
-    h: u64,
-    hs: u64,
-    bar: u64,
-    n_experts: i32,
-    top_k: i32,
+    m: DecMoeArg,
     nb: i32,
-    gu_share: i32,
-    down_share: i32,
     slots: i32,
 }
 
-// SAFETY: plain #[repr(C)] data matching decode.cu's DecMoeRows field for field (as DecMoeArg).
+// SAFETY: plain #[repr(C)] data matching decode.cu's DecMoeRows field for field (DecMoe, then
+// two ints: the same layout and padding in both).
 unsafe impl DeviceRepr for DecMoeRowsArg {}
 
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
@@ -1002,21 +1032,7 @@ impl Decode {
             Prologue::RmsNorm { weight, eps } => (weight, eps),
             Prologue::GatedNorm { .. } => bail!("dec_moe: a gated norm before the MoE"),
         };
-        // cp.async copies whole 16-byte pieces of every expert matrix.
-        let matrices = [
-            &m.gate,
-            &m.up,
-            &m.shared_gate,
-            &m.shared_up,
-            &m.down,
-            &m.shared_down,
-        ];
-        if matrices.iter().any(|l| {
-            let q = l.arg();
-            [q.q, q.scales, q.biases]
-                .iter()
-                .any(|p| !p.is_multiple_of(16))
-        }) {
+        if !experts_aligned(m) {
             bail!("dec_moe: expert weights must be 16-byte aligned");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
@@ -1037,14 +1053,6 @@ impl Decode {
         }
         let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k, grid);
         let args = DecMoeArg {
-            router: m.router.arg(),
-            sgw: m.shared_expert_gate.arg(),
-            gate: m.gate.arg(),
-            up: m.up.arg(),
-            sgate: m.shared_gate.arg(),
-            sup: m.shared_up.arg(),
-            down: m.down.arg(),
-            sdown: m.shared_down.arg(),
             norm_w,
             eps,
             x: a.input.x,
@@ -1060,6 +1068,7 @@ impl Decode {
             top_k: a.top_k as i32,
             gu_share: gu_share as i32,
             down_share: down_share as i32,
+            ..DecMoeArg::weights(m)
         };
         let cfg = config((grid as u32, 1, 1), threads as u32, smem);
         gpu.launch(&self.moe, cfg, |l| {
@@ -1080,20 +1089,7 @@ impl Decode {
         if a.rows == 0 {
             bail!("dec_moe_rows: no rows");
         }
-        let matrices = [
-            &m.gate,
-            &m.up,
-            &m.shared_gate,
-            &m.shared_up,
-            &m.down,
-            &m.shared_down,
-        ];
-        if matrices.iter().any(|l| {
-            let q = l.arg();
-            [q.q, q.scales, q.biases]
-                .iter()
-                .any(|p| !p.is_multiple_of(16))
-        }) {
+        if !experts_aligned(m) {
             bail!("dec_moe_rows: expert weights must be 16-byte aligned");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
@@ -1124,15 +1120,7 @@ impl Decode {
             }
             let (gu_share, down_share) = moe_rows_shares(hidden, inter, top_k, nb, grid);
             let f = |p: u64, per_row: usize| p + (b0 * per_row * 4) as u64;
-            let args = DecMoeRowsArg {
-                router: m.router.arg(),
-                sgw: m.shared_expert_gate.arg(),
-                gate: m.gate.arg(),
-                up: m.up.arg(),
-                sgate: m.shared_gate.arg(),
-                sup: m.shared_up.arg(),
-                down: m.down.arg(),
-                sdown: m.shared_down.arg(),
+            let moe = DecMoeArg {
                 norm_w: a.norm_weight,
                 eps: a.eps,
                 x: f(a.x, hidden),
@@ -1146,9 +1134,13 @@ impl Decode {
                 bar: self.moe_barrier.ptr,
                 n_experts: a.n_experts as i32,
                 top_k: top_k as i32,
-                nb: nb as i32,
                 gu_share: gu_share as i32,
                 down_share: down_share as i32,
+                ..DecMoeArg::weights(m)
+            };
+            let args = DecMoeRowsArg {
+                m: moe,
+                nb: nb as i32,
                 slots: slots as i32,
             };
             let cfg = config((grid as u32, 1, 1), threads as u32, smem);

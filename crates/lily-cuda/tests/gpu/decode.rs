@@ -1026,6 +1026,71 @@ impl MoeBufs {
     }
 }
 
+/// The full model's widths and top 8, of 64 experts (256 would only lengthen the host's setup: a
+/// block's work does not depend on how many experts it picks from), random MoE weights from
+/// `seed`, and the generator after them.
+fn full_width_moe(seed: u64) -> (ModelConfig, MoeWeights, Rng) {
+    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+    c.n_experts = 64;
+    let mut rng = Rng(seed);
+    let w = random_moe(&mut rng, &c);
+    (c, w, rng)
+}
+
+/// `v` as the activations hold it: rounded to bf16 in bf16 mode.
+fn as_stored(bf16_activations: bool, v: Vec<f32>) -> Vec<f32> {
+    if bf16_activations {
+        v.into_iter().map(round_bf16).collect()
+    } else {
+        v
+    }
+}
+
+/// `launch` (a one-launch MoE over MoeBufs) captured in a CUDA graph four times in a row, the
+/// residual rows restored to `x0` before each, and replayed 25 times: the grid barrier must reset
+/// itself (one that did not would hang or tear the next launch's phases), so every replay leaves
+/// the same bits, those of a plain launch from `x0`.
+fn replays_match_a_plain_launch(
+    d: &Dev,
+    mode: &str,
+    c: &ModelConfig,
+    x0: &[f32],
+    launch: impl Fn(&MoeBufs),
+) {
+    use lily_cuda::graph::DecodeGraph;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let start = d.upload(x0).unwrap();
+    let bufs = MoeBufs::new(d, c, x0);
+    let graph = DecodeGraph::capture(d, || {
+        for _ in 0..4 {
+            d.copy_raw(bufs.x.ptr, start.ptr, x0.len() * 4)?;
+            launch(&bufs);
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut first: Option<Vec<u32>> = None;
+    for replay in 0..25 {
+        graph.launch().unwrap();
+        d.sync().unwrap();
+        let x = bits(&d.read::<f32>(&bufs.x, 0, x0.len()).unwrap());
+        match &first {
+            None => first = Some(x),
+            Some(f) => assert!(
+                *f == x,
+                "{mode}: graph replay {replay} differs from the first"
+            ),
+        }
+    }
+    let plain = MoeBufs::new(d, c, x0);
+    launch(&plain);
+    let x = bits(&d.read::<f32>(&plain.x, 0, x0.len()).unwrap());
+    assert!(
+        first == Some(x),
+        "{mode}: the replays differ from a plain launch"
+    );
+}
+
 /// decode.cu's `dec_moe` (the MoE block of one token in one persistent launch, `--fused-moe`) at
 /// the full model's widths (hidden 2048, experts of width 512, top 8 of 64 experts, the shared
 /// expert; 8-bit router and shared gate, 4-bit experts), outputs poisoned first: against the three launches it
@@ -1039,17 +1104,11 @@ impl MoeBufs {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
-    use lily_cuda::graph::DecodeGraph;
     use lily_cuda::kernels::moe::MoeShape;
     use lily_cuda::plan::DecodeMoe;
-    // The full model's widths and top 8, of 64 experts (256 would only lengthen the host's
-    // setup: a block's work does not depend on how many experts it picks from).
-    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-    c.n_experts = 64;
+    let (c, w, mut rng) = full_width_moe(77);
     let h = c.hidden;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let mut rng = Rng(77);
-    let w = random_moe(&mut rng, &c);
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
         let mode = if bf16_activations { "bf16" } else { "fp32" };
@@ -1062,13 +1121,7 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             d.sm_count,
             d.max_shared_memory
         );
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            if bf16_activations {
-                v.into_iter().map(round_bf16).collect()
-            } else {
-                v
-            }
-        };
+        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
         let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
         let norm = d.upload(&norm_w).unwrap();
         for step in 0..3 {
@@ -1131,36 +1184,7 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             continue;
         }
         let x0 = round(rng.vec(h, 0.5));
-        let start = d.upload(&x0).unwrap();
-        let bufs = MoeBufs::new(&d, &c, &x0);
-        let graph = DecodeGraph::capture(&d, || {
-            for _ in 0..4 {
-                d.copy_raw(bufs.x.ptr, start.ptr, h * 4)?;
-                bufs.one_launch(&d, &c, &dw, &norm);
-            }
-            Ok(())
-        })
-        .unwrap();
-        let mut first: Option<Vec<u32>> = None;
-        for replay in 0..25 {
-            graph.launch().unwrap();
-            d.sync().unwrap();
-            let x = bits(&d.read::<f32>(&bufs.x, 0, h).unwrap());
-            match &first {
-                None => first = Some(x),
-                Some(f) => assert!(
-                    *f == x,
-                    "{mode}: graph replay {replay} differs from the first"
-                ),
-            }
-        }
-        let plain = MoeBufs::new(&d, &c, &x0);
-        plain.one_launch(&d, &c, &dw, &norm);
-        let x = bits(&d.read::<f32>(&plain.x, 0, h).unwrap());
-        assert!(
-            first == Some(x),
-            "{mode}: the replays differ from a plain launch"
-        );
+        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch(&d, &c, &dw, &norm));
         println!("KERNEL dec_moe {mode}: 100 launches in 25 graph replays, the same bits each");
     }
     println!("KERNEL decode.cu dec_moe equals the three launches and the CPU");
@@ -1178,15 +1202,12 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
-    use lily_cuda::graph::DecodeGraph;
     use lily_cuda::kernels::moe::MoeShape;
     use lily_cuda::plan::BatchMoe;
-    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-    c.n_experts = 64;
+    let (c, w, mut rng) = full_width_moe(79);
     let h = c.hidden;
+    assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let mut rng = Rng(79);
-    let w = random_moe(&mut rng, &c);
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
         let mode = if bf16_activations { "bf16" } else { "fp32" };
@@ -1199,13 +1220,7 @@ fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
             d.sm_count,
             d.max_shared_memory
         );
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            if bf16_activations {
-                v.into_iter().map(round_bf16).collect()
-            } else {
-                v
-            }
-        };
+        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
         let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
         let norm = d.upload(&norm_w).unwrap();
         for rows in (2..=8).chain([11]) {
@@ -1271,38 +1286,8 @@ fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
             println!("KERNEL dec_moe_rows {mode}: graph replays skipped (debug checks on)");
             continue;
         }
-        let rows = 8;
-        let x0 = round(rng.vec(rows * h, 0.5));
-        let start = d.upload(&x0).unwrap();
-        let bufs = MoeBufs::new(&d, &c, &x0);
-        let graph = DecodeGraph::capture(&d, || {
-            for _ in 0..4 {
-                d.copy_raw(bufs.x.ptr, start.ptr, rows * h * 4)?;
-                bufs.one_launch_rows(&d, &c, &dw, &norm);
-            }
-            Ok(())
-        })
-        .unwrap();
-        let mut first: Option<Vec<u32>> = None;
-        for replay in 0..25 {
-            graph.launch().unwrap();
-            d.sync().unwrap();
-            let x = bits(&d.read::<f32>(&bufs.x, 0, rows * h).unwrap());
-            match &first {
-                None => first = Some(x),
-                Some(f) => assert!(
-                    *f == x,
-                    "{mode}: graph replay {replay} differs from the first"
-                ),
-            }
-        }
-        let plain = MoeBufs::new(&d, &c, &x0);
-        plain.one_launch_rows(&d, &c, &dw, &norm);
-        let x = bits(&d.read::<f32>(&plain.x, 0, rows * h).unwrap());
-        assert!(
-            first == Some(x),
-            "{mode}: the replays differ from a plain launch"
-        );
+        let x0 = round(rng.vec(8 * h, 0.5));
+        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch_rows(&d, &c, &dw, &norm));
         println!("KERNEL dec_moe_rows {mode}: 100 launches of 8 rows in 25 graph replays, the same bits each");
     }
     println!("KERNEL decode.cu dec_moe_rows equals the batched kernels and the CPU");
