@@ -1026,6 +1026,35 @@ impl MoeBufs {
     }
 }
 
+/// A one-launch MoE's outputs (`one`) against the launches it replaces (`three`): the same expert
+/// ids, every output written and within 1e-5 (fp32) / 1e-2 (bf16), since NVRTC may contract an
+/// expression differently in another kernel; returns `one`'s outputs and whether all are the
+/// same bits.
+fn same_outputs(
+    d: &Dev,
+    c: &ModelConfig,
+    what: &str,
+    one: &MoeBufs,
+    three: &MoeBufs,
+    bf16_activations: bool,
+) -> (Vec<(&'static str, Vec<f32>)>, bool) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(
+        one.read_ids(d, c),
+        three.read_ids(d, c),
+        "{what}: expert ids"
+    );
+    let (got, want) = (one.read(d, c), three.read(d, c));
+    let mut same = true;
+    for ((name, g), (_, t)) in got.iter().zip(&want) {
+        assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
+        same &= bits(g) == bits(t);
+        let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+        check(&format!("{what}: {name}"), g, t, tol);
+    }
+    (got, same)
+}
+
 /// The full model's widths and top 8, of 64 experts (256 would only lengthen the host's setup: a
 /// block's work does not depend on how many experts it picks from), random MoE weights from
 /// `seed`, and the generator after them.
@@ -1108,7 +1137,6 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
     use lily_cuda::plan::DecodeMoe;
     let (c, w, mut rng) = full_width_moe(77);
     let h = c.hidden;
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
         let mode = if bf16_activations { "bf16" } else { "fp32" };
@@ -1131,24 +1159,8 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             let three = MoeBufs::new(&d, &c, &x0);
             one.one_launch(&d, &c, &dw, &norm);
             three.three_launches(&d, &c, &dw, &norm);
-            assert_eq!(
-                one.read_ids(&d, &c),
-                three.read_ids(&d, &c),
-                "{what}: expert ids"
-            );
-            let (got, want) = (one.read(&d, &c), three.read(&d, &c));
-            let mut same = true;
-            for ((name, g), (_, t)) in got.iter().zip(&want) {
-                assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
-                same &= bits(g) == bits(t);
-                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
-                check(
-                    &format!("dec_moe vs three launches, {what}: {name}"),
-                    g,
-                    t,
-                    tol,
-                );
-            }
+            let vs = format!("dec_moe vs three launches, {what}");
+            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
             println!("KERNEL dec_moe {what}: the three launches' outputs bit for bit: {same}");
             let dx: Vec<f32> = got[0].1.iter().zip(&x0).map(|(a, b)| a - b).collect();
             assert!(
@@ -1207,7 +1219,6 @@ fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
     let (c, w, mut rng) = full_width_moe(79);
     let h = c.hidden;
     assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
         let mode = if bf16_activations { "bf16" } else { "fp32" };
@@ -1230,24 +1241,8 @@ fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
             let three = MoeBufs::new(&d, &c, &x0);
             one.one_launch_rows(&d, &c, &dw, &norm);
             three.three_kernels_rows(&d, &c, &dw, &norm);
-            assert_eq!(
-                one.read_ids(&d, &c),
-                three.read_ids(&d, &c),
-                "{what}: expert ids"
-            );
-            let (got, want) = (one.read(&d, &c), three.read(&d, &c));
-            let mut same = true;
-            for ((name, g), (_, t)) in got.iter().zip(&want) {
-                assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
-                same &= bits(g) == bits(t);
-                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
-                check(
-                    &format!("dec_moe_rows vs the batched kernels, {what}: {name}"),
-                    g,
-                    t,
-                    tol,
-                );
-            }
+            let vs = format!("dec_moe_rows vs the batched kernels, {what}");
+            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
             println!(
                 "KERNEL dec_moe_rows {what}: the batched kernels' outputs bit for bit: {same}"
             );
