@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | moe | dn | fused | attn (attn in bf16 builds: the tensor-core kernels' mode).
+// Argument: gemv | moe | dn | fused | fused_rows | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -16,6 +16,7 @@
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
 //   fused: dec_moe, the one-launch MoE block (driver_fused_moe.cpp's header).
+//   fused_rows: dec_moe_rows, the batched step's one-launch MoE block (driver_fused_moe_rows.cpp).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
@@ -672,6 +673,7 @@ static void run_attn() {
 #endif
 
 #include "driver_fused_moe.cpp"
+#include "driver_fused_moe_rows.cpp"
 
 int main(int argc, char** argv) {
     alarm(600);  // a lane missing a warp collective hangs the emulation: end it
@@ -681,10 +683,11 @@ int main(int argc, char** argv) {
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
     else if (part == "fused") run_fused_moe();
+    else if (part == "fused_rows") run_fused_moe_rows();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused|fused_rows|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -58,8 +58,10 @@ static size_t fused_smem_floats(const FusedMoe& m, int grid, int& gu_share, int&
     return bytes / 4;
 }
 
-static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, float eps, FusedOut& o,
-                         unsigned* bar) {
+// DecMoe's fields for the outputs `o` (FusedOut or driver_fused_moe_rows.cpp's RowsOut), the
+// shares left to the caller.
+template <class Out>
+static DecMoe moe_args(const FusedMoe& m, const std::vector<float>& norm_w, float eps, Out& o, unsigned* bar) {
     DecMoe a;
     a.router = m.router.view(); a.sgw = m.sgw.view();
     a.gate = m.gate.view(); a.up = m.up.view(); a.sgate = m.sgate.view(); a.sup = m.sup.view();
@@ -68,6 +70,12 @@ static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, fl
     a.x = o.x.p(); a.xn = o.xn.p(); a.logits = o.logits.p(); a.s_gate = o.s_gate.p();
     a.ids = o.ids.p(); a.route_w = o.rw.p(); a.h = o.h.p(); a.hs = o.hs.p(); a.bar = bar;
     a.n_experts = m.n_exp; a.top_k = m.top_k;
+    return a;
+}
+
+static void fused_launch(const FusedMoe& m, const std::vector<float>& norm_w, float eps, FusedOut& o,
+                         unsigned* bar) {
+    DecMoe a = moe_args(m, norm_w, eps, o, bar);
     size_t smem = fused_smem_floats(m, FUSED_GRID, a.gu_share, a.down_share);
     launch_coop(FUSED_GRID, DEC_WARPS * 32, smem, [&] { dec_moe(a); });
 }
@@ -93,6 +101,54 @@ static void three_launches(const FusedMoe& m, const std::vector<float>& norm_w, 
     });
 }
 
+// The f64 MoE layer of one row x0: the residual RMS-normed, router logits, softmax, top_k (ties
+// to the lower id), renormalised weights, SiLU GLU of the picked experts and of the shared
+// expert, down projections, the shared expert gated by sigmoid, the residual add (dx = x − x0),
+// with act() where the kernels store.
+struct FusedRef {
+    std::vector<double> xn, lg, rw, h, hs, dx;
+    std::vector<int> order;
+    double sg, gap;
+};
+static FusedRef fused_ref(const FusedMoe& m, const float* x0, const std::vector<float>& norm_w, float eps) {
+    FusedRef r;
+    double ss = 0;
+    for (int c = 0; c < m.hidden; c++) ss += (double)x0[c] * x0[c];
+    double inv = 1 / std::sqrt(ss / m.hidden + eps);
+    r.xn.resize(m.hidden); r.lg.resize(m.n_exp);
+    std::vector<double> p(m.n_exp);
+    for (int c = 0; c < m.hidden; c++) r.xn[c] = rb(x0[c] * inv * norm_w[c]);
+    double mx = -1e300, sum = 0;
+    for (int e = 0; e < m.n_exp; e++) { r.lg[e] = m.router.dot(0, e, r.xn.data()); mx = std::max(mx, r.lg[e]); }
+    for (int e = 0; e < m.n_exp; e++) { p[e] = std::exp(r.lg[e] - mx); sum += p[e]; }
+    for (auto& v : p) v /= sum;
+    r.order.resize(m.n_exp);
+    for (int e = 0; e < m.n_exp; e++) r.order[e] = e;
+    std::stable_sort(r.order.begin(), r.order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    r.gap = (p[r.order[m.top_k - 1]] - p[r.order[m.top_k]]) / p[r.order[0]];
+    double picked = 0;
+    for (int k = 0; k < m.top_k; k++) picked += p[r.order[k]];
+    r.rw.resize(m.top_k); r.h.resize((size_t)m.top_k * m.inter); r.hs.resize(m.inter); r.dx.resize(m.hidden);
+    for (int k = 0; k < m.top_k; k++) {
+        int e = r.order[k];
+        r.rw[k] = rb(p[e] / picked);
+        for (int q = 0; q < m.inter; q++)
+            r.h[(size_t)k * m.inter + q] =
+                rb(rb(silu(rb(m.gate.dot(e, q, r.xn.data())))) * rb(m.up.dot(e, q, r.xn.data())));
+    }
+    for (int q = 0; q < m.inter; q++)
+        r.hs[q] = rb(rb(silu(rb(m.sgate.dot(0, q, r.xn.data())))) * rb(m.sup.dot(0, q, r.xn.data())));
+    r.sg = rb(m.sgw.dot(0, 0, r.xn.data()));
+    double gate_s = rb(1 / (1 + std::exp(-r.sg)));
+    for (int c = 0; c < m.hidden; c++) {
+        double acc = 0;
+        for (int k = 0; k < m.top_k; k++) acc += r.rw[k] * rb(m.down.dot(r.order[k], c, &r.h[(size_t)k * m.inter]));
+        acc += rb(gate_s * rb(m.sdown.dot(0, c, r.hs.data())));
+        r.dx[c] = rb(x0[c] + rb(acc)) - x0[c];
+    }
+    return r;
+}
+
 static void run_fused_moe() {
     printf("dec_moe on %d blocks (activations %s)\n", FUSED_GRID, BF16 ? "bf16" : "fp32");
     FusedMoe m;
@@ -109,40 +165,13 @@ static void run_fused_moe() {
     three_launches(m, norm_w, eps, three);
 
     // (a) the f64 layer.
-    double ss = 0;
-    for (float v : x0) ss += (double)v * v;
-    double inv = 1 / std::sqrt(ss / m.hidden + eps);
-    std::vector<double> xn(m.hidden), lg(m.n_exp), p(m.n_exp);
-    for (int c = 0; c < m.hidden; c++) xn[c] = rb(x0[c] * inv * norm_w[c]);
-    double mx = -1e300, sum = 0;
-    for (int e = 0; e < m.n_exp; e++) { lg[e] = m.router.dot(0, e, xn.data()); mx = std::max(mx, lg[e]); }
-    for (int e = 0; e < m.n_exp; e++) { p[e] = std::exp(lg[e] - mx); sum += p[e]; }
-    for (auto& v : p) v /= sum;
-    std::vector<int> order(m.n_exp);
-    for (int e = 0; e < m.n_exp; e++) order[e] = e;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
-    double gap = (p[order[m.top_k - 1]] - p[order[m.top_k]]) / p[order[0]], picked = 0;
-    for (int k = 0; k < m.top_k; k++) picked += p[order[k]];
-    std::vector<double> rw(m.top_k), h((size_t)m.top_k * m.inter), hs(m.inter), dx(m.hidden);
+    FusedRef ref = fused_ref(m, x0.data(), norm_w, eps);
+    const std::vector<double>&xn = ref.xn, &lg = ref.lg, &rw = ref.rw, &h = ref.h, &hs = ref.hs, &dx = ref.dx;
+    double sg = ref.sg, gap = ref.gap;
     bool ids_ok = true;
-    for (int k = 0; k < m.top_k; k++) {
-        int e = order[k];
-        ids_ok &= one.ids[k] == e;
-        rw[k] = rb(p[e] / picked);
-        for (int r = 0; r < m.inter; r++)
-            h[(size_t)k * m.inter + r] = rb(rb(silu(rb(m.gate.dot(e, r, xn.data())))) * rb(m.up.dot(e, r, xn.data())));
-    }
-    for (int r = 0; r < m.inter; r++) hs[r] = rb(rb(silu(rb(m.sgate.dot(0, r, xn.data())))) * rb(m.sup.dot(0, r, xn.data())));
-    double sg = rb(m.sgw.dot(0, 0, xn.data()));
-    double gate_s = rb(1 / (1 + std::exp(-sg)));
+    for (int k = 0; k < m.top_k; k++) ids_ok &= one.ids[k] == ref.order[k];
     std::vector<float> got_dx(m.hidden);
-    for (int c = 0; c < m.hidden; c++) {
-        double acc = 0;
-        for (int k = 0; k < m.top_k; k++) acc += rw[k] * rb(m.down.dot(order[k], c, &h[(size_t)k * m.inter]));
-        acc += rb(gate_s * rb(m.sdown.dot(0, c, hs.data())));
-        dx[c] = rb(x0[c] + rb(acc)) - x0[c];
-        got_dx[c] = one.x[c] - x0[c];
-    }
+    for (int c = 0; c < m.hidden; c++) got_dx[c] = one.x[c] - x0[c];
     double tol = BF16 ? 2e-2 : 1e-5;
     char what[160];
     verdict("normed row (xn)", rel_l2(one.xn.p(), xn.data(), m.hidden) < (BF16 ? 1e-2 : 1e-6), "  rel_l2 %.2e",

@@ -3,7 +3,8 @@
 # dec_gemv_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows; and decode.cu's
 # one-launch MoE block dec_moe (issue 30: its blocks' threads fibers of one scheduler, so they
-# meet at its grid barrier; 2 s a mode; driver_fused_moe.cpp). The kernels' own
+# meet at its grid barrier; 2 s a mode; driver_fused_moe.cpp) and its batched form dec_moe_rows
+# (issue 32; driver_fused_moe_rows.cpp). The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -13,8 +14,9 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused [bf16]  (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (nine known bugs put in: each must be caught)
+#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused|fused_rows [bf16]  (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (thirteen known bugs put in: each must be caught;
+#                                                           ONLY="9 10" runs those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
@@ -43,10 +45,19 @@ MUTANTS = [
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
-    ('dec', '    grid_sync(a.bar);\n    pdl_trigger();', '    pdl_trigger();', 'dec_moe without its second grid barrier (h read before it is written)'),
+    ('dec', '    grid_sync(a.bar);\n    pdl_trigger();  // every block is resident and past its last barrier (see',
+     '    pdl_trigger();  // every block is resident and past its last barrier (see', 'dec_moe without its second grid barrier (h read before it is written)'),
     ('dec', 'expert(a.down, ids_s[k])', 'expert(a.down, ids_s[0])', "dec_moe reading the first pick's down rows for every item"),
     ('dec', 'asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"', '(void)bar;  // asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"',
      "dec_moe's grid barrier never resetting its count (the next barrier never opens)"),
+    ('dec', 'stage_items<true>(a.h + (long long)b * top_k * inter', 'stage_items<true>(a.h + (long long)((b + 1) % nb) * top_k * inter',
+     "dec_moe_rows staging the next row's h for each row's down projections"),
+    ('dec', 'b1 = spw > 1 || bp < 0 ? nb : bp + 1;', 'b1 = spw > 1 || bp < 0 ? 1 : bp + 1;',
+     "dec_moe_rows dotting the shared expert's gate/up rows with the first row only"),
+    ('dec', '        __syncthreads();  // the slot is consumed: the chunk `slots` on takes it\n', '',
+     "dec_moe_rows reusing a ring slot before every warp consumed it (copies landing at once)"),
+    ('dec', 'cp_async_wait_n(issued - c - 1);  // chunk c', 'cp_async_wait_n(issued - c);  // chunk c',
+     "dec_moe_rows reading a ring slot one chunk before it landed"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -64,7 +75,7 @@ dec = swap(dec, '''    uint4 r;
                  : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 4)
 # dec_moe's grid barrier: its PTX accesses as shim_decode.h's plain ones (the logic runs as written).
 dec = swap(dec, 'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");',
            'gen = emu_load(bar + 1);')
@@ -121,14 +132,16 @@ open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.
                                 f'\n#include "{root}/scripts/cuda_emu/driver_batch.cpp"\n')
 PY
 }
-build() {  # build FLAGS...: the emulator with these compiler flags into $W/emu
-  g++ -std=c++20 -O2 -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wno-unknown-pragmas -pthread "$@" \
+build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLAGS') into $W/emu
+  g++ -std=c++20 -O2 -ffp-contract=off -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -Wno-unknown-pragmas -pthread ${EMU_FLAGS:-} "$@" \
     "$W/emu.cpp" -o "$W/emu"
 }
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
-  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" "6 fused" "7 fused" "8 fused"; do
+  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" "6 fused" "7 fused" "8 fused" \
+           "9 fused_rows" "10 fused_rows" "11 fused_rows -DSHIM_CP_ASYNC_EAGER" "12 fused_rows"; do
     set -- $m
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
     build ${3:-}
     if "$W/emu" "$2" >"$W/log" 2>&1; then
@@ -142,8 +155,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv moe dn fused; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv moe dn fused attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv moe dn fused fused_rows; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv moe dn fused fused_rows attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

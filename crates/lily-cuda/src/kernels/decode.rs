@@ -1,7 +1,7 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
 //! gate/up/SiLU and down/combine/residual each in one launch; or the whole MoE block in one
-//! persistent launch, `dec_moe`).
+//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`).
 
 use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
@@ -282,6 +282,80 @@ pub fn moe_fits(
             <= max_shared_memory
 }
 
+/// Bytes of one slot of `dec_moe_rows`' ring (decode.cu's MOE_SLOT): 8 warps' gate/up rows of a
+/// 2,048-wide input, or 64 down records of a 512-wide expert.
+const MOE_SLOT: usize = 18_432;
+/// Most slots of `dec_moe_rows`' ring (≤ 8: its cp.async wait counts), and fewest worth running.
+pub const MOE_ROWS_SLOTS: usize = 6;
+const MOE_ROWS_MIN_SLOTS: usize = 2;
+
+/// `dec_moe_rows`' split of the work over `grid` blocks for `rows` rows: gate/up rows of the
+/// (1 + rows · top_k) · inter concatenated rows, and output rows, a block.
+fn moe_rows_shares(
+    hidden: usize,
+    inter: usize,
+    top_k: usize,
+    rows: usize,
+    grid: usize,
+) -> (usize, usize) {
+    let grid = grid.max(1);
+    (
+        ((1 + rows * top_k) * inter).div_ceil(grid),
+        hidden.div_ceil(grid),
+    )
+}
+
+/// Dynamic shared memory of a `dec_moe_rows` block (decode.cu's layout): the rows staged (phase
+/// C's h staging and down results in the same bytes), two sets of group sums, the logits and
+/// the routing's scratch, the shared expert's down records, `slots` ring slots.
+fn moe_rows_smem(
+    w: &MoeWeightShapes,
+    n_experts: usize,
+    top_k: usize,
+    rows: usize,
+    grid: usize,
+    slots: usize,
+) -> usize {
+    let r4 = |n: usize| n.next_multiple_of(4);
+    let (hidden, inter, items) = (w.gate.cols, w.gate.rows, top_k + 1);
+    let (_, down_share) = moe_rows_shares(hidden, inter, top_k, rows, grid);
+    let (gh, gi) = (hidden / 64, inter / 64);
+    let staged =
+        (rows * gh * XPAD).max(items * gi * XPAD + r4(items * gi) + r4(down_share * items));
+    let front = 4 * (staged + 2 * r4(rows * gh) + 2 * r4(rows * n_experts));
+    front + (down_share * moe_rec(inter)).next_multiple_of(16) + slots * MOE_SLOT
+}
+
+/// Bytes of static shared memory a `dec_moe_rows` block holds at most (its routing's ids and
+/// weights for BATCH_MAX rows, block_sum's array: 2,176 bytes); the launcher checks the exact figure.
+const MOE_ROWS_STATIC_SMEM: usize = 2_304;
+
+/// Why `dec_moe_rows` cannot run this block (`None`: it can): `dec_moe`'s shapes (`moe_unfit`)
+/// and whole slots of gate/up rows and of down records.
+pub fn moe_rows_unfit(w: &MoeWeightShapes, n_experts: usize, top_k: usize) -> Option<String> {
+    moe_unfit(w, n_experts, top_k)
+}
+
+/// The ring slots `dec_moe_rows` takes for `rows` rows on a device of `sm_count` SMs granting a
+/// block `max_shared_memory` bytes (the most of MOE_ROWS_SLOTS that fit); `None` where not even
+/// MOE_ROWS_MIN_SLOTS fit, or the block's shapes do not (`moe_rows_unfit`).
+pub fn moe_rows_slots(
+    w: &MoeWeightShapes,
+    n_experts: usize,
+    top_k: usize,
+    rows: usize,
+    sm_count: usize,
+    max_shared_memory: usize,
+) -> Option<usize> {
+    if moe_rows_unfit(w, n_experts, top_k).is_some() || sm_count == 0 || rows == 0 {
+        return None;
+    }
+    (MOE_ROWS_MIN_SLOTS..=MOE_ROWS_SLOTS).rev().find(|&slots| {
+        moe_rows_smem(w, n_experts, top_k, rows, sm_count, slots) + MOE_ROWS_STATIC_SMEM
+            <= max_shared_memory
+    })
+}
+
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
 /// the rows padded, and their group sums.
 fn rows_smem(cols: usize, rows: usize) -> usize {
@@ -465,9 +539,98 @@ struct DecMoeArg {
     down_share: i32,
 }
 
+impl DecMoeArg {
+    /// `m`'s weights, every other field zero (the launchers fill them in).
+    fn weights(m: &DevMoe) -> DecMoeArg {
+        DecMoeArg {
+            router: m.router.arg(),
+            sgw: m.shared_expert_gate.arg(),
+            gate: m.gate.arg(),
+            up: m.up.arg(),
+            sgate: m.shared_gate.arg(),
+            sup: m.shared_up.arg(),
+            down: m.down.arg(),
+            sdown: m.shared_down.arg(),
+            norm_w: 0,
+            eps: 0.0,
+            x: 0,
+            xn: 0,
+            logits: 0,
+            s_gate: 0,
+            ids: 0,
+            route_w: 0,
+            h: 0,
+            hs: 0,
+            bar: 0,
+            n_experts: 0,
+            top_k: 0,
+            gu_share: 0,
+            down_share: 0,
+        }
+    }
+}
+
+/// Whether every expert matrix of `m` (its packed words, scales and biases) is 16-byte aligned:
+/// `dec_moe` and `dec_moe_rows` copy them with cp.async in whole 16-byte pieces.
+fn experts_aligned(m: &DevMoe) -> bool {
+    [
+        &m.gate,
+        &m.up,
+        &m.shared_gate,
+        &m.shared_up,
+        &m.down,
+        &m.shared_down,
+    ]
+    .iter()
+    .all(|l| {
+        let q = l.arg();
+        [q.q, q.scales, q.biases]
+            .iter()
+            .all(|p| p.is_multiple_of(16))
+    })
+}
+
 // SAFETY: plain #[repr(C)] data matching decode.cu's DecMoe field for field (the padding after
 // `eps` is the same in both: the next field is 8-byte aligned).
 unsafe impl DeviceRepr for DecMoeArg {}
+
+/// The MoE block of a batched step's rows in one launch (`dec_moe_rows`): what `rms_norm`,
+/// `project_rows` (router and shared-expert gate), `glu_rows` and `down_combine_rows` do, with
+/// the same outputs. Buffers are row 0 of: x and xn [rows, hidden], logits [rows, n_experts],
+/// shared_gate_logit [rows], ids and route_w [rows, top_k], h [rows, top_k, inter], h_shared
+/// [rows, inter].
+pub struct MoeRows<'a> {
+    /// The residual rows, updated in place (x += the block's output).
+    pub x: u64,
+    /// The post-attention RMSNorm's f32 weight [hidden] and epsilon.
+    pub norm_weight: u64,
+    pub eps: f32,
+    /// Written when given: the normed rows.
+    pub xn: Option<u64>,
+    pub moe: &'a DevMoe,
+    pub n_experts: usize,
+    pub top_k: usize,
+    pub logits: u64,
+    pub shared_gate_logit: u64,
+    pub ids: u64,
+    pub route_w: u64,
+    pub h: u64,
+    pub h_shared: u64,
+    pub rows: usize,
+}
+
+/// `struct DecMoeRows` of decode.cu, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecMoeRowsArg {
+    m: DecMoeArg,
+    nb: i32,
+    slots: i32,
+}
+
+// SAFETY: plain #[repr(C)] data matching decode.cu's DecMoeRows field for field (DecMoe, then
+// two ints: the same layout and padding in both).
+unsafe impl DeviceRepr for DecMoeRowsArg {}
 
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
 pub struct DownCombine<'a> {
@@ -580,6 +743,9 @@ pub struct Decode {
     /// `dec_moe`'s grid barrier: u32 count and generation, zero at load, back to a count of 0
     /// after every barrier.
     moe_barrier: DevBuf,
+    moe_rows: Kernel,
+    /// Dynamic shared memory a `dec_moe_rows` block may take on this device (as `moe_smem_max`).
+    moe_rows_smem_max: usize,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -598,6 +764,11 @@ impl Decode {
             .max_shared_memory
             .saturating_sub(moe.static_shared_memory()?);
         let moe = moe.allow_shared_memory(moe_smem_max)?;
+        let moe_rows = k("dec_moe_rows")?;
+        let moe_rows_smem_max = gpu
+            .max_shared_memory
+            .saturating_sub(moe_rows.static_shared_memory()?);
+        let moe_rows = moe_rows.allow_shared_memory(moe_rows_smem_max)?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
@@ -613,6 +784,8 @@ impl Decode {
             moe,
             moe_smem_max,
             moe_barrier,
+            moe_rows,
+            moe_rows_smem_max,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -859,21 +1032,7 @@ impl Decode {
             Prologue::RmsNorm { weight, eps } => (weight, eps),
             Prologue::GatedNorm { .. } => bail!("dec_moe: a gated norm before the MoE"),
         };
-        // cp.async copies whole 16-byte pieces of every expert matrix.
-        let matrices = [
-            &m.gate,
-            &m.up,
-            &m.shared_gate,
-            &m.shared_up,
-            &m.down,
-            &m.shared_down,
-        ];
-        if matrices.iter().any(|l| {
-            let q = l.arg();
-            [q.q, q.scales, q.biases]
-                .iter()
-                .any(|p| !p.is_multiple_of(16))
-        }) {
+        if !experts_aligned(m) {
             bail!("dec_moe: expert weights must be 16-byte aligned");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
@@ -894,14 +1053,6 @@ impl Decode {
         }
         let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k, grid);
         let args = DecMoeArg {
-            router: m.router.arg(),
-            sgw: m.shared_expert_gate.arg(),
-            gate: m.gate.arg(),
-            up: m.up.arg(),
-            sgate: m.shared_gate.arg(),
-            sup: m.shared_up.arg(),
-            down: m.down.arg(),
-            sdown: m.shared_down.arg(),
             norm_w,
             eps,
             x: a.input.x,
@@ -917,11 +1068,88 @@ impl Decode {
             top_k: a.top_k as i32,
             gu_share: gu_share as i32,
             down_share: down_share as i32,
+            ..DecMoeArg::weights(m)
         };
         let cfg = config((grid as u32, 1, 1), threads as u32, smem);
         gpu.launch(&self.moe, cfg, |l| {
             l.arg(&args);
         })
+    }
+
+    /// The MoE block of a batched step's rows in one launch (`dec_moe_rows`; BATCH_MAX rows a
+    /// launch, more take several): a persistent grid of one block an SM as `moe`, the weights
+    /// streamed through a ring of as many slots as the device's shared memory holds
+    /// (`moe_rows_slots`), phases separated by a grid barrier over `moe_barrier`.
+    pub fn moe_rows(&self, gpu: &Gpu, a: &MoeRows) -> Result<()> {
+        let m = a.moe;
+        let w = MoeWeightShapes::of(m);
+        if let Some(why) = moe_rows_unfit(&w, a.n_experts, a.top_k) {
+            bail!("dec_moe_rows: {why}");
+        }
+        if a.rows == 0 {
+            bail!("dec_moe_rows: no rows");
+        }
+        if !experts_aligned(m) {
+            bail!("dec_moe_rows: expert weights must be 16-byte aligned");
+        }
+        if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+            bail!("dec_moe_rows: h and h_shared must be 16-byte aligned");
+        }
+        let (hidden, inter, top_k) = (m.gate.cols, m.gate.rows, a.top_k);
+        let grid = gpu.sm_count;
+        let threads = WARPS * 32;
+        let mut b0 = 0;
+        while b0 < a.rows {
+            let nb = BATCH_MAX.min(a.rows - b0);
+            let Some(slots) = moe_rows_slots(
+                &w,
+                a.n_experts,
+                top_k,
+                nb,
+                grid,
+                self.moe_rows_smem_max + MOE_ROWS_STATIC_SMEM,
+            ) else {
+                bail!(
+                    "dec_moe_rows: {nb} rows on {grid} blocks need more than the {} bytes of shared memory the device grants a block",
+                    self.moe_rows_smem_max
+                );
+            };
+            let smem = moe_rows_smem(&w, a.n_experts, top_k, nb, grid, slots);
+            if self.moe_rows.resident_blocks(threads, smem)? == 0 {
+                bail!("dec_moe_rows: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
+            }
+            let (gu_share, down_share) = moe_rows_shares(hidden, inter, top_k, nb, grid);
+            let f = |p: u64, per_row: usize| p + (b0 * per_row * 4) as u64;
+            let moe = DecMoeArg {
+                norm_w: a.norm_weight,
+                eps: a.eps,
+                x: f(a.x, hidden),
+                xn: a.xn.map_or(0, |p| f(p, hidden)),
+                logits: f(a.logits, a.n_experts),
+                s_gate: f(a.shared_gate_logit, 1),
+                ids: f(a.ids, top_k),
+                route_w: f(a.route_w, top_k),
+                h: f(a.h, top_k * inter),
+                hs: f(a.h_shared, inter),
+                bar: self.moe_barrier.ptr,
+                n_experts: a.n_experts as i32,
+                top_k: top_k as i32,
+                gu_share: gu_share as i32,
+                down_share: down_share as i32,
+                ..DecMoeArg::weights(m)
+            };
+            let args = DecMoeRowsArg {
+                m: moe,
+                nb: nb as i32,
+                slots: slots as i32,
+            };
+            let cfg = config((grid as u32, 1, 1), threads as u32, smem);
+            gpu.launch(&self.moe_rows, cfg, |l| {
+                l.arg(&args);
+            })?;
+            b0 += nb;
+        }
+        Ok(())
     }
 
     /// Whether the one-token DeltaNet kernels serve this shape.

@@ -549,3 +549,30 @@ pub fn same_reported(what: &str, got: &Reported, want: &Reported, lp_tol: f32) {
         }
     }
 }
+
+/// The shapes of one MoE block of a checkpoint, as the plan judges them (MLX affine weights).
+pub fn moe_shapes(m: &MoeWeights) -> lily_cuda::kernels::decode::MoeWeightShapes {
+    let shape = |l: &Linear| {
+        let (bits, group) = match &l.data {
+            WeightData::Affine { bits, group, .. } => (*bits, *group),
+            WeightData::Bf16 { .. } => (16, 0),
+        };
+        lily_cuda::weights::LinearShape {
+            experts: l.experts,
+            rows: l.rows,
+            cols: l.cols,
+            bits,
+            group,
+        }
+    };
+    lily_cuda::kernels::decode::MoeWeightShapes {
+        router: shape(&m.router),
+        shared_expert_gate: shape(&m.shared_expert_gate),
+        gate: shape(&m.gate),
+        up: shape(&m.up),
+        shared_gate: shape(&m.shared_gate),
+        shared_up: shape(&m.shared_up),
+        down: shape(&m.down),
+        shared_down: shape(&m.shared_down),
+    }
+}

@@ -825,10 +825,11 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
     println!("KERNEL attention.cu batched split attention equals one sequence at a time");
 }
 
-/// The outputs of one MoE block of one token, as Forward::moe_one_token leaves them: the residual
-/// row, the normed row, the router's logits, the shared expert's gate logit, the routing and the
-/// experts' hidden rows.
+/// The outputs of one MoE block of `rows` tokens, as Forward::moe_one_token (one row) or
+/// Forward::moe_batch leaves them: the residual rows, the normed rows, the router's logits, the
+/// shared expert's gate logits, the routing and the experts' hidden rows.
 struct MoeBufs {
+    rows: usize,
     x: DevBuf,
     xn: DevBuf,
     logits: DevBuf,
@@ -840,17 +841,95 @@ struct MoeBufs {
 }
 
 impl MoeBufs {
+    /// Buffers for the rows of `x0` (a multiple of hidden).
     fn new(d: &Dev, c: &ModelConfig, x0: &[f32]) -> MoeBufs {
+        let rows = x0.len() / c.hidden;
         MoeBufs {
+            rows,
             x: d.upload(x0).unwrap(),
-            xn: poisoned(d, c.hidden),
-            logits: poisoned(d, c.n_experts),
-            s_gate: poisoned(d, 1),
-            ids: d.alloc(c.top_k * 4).unwrap(),
-            rw: poisoned(d, c.top_k),
-            eh: poisoned(d, c.top_k * c.expert_inter),
-            sh: poisoned(d, c.shared_inter),
+            xn: poisoned(d, rows * c.hidden),
+            logits: poisoned(d, rows * c.n_experts),
+            s_gate: poisoned(d, rows),
+            ids: d.alloc(rows * c.top_k * 4).unwrap(),
+            rw: poisoned(d, rows * c.top_k),
+            eh: poisoned(d, rows * c.top_k * c.expert_inter),
+            sh: poisoned(d, rows * c.shared_inter),
         }
+    }
+
+    /// dec_moe_rows, the batched step's block in one launch.
+    fn one_launch_rows(
+        &self,
+        d: &Dev,
+        c: &ModelConfig,
+        m: &lily_cuda::weights::DevMoe,
+        norm: &DevBuf,
+    ) {
+        let block = lily_cuda::kernels::decode::MoeRows {
+            x: self.x.ptr,
+            norm_weight: norm.ptr,
+            eps: c.rms_eps,
+            xn: Some(self.xn.ptr),
+            moe: m,
+            n_experts: c.n_experts,
+            top_k: c.top_k,
+            logits: self.logits.ptr,
+            shared_gate_logit: self.s_gate.ptr,
+            ids: self.ids.ptr,
+            route_w: self.rw.ptr,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+            rows: self.rows,
+        };
+        d.k.decode.moe_rows(d, &block).unwrap();
+    }
+
+    /// What the batched step runs without it (Forward::moe_batch, BatchMoe::Rows): rms_norm,
+    /// dec_gemv_rows (router and shared-expert gate), dec_glu4_rows, dec_down_combine_rows.
+    fn three_kernels_rows(
+        &self,
+        d: &Dev,
+        c: &ModelConfig,
+        m: &lily_cuda::weights::DevMoe,
+        norm: &DevBuf,
+    ) {
+        use lily_cuda::kernels::decode::{DownCombine, Glu};
+        let (rows, h) = (self.rows, c.hidden);
+        d.rms_norm(self.x.ptr, norm.ptr, self.xn.ptr, h, rows);
+        let first = [
+            (&m.router, Out::Exact(self.logits.ptr)),
+            (&m.shared_expert_gate, Out::Store(self.s_gate.ptr)),
+        ];
+        d.k.decode
+            .project_rows(d, self.xn.ptr, h, rows, &first)
+            .unwrap();
+        let glu = Glu {
+            gate: &m.gate,
+            up: &m.up,
+            router_logits: self.logits.ptr,
+            n_experts: c.n_experts,
+            ids: self.ids.ptr,
+            route_w: self.rw.ptr,
+            top_k: c.top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn: self.xn.ptr,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+        };
+        d.k.decode.glu_rows(d, &glu, rows).unwrap();
+        let down = DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: self.ids.ptr,
+            weights: self.rw.ptr,
+            top_k: c.top_k,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+            shared_gate: self.s_gate.ptr,
+            x: self.x.ptr,
+        };
+        d.k.decode.down_combine_rows(d, &down, rows).unwrap();
     }
 
     fn input(&self, c: &ModelConfig, norm: &DevBuf) -> Input {
@@ -927,7 +1006,7 @@ impl MoeBufs {
 
     /// Every f32 output by name (the ids apart).
     fn read(&self, d: &Dev, c: &ModelConfig) -> Vec<(&'static str, Vec<f32>)> {
-        let r = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+        let r = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, self.rows * n).unwrap() };
         vec![
             ("residual row", r(&self.x, c.hidden)),
             ("normed row", r(&self.xn, c.hidden)),
@@ -943,8 +1022,102 @@ impl MoeBufs {
     }
 
     fn read_ids(&self, d: &Dev, c: &ModelConfig) -> Vec<i32> {
-        d.read(&self.ids, 0, c.top_k).unwrap()
+        d.read(&self.ids, 0, self.rows * c.top_k).unwrap()
     }
+}
+
+/// A one-launch MoE's outputs (`one`) against the launches it replaces (`three`): the same expert
+/// ids, every output written and within 1e-5 (fp32) / 1e-2 (bf16), since NVRTC may contract an
+/// expression differently in another kernel; returns `one`'s outputs and whether all are the
+/// same bits.
+fn same_outputs(
+    d: &Dev,
+    c: &ModelConfig,
+    what: &str,
+    one: &MoeBufs,
+    three: &MoeBufs,
+    bf16_activations: bool,
+) -> (Vec<(&'static str, Vec<f32>)>, bool) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(
+        one.read_ids(d, c),
+        three.read_ids(d, c),
+        "{what}: expert ids"
+    );
+    let (got, want) = (one.read(d, c), three.read(d, c));
+    let mut same = true;
+    for ((name, g), (_, t)) in got.iter().zip(&want) {
+        assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
+        same &= bits(g) == bits(t);
+        let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+        check(&format!("{what}: {name}"), g, t, tol);
+    }
+    (got, same)
+}
+
+/// The full model's widths and top 8, of 64 experts (256 would only lengthen the host's setup: a
+/// block's work does not depend on how many experts it picks from), random MoE weights from
+/// `seed`, and the generator after them.
+fn full_width_moe(seed: u64) -> (ModelConfig, MoeWeights, Rng) {
+    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
+    c.n_experts = 64;
+    let mut rng = Rng(seed);
+    let w = random_moe(&mut rng, &c);
+    (c, w, rng)
+}
+
+/// `v` as the activations hold it: rounded to bf16 in bf16 mode.
+fn as_stored(bf16_activations: bool, v: Vec<f32>) -> Vec<f32> {
+    if bf16_activations {
+        v.into_iter().map(round_bf16).collect()
+    } else {
+        v
+    }
+}
+
+/// `launch` (a one-launch MoE over MoeBufs) captured in a CUDA graph four times in a row, the
+/// residual rows restored to `x0` before each, and replayed 25 times: the grid barrier must reset
+/// itself (one that did not would hang or tear the next launch's phases), so every replay leaves
+/// the same bits, those of a plain launch from `x0`.
+fn replays_match_a_plain_launch(
+    d: &Dev,
+    mode: &str,
+    c: &ModelConfig,
+    x0: &[f32],
+    launch: impl Fn(&MoeBufs),
+) {
+    use lily_cuda::graph::DecodeGraph;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let start = d.upload(x0).unwrap();
+    let bufs = MoeBufs::new(d, c, x0);
+    let graph = DecodeGraph::capture(d, || {
+        for _ in 0..4 {
+            d.copy_raw(bufs.x.ptr, start.ptr, x0.len() * 4)?;
+            launch(&bufs);
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut first: Option<Vec<u32>> = None;
+    for replay in 0..25 {
+        graph.launch().unwrap();
+        d.sync().unwrap();
+        let x = bits(&d.read::<f32>(&bufs.x, 0, x0.len()).unwrap());
+        match &first {
+            None => first = Some(x),
+            Some(f) => assert!(
+                *f == x,
+                "{mode}: graph replay {replay} differs from the first"
+            ),
+        }
+    }
+    let plain = MoeBufs::new(d, c, x0);
+    launch(&plain);
+    let x = bits(&d.read::<f32>(&plain.x, 0, x0.len()).unwrap());
+    assert!(
+        first == Some(x),
+        "{mode}: the replays differ from a plain launch"
+    );
 }
 
 /// decode.cu's `dec_moe` (the MoE block of one token in one persistent launch, `--fused-moe`) at
@@ -960,17 +1133,10 @@ impl MoeBufs {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
-    use lily_cuda::graph::DecodeGraph;
     use lily_cuda::kernels::moe::MoeShape;
     use lily_cuda::plan::DecodeMoe;
-    // The full model's widths and top 8, of 64 experts (256 would only lengthen the host's
-    // setup: a block's work does not depend on how many experts it picks from).
-    let mut c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-    c.n_experts = 64;
+    let (c, w, mut rng) = full_width_moe(77);
     let h = c.hidden;
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let mut rng = Rng(77);
-    let w = random_moe(&mut rng, &c);
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
         let mode = if bf16_activations { "bf16" } else { "fp32" };
@@ -983,13 +1149,7 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             d.sm_count,
             d.max_shared_memory
         );
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            if bf16_activations {
-                v.into_iter().map(round_bf16).collect()
-            } else {
-                v
-            }
-        };
+        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
         let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
         let norm = d.upload(&norm_w).unwrap();
         for step in 0..3 {
@@ -999,24 +1159,8 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             let three = MoeBufs::new(&d, &c, &x0);
             one.one_launch(&d, &c, &dw, &norm);
             three.three_launches(&d, &c, &dw, &norm);
-            assert_eq!(
-                one.read_ids(&d, &c),
-                three.read_ids(&d, &c),
-                "{what}: expert ids"
-            );
-            let (got, want) = (one.read(&d, &c), three.read(&d, &c));
-            let mut same = true;
-            for ((name, g), (_, t)) in got.iter().zip(&want) {
-                assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
-                same &= bits(g) == bits(t);
-                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
-                check(
-                    &format!("dec_moe vs three launches, {what}: {name}"),
-                    g,
-                    t,
-                    tol,
-                );
-            }
+            let vs = format!("dec_moe vs three launches, {what}");
+            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
             println!("KERNEL dec_moe {what}: the three launches' outputs bit for bit: {same}");
             let dx: Vec<f32> = got[0].1.iter().zip(&x0).map(|(a, b)| a - b).collect();
             assert!(
@@ -1052,37 +1196,94 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
             continue;
         }
         let x0 = round(rng.vec(h, 0.5));
-        let start = d.upload(&x0).unwrap();
-        let bufs = MoeBufs::new(&d, &c, &x0);
-        let graph = DecodeGraph::capture(&d, || {
-            for _ in 0..4 {
-                d.copy_raw(bufs.x.ptr, start.ptr, h * 4)?;
-                bufs.one_launch(&d, &c, &dw, &norm);
-            }
-            Ok(())
-        })
-        .unwrap();
-        let mut first: Option<Vec<u32>> = None;
-        for replay in 0..25 {
-            graph.launch().unwrap();
-            d.sync().unwrap();
-            let x = bits(&d.read::<f32>(&bufs.x, 0, h).unwrap());
-            match &first {
-                None => first = Some(x),
-                Some(f) => assert!(
-                    *f == x,
-                    "{mode}: graph replay {replay} differs from the first"
-                ),
-            }
-        }
-        let plain = MoeBufs::new(&d, &c, &x0);
-        plain.one_launch(&d, &c, &dw, &norm);
-        let x = bits(&d.read::<f32>(&plain.x, 0, h).unwrap());
-        assert!(
-            first == Some(x),
-            "{mode}: the replays differ from a plain launch"
-        );
+        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch(&d, &c, &dw, &norm));
         println!("KERNEL dec_moe {mode}: 100 launches in 25 graph replays, the same bits each");
     }
     println!("KERNEL decode.cu dec_moe equals the three launches and the CPU");
+}
+
+/// decode.cu's `dec_moe_rows` (a batched step's MoE block in one persistent launch,
+/// `--fused-moe-rows`) at the full model's widths (top 8 of 64 experts, as
+/// one_launch_moe_matches_the_three_launches_and_the_cpu), outputs poisoned first, for 2 ..= 8
+/// rows and 11 (two launches: 8 + 3): against what the batched step runs without it (`rms_norm`,
+/// `dec_gemv_rows`, `dec_glu4_rows`, `dec_down_combine_rows`), which it claims to equal (bit for
+/// bit in the CPU emulation, run_batch.sh fused_rows; here to the tolerance of the one-token
+/// test, whether bit-equal printed), every output; in fp32 each row against the CPU's norm,
+/// router and MoE; then 8 rows captured in a CUDA graph four times in a row and replayed 25
+/// times, every replay the same bits. Both activation modes; PDL on.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
+    use lily_cuda::kernels::moe::MoeShape;
+    use lily_cuda::plan::BatchMoe;
+    let (c, w, mut rng) = full_width_moe(79);
+    let h = c.hidden;
+    assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mode = if bf16_activations { "bf16" } else { "fp32" };
+        let dw = upload_moe(&d, "moe", &w).unwrap();
+        let on = d.plan_with(|o| o.fused_moe_rows = true);
+        assert_eq!(
+            on.batch_moe(&dw, MoeShape::of(&c)),
+            BatchMoe::OneLaunch,
+            "the plan must take dec_moe_rows for the full shape on this GPU (sm_80 / sm_90: {} SMs, {} bytes of shared memory a block)",
+            d.sm_count,
+            d.max_shared_memory
+        );
+        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
+        let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
+        let norm = d.upload(&norm_w).unwrap();
+        for rows in (2..=8).chain([11]) {
+            let what = format!("{mode}, {rows} rows");
+            let x0 = round(rng.vec(rows * h, 0.5));
+            let one = MoeBufs::new(&d, &c, &x0);
+            let three = MoeBufs::new(&d, &c, &x0);
+            one.one_launch_rows(&d, &c, &dw, &norm);
+            three.three_kernels_rows(&d, &c, &dw, &norm);
+            let vs = format!("dec_moe_rows vs the batched kernels, {what}");
+            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
+            println!(
+                "KERNEL dec_moe_rows {what}: the batched kernels' outputs bit for bit: {same}"
+            );
+            if !bf16_activations {
+                for b in 0..rows {
+                    let xb = &x0[b * h..(b + 1) * h];
+                    let xn = ops::rms_norm(xb, &norm_w, c.rms_eps);
+                    let e = c.n_experts;
+                    check(
+                        &format!("dec_moe_rows vs CPU, {what}, row {b}: normed row"),
+                        &got[1].1[b * h..(b + 1) * h],
+                        &xn,
+                        1e-6,
+                    );
+                    check(
+                        &format!("dec_moe_rows vs CPU, {what}, row {b}: router logits"),
+                        &got[2].1[b * e..(b + 1) * e],
+                        &matmul(&w.router, &xn),
+                        1e-5,
+                    );
+                    let dx: Vec<f32> = got[0].1[b * h..(b + 1) * h]
+                        .iter()
+                        .zip(xb)
+                        .map(|(a, x)| a - x)
+                        .collect();
+                    check(
+                        &format!("dec_moe_rows vs CPU, {what}, row {b}: residual update"),
+                        &dx,
+                        &ops::moe(&c, &w, &xn),
+                        1e-4,
+                    );
+                }
+            }
+        }
+        if !d.plan.decode_graphs() {
+            println!("KERNEL dec_moe_rows {mode}: graph replays skipped (debug checks on)");
+            continue;
+        }
+        let x0 = round(rng.vec(8 * h, 0.5));
+        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch_rows(&d, &c, &dw, &norm));
+        println!("KERNEL dec_moe_rows {mode}: 100 launches of 8 rows in 25 graph replays, the same bits each");
+    }
+    println!("KERNEL decode.cu dec_moe_rows equals the batched kernels and the CPU");
 }

@@ -898,33 +898,6 @@ fn model_prefill_through_the_tensor_core_scan_is_as_faithful_to_fp32_as_the_recu
     }
 }
 
-/// The shapes of one MoE block of a checkpoint, as the plan judges them (MLX affine weights).
-fn moe_shapes(m: &MoeWeights) -> lily_cuda::kernels::decode::MoeWeightShapes {
-    let shape = |l: &Linear| {
-        let (bits, group) = match &l.data {
-            WeightData::Affine { bits, group, .. } => (*bits, *group),
-            WeightData::Bf16 { .. } => (16, 0),
-        };
-        lily_cuda::weights::LinearShape {
-            experts: l.experts,
-            rows: l.rows,
-            cols: l.cols,
-            bits,
-            group,
-        }
-    };
-    lily_cuda::kernels::decode::MoeWeightShapes {
-        router: shape(&m.router),
-        shared_expert_gate: shape(&m.shared_expert_gate),
-        gate: shape(&m.gate),
-        up: shape(&m.up),
-        shared_gate: shape(&m.shared_gate),
-        shared_up: shape(&m.shared_up),
-        down: shape(&m.down),
-        shared_down: shape(&m.shared_down),
-    }
-}
-
 /// How much worse than the three launches' the one-launch MoE's (`--fused-moe`) bf16 decode
 /// logits may be against the fp32 CPU: as faithful, up to a fifth more rel. L2 (rounding flips
 /// the model amplifies, as the tensor-core scan's test found) and an absolute 5e-3.
