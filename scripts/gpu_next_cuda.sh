@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first CUDA call of a session with little device time (≤ 9.5 minutes), on the full-size
 # synthetic checkpoint: the shipping default that has never run on a GPU first, then the
-# one-launch decode MoE's A/B (issue 30). It folds gpu_moe_ab.sh and the tc_scan half of
+# one-launch decode MoE's A/B (issue 30). It folds session 14's gpu_moe_ab.sh (now gone) and the tc_scan half of
 # gpu_batch_diag.sh into one call:
 #   1. GPU tests: `tc_scan`'s redesigned two (the scan's changed-gate check; the model's prefill
 #      through the scan against fp32 beside the recurrence's) with the scan's kernel tests, and

@@ -74,39 +74,39 @@ lily_core::backend_options! {
         attn_flat = false, flag Some("wgpu-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
             label "attend_gqa flat reads",
             help "attend_gqa.wgsl's key and value reads with no condition around them, in loops of constant trip count (keys past a split's end read its last key again, weighted 0), so an invocation's reads of a block of keys issue together; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention ≈ 19 → 3–5 µs a block of 32 keys on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention ≈ 19 → 3–5 µs a block of 32 keys on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         attn_split = false, flag Some("wgpu-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
             label "decode attention split",
             help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         rows_flat = false, flag Some("wgpu-rows-flat"), env "LILY_WGPU_ROWS_FLAT" = true,
             label "linear_q4_rows flat reads",
             help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_decode_ab.sh)";
+            why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         rows_early = false, flag Some("wgpu-rows-early"), env "LILY_WGPU_ROWS_EARLY" = true,
             label "linear_q4_rows early reads",
             help "linear_q4_rows.wgsl (decode's plain products, the MoE's router among them) with every read of a row block's first rows (both 16-byte words of a two-word row, their scales), the input and the folded norm's weights issued before any arithmetic or barrier, the norm's 1 / RMS applied to each row's total",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted the router 15.2 → 12.5–13.5 µs a call on the H200, one DRAM and one L2 round trip fewer; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted the router 15.2 → 12.5–13.5 µs a call on the H200, one DRAM and one L2 round trip fewer; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         glu_early = false, flag Some("wgpu-glu-early"), env "LILY_WGPU_GLU_EARLY" = true,
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 29.4 → 24–26 µs a call on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 29.4 → 24–26 µs a call on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         down_early = false, flag Some("wgpu-down-early"), env "LILY_WGPU_DOWN_EARLY" = true,
             label "moe_down_rows early reads",
             help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_moe_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         rows_deep = false, flag Some("wgpu-rows-deep"), env "LILY_WGPU_ROWS_DEEP" = true,
             label "linear_q4_rows deep reads",
             help "linear_q4_rows.wgsl (decode's plain products: DeltaNet's in_proj with its conv, attention's qkv, the output projections, lm_head) with each round of rows read before the previous round's arithmetic (16 rows a workgroup: all 16 in flight from the start), and a stored row's conv taps and state or accumulated output read at the start, not after the row totals; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted DeltaNet's in_proj 30.1 → 25–27 µs a call and attention's qkv 28.7 → 26.5–27.5 on the H200, one or two DRAM round trips off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted DeltaNet's in_proj 30.1 → 25–27 µs a call and attention's qkv 28.7 → 26.5–27.5 on the H200, one or two DRAM round trips off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         dn_early = false, flag Some("wgpu-dn-early"), env "LILY_WGPU_DN_EARLY" = true,
             label "dn_recur_norm early reads",
             help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         dn_split = false, flag Some("wgpu-dn-split"), env "LILY_WGPU_DN_SPLIT" = true,
             label "DeltaNet recurrence split",
             help "decode's DeltaNet recurrence over blocks of 32 columns of a head (dn_recur_cols.wgsl: 4 workgroups a head, 128 on the full model, instead of dn_recur_norm.wgsl's one), its output norm and silu(z) gate applied by out_proj's linear_q4_rows as it reads o, where the shapes allow (4-bit out_proj, heads of a multiple of 32 columns)",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted the recurrence 14.1 → 9–10 µs a call on the H200, its 64 KB of state each way spread over 4 SMs, out_proj + 0.5–1 µs; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_dn_ab.sh)";
+            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted the recurrence 14.1 → 9–10 µs a call on the H200, its 64 KB of state each way spread over 4 SMs, out_proj + 0.5–1 µs; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
