@@ -12,7 +12,7 @@ use lily_core::config::ModelConfig;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{
-    DnConv, DnStep, DownCombine, Glu, Input, MoeBlock, MoeRows, Out, Prologue,
+    DnConv, DnStep, DownCombine, Glu, Input, MoeBlock, MoeOutputs, MoeRows, Out, Prologue,
 };
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
@@ -626,32 +626,23 @@ impl Forward<'_> {
     /// one-token step and the batched one.
     fn moe_args<'m>(&self, m: &'m DevMoe) -> (Glu<'m>, DownCombine<'m>) {
         let (cfg, s) = (self.cfg, self.scratch);
-        let glu = Glu {
-            gate: &m.gate,
-            up: &m.up,
-            router_logits: s.router.ptr,
-            n_experts: cfg.n_experts,
+        let out = self.moe_outputs();
+        let glu = out.glu(m, s.xn.ptr, cfg.n_experts, cfg.top_k);
+        (glu, out.down_combine(m, s.x.ptr, cfg.top_k))
+    }
+
+    /// The MoE block's outputs in scratch, whichever kernels write them: router, s_gate, ids,
+    /// route_w, eh, sh.
+    fn moe_outputs(&self) -> MoeOutputs {
+        let s = self.scratch;
+        MoeOutputs {
+            logits: s.router.ptr,
+            shared_gate_logit: s.s_gate.ptr,
             ids: s.ids.ptr,
             route_w: s.route_w.ptr,
-            top_k: cfg.top_k,
-            shared_gate: &m.shared_gate,
-            shared_up: &m.shared_up,
-            xn: s.xn.ptr,
             h: s.eh.ptr,
             h_shared: s.sh.ptr,
-        };
-        let down = DownCombine {
-            down: &m.down,
-            shared_down: &m.shared_down,
-            ids: s.ids.ptr,
-            weights: s.route_w.ptr,
-            top_k: cfg.top_k,
-            h: s.eh.ptr,
-            h_shared: s.sh.ptr,
-            shared_gate: s.s_gate.ptr,
-            x: s.x.ptr,
-        };
-        (glu, down)
+        }
     }
 
     /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
@@ -779,12 +770,7 @@ impl Forward<'_> {
                 moe: m,
                 n_experts: cfg.n_experts,
                 top_k: cfg.top_k,
-                logits: s.router.ptr,
-                shared_gate_logit: s.s_gate.ptr,
-                ids: s.ids.ptr,
-                route_w: s.route_w.ptr,
-                h: s.eh.ptr,
-                h_shared: s.sh.ptr,
+                out: self.moe_outputs(),
                 rows,
             };
             return k.decode.moe_rows(gpu, &block);
@@ -1135,12 +1121,7 @@ impl Forward<'_> {
                     moe: m,
                     n_experts: cfg.n_experts,
                     top_k: cfg.top_k,
-                    logits: s.router.ptr,
-                    shared_gate_logit: s.s_gate.ptr,
-                    ids: s.ids.ptr,
-                    route_w: s.route_w.ptr,
-                    h: s.eh.ptr,
-                    h_shared: s.sh.ptr,
+                    out: self.moe_outputs(),
                 };
                 k.decode.moe(gpu, &block)
             }

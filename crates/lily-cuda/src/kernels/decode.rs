@@ -489,6 +489,72 @@ pub struct Glu<'a> {
     pub h_shared: u64,
 }
 
+/// The buffers the MoE block writes, the same whether it runs in one launch (`dec_moe`,
+/// `dec_moe_rows`) or as `project` / `project_rows`, `glu` and `down_combine`: f32 [n_experts]
+/// the router's exact logits, f32 [1] the shared expert's gate logit, i32 / f32 [top_k] the
+/// routing, f32 [top_k, inter] and [inter] the experts' and the shared expert's hidden rows (each
+/// the first row of [rows, ...] for several rows).
+#[derive(Clone, Copy)]
+pub struct MoeOutputs {
+    pub logits: u64,
+    pub shared_gate_logit: u64,
+    pub ids: u64,
+    pub route_w: u64,
+    pub h: u64,
+    pub h_shared: u64,
+}
+
+impl MoeOutputs {
+    /// The second of the three launches (`glu`, `glu_rows`) of `m` on the normed row(s) `xn`,
+    /// writing the routing and the hidden rows.
+    pub fn glu<'a>(&self, m: &'a DevMoe, xn: u64, n_experts: usize, top_k: usize) -> Glu<'a> {
+        Glu {
+            gate: &m.gate,
+            up: &m.up,
+            router_logits: self.logits,
+            n_experts,
+            ids: self.ids,
+            route_w: self.route_w,
+            top_k,
+            shared_gate: &m.shared_gate,
+            shared_up: &m.shared_up,
+            xn,
+            h: self.h,
+            h_shared: self.h_shared,
+        }
+    }
+
+    /// The third (`down_combine`, `down_combine_rows`): the residual row(s) `x` += the block's
+    /// output.
+    pub fn down_combine<'a>(&self, m: &'a DevMoe, x: u64, top_k: usize) -> DownCombine<'a> {
+        DownCombine {
+            down: &m.down,
+            shared_down: &m.shared_down,
+            ids: self.ids,
+            weights: self.route_w,
+            top_k,
+            h: self.h,
+            h_shared: self.h_shared,
+            shared_gate: self.shared_gate_logit,
+            x,
+        }
+    }
+
+    /// The same buffers from row `b0` on, for `m`'s widths.
+    fn at_row(&self, b0: usize, m: &DevMoe, n_experts: usize, top_k: usize) -> MoeOutputs {
+        let at = |p: u64, per_row: usize| p + (b0 * per_row * 4) as u64;
+        let inter = m.gate.rows;
+        MoeOutputs {
+            logits: at(self.logits, n_experts),
+            shared_gate_logit: at(self.shared_gate_logit, 1),
+            ids: at(self.ids, top_k),
+            route_w: at(self.route_w, top_k),
+            h: at(self.h, top_k * inter),
+            h_shared: at(self.h_shared, inter),
+        }
+    }
+}
+
 /// The whole MoE block of one token in one launch (`dec_moe`): what `project` (router and
 /// shared-expert gate, the norm folded in), `glu` and `down_combine` do, with the same outputs.
 pub struct MoeBlock<'a> {
@@ -499,15 +565,8 @@ pub struct MoeBlock<'a> {
     pub moe: &'a DevMoe,
     pub n_experts: usize,
     pub top_k: usize,
-    /// Written, as the three launches write them: f32 [n_experts] the router's exact logits,
-    /// f32 [1] the shared expert's gate logit, i32 / f32 [top_k] the routing, f32 [top_k, inter]
-    /// and [inter] the experts' and the shared expert's hidden rows.
-    pub logits: u64,
-    pub shared_gate_logit: u64,
-    pub ids: u64,
-    pub route_w: u64,
-    pub h: u64,
-    pub h_shared: u64,
+    /// Written, as the three launches write them.
+    pub out: MoeOutputs,
 }
 
 /// `struct DecMoe` of decode.cu, passed by value.
@@ -540,8 +599,10 @@ struct DecMoeArg {
 }
 
 impl DecMoeArg {
-    /// `m`'s weights, every other field zero (the launchers fill them in).
-    fn weights(m: &DevMoe) -> DecMoeArg {
+    /// `m`'s weights, its `n_experts` / `top_k` shape, the buffers it writes and the grid
+    /// barrier's word `bar`; the input row, the norm and the work shares zero (the launchers
+    /// fill them in).
+    fn new(m: &DevMoe, n_experts: usize, top_k: usize, out: &MoeOutputs, bar: u64) -> DecMoeArg {
         DecMoeArg {
             router: m.router.arg(),
             sgw: m.shared_expert_gate.arg(),
@@ -555,23 +616,35 @@ impl DecMoeArg {
             eps: 0.0,
             x: 0,
             xn: 0,
-            logits: 0,
-            s_gate: 0,
-            ids: 0,
-            route_w: 0,
-            h: 0,
-            hs: 0,
-            bar: 0,
-            n_experts: 0,
-            top_k: 0,
+            logits: out.logits,
+            s_gate: out.shared_gate_logit,
+            ids: out.ids,
+            route_w: out.route_w,
+            h: out.h,
+            hs: out.h_shared,
+            bar,
+            n_experts: n_experts as i32,
+            top_k: top_k as i32,
             gu_share: 0,
             down_share: 0,
         }
     }
 }
 
+/// An error naming `kernel` (`dec_moe`, `dec_moe_rows`) unless `m`'s expert matrices and `out`'s
+/// hidden rows are 16-byte aligned: the kernel moves them in whole 16-byte pieces.
+fn check_aligned(kernel: &str, m: &DevMoe, out: &MoeOutputs) -> Result<()> {
+    if !experts_aligned(m) {
+        bail!("{kernel}: expert weights must be 16-byte aligned");
+    }
+    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+        bail!("{kernel}: h and h_shared must be 16-byte aligned");
+    }
+    Ok(())
+}
+
 /// Whether every expert matrix of `m` (its packed words, scales and biases) is 16-byte aligned:
-/// `dec_moe` and `dec_moe_rows` copy them with cp.async in whole 16-byte pieces.
+/// the one-launch kernels copy them with cp.async.
 fn experts_aligned(m: &DevMoe) -> bool {
     [
         &m.gate,
@@ -596,9 +669,7 @@ unsafe impl DeviceRepr for DecMoeArg {}
 
 /// The MoE block of a batched step's rows in one launch (`dec_moe_rows`): what `rms_norm`,
 /// `project_rows` (router and shared-expert gate), `glu_rows` and `down_combine_rows` do, with
-/// the same outputs. Buffers are row 0 of: x and xn [rows, hidden], logits [rows, n_experts],
-/// shared_gate_logit [rows], ids and route_w [rows, top_k], h [rows, top_k, inter], h_shared
-/// [rows, inter].
+/// the same outputs. Buffers are row 0 of: x and xn [rows, hidden], and `out`'s of `rows` rows.
 pub struct MoeRows<'a> {
     /// The residual rows, updated in place (x += the block's output).
     pub x: u64,
@@ -610,12 +681,8 @@ pub struct MoeRows<'a> {
     pub moe: &'a DevMoe,
     pub n_experts: usize,
     pub top_k: usize,
-    pub logits: u64,
-    pub shared_gate_logit: u64,
-    pub ids: u64,
-    pub route_w: u64,
-    pub h: u64,
-    pub h_shared: u64,
+    /// Written, as the batched kernels write them.
+    pub out: MoeOutputs,
     pub rows: usize,
 }
 
@@ -1032,12 +1099,7 @@ impl Decode {
             Prologue::RmsNorm { weight, eps } => (weight, eps),
             Prologue::GatedNorm { .. } => bail!("dec_moe: a gated norm before the MoE"),
         };
-        if !experts_aligned(m) {
-            bail!("dec_moe: expert weights must be 16-byte aligned");
-        }
-        if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
-            bail!("dec_moe: h and h_shared must be 16-byte aligned");
-        }
+        check_aligned("dec_moe", m, &a.out)?;
         let grid = gpu.sm_count;
         let smem = moe_smem(hidden, inter, a.n_experts, a.top_k, grid);
         if smem > self.moe_smem_max {
@@ -1057,18 +1119,9 @@ impl Decode {
             eps,
             x: a.input.x,
             xn: a.input.staged_out.unwrap_or(0),
-            logits: a.logits,
-            s_gate: a.shared_gate_logit,
-            ids: a.ids,
-            route_w: a.route_w,
-            h: a.h,
-            hs: a.h_shared,
-            bar: self.moe_barrier.ptr,
-            n_experts: a.n_experts as i32,
-            top_k: a.top_k as i32,
             gu_share: gu_share as i32,
             down_share: down_share as i32,
-            ..DecMoeArg::weights(m)
+            ..DecMoeArg::new(m, a.n_experts, a.top_k, &a.out, self.moe_barrier.ptr)
         };
         let cfg = config((grid as u32, 1, 1), threads as u32, smem);
         gpu.launch(&self.moe, cfg, |l| {
@@ -1089,12 +1142,7 @@ impl Decode {
         if a.rows == 0 {
             bail!("dec_moe_rows: no rows");
         }
-        if !experts_aligned(m) {
-            bail!("dec_moe_rows: expert weights must be 16-byte aligned");
-        }
-        if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
-            bail!("dec_moe_rows: h and h_shared must be 16-byte aligned");
-        }
+        check_aligned("dec_moe_rows", m, &a.out)?;
         let (hidden, inter, top_k) = (m.gate.cols, m.gate.rows, a.top_k);
         let grid = gpu.sm_count;
         let threads = WARPS * 32;
@@ -1119,24 +1167,16 @@ impl Decode {
                 bail!("dec_moe_rows: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
             }
             let (gu_share, down_share) = moe_rows_shares(hidden, inter, top_k, nb, grid);
-            let f = |p: u64, per_row: usize| p + (b0 * per_row * 4) as u64;
+            let row = |p: u64| p + (b0 * hidden * 4) as u64;
+            let out = a.out.at_row(b0, m, a.n_experts, top_k);
             let moe = DecMoeArg {
                 norm_w: a.norm_weight,
                 eps: a.eps,
-                x: f(a.x, hidden),
-                xn: a.xn.map_or(0, |p| f(p, hidden)),
-                logits: f(a.logits, a.n_experts),
-                s_gate: f(a.shared_gate_logit, 1),
-                ids: f(a.ids, top_k),
-                route_w: f(a.route_w, top_k),
-                h: f(a.h, top_k * inter),
-                hs: f(a.h_shared, inter),
-                bar: self.moe_barrier.ptr,
-                n_experts: a.n_experts as i32,
-                top_k: top_k as i32,
+                x: row(a.x),
+                xn: a.xn.map_or(0, row),
                 gu_share: gu_share as i32,
                 down_share: down_share as i32,
-                ..DecMoeArg::weights(m)
+                ..DecMoeArg::new(m, a.n_experts, top_k, &out, self.moe_barrier.ptr)
             };
             let args = DecMoeRowsArg {
                 m: moe,

@@ -209,6 +209,15 @@ const UNFUSED: Case = Case {
     ..FUSED
 };
 
+/// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
+/// has them).
+fn eight(case: Case) -> Case {
+    Case {
+        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
+        ..case
+    }
+}
+
 /// Sequences of different prompt lengths decoded greedily together, ten steps (some rows not
 /// fed, one answering Stop, one step feeding a single row, one passing the rows reversed), equal
 /// each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL bf16)
@@ -227,11 +236,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
         ..FUSED
     };
     batched_steps_match_alone(Preset::Tiny, two);
-    let eight = Case {
-        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
-        ..FUSED
-    };
-    batched_steps_match_alone(Preset::Tiny, eight);
+    batched_steps_match_alone(Preset::Tiny, eight(FUSED));
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused).
@@ -240,11 +245,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, FUSED);
     batched_steps_match_alone(Preset::Small, FIRST_VERSION);
-    let eight = Case {
-        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
-        ..FUSED
-    };
-    batched_steps_match_alone(Preset::Small, eight);
+    batched_steps_match_alone(Preset::Small, eight(FUSED));
 }
 
 /// As on tiny, with the batched MoE in one launch (`dec_moe_rows`, `--fused-moe-rows`), on a
@@ -259,11 +260,7 @@ fn decode_batched_steps_with_the_one_launch_moe_match_each_sequence_alone() {
         ..FUSED
     };
     batched_steps_match_alone(Preset::Full, one_launch);
-    let eight = Case {
-        prompts: &[9, 23, 40, 5, 17, 33, 2, 28],
-        ..one_launch
-    };
-    batched_steps_match_alone(Preset::Full, eight);
+    batched_steps_match_alone(Preset::Full, eight(one_launch));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

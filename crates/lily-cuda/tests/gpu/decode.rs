@@ -1,6 +1,8 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
+use lily_cuda::kernels::decode::{DownCombine, Glu, MoeBlock, MoeOutputs, MoeRows};
+use lily_cuda::weights::DevMoe;
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -535,7 +537,6 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_rows_match_one_token_at_a_time() {
-    use lily_cuda::kernels::decode::{DownCombine, Glu};
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
@@ -857,15 +858,38 @@ impl MoeBufs {
         }
     }
 
+    /// The buffers the block writes besides x and xn.
+    fn outputs(&self) -> MoeOutputs {
+        MoeOutputs {
+            logits: self.logits.ptr,
+            shared_gate_logit: self.s_gate.ptr,
+            ids: self.ids.ptr,
+            route_w: self.rw.ptr,
+            h: self.eh.ptr,
+            h_shared: self.sh.ptr,
+        }
+    }
+
+    /// The first of the block's three launches: the router's exact logits and the shared
+    /// expert's gate logit of the normed row(s).
+    fn router_and_gate<'m>(&self, m: &'m DevMoe) -> [(&'m DevLinear, Out); 2] {
+        [
+            (&m.router, Out::Exact(self.logits.ptr)),
+            (&m.shared_expert_gate, Out::Store(self.s_gate.ptr)),
+        ]
+    }
+
+    /// The second and third: routing with gate/up/SiLU, then the down projections, combine and
+    /// residual add.
+    fn glu_and_down<'m>(&self, c: &ModelConfig, m: &'m DevMoe) -> (Glu<'m>, DownCombine<'m>) {
+        let out = self.outputs();
+        let glu = out.glu(m, self.xn.ptr, c.n_experts, c.top_k);
+        (glu, out.down_combine(m, self.x.ptr, c.top_k))
+    }
+
     /// dec_moe_rows, the batched step's block in one launch.
-    fn one_launch_rows(
-        &self,
-        d: &Dev,
-        c: &ModelConfig,
-        m: &lily_cuda::weights::DevMoe,
-        norm: &DevBuf,
-    ) {
-        let block = lily_cuda::kernels::decode::MoeRows {
+    fn one_launch_rows(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
+        let block = MoeRows {
             x: self.x.ptr,
             norm_weight: norm.ptr,
             eps: c.rms_eps,
@@ -873,12 +897,7 @@ impl MoeBufs {
             moe: m,
             n_experts: c.n_experts,
             top_k: c.top_k,
-            logits: self.logits.ptr,
-            shared_gate_logit: self.s_gate.ptr,
-            ids: self.ids.ptr,
-            route_w: self.rw.ptr,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
+            out: self.outputs(),
             rows: self.rows,
         };
         d.k.decode.moe_rows(d, &block).unwrap();
@@ -886,49 +905,16 @@ impl MoeBufs {
 
     /// What the batched step runs without it (Forward::moe_batch, BatchMoe::Rows): rms_norm,
     /// dec_gemv_rows (router and shared-expert gate), dec_glu4_rows, dec_down_combine_rows.
-    fn three_kernels_rows(
-        &self,
-        d: &Dev,
-        c: &ModelConfig,
-        m: &lily_cuda::weights::DevMoe,
-        norm: &DevBuf,
-    ) {
-        use lily_cuda::kernels::decode::{DownCombine, Glu};
+    fn three_kernels_rows(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
         let (rows, h) = (self.rows, c.hidden);
+        assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
         d.rms_norm(self.x.ptr, norm.ptr, self.xn.ptr, h, rows);
-        let first = [
-            (&m.router, Out::Exact(self.logits.ptr)),
-            (&m.shared_expert_gate, Out::Store(self.s_gate.ptr)),
-        ];
+        let first = self.router_and_gate(m);
         d.k.decode
             .project_rows(d, self.xn.ptr, h, rows, &first)
             .unwrap();
-        let glu = Glu {
-            gate: &m.gate,
-            up: &m.up,
-            router_logits: self.logits.ptr,
-            n_experts: c.n_experts,
-            ids: self.ids.ptr,
-            route_w: self.rw.ptr,
-            top_k: c.top_k,
-            shared_gate: &m.shared_gate,
-            shared_up: &m.shared_up,
-            xn: self.xn.ptr,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
-        };
+        let (glu, down) = self.glu_and_down(c, m);
         d.k.decode.glu_rows(d, &glu, rows).unwrap();
-        let down = DownCombine {
-            down: &m.down,
-            shared_down: &m.shared_down,
-            ids: self.ids.ptr,
-            weights: self.rw.ptr,
-            top_k: c.top_k,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
-            shared_gate: self.s_gate.ptr,
-            x: self.x.ptr,
-        };
         d.k.decode.down_combine_rows(d, &down, rows).unwrap();
     }
 
@@ -945,62 +931,23 @@ impl MoeBufs {
     }
 
     /// dec_moe, the block in one launch.
-    fn one_launch(&self, d: &Dev, c: &ModelConfig, m: &lily_cuda::weights::DevMoe, norm: &DevBuf) {
-        let block = lily_cuda::kernels::decode::MoeBlock {
+    fn one_launch(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
+        let block = MoeBlock {
             input: self.input(c, norm),
             moe: m,
             n_experts: c.n_experts,
             top_k: c.top_k,
-            logits: self.logits.ptr,
-            shared_gate_logit: self.s_gate.ptr,
-            ids: self.ids.ptr,
-            route_w: self.rw.ptr,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
+            out: self.outputs(),
         };
         d.k.decode.moe(d, &block).unwrap();
     }
 
     /// dec_gemv8 (router and shared-expert gate, the norm folded in), dec_glu4, dec_down_combine.
-    fn three_launches(
-        &self,
-        d: &Dev,
-        c: &ModelConfig,
-        m: &lily_cuda::weights::DevMoe,
-        norm: &DevBuf,
-    ) {
-        use lily_cuda::kernels::decode::{DownCombine, Glu};
-        let first = [
-            (&m.router, Out::Exact(self.logits.ptr)),
-            (&m.shared_expert_gate, Out::Store(self.s_gate.ptr)),
-        ];
+    fn three_launches(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
+        let first = self.router_and_gate(m);
         d.k.decode.project(d, self.input(c, norm), &first).unwrap();
-        let glu = Glu {
-            gate: &m.gate,
-            up: &m.up,
-            router_logits: self.logits.ptr,
-            n_experts: c.n_experts,
-            ids: self.ids.ptr,
-            route_w: self.rw.ptr,
-            top_k: c.top_k,
-            shared_gate: &m.shared_gate,
-            shared_up: &m.shared_up,
-            xn: self.xn.ptr,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
-        };
+        let (glu, down) = self.glu_and_down(c, m);
         d.k.decode.glu(d, &glu).unwrap();
-        let down = DownCombine {
-            down: &m.down,
-            shared_down: &m.shared_down,
-            ids: self.ids.ptr,
-            weights: self.rw.ptr,
-            top_k: c.top_k,
-            h: self.eh.ptr,
-            h_shared: self.sh.ptr,
-            shared_gate: self.s_gate.ptr,
-            x: self.x.ptr,
-        };
         d.k.decode.down_combine(d, &down).unwrap();
     }
 
@@ -1120,86 +1067,144 @@ fn replays_match_a_plain_launch(
     );
 }
 
+/// A one-launch MoE kernel (MoeBufs::one_launch / one_launch_rows) against what it replaces, at
+/// the full model's widths (full_width_moe).
+struct OneLaunchMoe {
+    /// The kernel and what it replaces, as messages name them.
+    kernel: &'static str,
+    replaces: &'static str,
+    seed: u64,
+    /// Each run's rows, and the graph replays'.
+    runs: &'static [usize],
+    graph_rows: usize,
+    one_launch: MoeRun,
+    replaced: MoeRun,
+}
+
+/// One way of running a MoE block over MoeBufs, with the block's norm weight.
+type MoeRun = fn(&MoeBufs, &Dev, &ModelConfig, &DevMoe, &DevBuf);
+
+impl OneLaunchMoe {
+    /// In both activation modes (PDL on): the plan with the kernel's switch on (`plan`) answers
+    /// `want` for the full shape on this GPU; each run's outputs, poisoned first, as
+    /// same_outputs says, the residual rows changed, and in fp32 each row against the CPU's norm,
+    /// router and MoE; then replays_match_a_plain_launch of `graph_rows` rows (not under the debug
+    /// checks, which synchronise or time every launch: no capture then).
+    fn check<T: PartialEq + std::fmt::Debug>(
+        &self,
+        plan: impl Fn(&Dev, &ModelConfig, &DevMoe) -> T,
+        want: T,
+    ) {
+        let (kernel, replaces) = (self.kernel, self.replaces);
+        let (c, w, mut rng) = full_width_moe(self.seed);
+        let h = c.hidden;
+        for bf16_activations in [false, true] {
+            let d = dev(bf16_activations);
+            let mode = if bf16_activations { "bf16" } else { "fp32" };
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            assert_eq!(
+                plan(&d, &c, &dw),
+                want,
+                "the plan must take {kernel} for the full shape on this GPU (sm_80 / sm_90: {} SMs, {} bytes of shared memory a block)",
+                d.sm_count,
+                d.max_shared_memory
+            );
+            let round = |v: Vec<f32>| as_stored(bf16_activations, v);
+            let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
+            let norm = d.upload(&norm_w).unwrap();
+            for (run, &rows) in self.runs.iter().enumerate() {
+                let what = format!("{mode}, run {run}, {rows} rows");
+                let x0 = round(rng.vec(rows * h, 0.5));
+                let one = MoeBufs::new(&d, &c, &x0);
+                let other = MoeBufs::new(&d, &c, &x0);
+                (self.one_launch)(&one, &d, &c, &dw, &norm);
+                (self.replaced)(&other, &d, &c, &dw, &norm);
+                let vs = format!("{kernel} vs {replaces}, {what}");
+                let (got, same) = same_outputs(&d, &c, &vs, &one, &other, bf16_activations);
+                println!("KERNEL {kernel} {what}: {replaces}' outputs bit for bit: {same}");
+                assert!(
+                    got[0].1.iter().zip(&x0).any(|(a, b)| a != b),
+                    "{what}: the residual rows did not change"
+                );
+                if bf16_activations {
+                    continue;
+                }
+                for b in 0..rows {
+                    let xb = &x0[b * h..(b + 1) * h];
+                    let xn = ops::rms_norm(xb, &norm_w, c.rms_eps);
+                    let e = c.n_experts;
+                    check(
+                        &format!("{kernel} vs CPU, {what}, row {b}: normed row"),
+                        &got[1].1[b * h..(b + 1) * h],
+                        &xn,
+                        1e-6,
+                    );
+                    check(
+                        &format!("{kernel} vs CPU, {what}, row {b}: router logits"),
+                        &got[2].1[b * e..(b + 1) * e],
+                        &matmul(&w.router, &xn),
+                        1e-5,
+                    );
+                    let dx: Vec<f32> = got[0].1[b * h..(b + 1) * h]
+                        .iter()
+                        .zip(xb)
+                        .map(|(a, x)| a - x)
+                        .collect();
+                    check(
+                        &format!("{kernel} vs CPU, {what}, row {b}: residual update"),
+                        &dx,
+                        &ops::moe(&c, &w, &xn),
+                        1e-4,
+                    );
+                }
+            }
+            if !d.plan.decode_graphs() {
+                println!("KERNEL {kernel} {mode}: graph replays skipped (debug checks on)");
+                continue;
+            }
+            let x0 = round(rng.vec(self.graph_rows * h, 0.5));
+            let launch = |b: &MoeBufs| (self.one_launch)(b, &d, &c, &dw, &norm);
+            replays_match_a_plain_launch(&d, mode, &c, &x0, launch);
+            println!(
+                "KERNEL {kernel} {mode}: 100 launches of {} rows in 25 graph replays, the same bits each",
+                self.graph_rows
+            );
+        }
+        println!("KERNEL decode.cu {kernel} equals {replaces} and the CPU");
+    }
+}
+
 /// decode.cu's `dec_moe` (the MoE block of one token in one persistent launch, `--fused-moe`) at
 /// the full model's widths (hidden 2048, experts of width 512, top 8 of 64 experts, the shared
-/// expert; 8-bit router and shared gate, 4-bit experts), outputs poisoned first: against the three launches it
-/// replaces (`dec_gemv8` with the norm folded in, `dec_glu4`, `dec_down_combine`), which it
-/// claims to equal (the same helpers, the same sums in the same order: bit for bit in the CPU
-/// emulation, run_batch.sh fused; here to a tolerance, since NVRTC may contract an expression
-/// differently in another kernel), every output; in fp32 against the CPU's MoE; then captured in
-/// a CUDA graph four times in a row and replayed 25 times (the grid barrier must reset itself:
-/// a barrier that did not would hang or tear the next launch's phases), every replay the same
-/// bits. Both activation modes; PDL on (the shipping launch).
+/// expert; 8-bit router and shared gate, 4-bit experts), three tokens, outputs poisoned first:
+/// against the three launches it replaces (`dec_gemv8` with the norm folded in, `dec_glu4`,
+/// `dec_down_combine`), which it claims to equal (the same helpers, the same sums in the same
+/// order: bit for bit in the CPU emulation, run_batch.sh fused; here to a tolerance, since NVRTC
+/// may contract an expression differently in another kernel), every output; in fp32 against the
+/// CPU's MoE; then captured in a CUDA graph four times in a row and replayed 25 times (the grid
+/// barrier must reset itself: a barrier that did not would hang or tear the next launch's
+/// phases), every replay the same bits. Both activation modes; PDL on (the shipping launch).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
     use lily_cuda::kernels::moe::MoeShape;
     use lily_cuda::plan::DecodeMoe;
-    let (c, w, mut rng) = full_width_moe(77);
-    let h = c.hidden;
-    for bf16_activations in [false, true] {
-        let d = dev(bf16_activations);
-        let mode = if bf16_activations { "bf16" } else { "fp32" };
-        let dw = upload_moe(&d, "moe", &w).unwrap();
-        let on = d.plan_with(|o| o.fused_moe = true);
-        assert_eq!(
-            on.decode_moe_kernels(&dw, MoeShape::of(&c)),
-            DecodeMoe::OneLaunch,
-            "the plan must take dec_moe for the full shape on this GPU (sm_80 / sm_90: {} SMs, {} bytes of shared memory a block)",
-            d.sm_count,
-            d.max_shared_memory
-        );
-        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
-        let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
-        let norm = d.upload(&norm_w).unwrap();
-        for step in 0..3 {
-            let what = format!("{mode}, token {step}");
-            let x0 = round(rng.vec(h, 0.5));
-            let one = MoeBufs::new(&d, &c, &x0);
-            let three = MoeBufs::new(&d, &c, &x0);
-            one.one_launch(&d, &c, &dw, &norm);
-            three.three_launches(&d, &c, &dw, &norm);
-            let vs = format!("dec_moe vs three launches, {what}");
-            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
-            println!("KERNEL dec_moe {what}: the three launches' outputs bit for bit: {same}");
-            let dx: Vec<f32> = got[0].1.iter().zip(&x0).map(|(a, b)| a - b).collect();
-            assert!(
-                dx.iter().any(|&v| v != 0.0),
-                "{what}: the residual row did not change"
-            );
-            if !bf16_activations {
-                let xn = ops::rms_norm(&x0, &norm_w, c.rms_eps);
-                check(
-                    &format!("dec_moe vs CPU, {what}: normed row"),
-                    &got[1].1,
-                    &xn,
-                    1e-6,
-                );
-                check(
-                    &format!("dec_moe vs CPU, {what}: router logits"),
-                    &got[2].1,
-                    &matmul(&w.router, &xn),
-                    1e-5,
-                );
-                check(
-                    &format!("dec_moe vs CPU, {what}: residual update"),
-                    &dx,
-                    &ops::moe(&c, &w, &xn),
-                    1e-4,
-                );
-            }
-        }
-        // Graph replays: four launches a replay (x restored before each), 25 replays (not under
-        // the debug checks, which synchronise or time every launch: no capture then).
-        if !d.plan.decode_graphs() {
-            println!("KERNEL dec_moe {mode}: graph replays skipped (debug checks on)");
-            continue;
-        }
-        let x0 = round(rng.vec(h, 0.5));
-        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch(&d, &c, &dw, &norm));
-        println!("KERNEL dec_moe {mode}: 100 launches in 25 graph replays, the same bits each");
-    }
-    println!("KERNEL decode.cu dec_moe equals the three launches and the CPU");
+    let test = OneLaunchMoe {
+        kernel: "dec_moe",
+        replaces: "the three launches",
+        seed: 77,
+        runs: &[1, 1, 1],
+        graph_rows: 1,
+        one_launch: MoeBufs::one_launch,
+        replaced: MoeBufs::three_launches,
+    };
+    test.check(
+        |d, c, dw| {
+            d.plan_with(|o| o.fused_moe = true)
+                .decode_moe_kernels(dw, MoeShape::of(c))
+        },
+        DecodeMoe::OneLaunch,
+    );
 }
 
 /// decode.cu's `dec_moe_rows` (a batched step's MoE block in one persistent launch,
@@ -1216,74 +1221,20 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
 fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
     use lily_cuda::kernels::moe::MoeShape;
     use lily_cuda::plan::BatchMoe;
-    let (c, w, mut rng) = full_width_moe(79);
-    let h = c.hidden;
-    assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
-    for bf16_activations in [false, true] {
-        let d = dev(bf16_activations);
-        let mode = if bf16_activations { "bf16" } else { "fp32" };
-        let dw = upload_moe(&d, "moe", &w).unwrap();
-        let on = d.plan_with(|o| o.fused_moe_rows = true);
-        assert_eq!(
-            on.batch_moe(&dw, MoeShape::of(&c)),
-            BatchMoe::OneLaunch,
-            "the plan must take dec_moe_rows for the full shape on this GPU (sm_80 / sm_90: {} SMs, {} bytes of shared memory a block)",
-            d.sm_count,
-            d.max_shared_memory
-        );
-        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
-        let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
-        let norm = d.upload(&norm_w).unwrap();
-        for rows in (2..=8).chain([11]) {
-            let what = format!("{mode}, {rows} rows");
-            let x0 = round(rng.vec(rows * h, 0.5));
-            let one = MoeBufs::new(&d, &c, &x0);
-            let three = MoeBufs::new(&d, &c, &x0);
-            one.one_launch_rows(&d, &c, &dw, &norm);
-            three.three_kernels_rows(&d, &c, &dw, &norm);
-            let vs = format!("dec_moe_rows vs the batched kernels, {what}");
-            let (got, same) = same_outputs(&d, &c, &vs, &one, &three, bf16_activations);
-            println!(
-                "KERNEL dec_moe_rows {what}: the batched kernels' outputs bit for bit: {same}"
-            );
-            if !bf16_activations {
-                for b in 0..rows {
-                    let xb = &x0[b * h..(b + 1) * h];
-                    let xn = ops::rms_norm(xb, &norm_w, c.rms_eps);
-                    let e = c.n_experts;
-                    check(
-                        &format!("dec_moe_rows vs CPU, {what}, row {b}: normed row"),
-                        &got[1].1[b * h..(b + 1) * h],
-                        &xn,
-                        1e-6,
-                    );
-                    check(
-                        &format!("dec_moe_rows vs CPU, {what}, row {b}: router logits"),
-                        &got[2].1[b * e..(b + 1) * e],
-                        &matmul(&w.router, &xn),
-                        1e-5,
-                    );
-                    let dx: Vec<f32> = got[0].1[b * h..(b + 1) * h]
-                        .iter()
-                        .zip(xb)
-                        .map(|(a, x)| a - x)
-                        .collect();
-                    check(
-                        &format!("dec_moe_rows vs CPU, {what}, row {b}: residual update"),
-                        &dx,
-                        &ops::moe(&c, &w, &xn),
-                        1e-4,
-                    );
-                }
-            }
-        }
-        if !d.plan.decode_graphs() {
-            println!("KERNEL dec_moe_rows {mode}: graph replays skipped (debug checks on)");
-            continue;
-        }
-        let x0 = round(rng.vec(8 * h, 0.5));
-        replays_match_a_plain_launch(&d, mode, &c, &x0, |b| b.one_launch_rows(&d, &c, &dw, &norm));
-        println!("KERNEL dec_moe_rows {mode}: 100 launches of 8 rows in 25 graph replays, the same bits each");
-    }
-    println!("KERNEL decode.cu dec_moe_rows equals the batched kernels and the CPU");
+    let test = OneLaunchMoe {
+        kernel: "dec_moe_rows",
+        replaces: "the batched kernels",
+        seed: 79,
+        runs: &[2, 3, 4, 5, 6, 7, 8, 11],
+        graph_rows: 8,
+        one_launch: MoeBufs::one_launch_rows,
+        replaced: MoeBufs::three_kernels_rows,
+    };
+    test.check(
+        |d, c, dw| {
+            d.plan_with(|o| o.fused_moe_rows = true)
+                .batch_moe(dw, MoeShape::of(c))
+        },
+        BatchMoe::OneLaunch,
+    );
 }
