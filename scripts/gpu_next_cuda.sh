@@ -5,7 +5,8 @@
 # gpu_batch_diag.sh into one call:
 #   1. GPU tests: `tc_scan`'s redesigned two (the scan's changed-gate check; the model's prefill
 #      through the scan against fp32 beside the recurrence's) with the scan's kernel tests, and
-#      dec_moe's (against the three launches and the CPU, graph replays; the model on vs off);
+#      dec_moe's (against the three launches and the CPU, graph replays; the model on vs off; not
+#      the batched model test, batch::…, which call 2 runs);
 #   2. `bench` decode at 256 / 4K / 32K (prefill 512), LILY_FUSED_MOE 0 and 1 alternated ROUNDS
 #      (2) times, graphs on;
 #   3. one LILY_PROFILE=1 decode at 4K of each (graphs off);
@@ -22,7 +23,7 @@ set -u
 . "$(dirname "$0")/gpu_ab_common.sh" 480
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_S:-240}" "$B/gpu" --ignored --test-threads=1 --nocapture tensor_core_scan \
-    model_prefill_through_the_tensor_core_scan one_launch_moe > "$OUT/tests.log" 2>&1
+    model_prefill_through_the_tensor_core_scan one_launch_moe --skip batch:: > "$OUT/tests.log" 2>&1
   say "tests (tc_scan, dec_moe) rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked|bit for bit|graph replays|^MODEL|dec_moe vs CPU" \
     "$OUT/tests.log" | cut -c1-300 | head -60 | tee -a "$S"
