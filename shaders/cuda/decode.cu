@@ -1621,9 +1621,13 @@ struct DecMoeRows {
     int nb, slots;
 };
 
-// The ring's slot: 18,432 bytes, i.e. 8 warps' worth of gate/up rows (16 records of a 2,048-wide
-// row; 32 of 1,024; 64 of 512) or 64 down records of a 512-wide row.
-#define MOE_SLOT 18432
+// The ring's slot: DEC_MOE_SLOT (18,432) bytes, i.e. 8 warps' worth of gate/up rows (16 records of
+// a 2,048-wide row; 32 of 1,024; 64 of 512) or 64 down records of a 512-wide row. The launcher
+// sizes the ring's shared memory from the same constant.
+#ifndef DEC_MOE_SLOT
+#error "DEC_MOE_SLOT comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#define MOE_SLOT DEC_MOE_SLOT
 
 // cp.async.wait_group with a count known only at run time (at most the ring's slots, ≤ 8).
 __device__ __forceinline__ void cp_async_wait_n(int n) {

@@ -1524,7 +1524,7 @@ mod tests {
             router: mlx(cfg.n_experts, cfg.hidden, 4, 1),
             ..w
         };
-        assert!(decode::moe_rows_unfit(&bad, shape.n_experts, shape.top_k).is_some());
+        assert!(decode::moe_unfit(&bad, shape.n_experts, shape.top_k).is_some());
         assert_eq!(
             p.batch_moe_one_launch(BatchMoe::Rows, &bad, shape),
             BatchMoe::Rows

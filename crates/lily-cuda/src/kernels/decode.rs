@@ -91,6 +91,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
+        ("DEC_MOE_SLOT", MOE_SLOT as i64),
     ],
 };
 
@@ -240,11 +241,12 @@ fn moe_rec(cols: usize) -> usize {
     cols / 2 + cols / 16
 }
 
-/// `dec_moe`'s split of the work over `grid` blocks: gate/up rows of the (top_k + 1) · inter
-/// concatenated rows, and output rows, a block.
-fn moe_shares(hidden: usize, inter: usize, top_k: usize, grid: usize) -> (usize, usize) {
+/// The one-launch kernels' split of the work over `grid` blocks: gate/up rows of the `items` ·
+/// inter concatenated rows (`dec_moe`: top_k + 1 items; `dec_moe_rows`: the shared expert once
+/// and each row's top_k picks, 1 + rows · top_k), and output rows, a block.
+fn moe_shares(hidden: usize, inter: usize, items: usize, grid: usize) -> (usize, usize) {
     let grid = grid.max(1);
-    (((top_k + 1) * inter).div_ceil(grid), hidden.div_ceil(grid))
+    ((items * inter).div_ceil(grid), hidden.div_ceil(grid))
 }
 
 /// Dynamic shared memory of a `dec_moe` block on a grid of `grid` blocks (decode.cu's layout):
@@ -254,7 +256,7 @@ fn moe_shares(hidden: usize, inter: usize, top_k: usize, grid: usize) -> (usize,
 fn moe_smem(hidden: usize, inter: usize, n_experts: usize, top_k: usize, grid: usize) -> usize {
     let r4 = |n: usize| n.next_multiple_of(4);
     let items = top_k + 1;
-    let (gu_share, down_share) = moe_shares(hidden, inter, top_k, grid);
+    let (gu_share, down_share) = moe_shares(hidden, inter, top_k + 1, grid);
     let (gh, gi) = (hidden / 64, inter / 64);
     let front = 4 * (gh * XPAD + r4(gh) + 2 * r4(n_experts));
     let gu = 2 * gu_share * moe_rec(hidden);
@@ -284,26 +286,10 @@ pub fn moe_fits(
 
 /// Bytes of one slot of `dec_moe_rows`' ring (decode.cu's MOE_SLOT): 8 warps' gate/up rows of a
 /// 2,048-wide input, or 64 down records of a 512-wide expert.
-const MOE_SLOT: usize = 18_432;
+pub const MOE_SLOT: usize = 18432;
 /// Most slots of `dec_moe_rows`' ring (≤ 8: its cp.async wait counts), and fewest worth running.
 pub const MOE_ROWS_SLOTS: usize = 6;
 const MOE_ROWS_MIN_SLOTS: usize = 2;
-
-/// `dec_moe_rows`' split of the work over `grid` blocks for `rows` rows: gate/up rows of the
-/// (1 + rows · top_k) · inter concatenated rows, and output rows, a block.
-fn moe_rows_shares(
-    hidden: usize,
-    inter: usize,
-    top_k: usize,
-    rows: usize,
-    grid: usize,
-) -> (usize, usize) {
-    let grid = grid.max(1);
-    (
-        ((1 + rows * top_k) * inter).div_ceil(grid),
-        hidden.div_ceil(grid),
-    )
-}
 
 /// Dynamic shared memory of a `dec_moe_rows` block (decode.cu's layout): the rows staged (phase
 /// C's h staging and down results in the same bytes), two sets of group sums, the logits and
@@ -318,7 +304,7 @@ fn moe_rows_smem(
 ) -> usize {
     let r4 = |n: usize| n.next_multiple_of(4);
     let (hidden, inter, items) = (w.gate.cols, w.gate.rows, top_k + 1);
-    let (_, down_share) = moe_rows_shares(hidden, inter, top_k, rows, grid);
+    let (_, down_share) = moe_shares(hidden, inter, 1 + rows * top_k, grid);
     let (gh, gi) = (hidden / 64, inter / 64);
     let staged =
         (rows * gh * XPAD).max(items * gi * XPAD + r4(items * gi) + r4(down_share * items));
@@ -330,15 +316,9 @@ fn moe_rows_smem(
 /// weights for BATCH_MAX rows, block_sum's array: 2,176 bytes); the launcher checks the exact figure.
 const MOE_ROWS_STATIC_SMEM: usize = 2_304;
 
-/// Why `dec_moe_rows` cannot run this block (`None`: it can): `dec_moe`'s shapes (`moe_unfit`)
-/// and whole slots of gate/up rows and of down records.
-pub fn moe_rows_unfit(w: &MoeWeightShapes, n_experts: usize, top_k: usize) -> Option<String> {
-    moe_unfit(w, n_experts, top_k)
-}
-
 /// The ring slots `dec_moe_rows` takes for `rows` rows on a device of `sm_count` SMs granting a
 /// block `max_shared_memory` bytes (the most of MOE_ROWS_SLOTS that fit); `None` where not even
-/// MOE_ROWS_MIN_SLOTS fit, or the block's shapes do not (`moe_rows_unfit`).
+/// MOE_ROWS_MIN_SLOTS fit, or the block's shapes do not (`moe_unfit`: `dec_moe`'s).
 pub fn moe_rows_slots(
     w: &MoeWeightShapes,
     n_experts: usize,
@@ -347,7 +327,7 @@ pub fn moe_rows_slots(
     sm_count: usize,
     max_shared_memory: usize,
 ) -> Option<usize> {
-    if moe_rows_unfit(w, n_experts, top_k).is_some() || sm_count == 0 || rows == 0 {
+    if moe_unfit(w, n_experts, top_k).is_some() || sm_count == 0 || rows == 0 {
         return None;
     }
     (MOE_ROWS_MIN_SLOTS..=MOE_ROWS_SLOTS).rev().find(|&slots| {
@@ -1113,7 +1093,7 @@ impl Decode {
         if resident == 0 {
             bail!("dec_moe: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
         }
-        let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k, grid);
+        let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k + 1, grid);
         let args = DecMoeArg {
             norm_w,
             eps,
@@ -1136,7 +1116,7 @@ impl Decode {
     pub fn moe_rows(&self, gpu: &Gpu, a: &MoeRows) -> Result<()> {
         let m = a.moe;
         let w = MoeWeightShapes::of(m);
-        if let Some(why) = moe_rows_unfit(&w, a.n_experts, a.top_k) {
+        if let Some(why) = moe_unfit(&w, a.n_experts, a.top_k) {
             bail!("dec_moe_rows: {why}");
         }
         if a.rows == 0 {
@@ -1166,7 +1146,7 @@ impl Decode {
             if self.moe_rows.resident_blocks(threads, smem)? == 0 {
                 bail!("dec_moe_rows: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
             }
-            let (gu_share, down_share) = moe_rows_shares(hidden, inter, top_k, nb, grid);
+            let (gu_share, down_share) = moe_shares(hidden, inter, 1 + nb * top_k, grid);
             let row = |p: u64| p + (b0 * hidden * 4) as u64;
             let out = a.out.at_row(b0, m, a.n_experts, top_k);
             let moe = DecMoeArg {
