@@ -48,6 +48,10 @@ fn silu(x: f32) -> f32 {
     return x / (1.0 + exp(-x));
 }
 
+fn silu4(x: vec4<f32>) -> vec4<f32> {
+    return x / (1.0 + exp(-x));
+}
+
 fn sigmoid(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }

@@ -82,8 +82,11 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     var wn_early = 0.0;
     if (EARLY != 0u) {
         v_early = f32(C[vi / 4u][vi % 4u]);
-        z_early = f32(BA[p.z_off + h * p.dv + j]);
-        wn_early = Wn[j];
+        // z and the norm's weight only where they are used: the slice that stores (q = 0).
+        if (q == 0u) {
+            z_early = f32(BA[p.z_off + h * p.dv + j]);
+            wn_early = Wn[j];
+        }
     }
     let beta = sigmoid(f32(BA[t * p.ba_stride + p.ba_off + h]));
     let g = -exp(decay[h]) * softplus(f32(BA[t * p.ba_stride + p.ba_off + p.hv + h]) + decay[p.hv + h]);

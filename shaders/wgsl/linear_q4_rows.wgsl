@@ -163,11 +163,11 @@ fn gate(lid: u32, span: u32, two: bool, xa: ptr<function, array<vec4<f32>, 8>>,
     for (var i = 0u; i < 8u; i++) {
         let ca = lid * span + 4u * i;
         let za = vec4<f32>(Z[(p.z_off + ca) / 4u]);
-        ga[i] = Wn[(ca % p.gate_dv) / 4u] * (za / (1.0 + exp(-za)));
+        ga[i] = Wn[(ca % p.gate_dv) / 4u] * silu4(za);
         if (two) {
             let cc = (lid + 64u) * span + 4u * i;
             let zc = vec4<f32>(Z[(p.z_off + cc) / 4u]);
-            gc[i] = Wn[(cc % p.gate_dv) / 4u] * (zc / (1.0 + exp(-zc)));
+            gc[i] = Wn[(cc % p.gate_dv) / 4u] * silu4(zc);
         }
     }
     workgroupBarrier();

@@ -44,26 +44,29 @@ fn choosable() -> Vec<Spec> {
                 for (subgroups, f16) in [(true, true), (false, false), (true, false), (false, true)]
                 {
                     // f16 activations alone, and with the f16 KV cache and tiles.
-                    for f16_acts in [false, true] {
+                    // Each with the decode switches waiting for their A/B on (`sw`) and off.
+                    for (f16_acts, sw) in
+                        [(false, false), (false, true), (true, false), (true, true)]
+                    {
                         let opts = WgpuOptions {
                             attn_tile,
                             f16_kv: f16,
                             f16_tiles: f16,
                             f16_acts,
                             // attend_gqa with its reads flat (FLAT = 1) and without.
-                            attn_flat: f16_acts,
-                            attn_split: f16_acts,
-                            rows_flat: f16_acts,
+                            attn_flat: sw,
+                            attn_split: sw,
+                            rows_flat: sw,
                             // The decode MoE's early reads (EARLY = 1) and not.
-                            rows_early: f16_acts,
-                            glu_early: f16_acts,
-                            down_early: f16_acts,
+                            rows_early: sw,
+                            glu_early: sw,
+                            down_early: sw,
                             // The DeltaNet chain's early reads (DEEP = 1, EARLY = 1) and not.
-                            rows_deep: f16_acts,
-                            dn_early: f16_acts,
-                            dn_split: f16_acts,
+                            rows_deep: sw,
+                            dn_early: sw,
+                            dn_split: sw,
                             // lm_head's 64 rows a workgroup (ROW_PART sized for them).
-                            lm_rows: if f16_acts { 64 } else { 0 },
+                            lm_rows: if sw { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -197,13 +200,15 @@ fn every_choosable_kernel_translates_to_msl() {
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
-        apple_plan_fits(f16);
+        for switches in [false, true] {
+            apple_plan_fits(f16, switches);
+        }
     }
 }
 
-/// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not)
-/// fits its limits.
-fn apple_plan_fits(f16: bool) {
+/// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
+/// every decode switch waiting for its A/B on or off, `switches`) fits its limits.
+fn apple_plan_fits(f16: bool, switches: bool) {
     let c = full_config();
     let limits = apple_limits();
     let device = DeviceCaps {
@@ -216,6 +221,16 @@ fn apple_plan_fits(f16: bool) {
         f16_kv: f16,
         f16_tiles: f16,
         f16_acts: f16,
+        attn_flat: switches,
+        attn_split: switches,
+        rows_flat: switches,
+        lm_rows: if switches { 64 } else { 0 },
+        rows_early: switches,
+        glu_early: switches,
+        down_early: switches,
+        rows_deep: switches,
+        dn_early: switches,
+        dn_split: switches,
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
