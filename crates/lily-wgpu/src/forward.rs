@@ -886,7 +886,8 @@ impl<'a> Forward<'a> {
             let (kernel, per, z, fourth) = match choice {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
-                    let rb = self.plan.rows_rb(w, sl.count);
+                    let slot = self.plan.rows_kernel(w.rows, sl.count, io.gate.is_some());
+                    let rb = slot.rb();
                     let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
@@ -897,7 +898,7 @@ impl<'a> Forward<'a> {
                     );
                     r.dispatch_as(
                         label,
-                        self.k.rows(rb).get(form),
+                        self.k.rows(slot).get(form),
                         &params,
                         &[
                             &sl.buf,

@@ -21,7 +21,8 @@
 //!   reads unconditional;
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
-//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured;
+//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured, its
+//!   own instance `RowsSlot::Lm`;
 //!   `rows_flat`, off, their input reads unconditional);
 //!   the experts' gate/up as one GLU dispatch; their down
 //!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
@@ -37,7 +38,8 @@
 //!   output read at the start (`DEEP`: `rows_deep`), dn_recur_norm's v, z and norm weight read
 //!   with the state and its Σ o² after one barrier (`EARLY`: `dn_early`); the recurrence over
 //!   blocks of 32 columns with its output norm and gate in out_proj (`dn_split`: dn_recur_cols.wgsl
-//!   and linear_q4_rows' `gate`).
+//!   and linear_q4_rows' `gate`, out_proj's own instance `RowsSlot::DnGate`: every other product
+//!   keeps the plain kernel). Which linear_q4_rows instance a launch takes: `rows_kernel`.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -177,7 +179,8 @@ pub enum DecodeAttention {
 /// The kernel one matrix product (a launch site of `Forward::linear`) takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearKernel {
-    /// linear_q4_rows.wgsl (decode; the norm may be folded in), `rows_rb` rows a workgroup.
+    /// linear_q4_rows.wgsl (decode; the norm may be folded in), the instance `rows_kernel`
+    /// names.
     Rows,
     /// linear_q4_mm.wgsl (prefill): 64 rows × a tile of items a workgroup.
     Mm(MmTile),
@@ -185,6 +188,84 @@ pub enum LinearKernel {
     Q4,
     /// linear.wgsl: any format, 8 rows a workgroup.
     Plain,
+}
+
+/// Which compiled instance of linear_q4_rows.wgsl a launch takes (`Plan::rows_kernel`), with
+/// its rows a workgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsSlot {
+    /// The plain kernel (`GATE` 0), 16, 4 or 2 rows a workgroup by the slice's rows
+    /// (`rows_rb`): every product but the two below.
+    Plain(usize),
+    /// lm_head's with `lm_rows` (32 or 64) rows a workgroup.
+    Lm(usize),
+    /// DeltaNet's out_proj applying the output norm and gate to its input (`dn_split`,
+    /// `DeltaNetPath::StepSplit`; `GATE` 1), `gate_rb` rows a workgroup: its own pipeline, so
+    /// that the gate's binding, workgroup memory and registers stay out of every other product.
+    DnGate(usize),
+}
+
+impl RowsSlot {
+    /// Rows a workgroup.
+    pub fn rb(self) -> usize {
+        match self {
+            RowsSlot::Plain(rb) | RowsSlot::Lm(rb) | RowsSlot::DnGate(rb) => rb,
+        }
+    }
+}
+
+/// linear_q4_rows.wgsl's instances, one a slot (`RowsSlot`): their `Spec`s in `Specs`, their
+/// pipelines in `Kernels`, both found by `get`.
+#[derive(Clone, Debug)]
+pub struct RowsSlots<T> {
+    pub rb16: T,
+    pub rb4: T,
+    pub rb2: T,
+    /// Where lm_head takes more than 16 rows a workgroup (`lm_rows`).
+    pub lm: Option<T>,
+    /// Where `dn_split` is on (`Plan::gate_rb`).
+    pub dn_gate: Option<T>,
+}
+
+impl<T> RowsSlots<T> {
+    /// The instance of `slot`, where compiled.
+    pub fn get(&self, slot: RowsSlot) -> Option<&T> {
+        match slot {
+            RowsSlot::Plain(16) => Some(&self.rb16),
+            RowsSlot::Plain(4) => Some(&self.rb4),
+            RowsSlot::Plain(2) => Some(&self.rb2),
+            RowsSlot::Plain(_) => None,
+            RowsSlot::Lm(_) => self.lm.as_ref(),
+            RowsSlot::DnGate(_) => self.dn_gate.as_ref(),
+        }
+    }
+
+    /// Every instance compiled.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        [&self.rb16, &self.rb4, &self.rb2]
+            .into_iter()
+            .chain(self.lm.as_ref())
+            .chain(self.dn_gate.as_ref())
+    }
+
+    /// `iter`, to change.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        [&mut self.rb16, &mut self.rb4, &mut self.rb2]
+            .into_iter()
+            .chain(self.lm.as_mut())
+            .chain(self.dn_gate.as_mut())
+    }
+
+    /// Each instance through `f` (the specs compiled into pipelines).
+    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<RowsSlots<U>> {
+        Ok(RowsSlots {
+            rb16: f(&self.rb16)?,
+            rb4: f(&self.rb4)?,
+            rb2: f(&self.rb2)?,
+            lm: self.lm.as_ref().map(&mut f).transpose()?,
+            dn_gate: self.dn_gate.as_ref().map(&mut f).transpose()?,
+        })
+    }
 }
 
 /// How a MoE block's gate/up products run.
@@ -243,6 +324,10 @@ pub type FormSpecs = Vec<Spec>;
 /// (`Form::ALL`'s first two).
 const READS_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[1]];
 
+/// DeltaNet's gated out_proj's form (`RowsSlot::DnGate`): o, an activation, in; the residual
+/// stream it adds into out (`Form::ALL`'s second).
+const GATED_OUT: [Form; 1] = [Form::ALL[1]];
+
 /// linear_q4_glu_rows.wgsl's forms: the residual stream (folded norm) or an activation in, an
 /// activation out (`Form::ALL`'s first and third).
 const WRITES_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[2]];
@@ -267,11 +352,8 @@ pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {
 pub struct Specs {
     pub linear: FormSpecs,
     pub linear_q4: FormSpecs,
-    pub linear_q4_rows16: FormSpecs,
-    pub linear_q4_rows4: FormSpecs,
-    pub linear_q4_rows2: FormSpecs,
-    /// lm_head's with `lm_rows` above 16 (`Plan::rows_rb`).
-    pub linear_q4_rows_lm: Option<FormSpecs>,
+    /// linear_q4_rows.wgsl's instances, one a slot (`RowsSlot`, `Plan::rows_kernel`).
+    pub linear_q4_rows: RowsSlots<FormSpecs>,
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -314,18 +396,15 @@ impl Specs {
         let mut v: Vec<&Spec> = [
             &self.linear,
             &self.linear_q4,
-            &self.linear_q4_rows16,
-            &self.linear_q4_rows4,
-            &self.linear_q4_rows2,
             &self.linear_q4_mm16,
             &self.linear_q4_mm32,
             &self.linear_q4_glu_rows,
         ]
         .into_iter()
+        .chain(self.linear_q4_rows.iter())
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter().flatten());
-        v.extend(self.linear_q4_rows_lm.iter().flatten());
         v.extend([
             &self.linear_q4_glu,
             &self.moe_group,
@@ -362,18 +441,15 @@ impl Specs {
         let mut v: Vec<&mut Spec> = [
             &mut self.linear,
             &mut self.linear_q4,
-            &mut self.linear_q4_rows16,
-            &mut self.linear_q4_rows4,
-            &mut self.linear_q4_rows2,
             &mut self.linear_q4_mm16,
             &mut self.linear_q4_mm32,
             &mut self.linear_q4_glu_rows,
         ]
         .into_iter()
+        .chain(self.linear_q4_rows.iter_mut())
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
-        v.extend(self.linear_q4_rows_lm.iter_mut().flatten());
         v.extend([
             &mut self.linear_q4_glu,
             &mut self.moe_group,
@@ -475,14 +551,12 @@ fn dn_cols_ok(c: &ModelConfig) -> bool {
 }
 
 /// Whether out_proj `w` can apply DeltaNet's output norm and gate as it reads o (linear_q4_rows'
-/// `gate`): a linear_q4_rows matrix of 4-bit words (32 columns each) over hv heads of dv
-/// columns, a head's words a divisor of 64 invocations' (so the second words start a head too),
-/// z on 16-byte boundaries in the joint projection.
-fn gate_ok(w: &GpuLinear, c: &ModelConfig, gate_rb: Option<usize>) -> bool {
+/// `gate`): one slice (one dispatch) of a linear_q4_rows matrix of 4-bit words (32 columns each)
+/// over hv heads of dv columns, a head's words a divisor of 64 invocations' (so the second words
+/// start a head too), z on 16-byte boundaries in the joint projection.
+fn gate_ok(w: &GpuLinear, c: &ModelConfig) -> bool {
     let words = c.dn_v_dim / 32;
-    // One slice, on the row kernel compiled with the gate.
-    let on_gate_kernel = w.slices.len() == 1 && Some(rows_rb(w.slices[0].count)) == gate_rb;
-    on_gate_kernel
+    w.slices.len() == 1
         && rows_ok(w, true)
         && w.bits == 4
         && w.cols == c.dn_v_heads * c.dn_v_dim
@@ -611,10 +685,10 @@ pub struct Plan {
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
     /// the adapter's `SplitRule::decode`.
     pub decode_splits: SplitRule,
-    /// Rows a workgroup of lm_head on linear_q4_rows.wgsl (`rows_rb`): 16 (`rows_rb` by its
+    /// Rows a workgroup of lm_head on linear_q4_rows.wgsl (`rows_kernel`): 16 (`rows_rb` by its
     /// rows), or `lm_rows`' 32 or 64.
     pub lm_rows: usize,
-    /// The vocabulary: the rows of lm_head (`rows_rb` tells it by them).
+    /// The vocabulary: the rows of lm_head (`rows_kernel` tells it by them).
     pub vocab: usize,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
@@ -629,9 +703,10 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
-    /// Rows a workgroup of the linear_q4_rows kernel compiled with DeltaNet's output norm and
-    /// gate (`GATE`), where `dn_split` is on: out_proj's (`rows_rb` of its rows, the hidden
-    /// size); `deltanet` takes `StepSplit` only where out_proj runs on it.
+    /// Rows a workgroup of DeltaNet's out_proj on its own linear_q4_rows instance with the
+    /// output norm and gate (`RowsSlot::DnGate`, `GATE` 1), where `dn_split` is on: `rows_rb`
+    /// of its rows, the hidden size (4 on the full model, as attention's o_proj, which keeps the
+    /// plain kernel); `deltanet` takes `StepSplit` only where out_proj can run on it.
     pub gate_rb: Option<usize>,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
@@ -720,14 +795,7 @@ impl Plan {
         // `dn_split`: the recurrence over column blocks where dn_recur_cols takes the model, and
         // out_proj's row kernel (its rows a workgroup: `gate_rb`) with the norm and gate in.
         let gate_rb = (opts.dn_split && dn_cols_ok(c)).then(|| rows_rb(c.hidden));
-        let rows = |rb: usize| {
-            let gate = gate_rb == Some(rb);
-            in_forms(
-                rows_spec(rb, RowsReads { gate, ..reads }),
-                &Form::ALL,
-                act_f16,
-            )
-        };
+        let rows = |rb: usize| in_forms(rows_spec(rb, reads), &Form::ALL, act_f16);
         // moe_down_rows' early reads hold each slot's items in registers: at most
         // DOWN_EARLY_MAX_ITEMS of them.
         let down_early = opts.down_early
@@ -741,11 +809,20 @@ impl Plan {
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows16: rows(16),
-            linear_q4_rows4: rows(4),
-            linear_q4_rows2: rows(2),
-            linear_q4_rows_lm: (lm_rows > 16)
-                .then(|| in_forms(rows_spec(lm_rows, reads), &Form::ALL, act_f16)),
+            linear_q4_rows: RowsSlots {
+                rb16: rows(16),
+                rb4: rows(4),
+                rb2: rows(2),
+                lm: (lm_rows > 16).then(|| rows(lm_rows)),
+                // Its own instance: the other products keep `GATE` 0.
+                dn_gate: gate_rb.map(|rb| {
+                    let gate = RowsReads {
+                        gate: true,
+                        ..reads
+                    };
+                    in_forms(rows_spec(rb, gate), &GATED_OUT, act_f16)
+                }),
+            },
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -898,8 +975,12 @@ impl Plan {
         } else {
             format!("; {}", self.notes.join("; "))
         };
+        let gated = match self.gate_rb {
+            Some(rb) => format!(" (DeltaNet's out_proj on its own, with the output norm and gate, {rb} rows a workgroup)"),
+            None => String::new(),
+        };
         format!(
-            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{gated} / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             if self.tile_f16 { "f16" } else { "f32" },
@@ -936,7 +1017,7 @@ impl Plan {
 
     /// The kernel for `w` at one launch site of `Forward::linear`: `items` items (tokens, or
     /// routed items where `experts`), inputs on 16-byte boundaries where `aligned`.
-    /// `Rows`: the rows per workgroup by the slice's rows, `rows_rb`.
+    /// `Rows`: the instance by the matrix and the slice's rows, `rows_kernel`.
     pub fn linear(
         &self,
         w: &GpuLinear,
@@ -1052,14 +1133,20 @@ impl Plan {
         }
     }
 
-    /// linear_q4_rows.wgsl's rows a workgroup for a slice of `slice_rows` rows of `w`: lm_head's
-    /// (the matrix of the vocabulary's rows) `lm_rows` where above 16, else `rows_rb` (the full
-    /// model's lm_head: 16).
-    pub fn rows_rb(&self, w: &GpuLinear, slice_rows: usize) -> usize {
-        if self.lm_rows > 16 && w.rows == self.vocab {
-            self.lm_rows
+    /// The linear_q4_rows.wgsl instance (`RowsSlot`) of a launch over a slice of `slice_rows`
+    /// rows of a matrix of `rows` rows; `gated`: the launch applies DeltaNet's output norm and
+    /// gate to its input (out_proj under `DeltaNetPath::StepSplit`, the only such launch).
+    /// DeltaNet's gated out_proj its own (`DnGate`); lm_head (the matrix of the vocabulary's
+    /// rows) `lm_rows` a workgroup where above 16; every other product the plain kernel of
+    /// `rows_rb` rows (the full model's lm_head: 16).
+    pub fn rows_kernel(&self, rows: usize, slice_rows: usize, gated: bool) -> RowsSlot {
+        if gated {
+            // `gate_rb` is set wherever `deltanet` takes `StepSplit`.
+            RowsSlot::DnGate(self.gate_rb.unwrap_or(rows_rb(slice_rows)))
+        } else if self.lm_rows > 16 && rows == self.vocab {
+            RowsSlot::Lm(self.lm_rows)
         } else {
-            rows_rb(slice_rows)
+            RowsSlot::Plain(rows_rb(slice_rows))
         }
     }
 
@@ -1094,8 +1181,9 @@ impl Plan {
         if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
             // The conv on the product's rows where that product is one linear_q4_rows dispatch.
             if self.folds_norm(in_proj, t) {
-                // `dn_split`: where compiled and out_proj can take the norm and gate.
-                if self.gate_rb.is_some() && gate_ok(out_proj, c, self.gate_rb) {
+                // `dn_split`: where compiled and out_proj can take the norm and gate (on its own
+                // kernel, `RowsSlot::DnGate`).
+                if self.gate_rb.is_some() && gate_ok(out_proj, c) {
                     DeltaNetPath::StepSplit
                 } else {
                     DeltaNetPath::StepConvInRows
@@ -1162,4 +1250,166 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
 /// hold one quad each).
 fn glu_rows_ok(gate: &GpuLinear) -> bool {
     gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use lily_core::synth::{preset_text_config, Preset};
+
+    use super::*;
+    use crate::gpu::{DeviceLimits, Gpu};
+    use crate::weights::Slice;
+
+    /// A 4-bit (or 8-bit) matrix of this shape in one slice, for the plan's shape checks: its
+    /// buffer a placeholder (nothing runs).
+    fn matrix(gpu: &Gpu, rows: usize, cols: usize, bits: u32) -> GpuLinear {
+        GpuLinear {
+            experts: 1,
+            rows,
+            cols,
+            bits,
+            group: 64,
+            mat_words: rows * cols * bits as usize / 32,
+            slices: vec![Slice {
+                buf: gpu.storage("shape only", 16).unwrap(),
+                first: 0,
+                count: rows,
+                scale_off: 0,
+                bias_off: 0,
+            }],
+        }
+    }
+
+    /// `GATE` of a linear_q4_rows spec.
+    fn gate_of(spec: &Spec) -> f64 {
+        let gate = spec.constants.iter().find(|(k, _)| *k == "GATE");
+        gate.expect("linear_q4_rows has a GATE constant").1
+    }
+
+    /// `dn_split` on the full model's decode: DeltaNet's out_proj runs on its own
+    /// linear_q4_rows instance with the output norm and gate compiled in (`GATE` 1); every other
+    /// decode product on the row kernels (attention's o_proj, of out_proj's very rows a
+    /// workgroup, among them) on the plain one (`GATE` 0), with lm_head's own rows too
+    /// (`lm_rows`) and with f16 activations (each slot in its forms). With `dn_split` off no
+    /// kernel has the gate compiled in. The plan's answers are checked against the specs the
+    /// backend compiles (`Specs::linear_q4_rows`, the instances `Kernels::rows` gets by slot).
+    #[test]
+    fn dn_split_gives_only_deltanets_out_proj_the_gated_row_kernel() {
+        let gpu = match Gpu::open(true, None, false, DeviceLimits::Adapter, false, false) {
+            Ok(gpu) => gpu,
+            Err(e) if std::env::var("CI").is_err() => {
+                println!("SKIPPED: no usable wgpu adapter here: {e:#}");
+                return;
+            }
+            Err(e) => panic!("CI needs a wgpu adapter: {e:#}"),
+        };
+        let mut text = preset_text_config(Preset::Full);
+        text["model_type"] = "qwen3_5_moe_text".into();
+        let c = ModelConfig::from_json(&text).unwrap();
+        let (h, vd) = (c.hidden, c.dn_v_heads * c.dn_v_dim);
+        let in_proj = matrix(&gpu, c.conv_dim() + vd + 2 * c.dn_v_heads, h, 4);
+        let in_rows = in_proj.rows;
+        let in_proj = Fused {
+            parts: vec![(in_proj, 0)],
+            rows: in_rows,
+        };
+        let out_proj = matrix(&gpu, h, vd, 4);
+        let qd = c.n_heads * c.head_dim;
+        // Decode's other products on linear_q4_rows: attention's joint q | gate | k | v and
+        // o_proj (2,048 rows, as out_proj), the router (8-bit, the shared expert's gate as its
+        // last row), lm_head.
+        let others = [
+            (
+                "qkv",
+                matrix(&gpu, 2 * qd + 2 * c.n_kv_heads * c.head_dim, h, 4),
+            ),
+            ("o_proj", matrix(&gpu, h, qd, 4)),
+            ("router", matrix(&gpu, c.n_experts + 1, h, 8)),
+            ("lm_head", matrix(&gpu, c.vocab, h, 4)),
+        ];
+        let device = DeviceCaps {
+            limits: wgpu::Limits {
+                max_compute_workgroup_storage_size: 48 << 10,
+                max_compute_invocations_per_workgroup: 1024,
+                max_storage_buffers_per_shader_stage: 64,
+                ..wgpu::Limits::default()
+            },
+            subgroups: true,
+            f16: true,
+            device_type: wgpu::DeviceType::DiscreteGpu,
+        };
+        for (dn_split, lm_rows, f16_acts) in [
+            (true, 0, false),
+            (true, 64, true),
+            (false, 0, false),
+            (false, 64, true),
+        ] {
+            let opts = WgpuOptions {
+                dn_split,
+                lm_rows,
+                f16_acts,
+                ..WgpuOptions::default()
+            };
+            let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
+            let what = format!("dn_split {dn_split}, lm_rows {lm_rows}, f16_acts {f16_acts}");
+            let slots = &plan.specs.linear_q4_rows;
+            // The gate is compiled into out_proj's own instance alone.
+            let gated: Vec<&Spec> = plan
+                .specs
+                .all()
+                .into_iter()
+                .filter(|s| s.name == "linear_q4_rows" && gate_of(s) == 1.0)
+                .collect();
+            let own: Vec<&Spec> = slots.dn_gate.iter().flatten().collect();
+            assert_eq!(gated, own, "{what}");
+            assert_eq!(own.is_empty(), !dn_split, "{what}");
+            assert_eq!(plan.gate_rb, dn_split.then_some(4), "{what}");
+            // DeltaNet's decode step: split, its out_proj on the gated instance (in the one form
+            // it takes: o in, the residual stream out).
+            let path = plan.deltanet(&c, 1, &in_proj, &out_proj);
+            let want = if dn_split {
+                DeltaNetPath::StepSplit
+            } else {
+                DeltaNetPath::StepConvInRows
+            };
+            assert_eq!(path, want, "{what}");
+            let slot = plan.rows_kernel(h, h, path == DeltaNetPath::StepSplit);
+            let want = if dn_split {
+                RowsSlot::DnGate(4)
+            } else {
+                RowsSlot::Plain(4)
+            };
+            assert_eq!(slot, want, "{what}");
+            let specs = slots.get(slot).expect("out_proj's instance is compiled");
+            let form = plan.form(false, true);
+            assert!(specs.iter().any(|s| s.form == form), "{what}");
+            for s in specs {
+                assert_eq!(gate_of(s), dn_split as u32 as f64, "{what}: out_proj");
+                assert_eq!(s.constants[0], ("RB", 4.0), "{what}: out_proj");
+            }
+            // Every other product: the plain instance of its rows (lm_head's own with lm_rows),
+            // no gate.
+            let plain: Vec<(&str, &GpuLinear)> = std::iter::once(("in_proj", &in_proj.parts[0].0))
+                .chain(others.iter().map(|(n, w)| (*n, w)))
+                .collect();
+            for (name, w) in plain {
+                assert_eq!(
+                    plan.linear(w, 1, false, true),
+                    LinearKernel::Rows,
+                    "{what}: {name}"
+                );
+                let slot = plan.rows_kernel(w.rows, w.rows, false);
+                let want = match name {
+                    "lm_head" if lm_rows > 16 => RowsSlot::Lm(lm_rows),
+                    _ => RowsSlot::Plain(rows_rb(w.rows)),
+                };
+                assert_eq!(slot, want, "{what}: {name}");
+                let specs = slots.get(slot).expect("every plain instance is compiled");
+                for s in specs {
+                    assert_eq!(gate_of(s), 0.0, "{what}: {name}");
+                    assert_eq!(s.constants[0], ("RB", slot.rb() as f64), "{what}: {name}");
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    dn_recur_cols_spec, dn_recur_norm_spec, down_rows_spec, rows_spec, MmTile, RowsReads,
+    dn_recur_cols_spec, dn_recur_norm_spec, down_rows_spec, rows_spec, MmTile, RowsReads, RowsSlot,
     SplitRule, DN_COLS, DOWN_RB, GLU_RB, MM_ROWS,
 };
 use crate::shaders::Form;
@@ -147,7 +147,7 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items;
-/// 150 rows for lm_head's `lm_rows` of 32 or 64, `Kernels::linear_q4_rows_lm` where compiled:
+/// 150 rows for lm_head's `lm_rows` of 32 or 64, `RowsSlot::Lm` where compiled:
 /// two full workgroups and a partial one), and linear_q4_glu_rows.wgsl (`check_glu_rows`): the
 /// largest relative L2 difference, over every form compiled (`act_f16`: the activations f16,
 /// `Sides`).
@@ -165,15 +165,19 @@ pub fn check_rows(
         .max(check_rows_accumulate(gpu, k, act_f16)?)
         .max(check_rows_gate(gpu, subgroups, act_f16)?);
     let mut worst = 0f64;
-    let mut cases = vec![(16, 37usize), (4, 37), (2, 37)];
-    if k.linear_q4_rows_lm.is_some() {
-        cases.push((lm_rows, 150));
+    let mut cases = vec![
+        (RowsSlot::Plain(16), 37usize),
+        (RowsSlot::Plain(4), 37),
+        (RowsSlot::Plain(2), 37),
+    ];
+    if k.linear_q4_rows.lm.is_some() {
+        cases.push((RowsSlot::Lm(lm_rows), 150));
     }
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for &(rb, rows) in &cases {
-            let items = 2usize;
+        for &(slot, rows) in &cases {
+            let (items, rb) = (2usize, slot.rb());
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-            for (form, kernel) in k.rows(rb).iter() {
+            for (form, kernel) in k.rows(slot).iter() {
                 let sides = Sides::of(form, act_f16);
                 let (nx, ny) = grid_2d(rows.div_ceil(rb));
                 // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`) where
@@ -335,7 +339,7 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             y_f32: false,
         };
         r.dispatch(
-            k.rows(rb).get(form),
+            k.rows(RowsSlot::Plain(rb)).get(form),
             &params,
             &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf, &xbuf],
             [nx, ny, 1],
@@ -364,7 +368,7 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
                 .take(items * rows)
                 .map(|v| v * 0.7 + 0.1)
                 .collect();
-        for (form, kernel) in k.rows(rb).iter() {
+        for (form, kernel) in k.rows(RowsSlot::Plain(rb)).iter() {
             if act_f16 && !form.y_f32 {
                 continue;
             }
@@ -611,8 +615,8 @@ pub fn check_dn_cols(gpu: &Gpu, act_f16: bool, (dk, dv): (usize, usize)) -> Resu
 /// (4,096: the full model's) and of 64 (2,048), at 4 and 16 rows a workgroup, one item: random
 /// o (an activation), z (at an offset in a larger buffer) and norm weight, against the host's
 /// product of w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) in f64, every form that reads an
-/// activation; compiled here with `GATE` (the plan compiles it only for out_proj's rows a
-/// workgroup where `dn_split` is on). The largest relative L2 difference.
+/// activation; compiled here with `GATE` (the plan compiles it only where `dn_split` is on, as
+/// out_proj's own instance, `RowsSlot::DnGate`). The largest relative L2 difference.
 fn check_rows_gate(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
     let (rows, z_off, eps) = (37usize, 12usize, 1e-6f32);
     let mut worst = 0f64;

@@ -310,10 +310,10 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     let code =
         |p: &Plan| -> Vec<String> { p.specs.all().iter().map(|s| s.code().unwrap()).collect() };
     assert_eq!(code(&refused), code(&off));
-    assert_eq!(refused.specs.linear_q4_rows16.len(), 1);
+    assert_eq!(refused.specs.linear_q4_rows.rb16.len(), 1);
     // With SHADER_F16 the same options compile every kernel with f16 activations, the row
     // products in their four forms.
     let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
     assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
-    assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
+    assert_eq!(f16.specs.linear_q4_rows.rb16.len(), 4);
 }
