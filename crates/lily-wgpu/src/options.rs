@@ -71,26 +71,26 @@ lily_core::backend_options! {
             label "f16 activations",
             help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 where the adapter has SHADER_F16, instead of f32; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32",
             why "off: not yet measured on a GPU (issue 29 deliverable 2; prediction in docs/perf-notes.md, session 12 wgpu-f16act); rounds each stored activation to f16 (2^-11 relative: lavapipe's tiny logits 1e-3-level from the CPU's, see the crate README); on only once it wins its A/B (scripts/wgpu_f16_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 activations serve adapters without SHADER_F16";
-        attn_flat = false, flag Some("wgpu-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
+        attn_flat = true, flag Some("wgpu-no-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
             label "attend_gqa flat reads",
             help "attend_gqa.wgsl's key and value reads with no condition around them, in loops of constant trip count (keys past a split's end read its last key again, weighted 0), so an invocation's reads of a block of keys issue together; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention ≈ 19 → 3–5 µs a block of 32 keys on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
-        attn_split = false, flag Some("wgpu-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
+            why "won its A/B with attn_split on the H100 through Vulkan (session 15: attend_gqa 84.9 → 38.6 µs a layer at 4K with attend_merge 8.5 → 11.7; the `reads` group 155 → 168 tok/s at 4K, 113 → 144 at 32K; docs/perf-notes.md); outputs bit for bit the same as the conditional reads";
+        attn_split = true, flag Some("wgpu-no-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
             label "decode attention split",
             help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: predicted decode attention 84 → 20–30 µs a layer at 4K, ≈ 340 → 100–150 at 32K with the conditional reads; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
+            why "won its A/B with attn_flat on the H100 through Vulkan (session 15: decode attention 93 → 50 µs a layer at 4K with the merge; 32K decode 113 → 144 tok/s with the `reads` group; docs/perf-notes.md); the 64-key spans serve where this is off";
         rows_flat = false, flag Some("wgpu-rows-flat"), env "LILY_WGPU_ROWS_FLAT" = true,
             label "linear_q4_rows flat reads",
             help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
             why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
-        rows_early = false, flag Some("wgpu-rows-early"), env "LILY_WGPU_ROWS_EARLY" = true,
+        rows_early = true, flag Some("wgpu-no-rows-early"), env "LILY_WGPU_ROWS_EARLY" = true,
             label "linear_q4_rows early reads",
             help "linear_q4_rows.wgsl (decode's plain products, the MoE's router among them) with every read of a row block's first rows (both 16-byte words of a two-word row, their scales), the input and the folded norm's weights issued before any arithmetic or barrier, the norm's 1 / RMS applied to each row's total",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted the router 15.2 → 12.5–13.5 µs a call on the H200, one DRAM and one L2 round trip fewer; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
-        glu_early = false, flag Some("wgpu-glu-early"), env "LILY_WGPU_GLU_EARLY" = true,
+            why "won its A/B on the H100 through Vulkan (session 15: the router 16.2 → 15.0 µs a call at 4K, the other row products unchanged within 1 %; with glu_early the `moe` group 155 → 162 tok/s at 4K; docs/perf-notes.md)";
+        glu_early = true, flag Some("wgpu-no-glu-early"), env "LILY_WGPU_GLU_EARLY" = true,
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 29.4 → 24–26 µs a call on the H200; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
+            why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md)";
         down_early = false, flag Some("wgpu-down-early"), env "LILY_WGPU_DOWN_EARLY" = true,
             label "moe_down_rows early reads",
             help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
@@ -177,11 +177,11 @@ mod tests {
                 f16_kv: false,
                 f16_tiles: false,
                 f16_acts: false,
-                attn_flat: false,
-                attn_split: false,
+                attn_flat: true,
+                attn_split: true,
                 rows_flat: false,
-                rows_early: false,
-                glu_early: false,
+                rows_early: true,
+                glu_early: true,
                 down_early: false,
                 rows_deep: false,
                 dn_early: false,
