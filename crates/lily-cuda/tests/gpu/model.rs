@@ -209,6 +209,9 @@ fn greedy_follows_cpu(
     ties
 }
 
+/// A greedy step and its gap in logit standard deviations.
+type StepGap = (usize, f32);
+
 /// `greedy_follows_cpu` without its assertion: each of `tokens` against the CPU fed the same
 /// tokens (teacher forcing), as (near-ties within SHIPPING_TIE, steps past them: the gaps in
 /// logit standard deviations).
@@ -216,7 +219,7 @@ fn greedy_misses_of_cpu(
     cpu: &mut CpuBackend,
     ps: lily_core::backend::SeqId,
     tokens: &[u32],
-) -> (Vec<(usize, f32)>, Vec<(usize, f32)>) {
+) -> (Vec<StepGap>, Vec<StepGap>) {
     let (mut ties, mut misses) = (Vec::new(), Vec::new());
     for (i, &t) in tokens.iter().enumerate() {
         if i > 0 {
