@@ -1,7 +1,12 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
 //! gate/up/SiLU and down/combine/residual each in one launch; or the whole MoE block in one
-//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`).
+//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`; the
+//! DeltaNet layer in one, `dec_dn_layer`: decode/dn_layer.rs).
+
+mod dn_layer;
+
+pub use dn_layer::{dn_layer_fits, dn_layer_unfit, DnLayer, DnLayerShapes, DnOutputs};
 
 use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
@@ -614,33 +619,21 @@ impl DecMoeArg {
 /// An error naming `kernel` (`dec_moe`, `dec_moe_rows`) unless `m`'s expert matrices and `out`'s
 /// hidden rows are 16-byte aligned: the kernel moves them in whole 16-byte pieces.
 fn check_aligned(kernel: &str, m: &DevMoe, out: &MoeOutputs) -> Result<()> {
-    if !experts_aligned(m) {
-        bail!("{kernel}: expert weights must be 16-byte aligned");
-    }
-    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
-        bail!("{kernel}: h and h_shared must be 16-byte aligned");
-    }
-    Ok(())
-}
-
-/// Whether every expert matrix of `m` (its packed words, scales and biases) is 16-byte aligned:
-/// the one-launch kernels copy them with cp.async.
-fn experts_aligned(m: &DevMoe) -> bool {
-    [
+    let experts = [
         &m.gate,
         &m.up,
         &m.shared_gate,
         &m.shared_up,
         &m.down,
         &m.shared_down,
-    ]
-    .iter()
-    .all(|l| {
-        let q = l.arg();
-        [q.q, q.scales, q.biases]
-            .iter()
-            .all(|p| p.is_multiple_of(16))
-    })
+    ];
+    if !dn_layer::weights_aligned(&experts) {
+        bail!("{kernel}: expert weights must be 16-byte aligned");
+    }
+    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+        bail!("{kernel}: h and h_shared must be 16-byte aligned");
+    }
+    Ok(())
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's DecMoe field for field (the padding after
@@ -797,6 +790,11 @@ pub struct Decode {
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
+    dn_layer: Kernel,
+    /// Dynamic shared memory a `dec_dn_layer` block may take on this device (as `moe_smem_max`).
+    dn_layer_smem_max: usize,
+    /// `dec_dn_layer`'s grid barrier (as `moe_barrier`).
+    dn_barrier: DevBuf,
 }
 
 impl Decode {
@@ -816,6 +814,13 @@ impl Decode {
             .max_shared_memory
             .saturating_sub(moe_rows.static_shared_memory()?);
         let moe_rows = moe_rows.allow_shared_memory(moe_rows_smem_max)?;
+        let dn_barrier = gpu.alloc(8)?;
+        gpu.fill(&dn_barrier, 0)?;
+        let dn_layer = k("dec_dn_layer")?;
+        let dn_layer_smem_max = gpu
+            .max_shared_memory
+            .saturating_sub(dn_layer.static_shared_memory()?);
+        let dn_layer = dn_layer.allow_shared_memory(dn_layer_smem_max)?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
@@ -837,6 +842,9 @@ impl Decode {
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
             dn_step_rows: k("dec_dn_step_rows")?,
+            dn_layer,
+            dn_layer_smem_max,
+            dn_barrier,
         })
     }
 
