@@ -1713,7 +1713,7 @@ dec_dn_layer(DecDn a) {
         __syncthreads();  // q_s, k_s, ab_s are read before the next round writes them
     }
     grid_sync(a.bar);
-    pdl_trigger();  // every block is resident and past its last barrier (dec_moe's hazard)
+    pdl_trigger();  // every block is resident and past its last barrier (the PDL hazard in the comment above)
 
     // C: the gated norm of o, out_proj's rows, the residual add.
     stage_x<true>(a.o, a.gnorm_w, a.gnorm_eps, vd, a.z, a.dv, ys, ysum, nullptr);
