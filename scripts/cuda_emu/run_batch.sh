@@ -16,7 +16,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused|fused_rows|fused_dn [bf16]  (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (sixteen known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (seventeen known bugs put in: each must be caught;
 #                                                           ONLY="9 10" runs those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -66,6 +66,8 @@ MUTANTS = [
      "dec_dn_layer reading block 0's channels' conv state in every block"),
     ('dec', '        if (round > 0) {', '        if (false) {',
      "dec_dn_layer's later step rounds reusing the first round's work item and state"),
+    ('dec', '        else\n            cp_async_wait<1>();', '        else\n            cp_async_wait<2>();',
+     "dec_dn_layer summing the second half of its in_proj rows before they landed"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -148,7 +150,7 @@ if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" "6 fused" "7 fused" "8 fused" \
            "9 fused_rows" "10 fused_rows" "11 fused_rows -DSHIM_CP_ASYNC_EAGER" "12 fused_rows" \
-           "13 fused_dn" "14 fused_dn" "15 fused_dn"; do
+           "13 fused_dn" "14 fused_dn" "15 fused_dn" "16 fused_dn"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

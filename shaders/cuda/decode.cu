@@ -1571,21 +1571,48 @@ struct DecDn {
 };
 
 // Requests (cp.async) the block's records of rows r0 .. r0 + n - 1 of the concatenated in_proj list
-// (record jl at in_rec + jl · MOE_REC(hidden)) or of out_proj (at out_rec), a warp a record.
-__device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, unsigned char* in_rec, int o0, int on,
-                                           unsigned char* out_rec) {
+// (record jl at in_rec + jl · MOE_REC(hidden)) and of out_proj (at out_rec), a warp a record, in
+// three cp.async groups: in_proj's records before `split`, those from it, out_proj's.
+__device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, int split, unsigned char* in_rec, int o0,
+                                           int on, unsigned char* out_rec) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int qkv = a.in_qkv.rows, zr = a.in_z.rows, br = a.in_b.rows;
     int rec_h = MOE_REC(a.in_qkv.cols), rec_v = MOE_REC(a.out.cols);
-    for (int jl = warp; jl < n; jl += warps) {
-        int j = r0 + jl;
-        const QWeight& w = j < qkv ? a.in_qkv : j < qkv + zr ? a.in_z : j < qkv + zr + br ? a.in_b : a.in_a;
-        int r = j < qkv ? j : j < qkv + zr ? j - qkv : j < qkv + zr + br ? j - qkv - zr : j - qkv - zr - br;
-        rec_request(w, r, in_rec + (long long)jl * rec_h, lane, 32);
+    for (int part = 0; part < 2; part++) {
+        for (int jl = (part ? split : 0) + warp; jl < (part ? n : split); jl += warps) {
+            int j = r0 + jl;
+            const QWeight& w = j < qkv ? a.in_qkv : j < qkv + zr ? a.in_z : j < qkv + zr + br ? a.in_b : a.in_a;
+            int r = j < qkv ? j : j < qkv + zr ? j - qkv : j < qkv + zr + br ? j - qkv - zr : j - qkv - zr - br;
+            rec_request(w, r, in_rec + (long long)jl * rec_h, lane, 32);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
     for (int rl = warp; rl < on; rl += warps) rec_request(a.out, o0 + rl, out_rec + (long long)rl * rec_v, lane, 32);
     cp_async_commit();
+}
+
+// Row j of the concatenated in_proj list, its dot product acc summed: a qkv row's channel through
+// the conv at once (dec_dn_conv's arithmetic on m = act(acc); its taps and conv-state rows staged
+// at taps, prev), the conv state shifted; a z, b or a row stored.
+__device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s, const float* prev_s, int k, int conv_dim,
+                                          int zr, int n_v, float* c, float* conv_state, float* z, float* b, float* a) {
+    if (j < conv_dim) {
+        float taps[DEC_DN_MAX_K], prev[DEC_DN_MAX_K];
+#pragma unroll
+        for (int i = 0; i < DEC_DN_MAX_K; i++)
+            if (i < k) {
+                taps[i] = taps_s[i];
+                if (i < k - 1) prev[i] = prev_s[i];
+            }
+        float mv = act(acc);
+        c[j] = dn_conv_value(taps, prev, mv, k);
+        dn_conv_shift(conv_state, conv_dim, j, prev, mv, k);
+    } else {
+        float* out = j < conv_dim + zr         ? z + (j - conv_dim)
+                     : j < conv_dim + zr + n_v ? b + (j - conv_dim - zr)
+                                               : a + (j - conv_dim - zr - n_v);
+        store_out(out, DEC_STORE, acc);
+    }
 }
 
 // dec_dn_layer: the gated DeltaNet layer of a one-token step in one launch, doing what dec_gemv4
@@ -1599,7 +1626,8 @@ __device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, unsign
 //     (cp.async), the conv taps and conv state of its in_proj_qkv channels into shared memory, the
 //     state columns of its first work items into registers, the norms' weights toward L2: none of
 //     it is written by the kernel before, so it streams while that one finishes;
-//   A: x staged and RMS-normed (stage_x, as dec_gemv4), the block's in_proj rows dotted with it;
+//   A: x staged and RMS-normed (stage_x, as dec_gemv4), the block's in_proj rows dotted with it
+//     (the first half of them while the second lands: two cp.async groups);
 //     a qkv row's channel goes through the conv at once (each channel's conv needs only its own
 //     row, state and taps: dec_dn_conv's work, no barrier) → c, the conv state shifted; z, b, a
 //     stored. grid_sync.
@@ -1642,7 +1670,8 @@ dec_dn_layer(DecDn a) {
     unsigned char* out_rec = in_rec + max(in_bytes, c_bytes);
 
     // Before pdl_wait: weights, and state this layer's previous step wrote (long done).
-    dn_request(a, r0, rows, in_rec, o0, orows, out_rec);
+    int split = (rows + 1) / 2;  // the first half of the in_proj rows is summed while the second lands
+    dn_request(a, r0, rows, split, in_rec, o0, orows, out_rec);
     for (int i = threadIdx.x; i < n_conv * k; i += blockDim.x) taps_s[i] = a.conv_w[(long long)r0 * k + i];
     for (int i = threadIdx.x; i < n_conv * (k - 1); i += blockDim.x) {
         int j = i / n_conv, ch = i % n_conv;
@@ -1665,33 +1694,21 @@ dec_dn_layer(DecDn a) {
 
     // A: x normed; in_proj's rows; the conv of the qkv channels.
     stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, nullptr);
-    cp_async_wait<1>();
-    __syncthreads();
     int lpr = min(32, Gh), spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
     int rec_h = MOE_REC(hidden);
-    for (int jl = warp * spw + sub; jl - sub < rows; jl += warps * spw) {
-        int jc = min(jl, max(rows - 1, 0));
-        float acc = rec_dot(in_rec + (long long)jc * rec_h, Gh, sl, lpr, xs, xsum);
-        if (sl == 0 && jl < rows) {
-            int j = r0 + jl;
-            if (j < conv_dim) {
-                float taps[DEC_DN_MAX_K], prev[DEC_DN_MAX_K];
-#pragma unroll
-                for (int i = 0; i < DEC_DN_MAX_K; i++)
-                    if (i < k) {
-                        taps[i] = taps_s[jl * k + i];
-                        if (i < k - 1) prev[i] = cst_s[jl * (k - 1) + i];
-                    }
-                float mv = act(acc);
-                a.c[j] = dn_conv_value(taps, prev, mv, k);
-                dn_conv_shift(a.conv_state, conv_dim, j, prev, mv, k);
-            } else {
-                int zr = a.in_z.rows;
-                float* out = j < conv_dim + zr ? a.z + (j - conv_dim)
-                             : j < conv_dim + zr + a.n_v ? a.b + (j - conv_dim - zr)
-                                                         : a.a + (j - conv_dim - zr - a.n_v);
-                store_out(out, DEC_STORE, acc);
-            }
+    for (int part = 0; part < 2; part++) {
+        if (part == 0)
+            cp_async_wait<2>();
+        else
+            cp_async_wait<1>();
+        __syncthreads();
+        int lo = part ? split : 0, hi = part ? rows : split;
+        for (int jl = lo + warp * spw + sub; jl - sub < hi; jl += warps * spw) {
+            int jc = min(jl, max(hi - 1, 0));
+            float acc = rec_dot(in_rec + (long long)jc * rec_h, Gh, sl, lpr, xs, xsum);
+            if (sl == 0 && jl < hi)
+                dn_in_row(r0 + jl, acc, taps_s + jl * k, cst_s + jl * (k - 1), k, conv_dim, a.in_z.rows, a.n_v, a.c,
+                          a.conv_state, a.z, a.b, a.a);
         }
     }
     grid_sync(a.bar);
