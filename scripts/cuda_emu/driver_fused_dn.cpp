@@ -163,16 +163,10 @@ static void run_fused_dn() {
     double e_x = rel_l2(got_dx.data(), dx.data(), d.hidden);
     verdict("residual row's update (x - x0)", e_x < (BF16 ? 5e-2 : 1e-5), "  rel_l2 %.2e", e_x);
     verdict("nothing written past the outputs", one.guards() && four.guards());
-    // (b) the four launches.
-    bool same = one.same(four);
-    verdict("vs dec_gemv4 + dec_dn_conv + dec_dn_step + dec_gemv4w", same, same ? "  bit for bit" : "  differ");
-    // A second launch (a graph replay) from the same states: the barrier starts where the first
-    // left it.
-    verdict("grid barrier reset after a launch (count 0, two generations)", bar[0] == 0 && bar[1] == 2, "  %g, %g",
-            bar[0], bar[1]);
-    fused_dn_launch(d, again, x0.data(), bar);
-    same = one.same(again);
-    verdict("launched again: the same outputs and states", same, same ? "  bit for bit" : "  differ");
-    verdict("grid barrier after the second launch (count 0, four generations)", bar[0] == 0 && bar[1] == 4,
-            "  %g, %g", bar[0], bar[1]);
+    // (b) the four launches; a second launch from the same states.
+    relaunch_checks("dec_gemv4 + dec_dn_conv + dec_dn_step + dec_gemv4w", one.same(four), bar,
+                    "launched again: the same outputs and states", [&] {
+                        fused_dn_launch(d, again, x0.data(), bar);
+                        return one.same(again);
+                    });
 }

@@ -1429,6 +1429,15 @@ mod tests {
         }
     }
 
+    /// sm_86 / 89 / 120 devices (99 KB of shared memory a block) at the SM counts they come with.
+    fn small_smem_devices() -> impl Iterator<Item = DeviceCaps> {
+        [46, 84, 128, 170].into_iter().map(|sm_count| DeviceCaps {
+            sm_count,
+            max_shared_memory: 101_376,
+            ..A100
+        })
+    }
+
     /// The full model's DeltaNet layer as `dec_dn_layer` reads it.
     fn full_dn_layer(cfg: &ModelConfig) -> DnLayerShapes {
         let h = cfg.hidden;
@@ -1466,16 +1475,12 @@ mod tests {
             Plan::resolve(&on, A100).decode_dn_for(&w),
             DecodeDn::FourLaunches
         );
-        for sm_count in [46, 84, 128, 170] {
-            let small = DeviceCaps {
-                sm_count,
-                max_shared_memory: 101_376,
-                ..A100
-            };
+        for small in small_smem_devices() {
             assert_eq!(
                 Plan::resolve(&on, small).decode_dn_for(&w),
                 DecodeDn::FourLaunches,
-                "{sm_count} SMs"
+                "{} SMs",
+                small.sm_count
             );
         }
         // A layer it does not read (8-bit out_proj): the four launches.
@@ -1508,16 +1513,12 @@ mod tests {
             Plan::resolve(&on, A100).decode_moe_for(&w, shape),
             DecodeMoe::OneLaunch
         );
-        for sm_count in [46, 84, 128, 170] {
-            let small = DeviceCaps {
-                sm_count,
-                max_shared_memory: 101_376,
-                ..A100
-            };
+        for small in small_smem_devices() {
             assert_eq!(
                 Plan::resolve(&on, small).decode_moe_for(&w, shape),
                 DecodeMoe::ThreeLaunches,
-                "{sm_count} SMs"
+                "{} SMs",
+                small.sm_count
             );
         }
         // Shapes it does not take: a 4-bit router, a shared expert wider than a routed one, a
@@ -1597,13 +1598,13 @@ mod tests {
             Plan::resolve(&on, A100).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
             BatchMoe::OneLaunch
         );
-        for sm_count in [46, 84, 128, 170] {
-            assert_eq!(slots(sm_count, 101_376), None, "{sm_count} SMs");
-            let small = DeviceCaps {
-                sm_count,
-                max_shared_memory: 101_376,
-                ..A100
-            };
+        for small in small_smem_devices() {
+            let sm_count = small.sm_count;
+            assert_eq!(
+                slots(sm_count, small.max_shared_memory),
+                None,
+                "{sm_count} SMs"
+            );
             assert_eq!(
                 Plan::resolve(&on, small).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
                 BatchMoe::Rows,

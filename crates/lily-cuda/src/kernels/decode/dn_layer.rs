@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
 use lily_core::config::ModelConfig;
 
-use super::{config, moe_rec, Decode, Input, Prologue, WARPS, XPAD};
+use super::{check_persistent, config, input_norm, moe_rec, Decode, Input, WARPS, XPAD};
 use crate::gpu::Gpu;
 use crate::kernels::deltanet::DnShape;
 use crate::weights::{DevDeltaNet, DevLinear, LinearShape, QWeightArg};
@@ -223,33 +223,22 @@ impl Decode {
         if let Some(why) = dn_layer_unfit(&w) {
             bail!("dec_dn_layer: {why}");
         }
-        let hidden = w.in_qkv.cols;
-        if a.input.cols != hidden {
-            bail!(
-                "dec_dn_layer: a {}-wide input for a {hidden}-wide in_proj",
-                a.input.cols
-            );
-        }
-        let (norm_w, eps) = match a.input.prologue {
-            Prologue::None => (0, 0.0),
-            Prologue::RmsNorm { weight, eps } => (weight, eps),
-            Prologue::GatedNorm { .. } => bail!("dec_dn_layer: a gated norm before in_proj"),
-        };
+        let (norm_w, eps) = input_norm("dec_dn_layer", &a.input, w.in_qkv.cols)?;
         if !weights_aligned(&[&d.in_qkv, &d.in_z, &d.in_b, &d.in_a, &d.out_proj]) {
             bail!("dec_dn_layer: weights must be 16-byte aligned");
         }
         let grid = gpu.sm_count;
         let smem = dn_layer_smem(&w, grid);
-        if smem > self.dn_layer_smem_max {
-            bail!(
-                "dec_dn_layer: {smem} bytes of shared memory a block on {grid} blocks; the device grants {} beside its static arrays",
-                self.dn_layer_smem_max
-            );
-        }
         let threads = WARPS * 32;
-        if self.dn_layer.resident_blocks(threads, smem)? == 0 {
-            bail!("dec_dn_layer: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
-        }
+        let smem_max = self.dn_layer_smem_max;
+        check_persistent(
+            "dec_dn_layer",
+            &self.dn_layer,
+            threads,
+            smem,
+            smem_max,
+            grid,
+        )?;
         let (in_share, out_share) = dn_layer_shares(&w, grid);
         let DnShape { n_k, n_v, dk, dv } = a.heads;
         let args = DecDnArg {
