@@ -1644,7 +1644,7 @@ __device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s,
 // would wait at the barrier for it forever.
 // Shared memory (dynamic, dn_layer_smem in the launcher): x staged, the conv taps and state of the
 // block's channels, the in_proj records (phase C's staged gated row in the same bytes: the records
-// are all read before the first barrier), the out_proj records: 155 KB a block for the full shape on
+// are all read before the first barrier), the out_proj records: 153 KB a block for the full shape on
 // an H200 (132 SMs).
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
 dec_dn_layer(DecDn a) {

@@ -113,7 +113,7 @@ const DN_LAYER_STATIC_SMEM: usize = 2_304;
 
 /// Whether `dec_dn_layer` runs this layer on a device of `sm_count` SMs granting a block
 /// `max_shared_memory` bytes: the shapes it takes (`dn_layer_unfit`), and one block an SM fits the
-/// shared memory its share of the weights needs (H200: 155 KB of 227; not an A100's 163 KB on its
+/// shared memory its share of the weights needs (H200: 153 KB of 227; not an A100's 163 KB on its
 /// 108 SMs' larger shares, nor sm_86 / 89 / 120's 99 KB).
 pub fn dn_layer_fits(w: &DnLayerShapes, sm_count: usize, max_shared_memory: usize) -> bool {
     dn_layer_unfit(w).is_none()
@@ -313,7 +313,7 @@ mod tests {
     }
 
     /// The figures the comments give: 94 in_proj rows and 16 output rows a block on an H200's 132
-    /// SMs, 155 KB of shared memory; the A100's 108 SMs take 115 and 19 rows, past its 163 KB.
+    /// SMs, 153 KB of shared memory; the A100's 108 SMs take 115 and 19 rows, past its 163 KB.
     #[test]
     fn the_full_layer_fits_an_h200_not_an_a100() {
         let w = full();
