@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | moe | dn | fused | fused_rows | attn (attn in bf16 builds: the tensor-core kernels' mode).
+// Argument: gemv | moe | dn | fused | fused_rows | fused_dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -17,6 +17,7 @@
 //         dec_dn_step one sequence at a time on copies of the states.
 //   fused: dec_moe, the one-launch MoE block (driver_fused_moe.cpp's header).
 //   fused_rows: dec_moe_rows, the batched step's one-launch MoE block (driver_fused_moe_rows.cpp).
+//   fused_dn: dec_dn_layer, the one-launch DeltaNet layer (driver_fused_dn.cpp's header).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
@@ -439,6 +440,56 @@ static void run_moe(std::vector<int> Bs, std::vector<int> bit_Bs) {
 
 // ---- dn -----------------------------------------------------------------------------------------
 
+// The f64 conv of one token (MODEL.md §2.5): c = act(silu(act(Σ_j w_j · state_j + w_last · m)))
+// per channel, then the conv state [taps - 1, conv_dim] shifted by m.
+static std::vector<double> dn_ref_conv(const std::vector<float>& weight, int taps, int conv_dim, const float* m,
+                                       std::vector<double>& cv) {
+    std::vector<double> cref(conv_dim);
+    for (int ch = 0; ch < conv_dim; ch++) {
+        double acc = 0;
+        for (int j = 0; j < taps - 1; j++) acc += (double)weight[(size_t)ch * taps + j] * cv[(size_t)j * conv_dim + ch];
+        acc += (double)weight[(size_t)ch * taps + taps - 1] * m[ch];
+        cref[ch] = rb(silu(rb(acc)));
+    }
+    for (int j = 0; j < taps - 1; j++)
+        for (int ch = 0; ch < conv_dim; ch++)
+            cv[(size_t)j * conv_dim + ch] = j + 1 < taps - 1 ? cv[(size_t)(j + 1) * conv_dim + ch] : m[ch];
+    return cref;
+}
+
+// The f64 gated delta rule step of one token (MODEL.md §2.5) from the conv's output cref (q, k,
+// v): q and k L2-normed (q also by 1/sqrt(dk)), β = act(sigmoid(b)), α = exp(−exp(a_log) ·
+// softplus(a + dt_bias)); per value head S ← α S, then per column the delta update and the output
+// o = act(qᵀ S). S [nv, dk, dv] updated; returns o [nv · dv].
+static std::vector<double> dn_ref_step(int nk, int nv, int dk, int dv, float eps, const std::vector<double>& cref,
+                                       const float* bb, const float* aa, const std::vector<float>& a_log,
+                                       const std::vector<float>& dt_bias, double* st) {
+    std::vector<double> oref((size_t)nv * dv);
+    int key_dim = nk * dk;
+    for (int hv = 0; hv < nv; hv++) {
+        int hk = hv / (nv / nk);
+        const double* q = &cref[(size_t)hk * dk]; const double* k = &cref[(size_t)key_dim + hk * dk];
+        double qq = 0, kk = 0;
+        for (int i = 0; i < dk; i++) { qq += q[i] * q[i]; kk += k[i] * k[i]; }
+        double qn = 1 / std::sqrt(qq + eps) / std::sqrt((double)dk), kn = 1 / std::sqrt(kk + eps);
+        double beta = rb(1 / (1 + std::exp(-(double)bb[hv])));
+        double x = (double)aa[hv] + dt_bias[hv];
+        double g = -std::exp((double)a_log[hv]) * (x > 20 ? x : std::log1p(std::exp(x)));
+        double alpha = std::exp(g);
+        double* S = &st[(size_t)hv * dk * dv];
+        for (int i = 0; i < dk * dv; i++) S[i] *= alpha;
+        for (int j = 0; j < dv; j++) {
+            double u = 0;
+            for (int i = 0; i < dk; i++) u += S[(size_t)i * dv + j] * k[i] * kn;
+            double d = beta * (cref[(size_t)2 * key_dim + hv * dv + j] - u);
+            double out = 0;
+            for (int i = 0; i < dk; i++) { S[(size_t)i * dv + j] += k[i] * kn * d; out += S[(size_t)i * dv + j] * q[i] * qn; }
+            oref[(size_t)hv * dv + j] = rb(out);
+        }
+    }
+    return oref;
+}
+
 static void run_dn_shape(int nk, int nv, int dk, int dv, int taps, std::vector<int> Bs, std::vector<int> bit_Bs) {
     const float eps = 1e-6f;
     int conv_dim = 2 * nk * dk + nv * dv;
@@ -467,41 +518,11 @@ static void run_dn_shape(int nk, int nv, int dk, int dv, int taps, std::vector<i
             // f64 reference.
             double e_c = 0, e_o = 0, e_s = 0; bool conv_state_exact = true;
             for (int r = 0; r < B; r++) {
-                std::vector<double> cref(conv_dim);
-                for (int ch = 0; ch < conv_dim; ch++) {
-                    double acc = 0;
-                    for (int j = 0; j < taps - 1; j++) acc += (double)weight[(size_t)ch * taps + j] * ref_cv[r][(size_t)j * conv_dim + ch];
-                    acc += (double)weight[(size_t)ch * taps + taps - 1] * m[(size_t)r * conv_dim + ch];
-                    cref[ch] = rb(silu(rb(acc)));
-                }
-                for (int j = 0; j < taps - 1; j++)
-                    for (int ch = 0; ch < conv_dim; ch++)
-                        ref_cv[r][(size_t)j * conv_dim + ch] = j + 1 < taps - 1 ? ref_cv[r][(size_t)(j + 1) * conv_dim + ch] : m[(size_t)r * conv_dim + ch];
+                std::vector<double> cref = dn_ref_conv(weight, taps, conv_dim, m.data() + (size_t)r * conv_dim, ref_cv[r]);
                 e_c = std::max(e_c, rel_l2(c.p() + (size_t)r * conv_dim, cref.data(), conv_dim));
                 for (size_t i = 0; i < conv_n; i++) if ((double)cv[r][i] != ref_cv[r][i]) conv_state_exact = false;
-                std::vector<double> oref((size_t)nv * dv);
-                int key_dim = nk * dk;
-                for (int hv = 0; hv < nv; hv++) {
-                    int hk = hv / (nv / nk);
-                    const double* q = &cref[(size_t)hk * dk]; const double* k = &cref[(size_t)key_dim + hk * dk];
-                    double qq = 0, kk = 0;
-                    for (int i = 0; i < dk; i++) { qq += q[i] * q[i]; kk += k[i] * k[i]; }
-                    double qn = 1 / std::sqrt(qq + eps) / std::sqrt((double)dk), kn = 1 / std::sqrt(kk + eps);
-                    double beta = rb(1 / (1 + std::exp(-(double)bb[(size_t)r * nv + hv])));
-                    double x = (double)aa[(size_t)r * nv + hv] + dt_bias[hv];
-                    double g = -std::exp((double)a_log[hv]) * (x > 20 ? x : std::log1p(std::exp(x)));
-                    double alpha = std::exp(g);
-                    double* S = &ref_st[r][(size_t)hv * dk * dv];
-                    for (int i = 0; i < dk * dv; i++) S[i] *= alpha;
-                    for (int j = 0; j < dv; j++) {
-                        double u = 0;
-                        for (int i = 0; i < dk; i++) u += S[(size_t)i * dv + j] * k[i] * kn;
-                        double d = beta * (cref[(size_t)2 * key_dim + hv * dv + j] - u);
-                        double out = 0;
-                        for (int i = 0; i < dk; i++) { S[(size_t)i * dv + j] += k[i] * kn * d; out += S[(size_t)i * dv + j] * q[i] * qn; }
-                        oref[(size_t)hv * dv + j] = rb(out);
-                    }
-                }
+                std::vector<double> oref = dn_ref_step(nk, nv, dk, dv, eps, cref, bb.data() + (size_t)r * nv,
+                                                       aa.data() + (size_t)r * nv, a_log, dt_bias, ref_st[r].data());
                 e_o = std::max(e_o, rel_l2(o.p() + (size_t)r * nv * dv, oref.data(), oref.size()));
                 e_s = std::max(e_s, rel_l2(st[r].p(), ref_st[r].data(), state_n));
             }
@@ -674,6 +695,7 @@ static void run_attn() {
 
 #include "driver_fused_moe.cpp"
 #include "driver_fused_moe_rows.cpp"
+#include "driver_fused_dn.cpp"
 
 int main(int argc, char** argv) {
     alarm(600);  // a lane missing a warp collective hangs the emulation: end it
@@ -684,10 +706,11 @@ int main(int argc, char** argv) {
     else if (part == "dn") run_dn();
     else if (part == "fused") run_fused_moe();
     else if (part == "fused_rows") run_fused_moe_rows();
+    else if (part == "fused_dn") run_fused_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused|fused_rows|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused|fused_rows|fused_dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

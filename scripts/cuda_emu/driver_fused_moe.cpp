@@ -149,6 +149,23 @@ static FusedRef fused_ref(const FusedMoe& m, const float* x0, const std::vector<
     return r;
 }
 
+// The last checks of a one-launch kernel (dec_moe, dec_dn_layer): its outputs against the launches
+// it replaces (`same`, those named `replaced`), the grid barrier's words after the launch, then a
+// second launch (a graph replay, starting where the first left the barrier: `again` runs it and
+// says whether its outputs are the first's bits), the words after it.
+template <class Again>
+static void relaunch_checks(const char* replaced, bool same, const unsigned* bar, const char* again_what, Again again) {
+    char what[160];
+    snprintf(what, sizeof what, "vs %s", replaced);
+    verdict(what, same, same ? "  bit for bit" : "  differ");
+    verdict("grid barrier reset after a launch (count 0, two generations)", bar[0] == 0 && bar[1] == 2, "  %g, %g",
+            bar[0], bar[1]);
+    same = again();
+    verdict(again_what, same, same ? "  bit for bit" : "  differ");
+    verdict("grid barrier after the second launch (count 0, four generations)", bar[0] == 0 && bar[1] == 4,
+            "  %g, %g", bar[0], bar[1]);
+}
+
 static void run_fused_moe() {
     printf("dec_moe on %d blocks (activations %s)\n", FUSED_GRID, BF16 ? "bf16" : "fp32");
     FusedMoe m;
@@ -189,15 +206,10 @@ static void run_fused_moe() {
     double e_x = rel_l2(got_dx.data(), dx.data(), m.hidden);
     verdict("residual row's update (x - x0)", e_x < (BF16 ? 5e-2 : 1e-5), "  rel_l2 %.2e", e_x);
     verdict("nothing written past the outputs", one.guards() && three.guards());
-    // (b) the three launches.
-    bool same = one.same(three);
-    verdict("vs dec_gemv8 + dec_glu4 + dec_down_combine", same, same ? "  bit for bit" : "  differ");
-    // A second launch (a graph replay): the barrier starts from where the first left it.
-    verdict("grid barrier reset after a launch (count 0, two generations)", bar[0] == 0 && bar[1] == 2, "  %g, %g",
-            bar[0], bar[1]);
-    fused_launch(m, norm_w, eps, again, bar);
-    same = one.same(again);
-    verdict("launched again: the same outputs", same, same ? "  bit for bit" : "  differ");
-    verdict("grid barrier after the second launch (count 0, four generations)", bar[0] == 0 && bar[1] == 4,
-            "  %g, %g", bar[0], bar[1]);
+    // (b) the three launches; a second launch.
+    relaunch_checks("dec_gemv8 + dec_glu4 + dec_down_combine", one.same(three), bar, "launched again: the same outputs",
+                    [&] {
+                        fused_launch(m, norm_w, eps, again, bar);
+                        return one.same(again);
+                    });
 }

@@ -288,15 +288,23 @@ __device__ __forceinline__ void stage_prefetch(const float* norm_w, int cols, in
             asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));
 }
 
-template <int V>
+// A load of the staged row: from L2 (ld.global.cg) when L2_ONLY, i.e. when other blocks of this
+// launch wrote it (dec_dn_layer's phase C), so no stale or non-coherent L1 line can answer.
+template <bool L2_ONLY, class T>
+__device__ __forceinline__ T ld_row(const T* p) {
+    if (L2_ONLY) return __ldcg(p);
+    return *p;
+}
+
+template <int V, bool L2_ONLY>
 __device__ __forceinline__ void stage_load(const float* __restrict__ x, const float* __restrict__ gz, XRow<V>& r) {
     const float4* xp = reinterpret_cast<const float4*>(x + threadIdx.x * V);
 #pragma unroll
-    for (int i = 0; i < V / 4; i++) r.x[i] = xp[i];
+    for (int i = 0; i < V / 4; i++) r.x[i] = ld_row<L2_ONLY>(xp + i);
     if (gz) {
         const float4* zp = reinterpret_cast<const float4*>(gz + threadIdx.x * V);
 #pragma unroll
-        for (int i = 0; i < V / 4; i++) r.z[i] = zp[i];
+        for (int i = 0; i < V / 4; i++) r.z[i] = ld_row<L2_ONLY>(zp + i);
     }
 }
 
@@ -358,15 +366,16 @@ __device__ __forceinline__ void stage_finish(const XRow<V>& r, const float* __re
     __syncthreads();
 }
 
-template <int V>
+template <int V, bool L2_ONLY>
 __device__ __forceinline__ void stage_fast(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                            int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                            float* xsum, float* __restrict__ xn_out) {
     XRow<V> r;
-    stage_load<V>(x, gz, r);
+    stage_load<V, L2_ONLY>(x, gz, r);
     stage_finish<V>(r, norm_w, eps, cols, gz != nullptr, head_dim, xs, xsum, xn_out);
 }
 
+template <bool L2_ONLY>
 __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                            int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                            float* xsum, float* __restrict__ xn_out) {
@@ -376,12 +385,15 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
         for (int hh = warp; hh < cols / head_dim; hh += nwarps) {
             const float* oh = x + (long long)hh * head_dim;
             float ss = 0.0f;
-            for (int i = lane; i < head_dim; i += 32) ss += oh[i] * oh[i];
+            for (int i = lane; i < head_dim; i += 32) {
+                float o = ld_row<L2_ONLY>(oh + i);
+                ss += o * o;
+            }
             ss = warp_sum(ss);
             float inv = rsqrtf(ss / (float)head_dim + eps);
             for (int i = lane; i < head_dim; i += 32) {
                 int c = hh * head_dim + i;
-                float v = act(act(norm_w[i] * act(oh[i] * inv)) * siluf(gz[c]));
+                float v = act(act(norm_w[i] * act(ld_row<L2_ONLY>(oh + i) * inv)) * siluf(ld_row<L2_ONLY>(gz + c)));
                 xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
                 if (xn_out && blockIdx.x == 0) xn_out[c] = v;
             }
@@ -390,12 +402,16 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
         float inv = 1.0f;
         if (norm_w) {
             float ss = 0.0f;
-            for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+                float v = ld_row<L2_ONLY>(x + c);
+                ss += v * v;
+            }
             ss = block_sum(ss);
             inv = rsqrtf(ss / (float)cols + eps);
         }
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            float v = norm_w ? act(x[c] * inv * norm_w[c]) : x[c];
+            float xc = ld_row<L2_ONLY>(x + c);
+            float v = norm_w ? act(xc * inv * norm_w[c]) : xc;
             xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
             if (xn_out && blockIdx.x == 0) xn_out[c] = v;
         }
@@ -408,14 +424,15 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
     __syncthreads();
 }
 
+template <bool L2_ONLY = false>
 __device__ __forceinline__ void stage_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                         int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                         float* xsum, float* __restrict__ xn_out) {
     switch (stage_width(x, norm_w, cols, gz, head_dim, xn_out)) {
-        case 4: stage_fast<4>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        case 8: stage_fast<8>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        case 16: stage_fast<16>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        default: stage_slow(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+        case 4: stage_fast<4, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 8: stage_fast<8, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 16: stage_fast<16, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        default: stage_slow<L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     }
 }
 
@@ -639,7 +656,7 @@ __device__ __forceinline__ void route_and_stage_fast(const float* __restrict__ r
                                                      const float* __restrict__ xn, int cols, float* p, int* ids_s,
                                                      float* w_s, float* xs, float* xsum) {
     XRow<V> r;
-    stage_load<V>(xn, nullptr, r);
+    stage_load<V, false>(xn, nullptr, r);
     route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
     stage_finish<V>(r, nullptr, 0.0f, cols, false, 1, xs, xsum, nullptr);
 }
@@ -656,7 +673,7 @@ __device__ __forceinline__ void route_and_stage(const float* __restrict__ router
         case 16: route_and_stage_fast<16, FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum); break;
         default:
             route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
-            stage_slow(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+            stage_slow<false>(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
     }
 }
 
@@ -1065,26 +1082,42 @@ __device__ __forceinline__ void rec_request(const QWeight& w, long long row, uns
     }
 }
 
-// Lane sl's group of a staged record as QRows<4, 1, 1> (qrows_dot's input).
-__device__ __forceinline__ void rec_group(const unsigned char* rec, int G, int sl, QRows<4, 1, 1>& r) {
-    const uint4* q = reinterpret_cast<const uint4*>(rec + 32 * sl);
-    r.q[0][0][0] = q[0];
-    r.q[0][0][1] = q[1];
+// Lane sl's GPL groups sl + j · lpr of a staged record as QRows<4, GPL, 1> (qrows_dot's input).
+template <int GPL>
+__device__ __forceinline__ void rec_rows(const unsigned char* rec, int G, int sl, int lpr, QRows<4, GPL, 1>& r) {
     const u16* sb = reinterpret_cast<const u16*>(rec + 32 * G);
-    r.s[0][0] = bf16_to_f32(sb[sl]);
-    r.b[0][0] = bf16_to_f32(sb[G + sl]);
+#pragma unroll
+    for (int j = 0; j < GPL; j++) {
+        int g = sl + j * lpr;
+        const uint4* q = reinterpret_cast<const uint4*>(rec + 32 * g);
+        r.q[0][j][0] = q[0];
+        r.q[0][j][1] = q[1];
+        r.s[0][j] = bf16_to_f32(sb[g]);
+        r.b[0][j] = bf16_to_f32(sb[G + g]);
+    }
+}
+
+// Lane sl's group of a staged record (one group a lane).
+__device__ __forceinline__ void rec_group(const unsigned char* rec, int G, int sl, QRows<4, 1, 1>& r) {
+    rec_rows<1>(rec, G, sl, G, r);
 }
 
 // A staged record's dot with a staged row (xs [G][DEC_XPAD], its group sums xsum [G]): the lane's
-// group, summed over the lpr lanes of its row.
+// GPL groups (lpr = G / GPL lanes a row), summed over the lpr lanes of its row: the sums of
+// dec_gemv4 (GPL 1) and dec_gemv4w (GPL 2).
+template <int GPL = 1>
 __device__ __forceinline__ float rec_dot(const unsigned char* rec, int G, int sl, int lpr, const float* xs,
                                          const float* xsum) {
-    QRows<4, 1, 1> r;
-    rec_group(rec, G, sl, r);
+    QRows<4, GPL, 1> r;
+    rec_rows<GPL>(rec, G, sl, lpr, r);
     float xv[64];
-    load_group(xs + sl * DEC_XPAD, xv);
+    float sx = 0.0f;
+    if (GPL == 1) {
+        load_group(xs + sl * DEC_XPAD, xv);
+        sx = xsum[sl];
+    }
     float acc[1];
-    qrows_dot<4, 1, 1>(r, sl, lpr, xv, xsum[sl], nullptr, nullptr, acc);
+    qrows_dot<4, GPL, 1>(r, sl, lpr, xv, sx, xs, xsum, acc);
     reduce_rows<1>(acc, lpr);
     return acc[0];
 }
@@ -1310,6 +1343,29 @@ dec_moe(DecMoe a) {
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 
+// One channel's conv output act(silu(act(Σ taps · rows + tap_last · m))): its k - 1 conv-state rows
+// first, the token's m last (dn_conv's sum, in its order).
+__device__ __forceinline__ float dn_conv_value(const float (&taps)[DEC_DN_MAX_K], const float (&rows)[DEC_DN_MAX_K],
+                                               float mv, int k) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) acc += taps[j] * rows[j];
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K; j++)
+        if (j == k - 1) acc += taps[j] * mv;
+    return act(siluf(act(acc)));
+}
+
+// The channel's conv state [k - 1, conv_dim] shifted by one token: row j takes row j + 1, the last
+// row the token's m (dn_conv_state).
+__device__ __forceinline__ void dn_conv_shift(float* __restrict__ conv_state, int conv_dim, int ch,
+                                              const float (&rows)[DEC_DN_MAX_K], float mv, int k) {
+#pragma unroll
+    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
+        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
+}
+
 // dec_dn_conv: c = silu(conv(m)) for one token and the conv state shifted by it: dn_conv then
 // dn_conv_state in one launch (each thread owns its channel, so nothing is read after another
 // block wrote it). grid ceil(conv_dim / 128), block 128.
@@ -1328,18 +1384,9 @@ __device__ __forceinline__ void dn_conv_one(const float* __restrict__ m, float* 
         }
     dec_wait();
     if (!live) return;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) acc += taps[j] * rows[j];
     float mv = m[ch];
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K; j++)
-        if (j == k - 1) acc += taps[j] * mv;
-    c[ch] = act(siluf(act(acc)));
-#pragma unroll
-    for (int j = 0; j < DEC_DN_MAX_K - 1; j++)
-        if (j < k - 1) conv_state[(long long)j * conv_dim + ch] = j + 1 < k - 1 ? rows[j + 1] : mv;
+    c[ch] = dn_conv_value(taps, rows, mv, k);
+    dn_conv_shift(conv_state, conv_dim, ch, rows, mv, k);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -1362,55 +1409,113 @@ dec_dn_conv_rows(const float* __restrict__ m, float* const* __restrict__ conv_st
 // dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
 // every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and
 // computes α, β of its V head, then updates its DEC_DN_COLS state columns as dn_recurrent does.
-__device__ __forceinline__ void dn_step_one(const float* __restrict__ c, const float* __restrict__ b,
-                                            const float* __restrict__ a, const float* __restrict__ a_log,
-                                            const float* __restrict__ dt_bias, float* __restrict__ state,
-                                            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv,
-                                            float eps, float* q_s, float* k_s, float* ab_s) {
-    int hv = blockIdx.x;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int part = lane % DEC_DN_PARTS;
-    int col = warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
-    int j = blockIdx.y * DEC_DN_COLS + col;
-    int rows = dk / DEC_DN_PARTS;
-    // Before pdl_wait: the state columns (last written by this layer's previous step, long done)
-    // and the head's decay parameters.
-    float* sp = state + (long long)hv * dk * dv;
-    float s[DEC_DN_ROWS];
+// A work item (V head hv, column block cb) takes DEC_DN_THREADS threads (a group; dec_dn_layer
+// runs two groups a block): lanes part, part + DEC_DN_PARTS, ... of state column j hold its rows.
+#define DEC_DN_THREADS (DEC_DN_COLS / (32 / DEC_DN_PARTS) * 32)
+struct DnCol {
+    int hv, j, part, rows;
+};
+
+// Thread t (of its group's DEC_DN_THREADS) of work item (hv, cb).
+__device__ __forceinline__ DnCol dn_col(int hv, int cb, int t, int dk) {
+    int lane = t & 31, warp = t >> 5;
+    DnCol q;
+    q.hv = hv;
+    q.part = lane % DEC_DN_PARTS;
+    q.j = cb * DEC_DN_COLS + warp * (32 / DEC_DN_PARTS) + lane / DEC_DN_PARTS;
+    q.rows = dk / DEC_DN_PARTS;
+    return q;
+}
+
+// The thread's rows of its state column (before pdl_wait where the caller can: the state was last
+// written by this layer's previous step, long done).
+__device__ __forceinline__ void dn_state_load(const float* __restrict__ state, const DnCol& q, int dk, int dv,
+                                              float (&s)[DEC_DN_ROWS]) {
+    const float* sp = state + (long long)q.hv * dk * dv;
 #pragma unroll
-    for (int r = 0; r < DEC_DN_ROWS; r++) s[r] = r < rows ? sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] : 0.0f;
-    float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
-    dec_wait();
+    for (int r = 0; r < DEC_DN_ROWS; r++)
+        s[r] = r < q.rows ? sp[(long long)(q.part + DEC_DN_PARTS * r) * dv + q.j] : 0.0f;
+}
+
+// block_sum over the DEC_DN_THREADS threads of group grp (block_sum's order for a block of that
+// size: each warp's sum, then the group's warp sums over one warp's lanes). Every thread of the
+// block calls it (its barriers are the block's).
+__device__ __forceinline__ float dn_group_sum(float v, int grp) {
+    __shared__ float dn_partial[2 * DEC_DN_THREADS / 32];
+    const int W = DEC_DN_THREADS / 32;
+    int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % W;
+    v = warp_sum(v);
+    __syncthreads();  // dn_partial may still be read by a previous call
+    if (lane == 0) dn_partial[grp * W + warp] = v;
+    __syncthreads();
+    float t = lane < W ? dn_partial[grp * W + lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// Work item q's step, thread t of group grp (its scratch q_s, k_s [DEC_DN_MAX_DK], ab_s [2]), its
+// state rows s loaded: q and k of the item's K head normalised (dn_prep), α and β, the column
+// update (dn_recurrent), o[hv · dv + j] = act(out), the state rows stored. c, b and a are read from
+// L2 (another block of dec_dn_layer wrote them). Every thread of the block calls it, `live` or not
+// (the block's barriers); a thread without an item (!live) only takes part in them.
+__device__ __forceinline__ void dn_step_apply(const float* __restrict__ c, const float* __restrict__ b,
+                                              const float* __restrict__ a, float a_log_h, float dt_bias_h,
+                                              float* __restrict__ state, float* __restrict__ o, int n_k_heads,
+                                              int n_v_heads, int dk, int dv, float eps, const DnCol& q, int t,
+                                              int grp, bool live, float* q_s, float* k_s, float* ab_s,
+                                              float (&s)[DEC_DN_ROWS]) {
+    int hv = q.hv;
     int hk = hv / (n_v_heads / n_k_heads);
     int key_dim = n_k_heads * dk;
     const float* qt = c + hk * dk;
     const float* kt = qt + key_dim;
     float qq = 0.0f, kk = 0.0f;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        qq += qt[i] * qt[i];
-        kk += kt[i] * kt[i];
-    }
-    qq = block_sum(qq);
-    kk = block_sum(kk);
+    if (live)
+        for (int i = t; i < dk; i += DEC_DN_THREADS) {
+            float qv = __ldcg(qt + i), kv = __ldcg(kt + i);
+            qq += qv * qv;
+            kk += kv * kv;
+        }
+    qq = dn_group_sum(qq, grp);
+    kk = dn_group_sum(kk, grp);
     float qn = rsqrtf(qq + eps) * rsqrtf((float)dk), kn = rsqrtf(kk + eps);
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        q_s[i] = qt[i] * qn;
-        k_s[i] = kt[i] * kn;
-    }
-    if (threadIdx.x == 0) {
-        float beta = act(sigmoidf(b[hv]));
-        float g = -expf(a_log_h) * softplusf(a[hv] + dt_bias_h);
-        ab_s[0] = expf(g);
-        ab_s[1] = beta;
+    if (live) {
+        for (int i = t; i < dk; i += DEC_DN_THREADS) {
+            q_s[i] = __ldcg(qt + i) * qn;
+            k_s[i] = __ldcg(kt + i) * kn;
+        }
+        if (t == 0) {
+            float beta = act(sigmoidf(__ldcg(b + hv)));
+            float g = -expf(a_log_h) * softplusf(__ldcg(a + hv) + dt_bias_h);
+            ab_s[0] = expf(g);
+            ab_s[1] = beta;
+        }
     }
     __syncthreads();
+    if (!live) return;
     float alpha = ab_s[0], beta = ab_s[1];
-    float v = c[2 * key_dim + hv * dv + j];
-    float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, part, rows, alpha, beta, v);
-    if (part == 0) o[(long long)hv * dv + j] = act(out);
+    int j = q.j;
+    float v = __ldcg(c + 2 * key_dim + hv * dv + j);
+    float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s, q_s, k_s, q.part, q.rows, alpha, beta, v);
+    if (q.part == 0) o[(long long)hv * dv + j] = act(out);
+    float* sp = state + (long long)hv * dk * dv;
 #pragma unroll
     for (int r = 0; r < DEC_DN_ROWS; r++)
-        if (r < rows) sp[(long long)(part + DEC_DN_PARTS * r) * dv + j] = s[r];
+        if (r < q.rows) sp[(long long)(q.part + DEC_DN_PARTS * r) * dv + j] = s[r];
+}
+
+// One block of dec_dn_step (one group of DEC_DN_THREADS threads): item (blockIdx.x, blockIdx.y).
+__device__ __forceinline__ void dn_step_one(const float* __restrict__ c, const float* __restrict__ b,
+                                            const float* __restrict__ a, const float* __restrict__ a_log,
+                                            const float* __restrict__ dt_bias, float* __restrict__ state,
+                                            float* __restrict__ o, int n_k_heads, int n_v_heads, int dk, int dv,
+                                            float eps, float* q_s, float* k_s, float* ab_s) {
+    DnCol q = dn_col(blockIdx.x, blockIdx.y, threadIdx.x, dk);
+    float s[DEC_DN_ROWS];
+    dn_state_load(state, q, dk, dv, s);
+    float a_log_h = a_log[q.hv], dt_bias_h = dt_bias[q.hv];
+    dec_wait();
+    dn_step_apply(c, b, a, a_log_h, dt_bias_h, state, o, n_k_heads, n_v_heads, dk, dv, eps, q, threadIdx.x, 0, true,
+                  q_s, k_s, ab_s, s);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -1436,6 +1541,208 @@ dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const
     long long conv_dim = 2LL * n_k_heads * dk + (long long)n_v_heads * dv;
     dn_step_one(c + r * conv_dim, b + r * n_v_heads, a + r * n_v_heads, a_log, dt_bias, states[r],
                 o + r * n_v_heads * dv, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
+}
+
+// ---- The whole DeltaNet layer of one token in one launch (dec_dn_layer) --------------------------
+
+// Everything dec_dn_layer reads and writes. The rows of in_proj's four weights (qkv, z, b, a) are
+// one list of conv_dim + value_dim + 2 n_v rows split over the grid, in_share consecutive rows a
+// block; out_proj's hidden output rows likewise, out_share a block.
+struct DecDn {
+    QWeight in_qkv, in_z, in_b, in_a;  // 4-bit [conv_dim | value_dim | n_v | n_v, hidden]
+    QWeight out;                       // 4-bit [hidden, value_dim]
+    const float* x;                    // [hidden] the input row
+    const float* norm_w;               // [hidden] the input RMSNorm's weight (null: the row as it is)
+    const float* conv_w;               // [conv_dim, k] the conv's taps
+    float* conv_state;                 // [k - 1, conv_dim] updated
+    const float* a_log;                // [n_v]
+    const float* dt_bias;              // [n_v]
+    float* state;                      // [n_v, dk, dv] the recurrent state, updated
+    const float* gnorm_w;              // [dv] the gated norm's weight
+    float* c;                          // [conv_dim] written: the conv's output
+    float* z;                          // [value_dim] written
+    float* b;                          // [n_v] written
+    float* a;                          // [n_v] written
+    float* o;                          // [value_dim] written: the recurrence's output
+    float* y;                          // [hidden] the residual row: y += out_proj · gated_norm(o, z)
+    unsigned* bar;                     // [2] the grid barrier's count and generation
+    float eps, gnorm_eps, prep_eps;    // the input norm's, the gated norm's, dn_prep's
+    int n_k, n_v, dk, dv, k, in_share, out_share;
+};
+
+// Requests (cp.async) the block's records of rows r0 .. r0 + n - 1 of the concatenated in_proj list
+// (record jl at in_rec + jl · MOE_REC(hidden)) and of out_proj (at out_rec), a warp a record, in
+// three cp.async groups: in_proj's records before `split`, those from it, out_proj's.
+__device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, int split, unsigned char* in_rec, int o0,
+                                           int on, unsigned char* out_rec) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int qkv = a.in_qkv.rows, zr = a.in_z.rows, br = a.in_b.rows;
+    int rec_h = MOE_REC(a.in_qkv.cols), rec_v = MOE_REC(a.out.cols);
+    for (int part = 0; part < 2; part++) {
+        for (int jl = (part ? split : 0) + warp; jl < (part ? n : split); jl += warps) {
+            int j = r0 + jl;
+            const QWeight& w = j < qkv ? a.in_qkv : j < qkv + zr ? a.in_z : j < qkv + zr + br ? a.in_b : a.in_a;
+            int r = j < qkv ? j : j < qkv + zr ? j - qkv : j < qkv + zr + br ? j - qkv - zr : j - qkv - zr - br;
+            rec_request(w, r, in_rec + (long long)jl * rec_h, lane, 32);
+        }
+        cp_async_commit();
+    }
+    for (int rl = warp; rl < on; rl += warps) rec_request(a.out, o0 + rl, out_rec + (long long)rl * rec_v, lane, 32);
+    cp_async_commit();
+}
+
+// Row j of the concatenated in_proj list, its dot product acc summed: a qkv row's channel through
+// the conv at once (dec_dn_conv's arithmetic on m = act(acc); its taps and conv-state rows staged
+// at taps, prev), the conv state shifted; a z, b or a row stored.
+__device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s, const float* prev_s, int k, int conv_dim,
+                                          int zr, int n_v, float* c, float* conv_state, float* z, float* b, float* a) {
+    if (j < conv_dim) {
+        float taps[DEC_DN_MAX_K], prev[DEC_DN_MAX_K];
+#pragma unroll
+        for (int i = 0; i < DEC_DN_MAX_K; i++)
+            if (i < k) {
+                taps[i] = taps_s[i];
+                if (i < k - 1) prev[i] = prev_s[i];
+            }
+        float mv = act(acc);
+        c[j] = dn_conv_value(taps, prev, mv, k);
+        dn_conv_shift(conv_state, conv_dim, j, prev, mv, k);
+    } else {
+        float* out = j < conv_dim + zr         ? z + (j - conv_dim)
+                     : j < conv_dim + zr + n_v ? b + (j - conv_dim - zr)
+                                               : a + (j - conv_dim - zr - n_v);
+        store_out(out, DEC_STORE, acc);
+    }
+}
+
+// dec_dn_layer: the gated DeltaNet layer of a one-token step in one launch, doing what dec_gemv4
+// (in_proj's four weights, the input RMSNorm folded in), dec_dn_conv, dec_dn_step and dec_gemv4w
+// (the gated norm folded into out_proj, the residual add) do, with the same rounding points and
+// the same sums in the same order (each row's dot product and group sums, the conv's taps, the
+// q/k norms' block sums, the column updates, the gated norm), so its outputs equal theirs. dec_moe's
+// design (docs/perf-notes.md, session 14): a persistent grid of one block an SM, all resident at
+// once (the launcher checks the occupancy), three phases separated by grid_sync:
+//   before pdl_wait: the block's in_proj rows and out_proj rows requested into shared memory
+//     (cp.async), the conv taps and conv state of its in_proj_qkv channels into shared memory, the
+//     state columns of its first work items into registers, the norms' weights toward L2: none of
+//     it is written by the kernel before, so it streams while that one finishes;
+//   A: x staged and RMS-normed (stage_x, as dec_gemv4), the block's in_proj rows dotted with it
+//     (the first half of them while the second lands: two cp.async groups);
+//     a qkv row's channel goes through the conv at once (each channel's conv needs only its own
+//     row, state and taps: dec_dn_conv's work, no barrier) → c, the conv state shifted; z, b, a
+//     stored. grid_sync.
+//   B: the gated delta rule step (dec_dn_step's work) over the n_v · dv / DEC_DN_COLS work items
+//     (V head, column block), a group of DEC_DN_THREADS threads an item, two groups a block → o.
+//     grid_sync.
+//   C: o staged through the gated norm with z (stage_x from L2, as dec_gemv4w), the block's
+//     out_proj rows (already in shared memory) dotted with it, y[r] = act(y[r] + act(dot)).
+// Bytes a layer (full shape): in_proj 13.4 MB, out_proj 4.7 MB, the state 2 MB read and written,
+// the same as the four launches; what is saved is three launch boundaries and the dependent round
+// trips between them, and every weight byte of a block is in flight at once.
+// PDL hazard: as dec_moe's (its comment): the dependents are triggered only after the second
+// grid_sync; before it a block of the next kernel could take an SM one of ours needs, and ours
+// would wait at the barrier for it forever.
+// Shared memory (dynamic, dn_layer_smem in the launcher): x staged, the conv taps and state of the
+// block's channels, the in_proj records (phase C's staged gated row in the same bytes: the records
+// are all read before the first barrier), the out_proj records: 153 KB a block for the full shape on
+// an H200 (132 SMs).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
+dec_dn_layer(DecDn a) {
+    extern __shared__ __align__(16) float dec_smem[];
+    __shared__ float q_s[2 * DEC_DN_MAX_DK], k_s[2 * DEC_DN_MAX_DK];
+    __shared__ float ab_s[4];
+    int hidden = a.in_qkv.cols, vd = a.out.cols, k = a.k;
+    int conv_dim = a.in_qkv.rows, n_rows = conv_dim + a.in_z.rows + 2 * a.n_v;
+    int Gh = hidden >> 6, Gv = vd >> 6;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int r0 = blockIdx.x * a.in_share, rows = max(0, min(a.in_share, n_rows - r0));
+    int o0 = blockIdx.x * a.out_share, orows = max(0, min(a.out_share, hidden - o0));
+    int n_conv = max(0, min(rows, conv_dim - r0));  // the block's qkv channels r0 .. r0 + n_conv - 1
+    float* xs = dec_smem;                            // [Gh][DEC_XPAD]
+    float* xsum = xs + Gh * DEC_XPAD;                // [Gh]
+    float* taps_s = xsum + ((Gh + 3) & ~3);          // [in_share][k]
+    float* cst_s = taps_s + ((a.in_share * k + 3) & ~3);  // [in_share][k - 1]
+    unsigned char* in_rec = reinterpret_cast<unsigned char*>(cst_s + ((a.in_share * (k - 1) + 3) & ~3));
+    float* ys = reinterpret_cast<float*>(in_rec);    // phase C: [Gv][DEC_XPAD] in the records' bytes
+    float* ysum = ys + Gv * DEC_XPAD;                // [Gv]
+    long long in_bytes = (long long)a.in_share * MOE_REC(hidden);
+    long long c_bytes = 4LL * (Gv * DEC_XPAD + ((Gv + 3) & ~3));
+    unsigned char* out_rec = in_rec + max(in_bytes, c_bytes);
+
+    // Before pdl_wait: weights, and state this layer's previous step wrote (long done).
+    int split = (rows + 1) / 2;  // the first half of the in_proj rows is summed while the second lands
+    dn_request(a, r0, rows, split, in_rec, o0, orows, out_rec);
+    for (int i = threadIdx.x; i < n_conv * k; i += blockDim.x) taps_s[i] = a.conv_w[(long long)r0 * k + i];
+    for (int i = threadIdx.x; i < n_conv * (k - 1); i += blockDim.x) {
+        int j = i / n_conv, ch = i % n_conv;
+        cst_s[ch * (k - 1) + j] = a.conv_state[(long long)j * conv_dim + r0 + ch];
+    }
+    int grp = threadIdx.x / DEC_DN_THREADS, t = threadIdx.x % DEC_DN_THREADS, groups = blockDim.x / DEC_DN_THREADS;
+    int cbs = a.dv / DEC_DN_COLS, n_items = a.n_v * cbs;
+    int item = blockIdx.x + gridDim.x * grp;
+    DnCol q = dn_col(min(item, n_items - 1) / cbs, min(item, n_items - 1) % cbs, t, a.dk);
+    float s[DEC_DN_ROWS];
+    float a_log_h = 0.0f, dt_bias_h = 0.0f;
+    if (item < n_items) {
+        dn_state_load(a.state, q, a.dk, a.dv, s);
+        a_log_h = a.a_log[q.hv];
+        dt_bias_h = a.dt_bias[q.hv];
+    }
+    stage_prefetch(a.norm_w, hidden, 1, false);
+    stage_prefetch(a.gnorm_w, vd, a.dv, true);
+    pdl_wait();
+
+    // A: x normed; in_proj's rows; the conv of the qkv channels.
+    stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, nullptr);
+    int lpr = min(32, Gh), spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
+    int rec_h = MOE_REC(hidden);
+    for (int part = 0; part < 2; part++) {
+        if (part == 0)
+            cp_async_wait<2>();
+        else
+            cp_async_wait<1>();
+        __syncthreads();
+        int lo = part ? split : 0, hi = part ? rows : split;
+        for (int jl = lo + warp * spw + sub; jl - sub < hi; jl += warps * spw) {
+            int jc = min(jl, max(hi - 1, 0));
+            float acc = rec_dot(in_rec + (long long)jc * rec_h, Gh, sl, lpr, xs, xsum);
+            if (sl == 0 && jl < hi)
+                dn_in_row(r0 + jl, acc, taps_s + jl * k, cst_s + jl * (k - 1), k, conv_dim, a.in_z.rows, a.n_v, a.c,
+                          a.conv_state, a.z, a.b, a.a);
+        }
+    }
+    grid_sync(a.bar);
+
+    // B: the delta rule's step, a group an item.
+    for (int round = 0; blockIdx.x + gridDim.x * groups * round < n_items; round++) {
+        int it = blockIdx.x + gridDim.x * (grp + groups * round);
+        bool live = it < n_items;
+        if (round > 0) {
+            q = dn_col(min(it, n_items - 1) / cbs, min(it, n_items - 1) % cbs, t, a.dk);
+            if (live) {
+                dn_state_load(a.state, q, a.dk, a.dv, s);
+                a_log_h = a.a_log[q.hv];
+                dt_bias_h = a.dt_bias[q.hv];
+            }
+        }
+        dn_step_apply(a.c, a.b, a.a, a_log_h, dt_bias_h, a.state, a.o, a.n_k, a.n_v, a.dk, a.dv, a.prep_eps, q, t,
+                      grp, live, q_s + grp * DEC_DN_MAX_DK, k_s + grp * DEC_DN_MAX_DK, ab_s + 2 * grp, s);
+        __syncthreads();  // q_s, k_s, ab_s are read before the next round writes them
+    }
+    grid_sync(a.bar);
+    pdl_trigger();  // every block is resident and past its last barrier (the PDL hazard in the comment above)
+
+    // C: the gated norm of o, out_proj's rows, the residual add.
+    stage_x<true>(a.o, a.gnorm_w, a.gnorm_eps, vd, a.z, a.dv, ys, ysum, nullptr);
+    cp_async_wait<0>();
+    __syncthreads();
+    int lpr_o = min(32, Gv), spw_o = 32 / lpr_o, sub_o = lane / lpr_o, sl_o = lane % lpr_o;
+    int rec_v = MOE_REC(vd);
+    for (int rl = warp * spw_o + sub_o; rl - sub_o < orows; rl += warps * spw_o) {
+        const unsigned char* rec = out_rec + (long long)min(rl, max(orows - 1, 0)) * rec_v;
+        float acc = Gv > 32 ? rec_dot<2>(rec, Gv, sl_o, lpr_o, ys, ysum) : rec_dot(rec, Gv, sl_o, lpr_o, ys, ysum);
+        if (sl_o == 0 && rl < orows) store_out(a.y + o0 + rl, DEC_RESIDUAL, acc);
+    }
 }
 
 // ---- Batched decode (several sequences, one token each) -----------------------------------------
@@ -1692,7 +1999,7 @@ __device__ __forceinline__ void stage_rows_fast(const float* __restrict__ x, con
     XRow<V> r[DEC_B_MAX];
 #pragma unroll
     for (int b = 0; b < DEC_B_MAX; b++)
-        if (b < nb) stage_load<V>(x + (long long)b * cols, nullptr, r[b]);
+        if (b < nb) stage_load<V, false>(x + (long long)b * cols, nullptr, r[b]);
 #pragma unroll
     for (int b = 0; b < DEC_B_MAX; b++)
         if (b < nb)

@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--fused-moe`: router, routing, experts, combine in one `dec_moe`, `decode_moe_kernels`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--fused-moe`: router, routing, experts, combine in one `dec_moe`, `decode_moe_kernels`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows` (`--fused-moe-rows`: the norm, router and the whole block in one `dec_moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, MoeWeightShapes};
+use crate::kernels::decode::{self, Decode, DnLayerShapes, MoeWeightShapes};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -189,6 +189,16 @@ pub enum DecodeMoe {
     /// `dec_gemv8` (router and shared-expert gate, the norm folded in), `dec_glu4` (or `dec_glu`)
     /// and `dec_down_combine`.
     ThreeLaunches,
+}
+
+/// How a one-token step runs a DeltaNet layer that `decode_deltanet` fuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeDn {
+    /// decode.cu's `dec_dn_layer`: the whole layer in one persistent launch.
+    OneLaunch,
+    /// `dec_gemv4` (in_proj's four weights, the norm folded in), `dec_dn_conv`, `dec_dn_step`,
+    /// `dec_gemv4w` (the gated norm folded into out_proj, the residual add).
+    FourLaunches,
 }
 
 /// Where the next token is picked.
@@ -472,6 +482,25 @@ impl Plan {
                 cfg.conv_kernel,
             );
         self.fused_if(n_tok, fits)
+    }
+
+    /// The kernels of a one-token DeltaNet layer that `decode_deltanet` fuses: `dec_dn_layer` in
+    /// one launch under `fused_dn` where it takes the layer's shapes and one block an SM gets the
+    /// shared memory its share of the weights needs (decode::dn_layer_fits: the H200's 132 SMs
+    /// for the full shape; not an A100's 108, nor the 99 KB of sm_86 / 89 / 120); else the four
+    /// launches.
+    pub fn decode_dn_kernels(&self, d: &DevDeltaNet, cfg: &ModelConfig) -> DecodeDn {
+        self.decode_dn_for(&DnLayerShapes::of(d, cfg))
+    }
+
+    /// `decode_dn_kernels` for a layer of these shapes.
+    pub fn decode_dn_for(&self, w: &DnLayerShapes) -> DecodeDn {
+        let d = &self.device;
+        if self.o.fused_dn && decode::dn_layer_fits(w, d.sm_count, d.max_shared_memory) {
+            DecodeDn::OneLaunch
+        } else {
+            DecodeDn::FourLaunches
+        }
     }
 
     /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
@@ -1045,6 +1074,10 @@ mod tests {
             p.decode_moe_for(&full_moe_weights(&cfg), moe),
             DecodeMoe::ThreeLaunches
         );
+        assert_eq!(
+            p.decode_dn_for(&full_dn_layer(&cfg)),
+            DecodeDn::FourLaunches
+        );
         // A batched decode step: the projections of each input in one dec_gemv_rows launch
         // (q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj
         // and lm_head alone), the MoE as one token's with the token in grid.y, each sequence's
@@ -1396,6 +1429,69 @@ mod tests {
         }
     }
 
+    /// sm_86 / 89 / 120 devices (99 KB of shared memory a block) at the SM counts they come with.
+    fn small_smem_devices() -> impl Iterator<Item = DeviceCaps> {
+        [46, 84, 128, 170].into_iter().map(|sm_count| DeviceCaps {
+            sm_count,
+            max_shared_memory: 101_376,
+            ..A100
+        })
+    }
+
+    /// The full model's DeltaNet layer as `dec_dn_layer` reads it.
+    fn full_dn_layer(cfg: &ModelConfig) -> DnLayerShapes {
+        let h = cfg.hidden;
+        DnLayerShapes {
+            in_qkv: mlx(cfg.conv_dim(), h, 4, 1),
+            in_z: mlx(cfg.dn_value_dim(), h, 4, 1),
+            in_b: mlx(cfg.dn_v_heads, h, 4, 1),
+            in_a: mlx(cfg.dn_v_heads, h, 4, 1),
+            out_proj: mlx(h, cfg.dn_value_dim(), 4, 1),
+            heads: DnShape::of(cfg),
+            taps: cfg.conv_kernel,
+        }
+    }
+
+    #[test]
+    fn the_one_launch_deltanet_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
+        let cfg = full_config();
+        let w = full_dn_layer(&cfg);
+        let on = CudaOptions {
+            fused_dn: true,
+            ..CudaOptions::default()
+        };
+        // Off by default (not yet measured): the four launches.
+        let shipping = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(shipping.decode_dn_for(&w), DecodeDn::FourLaunches);
+        assert!(shipping
+            .describe()
+            .contains("one-launch decode DeltaNet off"));
+        let p = Plan::resolve(&on, H200);
+        assert!(p.describe().contains("one-launch decode DeltaNet on"));
+        assert_eq!(p.decode_dn_for(&w), DecodeDn::OneLaunch);
+        // An A100's 108 SMs give each block a larger share than its 163 KB hold; sm_86 / 89 /
+        // 120's 99 KB hold none.
+        assert_eq!(
+            Plan::resolve(&on, A100).decode_dn_for(&w),
+            DecodeDn::FourLaunches
+        );
+        for small in small_smem_devices() {
+            assert_eq!(
+                Plan::resolve(&on, small).decode_dn_for(&w),
+                DecodeDn::FourLaunches,
+                "{} SMs",
+                small.sm_count
+            );
+        }
+        // A layer it does not read (8-bit out_proj): the four launches.
+        let bad = DnLayerShapes {
+            out_proj: mlx(cfg.hidden, cfg.dn_value_dim(), 8, 1),
+            ..w
+        };
+        assert!(decode::dn_layer_unfit(&bad).is_some());
+        assert_eq!(p.decode_dn_for(&bad), DecodeDn::FourLaunches);
+    }
+
     #[test]
     fn the_one_launch_moe_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
         let cfg = full_config();
@@ -1417,16 +1513,12 @@ mod tests {
             Plan::resolve(&on, A100).decode_moe_for(&w, shape),
             DecodeMoe::OneLaunch
         );
-        for sm_count in [46, 84, 128, 170] {
-            let small = DeviceCaps {
-                sm_count,
-                max_shared_memory: 101_376,
-                ..A100
-            };
+        for small in small_smem_devices() {
             assert_eq!(
                 Plan::resolve(&on, small).decode_moe_for(&w, shape),
                 DecodeMoe::ThreeLaunches,
-                "{sm_count} SMs"
+                "{} SMs",
+                small.sm_count
             );
         }
         // Shapes it does not take: a 4-bit router, a shared expert wider than a routed one, a
@@ -1506,13 +1598,13 @@ mod tests {
             Plan::resolve(&on, A100).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
             BatchMoe::OneLaunch
         );
-        for sm_count in [46, 84, 128, 170] {
-            assert_eq!(slots(sm_count, 101_376), None, "{sm_count} SMs");
-            let small = DeviceCaps {
-                sm_count,
-                max_shared_memory: 101_376,
-                ..A100
-            };
+        for small in small_smem_devices() {
+            let sm_count = small.sm_count;
+            assert_eq!(
+                slots(sm_count, small.max_shared_memory),
+                None,
+                "{sm_count} SMs"
+            );
             assert_eq!(
                 Plan::resolve(&on, small).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
                 BatchMoe::Rows,

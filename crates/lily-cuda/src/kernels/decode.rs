@@ -1,7 +1,12 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
 //! gate/up/SiLU and down/combine/residual each in one launch; or the whole MoE block in one
-//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`).
+//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`; the
+//! DeltaNet layer in one, `dec_dn_layer`: decode/dn_layer.rs).
+
+mod dn_layer;
+
+pub use dn_layer::{dn_layer_fits, dn_layer_unfit, DnLayer, DnLayerShapes, DnOutputs};
 
 use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
@@ -611,36 +616,57 @@ impl DecMoeArg {
     }
 }
 
-/// An error naming `kernel` (`dec_moe`, `dec_moe_rows`) unless `m`'s expert matrices and `out`'s
-/// hidden rows are 16-byte aligned: the kernel moves them in whole 16-byte pieces.
-fn check_aligned(kernel: &str, m: &DevMoe, out: &MoeOutputs) -> Result<()> {
-    if !experts_aligned(m) {
-        bail!("{kernel}: expert weights must be 16-byte aligned");
+/// The RMSNorm (weight, epsilon) a one-launch kernel (`kernel`) folds into its `cols`-wide input:
+/// 0 for a row taken as it is; an error for another width or a gated norm.
+fn input_norm(kernel: &str, input: &Input, cols: usize) -> Result<(u64, f32)> {
+    if input.cols != cols {
+        bail!("{kernel}: a {}-wide input for {cols} columns", input.cols);
     }
-    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
-        bail!("{kernel}: h and h_shared must be 16-byte aligned");
+    match input.prologue {
+        Prologue::None => Ok((0, 0.0)),
+        Prologue::RmsNorm { weight, eps } => Ok((weight, eps)),
+        Prologue::GatedNorm { .. } => bail!("{kernel}: a gated norm before it"),
+    }
+}
+
+/// An error naming `kernel` unless a persistent grid of `grid` blocks of `threads` threads and
+/// `smem` bytes of dynamic shared memory (at most `smem_max`, what the device grants it) can be
+/// resident at once: its grid barrier waits for every block.
+fn check_persistent(
+    kernel: &str,
+    k: &Kernel,
+    threads: usize,
+    smem: usize,
+    smem_max: usize,
+    grid: usize,
+) -> Result<()> {
+    if smem > smem_max {
+        bail!("{kernel}: {smem} bytes of shared memory a block on {grid} blocks; the device grants {smem_max} beside its static arrays");
+    }
+    if k.resident_blocks(threads, smem)? == 0 {
+        bail!("{kernel}: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
     }
     Ok(())
 }
 
-/// Whether every expert matrix of `m` (its packed words, scales and biases) is 16-byte aligned:
-/// the one-launch kernels copy them with cp.async.
-fn experts_aligned(m: &DevMoe) -> bool {
-    [
+/// An error naming `kernel` (`dec_moe`, `dec_moe_rows`) unless `m`'s expert matrices and `out`'s
+/// hidden rows are 16-byte aligned: the kernel moves them in whole 16-byte pieces.
+fn check_aligned(kernel: &str, m: &DevMoe, out: &MoeOutputs) -> Result<()> {
+    let experts = [
         &m.gate,
         &m.up,
         &m.shared_gate,
         &m.shared_up,
         &m.down,
         &m.shared_down,
-    ]
-    .iter()
-    .all(|l| {
-        let q = l.arg();
-        [q.q, q.scales, q.biases]
-            .iter()
-            .all(|p| p.is_multiple_of(16))
-    })
+    ];
+    if !dn_layer::weights_aligned(&experts) {
+        bail!("{kernel}: expert weights must be 16-byte aligned");
+    }
+    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+        bail!("{kernel}: h and h_shared must be 16-byte aligned");
+    }
+    Ok(())
 }
 
 // SAFETY: plain #[repr(C)] data matching decode.cu's DecMoe field for field (the padding after
@@ -797,6 +823,11 @@ pub struct Decode {
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
+    dn_layer: Kernel,
+    /// Dynamic shared memory a `dec_dn_layer` block may take on this device (as `moe_smem_max`).
+    dn_layer_smem_max: usize,
+    /// `dec_dn_layer`'s grid barrier (as `moe_barrier`).
+    dn_barrier: DevBuf,
 }
 
 impl Decode {
@@ -804,18 +835,24 @@ impl Decode {
         // Every decode kernel waits for its predecessor before touching anything but weights.
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
-        let moe_barrier = gpu.alloc(8)?;
-        gpu.fill(&moe_barrier, 0)?;
-        let moe = k("dec_moe")?;
-        let moe_smem_max = gpu
-            .max_shared_memory
-            .saturating_sub(moe.static_shared_memory()?);
-        let moe = moe.allow_shared_memory(moe_smem_max)?;
-        let moe_rows = k("dec_moe_rows")?;
-        let moe_rows_smem_max = gpu
-            .max_shared_memory
-            .saturating_sub(moe_rows.static_shared_memory()?);
-        let moe_rows = moe_rows.allow_shared_memory(moe_rows_smem_max)?;
+        // A persistent kernel: the dynamic shared memory the device grants it beside its static
+        // arrays, allowed; and a grid barrier's two words, zero.
+        let persistent = |name| -> Result<(Kernel, usize)> {
+            let kernel = k(name)?;
+            let max = gpu
+                .max_shared_memory
+                .saturating_sub(kernel.static_shared_memory()?);
+            Ok((kernel.allow_shared_memory(max)?, max))
+        };
+        let barrier = || -> Result<DevBuf> {
+            let b = gpu.alloc(8)?;
+            gpu.fill(&b, 0)?;
+            Ok(b)
+        };
+        let (moe, moe_smem_max) = persistent("dec_moe")?;
+        let (moe_rows, moe_rows_smem_max) = persistent("dec_moe_rows")?;
+        let (dn_layer, dn_layer_smem_max) = persistent("dec_dn_layer")?;
+        let (moe_barrier, dn_barrier) = (barrier()?, barrier()?);
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
@@ -837,6 +874,9 @@ impl Decode {
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
             dn_step_rows: k("dec_dn_step_rows")?,
+            dn_layer,
+            dn_layer_smem_max,
+            dn_barrier,
         })
     }
 
@@ -1068,31 +1108,12 @@ impl Decode {
             bail!("dec_moe: {why}");
         }
         let (hidden, inter) = (m.gate.cols, m.gate.rows);
-        if a.input.cols != hidden {
-            bail!(
-                "dec_moe: a {}-wide input for {hidden}-wide experts",
-                a.input.cols
-            );
-        }
-        let (norm_w, eps) = match a.input.prologue {
-            Prologue::None => (0, 0.0),
-            Prologue::RmsNorm { weight, eps } => (weight, eps),
-            Prologue::GatedNorm { .. } => bail!("dec_moe: a gated norm before the MoE"),
-        };
+        let (norm_w, eps) = input_norm("dec_moe", &a.input, hidden)?;
         check_aligned("dec_moe", m, &a.out)?;
         let grid = gpu.sm_count;
         let smem = moe_smem(hidden, inter, a.n_experts, a.top_k, grid);
-        if smem > self.moe_smem_max {
-            bail!(
-                "dec_moe: {smem} bytes of shared memory a block on {grid} blocks; the device grants {} beside its static arrays",
-                self.moe_smem_max
-            );
-        }
         let threads = WARPS * 32;
-        let resident = self.moe.resident_blocks(threads, smem)?;
-        if resident == 0 {
-            bail!("dec_moe: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
-        }
+        check_persistent("dec_moe", &self.moe, threads, smem, self.moe_smem_max, grid)?;
         let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k + 1, grid);
         let args = DecMoeArg {
             norm_w,
@@ -1143,9 +1164,15 @@ impl Decode {
                 );
             };
             let smem = moe_rows_smem(&w, a.n_experts, top_k, nb, grid, slots);
-            if self.moe_rows.resident_blocks(threads, smem)? == 0 {
-                bail!("dec_moe_rows: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
-            }
+            let smem_max = self.moe_rows_smem_max;
+            check_persistent(
+                "dec_moe_rows",
+                &self.moe_rows,
+                threads,
+                smem,
+                smem_max,
+                grid,
+            )?;
             let (gu_share, down_share) = moe_shares(hidden, inter, 1 + nb * top_k, grid);
             let row = |p: u64| p + (b0 * hidden * 4) as u64;
             let out = a.out.at_row(b0, m, a.n_experts, top_k);

@@ -110,7 +110,7 @@ pub fn check_limits(cfg: &ModelConfig) -> Result<()> {
 }
 
 /// Shapes of the Gated DeltaNet of one model.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DnShape {
     pub n_k: usize,
     pub n_v: usize,

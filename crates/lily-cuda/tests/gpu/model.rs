@@ -932,25 +932,29 @@ fn model_prefill_through_the_tensor_core_scan_is_as_faithful_to_fp32_as_the_recu
     }
 }
 
-/// How much worse than the three launches' the one-launch MoE's (`--fused-moe`) bf16 decode
-/// logits may be against the fp32 CPU: as faithful, up to a fifth more rel. L2 (rounding flips
-/// the model amplifies, as the tensor-core scan's test found) and an absolute 5e-3.
-const FUSED_MOE_FAITHFUL_MARGIN: f64 = 0.2;
-const FUSED_MOE_FAITHFUL_ABS: f64 = 5e-3;
+/// How much worse than the launches it replaces a one-launch kernel's (`--fused-moe`,
+/// `--fused-dn`) bf16 decode logits may be against the fp32 CPU: as faithful, up to a fifth more
+/// rel. L2 (rounding flips the model amplifies, as the tensor-core scan's test found) and an
+/// absolute 5e-3.
+const ONE_LAUNCH_FAITHFUL_MARGIN: f64 = 0.2;
+const ONE_LAUNCH_FAITHFUL_ABS: f64 = 5e-3;
 
-/// `dec_moe` (`--fused-moe`: the MoE block of a one-token step in one launch) on a full-width
-/// 4-layer model, the only preset shape it takes (tiny and small are narrower), against the three
-/// launches (`--fused-moe` off): a 24-token prompt fed one token at a time (every step a one-token
-/// step, so every MoE block runs on the kernel under test), each step's logits kept, then 16
-/// greedy tokens through the backend's decode (CUDA graphs, pipelined). fp32: the same tokens and
-/// log-probabilities, the logits equal to 1e-5 (the same sums in the same order). bf16, the
-/// shipping activations: the teacher-forced logits as faithful to the fp32 CPU as the three
-/// launches' (FUSED_MOE_FAITHFUL_*), and the greedy tokens the CPU's or near-ties.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn model_decode_with_the_one_launch_moe_matches_the_three_launches() {
-    use lily_cuda::kernels::moe::MoeShape;
-    use lily_cuda::plan::DecodeMoe;
+/// A one-token decode switch (`kernel` under `switch`, replacing `replaced`) on a full-width
+/// 4-layer model (three DeltaNet layers, one attention layer; the only preset shape the one-launch
+/// kernels take, tiny and small being narrower), against the switch off: a 24-token prompt fed one
+/// token at a time (every step a one-token step, so every block runs on the kernel under test),
+/// each step's logits kept, then 16 greedy tokens through the backend's decode (CUDA graphs,
+/// pipelined). `planned(backend, model)` says for each block the switch concerns whether the plan
+/// runs it on the one-launch kernel: every one must, with the switch on, and none off. fp32: the same
+/// tokens and log-probabilities, the logits equal to 1e-5 (the same sums in the same order). bf16,
+/// the shipping activations: the teacher-forced logits as faithful to the fp32 CPU as the switch
+/// off's (ONE_LAUNCH_FAITHFUL_*), and the greedy tokens the CPU's or near-ties.
+fn one_launch_decode_matches_the_launches_it_replaces(
+    kernel: &str,
+    replaced: &str,
+    switch: fn(&mut CudaOptions, bool),
+    planned: impl Fn(&CudaBackend, &ModelWeights) -> Vec<bool>,
+) {
     let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 71, Some(4));
     let vocab = w.config.vocab;
     let prompt = Rng(72).tokens(24, vocab);
@@ -959,27 +963,20 @@ fn model_decode_with_the_one_launch_moe_matches_the_three_launches() {
     let want = cpu.prefill_all_logits(cs, &prompt).unwrap();
     for bf16_activations in [false, true] {
         let mode = if bf16_activations { "bf16" } else { "fp32" };
-        let run = |fused_moe: bool| -> (Vec<f32>, Reported) {
-            let opts = CudaOptions {
+        let run = |on: bool| -> (Vec<f32>, Reported) {
+            let mut opts = CudaOptions {
                 bf16_activations,
-                fused_moe,
                 ..CudaOptions::default()
             };
+            switch(&mut opts, on);
             let mut b = CudaBackend::with_options(&w, &opts).unwrap();
-            let want_kernels = if fused_moe {
-                DecodeMoe::OneLaunch
-            } else {
-                DecodeMoe::ThreeLaunches
-            };
-            for layer in &w.layers {
-                assert_eq!(
-                    b.plan()
-                        .decode_moe_for(&moe_shapes(&layer.moe), MoeShape::of(&w.config)),
-                    want_kernels,
-                    "{mode}: the plan runs the MoE asked for ({})",
-                    b.plan().describe()
-                );
-            }
+            let blocks = planned(&b, &w);
+            assert!(
+                !blocks.is_empty() && blocks.iter().all(|&one| one == on),
+                "{mode}: the plan runs {} for every block with the switch on, for none off ({blocks:?}; {})",
+                kernel,
+                b.plan().describe()
+            );
             let s = b.new_seq(64).unwrap();
             let mut logits = Vec::new();
             for &t in &prompt {
@@ -995,28 +992,75 @@ fn model_decode_with_the_one_launch_moe_matches_the_three_launches() {
         let (on_l, on_t) = run(true);
         let between = compare_faithfulness(
             &format!("full-width 4 layers {mode}, one token a step"),
-            ["dec_moe", "the three launches"],
+            [kernel, replaced],
             &on_l,
             &off_l,
             &want,
             vocab,
-            bf16_activations.then_some((FUSED_MOE_FAITHFUL_MARGIN, FUSED_MOE_FAITHFUL_ABS)),
+            bf16_activations.then_some((ONE_LAUNCH_FAITHFUL_MARGIN, ONE_LAUNCH_FAITHFUL_ABS)),
         );
         if bf16_activations {
             let tokens: Vec<u32> = on_t.iter().map(|t| t.0).collect();
             let ps = cpu.new_seq(64).unwrap();
             cpu.prefill(ps, &prompt).unwrap();
-            let ties = greedy_follows_cpu("bf16 dec_moe", &mut cpu, ps, &tokens);
+            let ties = greedy_follows_cpu(&format!("bf16 {kernel}"), &mut cpu, ps, &tokens);
             cpu.free_seq(ps);
             println!(
-                "MODEL full-width 4 layers bf16 dec_moe: greedy {tokens:?}, near-ties {ties:?}"
+                "MODEL full-width 4 layers bf16 {kernel}: greedy {tokens:?}, near-ties {ties:?}"
             );
         } else {
             assert!(
                 between < 1e-5,
-                "fp32: dec_moe's logits differ from the three launches' by rel. L2 {between:.3e}"
+                "fp32: {kernel}'s logits differ from {replaced}' by rel. L2 {between:.3e}"
             );
-            same_reported("fp32 dec_moe vs three launches", &on_t, &off_t, 1e-4);
+            same_reported(&format!("fp32 {kernel} vs {replaced}"), &on_t, &off_t, 1e-4);
         }
     }
+}
+
+/// `dec_moe` (`--fused-moe`: the MoE block of a one-token step in one launch) against the three
+/// launches, as one_launch_decode_matches_the_launches_it_replaces says.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_decode_with_the_one_launch_moe_matches_the_three_launches() {
+    use lily_cuda::kernels::moe::MoeShape;
+    use lily_cuda::plan::DecodeMoe;
+    one_launch_decode_matches_the_launches_it_replaces(
+        "dec_moe",
+        "the three launches",
+        |o, on| o.fused_moe = on,
+        |b, w| {
+            let shape = MoeShape::of(&w.config);
+            w.layers
+                .iter()
+                .map(|l| {
+                    b.plan().decode_moe_for(&moe_shapes(&l.moe), shape) == DecodeMoe::OneLaunch
+                })
+                .collect()
+        },
+    );
+}
+
+/// `dec_dn_layer` (`--fused-dn`: the DeltaNet layer of a one-token step in one launch) against
+/// the four launches, as one_launch_decode_matches_the_launches_it_replaces says (three of the
+/// model's four layers are DeltaNet layers).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_decode_with_the_one_launch_deltanet_matches_the_four_launches() {
+    use lily_cuda::plan::DecodeDn;
+    one_launch_decode_matches_the_launches_it_replaces(
+        "dec_dn_layer",
+        "the four launches",
+        |o, on| o.fused_dn = on,
+        |b, w| {
+            let dn = w.layers.iter().filter_map(|l| match &l.mixer {
+                Mixer::DeltaNet(d) => Some(d),
+                Mixer::Attention(_) => None,
+            });
+            dn.map(|d| {
+                b.plan().decode_dn_for(&dn_layer_shapes(d, &w.config)) == DecodeDn::OneLaunch
+            })
+            .collect()
+        },
+    );
 }
