@@ -11,6 +11,17 @@
 //! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
 //! of its sequences is freed, all go when the logits buffer they write is replaced.
 //!
+//! Device samplers: a row sampled on the device (penalties, logit_bias, temperature: anything
+//! but plain greedy — a request that names only `temperature: 0` gets the model card's presence
+//! penalty) needs its sampler's history on the device. Made anew each step, that was an upload of
+//! a 1 MB history, six allocations and three stream synchronisations a row (issue 32: the
+//! served step, whose requests had the presence penalty, took 1.8× the bench's plain-greedy
+//! step), and the synchronisations made the next step wait for the device to drain. So each
+//! row's `DeviceSampler` is kept from one step to the next (`BatchState::samplers`) while its
+//! host sampler is the same one with just the tokens the device picked since
+//! (`Sampler::history_stamp`) and the same parameters; otherwise it is made anew, as `decode`
+//! makes one a call.
+//!
 //! Pointer table: the kernels that run every sequence in one launch (the embedding, the DeltaNet
 //! scans, attention, the position update) find each sequence's token, states, caches and
 //! position through a device table of
@@ -25,6 +36,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::CudaEvent;
 use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
 use lily_core::logprob::{token_logprob, LogSoftmax};
+use lily_core::sampling::{HistoryStamp, Sampler, SamplingParams};
 
 use super::{picked_step, span_ms, timing_event, CudaBackend};
 use crate::forward::{Forward, SeqState, NEXT_TOKEN_WORDS};
@@ -53,6 +65,25 @@ pub(super) struct BatchState {
     plain_table: Option<DevBuf>,
     /// `CudaOptions::step_timing`: device and wall time of the batched steps.
     timing: StepTimes,
+    /// The device samplers of the last step's rows, kept for their next step (module comment).
+    samplers: Vec<KeptSampler>,
+}
+
+/// A row's device sampler between batched steps: whose it is and the host sampler's state it
+/// matches.
+struct KeptSampler {
+    seq: u64,
+    /// The host sampler's stamp once it accepted the token this sampler picked last.
+    stamp: HistoryStamp,
+    params: SamplingParams,
+    ds: DeviceSampler,
+}
+
+impl KeptSampler {
+    /// Whether this is `seq`'s sampler with `sampler`'s history and parameters.
+    fn serves(&self, seq: SeqId, sampler: &Sampler) -> bool {
+        self.seq == seq.0 && self.stamp == sampler.history_stamp() && self.params == sampler.params
+    }
 }
 
 /// Batched steps timed (`step_timing`): the device's work a step (events around the picks and
@@ -130,6 +161,7 @@ impl BatchState {
     pub(super) fn forget(&mut self, seq: SeqId) {
         self.graphs
             .retain(|c| c.key.iter().all(|&(id, _)| id != seq.0));
+        self.samplers.retain(|k| k.seq != seq.0);
     }
 }
 
@@ -175,13 +207,15 @@ impl CudaBackend {
         let sized = ensure(self, &mut picks, rows.len() * NEXT_TOKEN_WORDS * 4);
         self.batch.picks = picks;
         sized?;
-        // Device samplers live until the picks are read (their buffers are the picks' inputs).
+        // The device samplers kept from the last step; this step's are kept for the next one
+        // (the ones not reused are dropped after the picks are read: their buffers were inputs).
+        let mut kept = std::mem::take(&mut self.batch.samplers);
         let mut samplers = Vec::new();
         let mut picked = Vec::with_capacity(rows.len());
         let timed = self.plan.step_timing;
         let pick_start = timed.then(|| timing_event(&self.gpu)).transpose()?;
         for (i, row) in rows.iter_mut().enumerate() {
-            picked.push(self.queue_row_pick(i, row, &mut samplers)?);
+            picked.push(self.queue_row_pick(i, row, &mut kept, &mut samplers)?);
         }
         if let Some(start) = pick_start {
             self.batch.timing.picks = Some((start, timing_event(&self.gpu)?));
@@ -197,7 +231,7 @@ impl CudaBackend {
             self.gpu.sync()?;
             self.batch.timing.read(rows.len())?;
         }
-        drop(samplers);
+        drop(kept);
         let mut fed = Vec::with_capacity(rows.len());
         for (i, (row, pick)) in rows.iter_mut().zip(picked).enumerate() {
             let step = match pick {
@@ -214,10 +248,15 @@ impl CudaBackend {
                 Picked::Host(step) => step,
             };
             row.sampler.accept(step.token);
+            if let Some(k) = samplers.iter_mut().find(|k| k.seq == row.seq.0) {
+                // The device bumped its history for the token as `accept` did.
+                k.stamp = row.sampler.history_stamp();
+            }
             if on_token(i, &step) == Flow::Continue && row.feed {
                 fed.push(row.seq);
             }
         }
+        self.batch.samplers = samplers;
         for &seq in &fed {
             let s = self.seq(seq)?;
             if s.len + 1 > s.max_ctx {
@@ -232,12 +271,14 @@ impl CudaBackend {
     }
 
     /// Row `i`'s pick as `decode` makes it for one step, not waited for on the device paths:
-    /// queued, its words then copied to row `i` of the gathered picks.
+    /// queued, its words then copied to row `i` of the gathered picks. A device-sampled row's
+    /// sampler is taken from `kept` when one there serves it, else made, and put in `samplers`.
     fn queue_row_pick(
         &mut self,
         i: usize,
         row: &mut DecodeRow<'_>,
-        samplers: &mut Vec<DeviceSampler>,
+        kept: &mut Vec<KeptSampler>,
+        samplers: &mut Vec<KeptSampler>,
     ) -> Result<Picked> {
         let vocab = self.cfg.vocab;
         let path = self.plan.sampling(&row.sampler.params);
@@ -274,18 +315,27 @@ impl CudaBackend {
             _ => None,
         };
         if path == SamplingPath::Device {
-            samplers.push(DeviceSampler::new(
-                &self.gpu,
-                vocab,
-                row.sampler,
-                self.plan.many_block_sampling(),
-            )?);
+            let sampler = match kept.iter().position(|k| k.serves(row.seq, row.sampler)) {
+                Some(at) => kept.swap_remove(at),
+                None => KeptSampler {
+                    seq: row.seq.0,
+                    stamp: row.sampler.history_stamp(),
+                    params: row.sampler.params.clone(),
+                    ds: DeviceSampler::new(
+                        &self.gpu,
+                        vocab,
+                        row.sampler,
+                        self.plan.many_block_sampling(),
+                    )?,
+                },
+            };
+            samplers.push(sampler);
         }
         let lp_path = self.plan.logprobs(path, row.top_logprobs, vocab);
         let s = self.seq(row.seq)?;
         self.gpu.profile_scope("decode pick");
         let ds = if path == SamplingPath::Device {
-            samplers.last()
+            samplers.last().map(|k| &k.ds)
         } else {
             None
         };
