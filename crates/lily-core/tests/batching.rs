@@ -75,7 +75,8 @@ struct Logged {
     /// The most sequences alive at once.
     peak: Arc<AtomicUsize>,
     /// `decode` also feeds the token it was stopped at (as the CUDA backend's pipelined decode
-    /// may: `Backend::decode`), except the `n`-th.
+    /// may: `Backend::decode`), except the `n`-th; `decode_step` feeds a row's token that was
+    /// stopped at when the row has `feed` and room (as the pipelined batched step does).
     feeds_stop: bool,
 }
 
@@ -161,7 +162,24 @@ impl Backend for Logged {
         on_token: &mut dyn FnMut(usize, &StepOut) -> Flow,
     ) -> Result<()> {
         self.log(Call::Step(rows.iter().map(|r| r.seq).collect()));
-        self.cpu.decode_step(rows, on_token)
+        let feeds: Vec<(SeqId, bool)> = rows.iter().map(|r| (r.seq, r.feed)).collect();
+        let mut stopped = Vec::new();
+        self.cpu.decode_step(rows, &mut |i, step| {
+            let flow = on_token(i, step);
+            if flow == Flow::Stop && feeds[i].1 {
+                stopped.push((feeds[i].0, step.token));
+            }
+            flow
+        })?;
+        if self.feeds_stop {
+            for (seq, token) in stopped {
+                let room = self.contexts.get(&seq).copied().unwrap_or(0);
+                if self.cpu.seq_len(seq)? < room {
+                    self.cpu.prefill(seq, &[token])?;
+                }
+            }
+        }
+        Ok(())
     }
     fn snapshot(&mut self, seq: SeqId) -> Result<SnapshotId> {
         self.cpu.snapshot(seq)
@@ -297,7 +315,7 @@ fn concurrent_answers_equal_one_at_a_time(preset: Preset, n: usize) {
     let w = model(preset);
     let requests = requests(w.config.vocab, n);
     let want = one_at_a_time(&w, &requests);
-    for (prefix_cache, feeds_stop) in [(0, false), (64 << 20, false), (0, true)] {
+    for (prefix_cache, feeds_stop) in [(0, false), (64 << 20, false), (0, true), (64 << 20, true)] {
         let mut backend = Logged::new(&w, 16, usize::MAX);
         backend.feeds_stop = feeds_stop;
         let calls = backend.calls.clone();
@@ -809,9 +827,7 @@ fn the_engine_loop_s_host_time_a_step_is_measured_and_answers_are_each_job_s_own
             },
         )
         .expect("engine");
-        let prompts: Vec<Vec<u32>> = (0..jobs)
-            .map(|i| prompt(64, 100 + i as u64, 900))
-            .collect();
+        let prompts: Vec<Vec<u32>> = (0..jobs).map(|i| prompt(64, 100 + i as u64, 900)).collect();
         let receivers: Vec<Receiver<Option<(u32, Instant)>>> = prompts
             .iter()
             .map(|p| {
@@ -847,7 +863,10 @@ fn the_engine_loop_s_host_time_a_step_is_measured_and_answers_are_each_job_s_own
             let alone: Vec<u32> = (0..tokens)
                 .map(|i| Clocked::token(p[0], p.len() + i))
                 .collect();
-            assert_eq!(got, alone, "a job's tokens among {jobs} are its tokens alone");
+            assert_eq!(
+                got, alone,
+                "a job's tokens among {jobs} are its tokens alone"
+            );
             firsts.push(times[0]);
             lasts.push(times[times.len() - 1]);
             all_times.push(times);
