@@ -58,6 +58,11 @@ pub struct BenchArgs {
     top_k: u32,
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
+    /// The presence penalty every step applies (greedy or sampled), as a served request gets
+    /// the model card's 1.5 when it names none: the pick then runs the device sampler, whose
+    /// history each sequence keeps, instead of the plain argmax (issue 32's served step).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -212,6 +217,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else {
         SamplingParams::greedy()
     };
+    let sampling = SamplingParams {
+        presence_penalty: a.presence_penalty,
+        ..sampling
+    };
+    sampling
+        .validate(vocab)
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
     time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4, &sampling)?;
     // LILY_PROFILE=1: the wgpu backend's per-kernel GPU times, of the measured runs only.
     lily_wgpu::profile::reset();
