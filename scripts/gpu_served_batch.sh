@@ -16,26 +16,17 @@
 # Summary: $OUT/summary.txt (logs beside it); no step starts past DEADLINE seconds (200).
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/served-batch`,
 # `gzip -9` the binaries, add the base's lily-engine.gz as bin/lily-engine-base.gz, copy this
-# script, concurrent_bench.py and serve_bench.py beside them.
+# script, concurrent_bench.py and serve_bench.py beside them (stage_gpu.sh copies gpu_ab_common.sh,
+# the preamble it sources).
 # There:
 #   bash .carry/served-batch/gpu_served_batch.sh   (carry: .carry/served-batch .carry/tokenizer; timeout_s 300)
 # Knobs: LAYERS (8), STEPS (64 bench steps), MAX_TOKENS (256), SKIP_TESTS=1, TESTS, TEST_S (60),
 # DEADLINE (200).
 set -u
-HERE="$(cd "$(dirname "$0")" && pwd)"
-cd "$HERE/../.."
-for f in "$HERE"/bin/*.gz "$HERE"/../tokenizer/*.gz; do [ -f "$f" ] && gunzip -kf "$f"; done
-chmod +x "$HERE"/bin/*
-E=$HERE/bin/lily-engine; BASE=$HERE/bin/lily-engine-base; M=/dev/shm/l${LAYERS:-8}
-export LILY_CACHE_DIR=/tmp/lily-cache
-OUT=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUT"
-S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
-t0=$(date +%s); at() { echo "$(( $(date +%s) - t0 ))s"; }
-left() { [ $(( $(date +%s) - t0 )) -lt "${DEADLINE:-200}" ]; }
-say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
-timeout 90 "$E" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --layers "${LAYERS:-8}" \
-  --out "$M" --tokenizer "$HERE/../tokenizer" > "$OUT/synth.log" 2>&1 &
-SYN=$!
+AB_LAYERS=${LAYERS:-8}
+. "$(dirname "$0")/gpu_ab_common.sh" 200
+E=$B/lily-engine; BASE=$B/lily-engine-base
+at() { echo "$(el)s"; }
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TEST_S:-60}" "$HERE/bin/gpu" --ignored --test-threads=1 --nocapture \
     ${TESTS:-decode_batched_device_samplers_kept decode_batched_rows_keep_their_own_sampling decode_batched_steps_match_each_sequence_alone_on_tiny} \

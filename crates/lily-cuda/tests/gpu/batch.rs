@@ -34,6 +34,18 @@ fn order(step: usize, n: usize) -> Vec<usize> {
     }
 }
 
+/// A sequence of context 128 for each prompt, prefilled with it.
+fn prefilled(b: &mut dyn Backend, prompts: &[Vec<u32>]) -> Vec<SeqId> {
+    prompts
+        .iter()
+        .map(|p| {
+            let s = b.new_seq(128).unwrap();
+            b.prefill(s, p).unwrap();
+            s
+        })
+        .collect()
+}
+
 /// How a batched-step test runs: the switches it sets and its sequences' prompt lengths.
 #[derive(Clone, Copy)]
 struct Case {
@@ -101,17 +113,11 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             }
         }
         let mut cpu = CpuBackend::new(w.clone());
-        let open = |b: &mut dyn Backend| -> Vec<SeqId> {
-            prompts
-                .iter()
-                .map(|p| {
-                    let s = b.new_seq(128).unwrap();
-                    b.prefill(s, p).unwrap();
-                    s
-                })
-                .collect()
-        };
-        let (batch, alone, on_cpu) = (open(&mut b), open(&mut b), open(&mut cpu));
+        let (batch, alone, on_cpu) = (
+            prefilled(&mut b, &prompts),
+            prefilled(&mut b, &prompts),
+            prefilled(&mut cpu, &prompts),
+        );
         let greedy = || Sampler::new(SamplingParams::greedy());
         let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
         let mut alone_samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
@@ -320,14 +326,7 @@ fn decode_batched_rows_keep_their_own_sampling() {
         r.unwrap();
         want.push(out);
     }
-    let seqs: Vec<SeqId> = prompts
-        .iter()
-        .map(|p| {
-            let s = b.new_seq(128).unwrap();
-            b.prefill(s, p).unwrap();
-            s
-        })
-        .collect();
+    let seqs = prefilled(&mut b, &prompts);
     let mut samplers: Vec<Sampler> = (0..cases.len()).map(sampler).collect();
     let mut got: Vec<Reported> = vec![Vec::new(); cases.len()];
     for step in 0..steps {
@@ -375,14 +374,7 @@ fn kept_sampler_script(
         ..CudaOptions::default()
     };
     let mut b = CudaBackend::with_options(w, &opts).unwrap();
-    let seqs: Vec<SeqId> = prompts
-        .iter()
-        .map(|p| {
-            let s = b.new_seq(128).unwrap();
-            b.prefill(s, p).unwrap();
-            s
-        })
-        .collect();
+    let seqs = prefilled(&mut b, prompts);
     let fresh = |i: usize| Sampler::with_prompt(params[i].clone(), &prompts[i]);
     let mut samplers: Vec<Sampler> = (0..prompts.len()).map(fresh).collect();
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
