@@ -3,18 +3,22 @@
 # checkout's root, sets B (binaries), M (the synthetic checkpoint in /dev/shm), OUT, the summary
 # S with `say`, the clock `el` and `left` (false past DEADLINE seconds, default $1), prints the
 # GPU, and starts synthesising the full checkpoint into $M in the background (its pid: SYN).
+# With AB_LAYERS set: a checkpoint of that many layers, with the tokenizer of .carry/tokenizer
+# (carried beside; what `serve` needs), in /dev/shm/lN.
 HERE="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 cd "$HERE/../.."
-for f in "$HERE"/bin/*.gz; do [ -f "$f" ] && gunzip -kf "$f"; done
+for f in "$HERE"/bin/*.gz ${AB_LAYERS:+"$HERE"/../tokenizer/*.gz}; do [ -f "$f" ] && gunzip -kf "$f"; done
 chmod +x "$HERE"/bin/*
-B=$HERE/bin; M=/dev/shm/full-mlx; export LILY_CACHE_DIR=/tmp/lily-cache
+B=$HERE/bin; M=/dev/shm/${AB_LAYERS:+l$AB_LAYERS}; M=${M%/}; [ "$M" = /dev/shm ] && M=/dev/shm/full-mlx
+export LILY_CACHE_DIR=/tmp/lily-cache
 OUT=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUT"
 S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 AB_DEADLINE=${DEADLINE:-$1}
 left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
-"$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" > "$OUT/synth.log" 2>&1 &
+"$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" \
+  ${AB_LAYERS:+--layers "$AB_LAYERS" --tokenizer "$HERE/../tokenizer"} > "$OUT/synth.log" 2>&1 &
 SYN=$!
 
 # wgpu_setup: the Vulkan loader from the debs in .gl (../.library/device/README.md), the NVIDIA

@@ -85,6 +85,13 @@ def test_bench_measures_sequences_decoding_together(real_engine, tmp_path):
     assert [line.split()[:2] for line in printed.splitlines()[-4:]] == [["2", "8"], ["2", "20"], ["3", "8"], ["3", "20"]]
     bad = subprocess.run([*args, "--batch", "0"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--batch" in bad.stderr
+    # With a served request's presence penalty (the device sampler's path on a GPU) the rows step
+    # as well; a penalty outside the API's range is refused by name, before the model loads.
+    penalised = subprocess.run([*args, "--batch", "2", "--presence-penalty", "1.5"], capture_output=True, text=True)
+    assert penalised.returncode == 0, penalised.stderr
+    assert any(line.split()[:2] == ["2", "20"] for line in penalised.stdout.splitlines())
+    bad = subprocess.run([*args, "--presence-penalty", "5"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--presence-penalty must be between -2 and 2" in bad.stderr, bad.stderr
 
 
 def test_serve_streams_to_the_openai_client_and_stops_on_ctrl_c(serving_engine):

@@ -178,7 +178,11 @@ pub trait Backend: Send {
     /// token from its pending logits with its sampler and report it with `on_token(row index,
     /// step)`; then feed every token whose row has `feed` and whose report answered
     /// `Flow::Continue`, so that its logits become pending. A token not fed leaves its sequence as
-    /// it was (its sampler has accepted it). A backend overrides this with one forward pass for
+    /// it was (its sampler has accepted it). As in `decode`, a token whose report answered
+    /// `Flow::Stop` may have been fed all the same when its row has `feed` (a backend may feed the
+    /// step's tokens before they are reported, so the device never waits for the caller: the
+    /// CUDA backend's pipelined batched step); `seq_len` afterwards tells which. A row without
+    /// `feed` is never fed. A backend overrides this with one forward pass for
     /// all the fed tokens (each weight read once for the batch); the default runs the rows one
     /// after another through `decode` (one token) and `prefill` (`decode_step_one_by_one`). An
     /// error fails the whole step.

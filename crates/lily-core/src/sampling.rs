@@ -17,6 +17,7 @@
 //! of allowed tokens per step; it is applied first, before step 1 (disallowed logits become −∞).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::constrain::{MaskStats, TokenConstraint, TokenMask};
 
@@ -203,7 +204,22 @@ pub struct Sampler {
     /// Scratch: candidate (token, logit) pairs, reused between calls.
     candidates: Vec<(u32, f32)>,
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// This sampler's identity and the tokens it has accepted (`history_stamp`).
+    stamp: HistoryStamp,
 }
+
+/// Which sampler a history is (a number no other sampler of this process has) and how many
+/// tokens it had accepted: a device copy of the history (`device_history`) stays the sampler's
+/// own while the stamp is unchanged, or as far as the device has bumped it for the tokens it
+/// picked itself. A GPU backend keeps a sampler's device state between calls on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HistoryStamp {
+    pub sampler: u64,
+    pub accepted: u64,
+}
+
+/// The next `HistoryStamp::sampler`.
+static NEXT_SAMPLER: AtomicU64 = AtomicU64::new(0);
 
 impl std::fmt::Debug for Sampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,7 +241,16 @@ impl Sampler {
             seen_set: Default::default(),
             candidates: Vec::new(),
             constraint: None,
+            stamp: HistoryStamp {
+                sampler: NEXT_SAMPLER.fetch_add(1, Ordering::Relaxed),
+                accepted: 0,
+            },
         }
+    }
+
+    /// Which sampler this is and how many tokens it has accepted (see `HistoryStamp`).
+    pub fn history_stamp(&self) -> HistoryStamp {
+        self.stamp
     }
 
     /// Restricts every token this sampler picks to what `constraint` allows.
@@ -332,6 +357,7 @@ impl Sampler {
         if let Some(c) = self.constraint.as_mut() {
             c.commit(token);
         }
+        self.stamp.accepted += 1;
         *self.output_counts.entry(token).or_insert(0) += 1;
         if self.params.repetition_penalty != 1.0 {
             self.remember(token);

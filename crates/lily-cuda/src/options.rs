@@ -118,7 +118,7 @@ lily_core::backend_options! {
             why "plain launches are what a failed capture falls back to";
         pipelined_decode = true, flag Some("no-pipelined-decode"), env "LILY_PIPELINED_DECODE" = true,
             label "pipelined decode",
-            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with host sampling or top log-probabilities on the host, which read step N's logits)",
+            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N, and the batched step its rows' pass right after their picks (never with host sampling or top log-probabilities on the host, which read step N's logits; the batched step not while timed)",
             why "won its A/B: the device's wait for the host 27–33 → 3 µs a token on the H200 (session 7)";
         device_logprobs = true, flag Some("no-device-logprobs"), env "LILY_DEVICE_LOGPROBS" = true,
             label "device top log-probabilities",

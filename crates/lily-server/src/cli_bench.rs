@@ -58,6 +58,11 @@ pub struct BenchArgs {
     top_k: u32,
     #[arg(long, default_value_t = 0.95)]
     top_p: f32,
+    /// The presence penalty every step applies (greedy or sampled), as a served request gets
+    /// the model card's 1.5 when it names none: the pick then runs the device sampler, whose
+    /// history each sequence keeps, instead of the plain argmax (issue 32's served step).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -195,12 +200,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !(a.bandwidth_gbs.is_finite() && a.bandwidth_gbs > 0.0) {
         anyhow::bail!("--bandwidth-gbs must be a positive number of GB/s");
     }
-    let (mut b, weights) = open_backend_with_weights(&a.model, a.device, a.quantize, &a.backend)?;
-    let vocab = b.config().vocab;
-    let device = b.describe();
-    eprintln!("bench on {device}");
-    // Warm-up: compile/caches/first-touch of weights.
-    time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
     let sampling = if a.temperature > 0.0 {
         SamplingParams {
             temperature: a.temperature,
@@ -212,6 +211,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
     } else {
         SamplingParams::greedy()
     };
+    let sampling = SamplingParams {
+        presence_penalty: a.presence_penalty,
+        ..sampling
+    };
+    // Checked before the model loads (no logit_bias here, so no vocabulary to bound it).
+    sampling
+        .validate(usize::MAX)
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    let (mut b, weights) = open_backend_with_weights(&a.model, a.device, a.quantize, &a.backend)?;
+    let vocab = b.config().vocab;
+    let device = b.describe();
+    eprintln!("bench on {device}");
+    // Warm-up: compile/caches/first-touch of weights.
+    time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
     time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4, &sampling)?;
     // LILY_PROFILE=1: the wgpu backend's per-kernel GPU times, of the measured runs only.
     lily_wgpu::profile::reset();

@@ -537,3 +537,34 @@ fn sorted_logit_bias_drops_ids_outside_the_vocabulary_and_keeps_repeats_in_order
         vec![(0, 2.5), (2, -3.0), (7, 1.0), (7, -0.5)]
     );
 }
+
+#[test]
+fn the_history_stamp_names_the_sampler_and_counts_the_tokens_it_accepted() {
+    let p = SamplingParams {
+        repetition_penalty: 1.3,
+        ..SamplingParams::model_defaults(false)
+    };
+    let mut a = Sampler::with_prompt(p.clone(), &[4, 8]);
+    let b = Sampler::with_prompt(p, &[4, 8]);
+    let (sa, sb) = (a.history_stamp(), b.history_stamp());
+    // Two samplers of the same request are still two histories.
+    assert_ne!(sa.sampler, sb.sampler);
+    assert_eq!((sa.accepted, sb.accepted), (0, 0));
+    // Drawing and sampling leave the history (and so the stamp) as it was; each accepted token
+    // moves it on by one, as it moves the history a device copy would have to follow.
+    let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 23) as f32 * 0.3).collect();
+    let _ = a.next_uniform();
+    let t = a.sample(&logits);
+    assert_eq!(a.history_stamp(), sa);
+    let before = a.device_history(50);
+    a.accept(t);
+    a.accept(t);
+    assert_eq!(
+        a.history_stamp(),
+        HistoryStamp {
+            sampler: sa.sampler,
+            accepted: 2
+        }
+    );
+    assert_ne!(a.device_history(50), before);
+}

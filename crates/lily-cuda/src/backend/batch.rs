@@ -4,12 +4,28 @@
 //! go through the model together in one forward pass (`Forward::run_batch`: each weight read
 //! once for the batch). A step that feeds one sequence takes that sequence's own one-token path
 //! (`feed_next`: decode.cu's fused kernels, its own graph), so a batch of one runs today's step.
+//! Pipelined (`Plan::pipelined_decode`, the default, where every pick is on the device): the
+//! forward pass that feeds the rows that may go on is queued right behind the picks, before the
+//! host has read them (the picks' read waits on a side stream for the copy alone), so the device
+//! is busy with step N's pass while the host reports step N's tokens and the engine comes round
+//! to step N + 1 — as `decode` pipelines one sequence. A row that then stops has been fed.
 //!
 //! Graphs: the batched pass bakes every sequence's buffers into its launches, so a captured
 //! graph replays only for exactly the same sequences in the same order, each on the same side of
 //! `Plan::long_keys` — the batch changes only when a job joins or leaves, so steady decoding
 //! replays one graph. Kept at most BATCH_GRAPHS, the oldest dropped first; a graph goes when one
 //! of its sequences is freed, all go when the logits buffer they write is replaced.
+//!
+//! Device samplers: a row sampled on the device (penalties, logit_bias, temperature: anything
+//! but plain greedy — a request that names only `temperature: 0` gets the model card's presence
+//! penalty) needs its sampler's history on the device. Made anew each step, that was an upload of
+//! a 1 MB history, six allocations and three stream synchronisations a row (issue 32: the
+//! served step, whose requests had the presence penalty, took 1.8× the bench's plain-greedy
+//! step), and the synchronisations made the next step wait for the device to drain. So each
+//! row's `DeviceSampler` is kept from one step to the next (`BatchState::samplers`) while its
+//! host sampler is the same one with just the tokens the device picked since
+//! (`Sampler::history_stamp`) and the same parameters; otherwise it is made anew, as `decode`
+//! makes one a call.
 //!
 //! Pointer table: the kernels that run every sequence in one launch (the embedding, the DeltaNet
 //! scans, attention, the position update) find each sequence's token, states, caches and
@@ -25,12 +41,14 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::driver::CudaEvent;
 use lily_core::backend::{DecodeRow, Flow, SeqId, StepOut};
 use lily_core::logprob::{token_logprob, LogSoftmax};
+use lily_core::sampling::{HistoryStamp, Sampler, SamplingParams};
 
 use super::{picked_step, span_ms, timing_event, CudaBackend};
 use crate::forward::{Forward, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::DevBuf;
 use crate::graph::DecodeGraph;
 use crate::kernels::attention::AttnShape;
+use crate::pinned::Pinned;
 use crate::plan::{LogprobsPath, SamplingPath};
 use crate::sampler::DeviceSampler;
 
@@ -53,6 +71,27 @@ pub(super) struct BatchState {
     plain_table: Option<DevBuf>,
     /// `CudaOptions::step_timing`: device and wall time of the batched steps.
     timing: StepTimes,
+    /// The device samplers of the last step's rows, kept for their next step (module comment).
+    samplers: Vec<KeptSampler>,
+    /// Where a pipelined step's picks are read (`decode_rows`), and how many words it holds.
+    read: Option<(Pinned, usize)>,
+}
+
+/// A row's device sampler between batched steps: whose it is and the host sampler's state it
+/// matches.
+struct KeptSampler {
+    seq: u64,
+    /// The host sampler's stamp once it accepted the token this sampler picked last.
+    stamp: HistoryStamp,
+    params: SamplingParams,
+    ds: DeviceSampler,
+}
+
+impl KeptSampler {
+    /// Whether this is `seq`'s sampler with `sampler`'s history and parameters.
+    fn serves(&self, seq: SeqId, sampler: &Sampler) -> bool {
+        self.seq == seq.0 && self.stamp == sampler.history_stamp() && self.params == sampler.params
+    }
 }
 
 /// Batched steps timed (`step_timing`): the device's work a step (events around the picks and
@@ -130,13 +169,18 @@ impl BatchState {
     pub(super) fn forget(&mut self, seq: SeqId) {
         self.graphs
             .retain(|c| c.key.iter().all(|&(id, _)| id != seq.0));
+        self.samplers.retain(|k| k.seq != seq.0);
     }
 }
 
 /// How one row's token was picked.
 enum Picked {
-    /// On the device: its words are in `BatchState::picks` at the row.
-    Device { words: usize, lp_path: LogprobsPath },
+    /// On the device (`path` not the host's): its words are in `BatchState::picks` at the row.
+    Device {
+        words: usize,
+        path: SamplingPath,
+        lp_path: LogprobsPath,
+    },
     /// On the host, from the downloaded logits.
     Host(StepOut),
 }
@@ -175,18 +219,41 @@ impl CudaBackend {
         let sized = ensure(self, &mut picks, rows.len() * NEXT_TOKEN_WORDS * 4);
         self.batch.picks = picks;
         sized?;
-        // Device samplers live until the picks are read (their buffers are the picks' inputs).
+        // The device samplers kept from the last step; this step's are kept for the next one
+        // (the ones not reused are dropped after the picks are read: their buffers were inputs).
+        let mut kept = std::mem::take(&mut self.batch.samplers);
         let mut samplers = Vec::new();
         let mut picked = Vec::with_capacity(rows.len());
         let timed = self.plan.step_timing;
         let pick_start = timed.then(|| timing_event(&self.gpu)).transpose()?;
         for (i, row) in rows.iter_mut().enumerate() {
-            picked.push(self.queue_row_pick(i, row, &mut samplers)?);
+            picked.push(self.queue_row_pick(i, row, &mut kept, &mut samplers)?);
         }
         if let Some(start) = pick_start {
             self.batch.timing.picks = Some((start, timing_event(&self.gpu)?));
         }
+        // Pipelined (`Plan::pipelined_decode`, as `decode` is): the picks' words are copied into
+        // page-locked memory on a side stream and every row that may go on is fed at once, so the
+        // device runs this step's forward pass while the host reads and reports the tokens and
+        // the engine turns round to the next step. A row whose report then answers Stop has been
+        // fed all the same (`Backend::decode_step`: `seq_len` tells). Only where every pick is on
+        // the device and nothing reads the logits after it, and not while steps are timed.
+        let pipelined = !timed
+            && picked.iter().all(|p| {
+                matches!(p, Picked::Device { path, lp_path, .. }
+                    if self.plan.pipelined_decode(*path, *lp_path))
+            });
+        let mut prefed = Vec::new();
         let all: Vec<u32> = match &self.batch.picks {
+            Some(_) if pipelined => {
+                for row in rows.iter() {
+                    let s = self.seq(row.seq)?;
+                    if row.feed && s.len < s.max_ctx {
+                        prefed.push(row.seq);
+                    }
+                }
+                self.read_picks_pipelined(rows.len() * NEXT_TOKEN_WORDS, &prefed)?
+            }
             Some(buf) if picked.iter().any(|p| matches!(p, Picked::Device { .. })) => {
                 self.gpu.read(buf, 0, rows.len() * NEXT_TOKEN_WORDS)?
             }
@@ -197,11 +264,11 @@ impl CudaBackend {
             self.gpu.sync()?;
             self.batch.timing.read(rows.len())?;
         }
-        drop(samplers);
+        drop(kept);
         let mut fed = Vec::with_capacity(rows.len());
         for (i, (row, pick)) in rows.iter_mut().zip(picked).enumerate() {
             let step = match pick {
-                Picked::Device { words, lp_path } => {
+                Picked::Device { words, lp_path, .. } => {
                     let at = i * NEXT_TOKEN_WORDS;
                     let mut step = picked_step(&all[at..at + words], self.cfg.vocab, lp_path)?;
                     if lp_path == LogprobsPath::Host {
@@ -214,30 +281,68 @@ impl CudaBackend {
                 Picked::Host(step) => step,
             };
             row.sampler.accept(step.token);
-            if on_token(i, &step) == Flow::Continue && row.feed {
+            if let Some(k) = samplers.iter_mut().find(|k| k.seq == row.seq.0) {
+                // The device bumped its history for the token as `accept` did.
+                k.stamp = row.sampler.history_stamp();
+            }
+            if on_token(i, &step) == Flow::Continue && row.feed && !prefed.contains(&row.seq) {
                 fed.push(row.seq);
             }
         }
+        self.batch.samplers = samplers;
+        // Pipelined, only a row whose context was full can be left: it fails the step here.
         for &seq in &fed {
             let s = self.seq(seq)?;
             if s.len + 1 > s.max_ctx {
                 bail!("the sequence's context of {} tokens is full", s.max_ctx);
             }
         }
-        match fed.as_slice() {
+        self.feed_rows(&fed)
+    }
+
+    /// Feeds each of `fed`'s sequences the token in its `next_token`: one sequence its own
+    /// one-token path, several one batched pass.
+    fn feed_rows(&mut self, fed: &[SeqId]) -> Result<()> {
+        match fed {
             [] => Ok(()),
             [one] => self.feed_next(*one),
             many => self.feed_batch(many),
         }
     }
 
+    /// The pipelined step's read (see `decode_rows`): queues the copy of the gathered picks'
+    /// first `words` words into page-locked memory (`BatchState::read`), then the forward pass
+    /// feeding `fed`, then waits for the copy alone. The copy is waited for even when the launch
+    /// failed (its buffer must not be rewritten or freed under it).
+    fn read_picks_pipelined(&mut self, words: usize, fed: &[SeqId]) -> Result<Vec<u32>> {
+        if self.batch.read.as_ref().is_none_or(|(_, cap)| *cap < words) {
+            self.batch.read = None;
+            let pinned = Pinned::with_side_stream(&self.gpu, words)?;
+            self.batch.read = Some((pinned, words));
+        }
+        let (read, picks) = match (self.batch.read.as_mut(), self.batch.picks.as_ref()) {
+            (Some((read, _)), Some(picks)) => (read, picks),
+            _ => bail!("the batched step's pick buffers are missing"),
+        };
+        read.queue_read(&self.gpu, picks, 0, words)?;
+        let launched = self.feed_rows(fed);
+        let read = match self.batch.read.as_mut() {
+            Some((read, _)) => read.wait(words).map(<[u32]>::to_vec),
+            None => Err(anyhow!("the batched step's pick read is missing")),
+        };
+        launched?;
+        read
+    }
+
     /// Row `i`'s pick as `decode` makes it for one step, not waited for on the device paths:
-    /// queued, its words then copied to row `i` of the gathered picks.
+    /// queued, its words then copied to row `i` of the gathered picks. A device-sampled row's
+    /// sampler is taken from `kept` when one there serves it, else made, and put in `samplers`.
     fn queue_row_pick(
         &mut self,
         i: usize,
         row: &mut DecodeRow<'_>,
-        samplers: &mut Vec<DeviceSampler>,
+        kept: &mut Vec<KeptSampler>,
+        samplers: &mut Vec<KeptSampler>,
     ) -> Result<Picked> {
         let vocab = self.cfg.vocab;
         let path = self.plan.sampling(&row.sampler.params);
@@ -274,18 +379,27 @@ impl CudaBackend {
             _ => None,
         };
         if path == SamplingPath::Device {
-            samplers.push(DeviceSampler::new(
-                &self.gpu,
-                vocab,
-                row.sampler,
-                self.plan.many_block_sampling(),
-            )?);
+            let sampler = match kept.iter().position(|k| k.serves(row.seq, row.sampler)) {
+                Some(at) => kept.swap_remove(at),
+                None => KeptSampler {
+                    seq: row.seq.0,
+                    stamp: row.sampler.history_stamp(),
+                    params: row.sampler.params.clone(),
+                    ds: DeviceSampler::new(
+                        &self.gpu,
+                        vocab,
+                        row.sampler,
+                        self.plan.many_block_sampling(),
+                    )?,
+                },
+            };
+            samplers.push(sampler);
         }
         let lp_path = self.plan.logprobs(path, row.top_logprobs, vocab);
         let s = self.seq(row.seq)?;
         self.gpu.profile_scope("decode pick");
         let ds = if path == SamplingPath::Device {
-            samplers.last()
+            samplers.last().map(|k| &k.ds)
         } else {
             None
         };
@@ -302,7 +416,11 @@ impl CudaBackend {
             .ok_or_else(|| anyhow!("the batched step's pick buffer is missing"))?;
         let at = picks.ptr + (i * NEXT_TOKEN_WORDS * 4) as u64;
         self.gpu.copy_raw(at, s.next_token.ptr, words * 4)?;
-        Ok(Picked::Device { words, lp_path })
+        Ok(Picked::Device {
+            words,
+            path,
+            lp_path,
+        })
     }
 
     /// Feeds each of `fed`'s (at least two) sequences the token in its `next_token`, in one

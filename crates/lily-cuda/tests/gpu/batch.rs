@@ -13,10 +13,16 @@ use lily_core::backend::{DecodeRow, SeqId};
 /// (model.rs, SHIPPING_LOGITS_TOL), while a wrong row, cache or state gives errors of order 1.
 const BF16_TOL: f64 = 0.15;
 
-/// Which rows a step feeds: every row, except (step 3) row 1 asked not to be fed, (step 5) row 2
-/// answering `Flow::Stop`, (step 7) only row 0 fed (the one-sequence path).
+/// Which rows a step feeds: every row, except (step 3) row 1 asked not to be fed, (step 7) only
+/// row 0 fed (the one-sequence path). Row 2 answers `Flow::Stop` at step 5 (`stops`): it may be
+/// fed or not (pipelined, it is: `Backend::decode_step`), as its length then says.
 fn fed(step: usize, row: usize) -> bool {
-    !(step == 3 && row == 1 || step == 5 && row == 2 || step == 7 && row != 0)
+    !(step == 3 && row == 1 || step == 7 && row != 0)
+}
+
+/// Whether the row answers `Flow::Stop` at the step (see `fed`).
+fn stops(step: usize, row: usize) -> bool {
+    step == 5 && row == 2
 }
 
 /// Rows in the order they are passed (step 8 passes them reversed: another graph).
@@ -26,6 +32,18 @@ fn order(step: usize, n: usize) -> Vec<usize> {
     } else {
         (0..n).collect()
     }
+}
+
+/// A sequence of context 128 for each prompt, prefilled with it.
+fn prefilled(b: &mut dyn Backend, prompts: &[Vec<u32>]) -> Vec<SeqId> {
+    prompts
+        .iter()
+        .map(|p| {
+            let s = b.new_seq(128).unwrap();
+            b.prefill(s, p).unwrap();
+            s
+        })
+        .collect()
 }
 
 /// How a batched-step test runs: the switches it sets and its sequences' prompt lengths.
@@ -95,17 +113,11 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             }
         }
         let mut cpu = CpuBackend::new(w.clone());
-        let open = |b: &mut dyn Backend| -> Vec<SeqId> {
-            prompts
-                .iter()
-                .map(|p| {
-                    let s = b.new_seq(128).unwrap();
-                    b.prefill(s, p).unwrap();
-                    s
-                })
-                .collect()
-        };
-        let (batch, alone, on_cpu) = (open(&mut b), open(&mut b), open(&mut cpu));
+        let (batch, alone, on_cpu) = (
+            prefilled(&mut b, &prompts),
+            prefilled(&mut b, &prompts),
+            prefilled(&mut cpu, &prompts),
+        );
         let greedy = || Sampler::new(SamplingParams::greedy());
         let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
         let mut alone_samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
@@ -132,7 +144,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
                     let i = rows_order[r];
                     assert!(tokens[i].is_none(), "row {r} reported twice");
                     tokens[i] = Some(o.token);
-                    if step == 5 && i == 2 {
+                    if stops(step, i) {
                         Flow::Stop
                     } else {
                         Flow::Continue
@@ -148,7 +160,12 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
                     assert_eq!(out[0].0, token, "{what}: step {step} row {i}: token");
                 }
                 let len = b.seq_len(batch[i]).unwrap();
-                if !fed(step, i) {
+                let was_fed = if stops(step, i) {
+                    len == before[i].0 + 1
+                } else {
+                    fed(step, i)
+                };
+                if !was_fed {
                     assert_eq!(
                         len, before[i].0,
                         "{what}: step {step} row {i} unfed: length"
@@ -309,14 +326,7 @@ fn decode_batched_rows_keep_their_own_sampling() {
         r.unwrap();
         want.push(out);
     }
-    let seqs: Vec<SeqId> = prompts
-        .iter()
-        .map(|p| {
-            let s = b.new_seq(128).unwrap();
-            b.prefill(s, p).unwrap();
-            s
-        })
-        .collect();
+    let seqs = prefilled(&mut b, &prompts);
     let mut samplers: Vec<Sampler> = (0..cases.len()).map(sampler).collect();
     let mut got: Vec<Reported> = vec![Vec::new(); cases.len()];
     for step in 0..steps {
@@ -346,5 +356,110 @@ fn decode_batched_rows_keep_their_own_sampling() {
     }
     println!(
         "MODEL batched decode rows keep their sampling: greedy, sampled, constrained, top_logprobs 4, host; {steps} steps each equal decode alone"
+    );
+}
+
+/// One run of `device_samplers_follow_their_sampler`'s script on a backend with the batched step
+/// on or off: every row's reported tokens.
+fn kept_sampler_script(
+    w: &Arc<ModelWeights>,
+    prompts: &[Vec<u32>],
+    params: &[SamplingParams],
+    batched: bool,
+) -> Vec<Vec<u32>> {
+    let opts = CudaOptions {
+        bf16_activations: false,
+        batched_decode: batched,
+        chunk: 64,
+        ..CudaOptions::default()
+    };
+    let mut b = CudaBackend::with_options(w, &opts).unwrap();
+    let seqs = prefilled(&mut b, prompts);
+    let fresh = |i: usize| Sampler::with_prompt(params[i].clone(), &prompts[i]);
+    let mut samplers: Vec<Sampler> = (0..prompts.len()).map(fresh).collect();
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut step = |b: &mut CudaBackend, samplers: &mut [Sampler], which: &[usize]| {
+        let mut rows: Vec<DecodeRow> = samplers
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| which.contains(i))
+            .map(|(i, s)| DecodeRow {
+                seq: seqs[i],
+                sampler: s,
+                top_logprobs: 0,
+                feed: true,
+            })
+            .collect();
+        b.decode_step(&mut rows, &mut |r, o| {
+            got[which[r]].push(o.token);
+            Flow::Continue
+        })
+        .unwrap();
+    };
+    let all = [0, 1, 2];
+    for _ in 0..3 {
+        step(&mut b, &mut samplers, &all);
+    }
+    // Row 1 decodes a token alone, which is then fed as the engine feeds it (`feed_unfed`).
+    let mut alone = None;
+    b.decode(seqs[1], &mut samplers[1], 1, 0, &mut |o| {
+        alone = Some(o.token);
+        Flow::Stop
+    })
+    .unwrap();
+    let alone = alone.expect("decode reported a token");
+    b.prefill(seqs[1], &[alone]).unwrap();
+    for _ in 0..2 {
+        step(&mut b, &mut samplers, &all);
+    }
+    // A new job on row 0's sequence (a kept sequence taken again): a fresh sampler.
+    samplers[0] = fresh(0);
+    for _ in 0..2 {
+        step(&mut b, &mut samplers, &all);
+    }
+    for _ in 0..2 {
+        step(&mut b, &mut samplers, &[0, 2]);
+    }
+    for _ in 0..2 {
+        step(&mut b, &mut samplers, &all);
+    }
+    got[1].insert(3, alone);
+    got
+}
+
+/// The batched step keeps each row's device sampler between steps (batch.rs, "Device
+/// samplers") only while it is that row's sampler with that history: greedy with the model
+/// card's presence penalty (what a request naming only `temperature: 0` gets), greedy with
+/// strong presence and frequency penalties, and seeded sampling with penalties, stepped together
+/// while one row leaves for a `decode` of its own, another's sampler is replaced (a new job on
+/// the same sequence) and the row set shrinks and grows again, report exactly the tokens of the
+/// same script run with the batched step off (a device sampler made from the host's history for
+/// every row at every step; fp32).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_device_samplers_kept_between_steps_follow_their_sampler() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(31);
+    let prompts: Vec<Vec<u32>> = [11, 19, 26].iter().map(|&n| rng.tokens(n, vocab)).collect();
+    let card_greedy = SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::model_defaults(true)
+    };
+    let penalised = SamplingParams {
+        presence_penalty: 2.0,
+        frequency_penalty: 2.0,
+        ..SamplingParams::greedy()
+    };
+    let params = [card_greedy, penalised, sampled_params(41)];
+    let batched = kept_sampler_script(&w, &prompts, &params, true);
+    let one_by_one = kept_sampler_script(&w, &prompts, &params, false);
+    assert_eq!(
+        batched, one_by_one,
+        "batched (kept samplers) vs one row at a time"
+    );
+    println!(
+        "MODEL batched device samplers kept between steps: {} tokens equal one row at a time",
+        batched.iter().map(Vec::len).sum::<usize>()
     );
 }
