@@ -48,10 +48,6 @@ fn silu(x: f32) -> f32 {
     return x / (1.0 + exp(-x));
 }
 
-fn silu4(x: vec4<f32>) -> vec4<f32> {
-    return x / (1.0 + exp(-x));
-}
-
 fn sigmoid(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }
@@ -96,14 +92,12 @@ const NEG_BIG: f32 = -3.0e38;
 
 // The row kernels' totals (linear_q4_rows, moe_down_rows: `row_*`, one value a row;
 // linear_q4_glu_rows: `rows2_*`, gate and up), through workgroup memory in both reduction forms:
-// 64 invocations, rb ≤ 16 rows (≤ 64 where the kernel sets ROW_PART to rb · 65: decode's
-// lm_head with `lm_rows`). Each invocation puts its partial of rows 0..rb − 1, then
+// 64 invocations, rb ≤ 16 rows. Each invocation puts its partial of rows 0..rb − 1, then
 // `row_total` gives row lid / (64 / rb)'s total at the first invocation of its group of 64 / rb.
 // part[r · 65 + invocation] (65: rows on different banks). On the H200 this beat one subgroupAdd
 // a row (docs/perf-notes.md, session 11: 16 rows were 80 shuffle steps an invocation, 160 with
 // the unused second value of a shared vec2 form).
-override ROW_PART: u32 = 1040u;
-var<workgroup> row_part: array<f32, ROW_PART>;
+var<workgroup> row_part: array<f32, 1040>;
 
 fn row_put(lid: u32, r: u32, v: f32) {
     row_part[r * 65u + lid] = v;

@@ -9,8 +9,7 @@
 // 35.8 µs a call, lm_head 520 µs), re-reading its inputs for every row with ≈ 300 values live
 // per invocation. Same parameters and bindings as linear_q4.wgsl; plain mode, 4-bit only (the
 // host checks: plan.rs `rows_ok`). Decode's DeltaNet in_proj also runs the causal conv of its
-// conv channels here (`conv_ch`, one item: `conv_step`), and with `dn_split` its out_proj applies
-// the output norm and gate to the raw o it reads (`gate_dv`, one item: `gate`).
+// conv channels here (`conv_ch`, one item: `conv_step`).
 // Bytes a workgroup: RB rows × (cols / 2 + cols / 16) (4-bit g64) from DRAM, the input (and the
 // norm's weight) from L2: 16 rows of 2,048 columns 18 KB + 16 KB; FLOPs 2 × RB × cols.
 
@@ -20,8 +19,6 @@ struct P {
     eps: f32,
     conv_ch: u32,     // rows (global) below this are DeltaNet conv channels (`conv_step`); 0: none
     conv_k: u32,      // the conv's taps
-    gate_dv: u32,     // DeltaNet's output norm and gate on the input (`gate`), heads of this many columns; 0: none
-    z_off: u32,       // gate: z of input column i at Z[z_off + i] (a multiple of 4)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -31,10 +28,6 @@ struct P {
 @group(0) @binding(4) var<storage, read> Wn: array<vec4<f32>>;  // the norm's weight (norm = 1)
 @group(0) @binding(5) var<storage, read> taps: array<f32>;          // conv taps [conv_ch, conv_k]
 @group(0) @binding(6) var<storage, read_write> cstate: array<f32>;  // conv state [conv_k − 1, conv_ch]
-@group(0) @binding(7) var<storage, read> Z: array<ACT4>;            // gate: the joint in_proj output
-
-// gate: each invocation's Σ o² of its two words' columns.
-var<workgroup> gate_part: array<vec2<f32>, 64>;
 
 // A decode step's DeltaNet causal conv of channel `ch` (dn_conv_step.wgsl's, fused into the
 // in_proj product that computes the channel's input x: no conv dispatch): the state's K − 1
@@ -56,57 +49,12 @@ fn conv_step(ch: u32, x: f32) -> f32 {
     return silu(s);
 }
 
-// A conv channel's taps and state as `conv_step` reads them, read ahead (DEEP): taps 0..K − 2 and
-// the state's K − 1 rows (indices past them clamped, unused), and the last tap.
-struct ConvHeld {
-    taps: array<f32, 3>,
-    state: array<f32, 3>,
-    last: f32,
-}
-
-fn conv_read(ch: u32) -> ConvHeld {
-    let cd = p.conv_ch;
-    let km1 = p.conv_k - 1u;
-    var h: ConvHeld;
-    for (var j = 0u; j + 1u < CONV_HELD; j++) {
-        let jj = min(j, km1 - 1u);
-        h.taps[j] = taps[ch * p.conv_k + jj];
-        h.state[j] = cstate[jj * cd + ch];
-    }
-    h.last = taps[ch * p.conv_k + km1];
-    return h;
-}
-
-// `conv_step` on the values `conv_read` held: the same sums in the same order.
-fn conv_held(ch: u32, x: f32, h: ConvHeld) -> f32 {
-    let cd = p.conv_ch;
-    let km1 = p.conv_k - 1u;
-    var s = 0.0;
-    for (var j = 0u; j + 1u < CONV_HELD; j++) {
-        if (j < km1) {
-            s += h.taps[j] * h.state[j];
-        }
-    }
-    s += h.last * x;
-    for (var j = 0u; j + 2u < CONV_HELD; j++) {
-        if (j + 1u < km1) {
-            cstate[j * cd + ch] = h.state[j + 1u];
-        }
-    }
-    cstate[(km1 - 1u) * cd + ch] = x;
-    return silu(s);
-}
-
-// Rows per workgroup (a power of two ≤ 16, or 32 / 64 for lm_head with `lm_rows` and ROW_PART
-// = RB · 65; the plan's `rows_rb`) and rows whose reads are in flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
+// Rows per workgroup (a power of two ≤ 16: the plan's `rows_rb`) and rows whose reads are in
+// flight together (min(RB, 8)). Few rows a workgroup for matrices of few rows, so that they still
 // spread over the GPU: on the H200 the router (257 rows: 17 workgroups of 16) took 21 µs a call
 // and the 2,048-row output projections (128 workgroups) 24 µs, as long as the 12,352-row in_proj.
 override RB: u32 = 16u;
 override RI: u32 = 8u;
-// 1 (`WgpuOptions::rows_flat`): the inputs' and the norm's weights' reads with no condition
-// around each (words past nv read word nv − 1 and are not used), so an invocation's 8 reads
-// issue together whether or not the compiler predicates them. Outputs bit for bit those of 0.
-override FLAT: u32 = 0u;
 // 1 (`WgpuOptions::rows_early`): both 16-byte words of a two-word row (8-bit, or 4,096
 // columns) of the first RI rows and their scales, the input and the folded norm's weights all
 // read before any arithmetic or barrier (their reads in flight together: one DRAM round trip
@@ -114,18 +62,6 @@ override FLAT: u32 = 0u;
 // y = r · W (x ⊙ w) with r = 1 / RMS(x) on each row's total (the product is linear in x after
 // the scale), its reduction after the rows' arithmetic.
 override EARLY: u32 = 0u;
-// 1 (`WgpuOptions::rows_deep`): round r + 1's rows (their first 16-byte words and scales) read
-// before round r's arithmetic, so with RB 16 all 16 rows are in flight from the start (one DRAM
-// round trip where 0 has two), and the invocation that stores a row reads what its store needs
-// (a conv channel's taps and state, `conv_held`; an accumulated output's old value) at the
-// start too, not after the row totals. Outputs bit for bit those of 0.
-override DEEP: u32 = 0u;
-// 1 (`WgpuOptions::dn_split`, the plan's kernel for out_proj's rows a workgroup): `gate` compiled
-// in (0 leaves it out, so its registers do not count against every other product's occupancy).
-override GATE: u32 = 0u;
-// Most conv taps `conv_held` holds in registers (the model's 4); a longer conv runs `conv_step`.
-const CONV_HELD: u32 = 4u;
-
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -143,45 +79,6 @@ fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
             + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
     }
     return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
-}
-
-// DeltaNet's output norm and gate on the input (`WgpuOptions::dn_split`: out_proj reading
-// dn_recur_cols.wgsl's raw o): gated_norm.wgsl's y = w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) per
-// head of gate_dv columns, on this invocation's inputs (4-bit words of 32 columns: a head's
-// columns lie in gate_dv / 32 consecutive invocations' first words, and as many second words).
-// w ⊙ silu(z) is formed while the heads' Σ o² meet in workgroup memory (one barrier); w is the
-// norm's weight (Wn, [gate_dv]). Uniform control flow only.
-fn gate(lid: u32, span: u32, two: bool, xa: ptr<function, array<vec4<f32>, 8>>,
-        xc: ptr<function, array<vec4<f32>, 8>>) {
-    var ss = vec2<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) {
-        ss += vec2<f32>(dot((*xa)[i], (*xa)[i]), dot((*xc)[i], (*xc)[i]));
-    }
-    gate_part[lid] = ss;
-    var ga = array<vec4<f32>, 8>();
-    var gc = array<vec4<f32>, 8>();
-    for (var i = 0u; i < 8u; i++) {
-        let ca = lid * span + 4u * i;
-        let za = vec4<f32>(Z[(p.z_off + ca) / 4u]);
-        ga[i] = Wn[(ca % p.gate_dv) / 4u] * silu4(za);
-        if (two) {
-            let cc = (lid + 64u) * span + 4u * i;
-            let zc = vec4<f32>(Z[(p.z_off + cc) / 4u]);
-            gc[i] = Wn[(cc % p.gate_dv) / 4u] * silu4(zc);
-        }
-    }
-    workgroupBarrier();
-    let per = p.gate_dv / span;
-    let first = (lid / per) * per;
-    var hs = vec2<f32>(0.0);
-    for (var m = 0u; m < per; m++) {
-        hs += gate_part[first + m];
-    }
-    let r = 1.0 / sqrt(hs / f32(p.gate_dv) + vec2<f32>(p.eps));
-    for (var i = 0u; i < 8u; i++) {
-        (*xa)[i] = (*xa)[i] * r.x * ga[i];
-        (*xc)[i] = (*xc)[i] * r.y * gc[i];
-    }
 }
 
 // Word `q` (lid, or lid + 64 for the second of a two-word row) of rows rr .. rr + RI − 1 of the
@@ -231,48 +128,21 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     if (EARLY != 0u && two) {
         cur2 = read_words(r0, 0u, nr, lid + 64u, gc, quads, groups);
     }
-    // The row this invocation stores (the first of each group of 64 / RB), and with DEEP what
-    // that store needs besides the row's total, read now.
-    let ro = lid / (64u / RB);
-    let stores = lid % (64u / RB) == 0u && ro < nr;
-    let orow = p.m.row0 + r0 + ro;
-    let oi = p.m.y_off + item * p.m.y_stride + orow;
-    let held = DEEP != 0u && p.conv_k <= CONV_HELD;
-    var ch = ConvHeld();
-    var y_old = 0.0;
-    if (DEEP != 0u && stores) {
-        if (orow < p.conv_ch) {
-            if (held) {
-                ch = conv_read(orow);
-            }
-        } else if (p.m.accumulate != 0u) {
-            y_old = f32(Y[oi]);
-        }
-    }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
     // This invocation's inputs: word lid (and lid + 64); zeros past nv.
     var xa = array<vec4<f32>, 8>();
     var xc = array<vec4<f32>, 8>();
     for (var i = 0u; i < 8u; i++) {
-        if (FLAT != 0u) {
-            let v = vec4<f32>(X[xb + lid * nv + min(i, nv - 1u)]);
-            xa[i] = select(xa[i], v, i < nv);
-        } else if (i < nv) {
+        if (i < nv) {
             xa[i] = vec4<f32>(X[xb + lid * nv + i]);
         }
     }
     if (two) {
         for (var i = 0u; i < 8u; i++) {
-            if (FLAT != 0u) {
-                let v = vec4<f32>(X[xb + (lid + 64u) * nv + min(i, nv - 1u)]);
-                xc[i] = select(xc[i], v, i < nv);
-            } else if (i < nv) {
+            if (i < nv) {
                 xc[i] = vec4<f32>(X[xb + (lid + 64u) * nv + i]);
             }
         }
-    }
-    if (GATE != 0u && p.gate_dv != 0u) {
-        gate(lid, span, two, &xa, &xc);
     }
     // EARLY: x ⊙ w here (the norm's weights read unconditionally, clamped, with the input), Σx²
     // of the raw input kept for the scale taken after the rows' arithmetic.
@@ -302,24 +172,11 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             ss += dot(xa[i], xa[i]) + dot(xc[i], xc[i]);
         }
         let r = rms_scale(lid, ss, p.m.cols, p.eps);
-        if (FLAT != 0u) {
-            for (var i = 0u; i < 8u; i++) {
-                let wa = Wn[lid * nv + min(i, nv - 1u)];
-                xa[i] = select(xa[i], xa[i] * r * wa, i < nv);
-            }
-            if (two) {
-                for (var i = 0u; i < 8u; i++) {
-                    let wc = Wn[(lid + 64u) * nv + min(i, nv - 1u)];
-                    xc[i] = select(xc[i], xc[i] * r * wc, i < nv);
-                }
-            }
-        } else {
-            for (var i = 0u; i < 8u; i++) {
-                if (i < nv) {
-                    xa[i] = xa[i] * r * Wn[lid * nv + i];
-                    if (two) {
-                        xc[i] = xc[i] * r * Wn[(lid + 64u) * nv + i];
-                    }
+        for (var i = 0u; i < 8u; i++) {
+            if (i < nv) {
+                xa[i] = xa[i] * r * Wn[lid * nv + i];
+                if (two) {
+                    xc[i] = xc[i] * r * Wn[(lid + 64u) * nv + i];
                 }
             }
         }
@@ -328,11 +185,8 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
     for (var r8 = 0u; r8 < RB; r8 += RI) {
         // RI rows' reads together (rows past the end read row r0 again; not stored); the first
-        // RI were read above. DEEP: the next round's now, before this round's arithmetic.
-        var next = cur;
-        if (DEEP != 0u && r8 + RI < RB) {
-            next = read_words(r0, r8 + RI, nr, lid, ga, quads, groups);
-        } else if (DEEP == 0u && r8 > 0u) {
+        // RI were read above.
+        if (r8 > 0u) {
             cur = read_words(r0, r8, nr, lid, ga, quads, groups);
         }
         var pa = array<f32, 8>();
@@ -353,30 +207,22 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         for (var j = 0u; j < RI; j++) {
             row_put(lid, r8 + j, pa[j]);
         }
-        if (DEEP != 0u) {
-            cur = next;
-        }
     }
     var rn = 1.0;
     if (EARLY != 0u && p.norm != 0u) {
         rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
     }
     let total = row_total(lid, RB) * rn;
-    if (stores) {
-        if (orow < p.conv_ch) {
-            if (held) {
-                Y[oi] = YS(conv_held(orow, total, ch));
-            } else {
-                Y[oi] = YS(conv_step(orow, total));
-            }
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        let row = p.m.row0 + r0 + r;
+        let o = p.m.y_off + item * p.m.y_stride + row;
+        if (row < p.conv_ch) {
+            Y[o] = YS(conv_step(row, total));
         } else if (p.m.accumulate != 0u) {
-            if (DEEP != 0u) {
-                Y[oi] = YS(y_old + total);
-            } else {
-                Y[oi] = YS(f32(Y[oi]) + total);
-            }
+            Y[o] = YS(f32(Y[o]) + total);
         } else {
-            Y[oi] = YS(total);
+            Y[o] = YS(total);
         }
     }
 }

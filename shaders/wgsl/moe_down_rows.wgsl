@@ -32,12 +32,6 @@ override COLS: u32 = 512u;
 // Rows per workgroup (DOWN_RB on the host; a power of two ≤ 8): 4, so that a decode step runs
 // on 512 workgroups (with 8: 256, 28 µs a call on the H200, profile of main 07ac75d).
 override RB: u32 = 4u;
-// 1 (`WgpuOptions::down_early`): a slot's items with a constant trip count, NI (≤ 4: plan.rs
-// `down_items_a_slot`, 3 on the full model), every item's expert rows, scales and input quad read
-// before any arithmetic (items past TOPK read the slot's first item again, weight 0): one DRAM
-// round trip where 0 has one an item. The same sums in the same order (plus zeros).
-override EARLY: u32 = 0u;
-override NI: u32 = 3u;
 
 fn we_half(i: u32) -> f32 {
     return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
@@ -61,58 +55,19 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     let g = (q * 32u) / p.group;
     let nr = min(RB, p.rows - r0);
     var acc = array<f32, 8>();
-    if (EARLY != 0u) {
-        // Items slot + i · ns for i < NI (clamped to an item below TOPK; weight 0 past it).
-        var es = array<u32, 4>();
-        var wv = array<f32, 4>();
-        var xi = array<u32, 4>();
-        for (var i = 0u; i < NI; i++) {
-            let k = slot + i * ns;
-            let kc = select(min(slot, TOPK - 1u), k, k < TOPK);
-            es[i] = ids[t * TOPK + kc];
-            wv[i] = select(0.0, wts[t * TOPK + kc], k < TOPK);
-            xi[i] = (t * TOPK + kc) * (COLS / 4u) + q * 8u;
-        }
-        var xv = array<vec4<f32>, 32>();
-        var w = array<vec4<u32>, 32>();
-        var sv = array<f32, 32>();
-        var bv = array<f32, 32>();
-        for (var i = 0u; i < NI; i++) {
-            for (var c = 0u; c < 8u; c++) {
-                xv[i * 8u + c] = vec4<f32>(A[xi[i] + c]);
-            }
-            for (var j = 0u; j < RB; j++) {
-                let row = select(r0, r0 + j, j < nr);
-                let er = es[i] * p.rows + row;
-                w[i * 8u + j] = We[er * qn + q];
-                sv[i * 8u + j] = we_half(p.scale_off + er * groups + g);
-                bv[i * 8u + j] = we_half(p.bias_off + er * groups + g);
-            }
-        }
-        for (var i = 0u; i < NI; i++) {
-            let o = i * 8u;
-            let xs = xsum32(xv[o], xv[o + 1u], xv[o + 2u], xv[o + 3u], xv[o + 4u], xv[o + 5u],
-                xv[o + 6u], xv[o + 7u]);
-            for (var j = 0u; j < RB; j++) {
-                let d = qdot32(w[o + j], xv[o], xv[o + 1u], xv[o + 2u], xv[o + 3u], xv[o + 4u],
-                    xv[o + 5u], xv[o + 6u], xv[o + 7u]);
-                acc[j] += wv[i] * (sv[o + j] * d + bv[o + j] * xs);
-            }
-        }
-    }
     // This slot's items' experts and weights first, all reads in flight together.
     var es = array<u32, 16>();
     var wv = array<f32, 16>();
     for (var i = 0u; i < 16u; i++) {
         let k = slot + i * ns;
-        if (EARLY == 0u && k < TOPK) {
+        if (k < TOPK) {
             es[i] = ids[t * TOPK + k];
             wv[i] = wts[t * TOPK + k];
         }
     }
     for (var i = 0u; i < 16u; i++) {
         let k = slot + i * ns;
-        if (EARLY != 0u || k >= TOPK) {
+        if (k >= TOPK) {
             break;
         }
         let item = t * TOPK + k;

@@ -22,8 +22,8 @@ use crate::plan::{
     PrefillAttention, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_dn_cols, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, DnStep, Sides, F16_STORE,
+    check_attention, check_dn_step, check_down_rows, check_mm, check_mm_f16, check_rows, DnStep,
+    Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -139,16 +139,11 @@ impl WgpuBackend {
         &self.plan
     }
 
-    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations, `down_early`)
-    /// against the host on the full model's shape and two others (`probes::check_down_rows`):
-    /// the largest relative L2 difference.
+    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations) against the host
+    /// on the full model's shape and two others (`probes::check_down_rows`): the largest
+    /// relative L2 difference.
     pub fn check_down_rows(&self) -> Result<f64> {
-        check_down_rows(
-            &self.gpu,
-            self.plan.subgroups,
-            self.plan.act_f16,
-            self.plan.options.down_early,
-        )
+        check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations, `dn_early`) but for
@@ -163,12 +158,6 @@ impl WgpuBackend {
         )
     }
 
-    /// dn_recur_cols.wgsl (`dn_split`) with this plan's activations for key dim `dk` and value
-    /// dim `dv`, against the host (`probes::check_dn_cols`): o and the state.
-    pub fn check_dn_cols(&self, dk: usize, dv: usize) -> Result<DnStep> {
-        check_dn_cols(&self.gpu, self.plan.act_f16, (dk, dv))
-    }
-
     /// The 4-bit product kernels against the host's product on random matrices
     /// (`probes::check_mm`, `probes::check_rows`), relative L2 differences: linear_q4_mm.wgsl's
     /// (tiles of 16 and 32 items, 4- and 8-bit; with f16 tiles, `Plan::tile_f16`, every tile
@@ -178,13 +167,7 @@ impl WgpuBackend {
     /// f16 where they are activations: `probes::Sides`).
     pub fn check_products(&self) -> Result<(f64, f64)> {
         let act = self.plan.act_f16;
-        let rows = check_rows(
-            &self.gpu,
-            &self.kernels,
-            act,
-            self.plan.lm_rows,
-            self.plan.subgroups,
-        )?;
+        let rows = check_rows(&self.gpu, &self.kernels, act)?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).
             let (_, staged) = self.check_products_f16()?;

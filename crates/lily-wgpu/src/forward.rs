@@ -11,8 +11,8 @@ use lily_core::config::{LayerKind, ModelConfig};
 use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
-    DN_COLS, DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
+    rows_rb, DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention,
+    SplitRule, DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
 };
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -64,18 +64,13 @@ fn norm_params(params: &[u32; 23], io: &Io, eps: f32) -> [u32; 22] {
 }
 
 /// linear_q4_rows.wgsl's parameters: `norm_params`, then from word 22 the DeltaNet conv it runs on
-/// its first rows (channels, taps; `Io::conv`) or 0, from word 24 DeltaNet's output norm and gate
-/// on its input (head width, z's offset; `Io::gate`) or 0.
-fn rows_params(norm: &[u32; 22], conv: Option<(usize, usize)>, gate: Option<GateIo>) -> [u32; 26] {
-    let mut out = [0u32; 26];
+/// its first rows (channels, taps; `Io::conv`) or 0.
+fn rows_params(norm: &[u32; 22], conv: Option<(usize, usize)>) -> [u32; 24] {
+    let mut out = [0u32; 24];
     out[..22].copy_from_slice(norm);
     if let Some((channels, k)) = conv {
         out[22] = channels as u32;
         out[23] = k as u32;
-    }
-    if let Some(g) = gate {
-        out[24] = g.dv as u32;
-        out[25] = g.z_off as u32;
     }
     out
 }
@@ -415,19 +410,6 @@ struct Io<'b> {
     /// Where set, output rows below `channels` are DeltaNet conv channels: linear_q4_rows runs
     /// their causal conv too (decode, `DeltaNetPath::StepConvInRows`).
     conv: Option<ConvIo<'b>>,
-    /// Where set, `x` is DeltaNet's raw o and linear_q4_rows applies its output norm and gate
-    /// first (decode's out_proj, `DeltaNetPath::StepSplit`).
-    gate: Option<GateIo<'b>>,
-}
-
-/// DeltaNet's output norm and gate applied by out_proj as it reads o: the norm's weight `[dv]`,
-/// the joint in_proj output holding z at `z_off`, heads of `dv` columns.
-#[derive(Clone, Copy)]
-struct GateIo<'b> {
-    norm: &'b Buf,
-    z: &'b Buf,
-    z_off: usize,
-    dv: usize,
 }
 
 /// A DeltaNet conv run inside the in_proj product: its taps `[channels, k]` and state
@@ -768,7 +750,6 @@ impl<'a> Forward<'a> {
             y_f32: false,
             norm: None,
             conv: None,
-            gate: None,
         }
     }
 
@@ -874,9 +855,8 @@ impl<'a> Forward<'a> {
             .linear(w, io.items, experts.is_some(), io.aligned());
         let form = self.form(&io);
         debug_assert!(
-            (io.norm.is_none() && io.conv.is_none() && io.gate.is_none())
-                || choice == LinearKernel::Rows,
-            "a folded norm, conv or gate needs linear_q4_rows"
+            (io.norm.is_none() && io.conv.is_none()) || choice == LinearKernel::Rows,
+            "a folded norm or conv needs linear_q4_rows"
         );
         for sl in &w.slices {
             let (rows, row0, e0, e_count) = match experts {
@@ -886,28 +866,25 @@ impl<'a> Forward<'a> {
             let (kernel, per, z, fourth) = match choice {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
-                    let slot = self.plan.rows_kernel(w.rows, sl.count, io.gate.is_some());
-                    let rb = slot.rb();
+                    let rb = rows_rb(sl.count);
                     let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
                     let params = rows_params(
                         &norm_params(&params, &io, self.cfg.rms_eps),
                         io.conv.map(|cv| (cv.channels, cv.k)),
-                        io.gate,
                     );
                     r.dispatch_as(
                         label,
-                        self.k.rows(slot).get(form),
+                        self.k.rows(rb).get(form),
                         &params,
                         &[
                             &sl.buf,
                             io.x,
                             io.y,
-                            io.norm.or(io.gate.map(|g| g.norm)).unwrap_or(io.x),
+                            io.norm.unwrap_or(io.x),
                             io.conv.map_or(io.x, |cv| cv.taps),
                             io.conv.map_or(io.y, |cv| cv.state),
-                            io.gate.map_or(io.x, |g| g.z),
                         ],
                         [nx, ny, io.items as u32],
                     );
@@ -1167,15 +1144,14 @@ impl<'a> Forward<'a> {
         let vd = hv * c.dn_v_dim;
         // Joint output per token: [qkv (conv channels) | z | b | a].
         let stride = d.in_proj.rows;
-        let path = self.plan.deltanet(c, t, &d.in_proj, &d.out_proj);
+        let path = self.plan.deltanet(c, t, &d.in_proj);
         // Decode: the conv inside the in_proj product where it runs on linear_q4_rows.
-        let conv_in = matches!(path, DeltaNetPath::StepConvInRows | DeltaNetPath::StepSplit)
-            .then_some(ConvIo {
-                taps: &d.conv,
-                state: conv,
-                channels: cd,
-                k: c.conv_kernel,
-            });
+        let conv_in = (path == DeltaNetPath::StepConvInRows).then_some(ConvIo {
+            taps: &d.conv,
+            state: conv,
+            channels: cd,
+            k: c.conv_kernel,
+        });
         self.fused(
             r,
             "lin.dn.in_proj",
@@ -1186,44 +1162,6 @@ impl<'a> Forward<'a> {
             conv_in,
         );
         let (dk, dv) = (c.dn_k_dim, c.dn_v_dim);
-        // dn_recur_norm.wgsl's parameters (dn_recur_cols.wgsl takes the same).
-        let recur_params = [
-            1,
-            hv as u32,
-            hk as u32,
-            dk as u32,
-            dv as u32,
-            cd as u32,
-            stride as u32,
-            (cd + vd) as u32,
-            cd as u32,
-            c.rms_eps.to_bits(),
-            (1.0 / (dk as f32).sqrt()).to_bits(),
-        ];
-        if path == DeltaNetPath::StepSplit {
-            // The recurrence over column blocks, o raw into `odn`; out_proj applies the output
-            // norm and gate as it reads it.
-            let cols = self
-                .k
-                .dn_recur_cols
-                .as_ref()
-                .expect("the plan takes StepSplit only where it compiled dn_recur_cols");
-            r.dispatch(
-                cols,
-                &recur_params,
-                &[&s.dn_proj, &s.dn_proj, &d.decay, state, &s.odn],
-                [hv as u32, dv.div_ceil(DN_COLS) as u32, 1],
-            );
-            let mut io = self.plain(&s.odn, vd, &s.x, h, t).into_residual();
-            io.gate = Some(GateIo {
-                norm: &d.norm,
-                z: &s.dn_proj,
-                z_off: cd,
-                dv,
-            });
-            self.linear(r, "lin.dn.out", &d.out_proj, io);
-            return;
-        }
         if path != DeltaNetPath::Chunk {
             // A decode step: the conv (in the product above, or a dispatch of its own), then
             // the q/k norms, recurrence and output norm in one dispatch.
@@ -1240,7 +1178,19 @@ impl<'a> Forward<'a> {
             };
             r.dispatch(
                 &self.k.dn_recur_norm,
-                &recur_params,
+                &[
+                    1,
+                    hv as u32,
+                    hk as u32,
+                    dk as u32,
+                    dv as u32,
+                    cd as u32,
+                    stride as u32,
+                    (cd + vd) as u32,
+                    cd as u32,
+                    c.rms_eps.to_bits(),
+                    (1.0 / (dk as f32).sqrt()).to_bits(),
+                ],
                 &[conv_out, &s.dn_proj, &d.decay, state, &d.norm, &s.ogn],
                 [hv as u32, 1, 1],
             );

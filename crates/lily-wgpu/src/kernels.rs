@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 use crate::gpu::{Gpu, Kernel};
-use crate::plan::{FormSpecs, MmTile, RowsSlot, RowsSlots, Specs};
+use crate::plan::{FormSpecs, MmTile, Specs};
 use crate::shaders::Form;
 
 /// A matrix product kernel in each form the plan compiled (`plan::FormSpecs`): one where
@@ -45,10 +45,6 @@ macro_rules! kernels {
             pub attend_tile: Option<Kernel>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
             pub linear_q4_mm64: Option<Forms>,
-            /// linear_q4_rows.wgsl's instances (`Specs::linear_q4_rows`; `rows`).
-            pub linear_q4_rows: RowsSlots<Forms>,
-            /// Where decode's DeltaNet recurrence runs over column blocks (`Specs::dn_recur_cols`).
-            pub dn_recur_cols: Option<Kernel>,
         }
 
         impl Kernels {
@@ -66,13 +62,6 @@ macro_rules! kernels {
                         Some(s) => Some(Forms::load(gpu, s, checked)?),
                         None => None,
                     },
-                    linear_q4_rows: specs
-                        .linear_q4_rows
-                        .try_map(|s| Forms::load(gpu, s, checked))?,
-                    dn_recur_cols: match &specs.dn_recur_cols {
-                        Some(s) => Some(Kernel::new(gpu, s, checked)?),
-                        None => None,
-                    },
                 })
             }
         }
@@ -84,6 +73,9 @@ kernels!(
     linear_q4,
     linear_q4_mm16,
     linear_q4_mm32,
+    linear_q4_rows16,
+    linear_q4_rows4,
+    linear_q4_rows2,
     linear_q4_glu_rows;
     linear_q4_glu,
     moe_group,
@@ -129,12 +121,12 @@ impl Kernels {
             .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
     }
 
-    /// linear_q4_rows.wgsl's instance `slot` (`Plan::rows_kernel`: the plain kernel of 16, 4 or
-    /// 2 rows a workgroup; lm_head's with `lm_rows`, DeltaNet's gated out_proj with `dn_split`,
-    /// each only where the plan compiled it).
-    pub fn rows(&self, slot: RowsSlot) -> &Forms {
-        self.linear_q4_rows
-            .get(slot)
-            .expect("the plan names only the linear_q4_rows instances it compiled")
+    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`plan::rows_rb`: 16, 4 or 2).
+    pub fn rows(&self, rb: usize) -> &Forms {
+        match rb {
+            16 => &self.linear_q4_rows16,
+            4 => &self.linear_q4_rows4,
+            _ => &self.linear_q4_rows2,
+        }
     }
 }

@@ -74,39 +74,23 @@ lily_core::backend_options! {
         attn_flat = true, flag Some("wgpu-no-attn-flat"), env "LILY_WGPU_ATTN_FLAT" = true,
             label "attend_gqa flat reads",
             help "attend_gqa.wgsl's key and value reads with no condition around them, in loops of constant trip count (keys past a split's end read its last key again, weighted 0), so an invocation's reads of a block of keys issue together; outputs bit for bit the same",
-            why "won its A/B with attn_split on the H100 through Vulkan (session 15: attend_gqa 84.9 → 38.6 µs a layer at 4K with attend_merge 8.5 → 11.7; the `reads` group 155 → 168 tok/s at 4K, 113 → 144 at 32K; docs/perf-notes.md); outputs bit for bit the same as the conditional reads";
+            why "won its A/B with attn_split on the H100 through Vulkan (session 15: attend_gqa 84.9 → 38.6 µs a layer at 4K with attend_merge 8.5 → 11.7; the `reads` group 155 → 168 tok/s at 4K, 113 → 144 at 32K; docs/perf-notes.md); outputs bit for bit the same as the conditional reads, which stay for GPUs where it is not measured and its 8 words held an invocation may cost more registers than the reads in flight gain (Apple's)";
         attn_split = true, flag Some("wgpu-no-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
             label "decode attention split",
             help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",
-            why "won its A/B with attn_flat on the H100 through Vulkan (session 15: decode attention 93 → 50 µs a layer at 4K with the merge; 32K decode 113 → 144 tok/s with the `reads` group; docs/perf-notes.md); the 64-key spans serve where this is off";
-        rows_flat = false, flag Some("wgpu-rows-flat"), env "LILY_WGPU_ROWS_FLAT" = true,
-            label "linear_q4_rows flat reads",
-            help "linear_q4_rows.wgsl's input and norm-weight reads with no condition around each (words past a row's 16-byte words read the last and are not used), so an invocation's 8 reads of each issue together; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 13, wgpu-decode: if the driver serialises the conditional reads, ≈ 2–5 µs off each of ≈ 150 row-kernel calls a step; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
+            why "won its A/B with attn_flat on the H100 through Vulkan (session 15: decode attention 93 → 50 µs a layer at 4K with the merge; 32K decode 113 → 144 tok/s with the `reads` group; docs/perf-notes.md); off, decode takes prefill's rule (64-key spans, ≤ 64 splits: no code of its own), for GPUs where it is not measured and up to 256 splits' merge may cost more than the extra workgroups gain (Apple's)";
         rows_early = true, flag Some("wgpu-no-rows-early"), env "LILY_WGPU_ROWS_EARLY" = true,
             label "linear_q4_rows early reads",
             help "linear_q4_rows.wgsl (decode's plain products, the MoE's router among them) with every read of a row block's first rows (both 16-byte words of a two-word row, their scales), the input and the folded norm's weights issued before any arithmetic or barrier, the norm's 1 / RMS applied to each row's total",
-            why "won its A/B on the H100 through Vulkan (session 15: the router 16.2 → 15.0 µs a call at 4K, the other row products unchanged within 1 %; with glu_early the `moe` group 155 → 162 tok/s at 4K; docs/perf-notes.md)";
+            why "won its A/B on the H100 through Vulkan (session 15: the router 16.2 → 15.0 µs a call at 4K, the other row products unchanged within 1 %; with glu_early the `moe` group 155 → 162 tok/s at 4K; docs/perf-notes.md); the reads in arithmetic order (the norm's scale before the rows) stay for GPUs where it is not measured and the early reads' held words may cost more registers than they gain (Apple's)";
         glu_early = true, flag Some("wgpu-no-glu-early"), env "LILY_WGPU_GLU_EARLY" = true,
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
-            why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md)";
-        down_early = false, flag Some("wgpu-down-early"), env "LILY_WGPU_DOWN_EARLY" = true,
-            label "moe_down_rows early reads",
-            help "moe_down_rows.wgsl (decode's down projections and weighted sum) with a constant count of items an invocation slot, every item's expert rows, scales and input read before any arithmetic (one DRAM round trip instead of one an item: 3 on the full model)",
-            why "off: not yet measured on a GPU (session 14, wgpu-moe: predicted 21.5 → 15–18 µs a call on the H200; ≈ 185 registers an invocation; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
-        rows_deep = false, flag Some("wgpu-rows-deep"), env "LILY_WGPU_ROWS_DEEP" = true,
-            label "linear_q4_rows deep reads",
-            help "linear_q4_rows.wgsl (decode's plain products: DeltaNet's in_proj with its conv, attention's qkv, the output projections, lm_head) with each round of rows read before the previous round's arithmetic (16 rows a workgroup: all 16 in flight from the start), and a stored row's conv taps and state or accumulated output read at the start, not after the row totals; outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted DeltaNet's in_proj 30.1 → 25–27 µs a call and attention's qkv 28.7 → 26.5–27.5 on the H200, one or two DRAM round trips off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
+            why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md); the routing in rounds over every rank stays for GPUs where it is not measured (Apple's)";
         dn_early = false, flag Some("wgpu-dn-early"), env "LILY_WGPU_DN_EARLY" = true,
             label "dn_recur_norm early reads",
             help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
-        dn_split = false, flag Some("wgpu-dn-split"), env "LILY_WGPU_DN_SPLIT" = true,
-            label "DeltaNet recurrence split",
-            help "decode's DeltaNet recurrence over blocks of 32 columns of a head (dn_recur_cols.wgsl: 4 workgroups a head, 128 on the full model, instead of dn_recur_norm.wgsl's one), its output norm and silu(z) gate applied by out_proj's linear_q4_rows as it reads o, where the shapes allow (4-bit out_proj, heads of a multiple of 32 columns)",
-            why "off: not yet measured on a GPU (session 14, wgpu-dn: predicted the recurrence 14.1 → 9–10 µs a call on the H200, its 64 KB of state each way spread over 4 SMs, out_proj + 0.5–1 µs; docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_all_ab.sh)";
+            why "off: never measured alone (session 15's `dn` group ran it under dn_split, whose recurrence replaced dn_recur_norm, so it had nothing to act on; session 14, wgpu-dn, predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its own A/B (scripts/wgpu_all_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -123,9 +107,6 @@ lily_core::backend_options! {
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
-        lm_rows = 0, flag Some("wgpu-lm-rows"), env "LILY_WGPU_LM_ROWS",
-            accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "lm_head rows",
-            help "rows a workgroup of decode's lm_head (linear_q4_rows.wgsl): 0 lets the plan choose (16, as every matrix of 8,192 rows or more); 32 or 64 read the input and fold the final norm once per 32 / 64 rows (the full model's 248,320 rows: 7,760 / 3,880 workgroups instead of 15,520); an A/B aid until measured (session 13, wgpu-decode)";
     }
     texts {
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
@@ -179,15 +160,10 @@ mod tests {
                 f16_acts: false,
                 attn_flat: true,
                 attn_split: true,
-                rows_flat: false,
                 rows_early: true,
                 glu_early: true,
-                down_early: false,
-                rows_deep: false,
                 dn_early: false,
-                dn_split: false,
                 dense_tile: 0,
-                lm_rows: 0,
             }
         );
     }
@@ -217,16 +193,11 @@ mod tests {
             ("LILY_WGPU_F16_TILES", "1"),
             ("LILY_WGPU_F16_ACTS", "1"),
             ("LILY_WGPU_DENSE_TILE", "64"),
-            ("LILY_WGPU_ATTN_FLAT", "1"),
-            ("LILY_WGPU_ATTN_SPLIT", "1"),
-            ("LILY_WGPU_LM_ROWS", "64"),
-            ("LILY_WGPU_ROWS_FLAT", "1"),
-            ("LILY_WGPU_ROWS_EARLY", "1"),
-            ("LILY_WGPU_GLU_EARLY", "1"),
-            ("LILY_WGPU_DOWN_EARLY", "1"),
-            ("LILY_WGPU_ROWS_DEEP", "1"),
+            ("LILY_WGPU_ATTN_FLAT", "0"),
+            ("LILY_WGPU_ATTN_SPLIT", "0"),
+            ("LILY_WGPU_ROWS_EARLY", "0"),
+            ("LILY_WGPU_GLU_EARLY", "0"),
             ("LILY_WGPU_DN_EARLY", "1"),
-            ("LILY_WGPU_DN_SPLIT", "1"),
         ]));
         assert_eq!(
             o,
@@ -242,16 +213,11 @@ mod tests {
                 f16_tiles: true,
                 f16_acts: true,
                 dense_tile: 64,
-                attn_flat: true,
-                attn_split: true,
-                lm_rows: 64,
-                rows_flat: true,
-                rows_early: true,
-                glu_early: true,
-                down_early: true,
-                rows_deep: true,
+                attn_flat: false,
+                attn_split: false,
+                rows_early: false,
+                glu_early: false,
                 dn_early: true,
-                dn_split: true,
                 ..WgpuOptions::default()
             }
         );
@@ -267,7 +233,6 @@ mod tests {
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
             ("LILY_WGPU_DENSE_TILE", "48"),
-            ("LILY_WGPU_LM_ROWS", "8"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.

@@ -15,31 +15,25 @@
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
 //!   heads of a KV head together) where hq / hkv is a power of two ≤ 8, else attend.wgsl; its
-//!   keys split by `SplitRule::WIDE` (spans of 64 keys, ≤ 64 splits), or with `attn_split` (off
-//!   until measured: session 13 wgpu-decode) by `SplitRule::decode` (spans of one block of
-//!   attend_gqa's keys, ≤ 256 splits, workgroups by the adapter's kind); `attn_flat` (off) its
-//!   reads unconditional;
+//!   keys split with `attn_split` by `SplitRule::decode` (spans of one block of attend_gqa's keys,
+//!   ≤ 256 splits, workgroups by the adapter's kind), off by `SplitRule::WIDE` (spans of 64 keys,
+//!   ≤ 64 splits: prefill's rule); with `attn_flat` its reads unconditional (both on since the
+//!   H100 through Vulkan measured attend_gqa 84.9 → 38.6 µs a layer at 4K, session 15);
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
-//!   matrix's rows (≥ 128 workgroups; lm_head 32 or 64 with `lm_rows`, off until measured, its
-//!   own instance `RowsSlot::Lm`;
-//!   `rows_flat`, off, their input reads unconditional);
-//!   the experts' gate/up as one GLU dispatch; their down
-//!   projections and the weighted sum in one (moe_down_rows.wgsl), the routing inside the GLU
-//!   dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full model), DeltaNet's conv
-//!   inside in_proj's linear_q4_rows and its q/k norms inside dn_recur_norm (30 fewer),
-//!   attn_prep's work inside attend_gqa (10 fewer); the general kernels
+//!   matrix's rows (`rows_rb`: ≥ 128 workgroups; lm_head 16); the experts' gate/up as one GLU
+//!   dispatch; their down projections and the weighted sum in one (moe_down_rows.wgsl), the
+//!   routing inside the GLU dispatch (no moe_route.wgsl dispatch: 40 fewer a token on the full
+//!   model), DeltaNet's conv inside in_proj's linear_q4_rows and its q/k norms inside
+//!   dn_recur_norm (30 fewer), attn_prep's work inside attend_gqa (10 fewer); the general kernels
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else. The decode MoE's reads issued before any
-//!   arithmetic (`EARLY` of linear_q4_rows, the router's kernel: `rows_early`; of
-//!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`; of moe_down_rows, each
-//!   slot's items at once: `down_early`, where they fit its registers) are off until measured
-//!   (session 14 wgpu-moe), as are the DeltaNet chain's (session 14 wgpu-dn): linear_q4_rows'
-//!   rounds of rows read one round ahead and a stored row's conv taps, state or accumulated
-//!   output read at the start (`DEEP`: `rows_deep`), dn_recur_norm's v, z and norm weight read
-//!   with the state and its Σ o² after one barrier (`EARLY`: `dn_early`); the recurrence over
-//!   blocks of 32 columns with its output norm and gate in out_proj (`dn_split`: dn_recur_cols.wgsl
-//!   and linear_q4_rows' `gate`, out_proj's own instance `RowsSlot::DnGate`: every other product
-//!   keeps the plain kernel). Which linear_q4_rows instance a launch takes: `rows_kernel`.
+//!   arithmetic (`EARLY` of linear_q4_rows: `rows_early`, the router 16.2 → 15.0 µs; of
+//!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`, 36.0 → 28.9 µs) are on
+//!   (session 15, the H100 through Vulkan); dn_recur_norm's v, z and norm weight read with the
+//!   state and its Σ o² after one barrier (`EARLY`: `dn_early`) is off until its own A/B.
+//!   Measured and gone from main (docs/perf-notes.md, session 15): lm_head's 32 / 64 rows a
+//!   workgroup, linear_q4_rows' flat and deep reads, moe_down_rows' early reads and the DeltaNet
+//!   recurrence over column blocks with its gate in out_proj.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the issue's design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -99,9 +93,6 @@ pub const LINEAR_ROWS: usize = 8;
 pub const DOWN_RB: usize = 4;
 /// Rows per workgroup of linear_q4_glu_rows.wgsl (its `RB` override; a multiple of 8, ≤ 16).
 pub const GLU_RB: usize = 8;
-/// Columns a workgroup of dn_recur_cols.wgsl (its `CB`: 4 workgroups a head of 128, each 16
-/// slices of 8 state rows of 32 columns).
-pub const DN_COLS: usize = 32;
 
 /// The kernel of prefill attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,8 +170,7 @@ pub enum DecodeAttention {
 /// The kernel one matrix product (a launch site of `Forward::linear`) takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearKernel {
-    /// linear_q4_rows.wgsl (decode; the norm may be folded in), the instance `rows_kernel`
-    /// names.
+    /// linear_q4_rows.wgsl (decode; the norm may be folded in), `rows_rb` rows a workgroup.
     Rows,
     /// linear_q4_mm.wgsl (prefill): 64 rows × a tile of items a workgroup.
     Mm(MmTile),
@@ -188,84 +178,6 @@ pub enum LinearKernel {
     Q4,
     /// linear.wgsl: any format, 8 rows a workgroup.
     Plain,
-}
-
-/// Which compiled instance of linear_q4_rows.wgsl a launch takes (`Plan::rows_kernel`), with
-/// its rows a workgroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsSlot {
-    /// The plain kernel (`GATE` 0), 16, 4 or 2 rows a workgroup by the slice's rows
-    /// (`rows_rb`): every product but the two below.
-    Plain(usize),
-    /// lm_head's with `lm_rows` (32 or 64) rows a workgroup.
-    Lm(usize),
-    /// DeltaNet's out_proj applying the output norm and gate to its input (`dn_split`,
-    /// `DeltaNetPath::StepSplit`; `GATE` 1), `gate_rb` rows a workgroup: its own pipeline, so
-    /// that the gate's binding, workgroup memory and registers stay out of every other product.
-    DnGate(usize),
-}
-
-impl RowsSlot {
-    /// Rows a workgroup.
-    pub fn rb(self) -> usize {
-        match self {
-            RowsSlot::Plain(rb) | RowsSlot::Lm(rb) | RowsSlot::DnGate(rb) => rb,
-        }
-    }
-}
-
-/// linear_q4_rows.wgsl's instances, one a slot (`RowsSlot`): their `Spec`s in `Specs`, their
-/// pipelines in `Kernels`, both found by `get`.
-#[derive(Clone, Debug)]
-pub struct RowsSlots<T> {
-    pub rb16: T,
-    pub rb4: T,
-    pub rb2: T,
-    /// Where lm_head takes more than 16 rows a workgroup (`lm_rows`).
-    pub lm: Option<T>,
-    /// Where `dn_split` is on (`Plan::gate_rb`).
-    pub dn_gate: Option<T>,
-}
-
-impl<T> RowsSlots<T> {
-    /// The instance of `slot`, where compiled.
-    pub fn get(&self, slot: RowsSlot) -> Option<&T> {
-        match slot {
-            RowsSlot::Plain(16) => Some(&self.rb16),
-            RowsSlot::Plain(4) => Some(&self.rb4),
-            RowsSlot::Plain(2) => Some(&self.rb2),
-            RowsSlot::Plain(_) => None,
-            RowsSlot::Lm(_) => self.lm.as_ref(),
-            RowsSlot::DnGate(_) => self.dn_gate.as_ref(),
-        }
-    }
-
-    /// Every instance compiled.
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        [&self.rb16, &self.rb4, &self.rb2]
-            .into_iter()
-            .chain(self.lm.as_ref())
-            .chain(self.dn_gate.as_ref())
-    }
-
-    /// `iter`, to change.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        [&mut self.rb16, &mut self.rb4, &mut self.rb2]
-            .into_iter()
-            .chain(self.lm.as_mut())
-            .chain(self.dn_gate.as_mut())
-    }
-
-    /// Each instance through `f` (the specs compiled into pipelines).
-    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<RowsSlots<U>> {
-        Ok(RowsSlots {
-            rb16: f(&self.rb16)?,
-            rb4: f(&self.rb4)?,
-            rb2: f(&self.rb2)?,
-            lm: self.lm.as_ref().map(&mut f).transpose()?,
-            dn_gate: self.dn_gate.as_ref().map(&mut f).transpose()?,
-        })
-    }
 }
 
 /// How a MoE block's gate/up products run.
@@ -306,10 +218,6 @@ pub enum DeltaNetPath {
     /// A decode step whose in_proj does not run on linear_q4_rows: dn_conv_step.wgsl, then
     /// dn_recur_norm.wgsl.
     Step,
-    /// `StepConvInRows` with the recurrence over blocks of `DN_COLS` columns (dn_recur_cols.wgsl,
-    /// o unnormalised) and the output norm and gate inside out_proj's linear_q4_rows (`gate`):
-    /// `dn_split`.
-    StepSplit,
     /// A chunk: dn_conv.wgsl, dn_qk_norm.wgsl, dn_recur.wgsl, gated_norm.wgsl.
     Chunk,
 }
@@ -323,10 +231,6 @@ pub type FormSpecs = Vec<Spec>;
 /// kernels: a folded norm runs on linear_q4_rows only): output an activation or an f32 buffer
 /// (`Form::ALL`'s first two).
 const READS_ACT: [Form; 2] = [Form::ALL[0], Form::ALL[1]];
-
-/// DeltaNet's gated out_proj's form (`RowsSlot::DnGate`): o, an activation, in; the residual
-/// stream it adds into out (`Form::ALL`'s second).
-const GATED_OUT: [Form; 1] = [Form::ALL[1]];
 
 /// linear_q4_glu_rows.wgsl's forms: the residual stream (folded norm) or an activation in, an
 /// activation out (`Form::ALL`'s first and third).
@@ -352,8 +256,10 @@ pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {
 pub struct Specs {
     pub linear: FormSpecs,
     pub linear_q4: FormSpecs,
-    /// linear_q4_rows.wgsl's instances, one a slot (`RowsSlot`, `Plan::rows_kernel`).
-    pub linear_q4_rows: RowsSlots<FormSpecs>,
+    /// linear_q4_rows.wgsl with 16, 4 and 2 rows a workgroup (`rows_rb`).
+    pub linear_q4_rows16: FormSpecs,
+    pub linear_q4_rows4: FormSpecs,
+    pub linear_q4_rows2: FormSpecs,
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -370,9 +276,6 @@ pub struct Specs {
     pub attend_merge: Spec,
     /// Where prefill attention is `PrefillAttention::Tile`.
     pub attend_tile: Option<Spec>,
-    /// Where decode's DeltaNet recurrence runs over column blocks (`dn_split`:
-    /// `DeltaNetPath::StepSplit`).
-    pub dn_recur_cols: Option<Spec>,
     pub dn_conv: Spec,
     pub dn_qk_norm: Spec,
     pub dn_recur: Spec,
@@ -399,9 +302,11 @@ impl Specs {
             &self.linear_q4_mm16,
             &self.linear_q4_mm32,
             &self.linear_q4_glu_rows,
+            &self.linear_q4_rows16,
+            &self.linear_q4_rows4,
+            &self.linear_q4_rows2,
         ]
         .into_iter()
-        .chain(self.linear_q4_rows.iter())
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter().flatten());
@@ -432,7 +337,6 @@ impl Specs {
             &self.sample_pick,
         ]);
         v.extend(self.attend_tile.as_ref());
-        v.extend(self.dn_recur_cols.as_ref());
         v
     }
 
@@ -444,9 +348,11 @@ impl Specs {
             &mut self.linear_q4_mm16,
             &mut self.linear_q4_mm32,
             &mut self.linear_q4_glu_rows,
+            &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows4,
+            &mut self.linear_q4_rows2,
         ]
         .into_iter()
-        .chain(self.linear_q4_rows.iter_mut())
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
@@ -477,53 +383,22 @@ impl Specs {
             &mut self.sample_pick,
         ]);
         v.extend(self.attend_tile.as_mut());
-        v.extend(self.dn_recur_cols.as_mut());
         v
     }
 }
 
-/// How linear_q4_rows.wgsl issues its reads (each a switch of `WgpuOptions`, off by default).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RowsReads {
-    pub flat: bool,
-    pub early: bool,
-    pub deep: bool,
-    /// DeltaNet's output norm and gate on the input compiled in (`dn_split`'s out_proj: `GATE`).
-    pub gate: bool,
-}
-
-impl RowsReads {
-    pub fn of(opts: &WgpuOptions) -> RowsReads {
-        RowsReads {
-            flat: opts.rows_flat,
-            early: opts.rows_early,
-            deep: opts.rows_deep,
-            gate: false,
-        }
-    }
-}
-
-/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); above
-/// 16 (lm_head with `lm_rows`: 32 or 64) its row totals' workgroup memory sized for them;
-/// `flat`: its input reads with no condition around them (`WgpuOptions::rows_flat`, its `FLAT`);
-/// `early`: every read of its first rows, the input and the norm's weights before any arithmetic
-/// or barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `deep`:
-/// each round's rows read before the previous round's arithmetic, a stored row's conv taps and
-/// state or accumulated output at the start (`WgpuOptions::rows_deep`, its `DEEP`); `gate`: DeltaNet's
-/// output norm and gate on the input compiled in (`WgpuOptions::dn_split`, its `GATE`).
-pub fn rows_spec(rb: usize, reads: RowsReads) -> Spec {
-    let mut constants = vec![
-        ("RB", rb as f64),
-        ("RI", rb.min(8) as f64),
-        ("FLAT", reads.flat as u32 as f64),
-        ("EARLY", reads.early as u32 as f64),
-        ("DEEP", reads.deep as u32 as f64),
-        ("GATE", reads.gate as u32 as f64),
-    ];
-    if rb > 16 {
-        constants.push(("ROW_PART", (rb * 65) as f64));
-    }
-    Spec::new("linear_q4_rows", &constants)
+/// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); `early`:
+/// every read of its first rows, the input and the norm's weights before any arithmetic or
+/// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
+pub fn rows_spec(rb: usize, early: bool) -> Spec {
+    Spec::new(
+        "linear_q4_rows",
+        &[
+            ("RB", rb as f64),
+            ("RI", rb.min(8) as f64),
+            ("EARLY", early as u32 as f64),
+        ],
+    )
 }
 
 /// dn_recur_norm.wgsl for key head dim `dk`; `early`: v, z and the norm's weight read with the
@@ -533,37 +408,6 @@ pub fn dn_recur_norm_spec(dk: usize, early: bool) -> Spec {
         "dn_recur_norm",
         &[("DK", dk as f64), ("EARLY", early as u32 as f64)],
     )
-}
-
-/// dn_recur_cols.wgsl for key head dim `dk`, DN_COLS columns a workgroup.
-pub fn dn_recur_cols_spec(dk: usize) -> Spec {
-    Spec::new(
-        "dn_recur_cols",
-        &[("DK", dk as f64), ("CB", DN_COLS as f64)],
-    )
-}
-
-/// Whether dn_recur_cols.wgsl takes the model's DeltaNet: each invocation's rows (dk / (512 /
-/// DN_COLS)) whole vec4s, at most 32.
-fn dn_cols_ok(c: &ModelConfig) -> bool {
-    let n = c.dn_k_dim / (512 / DN_COLS);
-    c.dn_k_dim.is_multiple_of(512 / DN_COLS) && n.is_multiple_of(4) && n > 0 && n <= 32
-}
-
-/// Whether out_proj `w` can apply DeltaNet's output norm and gate as it reads o (linear_q4_rows'
-/// `gate`): one slice (one dispatch) of a linear_q4_rows matrix of 4-bit words (32 columns each)
-/// over hv heads of dv columns, a head's words a divisor of 64 invocations' (so the second words
-/// start a head too), z on 16-byte boundaries in the joint projection.
-fn gate_ok(w: &GpuLinear, c: &ModelConfig) -> bool {
-    let words = c.dn_v_dim / 32;
-    w.slices.len() == 1
-        && rows_ok(w, true)
-        && w.bits == 4
-        && w.cols == c.dn_v_heads * c.dn_v_dim
-        && c.dn_v_dim.is_multiple_of(32)
-        && words > 0
-        && 64 % words == 0
-        && c.conv_dim().is_multiple_of(4)
 }
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
@@ -576,31 +420,14 @@ pub fn glu_rows_spec(early: bool) -> Spec {
     )
 }
 
-/// Most items an invocation slot of moe_down_rows.wgsl reads at once with `EARLY` (its register
-/// arrays' size).
-pub const DOWN_EARLY_MAX_ITEMS: usize = 4;
-
-/// Items an invocation slot of moe_down_rows.wgsl takes for `topk` items a token of `cols`
-/// columns (its 64 invocations: `cols / 32` a row, `64 / (cols / 32)` slots): 3 on the full model
-/// (9 items, 4 slots).
-pub fn down_items_a_slot(topk: usize, cols: usize) -> usize {
-    let slots = (64 / (cols / 32).max(1)).max(1);
-    topk.div_ceil(slots)
-}
-
-/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup;
-/// `early`: each slot's items (`down_items_a_slot`, at most DOWN_EARLY_MAX_ITEMS) read before
-/// any arithmetic (`WgpuOptions::down_early`, its `EARLY` and `NI`).
-pub fn down_rows_spec(topk: usize, cols: usize, early: bool) -> Spec {
-    let ni = down_items_a_slot(topk, cols);
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup.
+pub fn down_rows_spec(topk: usize, cols: usize) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
             ("COLS", cols as f64),
             ("RB", DOWN_RB as f64),
-            ("EARLY", early as u32 as f64),
-            ("NI", ni.clamp(1, DOWN_EARLY_MAX_ITEMS) as f64),
         ],
     )
 }
@@ -685,11 +512,6 @@ pub struct Plan {
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
     /// the adapter's `SplitRule::decode`.
     pub decode_splits: SplitRule,
-    /// Rows a workgroup of lm_head on linear_q4_rows.wgsl (`rows_kernel`): 16 (`rows_rb` by its
-    /// rows), or `lm_rows`' 32 or 64.
-    pub lm_rows: usize,
-    /// The vocabulary: the rows of lm_head (`rows_kernel` tells it by them).
-    pub vocab: usize,
     /// Every kernel compiled, with the constants of this model and plan.
     pub specs: Specs,
     /// Whether the workgroup reductions (norms, softmax, argmax) run on subgroups
@@ -703,11 +525,6 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
-    /// Rows a workgroup of DeltaNet's out_proj on its own linear_q4_rows instance with the
-    /// output norm and gate (`RowsSlot::DnGate`, `GATE` 1), where `dn_split` is on: `rows_rb`
-    /// of its rows, the hidden size (4 on the full model, as attention's o_proj, which keeps the
-    /// plain kernel); `deltanet` takes `StepSplit` only where out_proj can run on it.
-    pub gate_rb: Option<usize>,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
     /// The options as resolved: those asked for, with the switches the device or the model
@@ -786,43 +603,13 @@ impl Plan {
                 }
             }
         }
-        // lm_head's rows a workgroup: as asked (`lm_rows`), else 16 as the other large matrices.
-        let lm_rows = match opts.lm_rows {
-            32 | 64 => opts.lm_rows,
-            _ => 16,
-        };
-        let reads = RowsReads::of(opts);
-        // `dn_split`: the recurrence over column blocks where dn_recur_cols takes the model, and
-        // out_proj's row kernel (its rows a workgroup: `gate_rb`) with the norm and gate in.
-        let gate_rb = (opts.dn_split && dn_cols_ok(c)).then(|| rows_rb(c.hidden));
-        let rows = |rb: usize| in_forms(rows_spec(rb, reads), &Form::ALL, act_f16);
-        // moe_down_rows' early reads hold each slot's items in registers: at most
-        // DOWN_EARLY_MAX_ITEMS of them.
-        let down_early = opts.down_early
-            && down_items_a_slot(top as usize, c.expert_inter) <= DOWN_EARLY_MAX_ITEMS;
-        if opts.down_early && !down_early {
-            notes.push(format!(
-                "moe_down_rows early reads off: {} items a slot, more than {DOWN_EARLY_MAX_ITEMS}",
-                down_items_a_slot(top as usize, c.expert_inter)
-            ));
-        }
+        let rows = |rb: usize| in_forms(rows_spec(rb, opts.rows_early), &Form::ALL, act_f16);
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
-            linear_q4_rows: RowsSlots {
-                rb16: rows(16),
-                rb4: rows(4),
-                rb2: rows(2),
-                lm: (lm_rows > 16).then(|| rows(lm_rows)),
-                // Its own instance: the other products keep `GATE` 0.
-                dn_gate: gate_rb.map(|rb| {
-                    let gate = RowsReads {
-                        gate: true,
-                        ..reads
-                    };
-                    in_forms(rows_spec(rb, gate), &GATED_OUT, act_f16)
-                }),
-            },
+            linear_q4_rows16: rows(16),
+            linear_q4_rows4: rows(4),
+            linear_q4_rows2: rows(2),
             linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
@@ -837,7 +624,6 @@ impl Plan {
             attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat),
             attend_merge: Spec::new("attend_merge", &[]),
             attend_tile,
-            dn_recur_cols: gate_rb.map(|_| dn_recur_cols_spec(c.dn_k_dim)),
             dn_conv: Spec::new("dn_conv", &[]),
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
@@ -850,7 +636,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_early),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -893,23 +679,13 @@ impl Plan {
         } else {
             SplitRule::WIDE
         };
-        let dn_split = gate_rb.is_some();
-        if opts.dn_split && !dn_split {
-            notes.push(format!(
-                "DeltaNet recurrence split off: dk {} is not 16 slices of whole vec4s",
-                c.dn_k_dim
-            ));
-        }
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
-            dn_split,
             subgroups,
             f16_kv: kv_f16,
             f16_tiles: tile_f16,
             f16_acts: act_f16,
             dense_tile: dense_mm.items(),
-            lm_rows,
-            down_early,
             ..opts.clone()
         };
         Ok(Plan {
@@ -924,14 +700,11 @@ impl Plan {
             prefill_attention,
             decode_attention,
             decode_splits,
-            lm_rows,
-            vocab: c.vocab,
             specs,
             subgroups,
             kv_f16,
             act_f16,
             route_in_glu: c.n_experts <= 512,
-            gate_rb,
             notes,
         })
     }
@@ -975,12 +748,8 @@ impl Plan {
         } else {
             format!("; {}", self.notes.join("; "))
         };
-        let gated = match self.gate_rb {
-            Some(rb) => format!(" (DeltaNet's out_proj on its own, with the output norm and gate, {rb} rows a workgroup)"),
-            None => String::new(),
-        };
         format!(
-            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{gated} / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             if self.tile_f16 { "f16" } else { "f32" },
@@ -1017,7 +786,7 @@ impl Plan {
 
     /// The kernel for `w` at one launch site of `Forward::linear`: `items` items (tokens, or
     /// routed items where `experts`), inputs on 16-byte boundaries where `aligned`.
-    /// `Rows`: the instance by the matrix and the slice's rows, `rows_kernel`.
+    /// `Rows`: the rows per workgroup by the slice's rows, `rows_rb`.
     pub fn linear(
         &self,
         w: &GpuLinear,
@@ -1133,23 +902,6 @@ impl Plan {
         }
     }
 
-    /// The linear_q4_rows.wgsl instance (`RowsSlot`) of a launch over a slice of `slice_rows`
-    /// rows of a matrix of `rows` rows; `gated`: the launch applies DeltaNet's output norm and
-    /// gate to its input (out_proj under `DeltaNetPath::StepSplit`, the only such launch).
-    /// DeltaNet's gated out_proj its own (`DnGate`); lm_head (the matrix of the vocabulary's
-    /// rows) `lm_rows` a workgroup where above 16; every other product the plain kernel of
-    /// `rows_rb` rows (the full model's lm_head: 16).
-    pub fn rows_kernel(&self, rows: usize, slice_rows: usize, gated: bool) -> RowsSlot {
-        if gated {
-            // `gate_rb` is set wherever `deltanet` takes `StepSplit`.
-            RowsSlot::DnGate(self.gate_rb.unwrap_or(rows_rb(slice_rows)))
-        } else if self.lm_rows > 16 && rows == self.vocab {
-            RowsSlot::Lm(self.lm_rows)
-        } else {
-            RowsSlot::Plain(rows_rb(slice_rows))
-        }
-    }
-
     /// How attention over `t` tokens splits its keys over workgroups: decode's rule
     /// (`decode_splits`) for one token, `SplitRule::WIDE` for a chunk.
     pub fn splits(&self, t: usize) -> SplitRule {
@@ -1167,27 +919,14 @@ impl Plan {
         t == 1 && matches!(self.decode_attention, DecodeAttention::Gqa { .. })
     }
 
-    /// The DeltaNet kernels for `t` tokens of model `c` whose input and output projections are
-    /// `in_proj` and `out_proj`.
-    pub fn deltanet(
-        &self,
-        c: &ModelConfig,
-        t: usize,
-        in_proj: &Fused,
-        out_proj: &GpuLinear,
-    ) -> DeltaNetPath {
+    /// The DeltaNet kernels for `t` tokens of model `c` whose input projection is `in_proj`.
+    pub fn deltanet(&self, c: &ModelConfig, t: usize, in_proj: &Fused) -> DeltaNetPath {
         // dn_recur_norm.wgsl: 4 slices of whole vec4s of dk, ≤ 32 state values an invocation.
         let dk_ok = c.dn_k_dim.is_multiple_of(16) && c.dn_k_dim <= 128;
         if t == 1 && c.conv_dim().is_multiple_of(c.dn_k_dim) && c.dn_v_dim <= 128 && dk_ok {
             // The conv on the product's rows where that product is one linear_q4_rows dispatch.
             if self.folds_norm(in_proj, t) {
-                // `dn_split`: where compiled and out_proj can take the norm and gate (on its own
-                // kernel, `RowsSlot::DnGate`).
-                if self.gate_rb.is_some() && gate_ok(out_proj, c) {
-                    DeltaNetPath::StepSplit
-                } else {
-                    DeltaNetPath::StepConvInRows
-                }
+                DeltaNetPath::StepConvInRows
             } else {
                 DeltaNetPath::Step
             }
@@ -1250,166 +989,4 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
 /// hold one quad each).
 fn glu_rows_ok(gate: &GpuLinear) -> bool {
     gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
-}
-
-#[cfg(test)]
-mod tests {
-    use lily_core::synth::{preset_text_config, Preset};
-
-    use super::*;
-    use crate::gpu::{DeviceLimits, Gpu};
-    use crate::weights::Slice;
-
-    /// A 4-bit (or 8-bit) matrix of this shape in one slice, for the plan's shape checks: its
-    /// buffer a placeholder (nothing runs).
-    fn matrix(gpu: &Gpu, rows: usize, cols: usize, bits: u32) -> GpuLinear {
-        GpuLinear {
-            experts: 1,
-            rows,
-            cols,
-            bits,
-            group: 64,
-            mat_words: rows * cols * bits as usize / 32,
-            slices: vec![Slice {
-                buf: gpu.storage("shape only", 16).unwrap(),
-                first: 0,
-                count: rows,
-                scale_off: 0,
-                bias_off: 0,
-            }],
-        }
-    }
-
-    /// `GATE` of a linear_q4_rows spec.
-    fn gate_of(spec: &Spec) -> f64 {
-        let gate = spec.constants.iter().find(|(k, _)| *k == "GATE");
-        gate.expect("linear_q4_rows has a GATE constant").1
-    }
-
-    /// `dn_split` on the full model's decode: DeltaNet's out_proj runs on its own
-    /// linear_q4_rows instance with the output norm and gate compiled in (`GATE` 1); every other
-    /// decode product on the row kernels (attention's o_proj, of out_proj's very rows a
-    /// workgroup, among them) on the plain one (`GATE` 0), with lm_head's own rows too
-    /// (`lm_rows`) and with f16 activations (each slot in its forms). With `dn_split` off no
-    /// kernel has the gate compiled in. The plan's answers are checked against the specs the
-    /// backend compiles (`Specs::linear_q4_rows`, the instances `Kernels::rows` gets by slot).
-    #[test]
-    fn dn_split_gives_only_deltanets_out_proj_the_gated_row_kernel() {
-        let gpu = match Gpu::open(true, None, false, DeviceLimits::Adapter, false, false) {
-            Ok(gpu) => gpu,
-            Err(e) if std::env::var("CI").is_err() => {
-                println!("SKIPPED: no usable wgpu adapter here: {e:#}");
-                return;
-            }
-            Err(e) => panic!("CI needs a wgpu adapter: {e:#}"),
-        };
-        let mut text = preset_text_config(Preset::Full);
-        text["model_type"] = "qwen3_5_moe_text".into();
-        let c = ModelConfig::from_json(&text).unwrap();
-        let (h, vd) = (c.hidden, c.dn_v_heads * c.dn_v_dim);
-        let in_proj = matrix(&gpu, c.conv_dim() + vd + 2 * c.dn_v_heads, h, 4);
-        let in_rows = in_proj.rows;
-        let in_proj = Fused {
-            parts: vec![(in_proj, 0)],
-            rows: in_rows,
-        };
-        let out_proj = matrix(&gpu, h, vd, 4);
-        let qd = c.n_heads * c.head_dim;
-        // Decode's other products on linear_q4_rows: attention's joint q | gate | k | v and
-        // o_proj (2,048 rows, as out_proj), the router (8-bit, the shared expert's gate as its
-        // last row), lm_head.
-        let others = [
-            (
-                "qkv",
-                matrix(&gpu, 2 * qd + 2 * c.n_kv_heads * c.head_dim, h, 4),
-            ),
-            ("o_proj", matrix(&gpu, h, qd, 4)),
-            ("router", matrix(&gpu, c.n_experts + 1, h, 8)),
-            ("lm_head", matrix(&gpu, c.vocab, h, 4)),
-        ];
-        let device = DeviceCaps {
-            limits: wgpu::Limits {
-                max_compute_workgroup_storage_size: 48 << 10,
-                max_compute_invocations_per_workgroup: 1024,
-                max_storage_buffers_per_shader_stage: 64,
-                ..wgpu::Limits::default()
-            },
-            subgroups: true,
-            f16: true,
-            device_type: wgpu::DeviceType::DiscreteGpu,
-        };
-        for (dn_split, lm_rows, f16_acts) in [
-            (true, 0, false),
-            (true, 64, true),
-            (false, 0, false),
-            (false, 64, true),
-        ] {
-            let opts = WgpuOptions {
-                dn_split,
-                lm_rows,
-                f16_acts,
-                ..WgpuOptions::default()
-            };
-            let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
-            let what = format!("dn_split {dn_split}, lm_rows {lm_rows}, f16_acts {f16_acts}");
-            let slots = &plan.specs.linear_q4_rows;
-            // The gate is compiled into out_proj's own instance alone.
-            let gated: Vec<&Spec> = plan
-                .specs
-                .all()
-                .into_iter()
-                .filter(|s| s.name == "linear_q4_rows" && gate_of(s) == 1.0)
-                .collect();
-            let own: Vec<&Spec> = slots.dn_gate.iter().flatten().collect();
-            assert_eq!(gated, own, "{what}");
-            assert_eq!(own.is_empty(), !dn_split, "{what}");
-            assert_eq!(plan.gate_rb, dn_split.then_some(4), "{what}");
-            // DeltaNet's decode step: split, its out_proj on the gated instance (in the one form
-            // it takes: o in, the residual stream out).
-            let path = plan.deltanet(&c, 1, &in_proj, &out_proj);
-            let want = if dn_split {
-                DeltaNetPath::StepSplit
-            } else {
-                DeltaNetPath::StepConvInRows
-            };
-            assert_eq!(path, want, "{what}");
-            let slot = plan.rows_kernel(h, h, path == DeltaNetPath::StepSplit);
-            let want = if dn_split {
-                RowsSlot::DnGate(4)
-            } else {
-                RowsSlot::Plain(4)
-            };
-            assert_eq!(slot, want, "{what}");
-            let specs = slots.get(slot).expect("out_proj's instance is compiled");
-            let form = plan.form(false, true);
-            assert!(specs.iter().any(|s| s.form == form), "{what}");
-            for s in specs {
-                assert_eq!(gate_of(s), dn_split as u32 as f64, "{what}: out_proj");
-                assert_eq!(s.constants[0], ("RB", 4.0), "{what}: out_proj");
-            }
-            // Every other product: the plain instance of its rows (lm_head's own with lm_rows),
-            // no gate.
-            let plain: Vec<(&str, &GpuLinear)> = std::iter::once(("in_proj", &in_proj.parts[0].0))
-                .chain(others.iter().map(|(n, w)| (*n, w)))
-                .collect();
-            for (name, w) in plain {
-                assert_eq!(
-                    plan.linear(w, 1, false, true),
-                    LinearKernel::Rows,
-                    "{what}: {name}"
-                );
-                let slot = plan.rows_kernel(w.rows, w.rows, false);
-                let want = match name {
-                    "lm_head" if lm_rows > 16 => RowsSlot::Lm(lm_rows),
-                    _ => RowsSlot::Plain(rows_rb(w.rows)),
-                };
-                assert_eq!(slot, want, "{what}: {name}");
-                let specs = slots.get(slot).expect("every plain instance is compiled");
-                for s in specs {
-                    assert_eq!(gate_of(s), 0.0, "{what}: {name}");
-                    assert_eq!(s.constants[0], ("RB", slot.rb() as f64), "{what}: {name}");
-                }
-            }
-        }
-    }
 }

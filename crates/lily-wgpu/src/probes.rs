@@ -9,8 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    dn_recur_cols_spec, dn_recur_norm_spec, down_rows_spec, rows_spec, MmTile, RowsReads, RowsSlot,
-    SplitRule, DN_COLS, DOWN_RB, GLU_RB, MM_ROWS,
+    dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -146,38 +145,20 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 }
 
 /// linear_q4_rows.wgsl against the host's product in f64 on random 4-bit matrices of 4,096 and
-/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items;
-/// 150 rows for lm_head's `lm_rows` of 32 or 64, `RowsSlot::Lm` where compiled:
-/// two full workgroups and a partial one), and linear_q4_glu_rows.wgsl (`check_glu_rows`): the
-/// largest relative L2 difference, over every form compiled (`act_f16`: the activations f16,
-/// `Sides`).
-/// `subgroups`: the plan's reductions, for the kernels compiled here (`check_rows_gate`).
-pub fn check_rows(
-    gpu: &Gpu,
-    k: &Kernels,
-    act_f16: bool,
-    lm_rows: usize,
-    subgroups: bool,
-) -> Result<f64> {
+/// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items)
+/// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
+/// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
+pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
         .max(check_glu_route(gpu, k, act_f16)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
-        .max(check_rows_accumulate(gpu, k, act_f16)?)
-        .max(check_rows_gate(gpu, subgroups, act_f16)?);
+        .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
-    let mut cases = vec![
-        (RowsSlot::Plain(16), 37usize),
-        (RowsSlot::Plain(4), 37),
-        (RowsSlot::Plain(2), 37),
-    ];
-    if k.linear_q4_rows.lm.is_some() {
-        cases.push((RowsSlot::Lm(lm_rows), 150));
-    }
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for &(slot, rows) in &cases {
-            let (items, rb) = (2usize, slot.rb());
+        for rb in [16usize, 4, 2] {
+            let (rows, items) = (37usize, 2usize);
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-            for (form, kernel) in k.rows(slot).iter() {
+            for (form, kernel) in k.rows(rb).iter() {
                 let sides = Sides::of(form, act_f16);
                 let (nx, ny) = grid_2d(rows.div_ceil(rb));
                 // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`) where
@@ -339,9 +320,9 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             y_f32: false,
         };
         r.dispatch(
-            k.rows(RowsSlot::Plain(rb)).get(form),
+            k.rows(rb).get(form),
             &params,
-            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf, &xbuf],
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
             [nx, ny, 1],
         );
         r.submit()?;
@@ -368,7 +349,7 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
                 .take(items * rows)
                 .map(|v| v * 0.7 + 0.1)
                 .collect();
-        for (form, kernel) in k.rows(RowsSlot::Plain(rb)).iter() {
+        for (form, kernel) in k.rows(rb).iter() {
             if act_f16 && !form.y_f32 {
                 continue;
             }
@@ -382,7 +363,7 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             r.dispatch(
                 kernel,
                 &params,
-                &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf, &xbuf],
+                &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
                 [nx, ny, items as u32],
             );
             r.submit()?;
@@ -398,9 +379,8 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     Ok(worst)
 }
 
-/// The outputs of a decode DeltaNet kernel on one probe (`check_dn_step`, `check_dn_cols`): its
-/// output `[hv · dv]` (dn_recur_norm's normed and gated y, dn_recur_cols' raw o) and the updated
-/// state `[hv, dk, dv]`.
+/// The outputs of dn_recur_norm.wgsl on one probe (`check_dn_step`): the normed, gated output
+/// `[hv · dv]` and the updated state `[hv, dk, dv]`.
 pub struct DnStep {
     pub y: Vec<f32>,
     pub state: Vec<f32>,
@@ -409,160 +389,12 @@ pub struct DnStep {
     pub state_err: f64,
 }
 
-/// Random inputs of a decode DeltaNet step: 4 value heads over 2 key heads of dk, dv; the conv
-/// output (q | k | v), the joint projection's tail as the kernels read it (z [hv · dv], then b
-/// [hv], a [hv]), decay (A_log, dt_bias), the state and the output norm's weight (activations
-/// rounded to f16 where `act_f16`, as the kernels read them).
-struct DnInputs {
-    hv: usize,
-    hk: usize,
-    dk: usize,
-    dv: usize,
-    c: Vec<f32>,
-    ba: Vec<f32>,
-    decay: Vec<f32>,
-    state0: Vec<f32>,
-    wn: Vec<f32>,
-}
-
-/// The host's step in f64 (MODEL.md §2.5): o (the updated state times the l2-normalised, scaled
-/// q), y = w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) per head, and the updated state.
-struct DnHost {
-    o: Vec<f64>,
-    y: Vec<f64>,
-    state: Vec<f64>,
-}
-
-const DN_EPS: f32 = 1e-6;
-
-impl DnInputs {
-    fn random(dk: usize, dv: usize, act_f16: bool) -> DnInputs {
-        let (hv, hk) = (4usize, 2usize);
-        let cd = 2 * hk * dk + hv * dv;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (dk * 1000 + dv) as u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % 20_001) as f32 / 10_000.0 - 1.0
-        };
-        let c = round_f16(&(0..cd).map(|_| rnd()).collect::<Vec<f32>>(), act_f16);
-        let ba = (0..hv * dv + 2 * hv)
-            .map(|_| rnd() * 2.0)
-            .collect::<Vec<f32>>();
-        DnInputs {
-            hv,
-            hk,
-            dk,
-            dv,
-            c,
-            ba: round_f16(&ba, act_f16),
-            decay: (0..2 * hv).map(|_| rnd() * 0.5).collect(),
-            state0: (0..hv * dk * dv).map(|_| rnd() * 0.3).collect(),
-            wn: (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect(),
-        }
-    }
-
-    fn qscale(&self) -> f32 {
-        1.0 / (self.dk as f32).sqrt()
-    }
-
-    fn host(&self) -> DnHost {
-        let (hv, hk, dk, dv) = (self.hv, self.hk, self.dk, self.dv);
-        let (key_dim, vd) = (hk * dk, hv * dv);
-        let (c, ba, decay) = (&self.c, &self.ba, &self.decay);
-        let softplus = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
-        let l2 = |v: &[f32], scale: f64| {
-            let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
-            let r = scale / (n + 1e-6).sqrt();
-            v.iter().map(|x| *x as f64 * r).collect::<Vec<f64>>()
-        };
-        let mut state: Vec<f64> = self.state0.iter().map(|&v| v as f64).collect();
-        let mut o = vec![0f64; vd];
-        let mut y = vec![0f64; vd];
-        for h in 0..hv {
-            let kh = h / (hv / hk);
-            let q = l2(&c[kh * dk..(kh + 1) * dk], self.qscale() as f64);
-            let kk = l2(&c[key_dim + kh * dk..key_dim + (kh + 1) * dk], 1.0);
-            let v = &c[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
-            let beta = 1.0 / (1.0 + (-(ba[vd + h] as f64)).exp());
-            let g =
-                -(decay[h] as f64).exp() * softplus(ba[vd + hv + h] as f64 + decay[hv + h] as f64);
-            let st = &mut state[h * dk * dv..(h + 1) * dk * dv];
-            st.iter_mut().for_each(|x| *x *= g.exp());
-            let oh = &mut o[h * dv..(h + 1) * dv];
-            for (j, oj) in oh.iter_mut().enumerate() {
-                let u: f64 = (0..dk).map(|i| st[i * dv + j] * kk[i]).sum();
-                let delta = beta * (v[j] as f64 - u);
-                for i in 0..dk {
-                    st[i * dv + j] += kk[i] * delta;
-                }
-                *oj = (0..dk).map(|i| st[i * dv + j] * q[i]).sum();
-            }
-            let ms = oh.iter().map(|x| x * x).sum::<f64>() / dv as f64;
-            let r = 1.0 / (ms + DN_EPS as f64).sqrt();
-            for j in 0..dv {
-                let z = ba[h * dv + j] as f64;
-                y[h * dv + j] = oh[j] * r * self.wn[j] as f64 * (z / (1.0 + (-z).exp()));
-            }
-        }
-        DnHost { o, y, state }
-    }
-
-    /// `kernel` (dn_recur_norm.wgsl's parameters and bindings, the norm's weight dropped for
-    /// dn_recur_cols.wgsl: `with_norm`) on these inputs over `grid`: its output and state.
-    fn run(
-        &self,
-        gpu: &Gpu,
-        kernel: &Kernel,
-        grid: [u32; 3],
-        with_norm: bool,
-        act_f16: bool,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (hv, hk, dk, dv) = (self.hv, self.hk, self.dk, self.dv);
-        let vd = hv * dv;
-        let cbuf = upload_act(gpu, "check.c", &self.c, act_f16)?;
-        let babuf = upload_act(gpu, "check.ba", &self.ba, act_f16)?;
-        let dbuf = gpu.upload_f32("check.decay", &self.decay)?;
-        let sbuf = gpu.upload_f32("check.state", &self.state0)?;
-        let wbuf = gpu.upload_f32("check.wn", &self.wn)?;
-        let ybuf = gpu.storage("check.y", (vd * 4) as u64)?;
-        let mut bufs = vec![&cbuf, &babuf, &dbuf, &sbuf];
-        if with_norm {
-            bufs.push(&wbuf);
-        }
-        bufs.push(&ybuf);
-        let mut r = Recorder::new(gpu);
-        r.dispatch(
-            kernel,
-            &[
-                1,
-                hv as u32,
-                hk as u32,
-                dk as u32,
-                dv as u32,
-                self.c.len() as u32,
-                (vd + 2 * hv) as u32,
-                vd as u32,
-                0,
-                DN_EPS.to_bits(),
-                self.qscale().to_bits(),
-            ],
-            &bufs,
-            grid,
-        );
-        r.submit()?;
-        Ok((
-            read_act(gpu, &ybuf, vd, act_f16)?,
-            gpu.read_f32(&sbuf, 0, self.state0.len())?,
-        ))
-    }
-}
-
 /// dn_recur_norm.wgsl (a decode step's DeltaNet: q/k L2 norms, gated delta rule, output norm
 /// with the silu(z) gate; MODEL.md §2.5) compiled for key dim `dk` as `dn_recur_norm_spec(dk,
-/// early)` with the plan's reductions and activations, against the host in f64 on `DnInputs`:
-/// dv = `dv` (below 128: columns past dv idle).
+/// early)` with the plan's reductions and activations, against the host in f64 on random
+/// inputs: 4 value heads over 2 key heads of dk = `dk`, dv = `dv` (below 128: columns past dv
+/// idle), a random state, conv output (q | k | v), z, b, a, decay and norm weight (the
+/// activations rounded to f16 where `act_f16`, as the kernel reads them).
 pub fn check_dn_step(
     gpu: &Gpu,
     subgroups: bool,
@@ -570,124 +402,102 @@ pub fn check_dn_step(
     early: bool,
     (dk, dv): (usize, usize),
 ) -> Result<DnStep> {
-    let inp = DnInputs::random(dk, dv, act_f16);
-    let want = inp.host();
+    let (hv, hk) = (4usize, 2usize);
+    let (key_dim, vd) = (hk * dk, hv * dv);
+    let cd = 2 * key_dim + vd;
+    let eps = 1e-6f32;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (dk * 1000 + dv) as u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % 20_001) as f32 / 10_000.0 - 1.0
+    };
+    let c = round_f16(&(0..cd).map(|_| rnd()).collect::<Vec<f32>>(), act_f16);
+    // The joint projection's tail as the kernel reads it: z [hv · dv], then b [hv], a [hv].
+    let ba = round_f16(
+        &(0..vd + 2 * hv).map(|_| rnd() * 2.0).collect::<Vec<f32>>(),
+        act_f16,
+    );
+    let decay: Vec<f32> = (0..2 * hv).map(|_| rnd() * 0.5).collect();
+    let state0: Vec<f32> = (0..hv * dk * dv).map(|_| rnd() * 0.3).collect();
+    let wn: Vec<f32> = (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect();
+    let qscale = 1.0 / (dk as f32).sqrt();
+    // The host in f64.
+    let softplus = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
+    let mut want_s: Vec<f64> = state0.iter().map(|&v| v as f64).collect();
+    let mut want_y = vec![0f64; vd];
+    for h in 0..hv {
+        let kh = h / (hv / hk);
+        let l2 = |v: &[f32], scale: f64| {
+            let n = v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
+            let r = scale / (n + 1e-6).sqrt();
+            v.iter().map(|x| *x as f64 * r).collect::<Vec<f64>>()
+        };
+        let q = l2(&c[kh * dk..(kh + 1) * dk], qscale as f64);
+        let kk = l2(&c[key_dim + kh * dk..key_dim + (kh + 1) * dk], 1.0);
+        let v = &c[2 * key_dim + h * dv..2 * key_dim + (h + 1) * dv];
+        let beta = 1.0 / (1.0 + (-(ba[vd + h] as f64)).exp());
+        let g = -(decay[h] as f64).exp() * softplus(ba[vd + hv + h] as f64 + decay[hv + h] as f64);
+        let alpha = g.exp();
+        let st = &mut want_s[h * dk * dv..(h + 1) * dk * dv];
+        st.iter_mut().for_each(|x| *x *= alpha);
+        let mut o = vec![0f64; dv];
+        for (j, oj) in o.iter_mut().enumerate() {
+            let u: f64 = (0..dk).map(|i| st[i * dv + j] * kk[i]).sum();
+            let delta = beta * (v[j] as f64 - u);
+            for i in 0..dk {
+                st[i * dv + j] += kk[i] * delta;
+            }
+            *oj = (0..dk).map(|i| st[i * dv + j] * q[i]).sum();
+        }
+        let ms = o.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+        let r = 1.0 / (ms + eps as f64).sqrt();
+        for j in 0..dv {
+            let z = ba[h * dv + j] as f64;
+            want_y[h * dv + j] = o[j] * r * wn[j] as f64 * (z / (1.0 + (-z).exp()));
+        }
+    }
     let spec = crate::shaders::Spec {
         act_f16,
         ..dn_recur_norm_spec(dk, early).with_subgroups(subgroups)
     };
     let kernel = Kernel::new(gpu, &spec, false)?;
-    let (y, state) = inp.run(gpu, &kernel, [inp.hv as u32, 1, 1], true, act_f16)?;
-    let (y_err, state_err) = (rel_l2_f64(&y, &want.y), rel_l2_f64(&state, &want.state));
+    let cbuf = upload_act(gpu, "check.c", &c, act_f16)?;
+    let babuf = upload_act(gpu, "check.ba", &ba, act_f16)?;
+    let dbuf = gpu.upload_f32("check.decay", &decay)?;
+    let sbuf = gpu.upload_f32("check.state", &state0)?;
+    let wbuf = gpu.upload_f32("check.wn", &wn)?;
+    let ybuf = gpu.storage("check.y", (vd * 4) as u64)?;
+    let mut r = Recorder::new(gpu);
+    r.dispatch(
+        &kernel,
+        &[
+            1,
+            hv as u32,
+            hk as u32,
+            dk as u32,
+            dv as u32,
+            cd as u32,
+            (vd + 2 * hv) as u32,
+            vd as u32,
+            0,
+            eps.to_bits(),
+            qscale.to_bits(),
+        ],
+        &[&cbuf, &babuf, &dbuf, &sbuf, &wbuf, &ybuf],
+        [hv as u32, 1, 1],
+    );
+    r.submit()?;
+    let y = read_act(gpu, &ybuf, vd, act_f16)?;
+    let state = gpu.read_f32(&sbuf, 0, state0.len())?;
+    let (y_err, state_err) = (rel_l2_f64(&y, &want_y), rel_l2_f64(&state, &want_s));
     Ok(DnStep {
         y,
         state,
         y_err,
         state_err,
     })
-}
-
-/// dn_recur_cols.wgsl (`dn_split`: the recurrence over blocks of DN_COLS columns, o
-/// unnormalised) compiled for key dim `dk` with the plan's activations, against the host in f64
-/// on `DnInputs` with dv = `dv` (not a multiple of DN_COLS: a block's columns past dv idle): o
-/// and the updated state.
-pub fn check_dn_cols(gpu: &Gpu, act_f16: bool, (dk, dv): (usize, usize)) -> Result<DnStep> {
-    let inp = DnInputs::random(dk, dv, act_f16);
-    let want = inp.host();
-    let spec = crate::shaders::Spec {
-        act_f16,
-        ..dn_recur_cols_spec(dk)
-    };
-    let kernel = Kernel::new(gpu, &spec, false)?;
-    let grid = [inp.hv as u32, dv.div_ceil(DN_COLS) as u32, 1];
-    let (y, state) = inp.run(gpu, &kernel, grid, false, act_f16)?;
-    let (y_err, state_err) = (rel_l2_f64(&y, &want.o), rel_l2_f64(&state, &want.state));
-    Ok(DnStep {
-        y,
-        state,
-        y_err,
-        state_err,
-    })
-}
-
-/// linear_q4_rows.wgsl applying DeltaNet's output norm and gate to its input (`gate`: decode's
-/// out_proj with `dn_split`) on random 4-bit matrices of 37 rows over 32 heads of 128 columns
-/// (4,096: the full model's) and of 64 (2,048), at 4 and 16 rows a workgroup, one item: random
-/// o (an activation), z (at an offset in a larger buffer) and norm weight, against the host's
-/// product of w ⊙ o · rsqrt(mean(o²) + eps) ⊙ silu(z) in f64, every form that reads an
-/// activation; compiled here with `GATE` (the plan compiles it only where `dn_split` is on, as
-/// out_proj's own instance, `RowsSlot::DnGate`). The largest relative L2 difference.
-fn check_rows_gate(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
-    let (rows, z_off, eps) = (37usize, 12usize, 1e-6f32);
-    let mut worst = 0f64;
-    for (cols, dv) in [(4096usize, 128usize), (2048, 64)] {
-        let m = RandomQ4::new(rows, cols, 64, 1);
-        let mut seed = 0x6a09_e667_f3bc_c908u64 ^ cols as u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % 20_001) as f32 / 10_000.0 - 1.0
-        };
-        let z: Vec<f32> = (0..z_off + cols).map(|_| rnd() * 3.0).collect();
-        let wn: Vec<f32> = (0..dv).map(|_| 0.5 + 0.5 * rnd().abs()).collect();
-        let wbuf = gpu.upload("check.w", &m.data)?;
-        let wnbuf = gpu.upload_f32("check.wn", &wn)?;
-        for rb in [4usize, 16] {
-            let gate = RowsReads {
-                gate: true,
-                ..RowsReads::default()
-            };
-            let spec = rows_spec(rb, gate).with_subgroups(subgroups);
-            // The forms that read an activation (o): both outputs where activations are f16.
-            let forms: Vec<Form> = if act_f16 {
-                Form::ALL.into_iter().filter(|f| !f.x_f32).collect()
-            } else {
-                vec![Form::default()]
-            };
-            for form in forms {
-                let spec = crate::shaders::Spec {
-                    act_f16,
-                    form,
-                    ..spec.clone()
-                };
-                let kernel = &Kernel::new(gpu, &spec, false)?;
-                let sides = Sides::of(spec.form, act_f16);
-                let (o, zr) = (round_f16(&m.x, sides.x_f16), round_f16(&z, act_f16));
-                let mut y = vec![0f32; cols];
-                for h in 0..cols / dv {
-                    let oh = &o[h * dv..(h + 1) * dv];
-                    let ms = oh.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / dv as f64;
-                    let r = 1.0 / (ms + eps as f64).sqrt();
-                    for j in 0..dv {
-                        let zz = zr[z_off + h * dv + j] as f64;
-                        y[h * dv + j] =
-                            (oh[j] as f64 * r * wn[j] as f64 * (zz / (1.0 + (-zz).exp()))) as f32;
-                    }
-                }
-                let want = m.product(&y);
-                let xbuf = upload_act(gpu, "check.o", &m.x, sides.x_f16)?;
-                let zbuf = upload_act(gpu, "check.z", &z, act_f16)?;
-                let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
-                let (nx, ny) = grid_2d(rows.div_ceil(rb));
-                let mut params = m.rows_params(nx, false);
-                params[21] = eps.to_bits();
-                params[24] = dv as u32;
-                params[25] = z_off as u32;
-                let mut r = Recorder::new(gpu);
-                r.dispatch(
-                    kernel,
-                    &params,
-                    &[&wbuf, &xbuf, &ybuf, &wnbuf, &xbuf, &ybuf, &zbuf],
-                    [nx, ny, 1],
-                );
-                r.submit()?;
-                let got = read_act(gpu, &ybuf, rows, sides.y_f16)?;
-                worst = worst.max(rel_l2_f64(&got, &want));
-            }
-        }
-    }
-    Ok(worst)
 }
 
 /// linear_q4_glu_rows.wgsl routing its items itself (`route`, decode's experts): 2 tokens, E = 130
@@ -838,14 +648,14 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
-/// compiled as `down_rows_spec(topk, cols, early)` with the plan's reductions and activations)
+/// compiled as `down_rows_spec(topk, cols)` with the plan's reductions and activations)
 /// against the host in f64: x[t, r] += Σ_k w_{t,k} · (down_{e_{t,k}} a_{t,k})[r] on a random 4-bit
 /// stack of 11 experts of 37 rows (the last row block partly filled), 2 tokens, random experts
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
 /// The largest relative L2 difference of the sums added.
-pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, early: bool) -> Result<f64> {
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
     let mut worst = 0f64;
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
@@ -880,7 +690,7 @@ pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, early: bool) -
         }
         let spec = crate::shaders::Spec {
             act_f16,
-            ..down_rows_spec(topk, cols, early).with_subgroups(subgroups)
+            ..down_rows_spec(topk, cols).with_subgroups(subgroups)
         };
         let kernel = Kernel::new(gpu, &spec, false)?;
         let wbuf = gpu.upload("check.down", &m.data)?;
@@ -1226,10 +1036,10 @@ impl RandomQ4 {
 
     /// linear_q4_rows.wgsl's parameters for this 4-bit matrix in plain mode (one item a row of
     /// `cols` inputs, outputs `rows` apart; `nx` workgroups along x), adding into the output where
-    /// `accumulate`; no norm, conv or gate (words 20.. zero).
-    fn rows_params(&self, nx: u32, accumulate: bool) -> [u32; 26] {
+    /// `accumulate`; no norm, no conv (words 20.. zero).
+    fn rows_params(&self, nx: u32, accumulate: bool) -> [u32; 24] {
         let (rows, cols) = (self.rows, self.cols);
-        let mut params = [0u32; 26];
+        let mut params = [0u32; 24];
         params[..18].copy_from_slice(&[
             rows as u32,
             cols as u32,
@@ -1307,7 +1117,7 @@ impl RandomQ4 {
         bufs.extend(fourth);
         if rows_norm.is_some() {
             // The norm's weight, then the conv's taps and state (unused: no conv channels).
-            bufs.extend([&wn, &xbuf, &ybuf, &xbuf]);
+            bufs.extend([&wn, &xbuf, &ybuf]);
         }
         let mut r = Recorder::new(gpu);
         r.dispatch(kernel, &params, &bufs, *grid);

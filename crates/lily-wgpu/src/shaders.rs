@@ -46,7 +46,6 @@ sources!(
     "dn_conv_step",
     "dn_qk_norm",
     "dn_recur",
-    "dn_recur_cols",
     "dn_recur_norm",
     "embed",
     "gated_norm",

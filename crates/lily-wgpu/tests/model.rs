@@ -490,87 +490,48 @@ fn activations_in_f16_and_f32_match_cpu() {
 #[test]
 fn product_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
-    // The shipping kernels, lm_head's wider row blocks (`lm_rows`: linear_q4_rows with 32 and 64
-    // rows a workgroup, its row totals' workgroup memory sized for them), and linear_q4_rows'
-    // flat reads (`rows_flat`) and its rows read a round ahead (`rows_deep`: at 64 rows a
-    // workgroup, 8 rounds), whose outputs (so their difference from the host's) must equal the
-    // others' bit for bit.
-    let mut rows_err = std::collections::HashMap::new();
-    for (lm_rows, rows_flat, rows_deep) in [
-        (0, false, false),
-        (0, true, false),
-        (32, false, false),
-        (64, false, false),
-        (64, true, false),
-        (64, false, true),
-    ] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 16,
-            lm_rows,
-            rows_flat,
-            rows_deep,
-            ..WgpuOptions::default()
-        };
-        let Some(gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        assert_eq!(gpu.plan().lm_rows, lm_rows.max(16));
-        let (fp32, rows) = gpu.check_products().unwrap();
-        println!("lm_rows {lm_rows}, rows_flat {rows_flat}, rows_deep {rows_deep}: 4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
-        assert!(
-            fp32 < 1e-5,
-            "linear_q4_mm differs from the host by {fp32:.2e}"
-        );
-        assert!(
-            rows < 1e-5,
-            "linear_q4_rows (lm_rows {lm_rows}, rows_flat {rows_flat}) differs from the host by {rows:.2e}"
-        );
-        if let Some(other) = rows_err.insert(lm_rows, rows) {
-            assert_eq!(
-                rows.to_bits(),
-                f64::to_bits(other),
-                "rows_flat / rows_deep changed linear_q4_rows' outputs (lm_rows {lm_rows}): {rows:e} against {other:e}"
-            );
-        }
-    }
+    let Some(gpu) = wgpu_backend(&w, 16) else {
+        return;
+    };
+    let (fp32, rows) = gpu.check_products().unwrap();
+    println!("4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
+    assert!(
+        fp32 < 1e-5,
+        "linear_q4_mm differs from the host by {fp32:.2e}"
+    );
+    assert!(
+        rows < 1e-5,
+        "linear_q4_rows differs from the host by {rows:.2e}"
+    );
 }
 
-/// The decode MoE's kernels with their reads issued early (`rows_early`, `glu_early`,
-/// `down_early`) and as they ship, in both reduction forms, against the host's f64:
-/// linear_q4_rows (the router's 8-bit 2,048 columns among its shapes, the norm folded in and
-/// not), linear_q4_glu_rows (plain, and routing its own items: experts equal to the host's with
-/// planted ties, weights, products) and moe_down_rows (the full model's 9 items of 512 columns,
-/// 9 of 256, 5 of 64).
+/// The decode MoE's kernels with their reads issued early (`rows_early`, `glu_early`: the
+/// defaults) and without, in both reduction forms, against the host's f64: linear_q4_rows (the
+/// router's 8-bit 2,048 columns among its shapes, the norm folded in and not),
+/// linear_q4_glu_rows (plain, and routing its own items: experts equal to the host's with planted
+/// ties, weights, products) and moe_down_rows (the full model's 9 items of 512 columns, 9 of
+/// 256, 5 of 64).
 #[test]
-fn moe_kernels_with_early_reads_match_the_host() {
+fn moe_kernels_with_and_without_early_reads_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 37);
-    // linear_q4_rows' early reads also with its flat input reads (`rows_flat`: both overrides).
-    for (subgroups, early, rows_flat) in [
-        (true, false, false),
-        (true, true, false),
-        (true, true, true),
-        (false, false, false),
-        (false, true, false),
-    ] {
+    for (subgroups, early) in [(true, true), (true, false), (false, true), (false, false)] {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
             subgroups,
-            rows_flat,
             rows_early: early,
             glu_early: early,
-            down_early: early,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
-        assert_eq!(gpu.plan().options.down_early, early);
+        let o = &gpu.plan().options;
+        assert_eq!((o.rows_early, o.glu_early), (early, early));
         let (_, rows) = gpu.check_products().unwrap();
         let down = gpu.check_down_rows().unwrap();
         println!(
-            "subgroups {subgroups}, early reads {early}, rows_flat {rows_flat}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
+            "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
         );
         assert!(
             rows < 1e-5,
@@ -578,32 +539,9 @@ fn moe_kernels_with_early_reads_match_the_host() {
         );
         assert!(
             down < 1e-5,
-            "moe_down_rows (early {early}) differs from the host by {down:.2e}"
+            "moe_down_rows differs from the host by {down:.2e}"
         );
     }
-}
-
-/// A decode with the MoE's early reads on (on `tiny` the down projections run on
-/// moe_down_rows.wgsl; the router and the GLU take the row kernels only at 2,048 columns:
-/// `full_width_decode_matches_cpu`) against the CPU: 40 positions one token at a time, the last
-/// logits, then 16 greedy tokens.
-#[test]
-fn decode_with_early_moe_reads_matches_cpu() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 43);
-    let opts = WgpuOptions {
-        chunk: 16,
-        all_logits_chunk: 16,
-        rows_early: true,
-        glu_early: true,
-        down_early: true,
-        ..WgpuOptions::default()
-    };
-    stepped_decode_matches_cpu(
-        &w,
-        Rng(7).tokens(40, w.config.vocab),
-        opts,
-        "early MoE reads",
-    );
 }
 
 /// `tokens` fed one at a time to the wgpu backend with `opts` against the CPU's prefill of them:
@@ -637,72 +575,43 @@ fn stepped_decode_matches_cpu(
     Some(got)
 }
 
-/// The DeltaNet decode chain's reads issued earlier (`rows_deep`: linear_q4_rows' rounds of rows
-/// read one round ahead, a stored row's conv taps and state or accumulated output at the start;
-/// `dn_early`: dn_recur_norm's v, z and norm weight with the state, its Σ o² after one barrier)
-/// and as they ship, in both reduction forms, against the host's f64: linear_q4_rows (16 / 4 / 2
-/// rows a workgroup, the DeltaNet conv on its rows, adding into the residual, applying
-/// DeltaNet's output norm and gate to its input: `dn_split`'s out_proj) and dn_recur_norm at the
-/// full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle), and `dn_split`'s
-/// dn_recur_cols on the same inputs. `rows_deep` and `dn_early` keep the same sums in the same
-/// order: outputs bit for bit those without them.
+/// dn_recur_norm.wgsl with its reads issued early (`dn_early`: v, z and the norm weight with the
+/// state, its Σ o² after one barrier) and as it ships, in both reduction forms, against the
+/// host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle).
+/// `dn_early` keeps the same sums in the same order: outputs bit for bit those without it.
 #[test]
-fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
+fn deltanet_step_with_early_reads_matches_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
     for subgroups in [true, false] {
-        let mut base: Option<(f64, Vec<Vec<f32>>)> = None;
+        let mut base: Option<Vec<Vec<f32>>> = None;
         for on in [false, true] {
             let opts = WgpuOptions {
                 chunk: 16,
                 all_logits_chunk: 16,
                 subgroups,
-                rows_deep: on,
                 dn_early: on,
                 ..WgpuOptions::default()
             };
             let Some(gpu) = wgpu_backend_with(&w, opts) else {
                 return;
             };
-            assert_eq!(
-                (gpu.plan().options.rows_deep, gpu.plan().options.dn_early),
-                (on, on)
-            );
-            let (_, rows) = gpu.check_products().unwrap();
+            assert_eq!(gpu.plan().options.dn_early, on);
             let mut outs = Vec::new();
-            let (mut dn, mut cols) = (0f64, 0f64);
+            let mut dn = 0f64;
             for (dk, dv) in [(128, 128), (64, 96)] {
                 let st = gpu.check_dn_step(dk, dv).unwrap();
                 dn = dn.max(st.y_err).max(st.state_err);
                 outs.push(st.y);
                 outs.push(st.state);
-                // `dn_split`'s recurrence over blocks of 32 columns (96: the last block idle
-                // past dv).
-                let st = gpu.check_dn_cols(dk, dv).unwrap();
-                cols = cols.max(st.y_err).max(st.state_err);
             }
-            println!(
-                "subgroups {subgroups}, deep / early reads {on}: linear_q4_rows / glu_rows (with the gate) {rows:.2e}, dn_recur_norm {dn:.2e}, dn_recur_cols {cols:.2e}"
-            );
-            assert!(
-                cols < 1e-5,
-                "dn_recur_cols differs from the host by {cols:.2e}"
-            );
-            assert!(
-                rows < 1e-5,
-                "linear_q4_rows (rows_deep {on}) differs from the host by {rows:.2e}"
-            );
+            println!("subgroups {subgroups}, early reads {on}: dn_recur_norm {dn:.2e}");
             assert!(
                 dn < 1e-5,
                 "dn_recur_norm (dn_early {on}) differs from the host by {dn:.2e}"
             );
             match &base {
-                None => base = Some((rows, outs)),
-                Some((r0, o0)) => {
-                    assert_eq!(
-                        rows.to_bits(),
-                        r0.to_bits(),
-                        "rows_deep changed linear_q4_rows' outputs: {rows:e} against {r0:e}"
-                    );
+                None => base = Some(outs),
+                Some(o0) => {
                     for (a, b) in outs.iter().zip(o0) {
                         let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                         assert!(same, "dn_early changed dn_recur_norm's outputs");
@@ -713,10 +622,9 @@ fn deltanet_chain_with_deep_and_early_reads_matches_the_host() {
     }
 }
 
-/// A decode with the DeltaNet chain's early reads on (on `tiny` decode's DeltaNet runs
-/// dn_recur_norm with dk 32; its products take linear_q4_rows only at 2,048 columns:
-/// `full_width_decode_matches_cpu`) against the CPU: 40 positions one token at a time, the last
-/// logits bit for bit those without the switches, then 16 greedy tokens.
+/// A decode with dn_recur_norm's early reads on (`dn_early`; on `tiny` decode's DeltaNet runs
+/// dn_recur_norm with dk 32) against the CPU: 40 positions one token at a time, the last logits
+/// bit for bit those without the switch, then 16 greedy tokens.
 #[test]
 fn decode_with_early_deltanet_reads_matches_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
@@ -725,7 +633,6 @@ fn decode_with_early_deltanet_reads_matches_cpu() {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
-            rows_deep: on,
             dn_early: on,
             ..WgpuOptions::default()
         };
@@ -740,7 +647,7 @@ fn decode_with_early_deltanet_reads_matches_cpu() {
         .iter()
         .zip(&logits[1])
         .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "the early DeltaNet reads changed the logits");
+    assert!(same, "dn_early changed the logits");
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
@@ -793,8 +700,9 @@ fn long_chunks_and_split_attention_match_cpu() {
 /// Decode attention with its reads flat (`attn_flat`) and its keys split by the plan
 /// (`attn_split`), as a decode step runs them (attn_prep's work inside attend_gqa, the new key
 /// and value in workgroup memory): 300 positions prefilled, then 4 one token at a time; the last
-/// logits against the CPU for each of the four settings, `attn_flat` bit for bit those without
-/// it (the same sums in the same order), then 8 greedy tokens with both on as the CPU's.
+/// logits against the CPU for each of the four settings (both on: the defaults), `attn_flat` bit
+/// for bit those without it (the same sums in the same order), then 8 greedy tokens with both on
+/// as the CPU's.
 #[test]
 fn decode_attention_flat_and_split_match_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 19);
@@ -820,14 +728,14 @@ fn decode_attention_flat_and_split_match_cpu() {
         let logits = gpu.logits(s).unwrap();
         Some((gpu, s, logits))
     };
-    let Some((_, _, plain)) = run(false, false) else {
+    let Some((_, _, neither)) = run(false, false) else {
         return;
     };
     let (_, _, flat) = run(true, false).unwrap();
     let (_, _, split) = run(false, true).unwrap();
     let (mut both, bs, both_logits) = run(true, true).unwrap();
     for (name, got) in [
-        ("shipping", &plain),
+        ("neither", &neither),
         ("flat", &flat),
         ("split", &split),
         ("both", &both_logits),
@@ -839,8 +747,8 @@ fn decode_attention_flat_and_split_match_cpu() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(
         bits(&flat),
-        bits(&plain),
-        "attn_flat changed the shipping split's logits"
+        bits(&neither),
+        "attn_flat changed the 64-key split's logits"
     );
     assert_eq!(
         bits(&both_logits),
@@ -1182,22 +1090,19 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early, dn, split) in [
-        (true, false, false, false, false),
-        (false, false, false, false, false),
-        (true, true, false, false, false),
-        (true, false, true, false, false),
-        (false, false, true, false, false),
-        (true, false, false, true, false),
-        (false, false, true, true, false),
-        (true, false, false, true, true),
-        (true, true, false, false, true),
+    for (subgroups, f16_acts, early, dn) in [
+        (true, false, true, false),
+        (false, false, true, false),
+        (true, true, true, false),
+        (true, false, false, false),
+        (false, false, false, false),
+        (true, false, true, true),
+        (false, false, true, true),
+        (true, true, true, true),
     ] {
-        // `early`: the MoE's reads issued early (router, GLU, down: `rows_early`, `glu_early`,
-        // `down_early`), which only the full widths take; `dn`: the DeltaNet chain's
-        // (`rows_deep`: in_proj with its conv, qkv, the output projections, lm_head;
-        // `dn_early`: dn_recur_norm at dk 128); `split`: the recurrence over column blocks, its
-        // output norm and gate in out_proj (`dn_split`).
+        // `early`: the MoE's reads issued early (the row products, the router among them, and
+        // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take;
+        // `dn`: dn_recur_norm's (`dn_early`) at dk 128.
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1205,17 +1110,14 @@ fn full_width_decode_matches_cpu() {
             f16_acts,
             rows_early: early,
             glu_early: early,
-            down_early: early,
-            rows_deep: dn,
             dn_early: dn,
-            dn_split: split,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
         let on = gpu.plan().act_f16;
-        assert_eq!(gpu.plan().options.dn_split, split);
+        assert_eq!(gpu.plan().options.dn_early, dn);
         let a = gpu.new_seq(16).unwrap();
         gpu.prefill(a, &tokens).unwrap();
         let chunked = gpu.logits(a).unwrap();
@@ -1226,7 +1128,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}, split {split}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)

@@ -33,8 +33,9 @@ fn large_limits() -> wgpu::Limits {
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
-/// f16 and in f32 (each product in each of its forms), attend_gqa's reads flat and not, lm_head's 64 rows a workgroup and 16, the decode MoE's
-/// early reads and not, the DeltaNet chain's early reads and not.
+/// f16 and in f32 (each product in each of its forms), and the decode switches (each picks its
+/// own kernel's variant) all on and all off: attend_gqa's reads flat and not, the decode MoE's
+/// early reads and not, dn_recur_norm's early reads and not.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -44,7 +45,7 @@ fn choosable() -> Vec<Spec> {
                 for (subgroups, f16) in [(true, true), (false, false), (true, false), (false, true)]
                 {
                     // f16 activations alone, and with the f16 KV cache and tiles.
-                    // Each with the decode switches waiting for their A/B on (`sw`) and off.
+                    // Each with the decode switches on (`sw`) and off.
                     for (f16_acts, sw) in
                         [(false, false), (false, true), (true, false), (true, true)]
                     {
@@ -56,17 +57,11 @@ fn choosable() -> Vec<Spec> {
                             // attend_gqa with its reads flat (FLAT = 1) and without.
                             attn_flat: sw,
                             attn_split: sw,
-                            rows_flat: sw,
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
-                            down_early: sw,
-                            // The DeltaNet chain's early reads (DEEP = 1, EARLY = 1) and not.
-                            rows_deep: sw,
+                            // dn_recur_norm's early reads (EARLY = 1) and not.
                             dn_early: sw,
-                            dn_split: sw,
-                            // lm_head's 64 rows a workgroup (ROW_PART sized for them).
-                            lm_rows: if sw { 64 } else { 0 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -197,18 +192,25 @@ fn every_choosable_kernel_translates_to_msl() {
     println!("{} kernels translate to MSL", specs.len());
 }
 
+/// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
+/// rows_early, glu_early, dn_early), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
-        for switches in [false, true] {
-            apple_plan_fits(f16, switches);
+        for bits in 0..1u32 << DECODE_SWITCHES {
+            let on = |i: u32| bits & (1 << i) != 0;
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4)]);
         }
     }
 }
 
+/// The decode switches `apple_plan_fits` takes.
+const DECODE_SWITCHES: u32 = 5;
+
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// every decode switch waiting for its A/B on or off, `switches`) fits its limits.
-fn apple_plan_fits(f16: bool, switches: bool) {
+/// the decode switches attn_flat, attn_split, rows_early, glu_early and dn_early as `sw` says)
+/// fits its limits.
+fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
     let limits = apple_limits();
     let device = DeviceCaps {
@@ -221,20 +223,26 @@ fn apple_plan_fits(f16: bool, switches: bool) {
         f16_kv: f16,
         f16_tiles: f16,
         f16_acts: f16,
-        attn_flat: switches,
-        attn_split: switches,
-        rows_flat: switches,
-        lm_rows: if switches { 64 } else { 0 },
-        rows_early: switches,
-        glu_early: switches,
-        down_early: switches,
-        rows_deep: switches,
-        dn_early: switches,
-        dn_split: switches,
+        attn_flat: sw[0],
+        attn_split: sw[1],
+        rows_early: sw[2],
+        glu_early: sw[3],
+        dn_early: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
+    let o = &plan.options;
+    assert_eq!(
+        [
+            o.attn_flat,
+            o.attn_split,
+            o.rows_early,
+            o.glu_early,
+            o.dn_early
+        ],
+        sw
+    );
     assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);
@@ -310,10 +318,10 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     let code =
         |p: &Plan| -> Vec<String> { p.specs.all().iter().map(|s| s.code().unwrap()).collect() };
     assert_eq!(code(&refused), code(&off));
-    assert_eq!(refused.specs.linear_q4_rows.rb16.len(), 1);
+    assert_eq!(refused.specs.linear_q4_rows16.len(), 1);
     // With SHADER_F16 the same options compile every kernel with f16 activations, the row
     // products in their four forms.
     let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
     assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
-    assert_eq!(f16.specs.linear_q4_rows.rb16.len(), 4);
+    assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
 }
