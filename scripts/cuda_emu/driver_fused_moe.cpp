@@ -58,10 +58,8 @@ static size_t fused_smem_floats(const FusedMoe& m, int grid, int& gu_share, int&
     return bytes / 4;
 }
 
-// DecMoe's fields for the outputs `o` (FusedOut or driver_fused_moe_rows.cpp's RowsOut), the
-// shares left to the caller.
-template <class Out>
-static DecMoe moe_args(const FusedMoe& m, const std::vector<float>& norm_w, float eps, Out& o, unsigned* bar) {
+// DecMoe's fields for the outputs `o`, the shares left to the caller.
+static DecMoe moe_args(const FusedMoe& m, const std::vector<float>& norm_w, float eps, FusedOut& o, unsigned* bar) {
     DecMoe a;
     a.router = m.router.view(); a.sgw = m.sgw.view();
     a.gate = m.gate.view(); a.up = m.up.view(); a.sgate = m.sgate.view(); a.sup = m.sup.view();

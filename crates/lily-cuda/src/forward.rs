@@ -12,8 +12,8 @@ use lily_core::config::ModelConfig;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{
-    DnConv, DnLayer, DnOutputs, DnStep, DownCombine, Glu, Input, MoeBlock, MoeOutputs, MoeRows,
-    Out, Prologue,
+    DnConv, DnLayer, DnOutputs, DnStep, DownCombine, Glu, Input, MoeBlock, MoeOutputs, Out,
+    Prologue,
 };
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
@@ -599,7 +599,8 @@ impl Forward<'_> {
                 }
             }
             gpu.profile_scope("batch moe");
-            self.moe_batch(&layer.moe, layer.post_norm.ptr, rows)?;
+            self.norm(x, layer.post_norm.ptr, rows)?;
+            self.moe_batch(&layer.moe, rows)?;
         }
         gpu.profile_scope("batch head");
         match head {
@@ -753,31 +754,14 @@ impl Forward<'_> {
         }
     }
 
-    /// The MoE of a batched decode step's `rows` rows (scratch.x, RMS-normed by `post_norm`
-    /// into scratch.xn), as `Plan::batch_moe` says: the norm and the whole block in one launch
-    /// (`dec_moe_rows`); or the norm, then one-token decode's three launches with the token in
-    /// a grid dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
+    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn), as
+    /// `Plan::batch_moe` says: one-token decode's three launches with the token in a grid
+    /// dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
     /// projections of xn together (`project_batch`), the routing, the routed experts grouped
     /// over the rows' picks, the shared expert's down projection, the combine into the residual.
-    fn moe_batch(&self, m: &DevMoe, post_norm: u64, rows: usize) -> Result<()> {
+    fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
-        let plan = self.plan.batch_moe(m, MoeShape::of(cfg));
-        if plan == BatchMoe::OneLaunch {
-            let block = MoeRows {
-                x: s.x.ptr,
-                norm_weight: post_norm,
-                eps: cfg.rms_eps,
-                xn: Some(s.xn.ptr),
-                moe: m,
-                n_experts: cfg.n_experts,
-                top_k: cfg.top_k,
-                out: self.moe_outputs(),
-                rows,
-            };
-            return k.decode.moe_rows(gpu, &block);
-        }
-        self.norm(Rows::new(s.x.ptr, cfg.hidden), post_norm, rows)?;
-        if plan == BatchMoe::Rows {
+        if self.plan.batch_moe(m, MoeShape::of(cfg)) == BatchMoe::Rows {
             return self.moe_rows(m, rows);
         }
         let (h, sinter) = (cfg.hidden, cfg.shared_inter);

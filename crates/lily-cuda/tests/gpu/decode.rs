@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu, MoeBlock, MoeOutputs, MoeRows};
+use lily_cuda::kernels::decode::{DownCombine, Glu, MoeBlock, MoeOutputs};
 use lily_cuda::weights::{DevDeltaNet, DevMoe};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
@@ -887,37 +887,6 @@ impl MoeBufs {
         (glu, out.down_combine(m, self.x.ptr, c.top_k))
     }
 
-    /// dec_moe_rows, the batched step's block in one launch.
-    fn one_launch_rows(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
-        let block = MoeRows {
-            x: self.x.ptr,
-            norm_weight: norm.ptr,
-            eps: c.rms_eps,
-            xn: Some(self.xn.ptr),
-            moe: m,
-            n_experts: c.n_experts,
-            top_k: c.top_k,
-            out: self.outputs(),
-            rows: self.rows,
-        };
-        d.k.decode.moe_rows(d, &block).unwrap();
-    }
-
-    /// What the batched step runs without it (Forward::moe_batch, BatchMoe::Rows): rms_norm,
-    /// dec_gemv_rows (router and shared-expert gate), dec_glu4_rows, dec_down_combine_rows.
-    fn three_kernels_rows(&self, d: &Dev, c: &ModelConfig, m: &DevMoe, norm: &DevBuf) {
-        let (rows, h) = (self.rows, c.hidden);
-        assert_eq!(c.rms_eps, 1e-6, "Dev::rms_norm's epsilon");
-        d.rms_norm(self.x.ptr, norm.ptr, self.xn.ptr, h, rows);
-        let first = self.router_and_gate(m);
-        d.k.decode
-            .project_rows(d, self.xn.ptr, h, rows, &first)
-            .unwrap();
-        let (glu, down) = self.glu_and_down(c, m);
-        d.k.decode.glu_rows(d, &glu, rows).unwrap();
-        d.k.decode.down_combine_rows(d, &down, rows).unwrap();
-    }
-
     fn input(&self, c: &ModelConfig, norm: &DevBuf) -> Input {
         Input {
             x: self.x.ptr,
@@ -1080,7 +1049,7 @@ fn replays_match_a_plain_launch(
     );
 }
 
-/// A one-launch MoE kernel (MoeBufs::one_launch / one_launch_rows) against what it replaces, at
+/// A one-launch MoE kernel (MoeBufs::one_launch) against what it replaces, at
 /// the full model's widths (full_width_moe).
 struct OneLaunchMoe {
     /// The kernel and what it replaces, as messages name them.
@@ -1217,38 +1186,6 @@ fn one_launch_moe_matches_the_three_launches_and_the_cpu() {
                 .decode_moe_kernels(dw, MoeShape::of(c))
         },
         DecodeMoe::OneLaunch,
-    );
-}
-
-/// decode.cu's `dec_moe_rows` (a batched step's MoE block in one persistent launch,
-/// `--fused-moe-rows`) at the full model's widths (top 8 of 64 experts, as
-/// one_launch_moe_matches_the_three_launches_and_the_cpu), outputs poisoned first, for 2 ..= 8
-/// rows and 11 (two launches: 8 + 3): against what the batched step runs without it (`rms_norm`,
-/// `dec_gemv_rows`, `dec_glu4_rows`, `dec_down_combine_rows`), which it claims to equal (bit for
-/// bit in the CPU emulation, run_batch.sh fused_rows; here to the tolerance of the one-token
-/// test, whether bit-equal printed), every output; in fp32 each row against the CPU's norm,
-/// router and MoE; then 8 rows captured in a CUDA graph four times in a row and replayed 25
-/// times, every replay the same bits. Both activation modes; PDL on.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn one_launch_batched_moe_matches_the_batched_kernels_and_the_cpu() {
-    use lily_cuda::kernels::moe::MoeShape;
-    use lily_cuda::plan::BatchMoe;
-    let test = OneLaunchMoe {
-        kernel: "dec_moe_rows",
-        replaces: "the batched kernels",
-        seed: 79,
-        runs: &[2, 3, 4, 5, 6, 7, 8, 11],
-        graph_rows: 8,
-        one_launch: MoeBufs::one_launch_rows,
-        replaced: MoeBufs::three_kernels_rows,
-    };
-    test.check(
-        |d, c, dw| {
-            d.plan_with(|o| o.fused_moe_rows = true)
-                .batch_moe(dw, MoeShape::of(c))
-        },
-        BatchMoe::OneLaunch,
     );
 }
 
