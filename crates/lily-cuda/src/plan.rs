@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--fused-moe`: router, routing, experts, combine in one `dec_moe`, `decode_moe_kernels`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, DnLayerShapes, MoeWeightShapes};
+use crate::kernels::decode::{self, Decode, DnLayerShapes};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -176,16 +176,6 @@ pub enum BatchMoe {
     /// The shared expert's projections over the rows (`batch_projections`), `moe_route`, the
     /// routed experts grouped over the rows' picks (`experts`), `moe_combine`.
     Grouped,
-}
-
-/// How a one-token step runs a MoE block that `decode_moe` fuses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeMoe {
-    /// decode.cu's `dec_moe`: the whole block in one persistent launch.
-    OneLaunch,
-    /// `dec_gemv8` (router and shared-expert gate, the norm folded in), `dec_glu4` (or `dec_glu`)
-    /// and `dec_down_combine`.
-    ThreeLaunches,
 }
 
 /// How a one-token step runs a DeltaNet layer that `decode_deltanet` fuses.
@@ -616,32 +606,6 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
-    /// The kernels of a one-token MoE block that `decode_moe` fuses: `dec_moe` in one launch
-    /// under `fused_moe` where it takes the block's shapes and one block an SM gets the shared
-    /// memory its share of the weights needs (decode::moe_fits: sm_80 and sm_90 for the full
-    /// shape, not the 99 KB of sm_86 / 89 / 120); else the three launches.
-    pub fn decode_moe_kernels(&self, m: &DevMoe, shape: MoeShape) -> DecodeMoe {
-        self.decode_moe_for(&MoeWeightShapes::of(m), shape)
-    }
-
-    /// `decode_moe_kernels` for a block of weights of these shapes.
-    pub fn decode_moe_for(&self, w: &MoeWeightShapes, shape: MoeShape) -> DecodeMoe {
-        let d = &self.device;
-        if self.o.fused_moe
-            && decode::moe_fits(
-                w,
-                shape.n_experts,
-                shape.top_k,
-                d.sm_count,
-                d.max_shared_memory,
-            )
-        {
-            DecodeMoe::OneLaunch
-        } else {
-            DecodeMoe::ThreeLaunches
-        }
-    }
-
     /// A single row through one weight (the lm_head of the last token): decode.cu's GEMV when
     /// the weight fits, else as `dense` says.
     pub fn one_row(&self, w: &LinearShape) -> DecodePath {
@@ -1040,10 +1004,6 @@ mod tests {
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
         assert_eq!(
-            p.decode_moe_for(&full_moe_weights(&cfg), moe),
-            DecodeMoe::ThreeLaunches
-        );
-        assert_eq!(
             p.decode_dn_for(&full_dn_layer(&cfg)),
             DecodeDn::FourLaunches
         );
@@ -1378,26 +1338,6 @@ mod tests {
         );
     }
 
-    /// The full shape's MoE block as `dec_moe` sees it.
-    fn full_moe_weights(cfg: &ModelConfig) -> MoeWeightShapes {
-        let (h, e, i, si) = (
-            cfg.hidden,
-            cfg.n_experts,
-            cfg.expert_inter,
-            cfg.shared_inter,
-        );
-        MoeWeightShapes {
-            router: mlx(e, h, 8, 1),
-            shared_expert_gate: mlx(1, h, 8, 1),
-            gate: mlx(i, h, 4, e),
-            up: mlx(i, h, 4, e),
-            shared_gate: mlx(si, h, 4, 1),
-            shared_up: mlx(si, h, 4, 1),
-            down: mlx(h, i, 4, e),
-            shared_down: mlx(h, si, 4, 1),
-        }
-    }
-
     /// sm_86 / 89 / 120 devices (99 KB of shared memory a block) at the SM counts they come with.
     fn small_smem_devices() -> impl Iterator<Item = DeviceCaps> {
         [46, 84, 128, 170].into_iter().map(|sm_count| DeviceCaps {
@@ -1459,71 +1399,6 @@ mod tests {
         };
         assert!(decode::dn_layer_unfit(&bad).is_some());
         assert_eq!(p.decode_dn_for(&bad), DecodeDn::FourLaunches);
-    }
-
-    #[test]
-    fn the_one_launch_moe_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
-        let cfg = full_config();
-        let (w, shape) = (full_moe_weights(&cfg), MoeShape::of(&cfg));
-        let on = CudaOptions {
-            fused_moe: true,
-            ..CudaOptions::default()
-        };
-        // Off by default (not yet measured): the three launches.
-        let shipping = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(shipping.decode_moe_for(&w, shape), DecodeMoe::ThreeLaunches);
-        assert!(shipping.describe().contains("one-launch decode MoE off"));
-        let p = Plan::resolve(&on, H200);
-        assert!(p.describe().contains("one-launch decode MoE on"));
-        assert_eq!(p.decode_moe_for(&w, shape), DecodeMoe::OneLaunch);
-        // An A100 (108 SMs, 163 KB a block): its larger shares still fit; sm_86 / 89 / 120 (99 KB)
-        // do not, on any SM count they come with.
-        assert_eq!(
-            Plan::resolve(&on, A100).decode_moe_for(&w, shape),
-            DecodeMoe::OneLaunch
-        );
-        for small in small_smem_devices() {
-            assert_eq!(
-                Plan::resolve(&on, small).decode_moe_for(&w, shape),
-                DecodeMoe::ThreeLaunches,
-                "{} SMs",
-                small.sm_count
-            );
-        }
-        // Shapes it does not take: a 4-bit router, a shared expert wider than a routed one, a
-        // 4,096-wide input, more than MAX_TOPK picks.
-        let h = cfg.hidden;
-        for (bad, top_k) in [
-            (
-                MoeWeightShapes {
-                    router: mlx(cfg.n_experts, h, 4, 1),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (
-                MoeWeightShapes {
-                    shared_gate: mlx(1024, h, 4, 1),
-                    shared_up: mlx(1024, h, 4, 1),
-                    shared_down: mlx(h, 1024, 4, 1),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (
-                MoeWeightShapes {
-                    gate: mlx(512, 4096, 4, cfg.n_experts),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (w, decode::MAX_TOPK + 1),
-        ] {
-            let s = MoeShape { top_k, ..shape };
-            assert!(decode::moe_unfit(&bad, s.n_experts, s.top_k).is_some());
-            assert_eq!(p.decode_moe_for(&bad, s), DecodeMoe::ThreeLaunches);
-        }
-        assert_eq!(decode::moe_unfit(&w, shape.n_experts, shape.top_k), None);
     }
 
     #[test]
