@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # The one-launch decode DeltaNet layer's device call (issue 30, session 15; ≤ 9 minutes) on the
-# full-size synthetic checkpoint, with the one-launch MoE beside it:
+# full-size synthetic checkpoint:
 #   1. GPU tests: dec_dn_layer's (against the four launches and the CPU, 25 graph replays; the
-#      model with --fused-dn on vs off), dec_moe's (the same two), and the four launches' own
-#      (fused_decode_blocks_match_cpu; the batched scans, whose step code dec_dn_layer now shares);
-#   2. `bench` decode at 256 / 4K / 32K (prefill 512), graphs on, in three configurations
-#      alternated ROUNDS (2) times: off (LILY_FUSED_DN=0 LILY_FUSED_MOE=0), dn (LILY_FUSED_DN=1),
-#      both (LILY_FUSED_DN=1 LILY_FUSED_MOE=1);
+#      model with --fused-dn on vs off), and the four launches' own (fused_decode_blocks_match_cpu;
+#      the batched scans, whose step code dec_dn_layer now shares);
+#   2. `bench` decode at 256 / 4K / 32K (prefill 512), graphs on, in two configurations
+#      alternated ROUNDS (2) times: off (LILY_FUSED_DN=0), dn (LILY_FUSED_DN=1);
 #   3. one LILY_PROFILE=1 decode at 4K of each (graphs off);
 #   4. teacher-forced `score` over LEN (1,024) positions one token a call (every DeltaNet layer
-#      and MoE block on the decode kernels) against fp32: off, dn, both, in one table.
+#      on the decode kernels) against fp32: off, dn, in one table.
 # Summary: $OUT/summary.txt. No step starts past DEADLINE seconds (450), and none runs past HARD
 # (530): each step's timeout is cut to what is left.
 # Here: the binaries of a CUDA staging (scripts/stage_gpu.sh, gzip -9), this script,
@@ -23,12 +22,12 @@ tmo() {  # tmo N: N seconds, or what is left before HARD if less (at least 1)
   local left=$(( HARD - $(el) ))
   [ "$left" -lt "$1" ] && { [ "$left" -lt 1 ] && echo 1 || echo "$left"; } || echo "$1"
 }
-CONFIGS=("off LILY_FUSED_DN=0 LILY_FUSED_MOE=0" "dn LILY_FUSED_DN=1 LILY_FUSED_MOE=0" "both LILY_FUSED_DN=1 LILY_FUSED_MOE=1")
+CONFIGS=("off LILY_FUSED_DN=0" "dn LILY_FUSED_DN=1")
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "$(tmo "${TEST_S:-230}")" "$B/gpu" --ignored --test-threads=1 --nocapture one_launch_deltanet \
-    one_launch_moe_matches model_decode_with_the_one_launch fused_decode_blocks_match_cpu \
+    model_decode_with_the_one_launch fused_decode_blocks_match_cpu \
     batched_decode_deltanet_scans > "$OUT/tests.log" 2>&1
-  say "tests (dec_dn_layer, dec_moe, the four launches) rc=$? at $(el)s"
+  say "tests (dec_dn_layer, the four launches) rc=$? at $(el)s"
   grep -E "^test .*(ok|FAILED)$|^test result|panicked|bit for bit|graph replays|^MODEL|vs CPU, .*residual" \
     "$OUT/tests.log" | cut -c1-300 | head -70 | tee -a "$S"
 fi
@@ -49,7 +48,7 @@ for c in "${CONFIGS[@]}"; do
   env "$@" LILY_PROFILE=1 timeout "$(tmo 90)" "$B/lily-engine" bench --model $M --device cuda --prefill 512 \
     --decode-ctx 4K --decode-tokens 36 --repeat 1 > "$OUT/profile-$name.log" 2>&1
   say "profile (decode 4K, $name: $*) rc=$? at $(el)s:"
-  grep -E "kernel profile|decode deltanet|decode moe|dec_dn_layer|dec_gemv4|dec_dn_|dec_moe|dec_glu4|dec_down|dec_gemv8|in all" \
+  grep -E "kernel profile|decode deltanet|decode moe|dec_dn_layer|dec_gemv4|dec_dn_|dec_glu4|dec_down|dec_gemv8|in all" \
     "$OUT/profile-$name.log" | head -16 | tee -a "$S"
 done
 W=/tmp/dn-layer-score; mkdir -p "$W"

@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | moe | dn | fused | fused_rows | fused_dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
+// Argument: gemv | moe | dn | fused_dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -15,8 +15,6 @@
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
-//   fused: dec_moe, the one-launch MoE block (driver_fused_moe.cpp's header).
-//   fused_rows: dec_moe_rows, the batched step's one-launch MoE block (driver_fused_moe_rows.cpp).
 //   fused_dn: dec_dn_layer, the one-launch DeltaNet layer (driver_fused_dn.cpp's header).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
@@ -693,8 +691,6 @@ static void run_attn() {
 }
 #endif
 
-#include "driver_fused_moe.cpp"
-#include "driver_fused_moe_rows.cpp"
 #include "driver_fused_dn.cpp"
 
 int main(int argc, char** argv) {
@@ -704,13 +700,11 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
-    else if (part == "fused") run_fused_moe();
-    else if (part == "fused_rows") run_fused_moe_rows();
     else if (part == "fused_dn") run_fused_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused|fused_rows|fused_dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused_dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -99,6 +99,23 @@ static void four_launches(const FusedDn& d, DnLayerIo& io, const float* x) {
              [&] { dec_gemv4w(out, io.o.p(), d.gnorm_w.data(), DN_EPS, io.z.p(), d.dv, nullptr, d.vd); });
 }
 
+// dec_dn_layer's last checks: its outputs against the launches it replaces (`same`, those named
+// `replaced`), the grid barrier's words after the launch, then a second launch (a graph replay,
+// starting where the first left the barrier: `again` runs it and says whether its outputs are the
+// first's bits), the words after it.
+template <class Again>
+static void relaunch_checks(const char* replaced, bool same, const unsigned* bar, const char* again_what, Again again) {
+    char what[160];
+    snprintf(what, sizeof what, "vs %s", replaced);
+    verdict(what, same, same ? "  bit for bit" : "  differ");
+    verdict("grid barrier reset after a launch (count 0, two generations)", bar[0] == 0 && bar[1] == 2, "  %g, %g",
+            bar[0], bar[1]);
+    same = again();
+    verdict(again_what, same, same ? "  bit for bit" : "  differ");
+    verdict("grid barrier after the second launch (count 0, four generations)", bar[0] == 0 && bar[1] == 4,
+            "  %g, %g", bar[0], bar[1]);
+}
+
 static void run_fused_dn() {
     printf("dec_dn_layer on %d blocks (activations %s)\n", FUSED_DN_GRID, BF16 ? "bf16" : "fp32");
     FusedDn d;

@@ -2,10 +2,8 @@
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows; and decode.cu's
-# one-launch MoE block dec_moe (issue 30: its blocks' threads fibers of one scheduler, so they
-# meet at its grid barrier; 2 s a mode; driver_fused_moe.cpp) and its batched form dec_moe_rows
-# (issue 32; driver_fused_moe_rows.cpp), and the one-launch DeltaNet layer dec_dn_layer (issue 30;
-# driver_fused_dn.cpp, 2 s a mode). The kernels' own
+# one-launch DeltaNet layer dec_dn_layer (issue 30: its blocks' threads fibers of one scheduler,
+# so they meet at its grid barrier; driver_fused_dn.cpp, 2 s a mode). The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -15,8 +13,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused|fused_rows|fused_dn [bf16]  (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (seventeen known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused_dn [bf16]  (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (eleven known bugs put in: each must be caught;
 #                                                           ONLY="9 10" runs those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -46,19 +44,8 @@ MUTANTS = [
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
-    ('dec', '    grid_sync(a.bar);\n    pdl_trigger();  // every block is resident and past its last barrier (see',
-     '    pdl_trigger();  // every block is resident and past its last barrier (see', 'dec_moe without its second grid barrier (h read before it is written)'),
-    ('dec', 'expert(a.down, ids_s[k])', 'expert(a.down, ids_s[0])', "dec_moe reading the first pick's down rows for every item"),
     ('dec', 'asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"', '(void)bar;  // asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"',
-     "dec_moe's grid barrier never resetting its count (the next barrier never opens)"),
-    ('dec', 'stage_items<true>(a.h + (long long)b * top_k * inter', 'stage_items<true>(a.h + (long long)((b + 1) % nb) * top_k * inter',
-     "dec_moe_rows staging the next row's h for each row's down projections"),
-    ('dec', 'b1 = spw > 1 || bp < 0 ? nb : bp + 1;', 'b1 = spw > 1 || bp < 0 ? 1 : bp + 1;',
-     "dec_moe_rows dotting the shared expert's gate/up rows with the first row only"),
-    ('dec', '        __syncthreads();  // the slot is consumed: the chunk `slots` on takes it\n', '',
-     "dec_moe_rows reusing a ring slot before every warp consumed it (copies landing at once)"),
-    ('dec', 'cp_async_wait_n(issued - c - 1);  // chunk c', 'cp_async_wait_n(issued - c);  // chunk c',
-     "dec_moe_rows reading a ring slot one chunk before it landed"),
+     "grid_sync never resetting its count (the next barrier never opens)"),
     ('dec', '    grid_sync(a.bar);\n    pdl_trigger();  // every block is resident and past its last barrier (the PDL',
      '    pdl_trigger();  // every block is resident and past its last barrier (the PDL',
      "dec_dn_layer without its second grid barrier (o staged before every block's step wrote it)"),
@@ -85,8 +72,8 @@ dec = swap(dec, '''    uint4 r;
                  : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 5)
-# dec_moe's grid barrier: its PTX accesses as shim_decode.h's plain ones (the logic runs as written).
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)
+# grid_sync (the persistent kernels' grid barrier): its PTX accesses as shim_decode.h's plain ones (the logic runs as written).
 dec = swap(dec, 'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");',
            'gen = emu_load(bar + 1);')
 dec = swap(dec, 'asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");',
@@ -148,9 +135,8 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 }
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
-  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" "6 fused" "7 fused" "8 fused" \
-           "9 fused_rows" "10 fused_rows" "11 fused_rows -DSHIM_CP_ASYNC_EAGER" "12 fused_rows" \
-           "13 fused_dn" "14 fused_dn" "15 fused_dn" "16 fused_dn"; do
+  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
+           "6 fused_dn" "7 fused_dn" "8 fused_dn" "9 fused_dn" "10 fused_dn"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -166,8 +152,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv moe dn fused fused_rows fused_dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv moe dn fused fused_rows fused_dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv moe dn fused_dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv moe dn fused_dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

@@ -104,12 +104,7 @@ inline void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 struct Copy { void* dst; const void* src; };
 thread_local std::deque<std::vector<Copy>> t_groups;
 thread_local std::vector<Copy> t_open;
-#ifdef SHIM_CP_ASYNC_EAGER
-// (run_batch.sh's mutants: copies land at once, so a slot overwritten while others still read it shows.)
-inline void cp_async16(void* dst, const void* src) { memcpy(dst, src, 16); }
-#else
 inline void cp_async16(void* dst, const void* src) { t_open.push_back({dst, src}); }
-#endif
 inline void cp_async_commit() { t_groups.push_back(t_open); t_open.clear(); }
 template <int N> inline void cp_async_wait() {
     while ((int)t_groups.size() > N) {

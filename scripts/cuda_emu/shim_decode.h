@@ -3,7 +3,7 @@
 // std::threads, the intrinsics decode.cu uses, and per-block static __shared__ arrays. Each
 // replacement says what it assumes; checked against the PTX ISA (prmt, shfl.sync, redux.sync,
 // griddepcontrol, ld.global.nc). cp.async: each fiber keeps its own queues (shim.h's, swapped in
-// while it runs). A persistent kernel's grid barrier (dec_moe) runs with launch_coop: every
+// while it runs). A persistent kernel's grid barrier (dec_dn_layer's) runs with launch_coop: every
 // block's threads fibers of one scheduler.
 //
 // shim.h defines act() for deltanet.cu's tf32 section; decode.cu takes common.cuh's own act()
@@ -198,12 +198,12 @@ inline u32 __byte_perm(u32 x, u32 y, u32 s) {
 // run_batch.sh swaps its asm for this) read memory no kernel writes during the launch (weights):
 // a plain load. The L2 prefetch of stage_prefetch is a hint: dropped.
 inline uint4 __ldg(const uint4* p) { return *p; }
-// ld.global.cg (dec_moe's reads of what other blocks of the launch wrote): a plain load; this
+// ld.global.cg (dec_dn_layer's reads of what other blocks of the launch wrote): a plain load; this
 // emulation has no caches, so it shows nothing about L1 coherence.
 template <class T>
 inline T __ldcg(const T* p) { return *p; }
 
-// dec_moe's grid barrier (decode.cu grid_sync): run_batch.sh swaps its PTX (ld.acquire,
+// The persistent kernels' grid barrier (decode.cu grid_sync): run_batch.sh swaps its PTX (ld.acquire,
 // atom.add.acq_rel, st.relaxed, st.release) for these plain accesses, so the barrier's own logic
 // (generation read before arriving, the last block resetting the count, then moving the
 // generation) runs as written, under the sequential consistency of fibers run one at a time;
@@ -398,7 +398,7 @@ inline void launch_k(dim3e grid, int threads, size_t smem_floats, std::function<
     if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
 }
 
-// A launch whose blocks meet at a grid barrier (dec_moe): every block's threads fibers of one
+// A launch whose blocks meet at a grid barrier (dec_dn_layer): every block's threads fibers of one
 // scheduler on this OS thread, so a block waiting for the others lets them run; the grid at
 // most SHIM_MAX_BLOCKS blocks (as a GPU runs a persistent grid: all resident at once).
 inline void launch_coop(int grid, int threads, size_t smem_floats, std::function<void()> kernel) {

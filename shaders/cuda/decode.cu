@@ -11,15 +11,6 @@
 //                     item, the shared expert: the MoE's first half in one launch.
 //   dec_down_combine: x += Σ_k w_k · down_k · h_k + sigmoid(g_s) · down_s · h_s: the experts' down
 //                     projections, routing weights, shared-expert gate, combine and residual add.
-//   dec_moe:          the whole MoE block of one token in one persistent launch (the router and the
-//                     shared-expert gate as dec_gemv8 computes them, then dec_glu4's and
-//                     dec_down_combine's work), its phases met at a grid barrier, every weight row a
-//                     block needs requested at once as soon as the token is routed (issue 30,
-//                     `--fused-moe`; its comment below says how, and the PDL hazard).
-//   dec_moe_rows:     dec_moe's design for the B ≤ 8 rows of a batched step (issue 32,
-//                     `--fused-moe-rows`): rms_norm + dec_gemv_rows + dec_glu4_rows +
-//                     dec_down_combine_rows in one launch, the shared expert's rows read once for
-//                     all rows, the block's weights streamed through a ring of cp.async slots.
 //
 // Weights: MLX affine 4- or 8-bit with groups of 64 columns (the launcher checks). A lane owns whole
 // groups: LPR = min(32, cols / 64) lanes share a row, 32 / LPR rows per warp step, and each lane keeps
@@ -865,9 +856,7 @@ dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits,
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
 // DEC_DOWN_STAGE loads in flight per thread; a 64-column group is 16 consecutive loads of one
 // half-warp (every bound here is a multiple of 16 loads: cols % 64 == 0, blockDim % 32 == 0), so
-// its sum is a shuffle over those 16 lanes. L2_ONLY: the rows were written by other blocks of this
-// launch (dec_moe), so they are read from L2 (ld.global.cg), never from a stale L1 line.
-template <bool L2_ONLY>
+// its sum is a shuffle over those 16 lanes.
 __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
                                             int top_k, int cols, float* hsm, float* hsum) {
     int G = cols >> 6, items = top_k + 1;
@@ -881,7 +870,7 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
             if (idx < n4) {
                 int k = (4 * idx) / cols, col = (4 * idx) % cols;
                 const float* src = k < top_k ? h + (long long)k * h_stride + col : hs + col;
-                v[i] = L2_ONLY ? __ldcg(reinterpret_cast<const float4*>(src)) : *reinterpret_cast<const float4*>(src);
+                v[i] = *reinterpret_cast<const float4*>(src);
             }
         }
 #pragma unroll
@@ -952,7 +941,7 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
             if (i < top_k) load(j, i);
         }
     }
-    stage_items<false>(h, h_stride, hs, top_k, cols, hsm, hsum);
+    stage_items(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
     float y = 0.0f, ys = 0.0f;
     if (fast) {
@@ -1027,7 +1016,7 @@ dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, 
                        hs + b * sdown.cols, s_gate + b, x + b * down.rows);
 }
 
-// ---- The whole MoE block of one token in one launch (dec_moe) ----------------------------------
+// ---- Persistent launches: the grid barrier and weight rows staged in shared memory ---------------
 
 // A software barrier over the whole grid of a persistent launch (every block resident at once: the
 // launcher sizes the grid so), self-resetting so a captured graph can replay it: bar[0] counts the
@@ -1060,15 +1049,16 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
     __syncthreads();
 }
 
-// One row of a 4-bit matrix as dec_moe stages it in shared memory: the packed words of its
-// cols / 64 groups, then their bf16 scales, then their biases (MOE_REC bytes: cols / 2 + cols / 16).
-#define MOE_REC(cols) ((cols) / 2 + (cols) / 16)
+// One row of a 4-bit matrix as a persistent kernel stages it in shared memory (a record): the packed
+// words of its cols / 64 groups, then their bf16 scales, then their biases (ROW_REC bytes:
+// cols / 2 + cols / 16).
+#define ROW_REC(cols) ((cols) / 2 + (cols) / 16)
 
 // Requests (cp.async) row `row` of w into the record at dst, by the n threads t = 0 .. n - 1 of
 // a warp or half-warp: the row's pointers are computed once, each thread then copies the 16-byte
 // pieces t, t + n, ... (cols a multiple of 512, so the scales and biases of a row are whole
-// pieces): a few instructions a copy, so a block's 30 copies a thread are all asked for within
-// a microsecond or so.
+// pieces): a few instructions a copy, so a block's whole share of rows is asked for within a
+// microsecond or so.
 __device__ __forceinline__ void rec_request(const QWeight& w, long long row, unsigned char* dst, int t, int n) {
     int G = w.cols >> 6;
     int qc = G * 2, sc = G / 8;  // pieces of the packed words (32 bytes a group), of the scales
@@ -1097,11 +1087,6 @@ __device__ __forceinline__ void rec_rows(const unsigned char* rec, int G, int sl
     }
 }
 
-// Lane sl's group of a staged record (one group a lane).
-__device__ __forceinline__ void rec_group(const unsigned char* rec, int G, int sl, QRows<4, 1, 1>& r) {
-    rec_rows<1>(rec, G, sl, G, r);
-}
-
 // A staged record's dot with a staged row (xs [G][DEC_XPAD], its group sums xsum [G]): the lane's
 // GPL groups (lpr = G / GPL lanes a row), summed over the lpr lanes of its row: the sums of
 // dec_gemv4 (GPL 1) and dec_gemv4w (GPL 2).
@@ -1120,225 +1105,6 @@ __device__ __forceinline__ float rec_dot(const unsigned char* rec, int G, int sl
     qrows_dot<4, GPL, 1>(r, sl, lpr, xv, sx, xs, xsum, acc);
     reduce_rows<1>(acc, lpr);
     return acc[0];
-}
-
-// The combine of n output rows (dec_down_combine's order): dsum [n][items] holds each row's
-// act(down · h) per item (item top_k the shared expert's), w the routing weights; DEC_DOWN_KSPLIT
-// chunks of the routed items (k, k + KSPLIT, ...) summed each from 0, the chunks added in order,
-// then the shared expert's gated term; x[r] = act(x[r] + act(yy)).
-__device__ __forceinline__ void moe_combine(const float* dsum, int items, int top_k, const float* w, float s_gate,
-                                            float* x, int n) {
-    for (int rl = threadIdx.x; rl < n; rl += blockDim.x) {
-        const float* d = dsum + rl * items;
-        float yy = 0.0f;
-        for (int kc = 0; kc < DEC_DOWN_KSPLIT; kc++) {
-            float y = 0.0f;
-            for (int k = kc; k < top_k; k += DEC_DOWN_KSPLIT) y += w[k] * d[k];
-            yy = kc == 0 ? y : yy + y;
-        }
-        yy += act(act(sigmoidf(s_gate)) * d[top_k]);
-        x[rl] = act(x[rl] + act(yy));
-    }
-}
-
-// Everything dec_moe reads and writes. The gate/up rows of the top_k + 1 items (item 0 the shared
-// expert, item k the routed expert ids[k - 1], inter rows each) are one list of (top_k + 1) · inter
-// rows split over the grid, gu_share consecutive rows a block; the hidden output rows likewise,
-// down_share a block.
-struct DecMoe {
-    QWeight router, sgw;                 // 8-bit [n_experts, hidden], [1, hidden]
-    QWeight gate, up, sgate, sup;        // 4-bit stacks [n_experts, inter, hidden], shared [inter, hidden]
-    QWeight down, sdown;                 // 4-bit [n_experts, hidden, inter], shared [hidden, inter]
-    const float* norm_w;                 // [hidden] the post-attention RMSNorm
-    float eps;
-    float* x;                            // [hidden] the residual row, updated in place
-    float* xn;                           // [hidden] written: the normed row (block 0)
-    float* logits;                       // [n_experts] written: the router's exact logits
-    float* s_gate;                       // [1] written: the shared expert's gate logit
-    int* ids;                            // [top_k] written (block 0)
-    float* route_w;                      // [top_k] written (block 0)
-    float* h;                            // [top_k, inter] written
-    float* hs;                           // [inter] written
-    unsigned* bar;                       // [2] the grid barrier's count and generation
-    int n_experts, top_k, gu_share, down_share;
-};
-
-// Requests the block's gate/up records whose item is (ITEM0) or is not (!ITEM0) the shared
-// expert: record 2 · jl + m is row j0 + jl of gate (m = 0) or up (m = 1); a warp a record.
-template <bool ITEM0>
-__device__ __forceinline__ void moe_request_gu(const DecMoe& a, const int* ids_s, int j0, int rows,
-                                               unsigned char* gu) {
-    int rec = MOE_REC(a.gate.cols), inter = a.gate.rows;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int rr = warp; rr < 2 * rows; rr += warps) {
-        int j = j0 + (rr >> 1);
-        if ((j < inter) != ITEM0) continue;
-        int item = j / inter, r = j % inter;
-        bool is_up = rr & 1;
-        QWeight w = item == 0 ? (is_up ? a.sup : a.sgate) : expert(is_up ? a.up : a.gate, ids_s[item - 1]);
-        rec_request(w, r, gu + (long long)rr * rec, lane, 32);
-    }
-}
-
-// Phase C's records: for output row c0 + rl and item k (k < top_k: expert ids[k]'s down, k = top_k
-// the shared expert's), record rl · items + k; a half-warp a record (18 pieces for 512 columns).
-__device__ __forceinline__ void moe_request_down(const DecMoe& a, const int* ids_s, int c0, int rows,
-                                                 unsigned char* dn) {
-    int rec = MOE_REC(a.down.cols), items = a.top_k + 1;
-    int half = threadIdx.x >> 4, halves = blockDim.x >> 4;
-    for (int rr = half; rr < rows * items; rr += halves) {
-        int rl = rr / items, k = rr % items;
-        QWeight w = k < a.top_k ? expert(a.down, ids_s[k]) : a.sdown;
-        rec_request(w, c0 + rl, dn + (long long)rr * rec, threadIdx.x & 15, 16);
-    }
-}
-
-// dec_moe: the MoE block of a one-token step in one launch, doing what dec_gemv8 (router and
-// shared-expert gate, the post-attention RMSNorm folded in), dec_glu4 and dec_down_combine do,
-// with the same rounding points and the same sums in the same order (each row's dot product,
-// group sums, the routing, the combine), so its outputs equal theirs. A persistent grid of blocks
-// all resident at once (the launcher: at most one an SM's worth, checked against the occupancy),
-// three phases separated by grid_sync:
-//   before pdl_wait: each block's router rows into registers, its shared-expert gate/up rows
-//     (item 0, no routing needed) requested into shared memory (cp.async), the norm's weights
-//     toward L2: weights never change, so they stream while the kernel before finishes;
-//   A: x staged and RMS-normed (stage_x, as dec_gemv8), the block's router rows → exact logits,
-//     the shared-expert gate logit → s_gate. grid_sync.
-//   B: every block routes the token from the 256 logits (route_top_k; block 0 publishes ids,
-//     route_w), then requests in one go its routed gate/up rows AND its phase-C down rows (known
-//     once routed): the block's whole share of the layer's weights in flight at once; computes
-//     its gate/up rows h = act(act(silu(act(g))) · act(u)) → h / hs. grid_sync.
-//   C: stages h (all top_k + 1 rows, from L2) with group sums, the down rows of its output rows
-//     (already in shared memory), combines as dec_down_combine: x[c] = act(x[c] + act(yy)).
-// Bytes a layer (full shape): router 0.53 MB, gate/up 9 × 2 × 0.56 MB, down 9 × 0.59 MB: 16.6 MB,
-// the same as the three launches; what is saved is two launch boundaries and the dependent
-// round trips between them.
-// PDL hazard: the dependents are triggered only after the second grid_sync. Triggered earlier,
-// the next kernel's blocks could take SMs while some of ours are not yet resident, and our
-// resident blocks would wait at a grid barrier for blocks that cannot start: a deadlock. After
-// the second barrier every block of ours is resident and none waits for another again. (Before
-// us: we are launched once every block of the kernel before has triggered, so all of them are
-// resident already; ours take SMs as theirs leave and wait at griddepcontrol.wait, not at a
-// barrier, so the kernel before always finishes.)
-// Shared memory (dynamic, moe_smem in the launcher): x staged, the logits, the routing scratch,
-// the gate/up records (phase C's staged h and per-(row, item) down results in their place), the
-// down records: 133 KB a block for the full shape on an H200 (132 SMs), 159 KB on an A100 (108).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_moe(DecMoe a) {
-    extern __shared__ __align__(16) float dec_smem[];
-    __shared__ int ids_s[DEC_MAX_TOPK];
-    __shared__ float w_s[DEC_MAX_TOPK];
-    int hidden = a.gate.cols, inter = a.gate.rows, top_k = a.top_k, items = top_k + 1;
-    int Gh = hidden >> 6, Gi = inter >> 6;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float* xs = dec_smem;                                  // [Gh][DEC_XPAD]
-    float* xsum = xs + Gh * DEC_XPAD;                      // [Gh]
-    float* lg = xsum + ((Gh + 3) & ~3);                    // [n_experts] the logits
-    float* p = lg + ((a.n_experts + 3) & ~3);              // [n_experts] route_top_k's scratch
-    // Phase B's gate/up records, then in the same bytes phase C's staged h and down results
-    // (the records are all read before the second barrier), then the down records.
-    unsigned char* gu = reinterpret_cast<unsigned char*>(p + ((a.n_experts + 3) & ~3));
-    float* hsm = reinterpret_cast<float*>(gu);             // [items][Gi][DEC_XPAD]
-    float* hsum = hsm + items * Gi * DEC_XPAD;             // [items][Gi]
-    float* dsum = hsum + ((items * Gi + 3) & ~3);          // [down_share][items]
-    long long gu_bytes = (long long)2 * a.gu_share * MOE_REC(hidden);
-    long long c_bytes = 4LL * (items * Gi * DEC_XPAD + ((items * Gi + 3) & ~3) + ((a.down_share * items + 3) & ~3));
-    unsigned char* dn = gu + max(gu_bytes, c_bytes);
-    int j0 = blockIdx.x * a.gu_share;
-    int gu_rows = max(0, min(a.gu_share, items * inter - j0));
-    int c0 = blockIdx.x * a.down_share;
-    int dn_rows = max(0, min(a.down_share, hidden - c0));
-
-    // Before pdl_wait: weights only.
-    int lpr = Gh, spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
-    int n_lg = a.n_experts + 1;  // router rows, then the shared-expert gate's one row
-    int lg_tiles = (n_lg + spw - 1) / spw, lg_step = gridDim.x * warps;
-    int t0 = warp * gridDim.x + blockIdx.x;
-    auto lg_row = [&](int t, QWeight& w, int& r) {
-        int i = min(t * spw + sub, n_lg - 1);
-        w = i < a.n_experts ? a.router : a.sgw;
-        r = i < a.n_experts ? i : 0;
-        return t * spw + sub;
-    };
-    QRows<8, 1, 1> rq;
-    if (t0 < lg_tiles) {
-        QWeight w;
-        int r;
-        lg_row(t0, w, r);
-        qrows_load<8, 1, 1>(w, r, Gh, lpr, sl, rq);
-    }
-    moe_request_gu<true>(a, ids_s, j0, gu_rows, gu);
-    cp_async_commit();
-    stage_prefetch(a.norm_w, hidden, 1, false);
-    pdl_wait();
-
-    // A: x normed, the router's logits and the shared-expert gate.
-    stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, a.xn);
-    float xv[64];
-    load_group(xs + sl * DEC_XPAD, xv);
-    float sx = xsum[sl];
-    for (int t = t0; t < lg_tiles; t += lg_step) {
-        QWeight w;
-        int r;
-        int i = lg_row(t, w, r);
-        if (t != t0) qrows_load<8, 1, 1>(w, r, Gh, lpr, sl, rq);
-        float acc[1];
-        qrows_dot<8, 1, 1>(rq, sl, lpr, xv, sx, nullptr, nullptr, acc);
-        reduce_rows<1>(acc, lpr);
-        if (sl == 0 && i < n_lg) {
-            if (i < a.n_experts)
-                a.logits[i] = acc[0];
-            else
-                a.s_gate[0] = act(acc[0]);
-        }
-    }
-    grid_sync(a.bar);
-
-    // B: route, request every remaining weight row of the block, its gate/up rows.
-    for (int e = threadIdx.x; e < a.n_experts; e += blockDim.x) lg[e] = __ldcg(a.logits + e);
-    __syncthreads();
-    route_warp<true>(lg, a.n_experts, top_k, a.ids, a.route_w, p, ids_s, w_s);
-    __syncthreads();
-    moe_request_gu<false>(a, ids_s, j0, gu_rows, gu);
-    cp_async_commit();
-    moe_request_down(a, ids_s, c0, dn_rows, dn);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    int rec_h = MOE_REC(hidden);
-    for (int jl = warp * spw + sub; jl - sub < gu_rows; jl += warps * spw) {
-        int jc = min(jl, max(gu_rows - 1, 0));
-        QRows<4, 1, 1> rg, ru;
-        rec_group(gu + (long long)(2 * jc) * rec_h, Gh, sl, rg);
-        rec_group(gu + (long long)(2 * jc + 1) * rec_h, Gh, sl, ru);
-        float g[1], u[1];
-        qrows_dot<4, 1, 1>(rg, sl, lpr, xv, sx, nullptr, nullptr, g);
-        qrows_dot<4, 1, 1>(ru, sl, lpr, xv, sx, nullptr, nullptr, u);
-        reduce_rows<1>(g, lpr);
-        reduce_rows<1>(u, lpr);
-        if (sl == 0 && jl < gu_rows) {
-            int j = j0 + jl, item = j / inter, r = j % inter;
-            float* out = item == 0 ? a.hs : a.h + (long long)(item - 1) * inter;
-            out[r] = act(act(siluf(act(g[0]))) * act(u[0]));
-        }
-    }
-    grid_sync(a.bar);
-    pdl_trigger();  // every block is resident and past its last barrier (see the hazard above)
-
-    // C: the down rows of the block's outputs, combined, added into x.
-    cp_async_wait<0>();
-    stage_items<true>(a.h, inter, a.hs, top_k, inter, hsm, hsum);
-    __syncthreads();
-    int lpr_d = min(32, Gi), spw_d = 32 / lpr_d, sub_d = lane / lpr_d, sl_d = lane % lpr_d;
-    int rec_d = MOE_REC(inter);
-    for (int pr = warp * spw_d + sub_d; pr - sub_d < dn_rows * items; pr += warps * spw_d) {
-        int pc = min(pr, max(dn_rows * items - 1, 0));
-        int k = pc % items;
-        float acc = rec_dot(dn + (long long)pc * rec_d, Gi, sl_d, lpr_d, hsm + k * Gi * DEC_XPAD, hsum + k * Gi);
-        if (sl_d == 0 && pr < dn_rows * items) dsum[pr] = act(acc);
-    }
-    __syncthreads();
-    moe_combine(dsum, items, top_k, w_s, __ldcg(a.s_gate), a.x + c0, dn_rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
@@ -1571,13 +1337,13 @@ struct DecDn {
 };
 
 // Requests (cp.async) the block's records of rows r0 .. r0 + n - 1 of the concatenated in_proj list
-// (record jl at in_rec + jl · MOE_REC(hidden)) and of out_proj (at out_rec), a warp a record, in
+// (record jl at in_rec + jl · ROW_REC(hidden)) and of out_proj (at out_rec), a warp a record, in
 // three cp.async groups: in_proj's records before `split`, those from it, out_proj's.
 __device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, int split, unsigned char* in_rec, int o0,
                                            int on, unsigned char* out_rec) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int qkv = a.in_qkv.rows, zr = a.in_z.rows, br = a.in_b.rows;
-    int rec_h = MOE_REC(a.in_qkv.cols), rec_v = MOE_REC(a.out.cols);
+    int rec_h = ROW_REC(a.in_qkv.cols), rec_v = ROW_REC(a.out.cols);
     for (int part = 0; part < 2; part++) {
         for (int jl = (part ? split : 0) + warp; jl < (part ? n : split); jl += warps) {
             int j = r0 + jl;
@@ -1619,9 +1385,9 @@ __device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s,
 // (in_proj's four weights, the input RMSNorm folded in), dec_dn_conv, dec_dn_step and dec_gemv4w
 // (the gated norm folded into out_proj, the residual add) do, with the same rounding points and
 // the same sums in the same order (each row's dot product and group sums, the conv's taps, the
-// q/k norms' block sums, the column updates, the gated norm), so its outputs equal theirs. dec_moe's
-// design (docs/perf-notes.md, session 14): a persistent grid of one block an SM, all resident at
-// once (the launcher checks the occupancy), three phases separated by grid_sync:
+// q/k norms' block sums, the column updates, the gated norm), so its outputs equal theirs. A
+// persistent grid of one block an SM, all resident at once (the launcher checks the occupancy),
+// three phases separated by grid_sync:
 //   before pdl_wait: the block's in_proj rows and out_proj rows requested into shared memory
 //     (cp.async), the conv taps and conv state of its in_proj_qkv channels into shared memory, the
 //     state columns of its first work items into registers, the norms' weights toward L2: none of
@@ -1639,9 +1405,13 @@ __device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s,
 // Bytes a layer (full shape): in_proj 13.4 MB, out_proj 4.7 MB, the state 2 MB read and written,
 // the same as the four launches; what is saved is three launch boundaries and the dependent round
 // trips between them, and every weight byte of a block is in flight at once.
-// PDL hazard: as dec_moe's (its comment): the dependents are triggered only after the second
-// grid_sync; before it a block of the next kernel could take an SM one of ours needs, and ours
-// would wait at the barrier for it forever.
+// PDL hazard: the dependents are triggered only after the second grid_sync. Triggered earlier, the
+// next kernel's blocks could take SMs while some of ours are not yet resident, and our resident
+// blocks would wait at a grid barrier for blocks that cannot start: a deadlock. After the second
+// barrier every block of ours is resident and none waits for another again. (Before us: we are
+// launched once every block of the kernel before has triggered, so all of them are resident
+// already; ours take SMs as theirs leave and wait at griddepcontrol.wait, not at a barrier, so the
+// kernel before always finishes.)
 // Shared memory (dynamic, dn_layer_smem in the launcher): x staged, the conv taps and state of the
 // block's channels, the in_proj records (phase C's staged gated row in the same bytes: the records
 // are all read before the first barrier), the out_proj records: 153 KB a block for the full shape on
@@ -1665,7 +1435,7 @@ dec_dn_layer(DecDn a) {
     unsigned char* in_rec = reinterpret_cast<unsigned char*>(cst_s + ((a.in_share * (k - 1) + 3) & ~3));
     float* ys = reinterpret_cast<float*>(in_rec);    // phase C: [Gv][DEC_XPAD] in the records' bytes
     float* ysum = ys + Gv * DEC_XPAD;                // [Gv]
-    long long in_bytes = (long long)a.in_share * MOE_REC(hidden);
+    long long in_bytes = (long long)a.in_share * ROW_REC(hidden);
     long long c_bytes = 4LL * (Gv * DEC_XPAD + ((Gv + 3) & ~3));
     unsigned char* out_rec = in_rec + max(in_bytes, c_bytes);
 
@@ -1695,7 +1465,7 @@ dec_dn_layer(DecDn a) {
     // A: x normed; in_proj's rows; the conv of the qkv channels.
     stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, nullptr);
     int lpr = min(32, Gh), spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
-    int rec_h = MOE_REC(hidden);
+    int rec_h = ROW_REC(hidden);
     for (int part = 0; part < 2; part++) {
         if (part == 0)
             cp_async_wait<2>();
@@ -1737,7 +1507,7 @@ dec_dn_layer(DecDn a) {
     cp_async_wait<0>();
     __syncthreads();
     int lpr_o = min(32, Gv), spw_o = 32 / lpr_o, sub_o = lane / lpr_o, sl_o = lane % lpr_o;
-    int rec_v = MOE_REC(vd);
+    int rec_v = ROW_REC(vd);
     for (int rl = warp * spw_o + sub_o; rl - sub_o < orows; rl += warps * spw_o) {
         const unsigned char* rec = out_rec + (long long)min(rl, max(orows - 1, 0)) * rec_v;
         float acc = Gv > 32 ? rec_dot<2>(rec, Gv, sl_o, lpr_o, ys, ysum) : rec_dot(rec, Gv, sl_o, lpr_o, ys, ysum);
@@ -1913,312 +1683,4 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
         }
     }
     dec_trigger_late();
-}
-
-// ---- The MoE block of a batched step in one launch (dec_moe_rows) -------------------------------
-
-// Everything dec_moe_rows reads and writes: DecMoe's fields for nb rows (x, xn [nb, hidden];
-// logits [nb, n_experts]; s_gate [nb]; ids, route_w [nb, top_k]; h [nb, top_k, inter]; hs [nb,
-// inter]), then the rows and the ring's slots. The gate/up rows of the 1 + nb · top_k items (item
-// 0 the shared expert, dotted with every row; item 1 + b · top_k + k row b's pick k, dotted with
-// row b only) are one list of (1 + nb · top_k) · inter rows split over the grid, gu_share a
-// block; the hidden output rows likewise, down_share a block.
-struct DecMoeRows {
-    DecMoe m;
-    int nb, slots;
-};
-
-// The ring's slot: DEC_MOE_SLOT (18,432) bytes, i.e. 8 warps' worth of gate/up rows (16 records of
-// a 2,048-wide row; 32 of 1,024; 64 of 512) or 64 down records of a 512-wide row. The launcher
-// sizes the ring's shared memory from the same constant.
-#ifndef DEC_MOE_SLOT
-#error "DEC_MOE_SLOT comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
-#endif
-#define MOE_SLOT DEC_MOE_SLOT
-
-// cp.async.wait_group with a count known only at run time (at most the ring's slots, ≤ 8).
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-    switch (n) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        case 3: cp_async_wait<3>(); break;
-        case 4: cp_async_wait<4>(); break;
-        case 5: cp_async_wait<5>(); break;
-        case 6: cp_async_wait<6>(); break;
-        default: cp_async_wait<7>(); break;
-    }
-}
-
-// The block's ring of work, chunk by chunk: first its gate/up rows (gu_per rows a chunk, record
-// 2 · jl + m of a slot row jl of gate (m = 0) or up (m = 1)), then per row b its output rows'
-// routed down records (dn_per a chunk: record i of the chunk is (output row, pick) = (i / top_k,
-// i % top_k) of the flattened list of the block's dn_rows · top_k).
-struct MoeRing {
-    int j0, gu_rows, gu_per, gu_chunks;  // the block's gate/up rows
-    int c0, dn_rows, dn_per, dn_chunks;  // its output rows; down chunks a row b
-    int chunks;                          // gu_chunks + nb · dn_chunks
-};
-
-// Requests chunk `c` of the block's ring into `slot` (one cp.async group, committed by the
-// caller): a warp a gate/up record, a half-warp a down record.
-__device__ __forceinline__ void moe_rows_request(const DecMoe& a, const MoeRing& g, const int* ids_s, int c,
-                                                 unsigned char* slot) {
-    int inter = a.gate.rows;
-    if (c < g.gu_chunks) {
-        int rec = MOE_REC(a.gate.cols);
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-        int jl0 = c * g.gu_per, n = min(g.gu_per, g.gu_rows - jl0);
-        for (int rr = warp; rr < 2 * n; rr += warps) {
-            int j = g.j0 + jl0 + (rr >> 1), item = j / inter, r = j % inter;
-            bool is_up = rr & 1;
-            QWeight w = item == 0 ? (is_up ? a.sup : a.sgate) : expert(is_up ? a.up : a.gate, ids_s[item - 1]);
-            rec_request(w, r, slot + (long long)rr * rec, lane, 32);
-        }
-    } else {
-        int rec = MOE_REC(a.down.cols);
-        int b = (c - g.gu_chunks) / g.dn_chunks, i0 = ((c - g.gu_chunks) % g.dn_chunks) * g.dn_per;
-        int n = min(g.dn_per, g.dn_rows * a.top_k - i0);
-        int half = threadIdx.x >> 4, halves = blockDim.x >> 4;
-        for (int rr = half; rr < n; rr += halves) {
-            int i = i0 + rr, rl = i / a.top_k, k = i % a.top_k;
-            QWeight w = expert(a.down, ids_s[b * a.top_k + k]);
-            rec_request(w, g.c0 + rl, slot + (long long)rr * rec, threadIdx.x & 15, 16);
-        }
-    }
-}
-
-// Phase A's staging: the nb rows of x [nb, cols] RMS-normed into xs [nb][G][DEC_XPAD] with their
-// group sums (xsum [nb][G]), each row as stage_x stages it (the same values, the same sums); in
-// the fast form every row's loads are in flight before the first row's sum.
-template <int V>
-__device__ __forceinline__ void stage_rows_fast(const float* __restrict__ x, const float* __restrict__ norm_w,
-                                                float eps, int cols, int nb, float* xs, float* xsum,
-                                                float* __restrict__ xn_out) {
-    int G = cols >> 6;
-    XRow<V> r[DEC_B_MAX];
-#pragma unroll
-    for (int b = 0; b < DEC_B_MAX; b++)
-        if (b < nb) stage_load<V, false>(x + (long long)b * cols, nullptr, r[b]);
-#pragma unroll
-    for (int b = 0; b < DEC_B_MAX; b++)
-        if (b < nb)
-            stage_finish<V>(r[b], norm_w, eps, cols, false, 1, xs + b * G * DEC_XPAD, xsum + b * G,
-                            xn_out ? xn_out + (long long)b * cols : nullptr);
-}
-
-__device__ __forceinline__ void stage_rows(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-                                           int cols, int nb, float* xs, float* xsum, float* __restrict__ xn_out) {
-    // (rows are cols floats apart, a multiple of 64: row 0's alignment is every row's)
-    switch (stage_width(x, norm_w, cols, nullptr, 1, xn_out)) {
-        case 4: stage_rows_fast<4>(x, norm_w, eps, cols, nb, xs, xsum, xn_out); break;
-        case 8: stage_rows_fast<8>(x, norm_w, eps, cols, nb, xs, xsum, xn_out); break;
-        default:
-            for (int b = 0; b < nb; b++)
-                stage_x(x + (long long)b * cols, norm_w, eps, cols, nullptr, 1, xs + b * (cols >> 6) * DEC_XPAD,
-                        xsum + b * (cols >> 6), xn_out ? xn_out + (long long)b * cols : nullptr);
-    }
-}
-
-// dec_moe_rows: the MoE block of the nb rows of a batched decode step (2 ≤ nb ≤ DEC_B_MAX) in one
-// launch, doing what rms_norm + dec_gemv_rows (router and shared-expert gate) + dec_glu4_rows +
-// dec_down_combine_rows do, with the same rounding points and sums in the same order, so each
-// row's outputs equal theirs. dec_moe's design (persistent grid of one block an SM, all resident,
-// grid_sync between phases, dependents triggered only after the last barrier: the PDL hazard in
-// dec_moe's comment) with the weights streamed through a ring of `slots` cp.async stages of
-// MOE_SLOT bytes, since a block's share at 8 rows (≈ 0.5 MB of gate/up, 0.3 MB of down) is past
-// shared memory:
-//   before pdl_wait: the block's shared-expert down rows (one record an output row, used by every
-//     row b) requested; the norm's weights toward L2.
-//   A: the rows staged and RMS-normed (stage_rows: stage_x's arithmetic, i.e. rms_norm's, every
-//     row's loads in flight at once; its group sums are dec_glu4's), each row's group sums as dec_gemv_rows sums them; the block's router rows and
-//     the shared-expert gate row dotted with all nb rows (brow_dot, dec_gemv_rows' order) →
-//     exact logits [nb, n_experts], s_gate [nb]. grid_sync.
-//   B: a warp routes a row (route_top_k; block 0 publishes ids, route_w); the first `slots`
-//     chunks requested; then chunk by chunk its gate/up rows: item 0's record pair dotted with
-//     each row (read once for all), a pick's with its row → h, hs; each consumed slot takes the
-//     next chunk, so the down chunks (known once routed) are in flight before grid_sync.
-//   C: per row b: h_b's top_k rows and hs_b staged (stage_items, from L2) with group sums; the
-//     shared expert's down dots; the row's down chunks; the combine as dec_down_combine (its
-//     KSPLIT chunks of the picks in order, then the gated shared term): x_b[c] = act(x_b[c] +
-//     act(yy)).
-// Bytes a layer (full shape): router 0.53 MB; gate/up (1 + nb · top_k) × 1.1 MB; down
-// (1 + nb · top_k) × 0.59 MB; an expert picked by several rows is read once per pick (not
-// deduplicated: ≈ 5–10 % of the bytes at 4–8 rows, and the per-row item list keeps each row's
-// arithmetic dec_glu4_rows'). Registers: one block an SM, so up to 255 a thread without a cap.
-// Shared memory (dynamic, moe_rows_smem in the launcher): the nb rows staged (phase C's h staging
-// and down results in their place), both sets of group sums, the logits and routing scratch
-// [nb, n_experts] each, the shared-expert down records, the ring.
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
-dec_moe_rows(DecMoeRows rows) {
-    extern __shared__ __align__(16) float dec_smem[];
-    const DecMoe& a = rows.m;
-    int slots = rows.slots;
-    __shared__ int ids_s[DEC_B_MAX * DEC_MAX_TOPK];
-    __shared__ float w_s[DEC_B_MAX * DEC_MAX_TOPK];
-    int hidden = a.gate.cols, inter = a.gate.rows, top_k = a.top_k, nb = rows.nb, items = top_k + 1;
-    int Gh = hidden >> 6, Gi = inter >> 6;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    int xs_floats = nb * Gh * DEC_XPAD;
-    int hc_floats = items * Gi * DEC_XPAD + ((items * Gi + 3) & ~3) + ((a.down_share * items + 3) & ~3);
-    float* xs = dec_smem;                                  // [nb][Gh][DEC_XPAD]; phase C: hsm, hsum, dsum
-    float* hsm = dec_smem;                                 // [items][Gi][DEC_XPAD]
-    float* hsum = hsm + items * Gi * DEC_XPAD;             // [items][Gi]
-    float* dsum = hsum + ((items * Gi + 3) & ~3);          // [down_share][items]
-    float* xsum_g = dec_smem + max(xs_floats, hc_floats);  // [nb][Gh] stage_x's group sums (dec_glu4's)
-    float* xsum_r = xsum_g + ((nb * Gh + 3) & ~3);         // [nb][Gh] dec_gemv_rows' group sums
-    float* lg = xsum_r + ((nb * Gh + 3) & ~3);             // [nb][n_experts]
-    float* p = lg + ((nb * a.n_experts + 3) & ~3);         // [nb][n_experts] route_top_k's scratch
-    unsigned char* sd = reinterpret_cast<unsigned char*>(p + ((nb * a.n_experts + 3) & ~3));
-    int rec_h = MOE_REC(hidden), rec_d = MOE_REC(inter);
-    unsigned char* ring = sd + ((a.down_share * rec_d + 15) & ~15);
-
-    MoeRing g;
-    g.j0 = blockIdx.x * a.gu_share;
-    g.gu_rows = max(0, min(a.gu_share, (1 + nb * top_k) * inter - g.j0));
-    g.gu_per = MOE_SLOT / (2 * rec_h);
-    g.gu_chunks = (g.gu_rows + g.gu_per - 1) / g.gu_per;
-    g.c0 = blockIdx.x * a.down_share;
-    g.dn_rows = max(0, min(a.down_share, hidden - g.c0));
-    g.dn_per = MOE_SLOT / rec_d;
-    g.dn_chunks = (g.dn_rows * top_k + g.dn_per - 1) / g.dn_per;
-    g.chunks = g.gu_chunks + nb * g.dn_chunks;
-
-    // Before pdl_wait: weights only.
-    {
-        int half = threadIdx.x >> 4, halves = blockDim.x >> 4;
-        for (int rl = half; rl < g.dn_rows; rl += halves)
-            rec_request(a.sdown, g.c0 + rl, sd + (long long)rl * rec_d, threadIdx.x & 15, 16);
-        cp_async_commit();
-    }
-    stage_prefetch(a.norm_w, hidden, 1, false);
-    pdl_wait();
-
-    // A: the rows normed, the router's logits and the shared-expert gate of every row.
-    stage_rows(a.x, a.norm_w, a.eps, hidden, nb, xs, xsum_g, a.xn);
-    for (int bg = warp; bg < nb * Gh; bg += warps) {
-        float s = warp_sum(xs[bg * DEC_XPAD + lane] + xs[bg * DEC_XPAD + lane + 32]);
-        if (lane == 0) xsum_r[bg] = s;
-    }
-    __syncthreads();
-    {
-        int L = Gh >= 8 ? 8 : Gh >= 4 ? 4 : Gh >= 2 ? 2 : 1;
-        int rpw = 32 / L, sub = lane / L, sl = L == 1 ? 0 : lane % L;
-        int n_lg = a.n_experts + 1;  // router rows, then the shared-expert gate's one row
-        // Row i = (w0 + sub) · grid + block: a block's rows spread over the list. The bound is the
-        // warp's first row, so its lanes stay together for the shuffles below.
-        for (int w0 = warp * rpw; w0 * (int)gridDim.x + (int)blockIdx.x < n_lg; w0 += warps * rpw) {
-            int i = (w0 + sub) * gridDim.x + blockIdx.x, ic = min(i, n_lg - 1);
-            float acc[DEC_B_MAX];
-#pragma unroll
-            for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;
-            if (ic < a.n_experts)
-                brow_dot<8>(a.router, ic, Gh, L, sl, xs, xsum_r, nb, acc);
-            else
-                brow_dot<8>(a.sgw, 0, Gh, L, sl, xs, xsum_r, nb, acc);
-#pragma unroll
-            for (int b = 0; b < DEC_B_MAX; b++)
-                for (int o = L >> 1; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
-            if (sl == 0 && i < n_lg) {
-#pragma unroll
-                for (int b = 0; b < DEC_B_MAX; b++)
-                    if (b < nb) {
-                        if (i < a.n_experts)
-                            a.logits[(long long)b * a.n_experts + i] = acc[b];
-                        else
-                            a.s_gate[b] = act(acc[b]);
-                    }
-            }
-        }
-    }
-    grid_sync(a.bar);
-
-    // B: route every row, then the block's gate/up rows through the ring.
-    for (int e = threadIdx.x; e < nb * a.n_experts; e += blockDim.x) lg[e] = __ldcg(a.logits + e);
-    __syncthreads();
-    for (int b = warp; b < nb; b += warps) {
-        route_top_k<true>(lg + b * a.n_experts, a.n_experts, top_k, p + b * a.n_experts, ids_s + b * top_k,
-                          w_s + b * top_k);
-        __syncwarp();
-        if (blockIdx.x == 0 && lane < top_k) {
-            a.ids[b * top_k + lane] = ids_s[b * top_k + lane];
-            a.route_w[b * top_k + lane] = w_s[b * top_k + lane];
-        }
-    }
-    __syncthreads();
-    int issued = 0;
-    auto issue = [&]() {
-        if (issued < g.chunks) moe_rows_request(a, g, ids_s, issued, ring + (long long)(issued % slots) * MOE_SLOT);
-        cp_async_commit();  // (an empty group past the last chunk keeps the count of pending groups exact)
-        issued++;
-    };
-    while (issued < slots) issue();
-    int lpr = Gh, spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
-    for (int c = 0; c < g.gu_chunks; c++) {
-        cp_async_wait_n(issued - c - 1);  // chunk c and everything before it landed
-        __syncthreads();
-        const unsigned char* slot = ring + (long long)(c % slots) * MOE_SLOT;
-        int n = min(g.gu_per, g.gu_rows - c * g.gu_per);
-        for (int jl = warp * spw + sub; jl - sub < n; jl += warps * spw) {
-            int jc = min(jl, n - 1), j = g.j0 + c * g.gu_per + jc, item = j / inter, r = j % inter;
-            QRows<4, 1, 1> rg, ru;
-            rec_group(slot + (long long)(2 * jc) * rec_h, Gh, sl, rg);
-            rec_group(slot + (long long)(2 * jc + 1) * rec_h, Gh, sl, ru);
-            // item 0 (the shared expert): every row; a pick: its own row. With several rows a warp
-            // (hidden < 2,048) its sub-warps may hold different items: every row, stored where its own.
-            int bp = item == 0 ? -1 : (item - 1) / top_k;
-            int b0 = spw > 1 || bp < 0 ? 0 : bp, b1 = spw > 1 || bp < 0 ? nb : bp + 1;
-            for (int b = b0; b < b1; b++) {
-                float xv[64];
-                load_group(xs + (b * Gh + sl) * DEC_XPAD, xv);
-                float sx = xsum_g[b * Gh + sl];
-                float gg[1], u[1];
-                qrows_dot<4, 1, 1>(rg, sl, lpr, xv, sx, nullptr, nullptr, gg);
-                qrows_dot<4, 1, 1>(ru, sl, lpr, xv, sx, nullptr, nullptr, u);
-                reduce_rows<1>(gg, lpr);
-                reduce_rows<1>(u, lpr);
-                if (sl == 0 && jl < n && (bp < 0 || b == bp)) {
-                    float* out = item == 0 ? a.hs + (long long)b * inter : a.h + (long long)(item - 1) * inter;
-                    out[r] = act(act(siluf(act(gg[0]))) * act(u[0]));
-                }
-            }
-        }
-        __syncthreads();  // the slot is consumed: the chunk `slots` on takes it
-        issue();
-    }
-    grid_sync(a.bar);
-    pdl_trigger();  // every block is resident and past its last barrier (dec_moe's hazard)
-
-    // C: row by row, the block's output rows.
-    int lpr_d = min(32, Gi), spw_d = 32 / lpr_d, sub_d = lane / lpr_d, sl_d = lane % lpr_d;
-    for (int b = 0; b < nb; b++) {
-        stage_items<true>(a.h + (long long)b * top_k * inter, inter, a.hs + (long long)b * inter, top_k, inter, hsm,
-                          hsum);
-        if (b == 0) cp_async_wait_n(issued - g.gu_chunks - 1);  // the shared expert's down records (the oldest group)
-        __syncthreads();
-        // The shared expert's down dots: item top_k of each output row.
-        for (int rl = warp * spw_d + sub_d; rl - sub_d < g.dn_rows; rl += warps * spw_d) {
-            int rc = min(rl, max(g.dn_rows - 1, 0));
-            float acc = rec_dot(sd + (long long)rc * rec_d, Gi, sl_d, lpr_d, hsm + top_k * Gi * DEC_XPAD,
-                                hsum + top_k * Gi);
-            if (sl_d == 0 && rl < g.dn_rows) dsum[rl * items + top_k] = act(acc);
-        }
-        for (int cc = 0; cc < g.dn_chunks; cc++) {
-            int c = g.gu_chunks + b * g.dn_chunks + cc;
-            cp_async_wait_n(issued - c - 1);
-            __syncthreads();
-            const unsigned char* slot = ring + (long long)(c % slots) * MOE_SLOT;
-            int i0 = cc * g.dn_per, n = min(g.dn_per, g.dn_rows * top_k - i0);
-            for (int pr = warp * spw_d + sub_d; pr - sub_d < n; pr += warps * spw_d) {
-                int pc = min(pr, n - 1), i = i0 + pc, k = i % top_k;
-                float acc = rec_dot(slot + (long long)pc * rec_d, Gi, sl_d, lpr_d, hsm + k * Gi * DEC_XPAD, hsum + k * Gi);
-                if (sl_d == 0 && pr < n) dsum[(i / top_k) * items + k] = act(acc);
-            }
-            __syncthreads();
-            issue();
-        }
-        moe_combine(dsum, items, top_k, w_s + b * top_k, __ldcg(a.s_gate + b), a.x + (long long)b * hidden + g.c0,
-                    g.dn_rows);
-        __syncthreads();  // hsm / dsum are restaged for the next row
-    }
 }

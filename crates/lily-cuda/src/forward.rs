@@ -12,8 +12,7 @@ use lily_core::config::ModelConfig;
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
 use crate::kernels::decode::{
-    DnConv, DnLayer, DnOutputs, DnStep, DownCombine, Glu, Input, MoeBlock, MoeOutputs, MoeRows,
-    Out, Prologue,
+    DnConv, DnLayer, DnOutputs, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue,
 };
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
@@ -22,8 +21,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchScan, DecodeDn, DecodeMoe,
-    DecodePath, Dense, Experts, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchScan, DecodeDn, DecodePath, Dense,
+    Experts, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -599,7 +598,8 @@ impl Forward<'_> {
                 }
             }
             gpu.profile_scope("batch moe");
-            self.moe_batch(&layer.moe, layer.post_norm.ptr, rows)?;
+            self.norm(x, layer.post_norm.ptr, rows)?;
+            self.moe_batch(&layer.moe, rows)?;
         }
         gpu.profile_scope("batch head");
         match head {
@@ -753,31 +753,14 @@ impl Forward<'_> {
         }
     }
 
-    /// The MoE of a batched decode step's `rows` rows (scratch.x, RMS-normed by `post_norm`
-    /// into scratch.xn), as `Plan::batch_moe` says: the norm and the whole block in one launch
-    /// (`dec_moe_rows`); or the norm, then one-token decode's three launches with the token in
-    /// a grid dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
+    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn), as
+    /// `Plan::batch_moe` says: one-token decode's three launches with the token in a grid
+    /// dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
     /// projections of xn together (`project_batch`), the routing, the routed experts grouped
     /// over the rows' picks, the shared expert's down projection, the combine into the residual.
-    fn moe_batch(&self, m: &DevMoe, post_norm: u64, rows: usize) -> Result<()> {
+    fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
-        let plan = self.plan.batch_moe(m, MoeShape::of(cfg));
-        if plan == BatchMoe::OneLaunch {
-            let block = MoeRows {
-                x: s.x.ptr,
-                norm_weight: post_norm,
-                eps: cfg.rms_eps,
-                xn: Some(s.xn.ptr),
-                moe: m,
-                n_experts: cfg.n_experts,
-                top_k: cfg.top_k,
-                out: self.moe_outputs(),
-                rows,
-            };
-            return k.decode.moe_rows(gpu, &block);
-        }
-        self.norm(Rows::new(s.x.ptr, cfg.hidden), post_norm, rows)?;
-        if plan == BatchMoe::Rows {
+        if self.plan.batch_moe(m, MoeShape::of(cfg)) == BatchMoe::Rows {
             return self.moe_rows(m, rows);
         }
         let (h, sinter) = (cfg.hidden, cfg.shared_inter);
@@ -1138,42 +1121,22 @@ impl Forward<'_> {
         k.decode.dn_step(gpu, &step, deltanet::PREP_EPS)
     }
 
-    /// MoE of one token, as the plan says (`decode_moe_kernels`): in one launch (`dec_moe`), or
-    /// router logits and shared-expert gate in one launch (which also leaves the normed row in
-    /// scratch.xn), routing with every expert's gate/up/SiLU in one launch, every down
-    /// projection with the combine and the residual add in one. Either way the residual row
-    /// scratch.x gets the block's output and scratch's router, s_gate, ids, route_w, eh, sh and
-    /// xn hold the same intermediate values.
+    /// MoE of one token: router logits and shared-expert gate in one launch (which also leaves
+    /// the normed row in scratch.xn), routing with every expert's gate/up/SiLU in one launch,
+    /// every down projection with the combine and the residual add in one.
     pub fn moe_one_token(&self, m: &DevMoe, input: Input) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (gpu, k, s) = (self.gpu, self.kernels, self.scratch);
         if input.x != s.xn.ptr && input.staged_out != Some(s.xn.ptr) {
             bail!("moe_one_token: the normed row must end up in scratch.xn");
         }
-        match self.plan.decode_moe_kernels(m, MoeShape::of(cfg)) {
-            DecodeMoe::OneLaunch => {
-                if input.x != s.x.ptr {
-                    bail!("moe_one_token: dec_moe adds into the row it norms, scratch.x");
-                }
-                let block = MoeBlock {
-                    input,
-                    moe: m,
-                    n_experts: cfg.n_experts,
-                    top_k: cfg.top_k,
-                    out: self.moe_outputs(),
-                };
-                k.decode.moe(gpu, &block)
-            }
-            DecodeMoe::ThreeLaunches => {
-                let first = [
-                    (&m.router, Out::Exact(s.router.ptr)),
-                    (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
-                ];
-                k.decode.project(gpu, input, &first)?;
-                let (glu, down) = self.moe_args(m);
-                k.decode.glu(gpu, &glu)?;
-                k.decode.down_combine(gpu, &down)
-            }
-        }
+        let first = [
+            (&m.router, Out::Exact(s.router.ptr)),
+            (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
+        ];
+        k.decode.project(gpu, input, &first)?;
+        let (glu, down) = self.moe_args(m);
+        k.decode.glu(gpu, &glu)?;
+        k.decode.down_combine(gpu, &down)
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).

@@ -88,14 +88,6 @@ lily_core::backend_options! {
             label "fused decode",
             help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
             why "the per-kernel form serves weights decode.cu does not read";
-        fused_moe = false, flag Some("fused-moe"), env "LILY_FUSED_MOE" = true,
-            label "one-launch decode MoE",
-            help "a one-token step's MoE block in one persistent launch (decode.cu's dec_moe: router, routing, gate/up/SiLU, down, combine and residual add, phases met at a grid barrier, every weight row of a block requested at once) instead of three (dec_gemv8, dec_glu4, dec_down_combine); where its shapes and its shared memory at one block an SM fit (sm_80, sm_90)",
-            why "not yet measured: on once the H200's A/B wins (perf-notes, issue 30)";
-        fused_moe_rows = false, flag Some("fused-moe-rows"), env "LILY_FUSED_MOE_ROWS" = true,
-            label "one-launch batched MoE",
-            help "a batched decode step's MoE block in one persistent launch over its rows (decode.cu's dec_moe_rows: the post-attention norm, router, routing, every row's experts and the shared expert read once for all rows, down, combine and residual add, phases met at a grid barrier, the weights streamed through a ring of cp.async stages) instead of rms_norm + dec_gemv_rows + dec_glu4_rows + dec_down_combine_rows; under fused_batch, where its shapes and its shared memory at one block an SM fit (sm_80, sm_90)",
-            why "not yet measured: on once the H200's A/B wins (perf-notes, issue 32)";
         fused_dn = false, flag Some("fused-dn"), env "LILY_FUSED_DN" = true,
             label "one-launch decode DeltaNet",
             help "a one-token step's DeltaNet layer in one persistent launch (decode.cu's dec_dn_layer: the input norm, in_proj, conv, the delta rule's step, the gated norm, out_proj and residual add, phases met at a grid barrier, every weight row of a block requested at once) instead of four (dec_gemv4, dec_dn_conv, dec_dn_step, dec_gemv4w); where its shapes and its shared memory at one block an SM fit (the H200's 132 SMs; not an A100's, nor sm_86 / 89 / 120)",
@@ -214,8 +206,6 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
-            ("LILY_FUSED_MOE", "1"),
-            ("LILY_FUSED_MOE_ROWS", "1"),
             ("LILY_FUSED_DN", "1"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
@@ -255,8 +245,6 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
-                fused_moe: true,
-                fused_moe_rows: true,
                 fused_dn: true,
                 dependent_launch: false,
                 early_trigger: false,

@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--fused-moe`: router, routing, experts, combine in one `dec_moe`, `decode_moe_kernels`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows` (`--fused-moe-rows`: the norm, router and the whole block in one `dec_moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, DnLayerShapes, MoeWeightShapes};
+use crate::kernels::decode::{self, Decode, DnLayerShapes};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -173,22 +173,9 @@ pub enum BatchMoe {
     /// projection, the combine and the residual add in one `dec_down_combine_rows`: one-token
     /// decode's MoE with the token in a grid dimension.
     Rows,
-    /// decode.cu's `dec_moe_rows`: the post-attention norm and the whole block for every row in
-    /// one persistent launch (`Rows`' work, its sums in their order).
-    OneLaunch,
     /// The shared expert's projections over the rows (`batch_projections`), `moe_route`, the
     /// routed experts grouped over the rows' picks (`experts`), `moe_combine`.
     Grouped,
-}
-
-/// How a one-token step runs a MoE block that `decode_moe` fuses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeMoe {
-    /// decode.cu's `dec_moe`: the whole block in one persistent launch.
-    OneLaunch,
-    /// `dec_gemv8` (router and shared-expert gate, the norm folded in), `dec_glu4` (or `dec_glu`)
-    /// and `dec_down_combine`.
-    ThreeLaunches,
 }
 
 /// How a one-token step runs a DeltaNet layer that `decode_deltanet` fuses.
@@ -579,10 +566,7 @@ impl Plan {
     }
 
     /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
-    /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; in its place
-    /// `OneLaunch` under `fused_moe_rows` where `dec_moe_rows` takes the block's shapes and one
-    /// block an SM gets the shared memory of BATCH_MAX rows with at least two ring slots
-    /// (decode::moe_rows_slots: sm_80 and sm_90 for the full shape); else `Grouped`.
+    /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
     pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
         let glu = [
             m.gate.shape(),
@@ -590,32 +574,7 @@ impl Plan {
             m.shared_gate.shape(),
             m.shared_up.shape(),
         ];
-        let rows = self.batch_moe_for(self.decode_moe(m, shape, 1), &glu);
-        self.batch_moe_one_launch(rows, &MoeWeightShapes::of(m), shape)
-    }
-
-    /// `Rows` becomes `OneLaunch` where `batch_moe` says (a block of weights of these shapes).
-    pub fn batch_moe_one_launch(
-        &self,
-        rows: BatchMoe,
-        w: &MoeWeightShapes,
-        shape: MoeShape,
-    ) -> BatchMoe {
-        let d = &self.device;
-        let fits = decode::moe_rows_slots(
-            w,
-            shape.n_experts,
-            shape.top_k,
-            decode::BATCH_MAX,
-            d.sm_count,
-            d.max_shared_memory,
-        )
-        .is_some();
-        if rows == BatchMoe::Rows && self.o.fused_moe_rows && fits {
-            BatchMoe::OneLaunch
-        } else {
-            rows
-        }
+        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu)
     }
 
     /// `batch_moe` for a block whose one-token path is `one_token`, with these gate, up, shared
@@ -645,32 +604,6 @@ impl Plan {
             )
             && decode::down_serves(&m.down.shape(), &m.shared_down.shape(), shape.top_k);
         self.fused_if(n_tok, fits)
-    }
-
-    /// The kernels of a one-token MoE block that `decode_moe` fuses: `dec_moe` in one launch
-    /// under `fused_moe` where it takes the block's shapes and one block an SM gets the shared
-    /// memory its share of the weights needs (decode::moe_fits: sm_80 and sm_90 for the full
-    /// shape, not the 99 KB of sm_86 / 89 / 120); else the three launches.
-    pub fn decode_moe_kernels(&self, m: &DevMoe, shape: MoeShape) -> DecodeMoe {
-        self.decode_moe_for(&MoeWeightShapes::of(m), shape)
-    }
-
-    /// `decode_moe_kernels` for a block of weights of these shapes.
-    pub fn decode_moe_for(&self, w: &MoeWeightShapes, shape: MoeShape) -> DecodeMoe {
-        let d = &self.device;
-        if self.o.fused_moe
-            && decode::moe_fits(
-                w,
-                shape.n_experts,
-                shape.top_k,
-                d.sm_count,
-                d.max_shared_memory,
-            )
-        {
-            DecodeMoe::OneLaunch
-        } else {
-            DecodeMoe::ThreeLaunches
-        }
     }
 
     /// A single row through one weight (the lm_head of the last token): decode.cu's GEMV when
@@ -1071,10 +1004,6 @@ mod tests {
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
         assert_eq!(
-            p.decode_moe_for(&full_moe_weights(&cfg), moe),
-            DecodeMoe::ThreeLaunches
-        );
-        assert_eq!(
             p.decode_dn_for(&full_dn_layer(&cfg)),
             DecodeDn::FourLaunches
         );
@@ -1409,26 +1338,6 @@ mod tests {
         );
     }
 
-    /// The full shape's MoE block as `dec_moe` sees it.
-    fn full_moe_weights(cfg: &ModelConfig) -> MoeWeightShapes {
-        let (h, e, i, si) = (
-            cfg.hidden,
-            cfg.n_experts,
-            cfg.expert_inter,
-            cfg.shared_inter,
-        );
-        MoeWeightShapes {
-            router: mlx(e, h, 8, 1),
-            shared_expert_gate: mlx(1, h, 8, 1),
-            gate: mlx(i, h, 4, e),
-            up: mlx(i, h, 4, e),
-            shared_gate: mlx(si, h, 4, 1),
-            shared_up: mlx(si, h, 4, 1),
-            down: mlx(h, i, 4, e),
-            shared_down: mlx(h, si, 4, 1),
-        }
-    }
-
     /// sm_86 / 89 / 120 devices (99 KB of shared memory a block) at the SM counts they come with.
     fn small_smem_devices() -> impl Iterator<Item = DeviceCaps> {
         [46, 84, 128, 170].into_iter().map(|sm_count| DeviceCaps {
@@ -1490,137 +1399,6 @@ mod tests {
         };
         assert!(decode::dn_layer_unfit(&bad).is_some());
         assert_eq!(p.decode_dn_for(&bad), DecodeDn::FourLaunches);
-    }
-
-    #[test]
-    fn the_one_launch_moe_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
-        let cfg = full_config();
-        let (w, shape) = (full_moe_weights(&cfg), MoeShape::of(&cfg));
-        let on = CudaOptions {
-            fused_moe: true,
-            ..CudaOptions::default()
-        };
-        // Off by default (not yet measured): the three launches.
-        let shipping = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(shipping.decode_moe_for(&w, shape), DecodeMoe::ThreeLaunches);
-        assert!(shipping.describe().contains("one-launch decode MoE off"));
-        let p = Plan::resolve(&on, H200);
-        assert!(p.describe().contains("one-launch decode MoE on"));
-        assert_eq!(p.decode_moe_for(&w, shape), DecodeMoe::OneLaunch);
-        // An A100 (108 SMs, 163 KB a block): its larger shares still fit; sm_86 / 89 / 120 (99 KB)
-        // do not, on any SM count they come with.
-        assert_eq!(
-            Plan::resolve(&on, A100).decode_moe_for(&w, shape),
-            DecodeMoe::OneLaunch
-        );
-        for small in small_smem_devices() {
-            assert_eq!(
-                Plan::resolve(&on, small).decode_moe_for(&w, shape),
-                DecodeMoe::ThreeLaunches,
-                "{} SMs",
-                small.sm_count
-            );
-        }
-        // Shapes it does not take: a 4-bit router, a shared expert wider than a routed one, a
-        // 4,096-wide input, more than MAX_TOPK picks.
-        let h = cfg.hidden;
-        for (bad, top_k) in [
-            (
-                MoeWeightShapes {
-                    router: mlx(cfg.n_experts, h, 4, 1),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (
-                MoeWeightShapes {
-                    shared_gate: mlx(1024, h, 4, 1),
-                    shared_up: mlx(1024, h, 4, 1),
-                    shared_down: mlx(h, 1024, 4, 1),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (
-                MoeWeightShapes {
-                    gate: mlx(512, 4096, 4, cfg.n_experts),
-                    ..w
-                },
-                shape.top_k,
-            ),
-            (w, decode::MAX_TOPK + 1),
-        ] {
-            let s = MoeShape { top_k, ..shape };
-            assert!(decode::moe_unfit(&bad, s.n_experts, s.top_k).is_some());
-            assert_eq!(p.decode_moe_for(&bad, s), DecodeMoe::ThreeLaunches);
-        }
-        assert_eq!(decode::moe_unfit(&w, shape.n_experts, shape.top_k), None);
-    }
-
-    #[test]
-    fn the_one_launch_batched_moe_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
-        let cfg = full_config();
-        let (w, shape) = (full_moe_weights(&cfg), MoeShape::of(&cfg));
-        let on = CudaOptions {
-            fused_moe_rows: true,
-            ..CudaOptions::default()
-        };
-        // Off by default (not yet measured): the three batched kernels.
-        let shipping = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(
-            shipping.batch_moe_one_launch(BatchMoe::Rows, &w, shape),
-            BatchMoe::Rows
-        );
-        assert!(shipping.describe().contains("one-launch batched MoE off"));
-        let p = Plan::resolve(&on, H200);
-        assert!(p.describe().contains("one-launch batched MoE on"));
-        assert_eq!(
-            p.batch_moe_one_launch(BatchMoe::Rows, &w, shape),
-            BatchMoe::OneLaunch
-        );
-        // Only in place of the three batched kernels: not where the step groups the experts.
-        assert_eq!(
-            p.batch_moe_one_launch(BatchMoe::Grouped, &w, shape),
-            BatchMoe::Grouped
-        );
-        // On the H200 (132 SMs, 227 KB a block) 8 rows take all six slots; on an A100 (108 SMs,
-        // 163 KB) fewer; sm_86 / 89 / 120 (99 KB) not even two, on any SM count.
-        let slots = |sm_count, smem| {
-            decode::moe_rows_slots(&w, shape.n_experts, shape.top_k, 8, sm_count, smem)
-        };
-        assert_eq!(
-            slots(H200.sm_count, H200.max_shared_memory),
-            Some(decode::MOE_ROWS_SLOTS)
-        );
-        let a100 = slots(A100.sm_count, A100.max_shared_memory);
-        assert!(matches!(a100, Some(2..=5)), "{a100:?}");
-        assert_eq!(
-            Plan::resolve(&on, A100).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
-            BatchMoe::OneLaunch
-        );
-        for small in small_smem_devices() {
-            let sm_count = small.sm_count;
-            assert_eq!(
-                slots(sm_count, small.max_shared_memory),
-                None,
-                "{sm_count} SMs"
-            );
-            assert_eq!(
-                Plan::resolve(&on, small).batch_moe_one_launch(BatchMoe::Rows, &w, shape),
-                BatchMoe::Rows,
-                "{sm_count} SMs"
-            );
-        }
-        // A shape dec_moe does not take (a 4-bit router) keeps the three kernels.
-        let bad = MoeWeightShapes {
-            router: mlx(cfg.n_experts, cfg.hidden, 4, 1),
-            ..w
-        };
-        assert!(decode::moe_unfit(&bad, shape.n_experts, shape.top_k).is_some());
-        assert_eq!(
-            p.batch_moe_one_launch(BatchMoe::Rows, &bad, shape),
-            BatchMoe::Rows
-        );
     }
 
     #[test]

@@ -1,8 +1,7 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
-//! gate/up/SiLU and down/combine/residual each in one launch; or the whole MoE block in one
-//! persistent launch, `dec_moe`; a batched step's rows' MoE block in one, `dec_moe_rows`; the
-//! DeltaNet layer in one, `dec_dn_layer`: decode/dn_layer.rs).
+//! gate/up/SiLU and down/combine/residual each in one launch; or the DeltaNet layer in one
+//! persistent launch, `dec_dn_layer`: decode/dn_layer.rs).
 
 mod dn_layer;
 
@@ -96,7 +95,6 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
-        ("DEC_MOE_SLOT", MOE_SLOT as i64),
     ],
 };
 
@@ -165,180 +163,10 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
 }
 
-/// The weights of a MoE block as `dec_moe` reads them, in the order of decode.cu's `DecMoe`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeWeightShapes {
-    pub router: LinearShape,
-    pub shared_expert_gate: LinearShape,
-    pub gate: LinearShape,
-    pub up: LinearShape,
-    pub shared_gate: LinearShape,
-    pub shared_up: LinearShape,
-    pub down: LinearShape,
-    pub shared_down: LinearShape,
-}
-
-impl MoeWeightShapes {
-    pub fn of(m: &DevMoe) -> MoeWeightShapes {
-        MoeWeightShapes {
-            router: m.router.shape(),
-            shared_expert_gate: m.shared_expert_gate.shape(),
-            gate: m.gate.shape(),
-            up: m.up.shape(),
-            shared_gate: m.shared_gate.shape(),
-            shared_up: m.shared_up.shape(),
-            down: m.down.shape(),
-            shared_down: m.shared_down.shape(),
-        }
-    }
-}
-
-/// Why `dec_moe` cannot run this block (`None`: it can): the router and the shared-expert gate
-/// 8-bit, every expert matrix 4-bit, all with 64-column groups; the shared expert as wide as a
-/// routed one; hidden and expert widths of 512, 1,024 or 2,048 (whole 16-byte pieces of scales
-/// a row, a power-of-two number of 64-column groups up to 32: one group a lane); at most
-/// MAX_EXPERTS experts and MAX_TOPK picked.
-pub fn moe_unfit(w: &MoeWeightShapes, n_experts: usize, top_k: usize) -> Option<String> {
-    let (hidden, inter) = (w.gate.cols, w.gate.rows);
-    let want = |name: &str,
-                s: &LinearShape,
-                bits: u32,
-                experts: usize,
-                rows: usize,
-                cols: usize| {
-        (s.bits != bits
-            || s.group != 64
-            || s.experts != experts
-            || s.rows != rows
-            || s.cols != cols)
-            .then(|| {
-                format!(
-                    "{name}: {} x [{}, {}] {}-bit (group {}), wants {experts} x [{rows}, {cols}] {bits}-bit (group 64)",
-                    s.experts, s.rows, s.cols, s.bits, s.group
-                )
-            })
-    };
-    let widths = [512, 1024, 2048];
-    if !widths.contains(&hidden) || !widths.contains(&inter) {
-        return Some(format!(
-            "hidden {hidden} / expert width {inter}: each must be 512, 1024 or 2048"
-        ));
-    }
-    if n_experts > MAX_EXPERTS || top_k == 0 || top_k > MAX_TOPK.min(n_experts) {
-        return Some(format!(
-            "top {top_k} of {n_experts} experts (limits {MAX_TOPK} of {MAX_EXPERTS})"
-        ));
-    }
-    let e = n_experts;
-    want("router", &w.router, 8, 1, e, hidden)
-        .or_else(|| want("shared expert gate", &w.shared_expert_gate, 8, 1, 1, hidden))
-        .or_else(|| want("gate", &w.gate, 4, e, inter, hidden))
-        .or_else(|| want("up", &w.up, 4, e, inter, hidden))
-        .or_else(|| want("shared gate", &w.shared_gate, 4, 1, inter, hidden))
-        .or_else(|| want("shared up", &w.shared_up, 4, 1, inter, hidden))
-        .or_else(|| want("down", &w.down, 4, e, hidden, inter))
-        .or_else(|| want("shared down", &w.shared_down, 4, 1, hidden, inter))
-}
-
-/// Bytes of one staged row of a 4-bit matrix of `cols` columns in `dec_moe` (decode.cu's
-/// MOE_REC): its packed words, scales and biases.
-fn moe_rec(cols: usize) -> usize {
+/// Bytes of one staged row (a record) of a 4-bit matrix of `cols` columns in a persistent kernel's
+/// shared memory (decode.cu's ROW_REC): its packed words, scales and biases.
+fn row_rec(cols: usize) -> usize {
     cols / 2 + cols / 16
-}
-
-/// The one-launch kernels' split of the work over `grid` blocks: gate/up rows of the `items` ·
-/// inter concatenated rows (`dec_moe`: top_k + 1 items; `dec_moe_rows`: the shared expert once
-/// and each row's top_k picks, 1 + rows · top_k), and output rows, a block.
-fn moe_shares(hidden: usize, inter: usize, items: usize, grid: usize) -> (usize, usize) {
-    let grid = grid.max(1);
-    ((items * inter).div_ceil(grid), hidden.div_ceil(grid))
-}
-
-/// Dynamic shared memory of a `dec_moe` block on a grid of `grid` blocks (decode.cu's layout):
-/// x staged with its group sums, the logits and the routing's scratch, the block's gate/up rows
-/// as staged records (phase C's staged h rows, their group sums and the per-(output row, item)
-/// down results in the same bytes), then its down rows as staged records.
-fn moe_smem(hidden: usize, inter: usize, n_experts: usize, top_k: usize, grid: usize) -> usize {
-    let r4 = |n: usize| n.next_multiple_of(4);
-    let items = top_k + 1;
-    let (gu_share, down_share) = moe_shares(hidden, inter, top_k + 1, grid);
-    let (gh, gi) = (hidden / 64, inter / 64);
-    let front = 4 * (gh * XPAD + r4(gh) + 2 * r4(n_experts));
-    let gu = 2 * gu_share * moe_rec(hidden);
-    let phase_c = 4 * (items * gi * XPAD + r4(items * gi) + r4(down_share * items));
-    front + gu.max(phase_c) + down_share * items * moe_rec(inter)
-}
-
-/// Bytes of static shared memory a `dec_moe` block holds at most (its routing and block_sum's
-/// arrays: 384 bytes), beside the dynamic `moe_smem`; the launcher checks the exact figure.
-const MOE_STATIC_SMEM: usize = 512;
-
-/// Whether `dec_moe` runs this block on a device of `sm_count` SMs granting a block
-/// `max_shared_memory` bytes: the shapes it takes (`moe_unfit`), and one block an SM (its
-/// persistent grid) fits the shared memory its share of the weights needs.
-pub fn moe_fits(
-    w: &MoeWeightShapes,
-    n_experts: usize,
-    top_k: usize,
-    sm_count: usize,
-    max_shared_memory: usize,
-) -> bool {
-    moe_unfit(w, n_experts, top_k).is_none()
-        && sm_count > 0
-        && moe_smem(w.gate.cols, w.gate.rows, n_experts, top_k, sm_count) + MOE_STATIC_SMEM
-            <= max_shared_memory
-}
-
-/// Bytes of one slot of `dec_moe_rows`' ring (decode.cu's MOE_SLOT): 8 warps' gate/up rows of a
-/// 2,048-wide input, or 64 down records of a 512-wide expert.
-pub const MOE_SLOT: usize = 18432;
-/// Most slots of `dec_moe_rows`' ring (≤ 8: its cp.async wait counts), and fewest worth running.
-pub const MOE_ROWS_SLOTS: usize = 6;
-const MOE_ROWS_MIN_SLOTS: usize = 2;
-
-/// Dynamic shared memory of a `dec_moe_rows` block (decode.cu's layout): the rows staged (phase
-/// C's h staging and down results in the same bytes), two sets of group sums, the logits and
-/// the routing's scratch, the shared expert's down records, `slots` ring slots.
-fn moe_rows_smem(
-    w: &MoeWeightShapes,
-    n_experts: usize,
-    top_k: usize,
-    rows: usize,
-    grid: usize,
-    slots: usize,
-) -> usize {
-    let r4 = |n: usize| n.next_multiple_of(4);
-    let (hidden, inter, items) = (w.gate.cols, w.gate.rows, top_k + 1);
-    let (_, down_share) = moe_shares(hidden, inter, 1 + rows * top_k, grid);
-    let (gh, gi) = (hidden / 64, inter / 64);
-    let staged =
-        (rows * gh * XPAD).max(items * gi * XPAD + r4(items * gi) + r4(down_share * items));
-    let front = 4 * (staged + 2 * r4(rows * gh) + 2 * r4(rows * n_experts));
-    front + (down_share * moe_rec(inter)).next_multiple_of(16) + slots * MOE_SLOT
-}
-
-/// Bytes of static shared memory a `dec_moe_rows` block holds at most (its routing's ids and
-/// weights for BATCH_MAX rows, block_sum's array: 2,176 bytes); the launcher checks the exact figure.
-const MOE_ROWS_STATIC_SMEM: usize = 2_304;
-
-/// The ring slots `dec_moe_rows` takes for `rows` rows on a device of `sm_count` SMs granting a
-/// block `max_shared_memory` bytes (the most of MOE_ROWS_SLOTS that fit); `None` where not even
-/// MOE_ROWS_MIN_SLOTS fit, or the block's shapes do not (`moe_unfit`: `dec_moe`'s).
-pub fn moe_rows_slots(
-    w: &MoeWeightShapes,
-    n_experts: usize,
-    top_k: usize,
-    rows: usize,
-    sm_count: usize,
-    max_shared_memory: usize,
-) -> Option<usize> {
-    if moe_unfit(w, n_experts, top_k).is_some() || sm_count == 0 || rows == 0 {
-        return None;
-    }
-    (MOE_ROWS_MIN_SLOTS..=MOE_ROWS_SLOTS).rev().find(|&slots| {
-        moe_rows_smem(w, n_experts, top_k, rows, sm_count, slots) + MOE_ROWS_STATIC_SMEM
-            <= max_shared_memory
-    })
 }
 
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
@@ -474,8 +302,8 @@ pub struct Glu<'a> {
     pub h_shared: u64,
 }
 
-/// The buffers the MoE block writes, the same whether it runs in one launch (`dec_moe`,
-/// `dec_moe_rows`) or as `project` / `project_rows`, `glu` and `down_combine`: f32 [n_experts]
+/// The buffers the MoE block writes, whether it runs as `project`, `glu` and `down_combine` or as
+/// `project_rows`, `glu_rows` and `down_combine_rows`: f32 [n_experts]
 /// the router's exact logits, f32 [1] the shared expert's gate logit, i32 / f32 [top_k] the
 /// routing, f32 [top_k, inter] and [inter] the experts' and the shared expert's hidden rows (each
 /// the first row of [rows, ...] for several rows).
@@ -524,96 +352,6 @@ impl MoeOutputs {
             x,
         }
     }
-
-    /// The same buffers from row `b0` on, for `m`'s widths.
-    fn at_row(&self, b0: usize, m: &DevMoe, n_experts: usize, top_k: usize) -> MoeOutputs {
-        let at = |p: u64, per_row: usize| p + (b0 * per_row * 4) as u64;
-        let inter = m.gate.rows;
-        MoeOutputs {
-            logits: at(self.logits, n_experts),
-            shared_gate_logit: at(self.shared_gate_logit, 1),
-            ids: at(self.ids, top_k),
-            route_w: at(self.route_w, top_k),
-            h: at(self.h, top_k * inter),
-            h_shared: at(self.h_shared, inter),
-        }
-    }
-}
-
-/// The whole MoE block of one token in one launch (`dec_moe`): what `project` (router and
-/// shared-expert gate, the norm folded in), `glu` and `down_combine` do, with the same outputs.
-pub struct MoeBlock<'a> {
-    /// The residual row (updated in place: x += the block's output) and its RMSNorm
-    /// (`Prologue::RmsNorm`, or `None` for a row taken as it is); `staged_out` receives the
-    /// normed row when given.
-    pub input: Input,
-    pub moe: &'a DevMoe,
-    pub n_experts: usize,
-    pub top_k: usize,
-    /// Written, as the three launches write them.
-    pub out: MoeOutputs,
-}
-
-/// `struct DecMoe` of decode.cu, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DecMoeArg {
-    router: QWeightArg,
-    sgw: QWeightArg,
-    gate: QWeightArg,
-    up: QWeightArg,
-    sgate: QWeightArg,
-    sup: QWeightArg,
-    down: QWeightArg,
-    sdown: QWeightArg,
-    norm_w: u64,
-    eps: f32,
-    x: u64,
-    xn: u64,
-    logits: u64,
-    s_gate: u64,
-    ids: u64,
-    route_w: u64,
-    h: u64,
-    hs: u64,
-    bar: u64,
-    n_experts: i32,
-    top_k: i32,
-    gu_share: i32,
-    down_share: i32,
-}
-
-impl DecMoeArg {
-    /// `m`'s weights, its `n_experts` / `top_k` shape, the buffers it writes and the grid
-    /// barrier's word `bar`; the input row, the norm and the work shares zero (the launchers
-    /// fill them in).
-    fn new(m: &DevMoe, n_experts: usize, top_k: usize, out: &MoeOutputs, bar: u64) -> DecMoeArg {
-        DecMoeArg {
-            router: m.router.arg(),
-            sgw: m.shared_expert_gate.arg(),
-            gate: m.gate.arg(),
-            up: m.up.arg(),
-            sgate: m.shared_gate.arg(),
-            sup: m.shared_up.arg(),
-            down: m.down.arg(),
-            sdown: m.shared_down.arg(),
-            norm_w: 0,
-            eps: 0.0,
-            x: 0,
-            xn: 0,
-            logits: out.logits,
-            s_gate: out.shared_gate_logit,
-            ids: out.ids,
-            route_w: out.route_w,
-            h: out.h,
-            hs: out.h_shared,
-            bar,
-            n_experts: n_experts as i32,
-            top_k: top_k as i32,
-            gu_share: 0,
-            down_share: 0,
-        }
-    }
 }
 
 /// The RMSNorm (weight, epsilon) a one-launch kernel (`kernel`) folds into its `cols`-wide input:
@@ -648,62 +386,6 @@ fn check_persistent(
     }
     Ok(())
 }
-
-/// An error naming `kernel` (`dec_moe`, `dec_moe_rows`) unless `m`'s expert matrices and `out`'s
-/// hidden rows are 16-byte aligned: the kernel moves them in whole 16-byte pieces.
-fn check_aligned(kernel: &str, m: &DevMoe, out: &MoeOutputs) -> Result<()> {
-    let experts = [
-        &m.gate,
-        &m.up,
-        &m.shared_gate,
-        &m.shared_up,
-        &m.down,
-        &m.shared_down,
-    ];
-    if !dn_layer::weights_aligned(&experts) {
-        bail!("{kernel}: expert weights must be 16-byte aligned");
-    }
-    if ![out.h, out.h_shared].iter().all(|p| p.is_multiple_of(16)) {
-        bail!("{kernel}: h and h_shared must be 16-byte aligned");
-    }
-    Ok(())
-}
-
-// SAFETY: plain #[repr(C)] data matching decode.cu's DecMoe field for field (the padding after
-// `eps` is the same in both: the next field is 8-byte aligned).
-unsafe impl DeviceRepr for DecMoeArg {}
-
-/// The MoE block of a batched step's rows in one launch (`dec_moe_rows`): what `rms_norm`,
-/// `project_rows` (router and shared-expert gate), `glu_rows` and `down_combine_rows` do, with
-/// the same outputs. Buffers are row 0 of: x and xn [rows, hidden], and `out`'s of `rows` rows.
-pub struct MoeRows<'a> {
-    /// The residual rows, updated in place (x += the block's output).
-    pub x: u64,
-    /// The post-attention RMSNorm's f32 weight [hidden] and epsilon.
-    pub norm_weight: u64,
-    pub eps: f32,
-    /// Written when given: the normed rows.
-    pub xn: Option<u64>,
-    pub moe: &'a DevMoe,
-    pub n_experts: usize,
-    pub top_k: usize,
-    /// Written, as the batched kernels write them.
-    pub out: MoeOutputs,
-    pub rows: usize,
-}
-
-/// `struct DecMoeRows` of decode.cu, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DecMoeRowsArg {
-    m: DecMoeArg,
-    nb: i32,
-    slots: i32,
-}
-
-// SAFETY: plain #[repr(C)] data matching decode.cu's DecMoeRows field for field (DecMoe, then
-// two ints: the same layout and padding in both).
-unsafe impl DeviceRepr for DecMoeRowsArg {}
 
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
 pub struct DownCombine<'a> {
@@ -809,24 +491,16 @@ pub struct Decode {
     glu4_rows: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
-    moe: Kernel,
-    /// Dynamic shared memory a `dec_moe` block may take on this device: what it grants a block,
-    /// less the kernel's static arrays.
-    moe_smem_max: usize,
-    /// `dec_moe`'s grid barrier: u32 count and generation, zero at load, back to a count of 0
-    /// after every barrier.
-    moe_barrier: DevBuf,
-    moe_rows: Kernel,
-    /// Dynamic shared memory a `dec_moe_rows` block may take on this device (as `moe_smem_max`).
-    moe_rows_smem_max: usize,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
     dn_layer: Kernel,
-    /// Dynamic shared memory a `dec_dn_layer` block may take on this device (as `moe_smem_max`).
+    /// Dynamic shared memory a `dec_dn_layer` block may take on this device: what it grants a
+    /// block, less the kernel's static arrays.
     dn_layer_smem_max: usize,
-    /// `dec_dn_layer`'s grid barrier (as `moe_barrier`).
+    /// `dec_dn_layer`'s grid barrier: u32 count and generation, zero at load, back to a count of
+    /// 0 after every barrier.
     dn_barrier: DevBuf,
 }
 
@@ -849,10 +523,8 @@ impl Decode {
             gpu.fill(&b, 0)?;
             Ok(b)
         };
-        let (moe, moe_smem_max) = persistent("dec_moe")?;
-        let (moe_rows, moe_rows_smem_max) = persistent("dec_moe_rows")?;
         let (dn_layer, dn_layer_smem_max) = persistent("dec_dn_layer")?;
-        let (moe_barrier, dn_barrier) = (barrier()?, barrier()?);
+        let dn_barrier = barrier()?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
@@ -865,11 +537,6 @@ impl Decode {
             glu4_rows: k("dec_glu4_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
-            moe,
-            moe_smem_max,
-            moe_barrier,
-            moe_rows,
-            moe_rows_smem_max,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -1097,106 +764,6 @@ impl Decode {
                 .arg(&a.shared_gate)
                 .arg(&a.x);
         })
-    }
-
-    /// The whole MoE block of one token in one launch (`dec_moe`): a persistent grid of one
-    /// block an SM, every block resident at once (checked against the driver's occupancy for
-    /// its shared memory), phases separated by a grid barrier over `moe_barrier`.
-    pub fn moe(&self, gpu: &Gpu, a: &MoeBlock) -> Result<()> {
-        let m = a.moe;
-        if let Some(why) = moe_unfit(&MoeWeightShapes::of(m), a.n_experts, a.top_k) {
-            bail!("dec_moe: {why}");
-        }
-        let (hidden, inter) = (m.gate.cols, m.gate.rows);
-        let (norm_w, eps) = input_norm("dec_moe", &a.input, hidden)?;
-        check_aligned("dec_moe", m, &a.out)?;
-        let grid = gpu.sm_count;
-        let smem = moe_smem(hidden, inter, a.n_experts, a.top_k, grid);
-        let threads = WARPS * 32;
-        check_persistent("dec_moe", &self.moe, threads, smem, self.moe_smem_max, grid)?;
-        let (gu_share, down_share) = moe_shares(hidden, inter, a.top_k + 1, grid);
-        let args = DecMoeArg {
-            norm_w,
-            eps,
-            x: a.input.x,
-            xn: a.input.staged_out.unwrap_or(0),
-            gu_share: gu_share as i32,
-            down_share: down_share as i32,
-            ..DecMoeArg::new(m, a.n_experts, a.top_k, &a.out, self.moe_barrier.ptr)
-        };
-        let cfg = config((grid as u32, 1, 1), threads as u32, smem);
-        gpu.launch(&self.moe, cfg, |l| {
-            l.arg(&args);
-        })
-    }
-
-    /// The MoE block of a batched step's rows in one launch (`dec_moe_rows`; BATCH_MAX rows a
-    /// launch, more take several): a persistent grid of one block an SM as `moe`, the weights
-    /// streamed through a ring of as many slots as the device's shared memory holds
-    /// (`moe_rows_slots`), phases separated by a grid barrier over `moe_barrier`.
-    pub fn moe_rows(&self, gpu: &Gpu, a: &MoeRows) -> Result<()> {
-        let m = a.moe;
-        let w = MoeWeightShapes::of(m);
-        if let Some(why) = moe_unfit(&w, a.n_experts, a.top_k) {
-            bail!("dec_moe_rows: {why}");
-        }
-        if a.rows == 0 {
-            bail!("dec_moe_rows: no rows");
-        }
-        check_aligned("dec_moe_rows", m, &a.out)?;
-        let (hidden, inter, top_k) = (m.gate.cols, m.gate.rows, a.top_k);
-        let grid = gpu.sm_count;
-        let threads = WARPS * 32;
-        let mut b0 = 0;
-        while b0 < a.rows {
-            let nb = BATCH_MAX.min(a.rows - b0);
-            let Some(slots) = moe_rows_slots(
-                &w,
-                a.n_experts,
-                top_k,
-                nb,
-                grid,
-                self.moe_rows_smem_max + MOE_ROWS_STATIC_SMEM,
-            ) else {
-                bail!(
-                    "dec_moe_rows: {nb} rows on {grid} blocks need more than the {} bytes of shared memory the device grants a block",
-                    self.moe_rows_smem_max
-                );
-            };
-            let smem = moe_rows_smem(&w, a.n_experts, top_k, nb, grid, slots);
-            let smem_max = self.moe_rows_smem_max;
-            check_persistent(
-                "dec_moe_rows",
-                &self.moe_rows,
-                threads,
-                smem,
-                smem_max,
-                grid,
-            )?;
-            let (gu_share, down_share) = moe_shares(hidden, inter, 1 + nb * top_k, grid);
-            let row = |p: u64| p + (b0 * hidden * 4) as u64;
-            let out = a.out.at_row(b0, m, a.n_experts, top_k);
-            let moe = DecMoeArg {
-                norm_w: a.norm_weight,
-                eps: a.eps,
-                x: row(a.x),
-                xn: a.xn.map_or(0, row),
-                gu_share: gu_share as i32,
-                down_share: down_share as i32,
-                ..DecMoeArg::new(m, a.n_experts, top_k, &out, self.moe_barrier.ptr)
-            };
-            let args = DecMoeRowsArg {
-                m: moe,
-                nb: nb as i32,
-                slots: slots as i32,
-            };
-            let cfg = config((grid as u32, 1, 1), threads as u32, smem);
-            gpu.launch(&self.moe_rows, cfg, |l| {
-                l.arg(&args);
-            })?;
-            b0 += nb;
-        }
-        Ok(())
     }
 
     /// Whether the one-token DeltaNet kernels serve this shape.

@@ -55,10 +55,6 @@ struct Case {
     fused_decode: bool,
     /// Off, the projections run linear.cu's kernels over the rows (the first version).
     fused_batch: bool,
-    /// On, the MoE blocks run dec_moe_rows (`--fused-moe-rows`), where the shape takes it.
-    fused_moe_rows: bool,
-    /// Layers of the synthetic model (None: the preset's).
-    layers: Option<usize>,
     prompts: &'static [usize],
 }
 
@@ -71,47 +67,28 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
     let Case {
         fused_decode,
         fused_batch,
-        fused_moe_rows,
-        layers,
         prompts,
     } = case;
-    let w = synth_model_layers(preset, SynthFormat::Mlx, 17, layers);
+    let w = synth_model(preset, SynthFormat::Mlx, 17);
     let vocab = w.config.vocab;
     let mut rng = Rng(5);
     let prompts: Vec<Vec<u32>> = prompts.iter().map(|&n| rng.tokens(n, vocab)).collect();
     let steps = 10;
     for bf16_activations in [false, true] {
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, one-launch MoE {fused_moe_rows}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
             bf16_activations,
             fused_decode,
             fused_batch,
-            fused_moe_rows,
             batched_decode: true,
             split_long_keys: LONG_KEYS,
             chunk: 64,
             ..CudaOptions::default()
         };
         let mut b = CudaBackend::with_options(&w, &opts).unwrap();
-        if fused_moe_rows {
-            use lily_cuda::kernels::moe::MoeShape;
-            use lily_cuda::plan::BatchMoe;
-            for layer in &w.layers {
-                assert_eq!(
-                    b.plan().batch_moe_one_launch(
-                        BatchMoe::Rows,
-                        &moe_shapes(&layer.moe),
-                        MoeShape::of(&w.config)
-                    ),
-                    BatchMoe::OneLaunch,
-                    "{what}: dec_moe_rows must take this shape on this GPU ({})",
-                    b.plan().describe()
-                );
-            }
-        }
         let mut cpu = CpuBackend::new(w.clone());
         let (batch, alone, on_cpu) = (
             prefilled(&mut b, &prompts),
@@ -213,8 +190,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
 const FUSED: Case = Case {
     fused_decode: true,
     fused_batch: true,
-    fused_moe_rows: false,
-    layers: None,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -263,21 +238,6 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, FUSED);
     batched_steps_match_alone(Preset::Small, FIRST_VERSION);
     batched_steps_match_alone(Preset::Small, eight(FUSED));
-}
-
-/// As on tiny, with the batched MoE in one launch (`dec_moe_rows`, `--fused-moe-rows`), on a
-/// 4-layer model of the full widths (the only preset shape it takes): three sequences, then
-/// eight; each row within the tolerances of the other batched tests.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn decode_batched_steps_with_the_one_launch_moe_match_each_sequence_alone() {
-    let one_launch = Case {
-        fused_moe_rows: true,
-        layers: Some(4),
-        ..FUSED
-    };
-    batched_steps_match_alone(Preset::Full, one_launch);
-    batched_steps_match_alone(Preset::Full, eight(one_launch));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

@@ -580,18 +580,3 @@ pub fn dn_layer_shapes(
         taps: c.conv_kernel,
     }
 }
-
-/// The shapes of one MoE block of a checkpoint, as the plan judges them (MLX affine weights).
-pub fn moe_shapes(m: &MoeWeights) -> lily_cuda::kernels::decode::MoeWeightShapes {
-    let shape = linear_shape;
-    lily_cuda::kernels::decode::MoeWeightShapes {
-        router: shape(&m.router),
-        shared_expert_gate: shape(&m.shared_expert_gate),
-        gate: shape(&m.gate),
-        up: shape(&m.up),
-        shared_gate: shape(&m.shared_gate),
-        shared_up: shape(&m.shared_up),
-        down: shape(&m.down),
-        shared_down: shape(&m.shared_down),
-    }
-}

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
 use lily_core::config::ModelConfig;
 
-use super::{check_persistent, config, input_norm, moe_rec, Decode, Input, WARPS, XPAD};
+use super::{check_persistent, config, input_norm, row_rec, Decode, Input, WARPS, XPAD};
 use crate::gpu::Gpu;
 use crate::kernels::deltanet::DnShape;
 use crate::weights::{DevDeltaNet, DevLinear, LinearShape, QWeightArg};
@@ -101,9 +101,9 @@ fn dn_layer_smem(w: &DnLayerShapes, grid: usize) -> usize {
     let (hidden, vd, k) = (w.in_qkv.cols, w.out_proj.cols, w.taps);
     let (gh, gv) = (hidden / 64, vd / 64);
     let front = 4 * (gh * XPAD + r4(gh) + r4(in_share * k) + r4(in_share * (k - 1)));
-    let records = in_share * moe_rec(hidden);
+    let records = in_share * row_rec(hidden);
     let phase_c = 4 * (gv * XPAD + r4(gv));
-    front + records.max(phase_c) + out_share * moe_rec(vd)
+    front + records.max(phase_c) + out_share * row_rec(vd)
 }
 
 /// Bytes of static shared memory a `dec_dn_layer` block holds at most (the step's q, k, α and β
@@ -194,9 +194,9 @@ struct DecDnArg {
 // same layout and tail padding in both).
 unsafe impl DeviceRepr for DecDnArg {}
 
-/// Whether every weight's packed words, scales and biases are 16-byte aligned: `dec_moe` and
-/// `dec_dn_layer` copy them with cp.async.
-pub(super) fn weights_aligned(ws: &[&DevLinear]) -> bool {
+/// Whether every weight's packed words, scales and biases are 16-byte aligned: `dec_dn_layer`
+/// copies them with cp.async.
+fn weights_aligned(ws: &[&DevLinear]) -> bool {
     ws.iter().all(|l| {
         let q = l.arg();
         [q.q, q.scales, q.biases]
