@@ -10,8 +10,8 @@
 #      (what a served request naming only temperature 0 samples with: the device sampler);
 #   3. served, this branch: concurrent_bench.py with 1, 4 and 8 clients (a 1,024-token prompt,
 #      MAX_TOKENS (256) greedy tokens each, `--max-batch 8`, --check: each answer against the
-#      same prompt alone); then 4 and 8 clients with the pipelined step off
-#      (LILY_PIPELINED_DECODE=0: the kept samplers alone);
+#      same prompt alone), the pipelined batched step on (LILY_PIPELINED_BATCH=1, off by default
+#      until measured); then 4 and 8 clients with it off (the kept samplers alone);
 #   4. served, the base (121fc36's lily-engine, bin/lily-engine-base): 4 and 8 clients, --check.
 # Summary: $OUT/summary.txt (logs beside it); no step starts past DEADLINE seconds (200).
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/served-batch`,
@@ -36,7 +36,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     | cut -c1-300 | head -40 | tee -a "$S"
 fi
 wait $SYN; say "synth ${LAYERS:-8} layers rc=$? at $(at)"
-export LILY_BATCHED_DECODE=1 LILY_FUSED_MOE_ROWS=0
+export LILY_BATCHED_DECODE=1
 bench() {  # bench NAME [ARG ...]
   local name=$1; shift
   if ! left; then say "bench $name: skipped (deadline) at $(at)"; return; fi
@@ -47,6 +47,7 @@ bench() {  # bench NAME [ARG ...]
 }
 bench greedy
 bench presence --presence-penalty 1.5
+LILY_PIPELINED_BATCH=1 bench presence-pipe --presence-penalty 1.5
 export PYTHONUNBUFFERED=1
 served() {  # served NAME BINARY CLIENTS [ENV=VALUE ...]
   local name=$1 bin=$2 clients=$3; shift 3
@@ -56,7 +57,7 @@ served() {  # served NAME BINARY CLIENTS [ENV=VALUE ...]
     --serve-arg=--max-batch=8 --check > "$OUT/concurrent-$name.log" 2>&1
   say "served $name (clients $clients, $*) rc=$? at $(at):"; tail -12 "$OUT/concurrent-$name.log" | tee -a "$S"
 }
-served branch "$E" 1,4,8
-served nopipe "$E" 4,8 LILY_PIPELINED_DECODE=0
+served branch "$E" 1,4,8 LILY_PIPELINED_BATCH=1
+served nopipe "$E" 4,8 LILY_PIPELINED_BATCH=0
 served base "$BASE" 4,8
 say "done at $(at)"

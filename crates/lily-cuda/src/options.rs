@@ -110,8 +110,12 @@ lily_core::backend_options! {
             why "plain launches are what a failed capture falls back to";
         pipelined_decode = true, flag Some("no-pipelined-decode"), env "LILY_PIPELINED_DECODE" = true,
             label "pipelined decode",
-            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N, and the batched step its rows' pass right after their picks (never with host sampling or top log-probabilities on the host, which read step N's logits; the batched step not while timed)",
+            help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with host sampling or top log-probabilities on the host, which read step N's logits)",
             why "won its A/B: the device's wait for the host 27–33 → 3 µs a token on the H200 (session 7)";
+        pipelined_batch = false, flag Some("pipelined-batch"), env "LILY_PIPELINED_BATCH" = true,
+            label "pipelined batched step",
+            help "the batched decode step (several sequences) queues its rows' forward pass right after their picks, before the host has read them, as pipelined decode does for one (with pipelined decode on; never with host sampling or host top log-probabilities; not while steps are timed)",
+            why "off: never run on a GPU (session 15, branch served-batch; predicted 0.03–0.1 ms a step on the H100's 8-layer check, docs/perf-notes.md); on once its GPU tests pass and it wins the served A/B (scripts/gpu_served_batch.sh)";
         device_logprobs = true, flag Some("no-device-logprobs"), env "LILY_DEVICE_LOGPROBS" = true,
             label "device top log-probabilities",
             help "a decode step's top log-probabilities (1..=20) computed on the device after the pick (logprob_part + logprob_final: the log-sum-exp and the k best), the host reading 2 + 2k words instead of the 248K logits, pipelined decode kept on",
@@ -222,6 +226,7 @@ mod tests {
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
+            ("LILY_PIPELINED_BATCH", "1"),
             ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_BATCHED_DECODE", "1"),
             ("LILY_TC_SCAN", "0"),
@@ -261,6 +266,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
+                pipelined_batch: true,
                 device_logprobs: false,
                 batched_decode: true,
                 tc_scan: false,

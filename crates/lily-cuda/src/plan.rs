@@ -664,6 +664,13 @@ impl Plan {
         self.o.pipelined_decode && sampling != SamplingPath::Host && logprobs != LogprobsPath::Host
     }
 
+    /// Whether a batched step queues its rows' forward pass before the host reads their picks
+    /// (`CudaOptions::pipelined_batch`): as `pipelined_decode` for each row's pick paths, and
+    /// only with the batched switch on.
+    pub fn pipelined_batch(&self, sampling: SamplingPath, logprobs: LogprobsPath) -> bool {
+        self.o.pipelined_batch && self.pipelined_decode(sampling, logprobs)
+    }
+
     /// Where `top_logprobs` alternatives are computed: on the device with device picks (and
     /// `device_logprobs` on) for 1..=LOGPROB_MAX_K of them within the vocabulary, else on the
     /// host from the downloaded logits (which host sampling downloads anyway).

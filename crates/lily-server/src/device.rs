@@ -370,6 +370,7 @@ mod tests {
             "--no-wgmma-small-tiles",
             "--no-router-split-k",
             "--no-pipelined-decode",
+            "--pipelined-batch",
             "--no-device-logprobs",
         ]);
         let o = cli.backend.cuda.options();
@@ -406,6 +407,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
+                pipelined_batch: true,
                 device_logprobs: false,
                 sync_each: false,
                 profile: false,

@@ -4,7 +4,7 @@
 //! go through the model together in one forward pass (`Forward::run_batch`: each weight read
 //! once for the batch). A step that feeds one sequence takes that sequence's own one-token path
 //! (`feed_next`: decode.cu's fused kernels, its own graph), so a batch of one runs today's step.
-//! Pipelined (`Plan::pipelined_decode`, the default, where every pick is on the device): the
+//! Pipelined (`Plan::pipelined_batch`, off until it has run on a GPU; where every pick is on the device): the
 //! forward pass that feeds the rows that may go on is queued right behind the picks, before the
 //! host has read them (the picks' read waits on a side stream for the copy alone), so the device
 //! is busy with step N's pass while the host reports step N's tokens and the engine comes round
@@ -232,7 +232,7 @@ impl CudaBackend {
         if let Some(start) = pick_start {
             self.batch.timing.picks = Some((start, timing_event(&self.gpu)?));
         }
-        // Pipelined (`Plan::pipelined_decode`, as `decode` is): the picks' words are copied into
+        // Pipelined (`Plan::pipelined_batch`, as `decode` is): the picks' words are copied into
         // page-locked memory on a side stream and every row that may go on is fed at once, so the
         // device runs this step's forward pass while the host reads and reports the tokens and
         // the engine turns round to the next step. A row whose report then answers Stop has been
@@ -241,7 +241,7 @@ impl CudaBackend {
         let pipelined = !timed
             && picked.iter().all(|p| {
                 matches!(p, Picked::Device { path, lp_path, .. }
-                    if self.plan.pipelined_decode(*path, *lp_path))
+                    if self.plan.pipelined_batch(*path, *lp_path))
             });
         let mut prefed = Vec::new();
         let all: Vec<u32> = match &self.batch.picks {

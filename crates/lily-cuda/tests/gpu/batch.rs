@@ -75,8 +75,11 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
     let prompts: Vec<Vec<u32>> = prompts.iter().map(|&n| rng.tokens(n, vocab)).collect();
     let steps = 10;
     for bf16_activations in [false, true] {
+        // The pipelined batched step (off until measured) with bf16 activations, the plain one
+        // with fp32: each run covers one.
+        let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -84,6 +87,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             fused_decode,
             fused_batch,
             batched_decode: true,
+            pipelined_batch,
             split_long_keys: LONG_KEYS,
             chunk: 64,
             ..CudaOptions::default()
