@@ -135,7 +135,7 @@ lily_core::backend_options! {
         batched_decode = false, flag Some("batched-decode"), env "LILY_BATCHED_DECODE" = true,
             label "batched decode",
             help "a decode step of several sequences feeds their tokens in one forward pass (backend/batch.rs: each weight read once for the batch) instead of one sequence after another, each its own one-token step",
-            why "not yet run on a GPU: on once the H200's tests and A/B pass (perf-notes)";
+            why "off: its GPU tests pass and its bench step is 1.27× / 1.58× one sequence's at 4 / 8 rows (an H100, 8 layers, session 15), but served 4 clients got 0.70× one client's through it (each row's device sampler rebuilt every step, since fixed); on once the served A/B (scripts/gpu_served_batch.sh) beats sequences one after another";
         sync_each = false, flag None, env "LILY_CUDA_SYNC" = true,
             label "sync after each launch",
             help "debug: synchronise after every launch so an error names its kernel (graphs off)",
