@@ -156,8 +156,11 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
-    int rows_per_tile = DEC_ROWS_WARPS * rows_lanes_rpw(cols);
+// rb: weight rows a lane (1: dec_gemv_rows; 2: dec_gemv_rows2, RowsKernel::Block2).
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
+                         int rb = 1) {
+    int warps = rb == 2 ? DEC_ROWS2_WARPS : DEC_ROWS_WARPS;
+    int rows_per_tile = warps * rows_lanes_rpw(cols) * rb;
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
     for (int b0 = 0; b0 < rows; b0 += per) {
@@ -165,7 +168,12 @@ static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, c
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
-        launch_k({grid, 1, 1}, DEC_ROWS_WARPS * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] {
+            if (rb == 2)
+                dec_gemv_rows2(at, xb, nb, cols);
+            else
+                dec_gemv_rows(at, xb, nb, cols);
+        });
     }
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -224,6 +232,24 @@ static void gemv_case(const char* name, int cols, std::vector<QW*> ws, std::vect
             // fp32: the GPU test's 1e-5; bf16: a stored value within a bf16 step of the f64 one.
             double tol = BF16 ? 1e-2 : 1e-5, tol_el = BF16 ? 8e-3 : 2e-6;
             verdict(what, e < tol && worst < tol_el && outs[i].guard_ok(), "  rel_l2 %.2e, worst element %.2e of Σ|w x|", e, worst);
+        }
+        {
+            // dec_gemv_rows2 (two weight rows a lane) on the same inputs: the same sums in the
+            // same order, so the same bits (the claim of tests/gpu/decode.rs).
+            std::vector<Buf<float>> two;
+            std::vector<float*> ys2;
+            for (size_t i = 0; i < ws.size(); i++) {
+                two.emplace_back((size_t)nb * ws[i]->rows);
+                if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), two.back().v.begin());
+            }
+            for (auto& o : two) ys2.push_back(o.p());
+            project_rows(segs, ys2, x.data(), cols, nb, 2);
+            for (size_t i = 0; i < ws.size(); i++) {
+                char what[160];
+                snprintf(what, sizeof what, "%s: %d rows, %d-bit x %d: dec_gemv_rows2 bit for bit", name, nb, ws[i]->bits,
+                         ws[i]->rows);
+                verdict(what, same_bits(two[i].p(), outs[i].p(), (size_t)nb * ws[i]->rows) && two[i].guard_ok());
+            }
         }
         if (nb == 1) {
             // The one-row kernels on the same row: another summation order, so a tolerance.

@@ -14,7 +14,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused_dn [bf16]  (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (eleven known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (twelve known bugs put in: each must be caught;
 #                                                           ONLY="9 10" runs those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -55,6 +55,8 @@ MUTANTS = [
      "dec_dn_layer's later step rounds reusing the first round's work item and state"),
     ('dec', '        else\n            cp_async_wait<1>();', '        else\n            cp_async_wait<2>();',
      "dec_dn_layer summing the second half of its in_proj rows before they landed"),
+    ('dec', 'r[j] = min(row + j, w.rows - 1);', 'r[j] = min(row, w.rows - 1);',
+     "dec_gemv_rows2 dotting its lane's first weight row in place of the second"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -136,7 +138,7 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 fused_dn" "7 fused_dn" "8 fused_dn" "9 fused_dn" "10 fused_dn"; do
+           "6 fused_dn" "7 fused_dn" "8 fused_dn" "9 fused_dn" "10 fused_dn" "11 gemv"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -1524,14 +1524,24 @@ dec_dn_layer(DecDn a) {
 // power of two) share a weight row, each taking the groups sl, sl + L, ...; per group it turns
 // the packed weights into floats once and dots them with every staged row: the lanes of different
 // rows read the same x addresses (broadcasts) and the L lanes of a row L distinct groups (distinct
-// banks with the DEC_XPAD padding), so shared memory serves the nb rows at the FMA rate. The
-// next group's weights are in flight while this one's are summed. Output row b of a weight is
-// y + b · rows (its rows are the width of its output). Persistent grid over tiles of
-// (blockDim.x / 32) · (32 / L) weight rows; block DEC_ROWS_WARPS · 32 at most (the launcher reads
-// the bound back: Kernel::max_threads). The grid is sized for DEC_BLOCKS_PER_SM blocks an SM, so
-// on Hopper the block is 6 warps, which lets two blocks of its 141 registers a thread be resident
+// banks with the DEC_XPAD padding). The next group's weights are in flight while this one's are
+// summed. Output row b of a weight is y + b · rows (its rows are the width of its output).
+// Persistent grid over tiles of (blockDim.x / 32) · (32 / L) · RB weight rows; block
+// DEC_ROWS_WARPS · 32 at most (DEC_ROWS2_WARPS for RB = 2; the launcher reads the bound back:
+// Kernel::max_threads). The grid is sized for DEC_BLOCKS_PER_SM blocks an SM, so on Hopper the
+// RB = 1 block is 6 warps, which lets two blocks of its 163 registers a thread be resident
 // together (with 8 warps only one was: the grid ran in two waves); elsewhere a bound of two
 // blocks spills, so the block stays 8 warps, unbounded.
+//
+// Two forms (Plan::batch_projections names which, decode.rs `RowsKernel`): dec_gemv_rows, a lane
+// one weight row (RB = 1), and dec_gemv_rows2 (`--rows-block`), a lane RB = 2 consecutive weight
+// rows of the same groups, 4-bit weights, so every float4 of x read from shared memory serves two
+// rows: a lane issues two 16-byte shared loads per 8 weights and input row at RB = 1, one at
+// RB = 2 (the shared-memory pipe, not DRAM, bounds RB = 1 from 2 rows up: perf-notes, session 15,
+// branch rows-block). Each (weight row, input row)'s sum keeps RB = 1's chains and order (a0 the
+// even columns, a1 the odd, word by word; group_term per group; the lanes' shuffle sum), so the
+// outputs are the same bits. 8-bit weights in dec_gemv_rows2 take RB = 1's code once per row of
+// the lane (their two rows' words together would not fit its registers).
 template <int BITS>
 struct BGroup {
     uint4 q[BITS / 2];
@@ -1550,28 +1560,33 @@ __device__ __forceinline__ void bgroup_load(const QWeight& w, long long row, int
     r.b = bf16_to_f32(w.biases[row * G + g]);
 }
 
-// acc[b] += group g's share of row · x[b] for b < nb; xg: row 0's group g in shared memory, rows
-// `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
-template <int BITS>
-__device__ __forceinline__ void bgroup_dot(const BGroup<BITS>& r, const float* xg, int xstride,
-                                           const float* xsum_g, int G, int nb, float (&acc)[DEC_B_MAX]) {
-    float a0[DEC_B_MAX], a1[DEC_B_MAX];
+// acc[j][b] += group g's share of weight row j · x[b] for j < RB, b < nb; xg: row 0's group g in
+// shared memory, rows `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
+template <int BITS, int RB>
+__device__ __forceinline__ void bgroup_dot(const BGroup<BITS> (&r)[RB], const float* xg, int xstride,
+                                           const float* xsum_g, int G, int nb, float (&acc)[RB][DEC_B_MAX]) {
+    float a0[RB][DEC_B_MAX], a1[RB][DEC_B_MAX];
 #pragma unroll
-    for (int b = 0; b < DEC_B_MAX; b++) a0[b] = a1[b] = 0.0f;
+    for (int j = 0; j < RB; j++)
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++) a0[j][b] = a1[j][b] = 0.0f;
 #pragma unroll
     for (int v = 0; v < BITS / 2; v++) {
-        u32 words[4] = {r.q[v].x, r.q[v].y, r.q[v].z, r.q[v].w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            u32 w = words[i];
             if (BITS == 4) {
                 // Word 4v+i: columns 8(4v+i) .. +7; low nibbles the even columns, high the odd.
-                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
-                float we[4], wo[4];
+                float we[RB][4], wo[RB][4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    we[k] = nib_f(lo, NIB_SEL(k));
-                    wo[k] = nib_f(hi, NIB_SEL(k));
+                for (int j = 0; j < RB; j++) {
+                    u32 words[4] = {r[j].q[v].x, r[j].q[v].y, r[j].q[v].z, r[j].q[v].w};
+                    u32 w = words[i];
+                    u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        we[j][k] = nib_f(lo, NIB_SEL(k));
+                        wo[j][k] = nib_f(hi, NIB_SEL(k));
+                    }
                 }
                 int c = 8 * (4 * v + i);
 #pragma unroll
@@ -1579,55 +1594,79 @@ __device__ __forceinline__ void bgroup_dot(const BGroup<BITS>& r, const float* x
                     if (b < nb) {
                         float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
                         float4 xb = *reinterpret_cast<const float4*>(xg + b * xstride + c + 4);
-                        a0[b] = fmaf(we[0], xa.x, a0[b]);
-                        a1[b] = fmaf(wo[0], xa.y, a1[b]);
-                        a0[b] = fmaf(we[1], xa.z, a0[b]);
-                        a1[b] = fmaf(wo[1], xa.w, a1[b]);
-                        a0[b] = fmaf(we[2], xb.x, a0[b]);
-                        a1[b] = fmaf(wo[2], xb.y, a1[b]);
-                        a0[b] = fmaf(we[3], xb.z, a0[b]);
-                        a1[b] = fmaf(wo[3], xb.w, a1[b]);
+#pragma unroll
+                        for (int j = 0; j < RB; j++) {
+                            a0[j][b] = fmaf(we[j][0], xa.x, a0[j][b]);
+                            a1[j][b] = fmaf(wo[j][0], xa.y, a1[j][b]);
+                            a0[j][b] = fmaf(we[j][1], xa.z, a0[j][b]);
+                            a1[j][b] = fmaf(wo[j][1], xa.w, a1[j][b]);
+                            a0[j][b] = fmaf(we[j][2], xb.x, a0[j][b]);
+                            a1[j][b] = fmaf(wo[j][2], xb.y, a1[j][b]);
+                            a0[j][b] = fmaf(we[j][3], xb.z, a0[j][b]);
+                            a1[j][b] = fmaf(wo[j][3], xb.w, a1[j][b]);
+                        }
                     }
                 }
             } else {
                 // Word 4v+i: columns 4(4v+i) .. +3, byte j column j.
-                float w0 = byte_f(w, 0x7440), w1 = byte_f(w, 0x7441);
-                float w2 = byte_f(w, 0x7442), w3 = byte_f(w, 0x7443);
+                float wb[RB][4];
+#pragma unroll
+                for (int j = 0; j < RB; j++) {
+                    u32 words[4] = {r[j].q[v].x, r[j].q[v].y, r[j].q[v].z, r[j].q[v].w};
+                    u32 w = words[i];
+                    wb[j][0] = byte_f(w, 0x7440);
+                    wb[j][1] = byte_f(w, 0x7441);
+                    wb[j][2] = byte_f(w, 0x7442);
+                    wb[j][3] = byte_f(w, 0x7443);
+                }
                 int c = 4 * (4 * v + i);
 #pragma unroll
                 for (int b = 0; b < DEC_B_MAX; b++) {
                     if (b < nb) {
                         float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
-                        a0[b] = fmaf(w0, xa.x, a0[b]);
-                        a1[b] = fmaf(w1, xa.y, a1[b]);
-                        a0[b] = fmaf(w2, xa.z, a0[b]);
-                        a1[b] = fmaf(w3, xa.w, a1[b]);
+#pragma unroll
+                        for (int j = 0; j < RB; j++) {
+                            a0[j][b] = fmaf(wb[j][0], xa.x, a0[j][b]);
+                            a1[j][b] = fmaf(wb[j][1], xa.y, a1[j][b]);
+                            a0[j][b] = fmaf(wb[j][2], xa.z, a0[j][b]);
+                            a1[j][b] = fmaf(wb[j][3], xa.w, a1[j][b]);
+                        }
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int b = 0; b < DEC_B_MAX; b++)
-        if (b < nb) acc[b] += group_term<BITS>(r.s, r.b, a0[b] + a1[b], xsum_g[b * G]);
+    for (int j = 0; j < RB; j++)
+#pragma unroll
+        for (int b = 0; b < DEC_B_MAX; b++)
+            if (b < nb) acc[j][b] += group_term<BITS>(r[j].s, r[j].b, a0[j][b] + a1[j][b], xsum_g[b * G]);
 }
 
-// acc[b] = the lane's share of row `row` (clamped to the last row) · x[b]: its groups sl + j·L,
-// two deep (the next group's loads in flight while this one is summed).
-template <int BITS>
+// acc[j][b] = the lane's share of weight row `row + j` (clamped to the last row) · x[b]: its
+// groups sl + i·L, two deep (the next group's loads in flight while this one is summed).
+template <int BITS, int RB>
 __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L, int sl, const float* xs,
-                                         const float* xsum, int nb, float (&acc)[DEC_B_MAX]) {
-    long long r = min(row, w.rows - 1);
+                                         const float* xsum, int nb, float (&acc)[RB][DEC_B_MAX]) {
+    long long r[RB];
+#pragma unroll
+    for (int j = 0; j < RB; j++) r[j] = min(row + j, w.rows - 1);
     int xstride = G * DEC_XPAD;
-    BGroup<BITS> ga, gb;
+    BGroup<BITS> ga[RB], gb[RB];
     int g = sl;
-    if (g < G) bgroup_load<BITS>(w, r, G, g, ga);
+#pragma unroll
+    for (int j = 0; j < RB; j++)
+        if (g < G) bgroup_load<BITS>(w, r[j], G, g, ga[j]);
     for (; g < G; g += 2 * L) {
-        if (g + L < G) bgroup_load<BITS>(w, r, G, g + L, gb);
-        bgroup_dot<BITS>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
+#pragma unroll
+        for (int j = 0; j < RB; j++)
+            if (g + L < G) bgroup_load<BITS>(w, r[j], G, g + L, gb[j]);
+        bgroup_dot<BITS, RB>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
         if (g + L >= G) break;
-        if (g + 2 * L < G) bgroup_load<BITS>(w, r, G, g + 2 * L, ga);
-        bgroup_dot<BITS>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
+#pragma unroll
+        for (int j = 0; j < RB; j++)
+            if (g + 2 * L < G) bgroup_load<BITS>(w, r[j], G, g + 2 * L, ga[j]);
+        bgroup_dot<BITS, RB>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
     }
 }
 
@@ -1638,8 +1677,8 @@ __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L
 #define DEC_ROWS_WARPS 8
 #define DEC_ROWS_MIN_BLOCKS 1
 #endif
-extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
-dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+template <int RB>
+__device__ __forceinline__ void gemv_rows(const DecSegs& segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
     float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
@@ -1665,22 +1704,43 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     __syncthreads();
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
-        int row = (tile - sg.tile0) * warps * rpw + warp * rpw + sub;
-        float acc[DEC_B_MAX];
+        int row = ((tile - sg.tile0) * warps * rpw + warp * rpw + sub) * RB;  // the lane's first of RB
+        float acc[RB][DEC_B_MAX];
 #pragma unroll
-        for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;
-        if (sg.w.bits == 4)
-            brow_dot<4>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
-        else
-            brow_dot<8>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+        for (int j = 0; j < RB; j++)
 #pragma unroll
-        for (int b = 0; b < DEC_B_MAX; b++)
-            for (int o = L >> 1; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
-        if (sl == 0 && row < sg.w.rows) {
+            for (int b = 0; b < DEC_B_MAX; b++) acc[j][b] = 0.0f;
+        if (sg.w.bits == 4) {
+            brow_dot<4, RB>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+        } else {
+#pragma unroll
+            for (int j = 0; j < RB; j++)
+                brow_dot<8, 1>(sg.w, row + j, G, L, sl, xs, xsum, nb, *reinterpret_cast<float(*)[1][DEC_B_MAX]>(acc[j]));
+        }
+#pragma unroll
+        for (int j = 0; j < RB; j++) {
 #pragma unroll
             for (int b = 0; b < DEC_B_MAX; b++)
-                if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row, sg.mode, acc[b]);
+                for (int o = L >> 1; o > 0; o >>= 1) acc[j][b] += __shfl_xor_sync(0xffffffffu, acc[j][b], o);
+            if (sl == 0 && row + j < sg.w.rows) {
+#pragma unroll
+                for (int b = 0; b < DEC_B_MAX; b++)
+                    if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row + j, sg.mode, acc[j][b]);
+            }
         }
     }
     dec_trigger_late();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    gemv_rows<1>(segs, x, nb, cols);
+}
+
+// Two rows a lane take about 250 registers: 4 warps a block, two blocks an SM on every arch (at
+// 6 warps a block the bound of 168 spills).
+#define DEC_ROWS2_WARPS 4
+extern "C" __global__ void __launch_bounds__(DEC_ROWS2_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_gemv_rows2(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    gemv_rows<2>(segs, x, nb, cols);
 }

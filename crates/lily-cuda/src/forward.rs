@@ -21,8 +21,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchScan, DecodeDn, DecodePath, Dense,
-    Experts, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodeDn,
+    DecodePath, Dense, Experts, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -731,11 +731,11 @@ impl Forward<'_> {
     ) -> Result<()> {
         let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
         match self.plan.batch_projections(&shapes) {
-            DecodePath::Fused => self
+            BatchProjections::Rows(kernel) => self
                 .kernels
                 .decode
-                .project_rows(self.gpu, x, cols, rows, outs),
-            DecodePath::PerKernel => {
+                .project_rows(self.gpu, kernel, x, cols, rows, outs),
+            BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);
                 for &(w, out) in outs {
                     match out {

@@ -96,6 +96,10 @@ lily_core::backend_options! {
             label "fused batched decode",
             help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
             why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
+        rows_block = false, flag Some("rows-block"), env "LILY_ROWS_BLOCK" = true,
+            label "batched projections two weight rows a lane",
+            help "a batched decode step's 4-bit projections of at most 2,048 columns (the fused batch's dec_gemv_rows) in dec_gemv_rows2: each lane takes two consecutive weight rows, so each input value read from shared memory serves both (half the shared-memory loads a weight), the same sums bit for bit",
+            why "off: not yet measured (session 15, branch rows-block; predicted lm_head 4 rows 398 → ≈ 200 µs on the H100, docs/perf-notes.md); on once scripts/gpu_served_batch.sh's bench A/B wins";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -210,6 +214,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
+            ("LILY_ROWS_BLOCK", "1"),
             ("LILY_FUSED_DN", "1"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
@@ -250,6 +255,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
+                rows_block: true,
                 fused_dn: true,
                 dependent_launch: false,
                 early_trigger: false,

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; `--rows-block`: `dec_gemv_rows2`, two weight rows a lane, for the 2,048-wide 4-bit ones), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, DnLayerShapes};
+use crate::kernels::decode::{self, Decode, DnLayerShapes, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -130,6 +130,15 @@ pub enum DecodePath {
     /// width and bits).
     Fused,
     /// The same launches as a prefill chunk's, for one token.
+    PerKernel,
+}
+
+/// How a batched decode step runs the projections of one input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchProjections {
+    /// decode.cu's batched GEMV in one launch, in the form named (`Decode::project_rows`).
+    Rows(RowsKernel),
+    /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
 }
 
@@ -514,18 +523,24 @@ impl Plan {
     /// of each of B sequences): decode.cu's `dec_gemv_rows` in one launch (each weight read once
     /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
-    /// most decode::MAX_SEGS of them; else `dense`'s kernel for a B-token step (`router` for the
-    /// router), one launch a weight.
-    pub fn batch_projections(&self, ws: &[LinearShape]) -> DecodePath {
+    /// most decode::MAX_SEGS of them — two weight rows a lane (`dec_gemv_rows2`) under
+    /// `rows_block` where `decode::rows_block_serves` them; else `dense`'s kernel for a B-token
+    /// step (`router` for the router), one launch a weight.
+    pub fn batch_projections(&self, ws: &[LinearShape]) -> BatchProjections {
         let fits = !ws.is_empty()
             && ws.len() <= decode::MAX_SEGS
             && ws
                 .iter()
                 .all(|w| decode::serves(w) && w.experts == 1 && w.cols == ws[0].cols);
-        if self.o.fused_batch {
-            self.fused_if(1, fits)
-        } else {
-            DecodePath::PerKernel
+        if !self.o.fused_batch {
+            return BatchProjections::PerKernel;
+        }
+        match self.fused_if(1, fits) {
+            DecodePath::Fused if self.o.rows_block && decode::rows_block_serves(ws) => {
+                BatchProjections::Rows(RowsKernel::Block2)
+            }
+            DecodePath::Fused => BatchProjections::Rows(RowsKernel::One),
+            DecodePath::PerKernel => BatchProjections::PerKernel,
         }
     }
 
@@ -821,8 +836,36 @@ mod tests {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let on = Plan::resolve(&CudaOptions::default(), H200);
         let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
-        assert_eq!(on.batch_projections(&fused), DecodePath::Fused);
-        assert_eq!(on.batch_projections(&[w(2048, 4096, 4)]), DecodePath::Fused);
+        assert_eq!(
+            on.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::One)
+        );
+        assert_eq!(
+            on.batch_projections(&[w(2048, 4096, 4)]),
+            BatchProjections::Rows(RowsKernel::One)
+        );
+        // rows_block: two weight rows a lane for 4-bit weights of at most 2,048 columns.
+        let block = Plan::resolve(
+            &CudaOptions {
+                rows_block: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        let two = BatchProjections::Rows(RowsKernel::Block2);
+        assert_eq!(
+            block.batch_projections(&[w(4096, 2048, 4), w(32, 2048, 4)]),
+            two
+        );
+        assert_eq!(block.batch_projections(&[w(64, 512, 4)]), two);
+        assert_eq!(
+            block.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::One)
+        );
+        assert_eq!(
+            block.batch_projections(&[w(2048, 4096, 4)]),
+            BatchProjections::Rows(RowsKernel::One)
+        );
         // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
         // expert stack: each weight's B-token kernel.
         let per_kernel: [&[LinearShape]; 6] = [
@@ -834,24 +877,34 @@ mod tests {
             &[mlx(512, 2048, 4, 8)],
         ];
         for ws in per_kernel {
-            assert_eq!(on.batch_projections(ws), DecodePath::PerKernel, "{ws:?}");
+            assert_eq!(
+                on.batch_projections(ws),
+                BatchProjections::PerKernel,
+                "{ws:?}"
+            );
         }
         let mut group = w(2048, 2048, 4);
         group.group = 32;
-        assert_eq!(on.batch_projections(&[group]), DecodePath::PerKernel);
-        // Off under either switch.
+        assert_eq!(on.batch_projections(&[group]), BatchProjections::PerKernel);
+        // Off under either switch, rows_block or not.
         for o in [
             CudaOptions {
                 fused_batch: false,
+                rows_block: true,
                 ..CudaOptions::default()
             },
             CudaOptions {
                 fused_decode: false,
+                rows_block: true,
                 ..CudaOptions::default()
             },
         ] {
             let p = Plan::resolve(&o, H200);
-            assert_eq!(p.batch_projections(&fused), DecodePath::PerKernel);
+            assert_eq!(p.batch_projections(&fused), BatchProjections::PerKernel);
+            assert_eq!(
+                p.batch_projections(&[w(64, 2048, 4)]),
+                BatchProjections::PerKernel
+            );
         }
         // Attention: every sequence in one launch where each takes the fused-prep tensor-core
         // split kernel, the _long body only when all do; per sequence past SPLIT_ROWS
@@ -1033,7 +1086,34 @@ mod tests {
             &[out_proj],
             &[lm_head],
         ] {
-            assert_eq!(p.batch_projections(ws), DecodePath::Fused, "{ws:?}");
+            assert_eq!(
+                p.batch_projections(ws),
+                BatchProjections::Rows(RowsKernel::One),
+                "{ws:?}"
+            );
+        }
+        // `--rows-block`: dec_gemv_rows2 for the 2,048-wide 4-bit inputs; the 8-bit router and
+        // the 4,096-wide o_proj / out_proj keep dec_gemv_rows.
+        let block = Plan::resolve(
+            &CudaOptions {
+                rows_block: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        for (ws, kernel) in [
+            (&[q, k, k][..], RowsKernel::Block2),
+            (&[in_qkv, z, dn_b, dn_b], RowsKernel::Block2),
+            (&[lm_head], RowsKernel::Block2),
+            (&[router, s_gate], RowsKernel::One),
+            (&[o], RowsKernel::One),
+            (&[out_proj], RowsKernel::One),
+        ] {
+            assert_eq!(
+                block.batch_projections(ws),
+                BatchProjections::Rows(kernel),
+                "{ws:?}"
+            );
         }
         assert!(decode::down_serves(&down, &s_down, moe.top_k));
         assert_eq!(

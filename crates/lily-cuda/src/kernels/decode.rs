@@ -53,6 +53,36 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
+/// Which form of decode.cu's batched projection kernel a `project_rows` launch takes (the plan's
+/// choice: `Plan::batch_projections`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsKernel {
+    /// `dec_gemv_rows`: a lane one weight row.
+    One,
+    /// `dec_gemv_rows2` (`rows_block`): a lane two consecutive weight rows, each x value read
+    /// from shared memory serving both; the same sums, bit for bit.
+    Block2,
+}
+
+impl RowsKernel {
+    /// Weight rows a lane takes.
+    fn rows_a_lane(self) -> usize {
+        match self {
+            RowsKernel::One => 1,
+            RowsKernel::Block2 => 2,
+        }
+    }
+}
+
+/// Whether `dec_gemv_rows2` serves these weights (all of one input width): all 4-bit (its
+/// register-blocked path; 8-bit rows would run one at a time there, no gain) and at most 2,048
+/// columns, where weights have rows enough for tiles twice as tall: a 4,096-wide projection
+/// (o_proj, out_proj: 2,048 rows) would make 43 tiles of 48 rows on Hopper, a third of an H100's
+/// 132 SMs busy, against 86 at one row a lane.
+pub fn rows_block_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(|w| w.bits == 4 && w.cols <= 2048)
+}
+
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
 /// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 141 registers
 /// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
@@ -481,8 +511,10 @@ fn segments(
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
-    /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
+    gemv_rows2: Kernel,
+    /// Warps of a `dec_gemv_rows` / `dec_gemv_rows2` block on this device (`rows_warps`).
     rows_warps: usize,
+    rows2_warps: usize,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -509,6 +541,7 @@ impl Decode {
         // Every decode kernel waits for its predecessor before touching anything but weights.
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
+        let gemv_rows2 = k("dec_gemv_rows2")?.allow_shared_memory(BATCH_SMEM_MAX)?;
         // A persistent kernel: the dynamic shared memory the device grants it beside its static
         // arrays, allowed; and a grid barrier's two words, zero.
         let persistent = |name| -> Result<(Kernel, usize)> {
@@ -529,6 +562,8 @@ impl Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
+            rows2_warps: rows_warps(&gemv_rows2)?,
+            gemv_rows2,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -602,11 +637,13 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them (`dec_gemv_rows`, BATCH_MAX rows a launch
-    /// at most): output row b of a weight of `r` rows goes to its pointer + b · r floats.
+    /// normed), each weight read once for all of them (`dec_gemv_rows`, or `dec_gemv_rows2` as
+    /// `kernel` says; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
+    /// to its pointer + b · r floats.
     pub fn project_rows(
         &self,
         gpu: &Gpu,
+        kernel: RowsKernel,
         x: u64,
         cols: usize,
         rows: usize,
@@ -622,8 +659,11 @@ impl Decode {
             bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
         }
         let (_, rpw) = rows_lanes(cols);
-        let warps = self.rows_warps;
-        let rows_per_tile = warps * rpw;
+        let (function, warps) = match kernel {
+            RowsKernel::One => (&self.gemv_rows, self.rows_warps),
+            RowsKernel::Block2 => (&self.gemv_rows2, self.rows2_warps),
+        };
+        let rows_per_tile = warps * rpw * kernel.rows_a_lane();
         let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
         let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let per_launch = rows_per_launch(cols);
@@ -637,7 +677,7 @@ impl Decode {
             let xb = x + (b0 * cols * 4) as u64;
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
             let cfg = config((grid, 1, 1), (warps * 32) as u32, rows_smem(cols, nb));
-            gpu.launch(&self.gemv_rows, cfg, |l| {
+            gpu.launch(function, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
             })?;
             b0 += nb;

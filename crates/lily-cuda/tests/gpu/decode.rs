@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu};
+use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel};
 use lily_cuda::weights::DevDeltaNet;
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
@@ -312,7 +312,9 @@ fn wide_decode_gemvs_match_cpu() {
 /// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
 /// (the router's and the shared-expert gate's width) and every store mode (stored, added into a
 /// residual, exact), outputs poisoned first. fp32: 1e-5 as the one-row GEMVs; bf16 inputs and
-/// stores: each output rounded as the kernel rounds it, 1e-2.
+/// stores: each output rounded as the kernel rounds it, 1e-2. `dec_gemv_rows2` (`rows_block`: two
+/// weight rows a lane) on the same inputs, 1 to 8 and 11 rows: the CPU's tolerance, and bit for
+/// bit `dec_gemv_rows`' outputs (the same sums in the same order).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_gemv_rows_match_cpu() {
@@ -340,38 +342,59 @@ fn batched_decode_gemv_rows_match_cpu() {
                 .enumerate()
                 .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
                 .collect();
-            for nb in [1usize, 2, 3, 8, 11] {
-                let what = format!("dec_gemv_rows {cols} cols, {nb} rows, bf16 {bf16_activations}");
+            for nb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11] {
                 let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(r).collect();
                 let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
                 let xd = d.upload(&x).unwrap();
-                let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
-                d.write(&outs_dev[1], 0, &resid).unwrap();
-                let outs = [
-                    (&dws[0], Out::Store(outs_dev[0].ptr)),
-                    (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-                    (&dws[2], Out::Exact(outs_dev[2].ptr)),
-                    (&dws[3], Out::Store(outs_dev[3].ptr)),
-                ];
-                d.k.decode
-                    .project_rows(&d, xd.ptr, cols, nb, &outs)
-                    .unwrap();
-                for (i, n) in rows_of.iter().enumerate() {
-                    let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
-                    let mut want = Vec::with_capacity(nb * n);
-                    for b in 0..nb {
-                        let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
-                        want.extend(y.iter().enumerate().map(|(j, &v)| match i {
-                            1 => r(resid[b * n + j] + r(v)),
-                            2 => v,
-                            _ => r(v),
-                        }));
+                let run = |kernel| -> Vec<Vec<f32>> {
+                    let outs_dev: Vec<DevBuf> =
+                        rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
+                    d.write(&outs_dev[1], 0, &resid).unwrap();
+                    let outs = [
+                        (&dws[0], Out::Store(outs_dev[0].ptr)),
+                        (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                        (&dws[2], Out::Exact(outs_dev[2].ptr)),
+                        (&dws[3], Out::Store(outs_dev[3].ptr)),
+                    ];
+                    d.k.decode
+                        .project_rows(&d, kernel, xd.ptr, cols, nb, &outs)
+                        .unwrap();
+                    rows_of
+                        .iter()
+                        .zip(&outs_dev)
+                        .map(|(&n, o)| d.read(o, 0, nb * n).unwrap())
+                        .collect()
+                };
+                let (one, two) = (run(RowsKernel::One), run(RowsKernel::Block2));
+                for (kernel, got_all) in [("dec_gemv_rows", &one), ("dec_gemv_rows2", &two)] {
+                    let what = format!("{kernel} {cols} cols, {nb} rows, bf16 {bf16_activations}");
+                    for (i, n) in rows_of.iter().enumerate() {
+                        let got = &got_all[i];
+                        let mut want = Vec::with_capacity(nb * n);
+                        for b in 0..nb {
+                            let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
+                            want.extend(y.iter().enumerate().map(|(j, &v)| match i {
+                                1 => r(resid[b * n + j] + r(v)),
+                                2 => v,
+                                _ => r(v),
+                            }));
+                        }
+                        check(
+                            &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                            got,
+                            &want,
+                            tol,
+                        );
                     }
-                    check(
-                        &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
-                        &got,
-                        &want,
-                        tol,
+                }
+                for i in 0..rows_of.len() {
+                    let same = one[i]
+                        .iter()
+                        .zip(&two[i])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "dec_gemv_rows2 {cols} cols, {nb} rows, bf16 {bf16_activations}: output {i} differs from dec_gemv_rows' bits"
                     );
                 }
             }
@@ -385,17 +408,17 @@ fn batched_decode_gemv_rows_match_cpu() {
     let out = [(&w, Out::Store(buf.ptr))];
     let e =
         d.k.decode
-            .project_rows(&d, buf.ptr, 256, 2, &out)
+            .project_rows(&d, RowsKernel::One, buf.ptr, 256, 2, &out)
             .unwrap_err();
     assert!(e.to_string().contains("256-wide"), "{e}");
     let e =
         d.k.decode
-            .project_rows(&d, buf.ptr, 128, 0, &out)
+            .project_rows(&d, RowsKernel::Block2, buf.ptr, 128, 0, &out)
             .unwrap_err();
     assert!(e.to_string().contains("no input rows"), "{e}");
     let e =
         d.k.decode
-            .project_rows(&d, buf.ptr + 4, 128, 1, &out)
+            .project_rows(&d, RowsKernel::One, buf.ptr + 4, 128, 1, &out)
             .unwrap_err();
     assert!(e.to_string().contains("16-byte"), "{e}");
     println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
