@@ -84,9 +84,10 @@ pub fn rows_block_serves(ws: &[LinearShape]) -> bool {
 }
 
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
-/// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 141 registers
+/// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 163 registers
 /// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
-/// elsewhere), at most WARPS.
+/// elsewhere; `dec_gemv_rows2`'s DEC_ROWS2_WARPS: 4 everywhere, two blocks of its 250
+/// registers), at most WARPS.
 fn rows_warps(kernel: &Kernel) -> Result<usize> {
     let warps = (kernel.max_threads()? / 32).min(WARPS);
     if warps == 0 {
