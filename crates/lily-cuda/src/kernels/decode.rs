@@ -76,9 +76,9 @@ impl RowsKernel {
 
 /// Whether `dec_gemv_rows2` serves these weights (all of one input width): all 4-bit (its
 /// register-blocked path; 8-bit rows would run one at a time there, no gain) and at most 2,048
-/// columns, where weights have rows enough for tiles twice as tall: a 4,096-wide projection
-/// (o_proj, out_proj: 2,048 rows) would make 43 tiles of 48 rows on Hopper, a third of an H100's
-/// 132 SMs busy, against 86 at one row a lane.
+/// columns, where weights have rows enough for its taller tiles: a 4,096-wide projection
+/// (o_proj, out_proj: 2,048 rows) would make 64 tiles of 32 rows (4 warps), 64 of an H100's 132
+/// SMs busy, against 86 tiles of 24 rows at one row a lane (6 warps on Hopper).
 pub fn rows_block_serves(ws: &[LinearShape]) -> bool {
     ws.iter().all(|w| w.bits == 4 && w.cols <= 2048)
 }
