@@ -832,11 +832,14 @@ impl Backend for CudaBackend {
         timing.report()
     }
 
-    /// 1 until the batched step (batch.rs) is measured on the device against the queue (issue
-    /// 32: 4 clients ≥ 2.5× one client's decode, 8 ≥ 3.5×); `--max-batch N --batched-decode`
-    /// runs it now.
+    /// 8 with the batched step (batch.rs: up to 8 rows a launch); without it a batch is only the
+    /// rows one after another, so 1 (requests queue, each decoded at one sequence's rate).
     fn default_max_batch(&self) -> usize {
-        1
+        if self.plan.batched_decode() {
+            8
+        } else {
+            1
+        }
     }
 
     /// With `batched_decode`: every row picked as `decode` picks, then one forward pass for the

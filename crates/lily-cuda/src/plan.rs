@@ -1015,13 +1015,13 @@ mod tests {
             Plan::resolve(&unfused, H200).batch_scan(&cfg),
             BatchScan::Chunk
         );
-        // The batched step itself is off unless asked for.
-        assert!(!on.batched_decode());
-        let batched = CudaOptions {
-            batched_decode: true,
+        // The batched step itself is on unless turned off.
+        assert!(on.batched_decode());
+        let queued = CudaOptions {
+            batched_decode: false,
             ..CudaOptions::default()
         };
-        assert!(Plan::resolve(&batched, H200).batched_decode());
+        assert!(!Plan::resolve(&queued, H200).batched_decode());
     }
 
     /// The module comment's table, row by row, for the full shape at 1, 512, 4K, 32K and 128K

@@ -40,8 +40,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
     /// Conversations decoded together at most, one batched step for all; more wait in the queue
-    /// (or until their sequence fits in memory) [default: the backend's: 1 on every backend until
-    /// its batched decode lands; the CPU backend batches for real at any N].
+    /// (or until their sequence fits in memory) [default: the backend's: 8 on CUDA with its
+    /// batched step (`--no-batched-decode`: 1), 1 on wgpu and the CPU, which batches for real at
+    /// any N asked].
     #[arg(long, value_name = "N")]
     pub max_batch: Option<usize>,
     /// MiB of device memory (host memory on the CPU backend) for conversation states kept for
