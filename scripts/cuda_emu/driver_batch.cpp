@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | moe | dn | fused_dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
+// Argument: gemv | moe | dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -15,7 +15,6 @@
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
-//   fused_dn: dec_dn_layer, the one-launch DeltaNet layer (driver_fused_dn.cpp's header).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
@@ -156,11 +155,9 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
-// rb: weight rows a lane (1: dec_gemv_rows; 2: dec_gemv_rows2, RowsKernel::Block2).
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                         int rb = 1) {
-    int warps = rb == 2 ? DEC_ROWS2_WARPS : DEC_ROWS_WARPS;
-    int rows_per_tile = warps * rows_lanes_rpw(cols) * rb;
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+    int warps = DEC_ROWS_WARPS;
+    int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
     for (int b0 = 0; b0 < rows; b0 += per) {
@@ -168,12 +165,7 @@ static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, c
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
-        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] {
-            if (rb == 2)
-                dec_gemv_rows2(at, xb, nb, cols);
-            else
-                dec_gemv_rows(at, xb, nb, cols);
-        });
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
     }
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -232,24 +224,6 @@ static void gemv_case(const char* name, int cols, std::vector<QW*> ws, std::vect
             // fp32: the GPU test's 1e-5; bf16: a stored value within a bf16 step of the f64 one.
             double tol = BF16 ? 1e-2 : 1e-5, tol_el = BF16 ? 8e-3 : 2e-6;
             verdict(what, e < tol && worst < tol_el && outs[i].guard_ok(), "  rel_l2 %.2e, worst element %.2e of Σ|w x|", e, worst);
-        }
-        {
-            // dec_gemv_rows2 (two weight rows a lane) on the same inputs: the same sums in the
-            // same order, so the same bits (the claim of tests/gpu/decode.rs).
-            std::vector<Buf<float>> two;
-            std::vector<float*> ys2;
-            for (size_t i = 0; i < ws.size(); i++) {
-                two.emplace_back((size_t)nb * ws[i]->rows);
-                if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), two.back().v.begin());
-            }
-            for (auto& o : two) ys2.push_back(o.p());
-            project_rows(segs, ys2, x.data(), cols, nb, 2);
-            for (size_t i = 0; i < ws.size(); i++) {
-                char what[160];
-                snprintf(what, sizeof what, "%s: %d rows, %d-bit x %d: dec_gemv_rows2 bit for bit", name, nb, ws[i]->bits,
-                         ws[i]->rows);
-                verdict(what, same_bits(two[i].p(), outs[i].p(), (size_t)nb * ws[i]->rows) && two[i].guard_ok());
-            }
         }
         if (nb == 1) {
             // The one-row kernels on the same row: another summation order, so a tolerance.
@@ -717,8 +691,6 @@ static void run_attn() {
 }
 #endif
 
-#include "driver_fused_dn.cpp"
-
 int main(int argc, char** argv) {
     alarm(600);  // a lane missing a warp collective hangs the emulation: end it
     std::string part = argc > 1 ? argv[1] : "";
@@ -726,11 +698,10 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
-    else if (part == "fused_dn") run_fused_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused_dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -1,17 +1,12 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
-//! gate/up/SiLU and down/combine/residual each in one launch; or the DeltaNet layer in one
-//! persistent launch, `dec_dn_layer`: decode/dn_layer.rs).
-
-mod dn_layer;
-
-pub use dn_layer::{dn_layer_fits, dn_layer_unfit, DnLayer, DnLayerShapes, DnOutputs};
+//! gate/up/SiLU and down/combine/residual each in one launch).
 
 use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
 
 use super::{blocks, config, KernelFile};
-use crate::gpu::{DevBuf, Gpu, Kernel, Module};
+use crate::gpu::{Gpu, Kernel, Module};
 use crate::weights::{DevLinear, DevMoe, LinearShape, QWeightArg};
 
 /// Warps of a `dec_gemv` / `dec_glu` block (256 threads: the fused norm sums in rms_norm's order).
@@ -53,41 +48,10 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
-/// Which form of decode.cu's batched projection kernel a `project_rows` launch takes (the plan's
-/// choice: `Plan::batch_projections`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsKernel {
-    /// `dec_gemv_rows`: a lane one weight row.
-    One,
-    /// `dec_gemv_rows2` (`rows_block`): a lane two consecutive weight rows, each x value read
-    /// from shared memory serving both; the same sums, bit for bit.
-    Block2,
-}
-
-impl RowsKernel {
-    /// Weight rows a lane takes.
-    fn rows_a_lane(self) -> usize {
-        match self {
-            RowsKernel::One => 1,
-            RowsKernel::Block2 => 2,
-        }
-    }
-}
-
-/// Whether `dec_gemv_rows2` serves these weights (all of one input width): all 4-bit (its
-/// register-blocked path; 8-bit rows would run one at a time there, no gain) and at most 2,048
-/// columns, where weights have rows enough for its taller tiles: a 4,096-wide projection
-/// (o_proj, out_proj: 2,048 rows) would make 64 tiles of 32 rows (4 warps), 64 of an H100's 132
-/// SMs busy, against 86 tiles of 24 rows at one row a lane (6 warps on Hopper).
-pub fn rows_block_serves(ws: &[LinearShape]) -> bool {
-    ws.iter().all(|w| w.bits == 4 && w.cols <= 2048)
-}
-
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
 /// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 163 registers
 /// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
-/// elsewhere; `dec_gemv_rows2`'s DEC_ROWS2_WARPS: 4 everywhere, two blocks of its 250
-/// registers), at most WARPS.
+/// elsewhere), at most WARPS.
 fn rows_warps(kernel: &Kernel) -> Result<usize> {
     let warps = (kernel.max_threads()? / 32).min(WARPS);
     if warps == 0 {
@@ -192,12 +156,6 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && down.cols == sdown.cols
         && down.rows == sdown.rows
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
-}
-
-/// Bytes of one staged row (a record) of a 4-bit matrix of `cols` columns in a persistent kernel's
-/// shared memory (decode.cu's ROW_REC): its packed words, scales and biases.
-fn row_rec(cols: usize) -> usize {
-    cols / 2 + cols / 16
 }
 
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
@@ -385,39 +343,6 @@ impl MoeOutputs {
     }
 }
 
-/// The RMSNorm (weight, epsilon) a one-launch kernel (`kernel`) folds into its `cols`-wide input:
-/// 0 for a row taken as it is; an error for another width or a gated norm.
-fn input_norm(kernel: &str, input: &Input, cols: usize) -> Result<(u64, f32)> {
-    if input.cols != cols {
-        bail!("{kernel}: a {}-wide input for {cols} columns", input.cols);
-    }
-    match input.prologue {
-        Prologue::None => Ok((0, 0.0)),
-        Prologue::RmsNorm { weight, eps } => Ok((weight, eps)),
-        Prologue::GatedNorm { .. } => bail!("{kernel}: a gated norm before it"),
-    }
-}
-
-/// An error naming `kernel` unless a persistent grid of `grid` blocks of `threads` threads and
-/// `smem` bytes of dynamic shared memory (at most `smem_max`, what the device grants it) can be
-/// resident at once: its grid barrier waits for every block.
-fn check_persistent(
-    kernel: &str,
-    k: &Kernel,
-    threads: usize,
-    smem: usize,
-    smem_max: usize,
-    grid: usize,
-) -> Result<()> {
-    if smem > smem_max {
-        bail!("{kernel}: {smem} bytes of shared memory a block on {grid} blocks; the device grants {smem_max} beside its static arrays");
-    }
-    if k.resident_blocks(threads, smem)? == 0 {
-        bail!("{kernel}: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
-    }
-    Ok(())
-}
-
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
 pub struct DownCombine<'a> {
     pub down: &'a DevLinear,
@@ -512,10 +437,8 @@ fn segments(
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
-    gemv_rows2: Kernel,
-    /// Warps of a `dec_gemv_rows` / `dec_gemv_rows2` block on this device (`rows_warps`).
+    /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
-    rows2_warps: usize,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -528,43 +451,17 @@ pub struct Decode {
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
-    dn_layer: Kernel,
-    /// Dynamic shared memory a `dec_dn_layer` block may take on this device: what it grants a
-    /// block, less the kernel's static arrays.
-    dn_layer_smem_max: usize,
-    /// `dec_dn_layer`'s grid barrier: u32 count and generation, zero at load, back to a count of
-    /// 0 after every barrier.
-    dn_barrier: DevBuf,
 }
 
 impl Decode {
-    pub fn load(gpu: &Gpu, m: &Module) -> Result<Decode> {
+    pub fn load(m: &Module) -> Result<Decode> {
         // Every decode kernel waits for its predecessor before touching anything but weights.
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
-        let gemv_rows2 = k("dec_gemv_rows2")?.allow_shared_memory(BATCH_SMEM_MAX)?;
-        // A persistent kernel: the dynamic shared memory the device grants it beside its static
-        // arrays, allowed; and a grid barrier's two words, zero.
-        let persistent = |name| -> Result<(Kernel, usize)> {
-            let kernel = k(name)?;
-            let max = gpu
-                .max_shared_memory
-                .saturating_sub(kernel.static_shared_memory()?);
-            Ok((kernel.allow_shared_memory(max)?, max))
-        };
-        let barrier = || -> Result<DevBuf> {
-            let b = gpu.alloc(8)?;
-            gpu.fill(&b, 0)?;
-            Ok(b)
-        };
-        let (dn_layer, dn_layer_smem_max) = persistent("dec_dn_layer")?;
-        let dn_barrier = barrier()?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
-            rows2_warps: rows_warps(&gemv_rows2)?,
-            gemv_rows2,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -577,9 +474,6 @@ impl Decode {
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
             dn_step_rows: k("dec_dn_step_rows")?,
-            dn_layer,
-            dn_layer_smem_max,
-            dn_barrier,
         })
     }
 
@@ -638,13 +532,11 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them (`dec_gemv_rows`, or `dec_gemv_rows2` as
-    /// `kernel` says; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
-    /// to its pointer + b · r floats.
+    /// normed), each weight read once for all of them (`dec_gemv_rows`; BATCH_MAX rows a launch
+    /// at most): output row b of a weight of `r` rows goes to its pointer + b · r floats.
     pub fn project_rows(
         &self,
         gpu: &Gpu,
-        kernel: RowsKernel,
         x: u64,
         cols: usize,
         rows: usize,
@@ -660,11 +552,8 @@ impl Decode {
             bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
         }
         let (_, rpw) = rows_lanes(cols);
-        let (function, warps) = match kernel {
-            RowsKernel::One => (&self.gemv_rows, self.rows_warps),
-            RowsKernel::Block2 => (&self.gemv_rows2, self.rows2_warps),
-        };
-        let rows_per_tile = warps * rpw * kernel.rows_a_lane();
+        let (function, warps) = (&self.gemv_rows, self.rows_warps);
+        let rows_per_tile = warps * rpw;
         let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
         let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
         let per_launch = rows_per_launch(cols);
