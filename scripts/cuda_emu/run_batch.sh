@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
+# dec_gemv_rows, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
@@ -11,9 +11,9 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn [bf16]       (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (six known bugs put in: each must be caught;
-#                                                           ONLY="4 5" runs   those of the list alone)
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|moe|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (nine known bugs put in: each must be caught;
+#                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
@@ -42,6 +42,12 @@ MUTANTS = [
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
+    ('dec', 'w[2 * j] = pack_bf16x2(v[m], v[m + 4]);', 'w[2 * j] = pack_bf16x2(v[m + 4], v[m]);',
+     "dec_mma_rows staging x in another k order than its weight operands'"),
+    ('dec', 'o0 = bf16_to_f32(it.b[0]) - 128.0f * s0', 'o0 = bf16_to_f32(it.b[0])',
+     "dec_mma_rows without the 128 offset in its bias term"),
+    ('dec', 'for (int w = 0; w < ks; w++) s +=', 'for (int w = 0; w < 1; w++) s +=',
+     "dec_mma_rows keeping only warp 0's share of a split tile"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -59,7 +65,7 @@ dec = swap(dec, '''    uint4 r;
                  : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 2)
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
@@ -112,7 +118,8 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 }
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
-  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT"; do
+  for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
+           "6 mma" "7 mma" "8 mma"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -128,8 +135,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv moe dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv moe dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma moe dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma moe dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

@@ -137,6 +137,7 @@ static void run_block(int threads) {
 }
 
 struct uint4 { u32 x, y, z, w; };
+struct uint2 { u32 x, y; };
 typedef unsigned short u16;
 
 // Bit casts (the CUDA intrinsics of the same names).
@@ -178,6 +179,7 @@ inline u32 __byte_perm(u32 x, u32 y, u32 s) {
 // run_batch.sh swaps its asm for this) read memory no kernel writes during the launch (weights):
 // a plain load. The L2 prefetch of stage_prefetch is a hint: dropped.
 inline uint4 __ldg(const uint4* p) { return *p; }
+inline uint2 __ldg(const uint2* p) { return *p; }
 // ld.global.cg (dec_dn_step's reads of c, b and a): a plain load; this emulation has no caches.
 template <class T>
 inline T __ldcg(const T* p) { return *p; }

@@ -1377,3 +1377,241 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     }
     dec_trigger_late();
 }
+
+// ---- Batched 4-bit projections on the tensor cores (dec_mma_rows) ----------------------------
+
+// dec_mma_rows: what dec_gemv_rows computes for 4-bit weights (the same segments, store modes
+// and output layout), on the tensor cores: one mma.sync m16n8k16 (bf16 in, fp32 sums) takes a
+// tile of 16 weight rows (A, M) × 16 columns (K) against the nb ≤ 8 input rows (B, N = 8;
+// columns past nb are zeros), so a packed weight costs about two instructions for all the rows
+// instead of dec_gemv_rows' few per row (perf-notes, branch mma-rows).
+//
+// Numerics, exact in the checkpoint's representation: MLX 4-bit is w = s·q + b per group of 64
+// columns (bf16 s and b). A nibble ORed into 0x4300 is the bf16 of 128 + q (an integer of 128 ..
+// 143, exact), two nibbles of a word into a bf16x2 with one shift and one LOP3; so per group the
+// tensor core sums acc = Σ (128 + q) x, and y += s·acc + (b − 128 s)·Σ x, with each input row's
+// group sums Σ x (of the bf16 values fed to the mma) computed once when x is staged. x is fed as
+// bf16: exact in bf16 mode (the activations are bf16 values), so the plan takes this kernel only
+// there.
+//
+// The order of k inside a dot product is free when A and B share it. Lane (g = lane / 4, t =
+// lane % 4) holds A rows g and g + 8 at k slots 2t, 2t+1, 2t+8, 2t+9: for a group it loads words
+// 2t and 2t + 1 of both rows (8 bytes each; the four lanes of a row read its group's 32 bytes),
+// and word i's nibbles m = 0..7 (column 16t + 8i + m of the group) feed mma step j = 2i + h
+// (h = 0, 1): slots (2t, 2t+1) ← nibbles (2h, 2h+4), slots (2t+8, 2t+9) ← (2h+1, 2h+5). x is
+// staged in shared memory already in that order, as bf16 pairs: for input row n, group gi and
+// lane quarter t, eight words (b0, b1 of the four steps) at xb[n · R + gi · 32 + t · 8], R = 32 G
+// + 4 words a row (the 4-word pad puts rows n and n + 1 of a quarter-warp's 16-byte loads in
+// distinct banks). A group's four mma steps start from zero (each group has its own scale); the
+// lane's four outputs, C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1), gather over its groups.
+//
+// Work: tiles of 16 rows over the segments (tile0 counted in 16-row tiles). Without `split` each
+// warp takes whole tiles (DEC_MMA_WARPS a block at once) and stores its outputs; with `split` the
+// block's warps share one tile, warp w its groups w, w + DEC_MMA_WARPS, ..., their sums met in
+// shared memory (the launcher splits where a launch has too few tiles to occupy the device,
+// decode.rs mma_split). A warp streams its (tile, group) items DEC_MMA_CHUNK at a time, the next
+// chunk's weights in flight while this one's are summed; the first chunk is requested before
+// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [nb][G], and the split's
+// partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
+struct MmaItem {
+    uint2 w[2];     // rows g and g + 8: words 2t, 2t + 1 of the group
+    u16 s[2], b[2]; // their scales and biases
+};
+struct MmaChunk {
+    MmaItem it[DEC_MMA_CHUNK];
+};
+
+// Where chunk c of this warp's stream lies: its tile and the first of its items' group indices.
+struct MmaAt {
+    int tile, j0, last;  // last: the tile's last chunk
+};
+__device__ __forceinline__ MmaAt mma_at(int c, int cpt, int ks) {
+    int it = c / cpt, cc = c % cpt, tpb = DEC_MMA_WARPS / ks;
+    MmaAt a;
+    a.tile = (it * (int)gridDim.x + (int)blockIdx.x) * tpb + (int)(threadIdx.x >> 5) / ks;
+    a.j0 = cc * DEC_MMA_CHUNK;
+    a.last = cc == cpt - 1;
+    return a;
+}
+
+// Item k of chunk c: group gi = kw + ks · (j0 + k) of the tile, if the tile and the group exist.
+__device__ __forceinline__ void mma_chunk_load(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
+                                               MmaChunk& ch) {
+    MmaAt a = mma_at(c, cpt, ks);
+    if (a.tile >= segs.tiles) return;
+    DecSeg sg = seg_of(segs, a.tile);
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, kw = (int)(threadIdx.x >> 5) % ks;
+    int row0 = (a.tile - sg.tile0) * 16;
+    long long r0 = min(row0 + g, sg.w.rows - 1), r1 = min(row0 + g + 8, sg.w.rows - 1);
+    const uint2* q = reinterpret_cast<const uint2*>(sg.w.q);
+    long long wpr = (long long)G * 4;  // uint2 a row
+#pragma unroll
+    for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+        int j = a.j0 + k, gi = kw + ks * j;
+        if (j < gpw && gi < G) {
+            MmaItem& it = ch.it[k];
+            it.w[0] = __ldg(q + r0 * wpr + gi * 4 + t);
+            it.w[1] = __ldg(q + r1 * wpr + gi * 4 + t);
+            it.s[0] = sg.w.scales[r0 * G + gi];
+            it.s[1] = sg.w.scales[r1 * G + gi];
+            it.b[0] = sg.w.biases[r0 * G + gi];
+            it.b[1] = sg.w.biases[r1 * G + gi];
+        }
+    }
+}
+
+// acc += group gi's share (item `it`) of the lane's four outputs.
+__device__ __forceinline__ void mma_item_dot(const MmaItem& it, const u32* xb, int R, const float* xsum, int G,
+                                             int nb, int gi, float (&acc)[4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+    if (g < nb) {
+        const uint4* p = reinterpret_cast<const uint4*>(xb + g * R + gi * 32 + t * 8);
+        v0 = p[0];
+        v1 = p[1];
+    }
+    u32 xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        u32 wa = i ? it.w[0].y : it.w[0].x, wb = i ? it.w[1].y : it.w[1].x;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u32 a[4];
+            a[0] = ((wa >> (8 * h)) & 0x000F000Fu) | 0x43004300u;
+            a[1] = ((wb >> (8 * h)) & 0x000F000Fu) | 0x43004300u;
+            a[2] = ((wa >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u;
+            a[3] = ((wb >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u;
+            int j = 2 * i + h;
+            mma_bf16(c, a, xw[2 * j], xw[2 * j + 1]);
+        }
+    }
+    float s0 = bf16_to_f32(it.s[0]), s1 = bf16_to_f32(it.s[1]);
+    float o0 = bf16_to_f32(it.b[0]) - 128.0f * s0, o1 = bf16_to_f32(it.b[1]) - 128.0f * s1;
+    float x0 = 2 * t < nb ? xsum[2 * t * G + gi] : 0.0f, x1 = 2 * t + 1 < nb ? xsum[(2 * t + 1) * G + gi] : 0.0f;
+    acc[0] += s0 * c[0] + o0 * x0;
+    acc[1] += s0 * c[1] + o0 * x1;
+    acc[2] += s1 * c[2] + o1 * x0;
+    acc[3] += s1 * c[3] + o1 * x1;
+}
+
+// Output k of lane `lane` of a tile (C fragment order): its row in the tile and its input row.
+__device__ __forceinline__ void mma_out(int lane, int k, int& row, int& n) {
+    row = (lane >> 2) + 8 * (k >> 1);
+    n = 2 * (lane & 3) + (k & 1);
+}
+
+// The chunk's items summed into acc; at the tile's last chunk its outputs stored (and acc reset).
+__device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
+                                              const MmaChunk& ch, const u32* xb, int R, const float* xsum,
+                                              float* red, int nb, float (&acc)[4]) {
+    MmaAt a = mma_at(c, cpt, ks);
+    int kw = (int)(threadIdx.x >> 5) % ks, lane = threadIdx.x & 31;
+    if (a.tile < segs.tiles) {
+#pragma unroll
+        for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+            int j = a.j0 + k, gi = kw + ks * j;
+            if (j < gpw && gi < G) mma_item_dot(ch.it[k], xb, R, xsum, G, nb, gi, acc);
+        }
+    }
+    if (!a.last) return;
+    if (ks == 1) {
+        if (a.tile < segs.tiles) {
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int row, n;
+                mma_out(lane, k, row, n);
+                if (n < nb && row0 + row < sg.w.rows)
+                    store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, acc[k]);
+            }
+        }
+    } else {
+        // The block's warps share the tile (uniform: every warp reaches this barrier together).
+        float* buf = red + ((c / cpt) & 1) * (DEC_MMA_WARPS * 128);
+        *reinterpret_cast<float4*>(buf + (threadIdx.x >> 5) * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (threadIdx.x < 128 && a.tile < segs.tiles) {
+            int i = threadIdx.x, src = i >> 2, k = i & 3;
+            float s = 0.0f;
+            for (int w = 0; w < ks; w++) s += buf[w * 128 + src * 4 + k];
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16, row, n;
+            mma_out(src, k, row, n);
+            if (n < nb && row0 + row < sg.w.rows)
+                store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, s);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] = 0.0f;
+}
+
+// x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum (each row's group sums of
+// those bf16 values): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
+// four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
+__device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
+                                          float* xsum) {
+    int total = nb * G * 4;
+    for (int base = 0; base < total; base += blockDim.x) {
+        int i = base + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
+        bool live = i < total;
+        float gs = 0.0f;
+        if (live) {
+            const float4* p = reinterpret_cast<const float4*>(x + (long long)n * cols + gi * 64 + t * 16);
+            float v[16];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float4 f = p[e];
+                v[4 * e] = round_bf16(f.x);
+                v[4 * e + 1] = round_bf16(f.y);
+                v[4 * e + 2] = round_bf16(f.z);
+                v[4 * e + 3] = round_bf16(f.w);
+            }
+            u32 w[8];
+#pragma unroll
+            for (int wi = 0; wi < 2; wi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int j = 2 * wi + h, m = 8 * wi + 2 * h;
+                    w[2 * j] = pack_bf16x2(v[m], v[m + 4]);
+                    w[2 * j + 1] = pack_bf16x2(v[m + 1], v[m + 5]);
+                }
+            uint4* d = reinterpret_cast<uint4*>(xb + n * R + gi * 32 + t * 8);
+            d[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            d[1] = make_uint4(w[4], w[5], w[6], w[7]);
+#pragma unroll
+            for (int e = 0; e < 16; e++) gs += v[e];
+        }
+        gs += __shfl_xor_sync(0xffffffffu, gs, 1);
+        gs += __shfl_xor_sync(0xffffffffu, gs, 2);
+        if (live && t == 0) xsum[n * G + gi] = gs;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
+dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int G = cols >> 6, R = G * 32 + 4;
+    u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
+    float* xsum = dec_smem + nb * R;             // [nb][G]
+    float* red = xsum + nb * G;                  // [2][DEC_MMA_WARPS][32][4]
+    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
+    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
+    int per_iter = (int)gridDim.x * tpb;
+    int total = (segs.tiles + per_iter - 1) / per_iter * cpt;  // chunks of every warp's stream
+    MmaChunk ca, cb;
+    if (total > 0) mma_chunk_load(segs, 0, cpt, ks, gpw, G, ca);
+    dec_wait();
+    mma_stage(x, nb, cols, G, R, xb, xsum);
+    __syncthreads();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < total; c += 2) {
+        if (c + 1 < total) mma_chunk_load(segs, c + 1, cpt, ks, gpw, G, cb);
+        mma_chunk_dot(segs, c, cpt, ks, gpw, G, ca, xb, R, xsum, red, nb, acc);
+        if (c + 1 >= total) break;
+        if (c + 2 < total) mma_chunk_load(segs, c + 2, cpt, ks, gpw, G, ca);
+        mma_chunk_dot(segs, c + 1, cpt, ks, gpw, G, cb, xb, R, xsum, red, nb, acc);
+    }
+    dec_trigger_late();
+}

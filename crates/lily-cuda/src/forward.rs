@@ -729,10 +729,10 @@ impl Forward<'_> {
     ) -> Result<()> {
         let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
         match self.plan.batch_projections(&shapes) {
-            BatchProjections::GemvRows => self
+            BatchProjections::Rows(kernel) => self
                 .kernels
                 .decode
-                .project_rows(self.gpu, x, cols, rows, outs),
+                .project_rows(self.gpu, kernel, x, cols, rows, outs),
             BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);
                 for &(w, out) in outs {

@@ -92,6 +92,10 @@ lily_core::backend_options! {
             label "fused batched decode",
             help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
             why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
+        mma_rows = false, flag Some("mma-rows"), env "LILY_MMA_ROWS" = true,
+            label "batched projections on tensor cores",
+            help "a batched decode step's 4-bit projections (the fused batch's dec_gemv_rows: q/k/v, DeltaNet's four, o_proj, out_proj, lm_head) on the tensor cores (decode.cu's dec_mma_rows: 16 weight rows × the B ≤ 8 rows an mma.sync, nibbles ORed into bf16 128 + q, s·acc + (b − 128 s)·Σx per group; bf16 mode) instead of the CUDA cores",
+            why "off: not yet measured (branch mma-rows; predicted 4 rows 1.716 → ≈ 1.10 ms on the H100, docs/perf-notes.md); on once scripts/gpu_mma_rows_ab.sh's bench A/B wins";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -206,6 +210,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
+            ("LILY_MMA_ROWS", "1"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -245,6 +250,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
+                mma_rows: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

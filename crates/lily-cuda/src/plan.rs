@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; `--mma-rows`: the 4-bit ones in `dec_mma_rows`, on the tensor cores), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode};
+use crate::kernels::decode::{self, Decode, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -136,8 +136,9 @@ pub enum DecodePath {
 /// How a batched decode step runs the projections of one input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchProjections {
-    /// decode.cu's `dec_gemv_rows` in one launch (`Decode::project_rows`).
-    GemvRows,
+    /// decode.cu's batched projection in one launch, in the kernel named
+    /// (`Decode::project_rows`).
+    Rows(RowsKernel),
     /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
 }
@@ -254,6 +255,7 @@ impl Plan {
         let flash_prefill = o.flash_prefill && bf16;
         let mma_attention = o.mma_attention && bf16;
         let effective = CudaOptions {
+            mma_rows: o.mma_rows && bf16,
             tensor_cores,
             exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
             flash_prefill,
@@ -494,8 +496,9 @@ impl Plan {
     /// of each of B sequences): decode.cu's `dec_gemv_rows` in one launch (each weight read once
     /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
-    /// most decode::MAX_SEGS of them; else `dense`'s kernel for a B-token step (`router` for the
-    /// router), one launch a weight.
+    /// most decode::MAX_SEGS of them — on the tensor cores (`dec_mma_rows`) under `mma_rows`
+    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit); else `dense`'s kernel for a
+    /// B-token step (`router` for the router), one launch a weight.
     pub fn batch_projections(&self, ws: &[LinearShape]) -> BatchProjections {
         let fits = !ws.is_empty()
             && ws.len() <= decode::MAX_SEGS
@@ -506,7 +509,10 @@ impl Plan {
             return BatchProjections::PerKernel;
         }
         match self.fused_if(1, fits) {
-            DecodePath::Fused => BatchProjections::GemvRows,
+            DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
+                BatchProjections::Rows(RowsKernel::Mma)
+            }
+            DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
             DecodePath::PerKernel => BatchProjections::PerKernel,
         }
     }
@@ -803,10 +809,53 @@ mod tests {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let on = Plan::resolve(&CudaOptions::default(), H200);
         let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
-        assert_eq!(on.batch_projections(&fused), BatchProjections::GemvRows);
+        assert_eq!(
+            on.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
         assert_eq!(
             on.batch_projections(&[w(2048, 4096, 4)]),
-            BatchProjections::GemvRows
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
+        // mma_rows: the tensor cores for all-4-bit weights in bf16 mode; the 8-bit router
+        // keeps dec_gemv_rows, fp32 mode never takes it.
+        let mma = Plan::resolve(
+            &CudaOptions {
+                mma_rows: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert!(mma
+            .describe()
+            .contains("batched projections on tensor cores on"));
+        assert!(on
+            .describe()
+            .contains("batched projections on tensor cores off"));
+        let tc = BatchProjections::Rows(RowsKernel::Mma);
+        for ws in [
+            &[w(4096, 2048, 4), w(32, 2048, 4)][..],
+            &[w(2048, 4096, 4)],
+            &[w(2048, 512, 4)],
+            &[w(248_320, 2048, 4)],
+        ] {
+            assert_eq!(mma.batch_projections(ws), tc, "{ws:?}");
+        }
+        assert_eq!(
+            mma.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
+        let fp32_mma = Plan::resolve(
+            &CudaOptions {
+                mma_rows: true,
+                bf16_activations: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            fp32_mma.batch_projections(&[w(2048, 4096, 4)]),
+            BatchProjections::Rows(RowsKernel::Gemv)
         );
         // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
         // expert stack: each weight's B-token kernel.
@@ -1024,7 +1073,29 @@ mod tests {
         ] {
             assert_eq!(
                 p.batch_projections(ws),
-                BatchProjections::GemvRows,
+                BatchProjections::Rows(RowsKernel::Gemv),
+                "{ws:?}"
+            );
+        }
+        // `--mma-rows`: dec_mma_rows for every 4-bit input; the 8-bit router keeps dec_gemv_rows.
+        let mma = Plan::resolve(
+            &CudaOptions {
+                mma_rows: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        for (ws, kernel) in [
+            (&[q, k, k][..], RowsKernel::Mma),
+            (&[in_qkv, z, dn_b, dn_b], RowsKernel::Mma),
+            (&[lm_head], RowsKernel::Mma),
+            (&[o], RowsKernel::Mma),
+            (&[out_proj], RowsKernel::Mma),
+            (&[router, s_gate], RowsKernel::Gemv),
+        ] {
+            assert_eq!(
+                mma.batch_projections(ws),
+                BatchProjections::Rows(kernel),
                 "{ws:?}"
             );
         }

@@ -48,6 +48,22 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
+/// Which kernel a `project_rows` launch takes (the plan's choice: `Plan::batch_projections`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsKernel {
+    /// `dec_gemv_rows`: the CUDA cores, 8 lanes a weight row, every row's FMAs.
+    Gemv,
+    /// `dec_mma_rows` (`mma_rows`): the tensor cores, 16 weight rows × the B rows an mma.sync;
+    /// 4-bit weights only (`mma_rows_serves`), inputs fed as bf16.
+    Mma,
+}
+/// Warps of a `dec_mma_rows` block, and blocks an SM of its persistent grid (its launch bound).
+pub const MMA_WARPS: usize = 4;
+pub const MMA_BLOCKS_PER_SM: usize = 4;
+/// (tile, group) items a `dec_mma_rows` warp requests at once (two such chunks in flight).
+pub const MMA_CHUNK: usize = 4;
+/// Weight rows of a `dec_mma_rows` tile (the mma's M).
+const MMA_TILE: usize = 16;
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
 /// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 163 registers
 /// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
@@ -90,6 +106,9 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
+        ("DEC_MMA_WARPS", MMA_WARPS as i64),
+        ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
+        ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
     ],
 };
 
@@ -164,13 +183,40 @@ fn rows_smem(cols: usize, rows: usize) -> usize {
     rows * (cols / 64) * (XPAD + 1) * 4
 }
 
-/// Rows one `dec_gemv_rows` launch takes for inputs of `cols` columns (at least 1 for any
-/// width `serves` accepts: 4,096 columns stage 17.7 KB a row).
-pub fn rows_per_launch(cols: usize) -> usize {
+/// Dynamic shared memory of a `dec_mma_rows` block staging `rows` inputs of `cols` columns
+/// (decode.cu's layout): the rows as bf16 pairs, 32 words a group and 4 words of pad a row, their
+/// group sums, and the split's partial sums (two buffers of MMA_WARPS × 32 lanes × 4).
+fn mma_smem(cols: usize, rows: usize) -> usize {
+    let g = cols / 64;
+    (rows * (g * 32 + 4) + rows * g + 2 * MMA_WARPS * 128) * 4
+}
+
+/// Rows one launch of `kernel` takes for inputs of `cols` columns (at least 1 for any width
+/// `serves` accepts: 4,096 columns stage 17.7 KB a row in `dec_gemv_rows`, 8.2 KB in
+/// `dec_mma_rows`).
+pub fn rows_per_launch(kernel: RowsKernel, cols: usize) -> usize {
+    let smem = |r| match kernel {
+        RowsKernel::Gemv => rows_smem(cols, r),
+        RowsKernel::Mma => mma_smem(cols, r),
+    };
     (1..=BATCH_MAX)
         .rev()
-        .find(|&r| rows_smem(cols, r) <= BATCH_SMEM_MAX)
+        .find(|&r| smem(r) <= BATCH_SMEM_MAX)
         .unwrap_or(1)
+}
+
+/// Whether `dec_mma_rows` reads these weights (all of one input width, each one `serves`
+/// accepts): 4-bit only (its operands are nibbles ORed into bf16 128).
+pub fn mma_rows_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(|w| serves(w) && w.bits == 4)
+}
+
+/// Whether a `dec_mma_rows` launch of `tiles` 16-row tiles splits each tile's groups over the
+/// MMA_WARPS warps of a block: where whole tiles a warp would leave warps of the persistent grid
+/// (`warps` of them) idle or with one tile each (o_proj / out_proj: 128 tiles; DeltaNet's
+/// in_proj: 772), not where every warp gets several (lm_head: 15,520).
+fn mma_split(tiles: usize, warps: usize) -> bool {
+    tiles < 2 * warps
 }
 
 /// Lanes that share one row of `cols` columns in `dec_gemv_rows` (a power of two, at most 8),
@@ -439,6 +485,7 @@ pub struct Decode {
     gemv_rows: Kernel,
     /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
+    mma_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -462,6 +509,7 @@ impl Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
+            mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -532,31 +580,59 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them (`dec_gemv_rows`; BATCH_MAX rows a launch
-    /// at most): output row b of a weight of `r` rows goes to its pointer + b · r floats.
+    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows` or
+    /// `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
+    /// to its pointer + b · r floats.
     pub fn project_rows(
         &self,
         gpu: &Gpu,
+        kernel: RowsKernel,
         x: u64,
         cols: usize,
         rows: usize,
         outs: &[(&DevLinear, Out)],
     ) -> Result<()> {
+        let name = match kernel {
+            RowsKernel::Gemv => "dec_gemv_rows",
+            RowsKernel::Mma => "dec_mma_rows",
+        };
         if outs.is_empty() || outs.len() > MAX_SEGS {
-            bail!("dec_gemv_rows: {} projections (1..={MAX_SEGS})", outs.len());
+            bail!("{name}: {} projections (1..={MAX_SEGS})", outs.len());
         }
         if rows == 0 {
-            bail!("dec_gemv_rows: no input rows");
+            bail!("{name}: no input rows");
         }
         if !x.is_multiple_of(16) {
-            bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
+            bail!("{name}: input at {x:#x} is not 16-byte aligned");
         }
-        let (_, rpw) = rows_lanes(cols);
-        let (function, warps) = (&self.gemv_rows, self.rows_warps);
-        let rows_per_tile = warps * rpw;
-        let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
-        let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
-        let per_launch = rows_per_launch(cols);
+        let blocks_max = |per_sm: usize| per_sm * gpu.sm_count;
+        let (function, warps, rows_per_tile) = match kernel {
+            RowsKernel::Gemv => (
+                &self.gemv_rows,
+                self.rows_warps,
+                self.rows_warps * rows_lanes(cols).1,
+            ),
+            RowsKernel::Mma => {
+                if outs.iter().any(|(w, _)| w.bits != 4) {
+                    bail!("{name}: 4-bit weights only");
+                }
+                (&self.mma_rows, MMA_WARPS, MMA_TILE)
+            }
+        };
+        let segs = segments(name, outs, cols, rows_per_tile)?;
+        let tiles = segs.tiles as usize;
+        let (grid, split) = match kernel {
+            RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
+            RowsKernel::Mma => {
+                let split = mma_split(tiles, blocks_max(MMA_BLOCKS_PER_SM) * MMA_WARPS);
+                let per_block = if split { 1 } else { MMA_WARPS };
+                (
+                    tiles.div_ceil(per_block).min(blocks_max(MMA_BLOCKS_PER_SM)),
+                    split as i32,
+                )
+            }
+        };
+        let per_launch = rows_per_launch(kernel, cols);
         let mut b0 = 0;
         while b0 < rows {
             let nb = per_launch.min(rows - b0);
@@ -566,9 +642,16 @@ impl Decode {
             }
             let xb = x + (b0 * cols * 4) as u64;
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
-            let cfg = config((grid, 1, 1), (warps * 32) as u32, rows_smem(cols, nb));
+            let smem = match kernel {
+                RowsKernel::Gemv => rows_smem(cols, nb),
+                RowsKernel::Mma => mma_smem(cols, nb),
+            };
+            let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
             gpu.launch(function, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
+                if kernel == RowsKernel::Mma {
+                    l.arg(&split);
+                }
             })?;
             b0 += nb;
         }

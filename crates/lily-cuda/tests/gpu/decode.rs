@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu};
+use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -305,87 +305,106 @@ fn wide_decode_gemvs_match_cpu() {
     println!("KERNEL decode.cu wide GEMVs match the CPU");
 }
 
+/// One batched-projection launch of `kernel` (`Decode::project_rows`) per row count of `nbs`,
+/// four weights of `rows_of` rows and `bits` on a `cols`-wide input, every store mode (stored,
+/// added into a residual, exact), outputs poisoned first, against the CPU's product (x as the
+/// activations hold it: rounded to bf16 in bf16 mode, or always with `bf16_x`; each output
+/// rounded as the kernel rounds it) to `tol`.
+#[allow(clippy::too_many_arguments)]
+fn rows_case(
+    d: &Dev,
+    kernel: RowsKernel,
+    rng: &mut Rng,
+    cols: usize,
+    rows_of: &[usize; 4],
+    bits: [u32; 4],
+    nbs: &[usize],
+    bf16_x: bool,
+    tol: f64,
+) {
+    let bf16_activations = d.opts.bf16_activations;
+    let r = |v: f32| if bf16_activations { round_bf16(v) } else { v };
+    let rx = |v: f32| {
+        if bf16_activations || bf16_x {
+            round_bf16(v)
+        } else {
+            v
+        }
+    };
+    let ws: Vec<Linear> = rows_of
+        .iter()
+        .zip(bits)
+        .map(|(&n, b)| linear(rng, b, 1, n, cols))
+        .collect();
+    let dws: Vec<DevLinear> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| upload_linear(d, &format!("w{i}"), w).unwrap())
+        .collect();
+    for &nb in nbs {
+        let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(rx).collect();
+        let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
+        let xd = d.upload(&x).unwrap();
+        let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(d, nb * n)).collect();
+        d.write(&outs_dev[1], 0, &resid).unwrap();
+        let outs = [
+            (&dws[0], Out::Store(outs_dev[0].ptr)),
+            (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&dws[3], Out::Store(outs_dev[3].ptr)),
+        ];
+        d.k.decode
+            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
+            .unwrap();
+        let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
+        for (i, n) in rows_of.iter().enumerate() {
+            let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
+            let mut want = Vec::with_capacity(nb * n);
+            for b in 0..nb {
+                let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
+                want.extend(y.iter().enumerate().map(|(j, &v)| match i {
+                    1 => r(resid[b * n + j] + r(v)),
+                    2 => v,
+                    _ => r(v),
+                }));
+            }
+            check(
+                &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                &got,
+                &want,
+                tol,
+            );
+        }
+    }
+}
+
 /// `dec_gemv_rows` (a batched decode step's projections, `Decode::project_rows`) against the CPU:
 /// at the model's widths (2048; 4096, whose eight rows take two launches, 5 + 3) and narrow ones
 /// (64 and 256 columns: 1 and 4 lanes a weight row), 1, 2, 3, 8 and 11 rows (more than a launch
 /// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
-/// (the router's and the shared-expert gate's width) and every store mode (stored, added into a
-/// residual, exact), outputs poisoned first. fp32: 1e-5 as the one-row GEMVs; bf16 inputs and
-/// stores: each output rounded as the kernel rounds it, 1e-2.
+/// (the router's and the shared-expert gate's width) and every store mode (`rows_case`). fp32:
+/// 1e-5 as the one-row GEMVs; bf16 inputs and stores: 1e-2.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_gemv_rows_match_cpu() {
-    let rows_of = [300usize, 77, 16, 1];
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
-        let r = |v: f32| {
-            if bf16_activations {
-                round_bf16(v)
-            } else {
-                v
-            }
-        };
         let tol = if bf16_activations { 1e-2 } else { 1e-5 };
         let mut rng = Rng(41);
         for cols in [2048usize, 4096, 64, 256] {
-            let bits = [4u32, 4, 8, 8];
-            let ws: Vec<Linear> = rows_of
-                .iter()
-                .zip(bits)
-                .map(|(&n, b)| linear(&mut rng, b, 1, n, cols))
-                .collect();
-            let dws: Vec<DevLinear> = ws
-                .iter()
-                .enumerate()
-                .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
-                .collect();
-            for nb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11] {
-                let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(r).collect();
-                let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
-                let xd = d.upload(&x).unwrap();
-                let run = || -> Vec<Vec<f32>> {
-                    let outs_dev: Vec<DevBuf> =
-                        rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
-                    d.write(&outs_dev[1], 0, &resid).unwrap();
-                    let outs = [
-                        (&dws[0], Out::Store(outs_dev[0].ptr)),
-                        (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-                        (&dws[2], Out::Exact(outs_dev[2].ptr)),
-                        (&dws[3], Out::Store(outs_dev[3].ptr)),
-                    ];
-                    d.k.decode
-                        .project_rows(&d, xd.ptr, cols, nb, &outs)
-                        .unwrap();
-                    rows_of
-                        .iter()
-                        .zip(&outs_dev)
-                        .map(|(&n, o)| d.read(o, 0, nb * n).unwrap())
-                        .collect()
-                };
-                let one = run();
-                {
-                    let what =
-                        format!("dec_gemv_rows {cols} cols, {nb} rows, bf16 {bf16_activations}");
-                    for (i, n) in rows_of.iter().enumerate() {
-                        let got = &one[i];
-                        let mut want = Vec::with_capacity(nb * n);
-                        for b in 0..nb {
-                            let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
-                            want.extend(y.iter().enumerate().map(|(j, &v)| match i {
-                                1 => r(resid[b * n + j] + r(v)),
-                                2 => v,
-                                _ => r(v),
-                            }));
-                        }
-                        check(
-                            &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
-                            got,
-                            &want,
-                            tol,
-                        );
-                    }
-                }
-            }
+            let nbs = [1usize, 2, 3, 4, 5, 6, 7, 8, 11];
+            let (rows_of, bits) = ([300, 77, 16, 1], [4, 4, 8, 8]);
+            rows_case(
+                &d,
+                RowsKernel::Gemv,
+                &mut rng,
+                cols,
+                &rows_of,
+                bits,
+                &nbs,
+                false,
+                tol,
+            );
         }
     }
     // Bad calls are refused with a message, nothing launched.
@@ -394,22 +413,79 @@ fn batched_decode_gemv_rows_match_cpu() {
     let w = upload_linear(&d, "w", &linear(&mut rng, 4, 1, 16, 128)).unwrap();
     let buf = poisoned(&d, 4 * 128);
     let out = [(&w, Out::Store(buf.ptr))];
+    for kernel in [RowsKernel::Gemv, RowsKernel::Mma] {
+        for (x, cols, rows, says) in [
+            (buf.ptr, 256, 2, "256-wide"),
+            (buf.ptr, 128, 0, "no input rows"),
+            (buf.ptr + 4, 128, 1, "16-byte"),
+        ] {
+            let e =
+                d.k.decode
+                    .project_rows(&d, kernel, x, cols, rows, &out)
+                    .unwrap_err();
+            assert!(e.to_string().contains(says), "{kernel:?}: {e}");
+        }
+    }
+    let w8 = upload_linear(&d, "w8", &linear(&mut rng, 8, 1, 16, 128)).unwrap();
     let e =
         d.k.decode
-            .project_rows(&d, buf.ptr, 256, 2, &out)
+            .project_rows(
+                &d,
+                RowsKernel::Mma,
+                buf.ptr,
+                128,
+                1,
+                &[(&w8, Out::Store(buf.ptr))],
+            )
             .unwrap_err();
-    assert!(e.to_string().contains("256-wide"), "{e}");
-    let e =
-        d.k.decode
-            .project_rows(&d, buf.ptr, 128, 0, &out)
-            .unwrap_err();
-    assert!(e.to_string().contains("no input rows"), "{e}");
-    let e =
-        d.k.decode
-            .project_rows(&d, buf.ptr + 4, 128, 1, &out)
-            .unwrap_err();
-    assert!(e.to_string().contains("16-byte"), "{e}");
+    assert!(e.to_string().contains("4-bit"), "{e}");
     println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
+}
+
+/// `dec_mma_rows` (`mma_rows`: the batched 4-bit projections on the tensor cores) against the
+/// CPU, as `rows_case` says: 4-bit weights only, inputs of 2,048, 4,096 (o_proj / out_proj), 512
+/// and 64 columns, 1 to 8 and 11 rows, four weights a launch with rows that end mid-tile (300, 77,
+/// 16, 1: a launch of few tiles, each split over a block's warps), and a launch of 68,000 rows
+/// (4,250 tiles: whole tiles a warp, as lm_head's 15,520) at 1, 4 and 8 rows. x is fed to the
+/// tensor cores as bf16, so in fp32 mode the inputs are bf16 values (as the activations are in
+/// bf16 mode, the only mode the plan takes it in) and the bound is the sums' own rounding,
+/// 1e-4 (the cancellation of the 128 offset costs a few bits); bf16 mode: 1e-2.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_mma_rows_match_cpu() {
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let tol = if bf16_activations { 1e-2 } else { 1e-4 };
+        let mut rng = Rng(47);
+        let nbs = [1usize, 2, 3, 4, 5, 6, 7, 8, 11];
+        for cols in [2048usize, 4096, 512, 64] {
+            let rows_of = [300, 77, 16, 1];
+            rows_case(
+                &d,
+                RowsKernel::Mma,
+                &mut rng,
+                cols,
+                &rows_of,
+                [4; 4],
+                &nbs,
+                true,
+                tol,
+            );
+        }
+        let rows_of = [68_000, 16, 5, 1];
+        rows_case(
+            &d,
+            RowsKernel::Mma,
+            &mut rng,
+            2048,
+            &rows_of,
+            [4; 4],
+            &[1, 4, 8],
+            true,
+            tol,
+        );
+    }
+    println!("KERNEL decode.cu dec_mma_rows matches the CPU");
 }
 
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
