@@ -1411,8 +1411,8 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
 // shared memory (the launcher splits where a launch has too few tiles to occupy the device,
 // decode.rs mma_split). A warp streams its (tile, group) items DEC_MMA_CHUNK at a time, the next
 // chunk's weights in flight while this one's are summed; the first chunk is requested before
-// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [nb][G], and the split's
-// partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
+// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [nb][G] (padded to a
+// multiple of 4), and the split's partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
 struct MmaItem {
     uint2 w[2];     // rows g and g + 8: words 2t, 2t + 1 of the group
     u16 s[2], b[2]; // their scales and biases
@@ -1595,7 +1595,7 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
     float* xsum = dec_smem + nb * R;             // [nb][G]
-    float* red = xsum + nb * G;                  // [2][DEC_MMA_WARPS][32][4]
+    float* red = xsum + ((nb * G + 3) & ~3);     // [2][DEC_MMA_WARPS][32][4], 16-byte aligned
     int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
     int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
     int per_iter = (int)gridDim.x * tpb;
