@@ -4,9 +4,9 @@
 # `dec_gemv_rows` (off). On an 8-layer full-width checkpoint (AB_LAYERS, with the tokenizer, for
 # `serve`) and the full-size one (synthesised beside it into /dev/shm/full-mlx):
 #   1. GPU tests: the new form's (batched_decode_mma_rows_match_cpu) and dec_gemv_rows' first
-#      (KERNEL_S, 45 s), then every other batched one (decode_batched_*, batched_decode_*: the
+#      (KERNEL_S, 60 s), then every other batched one (decode_batched_*, batched_decode_*: the
 #      model's batched steps against each sequence alone, with --mma-rows among them), until
-#      TEST_S (170) seconds;
+#      TEST_S (180) seconds;
 #   2. 8 layers, `bench --batch 1,4,8` (1K prompt, 1K context, 64 steps), off / mma alternated
 #      ROUNDS (2) times;
 #   3. full size, the same bench at a 1K context, off / mma;
@@ -19,7 +19,7 @@
 # the binaries, this script, concurrent_bench.py and serve_bench.py beside them (stage_gpu.sh
 # copies gpu_ab_common.sh, the preamble it sources). There:
 #   bash .carry/mma/gpu_mma_rows_ab.sh   (carry: .carry/mma .carry/tokenizer; timeout_s 540)
-# Knobs: SKIP_TESTS=1, KERNEL_S (45), TEST_S (170), ROUNDS (2), STEPS (64), DEADLINE (400), HARD (465),
+# Knobs: SKIP_TESTS=1, KERNEL_S (60), TEST_S (180), ROUNDS (2), STEPS (64), DEADLINE (400), HARD (465),
 # DRY=1 (print the commands instead of running the engine: the script's logic without a GPU).
 set -u
 AB_LAYERS=${LAYERS:-8}
@@ -52,12 +52,12 @@ export LILY_BATCHED_DECODE=1
 CONFIGS=("off LILY_MMA_ROWS=0" "mma LILY_MMA_ROWS=1")
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # The two kernel tests first (KERNEL_S, 45 s), then every other batched test in what is left
-  # of TEST_S (170), so a slow model test cannot crowd out the new kernel's.
-  run timeout "$(tmo "${KERNEL_S:-45}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
+  # The two kernel tests first (KERNEL_S, 60 s), then every other batched test in what is left
+  # of TEST_S (180), so a slow model test cannot crowd out the new kernel's.
+  run timeout "$(tmo "${KERNEL_S:-60}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
     batched_decode_mma_rows batched_decode_gemv_rows > "$OUT/tests-kernels.log" 2>&1
   say "tests (dec_mma_rows, dec_gemv_rows vs CPU) rc=$? at $(el)s"
-  run timeout "$(tmo $(( ${TEST_S:-170} - $(el) )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
+  run timeout "$(tmo $(( ${TEST_S:-180} - $(el) )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
     batched_decode_ decode_batched_ --skip batched_decode_mma_rows --skip batched_decode_gemv_rows \
     > "$OUT/tests.log" 2>&1
   say "tests (batched_decode_*, decode_batched_*) rc=$? at $(el)s"

@@ -359,15 +359,17 @@ fn rows_case(
         let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
         for (i, n) in rows_of.iter().enumerate() {
             let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
-            let mut want = Vec::with_capacity(nb * n);
-            for b in 0..nb {
-                let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
-                want.extend(y.iter().enumerate().map(|(j, &v)| match i {
-                    1 => r(resid[b * n + j] + r(v)),
+            // [nb, n]: every row's product in one call.
+            let y = matmul(&ws[i], &x);
+            let want: Vec<f32> = y
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| match i {
+                    1 => r(resid[k] + r(v)),
                     2 => v,
                     _ => r(v),
-                }));
-            }
+                })
+                .collect();
             check(
                 &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
                 &got,
