@@ -58,11 +58,14 @@ if os.environ.get('EMU_MUTANT'):
         dec = swap(dec, old, new)
     else:
         att = swap(att, old, new)
-# The two inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
+# The inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
 dec = swap(dec, '''    uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
+    return r;''', '    return __ldg(p);')
+dec = swap(dec, '''    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)

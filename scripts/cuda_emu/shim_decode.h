@@ -175,8 +175,8 @@ inline u32 __byte_perm(u32 x, u32 y, u32 s) {
     return r;
 }
 
-// Loads. __ldg (ld.global.nc) and decode.cu's ld_stream (ld.global.nc.L1::no_allocate.v4.u32;
-// run_batch.sh swaps its asm for this) read memory no kernel writes during the launch (weights):
+// Loads. __ldg (ld.global.nc) and decode.cu's ld_stream / ld_stream2
+// (ld.global.nc.L1::no_allocate.v4 / .v2.u32; run_batch.sh swaps their asm for this) read memory no kernel writes during the launch (weights):
 // a plain load. The L2 prefetch of stage_prefetch is a hint: dropped.
 inline uint4 __ldg(const uint4* p) { return *p; }
 inline uint2 __ldg(const uint2* p) { return *p; }

@@ -144,6 +144,13 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
+// The same for 8 bytes (dec_mma_rows: the four lanes of a weight row read its group's 32 bytes).
+__device__ __forceinline__ uint2 ld_stream2(const uint2* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
 // One packed 4-bit word (8 columns, column j at bits 4j: low nibbles the even columns, high
 // nibbles the odd ones) against x[0..8): a0 += the even columns' (0.5 + q/32) x, a1 the odd ones'.
 __device__ __forceinline__ void nib8_fma(u32 w, const float* x, float& a0, float& a1) {
@@ -1450,8 +1457,8 @@ __device__ __forceinline__ void mma_chunk_load(const DecSegs& segs, int c, int c
         int j = a.j0 + k, gi = kw + ks * j;
         if (j < gpw && gi < G) {
             MmaItem& it = ch.it[k];
-            it.w[0] = __ldg(q + r0 * wpr + gi * 4 + t);
-            it.w[1] = __ldg(q + r1 * wpr + gi * 4 + t);
+            it.w[0] = ld_stream2(q + r0 * wpr + gi * 4 + t);
+            it.w[1] = ld_stream2(q + r1 * wpr + gi * 4 + t);
             it.s[0] = sg.w.scales[r0 * G + gi];
             it.s[1] = sg.w.scales[r1 * G + gi];
             it.b[0] = sg.w.biases[r0 * G + gi];
