@@ -291,7 +291,7 @@ static void run_gemv() {
 // over several tiles and a warp's chunks cross tile boundaries).
 static size_t mma_smem_floats(int cols, int nb) {
     int G = cols / 64;
-    return (size_t)nb * (G * 32 + 4) + (((size_t)nb * G + 3) & ~(size_t)3) + 2 * DEC_MMA_WARPS * 128;
+    return (size_t)nb * (G * 32 + 4) + (size_t)G * DEC_B_MAX + 2 * DEC_MMA_WARPS * 128;
 }
 static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
                              int sms, int split) {

@@ -1418,8 +1418,11 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
 // shared memory (the launcher splits where a launch has too few tiles to occupy the device,
 // decode.rs mma_split). A warp streams its (tile, group) items DEC_MMA_CHUNK at a time, the next
 // chunk's weights in flight while this one's are summed; the first chunk is requested before
-// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [nb][G] (padded to a
-// multiple of 4), and the split's partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
+// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [G][8], and the split's
+// partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
+#if DEC_B_MAX != 8
+#error "dec_mma_rows: the input rows are the mma's N = 8 columns (DEC_B_MAX)"
+#endif
 struct MmaItem {
     uint2 w[2];     // rows g and g + 8: words 2t, 2t + 1 of the group
     u16 s[2], b[2]; // their scales and biases
@@ -1495,7 +1498,8 @@ __device__ __forceinline__ void mma_item_dot(const MmaItem& it, const u32* xb, i
     }
     float s0 = bf16_to_f32(it.s[0]), s1 = bf16_to_f32(it.s[1]);
     float o0 = bf16_to_f32(it.b[0]) - 128.0f * s0, o1 = bf16_to_f32(it.b[1]) - 128.0f * s1;
-    float x0 = 2 * t < nb ? xsum[2 * t * G + gi] : 0.0f, x1 = 2 * t + 1 < nb ? xsum[(2 * t + 1) * G + gi] : 0.0f;
+    float2 xs = *reinterpret_cast<const float2*>(xsum + gi * DEC_B_MAX + 2 * t);  // input rows 2t, 2t + 1
+    float x0 = 2 * t < nb ? xs.x : 0.0f, x1 = 2 * t + 1 < nb ? xs.y : 0.0f;
     acc[0] += s0 * c[0] + o0 * x0;
     acc[1] += s0 * c[1] + o0 * x1;
     acc[2] += s1 * c[2] + o1 * x0;
@@ -1554,8 +1558,8 @@ __device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cp
     for (int k = 0; k < 4; k++) acc[k] = 0.0f;
 }
 
-// x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum (each row's group sums of
-// those bf16 values): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
+// x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum [G][8] (each row's group
+// sums of those bf16 values, a group's 8 rows together: a lane reads its two as one float2): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
 // four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
 __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
                                           float* xsum) {
@@ -1592,7 +1596,7 @@ __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, i
         }
         gs += __shfl_xor_sync(0xffffffffu, gs, 1);
         gs += __shfl_xor_sync(0xffffffffu, gs, 2);
-        if (live && t == 0) xsum[n * G + gi] = gs;
+        if (live && t == 0) xsum[gi * DEC_B_MAX + n] = gs;
     }
 }
 
@@ -1601,8 +1605,8 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
-    float* xsum = dec_smem + nb * R;             // [nb][G]
-    float* red = xsum + ((nb * G + 3) & ~3);     // [2][DEC_MMA_WARPS][32][4], 16-byte aligned
+    float* xsum = dec_smem + nb * R;             // [G][8]
+    float* red = xsum + G * DEC_B_MAX;           // [2][DEC_MMA_WARPS][32][4]
     int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
     int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
     int per_iter = (int)gridDim.x * tpb;

@@ -185,11 +185,11 @@ fn rows_smem(cols: usize, rows: usize) -> usize {
 
 /// Dynamic shared memory of a `dec_mma_rows` block staging `rows` inputs of `cols` columns
 /// (decode.cu's layout): the rows as bf16 pairs, 32 words a group and 4 words of pad a row, their
-/// group sums (padded to a multiple of 4 floats: the partial sums after them are read as
-/// float4), and the split's partial sums (two buffers of MMA_WARPS × 32 lanes × 4).
+/// group sums (BATCH_MAX a group, whatever `rows`), and the split's partial sums (two buffers of
+/// MMA_WARPS × 32 lanes × 4).
 fn mma_smem(cols: usize, rows: usize) -> usize {
     let g = cols / 64;
-    (rows * (g * 32 + 4) + (rows * g).next_multiple_of(4) + 2 * MMA_WARPS * 128) * 4
+    (rows * (g * 32 + 4) + g * BATCH_MAX + 2 * MMA_WARPS * 128) * 4
 }
 
 /// Rows one launch of `kernel` takes for inputs of `cols` columns (at least 1 for any width
