@@ -8,7 +8,7 @@
 #   2. scripts/wgpu_all_ab.sh (issue 29; $OUT/wgpu): the wgpu defaults against dn_early, the last
 #      wgpu decode switch waiting for its A/B.
 # Staged (scripts/stage_gpu.sh DEST, `gzip -9` DEST/bin/*, bin/lily-engine-base.gz beside) with
-# this script, gpu_served_batch.sh, wgpu_all_ab.sh, gpu_dn_layer_ab.sh, gpu_ab_common.sh,
+# this script, gpu_served_batch.sh, wgpu_all_ab.sh, gpu_ab_common.sh,
 # concurrent_bench.py, serve_bench.py and agreement_table.py in DEST. There:
 #   bash .carry/next/gpu_next.sh   (carry: .carry/next .carry/tokenizer .gl; timeout_s 600)
 # Knobs: SERVED_DEADLINE (200), WGPU_DEADLINE (200): each script's own DEADLINE.

@@ -13,10 +13,8 @@
 #      same prompt alone), the pipelined batched step on (LILY_PIPELINED_BATCH=1, off by default
 #      until measured); then 4 and 8 clients with it off (the kept samplers alone);
 #   4. served, the base (121fc36's lily-engine, bin/lily-engine-base): 4 and 8 clients, --check;
-#   5. (branch rows-block) `bench` greedy with LILY_ROWS_BLOCK=1 (dec_gemv_rows2: two weight rows a
-#      lane) right after the plain one, and at the end both profiled (LILY_PROFILE=1, graphs off:
-#      dec_gemv_rows / dec_gemv_rows2 device time a launch), the GPU test
-#      batched_decode_gemv_rows_match_cpu (the two forms bit for bit) with the others.
+#   5. at the end `bench` greedy profiled (LILY_PROFILE=1, graphs off: dec_gemv_rows' device time
+#      a launch), the GPU test batched_decode_gemv_rows_match_cpu with the others.
 # Summary: $OUT/summary.txt (logs beside it); no step starts past DEADLINE seconds (200).
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/served-batch`,
 # `gzip -9` the binaries, add the base's lily-engine.gz as bin/lily-engine-base.gz, copy this
@@ -50,7 +48,6 @@ bench() {  # bench NAME [ARG ...]
   grep -E "^ +[0-9]|tok/s|error|Error" "$OUT/bench-$name.log" | cut -c1-300 | tee -a "$S"
 }
 bench greedy
-LILY_ROWS_BLOCK=1 bench rows-block
 bench presence --presence-penalty 1.5
 LILY_PIPELINED_BATCH=1 bench presence-pipe --presence-penalty 1.5
 export PYTHONUNBUFFERED=1
@@ -65,9 +62,7 @@ served() {  # served NAME BINARY CLIENTS [ENV=VALUE ...]
 served branch "$E" 1,4,8 LILY_PIPELINED_BATCH=1
 served nopipe "$E" 4,8 LILY_PIPELINED_BATCH=0
 served base "$BASE" 4,8
-# Per-kernel device time of the batched projections, one row a lane against two (graphs off).
+# Per-kernel device time of the batched projections (graphs off).
 LILY_PROFILE=1 bench profile
-LILY_PROFILE=1 LILY_ROWS_BLOCK=1 bench profile-rows-block
-grep -hE "dec_gemv_rows" "$OUT/bench-profile.log" "$OUT/bench-profile-rows-block.log" 2>/dev/null \
-  | cut -c1-200 | tee -a "$S"
+grep -hE "dec_gemv_rows" "$OUT/bench-profile.log" 2>/dev/null | cut -c1-200 | tee -a "$S"
 say "done at $(at)"

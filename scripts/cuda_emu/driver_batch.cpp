@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | moe | dn | fused_dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
+// Argument: gemv | mma | moe | dn | attn (attn in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -8,6 +8,8 @@
 //         u32 at bits · j), every store mode, 4- and 8-bit; and for one row against the one-row
 //         kernels (dec_gemv4, dec_gemv4w, dec_gemv8), which sum in another order: compared to a
 //         tolerance, since the GPU tests claim no bit equality there.
+//   mma:  dec_mma_rows (the batched 4-bit projections on the tensor cores) against the same f64
+//         product and against dec_gemv_rows (mma_case).
 //   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
@@ -15,7 +17,6 @@
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
-//   fused_dn: dec_dn_layer, the one-launch DeltaNet layer (driver_fused_dn.cpp's header).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
@@ -156,11 +157,9 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
-// rb: weight rows a lane (1: dec_gemv_rows; 2: dec_gemv_rows2, RowsKernel::Block2).
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                         int rb = 1) {
-    int warps = rb == 2 ? DEC_ROWS2_WARPS : DEC_ROWS_WARPS;
-    int rows_per_tile = warps * rows_lanes_rpw(cols) * rb;
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+    int warps = DEC_ROWS_WARPS;
+    int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
     for (int b0 = 0; b0 < rows; b0 += per) {
@@ -168,12 +167,7 @@ static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, c
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
-        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] {
-            if (rb == 2)
-                dec_gemv_rows2(at, xb, nb, cols);
-            else
-                dec_gemv_rows(at, xb, nb, cols);
-        });
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
     }
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -233,24 +227,6 @@ static void gemv_case(const char* name, int cols, std::vector<QW*> ws, std::vect
             double tol = BF16 ? 1e-2 : 1e-5, tol_el = BF16 ? 8e-3 : 2e-6;
             verdict(what, e < tol && worst < tol_el && outs[i].guard_ok(), "  rel_l2 %.2e, worst element %.2e of Σ|w x|", e, worst);
         }
-        {
-            // dec_gemv_rows2 (two weight rows a lane) on the same inputs: the same sums in the
-            // same order, so the same bits (the claim of tests/gpu/decode.rs).
-            std::vector<Buf<float>> two;
-            std::vector<float*> ys2;
-            for (size_t i = 0; i < ws.size(); i++) {
-                two.emplace_back((size_t)nb * ws[i]->rows);
-                if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), two.back().v.begin());
-            }
-            for (auto& o : two) ys2.push_back(o.p());
-            project_rows(segs, ys2, x.data(), cols, nb, 2);
-            for (size_t i = 0; i < ws.size(); i++) {
-                char what[160];
-                snprintf(what, sizeof what, "%s: %d rows, %d-bit x %d: dec_gemv_rows2 bit for bit", name, nb, ws[i]->bits,
-                         ws[i]->rows);
-                verdict(what, same_bits(two[i].p(), outs[i].p(), (size_t)nb * ws[i]->rows) && two[i].guard_ok());
-            }
-        }
         if (nb == 1) {
             // The one-row kernels on the same row: another summation order, so a tolerance.
             std::vector<Buf<float>> one;
@@ -306,6 +282,115 @@ static void run_gemv() {
     QW n256(4, 1, 77, 256), n64(8, 1, 300, 64);
     gemv_case("narrow", 256, {&n256}, {DEC_STORE}, {3});
     gemv_case("narrow", 64, {&n64}, {DEC_STORE}, {3});
+}
+
+// ---- mma ----------------------------------------------------------------------------------------
+
+// Decode::project_rows' launch geometry for RowsKernel::Mma (crates/lily-cuda/src/kernels/decode.rs
+// mma_smem, mma_split), on a device of `sms` SMs (the H200's, or a few so that every block loops
+// over several tiles and a warp's chunks cross tile boundaries).
+static size_t mma_smem_floats(int cols, int nb) {
+    int G = cols / 64;
+    return (size_t)nb * (G * 32 + 4) + (size_t)G * DEC_B_MAX + 2 * DEC_MMA_WARPS * 128;
+}
+static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
+                             int sms, int split) {
+    DecSegs base = make_segs(segs, ys, 16);
+    int per_block = split ? 1 : DEC_MMA_WARPS;
+    int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * sms);
+    for (int b0 = 0; b0 < rows; b0 += DEC_B_MAX) {
+        int nb = std::min(DEC_B_MAX, rows - b0);
+        DecSegs at = base;
+        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
+        const float* xb = x + (size_t)b0 * cols;
+        launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, nb),
+                 [&] { dec_mma_rows(at, xb, nb, cols, split); });
+    }
+}
+
+// dec_mma_rows (4-bit weights; x bf16 values, as bf16 mode gives it) against the f64 product,
+// every store mode, whole tiles a warp and tiles split over the block's warps, on the H200's
+// grid and on a 2-SM one; and against dec_gemv_rows on the same inputs (another summation
+// order: a tolerance).
+static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, std::vector<int> nbs) {
+    std::vector<Seg> segs;
+    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
+    for (int nb : nbs) {
+        std::vector<float> x = vec((size_t)nb * cols, 1.0f);
+        for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
+        std::vector<std::vector<float>> resid;
+        std::vector<std::vector<double>> want;
+        for (size_t i = 0; i < ws.size(); i++) {
+            const QW& w = *ws[i];
+            resid.push_back(vec((size_t)nb * w.rows, 1.0f));
+            for (auto& v : resid.back()) v = (float)f_of_bf16(bf16_of(v));
+            want.emplace_back((size_t)nb * w.rows);
+            for (int b = 0; b < nb; b++) {
+                std::vector<double> xd(x.begin() + (size_t)b * cols, x.begin() + (size_t)(b + 1) * cols);
+                for (int r = 0; r < w.rows; r++) {
+                    double y = w.dot(0, r, xd.data());
+                    size_t at = (size_t)b * w.rows + r;
+                    want[i][at] = modes[i] == DEC_RESIDUAL ? rb(resid[i][at] + rb(y)) : modes[i] == DEC_EXACT ? y : rb(y);
+                }
+            }
+        }
+        auto run = [&](int kernel, int sms, int split) {  // kernel 0: dec_gemv_rows, 1: dec_mma_rows
+            std::vector<Buf<float>> outs;
+            std::vector<float*> ys;
+            for (size_t i = 0; i < ws.size(); i++) {
+                outs.emplace_back((size_t)nb * ws[i]->rows);
+                if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), outs.back().v.begin());
+            }
+            for (auto& o : outs) ys.push_back(o.p());
+            if (kernel) project_rows_mma(segs, ys, x.data(), cols, nb, sms, split);
+            else project_rows(segs, ys, x.data(), cols, nb);
+            return outs;
+        };
+        auto gemv = run(0, SM_COUNT, 0);
+        for (int sms : {SM_COUNT, 2}) {
+            for (int split : {0, 1}) {
+                auto got = run(1, sms, split);
+                for (size_t i = 0; i < ws.size(); i++) {
+                    const QW& w = *ws[i];
+                    double e = rel_l2(got[i].p(), want[i].data(), want[i].size());
+                    double num = 0, den = 0;
+                    for (size_t k = 0; k < want[i].size(); k++) {
+                        double d = (double)got[i][k] - gemv[i][k];
+                        num += d * d;
+                        den += (double)gemv[i][k] * gemv[i][k];
+                    }
+                    double eg = std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-300)) : 1e9;
+                    const char* mode = modes[i] == DEC_STORE ? "store" : modes[i] == DEC_RESIDUAL ? "residual" : "exact";
+                    char what[160];
+                    snprintf(what, sizeof what, "%s: %d rows, %d cols, 4-bit x %d, %s, %d SMs%s", name, nb, cols, w.rows,
+                             mode, sms, split ? ", split" : "");
+                    // fp32 stores: the sums' own rounding (1e-5, as the GPU tests' fp32 bound); bf16
+                    // stores: a bf16 step.
+                    double tol = BF16 ? 1e-2 : 1e-5;
+                    verdict(what, e < tol && eg < tol && got[i].guard_ok(), "  rel_l2 %.2e, vs dec_gemv_rows %.2e", e, eg);
+                }
+            }
+        }
+    }
+}
+
+static void run_mma() {
+    printf("dec_mma_rows (activations %s)\n", BF16 ? "bf16" : "fp32");
+    // DeltaNet's in_proj shape (narrower: qkv 1024, z 512, b and a 32 rows), four weights a launch.
+    QW qkv(4, 1, 1024, 2048), z(4, 1, 512, 2048), bw(4, 1, 32, 2048), aw(4, 1, 32, 2048);
+    mma_case("in_proj", 2048, {&qkv, &z, &bw, &aw}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {1, 4, 8});
+    // Rows that end mid-tile, and more rows than a launch takes (11 = 8 + 3).
+    QW w300(4, 1, 300, 2048), w77(4, 1, 77, 2048), w16(4, 1, 16, 2048), w1(4, 1, 1, 2048);
+    mma_case("ragged", 2048, {&w300, &w77, &w16, &w1}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {2, 11});
+    // o_proj / out_proj's width: 4096 → (fewer) rows added into the residual.
+    QW out(4, 1, 272, 4096);
+    mma_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, {3, 8});
+    // 512 columns in (the shared expert's down width), and narrow ones (one or two groups).
+    QW sdown(4, 1, 520, 512);
+    mma_case("512 in", 512, {&sdown}, {DEC_STORE}, {1, 5, 8});
+    QW n128(4, 1, 77, 128), n64(4, 1, 40, 64);
+    mma_case("narrow", 128, {&n128}, {DEC_STORE}, {6});
+    mma_case("narrow", 64, {&n64}, {DEC_EXACT}, {7});
 }
 
 // ---- moe ----------------------------------------------------------------------------------------
@@ -717,20 +802,18 @@ static void run_attn() {
 }
 #endif
 
-#include "driver_fused_dn.cpp"
-
 int main(int argc, char** argv) {
     alarm(600);  // a lane missing a warp collective hangs the emulation: end it
     std::string part = argc > 1 ? argv[1] : "";
     auto t0 = std::chrono::steady_clock::now();
     if (part == "gemv") run_gemv();
+    else if (part == "mma") run_mma();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
-    else if (part == "fused_dn") run_fused_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|moe|dn|fused_dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|mma|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
-# attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows; and decode.cu's
-# one-launch DeltaNet layer dec_dn_layer (issue 30: its blocks' threads fibers of one scheduler,
-# so they meet at its grid barrier; driver_fused_dn.cpp, 2 s a mode). The kernels' own
+# dec_gemv_rows, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
+# attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -13,9 +11,9 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|moe|dn|fused_dn [bf16]  (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (twelve known bugs put in: each must be caught;
-#                                                           ONLY="9 10" runs those of the list alone)
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|moe|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (nine known bugs put in: each must be caught;
+#                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
@@ -44,19 +42,12 @@ MUTANTS = [
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
-    ('dec', 'asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"', '(void)bar;  // asm volatile("st.relaxed.gpu.global.u32 [%0], 0;"',
-     "grid_sync never resetting its count (the next barrier never opens)"),
-    ('dec', '    grid_sync(a.bar);\n    pdl_trigger();  // every block is resident and past its last barrier (the PDL',
-     '    pdl_trigger();  // every block is resident and past its last barrier (the PDL',
-     "dec_dn_layer without its second grid barrier (o staged before every block's step wrote it)"),
-    ('dec', 'a.conv_state[(long long)j * conv_dim + r0 + ch]', 'a.conv_state[(long long)j * conv_dim + ch]',
-     "dec_dn_layer reading block 0's channels' conv state in every block"),
-    ('dec', '        if (round > 0) {', '        if (false) {',
-     "dec_dn_layer's later step rounds reusing the first round's work item and state"),
-    ('dec', '        else\n            cp_async_wait<1>();', '        else\n            cp_async_wait<2>();',
-     "dec_dn_layer summing the second half of its in_proj rows before they landed"),
-    ('dec', 'r[j] = min(row + j, w.rows - 1);', 'r[j] = min(row, w.rows - 1);',
-     "dec_gemv_rows2 dotting its lane's first weight row in place of the second"),
+    ('dec', 'w[2 * j] = pack_bf16x2(v[m], v[m + 4]);', 'w[2 * j] = pack_bf16x2(v[m + 4], v[m]);',
+     "dec_mma_rows staging x in another k order than its weight operands'"),
+    ('dec', 'o0 = bf16_to_f32(it.b[0]) - 128.0f * s0', 'o0 = bf16_to_f32(it.b[0])',
+     "dec_mma_rows without the 128 offset in its bias term"),
+    ('dec', 'for (int w = 0; w < ks; w++) s +=', 'for (int w = 0; w < 1; w++) s +=',
+     "dec_mma_rows keeping only warp 0's share of a split tile"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -67,24 +58,17 @@ if os.environ.get('EMU_MUTANT'):
         dec = swap(dec, old, new)
     else:
         att = swap(att, old, new)
-# The two inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
+# The inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
 dec = swap(dec, '''    uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;''', '    return __ldg(p);')
+dec = swap(dec, '''    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)
-# grid_sync (the persistent kernels' grid barrier): its PTX accesses as shim_decode.h's plain ones (the logic runs as written).
-dec = swap(dec, 'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");',
-           'gen = emu_load(bar + 1);')
-dec = swap(dec, 'asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");',
-           'arrived = emu_add(bar, 1);')
-dec = swap(dec, 'asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");', 'emu_store(bar, 0);')
-dec = swap(dec, 'asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");',
-           'emu_store(bar + 1, gen + 1);')
-dec = swap(dec, 'asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");',
-           'now = emu_load(bar + 1);')
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
@@ -138,7 +122,7 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 fused_dn" "7 fused_dn" "8 fused_dn" "9 fused_dn" "10 fused_dn" "11 gemv"; do
+           "6 mma" "7 mma" "8 mma"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -154,8 +138,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv moe dn fused_dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv moe dn fused_dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma moe dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma moe dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

@@ -3,14 +3,12 @@
 // std::threads, the intrinsics decode.cu uses, and per-block static __shared__ arrays. Each
 // replacement says what it assumes; checked against the PTX ISA (prmt, shfl.sync, redux.sync,
 // griddepcontrol, ld.global.nc). cp.async: each fiber keeps its own queues (shim.h's, swapped in
-// while it runs). A persistent kernel's grid barrier (dec_dn_layer's) runs with launch_coop: every
-// block's threads fibers of one scheduler.
+// while it runs).
 //
 // shim.h defines act() for deltanet.cu's tf32 section; decode.cu takes common.cuh's own act()
 // (fp32, or bf16 with LILY_BF16_ACT), so shim.h's is renamed out of the way here.
 #define SHIM_FIBERS
 #define SHIM_MAX_WARPS_D 32  // warps a block may have here (dec_down_combine has 12)
-#define SHIM_MAX_BLOCKS 8    // blocks of one launch_coop (all their threads fibers of one scheduler)
 #define act shim_act_unused
 #include "shim.h"
 #undef act
@@ -46,12 +44,10 @@ thread_local jmp_buf t_sched;
 thread_local Fiber* t_cur;
 thread_local const std::function<void()>* t_kernel;
 thread_local unsigned long t_progress;
-thread_local int t_blk;  // the running fiber's block among its scheduler's (0 but in launch_coop)
-thread_local int t_block_arrived[SHIM_MAX_BLOCKS], t_warp_arrived[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D];
-thread_local unsigned t_block_gen[SHIM_MAX_BLOCKS], t_warp_gen[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D];
-// The running fiber's warp among every warp of its scheduler: the index of its warp's
-// collective slots.
-inline int wslot() { return t_blk * SHIM_MAX_WARPS_D + (threadIdx.x >> 5); }
+thread_local int t_block_arrived, t_warp_arrived[SHIM_MAX_WARPS_D];
+thread_local unsigned t_block_gen, t_warp_gen[SHIM_MAX_WARPS_D];
+// The running fiber's warp: the index of its warp's collective slots.
+inline int wslot() { return threadIdx.x >> 5; }
 thread_local float* t_smem;  // the block's dynamic shared memory (decode.cu's dec_smem)
 thread_local std::mt19937 t_order_rng(7);
 
@@ -74,25 +70,16 @@ inline void fiber_barrier(int& arrived, unsigned& gen, int n) {
     }
     while (gen == g) fiber_yield();
 }
-inline void __syncthreads() { fiber_barrier(t_block_arrived[t_blk], t_block_gen[t_blk], blockDim.x); }
+inline void __syncthreads() { fiber_barrier(t_block_arrived, t_block_gen, blockDim.x); }
 inline void __syncwarp() { fiber_barrier(t_warp_arrived[wslot()], t_warp_gen[wslot()], 32); }
 
-// The blocks of one scheduler: each one's index and dynamic shared memory.
-struct BlockCtx {
-    dim3e idx;
-    float* smem;
-};
-
-// Blocks' threads as fibers of one scheduler (one block: run_block; a whole grid: launch_coop),
-// resumed in a shuffled order until all have ended; fiber i is thread i % threads of block
-// i / threads.
-static void run_fibers(const std::vector<BlockCtx>& blocks, int threads) {
-    int n = (int)blocks.size() * threads;
+// One block's threads as fibers of one scheduler (blockIdx and t_smem as the caller set them),
+// resumed in a shuffled order until all have ended.
+static void run_block(int threads) {
+    int n = threads;
     if ((int)t_fibers.size() < n) t_fibers.resize(n);
-    for (size_t b = 0; b < blocks.size(); b++) {
-        t_block_arrived[b] = 0;
-        for (int w = 0; w < SHIM_MAX_WARPS_D; w++) t_warp_arrived[b * SHIM_MAX_WARPS_D + w] = 0;
-    }
+    t_block_arrived = 0;
+    for (int w = 0; w < SHIM_MAX_WARPS_D; w++) t_warp_arrived[w] = 0;
     for (int i = 0; i < n; i++) {
         t_fibers[i].started = t_fibers[i].done = false;
         t_fibers[i].groups.clear();
@@ -108,10 +95,7 @@ static void run_fibers(const std::vector<BlockCtx>& blocks, int threads) {
             Fiber& f = t_fibers[order[j]];
             if (f.done) continue;
             t_cur = &f;
-            t_blk = order[j] / threads;
-            blockIdx = blocks[t_blk].idx;
-            t_smem = blocks[t_blk].smem;
-            threadIdx = {order[j] % threads, 0, 0};
+            threadIdx = {order[j], 0, 0};
             std::swap(t_groups, f.groups);
             std::swap(t_open, f.open);
             if (!_setjmp(t_sched)) {
@@ -145,18 +129,15 @@ static void run_fibers(const std::vector<BlockCtx>& blocks, int threads) {
             }
         }
         if (live > 0 && t_progress == before) {
-            fprintf(stderr, "deadlock: %d threads of %zu block(s) from (%d, %d, %d) wait at a barrier no other thread reaches\n",
-                    (int)live, blocks.size(), blocks[0].idx.x, blocks[0].idx.y, blocks[0].idx.z);
+            fprintf(stderr, "deadlock: %d threads of block (%d, %d, %d) wait at a barrier no other thread reaches\n",
+                    (int)live, blockIdx.x, blockIdx.y, blockIdx.z);
             exit(3);
         }
     }
-    t_blk = 0;
 }
 
-// One block (blockIdx and t_smem as the caller set them).
-static void run_block(int threads) { run_fibers({{blockIdx, t_smem}}, threads); }
-
 struct uint4 { u32 x, y, z, w; };
+struct uint2 { u32 x, y; };
 typedef unsigned short u16;
 
 // Bit casts (the CUDA intrinsics of the same names).
@@ -194,31 +175,14 @@ inline u32 __byte_perm(u32 x, u32 y, u32 s) {
     return r;
 }
 
-// Loads. __ldg (ld.global.nc) and decode.cu's ld_stream (ld.global.nc.L1::no_allocate.v4.u32;
-// run_batch.sh swaps its asm for this) read memory no kernel writes during the launch (weights):
+// Loads. __ldg (ld.global.nc) and decode.cu's ld_stream / ld_stream2
+// (ld.global.nc.L1::no_allocate.v4 / .v2.u32; run_batch.sh swaps their asm for this) read memory no kernel writes during the launch (weights):
 // a plain load. The L2 prefetch of stage_prefetch is a hint: dropped.
 inline uint4 __ldg(const uint4* p) { return *p; }
-// ld.global.cg (dec_dn_layer's reads of what other blocks of the launch wrote): a plain load; this
-// emulation has no caches, so it shows nothing about L1 coherence.
+inline uint2 __ldg(const uint2* p) { return *p; }
+// ld.global.cg (dec_dn_step's reads of c, b and a): a plain load; this emulation has no caches.
 template <class T>
 inline T __ldcg(const T* p) { return *p; }
-
-// The persistent kernels' grid barrier (decode.cu grid_sync): run_batch.sh swaps its PTX (ld.acquire,
-// atom.add.acq_rel, st.relaxed, st.release) for these plain accesses, so the barrier's own logic
-// (generation read before arriving, the last block resetting the count, then moving the
-// generation) runs as written, under the sequential consistency of fibers run one at a time;
-// its memory ordering on a GPU is not shown. __nanosleep, the spin's back-off, yields to the
-// other fibers.
-inline unsigned emu_load(const unsigned* p) { return *p; }
-inline unsigned emu_add(unsigned* p, unsigned v) {
-    unsigned old = *p;
-    *p = old + v;
-    return old;
-}
-inline void emu_store(unsigned* p, unsigned v) { *p = v; }
-inline void __nanosleep(unsigned) { fiber_yield(); }
-// __threadfence (fence.sc.gpu) orders memory on a GPU; fibers run one at a time: nothing to do.
-inline void __threadfence() {}
 
 // Warp collectives (shfl.sync.bfly, redux.sync .max/.min .u32): every lane of the warp writes its
 // value to a slot, meets the others at the warp barrier, reads its partner's (or the reduction),
@@ -226,7 +190,7 @@ inline void __threadfence() {}
 // (always 0xffffffff here) to execute the same instruction; a lane that skips one leaves the
 // others waiting at the barrier: the emulation then hangs (run_batch.sh's alarm ends it) where
 // the GPU's result would be undefined.
-thread_local u32 g_lane_slot[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D][32];
+thread_local u32 g_lane_slot[SHIM_MAX_WARPS_D][32];
 inline u32 shfl_xor_bits(u32 v, int mask) {
     u32* s = g_lane_slot[wslot()];
     int l = lane_id();
@@ -331,8 +295,8 @@ inline void ldsm_x4_trans(u32 addr, u32 (&r)[4]) { ldsm(addr, r, true); }
 // b1 = B(k 2t+8.., n g); c = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1). The PTX leaves the
 // order and internal precision of the sum unspecified: here the exact products (bf16 × bf16 fits
 // a float) summed in double with C, rounded once to float.
-thread_local u32 t_mma_a[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D][32][4], t_mma_b[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D][32][2];
-thread_local float t_mma_c[SHIM_MAX_BLOCKS * SHIM_MAX_WARPS_D][32][4];
+thread_local u32 t_mma_a[SHIM_MAX_WARPS_D][32][4], t_mma_b[SHIM_MAX_WARPS_D][32][2];
+thread_local float t_mma_c[SHIM_MAX_WARPS_D][32][4];
 inline void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     int w = wslot(), l = lane_id();
     for (int i = 0; i < 4; i++) { t_mma_a[w][l][i] = a[i]; t_mma_c[w][l][i] = c[i]; }
@@ -394,27 +358,6 @@ inline void launch_k(dim3e grid, int threads, size_t smem_floats, std::function<
     std::thread other(worker);
     worker();
     other.join();
-    g_shared.clear();
-    if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
-}
-
-// A launch whose blocks meet at a grid barrier (dec_dn_layer): every block's threads fibers of one
-// scheduler on this OS thread, so a block waiting for the others lets them run; the grid at
-// most SHIM_MAX_BLOCKS blocks (as a GPU runs a persistent grid: all resident at once).
-inline void launch_coop(int grid, int threads, size_t smem_floats, std::function<void()> kernel) {
-    if (threads % 32 || threads / 32 > SHIM_MAX_WARPS_D || grid < 1 || grid > SHIM_MAX_BLOCKS) {
-        fprintf(stderr, "launch_coop: %d blocks of %d threads\n", grid, threads);
-        abort();
-    }
-    g_launch_id++;
-    blockDim = {threads, 1, 1};
-    gridDim = {grid, 1, 1};
-    std::vector<std::vector<float>> smem(grid, std::vector<float>(smem_floats, NAN));
-    std::vector<BlockCtx> blocks;
-    for (int b = 0; b < grid; b++) blocks.push_back({{b, 0, 0}, smem[b].data()});
-    t_kernel = &kernel;
-    t_smem_bytes = smem_floats * 4;
-    run_fibers(blocks, threads);
     g_shared.clear();
     if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
 }

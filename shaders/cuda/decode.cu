@@ -144,6 +144,13 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return r;
 }
 
+// The same for 8 bytes (dec_mma_rows: the four lanes of a weight row read its group's 32 bytes).
+__device__ __forceinline__ uint2 ld_stream2(const uint2* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
 // One packed 4-bit word (8 columns, column j at bits 4j: low nibbles the even columns, high
 // nibbles the odd ones) against x[0..8): a0 += the even columns' (0.5 + q/32) x, a1 the odd ones'.
 __device__ __forceinline__ void nib8_fma(u32 w, const float* x, float& a0, float& a1) {
@@ -279,23 +286,15 @@ __device__ __forceinline__ void stage_prefetch(const float* norm_w, int cols, in
             asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));
 }
 
-// A load of the staged row: from L2 (ld.global.cg) when L2_ONLY, i.e. when other blocks of this
-// launch wrote it (dec_dn_layer's phase C), so no stale or non-coherent L1 line can answer.
-template <bool L2_ONLY, class T>
-__device__ __forceinline__ T ld_row(const T* p) {
-    if (L2_ONLY) return __ldcg(p);
-    return *p;
-}
-
-template <int V, bool L2_ONLY>
+template <int V>
 __device__ __forceinline__ void stage_load(const float* __restrict__ x, const float* __restrict__ gz, XRow<V>& r) {
     const float4* xp = reinterpret_cast<const float4*>(x + threadIdx.x * V);
 #pragma unroll
-    for (int i = 0; i < V / 4; i++) r.x[i] = ld_row<L2_ONLY>(xp + i);
+    for (int i = 0; i < V / 4; i++) r.x[i] = xp[i];
     if (gz) {
         const float4* zp = reinterpret_cast<const float4*>(gz + threadIdx.x * V);
 #pragma unroll
-        for (int i = 0; i < V / 4; i++) r.z[i] = ld_row<L2_ONLY>(zp + i);
+        for (int i = 0; i < V / 4; i++) r.z[i] = zp[i];
     }
 }
 
@@ -357,16 +356,15 @@ __device__ __forceinline__ void stage_finish(const XRow<V>& r, const float* __re
     __syncthreads();
 }
 
-template <int V, bool L2_ONLY>
+template <int V>
 __device__ __forceinline__ void stage_fast(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                            int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                            float* xsum, float* __restrict__ xn_out) {
     XRow<V> r;
-    stage_load<V, L2_ONLY>(x, gz, r);
+    stage_load<V>(x, gz, r);
     stage_finish<V>(r, norm_w, eps, cols, gz != nullptr, head_dim, xs, xsum, xn_out);
 }
 
-template <bool L2_ONLY>
 __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                            int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                            float* xsum, float* __restrict__ xn_out) {
@@ -377,14 +375,14 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
             const float* oh = x + (long long)hh * head_dim;
             float ss = 0.0f;
             for (int i = lane; i < head_dim; i += 32) {
-                float o = ld_row<L2_ONLY>(oh + i);
+                float o = oh[i];
                 ss += o * o;
             }
             ss = warp_sum(ss);
             float inv = rsqrtf(ss / (float)head_dim + eps);
             for (int i = lane; i < head_dim; i += 32) {
                 int c = hh * head_dim + i;
-                float v = act(act(norm_w[i] * act(ld_row<L2_ONLY>(oh + i) * inv)) * siluf(ld_row<L2_ONLY>(gz + c)));
+                float v = act(act(norm_w[i] * act(oh[i] * inv)) * siluf(gz[c]));
                 xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
                 if (xn_out && blockIdx.x == 0) xn_out[c] = v;
             }
@@ -394,14 +392,14 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
         if (norm_w) {
             float ss = 0.0f;
             for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-                float v = ld_row<L2_ONLY>(x + c);
+                float v = x[c];
                 ss += v * v;
             }
             ss = block_sum(ss);
             inv = rsqrtf(ss / (float)cols + eps);
         }
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            float xc = ld_row<L2_ONLY>(x + c);
+            float xc = x[c];
             float v = norm_w ? act(xc * inv * norm_w[c]) : xc;
             xs[(c >> 6) * DEC_XPAD + (c & 63)] = v;
             if (xn_out && blockIdx.x == 0) xn_out[c] = v;
@@ -415,15 +413,14 @@ __device__ __forceinline__ void stage_slow(const float* __restrict__ x, const fl
     __syncthreads();
 }
 
-template <bool L2_ONLY = false>
 __device__ __forceinline__ void stage_x(const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
                                         int cols, const float* __restrict__ gz, int head_dim, float* xs,
                                         float* xsum, float* __restrict__ xn_out) {
     switch (stage_width(x, norm_w, cols, gz, head_dim, xn_out)) {
-        case 4: stage_fast<4, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        case 8: stage_fast<8, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        case 16: stage_fast<16, L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
-        default: stage_slow<L2_ONLY>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
+        case 4: stage_fast<4>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 8: stage_fast<8>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        case 16: stage_fast<16>(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out); break;
+        default: stage_slow(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     }
 }
 
@@ -647,7 +644,7 @@ __device__ __forceinline__ void route_and_stage_fast(const float* __restrict__ r
                                                      const float* __restrict__ xn, int cols, float* p, int* ids_s,
                                                      float* w_s, float* xs, float* xsum) {
     XRow<V> r;
-    stage_load<V, false>(xn, nullptr, r);
+    stage_load<V>(xn, nullptr, r);
     route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
     stage_finish<V>(r, nullptr, 0.0f, cols, false, 1, xs, xsum, nullptr);
 }
@@ -664,7 +661,7 @@ __device__ __forceinline__ void route_and_stage(const float* __restrict__ router
         case 16: route_and_stage_fast<16, FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum); break;
         default:
             route_warp<FAST_ROUTE>(router_logits, n_experts, top_k, ids, route_w, p, ids_s, w_s);
-            stage_slow<false>(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
+            stage_slow(xn, nullptr, 0.0f, cols, nullptr, 1, xs, xsum, nullptr);
     }
 }
 
@@ -1016,97 +1013,6 @@ dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, 
                        hs + b * sdown.cols, s_gate + b, x + b * down.rows);
 }
 
-// ---- Persistent launches: the grid barrier and weight rows staged in shared memory ---------------
-
-// A software barrier over the whole grid of a persistent launch (every block resident at once: the
-// launcher sizes the grid so), self-resetting so a captured graph can replay it: bar[0] counts the
-// blocks that arrived, bar[1] is the generation. Thread 0 of each block reads the generation
-// BEFORE arriving (after its own arrival the last block may already have moved it on), fences
-// (as cooperative groups' grid sync does: the block's writes, ordered before it by
-// __syncthreads, made visible at gpu scope), arrives with a release, and waits with acquire loads
-// until the generation moves; the last block to arrive resets the count, then publishes the next
-// generation (release), so the count is 0 again before any block can arrive at the next barrier.
-// Readers of what other blocks wrote before a barrier load it with ld.global.cg (L2), so no stale
-// L1 line can answer.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned gen, arrived;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        __threadfence();
-        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
-        if (arrived == gridDim.x - 1) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1) : "memory");
-        } else {
-            unsigned now;
-            do {
-                __nanosleep(20);
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar + 1) : "memory");
-            } while (now == gen);
-        }
-    }
-    __syncthreads();
-}
-
-// One row of a 4-bit matrix as a persistent kernel stages it in shared memory (a record): the packed
-// words of its cols / 64 groups, then their bf16 scales, then their biases (ROW_REC bytes:
-// cols / 2 + cols / 16).
-#define ROW_REC(cols) ((cols) / 2 + (cols) / 16)
-
-// Requests (cp.async) row `row` of w into the record at dst, by the n threads t = 0 .. n - 1 of
-// a warp or half-warp: the row's pointers are computed once, each thread then copies the 16-byte
-// pieces t, t + n, ... (cols a multiple of 512, so the scales and biases of a row are whole
-// pieces): a few instructions a copy, so a block's whole share of rows is asked for within a
-// microsecond or so.
-__device__ __forceinline__ void rec_request(const QWeight& w, long long row, unsigned char* dst, int t, int n) {
-    int G = w.cols >> 6;
-    int qc = G * 2, sc = G / 8;  // pieces of the packed words (32 bytes a group), of the scales
-    const char* q = reinterpret_cast<const char*>(w.q + row * (G * 8));
-    const char* s = reinterpret_cast<const char*>(w.scales + row * G);
-    const char* b = reinterpret_cast<const char*>(w.biases + row * G);
-#pragma unroll 1
-    for (int c = t; c < qc + 2 * sc; c += n) {
-        const char* src = c < qc ? q + 16 * c : c < qc + sc ? s + 16 * (c - qc) : b + 16 * (c - qc - sc);
-        cp_async16(dst + 16 * c, src);
-    }
-}
-
-// Lane sl's GPL groups sl + j · lpr of a staged record as QRows<4, GPL, 1> (qrows_dot's input).
-template <int GPL>
-__device__ __forceinline__ void rec_rows(const unsigned char* rec, int G, int sl, int lpr, QRows<4, GPL, 1>& r) {
-    const u16* sb = reinterpret_cast<const u16*>(rec + 32 * G);
-#pragma unroll
-    for (int j = 0; j < GPL; j++) {
-        int g = sl + j * lpr;
-        const uint4* q = reinterpret_cast<const uint4*>(rec + 32 * g);
-        r.q[0][j][0] = q[0];
-        r.q[0][j][1] = q[1];
-        r.s[0][j] = bf16_to_f32(sb[g]);
-        r.b[0][j] = bf16_to_f32(sb[G + g]);
-    }
-}
-
-// A staged record's dot with a staged row (xs [G][DEC_XPAD], its group sums xsum [G]): the lane's
-// GPL groups (lpr = G / GPL lanes a row), summed over the lpr lanes of its row: the sums of
-// dec_gemv4 (GPL 1) and dec_gemv4w (GPL 2).
-template <int GPL = 1>
-__device__ __forceinline__ float rec_dot(const unsigned char* rec, int G, int sl, int lpr, const float* xs,
-                                         const float* xsum) {
-    QRows<4, GPL, 1> r;
-    rec_rows<GPL>(rec, G, sl, lpr, r);
-    float xv[64];
-    float sx = 0.0f;
-    if (GPL == 1) {
-        load_group(xs + sl * DEC_XPAD, xv);
-        sx = xsum[sl];
-    }
-    float acc[1];
-    qrows_dot<4, GPL, 1>(r, sl, lpr, xv, sx, xs, xsum, acc);
-    reduce_rows<1>(acc, lpr);
-    return acc[0];
-}
-
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 
 // One channel's conv output act(silu(act(Σ taps · rows + tap_last · m))): its k - 1 conv-state rows
@@ -1175,8 +1081,8 @@ dec_dn_conv_rows(const float* __restrict__ m, float* const* __restrict__ conv_st
 // dec_dn_step: dn_prep and dn_recurrent for one token. grid (n_v_heads, dv / DEC_DN_COLS), block 128:
 // every block normalises q and k of its K head itself (dk values each; dn_prep's arithmetic) and
 // computes α, β of its V head, then updates its DEC_DN_COLS state columns as dn_recurrent does.
-// A work item (V head hv, column block cb) takes DEC_DN_THREADS threads (a group; dec_dn_layer
-// runs two groups a block): lanes part, part + DEC_DN_PARTS, ... of state column j hold its rows.
+// A work item (V head hv, column block cb) takes DEC_DN_THREADS threads (a group; a block runs
+// one): lanes part, part + DEC_DN_PARTS, ... of state column j hold its rows.
 #define DEC_DN_THREADS (DEC_DN_COLS / (32 / DEC_DN_PARTS) * 32)
 struct DnCol {
     int hv, j, part, rows;
@@ -1221,7 +1127,7 @@ __device__ __forceinline__ float dn_group_sum(float v, int grp) {
 // Work item q's step, thread t of group grp (its scratch q_s, k_s [DEC_DN_MAX_DK], ab_s [2]), its
 // state rows s loaded: q and k of the item's K head normalised (dn_prep), α and β, the column
 // update (dn_recurrent), o[hv · dv + j] = act(out), the state rows stored. c, b and a are read from
-// L2 (another block of dec_dn_layer wrote them). Every thread of the block calls it, `live` or not
+// L2 (ld.global.cg: kept so since its device A/B, session 16). Every thread of the block calls it, `live` or not
 // (the block's barriers); a thread without an item (!live) only takes part in them.
 __device__ __forceinline__ void dn_step_apply(const float* __restrict__ c, const float* __restrict__ b,
                                               const float* __restrict__ a, float a_log_h, float dt_bias_h,
@@ -1309,212 +1215,6 @@ dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const
                 o + r * n_v_heads * dv, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
 }
 
-// ---- The whole DeltaNet layer of one token in one launch (dec_dn_layer) --------------------------
-
-// Everything dec_dn_layer reads and writes. The rows of in_proj's four weights (qkv, z, b, a) are
-// one list of conv_dim + value_dim + 2 n_v rows split over the grid, in_share consecutive rows a
-// block; out_proj's hidden output rows likewise, out_share a block.
-struct DecDn {
-    QWeight in_qkv, in_z, in_b, in_a;  // 4-bit [conv_dim | value_dim | n_v | n_v, hidden]
-    QWeight out;                       // 4-bit [hidden, value_dim]
-    const float* x;                    // [hidden] the input row
-    const float* norm_w;               // [hidden] the input RMSNorm's weight (null: the row as it is)
-    const float* conv_w;               // [conv_dim, k] the conv's taps
-    float* conv_state;                 // [k - 1, conv_dim] updated
-    const float* a_log;                // [n_v]
-    const float* dt_bias;              // [n_v]
-    float* state;                      // [n_v, dk, dv] the recurrent state, updated
-    const float* gnorm_w;              // [dv] the gated norm's weight
-    float* c;                          // [conv_dim] written: the conv's output
-    float* z;                          // [value_dim] written
-    float* b;                          // [n_v] written
-    float* a;                          // [n_v] written
-    float* o;                          // [value_dim] written: the recurrence's output
-    float* y;                          // [hidden] the residual row: y += out_proj · gated_norm(o, z)
-    unsigned* bar;                     // [2] the grid barrier's count and generation
-    float eps, gnorm_eps, prep_eps;    // the input norm's, the gated norm's, dn_prep's
-    int n_k, n_v, dk, dv, k, in_share, out_share;
-};
-
-// Requests (cp.async) the block's records of rows r0 .. r0 + n - 1 of the concatenated in_proj list
-// (record jl at in_rec + jl · ROW_REC(hidden)) and of out_proj (at out_rec), a warp a record, in
-// three cp.async groups: in_proj's records before `split`, those from it, out_proj's.
-__device__ __forceinline__ void dn_request(const DecDn& a, int r0, int n, int split, unsigned char* in_rec, int o0,
-                                           int on, unsigned char* out_rec) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    int qkv = a.in_qkv.rows, zr = a.in_z.rows, br = a.in_b.rows;
-    int rec_h = ROW_REC(a.in_qkv.cols), rec_v = ROW_REC(a.out.cols);
-    for (int part = 0; part < 2; part++) {
-        for (int jl = (part ? split : 0) + warp; jl < (part ? n : split); jl += warps) {
-            int j = r0 + jl;
-            const QWeight& w = j < qkv ? a.in_qkv : j < qkv + zr ? a.in_z : j < qkv + zr + br ? a.in_b : a.in_a;
-            int r = j < qkv ? j : j < qkv + zr ? j - qkv : j < qkv + zr + br ? j - qkv - zr : j - qkv - zr - br;
-            rec_request(w, r, in_rec + (long long)jl * rec_h, lane, 32);
-        }
-        cp_async_commit();
-    }
-    for (int rl = warp; rl < on; rl += warps) rec_request(a.out, o0 + rl, out_rec + (long long)rl * rec_v, lane, 32);
-    cp_async_commit();
-}
-
-// Row j of the concatenated in_proj list, its dot product acc summed: a qkv row's channel through
-// the conv at once (dec_dn_conv's arithmetic on m = act(acc); its taps and conv-state rows staged
-// at taps, prev), the conv state shifted; a z, b or a row stored.
-__device__ __forceinline__ void dn_in_row(int j, float acc, const float* taps_s, const float* prev_s, int k, int conv_dim,
-                                          int zr, int n_v, float* c, float* conv_state, float* z, float* b, float* a) {
-    if (j < conv_dim) {
-        float taps[DEC_DN_MAX_K], prev[DEC_DN_MAX_K];
-#pragma unroll
-        for (int i = 0; i < DEC_DN_MAX_K; i++)
-            if (i < k) {
-                taps[i] = taps_s[i];
-                if (i < k - 1) prev[i] = prev_s[i];
-            }
-        float mv = act(acc);
-        c[j] = dn_conv_value(taps, prev, mv, k);
-        dn_conv_shift(conv_state, conv_dim, j, prev, mv, k);
-    } else {
-        float* out = j < conv_dim + zr         ? z + (j - conv_dim)
-                     : j < conv_dim + zr + n_v ? b + (j - conv_dim - zr)
-                                               : a + (j - conv_dim - zr - n_v);
-        store_out(out, DEC_STORE, acc);
-    }
-}
-
-// dec_dn_layer: the gated DeltaNet layer of a one-token step in one launch, doing what dec_gemv4
-// (in_proj's four weights, the input RMSNorm folded in), dec_dn_conv, dec_dn_step and dec_gemv4w
-// (the gated norm folded into out_proj, the residual add) do, with the same rounding points and
-// the same sums in the same order (each row's dot product and group sums, the conv's taps, the
-// q/k norms' block sums, the column updates, the gated norm), so its outputs equal theirs. A
-// persistent grid of one block an SM, all resident at once (the launcher checks the occupancy),
-// three phases separated by grid_sync:
-//   before pdl_wait: the block's in_proj rows and out_proj rows requested into shared memory
-//     (cp.async), the conv taps and conv state of its in_proj_qkv channels into shared memory, the
-//     state columns of its first work items into registers, the norms' weights toward L2: none of
-//     it is written by the kernel before, so it streams while that one finishes;
-//   A: x staged and RMS-normed (stage_x, as dec_gemv4), the block's in_proj rows dotted with it
-//     (the first half of them while the second lands: two cp.async groups);
-//     a qkv row's channel goes through the conv at once (each channel's conv needs only its own
-//     row, state and taps: dec_dn_conv's work, no barrier) → c, the conv state shifted; z, b, a
-//     stored. grid_sync.
-//   B: the gated delta rule step (dec_dn_step's work) over the n_v · dv / DEC_DN_COLS work items
-//     (V head, column block), a group of DEC_DN_THREADS threads an item, two groups a block → o.
-//     grid_sync.
-//   C: o staged through the gated norm with z (stage_x from L2, as dec_gemv4w), the block's
-//     out_proj rows (already in shared memory) dotted with it, y[r] = act(y[r] + act(dot)).
-// Bytes a layer (full shape): in_proj 13.4 MB, out_proj 4.7 MB, the state 2 MB read and written,
-// the same as the four launches; what is saved is three launch boundaries and the dependent round
-// trips between them, and every weight byte of a block is in flight at once.
-// PDL hazard: the dependents are triggered only after the second grid_sync. Triggered earlier, the
-// next kernel's blocks could take SMs while some of ours are not yet resident, and our resident
-// blocks would wait at a grid barrier for blocks that cannot start: a deadlock. After the second
-// barrier every block of ours is resident and none waits for another again. (Before us: we are
-// launched once every block of the kernel before has triggered, so all of them are resident
-// already; ours take SMs as theirs leave and wait at griddepcontrol.wait, not at a barrier, so the
-// kernel before always finishes.)
-// Shared memory (dynamic, dn_layer_smem in the launcher): x staged, the conv taps and state of the
-// block's channels, the in_proj records (phase C's staged gated row in the same bytes: the records
-// are all read before the first barrier), the out_proj records: 153 KB a block for the full shape on
-// an H200 (132 SMs).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, 1)
-dec_dn_layer(DecDn a) {
-    extern __shared__ __align__(16) float dec_smem[];
-    __shared__ float q_s[2 * DEC_DN_MAX_DK], k_s[2 * DEC_DN_MAX_DK];
-    __shared__ float ab_s[4];
-    int hidden = a.in_qkv.cols, vd = a.out.cols, k = a.k;
-    int conv_dim = a.in_qkv.rows, n_rows = conv_dim + a.in_z.rows + 2 * a.n_v;
-    int Gh = hidden >> 6, Gv = vd >> 6;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    int r0 = blockIdx.x * a.in_share, rows = max(0, min(a.in_share, n_rows - r0));
-    int o0 = blockIdx.x * a.out_share, orows = max(0, min(a.out_share, hidden - o0));
-    int n_conv = max(0, min(rows, conv_dim - r0));  // the block's qkv channels r0 .. r0 + n_conv - 1
-    float* xs = dec_smem;                            // [Gh][DEC_XPAD]
-    float* xsum = xs + Gh * DEC_XPAD;                // [Gh]
-    float* taps_s = xsum + ((Gh + 3) & ~3);          // [in_share][k]
-    float* cst_s = taps_s + ((a.in_share * k + 3) & ~3);  // [in_share][k - 1]
-    unsigned char* in_rec = reinterpret_cast<unsigned char*>(cst_s + ((a.in_share * (k - 1) + 3) & ~3));
-    float* ys = reinterpret_cast<float*>(in_rec);    // phase C: [Gv][DEC_XPAD] in the records' bytes
-    float* ysum = ys + Gv * DEC_XPAD;                // [Gv]
-    long long in_bytes = (long long)a.in_share * ROW_REC(hidden);
-    long long c_bytes = 4LL * (Gv * DEC_XPAD + ((Gv + 3) & ~3));
-    unsigned char* out_rec = in_rec + max(in_bytes, c_bytes);
-
-    // Before pdl_wait: weights, and state this layer's previous step wrote (long done).
-    int split = (rows + 1) / 2;  // the first half of the in_proj rows is summed while the second lands
-    dn_request(a, r0, rows, split, in_rec, o0, orows, out_rec);
-    for (int i = threadIdx.x; i < n_conv * k; i += blockDim.x) taps_s[i] = a.conv_w[(long long)r0 * k + i];
-    for (int i = threadIdx.x; i < n_conv * (k - 1); i += blockDim.x) {
-        int j = i / n_conv, ch = i % n_conv;
-        cst_s[ch * (k - 1) + j] = a.conv_state[(long long)j * conv_dim + r0 + ch];
-    }
-    int grp = threadIdx.x / DEC_DN_THREADS, t = threadIdx.x % DEC_DN_THREADS, groups = blockDim.x / DEC_DN_THREADS;
-    int cbs = a.dv / DEC_DN_COLS, n_items = a.n_v * cbs;
-    int item = blockIdx.x + gridDim.x * grp;
-    DnCol q = dn_col(min(item, n_items - 1) / cbs, min(item, n_items - 1) % cbs, t, a.dk);
-    float s[DEC_DN_ROWS];
-    float a_log_h = 0.0f, dt_bias_h = 0.0f;
-    if (item < n_items) {
-        dn_state_load(a.state, q, a.dk, a.dv, s);
-        a_log_h = a.a_log[q.hv];
-        dt_bias_h = a.dt_bias[q.hv];
-    }
-    stage_prefetch(a.norm_w, hidden, 1, false);
-    stage_prefetch(a.gnorm_w, vd, a.dv, true);
-    pdl_wait();
-
-    // A: x normed; in_proj's rows; the conv of the qkv channels.
-    stage_x(a.x, a.norm_w, a.eps, hidden, nullptr, 1, xs, xsum, nullptr);
-    int lpr = min(32, Gh), spw = 32 / lpr, sub = lane / lpr, sl = lane % lpr;
-    int rec_h = ROW_REC(hidden);
-    for (int part = 0; part < 2; part++) {
-        if (part == 0)
-            cp_async_wait<2>();
-        else
-            cp_async_wait<1>();
-        __syncthreads();
-        int lo = part ? split : 0, hi = part ? rows : split;
-        for (int jl = lo + warp * spw + sub; jl - sub < hi; jl += warps * spw) {
-            int jc = min(jl, max(hi - 1, 0));
-            float acc = rec_dot(in_rec + (long long)jc * rec_h, Gh, sl, lpr, xs, xsum);
-            if (sl == 0 && jl < hi)
-                dn_in_row(r0 + jl, acc, taps_s + jl * k, cst_s + jl * (k - 1), k, conv_dim, a.in_z.rows, a.n_v, a.c,
-                          a.conv_state, a.z, a.b, a.a);
-        }
-    }
-    grid_sync(a.bar);
-
-    // B: the delta rule's step, a group an item.
-    for (int round = 0; blockIdx.x + gridDim.x * groups * round < n_items; round++) {
-        int it = blockIdx.x + gridDim.x * (grp + groups * round);
-        bool live = it < n_items;
-        if (round > 0) {
-            q = dn_col(min(it, n_items - 1) / cbs, min(it, n_items - 1) % cbs, t, a.dk);
-            if (live) {
-                dn_state_load(a.state, q, a.dk, a.dv, s);
-                a_log_h = a.a_log[q.hv];
-                dt_bias_h = a.dt_bias[q.hv];
-            }
-        }
-        dn_step_apply(a.c, a.b, a.a, a_log_h, dt_bias_h, a.state, a.o, a.n_k, a.n_v, a.dk, a.dv, a.prep_eps, q, t,
-                      grp, live, q_s + grp * DEC_DN_MAX_DK, k_s + grp * DEC_DN_MAX_DK, ab_s + 2 * grp, s);
-        __syncthreads();  // q_s, k_s, ab_s are read before the next round writes them
-    }
-    grid_sync(a.bar);
-    pdl_trigger();  // every block is resident and past its last barrier (the PDL hazard in the comment above)
-
-    // C: the gated norm of o, out_proj's rows, the residual add.
-    stage_x<true>(a.o, a.gnorm_w, a.gnorm_eps, vd, a.z, a.dv, ys, ysum, nullptr);
-    cp_async_wait<0>();
-    __syncthreads();
-    int lpr_o = min(32, Gv), spw_o = 32 / lpr_o, sub_o = lane / lpr_o, sl_o = lane % lpr_o;
-    int rec_v = ROW_REC(vd);
-    for (int rl = warp * spw_o + sub_o; rl - sub_o < orows; rl += warps * spw_o) {
-        const unsigned char* rec = out_rec + (long long)min(rl, max(orows - 1, 0)) * rec_v;
-        float acc = Gv > 32 ? rec_dot<2>(rec, Gv, sl_o, lpr_o, ys, ysum) : rec_dot(rec, Gv, sl_o, lpr_o, ys, ysum);
-        if (sl_o == 0 && rl < orows) store_out(a.y + o0 + rl, DEC_RESIDUAL, acc);
-    }
-}
-
 // ---- Batched decode (several sequences, one token each) -----------------------------------------
 
 // dec_gemv_rows: y_s[b] = W_s · x[b] for the nb ≤ DEC_B_MAX rows of a batched decode step
@@ -1526,22 +1226,11 @@ dec_dn_layer(DecDn a) {
 // rows read the same x addresses (broadcasts) and the L lanes of a row L distinct groups (distinct
 // banks with the DEC_XPAD padding). The next group's weights are in flight while this one's are
 // summed. Output row b of a weight is y + b · rows (its rows are the width of its output).
-// Persistent grid over tiles of (blockDim.x / 32) · (32 / L) · RB weight rows; block
-// DEC_ROWS_WARPS · 32 at most (DEC_ROWS2_WARPS for RB = 2; the launcher reads the bound back:
-// Kernel::max_threads). The grid is sized for DEC_BLOCKS_PER_SM blocks an SM, so on Hopper the
-// RB = 1 block is 6 warps, which lets two blocks of its 163 registers a thread be resident
-// together (with 8 warps only one was: the grid ran in two waves); elsewhere a bound of two
-// blocks spills, so the block stays 8 warps, unbounded.
-//
-// Two forms (Plan::batch_projections names which, decode.rs `RowsKernel`): dec_gemv_rows, a lane
-// one weight row (RB = 1), and dec_gemv_rows2 (`--rows-block`), a lane RB = 2 consecutive weight
-// rows of the same groups, 4-bit weights, so every float4 of x read from shared memory serves two
-// rows: a lane issues two 16-byte shared loads per 8 weights and input row at RB = 1, one at
-// RB = 2 (the shared-memory pipe, not DRAM, bounds RB = 1 from 2 rows up: perf-notes, session 15,
-// branch rows-block). Each (weight row, input row)'s sum keeps RB = 1's chains and order (a0 the
-// even columns, a1 the odd, word by word; group_term per group; the lanes' shuffle sum), so the
-// outputs are the same bits. 8-bit weights in dec_gemv_rows2 take RB = 1's code once per row of
-// the lane (their two rows' words together would not fit its registers).
+// Persistent grid over tiles of (blockDim.x / 32) · (32 / L) weight rows; block DEC_ROWS_WARPS ·
+// 32 at most (the launcher reads the bound back: Kernel::max_threads). The grid is sized for
+// DEC_BLOCKS_PER_SM blocks an SM, so on Hopper the block is 6 warps, which lets two blocks of its
+// 163 registers a thread be resident together (with 8 warps only one was: the grid ran in two
+// waves); elsewhere a bound of two blocks spills, so the block stays 8 warps, unbounded.
 template <int BITS>
 struct BGroup {
     uint4 q[BITS / 2];
@@ -1560,33 +1249,28 @@ __device__ __forceinline__ void bgroup_load(const QWeight& w, long long row, int
     r.b = bf16_to_f32(w.biases[row * G + g]);
 }
 
-// acc[j][b] += group g's share of weight row j · x[b] for j < RB, b < nb; xg: row 0's group g in
-// shared memory, rows `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
-template <int BITS, int RB>
-__device__ __forceinline__ void bgroup_dot(const BGroup<BITS> (&r)[RB], const float* xg, int xstride,
-                                           const float* xsum_g, int G, int nb, float (&acc)[RB][DEC_B_MAX]) {
-    float a0[RB][DEC_B_MAX], a1[RB][DEC_B_MAX];
+// acc[b] += group g's share of the weight row · x[b] for b < nb; xg: row 0's group g in shared
+// memory, rows `xstride` floats apart; xsum_g: row 0's group sum, rows G apart.
+template <int BITS>
+__device__ __forceinline__ void bgroup_dot(const BGroup<BITS>& r, const float* xg, int xstride, const float* xsum_g,
+                                           int G, int nb, float (&acc)[DEC_B_MAX]) {
+    float a0[DEC_B_MAX], a1[DEC_B_MAX];
 #pragma unroll
-    for (int j = 0; j < RB; j++)
-#pragma unroll
-        for (int b = 0; b < DEC_B_MAX; b++) a0[j][b] = a1[j][b] = 0.0f;
+    for (int b = 0; b < DEC_B_MAX; b++) a0[b] = a1[b] = 0.0f;
 #pragma unroll
     for (int v = 0; v < BITS / 2; v++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (BITS == 4) {
                 // Word 4v+i: columns 8(4v+i) .. +7; low nibbles the even columns, high the odd.
-                float we[RB][4], wo[RB][4];
+                float we[4], wo[4];
+                u32 words[4] = {r.q[v].x, r.q[v].y, r.q[v].z, r.q[v].w};
+                u32 w = words[i];
+                u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
 #pragma unroll
-                for (int j = 0; j < RB; j++) {
-                    u32 words[4] = {r[j].q[v].x, r[j].q[v].y, r[j].q[v].z, r[j].q[v].w};
-                    u32 w = words[i];
-                    u32 lo = (w << 3) & 0x78787878u, hi = (w >> 1) & 0x78787878u;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        we[j][k] = nib_f(lo, NIB_SEL(k));
-                        wo[j][k] = nib_f(hi, NIB_SEL(k));
-                    }
+                for (int k = 0; k < 4; k++) {
+                    we[k] = nib_f(lo, NIB_SEL(k));
+                    wo[k] = nib_f(hi, NIB_SEL(k));
                 }
                 int c = 8 * (4 * v + i);
 #pragma unroll
@@ -1594,79 +1278,56 @@ __device__ __forceinline__ void bgroup_dot(const BGroup<BITS> (&r)[RB], const fl
                     if (b < nb) {
                         float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
                         float4 xb = *reinterpret_cast<const float4*>(xg + b * xstride + c + 4);
-#pragma unroll
-                        for (int j = 0; j < RB; j++) {
-                            a0[j][b] = fmaf(we[j][0], xa.x, a0[j][b]);
-                            a1[j][b] = fmaf(wo[j][0], xa.y, a1[j][b]);
-                            a0[j][b] = fmaf(we[j][1], xa.z, a0[j][b]);
-                            a1[j][b] = fmaf(wo[j][1], xa.w, a1[j][b]);
-                            a0[j][b] = fmaf(we[j][2], xb.x, a0[j][b]);
-                            a1[j][b] = fmaf(wo[j][2], xb.y, a1[j][b]);
-                            a0[j][b] = fmaf(we[j][3], xb.z, a0[j][b]);
-                            a1[j][b] = fmaf(wo[j][3], xb.w, a1[j][b]);
-                        }
+                        a0[b] = fmaf(we[0], xa.x, a0[b]);
+                        a1[b] = fmaf(wo[0], xa.y, a1[b]);
+                        a0[b] = fmaf(we[1], xa.z, a0[b]);
+                        a1[b] = fmaf(wo[1], xa.w, a1[b]);
+                        a0[b] = fmaf(we[2], xb.x, a0[b]);
+                        a1[b] = fmaf(wo[2], xb.y, a1[b]);
+                        a0[b] = fmaf(we[3], xb.z, a0[b]);
+                        a1[b] = fmaf(wo[3], xb.w, a1[b]);
                     }
                 }
             } else {
                 // Word 4v+i: columns 4(4v+i) .. +3, byte j column j.
-                float wb[RB][4];
-#pragma unroll
-                for (int j = 0; j < RB; j++) {
-                    u32 words[4] = {r[j].q[v].x, r[j].q[v].y, r[j].q[v].z, r[j].q[v].w};
-                    u32 w = words[i];
-                    wb[j][0] = byte_f(w, 0x7440);
-                    wb[j][1] = byte_f(w, 0x7441);
-                    wb[j][2] = byte_f(w, 0x7442);
-                    wb[j][3] = byte_f(w, 0x7443);
-                }
+                u32 words[4] = {r.q[v].x, r.q[v].y, r.q[v].z, r.q[v].w};
+                u32 w = words[i];
+                float wb[4] = {byte_f(w, 0x7440), byte_f(w, 0x7441), byte_f(w, 0x7442), byte_f(w, 0x7443)};
                 int c = 4 * (4 * v + i);
 #pragma unroll
                 for (int b = 0; b < DEC_B_MAX; b++) {
                     if (b < nb) {
                         float4 xa = *reinterpret_cast<const float4*>(xg + b * xstride + c);
-#pragma unroll
-                        for (int j = 0; j < RB; j++) {
-                            a0[j][b] = fmaf(wb[j][0], xa.x, a0[j][b]);
-                            a1[j][b] = fmaf(wb[j][1], xa.y, a1[j][b]);
-                            a0[j][b] = fmaf(wb[j][2], xa.z, a0[j][b]);
-                            a1[j][b] = fmaf(wb[j][3], xa.w, a1[j][b]);
-                        }
+                        a0[b] = fmaf(wb[0], xa.x, a0[b]);
+                        a1[b] = fmaf(wb[1], xa.y, a1[b]);
+                        a0[b] = fmaf(wb[2], xa.z, a0[b]);
+                        a1[b] = fmaf(wb[3], xa.w, a1[b]);
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < RB; j++)
-#pragma unroll
-        for (int b = 0; b < DEC_B_MAX; b++)
-            if (b < nb) acc[j][b] += group_term<BITS>(r[j].s, r[j].b, a0[j][b] + a1[j][b], xsum_g[b * G]);
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b < nb) acc[b] += group_term<BITS>(r.s, r.b, a0[b] + a1[b], xsum_g[b * G]);
 }
 
-// acc[j][b] = the lane's share of weight row `row + j` (clamped to the last row) · x[b]: its
-// groups sl + i·L, two deep (the next group's loads in flight while this one is summed).
-template <int BITS, int RB>
+// acc[b] = the lane's share of weight row `row` (clamped to the last row) · x[b]: its groups
+// sl + i·L, two deep (the next group's loads in flight while this one is summed).
+template <int BITS>
 __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L, int sl, const float* xs,
-                                         const float* xsum, int nb, float (&acc)[RB][DEC_B_MAX]) {
-    long long r[RB];
-#pragma unroll
-    for (int j = 0; j < RB; j++) r[j] = min(row + j, w.rows - 1);
+                                         const float* xsum, int nb, float (&acc)[DEC_B_MAX]) {
+    long long r = min(row, w.rows - 1);
     int xstride = G * DEC_XPAD;
-    BGroup<BITS> ga[RB], gb[RB];
+    BGroup<BITS> ga, gb;
     int g = sl;
-#pragma unroll
-    for (int j = 0; j < RB; j++)
-        if (g < G) bgroup_load<BITS>(w, r[j], G, g, ga[j]);
+    if (g < G) bgroup_load<BITS>(w, r, G, g, ga);
     for (; g < G; g += 2 * L) {
-#pragma unroll
-        for (int j = 0; j < RB; j++)
-            if (g + L < G) bgroup_load<BITS>(w, r[j], G, g + L, gb[j]);
-        bgroup_dot<BITS, RB>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
+        if (g + L < G) bgroup_load<BITS>(w, r, G, g + L, gb);
+        bgroup_dot<BITS>(ga, xs + g * DEC_XPAD, xstride, xsum + g, G, nb, acc);
         if (g + L >= G) break;
-#pragma unroll
-        for (int j = 0; j < RB; j++)
-            if (g + 2 * L < G) bgroup_load<BITS>(w, r[j], G, g + 2 * L, ga[j]);
-        bgroup_dot<BITS, RB>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
+        if (g + 2 * L < G) bgroup_load<BITS>(w, r, G, g + 2 * L, ga);
+        bgroup_dot<BITS>(gb, xs + (g + L) * DEC_XPAD, xstride, xsum + g + L, G, nb, acc);
     }
 }
 
@@ -1677,8 +1338,8 @@ __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L
 #define DEC_ROWS_WARPS 8
 #define DEC_ROWS_MIN_BLOCKS 1
 #endif
-template <int RB>
-__device__ __forceinline__ void gemv_rows(const DecSegs& segs, const float* __restrict__ x, int nb, int cols) {
+extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
     float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
@@ -1704,43 +1365,264 @@ __device__ __forceinline__ void gemv_rows(const DecSegs& segs, const float* __re
     __syncthreads();
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
-        int row = ((tile - sg.tile0) * warps * rpw + warp * rpw + sub) * RB;  // the lane's first of RB
-        float acc[RB][DEC_B_MAX];
+        int row = (tile - sg.tile0) * warps * rpw + warp * rpw + sub;
+        float acc[DEC_B_MAX];
 #pragma unroll
-        for (int j = 0; j < RB; j++)
+        for (int b = 0; b < DEC_B_MAX; b++) acc[b] = 0.0f;
+        if (sg.w.bits == 4)
+            brow_dot<4>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
+        else
+            brow_dot<8>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
 #pragma unroll
-            for (int b = 0; b < DEC_B_MAX; b++) acc[j][b] = 0.0f;
-        if (sg.w.bits == 4) {
-            brow_dot<4, RB>(sg.w, row, G, L, sl, xs, xsum, nb, acc);
-        } else {
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-                brow_dot<8, 1>(sg.w, row + j, G, L, sl, xs, xsum, nb, *reinterpret_cast<float(*)[1][DEC_B_MAX]>(acc[j]));
-        }
-#pragma unroll
-        for (int j = 0; j < RB; j++) {
+        for (int b = 0; b < DEC_B_MAX; b++)
+            for (int o = L >> 1; o > 0; o >>= 1) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+        if (sl == 0 && row < sg.w.rows) {
 #pragma unroll
             for (int b = 0; b < DEC_B_MAX; b++)
-                for (int o = L >> 1; o > 0; o >>= 1) acc[j][b] += __shfl_xor_sync(0xffffffffu, acc[j][b], o);
-            if (sl == 0 && row + j < sg.w.rows) {
-#pragma unroll
-                for (int b = 0; b < DEC_B_MAX; b++)
-                    if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row + j, sg.mode, acc[j][b]);
-            }
+                if (b < nb) store_out(sg.y + (long long)b * sg.w.rows + row, sg.mode, acc[b]);
         }
     }
     dec_trigger_late();
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
-dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
-    gemv_rows<1>(segs, x, nb, cols);
+// ---- Batched 4-bit projections on the tensor cores (dec_mma_rows) ----------------------------
+
+// dec_mma_rows: what dec_gemv_rows computes for 4-bit weights (the same segments, store modes
+// and output layout), on the tensor cores: one mma.sync m16n8k16 (bf16 in, fp32 sums) takes a
+// tile of 16 weight rows (A, M) × 16 columns (K) against the nb ≤ 8 input rows (B, N = 8;
+// columns past nb are zeros), so a packed weight costs about two instructions for all the rows
+// instead of dec_gemv_rows' few per row (perf-notes, branch mma-rows).
+//
+// Numerics, exact in the checkpoint's representation: MLX 4-bit is w = s·q + b per group of 64
+// columns (bf16 s and b). A nibble ORed into 0x4300 is the bf16 of 128 + q (an integer of 128 ..
+// 143, exact), two nibbles of a word into a bf16x2 with one shift and one LOP3; so per group the
+// tensor core sums acc = Σ (128 + q) x, and y += s·acc + (b − 128 s)·Σ x, with each input row's
+// group sums Σ x (of the bf16 values fed to the mma) computed once when x is staged. x is fed as
+// bf16: exact in bf16 mode (the activations are bf16 values), so the plan takes this kernel only
+// there.
+//
+// The order of k inside a dot product is free when A and B share it. Lane (g = lane / 4, t =
+// lane % 4) holds A rows g and g + 8 at k slots 2t, 2t+1, 2t+8, 2t+9: for a group it loads words
+// 2t and 2t + 1 of both rows (8 bytes each; the four lanes of a row read its group's 32 bytes),
+// and word i's nibbles m = 0..7 (column 16t + 8i + m of the group) feed mma step j = 2i + h
+// (h = 0, 1): slots (2t, 2t+1) ← nibbles (2h, 2h+4), slots (2t+8, 2t+9) ← (2h+1, 2h+5). x is
+// staged in shared memory already in that order, as bf16 pairs: for input row n, group gi and
+// lane quarter t, eight words (b0, b1 of the four steps) at xb[n · R + gi · 32 + t · 8], R = 32 G
+// + 4 words a row (the 4-word pad puts rows n and n + 1 of a quarter-warp's 16-byte loads in
+// distinct banks). A group's four mma steps start from zero (each group has its own scale); the
+// lane's four outputs, C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1), gather over its groups.
+//
+// Work: tiles of 16 rows over the segments (tile0 counted in 16-row tiles). Without `split` each
+// warp takes whole tiles (DEC_MMA_WARPS a block at once) and stores its outputs; with `split` the
+// block's warps share one tile, warp w its groups w, w + DEC_MMA_WARPS, ..., their sums met in
+// shared memory (the launcher splits where a launch has too few tiles to occupy the device,
+// decode.rs mma_split). A warp streams its (tile, group) items DEC_MMA_CHUNK at a time, the next
+// chunk's weights in flight while this one's are summed; the first chunk is requested before
+// dec_wait. Persistent grid; dynamic shared memory: xb [nb][R] u32, xsum [G][8], and the split's
+// partial sums [2][DEC_MMA_WARPS][32][4] (decode.rs mma_smem).
+#if DEC_B_MAX != 8
+#error "dec_mma_rows: the input rows are the mma's N = 8 columns (DEC_B_MAX)"
+#endif
+struct MmaItem {
+    uint2 w[2];     // rows g and g + 8: words 2t, 2t + 1 of the group
+    u16 s[2], b[2]; // their scales and biases
+};
+struct MmaChunk {
+    MmaItem it[DEC_MMA_CHUNK];
+};
+
+// Where chunk c of this warp's stream lies: its tile and the first of its items' group indices.
+struct MmaAt {
+    int tile, j0, last;  // last: the tile's last chunk
+};
+__device__ __forceinline__ MmaAt mma_at(int c, int cpt, int ks) {
+    int it = c / cpt, cc = c % cpt, tpb = DEC_MMA_WARPS / ks;
+    MmaAt a;
+    a.tile = (it * (int)gridDim.x + (int)blockIdx.x) * tpb + (int)(threadIdx.x >> 5) / ks;
+    a.j0 = cc * DEC_MMA_CHUNK;
+    a.last = cc == cpt - 1;
+    return a;
 }
 
-// Two rows a lane take about 250 registers: 4 warps a block, two blocks an SM on every arch (at
-// 6 warps a block the bound of 168 spills).
-#define DEC_ROWS2_WARPS 4
-extern "C" __global__ void __launch_bounds__(DEC_ROWS2_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_gemv_rows2(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
-    gemv_rows<2>(segs, x, nb, cols);
+// Item k of chunk c: group gi = kw + ks · (j0 + k) of the tile, if the tile and the group exist.
+__device__ __forceinline__ void mma_chunk_load(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
+                                               MmaChunk& ch) {
+    MmaAt a = mma_at(c, cpt, ks);
+    if (a.tile >= segs.tiles) return;
+    DecSeg sg = seg_of(segs, a.tile);
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, kw = (int)(threadIdx.x >> 5) % ks;
+    int row0 = (a.tile - sg.tile0) * 16;
+    long long r0 = min(row0 + g, sg.w.rows - 1), r1 = min(row0 + g + 8, sg.w.rows - 1);
+    const uint2* q = reinterpret_cast<const uint2*>(sg.w.q);
+    long long wpr = (long long)G * 4;  // uint2 a row
+#pragma unroll
+    for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+        int j = a.j0 + k, gi = kw + ks * j;
+        if (j < gpw && gi < G) {
+            MmaItem& it = ch.it[k];
+            it.w[0] = ld_stream2(q + r0 * wpr + gi * 4 + t);
+            it.w[1] = ld_stream2(q + r1 * wpr + gi * 4 + t);
+            it.s[0] = sg.w.scales[r0 * G + gi];
+            it.s[1] = sg.w.scales[r1 * G + gi];
+            it.b[0] = sg.w.biases[r0 * G + gi];
+            it.b[1] = sg.w.biases[r1 * G + gi];
+        }
+    }
+}
+
+// acc += group gi's share (item `it`) of the lane's four outputs.
+__device__ __forceinline__ void mma_item_dot(const MmaItem& it, const u32* xb, int R, const float* xsum, int G,
+                                             int nb, int gi, float (&acc)[4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+    if (g < nb) {
+        const uint4* p = reinterpret_cast<const uint4*>(xb + g * R + gi * 32 + t * 8);
+        v0 = p[0];
+        v1 = p[1];
+    }
+    u32 xw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        u32 wa = i ? it.w[0].y : it.w[0].x, wb = i ? it.w[1].y : it.w[1].x;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u32 a[4];
+            a[0] = ((wa >> (8 * h)) & 0x000F000Fu) | 0x43004300u;
+            a[1] = ((wb >> (8 * h)) & 0x000F000Fu) | 0x43004300u;
+            a[2] = ((wa >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u;
+            a[3] = ((wb >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u;
+            int j = 2 * i + h;
+            mma_bf16(c, a, xw[2 * j], xw[2 * j + 1]);
+        }
+    }
+    float s0 = bf16_to_f32(it.s[0]), s1 = bf16_to_f32(it.s[1]);
+    float o0 = bf16_to_f32(it.b[0]) - 128.0f * s0, o1 = bf16_to_f32(it.b[1]) - 128.0f * s1;
+    float2 xs = *reinterpret_cast<const float2*>(xsum + gi * DEC_B_MAX + 2 * t);  // input rows 2t, 2t + 1
+    float x0 = 2 * t < nb ? xs.x : 0.0f, x1 = 2 * t + 1 < nb ? xs.y : 0.0f;
+    acc[0] += s0 * c[0] + o0 * x0;
+    acc[1] += s0 * c[1] + o0 * x1;
+    acc[2] += s1 * c[2] + o1 * x0;
+    acc[3] += s1 * c[3] + o1 * x1;
+}
+
+// Output k of lane `lane` of a tile (C fragment order): its row in the tile and its input row.
+__device__ __forceinline__ void mma_out(int lane, int k, int& row, int& n) {
+    row = (lane >> 2) + 8 * (k >> 1);
+    n = 2 * (lane & 3) + (k & 1);
+}
+
+// The chunk's items summed into acc; at the tile's last chunk its outputs stored (and acc reset).
+__device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
+                                              const MmaChunk& ch, const u32* xb, int R, const float* xsum,
+                                              float* red, int nb, float (&acc)[4]) {
+    MmaAt a = mma_at(c, cpt, ks);
+    int kw = (int)(threadIdx.x >> 5) % ks, lane = threadIdx.x & 31;
+    if (a.tile < segs.tiles) {
+#pragma unroll
+        for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+            int j = a.j0 + k, gi = kw + ks * j;
+            if (j < gpw && gi < G) mma_item_dot(ch.it[k], xb, R, xsum, G, nb, gi, acc);
+        }
+    }
+    if (!a.last) return;
+    if (ks == 1) {
+        if (a.tile < segs.tiles) {
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int row, n;
+                mma_out(lane, k, row, n);
+                if (n < nb && row0 + row < sg.w.rows)
+                    store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, acc[k]);
+            }
+        }
+    } else {
+        // The block's warps share the tile (uniform: every warp reaches this barrier together).
+        float* buf = red + ((c / cpt) & 1) * (DEC_MMA_WARPS * 128);
+        *reinterpret_cast<float4*>(buf + (threadIdx.x >> 5) * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (threadIdx.x < 128 && a.tile < segs.tiles) {
+            int i = threadIdx.x, src = i >> 2, k = i & 3;
+            float s = 0.0f;
+            for (int w = 0; w < ks; w++) s += buf[w * 128 + src * 4 + k];
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16, row, n;
+            mma_out(src, k, row, n);
+            if (n < nb && row0 + row < sg.w.rows)
+                store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, s);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] = 0.0f;
+}
+
+// x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum [G][8] (each row's group
+// sums of those bf16 values, a group's 8 rows together: a lane reads its two as one float2): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
+// four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
+__device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
+                                          float* xsum) {
+    int total = nb * G * 4;
+    for (int base = 0; base < total; base += blockDim.x) {
+        int i = base + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
+        bool live = i < total;
+        float gs = 0.0f;
+        if (live) {
+            const float4* p = reinterpret_cast<const float4*>(x + (long long)n * cols + gi * 64 + t * 16);
+            float v[16];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float4 f = p[e];
+                v[4 * e] = round_bf16(f.x);
+                v[4 * e + 1] = round_bf16(f.y);
+                v[4 * e + 2] = round_bf16(f.z);
+                v[4 * e + 3] = round_bf16(f.w);
+            }
+            u32 w[8];
+#pragma unroll
+            for (int wi = 0; wi < 2; wi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int j = 2 * wi + h, m = 8 * wi + 2 * h;
+                    w[2 * j] = pack_bf16x2(v[m], v[m + 4]);
+                    w[2 * j + 1] = pack_bf16x2(v[m + 1], v[m + 5]);
+                }
+            uint4* d = reinterpret_cast<uint4*>(xb + n * R + gi * 32 + t * 8);
+            d[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            d[1] = make_uint4(w[4], w[5], w[6], w[7]);
+#pragma unroll
+            for (int e = 0; e < 16; e++) gs += v[e];
+        }
+        gs += __shfl_xor_sync(0xffffffffu, gs, 1);
+        gs += __shfl_xor_sync(0xffffffffu, gs, 2);
+        if (live && t == 0) xsum[gi * DEC_B_MAX + n] = gs;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
+dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int G = cols >> 6, R = G * 32 + 4;
+    u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
+    float* xsum = dec_smem + nb * R;             // [G][8]
+    float* red = xsum + G * DEC_B_MAX;           // [2][DEC_MMA_WARPS][32][4]
+    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
+    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
+    int per_iter = (int)gridDim.x * tpb;
+    int total = (segs.tiles + per_iter - 1) / per_iter * cpt;  // chunks of every warp's stream
+    MmaChunk ca, cb;
+    if (total > 0) mma_chunk_load(segs, 0, cpt, ks, gpw, G, ca);
+    dec_wait();
+    mma_stage(x, nb, cols, G, R, xb, xsum);
+    __syncthreads();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < total; c += 2) {
+        if (c + 1 < total) mma_chunk_load(segs, c + 1, cpt, ks, gpw, G, cb);
+        mma_chunk_dot(segs, c, cpt, ks, gpw, G, ca, xb, R, xsum, red, nb, acc);
+        if (c + 1 >= total) break;
+        if (c + 2 < total) mma_chunk_load(segs, c + 2, cpt, ks, gpw, G, ca);
+        mma_chunk_dot(segs, c + 1, cpt, ks, gpw, G, cb, xb, R, xsum, red, nb, acc);
+    }
+    dec_trigger_late();
 }

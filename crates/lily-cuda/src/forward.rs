@@ -11,9 +11,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
-use crate::kernels::decode::{
-    DnConv, DnLayer, DnOutputs, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue,
-};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -21,8 +19,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodeDn,
-    DecodePath, Dense, Experts, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodePath,
+    Dense, Experts, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -1014,46 +1012,10 @@ impl Forward<'_> {
             .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
     }
 
-    /// Gated DeltaNet of one token, as the plan says (`decode_dn_kernels`): in one launch
-    /// (`dec_dn_layer`), or the four input projections in one launch, conv, recurrence, then the
-    /// gated norm folded into out_proj. Either way the residual row scratch.x gets the layer's
-    /// output and scratch's c, z, b, a and dn_o hold the same intermediate values.
+    /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
+    /// then the gated norm folded into out_proj; the residual row scratch.x gets the layer's
+    /// output.
     pub fn deltanet_one_token(
-        &self,
-        d: &DevDeltaNet,
-        state: u64,
-        conv: u64,
-        input: Input,
-    ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
-        match self.plan.decode_dn_kernels(d, cfg) {
-            DecodeDn::OneLaunch => {
-                let layer = DnLayer {
-                    input,
-                    dn: d,
-                    heads: DnShape::of(cfg),
-                    taps: cfg.conv_kernel,
-                    state,
-                    conv_state: conv,
-                    out: DnOutputs {
-                        c: s.c.ptr,
-                        z: s.z.ptr,
-                        b: s.b.ptr,
-                        a: s.a.ptr,
-                        o: s.dn_o.ptr,
-                    },
-                    residual: s.x.ptr,
-                    gnorm_eps: cfg.rms_eps,
-                    prep_eps: deltanet::PREP_EPS,
-                };
-                k.decode.dn_layer(gpu, &layer)
-            }
-            DecodeDn::FourLaunches => self.deltanet_four_launches(d, state, conv, input),
-        }
-    }
-
-    /// `deltanet_one_token`'s four launches.
-    fn deltanet_four_launches(
         &self,
         d: &DevDeltaNet,
         state: u64,

@@ -544,27 +544,6 @@ impl Kernel {
         Ok(usize::try_from(n).unwrap_or(0))
     }
 
-    /// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory an SM holds
-    /// at once (the driver's occupancy calculator): what a persistent kernel's grid barrier
-    /// relies on.
-    pub fn resident_blocks(&self, threads: usize, smem: usize) -> Result<usize> {
-        let n = self
-            .func
-            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
-            .map_err(|e| anyhow!("kernel {}: its occupancy: {e}", self.name))?;
-        Ok(n as usize)
-    }
-
-    /// Bytes of static (`__shared__`) memory a block of this kernel holds: with the dynamic
-    /// shared memory a launch asks for, at most what the device grants a block.
-    pub fn static_shared_memory(&self) -> Result<usize> {
-        let n = self
-            .func
-            .shared_size_bytes()
-            .map_err(|e| anyhow!("kernel {}: its static shared memory: {e}", self.name))?;
-        Ok(usize::try_from(n).unwrap_or(0))
-    }
-
     /// Lets the kernel use up to `bytes` of dynamic shared memory: above the default 48 KB a
     /// kernel must be allowed it explicitly, once, before its first launch.
     pub fn allow_shared_memory(self, bytes: usize) -> Result<Kernel> {

@@ -88,18 +88,14 @@ lily_core::backend_options! {
             label "fused decode",
             help "one-token steps (decode) run decode.cu's fused kernels (norms folded into the projections, the projections of one input in one launch, the MoE in two launches) instead of a prefill chunk's launches for one token",
             why "the per-kernel form serves weights decode.cu does not read";
-        fused_dn = false, flag Some("fused-dn"), env "LILY_FUSED_DN" = true,
-            label "one-launch decode DeltaNet",
-            help "a one-token step's DeltaNet layer in one persistent launch (decode.cu's dec_dn_layer: the input norm, in_proj, conv, the delta rule's step, the gated norm, out_proj and residual add, phases met at a grid barrier, every weight row of a block requested at once) instead of four (dec_gemv4, dec_dn_conv, dec_dn_step, dec_gemv4w); where its shapes and its shared memory at one block an SM fit (the H200's 132 SMs; not an A100's, nor sm_86 / 89 / 120)",
-            why "not yet measured: on once the H200's A/B wins (perf-notes, session 15, issue 30)";
         fused_batch = true, flag Some("no-fused-batch"), env "LILY_FUSED_BATCH" = true,
             label "fused batched decode",
             help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
             why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
-        rows_block = false, flag Some("rows-block"), env "LILY_ROWS_BLOCK" = true,
-            label "batched projections two weight rows a lane",
-            help "a batched decode step's 4-bit projections of at most 2,048 columns (the fused batch's dec_gemv_rows) in dec_gemv_rows2: each lane takes two consecutive weight rows, so each input value read from shared memory serves both (half the shared-memory loads a weight), the same sums bit for bit",
-            why "off: not yet measured (session 15, branch rows-block; predicted lm_head 4 rows 398 → ≈ 200 µs on the H100, docs/perf-notes.md); on once scripts/gpu_served_batch.sh's bench A/B wins";
+        mma_rows = false, flag Some("mma-rows"), env "LILY_MMA_ROWS" = true,
+            label "batched projections on tensor cores",
+            help "a batched decode step's 4-bit projections (the fused batch's dec_gemv_rows: q/k/v, DeltaNet's four, o_proj, out_proj, lm_head) on the tensor cores (decode.cu's dec_mma_rows: 16 weight rows × the B ≤ 8 rows an mma.sync, nibbles ORed into bf16 128 + q, s·acc + (b − 128 s)·Σx per group; bf16 mode) instead of the CUDA cores",
+            why "off: not yet measured (branch mma-rows; predicted 4 rows 1.716 → ≈ 1.10 ms on the H100, docs/perf-notes.md); on once scripts/gpu_mma_rows_ab.sh's bench A/B wins";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -214,8 +210,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
-            ("LILY_ROWS_BLOCK", "1"),
-            ("LILY_FUSED_DN", "1"),
+            ("LILY_MMA_ROWS", "1"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -255,8 +250,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
-                rows_block: true,
-                fused_dn: true,
+                mma_rows: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

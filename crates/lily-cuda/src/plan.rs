@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` (`--fused-dn`: the whole layer in one `dec_dn_layer`, `decode_dn_kernels`) |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; `--rows-block`: `dec_gemv_rows2`, two weight rows a lane, for the 2,048-wide 4-bit ones), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; `--mma-rows`: the 4-bit ones in `dec_mma_rows`, on the tensor cores), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, DnLayerShapes, RowsKernel};
+use crate::kernels::decode::{self, Decode, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -136,7 +136,8 @@ pub enum DecodePath {
 /// How a batched decode step runs the projections of one input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchProjections {
-    /// decode.cu's batched GEMV in one launch, in the form named (`Decode::project_rows`).
+    /// decode.cu's batched projection in one launch, in the kernel named
+    /// (`Decode::project_rows`).
     Rows(RowsKernel),
     /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
@@ -185,16 +186,6 @@ pub enum BatchMoe {
     /// The shared expert's projections over the rows (`batch_projections`), `moe_route`, the
     /// routed experts grouped over the rows' picks (`experts`), `moe_combine`.
     Grouped,
-}
-
-/// How a one-token step runs a DeltaNet layer that `decode_deltanet` fuses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeDn {
-    /// decode.cu's `dec_dn_layer`: the whole layer in one persistent launch.
-    OneLaunch,
-    /// `dec_gemv4` (in_proj's four weights, the norm folded in), `dec_dn_conv`, `dec_dn_step`,
-    /// `dec_gemv4w` (the gated norm folded into out_proj, the residual add).
-    FourLaunches,
 }
 
 /// Where the next token is picked.
@@ -264,6 +255,7 @@ impl Plan {
         let flash_prefill = o.flash_prefill && bf16;
         let mma_attention = o.mma_attention && bf16;
         let effective = CudaOptions {
+            mma_rows: o.mma_rows && bf16,
             tensor_cores,
             exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
             flash_prefill,
@@ -480,25 +472,6 @@ impl Plan {
         self.fused_if(n_tok, fits)
     }
 
-    /// The kernels of a one-token DeltaNet layer that `decode_deltanet` fuses: `dec_dn_layer` in
-    /// one launch under `fused_dn` where it takes the layer's shapes and one block an SM gets the
-    /// shared memory its share of the weights needs (decode::dn_layer_fits: the H200's 132 SMs
-    /// for the full shape; not an A100's 108, nor the 99 KB of sm_86 / 89 / 120); else the four
-    /// launches.
-    pub fn decode_dn_kernels(&self, d: &DevDeltaNet, cfg: &ModelConfig) -> DecodeDn {
-        self.decode_dn_for(&DnLayerShapes::of(d, cfg))
-    }
-
-    /// `decode_dn_kernels` for a layer of these shapes.
-    pub fn decode_dn_for(&self, w: &DnLayerShapes) -> DecodeDn {
-        let d = &self.device;
-        if self.o.fused_dn && decode::dn_layer_fits(w, d.sm_count, d.max_shared_memory) {
-            DecodeDn::OneLaunch
-        } else {
-            DecodeDn::FourLaunches
-        }
-    }
-
     /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
     /// each, `Forward::run_batch`): where the one-token step fuses them (`fused_decode` and the
     /// head shapes fit) decode.cu's kernels, all sequences in one launch each under
@@ -523,9 +496,9 @@ impl Plan {
     /// of each of B sequences): decode.cu's `dec_gemv_rows` in one launch (each weight read once
     /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
-    /// most decode::MAX_SEGS of them — two weight rows a lane (`dec_gemv_rows2`) under
-    /// `rows_block` where `decode::rows_block_serves` them; else `dense`'s kernel for a B-token
-    /// step (`router` for the router), one launch a weight.
+    /// most decode::MAX_SEGS of them — on the tensor cores (`dec_mma_rows`) under `mma_rows`
+    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit); else `dense`'s kernel for a
+    /// B-token step (`router` for the router), one launch a weight.
     pub fn batch_projections(&self, ws: &[LinearShape]) -> BatchProjections {
         let fits = !ws.is_empty()
             && ws.len() <= decode::MAX_SEGS
@@ -536,10 +509,10 @@ impl Plan {
             return BatchProjections::PerKernel;
         }
         match self.fused_if(1, fits) {
-            DecodePath::Fused if self.o.rows_block && decode::rows_block_serves(ws) => {
-                BatchProjections::Rows(RowsKernel::Block2)
+            DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
+                BatchProjections::Rows(RowsKernel::Mma)
             }
-            DecodePath::Fused => BatchProjections::Rows(RowsKernel::One),
+            DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
             DecodePath::PerKernel => BatchProjections::PerKernel,
         }
     }
@@ -838,33 +811,51 @@ mod tests {
         let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
         assert_eq!(
             on.batch_projections(&fused),
-            BatchProjections::Rows(RowsKernel::One)
+            BatchProjections::Rows(RowsKernel::Gemv)
         );
         assert_eq!(
             on.batch_projections(&[w(2048, 4096, 4)]),
-            BatchProjections::Rows(RowsKernel::One)
+            BatchProjections::Rows(RowsKernel::Gemv)
         );
-        // rows_block: two weight rows a lane for 4-bit weights of at most 2,048 columns.
-        let block = Plan::resolve(
+        // mma_rows: the tensor cores for all-4-bit weights in bf16 mode; the 8-bit router
+        // keeps dec_gemv_rows, fp32 mode never takes it.
+        let mma = Plan::resolve(
             &CudaOptions {
-                rows_block: true,
+                mma_rows: true,
                 ..CudaOptions::default()
             },
             H200,
         );
-        let two = BatchProjections::Rows(RowsKernel::Block2);
+        assert!(mma
+            .describe()
+            .contains("batched projections on tensor cores on"));
+        assert!(on
+            .describe()
+            .contains("batched projections on tensor cores off"));
+        let tc = BatchProjections::Rows(RowsKernel::Mma);
+        for ws in [
+            &[w(4096, 2048, 4), w(32, 2048, 4)][..],
+            &[w(2048, 4096, 4)],
+            &[w(2048, 512, 4)],
+            &[w(248_320, 2048, 4)],
+        ] {
+            assert_eq!(mma.batch_projections(ws), tc, "{ws:?}");
+        }
         assert_eq!(
-            block.batch_projections(&[w(4096, 2048, 4), w(32, 2048, 4)]),
-            two
+            mma.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::Gemv)
         );
-        assert_eq!(block.batch_projections(&[w(64, 512, 4)]), two);
-        assert_eq!(
-            block.batch_projections(&fused),
-            BatchProjections::Rows(RowsKernel::One)
+        let fp32_mma = Plan::resolve(
+            &CudaOptions {
+                mma_rows: true,
+                bf16_activations: false,
+                ..CudaOptions::default()
+            },
+            H200,
         );
         assert_eq!(
-            block.batch_projections(&[w(2048, 4096, 4)]),
-            BatchProjections::Rows(RowsKernel::One)
+            fp32_mma.batch_projections(&[w(2048, 4096, 4)]),
+            BatchProjections::Rows(RowsKernel::Gemv)
         );
         // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
         // expert stack: each weight's B-token kernel.
@@ -886,16 +877,14 @@ mod tests {
         let mut group = w(2048, 2048, 4);
         group.group = 32;
         assert_eq!(on.batch_projections(&[group]), BatchProjections::PerKernel);
-        // Off under either switch, rows_block or not.
+        // Off under either switch.
         for o in [
             CudaOptions {
                 fused_batch: false,
-                rows_block: true,
                 ..CudaOptions::default()
             },
             CudaOptions {
                 fused_decode: false,
-                rows_block: true,
                 ..CudaOptions::default()
             },
         ] {
@@ -1063,10 +1052,6 @@ mod tests {
             );
         }
         assert_eq!(p.experts([&gate, &gate, &down], moe, 1), Experts::Gather);
-        assert_eq!(
-            p.decode_dn_for(&full_dn_layer(&cfg)),
-            DecodeDn::FourLaunches
-        );
         // A batched decode step: the projections of each input in one dec_gemv_rows launch
         // (q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj
         // and lm_head alone), the MoE as one token's with the token in grid.y, each sequence's
@@ -1088,29 +1073,28 @@ mod tests {
         ] {
             assert_eq!(
                 p.batch_projections(ws),
-                BatchProjections::Rows(RowsKernel::One),
+                BatchProjections::Rows(RowsKernel::Gemv),
                 "{ws:?}"
             );
         }
-        // `--rows-block`: dec_gemv_rows2 for the 2,048-wide 4-bit inputs; the 8-bit router and
-        // the 4,096-wide o_proj / out_proj keep dec_gemv_rows.
-        let block = Plan::resolve(
+        // `--mma-rows`: dec_mma_rows for every 4-bit input; the 8-bit router keeps dec_gemv_rows.
+        let mma = Plan::resolve(
             &CudaOptions {
-                rows_block: true,
+                mma_rows: true,
                 ..CudaOptions::default()
             },
             H200,
         );
         for (ws, kernel) in [
-            (&[q, k, k][..], RowsKernel::Block2),
-            (&[in_qkv, z, dn_b, dn_b], RowsKernel::Block2),
-            (&[lm_head], RowsKernel::Block2),
-            (&[router, s_gate], RowsKernel::One),
-            (&[o], RowsKernel::One),
-            (&[out_proj], RowsKernel::One),
+            (&[q, k, k][..], RowsKernel::Mma),
+            (&[in_qkv, z, dn_b, dn_b], RowsKernel::Mma),
+            (&[lm_head], RowsKernel::Mma),
+            (&[o], RowsKernel::Mma),
+            (&[out_proj], RowsKernel::Mma),
+            (&[router, s_gate], RowsKernel::Gemv),
         ] {
             assert_eq!(
-                block.batch_projections(ws),
+                mma.batch_projections(ws),
                 BatchProjections::Rows(kernel),
                 "{ws:?}"
             );
@@ -1423,69 +1407,6 @@ mod tests {
             Plan::resolve(&on, A100).deltanet_scan(full, 4096),
             DnScan::Chunked
         );
-    }
-
-    /// sm_86 / 89 / 120 devices (99 KB of shared memory a block) at the SM counts they come with.
-    fn small_smem_devices() -> impl Iterator<Item = DeviceCaps> {
-        [46, 84, 128, 170].into_iter().map(|sm_count| DeviceCaps {
-            sm_count,
-            max_shared_memory: 101_376,
-            ..A100
-        })
-    }
-
-    /// The full model's DeltaNet layer as `dec_dn_layer` reads it.
-    fn full_dn_layer(cfg: &ModelConfig) -> DnLayerShapes {
-        let h = cfg.hidden;
-        DnLayerShapes {
-            in_qkv: mlx(cfg.conv_dim(), h, 4, 1),
-            in_z: mlx(cfg.dn_value_dim(), h, 4, 1),
-            in_b: mlx(cfg.dn_v_heads, h, 4, 1),
-            in_a: mlx(cfg.dn_v_heads, h, 4, 1),
-            out_proj: mlx(h, cfg.dn_value_dim(), 4, 1),
-            heads: DnShape::of(cfg),
-            taps: cfg.conv_kernel,
-        }
-    }
-
-    #[test]
-    fn the_one_launch_deltanet_runs_where_its_switch_its_shapes_and_the_shared_memory_allow() {
-        let cfg = full_config();
-        let w = full_dn_layer(&cfg);
-        let on = CudaOptions {
-            fused_dn: true,
-            ..CudaOptions::default()
-        };
-        // Off by default (not yet measured): the four launches.
-        let shipping = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(shipping.decode_dn_for(&w), DecodeDn::FourLaunches);
-        assert!(shipping
-            .describe()
-            .contains("one-launch decode DeltaNet off"));
-        let p = Plan::resolve(&on, H200);
-        assert!(p.describe().contains("one-launch decode DeltaNet on"));
-        assert_eq!(p.decode_dn_for(&w), DecodeDn::OneLaunch);
-        // An A100's 108 SMs give each block a larger share than its 163 KB hold; sm_86 / 89 /
-        // 120's 99 KB hold none.
-        assert_eq!(
-            Plan::resolve(&on, A100).decode_dn_for(&w),
-            DecodeDn::FourLaunches
-        );
-        for small in small_smem_devices() {
-            assert_eq!(
-                Plan::resolve(&on, small).decode_dn_for(&w),
-                DecodeDn::FourLaunches,
-                "{} SMs",
-                small.sm_count
-            );
-        }
-        // A layer it does not read (8-bit out_proj): the four launches.
-        let bad = DnLayerShapes {
-            out_proj: mlx(cfg.hidden, cfg.dn_value_dim(), 8, 1),
-            ..w
-        };
-        assert!(decode::dn_layer_unfit(&bad).is_some());
-        assert_eq!(p.decode_dn_for(&bad), DecodeDn::FourLaunches);
     }
 
     #[test]

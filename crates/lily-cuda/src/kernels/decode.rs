@@ -1,17 +1,12 @@
 //! decode.cu: the one-token step's linears as weight-streaming GEMVs with their glue fused in
 //! (norm into the projection, several projections of one input in one launch, the MoE's
-//! gate/up/SiLU and down/combine/residual each in one launch; or the DeltaNet layer in one
-//! persistent launch, `dec_dn_layer`: decode/dn_layer.rs).
-
-mod dn_layer;
-
-pub use dn_layer::{dn_layer_fits, dn_layer_unfit, DnLayer, DnLayerShapes, DnOutputs};
+//! gate/up/SiLU and down/combine/residual each in one launch).
 
 use anyhow::{bail, Result};
 use cudarc::driver::DeviceRepr;
 
 use super::{blocks, config, KernelFile};
-use crate::gpu::{DevBuf, Gpu, Kernel, Module};
+use crate::gpu::{Gpu, Kernel, Module};
 use crate::weights::{DevLinear, DevMoe, LinearShape, QWeightArg};
 
 /// Warps of a `dec_gemv` / `dec_glu` block (256 threads: the fused norm sums in rms_norm's order).
@@ -53,41 +48,26 @@ pub const DN_COLS: usize = 16;
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
 pub const BATCH_MAX: usize = 8;
-/// Which form of decode.cu's batched projection kernel a `project_rows` launch takes (the plan's
-/// choice: `Plan::batch_projections`).
+/// Which kernel a `project_rows` launch takes (the plan's choice: `Plan::batch_projections`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowsKernel {
-    /// `dec_gemv_rows`: a lane one weight row.
-    One,
-    /// `dec_gemv_rows2` (`rows_block`): a lane two consecutive weight rows, each x value read
-    /// from shared memory serving both; the same sums, bit for bit.
-    Block2,
+    /// `dec_gemv_rows`: the CUDA cores, 8 lanes a weight row, every row's FMAs.
+    Gemv,
+    /// `dec_mma_rows` (`mma_rows`): the tensor cores, 16 weight rows × the B rows an mma.sync;
+    /// 4-bit weights only (`mma_rows_serves`), inputs fed as bf16.
+    Mma,
 }
-
-impl RowsKernel {
-    /// Weight rows a lane takes.
-    fn rows_a_lane(self) -> usize {
-        match self {
-            RowsKernel::One => 1,
-            RowsKernel::Block2 => 2,
-        }
-    }
-}
-
-/// Whether `dec_gemv_rows2` serves these weights (all of one input width): all 4-bit (its
-/// register-blocked path; 8-bit rows would run one at a time there, no gain) and at most 2,048
-/// columns, where weights have rows enough for its taller tiles: a 4,096-wide projection
-/// (o_proj, out_proj: 2,048 rows) would make 64 tiles of 32 rows (4 warps), 64 of an H100's 132
-/// SMs busy, against 86 tiles of 24 rows at one row a lane (6 warps on Hopper).
-pub fn rows_block_serves(ws: &[LinearShape]) -> bool {
-    ws.iter().all(|w| w.bits == 4 && w.cols <= 2048)
-}
-
+/// Warps of a `dec_mma_rows` block, and blocks an SM of its persistent grid (its launch bound).
+pub const MMA_WARPS: usize = 4;
+pub const MMA_BLOCKS_PER_SM: usize = 4;
+/// (tile, group) items a `dec_mma_rows` warp requests at once (two such chunks in flight).
+pub const MMA_CHUNK: usize = 4;
+/// Weight rows of a `dec_mma_rows` tile (the mma's M).
+const MMA_TILE: usize = 16;
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
 /// DEC_ROWS_WARPS, chosen there by the arch: 6 on Hopper, so that two blocks of its 163 registers
 /// a thread fit an SM, as its persistent grid of BLOCKS_PER_SM blocks an SM assumes; 8
-/// elsewhere; `dec_gemv_rows2`'s DEC_ROWS2_WARPS: 4 everywhere, two blocks of its 250
-/// registers), at most WARPS.
+/// elsewhere), at most WARPS.
 fn rows_warps(kernel: &Kernel) -> Result<usize> {
     let warps = (kernel.max_threads()? / 32).min(WARPS);
     if warps == 0 {
@@ -126,6 +106,9 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
+        ("DEC_MMA_WARPS", MMA_WARPS as i64),
+        ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
+        ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
     ],
 };
 
@@ -194,25 +177,47 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
 }
 
-/// Bytes of one staged row (a record) of a 4-bit matrix of `cols` columns in a persistent kernel's
-/// shared memory (decode.cu's ROW_REC): its packed words, scales and biases.
-fn row_rec(cols: usize) -> usize {
-    cols / 2 + cols / 16
-}
-
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
 /// the rows padded, and their group sums.
 fn rows_smem(cols: usize, rows: usize) -> usize {
     rows * (cols / 64) * (XPAD + 1) * 4
 }
 
-/// Rows one `dec_gemv_rows` launch takes for inputs of `cols` columns (at least 1 for any
-/// width `serves` accepts: 4,096 columns stage 17.7 KB a row).
-pub fn rows_per_launch(cols: usize) -> usize {
+/// Dynamic shared memory of a `dec_mma_rows` block staging `rows` inputs of `cols` columns
+/// (decode.cu's layout): the rows as bf16 pairs, 32 words a group and 4 words of pad a row, their
+/// group sums (BATCH_MAX a group, whatever `rows`), and the split's partial sums (two buffers of
+/// MMA_WARPS × 32 lanes × 4).
+fn mma_smem(cols: usize, rows: usize) -> usize {
+    let g = cols / 64;
+    (rows * (g * 32 + 4) + g * BATCH_MAX + 2 * MMA_WARPS * 128) * 4
+}
+
+/// Rows one launch of `kernel` takes for inputs of `cols` columns (at least 1 for any width
+/// `serves` accepts: 4,096 columns stage 17.7 KB a row in `dec_gemv_rows`, 8.2 KB in
+/// `dec_mma_rows`).
+pub fn rows_per_launch(kernel: RowsKernel, cols: usize) -> usize {
+    let smem = |r| match kernel {
+        RowsKernel::Gemv => rows_smem(cols, r),
+        RowsKernel::Mma => mma_smem(cols, r),
+    };
     (1..=BATCH_MAX)
         .rev()
-        .find(|&r| rows_smem(cols, r) <= BATCH_SMEM_MAX)
+        .find(|&r| smem(r) <= BATCH_SMEM_MAX)
         .unwrap_or(1)
+}
+
+/// Whether `dec_mma_rows` reads these weights (all of one input width, each one `serves`
+/// accepts): 4-bit only (its operands are nibbles ORed into bf16 128).
+pub fn mma_rows_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(|w| serves(w) && w.bits == 4)
+}
+
+/// Whether a `dec_mma_rows` launch of `tiles` 16-row tiles splits each tile's groups over the
+/// MMA_WARPS warps of a block: where whole tiles a warp would leave warps of the persistent grid
+/// (`warps` of them) idle or with one tile each (o_proj / out_proj: 128 tiles; DeltaNet's
+/// in_proj: 772), not where every warp gets several (lm_head: 15,520).
+fn mma_split(tiles: usize, warps: usize) -> bool {
+    tiles < 2 * warps
 }
 
 /// Lanes that share one row of `cols` columns in `dec_gemv_rows` (a power of two, at most 8),
@@ -385,39 +390,6 @@ impl MoeOutputs {
     }
 }
 
-/// The RMSNorm (weight, epsilon) a one-launch kernel (`kernel`) folds into its `cols`-wide input:
-/// 0 for a row taken as it is; an error for another width or a gated norm.
-fn input_norm(kernel: &str, input: &Input, cols: usize) -> Result<(u64, f32)> {
-    if input.cols != cols {
-        bail!("{kernel}: a {}-wide input for {cols} columns", input.cols);
-    }
-    match input.prologue {
-        Prologue::None => Ok((0, 0.0)),
-        Prologue::RmsNorm { weight, eps } => Ok((weight, eps)),
-        Prologue::GatedNorm { .. } => bail!("{kernel}: a gated norm before it"),
-    }
-}
-
-/// An error naming `kernel` unless a persistent grid of `grid` blocks of `threads` threads and
-/// `smem` bytes of dynamic shared memory (at most `smem_max`, what the device grants it) can be
-/// resident at once: its grid barrier waits for every block.
-fn check_persistent(
-    kernel: &str,
-    k: &Kernel,
-    threads: usize,
-    smem: usize,
-    smem_max: usize,
-    grid: usize,
-) -> Result<()> {
-    if smem > smem_max {
-        bail!("{kernel}: {smem} bytes of shared memory a block on {grid} blocks; the device grants {smem_max} beside its static arrays");
-    }
-    if k.resident_blocks(threads, smem)? == 0 {
-        bail!("{kernel}: no block of {threads} threads and {smem} bytes of shared memory fits an SM, so its grid barrier would never open");
-    }
-    Ok(())
-}
-
 /// The MoE's second half: x += Σ_k w_k down_k h_k + sigmoid(g) down_s h_s.
 pub struct DownCombine<'a> {
     pub down: &'a DevLinear,
@@ -512,10 +484,9 @@ fn segments(
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
-    gemv_rows2: Kernel,
-    /// Warps of a `dec_gemv_rows` / `dec_gemv_rows2` block on this device (`rows_warps`).
+    /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
-    rows2_warps: usize,
+    mma_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv8: Kernel,
@@ -528,43 +499,18 @@ pub struct Decode {
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
-    dn_layer: Kernel,
-    /// Dynamic shared memory a `dec_dn_layer` block may take on this device: what it grants a
-    /// block, less the kernel's static arrays.
-    dn_layer_smem_max: usize,
-    /// `dec_dn_layer`'s grid barrier: u32 count and generation, zero at load, back to a count of
-    /// 0 after every barrier.
-    dn_barrier: DevBuf,
 }
 
 impl Decode {
-    pub fn load(gpu: &Gpu, m: &Module) -> Result<Decode> {
+    pub fn load(m: &Module) -> Result<Decode> {
         // Every decode kernel waits for its predecessor before touching anything but weights.
         let k = |name| m.kernel(name).map(Kernel::waits_for_predecessor);
         let gemv_rows = k("dec_gemv_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?;
-        let gemv_rows2 = k("dec_gemv_rows2")?.allow_shared_memory(BATCH_SMEM_MAX)?;
-        // A persistent kernel: the dynamic shared memory the device grants it beside its static
-        // arrays, allowed; and a grid barrier's two words, zero.
-        let persistent = |name| -> Result<(Kernel, usize)> {
-            let kernel = k(name)?;
-            let max = gpu
-                .max_shared_memory
-                .saturating_sub(kernel.static_shared_memory()?);
-            Ok((kernel.allow_shared_memory(max)?, max))
-        };
-        let barrier = || -> Result<DevBuf> {
-            let b = gpu.alloc(8)?;
-            gpu.fill(&b, 0)?;
-            Ok(b)
-        };
-        let (dn_layer, dn_layer_smem_max) = persistent("dec_dn_layer")?;
-        let dn_barrier = barrier()?;
         Ok(Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
-            rows2_warps: rows_warps(&gemv_rows2)?,
-            gemv_rows2,
+            mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv8: k("dec_gemv8")?,
@@ -577,9 +523,6 @@ impl Decode {
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
             dn_step_rows: k("dec_dn_step_rows")?,
-            dn_layer,
-            dn_layer_smem_max,
-            dn_barrier,
         })
     }
 
@@ -638,8 +581,8 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them (`dec_gemv_rows`, or `dec_gemv_rows2` as
-    /// `kernel` says; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
+    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows` or
+    /// `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
     /// to its pointer + b · r floats.
     pub fn project_rows(
         &self,
@@ -650,24 +593,47 @@ impl Decode {
         rows: usize,
         outs: &[(&DevLinear, Out)],
     ) -> Result<()> {
+        let name = match kernel {
+            RowsKernel::Gemv => "dec_gemv_rows",
+            RowsKernel::Mma => "dec_mma_rows",
+        };
         if outs.is_empty() || outs.len() > MAX_SEGS {
-            bail!("dec_gemv_rows: {} projections (1..={MAX_SEGS})", outs.len());
+            bail!("{name}: {} projections (1..={MAX_SEGS})", outs.len());
         }
         if rows == 0 {
-            bail!("dec_gemv_rows: no input rows");
+            bail!("{name}: no input rows");
         }
         if !x.is_multiple_of(16) {
-            bail!("dec_gemv_rows: input at {x:#x} is not 16-byte aligned");
+            bail!("{name}: input at {x:#x} is not 16-byte aligned");
         }
-        let (_, rpw) = rows_lanes(cols);
-        let (function, warps) = match kernel {
-            RowsKernel::One => (&self.gemv_rows, self.rows_warps),
-            RowsKernel::Block2 => (&self.gemv_rows2, self.rows2_warps),
+        let blocks_max = |per_sm: usize| per_sm * gpu.sm_count;
+        let (function, warps, rows_per_tile) = match kernel {
+            RowsKernel::Gemv => (
+                &self.gemv_rows,
+                self.rows_warps,
+                self.rows_warps * rows_lanes(cols).1,
+            ),
+            RowsKernel::Mma => {
+                if outs.iter().any(|(w, _)| w.bits != 4) {
+                    bail!("{name}: 4-bit weights only");
+                }
+                (&self.mma_rows, MMA_WARPS, MMA_TILE)
+            }
         };
-        let rows_per_tile = warps * rpw * kernel.rows_a_lane();
-        let segs = segments("dec_gemv_rows", outs, cols, rows_per_tile)?;
-        let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count) as u32;
-        let per_launch = rows_per_launch(cols);
+        let segs = segments(name, outs, cols, rows_per_tile)?;
+        let tiles = segs.tiles as usize;
+        let (grid, split) = match kernel {
+            RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
+            RowsKernel::Mma => {
+                let split = mma_split(tiles, blocks_max(MMA_BLOCKS_PER_SM) * MMA_WARPS);
+                let per_block = if split { 1 } else { MMA_WARPS };
+                (
+                    tiles.div_ceil(per_block).min(blocks_max(MMA_BLOCKS_PER_SM)),
+                    split as i32,
+                )
+            }
+        };
+        let per_launch = rows_per_launch(kernel, cols);
         let mut b0 = 0;
         while b0 < rows {
             let nb = per_launch.min(rows - b0);
@@ -677,9 +643,16 @@ impl Decode {
             }
             let xb = x + (b0 * cols * 4) as u64;
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
-            let cfg = config((grid, 1, 1), (warps * 32) as u32, rows_smem(cols, nb));
+            let smem = match kernel {
+                RowsKernel::Gemv => rows_smem(cols, nb),
+                RowsKernel::Mma => mma_smem(cols, nb),
+            };
+            let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
             gpu.launch(function, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
+                if kernel == RowsKernel::Mma {
+                    l.arg(&split);
+                }
             })?;
             b0 += nb;
         }

@@ -125,14 +125,11 @@ impl Kernels {
                     build.warp_scan_sampling as i32
                 )],
             )?)?,
-            decode: decode::Decode::load(
+            decode: decode::Decode::load(&decode::FILE.load_with(
                 gpu,
-                &decode::FILE.load_with(
-                    gpu,
-                    bf16,
-                    &[format!("DEC_EARLY_TRIGGER={}", build.early_trigger as i32)],
-                )?,
-            )?,
+                bf16,
+                &[format!("DEC_EARLY_TRIGGER={}", build.early_trigger as i32)],
+            )?)?,
         })
     }
 }

@@ -55,9 +55,9 @@ struct Case {
     fused_decode: bool,
     /// Off, the projections run linear.cu's kernels over the rows (the first version).
     fused_batch: bool,
-    /// On, the fused projections take two weight rows a lane (`dec_gemv_rows2`) where the plan
-    /// gives it.
-    rows_block: bool,
+    /// On, the fused projections of 4-bit weights run on the tensor cores (`dec_mma_rows`; the
+    /// plan takes it in bf16 mode only).
+    mma_rows: bool,
     prompts: &'static [usize],
 }
 
@@ -70,7 +70,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
     let Case {
         fused_decode,
         fused_batch,
-        rows_block,
+        mma_rows,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -83,14 +83,14 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, rows block {rows_block}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
             bf16_activations,
             fused_decode,
             fused_batch,
-            rows_block,
+            mma_rows,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -199,7 +199,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
 const FUSED: Case = Case {
     fused_decode: true,
     fused_batch: true,
-    rows_block: false,
+    mma_rows: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -210,9 +210,9 @@ const UNFUSED: Case = Case {
     fused_decode: false,
     ..FUSED
 };
-/// The fused batched step with two weight rows a lane in its projections (`--rows-block`).
-const ROWS_BLOCK: Case = Case {
-    rows_block: true,
+/// The fused batched step with its 4-bit projections on the tensor cores (`--mma-rows`).
+const MMA_ROWS: Case = Case {
+    mma_rows: true,
     ..FUSED
 };
 
@@ -231,7 +231,7 @@ fn eight(case: Case) -> Case {
 /// and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps its
 /// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
-/// inputs where the shape has them); three and eight with `--rows-block`.
+/// inputs where the shape has them); three and eight with `--mma-rows`.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -244,19 +244,19 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
     };
     batched_steps_match_alone(Preset::Tiny, two);
     batched_steps_match_alone(Preset::Tiny, eight(FUSED));
-    batched_steps_match_alone(Preset::Tiny, ROWS_BLOCK);
-    batched_steps_match_alone(Preset::Tiny, eight(ROWS_BLOCK));
+    batched_steps_match_alone(Preset::Tiny, MMA_ROWS);
+    batched_steps_match_alone(Preset::Tiny, eight(MMA_ROWS));
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, and with
-/// `--rows-block`).
+/// `--mma-rows`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, FUSED);
     batched_steps_match_alone(Preset::Small, FIRST_VERSION);
     batched_steps_match_alone(Preset::Small, eight(FUSED));
-    batched_steps_match_alone(Preset::Small, eight(ROWS_BLOCK));
+    batched_steps_match_alone(Preset::Small, eight(MMA_ROWS));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

@@ -549,34 +549,3 @@ pub fn same_reported(what: &str, got: &Reported, want: &Reported, lp_tol: f32) {
         }
     }
 }
-
-/// A checkpoint weight's shape as the plan judges it.
-fn linear_shape(l: &Linear) -> lily_cuda::weights::LinearShape {
-    let (bits, group) = match &l.data {
-        WeightData::Affine { bits, group, .. } => (*bits, *group),
-        WeightData::Bf16 { .. } => (16, 0),
-    };
-    lily_cuda::weights::LinearShape {
-        experts: l.experts,
-        rows: l.rows,
-        cols: l.cols,
-        bits,
-        group,
-    }
-}
-
-/// The shapes of one DeltaNet layer of a checkpoint of config `c`, as the plan judges them.
-pub fn dn_layer_shapes(
-    d: &DeltaNetWeights,
-    c: &ModelConfig,
-) -> lily_cuda::kernels::decode::DnLayerShapes {
-    lily_cuda::kernels::decode::DnLayerShapes {
-        in_qkv: linear_shape(&d.in_qkv),
-        in_z: linear_shape(&d.in_z),
-        in_b: linear_shape(&d.in_b),
-        in_a: linear_shape(&d.in_a),
-        out_proj: linear_shape(&d.out_proj),
-        heads: lily_cuda::kernels::deltanet::DnShape::of(c),
-        taps: c.conv_kernel,
-    }
-}

@@ -2,7 +2,6 @@
 
 use crate::common::*;
 use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel};
-use lily_cuda::weights::DevDeltaNet;
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -306,98 +305,108 @@ fn wide_decode_gemvs_match_cpu() {
     println!("KERNEL decode.cu wide GEMVs match the CPU");
 }
 
+/// One batched-projection launch of `kernel` (`Decode::project_rows`) per row count of `nbs`,
+/// four weights of `rows_of` rows and `bits` on a `cols`-wide input, every store mode (stored,
+/// added into a residual, exact), outputs poisoned first, against the CPU's product (x as the
+/// activations hold it: rounded to bf16 in bf16 mode, or always with `bf16_x`; each output
+/// rounded as the kernel rounds it) to `tol`.
+#[allow(clippy::too_many_arguments)]
+fn rows_case(
+    d: &Dev,
+    kernel: RowsKernel,
+    rng: &mut Rng,
+    cols: usize,
+    rows_of: &[usize; 4],
+    bits: [u32; 4],
+    nbs: &[usize],
+    bf16_x: bool,
+    tol: f64,
+) {
+    let bf16_activations = d.opts.bf16_activations;
+    let r = |v: f32| if bf16_activations { round_bf16(v) } else { v };
+    let rx = |v: f32| {
+        if bf16_activations || bf16_x {
+            round_bf16(v)
+        } else {
+            v
+        }
+    };
+    let ws: Vec<Linear> = rows_of
+        .iter()
+        .zip(bits)
+        .map(|(&n, b)| linear(rng, b, 1, n, cols))
+        .collect();
+    let dws: Vec<DevLinear> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| upload_linear(d, &format!("w{i}"), w).unwrap())
+        .collect();
+    for &nb in nbs {
+        let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(rx).collect();
+        let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
+        let xd = d.upload(&x).unwrap();
+        let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(d, nb * n)).collect();
+        d.write(&outs_dev[1], 0, &resid).unwrap();
+        let outs = [
+            (&dws[0], Out::Store(outs_dev[0].ptr)),
+            (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&dws[3], Out::Store(outs_dev[3].ptr)),
+        ];
+        d.k.decode
+            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
+            .unwrap();
+        let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
+        for (i, n) in rows_of.iter().enumerate() {
+            let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
+            // [nb, n]: every row's product in one call.
+            let y = matmul(&ws[i], &x);
+            let want: Vec<f32> = y
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| match i {
+                    1 => r(resid[k] + r(v)),
+                    2 => v,
+                    _ => r(v),
+                })
+                .collect();
+            check(
+                &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                &got,
+                &want,
+                tol,
+            );
+        }
+    }
+}
+
 /// `dec_gemv_rows` (a batched decode step's projections, `Decode::project_rows`) against the CPU:
 /// at the model's widths (2048; 4096, whose eight rows take two launches, 5 + 3) and narrow ones
 /// (64 and 256 columns: 1 and 4 lanes a weight row), 1, 2, 3, 8 and 11 rows (more than a launch
 /// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
-/// (the router's and the shared-expert gate's width) and every store mode (stored, added into a
-/// residual, exact), outputs poisoned first. fp32: 1e-5 as the one-row GEMVs; bf16 inputs and
-/// stores: each output rounded as the kernel rounds it, 1e-2. `dec_gemv_rows2` (`rows_block`: two
-/// weight rows a lane) on the same inputs, 1 to 8 and 11 rows: the CPU's tolerance, and bit for
-/// bit `dec_gemv_rows`' outputs (the same sums in the same order).
+/// (the router's and the shared-expert gate's width) and every store mode (`rows_case`). fp32:
+/// 1e-5 as the one-row GEMVs; bf16 inputs and stores: 1e-2.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_gemv_rows_match_cpu() {
-    let rows_of = [300usize, 77, 16, 1];
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
-        let r = |v: f32| {
-            if bf16_activations {
-                round_bf16(v)
-            } else {
-                v
-            }
-        };
         let tol = if bf16_activations { 1e-2 } else { 1e-5 };
         let mut rng = Rng(41);
         for cols in [2048usize, 4096, 64, 256] {
-            let bits = [4u32, 4, 8, 8];
-            let ws: Vec<Linear> = rows_of
-                .iter()
-                .zip(bits)
-                .map(|(&n, b)| linear(&mut rng, b, 1, n, cols))
-                .collect();
-            let dws: Vec<DevLinear> = ws
-                .iter()
-                .enumerate()
-                .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
-                .collect();
-            for nb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11] {
-                let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(r).collect();
-                let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
-                let xd = d.upload(&x).unwrap();
-                let run = |kernel| -> Vec<Vec<f32>> {
-                    let outs_dev: Vec<DevBuf> =
-                        rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
-                    d.write(&outs_dev[1], 0, &resid).unwrap();
-                    let outs = [
-                        (&dws[0], Out::Store(outs_dev[0].ptr)),
-                        (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-                        (&dws[2], Out::Exact(outs_dev[2].ptr)),
-                        (&dws[3], Out::Store(outs_dev[3].ptr)),
-                    ];
-                    d.k.decode
-                        .project_rows(&d, kernel, xd.ptr, cols, nb, &outs)
-                        .unwrap();
-                    rows_of
-                        .iter()
-                        .zip(&outs_dev)
-                        .map(|(&n, o)| d.read(o, 0, nb * n).unwrap())
-                        .collect()
-                };
-                let (one, two) = (run(RowsKernel::One), run(RowsKernel::Block2));
-                for (kernel, got_all) in [("dec_gemv_rows", &one), ("dec_gemv_rows2", &two)] {
-                    let what = format!("{kernel} {cols} cols, {nb} rows, bf16 {bf16_activations}");
-                    for (i, n) in rows_of.iter().enumerate() {
-                        let got = &got_all[i];
-                        let mut want = Vec::with_capacity(nb * n);
-                        for b in 0..nb {
-                            let y = matmul(&ws[i], &x[b * cols..(b + 1) * cols]);
-                            want.extend(y.iter().enumerate().map(|(j, &v)| match i {
-                                1 => r(resid[b * n + j] + r(v)),
-                                2 => v,
-                                _ => r(v),
-                            }));
-                        }
-                        check(
-                            &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
-                            got,
-                            &want,
-                            tol,
-                        );
-                    }
-                }
-                for i in 0..rows_of.len() {
-                    let same = one[i]
-                        .iter()
-                        .zip(&two[i])
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "dec_gemv_rows2 {cols} cols, {nb} rows, bf16 {bf16_activations}: output {i} differs from dec_gemv_rows' bits"
-                    );
-                }
-            }
+            let nbs = [1usize, 2, 3, 4, 5, 6, 7, 8, 11];
+            let (rows_of, bits) = ([300, 77, 16, 1], [4, 4, 8, 8]);
+            rows_case(
+                &d,
+                RowsKernel::Gemv,
+                &mut rng,
+                cols,
+                &rows_of,
+                bits,
+                &nbs,
+                false,
+                tol,
+            );
         }
     }
     // Bad calls are refused with a message, nothing launched.
@@ -406,22 +415,79 @@ fn batched_decode_gemv_rows_match_cpu() {
     let w = upload_linear(&d, "w", &linear(&mut rng, 4, 1, 16, 128)).unwrap();
     let buf = poisoned(&d, 4 * 128);
     let out = [(&w, Out::Store(buf.ptr))];
+    for kernel in [RowsKernel::Gemv, RowsKernel::Mma] {
+        for (x, cols, rows, says) in [
+            (buf.ptr, 256, 2, "256-wide"),
+            (buf.ptr, 128, 0, "no input rows"),
+            (buf.ptr + 4, 128, 1, "16-byte"),
+        ] {
+            let e =
+                d.k.decode
+                    .project_rows(&d, kernel, x, cols, rows, &out)
+                    .unwrap_err();
+            assert!(e.to_string().contains(says), "{kernel:?}: {e}");
+        }
+    }
+    let w8 = upload_linear(&d, "w8", &linear(&mut rng, 8, 1, 16, 128)).unwrap();
     let e =
         d.k.decode
-            .project_rows(&d, RowsKernel::One, buf.ptr, 256, 2, &out)
+            .project_rows(
+                &d,
+                RowsKernel::Mma,
+                buf.ptr,
+                128,
+                1,
+                &[(&w8, Out::Store(buf.ptr))],
+            )
             .unwrap_err();
-    assert!(e.to_string().contains("256-wide"), "{e}");
-    let e =
-        d.k.decode
-            .project_rows(&d, RowsKernel::Block2, buf.ptr, 128, 0, &out)
-            .unwrap_err();
-    assert!(e.to_string().contains("no input rows"), "{e}");
-    let e =
-        d.k.decode
-            .project_rows(&d, RowsKernel::One, buf.ptr + 4, 128, 1, &out)
-            .unwrap_err();
-    assert!(e.to_string().contains("16-byte"), "{e}");
+    assert!(e.to_string().contains("4-bit"), "{e}");
     println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
+}
+
+/// `dec_mma_rows` (`mma_rows`: the batched 4-bit projections on the tensor cores) against the
+/// CPU, as `rows_case` says: 4-bit weights only, inputs of 2,048, 4,096 (o_proj / out_proj), 512
+/// and 64 columns, 1 to 8 and 11 rows, four weights a launch with rows that end mid-tile (300, 77,
+/// 16, 1: a launch of few tiles, each split over a block's warps), and a launch of 68,000 rows
+/// (4,250 tiles: whole tiles a warp, as lm_head's 15,520) at 1, 4 and 8 rows. x is fed to the
+/// tensor cores as bf16, so in fp32 mode the inputs are bf16 values (as the activations are in
+/// bf16 mode, the only mode the plan takes it in) and the bound is the sums' own rounding,
+/// 1e-4 (the cancellation of the 128 offset costs a few bits); bf16 mode: 1e-2.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_mma_rows_match_cpu() {
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let tol = if bf16_activations { 1e-2 } else { 1e-4 };
+        let mut rng = Rng(47);
+        let nbs = [1usize, 2, 3, 4, 5, 6, 7, 8, 11];
+        for cols in [2048usize, 4096, 512, 64] {
+            let rows_of = [300, 77, 16, 1];
+            rows_case(
+                &d,
+                RowsKernel::Mma,
+                &mut rng,
+                cols,
+                &rows_of,
+                [4; 4],
+                &nbs,
+                true,
+                tol,
+            );
+        }
+        let rows_of = [68_000, 16, 5, 1];
+        rows_case(
+            &d,
+            RowsKernel::Mma,
+            &mut rng,
+            2048,
+            &rows_of,
+            [4; 4],
+            &[1, 4, 8],
+            true,
+            tol,
+        );
+    }
+    println!("KERNEL decode.cu dec_mma_rows matches the CPU");
 }
 
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
@@ -847,251 +913,4 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
         }
     }
     println!("KERNEL attention.cu batched split attention equals one sequence at a time");
-}
-
-/// A one-launch kernel's named outputs (`got`) against those of the launches it replaces
-/// (`want`): every one written and within 1e-5 (fp32) / 1e-2 (bf16), since NVRTC may contract an
-/// expression differently in another kernel; returns whether all are the same bits.
-fn same_named(
-    what: &str,
-    got: &[(&'static str, Vec<f32>)],
-    want: &[(&'static str, Vec<f32>)],
-    bf16_activations: bool,
-) -> bool {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let mut same = true;
-    for ((name, g), (_, t)) in got.iter().zip(want) {
-        assert!(g.iter().all(|v| v.is_finite()), "{what}: {name} unwritten");
-        same &= bits(g) == bits(t);
-        let tol = if bf16_activations { 1e-2 } else { 1e-5 };
-        check(&format!("{what}: {name}"), g, t, tol);
-    }
-    same
-}
-
-/// `v` as the activations hold it: rounded to bf16 in bf16 mode.
-fn as_stored(bf16_activations: bool, v: Vec<f32>) -> Vec<f32> {
-    if bf16_activations {
-        v.into_iter().map(round_bf16).collect()
-    } else {
-        v
-    }
-}
-
-/// One DeltaNet layer's one-token steps through `Forward::deltanet_one_token` under a plan: its
-/// scratch and sequence state (the layer's recurrent and conv states are `seq.dn[0]`).
-struct DnRig<'a> {
-    d: &'a Dev,
-    c: &'a ModelConfig,
-    plan: Plan,
-    scratch: Scratch,
-    seq: SeqState,
-}
-
-impl<'a> DnRig<'a> {
-    fn new(d: &'a Dev, c: &'a ModelConfig, plan: Plan, state: &[f32], conv: &[f32]) -> DnRig<'a> {
-        let scratch = Scratch::new(d, c, 1, &plan).unwrap();
-        let seq = SeqState::new(d, c, 8, false).unwrap();
-        d.write(&seq.dn[0].0, 0, state).unwrap();
-        d.write(&seq.dn[0].1, 0, conv).unwrap();
-        DnRig {
-            d,
-            c,
-            plan,
-            scratch,
-            seq,
-        }
-    }
-
-    /// The layer on the residual row in scratch.x, its RMSNorm (`norm`) folded in.
-    fn step(&self, dw: &DevDeltaNet, norm: &DevBuf) {
-        let f = Forward {
-            gpu: &self.d.g,
-            kernels: &self.d.k,
-            plan: &self.plan,
-            cfg: self.c,
-            scratch: &self.scratch,
-        };
-        let input = Input {
-            x: self.scratch.x.ptr,
-            cols: self.c.hidden,
-            prologue: Prologue::RmsNorm {
-                weight: norm.ptr,
-                eps: self.c.rms_eps,
-            },
-            staged_out: None,
-        };
-        let (state, conv) = &self.seq.dn[0];
-        f.deltanet_one_token(dw, state.ptr, conv.ptr, input)
-            .unwrap();
-    }
-
-    /// Every output by name: the residual row, the conv's output, z, b, a, the recurrence's
-    /// output, the recurrent and conv states.
-    fn read(&self) -> Vec<(&'static str, Vec<f32>)> {
-        let c = self.c;
-        let (s, (state, conv)) = (&self.scratch, &self.seq.dn[0]);
-        let r = |b: &DevBuf, n: usize| -> Vec<f32> { self.d.read(b, 0, n).unwrap() };
-        let vd = c.dn_value_dim();
-        vec![
-            ("residual row", r(&s.x, c.hidden)),
-            ("conv output", r(&s.c, c.conv_dim())),
-            ("z", r(&s.z, vd)),
-            ("b", r(&s.b, c.dn_v_heads)),
-            ("a", r(&s.a, c.dn_v_heads)),
-            ("recurrence output", r(&s.dn_o, vd)),
-            (
-                "recurrent state",
-                r(state, c.dn_v_heads * c.dn_k_dim * c.dn_v_dim),
-            ),
-            ("conv state", r(conv, (c.conv_kernel - 1) * c.conv_dim())),
-        ]
-    }
-}
-
-/// decode.cu's `dec_dn_layer` (a one-token step's DeltaNet layer in one persistent launch,
-/// `--fused-dn`) at the full model's widths (hidden 2048, 16 key heads and 32 value heads of 128,
-/// 4 conv taps), through `Forward::deltanet_one_token` with the switch on and off (the plan must
-/// name it on this GPU), three steps from the same random states, scratch poisoned before each:
-/// against the four launches it replaces (`dec_gemv4` with the norm folded in, `dec_dn_conv`,
-/// `dec_dn_step`, `dec_gemv4w` with the gated norm folded in), which it claims to equal (the same
-/// helpers, the same sums in the same order: bit for bit in the CPU emulation, run_batch.sh
-/// fused_dn; here to 1e-5 (fp32) / 1e-2 (bf16), whether bit-equal printed, since NVRTC may
-/// contract an expression differently in another kernel), every output and both states; in fp32
-/// against the CPU's layer and states; then four steps captured in a CUDA graph (the residual row
-/// and both states restored before each) and replayed 25 times: the grid barrier must reset
-/// itself, so every replay leaves the same bits, those of a plain launch. Both activation modes;
-/// PDL on (the shipping launch).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn one_launch_deltanet_matches_the_four_launches_and_the_cpu() {
-    use lily_cuda::graph::DecodeGraph;
-    use lily_cuda::plan::DecodeDn;
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    let c = ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap();
-    let h = c.hidden;
-    let mut rng = Rng(83);
-    let w = random_deltanet(&mut rng, &c);
-    let state_n = c.dn_v_heads * c.dn_k_dim * c.dn_v_dim;
-    let conv_n = (c.conv_kernel - 1) * c.conv_dim();
-    for bf16_activations in [false, true] {
-        let d = dev(bf16_activations);
-        let mode = if bf16_activations { "bf16" } else { "fp32" };
-        let round = |v: Vec<f32>| as_stored(bf16_activations, v);
-        let dw = upload_deltanet(&d, &c, "dn", &w).unwrap();
-        let on = d.plan_with(|o| o.fused_dn = true);
-        assert_eq!(
-            on.decode_dn_kernels(&dw, &c),
-            DecodeDn::OneLaunch,
-            "the plan must take dec_dn_layer for the full shape on this GPU ({} SMs, {} bytes of shared memory a block)",
-            d.sm_count,
-            d.max_shared_memory
-        );
-        let off = d.plan_with(|o| o.fused_dn = false);
-        assert_eq!(off.decode_dn_kernels(&dw, &c), DecodeDn::FourLaunches);
-        let norm_w = round(rng.vec(h, 1.0).iter().map(|v| 1.0 + 0.3 * v).collect());
-        let norm = d.upload(&norm_w).unwrap();
-        let (s0, c0) = (rng.vec(state_n, 0.1), round(rng.vec(conv_n, 1.0)));
-        let one = DnRig::new(&d, &c, on, &s0, &c0);
-        let four = DnRig::new(&d, &c, off, &s0, &c0);
-        let mut cpu = ops::DeltaNetState {
-            state: s0.clone(),
-            conv: c0.clone(),
-        };
-        for step in 0..3 {
-            let what = format!("{mode}, step {step}");
-            let x0 = round(rng.vec(h, 0.5));
-            for rig in [&one, &four] {
-                rig.scratch.poison(&d).unwrap();
-                d.write(&rig.scratch.x, 0, &x0).unwrap();
-                rig.step(&dw, &norm);
-            }
-            d.sync().unwrap();
-            let (got, want) = (one.read(), four.read());
-            let vs = format!("dec_dn_layer vs the four launches, {what}");
-            let same = same_named(&vs, &got, &want, bf16_activations);
-            println!("KERNEL dec_dn_layer {what}: the four launches' outputs bit for bit: {same}");
-            assert!(
-                got[0].1.iter().zip(&x0).any(|(a, b)| a != b),
-                "{what}: the residual row did not change"
-            );
-            if bf16_activations {
-                continue;
-            }
-            let xn = ops::rms_norm(&x0, &norm_w, c.rms_eps);
-            let dx: Vec<f32> = got[0].1.iter().zip(&x0).map(|(a, x)| a - x).collect();
-            let want = ops::deltanet(&c, &w, &xn, &mut cpu);
-            check(
-                &format!("dec_dn_layer vs CPU, {what}: residual update"),
-                &dx,
-                &want,
-                1e-4,
-            );
-            check(
-                &format!("dec_dn_layer vs CPU, {what}: state"),
-                &got[6].1,
-                &cpu.state,
-                1e-4,
-            );
-            check(
-                &format!("dec_dn_layer vs CPU, {what}: conv state"),
-                &got[7].1,
-                &cpu.conv,
-                1e-5,
-            );
-        }
-        if !d.plan.decode_graphs() {
-            println!("KERNEL dec_dn_layer {mode}: graph replays skipped (debug checks on)");
-            continue;
-        }
-        // Four steps in a graph, each from x0 and the same states: the same bits every time.
-        let x0 = round(rng.vec(h, 0.5));
-        let starts = [
-            d.upload(&x0).unwrap(),
-            d.upload(&s0).unwrap(),
-            d.upload(&c0).unwrap(),
-        ];
-        let (state, conv) = &one.seq.dn[0];
-        let dsts = [&one.scratch.x, state, conv];
-        let sizes = [h * 4, state_n * 4, conv_n * 4];
-        let restore = || -> anyhow::Result<()> {
-            for ((dst, src), n) in dsts.iter().zip(&starts).zip(sizes) {
-                d.copy_raw(dst.ptr, src.ptr, n)?;
-            }
-            Ok(())
-        };
-        let graph = DecodeGraph::capture(&d, || {
-            for _ in 0..4 {
-                restore()?;
-                one.step(&dw, &norm);
-            }
-            Ok(())
-        })
-        .unwrap();
-        let mut first: Option<Vec<Vec<u32>>> = None;
-        for replay in 0..25 {
-            graph.launch().unwrap();
-            d.sync().unwrap();
-            let now: Vec<Vec<u32>> = one.read().iter().map(|(_, v)| bits(v)).collect();
-            match &first {
-                None => first = Some(now),
-                Some(f) => assert!(
-                    *f == now,
-                    "{mode}: graph replay {replay} differs from the first"
-                ),
-            }
-        }
-        restore().unwrap();
-        one.step(&dw, &norm);
-        d.sync().unwrap();
-        let plain: Vec<Vec<u32>> = one.read().iter().map(|(_, v)| bits(v)).collect();
-        assert!(
-            first == Some(plain),
-            "{mode}: the replays differ from a plain launch"
-        );
-        println!(
-            "KERNEL dec_dn_layer {mode}: 100 launches in 25 graph replays, the same bits each"
-        );
-    }
-    println!("KERNEL decode.cu dec_dn_layer equals the four launches and the CPU");
 }
