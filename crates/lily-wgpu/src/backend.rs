@@ -146,16 +146,10 @@ impl WgpuBackend {
         check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
-    /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations, `dn_early`) but for
+    /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for
     /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
     pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
-        check_dn_step(
-            &self.gpu,
-            self.plan.subgroups,
-            self.plan.act_f16,
-            self.plan.options.dn_early,
-            (dk, dv),
-        )
+        check_dn_step(&self.gpu, self.plan.subgroups, self.plan.act_f16, (dk, dv))
     }
 
     /// The 4-bit product kernels against the host's product on random matrices

@@ -87,10 +87,6 @@ lily_core::backend_options! {
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
             why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md); the routing in rounds over every rank stays for GPUs where it is not measured (Apple's)";
-        dn_early = false, flag Some("wgpu-dn-early"), env "LILY_WGPU_DN_EARLY" = true,
-            label "dn_recur_norm early reads",
-            help "dn_recur_norm.wgsl (decode's DeltaNet recurrence and output norm) with v, z and the norm's weight read with the state at the start, and the head's Σ o² summed in registers by the storing invocations (one barrier, not seven); outputs bit for bit the same",
-            why "off: never measured alone (session 15's `dn` group ran it under dn_split, whose recurrence replaced dn_recur_norm, so it had nothing to act on; session 14, wgpu-dn, predicted 14.1 → 12–13 µs a call on the H200, two L2 round trips and six barriers off; docs/perf-notes.md); on once it wins its own A/B (scripts/wgpu_all_ab.sh)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -162,7 +158,6 @@ mod tests {
                 attn_split: true,
                 rows_early: true,
                 glu_early: true,
-                dn_early: false,
                 dense_tile: 0,
             }
         );
@@ -197,7 +192,6 @@ mod tests {
             ("LILY_WGPU_ATTN_SPLIT", "0"),
             ("LILY_WGPU_ROWS_EARLY", "0"),
             ("LILY_WGPU_GLU_EARLY", "0"),
-            ("LILY_WGPU_DN_EARLY", "1"),
         ]));
         assert_eq!(
             o,
@@ -217,7 +211,6 @@ mod tests {
                 attn_split: false,
                 rows_early: false,
                 glu_early: false,
-                dn_early: true,
                 ..WgpuOptions::default()
             }
         );

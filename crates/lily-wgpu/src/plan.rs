@@ -29,11 +29,10 @@
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else. The decode MoE's reads issued before any
 //!   arithmetic (`EARLY` of linear_q4_rows: `rows_early`, the router 16.2 → 15.0 µs; of
 //!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`, 36.0 → 28.9 µs) are on
-//!   (session 15, the H100 through Vulkan); dn_recur_norm's v, z and norm weight read with the
-//!   state and its Σ o² after one barrier (`EARLY`: `dn_early`) is off until its own A/B.
-//!   Measured and gone from main (docs/perf-notes.md, session 15): lm_head's 32 / 64 rows a
-//!   workgroup, linear_q4_rows' flat and deep reads, moe_down_rows' early reads and the DeltaNet
-//!   recurrence over column blocks with its gate in out_proj.
+//!   (session 15, the H100 through Vulkan). Measured and gone from main (docs/perf-notes.md,
+//!   sessions 15–16): lm_head's 32 / 64 rows a workgroup, linear_q4_rows' flat and deep reads,
+//!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
+//!   out_proj and dn_recur_norm's early reads.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -401,13 +400,9 @@ pub fn rows_spec(rb: usize, early: bool) -> Spec {
     )
 }
 
-/// dn_recur_norm.wgsl for key head dim `dk`; `early`: v, z and the norm's weight read with the
-/// state, the head's Σ o² in registers after one barrier (`WgpuOptions::dn_early`, its `EARLY`).
-pub fn dn_recur_norm_spec(dk: usize, early: bool) -> Spec {
-    Spec::new(
-        "dn_recur_norm",
-        &[("DK", dk as f64), ("EARLY", early as u32 as f64)],
-    )
+/// dn_recur_norm.wgsl for key head dim `dk`.
+pub fn dn_recur_norm_spec(dk: usize) -> Spec {
+    Spec::new("dn_recur_norm", &[("DK", dk as f64)])
 }
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
@@ -628,7 +623,7 @@ impl Plan {
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
             dn_conv_step: Spec::new("dn_conv_step", &[]),
-            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim, opts.dn_early),
+            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
             moe_combine: Spec::new("moe_combine", &[]),
