@@ -266,14 +266,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
     if (NIBF != 0u) {
-        x0 = nib_x(x0);
-        x1 = nib_x(x1);
-        x2 = nib_x(x2);
-        x3 = nib_x(x3);
-        x4 = nib_x(x4);
-        x5 = nib_x(x5);
-        x6 = nib_x(x6);
-        x7 = nib_x(x7);
+        nib_x8(&x0, &x1, &x2, &x3, &x4, &x5, &x6, &x7);
     }
     let g = (lid * 32u) / p.m.group;
     let nr = min(RB, p.m.rows - r0);

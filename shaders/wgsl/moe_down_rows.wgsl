@@ -88,14 +88,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         var x7 = vec4<f32>(A[xb + 7u]);
         let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
         if (NIBF != 0u) {
-            x0 = nib_x(x0);
-            x1 = nib_x(x1);
-            x2 = nib_x(x2);
-            x3 = nib_x(x3);
-            x4 = nib_x(x4);
-            x5 = nib_x(x5);
-            x6 = nib_x(x6);
-            x7 = nib_x(x7);
+            nib_x8(&x0, &x1, &x2, &x3, &x4, &x5, &x6, &x7);
         }
         // Rows past the end read row r0 again (not stored).
         var w = array<vec4<u32>, 8>();
