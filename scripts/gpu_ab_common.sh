@@ -4,10 +4,12 @@
 # S with `say`, the clock `el` and `left` (false past DEADLINE seconds, default $1), prints the
 # GPU, and starts synthesising the full checkpoint into $M in the background (its pid: SYN).
 # With AB_LAYERS set: a checkpoint of that many layers, with the tokenizer of .carry/tokenizer
-# (carried beside; what `serve` needs), in /dev/shm/lN.
+# (carried beside; what `serve` needs), in /dev/shm/lN; AB_TOKENIZER=1 puts that tokenizer into
+# the full checkpoint too. AB_HARD (seconds): no run's timeout reaches past it (`cap`).
 HERE="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 cd "$HERE/../.."
-for f in "$HERE"/bin/*.gz ${AB_LAYERS:+"$HERE"/../tokenizer/*.gz}; do [ -f "$f" ] && gunzip -kf "$f"; done
+AB_TOK=${AB_LAYERS:-${AB_TOKENIZER:-}}
+for f in "$HERE"/bin/*.gz ${AB_TOK:+"$HERE"/../tokenizer/*.gz}; do [ -f "$f" ] && gunzip -kf "$f"; done
 chmod +x "$HERE"/bin/*
 B=$HERE/bin; M=/dev/shm/${AB_LAYERS:+l$AB_LAYERS}; M=${M%/}; [ "$M" = /dev/shm ] && M=/dev/shm/full-mlx
 export LILY_CACHE_DIR=/tmp/lily-cache
@@ -16,9 +18,11 @@ S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 AB_DEADLINE=${DEADLINE:-$1}
 left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
+# cap S: S seconds, or fewer where AB_HARD would pass first (at least 1).
+cap() { local s=$1; [ -n "${AB_HARD:-}" ] && [ $((AB_HARD - $(el))) -lt "$s" ] && s=$((AB_HARD - $(el))); [ "$s" -lt 1 ] && s=1; echo "$s"; }
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
 "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" \
-  ${AB_LAYERS:+--layers "$AB_LAYERS" --tokenizer "$HERE/../tokenizer"} > "$OUT/synth.log" 2>&1 &
+  ${AB_LAYERS:+--layers "$AB_LAYERS"} ${AB_TOK:+--tokenizer "$HERE/../tokenizer"} > "$OUT/synth.log" 2>&1 &
 SYN=$!
 
 # wgpu_setup: the Vulkan loader from the debs in .gl (../.library/device/README.md), the NVIDIA
@@ -33,8 +37,8 @@ wgpu_setup() {
 # skipped NAME: whether SKIP (names of runs left out) holds NAME.
 skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 
-# wgpu_bench NAME CTX KEYS ENV...: one wgpu sweep of the full model, `bench --prefill 512
-# --decode-ctx CTX --decode-tokens 64`, under the environment ENV (timeout BENCH_S, 100 s),
+# wgpu_bench NAME CTX KEYS ENV...: one wgpu sweep of the full model, `bench --prefill PREFILL
+# (512) --decode-ctx CTX --decode-tokens 64`, under the environment ENV (timeout BENCH_S, 100 s),
 # unless SKIP names it or the deadline passed. The summary gets the bench's rows and the parts of
 # the plan line that match the extended regex KEYS (the switches' labels); $OUT/bench-NAME.log the
 # run's last 80 lines (a profile's tables).
@@ -42,7 +46,7 @@ wgpu_bench() {
   local name=$1 ctx=$2 keys=$3; shift 3
   if skipped "$name"; then say "skip $name"; return 1; fi
   if ! left; then say "skip $name: past the deadline at $(el)s"; return 1; fi
-  env "$@" timeout "${BENCH_S:-100}" "$B/lily-engine" bench --model $M --device wgpu --prefill 512 \
+  env "$@" timeout "$(cap "${BENCH_S:-100}")" "$B/lily-engine" bench --model $M --device wgpu --prefill "${PREFILL:-512}" \
     --decode-ctx "$ctx" --decode-tokens 64 --repeat 1 > "$OUT/full-$name.log" 2>&1
   local rc=$?
   # The bench's rows: prefill (len, tok/s, ms), then decode (ctx, tok/s, ms/tok, GB/tok, floor %).
@@ -78,7 +82,7 @@ wgpu_selftest() {
   if skipped "$name"; then say "skip $name"; return; fi
   if ! left; then say "skip $name: past the deadline at $(el)s"; return; fi
   wait "$SYN4" 2>/dev/null
-  env "$@" timeout 120 "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 16 \
+  env "$@" timeout "$(cap 120)" "$B/lily-engine" selftest --model "$M4" --prompt-len 32 --steps 16 \
     --bench-prefill 32 --bench-decode 8 > "$OUT/$name.log" 2>&1
   say "$name rc=$? at $(el)s: $(grep -iE '^device:|agreement|greedy|FAIL|error' "$OUT/$name.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-900)"
 }

@@ -51,12 +51,6 @@ var<workgroup> nqk: array<vec2<f32>, 4>;
 // driver unroll the loops and keep the state slice in registers.
 override DK: u32 = 128u;
 const SLICES: u32 = 4u;
-// 1 (`WgpuOptions::dn_early`): v, z and the norm's weight read at the start with the state (not
-// after the first and the last barrier: two L2 round trips off the chain), and Σ o² over the
-// head summed by each storing invocation from the 128 squares in registers (the tree of 0's
-// seven barrier steps, the same additions in the same order: one barrier). Outputs bit for bit
-// those of 0.
-override EARLY: u32 = 0u;
 
 @compute @workgroup_size(512)
 fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -77,17 +71,6 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
     let t = 0u;
     let vi = 2u * key_dim + h * p.dv + j;
-    var v_early = 0.0;
-    var z_early = 0.0;
-    var wn_early = 0.0;
-    if (EARLY != 0u) {
-        v_early = f32(C[vi / 4u][vi % 4u]);
-        // z and the norm's weight only where they are used: the slice that stores (q = 0).
-        if (q == 0u) {
-            z_early = f32(BA[p.z_off + h * p.dv + j]);
-            wn_early = Wn[j];
-        }
-    }
     let beta = sigmoid(f32(BA[t * p.ba_stride + p.ba_off + h]));
     let g = -exp(decay[h]) * softplus(f32(BA[t * p.ba_stride + p.ba_off + p.hv + h]) + decay[p.hv + h]);
     let alpha = exp(g);
@@ -119,10 +102,7 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let rq = p.qscale / sqrt(nn.x + 1e-6);
     let rk = 1.0 / sqrt(nn.y + 1e-6);
     let u = rk * ((part_u[jj] + part_u[128u + jj]) + (part_u[256u + jj] + part_u[384u + jj]));
-    var v = v_early;
-    if (EARLY == 0u) {
-        v = f32(C[vi / 4u][vi % 4u]);
-    }
+    let v = f32(C[vi / 4u][vi % 4u]);
     let delta = beta * (v - u);
     var o4 = vec4<f32>(0.0);
     for (var i = 0u; i < n; i += 4u) {
@@ -146,33 +126,6 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         sq[jj] = select(0.0, o * o, live);
     }
     workgroupBarrier();
-    if (EARLY != 0u) {
-        if (live && q == 0u) {
-            // The tree below, its steps in registers: t[i] is sq[i] after step w = 64.
-            var tr = array<f32, 64>();
-            for (var i = 0u; i < 64u; i++) {
-                tr[i] = sq[i] + sq[i + 64u];
-            }
-            for (var i = 0u; i < 32u; i++) {
-                tr[i] += tr[i + 32u];
-            }
-            for (var i = 0u; i < 16u; i++) {
-                tr[i] += tr[i + 16u];
-            }
-            for (var i = 0u; i < 8u; i++) {
-                tr[i] += tr[i + 8u];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                tr[i] += tr[i + 4u];
-            }
-            for (var i = 0u; i < 2u; i++) {
-                tr[i] += tr[i + 2u];
-            }
-            let r = 1.0 / sqrt((tr[0] + tr[1]) / f32(p.dv) + p.eps);
-            Y[h * p.dv + j] = ACT(o * r * wn_early * silu(z_early));
-        }
-        return;
-    }
     for (var w = 64u; w > 0u; w = w >> 1u) {
         if (lid < w) {
             sq[lid] += sq[lid + w];

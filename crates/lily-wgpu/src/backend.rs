@@ -139,23 +139,22 @@ impl WgpuBackend {
         &self.plan
     }
 
-    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations) against the host
-    /// on the full model's shape and two others (`probes::check_down_rows`): the largest
-    /// relative L2 difference.
+    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations, `nib_floats`) against
+    /// the host on the full model's shape and two others (`probes::check_down_rows`): the
+    /// largest relative L2 difference.
     pub fn check_down_rows(&self) -> Result<f64> {
-        check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
-    }
-
-    /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations, `dn_early`) but for
-    /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
-    pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
-        check_dn_step(
+        check_down_rows(
             &self.gpu,
             self.plan.subgroups,
             self.plan.act_f16,
-            self.plan.options.dn_early,
-            (dk, dv),
+            self.plan.options.nib_floats,
         )
+    }
+
+    /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for
+    /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
+    pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
+        check_dn_step(&self.gpu, self.plan.subgroups, self.plan.act_f16, (dk, dv))
     }
 
     /// The 4-bit product kernels against the host's product on random matrices

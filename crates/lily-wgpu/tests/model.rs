@@ -544,110 +544,82 @@ fn moe_kernels_with_and_without_early_reads_match_the_host() {
     }
 }
 
-/// `tokens` fed one at a time to the wgpu backend with `opts` against the CPU's prefill of them:
-/// the last logits within 1e-3, then 16 greedy tokens equal. The logits (None without an
-/// adapter).
-fn stepped_decode_matches_cpu(
-    w: &Arc<ModelWeights>,
-    tokens: Vec<u32>,
-    opts: WgpuOptions,
-    what: &str,
-) -> Option<Vec<f32>> {
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
-    let mut gpu = wgpu_backend_with(w, opts)?;
-    let gs = gpu.new_seq(64).unwrap();
-    for t in &tokens {
-        gpu.prefill(gs, &[*t]).unwrap();
-    }
-    let got = gpu.logits(gs).unwrap();
-    let e = rel_l2(&got, &want);
-    println!(
-        "{what}, {} positions token by token: last logits rel_l2 {e:.3e}",
-        tokens.len()
-    );
-    assert!(e < 1e-3, "{what}: logits differ from the CPU by {e:.3e}");
-    let want_tokens = greedy_tokens(&mut cpu, cs, 16);
-    let got_tokens = greedy_tokens(&mut gpu, gs, 16);
-    assert_eq!(got_tokens, want_tokens, "greedy tokens with {what}");
-    Some(got)
-}
-
-/// dn_recur_norm.wgsl with its reads issued early (`dn_early`: v, z and the norm weight with the
-/// state, its Σ o² after one barrier) and as it ships, in both reduction forms, against the
-/// host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns past dv idle).
-/// `dn_early` keeps the same sums in the same order: outputs bit for bit those without it.
+/// The decode products with their 4-bit nibbles made floats by their bits (`nib_floats`) and
+/// converted (the default), in both reduction forms, against the host's f64 on random matrices
+/// and inputs at the model's widths: linear_q4_rows (4-bit 2,048 and 4,096 columns at 16 / 4 / 2
+/// rows a workgroup, the norm folded and not, the DeltaNet conv on its rows, adding into the
+/// residual; the router's 8-bit form beside them, unchanged by the switch), linear_q4_glu_rows
+/// (plain, and routing its own items) and moe_down_rows (9 items of 512 columns, the full
+/// model's, 9 of 256 and 5 of 64). Both forms within the probes' bound of the host, and equal to
+/// the bit: a nibble's 16^k and its input's 16^-k are powers of two that cancel exactly, and
+/// 2^23 + q·16^k − 2^23 is exact, so each product and sum is the converted form's.
 #[test]
-fn deltanet_step_with_early_reads_matches_the_host() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
+fn decode_products_with_nibble_floats_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 59);
     for subgroups in [true, false] {
-        let mut base: Option<Vec<Vec<f32>>> = None;
-        for on in [false, true] {
+        let mut errs = Vec::new();
+        for nib in [false, true] {
             let opts = WgpuOptions {
                 chunk: 16,
                 all_logits_chunk: 16,
                 subgroups,
-                dn_early: on,
+                nib_floats: nib,
                 ..WgpuOptions::default()
             };
             let Some(gpu) = wgpu_backend_with(&w, opts) else {
                 return;
             };
-            assert_eq!(gpu.plan().options.dn_early, on);
-            let mut outs = Vec::new();
-            let mut dn = 0f64;
-            for (dk, dv) in [(128, 128), (64, 96)] {
-                let st = gpu.check_dn_step(dk, dv).unwrap();
-                dn = dn.max(st.y_err).max(st.state_err);
-                outs.push(st.y);
-                outs.push(st.state);
-            }
-            println!("subgroups {subgroups}, early reads {on}: dn_recur_norm {dn:.2e}");
-            assert!(
-                dn < 1e-5,
-                "dn_recur_norm (dn_early {on}) differs from the host by {dn:.2e}"
+            assert_eq!(gpu.plan().options.nib_floats, nib);
+            let (_, rows) = gpu.check_products().unwrap();
+            let down = gpu.check_down_rows().unwrap();
+            println!(
+                "subgroups {subgroups}, nibble floats {nib}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
             );
-            match &base {
-                None => base = Some(outs),
-                Some(o0) => {
-                    for (a, b) in outs.iter().zip(o0) {
-                        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(same, "dn_early changed dn_recur_norm's outputs");
-                    }
-                }
-            }
+            assert!(
+                rows < 1e-5,
+                "linear_q4_rows or linear_q4_glu_rows (nib_floats {nib}) differs from the host by {rows:.2e}"
+            );
+            assert!(
+                down < 1e-5,
+                "moe_down_rows (nib_floats {nib}) differs from the host by {down:.2e}"
+            );
+            errs.push((rows, down));
         }
+        let bits = |(r, d): (f64, f64)| (r.to_bits(), d.to_bits());
+        assert_eq!(
+            bits(errs[1]),
+            bits(errs[0]),
+            "nib_floats changed the products: {:?} from the host against {:?} converted",
+            errs[1],
+            errs[0]
+        );
     }
 }
 
-/// A decode with dn_recur_norm's early reads on (`dn_early`; on `tiny` decode's DeltaNet runs
-/// dn_recur_norm with dk 32) against the CPU: 40 positions one token at a time, the last logits
-/// bit for bit those without the switch, then 16 greedy tokens.
+/// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
+/// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
+/// past dv idle).
 #[test]
-fn decode_with_early_deltanet_reads_matches_cpu() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
-    let mut logits = Vec::new();
-    for on in [false, true] {
+fn deltanet_step_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 47);
+    for subgroups in [true, false] {
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
-            dn_early: on,
+            subgroups,
             ..WgpuOptions::default()
         };
-        let tokens = Rng(9).tokens(40, w.config.vocab);
-        let what = format!("early DeltaNet reads {on}");
-        let Some(got) = stepped_decode_matches_cpu(&w, tokens, opts, &what) else {
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
-        logits.push(got);
+        let mut dn = 0f64;
+        for (dk, dv) in [(128, 128), (64, 96)] {
+            let st = gpu.check_dn_step(dk, dv).unwrap();
+            dn = dn.max(st.y_err).max(st.state_err);
+        }
+        println!("subgroups {subgroups}: dn_recur_norm {dn:.2e}");
+        assert!(dn < 1e-5, "dn_recur_norm differs from the host by {dn:.2e}");
     }
-    let same = logits[0]
-        .iter()
-        .zip(&logits[1])
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "dn_early changed the logits");
 }
 
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
@@ -1090,7 +1062,8 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early, dn) in [
+    let mut seen: Vec<((bool, bool, bool), Vec<f32>)> = Vec::new();
+    for (subgroups, f16_acts, early, nib) in [
         (true, false, true, false),
         (false, false, true, false),
         (true, true, true, false),
@@ -1102,7 +1075,7 @@ fn full_width_decode_matches_cpu() {
     ] {
         // `early`: the MoE's reads issued early (the row products, the router among them, and
         // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take;
-        // `dn`: dn_recur_norm's (`dn_early`) at dk 128.
+        // `nib`: the 4-bit products' nibbles made floats by their bits (`nib_floats`).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1110,14 +1083,13 @@ fn full_width_decode_matches_cpu() {
             f16_acts,
             rows_early: early,
             glu_early: early,
-            dn_early: dn,
+            nib_floats: nib,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
         let on = gpu.plan().act_f16;
-        assert_eq!(gpu.plan().options.dn_early, dn);
         let a = gpu.new_seq(16).unwrap();
         gpu.prefill(a, &tokens).unwrap();
         let chunked = gpu.logits(a).unwrap();
@@ -1128,7 +1100,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, early DeltaNet reads {dn}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, nibble floats {nib}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)
@@ -1143,6 +1115,21 @@ fn full_width_decode_matches_cpu() {
             e_chunk < to_chunk,
             "f16 activations {on}: decode differs from prefill by {e_chunk:.3e}"
         );
+        // `nib_floats` makes the same products bit for bit: its logits are those of the same
+        // case converted (which the list runs first).
+        let key = (subgroups, f16_acts, early);
+        if nib {
+            let converted = seen.iter().find(|(k, _)| *k == key).map(|(_, l)| l);
+            assert!(
+                converted.is_some_and(|l| l
+                    .iter()
+                    .zip(&stepped)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())),
+                "nib_floats changed the logits of {key:?}"
+            );
+        } else {
+            seen.push((key, stepped));
+        }
     }
 }
 

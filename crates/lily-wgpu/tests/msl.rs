@@ -35,7 +35,7 @@ fn large_limits() -> wgpu::Limits {
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
 /// f16 and in f32 (each product in each of its forms), and the decode switches (each picks its
 /// own kernel's variant) all on and all off: attend_gqa's reads flat and not, the decode MoE's
-/// early reads and not, dn_recur_norm's early reads and not.
+/// early reads and not, the 4-bit decode products' nibbles as float bits and not.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -60,8 +60,8 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
-                            // dn_recur_norm's early reads (EARLY = 1) and not.
-                            dn_early: sw,
+                            // The 4-bit decode products' nibbles as float bits (NIBF = 1) and not.
+                            nib_floats: sw,
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -193,7 +193,7 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early, dn_early), with f16 and f32 element types.
+/// rows_early, glu_early, nib_floats), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
@@ -208,7 +208,7 @@ fn the_apple_plan_fits_apple_limits() {
 const DECODE_SWITCHES: u32 = 5;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early, glu_early and dn_early as `sw` says)
+/// the decode switches attn_flat, attn_split, rows_early, glu_early and nib_floats as `sw` says)
 /// fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
@@ -227,7 +227,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         attn_split: sw[1],
         rows_early: sw[2],
         glu_early: sw[3],
-        dn_early: sw[4],
+        nib_floats: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -239,7 +239,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
             o.attn_split,
             o.rows_early,
             o.glu_early,
-            o.dn_early
+            o.nib_floats
         ],
         sw
     );
