@@ -81,53 +81,6 @@ fn qdot32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
     return dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
 }
 
-// The same sum with each nibble made a float by its bits, not by an int → float conversion
-// (`WgpuOptions::nib_floats`, the NIBF override of the decode products): nibble j of `w` kept in
-// place (j < 4) or after one shift by 16 (j ≥ 4), at bits 4k .. 4k + 3 (k = j % 4), under the
-// exponent of 2^23 is the float 2^23 + q · 16^k exactly; minus 2^23 it is q · 16^k, and the
-// inputs come scaled by 16^-k (`nib_x`), so each product is q x as before, bit for bit (powers of
-// two cancel exactly). A weight costs an and-or (one LOP3 on NVIDIA), a subtraction and a
-// multiply-add, where qdot32's costs a shift, an and, a conversion (16 a clock an SM on NVIDIA,
-// against 128 multiply-adds) and a multiply-add (docs/perf-notes.md, session 17).
-const NIB_AT = vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u);
-const EXP_2_23 = vec4<u32>(0x4b000000u);
-const F_2_23 = vec4<f32>(8388608.0);
-// 16^-k for the nibbles at bits 4k: the inputs' scale (exact: powers of two).
-const NIB_X = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-
-// Inputs x as qdot32_nib takes them (each vec4 of columns 4i .. 4i + 3 scaled by NIB_X).
-fn nib_x(x: vec4<f32>) -> vec4<f32> {
-    return x * NIB_X;
-}
-
-// nib_x in place on the 8 input vec4 of a 16-byte word.
-fn nib_x8(x0: ptr<function, vec4<f32>>, x1: ptr<function, vec4<f32>>, x2: ptr<function, vec4<f32>>,
-          x3: ptr<function, vec4<f32>>, x4: ptr<function, vec4<f32>>, x5: ptr<function, vec4<f32>>,
-          x6: ptr<function, vec4<f32>>, x7: ptr<function, vec4<f32>>) {
-    *x0 = nib_x(*x0);
-    *x1 = nib_x(*x1);
-    *x2 = nib_x(*x2);
-    *x3 = nib_x(*x3);
-    *x4 = nib_x(*x4);
-    *x5 = nib_x(*x5);
-    *x6 = nib_x(*x6);
-    *x7 = nib_x(*x7);
-}
-
-// Σ q_j x_j over the 8 nibbles of `w` against nib_x inputs a (nibbles 0..3) and b (4..7).
-fn dot8_nib(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = bitcast<vec4<f32>>((vec4<u32>(w) & NIB_AT) | EXP_2_23) - F_2_23;
-    let hi = bitcast<vec4<f32>>((vec4<u32>(w >> 16u) & NIB_AT) | EXP_2_23) - F_2_23;
-    return dot(lo, a) + dot(hi, b);
-}
-
-// qdot32 against nib_x inputs.
-fn qdot32_nib(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
-              x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    return dot8_nib(w.x, x0, x1) + dot8_nib(w.y, x2, x3) + dot8_nib(w.z, x4, x5)
-        + dot8_nib(w.w, x6, x7);
-}
-
 // Σ x over those 32 inputs (the bias term of an affine group).
 fn xsum32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>,
           x6: vec4<f32>, x7: vec4<f32>) -> f32 {

@@ -38,9 +38,6 @@ override RB: u32 = 8u;
 // products are linear in x after the scale), its reduction while the weights' reads are in
 // flight.
 override EARLY: u32 = 0u;
-// 1 (`WgpuOptions::nib_floats`): the nibbles made floats by their bits (common.wgsl
-// `qdot32_nib`, the input scaled once by `nib_x`), not converted.
-override NIBF: u32 = 0u;
 
 var<workgroup> wg_expert: u32;
 
@@ -265,9 +262,6 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         x7 = x7 * r * Wn[wb + 7u];
     }
     let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
-    if (NIBF != 0u) {
-        nib_x8(&x0, &x1, &x2, &x3, &x4, &x5, &x6, &x7);
-    }
     let g = (lid * 32u) / p.m.group;
     let nr = min(RB, p.m.rows - r0);
     var rn = 1.0;
@@ -301,17 +295,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             rn = rms_scale(lid, ss, p.m.cols, p.eps);
         }
         for (var j = 0u; j < 8u; j++) {
-            var dg = 0.0;
-            var du = 0.0;
-            if (NIBF != 0u) {
-                dg = qdot32_nib(wg[j], x0, x1, x2, x3, x4, x5, x6, x7);
-                du = qdot32_nib(wu[j], x0, x1, x2, x3, x4, x5, x6, x7);
-            } else {
-                dg = qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7);
-                du = qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7);
-            }
-            let gate = sg[j] * dg + bg[j] * xs;
-            let up = su[j] * du + bu[j] * xs;
+            let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
+            let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
             rows2_put(lid, r8 + j, vec2<f32>(gate, up));
         }
     }

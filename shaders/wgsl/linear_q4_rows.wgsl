@@ -62,9 +62,6 @@ override RI: u32 = 8u;
 // y = r · W (x ⊙ w) with r = 1 / RMS(x) on each row's total (the product is linear in x after
 // the scale), its reduction after the rows' arithmetic.
 override EARLY: u32 = 0u;
-// 1 (`WgpuOptions::nib_floats`): the 4-bit products' nibbles made floats by their bits
-// (common.wgsl `qdot32_nib`, the inputs scaled once by `nib_x`), not converted; 8-bit as before.
-override NIBF: u32 = 0u;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -80,9 +77,6 @@ fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
             + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x[1]))
             + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x[2])
             + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
-    }
-    if (NIBF != 0u) {
-        return qdot32_nib(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
     }
     return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
 }
@@ -189,13 +183,6 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
-    if (NIBF != 0u && p.m.bits == 4u) {
-        // Once for all the workgroup's rows (the sums above are of the inputs themselves).
-        for (var i = 0u; i < 8u; i++) {
-            xa[i] = nib_x(xa[i]);
-            xc[i] = nib_x(xc[i]);
-        }
-    }
     for (var r8 = 0u; r8 < RB; r8 += RI) {
         // RI rows' reads together (rows past the end read row r0 again; not stored); the first
         // RI were read above.

@@ -33,10 +33,6 @@ override COLS: u32 = 512u;
 // on 512 workgroups (with 8: 256, 28 µs a call on the H200, profile of main 07ac75d).
 override RB: u32 = 4u;
 
-// 1 (`WgpuOptions::nib_floats`): the nibbles made floats by their bits (common.wgsl
-// `qdot32_nib`, each item's input quad scaled once by `nib_x`), not converted.
-override NIBF: u32 = 0u;
-
 fn we_half(i: u32) -> f32 {
     return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
 }
@@ -78,18 +74,15 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         let e = es[i];
         let wk = wv[i];
         let xb = item * (COLS / 4u) + q * 8u;
-        var x0 = vec4<f32>(A[xb]);
-        var x1 = vec4<f32>(A[xb + 1u]);
-        var x2 = vec4<f32>(A[xb + 2u]);
-        var x3 = vec4<f32>(A[xb + 3u]);
-        var x4 = vec4<f32>(A[xb + 4u]);
-        var x5 = vec4<f32>(A[xb + 5u]);
-        var x6 = vec4<f32>(A[xb + 6u]);
-        var x7 = vec4<f32>(A[xb + 7u]);
+        let x0 = vec4<f32>(A[xb]);
+        let x1 = vec4<f32>(A[xb + 1u]);
+        let x2 = vec4<f32>(A[xb + 2u]);
+        let x3 = vec4<f32>(A[xb + 3u]);
+        let x4 = vec4<f32>(A[xb + 4u]);
+        let x5 = vec4<f32>(A[xb + 5u]);
+        let x6 = vec4<f32>(A[xb + 6u]);
+        let x7 = vec4<f32>(A[xb + 7u]);
         let xs = xsum32(x0, x1, x2, x3, x4, x5, x6, x7);
-        if (NIBF != 0u) {
-            nib_x8(&x0, &x1, &x2, &x3, &x4, &x5, &x6, &x7);
-        }
         // Rows past the end read row r0 again (not stored).
         var w = array<vec4<u32>, 8>();
         var s = array<f32, 8>();
@@ -105,13 +98,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             b[j] = we_half(p.bias_off + er * groups + g);
         }
         for (var j = 0u; j < RB; j++) {
-            var d = 0.0;
-            if (NIBF != 0u) {
-                d = qdot32_nib(w[j], x0, x1, x2, x3, x4, x5, x6, x7);
-            } else {
-                d = qdot32(w[j], x0, x1, x2, x3, x4, x5, x6, x7);
-            }
-            acc[j] += wk * (s[j] * d + b[j] * xs);
+            acc[j] += wk * (s[j] * qdot32(w[j], x0, x1, x2, x3, x4, x5, x6, x7) + b[j] * xs);
         }
     }
     for (var j = 0u; j < RB; j++) {

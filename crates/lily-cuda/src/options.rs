@@ -92,10 +92,10 @@ lily_core::backend_options! {
             label "fused batched decode",
             help "a batched decode step's projections of one input in one launch of decode.cu's dec_gemv_rows (each weight read once and dotted with the B staged rows) instead of linear.cu's kernels over the rows, one launch a weight",
             why "linear.cu over the rows (the batched step's first version) is the reference the fused kernel is tested against; not yet measured (perf-notes)";
-        mma_rows = false, flag Some("mma-rows"), env "LILY_MMA_ROWS" = true,
+        mma_rows = true, flag Some("no-mma-rows"), env "LILY_MMA_ROWS" = true,
             label "batched projections on tensor cores",
             help "a batched decode step's 4-bit projections (the fused batch's dec_gemv_rows: q/k/v, DeltaNet's four, o_proj, out_proj, lm_head) on the tensor cores (decode.cu's dec_mma_rows: 16 weight rows × the B ≤ 8 rows an mma.sync, nibbles ORed into bf16 128 + q, s·acc + (b − 128 s)·Σx per group; bf16 mode) instead of the CUDA cores",
-            why "off: not yet measured (branch mma-rows; predicted 4 rows 1.716 → ≈ 1.10 ms on the H100, docs/perf-notes.md); on once scripts/gpu_mma_rows_ab.sh's bench A/B wins";
+            why "won its A/B: bench 4 / 8 rows 1.27× / 1.57× → 1.70× / 2.38× one row (8 layers), full size 595 → 745 / 725 → 998 tok/s at 1K (an H100, session 16); dec_gemv_rows serves fp32 mode and the router's 8-bit gate";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -112,10 +112,10 @@ lily_core::backend_options! {
             label "pipelined decode",
             help "decode queues step N + 1's forward pass right after step N's pick, before the host has read token N (never with host sampling or top log-probabilities on the host, which read step N's logits)",
             why "won its A/B: the device's wait for the host 27–33 → 3 µs a token on the H200 (session 7)";
-        pipelined_batch = false, flag Some("pipelined-batch"), env "LILY_PIPELINED_BATCH" = true,
+        pipelined_batch = true, flag Some("no-pipelined-batch"), env "LILY_PIPELINED_BATCH" = true,
             label "pipelined batched step",
             help "the batched decode step (several sequences) queues its rows' forward pass right after their picks, before the host has read them, as pipelined decode does for one (with pipelined decode on; never with host sampling or host top log-probabilities; not while steps are timed)",
-            why "off: never run on a GPU (session 15, branch served-batch; predicted 0.03–0.1 ms a step on the H100's 8-layer check, docs/perf-notes.md); on once its GPU tests pass and it wins the served A/B (scripts/gpu_served_batch.sh)";
+            why "won its served A/B: 4 / 8 clients 2,331 / 2,867 and 2,327 / 2,835 tok/s off against 2,359 / 2,899 and 2,368 / 2,908 on (+1.4 % / +1.8 %; an H100, 8 layers, session 16); its GPU tests pass";
         device_logprobs = true, flag Some("no-device-logprobs"), env "LILY_DEVICE_LOGPROBS" = true,
             label "device top log-probabilities",
             help "a decode step's top log-probabilities (1..=20) computed on the device after the pick (logprob_part + logprob_final: the log-sum-exp and the k best), the host reading 2 + 2k words instead of the 248K logits, pipelined decode kept on",
@@ -210,7 +210,7 @@ mod tests {
             ("LILY_EXACT_ROUTER_TC", "0"),
             ("LILY_FUSED_DECODE", "0"),
             ("LILY_FUSED_BATCH", "0"),
-            ("LILY_MMA_ROWS", "1"),
+            ("LILY_MMA_ROWS", "0"),
             ("LILY_PDL", "0"),
             ("LILY_EARLY_TRIGGER", "0"),
             ("LILY_SAMPLE_PARTS", "0"),
@@ -226,7 +226,7 @@ mod tests {
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
             ("LILY_PIPELINED_DECODE", "0"),
-            ("LILY_PIPELINED_BATCH", "1"),
+            ("LILY_PIPELINED_BATCH", "0"),
             ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_BATCHED_DECODE", "0"),
             ("LILY_TC_SCAN", "0"),
@@ -250,7 +250,7 @@ mod tests {
                 exact_router_on_tensor_cores: false,
                 fused_decode: false,
                 fused_batch: false,
-                mma_rows: true,
+                mma_rows: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,
@@ -266,7 +266,7 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
-                pipelined_batch: true,
+                pipelined_batch: false,
                 device_logprobs: false,
                 batched_decode: false,
                 tc_scan: false,

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; `--mma-rows`: the 4-bit ones in `dec_mma_rows`, on the tensor cores), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows`, exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -807,7 +807,14 @@ mod tests {
     #[test]
     fn batched_projections_fuse_what_decode_cu_reads_under_their_switches() {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
-        let on = Plan::resolve(&CudaOptions::default(), H200);
+        // `--no-mma-rows`: dec_gemv_rows for every fused input.
+        let on = Plan::resolve(
+            &CudaOptions {
+                mma_rows: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         let fused = [w(4096, 2048, 4), w(256, 2048, 8), w(1, 2048, 8)];
         assert_eq!(
             on.batch_projections(&fused),
@@ -817,15 +824,9 @@ mod tests {
             on.batch_projections(&[w(2048, 4096, 4)]),
             BatchProjections::Rows(RowsKernel::Gemv)
         );
-        // mma_rows: the tensor cores for all-4-bit weights in bf16 mode; the 8-bit router
-        // keeps dec_gemv_rows, fp32 mode never takes it.
-        let mma = Plan::resolve(
-            &CudaOptions {
-                mma_rows: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
+        // mma_rows (the default): the tensor cores for all-4-bit weights in bf16 mode; the
+        // 8-bit router keeps dec_gemv_rows, fp32 mode never takes it.
+        let mma = Plan::resolve(&CudaOptions::default(), H200);
         assert!(mma
             .describe()
             .contains("batched projections on tensor cores on"));
@@ -1063,6 +1064,13 @@ mod tests {
         let s_up = mlx(cfg.shared_inter, h, 4, 1);
         let s_down = mlx(h, cfg.shared_inter, 4, 1);
         let z = mlx(cfg.dn_value_dim(), h, 4, 1);
+        let gemv = Plan::resolve(
+            &CudaOptions {
+                mma_rows: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         for ws in [
             &[q, k, k][..],
             &[in_qkv, z, dn_b, dn_b],
@@ -1072,19 +1080,14 @@ mod tests {
             &[lm_head],
         ] {
             assert_eq!(
-                p.batch_projections(ws),
+                gemv.batch_projections(ws),
                 BatchProjections::Rows(RowsKernel::Gemv),
                 "{ws:?}"
             );
         }
-        // `--mma-rows`: dec_mma_rows for every 4-bit input; the 8-bit router keeps dec_gemv_rows.
-        let mma = Plan::resolve(
-            &CudaOptions {
-                mma_rows: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
+        // By default (`mma_rows`): dec_mma_rows for every 4-bit input; the 8-bit router keeps
+        // dec_gemv_rows (`--no-mma-rows`: dec_gemv_rows for all, above).
+        let mma = &p;
         for (ws, kernel) in [
             (&[q, k, k][..], RowsKernel::Mma),
             (&[in_qkv, z, dn_b, dn_b], RowsKernel::Mma),

@@ -139,16 +139,11 @@ impl WgpuBackend {
         &self.plan
     }
 
-    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations, `nib_floats`) against
-    /// the host on the full model's shape and two others (`probes::check_down_rows`): the
-    /// largest relative L2 difference.
+    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations) against the host
+    /// on the full model's shape and two others (`probes::check_down_rows`): the largest
+    /// relative L2 difference.
     pub fn check_down_rows(&self) -> Result<f64> {
-        check_down_rows(
-            &self.gpu,
-            self.plan.subgroups,
-            self.plan.act_f16,
-            self.plan.options.nib_floats,
-        )
+        check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for

@@ -87,10 +87,6 @@ lily_core::backend_options! {
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
             why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md); the routing in rounds over every rank stays for GPUs where it is not measured (Apple's)";
-        nib_floats = false, flag Some("wgpu-nib-floats"), env "LILY_WGPU_NIB_FLOATS" = true,
-            label "4-bit nibbles as float bits",
-            help "decode's 4-bit products (linear_q4_rows.wgsl, linear_q4_glu_rows.wgsl, moe_down_rows.wgsl: their NIBF) with each nibble made a float by its bits (masked under the exponent of 2^23, 2^23 subtracted, the inputs scaled once by 16^-k for a nibble at bits 4k), instead of an int → float conversion a weight; the same products bit for bit (16^k and 16^-k cancel exactly)",
-            why "off: not yet measured on a GPU (session 17: a weight's conversion, a quarter- or eighth-rate instruction on NVIDIA, replaced by an and-or and a subtraction; predicted 176 → 181–195 tok/s at 4K on the H100 through Vulkan, docs/perf-notes.md); on once it wins its A/B (scripts/wgpu_q4_ab.sh); on Apple, where conversions may be full rate and an and-or is two instructions, to be measured there";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -162,7 +158,6 @@ mod tests {
                 attn_split: true,
                 rows_early: true,
                 glu_early: true,
-                nib_floats: false,
                 dense_tile: 0,
             }
         );
@@ -197,7 +192,6 @@ mod tests {
             ("LILY_WGPU_ATTN_SPLIT", "0"),
             ("LILY_WGPU_ROWS_EARLY", "0"),
             ("LILY_WGPU_GLU_EARLY", "0"),
-            ("LILY_WGPU_NIB_FLOATS", "1"),
         ]));
         assert_eq!(
             o,
@@ -217,7 +211,6 @@ mod tests {
                 attn_split: false,
                 rows_early: false,
                 glu_early: false,
-                nib_floats: true,
                 ..WgpuOptions::default()
             }
         );

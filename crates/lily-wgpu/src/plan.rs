@@ -29,12 +29,10 @@
 //!   (linear_q4.wgsl, linear.wgsl) for whatever else. The decode MoE's reads issued before any
 //!   arithmetic (`EARLY` of linear_q4_rows: `rows_early`, the router 16.2 → 15.0 µs; of
 //!   linear_q4_glu_rows, with its routing's cheaper rounds: `glu_early`, 36.0 → 28.9 µs) are on
-//!   (session 15, the H100 through Vulkan). The 4-bit decode products' nibbles made floats by
-//!   their bits instead of converted (`NIBF` of linear_q4_rows, linear_q4_glu_rows and
-//!   moe_down_rows: `nib_floats`) is off until its A/B (session 17). Measured and gone from
-//!   main (docs/perf-notes.md, sessions 15–16): lm_head's 32 / 64 rows a workgroup,
-//!   linear_q4_rows' flat and deep reads, moe_down_rows' early reads, the DeltaNet recurrence
-//!   over column blocks with its gate in out_proj and dn_recur_norm's early reads.
+//!   (session 15, the H100 through Vulkan). Measured and gone from main (docs/perf-notes.md,
+//!   sessions 15–16): lm_head's 32 / 64 rows a workgroup, linear_q4_rows' flat and deep reads,
+//!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
+//!   out_proj and dn_recur_norm's early reads.
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
 //!   KV cache in f16 where it has SHADER_F16: both the design (29), neither measured on a
 //!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
@@ -390,16 +388,14 @@ impl Specs {
 
 /// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); `early`:
 /// every read of its first rows, the input and the norm's weights before any arithmetic or
-/// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `nib`: the
-/// 4-bit nibbles made floats by their bits (`WgpuOptions::nib_floats`, its `NIBF`).
-pub fn rows_spec(rb: usize, early: bool, nib: bool) -> Spec {
+/// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
+pub fn rows_spec(rb: usize, early: bool) -> Spec {
     Spec::new(
         "linear_q4_rows",
         &[
             ("RB", rb as f64),
             ("RI", rb.min(8) as f64),
             ("EARLY", early as u32 as f64),
-            ("NIBF", nib as u32 as f64),
         ],
     )
 }
@@ -411,29 +407,22 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
 /// one barrier a round and only the rounds its item needs, the norm's weights read with the
-/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`); `nib`: the nibbles
-/// made floats by their bits (`WgpuOptions::nib_floats`, its `NIBF`).
-pub fn glu_rows_spec(early: bool, nib: bool) -> Spec {
+/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`).
+pub fn glu_rows_spec(early: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
-        &[
-            ("RB", GLU_RB as f64),
-            ("EARLY", early as u32 as f64),
-            ("NIBF", nib as u32 as f64),
-        ],
+        &[("RB", GLU_RB as f64), ("EARLY", early as u32 as f64)],
     )
 }
 
-/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup;
-/// `nib`: the nibbles made floats by their bits (`WgpuOptions::nib_floats`, its `NIBF`).
-pub fn down_rows_spec(topk: usize, cols: usize, nib: bool) -> Spec {
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup.
+pub fn down_rows_spec(topk: usize, cols: usize) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
             ("COLS", cols as f64),
             ("RB", DOWN_RB as f64),
-            ("NIBF", nib as u32 as f64),
         ],
     )
 }
@@ -609,8 +598,7 @@ impl Plan {
                 }
             }
         }
-        let nib = opts.nib_floats;
-        let rows = |rb: usize| in_forms(rows_spec(rb, opts.rows_early, nib), &Form::ALL, act_f16);
+        let rows = |rb: usize| in_forms(rows_spec(rb, opts.rows_early), &Form::ALL, act_f16);
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
@@ -621,7 +609,7 @@ impl Plan {
             linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
-            linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early, nib), &WRITES_ACT, act_f16),
+            linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early), &WRITES_ACT, act_f16),
             moe_group: Spec::new("moe_group", &[]),
             embed: Spec::new("embed", &[]),
             rms_norm: Spec::new("rms_norm", &[]),
@@ -643,7 +631,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, nib),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),

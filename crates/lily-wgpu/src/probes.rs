@@ -647,14 +647,14 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
-/// compiled as `down_rows_spec(topk, cols, nib)` with the plan's reductions and activations)
+/// compiled as `down_rows_spec(topk, cols)` with the plan's reductions and activations)
 /// against the host in f64: x[t, r] += Σ_k w_{t,k} · (down_{e_{t,k}} a_{t,k})[r] on a random 4-bit
 /// stack of 11 experts of 37 rows (the last row block partly filled), 2 tokens, random experts
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
 /// The largest relative L2 difference of the sums added.
-pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, nib: bool) -> Result<f64> {
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
     let mut worst = 0f64;
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
@@ -689,7 +689,7 @@ pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, nib: bool) -> 
         }
         let spec = crate::shaders::Spec {
             act_f16,
-            ..down_rows_spec(topk, cols, nib).with_subgroups(subgroups)
+            ..down_rows_spec(topk, cols).with_subgroups(subgroups)
         };
         let kernel = Kernel::new(gpu, &spec, false)?;
         let wbuf = gpu.upload("check.down", &m.data)?;

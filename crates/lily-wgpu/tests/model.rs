@@ -544,58 +544,6 @@ fn moe_kernels_with_and_without_early_reads_match_the_host() {
     }
 }
 
-/// The decode products with their 4-bit nibbles made floats by their bits (`nib_floats`) and
-/// converted (the default), in both reduction forms, against the host's f64 on random matrices
-/// and inputs at the model's widths: linear_q4_rows (4-bit 2,048 and 4,096 columns at 16 / 4 / 2
-/// rows a workgroup, the norm folded and not, the DeltaNet conv on its rows, adding into the
-/// residual; the router's 8-bit form beside them, unchanged by the switch), linear_q4_glu_rows
-/// (plain, and routing its own items) and moe_down_rows (9 items of 512 columns, the full
-/// model's, 9 of 256 and 5 of 64). Both forms within the probes' bound of the host, and equal to
-/// the bit: a nibble's 16^k and its input's 16^-k are powers of two that cancel exactly, and
-/// 2^23 + q·16^k − 2^23 is exact, so each product and sum is the converted form's.
-#[test]
-fn decode_products_with_nibble_floats_match_the_host() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 59);
-    for subgroups in [true, false] {
-        let mut errs = Vec::new();
-        for nib in [false, true] {
-            let opts = WgpuOptions {
-                chunk: 16,
-                all_logits_chunk: 16,
-                subgroups,
-                nib_floats: nib,
-                ..WgpuOptions::default()
-            };
-            let Some(gpu) = wgpu_backend_with(&w, opts) else {
-                return;
-            };
-            assert_eq!(gpu.plan().options.nib_floats, nib);
-            let (_, rows) = gpu.check_products().unwrap();
-            let down = gpu.check_down_rows().unwrap();
-            println!(
-                "subgroups {subgroups}, nibble floats {nib}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
-            );
-            assert!(
-                rows < 1e-5,
-                "linear_q4_rows or linear_q4_glu_rows (nib_floats {nib}) differs from the host by {rows:.2e}"
-            );
-            assert!(
-                down < 1e-5,
-                "moe_down_rows (nib_floats {nib}) differs from the host by {down:.2e}"
-            );
-            errs.push((rows, down));
-        }
-        let bits = |(r, d): (f64, f64)| (r.to_bits(), d.to_bits());
-        assert_eq!(
-            bits(errs[1]),
-            bits(errs[0]),
-            "nib_floats changed the products: {:?} from the host against {:?} converted",
-            errs[1],
-            errs[0]
-        );
-    }
-}
-
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).
@@ -1062,20 +1010,15 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    let mut seen: Vec<((bool, bool, bool), Vec<f32>)> = Vec::new();
-    for (subgroups, f16_acts, early, nib) in [
-        (true, false, true, false),
-        (false, false, true, false),
-        (true, true, true, false),
-        (true, false, false, false),
-        (false, false, false, false),
-        (true, false, true, true),
-        (false, false, true, true),
-        (true, true, true, true),
+    for (subgroups, f16_acts, early) in [
+        (true, false, true),
+        (false, false, true),
+        (true, true, true),
+        (true, false, false),
+        (false, false, false),
     ] {
         // `early`: the MoE's reads issued early (the row products, the router among them, and
-        // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take;
-        // `nib`: the 4-bit products' nibbles made floats by their bits (`nib_floats`).
+        // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take.
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1083,7 +1026,6 @@ fn full_width_decode_matches_cpu() {
             f16_acts,
             rows_early: early,
             glu_early: early,
-            nib_floats: nib,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
@@ -1100,7 +1042,7 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, nibble floats {nib}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)
@@ -1115,21 +1057,6 @@ fn full_width_decode_matches_cpu() {
             e_chunk < to_chunk,
             "f16 activations {on}: decode differs from prefill by {e_chunk:.3e}"
         );
-        // `nib_floats` makes the same products bit for bit: its logits are those of the same
-        // case converted (which the list runs first).
-        let key = (subgroups, f16_acts, early);
-        if nib {
-            let converted = seen.iter().find(|(k, _)| *k == key).map(|(_, l)| l);
-            assert!(
-                converted.is_some_and(|l| l
-                    .iter()
-                    .zip(&stepped)
-                    .all(|(a, b)| a.to_bits() == b.to_bits())),
-                "nib_floats changed the logits of {key:?}"
-            );
-        } else {
-            seen.push((key, stepped));
-        }
     }
 }
 

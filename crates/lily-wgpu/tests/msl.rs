@@ -35,7 +35,7 @@ fn large_limits() -> wgpu::Limits {
 /// and in f32 (tiles of 16, 32 and 64 each: f32's 64 through `dense_tile`), the activations in
 /// f16 and in f32 (each product in each of its forms), and the decode switches (each picks its
 /// own kernel's variant) all on and all off: attend_gqa's reads flat and not, the decode MoE's
-/// early reads and not, the 4-bit decode products' nibbles as float bits and not.
+/// early reads and not.
 fn choosable() -> Vec<Spec> {
     let c = full_config();
     let mut out: Vec<Spec> = Vec::new();
@@ -60,8 +60,6 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
-                            // The 4-bit decode products' nibbles as float bits (NIBF = 1) and not.
-                            nib_floats: sw,
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -193,22 +191,22 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early, nib_floats), with f16 and f32 element types.
+/// rows_early, glu_early), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4)]);
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 5;
+const DECODE_SWITCHES: u32 = 4;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early, glu_early and nib_floats as `sw` says)
+/// the decode switches attn_flat, attn_split, rows_early and glu_early as `sw` says)
 /// fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
@@ -227,22 +225,12 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         attn_split: sw[1],
         rows_early: sw[2],
         glu_early: sw[3],
-        nib_floats: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
     let o = &plan.options;
-    assert_eq!(
-        [
-            o.attn_flat,
-            o.attn_split,
-            o.rows_early,
-            o.glu_early,
-            o.nib_floats
-        ],
-        sw
-    );
+    assert_eq!([o.attn_flat, o.attn_split, o.rows_early, o.glu_early], sw);
     assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);

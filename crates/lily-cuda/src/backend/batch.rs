@@ -4,7 +4,7 @@
 //! go through the model together in one forward pass (`Forward::run_batch`: each weight read
 //! once for the batch). A step that feeds one sequence takes that sequence's own one-token path
 //! (`feed_next`: decode.cu's fused kernels, its own graph), so a batch of one runs today's step.
-//! Pipelined (`Plan::pipelined_batch`, off until it has run on a GPU; where every pick is on the device): the
+//! Pipelined (`Plan::pipelined_batch`, on by default since session 16 (+1.4–1.8 % served); where every pick is on the device): the
 //! forward pass that feeds the rows that may go on is queued right behind the picks, before the
 //! host has read them (the picks' read waits on a side stream for the copy alone), so the device
 //! is busy with step N's pass while the host reports step N's tokens and the engine comes round
