@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
+# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (with and without the norm folded in, against
+# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
@@ -11,8 +12,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|mma|moe|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (nine known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|fold|moe|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (13 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +26,7 @@ import re, sys
 root, w = sys.argv[1], sys.argv[2]
 common = open(f'{root}/shaders/cuda/common.cuh').read()
 dec = open(f'{root}/shaders/cuda/decode.cu').read()
+norm = open(f'{root}/shaders/cuda/norm.cu').read()
 # common.cuh without its inline-PTX tensor-core / cp.async / Hopper helpers (decode.cu uses none).
 common = common[:common.index('// ---- tensor cores and asynchronous copies')] + \
     common[common.index('// ---- pieces two kernel files share'):]
@@ -48,6 +50,15 @@ MUTANTS = [
      "dec_mma_rows without the 128 offset in its bias term"),
     ('dec', 'for (int w = 0; w < ks; w++) s +=', 'for (int w = 0; w < 1; w++) s +=',
      "dec_mma_rows keeping only warp 0's share of a split tile"),
+    ('dec', 'float t = lane < VW ? part[b * VW + lane] : 0.0f;', 'float t = lane < VW ? part[lane] : 0.0f;',
+     "the folded norm taking row 0's sum of squares for every row"),
+    ('dec', 'for (int b = 0; b < DEC_B_MAX; b++) acc[b] = warp_sum(acc[b]);',
+     'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
+     "dec_gemv_rows_split meeting only two lanes' sums"),
+    ('dec', 'reinterpret_cast<const float4*>(norm_w + gi * 64 + t * 16)[e]', 'reinterpret_cast<const float4*>(norm_w + t * 16)[e]',
+     "dec_mma_rows' folded norm reading group 0's weights for every group"),
+    ('dec', '*reinterpret_cast<float4*>(xn_out + (long long)b * cols + c) = v;', '*reinterpret_cast<float4*>(xn_out + c) = v;',
+     "the folded norm storing every row's normed values at row 0"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -68,7 +79,7 @@ dec = swap(dec, '''    uint2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 3)
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 4)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
@@ -94,7 +105,7 @@ def shared(m):
     return ' '.join(out)
 pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16)\s+([^;]+);')
 common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
-for src in (common, dec, att):
+for src in (common, norm, dec, att):
     # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
     # compile to nothing, kernels running one after another.)
     code = re.sub(r'#if __CUDA_ARCH__ >= 900.*?#endif', '', re.sub(r'//[^\n]*', '', src), flags=re.S)
@@ -111,7 +122,7 @@ def aconst(name):
     return re.search(r'pub const ' + name + r': usize = (\d+);', ars).group(1)
 defs += ''.join(f'#define {d} {aconst(c)}\n' for d, c in re.findall(r'\("(\w+)", (\w+) as i64\)', ars))
 defs += '#define EMU_CUDA_ARCH 900\n'
-open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + dec + att +
+open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + norm + dec + att +
                                 f'\n#include "{root}/scripts/cuda_emu/driver_batch.cpp"\n')
 PY
 }
@@ -122,7 +133,7 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 mma" "7 mma" "8 mma"; do
+           "6 mma" "7 mma" "8 mma" "9 fold" "10 split" "11 fold -DLILY_BF16_ACT" "12 fold"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -138,8 +149,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv mma moe dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv mma moe dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma split fold moe dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma split fold moe dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

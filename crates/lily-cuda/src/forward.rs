@@ -11,7 +11,9 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
-use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
+use crate::kernels::decode::{
+    DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue, RowsNorm,
+};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -512,10 +514,9 @@ impl Forward<'_> {
                 }
             }
         }
-        let x = Rows::new(s.x.ptr, h);
         let (mut attn_i, mut dn_i) = (0usize, 0usize);
         for layer in &model.layers {
-            self.norm(x, layer.input_norm.ptr, rows)?;
+            let input_norm = layer.input_norm.ptr;
             match &layer.mixer {
                 DevMixer::Attention(a) => {
                     gpu.profile_scope("batch attention");
@@ -524,7 +525,7 @@ impl Forward<'_> {
                         (&a.k_proj, Out::Store(s.k.ptr)),
                         (&a.v_proj, Out::Store(s.v.ptr)),
                     ];
-                    self.project_batch(s.xn.ptr, h, rows, &qkv)?;
+                    self.norm_project_batch(input_norm, rows, &qkv, false)?;
                     let keys: Vec<usize> = seqs.iter().map(|seq| seq.len + 1).collect();
                     match self.plan.batch_attention(AttnShape::of(cfg), &keys) {
                         BatchAttention::Rows(kernel) => {
@@ -572,7 +573,7 @@ impl Forward<'_> {
                         (&d.in_b, Out::Store(s.b.ptr)),
                         (&d.in_a, Out::Store(s.a.ptr)),
                     ];
-                    self.project_batch(s.xn.ptr, h, rows, &inputs)?;
+                    self.norm_project_batch(input_norm, rows, &inputs, false)?;
                     match self.plan.batch_scan(cfg) {
                         BatchScan::Rows => {
                             let t = BatchTable::new(table, model, rows)?;
@@ -596,8 +597,7 @@ impl Forward<'_> {
                 }
             }
             gpu.profile_scope("batch moe");
-            self.norm(x, layer.post_norm.ptr, rows)?;
-            self.moe_batch(&layer.moe, rows)?;
+            self.moe_batch(&layer.moe, layer.post_norm.ptr, rows)?;
         }
         gpu.profile_scope("batch head");
         match head {
@@ -611,9 +611,9 @@ impl Forward<'_> {
                 }
             }
         }
-        self.norm(x, model.final_norm.ptr, rows)?;
         let v = cfg.vocab;
-        self.project_batch(s.xn.ptr, h, rows, &[(&model.lm_head, Out::Store(logits))])?;
+        let head = [(&model.lm_head, Out::Store(logits))];
+        self.norm_project_batch(model.final_norm.ptr, rows, &head, false)?;
         for (row, seq) in seqs.iter().enumerate() {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
@@ -644,17 +644,18 @@ impl Forward<'_> {
         }
     }
 
-    /// `moe_one_token` for each of the `rows` rows of a batched step (normed in scratch.xn):
-    /// the router logits and the shared-expert gate of all rows in one launch, then each row's
+    /// `moe_one_token` for each of the `rows` rows of a batched step (scratch.x, normed with
+    /// `norm` into scratch.xn by the first launch or before it: `norm_project_batch`): the
+    /// router logits and the shared-expert gate of all rows in one launch, then each row's
     /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
     /// projection with the combine and the residual add in one.
-    fn moe_rows(&self, m: &DevMoe, rows: usize) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+    fn moe_rows(&self, m: &DevMoe, norm: u64, rows: usize) -> Result<()> {
+        let (gpu, k, s) = (self.gpu, self.kernels, self.scratch);
         let first = [
             (&m.router, Out::Exact(s.router.ptr)),
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
-        self.project_batch(s.xn.ptr, cfg.hidden, rows, &first)?;
+        self.norm_project_batch(norm, rows, &first, true)?;
         let (glu, down) = self.moe_args(m);
         k.decode.glu_rows(gpu, &glu, rows)?;
         k.decode.down_combine_rows(gpu, &down, rows)
@@ -716,6 +717,45 @@ impl Forward<'_> {
         k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows)
     }
 
+    /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step
+    /// (scratch.x), then the projections of the normed rows (`project_batch`): folded into the
+    /// projections' staging where the plan says (`batch_norm_fold`; the normed rows still stored
+    /// to scratch.xn when `keep_normed`: a later kernel reads them), else `rms_norm` into
+    /// scratch.xn first.
+    fn norm_project_batch(
+        &self,
+        norm: u64,
+        rows: usize,
+        outs: &[(&DevLinear, Out)],
+        keep_normed: bool,
+    ) -> Result<()> {
+        let (cfg, s) = (self.cfg, self.scratch);
+        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
+        let projections = self.plan.batch_projections(&shapes);
+        match projections {
+            BatchProjections::Rows(kernel) if self.plan.batch_norm_fold(projections) => {
+                let fold = RowsNorm {
+                    weight: norm,
+                    eps: cfg.rms_eps,
+                    staged_out: keep_normed.then_some(s.xn.ptr),
+                };
+                self.kernels.decode.project_rows_normed(
+                    self.gpu,
+                    kernel,
+                    s.x.ptr,
+                    cfg.hidden,
+                    rows,
+                    Some(fold),
+                    outs,
+                )
+            }
+            _ => {
+                self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
+                self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
+            }
+        }
+    }
+
     /// The projections of one input for the `rows` rows of a batched decode step (x: f32
     /// [rows, cols]), as `Plan::batch_projections` says: decode.cu's `dec_gemv_rows` in one
     /// launch, or each weight's B-token kernel (`project`; the router's exact `router_logits`).
@@ -751,24 +791,24 @@ impl Forward<'_> {
         }
     }
 
-    /// The MoE of a batched decode step's `rows` rows (normed in scratch.xn), as
-    /// `Plan::batch_moe` says: one-token decode's three launches with the token in a grid
-    /// dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
-    /// projections of xn together (`project_batch`), the routing, the routed experts grouped
+    /// The MoE of a batched decode step's `rows` rows (scratch.x, normed with `norm` into
+    /// scratch.xn), as `Plan::batch_moe` says: one-token decode's three launches with the token
+    /// in a grid dimension (`moe_rows`), or the router and the shared expert's gate, gate and up
+    /// projections of xn together (`norm_project_batch`), the routing, the routed experts grouped
     /// over the rows' picks, the shared expert's down projection, the combine into the residual.
-    fn moe_batch(&self, m: &DevMoe, rows: usize) -> Result<()> {
+    fn moe_batch(&self, m: &DevMoe, norm: u64, rows: usize) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         if self.plan.batch_moe(m, MoeShape::of(cfg)) == BatchMoe::Rows {
-            return self.moe_rows(m, rows);
+            return self.moe_rows(m, norm, rows);
         }
-        let (h, sinter) = (cfg.hidden, cfg.shared_inter);
+        let sinter = cfg.shared_inter;
         let first = [
             (&m.router, Out::Exact(s.router.ptr)),
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
             (&m.shared_gate, Out::Store(s.sg.ptr)),
             (&m.shared_up, Out::Store(s.su.ptr)),
         ];
-        self.project_batch(s.xn.ptr, h, rows, &first)?;
+        self.norm_project_batch(norm, rows, &first, true)?;
         let route = Route {
             logits: s.router.ptr,
             ids: s.ids.ptr,

@@ -497,8 +497,10 @@ impl Plan {
     /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
     /// most decode::MAX_SEGS of them — on the tensor cores (`dec_mma_rows`) under `mma_rows`
-    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit); else `dense`'s kernel for a
-    /// B-token step (`router` for the router), one launch a weight.
+    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit), else one weight row a warp
+    /// (`dec_gemv_rows_split`) under `router_rows_split` where the launch has few weight rows
+    /// (`decode::split_rows_serves`: the router with the shared-expert gate); else `dense`'s
+    /// kernel for a B-token step (`router` for the router), one launch a weight.
     pub fn batch_projections(&self, ws: &[LinearShape]) -> BatchProjections {
         let fits = !ws.is_empty()
             && ws.len() <= decode::MAX_SEGS
@@ -512,9 +514,19 @@ impl Plan {
             DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
                 BatchProjections::Rows(RowsKernel::Mma)
             }
+            DecodePath::Fused if self.o.router_rows_split && decode::split_rows_serves(ws) => {
+                BatchProjections::Rows(RowsKernel::GemvSplit)
+            }
             DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
             DecodePath::PerKernel => BatchProjections::PerKernel,
         }
+    }
+
+    /// Whether a batched decode step's block norm before projections that run as `projections`
+    /// says is folded into their staging (`batch_norm_fold`: decode.cu's rows kernels norm each
+    /// row in rms_norm's order) instead of an `rms_norm` launch over the rows before them.
+    pub fn batch_norm_fold(&self, projections: BatchProjections) -> bool {
+        self.o.batch_norm_fold && matches!(projections, BatchProjections::Rows(_))
     }
 
     /// The attention of a batched decode step whose sequences hold `keys` keys each after it:

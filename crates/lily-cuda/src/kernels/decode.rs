@@ -56,7 +56,16 @@ pub enum RowsKernel {
     /// `dec_mma_rows` (`mma_rows`): the tensor cores, 16 weight rows × the B rows an mma.sync;
     /// 4-bit weights only (`mma_rows_serves`), inputs fed as bf16.
     Mma,
+    /// `dec_gemv_rows_split` (`router_rows_split`): the CUDA cores, one weight row a warp and its
+    /// groups one a lane, SPLIT_WARPS rows a block: for launches of few weight rows (the router,
+    /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
+    GemvSplit,
 }
+/// Warps (weight rows) of a `dec_gemv_rows_split` block.
+pub const SPLIT_WARPS: usize = 4;
+/// Most weight rows of a launch `dec_gemv_rows_split` takes (`split_rows_serves`): the router's
+/// 256 + 1 fit; wider launches fill the device with `dec_gemv_rows`' or `dec_mma_rows`' tiles.
+pub const SPLIT_ROWS_MAX: usize = 1024;
 /// Warps of a `dec_mma_rows` block, and blocks an SM of its persistent grid (its launch bound).
 pub const MMA_WARPS: usize = 4;
 pub const MMA_BLOCKS_PER_SM: usize = 4;
@@ -109,6 +118,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MMA_WARPS", MMA_WARPS as i64),
         ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
+        ("DEC_SPLIT_WARPS", SPLIT_WARPS as i64),
     ],
 };
 
@@ -197,13 +207,19 @@ fn mma_smem(cols: usize, rows: usize) -> usize {
 /// `dec_mma_rows`).
 pub fn rows_per_launch(kernel: RowsKernel, cols: usize) -> usize {
     let smem = |r| match kernel {
-        RowsKernel::Gemv => rows_smem(cols, r),
+        RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, r),
         RowsKernel::Mma => mma_smem(cols, r),
     };
     (1..=BATCH_MAX)
         .rev()
         .find(|&r| smem(r) <= BATCH_SMEM_MAX)
         .unwrap_or(1)
+}
+
+/// Whether `dec_gemv_rows_split` is meant for these weights (each one `serves` accepts): at most
+/// SPLIT_ROWS_MAX weight rows in all.
+pub fn split_rows_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(serves) && ws.iter().map(|w| w.rows).sum::<usize>() <= SPLIT_ROWS_MAX
 }
 
 /// Whether `dec_mma_rows` reads these weights (all of one input width, each one `serves`
@@ -271,6 +287,18 @@ pub enum Prologue {
         head_dim: usize,
         eps: f32,
     },
+}
+
+/// The block's RMSNorm folded into a batched projection (`Decode::project_rows_normed`, the
+/// plan's `batch_norm_fold`): each input row normed on the way in with rms_norm's arithmetic and
+/// order (decode.cu's rows_rms_inv), the normed rows stored to `staged_out` (f32 [rows, cols])
+/// when a later kernel reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct RowsNorm {
+    /// f32 [cols].
+    pub weight: u64,
+    pub eps: f32,
+    pub staged_out: Option<u64>,
 }
 
 /// The input of a fused projection: one row of `cols` f32 and its prologue; `staged_out`
@@ -484,6 +512,7 @@ fn segments(
 pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
+    gemv_rows_split: Kernel,
     /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
     mma_rows: Kernel,
@@ -510,6 +539,7 @@ impl Decode {
             gemv: k("dec_gemv")?,
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
+            gemv_rows_split: k("dec_gemv_rows_split")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
@@ -581,9 +611,9 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows` or
-    /// `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of a weight of `r` rows goes
-    /// to its pointer + b · r floats.
+    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
+    /// `dec_gemv_rows_split` or `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of
+    /// a weight of `r` rows goes to its pointer + b · r floats.
     pub fn project_rows(
         &self,
         gpu: &Gpu,
@@ -593,8 +623,25 @@ impl Decode {
         rows: usize,
         outs: &[(&DevLinear, Out)],
     ) -> Result<()> {
+        self.project_rows_normed(gpu, kernel, x, cols, rows, None, outs)
+    }
+
+    /// `project_rows` of the rows of `x` RMS-normed on the way in when `norm` is given (the
+    /// block's norm folded into the projections, `RowsNorm`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn project_rows_normed(
+        &self,
+        gpu: &Gpu,
+        kernel: RowsKernel,
+        x: u64,
+        cols: usize,
+        rows: usize,
+        norm: Option<RowsNorm>,
+        outs: &[(&DevLinear, Out)],
+    ) -> Result<()> {
         let name = match kernel {
             RowsKernel::Gemv => "dec_gemv_rows",
+            RowsKernel::GemvSplit => "dec_gemv_rows_split",
             RowsKernel::Mma => "dec_mma_rows",
         };
         if outs.is_empty() || outs.len() > MAX_SEGS {
@@ -613,6 +660,7 @@ impl Decode {
                 self.rows_warps,
                 self.rows_warps * rows_lanes(cols).1,
             ),
+            RowsKernel::GemvSplit => (&self.gemv_rows_split, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::Mma => {
                 if outs.iter().any(|(w, _)| w.bits != 4) {
                     bail!("{name}: 4-bit weights only");
@@ -624,6 +672,8 @@ impl Decode {
         let tiles = segs.tiles as usize;
         let (grid, split) = match kernel {
             RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
+            // Up to SPLIT_ROWS_MAX rows: a block a tile for any device this runs on.
+            RowsKernel::GemvSplit => (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32),
             RowsKernel::Mma => {
                 let split = mma_split(tiles, blocks_max(MMA_BLOCKS_PER_SM) * MMA_WARPS);
                 let per_block = if split { 1 } else { MMA_WARPS };
@@ -634,6 +684,12 @@ impl Decode {
             }
         };
         let per_launch = rows_per_launch(kernel, cols);
+        if let Some(n) = norm {
+            if !n.weight.is_multiple_of(16) || n.staged_out.is_some_and(|p| !p.is_multiple_of(16)) {
+                bail!("{name}: the norm's weight and normed rows must be 16-byte aligned");
+            }
+        }
+        let (norm_w, eps) = norm.map_or((0u64, 0.0f32), |n| (n.weight, n.eps));
         let mut b0 = 0;
         while b0 < rows {
             let nb = per_launch.min(rows - b0);
@@ -642,9 +698,12 @@ impl Decode {
                 at.s[i].y += (b0 * w.rows * 4) as u64;
             }
             let xb = x + (b0 * cols * 4) as u64;
+            let xn_out = norm
+                .and_then(|n| n.staged_out)
+                .map_or(0u64, |p| p + (b0 * cols * 4) as u64);
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
             let smem = match kernel {
-                RowsKernel::Gemv => rows_smem(cols, nb),
+                RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, nb),
                 RowsKernel::Mma => mma_smem(cols, nb),
             };
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
@@ -653,6 +712,7 @@ impl Decode {
                 if kernel == RowsKernel::Mma {
                     l.arg(&split);
                 }
+                l.arg(&norm_w).arg(&eps).arg(&xn_out);
             })?;
             b0 += nb;
         }
