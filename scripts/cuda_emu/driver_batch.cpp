@@ -164,7 +164,8 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
+                         const float* norm_w = nullptr, float eps = 0.0f, float* xn_out = nullptr) {
     int warps = DEC_ROWS_WARPS;
     int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
@@ -174,7 +175,8 @@ static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, c
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
-        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols, nullptr, 0.0f, nullptr); });
+        float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols, norm_w, eps, xn); });
     }
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -403,7 +405,8 @@ static size_t mma_smem_floats(int cols, int nb) {
     return (size_t)nb * (G * 32 + 4) + (size_t)G * DEC_B_MAX + 2 * DEC_MMA_WARPS * 128;
 }
 static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                             int sms, int split) {
+                             int sms, int split, const float* norm_w = nullptr, float eps = 0.0f,
+                             float* xn_out = nullptr) {
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * sms);
@@ -412,8 +415,9 @@ static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> y
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
         const float* xb = x + (size_t)b0 * cols;
+        float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, nb),
-                 [&] { dec_mma_rows(at, xb, nb, cols, split, nullptr, 0.0f, nullptr); });
+                 [&] { dec_mma_rows(at, xb, nb, cols, split, norm_w, eps, xn); });
     }
 }
 
@@ -525,32 +529,13 @@ static void fold_case(const char* name, int kernel, int cols, std::vector<QW*> w
         auto resid = residuals(ws, nb);
         auto run = [&](const float* in, const float* norm_w, float* xn_out, std::vector<float*>& ys) {
             if (kernel == 0) {
-                int warps = DEC_ROWS_WARPS, rows_per_tile = warps * rows_lanes_rpw(cols);
-                DecSegs base = make_segs(segs, ys, rows_per_tile);
-                int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
-                for (int b0 = 0; b0 < nb; b0 += per) {
-                    int n = std::min(per, nb - b0);
-                    DecSegs at = base;
-                    for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-                    float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
-                    launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, n),
-                             [&] { dec_gemv_rows(at, in + (size_t)b0 * cols, n, cols, norm_w, eps, xn); });
-                }
+                project_rows(segs, ys, in, cols, nb, norm_w, eps, xn_out);
             } else if (kernel == 1) {
                 project_rows_split(segs, ys, in, cols, nb, norm_w, eps, xn_out);
             } else {
-                DecSegs base = make_segs(segs, ys, 16);
-                int split = base.tiles < 2 * DEC_MMA_BLOCKS * SM_COUNT * DEC_MMA_WARPS;  // decode.rs mma_split
-                int per_block = split ? 1 : DEC_MMA_WARPS;
-                int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * SM_COUNT);
-                for (int b0 = 0; b0 < nb; b0 += DEC_B_MAX) {
-                    int n = std::min(DEC_B_MAX, nb - b0);
-                    DecSegs at = base;
-                    for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-                    float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
-                    launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, n),
-                             [&] { dec_mma_rows(at, in + (size_t)b0 * cols, n, cols, split, norm_w, eps, xn); });
-                }
+                int tiles = make_segs(segs, ys, 16).tiles;
+                int split = tiles < 2 * DEC_MMA_BLOCKS * SM_COUNT * DEC_MMA_WARPS;  // decode.rs mma_split
+                project_rows_mma(segs, ys, in, cols, nb, SM_COUNT, split, norm_w, eps, xn_out);
             }
         };
         // rms_norm, then the kernel on its rows.

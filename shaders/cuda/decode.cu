@@ -1442,6 +1442,19 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const
 // for the router. The first group's weights are requested before dec_wait. Persistent grid over
 // tiles of DEC_SPLIT_WARPS rows; block DEC_SPLIT_WARPS · 32; dynamic shared memory as
 // dec_gemv_rows'.
+// dec_gemv_rows_split: this lane's first group (group `lane`) of its warp's weight row in
+// `tile` (the row clamped to its segment's last), into the buffer of the segment's width.
+__device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, int G, BGroup<4>& g4, BGroup<8>& g8) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (tile >= segs.tiles || lane >= G) return;
+    DecSeg sg = seg_of(segs, tile);
+    int row = min((tile - sg.tile0) * DEC_SPLIT_WARPS + warp, sg.w.rows - 1);
+    if (sg.w.bits == 4)
+        bgroup_load<4>(sg.w, row, G, lane, g4);
+    else
+        bgroup_load<8>(sg.w, row, G, lane, g8);
+}
+
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
 dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
                     float eps, float* __restrict__ xn_out) {
@@ -1455,14 +1468,7 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols,
     BGroup<8> g8;
     BGroup<4> g4;
     int tile = blockIdx.x;
-    if (tile < segs.tiles && lane < G) {
-        DecSeg sg = seg_of(segs, tile);
-        int row = min((tile - sg.tile0) * DEC_SPLIT_WARPS + warp, sg.w.rows - 1);
-        if (sg.w.bits == 4)
-            bgroup_load<4>(sg.w, row, G, lane, g4);
-        else
-            bgroup_load<8>(sg.w, row, G, lane, g8);
-    }
+    split_first_load(segs, tile, G, g4, g8);
     dec_wait();
     rows_stage(x, nb, cols, norm_w, eps, xn_out, xs, xsum);
     for (; tile < segs.tiles; tile += gridDim.x) {
@@ -1483,15 +1489,7 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols,
             }
         }
         // The next tile's first group, in flight while this one's sums meet and are stored.
-        int next = tile + gridDim.x;
-        if (next < segs.tiles && lane < G) {
-            DecSeg sn = seg_of(segs, next);
-            int rn = min((next - sn.tile0) * DEC_SPLIT_WARPS + warp, sn.w.rows - 1);
-            if (sn.w.bits == 4)
-                bgroup_load<4>(sn.w, rn, G, lane, g4);
-            else
-                bgroup_load<8>(sn.w, rn, G, lane, g8);
-        }
+        split_first_load(segs, tile + gridDim.x, G, g4, g8);
 #pragma unroll
         for (int b = 0; b < DEC_B_MAX; b++) acc[b] = warp_sum(acc[b]);
         if (lane == 0 && row < sg.w.rows) {

@@ -202,17 +202,21 @@ fn mma_smem(cols: usize, rows: usize) -> usize {
     (rows * (g * 32 + 4) + g * BATCH_MAX + 2 * MMA_WARPS * 128) * 4
 }
 
+/// Dynamic shared memory of a block of `kernel` staging `rows` inputs of `cols` columns.
+fn launch_smem(kernel: RowsKernel, cols: usize, rows: usize) -> usize {
+    match kernel {
+        RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, rows),
+        RowsKernel::Mma => mma_smem(cols, rows),
+    }
+}
+
 /// Rows one launch of `kernel` takes for inputs of `cols` columns (at least 1 for any width
 /// `serves` accepts: 4,096 columns stage 17.7 KB a row in `dec_gemv_rows`, 8.2 KB in
 /// `dec_mma_rows`).
 pub fn rows_per_launch(kernel: RowsKernel, cols: usize) -> usize {
-    let smem = |r| match kernel {
-        RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, r),
-        RowsKernel::Mma => mma_smem(cols, r),
-    };
     (1..=BATCH_MAX)
         .rev()
-        .find(|&r| smem(r) <= BATCH_SMEM_MAX)
+        .find(|&r| launch_smem(kernel, cols, r) <= BATCH_SMEM_MAX)
         .unwrap_or(1)
 }
 
@@ -702,10 +706,7 @@ impl Decode {
                 .and_then(|n| n.staged_out)
                 .map_or(0u64, |p| p + (b0 * cols * 4) as u64);
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
-            let smem = match kernel {
-                RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, nb),
-                RowsKernel::Mma => mma_smem(cols, nb),
-            };
+            let smem = launch_smem(kernel, cols, nb);
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
             gpu.launch(function, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
