@@ -22,8 +22,8 @@
 # Summary on stdout and in $OUT/summary.txt (logs beside it). No step starts past DEADLINE
 # seconds (420), none runs past HARD (470): each step's timeout is cut to what is left.
 # Here: `CARGO_TARGET_DIR=$PWD/target bash scripts/stage_gpu.sh /work/main/.carry/batch-small`,
-# `gzip -9` the binaries, this script beside them (stage_gpu.sh copies gpu_ab_common.sh, the
-# preamble it sources). There:
+# `gzip -9` the binaries, this script beside them (stage_gpu.sh copies gpu_rows_ab_common.sh and
+# gpu_ab_common.sh, the preambles it sources). There:
 #   bash .carry/batch-small/gpu_batch_small_ab.sh   (carry: .carry/batch-small .carry/tokenizer;
 #   timeout_s 540)
 # Knobs: SKIP_TESTS=1, KERNEL_S (60), TEST_S (120), ROUNDS (2), LAYERS_ROUNDS (ROUNDS: the
@@ -32,31 +32,7 @@
 # GPU, into $OUT/dry.log).
 set -u
 AB_LAYERS=${LAYERS:-8}
-if [ "${DRY:-0}" = 1 ]; then
-  # Without a GPU: every engine / test command echoed, the preamble's parts stubbed.
-  HERE="$(cd "$(dirname "$0")" && pwd)"; B=$HERE/bin; M=/dev/shm/l$AB_LAYERS
-  OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"; S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
-  t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; AB_DEADLINE=${DEADLINE:-420}
-  left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
-  run() { echo "RUN $*" >> "$OUT/dry.log"; }
-  SYN=; sleep 0 & SYN=$!
-else
-  . "$(dirname "$0")/gpu_ab_common.sh" 420
-  run() { "$@"; }
-fi
-HARD=${HARD:-470}
-tmo() {  # tmo N: N seconds, or what is left before HARD if less (at least 1)
-  local rest=$(( HARD - $(el) ))
-  [ "$rest" -lt "$1" ] && { [ "$rest" -lt 1 ] && echo 1 || echo "$rest"; } || echo "$1"
-}
-FULL=/dev/shm/full-mlx
-if [ "${DRY:-0}" = 1 ]; then
-  run "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$FULL"; SYNF=$SYN
-else
-  "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$FULL" \
-    > "$OUT/synth-full.log" 2>&1 &
-  SYNF=$!
-fi
+. "$(dirname "$0")/gpu_rows_ab_common.sh" 420 470
 export LILY_BATCHED_DECODE=1
 OFF="LILY_BATCH_NORM_FOLD=0 LILY_ROUTER_ROWS_SPLIT=0"
 CONFIGS=("off $OFF" "fold LILY_BATCH_NORM_FOLD=1 LILY_ROUTER_ROWS_SPLIT=0"
@@ -78,14 +54,6 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 wait "$SYN"; say "synth $AB_LAYERS layers rc=$? at $(el)s"
 
-bench() {  # bench NAME MODEL TIMEOUT ENV...: bench --batch 1,4,8 at 1K, its rows into the summary
-  local name=$1 model=$2 t=$3; shift 3
-  if ! left; then say "bench $name: skipped (deadline) at $(el)s"; return; fi
-  run env "$@" timeout "$(tmo "$t")" "$B/lily-engine" bench --model "$model" --device cuda --prefill 1K \
-    --decode-ctx 1K --decode-tokens "${STEPS:-64}" --repeat 1 --batch 1,4,8 > "$OUT/bench-$name.log" 2>&1
-  say "bench $name rc=$? at $(el)s: $(grep -E '^ +[0-9]|error|Error' "$OUT/bench-$name.log" \
-    | tr -s ' ' | tr '\n' '|' | cut -c1-300)"
-}
 for r in $(seq 1 "${LAYERS_ROUNDS:-${ROUNDS:-2}}"); do
   for c in "${CONFIGS[@]}"; do set -- $c; name=$1; shift; bench "l$AB_LAYERS-$name-$r" "$M" 40 "$@"; done
 done

@@ -164,20 +164,28 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
+// Decode::project_rows' split of `rows` input rows into launches of at most `per`: launch(at, xb,
+// nb, xn) with the segments' outputs, the input and the normed rows (if any) at the launch's
+// first row.
+template <class Launch>
+static void per_launch(const std::vector<Seg>& segs, const DecSegs& base, const float* x, float* xn_out, int cols,
+                       int rows, int per, Launch launch) {
+    for (int b0 = 0; b0 < rows; b0 += per) {
+        int nb = std::min(per, rows - b0);
+        DecSegs at = base;
+        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
+        launch(at, x + (size_t)b0 * cols, nb, xn_out ? xn_out + (size_t)b0 * cols : nullptr);
+    }
+}
 static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
                          const float* norm_w = nullptr, float eps = 0.0f, float* xn_out = nullptr) {
     int warps = DEC_ROWS_WARPS;
     int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
-    int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
-    for (int b0 = 0; b0 < rows; b0 += per) {
-        int nb = std::min(per, rows - b0);
-        DecSegs at = base;
-        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-        const float* xb = x + (size_t)b0 * cols;
-        float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
+    int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    per_launch(segs, base, x, xn_out, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb, float* xn) {
         launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols, norm_w, eps, xn); });
-    }
+    });
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
 static void project_one(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols) {
@@ -295,22 +303,17 @@ static void run_gemv() {
 
 // ---- split --------------------------------------------------------------------------------------
 
-// Decode::project_rows_normed's launches for RowsKernel::GemvSplit (decode.rs: tiles of
+// Decode::project_rows's launches for RowsKernel::GemvSplit (decode.rs: tiles of
 // SPLIT_WARPS rows, a persistent grid of at most 4 · BLOCKS_PER_SM blocks an SM, dec_gemv_rows'
 // shared memory and rows a launch), optionally normed on the way in.
 static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
                                const float* norm_w = nullptr, float eps = 0.0f, float* xn_out = nullptr) {
     DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
-    int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT), per = rows_per_launch(cols);
-    for (int b0 = 0; b0 < rows; b0 += per) {
-        int nb = std::min(per, rows - b0);
-        DecSegs at = base;
-        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-        const float* xb = x + (size_t)b0 * cols;
-        float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
+    int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    per_launch(segs, base, x, xn_out, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb, float* xn) {
         launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
                  [&] { dec_gemv_rows_split(at, xb, nb, cols, norm_w, eps, xn); });
-    }
+    });
 }
 
 // f64 W · x[b] for each weight against `got`, and `got` against `other` (another kernel's
@@ -410,15 +413,10 @@ static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> y
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * sms);
-    for (int b0 = 0; b0 < rows; b0 += DEC_B_MAX) {
-        int nb = std::min(DEC_B_MAX, rows - b0);
-        DecSegs at = base;
-        for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-        const float* xb = x + (size_t)b0 * cols;
-        float* xn = xn_out ? xn_out + (size_t)b0 * cols : nullptr;
+    per_launch(segs, base, x, xn_out, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb, float* xn) {
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, nb),
                  [&] { dec_mma_rows(at, xb, nb, cols, split, norm_w, eps, xn); });
-    }
+    });
 }
 
 // dec_mma_rows (4-bit weights; x bf16 values, as bf16 mode gives it) against the f64 product,

@@ -739,7 +739,7 @@ impl Forward<'_> {
                     eps: cfg.rms_eps,
                     staged_out: keep_normed.then_some(s.xn.ptr),
                 };
-                self.kernels.decode.project_rows_normed(
+                self.kernels.decode.project_rows(
                     self.gpu,
                     kernel,
                     s.x.ptr,
@@ -772,7 +772,7 @@ impl Forward<'_> {
             BatchProjections::Rows(kernel) => self
                 .kernels
                 .decode
-                .project_rows(self.gpu, kernel, x, cols, rows, outs),
+                .project_rows(self.gpu, kernel, x, cols, rows, None, outs),
             BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);
                 for &(w, out) in outs {

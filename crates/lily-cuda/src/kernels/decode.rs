@@ -293,7 +293,7 @@ pub enum Prologue {
     },
 }
 
-/// The block's RMSNorm folded into a batched projection (`Decode::project_rows_normed`, the
+/// The block's RMSNorm folded into a batched projection (`Decode::project_rows`, the
 /// plan's `batch_norm_fold`): each input row normed on the way in with rms_norm's arithmetic and
 /// order (decode.cu's rows_rms_inv), the normed rows stored to `staged_out` (f32 [rows, cols])
 /// when a later kernel reads them.
@@ -614,26 +614,13 @@ impl Decode {
         })
     }
 
-    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
-    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
+    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols]; RMS-normed
+    /// on the way in when `norm` is given, the block's norm folded into the projections, else
+    /// already normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
     /// `dec_gemv_rows_split` or `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of
     /// a weight of `r` rows goes to its pointer + b · r floats.
-    pub fn project_rows(
-        &self,
-        gpu: &Gpu,
-        kernel: RowsKernel,
-        x: u64,
-        cols: usize,
-        rows: usize,
-        outs: &[(&DevLinear, Out)],
-    ) -> Result<()> {
-        self.project_rows_normed(gpu, kernel, x, cols, rows, None, outs)
-    }
-
-    /// `project_rows` of the rows of `x` RMS-normed on the way in when `norm` is given (the
-    /// block's norm folded into the projections, `RowsNorm`).
     #[allow(clippy::too_many_arguments)]
-    pub fn project_rows_normed(
+    pub fn project_rows(
         &self,
         gpu: &Gpu,
         kernel: RowsKernel,

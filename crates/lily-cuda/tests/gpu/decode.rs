@@ -354,7 +354,7 @@ fn rows_case(
             (&dws[3], Out::Store(outs_dev[3].ptr)),
         ];
         d.k.decode
-            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
+            .project_rows(d, kernel, xd.ptr, cols, nb, None, &outs)
             .unwrap();
         let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
         for (i, n) in rows_of.iter().enumerate() {
@@ -423,7 +423,7 @@ fn batched_decode_gemv_rows_match_cpu() {
         ] {
             let e =
                 d.k.decode
-                    .project_rows(&d, kernel, x, cols, rows, &out)
+                    .project_rows(&d, kernel, x, cols, rows, None, &out)
                     .unwrap_err();
             assert!(e.to_string().contains(says), "{kernel:?}: {e}");
         }
@@ -437,6 +437,7 @@ fn batched_decode_gemv_rows_match_cpu() {
                 buf.ptr,
                 128,
                 1,
+                None,
                 &[(&w8, Out::Store(buf.ptr))],
             )
             .unwrap_err();
@@ -521,7 +522,7 @@ fn batched_decode_gemv_rows_split_matches_cpu() {
 }
 
 /// `batch_norm_fold`: each batched projection kernel given the raw residual rows and the norm
-/// (`Decode::project_rows_normed`) against `rms_norm` over the rows then the same kernel on its
+/// (`Decode::project_rows`) against `rms_norm` over the rows then the same kernel on its
 /// output: the normed rows the kernel stores and its outputs bit for bit (the fold sums each row
 /// in rms_norm's order), for 1, 3, 8 and 11 rows (two launches), rows of different scales, the
 /// router's shape (8-bit, dec_gemv_rows and dec_gemv_rows_split) and DeltaNet's in_proj shape
@@ -574,12 +575,12 @@ fn batched_decode_norm_fold_matches_rms_norm_then_project() {
                             staged_out: Some(xn.ptr),
                         };
                         d.k.decode
-                            .project_rows_normed(&d, kernel, xd.ptr, cols, nb, Some(fold), &outs)
+                            .project_rows(&d, kernel, xd.ptr, cols, nb, Some(fold), &outs)
                             .unwrap();
                     } else {
                         d.rms_norm(xd.ptr, wd.ptr, xn.ptr, cols, nb);
                         d.k.decode
-                            .project_rows(&d, kernel, xn.ptr, cols, nb, &outs)
+                            .project_rows(&d, kernel, xn.ptr, cols, nb, None, &outs)
                             .unwrap();
                     }
                     let mut got: Vec<Vec<f32>> = outs_dev

@@ -1,0 +1,40 @@
+# The preamble of the batched-step A/B scripts (gpu_mma_rows_ab.sh, gpu_batch_small_ab.sh),
+# sourced from their staged folder with AB_LAYERS set: `. gpu_rows_ab_common.sh DEADLINE HARD`.
+# With DRY=1 (no GPU) gpu_ab_common.sh's parts are stubbed and every engine / test command is
+# echoed into $OUT/dry.log instead of run; else gpu_ab_common.sh runs (binaries, B, M, OUT, `say`,
+# `el`, `left` with DEADLINE). Then: `run CMD...` (runs it, or echoes it dry), `tmo N` (N seconds,
+# or what is left before HARD — env HARD overrides — if less), the full-size checkpoint's synth
+# started into FULL (/dev/shm/full-mlx; its pid SYNF), and `bench NAME MODEL TIMEOUT ENV...`:
+# `bench --batch 1,4,8` at a 1K context (STEPS steps, 64) under ENV, its rows into the summary.
+if [ "${DRY:-0}" = 1 ]; then
+  HERE="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"; B=$HERE/bin; M=/dev/shm/l$AB_LAYERS
+  OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"; S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
+  t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; AB_DEADLINE=${DEADLINE:-$1}
+  left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
+  run() { echo "RUN $*" >> "$OUT/dry.log"; }
+  SYN=; sleep 0 & SYN=$!
+else
+  . "$(dirname "${BASH_SOURCE[0]}")/gpu_ab_common.sh" "$1"
+  run() { "$@"; }
+fi
+HARD=${HARD:-$2}
+tmo() {  # tmo N: N seconds, or what is left before HARD if less (at least 1)
+  local rest=$(( HARD - $(el) ))
+  [ "$rest" -lt "$1" ] && { [ "$rest" -lt 1 ] && echo 1 || echo "$rest"; } || echo "$1"
+}
+FULL=/dev/shm/full-mlx
+if [ "${DRY:-0}" = 1 ]; then
+  run "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$FULL"; SYNF=$SYN
+else
+  "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$FULL" \
+    > "$OUT/synth-full.log" 2>&1 &
+  SYNF=$!
+fi
+bench() {  # bench NAME MODEL TIMEOUT ENV...: bench --batch 1,4,8 at 1K, its rows into the summary
+  local name=$1 model=$2 t=$3; shift 3
+  if ! left; then say "bench $name: skipped (deadline) at $(el)s"; return; fi
+  run env "$@" timeout "$(tmo "$t")" "$B/lily-engine" bench --model "$model" --device cuda --prefill 1K \
+    --decode-ctx 1K --decode-tokens "${STEPS:-64}" --repeat 1 --batch 1,4,8 > "$OUT/bench-$name.log" 2>&1
+  say "bench $name ($*) rc=$? at $(el)s: $(grep -E '^ +[0-9]|error|Error' "$OUT/bench-$name.log" \
+    | tr -s ' ' | tr '\n' '|' | cut -c1-400)"
+}
