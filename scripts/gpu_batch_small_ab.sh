@@ -41,17 +41,8 @@ CONFIGS=("off $OFF" "fold LILY_BATCH_NORM_FOLD=1 LILY_ROUTER_ROWS_SPLIT=0"
 # Full size: off and both first (the A/B that matters most if the deadline cuts the round).
 FULL_CONFIGS=("${CONFIGS[0]}" "${CONFIGS[3]}" "${CONFIGS[1]}" "${CONFIGS[2]}")
 
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  run timeout "$(tmo "${KERNEL_S:-60}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    batched_decode_gemv_rows_split batched_decode_norm_fold > "$OUT/tests-kernels.log" 2>&1
-  say "tests (dec_gemv_rows_split, the folded norm) rc=$? at $(el)s"
-  run timeout "$(tmo $(( ${TEST_S:-120} - $(el) )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    batched_decode_ decode_batched_ --skip batched_decode_gemv_rows_split --skip batched_decode_norm_fold \
-    > "$OUT/tests.log" 2>&1
-  say "tests (batched_decode_*, decode_batched_*) rc=$? at $(el)s"
-  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|^MODEL .*norm fold true" \
-    "$OUT/tests-kernels.log" "$OUT/tests.log" | cut -c1-220 | head -40 | tee -a "$S"
-fi
+rows_tests "dec_gemv_rows_split, the folded norm" 120 "^MODEL .*norm fold true" \
+  batched_decode_gemv_rows_split batched_decode_norm_fold
 wait "$SYN"; say "synth $AB_LAYERS layers rc=$? at $(el)s"
 
 for r in $(seq 1 "${LAYERS_ROUNDS:-${ROUNDS:-2}}"); do

@@ -27,19 +27,8 @@ AB_LAYERS=${LAYERS:-8}
 export LILY_BATCHED_DECODE=1
 CONFIGS=("off LILY_MMA_ROWS=0" "mma LILY_MMA_ROWS=1")
 
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # The two kernel tests first (KERNEL_S, 60 s), then every other batched test in what is left
-  # of TEST_S (180), so a slow model test cannot crowd out the new kernel's.
-  run timeout "$(tmo "${KERNEL_S:-60}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    batched_decode_mma_rows batched_decode_gemv_rows > "$OUT/tests-kernels.log" 2>&1
-  say "tests (dec_mma_rows, dec_gemv_rows vs CPU) rc=$? at $(el)s"
-  run timeout "$(tmo $(( ${TEST_S:-180} - $(el) )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    batched_decode_ decode_batched_ --skip batched_decode_mma_rows --skip batched_decode_gemv_rows \
-    > "$OUT/tests.log" 2>&1
-  say "tests (batched_decode_*, decode_batched_*) rc=$? at $(el)s"
-  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|KERNEL .*Mma 2048 cols, 8 rows.*output 0|^MODEL .*mma rows true" \
-    "$OUT/tests-kernels.log" "$OUT/tests.log" | cut -c1-220 | head -40 | tee -a "$S"
-fi
+rows_tests "dec_mma_rows, dec_gemv_rows vs CPU" 180 \
+  "KERNEL .*Mma 2048 cols, 8 rows.*output 0|^MODEL .*mma rows true" batched_decode_mma_rows batched_decode_gemv_rows
 wait "$SYN"; say "synth $AB_LAYERS layers rc=$? at $(el)s"
 
 for r in $(seq 1 "${ROUNDS:-2}"); do

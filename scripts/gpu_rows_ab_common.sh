@@ -5,7 +5,8 @@
 # `el`, `left` with DEADLINE). Then: `run CMD...` (runs it, or echoes it dry), `tmo N` (N seconds,
 # or what is left before HARD — env HARD overrides — if less), the full-size checkpoint's synth
 # started into FULL (/dev/shm/full-mlx; its pid SYNF), and `bench NAME MODEL TIMEOUT ENV...`:
-# `bench --batch 1,4,8` at a 1K context (STEPS steps, 64) under ENV, its rows into the summary.
+# `bench --batch 1,4,8` at a 1K context (STEPS steps, 64) under ENV, its rows into the summary;
+# `rows_tests` (below).
 if [ "${DRY:-0}" = 1 ]; then
   HERE="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"; B=$HERE/bin; M=/dev/shm/l$AB_LAYERS
   OUT=${OUT:-$(mktemp -d)}; mkdir -p "$OUT"; S=$OUT/summary.txt; say() { echo "$*" | tee -a "$S"; }
@@ -37,4 +38,21 @@ bench() {  # bench NAME MODEL TIMEOUT ENV...: bench --batch 1,4,8 at 1K, its row
     --decode-ctx 1K --decode-tokens "${STEPS:-64}" --repeat 1 --batch 1,4,8 > "$OUT/bench-$name.log" 2>&1
   say "bench $name ($*) rc=$? at $(el)s: $(grep -E '^ +[0-9]|error|Error' "$OUT/bench-$name.log" \
     | tr -s ' ' | tr '\n' '|' | cut -c1-400)"
+}
+# rows_tests WHAT TEST_S EXTRA FILTER...: unless SKIP_TESTS=1, the GPU tests FILTER... first
+# (KERNEL_S, 60 s: a slow model test cannot crowd the new kernels' out), then every other batched
+# one (batched_decode_*, decode_batched_*) until TEST_S seconds (env TEST_S overrides); their
+# results and the lines matching the extended regex EXTRA into the summary.
+rows_tests() {
+  [ "${SKIP_TESTS:-0}" = 1 ] && return
+  local what=$1 test_s=${TEST_S:-$2} extra=$3 skips=() f; shift 3
+  for f in "$@"; do skips+=(--skip "$f"); done
+  run timeout "$(tmo "${KERNEL_S:-60}")" "$B/gpu" --ignored --test-threads=1 --nocapture "$@" \
+    > "$OUT/tests-kernels.log" 2>&1
+  say "tests ($what) rc=$? at $(el)s"
+  run timeout "$(tmo $(( test_s - $(el) )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
+    batched_decode_ decode_batched_ "${skips[@]}" > "$OUT/tests.log" 2>&1
+  say "tests (batched_decode_*, decode_batched_*) rc=$? at $(el)s"
+  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|$extra" \
+    "$OUT/tests-kernels.log" "$OUT/tests.log" | cut -c1-220 | head -40 | tee -a "$S"
 }
