@@ -1,4 +1,4 @@
-# The preamble of the batched-step A/B scripts (gpu_mma_rows_ab.sh, gpu_batch_small_ab.sh),
+# The preamble of the batched-step A/B scripts (gpu_batch_small_ab.sh; gpu_mma_rows_ab.sh used it until its A/B decided, session 16),
 # sourced from their staged folder with AB_LAYERS set: `. gpu_rows_ab_common.sh DEADLINE HARD`.
 # With DRY=1 (no GPU) gpu_ab_common.sh's parts are stubbed and every engine / test command is
 # echoed into $OUT/dry.log instead of run; else gpu_ab_common.sh runs (binaries, B, M, OUT, `say`,
