@@ -1,4 +1,5 @@
-# The preamble of the batched-step A/B scripts (gpu_batch_small_ab.sh; gpu_mma_rows_ab.sh used it until its A/B decided, session 16),
+# The preamble of the batched-step A/B scripts (gpu_batch_small_ab.sh and gpu_mma_rows_ab.sh
+# used it until their A/Bs decided, sessions 16 and 17; git history keeps them),
 # sourced from their staged folder with AB_LAYERS set: `. gpu_rows_ab_common.sh DEADLINE HARD`.
 # With DRY=1 (no GPU) gpu_ab_common.sh's parts are stubbed and every engine / test command is
 # echoed into $OUT/dry.log instead of run; else gpu_ab_common.sh runs (binaries, B, M, OUT, `say`,

@@ -5,8 +5,8 @@
 # `bench --batch 1,4,8` at a 1K context, and served 1 / 4 / 8 clients (scripts/concurrent_bench.py:
 # a 1,024-token prompt each, MAX_TOKENS (256) greedy tokens, the default --max-batch), the
 # summary printed to stdout.
-# Staged: scripts/stage_gpu.sh DEST, `gzip -9` DEST/bin/*, this script and concurrent_bench.py
-# beside. There: bash .carry/NAME/gpu_ship_check.sh (carry .carry/NAME .carry/tokenizer)
+# Staged: scripts/stage_gpu.sh DEST, `gzip -9` DEST/bin/*, this script, concurrent_bench.py and
+# serve_bench.py (which it imports) beside. There: bash .carry/NAME/gpu_ship_check.sh (carry .carry/NAME .carry/tokenizer)
 set -u
 AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" 280

@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | mma | split | fold | moe | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | mma | split | moe | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -13,10 +13,6 @@
 //         product and against dec_gemv_rows (mma_case).
 //   split: dec_gemv_rows_split (the router's launch over more lanes, router_rows_split) against
 //         the f64 product and against dec_gemv_rows (another summation order: a tolerance).
-//   fold: the block's RMSNorm folded into the staging (batch_norm_fold) of dec_gemv_rows,
-//         dec_gemv_rows_split and dec_mma_rows: the normed rows they store and their outputs bit
-//         for bit those of norm.cu's rms_norm then the unfolded kernel, the normed rows against an
-//         f64 norm.
 //   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
@@ -165,26 +161,24 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     return d;
 }
 // Decode::project_rows' split of `rows` input rows into launches of at most `per`: launch(at, xb,
-// nb, xn) with the segments' outputs, the input and the normed rows (if any) at the launch's
-// first row.
+// nb) with the segments' outputs and the input at the launch's first row.
 template <class Launch>
-static void per_launch(const std::vector<Seg>& segs, const DecSegs& base, const float* x, float* xn_out, int cols,
-                       int rows, int per, Launch launch) {
+static void per_launch(const std::vector<Seg>& segs, const DecSegs& base, const float* x, int cols, int rows, int per,
+                       Launch launch) {
     for (int b0 = 0; b0 < rows; b0 += per) {
         int nb = std::min(per, rows - b0);
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-        launch(at, x + (size_t)b0 * cols, nb, xn_out ? xn_out + (size_t)b0 * cols : nullptr);
+        launch(at, x + (size_t)b0 * cols, nb);
     }
 }
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                         const float* norm_w = nullptr, float eps = 0.0f, float* xn_out = nullptr) {
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
     int warps = DEC_ROWS_WARPS;
     int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
-    per_launch(segs, base, x, xn_out, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb, float* xn) {
-        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols, norm_w, eps, xn); });
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
     });
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -305,14 +299,13 @@ static void run_gemv() {
 
 // Decode::project_rows's launches for RowsKernel::GemvSplit (decode.rs: tiles of
 // SPLIT_WARPS rows, a persistent grid of at most 4 · BLOCKS_PER_SM blocks an SM, dec_gemv_rows'
-// shared memory and rows a launch), optionally normed on the way in.
-static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                               const float* norm_w = nullptr, float eps = 0.0f, float* xn_out = nullptr) {
+// shared memory and rows a launch).
+static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
     DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
     int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
-    per_launch(segs, base, x, xn_out, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb, float* xn) {
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
         launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
-                 [&] { dec_gemv_rows_split(at, xb, nb, cols, norm_w, eps, xn); });
+                 [&] { dec_gemv_rows_split(at, xb, nb, cols); });
     });
 }
 
@@ -408,14 +401,13 @@ static size_t mma_smem_floats(int cols, int nb) {
     return (size_t)nb * (G * 32 + 4) + (size_t)G * DEC_B_MAX + 2 * DEC_MMA_WARPS * 128;
 }
 static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                             int sms, int split, const float* norm_w = nullptr, float eps = 0.0f,
-                             float* xn_out = nullptr) {
+                             int sms, int split) {
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * sms);
-    per_launch(segs, base, x, xn_out, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb, float* xn) {
+    per_launch(segs, base, x, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb) {
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, nb),
-                 [&] { dec_mma_rows(at, xb, nb, cols, split, norm_w, eps, xn); });
+                 [&] { dec_mma_rows(at, xb, nb, cols, split); });
     });
 }
 
@@ -502,83 +494,6 @@ static void run_mma() {
     QW n128(4, 1, 77, 128), n64(4, 1, 40, 64);
     mma_case("narrow", 128, {&n128}, {DEC_STORE}, {6});
     mma_case("narrow", 64, {&n64}, {DEC_EXACT}, {7});
-}
-
-// ---- fold ---------------------------------------------------------------------------------------
-
-// batch_norm_fold: each kernel given the raw rows and the norm (kernel 0: dec_gemv_rows, 1:
-// dec_gemv_rows_split, 2: dec_mma_rows) against norm.cu's rms_norm over the rows (one block of 256
-// threads a row, as kernels/norm.rs launches it) then the same kernel unfolded: the normed rows it
-// stores and its outputs bit for bit; the normed rows against an f64 norm.
-static void fold_case(const char* name, int kernel, int cols, std::vector<QW*> ws, std::vector<int> modes,
-                      std::vector<int> nbs) {
-    static const char* names[] = {"dec_gemv_rows", "dec_gemv_rows_split", "dec_mma_rows"};
-    std::vector<Seg> segs;
-    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
-    const float eps = 1e-6f;
-    for (int nb : nbs) {
-        // The residual rows: each its own scale, so a norm taken from another row shows.
-        std::vector<float> x((size_t)nb * cols);
-        for (int b = 0; b < nb; b++)
-            for (int c = 0; c < cols; c++) x[(size_t)b * cols + c] = val(0.5f + 1.5f * b);
-        if (BF16) for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
-        std::vector<float> w(cols);
-        for (auto& v : w) v = 1.0f + val(0.5f);
-        auto resid = residuals(ws, nb);
-        auto run = [&](const float* in, const float* norm_w, float* xn_out, std::vector<float*>& ys) {
-            if (kernel == 0) {
-                project_rows(segs, ys, in, cols, nb, norm_w, eps, xn_out);
-            } else if (kernel == 1) {
-                project_rows_split(segs, ys, in, cols, nb, norm_w, eps, xn_out);
-            } else {
-                int tiles = make_segs(segs, ys, 16).tiles;
-                int split = tiles < 2 * DEC_MMA_BLOCKS * SM_COUNT * DEC_MMA_WARPS;  // decode.rs mma_split
-                project_rows_mma(segs, ys, in, cols, nb, SM_COUNT, split, norm_w, eps, xn_out);
-            }
-        };
-        // rms_norm, then the kernel on its rows.
-        Buf<float> xn_ref((size_t)nb * cols);
-        launch_k({nb, 1, 1}, 256, 0, [&] { rms_norm(x.data(), cols, w.data(), xn_ref.p(), cols, cols, eps, nb); });
-        std::vector<float*> ys;
-        auto want = outputs(ws, modes, nb, resid, ys);
-        run(xn_ref.p(), nullptr, nullptr, ys);
-        // Folded, storing the normed rows.
-        Buf<float> xn((size_t)nb * cols);
-        auto got = outputs(ws, modes, nb, resid, ys);
-        run(x.data(), w.data(), xn.p(), ys);
-        // The f64 norm.
-        std::vector<double> xn64((size_t)nb * cols);
-        for (int b = 0; b < nb; b++) {
-            double ss = 0;
-            for (int c = 0; c < cols; c++) ss += (double)x[(size_t)b * cols + c] * x[(size_t)b * cols + c];
-            double inv = 1 / std::sqrt(ss / cols + eps);
-            for (int c = 0; c < cols; c++) xn64[(size_t)b * cols + c] = rb(x[(size_t)b * cols + c] * inv * w[c]);
-        }
-        char what[200];
-        snprintf(what, sizeof what, "%s, %s: %d rows: normed rows vs rms_norm, f64", name, names[kernel], nb);
-        double e = rel_l2(xn.p(), xn64.data(), xn64.size());
-        bool same = same_bits(xn.p(), xn_ref.p(), xn.n);
-        verdict(what, same && e < (BF16 ? 1e-2 : 1e-6) && xn.guard_ok(), same ? "  bit for bit; rel_l2 %.2e" : "  DIFFER; rel_l2 %.2e", e);
-        bool out_same = true;
-        for (size_t i = 0; i < ws.size(); i++) out_same = out_same && same_bits(got[i].p(), want[i].p(), got[i].n) && got[i].guard_ok();
-        snprintf(what, sizeof what, "%s, %s: %d rows: outputs vs rms_norm + unfolded", name, names[kernel], nb);
-        verdict(what, out_same, out_same ? "  bit for bit" : "  differ");
-        // And the unfolded outputs against the f64 product of rms_norm's rows.
-        std::vector<float> xr(xn_ref.p(), xn_ref.p() + xn_ref.n);
-        check_rows(name, "rms_norm + unfolded", cols, ws, modes, nb, xr, resid, got, want);
-    }
-}
-
-static void run_fold() {
-    printf("batch_norm_fold: the norm in the batched projections' staging (activations %s)\n", BF16 ? "bf16" : "fp32");
-    // The router's launch (8-bit, 257 rows) in dec_gemv_rows and dec_gemv_rows_split; DeltaNet's
-    // in_proj shape (4-bit) in dec_gemv_rows and dec_mma_rows; 11 rows: two launches.
-    QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
-    QW qkv(4, 1, 300, 2048), b32(4, 1, 32, 2048);
-    for (int kernel : {0, 1}) fold_case("router", kernel, 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 3, 8, 11});
-    // (dec_mma_rows in bf16 builds: the plan takes it only in bf16 mode.)
-    for (int kernel : {0, 2})
-        if (kernel < 2 || BF16) fold_case("in_proj", kernel, 2048, {&qkv, &b32}, {DEC_STORE, DEC_RESIDUAL}, {2, 8, 11});
 }
 
 // ---- moe ----------------------------------------------------------------------------------------
@@ -997,13 +912,12 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
-    else if (part == "fold") run_fold();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|mma|split|fold|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|mma|split|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (with and without the norm folded in, against
-# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
-# attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
+# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows,
+# dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -12,8 +11,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|fold|moe|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (13 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|moe|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (10 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -50,15 +49,9 @@ MUTANTS = [
      "dec_mma_rows without the 128 offset in its bias term"),
     ('dec', 'for (int w = 0; w < ks; w++) s +=', 'for (int w = 0; w < 1; w++) s +=',
      "dec_mma_rows keeping only warp 0's share of a split tile"),
-    ('dec', 'float t = lane < VW ? part[b * VW + lane] : 0.0f;', 'float t = lane < VW ? part[lane] : 0.0f;',
-     "the folded norm taking row 0's sum of squares for every row"),
     ('dec', 'for (int b = 0; b < DEC_B_MAX; b++) acc[b] = warp_sum(acc[b]);',
      'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
      "dec_gemv_rows_split meeting only two lanes' sums"),
-    ('dec', 'reinterpret_cast<const float4*>(norm_w + gi * 64 + t * 16)[e]', 'reinterpret_cast<const float4*>(norm_w + t * 16)[e]',
-     "dec_mma_rows' folded norm reading group 0's weights for every group"),
-    ('dec', '*reinterpret_cast<float4*>(xn_out + (long long)b * cols + c) = v;', '*reinterpret_cast<float4*>(xn_out + c) = v;',
-     "the folded norm storing every row's normed values at row 0"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -133,7 +126,7 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 mma" "7 mma" "8 mma" "9 fold" "10 split" "11 fold -DLILY_BF16_ACT" "12 fold"; do
+           "6 mma" "7 mma" "8 mma" "9 split"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -149,8 +142,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv mma split fold moe dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv mma split fold moe dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma split moe dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma split moe dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

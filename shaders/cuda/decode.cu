@@ -1338,55 +1338,15 @@ __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L
 #define DEC_ROWS_WARPS 8
 #define DEC_ROWS_MIN_BLOCKS 1
 #endif
-// The batched block's RMSNorm folded into a projection's staging (the plan's batch_norm_fold):
-// inv[b] = rsqrt(mean(x[b]²) + eps) for the nb rows, summed exactly as norm.cu's rms_norm sums a
-// row (RMS_NORM_THREADS threads, thread t over columns t, t + 256, ..., then block_sum's tree: a
-// warp's xor shuffles, then the 8 warps' sums through one warp), whatever this block's size (a
-// multiple of 32): warp w plays rms_norm's warps w, w + warps, ... of each row. So the normed
-// rows, act(x · inv · w), are rms_norm's bit for bit, and a folded projection's outputs those of
-// rms_norm then the projection. part: shared [DEC_B_MAX · 8], inv: shared [DEC_B_MAX].
-#define RMS_NORM_THREADS 256
-__device__ __forceinline__ void rows_rms_inv(const float* __restrict__ x, int nb, int cols, float eps, float* part,
-                                             float* inv) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int VW = RMS_NORM_THREADS / 32;
-    for (int i = warp; i < nb * VW; i += warps) {
-        int b = i / VW, vt = (i % VW) * 32 + lane;
-        const float* xr = x + (long long)b * cols;
-        float ss = 0.0f;
-        for (int c = vt; c < cols; c += RMS_NORM_THREADS) ss += xr[c] * xr[c];
-        ss = warp_sum(ss);
-        if (lane == 0) part[i] = ss;
-    }
-    __syncthreads();
-    for (int b = warp; b < nb; b += warps) {
-        float t = lane < VW ? part[b * VW + lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) inv[b] = rsqrtf(t / (float)cols + eps);
-    }
-    __syncthreads();
-}
-
-// x [nb, cols] → xs [nb][G][DEC_XPAD] and each (row, group)'s sum xsum [nb][G] (dec_gemv_rows'
-// layout), 16 bytes at a time (cols % 64 == 0: a float4 never straddles a group or a row). With
-// norm_w each row is RMS-normed on the way (rms_norm's values, rows_rms_inv) and block 0 stores
-// the normed rows to xn_out when given.
-__device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-                                           float eps, float* __restrict__ xn_out, float* xs, float* xsum) {
-    __shared__ float norm_part[DEC_B_MAX * 8];
-    __shared__ float norm_inv[DEC_B_MAX];
+// x [nb, cols] (already normed) → xs [nb][G][DEC_XPAD] and each (row, group)'s sum xsum [nb][G]
+// (dec_gemv_rows' layout), 16 bytes at a time (cols % 64 == 0: a float4 never straddles a group
+// or a row).
+__device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum) {
     int G = cols >> 6, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    if (norm_w) rows_rms_inv(x, nb, cols, eps, norm_part, norm_inv);
     int n4 = nb * cols / 4;
     for (int i = threadIdx.x; i < n4; i += blockDim.x) {
         int b = (4 * i) / cols, c = (4 * i) % cols;
         float4 v = *reinterpret_cast<const float4*>(x + (long long)b * cols + c);
-        if (norm_w) {
-            float inv = norm_inv[b];
-            float4 w = *reinterpret_cast<const float4*>(norm_w + c);
-            v = make_float4(act(v.x * inv * w.x), act(v.y * inv * w.y), act(v.z * inv * w.z), act(v.w * inv * w.w));
-            if (xn_out && blockIdx.x == 0) *reinterpret_cast<float4*>(xn_out + (long long)b * cols + c) = v;
-        }
         *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
     }
     __syncthreads();
@@ -1399,8 +1359,7 @@ __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, 
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
-dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w, float eps,
-              float* __restrict__ xn_out) {
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
     float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
@@ -1409,7 +1368,7 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const
     int L = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
     int rpw = 32 / L, sub = lane / L, sl = lane % L;
     dec_wait();
-    rows_stage(x, nb, cols, norm_w, eps, xn_out, xs, xsum);
+    rows_stage(x, nb, cols, xs, xsum);
     int warps = blockDim.x >> 5;
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
@@ -1434,7 +1393,7 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const
 }
 
 // dec_gemv_rows_split: what dec_gemv_rows computes (the same segments, store modes, output
-// layout, staging and fold), for launches of few weight rows (the router's 256 + the shared
+// layout and staging), for launches of few weight rows (the router's 256 + the shared
 // gate's 1: the plan's router_rows_split), where dec_gemv_rows' tiles of 24-32 rows leave most
 // SMs idle and each of its lanes walks G / 8 groups for every input row. Here a warp is one weight
 // row and its lanes its groups (lane l: groups l, l + 32, ...; a lane past G idles), the lanes'
@@ -1456,8 +1415,7 @@ __device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, 
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
-dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-                    float eps, float* __restrict__ xn_out) {
+dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
     float* xs = dec_smem;                  // [nb][G][DEC_XPAD]
@@ -1470,7 +1428,7 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols,
     int tile = blockIdx.x;
     split_first_load(segs, tile, G, g4, g8);
     dec_wait();
-    rows_stage(x, nb, cols, norm_w, eps, xn_out, xs, xsum);
+    rows_stage(x, nb, cols, xs, xsum);
     for (; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
         int row = (tile - sg.tile0) * DEC_SPLIT_WARPS + warp;
@@ -1677,14 +1635,8 @@ __device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cp
 // x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum [G][8] (each row's group
 // sums of those bf16 values, a group's 8 rows together: a lane reads its two as one float2): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
 // four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
-// With norm_w each row is RMS-normed first (rms_norm's values: rows_rms_inv, as rows_stage) and
-// block 0 stores the normed rows to xn_out when given.
 __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
-                                          float* xsum, const float* __restrict__ norm_w, float eps,
-                                          float* __restrict__ xn_out) {
-    __shared__ float norm_part[DEC_B_MAX * 8];
-    __shared__ float norm_inv[DEC_B_MAX];
-    if (norm_w) rows_rms_inv(x, nb, cols, eps, norm_part, norm_inv);
+                                          float* xsum) {
     int total = nb * G * 4;
     for (int base = 0; base < total; base += blockDim.x) {
         int i = base + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
@@ -1697,13 +1649,6 @@ __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, i
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float4 f = p[e];
-                if (norm_w) {
-                    float inv = norm_inv[n];
-                    float4 w = reinterpret_cast<const float4*>(norm_w + gi * 64 + t * 16)[e];
-                    f = make_float4(act(f.x * inv * w.x), act(f.y * inv * w.y), act(f.z * inv * w.z),
-                                    act(f.w * inv * w.w));
-                    if (xn_out && blockIdx.x == 0) reinterpret_cast<float4*>(xn_out + at)[e] = f;
-                }
                 v[4 * e] = round_bf16(f.x);
                 v[4 * e + 1] = round_bf16(f.y);
                 v[4 * e + 2] = round_bf16(f.z);
@@ -1731,8 +1676,7 @@ __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, i
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
-dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, const float* __restrict__ norm_w,
-             float eps, float* __restrict__ xn_out) {
+dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
@@ -1745,7 +1689,7 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     MmaChunk ca, cb;
     if (total > 0) mma_chunk_load(segs, 0, cpt, ks, gpw, G, ca);
     dec_wait();
-    mma_stage(x, nb, cols, G, R, xb, xsum, norm_w, eps, xn_out);
+    mma_stage(x, nb, cols, G, R, xb, xsum);
     __syncthreads();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int c = 0; c < total; c += 2) {

@@ -11,9 +11,7 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
-use crate::kernels::decode::{
-    DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue, RowsNorm,
-};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::linear::{Gather, GROUP_TILE};
@@ -525,7 +523,7 @@ impl Forward<'_> {
                         (&a.k_proj, Out::Store(s.k.ptr)),
                         (&a.v_proj, Out::Store(s.v.ptr)),
                     ];
-                    self.norm_project_batch(input_norm, rows, &qkv, false)?;
+                    self.norm_project_batch(input_norm, rows, &qkv)?;
                     let keys: Vec<usize> = seqs.iter().map(|seq| seq.len + 1).collect();
                     match self.plan.batch_attention(AttnShape::of(cfg), &keys) {
                         BatchAttention::Rows(kernel) => {
@@ -573,7 +571,7 @@ impl Forward<'_> {
                         (&d.in_b, Out::Store(s.b.ptr)),
                         (&d.in_a, Out::Store(s.a.ptr)),
                     ];
-                    self.norm_project_batch(input_norm, rows, &inputs, false)?;
+                    self.norm_project_batch(input_norm, rows, &inputs)?;
                     match self.plan.batch_scan(cfg) {
                         BatchScan::Rows => {
                             let t = BatchTable::new(table, model, rows)?;
@@ -613,7 +611,7 @@ impl Forward<'_> {
         }
         let v = cfg.vocab;
         let head = [(&model.lm_head, Out::Store(logits))];
-        self.norm_project_batch(model.final_norm.ptr, rows, &head, false)?;
+        self.norm_project_batch(model.final_norm.ptr, rows, &head)?;
         for (row, seq) in seqs.iter().enumerate() {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
@@ -645,7 +643,7 @@ impl Forward<'_> {
     }
 
     /// `moe_one_token` for each of the `rows` rows of a batched step (scratch.x, normed with
-    /// `norm` into scratch.xn by the first launch or before it: `norm_project_batch`): the
+    /// `norm` into scratch.xn first: `norm_project_batch`): the
     /// router logits and the shared-expert gate of all rows in one launch, then each row's
     /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
     /// projection with the combine and the residual add in one.
@@ -655,7 +653,7 @@ impl Forward<'_> {
             (&m.router, Out::Exact(s.router.ptr)),
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
-        self.norm_project_batch(norm, rows, &first, true)?;
+        self.norm_project_batch(norm, rows, &first)?;
         let (glu, down) = self.moe_args(m);
         k.decode.glu_rows(gpu, &glu, rows)?;
         k.decode.down_combine_rows(gpu, &down, rows)
@@ -718,42 +716,12 @@ impl Forward<'_> {
     }
 
     /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step
-    /// (scratch.x), then the projections of the normed rows (`project_batch`): folded into the
-    /// projections' staging where the plan says (`batch_norm_fold`; the normed rows still stored
-    /// to scratch.xn when `keep_normed`: a later kernel reads them), else `rms_norm` into
-    /// scratch.xn first.
-    fn norm_project_batch(
-        &self,
-        norm: u64,
-        rows: usize,
-        outs: &[(&DevLinear, Out)],
-        keep_normed: bool,
-    ) -> Result<()> {
+    /// (scratch.x) into scratch.xn (`rms_norm`), then the projections of the normed rows
+    /// (`project_batch`).
+    fn norm_project_batch(&self, norm: u64, rows: usize, outs: &[(&DevLinear, Out)]) -> Result<()> {
         let (cfg, s) = (self.cfg, self.scratch);
-        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
-        let projections = self.plan.batch_projections(&shapes);
-        match projections {
-            BatchProjections::Rows(kernel) if self.plan.batch_norm_fold(projections) => {
-                let fold = RowsNorm {
-                    weight: norm,
-                    eps: cfg.rms_eps,
-                    staged_out: keep_normed.then_some(s.xn.ptr),
-                };
-                self.kernels.decode.project_rows(
-                    self.gpu,
-                    kernel,
-                    s.x.ptr,
-                    cfg.hidden,
-                    rows,
-                    Some(fold),
-                    outs,
-                )
-            }
-            _ => {
-                self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
-                self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
-            }
-        }
+        self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
+        self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
     }
 
     /// The projections of one input for the `rows` rows of a batched decode step (x: f32
@@ -772,7 +740,7 @@ impl Forward<'_> {
             BatchProjections::Rows(kernel) => self
                 .kernels
                 .decode
-                .project_rows(self.gpu, kernel, x, cols, rows, None, outs),
+                .project_rows(self.gpu, kernel, x, cols, rows, outs),
             BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);
                 for &(w, out) in outs {
@@ -808,7 +776,7 @@ impl Forward<'_> {
             (&m.shared_gate, Out::Store(s.sg.ptr)),
             (&m.shared_up, Out::Store(s.su.ptr)),
         ];
-        self.norm_project_batch(norm, rows, &first, true)?;
+        self.norm_project_batch(norm, rows, &first)?;
         let route = Route {
             logits: s.router.ptr,
             ids: s.ids.ptr,

@@ -96,14 +96,10 @@ lily_core::backend_options! {
             label "batched projections on tensor cores",
             help "a batched decode step's 4-bit projections (the fused batch's dec_gemv_rows: q/k/v, DeltaNet's four, o_proj, out_proj, lm_head) on the tensor cores (decode.cu's dec_mma_rows: 16 weight rows × the B ≤ 8 rows an mma.sync, nibbles ORed into bf16 128 + q, s·acc + (b − 128 s)·Σx per group; bf16 mode) instead of the CUDA cores",
             why "won its A/B: bench 4 / 8 rows 1.27× / 1.57× → 1.70× / 2.38× one row (8 layers), full size 595 → 745 / 725 → 998 tok/s at 1K (an H100, session 16); dec_gemv_rows serves fp32 mode and the router's 8-bit gate";
-        batch_norm_fold = false, flag Some("batch-norm-fold"), env "LILY_BATCH_NORM_FOLD" = true,
-            label "norm folded into batched projections",
-            help "a batched decode step's block RMSNorms (attention's and DeltaNet's input norm, the MoE's, the final one) folded into the staging of the projections that read the normed rows (dec_mma_rows, dec_gemv_rows, dec_gemv_rows_split: each row normed in rms_norm's order, bit for bit; the MoE's launch stores the normed rows for dec_glu4_rows) instead of an rms_norm launch before them: 2 launches a layer + 1 fewer",
-            why "not yet measured: off until its device A/B (perf-notes, branch batch-small)";
-        router_rows_split = false, flag Some("router-rows-split"), env "LILY_ROUTER_ROWS_SPLIT" = true,
+        router_rows_split = true, flag Some("no-router-rows-split"), env "LILY_ROUTER_ROWS_SPLIT" = true,
             label "batched router split over lanes",
             help "a batched decode step's router launch (router + shared-expert gate: 257 rows) in decode.cu's dec_gemv_rows_split (one weight row a warp, its 64-column groups one a lane, the lanes' sums met by a fixed shuffle tree, 4 rows a block: 65 blocks) instead of dec_gemv_rows' tiles of 24-32 rows (11 blocks)",
-            why "not yet measured: off until its device A/B (perf-notes, branch batch-small)";
+            why "won its A/B: full size 4 rows 748.0 / 747.1 → 759.9 / 763.0 tok/s (+1.9 %), 1 and 8 rows unchanged; served 4 clients 751.2 → 766.3 (an H100, session 17); dec_gemv_rows serves wider launches";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -238,8 +234,7 @@ mod tests {
             ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_BATCHED_DECODE", "0"),
             ("LILY_TC_SCAN", "0"),
-            ("LILY_BATCH_NORM_FOLD", "1"),
-            ("LILY_ROUTER_ROWS_SPLIT", "1"),
+            ("LILY_ROUTER_ROWS_SPLIT", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -261,8 +256,7 @@ mod tests {
                 fused_decode: false,
                 fused_batch: false,
                 mma_rows: false,
-                batch_norm_fold: true,
-                router_rows_split: true,
+                router_rows_split: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`--batch-norm-fold`, off: each norm in the staging of the projections after it, `batch_norm_fold`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows` (`--router-rows-split`, off: `dec_gemv_rows_split`, a warp a weight row), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -522,13 +522,6 @@ impl Plan {
         }
     }
 
-    /// Whether a batched decode step's block norm before projections that run as `projections`
-    /// says is folded into their staging (`batch_norm_fold`: decode.cu's rows kernels norm each
-    /// row in rms_norm's order) instead of an `rms_norm` launch over the rows before them.
-    pub fn batch_norm_fold(&self, projections: BatchProjections) -> bool {
-        self.o.batch_norm_fold && matches!(projections, BatchProjections::Rows(_))
-    }
-
     /// The attention of a batched decode step whose sequences hold `keys` keys each after it:
     /// `BatchAttention::Rows` under `fused_batch` where every sequence's one-token attention is
     /// the tensor-core split kernel with the prep inside and there are at most
@@ -817,40 +810,41 @@ mod tests {
     }
 
     #[test]
-    fn the_batched_norm_fold_and_the_router_split_take_their_kernels_under_their_switches() {
+    fn the_batched_router_takes_the_split_kernel_under_its_switch() {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let rows = BatchProjections::Rows;
         let router = [w(256, 2048, 8), w(1, 2048, 8)];
         let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
-        // Off by default: the router on dec_gemv_rows, every norm its own rms_norm launch.
+        // On by default: the router's 257 rows on dec_gemv_rows_split, the 4-bit projections on
+        // the tensor cores.
         let defaults = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(defaults.batch_projections(&router), rows(RowsKernel::Gemv));
-        assert!(!defaults.batch_norm_fold(rows(RowsKernel::Mma)));
-        let d = defaults.describe();
-        assert!(
-            d.contains("norm folded into batched projections off")
-                && d.contains("batched router split over lanes off"),
-            "{d}"
+        assert_eq!(
+            defaults.batch_projections(&router),
+            rows(RowsKernel::GemvSplit)
         );
-        let on = |o: CudaOptions| {
-            Plan::resolve(
-                &CudaOptions {
-                    batch_norm_fold: true,
-                    router_rows_split: true,
-                    ..o
-                },
-                H200,
-            )
-        };
-        let both = on(CudaOptions::default());
-        assert_eq!(both.batch_projections(&router), rows(RowsKernel::GemvSplit));
-        assert_eq!(both.batch_projections(&qkv), rows(RowsKernel::Mma));
+        assert_eq!(defaults.batch_projections(&qkv), rows(RowsKernel::Mma));
+        let d = defaults.describe();
+        assert!(d.contains("batched router split over lanes on"), "{d}");
+        let off = Plan::resolve(
+            &CudaOptions {
+                router_rows_split: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(off.batch_projections(&router), rows(RowsKernel::Gemv));
+        assert!(off
+            .describe()
+            .contains("batched router split over lanes off"));
         // Without the tensor cores: split up to SPLIT_ROWS_MAX weight rows a launch, wider
         // launches keep dec_gemv_rows' tiles.
-        let gemv = on(CudaOptions {
-            mma_rows: false,
-            ..CudaOptions::default()
-        });
+        let gemv = Plan::resolve(
+            &CudaOptions {
+                mma_rows: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         let max = decode::SPLIT_ROWS_MAX;
         assert_eq!(
             gemv.batch_projections(&[w(max - 24, 2048, 4), w(24, 2048, 4)]),
@@ -861,18 +855,17 @@ mod tests {
             rows(RowsKernel::Gemv)
         );
         assert_eq!(gemv.batch_projections(&qkv), rows(RowsKernel::Gemv));
-        // The fold: wherever the projections are decode.cu's rows kernels, never per kernel.
-        for k in [RowsKernel::Gemv, RowsKernel::GemvSplit, RowsKernel::Mma] {
-            assert!(both.batch_norm_fold(rows(k)), "{k:?}");
-        }
-        assert!(!both.batch_norm_fold(BatchProjections::PerKernel));
-        let unfused = on(CudaOptions {
-            fused_batch: false,
-            ..CudaOptions::default()
-        });
-        let p = unfused.batch_projections(&router);
-        assert_eq!(p, BatchProjections::PerKernel);
-        assert!(!unfused.batch_norm_fold(p));
+        let unfused = Plan::resolve(
+            &CudaOptions {
+                fused_batch: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            unfused.batch_projections(&router),
+            BatchProjections::PerKernel
+        );
     }
 
     #[test]
@@ -1145,7 +1138,6 @@ mod tests {
         for ws in [
             &[q, k, k][..],
             &[in_qkv, z, dn_b, dn_b],
-            &[router, s_gate],
             &[o],
             &[out_proj],
             &[lm_head],
@@ -1156,8 +1148,12 @@ mod tests {
                 "{ws:?}"
             );
         }
-        // By default (`mma_rows`): dec_mma_rows for every 4-bit input; the 8-bit router keeps
-        // dec_gemv_rows (`--no-mma-rows`: dec_gemv_rows for all, above).
+        // By default (`mma_rows`): dec_mma_rows for every 4-bit input; the 8-bit router (257
+        // rows) takes dec_gemv_rows_split (`router_rows_split`), with or without `--no-mma-rows`.
+        assert_eq!(
+            gemv.batch_projections(&[router, s_gate]),
+            BatchProjections::Rows(RowsKernel::GemvSplit)
+        );
         let mma = &p;
         for (ws, kernel) in [
             (&[q, k, k][..], RowsKernel::Mma),
@@ -1165,7 +1161,7 @@ mod tests {
             (&[lm_head], RowsKernel::Mma),
             (&[o], RowsKernel::Mma),
             (&[out_proj], RowsKernel::Mma),
-            (&[router, s_gate], RowsKernel::Gemv),
+            (&[router, s_gate], RowsKernel::GemvSplit),
         ] {
             assert_eq!(
                 mma.batch_projections(ws),

@@ -293,18 +293,6 @@ pub enum Prologue {
     },
 }
 
-/// The block's RMSNorm folded into a batched projection (`Decode::project_rows`, the
-/// plan's `batch_norm_fold`): each input row normed on the way in with rms_norm's arithmetic and
-/// order (decode.cu's rows_rms_inv), the normed rows stored to `staged_out` (f32 [rows, cols])
-/// when a later kernel reads them.
-#[derive(Clone, Copy, Debug)]
-pub struct RowsNorm {
-    /// f32 [cols].
-    pub weight: u64,
-    pub eps: f32,
-    pub staged_out: Option<u64>,
-}
-
 /// The input of a fused projection: one row of `cols` f32 and its prologue; `staged_out`
 /// receives the row the projections read (e.g. the normed row, for later kernels) when wanted.
 #[derive(Clone, Copy, Debug)]
@@ -614,9 +602,8 @@ impl Decode {
         })
     }
 
-    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols]; RMS-normed
-    /// on the way in when `norm` is given, the block's norm folded into the projections, else
-    /// already normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
+    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
+    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
     /// `dec_gemv_rows_split` or `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of
     /// a weight of `r` rows goes to its pointer + b · r floats.
     #[allow(clippy::too_many_arguments)]
@@ -627,7 +614,6 @@ impl Decode {
         x: u64,
         cols: usize,
         rows: usize,
-        norm: Option<RowsNorm>,
         outs: &[(&DevLinear, Out)],
     ) -> Result<()> {
         let name = match kernel {
@@ -675,12 +661,6 @@ impl Decode {
             }
         };
         let per_launch = rows_per_launch(kernel, cols);
-        if let Some(n) = norm {
-            if !n.weight.is_multiple_of(16) || n.staged_out.is_some_and(|p| !p.is_multiple_of(16)) {
-                bail!("{name}: the norm's weight and normed rows must be 16-byte aligned");
-            }
-        }
-        let (norm_w, eps) = norm.map_or((0u64, 0.0f32), |n| (n.weight, n.eps));
         let mut b0 = 0;
         while b0 < rows {
             let nb = per_launch.min(rows - b0);
@@ -689,9 +669,6 @@ impl Decode {
                 at.s[i].y += (b0 * w.rows * 4) as u64;
             }
             let xb = x + (b0 * cols * 4) as u64;
-            let xn_out = norm
-                .and_then(|n| n.staged_out)
-                .map_or(0u64, |p| p + (b0 * cols * 4) as u64);
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
             let smem = launch_smem(kernel, cols, nb);
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
@@ -700,7 +677,6 @@ impl Decode {
                 if kernel == RowsKernel::Mma {
                     l.arg(&split);
                 }
-                l.arg(&norm_w).arg(&eps).arg(&xn_out);
             })?;
             b0 += nb;
         }

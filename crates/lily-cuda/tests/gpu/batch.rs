@@ -58,8 +58,6 @@ struct Case {
     /// On, the fused projections of 4-bit weights run on the tensor cores (`dec_mma_rows`; the
     /// plan takes it in bf16 mode only).
     mma_rows: bool,
-    /// On, the block norms are folded into the batched projections' staging (`batch_norm_fold`).
-    batch_norm_fold: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
     prompts: &'static [usize],
@@ -75,7 +73,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         fused_decode,
         fused_batch,
         mma_rows,
-        batch_norm_fold,
         router_rows_split,
         prompts,
     } = case;
@@ -89,7 +86,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, norm fold {batch_norm_fold}, router split {router_rows_split}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, router split {router_rows_split}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -97,7 +94,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             fused_decode,
             fused_batch,
             mma_rows,
-            batch_norm_fold,
             router_rows_split,
             batched_decode: true,
             pipelined_batch,
@@ -208,7 +204,6 @@ const FUSED: Case = Case {
     fused_decode: true,
     fused_batch: true,
     mma_rows: false,
-    batch_norm_fold: false,
     router_rows_split: false,
     prompts: &[9, 23, 40],
 };
@@ -226,16 +221,15 @@ const MMA_ROWS: Case = Case {
     ..FUSED
 };
 
-/// The two small-launch fixes (branch batch-small): the norms folded into the projections and
-/// the router split over lanes, on the CUDA cores and with `--mma-rows`.
-const SMALL_LAUNCHES: Case = Case {
-    batch_norm_fold: true,
+/// The router's launch split over lanes (`router_rows_split`), on the CUDA cores and with
+/// `--mma-rows` (the shipping step).
+const ROUTER_SPLIT: Case = Case {
     router_rows_split: true,
     ..FUSED
 };
-const SMALL_LAUNCHES_MMA: Case = Case {
+const SHIPPING: Case = Case {
     mma_rows: true,
-    ..SMALL_LAUNCHES
+    ..ROUTER_SPLIT
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -253,8 +247,8 @@ fn eight(case: Case) -> Case {
 /// and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps its
 /// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
-/// inputs where the shape has them); three and eight with `--mma-rows`; three and eight with
-/// `--batch-norm-fold --router-rows-split`, on the CUDA cores and with `--mma-rows`.
+/// inputs where the shape has them); three and eight with `--mma-rows`; three and eight with the
+/// router split over lanes, on the CUDA cores and with `--mma-rows` (the shipping step).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -269,13 +263,13 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
     batched_steps_match_alone(Preset::Tiny, eight(FUSED));
     batched_steps_match_alone(Preset::Tiny, MMA_ROWS);
     batched_steps_match_alone(Preset::Tiny, eight(MMA_ROWS));
-    batched_steps_match_alone(Preset::Tiny, SMALL_LAUNCHES);
-    batched_steps_match_alone(Preset::Tiny, eight(SMALL_LAUNCHES_MMA));
-    batched_steps_match_alone(Preset::Tiny, SMALL_LAUNCHES_MMA);
+    batched_steps_match_alone(Preset::Tiny, ROUTER_SPLIT);
+    batched_steps_match_alone(Preset::Tiny, eight(SHIPPING));
+    batched_steps_match_alone(Preset::Tiny, SHIPPING);
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, with
-/// `--mma-rows`, and with `--mma-rows --batch-norm-fold --router-rows-split`).
+/// `--mma-rows`, and the shipping step: `--mma-rows` with the router split over lanes).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
@@ -283,7 +277,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, FIRST_VERSION);
     batched_steps_match_alone(Preset::Small, eight(FUSED));
     batched_steps_match_alone(Preset::Small, eight(MMA_ROWS));
-    batched_steps_match_alone(Preset::Small, eight(SMALL_LAUNCHES_MMA));
+    batched_steps_match_alone(Preset::Small, eight(SHIPPING));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

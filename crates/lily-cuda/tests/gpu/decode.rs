@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel, RowsNorm};
+use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -354,7 +354,7 @@ fn rows_case(
             (&dws[3], Out::Store(outs_dev[3].ptr)),
         ];
         d.k.decode
-            .project_rows(d, kernel, xd.ptr, cols, nb, None, &outs)
+            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
             .unwrap();
         let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
         for (i, n) in rows_of.iter().enumerate() {
@@ -423,7 +423,7 @@ fn batched_decode_gemv_rows_match_cpu() {
         ] {
             let e =
                 d.k.decode
-                    .project_rows(&d, kernel, x, cols, rows, None, &out)
+                    .project_rows(&d, kernel, x, cols, rows, &out)
                     .unwrap_err();
             assert!(e.to_string().contains(says), "{kernel:?}: {e}");
         }
@@ -437,7 +437,6 @@ fn batched_decode_gemv_rows_match_cpu() {
                 buf.ptr,
                 128,
                 1,
-                None,
                 &[(&w8, Out::Store(buf.ptr))],
             )
             .unwrap_err();
@@ -519,91 +518,6 @@ fn batched_decode_gemv_rows_split_matches_cpu() {
         }
     }
     println!("KERNEL decode.cu dec_gemv_rows_split matches the CPU");
-}
-
-/// `batch_norm_fold`: each batched projection kernel given the raw residual rows and the norm
-/// (`Decode::project_rows`) against `rms_norm` over the rows then the same kernel on its
-/// output: the normed rows the kernel stores and its outputs bit for bit (the fold sums each row
-/// in rms_norm's order), for 1, 3, 8 and 11 rows (two launches), rows of different scales, the
-/// router's shape (8-bit, dec_gemv_rows and dec_gemv_rows_split) and DeltaNet's in_proj shape
-/// (4-bit; dec_mma_rows in bf16 mode, the only mode the plan takes it in).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn batched_decode_norm_fold_matches_rms_norm_then_project() {
-    let cols = 2048;
-    for bf16_activations in [false, true] {
-        let d = dev(bf16_activations);
-        let mut rng = Rng(59);
-        let r = |v: f32| if bf16_activations { round_bf16(v) } else { v };
-        let norm_w: Vec<f32> = rng.vec(cols, 0.5).into_iter().map(|v| 1.0 + v).collect();
-        let wd = d.upload(&norm_w).unwrap();
-        let mut kernels = vec![
-            (RowsKernel::Gemv, [256, 1], [8, 8]),
-            (RowsKernel::GemvSplit, [256, 1], [8, 8]),
-            (RowsKernel::Gemv, [300, 32], [4, 4]),
-        ];
-        if bf16_activations {
-            kernels.push((RowsKernel::Mma, [300, 32], [4, 4]));
-        }
-        for (kernel, rows_of, bits) in kernels {
-            let ws: Vec<DevLinear> = rows_of
-                .iter()
-                .zip(bits)
-                .enumerate()
-                .map(|(i, (&n, b))| {
-                    upload_linear(&d, &format!("w{i}"), &linear(&mut rng, b, 1, n, cols)).unwrap()
-                })
-                .collect();
-            for nb in [1usize, 3, 8, 11] {
-                let x: Vec<f32> = (0..nb)
-                    .flat_map(|b| rng.vec(cols, 0.5 + 1.5 * b as f32))
-                    .map(r)
-                    .collect();
-                let xd = d.upload(&x).unwrap();
-                let run = |normed: bool| {
-                    let outs_dev: Vec<DevBuf> =
-                        rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
-                    let xn = poisoned(&d, nb * cols);
-                    let outs = [
-                        (&ws[0], Out::Exact(outs_dev[0].ptr)),
-                        (&ws[1], Out::Store(outs_dev[1].ptr)),
-                    ];
-                    if normed {
-                        let fold = RowsNorm {
-                            weight: wd.ptr,
-                            eps: 1e-6,
-                            staged_out: Some(xn.ptr),
-                        };
-                        d.k.decode
-                            .project_rows(&d, kernel, xd.ptr, cols, nb, Some(fold), &outs)
-                            .unwrap();
-                    } else {
-                        d.rms_norm(xd.ptr, wd.ptr, xn.ptr, cols, nb);
-                        d.k.decode
-                            .project_rows(&d, kernel, xn.ptr, cols, nb, None, &outs)
-                            .unwrap();
-                    }
-                    let mut got: Vec<Vec<f32>> = outs_dev
-                        .iter()
-                        .zip(rows_of)
-                        .map(|(o, n)| d.read(o, 0, nb * n).unwrap())
-                        .collect();
-                    got.push(d.read(&xn, 0, nb * cols).unwrap());
-                    got
-                };
-                let (want, got) = (run(false), run(true));
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "{kernel:?}, bf16 {bf16_activations}, {nb} rows: {} differs from rms_norm then the projection",
-                        if i == 2 { "the normed rows".to_string() } else { format!("output {i}") }
-                    );
-                }
-            }
-        }
-    }
-    println!("KERNEL decode.cu's folded batched norm equals rms_norm then the projection");
 }
 
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
