@@ -56,6 +56,12 @@ fn device_sampled(p: &SamplingParams) -> bool {
 /// output's f16 store, up to `probes::F16_STORE`, added).
 const ATTEND_TILE_TOLERANCE: f64 = 1e-4;
 
+/// Largest relative L2 difference of linear_q4_coop.wgsl from the host's product of its
+/// f16-staged operands for it to be used (its check at load; the f16 tiles of linear_q4_mm.wgsl
+/// differ by ≈ 4e-7: only the f32 sums' order; an f16 output's rounding, up to
+/// `probes::F16_STORE`, comes on top with f16 activations).
+const COOP_TOLERANCE: f64 = 1e-4 + F16_STORE;
+
 impl WgpuBackend {
     /// The backend on the adapter `opts` asks for, with the environment's overrides applied on
     /// top (`WgpuOptions::with_env_overrides`) and the plan resolved for this model and device.
@@ -67,7 +73,8 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
-            opts.f16_kv || opts.f16_tiles || opts.f16_acts,
+            opts.f16_kv || opts.f16_tiles || opts.f16_acts || opts.coop,
+            opts.coop,
         )?;
         let c = &weights.config;
         let caps = DeviceCaps {
@@ -75,8 +82,30 @@ impl WgpuBackend {
             subgroups: gpu.subgroups,
             f16: gpu.f16,
             device_type: gpu.info.device_type,
+            coop: gpu.coop,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
+        if plan.coop > 0 {
+            // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
+            // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
+            // width shows as an O(1) difference; refused, the plan takes linear_q4_mm.wgsl.
+            let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
+            let (_, staged) = check_products_f16(&gpu, &kernels, plan.act_f16)?;
+            if staged < COOP_TOLERANCE {
+                plan.notes.push(format!(
+                    "linear_q4_coop checked at load: {staged:.1e} relative"
+                ));
+            } else {
+                let without = WgpuOptions {
+                    coop: false,
+                    ..opts.clone()
+                };
+                plan = Plan::resolve(&without, c, stack_shared(weights), &caps)?;
+                plan.notes.push(format!(
+                    "linear_q4_coop refused at load: {staged:.1e} relative from the host's product"
+                ));
+            }
+        }
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
             (plan.prefill_attention, &plan.specs.attend_tile)
         {
@@ -186,21 +215,7 @@ impl WgpuBackend {
     /// items; 4- and 8-bit) against the host (`probes::check_mm_f16`): the largest relative L2
     /// difference from the exact product and from the product of the f16-staged operands.
     pub fn check_products_f16(&self) -> Result<(f64, f64)> {
-        let (mut exact, mut staged) = (0f64, 0f64);
-        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-            let Some(forms) = self.kernels.mm_if(tile) else {
-                continue;
-            };
-            for (form, kernel) in forms.iter() {
-                for bits in [4, 8] {
-                    let sides = Sides::of(form, self.plan.act_f16);
-                    let (e, s) = check_mm_f16(&self.gpu, kernel, tile, bits, sides)?;
-                    exact = exact.max(e);
-                    staged = staged.max(s);
-                }
-            }
-        }
-        Ok((exact, staged))
+        check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
@@ -689,4 +704,24 @@ impl Backend for WgpuBackend {
             self.gpu.forget_bind_groups();
         }
     }
+}
+
+/// `WgpuBackend::check_products_f16` on `kernels` (the plan's tile products: linear_q4_mm.wgsl
+/// with f16 tiles, or linear_q4_coop.wgsl), `act_f16`: the activations' type.
+fn check_products_f16(gpu: &Gpu, kernels: &Kernels, act_f16: bool) -> Result<(f64, f64)> {
+    let (mut exact, mut staged) = (0f64, 0f64);
+    for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+        let Some(forms) = kernels.mm_if(tile) else {
+            continue;
+        };
+        for (form, kernel) in forms.iter() {
+            for bits in [4, 8] {
+                let sides = Sides::of(form, act_f16);
+                let (e, s) = check_mm_f16(gpu, kernel, tile, bits, sides)?;
+                exact = exact.max(e);
+                staged = staged.max(s);
+            }
+        }
+    }
+    Ok((exact, staged))
 }

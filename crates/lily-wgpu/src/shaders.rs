@@ -24,6 +24,11 @@ pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
 /// has SHADER_F16 and the plan's `act_f16` is on.
 pub const ACT_F32: &str = include_str!("../../../shaders/wgsl/act_f32.wgsl");
 pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
+/// The parameters, bindings, tile items and dequantisation linear_q4_mm.wgsl and
+/// linear_q4_coop.wgsl share (in front of those two only: `MM_KERNELS`).
+pub const MM_TILE: &str = include_str!("../../../shaders/wgsl/mm_tile.wgsl");
+/// The kernels mm_tile.wgsl goes in front of.
+pub const MM_KERNELS: [&str; 2] = ["linear_q4_mm", "linear_q4_coop"];
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -53,6 +58,7 @@ sources!(
     "linear_q4",
     "linear_q4_glu",
     "linear_q4_glu_rows",
+    "linear_q4_coop",
     "linear_q4_mm",
     "linear_q4_rows",
     "moe_combine",
@@ -84,6 +90,10 @@ pub struct Spec {
     /// of its register arrays): 32, or 64 for tiles of 64.
     pub tile_max: u32,
     pub act_f16: bool,
+    /// linear_q4_coop.wgsl's cooperative matrices: their size (8 or 16: `CM`, the aliases
+    /// `CA`, `CB`, `CC` of f16 × f16 → f32 matrices and `ACC_MAX` in front of it, with the
+    /// `wgpu_cooperative_matrix` extension), or 0 for every other kernel.
+    pub coop: u32,
     /// A product kernel's form (`XS`, `YS` in front of it): its input is the f32 residual
     /// stream (a decode step's folded norm) rather than an activation (`ACT`), its output an
     /// f32 buffer (the residual stream it adds into, the router's or the model's logits).
@@ -131,6 +141,7 @@ impl Spec {
             tile_f16: false,
             tile_max: 32,
             act_f16: false,
+            coop: 0,
             form: Form::default(),
         }
     }
@@ -150,9 +161,10 @@ impl Spec {
             .with_context(|| format!("no WGSL kernel named {}", self.name))
     }
 
-    /// The module as the device compiles it: `enable` directives first, then the reductions'
-    /// file, common.wgsl, the KV cache's types, the tiles' types, the activations' types (and
-    /// a product's `XS` / `YS`: `ACT`, or f32 as its form says) and the kernel.
+    /// The module as the device compiles it: `enable` (and `diagnostic`) directives first, then
+    /// the reductions' file, common.wgsl, the KV cache's types, the tiles' types, the
+    /// activations' types (and a product's `XS` / `YS`: `ACT`, or f32 as its form says), the
+    /// cooperative matrices' types (`coop`), mm_tile.wgsl (`MM_KERNELS`) and the kernel.
     pub fn code(&self) -> Result<String> {
         let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
         let tile = if self.tile_f16 { TILE_F16 } else { TILE_F32 };
@@ -170,6 +182,12 @@ impl Spec {
             side("XS", self.form.x_f32),
             side("YS", self.form.y_f32)
         );
+        let coop = coop_prelude(self.coop);
+        let mm = if MM_KERNELS.contains(&self.name) {
+            MM_TILE
+        } else {
+            ""
+        };
         let (mut enables, body): (Vec<&str>, Vec<&str>) = kv
             .lines()
             .chain([""])
@@ -178,8 +196,14 @@ impl Spec {
             .chain(act.lines())
             .chain(forms.lines())
             .chain([""])
+            .chain(coop.lines())
+            .chain(mm.lines())
+            .chain([""])
             .chain(self.source()?.lines())
-            .partition(|l| l.trim_start().starts_with("enable "));
+            .partition(|l| {
+                let l = l.trim_start();
+                l.starts_with("enable ") || l.starts_with("diagnostic(")
+            });
         // One line per extension (the KV cache, the tiles and the activations may each enable
         // f16).
         let mut seen = Vec::new();
@@ -229,6 +253,24 @@ impl Spec {
         let (module, info) = self.resolved()?;
         needs_of(&module, &info, self.name)
     }
+}
+
+/// linear_q4_coop.wgsl's cooperative-matrix types for matrices of `size` (8 or 16; 0: none):
+/// f16 operands A (CM × CM weights) and B (CM × CM inputs), an f32 accumulator C; `ACC_MAX`
+/// accumulators a subgroup (its 16 rows × 64 items at most). The uniformity rule is off because
+/// the cooperative operations run in control flow uniform across a subgroup (its own rows), which
+/// naga's analysis (across the workgroup) reports.
+fn coop_prelude(size: u32) -> String {
+    if size == 0 {
+        return String::new();
+    }
+    let acc = (16 / size) * (64 / size);
+    format!(
+        "enable wgpu_cooperative_matrix;\nenable f16;\ndiagnostic(off, derivative_uniformity);\n\
+         alias CA = coop_mat{size}x{size}<f16, A>;\nalias CB = coop_mat{size}x{size}<f16, B>;\n\
+         alias CC = coop_mat{size}x{size}<f32, C>;\nconst CM: u32 = {size}u;\n\
+         const ACC_MAX: u32 = {acc}u;"
+    )
 }
 
 /// A validator allowing every capability (the device's features are checked by wgpu).
