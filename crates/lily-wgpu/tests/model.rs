@@ -390,6 +390,89 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
     }
 }
 
+/// Prefill's tile products on cooperative matrices (`coop`: linear_q4_coop.wgsl, 16 × 16 on
+/// NVIDIA Vulkan, 8 × 8 on Metal) where the adapter has them (skipped with a message where it
+/// does not: lavapipe, CI): the kernel at every tile size, 4- and 8-bit, against the host's f64
+/// product of its f16-staged operands (only the f32 sums' order differs) and of the exact ones
+/// (the f16 rounding: as the f16 tiles', < 2e-3), then `tiny`'s teacher-forced logits over 808
+/// positions as 512 + 256 + 40 tokens (every tile size by the experts' loads) against the CPU's
+/// fp32 within the f16 tiles' bound (3e-2, top-1 ≥ 98 %), and against linear_q4_mm's f16 tiles
+/// on the same adapter (the same operands), and 8 greedy tokens equal to the CPU's.
+#[test]
+fn coop_products_and_logits_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    let opts = |coop| WgpuOptions {
+        chunk: 512,
+        all_logits_chunk: 512,
+        f16_tiles: true,
+        coop,
+        ..WgpuOptions::default()
+    };
+    let Some(mut gpu) = wgpu_backend_with(&w, opts(true)) else {
+        return;
+    };
+    let plan = gpu.plan();
+    if plan.coop == 0 {
+        println!(
+            "SKIPPED: no cooperative matrices here (the adapter lacks wgpu's experimental feature, an f16 x f16 -> f32 configuration of 8 or 16, or subgroups of 32): {}",
+            plan.describe()
+        );
+        return;
+    }
+    let size = plan.coop;
+    assert!(plan.tile_f16 && plan.options.coop);
+    assert_eq!(plan.dense_mm, MmTile::T64);
+    assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+    let (exact, staged) = gpu.check_products_f16().unwrap();
+    println!("linear_q4_coop ({size}×{size}): vs the f16-staged product {staged:.2e}, vs the exact one {exact:.2e}");
+    assert!(
+        staged < 1e-5,
+        "linear_q4_coop vs the f16-staged product: {staged:.2e}"
+    );
+    assert!(
+        exact < 2e-3,
+        "linear_q4_coop vs the exact product: {exact:.2e}"
+    );
+    let pieces = [512usize, 256, 40];
+    let positions: usize = pieces.iter().sum();
+    let tokens = Rng(37).tokens(positions, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(positions + 12).unwrap();
+    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+    let mut prefill = |b: &mut WgpuBackend| {
+        let s = b.new_seq(positions + 12).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for n in pieces {
+            got.extend(b.prefill_all_logits(s, &tokens[at..at + n]).unwrap());
+            at += n;
+        }
+        (s, got)
+    };
+    let (gs, got) = prefill(&mut gpu);
+    let e = rel_l2(&got, &want);
+    let same = top1_agreement(&got, &want, w.config.vocab);
+    println!("coop: logits rel_l2 {e:.3e} from the CPU over {positions} positions, top-1 {same}/{positions}");
+    assert!(e < 3e-2, "coop: logits differ from the CPU by {e:.3e}");
+    assert!(
+        same * 100 >= positions * 98,
+        "coop: top-1 agreement {same}/{positions}"
+    );
+    assert_eq!(
+        greedy_tokens(&mut gpu, gs, 8),
+        want_tokens,
+        "coop: greedy tokens"
+    );
+    let Some(mut tiles) = wgpu_backend_with(&w, opts(false)) else {
+        return;
+    };
+    let (_, f16_tiles) = prefill(&mut tiles);
+    let d = rel_l2(&got, &f16_tiles);
+    println!("coop against linear_q4_mm's f16 tiles: rel_l2 {d:.3e}");
+    assert!(d < 3e-2, "coop differs from the f16 tiles by {d:.3e}");
+}
+
 /// The activations between kernels in f16 (`f16_acts`, where the adapter has SHADER_F16;
 /// lavapipe has it) and in f32 (the fallback, the default), the f16 activations alone and with
 /// the f16 KV cache: teacher-forced logits against the CPU's fp32 on `tiny` (MLX: 90 positions
