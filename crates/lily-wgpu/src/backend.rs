@@ -88,22 +88,28 @@ impl WgpuBackend {
         if plan.coop > 0 {
             // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
-            // width shows as an O(1) difference; refused, the plan takes linear_q4_mm.wgsl.
-            let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
-            let (_, staged) = check_products_f16(&gpu, &kernels, plan.act_f16)?;
-            if staged < COOP_TOLERANCE {
-                plan.notes.push(format!(
-                    "linear_q4_coop checked at load: {staged:.1e} relative"
-                ));
-            } else {
+            // width shows as an O(1) difference, a driver that does not take the module as an
+            // error; refused, the plan takes linear_q4_mm.wgsl.
+            let checked = Kernels::load(&gpu, &plan.specs, plan.checked)
+                .and_then(|k| check_products_f16(&gpu, &k, plan.act_f16));
+            let refused = match checked {
+                Ok((_, staged)) if staged < COOP_TOLERANCE => {
+                    plan.notes.push(format!(
+                        "linear_q4_coop checked at load: {staged:.1e} relative"
+                    ));
+                    None
+                }
+                Ok((_, staged)) => Some(format!("{staged:.1e} relative from the host's product")),
+                Err(e) => Some(format!("{e:#}")),
+            };
+            if let Some(why) = refused {
                 let without = WgpuOptions {
                     coop: false,
                     ..opts.clone()
                 };
                 plan = Plan::resolve(&without, c, stack_shared(weights), &caps)?;
-                plan.notes.push(format!(
-                    "linear_q4_coop refused at load: {staged:.1e} relative from the host's product"
-                ));
+                plan.notes
+                    .push(format!("linear_q4_coop refused at load: {why}"));
             }
         }
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
