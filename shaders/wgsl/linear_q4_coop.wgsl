@@ -10,8 +10,8 @@
 // read while this one multiplies. Four subgroups of 32 (the workgroup is 128 invocations: the
 // plan takes this kernel only where the adapter's subgroups are 32 wide): subgroup s owns
 // output rows 16s .. 16s + 15 and all TT items, as (16 / CM) × (TT / CM) accumulators of CM × CM
-// (`CM` = 16 on NVIDIA Vulkan, 8 on Metal: coop_f16x16.wgsl / coop_f8x8.wgsl in front give the
-// aliases CA, CB, CC, CM and ACC_MAX). At the end each subgroup stores its accumulators into
+// (`CM` = 16 on NVIDIA Vulkan, 8 on Metal: the loader, shaders.rs `coop_prelude`, puts the
+// aliases CA, CB, CC and the constants CM, ACC_MAX in front). At the end each subgroup stores its accumulators into
 // `cs` ([item][row], f32) and the workgroup writes them out (item indirection of expert mode,
 // `accumulate`, the output's type YS) as linear_q4_mm does. Products of f16 operands summed in
 // f32: the same rounding of the operands as linear_q4_mm's f16 tiles.

@@ -22,8 +22,8 @@ use crate::plan::{
     PrefillAttention, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_dn_step, check_down_rows, check_mm, check_mm_f16, check_rows, DnStep,
-    Sides, F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
+    check_rows, DnStep, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -222,6 +222,13 @@ impl WgpuBackend {
     /// difference from the exact product and from the product of the f16-staged operands.
     pub fn check_products_f16(&self) -> Result<(f64, f64)> {
         check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
+    }
+
+    /// linear_q4_coop.wgsl with its cooperative operations emulated, on matrices of `size` (8
+    /// or 16), reductions and activations as this plan's (`probes::check_coop_emulated`): the
+    /// largest relative L2 difference from the host's product of the f16-staged operands.
+    pub fn check_coop_emulated(&self, size: u32) -> Result<f64> {
+        check_coop_emulated(&self.gpu, size, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64

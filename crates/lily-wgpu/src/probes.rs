@@ -9,7 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -129,6 +129,37 @@ pub fn check_mm_f16(
         }
     }
     Ok((rel_l2_f64(&got, &m.want), rel_l2_f64(&got, &staged)))
+}
+
+/// linear_q4_coop.wgsl with its cooperative operations emulated in plain WGSL
+/// (`Spec::coop_emulated`: what CI can run, on adapters without cooperative matrices) on
+/// matrices of `size` (8 or 16), tiles of 16, 32 and 64 items, 4- and 8-bit, in the forms a plan
+/// with activations in f16 (`act_f16`) or f32 compiles: the largest relative L2 difference from
+/// the host's product of the f16-staged operands (`check_mm_f16`'s second figure). The kernel's
+/// staging, indexing and stores are the real ones; the emulated operations have the meaning
+/// naga gives the cooperative ones (docs/WGPU.md).
+pub fn check_coop_emulated(gpu: &Gpu, size: u32, subgroups: bool, act_f16: bool) -> Result<f64> {
+    let forms: &[Form] = if act_f16 {
+        &Form::ALL[..2]
+    } else {
+        &[Form::ALL[0]]
+    };
+    let mut worst = 0f64;
+    for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+        for &form in forms {
+            let mut spec = coop_spec(tile, size).with_subgroups(subgroups);
+            spec.coop_emulated = true;
+            spec.act_f16 = act_f16;
+            spec.form = form;
+            let kernel = Kernel::new(gpu, &spec, false)?;
+            for bits in [4, 8] {
+                let sides = Sides::of(form, act_f16);
+                let (_, staged) = check_mm_f16(gpu, &kernel, tile, bits, sides)?;
+                worst = worst.max(staged);
+            }
+        }
+    }
+    Ok(worst)
 }
 
 /// Relative L2 difference of `got` from `want` (infinite where `got` holds a non-finite value).

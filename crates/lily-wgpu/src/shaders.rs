@@ -94,6 +94,10 @@ pub struct Spec {
     /// `CA`, `CB`, `CC` of f16 × f16 → f32 matrices and `ACC_MAX` in front of it, with the
     /// `wgpu_cooperative_matrix` extension), or 0 for every other kernel.
     pub coop: u32,
+    /// linear_q4_coop.wgsl with its cooperative operations emulated by plain WGSL
+    /// (`coop_emulation`: for checking the kernel's staging, indexing and stores on adapters
+    /// without cooperative matrices, lavapipe; never what the plan runs).
+    pub coop_emulated: bool,
     /// A product kernel's form (`XS`, `YS` in front of it): its input is the f32 residual
     /// stream (a decode step's folded norm) rather than an activation (`ACT`), its output an
     /// f32 buffer (the residual stream it adds into, the router's or the model's logits).
@@ -142,6 +146,7 @@ impl Spec {
             tile_max: 32,
             act_f16: false,
             coop: 0,
+            coop_emulated: false,
             form: Form::default(),
         }
     }
@@ -182,7 +187,16 @@ impl Spec {
             side("XS", self.form.x_f32),
             side("YS", self.form.y_f32)
         );
-        let coop = coop_prelude(self.coop);
+        let coop = if self.coop_emulated {
+            coop_emulation(self.coop)
+        } else {
+            coop_prelude(self.coop)
+        };
+        let source = if self.coop_emulated {
+            emulate_coop(self.source()?)?
+        } else {
+            self.source()?.to_string()
+        };
         let mm = if MM_KERNELS.contains(&self.name) {
             MM_TILE
         } else {
@@ -199,7 +213,7 @@ impl Spec {
             .chain(coop.lines())
             .chain(mm.lines())
             .chain([""])
-            .chain(self.source()?.lines())
+            .chain(source.lines())
             .partition(|l| {
                 let l = l.trim_start();
                 l.starts_with("enable ") || l.starts_with("diagnostic(")
@@ -271,6 +285,83 @@ fn coop_prelude(size: u32) -> String {
          alias CC = coop_mat{size}x{size}<f32, C>;\nconst CM: u32 = {size}u;\n\
          const ACC_MAX: u32 = {acc}u;"
     )
+}
+
+/// `coop_prelude`'s names for `Spec::coop_emulated`, with the cooperative operations' meaning
+/// (docs/WGPU.md) as plain functions on linear_q4_coop.wgsl's workgroup arrays: an A or B
+/// matrix is where it lies (offset and stride in `ws`, row-major, or `xs`, column-major); a C
+/// matrix is spread over its subgroup of 32 as on the hardware, lane l holding elements
+/// l · PER .. l · PER + PER − 1 (row-major) of the CM × CM, each summed in f32 over k; a store
+/// writes each lane's elements column-major into `cs`.
+fn coop_emulation(size: u32) -> String {
+    let acc = (16 / size) * (64 / size);
+    format!(
+        "enable f16;
+alias CA = vec2<u32>;
+alias CB = vec2<u32>;
+alias CC = array<f32, {per}>;
+const CM: u32 = {size}u;
+const ACC_MAX: u32 = {acc}u;
+const PER: u32 = {per}u;
+fn emu_load_ws_t(at: u32, stride: u32) -> CA {{
+    return vec2<u32>(at, stride);
+}}
+fn emu_load_xs(at: u32, stride: u32) -> CB {{
+    return vec2<u32>(at, stride);
+}}
+fn emu_mma(lane: u32, a: CA, b: CB, c: CC) -> CC {{
+    var d = c;
+    for (var e = 0u; e < PER; e++) {{
+        let i = (lane * PER + e) / CM;
+        let j = (lane * PER + e) % CM;
+        for (var k = 0u; k < CM; k++) {{
+            d[e] += f32(ws[a.x + i * a.y + k]) * f32(xs[b.x + j * b.y + k]);
+        }}
+    }}
+    return d;
+}}
+fn emu_store_cs(lane: u32, m: CC, at: u32, stride: u32) {{
+    for (var e = 0u; e < PER; e++) {{
+        let i = (lane * PER + e) / CM;
+        let j = (lane * PER + e) % CM;
+        cs[at + j * stride + i] = m[e];
+    }}
+}}",
+        per = size * size / 32
+    )
+}
+
+/// linear_q4_coop.wgsl's text with its cooperative operations replaced by `coop_emulation`'s
+/// functions, and its subgroup (`subgroup_id`, 32 wide where it runs for real) taken as
+/// invocations 32s .. 32s + 31, lane `lid % 32` (any adapter's subgroups then do). An error
+/// where the kernel's text no longer has what this replaces.
+fn emulate_coop(source: &str) -> Result<String> {
+    let mut text = source.to_string();
+    for (from, to) in [
+        ("coopLoadT<CA>(&ws[", "emu_load_ws_t("),
+        ("coopLoad<CB>(&xs[", "emu_load_xs("),
+        ("coopMultiplyAdd(", "emu_mma(lid % 32u, "),
+        (
+            "coopStore(acc[a * nb + b], &cs[",
+            "emu_store_cs(lid % 32u, acc[a * nb + b], ",
+        ),
+        ("], KP)", ", KP)"),
+        ("], CP)", ", CP)"),
+        ("let arow = sg * 16u;", "let arow = (lid / 32u) * 16u;"),
+        ("@builtin(subgroup_id) sg: u32,", ""),
+    ] {
+        if !text.contains(from) {
+            bail!("linear_q4_coop.wgsl no longer has `{from}`: its emulation (shaders.rs emulate_coop) needs updating");
+        }
+        text = text.replace(from, to);
+    }
+    if ["coopLoad", "coopStore", "coopMultiplyAdd"]
+        .iter()
+        .any(|op| text.contains(op))
+    {
+        bail!("linear_q4_coop.wgsl has cooperative operations its emulation (shaders.rs emulate_coop) does not replace");
+    }
+    Ok(text)
 }
 
 /// A validator allowing every capability (the device's features are checked by wgpu).

@@ -473,6 +473,45 @@ fn coop_products_and_logits_match_cpu() {
     assert!(d < 3e-2, "coop differs from the f16 tiles by {d:.3e}");
 }
 
+/// linear_q4_coop.wgsl's own staging, indexing and stores, with its cooperative operations
+/// emulated in plain WGSL (`Spec::coop_emulated`; lavapipe has no cooperative matrices): on
+/// Apple's 8 × 8 and NVIDIA's 16 × 16 (activations in f32; in f16, both forms, at 16 × 16),
+/// tiles of 16, 32 and 64 items (partly filled), 4- and 8-bit, against the host's f64 product of
+/// the operands rounded to f16 as the kernel stages them: only the f32 sums' order differs
+/// (lavapipe: 4.1e-7, as linear_q4_mm's f16 tiles; 2.1e-4 with an f16 output's rounding).
+#[test]
+fn coop_kernel_emulated_matches_the_host() {
+    for f16_acts in [false, true] {
+        let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 5);
+        let Some(gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                f16_acts,
+                // The device with SHADER_F16 (the kernel stages in f16).
+                f16_tiles: true,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        if !gpu.plan().tile_f16 {
+            println!("SKIPPED: no SHADER_F16 here");
+            continue;
+        }
+        // An f16 output's own rounding (≤ 2^-11) comes on top with f16 activations.
+        let bound = 1e-5 + if f16_acts { F16_STORE } else { 0.0 };
+        let sizes: &[u32] = if f16_acts { &[16] } else { &[8, 16] };
+        for &size in sizes {
+            let e = gpu.check_coop_emulated(size).unwrap();
+            println!("linear_q4_coop emulated, {size}×{size}, f16 activations {f16_acts}: {e:.2e} from the f16-staged product");
+            assert!(
+                e < bound,
+                "linear_q4_coop emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
+            );
+        }
+    }
+}
+
 /// The activations between kernels in f16 (`f16_acts`, where the adapter has SHADER_F16;
 /// lavapipe has it) and in f32 (the fallback, the default), the f16 activations alone and with
 /// the f16 KV cache: teacher-forced logits against the CPU's fp32 on `tiny` (MLX: 90 positions
