@@ -7,22 +7,24 @@
 // Per step of 32 columns (one 16-byte quad of 4-bit weights a row, two of 8-bit), invocation r
 // < 64 dequantises row r's 32 weights to f16 into `ws` (row-major [row][k]) and every invocation
 // stages TT / 4 inputs in f16 into `xs` ([item][k]: B column-major); the next step's words are
-// read while this one multiplies. Four subgroups of 32 (the workgroup is 128 invocations: the
-// plan takes this kernel only where the adapter's subgroups are 32 wide): subgroup s owns
-// output rows 16s .. 16s + 15 and all TT items, as (16 / CM) × (TT / CM) accumulators of CM × CM
-// (`CM` = 16 on NVIDIA Vulkan, 8 on Metal: the loader, shaders.rs `coop_prelude`, puts the
-// aliases CA, CB, CC and the constants CM, ACC_MAX in front). At the end each subgroup stores its accumulators into
-// `cs` ([item][row], f32) and the workgroup writes them out (item indirection of expert mode,
-// `accumulate`, the output's type YS) as linear_q4_mm does. Products of f16 operands summed in
-// f32: the same rounding of the operands as linear_q4_mm's f16 tiles.
-// Workgroup memory: ws 64 × 40 f16 (5 KiB) + xs TT × 40 f16 (≤ 5 KiB) + cs TT × 64 f32 (≤ 16
-// KiB): ≤ 26.3 KiB at TT = 64, under Apple's 32 KiB. FLOPs 2·rows·cols per item; weights read
+// read while this one multiplies. Four subgroups of 32 (the workgroup is 128 invocations, and
+// the plan takes this kernel only where the adapter's subgroups are 32 wide, so subgroup s is
+// invocations 32s .. 32s + 31): subgroup s owns output rows 16s .. 16s + 15 and all TT items, as
+// (16 / CM) × (TT / CM) accumulators of CM × CM (CM = 16 on NVIDIA Vulkan, 8 on Metal). At the
+// end each subgroup stores its accumulators into `cs` ([item][row], f32) and the workgroup
+// writes them out (item indirection of expert mode, `accumulate`, the output's type YS) as
+// linear_q4_mm does. Products of f16 operands summed in f32: the same rounding of the operands
+// as linear_q4_mm's f16 tiles.
+// The lines `// <coop: …>` are the cooperative operations, written by the loader (shaders.rs
+// `coop_code`) for this CM and TT: one named variable per accumulator, every pointer index and
+// stride a `let` of its own, no array of matrices and no private array live across them (the
+// forms known to work through naga's SPIR-V on NVIDIA). naga wants them in control flow uniform
+// across the workgroup: every loop around them runs on constants and `p`; a subgroup's rows
+// enter only as pointer offsets. (Parameters, bindings, tile_items and the dequantisation:
+// mm_tile.wgsl.)
+// Workgroup memory: ws 64 × 40 f16 (5 KiB) + xs TT × 40 f16 (≤ 5 KiB) + cs TT × 68 f32 (≤ 17
+// KiB): 27,920 bytes at TT = 64, under Apple's 32 KiB. FLOPs 2·rows·cols per item; weights read
 // once per tile of items, inputs once per 64 rows.
-
-// (Parameters, bindings, tile_items and the dequantisation: mm_tile.wgsl. The `enable` and
-// `diagnostic` directives come from the loader: the cooperative operations run in control flow
-// uniform across each subgroup, its own row block, not across the workgroup, which naga's
-// uniformity analysis would report.)
 
 override TT: u32 = 64u;   // items per tile, 16, 32 or 64 (MmTile on the host)
 const RT: u32 = 64u;      // rows per tile (MM_ROWS on the host)
@@ -35,11 +37,25 @@ var<workgroup> ws: array<f16, 2560>;   // RT × KP
 var<workgroup> xs: array<f16, XS_LEN>;
 var<workgroup> cs: array<f32, CS_LEN>;
 
+// Four values into ws (row-major weights) or xs (an item's inputs) at `at`.
+fn put_ws(at: u32, v: vec4<f32>) {
+    ws[at] = f16(v.x);
+    ws[at + 1u] = f16(v.y);
+    ws[at + 2u] = f16(v.z);
+    ws[at + 3u] = f16(v.w);
+}
+
+fn put_xs(at: u32, v: vec4<f32>) {
+    xs[at] = f16(v.x);
+    xs[at + 1u] = f16(v.y);
+    xs[at + 2u] = f16(v.z);
+    xs[at + 3u] = f16(v.w);
+}
+
 @compute @workgroup_size(128)
 fn linear_q4_coop(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
-    @builtin(subgroup_id) sg: u32,
 ) {
     let block = wid.x + wid.y * p.m.nwx;
     if (block * RT >= p.m.rows) {
@@ -57,7 +73,7 @@ fn linear_q4_coop(
     let quads = p.m.cols / 32u;
     let groups = p.m.cols / p.m.group;
     // Row `lid`'s quad (invocations 0..63), and columns 32 / ipi · part .. of item `ti` (ipi =
-    // 128 / TT invocations an item, TT / 16 vec4 each).
+    // 128 / TT invocations an item, nx4 = TT / 16 vec4 each: x0 .. x3).
     let wrow = block * RT + lid;
     let wlive = lid < RT && wrow < p.m.rows;
     let eight = p.m.bits == 8u;
@@ -77,6 +93,7 @@ fn linear_q4_coop(
         }
     }
     let xb = (p.m.x_off + xr * p.m.x_stride) / 4u + part * nx4;
+    let xo = ti * KP + part * 4u * nx4;
     // Step 0's reads.
     var w = vec4<u32>(0u);
     var w2 = vec4<u32>(0u);
@@ -90,38 +107,53 @@ fn linear_q4_coop(
         sc = w_half4(p.m.scale_off + hbase);
         bi = w_half4(p.m.bias_off + hbase);
     }
-    var xv = array<vec4<f32>, 4>();
+    var x0 = vec4<f32>(0.0);
+    var x1 = vec4<f32>(0.0);
+    var x2 = vec4<f32>(0.0);
+    var x3 = vec4<f32>(0.0);
     if (xlive) {
-        for (var e = 0u; e < nx4; e++) {
-            xv[e] = vec4<f32>(X[xb + e]);
+        x0 = vec4<f32>(X[xb]);
+        if (nx4 > 1u) {
+            x1 = vec4<f32>(X[xb + 1u]);
+        }
+        if (nx4 > 2u) {
+            x2 = vec4<f32>(X[xb + 2u]);
+            x3 = vec4<f32>(X[xb + 3u]);
         }
     }
-    // This subgroup's accumulators: A tiles a = 0 .. 16 / CM of its rows, B tiles b = 0 ..
-    // TT / CM of the items; acc[a · (TT / CM) + b].
-    let na = 16u / CM;
-    let nb = TT / CM;
-    var acc: array<CC, ACC_MAX>;   // zero (WGSL's default value)
-    let arow = sg * 16u;
+    // This subgroup's rows.
+    let arow = (lid / 32u) * 16u;
+    // <coop: declare>
     for (var q = 0u; q < quads; q++) {
         if (lid < RT) {
-            let cols = deq_step(w, w2, eight, sc, bi);
-            for (var j = 0u; j < 8u; j++) {
-                let v = cols[j];
-                let o = lid * KP + 4u * j;
-                ws[o] = f16(v.x);
-                ws[o + 1u] = f16(v.y);
-                ws[o + 2u] = f16(v.z);
-                ws[o + 3u] = f16(v.w);
+            let o = lid * KP;
+            if (eight) {
+                put_ws(o, deq8(w.x, sc, bi));
+                put_ws(o + 4u, deq8(w.y, sc, bi));
+                put_ws(o + 8u, deq8(w.z, sc, bi));
+                put_ws(o + 12u, deq8(w.w, sc, bi));
+                put_ws(o + 16u, deq8(w2.x, sc, bi));
+                put_ws(o + 20u, deq8(w2.y, sc, bi));
+                put_ws(o + 24u, deq8(w2.z, sc, bi));
+                put_ws(o + 28u, deq8(w2.w, sc, bi));
+            } else {
+                put_ws(o, deq(w.x, SH_LO, sc, bi));
+                put_ws(o + 4u, deq(w.x, SH_HI, sc, bi));
+                put_ws(o + 8u, deq(w.y, SH_LO, sc, bi));
+                put_ws(o + 12u, deq(w.y, SH_HI, sc, bi));
+                put_ws(o + 16u, deq(w.z, SH_LO, sc, bi));
+                put_ws(o + 20u, deq(w.z, SH_HI, sc, bi));
+                put_ws(o + 24u, deq(w.w, SH_LO, sc, bi));
+                put_ws(o + 28u, deq(w.w, SH_HI, sc, bi));
             }
         }
-        let k0 = part * 4u * nx4;
-        for (var e = 0u; e < nx4; e++) {
-            let v = xv[e];
-            let o = ti * KP + k0 + 4u * e;
-            xs[o] = f16(v.x);
-            xs[o + 1u] = f16(v.y);
-            xs[o + 2u] = f16(v.z);
-            xs[o + 3u] = f16(v.w);
+        put_xs(xo, x0);
+        if (nx4 > 1u) {
+            put_xs(xo + 4u, x1);
+        }
+        if (nx4 > 2u) {
+            put_xs(xo + 8u, x2);
+            put_xs(xo + 12u, x3);
         }
         workgroupBarrier();
         // The next step's reads, in flight while this one multiplies.
@@ -137,29 +169,25 @@ fn linear_q4_coop(
                 bi = w_half4(p.m.bias_off + g);
             }
             if (xlive) {
-                for (var e = 0u; e < nx4; e++) {
-                    xv[e] = vec4<f32>(X[xb + qn * 8u + e]);
+                let xn = xb + qn * 8u;
+                x0 = vec4<f32>(X[xn]);
+                if (nx4 > 1u) {
+                    x1 = vec4<f32>(X[xn + 1u]);
+                }
+                if (nx4 > 2u) {
+                    x2 = vec4<f32>(X[xn + 2u]);
+                    x3 = vec4<f32>(X[xn + 3u]);
                 }
             }
         }
         for (var kk = 0u; kk < 32u; kk += CM) {
-            for (var a = 0u; a < na; a++) {
-                let am = coopLoadT<CA>(&ws[(arow + a * CM) * KP + kk], KP);
-                for (var b = 0u; b < nb; b++) {
-                    let bm = coopLoad<CB>(&xs[b * CM * KP + kk], KP);
-                    acc[a * nb + b] = coopMultiplyAdd(am, bm, acc[a * nb + b]);
-                }
-            }
+            // <coop: multiply>
         }
         workgroupBarrier();
     }
     // C is [row][item]; cs holds it column-major ([item][row]) so the stores below run along
     // the rows of Y.
-    for (var a = 0u; a < na; a++) {
-        for (var b = 0u; b < nb; b++) {
-            coopStore(acc[a * nb + b], &cs[b * CM * CP + arow + a * CM], CP);
-        }
-    }
+    // <coop: store>
     workgroupBarrier();
     let r = lid % RT;
     let row = block * RT + r;

@@ -225,10 +225,10 @@ impl WgpuBackend {
     }
 
     /// linear_q4_coop.wgsl with its cooperative operations emulated, on matrices of `size` (8
-    /// or 16), reductions and activations as this plan's (`probes::check_coop_emulated`): the
+    /// or 16), activations as this plan's (`probes::check_coop_emulated`): the
     /// largest relative L2 difference from the host's product of the f16-staged operands.
     pub fn check_coop_emulated(&self, size: u32) -> Result<f64> {
-        check_coop_emulated(&self.gpu, size, self.plan.subgroups, self.plan.act_f16)
+        check_coop_emulated(&self.gpu, size, self.plan.act_f16)
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64

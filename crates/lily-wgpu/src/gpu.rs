@@ -252,11 +252,7 @@ impl Gpu {
         if f16 {
             required_features |= wgpu::Features::SHADER_F16;
         }
-        let coop = if coop && f16 && subgroups {
-            coop_size(&adapter)
-        } else {
-            0
-        };
+        let coop = if coop && f16 { coop_size(&adapter) } else { 0 };
         let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
         if coop > 0 {
             required_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;

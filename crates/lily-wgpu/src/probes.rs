@@ -138,7 +138,7 @@ pub fn check_mm_f16(
 /// the host's product of the f16-staged operands (`check_mm_f16`'s second figure). The kernel's
 /// staging, indexing and stores are the real ones; the emulated operations have the meaning
 /// naga gives the cooperative ones (docs/WGPU.md).
-pub fn check_coop_emulated(gpu: &Gpu, size: u32, subgroups: bool, act_f16: bool) -> Result<f64> {
+pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool) -> Result<f64> {
     let forms: &[Form] = if act_f16 {
         &Form::ALL[..2]
     } else {
@@ -147,7 +147,7 @@ pub fn check_coop_emulated(gpu: &Gpu, size: u32, subgroups: bool, act_f16: bool)
     let mut worst = 0f64;
     for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
         for &form in forms {
-            let mut spec = coop_spec(tile, size).with_subgroups(subgroups);
+            let mut spec = coop_spec(tile, size);
             spec.coop_emulated = true;
             spec.act_f16 = act_f16;
             spec.form = form;
