@@ -231,6 +231,20 @@ impl WgpuBackend {
         check_coop_emulated(&self.gpu, size, self.plan.act_f16)
     }
 
+    /// Where linear_q4_coop.wgsl goes wrong (`probes::coop_map`: errors and block maps on three
+    /// shapes), on this device's cooperative matrices (None where it has none), or `emulated`
+    /// on 16 × 16 (any adapter): what a device call prints after a refusal at load.
+    pub fn coop_map(&self, emulated: bool) -> Result<Option<String>> {
+        let size = if emulated { 16 } else { self.gpu.coop };
+        if size == 0 {
+            return Ok(None);
+        }
+        let mut spec = crate::plan::coop_spec(MmTile::T64, size);
+        spec.coop_emulated = emulated;
+        let kernel = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
+        crate::probes::coop_map(&self.gpu, &kernel, size as usize).map(Some)
+    }
+
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
     /// (`probes::check_attention`) at the full model's shapes (2 KV heads of 8 query heads, head
     /// dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split over

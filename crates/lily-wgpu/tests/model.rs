@@ -412,6 +412,17 @@ fn coop_products_and_logits_match_cpu() {
         return;
     };
     let plan = gpu.plan();
+    if let Some(map) = gpu.coop_map(false).unwrap() {
+        // The device has cooperative matrices: where the kernel is right and where not.
+        println!("linear_q4_coop on this device:\n{map}");
+    }
+    if let Some(refusal) = plan
+        .notes
+        .iter()
+        .find(|n| n.contains("linear_q4_coop refused"))
+    {
+        panic!("the adapter has cooperative matrices but {refusal}");
+    }
     if plan.coop == 0 {
         println!(
             "SKIPPED: no cooperative matrices here (the adapter lacks wgpu's experimental feature, an f16 x f16 -> f32 configuration of 8 or 16, or subgroups of 32): {}",
@@ -497,6 +508,23 @@ fn coop_kernel_emulated_matches_the_host() {
         if !gpu.plan().tile_f16 {
             println!("SKIPPED: no SHADER_F16 here");
             continue;
+        }
+        if !f16_acts {
+            // The map a device call prints, on the emulated kernel: right everywhere.
+            let map = gpu.coop_map(true).unwrap().unwrap();
+            println!("{map}");
+            let blocks = map
+                .lines()
+                .filter_map(|l| l.split_once(';'))
+                .map(|(_, b)| b);
+            assert!(
+                blocks.clone().count() == 3 && blocks.clone().all(|b| b.contains('.')),
+                "the emulated kernel's map:\n{map}"
+            );
+            assert!(
+                blocks.clone().all(|b| !b.contains('x') && !b.contains('0')),
+                "the emulated kernel's map:\n{map}"
+            );
         }
         // An f16 output's own rounding (≤ 2^-11) comes on top with f16 activations.
         let bound = 1e-5 + if f16_acts { F16_STORE } else { 0.0 };
