@@ -451,7 +451,7 @@ fn coop_products_and_logits_match_cpu() {
     let cs = cpu.new_seq(positions + 12).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
     let want_tokens = greedy_tokens(&mut cpu, cs, 8);
-    let mut prefill = |b: &mut WgpuBackend| {
+    let prefill = |b: &mut WgpuBackend| {
         let s = b.new_seq(positions + 12).unwrap();
         let mut got = Vec::new();
         let mut at = 0;
