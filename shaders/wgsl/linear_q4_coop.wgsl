@@ -12,8 +12,8 @@
 // invocations 32s .. 32s + 31): subgroup s owns output rows 16s .. 16s + 15 and all TT items, as
 // (16 / CM) × (TT / CM) accumulators of CM × CM (CM = 16 on NVIDIA Vulkan, 8 on Metal). At the
 // end each subgroup stores its accumulators into `cs` ([item][row], f32) and the workgroup
-// writes them out (item indirection of expert mode, `accumulate`, the output's type YS) as
-// linear_q4_mm does. Products of f16 operands summed in f32: the same rounding of the operands
+// writes them out (`put_y`: item indirection of expert mode, `accumulate`, the output's type
+// YS) as linear_q4_mm does. Products of f16 operands summed in f32: the same rounding of the operands
 // as linear_q4_mm's f16 tiles.
 // The lines `// <coop: …>` are the cooperative operations, written by the loader (shaders.rs
 // `coop_code`) for this CM and TT: one named variable per accumulator, every pointer index and
@@ -52,6 +52,30 @@ fn put_xs(at: u32, v: vec4<f32>) {
     xs[at + 3u] = f16(v.w);
 }
 
+// An invocation's inputs of one step: up to 4 vec4 (nx4 of them), zero where `live` is false
+// (an item past the tile's: its products are never stored).
+struct Inputs {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+}
+
+fn read_inputs(live: bool, at: u32, nx4: u32) -> Inputs {
+    var x = Inputs(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    if (live) {
+        x.x0 = vec4<f32>(X[at]);
+        if (nx4 > 1u) {
+            x.x1 = vec4<f32>(X[at + 1u]);
+        }
+        if (nx4 > 2u) {
+            x.x2 = vec4<f32>(X[at + 2u]);
+            x.x3 = vec4<f32>(X[at + 3u]);
+        }
+    }
+    return x;
+}
+
 @compute @workgroup_size(128)
 fn linear_q4_coop(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -71,114 +95,47 @@ fn linear_q4_coop(
     }
     let slot = info.y - 1u;
     let quads = p.m.cols / 32u;
-    let groups = p.m.cols / p.m.group;
     // Row `lid`'s quad (invocations 0..63), and columns 32 / ipi · part .. of item `ti` (ipi =
-    // 128 / TT invocations an item, nx4 = TT / 16 vec4 each: x0 .. x3).
+    // 128 / TT invocations an item, nx4 = TT / 16 vec4 each).
     let wrow = block * RT + lid;
     let wlive = lid < RT && wrow < p.m.rows;
     let eight = p.m.bits == 8u;
-    let wps = select(1u, 2u, eight);
-    let qbase = (slot * p.m.mat_words + select(0u, wrow, wlive) * (p.m.cols * p.m.bits / 32u)) / 4u;
-    let hbase = (slot * p.m.rows + select(0u, wrow, wlive)) * groups;
+    let bases = row_bases(slot, wrow, wlive);
     let ipi = 128u / TT;
     let nx4 = TT / 16u;
     let ti = lid / ipi;
     let part = lid % ipi;
     let xlive = ti < nt;
-    var xr = 0u;
-    if (xlive) {
-        xr = tile_items[ti];
-        if (p.m.expert_mode != 0u) {
-            xr = xr / p.m.x_div;
-        }
-    }
-    let xb = (p.m.x_off + xr * p.m.x_stride) / 4u + part * nx4;
+    let xb = (p.m.x_off + item_input(ti, xlive) * p.m.x_stride) / 4u + part * nx4;
     let xo = ti * KP + part * 4u * nx4;
     // Step 0's reads.
-    var w = vec4<u32>(0u);
-    var w2 = vec4<u32>(0u);
-    var sc = 0.0;
-    var bi = 0.0;
-    if (wlive) {
-        w = W[qbase];
-        if (eight) {
-            w2 = W[qbase + 1u];
-        }
-        sc = w_half4(p.m.scale_off + hbase);
-        bi = w_half4(p.m.bias_off + hbase);
-    }
-    var x0 = vec4<f32>(0.0);
-    var x1 = vec4<f32>(0.0);
-    var x2 = vec4<f32>(0.0);
-    var x3 = vec4<f32>(0.0);
-    if (xlive) {
-        x0 = vec4<f32>(X[xb]);
-        if (nx4 > 1u) {
-            x1 = vec4<f32>(X[xb + 1u]);
-        }
-        if (nx4 > 2u) {
-            x2 = vec4<f32>(X[xb + 2u]);
-            x3 = vec4<f32>(X[xb + 3u]);
-        }
-    }
+    var sw = step_words(wlive, bases, 0u, eight);
+    var xin = read_inputs(xlive, xb, nx4);
     // This subgroup's rows.
     let arow = (lid / 32u) * 16u;
     // <coop: declare>
     for (var q = 0u; q < quads; q++) {
         if (lid < RT) {
-            let o = lid * KP;
-            if (eight) {
-                put_ws(o, deq8(w.x, sc, bi));
-                put_ws(o + 4u, deq8(w.y, sc, bi));
-                put_ws(o + 8u, deq8(w.z, sc, bi));
-                put_ws(o + 12u, deq8(w.w, sc, bi));
-                put_ws(o + 16u, deq8(w2.x, sc, bi));
-                put_ws(o + 20u, deq8(w2.y, sc, bi));
-                put_ws(o + 24u, deq8(w2.z, sc, bi));
-                put_ws(o + 28u, deq8(w2.w, sc, bi));
-            } else {
-                put_ws(o, deq(w.x, SH_LO, sc, bi));
-                put_ws(o + 4u, deq(w.x, SH_HI, sc, bi));
-                put_ws(o + 8u, deq(w.y, SH_LO, sc, bi));
-                put_ws(o + 12u, deq(w.y, SH_HI, sc, bi));
-                put_ws(o + 16u, deq(w.z, SH_LO, sc, bi));
-                put_ws(o + 20u, deq(w.z, SH_HI, sc, bi));
-                put_ws(o + 24u, deq(w.w, SH_LO, sc, bi));
-                put_ws(o + 28u, deq(w.w, SH_HI, sc, bi));
+            // (The array is gone before the cooperative operations.)
+            let cols = deq_step(sw, eight);
+            for (var j = 0u; j < 8u; j++) {
+                put_ws(lid * KP + 4u * j, cols[j]);
             }
         }
-        put_xs(xo, x0);
+        put_xs(xo, xin.x0);
         if (nx4 > 1u) {
-            put_xs(xo + 4u, x1);
+            put_xs(xo + 4u, xin.x1);
         }
         if (nx4 > 2u) {
-            put_xs(xo + 8u, x2);
-            put_xs(xo + 12u, x3);
+            put_xs(xo + 8u, xin.x2);
+            put_xs(xo + 12u, xin.x3);
         }
         workgroupBarrier();
         // The next step's reads, in flight while this one multiplies.
         let qn = q + 1u;
         if (qn < quads) {
-            if (wlive) {
-                w = W[qbase + qn * wps];
-                if (eight) {
-                    w2 = W[qbase + qn * wps + 1u];
-                }
-                let g = hbase + (qn * 32u) / p.m.group;
-                sc = w_half4(p.m.scale_off + g);
-                bi = w_half4(p.m.bias_off + g);
-            }
-            if (xlive) {
-                let xn = xb + qn * 8u;
-                x0 = vec4<f32>(X[xn]);
-                if (nx4 > 1u) {
-                    x1 = vec4<f32>(X[xn + 1u]);
-                }
-                if (nx4 > 2u) {
-                    x2 = vec4<f32>(X[xn + 2u]);
-                    x3 = vec4<f32>(X[xn + 3u]);
-                }
-            }
+            sw = step_words(wlive, bases, qn, eight);
+            xin = read_inputs(xlive, xb + qn * 8u, nx4);
         }
         for (var kk = 0u; kk < 32u; kk += CM) {
             // <coop: multiply>
@@ -193,13 +150,7 @@ fn linear_q4_coop(
     let row = block * RT + r;
     if (row < p.m.rows) {
         for (var t = lid / RT; t < nt; t += 2u) {
-            let v = cs[t * CP + r];
-            let o = p.m.y_off + tile_items[t] * p.m.y_stride + p.m.row0 + row;
-            if (p.m.accumulate != 0u) {
-                Y[o] = YS(f32(Y[o]) + v);
-            } else {
-                Y[o] = YS(v);
-            }
+            put_y(t, row, cs[t * CP + r]);
         }
     }
 }

@@ -42,29 +42,19 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     let slot = info.y - 1u;
     let quads = p.m.cols / 32u;
-    let groups = p.m.cols / p.m.group;
     // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
     // TT/2 · part .. of item `ti` (64 / TT invocations an item, TT / 8 vec4 each).
     let wrow = block * RT + lid;
     let wlive = wrow < p.m.rows;
     // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
     let eight = p.m.bits == 8u;
-    let wps = select(1u, 2u, eight);
-    let qbase = (slot * p.m.mat_words + select(0u, wrow, wlive) * (p.m.cols * p.m.bits / 32u)) / 4u;
-    let hbase = (slot * p.m.rows + select(0u, wrow, wlive)) * groups;
+    let bases = row_bases(slot, wrow, wlive);
     let ipi = 64u / TT;
     let nx4 = TT / 8u;
     let ti = lid / ipi;
     let part = lid % ipi;
     let xlive = ti < nt;
-    var xr = 0u;
-    if (xlive) {
-        xr = tile_items[ti];
-        if (p.m.expert_mode != 0u) {
-            xr = xr / p.m.x_div;
-        }
-    }
-    let xb = (p.m.x_off + xr * p.m.x_stride) / 4u + part * nx4;
+    let xb = (p.m.x_off + item_input(ti, xlive) * p.m.x_stride) / 4u + part * nx4;
     // The block this invocation accumulates: rows 4·rg.., items nb·4·tg.. (nb vec4 of items;
     // acc[4b + i]: row 4·rg + i, items of vec4 b).
     let rg = lid / 4u;
@@ -73,18 +63,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let xw = TT / 4u;
     var acc = array<vec4<f32>, TMAX / 4u>();
     // Step 0's reads.
-    var w = vec4<u32>(0u);
-    var w2 = vec4<u32>(0u);
-    var sc = 0.0;
-    var bi = 0.0;
-    if (wlive) {
-        w = W[qbase];
-        if (eight) {
-            w2 = W[qbase + 1u];
-        }
-        sc = w_half4(p.m.scale_off + hbase);
-        bi = w_half4(p.m.bias_off + hbase);
-    }
+    var sw = step_words(wlive, bases, 0u, eight);
     var xv = array<vec4<f32>, TMAX / 8u>();
     if (xlive) {
         for (var e = 0u; e < nx4; e++) {
@@ -93,7 +72,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     for (var q = 0u; q < quads; q++) {
         // This step's weights, dequantised, and inputs into shared memory.
-        let cols = deq_step(w, w2, eight, sc, bi);
+        let cols = deq_step(sw, eight);
         let wg = lid / 4u;
         let wc = lid % 4u;
         for (var j = 0u; j < 8u; j++) {
@@ -118,15 +97,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         // The next step's reads, in flight while this one computes.
         let qn = q + 1u;
         if (qn < quads) {
-            if (wlive) {
-                w = W[qbase + qn * wps];
-                if (eight) {
-                    w2 = W[qbase + qn * wps + 1u];
-                }
-                let g = hbase + (qn * 32u) / p.m.group;
-                sc = w_half4(p.m.scale_off + g);
-                bi = w_half4(p.m.bias_off + g);
-            }
+            sw = step_words(wlive, bases, qn, eight);
             if (xlive) {
                 for (var e = 0u; e < nx4; e++) {
                     xv[e] = vec4<f32>(X[xb + qn * 8u + e]);
@@ -152,12 +123,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 let v = acc[i + 4u * (j / 4u)];
                 let t = tg * 4u * nb + j;
                 if (t < nt) {
-                    let o = p.m.y_off + tile_items[t] * p.m.y_stride + p.m.row0 + row;
-                    if (p.m.accumulate != 0u) {
-                        Y[o] = YS(f32(Y[o]) + v[j % 4u]);
-                    } else {
-                        Y[o] = YS(v[j % 4u]);
-                    }
+                    put_y(t, row, v[j % 4u]);
                 }
             }
         }
