@@ -81,6 +81,9 @@ fn linear_q4_coop(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
+    // The same prologue as linear_q4_mm's, inline: behind a function returning the tile, naga's
+    // uniformity analysis takes the early return as non-uniform control flow for the
+    // cooperative operations (and refuses the module).
     let block = wid.x + wid.y * p.m.nwx;
     if (block * RT >= p.m.rows) {
         return;

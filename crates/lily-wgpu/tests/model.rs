@@ -252,6 +252,45 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
     }
 }
 
+/// The prompt the tile tests feed: `w`'s 808 positions as 512 + 256 + 40 tokens (so each routed
+/// expert's tiles take a size by its load), with the CPU's fp32 logits of them and its 8 greedy
+/// tokens after them.
+struct TileCase {
+    tokens: Vec<u32>,
+    want: Vec<f32>,
+    want_tokens: Vec<u32>,
+}
+
+impl TileCase {
+    const PIECES: [usize; 3] = [512, 256, 40];
+
+    fn new(w: &Arc<ModelWeights>) -> TileCase {
+        let positions: usize = Self::PIECES.iter().sum();
+        let tokens = Rng(37).tokens(positions, w.config.vocab);
+        let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+        let cs = cpu.new_seq(positions + 12).unwrap();
+        let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+        let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+        TileCase {
+            tokens,
+            want,
+            want_tokens,
+        }
+    }
+
+    /// `b`'s logits of the prompt fed in `PIECES`, and its sequence (room for 12 more tokens).
+    fn prefill(&self, b: &mut WgpuBackend) -> (lily_core::backend::SeqId, Vec<f32>) {
+        let s = b.new_seq(self.tokens.len() + 12).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for n in Self::PIECES {
+            got.extend(b.prefill_all_logits(s, &self.tokens[at..at + n]).unwrap());
+            at += n;
+        }
+        (s, got)
+    }
+}
+
 /// Prefill's product tiles in f16 (`f16_tiles`, where the adapter has SHADER_F16; lavapipe has
 /// it), in f32 (the fallback, the default) and in f32 with dense tiles of 64 (`dense_tile`, the
 /// A/B's third form): teacher-forced logits against the CPU's fp32 over
@@ -264,13 +303,9 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
 #[test]
 fn prefill_tiles_in_f16_and_f32_match_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
-    let pieces = [512usize, 256, 40];
-    let positions: usize = pieces.iter().sum();
-    let tokens = Rng(37).tokens(positions, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(positions + 12).unwrap();
-    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+    let case = TileCase::new(&w);
+    let (tokens, want, want_tokens) = (&case.tokens, &case.want, case.want_tokens.clone());
+    let positions = tokens.len();
     let mut forms = Vec::new();
     for (f16_tiles, dense_tile) in [(true, 0), (false, 0), (false, 64)] {
         let Some(mut gpu) = wgpu_backend_with(
@@ -329,13 +364,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
                 "f16 tiles: linear_q4_mm differs from the exact product by {exact:.2e}"
             );
         }
-        let gs = gpu.new_seq(positions + 12).unwrap();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for n in pieces {
-            got.extend(gpu.prefill_all_logits(gs, &tokens[at..at + n]).unwrap());
-            at += n;
-        }
+        let (gs, got) = case.prefill(&mut gpu);
         let e = rel_l2(&got, &want);
         // f16: every product's inputs rounded (3.1e-4 a product, above), amplified through 8
         // layers of random weights and routing near-ties (lavapipe: 9.4e-3, top-1 802 of 808);
@@ -444,24 +473,10 @@ fn coop_products_and_logits_match_cpu() {
         exact < 2e-3,
         "linear_q4_coop vs the exact product: {exact:.2e}"
     );
-    let pieces = [512usize, 256, 40];
-    let positions: usize = pieces.iter().sum();
-    let tokens = Rng(37).tokens(positions, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(positions + 12).unwrap();
-    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
-    let prefill = |b: &mut WgpuBackend| {
-        let s = b.new_seq(positions + 12).unwrap();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for n in pieces {
-            got.extend(b.prefill_all_logits(s, &tokens[at..at + n]).unwrap());
-            at += n;
-        }
-        (s, got)
-    };
-    let (gs, got) = prefill(&mut gpu);
+    let case = TileCase::new(&w);
+    let (tokens, want, want_tokens) = (&case.tokens, &case.want, case.want_tokens.clone());
+    let positions = tokens.len();
+    let (gs, got) = case.prefill(&mut gpu);
     let e = rel_l2(&got, &want);
     let same = top1_agreement(&got, &want, w.config.vocab);
     println!("coop: logits rel_l2 {e:.3e} from the CPU over {positions} positions, top-1 {same}/{positions}");
@@ -478,7 +493,7 @@ fn coop_products_and_logits_match_cpu() {
     let Some(mut tiles) = wgpu_backend_with(&w, opts(false)) else {
         return;
     };
-    let (_, f16_tiles) = prefill(&mut tiles);
+    let (_, f16_tiles) = case.prefill(&mut tiles);
     let d = rel_l2(&got, &f16_tiles);
     println!("coop against linear_q4_mm's f16 tiles: rel_l2 {d:.3e}");
     assert!(d < 3e-2, "coop differs from the f16 tiles by {d:.3e}");
