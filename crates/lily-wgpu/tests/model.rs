@@ -365,13 +365,13 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
             );
         }
         let (gs, got) = case.prefill(&mut gpu);
-        let e = rel_l2(&got, &want);
+        let e = rel_l2(&got, want);
         // f16: every product's inputs rounded (3.1e-4 a product, above), amplified through 8
         // layers of random weights and routing near-ties (lavapipe: 9.4e-3, top-1 802 of 808);
         // f32: summation order only (6.1e-6).
         let bound = if on { 3e-2 } else { 2e-5 };
         let vocab = w.config.vocab;
-        let same = top1_agreement(&got, &want, vocab);
+        let same = top1_agreement(&got, want, vocab);
         println!("f16 tiles {on}, dense tiles of {}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}", plan_dense);
         assert!(
             e < bound,
@@ -405,7 +405,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
                 return;
             };
             let ss = small.new_seq(positions + 12).unwrap();
-            let by32 = small.prefill_all_logits(ss, &tokens).unwrap();
+            let by32 = small.prefill_all_logits(ss, tokens).unwrap();
             let d = rel_l2(&got, &by32);
             println!("f16 tiles: chunks of 512 / 256 / 40 against chunks of 32: rel_l2 {d:.3e}");
             assert!(
@@ -477,8 +477,8 @@ fn coop_products_and_logits_match_cpu() {
     let (tokens, want, want_tokens) = (&case.tokens, &case.want, case.want_tokens.clone());
     let positions = tokens.len();
     let (gs, got) = case.prefill(&mut gpu);
-    let e = rel_l2(&got, &want);
-    let same = top1_agreement(&got, &want, w.config.vocab);
+    let e = rel_l2(&got, want);
+    let same = top1_agreement(&got, want, w.config.vocab);
     println!("coop: logits rel_l2 {e:.3e} from the CPU over {positions} positions, top-1 {same}/{positions}");
     assert!(e < 3e-2, "coop: logits differ from the CPU by {e:.3e}");
     assert!(
