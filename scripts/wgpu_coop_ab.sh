@@ -29,7 +29,7 @@ wgpu_synth4
 if skipped gpu; then say "skip gpu"; else
   timeout "$(cap 90)" "$B/wgpu_model" --test-threads 1 --nocapture coop_products_and_logits_match_cpu \
     prefill_tiles_in_f16_and_f32_match_cpu > "$OUT/gpu-tests.log" 2>&1
-  say "gpu tests rc=$? at $(el)s: $(grep -E 'linear_q4_coop|coop|SKIPPED|test result|panicked' "$OUT/gpu-tests.log" | grep -v XDG | head -12 | tr -s ' ' | tr '\n' '|' | cut -c1-1200)"
+  say "gpu tests rc=$? at $(el)s: $(grep -E '^(linear_q4_coop|coop|f16 tiles|SKIPPED|test result|thread)|refused|^[0-9]+ rows' "$OUT/gpu-tests.log" | head -16 | cut -c1-300 | tr -s ' ' | tr '\n' '|')"
 fi
 wait $SYN; say "synth rc=$? at $(el)s"; tail -2 "$OUT/synth.log" >> "$S"
 KEYS="cooperative matrices [a-z]+|f16 tiles [a-z]+|prefill products [^(]+\([^)]+\)|linear_q4_coop (checked|refused)[^;]*"
