@@ -15,15 +15,16 @@
 # Reading it: the plan line must say "linear_q4_coop on 16×16 cooperative matrices" and
 # "linear_q4_coop checked at load" (else the adapter lacks the feature or the check refused it:
 # the line says why); coop goes on where `on` beats `off` at 512 and 4K in both pairs, and its
-# selftest agrees as the f16 tiles' does. No bench starts past DEADLINE seconds (default 400).
+# selftest agrees as the f16 tiles' does. No run starts past DEADLINE seconds (default 360; a
+# bench's timeout is BENCH_S, so the call ends by ≈ 460 s).
 #
 # Here: bin/lily-engine.gz (built with `--features scripted`) and bin/wgpu_model.gz (lily-wgpu's
 # tests/model.rs binary), this script and gpu_ab_common.sh beside them, the Vulkan loader debs in
 # .gl (../.library/device/README.md). There, from the repo root:
 #   bash .carry/coop/wgpu_coop_ab.sh          (carry: .carry/coop .gl; timeout_s 480)
-# Knobs: DEADLINE (400), BENCH_S (a run's timeout, 100), SKIP (runs left out).
+# Knobs: DEADLINE (360), BENCH_S (a run's timeout, 100), SKIP (runs left out, e.g. "gpu f16").
 set -u
-. "$(dirname "$0")/gpu_ab_common.sh" 400
+. "$(dirname "$0")/gpu_ab_common.sh" 360
 wgpu_setup
 wgpu_synth4
 if skipped gpu; then say "skip gpu"; else
@@ -38,13 +39,14 @@ bench() {  # bench NAME PREFILL ENV...
   local name=$1; PREFILL=$2; shift 2
   wgpu_bench_rows "$name" 4K "$KEYS" "$ROWS" "$@"
 }
+# Most telling first: the deadline cuts from the end.
 bench off 512,4K LILY_WGPU_COOP=0
 bench on 512,4K LILY_WGPU_COOP=1
-bench f16 512,4K LILY_WGPU_COOP=0 LILY_WGPU_F16_TILES=1
-bench proff 4K LILY_WGPU_COOP=0 LILY_PROFILE=1
 bench prof 4K LILY_WGPU_COOP=1 LILY_PROFILE=1
 wgpu_selftest st-on LILY_WGPU_COOP=1
 wgpu_selftest st-off LILY_WGPU_COOP=0
+bench f16 512,4K LILY_WGPU_COOP=0 LILY_WGPU_F16_TILES=1
+bench proff 4K LILY_WGPU_COOP=0 LILY_PROFILE=1
 bench off2 512,4K LILY_WGPU_COOP=0
 bench on2 512,4K LILY_WGPU_COOP=1
 grep -h -m1 "wgpu: " "$OUT/full-on.log" 2>/dev/null | cut -c1-1500 >> "$S"
