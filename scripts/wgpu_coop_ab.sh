@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (≤ 7 minutes): prefill's tile products on cooperative matrices (`coop`,
+# One device call (≈ 7–8 minutes; timeout_s 480): prefill's tile products on cooperative matrices (`coop`,
 # linear_q4_coop.wgsl: 16 × 16 f16 × f16 → f32 on the H100's tensor cores through Vulkan) against
 # the defaults (linear_q4_mm.wgsl, f32 tiles) and linear_q4_mm's f16 tiles, wgpu through Vulkan on
 # the full-size synthetic checkpoint (issue 29 deliverable 5; docs/perf-notes.md, session 17
