@@ -333,6 +333,70 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
 }
 
+/// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
+/// matrices with f16 (at the device's size, every tile size, f16 tiles' sizes), and says so in its
+/// line; otherwise linear_q4_mm as the other options ask (lavapipe and CI: no cooperative
+/// matrices, so the default kernels).
+#[test]
+fn coop_is_planned_only_where_asked_and_enabled() {
+    let c = full_config();
+    let device = |coop, f16, limits: wgpu::Limits| DeviceCaps {
+        limits,
+        subgroups: true,
+        f16,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop,
+    };
+    let on = WgpuOptions {
+        coop: true,
+        ..WgpuOptions::default()
+    };
+    let names = |p: &Plan| -> Vec<(&str, u32)> {
+        [&p.specs.linear_q4_mm16, &p.specs.linear_q4_mm32]
+            .into_iter()
+            .chain(p.specs.linear_q4_mm64.as_ref())
+            .flatten()
+            .map(|s| (s.name, s.coop))
+            .collect()
+    };
+    for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
+        let plan = Plan::resolve(&on, &c, true, &device(size, true, limits.clone())).unwrap();
+        assert_eq!(plan.coop, size);
+        assert_eq!(names(&plan), vec![("linear_q4_coop", size); 3]);
+        assert!(plan.tile_f16 && plan.options.coop);
+        assert_eq!(plan.dense_mm, MmTile::T64);
+        assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+        let line = plan.describe();
+        assert!(
+            line.contains(&format!(
+                "linear_q4_coop on {size}×{size} cooperative matrices"
+            )) && line.contains("cooperative matrices on"),
+            "{line}"
+        );
+        for spec in plan.specs.all() {
+            assert!(
+                spec.needs().unwrap().exceeds(&limits).is_none(),
+                "{}",
+                spec.name
+            );
+        }
+    }
+    // Not asked, no cooperative matrices on the device, or no f16: linear_q4_mm.
+    for (opts, coop, f16) in [
+        (WgpuOptions::default(), 16, true),
+        (on.clone(), 0, true),
+        (on.clone(), 16, false),
+    ] {
+        let plan = Plan::resolve(&opts, &c, true, &device(coop, f16, large_limits())).unwrap();
+        assert_eq!(plan.coop, 0);
+        assert!(!plan.options.coop);
+        assert!(names(&plan)
+            .iter()
+            .all(|&(n, s)| n == "linear_q4_mm" && s == 0));
+        assert!(plan.describe().contains("cooperative matrices off"));
+    }
+}
+
 /// linear_q4_coop.wgsl on NVIDIA Vulkan's 16 × 16 matrices (and Apple's 8 × 8) translated to
 /// SPIR-V by naga's SPIR-V back end, as wgpu's Vulkan backend does (overrides resolved), at every
 /// tile size and form: the cooperative-matrix capability and the f16 × f16 → f32 multiply-add
