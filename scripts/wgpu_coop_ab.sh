@@ -10,7 +10,9 @@
 #   on     LILY_WGPU_COOP=1
 #   f16    LILY_WGPU_F16_TILES=1 (linear_q4_mm's f16 tiles: the same operands' rounding)
 #   proff, prof   off / on with LILY_PROFILE=1, 4K only (the lin.* rows: the products' share)
-#   st-on, st-off selftest on a 4-layer full-width model, coop on and off (agreement with the CPU)
+#   st-on, st-off selftest on a 4-layer full-width model, coop on and off (agreement with the CPU:
+#          on, at the f16 tiles' level — the operands' f16 rounding, which selftest's 1e-3 bound
+#          may flag —; off, fp32's)
 #   off2, on2     the second pair of the alternation, while time is left.
 # Reading it: the plan line must say "linear_q4_coop on 16×16 cooperative matrices" and
 # "linear_q4_coop checked at load" (else the adapter lacks the feature or the check refused it:
