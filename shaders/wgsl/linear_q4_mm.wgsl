@@ -17,46 +17,14 @@
 // row and step (on the H200 the router's prefill pass ran one item at a time on linear_q4.wgsl,
 // 152 µs per 512-token chunk).
 
-struct P {
-    @size(80) m: Mat,   // words 0..19 (Mat and two unused)
-    items: u32,       // plain mode: items in all
-    tiles_at: u32,    // expert mode: where the tile list starts in G (u32s)
-    order_at: u32,    // expert mode: where the items sorted by expert start in G
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> X: array<XS4>;
-@group(0) @binding(3) var<storage, read_write> Y: array<YS>;
-@group(0) @binding(4) var<storage, read> G: array<u32>;
-
 override TT: u32 = 16u;   // items per tile, 16, 32 or 64 ≤ TMAX (MmTile on the host)
 override XS_LEN: u32 = 8u * TT;
 const RT: u32 = 64u;   // rows per tile (MM_ROWS on the host)
 
 // ws[k · 16 + g]: rows 4g..4g + 3 of the tile at column k of the step; xs[k · TT/4 + g]: items
-// 4g..4g + 3 at column k.
+// 4g..4g + 3 at column k. (Parameters, bindings, tile_items and the dequantisation: mm_tile.wgsl.)
 var<workgroup> ws: array<TS4, 512>;
 var<workgroup> xs: array<TS4, XS_LEN>;
-var<workgroup> tile_items: array<u32, TT>;
-var<workgroup> tile_info: vec2<u32>;    // (items in the tile, expert slot + 1; 0: skip)
-
-fn w_half4(i: u32) -> f32 {
-    return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
-}
-
-
-fn deq(w: u32, sh: vec4<u32>, s: f32, b: f32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(w) >> sh) & NIB) * s + vec4<f32>(b);
-}
-
-const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
-const BYTE = vec4<u32>(255u);
-
-// The four 8-bit weights of word w (bits = 8: the router).
-fn deq8(w: u32, s: f32, b: f32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(w) >> SH_8) & BYTE) * s + vec4<f32>(b);
-}
 
 @compute @workgroup_size(64)
 fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -65,27 +33,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         return;
     }
     if (lid == 0u) {
-        if (p.m.expert_mode == 0u) {
-            let first = wid.z * TT;
-            let n = min(TT, p.items - first);
-            for (var i = 0u; i < n; i++) {
-                tile_items[i] = first + i;
-            }
-            tile_info = vec2<u32>(n, 1u);
-        } else {
-            let tb = p.tiles_at + wid.z * 4u;
-            let e = G[tb];
-            let start = G[tb + 1u];
-            let n = G[tb + 2u];
-            for (var i = 0u; i < n; i++) {
-                tile_items[i] = G[p.order_at + start + i];
-            }
-            var slot1 = 0u;
-            if (e >= p.m.e0 && e < p.m.e0 + p.m.e_count) {
-                slot1 = e - p.m.e0 + 1u;
-            }
-            tile_info = vec2<u32>(n, slot1);
-        }
+        tile_info = mm_tile(wid.z);
     }
     let info = workgroupUniformLoad(&tile_info);
     let nt = info.x;
@@ -94,29 +42,19 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     let slot = info.y - 1u;
     let quads = p.m.cols / 32u;
-    let groups = p.m.cols / p.m.group;
     // What this invocation brings to shared memory each step: row `lid`'s quad, and columns
     // TT/2 · part .. of item `ti` (64 / TT invocations an item, TT / 8 vec4 each).
     let wrow = block * RT + lid;
     let wlive = wrow < p.m.rows;
     // 16-byte words per step: one at 4 bits, two at 8 (each step is 32 columns).
     let eight = p.m.bits == 8u;
-    let wps = select(1u, 2u, eight);
-    let qbase = (slot * p.m.mat_words + select(0u, wrow, wlive) * (p.m.cols * p.m.bits / 32u)) / 4u;
-    let hbase = (slot * p.m.rows + select(0u, wrow, wlive)) * groups;
+    let bases = row_bases(slot, wrow, wlive);
     let ipi = 64u / TT;
     let nx4 = TT / 8u;
     let ti = lid / ipi;
     let part = lid % ipi;
     let xlive = ti < nt;
-    var xr = 0u;
-    if (xlive) {
-        xr = tile_items[ti];
-        if (p.m.expert_mode != 0u) {
-            xr = xr / p.m.x_div;
-        }
-    }
-    let xb = (p.m.x_off + xr * p.m.x_stride) / 4u + part * nx4;
+    let xb = (p.m.x_off + item_input(ti, xlive) * p.m.x_stride) / 4u + part * nx4;
     // The block this invocation accumulates: rows 4·rg.., items nb·4·tg.. (nb vec4 of items;
     // acc[4b + i]: row 4·rg + i, items of vec4 b).
     let rg = lid / 4u;
@@ -125,18 +63,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let xw = TT / 4u;
     var acc = array<vec4<f32>, TMAX / 4u>();
     // Step 0's reads.
-    var w = vec4<u32>(0u);
-    var w2 = vec4<u32>(0u);
-    var sc = 0.0;
-    var bi = 0.0;
-    if (wlive) {
-        w = W[qbase];
-        if (eight) {
-            w2 = W[qbase + 1u];
-        }
-        sc = w_half4(p.m.scale_off + hbase);
-        bi = w_half4(p.m.bias_off + hbase);
-    }
+    var sw = step_words(wlive, bases, 0u, eight);
     var xv = array<vec4<f32>, TMAX / 8u>();
     if (xlive) {
         for (var e = 0u; e < nx4; e++) {
@@ -145,16 +72,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     for (var q = 0u; q < quads; q++) {
         // This step's weights, dequantised, and inputs into shared memory.
-        var cols = array<vec4<f32>, 8>(
-            deq(w.x, SH_LO, sc, bi), deq(w.x, SH_HI, sc, bi),
-            deq(w.y, SH_LO, sc, bi), deq(w.y, SH_HI, sc, bi),
-            deq(w.z, SH_LO, sc, bi), deq(w.z, SH_HI, sc, bi),
-            deq(w.w, SH_LO, sc, bi), deq(w.w, SH_HI, sc, bi));
-        if (eight) {
-            cols = array<vec4<f32>, 8>(
-                deq8(w.x, sc, bi), deq8(w.y, sc, bi), deq8(w.z, sc, bi), deq8(w.w, sc, bi),
-                deq8(w2.x, sc, bi), deq8(w2.y, sc, bi), deq8(w2.z, sc, bi), deq8(w2.w, sc, bi));
-        }
+        let cols = deq_step(sw, eight);
         let wg = lid / 4u;
         let wc = lid % 4u;
         for (var j = 0u; j < 8u; j++) {
@@ -179,15 +97,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         // The next step's reads, in flight while this one computes.
         let qn = q + 1u;
         if (qn < quads) {
-            if (wlive) {
-                w = W[qbase + qn * wps];
-                if (eight) {
-                    w2 = W[qbase + qn * wps + 1u];
-                }
-                let g = hbase + (qn * 32u) / p.m.group;
-                sc = w_half4(p.m.scale_off + g);
-                bi = w_half4(p.m.bias_off + g);
-            }
+            sw = step_words(wlive, bases, qn, eight);
             if (xlive) {
                 for (var e = 0u; e < nx4; e++) {
                     xv[e] = vec4<f32>(X[xb + qn * 8u + e]);
@@ -213,12 +123,7 @@ fn linear_q4_mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
                 let v = acc[i + 4u * (j / 4u)];
                 let t = tg * 4u * nb + j;
                 if (t < nt) {
-                    let o = p.m.y_off + tile_items[t] * p.m.y_stride + p.m.row0 + row;
-                    if (p.m.accumulate != 0u) {
-                        Y[o] = YS(f32(Y[o]) + v[j % 4u]);
-                    } else {
-                        Y[o] = YS(v[j % 4u]);
-                    }
+                    put_y(t, row, v[j % 4u]);
                 }
             }
         }

@@ -22,8 +22,8 @@ use crate::plan::{
     PrefillAttention, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_dn_step, check_down_rows, check_mm, check_mm_f16, check_rows, DnStep,
-    Sides, F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
+    check_rows, DnStep, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -56,6 +56,12 @@ fn device_sampled(p: &SamplingParams) -> bool {
 /// output's f16 store, up to `probes::F16_STORE`, added).
 const ATTEND_TILE_TOLERANCE: f64 = 1e-4;
 
+/// Largest relative L2 difference of linear_q4_coop.wgsl from the host's product of its
+/// f16-staged operands for it to be used (its check at load; the f16 tiles of linear_q4_mm.wgsl
+/// differ by ≈ 4e-7: only the f32 sums' order; an f16 output's rounding, up to
+/// `probes::F16_STORE`, comes on top with f16 activations).
+const COOP_TOLERANCE: f64 = 1e-4 + F16_STORE;
+
 impl WgpuBackend {
     /// The backend on the adapter `opts` asks for, with the environment's overrides applied on
     /// top (`WgpuOptions::with_env_overrides`) and the plan resolved for this model and device.
@@ -67,7 +73,8 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
-            opts.f16_kv || opts.f16_tiles || opts.f16_acts,
+            opts.f16_kv || opts.f16_tiles || opts.f16_acts || opts.coop,
+            opts.coop,
         )?;
         let c = &weights.config;
         let caps = DeviceCaps {
@@ -75,8 +82,36 @@ impl WgpuBackend {
             subgroups: gpu.subgroups,
             f16: gpu.f16,
             device_type: gpu.info.device_type,
+            coop: gpu.coop,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
+        if plan.coop > 0 {
+            // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
+            // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
+            // width shows as an O(1) difference, a driver that does not take the module as an
+            // error; refused, the plan takes linear_q4_mm.wgsl.
+            let checked = Kernels::load(&gpu, &plan.specs, plan.checked)
+                .and_then(|k| check_products_f16(&gpu, &k, plan.act_f16));
+            let refused = match checked {
+                Ok((_, staged)) if staged < COOP_TOLERANCE => {
+                    plan.notes.push(format!(
+                        "linear_q4_coop checked at load: {staged:.1e} relative"
+                    ));
+                    None
+                }
+                Ok((_, staged)) => Some(format!("{staged:.1e} relative from the host's product")),
+                Err(e) => Some(format!("{e:#}")),
+            };
+            if let Some(why) = refused {
+                let without = WgpuOptions {
+                    coop: false,
+                    ..opts.clone()
+                };
+                plan = Plan::resolve(&without, c, stack_shared(weights), &caps)?;
+                plan.notes
+                    .push(format!("linear_q4_coop refused at load: {why}"));
+            }
+        }
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
             (plan.prefill_attention, &plan.specs.attend_tile)
         {
@@ -186,21 +221,28 @@ impl WgpuBackend {
     /// items; 4- and 8-bit) against the host (`probes::check_mm_f16`): the largest relative L2
     /// difference from the exact product and from the product of the f16-staged operands.
     pub fn check_products_f16(&self) -> Result<(f64, f64)> {
-        let (mut exact, mut staged) = (0f64, 0f64);
-        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-            let Some(forms) = self.kernels.mm_if(tile) else {
-                continue;
-            };
-            for (form, kernel) in forms.iter() {
-                for bits in [4, 8] {
-                    let sides = Sides::of(form, self.plan.act_f16);
-                    let (e, s) = check_mm_f16(&self.gpu, kernel, tile, bits, sides)?;
-                    exact = exact.max(e);
-                    staged = staged.max(s);
-                }
-            }
+        check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
+    }
+
+    /// linear_q4_coop.wgsl with its cooperative operations emulated, on matrices of `size` (8
+    /// or 16), activations as this plan's (`probes::check_coop_emulated`): the
+    /// largest relative L2 difference from the host's product of the f16-staged operands.
+    pub fn check_coop_emulated(&self, size: u32) -> Result<f64> {
+        check_coop_emulated(&self.gpu, size, self.plan.act_f16)
+    }
+
+    /// Where linear_q4_coop.wgsl goes wrong (`probes::coop_map`: errors and block maps on three
+    /// shapes), on this device's cooperative matrices (None where it has none), or `emulated`
+    /// on 16 × 16 (any adapter): what a device call prints after a refusal at load.
+    pub fn coop_map(&self, emulated: bool) -> Result<Option<String>> {
+        let size = if emulated { 16 } else { self.gpu.coop };
+        if size == 0 {
+            return Ok(None);
         }
-        Ok((exact, staged))
+        let mut spec = crate::plan::coop_spec(MmTile::T64, size);
+        spec.coop_emulated = emulated;
+        let kernel = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
+        crate::probes::coop_map(&self.gpu, &kernel, size as usize).map(Some)
     }
 
     /// attend_gqa.wgsl (+ attend_merge.wgsl) against the host's attention in f64
@@ -689,4 +731,24 @@ impl Backend for WgpuBackend {
             self.gpu.forget_bind_groups();
         }
     }
+}
+
+/// `WgpuBackend::check_products_f16` on `kernels` (the plan's tile products: linear_q4_mm.wgsl
+/// with f16 tiles, or linear_q4_coop.wgsl), `act_f16`: the activations' type.
+fn check_products_f16(gpu: &Gpu, kernels: &Kernels, act_f16: bool) -> Result<(f64, f64)> {
+    let (mut exact, mut staged) = (0f64, 0f64);
+    for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+        let Some(forms) = kernels.mm_if(tile) else {
+            continue;
+        };
+        for (form, kernel) in forms.iter() {
+            for bits in [4, 8] {
+                let sides = Sides::of(form, act_f16);
+                let (e, s) = check_mm_f16(gpu, kernel, tile, bits, sides)?;
+                exact = exact.max(e);
+                staged = staged.max(s);
+            }
+        }
+    }
+    Ok((exact, staged))
 }

@@ -29,6 +29,9 @@ pub struct Gpu {
     /// Whether f16 in shaders was enabled (wgpu's SHADER_F16) for the KV cache, the prefill
     /// products' tiles or the activations between kernels.
     pub f16: bool,
+    /// The cooperative matrices enabled (wgpu's experimental cooperative-matrix feature) for
+    /// linear_q4_coop.wgsl: their size (`coop_size`), or 0 where not asked for or not there.
+    pub coop: u32,
     /// The first validation or out-of-memory error wgpu reported asynchronously, if any.
     error: Arc<Mutex<Option<String>>>,
     /// The parameter buffer and the bind groups made for it (see `Binder`).
@@ -155,12 +158,44 @@ pub fn capped_at_apple(adapter: &wgpu::Limits) -> wgpu::Limits {
     l
 }
 
+/// The size of the square f16 × f16 → f32 cooperative matrices linear_q4_coop.wgsl takes on
+/// `adapter`: 16 where the adapter reports that configuration (NVIDIA through Vulkan), else 8
+/// (Apple's simdgroup matrices through Metal), else 0; 0 too without the experimental feature or
+/// with subgroups other than 32 wide (the kernel's four subgroups of 32; wgpu reports 4–64 on
+/// Metal, whose simdgroups are 32 on every Apple GPU: docs/WGPU.md).
+pub fn coop_size(adapter: &wgpu::Adapter) -> u32 {
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        return 0;
+    }
+    let info = adapter.get_info();
+    let width_32 = (info.subgroup_min_size == 32 && info.subgroup_max_size == 32)
+        || info.backend == wgpu::Backend::Metal;
+    if !width_32 {
+        return 0;
+    }
+    let props = adapter.cooperative_matrix_properties();
+    let fits = |n: u32| {
+        props.iter().any(|p| {
+            p.m_size == n
+                && p.n_size == n
+                && p.k_size == n
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+    };
+    [16, 8].into_iter().find(|&n| fits(n)).unwrap_or(0)
+}
+
 impl Gpu {
     /// The best adapter (discrete, integrated, virtual, then software such as lavapipe), or the
     /// first whose name contains `adapter`; `allow_software`: whether a CPU adapter (lavapipe,
     /// SwiftShader) may be chosen; the device created with the adapter's limits or those capped
     /// at Apple's (`limits`); GPU timestamps where `profiled` and the adapter has them; subgroup
-    /// operations where `subgroups`, f16 in shaders where `f16`, each where the adapter has it.
+    /// operations where `subgroups`, f16 in shaders where `f16`, cooperative matrices where
+    /// `coop` (`coop_size`), each where the adapter has it.
     pub fn open(
         allow_software: bool,
         adapter: Option<&str>,
@@ -168,6 +203,7 @@ impl Gpu {
         limits: DeviceLimits,
         subgroups: bool,
         f16: bool,
+        coop: bool,
     ) -> Result<Gpu> {
         let instance = instance();
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends()));
@@ -216,10 +252,21 @@ impl Gpu {
         if f16 {
             required_features |= wgpu::Features::SHADER_F16;
         }
+        let coop = if coop && f16 { coop_size(&adapter) } else { 0 };
+        let mut experimental_features = wgpu::ExperimentalFeatures::disabled();
+        if coop > 0 {
+            required_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            // SAFETY: wgpu 30 marks the feature experimental (its validation of cooperative
+            // matrices is incomplete); linear_q4_coop.wgsl uses only the configuration the
+            // adapter reported (`coop_size`) and is checked against the host at load
+            // (backend.rs) before any product runs on it.
+            experimental_features = unsafe { wgpu::ExperimentalFeatures::enabled() };
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("lily"),
             required_features,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("opening {}", describe_adapter(&info)))?;
@@ -240,6 +287,7 @@ impl Gpu {
             profiled,
             subgroups,
             f16,
+            coop,
             error,
             binder: Mutex::new(Binder::default()),
         })

@@ -11,6 +11,12 @@
 //!   2048, tiles of 32 run emptier); with f16 tiles (`f16_tiles`, off until measured: session 11
 //!   wgpu-prefill in docs/perf-notes.md) the dense products take tiles of 64 where they fit the
 //!   device's workgroup memory and each expert's tiles are sized by its load (`expert_tiles`);
+//! - prefill's tile products on cooperative matrices (`coop`, off until measured: session 17
+//!   wgpu-coop in docs/perf-notes.md): linear_q4_coop.wgsl in linear_q4_mm's place at every
+//!   tile size (`Specs::linear_q4_mm16` / `32` / `64`: the same launches), its operands in f16
+//!   (so the f16 tiles' sizes), where the device enabled the feature (`gpu::coop_size`: 16 × 16
+//!   or 8 × 8 f16 × f16 → f32, subgroups of 32), the kernels fit its workgroup memory and the
+//!   backend's check at load passes;
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -53,6 +59,8 @@ pub struct DeviceCaps {
     pub f16: bool,
     /// The adapter's kind (`split_workgroups`: how many workgroups cover it).
     pub device_type: wgpu::DeviceType,
+    /// The cooperative matrices enabled: their size (16 or 8; `gpu::coop_size`), or 0.
+    pub coop: u32,
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
@@ -259,6 +267,9 @@ pub struct Specs {
     pub linear_q4_rows16: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
+    /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
+    /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; the same
+    /// launches, so kernels.rs and forward.rs need not know which).
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -436,6 +447,14 @@ pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
     spec
 }
 
+/// linear_q4_coop.wgsl (linear_q4_mm.wgsl on cooperative matrices: the same launches) with
+/// tiles of `tile` items, on matrices of `size` (8 or 16) f16 × f16 → f32.
+pub fn coop_spec(tile: MmTile, size: u32) -> Spec {
+    let mut spec = Spec::new("linear_q4_coop", &[("TT", tile.items() as f64)]);
+    spec.coop = size;
+    spec
+}
+
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
 /// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
 pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
@@ -500,8 +519,12 @@ pub struct Plan {
     /// tiles sized by its load from this one down to 16: `expert_tiles`).
     pub dense_mm: MmTile,
     pub expert_mm: MmTile,
-    /// linear_q4_mm.wgsl's tiles in f16 (else f32).
+    /// linear_q4_mm.wgsl's tiles in f16 (else f32); always with `coop`.
     pub tile_f16: bool,
+    /// The prefill tile products on cooperative matrices of this size (16 or 8:
+    /// linear_q4_coop.wgsl in `Specs::linear_q4_mm16` / `32` / `64`, the same launches), or 0
+    /// (linear_q4_mm.wgsl).
+    pub coop: u32,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
@@ -542,7 +565,15 @@ impl Plan {
         let limits = &device.limits;
         let subgroups = device.subgroups && opts.subgroups;
         let kv_f16 = device.f16 && opts.f16_kv;
-        let tile_f16 = device.f16 && opts.f16_tiles;
+        // Cooperative matrices (`coop`) where the device enabled them: linear_q4_coop.wgsl in
+        // linear_q4_mm's place at every tile size, its operands staged in f16 (so the f16
+        // tiles' sizes: dense 64, each expert's by its load).
+        let coop = if opts.coop && device.f16 {
+            device.coop
+        } else {
+            0
+        };
+        let tile_f16 = device.f16 && (opts.f16_tiles || coop > 0);
         let act_f16 = device.f16 && opts.f16_acts;
         let mut notes = Vec::new();
         // The dense products' tiles: as asked (`dense_tile`), else 64 in f16 (the bytes of f32's
@@ -555,7 +586,28 @@ impl Plan {
             _ => MmTile::T32,
         };
         let mut linear_q4_mm64 = None;
-        if tile_f16 || dense_mm == MmTile::T64 {
+        let mut coop_specs = None;
+        if coop > 0 {
+            let tiles = [MmTile::T16, MmTile::T32, MmTile::T64];
+            let specs = tiles.map(|t| coop_spec(t, coop));
+            let mut fit = true;
+            for spec in &specs {
+                if let Some(why) = spec.needs()?.exceeds(limits) {
+                    notes.push(format!(
+                        "linear_q4_coop with tiles of {}: {why}",
+                        spec.constants[0].1
+                    ));
+                    fit = false;
+                }
+            }
+            if fit {
+                coop_specs = Some(specs.map(|s| in_forms(s, &READS_ACT, act_f16)));
+            }
+        }
+        let coop = if coop_specs.is_some() { coop } else { 0 };
+        if let Some([_, _, c64]) = &coop_specs {
+            linear_q4_mm64 = Some(c64.clone());
+        } else if tile_f16 || dense_mm == MmTile::T64 {
             let spec = mm_spec(MmTile::T64, tile_f16).with_subgroups(subgroups);
             match spec.needs()?.exceeds(limits) {
                 None => linear_q4_mm64 = Some(in_forms(spec, &READS_ACT, act_f16)),
@@ -605,8 +657,14 @@ impl Plan {
             linear_q4_rows16: rows(16),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
-            linear_q4_mm16: in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
-            linear_q4_mm32: in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
+            linear_q4_mm16: match &coop_specs {
+                Some([c16, _, _]) => c16.clone(),
+                None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
+            },
+            linear_q4_mm32: match &coop_specs {
+                Some([_, c32, _]) => c32.clone(),
+                None => in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
+            },
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early), &WRITES_ACT, act_f16),
@@ -639,7 +697,9 @@ impl Plan {
             sample_pick: Spec::new("sample_pick", &[]),
         };
         for s in specs.all_mut() {
-            s.subgroups = subgroups;
+            // linear_q4_coop's module without subgroup operations (its reductions' file unused):
+            // NVIDIA's Vulkan driver has crashed building pipelines that hold both (docs/WGPU.md).
+            s.subgroups = subgroups && s.coop == 0;
             s.act_f16 = act_f16;
         }
         for s in [
@@ -680,6 +740,7 @@ impl Plan {
             f16_kv: kv_f16,
             f16_tiles: tile_f16,
             f16_acts: act_f16,
+            coop: coop > 0,
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
@@ -692,6 +753,7 @@ impl Plan {
             dense_mm,
             expert_mm,
             tile_f16,
+            coop,
             prefill_attention,
             decode_attention,
             decode_splits,
@@ -744,9 +806,13 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products linear_q4_mm ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
+            match self.coop {
+                0 => "linear_q4_mm".to_string(),
+                n => format!("linear_q4_coop on {n}×{n} cooperative matrices"),
+            },
             if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),
             match self.expert_tiles().as_slice() {

@@ -9,7 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -118,17 +118,93 @@ pub fn check_mm_f16(
     sides: Sides,
 ) -> Result<(f64, f64)> {
     let (m, got) = mm_probe(gpu, kernel, tile, bits, sides)?;
-    let (rows, cols, items) = (m.rows, m.cols, m.items);
-    let f16 = |v: f64| half::f16::from_f64(v).to_f64();
-    let x16: Vec<f64> = m.x.iter().map(|v| f16(*v as f64)).collect();
-    let mut staged = vec![0f64; items * rows];
-    for (r, w) in m.w.iter().enumerate() {
-        for t in 0..items {
-            let xt = &x16[t * cols..(t + 1) * cols];
-            staged[t * rows + r] = w.iter().zip(xt).map(|(a, b)| f16(*a) * b).sum();
+    let staged = m.staged_f16();
+    Ok((rel_l2_f64(&got, &m.want), rel_l2_f64(&got, &staged)))
+}
+
+/// Where linear_q4_coop.wgsl (`kernel`, matrices of `size`, tiles of 64, 4-bit) goes wrong, for
+/// the device call after a refusal at load: on one workgroup and one step (64 rows, 32 columns,
+/// 64 items), one workgroup and 8 steps (256 columns), and `check_mm`'s shape (160 × 512, 40
+/// items: row blocks and a tile partly filled), the relative L2 difference from the host's
+/// product of the f16-staged operands, then a map of size-row × size-item blocks (items down,
+/// rows across; `.` within 1e-3, `0` all zero, `x` else).
+pub fn coop_map(gpu: &Gpu, kernel: &Kernel, size: usize) -> Result<String> {
+    let mut out = String::new();
+    for (rows, cols, items) in [(64usize, 32usize, 64usize), (64, 256, 64), (160, 512, 40)] {
+        let m = RandomQ4::with_bits(4, rows, cols, 64.min(cols), items);
+        let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+        let z = items.div_ceil(MmTile::T64.items()) as u32;
+        let groups_buf = gpu.storage("coop_map.groups", 16)?;
+        let sides = Sides::of(Form::default(), false);
+        let got = m.run_raw(
+            gpu,
+            kernel,
+            &[nx, ny, z],
+            nx,
+            Some(&groups_buf),
+            None,
+            sides,
+        )?;
+        let want = m.staged_f16();
+        out += &format!(
+            "{rows} rows × {cols} columns, {items} items: {:.1e};",
+            rel_l2_f64(&got, &want)
+        );
+        for t0 in (0..items).step_by(size) {
+            out.push(' ');
+            for r0 in (0..rows).step_by(size) {
+                let (mut num, mut den, mut zero) = (0f64, 0f64, true);
+                for t in t0..(t0 + size).min(items) {
+                    for r in r0..(r0 + size).min(rows) {
+                        let (g, w) = (got[t * rows + r] as f64, want[t * rows + r]);
+                        num += (g - w).powi(2);
+                        den += w.powi(2);
+                        zero &= g == 0.0;
+                    }
+                }
+                out.push(if zero {
+                    '0'
+                } else if num <= 1e-6 * den {
+                    '.'
+                } else {
+                    'x'
+                });
+            }
+        }
+        out += "\n";
+    }
+    Ok(out)
+}
+
+/// linear_q4_coop.wgsl with its cooperative operations emulated in plain WGSL
+/// (`Spec::coop_emulated`: what CI can run, on adapters without cooperative matrices) on
+/// matrices of `size` (8 or 16), tiles of 16, 32 and 64 items, 4- and 8-bit, in the forms a plan
+/// with activations in f16 (`act_f16`) or f32 compiles: the largest relative L2 difference from
+/// the host's product of the f16-staged operands (`check_mm_f16`'s second figure). The kernel's
+/// staging, indexing and stores are the real ones; the emulated operations have the meaning
+/// naga gives the cooperative ones (docs/WGPU.md).
+pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool) -> Result<f64> {
+    let forms: &[Form] = if act_f16 {
+        &Form::ALL[..2]
+    } else {
+        &[Form::ALL[0]]
+    };
+    let mut worst = 0f64;
+    for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+        for &form in forms {
+            let mut spec = coop_spec(tile, size);
+            spec.coop_emulated = true;
+            spec.act_f16 = act_f16;
+            spec.form = form;
+            let kernel = Kernel::new(gpu, &spec, false)?;
+            for bits in [4, 8] {
+                let sides = Sides::of(form, act_f16);
+                let (_, staged) = check_mm_f16(gpu, &kernel, tile, bits, sides)?;
+                worst = worst.max(staged);
+            }
         }
     }
-    Ok((rel_l2_f64(&got, &m.want), rel_l2_f64(&got, &staged)))
+    Ok(worst)
 }
 
 /// Relative L2 difference of `got` from `want` (infinite where `got` holds a non-finite value).
@@ -935,6 +1011,23 @@ struct RandomQ4 {
 }
 
 impl RandomQ4 {
+    /// The host's f64 product of the operands rounded to f16 as the f16 tiles and
+    /// linear_q4_coop.wgsl stage them (the dequantised weight `q·s + b` and the input, each to
+    /// the nearest f16), `[item][row]`.
+    fn staged_f16(&self) -> Vec<f64> {
+        let (rows, cols, items) = (self.rows, self.cols, self.items);
+        let f16 = |v: f64| half::f16::from_f64(v).to_f64();
+        let x16: Vec<f64> = self.x.iter().map(|v| f16(*v as f64)).collect();
+        let mut staged = vec![0f64; items * rows];
+        for (r, w) in self.w.iter().enumerate() {
+            for t in 0..items {
+                let xt = &x16[t * cols..(t + 1) * cols];
+                staged[t * rows + r] = w.iter().zip(xt).map(|(a, b)| f16(*a) * b).sum();
+            }
+        }
+        staged
+    }
+
     /// Each item's inputs through RMSNorm (rms_norm.wgsl's formula) with `norm_w`.
     fn normed(&self, eps: f32) -> Vec<f32> {
         let mut out = self.x.clone();

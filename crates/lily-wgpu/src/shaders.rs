@@ -24,6 +24,11 @@ pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
 /// has SHADER_F16 and the plan's `act_f16` is on.
 pub const ACT_F32: &str = include_str!("../../../shaders/wgsl/act_f32.wgsl");
 pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
+/// The parameters, bindings, tile items and dequantisation linear_q4_mm.wgsl and
+/// linear_q4_coop.wgsl share (in front of those two only: `MM_KERNELS`).
+pub const MM_TILE: &str = include_str!("../../../shaders/wgsl/mm_tile.wgsl");
+/// The kernels mm_tile.wgsl goes in front of.
+pub const MM_KERNELS: [&str; 2] = ["linear_q4_mm", "linear_q4_coop"];
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -53,6 +58,7 @@ sources!(
     "linear_q4",
     "linear_q4_glu",
     "linear_q4_glu_rows",
+    "linear_q4_coop",
     "linear_q4_mm",
     "linear_q4_rows",
     "moe_combine",
@@ -84,6 +90,14 @@ pub struct Spec {
     /// of its register arrays): 32, or 64 for tiles of 64.
     pub tile_max: u32,
     pub act_f16: bool,
+    /// linear_q4_coop.wgsl's cooperative matrices: their size (8 or 16: `coop_prelude`'s types
+    /// in front of it, its cooperative operations written for it and its `TT` by `coop_code`),
+    /// or 0 for every other kernel.
+    pub coop: u32,
+    /// linear_q4_coop.wgsl with its cooperative operations emulated by plain WGSL
+    /// (`coop_prelude`'s plain functions: for checking the kernel's staging, indexing and stores
+    /// on adapters without cooperative matrices, lavapipe; never what the plan runs).
+    pub coop_emulated: bool,
     /// A product kernel's form (`XS`, `YS` in front of it): its input is the f32 residual
     /// stream (a decode step's folded norm) rather than an activation (`ACT`), its output an
     /// f32 buffer (the residual stream it adds into, the router's or the model's logits).
@@ -131,6 +145,8 @@ impl Spec {
             tile_f16: false,
             tile_max: 32,
             act_f16: false,
+            coop: 0,
+            coop_emulated: false,
             form: Form::default(),
         }
     }
@@ -150,9 +166,11 @@ impl Spec {
             .with_context(|| format!("no WGSL kernel named {}", self.name))
     }
 
-    /// The module as the device compiles it: `enable` directives first, then the reductions'
-    /// file, common.wgsl, the KV cache's types, the tiles' types, the activations' types (and
-    /// a product's `XS` / `YS`: `ACT`, or f32 as its form says) and the kernel.
+    /// The module as the device compiles it: `enable` directives first, then
+    /// the reductions' file, common.wgsl, the KV cache's types, the tiles' types, the
+    /// activations' types (and a product's `XS` / `YS`: `ACT`, or f32 as its form says), the
+    /// cooperative matrices' types (`coop`), mm_tile.wgsl (`MM_KERNELS`) and the kernel (with
+    /// its cooperative operations written: `coop_code`).
     pub fn code(&self) -> Result<String> {
         let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
         let tile = if self.tile_f16 { TILE_F16 } else { TILE_F32 };
@@ -170,6 +188,25 @@ impl Spec {
             side("XS", self.form.x_f32),
             side("YS", self.form.y_f32)
         );
+        let (coop, source) = if self.coop > 0 {
+            let tt = self
+                .constants
+                .iter()
+                .find(|(k, _)| *k == "TT")
+                .map(|(_, v)| *v as u32)
+                .with_context(|| format!("{}: no tile size (TT) given", self.name))?;
+            (
+                coop_prelude(self.coop, self.coop_emulated),
+                coop_code(self.source()?, self.coop, tt, self.coop_emulated)?,
+            )
+        } else {
+            (String::new(), self.source()?.to_string())
+        };
+        let mm = if MM_KERNELS.contains(&self.name) {
+            MM_TILE
+        } else {
+            ""
+        };
         let (mut enables, body): (Vec<&str>, Vec<&str>) = kv
             .lines()
             .chain([""])
@@ -178,7 +215,10 @@ impl Spec {
             .chain(act.lines())
             .chain(forms.lines())
             .chain([""])
-            .chain(self.source()?.lines())
+            .chain(coop.lines())
+            .chain(mm.lines())
+            .chain([""])
+            .chain(source.lines())
             .partition(|l| l.trim_start().starts_with("enable "));
         // One line per extension (the KV cache, the tiles and the activations may each enable
         // f16).
@@ -229,6 +269,136 @@ impl Spec {
         let (module, info) = self.resolved()?;
         needs_of(&module, &info, self.name)
     }
+}
+
+/// What goes in front of linear_q4_coop.wgsl for matrices of `size` (8 or 16): the
+/// `wgpu_cooperative_matrix` extension, the types CA (CM × CM f16 weights), CB (CM × CM f16
+/// inputs) and CC (the f32 accumulator), and `CM`. `emulated` (`Spec::coop_emulated`): the same
+/// names as plain WGSL with the cooperative operations' meaning (docs/WGPU.md), for adapters
+/// without them (lavapipe): an A or B matrix is where it lies (offset and stride in `ws`,
+/// row-major, or `xs`, column-major); a C matrix is spread over its subgroup of 32 as on the
+/// hardware, lane l holding elements l · PER .. l · PER + PER − 1 (row-major), each summed in f32
+/// over k; a store writes each lane's elements column-major into `cs`.
+fn coop_prelude(size: u32, emulated: bool) -> String {
+    if !emulated {
+        return format!(
+            "enable wgpu_cooperative_matrix;\nenable f16;\n\
+             alias CA = coop_mat{size}x{size}<f16, A>;\nalias CB = coop_mat{size}x{size}<f16, B>;\n\
+             alias CC = coop_mat{size}x{size}<f32, C>;\nconst CM: u32 = {size}u;"
+        );
+    }
+    format!(
+        "enable f16;
+alias CA = vec2<u32>;
+alias CB = vec2<u32>;
+alias CC = array<f32, {per}>;
+const CM: u32 = {size}u;
+const PER: u32 = {per}u;
+fn emu_load_ws_t(at: u32, stride: u32) -> CA {{
+    return vec2<u32>(at, stride);
+}}
+fn emu_load_xs(at: u32, stride: u32) -> CB {{
+    return vec2<u32>(at, stride);
+}}
+fn emu_mma(lane: u32, a: CA, b: CB, c: CC) -> CC {{
+    var d = c;
+    for (var e = 0u; e < PER; e++) {{
+        let i = (lane * PER + e) / CM;
+        let j = (lane * PER + e) % CM;
+        for (var k = 0u; k < CM; k++) {{
+            d[e] += f32(ws[a.x + i * a.y + k]) * f32(xs[b.x + j * b.y + k]);
+        }}
+    }}
+    return d;
+}}
+fn emu_store_cs(lane: u32, m: CC, at: u32, stride: u32) {{
+    for (var e = 0u; e < PER; e++) {{
+        let i = (lane * PER + e) / CM;
+        let j = (lane * PER + e) % CM;
+        cs[at + j * stride + i] = m[e];
+    }}
+}}",
+        per = size * size / 32
+    )
+}
+
+/// linear_q4_coop.wgsl (`source`) with its `// <coop: …>` lines written for matrices of `size`
+/// and tiles of `tt` items: `declare` the subgroup's (16 / size) × (tt / size) accumulators
+/// `c{a}_{b}` (rows 16s + size · a, items size · b); `multiply` one k-slice (`kk`) of them: the A
+/// matrices row-major from `ws`, the B matrices column-major from `xs`, every product;
+/// `store` them column-major into `cs`. Named variables, every index and stride a `let`.
+/// `emulated`: the same with `coop_prelude`'s plain functions (lane `lid % 32`).
+fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String> {
+    if !(size == 8 || size == 16) || !(tt == 16 || tt == 32 || tt == 64) {
+        bail!("linear_q4_coop takes matrices of 8 or 16 and tiles of 16, 32 or 64 items (not {size}, {tt})");
+    }
+    let (na, nb) = (16 / size, tt / size);
+    let pairs: Vec<(u32, u32)> = (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect();
+    let mut declare = String::new();
+    let mut multiply = String::from("            let kp = KP;\n");
+    let mut store = String::from("    let cp = CP;\n");
+    for &(a, b) in &pairs {
+        let c = format!("c{a}_{b}");
+        declare += &if emulated {
+            format!("    var {c}: CC;\n")
+        } else {
+            format!("    var {c} = CC();\n")
+        };
+        let put = if emulated {
+            format!("    emu_store_cs(lid % 32u, {c}, io_{c}, cp);\n")
+        } else {
+            format!("    coopStore({c}, &cs[io_{c}], cp);\n")
+        };
+        store += &format!(
+            "    let io_{c} = {}u * CP + arow + {}u;\n{put}",
+            b * size,
+            a * size
+        );
+    }
+    for a in 0..na {
+        let load = if emulated {
+            format!("emu_load_ws_t(ia{a}, kp)")
+        } else {
+            format!("coopLoadT<CA>(&ws[ia{a}], kp)")
+        };
+        multiply += &format!(
+            "            let ia{a} = (arow + {}u) * KP + kk;\n            let a{a} = {load};\n",
+            a * size
+        );
+    }
+    for b in 0..nb {
+        let load = if emulated {
+            format!("emu_load_xs(ib{b}, kp)")
+        } else {
+            format!("coopLoad<CB>(&xs[ib{b}], kp)")
+        };
+        multiply += &format!(
+            "            let ib{b} = {}u * KP + kk;\n            let b{b} = {load};\n",
+            b * size
+        );
+    }
+    for &(a, b) in &pairs {
+        let c = format!("c{a}_{b}");
+        multiply += &if emulated {
+            format!("            {c} = emu_mma(lid % 32u, a{a}, b{b}, {c});\n")
+        } else {
+            format!("            {c} = coopMultiplyAdd(a{a}, b{b}, {c});\n")
+        };
+    }
+    let mut text = source.to_string();
+    for (marker, code) in [
+        ("// <coop: declare>", declare),
+        ("// <coop: multiply>", multiply),
+        ("// <coop: store>", store),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.trim() == marker)
+            .with_context(|| format!("linear_q4_coop.wgsl has no line `{marker}`"))?
+            .to_string();
+        text = text.replace(&format!("{line}\n"), &code);
+    }
+    Ok(text)
 }
 
 /// A validator allowing every capability (the device's features are checked by wgpu).

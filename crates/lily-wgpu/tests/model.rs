@@ -252,6 +252,45 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
     }
 }
 
+/// The prompt the tile tests feed: `w`'s 808 positions as 512 + 256 + 40 tokens (so each routed
+/// expert's tiles take a size by its load), with the CPU's fp32 logits of them and its 8 greedy
+/// tokens after them.
+struct TileCase {
+    tokens: Vec<u32>,
+    want: Vec<f32>,
+    want_tokens: Vec<u32>,
+}
+
+impl TileCase {
+    const PIECES: [usize; 3] = [512, 256, 40];
+
+    fn new(w: &Arc<ModelWeights>) -> TileCase {
+        let positions: usize = Self::PIECES.iter().sum();
+        let tokens = Rng(37).tokens(positions, w.config.vocab);
+        let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+        let cs = cpu.new_seq(positions + 12).unwrap();
+        let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
+        let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+        TileCase {
+            tokens,
+            want,
+            want_tokens,
+        }
+    }
+
+    /// `b`'s logits of the prompt fed in `PIECES`, and its sequence (room for 12 more tokens).
+    fn prefill(&self, b: &mut WgpuBackend) -> (lily_core::backend::SeqId, Vec<f32>) {
+        let s = b.new_seq(self.tokens.len() + 12).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for n in Self::PIECES {
+            got.extend(b.prefill_all_logits(s, &self.tokens[at..at + n]).unwrap());
+            at += n;
+        }
+        (s, got)
+    }
+}
+
 /// Prefill's product tiles in f16 (`f16_tiles`, where the adapter has SHADER_F16; lavapipe has
 /// it), in f32 (the fallback, the default) and in f32 with dense tiles of 64 (`dense_tile`, the
 /// A/B's third form): teacher-forced logits against the CPU's fp32 over
@@ -264,13 +303,9 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
 #[test]
 fn prefill_tiles_in_f16_and_f32_match_cpu() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
-    let pieces = [512usize, 256, 40];
-    let positions: usize = pieces.iter().sum();
-    let tokens = Rng(37).tokens(positions, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
-    let cs = cpu.new_seq(positions + 12).unwrap();
-    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
+    let case = TileCase::new(&w);
+    let (tokens, want, want_tokens) = (&case.tokens, &case.want, case.want_tokens.clone());
+    let positions = tokens.len();
     let mut forms = Vec::new();
     for (f16_tiles, dense_tile) in [(true, 0), (false, 0), (false, 64)] {
         let Some(mut gpu) = wgpu_backend_with(
@@ -329,20 +364,14 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
                 "f16 tiles: linear_q4_mm differs from the exact product by {exact:.2e}"
             );
         }
-        let gs = gpu.new_seq(positions + 12).unwrap();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for n in pieces {
-            got.extend(gpu.prefill_all_logits(gs, &tokens[at..at + n]).unwrap());
-            at += n;
-        }
-        let e = rel_l2(&got, &want);
+        let (gs, got) = case.prefill(&mut gpu);
+        let e = rel_l2(&got, want);
         // f16: every product's inputs rounded (3.1e-4 a product, above), amplified through 8
         // layers of random weights and routing near-ties (lavapipe: 9.4e-3, top-1 802 of 808);
         // f32: summation order only (6.1e-6).
         let bound = if on { 3e-2 } else { 2e-5 };
         let vocab = w.config.vocab;
-        let same = top1_agreement(&got, &want, vocab);
+        let same = top1_agreement(&got, want, vocab);
         println!("f16 tiles {on}, dense tiles of {}: logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}", plan_dense);
         assert!(
             e < bound,
@@ -376,7 +405,7 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
                 return;
             };
             let ss = small.new_seq(positions + 12).unwrap();
-            let by32 = small.prefill_all_logits(ss, &tokens).unwrap();
+            let by32 = small.prefill_all_logits(ss, tokens).unwrap();
             let d = rel_l2(&got, &by32);
             println!("f16 tiles: chunks of 512 / 256 / 40 against chunks of 32: rel_l2 {d:.3e}");
             assert!(
@@ -387,6 +416,142 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         assert_eq!(forms, [true, false, false], "both tile forms in CI");
+    }
+}
+
+/// Prefill's tile products on cooperative matrices (`coop`: linear_q4_coop.wgsl, 16 × 16 on
+/// NVIDIA Vulkan, 8 × 8 on Metal) where the adapter has them (skipped with a message where it
+/// does not: lavapipe, CI): the kernel at every tile size, 4- and 8-bit, against the host's f64
+/// product of its f16-staged operands (only the f32 sums' order differs) and of the exact ones
+/// (the f16 rounding: as the f16 tiles', < 2e-3), then `tiny`'s teacher-forced logits over 808
+/// positions as 512 + 256 + 40 tokens (every tile size by the experts' loads) against the CPU's
+/// fp32 within the f16 tiles' bound (3e-2, top-1 ≥ 98 %), and against linear_q4_mm's f16 tiles
+/// on the same adapter (the same operands), and 8 greedy tokens equal to the CPU's.
+#[test]
+fn coop_products_and_logits_match_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    let opts = |coop| WgpuOptions {
+        chunk: 512,
+        all_logits_chunk: 512,
+        f16_tiles: true,
+        coop,
+        ..WgpuOptions::default()
+    };
+    let Some(mut gpu) = wgpu_backend_with(&w, opts(true)) else {
+        return;
+    };
+    let plan = gpu.plan();
+    if let Some(map) = gpu.coop_map(false).unwrap() {
+        // The device has cooperative matrices: where the kernel is right and where not.
+        println!("linear_q4_coop on this device:\n{map}");
+    }
+    if let Some(refusal) = plan
+        .notes
+        .iter()
+        .find(|n| n.contains("linear_q4_coop refused"))
+    {
+        panic!("the adapter has cooperative matrices but {refusal}");
+    }
+    if plan.coop == 0 {
+        println!(
+            "SKIPPED: no cooperative matrices here (the adapter lacks wgpu's experimental feature, an f16 x f16 -> f32 configuration of 8 or 16, or subgroups of 32): {}",
+            plan.describe()
+        );
+        return;
+    }
+    let size = plan.coop;
+    assert!(plan.tile_f16 && plan.options.coop);
+    assert_eq!(plan.dense_mm, MmTile::T64);
+    assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+    let (exact, staged) = gpu.check_products_f16().unwrap();
+    println!("linear_q4_coop ({size}×{size}): vs the f16-staged product {staged:.2e}, vs the exact one {exact:.2e}");
+    assert!(
+        staged < 1e-5,
+        "linear_q4_coop vs the f16-staged product: {staged:.2e}"
+    );
+    assert!(
+        exact < 2e-3,
+        "linear_q4_coop vs the exact product: {exact:.2e}"
+    );
+    let case = TileCase::new(&w);
+    let (tokens, want, want_tokens) = (&case.tokens, &case.want, case.want_tokens.clone());
+    let positions = tokens.len();
+    let (gs, got) = case.prefill(&mut gpu);
+    let e = rel_l2(&got, want);
+    let same = top1_agreement(&got, want, w.config.vocab);
+    println!("coop: logits rel_l2 {e:.3e} from the CPU over {positions} positions, top-1 {same}/{positions}");
+    assert!(e < 3e-2, "coop: logits differ from the CPU by {e:.3e}");
+    assert!(
+        same * 100 >= positions * 98,
+        "coop: top-1 agreement {same}/{positions}"
+    );
+    assert_eq!(
+        greedy_tokens(&mut gpu, gs, 8),
+        want_tokens,
+        "coop: greedy tokens"
+    );
+    let Some(mut tiles) = wgpu_backend_with(&w, opts(false)) else {
+        return;
+    };
+    let (_, f16_tiles) = case.prefill(&mut tiles);
+    let d = rel_l2(&got, &f16_tiles);
+    println!("coop against linear_q4_mm's f16 tiles: rel_l2 {d:.3e}");
+    assert!(d < 3e-2, "coop differs from the f16 tiles by {d:.3e}");
+}
+
+/// linear_q4_coop.wgsl's own staging, indexing and stores, with its cooperative operations
+/// emulated in plain WGSL (`Spec::coop_emulated`; lavapipe has no cooperative matrices): on
+/// Apple's 8 × 8 and NVIDIA's 16 × 16 (activations in f32; in f16, both forms, at 16 × 16),
+/// tiles of 16, 32 and 64 items (partly filled), 4- and 8-bit, against the host's f64 product of
+/// the operands rounded to f16 as the kernel stages them: only the f32 sums' order differs
+/// (lavapipe: 4.1e-7, as linear_q4_mm's f16 tiles; 2.1e-4 with an f16 output's rounding).
+#[test]
+fn coop_kernel_emulated_matches_the_host() {
+    for f16_acts in [false, true] {
+        let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 5);
+        let Some(gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                f16_acts,
+                // The device with SHADER_F16 (the kernel stages in f16).
+                f16_tiles: true,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        if !gpu.plan().tile_f16 {
+            println!("SKIPPED: no SHADER_F16 here");
+            continue;
+        }
+        if !f16_acts {
+            // The map a device call prints, on the emulated kernel: right everywhere.
+            let map = gpu.coop_map(true).unwrap().unwrap();
+            println!("{map}");
+            let blocks = map
+                .lines()
+                .filter_map(|l| l.split_once(';'))
+                .map(|(_, b)| b);
+            assert!(
+                blocks.clone().count() == 3 && blocks.clone().all(|b| b.contains('.')),
+                "the emulated kernel's map:\n{map}"
+            );
+            assert!(
+                blocks.clone().all(|b| !b.contains('x') && !b.contains('0')),
+                "the emulated kernel's map:\n{map}"
+            );
+        }
+        // An f16 output's own rounding (≤ 2^-11) comes on top with f16 activations.
+        let bound = 1e-5 + if f16_acts { F16_STORE } else { 0.0 };
+        let sizes: &[u32] = if f16_acts { &[16] } else { &[8, 16] };
+        for &size in sizes {
+            let e = gpu.check_coop_emulated(size).unwrap();
+            println!("linear_q4_coop emulated, {size}×{size}, f16 activations {f16_acts}: {e:.2e} from the f16-staged product");
+            assert!(
+                e < bound,
+                "linear_q4_coop emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
+            );
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
-use lily_wgpu::plan::{DeviceCaps, MmTile, Plan, PrefillAttention};
+use lily_wgpu::plan::{coop_spec, DeviceCaps, MmTile, Plan, PrefillAttention};
 use lily_wgpu::shaders::{validator, Form, Spec};
 use lily_wgpu::WgpuOptions;
 
@@ -41,7 +41,8 @@ fn choosable() -> Vec<Spec> {
     let mut out: Vec<Spec> = Vec::new();
     for attn_tile in [true, false] {
         for stacked in [true, false] {
-            for limits in [large_limits(), apple_limits()] {
+            // Cooperative matrices of NVIDIA Vulkan's 16 × 16 on the large GPU, Apple's 8 × 8.
+            for (limits, coop) in [(large_limits(), 16), (apple_limits(), 8)] {
                 for (subgroups, f16) in [(true, true), (false, false), (true, false), (false, true)]
                 {
                     // f16 activations alone, and with the f16 KV cache and tiles.
@@ -60,6 +61,9 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
+                            // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
+                            // decode switches on; linear_q4_mm's f16 tiles with them off.
+                            coop: f16 && sw,
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -69,6 +73,7 @@ fn choosable() -> Vec<Spec> {
                             subgroups,
                             f16: f16 || f16_acts,
                             device_type: wgpu::DeviceType::DiscreteGpu,
+                            coop,
                         };
                         let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
                         for s in plan.specs.all() {
@@ -147,6 +152,17 @@ fn every_choosable_kernel_translates_to_msl() {
             );
         }
     }
+    // linear_q4_coop at every tile size, on Apple's 8 × 8 matrices and NVIDIA's 16 × 16.
+    for coop in [8, 16] {
+        for tt in [16.0, 32.0, 64.0] {
+            assert!(
+                specs.iter().any(|s| s.name == "linear_q4_coop"
+                    && s.coop == coop
+                    && s.constants.contains(&("TT", tt))),
+                "linear_q4_coop with tiles of {tt} on {coop}×{coop} is not among the kernels checked"
+            );
+        }
+    }
     assert!(
         specs.iter().any(|s| s.kv_f16),
         "no kernel with the f16 KV cache checked"
@@ -216,6 +232,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         subgroups: true,
         f16: true,
         device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
     };
     let opts = WgpuOptions {
         f16_kv: f16,
@@ -273,6 +290,7 @@ fn an_oversized_kernel_is_caught() {
         subgroups: true,
         f16: true,
         device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
     };
     let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     assert_eq!(
@@ -295,6 +313,7 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
         subgroups: true,
         f16,
         device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
     };
     let on = WgpuOptions {
         f16_acts: true,
@@ -312,4 +331,130 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
     assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
     assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
+}
+
+/// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
+/// matrices with f16 (at the device's size, every tile size, f16 tiles' sizes), and says so in its
+/// line; otherwise linear_q4_mm as the other options ask (lavapipe and CI: no cooperative
+/// matrices, so the default kernels).
+#[test]
+fn coop_is_planned_only_where_asked_and_enabled() {
+    let c = full_config();
+    let device = |coop, f16, limits: wgpu::Limits| DeviceCaps {
+        limits,
+        subgroups: true,
+        f16,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop,
+    };
+    let on = WgpuOptions {
+        coop: true,
+        ..WgpuOptions::default()
+    };
+    let names = |p: &Plan| -> Vec<(&str, u32)> {
+        [&p.specs.linear_q4_mm16, &p.specs.linear_q4_mm32]
+            .into_iter()
+            .chain(p.specs.linear_q4_mm64.as_ref())
+            .flatten()
+            .map(|s| (s.name, s.coop))
+            .collect()
+    };
+    for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
+        let plan = Plan::resolve(&on, &c, true, &device(size, true, limits.clone())).unwrap();
+        assert_eq!(plan.coop, size);
+        assert_eq!(names(&plan), vec![("linear_q4_coop", size); 3]);
+        assert!(plan.tile_f16 && plan.options.coop);
+        assert_eq!(plan.dense_mm, MmTile::T64);
+        assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+        let line = plan.describe();
+        assert!(
+            line.contains(&format!(
+                "linear_q4_coop on {size}×{size} cooperative matrices"
+            )) && line.contains("cooperative matrices on"),
+            "{line}"
+        );
+        for spec in plan.specs.all() {
+            assert!(
+                spec.needs().unwrap().exceeds(&limits).is_none(),
+                "{}",
+                spec.name
+            );
+        }
+    }
+    // Not asked, no cooperative matrices on the device, or no f16: linear_q4_mm.
+    for (opts, coop, f16) in [
+        (WgpuOptions::default(), 16, true),
+        (on.clone(), 0, true),
+        (on.clone(), 16, false),
+    ] {
+        let plan = Plan::resolve(&opts, &c, true, &device(coop, f16, large_limits())).unwrap();
+        assert_eq!(plan.coop, 0);
+        assert!(!plan.options.coop);
+        assert!(names(&plan)
+            .iter()
+            .all(|&(n, s)| n == "linear_q4_mm" && s == 0));
+        assert!(plan.describe().contains("cooperative matrices off"));
+    }
+}
+
+/// linear_q4_coop.wgsl on NVIDIA Vulkan's 16 × 16 matrices (and Apple's 8 × 8) translated to
+/// SPIR-V by naga's SPIR-V back end, as wgpu's Vulkan backend does (overrides resolved), at every
+/// tile size and form: the cooperative-matrix capability and the f16 × f16 → f32 multiply-add
+/// are there. (The Debian spirv-val, 2023.1, predates SPV_KHR_cooperative_matrix: the module is
+/// validated by naga only.)
+#[test]
+fn coop_kernels_translate_to_spirv() {
+    // OpCooperativeMatrixMulAddKHR and the CooperativeMatrixKHR capability.
+    const MUL_ADD: u32 = 4459;
+    const CAPABILITY: u32 = 6022;
+    for coop in [16, 8] {
+        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+            for form in [Form::ALL[0], Form::ALL[1]] {
+                let mut spec = coop_spec(tile, coop);
+                spec.act_f16 = form.y_f32;
+                spec.form = form;
+                let (module, info) = spec.resolved().unwrap();
+                let options = naga::back::spv::Options {
+                    lang_version: (1, 3),
+                    ..Default::default()
+                };
+                let pipeline = naga::back::spv::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: spec.name.into(),
+                };
+                let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+                    .unwrap_or_else(|e| panic!("{coop} {tile:?}: SPIR-V: {e:?}"));
+                let ops: Vec<u32> = spirv_ops(&words);
+                assert!(ops.contains(&MUL_ADD), "{coop} {tile:?}: no multiply-add");
+                // No subgroup operations beside the cooperative ones (NVIDIA's driver has
+                // crashed on modules with both: docs/WGPU.md).
+                assert!(
+                    !words
+                        .windows(2)
+                        .any(|w| w[0] == (2 << 16 | 17) && (61..=70).contains(&w[1])),
+                    "{coop} {tile:?}: a GroupNonUniform capability"
+                );
+                assert!(
+                    words
+                        .windows(2)
+                        .any(|w| w[0] == (2 << 16 | 17) && w[1] == CAPABILITY),
+                    "{coop} {tile:?}: no CooperativeMatrixKHR capability"
+                );
+                let needs = spec.needs().unwrap();
+                assert!(needs.workgroup_bytes <= 32 << 10, "{needs:?}");
+            }
+        }
+    }
+}
+
+/// The opcodes of a SPIR-V module's instructions, in order.
+fn spirv_ops(words: &[u32]) -> Vec<u32> {
+    let mut ops = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let n = (words[i] >> 16) as usize;
+        ops.push(words[i] & 0xffff);
+        i += n.max(1);
+    }
+    ops
 }
