@@ -347,10 +347,9 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         device_type: wgpu::DeviceType::DiscreteGpu,
         coop,
     };
-    let on = WgpuOptions {
-        coop: true,
-        ..WgpuOptions::default()
-    };
+    // On by default.
+    let on = WgpuOptions::default();
+    assert!(on.coop);
     let names = |p: &Plan| -> Vec<(&str, u32)> {
         [&p.specs.linear_q4_mm16, &p.specs.linear_q4_mm32]
             .into_iter()
@@ -381,9 +380,14 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             );
         }
     }
-    // Not asked, no cooperative matrices on the device, or no f16: linear_q4_mm.
+    // Turned off (`--wgpu-no-coop`), no cooperative matrices on the device, or no f16:
+    // linear_q4_mm.
+    let off = WgpuOptions {
+        coop: false,
+        ..WgpuOptions::default()
+    };
     for (opts, coop, f16) in [
-        (WgpuOptions::default(), 16, true),
+        (off, 16, true),
         (on.clone(), 0, true),
         (on.clone(), 16, false),
     ] {
