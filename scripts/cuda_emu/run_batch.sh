@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (with and without the norm folded in, against
-# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, dec_dn_conv_rows + dec_dn_step_rows and
+# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, the int8 dec_glu4_q8_rows + dec_glu4_q8
+# (moe_int8), dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
@@ -12,8 +13,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|fold|moe|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (13 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|fold|moe|moe_q8|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (15 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -59,6 +60,8 @@ MUTANTS = [
      "dec_mma_rows' folded norm reading group 0's weights for every group"),
     ('dec', '*reinterpret_cast<float4*>(xn_out + (long long)b * cols + c) = v;', '*reinterpret_cast<float4*>(xn_out + c) = v;',
      "the folded norm storing every row's normed values at row 0"),
+    ('dec', 'x.e[4 * v + i], lo)', 'x.o[4 * v + i], lo)', "dec_glu4_q8 dotting the low nibbles with the odd columns' int8"),
+    ('dec', 'float2 sc = xqs[sl];', 'float2 sc = xqs[0];', "dec_glu4_q8 taking group 0's int8 scale for every group"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -79,6 +82,7 @@ dec = swap(dec, '''    uint2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
+dec = swap(dec, 'asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));', 'd = emu_dp4a_us(a, b, c);')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 4)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
@@ -103,7 +107,7 @@ def shared(m):
             total = '*'.join(f'({x})' for x in dims)
             out.append(f'{ty} (*{name}){inner} = reinterpret_cast<{ty} (*){inner}>(shared_arr<{ty}>("{name}", {total}));')
     return ' '.join(out)
-pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16)\s+([^;]+);')
+pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16|u32)\s+([^;]+);')
 common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
 for src in (common, norm, dec, att):
     # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
@@ -133,7 +137,8 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 mma" "7 mma" "8 mma" "9 fold" "10 split" "11 fold -DLILY_BF16_ACT" "12 fold"; do
+           "6 mma" "7 mma" "8 mma" "9 fold" "10 split" "11 fold -DLILY_BF16_ACT" "12 fold" "13 moe_q8" \
+           "14 moe_q8 -DLILY_BF16_ACT"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -149,8 +154,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv mma split fold moe dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv mma split fold moe dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma split fold moe moe_q8 dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma split fold moe moe_q8 dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

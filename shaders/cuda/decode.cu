@@ -57,6 +57,9 @@
 #ifndef DEC_MAX_TOPK
 #error "DEC_MAX_TOPK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_Q8_BLOCKS
+#error "DEC_Q8_BLOCKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_R4
 #error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -209,6 +212,104 @@ __device__ __forceinline__ void load_group(const float* xs_group, float (&xv)[64
         xv[4 * j + 2] = t.z;
         xv[4 * j + 3] = t.w;
     }
+}
+
+// ---- int8 x for the 4-bit products (moe_int8) ---------------------------------------------------
+// A group of 64 x values as int8: scale = max|x| / 127, x̂_j = rint(x_j · (127 / max|x|)) (ties to
+// even), so |scale · x̂_j − x_j| ≤ max|x| / 254 (and f32 rounding). Packed so that a 4-bit word's
+// nibbles meet theirs by dp4a without unpacking: word p of e holds the int8 of the group's
+// columns 8p, 8p+2, 8p+4, 8p+6 (the word's low nibbles), word p of o those of 8p+1, .., 8p+7 (its
+// high nibbles). The bias term takes the dequantised sum scale · Σ x̂_j, so a group's term is
+// exactly Σ_j (s q_j + b) · scale · x̂_j: the true weights against the rounded x, whose error is
+// Σ w_j δ_j (w centred near 0) rather than s Σ q_j δ_j (q in 0..15, about twice as large) had Σ x_j
+// of the f32 x been kept. Integer sums are exact: 16 Σ q x̂ ≤ 16 · 64 · 15 · 127 < 2^24.
+#define DEC_X8PAD 20      // u32 words a group in shared memory (16 + 4: conflict-free 16-byte reads)
+#define DEC_X8_GROUPS 32  // dec_glu4: one group a lane
+
+struct X8Group {
+    u32 e[8], o[8];
+    float scale16;  // scale / 16 (dot_group_x8 returns 16 Σ q x̂)
+    float sum;      // scale · Σ x̂_j
+};
+
+// d = c + Σ_k a.byte_k · b.byte_k, a's bytes unsigned, b's signed (one dp4a; exact).
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The block's staged x (xs: G groups padded to DEC_XPAD) as int8 groups into xq / xqs (scale,
+// scale · Σ x̂): thread t rounds word t % 8 (8 columns) of group t / 8, the group's max and sum met
+// by shuffles over its 8 threads. The caller's barrier publishes them.
+__device__ __forceinline__ void stage_x8(const float* xs, int G, u32* xq, float2* xqs) {
+    int p = threadIdx.x & 7;
+    for (int g0 = 0; g0 < G; g0 += blockDim.x >> 3) {
+        int g = g0 + (threadIdx.x >> 3);
+        bool live = g < G;
+        float v[8];
+        const float4* src = reinterpret_cast<const float4*>(xs + (live ? g : 0) * DEC_XPAD + 8 * p);
+        float4 a = src[0], b = src[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f;
+        int qi[8], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            qi[j] = __float2int_rn(v[j] * inv);
+            sum += qi[j];
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        u32 e = (u32)(qi[0] & 255) | (u32)(qi[2] & 255) << 8 | (u32)(qi[4] & 255) << 16 | (u32)qi[6] << 24;
+        u32 od = (u32)(qi[1] & 255) | (u32)(qi[3] & 255) << 8 | (u32)(qi[5] & 255) << 16 | (u32)qi[7] << 24;
+        if (live) {
+            xq[g * DEC_X8PAD + p] = e;
+            xq[g * DEC_X8PAD + 8 + p] = od;
+            if (p == 0) {
+                float scale = m / 127.0f;
+                xqs[g] = make_float2(scale, scale * (float)sum);
+            }
+        }
+    }
+}
+
+// Group sl of the int8 x into registers.
+__device__ __forceinline__ X8Group x8_load(const u32* xq, const float2* xqs, int sl) {
+    X8Group x;
+    const uint4* w = reinterpret_cast<const uint4*>(xq + sl * DEC_X8PAD);
+    uint4 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    x.e[0] = w0.x, x.e[1] = w0.y, x.e[2] = w0.z, x.e[3] = w0.w, x.e[4] = w1.x, x.e[5] = w1.y, x.e[6] = w1.z, x.e[7] = w1.w;
+    x.o[0] = w2.x, x.o[1] = w2.y, x.o[2] = w2.z, x.o[3] = w2.w, x.o[4] = w3.x, x.o[5] = w3.y, x.o[6] = w3.z, x.o[7] = w3.w;
+    float2 sc = xqs[sl];
+    x.scale16 = sc.x * 0.0625f;
+    x.sum = sc.y;
+    return x;
+}
+
+// 16 Σ_j q_j x̂_j over one 4-bit group (8 words): the low nibbles (w & 0x0F..) against e, the high
+// ones in place (w & 0xF0..: 16 q) against o; two dp4a and two masks per 8 weights.
+__device__ __forceinline__ int dot_group_x8(const uint4 (&q)[2], const X8Group& x) {
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+        u32 words[4] = {q[v].x, q[v].y, q[v].z, q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo = dp4a_us(words[i] & 0x0F0F0F0Fu, x.e[4 * v + i], lo);
+            hi = dp4a_us(words[i] & 0xF0F0F0F0u, x.o[4 * v + i], hi);
+        }
+    }
+    return 16 * lo + hi;
+}
+
+// The group's share of a row's dot product: s · scale · Σ q x̂ + b · scale · Σ x̂.
+__device__ __forceinline__ float group_term_x8(float s, float b, int d16, const X8Group& x) {
+    return fmaf(s * x.scale16, (float)d16, b * x.sum);
 }
 
 // acc[r] += row (rbase + r) · x for r < R over the lane's groups g = sl, sl + lpr, ... of G.
@@ -754,16 +855,46 @@ __device__ __forceinline__ void glu_load(int tile, int per_item, const TileGeom&
     qrows_load<4, 1, DEC_GLU_R4>(wu, rbase, t.G, t.lpr, t.sl, r.u);
 }
 
+// The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
+// (Q8, moe_int8) the group as int8 for dp4a (q8_group).
+template <bool Q8>
+struct GluX {
+    float v[64];
+    float sum;
+    __device__ __forceinline__ void load(const float* xs, const float* xsum, const u32*, const float2*, int sl) {
+        load_group(xs + sl * DEC_XPAD, v);
+        sum = xsum[sl];
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+        qrows_dot<4, 1, R>(r, 0, 1, v, sum, nullptr, nullptr, acc);
+    }
+};
+
+template <>
+struct GluX<true> {
+    X8Group x;
+    __device__ __forceinline__ void load(const float*, const float*, const u32* xq, const float2* xqs, int sl) {
+        x = x8_load(xq, xqs, sl);
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] = group_term_x8(r.s[i][0], r.b[i][0], dot_group_x8(r.q[i][0], x), x);
+    }
+};
+
+template <bool Q8>
 __device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeom& t, int g_rows, int s_rows,
-                                           const GluTile& r, float (&xv)[64], float sx, float* __restrict__ h,
-                                           int h_stride, float* __restrict__ hs) {
+                                           const GluTile& r, GluX<Q8>& x, float* __restrict__ h, int h_stride,
+                                           float* __restrict__ hs) {
     int item = tile / per_item;
     int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
     int rows = item == 0 ? s_rows : g_rows;
     float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
     float g[DEC_GLU_R4], u[DEC_GLU_R4];
-    qrows_dot<4, 1, DEC_GLU_R4>(r.g, t.sl, t.lpr, xv, sx, nullptr, nullptr, g);
-    qrows_dot<4, 1, DEC_GLU_R4>(r.u, t.sl, t.lpr, xv, sx, nullptr, nullptr, u);
+    x.dot(r.g, g);
+    x.dot(r.u, u);
     reduce_rows<DEC_GLU_R4>(g, t.lpr);
     reduce_rows<DEC_GLU_R4>(u, t.lpr);
     if (t.sl == 0) {
@@ -773,13 +904,15 @@ __device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeo
     }
 }
 
-// dec_glu4's work for one token (its shared memory passed in).
+// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8).
+template <bool Q8>
 __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                            int n_experts, int top_k, int* __restrict__ ids,
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                            const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                            float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
-                                           float* p, int* ids_s, float* w_s, int h_tok = 0, int hs_tok = 0) {
+                                           float* p, int* ids_s, float* w_s, u32* xq, float2* xqs, int h_tok = 0,
+                                           int hs_tok = 0) {
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -798,16 +931,19 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
     if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
     if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
-    float xv[64];
-    load_group(xs + tg.sl * DEC_XPAD, xv);
-    float sx = xsum[tg.sl];
+    if (Q8) {
+        stage_x8(xs, tg.G, xq, xqs);
+        __syncthreads();
+    }
+    GluX<Q8> x;
+    x.load(xs, xsum, xq, xqs, tg.sl);
     for (; t < tiles; t += 2 * step) {
-        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xv, sx,
+        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, x,
                    h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
         if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
         int tb = t + step;
         if (tb >= tiles) break;
-        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx,
+        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, x,
                    h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
         if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
     }
@@ -821,33 +957,57 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     __shared__ int ids_s[DEC_MAX_TOPK];                      \
     __shared__ float w_s[DEC_MAX_TOPK];
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-         int tiles_per_item) {
-    GLU4_SHARED
-    glu4_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
-               tiles_per_item, xs, xsum, p, ids_s, w_s);
-}
+// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8).
+#define GLU4_SHARED_Q8                                              \
+    __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8PAD]; \
+    __shared__ float2 xqs[DEC_X8_GROUPS];
+
+// dec_glu4 and its batched form dec_glu4_rows, in f32 products or (the _q8 kernels, moe_int8)
+// in int8 ones: xn rounded to int8 per 64-column group once per block, each 4-bit word dotted by
+// two dp4a (group_term_x8). The _q8 kernels hold a lane's x in 18 registers instead of 65, so
+// DEC_Q8_BLOCKS blocks fit an SM (their launcher's grid takes as many).
+#define DEC_GLU4(NAME, Q8, MIN_BLOCKS)                                                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MIN_BLOCKS)                                        \
+    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,               \
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                            \
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,                 \
+         int tiles_per_item) {                                                                                      \
+        GLU4_SHARED                                                                                                 \
+        GLU4_SHARED_##Q8                                                                                            \
+        glu4_token<Q8##_ON>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride,  \
+                            hs, tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8);                             \
+    }
 
 // dec_glu4_rows: dec_glu4 for each token of a batched decode step, token b in blockIdx.y (each
 // routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
 // [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
 // expert is read once per token. grid (blocks per token, B).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-              int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-              const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-              int tiles_per_item) {
-    GLU4_SHARED
-    long long b = blockIdx.y;
-    // The outputs' token offsets are taken where they are stored (from blockIdx.y), not held
-    // through the tile loop: two blocks of this kernel fit an SM only below 128 registers.
-    glu4_token(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, route_w + b * top_k,
-               sgate, sup, xn + b * gate.cols, h, h_stride, hs, tiles_per_item, xs, xsum, p, ids_s, w_s,
-               top_k * h_stride, sgate.rows);
-}
+// The outputs' token offsets are taken where they are stored (from blockIdx.y), not held
+// through the tile loop: two blocks of this kernel fit an SM only below 128 registers.
+#define DEC_GLU4_ROWS(NAME, Q8, MIN_BLOCKS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MIN_BLOCKS)                                        \
+    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,               \
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                            \
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,                 \
+         int tiles_per_item) {                                                                                      \
+        GLU4_SHARED                                                                                                 \
+        GLU4_SHARED_##Q8                                                                                            \
+        long long b = blockIdx.y;                                                                                   \
+        glu4_token<Q8##_ON>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k,             \
+                            route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs, tiles_per_item,   \
+                            xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8, top_k * h_stride, sgate.rows);                   \
+    }
+
+#define GLU4_SHARED_F32
+#define F32_ON false
+#define Q8_ON true
+#define GLU4_XQ_F32 nullptr, nullptr
+#define GLU4_XQ_Q8 xq, xqs
+
+DEC_GLU4(dec_glu4, F32, 1)
+DEC_GLU4(dec_glu4_q8, Q8, DEC_Q8_BLOCKS)
+DEC_GLU4_ROWS(dec_glu4_rows, F32, DEC_BLOCKS_PER_SM)
+DEC_GLU4_ROWS(dec_glu4_q8_rows, Q8, DEC_Q8_BLOCKS)
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,

@@ -657,7 +657,8 @@ impl Forward<'_> {
         ];
         self.norm_project_batch(norm, rows, &first, true)?;
         let (glu, down) = self.moe_args(m);
-        k.decode.glu_rows(gpu, &glu, rows)?;
+        k.decode
+            .glu_rows(gpu, &glu, rows, self.plan.glu_products(m))?;
         k.decode.down_combine_rows(gpu, &down, rows)
     }
 
@@ -1137,7 +1138,7 @@ impl Forward<'_> {
         ];
         k.decode.project(gpu, input, &first)?;
         let (glu, down) = self.moe_args(m);
-        k.decode.glu(gpu, &glu)?;
+        k.decode.glu(gpu, &glu, self.plan.glu_products(m))?;
         k.decode.down_combine(gpu, &down)
     }
 

@@ -104,6 +104,10 @@ lily_core::backend_options! {
             label "batched router split over lanes",
             help "a batched decode step's router launch (router + shared-expert gate: 257 rows) in decode.cu's dec_gemv_rows_split (one weight row a warp, its 64-column groups one a lane, the lanes' sums met by a fixed shuffle tree, 4 rows a block: 65 blocks) instead of dec_gemv_rows' tiles of 24-32 rows (11 blocks)",
             why "not yet measured: off until its device A/B (perf-notes, branch batch-small)";
+        moe_int8 = false, flag Some("moe-int8"), env "LILY_MOE_INT8" = true,
+            label "int8 MoE products",
+            help "the MoE's gate/up products in decode.cu (dec_glu4, dec_glu4_rows: one-token and batched decode) with x rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded x's sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_glu4_q8_rows; 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
+            why "not yet measured: off until its device A/B (perf-notes, branch moe)";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -240,6 +244,7 @@ mod tests {
             ("LILY_TC_SCAN", "0"),
             ("LILY_BATCH_NORM_FOLD", "1"),
             ("LILY_ROUTER_ROWS_SPLIT", "1"),
+            ("LILY_MOE_INT8", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -263,6 +268,7 @@ mod tests {
                 mma_rows: false,
                 batch_norm_fold: true,
                 router_rows_split: true,
+                moe_int8: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

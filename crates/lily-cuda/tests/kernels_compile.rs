@@ -99,3 +99,51 @@ fn a_file_without_its_launcher_defines_names_the_launcher_module() {
     };
     assert!(format!("{err:#}").contains("kernels/linear.rs"), "{err:#}");
 }
+
+/// Writes the cubins of one arch to a folder, for reading the SASS (instruction counts per kernel
+/// and per loop) without a GPU: `LILY_CUBIN_DIR=/tmp/cubin LILY_CUBIN_ARCH=sm_90a cargo test
+/// --release -p lily-cuda --test kernels_compile -- --ignored cubins`, then
+/// `cuobjdump -sass /tmp/cubin/decode-bf16.cubin` (it needs `nvdisasm` on the PATH: the
+/// `nvidia-cuda-nvdisasm` wheel has one); ptxas' report beside each (`.ptxas.txt`); one file a
+/// kernel file and activation mode
+/// (`LILY_CUBIN_FILE=decode` keeps one kernel file), `LILY_CUBIN_DEFINES=A=1,B=2` adds defines.
+#[test]
+#[ignore = "writes cubins for cuobjdump: LILY_CUBIN_DIR=folder, LILY_CUBIN_ARCH=sm_90a"]
+fn cubins_written_for_sass_reading() {
+    let dir = std::env::var("LILY_CUBIN_DIR").expect("LILY_CUBIN_DIR names the folder to write");
+    let arch = std::env::var("LILY_CUBIN_ARCH").unwrap_or_else(|_| "sm_90a".to_string());
+    let only = std::env::var("LILY_CUBIN_FILE").ok();
+    let extra: Vec<String> = std::env::var("LILY_CUBIN_DEFINES")
+        .map(|d| {
+            d.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let nvrtc =
+        Nvrtc::load().unwrap_or_else(|e| panic!("no NVRTC (pip install nvidia-cuda-nvrtc): {e:#}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    for file in FILES
+        .iter()
+        .filter(|f| only.as_deref().is_none_or(|o| o == f.name))
+    {
+        for bf16 in [false, true] {
+            let mut defines = file.defines(bf16);
+            defines.extend(extra.iter().cloned());
+            let c = nvrtc
+                .compile(file.name, &file.full_source(), &arch, &defines)
+                .unwrap_or_else(|e| panic!("{}.cu {arch}: {e:#}", file.name));
+            let mode = if bf16 { "bf16" } else { "f32" };
+            let path = std::path::Path::new(&dir).join(format!("{}-{mode}.cubin", file.name));
+            std::fs::write(&path, &c.cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let log = path.with_extension("ptxas.txt");
+            std::fs::write(&log, &c.log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+            eprintln!(
+                "wrote {} and ptxas' report {}",
+                path.display(),
+                log.display()
+            );
+        }
+    }
+}

@@ -35,6 +35,19 @@ pub const GLU_R: usize = 2;
 pub const R4: usize = 2;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
+/// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
+/// lane's x in 18 registers instead of 65 leaves room for a third block).
+pub const Q8_BLOCKS_PER_SM: usize = 3;
+/// How `dec_glu4` / `dec_glu4_rows` take their products (the plan's choice: `Plan::glu_products`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluProducts {
+    /// f32: each 4-bit weight turned into a float (a byte permute) and multiplied by x's f32 value.
+    Float,
+    /// `moe_int8`: x rounded to int8 per 64-column group (scale max|x| / 127) once per block, each
+    /// 4-bit word dotted with it by two dp4a (`dec_glu4_q8`, `dec_glu4_q8_rows`); 4-bit pipelined
+    /// shapes only (`glu_rows_serves`).
+    Int8,
+}
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
 pub const MAX_SEGS: usize = 4;
@@ -115,6 +128,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
+        ("DEC_Q8_BLOCKS", Q8_BLOCKS_PER_SM as i64),
         ("DEC_MMA_WARPS", MMA_WARPS as i64),
         ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
@@ -526,6 +540,8 @@ pub struct Decode {
     glu: Kernel,
     glu4: Kernel,
     glu4_rows: Kernel,
+    glu4_q8: Kernel,
+    glu4_q8_rows: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
     dn_conv: Kernel,
@@ -551,6 +567,8 @@ impl Decode {
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
             glu4_rows: k("dec_glu4_rows")?,
+            glu4_q8: k("dec_glu4_q8")?,
+            glu4_q8_rows: k("dec_glu4_q8_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
             dn_conv: k("dec_dn_conv")?,
@@ -707,19 +725,27 @@ impl Decode {
         Ok(())
     }
 
-    pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
-        self.glu_launch(gpu, a, None)
+    /// The MoE's first half for one token; `products` (the plan's `glu_products`) picks the
+    /// pipelined kernel's f32 or int8 form.
+    pub fn glu(&self, gpu: &Gpu, a: &Glu, products: GluProducts) -> Result<()> {
+        self.glu_launch(gpu, a, None, products)
     }
 
     /// `glu` for each of the `rows` tokens of a batched decode step in one launch
     /// (`dec_glu4_rows`, weights `glu_rows_serves` accepts): `a`'s buffers are row 0 of
     /// router_logits [rows, n_experts], ids and route_w [rows, top_k], xn [rows, cols], h
     /// [rows, top_k, inter] and h_shared [rows, shared inter].
-    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
-        self.glu_launch(gpu, a, Some(rows))
+    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize, products: GluProducts) -> Result<()> {
+        self.glu_launch(gpu, a, Some(rows), products)
     }
 
-    fn glu_launch(&self, gpu: &Gpu, a: &Glu, token_rows: Option<usize>) -> Result<()> {
+    fn glu_launch(
+        &self,
+        gpu: &Gpu,
+        a: &Glu,
+        token_rows: Option<usize>,
+        products: GluProducts,
+    ) -> Result<()> {
         let (gate, up) = (a.gate.shape(), a.up.shape());
         if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
@@ -736,18 +762,26 @@ impl Decode {
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
         let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
         let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
-        let (kernel, rows_per_tile) = match (pipelined, token_rows) {
-            (true, None) => (&self.glu4, WARPS * spw * GLU_R4),
-            (false, None) => (&self.glu, WARPS * spw * GLU_R),
-            (true, Some(1..)) => (&self.glu4_rows, WARPS * spw * GLU_R4),
-            (false, Some(_)) => bail!("dec_glu4_rows: expert weights it does not read"),
-            (true, Some(_)) => bail!("dec_glu4_rows: no rows"),
+        let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
+            (true, None, GluProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
+            (true, None, GluProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
+            (false, None, GluProducts::Float) => (&self.glu, WARPS * spw * GLU_R),
+            (true, Some(1..), GluProducts::Float) => (&self.glu4_rows, WARPS * spw * GLU_R4),
+            (true, Some(1..), GluProducts::Int8) => (&self.glu4_q8_rows, WARPS * spw * GLU_R4),
+            (false, _, GluProducts::Int8) => bail!("dec_glu4_q8: expert weights it does not read"),
+            (false, Some(_), _) => bail!("dec_glu4_rows: expert weights it does not read"),
+            (true, Some(_), _) => bail!("dec_glu4_rows: no rows"),
         };
         let tokens = token_rows.unwrap_or(1);
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        // A persistent grid of BLOCKS_PER_SM blocks an SM shared by the tokens.
-        let per_token = (BLOCKS_PER_SM * gpu.sm_count).div_ceil(tokens);
+        // A persistent grid of as many blocks an SM as the kernel's launch bound fits, shared by
+        // the tokens.
+        let per_sm = match products {
+            GluProducts::Float => BLOCKS_PER_SM,
+            GluProducts::Int8 => Q8_BLOCKS_PER_SM,
+        };
+        let per_token = (per_sm * gpu.sm_count).div_ceil(tokens);
         let grid = (tiles.min(per_token) as u32, tokens as u32, 1);
         let (gate, up, sgate, sup) = (
             a.gate.arg(),

@@ -62,6 +62,9 @@ struct Case {
     batch_norm_fold: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
+    /// On, the MoE's gate/up products run in int8 (`dec_glu4_q8_rows`, and `dec_glu4_q8` for a
+    /// sequence alone; `moe_int8`: the plan takes it in bf16 mode only).
+    moe_int8: bool,
     prompts: &'static [usize],
 }
 
@@ -77,6 +80,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         mma_rows,
         batch_norm_fold,
         router_rows_split,
+        moe_int8,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -89,7 +93,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, norm fold {batch_norm_fold}, router split {router_rows_split}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, norm fold {batch_norm_fold}, router split {router_rows_split}, moe int8 {moe_int8}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -99,6 +103,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             mma_rows,
             batch_norm_fold,
             router_rows_split,
+            moe_int8,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -210,6 +215,7 @@ const FUSED: Case = Case {
     mma_rows: false,
     batch_norm_fold: false,
     router_rows_split: false,
+    moe_int8: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -238,6 +244,13 @@ const SMALL_LAUNCHES_MMA: Case = Case {
     ..SMALL_LAUNCHES
 };
 
+/// The MoE's gate/up products in int8 (`--moe-int8`, branch moe), with `--mma-rows`.
+const MOE_INT8: Case = Case {
+    mma_rows: true,
+    moe_int8: true,
+    ..FUSED
+};
+
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
 /// has them).
 fn eight(case: Case) -> Case {
@@ -254,7 +267,8 @@ fn eight(case: Case) -> Case {
 /// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
 /// inputs where the shape has them); three and eight with `--mma-rows`; three and eight with
-/// `--batch-norm-fold --router-rows-split`, on the CUDA cores and with `--mma-rows`.
+/// `--batch-norm-fold --router-rows-split`, on the CUDA cores and with `--mma-rows`; three and
+/// eight with `--moe-int8 --mma-rows`.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -272,10 +286,13 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
     batched_steps_match_alone(Preset::Tiny, SMALL_LAUNCHES);
     batched_steps_match_alone(Preset::Tiny, eight(SMALL_LAUNCHES_MMA));
     batched_steps_match_alone(Preset::Tiny, SMALL_LAUNCHES_MMA);
+    batched_steps_match_alone(Preset::Tiny, MOE_INT8);
+    batched_steps_match_alone(Preset::Tiny, eight(MOE_INT8));
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, with
-/// `--mma-rows`, and with `--mma-rows --batch-norm-fold --router-rows-split`).
+/// `--mma-rows`, with `--mma-rows --batch-norm-fold --router-rows-split`, and with `--mma-rows
+/// --moe-int8`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
@@ -284,6 +301,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, eight(FUSED));
     batched_steps_match_alone(Preset::Small, eight(MMA_ROWS));
     batched_steps_match_alone(Preset::Small, eight(SMALL_LAUNCHES_MMA));
+    batched_steps_match_alone(Preset::Small, eight(MOE_INT8));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),
