@@ -339,12 +339,15 @@ __device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int
     }
 }
 
-// Sum over the lpr lanes (a power of two) of each row's sub-warp.
+// Sum over the lpr lanes (a power of two, at most 32) of each row's sub-warp: offsets lpr / 2
+// down to 1, unrolled and predicated (a loop over lpr cost 6 instructions a step).
 template <int R>
 __device__ __forceinline__ void reduce_rows(float (&acc)[R], int lpr) {
 #pragma unroll
     for (int r = 0; r < R; r++)
-        for (int o = lpr >> 1; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            if (o < lpr) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
 }
 
 // x [cols] → shared memory (groups padded to DEC_XPAD), then the sum of each group. The row is
@@ -592,19 +595,19 @@ __device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
 template <int BITS, int GPL, int R>
 __device__ __forceinline__ void qrows_load(const QWeight& w, int rbase, int G, int lpr, int sl,
                                            QRows<BITS, GPL, R>& r) {
-    const int WPG = 2 * BITS;  // u32 words per group
-    long long wpr = (long long)G * WPG;
+    const u32 WPG = 2 * BITS;  // u32 words per group
 #pragma unroll
     for (int i = 0; i < R; i++) {
-        long long row = min(rbase + i, w.rows - 1);
+        // 32-bit offsets: a matrix's words fit 31 bits (decode::serves)
+        u32 row = min(rbase + i, w.rows - 1);
 #pragma unroll
         for (int j = 0; j < GPL; j++) {
-            int g = sl + j * lpr;
-            const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+            u32 g = sl + j * lpr, rg = row * (u32)G + g;
+            const uint4* qp = reinterpret_cast<const uint4*>(w.q + rg * WPG);
 #pragma unroll
             for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
-            r.s[i][j] = bf16_to_f32(w.scales[row * G + g]);
-            r.b[i][j] = bf16_to_f32(w.biases[row * G + g]);
+            r.s[i][j] = bf16_to_f32(w.scales[rg]);
+            r.b[i][j] = bf16_to_f32(w.biases[rg]);
         }
     }
 }
@@ -711,12 +714,13 @@ DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 
-// The matrix of expert e in a stack (rows × cols each).
+// The matrix of expert e in a stack (rows × cols each). decode.cu reads 64-column groups only and
+// a matrix's words fit 31 bits (decode::serves): groups · 2 · bits words a matrix, in 32 bits.
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
-    long long groups = (long long)w.rows * (w.cols / w.group);
-    w.q += (long long)e * w.rows * (w.cols * w.bits / 32);
-    w.scales += e * groups;
-    w.biases += e * groups;
+    u32 groups = (u32)w.rows * (u32)(w.cols >> 6);
+    w.q += (long long)e * (groups * 2u * (u32)w.bits);
+    w.scales += (long long)e * groups;
+    w.biases += (long long)e * groups;
     return w;
 }
 
@@ -845,12 +849,31 @@ __device__ __forceinline__ void glu_item(int item, const QWeight& gate, const QW
     }
 }
 
-__device__ __forceinline__ void glu_load(int tile, int per_item, const TileGeom& t, const QWeight& gate,
-                                         const QWeight& up, const QWeight& sgate, const QWeight& sup,
-                                         const int* ids_s, GluTile& r) {
+// A tile of dec_glu4 as (item, tile of the item): tile = item · per_item + blk, carried from one
+// tile of a buffer to its next by glu_next instead of divided out per tile (a division by a
+// runtime value costs ≈ 20 instructions).
+struct GluPos {
+    int item, blk;
+};
+
+__device__ __forceinline__ GluPos glu_pos(int tile, int per_item) { return {tile / per_item, tile % per_item}; }
+
+// The position `stride` (glu_pos of the tile stride) after p.
+__device__ __forceinline__ GluPos glu_next(GluPos p, GluPos stride, int per_item) {
+    p.item += stride.item;
+    p.blk += stride.blk;
+    if (p.blk >= per_item) {
+        p.blk -= per_item;
+        p.item++;
+    }
+    return p;
+}
+
+__device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QWeight& gate, const QWeight& up,
+                                         const QWeight& sgate, const QWeight& sup, const int* ids_s, GluTile& r) {
     QWeight wg, wu;
-    glu_item(tile / per_item, gate, up, sgate, sup, ids_s, wg, wu);
-    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+    glu_item(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
+    int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
     qrows_load<4, 1, DEC_GLU_R4>(wg, rbase, t.G, t.lpr, t.sl, r.g);
     qrows_load<4, 1, DEC_GLU_R4>(wu, rbase, t.G, t.lpr, t.sl, r.u);
 }
@@ -885,11 +908,10 @@ struct GluX<true> {
 };
 
 template <bool Q8>
-__device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeom& t, int g_rows, int s_rows,
-                                           const GluTile& r, GluX<Q8>& x, float* __restrict__ h, int h_stride,
-                                           float* __restrict__ hs) {
-    int item = tile / per_item;
-    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+__device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_rows, int s_rows, const GluTile& r,
+                                           GluX<Q8>& x, float* __restrict__ h, int h_stride, float* __restrict__ hs) {
+    int item = pos.item;
+    int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
     int rows = item == 0 ? s_rows : g_rows;
     float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
     float g[DEC_GLU_R4], u[DEC_GLU_R4];
@@ -922,30 +944,34 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     tg.warp = threadIdx.x >> 5;
     tg.sub = lane / tg.lpr;
     tg.sl = lane % tg.lpr;
-    int step = gridDim.x, tiles = (top_k + 1) * tiles_per_item;
+    // Block b takes tiles b, b + step, b + 2 step, ... (step = gridDim.x), alternately into the
+    // register buffers ra and rb: each buffer's tiles are 2 step apart.
+    int step = gridDim.x, items = top_k + 1, per_item = tiles_per_item;
     GluTile ra, rb;
-    int t = blockIdx.x;
-    bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
-    if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
+    GluPos a = glu_pos(blockIdx.x, per_item), b = glu_pos(blockIdx.x + step, per_item);
+    const GluPos stride = glu_pos(2 * step, per_item);
+    bool early = a.item == 0;  // the shared expert's rows: no routing needed
+    if (early) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
     dec_wait();
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
-    if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-    if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    if (!early && a.item < items) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
+    if (b.item < items) glu_load(b, tg, gate, up, sgate, sup, ids_s, rb);
     if (Q8) {
         stage_x8(xs, tg.G, xq, xqs);
         __syncthreads();
     }
     GluX<Q8> x;
     x.load(xs, xsum, xq, xqs, tg.sl);
-    for (; t < tiles; t += 2 * step) {
-        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, x,
-                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
-        if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-        int tb = t + step;
-        if (tb >= tiles) break;
-        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, x,
-                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
-        if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    while (a.item < items) {
+        glu_finish(a, tg, gate.rows, sgate.rows, ra, x, h + (long long)blockIdx.y * h_tok, h_stride,
+                   hs + (long long)blockIdx.y * hs_tok);
+        a = glu_next(a, stride, per_item);
+        if (a.item < items) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
+        if (b.item >= items) break;
+        glu_finish(b, tg, gate.rows, sgate.rows, rb, x, h + (long long)blockIdx.y * h_tok, h_stride,
+                   hs + (long long)blockIdx.y * hs_tok);
+        b = glu_next(b, stride, per_item);
+        if (b.item < items) glu_load(b, tg, gate, up, sgate, sup, ids_s, rb);
     }
     dec_trigger_late();
 }

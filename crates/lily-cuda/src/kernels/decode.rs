@@ -143,6 +143,8 @@ pub fn serves(w: &LinearShape) -> bool {
     let groups = w.cols / 64;
     matches!(w.bits, 4 | 8)
         && w.group == 64
+        // (the kernels index a matrix's words in 32 bits)
+        && w.rows * w.cols * w.bits as usize / 32 <= i32::MAX as usize
         && w.cols.is_multiple_of(64)
         && w.cols <= MAX_COLS
         && groups > 0
