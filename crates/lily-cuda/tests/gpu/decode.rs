@@ -1015,7 +1015,7 @@ fn moe_int8_gate_up_matches_cpu() {
                                 + 1e-7;
                             let dev = (o as f64 - f).abs();
                             worst = worst.max(dev / bound);
-                            if !(dev <= bound) {
+                            if dev.is_nan() || dev > bound {
                                 outside += 1;
                             }
                         }
