@@ -4,7 +4,7 @@
 # group and dp4a products (dec_glu4_q8, dec_glu4_q8_rows) — against the shipping f32 products,
 # on the full-size checkpoint (synthesised into /dev/shm/full-mlx) and a 4-layer one of the full
 # widths (AB_LAYERS: /dev/shm/l4, with the tokenizer of .carry/tokenizer; the agreement check):
-#   1. GPU tests: the int8 kernels against the CPU (moe_int8_gate_up_matches_cpu: 1..8 rows),
+#   1. GPU tests: the int8 kernels against the CPU (moe_int8_matches_cpu: 1..8 rows),
 #      the batched MoE against one token at a time (f32 and int8), the fused one-token blocks
 #      against the CPU (dec_glu4's bookkeeping changed, bit for bit in the emulation), then the
 #      batched model tests (with `--moe-int8` cases) until TEST_S (90) seconds;
@@ -30,7 +30,7 @@ OFF=LILY_MOE_INT8=0
 ON=LILY_MOE_INT8=1
 
 rows_tests "the int8 MoE kernels, the MoE rows, the fused blocks" 90 "^KERNEL dec_glu4_q8|moe int8 true" \
-  moe_int8_gate_up_matches_cpu batched_decode_moe_rows_match_one_token_at_a_time fused_decode_blocks_match_cpu
+  moe_int8_matches_cpu batched_decode_moe_rows_match_one_token_at_a_time fused_decode_blocks_match_cpu
 wait "$SYNF"; say "synth full rc=$? at $(el)s"
 
 bench full-off-1 "$FULL" 75 $OFF

@@ -21,9 +21,10 @@
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
 //         at a time (the claim of tests/gpu/decode.rs).
-//   moe_q8: dec_glu4_q8_rows (moe_int8) against an f64 SwiGLU of the same int8 x (only f32
-//         rounding apart), against the unquantised f64 SwiGLU within the bound of the quantisation
-//         step, its routing bit for bit dec_glu4_rows', and bit for bit against dec_glu4_q8.
+//   moe_q8: dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) against an f64 MoE of the same
+//         int8 rows (only f32 rounding apart), against the unquantised f64 within the bound of the
+//         quantisation step, the routing bit for bit dec_glu4_rows', and bit for bit against
+//         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
@@ -761,13 +762,20 @@ static std::vector<double> q8_dequant(const float* x, int cols, std::vector<doub
     return out;
 }
 
-// dec_glu4_q8_rows (moe_int8) on the full MoE shape: its routing as dec_glu4_rows', its hidden rows
-// against an f64 SwiGLU of the same quantised arithmetic (int8 x per group, the weights' exact
-// values; only f32 rounding between them), against the unquantised f64 SwiGLU within the bound the
-// quantisation step gives (|x̂ − x| ≤ max|x| / 254 per element, carried through SiLU(g)·u), and
-// bit for bit against dec_glu4_q8 one token at a time.
+// dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) on the full MoE shape: the routing as
+// dec_glu4_rows'; the hidden rows against an f64 SwiGLU of the same quantised arithmetic (int8 x
+// per group, the weights' exact values; only f32 rounding between them) and against the
+// unquantised f64 SwiGLU within the bound the quantisation step gives (|x̂ − x| ≤ max|x| / 254 per
+// element, carried through SiLU(g)·u); the residual update against an f64 combine of the int8
+// of the kernel's own hidden rows, and against the unquantised combine of them within its
+// bound; everything bit for bit against dec_glu4_q8 + dec_down_combine_q8 a token at a time.
+static size_t down_smem_q8(const Moe& m) {
+    int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr, groups = (m.top_k + 1) * G;
+    size_t f32_part = (size_t)groups * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
+    return (f32_part + 3) / 4 * 4 + (size_t)groups * (DEC_X8PAD + 2);
+}
 static void run_moe_q8(std::vector<int> Bs) {
-    printf("dec_glu4_q8_rows + dec_glu4_q8 (moe_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
+    printf("dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
     Moe m;
     int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
     QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
@@ -835,17 +843,77 @@ static void run_moe_q8(std::vector<int> Bs) {
         verdict(what, in_bound, "  within the bound (worst %.2f of it); rel_l2 %.2e", worst, e_f);
         snprintf(what, sizeof what, "%d tokens: nothing written past the outputs", B);
         verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok());
-        MoeIo one(m, B);
+        // The down half on the kernel's own hidden rows.
+        io.s_gate = vec(B, 1.0f);
+        io.x0 = vec((size_t)B * m.hidden, 1.0f);
+        if (BF16) for (auto& v : io.x0) v = (float)f_of_bf16(bf16_of(v));
+        std::copy(io.x0.begin(), io.x0.end(), io.x.v.begin());
+        QWeight dw = m.down.view(), sdw = m.sdown.view();
+        int Gd = m.inter / 64, spw = 32 / std::min(32, Gd);
+        int dgrid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
+        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
+            dec_down_combine_q8_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
+                                     io.s_gate.data(), io.x.p());
+        });
+        double e_dq = 0, worst_d = 0;
+        bool d_in_bound = true;
         for (int t = 0; t < B; t++) {
+            // ĥ of each item (the kernel's hidden rows rounded as specified) and their group maxima
+            std::vector<std::vector<double>> hq(m.top_k + 1), hmax(m.top_k + 1), hf(m.top_k + 1);
+            for (int k = 0; k <= m.top_k; k++) {
+                const float* hk = k < m.top_k ? io.eh.p() + ((size_t)t * m.top_k + k) * m.inter : io.sh.p() + (size_t)t * m.sinter;
+                hq[k] = q8_dequant(hk, m.inter, hmax[k]);
+                hf[k].assign(hk, hk + m.inter);
+            }
+            double sgv = rb(1 / (1 + std::exp(-(double)io.s_gate[t])));
+            std::vector<float> dx(m.hidden);
+            std::vector<double> want_dx(m.hidden);
+            for (int c = 0; c < m.hidden; c++) {
+                double acc = 0, accf = 0, bound = 0;
+                for (int k = 0; k <= m.top_k; k++) {
+                    const QW& wd = k < m.top_k ? m.down : m.sdown;
+                    int e = k < m.top_k ? io.ids[(size_t)t * m.top_k + k] : 0;
+                    double wk = k < m.top_k ? (double)io.rw[(size_t)t * m.top_k + k] : sgv;
+                    double dq = wd.dot(e, c, hq[k].data()), df = wd.dot(e, c, hf[k].data()), eb = 0;
+                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / 254;
+                    acc += k < m.top_k ? wk * rb(dq) : rb(wk * rb(dq));
+                    accf += wk * df;
+                    bound += std::fabs(wk) * eb;
+                }
+                double want = rb(io.x0[(size_t)t * m.hidden + c] + rb(acc));
+                want_dx[c] = want - io.x0[(size_t)t * m.hidden + c];
+                dx[c] = io.x[(size_t)t * m.hidden + c] - io.x0[(size_t)t * m.hidden + c];
+                // against the unquantised combine: the rounding step's bound and the activations' rounding
+                bound += std::fabs(accf) * (BF16 ? 1.2e-2 : 1e-5) + (BF16 ? std::fabs(io.x0[(size_t)t * m.hidden + c]) * 4e-3 : 0) + 1e-7;
+                double d = std::fabs((double)dx[c] - accf);
+                if (!(d <= bound)) d_in_bound = false;
+                worst_d = std::max(worst_d, d / bound);
+            }
+            e_dq = std::max(e_dq, rel_l2(dx.data(), want_dx.data(), m.hidden));
+        }
+        snprintf(what, sizeof what, "%d tokens: residual update vs f64 of the int8 hidden rows", B);
+        verdict(what, e_dq < (BF16 ? 5e-2 : 1e-5), "  rel_l2 %.2e", e_dq);
+        snprintf(what, sizeof what, "%d tokens: residual update vs unquantised f64, per element", B);
+        verdict(what, d_in_bound, "  within the bound (worst %.2f of it)", worst_d);
+        snprintf(what, sizeof what, "%d tokens: nothing written past the residual rows", B);
+        verdict(what, io.x.guard_ok());
+        MoeIo one(m, B);
+        std::copy(io.x0.begin(), io.x0.end(), one.x.v.begin());
+        for (int t = 0; t < B; t++) {
+            int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
+            float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
             launch_k({std::min(tiles, DEC_Q8_BLOCKS * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
-                dec_glu4_q8(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, one.ids.p() + t * m.top_k,
-                            one.rw.p() + t * m.top_k, sg, su, io.xn.data() + (size_t)t * m.hidden,
-                            one.eh.p() + (size_t)t * m.top_k * m.inter, m.inter, one.sh.p() + (size_t)t * m.sinter, per_item);
+                dec_glu4_q8(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+                            io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
+            });
+            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
+                dec_down_combine_q8(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+                                    one.x.p() + (size_t)t * m.hidden);
             });
         }
         bool same = same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n) &&
-                    same_bits(io.ids.p(), one.ids.p(), io.ids.n);
-        snprintf(what, sizeof what, "%d tokens vs dec_glu4_q8 a token at a time", B);
+                    same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
+        snprintf(what, sizeof what, "%d tokens vs dec_glu4_q8 + dec_down_combine_q8 a token at a time", B);
         verdict(what, same, same ? "  bit for bit" : "  differ");
     }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (with and without the norm folded in, against
-# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, the int8 dec_glu4_q8_rows + dec_glu4_q8
-# (moe_int8), dec_dn_conv_rows + dec_dn_step_rows and
+# norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, the int8 dec_glu4_q8_rows +
+# dec_down_combine_q8_rows and their one-token forms (moe_int8), dec_dn_conv_rows + dec_dn_step_rows and
 # attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
@@ -14,7 +14,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|fold|moe|moe_q8|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (15 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (16 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -62,6 +62,7 @@ MUTANTS = [
      "the folded norm storing every row's normed values at row 0"),
     ('dec', 'x.e[4 * v + i], lo)', 'x.o[4 * v + i], lo)', "dec_glu4_q8 dotting the low nibbles with the odd columns' int8"),
     ('dec', 'float2 sc = xqs[sl];', 'float2 sc = xqs[0];', "dec_glu4_q8 taking group 0's int8 scale for every group"),
+    ('dec', 'x8_load(hq, hqs, i * G + sl)', 'x8_load(hq, hqs, sl)', "dec_down_combine_q8 dotting every item with item 0's int8 rows"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -138,7 +139,7 @@ if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
            "6 mma" "7 mma" "8 mma" "9 fold" "10 split" "11 fold -DLILY_BF16_ACT" "12 fold" "13 moe_q8" \
-           "14 moe_q8 -DLILY_BF16_ACT"; do
+           "14 moe_q8 -DLILY_BF16_ACT" "15 moe_q8"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -1077,6 +1077,10 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
 // to hide its latencies; the chunks' partial sums meet in shared memory. Dynamic shared memory
 // (down_smem in the launcher): the top_k + 1 input rows padded, their group sums, the partials.
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
+// Q8 (the _q8 kernels, moe_int8; 4-bit down weights, one group a lane): the staged rows are
+// rounded to int8 per 64-column group (stage_x8, into hq / hqs after the partials) and each
+// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does.
+template <bool Q8>
 __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                    const float* __restrict__ route_w, int top_k,
                                                    const float* __restrict__ h, int h_stride,
@@ -1094,6 +1098,9 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     float* hsum = hsm + items * G * DEC_XPAD;        // [items][G]
     float* part = hsum + items * G;                  // [KSPLIT][rows_per_block]
     float* shared_part = part + DEC_DOWN_KSPLIT * rows_per_block;  // [rows_per_block]
+    // Q8: [items][G][DEC_X8PAD] words at a 16-byte boundary, then [items][G] (scale, scale · Σ x̂)
+    u32* hq = reinterpret_cast<u32*>(dec_smem + ((items * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * rows_per_block + 3) & ~3));
+    float2* hqs = reinterpret_cast<float2*>(hq + items * G * DEC_X8PAD);
     int r_local = rg * spw + sub;
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
@@ -1126,6 +1133,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
     stage_items(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
+    if (Q8) {
+        stage_x8(hsm, items * G, hq, hqs);
+        __syncthreads();
+    }
     float y = 0.0f, ys = 0.0f;
     if (fast) {
         for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
@@ -1140,9 +1151,15 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
             for (int j = 0; j < DEC_DOWN_BATCH; j++) {
                 int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
                 if (i < items) {
-                    float xv[64];
-                    load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
-                    float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl])};
+                    float acc[1];
+                    if (Q8) {
+                        X8Group xq = x8_load(hq, hqs, i * G + sl);
+                        acc[0] = group_term_x8(s[j], b[j], dot_group_x8(q[j], xq), xq);
+                    } else {
+                        float xv[64];
+                        load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
+                        acc[0] = group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl]);
+                    }
                     reduce_rows<1>(acc, lpr);
                     if (i < top_k)
                         y += route_w[i] * act(acc[0]);
@@ -1180,24 +1197,31 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                 const float* __restrict__ s_gate, float* __restrict__ x) {
-    down_combine_token(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);
-}
+#define DEC_DOWN_COMBINE(NAME, Q8)                                                                              \
+    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
+    NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
+         const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
+         float* __restrict__ x) {                                                                                  \
+        down_combine_token<Q8>(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);                      \
+    }
 
 // dec_down_combine_rows: dec_down_combine for each token of a batched decode step, token b in
 // blockIdx.y: ids and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B],
 // x [B, down.rows]. grid (ceil(hidden / rows a block), B).
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                      int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                      const float* __restrict__ s_gate, float* __restrict__ x) {
-    long long b = blockIdx.y;
-    down_combine_token(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, h_stride,
-                       hs + b * sdown.cols, s_gate + b, x + b * down.rows);
-}
+#define DEC_DOWN_COMBINE_ROWS(NAME, Q8)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
+    NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
+         const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
+         float* __restrict__ x) {                                                                                  \
+        long long b = blockIdx.y;                                                                                  \
+        down_combine_token<Q8>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, \
+                               h_stride, hs + b * sdown.cols, s_gate + b, x + b * down.rows);                      \
+    }
+
+DEC_DOWN_COMBINE(dec_down_combine, false)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true)
+DEC_DOWN_COMBINE_ROWS(dec_down_combine_rows, false)
+DEC_DOWN_COMBINE_ROWS(dec_down_combine_q8_rows, true)
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

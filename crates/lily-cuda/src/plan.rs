@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--moe-int8`, off: `dec_glu4_q8`, int8 x and dp4a, `glu_products`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`--batch-norm-fold`, off: each norm in the staging of the projections after it, `batch_norm_fold`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows` (`--router-rows-split`, off: `dec_gemv_rows_split`, a warp a weight row), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU; `--moe-int8`, off: `dec_glu4_q8_rows`) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--moe-int8`, off: `dec_glu4_q8` + `dec_down_combine_q8`, int8 x and dp4a, `moe_products`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`--batch-norm-fold`, off: each norm in the staging of the projections after it, `batch_norm_fold`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows` (`--router-rows-split`, off: `dec_gemv_rows_split`, a warp a weight row), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU; `--moe-int8`, off: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, GluProducts, RowsKernel};
+use crate::kernels::decode::{self, Decode, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -592,25 +592,32 @@ impl Plan {
         }
     }
 
-    /// How the fused MoE's gate/up kernel (`dec_glu4`, `dec_glu4_rows`) takes its products: in
-    /// int8 (`dec_glu4_q8`, `dec_glu4_q8_rows`) under `moe_int8` (bf16 mode) where the block
-    /// takes the pipelined kernel (`decode::glu_rows_serves`: all four 4-bit), else in f32.
-    pub fn glu_products(&self, m: &DevMoe) -> GluProducts {
+    /// How the fused MoE's kernels (`dec_glu4` + `dec_down_combine`, or their rows forms) take
+    /// their 4-bit products: in int8 (`dec_glu4_q8`, `dec_down_combine_q8` and their `_rows`
+    /// forms) under `moe_int8` (bf16 mode) where `decode::q8_serves` the block (all 4-bit, one
+    /// 64-column group a lane), else in f32.
+    pub fn moe_products(&self, m: &DevMoe, top_k: usize) -> MoeProducts {
         let glu = [
             m.gate.shape(),
             m.up.shape(),
             m.shared_gate.shape(),
             m.shared_up.shape(),
         ];
-        self.glu_products_for(&glu)
+        self.moe_products_for(&glu, &m.down.shape(), &m.shared_down.shape(), top_k)
     }
 
-    fn glu_products_for(&self, glu: &[LinearShape; 4]) -> GluProducts {
+    fn moe_products_for(
+        &self,
+        glu: &[LinearShape; 4],
+        down: &LinearShape,
+        sdown: &LinearShape,
+        top_k: usize,
+    ) -> MoeProducts {
         let [gate, up, sgate, sup] = glu;
-        if self.o.moe_int8 && decode::glu_rows_serves(gate, up, sgate, sup) {
-            GluProducts::Int8
+        if self.o.moe_int8 && decode::q8_serves([gate, up, sgate, sup], down, sdown, top_k) {
+            MoeProducts::Int8
         } else {
-            GluProducts::Float
+            MoeProducts::Float
         }
     }
 
@@ -1064,8 +1071,13 @@ mod tests {
             on.batch_moe_for(DecodePath::Fused, &wide),
             BatchMoe::Grouped
         );
-        // moe_int8 (off by default): the int8 gate/up kernels where dec_glu4 serves, bf16 mode.
-        assert_eq!(on.glu_products_for(&glu), GluProducts::Float);
+        // moe_int8 (off by default): the int8 kernels where dec_glu4 and dec_down_combine's
+        // one-group-a-lane path serve, bf16 mode.
+        let (down, top_k) = (w(2048, 512, 4), 8);
+        assert_eq!(
+            on.moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Float
+        );
         let int8 = |bf16_activations| {
             let o = CudaOptions {
                 moe_int8: true,
@@ -1074,13 +1086,27 @@ mod tests {
             };
             Plan::resolve(&o, H200)
         };
-        assert_eq!(int8(true).glu_products_for(&glu), GluProducts::Int8);
+        assert_eq!(
+            int8(true).moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Int8
+        );
         assert!(int8(true).describe().contains("int8 MoE products on"));
         assert!(on.describe().contains("int8 MoE products off"));
-        assert_eq!(int8(false).glu_products_for(&glu), GluProducts::Float);
+        assert_eq!(
+            int8(false).moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Float
+        );
         for other in [&glu8, &wide] {
-            assert_eq!(int8(true).glu_products_for(other), GluProducts::Float);
+            assert_eq!(
+                int8(true).moe_products_for(other, &down, &down, top_k),
+                MoeProducts::Float
+            );
         }
+        let down8 = w(2048, 512, 8);
+        assert_eq!(
+            int8(true).moe_products_for(&glu, &down8, &down, top_k),
+            MoeProducts::Float
+        );
         let first = CudaOptions {
             fused_batch: false,
             ..CudaOptions::default()

@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu, GluProducts, RowsKernel, RowsNorm};
+use lily_cuda::kernels::decode::{DownCombine, Glu, MoeProducts, RowsKernel, RowsNorm};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -738,15 +738,15 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
 /// the routing (ids, weights), the experts' and shared expert's hidden rows and the residual
 /// rows agree bit for bit, for 1, 3 and 8 tokens, on tiny's and small's MoE shapes, in both
-/// activation modes, with the gate/up products in f32 and in int8 (`dec_glu4_q8_rows` against
-/// `dec_glu4_q8`, `moe_int8`).
+/// activation modes, with the products in f32 and in int8 (`dec_glu4_q8_rows` +
+/// `dec_down_combine_q8_rows` against `dec_glu4_q8` + `dec_down_combine_q8`, `moe_int8`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_rows_match_one_token_at_a_time() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for (bf16_activations, products) in [false, true]
         .into_iter()
-        .flat_map(|b| [(b, GluProducts::Float), (b, GluProducts::Int8)])
+        .flat_map(|b| [(b, MoeProducts::Float), (b, MoeProducts::Int8)])
     {
         let d = dev(bf16_activations);
         let mut rng = Rng(53);
@@ -822,10 +822,11 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 };
                 let dec = &d.k.decode;
                 dec.glu_rows(&d, &glu(0, 0), rows, products).unwrap();
-                dec.down_combine_rows(&d, &down(0, 0), rows).unwrap();
+                dec.down_combine_rows(&d, &down(0, 0), rows, products)
+                    .unwrap();
                 for at in 0..rows {
                     dec.glu(&d, &glu(1, at), products).unwrap();
-                    dec.down_combine(&d, &down(1, at)).unwrap();
+                    dec.down_combine(&d, &down(1, at), products).unwrap();
                 }
                 let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
                 let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
@@ -874,17 +875,19 @@ fn int8_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     (xq, gmax)
 }
 
-/// `moe_int8`'s gate/up kernels (`dec_glu4_q8_rows` for 1..=8 tokens, `dec_glu4_q8` for one)
-/// against the CPU: the routing bit for bit the f32 kernels'; every hidden row of the routed
-/// experts and the shared expert against an f64 SwiGLU of the same int8 x (the weights
-/// dequantised by lily_core, the x rounded per group as specified): fp32 activations within f32
-/// rounding (rel L2 1e-5), bf16 within its rounding (1e-2); and against the unquantised f64
-/// SwiGLU, element by element, within the bound the rounding step gives (|x̂ − x| ≤ max|x| / 254
-/// per element: |Δg| ≤ Σ|w| max|x| / 254, carried through SiLU(g)·u with |SiLU'| ≤ 1.1, plus
-/// the activations' own rounding). Tiny's and small's MoE shapes.
+/// `moe_int8`'s kernels (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows` for 2..=8 tokens,
+/// `dec_glu4_q8` + `dec_down_combine_q8` for one) against the CPU: the routing bit for bit the
+/// f32 kernels'; every hidden row of the routed experts and the shared expert against an f64
+/// SwiGLU of the same int8 x (the weights dequantised by lily_core, the x rounded per group as
+/// specified): fp32 activations within f32 rounding (rel L2 1e-5), bf16 within its rounding
+/// (1e-2); and against the unquantised f64 SwiGLU, element by element, within the bound the
+/// rounding step gives (|x̂ − x| ≤ max|x| / 254 per element: |Δg| ≤ Σ|w| max|x| / 254, carried
+/// through SiLU(g)·u with |SiLU'| ≤ 1.1, plus the activations' own rounding). Then the residual
+/// update against an f64 combine of the int8 of the kernel's own hidden rows (1e-5 fp32, 5e-2
+/// bf16). Tiny's and small's MoE shapes.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn moe_int8_gate_up_matches_cpu() {
+fn moe_int8_matches_cpu() {
     let silu = |v: f64| v / (1.0 + (-v).exp());
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
@@ -946,11 +949,11 @@ fn moe_int8_gate_up_matches_cpu() {
                 };
                 let dec = &d.k.decode;
                 if rows == 1 {
-                    dec.glu(&d, &glu(0), GluProducts::Int8).unwrap();
+                    dec.glu(&d, &glu(0), MoeProducts::Int8).unwrap();
                 } else {
-                    dec.glu_rows(&d, &glu(0), rows, GluProducts::Int8).unwrap();
+                    dec.glu_rows(&d, &glu(0), rows, MoeProducts::Int8).unwrap();
                 }
-                dec.glu_rows(&d, &glu(1), rows, GluProducts::Float).unwrap();
+                dec.glu_rows(&d, &glu(1), rows, MoeProducts::Float).unwrap();
                 let ids_got: Vec<i32> = d.read(&ids[0], 0, rows * tk).unwrap();
                 let ids_f32: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
                 assert_eq!(ids_got, ids_f32, "{what}: expert ids");
@@ -1035,6 +1038,75 @@ fn moe_int8_gate_up_matches_cpu() {
                     "KERNEL dec_glu4_q8 {what}: vs f64 of the int8 x rel L2 {e_q:.2e}; vs unquantised {:.2e} (worst {worst:.2} of the bound)",
                     rel_l2(&what, &got, &want_f)
                 );
+                // The down half on the kernel's hidden rows.
+                let s_gate_v = rng.vec(rows, 1.0);
+                let s_gate = d.upload(&s_gate_v).unwrap();
+                let mut x0 = rng.vec(rows * h, 1.0);
+                if bf16_activations {
+                    x0.iter_mut().for_each(|v| *v = round_bf16(*v));
+                }
+                let xr = d.upload(&x0).unwrap();
+                let down = DownCombine {
+                    down: &dw.down,
+                    shared_down: &dw.shared_down,
+                    ids: ids[0].ptr,
+                    weights: rw[0].ptr,
+                    top_k: tk,
+                    h: eh[0].ptr,
+                    h_shared: sh[0].ptr,
+                    shared_gate: s_gate.ptr,
+                    x: xr.ptr,
+                };
+                if rows == 1 {
+                    dec.down_combine(&d, &down, MoeProducts::Int8).unwrap();
+                } else {
+                    dec.down_combine_rows(&d, &down, rows, MoeProducts::Int8)
+                        .unwrap();
+                }
+                let x_got: Vec<f32> = d.read(&xr, 0, rows * h).unwrap();
+                let (mut dx, mut want_dx) = (Vec::new(), Vec::new());
+                let mut drow = vec![0f32; inter.max(si)];
+                for r in 0..rows {
+                    // the int8 of each item's hidden row, as the kernel rounds it
+                    let items: Vec<Vec<f64>> = (0..=tk)
+                        .map(|k| {
+                            let row = if k < tk {
+                                &eh_got[(r * tk + k) * inter..(r * tk + k + 1) * inter]
+                            } else {
+                                &sh_got[r * si..(r + 1) * si]
+                            };
+                            int8_groups(row).0
+                        })
+                        .collect();
+                    let sg = act(1.0 / (1.0 + (-(s_gate_v[r] as f64)).exp()));
+                    for c in 0..h {
+                        let mut acc = 0f64;
+                        for (k, hq) in items.iter().enumerate() {
+                            let m = if k < tk {
+                                w.down.expert(ids_got[r * tk + k] as usize)
+                            } else {
+                                w.shared_down.expert(0)
+                            };
+                            m.dequant_row(c, &mut drow[..hq.len()]);
+                            let dot: f64 = drow.iter().zip(hq).map(|(&a, &b)| a as f64 * b).sum();
+                            if k < tk {
+                                acc += rw_got[r * tk + k] as f64 * act(dot);
+                            } else {
+                                acc += act(sg * act(dot));
+                            }
+                        }
+                        let x0c = x0[r * h + c] as f64;
+                        want_dx.push((act(x0c + act(acc)) - x0c) as f32);
+                        dx.push(x_got[r * h + c] - x0[r * h + c]);
+                    }
+                }
+                let e_d = rel_l2(&what, &dx, &want_dx);
+                let tol_d = if bf16_activations { 5e-2 } else { 1e-5 };
+                assert!(
+                    e_d < tol_d,
+                    "{what}: residual update vs f64 of the int8 rows: rel L2 {e_d:.2e}"
+                );
+                println!("KERNEL dec_down_combine_q8 {what}: residual update vs f64 of the int8 rows rel L2 {e_d:.2e}");
             }
         }
     }
