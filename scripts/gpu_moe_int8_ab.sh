@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device call of branch moe (issues 30 and 32; ≤ 8 minutes): `moe_int8` (`--moe-int8`,
-# LILY_MOE_INT8; off by default) — the MoE's gate/up kernels with x rounded to int8 per 64-column
-# group and dp4a products (dec_glu4_q8, dec_glu4_q8_rows) — against the shipping f32 products,
+# LILY_MOE_INT8; off by default) — the fused MoE's kernels with their input rows rounded to int8
+# per 64-column group and dp4a products (dec_glu4_q8, dec_down_combine_q8 and their _rows forms)
+# — against the shipping f32 products (whose kernels lost instructions too, bit for bit),
 # on the full-size checkpoint (synthesised into /dev/shm/full-mlx) and a 4-layer one of the full
 # widths (AB_LAYERS: /dev/shm/l4, with the tokenizer of .carry/tokenizer; the agreement check):
 #   1. GPU tests: the int8 kernels against the CPU (moe_int8_matches_cpu: 1..8 rows),

@@ -106,7 +106,7 @@ lily_core::backend_options! {
             why "not yet measured: off until its device A/B (perf-notes, branch batch-small)";
         moe_int8 = false, flag Some("moe-int8"), env "LILY_MOE_INT8" = true,
             label "int8 MoE products",
-            help "the MoE's gate/up products in decode.cu (dec_glu4, dec_glu4_rows: one-token and batched decode) with x rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded x's sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_glu4_q8_rows; 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
+            help "the fused MoE's 4-bit products (decode.cu's dec_glu4 and dec_down_combine and their rows forms: one-token and batched decode) with their input rows rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded rows' sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_down_combine_q8 and their _rows forms; the gate/up kernel 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
             why "not yet measured: off until its device A/B (perf-notes, branch moe)";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
