@@ -933,8 +933,8 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                            const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                            float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
-                                           float* p, int* ids_s, float* w_s, u32* xq, float2* xqs, int h_tok = 0,
-                                           int hs_tok = 0) {
+                                           float* p, int* ids_s, float* w_s, u32* xq, float2* xqs, int h_tok,
+                                           int hs_tok) {
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -992,25 +992,13 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
 // in int8 ones: xn rounded to int8 per 64-column group once per block, each 4-bit word dotted by
 // two dp4a (group_term_x8). The _q8 kernels hold a lane's x in 18 registers instead of 65, so
 // DEC_Q8_BLOCKS blocks fit an SM (their launcher's grid takes as many).
+// The rows forms take token b in blockIdx.y (each routes its own row and streams its own
+// experts): router_logits [B, n_experts], ids and route_w [B, top_k] (written), xn [B, cols], h
+// [B, top_k, h_stride], hs [B, sgate.rows]; the shared expert is read once per token; grid
+// (blocks per token, B). A one-token launch is the same code with grid.y = 1. The outputs' token
+// offsets are taken where they are stored (from blockIdx.y), not held through the tile loop: two
+// blocks of dec_glu4_rows fit an SM only below 128 registers.
 #define DEC_GLU4(NAME, Q8, MIN_BLOCKS)                                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MIN_BLOCKS)                                        \
-    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,               \
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                            \
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,                 \
-         int tiles_per_item) {                                                                                      \
-        GLU4_SHARED                                                                                                 \
-        GLU4_SHARED_##Q8                                                                                            \
-        glu4_token<Q8##_ON>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride,  \
-                            hs, tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8);                             \
-    }
-
-// dec_glu4_rows: dec_glu4 for each token of a batched decode step, token b in blockIdx.y (each
-// routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
-// [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
-// expert is read once per token. grid (blocks per token, B).
-// The outputs' token offsets are taken where they are stored (from blockIdx.y), not held
-// through the tile loop: two blocks of this kernel fit an SM only below 128 registers.
-#define DEC_GLU4_ROWS(NAME, Q8, MIN_BLOCKS)                                                                         \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MIN_BLOCKS)                                        \
     NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,               \
          int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                            \
@@ -1032,8 +1020,8 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
 
 DEC_GLU4(dec_glu4, F32, 1)
 DEC_GLU4(dec_glu4_q8, Q8, DEC_Q8_BLOCKS)
-DEC_GLU4_ROWS(dec_glu4_rows, F32, DEC_BLOCKS_PER_SM)
-DEC_GLU4_ROWS(dec_glu4_q8_rows, Q8, DEC_Q8_BLOCKS)
+DEC_GLU4(dec_glu4_rows, F32, DEC_BLOCKS_PER_SM)
+DEC_GLU4(dec_glu4_q8_rows, Q8, DEC_Q8_BLOCKS)
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
@@ -1197,18 +1185,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
 }
 
+// dec_down_combine and, token b in blockIdx.y, dec_down_combine_rows (the batched step's): ids
+// and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
+// down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1.
 #define DEC_DOWN_COMBINE(NAME, Q8)                                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
-    NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
-         const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
-         float* __restrict__ x) {                                                                                  \
-        down_combine_token<Q8>(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);                      \
-    }
-
-// dec_down_combine_rows: dec_down_combine for each token of a batched decode step, token b in
-// blockIdx.y: ids and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B],
-// x [B, down.rows]. grid (ceil(hidden / rows a block), B).
-#define DEC_DOWN_COMBINE_ROWS(NAME, Q8)                                                                         \
     extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
     NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
          const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
@@ -1220,8 +1200,8 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
 
 DEC_DOWN_COMBINE(dec_down_combine, false)
 DEC_DOWN_COMBINE(dec_down_combine_q8, true)
-DEC_DOWN_COMBINE_ROWS(dec_down_combine_rows, false)
-DEC_DOWN_COMBINE_ROWS(dec_down_combine_q8_rows, true)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true)
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

@@ -569,13 +569,7 @@ impl Plan {
     /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
     /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
     pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
-        let glu = [
-            m.gate.shape(),
-            m.up.shape(),
-            m.shared_gate.shape(),
-            m.shared_up.shape(),
-        ];
-        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu)
+        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu_shapes(m))
     }
 
     /// `batch_moe` for a block whose one-token path is `one_token`, with these gate, up, shared
@@ -597,13 +591,8 @@ impl Plan {
     /// forms) under `moe_int8` (bf16 mode) where `decode::q8_serves` the block (all 4-bit, one
     /// 64-column group a lane), else in f32.
     pub fn moe_products(&self, m: &DevMoe, top_k: usize) -> MoeProducts {
-        let glu = [
-            m.gate.shape(),
-            m.up.shape(),
-            m.shared_gate.shape(),
-            m.shared_up.shape(),
-        ];
-        self.moe_products_for(&glu, &m.down.shape(), &m.shared_down.shape(), top_k)
+        let (down, sdown) = (m.down.shape(), m.shared_down.shape());
+        self.moe_products_for(&glu_shapes(m), &down, &sdown, top_k)
     }
 
     fn moe_products_for(
@@ -740,6 +729,16 @@ impl Plan {
     pub fn describe(&self) -> String {
         self.o.describe()
     }
+}
+
+/// A MoE block's gate, up, shared gate and shared up shapes (what its first fused kernel reads).
+fn glu_shapes(m: &DevMoe) -> [LinearShape; 4] {
+    [
+        m.gate.shape(),
+        m.up.shape(),
+        m.shared_gate.shape(),
+        m.shared_up.shape(),
+    ]
 }
 
 #[cfg(test)]

@@ -733,6 +733,33 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
     println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
 }
 
+/// A MoE's sizes: hidden, experts, top_k, expert inter, shared inter.
+fn moe_sizes(c: &ModelConfig) -> (usize, usize, usize, usize, usize) {
+    (
+        c.hidden,
+        c.n_experts,
+        c.top_k,
+        c.expert_inter,
+        c.shared_inter,
+    )
+}
+
+/// Two sets of the MoE's first-half outputs for `rows` tokens, for two runs to compare: expert
+/// ids, routing weights, experts' hidden rows, shared expert's hidden rows (all but the ids
+/// poisoned).
+fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[DevBuf; 2]; 4] {
+    let pair = |n: usize| [poisoned(d, n), poisoned(d, n)];
+    [
+        [
+            d.alloc(rows * tk * 4).unwrap(),
+            d.alloc(rows * tk * 4).unwrap(),
+        ],
+        pair(rows * tk),
+        pair(rows * tk * inter),
+        pair(rows * si),
+    ]
+}
+
 /// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
 /// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
@@ -752,13 +779,7 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
         let mut rng = Rng(53);
         for preset in [Preset::Tiny, Preset::Small] {
             let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
-            let (h, e, tk, inter, si) = (
-                c.hidden,
-                c.n_experts,
-                c.top_k,
-                c.expert_inter,
-                c.shared_inter,
-            );
+            let (h, e, tk, inter, si) = moe_sizes(&c);
             let w = random_moe(&mut rng, &c);
             let dw = upload_moe(&d, "moe", &w).unwrap();
             let glu_shapes = [
@@ -784,16 +805,7 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
                 let x0 = rng.vec(rows * h, 1.0);
                 // [rows-form, one-at-a-time] buffers
-                let ids = [
-                    d.alloc(rows * tk * 4).unwrap(),
-                    d.alloc(rows * tk * 4).unwrap(),
-                ];
-                let rw = [poisoned(&d, rows * tk), poisoned(&d, rows * tk)];
-                let eh = [
-                    poisoned(&d, rows * tk * inter),
-                    poisoned(&d, rows * tk * inter),
-                ];
-                let sh = [poisoned(&d, rows * si), poisoned(&d, rows * si)];
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
                 let glu = |i: usize, at: usize| Glu {
                     gate: &dw.gate,
@@ -901,13 +913,7 @@ fn moe_int8_matches_cpu() {
         let mut rng = Rng(61);
         for preset in [Preset::Tiny, Preset::Small] {
             let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
-            let (h, e, tk, inter, si) = (
-                c.hidden,
-                c.n_experts,
-                c.top_k,
-                c.expert_inter,
-                c.shared_inter,
-            );
+            let (h, e, tk, inter, si) = moe_sizes(&c);
             let w = random_moe(&mut rng, &c);
             let dw = upload_moe(&d, "moe", &w).unwrap();
             for rows in 1..=8usize {
@@ -923,16 +929,7 @@ fn moe_int8_matches_cpu() {
                 }
                 let xn = d.upload(&x).unwrap();
                 // [int8, f32] buffers
-                let ids = [
-                    d.alloc(rows * tk * 4).unwrap(),
-                    d.alloc(rows * tk * 4).unwrap(),
-                ];
-                let rw = [poisoned(&d, rows * tk), poisoned(&d, rows * tk)];
-                let eh = [
-                    poisoned(&d, rows * tk * inter),
-                    poisoned(&d, rows * tk * inter),
-                ];
-                let sh = [poisoned(&d, rows * si), poisoned(&d, rows * si)];
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let glu = |i: usize| Glu {
                     gate: &dw.gate,
                     up: &dw.up,
