@@ -879,7 +879,7 @@ __device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QW
 }
 
 // The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
-// (Q8, moe_int8) the group as int8 for dp4a (q8_group).
+// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8).
 template <bool Q8>
 struct GluX {
     float v[64];
