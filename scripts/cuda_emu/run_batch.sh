@@ -41,7 +41,7 @@ MUTANTS = [
     ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
      'dec_gemv_rows without the barrier after staging x'),
     ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
-    ('dec', 'top_k * h_stride, sgate.rows);', 'top_k * h_stride, 0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
+    ('dec', 'LEAN ? sgate.rows : 0);', '0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),

@@ -339,15 +339,28 @@ __device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int
     }
 }
 
-// Sum over the lpr lanes (a power of two, at most 32) of each row's sub-warp: offsets lpr / 2
-// down to 1, unrolled and predicated (a loop over lpr cost 6 instructions a step).
-template <int R>
+// DEC_LEAN_WHY: LEAN (a template flag of expert, qrows_load, reduce_rows and the MoE kernels' bodies)
+// picks the instruction cuts of the MoE's batched and int8 kernels (32-bit offsets, unrolled
+// reductions, tile positions carried, token offsets from blockIdx.y). The one-token f32 MoE kernels
+// (dec_glu4, dec_down_combine) and every other kernel keep the code as it was before the cuts, SASS
+// for SASS: built from the cut code (with the rows kernels' bookkeeping) they measured 6 % slower
+// in one-token decode (H100, full size: 465.9 -> 438.8 tok/s at 256), though fewer instructions.
+// Sum over the lpr lanes (a power of two, at most 32) of each row's sub-warp. LEAN (the MoE's
+// rows and int8 kernels): offsets 16 down to 1 unrolled and predicated on o < lpr (a loop over
+// lpr costs 6 instructions a step); otherwise the loop, as every other kernel compiled before the
+// cuts (see DEC_LEAN_WHY).
+template <int R, bool LEAN = false>
 __device__ __forceinline__ void reduce_rows(float (&acc)[R], int lpr) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        if (LEAN) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            if (o < lpr) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            for (int o = 16; o > 0; o >>= 1)
+                if (o < lpr) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        } else {
+            for (int o = lpr >> 1; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        }
+    }
 }
 
 // x [cols] → shared memory (groups padded to DEC_XPAD), then the sum of each group. The row is
@@ -592,18 +605,30 @@ __device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
 }
 
 // Rows rbase .. rbase + R - 1 of w (clamped to its last row) into r: the lane's groups sl + j·lpr.
-template <int BITS, int GPL, int R>
+// LEAN (the MoE's rows and int8 kernels): 32-bit offsets, a matrix's words fitting 31 bits
+// (decode::serves); otherwise 64-bit ones (DEC_LEAN_WHY).
+template <int BITS, int GPL, int R, bool LEAN = false>
 __device__ __forceinline__ void qrows_load(const QWeight& w, int rbase, int G, int lpr, int sl,
                                            QRows<BITS, GPL, R>& r) {
-    const u32 WPG = 2 * BITS;  // u32 words per group
+    const int WPG = 2 * BITS;  // u32 words per group
+    long long wpr = (long long)G * WPG;
 #pragma unroll
     for (int i = 0; i < R; i++) {
-        // 32-bit offsets: a matrix's words fit 31 bits (decode::serves)
-        u32 row = min(rbase + i, w.rows - 1);
+        int row_i = min(rbase + i, w.rows - 1);
 #pragma unroll
         for (int j = 0; j < GPL; j++) {
-            u32 g = sl + j * lpr, rg = row * (u32)G + g;
-            const uint4* qp = reinterpret_cast<const uint4*>(w.q + rg * WPG);
+            int g = sl + j * lpr;
+            const uint4* qp;
+            long long rg;  // the group's index
+            if (LEAN) {
+                u32 rg32 = (u32)row_i * (u32)G + (u32)g;
+                qp = reinterpret_cast<const uint4*>(w.q + rg32 * (u32)WPG);
+                rg = rg32;
+            } else {
+                long long row = row_i;
+                qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+                rg = row * G + g;
+            }
 #pragma unroll
             for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
             r.s[i][j] = bf16_to_f32(w.scales[rg]);
@@ -714,13 +739,22 @@ DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 
-// The matrix of expert e in a stack (rows × cols each). decode.cu reads 64-column groups only and
-// a matrix's words fit 31 bits (decode::serves): groups · 2 · bits words a matrix, in 32 bits.
+// The matrix of expert e in a stack (rows × cols each). LEAN (the MoE's rows and int8 kernels):
+// decode.cu reads 64-column groups only and a matrix's words fit 31 bits (decode::serves), so
+// groups · 2 · bits words a matrix, in 32 bits; otherwise in 64 (DEC_LEAN_WHY).
+template <bool LEAN = false>
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
-    u32 groups = (u32)w.rows * (u32)(w.cols >> 6);
-    w.q += (long long)e * (groups * 2u * (u32)w.bits);
-    w.scales += (long long)e * groups;
-    w.biases += (long long)e * groups;
+    if (LEAN) {
+        u32 groups = (u32)w.rows * (u32)(w.cols >> 6);
+        w.q += (long long)e * (groups * 2u * (u32)w.bits);
+        w.scales += (long long)e * groups;
+        w.biases += (long long)e * groups;
+    } else {
+        long long groups = (long long)w.rows * (w.cols / w.group);
+        w.q += (long long)e * w.rows * (w.cols * w.bits / 32);
+        w.scales += e * groups;
+        w.biases += e * groups;
+    }
     return w;
 }
 
@@ -838,14 +872,15 @@ struct GluTile {
     QRows<4, 1, DEC_GLU_R4> g, u;
 };
 
+template <bool LEAN>
 __device__ __forceinline__ void glu_item(int item, const QWeight& gate, const QWeight& up, const QWeight& sgate,
                                          const QWeight& sup, const int* ids_s, QWeight& wg, QWeight& wu) {
     if (item == 0) {
         wg = sgate;
         wu = sup;
     } else {
-        wg = expert(gate, ids_s[item - 1]);
-        wu = expert(up, ids_s[item - 1]);
+        wg = expert<LEAN>(gate, ids_s[item - 1]);
+        wu = expert<LEAN>(up, ids_s[item - 1]);
     }
 }
 
@@ -869,13 +904,14 @@ __device__ __forceinline__ GluPos glu_next(GluPos p, GluPos stride, int per_item
     return p;
 }
 
+template <bool LEAN>
 __device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QWeight& gate, const QWeight& up,
                                          const QWeight& sgate, const QWeight& sup, const int* ids_s, GluTile& r) {
     QWeight wg, wu;
-    glu_item(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
+    glu_item<LEAN>(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
     int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
-    qrows_load<4, 1, DEC_GLU_R4>(wg, rbase, t.G, t.lpr, t.sl, r.g);
-    qrows_load<4, 1, DEC_GLU_R4>(wu, rbase, t.G, t.lpr, t.sl, r.u);
+    qrows_load<4, 1, DEC_GLU_R4, LEAN>(wg, rbase, t.G, t.lpr, t.sl, r.g);
+    qrows_load<4, 1, DEC_GLU_R4, LEAN>(wu, rbase, t.G, t.lpr, t.sl, r.u);
 }
 
 // The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
@@ -907,7 +943,7 @@ struct GluX<true> {
     }
 };
 
-template <bool Q8>
+template <bool Q8, bool LEAN>
 __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_rows, int s_rows, const GluTile& r,
                                            GluX<Q8>& x, float* __restrict__ h, int h_stride, float* __restrict__ hs) {
     int item = pos.item;
@@ -917,8 +953,8 @@ __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_
     float g[DEC_GLU_R4], u[DEC_GLU_R4];
     x.dot(r.g, g);
     x.dot(r.u, u);
-    reduce_rows<DEC_GLU_R4>(g, t.lpr);
-    reduce_rows<DEC_GLU_R4>(u, t.lpr);
+    reduce_rows<DEC_GLU_R4, LEAN>(g, t.lpr);
+    reduce_rows<DEC_GLU_R4, LEAN>(u, t.lpr);
     if (t.sl == 0) {
 #pragma unroll
         for (int i = 0; i < DEC_GLU_R4; i++)
@@ -927,7 +963,10 @@ __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_
 }
 
 // dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8).
-template <bool Q8>
+// LEAN (every kernel but the one-token f32 dec_glu4): the tiles' positions carried (GluPos) and
+// the cuts of expert / qrows_load / reduce_rows; otherwise the tile loop as dec_glu4 compiled
+// before them (DEC_LEAN_WHY).
+template <bool Q8, bool LEAN>
 __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                            int n_experts, int top_k, int* __restrict__ ids,
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
@@ -935,6 +974,7 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
                                            float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
                                            float* p, int* ids_s, float* w_s, u32* xq, float2* xqs, int h_tok,
                                            int hs_tok) {
+    static_assert(LEAN || !Q8, "the int8 kernels are lean");
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -948,30 +988,54 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     // register buffers ra and rb: each buffer's tiles are 2 step apart.
     int step = gridDim.x, items = top_k + 1, per_item = tiles_per_item;
     GluTile ra, rb;
-    GluPos a = glu_pos(blockIdx.x, per_item), b = glu_pos(blockIdx.x + step, per_item);
-    const GluPos stride = glu_pos(2 * step, per_item);
-    bool early = a.item == 0;  // the shared expert's rows: no routing needed
-    if (early) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
-    dec_wait();
-    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
-    if (!early && a.item < items) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
-    if (b.item < items) glu_load(b, tg, gate, up, sgate, sup, ids_s, rb);
-    if (Q8) {
-        stage_x8(xs, tg.G, xq, xqs);
-        __syncthreads();
-    }
-    GluX<Q8> x;
-    x.load(xs, xsum, xq, xqs, tg.sl);
-    while (a.item < items) {
-        glu_finish(a, tg, gate.rows, sgate.rows, ra, x, h + (long long)blockIdx.y * h_tok, h_stride,
-                   hs + (long long)blockIdx.y * hs_tok);
-        a = glu_next(a, stride, per_item);
-        if (a.item < items) glu_load(a, tg, gate, up, sgate, sup, ids_s, ra);
-        if (b.item >= items) break;
-        glu_finish(b, tg, gate.rows, sgate.rows, rb, x, h + (long long)blockIdx.y * h_tok, h_stride,
-                   hs + (long long)blockIdx.y * hs_tok);
-        b = glu_next(b, stride, per_item);
-        if (b.item < items) glu_load(b, tg, gate, up, sgate, sup, ids_s, rb);
+    if (!LEAN) {
+        int t = blockIdx.x, tiles = (top_k + 1) * tiles_per_item;
+        bool early = t < per_item;  // the shared expert's rows: no routing needed
+        if (early) glu_load<LEAN>(glu_pos(t, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+        dec_wait();
+        route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+        if (!early && t < tiles) glu_load<LEAN>(glu_pos(t, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+        if (t + step < tiles) glu_load<LEAN>(glu_pos(t + step, per_item), tg, gate, up, sgate, sup, ids_s, rb);
+        GluX<Q8> x;
+        x.load(xs, xsum, xq, xqs, tg.sl);
+        for (; t < tiles; t += 2 * step) {
+            glu_finish<Q8, LEAN>(glu_pos(t, per_item), tg, gate.rows, sgate.rows, ra, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            if (t + 2 * step < tiles)
+                glu_load<LEAN>(glu_pos(t + 2 * step, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+            int tb = t + step;
+            if (tb >= tiles) break;
+            glu_finish<Q8, LEAN>(glu_pos(tb, per_item), tg, gate.rows, sgate.rows, rb, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            if (tb + 2 * step < tiles)
+                glu_load<LEAN>(glu_pos(tb + 2 * step, per_item), tg, gate, up, sgate, sup, ids_s, rb);
+        }
+    } else {
+        GluPos a = glu_pos(blockIdx.x, per_item), b = glu_pos(blockIdx.x + step, per_item);
+        const GluPos stride = glu_pos(2 * step, per_item);
+        bool early = a.item == 0;  // the shared expert's rows: no routing needed
+        if (early) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+        dec_wait();
+        route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+        if (!early && a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+        if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
+        if (Q8) {
+            stage_x8(xs, tg.G, xq, xqs);
+            __syncthreads();
+        }
+        GluX<Q8> x;
+        x.load(xs, xsum, xq, xqs, tg.sl);
+        while (a.item < items) {
+            glu_finish<Q8, LEAN>(a, tg, gate.rows, sgate.rows, ra, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            a = glu_next(a, stride, per_item);
+            if (a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+            if (b.item >= items) break;
+            glu_finish<Q8, LEAN>(b, tg, gate.rows, sgate.rows, rb, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            b = glu_next(b, stride, per_item);
+            if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
+        }
     }
     dec_trigger_late();
 }
@@ -995,21 +1059,23 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
 // The rows forms take token b in blockIdx.y (each routes its own row and streams its own
 // experts): router_logits [B, n_experts], ids and route_w [B, top_k] (written), xn [B, cols], h
 // [B, top_k, h_stride], hs [B, sgate.rows]; the shared expert is read once per token; grid
-// (blocks per token, B). A one-token launch is the same code with grid.y = 1. The outputs' token
+// (blocks per token, B); dec_glu4_q8 is their code with grid.y = 1. The outputs' token
 // offsets are taken where they are stored (from blockIdx.y), not held through the tile loop: two
-// blocks of dec_glu4_rows fit an SM only below 128 registers.
-#define DEC_GLU4(NAME, Q8, MIN_BLOCKS)                                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, MIN_BLOCKS)                                        \
-    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,               \
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                            \
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,                 \
-         int tiles_per_item) {                                                                                      \
-        GLU4_SHARED                                                                                                 \
-        GLU4_SHARED_##Q8                                                                                            \
-        long long b = blockIdx.y;                                                                                   \
-        glu4_token<Q8##_ON>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k,             \
-                            route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs, tiles_per_item,   \
-                            xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8, top_k * h_stride, sgate.rows);                   \
+// blocks of dec_glu4_rows fit an SM only below 128 registers. LEAN false (dec_glu4 alone): no
+// token offsets and the code before the cuts (DEC_LEAN_WHY). BOUNDS: __launch_bounds__' arguments.
+#define DEC_GLU4(NAME, Q8, LEAN, BOUNDS)                                                                      \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                       \
+    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,         \
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                      \
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,           \
+         int tiles_per_item) {                                                                                \
+        GLU4_SHARED                                                                                           \
+        GLU4_SHARED_##Q8                                                                                      \
+        long long b = LEAN ? blockIdx.y : 0;                                                                  \
+        glu4_token<Q8##_ON, LEAN>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, \
+                                  route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs,       \
+                                  tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8,                      \
+                                  LEAN ? top_k * h_stride : 0, LEAN ? sgate.rows : 0);                        \
     }
 
 #define GLU4_SHARED_F32
@@ -1018,10 +1084,10 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
 #define GLU4_XQ_F32 nullptr, nullptr
 #define GLU4_XQ_Q8 xq, xqs
 
-DEC_GLU4(dec_glu4, F32, 1)
-DEC_GLU4(dec_glu4_q8, Q8, DEC_Q8_BLOCKS)
-DEC_GLU4(dec_glu4_rows, F32, DEC_BLOCKS_PER_SM)
-DEC_GLU4(dec_glu4_q8_rows, Q8, DEC_Q8_BLOCKS)
+DEC_GLU4(dec_glu4, F32, false, (DEC_WARPS * 32))
+DEC_GLU4(dec_glu4_q8, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
+DEC_GLU4(dec_glu4_rows, F32, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
+DEC_GLU4(dec_glu4_q8_rows, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
@@ -1068,7 +1134,7 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
 // Q8 (the _q8 kernels, moe_int8; 4-bit down weights, one group a lane): the staged rows are
 // rounded to int8 per 64-column group (stage_x8, into hq / hqs after the partials) and each
 // 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does.
-template <bool Q8>
+template <bool Q8, bool LEAN>
 __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                    const float* __restrict__ route_w, int top_k,
                                                    const float* __restrict__ h, int h_stride,
@@ -1099,7 +1165,7 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     uint4 q[DEC_DOWN_BATCH][2];
     float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
     auto load = [&](int j, int i) {
-        QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
+        QWeight w = i < top_k ? expert<LEAN>(down, ids[i]) : sdown;
         const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
         q[j][0] = ld_stream(qp);
         q[j][1] = ld_stream(qp + 1);
@@ -1148,7 +1214,7 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
                         load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
                         acc[0] = group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl]);
                     }
-                    reduce_rows<1>(acc, lpr);
+                    reduce_rows<1, LEAN>(acc, lpr);
                     if (i < top_k)
                         y += route_w[i] * act(acc[0]);
                     else
@@ -1158,13 +1224,13 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
         }
     } else {
         for (int i = kc; i < items; i += DEC_DOWN_KSPLIT) {
-            QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
+            QWeight w = i < top_k ? expert<LEAN>(down, ids[i]) : sdown;
             float acc[1] = {0.0f};
             if (w.bits == 4)
                 rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
             else
                 rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
-            reduce_rows<1>(acc, lpr);
+            reduce_rows<1, LEAN>(acc, lpr);
             if (i < top_k)
                 y += route_w[i] * act(acc[0]);
             else
@@ -1187,21 +1253,23 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
 
 // dec_down_combine and, token b in blockIdx.y, dec_down_combine_rows (the batched step's): ids
 // and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
-// down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1.
-#define DEC_DOWN_COMBINE(NAME, Q8)                                                                              \
+// down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1. LEAN false
+// (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY).
+#define DEC_DOWN_COMBINE(NAME, Q8, LEAN)                                                                            \
     extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
     NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
          const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
-         float* __restrict__ x) {                                                                                  \
-        long long b = blockIdx.y;                                                                                  \
-        down_combine_token<Q8>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, \
-                               h_stride, hs + b * sdown.cols, s_gate + b, x + b * down.rows);                      \
+         float* __restrict__ x) {                                                                                   \
+        long long b = LEAN ? blockIdx.y : 0;                                                                        \
+        down_combine_token<Q8, LEAN>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,                      \
+                                     h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,           \
+                                     x + b * down.rows);                                                            \
     }
 
-DEC_DOWN_COMBINE(dec_down_combine, false)
-DEC_DOWN_COMBINE(dec_down_combine_q8, true)
-DEC_DOWN_COMBINE(dec_down_combine_rows, false)
-DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true)
+DEC_DOWN_COMBINE(dec_down_combine, false, false)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true, true)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false, true)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true)
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 
