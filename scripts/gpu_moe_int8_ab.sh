@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The device call of branch moe (issues 30 and 32; ≤ 8 minutes): `moe_int8` (`--moe-int8`,
-# LILY_MOE_INT8; off by default) — the fused MoE's kernels with their input rows rounded to int8
-# per 64-column group and dp4a products (dec_glu4_q8, dec_down_combine_q8 and their _rows forms)
+# The device call of branch moe (issues 30 and 32; ≤ 8 minutes): `moe_int8` (LILY_MOE_INT8;
+# on by default since this A/B, `--no-moe-int8`) — the fused MoE's kernels with their input rows
+# rounded to int8 per 64-column group and dp4a products (dec_glu4_q8, dec_down_combine_q8 and their _rows forms)
 # — against the shipping f32 products (whose kernels lost instructions too, bit for bit),
 # on the full-size checkpoint (synthesised into /dev/shm/full-mlx) and a 4-layer one of the full
 # widths (AB_LAYERS: /dev/shm/l4, with the tokenizer of .carry/tokenizer; the agreement check):
 #   1. GPU tests: the int8 kernels against the CPU (moe_int8_matches_cpu: 1..8 rows),
 #      the batched MoE against one token at a time (f32 and int8), the fused one-token blocks
 #      against the CPU (dec_glu4's bookkeeping changed, bit for bit in the emulation), then the
-#      batched model tests (with `--moe-int8` cases) until TEST_S (90) seconds;
+#      batched model tests (with int8 MoE cases) until TEST_S (90) seconds;
 #   2. full size, `bench --prefill 1K --decode-ctx 1K --decode-tokens 64 --batch 1,4,8`, off / on;
 #   3. agreement, off / on: teacher-forced logits (`score --piece 1`: one-token steps, LEN 128
 #      positions) of CUDA bf16 against the CPU and CUDA fp32 on the 4-layer model and against

@@ -989,6 +989,7 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     int step = gridDim.x, items = top_k + 1, per_item = tiles_per_item;
     GluTile ra, rb;
     if (!LEAN) {
+        // The tile index itself, divided into (item, tile of the item) where used (DEC_LEAN_WHY).
         int t = blockIdx.x, tiles = (top_k + 1) * tiles_per_item;
         bool early = t < per_item;  // the shared expert's rows: no routing needed
         if (early) glu_load<LEAN>(glu_pos(t, per_item), tg, gate, up, sgate, sup, ids_s, ra);

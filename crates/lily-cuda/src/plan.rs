@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` (`--moe-int8`, off: `dec_glu4_q8` + `dec_down_combine_q8`, int8 x and dp4a, `moe_products`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`--batch-norm-fold`, off: each norm in the staging of the projections after it, `batch_norm_fold`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows` (`--router-rows-split`, off: `dec_gemv_rows_split`, a warp a weight row), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU; `--moe-int8`, off: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4_q8` + `dec_down_combine_q8` (int8 x and dp4a, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`--batch-norm-fold`, off: each norm in the staging of the projections after it, `batch_norm_fold`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows` (`--router-rows-split`, off: `dec_gemv_rows_split`, a warp a weight row), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_q8_rows` + `dec_down_combine_q8_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 x, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -1070,27 +1070,37 @@ mod tests {
             on.batch_moe_for(DecodePath::Fused, &wide),
             BatchMoe::Grouped
         );
-        // moe_int8 (off by default): the int8 kernels where dec_glu4 and dec_down_combine's
-        // one-group-a-lane path serve, bf16 mode.
+        // moe_int8 (on by default; `--no-moe-int8`): the int8 kernels where dec_glu4 and
+        // dec_down_combine's one-group-a-lane path serve, bf16 mode.
         let (down, top_k) = (w(2048, 512, 4), 8);
         assert_eq!(
             on.moe_products_for(&glu, &down, &down, top_k),
-            MoeProducts::Float
+            MoeProducts::Int8
         );
         let int8 = |bf16_activations| {
             let o = CudaOptions {
-                moe_int8: true,
                 bf16_activations,
                 ..CudaOptions::default()
             };
             Plan::resolve(&o, H200)
         };
+        let off = Plan::resolve(
+            &CudaOptions {
+                moe_int8: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert_eq!(
             int8(true).moe_products_for(&glu, &down, &down, top_k),
             MoeProducts::Int8
         );
+        assert_eq!(
+            off.moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Float
+        );
         assert!(int8(true).describe().contains("int8 MoE products on"));
-        assert!(on.describe().contains("int8 MoE products off"));
+        assert!(off.describe().contains("int8 MoE products off"));
         assert_eq!(
             int8(false).moe_products_for(&glu, &down, &down, top_k),
             MoeProducts::Float

@@ -62,8 +62,9 @@ struct Case {
     batch_norm_fold: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
-    /// On, the MoE's gate/up products run in int8 (`dec_glu4_q8_rows`, and `dec_glu4_q8` for a
-    /// sequence alone; `moe_int8`: the plan takes it in bf16 mode only).
+    /// On, the MoE's products run in int8 (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows`, and
+    /// `dec_glu4_q8` + `dec_down_combine_q8` for a sequence alone; `moe_int8`, on by default, the
+    /// plan taking it in bf16 mode only); off, the f32 kernels (`--no-moe-int8`).
     moe_int8: bool,
     prompts: &'static [usize],
 }
@@ -207,7 +208,8 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
     }
 }
 
-/// The shipping batched step (the fused kernels), the first version's (linear.cu over the rows)
+/// The fused batched step on the CUDA cores with f32 MoE products (`--no-mma-rows
+/// --no-moe-int8`; the defaults are MOE_INT8's), the first version's (linear.cu over the rows)
 /// and the unfused one.
 const FUSED: Case = Case {
     fused_decode: true,
@@ -244,7 +246,8 @@ const SMALL_LAUNCHES_MMA: Case = Case {
     ..SMALL_LAUNCHES
 };
 
-/// The MoE's gate/up products in int8 (`--moe-int8`, branch moe), with `--mma-rows`.
+/// The MoE's products in int8 (`moe_int8`, on by default since its A/B, branch moe), with
+/// `--mma-rows`: the shipping batched step.
 const MOE_INT8: Case = Case {
     mma_rows: true,
     moe_int8: true,
@@ -268,7 +271,7 @@ fn eight(case: Case) -> Case {
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
 /// inputs where the shape has them); three and eight with `--mma-rows`; three and eight with
 /// `--batch-norm-fold --router-rows-split`, on the CUDA cores and with `--mma-rows`; three and
-/// eight with `--moe-int8 --mma-rows`.
+/// eight with int8 MoE products and `--mma-rows` (the defaults).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -291,8 +294,8 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, with
-/// `--mma-rows`, with `--mma-rows --batch-norm-fold --router-rows-split`, and with `--mma-rows
-/// --moe-int8`).
+/// `--mma-rows`, with `--mma-rows --batch-norm-fold --router-rows-split`, and with `--mma-rows`
+/// and int8 MoE products, the defaults).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
