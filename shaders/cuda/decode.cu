@@ -611,28 +611,36 @@ template <int BITS, int GPL, int R, bool LEAN = false>
 __device__ __forceinline__ void qrows_load(const QWeight& w, int rbase, int G, int lpr, int sl,
                                            QRows<BITS, GPL, R>& r) {
     const int WPG = 2 * BITS;  // u32 words per group
-    long long wpr = (long long)G * WPG;
+    if (LEAN) {
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        int row_i = min(rbase + i, w.rows - 1);
+        for (int i = 0; i < R; i++) {
+            int row_i = min(rbase + i, w.rows - 1);
 #pragma unroll
-        for (int j = 0; j < GPL; j++) {
-            int g = sl + j * lpr;
-            const uint4* qp;
-            long long rg;  // the group's index
-            if (LEAN) {
+            for (int j = 0; j < GPL; j++) {
+                int g = sl + j * lpr;
                 u32 rg32 = (u32)row_i * (u32)G + (u32)g;
-                qp = reinterpret_cast<const uint4*>(w.q + rg32 * (u32)WPG);
-                rg = rg32;
-            } else {
-                long long row = row_i;
-                qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
-                rg = row * G + g;
-            }
+                long long rg = rg32;
+                const uint4* qp = reinterpret_cast<const uint4*>(w.q + rg32 * (u32)WPG);
 #pragma unroll
-            for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
-            r.s[i][j] = bf16_to_f32(w.scales[rg]);
-            r.b[i][j] = bf16_to_f32(w.biases[rg]);
+                for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
+                r.s[i][j] = bf16_to_f32(w.scales[rg]);
+                r.b[i][j] = bf16_to_f32(w.biases[rg]);
+            }
+        }
+    } else {
+        long long wpr = (long long)G * WPG;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long long row = min(rbase + i, w.rows - 1);
+#pragma unroll
+            for (int j = 0; j < GPL; j++) {
+                int g = sl + j * lpr;
+                const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+#pragma unroll
+                for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
+                r.s[i][j] = bf16_to_f32(w.scales[row * G + g]);
+                r.b[i][j] = bf16_to_f32(w.biases[row * G + g]);
+            }
         }
     }
 }
