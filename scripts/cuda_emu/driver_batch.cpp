@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | mma | split | moe | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | mma | split | moe | moe_q8 | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -17,6 +17,10 @@
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
 //         at a time (the claim of tests/gpu/decode.rs).
+//   moe_q8: dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) against an f64 MoE of the same
+//         int8 rows (only f32 rounding apart), against the unquantised f64 within the bound of the
+//         quantisation step, the routing bit for bit dec_glu4_rows', and bit for bit against
+//         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
@@ -650,6 +654,185 @@ static void run_moe(std::vector<int> Bs, std::vector<int> bit_Bs) {
     }
 }
 
+// ---- moe_q8 -------------------------------------------------------------------------------------
+
+// x rounded to int8 per 64-column group as moe_int8 specifies (decode.cu's stage_x8), in our own
+// f32 steps: m = max|x|, x̂ = rint(x · (127 / m)) (ties to even), scale = m / 127; returns the
+// dequantised values scale · x̂ (in f64: exact products of two f32) and each group's max in gmax.
+static std::vector<double> q8_dequant(const float* x, int cols, std::vector<double>& gmax) {
+    std::vector<double> out(cols);
+    gmax.assign(cols / 64, 0.0);
+    for (int g = 0; g < cols / 64; g++) {
+        float m = 0.0f;
+        for (int j = 0; j < 64; j++) m = std::max(m, std::fabs(x[g * 64 + j]));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f;
+        gmax[g] = m;
+        for (int j = 0; j < 64; j++) {
+            float prod = x[g * 64 + j] * inv;
+            int qi = (int)std::nearbyint(prod);
+            if (qi < -127 || qi > 127) { fprintf(stderr, "q8_dequant: %d out of int8\n", qi); std::abort(); }
+            out[g * 64 + j] = (double)scale * qi;
+        }
+    }
+    return out;
+}
+
+// dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) on the full MoE shape: the routing as
+// dec_glu4_rows'; the hidden rows against an f64 SwiGLU of the same quantised arithmetic (int8 x
+// per group, the weights' exact values; only f32 rounding between them) and against the
+// unquantised f64 SwiGLU within the bound the quantisation step gives (|x̂ − x| ≤ max|x| / 254 per
+// element, carried through SiLU(g)·u); the residual update against an f64 combine of the int8
+// of the kernel's own hidden rows, and against the unquantised combine of them within its
+// bound; everything bit for bit against dec_glu4_q8 + dec_down_combine_q8 a token at a time.
+static size_t down_smem_q8(const Moe& m) {
+    int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr, groups = (m.top_k + 1) * G;
+    size_t f32_part = (size_t)groups * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
+    return (f32_part + 3) / 4 * 4 + (size_t)groups * (DEC_X8PAD + 2);
+}
+static void run_moe_q8(std::vector<int> Bs) {
+    printf("dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
+    Moe m;
+    int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
+    QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
+    for (int B : Bs) {
+        MoeIo io(m, B), f32(m, B);
+        io.logits = vec((size_t)B * m.n_exp, 2.0f);
+        io.xn = vec((size_t)B * m.hidden, 1.0f);
+        // Some groups far wider than others: each group's own scale must be the one applied.
+        for (int t = 0; t < B; t++) io.xn[(size_t)t * m.hidden + 64 * (3 + t) + 5] *= 9.0f;
+        if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
+        int per_token = (DEC_Q8_BLOCKS * SM_COUNT + B - 1) / B;
+        launch_k({std::min(tiles, per_token), B, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4_q8_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+                             io.eh.p(), m.inter, io.sh.p(), per_item);
+        });
+        // The f32 kernel on the same rows: the routing must not change.
+        launch_k({std::min(tiles, (LAUNCH_BLOCKS_PER_SM * SM_COUNT + B - 1) / B), B, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4_rows(g, u, io.logits.data(), m.n_exp, m.top_k, f32.ids.p(), f32.rw.p(), sg, su, io.xn.data(),
+                          f32.eh.p(), m.inter, f32.sh.p(), per_item);
+        });
+        double e_q = 0, e_f = 0, worst = 0;
+        bool in_bound = true;
+        for (int t = 0; t < B; t++) {
+            std::vector<double> gmax;
+            const float* xt = io.xn.data() + (size_t)t * m.hidden;
+            std::vector<double> xq = q8_dequant(xt, m.hidden, gmax), xd(xt, xt + m.hidden);
+            // item k < top_k: routed expert ids[k] (the ids check below holds them to the f32
+            // kernel's); item top_k: the shared expert.
+            for (int k = 0; k <= m.top_k; k++) {
+                const QW& wg = k < m.top_k ? m.gate : m.sgate;
+                const QW& wu = k < m.top_k ? m.up : m.sup;
+                int e = k < m.top_k ? f32.ids[(size_t)t * m.top_k + k] : 0;
+                int rows = k < m.top_k ? m.inter : m.sinter;
+                const float* got = k < m.top_k ? io.eh.p() + ((size_t)t * m.top_k + k) * m.inter : io.sh.p() + (size_t)t * m.sinter;
+                std::vector<double> want_q(rows), want_f(rows);
+                for (int r = 0; r < rows; r++) {
+                    double gq = wg.dot(e, r, xq.data()), uq = wu.dot(e, r, xq.data());
+                    double gf = wg.dot(e, r, xd.data()), uf = wu.dot(e, r, xd.data());
+                    want_q[r] = rb(rb(silu(rb(gq))) * rb(uq));
+                    want_f[r] = silu(gf) * uf;
+                    // |Δg| ≤ Σ_j |w_j| max|x|_group / 254 (and likewise u); |SiLU'| ≤ 1.1.
+                    double eg = 0, eu = 0;
+                    for (int c = 0; c < m.hidden; c++) {
+                        eg += std::fabs(wg.weight(e, r, c)) * gmax[c / 64] / 254;
+                        eu += std::fabs(wu.weight(e, r, c)) * gmax[c / 64] / 254;
+                    }
+                    double bound = 1.1 * eg * std::fabs(uf) + std::fabs(silu(gf)) * eu + 1.1 * eg * eu;
+                    // and the rounding of the kernel's activations (bf16: 3 roundings of 2^-9)
+                    bound += std::fabs(want_f[r]) * (BF16 ? 4e-3 : 1e-5) + 1e-7;
+                    double d = std::fabs(got[r] - want_f[r]);
+                    if (!(d <= bound)) in_bound = false;
+                    worst = std::max(worst, d / bound);
+                }
+                e_q = std::max(e_q, rel_l2(got, want_q.data(), rows));
+                e_f = std::max(e_f, rel_l2(got, want_f.data(), rows));
+            }
+        }
+        char what[200];
+        bool ids_same = same_bits(io.ids.p(), f32.ids.p(), io.ids.n) && same_bits(io.rw.p(), f32.rw.p(), io.rw.n);
+        snprintf(what, sizeof what, "%d tokens: routing (ids, weights) as dec_glu4_rows'", B);
+        verdict(what, ids_same, ids_same ? "  bit for bit" : "  differ");
+        snprintf(what, sizeof what, "%d tokens: hidden rows vs f64 of the int8 x", B);
+        verdict(what, e_q < (BF16 ? 1e-2 : 1e-6), "  rel_l2 %.2e", e_q);
+        snprintf(what, sizeof what, "%d tokens: hidden rows vs unquantised f64, per element", B);
+        verdict(what, in_bound, "  within the bound (worst %.2f of it); rel_l2 %.2e", worst, e_f);
+        snprintf(what, sizeof what, "%d tokens: nothing written past the outputs", B);
+        verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok());
+        // The down half on the kernel's own hidden rows.
+        io.s_gate = vec(B, 1.0f);
+        io.x0 = vec((size_t)B * m.hidden, 1.0f);
+        if (BF16) for (auto& v : io.x0) v = (float)f_of_bf16(bf16_of(v));
+        std::copy(io.x0.begin(), io.x0.end(), io.x.v.begin());
+        QWeight dw = m.down.view(), sdw = m.sdown.view();
+        int Gd = m.inter / 64, spw = 32 / std::min(32, Gd);
+        int dgrid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
+        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
+            dec_down_combine_q8_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
+                                     io.s_gate.data(), io.x.p());
+        });
+        double e_dq = 0, worst_d = 0;
+        bool d_in_bound = true;
+        for (int t = 0; t < B; t++) {
+            // ĥ of each item (the kernel's hidden rows rounded as specified) and their group maxima
+            std::vector<std::vector<double>> hq(m.top_k + 1), hmax(m.top_k + 1), hf(m.top_k + 1);
+            for (int k = 0; k <= m.top_k; k++) {
+                const float* hk = k < m.top_k ? io.eh.p() + ((size_t)t * m.top_k + k) * m.inter : io.sh.p() + (size_t)t * m.sinter;
+                hq[k] = q8_dequant(hk, m.inter, hmax[k]);
+                hf[k].assign(hk, hk + m.inter);
+            }
+            double sgv = rb(1 / (1 + std::exp(-(double)io.s_gate[t])));
+            std::vector<float> dx(m.hidden);
+            std::vector<double> want_dx(m.hidden);
+            for (int c = 0; c < m.hidden; c++) {
+                double acc = 0, accf = 0, bound = 0;
+                for (int k = 0; k <= m.top_k; k++) {
+                    const QW& wd = k < m.top_k ? m.down : m.sdown;
+                    int e = k < m.top_k ? io.ids[(size_t)t * m.top_k + k] : 0;
+                    double wk = k < m.top_k ? (double)io.rw[(size_t)t * m.top_k + k] : sgv;
+                    double dq = wd.dot(e, c, hq[k].data()), df = wd.dot(e, c, hf[k].data()), eb = 0;
+                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / 254;
+                    acc += k < m.top_k ? wk * rb(dq) : rb(wk * rb(dq));
+                    accf += wk * df;
+                    bound += std::fabs(wk) * eb;
+                }
+                double want = rb(io.x0[(size_t)t * m.hidden + c] + rb(acc));
+                want_dx[c] = want - io.x0[(size_t)t * m.hidden + c];
+                dx[c] = io.x[(size_t)t * m.hidden + c] - io.x0[(size_t)t * m.hidden + c];
+                // against the unquantised combine: the rounding step's bound and the activations' rounding
+                bound += std::fabs(accf) * (BF16 ? 1.2e-2 : 1e-5) + (BF16 ? std::fabs(io.x0[(size_t)t * m.hidden + c]) * 4e-3 : 0) + 1e-7;
+                double d = std::fabs((double)dx[c] - accf);
+                if (!(d <= bound)) d_in_bound = false;
+                worst_d = std::max(worst_d, d / bound);
+            }
+            e_dq = std::max(e_dq, rel_l2(dx.data(), want_dx.data(), m.hidden));
+        }
+        snprintf(what, sizeof what, "%d tokens: residual update vs f64 of the int8 hidden rows", B);
+        verdict(what, e_dq < (BF16 ? 5e-2 : 1e-5), "  rel_l2 %.2e", e_dq);
+        snprintf(what, sizeof what, "%d tokens: residual update vs unquantised f64, per element", B);
+        verdict(what, d_in_bound, "  within the bound (worst %.2f of it)", worst_d);
+        snprintf(what, sizeof what, "%d tokens: nothing written past the residual rows", B);
+        verdict(what, io.x.guard_ok());
+        MoeIo one(m, B);
+        std::copy(io.x0.begin(), io.x0.end(), one.x.v.begin());
+        for (int t = 0; t < B; t++) {
+            int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
+            float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
+            launch_k({std::min(tiles, DEC_Q8_BLOCKS * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
+                dec_glu4_q8(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+                            io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
+            });
+            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
+                dec_down_combine_q8(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+                                    one.x.p() + (size_t)t * m.hidden);
+            });
+        }
+        bool same = same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n) &&
+                    same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
+        snprintf(what, sizeof what, "%d tokens vs dec_glu4_q8 + dec_down_combine_q8 a token at a time", B);
+        verdict(what, same, same ? "  bit for bit" : "  differ");
+    }
+}
+
 // ---- dn -----------------------------------------------------------------------------------------
 
 // The f64 conv of one token (MODEL.md §2.5): c = act(silu(act(Σ_j w_j · state_j + w_last · m)))
@@ -913,11 +1096,12 @@ int main(int argc, char** argv) {
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
+    else if (part == "moe_q8") run_moe_q8({1, 3, 8});
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|mma|split|moe|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|mma|split|moe|moe_q8|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

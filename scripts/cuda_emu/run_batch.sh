@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows,
-# dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows + attn_split_combine_rows. The kernels' own
+# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, the
+# int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8),
+# dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows +
+# attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -11,8 +13,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|moe|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (10 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|moe|moe_q8|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (13 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -39,7 +41,7 @@ MUTANTS = [
     ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
      'dec_gemv_rows without the barrier after staging x'),
     ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
-    ('dec', 'top_k * h_stride, sgate.rows);', 'top_k * h_stride, 0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
+    ('dec', 'LEAN ? sgate.rows : 0);', '0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
     ('dec', 'dt_bias, states[r],', 'dt_bias, states[0],', 'dec_dn_step_rows updating sequence 0\'s state for every row'),
     ('att', 'mma_bf16(sc, a1, kb[2], kb[3]);', 'mma_bf16(sc, a1, kb[3], kb[2]);', 'attn_split_mma: the second k-step\'s B fragments swapped'),
     ('att', 'positions[b], n_q', 'positions[0], n_q', "attn_split_mma_prep_rows taking sequence 0's position for every row"),
@@ -52,6 +54,9 @@ MUTANTS = [
     ('dec', 'for (int b = 0; b < DEC_B_MAX; b++) acc[b] = warp_sum(acc[b]);',
      'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
      "dec_gemv_rows_split meeting only two lanes' sums"),
+    ('dec', 'x.e[4 * v + i], lo)', 'x.o[4 * v + i], lo)', "dec_glu4_q8 dotting the low nibbles with the odd columns' int8"),
+    ('dec', 'float2 sc = xqs[sl];', 'float2 sc = xqs[0];', "dec_glu4_q8 taking group 0's int8 scale for every group"),
+    ('dec', 'x8_load(hq, hqs, i * G + sl)', 'x8_load(hq, hqs, sl)', "dec_down_combine_q8 dotting every item with item 0's int8 rows"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -72,6 +77,7 @@ dec = swap(dec, '''    uint2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
+dec = swap(dec, 'asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));', 'd = emu_dp4a_us(a, b, c);')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 4)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
@@ -96,7 +102,7 @@ def shared(m):
             total = '*'.join(f'({x})' for x in dims)
             out.append(f'{ty} (*{name}){inner} = reinterpret_cast<{ty} (*){inner}>(shared_arr<{ty}>("{name}", {total}));')
     return ' '.join(out)
-pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16)\s+([^;]+);')
+pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16|u32)\s+([^;]+);')
 common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
 for src in (common, norm, dec, att):
     # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
@@ -126,7 +132,7 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 mma" "7 mma" "8 mma" "9 split"; do
+           "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -142,8 +148,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv mma split moe dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv mma split moe dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv mma split moe moe_q8 dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv mma split moe moe_q8 dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

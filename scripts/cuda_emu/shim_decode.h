@@ -175,6 +175,15 @@ inline u32 __byte_perm(u32 x, u32 y, u32 s) {
     return r;
 }
 
+// dp4a.u32.s32 (decode.cu's dp4a_us; run_batch.sh swaps its asm for this): c + Σ_k a.byte_k
+// (unsigned) · b.byte_k (signed), in 32-bit two's complement as the PTX ISA defines it.
+inline int emu_dp4a_us(u32 a, u32 b, int c) {
+    for (int k = 0; k < 4; k++) c += (int)((a >> (8 * k)) & 0xffu) * (int)(int8_t)((b >> (8 * k)) & 0xffu);
+    return c;
+}
+// cvt.rni.s32.f32: to nearest, ties to even (the default rounding mode here).
+inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
+
 // Loads. __ldg (ld.global.nc) and decode.cu's ld_stream / ld_stream2
 // (ld.global.nc.L1::no_allocate.v4 / .v2.u32; run_batch.sh swaps their asm for this) read memory no kernel writes during the launch (weights):
 // a plain load. The L2 prefetch of stage_prefetch is a hint: dropped.

@@ -57,6 +57,9 @@
 #ifndef DEC_MAX_TOPK
 #error "DEC_MAX_TOPK comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_Q8_BLOCKS
+#error "DEC_Q8_BLOCKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_R4
 #error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -211,6 +214,104 @@ __device__ __forceinline__ void load_group(const float* xs_group, float (&xv)[64
     }
 }
 
+// ---- int8 x for the 4-bit products (moe_int8) ---------------------------------------------------
+// A group of 64 x values as int8: scale = max|x| / 127, x̂_j = rint(x_j · (127 / max|x|)) (ties to
+// even), so |scale · x̂_j − x_j| ≤ max|x| / 254 (and f32 rounding). Packed so that a 4-bit word's
+// nibbles meet theirs by dp4a without unpacking: word p of e holds the int8 of the group's
+// columns 8p, 8p+2, 8p+4, 8p+6 (the word's low nibbles), word p of o those of 8p+1, .., 8p+7 (its
+// high nibbles). The bias term takes the dequantised sum scale · Σ x̂_j, so a group's term is
+// exactly Σ_j (s q_j + b) · scale · x̂_j: the true weights against the rounded x, whose error is
+// Σ w_j δ_j (w centred near 0) rather than s Σ q_j δ_j (q in 0..15, about twice as large) had Σ x_j
+// of the f32 x been kept. Integer sums are exact: 16 Σ q x̂ ≤ 16 · 64 · 15 · 127 < 2^24.
+#define DEC_X8PAD 20      // u32 words a group in shared memory (16 + 4: conflict-free 16-byte reads)
+#define DEC_X8_GROUPS 32  // dec_glu4: one group a lane
+
+struct X8Group {
+    u32 e[8], o[8];
+    float scale16;  // scale / 16 (dot_group_x8 returns 16 Σ q x̂)
+    float sum;      // scale · Σ x̂_j
+};
+
+// d = c + Σ_k a.byte_k · b.byte_k, a's bytes unsigned, b's signed (one dp4a; exact).
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// The block's staged x (xs: G groups padded to DEC_XPAD) as int8 groups into xq / xqs (scale,
+// scale · Σ x̂): thread t rounds word t % 8 (8 columns) of group t / 8, the group's max and sum met
+// by shuffles over its 8 threads. The caller's barrier publishes them.
+__device__ __forceinline__ void stage_x8(const float* xs, int G, u32* xq, float2* xqs) {
+    int p = threadIdx.x & 7;
+    for (int g0 = 0; g0 < G; g0 += blockDim.x >> 3) {
+        int g = g0 + (threadIdx.x >> 3);
+        bool live = g < G;
+        float v[8];
+        const float4* src = reinterpret_cast<const float4*>(xs + (live ? g : 0) * DEC_XPAD + 8 * p);
+        float4 a = src[0], b = src[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f;
+        int qi[8], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            qi[j] = __float2int_rn(v[j] * inv);
+            sum += qi[j];
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        u32 e = (u32)(qi[0] & 255) | (u32)(qi[2] & 255) << 8 | (u32)(qi[4] & 255) << 16 | (u32)qi[6] << 24;
+        u32 od = (u32)(qi[1] & 255) | (u32)(qi[3] & 255) << 8 | (u32)(qi[5] & 255) << 16 | (u32)qi[7] << 24;
+        if (live) {
+            xq[g * DEC_X8PAD + p] = e;
+            xq[g * DEC_X8PAD + 8 + p] = od;
+            if (p == 0) {
+                float scale = m / 127.0f;
+                xqs[g] = make_float2(scale, scale * (float)sum);
+            }
+        }
+    }
+}
+
+// Group sl of the int8 x into registers.
+__device__ __forceinline__ X8Group x8_load(const u32* xq, const float2* xqs, int sl) {
+    X8Group x;
+    const uint4* w = reinterpret_cast<const uint4*>(xq + sl * DEC_X8PAD);
+    uint4 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    x.e[0] = w0.x, x.e[1] = w0.y, x.e[2] = w0.z, x.e[3] = w0.w, x.e[4] = w1.x, x.e[5] = w1.y, x.e[6] = w1.z, x.e[7] = w1.w;
+    x.o[0] = w2.x, x.o[1] = w2.y, x.o[2] = w2.z, x.o[3] = w2.w, x.o[4] = w3.x, x.o[5] = w3.y, x.o[6] = w3.z, x.o[7] = w3.w;
+    float2 sc = xqs[sl];
+    x.scale16 = sc.x * 0.0625f;
+    x.sum = sc.y;
+    return x;
+}
+
+// 16 Σ_j q_j x̂_j over one 4-bit group (8 words): the low nibbles (w & 0x0F..) against e, the high
+// ones in place (w & 0xF0..: 16 q) against o; two dp4a and two masks per 8 weights.
+__device__ __forceinline__ int dot_group_x8(const uint4 (&q)[2], const X8Group& x) {
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+        u32 words[4] = {q[v].x, q[v].y, q[v].z, q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo = dp4a_us(words[i] & 0x0F0F0F0Fu, x.e[4 * v + i], lo);
+            hi = dp4a_us(words[i] & 0xF0F0F0F0u, x.o[4 * v + i], hi);
+        }
+    }
+    return 16 * lo + hi;
+}
+
+// The group's share of a row's dot product: s · scale · Σ q x̂ + b · scale · Σ x̂.
+__device__ __forceinline__ float group_term_x8(float s, float b, int d16, const X8Group& x) {
+    return fmaf(s * x.scale16, (float)d16, b * x.sum);
+}
+
 // acc[r] += row (rbase + r) · x for r < R over the lane's groups g = sl, sl + lpr, ... of G.
 // Rows at or past `rows` read the last row instead (their sums are never stored).
 template <int BITS, int R>
@@ -238,12 +339,28 @@ __device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int
     }
 }
 
-// Sum over the lpr lanes (a power of two) of each row's sub-warp.
-template <int R>
+// DEC_LEAN_WHY: LEAN (a template flag of expert, qrows_load, reduce_rows and the MoE kernels' bodies)
+// picks the instruction cuts of the MoE's batched and int8 kernels (32-bit offsets, unrolled
+// reductions, tile positions carried, token offsets from blockIdx.y). The one-token f32 MoE kernels
+// (dec_glu4, dec_down_combine) and every other kernel keep the code as it was before the cuts, SASS
+// for SASS: built from the cut code (with the rows kernels' bookkeeping) they measured 6 % slower
+// in one-token decode (H100, full size: 465.9 -> 438.8 tok/s at 256), though fewer instructions.
+// Sum over the lpr lanes (a power of two, at most 32) of each row's sub-warp. LEAN (the MoE's
+// rows and int8 kernels): offsets 16 down to 1 unrolled and predicated on o < lpr (a loop over
+// lpr costs 6 instructions a step); otherwise the loop, as every other kernel compiled before the
+// cuts (see DEC_LEAN_WHY).
+template <int R, bool LEAN = false>
 __device__ __forceinline__ void reduce_rows(float (&acc)[R], int lpr) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        for (int o = lpr >> 1; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    for (int r = 0; r < R; r++) {
+        if (LEAN) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                if (o < lpr) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        } else {
+            for (int o = lpr >> 1; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        }
+    }
 }
 
 // x [cols] → shared memory (groups padded to DEC_XPAD), then the sum of each group. The row is
@@ -488,22 +605,42 @@ __device__ __forceinline__ DecSeg seg_of(const DecSegs& segs, int tile) {
 }
 
 // Rows rbase .. rbase + R - 1 of w (clamped to its last row) into r: the lane's groups sl + j·lpr.
-template <int BITS, int GPL, int R>
+// LEAN (the MoE's rows and int8 kernels): 32-bit offsets, a matrix's words fitting 31 bits
+// (decode::serves); otherwise 64-bit ones (DEC_LEAN_WHY).
+template <int BITS, int GPL, int R, bool LEAN = false>
 __device__ __forceinline__ void qrows_load(const QWeight& w, int rbase, int G, int lpr, int sl,
                                            QRows<BITS, GPL, R>& r) {
     const int WPG = 2 * BITS;  // u32 words per group
-    long long wpr = (long long)G * WPG;
+    if (LEAN) {
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        long long row = min(rbase + i, w.rows - 1);
+        for (int i = 0; i < R; i++) {
+            int row_i = min(rbase + i, w.rows - 1);
 #pragma unroll
-        for (int j = 0; j < GPL; j++) {
-            int g = sl + j * lpr;
-            const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+            for (int j = 0; j < GPL; j++) {
+                int g = sl + j * lpr;
+                u32 rg32 = (u32)row_i * (u32)G + (u32)g;
+                long long rg = rg32;
+                const uint4* qp = reinterpret_cast<const uint4*>(w.q + rg32 * (u32)WPG);
 #pragma unroll
-            for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
-            r.s[i][j] = bf16_to_f32(w.scales[row * G + g]);
-            r.b[i][j] = bf16_to_f32(w.biases[row * G + g]);
+                for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
+                r.s[i][j] = bf16_to_f32(w.scales[rg]);
+                r.b[i][j] = bf16_to_f32(w.biases[rg]);
+            }
+        }
+    } else {
+        long long wpr = (long long)G * WPG;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            long long row = min(rbase + i, w.rows - 1);
+#pragma unroll
+            for (int j = 0; j < GPL; j++) {
+                int g = sl + j * lpr;
+                const uint4* qp = reinterpret_cast<const uint4*>(w.q + row * wpr + (long long)g * WPG);
+#pragma unroll
+                for (int v = 0; v < BITS / 2; v++) r.q[i][j][v] = ld_stream(qp + v);
+                r.s[i][j] = bf16_to_f32(w.scales[row * G + g]);
+                r.b[i][j] = bf16_to_f32(w.biases[row * G + g]);
+            }
         }
     }
 }
@@ -610,12 +747,22 @@ DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
 
-// The matrix of expert e in a stack (rows × cols each).
+// The matrix of expert e in a stack (rows × cols each). LEAN (the MoE's rows and int8 kernels):
+// decode.cu reads 64-column groups only and a matrix's words fit 31 bits (decode::serves), so
+// groups · 2 · bits words a matrix, in 32 bits; otherwise in 64 (DEC_LEAN_WHY).
+template <bool LEAN = false>
 __device__ __forceinline__ QWeight expert(QWeight w, int e) {
-    long long groups = (long long)w.rows * (w.cols / w.group);
-    w.q += (long long)e * w.rows * (w.cols * w.bits / 32);
-    w.scales += e * groups;
-    w.biases += e * groups;
+    if (LEAN) {
+        u32 groups = (u32)w.rows * (u32)(w.cols >> 6);
+        w.q += (long long)e * (groups * 2u * (u32)w.bits);
+        w.scales += (long long)e * groups;
+        w.biases += (long long)e * groups;
+    } else {
+        long long groups = (long long)w.rows * (w.cols / w.group);
+        w.q += (long long)e * w.rows * (w.cols * w.bits / 32);
+        w.scales += e * groups;
+        w.biases += e * groups;
+    }
     return w;
 }
 
@@ -733,39 +880,89 @@ struct GluTile {
     QRows<4, 1, DEC_GLU_R4> g, u;
 };
 
+template <bool LEAN>
 __device__ __forceinline__ void glu_item(int item, const QWeight& gate, const QWeight& up, const QWeight& sgate,
                                          const QWeight& sup, const int* ids_s, QWeight& wg, QWeight& wu) {
     if (item == 0) {
         wg = sgate;
         wu = sup;
     } else {
-        wg = expert(gate, ids_s[item - 1]);
-        wu = expert(up, ids_s[item - 1]);
+        wg = expert<LEAN>(gate, ids_s[item - 1]);
+        wu = expert<LEAN>(up, ids_s[item - 1]);
     }
 }
 
-__device__ __forceinline__ void glu_load(int tile, int per_item, const TileGeom& t, const QWeight& gate,
-                                         const QWeight& up, const QWeight& sgate, const QWeight& sup,
-                                         const int* ids_s, GluTile& r) {
-    QWeight wg, wu;
-    glu_item(tile / per_item, gate, up, sgate, sup, ids_s, wg, wu);
-    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
-    qrows_load<4, 1, DEC_GLU_R4>(wg, rbase, t.G, t.lpr, t.sl, r.g);
-    qrows_load<4, 1, DEC_GLU_R4>(wu, rbase, t.G, t.lpr, t.sl, r.u);
+// A tile of dec_glu4 as (item, tile of the item): tile = item · per_item + blk, carried from one
+// tile of a buffer to its next by glu_next instead of divided out per tile (a division by a
+// runtime value costs ≈ 20 instructions).
+struct GluPos {
+    int item, blk;
+};
+
+__device__ __forceinline__ GluPos glu_pos(int tile, int per_item) { return {tile / per_item, tile % per_item}; }
+
+// The position `stride` (glu_pos of the tile stride) after p.
+__device__ __forceinline__ GluPos glu_next(GluPos p, GluPos stride, int per_item) {
+    p.item += stride.item;
+    p.blk += stride.blk;
+    if (p.blk >= per_item) {
+        p.blk -= per_item;
+        p.item++;
+    }
+    return p;
 }
 
-__device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeom& t, int g_rows, int s_rows,
-                                           const GluTile& r, float (&xv)[64], float sx, float* __restrict__ h,
-                                           int h_stride, float* __restrict__ hs) {
-    int item = tile / per_item;
-    int rbase = tile_row0<DEC_GLU_R4>(t, tile % per_item);
+template <bool LEAN>
+__device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QWeight& gate, const QWeight& up,
+                                         const QWeight& sgate, const QWeight& sup, const int* ids_s, GluTile& r) {
+    QWeight wg, wu;
+    glu_item<LEAN>(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
+    int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
+    qrows_load<4, 1, DEC_GLU_R4, LEAN>(wg, rbase, t.G, t.lpr, t.sl, r.g);
+    qrows_load<4, 1, DEC_GLU_R4, LEAN>(wu, rbase, t.G, t.lpr, t.sl, r.u);
+}
+
+// The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
+// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8).
+template <bool Q8>
+struct GluX {
+    float v[64];
+    float sum;
+    __device__ __forceinline__ void load(const float* xs, const float* xsum, const u32*, const float2*, int sl) {
+        load_group(xs + sl * DEC_XPAD, v);
+        sum = xsum[sl];
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+        qrows_dot<4, 1, R>(r, 0, 1, v, sum, nullptr, nullptr, acc);
+    }
+};
+
+template <>
+struct GluX<true> {
+    X8Group x;
+    __device__ __forceinline__ void load(const float*, const float*, const u32* xq, const float2* xqs, int sl) {
+        x = x8_load(xq, xqs, sl);
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] = group_term_x8(r.s[i][0], r.b[i][0], dot_group_x8(r.q[i][0], x), x);
+    }
+};
+
+template <bool Q8, bool LEAN>
+__device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_rows, int s_rows, const GluTile& r,
+                                           GluX<Q8>& x, float* __restrict__ h, int h_stride, float* __restrict__ hs) {
+    int item = pos.item;
+    int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
     int rows = item == 0 ? s_rows : g_rows;
     float* out = item == 0 ? hs : h + (long long)(item - 1) * h_stride;
     float g[DEC_GLU_R4], u[DEC_GLU_R4];
-    qrows_dot<4, 1, DEC_GLU_R4>(r.g, t.sl, t.lpr, xv, sx, nullptr, nullptr, g);
-    qrows_dot<4, 1, DEC_GLU_R4>(r.u, t.sl, t.lpr, xv, sx, nullptr, nullptr, u);
-    reduce_rows<DEC_GLU_R4>(g, t.lpr);
-    reduce_rows<DEC_GLU_R4>(u, t.lpr);
+    x.dot(r.g, g);
+    x.dot(r.u, u);
+    reduce_rows<DEC_GLU_R4, LEAN>(g, t.lpr);
+    reduce_rows<DEC_GLU_R4, LEAN>(u, t.lpr);
     if (t.sl == 0) {
 #pragma unroll
         for (int i = 0; i < DEC_GLU_R4; i++)
@@ -773,13 +970,19 @@ __device__ __forceinline__ void glu_finish(int tile, int per_item, const TileGeo
     }
 }
 
-// dec_glu4's work for one token (its shared memory passed in).
+// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8).
+// LEAN (every kernel but the one-token f32 dec_glu4): the tiles' positions carried (GluPos) and
+// the cuts of expert / qrows_load / reduce_rows; otherwise the tile loop as dec_glu4 compiled
+// before them (DEC_LEAN_WHY).
+template <bool Q8, bool LEAN>
 __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                            int n_experts, int top_k, int* __restrict__ ids,
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                            const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                            float* __restrict__ hs, int tiles_per_item, float* xs, float* xsum,
-                                           float* p, int* ids_s, float* w_s, int h_tok = 0, int hs_tok = 0) {
+                                           float* p, int* ids_s, float* w_s, u32* xq, float2* xqs, int h_tok,
+                                           int hs_tok) {
+    static_assert(LEAN || !Q8, "the int8 kernels are lean");
     int cols = gate.cols;
     int lane = threadIdx.x & 31;
     TileGeom tg;
@@ -789,27 +992,59 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     tg.warp = threadIdx.x >> 5;
     tg.sub = lane / tg.lpr;
     tg.sl = lane % tg.lpr;
-    int step = gridDim.x, tiles = (top_k + 1) * tiles_per_item;
+    // Block b takes tiles b, b + step, b + 2 step, ... (step = gridDim.x), alternately into the
+    // register buffers ra and rb: each buffer's tiles are 2 step apart.
+    int step = gridDim.x, items = top_k + 1, per_item = tiles_per_item;
     GluTile ra, rb;
-    int t = blockIdx.x;
-    bool early = t < tiles_per_item;  // the shared expert's rows: no routing needed
-    if (early) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-    dec_wait();
-    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
-    if (!early && t < tiles) glu_load(t, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-    if (t + step < tiles) glu_load(t + step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
-    float xv[64];
-    load_group(xs + tg.sl * DEC_XPAD, xv);
-    float sx = xsum[tg.sl];
-    for (; t < tiles; t += 2 * step) {
-        glu_finish(t, tiles_per_item, tg, gate.rows, sgate.rows, ra, xv, sx,
-                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
-        if (t + 2 * step < tiles) glu_load(t + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, ra);
-        int tb = t + step;
-        if (tb >= tiles) break;
-        glu_finish(tb, tiles_per_item, tg, gate.rows, sgate.rows, rb, xv, sx,
-                   h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
-        if (tb + 2 * step < tiles) glu_load(tb + 2 * step, tiles_per_item, tg, gate, up, sgate, sup, ids_s, rb);
+    if (!LEAN) {
+        // The tile index itself, divided into (item, tile of the item) where used (DEC_LEAN_WHY).
+        int t = blockIdx.x, tiles = (top_k + 1) * tiles_per_item;
+        bool early = t < per_item;  // the shared expert's rows: no routing needed
+        if (early) glu_load<LEAN>(glu_pos(t, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+        dec_wait();
+        route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+        if (!early && t < tiles) glu_load<LEAN>(glu_pos(t, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+        if (t + step < tiles) glu_load<LEAN>(glu_pos(t + step, per_item), tg, gate, up, sgate, sup, ids_s, rb);
+        GluX<Q8> x;
+        x.load(xs, xsum, xq, xqs, tg.sl);
+        for (; t < tiles; t += 2 * step) {
+            glu_finish<Q8, LEAN>(glu_pos(t, per_item), tg, gate.rows, sgate.rows, ra, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            if (t + 2 * step < tiles)
+                glu_load<LEAN>(glu_pos(t + 2 * step, per_item), tg, gate, up, sgate, sup, ids_s, ra);
+            int tb = t + step;
+            if (tb >= tiles) break;
+            glu_finish<Q8, LEAN>(glu_pos(tb, per_item), tg, gate.rows, sgate.rows, rb, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            if (tb + 2 * step < tiles)
+                glu_load<LEAN>(glu_pos(tb + 2 * step, per_item), tg, gate, up, sgate, sup, ids_s, rb);
+        }
+    } else {
+        GluPos a = glu_pos(blockIdx.x, per_item), b = glu_pos(blockIdx.x + step, per_item);
+        const GluPos stride = glu_pos(2 * step, per_item);
+        bool early = a.item == 0;  // the shared expert's rows: no routing needed
+        if (early) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+        dec_wait();
+        route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, cols, p, ids_s, w_s, xs, xsum);
+        if (!early && a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+        if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
+        if (Q8) {
+            stage_x8(xs, tg.G, xq, xqs);
+            __syncthreads();
+        }
+        GluX<Q8> x;
+        x.load(xs, xsum, xq, xqs, tg.sl);
+        while (a.item < items) {
+            glu_finish<Q8, LEAN>(a, tg, gate.rows, sgate.rows, ra, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            a = glu_next(a, stride, per_item);
+            if (a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
+            if (b.item >= items) break;
+            glu_finish<Q8, LEAN>(b, tg, gate.rows, sgate.rows, rb, x,
+                                 h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
+            b = glu_next(b, stride, per_item);
+            if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
+        }
     }
     dec_trigger_late();
 }
@@ -821,33 +1056,47 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     __shared__ int ids_s[DEC_MAX_TOPK];                      \
     __shared__ float w_s[DEC_MAX_TOPK];
 
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)
-dec_glu4(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-         int tiles_per_item) {
-    GLU4_SHARED
-    glu4_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
-               tiles_per_item, xs, xsum, p, ids_s, w_s);
-}
+// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8).
+#define GLU4_SHARED_Q8                                              \
+    __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8PAD]; \
+    __shared__ float2 xqs[DEC_X8_GROUPS];
 
-// dec_glu4_rows: dec_glu4 for each token of a batched decode step, token b in blockIdx.y (each
-// routes its own row and streams its own experts): router_logits [B, n_experts], ids and route_w
-// [B, top_k] (written), xn [B, cols], h [B, top_k, h_stride], hs [B, sgate.rows]. The shared
-// expert is read once per token. grid (blocks per token, B).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_glu4_rows(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-              int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-              const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-              int tiles_per_item) {
-    GLU4_SHARED
-    long long b = blockIdx.y;
-    // The outputs' token offsets are taken where they are stored (from blockIdx.y), not held
-    // through the tile loop: two blocks of this kernel fit an SM only below 128 registers.
-    glu4_token(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, route_w + b * top_k,
-               sgate, sup, xn + b * gate.cols, h, h_stride, hs, tiles_per_item, xs, xsum, p, ids_s, w_s,
-               top_k * h_stride, sgate.rows);
-}
+// dec_glu4 and its batched form dec_glu4_rows, in f32 products or (the _q8 kernels, moe_int8)
+// in int8 ones: xn rounded to int8 per 64-column group once per block, each 4-bit word dotted by
+// two dp4a (group_term_x8). The _q8 kernels hold a lane's x in 18 registers instead of 65, so
+// DEC_Q8_BLOCKS blocks fit an SM (their launcher's grid takes as many).
+// The rows forms take token b in blockIdx.y (each routes its own row and streams its own
+// experts): router_logits [B, n_experts], ids and route_w [B, top_k] (written), xn [B, cols], h
+// [B, top_k, h_stride], hs [B, sgate.rows]; the shared expert is read once per token; grid
+// (blocks per token, B); dec_glu4_q8 is their code with grid.y = 1. The outputs' token
+// offsets are taken where they are stored (from blockIdx.y), not held through the tile loop: two
+// blocks of dec_glu4_rows fit an SM only below 128 registers. LEAN false (dec_glu4 alone): no
+// token offsets and the code before the cuts (DEC_LEAN_WHY). BOUNDS: __launch_bounds__' arguments.
+#define DEC_GLU4(NAME, Q8, LEAN, BOUNDS)                                                                      \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                       \
+    NAME(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,         \
+         int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,                      \
+         const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,           \
+         int tiles_per_item) {                                                                                \
+        GLU4_SHARED                                                                                           \
+        GLU4_SHARED_##Q8                                                                                      \
+        long long b = LEAN ? blockIdx.y : 0;                                                                  \
+        glu4_token<Q8##_ON, LEAN>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, \
+                                  route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs,       \
+                                  tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8,                      \
+                                  LEAN ? top_k * h_stride : 0, LEAN ? sgate.rows : 0);                        \
+    }
+
+#define GLU4_SHARED_F32
+#define F32_ON false
+#define Q8_ON true
+#define GLU4_XQ_F32 nullptr, nullptr
+#define GLU4_XQ_Q8 xq, xqs
+
+DEC_GLU4(dec_glu4, F32, false, (DEC_WARPS * 32))
+DEC_GLU4(dec_glu4_q8, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
+DEC_GLU4(dec_glu4_rows, F32, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
+DEC_GLU4(dec_glu4_q8_rows, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
@@ -891,6 +1140,10 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
 // to hide its latencies; the chunks' partial sums meet in shared memory. Dynamic shared memory
 // (down_smem in the launcher): the top_k + 1 input rows padded, their group sums, the partials.
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
+// Q8 (the _q8 kernels, moe_int8; 4-bit down weights, one group a lane): the staged rows are
+// rounded to int8 per 64-column group (stage_x8, into hq / hqs after the partials) and each
+// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does.
+template <bool Q8, bool LEAN>
 __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                    const float* __restrict__ route_w, int top_k,
                                                    const float* __restrict__ h, int h_stride,
@@ -908,6 +1161,9 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     float* hsum = hsm + items * G * DEC_XPAD;        // [items][G]
     float* part = hsum + items * G;                  // [KSPLIT][rows_per_block]
     float* shared_part = part + DEC_DOWN_KSPLIT * rows_per_block;  // [rows_per_block]
+    // Q8: [items][G][DEC_X8PAD] words at a 16-byte boundary, then [items][G] (scale, scale · Σ x̂)
+    u32* hq = reinterpret_cast<u32*>(dec_smem + ((items * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * rows_per_block + 3) & ~3));
+    float2* hqs = reinterpret_cast<float2*>(hq + items * G * DEC_X8PAD);
     int r_local = rg * spw + sub;
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
@@ -918,7 +1174,7 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     uint4 q[DEC_DOWN_BATCH][2];
     float s[DEC_DOWN_BATCH], b[DEC_DOWN_BATCH];
     auto load = [&](int j, int i) {
-        QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
+        QWeight w = i < top_k ? expert<LEAN>(down, ids[i]) : sdown;
         const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
         q[j][0] = ld_stream(qp);
         q[j][1] = ld_stream(qp + 1);
@@ -940,6 +1196,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
     stage_items(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
+    if (Q8) {
+        stage_x8(hsm, items * G, hq, hqs);
+        __syncthreads();
+    }
     float y = 0.0f, ys = 0.0f;
     if (fast) {
         for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
@@ -954,10 +1214,16 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
             for (int j = 0; j < DEC_DOWN_BATCH; j++) {
                 int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
                 if (i < items) {
-                    float xv[64];
-                    load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
-                    float acc[1] = {group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl])};
-                    reduce_rows<1>(acc, lpr);
+                    float acc[1];
+                    if (Q8) {
+                        X8Group xq = x8_load(hq, hqs, i * G + sl);
+                        acc[0] = group_term_x8(s[j], b[j], dot_group_x8(q[j], xq), xq);
+                    } else {
+                        float xv[64];
+                        load_group(hsm + (i * G + sl) * DEC_XPAD, xv);
+                        acc[0] = group_term<4>(s[j], b[j], dot_group<4>(q[j], xv), hsum[i * G + sl]);
+                    }
+                    reduce_rows<1, LEAN>(acc, lpr);
                     if (i < top_k)
                         y += route_w[i] * act(acc[0]);
                     else
@@ -967,13 +1233,13 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
         }
     } else {
         for (int i = kc; i < items; i += DEC_DOWN_KSPLIT) {
-            QWeight w = i < top_k ? expert(down, ids[i]) : sdown;
+            QWeight w = i < top_k ? expert<LEAN>(down, ids[i]) : sdown;
             float acc[1] = {0.0f};
             if (w.bits == 4)
                 rows_dot<4, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
             else
                 rows_dot<8, 1>(w, cc, G, lpr, sl, hsm + i * G * DEC_XPAD, hsum + i * G, acc);
-            reduce_rows<1>(acc, lpr);
+            reduce_rows<1, LEAN>(acc, lpr);
             if (i < top_k)
                 y += route_w[i] * act(acc[0]);
             else
@@ -994,24 +1260,25 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                 int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                 const float* __restrict__ s_gate, float* __restrict__ x) {
-    down_combine_token(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate, x);
-}
+// dec_down_combine and, token b in blockIdx.y, dec_down_combine_rows (the batched step's): ids
+// and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
+// down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1. LEAN false
+// (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY).
+#define DEC_DOWN_COMBINE(NAME, Q8, LEAN)                                                                            \
+    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
+    NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
+         const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
+         float* __restrict__ x) {                                                                                   \
+        long long b = LEAN ? blockIdx.y : 0;                                                                        \
+        down_combine_token<Q8, LEAN>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,                      \
+                                     h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,           \
+                                     x + b * down.rows);                                                            \
+    }
 
-// dec_down_combine_rows: dec_down_combine for each token of a batched decode step, token b in
-// blockIdx.y: ids and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B],
-// x [B, down.rows]. grid (ceil(hidden / rows a block), B).
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-dec_down_combine_rows(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w,
-                      int top_k, const float* __restrict__ h, int h_stride, const float* __restrict__ hs,
-                      const float* __restrict__ s_gate, float* __restrict__ x) {
-    long long b = blockIdx.y;
-    down_combine_token(down, sdown, ids + b * top_k, route_w + b * top_k, top_k, h + b * top_k * h_stride, h_stride,
-                       hs + b * sdown.cols, s_gate + b, x + b * down.rows);
-}
+DEC_DOWN_COMBINE(dec_down_combine, false, false)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true, true)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false, true)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true)
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

@@ -655,8 +655,9 @@ impl Forward<'_> {
         ];
         self.norm_project_batch(norm, rows, &first)?;
         let (glu, down) = self.moe_args(m);
-        k.decode.glu_rows(gpu, &glu, rows)?;
-        k.decode.down_combine_rows(gpu, &down, rows)
+        let products = self.plan.moe_products(m, self.cfg.top_k);
+        k.decode.glu_rows(gpu, &glu, rows, products)?;
+        k.decode.down_combine_rows(gpu, &down, rows, products)
     }
 
     /// The pointer table of a batched step (`BatchTable` reads it): u64, one a sequence in
@@ -1105,8 +1106,9 @@ impl Forward<'_> {
         ];
         k.decode.project(gpu, input, &first)?;
         let (glu, down) = self.moe_args(m);
-        k.decode.glu(gpu, &glu)?;
-        k.decode.down_combine(gpu, &down)
+        let products = self.plan.moe_products(m, self.cfg.top_k);
+        k.decode.glu(gpu, &glu, products)?;
+        k.decode.down_combine(gpu, &down, products)
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).

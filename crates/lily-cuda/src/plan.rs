@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4` + `dec_down_combine` | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_rows` (routing, experts' and shared expert's gate/up/SiLU) + `dec_down_combine_rows`; `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4_q8` + `dec_down_combine_q8` (int8 x and dp4a, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_q8_rows` + `dec_down_combine_q8_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 x, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, RowsKernel};
+use crate::kernels::decode::{self, Decode, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -256,6 +256,7 @@ impl Plan {
         let mma_attention = o.mma_attention && bf16;
         let effective = CudaOptions {
             mma_rows: o.mma_rows && bf16,
+            moe_int8: o.moe_int8 && bf16,
             tensor_cores,
             exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
             flash_prefill,
@@ -561,13 +562,7 @@ impl Plan {
     /// The MoE of a batched decode step: `BatchMoe::Rows` under `fused_batch` where one-token
     /// steps fuse the block (`decode_moe`) on the pipelined `dec_glu4`; else `Grouped`.
     pub fn batch_moe(&self, m: &DevMoe, shape: MoeShape) -> BatchMoe {
-        let glu = [
-            m.gate.shape(),
-            m.up.shape(),
-            m.shared_gate.shape(),
-            m.shared_up.shape(),
-        ];
-        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu)
+        self.batch_moe_for(self.decode_moe(m, shape, 1), &glu_shapes(m))
     }
 
     /// `batch_moe` for a block whose one-token path is `one_token`, with these gate, up, shared
@@ -581,6 +576,30 @@ impl Plan {
             BatchMoe::Rows
         } else {
             BatchMoe::Grouped
+        }
+    }
+
+    /// How the fused MoE's kernels (`dec_glu4` + `dec_down_combine`, or their rows forms) take
+    /// their 4-bit products: in int8 (`dec_glu4_q8`, `dec_down_combine_q8` and their `_rows`
+    /// forms) under `moe_int8` (bf16 mode) where `decode::q8_serves` the block (all 4-bit, one
+    /// 64-column group a lane), else in f32.
+    pub fn moe_products(&self, m: &DevMoe, top_k: usize) -> MoeProducts {
+        let (down, sdown) = (m.down.shape(), m.shared_down.shape());
+        self.moe_products_for(&glu_shapes(m), &down, &sdown, top_k)
+    }
+
+    fn moe_products_for(
+        &self,
+        glu: &[LinearShape; 4],
+        down: &LinearShape,
+        sdown: &LinearShape,
+        top_k: usize,
+    ) -> MoeProducts {
+        let [gate, up, sgate, sup] = glu;
+        if self.o.moe_int8 && decode::q8_serves([gate, up, sgate, sup], down, sdown, top_k) {
+            MoeProducts::Int8
+        } else {
+            MoeProducts::Float
         }
     }
 
@@ -703,6 +722,16 @@ impl Plan {
     pub fn describe(&self) -> String {
         self.o.describe()
     }
+}
+
+/// A MoE block's gate, up, shared gate and shared up shapes (what its first fused kernel reads).
+fn glu_shapes(m: &DevMoe) -> [LinearShape; 4] {
+    [
+        m.gate.shape(),
+        m.up.shape(),
+        m.shared_gate.shape(),
+        m.shared_up.shape(),
+    ]
 }
 
 #[cfg(test)]
@@ -1033,6 +1062,52 @@ mod tests {
         assert_eq!(
             on.batch_moe_for(DecodePath::Fused, &wide),
             BatchMoe::Grouped
+        );
+        // moe_int8 (on by default; `--no-moe-int8`): the int8 kernels where dec_glu4 and
+        // dec_down_combine's one-group-a-lane path serve, bf16 mode.
+        let (down, top_k) = (w(2048, 512, 4), 8);
+        assert_eq!(
+            on.moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Int8
+        );
+        let int8 = |bf16_activations| {
+            let o = CudaOptions {
+                bf16_activations,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        let off = Plan::resolve(
+            &CudaOptions {
+                moe_int8: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            int8(true).moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Int8
+        );
+        assert_eq!(
+            off.moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Float
+        );
+        assert!(int8(true).describe().contains("int8 MoE products on"));
+        assert!(off.describe().contains("int8 MoE products off"));
+        assert_eq!(
+            int8(false).moe_products_for(&glu, &down, &down, top_k),
+            MoeProducts::Float
+        );
+        for other in [&glu8, &wide] {
+            assert_eq!(
+                int8(true).moe_products_for(other, &down, &down, top_k),
+                MoeProducts::Float
+            );
+        }
+        let down8 = w(2048, 512, 8);
+        assert_eq!(
+            int8(true).moe_products_for(&glu, &down8, &down, top_k),
+            MoeProducts::Float
         );
         let first = CudaOptions {
             fused_batch: false,

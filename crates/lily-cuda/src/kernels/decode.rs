@@ -35,6 +35,20 @@ pub const GLU_R: usize = 2;
 pub const R4: usize = 2;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
+/// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
+/// lane's x in 18 registers instead of 65 leaves room for a third block).
+pub const Q8_BLOCKS_PER_SM: usize = 3;
+/// How the fused MoE's kernels (`dec_glu4`, `dec_down_combine` and their rows forms) take their
+/// 4-bit products (the plan's choice: `Plan::moe_products`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeProducts {
+    /// f32: each 4-bit weight turned into a float (a byte permute) and multiplied by x's f32 value.
+    Float,
+    /// `moe_int8`: the input rows rounded to int8 per 64-column group (scale max|x| / 127) once per
+    /// block, each 4-bit word dotted with them by two dp4a (`dec_glu4_q8`, `dec_down_combine_q8`
+    /// and their `_rows` forms); all-4-bit MoEs of one group a lane only (`q8_serves`).
+    Int8,
+}
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
 pub const MAX_SEGS: usize = 4;
@@ -89,6 +103,8 @@ fn rows_warps(kernel: &Kernel) -> Result<usize> {
 const BATCH_SMEM_MAX: usize = 96 * 1024;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
+/// Words per 64-column group of int8 x in shared memory (DEC_X8PAD in decode.cu).
+const X8PAD: usize = 20;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
 const DOWN_SMEM_MAX: usize = 48 * 1024;
 
@@ -115,6 +131,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_COLS", DN_COLS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
+        ("DEC_Q8_BLOCKS", Q8_BLOCKS_PER_SM as i64),
         ("DEC_MMA_WARPS", MMA_WARPS as i64),
         ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
@@ -129,6 +146,8 @@ pub fn serves(w: &LinearShape) -> bool {
     let groups = w.cols / 64;
     matches!(w.bits, 4 | 8)
         && w.group == 64
+        // (the kernels index a matrix's words in 32 bits)
+        && w.rows * w.cols * w.bits as usize / 32 <= i32::MAX as usize
         && w.cols.is_multiple_of(64)
         && w.cols <= MAX_COLS
         && groups > 0
@@ -172,10 +191,34 @@ fn glu_pipelined(
 }
 
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
-/// group sums, and the item chunks' partial sums per output row.
-fn down_smem(inter: usize, top_k: usize) -> usize {
+/// group sums, and the item chunks' partial sums per output row; with int8 products also the
+/// rows as int8 (X8PAD words a group, from a 16-byte boundary) and each group's scale and sum.
+fn down_smem(inter: usize, top_k: usize, products: MoeProducts) -> usize {
     let (_, spw) = lanes_per_row(inter);
-    (top_k + 1) * (inter / 64) * (XPAD + 1) * 4 + (DOWN_KSPLIT + 1) * DOWN_WARPS * spw * 4
+    let groups = (top_k + 1) * (inter / 64);
+    let f32_part = groups * (XPAD + 1) * 4 + (DOWN_KSPLIT + 1) * DOWN_WARPS * spw * 4;
+    match products {
+        MoeProducts::Float => f32_part,
+        MoeProducts::Int8 => f32_part.next_multiple_of(16) + groups * (X8PAD * 4 + 8),
+    }
+}
+
+/// Whether the MoE of these weights can take int8 products (`MoeProducts::Int8`): gate/up on
+/// `dec_glu4` (all four 4-bit, one group a lane) and the down projections on
+/// `dec_down_combine`'s fast path (4-bit, one group a lane) with room for the int8 rows.
+pub fn q8_serves(
+    glu: [&LinearShape; 4],
+    down: &LinearShape,
+    sdown: &LinearShape,
+    top_k: usize,
+) -> bool {
+    let [gate, up, sgate, sup] = glu;
+    glu_rows_serves(gate, up, sgate, sup)
+        && down_serves(down, sdown, top_k)
+        && [down, sdown]
+            .iter()
+            .all(|w| w.bits == 4 && w.cols / 64 <= 32)
+        && down_smem(down.cols, top_k, MoeProducts::Int8) <= DOWN_SMEM_MAX
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -184,7 +227,7 @@ pub fn down_serves(down: &LinearShape, sdown: &LinearShape, top_k: usize) -> boo
         && serves(sdown)
         && down.cols == sdown.cols
         && down.rows == sdown.rows
-        && down_smem(down.cols, top_k) <= DOWN_SMEM_MAX
+        && down_smem(down.cols, top_k, MoeProducts::Float) <= DOWN_SMEM_MAX
 }
 
 /// Dynamic shared memory of a `dec_gemv_rows` block staging `rows` inputs of `cols` columns:
@@ -514,8 +557,12 @@ pub struct Decode {
     glu: Kernel,
     glu4: Kernel,
     glu4_rows: Kernel,
+    glu4_q8: Kernel,
+    glu4_q8_rows: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
+    down_combine_q8: Kernel,
+    down_combine_q8_rows: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -539,8 +586,12 @@ impl Decode {
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
             glu4_rows: k("dec_glu4_rows")?,
+            glu4_q8: k("dec_glu4_q8")?,
+            glu4_q8_rows: k("dec_glu4_q8_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
+            down_combine_q8: k("dec_down_combine_q8")?,
+            down_combine_q8_rows: k("dec_down_combine_q8_rows")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -683,19 +734,27 @@ impl Decode {
         Ok(())
     }
 
-    pub fn glu(&self, gpu: &Gpu, a: &Glu) -> Result<()> {
-        self.glu_launch(gpu, a, None)
+    /// The MoE's first half for one token; `products` (the plan's `moe_products`) picks the
+    /// pipelined kernel's f32 or int8 form.
+    pub fn glu(&self, gpu: &Gpu, a: &Glu, products: MoeProducts) -> Result<()> {
+        self.glu_launch(gpu, a, None, products)
     }
 
     /// `glu` for each of the `rows` tokens of a batched decode step in one launch
     /// (`dec_glu4_rows`, weights `glu_rows_serves` accepts): `a`'s buffers are row 0 of
     /// router_logits [rows, n_experts], ids and route_w [rows, top_k], xn [rows, cols], h
     /// [rows, top_k, inter] and h_shared [rows, shared inter].
-    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
-        self.glu_launch(gpu, a, Some(rows))
+    pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize, products: MoeProducts) -> Result<()> {
+        self.glu_launch(gpu, a, Some(rows), products)
     }
 
-    fn glu_launch(&self, gpu: &Gpu, a: &Glu, token_rows: Option<usize>) -> Result<()> {
+    fn glu_launch(
+        &self,
+        gpu: &Gpu,
+        a: &Glu,
+        token_rows: Option<usize>,
+        products: MoeProducts,
+    ) -> Result<()> {
         let (gate, up) = (a.gate.shape(), a.up.shape());
         if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
             bail!("dec_glu: expert weights it does not read");
@@ -712,18 +771,26 @@ impl Decode {
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
         let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
         let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
-        let (kernel, rows_per_tile) = match (pipelined, token_rows) {
-            (true, None) => (&self.glu4, WARPS * spw * GLU_R4),
-            (false, None) => (&self.glu, WARPS * spw * GLU_R),
-            (true, Some(1..)) => (&self.glu4_rows, WARPS * spw * GLU_R4),
-            (false, Some(_)) => bail!("dec_glu4_rows: expert weights it does not read"),
-            (true, Some(_)) => bail!("dec_glu4_rows: no rows"),
+        let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
+            (true, None, MoeProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
+            (true, None, MoeProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
+            (false, None, MoeProducts::Float) => (&self.glu, WARPS * spw * GLU_R),
+            (true, Some(1..), MoeProducts::Float) => (&self.glu4_rows, WARPS * spw * GLU_R4),
+            (true, Some(1..), MoeProducts::Int8) => (&self.glu4_q8_rows, WARPS * spw * GLU_R4),
+            (false, _, MoeProducts::Int8) => bail!("dec_glu4_q8: expert weights it does not read"),
+            (false, Some(_), _) => bail!("dec_glu4_rows: expert weights it does not read"),
+            (true, Some(_), _) => bail!("dec_glu4_rows: no rows"),
         };
         let tokens = token_rows.unwrap_or(1);
         let per_item = blocks(rows, rows_per_tile);
         let tiles = per_item as usize * (a.top_k + 1);
-        // A persistent grid of BLOCKS_PER_SM blocks an SM shared by the tokens.
-        let per_token = (BLOCKS_PER_SM * gpu.sm_count).div_ceil(tokens);
+        // A persistent grid of as many blocks an SM as the kernel's launch bound fits, shared by
+        // the tokens.
+        let per_sm = match products {
+            MoeProducts::Float => BLOCKS_PER_SM,
+            MoeProducts::Int8 => Q8_BLOCKS_PER_SM,
+        };
+        let per_token = (per_sm * gpu.sm_count).div_ceil(tokens);
         let grid = (tiles.min(per_token) as u32, tokens as u32, 1);
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
@@ -752,19 +819,34 @@ impl Decode {
         })
     }
 
-    pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine) -> Result<()> {
-        self.down_combine_launch(gpu, a, 1, &self.down_combine)
+    /// The MoE's second half for one token; `products` as for `glu`.
+    pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine, products: MoeProducts) -> Result<()> {
+        let kernel = match products {
+            MoeProducts::Float => &self.down_combine,
+            MoeProducts::Int8 => &self.down_combine_q8,
+        };
+        self.down_combine_launch(gpu, a, 1, kernel, products)
     }
 
     /// `down_combine` for each of the `rows` tokens of a batched decode step in one launch
     /// (`dec_down_combine_rows`): `a`'s buffers are row 0 of ids and weights [rows, top_k], h
     /// [rows, top_k, inter], h_shared [rows, shared inter], shared_gate [rows] and x [rows,
     /// hidden].
-    pub fn down_combine_rows(&self, gpu: &Gpu, a: &DownCombine, rows: usize) -> Result<()> {
+    pub fn down_combine_rows(
+        &self,
+        gpu: &Gpu,
+        a: &DownCombine,
+        rows: usize,
+        products: MoeProducts,
+    ) -> Result<()> {
         if rows == 0 {
             bail!("dec_down_combine_rows: no rows");
         }
-        self.down_combine_launch(gpu, a, rows, &self.down_combine_rows)
+        let kernel = match products {
+            MoeProducts::Float => &self.down_combine_rows,
+            MoeProducts::Int8 => &self.down_combine_q8_rows,
+        };
+        self.down_combine_launch(gpu, a, rows, kernel, products)
     }
 
     fn down_combine_launch(
@@ -773,16 +855,26 @@ impl Decode {
         a: &DownCombine,
         rows: usize,
         kernel: &Kernel,
+        products: MoeProducts,
     ) -> Result<()> {
-        if !down_serves(&a.down.shape(), &a.shared_down.shape(), a.top_k) {
+        let (down, sdown) = (a.down.shape(), a.shared_down.shape());
+        if !down_serves(&down, &sdown, a.top_k) {
             bail!("dec_down_combine: expert weights it does not read");
+        }
+        let fast = [&down, &sdown]
+            .iter()
+            .all(|w| w.bits == 4 && w.cols / 64 <= 32);
+        if products == MoeProducts::Int8
+            && !(fast && down_smem(down.cols, a.top_k, products) <= DOWN_SMEM_MAX)
+        {
+            bail!("dec_down_combine_q8: expert weights it does not read");
         }
         if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
             bail!("dec_down_combine: expert inputs must be 16-byte aligned");
         }
         let (_, spw) = lanes_per_row(a.down.cols);
         let grid = blocks(a.down.rows, DOWN_WARPS * spw);
-        let smem = down_smem(a.down.cols, a.top_k);
+        let smem = down_smem(a.down.cols, a.top_k, products);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride) = (a.top_k as i32, a.down.cols as i32);
         let cfg = config(

@@ -60,6 +60,10 @@ struct Case {
     mma_rows: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
+    /// On, the MoE's products run in int8 (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows`, and
+    /// `dec_glu4_q8` + `dec_down_combine_q8` for a sequence alone; `moe_int8`, on by default, the
+    /// plan taking it in bf16 mode only); off, the f32 kernels (`--no-moe-int8`).
+    moe_int8: bool,
     prompts: &'static [usize],
 }
 
@@ -74,6 +78,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         fused_batch,
         mma_rows,
         router_rows_split,
+        moe_int8,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -86,7 +91,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, router split {router_rows_split}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, router split {router_rows_split}, moe int8 {moe_int8}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -95,6 +100,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             fused_batch,
             mma_rows,
             router_rows_split,
+            moe_int8,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -198,13 +204,15 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
     }
 }
 
-/// The shipping batched step (the fused kernels), the first version's (linear.cu over the rows)
+/// The fused batched step on the CUDA cores with f32 MoE products (`--no-mma-rows
+/// --no-moe-int8`; the defaults are SHIPPING's), the first version's (linear.cu over the rows)
 /// and the unfused one.
 const FUSED: Case = Case {
     fused_decode: true,
     fused_batch: true,
     mma_rows: false,
     router_rows_split: false,
+    moe_int8: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -222,14 +230,21 @@ const MMA_ROWS: Case = Case {
 };
 
 /// The router's launch split over lanes (`router_rows_split`), on the CUDA cores and with
-/// `--mma-rows` (the shipping step).
+/// `--mma-rows` (f32 MoE products: `--no-moe-int8`).
 const ROUTER_SPLIT: Case = Case {
     router_rows_split: true,
     ..FUSED
 };
-const SHIPPING: Case = Case {
+const SPLIT_MMA: Case = Case {
     mma_rows: true,
     ..ROUTER_SPLIT
+};
+
+/// The shipping batched step: the MoE's products in int8 (`moe_int8`, on by default since its
+/// A/B, session 17) with `--mma-rows` and the router split over lanes.
+const SHIPPING: Case = Case {
+    moe_int8: true,
+    ..SPLIT_MMA
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -247,8 +262,9 @@ fn eight(case: Case) -> Case {
 /// and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps its
 /// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
-/// inputs where the shape has them); three and eight with `--mma-rows`; three and eight with the
-/// router split over lanes, on the CUDA cores and with `--mma-rows` (the shipping step).
+/// inputs where the shape has them); three and eight with `--mma-rows`; three with the router
+/// split over lanes on the CUDA cores, three and eight with it and `--mma-rows` (f32 MoE
+/// products), and three and eight with the defaults (those and int8 MoE products).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -264,12 +280,15 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
     batched_steps_match_alone(Preset::Tiny, MMA_ROWS);
     batched_steps_match_alone(Preset::Tiny, eight(MMA_ROWS));
     batched_steps_match_alone(Preset::Tiny, ROUTER_SPLIT);
-    batched_steps_match_alone(Preset::Tiny, eight(SHIPPING));
+    batched_steps_match_alone(Preset::Tiny, eight(SPLIT_MMA));
+    batched_steps_match_alone(Preset::Tiny, SPLIT_MMA);
     batched_steps_match_alone(Preset::Tiny, SHIPPING);
+    batched_steps_match_alone(Preset::Tiny, eight(SHIPPING));
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, with
-/// `--mma-rows`, and the shipping step: `--mma-rows` with the router split over lanes).
+/// `--mma-rows`, with it and the router split over lanes, and the defaults: those and int8 MoE
+/// products).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
@@ -277,6 +296,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, FIRST_VERSION);
     batched_steps_match_alone(Preset::Small, eight(FUSED));
     batched_steps_match_alone(Preset::Small, eight(MMA_ROWS));
+    batched_steps_match_alone(Preset::Small, eight(SPLIT_MMA));
     batched_steps_match_alone(Preset::Small, eight(SHIPPING));
 }
 

@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu, RowsKernel};
+use lily_cuda::kernels::decode::{DownCombine, Glu, MoeProducts, RowsKernel};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -647,28 +647,53 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
     println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
 }
 
+/// A MoE's sizes: hidden, experts, top_k, expert inter, shared inter.
+fn moe_sizes(c: &ModelConfig) -> (usize, usize, usize, usize, usize) {
+    (
+        c.hidden,
+        c.n_experts,
+        c.top_k,
+        c.expert_inter,
+        c.shared_inter,
+    )
+}
+
+/// Two sets of the MoE's first-half outputs for `rows` tokens, for two runs to compare: expert
+/// ids, routing weights, experts' hidden rows, shared expert's hidden rows (all but the ids
+/// poisoned).
+fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[DevBuf; 2]; 4] {
+    let pair = |n: usize| [poisoned(d, n), poisoned(d, n)];
+    [
+        [
+            d.alloc(rows * tk * 4).unwrap(),
+            d.alloc(rows * tk * 4).unwrap(),
+        ],
+        pair(rows * tk),
+        pair(rows * tk * inter),
+        pair(rows * si),
+    ]
+}
+
 /// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
 /// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
 /// the routing (ids, weights), the experts' and shared expert's hidden rows and the residual
 /// rows agree bit for bit, for 1, 3 and 8 tokens, on tiny's and small's MoE shapes, in both
-/// activation modes.
+/// activation modes, with the products in f32 and in int8 (`dec_glu4_q8_rows` +
+/// `dec_down_combine_q8_rows` against `dec_glu4_q8` + `dec_down_combine_q8`, `moe_int8`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_rows_match_one_token_at_a_time() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    for bf16_activations in [false, true] {
+    for (bf16_activations, products) in [false, true]
+        .into_iter()
+        .flat_map(|b| [(b, MoeProducts::Float), (b, MoeProducts::Int8)])
+    {
         let d = dev(bf16_activations);
         let mut rng = Rng(53);
         for preset in [Preset::Tiny, Preset::Small] {
             let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
-            let (h, e, tk, inter, si) = (
-                c.hidden,
-                c.n_experts,
-                c.top_k,
-                c.expert_inter,
-                c.shared_inter,
-            );
+            let (h, e, tk, inter, si) = moe_sizes(&c);
             let w = random_moe(&mut rng, &c);
             let dw = upload_moe(&d, "moe", &w).unwrap();
             let glu_shapes = [
@@ -687,22 +712,14 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 "{preset:?}: the test needs dec_glu4's shapes"
             );
             for rows in [1usize, 3, 8] {
-                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                let what =
+                    format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}, {products:?}");
                 let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
                 let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
                 let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
                 let x0 = rng.vec(rows * h, 1.0);
                 // [rows-form, one-at-a-time] buffers
-                let ids = [
-                    d.alloc(rows * tk * 4).unwrap(),
-                    d.alloc(rows * tk * 4).unwrap(),
-                ];
-                let rw = [poisoned(&d, rows * tk), poisoned(&d, rows * tk)];
-                let eh = [
-                    poisoned(&d, rows * tk * inter),
-                    poisoned(&d, rows * tk * inter),
-                ];
-                let sh = [poisoned(&d, rows * si), poisoned(&d, rows * si)];
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
                 let glu = |i: usize, at: usize| Glu {
                     gate: &dw.gate,
@@ -730,11 +747,12 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                     x: x[i].ptr + (at * h * 4) as u64,
                 };
                 let dec = &d.k.decode;
-                dec.glu_rows(&d, &glu(0, 0), rows).unwrap();
-                dec.down_combine_rows(&d, &down(0, 0), rows).unwrap();
+                dec.glu_rows(&d, &glu(0, 0), rows, products).unwrap();
+                dec.down_combine_rows(&d, &down(0, 0), rows, products)
+                    .unwrap();
                 for at in 0..rows {
-                    dec.glu(&d, &glu(1, at)).unwrap();
-                    dec.down_combine(&d, &down(1, at)).unwrap();
+                    dec.glu(&d, &glu(1, at), products).unwrap();
+                    dec.down_combine(&d, &down(1, at), products).unwrap();
                 }
                 let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
                 let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
@@ -758,6 +776,251 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
         }
     }
     println!("KERNEL decode.cu batched MoE equals one token at a time");
+}
+
+/// x rounded to int8 per 64-column group as `moe_int8` specifies (decode.cu's stage_x8), in f32
+/// steps of our own: m = max|x|, x̂ = round-half-even(x · (127 / m)), scale = m / 127. Returns
+/// scale · x̂ per value (exact in f64) and each group's m.
+fn int8_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let mut xq = Vec::with_capacity(x.len());
+    let mut gmax = Vec::new();
+    for g in x.chunks(64) {
+        let m = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (inv, scale) = if m > 0.0 {
+            (127.0 / m, m / 127.0)
+        } else {
+            (0.0, 0.0)
+        };
+        gmax.push(m as f64);
+        for v in g {
+            let q = (v * inv).round_ties_even();
+            assert!(q.abs() <= 127.0, "int8 of {v}: {q}");
+            xq.push(scale as f64 * q as f64);
+        }
+    }
+    (xq, gmax)
+}
+
+/// `moe_int8`'s kernels (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows` for 2..=8 tokens,
+/// `dec_glu4_q8` + `dec_down_combine_q8` for one) against the CPU: the routing bit for bit the
+/// f32 kernels'; every hidden row of the routed experts and the shared expert against an f64
+/// SwiGLU of the same int8 x (the weights dequantised by lily_core, the x rounded per group as
+/// specified): fp32 activations within f32 rounding (rel L2 1e-5), bf16 within its rounding
+/// (1e-2); and against the unquantised f64 SwiGLU, element by element, within the bound the
+/// rounding step gives (|x̂ − x| ≤ max|x| / 254 per element: |Δg| ≤ Σ|w| max|x| / 254, carried
+/// through SiLU(g)·u with |SiLU'| ≤ 1.1, plus the activations' own rounding). Then the residual
+/// update against an f64 combine of the int8 of the kernel's own hidden rows (1e-5 fp32, 5e-2
+/// bf16). Tiny's and small's MoE shapes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn moe_int8_matches_cpu() {
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let act = |v: f64| {
+            if bf16_activations {
+                round_bf16(v as f32) as f64
+            } else {
+                v
+            }
+        };
+        let mut rng = Rng(61);
+        for preset in [Preset::Tiny, Preset::Small] {
+            let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            let (h, e, tk, inter, si) = moe_sizes(&c);
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            for rows in 1..=8usize {
+                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
+                let mut x = rng.vec(rows * h, 1.0);
+                // One wide value a row: its group's scale must stay its own.
+                for r in 0..rows {
+                    x[r * h + 64 * (r % (h / 64)) + 3] *= 9.0;
+                }
+                if bf16_activations {
+                    x.iter_mut().for_each(|v| *v = round_bf16(*v));
+                }
+                let xn = d.upload(&x).unwrap();
+                // [int8, f32] buffers
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
+                let glu = |i: usize| Glu {
+                    gate: &dw.gate,
+                    up: &dw.up,
+                    router_logits: logits.ptr,
+                    n_experts: e,
+                    ids: ids[i].ptr,
+                    route_w: rw[i].ptr,
+                    top_k: tk,
+                    shared_gate: &dw.shared_gate,
+                    shared_up: &dw.shared_up,
+                    xn: xn.ptr,
+                    h: eh[i].ptr,
+                    h_shared: sh[i].ptr,
+                };
+                let dec = &d.k.decode;
+                if rows == 1 {
+                    dec.glu(&d, &glu(0), MoeProducts::Int8).unwrap();
+                } else {
+                    dec.glu_rows(&d, &glu(0), rows, MoeProducts::Int8).unwrap();
+                }
+                dec.glu_rows(&d, &glu(1), rows, MoeProducts::Float).unwrap();
+                let ids_got: Vec<i32> = d.read(&ids[0], 0, rows * tk).unwrap();
+                let ids_f32: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
+                assert_eq!(ids_got, ids_f32, "{what}: expert ids");
+                let rw_got: Vec<f32> = d.read(&rw[0], 0, rows * tk).unwrap();
+                let rw_f32: Vec<f32> = d.read(&rw[1], 0, rows * tk).unwrap();
+                assert!(
+                    rw_got
+                        .iter()
+                        .zip(&rw_f32)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: routing weights"
+                );
+                let eh_got: Vec<f32> = d.read(&eh[0], 0, rows * tk * inter).unwrap();
+                let sh_got: Vec<f32> = d.read(&sh[0], 0, rows * si).unwrap();
+                let (mut want_q, mut want_f, mut got) = (Vec::new(), Vec::new(), Vec::new());
+                let mut wrow = vec![0f32; h];
+                let (mut worst, mut outside) = (0f64, 0usize);
+                for r in 0..rows {
+                    let (xq, gmax) = int8_groups(&x[r * h..(r + 1) * h]);
+                    let xr = &x[r * h..(r + 1) * h];
+                    // item k < tk: routed expert ids[k]; item tk: the shared expert
+                    for k in 0..=tk {
+                        let (gw, uw, n, out) = if k < tk {
+                            let ex = ids_got[r * tk + k] as usize;
+                            let at = (r * tk + k) * inter;
+                            (
+                                w.gate.expert(ex),
+                                w.up.expert(ex),
+                                inter,
+                                &eh_got[at..at + inter],
+                            )
+                        } else {
+                            (
+                                w.shared_gate.expert(0),
+                                w.shared_up.expert(0),
+                                si,
+                                &sh_got[r * si..(r + 1) * si],
+                            )
+                        };
+                        for (j, &o) in out.iter().enumerate().take(n) {
+                            // (Σ w x̂, Σ w x, Σ |w| max|x| / 254) of the gate and of the up row
+                            let mut sums = [[0f64; 3]; 2];
+                            for (s, m) in sums.iter_mut().zip([&gw, &uw]) {
+                                m.dequant_row(j, &mut wrow);
+                                for (cc, &wv) in wrow.iter().enumerate() {
+                                    let wv = wv as f64;
+                                    s[0] += wv * xq[cc];
+                                    s[1] += wv * xr[cc] as f64;
+                                    s[2] += wv.abs() * gmax[cc / 64] / 254.0;
+                                }
+                            }
+                            let [[gq, gf, eg], [uq, uf, eu]] = sums;
+                            want_q.push(act(act(silu(act(gq))) * act(uq)) as f32);
+                            let f = silu(gf) * uf;
+                            want_f.push(f as f32);
+                            got.push(o);
+                            let rounding = if bf16_activations { 4e-3 } else { 1e-5 };
+                            let bound = 1.1 * eg * uf.abs()
+                                + silu(gf).abs() * eu
+                                + 1.1 * eg * eu
+                                + f.abs() * rounding
+                                + 1e-7;
+                            let dev = (o as f64 - f).abs();
+                            worst = worst.max(dev / bound);
+                            if dev.is_nan() || dev > bound {
+                                outside += 1;
+                            }
+                        }
+                    }
+                }
+                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+                let e_q = rel_l2(&what, &got, &want_q);
+                assert!(
+                    e_q < tol,
+                    "{what}: vs the f64 of the int8 x: rel L2 {e_q:.2e}"
+                );
+                assert_eq!(
+                    outside, 0,
+                    "{what}: {outside} values outside the rounding step's bound (worst {worst:.2} of it)"
+                );
+                println!(
+                    "KERNEL dec_glu4_q8 {what}: vs f64 of the int8 x rel L2 {e_q:.2e}; vs unquantised {:.2e} (worst {worst:.2} of the bound)",
+                    rel_l2(&what, &got, &want_f)
+                );
+                // The down half on the kernel's hidden rows.
+                let s_gate_v = rng.vec(rows, 1.0);
+                let s_gate = d.upload(&s_gate_v).unwrap();
+                let mut x0 = rng.vec(rows * h, 1.0);
+                if bf16_activations {
+                    x0.iter_mut().for_each(|v| *v = round_bf16(*v));
+                }
+                let xr = d.upload(&x0).unwrap();
+                let down = DownCombine {
+                    down: &dw.down,
+                    shared_down: &dw.shared_down,
+                    ids: ids[0].ptr,
+                    weights: rw[0].ptr,
+                    top_k: tk,
+                    h: eh[0].ptr,
+                    h_shared: sh[0].ptr,
+                    shared_gate: s_gate.ptr,
+                    x: xr.ptr,
+                };
+                if rows == 1 {
+                    dec.down_combine(&d, &down, MoeProducts::Int8).unwrap();
+                } else {
+                    dec.down_combine_rows(&d, &down, rows, MoeProducts::Int8)
+                        .unwrap();
+                }
+                let x_got: Vec<f32> = d.read(&xr, 0, rows * h).unwrap();
+                let (mut dx, mut want_dx) = (Vec::new(), Vec::new());
+                let mut drow = vec![0f32; inter.max(si)];
+                for r in 0..rows {
+                    // the int8 of each item's hidden row, as the kernel rounds it
+                    let items: Vec<Vec<f64>> = (0..=tk)
+                        .map(|k| {
+                            let row = if k < tk {
+                                &eh_got[(r * tk + k) * inter..(r * tk + k + 1) * inter]
+                            } else {
+                                &sh_got[r * si..(r + 1) * si]
+                            };
+                            int8_groups(row).0
+                        })
+                        .collect();
+                    let sg = act(1.0 / (1.0 + (-(s_gate_v[r] as f64)).exp()));
+                    for c in 0..h {
+                        let mut acc = 0f64;
+                        for (k, hq) in items.iter().enumerate() {
+                            let m = if k < tk {
+                                w.down.expert(ids_got[r * tk + k] as usize)
+                            } else {
+                                w.shared_down.expert(0)
+                            };
+                            m.dequant_row(c, &mut drow[..hq.len()]);
+                            let dot: f64 = drow.iter().zip(hq).map(|(&a, &b)| a as f64 * b).sum();
+                            if k < tk {
+                                acc += rw_got[r * tk + k] as f64 * act(dot);
+                            } else {
+                                acc += act(sg * act(dot));
+                            }
+                        }
+                        let x0c = x0[r * h + c] as f64;
+                        want_dx.push((act(x0c + act(acc)) - x0c) as f32);
+                        dx.push(x_got[r * h + c] - x0[r * h + c]);
+                    }
+                }
+                let e_d = rel_l2(&what, &dx, &want_dx);
+                let tol_d = if bf16_activations { 5e-2 } else { 1e-5 };
+                assert!(
+                    e_d < tol_d,
+                    "{what}: residual update vs f64 of the int8 rows: rel L2 {e_d:.2e}"
+                );
+                println!("KERNEL dec_down_combine_q8 {what}: residual update vs f64 of the int8 rows rel L2 {e_d:.2e}");
+            }
+        }
+    }
 }
 
 /// The batched step's attention (`attn_split_mma_prep_rows` + `attn_split_combine_rows`: every

@@ -239,14 +239,14 @@ fn greedy_misses_of_cpu(
     (ties, misses)
 }
 
-/// The configuration that ships (`CudaOptions::default()`: bf16 activations, tensor cores with
-/// the split-precision router, flash prefill, split-KV decode, MoE grouping, device sampling,
-/// CUDA graphs) end to end against the fp32 CPU backend: a 40-token prefill (one chunk of ≥ 16
-/// tokens, so the tensor-core paths run) whose last logits must be within SHIPPING_LOGITS_TOL,
-/// then 32 greedy decode steps (graph-replayed, split-KV, picked on the device). Each step's
-/// token is checked against the CPU fed the same tokens (teacher forcing, so one tie cannot
-/// derail the rest): it must be the CPU's argmax, or a near-tie (SHIPPING_TIE), and at most a
-/// third of the 32 may be near-ties.
+/// The configuration that ships (`CudaOptions::default()`: bf16 activations, tensor cores with the
+/// split-precision router, flash prefill, split-KV decode, MoE grouping, device sampling, CUDA
+/// graphs, the decode MoE's int8 products) end to end against the fp32 CPU backend: a 40-token
+/// prefill (one chunk of ≥ 16 tokens, so the tensor-core paths run) whose last logits must be
+/// within SHIPPING_LOGITS_TOL, then 32 greedy decode steps (graph-replayed, split-KV, picked on the
+/// device). Each step's token is checked against the CPU fed the same tokens (teacher forcing, so
+/// one tie cannot derail the rest): it must be the CPU's argmax, or a near-tie (SHIPPING_TIE), and
+/// at most a third of the 32 may be near-ties.
 fn shipping_configuration_matches_cpu(preset: Preset) {
     let w = synth_model(preset, SynthFormat::Mlx, 21);
     let vocab = w.config.vocab;
