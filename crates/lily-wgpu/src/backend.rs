@@ -85,18 +85,22 @@ impl WgpuBackend {
             coop: gpu.coop,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
+        // The kernels the coop check loaded, kept for the backend while its plan stands.
+        let mut checked_kernels = None;
         if plan.coop > 0 {
             // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
             // width shows as an O(1) difference, a driver that does not take the module as an
             // error; refused, the plan takes linear_q4_mm.wgsl.
-            let checked = Kernels::load(&gpu, &plan.specs, plan.checked)
-                .and_then(|k| check_products_f16(&gpu, &k, plan.act_f16));
+            let checked = Kernels::load(&gpu, &plan.specs, plan.checked).and_then(|k| {
+                check_products_f16(&gpu, &k, plan.act_f16).map(|(_, staged)| (k, staged))
+            });
             let refused = match checked {
-                Ok((_, staged)) if staged < COOP_TOLERANCE => {
+                Ok((k, staged)) if staged < COOP_TOLERANCE => {
                     plan.notes.push(format!(
                         "linear_q4_coop checked at load: {staged:.1e} relative"
                     ));
+                    checked_kernels = Some(k);
                     None
                 }
                 Ok((_, staged)) => Some(format!("{staged:.1e} relative from the host's product")),
@@ -128,9 +132,13 @@ impl WgpuBackend {
                 plan.refuse_attend_tile(format!(
                     "attend_tile refused at load: {e:.1e} relative from the host's attention"
                 ));
+                checked_kernels = None; // the plan's kernels changed
             }
         }
-        let kernels = Kernels::load(&gpu, &plan.specs, plan.checked)?;
+        let kernels = match checked_kernels {
+            Some(k) => k,
+            None => Kernels::load(&gpu, &plan.specs, plan.checked)?,
+        };
         let model = upload_model(&gpu, weights, plan.max_slice_bytes)
             .with_context(|| format!("uploading the weights to {}", gpu.info.name))?;
         let scratch = Scratch::new(&gpu, c, plan.chunk, plan.all_logits_chunk, plan.act_f16)?;
