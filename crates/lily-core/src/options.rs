@@ -61,6 +61,9 @@ pub struct Text {
     pub env: &'static str,
     /// The flag's value name in help (`NAME`).
     pub value_name: &'static str,
+    /// The text the flag given alone stands for (`--wgpu-f16-acts` is `--wgpu-f16-acts on`:
+    /// a switch's flag turned into a text option keeps working); `None`: the flag takes a value.
+    pub alone: Option<&'static str>,
     /// The texts it takes, for errors and docs.
     pub accepted: &'static str,
     pub label: &'static str,
@@ -137,8 +140,12 @@ impl Knob {
 impl Text {
     /// The flag's help, with the value `default` shows as.
     pub fn flag_help(&self, default: &str) -> String {
+        let alone = self
+            .alone
+            .map(|a| format!("; the flag alone: {a}"))
+            .unwrap_or_default();
         format!(
-            "{} ({}) [default: {default}; env {}]",
+            "{} ({}{alone}) [default: {default}; env {}]",
             self.help, self.accepted, self.env
         )
     }
@@ -200,6 +207,9 @@ pub fn check_table<O: Options>() -> Vec<&'static str> {
         let shown = o.text(t.field).unwrap_or_default();
         let mut again = O::default();
         assert!(again.set_text(t.field, &shown), "{}", t.field);
+        if let Some(alone) = t.alone {
+            assert!(again.set_text(t.field, alone), "{}", t.field);
+        }
         names.extend(t.flag);
         names.push(t.env);
     }
@@ -269,9 +279,11 @@ pub fn readme_rows<O: Options>() -> String {
     }
     let defaults = O::default();
     for t in O::TEXTS {
-        let flag = t
-            .flag
-            .map_or("—".to_string(), |f| format!("`--{f} {}`", t.value_name));
+        let flag = match (t.flag, t.alone) {
+            (None, _) => "—".to_string(),
+            (Some(f), None) => format!("`--{f} {}`", t.value_name),
+            (Some(f), Some(alone)) => format!("`--{f} [{}]` (alone: `{alone}`)", t.value_name),
+        };
         out += &format!(
             "| {flag} | `{}={}` ({}) | {} | {} |\n",
             t.env,
@@ -303,7 +315,7 @@ macro_rules! backend_options {
         }
         texts {
             $( $tf:ident: $tt:ty = $td:expr, flag $tflag:expr, env $tenv:literal, value $tvalue:literal,
-               accepts $taccepted:literal, label $tlabel:literal, help $thelp:literal; )*
+               $(alone $talone:literal,)? accepts $taccepted:literal, label $tlabel:literal, help $thelp:literal; )*
         }
         fields {
             $( $(#[$fmeta:meta])* $ff:ident: $ft:ty = $fd:expr; )*
@@ -368,6 +380,11 @@ macro_rules! backend_options {
                 flag: $tflag,
                 env: $tenv,
                 value_name: $tvalue,
+                alone: {
+                    let alone: Option<&'static str> = None;
+                    $( let alone = Some($talone); )?
+                    alone
+                },
                 accepted: $taccepted,
                 label: $tlabel,
                 help: $thelp,

@@ -7,6 +7,15 @@
 //! the CPU's, over every position) and the greedy tokens of `--steps` decode steps (all must be
 //! identical). $LILY_SELFTEST_FAULT=DEVICE perturbs that device's results before the comparison
 //! (the tests' way to check that a disagreeing device fails the run).
+//!
+//! The GPU backends are checked as CUDA's parity mode does it: in fp32 (CUDA `--fp32-activations`;
+//! wgpu with every f16 option off: activations, KV cache, product tiles, cooperative matrices),
+//! where only the kernels' summation order differs from the CPU, against `--tolerance` (1e-3).
+//! wgpu is then checked again in the configuration it ships on this adapter (`--wgpu-*` flags
+//! as serve takes them; the plan decides the `auto` ones: f16 on Apple GPUs through Metal),
+//! where that rounds anything to f16, against `--f16-tolerance`; the report names each
+//! configuration, its bound and its error, and a failing f16 check says which flags serve in
+//! fp32.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,9 +27,23 @@ use lily_core::checkpoint::{load, LoadOptions};
 use lily_core::cpu::CpuBackend;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_cuda::{cuda_backend, CudaOptions};
-use lily_wgpu::{WgpuBackend, WgpuOptions};
+use lily_wgpu::{Choice, WgpuBackend, WgpuOptions};
 
 use crate::cli_bench::prompt;
+use crate::device::WgpuArgs;
+
+/// `--f16-tolerance`'s default: the largest relative L2 error of the logits (teacher-forced,
+/// and of the one-token steps) accepted where the configuration rounds values to f16 (2^-11
+/// relative a store, ≈ 6 stores on a layer's longest path, amplified by the random weights and
+/// the occasional near-tied routing flip that the DeltaNet state carries over a few positions).
+/// Measured with selftest's 32 positions and 16 steps, f16 activations + KV cache on lavapipe
+/// (session 18): `tiny` 3.2e-3 / 2.2e-3 (steps), `small` 2.8e-2 / 3.9e-2; f16 activations
+/// 2.5e-2 (`tiny`, seed 7) and 1.1e-2 (`small`; session 12); the f16 product tiles 1.9e-2
+/// (`small`, the H200); the full model's f16 activations 5.7e-2 from CUDA fp32 over 1,024
+/// positions (the H200). 1e-1 lies 2.5× above the largest of selftest's and 2.5× under a
+/// perturbation of ±0.5 a logit (LILY_SELFTEST_FAULT: 0.25 on `tiny`); a wrong f16 kernel (an
+/// offset, a size, a conversion) moves the logits by O(1).
+pub const F16_TOLERANCE: f64 = 1e-1;
 
 #[derive(Args)]
 pub struct SelftestArgs {
@@ -37,15 +60,24 @@ pub struct SelftestArgs {
     /// Greedy decode steps whose tokens must match the CPU's.
     #[arg(long, default_value_t = 16)]
     steps: usize,
-    /// Largest relative L2 error of the logits accepted.
+    /// Largest relative L2 error of the logits accepted in fp32 (the CPU, CUDA's fp32 mode, wgpu
+    /// with every f16 option off).
     #[arg(long, default_value_t = 1e-3)]
     tolerance: f64,
+    /// Largest relative L2 error of the logits accepted where wgpu's shipping configuration
+    /// rounds values to f16 (f16 activations, KV cache or products).
+    #[arg(long, default_value_t = F16_TOLERANCE)]
+    f16_tolerance: f64,
     /// Prompt length of the short prefill bench.
     #[arg(long, default_value_t = 128)]
     bench_prefill: usize,
     /// Decode steps of the short decode bench.
     #[arg(long, default_value_t = 32)]
     bench_decode: usize,
+    /// wgpu's shipping configuration, as serve takes it (`--wgpu-f16-acts on` checks f16
+    /// activations on any adapter with SHADER_F16).
+    #[command(flatten)]
+    wgpu: WgpuArgs,
 }
 
 /// A device's backend, or why it was skipped.
@@ -55,6 +87,27 @@ type Opened = Result<Box<dyn Backend>, String>;
 struct Outputs {
     logits: Vec<f32>,
     tokens: Vec<u32>,
+}
+
+/// The logits after the prompt `ids` and after each of `tokens` but the last fed one at a time
+/// (one-token steps: the decode kernels), i.e. teacher-forced on the reference's greedy tokens:
+/// where f16 may flip a near-tied greedy pick and the sequences part, this still compares every
+/// step's decode kernels with the CPU's.
+fn stepped_logits(b: &mut dyn Backend, ids: &[u32], tokens: &[u32]) -> Result<Vec<f32>> {
+    let seq = b.new_seq(ids.len() + tokens.len() + 1)?;
+    let r = (|| {
+        for piece in ids.chunks(16) {
+            b.prefill(seq, piece)?;
+        }
+        let mut out = b.logits(seq)?;
+        for &t in &tokens[..tokens.len().saturating_sub(1)] {
+            b.prefill(seq, &[t])?;
+            out.extend(b.logits(seq)?);
+        }
+        Ok(out)
+    })();
+    b.free_seq(seq);
+    r
 }
 
 fn run_outputs(b: &mut dyn Backend, ids: &[u32], steps: usize) -> Result<Outputs> {
@@ -120,12 +173,146 @@ fn one_line(e: &anyhow::Error) -> String {
         .join("; ")
 }
 
+/// wgpu's fp32 configuration: `shipping` with every f16 option off (activations, KV cache,
+/// product tiles, cooperative matrices' f16 operands), as CUDA's `--fp32-activations`: only the
+/// summation order differs from the CPU.
+fn fp32_options(shipping: &WgpuOptions) -> WgpuOptions {
+    WgpuOptions {
+        f16_acts: Choice::Off,
+        f16_kv: Choice::Off,
+        f16_tiles: false,
+        coop: false,
+        ..shipping.clone()
+    }
+}
+
+/// What `b`'s plan rounds to f16 (empty: nothing, fp32 throughout).
+fn f16_parts(b: &WgpuBackend) -> Vec<&'static str> {
+    let p = b.plan();
+    [
+        (p.act_f16, "f16 activations"),
+        (p.kv_f16, "f16 KV cache"),
+        (p.coop > 0, "f16 operands on cooperative matrices"),
+        (p.tile_f16 && p.coop == 0, "f16 product tiles"),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect()
+}
+
+/// The flags that serve without `parts` (`f16_parts`).
+fn fp32_flags(parts: &[&str]) -> String {
+    let flag = |part: &str| match part {
+        "f16 activations" => "--wgpu-f16-acts off",
+        "f16 KV cache" => "--wgpu-f16-kv off",
+        "f16 operands on cooperative matrices" => "--wgpu-no-coop",
+        _ => "no --wgpu-f16-tiles",
+    };
+    parts.iter().map(|p| flag(p)).collect::<Vec<_>>().join(" ")
+}
+
+/// What the reference (the CPU) gave: the teacher-forced logits and greedy tokens
+/// (`run_outputs`) and the logits of one-token steps on those tokens (`stepped_logits`).
+struct Reference {
+    outputs: Outputs,
+    stepped: Vec<f32>,
+}
+
+/// Runs the agreement check on `b` and prints its line; whether it agrees with the CPU (`want`).
+/// `f16`: `None` for fp32 (the logits within `a.tolerance`, the greedy tokens identical); for a
+/// configuration that rounds to f16, its label and bound: the logits and the one-token steps on
+/// the CPU's tokens within it, the greedy tokens reported but not required (f16 may flip a
+/// near-tied pick, and the sequences part). `label`: the configuration (wgpu's two). `fault`:
+/// perturb the outputs first (LILY_SELFTEST_FAULT).
+fn agrees(
+    b: &mut dyn Backend,
+    label: Option<&str>,
+    f16: Option<f64>,
+    ids: &[u32],
+    want: &Reference,
+    a: &SelftestArgs,
+    fault: Option<&str>,
+) -> bool {
+    let bound = f16.unwrap_or(a.tolerance);
+    let label = label
+        .map(|l| format!(" ({l}, bound {bound:e})"))
+        .unwrap_or_default();
+    let run = |b: &mut dyn Backend| -> Result<(Outputs, Option<Vec<f32>>)> {
+        let got = run_outputs(b, ids, a.steps)?;
+        let stepped = match f16 {
+            Some(_) => Some(stepped_logits(b, ids, &want.outputs.tokens)?),
+            None => None,
+        };
+        Ok((got, stepped))
+    };
+    let (mut got, mut stepped) = match run(b) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("  agreement{label}: FAILED to run: {}", one_line(&e));
+            return false;
+        }
+    };
+    if let Some(name) = fault {
+        let perturb = |v: &mut Vec<f32>| {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x += if i % 2 == 0 { 0.5 } else { -0.5 };
+            }
+        };
+        perturb(&mut got.logits);
+        if let Some(s) = stepped.as_mut() {
+            perturb(s);
+        }
+        if let Some(t) = got.tokens.last_mut() {
+            *t = (*t + 1) % b.config().vocab as u32;
+        }
+        println!("  (fault injected by LILY_SELFTEST_FAULT={name})");
+    }
+    let want_tokens = &want.outputs.tokens;
+    let err = rel_l2(&got.logits, &want.outputs.logits);
+    let same = got
+        .tokens
+        .iter()
+        .zip(want_tokens)
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (ok, steps) = match &stepped {
+        None => (err <= bound && got.tokens == *want_tokens, String::new()),
+        Some(s) => {
+            let e = rel_l2(s, &want.stepped);
+            (
+                err <= bound && e <= bound,
+                format!(" one-token steps on the CPU's tokens rel. L2 {e:.2e};"),
+            )
+        }
+    };
+    let tokens_note = if f16.is_some() && same < want_tokens.len() {
+        " (not required in f16: a near-tied pick of the random model may flip)"
+    } else {
+        ""
+    };
+    println!(
+        "  agreement{label}: logits rel. L2 {err:.2e};{steps} greedy tokens {same}/{} identical{tokens_note}: {}",
+        want_tokens.len(),
+        if ok { "ok" } else { "DISAGREES with the CPU" }
+    );
+    if !ok || same < want_tokens.len() {
+        println!("    reference tokens: {:?}", want_tokens);
+        println!("    device tokens:    {:?}", got.tokens);
+    }
+    ok
+}
+
 pub fn run(a: SelftestArgs) -> Result<()> {
     if a.prompt_len == 0 || a.steps == 0 {
         bail!("--prompt-len and --steps must be at least 1");
     }
-    if !(a.tolerance.is_finite() && a.tolerance >= 0.0) {
-        bail!("--tolerance must be a non-negative number");
+    for (flag, t) in [
+        ("--tolerance", a.tolerance),
+        ("--f16-tolerance", a.f16_tolerance),
+    ] {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("{flag} must be a non-negative number");
+        }
     }
     let weights = std::sync::Arc::new(load(&a.model, &LoadOptions::default())?);
     let config = weights.config.clone();
@@ -150,12 +337,14 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     );
     println!("model: {}", a.model.display());
     println!(
-        "check: logits of {} teacher-forced positions (rel. L2 <= {:e}) and {} greedy tokens identical to the CPU's",
-        a.prompt_len, a.tolerance, a.steps
+        "check: logits of {} teacher-forced positions (rel. L2 <= {:e} in fp32; <= {:e} where wgpu's shipping configuration rounds to f16) and {} greedy tokens identical to the CPU's",
+        a.prompt_len, a.tolerance, a.f16_tolerance, a.steps
     );
 
     let mut reference = CpuBackend::new(weights.clone());
-    let want = run_outputs(&mut reference, &ids, a.steps)?;
+    let outputs = run_outputs(&mut reference, &ids, a.steps)?;
+    let stepped = stepped_logits(&mut reference, &ids, &outputs.tokens)?;
+    let want = Reference { outputs, stepped };
     drop(reference);
 
     // The devices: (name, backend or why it was skipped).
@@ -171,31 +360,37 @@ pub fn run(a: SelftestArgs) -> Result<()> {
         "cuda",
         cuda_backend(&weights, &cuda_opts).map_err(|e| format!("not available: {}", one_line(&e))),
     ));
-    let wgpu = |allow_software| {
+    // wgpu: first in fp32 (the kernels' check), then as it ships on this adapter.
+    let shipping = a.wgpu.options();
+    let fp32 = fp32_options(&shipping);
+    let open_wgpu = |opts: &WgpuOptions, allow_software| {
         WgpuBackend::new(
             &weights,
             WgpuOptions {
                 allow_software,
-                ..WgpuOptions::default()
+                ..opts.clone()
             },
         )
-        .map(|b| Box::new(b) as Box<dyn Backend>)
     };
-    devices.push((
-        "wgpu",
-        match wgpu(false) {
-            Ok(b) => Ok(b),
-            Err(hw) if a.allow_software => {
-                wgpu(true).map_err(|e| format!("not available: {}", one_line(&e))).map_err(
-                    |sw| format!("{sw} (hardware adapter: {})", one_line(&hw)),
-                )
-            }
-            Err(hw) => Err(format!(
+    let (wgpu, software) = match open_wgpu(&fp32, false) {
+        Ok(b) => (Ok(b), false),
+        Err(hw) if a.allow_software => (
+            open_wgpu(&fp32, true)
+                .map_err(|e| format!("not available: {}", one_line(&e)))
+                .map_err(|sw| format!("{sw} (hardware adapter: {})", one_line(&hw))),
+            true,
+        ),
+        Err(hw) => (
+            Err(format!(
                 "no hardware GPU adapter ({}); a software one (lavapipe) is tested only with --allow-software",
                 one_line(&hw)
             )),
-        },
-    ));
+            false,
+        ),
+    };
+    // What the fp32 configuration still rounds to f16 (only where the environment asked).
+    let fp32_parts = wgpu.as_ref().map(f16_parts).unwrap_or_default();
+    devices.push(("wgpu", wgpu.map(|b| Box::new(b) as Box<dyn Backend>)));
 
     let mut failed = Vec::new();
     let mut skipped = Vec::new();
@@ -211,42 +406,79 @@ pub fn run(a: SelftestArgs) -> Result<()> {
         };
         println!("device: {name}");
         println!("  backend: {}", b.describe());
-        let got = match run_outputs(b.as_mut(), &ids, a.steps) {
-            Ok(mut got) => {
-                if fault == name {
-                    for (i, v) in got.logits.iter_mut().enumerate() {
-                        *v += if i % 2 == 0 { 0.5 } else { -0.5 };
-                    }
-                    if let Some(t) = got.tokens.last_mut() {
-                        *t = (*t + 1) % config.vocab as u32;
-                    }
-                    println!("  (fault injected by LILY_SELFTEST_FAULT={name})");
-                }
-                got
-            }
-            Err(e) => {
-                println!("  agreement: FAILED to run: {}", one_line(&e));
-                failed.push(name);
-                continue;
-            }
+        let fault_here = (fault == name).then_some(name);
+        let (label, f16) = match (name, fp32_parts.is_empty()) {
+            ("wgpu", true) => (Some("fp32 configuration".to_string()), None),
+            // Only where the environment asked for f16 (LILY_WGPU_F16_ACTS=on and the like).
+            ("wgpu", false) => (
+                Some(format!("{} from the environment", fp32_parts.join(", "))),
+                Some(a.f16_tolerance),
+            ),
+            _ => (None, None),
         };
-        let err = rel_l2(&got.logits, &want.logits);
-        let same = got
-            .tokens
-            .iter()
-            .zip(&want.tokens)
-            .take_while(|(x, y)| x == y)
-            .count();
-        let ok = err <= a.tolerance && got.tokens == want.tokens;
-        println!(
-            "  agreement: logits rel. L2 {err:.2e}; greedy tokens {same}/{} identical: {}",
-            want.tokens.len(),
-            if ok { "ok" } else { "DISAGREES with the CPU" }
-        );
-        if !ok {
-            println!("    reference tokens: {:?}", want.tokens);
-            println!("    device tokens:    {:?}", got.tokens);
+        if !agrees(
+            b.as_mut(),
+            label.as_deref(),
+            f16,
+            &ids,
+            &want,
+            &a,
+            fault_here,
+        ) {
             failed.push(name);
+            continue;
+        }
+        if name == "wgpu" {
+            // The configuration that ships here, where it rounds anything to f16.
+            match open_wgpu(&shipping, software) {
+                Err(e) => {
+                    println!("  shipping configuration: FAILED to open: {}", one_line(&e));
+                    failed.push(name);
+                    continue;
+                }
+                Ok(ship) => {
+                    let parts = f16_parts(&ship);
+                    if parts.is_empty() {
+                        let why: Vec<&str> = ship
+                            .plan()
+                            .notes
+                            .iter()
+                            .map(String::as_str)
+                            .filter(|n| n.starts_with("f16 "))
+                            .collect();
+                        println!(
+                            "  shipping configuration: the fp32 one ({})",
+                            if why.is_empty() {
+                                "no f16 asked for".to_string()
+                            } else {
+                                why.join("; ")
+                            }
+                        );
+                    } else {
+                        let mut ship: Box<dyn Backend> = Box::new(ship);
+                        println!("  backend (shipping configuration): {}", ship.describe());
+                        let label = format!("shipping configuration: {}", parts.join(", "));
+                        if !agrees(
+                            ship.as_mut(),
+                            Some(&label),
+                            Some(a.f16_tolerance),
+                            &ids,
+                            &want,
+                            &a,
+                            fault_here,
+                        ) {
+                            println!(
+                                "    the fp32 configuration agrees: to serve in it, run with {} (and please report this output)",
+                                fp32_flags(&parts)
+                            );
+                            failed.push(name);
+                            continue;
+                        }
+                        // The speed of what ships.
+                        b = ship;
+                    }
+                }
+            }
         }
         match bench(b.as_mut(), &bench_ids, a.bench_decode.max(1)) {
             Ok((p, d)) => println!(

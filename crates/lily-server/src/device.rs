@@ -137,13 +137,17 @@ impl<O: Options> clap::Args for OptionArgs<O> {
                     }
                 };
                 let default = defaults.text(t.field).unwrap_or_default();
-                cmd = cmd.arg(
-                    Arg::new(t.key)
-                        .long(flag)
-                        .value_name(t.value_name)
-                        .value_parser(parse)
-                        .help(t.flag_help(&default)),
-                );
+                let mut arg = Arg::new(t.key)
+                    .long(flag)
+                    .value_name(t.value_name)
+                    .value_parser(parse)
+                    .help(t.flag_help(&default));
+                if let Some(alone) = t.alone {
+                    // The flag alone stands for this text (a switch's flag that became a text
+                    // option keeps working).
+                    arg = arg.num_args(0..=1).default_missing_value(alone);
+                }
+                cmd = cmd.arg(arg);
             }
         }
         cmd
@@ -263,7 +267,7 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    use lily_wgpu::DeviceLimits;
+    use lily_wgpu::{Choice, DeviceLimits};
 
     #[derive(Parser)]
     struct Cli {
@@ -310,9 +314,9 @@ mod tests {
                 chunk: 256,
                 attn_tile: false,
                 subgroups: false,
-                f16_kv: true,
+                f16_kv: Choice::On,
                 f16_tiles: true,
-                f16_acts: true,
+                f16_acts: Choice::On,
                 coop: false,
                 attn_flat: false,
                 attn_split: false,
@@ -333,6 +337,28 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("adapter or apple"), "{err}");
+        // The f16 choices take a value too (alone: on).
+        let o = Cli::parse_from([
+            "lily-engine",
+            "--wgpu-f16-acts",
+            "off",
+            "--wgpu-f16-kv=auto",
+        ])
+        .backend;
+        assert_eq!(
+            (o.wgpu.options().f16_acts, o.wgpu.options().f16_kv),
+            (Choice::Off, Choice::Auto)
+        );
+        let o = Cli::parse_from(["lily-engine", "--wgpu-f16-kv", "on", "--wgpu-f16-acts"]).backend;
+        assert_eq!(
+            (o.wgpu.options().f16_acts, o.wgpu.options().f16_kv),
+            (Choice::On, Choice::On)
+        );
+        let err = Cli::try_parse_from(["lily-engine", "--wgpu-f16-acts", "yes"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("auto, on or off"), "{err}");
         assert!(Cli::try_parse_from(["lily-engine", "--wgpu-prefill-chunk", "0"]).is_err());
         // Debugging and measuring aids are environment only.
         assert!(Cli::try_parse_from(["lily-engine", "--wgpu-checked"]).is_err());

@@ -17,6 +17,7 @@ use crate::forward::{
 };
 use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
+use crate::options::Choice;
 use crate::plan::{
     attend_gqa_spec, attend_tile_spec, split_workgroups, DeviceCaps, MmTile, Plan,
     PrefillAttention, SplitRule, WgpuOptions,
@@ -73,7 +74,10 @@ impl WgpuBackend {
             opts.profile,
             opts.limits,
             opts.subgroups,
-            opts.f16_kv || opts.f16_tiles || opts.f16_acts || opts.coop,
+            opts.f16_kv != Choice::Off
+                || opts.f16_tiles
+                || opts.f16_acts != Choice::Off
+                || opts.coop,
             opts.coop,
         )?;
         let c = &weights.config;
@@ -83,6 +87,7 @@ impl WgpuBackend {
             f16: gpu.f16,
             device_type: gpu.info.device_type,
             coop: gpu.coop,
+            metal: gpu.info.backend == wgpu::Backend::Metal,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
         // The kernels the coop check loaded, kept for the backend while its plan stands.

@@ -24,5 +24,5 @@ pub mod weights;
 pub use backend::WgpuBackend;
 pub use gpu::DeviceLimits;
 pub use gpu::{adapters_found, describe_adapter, profile};
-pub use options::WgpuOptions;
+pub use options::{Choice, WgpuOptions};
 pub use plan::Plan;

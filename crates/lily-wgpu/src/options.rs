@@ -9,9 +9,10 @@
 //!
 //! Environment overrides are read in one function (`WgpuOptions::with_env_overrides`, i.e.
 //! `lily_core::options::with_overrides`; `WgpuBackend::new` applies it): a switch's variable set
-//! to `1` or `0` sets it (`LILY_WGPU_F16_KV=1` turns `f16_kv` on), a knob's sets it when it is a
-//! number the knob accepts, a text option's when it is a text the option takes; anything else
-//! leaves the option as it is.
+//! to `1` or `0` sets it (`LILY_WGPU_COOP=0` turns `coop` off), a knob's sets it when it is a
+//! number the knob accepts, a text option's when it is a text the option takes
+//! (`LILY_WGPU_F16_KV=on`, or `1` as when it was a switch); anything else leaves the option as it
+//! is.
 
 use lily_core::options::TextValue;
 
@@ -24,6 +25,47 @@ use crate::gpu::DeviceLimits;
 /// projections' output) is 101 MB at 2048, under the 128 MiB binding limit wgpu assumes by
 /// default.
 pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
+
+/// An option the plan decides per adapter unless asked: `auto` (the plan's rule, its reason in
+/// the plan line), `on` or `off`. `1` and `0` are taken as `on` and `off` (the variables of the
+/// switches these options replaced: `LILY_WGPU_F16_ACTS=1` still turns f16 activations on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Auto,
+    On,
+    Off,
+}
+
+impl Choice {
+    /// The resolved side, as the plan's options show it.
+    pub fn of(on: bool) -> Choice {
+        if on {
+            Choice::On
+        } else {
+            Choice::Off
+        }
+    }
+}
+
+impl TextValue for Choice {
+    fn parse_text(text: &str) -> Option<Self> {
+        match text {
+            "auto" => Some(Choice::Auto),
+            "on" | "1" => Some(Choice::On),
+            "off" | "0" => Some(Choice::Off),
+            _ => None,
+        }
+    }
+
+    fn show_text(&self) -> String {
+        match self {
+            Choice::Auto => "auto",
+            Choice::On => "on",
+            Choice::Off => "off",
+        }
+        .to_string()
+    }
+}
 
 /// `adapter` (the adapter's own limits) or `apple` (each capped at an Apple GPU's).
 impl TextValue for DeviceLimits {
@@ -59,18 +101,10 @@ lily_core::backend_options! {
             label "subgroup reductions",
             help "the workgroup reductions (norms, softmax, the greedy pick, row totals) on subgroups (reduce_subgroup.wgsl) where the adapter has them, instead of through workgroup memory (reduce_workgroup.wgsl)",
             why "issue 29's design, not yet measured on a GPU (session 10: the A/B to run); the workgroup-memory form serves adapters without subgroups";
-        f16_kv = false, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV" = true,
-            label "f16 KV cache",
-            help "the KV cache in f16 where the adapter has SHADER_F16 (scores, softmax and sums in f32), instead of f32",
-            why "off: on the H200 through Vulkan it moved `small`'s logits 4.5e-3 from the CPU's (f32 cache 6.4e-6; selftest's bound 1e-3, session 10); on only once it scores at HF bf16's level over 1,024 full-shape positions";
         f16_tiles = false, flag Some("wgpu-f16-tiles"), env "LILY_WGPU_F16_TILES" = true,
             label "f16 tiles",
             help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, each expert's tiles sized by its load; instead of f32 tiles (dense 32, experts 16)",
             why "off: not yet measured on a GPU (issue 29 deliverable 5; predicted no faster on the H200 through Vulkan, where each f16 element read back costs a conversion: docs/perf-notes.md, session 11 wgpu-prefill); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
-        f16_acts = false, flag Some("wgpu-f16-acts"), env "LILY_WGPU_F16_ACTS" = true,
-            label "f16 activations",
-            help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 where the adapter has SHADER_F16, instead of f32; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32",
-            why "off: not yet measured on a GPU (issue 29 deliverable 2; prediction in docs/perf-notes.md, session 12 wgpu-f16act); rounds each stored activation to f16 (2^-11 relative: lavapipe's tiny logits 1e-3-level from the CPU's, see the crate README); on only once it wins its A/B (scripts/wgpu_f16_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 activations serve adapters without SHADER_F16";
         coop = true, flag Some("wgpu-no-coop"), env "LILY_WGPU_COOP" = true,
             label "cooperative matrices",
             help "prefill's product tiles (linear_q4_mm's launches) on cooperative matrices, linear_q4_coop.wgsl (f16 × f16 → f32 on the adapter's matrix units: 16 × 16 on NVIDIA Vulkan, 8 × 8 on Metal), where the adapter reports wgpu's experimental cooperative-matrix feature with a fitting configuration, SHADER_F16 and subgroups of 32, and its check at load passes; instead of linear_q4_mm.wgsl",
@@ -109,6 +143,12 @@ lily_core::backend_options! {
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
     }
     texts {
+        f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
+            value "WHEN", alone "on", accepts "auto, on or off, or 1 / 0", label "f16 KV cache",
+            help "the KV cache in f16 (scores, softmax and sums in f32) instead of f32, where the adapter has SHADER_F16: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal, off elsewhere until measured with coop on; the plan line says which and why), on and off force it";
+        f16_acts: Choice = Choice::Auto, flag Some("wgpu-f16-acts"), env "LILY_WGPU_F16_ACTS",
+            value "WHEN", alone "on", accepts "auto, on or off, or 1 / 0", label "f16 activations",
+            help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 instead of f32, where the adapter has SHADER_F16; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal, off elsewhere until measured with coop on; the plan line says which and why), on and off force it";
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
             value "LIMITS", accepts "adapter or apple", label "limits",
             help "the limits the device is created with: the adapter's own, or each capped at an Apple GPU's through Metal (32 KiB of workgroup memory; the contract CI checks without a Mac)";
@@ -121,6 +161,9 @@ lily_core::backend_options! {
         all_logits_chunk: usize = 32;
         /// Whether a software adapter (lavapipe) may be used (`--device auto` says no).
         allow_software: bool = true;
+        /// Resolve the `auto` choices (`f16_acts`, `f16_kv`) as for an Apple GPU through Metal on
+        /// any adapter (tests/apple_limits.rs: the configuration a Mac gets, on lavapipe in CI).
+        auto_as_apple: bool = false;
         /// Cut weights into slices of at most this many bytes even where the device binds more
         /// (tests: exercises the sliced path on a tiny model).
         max_slice_bytes: Option<u64> = None;
@@ -155,9 +198,10 @@ mod tests {
                 profile: false,
                 limits: DeviceLimits::Adapter,
                 subgroups: true,
-                f16_kv: false,
+                f16_kv: Choice::Auto,
                 f16_tiles: false,
-                f16_acts: false,
+                f16_acts: Choice::Auto,
+                auto_as_apple: false,
                 coop: true,
                 attn_flat: true,
                 attn_split: true,
@@ -191,7 +235,7 @@ mod tests {
             ("LILY_WGPU_SUBGROUPS", "0"),
             ("LILY_WGPU_F16_KV", "1"),
             ("LILY_WGPU_F16_TILES", "1"),
-            ("LILY_WGPU_F16_ACTS", "1"),
+            ("LILY_WGPU_F16_ACTS", "off"),
             ("LILY_WGPU_COOP", "0"),
             ("LILY_WGPU_DENSE_TILE", "64"),
             ("LILY_WGPU_ATTN_FLAT", "0"),
@@ -209,9 +253,9 @@ mod tests {
                 profile: true,
                 limits: DeviceLimits::Apple,
                 subgroups: false,
-                f16_kv: true,
+                f16_kv: Choice::On,
                 f16_tiles: true,
-                f16_acts: true,
+                f16_acts: Choice::Off,
                 coop: false,
                 dense_tile: 64,
                 attn_flat: false,
@@ -227,12 +271,33 @@ mod tests {
         let o = WgpuOptions::default()
             .with_overrides(env(&[("LILY_WGPU_PROFILE", "0"), ("LILY_PROFILE", "1")]));
         assert!(!o.profile);
+        // The f16 choices take the texts and a switch's 1 / 0 (the variables they had as
+        // switches).
+        for (text, choice) in [
+            ("auto", Choice::Auto),
+            ("on", Choice::On),
+            ("1", Choice::On),
+            ("off", Choice::Off),
+            ("0", Choice::Off),
+        ] {
+            let asked = WgpuOptions {
+                f16_acts: Choice::Off,
+                f16_kv: Choice::On,
+                ..WgpuOptions::default()
+            };
+            let o = asked.with_overrides(env(&[
+                ("LILY_WGPU_F16_ACTS", text),
+                ("LILY_WGPU_F16_KV", text),
+            ]));
+            assert_eq!((o.f16_acts, o.f16_kv), (choice, choice), "{text}");
+        }
         // Values that are not the documented ones change nothing.
         let o = WgpuOptions::default().with_overrides(env(&[
             ("LILY_WGPU_CHUNK", "0"),
             ("LILY_WGPU_ATTN_TILE", "yes"),
             ("LILY_WGPU_LIMITS", "metal"),
             ("LILY_WGPU_DENSE_TILE", "48"),
+            ("LILY_WGPU_F16_ACTS", "yes"),
         ]));
         assert_eq!(o, WgpuOptions::default());
         // The environment sets the side a flag's options did not.
@@ -257,20 +322,19 @@ mod tests {
     #[test]
     fn describe_names_every_option() {
         let d = WgpuOptions {
-            f16_kv: false,
+            f16_kv: Choice::Off,
             chunk: 512,
             limits: DeviceLimits::Apple,
             ..WgpuOptions::default()
         }
         .describe();
         assert!(
-            d.starts_with(
-                "attend_tile on, subgroup reductions on, f16 KV cache off, f16 tiles off, f16 activations off,"
-            ),
+            d.starts_with("attend_tile on, subgroup reductions on, f16 tiles off,"),
             "{d}"
         );
         assert!(
-            d.contains("prefill chunk 512") && d.ends_with("limits apple, adapter any"),
+            d.contains("prefill chunk 512")
+                && d.ends_with("f16 KV cache off, f16 activations auto, limits apple, adapter any"),
             "{d}"
         );
         assert_eq!(

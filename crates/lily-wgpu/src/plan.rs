@@ -39,13 +39,18 @@
 //!   sessions 15–16): lm_head's 32 / 64 rows a workgroup, linear_q4_rows' flat and deep reads,
 //!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
 //!   out_proj and dn_recur_norm's early reads.
-//! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl), the
-//!   KV cache in f16 where it has SHADER_F16: both the issue's design (29), neither measured on a
-//!   GPU yet (session 10 in docs/perf-notes.md: the A/B to run); each has its switch.
+//! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
+//!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
+//! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
+//!   or `off`) where the adapter has SHADER_F16 and `f16_rule` says so for its kind: on for Apple
+//!   GPUs through Metal (the issue's deliverable 2, the seed's precision), off on the others
+//!   until their A/B with `coop` on decides; the DeltaNet state, the residual stream and every
+//!   sum stay f32.
 
 use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
+use crate::options::Choice;
 use crate::shaders::{Form, Spec};
 use crate::weights::{Fused, GpuLinear, GpuMoe};
 
@@ -61,6 +66,50 @@ pub struct DeviceCaps {
     pub device_type: wgpu::DeviceType,
     /// The cooperative matrices enabled: their size (16 or 8; `gpu::coop_size`), or 0.
     pub coop: u32,
+    /// Whether the adapter runs through wgpu's Metal backend (an Apple GPU): `f16_rule`'s
+    /// `auto` turns f16 on there.
+    pub metal: bool,
+}
+
+/// Where an f16 option (`f16_acts`, `f16_kv`) set to `auto` is on: the one rule for both, by the
+/// adapter's kind.
+/// - Apple GPUs through Metal: on. Their f16 arithmetic runs at full rate (f32's, with half the
+///   registers) and memory is shared with the CPU at 68–800 GB/s, so the bytes f16 saves
+///   (half the KV cache's and the activations' reads and writes, half the cache's memory) are
+///   the decode's currency; the seed and MLX run f16 / bf16 activations there; measured on the
+///   H200 through Vulkan, f16 activations agree with CUDA fp32 far inside HF transformers bf16's
+///   bar (0.0569 against 0.246 relative L2 over 1,024 full-shape positions, docs/perf-notes.md,
+///   issue 29). Never run on a Mac yet.
+/// - Any other adapter: off until its A/B with `coop` on decides (on the H200 through Vulkan,
+///   before `coop`: decode +2.6 %, prefill −3.8 % at 4K; scripts/wgpu_f16_ab.sh measures it).
+///
+/// `on` and `off` force it; without SHADER_F16 it is off whatever was asked. Returns whether it
+/// is on and the reason for the plan line where the plan decided or refused (`None` where the
+/// option forced it and the adapter obliged). `as_apple`: resolve `auto` as on Apple's
+/// (`WgpuOptions::auto_as_apple`, tests).
+pub fn f16_rule(
+    choice: Choice,
+    device: &DeviceCaps,
+    as_apple: bool,
+) -> (bool, Option<&'static str>) {
+    match (choice, device.f16) {
+        (Choice::Off, _) => (false, None),
+        (_, false) => (false, Some("the adapter lacks SHADER_F16")),
+        (Choice::On, true) => (true, None),
+        (Choice::Auto, true) if device.metal => (
+            true,
+            Some(
+                "Apple GPUs through Metal: f16 at full rate, half the bytes; the seed's precision",
+            ),
+        ),
+        (Choice::Auto, true) if as_apple => {
+            (true, Some("Apple GPUs' default, asked for on this adapter"))
+        }
+        (Choice::Auto, true) => (
+            false,
+            Some("not yet measured with coop on this adapter kind"),
+        ),
+    }
 }
 
 /// Items per tile of linear_q4_mm.wgsl (its `TT` override); 64 rows a workgroup either way.
@@ -564,7 +613,20 @@ impl Plan {
     ) -> Result<Plan> {
         let limits = &device.limits;
         let subgroups = device.subgroups && opts.subgroups;
-        let kv_f16 = device.f16 && opts.f16_kv;
+        let mut notes = Vec::new();
+        // The f16 choices (`auto`: the adapter's kind decides), each with its reason in the line.
+        let mut f16 = |label: &str, choice: Choice| {
+            let (on, why) = f16_rule(choice, device, opts.auto_as_apple);
+            if let Some(why) = why {
+                notes.push(format!(
+                    "{label}: {} ({why})",
+                    if on { "on" } else { "off" }
+                ));
+            }
+            on
+        };
+        let act_f16 = f16("f16 activations", opts.f16_acts);
+        let kv_f16 = f16("f16 KV cache", opts.f16_kv);
         // Cooperative matrices (`coop`) where the device enabled them: linear_q4_coop.wgsl in
         // linear_q4_mm's place at every tile size, its operands staged in f16 (so the f16
         // tiles' sizes: dense 64, each expert's by its load).
@@ -574,8 +636,6 @@ impl Plan {
             0
         };
         let tile_f16 = device.f16 && (opts.f16_tiles || coop > 0);
-        let act_f16 = device.f16 && opts.f16_acts;
-        let mut notes = Vec::new();
         // The dense products' tiles: as asked (`dense_tile`), else 64 in f16 (the bytes of f32's
         // 32), else 32; tiles of 64 only where they fit the device's workgroup memory.
         let mut dense_mm = match opts.dense_tile {
@@ -737,9 +797,9 @@ impl Plan {
         let options = WgpuOptions {
             attn_tile: attend_tile_on(prefill_attention),
             subgroups,
-            f16_kv: kv_f16,
+            f16_kv: Choice::of(kv_f16),
             f16_tiles: tile_f16,
-            f16_acts: act_f16,
+            f16_acts: Choice::of(act_f16),
             coop: coop > 0,
             dense_tile: dense_mm.items(),
             ..opts.clone()

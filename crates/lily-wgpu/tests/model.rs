@@ -4,10 +4,13 @@
 //! (scripts/test.sh). Without any adapter they are skipped with a message, except under CI=true,
 //! where a missing adapter fails them.
 //!
-//! The wgpu backend keeps fp32 activations and differs from the CPU in summation order and, where
-//! the adapter has f16 (lavapipe does), in the KV cache's f16 rounding, so logits must agree
-//! within 1e-3 relative (L2 over all positions); with an f32 cache within 2e-5
-//! (`kv_cache_in_f16_and_f32_match_cpu`).
+//! With its defaults on a non-Apple adapter (lavapipe) the wgpu backend keeps fp32 activations and
+//! KV cache and differs from the CPU in summation order only, so logits must agree within 1e-3
+//! relative (L2 over all positions; an f32 cache: 2e-5, `kv_cache_in_f16_and_f32_match_cpu`).
+//! tests/apple_limits.rs runs these tests in the configuration a Mac gets (the plan's `auto`
+//! resolved as on Apple's: f16 activations and KV cache, lavapipe has SHADER_F16), each test's
+//! tolerance taken from the plan (`support::Bounds`: logits 5e-2, a kernel `F16_STORE`); the
+//! tests of one precision option set the others explicitly.
 
 use std::sync::Arc;
 
@@ -18,12 +21,12 @@ use lily_core::synth::{Preset, SynthFormat};
 use lily_core::weights::ModelWeights;
 use lily_wgpu::plan::MmTile;
 use lily_wgpu::probes::F16_STORE;
-use lily_wgpu::{WgpuBackend, WgpuOptions};
+use lily_wgpu::{Choice, WgpuBackend, WgpuOptions};
 
 // A path from this file's directory: tests/apple_limits.rs includes this file as a module.
 #[path = "support/mod.rs"]
 mod support;
-use support::{rel_l2, synth_model, synth_model_layers, wgpu_backend_with, Rng};
+use support::{rel_l2, synth_model, synth_model_layers, wgpu_backend_with, Bounds, Rng};
 
 /// `n` greedy tokens decoded from sequence `s` of `b`.
 fn greedy_tokens(b: &mut dyn Backend, s: lily_core::backend::SeqId, n: usize) -> Vec<u32> {
@@ -35,6 +38,44 @@ fn greedy_tokens(b: &mut dyn Backend, s: lily_core::backend::SeqId, n: usize) ->
     })
     .unwrap();
     out
+}
+
+/// `n` greedy tokens of `gpu` (its sequence `gs`) against the CPU at the same point (its sequence
+/// `cs`, which moves on as `gs` does): in fp32 (`Bounds::near_tie` `None`) the CPU's own greedy
+/// tokens; with f16 activations, the CPU fed the GPU's tokens one by one, each of which must be
+/// the CPU's largest logit there or within a near tie of it (`near_tie` × the row's RMS), since
+/// f16's rounding may flip a near-tied pick of a random-weight model and the sequences part
+/// after it. Returns the GPU's tokens.
+fn assert_greedy_as_cpu(
+    cpu: &mut CpuBackend,
+    cs: lily_core::backend::SeqId,
+    gpu: &mut WgpuBackend,
+    gs: lily_core::backend::SeqId,
+    n: usize,
+    what: &str,
+) -> Vec<u32> {
+    let bounds = Bounds::of(gpu.plan());
+    let got = greedy_tokens(gpu, gs, n);
+    let Some(tie) = bounds.near_tie else {
+        assert_eq!(got, greedy_tokens(cpu, cs, n), "{what}: greedy tokens");
+        return got;
+    };
+    let mut flips = 0;
+    for (i, &t) in got.iter().enumerate() {
+        let row = cpu.logits(cs).unwrap();
+        let best = lily_core::sampling::argmax(&row);
+        let rms = (row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32).sqrt();
+        let gap = row[best as usize] - row[t as usize];
+        assert!(
+            gap <= tie * rms,
+            "{what}: step {i}: the GPU picked {t}, {gap} under the CPU's best {best} (near tie: {})",
+            tie * rms
+        );
+        flips += (gap > 0.0) as usize;
+        cpu.prefill(cs, &[t]).unwrap();
+    }
+    println!("{what}: {n} greedy picks the CPU's or near-tied ({flips} near ties taken)");
+    got
 }
 
 /// Positions whose largest logit is at the same id in `got` and `want` (rows of `vocab`).
@@ -74,9 +115,10 @@ fn logits_match_cpu(w: Arc<ModelWeights>, positions: usize, chunk: usize) {
     println!(
         "logits rel_l2 {e:.3e} over {positions} positions, top-1 agreement {same}/{positions}"
     );
+    let bound = Bounds::of(gpu.plan()).logits;
     assert!(
-        e < 1e-3,
-        "logits differ from the CPU by {e:.3e} (relative L2)"
+        e < bound,
+        "logits differ from the CPU by {e:.3e} (relative L2; bound {bound:e})"
     );
     assert_eq!(gpu.seq_len(gs).unwrap(), positions);
     // The pending logits are the last position's.
@@ -131,7 +173,7 @@ fn logits_match_cpu_with_either_prefill_attention() {
         println!("logits rel_l2 {e:.3e} over {positions} positions (attend_tile {tile})");
         println!("plan: {}", gpu.plan().describe());
         assert!(
-            e < 1e-3,
+            e < Bounds::of(gpu.plan()).logits,
             "logits differ from the CPU by {e:.3e} (attend_tile {tile})"
         );
     }
@@ -150,7 +192,6 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
     let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
     let cs = cpu.new_seq(positions + 12).unwrap();
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let want_tokens = greedy_tokens(&mut cpu, cs, 8);
     let mut forms = Vec::new();
     for subgroups in [true, false] {
         let Some(mut gpu) = wgpu_backend_with(
@@ -165,6 +206,7 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
             return;
         };
         let on = gpu.plan().subgroups;
+        let b = Bounds::of(gpu.plan());
         assert!(subgroups || !on, "subgroups turned off but in use");
         forms.push(on);
         let gs = gpu.new_seq(positions + 12).unwrap();
@@ -172,23 +214,22 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
         let e = rel_l2(&got, &want);
         println!("reductions on subgroups {on}: logits rel_l2 {e:.3e} over {positions} positions");
         assert!(
-            e < 1e-3,
+            e < b.logits,
             "subgroups {on}: logits differ from the CPU by {e:.3e}"
         );
-        assert_eq!(
-            greedy_tokens(&mut gpu, gs, 8),
-            want_tokens,
-            "subgroups {on}: greedy tokens"
-        );
+        let cs2 = cpu.new_seq(positions + 12).unwrap();
+        cpu.prefill(cs2, &tokens).unwrap();
+        assert_greedy_as_cpu(&mut cpu, cs2, &mut gpu, gs, 8, &format!("subgroups {on}"));
+        cpu.free_seq(cs2);
         let (att, _) = gpu.check_attention().unwrap();
         assert!(
-            att < 1e-5,
+            att < b.kernel,
             "subgroups {on}: attention differs from the host by {att:.2e}"
         );
         // The row kernels' totals and the GLU's own routing (its workgroup argmax) in this form.
         let (mm, rows) = gpu.check_products().unwrap();
         assert!(
-            mm < 1e-5 && rows < 1e-5,
+            mm < b.kernel && rows < b.kernel,
             "subgroups {on}: products differ from the host by {mm:.2e} / {rows:.2e}"
         );
     }
@@ -198,8 +239,8 @@ fn reductions_on_subgroups_and_in_workgroup_memory_match_cpu() {
     }
 }
 
-/// The KV cache in f16 (the default where the adapter has SHADER_F16; lavapipe has it) and in
-/// f32 (`WgpuOptions::f16_kv` false, the fallback): teacher-forced logits against the CPU's fp32
+/// The KV cache in f16 (`WgpuOptions::f16_kv` on, where the adapter has SHADER_F16; lavapipe
+/// has it) and in f32 (off, the fallback), the activations in f32: teacher-forced logits against the CPU's fp32
 /// over 90 positions in chunks of 32 (f32: the summation-order bound 2e-5; f16: within 1e-3, as
 /// every model test), then 8 greedy tokens equal to the CPU's.
 #[test]
@@ -212,20 +253,23 @@ fn kv_cache_in_f16_and_f32_match_cpu() {
     let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
     let want_tokens = greedy_tokens(&mut cpu, cs, 8);
     let mut forms = Vec::new();
-    for f16_kv in [true, false] {
+    for f16_kv in [Choice::On, Choice::Off] {
         let Some(mut gpu) = wgpu_backend_with(
             &w,
             WgpuOptions {
                 chunk: 32,
                 all_logits_chunk: 32,
                 f16_kv,
+                // The cache alone in f16 (tests/apple_limits.rs would take Apple's f16
+                // activations too).
+                f16_acts: Choice::Off,
                 ..WgpuOptions::default()
             },
         ) else {
             return;
         };
         let on = gpu.plan().kv_f16;
-        assert!(f16_kv || !on, "f16 KV turned off but in use");
+        assert!(f16_kv == Choice::On || !on, "f16 KV turned off but in use");
         forms.push(on);
         let gs = gpu.new_seq(positions + 12).unwrap();
         let got = gpu.prefill_all_logits(gs, &tokens).unwrap();
@@ -315,6 +359,10 @@ fn prefill_tiles_in_f16_and_f32_match_cpu() {
                 all_logits_chunk: 512,
                 f16_tiles,
                 dense_tile,
+                // The tiles alone in f16 (tests/apple_limits.rs would take Apple's f16
+                // activations and KV cache too).
+                f16_acts: Choice::Off,
+                f16_kv: Choice::Off,
                 ..WgpuOptions::default()
             },
         ) else {
@@ -435,6 +483,9 @@ fn coop_products_and_logits_match_cpu() {
         all_logits_chunk: 512,
         f16_tiles: true,
         coop,
+        // The products alone in f16 (as the f16 tiles' test).
+        f16_acts: Choice::Off,
+        f16_kv: Choice::Off,
         ..WgpuOptions::default()
     };
     let Some(mut gpu) = wgpu_backend_with(&w, opts(true)) else {
@@ -512,7 +563,7 @@ fn coop_kernel_emulated_matches_the_host() {
         let Some(gpu) = wgpu_backend_with(
             &w,
             WgpuOptions {
-                f16_acts,
+                f16_acts: Choice::of(f16_acts),
                 // The device with SHADER_F16 (the kernel stages in f16).
                 f16_tiles: true,
                 ..WgpuOptions::default()
@@ -556,7 +607,7 @@ fn coop_kernel_emulated_matches_the_host() {
 }
 
 /// The activations between kernels in f16 (`f16_acts`, where the adapter has SHADER_F16;
-/// lavapipe has it) and in f32 (the fallback, the default), the f16 activations alone and with
+/// lavapipe has it) and in f32 (the fallback), the f16 activations alone and with
 /// the f16 KV cache: teacher-forced logits against the CPU's fp32 on `tiny` (MLX: 90 positions
 /// in chunks of 32; HF bf16 weights, the general product kernel: 40 in chunks of 16), then 8
 /// greedy tokens (decode's kernels: the row products in their forms that read the residual
@@ -583,8 +634,8 @@ fn activations_in_f16_and_f32_match_cpu() {
                 WgpuOptions {
                     chunk,
                     all_logits_chunk: chunk,
-                    f16_acts,
-                    f16_kv,
+                    f16_acts: Choice::of(f16_acts),
+                    f16_kv: Choice::of(f16_kv),
                     ..WgpuOptions::default()
                 },
             ) else {
@@ -659,13 +710,14 @@ fn product_kernels_match_the_host() {
         return;
     };
     let (fp32, rows) = gpu.check_products().unwrap();
+    let bound = Bounds::of(gpu.plan()).kernel;
     println!("4-bit products vs the host's: linear_q4_mm {fp32:.2e}, linear_q4_rows {rows:.2e}");
     assert!(
-        fp32 < 1e-5,
+        fp32 < bound,
         "linear_q4_mm differs from the host by {fp32:.2e}"
     );
     assert!(
-        rows < 1e-5,
+        rows < bound,
         "linear_q4_rows differs from the host by {rows:.2e}"
     );
 }
@@ -695,15 +747,16 @@ fn moe_kernels_with_and_without_early_reads_match_the_host() {
         assert_eq!((o.rows_early, o.glu_early), (early, early));
         let (_, rows) = gpu.check_products().unwrap();
         let down = gpu.check_down_rows().unwrap();
+        let bound = Bounds::of(gpu.plan()).kernel;
         println!(
             "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
         );
         assert!(
-            rows < 1e-5,
+            rows < bound,
             "linear_q4_rows or linear_q4_glu_rows (early {early}) differs from the host by {rows:.2e}"
         );
         assert!(
-            down < 1e-5,
+            down < bound,
             "moe_down_rows differs from the host by {down:.2e}"
         );
     }
@@ -731,7 +784,11 @@ fn deltanet_step_matches_the_host() {
             dn = dn.max(st.y_err).max(st.state_err);
         }
         println!("subgroups {subgroups}: dn_recur_norm {dn:.2e}");
-        assert!(dn < 1e-5, "dn_recur_norm differs from the host by {dn:.2e}");
+        let bound = Bounds::of(gpu.plan()).kernel;
+        assert!(
+            dn < bound,
+            "dn_recur_norm differs from the host by {dn:.2e}"
+        );
     }
 }
 
@@ -752,7 +809,7 @@ fn attention_kernels_match_the_host() {
         "attend_tile with blocks of 16 keys (Apple's) fits every device"
     );
     assert!(
-        e < 1e-5,
+        e < Bounds::of(gpu.plan()).kernel,
         "attend_gqa or attend_tile differs from the host by {e:.2e}"
     );
 }
@@ -776,10 +833,9 @@ fn long_chunks_and_split_attention_match_cpu() {
     let got = gpu.logits(gs).unwrap();
     let e = rel_l2(&got, &want);
     println!("300 positions in chunks of 128: last logits rel_l2 {e:.3e}");
-    assert!(e < 1e-3, "logits differ from the CPU by {e:.3e}");
-    let want = greedy_tokens(&mut cpu, cs, 8);
-    let got = greedy_tokens(&mut gpu, gs, 8);
-    assert_eq!(got, want, "greedy tokens after 300 positions");
+    let bound = Bounds::of(gpu.plan()).logits;
+    assert!(e < bound, "logits differ from the CPU by {e:.3e}");
+    assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 8, "after 300 positions");
 }
 
 /// Decode attention with its reads flat (`attn_flat`) and its keys split by the plan
@@ -827,7 +883,8 @@ fn decode_attention_flat_and_split_match_cpu() {
     ] {
         let e = rel_l2(got, &want);
         println!("decode attention {name}: last logits rel_l2 {e:.3e}");
-        assert!(e < 1e-3, "{name}: logits differ from the CPU by {e:.3e}");
+        let bound = Bounds::of(both.plan()).logits;
+        assert!(e < bound, "{name}: logits differ from the CPU by {e:.3e}");
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(
@@ -840,9 +897,7 @@ fn decode_attention_flat_and_split_match_cpu() {
         bits(&split),
         "attn_flat changed attn_split's logits"
     );
-    let want = greedy_tokens(&mut cpu, cs, 8);
-    let got = greedy_tokens(&mut both, bs, 8);
-    assert_eq!(got, want, "greedy tokens with attn_flat and attn_split");
+    assert_greedy_as_cpu(&mut cpu, cs, &mut both, bs, 8, "attn_flat and attn_split");
 }
 
 /// The device sampler (sample_adjust.wgsl, sample_pick.wgsl) against the host's
@@ -1041,9 +1096,10 @@ fn greedy_tokens_match_cpu_over_32_steps() {
     let got = run(&mut gpu);
     let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
     assert_eq!(ids(&got), ids(&want), "greedy tokens differ");
+    let bound = Bounds::of(gpu.plan()).logits as f32;
     for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
         assert!(
-            (g - c).abs() < 1e-3 * (1.0 + c.abs()),
+            (g - c).abs() < bound * (1.0 + c.abs()),
             "step {i}: logprob {g} vs {c}"
         );
     }
@@ -1108,6 +1164,7 @@ fn sampled_tokens_and_top_logprobs_match_cpu() {
         return;
     };
     let mut cpu = CpuBackend::new(w.clone());
+    let bound = Bounds::of(gpu.plan()).logits as f32;
     for p in [params, SamplingParams::greedy()] {
         let (got, want) = (run(&mut gpu, &p), run(&mut cpu, &p));
         let ids = |v: &[lily_core::backend::StepOut]| v.iter().map(|x| x.token).collect::<Vec<_>>();
@@ -1118,7 +1175,7 @@ fn sampled_tokens_and_top_logprobs_match_cpu() {
             p.temperature
         );
         for (g, c) in got.iter().zip(&want) {
-            assert!((g.logprob - c.logprob).abs() < 1e-3 * (1.0 + c.logprob.abs()));
+            assert!((g.logprob - c.logprob).abs() < bound * (1.0 + c.logprob.abs()));
             let top =
                 |x: &lily_core::backend::StepOut| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
             assert_eq!(top(g), top(c), "top-3 alternatives differ");
@@ -1149,10 +1206,11 @@ fn chunked_prefill_equals_token_by_token() {
     println!("chunked (7) vs token by token: rel_l2 {e:.3e}");
     // A chunk's matrix products run as tiled products (linear_q4_mm.wgsl: weights dequantised
     // once per tile of tokens) and one token's as matrix-vector products (linear_q4.wgsl): the
-    // same sums in another order, so fp32 rounding differs (≈ 3e-6 here). A wrong position,
-    // state or cache row would differ by far more.
+    // same sums in another order, so fp32 rounding differs (≈ 3e-6 here). With f16
+    // activations (tests/apple_limits.rs) the two paths store different intermediates in f16.
+    // A wrong position, state or cache row would differ by far more.
     assert!(
-        e < 2e-5,
+        e < Bounds::of(single.plan()).paths,
         "chunked prefill differs from token-by-token: {e:.3e}"
     );
 }
@@ -1188,7 +1246,8 @@ fn full_width_decode_matches_cpu() {
             chunk: 16,
             all_logits_chunk: 1,
             subgroups,
-            f16_acts,
+            f16_acts: Choice::of(f16_acts),
+            f16_kv: Choice::Off,
             rows_early: early,
             glu_early: early,
             ..WgpuOptions::default()

@@ -11,7 +11,7 @@ use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
 use lily_wgpu::plan::{coop_spec, DeviceCaps, MmTile, Plan, PrefillAttention};
 use lily_wgpu::shaders::{validator, Form, Spec};
-use lily_wgpu::WgpuOptions;
+use lily_wgpu::{Choice, WgpuOptions};
 
 fn full_config() -> ModelConfig {
     let mut text = preset_text_config(Preset::Full);
@@ -52,9 +52,9 @@ fn choosable() -> Vec<Spec> {
                     {
                         let opts = WgpuOptions {
                             attn_tile,
-                            f16_kv: f16,
+                            f16_kv: Choice::of(f16),
                             f16_tiles: f16,
-                            f16_acts,
+                            f16_acts: Choice::of(f16_acts),
                             // attend_gqa with its reads flat (FLAT = 1) and without.
                             attn_flat: sw,
                             attn_split: sw,
@@ -74,6 +74,7 @@ fn choosable() -> Vec<Spec> {
                             f16: f16 || f16_acts,
                             device_type: wgpu::DeviceType::DiscreteGpu,
                             coop,
+                            metal: false,
                         };
                         let plan = Plan::resolve(&opts, &c, stacked, &device).unwrap();
                         for s in plan.specs.all() {
@@ -231,13 +232,14 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         limits,
         subgroups: true,
         f16: true,
-        device_type: wgpu::DeviceType::DiscreteGpu,
+        device_type: wgpu::DeviceType::IntegratedGpu,
         coop: 0,
+        metal: true,
     };
     let opts = WgpuOptions {
-        f16_kv: f16,
+        f16_kv: Choice::of(f16),
         f16_tiles: f16,
-        f16_acts: f16,
+        f16_acts: Choice::of(f16),
         attn_flat: sw[0],
         attn_split: sw[1],
         rows_early: sw[2],
@@ -291,6 +293,7 @@ fn an_oversized_kernel_is_caught() {
         f16: true,
         device_type: wgpu::DeviceType::DiscreteGpu,
         coop: 0,
+        metal: false,
     };
     let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     assert_eq!(
@@ -314,14 +317,23 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
         f16,
         device_type: wgpu::DeviceType::DiscreteGpu,
         coop: 0,
+        metal: false,
     };
     let on = WgpuOptions {
-        f16_acts: true,
+        f16_acts: Choice::On,
         ..WgpuOptions::default()
     };
     let refused = Plan::resolve(&on, &c, true, &device(false)).unwrap();
     let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device(true)).unwrap();
-    assert!(!refused.act_f16 && !refused.options.f16_acts);
+    assert!(!refused.act_f16 && refused.options.f16_acts == Choice::Off);
+    assert!(
+        refused
+            .notes
+            .iter()
+            .any(|n| n == "f16 activations: off (the adapter lacks SHADER_F16)"),
+        "{:?}",
+        refused.notes
+    );
     let code =
         |p: &Plan| -> Vec<String> { p.specs.all().iter().map(|s| s.code().unwrap()).collect() };
     assert_eq!(code(&refused), code(&off));
@@ -346,6 +358,7 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         f16,
         device_type: wgpu::DeviceType::DiscreteGpu,
         coop,
+        metal: false,
     };
     // On by default.
     let on = WgpuOptions::default();
@@ -461,4 +474,138 @@ fn spirv_ops(words: &[u32]) -> Vec<u32> {
         i += n.max(1);
     }
     ops
+}
+
+/// The f16 choices' rule (`plan::f16_rule`, `f16_acts` and `f16_kv` at `auto`): on for Apple
+/// GPUs through Metal, off on every other adapter kind (the reason in the plan line), `on` and
+/// `off` forcing either way, never without SHADER_F16 (the reason said); Apple's limits alone
+/// (`--wgpu-limits apple`) do not turn f16 on, `auto_as_apple` (tests/apple_limits.rs) does.
+#[test]
+fn f16_is_on_for_apple_gpus_and_off_elsewhere_unless_asked() {
+    let c = full_config();
+    let device = |metal, f16, device_type| DeviceCaps {
+        limits: if metal {
+            apple_limits()
+        } else {
+            large_limits()
+        },
+        subgroups: true,
+        f16,
+        device_type,
+        coop: 0,
+        metal,
+    };
+    let auto = WgpuOptions::default();
+    assert_eq!((auto.f16_acts, auto.f16_kv), (Choice::Auto, Choice::Auto));
+    let resolve = |opts: &WgpuOptions, d: &DeviceCaps| Plan::resolve(opts, &c, true, d).unwrap();
+    let has = |p: &Plan, note: &str| p.notes.iter().any(|n| n == note);
+    // Apple (integrated, through Metal): both on, the plan line says why.
+    let apple = resolve(&auto, &device(true, true, wgpu::DeviceType::IntegratedGpu));
+    assert!(apple.act_f16 && apple.kv_f16);
+    assert_eq!(
+        (apple.options.f16_acts, apple.options.f16_kv),
+        (Choice::On, Choice::On)
+    );
+    assert!(apple.specs.attend_gqa.kv_f16 && apple.specs.all().iter().all(|s| s.act_f16));
+    let why = "Apple GPUs through Metal: f16 at full rate, half the bytes; the seed's precision";
+    assert!(
+        has(&apple, &format!("f16 activations: on ({why})")),
+        "{:?}",
+        apple.notes
+    );
+    assert!(
+        has(&apple, &format!("f16 KV cache: on ({why})")),
+        "{:?}",
+        apple.notes
+    );
+    assert!(
+        apple.describe().starts_with("f16 activations,"),
+        "{}",
+        apple.describe()
+    );
+    // Every other kind (NVIDIA, AMD, Intel through Vulkan; lavapipe): off, with the reason.
+    for kind in [
+        wgpu::DeviceType::DiscreteGpu,
+        wgpu::DeviceType::IntegratedGpu,
+        wgpu::DeviceType::Cpu,
+    ] {
+        let other = resolve(&auto, &device(false, true, kind));
+        assert!(!other.act_f16 && !other.kv_f16, "{kind:?}");
+        assert_eq!(
+            (other.options.f16_acts, other.options.f16_kv),
+            (Choice::Off, Choice::Off)
+        );
+        let why = "not yet measured with coop on this adapter kind";
+        assert!(
+            has(&other, &format!("f16 activations: off ({why})")),
+            "{:?}",
+            other.notes
+        );
+        assert!(
+            has(&other, &format!("f16 KV cache: off ({why})")),
+            "{:?}",
+            other.notes
+        );
+        assert!(other.describe().starts_with("fp32 activations,"));
+        // Apple's limits alone change nothing; Apple's defaults asked for (the tests) do.
+        let limits = WgpuOptions {
+            limits: lily_wgpu::DeviceLimits::Apple,
+            ..WgpuOptions::default()
+        };
+        assert!(!resolve(&limits, &device(false, true, kind)).act_f16);
+        let as_apple = WgpuOptions {
+            auto_as_apple: true,
+            ..WgpuOptions::default()
+        };
+        let p = resolve(&as_apple, &device(false, true, kind));
+        assert!(p.act_f16 && p.kv_f16);
+        assert!(has(
+            &p,
+            "f16 activations: on (Apple GPUs' default, asked for on this adapter)"
+        ));
+    }
+    // The flags force either way, each on its own, with no note (nothing decided for them).
+    let forced = |acts, kv| WgpuOptions {
+        f16_acts: acts,
+        f16_kv: kv,
+        ..WgpuOptions::default()
+    };
+    for metal in [true, false] {
+        let d = device(metal, true, wgpu::DeviceType::DiscreteGpu);
+        for (acts, kv) in [
+            (Choice::On, Choice::Off),
+            (Choice::Off, Choice::On),
+            (Choice::On, Choice::On),
+            (Choice::Off, Choice::Off),
+        ] {
+            let p = resolve(&forced(acts, kv), &d);
+            assert_eq!(
+                (p.act_f16, p.kv_f16),
+                (acts == Choice::On, kv == Choice::On),
+                "metal {metal}"
+            );
+            assert!(
+                !p.notes.iter().any(|n| n.starts_with("f16 ")),
+                "{:?}",
+                p.notes
+            );
+        }
+    }
+    // Without SHADER_F16: off whatever was asked, the reason said where f16 was wanted.
+    for (metal, acts) in [
+        (true, Choice::Auto),
+        (false, Choice::On),
+        (true, Choice::On),
+    ] {
+        let p = resolve(
+            &forced(acts, acts),
+            &device(metal, false, wgpu::DeviceType::DiscreteGpu),
+        );
+        assert!(!p.act_f16 && !p.kv_f16);
+        assert!(has(
+            &p,
+            "f16 activations: off (the adapter lacks SHADER_F16)"
+        ));
+        assert!(has(&p, "f16 KV cache: off (the adapter lacks SHADER_F16)"));
+    }
 }
