@@ -62,7 +62,7 @@ fi
 wait "$SYN"; say "synth full rc=$? at $(el)s"
 
 # 1. The A/B, alternated twice. KEYS: the plan line's precision choices and their reasons.
-KEYS="^[a-z0-9]+ activations|f16 (activations|KV cache): [a-z]+ \([^)]*\)|f16 (activations|KV cache) [a-z]+|cooperative matrices [a-z]+|linear_q4_coop (checked|refused)[^;]*"
+KEYS="(fp32|f16) activations,|f16 (activations|KV cache): [a-z]+ \([^)]*\)|f16 (activations|KV cache) [a-z]+|cooperative matrices [a-z]+|linear_q4_coop (checked|refused)[^;]*"
 ab() {  # ab NAME ENV...
   local name=$1; shift
   if [ "${DRY:-0}" = 1 ]; then
