@@ -104,6 +104,10 @@ lily_core::backend_options! {
             label "int8 MoE products",
             help "the fused MoE's 4-bit products (decode.cu's dec_glu4 and dec_down_combine and their rows forms: one-token and batched decode) with their input rows rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded rows' sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_down_combine_q8 and their _rows forms; the gate/up kernel 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
             why "won its A/B: decode 465.9 / 461.0 → 503.6 / 497.5 tok/s at 256 / 4K (+8 %), batched 4 / 8 rows +5–6 % / +1 % (an H100, full size); agreement on 128 teacher-forced positions against CUDA fp32 (full size) 0.183 → 0.239 rel. L2, top-1 61.7 → 54.7 %, against HF transformers bf16's 0.246 / 48.8 % over 1,024 positions (session 5); the f32 products serve fp32 mode and are the reference";
+        gemv_int8 = false, flag Some("gemv-int8"), env "LILY_GEMV_INT8" = true,
+            label "int8-pair one-token projections",
+            help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
+            why "not yet measured: the SASS predicts ≈ 1.8× fewer instructions a weight in those kernels (perf-notes, session 18); the f32 products serve fp32 mode and are the reference";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -240,6 +244,7 @@ mod tests {
             ("LILY_TC_SCAN", "0"),
             ("LILY_ROUTER_ROWS_SPLIT", "0"),
             ("LILY_MOE_INT8", "0"),
+            ("LILY_GEMV_INT8", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -263,6 +268,7 @@ mod tests {
                 mma_rows: false,
                 router_rows_split: false,
                 moe_int8: false,
+                gemv_int8: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

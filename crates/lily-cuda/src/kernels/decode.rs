@@ -33,6 +33,9 @@ pub const GLU_R: usize = 2;
 /// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them; `dec_gemv4w`
 /// and `dec_gemv8` stream one, their rows being twice as many bytes per lane).
 pub const R4: usize = 2;
+/// Rows a sub-warp streams at once in `dec_gemv4_x8x2` (two register buffers; its lane's x in 34
+/// registers instead of 65).
+pub const R4_X8X2: usize = 2;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
 /// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
@@ -48,6 +51,19 @@ pub enum MoeProducts {
     /// block, each 4-bit word dotted with them by two dp4a (`dec_glu4_q8`, `dec_down_combine_q8`
     /// and their `_rows` forms); all-4-bit MoEs of one group a lane only (`q8_serves`).
     Int8,
+}
+/// How the one-token projections on the pipelined 4-bit kernels (`dec_gemv4`, `dec_gemv4w`) take
+/// their products (the plan's choice: `Plan::gemv_products`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvProducts {
+    /// f32: each 4-bit weight turned into a float (a byte permute) and multiplied by x's f32 value
+    /// (`dec_gemv4`, `dec_gemv4w`; and every other `project` launch).
+    Float,
+    /// `gemv_int8`: the staged input rounded to int8 pairs per 64-column group once per block
+    /// (x ≈ scale · (x_hi + x_lo / 254), error ≤ max|x| / 64,516), each 4-bit word dotted with
+    /// them by four dp4a (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`); all-4-bit launches of those
+    /// kernels' widths only (`x8x2_serves`).
+    Int8Pairs,
 }
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
@@ -117,6 +133,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_R", R as i64),
         ("DEC_GLU_R", GLU_R as i64),
         ("DEC_R4", R4 as i64),
+        ("DEC_R4_X8X2", R4_X8X2 as i64),
         ("DEC_MAX_COLS", MAX_COLS as i64),
         ("DEC_MAX_SEGS", MAX_SEGS as i64),
         ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
@@ -152,6 +169,16 @@ pub fn serves(w: &LinearShape) -> bool {
         && w.cols <= MAX_COLS
         && groups > 0
         && (groups.is_power_of_two() || groups.is_multiple_of(32))
+}
+
+/// Whether a `project` launch of these weights (one input width, each one `serves` accepts) can
+/// take int8-pair products (`GemvProducts::Int8Pairs`): all 4-bit on a pipelined kernel's width
+/// (`dec_gemv4`: up to 32 groups of 64 columns; `dec_gemv4w`: 64).
+pub fn x8x2_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(|w| serves(w) && w.bits == 4)
+        && ws.first().is_some_and(|w| {
+            ws.iter().all(|o| o.cols == w.cols) && matches!(w.cols / 64, 1..=32 | 64)
+        })
 }
 
 /// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
@@ -553,6 +580,8 @@ pub struct Decode {
     mma_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
+    gemv4_x8x2: Kernel,
+    gemv4w_x8x2: Kernel,
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
@@ -582,6 +611,8 @@ impl Decode {
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
+            gemv4_x8x2: k("dec_gemv4_x8x2")?,
+            gemv4w_x8x2: k("dec_gemv4w_x8x2")?,
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
@@ -599,8 +630,15 @@ impl Decode {
         })
     }
 
-    /// Up to MAX_SEGS projections of one input row in one launch.
-    pub fn project(&self, gpu: &Gpu, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
+    /// Up to MAX_SEGS projections of one input row in one launch; `products` (the plan's
+    /// `gemv_products`) picks the pipelined 4-bit kernels' f32 or int8-pair form.
+    pub fn project(
+        &self,
+        gpu: &Gpu,
+        input: Input,
+        outs: &[(&DevLinear, Out)],
+        products: GemvProducts,
+    ) -> Result<()> {
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
         }
@@ -611,10 +649,15 @@ impl Decode {
         // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
-        let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
-            (true, _, 1..=32) => (&self.gemv4, R4),
-            (true, _, 64) => (&self.gemv4w, 1),
-            (_, true, 1..=32) => (&self.gemv8, 1),
+        let (kernel, rows) = match (all_bits(4), all_bits(8), groups, products) {
+            (true, _, 1..=32, GemvProducts::Float) => (&self.gemv4, R4),
+            (true, _, 1..=32, GemvProducts::Int8Pairs) => (&self.gemv4_x8x2, R4_X8X2),
+            (true, _, 64, GemvProducts::Float) => (&self.gemv4w, 1),
+            (true, _, 64, GemvProducts::Int8Pairs) => (&self.gemv4w_x8x2, 1),
+            (_, _, _, GemvProducts::Int8Pairs) => {
+                bail!("dec_gemv4_x8x2: weights it does not read (4-bit, 1-32 or 64 groups)")
+            }
+            (_, true, 1..=32, GemvProducts::Float) => (&self.gemv8, 1),
             _ => (&self.gemv, R),
         };
         let rows_per_block = WARPS * spw * rows;
