@@ -7,16 +7,19 @@
 # checkpoint (synthesised into /dev/shm/full-mlx) and a 4-layer one of the full widths
 # (/dev/shm/l4, with the tokenizer of .carry/tokenizer; the agreement check):
 #   1. GPU tests: the new kernels against the CPU (gemv_int8_matches_cpu: tiny's and small's
-#      projections and the full widths, both modes), the f32 GEMVs and fused blocks as before
-#      (wide_decode_gemvs_match_cpu, fused_decode_blocks_match_cpu), then the shipping
-#      configuration end to end with LILY_GEMV_INT8=1 (shipping_configuration_*: greedy decode
-#      against the CPU on tiny and small), within TEST_S (100) seconds;
+#      projections and the full widths, both modes; moe_int8_matches_cpu: the MoE's int8 and
+#      int8-pair kernels), the f32 GEMVs and fused blocks as before (wide_decode_gemvs_match_cpu,
+#      fused_decode_blocks_match_cpu), then the shipping configuration end to end with both pair
+#      forms on (shipping_configuration_*: greedy decode against the CPU on tiny and small),
+#      within TEST_S (100) seconds;
 #   2. full size, one-token decode at 256 / 4K / 32K (`bench --prefill 256 --decode-ctx
 #      256,4K,32K`), off, on;
-#   3. agreement, off / on: teacher-forced logits (`score --piece 1`: one-token steps, LEN 128
-#      positions) of CUDA bf16 against the CPU and CUDA fp32 on the 4-layer model and against
-#      CUDA fp32 on the full size (scripts/agreement_table.py: rel. L2, top-1), as
-#      gpu_moe_int8_ab.sh measured moe_int8 (0.183 → 0.239 at full size; HF bf16 0.246);
+#   3. agreement, off / on (and both pair forms on: gemv_int8 + moe_int8_pairs, the MoE's
+#      stand-in should single int8 fall below the bar): teacher-forced logits (`score --piece 1`:
+#      one-token steps, LEN 128 positions) of CUDA bf16 against CUDA fp32 on the full size, then
+#      against the CPU and CUDA fp32 on the 4-layer model (scripts/agreement_table.py: rel. L2,
+#      top-1), as gpu_moe_int8_ab.sh measured moe_int8 (0.183 → 0.239 at full size; HF bf16
+#      0.246);
 #   4. the sweep of 2. again (off, on: alternated twice in all), while the deadline allows;
 #   5. a one-token profile on and off (LILY_PROFILE=1, graphs off): the projections' lines.
 # Summary on stdout and in $OUT/summary.txt (logs beside it). No step starts past DEADLINE
@@ -34,18 +37,20 @@ AB_LAYERS=4
 . "$(dirname "$0")/gpu_rows_ab_common.sh" 440 520
 OFF=LILY_GEMV_INT8=0
 ON=LILY_GEMV_INT8=1
+PAIRS="LILY_GEMV_INT8=1 LILY_MOE_INT8_PAIRS=1"  # the MoE's int8 on pairs too (moe_int8_pairs)
 
 tests() {
   [ "${SKIP_TESTS:-0}" = 1 ] && return
   local test_s=${TEST_S:-100}
   run timeout "$(tmo $(( test_s * 3 / 4 )))" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    gemv_int8_matches_cpu wide_decode_gemvs_match_cpu fused_decode_blocks_match_cpu > "$OUT/tests-kernels.log" 2>&1
-  say "tests (the int8-pair kernels, the f32 GEMVs, the fused blocks) rc=$? at $(el)s"
+    gemv_int8_matches_cpu wide_decode_gemvs_match_cpu fused_decode_blocks_match_cpu moe_int8_matches_cpu \
+    > "$OUT/tests-kernels.log" 2>&1
+  say "tests (the int8-pair kernels, the f32 GEMVs, the fused blocks, the int8 MoE kernels) rc=$? at $(el)s"
   local rest=$(( test_s - $(el) )); [ "$rest" -lt 10 ] && rest=10
-  run env $ON timeout "$(tmo "$rest")" "$B/gpu" --ignored --test-threads=1 --nocapture \
+  run env $PAIRS timeout "$(tmo "$rest")" "$B/gpu" --ignored --test-threads=1 --nocapture \
     shipping_configuration > "$OUT/tests-model.log" 2>&1
-  say "tests (shipping_configuration_* with $ON) rc=$? at $(el)s"
-  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|KERNEL dec_gemv4_x8x2 .*(lm_head|wide)|int8-pair|MODEL shipping" \
+  say "tests (shipping_configuration_* with $PAIRS) rc=$? at $(el)s"
+  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|KERNEL dec_gemv4_x8x2 .*(lm_head|wide)|Int8Pairs, Small, 8|int8-pair|MODEL shipping" \
     "$OUT/tests-kernels.log" "$OUT/tests-model.log" | cut -c1-220 | head -50 | tee -a "$S"
 }
 tests
@@ -62,7 +67,9 @@ sweep() {  # sweep NAME ENV...: one-token decode at 256 / 4K / 32K
 sweep off-1 $OFF
 sweep on-1 $ON
 
-# agree: as gpu_moe_int8_ab.sh's (teacher-forced logits of LEN positions, one a call).
+# agree: as gpu_moe_int8_ab.sh's (teacher-forced logits of LEN positions, one a call), the full
+# size first (the bar: HF bf16's 0.246 against fp32), with a third point: both pair forms on
+# (gemv_int8 and moe_int8_pairs: what would stand in for moe_int8's single int8).
 agree() {
   if [ "${SKIP_AGREE:-0}" = 1 ]; then return; fi
   if ! left; then say "agreement: skipped (deadline) at $(el)s"; return; fi
@@ -72,26 +79,28 @@ agree() {
   run timeout "$(tmo 90)" nice -n 10 "$B/lily-engine" score --model "$M" --len "$len" --device cpu \
     --out "$W/l4-cpu" > "$OUT/agree-l4-cpu.log" 2>&1 &
   local cpu=$!
-  local P=(--len "$len" --piece 1 --device cuda)
-  run env LILY_CUDA_FP32=1 timeout "$(tmo 40)" "$B/lily-engine" score --model "$M" "${P[@]}" --out "$W/l4-fp32" \
-    > "$OUT/agree-l4-fp32.log" 2>&1
-  run env $OFF timeout "$(tmo 40)" "$B/lily-engine" score --model "$M" "${P[@]}" --out "$W/l4-off" \
-    > "$OUT/agree-l4-off.log" 2>&1
-  run env $ON timeout "$(tmo 40)" "$B/lily-engine" score --model "$M" "${P[@]}" --out "$W/l4-on" \
-    > "$OUT/agree-l4-on.log" 2>&1
-  for mode in fp32 off on; do
-    local e=; [ $mode = fp32 ] && e=LILY_CUDA_FP32=1; [ $mode = off ] && e=$OFF; [ $mode = on ] && e=$ON
+  local P=(--len "$len" --piece 1 --device cuda) mode e
+  for mode in fp32 off on pairs; do
+    case $mode in fp32) e=LILY_CUDA_FP32=1 ;; off) e=$OFF ;; on) e=$ON ;; pairs) e=$PAIRS ;; esac
     left || break
     run env $e timeout "$(tmo 60)" "$B/lily-engine" score --model "$FULL" "${P[@]}" --out "$W/full-$mode" \
       > "$OUT/agree-full-$mode.log" 2>&1
   done
+  run timeout "$(tmo 60)" python3 scripts/agreement_table.py --ref "$W/full-fp32" --other "$W/full-off" \
+    --other "$W/full-on" --other "$W/full-pairs" --out "$OUT/agreement-full.md" > "$OUT/agree-table.log" 2>&1
+  say "agreement, full size vs CUDA fp32 ($len positions, one a step; other 1 = off, 2 = on, 3 = both pair forms) at $(el)s:"
+  grep -vE '^\s*$' "$OUT/agreement-full.md" 2>/dev/null | head -20 | tee -a "$S"
+  for mode in fp32 off on; do
+    case $mode in fp32) e=LILY_CUDA_FP32=1 ;; off) e=$OFF ;; on) e=$ON ;; esac
+    left || break
+    run env $e timeout "$(tmo 40)" "$B/lily-engine" score --model "$M" "${P[@]}" --out "$W/l4-$mode" \
+      > "$OUT/agree-l4-$mode.log" 2>&1
+  done
   wait "$cpu"
   run timeout "$(tmo 60)" python3 scripts/agreement_table.py --ref "$W/l4-cpu" --ref "$W/l4-fp32" \
-    --other "$W/l4-off" --other "$W/l4-on" --out "$OUT/agreement-l4.md" > "$OUT/agree-table.log" 2>&1
-  run timeout "$(tmo 60)" python3 scripts/agreement_table.py --ref "$W/full-fp32" \
-    --other "$W/full-off" --other "$W/full-on" --out "$OUT/agreement-full.md" >> "$OUT/agree-table.log" 2>&1
-  say "agreement ($len positions, one a step; 4 layers vs CPU and CUDA fp32, full size vs CUDA fp32; other 1 = off, 2 = on) at $(el)s:"
-  cat "$OUT/agreement-l4.md" "$OUT/agreement-full.md" 2>/dev/null | grep -vE '^\s*$' | head -40 | tee -a "$S"
+    --other "$W/l4-off" --other "$W/l4-on" --out "$OUT/agreement-l4.md" >> "$OUT/agree-table.log" 2>&1
+  say "agreement, 4 layers vs the CPU and CUDA fp32 (other 1 = off, 2 = on) at $(el)s:"
+  grep -vE '^\s*$' "$OUT/agreement-l4.md" 2>/dev/null | head -20 | tee -a "$S"
 }
 agree
 

@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -21,6 +21,8 @@
 //         int8 rows (only f32 rounding apart), against the unquantised f64 within the bound of the
 //         quantisation step, the routing bit for bit dec_glu4_rows', and bit for bit against
 //         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
+//   moe_x8x2: moe_q8's checks for dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows and their
+//         one-token forms (moe_int8_pairs), the rows rounded to int8 pairs.
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -681,6 +683,32 @@ static std::vector<double> q8_dequant(const float* x, int cols, std::vector<doub
     return out;
 }
 
+// x rounded to int8 pairs per 64-column group as gemv_int8 specifies (decode.cu's stage_x8x2), in
+// our own f32 steps: m = max|x|, inv = 127 / m, scale = m / 127, x_hi = rint(x · inv), r =
+// fma(−scale, x_hi, x), x_lo = rint(r · (254 · inv)) (ties to even); returns x̃ = scale · (254 x_hi +
+// x_lo) / 254 in f64 (exact) and each group's max in gmax.
+static std::vector<double> x8x2_dequant(const float* x, int cols, std::vector<double>& gmax) {
+    std::vector<double> out(cols);
+    gmax.assign(cols / 64, 0.0);
+    for (int g = 0; g < cols / 64; g++) {
+        float m = 0.0f;
+        for (int j = 0; j < 64; j++) m = std::max(m, std::fabs(x[g * 64 + j]));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
+        gmax[g] = m;
+        for (int j = 0; j < 64; j++) {
+            float v = x[g * 64 + j];
+            int hi = (int)std::nearbyint(v * inv);
+            int lo = (int)std::nearbyint(std::fmaf(-scale, (float)hi, v) * inv_lo);
+            if (hi < -127 || hi > 127 || lo < -127 || lo > 127) {
+                fprintf(stderr, "x8x2_dequant: (%d, %d) out of int8\n", hi, lo);
+                std::abort();
+            }
+            out[g * 64 + j] = (double)scale * (254.0 * hi + lo) / 254.0;
+        }
+    }
+    return out;
+}
+
 // dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) on the full MoE shape: the routing as
 // dec_glu4_rows'; the hidden rows against an f64 SwiGLU of the same quantised arithmetic (int8 x
 // per group, the weights' exact values; only f32 rounding between them) and against the
@@ -688,13 +716,24 @@ static std::vector<double> q8_dequant(const float* x, int cols, std::vector<doub
 // element, carried through SiLU(g)·u); the residual update against an f64 combine of the int8
 // of the kernel's own hidden rows, and against the unquantised combine of them within its
 // bound; everything bit for bit against dec_glu4_q8 + dec_down_combine_q8 a token at a time.
-static size_t down_smem_q8(const Moe& m) {
+// With `pairs` (moe_int8_pairs): the _x8x2 kernels the same way, the rows rounded to int8 pairs
+// (x8x2_dequant, |x̃ − x| ≤ max|x| / 64,516).
+static size_t down_smem_q8(const Moe& m, bool pairs) {
     int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr, groups = (m.top_k + 1) * G;
     size_t f32_part = (size_t)groups * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
-    return (f32_part + 3) / 4 * 4 + (size_t)groups * (DEC_X8PAD + 2);
+    return (f32_part + 3) / 4 * 4 + (size_t)groups * ((pairs ? DEC_X8X2PAD : DEC_X8PAD) + 2);
 }
-static void run_moe_q8(std::vector<int> Bs) {
-    printf("dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
+static void run_moe_q8(std::vector<int> Bs, bool pairs) {
+    const char* name = pairs ? "dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows (moe_int8_pairs"
+                             : "dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8";
+    printf("%s; activations %s)\n", name, BF16 ? "bf16" : "fp32");
+    auto glu_rows = pairs ? dec_glu4_x8x2_rows : dec_glu4_q8_rows;
+    auto glu_one = pairs ? dec_glu4_x8x2 : dec_glu4_q8;
+    auto down_rows = pairs ? dec_down_combine_x8x2_rows : dec_down_combine_q8_rows;
+    auto down_one = pairs ? dec_down_combine_x8x2 : dec_down_combine_q8;
+    auto dequant = pairs ? x8x2_dequant : q8_dequant;
+    const double step = pairs ? 64516 : 254;  // max|x| / step: the rounding's bound an element
+    const int glu_blocks = pairs ? LAUNCH_BLOCKS_PER_SM : DEC_Q8_BLOCKS;
     Moe m;
     int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
     QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
@@ -705,9 +744,9 @@ static void run_moe_q8(std::vector<int> Bs) {
         // Some groups far wider than others: each group's own scale must be the one applied.
         for (int t = 0; t < B; t++) io.xn[(size_t)t * m.hidden + 64 * (3 + t) + 5] *= 9.0f;
         if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
-        int per_token = (DEC_Q8_BLOCKS * SM_COUNT + B - 1) / B;
+        int per_token = (glu_blocks * SM_COUNT + B - 1) / B;
         launch_k({std::min(tiles, per_token), B, 1}, DEC_WARPS * 32, 0, [&] {
-            dec_glu4_q8_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+            glu_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
                              io.eh.p(), m.inter, io.sh.p(), per_item);
         });
         // The f32 kernel on the same rows: the routing must not change.
@@ -720,7 +759,7 @@ static void run_moe_q8(std::vector<int> Bs) {
         for (int t = 0; t < B; t++) {
             std::vector<double> gmax;
             const float* xt = io.xn.data() + (size_t)t * m.hidden;
-            std::vector<double> xq = q8_dequant(xt, m.hidden, gmax), xd(xt, xt + m.hidden);
+            std::vector<double> xq = dequant(xt, m.hidden, gmax), xd(xt, xt + m.hidden);
             // item k < top_k: routed expert ids[k] (the ids check below holds them to the f32
             // kernel's); item top_k: the shared expert.
             for (int k = 0; k <= m.top_k; k++) {
@@ -738,12 +777,14 @@ static void run_moe_q8(std::vector<int> Bs) {
                     // |Δg| ≤ Σ_j |w_j| max|x|_group / 254 (and likewise u); |SiLU'| ≤ 1.1.
                     double eg = 0, eu = 0;
                     for (int c = 0; c < m.hidden; c++) {
-                        eg += std::fabs(wg.weight(e, r, c)) * gmax[c / 64] / 254;
-                        eu += std::fabs(wu.weight(e, r, c)) * gmax[c / 64] / 254;
+                        eg += std::fabs(wg.weight(e, r, c)) * gmax[c / 64] / step;
+                        eu += std::fabs(wu.weight(e, r, c)) * gmax[c / 64] / step;
                     }
                     double bound = 1.1 * eg * std::fabs(uf) + std::fabs(silu(gf)) * eu + 1.1 * eg * eu;
-                    // and the rounding of the kernel's activations (bf16: 3 roundings of 2^-9)
-                    bound += std::fabs(want_f[r]) * (BF16 ? 4e-3 : 1e-5) + 1e-7;
+                    // and the rounding of the kernel's activations (bf16: act(g) carried through
+                    // SiLU, |SiLU'| ≤ 1.1, then three roundings of 2^-9; doubled for margin)
+                    bound += (BF16 ? (1.1 * std::fabs(gf * uf) + 3 * std::fabs(want_f[r])) * (1.0 / 256)
+                                   : std::fabs(want_f[r]) * 1e-5) + 1e-7;
                     double d = std::fabs(got[r] - want_f[r]);
                     if (!(d <= bound)) in_bound = false;
                     worst = std::max(worst, d / bound);
@@ -770,8 +811,8 @@ static void run_moe_q8(std::vector<int> Bs) {
         QWeight dw = m.down.view(), sdw = m.sdown.view();
         int Gd = m.inter / 64, spw = 32 / std::min(32, Gd);
         int dgrid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
-        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
-            dec_down_combine_q8_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
+        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
+            down_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
                                      io.s_gate.data(), io.x.p());
         });
         double e_dq = 0, worst_d = 0;
@@ -781,7 +822,7 @@ static void run_moe_q8(std::vector<int> Bs) {
             std::vector<std::vector<double>> hq(m.top_k + 1), hmax(m.top_k + 1), hf(m.top_k + 1);
             for (int k = 0; k <= m.top_k; k++) {
                 const float* hk = k < m.top_k ? io.eh.p() + ((size_t)t * m.top_k + k) * m.inter : io.sh.p() + (size_t)t * m.sinter;
-                hq[k] = q8_dequant(hk, m.inter, hmax[k]);
+                hq[k] = dequant(hk, m.inter, hmax[k]);
                 hf[k].assign(hk, hk + m.inter);
             }
             double sgv = rb(1 / (1 + std::exp(-(double)io.s_gate[t])));
@@ -794,7 +835,7 @@ static void run_moe_q8(std::vector<int> Bs) {
                     int e = k < m.top_k ? io.ids[(size_t)t * m.top_k + k] : 0;
                     double wk = k < m.top_k ? (double)io.rw[(size_t)t * m.top_k + k] : sgv;
                     double dq = wd.dot(e, c, hq[k].data()), df = wd.dot(e, c, hf[k].data()), eb = 0;
-                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / 254;
+                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / step;
                     acc += k < m.top_k ? wk * rb(dq) : rb(wk * rb(dq));
                     accf += wk * df;
                     bound += std::fabs(wk) * eb;
@@ -821,49 +862,23 @@ static void run_moe_q8(std::vector<int> Bs) {
         for (int t = 0; t < B; t++) {
             int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
             float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
-            launch_k({std::min(tiles, DEC_Q8_BLOCKS * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
-                dec_glu4_q8(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+            launch_k({std::min(tiles, glu_blocks * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
+                glu_one(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
                             io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
             });
-            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
-                dec_down_combine_q8(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
+                down_one(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
                                     one.x.p() + (size_t)t * m.hidden);
             });
         }
         bool same = same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n) &&
                     same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
-        snprintf(what, sizeof what, "%d tokens vs dec_glu4_q8 + dec_down_combine_q8 a token at a time", B);
+        snprintf(what, sizeof what, "%d tokens vs the one-token kernels a token at a time", B);
         verdict(what, same, same ? "  bit for bit" : "  differ");
     }
 }
 
 // ---- gemv_x8 ------------------------------------------------------------------------------------
-
-// x rounded to int8 pairs per 64-column group as gemv_int8 specifies (decode.cu's stage_x8x2), in
-// our own f32 steps: m = max|x|, inv = 127 / m, scale = m / 127, x_hi = rint(x · inv), r =
-// fma(−scale, x_hi, x), x_lo = rint(r · (254 · inv)) (ties to even); returns x̃ = scale · (254 x_hi +
-// x_lo) / 254 in f64 (exact) and each group's max in gmax.
-static std::vector<double> x8x2_dequant(const float* x, int cols, std::vector<double>& gmax) {
-    std::vector<double> out(cols);
-    gmax.assign(cols / 64, 0.0);
-    for (int g = 0; g < cols / 64; g++) {
-        float m = 0.0f;
-        for (int j = 0; j < 64; j++) m = std::max(m, std::fabs(x[g * 64 + j]));
-        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
-        gmax[g] = m;
-        for (int j = 0; j < 64; j++) {
-            float v = x[g * 64 + j];
-            int hi = (int)std::nearbyint(v * inv);
-            int lo = (int)std::nearbyint(std::fmaf(-scale, (float)hi, v) * inv_lo);
-            if (hi < -127 || hi > 127 || lo < -127 || lo > 127) {
-                fprintf(stderr, "x8x2_dequant: (%d, %d) out of int8\n", hi, lo);
-                std::abort();
-            }
-            out[g * 64 + j] = (double)scale * (254.0 * hi + lo) / 254.0;
-        }
-    }
-    return out;
-}
 
 // Decode::project's one-row launch with GemvProducts::Int8Pairs (dec_gemv4_x8x2: up to 32 groups,
 // DEC_R4_X8X2 rows a sub-warp; dec_gemv4w_x8x2: 64) or Float (dec_gemv4, dec_gemv4w), with the
@@ -1264,13 +1279,14 @@ int main(int argc, char** argv) {
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
-    else if (part == "moe_q8") run_moe_q8({1, 3, 8});
+    else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
+    else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
     else if (part == "gemv_x8") run_gemv_x8();
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -1082,8 +1082,9 @@ __device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QW
 }
 
 // The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
-// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8).
-template <bool Q8>
+// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8), or (Q8 and PAIRS,
+// moe_int8_pairs) as int8 pairs (X8x2Group, stage_x8x2).
+template <bool Q8, bool PAIRS = false>
 struct GluX {
     float v[64];
     float sum;
@@ -1094,6 +1095,20 @@ struct GluX {
     template <int R>
     __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
         qrows_dot<4, 1, R>(r, 0, 1, v, sum, nullptr, nullptr, acc);
+    }
+};
+
+template <>
+struct GluX<true, true> {
+    X8x2Group x;
+    __device__ __forceinline__ void load(const float*, const float*, const u32* xq, const float2* xqs, int sl) {
+        x = x8x2_load(xq, xqs, sl);
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = group_term_x8x2(r.s[i][0], r.b[i][0], dot_group_x8x2(r.q[i][0], x), x);
     }
 };
 
@@ -1110,9 +1125,10 @@ struct GluX<true> {
     }
 };
 
-template <bool Q8, bool LEAN>
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_rows, int s_rows, const GluTile& r,
-                                           GluX<Q8>& x, float* __restrict__ h, int h_stride, float* __restrict__ hs) {
+                                           GluX<Q8, PAIRS>& x, float* __restrict__ h, int h_stride,
+                                           float* __restrict__ hs) {
     int item = pos.item;
     int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
     int rows = item == 0 ? s_rows : g_rows;
@@ -1129,11 +1145,12 @@ __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_
     }
 }
 
-// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8).
+// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8, as
+// pairs when PAIRS too).
 // LEAN (every kernel but the one-token f32 dec_glu4): the tiles' positions carried (GluPos) and
 // the cuts of expert / qrows_load / reduce_rows; otherwise the tile loop as dec_glu4 compiled
 // before them (DEC_LEAN_WHY).
-template <bool Q8, bool LEAN>
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                            int n_experts, int top_k, int* __restrict__ ids,
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
@@ -1188,18 +1205,21 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
         if (!early && a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
         if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
         if (Q8) {
-            stage_x8(xs, tg.G, xq, xqs);
+            if (PAIRS)
+                stage_x8x2(xs, tg.G, xq, xqs);
+            else
+                stage_x8(xs, tg.G, xq, xqs);
             __syncthreads();
         }
-        GluX<Q8> x;
+        GluX<Q8, PAIRS> x;
         x.load(xs, xsum, xq, xqs, tg.sl);
         while (a.item < items) {
-            glu_finish<Q8, LEAN>(a, tg, gate.rows, sgate.rows, ra, x,
+            glu_finish<Q8, LEAN, PAIRS>(a, tg, gate.rows, sgate.rows, ra, x,
                                  h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
             a = glu_next(a, stride, per_item);
             if (a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
             if (b.item >= items) break;
-            glu_finish<Q8, LEAN>(b, tg, gate.rows, sgate.rows, rb, x,
+            glu_finish<Q8, LEAN, PAIRS>(b, tg, gate.rows, sgate.rows, rb, x,
                                  h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
             b = glu_next(b, stride, per_item);
             if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
@@ -1215,9 +1235,13 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     __shared__ int ids_s[DEC_MAX_TOPK];                      \
     __shared__ float w_s[DEC_MAX_TOPK];
 
-// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8).
+// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8);
+// of the _x8x2 kernels (moe_int8_pairs) as int8 pairs (stage_x8x2).
 #define GLU4_SHARED_Q8                                              \
     __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8PAD]; \
+    __shared__ float2 xqs[DEC_X8_GROUPS];
+#define GLU4_SHARED_X8X2                                              \
+    __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8X2PAD]; \
     __shared__ float2 xqs[DEC_X8_GROUPS];
 
 // dec_glu4 and its batched form dec_glu4_rows, in f32 products or (the _q8 kernels, moe_int8)
@@ -1240,22 +1264,32 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
         GLU4_SHARED                                                                                           \
         GLU4_SHARED_##Q8                                                                                      \
         long long b = LEAN ? blockIdx.y : 0;                                                                  \
-        glu4_token<Q8##_ON, LEAN>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, \
-                                  route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs,       \
-                                  tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8,                      \
-                                  LEAN ? top_k * h_stride : 0, LEAN ? sgate.rows : 0);                        \
+        glu4_token<Q8##_ON, LEAN, Q8##_PAIRS>(gate, up, router_logits + b * n_experts, n_experts, top_k,      \
+                                               ids + b * top_k, route_w + b * top_k, sgate, sup,              \
+                                               xn + b * gate.cols, h, h_stride, hs, tiles_per_item, xs, xsum, \
+                                               p, ids_s, w_s, GLU4_XQ_##Q8, LEAN ? top_k * h_stride : 0,      \
+                                               LEAN ? sgate.rows : 0);                                        \
     }
 
 #define GLU4_SHARED_F32
 #define F32_ON false
 #define Q8_ON true
+#define X8X2_ON true
+#define F32_PAIRS false
+#define Q8_PAIRS false
+#define X8X2_PAIRS true
 #define GLU4_XQ_F32 nullptr, nullptr
 #define GLU4_XQ_Q8 xq, xqs
+#define GLU4_XQ_X8X2 xq, xqs
 
 DEC_GLU4(dec_glu4, F32, false, (DEC_WARPS * 32))
 DEC_GLU4(dec_glu4_q8, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
 DEC_GLU4(dec_glu4_rows, F32, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 DEC_GLU4(dec_glu4_q8_rows, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
+// moe_int8_pairs: the _q8 kernels on int8 pairs of xn (stage_x8x2, four dp4a a word; a lane's x
+// in 34 registers: 2 blocks an SM).
+DEC_GLU4(dec_glu4_x8x2, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
+DEC_GLU4(dec_glu4_x8x2_rows, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
@@ -1301,8 +1335,9 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
 // Q8 (the _q8 kernels, moe_int8; 4-bit down weights, one group a lane): the staged rows are
 // rounded to int8 per 64-column group (stage_x8, into hq / hqs after the partials) and each
-// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does.
-template <bool Q8, bool LEAN>
+// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does; with PAIRS
+// (the _x8x2 kernels, moe_int8_pairs) to int8 pairs (stage_x8x2, four dp4a a word).
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                    const float* __restrict__ route_w, int top_k,
                                                    const float* __restrict__ h, int h_stride,
@@ -1320,9 +1355,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     float* hsum = hsm + items * G * DEC_XPAD;        // [items][G]
     float* part = hsum + items * G;                  // [KSPLIT][rows_per_block]
     float* shared_part = part + DEC_DOWN_KSPLIT * rows_per_block;  // [rows_per_block]
-    // Q8: [items][G][DEC_X8PAD] words at a 16-byte boundary, then [items][G] (scale, scale · Σ x̂)
+    // Q8: [items][G][DEC_X8PAD] (PAIRS: DEC_X8X2PAD) words at a 16-byte boundary, then [items][G]
+    // (scale, scale · Σ x̂)
     u32* hq = reinterpret_cast<u32*>(dec_smem + ((items * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * rows_per_block + 3) & ~3));
-    float2* hqs = reinterpret_cast<float2*>(hq + items * G * DEC_X8PAD);
+    float2* hqs = reinterpret_cast<float2*>(hq + items * G * (PAIRS ? DEC_X8X2PAD : DEC_X8PAD));
     int r_local = rg * spw + sub;
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
@@ -1356,7 +1392,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     stage_items(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
     if (Q8) {
-        stage_x8(hsm, items * G, hq, hqs);
+        if (PAIRS)
+            stage_x8x2(hsm, items * G, hq, hqs);
+        else
+            stage_x8(hsm, items * G, hq, hqs);
         __syncthreads();
     }
     float y = 0.0f, ys = 0.0f;
@@ -1374,7 +1413,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
                 int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
                 if (i < items) {
                     float acc[1];
-                    if (Q8) {
+                    if constexpr (PAIRS) {
+                        X8x2Group xq = x8x2_load(hq, hqs, i * G + sl);
+                        acc[0] = group_term_x8x2(s[j], b[j], dot_group_x8x2(q[j], xq), xq);
+                    } else if (Q8) {
                         X8Group xq = x8_load(hq, hqs, i * G + sl);
                         acc[0] = group_term_x8(s[j], b[j], dot_group_x8(q[j], xq), xq);
                     } else {
@@ -1423,21 +1465,28 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
 // and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
 // down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1. LEAN false
 // (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY).
-#define DEC_DOWN_COMBINE(NAME, Q8, LEAN)                                                                            \
-    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
+#define DEC_DOWN_COMBINE(NAME, Q8, LEAN, PAIRS, BOUNDS)                                                             \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                             \
     NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
          const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
          float* __restrict__ x) {                                                                                   \
         long long b = LEAN ? blockIdx.y : 0;                                                                        \
-        down_combine_token<Q8, LEAN>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,                      \
-                                     h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,           \
-                                     x + b * down.rows);                                                            \
+        down_combine_token<Q8, LEAN, PAIRS>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,               \
+                                            h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,    \
+                                            x + b * down.rows);                                                     \
     }
 
-DEC_DOWN_COMBINE(dec_down_combine, false, false)
-DEC_DOWN_COMBINE(dec_down_combine_q8, true, true)
-DEC_DOWN_COMBINE(dec_down_combine_rows, false, true)
-DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true)
+#define DEC_DOWN_BOUNDS (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+DEC_DOWN_COMBINE(dec_down_combine, false, false, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true, true, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false, true, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true, false, DEC_DOWN_BOUNDS)
+// moe_int8_pairs: the _q8 kernels on int8 pairs of the hidden rows. One block an SM may take up to
+// 168 registers (≈ 100: the pairs of an item beside DEC_DOWN_BATCH items' words; held to two
+// blocks' 85 they spill): a one-token launch has fewer blocks than SMs anyway (hidden / (rows a
+// block): 128 at the full shape).
+DEC_DOWN_COMBINE(dec_down_combine_x8x2, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

@@ -1008,7 +1008,7 @@ impl Forward<'_> {
         keys: usize,
         input: Input,
     ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (cfg, s) = (self.cfg, self.scratch);
         let qkv = [
             (&a.q_proj, Out::Store(s.qg.ptr)),
             (&a.k_proj, Out::Store(s.k.ptr)),
@@ -1030,7 +1030,7 @@ impl Forward<'_> {
         conv: u64,
         input: Input,
     ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (cfg, s) = (self.cfg, self.scratch);
         let inputs = [
             (&d.in_qkv, Out::Store(s.m.ptr)),
             (&d.in_z, Out::Store(s.z.ptr)),

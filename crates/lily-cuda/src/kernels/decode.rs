@@ -51,6 +51,11 @@ pub enum MoeProducts {
     /// block, each 4-bit word dotted with them by two dp4a (`dec_glu4_q8`, `dec_down_combine_q8`
     /// and their `_rows` forms); all-4-bit MoEs of one group a lane only (`q8_serves`).
     Int8,
+    /// `moe_int8_pairs`: the same kernels on int8 pairs of the input rows (x ≈ scale · (x_hi +
+    /// x_lo / 254), error ≤ max|x| / 64,516: `GemvProducts::Int8Pairs`' rounding), four dp4a a
+    /// word (`dec_glu4_x8x2`, `dec_down_combine_x8x2` and their `_rows` forms; the gate/up kernel
+    /// 2 blocks an SM, the down kernel one).
+    Int8Pairs,
 }
 /// How the one-token projections on the pipelined 4-bit kernels (`dec_gemv4`, `dec_gemv4w`) take
 /// their products (the plan's choice: `Plan::gemv_products`).
@@ -119,8 +124,10 @@ fn rows_warps(kernel: &Kernel) -> Result<usize> {
 const BATCH_SMEM_MAX: usize = 96 * 1024;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
-/// Words per 64-column group of int8 x in shared memory (DEC_X8PAD in decode.cu).
+/// Words per 64-column group of int8 x in shared memory (DEC_X8PAD in decode.cu), and of int8
+/// pairs (DEC_X8X2PAD).
 const X8PAD: usize = 20;
+const X8X2PAD: usize = 36;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
 const DOWN_SMEM_MAX: usize = 48 * 1024;
 
@@ -219,7 +226,8 @@ fn glu_pipelined(
 
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
 /// group sums, and the item chunks' partial sums per output row; with int8 products also the
-/// rows as int8 (X8PAD words a group, from a 16-byte boundary) and each group's scale and sum.
+/// rows as int8 (X8PAD words a group, from a 16-byte boundary; pairs X8X2PAD) and each group's
+/// scale and sum.
 fn down_smem(inter: usize, top_k: usize, products: MoeProducts) -> usize {
     let (_, spw) = lanes_per_row(inter);
     let groups = (top_k + 1) * (inter / 64);
@@ -227,17 +235,20 @@ fn down_smem(inter: usize, top_k: usize, products: MoeProducts) -> usize {
     match products {
         MoeProducts::Float => f32_part,
         MoeProducts::Int8 => f32_part.next_multiple_of(16) + groups * (X8PAD * 4 + 8),
+        MoeProducts::Int8Pairs => f32_part.next_multiple_of(16) + groups * (X8X2PAD * 4 + 8),
     }
 }
 
-/// Whether the MoE of these weights can take int8 products (`MoeProducts::Int8`): gate/up on
-/// `dec_glu4` (all four 4-bit, one group a lane) and the down projections on
-/// `dec_down_combine`'s fast path (4-bit, one group a lane) with room for the int8 rows.
+/// Whether the MoE of these weights can take int8 `products` (`MoeProducts::Int8` or
+/// `Int8Pairs`): gate/up on `dec_glu4` (all four 4-bit, one group a lane) and the down
+/// projections on `dec_down_combine`'s fast path (4-bit, one group a lane) with room for the
+/// int8 rows.
 pub fn q8_serves(
     glu: [&LinearShape; 4],
     down: &LinearShape,
     sdown: &LinearShape,
     top_k: usize,
+    products: MoeProducts,
 ) -> bool {
     let [gate, up, sgate, sup] = glu;
     glu_rows_serves(gate, up, sgate, sup)
@@ -245,7 +256,7 @@ pub fn q8_serves(
         && [down, sdown]
             .iter()
             .all(|w| w.bits == 4 && w.cols / 64 <= 32)
-        && down_smem(down.cols, top_k, MoeProducts::Int8) <= DOWN_SMEM_MAX
+        && down_smem(down.cols, top_k, products) <= DOWN_SMEM_MAX
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -588,10 +599,14 @@ pub struct Decode {
     glu4_rows: Kernel,
     glu4_q8: Kernel,
     glu4_q8_rows: Kernel,
+    glu4_x8x2: Kernel,
+    glu4_x8x2_rows: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
     down_combine_q8: Kernel,
     down_combine_q8_rows: Kernel,
+    down_combine_x8x2: Kernel,
+    down_combine_x8x2_rows: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -619,10 +634,14 @@ impl Decode {
             glu4_rows: k("dec_glu4_rows")?,
             glu4_q8: k("dec_glu4_q8")?,
             glu4_q8_rows: k("dec_glu4_q8_rows")?,
+            glu4_x8x2: k("dec_glu4_x8x2")?,
+            glu4_x8x2_rows: k("dec_glu4_x8x2_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
             down_combine_q8: k("dec_down_combine_q8")?,
             down_combine_q8_rows: k("dec_down_combine_q8_rows")?,
+            down_combine_x8x2: k("dec_down_combine_x8x2")?,
+            down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -817,10 +836,16 @@ impl Decode {
         let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
             (true, None, MoeProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
+            (true, None, MoeProducts::Int8Pairs) => (&self.glu4_x8x2, WARPS * spw * GLU_R4),
             (false, None, MoeProducts::Float) => (&self.glu, WARPS * spw * GLU_R),
             (true, Some(1..), MoeProducts::Float) => (&self.glu4_rows, WARPS * spw * GLU_R4),
             (true, Some(1..), MoeProducts::Int8) => (&self.glu4_q8_rows, WARPS * spw * GLU_R4),
-            (false, _, MoeProducts::Int8) => bail!("dec_glu4_q8: expert weights it does not read"),
+            (true, Some(1..), MoeProducts::Int8Pairs) => {
+                (&self.glu4_x8x2_rows, WARPS * spw * GLU_R4)
+            }
+            (false, _, MoeProducts::Int8 | MoeProducts::Int8Pairs) => {
+                bail!("dec_glu4_q8: expert weights it does not read")
+            }
             (false, Some(_), _) => bail!("dec_glu4_rows: expert weights it does not read"),
             (true, Some(_), _) => bail!("dec_glu4_rows: no rows"),
         };
@@ -830,7 +855,7 @@ impl Decode {
         // A persistent grid of as many blocks an SM as the kernel's launch bound fits, shared by
         // the tokens.
         let per_sm = match products {
-            MoeProducts::Float => BLOCKS_PER_SM,
+            MoeProducts::Float | MoeProducts::Int8Pairs => BLOCKS_PER_SM,
             MoeProducts::Int8 => Q8_BLOCKS_PER_SM,
         };
         let per_token = (per_sm * gpu.sm_count).div_ceil(tokens);
@@ -867,6 +892,7 @@ impl Decode {
         let kernel = match products {
             MoeProducts::Float => &self.down_combine,
             MoeProducts::Int8 => &self.down_combine_q8,
+            MoeProducts::Int8Pairs => &self.down_combine_x8x2,
         };
         self.down_combine_launch(gpu, a, 1, kernel, products)
     }
@@ -888,6 +914,7 @@ impl Decode {
         let kernel = match products {
             MoeProducts::Float => &self.down_combine_rows,
             MoeProducts::Int8 => &self.down_combine_q8_rows,
+            MoeProducts::Int8Pairs => &self.down_combine_x8x2_rows,
         };
         self.down_combine_launch(gpu, a, rows, kernel, products)
     }
@@ -907,7 +934,7 @@ impl Decode {
         let fast = [&down, &sdown]
             .iter()
             .all(|w| w.bits == 4 && w.cols / 64 <= 32);
-        if products == MoeProducts::Int8
+        if products != MoeProducts::Float
             && !(fast && down_smem(down.cols, a.top_k, products) <= DOWN_SMEM_MAX)
         {
             bail!("dec_down_combine_q8: expert weights it does not read");
