@@ -790,6 +790,10 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
     println!("KERNEL decode.cu batched MoE equals one token at a time");
 }
 
+/// A rounding of x per 64-column group (`int8_groups`, `int8_pair_groups`): the rounded values
+/// (exact in f64) and each group's largest magnitude.
+type RoundGroups = fn(&[f32]) -> (Vec<f64>, Vec<f64>);
+
 /// x rounded to int8 per 64-column group as `moe_int8` specifies (decode.cu's stage_x8), in f32
 /// steps of our own: m = max|x|, x̂ = round-half-even(x · (127 / m)), scale = m / 127. Returns
 /// scale · x̂ per value (exact in f64) and each group's m.
@@ -841,7 +845,7 @@ fn moe_int8_matches_cpu() {
         let mut rng = Rng(61);
         for products in [MoeProducts::Int8, MoeProducts::Int8Pairs] {
             // the rounding `products` specifies, and its bound's divisor (max|x| / step an element)
-            let (round, step): (fn(&[f32]) -> (Vec<f64>, Vec<f64>), f64) = match products {
+            let (round, step): (RoundGroups, f64) = match products {
                 MoeProducts::Int8Pairs => (int8_pair_groups, 64516.0),
                 _ => (int8_groups, 254.0),
             };
