@@ -57,7 +57,7 @@ MUTANTS = [
      'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
      "dec_gemv_rows_split meeting only two lanes' sums"),
     ('dec', 'x.e[4 * v + i], lo)', 'x.o[4 * v + i], lo)', "dec_glu4_q8 dotting the low nibbles with the odd columns' int8"),
-    ('dec', 'float2 sc = xqs[sl];', 'float2 sc = xqs[0];', "dec_glu4_q8 taking group 0's int8 scale for every group"),
+    ('dec', 'float2 sc = xqs[sl];\n    x.scale16', 'float2 sc = xqs[0];\n    x.scale16', "dec_glu4_q8 taking group 0's int8 scale for every group"),
     ('dec', 'x8_load(hq, hqs, i * G + sl)', 'x8_load(hq, hqs, sl)', "dec_down_combine_q8 dotting every item with item 0's int8 rows"),
     ('dec', 'return 254 * (16 * lh + hh) + (16 * ll + hl);', 'return 254 * (16 * lh + hh);', "dec_gemv4_x8x2 dropping x_lo"),
     ('dec', 'float unit = scale * (1.0f / 254.0f);', 'float unit = scale * (1.0f / 256.0f);', "dec_gemv4_x8x2 with x_lo's step scale / 256, not / 254"),
