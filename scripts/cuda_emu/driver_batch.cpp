@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | mma | split | moe | moe_q8 | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -21,6 +21,12 @@
 //         int8 rows (only f32 rounding apart), against the unquantised f64 within the bound of the
 //         quantisation step, the routing bit for bit dec_glu4_rows', and bit for bit against
 //         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
+//   moe_x8x2: moe_q8's checks for dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows and their
+//         one-token forms (moe_int8_pairs), the rows rounded to int8 pairs.
+//   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
+//         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
+//         apart), against the unrounded f64 within the pairs' bound element by element, and
+//         beside dec_gemv4 / dec_gemv4w on the same row; with the RMSNorm and gated-norm prologues.
 //   dn:   dec_dn_conv_rows + dec_dn_step_rows (per-sequence state tables) against an f64 conv +
 //         gated delta rule (MODEL.md §2.5), two steps, and bit for bit against dec_dn_conv +
 //         dec_dn_step one sequence at a time on copies of the states.
@@ -677,6 +683,32 @@ static std::vector<double> q8_dequant(const float* x, int cols, std::vector<doub
     return out;
 }
 
+// x rounded to int8 pairs per 64-column group as gemv_int8 specifies (decode.cu's stage_x8x2), in
+// our own f32 steps: m = max|x|, inv = 127 / m, scale = m / 127, x_hi = rint(x · inv), r =
+// fma(−scale, x_hi, x), x_lo = rint(r · (254 · inv)) (ties to even); returns x̃ = scale · (254 x_hi +
+// x_lo) / 254 in f64 (exact) and each group's max in gmax.
+static std::vector<double> x8x2_dequant(const float* x, int cols, std::vector<double>& gmax) {
+    std::vector<double> out(cols);
+    gmax.assign(cols / 64, 0.0);
+    for (int g = 0; g < cols / 64; g++) {
+        float m = 0.0f;
+        for (int j = 0; j < 64; j++) m = std::max(m, std::fabs(x[g * 64 + j]));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
+        gmax[g] = m;
+        for (int j = 0; j < 64; j++) {
+            float v = x[g * 64 + j];
+            int hi = (int)std::nearbyint(v * inv);
+            int lo = (int)std::nearbyint(std::fmaf(-scale, (float)hi, v) * inv_lo);
+            if (hi < -127 || hi > 127 || lo < -127 || lo > 127) {
+                fprintf(stderr, "x8x2_dequant: (%d, %d) out of int8\n", hi, lo);
+                std::abort();
+            }
+            out[g * 64 + j] = (double)scale * (254.0 * hi + lo) / 254.0;
+        }
+    }
+    return out;
+}
+
 // dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8) on the full MoE shape: the routing as
 // dec_glu4_rows'; the hidden rows against an f64 SwiGLU of the same quantised arithmetic (int8 x
 // per group, the weights' exact values; only f32 rounding between them) and against the
@@ -684,13 +716,24 @@ static std::vector<double> q8_dequant(const float* x, int cols, std::vector<doub
 // element, carried through SiLU(g)·u); the residual update against an f64 combine of the int8
 // of the kernel's own hidden rows, and against the unquantised combine of them within its
 // bound; everything bit for bit against dec_glu4_q8 + dec_down_combine_q8 a token at a time.
-static size_t down_smem_q8(const Moe& m) {
+// With `pairs` (moe_int8_pairs): the _x8x2 kernels the same way, the rows rounded to int8 pairs
+// (x8x2_dequant, |x̃ − x| ≤ max|x| / 64,516).
+static size_t down_smem_q8(const Moe& m, bool pairs) {
     int G = m.inter / 64, lpr = std::min(32, G), spw = 32 / lpr, groups = (m.top_k + 1) * G;
     size_t f32_part = (size_t)groups * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * DEC_DOWN_WARPS * spw;
-    return (f32_part + 3) / 4 * 4 + (size_t)groups * (DEC_X8PAD + 2);
+    return (f32_part + 3) / 4 * 4 + (size_t)groups * ((pairs ? DEC_X8X2PAD : DEC_X8PAD) + 2);
 }
-static void run_moe_q8(std::vector<int> Bs) {
-    printf("dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
+static void run_moe_q8(std::vector<int> Bs, bool pairs) {
+    const char* name = pairs ? "dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows (moe_int8_pairs"
+                             : "dec_glu4_q8_rows + dec_down_combine_q8_rows (moe_int8";
+    printf("%s; activations %s)\n", name, BF16 ? "bf16" : "fp32");
+    auto glu_rows = pairs ? dec_glu4_x8x2_rows : dec_glu4_q8_rows;
+    auto glu_one = pairs ? dec_glu4_x8x2 : dec_glu4_q8;
+    auto down_rows = pairs ? dec_down_combine_x8x2_rows : dec_down_combine_q8_rows;
+    auto down_one = pairs ? dec_down_combine_x8x2 : dec_down_combine_q8;
+    auto dequant = pairs ? x8x2_dequant : q8_dequant;
+    const double step = pairs ? 64516 : 254;  // max|x| / step: the rounding's bound an element
+    const int glu_blocks = pairs ? LAUNCH_BLOCKS_PER_SM : DEC_Q8_BLOCKS;
     Moe m;
     int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
     QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
@@ -701,9 +744,9 @@ static void run_moe_q8(std::vector<int> Bs) {
         // Some groups far wider than others: each group's own scale must be the one applied.
         for (int t = 0; t < B; t++) io.xn[(size_t)t * m.hidden + 64 * (3 + t) + 5] *= 9.0f;
         if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
-        int per_token = (DEC_Q8_BLOCKS * SM_COUNT + B - 1) / B;
+        int per_token = (glu_blocks * SM_COUNT + B - 1) / B;
         launch_k({std::min(tiles, per_token), B, 1}, DEC_WARPS * 32, 0, [&] {
-            dec_glu4_q8_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+            glu_rows(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
                              io.eh.p(), m.inter, io.sh.p(), per_item);
         });
         // The f32 kernel on the same rows: the routing must not change.
@@ -716,7 +759,7 @@ static void run_moe_q8(std::vector<int> Bs) {
         for (int t = 0; t < B; t++) {
             std::vector<double> gmax;
             const float* xt = io.xn.data() + (size_t)t * m.hidden;
-            std::vector<double> xq = q8_dequant(xt, m.hidden, gmax), xd(xt, xt + m.hidden);
+            std::vector<double> xq = dequant(xt, m.hidden, gmax), xd(xt, xt + m.hidden);
             // item k < top_k: routed expert ids[k] (the ids check below holds them to the f32
             // kernel's); item top_k: the shared expert.
             for (int k = 0; k <= m.top_k; k++) {
@@ -734,12 +777,14 @@ static void run_moe_q8(std::vector<int> Bs) {
                     // |Δg| ≤ Σ_j |w_j| max|x|_group / 254 (and likewise u); |SiLU'| ≤ 1.1.
                     double eg = 0, eu = 0;
                     for (int c = 0; c < m.hidden; c++) {
-                        eg += std::fabs(wg.weight(e, r, c)) * gmax[c / 64] / 254;
-                        eu += std::fabs(wu.weight(e, r, c)) * gmax[c / 64] / 254;
+                        eg += std::fabs(wg.weight(e, r, c)) * gmax[c / 64] / step;
+                        eu += std::fabs(wu.weight(e, r, c)) * gmax[c / 64] / step;
                     }
                     double bound = 1.1 * eg * std::fabs(uf) + std::fabs(silu(gf)) * eu + 1.1 * eg * eu;
-                    // and the rounding of the kernel's activations (bf16: 3 roundings of 2^-9)
-                    bound += std::fabs(want_f[r]) * (BF16 ? 4e-3 : 1e-5) + 1e-7;
+                    // and the rounding of the kernel's activations (bf16: act(g) carried through
+                    // SiLU, |SiLU'| ≤ 1.1, then three roundings of 2^-9; doubled for margin)
+                    bound += (BF16 ? (1.1 * std::fabs(gf * uf) + 3 * std::fabs(want_f[r])) * (1.0 / 256)
+                                   : std::fabs(want_f[r]) * 1e-5) + 1e-7;
                     double d = std::fabs(got[r] - want_f[r]);
                     if (!(d <= bound)) in_bound = false;
                     worst = std::max(worst, d / bound);
@@ -766,8 +811,8 @@ static void run_moe_q8(std::vector<int> Bs) {
         QWeight dw = m.down.view(), sdw = m.sdown.view();
         int Gd = m.inter / 64, spw = 32 / std::min(32, Gd);
         int dgrid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
-        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
-            dec_down_combine_q8_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
+        launch_k({dgrid, B, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
+            down_rows(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
                                      io.s_gate.data(), io.x.p());
         });
         double e_dq = 0, worst_d = 0;
@@ -777,7 +822,7 @@ static void run_moe_q8(std::vector<int> Bs) {
             std::vector<std::vector<double>> hq(m.top_k + 1), hmax(m.top_k + 1), hf(m.top_k + 1);
             for (int k = 0; k <= m.top_k; k++) {
                 const float* hk = k < m.top_k ? io.eh.p() + ((size_t)t * m.top_k + k) * m.inter : io.sh.p() + (size_t)t * m.sinter;
-                hq[k] = q8_dequant(hk, m.inter, hmax[k]);
+                hq[k] = dequant(hk, m.inter, hmax[k]);
                 hf[k].assign(hk, hk + m.inter);
             }
             double sgv = rb(1 / (1 + std::exp(-(double)io.s_gate[t])));
@@ -790,7 +835,7 @@ static void run_moe_q8(std::vector<int> Bs) {
                     int e = k < m.top_k ? io.ids[(size_t)t * m.top_k + k] : 0;
                     double wk = k < m.top_k ? (double)io.rw[(size_t)t * m.top_k + k] : sgv;
                     double dq = wd.dot(e, c, hq[k].data()), df = wd.dot(e, c, hf[k].data()), eb = 0;
-                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / 254;
+                    for (int j = 0; j < m.inter; j++) eb += std::fabs(wd.weight(e, c, j)) * hmax[k][j / 64] / step;
                     acc += k < m.top_k ? wk * rb(dq) : rb(wk * rb(dq));
                     accf += wk * df;
                     bound += std::fabs(wk) * eb;
@@ -817,20 +862,158 @@ static void run_moe_q8(std::vector<int> Bs) {
         for (int t = 0; t < B; t++) {
             int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
             float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
-            launch_k({std::min(tiles, DEC_Q8_BLOCKS * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
-                dec_glu4_q8(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+            launch_k({std::min(tiles, glu_blocks * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
+                glu_one(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
                             io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
             });
-            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m), [&] {
-                dec_down_combine_q8(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
+                down_one(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
                                     one.x.p() + (size_t)t * m.hidden);
             });
         }
         bool same = same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n) &&
                     same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
-        snprintf(what, sizeof what, "%d tokens vs dec_glu4_q8 + dec_down_combine_q8 a token at a time", B);
+        snprintf(what, sizeof what, "%d tokens vs the one-token kernels a token at a time", B);
         verdict(what, same, same ? "  bit for bit" : "  differ");
     }
+}
+
+// ---- gemv_x8 ------------------------------------------------------------------------------------
+
+// Decode::project's one-row launch with GemvProducts::Int8Pairs (dec_gemv4_x8x2: up to 32 groups,
+// DEC_R4_X8X2 rows a sub-warp; dec_gemv4w_x8x2: 64) or Float (dec_gemv4, dec_gemv4w), with the
+// prologue's arguments.
+struct Prolog { const float* norm_w = nullptr; float eps = 0.0f; const float* gz = nullptr; int head_dim = 1; float* xn_out = nullptr; };
+static void project_one_4bit(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, bool pairs,
+                             const Prolog& p) {
+    int G = cols / 64, lpr = std::min(32, G), spw = 32 / lpr;
+    int R = G == 64 ? 1 : pairs ? DEC_R4_X8X2 : DEC_R4;
+    DecSegs d = make_segs(segs, ys, DEC_WARPS * spw * R);
+    int grid = std::min(d.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    auto k = G == 64 ? (pairs ? dec_gemv4w_x8x2 : dec_gemv4w) : (pairs ? dec_gemv4_x8x2 : dec_gemv4);
+    launch_k({grid, 1, 1}, DEC_WARPS * 32, 0, [&] { k(d, x, p.norm_w, p.eps, p.gz, p.head_dim, p.xn_out, cols); });
+}
+
+// dec_gemv4_x8x2 / dec_gemv4w_x8x2 (gemv_int8) on one row: the staged row (x itself, or the
+// kernel's own normed row from xn_out when a prologue runs) rounded to int8 pairs by our
+// x8x2_dequant; exact outputs against the f64 product of that x̃ (≤ 1e-6: only f32 rounding
+// apart) and every output against the f64 product of the unrounded row within the pairs' bound
+// (|x̃ − x| ≤ max|x|_group / 64,516 per element, times Σ|w|; stored outputs also their act()
+// rounding); beside them, the f32 kernel (dec_gemv4 / dec_gemv4w) on the same row (a tolerance).
+static void gemv_x8_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, int prologue) {
+    std::vector<Seg> segs;
+    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
+    std::vector<float> x = vec(cols, 1.0f);
+    // Some groups far wider than others: each group's own scale must be the one applied.
+    for (int g = 3; g < cols / 64; g += 7) x[64 * g + (g % 64)] *= 9.0f;
+    if (BF16) for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
+    const int head_dim = 128;
+    std::vector<float> norm_w = vec(prologue == 2 ? head_dim : cols, 1.0f), gz = vec(cols, 2.0f);
+    Buf<float> xn(cols);
+    Prolog p;
+    if (prologue) { p.norm_w = norm_w.data(); p.eps = 1e-6f; p.xn_out = xn.p(); }
+    if (prologue == 2) { p.gz = gz.data(); p.head_dim = head_dim; }
+    auto resid = residuals(ws, 1);
+    std::vector<float*> ys;
+    auto got = outputs(ws, modes, 1, resid, ys);
+    project_one_4bit(segs, ys, x.data(), cols, true, p);
+    auto f32 = outputs(ws, modes, 1, resid, ys);
+    project_one_4bit(segs, ys, x.data(), cols, false, p);
+    // The row the projections read: x, or the prologue's output (checked against f64 here).
+    std::vector<float> staged = x;
+    if (prologue) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) ss += (double)x[c] * x[c];
+        std::vector<double> want(cols);
+        for (int c = 0; c < cols; c++) {
+            if (prologue == 1) {
+                want[c] = rb(x[c] / std::sqrt(ss / cols + 1e-6) * norm_w[c]);
+            } else {
+                int h0 = c / head_dim * head_dim;
+                double hs = 0;
+                for (int i = 0; i < head_dim; i++) hs += (double)x[h0 + i] * x[h0 + i];
+                double z = gz[c];
+                want[c] = rb(rb(norm_w[c % head_dim] * rb(x[c] / std::sqrt(hs / head_dim + 1e-6))) * rb(z / (1 + std::exp(-z))));
+            }
+        }
+        double e = rel_l2(xn.p(), want.data(), cols);
+        char what[160];
+        snprintf(what, sizeof what, "%s: staged row (%s) vs f64", name, prologue == 1 ? "RMSNorm" : "gated norm");
+        verdict(what, e < (BF16 ? 1e-2 : 1e-5) && xn.guard_ok(), "  rel_l2 %.2e", e);
+        staged.assign(xn.p(), xn.p() + cols);
+    }
+    std::vector<double> gmax, xt = x8x2_dequant(staged.data(), cols, gmax), xd(staged.begin(), staged.end());
+    for (size_t i = 0; i < ws.size(); i++) {
+        const QW& w = *ws[i];
+        std::vector<double> want_q(w.rows), want_f(w.rows);
+        double worst = 0;
+        bool in_bound = true;
+        for (int r = 0; r < w.rows; r++) {
+            double yq = w.dot(0, r, xt.data()), yf = 0, bound = 0, mag = 0;
+            for (int c = 0; c < cols; c++) {
+                double wc = w.weight(0, r, c);
+                yf += wc * xd[c];
+                bound += std::fabs(wc) * gmax[c / 64] / 64516;
+                mag += std::fabs(wc * xd[c]);
+            }
+            double r0 = modes[i] == DEC_RESIDUAL ? resid[i][r] : 0.0;
+            want_q[r] = modes[i] == DEC_EXACT ? yq : modes[i] == DEC_RESIDUAL ? rb(r0 + rb(yq)) : rb(yq);
+            double wf = modes[i] == DEC_EXACT ? yf : modes[i] == DEC_RESIDUAL ? rb(r0 + rb(yf)) : rb(yf);
+            want_f[r] = wf;
+            // f32 rounding of the sums (1e-6 of Σ|w x|), and the stores' act() roundings
+            bound = bound * 1.001 + 1e-6 * mag + 1e-30;
+            if (modes[i] != DEC_EXACT && BF16) bound += (std::fabs(wf) + std::fabs(rb(yf))) * (1.0 / 256);
+            double d = std::fabs((double)got[i][r] - wf);
+            if (!(d <= bound)) in_bound = false;
+            worst = std::max(worst, d / bound);
+        }
+        double eq = rel_l2(got[i].p(), want_q.data(), w.rows);
+        std::vector<double> fd(f32[i].p(), f32[i].p() + w.rows);
+        double ef = rel_l2(got[i].p(), fd.data(), w.rows);
+        const char* mode = modes[i] == DEC_STORE ? "store" : modes[i] == DEC_RESIDUAL ? "residual" : "exact";
+        char what[160];
+        snprintf(what, sizeof what, "%s: %d cols, 4-bit x %d, %s, vs f64 of the int8 pairs", name, cols, w.rows, mode);
+        // exact outputs: f32 rounding only; stored ones: within their act() rounding
+        double tol = modes[i] == DEC_EXACT ? 1e-6 : BF16 ? 1e-2 : 1e-6;
+        verdict(what, eq < tol && got[i].guard_ok(), "  rel_l2 %.2e", eq);
+        snprintf(what, sizeof what, "%s: %d cols, 4-bit x %d, %s, vs unrounded f64", name, cols, w.rows, mode);
+        char fmt[96];
+        snprintf(fmt, sizeof fmt, "  per element within the bound (worst %%.2f of it); vs f32 kernel %%.2e");
+        verdict(what, in_bound && ef < (modes[i] == DEC_EXACT ? 1e-4 : BF16 ? 1e-2 : 1e-4), fmt, worst, ef);
+        if (modes[i] == DEC_EXACT && !BF16) {
+            // For the record (fp32 builds: a row off the bf16 grid): what rounding the row alone
+            // does to these products (f64 sums), as int8 pairs, as bf16 and as one int8 (moe_int8).
+            std::vector<double> g8, x8 = q8_dequant(staged.data(), cols, g8), xb(cols);
+            for (int c = 0; c < cols; c++) xb[c] = f_of_bf16(bf16_of(staged[c]));
+            double num[3] = {0, 0, 0}, den = 0;
+            for (int r = 0; r < w.rows; r++) {
+                double yf = w.dot(0, r, xd.data()), ys[3] = {w.dot(0, r, xt.data()), w.dot(0, r, xb.data()), w.dot(0, r, x8.data())};
+                for (int k = 0; k < 3; k++) num[k] += (ys[k] - yf) * (ys[k] - yf);
+                den += yf * yf;
+            }
+            printf("      the row's rounding alone, rel_l2 of the products: int8 pairs %.2e, bf16 %.2e, one int8 %.2e\n",
+                   std::sqrt(num[0] / den), std::sqrt(num[1] / den), std::sqrt(num[2] / den));
+        }
+    }
+}
+
+static void run_gemv_x8() {
+    printf("dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8; activations %s)\n", BF16 ? "bf16" : "fp32");
+    // DeltaNet's in_proj at the model's width (qkv 8192, z 4096, b and a 32 rows; all 4-bit),
+    // the block's RMSNorm folded in, every store mode.
+    QW qkv(4, 1, 8192, 2048), z(4, 1, 4096, 2048), bw(4, 1, 32, 2048), aw(4, 1, 32, 2048);
+    gemv_x8_case("in_proj", 2048, {&qkv, &z, &bw, &aw}, {DEC_EXACT, DEC_STORE, DEC_RESIDUAL, DEC_EXACT}, 1);
+    gemv_x8_case("in_proj, no prologue", 2048, {&qkv, &bw}, {DEC_EXACT, DEC_STORE}, 0);
+    // out_proj with DeltaNet's gated norm folded in (4,096 columns: two groups a lane), added
+    // into the residual; o_proj's plain row, exact.
+    QW out(4, 1, 2048, 4096);
+    gemv_x8_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, 2);
+    gemv_x8_case("o_proj", 4096, {&out}, {DEC_EXACT}, 0);
+    // lm_head-like: rows ending mid-tile; narrow inputs (8 and 4 groups: several rows a warp).
+    QW head(4, 1, 3001, 2048), n512(4, 1, 777, 512), n256(4, 1, 300, 256);
+    gemv_x8_case("lm_head (3,001 rows)", 2048, {&head}, {DEC_EXACT}, 0);
+    gemv_x8_case("narrow", 512, {&n512}, {DEC_EXACT}, 0);
+    gemv_x8_case("narrow", 256, {&n256, &n256}, {DEC_STORE, DEC_EXACT}, 0);
 }
 
 // ---- dn -----------------------------------------------------------------------------------------
@@ -1096,12 +1279,14 @@ int main(int argc, char** argv) {
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
-    else if (part == "moe_q8") run_moe_q8({1, 3, 8});
+    else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
+    else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
+    else if (part == "gemv_x8") run_gemv_x8();
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|mma|split|moe|moe_q8|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, the
-# int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8),
+# int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
+# one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
+# kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs),
 # dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows +
 # attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
@@ -13,8 +15,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|mma|split|moe|moe_q8|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (13 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (20 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -55,8 +57,17 @@ MUTANTS = [
      'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
      "dec_gemv_rows_split meeting only two lanes' sums"),
     ('dec', 'x.e[4 * v + i], lo)', 'x.o[4 * v + i], lo)', "dec_glu4_q8 dotting the low nibbles with the odd columns' int8"),
-    ('dec', 'float2 sc = xqs[sl];', 'float2 sc = xqs[0];', "dec_glu4_q8 taking group 0's int8 scale for every group"),
+    ('dec', 'float2 sc = xqs[sl];\n    x.scale16', 'float2 sc = xqs[0];\n    x.scale16', "dec_glu4_q8 taking group 0's int8 scale for every group"),
     ('dec', 'x8_load(hq, hqs, i * G + sl)', 'x8_load(hq, hqs, sl)', "dec_down_combine_q8 dotting every item with item 0's int8 rows"),
+    ('dec', 'return 254 * (16 * lh + hh) + (16 * ll + hl);', 'return 254 * (16 * lh + hh);', "dec_gemv4_x8x2 dropping x_lo"),
+    ('dec', 'float unit = scale * (1.0f / 254.0f);', 'float unit = scale * (1.0f / 256.0f);', "dec_gemv4_x8x2 with x_lo's step scale / 256, not / 254"),
+    ('dec', 'sum += 254 * hi[j] + lo[j];', 'sum += 254 * hi[j];', "dec_gemv4_x8x2's bias term on x_hi's sum alone"),
+    ('dec', 'lo[j] = __float2int_rn(fmaf(-scale, (float)hi[j], v[j]) * inv_lo);', 'lo[j] = __float2int_rn(fmaf(-scale, (float)hi[j], v[j]) * inv);',
+     "dec_gemv4_x8x2 rounding the residual to steps of scale, not scale / 254"),
+    ('dec', 'xp[j] = x8x2_load(xq, xqs, tg.sl + j * tg.lpr);', 'xp[j] = x8x2_load(xq, xqs, tg.sl + j);',
+     "dec_gemv4w_x8x2 holding groups sl and sl + 1, not sl + 32"),
+    ('dec', 'x8x2_load(hq, hqs, i * G + sl)', 'x8x2_load(hq, hqs, sl)', "dec_down_combine_x8x2 dotting every item with item 0's pairs"),
+    ('dec', 'x = x8x2_load(xq, xqs, sl);', 'x = x8x2_load(xq, xqs, 0);', "dec_glu4_x8x2 taking group 0's pairs in every lane"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -132,7 +143,9 @@ build() {  # build FLAGS...: the emulator with these compiler flags (and EMU_FLA
 if [ "${1:-}" = mutants ]; then
   # (index, part that must fail, build flags)
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
-           "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8"; do
+           "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
+           "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
+           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -148,8 +161,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv mma split moe moe_q8 dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv mma split moe moe_q8 dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

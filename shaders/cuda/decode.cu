@@ -63,6 +63,9 @@
 #ifndef DEC_R4
 #error "DEC_R4 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_R4_X8X2
+#error "DEC_R4_X8X2 comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -312,6 +315,116 @@ __device__ __forceinline__ float group_term_x8(float s, float b, int d16, const 
     return fmaf(s * x.scale16, (float)d16, b * x.sum);
 }
 
+// ---- int8 pairs of x for the one-token 4-bit projections (gemv_int8) ----------------------------
+// One int8 a value rounds x about 6× coarser than bf16 (moe_int8's agreement cost); two recover
+// it. A group of 64 x values: scale = max|x| / 127, x_hi = rint(x · (127 / max|x|)), the residual
+// r = x − scale · x_hi (one fmaf; |r| ≤ scale / 2), x_lo = rint(r · (254 · 127 / max|x|)), both in
+// [−127, 127]. Then x̃ = (scale / 254) · (254 x_hi + x_lo) and |x̃ − x| ≤ scale / 508 = max|x| /
+// 64,516 (and f32 rounding): ≈ 40× finer than bf16's rounding of a typical element, 254× finer
+// than one int8, so the products stay at the f32 kernels' agreement. Packed as stage_x8 packs
+// (e: the columns of a weight word's low nibbles, o: its high nibbles), x_hi's words then x_lo's:
+// a 4-bit word costs two masks and four dp4a (0.75 instructions a weight against nib8_fma's 2.5),
+// and a lane holds its group in 32 words and 2 floats instead of 64 + 1 floats. Integer sums are
+// exact: 16 Σ q x_hi ≤ 16 · 64 · 15 · 127 < 2^21, and 16 Σ q (254 x_hi + x_lo) < 2^29.
+// The bias term takes the dequantised sum (scale / 254) · Σ (254 x_hi + x_lo), so a group's term
+// is exactly Σ_j (s q_j + b) · x̃_j: the true weights against the rounded x (error Σ w_j δ_j, w
+// centred near 0), not s Σ q_j δ_j (q in 0..15: about twice as large) had the f32 Σ x_j been kept;
+// and the kernel's result is then the exact product of x̃, which is what the tests hold it to.
+#define DEC_X8X2PAD 36  // u32 words a group in shared memory (32 + 4: conflict-free 16-byte reads)
+
+struct X8x2Group {
+    u32 w[4][8];    // x_hi of the even columns, of the odd ones, then x_lo's (xq's order)
+    float unit16;   // scale / 254 / 16 (dot_group_x8x2 returns 16 Σ q (254 x_hi + x_lo))
+    float sum;      // (scale / 254) · Σ (254 x_hi + x_lo)
+};
+
+// The block's staged x (xs: G groups padded to DEC_XPAD) as int8 pairs into xq (DEC_X8X2PAD words
+// a group) / xqs (scale / 254, the dequantised sum): thread t rounds word t % 8 (8 columns) of
+// group t / 8, the group's max and sum met by shuffles over its 8 threads. The caller's barrier
+// publishes them.
+__device__ __forceinline__ void stage_x8x2(const float* xs, int G, u32* xq, float2* xqs) {
+    int p = threadIdx.x & 7;
+    for (int g0 = 0; g0 < G; g0 += blockDim.x >> 3) {
+        int g = g0 + (threadIdx.x >> 3);
+        bool live = g < G;
+        float v[8];
+        const float4* src = reinterpret_cast<const float4*>(xs + (live ? g : 0) * DEC_XPAD + 8 * p);
+        float4 a = src[0], b = src[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
+        int hi[8], lo[8], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            hi[j] = __float2int_rn(v[j] * inv);
+            lo[j] = __float2int_rn(fmaf(-scale, (float)hi[j], v[j]) * inv_lo);
+            sum += 254 * hi[j] + lo[j];
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        auto pack = [](const int* q, int j0) {
+            return (u32)(q[j0] & 255) | (u32)(q[j0 + 2] & 255) << 8 | (u32)(q[j0 + 4] & 255) << 16 | (u32)q[j0 + 6] << 24;
+        };
+        if (live) {
+            u32* dst = xq + g * DEC_X8X2PAD + p;
+            dst[0] = pack(hi, 0);
+            dst[8] = pack(hi, 1);
+            dst[16] = pack(lo, 0);
+            dst[24] = pack(lo, 1);
+            if (p == 0) {
+                float unit = scale * (1.0f / 254.0f);
+                xqs[g] = make_float2(unit, unit * (float)sum);
+            }
+        }
+    }
+}
+
+// Group sl of the int8 pairs into registers.
+__device__ __forceinline__ X8x2Group x8x2_load(const u32* xq, const float2* xqs, int sl) {
+    X8x2Group x;
+    const uint4* w = reinterpret_cast<const uint4*>(xq + sl * DEC_X8X2PAD);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 w0 = w[2 * k], w1 = w[2 * k + 1];
+        x.w[k][0] = w0.x, x.w[k][1] = w0.y, x.w[k][2] = w0.z, x.w[k][3] = w0.w;
+        x.w[k][4] = w1.x, x.w[k][5] = w1.y, x.w[k][6] = w1.z, x.w[k][7] = w1.w;
+    }
+    float2 sc = xqs[sl];
+    x.unit16 = sc.x * 0.0625f;
+    x.sum = sc.y;
+    return x;
+}
+
+// 16 Σ_j q_j (254 x_hi_j + x_lo_j) over one 4-bit group (8 words): as dot_group_x8, the low
+// nibbles (w & 0x0F..) against the even columns, the high ones in place (16 q) against the odd,
+// each against x_hi and x_lo; two masks and four dp4a per 8 weights.
+__device__ __forceinline__ int dot_group_x8x2(const uint4 (&q)[2], const X8x2Group& x) {
+    int lh = 0, hh = 0, ll = 0, hl = 0;
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+        u32 words[4] = {q[v].x, q[v].y, q[v].z, q[v].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 lo = words[i] & 0x0F0F0F0Fu, hi = words[i] & 0xF0F0F0F0u;
+            lh = dp4a_us(lo, x.w[0][4 * v + i], lh);
+            hh = dp4a_us(hi, x.w[1][4 * v + i], hh);
+            ll = dp4a_us(lo, x.w[2][4 * v + i], ll);
+            hl = dp4a_us(hi, x.w[3][4 * v + i], hl);
+        }
+    }
+    return 254 * (16 * lh + hh) + (16 * ll + hl);
+}
+
+// The group's share of a row's dot product: Σ_j (s q_j + b) x̃_j = s · (scale / 254) · Σ q (254
+// x_hi + x_lo) + b · (scale / 254) · Σ (254 x_hi + x_lo).
+__device__ __forceinline__ float group_term_x8x2(float s, float b, int d16, const X8x2Group& x) {
+    return fmaf(s * x.unit16, (float)d16, b * x.sum);
+}
+
 // acc[r] += row (rbase + r) · x for r < R over the lane's groups g = sl, sl + lpr, ... of G.
 // Rows at or past `rows` read the last row instead (their sums are never stored).
 template <int BITS, int R>
@@ -340,8 +453,9 @@ __device__ __forceinline__ void rows_dot(const QWeight& w, int rbase, int G, int
 }
 
 // DEC_LEAN_WHY: LEAN (a template flag of expert, qrows_load, reduce_rows and the MoE kernels' bodies)
-// picks the instruction cuts of the MoE's batched and int8 kernels (32-bit offsets, unrolled
-// reductions, tile positions carried, token offsets from blockIdx.y). The one-token f32 MoE kernels
+// picks the instruction cuts of the MoE's batched and int8 kernels and of the int8-pair GEMVs
+// (32-bit offsets, unrolled reductions, tile positions carried, token offsets from blockIdx.y;
+// gemv_pipelined's PAIRS takes the first two). The one-token f32 MoE kernels
 // (dec_glu4, dec_down_combine) and every other kernel keep the code as it was before the cuts, SASS
 // for SASS: built from the cut code (with the rows kernels' bookkeeping) they measured 6 % slower
 // in one-token decode (H100, full size: 465.9 -> 438.8 tok/s at 256), though fewer instructions.
@@ -673,21 +787,39 @@ __device__ __forceinline__ int tile_row0(const TileGeom& t, int blk) {
     return (blk * DEC_WARPS * t.spw + t.warp * t.spw + t.sub) * R;
 }
 
-template <int BITS, int GPL, int R>
+template <int BITS, int GPL, int R, bool LEAN = false>
 __device__ __forceinline__ void gemv_load(const DecSegs& segs, int tile, const TileGeom& t, QRows<BITS, GPL, R>& r) {
     DecSeg sg = seg_of(segs, tile);
-    qrows_load<BITS, GPL, R>(sg.w, tile_row0<R>(t, tile - sg.tile0), t.G, t.lpr, t.sl, r);
+    qrows_load<BITS, GPL, R, LEAN>(sg.w, tile_row0<R>(t, tile - sg.tile0), t.G, t.lpr, t.sl, r);
 }
 
-template <int BITS, int GPL, int R>
+// acc[i] = the lane's share of row i · x̃ from the lane's GPL groups of int8 pairs (gemv_int8).
+template <int GPL, int R>
+__device__ __forceinline__ void qrows_dot_x8x2(const QRows<4, GPL, R>& r, const X8x2Group (&xp)[GPL],
+                                               float (&acc)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GPL; j++)
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] += group_term_x8x2(r.s[i][j], r.b[i][j], dot_group_x8x2(r.q[i][j], xp[j]), xp[j]);
+}
+
+// PAIRS (the _x8x2 kernels, gemv_int8): the products on xp's int8 pairs, with the lean loads and
+// reductions; otherwise on xv / xs in f32 as the kernels compiled before them (DEC_LEAN_WHY).
+template <int BITS, int GPL, int R, bool PAIRS = false>
 __device__ __forceinline__ void gemv_finish(const DecSegs& segs, int tile, const TileGeom& t,
                                             const QRows<BITS, GPL, R>& r, float (&xv)[64], float sx,
-                                            const float* xs, const float* xsum) {
+                                            const float* xs, const float* xsum, const X8x2Group (&xp)[GPL]) {
     DecSeg sg = seg_of(segs, tile);
     int rbase = tile_row0<R>(t, tile - sg.tile0);
     float acc[R];
-    qrows_dot<BITS, GPL, R>(r, t.sl, t.lpr, xv, sx, xs, xsum, acc);
-    reduce_rows<R>(acc, t.lpr);
+    if constexpr (PAIRS)
+        qrows_dot_x8x2<GPL, R>(r, xp, acc);
+    else
+        qrows_dot<BITS, GPL, R>(r, t.sl, t.lpr, xv, sx, xs, xsum, acc);
+    reduce_rows<R, PAIRS>(acc, t.lpr);
     if (t.sl == 0) {
 #pragma unroll
         for (int i = 0; i < R; i++)
@@ -695,12 +827,15 @@ __device__ __forceinline__ void gemv_finish(const DecSegs& segs, int tile, const
     }
 }
 
-// Tiles of DEC_WARPS · spw · R rows over a persistent grid (see dec_gemv).
-template <int BITS, int GPL, int R>
+// Tiles of DEC_WARPS · spw · R rows over a persistent grid (see dec_gemv). PAIRS (gemv_int8,
+// 4-bit): the staged x rounded to int8 pairs once a block (stage_x8x2 into xq / xqs), the lane's
+// GPL groups of them held in registers for the whole launch, dp4a products (gemv_finish).
+template <int BITS, int GPL, int R, bool PAIRS = false>
 __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float* __restrict__ x,
                                                const float* __restrict__ norm_w, float eps,
                                                const float* __restrict__ gz, int head_dim,
-                                               float* __restrict__ xn_out, int cols, float* xs, float* xsum) {
+                                               float* __restrict__ xn_out, int cols, float* xs, float* xsum,
+                                               u32* xq = nullptr, float2* xqs = nullptr) {
     int lane = threadIdx.x & 31;
     TileGeom tg;
     tg.G = cols >> 6;
@@ -712,24 +847,30 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
     int step = gridDim.x, tiles = segs.tiles;
     QRows<BITS, GPL, R> ra, rb;
     int t = blockIdx.x;
-    if (t < tiles) gemv_load<BITS, GPL, R>(segs, t, tg, ra);
-    if (t + step < tiles) gemv_load<BITS, GPL, R>(segs, t + step, tg, rb);
+    if (t < tiles) gemv_load<BITS, GPL, R, PAIRS>(segs, t, tg, ra);
+    if (t + step < tiles) gemv_load<BITS, GPL, R, PAIRS>(segs, t + step, tg, rb);
     stage_prefetch(norm_w, cols, head_dim, gz != nullptr);
     dec_wait();
     stage_x(x, norm_w, eps, cols, gz, head_dim, xs, xsum, xn_out);
     float xv[64];
     float sx = 0.0f;
-    if (GPL == 1) {
+    X8x2Group xp[GPL];
+    if (PAIRS) {
+        stage_x8x2(xs, tg.G, xq, xqs);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < GPL; j++) xp[j] = x8x2_load(xq, xqs, tg.sl + j * tg.lpr);
+    } else if (GPL == 1) {
         load_group(xs + tg.sl * DEC_XPAD, xv);
         sx = xsum[tg.sl];
     }
     for (; t < tiles; t += 2 * step) {
-        gemv_finish<BITS, GPL, R>(segs, t, tg, ra, xv, sx, xs, xsum);
-        if (t + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, t + 2 * step, tg, ra);
+        gemv_finish<BITS, GPL, R, PAIRS>(segs, t, tg, ra, xv, sx, xs, xsum, xp);
+        if (t + 2 * step < tiles) gemv_load<BITS, GPL, R, PAIRS>(segs, t + 2 * step, tg, ra);
         int tb = t + step;
         if (tb >= tiles) break;
-        gemv_finish<BITS, GPL, R>(segs, tb, tg, rb, xv, sx, xs, xsum);
-        if (tb + 2 * step < tiles) gemv_load<BITS, GPL, R>(segs, tb + 2 * step, tg, rb);
+        gemv_finish<BITS, GPL, R, PAIRS>(segs, tb, tg, rb, xv, sx, xs, xsum, xp);
+        if (tb + 2 * step < tiles) gemv_load<BITS, GPL, R, PAIRS>(segs, tb + 2 * step, tg, rb);
     }
     dec_trigger_late();  // the block's last rows are summed: let the next kernel start
 }
@@ -746,6 +887,24 @@ __device__ __forceinline__ void gemv_pipelined(const DecSegs& segs, const float*
 DEC_GEMV_PIPELINED(dec_gemv4, 4, 1, DEC_R4)
 DEC_GEMV_PIPELINED(dec_gemv4w, 4, 2, 1)
 DEC_GEMV_PIPELINED(dec_gemv8, 8, 1, 1)
+
+// dec_gemv4 / dec_gemv4w with int8-pair products (gemv_int8): x staged as dec_gemv4's, then
+// rounded to int8 pairs per 64-column group once a block (stage_x8x2), each 4-bit word dotted by
+// four dp4a (dot_group_x8x2). A lane holds its groups in 34 registers each instead of 65 (and
+// dec_gemv4w both of its groups, which dec_gemv4w reads from shared memory per tile).
+#define DEC_GEMV_X8X2(NAME, GPL, R)                                                                           \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32)                                              \
+    NAME(DecSegs segs, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,              \
+         const float* __restrict__ gz, int head_dim, float* __restrict__ xn_out, int cols) {                  \
+        __shared__ __align__(16) float xs[DEC_MAX_GROUPS * DEC_XPAD];                                         \
+        __shared__ float xsum[DEC_MAX_GROUPS];                                                                \
+        __shared__ __align__(16) u32 xq[DEC_MAX_GROUPS * DEC_X8X2PAD];                                        \
+        __shared__ float2 xqs[DEC_MAX_GROUPS];                                                                \
+        gemv_pipelined<4, GPL, R, true>(segs, x, norm_w, eps, gz, head_dim, xn_out, cols, xs, xsum, xq, xqs); \
+    }
+
+DEC_GEMV_X8X2(dec_gemv4_x8x2, 1, DEC_R4_X8X2)
+DEC_GEMV_X8X2(dec_gemv4w_x8x2, 2, 1)
 
 // The matrix of expert e in a stack (rows × cols each). LEAN (the MoE's rows and int8 kernels):
 // decode.cu reads 64-column groups only and a matrix's words fit 31 bits (decode::serves), so
@@ -923,8 +1082,9 @@ __device__ __forceinline__ void glu_load(GluPos pos, const TileGeom& t, const QW
 }
 
 // The lane's group of x as dec_glu4 holds it for the whole launch: 64 floats and their sum, or
-// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8).
-template <bool Q8>
+// (Q8, moe_int8) the group as int8 for dp4a (X8Group, stage_x8), or (Q8 and PAIRS,
+// moe_int8_pairs) as int8 pairs (X8x2Group, stage_x8x2).
+template <bool Q8, bool PAIRS = false>
 struct GluX {
     float v[64];
     float sum;
@@ -935,6 +1095,20 @@ struct GluX {
     template <int R>
     __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
         qrows_dot<4, 1, R>(r, 0, 1, v, sum, nullptr, nullptr, acc);
+    }
+};
+
+template <>
+struct GluX<true, true> {
+    X8x2Group x;
+    __device__ __forceinline__ void load(const float*, const float*, const u32* xq, const float2* xqs, int sl) {
+        x = x8x2_load(xq, xqs, sl);
+    }
+    template <int R>
+    __device__ __forceinline__ void dot(const QRows<4, 1, R>& r, float (&acc)[R]) {
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            acc[i] = group_term_x8x2(r.s[i][0], r.b[i][0], dot_group_x8x2(r.q[i][0], x), x);
     }
 };
 
@@ -951,9 +1125,10 @@ struct GluX<true> {
     }
 };
 
-template <bool Q8, bool LEAN>
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_rows, int s_rows, const GluTile& r,
-                                           GluX<Q8>& x, float* __restrict__ h, int h_stride, float* __restrict__ hs) {
+                                           GluX<Q8, PAIRS>& x, float* __restrict__ h, int h_stride,
+                                           float* __restrict__ hs) {
     int item = pos.item;
     int rbase = tile_row0<DEC_GLU_R4>(t, pos.blk);
     int rows = item == 0 ? s_rows : g_rows;
@@ -970,11 +1145,12 @@ __device__ __forceinline__ void glu_finish(GluPos pos, const TileGeom& t, int g_
     }
 }
 
-// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8).
+// dec_glu4's work for one token (its shared memory passed in; xq / xqs: the int8 x when Q8, as
+// pairs when PAIRS too).
 // LEAN (every kernel but the one-token f32 dec_glu4): the tiles' positions carried (GluPos) and
 // the cuts of expert / qrows_load / reduce_rows; otherwise the tile loop as dec_glu4 compiled
 // before them (DEC_LEAN_WHY).
-template <bool Q8, bool LEAN>
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                            int n_experts, int top_k, int* __restrict__ ids,
                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
@@ -1029,18 +1205,21 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
         if (!early && a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
         if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
         if (Q8) {
-            stage_x8(xs, tg.G, xq, xqs);
+            if (PAIRS)
+                stage_x8x2(xs, tg.G, xq, xqs);
+            else
+                stage_x8(xs, tg.G, xq, xqs);
             __syncthreads();
         }
-        GluX<Q8> x;
+        GluX<Q8, PAIRS> x;
         x.load(xs, xsum, xq, xqs, tg.sl);
         while (a.item < items) {
-            glu_finish<Q8, LEAN>(a, tg, gate.rows, sgate.rows, ra, x,
+            glu_finish<Q8, LEAN, PAIRS>(a, tg, gate.rows, sgate.rows, ra, x,
                                  h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
             a = glu_next(a, stride, per_item);
             if (a.item < items) glu_load<LEAN>(a, tg, gate, up, sgate, sup, ids_s, ra);
             if (b.item >= items) break;
-            glu_finish<Q8, LEAN>(b, tg, gate.rows, sgate.rows, rb, x,
+            glu_finish<Q8, LEAN, PAIRS>(b, tg, gate.rows, sgate.rows, rb, x,
                                  h + (long long)blockIdx.y * h_tok, h_stride, hs + (long long)blockIdx.y * hs_tok);
             b = glu_next(b, stride, per_item);
             if (b.item < items) glu_load<LEAN>(b, tg, gate, up, sgate, sup, ids_s, rb);
@@ -1056,9 +1235,13 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
     __shared__ int ids_s[DEC_MAX_TOPK];                      \
     __shared__ float w_s[DEC_MAX_TOPK];
 
-// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8).
+// The int8 x of the _q8 kernels (moe_int8): packed groups and their scales / sums (stage_x8);
+// of the _x8x2 kernels (moe_int8_pairs) as int8 pairs (stage_x8x2).
 #define GLU4_SHARED_Q8                                              \
     __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8PAD]; \
+    __shared__ float2 xqs[DEC_X8_GROUPS];
+#define GLU4_SHARED_X8X2                                              \
+    __shared__ __align__(16) u32 xq[DEC_X8_GROUPS * DEC_X8X2PAD]; \
     __shared__ float2 xqs[DEC_X8_GROUPS];
 
 // dec_glu4 and its batched form dec_glu4_rows, in f32 products or (the _q8 kernels, moe_int8)
@@ -1081,22 +1264,32 @@ __device__ __forceinline__ void glu4_token(QWeight gate, QWeight up, const float
         GLU4_SHARED                                                                                           \
         GLU4_SHARED_##Q8                                                                                      \
         long long b = LEAN ? blockIdx.y : 0;                                                                  \
-        glu4_token<Q8##_ON, LEAN>(gate, up, router_logits + b * n_experts, n_experts, top_k, ids + b * top_k, \
-                                  route_w + b * top_k, sgate, sup, xn + b * gate.cols, h, h_stride, hs,       \
-                                  tiles_per_item, xs, xsum, p, ids_s, w_s, GLU4_XQ_##Q8,                      \
-                                  LEAN ? top_k * h_stride : 0, LEAN ? sgate.rows : 0);                        \
+        glu4_token<Q8##_ON, LEAN, Q8##_PAIRS>(gate, up, router_logits + b * n_experts, n_experts, top_k,      \
+                                               ids + b * top_k, route_w + b * top_k, sgate, sup,              \
+                                               xn + b * gate.cols, h, h_stride, hs, tiles_per_item, xs, xsum, \
+                                               p, ids_s, w_s, GLU4_XQ_##Q8, LEAN ? top_k * h_stride : 0,      \
+                                               LEAN ? sgate.rows : 0);                                        \
     }
 
 #define GLU4_SHARED_F32
 #define F32_ON false
 #define Q8_ON true
+#define X8X2_ON true
+#define F32_PAIRS false
+#define Q8_PAIRS false
+#define X8X2_PAIRS true
 #define GLU4_XQ_F32 nullptr, nullptr
 #define GLU4_XQ_Q8 xq, xqs
+#define GLU4_XQ_X8X2 xq, xqs
 
 DEC_GLU4(dec_glu4, F32, false, (DEC_WARPS * 32))
 DEC_GLU4(dec_glu4_q8, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
 DEC_GLU4(dec_glu4_rows, F32, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 DEC_GLU4(dec_glu4_q8_rows, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
+// moe_int8_pairs: the _q8 kernels on int8 pairs of xn (stage_x8x2, four dp4a a word; a lane's x
+// in 34 registers: 2 blocks an SM).
+DEC_GLU4(dec_glu4_x8x2, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
+DEC_GLU4(dec_glu4_x8x2_rows, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,
@@ -1142,8 +1335,9 @@ __device__ __forceinline__ void stage_items(const float* __restrict__ h, int h_s
 // grid ceil(hidden / (DEC_DOWN_WARPS · (32 / lpr))).
 // Q8 (the _q8 kernels, moe_int8; 4-bit down weights, one group a lane): the staged rows are
 // rounded to int8 per 64-column group (stage_x8, into hq / hqs after the partials) and each
-// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does.
-template <bool Q8, bool LEAN>
+// 4-bit word dotted with them by two dp4a (group_term_x8), as dec_glu4_q8 does; with PAIRS
+// (the _x8x2 kernels, moe_int8_pairs) to int8 pairs (stage_x8x2, four dp4a a word).
+template <bool Q8, bool LEAN, bool PAIRS = false>
 __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                    const float* __restrict__ route_w, int top_k,
                                                    const float* __restrict__ h, int h_stride,
@@ -1161,9 +1355,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     float* hsum = hsm + items * G * DEC_XPAD;        // [items][G]
     float* part = hsum + items * G;                  // [KSPLIT][rows_per_block]
     float* shared_part = part + DEC_DOWN_KSPLIT * rows_per_block;  // [rows_per_block]
-    // Q8: [items][G][DEC_X8PAD] words at a 16-byte boundary, then [items][G] (scale, scale · Σ x̂)
+    // Q8: [items][G][DEC_X8PAD] (PAIRS: DEC_X8X2PAD) words at a 16-byte boundary, then [items][G]
+    // (scale, scale · Σ x̂)
     u32* hq = reinterpret_cast<u32*>(dec_smem + ((items * G * (DEC_XPAD + 1) + (DEC_DOWN_KSPLIT + 1) * rows_per_block + 3) & ~3));
-    float2* hqs = reinterpret_cast<float2*>(hq + items * G * DEC_X8PAD);
+    float2* hqs = reinterpret_cast<float2*>(hq + items * G * (PAIRS ? DEC_X8X2PAD : DEC_X8PAD));
     int r_local = rg * spw + sub;
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
@@ -1197,7 +1392,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     stage_items(h, h_stride, hs, top_k, cols, hsm, hsum);
     __syncthreads();
     if (Q8) {
-        stage_x8(hsm, items * G, hq, hqs);
+        if (PAIRS)
+            stage_x8x2(hsm, items * G, hq, hqs);
+        else
+            stage_x8(hsm, items * G, hq, hqs);
         __syncthreads();
     }
     float y = 0.0f, ys = 0.0f;
@@ -1215,7 +1413,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
                 int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
                 if (i < items) {
                     float acc[1];
-                    if (Q8) {
+                    if constexpr (PAIRS) {
+                        X8x2Group xq = x8x2_load(hq, hqs, i * G + sl);
+                        acc[0] = group_term_x8x2(s[j], b[j], dot_group_x8x2(q[j], xq), xq);
+                    } else if (Q8) {
                         X8Group xq = x8_load(hq, hqs, i * G + sl);
                         acc[0] = group_term_x8(s[j], b[j], dot_group_x8(q[j], xq), xq);
                     } else {
@@ -1264,21 +1465,28 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
 // and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
 // down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1. LEAN false
 // (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY).
-#define DEC_DOWN_COMBINE(NAME, Q8, LEAN)                                                                            \
-    extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)                             \
+#define DEC_DOWN_COMBINE(NAME, Q8, LEAN, PAIRS, BOUNDS)                                                             \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                             \
     NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
          const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
          float* __restrict__ x) {                                                                                   \
         long long b = LEAN ? blockIdx.y : 0;                                                                        \
-        down_combine_token<Q8, LEAN>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,                      \
-                                     h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,           \
-                                     x + b * down.rows);                                                            \
+        down_combine_token<Q8, LEAN, PAIRS>(down, sdown, ids + b * top_k, route_w + b * top_k, top_k,               \
+                                            h + b * top_k * h_stride, h_stride, hs + b * sdown.cols, s_gate + b,    \
+                                            x + b * down.rows);                                                     \
     }
 
-DEC_DOWN_COMBINE(dec_down_combine, false, false)
-DEC_DOWN_COMBINE(dec_down_combine_q8, true, true)
-DEC_DOWN_COMBINE(dec_down_combine_rows, false, true)
-DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true)
+#define DEC_DOWN_BOUNDS (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
+DEC_DOWN_COMBINE(dec_down_combine, false, false, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true, true, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false, true, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true, false, DEC_DOWN_BOUNDS)
+// moe_int8_pairs: the _q8 kernels on int8 pairs of the hidden rows. One block an SM may take up to
+// 168 registers (≈ 100: the pairs of an item beside DEC_DOWN_BATCH items' words; held to two
+// blocks' 85 they spill): a one-token launch has fewer blocks than SMs anyway (hidden / (rows a
+// block): 128 at the full shape).
+DEC_DOWN_COMBINE(dec_down_combine_x8x2, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

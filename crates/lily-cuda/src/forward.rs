@@ -446,7 +446,7 @@ impl Forward<'_> {
                 match self.plan.one_row(&model.lm_head.shape()) {
                     DecodePath::Fused => {
                         let out = [(&model.lm_head, Out::Store(seq.logits.ptr))];
-                        k.decode.project(gpu, Input::row(s.xn.ptr, h), &out)?
+                        self.project_one_token(Input::row(s.xn.ptr, h), &out)?
                     }
                     DecodePath::PerKernel => {
                         let logits = Rows::new(seq.logits.ptr, v);
@@ -1008,17 +1008,16 @@ impl Forward<'_> {
         keys: usize,
         input: Input,
     ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (cfg, s) = (self.cfg, self.scratch);
         let qkv = [
             (&a.q_proj, Out::Store(s.qg.ptr)),
             (&a.k_proj, Out::Store(s.k.ptr)),
             (&a.v_proj, Out::Store(s.v.ptr)),
         ];
-        k.decode.project(gpu, input, &qkv)?;
+        self.project_one_token(input, &qkv)?;
         self.attend(a, k_cache, v_cache, pos, keys, 1, 0)?;
         let o = Input::row(s.attn_o.ptr, cfg.n_heads * cfg.head_dim);
-        k.decode
-            .project(gpu, o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
+        self.project_one_token(o, &[(&a.o_proj, Out::AddToResidual(s.x.ptr))])
     }
 
     /// Gated DeltaNet of one token: the four input projections in one launch, conv, recurrence,
@@ -1031,14 +1030,14 @@ impl Forward<'_> {
         conv: u64,
         input: Input,
     ) -> Result<()> {
-        let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
+        let (cfg, s) = (self.cfg, self.scratch);
         let inputs = [
             (&d.in_qkv, Out::Store(s.m.ptr)),
             (&d.in_z, Out::Store(s.z.ptr)),
             (&d.in_b, Out::Store(s.b.ptr)),
             (&d.in_a, Out::Store(s.a.ptr)),
         ];
-        k.decode.project(gpu, input, &inputs)?;
+        self.project_one_token(input, &inputs)?;
         self.deltanet_scan_one_token(d, state, conv, 0)?;
         let o = Input {
             x: s.dn_o.ptr,
@@ -1051,8 +1050,15 @@ impl Forward<'_> {
             },
             staged_out: None,
         };
-        k.decode
-            .project(gpu, o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
+        self.project_one_token(o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
+    }
+
+    /// One-token projections of `input` in one decode.cu launch, with the products the plan
+    /// picks for these weights (`gemv_products`: f32, or int8 pairs under `gemv_int8`).
+    fn project_one_token(&self, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
+        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
+        let products = self.plan.gemv_products(&shapes);
+        self.kernels.decode.project(self.gpu, input, outs, products)
     }
 
     /// decode.cu's conv and recurrent step of one token at row `row` of scratch.m / b / a, into
@@ -1104,7 +1110,7 @@ impl Forward<'_> {
             (&m.router, Out::Exact(s.router.ptr)),
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
-        k.decode.project(gpu, input, &first)?;
+        self.project_one_token(input, &first)?;
         let (glu, down) = self.moe_args(m);
         let products = self.plan.moe_products(m, self.cfg.top_k);
         k.decode.glu(gpu, &glu, products)?;

@@ -104,6 +104,14 @@ lily_core::backend_options! {
             label "int8 MoE products",
             help "the fused MoE's 4-bit products (decode.cu's dec_glu4 and dec_down_combine and their rows forms: one-token and batched decode) with their input rows rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded rows' sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_down_combine_q8 and their _rows forms; the gate/up kernel 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
             why "won its A/B: decode 465.9 / 461.0 → 503.6 / 497.5 tok/s at 256 / 4K (+8 %), batched 4 / 8 rows +5–6 % / +1 % (an H100, full size); agreement on 128 teacher-forced positions against CUDA fp32 (full size) 0.183 → 0.239 rel. L2, top-1 61.7 → 54.7 %, against HF transformers bf16's 0.246 / 48.8 % over 1,024 positions (session 5); the f32 products serve fp32 mode and are the reference";
+        moe_int8_pairs = false, flag Some("moe-int8-pairs"), env "LILY_MOE_INT8_PAIRS" = true,
+            label "int8-pair MoE products",
+            help "the fused MoE's 4-bit products (as moe_int8's: dec_glu4 and dec_down_combine and their rows forms) with their input rows rounded to two int8 per value per 64-column group (moe_int8's one int8 and the residual's, x ≈ scale · (x_hi + x_lo / 254): error ≤ max|x| / 64,516) and each 4-bit word dotted by four dp4a (dec_glu4_x8x2, dec_down_combine_x8x2 and their _rows forms; the gate/up kernel 2 blocks an SM, the down kernel one); taken before moe_int8's single int8 where both are on; bf16 mode",
+            why "not yet measured: the stand-in for moe_int8 should its single int8 fall below HF bf16's agreement (perf-notes, session 18); the f32 products serve fp32 mode and are the reference";
+        gemv_int8 = false, flag Some("gemv-int8"), env "LILY_GEMV_INT8" = true,
+            label "int8-pair one-token projections",
+            help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
+            why "not yet measured: the SASS predicts ≈ 1.8× fewer instructions a weight in those kernels (perf-notes, session 18); the f32 products serve fp32 mode and are the reference";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -240,6 +248,8 @@ mod tests {
             ("LILY_TC_SCAN", "0"),
             ("LILY_ROUTER_ROWS_SPLIT", "0"),
             ("LILY_MOE_INT8", "0"),
+            ("LILY_GEMV_INT8", "1"),
+            ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -263,6 +273,8 @@ mod tests {
                 mma_rows: false,
                 router_rows_split: false,
                 moe_int8: false,
+                gemv_int8: true,
+                moe_int8_pairs: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

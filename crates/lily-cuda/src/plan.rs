@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` | in `dec_gemv8`, exact | `dec_glu4_q8` + `dec_down_combine_q8` (int8 x and dp4a, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_q8_rows` + `dec_down_combine_q8_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 x, `moe_products`; `--no-moe-int8` or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` (`--gemv-int8`, off: the 4-bit ones in `dec_gemv4_x8x2` / `dec_gemv4w_x8x2`, x as int8 pairs and dp4a, `gemv_products`) | in `dec_gemv8`, exact | `dec_glu4_q8` + `dec_down_combine_q8` (int8 x and dp4a, `moe_products`; `--moe-int8-pairs`, off: `dec_glu4_x8x2` + `dec_down_combine_x8x2`, int8 pairs; `--no-moe-int8` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_q8_rows` + `dec_down_combine_q8_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 x, `moe_products`; `--moe-int8-pairs`: `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows`; `--no-moe-int8` or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, MoeProducts, RowsKernel};
+use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -257,6 +257,8 @@ impl Plan {
         let effective = CudaOptions {
             mma_rows: o.mma_rows && bf16,
             moe_int8: o.moe_int8 && bf16,
+            gemv_int8: o.gemv_int8 && bf16,
+            moe_int8_pairs: o.moe_int8_pairs && bf16,
             tensor_cores,
             exact_router_on_tensor_cores: o.exact_router_on_tensor_cores && tensor_cores,
             flash_prefill,
@@ -580,9 +582,10 @@ impl Plan {
     }
 
     /// How the fused MoE's kernels (`dec_glu4` + `dec_down_combine`, or their rows forms) take
-    /// their 4-bit products: in int8 (`dec_glu4_q8`, `dec_down_combine_q8` and their `_rows`
-    /// forms) under `moe_int8` (bf16 mode) where `decode::q8_serves` the block (all 4-bit, one
-    /// 64-column group a lane), else in f32.
+    /// their 4-bit products: in int8 pairs (`dec_glu4_x8x2`, `dec_down_combine_x8x2` and their
+    /// `_rows` forms) under `moe_int8_pairs`, else in int8 (`dec_glu4_q8`, `dec_down_combine_q8`
+    /// and their `_rows` forms) under `moe_int8` (bf16 mode both) where `decode::q8_serves` the
+    /// block (all 4-bit, one 64-column group a lane, the rows' shared memory), else in f32.
     pub fn moe_products(&self, m: &DevMoe, top_k: usize) -> MoeProducts {
         let (down, sdown) = (m.down.shape(), m.shared_down.shape());
         self.moe_products_for(&glu_shapes(m), &down, &sdown, top_k)
@@ -596,10 +599,26 @@ impl Plan {
         top_k: usize,
     ) -> MoeProducts {
         let [gate, up, sgate, sup] = glu;
-        if self.o.moe_int8 && decode::q8_serves([gate, up, sgate, sup], down, sdown, top_k) {
+        let serves = |p| decode::q8_serves([gate, up, sgate, sup], down, sdown, top_k, p);
+        if self.o.moe_int8_pairs && serves(MoeProducts::Int8Pairs) {
+            MoeProducts::Int8Pairs
+        } else if self.o.moe_int8 && serves(MoeProducts::Int8) {
             MoeProducts::Int8
         } else {
             MoeProducts::Float
+        }
+    }
+
+    /// How a one-token projection launch (`Decode::project`) of these weights takes its
+    /// products: in int8 pairs (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`) under `gemv_int8` (bf16
+    /// mode) where `decode::x8x2_serves` them (all 4-bit, a pipelined kernel's width: DeltaNet's
+    /// in_proj and out_proj, attention's q/k/v and o_proj, lm_head), else in f32 (also the 8-bit
+    /// router and shared-expert gate, which stay on `dec_gemv8`).
+    pub fn gemv_products(&self, ws: &[LinearShape]) -> GemvProducts {
+        if self.o.gemv_int8 && decode::x8x2_serves(ws) {
+            GemvProducts::Int8Pairs
+        } else {
+            GemvProducts::Float
         }
     }
 
@@ -1109,6 +1128,79 @@ mod tests {
             int8(true).moe_products_for(&glu, &down8, &down, top_k),
             MoeProducts::Float
         );
+        // gemv_int8 (off by default; `--gemv-int8`): the one-token 4-bit projections on
+        // dec_gemv4_x8x2 / dec_gemv4w_x8x2, bf16 mode; the 8-bit router and mixed launches stay.
+        let pairs = |bf16_activations| {
+            let o = CudaOptions {
+                bf16_activations,
+                gemv_int8: true,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        let in_proj = [
+            w(8192, 2048, 4),
+            w(4096, 2048, 4),
+            w(32, 2048, 4),
+            w(32, 2048, 4),
+        ];
+        let (o_proj, lm_head) = ([w(2048, 4096, 4)], [w(248_320, 2048, 4)]);
+        for ws in [&in_proj[..], &o_proj, &lm_head, &[w(2048, 512, 4)]] {
+            assert_eq!(
+                pairs(true).gemv_products(ws),
+                GemvProducts::Int8Pairs,
+                "{ws:?}"
+            );
+            assert_eq!(
+                pairs(false).gemv_products(ws),
+                GemvProducts::Float,
+                "{ws:?}"
+            );
+            assert_eq!(on.gemv_products(ws), GemvProducts::Float, "{ws:?}");
+        }
+        assert!(pairs(true)
+            .describe()
+            .contains("int8-pair one-token projections on"));
+        // moe_int8_pairs (off): the MoE's pairs kernels where the int8 ones serve, before them.
+        let moe_pairs = |bf16_activations, moe_int8| {
+            let o = CudaOptions {
+                bf16_activations,
+                moe_int8,
+                moe_int8_pairs: true,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        for moe_int8 in [true, false] {
+            assert_eq!(
+                moe_pairs(true, moe_int8).moe_products_for(&glu, &down, &down, top_k),
+                MoeProducts::Int8Pairs
+            );
+            assert_eq!(
+                moe_pairs(false, moe_int8).moe_products_for(&glu, &down, &down, top_k),
+                MoeProducts::Float
+            );
+            assert_eq!(
+                moe_pairs(true, moe_int8).moe_products_for(&glu, &down8, &down, top_k),
+                MoeProducts::Float
+            );
+        }
+        assert!(moe_pairs(true, true)
+            .describe()
+            .contains("int8-pair MoE products on"));
+        assert!(on.describe().contains("int8-pair MoE products off"));
+        assert!(on
+            .describe()
+            .contains("int8-pair one-token projections off"));
+        for ws in [
+            &[w(256, 2048, 8), w(1, 2048, 8)][..],
+            &[w(8192, 2048, 4), w(32, 2048, 8)],
+            &[w(2048, 2048, 4), w(2048, 1024, 4)],
+            &[w(1024, 3072, 4)],
+            &[],
+        ] {
+            assert_eq!(pairs(true).gemv_products(ws), GemvProducts::Float, "{ws:?}");
+        }
         let first = CudaOptions {
             fused_batch: false,
             ..CudaOptions::default()
@@ -1171,9 +1263,34 @@ mod tests {
         let down = mlx(h, cfg.expert_inter, 4, e);
         let lm_head = mlx(cfg.vocab, h, 4, 1);
         assert_eq!(p.prefill_chunk, 4096);
-        // Decode (n = 1): the fused kernels, split attention with the prep inside.
+        // Decode (n = 1): the fused kernels, split attention with the prep inside; the 4-bit
+        // projections in f32 (`dec_gemv4`, `dec_gemv4w`) unless `--gemv-int8`.
         assert_eq!(p.one_row(&lm_head), DecodePath::Fused);
         assert!(decode::serves(&router) && decode::serves(&o) && decode::serves(&in_qkv));
+        let pairs = Plan::resolve(
+            &CudaOptions {
+                gemv_int8: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        let dn_in = mlx(cfg.dn_v_heads, h, 4, 1);
+        let dn_out = mlx(h, cfg.dn_value_dim(), 4, 1);
+        let kv = mlx(cfg.n_kv_heads * cfg.head_dim, h, 4, 1);
+        for ws in [
+            &[q, kv, kv][..],
+            &[in_qkv, dn_in, dn_in],
+            &[o],
+            &[dn_out],
+            &[lm_head],
+        ] {
+            assert_eq!(p.gemv_products(ws), GemvProducts::Float, "{ws:?}");
+            assert_eq!(pairs.gemv_products(ws), GemvProducts::Int8Pairs, "{ws:?}");
+        }
+        assert_eq!(
+            pairs.gemv_products(&[router, mlx(1, h, 8, 1)]),
+            GemvProducts::Float
+        );
         for (keys, kernel) in [
             (512, SplitKernel::Mma),
             (4096, SplitKernel::Mma),

@@ -33,6 +33,9 @@ pub const GLU_R: usize = 2;
 /// Rows a sub-warp streams at once in `dec_gemv4` (two register buffers of them; `dec_gemv4w`
 /// and `dec_gemv8` stream one, their rows being twice as many bytes per lane).
 pub const R4: usize = 2;
+/// Rows a sub-warp streams at once in `dec_gemv4_x8x2` (two register buffers; its lane's x in 34
+/// registers instead of 65).
+pub const R4_X8X2: usize = 2;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
 /// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
@@ -48,6 +51,24 @@ pub enum MoeProducts {
     /// block, each 4-bit word dotted with them by two dp4a (`dec_glu4_q8`, `dec_down_combine_q8`
     /// and their `_rows` forms); all-4-bit MoEs of one group a lane only (`q8_serves`).
     Int8,
+    /// `moe_int8_pairs`: the same kernels on int8 pairs of the input rows (x ≈ scale · (x_hi +
+    /// x_lo / 254), error ≤ max|x| / 64,516: `GemvProducts::Int8Pairs`' rounding), four dp4a a
+    /// word (`dec_glu4_x8x2`, `dec_down_combine_x8x2` and their `_rows` forms; the gate/up kernel
+    /// 2 blocks an SM, the down kernel one).
+    Int8Pairs,
+}
+/// How the one-token projections on the pipelined 4-bit kernels (`dec_gemv4`, `dec_gemv4w`) take
+/// their products (the plan's choice: `Plan::gemv_products`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvProducts {
+    /// f32: each 4-bit weight turned into a float (a byte permute) and multiplied by x's f32 value
+    /// (`dec_gemv4`, `dec_gemv4w`; and every other `project` launch).
+    Float,
+    /// `gemv_int8`: the staged input rounded to int8 pairs per 64-column group once per block
+    /// (x ≈ scale · (x_hi + x_lo / 254), error ≤ max|x| / 64,516), each 4-bit word dotted with
+    /// them by four dp4a (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`); all-4-bit launches of those
+    /// kernels' widths only (`x8x2_serves`).
+    Int8Pairs,
 }
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
@@ -103,8 +124,10 @@ fn rows_warps(kernel: &Kernel) -> Result<usize> {
 const BATCH_SMEM_MAX: usize = 96 * 1024;
 /// Floats per 64-column group in shared memory (DEC_XPAD in decode.cu).
 const XPAD: usize = 68;
-/// Words per 64-column group of int8 x in shared memory (DEC_X8PAD in decode.cu).
+/// Words per 64-column group of int8 x in shared memory (DEC_X8PAD in decode.cu), and of int8
+/// pairs (DEC_X8X2PAD).
 const X8PAD: usize = 20;
+const X8X2PAD: usize = 36;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
 const DOWN_SMEM_MAX: usize = 48 * 1024;
 
@@ -117,6 +140,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_R", R as i64),
         ("DEC_GLU_R", GLU_R as i64),
         ("DEC_R4", R4 as i64),
+        ("DEC_R4_X8X2", R4_X8X2 as i64),
         ("DEC_MAX_COLS", MAX_COLS as i64),
         ("DEC_MAX_SEGS", MAX_SEGS as i64),
         ("DEC_MAX_EXPERTS", MAX_EXPERTS as i64),
@@ -152,6 +176,16 @@ pub fn serves(w: &LinearShape) -> bool {
         && w.cols <= MAX_COLS
         && groups > 0
         && (groups.is_power_of_two() || groups.is_multiple_of(32))
+}
+
+/// Whether a `project` launch of these weights (one input width, each one `serves` accepts) can
+/// take int8-pair products (`GemvProducts::Int8Pairs`): all 4-bit on a pipelined kernel's width
+/// (`dec_gemv4`: up to 32 groups of 64 columns; `dec_gemv4w`: 64).
+pub fn x8x2_serves(ws: &[LinearShape]) -> bool {
+    ws.iter().all(|w| serves(w) && w.bits == 4)
+        && ws.first().is_some_and(|w| {
+            ws.iter().all(|o| o.cols == w.cols) && matches!(w.cols / 64, 1..=32 | 64)
+        })
 }
 
 /// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
@@ -192,7 +226,8 @@ fn glu_pipelined(
 
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
 /// group sums, and the item chunks' partial sums per output row; with int8 products also the
-/// rows as int8 (X8PAD words a group, from a 16-byte boundary) and each group's scale and sum.
+/// rows as int8 (X8PAD words a group, from a 16-byte boundary; pairs X8X2PAD) and each group's
+/// scale and sum.
 fn down_smem(inter: usize, top_k: usize, products: MoeProducts) -> usize {
     let (_, spw) = lanes_per_row(inter);
     let groups = (top_k + 1) * (inter / 64);
@@ -200,17 +235,20 @@ fn down_smem(inter: usize, top_k: usize, products: MoeProducts) -> usize {
     match products {
         MoeProducts::Float => f32_part,
         MoeProducts::Int8 => f32_part.next_multiple_of(16) + groups * (X8PAD * 4 + 8),
+        MoeProducts::Int8Pairs => f32_part.next_multiple_of(16) + groups * (X8X2PAD * 4 + 8),
     }
 }
 
-/// Whether the MoE of these weights can take int8 products (`MoeProducts::Int8`): gate/up on
-/// `dec_glu4` (all four 4-bit, one group a lane) and the down projections on
-/// `dec_down_combine`'s fast path (4-bit, one group a lane) with room for the int8 rows.
+/// Whether the MoE of these weights can take int8 `products` (`MoeProducts::Int8` or
+/// `Int8Pairs`): gate/up on `dec_glu4` (all four 4-bit, one group a lane) and the down
+/// projections on `dec_down_combine`'s fast path (4-bit, one group a lane) with room for the
+/// int8 rows.
 pub fn q8_serves(
     glu: [&LinearShape; 4],
     down: &LinearShape,
     sdown: &LinearShape,
     top_k: usize,
+    products: MoeProducts,
 ) -> bool {
     let [gate, up, sgate, sup] = glu;
     glu_rows_serves(gate, up, sgate, sup)
@@ -218,7 +256,7 @@ pub fn q8_serves(
         && [down, sdown]
             .iter()
             .all(|w| w.bits == 4 && w.cols / 64 <= 32)
-        && down_smem(down.cols, top_k, MoeProducts::Int8) <= DOWN_SMEM_MAX
+        && down_smem(down.cols, top_k, products) <= DOWN_SMEM_MAX
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -553,16 +591,22 @@ pub struct Decode {
     mma_rows: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
+    gemv4_x8x2: Kernel,
+    gemv4w_x8x2: Kernel,
     gemv8: Kernel,
     glu: Kernel,
     glu4: Kernel,
     glu4_rows: Kernel,
     glu4_q8: Kernel,
     glu4_q8_rows: Kernel,
+    glu4_x8x2: Kernel,
+    glu4_x8x2_rows: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
     down_combine_q8: Kernel,
     down_combine_q8_rows: Kernel,
+    down_combine_x8x2: Kernel,
+    down_combine_x8x2_rows: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -582,16 +626,22 @@ impl Decode {
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
+            gemv4_x8x2: k("dec_gemv4_x8x2")?,
+            gemv4w_x8x2: k("dec_gemv4w_x8x2")?,
             gemv8: k("dec_gemv8")?,
             glu: k("dec_glu")?,
             glu4: k("dec_glu4")?,
             glu4_rows: k("dec_glu4_rows")?,
             glu4_q8: k("dec_glu4_q8")?,
             glu4_q8_rows: k("dec_glu4_q8_rows")?,
+            glu4_x8x2: k("dec_glu4_x8x2")?,
+            glu4_x8x2_rows: k("dec_glu4_x8x2_rows")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
             down_combine_q8: k("dec_down_combine_q8")?,
             down_combine_q8_rows: k("dec_down_combine_q8_rows")?,
+            down_combine_x8x2: k("dec_down_combine_x8x2")?,
+            down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -599,8 +649,15 @@ impl Decode {
         })
     }
 
-    /// Up to MAX_SEGS projections of one input row in one launch.
-    pub fn project(&self, gpu: &Gpu, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
+    /// Up to MAX_SEGS projections of one input row in one launch; `products` (the plan's
+    /// `gemv_products`) picks the pipelined 4-bit kernels' f32 or int8-pair form.
+    pub fn project(
+        &self,
+        gpu: &Gpu,
+        input: Input,
+        outs: &[(&DevLinear, Out)],
+        products: GemvProducts,
+    ) -> Result<()> {
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
         }
@@ -611,10 +668,15 @@ impl Decode {
         // Every weight of one width, one or two 64-column groups per lane: a pipelined kernel.
         let groups = input.cols / 64;
         let all_bits = |b| outs.iter().all(|(w, _)| w.bits == b);
-        let (kernel, rows) = match (all_bits(4), all_bits(8), groups) {
-            (true, _, 1..=32) => (&self.gemv4, R4),
-            (true, _, 64) => (&self.gemv4w, 1),
-            (_, true, 1..=32) => (&self.gemv8, 1),
+        let (kernel, rows) = match (all_bits(4), all_bits(8), groups, products) {
+            (true, _, 1..=32, GemvProducts::Float) => (&self.gemv4, R4),
+            (true, _, 1..=32, GemvProducts::Int8Pairs) => (&self.gemv4_x8x2, R4_X8X2),
+            (true, _, 64, GemvProducts::Float) => (&self.gemv4w, 1),
+            (true, _, 64, GemvProducts::Int8Pairs) => (&self.gemv4w_x8x2, 1),
+            (_, _, _, GemvProducts::Int8Pairs) => {
+                bail!("dec_gemv4_x8x2: weights it does not read (4-bit, 1-32 or 64 groups)")
+            }
+            (_, true, 1..=32, GemvProducts::Float) => (&self.gemv8, 1),
             _ => (&self.gemv, R),
         };
         let rows_per_block = WARPS * spw * rows;
@@ -774,10 +836,16 @@ impl Decode {
         let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
             (true, None, MoeProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
+            (true, None, MoeProducts::Int8Pairs) => (&self.glu4_x8x2, WARPS * spw * GLU_R4),
             (false, None, MoeProducts::Float) => (&self.glu, WARPS * spw * GLU_R),
             (true, Some(1..), MoeProducts::Float) => (&self.glu4_rows, WARPS * spw * GLU_R4),
             (true, Some(1..), MoeProducts::Int8) => (&self.glu4_q8_rows, WARPS * spw * GLU_R4),
-            (false, _, MoeProducts::Int8) => bail!("dec_glu4_q8: expert weights it does not read"),
+            (true, Some(1..), MoeProducts::Int8Pairs) => {
+                (&self.glu4_x8x2_rows, WARPS * spw * GLU_R4)
+            }
+            (false, _, MoeProducts::Int8 | MoeProducts::Int8Pairs) => {
+                bail!("dec_glu4_q8: expert weights it does not read")
+            }
             (false, Some(_), _) => bail!("dec_glu4_rows: expert weights it does not read"),
             (true, Some(_), _) => bail!("dec_glu4_rows: no rows"),
         };
@@ -787,7 +855,7 @@ impl Decode {
         // A persistent grid of as many blocks an SM as the kernel's launch bound fits, shared by
         // the tokens.
         let per_sm = match products {
-            MoeProducts::Float => BLOCKS_PER_SM,
+            MoeProducts::Float | MoeProducts::Int8Pairs => BLOCKS_PER_SM,
             MoeProducts::Int8 => Q8_BLOCKS_PER_SM,
         };
         let per_token = (per_sm * gpu.sm_count).div_ceil(tokens);
@@ -824,6 +892,7 @@ impl Decode {
         let kernel = match products {
             MoeProducts::Float => &self.down_combine,
             MoeProducts::Int8 => &self.down_combine_q8,
+            MoeProducts::Int8Pairs => &self.down_combine_x8x2,
         };
         self.down_combine_launch(gpu, a, 1, kernel, products)
     }
@@ -845,6 +914,7 @@ impl Decode {
         let kernel = match products {
             MoeProducts::Float => &self.down_combine_rows,
             MoeProducts::Int8 => &self.down_combine_q8_rows,
+            MoeProducts::Int8Pairs => &self.down_combine_x8x2_rows,
         };
         self.down_combine_launch(gpu, a, rows, kernel, products)
     }
@@ -864,7 +934,7 @@ impl Decode {
         let fast = [&down, &sdown]
             .iter()
             .all(|w| w.bits == 4 && w.cols / 64 <= 32);
-        if products == MoeProducts::Int8
+        if products != MoeProducts::Float
             && !(fast && down_smem(down.cols, a.top_k, products) <= DOWN_SMEM_MAX)
         {
             bail!("dec_down_combine_q8: expert weights it does not read");

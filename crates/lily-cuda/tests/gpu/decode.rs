@@ -1,7 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, Glu, MoeProducts, RowsKernel};
+use lily_cuda::kernels::decode::{DownCombine, GemvProducts, Glu, MoeProducts, RowsKernel};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -123,7 +123,12 @@ fn fused_decode_blocks_match_cpu() {
     rig.g
         .k
         .decode
-        .project(&rig.g, as_is(rig.scratch.xn.ptr), &outs)
+        .project(
+            &rig.g,
+            as_is(rig.scratch.xn.ptr),
+            &outs,
+            GemvProducts::Float,
+        )
         .unwrap();
     let got: Vec<f32> = rig.g.read(&out, 0, 1000).unwrap();
     check("dec_gemv 1000 rows", &got, &matmul(&heads, &x), 1e-5);
@@ -241,7 +246,9 @@ impl GemvCase {
             (&self.dws[2], Out::Exact(outs_dev[2].ptr)),
             (&self.dws[3], Out::Store(outs_dev[3].ptr)),
         ];
-        d.k.decode.project(d, input, &outs).unwrap();
+        d.k.decode
+            .project(d, input, &outs, GemvProducts::Float)
+            .unwrap();
         let got_xn = d.read(&staged, 0, self.cols).unwrap();
         let outs = outs_dev
             .iter()
@@ -298,7 +305,12 @@ fn wide_decode_gemvs_match_cpu() {
     let xd = d.upload(&x).unwrap();
     let out = poisoned(&d, 20_000);
     d.k.decode
-        .project(&d, Input::row(xd.ptr, 2048), &[(&dw, Out::Store(out.ptr))])
+        .project(
+            &d,
+            Input::row(xd.ptr, 2048),
+            &[(&dw, Out::Store(out.ptr))],
+            GemvProducts::Float,
+        )
         .unwrap();
     let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
     check("dec_gemv 20000 rows", &got, &matmul(&w, &x), 1e-5);
@@ -778,6 +790,10 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
     println!("KERNEL decode.cu batched MoE equals one token at a time");
 }
 
+/// A rounding of x per 64-column group (`int8_groups`, `int8_pair_groups`): the rounded values
+/// (exact in f64) and each group's largest magnitude.
+type RoundGroups = fn(&[f32]) -> (Vec<f64>, Vec<f64>);
+
 /// x rounded to int8 per 64-column group as `moe_int8` specifies (decode.cu's stage_x8), in f32
 /// steps of our own: m = max|x|, x̂ = round-half-even(x · (127 / m)), scale = m / 127. Returns
 /// scale · x̂ per value (exact in f64) and each group's m.
@@ -810,7 +826,9 @@ fn int8_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
 /// rounding step gives (|x̂ − x| ≤ max|x| / 254 per element: |Δg| ≤ Σ|w| max|x| / 254, carried
 /// through SiLU(g)·u with |SiLU'| ≤ 1.1, plus the activations' own rounding). Then the residual
 /// update against an f64 combine of the int8 of the kernel's own hidden rows (1e-5 fp32, 5e-2
-/// bf16). Tiny's and small's MoE shapes.
+/// bf16). Tiny's and small's MoE shapes. The same for `moe_int8_pairs`' kernels
+/// (`MoeProducts::Int8Pairs`: `dec_glu4_x8x2(_rows)` + `dec_down_combine_x8x2(_rows)`), the rows
+/// rounded to int8 pairs as specified (|x̃ − x| ≤ max|x| / 64,516).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn moe_int8_matches_cpu() {
@@ -825,202 +843,452 @@ fn moe_int8_matches_cpu() {
             }
         };
         let mut rng = Rng(61);
-        for preset in [Preset::Tiny, Preset::Small] {
-            let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
-            let (h, e, tk, inter, si) = moe_sizes(&c);
-            let w = random_moe(&mut rng, &c);
-            let dw = upload_moe(&d, "moe", &w).unwrap();
-            for rows in 1..=8usize {
-                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
-                let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
-                let mut x = rng.vec(rows * h, 1.0);
-                // One wide value a row: its group's scale must stay its own.
-                for r in 0..rows {
-                    x[r * h + 64 * (r % (h / 64)) + 3] *= 9.0;
-                }
-                if bf16_activations {
-                    x.iter_mut().for_each(|v| *v = round_bf16(*v));
-                }
-                let xn = d.upload(&x).unwrap();
-                // [int8, f32] buffers
-                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
-                let glu = |i: usize| Glu {
-                    gate: &dw.gate,
-                    up: &dw.up,
-                    router_logits: logits.ptr,
-                    n_experts: e,
-                    ids: ids[i].ptr,
-                    route_w: rw[i].ptr,
-                    top_k: tk,
-                    shared_gate: &dw.shared_gate,
-                    shared_up: &dw.shared_up,
-                    xn: xn.ptr,
-                    h: eh[i].ptr,
-                    h_shared: sh[i].ptr,
-                };
-                let dec = &d.k.decode;
-                if rows == 1 {
-                    dec.glu(&d, &glu(0), MoeProducts::Int8).unwrap();
-                } else {
-                    dec.glu_rows(&d, &glu(0), rows, MoeProducts::Int8).unwrap();
-                }
-                dec.glu_rows(&d, &glu(1), rows, MoeProducts::Float).unwrap();
-                let ids_got: Vec<i32> = d.read(&ids[0], 0, rows * tk).unwrap();
-                let ids_f32: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
-                assert_eq!(ids_got, ids_f32, "{what}: expert ids");
-                let rw_got: Vec<f32> = d.read(&rw[0], 0, rows * tk).unwrap();
-                let rw_f32: Vec<f32> = d.read(&rw[1], 0, rows * tk).unwrap();
-                assert!(
-                    rw_got
-                        .iter()
-                        .zip(&rw_f32)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{what}: routing weights"
-                );
-                let eh_got: Vec<f32> = d.read(&eh[0], 0, rows * tk * inter).unwrap();
-                let sh_got: Vec<f32> = d.read(&sh[0], 0, rows * si).unwrap();
-                let (mut want_q, mut want_f, mut got) = (Vec::new(), Vec::new(), Vec::new());
-                let mut wrow = vec![0f32; h];
-                let (mut worst, mut outside) = (0f64, 0usize);
-                for r in 0..rows {
-                    let (xq, gmax) = int8_groups(&x[r * h..(r + 1) * h]);
-                    let xr = &x[r * h..(r + 1) * h];
-                    // item k < tk: routed expert ids[k]; item tk: the shared expert
-                    for k in 0..=tk {
-                        let (gw, uw, n, out) = if k < tk {
-                            let ex = ids_got[r * tk + k] as usize;
-                            let at = (r * tk + k) * inter;
-                            (
-                                w.gate.expert(ex),
-                                w.up.expert(ex),
-                                inter,
-                                &eh_got[at..at + inter],
-                            )
-                        } else {
-                            (
-                                w.shared_gate.expert(0),
-                                w.shared_up.expert(0),
-                                si,
-                                &sh_got[r * si..(r + 1) * si],
-                            )
-                        };
-                        for (j, &o) in out.iter().enumerate().take(n) {
-                            // (Σ w x̂, Σ w x, Σ |w| max|x| / 254) of the gate and of the up row
-                            let mut sums = [[0f64; 3]; 2];
-                            for (s, m) in sums.iter_mut().zip([&gw, &uw]) {
-                                m.dequant_row(j, &mut wrow);
-                                for (cc, &wv) in wrow.iter().enumerate() {
-                                    let wv = wv as f64;
-                                    s[0] += wv * xq[cc];
-                                    s[1] += wv * xr[cc] as f64;
-                                    s[2] += wv.abs() * gmax[cc / 64] / 254.0;
+        for products in [MoeProducts::Int8, MoeProducts::Int8Pairs] {
+            // the rounding `products` specifies, and its bound's divisor (max|x| / step an element)
+            let (round, step): (RoundGroups, f64) = match products {
+                MoeProducts::Int8Pairs => (int8_pair_groups, 64516.0),
+                _ => (int8_groups, 254.0),
+            };
+            for preset in [Preset::Tiny, Preset::Small] {
+                let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+                let (h, e, tk, inter, si) = moe_sizes(&c);
+                let w = random_moe(&mut rng, &c);
+                let dw = upload_moe(&d, "moe", &w).unwrap();
+                for rows in 1..=8usize {
+                    let what =
+                        format!("{products:?}, {preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                    let logits = d.upload(&rng.vec(rows * e, 2.0)).unwrap();
+                    let mut x = rng.vec(rows * h, 1.0);
+                    // One wide value a row: its group's scale must stay its own.
+                    for r in 0..rows {
+                        x[r * h + 64 * (r % (h / 64)) + 3] *= 9.0;
+                    }
+                    if bf16_activations {
+                        x.iter_mut().for_each(|v| *v = round_bf16(*v));
+                    }
+                    let xn = d.upload(&x).unwrap();
+                    // [int8, f32] buffers
+                    let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
+                    let glu = |i: usize| Glu {
+                        gate: &dw.gate,
+                        up: &dw.up,
+                        router_logits: logits.ptr,
+                        n_experts: e,
+                        ids: ids[i].ptr,
+                        route_w: rw[i].ptr,
+                        top_k: tk,
+                        shared_gate: &dw.shared_gate,
+                        shared_up: &dw.shared_up,
+                        xn: xn.ptr,
+                        h: eh[i].ptr,
+                        h_shared: sh[i].ptr,
+                    };
+                    let dec = &d.k.decode;
+                    if rows == 1 {
+                        dec.glu(&d, &glu(0), products).unwrap();
+                    } else {
+                        dec.glu_rows(&d, &glu(0), rows, products).unwrap();
+                    }
+                    dec.glu_rows(&d, &glu(1), rows, MoeProducts::Float).unwrap();
+                    let ids_got: Vec<i32> = d.read(&ids[0], 0, rows * tk).unwrap();
+                    let ids_f32: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
+                    assert_eq!(ids_got, ids_f32, "{what}: expert ids");
+                    let rw_got: Vec<f32> = d.read(&rw[0], 0, rows * tk).unwrap();
+                    let rw_f32: Vec<f32> = d.read(&rw[1], 0, rows * tk).unwrap();
+                    assert!(
+                        rw_got
+                            .iter()
+                            .zip(&rw_f32)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: routing weights"
+                    );
+                    let eh_got: Vec<f32> = d.read(&eh[0], 0, rows * tk * inter).unwrap();
+                    let sh_got: Vec<f32> = d.read(&sh[0], 0, rows * si).unwrap();
+                    let (mut want_q, mut want_f, mut got) = (Vec::new(), Vec::new(), Vec::new());
+                    let mut wrow = vec![0f32; h];
+                    let (mut worst, mut outside) = (0f64, 0usize);
+                    for r in 0..rows {
+                        let (xq, gmax) = round(&x[r * h..(r + 1) * h]);
+                        let xr = &x[r * h..(r + 1) * h];
+                        // item k < tk: routed expert ids[k]; item tk: the shared expert
+                        for k in 0..=tk {
+                            let (gw, uw, n, out) = if k < tk {
+                                let ex = ids_got[r * tk + k] as usize;
+                                let at = (r * tk + k) * inter;
+                                (
+                                    w.gate.expert(ex),
+                                    w.up.expert(ex),
+                                    inter,
+                                    &eh_got[at..at + inter],
+                                )
+                            } else {
+                                (
+                                    w.shared_gate.expert(0),
+                                    w.shared_up.expert(0),
+                                    si,
+                                    &sh_got[r * si..(r + 1) * si],
+                                )
+                            };
+                            for (j, &o) in out.iter().enumerate().take(n) {
+                                // (Σ w x̂, Σ w x, Σ |w| max|x| / 254) of the gate and of the up row
+                                let mut sums = [[0f64; 3]; 2];
+                                for (s, m) in sums.iter_mut().zip([&gw, &uw]) {
+                                    m.dequant_row(j, &mut wrow);
+                                    for (cc, &wv) in wrow.iter().enumerate() {
+                                        let wv = wv as f64;
+                                        s[0] += wv * xq[cc];
+                                        s[1] += wv * xr[cc] as f64;
+                                        s[2] += wv.abs() * gmax[cc / 64] / step;
+                                    }
                                 }
-                            }
-                            let [[gq, gf, eg], [uq, uf, eu]] = sums;
-                            want_q.push(act(act(silu(act(gq))) * act(uq)) as f32);
-                            let f = silu(gf) * uf;
-                            want_f.push(f as f32);
-                            got.push(o);
-                            let rounding = if bf16_activations { 4e-3 } else { 1e-5 };
-                            let bound = 1.1 * eg * uf.abs()
-                                + silu(gf).abs() * eu
-                                + 1.1 * eg * eu
-                                + f.abs() * rounding
-                                + 1e-7;
-                            let dev = (o as f64 - f).abs();
-                            worst = worst.max(dev / bound);
-                            if dev.is_nan() || dev > bound {
-                                outside += 1;
+                                let [[gq, gf, eg], [uq, uf, eu]] = sums;
+                                want_q.push(act(act(silu(act(gq))) * act(uq)) as f32);
+                                let f = silu(gf) * uf;
+                                want_f.push(f as f32);
+                                got.push(o);
+                                // the activations' rounding: bf16, act(g) carried through SiLU
+                                // (|SiLU'| ≤ 1.1) and three roundings of 2^-9, doubled for margin
+                                let rounding = if bf16_activations {
+                                    (1.1 * (gf * uf).abs() + 3.0 * f.abs()) / 256.0
+                                } else {
+                                    f.abs() * 1e-5
+                                };
+                                let bound = 1.1 * eg * uf.abs()
+                                    + silu(gf).abs() * eu
+                                    + 1.1 * eg * eu
+                                    + rounding
+                                    + 1e-7;
+                                let dev = (o as f64 - f).abs();
+                                worst = worst.max(dev / bound);
+                                if dev.is_nan() || dev > bound {
+                                    outside += 1;
+                                }
                             }
                         }
                     }
-                }
-                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
-                let e_q = rel_l2(&what, &got, &want_q);
-                assert!(
-                    e_q < tol,
-                    "{what}: vs the f64 of the int8 x: rel L2 {e_q:.2e}"
-                );
-                assert_eq!(
+                    let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+                    let e_q = rel_l2(&what, &got, &want_q);
+                    assert!(
+                        e_q < tol,
+                        "{what}: vs the f64 of the int8 x: rel L2 {e_q:.2e}"
+                    );
+                    assert_eq!(
                     outside, 0,
                     "{what}: {outside} values outside the rounding step's bound (worst {worst:.2} of it)"
                 );
-                println!(
+                    println!(
                     "KERNEL dec_glu4_q8 {what}: vs f64 of the int8 x rel L2 {e_q:.2e}; vs unquantised {:.2e} (worst {worst:.2} of the bound)",
                     rel_l2(&what, &got, &want_f)
                 );
-                // The down half on the kernel's hidden rows.
-                let s_gate_v = rng.vec(rows, 1.0);
-                let s_gate = d.upload(&s_gate_v).unwrap();
-                let mut x0 = rng.vec(rows * h, 1.0);
-                if bf16_activations {
-                    x0.iter_mut().for_each(|v| *v = round_bf16(*v));
-                }
-                let xr = d.upload(&x0).unwrap();
-                let down = DownCombine {
-                    down: &dw.down,
-                    shared_down: &dw.shared_down,
-                    ids: ids[0].ptr,
-                    weights: rw[0].ptr,
-                    top_k: tk,
-                    h: eh[0].ptr,
-                    h_shared: sh[0].ptr,
-                    shared_gate: s_gate.ptr,
-                    x: xr.ptr,
-                };
-                if rows == 1 {
-                    dec.down_combine(&d, &down, MoeProducts::Int8).unwrap();
-                } else {
-                    dec.down_combine_rows(&d, &down, rows, MoeProducts::Int8)
-                        .unwrap();
-                }
-                let x_got: Vec<f32> = d.read(&xr, 0, rows * h).unwrap();
-                let (mut dx, mut want_dx) = (Vec::new(), Vec::new());
-                let mut drow = vec![0f32; inter.max(si)];
-                for r in 0..rows {
-                    // the int8 of each item's hidden row, as the kernel rounds it
-                    let items: Vec<Vec<f64>> = (0..=tk)
-                        .map(|k| {
-                            let row = if k < tk {
-                                &eh_got[(r * tk + k) * inter..(r * tk + k + 1) * inter]
-                            } else {
-                                &sh_got[r * si..(r + 1) * si]
-                            };
-                            int8_groups(row).0
-                        })
-                        .collect();
-                    let sg = act(1.0 / (1.0 + (-(s_gate_v[r] as f64)).exp()));
-                    for c in 0..h {
-                        let mut acc = 0f64;
-                        for (k, hq) in items.iter().enumerate() {
-                            let m = if k < tk {
-                                w.down.expert(ids_got[r * tk + k] as usize)
-                            } else {
-                                w.shared_down.expert(0)
-                            };
-                            m.dequant_row(c, &mut drow[..hq.len()]);
-                            let dot: f64 = drow.iter().zip(hq).map(|(&a, &b)| a as f64 * b).sum();
-                            if k < tk {
-                                acc += rw_got[r * tk + k] as f64 * act(dot);
-                            } else {
-                                acc += act(sg * act(dot));
-                            }
-                        }
-                        let x0c = x0[r * h + c] as f64;
-                        want_dx.push((act(x0c + act(acc)) - x0c) as f32);
-                        dx.push(x_got[r * h + c] - x0[r * h + c]);
+                    // The down half on the kernel's hidden rows.
+                    let s_gate_v = rng.vec(rows, 1.0);
+                    let s_gate = d.upload(&s_gate_v).unwrap();
+                    let mut x0 = rng.vec(rows * h, 1.0);
+                    if bf16_activations {
+                        x0.iter_mut().for_each(|v| *v = round_bf16(*v));
                     }
+                    let xr = d.upload(&x0).unwrap();
+                    let down = DownCombine {
+                        down: &dw.down,
+                        shared_down: &dw.shared_down,
+                        ids: ids[0].ptr,
+                        weights: rw[0].ptr,
+                        top_k: tk,
+                        h: eh[0].ptr,
+                        h_shared: sh[0].ptr,
+                        shared_gate: s_gate.ptr,
+                        x: xr.ptr,
+                    };
+                    if rows == 1 {
+                        dec.down_combine(&d, &down, products).unwrap();
+                    } else {
+                        dec.down_combine_rows(&d, &down, rows, products).unwrap();
+                    }
+                    let x_got: Vec<f32> = d.read(&xr, 0, rows * h).unwrap();
+                    let (mut dx, mut want_dx) = (Vec::new(), Vec::new());
+                    let mut drow = vec![0f32; inter.max(si)];
+                    for r in 0..rows {
+                        // the int8 of each item's hidden row, as the kernel rounds it
+                        let items: Vec<Vec<f64>> = (0..=tk)
+                            .map(|k| {
+                                let row = if k < tk {
+                                    &eh_got[(r * tk + k) * inter..(r * tk + k + 1) * inter]
+                                } else {
+                                    &sh_got[r * si..(r + 1) * si]
+                                };
+                                round(row).0
+                            })
+                            .collect();
+                        let sg = act(1.0 / (1.0 + (-(s_gate_v[r] as f64)).exp()));
+                        for c in 0..h {
+                            let mut acc = 0f64;
+                            for (k, hq) in items.iter().enumerate() {
+                                let m = if k < tk {
+                                    w.down.expert(ids_got[r * tk + k] as usize)
+                                } else {
+                                    w.shared_down.expert(0)
+                                };
+                                m.dequant_row(c, &mut drow[..hq.len()]);
+                                let dot: f64 =
+                                    drow.iter().zip(hq).map(|(&a, &b)| a as f64 * b).sum();
+                                if k < tk {
+                                    acc += rw_got[r * tk + k] as f64 * act(dot);
+                                } else {
+                                    acc += act(sg * act(dot));
+                                }
+                            }
+                            let x0c = x0[r * h + c] as f64;
+                            want_dx.push((act(x0c + act(acc)) - x0c) as f32);
+                            dx.push(x_got[r * h + c] - x0[r * h + c]);
+                        }
+                    }
+                    let e_d = rel_l2(&what, &dx, &want_dx);
+                    let tol_d = if bf16_activations { 5e-2 } else { 1e-5 };
+                    assert!(
+                        e_d < tol_d,
+                        "{what}: residual update vs f64 of the int8 rows: rel L2 {e_d:.2e}"
+                    );
+                    println!("KERNEL dec_down_combine_q8 {what}: residual update vs f64 of the int8 rows rel L2 {e_d:.2e}");
                 }
-                let e_d = rel_l2(&what, &dx, &want_dx);
-                let tol_d = if bf16_activations { 5e-2 } else { 1e-5 };
-                assert!(
-                    e_d < tol_d,
-                    "{what}: residual update vs f64 of the int8 rows: rel L2 {e_d:.2e}"
-                );
-                println!("KERNEL dec_down_combine_q8 {what}: residual update vs f64 of the int8 rows rel L2 {e_d:.2e}");
             }
         }
     }
+}
+
+/// x rounded to int8 pairs per 64-column group as `gemv_int8` specifies (decode.cu's
+/// stage_x8x2), in f32 steps of our own: m = max|x|, inv = 127 / m, scale = m / 127, x_hi =
+/// round-half-even(x · inv), x_lo = round-half-even(fma(−scale, x_hi, x) · (254 · inv)). Returns
+/// x̃ = scale · (254 x_hi + x_lo) / 254 per value (exact in f64) and each group's m.
+fn int8_pair_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let mut xt = Vec::with_capacity(x.len());
+    let mut gmax = Vec::new();
+    for g in x.chunks(64) {
+        let m = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (inv, scale) = if m > 0.0 {
+            (127.0 / m, m / 127.0)
+        } else {
+            (0.0, 0.0)
+        };
+        let inv_lo = 254.0 * inv;
+        gmax.push(m as f64);
+        for &v in g {
+            let hi = (v * inv).round_ties_even();
+            let lo = ((-scale).mul_add(hi, v) * inv_lo).round_ties_even();
+            assert!(
+                hi.abs() <= 127.0 && lo.abs() <= 127.0,
+                "int8 pair of {v}: ({hi}, {lo})"
+            );
+            xt.push(scale as f64 * (254.0 * hi as f64 + lo as f64) / 254.0);
+        }
+    }
+    (xt, gmax)
+}
+
+/// `gemv_int8`'s kernels (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`: `Decode::project` with
+/// `GemvProducts::Int8Pairs`) against the CPU, at the projections of the tiny and small shapes
+/// (DeltaNet's in_proj with the block's RMSNorm folded in, q/k/v, o_proj, out_proj with the gated
+/// norm folded in, lm_head; the stagings' slow form where a head is narrower than the block's
+/// columns a thread) and at the full model's widths (2,048 and 4,096: both kernels), both
+/// activation modes. Every output unrounded (Out::Exact) against the f64 product of the
+/// kernel's own staged row rounded to int8 pairs as specified (the weights dequantised by
+/// lily_core): rel L2 ≤ 1e-6, f32 rounding only; and element by element against the f64 product
+/// of the unrounded staged row within the pairs' bound (|x̃ − x| ≤ max|x|_group / 64,516: Σ|w|
+/// max|x| / 64,516, plus 1e-6 Σ|w x| of f32 rounding). Then the model's store modes (stored,
+/// added into a residual) against the f32 kernels on the same inputs (rel L2 1e-4 fp32, 1e-2
+/// bf16: the stores' rounding). The staged row against the CPU's norm.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemv_int8_matches_cpu() {
+    use lily_cuda::kernels::decode::x8x2_serves;
+    // (name, columns, rows of each weight, prologue: 0 none, 1 RMSNorm, 2 gated norm of heads)
+    type Case = (String, usize, Vec<usize>, u8, usize);
+    let mut cases: Vec<Case> = Vec::new();
+    for preset in [Preset::Tiny, Preset::Small] {
+        let c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+        let (h, dv, hv) = (c.hidden, c.dn_value_dim(), c.dn_v_heads);
+        let (q, kv) = (2 * c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let p = format!("{preset:?}");
+        cases.extend([
+            (
+                format!("{p} in_proj"),
+                h,
+                vec![c.conv_dim(), dv, hv, hv],
+                1,
+                0,
+            ),
+            (format!("{p} q/k/v"), h, vec![q, kv, kv], 1, 0),
+            (format!("{p} o_proj"), c.n_heads * c.head_dim, vec![h], 0, 0),
+            (format!("{p} out_proj"), dv, vec![h], 2, c.dn_v_dim),
+            (format!("{p} lm_head"), h, vec![c.vocab], 0, 0),
+        ]);
+    }
+    cases.push(("2048 wide".into(), 2048, vec![3001, 77, 16, 1], 1, 0));
+    cases.push(("4096 wide".into(), 4096, vec![2048, 5], 2, 128));
+    let eps = 1e-6f32;
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let r = |v: Vec<f32>| -> Vec<f32> {
+            if bf16_activations {
+                v.into_iter().map(round_bf16).collect()
+            } else {
+                v
+            }
+        };
+        let mut rng = Rng(71);
+        for (name, cols, rows, prologue, head_dim) in &cases {
+            let (cols, prologue, head_dim) = (*cols, *prologue, *head_dim);
+            let what = format!("{name} ({cols} cols), bf16 {bf16_activations}");
+            let ws: Vec<Linear> = rows
+                .iter()
+                .map(|&n| linear(&mut rng, 4, 1, n, cols))
+                .collect();
+            let dws: Vec<DevLinear> = ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| upload_linear(&d, &format!("w{i}"), w).unwrap())
+                .collect();
+            let shapes: Vec<_> = dws.iter().map(|w| w.shape()).collect();
+            assert!(x8x2_serves(&shapes), "{what}: not a gemv_int8 launch");
+            let mut x = rng.vec(cols, 1.0);
+            // One wide value every few groups: each group's own scale must be the one applied.
+            for g in (0..cols / 64).step_by(3) {
+                x[64 * g + g % 64] *= 9.0;
+            }
+            let x = r(x);
+            let z = r(rng.vec(cols, 1.0));
+            let norm_len = if prologue == 2 { head_dim } else { cols };
+            let norm_w = r(rng.vec(norm_len, 0.3).iter().map(|v| 1.0 + v).collect());
+            let (xd, zd, nd) = (
+                d.upload(&x).unwrap(),
+                d.upload(&z).unwrap(),
+                d.upload(&norm_w).unwrap(),
+            );
+            let prologue_arg = match prologue {
+                0 => Prologue::None,
+                1 => Prologue::RmsNorm {
+                    weight: nd.ptr,
+                    eps,
+                },
+                _ => Prologue::GatedNorm {
+                    weight: nd.ptr,
+                    z: zd.ptr,
+                    head_dim,
+                    eps,
+                },
+            };
+            // The CPU's staged row.
+            let staged_cpu: Vec<f32> = match prologue {
+                0 => x.clone(),
+                1 => ops::rms_norm(&x, &norm_w, eps),
+                _ => {
+                    let mut y = vec![0f32; cols];
+                    for hh in 0..cols / head_dim {
+                        let o = &x[hh * head_dim..(hh + 1) * head_dim];
+                        let ss: f32 = o.iter().map(|v| v * v).sum();
+                        let inv = 1.0 / (ss / head_dim as f32 + eps).sqrt();
+                        for i in 0..head_dim {
+                            let zc = z[hh * head_dim + i];
+                            y[hh * head_dim + i] =
+                                norm_w[i] * (o[i] * inv) * (zc / (1.0 + (-zc).exp()));
+                        }
+                    }
+                    y
+                }
+            };
+            let resid = r(rng.vec(rows[0], 1.0));
+            // launch: (staged row, outputs) of one project call with these store modes
+            let launch = |products: GemvProducts, exact: bool| {
+                let bufs: Vec<DevBuf> = rows.iter().map(|&n| poisoned(&d, n)).collect();
+                if !exact {
+                    d.write(&bufs[0], 0, &resid).unwrap();
+                }
+                let staged = poisoned(&d, cols);
+                let outs: Vec<(&DevLinear, Out)> = dws
+                    .iter()
+                    .zip(&bufs)
+                    .enumerate()
+                    .map(|(i, (w, b))| {
+                        let out = match (exact, i) {
+                            (true, _) => Out::Exact(b.ptr),
+                            (false, 0) => Out::AddToResidual(b.ptr),
+                            (false, _) => Out::Store(b.ptr),
+                        };
+                        (w, out)
+                    })
+                    .collect();
+                let input = Input {
+                    x: xd.ptr,
+                    cols,
+                    prologue: prologue_arg,
+                    staged_out: Some(staged.ptr),
+                };
+                d.k.decode.project(&d, input, &outs, products).unwrap();
+                let got: Vec<Vec<f32>> = bufs
+                    .iter()
+                    .zip(rows)
+                    .map(|(b, &n)| d.read(b, 0, n).unwrap())
+                    .collect();
+                (d.read(&staged, 0, cols).unwrap(), got)
+            };
+            let (staged, got) = launch(GemvProducts::Int8Pairs, true);
+            let tol_staged = if bf16_activations { 1e-2 } else { 1e-5 };
+            check(
+                &format!("{what}: staged row"),
+                &staged,
+                &staged_cpu,
+                tol_staged,
+            );
+            let (xt, gmax) = int8_pair_groups(&staged);
+            let mut wrow = vec![0f32; cols];
+            for (i, (w, got)) in ws.iter().zip(&got).enumerate() {
+                let (mut want_q, mut worst, mut outside) = (Vec::new(), 0f64, 0usize);
+                for (j, &o) in got.iter().enumerate() {
+                    w.dequant_row(j, &mut wrow);
+                    let (mut yq, mut yf, mut bound, mut mag) = (0f64, 0f64, 0f64, 0f64);
+                    for (cc, &wv) in wrow.iter().enumerate() {
+                        let wv = wv as f64;
+                        yq += wv * xt[cc];
+                        yf += wv * staged[cc] as f64;
+                        bound += wv.abs() * gmax[cc / 64] / 64516.0;
+                        mag += (wv * staged[cc] as f64).abs();
+                    }
+                    want_q.push(yq as f32);
+                    let bound = bound * 1.001 + 1e-6 * mag + 1e-30;
+                    let dev = (o as f64 - yf).abs();
+                    worst = worst.max(dev / bound);
+                    if dev.is_nan() || dev > bound {
+                        outside += 1;
+                    }
+                }
+                let what = format!("{what}: output {i} ({} rows)", got.len());
+                let e_q = rel_l2(&what, got, &want_q);
+                assert!(
+                    e_q <= 1e-6,
+                    "{what}: vs the f64 of the int8 pairs: rel L2 {e_q:.2e}"
+                );
+                assert_eq!(
+                    outside, 0,
+                    "{what}: {outside} values outside the pairs' bound (worst {worst:.2} of it)"
+                );
+                println!(
+                    "KERNEL dec_gemv4_x8x2 {what}: vs f64 of the int8 pairs rel L2 {e_q:.2e}; vs unrounded within the bound (worst {worst:.2} of it)"
+                );
+            }
+            // The model's store modes, beside the f32 kernels.
+            let (_, pairs) = launch(GemvProducts::Int8Pairs, false);
+            let (_, float) = launch(GemvProducts::Float, false);
+            let tol = if bf16_activations { 1e-2 } else { 1e-4 };
+            for (i, (p, f)) in pairs.iter().zip(&float).enumerate() {
+                check(
+                    &format!("{what}: stored output {i} vs dec_gemv4"),
+                    p,
+                    f,
+                    tol,
+                );
+            }
+        }
+    }
+    println!("KERNEL decode.cu int8-pair projections match the CPU");
 }
 
 /// The batched step's attention (`attn_split_mma_prep_rows` + `attn_split_combine_rows`: every
