@@ -4,7 +4,7 @@
 # on as it ships (linear_q4_coop's f16 operands in every run):
 #   0. while the full-size checkpoint is synthesised: `selftest` on a 4-layer full-width model
 #      with f16 activations and KV cache asked for (`--wgpu-f16-acts on --wgpu-f16-kv on`): its
-#      fp32 check (bound 1e-3) and its f16 check (bound 5e-2), the numbers a Mac's report gives;
+#      fp32 check (bound 1e-3) and its f16 check (bound `--f16-tolerance`, 1e-1), the numbers a Mac's report gives;
 #   1. `bench --prefill 512,4K --decode-ctx 4K,32K --decode-tokens 64` for
 #        f32      the shipping default here (auto: the plan line must say "f16 activations: off
 #                 (not yet measured with coop on this adapter kind)")
