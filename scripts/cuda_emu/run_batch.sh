@@ -16,7 +16,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (24 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (25 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -76,6 +76,8 @@ MUTANTS = [
      "dec_mma_rows_deep requesting a chunk into the stage about to be read"),
     ('dec', 'sb.b[k][1] = sg.w.biases[r1 * G + gi];', 'sb.b[k][1] = sg.w.biases[r0 * G + gi];',
      "dec_mma_rows_deep taking row g's bias for row g + 8"),
+    ('dec', 'return a.j0 * ks + kw * DEC_MMA_CHUNK + k;', 'return a.j0 + kw * DEC_MMA_CHUNK + k;',
+     "dec_mma_rows_deep's split warps overlapping their chunks of groups"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -153,7 +155,7 @@ if [ "${1:-}" = mutants ]; then
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
            "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
-           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma"; do
+           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
