@@ -421,10 +421,35 @@ static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> y
     });
 }
 
+// RowsKernel::MmaDeep (decode.rs mma_deep_stages, blocks_by_smem): dec_mma_rows' smem and its
+// MMA_STAGES (3) chunk stages a warp, 2 where 3 would pass BATCH_SMEM_MAX (96 KB); the grid as many
+// blocks an SM as the H200's shared memory (232,448 bytes a block + 1 KB reserved) holds.
+static int mma_deep_stages(int cols, int nb) {
+    size_t stage = 16 * (DEC_MMA_CHUNK * 32 + 32);
+    return mma_smem_floats(cols, nb) * 4 + DEC_MMA_WARPS * 3 * stage <= 96 * 1024 ? 3 : 2;
+}
+static size_t mma_deep_smem_floats(int cols, int nb) {
+    return mma_smem_floats(cols, nb) + (size_t)DEC_MMA_WARPS * mma_deep_stages(cols, nb) * 16 * (DEC_MMA_CHUNK * 32 + 32) / 4;
+}
+static void project_rows_mma_deep(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols,
+                                  int rows, int sms, int split) {
+    DecSegs base = make_segs(segs, ys, 16);
+    int per_block = split ? 1 : DEC_MMA_WARPS;
+    int first = std::min(rows, DEC_B_MAX);
+    int per_sm = std::clamp((232448 + 1024) / ((int)mma_deep_smem_floats(cols, first) * 4 + 1024), 1, DEC_MMA_BLOCKS);
+    int grid = std::min((base.tiles + per_block - 1) / per_block, per_sm * sms);
+    per_launch(segs, base, x, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb) {
+        int stages = mma_deep_stages(cols, nb);
+        launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_deep_smem_floats(cols, nb),
+                 [&] { dec_mma_rows_deep(at, xb, nb, cols, split, stages); });
+    });
+}
+
 // dec_mma_rows (4-bit weights; x bf16 values, as bf16 mode gives it) against the f64 product,
 // every store mode, whole tiles a warp and tiles split over the block's warps, on the H200's
 // grid and on a 2-SM one; and against dec_gemv_rows on the same inputs (another summation
-// order: a tolerance).
+// order: a tolerance); dec_mma_rows_deep likewise, and bit for bit against dec_mma_rows for whole
+// tiles a warp (split tiles: within the tolerance; another order of groups).
 static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, std::vector<int> nbs) {
     std::vector<Seg> segs;
     for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
@@ -447,7 +472,7 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                 }
             }
         }
-        auto run = [&](int kernel, int sms, int split) {  // kernel 0: dec_gemv_rows, 1: dec_mma_rows
+        auto run = [&](int kernel, int sms, int split) {  // 0: dec_gemv_rows, 1: dec_mma_rows, 2: _deep
             std::vector<Buf<float>> outs;
             std::vector<float*> ys;
             for (size_t i = 0; i < ws.size(); i++) {
@@ -455,7 +480,8 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                 if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), outs.back().v.begin());
             }
             for (auto& o : outs) ys.push_back(o.p());
-            if (kernel) project_rows_mma(segs, ys, x.data(), cols, nb, sms, split);
+            if (kernel == 2) project_rows_mma_deep(segs, ys, x.data(), cols, nb, sms, split);
+            else if (kernel) project_rows_mma(segs, ys, x.data(), cols, nb, sms, split);
             else project_rows(segs, ys, x.data(), cols, nb);
             return outs;
         };
@@ -463,6 +489,7 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
         for (int sms : {SM_COUNT, 2}) {
             for (int split : {0, 1}) {
                 auto got = run(1, sms, split);
+                auto deep = run(2, sms, split);
                 for (size_t i = 0; i < ws.size(); i++) {
                     const QW& w = *ws[i];
                     double e = rel_l2(got[i].p(), want[i].data(), want[i].size());
@@ -481,6 +508,19 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                     // stores: a bf16 step.
                     double tol = BF16 ? 1e-2 : 1e-5;
                     verdict(what, e < tol && eg < tol && got[i].guard_ok(), "  rel_l2 %.2e, vs dec_gemv_rows %.2e", e, eg);
+                    double ed = rel_l2(deep[i].p(), want[i].data(), want[i].size());
+                    size_t same = 0;
+                    for (size_t k = 0; k < want[i].size(); k++)
+                        same += memcmp(&deep[i].v[k], &got[i].v[k], sizeof(float)) == 0;
+                    char dwhat[200];
+                    snprintf(dwhat, sizeof dwhat, "%s [deep, %d stages]", what, mma_deep_stages(cols, std::min(nb, DEC_B_MAX)));
+                    // Whole tiles: dec_mma_rows' sums bit for bit; split tiles: its groups a warp in
+                    // another order (mma_deep_gi), within the tolerance of it.
+                    double em = rel_l2(deep[i].p(), std::vector<double>(got[i].v.begin(), got[i].v.begin() + want[i].size()).data(),
+                                       want[i].size());
+                    bool near = split ? em < tol : same == want[i].size();
+                    verdict(dwhat, ed < tol && near && deep[i].guard_ok(),
+                            "  rel_l2 %.2e, differing from dec_mma_rows %.0f", ed, (double)(want[i].size() - same));
                 }
             }
         }
@@ -488,16 +528,17 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
 }
 
 static void run_mma() {
-    printf("dec_mma_rows (activations %s)\n", BF16 ? "bf16" : "fp32");
+    printf("dec_mma_rows and dec_mma_rows_deep (activations %s)\n", BF16 ? "bf16" : "fp32");
     // DeltaNet's in_proj shape (narrower: qkv 1024, z 512, b and a 32 rows), four weights a launch.
     QW qkv(4, 1, 1024, 2048), z(4, 1, 512, 2048), bw(4, 1, 32, 2048), aw(4, 1, 32, 2048);
-    mma_case("in_proj", 2048, {&qkv, &z, &bw, &aw}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {1, 4, 8});
+    mma_case("in_proj", 2048, {&qkv, &z, &bw, &aw}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE},
+             {1, 2, 3, 4, 5, 6, 7, 8, 11});
     // Rows that end mid-tile, and more rows than a launch takes (11 = 8 + 3).
     QW w300(4, 1, 300, 2048), w77(4, 1, 77, 2048), w16(4, 1, 16, 2048), w1(4, 1, 1, 2048);
     mma_case("ragged", 2048, {&w300, &w77, &w16, &w1}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT, DEC_STORE}, {2, 11});
     // o_proj / out_proj's width: 4096 → (fewer) rows added into the residual.
     QW out(4, 1, 272, 4096);
-    mma_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, {3, 8});
+    mma_case("out_proj", 4096, {&out}, {DEC_RESIDUAL}, {1, 3, 4, 8, 11});
     // 512 columns in (the shared expert's down width), and narrow ones (one or two groups).
     QW sdown(4, 1, 520, 512);
     mma_case("512 in", 512, {&sdown}, {DEC_STORE}, {1, 5, 8});

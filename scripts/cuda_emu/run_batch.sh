@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_glu4_rows + dec_down_combine_rows, the
+# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs),
@@ -16,7 +16,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (20 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (25 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -68,6 +68,16 @@ MUTANTS = [
      "dec_gemv4w_x8x2 holding groups sl and sl + 1, not sl + 32"),
     ('dec', 'x8x2_load(hq, hqs, i * G + sl)', 'x8x2_load(hq, hqs, sl)', "dec_down_combine_x8x2 dotting every item with item 0's pairs"),
     ('dec', 'x = x8x2_load(xq, xqs, sl);', 'x = x8x2_load(xq, xqs, 0);', "dec_glu4_x8x2 taking group 0's pairs in every lane"),
+    ('dec', 'cp_async_wait<S - 1>();\n        __syncwarp();\n        mma_deep_dot(segs, c, cpt',
+     'cp_async_wait<S - 1>();\n        mma_deep_dot(segs, c, cpt', "dec_mma_rows_deep reading a stage before the warp's other lanes' copies landed"),
+    ('dec', 'cp_async_wait<S - 1>();\n        __syncwarp();\n        mma_deep_dot(segs, c + 1,',
+     'cp_async_wait<S>();\n        __syncwarp();\n        mma_deep_dot(segs, c + 1,', "dec_mma_rows_deep waiting for one chunk too few"),
+    ('dec', 'pipe + ((c + S - 1) % S) * DEC_MMA_STAGE', 'pipe + ((c + S) % S) * DEC_MMA_STAGE',
+     "dec_mma_rows_deep requesting a chunk into the stage about to be read"),
+    ('dec', 'sb.b[k][1] = sg.w.biases[r1 * G + gi];', 'sb.b[k][1] = sg.w.biases[r0 * G + gi];',
+     "dec_mma_rows_deep taking row g's bias for row g + 8"),
+    ('dec', 'return a.j0 * ks + kw * DEC_MMA_CHUNK + k;', 'return a.j0 + kw * DEC_MMA_CHUNK + k;',
+     "dec_mma_rows_deep's split warps overlapping their chunks of groups"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -89,7 +99,7 @@ dec = swap(dec, '''    uint2 r;
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
 dec = swap(dec, 'asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));', 'd = emu_dp4a_us(a, b, c);')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 4)
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 5)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
@@ -145,7 +155,7 @@ if [ "${1:-}" = mutants ]; then
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
            "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
-           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT"; do
+           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -2176,3 +2176,187 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     }
     dec_trigger_late();
 }
+
+// ---- dec_mma_rows_deep: dec_mma_rows with its weights streamed through shared memory ---------
+//
+// The same tiles, item sums (mma_item_dot) and stores as dec_mma_rows — whole tiles a warp (lm_head)
+// give its outputs bit for bit; a split tile's warps take its groups a chunk at a time
+// (mma_deep_gi), so their outputs differ from dec_mma_rows' in summation order —, but a warp's weight
+// nibbles travel by cp.async (16 bytes a lane, global → shared, no registers held while they fly)
+// into a ring of `S` chunk stages of its own in shared memory: chunk c + S − 1 is requested
+// before chunk c is summed, so S − 1 chunks (DEC_MMA_CHUNK items: 16 rows × 32 bytes each) are in
+// flight a warp all the time, not dec_mma_rows' one or two in registers, and a chunk costs a lane
+// DEC_MMA_CHUNK 16-byte copies instead of 2 · DEC_MMA_CHUNK 8-byte loads (perf-notes,
+// session 18, branch mma-deep). A stage is 16 rows of DEC_MMA_CHUNK · 32 bytes + 32 bytes of pad
+// (the 160-byte row stride puts a half-warp's four rows of 8-byte reads in distinct banks).
+// The scales and biases (2 bytes each) stay ordinary loads, one chunk ahead in registers.
+// Dynamic shared memory: dec_mma_rows' (decode.rs mma_smem), then the stages
+// [DEC_MMA_WARPS][S][16][DEC_MMA_STAGE_ROW / 4] u32 (decode.rs mma_deep_smem). S is 3, or 2
+// where 3 would not fit the launch's shared memory (the launcher's choice, `stages`).
+#define DEC_MMA_STAGE_ROW (DEC_MMA_CHUNK * 32 + 32)
+#define DEC_MMA_STAGE (16 * DEC_MMA_STAGE_ROW / 4)
+struct MmaSb {
+    u16 s[DEC_MMA_CHUNK][2], b[DEC_MMA_CHUNK][2];
+};
+
+// Group of item k of a chunk: a split tile's warps take its groups a chunk at a time (warp kw the
+// chunk slots kw, kw + ks, ...: DEC_MMA_CHUNK consecutive groups, a row's 128 contiguous bytes,
+// where dec_mma_rows' warp kw takes groups kw, kw + ks, ...: 32 bytes); whole tiles (ks = 1)
+// take groups j0 + k as dec_mma_rows does. As many chunks a tile (cpt) either way.
+__device__ __forceinline__ int mma_deep_gi(const MmaAt& a, int k, int kw, int ks) {
+    return a.j0 * ks + kw * DEC_MMA_CHUNK + k;
+}
+
+// Chunk c's nibbles requested into `stage` (every lane DEC_MMA_CHUNK 16-byte copies: copy
+// i · 32 + lane is row (i · 32 + lane) / (2 DEC_MMA_CHUNK), item k, half h of the row's 32 bytes).
+__device__ __forceinline__ void mma_deep_issue(const DecSegs& segs, int c, int cpt, int ks, int G, u32* stage) {
+    MmaAt a = mma_at(c, cpt, ks);
+    if (a.tile >= segs.tiles) return;
+    DecSeg sg = seg_of(segs, a.tile);
+    int lane = threadIdx.x & 31, kw = (int)(threadIdx.x >> 5) % ks;
+    int row0 = (a.tile - sg.tile0) * 16;
+    const uint4* q = reinterpret_cast<const uint4*>(sg.w.q);
+    long long wpr = (long long)G * 2;  // uint4 a row
+#pragma unroll
+    for (int i = 0; i < DEC_MMA_CHUNK; i++) {
+        int idx = i * 32 + lane, row = idx / (2 * DEC_MMA_CHUNK), k = (idx >> 1) % DEC_MMA_CHUNK, h = idx & 1;
+        int gi = mma_deep_gi(a, k, kw, ks);
+        if (gi < G) {
+            long long r = min(row0 + row, sg.w.rows - 1);
+            cp_async16(stage + row * (DEC_MMA_STAGE_ROW / 4) + k * 8 + h * 4, q + r * wpr + gi * 2 + h);
+        }
+    }
+}
+
+// Chunk c's scales and biases (this lane's rows g and g + 8), into registers.
+__device__ __forceinline__ void mma_deep_sb(const DecSegs& segs, int c, int cpt, int ks, int G, MmaSb& sb) {
+    MmaAt a = mma_at(c, cpt, ks);
+    if (a.tile >= segs.tiles) return;
+    DecSeg sg = seg_of(segs, a.tile);
+    int g = (threadIdx.x & 31) >> 2, kw = (int)(threadIdx.x >> 5) % ks;
+    int row0 = (a.tile - sg.tile0) * 16;
+    long long r0 = min(row0 + g, sg.w.rows - 1), r1 = min(row0 + g + 8, sg.w.rows - 1);
+#pragma unroll
+    for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+        int gi = mma_deep_gi(a, k, kw, ks);
+        if (gi < G) {
+            sb.s[k][0] = sg.w.scales[r0 * G + gi];
+            sb.s[k][1] = sg.w.scales[r1 * G + gi];
+            sb.b[k][0] = sg.w.biases[r0 * G + gi];
+            sb.b[k][1] = sg.w.biases[r1 * G + gi];
+        }
+    }
+}
+
+// Chunk c (its nibbles arrived in `stage`, its scales in sb) summed and, at a tile's end, stored:
+// mma_chunk_dot's work with mma_deep_gi's groups (mma_item_dot's sums, the same stores).
+__device__ __forceinline__ void mma_deep_dot(const DecSegs& segs, int c, int cpt, int ks, int G, const u32* stage,
+                                             const MmaSb& sb, const u32* xb, int R, const float* xsum, float* red,
+                                             int nb, float (&acc)[4]) {
+    MmaAt a = mma_at(c, cpt, ks);
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, kw = (int)(threadIdx.x >> 5) % ks;
+    if (a.tile < segs.tiles) {
+#pragma unroll
+        for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+            int gi = mma_deep_gi(a, k, kw, ks);
+            if (gi < G) {
+                MmaItem it;
+                it.w[0] = *reinterpret_cast<const uint2*>(stage + g * (DEC_MMA_STAGE_ROW / 4) + k * 8 + t * 2);
+                it.w[1] = *reinterpret_cast<const uint2*>(stage + (g + 8) * (DEC_MMA_STAGE_ROW / 4) + k * 8 + t * 2);
+                it.s[0] = sb.s[k][0];
+                it.s[1] = sb.s[k][1];
+                it.b[0] = sb.b[k][0];
+                it.b[1] = sb.b[k][1];
+                mma_item_dot(it, xb, R, xsum, G, nb, gi, acc);
+            }
+        }
+    }
+    if (!a.last) return;
+    if (ks == 1) {
+        if (a.tile < segs.tiles) {
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int row, n;
+                mma_out(lane, k, row, n);
+                if (n < nb && row0 + row < sg.w.rows)
+                    store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, acc[k]);
+            }
+        }
+    } else {
+        // As mma_chunk_dot: the block's warps meet their sums of the tile (every warp here together).
+        float* buf = red + ((c / cpt) & 1) * (DEC_MMA_WARPS * 128);
+        *reinterpret_cast<float4*>(buf + (threadIdx.x >> 5) * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (threadIdx.x < 128 && a.tile < segs.tiles) {
+            int i = threadIdx.x, src = i >> 2, k = i & 3;
+            float s = 0.0f;
+            for (int w = 0; w < ks; w++) s += buf[w * 128 + src * 4 + k];
+            DecSeg sg = seg_of(segs, a.tile);
+            int row0 = (a.tile - sg.tile0) * 16, row, n;
+            mma_out(src, k, row, n);
+            if (n < nb && row0 + row < sg.w.rows)
+                store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, s);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] = 0.0f;
+}
+
+// The stream of S stages: chunk c + S − 1 requested (into the stage chunk c − 1 left; the warp's
+// lanes past reading it first) and chunk c + 1's scales loaded before chunk c is summed. Every
+// lane commits one cp.async group a chunk, empty or not, so wait_group<S − 1> means chunk c's.
+template <int S>
+__device__ __forceinline__ void mma_deep_stream(const DecSegs& segs, int total, int cpt, int ks, int G,
+                                                u32* pipe, const u32* xb, int R, const float* xsum, float* red,
+                                                int nb) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    MmaSb sa, sbb;
+    if (total > 0) mma_deep_sb(segs, 0, cpt, ks, G, sa);
+    for (int c = 0; c < total; c += 2) {
+        __syncwarp();
+        if (c + S - 1 < total) mma_deep_issue(segs, c + S - 1, cpt, ks, G, pipe + ((c + S - 1) % S) * DEC_MMA_STAGE);
+        cp_async_commit();
+        if (c + 1 < total) mma_deep_sb(segs, c + 1, cpt, ks, G, sbb);
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        mma_deep_dot(segs, c, cpt, ks, G, pipe + (c % S) * DEC_MMA_STAGE, sa, xb, R, xsum, red, nb, acc);
+        if (c + 1 >= total) break;
+        __syncwarp();
+        if (c + S < total) mma_deep_issue(segs, c + S, cpt, ks, G, pipe + ((c + S) % S) * DEC_MMA_STAGE);
+        cp_async_commit();
+        if (c + 2 < total) mma_deep_sb(segs, c + 2, cpt, ks, G, sa);
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        mma_deep_dot(segs, c + 1, cpt, ks, G, pipe + ((c + 1) % S) * DEC_MMA_STAGE, sbb, xb, R, xsum, red, nb, acc);
+    }
+    cp_async_wait<0>();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
+dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages) {
+    extern __shared__ __align__(16) float dec_smem[];
+    int G = cols >> 6, R = G * 32 + 4;
+    u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
+    float* xsum = dec_smem + nb * R;             // [G][8]
+    float* red = xsum + G * DEC_B_MAX;           // [2][DEC_MMA_WARPS][32][4]
+    u32* pipe = reinterpret_cast<u32*>(red + 2 * DEC_MMA_WARPS * 128) + (threadIdx.x >> 5) * stages * DEC_MMA_STAGE;
+    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
+    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
+    int per_iter = (int)gridDim.x * tpb;
+    int total = (segs.tiles + per_iter - 1) / per_iter * cpt;  // chunks of every warp's stream
+    // The first S − 1 chunks requested before dec_wait (weights only), one group each.
+    for (int c = 0; c < stages - 1; c++) {
+        if (c < total) mma_deep_issue(segs, c, cpt, ks, G, pipe + c * DEC_MMA_STAGE);
+        cp_async_commit();
+    }
+    dec_wait();
+    mma_stage(x, nb, cols, G, R, xb, xsum);
+    __syncthreads();
+    if (stages == 3)
+        mma_deep_stream<3>(segs, total, cpt, ks, G, pipe, xb, R, xsum, red, nb);
+    else
+        mma_deep_stream<2>(segs, total, cpt, ks, G, pipe, xb, R, xsum, red, nb);
+    dec_trigger_late();
+}

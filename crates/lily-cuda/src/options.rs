@@ -96,6 +96,10 @@ lily_core::backend_options! {
             label "batched projections on tensor cores",
             help "a batched decode step's 4-bit projections (the fused batch's dec_gemv_rows: q/k/v, DeltaNet's four, o_proj, out_proj, lm_head) on the tensor cores (decode.cu's dec_mma_rows: 16 weight rows × the B ≤ 8 rows an mma.sync, nibbles ORed into bf16 128 + q, s·acc + (b − 128 s)·Σx per group; bf16 mode) instead of the CUDA cores",
             why "won its A/B: bench 4 / 8 rows 1.27× / 1.57× → 1.70× / 2.38× one row (8 layers), full size 595 → 745 / 725 → 998 tok/s at 1K (an H100, session 16); dec_gemv_rows serves fp32 mode and the router's 8-bit gate";
+        mma_rows_deep = false, flag Some("mma-rows-deep"), env "LILY_MMA_ROWS_DEEP" = true,
+            label "batched tensor-core projections streamed through shared memory",
+            help "mma_rows' batched 4-bit projections in decode.cu's dec_mma_rows_deep: the same tiles and item sums (whole tiles a warp equal dec_mma_rows' bit for bit; a split tile's warps take its groups four at a time, another summation order), the weight nibbles streamed by 16-byte cp.async into three chunk stages a warp in shared memory (two chunks, 4.6 KB, in flight a warp all the time; two stages where the staged rows leave no room) instead of 8-byte loads into registers, one chunk ahead; the persistent grid as many blocks an SM as shared memory holds (≤ 4); with mma_rows",
+            why "not yet measured: the prediction (perf-notes, session 18, branch mma-deep); dec_mma_rows is the measured default";
         router_rows_split = true, flag Some("no-router-rows-split"), env "LILY_ROUTER_ROWS_SPLIT" = true,
             label "batched router split over lanes",
             help "a batched decode step's router launch (router + shared-expert gate: 257 rows) in decode.cu's dec_gemv_rows_split (one weight row a warp, its 64-column groups one a lane, the lanes' sums met by a fixed shuffle tree, 4 rows a block: 65 blocks) instead of dec_gemv_rows' tiles of 24-32 rows (11 blocks)",
@@ -246,6 +250,7 @@ mod tests {
             ("LILY_DEVICE_LOGPROBS", "0"),
             ("LILY_BATCHED_DECODE", "0"),
             ("LILY_TC_SCAN", "0"),
+            ("LILY_MMA_ROWS_DEEP", "1"),
             ("LILY_ROUTER_ROWS_SPLIT", "0"),
             ("LILY_MOE_INT8", "0"),
             ("LILY_GEMV_INT8", "1"),
@@ -271,6 +276,7 @@ mod tests {
                 fused_decode: false,
                 fused_batch: false,
                 mma_rows: false,
+                mma_rows_deep: true,
                 router_rows_split: false,
                 moe_int8: false,
                 gemv_int8: true,

@@ -256,6 +256,7 @@ impl Plan {
         let mma_attention = o.mma_attention && bf16;
         let effective = CudaOptions {
             mma_rows: o.mma_rows && bf16,
+            mma_rows_deep: o.mma_rows_deep && o.mma_rows && bf16,
             moe_int8: o.moe_int8 && bf16,
             gemv_int8: o.gemv_int8 && bf16,
             moe_int8_pairs: o.moe_int8_pairs && bf16,
@@ -500,7 +501,8 @@ impl Plan {
     /// and dotted with the B rows) where the one-token step fuses (`fused_decode`), under
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
     /// most decode::MAX_SEGS of them — on the tensor cores (`dec_mma_rows`) under `mma_rows`
-    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit), else one weight row a warp
+    /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit; `dec_mma_rows_deep`, its
+    /// weights through shared-memory stages, under `mma_rows_deep` too), else one weight row a warp
     /// (`dec_gemv_rows_split`) under `router_rows_split` where the launch has few weight rows
     /// (`decode::split_rows_serves`: the router with the shared-expert gate); else `dense`'s
     /// kernel for a B-token step (`router` for the router), one launch a weight.
@@ -515,7 +517,11 @@ impl Plan {
         }
         match self.fused_if(1, fits) {
             DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
-                BatchProjections::Rows(RowsKernel::Mma)
+                BatchProjections::Rows(if self.o.mma_rows_deep {
+                    RowsKernel::MmaDeep
+                } else {
+                    RowsKernel::Mma
+                })
             }
             DecodePath::Fused if self.o.router_rows_split && decode::split_rows_serves(ws) => {
                 BatchProjections::Rows(RowsKernel::GemvSplit)
@@ -970,6 +976,53 @@ mod tests {
             fp32_mma.batch_projections(&[w(2048, 4096, 4)]),
             BatchProjections::Rows(RowsKernel::Gemv)
         );
+        // mma_rows_deep (off by default): dec_mma_rows_deep where dec_mma_rows would run, only
+        // with mma_rows and in bf16 mode.
+        assert!(mma
+            .describe()
+            .contains("batched tensor-core projections streamed through shared memory off"));
+        let deep = |o: CudaOptions| {
+            Plan::resolve(
+                &CudaOptions {
+                    mma_rows_deep: true,
+                    ..o
+                },
+                H200,
+            )
+        };
+        let deep_on = deep(CudaOptions::default());
+        for ws in [
+            &[w(4096, 2048, 4), w(32, 2048, 4)][..],
+            &[w(2048, 4096, 4)],
+            &[w(248_320, 2048, 4)],
+        ] {
+            assert_eq!(
+                deep_on.batch_projections(ws),
+                BatchProjections::Rows(RowsKernel::MmaDeep),
+                "{ws:?}"
+            );
+        }
+        assert_eq!(
+            deep_on.batch_projections(&fused),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
+        for o in [
+            CudaOptions {
+                mma_rows: false,
+                ..CudaOptions::default()
+            },
+            CudaOptions {
+                bf16_activations: false,
+                ..CudaOptions::default()
+            },
+        ] {
+            let p = deep(o);
+            assert!(!p.o.mma_rows_deep);
+            assert_eq!(
+                p.batch_projections(&[w(2048, 4096, 4)]),
+                BatchProjections::Rows(RowsKernel::Gemv)
+            );
+        }
         // Not what decode.cu reads, inputs of two widths, more than MAX_SEGS weights, none, an
         // expert stack: each weight's B-token kernel.
         let per_kernel: [&[LinearShape]; 6] = [

@@ -91,6 +91,9 @@ pub enum RowsKernel {
     /// `dec_mma_rows` (`mma_rows`): the tensor cores, 16 weight rows × the B rows an mma.sync;
     /// 4-bit weights only (`mma_rows_serves`), inputs fed as bf16.
     Mma,
+    /// `dec_mma_rows_deep` (`mma_rows_deep`): `dec_mma_rows`' sums, its weight nibbles streamed by
+    /// cp.async through MMA_STAGES chunk stages a warp in shared memory (more bytes in flight).
+    MmaDeep,
     /// `dec_gemv_rows_split` (`router_rows_split`): the CUDA cores, one weight row a warp and its
     /// groups one a lane, SPLIT_WARPS rows a block: for launches of few weight rows (the router,
     /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
@@ -106,6 +109,11 @@ pub const MMA_WARPS: usize = 4;
 pub const MMA_BLOCKS_PER_SM: usize = 4;
 /// (tile, group) items a `dec_mma_rows` warp requests at once (two such chunks in flight).
 pub const MMA_CHUNK: usize = 4;
+/// Chunk stages a `dec_mma_rows_deep` warp keeps in shared memory (MMA_STAGES − 1 in flight),
+/// fewer where a launch's shared memory would not fit them (`mma_deep_stages`), at least 2.
+pub const MMA_STAGES: usize = 3;
+/// Bytes of a `dec_mma_rows_deep` stage: 16 rows of MMA_CHUNK groups' 32 bytes and 32 of pad.
+const MMA_STAGE_BYTES: usize = 16 * (MMA_CHUNK * 32 + 32);
 /// Weight rows of a `dec_mma_rows` tile (the mma's M).
 const MMA_TILE: usize = 16;
 /// Warps of a `dec_gemv_rows` block: as many as its launch bound lets (decode.cu's
@@ -283,12 +291,29 @@ fn mma_smem(cols: usize, rows: usize) -> usize {
     (rows * (g * 32 + 4) + g * BATCH_MAX + 2 * MMA_WARPS * 128) * 4
 }
 
+/// Stages of a `dec_mma_rows_deep` block staging `rows` inputs of `cols` columns: MMA_STAGES
+/// where they fit BATCH_SMEM_MAX with the inputs, else 2.
+fn mma_deep_stages(cols: usize, rows: usize) -> usize {
+    let fits = |s: usize| mma_smem(cols, rows) + MMA_WARPS * s * MMA_STAGE_BYTES <= BATCH_SMEM_MAX;
+    (2..=MMA_STAGES).rev().find(|&s| fits(s)).unwrap_or(2)
+}
+
 /// Dynamic shared memory of a block of `kernel` staging `rows` inputs of `cols` columns.
 fn launch_smem(kernel: RowsKernel, cols: usize, rows: usize) -> usize {
     match kernel {
         RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, rows),
         RowsKernel::Mma => mma_smem(cols, rows),
+        RowsKernel::MmaDeep => {
+            mma_smem(cols, rows) + MMA_WARPS * mma_deep_stages(cols, rows) * MMA_STAGE_BYTES
+        }
     }
+}
+
+/// Blocks of `smem` bytes of dynamic shared memory that fit an SM (its opt-in maximum a block,
+/// `max_smem`, and 1 KB the driver reserves a block), at most `bound` (the launch bound) and at
+/// least 1: the persistent grid of `dec_mma_rows_deep` takes no more blocks than run at once.
+fn blocks_by_smem(smem: usize, max_smem: usize, bound: usize) -> usize {
+    ((max_smem + 1024) / (smem + 1024)).clamp(1, bound)
 }
 
 /// Rows one launch of `kernel` takes for inputs of `cols` columns (at least 1 for any width
@@ -589,6 +614,7 @@ pub struct Decode {
     /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
     mma_rows: Kernel,
+    mma_rows_deep: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv4_x8x2: Kernel,
@@ -624,6 +650,7 @@ impl Decode {
             gemv_rows,
             gemv_rows_split: k("dec_gemv_rows_split")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
+            mma_rows_deep: k("dec_mma_rows_deep")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv4_x8x2: k("dec_gemv4_x8x2")?,
@@ -733,6 +760,7 @@ impl Decode {
             RowsKernel::Gemv => "dec_gemv_rows",
             RowsKernel::GemvSplit => "dec_gemv_rows_split",
             RowsKernel::Mma => "dec_mma_rows",
+            RowsKernel::MmaDeep => "dec_mma_rows_deep",
         };
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("{name}: {} projections (1..={MAX_SEGS})", outs.len());
@@ -751,11 +779,16 @@ impl Decode {
                 self.rows_warps * rows_lanes(cols).1,
             ),
             RowsKernel::GemvSplit => (&self.gemv_rows_split, SPLIT_WARPS, SPLIT_WARPS),
-            RowsKernel::Mma => {
+            RowsKernel::Mma | RowsKernel::MmaDeep => {
                 if outs.iter().any(|(w, _)| w.bits != 4) {
                     bail!("{name}: 4-bit weights only");
                 }
-                (&self.mma_rows, MMA_WARPS, MMA_TILE)
+                let f = if kernel == RowsKernel::Mma {
+                    &self.mma_rows
+                } else {
+                    &self.mma_rows_deep
+                };
+                (f, MMA_WARPS, MMA_TILE)
             }
         };
         let segs = segments(name, outs, cols, rows_per_tile)?;
@@ -764,11 +797,19 @@ impl Decode {
             RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
             // Up to SPLIT_ROWS_MAX rows: a block a tile for any device this runs on.
             RowsKernel::GemvSplit => (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32),
-            RowsKernel::Mma => {
-                let split = mma_split(tiles, blocks_max(MMA_BLOCKS_PER_SM) * MMA_WARPS);
+            RowsKernel::Mma | RowsKernel::MmaDeep => {
+                let per_sm = match kernel {
+                    RowsKernel::MmaDeep => blocks_by_smem(
+                        launch_smem(kernel, cols, rows_per_launch(kernel, cols).min(rows)),
+                        gpu.max_shared_memory,
+                        MMA_BLOCKS_PER_SM,
+                    ),
+                    _ => MMA_BLOCKS_PER_SM,
+                };
+                let split = mma_split(tiles, blocks_max(per_sm) * MMA_WARPS);
                 let per_block = if split { 1 } else { MMA_WARPS };
                 (
-                    tiles.div_ceil(per_block).min(blocks_max(MMA_BLOCKS_PER_SM)),
+                    tiles.div_ceil(per_block).min(blocks_max(per_sm)),
                     split as i32,
                 )
             }
@@ -784,11 +825,15 @@ impl Decode {
             let xb = x + (b0 * cols * 4) as u64;
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
             let smem = launch_smem(kernel, cols, nb);
+            let stages = mma_deep_stages(cols, nb) as i32;
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
             gpu.launch(function, cfg, |l| {
                 l.arg(&at).arg(&xb).arg(&nb_arg).arg(&cols_arg);
                 if kernel == RowsKernel::Mma {
                     l.arg(&split);
+                }
+                if kernel == RowsKernel::MmaDeep {
+                    l.arg(&split).arg(&stages);
                 }
             })?;
             b0 += nb;

@@ -58,6 +58,9 @@ struct Case {
     /// On, the fused projections of 4-bit weights run on the tensor cores (`dec_mma_rows`; the
     /// plan takes it in bf16 mode only).
     mma_rows: bool,
+    /// On (with `mma_rows`), those projections run `dec_mma_rows_deep` (`mma_rows_deep`: the
+    /// weights through shared-memory stages).
+    mma_rows_deep: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
     /// On, the MoE's products run in int8 (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows`, and
@@ -77,6 +80,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         fused_decode,
         fused_batch,
         mma_rows,
+        mma_rows_deep,
         router_rows_split,
         moe_int8,
         prompts,
@@ -91,7 +95,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows}, router split {router_rows_split}, moe int8 {moe_int8}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -99,6 +103,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             fused_decode,
             fused_batch,
             mma_rows,
+            mma_rows_deep,
             router_rows_split,
             moe_int8,
             batched_decode: true,
@@ -211,6 +216,7 @@ const FUSED: Case = Case {
     fused_decode: true,
     fused_batch: true,
     mma_rows: false,
+    mma_rows_deep: false,
     router_rows_split: false,
     moe_int8: false,
     prompts: &[9, 23, 40],
@@ -246,6 +252,11 @@ const SHIPPING: Case = Case {
     moe_int8: true,
     ..SPLIT_MMA
 };
+/// The shipping step with its tensor-core projections in `dec_mma_rows_deep` (`--mma-rows-deep`).
+const MMA_DEEP: Case = Case {
+    mma_rows_deep: true,
+    ..SHIPPING
+};
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
 /// has them).
@@ -264,7 +275,8 @@ fn eight(case: Case) -> Case {
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
 /// inputs where the shape has them); three and eight with `--mma-rows`; three with the router
 /// split over lanes on the CUDA cores, three and eight with it and `--mma-rows` (f32 MoE
-/// products), and three and eight with the defaults (those and int8 MoE products).
+/// products), three and eight with the defaults (those and int8 MoE products), and three and
+/// eight with the defaults and `--mma-rows-deep`.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
@@ -284,11 +296,13 @@ fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
     batched_steps_match_alone(Preset::Tiny, SPLIT_MMA);
     batched_steps_match_alone(Preset::Tiny, SHIPPING);
     batched_steps_match_alone(Preset::Tiny, eight(SHIPPING));
+    batched_steps_match_alone(Preset::Tiny, MMA_DEEP);
+    batched_steps_match_alone(Preset::Tiny, eight(MMA_DEEP));
 }
 
 /// As on tiny, on small: three sequences (fused, first version), eight (fused, with
 /// `--mma-rows`, with it and the router split over lanes, and the defaults: those and int8 MoE
-/// products).
+/// products, with and without `--mma-rows-deep`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_small() {
@@ -298,6 +312,7 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, eight(MMA_ROWS));
     batched_steps_match_alone(Preset::Small, eight(SPLIT_MMA));
     batched_steps_match_alone(Preset::Small, eight(SHIPPING));
+    batched_steps_match_alone(Preset::Small, eight(MMA_DEEP));
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

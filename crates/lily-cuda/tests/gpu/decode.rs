@@ -427,7 +427,7 @@ fn batched_decode_gemv_rows_match_cpu() {
     let w = upload_linear(&d, "w", &linear(&mut rng, 4, 1, 16, 128)).unwrap();
     let buf = poisoned(&d, 4 * 128);
     let out = [(&w, Out::Store(buf.ptr))];
-    for kernel in [RowsKernel::Gemv, RowsKernel::Mma] {
+    for kernel in [RowsKernel::Gemv, RowsKernel::Mma, RowsKernel::MmaDeep] {
         for (x, cols, rows, says) in [
             (buf.ptr, 256, 2, "256-wide"),
             (buf.ptr, 128, 0, "no input rows"),
@@ -441,18 +441,13 @@ fn batched_decode_gemv_rows_match_cpu() {
         }
     }
     let w8 = upload_linear(&d, "w8", &linear(&mut rng, 8, 1, 16, 128)).unwrap();
-    let e =
-        d.k.decode
-            .project_rows(
-                &d,
-                RowsKernel::Mma,
-                buf.ptr,
-                128,
-                1,
-                &[(&w8, Out::Store(buf.ptr))],
-            )
-            .unwrap_err();
-    assert!(e.to_string().contains("4-bit"), "{e}");
+    for kernel in [RowsKernel::Mma, RowsKernel::MmaDeep] {
+        let e =
+            d.k.decode
+                .project_rows(&d, kernel, buf.ptr, 128, 1, &[(&w8, Out::Store(buf.ptr))])
+                .unwrap_err();
+        assert!(e.to_string().contains("4-bit"), "{kernel:?}: {e}");
+    }
     println!("KERNEL decode.cu dec_gemv_rows matches the CPU");
 }
 
@@ -463,11 +458,18 @@ fn batched_decode_gemv_rows_match_cpu() {
 /// (4,250 tiles: whole tiles a warp, as lm_head's 15,520) at 1, 4 and 8 rows. x is fed to the
 /// tensor cores as bf16, so in fp32 mode the inputs are bf16 values (as the activations are in
 /// bf16 mode, the only mode the plan takes it in) and the bound is the sums' own rounding,
-/// 1e-4 (the cancellation of the 128 offset costs a few bits); bf16 mode: 1e-2.
+/// 1e-4 (the cancellation of the 128 offset costs a few bits); bf16 mode: 1e-2. The same for
+/// `dec_mma_rows_deep` (`mma_rows_deep`: its weights through shared-memory stages; 4,096 columns
+/// at 8 rows take its two-stage form).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_mma_rows_match_cpu() {
-    for bf16_activations in [false, true] {
+    for (kernel, bf16_activations) in [
+        (RowsKernel::Mma, false),
+        (RowsKernel::Mma, true),
+        (RowsKernel::MmaDeep, false),
+        (RowsKernel::MmaDeep, true),
+    ] {
         let d = dev(bf16_activations);
         let tol = if bf16_activations { 1e-2 } else { 1e-4 };
         let mut rng = Rng(47);
@@ -475,21 +477,13 @@ fn batched_decode_mma_rows_match_cpu() {
         for cols in [2048usize, 4096, 512, 64] {
             let rows_of = [300, 77, 16, 1];
             rows_case(
-                &d,
-                RowsKernel::Mma,
-                &mut rng,
-                cols,
-                &rows_of,
-                [4; 4],
-                &nbs,
-                true,
-                tol,
+                &d, kernel, &mut rng, cols, &rows_of, [4; 4], &nbs, true, tol,
             );
         }
         let rows_of = [68_000, 16, 5, 1];
         rows_case(
             &d,
-            RowsKernel::Mma,
+            kernel,
             &mut rng,
             2048,
             &rows_of,
@@ -499,7 +493,7 @@ fn batched_decode_mma_rows_match_cpu() {
             tol,
         );
     }
-    println!("KERNEL decode.cu dec_mma_rows matches the CPU");
+    println!("KERNEL decode.cu dec_mma_rows and dec_mma_rows_deep match the CPU");
 }
 
 /// `dec_gemv_rows_split` (`router_rows_split`: a warp a weight row, its groups one a lane) against
