@@ -788,6 +788,17 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
 /// (exact in f64) and each group's largest magnitude.
 type RoundGroups = fn(&[f32]) -> (Vec<f64>, Vec<f64>);
 
+/// A 64-column group's int8 scale as decode.cu's stage_x8 / stage_x8x2 take it, in f32:
+/// m = max|x|, inv = 127 / m, scale = m / 127 (both 0 for a group of zeros).
+fn int8_group_scale(g: &[f32]) -> (f32, f32, f32) {
+    let m = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if m > 0.0 {
+        (m, 127.0 / m, m / 127.0)
+    } else {
+        (m, 0.0, 0.0)
+    }
+}
+
 /// x rounded to int8 per 64-column group as `moe_int8` specifies (decode.cu's stage_x8), in f32
 /// steps of our own: m = max|x|, x̂ = round-half-even(x · (127 / m)), scale = m / 127. Returns
 /// scale · x̂ per value (exact in f64) and each group's m.
@@ -795,12 +806,7 @@ fn int8_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let mut xq = Vec::with_capacity(x.len());
     let mut gmax = Vec::new();
     for g in x.chunks(64) {
-        let m = g.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (inv, scale) = if m > 0.0 {
-            (127.0 / m, m / 127.0)
-        } else {
-            (0.0, 0.0)
-        };
+        let (m, inv, scale) = int8_group_scale(g);
         gmax.push(m as f64);
         for v in g {
             let q = (v * inv).round_ties_even();
@@ -1057,12 +1063,7 @@ fn int8_pair_groups(x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let mut xt = Vec::with_capacity(x.len());
     let mut gmax = Vec::new();
     for g in x.chunks(64) {
-        let m = g.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (inv, scale) = if m > 0.0 {
-            (127.0 / m, m / 127.0)
-        } else {
-            (0.0, 0.0)
-        };
+        let (m, inv, scale) = int8_group_scale(g);
         let inv_lo = 254.0 * inv;
         gmax.push(m as f64);
         for &v in g {
