@@ -21,9 +21,25 @@ left() { [ "$(el)" -lt "$AB_DEADLINE" ]; }
 # cap S: S seconds, or fewer where AB_HARD would pass first (at least 1).
 cap() { local s=$1; [ -n "${AB_HARD:-}" ] && [ $((AB_HARD - $(el))) -lt "$s" ] && s=$((AB_HARD - $(el))); [ "$s" -lt 1 ] && s=1; echo "$s"; }
 say "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader)"
-"$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$M" \
-  ${AB_LAYERS:+--layers "$AB_LAYERS"} ${AB_TOK:+--tokenizer "$HERE/../tokenizer"} > "$OUT/synth.log" 2>&1 &
-SYN=$!
+# ab_synth DIR LAYERS TOK LOG: synthesise the checkpoint (LAYERS layers, or all where empty; with
+# .carry/tokenizer where TOK is non-empty) into DIR in the background, its pid in AB_PID. A warm
+# machine keeps /dev/shm between calls: a checkpoint an earlier call finished (its marker names
+# the binary's checksum and the layers) is reused instead of synthesised again.
+ab_synth() {
+  local dir=$1 layers=$2 tok=$3 log=$4
+  local key; key="$(md5sum < "$B/lily-engine" | cut -c1-16) ${layers:-full}"
+  if [ -f "$dir/.lily-synth-done" ] && [ "$(cat "$dir/.lily-synth-done")" = "$key" ] \
+    && { [ -z "$tok" ] || [ -f "$dir/tokenizer.json" ]; }; then
+    echo "reusing $dir (synthesised by an earlier call)" > "$log"; sleep 0 &
+  else
+    rm -f "$dir/.lily-synth-done"
+    { "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$dir" \
+        ${layers:+--layers "$layers"} ${tok:+--tokenizer "$HERE/../tokenizer"} \
+        && echo "$key" > "$dir/.lily-synth-done"; } > "$log" 2>&1 &
+  fi
+  AB_PID=$!
+}
+ab_synth "$M" "${AB_LAYERS:-}" "$AB_TOK" "$OUT/synth.log"; SYN=$AB_PID
 
 # wgpu_setup: the Vulkan loader from the debs in .gl (../.library/device/README.md), the NVIDIA
 # ICD where the machine has it, and the binary's version into the summary.
