@@ -28,7 +28,7 @@ FULL=/dev/shm/full-mlx
 if [ "${DRY:-0}" = 1 ]; then
   run "$B/lily-engine" synth --preset qwen3.6-35b-a3b --format mlx --seed 7 --out "$FULL"; SYNF=$SYN
 else
-  ab_synth "$FULL" "" "" "$OUT/synth-full.log"; SYNF=$AB_PID
+  ab_synth "$FULL" "" "$AB_TOK" "$OUT/synth-full.log"; SYNF=$AB_PID
 fi
 bench() {  # bench NAME MODEL TIMEOUT ENV...: bench --batch 1,4,8 at 1K, its rows into the summary
   local name=$1 model=$2 t=$3; shift 3

@@ -16,8 +16,8 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4` (`--gemv-int8`, off: the 4-bit ones in `dec_gemv4_x8x2` / `dec_gemv4w_x8x2`, x as int8 pairs and dp4a, `gemv_products`) | in `dec_gemv8`, exact | `dec_glu4_q8` + `dec_down_combine_q8` (int8 x and dp4a, `moe_products`; `--moe-int8-pairs`, off: `dec_glu4_x8x2` + `dec_down_combine_x8x2`, int8 pairs; `--no-moe-int8` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones in `dec_mma_rows`, on the tensor cores (`mma_rows`, on; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_q8_rows` + `dec_down_combine_q8_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 x, `moe_products`; `--moe-int8-pairs`: `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows`; `--no-moe-int8` or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -876,7 +876,7 @@ mod tests {
             defaults.batch_projections(&router),
             rows(RowsKernel::GemvSplit)
         );
-        assert_eq!(defaults.batch_projections(&qkv), rows(RowsKernel::Mma));
+        assert_eq!(defaults.batch_projections(&qkv), rows(RowsKernel::MmaDeep));
         let d = defaults.describe();
         assert!(d.contains("batched router split over lanes on"), "{d}");
         let off = Plan::resolve(
@@ -943,8 +943,15 @@ mod tests {
             BatchProjections::Rows(RowsKernel::Gemv)
         );
         // mma_rows (the default): the tensor cores for all-4-bit weights in bf16 mode; the
-        // 8-bit router keeps dec_gemv_rows, fp32 mode never takes it.
-        let mma = Plan::resolve(&CudaOptions::default(), H200);
+        // 8-bit router keeps dec_gemv_rows, fp32 mode never takes it (`--no-mma-rows-deep`:
+        // dec_mma_rows itself; the default's deep form below).
+        let mma = Plan::resolve(
+            &CudaOptions {
+                mma_rows_deep: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         assert!(mma
             .describe()
             .contains("batched projections on tensor cores on"));
@@ -976,11 +983,14 @@ mod tests {
             fp32_mma.batch_projections(&[w(2048, 4096, 4)]),
             BatchProjections::Rows(RowsKernel::Gemv)
         );
-        // mma_rows_deep (off by default): dec_mma_rows_deep where dec_mma_rows would run, only
+        // mma_rows_deep (on by default): dec_mma_rows_deep where dec_mma_rows would run, only
         // with mma_rows and in bf16 mode.
         assert!(mma
             .describe()
             .contains("batched tensor-core projections streamed through shared memory off"));
+        assert!(Plan::resolve(&CudaOptions::default(), H200)
+            .describe()
+            .contains("batched tensor-core projections streamed through shared memory on"));
         let deep = |o: CudaOptions| {
             Plan::resolve(
                 &CudaOptions {
@@ -1136,15 +1146,17 @@ mod tests {
             BatchMoe::Grouped
         );
         // moe_int8 (on by default; `--no-moe-int8`): the int8 kernels where dec_glu4 and
-        // dec_down_combine's one-group-a-lane path serve, bf16 mode.
+        // dec_down_combine's one-group-a-lane path serve, bf16 mode; by default their pair
+        // forms (moe_int8_pairs, below) stand before them.
         let (down, top_k) = (w(2048, 512, 4), 8);
         assert_eq!(
             on.moe_products_for(&glu, &down, &down, top_k),
-            MoeProducts::Int8
+            MoeProducts::Int8Pairs
         );
         let int8 = |bf16_activations| {
             let o = CudaOptions {
                 bf16_activations,
+                moe_int8_pairs: false,
                 ..CudaOptions::default()
             };
             Plan::resolve(&o, H200)
@@ -1152,6 +1164,7 @@ mod tests {
         let off = Plan::resolve(
             &CudaOptions {
                 moe_int8: false,
+                moe_int8_pairs: false,
                 ..CudaOptions::default()
             },
             H200,
@@ -1181,7 +1194,7 @@ mod tests {
             int8(true).moe_products_for(&glu, &down8, &down, top_k),
             MoeProducts::Float
         );
-        // gemv_int8 (off by default; `--gemv-int8`): the one-token 4-bit projections on
+        // gemv_int8 (on by default; `--no-gemv-int8`): the one-token 4-bit projections on
         // dec_gemv4_x8x2 / dec_gemv4w_x8x2, bf16 mode; the 8-bit router and mixed launches stay.
         let pairs = |bf16_activations| {
             let o = CudaOptions {
@@ -1209,12 +1222,12 @@ mod tests {
                 GemvProducts::Float,
                 "{ws:?}"
             );
-            assert_eq!(on.gemv_products(ws), GemvProducts::Float, "{ws:?}");
+            assert_eq!(on.gemv_products(ws), GemvProducts::Int8Pairs, "{ws:?}");
         }
         assert!(pairs(true)
             .describe()
             .contains("int8-pair one-token projections on"));
-        // moe_int8_pairs (off): the MoE's pairs kernels where the int8 ones serve, before them.
+        // moe_int8_pairs (on by default; `--no-moe-int8-pairs`): the MoE's pairs kernels where the int8 ones serve, before them.
         let moe_pairs = |bf16_activations, moe_int8| {
             let o = CudaOptions {
                 bf16_activations,
@@ -1241,10 +1254,9 @@ mod tests {
         assert!(moe_pairs(true, true)
             .describe()
             .contains("int8-pair MoE products on"));
-        assert!(on.describe().contains("int8-pair MoE products off"));
-        assert!(on
-            .describe()
-            .contains("int8-pair one-token projections off"));
+        assert!(on.describe().contains("int8-pair MoE products on"));
+        assert!(on.describe().contains("int8-pair one-token projections on"));
+        assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
             &[w(256, 2048, 8), w(1, 2048, 8)][..],
             &[w(8192, 2048, 4), w(32, 2048, 8)],
@@ -1317,12 +1329,13 @@ mod tests {
         let lm_head = mlx(cfg.vocab, h, 4, 1);
         assert_eq!(p.prefill_chunk, 4096);
         // Decode (n = 1): the fused kernels, split attention with the prep inside; the 4-bit
-        // projections in f32 (`dec_gemv4`, `dec_gemv4w`) unless `--gemv-int8`.
+        // projections on int8 pairs of x (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`: `gemv_int8`, on
+        // by default), in f32 (`dec_gemv4`, `dec_gemv4w`) under `--no-gemv-int8`.
         assert_eq!(p.one_row(&lm_head), DecodePath::Fused);
         assert!(decode::serves(&router) && decode::serves(&o) && decode::serves(&in_qkv));
-        let pairs = Plan::resolve(
+        let floats = Plan::resolve(
             &CudaOptions {
-                gemv_int8: true,
+                gemv_int8: false,
                 ..CudaOptions::default()
             },
             H200,
@@ -1337,11 +1350,11 @@ mod tests {
             &[dn_out],
             &[lm_head],
         ] {
-            assert_eq!(p.gemv_products(ws), GemvProducts::Float, "{ws:?}");
-            assert_eq!(pairs.gemv_products(ws), GemvProducts::Int8Pairs, "{ws:?}");
+            assert_eq!(p.gemv_products(ws), GemvProducts::Int8Pairs, "{ws:?}");
+            assert_eq!(floats.gemv_products(ws), GemvProducts::Float, "{ws:?}");
         }
         assert_eq!(
-            pairs.gemv_products(&[router, mlx(1, h, 8, 1)]),
+            p.gemv_products(&[router, mlx(1, h, 8, 1)]),
             GemvProducts::Float
         );
         for (keys, kernel) in [
@@ -1401,11 +1414,11 @@ mod tests {
         );
         let mma = &p;
         for (ws, kernel) in [
-            (&[q, k, k][..], RowsKernel::Mma),
-            (&[in_qkv, z, dn_b, dn_b], RowsKernel::Mma),
-            (&[lm_head], RowsKernel::Mma),
-            (&[o], RowsKernel::Mma),
-            (&[out_proj], RowsKernel::Mma),
+            (&[q, k, k][..], RowsKernel::MmaDeep),
+            (&[in_qkv, z, dn_b, dn_b], RowsKernel::MmaDeep),
+            (&[lm_head], RowsKernel::MmaDeep),
+            (&[o], RowsKernel::MmaDeep),
+            (&[out_proj], RowsKernel::MmaDeep),
             (&[router, s_gate], RowsKernel::GemvSplit),
         ] {
             assert_eq!(

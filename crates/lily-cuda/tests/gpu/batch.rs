@@ -63,9 +63,11 @@ struct Case {
     mma_rows_deep: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
-    /// On, the MoE's products run in int8 (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows`, and
-    /// `dec_glu4_q8` + `dec_down_combine_q8` for a sequence alone; `moe_int8`, on by default, the
-    /// plan taking it in bf16 mode only); off, the f32 kernels (`--no-moe-int8`).
+    /// On, the MoE's products (and the sequences alone's one-token projections, `gemv_int8`) run
+    /// in int8 as they ship: int8 pairs (`dec_glu4_x8x2_rows` +
+    /// `dec_down_combine_x8x2_rows`, and `dec_glu4_x8x2` + `dec_down_combine_x8x2` for a
+    /// sequence alone; `moe_int8_pairs` before `moe_int8`, both on by default, the plan taking
+    /// them in bf16 mode only); off, the f32 kernels (`--no-moe-int8 --no-moe-int8-pairs`).
     moe_int8: bool,
     prompts: &'static [usize],
 }
@@ -106,6 +108,11 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             mma_rows_deep,
             router_rows_split,
             moe_int8,
+            moe_int8_pairs: moe_int8,
+            // The one-token projections of the sequences alone in the same products as the MoE's:
+            // f32 with the f32 MoE (the batched step's dec_gemv_rows / dec_mma_rows are f32 sums
+            // either way), int8 pairs as they ship.
+            gemv_int8: moe_int8,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -210,7 +217,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
 }
 
 /// The fused batched step on the CUDA cores with f32 MoE products (`--no-mma-rows
-/// --no-moe-int8`; the defaults are SHIPPING's), the first version's (linear.cu over the rows)
+/// --no-moe-int8 --no-moe-int8-pairs`; the defaults are SHIPPING's), the first version's (linear.cu over the rows)
 /// and the unfused one.
 const FUSED: Case = Case {
     fused_decode: true,
@@ -236,7 +243,7 @@ const MMA_ROWS: Case = Case {
 };
 
 /// The router's launch split over lanes (`router_rows_split`), on the CUDA cores and with
-/// `--mma-rows` (f32 MoE products: `--no-moe-int8`).
+/// `--mma-rows` (f32 MoE products: `--no-moe-int8 --no-moe-int8-pairs`).
 const ROUTER_SPLIT: Case = Case {
     router_rows_split: true,
     ..FUSED
@@ -246,13 +253,15 @@ const SPLIT_MMA: Case = Case {
     ..ROUTER_SPLIT
 };
 
-/// The shipping batched step: the MoE's products in int8 (`moe_int8`, on by default since its
-/// A/B, session 17) with `--mma-rows` and the router split over lanes.
+/// The shipping batched step but for its projections' kernel: the MoE's products on int8 pairs
+/// (`moe_int8_pairs`, on by default since session 19's agreement measurement) with `--mma-rows`
+/// in `dec_mma_rows` (`--no-mma-rows-deep`) and the router split over lanes.
 const SHIPPING: Case = Case {
     moe_int8: true,
     ..SPLIT_MMA
 };
-/// The shipping step with its tensor-core projections in `dec_mma_rows_deep` (`--mma-rows-deep`).
+/// The shipping step as it ships: its tensor-core projections in `dec_mma_rows_deep`
+/// (`mma_rows_deep`, on by default since session 19's A/B).
 const MMA_DEEP: Case = Case {
     mma_rows_deep: true,
     ..SHIPPING
@@ -275,8 +284,8 @@ fn eight(case: Case) -> Case {
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
 /// inputs where the shape has them); three and eight with `--mma-rows`; three with the router
 /// split over lanes on the CUDA cores, three and eight with it and `--mma-rows` (f32 MoE
-/// products), three and eight with the defaults (those and int8 MoE products), and three and
-/// eight with the defaults and `--mma-rows-deep`.
+/// products), three and eight with those and int8 MoE products, and three and
+/// eight with `mma_rows_deep` (the defaults).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_match_each_sequence_alone_on_tiny() {
