@@ -10,7 +10,8 @@
 #      beside the bench;
 #   4. served 1 / 4 / 8 clients (scripts/concurrent_bench.py: a 1,024-token prompt each, 256
 #      greedy tokens, the default --max-batch), issue 32's figures;
-#   5. wgpu through Vulkan as it ships on this adapter: `bench --prefill 512,4K --decode-ctx 4K,32K
+#   5. per-kernel profiles (LILY_PROFILE=1): the one-token step at 4K, the 8-row step at 1K;
+#   6. wgpu through Vulkan as it ships on this adapter: `bench --prefill 512,4K --decode-ctx 4K,32K
 #      --decode-tokens 64`.
 # Summary on stdout and in $OUT/summary.txt, logs beside. No step starts past DEADLINE (440 s);
 # no run's timeout reaches past HARD (520 s).
@@ -19,7 +20,7 @@
 # into .carry/next/, the tokenizer into .carry/tokenizer/ (its tokenizer.json gzipped) and the
 # Vulkan loader debs into .gl (../.library/device/README.md). There:
 #   bash .carry/next/gpu_current.sh   (carry: .carry/next .carry/tokenizer .gl; timeout_s 560)
-# Knobs: SKIP (parts left out: tests sweep served concurrent wgpu), TEST_S, DEADLINE, HARD.
+# Knobs: SKIP (parts left out: tests sweep served concurrent profile wgpu), TEST_S, DEADLINE, HARD.
 set -u
 AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-440}"
@@ -69,7 +70,21 @@ if step concurrent; then
   grep -E "clients:|rror" "$OUT/concurrent.log" | cut -c1-220 | head -5 | tee -a "$S"
 fi
 
-# 5. wgpu through Vulkan.
+# 5. The one-token step's per-kernel profile at 4K (graphs off: each launch timed).
+if step profile; then
+  LILY_PROFILE=1 timeout "$(cap 60)" "$E" bench --model "$M" --device cuda --prefill 256 --decode-ctx 4K \
+    --decode-tokens 16 --repeat 1 > "$OUT/profile-4k.log" 2>&1
+  say "profile 4K rc=$? at $(el)s:"
+  grep -A40 -E "kernel profile" "$OUT/profile-4k.log" | grep -v INFO | cut -c1-160 | head -34 | tee -a "$S"
+  if left; then
+    LILY_PROFILE=1 timeout "$(cap 60)" "$E" bench --model "$M" --device cuda --prefill 1K --decode-ctx 1K \
+      --decode-tokens 16 --repeat 1 --batch 8 > "$OUT/profile-8rows.log" 2>&1
+    say "profile 8 rows at 1K rc=$? at $(el)s:"
+    grep -A40 -E "kernel profile" "$OUT/profile-8rows.log" | grep -v INFO | cut -c1-160 | tail -34 | tee -a "$S"
+  fi
+fi
+
+# 6. wgpu through Vulkan.
 if step wgpu; then
   wgpu_setup
   timeout "$(cap 110)" "$E" bench --model "$M" --device wgpu --prefill 512,4K --decode-ctx 4K,32K \
