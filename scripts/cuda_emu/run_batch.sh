@@ -52,7 +52,7 @@ MUTANTS = [
     ('dec', 'o0 = bf16_to_f32(it.b[0]) - 128.0f * s0', 'o0 = bf16_to_f32(it.b[0])',
      "dec_mma_rows without the 128 offset in its bias term"),
     ('dec', 'for (int w = 0; w < ks; w++) s +=', 'for (int w = 0; w < 1; w++) s +=',
-     "dec_mma_rows keeping only warp 0's share of a split tile"),
+     "dec_mma_rows (and _deep: mma_tile_end) keeping only warp 0's share of a split tile"),
     ('dec', 'for (int b = 0; b < DEC_B_MAX; b++) acc[b] = warp_sum(acc[b]);',
      'for (int b = 0; b < DEC_B_MAX; b++) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], 16);',
      "dec_gemv_rows_split meeting only two lanes' sums"),

@@ -2061,20 +2061,12 @@ __device__ __forceinline__ void mma_out(int lane, int k, int& row, int& n) {
     n = 2 * (lane & 3) + (k & 1);
 }
 
-// The chunk's items summed into acc; at the tile's last chunk its outputs stored (and acc reset).
-__device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
-                                              const MmaChunk& ch, const u32* xb, int R, const float* xsum,
-                                              float* red, int nb, float (&acc)[4]) {
-    MmaAt a = mma_at(c, cpt, ks);
-    int kw = (int)(threadIdx.x >> 5) % ks, lane = threadIdx.x & 31;
-    if (a.tile < segs.tiles) {
-#pragma unroll
-        for (int k = 0; k < DEC_MMA_CHUNK; k++) {
-            int j = a.j0 + k, gi = kw + ks * j;
-            if (j < gpw && gi < G) mma_item_dot(ch.it[k], xb, R, xsum, G, nb, gi, acc);
-        }
-    }
-    if (!a.last) return;
+// Chunk c ended tile a (a.last): the lane's four sums of it stored — a whole tile's by its warp, a
+// split tile's first met in shared memory (`red`, two buffers by the tile's parity) and stored by
+// the block's first 128 threads — and acc reset for the next tile. Both mma kernels' tile end.
+__device__ __forceinline__ void mma_tile_end(const DecSegs& segs, const MmaAt& a, int c, int cpt, int ks, float* red,
+                                             int nb, float (&acc)[4]) {
+    int lane = threadIdx.x & 31;
     if (ks == 1) {
         if (a.tile < segs.tiles) {
             DecSeg sg = seg_of(segs, a.tile);
@@ -2105,6 +2097,22 @@ __device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cp
     }
 #pragma unroll
     for (int k = 0; k < 4; k++) acc[k] = 0.0f;
+}
+
+// The chunk's items summed into acc; at the tile's last chunk its outputs stored (and acc reset).
+__device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cpt, int ks, int gpw, int G,
+                                              const MmaChunk& ch, const u32* xb, int R, const float* xsum,
+                                              float* red, int nb, float (&acc)[4]) {
+    MmaAt a = mma_at(c, cpt, ks);
+    int kw = (int)(threadIdx.x >> 5) % ks;
+    if (a.tile < segs.tiles) {
+#pragma unroll
+        for (int k = 0; k < DEC_MMA_CHUNK; k++) {
+            int j = a.j0 + k, gi = kw + ks * j;
+            if (j < gpw && gi < G) mma_item_dot(ch.it[k], xb, R, xsum, G, nb, gi, acc);
+        }
+    }
+    if (a.last) mma_tile_end(segs, a, c, cpt, ks, red, nb, acc);
 }
 
 // x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum [G][8] (each row's group
@@ -2150,6 +2158,19 @@ __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, i
     }
 }
 
+// A launch's work, both mma kernels': ks warps a tile (the block's DEC_MMA_WARPS with `split`, else
+// 1), gpw of its G groups a warp in cpt chunks a tile, and `total` chunks in every warp's stream
+// (as many tiles a warp as the grid's first warps take: mma_at past segs.tiles is no tile).
+struct MmaWork {
+    int ks, gpw, cpt, total;
+};
+__device__ __forceinline__ MmaWork mma_work(const DecSegs& segs, int G, int split) {
+    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
+    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
+    int per_iter = (int)gridDim.x * tpb;
+    return {ks, gpw, cpt, (segs.tiles + per_iter - 1) / per_iter * cpt};
+}
+
 extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
 dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split) {
     extern __shared__ __align__(16) float dec_smem[];
@@ -2157,10 +2178,7 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
     float* xsum = dec_smem + nb * R;             // [G][8]
     float* red = xsum + G * DEC_B_MAX;           // [2][DEC_MMA_WARPS][32][4]
-    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
-    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
-    int per_iter = (int)gridDim.x * tpb;
-    int total = (segs.tiles + per_iter - 1) / per_iter * cpt;  // chunks of every warp's stream
+    auto [ks, gpw, cpt, total] = mma_work(segs, G, split);
     MmaChunk ca, cb;
     if (total > 0) mma_chunk_load(segs, 0, cpt, ks, gpw, G, ca);
     dec_wait();
@@ -2179,14 +2197,14 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
 
 // ---- dec_mma_rows_deep: dec_mma_rows with its weights streamed through shared memory ---------
 //
-// The same tiles, item sums (mma_item_dot) and stores as dec_mma_rows — whole tiles a warp (lm_head)
-// give its outputs bit for bit; a split tile's warps take its groups a chunk at a time
-// (mma_deep_gi), so their outputs differ from dec_mma_rows' in summation order —, but a warp's weight
-// nibbles travel by cp.async (16 bytes a lane, global → shared, no registers held while they fly)
-// into a ring of `S` chunk stages of its own in shared memory: chunk c + S − 1 is requested
-// before chunk c is summed, so S − 1 chunks (DEC_MMA_CHUNK items: 16 rows × 32 bytes each) are in
-// flight a warp all the time, not dec_mma_rows' one or two in registers, and a chunk costs a lane
-// DEC_MMA_CHUNK 16-byte copies instead of 2 · DEC_MMA_CHUNK 8-byte loads (perf-notes,
+// The same tiles (mma_work), item sums (mma_item_dot) and stores (mma_tile_end) as dec_mma_rows —
+// whole tiles a warp (lm_head) give its outputs bit for bit; a split tile's warps take its groups a
+// chunk at a time (mma_deep_gi), so their outputs differ from dec_mma_rows' in summation order —,
+// but a warp's weight nibbles travel by cp.async (16 bytes a lane, global → shared, no registers
+// held while they fly) into a ring of `S` chunk stages of its own in shared memory: chunk c + S − 1
+// is requested before chunk c is summed, so S − 1 chunks (DEC_MMA_CHUNK items: 16 rows × 32 bytes
+// each) are in flight a warp all the time, not dec_mma_rows' one or two in registers, and a chunk
+// costs a lane DEC_MMA_CHUNK 16-byte copies instead of 2 · DEC_MMA_CHUNK 8-byte loads (perf-notes,
 // session 18, branch mma-deep). A stage is 16 rows of DEC_MMA_CHUNK · 32 bytes + 32 bytes of pad
 // (the 160-byte row stride puts a half-warp's four rows of 8-byte reads in distinct banks).
 // The scales and biases (2 bytes each) stay ordinary loads, one chunk ahead in registers.
@@ -2249,7 +2267,7 @@ __device__ __forceinline__ void mma_deep_sb(const DecSegs& segs, int c, int cpt,
 }
 
 // Chunk c (its nibbles arrived in `stage`, its scales in sb) summed and, at a tile's end, stored:
-// mma_chunk_dot's work with mma_deep_gi's groups (mma_item_dot's sums, the same stores).
+// mma_chunk_dot's work with mma_deep_gi's groups (mma_item_dot's sums, mma_tile_end's stores).
 __device__ __forceinline__ void mma_deep_dot(const DecSegs& segs, int c, int cpt, int ks, int G, const u32* stage,
                                              const MmaSb& sb, const u32* xb, int R, const float* xsum, float* red,
                                              int nb, float (&acc)[4]) {
@@ -2271,37 +2289,7 @@ __device__ __forceinline__ void mma_deep_dot(const DecSegs& segs, int c, int cpt
             }
         }
     }
-    if (!a.last) return;
-    if (ks == 1) {
-        if (a.tile < segs.tiles) {
-            DecSeg sg = seg_of(segs, a.tile);
-            int row0 = (a.tile - sg.tile0) * 16;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                int row, n;
-                mma_out(lane, k, row, n);
-                if (n < nb && row0 + row < sg.w.rows)
-                    store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, acc[k]);
-            }
-        }
-    } else {
-        // As mma_chunk_dot: the block's warps meet their sums of the tile (every warp here together).
-        float* buf = red + ((c / cpt) & 1) * (DEC_MMA_WARPS * 128);
-        *reinterpret_cast<float4*>(buf + (threadIdx.x >> 5) * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        __syncthreads();
-        if (threadIdx.x < 128 && a.tile < segs.tiles) {
-            int i = threadIdx.x, src = i >> 2, k = i & 3;
-            float s = 0.0f;
-            for (int w = 0; w < ks; w++) s += buf[w * 128 + src * 4 + k];
-            DecSeg sg = seg_of(segs, a.tile);
-            int row0 = (a.tile - sg.tile0) * 16, row, n;
-            mma_out(src, k, row, n);
-            if (n < nb && row0 + row < sg.w.rows)
-                store_out(sg.y + (long long)n * sg.w.rows + row0 + row, sg.mode, s);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) acc[k] = 0.0f;
+    if (a.last) mma_tile_end(segs, a, c, cpt, ks, red, nb, acc);
 }
 
 // The stream of S stages: chunk c + S − 1 requested (into the stage chunk c − 1 left; the warp's
@@ -2342,10 +2330,7 @@ dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, i
     float* xsum = dec_smem + nb * R;             // [G][8]
     float* red = xsum + G * DEC_B_MAX;           // [2][DEC_MMA_WARPS][32][4]
     u32* pipe = reinterpret_cast<u32*>(red + 2 * DEC_MMA_WARPS * 128) + (threadIdx.x >> 5) * stages * DEC_MMA_STAGE;
-    int ks = split ? DEC_MMA_WARPS : 1, tpb = DEC_MMA_WARPS / ks;
-    int gpw = (G + ks - 1) / ks, cpt = (gpw + DEC_MMA_CHUNK - 1) / DEC_MMA_CHUNK;
-    int per_iter = (int)gridDim.x * tpb;
-    int total = (segs.tiles + per_iter - 1) / per_iter * cpt;  // chunks of every warp's stream
+    auto [ks, gpw, cpt, total] = mma_work(segs, G, split);
     // The first S − 1 chunks requested before dec_wait (weights only), one group each.
     for (int c = 0; c < stages - 1; c++) {
         if (c < total) mma_deep_issue(segs, c, cpt, ks, G, pipe + c * DEC_MMA_STAGE);
