@@ -15,7 +15,8 @@
 #   cuda-fp32  Lily CUDA with fp32 activations (LILY_CUDA_FP32=1)
 #   hf-bf16    HF transformers' bf16 path on the same dequantised weights (scripts/hf_agreement.py),
 #              in the background beside
-#   wgpu       Lily's wgpu backend through Vulkan (fp32 activations); the Vulkan loader comes from
+#   wgpu       Lily's wgpu backend through Vulkan as it ships (f16 activations and KV cache on
+#              NVIDIA since session 19, `plan::f16_rule`; fp32 before); the Vulkan loader comes from
 #              the carried .gl debs (as scripts/gpu_session.sh)
 #   table      scripts/agreement_table.py: every path against cpu-fp32 (over the positions it
 #              reached) and against cuda-fp32 (over all LEN positions; the fp32 reference when

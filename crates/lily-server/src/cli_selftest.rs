@@ -12,7 +12,7 @@
 //! wgpu with every f16 option off: activations, KV cache, product tiles, cooperative matrices),
 //! where only the kernels' summation order differs from the CPU, against `--tolerance` (1e-3).
 //! wgpu is then checked again in the configuration it ships on this adapter (`--wgpu-*` flags
-//! as serve takes them; the plan decides the `auto` ones: f16 on Apple GPUs through Metal),
+//! as serve takes them; the plan decides the `auto` ones: f16 on Apple and NVIDIA GPUs),
 //! where that rounds anything to f16, against `--f16-tolerance`; the report names each
 //! configuration, its bound and its error, and a failing f16 check says which flags serve in
 //! fp32.

@@ -182,7 +182,8 @@ fn a_failing_f16_check_fails_the_run_and_names_the_fp32_flags() {
 #[test]
 fn without_f16_the_shipping_configuration_is_the_fp32_one_and_says_why() {
     let model = tiny("auto");
-    // The defaults: on lavapipe (not an Apple GPU) the plan leaves f16 off and says why.
+    // The defaults: on lavapipe (neither an Apple nor an NVIDIA GPU) the plan leaves f16 off and
+    // says why.
     let out = selftest(&model, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let _ = std::fs::remove_dir_all(&model);
@@ -191,7 +192,7 @@ fn without_f16_the_shipping_configuration_is_the_fp32_one_and_says_why() {
     };
     assert!(out.status.success(), "{stdout}");
     assert!(
-        wgpu.contains("shipping configuration: the fp32 one (f16 activations: off (not yet measured with coop on this adapter kind); f16 KV cache: off (not yet measured with coop on this adapter kind))"),
+        wgpu.contains("shipping configuration: the fp32 one (f16 activations: off (not yet measured on this adapter kind); f16 KV cache: off (not yet measured on this adapter kind))"),
         "{wgpu}"
     );
     assert!(!wgpu.contains("backend (shipping configuration)"), "{wgpu}");

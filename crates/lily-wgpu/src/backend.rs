@@ -88,6 +88,7 @@ impl WgpuBackend {
             device_type: gpu.info.device_type,
             coop: gpu.coop,
             metal: gpu.info.backend == wgpu::Backend::Metal,
+            vendor: gpu.info.vendor,
         };
         let mut plan = Plan::resolve(&opts, c, stack_shared(weights), &caps)?;
         // The kernels the coop check loaded, kept for the backend while its plan stands.

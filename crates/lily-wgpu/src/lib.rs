@@ -1,8 +1,8 @@
 //! lily-wgpu: the wgpu backend, WGSL kernels on Metal (macOS), Vulkan (Linux, Windows, the
 //! H200) and Mesa's lavapipe (CPU Vulkan, in CI). The whole model runs on the GPU with fp32
-//! DeltaNet state, residual stream and sums, its activations and KV cache in f16 on Apple GPUs
-//! and in fp32 elsewhere (`plan::f16_rule`); weights stay in their checkpoint form (MLX 4/8-bit
-//! or bf16) in slices under the device's largest storage binding.
+//! DeltaNet state, residual stream and sums, its activations and KV cache in f16 on Apple and
+//! NVIDIA GPUs and in fp32 elsewhere (`plan::f16_rule`); weights stay in their checkpoint form
+//! (MLX 4/8-bit or bf16) in slices under the device's largest storage binding.
 //!
 //! Modules, runtime first (each uses only those above it): `shaders` (the WGSL sources and what
 //! each kernel needs from the device) ← `gpu` (adapter, device, buffers, the dispatch recorder)

@@ -145,10 +145,10 @@ lily_core::backend_options! {
     texts {
         f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
             value "WHEN", alone "on", accepts "auto, on or off, or 1 / 0", label "f16 KV cache",
-            help "the KV cache in f16 (scores, softmax and sums in f32) instead of f32, where the adapter has SHADER_F16: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal, off elsewhere until measured with coop on; the plan line says which and why), on and off force it";
+            help "the KV cache in f16 (scores, softmax and sums in f32) instead of f32, where the adapter has SHADER_F16: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal and for NVIDIA's, measured with coop on an H100; off on other adapters until measured; the plan line says which and why), on and off force it";
         f16_acts: Choice = Choice::Auto, flag Some("wgpu-f16-acts"), env "LILY_WGPU_F16_ACTS",
             value "WHEN", alone "on", accepts "auto, on or off, or 1 / 0", label "f16 activations",
-            help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 instead of f32, where the adapter has SHADER_F16; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal, off elsewhere until measured with coop on; the plan line says which and why), on and off force it";
+            help "the activations between kernels (normed inputs, the products' outputs, attention's and DeltaNet's intermediates, the GLU's, the experts' outputs) in f16 instead of f32, where the adapter has SHADER_F16; the residual stream, logits, router logits, recurrent and conv state and every sum stay f32: auto lets the plan decide by the adapter's kind (`plan::f16_rule`: on for Apple GPUs through Metal and for NVIDIA's, measured with coop on an H100; off on other adapters until measured; the plan line says which and why), on and off force it";
         limits: DeviceLimits = DeviceLimits::Adapter, flag Some("wgpu-limits"), env "LILY_WGPU_LIMITS",
             value "LIMITS", accepts "adapter or apple", label "limits",
             help "the limits the device is created with: the adapter's own, or each capped at an Apple GPU's through Metal (32 KiB of workgroup memory; the contract CI checks without a Mac)";
