@@ -63,12 +63,16 @@ struct Case {
     mma_rows_deep: bool,
     /// On, the router's launch runs `dec_gemv_rows_split` (`router_rows_split`).
     router_rows_split: bool,
-    /// On, the MoE's products (and the sequences alone's one-token projections, `gemv_int8`) run
-    /// in int8 as they ship: int8 pairs (`dec_glu4_x8x2_rows` +
-    /// `dec_down_combine_x8x2_rows`, and `dec_glu4_x8x2` + `dec_down_combine_x8x2` for a
-    /// sequence alone; `moe_int8_pairs` before `moe_int8`, both on by default, the plan taking
-    /// them in bf16 mode only); off, the f32 kernels (`--no-moe-int8 --no-moe-int8-pairs`).
+    /// On, the MoE's products run in int8 (`dec_glu4_q8_rows` + `dec_down_combine_q8_rows`, and
+    /// `dec_glu4_q8` + `dec_down_combine_q8` for a sequence alone; `moe_int8`, the plan taking
+    /// it in bf16 mode only); off (with `moe_int8_pairs` off), the f32 kernels.
     moe_int8: bool,
+    /// On, the MoE's products run on int8 pairs before single int8 (the `_x8x2` forms,
+    /// `moe_int8_pairs`, on by default).
+    moe_int8_pairs: bool,
+    /// On, the sequences alone take their one-token projections on int8 pairs (`gemv_int8`, on
+    /// by default; the batched step's projections are f32 sums either way).
+    gemv_int8: bool,
     prompts: &'static [usize],
 }
 
@@ -85,6 +89,8 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         mma_rows_deep,
         router_rows_split,
         moe_int8,
+        moe_int8_pairs,
+        gemv_int8,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -97,7 +103,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}), gemv int8 {gemv_int8}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -108,11 +114,8 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             mma_rows_deep,
             router_rows_split,
             moe_int8,
-            moe_int8_pairs: moe_int8,
-            // The one-token projections of the sequences alone in the same products as the MoE's:
-            // f32 with the f32 MoE (the batched step's dec_gemv_rows / dec_mma_rows are f32 sums
-            // either way), int8 pairs as they ship.
-            gemv_int8: moe_int8,
+            moe_int8_pairs,
+            gemv_int8,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -226,6 +229,8 @@ const FUSED: Case = Case {
     mma_rows_deep: false,
     router_rows_split: false,
     moe_int8: false,
+    moe_int8_pairs: false,
+    gemv_int8: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -258,7 +263,15 @@ const SPLIT_MMA: Case = Case {
 /// in `dec_mma_rows` (`--no-mma-rows-deep`) and the router split over lanes.
 const SHIPPING: Case = Case {
     moe_int8: true,
+    moe_int8_pairs: true,
+    gemv_int8: true,
     ..SPLIT_MMA
+};
+/// Session 18's shipping step: single-int8 MoE products, the one-token projections in f32.
+const SINGLE_INT8: Case = Case {
+    moe_int8_pairs: false,
+    gemv_int8: false,
+    ..SHIPPING
 };
 /// The shipping step as it ships: its tensor-core projections in `dec_mma_rows_deep`
 /// (`mma_rows_deep`, on by default since session 19's A/B).
@@ -322,6 +335,40 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
     batched_steps_match_alone(Preset::Small, eight(SPLIT_MMA));
     batched_steps_match_alone(Preset::Small, eight(SHIPPING));
     batched_steps_match_alone(Preset::Small, eight(MMA_DEEP));
+}
+
+/// Which of the int8 forms moves the batched step away from the sequences alone on small
+/// (eight sequences, bf16): single int8 with f32 one-token projections (session 18's
+/// shipping), pairs with f32 projections, single int8 with pair projections, pairs with pair
+/// projections (the shipping forms). Each case's worst is printed; a failing case does not stop
+/// the others; the test fails if any did.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_int8_forms_on_small() {
+    let cases = [
+        SINGLE_INT8,
+        Case {
+            moe_int8_pairs: true,
+            ..SINGLE_INT8
+        },
+        Case {
+            gemv_int8: true,
+            ..SINGLE_INT8
+        },
+        SHIPPING,
+    ];
+    let failed: Vec<String> = cases
+        .into_iter()
+        .filter_map(|case| {
+            let run = std::panic::AssertUnwindSafe(|| {
+                batched_steps_match_alone(Preset::Small, eight(case))
+            });
+            std::panic::catch_unwind(run)
+                .err()
+                .map(|_| format!("pairs {} gemv {}", case.moe_int8_pairs, case.gemv_int8))
+        })
+        .collect();
+    assert!(failed.is_empty(), "failed: {failed:?}");
 }
 
 /// Each row keeps its own sampling: greedy, seeded sampling with penalties (device sampler),

@@ -685,16 +685,20 @@ fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[De
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
 /// the routing (ids, weights), the experts' and shared expert's hidden rows and the residual
 /// rows agree bit for bit, for 1, 3 and 8 tokens, on tiny's and small's MoE shapes, in both
-/// activation modes, with the products in f32 and in int8 (`dec_glu4_q8_rows` +
-/// `dec_down_combine_q8_rows` against `dec_glu4_q8` + `dec_down_combine_q8`, `moe_int8`).
+/// activation modes, with the products in f32, in int8 (`dec_glu4_q8_rows` +
+/// `dec_down_combine_q8_rows` against `dec_glu4_q8` + `dec_down_combine_q8`, `moe_int8`) and in
+/// int8 pairs (the `_x8x2` forms, `moe_int8_pairs`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_rows_match_one_token_at_a_time() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-    for (bf16_activations, products) in [false, true]
-        .into_iter()
-        .flat_map(|b| [(b, MoeProducts::Float), (b, MoeProducts::Int8)])
-    {
+    for (bf16_activations, products) in [false, true].into_iter().flat_map(|b| {
+        [
+            (b, MoeProducts::Float),
+            (b, MoeProducts::Int8),
+            (b, MoeProducts::Int8Pairs),
+        ]
+    }) {
         let d = dev(bf16_activations);
         let mut rng = Rng(53);
         for preset in [Preset::Tiny, Preset::Small] {
