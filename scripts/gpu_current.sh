@@ -15,10 +15,10 @@
 #      --decode-tokens 64`.
 # Summary on stdout and in $OUT/summary.txt, logs beside. No step starts past DEADLINE (440 s);
 # no run's timeout reaches past HARD (520 s).
-# Here: `CARGO_TARGET_DIR=/work/main/target bash scripts/stage_gpu.sh /work/main/.carry/next`,
-# `gzip -9 /work/main/.carry/next/bin/*`, then this script, concurrent_bench.py and serve_bench.py
-# into .carry/next/, the tokenizer into .carry/tokenizer/ (its tokenizer.json gzipped) and the
-# Vulkan loader debs into .gl (../.library/device/README.md). There:
+# Here: `CARGO_TARGET_DIR=/work/main/target bash scripts/stage_gpu.sh /work/main/.carry/next`
+# (it copies this script, concurrent_bench.py and serve_bench.py beside the binaries),
+# `gzip -9 /work/main/.carry/next/bin/*`, the tokenizer into .carry/tokenizer/ (its tokenizer.json
+# gzipped) and the Vulkan loader debs into .gl (../.library/device/README.md). There:
 #   bash .carry/next/gpu_current.sh   (carry: .carry/next .carry/tokenizer .gl; timeout_s 560)
 # Knobs: SKIP (parts left out: tests sweep served concurrent profile wgpu), TEST_S, DEADLINE, HARD.
 set -u
