@@ -26,7 +26,7 @@ AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-440}"
 AB_HARD=${HARD:-520}
 E=$B/lily-engine
-step() {  # step NAME SECONDS: whether NAME runs (not skipped, before the deadline)
+step() {  # step NAME: whether NAME runs (not skipped, before the deadline)
   if skipped "$1"; then say "$1: skipped (SKIP)"; return 1; fi
   if ! left; then say "$1: skipped (deadline) at $(el)s"; return 1; fi
 }
@@ -87,9 +87,6 @@ fi
 # 6. wgpu through Vulkan.
 if step wgpu; then
   wgpu_setup
-  timeout "$(cap 110)" "$E" bench --model "$M" --device wgpu --prefill 512,4K --decode-ctx 4K,32K \
-    --decode-tokens 64 --repeat 1 > "$OUT/wgpu.log" 2>&1
-  say "wgpu rc=$? at $(el)s: $(grep -E '^ +[0-9]|rror' "$OUT/wgpu.log" | tr -s ' ' | tr '\n' '|' | cut -c1-400)"
-  grep -m1 -oE "(fp32|f16) activations,[^;]{0,80}|f16 (activations|KV cache): [a-z]+ \([^)]*\)" "$OUT/wgpu.log" | head -3 | tee -a "$S"
+  PREFILL=512,4K BENCH_S=110 wgpu_bench wgpu 4K,32K "f16 (activations|KV cache): [a-z]+ \([^)]*\)"
 fi
 say "done at $(el)s"
