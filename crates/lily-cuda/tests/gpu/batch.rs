@@ -6,12 +6,20 @@
 use crate::common::*;
 use lily_core::backend::{DecodeRow, SeqId};
 
-/// bf16 activations: the batched pass (linear.cu over the rows) and the one-token pass
-/// (decode.cu's fused GEMVs) round the same activations but sum in different orders, so a
-/// rounding (and now and then a routed expert) can differ, and the difference carries through the
-/// caches and states: allowed as much as the shipping configuration against the fp32 CPU
-/// (model.rs, SHIPPING_LOGITS_TOL), while a wrong row, cache or state gives errors of order 1.
+/// bf16 activations: the batched step (its projections as bf16 products on the tensor cores,
+/// `dec_mma_rows` / `_deep`) and the one-token step (int8-pair products, `gemv_int8`) round the same
+/// activations differently, so now and then a routed expert differs, and the difference carries
+/// through the caches and states: on random weights near-ties are common, so the two paths' logits
+/// may differ by more than either differs from the fp32 CPU (session 20: small's 8 shipping rows
+/// 0.32 apart, while the MoE rows kernels equal the one-token ones bit for bit,
+/// `batched_decode_moe_rows_match_one_token_at_a_time`). What must hold is that the batched rows
+/// are as faithful to the fp32 CPU as the same sequences decoded alone: their mean rel. L2 to the
+/// CPU within FAITHFUL_MEAN × the alone rows' and their worst within FAITHFUL_WORST × the alone
+/// rows' worst (or BF16_TOL, the one-position bound of model.rs' SHIPPING_LOGITS_TOL, where
+/// that is larger). A wrong row, cache or state gives errors of order 1.
 const BF16_TOL: f64 = 0.15;
+const FAITHFUL_MEAN: f64 = 1.25;
+const FAITHFUL_WORST: f64 = 1.5;
 
 /// Which rows a step feeds: every row, except (step 3) row 1 asked not to be fed, (step 7) only
 /// row 0 fed (the one-sequence path). Row 2 answers `Flow::Stop` at step 5 (`stops`): it may be
@@ -133,6 +141,8 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         let mut samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
         let mut alone_samplers: Vec<Sampler> = prompts.iter().map(|_| greedy()).collect();
         let (mut worst, mut worst_cpu) = (0f64, 0f64);
+        // bf16: each path's rel. L2 to the fp32 CPU, summed and worst (batched, alone).
+        let (mut sum_b, mut sum_a, mut worst_a, mut n_fed) = (0f64, 0f64, 0f64, 0usize);
         for step in 0..steps {
             let before: Vec<(usize, Vec<f32>)> = batch
                 .iter()
@@ -192,12 +202,18 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
                 // Teacher forcing: the sequence alone and the CPU take the batched token.
                 b.prefill(alone[i], &[token]).unwrap();
                 let got = b.logits(batch[i]).unwrap();
-                let e = rel_l2("batched vs alone", &got, &b.logits(alone[i]).unwrap());
+                let by_alone = b.logits(alone[i]).unwrap();
+                let e = rel_l2("batched vs alone", &got, &by_alone);
                 worst = worst.max(e);
-                if !bf16_activations {
-                    cpu.prefill(on_cpu[i], &[token]).unwrap();
-                    let want = cpu.logits(on_cpu[i]).unwrap();
-                    worst_cpu = worst_cpu.max(rel_l2("batched vs cpu", &got, &want));
+                cpu.prefill(on_cpu[i], &[token]).unwrap();
+                let want = cpu.logits(on_cpu[i]).unwrap();
+                let e_b = rel_l2("batched vs cpu", &got, &want);
+                worst_cpu = worst_cpu.max(e_b);
+                if bf16_activations {
+                    let e_a = rel_l2("alone vs cpu", &by_alone, &want);
+                    (sum_b, sum_a, n_fed) = (sum_b + e_b, sum_a + e_a, n_fed + 1);
+                    worst_a = worst_a.max(e_a);
+                } else {
                     assert_eq!(
                         lily_core::sampling::argmax(&got),
                         lily_core::sampling::argmax(&want),
@@ -206,16 +222,33 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
                 }
             }
         }
+        let (mean_b, mean_a) = (sum_b / n_fed.max(1) as f64, sum_a / n_fed.max(1) as f64);
         println!(
-            "MODEL batched decode {what}: {:?} prompt tokens, {steps} steps, logits vs alone rel_l2 ≤ {worst:.3e}, vs CPU ≤ {worst_cpu:.3e}",
-            prompts.iter().map(Vec::len).collect::<Vec<_>>()
+            "MODEL batched decode {what}: {:?} prompt tokens, {steps} steps, logits vs alone rel_l2 ≤ {worst:.3e}, vs CPU ≤ {worst_cpu:.3e}{}",
+            prompts.iter().map(Vec::len).collect::<Vec<_>>(),
+            if bf16_activations {
+                format!(" (mean {mean_b:.3e}; alone vs CPU mean {mean_a:.3e}, worst {worst_a:.3e})")
+            } else {
+                String::new()
+            }
         );
-        let tol = if bf16_activations { BF16_TOL } else { 1e-4 };
-        assert!(worst < tol, "{what}: batched vs alone rel_l2 {worst:.3e}");
-        assert!(
-            worst_cpu < 1e-3,
-            "{what}: batched vs CPU rel_l2 {worst_cpu:.3e}"
-        );
+        if bf16_activations {
+            assert!(
+                mean_b <= FAITHFUL_MEAN * mean_a,
+                "{what}: batched vs CPU mean rel_l2 {mean_b:.3e}, alone {mean_a:.3e}"
+            );
+            let worst_tol = BF16_TOL.max(FAITHFUL_WORST * worst_a);
+            assert!(
+                worst_cpu <= worst_tol,
+                "{what}: batched vs CPU worst rel_l2 {worst_cpu:.3e} (bound {worst_tol:.3e})"
+            );
+        } else {
+            assert!(worst < 1e-4, "{what}: batched vs alone rel_l2 {worst:.3e}");
+            assert!(
+                worst_cpu < 1e-3,
+                "{what}: batched vs CPU rel_l2 {worst_cpu:.3e}"
+            );
+        }
     }
 }
 
@@ -291,8 +324,9 @@ fn eight(case: Case) -> Case {
 
 /// Sequences of different prompt lengths decoded greedily together, ten steps (some rows not
 /// fed, one answering Stop, one step feeding a single row, one passing the rows reversed), equal
-/// each sequence decoded alone step by step (tokens in fp32; logits 1e-4 fp32, BF16_TOL bf16)
-/// and the fp32 CPU fed the same tokens (1e-3, the same next token); an unfed row keeps its
+/// each sequence decoded alone step by step (fp32: tokens, logits 1e-4) and the fp32 CPU fed the
+/// same tokens (fp32: 1e-3, the same next token; bf16: as faithful to it as the sequences alone,
+/// FAITHFUL_MEAN / FAITHFUL_WORST); an unfed row keeps its
 /// length and logits bit for bit. On tiny: three sequences with the fused batched kernels, the
 /// first version's and the unfused ones; two; eight (two dec_gemv_rows launches for 4,096-wide
 /// inputs where the shape has them); three and eight with `--mma-rows`; three with the router
