@@ -40,6 +40,16 @@ def test_score_in_pieces_equals_one_token_at_a_time_and_records_its_run(small_mo
     assert meta["seconds"] > 0 and meta["load_seconds"] >= 0 and meta["backend"].startswith("cpu")
 
 
+def test_score_through_the_batched_step_equals_one_token_at_a_time(small_model, scored, tmp_path):
+    # --rows: the prompt as row 0 of 3 sequences stepped together by decode_step, each held to
+    # its next token by a one-token mask. The CPU steps its rows one after another with the
+    # one-token arithmetic, so row 0's logits are the piece-1 run's, bit for bit.
+    _, (meta, rows) = scored
+    r_meta, batched = score(small_model, tmp_path / "rows", "--len", "24", "--rows", "3", "--seed", "5")
+    assert r_meta["ids"] == meta["ids"] and r_meta["positions_done"] == 24
+    assert batched.tobytes() == rows.tobytes()
+
+
 def test_hf_agreement_builds_the_same_token_ids_as_score(scored):
     src = (REPO / "scripts" / "hf_agreement.py").read_text()
     ns = {}
