@@ -188,6 +188,19 @@ pub enum BatchMoe {
     Grouped,
 }
 
+/// How `BatchMoe::Rows` runs its gate/up and down kernels for a step of B rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeRows {
+    /// One-token decode's kernels with the token in grid.y (`dec_glu4_x8x2_rows` +
+    /// `dec_down_combine_x8x2_rows`, or their single-int8 / f32 forms as `moe_products` says):
+    /// each row streams its own experts and the shared expert.
+    PerRow,
+    /// `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` (`moe_grouped_rows`): each
+    /// picked expert's weights (and the shared expert's) read once a step and dotted with every
+    /// row that picked it, each row's outputs bit for bit the one-token pair kernels'.
+    ByExpert,
+}
+
 /// Where the next token is picked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SamplingPath {
@@ -584,6 +597,36 @@ impl Plan {
             BatchMoe::Rows
         } else {
             BatchMoe::Grouped
+        }
+    }
+
+    /// How a batched step of `rows` rows runs its MoE where `batch_moe` says `Rows`: grouped by
+    /// expert (`MoeRows::ByExpert`) under `moe_grouped_rows` where the products are int8 pairs
+    /// (`moe_products`) and `decode::grouped_serves` the block for that many rows (2 to 8 rows of
+    /// at most 64 picks, at most 256 experts, the down kernel's pairs in 96 KB); else per row
+    /// (a batch of one always).
+    pub fn moe_rows(&self, m: &DevMoe, n_experts: usize, top_k: usize, rows: usize) -> MoeRows {
+        let (down, sdown) = (m.down.shape(), m.shared_down.shape());
+        self.moe_rows_for(&glu_shapes(m), &down, &sdown, n_experts, top_k, rows)
+    }
+
+    fn moe_rows_for(
+        &self,
+        glu: &[LinearShape; 4],
+        down: &LinearShape,
+        sdown: &LinearShape,
+        n_experts: usize,
+        top_k: usize,
+        rows: usize,
+    ) -> MoeRows {
+        let [gate, up, sgate, sup] = glu;
+        if self.o.moe_grouped_rows
+            && self.moe_products_for(glu, down, sdown, top_k) == MoeProducts::Int8Pairs
+            && decode::grouped_serves([gate, up, sgate, sup], down, sdown, n_experts, top_k, rows)
+        {
+            MoeRows::ByExpert
+        } else {
+            MoeRows::PerRow
         }
     }
 
@@ -1255,6 +1298,48 @@ mod tests {
             .describe()
             .contains("int8-pair MoE products on"));
         assert!(on.describe().contains("int8-pair MoE products on"));
+        // moe_grouped_rows (off by default; `--moe-grouped-rows`): a batched step's MoE grouped
+        // by expert for 2 to 8 rows of int8-pair products; a batch of one, the default, the other
+        // products, more picks than the tables hold and more experts than the routing holds in
+        // registers stay per row.
+        let grouped = |moe_int8_pairs| {
+            let o = CudaOptions {
+                moe_grouped_rows: true,
+                moe_int8_pairs,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        for rows in 2..=8 {
+            assert_eq!(
+                grouped(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert,
+                "{rows} rows"
+            );
+            assert_eq!(
+                on.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::PerRow
+            );
+            assert_eq!(
+                grouped(false).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::PerRow
+            );
+        }
+        for (n_experts, top_k, rows) in [(256, 8, 1), (256, 8, 9), (256, 9, 8), (512, 8, 4)] {
+            assert_eq!(
+                grouped(true).moe_rows_for(&glu, &down, &down, n_experts, top_k, rows),
+                MoeRows::PerRow,
+                "{n_experts} experts, top {top_k}, {rows} rows"
+            );
+        }
+        assert_eq!(
+            grouped(true).moe_rows_for(&glu, &down8, &down, 256, top_k, 8),
+            MoeRows::PerRow
+        );
+        assert!(grouped(true)
+            .describe()
+            .contains("batched MoE grouped by expert on"));
+        assert!(on.describe().contains("batched MoE grouped by expert off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
