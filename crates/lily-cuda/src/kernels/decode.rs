@@ -143,6 +143,10 @@ const XPAD: usize = 68;
 /// pairs (DEC_X8X2PAD).
 const X8PAD: usize = 20;
 const X8X2PAD: usize = 36;
+/// Dynamic shared memory a `dec_down_combine_x8x2_grouped` block may take: what sm_86 / 89 / 120
+/// grant a block (99 KB) less its static tables (3.2 KB), rounded down; 8 rows of the model's top 8
+/// take 90 KB.
+const GROUPED_SMEM_MAX: usize = 92 * 1024;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
 const DOWN_SMEM_MAX: usize = 48 * 1024;
 
@@ -287,7 +291,7 @@ fn grouped_down_smem(inter: usize, top_k: usize, rows: usize) -> usize {
 /// Whether the MoE of these weights can run a batched step of `rows` rows grouped by expert
 /// (`Decode::glu_grouped` + `Decode::down_combine_grouped`): what the int8-pair rows kernels read
 /// (`q8_serves`), 2 to BATCH_MAX rows of at most GROUPED_PICKS picks, at most
-/// GROUPED_MAX_EXPERTS experts, the down kernel's staged pairs within BATCH_SMEM_MAX.
+/// GROUPED_MAX_EXPERTS experts, the down kernel's staged pairs within GROUPED_SMEM_MAX.
 pub fn grouped_serves(
     glu: [&LinearShape; 4],
     down: &LinearShape,
@@ -303,7 +307,7 @@ pub fn grouped_serves(
         && n_experts <= GROUPED_MAX_EXPERTS
         && glu[0].rows == down.cols
         && glu[2].rows == sdown.cols
-        && grouped_down_smem(down.cols, top_k, rows) <= BATCH_SMEM_MAX
+        && grouped_down_smem(down.cols, top_k, rows) <= GROUPED_SMEM_MAX
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -712,7 +716,7 @@ impl Decode {
             down_combine_x8x2: k("dec_down_combine_x8x2")?,
             down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
             down_combine_x8x2_grouped: k("dec_down_combine_x8x2_grouped")?
-                .allow_shared_memory(BATCH_SMEM_MAX)?,
+                .allow_shared_memory(GROUPED_SMEM_MAX)?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -1051,11 +1055,11 @@ impl Decode {
         if !(1..=BATCH_MAX).contains(&rows)
             || a.top_k == 0
             || rows * a.top_k > GROUPED_PICKS
-            || smem > BATCH_SMEM_MAX
+            || smem > GROUPED_SMEM_MAX
         {
             bail!(
                 "dec_down_combine_x8x2_grouped: {rows} rows of top {} ({smem} bytes of shared \
-                 memory; limits {BATCH_MAX} rows, {GROUPED_PICKS} picks, {BATCH_SMEM_MAX} bytes)",
+                 memory; limits {BATCH_MAX} rows, {GROUPED_PICKS} picks, {GROUPED_SMEM_MAX} bytes)",
                 a.top_k
             );
         }
