@@ -1007,6 +1007,9 @@ impl Decode {
                 a.n_experts
             );
         }
+        if !a.xn.is_multiple_of(16) {
+            bail!("dec_glu4_x8x2_grouped: the normed rows must be 16-byte aligned");
+        }
         let (_, spw) = lanes_per_row(a.gate.cols);
         let per_item = blocks(a.gate.rows.max(a.shared_gate.rows), WARPS * spw * GLU_R4);
         let items = 1 + rows * a.top_k;
