@@ -1729,14 +1729,11 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
         },
         n_in * G, hq, hqs);
     __syncthreads();
+    // A ring of DEC_DOWN_BATCH items: each slot refilled with the warp's item DEC_DOWN_BATCH
+    // ahead as soon as it is used, so two or three stay in flight through the whole loop (the
+    // one-token kernel requests a batch when the last is used: one round trip a batch, which over
+    // a warp's ≈ 20 items here would be ≈ 7).
     for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
-        if (j0 > 0) {
-#pragma unroll
-            for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-                int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
-                if (i < items) load(j, i);
-            }
-        }
 #pragma unroll
         for (int j = 0; j < DEC_DOWN_BATCH; j++) {
             int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
@@ -1749,6 +1746,8 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
                 reduce_rows<1, true>(acc, lpr);
                 if (sl == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc[0]);
             }
+            int ahead = i + DEC_DOWN_BATCH * DEC_DOWN_KSPLIT;
+            if (ahead < items) load(j, ahead);
         }
     }
     dec_trigger_late();
