@@ -1499,8 +1499,8 @@ DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, (DEC_DOWN_WARPS *
 // ---- the batched MoE grouped by expert (moe_grouped_rows) ---------------------------------------
 // A batched step's B rows pick B · top_k experts (≈ 57 distinct of 64 at B = 8 on 256 experts,
 // more shared when the rows' picks overlap) and all take the shared expert. The _rows kernels
-// stream each pick's weights once per row that picked it (the shared expert B times) in B
-// separate grids of small blocks; the _grouped forms read each picked expert's weights once a step
+// stream each pick's weights once per row that picked it (the shared expert B times), each row
+// in its own blocks (grid.y); the _grouped forms read each picked expert's weights once a step
 // and dot them with every row that picked it: their blocks loop over the union of the rows' picks
 // (group_picks: item 0 the shared expert, then the distinct experts by ascending id), the int8
 // pairs of all rows' inputs staged once a block. Per (row, expert) the products, reductions and
