@@ -680,6 +680,56 @@ fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[De
     ]
 }
 
+/// The two runs of a batched-MoE test (`moe_outputs`' pairs and two residual copies, run 0 and
+/// run 1): the `Glu` and `DownCombine` of run `i` at token `at` over shared inputs (router logits
+/// [rows, experts], xn [rows, hidden], s_gate [rows]).
+struct MoeRuns<'a> {
+    dw: &'a lily_cuda::weights::DevMoe,
+    c: &'a ModelConfig,
+    logits: u64,
+    xn: u64,
+    s_gate: u64,
+    /// ids, route_w, experts' hidden rows, shared expert's hidden rows, residual rows
+    out: [&'a [DevBuf; 2]; 5],
+}
+
+impl MoeRuns<'_> {
+    fn glu(&self, i: usize, at: usize) -> Glu<'_> {
+        let (h, e, tk, inter, si) = moe_sizes(self.c);
+        let [ids, rw, eh, sh, _] = self.out;
+        Glu {
+            gate: &self.dw.gate,
+            up: &self.dw.up,
+            router_logits: self.logits + (at * e * 4) as u64,
+            n_experts: e,
+            ids: ids[i].ptr + (at * tk * 4) as u64,
+            route_w: rw[i].ptr + (at * tk * 4) as u64,
+            top_k: tk,
+            shared_gate: &self.dw.shared_gate,
+            shared_up: &self.dw.shared_up,
+            xn: self.xn + (at * h * 4) as u64,
+            h: eh[i].ptr + (at * tk * inter * 4) as u64,
+            h_shared: sh[i].ptr + (at * si * 4) as u64,
+        }
+    }
+
+    fn down(&self, i: usize, at: usize) -> DownCombine<'_> {
+        let (h, _, tk, inter, si) = moe_sizes(self.c);
+        let [ids, rw, eh, sh, x] = self.out;
+        DownCombine {
+            down: &self.dw.down,
+            shared_down: &self.dw.shared_down,
+            ids: ids[i].ptr + (at * tk * 4) as u64,
+            weights: rw[i].ptr + (at * tk * 4) as u64,
+            top_k: tk,
+            h: eh[i].ptr + (at * tk * inter * 4) as u64,
+            h_shared: sh[i].ptr + (at * si * 4) as u64,
+            shared_gate: self.s_gate + (at * 4) as u64,
+            x: x[i].ptr + (at * h * 4) as u64,
+        }
+    }
+}
+
 /// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
 /// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
@@ -731,31 +781,15 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 // [rows-form, one-at-a-time] buffers
                 let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
-                let glu = |i: usize, at: usize| Glu {
-                    gate: &dw.gate,
-                    up: &dw.up,
-                    router_logits: logits.ptr + (at * e * 4) as u64,
-                    n_experts: e,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    route_w: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    shared_gate: &dw.shared_gate,
-                    shared_up: &dw.shared_up,
-                    xn: xn.ptr + (at * h * 4) as u64,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
                 };
-                let down = |i: usize, at: usize| DownCombine {
-                    down: &dw.down,
-                    shared_down: &dw.shared_down,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    weights: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
-                    shared_gate: s_gate.ptr + (at * 4) as u64,
-                    x: x[i].ptr + (at * h * 4) as u64,
-                };
+                let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
                 let dec = &d.k.decode;
                 dec.glu_rows(&d, &glu(0, 0), rows, products).unwrap();
                 dec.down_combine_rows(&d, &down(0, 0), rows, products)
@@ -853,31 +887,15 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                 // [grouped, one-at-a-time] buffers
                 let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
-                let glu = |i: usize, at: usize| Glu {
-                    gate: &dw.gate,
-                    up: &dw.up,
-                    router_logits: logits.ptr + (at * e * 4) as u64,
-                    n_experts: e,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    route_w: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    shared_gate: &dw.shared_gate,
-                    shared_up: &dw.shared_up,
-                    xn: xn.ptr + (at * h * 4) as u64,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
                 };
-                let down = |i: usize, at: usize| DownCombine {
-                    down: &dw.down,
-                    shared_down: &dw.shared_down,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    weights: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
-                    shared_gate: s_gate.ptr + (at * 4) as u64,
-                    x: x[i].ptr + (at * h * 4) as u64,
-                };
+                let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
                 let dec = &d.k.decode;
                 dec.glu_grouped(&d, &glu(0, 0), rows).unwrap();
                 dec.down_combine_grouped(&d, &down(0, 0), rows).unwrap();
