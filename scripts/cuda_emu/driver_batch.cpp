@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | moe_grouped | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -23,6 +23,9 @@
 //         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
 //   moe_x8x2: moe_q8's checks for dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows and their
 //         one-token forms (moe_int8_pairs), the rows rounded to int8 pairs.
+//   moe_grouped: dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows) bit for
+//         bit against dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time, rows with overlapping
+//         picks, on the full shape and on the small checkpoint's (256 / 32 experts / top 4 / 128).
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -42,6 +45,7 @@
 #include <unistd.h>
 #include <cinttypes>
 #include <random>
+#include <set>
 
 #ifdef LILY_BF16_ACT
 static const bool BF16 = true;
@@ -549,10 +553,15 @@ static void run_mma() {
 
 // ---- moe ----------------------------------------------------------------------------------------
 
+// The full shape by default; Moe(256, 32, 4, 128, 128) is the small synthetic checkpoint's.
 struct Moe {
-    int hidden = 2048, n_exp = 256, top_k = 8, inter = 512, sinter = 512;
-    QW gate{4, 256, 512, 2048}, up{4, 256, 512, 2048}, sgate{4, 1, 512, 2048}, sup{4, 1, 512, 2048};
-    QW down{4, 256, 2048, 512}, sdown{4, 1, 2048, 512};
+    int hidden, n_exp, top_k, inter, sinter;
+    QW gate, up, sgate, sup;
+    QW down, sdown;
+    explicit Moe(int hidden_ = 2048, int n_exp_ = 256, int top_k_ = 8, int inter_ = 512, int sinter_ = 512)
+        : hidden(hidden_), n_exp(n_exp_), top_k(top_k_), inter(inter_), sinter(sinter_),
+          gate{4, n_exp_, inter_, hidden_}, up{4, n_exp_, inter_, hidden_}, sgate{4, 1, sinter_, hidden_},
+          sup{4, 1, sinter_, hidden_}, down{4, n_exp_, hidden_, inter_}, sdown{4, 1, hidden_, sinter_} {}
 };
 
 struct MoeIo {
@@ -916,6 +925,84 @@ static void run_moe_q8(std::vector<int> Bs, bool pairs) {
                     same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
         snprintf(what, sizeof what, "%d tokens vs the one-token kernels a token at a time", B);
         verdict(what, same, same ? "  bit for bit" : "  differ");
+    }
+}
+
+// ---- moe_grouped ---------------------------------------------------------------------------------
+
+// dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows: a batched step's MoE
+// grouped by expert) on Decode::glu_grouped / down_combine_grouped's geometry, bit for bit against
+// dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time (routing, hidden rows, residual rows), on
+// rows whose picks overlap: a third of the rows copy the previous row's logits (every pick
+// shared), the others all push the same few experts up (some picks shared by most rows).
+static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs) {
+    printf("dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows), %s shape; activations %s\n",
+           shape, BF16 ? "bf16" : "fp32");
+    int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
+    QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
+    QWeight dw = m.down.view(), sdw = m.sdown.view();
+    int Gd = m.inter / 64, spw = 32 / std::min(32, Gd);
+    int dgrid = (m.hidden + DEC_DOWN_WARPS * spw - 1) / (DEC_DOWN_WARPS * spw);
+    for (int B : Bs) {
+        MoeIo io(m, B), one(m, B);
+        io.logits = vec((size_t)B * m.n_exp, 2.0f);
+        int hot[3] = {1, m.n_exp / 2 + 3, m.n_exp - 2};
+        for (int t = 0; t < B; t++) {
+            float* lt = io.logits.data() + (size_t)t * m.n_exp;
+            if (t % 3 == 1)
+                std::copy(lt - m.n_exp, lt, lt);
+            else
+                for (int e : hot) lt[e] += 5.0f;
+        }
+        io.xn = vec((size_t)B * m.hidden, 1.0f);
+        for (int t = 0; t < B; t++) io.xn[(size_t)t * m.hidden + 64 * ((3 + t) % (m.hidden / 64)) + 5] *= 9.0f;
+        if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
+        io.s_gate = vec(B, 1.0f);
+        io.x0 = vec((size_t)B * m.hidden, 1.0f);
+        if (BF16) for (auto& v : io.x0) v = (float)f_of_bf16(bf16_of(v));
+        std::copy(io.x0.begin(), io.x0.end(), io.x.v.begin());
+        std::copy(io.x0.begin(), io.x0.end(), one.x.v.begin());
+        int chunks = std::min(std::max(LAUNCH_BLOCKS_PER_SM * SM_COUNT / per_item, 1), 1 + B * m.top_k);
+        launch_k({per_item, chunks, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4_x8x2_grouped(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+                                  io.eh.p(), m.inter, io.sh.p(), B);
+        });
+        size_t n_in = (size_t)B * (m.top_k + 1);
+        size_t smem = n_in * Gd * (DEC_X8X2PAD + 2) + n_in * DEC_DOWN_WARPS * spw;
+        launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, smem, [&] {
+            dec_down_combine_x8x2_grouped(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
+                                          io.s_gate.data(), io.x.p(), B);
+        });
+        for (int t = 0; t < B; t++) {
+            int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
+            float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
+            launch_k({std::min(tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT), 1, 1}, DEC_WARPS * 32, 0, [&] {
+                dec_glu4_x8x2(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
+                              io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
+            });
+            launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, true), [&] {
+                dec_down_combine_x8x2(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+                                      one.x.p() + (size_t)t * m.hidden);
+            });
+        }
+        std::set<int> distinct(one.ids.v.begin(), one.ids.v.begin() + (size_t)B * m.top_k);
+        char what[200];
+        snprintf(what, sizeof what, "%d rows: picks overlap", B);
+        verdict(what, B == 1 || (int)distinct.size() < B * m.top_k, "  %.0f picks, %.0f distinct experts",
+                B * m.top_k, (double)distinct.size());
+        bool route = same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.rw.p(), one.rw.p(), io.rw.n);
+        snprintf(what, sizeof what, "%d rows: routing (ids, weights) vs dec_glu4_x8x2 a row at a time", B);
+        verdict(what, route, route ? "  bit for bit" : "  differ");
+        bool hid = same_bits(io.eh.p(), one.eh.p(), io.eh.n) && same_bits(io.sh.p(), one.sh.p(), io.sh.n);
+        snprintf(what, sizeof what, "%d rows: hidden rows vs dec_glu4_x8x2 a row at a time", B);
+        verdict(what, hid, hid ? "  bit for bit" : "  differ");
+        bool res = same_bits(io.x.p(), one.x.p(), io.x.n);
+        double moved = 0;
+        for (size_t i = 0; i < io.x.n; i++) moved = std::max(moved, (double)std::fabs(io.x[i] - io.x0[i]));
+        snprintf(what, sizeof what, "%d rows: residual rows vs dec_down_combine_x8x2 a row at a time", B);
+        verdict(what, res && moved > 0, res ? "  bit for bit (largest update %.3g)" : "  differ", moved);
+        snprintf(what, sizeof what, "%d rows: nothing written past the outputs", B);
+        verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok() && io.x.guard_ok());
     }
 }
 
@@ -1322,12 +1409,16 @@ int main(int argc, char** argv) {
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
     else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
+    else if (part == "moe_grouped") {
+        run_moe_grouped(Moe(), "full", {1, 3, 8});
+        run_moe_grouped(Moe(256, 32, 4, 128, 128), "small", {1, 3, 8});
+    }
     else if (part == "gemv_x8") run_gemv_x8();
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

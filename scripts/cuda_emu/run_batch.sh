@@ -3,7 +3,8 @@
 # dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
-# kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs),
+# kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
+# grouped by expert, dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows),
 # dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows +
 # attn_split_combine_rows. The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
@@ -15,8 +16,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (25 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (29 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -78,6 +79,14 @@ MUTANTS = [
      "dec_mma_rows_deep taking row g's bias for row g + 8"),
     ('dec', 'return a.j0 * ks + kw * DEC_MMA_CHUNK + k;', 'return a.j0 + kw * DEC_MMA_CHUNK + k;',
      "dec_mma_rows_deep's split warps overlapping their chunks of groups"),
+    ('dec', 'x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);',
+     'x.load(nullptr, nullptr, xq, xqs, tg.sl);', "dec_glu4_x8x2_grouped dotting every row's picks with row 0's pairs"),
+    ('dec', 'hs + 64 * (long long)(g - routed)', 'hs + 64 * (long long)((g - routed) % G)',
+     "dec_down_combine_x8x2_grouped staging row 0's shared-expert input for every row"),
+    ('dec', 'for (int i = kk; i < top_k; i += DEC_DOWN_KSPLIT) y +=', 'for (int i = kk == 0 ? 0 : top_k; i < top_k; i++) y +=',
+     "dec_down_combine_x8x2_grouped summing a row's items in rank order, not dec_down_combine_x8x2's chunks"),
+    ('dec', 'for (int i = 0; i < w; i++) item += __popc(bits[i]);', 'for (int i = 0; i < w - 1; i++) item += __popc(bits[i]);',
+     "group_picks missing the experts of the word before an expert's: items of different experts folded into one"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -99,7 +108,7 @@ dec = swap(dec, '''    uint2 r;
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
 dec = swap(dec, 'asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));', 'd = emu_dp4a_us(a, b, c);')
-dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 5)
+dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 6)
 # dec_gemv_rows' block as for sm_90 (6 warps; its launcher's rows_warps).
 dec = swap(dec, '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900', '#if EMU_CUDA_ARCH == 900')
 # attention.cu's split-KV decode kernels (the prefill kernels after them are not taken), built
@@ -155,7 +164,8 @@ if [ "${1:-}" = mutants ]; then
   for m in "0 gemv" "1 gemv" "2 moe" "3 dn" "4 attn -DLILY_BF16_ACT" "5 attn -DLILY_BF16_ACT" \
            "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
-           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma"; do
+           "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
+           "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -171,8 +181,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

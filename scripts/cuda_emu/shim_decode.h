@@ -181,6 +181,15 @@ inline int emu_dp4a_us(u32 a, u32 b, int c) {
     for (int k = 0; k < 4; k++) c += (int)((a >> (8 * k)) & 0xffu) * (int)(int8_t)((b >> (8 * k)) & 0xffu);
     return c;
 }
+// Bit counts, and shared-memory atomicOr: a block's threads are fibers of one OS thread, switched
+// only at barriers and warp collectives, so a read-modify-write is atomic.
+inline int __popc(u32 v) { return __builtin_popcount(v); }
+inline int __ffs(u32 v) { return v ? __builtin_ctz(v) + 1 : 0; }
+inline u32 atomicOr(u32* p, u32 v) {
+    u32 old = *p;
+    *p = old | v;
+    return old;
+}
 // cvt.rni.s32.f32: to nearest, ties to even (the default rounding mode here).
 inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
 

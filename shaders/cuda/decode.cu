@@ -69,6 +69,9 @@
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_GRP_PICKS
+#error "DEC_GRP_PICKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 
 #ifndef DEC_DN_MAX_K
 #error "DEC_DN_MAX_K comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
@@ -338,48 +341,53 @@ struct X8x2Group {
     float sum;      // (scale / 254) · Σ (254 x_hi + x_lo)
 };
 
-// The block's staged x (xs: G groups padded to DEC_XPAD) as int8 pairs into xq (DEC_X8X2PAD words
-// a group) / xqs (scale / 254, the dequantised sum): thread t rounds word t % 8 (8 columns) of
-// group t / 8, the group's max and sum met by shuffles over its 8 threads. The caller's barrier
-// publishes them.
+// Group g's 8 columns 8p .. 8p + 7 (a, b; p = threadIdx.x % 8) as int8 pairs into xq (DEC_X8X2PAD
+// words a group) / xqs (scale / 254, the dequantised sum), the group's max and sum met by shuffles
+// over its 8 threads (every lane of the warp takes part; `live` false: a lane past the groups,
+// which stores nothing).
+__device__ __forceinline__ void x8x2_round(float4 a, float4 b, int p, int g, bool live, u32* xq, float2* xqs) {
+    float v[8];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
+    int hi[8], lo[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        hi[j] = __float2int_rn(v[j] * inv);
+        lo[j] = __float2int_rn(fmaf(-scale, (float)hi[j], v[j]) * inv_lo);
+        sum += 254 * hi[j] + lo[j];
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    auto pack = [](const int* q, int j0) {
+        return (u32)(q[j0] & 255) | (u32)(q[j0 + 2] & 255) << 8 | (u32)(q[j0 + 4] & 255) << 16 | (u32)q[j0 + 6] << 24;
+    };
+    if (live) {
+        u32* dst = xq + g * DEC_X8X2PAD + p;
+        dst[0] = pack(hi, 0);
+        dst[8] = pack(hi, 1);
+        dst[16] = pack(lo, 0);
+        dst[24] = pack(lo, 1);
+        if (p == 0) {
+            float unit = scale * (1.0f / 254.0f);
+            xqs[g] = make_float2(unit, unit * (float)sum);
+        }
+    }
+}
+
+// The block's staged x (xs: G groups padded to DEC_XPAD) as int8 pairs into xq / xqs: thread t
+// rounds word t % 8 (8 columns) of group t / 8 (x8x2_round). The caller's barrier publishes them.
 __device__ __forceinline__ void stage_x8x2(const float* xs, int G, u32* xq, float2* xqs) {
     int p = threadIdx.x & 7;
     for (int g0 = 0; g0 < G; g0 += blockDim.x >> 3) {
         int g = g0 + (threadIdx.x >> 3);
         bool live = g < G;
-        float v[8];
         const float4* src = reinterpret_cast<const float4*>(xs + (live ? g : 0) * DEC_XPAD + 8 * p);
-        float4 a = src[0], b = src[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        float m = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float inv = m > 0.0f ? 127.0f / m : 0.0f, scale = m / 127.0f, inv_lo = 254.0f * inv;
-        int hi[8], lo[8], sum = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            hi[j] = __float2int_rn(v[j] * inv);
-            lo[j] = __float2int_rn(fmaf(-scale, (float)hi[j], v[j]) * inv_lo);
-            sum += 254 * hi[j] + lo[j];
-        }
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        auto pack = [](const int* q, int j0) {
-            return (u32)(q[j0] & 255) | (u32)(q[j0 + 2] & 255) << 8 | (u32)(q[j0 + 4] & 255) << 16 | (u32)q[j0 + 6] << 24;
-        };
-        if (live) {
-            u32* dst = xq + g * DEC_X8X2PAD + p;
-            dst[0] = pack(hi, 0);
-            dst[8] = pack(hi, 1);
-            dst[16] = pack(lo, 0);
-            dst[24] = pack(lo, 1);
-            if (p == 0) {
-                float unit = scale * (1.0f / 254.0f);
-                xqs[g] = make_float2(unit, unit * (float)sum);
-            }
-        }
+        x8x2_round(src[0], src[1], p, g, live, xq, xqs);
     }
 }
 
@@ -1487,6 +1495,279 @@ DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true, false, DEC_DOWN_BOUNDS)
 // block): 128 at the full shape).
 DEC_DOWN_COMBINE(dec_down_combine_x8x2, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
 DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+
+// ---- the batched MoE grouped by expert (moe_grouped_rows) ---------------------------------------
+// A batched step's B rows pick B · top_k experts (≈ 57 distinct of 64 at B = 8 on 256 experts,
+// more shared when the rows' picks overlap) and all take the shared expert. The _rows kernels
+// stream each pick's weights once per row that picked it (the shared expert B times), each row
+// in its own blocks (grid.y); the _grouped forms read each picked expert's weights once a step
+// and dot them with every row that picked it: their blocks loop over the union of the rows' picks
+// (group_picks: item 0 the shared expert, then the distinct experts by ascending id), the int8
+// pairs of all rows' inputs staged once a block. Per (row, expert) the products, reductions and
+// roundings are dec_glu4_x8x2's and dec_down_combine_x8x2's, and the down kernel combines a row's
+// items in dec_down_combine_x8x2's order, so each row's outputs are bit for bit the one-token pair
+// kernels'. Limits (the launcher checks: decode::grouped_serves): rows ≤ DEC_B_MAX, rows · top_k ≤
+// DEC_GRP_PICKS, n_experts ≤ 32 · ROUTE_REG (the routing in registers), one 64-column group a lane.
+#define DEC_GRP_ITEMS (DEC_GRP_PICKS + 1)
+#define DEC_GRP_SHARED                                        \
+    __shared__ int ids_s[DEC_GRP_PICKS];                      \
+    __shared__ float w_s[DEC_GRP_PICKS];                      \
+    __shared__ u32 grp_bits[DEC_MAX_EXPERTS / 32];            \
+    __shared__ int grp_expert[DEC_GRP_ITEMS];                 \
+    __shared__ u32 grp_rows[DEC_GRP_ITEMS];                   \
+    __shared__ int grp_slot[DEC_GRP_ITEMS * DEC_B_MAX];       \
+    __shared__ int grp_n[1];
+
+// The items of a step (pointers into the block's shared memory): n[0] of them; item i > 0 is
+// expert[i]; rows[i] has bit b set when row b picked it, slot[i · DEC_B_MAX + b] its rank k in
+// row b's picks (item 0, the shared expert: every row, slot top_k).
+struct GrpTable {
+    int* expert;
+    u32* rows;
+    int* slot;
+    int* n;
+};
+
+// The table of the picks ids_s [rows][top_k] (each row's top_k distinct), by all threads of the
+// block (blockDim ≥ rows · top_k): a bitmap of the picked experts, then each pick's item is 1 + the
+// picked experts below it. A function of the picks alone (shared-memory atomicOr only sets bits).
+// The caller's barrier publishes the table.
+__device__ __forceinline__ void group_picks(const int* ids_s, int rows, int top_k, u32* bits, GrpTable t) {
+    int picks = rows * top_k, tid = threadIdx.x;
+    for (int i = tid; i < DEC_MAX_EXPERTS / 32; i += blockDim.x) bits[i] = 0u;
+    for (int i = tid; i < DEC_GRP_ITEMS; i += blockDim.x) t.rows[i] = 0u;
+    __syncthreads();
+    if (tid < picks) atomicOr(&bits[ids_s[tid] >> 5], 1u << (ids_s[tid] & 31));
+    __syncthreads();
+    if (tid < picks) {
+        int e = ids_s[tid], w = e >> 5, item = 1 + __popc(bits[w] & ((1u << (e & 31)) - 1u));
+        for (int i = 0; i < w; i++) item += __popc(bits[i]);
+        int b = tid / top_k;
+        t.expert[item] = e;
+        t.slot[item * DEC_B_MAX + b] = tid - b * top_k;
+        atomicOr(&t.rows[item], 1u << b);
+    }
+    if (tid < rows) t.slot[tid] = top_k;
+    if (tid == 0) {
+        int n = 1;
+        for (int i = 0; i < DEC_MAX_EXPERTS / 32; i++) n += __popc(bits[i]);
+        t.n[0] = n;
+        t.expert[0] = -1;
+        t.rows[0] = rows >= 32 ? 0xffffffffu : (1u << rows) - 1u;
+    }
+}
+
+// x8x2_round over n groups of 64 floats, group g at src(g) in global memory (written by an earlier
+// kernel: plain loads), into xq / xqs: DEC_GRP_DEEP rounds of a thread's loads in flight at once
+// (a step's rows are several rounds of the block: 8 for the gate/up kernel's 8 rows, 12 for the
+// down kernel's 72 items). The caller's barrier publishes them.
+#define DEC_GRP_DEEP 4
+template <class Src>
+__device__ __forceinline__ void stage_x8x2_global(Src src, int n, u32* xq, float2* xqs) {
+    int p = threadIdx.x & 7, per = blockDim.x >> 3;
+    for (int g0 = 0; g0 < n; g0 += DEC_GRP_DEEP * per) {
+        float4 a[DEC_GRP_DEEP], b[DEC_GRP_DEEP];
+#pragma unroll
+        for (int d = 0; d < DEC_GRP_DEEP; d++) {
+            int g = g0 + d * per + (threadIdx.x >> 3);
+            const float4* s = reinterpret_cast<const float4*>(src(g < n ? g : 0) + 8 * p);
+            a[d] = s[0];
+            b[d] = s[1];
+        }
+#pragma unroll
+        for (int d = 0; d < DEC_GRP_DEEP; d++) {
+            int g = g0 + d * per + (threadIdx.x >> 3);
+            x8x2_round(a[d], b[d], p, g, g < n, xq, xqs);
+        }
+    }
+}
+
+// dec_glu4_x8x2 over a batched step's rows, grouped by expert: block (t, c) takes rows tile t
+// (tile_row0) of items c, c + gridDim.y, ... of the union (two register buffers deep, as
+// glu4_token), each dotted with the pairs of every row that picked the item. Every block routes
+// all rows (warp b routes row b) and block (0, 0) publishes the routing: ids, route_w [rows,
+// top_k]. router_logits [rows, n_experts], xn [rows, gate.cols], h [rows, top_k, h_stride], hs
+// [rows, sgate.rows] as dec_glu4_x8x2_rows'; grid (tiles of an item, item chunks).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+                      int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                      const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                      int rows) {
+    __shared__ __align__(16) u32 xq[DEC_B_MAX * DEC_X8_GROUPS * DEC_X8X2PAD];
+    __shared__ float2 xqs[DEC_B_MAX * DEC_X8_GROUPS];
+    DEC_GRP_SHARED
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    TileGeom tg;
+    tg.G = gate.cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = warp;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
+    int rbase = tile_row0<DEC_GLU_R4>(tg, blockIdx.x), step = gridDim.y;
+    auto load = [&](int item, GluTile& r) {
+        QWeight wg = sgate, wu = sup;
+        if (item > 0) {
+            wg = expert<true>(gate, t.expert[item]);
+            wu = expert<true>(up, t.expert[item]);
+        }
+        qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
+        qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
+    };
+    auto finish = [&](int item, const GluTile& r) {
+        int item_rows = item == 0 ? sgate.rows : gate.rows;
+        for (u32 m = t.rows[item]; m != 0u; m &= m - 1u) {
+            int b = __ffs(m) - 1, k = t.slot[item * DEC_B_MAX + b];
+            GluX<true, true> x;
+            x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);
+            float g[DEC_GLU_R4], u[DEC_GLU_R4];
+            x.dot(r.g, g);
+            x.dot(r.u, u);
+            reduce_rows<DEC_GLU_R4, true>(g, tg.lpr);
+            reduce_rows<DEC_GLU_R4, true>(u, tg.lpr);
+            float* out = item == 0 ? hs + (long long)b * sgate.rows : h + ((long long)b * top_k + k) * h_stride;
+            if (tg.sl == 0) {
+#pragma unroll
+                for (int i = 0; i < DEC_GLU_R4; i++)
+                    if (rbase + i < item_rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
+            }
+        }
+    };
+    GluTile ra, rb;
+    bool early = blockIdx.y == 0;  // item 0, the shared expert: no routing needed
+    if (early) load(0, ra);
+    dec_wait();
+    if (warp < rows)
+        route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
+                          w_s + warp * top_k);
+    __syncthreads();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < rows * top_k) {
+        ids[threadIdx.x] = ids_s[threadIdx.x];
+        route_w[threadIdx.x] = w_s[threadIdx.x];
+    }
+    group_picks(ids_s, rows, top_k, grp_bits, t);
+    __syncthreads();
+    int items = t.n[0], a = blockIdx.y, b = a + step;
+    if (!early && a < items) load(a, ra);
+    if (b < items) load(b, rb);
+    // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
+    stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
+    __syncthreads();
+    while (a < items) {
+        finish(a, ra);
+        a += 2 * step;
+        if (a < items) load(a, ra);
+        if (b >= items) break;
+        finish(b, rb);
+        b += 2 * step;
+        if (b < items) load(b, rb);
+    }
+    dec_trigger_late();
+}
+
+// dec_down_combine_x8x2 over a batched step's rows, grouped by expert: a block owns the output
+// rows of dec_down_combine_x8x2's block (DEC_DOWN_WARPS row groups) for every row of the step;
+// warp (rg, kc) takes items kc, kc + DEC_DOWN_KSPLIT, ... of the union, DEC_DOWN_BATCH loaded
+// ahead, each dotted with every row that picked it, act() of each (row, item) product kept in
+// shared memory; then each output is combined in dec_down_combine_x8x2's order (the item chunks'
+// weighted sums in rank order, added chunk after chunk, the gated shared expert, the residual).
+// ids, route_w [rows, top_k] (dec_glu4_x8x2_grouped's), h [rows, top_k, h_stride], hs [rows,
+// sdown.cols], s_gate [rows], x [rows, down.rows]; grid ceil(down.rows / rows a block). Dynamic
+// shared memory (decode::grouped_down_smem): the rows · (top_k + 1) inputs as int8 pairs (input
+// b · top_k + k routed, rows · top_k + b shared), their scales and sums, the products.
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1)
+dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                              const float* __restrict__ route_w, int top_k, const float* __restrict__ h, int h_stride,
+                              const float* __restrict__ hs, const float* __restrict__ s_gate, float* __restrict__ x,
+                              int rows) {
+    extern __shared__ __align__(16) float dec_smem[];
+    DEC_GRP_SHARED
+    int G = down.cols >> 6, per_row = top_k + 1, n_in = rows * per_row;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int rg = warp % DEC_DOWN_WARPS, kc = warp / DEC_DOWN_WARPS;
+    int lpr = min(32, G), spw = 32 / lpr;
+    int sub = lane / lpr, sl = lane % lpr;
+    int rows_per_block = DEC_DOWN_WARPS * spw;
+    u32* hq = reinterpret_cast<u32*>(dec_smem);                    // [n_in][G][DEC_X8X2PAD]
+    float2* hqs = reinterpret_cast<float2*>(hq + n_in * G * DEC_X8X2PAD);  // [n_in][G]
+    float* prod = reinterpret_cast<float*>(hqs + n_in * G);        // [rows][top_k + 1][rows_per_block]
+    GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
+    int r_local = rg * spw + sub;
+    int c = blockIdx.x * rows_per_block + r_local;
+    int cc = min(c, down.rows - 1);
+    long long wpr = (long long)G * 8;
+    uint4 q[DEC_DOWN_BATCH][2];
+    float s[DEC_DOWN_BATCH], bias[DEC_DOWN_BATCH];
+    auto load = [&](int j, int i) {
+        QWeight w = i > 0 ? expert<true>(down, t.expert[i]) : sdown;
+        const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+        q[j][0] = ld_stream(qp);
+        q[j][1] = ld_stream(qp + 1);
+        s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+        bias[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
+    };
+    if (kc == 0) load(0, 0);  // item 0, the shared expert: no routing needed
+    dec_wait();
+    if ((int)threadIdx.x < rows * top_k) {
+        ids_s[threadIdx.x] = ids[threadIdx.x];
+        w_s[threadIdx.x] = route_w[threadIdx.x];
+    }
+    __syncthreads();
+    group_picks(ids_s, rows, top_k, grp_bits, t);
+    __syncthreads();
+    int items = t.n[0];
+#pragma unroll
+    for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+        int i = kc + j * DEC_DOWN_KSPLIT;
+        if (i > 0 && i < items) load(j, i);
+    }
+    int routed = rows * top_k * G;
+    stage_x8x2_global(
+        [=](int g) {
+            return g < routed ? h + (long long)(g / G) * h_stride + 64 * (g % G) : hs + 64 * (long long)(g - routed);
+        },
+        n_in * G, hq, hqs);
+    __syncthreads();
+    // A ring of DEC_DOWN_BATCH items: each slot refilled with the warp's item DEC_DOWN_BATCH
+    // ahead as soon as it is used, so two or three stay in flight through the whole loop (the
+    // one-token kernel requests a batch when the last is used: one round trip a batch, which over
+    // a warp's ≈ 20 items here would be ≈ 7).
+    for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
+#pragma unroll
+        for (int j = 0; j < DEC_DOWN_BATCH; j++) {
+            int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
+            if (i >= items) continue;
+            for (u32 m = t.rows[i]; m != 0u; m &= m - 1u) {
+                int b = __ffs(m) - 1, k = t.slot[i * DEC_B_MAX + b];
+                int in = k < top_k ? b * top_k + k : rows * top_k + b;
+                X8x2Group xg = x8x2_load(hq, hqs, in * G + sl);
+                float acc[1] = {group_term_x8x2(s[j], bias[j], dot_group_x8x2(q[j], xg), xg)};
+                reduce_rows<1, true>(acc, lpr);
+                if (sl == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc[0]);
+            }
+            int ahead = i + DEC_DOWN_BATCH * DEC_DOWN_KSPLIT;
+            if (ahead < items) load(j, ahead);
+        }
+    }
+    dec_trigger_late();
+    __syncthreads();
+    for (int o = threadIdx.x; o < rows * rows_per_block; o += blockDim.x) {
+        int b = o / rows_per_block, r = o - b * rows_per_block, co = blockIdx.x * rows_per_block + r;
+        if (co >= down.rows) continue;
+        const float* pb = prod + b * per_row * rows_per_block + r;
+        const float* wb = w_s + b * top_k;
+        float yy = 0.0f;
+        for (int kk = 0; kk < DEC_DOWN_KSPLIT; kk++) {
+            float y = 0.0f;
+            for (int i = kk; i < top_k; i += DEC_DOWN_KSPLIT) y += wb[i] * pb[i * rows_per_block];
+            yy = kk == 0 ? y : yy + y;
+        }
+        yy += act(act(sigmoidf(s_gate[b])) * pb[top_k * rows_per_block]);
+        float* xo = x + (long long)b * down.rows + co;
+        *xo = act(*xo + act(yy));
+    }
+}
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
     AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodePath,
-    Dense, Experts, Plan, Router,
+    Dense, Experts, MoeRows, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -646,7 +646,8 @@ impl Forward<'_> {
     /// `norm` into scratch.xn first: `norm_project_batch`): the
     /// router logits and the shared-expert gate of all rows in one launch, then each row's
     /// routing with its experts' and the shared expert's gate/up/SiLU in one, every down
-    /// projection with the combine and the residual add in one.
+    /// projection with the combine and the residual add in one: per row, or grouped by expert
+    /// (each picked expert's weights read once for all its rows) as `Plan::moe_rows` says.
     fn moe_rows(&self, m: &DevMoe, norm: u64, rows: usize) -> Result<()> {
         let (gpu, k, s) = (self.gpu, self.kernels, self.scratch);
         let first = [
@@ -655,9 +656,18 @@ impl Forward<'_> {
         ];
         self.norm_project_batch(norm, rows, &first)?;
         let (glu, down) = self.moe_args(m);
-        let products = self.plan.moe_products(m, self.cfg.top_k);
-        k.decode.glu_rows(gpu, &glu, rows, products)?;
-        k.decode.down_combine_rows(gpu, &down, rows, products)
+        let cfg = self.cfg;
+        match self.plan.moe_rows(m, cfg.n_experts, cfg.top_k, rows) {
+            MoeRows::ByExpert => {
+                k.decode.glu_grouped(gpu, &glu, rows)?;
+                k.decode.down_combine_grouped(gpu, &down, rows)
+            }
+            MoeRows::PerRow => {
+                let products = self.plan.moe_products(m, cfg.top_k);
+                k.decode.glu_rows(gpu, &glu, rows, products)?;
+                k.decode.down_combine_rows(gpu, &down, rows, products)
+            }
+        }
     }
 
     /// The pointer table of a batched step (`BatchTable` reads it): u64, one a sequence in

@@ -426,6 +426,7 @@ mod tests {
                 moe_int8: false,
                 gemv_int8: false,
                 moe_int8_pairs: false,
+                moe_grouped_rows: false,
                 batched_decode: false,
                 tc_scan: false,
                 dependent_launch: false,

@@ -70,6 +70,13 @@ pub enum GemvProducts {
     /// kernels' widths only (`x8x2_serves`).
     Int8Pairs,
 }
+/// Most picks (rows × top_k) of a batched step the MoE kernels grouped by expert
+/// (`dec_glu4_x8x2_grouped`, `dec_down_combine_x8x2_grouped`; `moe_grouped_rows`) take: 8 rows of
+/// the model's top 8 (their tables of items are sized for it: DEC_GRP_PICKS).
+pub const GROUPED_PICKS: usize = 64;
+/// Most experts those kernels route: each block routes every row in registers (common.cuh's
+/// `route_top_k`: 32 · ROUTE_REG), one warp a row.
+pub const GROUPED_MAX_EXPERTS: usize = 256;
 /// Widest input a block stages in shared memory, and most projections per `dec_gemv` launch.
 pub const MAX_COLS: usize = 4096;
 pub const MAX_SEGS: usize = 4;
@@ -136,6 +143,10 @@ const XPAD: usize = 68;
 /// pairs (DEC_X8X2PAD).
 const X8PAD: usize = 20;
 const X8X2PAD: usize = 36;
+/// Dynamic shared memory a `dec_down_combine_x8x2_grouped` block may take: what sm_86 / 89 / 120
+/// grant a block (99 KB) less its static tables (3.2 KB), rounded down; 8 rows of the model's top 8
+/// take 90 KB.
+const GROUPED_SMEM_MAX: usize = 92 * 1024;
 /// Dynamic shared memory a `dec_down_combine` may take without opting in.
 const DOWN_SMEM_MAX: usize = 48 * 1024;
 
@@ -168,6 +179,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
         ("DEC_SPLIT_WARPS", SPLIT_WARPS as i64),
+        ("DEC_GRP_PICKS", GROUPED_PICKS as i64),
     ],
 };
 
@@ -265,6 +277,37 @@ pub fn q8_serves(
             .iter()
             .all(|w| w.bits == 4 && w.cols / 64 <= 32)
         && down_smem(down.cols, top_k, products) <= DOWN_SMEM_MAX
+}
+
+/// Dynamic shared memory of a `dec_down_combine_x8x2_grouped` block for `rows` rows: every row's
+/// top_k + 1 inputs as int8 pairs (X8X2PAD words a group) with each group's scale and sum, and
+/// each (row, item, output row) product.
+fn grouped_down_smem(inter: usize, top_k: usize, rows: usize) -> usize {
+    let (_, spw) = lanes_per_row(inter);
+    let inputs = rows * (top_k + 1);
+    inputs * (inter / 64) * (X8X2PAD * 4 + 8) + inputs * DOWN_WARPS * spw * 4
+}
+
+/// Whether the MoE of these weights can run a batched step of `rows` rows grouped by expert
+/// (`Decode::glu_grouped` + `Decode::down_combine_grouped`): what the int8-pair rows kernels read
+/// (`q8_serves`), 2 to BATCH_MAX rows of at most GROUPED_PICKS picks, at most
+/// GROUPED_MAX_EXPERTS experts, the down kernel's staged pairs within GROUPED_SMEM_MAX.
+pub fn grouped_serves(
+    glu: [&LinearShape; 4],
+    down: &LinearShape,
+    sdown: &LinearShape,
+    n_experts: usize,
+    top_k: usize,
+    rows: usize,
+) -> bool {
+    q8_serves(glu, down, sdown, top_k, MoeProducts::Int8Pairs)
+        && (2..=BATCH_MAX).contains(&rows)
+        && top_k >= 1
+        && rows * top_k <= GROUPED_PICKS
+        && n_experts <= GROUPED_MAX_EXPERTS
+        && glu[0].rows == down.cols
+        && glu[2].rows == sdown.cols
+        && grouped_down_smem(down.cols, top_k, rows) <= GROUPED_SMEM_MAX
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -627,12 +670,14 @@ pub struct Decode {
     glu4_q8_rows: Kernel,
     glu4_x8x2: Kernel,
     glu4_x8x2_rows: Kernel,
+    glu4_x8x2_grouped: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
     down_combine_q8: Kernel,
     down_combine_q8_rows: Kernel,
     down_combine_x8x2: Kernel,
     down_combine_x8x2_rows: Kernel,
+    down_combine_x8x2_grouped: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -663,12 +708,15 @@ impl Decode {
             glu4_q8_rows: k("dec_glu4_q8_rows")?,
             glu4_x8x2: k("dec_glu4_x8x2")?,
             glu4_x8x2_rows: k("dec_glu4_x8x2_rows")?,
+            glu4_x8x2_grouped: k("dec_glu4_x8x2_grouped")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
             down_combine_q8: k("dec_down_combine_q8")?,
             down_combine_q8_rows: k("dec_down_combine_q8_rows")?,
             down_combine_x8x2: k("dec_down_combine_x8x2")?,
             down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
+            down_combine_x8x2_grouped: k("dec_down_combine_x8x2_grouped")?
+                .allow_shared_memory(GROUPED_SMEM_MAX)?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
@@ -929,6 +977,115 @@ impl Decode {
                 .arg(&h_stride)
                 .arg(&a.h_shared)
                 .arg(&per_item);
+        })
+    }
+
+    /// `glu_rows` with int8-pair products grouped by expert (`dec_glu4_x8x2_grouped`, where
+    /// `grouped_serves`): every block routes all `rows` rows and takes one tile of rows of every
+    /// gridDim.y-th item of the union of their picks (item 0 the shared expert), each weight tile
+    /// read once and dotted with every row that picked it; block (0, 0) writes the routing. The
+    /// grid: the item's tiles × as many item chunks as fill BLOCKS_PER_SM blocks an SM (at least
+    /// one, at most the step's items). `a`'s buffers as for `glu_rows`.
+    pub fn glu_grouped(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
+        let shapes = [&a.gate, &a.up, &a.shared_gate, &a.shared_up].map(|w| w.shape());
+        let [gate, up, sgate, sup] = &shapes;
+        if !glu_rows_serves(gate, up, sgate, sup)
+            || ![gate, up, sgate, sup].iter().all(|w| w.bits == 4)
+        {
+            bail!("dec_glu4_x8x2_grouped: expert weights it does not read");
+        }
+        if !(1..=BATCH_MAX).contains(&rows)
+            || a.top_k == 0
+            || rows * a.top_k > GROUPED_PICKS
+            || a.top_k > a.n_experts
+            || a.n_experts > GROUPED_MAX_EXPERTS
+        {
+            bail!(
+                "dec_glu4_x8x2_grouped: {rows} rows of top {} of {} experts (limits {BATCH_MAX} rows, \
+                 {GROUPED_PICKS} picks, {GROUPED_MAX_EXPERTS} experts)",
+                a.top_k,
+                a.n_experts
+            );
+        }
+        if !a.xn.is_multiple_of(16) {
+            bail!("dec_glu4_x8x2_grouped: the normed rows must be 16-byte aligned");
+        }
+        let (_, spw) = lanes_per_row(a.gate.cols);
+        let per_item = blocks(a.gate.rows.max(a.shared_gate.rows), WARPS * spw * GLU_R4);
+        let items = 1 + rows * a.top_k;
+        let chunks = (BLOCKS_PER_SM * gpu.sm_count / per_item as usize).clamp(1, items);
+        let (gate, up, sgate, sup) = (
+            a.gate.arg(),
+            a.up.arg(),
+            a.shared_gate.arg(),
+            a.shared_up.arg(),
+        );
+        let (n_experts, top_k, h_stride) = (a.n_experts as i32, a.top_k as i32, a.gate.rows as i32);
+        let rows_arg = rows as i32;
+        let cfg = config((per_item, chunks as u32, 1), (WARPS * 32) as u32, 0);
+        gpu.launch(&self.glu4_x8x2_grouped, cfg, |l| {
+            l.arg(&gate)
+                .arg(&up)
+                .arg(&a.router_logits)
+                .arg(&n_experts)
+                .arg(&top_k)
+                .arg(&a.ids)
+                .arg(&a.route_w)
+                .arg(&sgate)
+                .arg(&sup)
+                .arg(&a.xn)
+                .arg(&a.h)
+                .arg(&h_stride)
+                .arg(&a.h_shared)
+                .arg(&rows_arg);
+        })
+    }
+
+    /// `down_combine_rows` with int8-pair products grouped by expert
+    /// (`dec_down_combine_x8x2_grouped`, after `glu_grouped`): a block owns `dec_down_combine`'s
+    /// output rows for all `rows` rows and loops over the union of their picks, each weight tile
+    /// read once; each output combined in the one-token kernel's order. `a`'s buffers as for
+    /// `down_combine_rows`.
+    pub fn down_combine_grouped(&self, gpu: &Gpu, a: &DownCombine, rows: usize) -> Result<()> {
+        let (down, sdown) = (a.down.shape(), a.shared_down.shape());
+        let fast = [&down, &sdown]
+            .iter()
+            .all(|w| w.bits == 4 && w.cols / 64 <= 32);
+        if !down_serves(&down, &sdown, a.top_k) || !fast {
+            bail!("dec_down_combine_x8x2_grouped: expert weights it does not read");
+        }
+        let smem = grouped_down_smem(a.down.cols, a.top_k, rows);
+        if !(1..=BATCH_MAX).contains(&rows)
+            || a.top_k == 0
+            || rows * a.top_k > GROUPED_PICKS
+            || smem > GROUPED_SMEM_MAX
+        {
+            bail!(
+                "dec_down_combine_x8x2_grouped: {rows} rows of top {} ({smem} bytes of shared \
+                 memory; limits {BATCH_MAX} rows, {GROUPED_PICKS} picks, {GROUPED_SMEM_MAX} bytes)",
+                a.top_k
+            );
+        }
+        if ![a.h, a.h_shared].iter().all(|p| p.is_multiple_of(16)) {
+            bail!("dec_down_combine_x8x2_grouped: expert inputs must be 16-byte aligned");
+        }
+        let (_, spw) = lanes_per_row(a.down.cols);
+        let grid = blocks(a.down.rows, DOWN_WARPS * spw);
+        let (down, sdown) = (a.down.arg(), a.shared_down.arg());
+        let (top_k, h_stride, rows_arg) = (a.top_k as i32, a.down.cols as i32, rows as i32);
+        let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
+        gpu.launch(&self.down_combine_x8x2_grouped, cfg, |l| {
+            l.arg(&down)
+                .arg(&sdown)
+                .arg(&a.ids)
+                .arg(&a.weights)
+                .arg(&top_k)
+                .arg(&a.h)
+                .arg(&h_stride)
+                .arg(&a.h_shared)
+                .arg(&a.shared_gate)
+                .arg(&a.x)
+                .arg(&rows_arg);
         })
     }
 

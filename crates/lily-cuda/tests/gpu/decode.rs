@@ -680,6 +680,56 @@ fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[De
     ]
 }
 
+/// The two runs of a batched-MoE test (`moe_outputs`' pairs and two residual copies, run 0 and
+/// run 1): the `Glu` and `DownCombine` of run `i` at token `at` over shared inputs (router logits
+/// [rows, experts], xn [rows, hidden], s_gate [rows]).
+struct MoeRuns<'a> {
+    dw: &'a lily_cuda::weights::DevMoe,
+    c: &'a ModelConfig,
+    logits: u64,
+    xn: u64,
+    s_gate: u64,
+    /// ids, route_w, experts' hidden rows, shared expert's hidden rows, residual rows
+    out: [&'a [DevBuf; 2]; 5],
+}
+
+impl MoeRuns<'_> {
+    fn glu(&self, i: usize, at: usize) -> Glu<'_> {
+        let (h, e, tk, inter, si) = moe_sizes(self.c);
+        let [ids, rw, eh, sh, _] = self.out;
+        Glu {
+            gate: &self.dw.gate,
+            up: &self.dw.up,
+            router_logits: self.logits + (at * e * 4) as u64,
+            n_experts: e,
+            ids: ids[i].ptr + (at * tk * 4) as u64,
+            route_w: rw[i].ptr + (at * tk * 4) as u64,
+            top_k: tk,
+            shared_gate: &self.dw.shared_gate,
+            shared_up: &self.dw.shared_up,
+            xn: self.xn + (at * h * 4) as u64,
+            h: eh[i].ptr + (at * tk * inter * 4) as u64,
+            h_shared: sh[i].ptr + (at * si * 4) as u64,
+        }
+    }
+
+    fn down(&self, i: usize, at: usize) -> DownCombine<'_> {
+        let (h, _, tk, inter, si) = moe_sizes(self.c);
+        let [ids, rw, eh, sh, x] = self.out;
+        DownCombine {
+            down: &self.dw.down,
+            shared_down: &self.dw.shared_down,
+            ids: ids[i].ptr + (at * tk * 4) as u64,
+            weights: rw[i].ptr + (at * tk * 4) as u64,
+            top_k: tk,
+            h: eh[i].ptr + (at * tk * inter * 4) as u64,
+            h_shared: sh[i].ptr + (at * si * 4) as u64,
+            shared_gate: self.s_gate + (at * 4) as u64,
+            x: x[i].ptr + (at * h * 4) as u64,
+        }
+    }
+}
+
 /// The batched step's MoE (`dec_glu4_rows` + `dec_down_combine_rows`: one-token decode's kernels
 /// with the token in a grid dimension) against `dec_glu4` + `dec_down_combine` run one token at a
 /// time on the same inputs (those are tested against the CPU in fused_decode_blocks_match_cpu):
@@ -731,31 +781,15 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 // [rows-form, one-at-a-time] buffers
                 let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
                 let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
-                let glu = |i: usize, at: usize| Glu {
-                    gate: &dw.gate,
-                    up: &dw.up,
-                    router_logits: logits.ptr + (at * e * 4) as u64,
-                    n_experts: e,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    route_w: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    shared_gate: &dw.shared_gate,
-                    shared_up: &dw.shared_up,
-                    xn: xn.ptr + (at * h * 4) as u64,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
                 };
-                let down = |i: usize, at: usize| DownCombine {
-                    down: &dw.down,
-                    shared_down: &dw.shared_down,
-                    ids: ids[i].ptr + (at * tk * 4) as u64,
-                    weights: rw[i].ptr + (at * tk * 4) as u64,
-                    top_k: tk,
-                    h: eh[i].ptr + (at * tk * inter * 4) as u64,
-                    h_shared: sh[i].ptr + (at * si * 4) as u64,
-                    shared_gate: s_gate.ptr + (at * 4) as u64,
-                    x: x[i].ptr + (at * h * 4) as u64,
-                };
+                let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
                 let dec = &d.k.decode;
                 dec.glu_rows(&d, &glu(0, 0), rows, products).unwrap();
                 dec.down_combine_rows(&d, &down(0, 0), rows, products)
@@ -786,6 +820,117 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
         }
     }
     println!("KERNEL decode.cu batched MoE equals one token at a time");
+}
+
+/// The batched step's MoE grouped by expert (`dec_glu4_x8x2_grouped` +
+/// `dec_down_combine_x8x2_grouped`, `moe_grouped_rows`: each picked expert's weights read once
+/// for all rows that picked it) against `dec_glu4_x8x2` + `dec_down_combine_x8x2` run one token
+/// at a time on the same inputs (those are tested against the CPU in moe_int8_matches_cpu): the
+/// routing, the experts' and shared expert's hidden rows and the residual rows agree bit for bit,
+/// for 1, 3 and 8 tokens whose picks overlap (a third of the rows copy the previous row's logits,
+/// the others push the same three experts up), on tiny's and small's MoE shapes and the full
+/// model's widths with 32 experts, in both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let products = MoeProducts::Int8Pairs;
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(59);
+        for preset in [Preset::Tiny, Preset::Small, Preset::Full] {
+            let mut c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            if preset == Preset::Full {
+                c.n_experts = 32; // the full widths, few enough experts to upload quickly
+            }
+            let (h, e, tk, inter, si) = moe_sizes(&c);
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            let (down_shape, sdown_shape) = (dw.down.shape(), dw.shared_down.shape());
+            let glu_shapes = [
+                dw.gate.shape(),
+                dw.up.shape(),
+                dw.shared_gate.shape(),
+                dw.shared_up.shape(),
+            ];
+            let [g, u, sg, su] = &glu_shapes;
+            for rows in [1usize, 3, 8] {
+                let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
+                if rows > 1 {
+                    assert!(
+                        lily_cuda::kernels::decode::grouped_serves(
+                            [g, u, sg, su],
+                            &down_shape,
+                            &sdown_shape,
+                            e,
+                            tk,
+                            rows
+                        ),
+                        "{what}: the test needs the grouped kernels' shapes"
+                    );
+                }
+                let mut lg = rng.vec(rows * e, 2.0);
+                let hot = [1, e / 2 + 3, e - 2];
+                for t in 0..rows {
+                    if t % 3 == 1 {
+                        lg.copy_within((t - 1) * e..t * e, t * e);
+                    } else {
+                        for &x in &hot {
+                            lg[t * e + x] += 5.0;
+                        }
+                    }
+                }
+                let logits = d.upload(&lg).unwrap();
+                let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
+                let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
+                let x0 = rng.vec(rows * h, 1.0);
+                // [grouped, one-at-a-time] buffers
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
+                let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
+                };
+                let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
+                let dec = &d.k.decode;
+                dec.glu_grouped(&d, &glu(0, 0), rows).unwrap();
+                dec.down_combine_grouped(&d, &down(0, 0), rows).unwrap();
+                for at in 0..rows {
+                    dec.glu(&d, &glu(1, at), products).unwrap();
+                    dec.down_combine(&d, &down(1, at), products).unwrap();
+                }
+                let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+                let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
+                let picked = read_ids(&ids[1]);
+                let distinct: std::collections::BTreeSet<i32> = picked.iter().copied().collect();
+                assert!(
+                    rows == 1 || distinct.len() < rows * tk,
+                    "{what}: the rows' picks do not overlap"
+                );
+                assert_eq!(read_ids(&ids[0]), picked, "{what}: expert ids");
+                for (name, b, n) in [
+                    ("routing weights", &rw, rows * tk),
+                    ("experts' hidden rows", &eh, rows * tk * inter),
+                    ("shared expert's hidden rows", &sh, rows * si),
+                    ("residual rows", &x, rows * h),
+                ] {
+                    let got = read(&b[0], n);
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{what}: {name} unwritten"
+                    );
+                    assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
+                }
+                let moved = read(&x[0], rows * h);
+                assert!(moved != x0, "{what}: the residual rows did not change");
+            }
+        }
+    }
+    println!("KERNEL decode.cu batched MoE grouped by expert equals one token at a time");
 }
 
 /// A rounding of x per 64-column group (`int8_groups`, `int8_pair_groups`): the rounded values
