@@ -61,6 +61,8 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
+                            // linear_q4_rows' persistent 16-row kernel (PERSIST = 1) and not.
+                            rows_persist: sw,
                             // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
                             // decode switches on; linear_q4_mm's f16 tiles with them off.
                             coop: f16 && sw,
@@ -209,23 +211,23 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early), with f16 and f32 element types.
+/// rows_early, glu_early, rows_persist), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(f16, [on(0), on(1), on(2), on(3)]);
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 4;
+const DECODE_SWITCHES: u32 = 5;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early and glu_early as `sw` says)
-/// fits its limits.
+/// the decode switches attn_flat, attn_split, rows_early, glu_early and rows_persist as `sw`
+/// says) fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
     let limits = apple_limits();
@@ -246,12 +248,24 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         attn_split: sw[1],
         rows_early: sw[2],
         glu_early: sw[3],
+        rows_persist: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
     let o = &plan.options;
-    assert_eq!([o.attn_flat, o.attn_split, o.rows_early, o.glu_early], sw);
+    assert_eq!(
+        [
+            o.attn_flat,
+            o.attn_split,
+            o.rows_early,
+            o.glu_early,
+            o.rows_persist
+        ],
+        sw
+    );
+    // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
+    assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);
