@@ -128,7 +128,7 @@ lily_core::backend_options! {
         rows_persist = false, flag Some("wgpu-rows-persist"), env "LILY_WGPU_ROWS_PERSIST" = true,
             label "linear_q4_rows persistent",
             help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) on a persistent grid: as many workgroups as the adapter's kind fills (discrete 512, integrated 128, others 64), each streaming its share of the row blocks in rounds of 4 rows, the next round's 16-byte words in flight while it sums the current one, the input and the folded norm read once per workgroup (`--wgpu-rows-workers` sets the count); outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 20, branch wgpudec: predicted lm_head 265 → 130–170 µs and in_proj / q/k/v −2…6 µs a call on the H100 through Vulkan, docs/perf-notes.md); on only once it wins its A/B (scripts/gpu_ab_common.sh's wgpu_bench with LILY_WGPU_ROWS_PERSIST=1)";
+            why "off: not yet measured on a GPU (session 20, branch wgpudec: predicted lm_head 265 → 130–180 µs a token and in_proj / q/k/v −4…+3 µs a call on the H100 through Vulkan, decode 185 → 185–197 tok/s at 4K, docs/perf-notes.md); on only once it wins its A/B (scripts/gpu_ab_common.sh's wgpu_bench with LILY_WGPU_ROWS_PERSIST=1); the one-workgroup-a-block kernel stays for the matrices and GPUs where it is not measured (Apple's)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",

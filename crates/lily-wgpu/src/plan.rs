@@ -38,7 +38,10 @@
 //!   (session 15, the H100 through Vulkan). Measured and gone from main (docs/perf-notes.md,
 //!   sessions 15–16): lm_head's 32 / 64 rows a workgroup, linear_q4_rows' flat and deep reads,
 //!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
-//!   out_proj and dn_recur_norm's early reads.
+//!   out_proj and dn_recur_norm's early reads. linear_q4_rows' 16-row kernel on a persistent
+//!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
+//!   round's reads in flight, the input staged once a workgroup) is off until its A/B (session
+//!   20, branch wgpudec: predicted lm_head 265 → 130–180 µs on the H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
