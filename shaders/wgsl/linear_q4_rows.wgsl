@@ -12,10 +12,10 @@
 // conv channels here (`conv_ch`, one item: `conv_step`).
 // Bytes a workgroup: RB rows × (cols / 2 + cols / 16) (4-bit g64) from DRAM, the input (and the
 // norm's weight) from L2: 16 rows of 2,048 columns 18 KB + 16 KB; FLOPs 2 × RB × cols.
-// `PERSIST` (`rows_persist`): the launch has fewer workgroups than row blocks (the plan's
-// `rows_grid`), each streams blocks wid, wid + workgroups, ... with the next round's words in
-// flight while this round's are summed (CUDA's dec_gemv4 geometry): the input and the folded
-// norm once per workgroup, not once per block of 16 rows.
+// `PERSIST` (`rows_persist`): the next round's words in flight while this round's are summed;
+// where the plan's `rows_grid` launches fewer workgroups than row blocks (lm_head), each streams
+// blocks wid, wid + workgroups, ... (CUDA's dec_gemv4 geometry): the input and the folded norm
+// once per workgroup, not once per block of 16 rows.
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
@@ -67,7 +67,8 @@ override RI: u32 = 8u;
 // the scale), its reduction after the rows' arithmetic.
 override EARLY: u32 = 0u;
 // 1 (`WgpuOptions::rows_persist`, the 16-row kernel only: plan.rs `rows_spec`, RI 4): blocks
-// `block`, `block` + the launch's workgroups, ... in rounds of RI rows, round n + 1's words and
+// `block`, `block` + the launch's workgroups, ... (one where the grid has a workgroup a block)
+// in rounds of RI rows, round n + 1's words and
 // scales requested before round n's arithmetic, and a block's first round's before the
 // previous block's totals (the row_total barriers): a workgroup's loads stay in flight from
 // its first round to its last, two rounds of 4 rows held (the 8-row round's registers). A

@@ -495,13 +495,21 @@ pub const PERSIST_RB: usize = 16;
 /// summed.
 pub const PERSIST_RI: usize = 4;
 
+/// The fewest row blocks a workgroup of a persistent launch streams: below `PERSIST_SHARE` ×
+/// workers blocks, the persistent kernel runs one workgroup a block (its rounds still pipelined
+/// within the block), so that no workgroup carries a second block's chain while most carry one
+/// (DeltaNet's in_proj: 772 blocks, attention's q/k/v: 576, against 512 workgroups on a
+/// discrete GPU); lm_head's 15,520 blocks stream 30 a workgroup.
+pub const PERSIST_SHARE: usize = 2;
+
 /// The grid of a linear_q4_rows launch over `blocks` row blocks: one workgroup a block, or, for
-/// a persistent kernel, `workers` workgroups (at most one a block) streaming the blocks
-/// (linear_q4_rows.wgsl's `PERSIST` takes the launch's workgroup count as its stride).
+/// a persistent kernel (`workers` Some) with at least `PERSIST_SHARE` blocks a workgroup,
+/// `workers` workgroups streaming the blocks (linear_q4_rows.wgsl's `PERSIST` takes the
+/// launch's workgroup count as its stride).
 pub fn rows_grid(blocks: usize, workers: Option<usize>) -> (u32, u32) {
     match workers {
-        Some(w) => (blocks.min(w).max(1) as u32, 1),
-        None => crate::gpu::grid_2d(blocks),
+        Some(w) if blocks >= PERSIST_SHARE * w.max(1) => (w.max(1) as u32, 1),
+        _ => crate::gpu::grid_2d(blocks),
     }
 }
 

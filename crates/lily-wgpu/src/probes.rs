@@ -269,9 +269,10 @@ pub struct PersistCheck {
 /// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...) against
 /// the host's f64 and against the same kernel with `PERSIST` 0 on one workgroup a block: 4-bit
 /// 2,048 and 4,096 columns and 8-bit 2,048, 181 rows (12 blocks, the last of 5 rows), 2 items,
-/// the norm folded and not, `EARLY` 0 and 1, on 1, 2, 5 and 12 workgroups (12, 6, 3 and 1
-/// blocks a workgroup; with 5 the workgroups' shares differ). The input and output f32 (the
-/// residual stream in, as the folded norm reads it); the plan's reductions (`subgroups`).
+/// the norm folded and not, `EARLY` 0 and 1, on `rows_grid`'s grids for 1, 2, 5 and 12 workers
+/// (12, 6, 3 or 2 blocks a workgroup — with 5 the workgroups' shares differ —, and for 12, one
+/// workgroup a block: fewer than `PERSIST_SHARE` blocks a worker). The input and output f32
+/// (the residual stream in, as the folded norm reads it); the plan's reductions (`subgroups`).
 pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
     let (rows, items, rb) = (181usize, 2usize, crate::plan::PERSIST_RB);
     let blocks = rows.div_ceil(rb);

@@ -363,6 +363,62 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
 }
 
+/// `rows_persist` on a discrete GPU's plan for the full model: the 16-row linear_q4_rows kernel
+/// compiled with `PERSIST` (rounds of 4 rows), the others not; lm_head's 15,520 row blocks on
+/// 512 workgroups (the knob's count where set), DeltaNet's in_proj (772 blocks) and
+/// attention's q/k/v (576) on one workgroup a block (fewer than 2 blocks a worker), the 4-row
+/// kernel's launches never persistent; off, every launch one workgroup a block.
+#[test]
+fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
+    let c = full_config();
+    let device = DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
+        metal: false,
+        vendor: VENDOR_NVIDIA,
+    };
+    let constant = |s: &Spec, name: &str| {
+        s.constants
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+            .unwrap()
+    };
+    for workers in [0, 264] {
+        let opts = WgpuOptions {
+            rows_persist: true,
+            rows_workers: workers,
+            ..WgpuOptions::default()
+        };
+        let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
+        let w = if workers == 0 { 512 } else { workers };
+        assert_eq!(plan.rows_workers, Some(w));
+        assert_eq!(plan.options.rows_workers, w);
+        for s in &plan.specs.linear_q4_rows16 {
+            assert_eq!((constant(s, "PERSIST"), constant(s, "RI")), (1.0, 4.0));
+        }
+        for s in plan
+            .specs
+            .linear_q4_rows4
+            .iter()
+            .chain(&plan.specs.linear_q4_rows2)
+        {
+            assert_eq!(constant(s, "PERSIST"), 0.0);
+        }
+        assert_eq!(plan.rows_grid(16, 15_520), (w as u32, 1));
+        let small = if workers == 0 { (772, 1) } else { (264, 1) };
+        assert_eq!(plan.rows_grid(16, 772), small);
+        assert_eq!(plan.rows_grid(4, 15_520), (15_520, 1));
+    }
+    let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    assert_eq!(off.rows_workers, None);
+    assert_eq!(off.rows_grid(16, 15_520), (15_520, 1));
+    assert_eq!(constant(&off.specs.linear_q4_rows16[0], "PERSIST"), 0.0);
+}
+
 /// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
 /// matrices with f16 (at the device's size, every tile size, f16 tiles' sizes), and says so in its
 /// line; otherwise linear_q4_mm as the other options ask (lavapipe and CI: no cooperative
