@@ -12,6 +12,10 @@
 // conv channels here (`conv_ch`, one item: `conv_step`).
 // Bytes a workgroup: RB rows × (cols / 2 + cols / 16) (4-bit g64) from DRAM, the input (and the
 // norm's weight) from L2: 16 rows of 2,048 columns 18 KB + 16 KB; FLOPs 2 × RB × cols.
+// `PERSIST` (`rows_persist`): the next round's words in flight while this round's are summed;
+// where the plan's `rows_grid` launches fewer workgroups than row blocks (lm_head), each streams
+// blocks wid, wid + workgroups, ... (CUDA's dec_gemv4 geometry): the input and the folded norm
+// once per workgroup, not once per block of 16 rows.
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
@@ -62,6 +66,15 @@ override RI: u32 = 8u;
 // y = r · W (x ⊙ w) with r = 1 / RMS(x) on each row's total (the product is linear in x after
 // the scale), its reduction after the rows' arithmetic.
 override EARLY: u32 = 0u;
+// 1 (`WgpuOptions::rows_persist`, the 16-row kernel only: plan.rs `rows_spec`, RI 4): blocks
+// `block`, `block` + the launch's workgroups, ... (one where the grid has a workgroup a block)
+// in rounds of RI rows, round n + 1's words and
+// scales requested before round n's arithmetic, and a block's first round's before the
+// previous block's totals (the row_total barriers): a workgroup's loads stay in flight from
+// its first round to its last, two rounds of 4 rows held (the 8-row round's registers). A
+// two-word row's second words (4,096 columns) are read in their round, not ahead. The same
+// sums in the same order as 0: outputs bit for bit.
+override PERSIST: u32 = 0u;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -101,8 +114,26 @@ fn read_words(r0: u32, rr: u32, nr: u32, q: u32, g: u32, quads: u32, groups: u32
     return o;
 }
 
+// Row r of the block at r0 (`nr` rows) gets its total: stored (a DeltaNet conv channel through
+// `conv_step`), or added into Y (`accumulate`). One invocation a row stores.
+fn store_rows(lid: u32, item: u32, r0: u32, nr: u32, total: f32) {
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        let row = p.m.row0 + r0 + r;
+        let o = p.m.y_off + item * p.m.y_stride + row;
+        if (row < p.conv_ch) {
+            Y[o] = YS(conv_step(row, total));
+        } else if (p.m.accumulate != 0u) {
+            Y[o] = YS(f32(Y[o]) + total);
+        } else {
+            Y[o] = YS(total);
+        }
+    }
+}
+
 @compute @workgroup_size(64)
-fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
+fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>, lanes_in: Lanes) {
     lanes_init(lanes_in);
     let lid = lanes_in.lid;
     let block = wid.x + wid.y * p.m.nwx;
@@ -125,7 +156,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var cur = read_words(r0, 0u, nr, lid, ga, quads, groups);
     // EARLY: the second words of those rows too.
     var cur2 = Words();
-    if (EARLY != 0u && two) {
+    if (EARLY != 0u && PERSIST == 0u && two) {
         cur2 = read_words(r0, 0u, nr, lid + 64u, gc, quads, groups);
     }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
@@ -183,6 +214,63 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     let sa = xsum32(xa[0], xa[1], xa[2], xa[3], xa[4], xa[5], xa[6], xa[7]);
     let sc = xsum32(xc[0], xc[1], xc[2], xc[3], xc[4], xc[5], xc[6], xc[7]);
+    if (PERSIST != 0u) {
+        // Rounds (block b, rows rr .. rr + RI − 1); `cur` holds the first block's first round.
+        let nblocks = (p.m.rows + RB - 1u) / RB;
+        let stride = nwg.x * nwg.y;
+        var b = block;
+        var rr = 0u;
+        var c0 = r0;
+        var cn = nr;
+        var rn = 1.0;
+        var first = true;
+        loop {
+            // The next round: this block's next RI rows, else block b + stride's first.
+            var nb = b;
+            var nrr = rr + RI;
+            if (nrr >= RB) {
+                nb = b + stride;
+                nrr = 0u;
+            }
+            let more = nb < nblocks;
+            var nxt = Words();
+            if (more) {
+                let n0 = nb * RB;
+                nxt = read_words(n0, nrr, min(RB, p.m.rows - n0), lid, ga, quads, groups);
+            }
+            var pa = array<f32, 8>();
+            for (var j = 0u; j < RI; j++) {
+                pa[j] = cur.s[j] * qd(cur.w[j], xa) + cur.b[j] * sa;
+            }
+            if (two) {
+                let c2 = read_words(c0, rr, cn, lid + 64u, gc, quads, groups);
+                for (var j = 0u; j < RI; j++) {
+                    pa[j] += c2.s[j] * qd(c2.w[j], xc) + c2.b[j] * sc;
+                }
+            }
+            for (var j = 0u; j < RI; j++) {
+                row_put(lid, rr + j, pa[j]);
+            }
+            if (rr + RI >= RB) {
+                if (first && EARLY != 0u && p.norm != 0u) {
+                    rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
+                }
+                first = false;
+                store_rows(lid, item, c0, cn, row_total(lid, RB) * rn);
+                // row_total's last reads before the next block's row_put.
+                workgroupBarrier();
+            }
+            if (!more) {
+                break;
+            }
+            b = nb;
+            rr = nrr;
+            c0 = nb * RB;
+            cn = min(RB, p.m.rows - c0);
+            cur = nxt;
+        }
+        return;
+    }
     for (var r8 = 0u; r8 < RB; r8 += RI) {
         // RI rows' reads together (rows past the end read row r0 again; not stored); the first
         // RI were read above.
@@ -212,17 +300,5 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     if (EARLY != 0u && p.norm != 0u) {
         rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
     }
-    let total = row_total(lid, RB) * rn;
-    let r = lid / (64u / RB);
-    if (lid % (64u / RB) == 0u && r < nr) {
-        let row = p.m.row0 + r0 + r;
-        let o = p.m.y_off + item * p.m.y_stride + row;
-        if (row < p.conv_ch) {
-            Y[o] = YS(conv_step(row, total));
-        } else if (p.m.accumulate != 0u) {
-            Y[o] = YS(f32(Y[o]) + total);
-        } else {
-            Y[o] = YS(total);
-        }
-    }
+    store_rows(lid, item, r0, nr, row_total(lid, RB) * rn);
 }

@@ -24,7 +24,7 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, DnStep, Sides, F16_STORE,
+    check_rows, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -193,6 +193,13 @@ impl WgpuBackend {
     /// relative L2 difference.
     pub fn check_down_rows(&self) -> Result<f64> {
         check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
+    }
+
+    /// linear_q4_rows.wgsl's persistent kernel (`rows_persist`) with this plan's reductions, on
+    /// fewer workgroups than row blocks, against the host and bit for bit against the kernel
+    /// with one workgroup a block (`probes::check_rows_persist`).
+    pub fn check_rows_persist(&self) -> Result<PersistCheck> {
+        check_rows_persist(&self.gpu, self.plan.subgroups)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for

@@ -867,7 +867,7 @@ impl<'a> Forward<'a> {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
                     let rb = rows_rb(sl.count);
-                    let (nx, ny) = grid_2d(sl.count.div_ceil(rb));
+                    let (nx, ny) = self.plan.rows_grid(rb, sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
                     let params = rows_params(

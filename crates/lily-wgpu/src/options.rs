@@ -125,6 +125,10 @@ lily_core::backend_options! {
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
             why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md); the routing in rounds over every rank stays for GPUs where it is not measured (Apple's)";
+        rows_persist = false, flag Some("wgpu-rows-persist"), env "LILY_WGPU_ROWS_PERSIST" = true,
+            label "linear_q4_rows persistent",
+            help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) in rounds of 4 rows, the next round's 16-byte words in flight while it sums the current one; where a matrix has at least twice as many row blocks as the adapter's kind fills workgroups (discrete 512, integrated 128, others 64; `--wgpu-rows-workers` sets the count), on a persistent grid of that many, each streaming its share of the blocks with the input and the folded norm read once (on the full model lm_head; DeltaNet's in_proj and attention's q/k/v keep one workgroup a block); outputs bit for bit the same",
+            why "off: not yet measured on a GPU (session 20, branch wgpudec: predicted lm_head 265 → 130–180 µs a token and in_proj / q/k/v −3…0 µs a call on the H100 through Vulkan, decode 185 → 187–194 tok/s at 4K, docs/perf-notes.md); on only once it wins its A/B (scripts/gpu_ab_common.sh's wgpu_bench with LILY_WGPU_ROWS_PERSIST=1); the one-workgroup-a-block kernel stays for the matrices and GPUs where it is not measured (Apple's)";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -141,6 +145,9 @@ lily_core::backend_options! {
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
+        rows_workers = 0, flag Some("wgpu-rows-workers"), env "LILY_WGPU_ROWS_WORKERS",
+            accepts |n| n <= 65_535, "0 to 65,535", label "rows workers",
+            help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64); an A/B aid (the count that fills a given GPU)";
     }
     texts {
         f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
@@ -207,7 +214,9 @@ mod tests {
                 attn_split: true,
                 rows_early: true,
                 glu_early: true,
+                rows_persist: false,
                 dense_tile: 0,
+                rows_workers: 0,
             }
         );
     }
@@ -242,6 +251,8 @@ mod tests {
             ("LILY_WGPU_ATTN_SPLIT", "0"),
             ("LILY_WGPU_ROWS_EARLY", "0"),
             ("LILY_WGPU_GLU_EARLY", "0"),
+            ("LILY_WGPU_ROWS_PERSIST", "1"),
+            ("LILY_WGPU_ROWS_WORKERS", "264"),
         ]));
         assert_eq!(
             o,
@@ -262,6 +273,8 @@ mod tests {
                 attn_split: false,
                 rows_early: false,
                 glu_early: false,
+                rows_persist: true,
+                rows_workers: 264,
                 ..WgpuOptions::default()
             }
         );

@@ -38,7 +38,10 @@
 //!   (session 15, the H100 through Vulkan). Measured and gone from main (docs/perf-notes.md,
 //!   sessions 15–16): lm_head's 32 / 64 rows a workgroup, linear_q4_rows' flat and deep reads,
 //!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
-//!   out_proj and dn_recur_norm's early reads.
+//!   out_proj and dn_recur_norm's early reads. linear_q4_rows' 16-row kernel on a persistent
+//!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
+//!   round's reads in flight, the input staged once a workgroup) is off until its A/B (session
+//!   20, branch wgpudec: predicted lm_head 265 → 130–180 µs on the H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -463,16 +466,51 @@ impl Specs {
 
 /// linear_q4_rows.wgsl with `rb` rows a workgroup (≤ 8 rows' reads in flight together); `early`:
 /// every read of its first rows, the input and the norm's weights before any arithmetic or
-/// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`).
-pub fn rows_spec(rb: usize, early: bool) -> Spec {
+/// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `persist`:
+/// each workgroup streams several row blocks in rounds of `PERSIST_RI` rows, the next round's
+/// reads in flight during this round's sums (`WgpuOptions::rows_persist`, its `PERSIST`;
+/// launched on `rows_grid`).
+pub fn rows_spec(rb: usize, early: bool, persist: bool) -> Spec {
+    let ri = if persist { PERSIST_RI } else { rb.min(8) };
     Spec::new(
         "linear_q4_rows",
         &[
             ("RB", rb as f64),
-            ("RI", rb.min(8) as f64),
+            ("RI", ri as f64),
             ("EARLY", early as u32 as f64),
+            ("PERSIST", persist as u32 as f64),
         ],
     )
+}
+
+/// The rows a workgroup of linear_q4_rows' persistent kernel (`rows_persist`): the 16-row one
+/// (`rows_rb` gives it the matrices of ≥ 8,192 rows: DeltaNet's in_proj, attention's q/k/v,
+/// lm_head), whose row blocks outnumber the workgroups an adapter holds at once; the 4- and
+/// 2-row kernels' matrices (≤ 512 blocks of one round) have nothing to stream.
+pub const PERSIST_RB: usize = 16;
+
+/// The persistent kernel's rows a round: two rounds in flight hold 4 + 4 rows' words and scales
+/// (48 registers an invocation, as one round of 8 does), 128 bytes of words an invocation
+/// requested as the 8-row kernel's one round, but requested again while the previous round is
+/// summed.
+pub const PERSIST_RI: usize = 4;
+
+/// The fewest row blocks a workgroup of a persistent launch streams: below `PERSIST_SHARE` ×
+/// workers blocks, the persistent kernel runs one workgroup a block (its rounds still pipelined
+/// within the block), so that no workgroup carries a second block's chain while most carry one
+/// (DeltaNet's in_proj: 772 blocks, attention's q/k/v: 576, against 512 workgroups on a
+/// discrete GPU); lm_head's 15,520 blocks stream 30 a workgroup.
+pub const PERSIST_SHARE: usize = 2;
+
+/// The grid of a linear_q4_rows launch over `blocks` row blocks: one workgroup a block, or, for
+/// a persistent kernel (`workers` Some) with at least `PERSIST_SHARE` blocks a workgroup,
+/// `workers` workgroups streaming the blocks (linear_q4_rows.wgsl's `PERSIST` takes the
+/// launch's workgroup count as its stride).
+pub fn rows_grid(blocks: usize, workers: Option<usize>) -> (u32, u32) {
+    match workers {
+        Some(w) if blocks >= PERSIST_SHARE * w.max(1) => (w.max(1) as u32, 1),
+        _ => crate::gpu::grid_2d(blocks),
+    }
 }
 
 /// dn_recur_norm.wgsl for key head dim `dk`.
@@ -607,6 +645,10 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
+    /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
+    /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
+    /// kind), or None.
+    pub rows_workers: Option<usize>,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
     /// The options as resolved: those asked for, with the switches the device or the model
@@ -725,7 +767,10 @@ impl Plan {
                 }
             }
         }
-        let rows = |rb: usize| in_forms(rows_spec(rb, opts.rows_early), &Form::ALL, act_f16);
+        let rows = |rb: usize| {
+            let persist = opts.rows_persist && rb == PERSIST_RB;
+            in_forms(rows_spec(rb, opts.rows_early, persist), &Form::ALL, act_f16)
+        };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
@@ -819,6 +864,14 @@ impl Plan {
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
+        let rows_workers = opts.rows_persist.then(|| match opts.rows_workers {
+            0 => split_workgroups(device.device_type),
+            n => n,
+        });
+        let options = WgpuOptions {
+            rows_workers: rows_workers.unwrap_or(0),
+            ..options
+        };
         Ok(Plan {
             options,
             chunk: opts.chunk,
@@ -837,8 +890,15 @@ impl Plan {
             kv_f16,
             act_f16,
             route_in_glu: c.n_experts <= 512,
+            rows_workers,
             notes,
         })
+    }
+
+    /// The grid of a linear_q4_rows launch with `rb` rows a workgroup over `blocks` row blocks
+    /// (`rows_grid`): persistent where `rows_persist` compiled that kernel so.
+    pub fn rows_grid(&self, rb: usize, blocks: usize) -> (u32, u32) {
+        rows_grid(blocks, self.rows_workers.filter(|_| rb == PERSIST_RB))
     }
 
     /// Prefill attention falls back to attend_gqa.wgsl (attend_tile refused at load: `why`).
@@ -881,7 +941,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -899,6 +959,10 @@ impl Plan {
                         .collect::<Vec<_>>()
                         .join("/")
                 ),
+            },
+            match self.rows_workers {
+                Some(w) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
+                None => String::new(),
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"

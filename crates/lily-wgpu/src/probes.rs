@@ -9,7 +9,8 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, MmTile, SplitRule, DOWN_RB, GLU_RB, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
+    DOWN_RB, GLU_RB, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -253,6 +254,66 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
         }
     }
     Ok(worst.max(glu))
+}
+
+/// What `check_rows_persist` found: the persistent kernel's largest relative L2 difference
+/// from the host's f64, and whether its outputs were bit for bit those of the kernel with one
+/// workgroup a block (`PERSIST` 0) in every case.
+#[derive(Clone, Copy, Debug)]
+pub struct PersistCheck {
+    pub err: f64,
+    pub same_bits: bool,
+}
+
+/// linear_q4_rows.wgsl's persistent 16-row kernel (`rows_persist`: `PERSIST` 1, launched on
+/// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...) against
+/// the host's f64 and against the same kernel with `PERSIST` 0 on one workgroup a block: 4-bit
+/// 2,048 and 4,096 columns and 8-bit 2,048, 181 rows (12 blocks, the last of 5 rows), 2 items,
+/// the norm folded and not, `EARLY` 0 and 1, on `rows_grid`'s grids for 1, 2, 5 and 12 workers
+/// (12, 6, 3 or 2 blocks a workgroup — with 5 the workgroups' shares differ —, and for 12, one
+/// workgroup a block: fewer than `PERSIST_SHARE` blocks a worker). The input and output f32
+/// (the residual stream in, as the folded norm reads it); the plan's reductions (`subgroups`).
+pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
+    let (rows, items, rb) = (181usize, 2usize, crate::plan::PERSIST_RB);
+    let blocks = rows.div_ceil(rb);
+    let sides = Sides::default();
+    let form = Form {
+        x_f32: true,
+        y_f32: true,
+    };
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
+    for (bits, cols) in [(4, 2048), (4, 4096), (8, 2048)] {
+        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+        for early in [false, true] {
+            let spec = |persist| crate::shaders::Spec {
+                form,
+                ..rows_spec(rb, early, persist).with_subgroups(subgroups)
+            };
+            let plain = Kernel::new(gpu, &spec(false), false)?;
+            let persist = Kernel::new(gpu, &spec(true), false)?;
+            for norm in [None, Some(1e-6)] {
+                let (nx, ny) = grid_2d(blocks);
+                let grid = [nx, ny, items as u32];
+                let want = m.run_raw(gpu, &plain, &grid, nx, None, Some(norm), sides)?;
+                for workers in [1usize, 2, 5, 12] {
+                    let (wx, wy) = rows_grid(blocks, Some(workers));
+                    let grid = [wx, wy, items as u32];
+                    let got = m.run_raw(gpu, &persist, &grid, wx, None, Some(norm), sides)?;
+                    let host = m.want_for(Some(norm), sides);
+                    out.err = out.err.max(rel_l2_f64(&got, &host));
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    out.same_bits &= same;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,

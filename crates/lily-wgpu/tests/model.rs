@@ -764,6 +764,58 @@ fn moe_kernels_with_and_without_early_reads_match_the_host() {
     }
 }
 
+/// linear_q4_rows.wgsl's persistent 16-row kernel (`rows_persist`), in both reduction forms:
+/// on 1, 2, 5 and 12 workgroups over 12 row blocks (4-bit 2,048 / 4,096 columns, 8-bit 2,048,
+/// the norm folded and not, early reads on and off) against the host's f64 and **bit for bit**
+/// the kernel with one workgroup a block; then the plan with the switch on: its 16-row kernel is
+/// the persistent one (every product probe through it, the DeltaNet conv and the residual add
+/// among them, on one workgroup a block) and the plan line says so. (Tiny's products are too
+/// narrow for linear_q4_rows: `full_width_decode_matches_cpu` runs the switch on the model.)
+#[test]
+fn persistent_row_kernel_matches_the_host_and_the_plain_kernel() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    for subgroups in [true, false] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            rows_persist: true,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.rows_persist);
+        // A software adapter's workgroups (`split_workgroups`: 64).
+        assert_eq!(gpu.plan().rows_workers, Some(64));
+        assert!(
+            gpu.plan().describe().contains("persistent on ≤"),
+            "{}",
+            gpu.plan().describe()
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let pc = gpu.check_rows_persist().unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}: persistent linear_q4_rows {:.2e} (same bits as one workgroup a block: {}), product probes {rows:.2e}",
+            pc.err, pc.same_bits
+        );
+        assert!(
+            pc.err < bound,
+            "persistent linear_q4_rows differs from the host by {:.2e}",
+            pc.err
+        );
+        assert!(
+            pc.same_bits,
+            "persistent linear_q4_rows is not bit for bit the kernel with one workgroup a block"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (persistent plan) differs from the host by {rows:.2e}"
+        );
+    }
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).
@@ -1292,15 +1344,22 @@ fn full_width_decode_matches_cpu() {
     let cs = cpu.new_seq(16).unwrap();
     cpu.prefill(cs, &tokens).unwrap();
     let want = cpu.logits(cs).unwrap();
-    for (subgroups, f16_acts, early) in [
-        (true, false, true),
-        (false, false, true),
-        (true, true, true),
-        (true, false, false),
-        (false, false, false),
+    // Each case's token-by-token logits, for the persistent cases' bit-for-bit check.
+    let mut stepped_of = std::collections::HashMap::new();
+    for (subgroups, f16_acts, early, persist) in [
+        (true, false, true, false),
+        (false, false, true, false),
+        (true, true, true, false),
+        (true, false, false, false),
+        (false, false, false, false),
+        (true, false, true, true),
+        (false, false, true, true),
     ] {
         // `early`: the MoE's reads issued early (the row products, the router among them, and
         // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take.
+        // `persist`: linear_q4_rows' persistent 16-row kernel (`rows_persist`: in_proj and
+        // lm_head's slices here), whose logits must be bit for bit those of the same case
+        // without it.
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1309,6 +1368,7 @@ fn full_width_decode_matches_cpu() {
             f16_kv: Choice::Off,
             rows_early: early,
             glu_early: early,
+            rows_persist: persist,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
@@ -1325,8 +1385,21 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, persistent rows {persist}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
+        if persist {
+            let plain: &Vec<f32> = &stepped_of[&(subgroups, on, early)];
+            assert!(
+                stepped
+                    .iter()
+                    .zip(plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "persistent rows change the logits: {:.3e} from the case without",
+                rel_l2(&stepped, plain)
+            );
+        } else {
+            stepped_of.insert((subgroups, on, early), stepped.clone());
+        }
         let (to_cpu, to_chunk) = if on {
             (F16_WIDE, F16_WIDE)
         } else {

@@ -61,6 +61,8 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's early reads (EARLY = 1) and not.
                             rows_early: sw,
                             glu_early: sw,
+                            // linear_q4_rows' persistent 16-row kernel (PERSIST = 1) and not.
+                            rows_persist: sw,
                             // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
                             // decode switches on; linear_q4_mm's f16 tiles with them off.
                             coop: f16 && sw,
@@ -209,23 +211,23 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early), with f16 and f32 element types.
+/// rows_early, glu_early, rows_persist), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(f16, [on(0), on(1), on(2), on(3)]);
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 4;
+const DECODE_SWITCHES: u32 = 5;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early and glu_early as `sw` says)
-/// fits its limits.
+/// the decode switches attn_flat, attn_split, rows_early, glu_early and rows_persist as `sw`
+/// says) fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
     let limits = apple_limits();
@@ -246,12 +248,24 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         attn_split: sw[1],
         rows_early: sw[2],
         glu_early: sw[3],
+        rows_persist: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
     println!("plan: {}", plan.describe());
     let o = &plan.options;
-    assert_eq!([o.attn_flat, o.attn_split, o.rows_early, o.glu_early], sw);
+    assert_eq!(
+        [
+            o.attn_flat,
+            o.attn_split,
+            o.rows_early,
+            o.glu_early,
+            o.rows_persist
+        ],
+        sw
+    );
+    // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
+    assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);
@@ -347,6 +361,62 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
     let f16 = Plan::resolve(&on, &c, true, &device(true)).unwrap();
     assert!(f16.act_f16 && f16.specs.all().iter().all(|s| s.act_f16));
     assert_eq!(f16.specs.linear_q4_rows16.len(), 4);
+}
+
+/// `rows_persist` on a discrete GPU's plan for the full model: the 16-row linear_q4_rows kernel
+/// compiled with `PERSIST` (rounds of 4 rows), the others not; lm_head's 15,520 row blocks on
+/// 512 workgroups (the knob's count where set), DeltaNet's in_proj (772 blocks) and
+/// attention's q/k/v (576) on one workgroup a block (fewer than 2 blocks a worker), the 4-row
+/// kernel's launches never persistent; off, every launch one workgroup a block.
+#[test]
+fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
+    let c = full_config();
+    let device = DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
+        metal: false,
+        vendor: VENDOR_NVIDIA,
+    };
+    let constant = |s: &Spec, name: &str| {
+        s.constants
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+            .unwrap()
+    };
+    for workers in [0, 264] {
+        let opts = WgpuOptions {
+            rows_persist: true,
+            rows_workers: workers,
+            ..WgpuOptions::default()
+        };
+        let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
+        let w = if workers == 0 { 512 } else { workers };
+        assert_eq!(plan.rows_workers, Some(w));
+        assert_eq!(plan.options.rows_workers, w);
+        for s in &plan.specs.linear_q4_rows16 {
+            assert_eq!((constant(s, "PERSIST"), constant(s, "RI")), (1.0, 4.0));
+        }
+        for s in plan
+            .specs
+            .linear_q4_rows4
+            .iter()
+            .chain(&plan.specs.linear_q4_rows2)
+        {
+            assert_eq!(constant(s, "PERSIST"), 0.0);
+        }
+        assert_eq!(plan.rows_grid(16, 15_520), (w as u32, 1));
+        let small = if workers == 0 { (772, 1) } else { (264, 1) };
+        assert_eq!(plan.rows_grid(16, 772), small);
+        assert_eq!(plan.rows_grid(4, 15_520), (15_520, 1));
+    }
+    let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    assert_eq!(off.rows_workers, None);
+    assert_eq!(off.rows_grid(16, 15_520), (15_520, 1));
+    assert_eq!(constant(&off.specs.linear_q4_rows16[0], "PERSIST"), 0.0);
 }
 
 /// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
