@@ -713,6 +713,32 @@ impl MoeRuns<'_> {
         }
     }
 
+    /// Asserts that both runs wrote every output for `rows` tokens and agree bit for bit, and
+    /// that the residual rows moved from `x0`.
+    fn assert_equal(&self, d: &Dev, rows: usize, x0: &[f32], what: &str) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let (h, _, tk, inter, si) = moe_sizes(self.c);
+        let [ids, rw, eh, sh, x] = self.out;
+        let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
+        let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
+        assert_eq!(read_ids(&ids[0]), read_ids(&ids[1]), "{what}: expert ids");
+        for (name, b, n) in [
+            ("routing weights", rw, rows * tk),
+            ("experts' hidden rows", eh, rows * tk * inter),
+            ("shared expert's hidden rows", sh, rows * si),
+            ("residual rows", x, rows * h),
+        ] {
+            let got = read(&b[0], n);
+            assert!(
+                got.iter().all(|v| v.is_finite()),
+                "{what}: {name} unwritten"
+            );
+            assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
+        }
+        let moved = read(&x[0], rows * h);
+        assert!(moved != x0, "{what}: the residual rows did not change");
+    }
+
     fn down(&self, i: usize, at: usize) -> DownCombine<'_> {
         let (h, _, tk, inter, si) = moe_sizes(self.c);
         let [ids, rw, eh, sh, x] = self.out;
@@ -741,7 +767,6 @@ impl MoeRuns<'_> {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_rows_match_one_token_at_a_time() {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for (bf16_activations, products) in [false, true].into_iter().flat_map(|b| {
         [
             (b, MoeProducts::Float),
@@ -798,24 +823,7 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                     dec.glu(&d, &glu(1, at), products).unwrap();
                     dec.down_combine(&d, &down(1, at), products).unwrap();
                 }
-                let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
-                let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
-                assert_eq!(read_ids(&ids[0]), read_ids(&ids[1]), "{what}: expert ids");
-                for (name, b, n) in [
-                    ("routing weights", &rw, rows * tk),
-                    ("experts' hidden rows", &eh, rows * tk * inter),
-                    ("shared expert's hidden rows", &sh, rows * si),
-                    ("residual rows", &x, rows * h),
-                ] {
-                    let got = read(&b[0], n);
-                    assert!(
-                        got.iter().all(|v| v.is_finite()),
-                        "{what}: {name} unwritten"
-                    );
-                    assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
-                }
-                let moved = read(&x[0], rows * h);
-                assert!(moved != x0, "{what}: the residual rows did not change");
+                runs.assert_equal(&d, rows, &x0, &what);
             }
         }
     }
@@ -833,7 +841,6 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let products = MoeProducts::Int8Pairs;
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
@@ -903,30 +910,13 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                     dec.glu(&d, &glu(1, at), products).unwrap();
                     dec.down_combine(&d, &down(1, at), products).unwrap();
                 }
-                let read = |b: &DevBuf, n: usize| -> Vec<f32> { d.read(b, 0, n).unwrap() };
-                let read_ids = |b: &DevBuf| -> Vec<i32> { d.read(b, 0, rows * tk).unwrap() };
-                let picked = read_ids(&ids[1]);
+                let picked: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
                 let distinct: std::collections::BTreeSet<i32> = picked.iter().copied().collect();
                 assert!(
                     rows == 1 || distinct.len() < rows * tk,
                     "{what}: the rows' picks do not overlap"
                 );
-                assert_eq!(read_ids(&ids[0]), picked, "{what}: expert ids");
-                for (name, b, n) in [
-                    ("routing weights", &rw, rows * tk),
-                    ("experts' hidden rows", &eh, rows * tk * inter),
-                    ("shared expert's hidden rows", &sh, rows * si),
-                    ("residual rows", &x, rows * h),
-                ] {
-                    let got = read(&b[0], n);
-                    assert!(
-                        got.iter().all(|v| v.is_finite()),
-                        "{what}: {name} unwritten"
-                    );
-                    assert!(bits(&got) == bits(&read(&b[1], n)), "{what}: {name}");
-                }
-                let moved = read(&x[0], rows * h);
-                assert!(moved != x0, "{what}: the residual rows did not change");
+                runs.assert_equal(&d, rows, &x0, &what);
             }
         }
     }
