@@ -7,19 +7,22 @@
 #      --batch 1,4,8`, off / on / off / on, where "on" is the environment CUDA_ON (e.g.
 #      LILY_MOE_GROUPED_ROWS=1) and "off" CUDA_OFF;
 #   3. agreement over LEN (1,024) teacher-forced positions against CUDA fp32 (`score --piece 64`):
-#      the one-token path (`score --piece 1`), the batched step with 8 rows as it ships (`score
+#      the one-token path (`score --piece 1`, with ONE=1), the batched step with 8 rows as it ships (`score
 #      --rows 8`) and with CUDA_ON; scripts/agreement_table.py;
-#   4. the wgpu A/B through Vulkan: `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64`,
+#   4. served clients at once with CUDA_ON (scripts/concurrent_bench.py, 1K prompts, 256 tokens,
+#      1 / 4 / 8 clients);
+#   5. the wgpu A/B through Vulkan: `bench --prefill 512 --decode-ctx 4K,32K --decode-tokens 64`,
 #      off / on / off / on, "on" the environment WGPU_ON, with a LILY_PROFILE=1 run of each;
-#   5. served clients at once with CUDA_ON (scripts/concurrent_bench.py, 1K prompts, 256 tokens,
-#      1 / 4 / 8 clients).
+#   6. CUDA per-kernel profiles of prefill at 512 and 4K.
+# Two calls back to back fit a warm machine (the second reuses the checkpoint): SKIP="wgpu prefill"
+# then SKIP="tests cuda agree served".
 # Summary on stdout and in $OUT/summary.txt, logs beside. No step starts past DEADLINE (470 s).
 # Here: `CARGO_TARGET_DIR=/work/main/target bash scripts/stage_gpu.sh /work/main/.carry/next`,
 # (it copies this script and agreement_table.py), `gzip -9 .carry/next/bin/*`,
 # the tokenizer into .carry/tokenizer/ and the Vulkan debs into .gl. There:
 #   CUDA_ON=LILY_X=1 CUDA_OFF=LILY_X=0 WGPU_ON=LILY_Y=1 WGPU_OFF=LILY_Y=0 TESTS="a b" \
 #     bash .carry/next/gpu_next.sh   (carry: .carry/next .carry/tokenizer .gl; timeout_s 590)
-# Knobs: SKIP (tests cuda agree wgpu served prefill), TEST_S, LEN, DEADLINE, HARD.
+# Knobs: SKIP (tests cuda agree served wgpu prefill), TEST_S, LEN, ONE, DEADLINE, HARD.
 set -u
 AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-470}"
@@ -59,8 +62,10 @@ if step agree; then
   A=/dev/shm/agree; mkdir -p "$A"
   LILY_CUDA_FP32=1 timeout "$(cap 100)" "$E" score --model "$M" --len "$LEN" --piece 64 --device cuda \
     --out "$A/fp32" > "$OUT/score-fp32.log" 2>&1; say "score fp32 rc=$? at $(el)s"
-  timeout "$(cap 60)" "$E" score --model "$M" --len "$LEN" --piece 1 --device cuda --out "$A/one" \
-    > "$OUT/score-one.log" 2>&1; say "score one-token rc=$? at $(el)s"
+  if [ -n "${ONE:-}" ]; then
+    timeout "$(cap 60)" "$E" score --model "$M" --len "$LEN" --piece 1 --device cuda --out "$A/one" \
+      > "$OUT/score-one.log" 2>&1; say "score one-token rc=$? at $(el)s"
+  fi
   timeout "$(cap 60)" "$E" score --model "$M" --len "$LEN" --rows 8 --device cuda --out "$A/rows8" \
     > "$OUT/score-rows8.log" 2>&1; say "score 8 rows rc=$? at $(el)s"
   # shellcheck disable=SC2086
@@ -71,7 +76,17 @@ if step agree; then
   say "agreement rc=$? at $(el)s:"; grep -E '^\|' "$OUT/agreement.md" | head -8 | tee -a "$S"
 fi
 
-# 4. wgpu through Vulkan, off / on twice, then a profile of each.
+# 4. Served clients at once with CUDA_ON.
+export PYTHONUNBUFFERED=1 LILY_ENGINE_BIN="$E"
+if step served; then
+  # shellcheck disable=SC2086
+  env $CUDA_ON timeout "$(cap 120)" python3 "$HERE/concurrent_bench.py" --model "$M" --device cuda \
+    --prompt-tokens 1024 --max-tokens 256 --clients 1,4,8 > "$OUT/concurrent.log" 2>&1
+  say "served 1,4,8 clients ($CUDA_ON) rc=$? at $(el)s:"
+  grep -E "clients:|rror" "$OUT/concurrent.log" | cut -c1-220 | head -5 | tee -a "$S"
+fi
+
+# 5. wgpu through Vulkan, off / on twice, then a profile of each.
 if step wgpu; then
   wgpu_setup
   # shellcheck disable=SC2086
@@ -88,16 +103,6 @@ if step wgpu; then
     say "wgpu profile $v rc=$? at $(el)s:"
     grep -A14 -E '^\[decode\]' "$OUT/wgpu-prof-$v.log" | tr -s ' ' | tee -a "$S"
   done
-fi
-
-# 5. Served clients at once with CUDA_ON.
-export PYTHONUNBUFFERED=1 LILY_ENGINE_BIN="$E"
-if step served; then
-  # shellcheck disable=SC2086
-  env $CUDA_ON timeout "$(cap 120)" python3 "$HERE/concurrent_bench.py" --model "$M" --device cuda \
-    --prompt-tokens 1024 --max-tokens 256 --clients 1,4,8 > "$OUT/concurrent.log" 2>&1
-  say "served 1,4,8 clients ($CUDA_ON) rc=$? at $(el)s:"
-  grep -E "clients:|rror" "$OUT/concurrent.log" | cut -c1-220 | head -5 | tee -a "$S"
 fi
 
 # 6. CUDA prefill profiles at 512 and 4K (issue 31's next step).
