@@ -112,10 +112,10 @@ lily_core::backend_options! {
             label "int8-pair MoE products",
             help "the fused MoE's 4-bit products (as moe_int8's: dec_glu4 and dec_down_combine and their rows forms) with their input rows rounded to two int8 per value per 64-column group (moe_int8's one int8 and the residual's, x ≈ scale · (x_hi + x_lo / 254): error ≤ max|x| / 64,516) and each 4-bit word dotted by four dp4a (dec_glu4_x8x2, dec_down_combine_x8x2 and their _rows forms; the gate/up kernel 2 blocks an SM, the down kernel one); taken before moe_int8's single int8 where both are on; bf16 mode",
             why "kept the agreement bar that single int8 missed: over 1,024 one-token positions against CUDA fp32 (full size, an H200, session 19) 0.216 rel. L2 / 55.6 % top-1 with gemv_int8 (single int8: 0.248 / 49.0 %; f32 products 0.216 / 56.3 %; HF transformers bf16's bar 0.246 / 48.8 %) 2 % below single int8's speed (with gemv_int8: pairs 533.4 / 525.8 and 531.4 / 524.8 tok/s at 256 / 4K, single int8 546.5 / 536.9 and 543.9 / 536.4, f32 MoE products 496.0 / 490.0); the f32 products serve fp32 mode and are the reference";
-        moe_grouped_rows = false, flag Some("moe-grouped-rows"), env "LILY_MOE_GROUPED_ROWS" = true,
+        moe_grouped_rows = true, flag Some("no-moe-grouped-rows"), env "LILY_MOE_GROUPED_ROWS" = true,
             label "batched MoE grouped by expert",
             help "a batched decode step's MoE (2 to 8 rows, int8-pair products) in decode.cu's dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped: the rows routed in every block, the union of their picks (the shared expert, then each picked expert once, by id) looped over by blocks that own a tile of the intermediate (gate/up) or of the outputs (down), each expert's weight tile read once a step and dotted with every row that picked it (int8 pairs of all rows staged once a block), each row's products combined in the one-token kernels' order (bit for bit dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time), instead of one-token decode's kernels with the token in grid.y (each row streaming its own experts and the shared expert)",
-            why "not yet measured (perf-notes, session 20: predicted 8 rows 962 → ≈ 1,300–1,450 tok/s at 1K on an H100); the per-row kernels are the reference it is tested against";
+            why "won its A/B: full size, 1K, bench --batch 4 / 8 757.4 / 969.5 → 822.3 / 1,103.0 tok/s (+8.6 % / +13.8 %, two rounds, an H100, session 20; predicted +17–27 % / +30–45 %); served 1 / 4 / 8 clients 500.7 / 824.3 / 1,106.1 tok/s; the batched step's agreement over 1,024 positions against CUDA fp32 unchanged (0.216 rel. L2, 55.5 % top-1: bit for bit the per-row kernels); the per-row kernels serve one row and other products and are the reference it is tested against";
         gemv_int8 = true, flag Some("no-gemv-int8"), env "LILY_GEMV_INT8" = true,
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -259,6 +259,7 @@ mod tests {
             ("LILY_MOE_INT8", "0"),
             ("LILY_GEMV_INT8", "1"),
             ("LILY_MOE_INT8_PAIRS", "1"),
+            ("LILY_MOE_GROUPED_ROWS", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | one-token decode's MoE with the token in grid.y (`batch_moe`): `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -1298,10 +1298,10 @@ mod tests {
             .describe()
             .contains("int8-pair MoE products on"));
         assert!(on.describe().contains("int8-pair MoE products on"));
-        // moe_grouped_rows (off by default; `--moe-grouped-rows`): a batched step's MoE grouped
-        // by expert for 2 to 8 rows of int8-pair products; a batch of one, the default, the other
-        // products, more picks than the tables hold and more experts than the routing holds in
-        // registers stay per row.
+        // moe_grouped_rows (on by default; `--no-moe-grouped-rows`): a batched step's MoE grouped
+        // by expert for 2 to 8 rows of int8-pair products; a batch of one, the switch off, the
+        // other products, more picks than the tables hold and more experts than the routing holds
+        // in registers stay per row.
         let grouped = |moe_int8_pairs| {
             let o = CudaOptions {
                 moe_grouped_rows: true,
@@ -1310,6 +1310,13 @@ mod tests {
             };
             Plan::resolve(&o, H200)
         };
+        let per_row = Plan::resolve(
+            &CudaOptions {
+                moe_grouped_rows: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         for rows in 2..=8 {
             assert_eq!(
                 grouped(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
@@ -1318,6 +1325,10 @@ mod tests {
             );
             assert_eq!(
                 on.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert
+            );
+            assert_eq!(
+                per_row.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
                 MoeRows::PerRow
             );
             assert_eq!(
@@ -1339,7 +1350,10 @@ mod tests {
         assert!(grouped(true)
             .describe()
             .contains("batched MoE grouped by expert on"));
-        assert!(on.describe().contains("batched MoE grouped by expert off"));
+        assert!(on.describe().contains("batched MoE grouped by expert on"));
+        assert!(per_row
+            .describe()
+            .contains("batched MoE grouped by expert off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
@@ -1517,7 +1531,11 @@ mod tests {
             p.batch_moe_for(DecodePath::Fused, &[gate, gate, s_up, s_up]),
             BatchMoe::Rows
         );
-        for rows in [1, 4, 8] {
+        for (rows, want) in [
+            (1, MoeRows::PerRow),
+            (4, MoeRows::ByExpert),
+            (8, MoeRows::ByExpert),
+        ] {
             assert_eq!(
                 p.moe_rows_for(
                     &[gate, gate, s_up, s_up],
@@ -1527,7 +1545,8 @@ mod tests {
                     moe.top_k,
                     rows
                 ),
-                MoeRows::PerRow
+                want,
+                "{rows} rows"
             );
         }
         assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);

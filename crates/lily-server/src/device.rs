@@ -388,6 +388,7 @@ mod tests {
             "--no-moe-int8",
             "--no-gemv-int8",
             "--no-moe-int8-pairs",
+            "--no-moe-grouped-rows",
             "--no-batched-decode",
             "--no-tc-scan",
             "--no-dependent-launch",

@@ -125,10 +125,10 @@ lily_core::backend_options! {
             label "linear_q4_glu_rows early routing",
             help "linear_q4_glu_rows.wgsl (decode's experts' gate/up) routing on order keys with one barrier a round and only the rounds its item needs (rank r after r + 1 rounds, the shared expert after none; row block 0 all k), the folded norm's weights read with the input and its 1 / RMS applied to the gate and up totals",
             why "won its A/B on the H100 through Vulkan (session 15: the experts' gate/up 36.0 → 28.9 µs a call at 4K, 1.44 → 1.16 ms a token; docs/perf-notes.md); the routing in rounds over every rank stays for GPUs where it is not measured (Apple's)";
-        rows_persist = false, flag Some("wgpu-rows-persist"), env "LILY_WGPU_ROWS_PERSIST" = true,
+        rows_persist = true, flag Some("wgpu-no-rows-persist"), env "LILY_WGPU_ROWS_PERSIST" = true,
             label "linear_q4_rows persistent",
             help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) in rounds of 4 rows, the next round's 16-byte words in flight while it sums the current one; where a matrix has at least twice as many row blocks as the adapter's kind fills workgroups (discrete 512, integrated 128, others 64; `--wgpu-rows-workers` sets the count), on a persistent grid of that many, each streaming its share of the blocks with the input and the folded norm read once (on the full model lm_head; DeltaNet's in_proj and attention's q/k/v keep one workgroup a block); outputs bit for bit the same",
-            why "off: not yet measured on a GPU (session 20, branch wgpudec: predicted lm_head 265 → 130–180 µs a token and in_proj / q/k/v −3…0 µs a call on the H100 through Vulkan, decode 185 → 187–194 tok/s at 4K, docs/perf-notes.md); on only once it wins its A/B (scripts/gpu_ab_common.sh's wgpu_bench with LILY_WGPU_ROWS_PERSIST=1); the one-workgroup-a-block kernel stays for the matrices and GPUs where it is not measured (Apple's)";
+            why "won its A/B on the H100 through Vulkan (session 20, full size, two rounds): decode 178.8 / 178.1 → 195.7 / 195.0 tok/s at 4K (+9.6 %), 158.0 / 158.2 → 173.7 / 172.3 at 32K (+9.4 %), prefill unchanged; in_proj 36.3 → 25.5 µs a call, q/k/v 33.6 → 24.1, lm_head 225 → 195 µs (predicted +1–5 %: the pipelined rounds gained most, not the persistent lm_head); outputs bit for bit; on every adapter as rows_early and glu_early are, Apple's workgroup count (integrated: 128) not measured; the one-workgroup-a-block kernel is the reference";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -214,7 +214,7 @@ mod tests {
                 attn_split: true,
                 rows_early: true,
                 glu_early: true,
-                rows_persist: false,
+                rows_persist: true,
                 dense_tile: 0,
                 rows_workers: 0,
             }

@@ -40,8 +40,8 @@
 //!   moe_down_rows' early reads, the DeltaNet recurrence over column blocks with its gate in
 //!   out_proj and dn_recur_norm's early reads. linear_q4_rows' 16-row kernel on a persistent
 //!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
-//!   round's reads in flight, the input staged once a workgroup) is off until its A/B (session
-//!   20, branch wgpudec: predicted lm_head 265 → 130–180 µs on the H100 through Vulkan).
+//!   round's reads in flight, the input staged once a workgroup) is on (session 20, the H100
+//!   through Vulkan: decode +9.6 % at 4K, +9.4 % at 32K; in_proj 36.3 → 25.5 µs a call).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
