@@ -413,7 +413,11 @@ fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
         assert_eq!(plan.rows_grid(16, 772), small);
         assert_eq!(plan.rows_grid(4, 15_520), (15_520, 1));
     }
-    let off = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
+    let opts = WgpuOptions {
+        rows_persist: false,
+        ..WgpuOptions::default()
+    };
+    let off = Plan::resolve(&opts, &c, true, &device).unwrap();
     assert_eq!(off.rows_workers, None);
     assert_eq!(off.rows_grid(16, 15_520), (15_520, 1));
     assert_eq!(constant(&off.specs.linear_q4_rows16[0], "PERSIST"), 0.0);
