@@ -101,10 +101,27 @@ pub struct Gpu {
 pub struct Profile {
     rows: Vec<(&'static str, &'static str, f64, u64)>,
     scope: &'static str,
+    /// The `reset_profiles` count this table was started after.
+    epoch: u64,
+}
+
+/// How many times `reset_profiles` was called: a profile started before the latest call forgets
+/// its rows at its next launch.
+static PROFILE_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Forgets what every GPU's profile (`LILY_PROFILE=1`) measured so far, e.g. after a bench's
+/// warm-up, so that the report at exit covers only the measured runs.
+pub fn reset_profiles() {
+    PROFILE_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Profile {
     fn add(&mut self, name: &'static str, ms: f64) {
+        let epoch = PROFILE_EPOCH.load(std::sync::atomic::Ordering::Relaxed);
+        if epoch != self.epoch {
+            self.rows.clear();
+            self.epoch = epoch;
+        }
         let scope = self.scope;
         match self.rows.iter_mut().find(|r| r.0 == scope && r.1 == name) {
             Some(r) => {
@@ -588,6 +605,18 @@ mod tests {
             "{r}"
         );
         assert!(lines[2].contains("1500.0 us each"), "{r}");
+        // After a reset (a bench's warm-up is over) the table starts again at the next launch.
+        // In this test, not its own: a second test's reset would race with the sums above.
+        super::reset_profiles();
+        p.add("linear", 4.0);
+        let r = p.report();
+        assert!(
+            r.lines()
+                .next()
+                .is_some_and(|l| l.contains("4.0 ms in all")),
+            "{r}"
+        );
+        assert_eq!(r.lines().count(), 2, "{r}");
     }
 
     #[test]

@@ -226,8 +226,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // Warm-up: compile/caches/first-touch of weights.
     time_prefill(b.as_mut(), &prompt(64, vocab, a.seed))?;
     time_decode(b.as_mut(), &prompt(16, vocab, a.seed), 4, &sampling)?;
-    // LILY_PROFILE=1: the wgpu backend's per-kernel GPU times, of the measured runs only.
+    // LILY_PROFILE=1: the per-kernel GPU times of the measured runs only.
     lily_wgpu::profile::reset();
+    lily_cuda::gpu::reset_profiles();
 
     let mut prefill_rows = Vec::new();
     println!("{:>8} {:>12} {:>10}", "prefill", "tok/s", "ms");
