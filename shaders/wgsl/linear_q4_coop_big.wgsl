@@ -15,7 +15,8 @@
 // - the accumulators go out in PASSES passes of CR rows (each subgroup's first then second half
 //   of its rows), so `cs` holds TT × CR f32 and the deeper staging fits 32 KiB.
 // A quad past the matrix's columns (cols an odd multiple of 32) stages zeros: weights and
-// inputs. The next step's words are read while this one multiplies (registers, as
+// inputs. The weights' q becomes f32 by its bits (`deq_exact`), not an integer conversion; f16
+// activations stay f16 from their read to their store (linear_q4_coop takes them through f32). The next step's words are read while this one multiplies (registers, as
 // linear_q4_coop). The cooperative operations are the loader's as in linear_q4_coop.wgsl (one
 // named variable per accumulator, every index and stride a `let`, control flow uniform across
 // the workgroup: loops on constants and `p`, subgroups enter only as pointer offsets).
@@ -36,19 +37,54 @@ var<workgroup> ws: array<f16, 4608>;   // RT × KP
 var<workgroup> xs: array<f16, XS_LEN>;
 var<workgroup> cs: array<f32, CS_LEN>;
 
-// Four values into ws (row-major weights) or xs (an item's inputs) at `at`.
+// A word's four 4-bit (`sh`: SH_LO / SH_HI) or 8-bit (SH_8, BYTE) weights `q · s + b`, as
+// mm_tile.wgsl's deq / deq8 but with q made f32 without an integer conversion (NVIDIA's I2F
+// runs on the conversion unit at a fraction of the FP32 rate, one per weight staged): the bits 2^23 + q, less 2^23,
+// exact for q < 2^23, so the same values.
+const TWO23 = vec4<u32>(0x4B000000u);
+
+fn deq_exact(w: u32, sh: vec4<u32>, mask: vec4<u32>, s: f32, b: f32) -> vec4<f32> {
+    let q = bitcast<vec4<f32>>(((vec4<u32>(w) >> sh) & mask) | TWO23) - vec4<f32>(8388608.0);
+    return q * s + vec4<f32>(b);
+}
+
+// mm_tile.wgsl's deq_step on deq_exact: a row's 32 weights of one quad in column order.
+fn deq_step_exact(s: StepWords, eight: bool) -> array<vec4<f32>, 8> {
+    let w = s.w;
+    let w2 = s.w2;
+    let sc = s.sc;
+    let bi = s.bi;
+    if (eight) {
+        return array<vec4<f32>, 8>(
+            deq_exact(w.x, SH_8, BYTE, sc, bi), deq_exact(w.y, SH_8, BYTE, sc, bi),
+            deq_exact(w.z, SH_8, BYTE, sc, bi), deq_exact(w.w, SH_8, BYTE, sc, bi),
+            deq_exact(w2.x, SH_8, BYTE, sc, bi), deq_exact(w2.y, SH_8, BYTE, sc, bi),
+            deq_exact(w2.z, SH_8, BYTE, sc, bi), deq_exact(w2.w, SH_8, BYTE, sc, bi));
+    }
+    return array<vec4<f32>, 8>(
+        deq_exact(w.x, SH_LO, NIB, sc, bi), deq_exact(w.x, SH_HI, NIB, sc, bi),
+        deq_exact(w.y, SH_LO, NIB, sc, bi), deq_exact(w.y, SH_HI, NIB, sc, bi),
+        deq_exact(w.z, SH_LO, NIB, sc, bi), deq_exact(w.z, SH_HI, NIB, sc, bi),
+        deq_exact(w.w, SH_LO, NIB, sc, bi), deq_exact(w.w, SH_HI, NIB, sc, bi));
+}
+
+// Four values into ws (row-major weights) or xs (an item's inputs) at `at` (a multiple of 4:
+// 8-byte aligned), converted as one vector (pairs the conversions where the GPU packs two f16 in
+// one instruction; the same values as four scalar ones).
 fn put_ws(at: u32, v: vec4<f32>) {
-    ws[at] = f16(v.x);
-    ws[at + 1u] = f16(v.y);
-    ws[at + 2u] = f16(v.z);
-    ws[at + 3u] = f16(v.w);
+    let h = vec4<f16>(v);
+    ws[at] = h.x;
+    ws[at + 1u] = h.y;
+    ws[at + 2u] = h.z;
+    ws[at + 3u] = h.w;
 }
 
 fn put_xs(at: u32, v: XS4) {
-    xs[at] = f16(v.x);
-    xs[at + 1u] = f16(v.y);
-    xs[at + 2u] = f16(v.z);
-    xs[at + 3u] = f16(v.w);
+    let h = vec4<f16>(v);
+    xs[at] = h.x;
+    xs[at + 1u] = h.y;
+    xs[at + 2u] = h.z;
+    xs[at + 3u] = h.w;
 }
 
 // An invocation's inputs of one step as read (XS4: f16 activations stay f16 in registers): nx4
@@ -154,7 +190,7 @@ fn linear_q4_coop_big(
     for (var q = 0u; q < steps; q++) {
         {
             // (The array is gone before the cooperative operations.)
-            let cols = deq_step(sw, eight);
+            let cols = deq_step_exact(sw, eight);
             for (var j = 0u; j < 8u; j++) {
                 put_ws(wo + 4u * j, cols[j]);
             }
