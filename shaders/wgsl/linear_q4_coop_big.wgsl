@@ -9,15 +9,15 @@
 //   weights) into `ws` and reads TT / 8 vec4 of inputs (item i / (128 / TT)) into `xs`; in
 //   linear_q4_coop invocations 64..127 stage only inputs while 0..63 dequantise;
 // - the four subgroups as SR × SI blocks of RS rows × IS items (`// <coop: layout>`, written by
-//   the loader, shaders.rs `coop_code`): 2 × 2 blocks of 32 rows × TT / 2 items where TT / 2 ≥
+//   the loader, shaders.rs `coop_big_code`): 2 × 2 blocks of 32 rows × TT / 2 items where TT / 2 ≥
 //   CM (each A fragment loaded feeds TT / 2 / CM products, each B fragment 32 / CM), else 4 × 1
 //   of 16 rows × TT items (linear_q4_coop's);
 // - the accumulators go out in PASSES passes of CR rows (each subgroup's first then second half
 //   of its rows), so `cs` holds TT × CR f32 and the deeper staging fits 32 KiB.
 // A quad past the matrix's columns (cols an odd multiple of 32) stages zeros: weights and
 // inputs. The weights' q becomes f32 by its bits (`deq_exact`), not an integer conversion; f16
-// activations stay f16 from their read to their store (linear_q4_coop takes them through f32). The next step's words are read while this one multiplies (registers, as
-// linear_q4_coop). The cooperative operations are the loader's as in linear_q4_coop.wgsl (one
+// activations stay f16 from their read to their store (linear_q4_coop takes them through f32).
+// The next step's words are read while this one multiplies (registers, as linear_q4_coop). The cooperative operations are the loader's as in linear_q4_coop.wgsl (one
 // named variable per accumulator, every index and stride a `let`, control flow uniform across
 // the workgroup: loops on constants and `p`, subgroups enter only as pointer offsets).
 // Workgroup memory: ws 64 × 72 f16 (9,216 B) + xs TT × 72 f16 (≤ 9,216) + cs TT × (CR + 4) f32
