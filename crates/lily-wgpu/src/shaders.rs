@@ -338,17 +338,10 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
         bail!("linear_q4_coop takes matrices of 8 or 16 and tiles of 16, 32 or 64 items (not {size}, {tt})");
     }
     let (na, nb) = (16 / size, tt / size);
-    let pairs: Vec<(u32, u32)> = (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect();
-    let mut declare = String::new();
-    let mut multiply = String::from("            let kp = KP;\n");
+    let (declare, multiply) = coop_products(size, na, nb, None, emulated);
     let mut store = String::from("    let cp = CP;\n");
-    for &(a, b) in &pairs {
+    for (a, b) in accumulators(na, nb) {
         let c = format!("c{a}_{b}");
-        declare += &if emulated {
-            format!("    var {c}: CC;\n")
-        } else {
-            format!("    var {c} = CC();\n")
-        };
         let put = if emulated {
             format!("    emu_store_cs(lid % 32u, {c}, io_{c}, cp);\n")
         } else {
@@ -359,6 +352,45 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
             b * size,
             a * size
         );
+    }
+    write_markers(
+        source,
+        "linear_q4_coop",
+        [
+            ("// <coop: declare>", declare),
+            ("// <coop: multiply>", multiply),
+            ("// <coop: store>", store),
+        ],
+    )
+}
+
+/// The accumulators `c{a}_{b}` of a subgroup with `na` × `nb` of them, row-major.
+fn accumulators(na: u32, nb: u32) -> Vec<(u32, u32)> {
+    (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect()
+}
+
+/// The `declare` and `multiply` code of linear_q4_coop.wgsl and linear_q4_coop_big.wgsl: the
+/// subgroup's `na` × `nb` accumulators `c{a}_{b}` of matrices of `size`; per k-slice (`kk`) the
+/// A matrices row-major from `ws` at rows arow + size · a, the B matrices column-major from `xs`
+/// at items size · b (after `item_base`, a WGSL expression, where given), every product. Named
+/// variables, every index and stride a `let`; `emulated`: `coop_prelude`'s plain functions
+/// (lane `lid % 32`).
+fn coop_products(
+    size: u32,
+    na: u32,
+    nb: u32,
+    item_base: Option<&str>,
+    emulated: bool,
+) -> (String, String) {
+    let mut declare = String::new();
+    let mut multiply = String::from("            let kp = KP;\n");
+    for (a, b) in accumulators(na, nb) {
+        let c = format!("c{a}_{b}");
+        declare += &if emulated {
+            format!("    var {c}: CC;\n")
+        } else {
+            format!("    var {c} = CC();\n")
+        };
     }
     for a in 0..na {
         let load = if emulated {
@@ -377,12 +409,14 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
         } else {
             format!("coopLoad<CB>(&xs[ib{b}], kp)")
         };
-        multiply += &format!(
-            "            let ib{b} = {}u * KP + kk;\n            let b{b} = {load};\n",
-            b * size
-        );
+        let item = match item_base {
+            None => format!("{}u", b * size),
+            Some(base) => format!("({base} + {}u)", b * size),
+        };
+        multiply +=
+            &format!("            let ib{b} = {item} * KP + kk;\n            let b{b} = {load};\n");
     }
-    for &(a, b) in &pairs {
+    for (a, b) in accumulators(na, nb) {
         let c = format!("c{a}_{b}");
         multiply += &if emulated {
             format!("            {c} = emu_mma(lid % 32u, a{a}, b{b}, {c});\n")
@@ -390,15 +424,7 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
             format!("            {c} = coopMultiplyAdd(a{a}, b{b}, {c});\n")
         };
     }
-    write_markers(
-        source,
-        "linear_q4_coop",
-        [
-            ("// <coop: declare>", declare),
-            ("// <coop: multiply>", multiply),
-            ("// <coop: store>", store),
-        ],
-    )
+    (declare, multiply)
 }
 
 /// `source` (kernel `name`) with each marker line replaced by its code.
@@ -470,50 +496,13 @@ fn coop_big_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<Str
          const CR: u32 = {}u;   // rows in cs a pass\n",
         l.si, l.rs, l.is, l.passes, l.cr
     );
-    let pairs: Vec<(u32, u32)> = (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect();
-    let mut declare = String::new();
-    let mut multiply = String::from("            let kp = KP;\n");
-    for &(a, b) in &pairs {
-        let c = format!("c{a}_{b}");
-        declare += &if emulated {
-            format!("    var {c}: CC;\n")
-        } else {
-            format!("    var {c} = CC();\n")
-        };
-    }
-    for a in 0..na {
-        let load = if emulated {
-            format!("emu_load_ws_t(ia{a}, kp)")
-        } else {
-            format!("coopLoadT<CA>(&ws[ia{a}], kp)")
-        };
-        multiply += &format!(
-            "            let ia{a} = (arow + {}u) * KP + kk;\n            let a{a} = {load};\n",
-            a * size
-        );
-    }
-    for b in 0..nb {
-        let load = if emulated {
-            format!("emu_load_xs(ib{b}, kp)")
-        } else {
-            format!("coopLoad<CB>(&xs[ib{b}], kp)")
-        };
-        multiply += &format!(
-            "            let ib{b} = (aitem + {}u) * KP + kk;\n            let b{b} = {load};\n",
-            b * size
-        );
-    }
-    for &(a, b) in &pairs {
-        let c = format!("c{a}_{b}");
-        multiply += &if emulated {
-            format!("            {c} = emu_mma(lid % 32u, a{a}, b{b}, {c});\n")
-        } else {
-            format!("            {c} = coopMultiplyAdd(a{a}, b{b}, {c});\n")
-        };
-    }
+    let (declare, multiply) = coop_products(size, na, nb, Some("aitem"), emulated);
     let mut store = String::from("    let cp = CSP;\n");
     for h in 0..l.passes {
-        for &(a, b) in pairs.iter().filter(|(a, _)| a / per_pass == h) {
+        for (a, b) in accumulators(na, nb)
+            .into_iter()
+            .filter(|(a, _)| a / per_pass == h)
+        {
             let c = format!("c{a}_{b}");
             let put = if emulated {
                 format!("    emu_store_cs(lid % 32u, {c}, io_{c}, cp);\n")
