@@ -97,15 +97,16 @@ impl WgpuBackend {
             // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
             // width shows as an O(1) difference, a driver that does not take the module as an
-            // error; refused, the plan takes linear_q4_mm.wgsl.
+            // error; refused, the plan takes linear_q4_mm.wgsl. (With `coop_big`:
+            // linear_q4_coop_big.wgsl, the kernel the plan named, checked the same way.)
+            let name = plan.specs.linear_q4_mm16[0].name;
             let checked = Kernels::load(&gpu, &plan.specs, plan.checked).and_then(|k| {
                 check_products_f16(&gpu, &k, plan.act_f16).map(|(_, staged)| (k, staged))
             });
             let refused = match checked {
                 Ok((k, staged)) if staged < COOP_TOLERANCE => {
-                    plan.notes.push(format!(
-                        "linear_q4_coop checked at load: {staged:.1e} relative"
-                    ));
+                    plan.notes
+                        .push(format!("{name} checked at load: {staged:.1e} relative"));
                     checked_kernels = Some(k);
                     None
                 }
@@ -118,8 +119,7 @@ impl WgpuBackend {
                     ..opts.clone()
                 };
                 plan = Plan::resolve(&without, c, stack_shared(weights), &caps)?;
-                plan.notes
-                    .push(format!("linear_q4_coop refused at load: {why}"));
+                plan.notes.push(format!("{name} refused at load: {why}"));
             }
         }
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
@@ -245,22 +245,24 @@ impl WgpuBackend {
         check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
-    /// linear_q4_coop.wgsl with its cooperative operations emulated, on matrices of `size` (8
-    /// or 16), activations as this plan's (`probes::check_coop_emulated`): the
-    /// largest relative L2 difference from the host's product of the f16-staged operands.
-    pub fn check_coop_emulated(&self, size: u32) -> Result<f64> {
-        check_coop_emulated(&self.gpu, size, self.plan.act_f16)
+    /// linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) with its cooperative operations
+    /// emulated, on matrices of `size` (8 or 16), activations as this plan's
+    /// (`probes::check_coop_emulated`): the largest relative L2 difference from the host's
+    /// product of the f16-staged operands.
+    pub fn check_coop_emulated(&self, size: u32, big: bool) -> Result<f64> {
+        check_coop_emulated(&self.gpu, size, self.plan.act_f16, big)
     }
 
-    /// Where linear_q4_coop.wgsl goes wrong (`probes::coop_map`: errors and block maps on three
-    /// shapes), on this device's cooperative matrices (None where it has none), or `emulated`
-    /// on 16 × 16 (any adapter): what a device call prints after a refusal at load.
-    pub fn coop_map(&self, emulated: bool) -> Result<Option<String>> {
+    /// Where linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) goes wrong
+    /// (`probes::coop_map`: errors and block maps on three shapes), on this device's cooperative
+    /// matrices (None where it has none), or `emulated` on 16 × 16 (any adapter): what a device
+    /// call prints after a refusal at load.
+    pub fn coop_map(&self, emulated: bool, big: bool) -> Result<Option<String>> {
         let size = if emulated { 16 } else { self.gpu.coop };
         if size == 0 {
             return Ok(None);
         }
-        let mut spec = crate::plan::coop_spec(MmTile::T64, size);
+        let mut spec = crate::plan::coop_spec(MmTile::T64, size, big);
         spec.coop_emulated = emulated;
         let kernel = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
         crate::probes::coop_map(&self.gpu, &kernel, size as usize).map(Some)

@@ -16,7 +16,9 @@
 //!   tile size (`Specs::linear_q4_mm16` / `32` / `64`: the same launches), its operands in f16
 //!   (so the f16 tiles' sizes), where the device enabled the feature (`gpu::coop_size`: 16 × 16
 //!   or 8 × 8 f16 × f16 → f32, subgroups of 32), the kernels fit its workgroup memory and the
-//!   backend's check at load passes;
+//!   backend's check at load passes; with `coop_big` (off until its A/B: session 21 in
+//!   docs/perf-notes.md) linear_q4_coop_big.wgsl instead (the same launches; steps of 64
+//!   columns, every invocation staging, 2 × 2 subgroup blocks where the tile allows);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -335,8 +337,9 @@ pub struct Specs {
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
-    /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; the same
-    /// launches, so kernels.rs and forward.rs need not know which).
+    /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; with
+    /// `coop_big` linear_q4_coop_big.wgsl; the same launches, so kernels.rs and forward.rs need
+    /// not know which).
     pub linear_q4_mm16: FormSpecs,
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
@@ -550,9 +553,15 @@ pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
 }
 
 /// linear_q4_coop.wgsl (linear_q4_mm.wgsl on cooperative matrices: the same launches) with
-/// tiles of `tile` items, on matrices of `size` (8 or 16) f16 × f16 → f32.
-pub fn coop_spec(tile: MmTile, size: u32) -> Spec {
-    let mut spec = Spec::new("linear_q4_coop", &[("TT", tile.items() as f64)]);
+/// tiles of `tile` items, on matrices of `size` (8 or 16) f16 × f16 → f32; `big`
+/// (`coop_big`): linear_q4_coop_big.wgsl, the same launches in steps of 64 columns.
+pub fn coop_spec(tile: MmTile, size: u32, big: bool) -> Spec {
+    let name = if big {
+        "linear_q4_coop_big"
+    } else {
+        "linear_q4_coop"
+    };
+    let mut spec = Spec::new(name, &[("TT", tile.items() as f64)]);
     spec.coop = size;
     spec
 }
@@ -686,7 +695,9 @@ impl Plan {
         let kv_f16 = f16("f16 KV cache", opts.f16_kv);
         // Cooperative matrices (`coop`) where the device enabled them: linear_q4_coop.wgsl in
         // linear_q4_mm's place at every tile size, its operands staged in f16 (so the f16
-        // tiles' sizes: dense 64, each expert's by its load).
+        // tiles' sizes: dense 64, each expert's by its load); with `coop_big`
+        // linear_q4_coop_big.wgsl (the same launches and tiles on NVIDIA and Apple: its
+        // subgroups' blocks follow the matrices' size, its memory fits 32 KiB at both).
         let coop = if opts.coop && device.f16 {
             device.coop
         } else {
@@ -706,13 +717,13 @@ impl Plan {
         let mut coop_specs = None;
         if coop > 0 {
             let tiles = [MmTile::T16, MmTile::T32, MmTile::T64];
-            let specs = tiles.map(|t| coop_spec(t, coop));
+            let specs = tiles.map(|t| coop_spec(t, coop, opts.coop_big));
             let mut fit = true;
             for spec in &specs {
                 if let Some(why) = spec.needs()?.exceeds(limits) {
                     notes.push(format!(
-                        "linear_q4_coop with tiles of {}: {why}",
-                        spec.constants[0].1
+                        "{} with tiles of {}: {why}",
+                        spec.name, spec.constants[0].1
                     ));
                     fit = false;
                 }
@@ -861,6 +872,7 @@ impl Plan {
             f16_tiles: tile_f16,
             f16_acts: Choice::of(act_f16),
             coop: coop > 0,
+            coop_big: coop > 0 && opts.coop_big,
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
@@ -946,7 +958,10 @@ impl Plan {
             self.options.describe(),
             match self.coop {
                 0 => "linear_q4_mm".to_string(),
-                n => format!("linear_q4_coop on {n}×{n} cooperative matrices"),
+                n => format!(
+                    "{} on {n}×{n} cooperative matrices",
+                    self.specs.linear_q4_mm16[0].name
+                ),
             },
             if self.tile_f16 { "f16" } else { "f32" },
             self.dense_mm.items(),

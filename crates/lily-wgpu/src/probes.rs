@@ -180,11 +180,12 @@ pub fn coop_map(gpu: &Gpu, kernel: &Kernel, size: usize) -> Result<String> {
 /// linear_q4_coop.wgsl with its cooperative operations emulated in plain WGSL
 /// (`Spec::coop_emulated`: what CI can run, on adapters without cooperative matrices) on
 /// matrices of `size` (8 or 16), tiles of 16, 32 and 64 items, 4- and 8-bit, in the forms a plan
-/// with activations in f16 (`act_f16`) or f32 compiles: the largest relative L2 difference from
+/// with activations in f16 (`act_f16`) or f32 compiles (`big`: linear_q4_coop_big.wgsl, each
+/// tile in its `BigLayout`): the largest relative L2 difference from
 /// the host's product of the f16-staged operands (`check_mm_f16`'s second figure). The kernel's
 /// staging, indexing and stores are the real ones; the emulated operations have the meaning
 /// naga gives the cooperative ones (docs/WGPU.md).
-pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool) -> Result<f64> {
+pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool, big: bool) -> Result<f64> {
     let forms: &[Form] = if act_f16 {
         &Form::ALL[..2]
     } else {
@@ -193,7 +194,7 @@ pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool) -> Result<f64> {
     let mut worst = 0f64;
     for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
         for &form in forms {
-            let mut spec = coop_spec(tile, size);
+            let mut spec = coop_spec(tile, size, big);
             spec.coop_emulated = true;
             spec.act_f16 = act_f16;
             spec.form = form;

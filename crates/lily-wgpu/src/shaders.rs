@@ -24,11 +24,11 @@ pub const TILE_F16: &str = include_str!("../../../shaders/wgsl/tile_f16.wgsl");
 /// has SHADER_F16 and the plan's `act_f16` is on.
 pub const ACT_F32: &str = include_str!("../../../shaders/wgsl/act_f32.wgsl");
 pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
-/// The parameters, bindings, tile items and dequantisation linear_q4_mm.wgsl and
-/// linear_q4_coop.wgsl share (in front of those two only: `MM_KERNELS`).
+/// The parameters, bindings, tile items and dequantisation linear_q4_mm.wgsl,
+/// linear_q4_coop.wgsl and linear_q4_coop_big.wgsl share (in front of those only: `MM_KERNELS`).
 pub const MM_TILE: &str = include_str!("../../../shaders/wgsl/mm_tile.wgsl");
 /// The kernels mm_tile.wgsl goes in front of.
-pub const MM_KERNELS: [&str; 2] = ["linear_q4_mm", "linear_q4_coop"];
+pub const MM_KERNELS: [&str; 3] = ["linear_q4_mm", "linear_q4_coop", "linear_q4_coop_big"];
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -59,6 +59,7 @@ sources!(
     "linear_q4_glu",
     "linear_q4_glu_rows",
     "linear_q4_coop",
+    "linear_q4_coop_big",
     "linear_q4_mm",
     "linear_q4_rows",
     "moe_combine",
@@ -90,9 +91,9 @@ pub struct Spec {
     /// of its register arrays): 32, or 64 for tiles of 64.
     pub tile_max: u32,
     pub act_f16: bool,
-    /// linear_q4_coop.wgsl's cooperative matrices: their size (8 or 16: `coop_prelude`'s types
-    /// in front of it, its cooperative operations written for it and its `TT` by `coop_code`),
-    /// or 0 for every other kernel.
+    /// linear_q4_coop.wgsl's (or linear_q4_coop_big.wgsl's) cooperative matrices: their size
+    /// (8 or 16: `coop_prelude`'s types in front of it, its cooperative operations written for
+    /// it and its `TT` by `coop_code`), or 0 for every other kernel.
     pub coop: u32,
     /// linear_q4_coop.wgsl with its cooperative operations emulated by plain WGSL
     /// (`coop_prelude`'s plain functions: for checking the kernel's staging, indexing and stores
@@ -197,7 +198,11 @@ impl Spec {
                 .with_context(|| format!("{}: no tile size (TT) given", self.name))?;
             (
                 coop_prelude(self.coop, self.coop_emulated),
-                coop_code(self.source()?, self.coop, tt, self.coop_emulated)?,
+                if self.name == "linear_q4_coop_big" {
+                    coop_big_code(self.source()?, self.coop, tt, self.coop_emulated)?
+                } else {
+                    coop_code(self.source()?, self.coop, tt, self.coop_emulated)?
+                },
             )
         } else {
             (String::new(), self.source()?.to_string())
@@ -333,17 +338,10 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
         bail!("linear_q4_coop takes matrices of 8 or 16 and tiles of 16, 32 or 64 items (not {size}, {tt})");
     }
     let (na, nb) = (16 / size, tt / size);
-    let pairs: Vec<(u32, u32)> = (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect();
-    let mut declare = String::new();
-    let mut multiply = String::from("            let kp = KP;\n");
+    let (declare, multiply) = coop_products(size, na, nb, None, emulated);
     let mut store = String::from("    let cp = CP;\n");
-    for &(a, b) in &pairs {
+    for (a, b) in accumulators(na, nb) {
         let c = format!("c{a}_{b}");
-        declare += &if emulated {
-            format!("    var {c}: CC;\n")
-        } else {
-            format!("    var {c} = CC();\n")
-        };
         let put = if emulated {
             format!("    emu_store_cs(lid % 32u, {c}, io_{c}, cp);\n")
         } else {
@@ -354,6 +352,45 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
             b * size,
             a * size
         );
+    }
+    write_markers(
+        source,
+        "linear_q4_coop",
+        [
+            ("// <coop: declare>", declare),
+            ("// <coop: multiply>", multiply),
+            ("// <coop: store>", store),
+        ],
+    )
+}
+
+/// The accumulators `c{a}_{b}` of a subgroup with `na` × `nb` of them, row-major.
+fn accumulators(na: u32, nb: u32) -> Vec<(u32, u32)> {
+    (0..na).flat_map(|a| (0..nb).map(move |b| (a, b))).collect()
+}
+
+/// The `declare` and `multiply` code of linear_q4_coop.wgsl and linear_q4_coop_big.wgsl: the
+/// subgroup's `na` × `nb` accumulators `c{a}_{b}` of matrices of `size`; per k-slice (`kk`) the
+/// A matrices row-major from `ws` at rows arow + size · a, the B matrices column-major from `xs`
+/// at items size · b (after `item_base`, a WGSL expression, where given), every product. Named
+/// variables, every index and stride a `let`; `emulated`: `coop_prelude`'s plain functions
+/// (lane `lid % 32`).
+fn coop_products(
+    size: u32,
+    na: u32,
+    nb: u32,
+    item_base: Option<&str>,
+    emulated: bool,
+) -> (String, String) {
+    let mut declare = String::new();
+    let mut multiply = String::from("            let kp = KP;\n");
+    for (a, b) in accumulators(na, nb) {
+        let c = format!("c{a}_{b}");
+        declare += &if emulated {
+            format!("    var {c}: CC;\n")
+        } else {
+            format!("    var {c} = CC();\n")
+        };
     }
     for a in 0..na {
         let load = if emulated {
@@ -372,12 +409,14 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
         } else {
             format!("coopLoad<CB>(&xs[ib{b}], kp)")
         };
-        multiply += &format!(
-            "            let ib{b} = {}u * KP + kk;\n            let b{b} = {load};\n",
-            b * size
-        );
+        let item = match item_base {
+            None => format!("{}u", b * size),
+            Some(base) => format!("({base} + {}u)", b * size),
+        };
+        multiply +=
+            &format!("            let ib{b} = {item} * KP + kk;\n            let b{b} = {load};\n");
     }
-    for &(a, b) in &pairs {
+    for (a, b) in accumulators(na, nb) {
         let c = format!("c{a}_{b}");
         multiply += &if emulated {
             format!("            {c} = emu_mma(lid % 32u, a{a}, b{b}, {c});\n")
@@ -385,20 +424,109 @@ fn coop_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String>
             format!("            {c} = coopMultiplyAdd(a{a}, b{b}, {c});\n")
         };
     }
+    (declare, multiply)
+}
+
+/// `source` (kernel `name`) with each marker line replaced by its code.
+fn write_markers<const N: usize>(
+    source: &str,
+    name: &str,
+    codes: [(&str, String); N],
+) -> Result<String> {
     let mut text = source.to_string();
-    for (marker, code) in [
-        ("// <coop: declare>", declare),
-        ("// <coop: multiply>", multiply),
-        ("// <coop: store>", store),
-    ] {
+    for (marker, code) in codes {
         let line = text
             .lines()
             .find(|l| l.trim() == marker)
-            .with_context(|| format!("linear_q4_coop.wgsl has no line `{marker}`"))?
+            .with_context(|| format!("{name}.wgsl has no line `{marker}`"))?
             .to_string();
         text = text.replace(&format!("{line}\n"), &code);
     }
     Ok(text)
+}
+
+/// How linear_q4_coop_big.wgsl's four subgroups split a tile of `tt` items on matrices of
+/// `size`: `si` blocks across the items (2 where half the tile is at least one matrix wide, else
+/// 1), so 4 / si across the 64 rows, each of `rs` rows × `is` items; its accumulators go out in
+/// `passes` passes of `cr` rows (2 where a subgroup has two rows of accumulators or more, so
+/// that `cs` holds half the rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BigLayout {
+    pub si: u32,
+    pub rs: u32,
+    pub is: u32,
+    pub passes: u32,
+    pub cr: u32,
+}
+
+impl BigLayout {
+    pub fn new(size: u32, tt: u32) -> BigLayout {
+        let si = if tt / 2 >= size { 2 } else { 1 };
+        let rs = 64 / (4 / si);
+        let passes = if rs / size >= 2 { 2 } else { 1 };
+        BigLayout {
+            si,
+            rs,
+            is: tt / si,
+            passes,
+            cr: 64 / passes,
+        }
+    }
+}
+
+/// linear_q4_coop_big.wgsl (`source`) with its `// <coop: …>` lines written for matrices of
+/// `size` and tiles of `tt` items (`BigLayout`): `layout` its constants; `declare` the
+/// subgroup's (rs / size) × (is / size) accumulators `c{a}_{b}` (rows arow + size · a, items
+/// aitem + size · b); `multiply` one k-slice (`kk`) of them, as `coop_code`'s; `store` them pass
+/// by pass (accumulator rows a of pass a / (rs / size / passes)) column-major into `cs` at the
+/// pass's rows (crow + size · (a mod rows a pass)), each pass followed by `write_out`.
+/// `emulated`: the same with `coop_prelude`'s plain functions (lane `lid % 32`).
+fn coop_big_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String> {
+    if !(size == 8 || size == 16) || !(tt == 16 || tt == 32 || tt == 64) {
+        bail!("linear_q4_coop_big takes matrices of 8 or 16 and tiles of 16, 32 or 64 items (not {size}, {tt})");
+    }
+    let l = BigLayout::new(size, tt);
+    let (na, nb) = (l.rs / size, l.is / size);
+    let per_pass = na / l.passes;
+    let layout = format!(
+        "const SI: u32 = {}u;   // subgroup blocks across the items\n\
+         const RS: u32 = {}u;   // rows a subgroup block\n\
+         const IS: u32 = {}u;   // items a subgroup block\n\
+         const PASSES: u32 = {}u;   // passes writing out the accumulators\n\
+         const CR: u32 = {}u;   // rows in cs a pass\n",
+        l.si, l.rs, l.is, l.passes, l.cr
+    );
+    let (declare, multiply) = coop_products(size, na, nb, Some("aitem"), emulated);
+    let mut store = String::from("    let cp = CSP;\n");
+    for h in 0..l.passes {
+        for (a, b) in accumulators(na, nb)
+            .into_iter()
+            .filter(|(a, _)| a / per_pass == h)
+        {
+            let c = format!("c{a}_{b}");
+            let put = if emulated {
+                format!("    emu_store_cs(lid % 32u, {c}, io_{c}, cp);\n")
+            } else {
+                format!("    coopStore({c}, &cs[io_{c}], cp);\n")
+            };
+            store += &format!(
+                "    let io_{c} = (aitem + {}u) * CSP + crow + {}u;\n{put}",
+                b * size,
+                (a % per_pass) * size
+            );
+        }
+        store += &format!("    write_out({h}u, block, lid, nt);\n");
+    }
+    write_markers(
+        source,
+        "linear_q4_coop_big",
+        [
+            ("// <coop: layout>", layout),
+            ("// <coop: declare>", declare),
+            ("// <coop: multiply>", multiply),
+            ("// <coop: store>", store),
+        ],
+    )
 }
 
 /// A validator allowing every capability (the device's features are checked by wgpu).

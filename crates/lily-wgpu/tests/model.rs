@@ -494,14 +494,16 @@ fn coop_products_and_logits_match_cpu() {
         return;
     };
     let plan = gpu.plan();
-    if let Some(map) = gpu.coop_map(false).unwrap() {
+    // `LILY_WGPU_COOP_BIG=1` (the environment's overrides apply): linear_q4_coop_big.wgsl.
+    let big = plan.options.coop_big;
+    if let Some(map) = gpu.coop_map(false, big).unwrap() {
         // The device has cooperative matrices: where the kernel is right and where not.
-        println!("linear_q4_coop on this device:\n{map}");
+        println!("linear_q4_coop (big {big}) on this device:\n{map}");
     }
     if let Some(refusal) = plan
         .notes
         .iter()
-        .find(|n| n.contains("linear_q4_coop refused"))
+        .find(|n| n.contains("linear_q4_coop") && n.contains("refused at load"))
     {
         panic!("the adapter has cooperative matrices but {refusal}");
     }
@@ -552,9 +554,11 @@ fn coop_products_and_logits_match_cpu() {
     assert!(d < 3e-2, "coop differs from the f16 tiles by {d:.3e}");
 }
 
-/// linear_q4_coop.wgsl's own staging, indexing and stores, with its cooperative operations
-/// emulated in plain WGSL (`Spec::coop_emulated`; lavapipe has no cooperative matrices): on
-/// Apple's 8 × 8 and NVIDIA's 16 × 16 (activations in f32; in f16, both forms, at 16 × 16),
+/// linear_q4_coop.wgsl's and linear_q4_coop_big.wgsl's own staging, indexing and stores, with
+/// their cooperative operations emulated in plain WGSL (`Spec::coop_emulated`; lavapipe has no
+/// cooperative matrices): on Apple's 8 × 8 and NVIDIA's 16 × 16 (activations in f32; in f16,
+/// both forms, at 16 × 16, and linear_q4_coop_big at 8 × 8 too), each map of `coop_map` right
+/// everywhere (the one-quad shape: a step of 64 columns half past the matrix),
 /// tiles of 16, 32 and 64 items (partly filled), 4- and 8-bit, against the host's f64 product of
 /// the operands rounded to f16 as the kernel stages them: only the f32 sums' order differs
 /// (lavapipe: 4.1e-7, as linear_q4_mm's f16 tiles; 2.1e-4 with an f16 output's rounding).
@@ -577,9 +581,9 @@ fn coop_kernel_emulated_matches_the_host() {
             println!("SKIPPED: no SHADER_F16 here");
             continue;
         }
-        if !f16_acts {
+        for big in [false, true].into_iter().filter(|_| !f16_acts) {
             // The map a device call prints, on the emulated kernel: right everywhere.
-            let map = gpu.coop_map(true).unwrap().unwrap();
+            let map = gpu.coop_map(true, big).unwrap().unwrap();
             println!("{map}");
             let blocks = map
                 .lines()
@@ -587,23 +591,28 @@ fn coop_kernel_emulated_matches_the_host() {
                 .map(|(_, b)| b);
             assert!(
                 blocks.clone().count() == 3 && blocks.clone().all(|b| b.contains('.')),
-                "the emulated kernel's map:\n{map}"
+                "the emulated kernel's map (big {big}):\n{map}"
             );
             assert!(
                 blocks.clone().all(|b| !b.contains('x') && !b.contains('0')),
-                "the emulated kernel's map:\n{map}"
+                "the emulated kernel's map (big {big}):\n{map}"
             );
         }
         // An f16 output's own rounding (≤ 2^-11) comes on top with f16 activations.
         let bound = 1e-5 + if f16_acts { F16_STORE } else { 0.0 };
-        let sizes: &[u32] = if f16_acts { &[16] } else { &[8, 16] };
-        for &size in sizes {
-            let e = gpu.check_coop_emulated(size).unwrap();
-            println!("linear_q4_coop emulated, {size}×{size}, f16 activations {f16_acts}: {e:.2e} from the f16-staged product");
-            assert!(
-                e < bound,
-                "linear_q4_coop emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
-            );
+        // linear_q4_coop_big (`coop_big`) at both sizes with either activations.
+        for (size, big) in [(8, false), (16, false), (8, true), (16, true)] {
+            if f16_acts && (size, big) == (8, false) {
+                continue;
+            }
+            {
+                let e = gpu.check_coop_emulated(size, big).unwrap();
+                println!("linear_q4_coop (big {big}) emulated, {size}×{size}, f16 activations {f16_acts}: {e:.2e} from the f16-staged product");
+                assert!(
+                    e < bound,
+                    "linear_q4_coop (big {big}) emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
+                );
+            }
         }
     }
 }

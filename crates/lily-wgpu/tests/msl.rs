@@ -66,6 +66,9 @@ fn choosable() -> Vec<Spec> {
                             // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
                             // decode switches on; linear_q4_mm's f16 tiles with them off.
                             coop: f16 && sw,
+                            // linear_q4_coop_big in its place (`coop_big`) where the reductions
+                            // go through workgroup memory (coop's kernels take no subgroups).
+                            coop_big: !subgroups,
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -156,15 +159,21 @@ fn every_choosable_kernel_translates_to_msl() {
             );
         }
     }
-    // linear_q4_coop at every tile size, on Apple's 8 × 8 matrices and NVIDIA's 16 × 16.
-    for coop in [8, 16] {
-        for tt in [16.0, 32.0, 64.0] {
-            assert!(
-                specs.iter().any(|s| s.name == "linear_q4_coop"
-                    && s.coop == coop
-                    && s.constants.contains(&("TT", tt))),
-                "linear_q4_coop with tiles of {tt} on {coop}×{coop} is not among the kernels checked"
-            );
+    // linear_q4_coop and linear_q4_coop_big at every tile size, on Apple's 8 × 8 matrices and
+    // NVIDIA's 16 × 16, activations in f16 and f32.
+    for name in ["linear_q4_coop", "linear_q4_coop_big"] {
+        for coop in [8, 16] {
+            for tt in [16.0, 32.0, 64.0] {
+                for act_f16 in [false, true] {
+                    assert!(
+                        specs.iter().any(|s| s.name == name
+                            && s.coop == coop
+                            && s.act_f16 == act_f16
+                            && s.constants.contains(&("TT", tt))),
+                        "{name} with tiles of {tt} on {coop}×{coop} (f16 activations {act_f16}) is not among the kernels checked"
+                    );
+                }
+            }
         }
     }
     assert!(
@@ -472,20 +481,49 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             );
         }
     }
-    // Turned off (`--wgpu-no-coop`), no cooperative matrices on the device, or no f16:
-    // linear_q4_mm.
+    // `coop_big` (off by default): linear_q4_coop_big in linear_q4_coop's place, the same tiles
+    // at either size, fitting Apple's 32 KiB at 8 × 8, named in the line.
+    assert!(!on.coop_big);
+    let big = WgpuOptions {
+        coop_big: true,
+        ..WgpuOptions::default()
+    };
+    for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
+        let plan = Plan::resolve(&big, &c, true, &device(size, true, limits.clone())).unwrap();
+        assert_eq!(plan.coop, size);
+        assert_eq!(names(&plan), vec![("linear_q4_coop_big", size); 3]);
+        assert!(plan.options.coop && plan.options.coop_big);
+        assert_eq!(plan.expert_tiles(), [MmTile::T64, MmTile::T32, MmTile::T16]);
+        let line = plan.describe();
+        assert!(
+            line.contains(&format!(
+                "linear_q4_coop_big on {size}×{size} cooperative matrices"
+            )) && line.contains("coop big tiles on"),
+            "{line}"
+        );
+        for spec in plan.specs.all() {
+            let needs = spec.needs().unwrap();
+            assert!(needs.exceeds(&limits).is_none(), "{}", spec.name);
+            if spec.name == "linear_q4_coop_big" {
+                assert!(needs.workgroup_bytes <= 32 << 10, "{needs:?}");
+            }
+        }
+    }
+    // Turned off (`--wgpu-no-coop`, `coop_big` asked or not), no cooperative matrices on the
+    // device, or no f16: linear_q4_mm.
     let off = WgpuOptions {
         coop: false,
-        ..WgpuOptions::default()
+        ..big.clone()
     };
     for (opts, coop, f16) in [
         (off, 16, true),
         (on.clone(), 0, true),
         (on.clone(), 16, false),
+        (big.clone(), 0, true),
     ] {
         let plan = Plan::resolve(&opts, &c, true, &device(coop, f16, large_limits())).unwrap();
         assert_eq!(plan.coop, 0);
-        assert!(!plan.options.coop);
+        assert!(!plan.options.coop && !plan.options.coop_big);
         assert!(names(&plan)
             .iter()
             .all(|&(n, s)| n == "linear_q4_mm" && s == 0));
@@ -493,7 +531,8 @@ fn coop_is_planned_only_where_asked_and_enabled() {
     }
 }
 
-/// linear_q4_coop.wgsl on NVIDIA Vulkan's 16 × 16 matrices (and Apple's 8 × 8) translated to
+/// linear_q4_coop.wgsl and linear_q4_coop_big.wgsl (`coop_big`) on NVIDIA Vulkan's 16 × 16
+/// matrices (and Apple's 8 × 8) translated to
 /// SPIR-V by naga's SPIR-V back end, as wgpu's Vulkan backend does (overrides resolved), at every
 /// tile size and form: the cooperative-matrix capability and the f16 × f16 → f32 multiply-add
 /// are there. (The Debian spirv-val, 2023.1, predates SPV_KHR_cooperative_matrix: the module is
@@ -503,10 +542,10 @@ fn coop_kernels_translate_to_spirv() {
     // OpCooperativeMatrixMulAddKHR and the CooperativeMatrixKHR capability.
     const MUL_ADD: u32 = 4459;
     const CAPABILITY: u32 = 6022;
-    for coop in [16, 8] {
+    for (coop, big) in [(16, false), (8, false), (16, true), (8, true)] {
         for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
             for form in [Form::ALL[0], Form::ALL[1]] {
-                let mut spec = coop_spec(tile, coop);
+                let mut spec = coop_spec(tile, coop, big);
                 spec.act_f16 = form.y_f32;
                 spec.form = form;
                 let (module, info) = spec.resolved().unwrap();
