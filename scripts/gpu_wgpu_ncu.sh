@@ -5,15 +5,23 @@
 # routed-expert grouped GEMMs at 512 and 4K (issue 31's next kernel). Staged beside gpu_next.sh;
 #   WGPU_ON="LILY_A=1 LILY_B=1" WGPU_OFF="LILY_A=0 LILY_B=0" bash .carry/next/gpu_wgpu_ncu.sh
 # (carry: .carry/next .carry/tokenizer .gl; timeout_s 590).
+# WTESTS: lily-wgpu model tests (the staged bin/wgpu_model) run first on the Vulkan GPU under
+# WGPU_ON, beside the synth.
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
-export PREFILL=${PREFILL:-512,4K}
-SKIP="tests cuda agree served prefill" DEADLINE=${DEADLINE:-300} HARD=${HARD:-330} bash "$HERE/gpu_next.sh"
 AB_TOKENIZER=1
 . "$HERE/gpu_ab_common.sh" 470
 AB_HARD=560
-wait "$SYN"
 wgpu_setup > /dev/null 2>&1
+if [ -n "${WTESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  env ${WGPU_ON:-LILY_NOTHING=1} timeout 120 "$B/wgpu_model" --test-threads=1 --nocapture $WTESTS > "$OUT/wtests.log" 2>&1
+  say "wgpu tests ($WTESTS) rc=$? at $(el)s"
+  grep -hE "^test .*(ok|FAILED)$|^test result|panicked|refused|linear_q4_coop" "$OUT/wtests.log" | cut -c1-250 | head -20 | tee -a "$S"
+fi
+wait "$SYN"
+export PREFILL=${PREFILL:-512,4K}
+SKIP="tests cuda agree served prefill" DEADLINE=$((${DEADLINE:-300} - $(el))) HARD=$((330 - $(el))) bash "$HERE/gpu_next.sh"
 export PYTHONUNBUFFERED=1 LILY_ENGINE_BIN="$B/lily-engine"
 if left && ! skipped served; then
   # shellcheck disable=SC2086

@@ -17,6 +17,17 @@ for l in sys.stdin:
   [ -n "$exe" ] || { echo "no executable for test target $t" >&2; exit 1; }
   cp "$exe" "$DEST/bin/$t"
 done
+# lily-wgpu's model tests as `wgpu_model` (on the device they take its Vulkan GPU: e.g. the
+# cooperative-matrix kernels' checks, which lavapipe cannot run).
+out=$(cargo test --release --no-run -j2 -p lily-wgpu --test model --message-format=json 2>/dev/null)
+exe=$(echo "$out" | python3 -c "
+import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get('reason')=='compiler-artifact' and m['target']['name']=='model' and m.get('executable'):
+        print(m['executable'])" | tail -1)
+[ -n "$exe" ] || { echo "no executable for lily-wgpu's test target model" >&2; exit 1; }
+cp "$exe" "$DEST/bin/wgpu_model"
 cargo build --release -j2 -p lily-server --features scripted
 cp "$CARGO_TARGET_DIR/release/lily-engine" "$DEST/bin/lily-engine"
 cp scripts/gpu_check.sh scripts/gpu_profile.sh scripts/gpu_session.sh scripts/gpu_pending.sh \
