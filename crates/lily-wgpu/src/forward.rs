@@ -933,6 +933,7 @@ impl<'a> Forward<'a> {
         experts: Option<usize>,
         how: ExpertsUp,
         route: Option<Route>,
+        items: bool,
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
@@ -946,7 +947,18 @@ impl<'a> Forward<'a> {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
         debug_assert!(row_kernel || io.norm.is_none());
-        let (nx, ny) = grid_2d(rows.div_ceil(per));
+        // `items`: the routed experts in items' rounds (`Plan::glu_items`): a workgroup a row
+        // and token.
+        let (nx, ny, nz) = match (items, route) {
+            (true, Some(rt)) => {
+                let (nx, ny) = grid_2d(rows);
+                (nx, ny, io.items / rt.ks)
+            }
+            _ => {
+                let (nx, ny) = grid_2d(rows.div_ceil(per));
+                (nx, ny, io.items)
+            }
+        };
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         if row_kernel {
@@ -965,7 +977,7 @@ impl<'a> Forward<'a> {
                     &self.s.router_logits,
                     &self.s.wts,
                 ],
-                [nx, ny, io.items as u32],
+                [nx, ny, nz as u32],
             );
             return;
         }
@@ -1349,6 +1361,7 @@ impl<'a> Forward<'a> {
                     Some(ks),
                     how,
                     route,
+                    self.plan.glu_items(m, t),
                 );
             }
             ExpertsUp::Separate => {
@@ -1361,7 +1374,17 @@ impl<'a> Forward<'a> {
             match self.plan.shared_up(&sh.gate, &sh.up, t) {
                 how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
                     let io = self.plain(&s.xn, h, &s.sa, si, t);
-                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how, None);
+                    self.glu(
+                        r,
+                        "lin.shared.glu",
+                        &sh.gate,
+                        &sh.up,
+                        io,
+                        None,
+                        how,
+                        None,
+                        false,
+                    );
                 }
                 _ => {
                     let sg_io = self.plain(&s.xn, h, &s.sg, si, t);

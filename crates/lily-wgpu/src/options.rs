@@ -129,6 +129,10 @@ lily_core::backend_options! {
             label "linear_q4_rows persistent",
             help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) in rounds of 4 rows, the next round's 16-byte words in flight while it sums the current one; where a matrix has at least twice as many row blocks as the adapter's kind fills workgroups (discrete 512, integrated 128, others 64; `--wgpu-rows-workers` sets the count), on a persistent grid of that many, each streaming its share of the blocks with the input and the folded norm read once (on the full model lm_head; DeltaNet's in_proj and attention's q/k/v keep one workgroup a block); outputs bit for bit the same",
             why "won its A/B on the H100 through Vulkan (session 20, full size, two rounds): decode 178.8 / 178.1 → 195.7 / 195.0 tok/s at 4K (+9.6 %), 158.0 / 158.2 → 173.7 / 172.3 at 32K (+9.4 %), prefill unchanged; in_proj 36.3 → 25.5 µs a call, q/k/v 33.6 → 24.1, lm_head 225 → 195 µs (predicted +1–5 %: the pipelined rounds gained most, not the persistent lm_head); outputs bit for bit; on every adapter as rows_early and glu_early are, Apple's workgroup count (integrated: 128) not measured; the one-workgroup-a-block kernel is the reference";
+        moe_rounds = false, flag Some("wgpu-moe-rounds"), env "LILY_WGPU_MOE_ROUNDS" = true,
+            label "decode MoE rounds",
+            help "the decode MoE in rounds of one item: linear_q4_glu_rows.wgsl (the experts' gate/up, routing its own items) on a workgroup a row and token, each item's gate and up words requested as soon as its routing round names its expert (the stacked shared expert's before any) and the previous item summed while they are in flight; moe_down_rows.wgsl (down and the weighted sum) with a slot's next item's input and rows requested before this item's sums (bit for bit the same)",
+            why "off: not yet measured on a GPU (session 21, docs/perf-notes.md: predicted the experts' glu 28.6 → 20–25 and moe_down 21.0 → 16–19 µs a call on the H100 through Vulkan); on only once it wins its A/B at 4K and 32K; the kernels reading one round at a time are the reference";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -215,6 +219,7 @@ mod tests {
                 rows_early: true,
                 glu_early: true,
                 rows_persist: true,
+                moe_rounds: false,
                 dense_tile: 0,
                 rows_workers: 0,
             }
@@ -252,6 +257,7 @@ mod tests {
             ("LILY_WGPU_ROWS_EARLY", "0"),
             ("LILY_WGPU_GLU_EARLY", "0"),
             ("LILY_WGPU_ROWS_PERSIST", "1"),
+            ("LILY_WGPU_MOE_ROUNDS", "1"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
         ]));
         assert_eq!(
@@ -274,6 +280,7 @@ mod tests {
                 rows_early: false,
                 glu_early: false,
                 rows_persist: true,
+                moe_rounds: true,
                 rows_workers: 264,
                 ..WgpuOptions::default()
             }

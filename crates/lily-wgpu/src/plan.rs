@@ -520,22 +520,37 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
 
 /// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
 /// one barrier a round and only the rounds its item needs, the norm's weights read with the
-/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`).
-pub fn glu_rows_spec(early: bool) -> Spec {
+/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`); `items`: its
+/// launches that route their own items take one row of every item of a token a workgroup, the
+/// items in rounds, each item's reads issued as its routing round ends
+/// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
+/// run as without it).
+pub fn glu_rows_spec(early: bool, items: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
-        &[("RB", GLU_RB as f64), ("EARLY", early as u32 as f64)],
+        &[
+            ("RB", GLU_RB as f64),
+            ("EARLY", early as u32 as f64),
+            ("ITEMS", items as u32 as f64),
+        ],
     )
 }
 
-/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup.
-pub fn down_rows_spec(topk: usize, cols: usize) -> Spec {
+/// The most items a token linear_q4_glu_rows' `ITEMS` form takes (its totals meet in one
+/// `rows2_total` over 16 slots).
+pub const GLU_ITEMS_MAX: usize = 16;
+
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup;
+/// `rounds`: a slot's next item's reads in flight during this item's sums
+/// (`WgpuOptions::moe_rounds`, its `ROUNDS`).
+pub fn down_rows_spec(topk: usize, cols: usize, rounds: bool) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
             ("COLS", cols as f64),
             ("RB", DOWN_RB as f64),
+            ("ROUNDS", rounds as u32 as f64),
         ],
     )
 }
@@ -645,6 +660,10 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
+    /// Whether the routed experts' GLU runs in items' rounds (`moe_rounds`, linear_q4_glu_rows'
+    /// `ITEMS`: one row of each of a token's ≤ `GLU_ITEMS_MAX` items a workgroup) where it
+    /// routes its own items (`glu_items` says where).
+    pub glu_items: bool,
     /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
     /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
     /// kind), or None.
@@ -787,7 +806,11 @@ impl Plan {
             },
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
-            linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early), &WRITES_ACT, act_f16),
+            linear_q4_glu_rows: in_forms(
+                glu_rows_spec(opts.glu_early, opts.moe_rounds),
+                &WRITES_ACT,
+                act_f16,
+            ),
             moe_group: Spec::new("moe_group", &[]),
             embed: Spec::new("embed", &[]),
             rms_norm: Spec::new("rms_norm", &[]),
@@ -809,7 +832,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, opts.moe_rounds),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -890,6 +913,7 @@ impl Plan {
             kv_f16,
             act_f16,
             route_in_glu: c.n_experts <= 512,
+            glu_items: opts.moe_rounds && top as usize <= GLU_ITEMS_MAX,
             rows_workers,
             notes,
         })
@@ -941,7 +965,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -963,6 +987,16 @@ impl Plan {
             match self.rows_workers {
                 Some(w) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
                 None => String::new(),
+            },
+            if self.glu_items {
+                " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
+            } else {
+                ""
+            },
+            if self.options.moe_rounds {
+                " (in rounds of one item, the next item's reads in flight)"
+            } else {
+                ""
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
@@ -1062,6 +1096,14 @@ impl Plan {
     /// dispatch: where the experts' gate/up run on linear_q4_glu_rows.wgsl (decode) and E ≤ 512.
     pub fn routes_in_glu(&self, m: &GpuMoe, t: usize) -> bool {
         self.route_in_glu && self.experts_up(m, t) == ExpertsUp::GluRows
+    }
+
+    /// Whether a MoE block's experts' GLU over `t` tokens runs in items' rounds
+    /// (linear_q4_glu_rows' `ITEMS`, `moe_rounds`): where it routes its own items
+    /// (`routes_in_glu`) and a token has at most `GLU_ITEMS_MAX` items. Its grid: one workgroup
+    /// a row and token.
+    pub fn glu_items(&self, m: &GpuMoe, t: usize) -> bool {
+        self.glu_items && self.routes_in_glu(m, t)
     }
 
     /// The shared expert's gate/up (where it does not ride in the stacks) over `t` tokens.

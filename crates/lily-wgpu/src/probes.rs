@@ -225,9 +225,11 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items)
 /// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
 /// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+/// `items`: the plan's linear_q4_glu_rows routes in items' rounds (`Plan::glu_items`: its grid a
+/// workgroup a row and token).
+pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, items: bool) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16)?
-        .max(check_glu_route(gpu, k, act_f16)?)
+        .max(check_glu_route(gpu, k, act_f16, items)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
@@ -256,9 +258,10 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     Ok(worst.max(glu))
 }
 
-/// What `check_rows_persist` found: the persistent kernel's largest relative L2 difference
-/// from the host's f64, and whether its outputs were bit for bit those of the kernel with one
-/// workgroup a block (`PERSIST` 0) in every case.
+/// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
+/// from the host's f64, and whether the new form's outputs (the persistent kernel; the rounds)
+/// were bit for bit those of the reference form (one workgroup a block, `PERSIST` 0; one item
+/// at a time, `ROUNDS` 0) in every case.
 #[derive(Clone, Copy, Debug)]
 pub struct PersistCheck {
     pub err: f64,
@@ -643,8 +646,9 @@ pub fn check_dn_step(
 /// two equal across the k-th place of token 1), the norm folded in and not. Against the host:
 /// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
-/// expert in f64: the largest relative difference. ids and weights start poisoned.
-fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+/// expert in f64: the largest relative difference. ids and weights start poisoned. `items`: the
+/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token.
+fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool, items_form: bool) -> Result<f64> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -710,7 +714,11 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
-    let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
+    let ((nx, ny), nz) = if items_form {
+        (grid_2d(r_e), tokens)
+    } else {
+        (grid_2d(r_e.div_ceil(GLU_RB)), items)
+    };
     let mut worst = 0f64;
     for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
@@ -754,7 +762,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             kernel,
             &params,
             &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &lbuf, &wts],
-            [nx, ny, items as u32],
+            [nx, ny, nz as u32],
         );
         r.submit()?;
         let got_ids = gpu.read_u32(&ids, items)?;
@@ -790,10 +798,15 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
-/// The largest relative L2 difference of the sums added.
-pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
+/// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
+/// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
+/// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
-    let mut worst = 0f64;
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
         let items = tokens * topk;
         let m = RandomQ4::new(n_e * rows, cols, 64, items);
@@ -824,35 +837,47 @@ pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64>
                 }
             }
         }
-        let spec = crate::shaders::Spec {
-            act_f16,
-            ..down_rows_spec(topk, cols).with_subgroups(subgroups)
-        };
-        let kernel = Kernel::new(gpu, &spec, false)?;
         let wbuf = gpu.upload("check.down", &m.data)?;
         let abuf = upload_act(gpu, "check.a", &m.x, act_f16)?;
         let wtbuf = gpu.upload_f32("check.wts", &wts)?;
         let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
-        let xbuf = gpu.upload_f32("check.x", &x0)?;
         let (nx, ny) = grid_2d(rows.div_ceil(DOWN_RB));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
-        let mut r = Recorder::new(gpu);
-        r.dispatch(
-            &kernel,
-            &params,
-            &[&wbuf, &abuf, &wtbuf, &idbuf, &xbuf],
-            [nx, ny, tokens as u32],
-        );
-        r.submit()?;
-        let got = gpu.read_f32(&xbuf, 0, tokens * rows)?;
-        let added: Vec<f32> = got
-            .iter()
-            .zip(&x0)
-            .map(|(g, x)| (*g as f64 - *x as f64) as f32)
-            .collect();
-        worst = worst.max(rel_l2_f64(&added, &want));
+        let mut first: Option<Vec<f32>> = None;
+        for rounds in [false, true] {
+            let spec = crate::shaders::Spec {
+                act_f16,
+                ..down_rows_spec(topk, cols, rounds).with_subgroups(subgroups)
+            };
+            let kernel = Kernel::new(gpu, &spec, false)?;
+            let xbuf = gpu.upload_f32("check.x", &x0)?;
+            let mut r = Recorder::new(gpu);
+            r.dispatch(
+                &kernel,
+                &params,
+                &[&wbuf, &abuf, &wtbuf, &idbuf, &xbuf],
+                [nx, ny, tokens as u32],
+            );
+            r.submit()?;
+            let got = gpu.read_f32(&xbuf, 0, tokens * rows)?;
+            let added: Vec<f32> = got
+                .iter()
+                .zip(&x0)
+                .map(|(g, x)| (*g as f64 - *x as f64) as f32)
+                .collect();
+            out.err = out.err.max(rel_l2_f64(&added, &want));
+            match &first {
+                None => first = Some(got),
+                Some(f) => out.same_bits &= same_bits(f, &got),
+            }
+        }
     }
-    Ok(worst)
+    Ok(out)
+}
+
+/// Whether two outputs are the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and
