@@ -152,6 +152,9 @@ lily_core::backend_options! {
         rows_workers = 0, flag Some("wgpu-rows-workers"), env "LILY_WGPU_ROWS_WORKERS",
             accepts |n| n <= 65_535, "0 to 65,535", label "rows workers",
             help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64); an A/B aid (the count that fills a given GPU)";
+        out_rows = 0, flag Some("wgpu-out-rows"), env "LILY_WGPU_OUT_ROWS",
+            accepts |n| matches!(n, 0 | 2 | 4 | 8 | 16), "0, 2, 4, 8 or 16", label "out rows",
+            help "linear_q4_rows.wgsl's rows a workgroup for the matrices of 1,024 to 8,191 rows (decode's DeltaNet out_proj and attention's o on the full model): 0 lets the plan choose (4: 512 workgroups of one round); 8: two rounds of 4 rows, the second's words (both of a 4,096-column row) requested before the first's sums (256 workgroups); 16: the 16-row kernel as compiled (with rows_persist four such rounds, 128 workgroups); 2: 1,024 workgroups of one round; an A/B aid (session 21: out_proj's rounds)";
     }
     texts {
         f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
@@ -222,6 +225,7 @@ mod tests {
                 moe_rounds: false,
                 dense_tile: 0,
                 rows_workers: 0,
+                out_rows: 0,
             }
         );
     }
@@ -259,6 +263,7 @@ mod tests {
             ("LILY_WGPU_ROWS_PERSIST", "1"),
             ("LILY_WGPU_MOE_ROUNDS", "1"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
+            ("LILY_WGPU_OUT_ROWS", "8"),
         ]));
         assert_eq!(
             o,
@@ -282,6 +287,7 @@ mod tests {
                 rows_persist: true,
                 moe_rounds: true,
                 rows_workers: 264,
+                out_rows: 8,
                 ..WgpuOptions::default()
             }
         );

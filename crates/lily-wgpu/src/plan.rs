@@ -330,8 +330,10 @@ pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {
 pub struct Specs {
     pub linear: FormSpecs,
     pub linear_q4: FormSpecs,
-    /// linear_q4_rows.wgsl with 16, 4 and 2 rows a workgroup (`rows_rb`).
+    /// linear_q4_rows.wgsl with 16, 8, 4 and 2 rows a workgroup (`Plan::rows_rb`; the 8-row
+    /// kernel persistent, in rounds: `out_rows` 8 alone takes it).
     pub linear_q4_rows16: FormSpecs,
+    pub linear_q4_rows8: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
@@ -380,6 +382,7 @@ impl Specs {
             &self.linear_q4_mm32,
             &self.linear_q4_glu_rows,
             &self.linear_q4_rows16,
+            &self.linear_q4_rows8,
             &self.linear_q4_rows4,
             &self.linear_q4_rows2,
         ]
@@ -426,6 +429,7 @@ impl Specs {
             &mut self.linear_q4_mm32,
             &mut self.linear_q4_glu_rows,
             &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows8,
             &mut self.linear_q4_rows4,
             &mut self.linear_q4_rows2,
         ]
@@ -787,13 +791,15 @@ impl Plan {
             }
         }
         let rows = |rb: usize| {
-            let persist = opts.rows_persist && rb == PERSIST_RB;
+            // The 8-row kernel (`out_rows` 8) always in rounds.
+            let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
             in_forms(rows_spec(rb, opts.rows_early, persist), &Form::ALL, act_f16)
         };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
             linear_q4_rows16: rows(16),
+            linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
             linear_q4_mm16: match &coop_specs {
@@ -919,6 +925,17 @@ impl Plan {
         })
     }
 
+    /// linear_q4_rows.wgsl's rows a workgroup for a matrix (slice) of `rows` rows: `rows_rb`'s,
+    /// but `out_rows` (where not 0) for the matrices of 1,024 to 8,191 rows (`rows_rb`'s 4-row
+    /// kernel's: DeltaNet's out_proj and attention's o on the full model).
+    pub fn rows_rb(&self, rows: usize) -> usize {
+        match self.options.out_rows {
+            0 => rows_rb(rows),
+            n if rows_rb(rows) == 4 => n,
+            _ => rows_rb(rows),
+        }
+    }
+
     /// The grid of a linear_q4_rows launch with `rb` rows a workgroup over `blocks` row blocks
     /// (`rows_grid`): persistent where `rows_persist` compiled that kernel so.
     pub fn rows_grid(&self, rb: usize, blocks: usize) -> (u32, u32) {
@@ -984,9 +1001,11 @@ impl Plan {
                         .join("/")
                 ),
             },
-            match self.rows_workers {
-                Some(w) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
-                None => String::new(),
+            match (self.rows_workers, self.options.out_rows) {
+                (Some(w), 0) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
+                (None, 0) => String::new(),
+                (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+                (None, n) => format!(" (the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

@@ -234,7 +234,7 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, items: bool) -> Result<
         .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for rb in [16usize, 4, 2] {
+        for rb in [16usize, 8, 4, 2] {
             let (rows, items) = (37usize, 2usize);
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
             for (form, kernel) in k.rows(rb).iter() {
@@ -269,7 +269,8 @@ pub struct PersistCheck {
 }
 
 /// linear_q4_rows.wgsl's persistent 16-row kernel (`rows_persist`: `PERSIST` 1, launched on
-/// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...) against
+/// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...), and its
+/// 8-row one (`out_rows` 8: 23 blocks), against
 /// the host's f64 and against the same kernel with `PERSIST` 0 on one workgroup a block: 4-bit
 /// 2,048 and 4,096 columns and 8-bit 2,048, 181 rows (12 blocks, the last of 5 rows), 2 items,
 /// the norm folded and not, `EARLY` 0 and 1, on `rows_grid`'s grids for 1, 2, 5 and 12 workers
@@ -277,7 +278,22 @@ pub struct PersistCheck {
 /// workgroup a block: fewer than `PERSIST_SHARE` blocks a worker). The input and output f32
 /// (the residual stream in, as the folded norm reads it); the plan's reductions (`subgroups`).
 pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
-    let (rows, items, rb) = (181usize, 2usize, crate::plan::PERSIST_RB);
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
+    // The 16-row kernel (`rows_persist`) and the 8-row one (`out_rows` 8).
+    for rb in [crate::plan::PERSIST_RB, 8] {
+        let one = check_rows_persist_rb(gpu, subgroups, rb)?;
+        out.err = out.err.max(one.err);
+        out.same_bits &= one.same_bits;
+    }
+    Ok(out)
+}
+
+/// `check_rows_persist` for the kernel of `rb` rows a workgroup.
+fn check_rows_persist_rb(gpu: &Gpu, subgroups: bool, rb: usize) -> Result<PersistCheck> {
+    let (rows, items) = (181usize, 2usize);
     let blocks = rows.div_ceil(rb);
     let sides = Sides::default();
     let form = Form {
@@ -482,7 +498,8 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let (rows, items) = (37usize, 2usize);
     let mut worst = 0f64;
-    for (cols, rb) in [(4096usize, 4usize), (2048, 16)] {
+    // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds).
+    for (cols, rb) in [(4096usize, 4usize), (4096, 8), (4096, 16), (2048, 16)] {
         let m = RandomQ4::new(rows, cols, 64, items);
         let y0: Vec<f32> =
             m.x.iter()

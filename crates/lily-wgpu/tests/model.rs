@@ -872,6 +872,58 @@ fn moe_rounds_kernels_match_the_host() {
     }
 }
 
+/// `out_rows`: the products of 1,024 to 8,191 rows (DeltaNet's out_proj and attention's o on the
+/// full model) on linear_q4_rows' 8-row kernel in two rounds (its second round's words, both of
+/// a 4,096-column row, before the first's sums), on the 16- and 2-row ones: the plan's rows a
+/// workgroup; the 8-row kernel in rounds against the host and bit for bit the 8-row kernel of
+/// one round (`check_rows_persist`, streaming and not), every product probe through the plan's
+/// kernels (the residual add at 4,096 columns and 8 / 16 rows among them), both reduction forms.
+#[test]
+fn out_rows_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
+    for (subgroups, out_rows) in [(true, 8), (false, 8), (true, 16), (true, 2)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            out_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert_eq!(plan.options.out_rows, out_rows);
+        assert_eq!(
+            (plan.rows_rb(2048), plan.rows_rb(12_352), plan.rows_rb(257)),
+            (out_rows, 16, 2)
+        );
+        assert!(
+            plan.describe().contains(&format!(
+                "1,024–8,191-row products on its {out_rows}-row kernel"
+            )),
+            "{}",
+            plan.describe()
+        );
+        let bound = Bounds::of(plan).kernel;
+        let pc = gpu.check_rows_persist().unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, out rows {out_rows}: persistent linear_q4_rows (16 and 8 rows) {:.2e} (same bits: {}), product probes {rows:.2e}",
+            pc.err, pc.same_bits
+        );
+        assert!(
+            pc.err < bound && rows < bound,
+            "{:.2e} / {rows:.2e}",
+            pc.err
+        );
+        assert!(
+            pc.same_bits,
+            "linear_q4_rows in rounds is not bit for bit the kernel of one round"
+        );
+    }
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).
