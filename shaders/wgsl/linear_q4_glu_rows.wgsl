@@ -28,8 +28,9 @@ struct P {
 @group(0) @binding(7) var<storage, read> L: array<f32>;          // router logits (route = 1)
 @group(0) @binding(8) var<storage, read_write> wts: array<f32>;  // routing weights (route = 1)
 
-// Rows per workgroup (GLU_RB on the host, ≤ 16 and a multiple of 8): 8, so that a decode step's
-// 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the H200).
+// Rows per workgroup (GLU_RB on the host, or the `glu_rows` knob: 4, 8 or 16): 8, so that a
+// decode step's 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the
+// H200); with 4, 1,152 workgroups of one round of 4 rows.
 override RB: u32 = 8u;
 
 // 1 (`WgpuOptions::glu_early`): the routing by `route_early` (order keys, one barrier a round,
@@ -310,6 +311,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var rn = 1.0;
     let qslot = slot * p.m.mat_words / 4u;
     let hslot = slot * p.m.rows * groups;
+    // Rows a round: 8, or RB where fewer (4: `glu_rows`).
+    let ri = min(RB, 8u);
     for (var r8 = 0u; r8 < RB; r8 += 8u) {
         // Eight rows' reads of both matrices together (rows past the end read row r0 again;
         // not stored).
@@ -319,7 +322,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         var bg = array<f32, 8>();
         var su = array<f32, 8>();
         var bu = array<f32, 8>();
-        for (var j = 0u; j < 8u; j++) {
+        for (var j = 0u; j < ri; j++) {
             var row = r0 + r8 + j;
             if (r8 + j >= nr) {
                 row = r0;
@@ -337,7 +340,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             // The norm's scale while the first rows' reads are in flight.
             rn = rms_scale(lid, ss, p.m.cols, p.eps);
         }
-        for (var j = 0u; j < 8u; j++) {
+        for (var j = 0u; j < ri; j++) {
             let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
             let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
             rows2_put(lid, r8 + j, vec2<f32>(gate, up));

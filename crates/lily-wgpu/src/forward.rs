@@ -12,7 +12,7 @@ use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
     DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
-    DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
+    LINEAR_ROWS, MM_ROWS,
 };
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -942,7 +942,7 @@ impl<'a> Forward<'a> {
         let row_kernel = how == ExpertsUp::GluRows;
         let form = self.form(&io);
         let (kernel, per) = if row_kernel {
-            (self.k.linear_q4_glu_rows.get(form), GLU_RB)
+            (self.k.linear_q4_glu_rows.get(form), self.plan.glu_rb)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
@@ -1408,7 +1408,7 @@ impl<'a> Forward<'a> {
                 // residual at once.
                 let de = &m.down.slices[0];
                 let (kernel, per) = if down == ExpertsDown::FusedRows {
-                    (&self.k.moe_down_rows, DOWN_RB)
+                    (&self.k.moe_down_rows, self.plan.down_rb)
                 } else {
                     (&self.k.moe_down, LINEAR_ROWS)
                 };

@@ -155,6 +155,12 @@ lily_core::backend_options! {
         out_rows = 0, flag Some("wgpu-out-rows"), env "LILY_WGPU_OUT_ROWS",
             accepts |n| matches!(n, 0 | 2 | 4 | 8 | 16), "0, 2, 4, 8 or 16", label "out rows",
             help "linear_q4_rows.wgsl's rows a workgroup for the matrices of 1,024 to 8,191 rows (decode's DeltaNet out_proj and attention's o on the full model): 0 lets the plan choose (4: 512 workgroups of one round); 8: two rounds of 4 rows, the second's words (both of a 4,096-column row) requested before the first's sums (256 workgroups); 16: the 16-row kernel as compiled (with rows_persist four such rounds, 128 workgroups); 2: 1,024 workgroups of one round; an A/B aid (session 21: out_proj's rounds)";
+        glu_rows = 0, flag Some("wgpu-glu-rows"), env "LILY_WGPU_GLU_ROWS",
+            accepts |n| matches!(n, 0 | 4 | 8 | 16), "0, 4, 8 or 16", label "glu rows",
+            help "linear_q4_glu_rows.wgsl's rows a workgroup (decode's experts' gate/up, where not in moe_rounds' items form): 0 lets the plan choose (8: 576 workgroups on the full model); 4: 1,152 workgroups of 4 rows; an A/B aid (session 21: fewer words a lane)";
+        down_rows = 0, flag Some("wgpu-down-rows"), env "LILY_WGPU_DOWN_ROWS",
+            accepts |n| matches!(n, 0 | 2 | 4 | 8), "0, 2, 4 or 8", label "down rows",
+            help "moe_down_rows.wgsl's rows a workgroup (decode's experts' down and weighted sum): 0 lets the plan choose (4: 512 workgroups on the full model); 2: 1,024 workgroups of 2 rows; an A/B aid (session 21: fewer words a lane)";
     }
     texts {
         f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
@@ -226,6 +232,8 @@ mod tests {
                 dense_tile: 0,
                 rows_workers: 0,
                 out_rows: 0,
+                glu_rows: 0,
+                down_rows: 0,
             }
         );
     }
@@ -264,6 +272,8 @@ mod tests {
             ("LILY_WGPU_MOE_ROUNDS", "1"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
             ("LILY_WGPU_OUT_ROWS", "8"),
+            ("LILY_WGPU_GLU_ROWS", "4"),
+            ("LILY_WGPU_DOWN_ROWS", "2"),
         ]));
         assert_eq!(
             o,
@@ -288,6 +298,8 @@ mod tests {
                 moe_rounds: true,
                 rows_workers: 264,
                 out_rows: 8,
+                glu_rows: 4,
+                down_rows: 2,
                 ..WgpuOptions::default()
             }
         );

@@ -522,18 +522,19 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
     Spec::new("dn_recur_norm", &[("DK", dk as f64)])
 }
 
-/// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
+/// linear_q4_glu_rows.wgsl with `rb` rows a workgroup (`Plan::glu_rb`: GLU_RB, or the
+/// `glu_rows` knob's 4, 8 or 16); `early`: its routing on order keys,
 /// one barrier a round and only the rounds its item needs, the norm's weights read with the
 /// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`); `items`: its
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
 /// run as without it).
-pub fn glu_rows_spec(early: bool, items: bool) -> Spec {
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
         &[
-            ("RB", GLU_RB as f64),
+            ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
         ],
@@ -544,16 +545,16 @@ pub fn glu_rows_spec(early: bool, items: bool) -> Spec {
 /// `rows2_total` over 16 slots).
 pub const GLU_ITEMS_MAX: usize = 16;
 
-/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup;
-/// `rounds`: a slot's next item's reads in flight during this item's sums
-/// (`WgpuOptions::moe_rounds`, its `ROUNDS`).
-pub fn down_rows_spec(topk: usize, cols: usize, rounds: bool) -> Spec {
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup
+/// (`Plan::down_rb`: DOWN_RB, or the `down_rows` knob's 2, 4 or 8); `rounds`: a slot's next
+/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`).
+pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
             ("COLS", cols as f64),
-            ("RB", DOWN_RB as f64),
+            ("RB", rb as f64),
             ("ROUNDS", rounds as u32 as f64),
         ],
     )
@@ -668,6 +669,10 @@ pub struct Plan {
     /// `ITEMS`: one row of each of a token's ≤ `GLU_ITEMS_MAX` items a workgroup) where it
     /// routes its own items (`glu_items` says where).
     pub glu_items: bool,
+    /// Rows a workgroup of linear_q4_glu_rows.wgsl (GLU_RB, or `glu_rows`) and of
+    /// moe_down_rows.wgsl (DOWN_RB, or `down_rows`).
+    pub glu_rb: usize,
+    pub down_rb: usize,
     /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
     /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
     /// kind), or None.
@@ -790,6 +795,15 @@ impl Plan {
                 }
             }
         }
+        // The MoE row kernels' rows a workgroup (`glu_rows`, `down_rows`: 0 the defaults).
+        let glu_rb = match opts.glu_rows {
+            0 => GLU_RB,
+            n => n,
+        };
+        let down_rb = match opts.down_rows {
+            0 => DOWN_RB,
+            n => n,
+        };
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
@@ -813,7 +827,7 @@ impl Plan {
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(opts.glu_early, opts.moe_rounds),
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -838,7 +852,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, opts.moe_rounds),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -920,6 +934,8 @@ impl Plan {
             act_f16,
             route_in_glu: c.n_experts <= 512,
             glu_items: opts.moe_rounds && top as usize <= GLU_ITEMS_MAX,
+            glu_rb,
+            down_rb,
             rows_workers,
             notes,
         })

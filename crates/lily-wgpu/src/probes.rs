@@ -9,8 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
-    DOWN_RB, GLU_RB, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -226,10 +225,16 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
 /// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
 /// `items`: the plan's linear_q4_glu_rows routes in items' rounds (`Plan::glu_items`: its grid a
-/// workgroup a row and token).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, items: bool) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k, act_f16)?
-        .max(check_glu_route(gpu, k, act_f16, items)?)
+/// workgroup a row and token); `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
+pub fn check_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    act_f16: bool,
+    items: bool,
+    glu_rb: usize,
+) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
+        .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
@@ -337,7 +342,7 @@ fn check_rows_persist_rb(gpu: &Gpu, subgroups: bool, rb: usize) -> Result<Persis
 
 /// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
 /// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
-fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, glu_rb: usize) -> Result<f64> {
     let (rows, cols, items) = (37usize, 2048usize, 2usize);
     let gate = RandomQ4::new(rows, cols, 64, items);
     let up = RandomQ4::new(rows + 1, cols, 64, items);
@@ -354,7 +359,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
-    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
+    let (nx, ny) = grid_2d(rows.div_ceil(glu_rb));
     let mut worst = 0f64;
     for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
@@ -665,7 +670,13 @@ pub fn check_dn_step(
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
 /// expert in f64: the largest relative difference. ids and weights start poisoned. `items`: the
 /// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token.
-fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool, items_form: bool) -> Result<f64> {
+fn check_glu_route(
+    gpu: &Gpu,
+    k: &Kernels,
+    act_f16: bool,
+    items_form: bool,
+    glu_rb: usize,
+) -> Result<f64> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -734,7 +745,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool, items_form: bool) -> R
     let ((nx, ny), nz) = if items_form {
         (grid_2d(r_e), tokens)
     } else {
-        (grid_2d(r_e.div_ceil(GLU_RB)), items)
+        (grid_2d(r_e.div_ceil(glu_rb)), items)
     };
     let mut worst = 0f64;
     for (kernel, sides, norm) in glu_cases(k, act_f16) {
@@ -809,7 +820,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool, items_form: bool) -> R
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
-/// compiled as `down_rows_spec(topk, cols)` with the plan's reductions and activations)
+/// compiled as `down_rows_spec(topk, cols, rb, ..)` with the plan's reductions and activations)
 /// against the host in f64: x[t, r] += Σ_k w_{t,k} · (down_{e_{t,k}} a_{t,k})[r] on a random 4-bit
 /// stack of 11 experts of 37 rows (the last row block partly filled), 2 tokens, random experts
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
@@ -818,7 +829,12 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool, items_form: bool) -> R
 /// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
 /// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
 /// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
-pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
+pub fn check_down_rows(
+    gpu: &Gpu,
+    subgroups: bool,
+    act_f16: bool,
+    rb: usize,
+) -> Result<PersistCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
     let mut out = PersistCheck {
         err: 0.0,
@@ -858,13 +874,13 @@ pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<Pers
         let abuf = upload_act(gpu, "check.a", &m.x, act_f16)?;
         let wtbuf = gpu.upload_f32("check.wts", &wts)?;
         let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
-        let (nx, ny) = grid_2d(rows.div_ceil(DOWN_RB));
+        let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
         let mut first: Option<Vec<f32>> = None;
         for rounds in [false, true] {
             let spec = crate::shaders::Spec {
                 act_f16,
-                ..down_rows_spec(topk, cols, rounds).with_subgroups(subgroups)
+                ..down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups)
             };
             let kernel = Kernel::new(gpu, &spec, false)?;
             let xbuf = gpu.upload_f32("check.x", &x0)?;

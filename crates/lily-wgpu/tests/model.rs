@@ -872,6 +872,44 @@ fn moe_rounds_kernels_match_the_host() {
     }
 }
 
+/// The MoE row kernels' rows a workgroup as the knobs set them (`glu_rows` 4 / 16, `down_rows`
+/// 2 / 8), in both reduction forms: linear_q4_glu_rows plain and routing its own items, and
+/// moe_down_rows one item at a time and in rounds (bit for bit), against the host.
+#[test]
+fn moe_rows_knobs_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 67);
+    for (subgroups, glu_rows, down_rows) in [(true, 4, 2), (false, 4, 2), (true, 16, 8)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            glu_rows,
+            down_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(
+            (gpu.plan().glu_rb, gpu.plan().down_rb),
+            (glu_rows, down_rows)
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        let down = gpu.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, glu rows {glu_rows}, down rows {down_rows}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {:.2e} (rounds bit for bit: {})",
+            down.err, down.same_bits
+        );
+        assert!(
+            rows < bound && down.err < bound,
+            "{rows:.2e} / {:.2e}",
+            down.err
+        );
+        assert!(down.same_bits);
+    }
+}
+
 /// `out_rows`: the products of 1,024 to 8,191 rows (DeltaNet's out_proj and attention's o on the
 /// full model) on linear_q4_rows' 8-row kernel in two rounds (its second round's words, both of
 /// a 4,096-column row, before the first's sums), on the 16- and 2-row ones: the plan's rows a

@@ -65,6 +65,18 @@ fn choosable() -> Vec<Spec> {
                             rows_persist: sw,
                             // The decode MoE in rounds (ITEMS = 1, ROUNDS = 1) and not.
                             moe_rounds: sw,
+                            // The MoE row kernels' other rows a workgroup (`glu_rows`,
+                            // `down_rows`: 4 / 2 and 16 / 8).
+                            glu_rows: match (sw, subgroups) {
+                                (false, _) => 0,
+                                (true, true) => 4,
+                                (true, false) => 16,
+                            },
+                            down_rows: match (sw, subgroups) {
+                                (false, _) => 0,
+                                (true, true) => 2,
+                                (true, false) => 8,
+                            },
                             // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
                             // decode switches on; linear_q4_mm's f16 tiles with them off.
                             coop: f16 && sw,
