@@ -42,6 +42,10 @@
 //!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
 //!   round's reads in flight, the input staged once a workgroup) is on (session 20, the H100
 //!   through Vulkan: decode +9.6 % at 4K, +9.4 % at 32K; in_proj 36.3 → 25.5 µs a call).
+//!   Not yet measured, so off: the decode MoE in rounds (`moe_rounds`: linear_q4_glu_rows'
+//!   `ITEMS`, `glu_items`; moe_down_rows' `ROUNDS`) and the rows a workgroup of the 1,024–8,191-
+//!   row products (`out_rows`: `Plan::rows_rb`, the 8-row kernel in rounds), of the GLU
+//!   (`glu_rows`) and of the down products (`down_rows`) (session 21's prediction).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
