@@ -28,8 +28,9 @@ struct P {
 @group(0) @binding(7) var<storage, read> L: array<f32>;          // router logits (route = 1)
 @group(0) @binding(8) var<storage, read_write> wts: array<f32>;  // routing weights (route = 1)
 
-// Rows per workgroup (GLU_RB on the host, ≤ 16 and a multiple of 8): 8, so that a decode step's
-// 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the H200).
+// Rows per workgroup (GLU_RB on the host, or the `glu_rows` knob: 4, 8 or 16): 8, so that a
+// decode step's 9 items × 512 rows run on 576 workgroups (with 16: 288, 25 µs a call on the
+// H200); with 4, 1,152 workgroups of one round of 4 rows.
 override RB: u32 = 8u;
 
 // 1 (`WgpuOptions::glu_early`): the routing by `route_early` (order keys, one barrier a round,
@@ -39,7 +40,46 @@ override RB: u32 = 8u;
 // flight.
 override EARLY: u32 = 0u;
 
+// 1 (`WgpuOptions::moe_rounds`, routed experts with `route` only: plan.rs `glu_items_spec`):
+// a workgroup takes one row of every item of its token (grid: rows × tokens) in rounds of one
+// item, the item's gate and up words and scales requested as soon as its expert is known — the
+// stacked shared expert's before any routing, rank r's right after routing round r — and the
+// previous item's sums done while they are in flight; the routing's rounds (order keys, as
+// `route_early`, all k in every workgroup) thus overlap the weights' reads instead of preceding
+// them. The norm as EARLY's (x ⊙ w, 1 / RMS on the totals). Each item's 64 partials meet in one
+// `rows2_total` over 16 slots (item ranks), so the sums' last additions are ordered differently
+// from 0's: within rounding, not bit for bit.
+override ITEMS: u32 = 0u;
+
 var<workgroup> wg_expert: u32;
+
+// One item's reads (`ITEMS`): its gate and up words of this invocation's quad, their scales and
+// biases.
+struct GluWords {
+    wg: vec4<u32>,
+    wu: vec4<u32>,
+    sg: f32,
+    bg: f32,
+    su: f32,
+    bu: f32,
+}
+
+fn glu_read(e: u32, row: u32, lid: u32, g: u32) -> GluWords {
+    let groups = p.m.cols / p.m.group;
+    // Experts outside this launch's slice read expert e0's row (not stored).
+    let inside = e >= p.m.e0 && e < p.m.e0 + p.m.e_count;
+    let slot = select(0u, e - p.m.e0, inside);
+    let q = slot * p.m.mat_words / 4u + row * (p.m.cols / 32u) + lid;
+    let h = slot * p.m.rows * groups + row * groups + g;
+    var o: GluWords;
+    o.wg = W[q];
+    o.wu = Wu[q];
+    o.sg = w_half4(p.m.scale_off + h);
+    o.bg = w_half4(p.m.bias_off + h);
+    o.su = u_half4(p.m.scale_off + h);
+    o.bu = u_half4(p.m.bias_off + h);
+    return o;
+}
 
 // A u32 whose unsigned order is the order of the f32 values (−0 as +0): sign set, all bits
 // flipped; else the sign bit set. The largest logit gets the largest key.
@@ -191,6 +231,10 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     lanes_init(lanes_in);
     let lid = lanes_in.lid;
     let block = wid.x + wid.y * p.m.nwx;
+    if (ITEMS != 0u && p.route != 0u) {
+        glu_items(lid, block, wid.z);
+        return;
+    }
     let item = wid.z;
     let r0 = block * RB;
     if (r0 >= p.m.rows) {
@@ -267,6 +311,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     var rn = 1.0;
     let qslot = slot * p.m.mat_words / 4u;
     let hslot = slot * p.m.rows * groups;
+    // Rows a round: 8, or RB where fewer (4: `glu_rows`).
+    let ri = min(RB, 8u);
     for (var r8 = 0u; r8 < RB; r8 += 8u) {
         // Eight rows' reads of both matrices together (rows past the end read row r0 again;
         // not stored).
@@ -276,7 +322,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         var bg = array<f32, 8>();
         var su = array<f32, 8>();
         var bu = array<f32, 8>();
-        for (var j = 0u; j < 8u; j++) {
+        for (var j = 0u; j < ri; j++) {
             var row = r0 + r8 + j;
             if (r8 + j >= nr) {
                 row = r0;
@@ -294,7 +340,7 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             // The norm's scale while the first rows' reads are in flight.
             rn = rms_scale(lid, ss, p.m.cols, p.eps);
         }
-        for (var j = 0u; j < 8u; j++) {
+        for (var j = 0u; j < ri; j++) {
             let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
             let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
             rows2_put(lid, r8 + j, vec2<f32>(gate, up));
@@ -306,5 +352,115 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         let gate = total.x * rn;
         let up = total.y * rn;
         Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + r0 + r] = ACT(silu(gate) * up);
+    }
+}
+
+// `ITEMS`: row `row` of every item of token `tt` (see ITEMS). Uniform control flow only.
+fn glu_items(lid: u32, row: u32, tt: u32) {
+    if (row >= p.m.rows) {
+        return;
+    }
+    let g = (lid * 32u) / p.m.group;
+    let lb = tt * p.l_stride;
+    // The stacked shared expert's reads first: its id needs no routing.
+    let stacked = p.ks > p.k;
+    var cur = GluWords();
+    if (stacked) {
+        cur = glu_read(p.e, row, lid, g);
+    }
+    var cur_rank = p.k;
+    var have = stacked;
+    // The input and the norm's weights (x ⊙ w; Σx² for the scale on the totals), the logits'
+    // keys (invocation lid holds experts lid + 64 m).
+    let xb = (p.m.x_off + tt * p.m.x_stride) / 4u + lid * 8u;
+    var x = array<vec4<f32>, 8>();
+    for (var i = 0u; i < 8u; i++) {
+        x[i] = vec4<f32>(X[xb + i]);
+    }
+    var ss = 0.0;
+    if (p.norm != 0u) {
+        ss = ((dot(x[0], x[0]) + dot(x[1], x[1])) + (dot(x[2], x[2]) + dot(x[3], x[3])))
+            + ((dot(x[4], x[4]) + dot(x[5], x[5])) + (dot(x[6], x[6]) + dot(x[7], x[7])));
+        for (var i = 0u; i < 8u; i++) {
+            x[i] = x[i] * Wn[lid * 8u + i];
+        }
+    }
+    let xs = xsum32(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+    var kv = array<u32, 8>();
+    for (var m = 0u; m < 8u; m++) {
+        let i = lid + 64u * m;
+        if (i < p.e) {
+            kv[m] = order_key(L[lb + i]);
+        }
+    }
+    var top = 0.0;
+    var den = 0.0;
+    // Item slots: rank r at r, the shared expert at k; their experts and exp(l − top).
+    var ids_k = array<u32, 16>();
+    var evs = array<f32, 16>();
+    for (var r = 0u; r <= p.k; r++) {
+        // Routing round r (r < k): rank r's expert, its reads issued at once.
+        var nxt = GluWords();
+        if (r < p.k) {
+            var bk = 0u;
+            var bi = 0xffffffffu;
+            for (var m = 0u; m < 8u; m++) {
+                if (kv[m] > bk) {
+                    bk = kv[m];
+                    bi = lid + 64u * m;
+                }
+            }
+            let b = wg_argmax_key(lid, bk, bi, r);
+            for (var m = 0u; m < 8u; m++) {
+                if (lid + 64u * m == b.i) {
+                    kv[m] = 0u;
+                }
+            }
+            let v = key_value(b.k);
+            if (r == 0u) {
+                top = v;
+            }
+            let ev = exp(v - top);
+            den += ev;
+            ids_k[r] = b.i;
+            evs[r] = ev;
+            nxt = glu_read(b.i, row, lid, g);
+        }
+        // The previous item's sums while those reads are in flight.
+        if (have) {
+            let gate = cur.sg * qdot32(cur.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
+                + cur.bg * xs;
+            let up = cur.su * qdot32(cur.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
+                + cur.bu * xs;
+            rows2_put(lid, cur_rank, vec2<f32>(gate, up));
+        }
+        cur = nxt;
+        cur_rank = r;
+        have = r < p.k;
+    }
+    var rn = 1.0;
+    if (p.norm != 0u) {
+        rn = rms_scale(lid, ss, p.m.cols, p.eps);
+    }
+    let total = rows2_total(lid, 16u);
+    let sr = lid / 4u;
+    if (lid % 4u == 0u && sr < p.ks) {
+        let item = tt * p.ks + sr;
+        var e = p.e;
+        var w = 0.0;
+        if (sr < p.k) {
+            e = ids_k[sr];
+            w = evs[sr] / den;
+        } else {
+            w = sigmoid(L[lb + p.e]);
+        }
+        if (row == 0u) {
+            ids[item] = e;
+            wts[item] = w;
+        }
+        if (e >= p.m.e0 && e < p.m.e0 + p.m.e_count) {
+            Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + row] =
+                ACT(silu(total.x * rn) * (total.y * rn));
+        }
     }
 }

@@ -66,14 +66,15 @@ override RI: u32 = 8u;
 // y = r · W (x ⊙ w) with r = 1 / RMS(x) on each row's total (the product is linear in x after
 // the scale), its reduction after the rows' arithmetic.
 override EARLY: u32 = 0u;
-// 1 (`WgpuOptions::rows_persist`, the 16-row kernel only: plan.rs `rows_spec`, RI 4): blocks
+// 1 (`WgpuOptions::rows_persist`, the 16-row kernel: plan.rs `rows_spec`, RI 4): blocks
 // `block`, `block` + the launch's workgroups, ... (one where the grid has a workgroup a block)
 // in rounds of RI rows, round n + 1's words and
 // scales requested before round n's arithmetic, and a block's first round's before the
 // previous block's totals (the row_total barriers): a workgroup's loads stay in flight from
-// its first round to its last, two rounds of 4 rows held (the 8-row round's registers). A
-// two-word row's second words (4,096 columns) are read in their round, not ahead. The same
-// sums in the same order as 0: outputs bit for bit.
+// its first round to its last, two rounds of 4 rows held (the 8-row round's registers; a
+// two-word row's, 4,096 columns, both words of both rounds: twice that). The same sums in the
+// same order as 0: outputs bit for bit. Also the 8-row kernel (`WgpuOptions::out_rows` 8:
+// plan.rs `Plan::rows_rb`), one workgroup a block of two rounds.
 override PERSIST: u32 = 0u;
 
 fn w_half4(i: u32) -> f32 {
@@ -155,8 +156,9 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     // round trip fewer on the kernel's path; rows past the end read row r0 again, not stored).
     var cur = read_words(r0, 0u, nr, lid, ga, quads, groups);
     // EARLY: the second words of those rows too.
+    // PERSIST: the second words of the first round too (each round's with its first words).
     var cur2 = Words();
-    if (EARLY != 0u && PERSIST == 0u && two) {
+    if ((EARLY != 0u || PERSIST != 0u) && two) {
         cur2 = read_words(r0, 0u, nr, lid + 64u, gc, quads, groups);
     }
     let xb = (p.m.x_off + item * p.m.x_stride) / 4u;
@@ -234,18 +236,22 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
             }
             let more = nb < nblocks;
             var nxt = Words();
+            var nxt2 = Words();
             if (more) {
                 let n0 = nb * RB;
-                nxt = read_words(n0, nrr, min(RB, p.m.rows - n0), lid, ga, quads, groups);
+                let nn = min(RB, p.m.rows - n0);
+                nxt = read_words(n0, nrr, nn, lid, ga, quads, groups);
+                if (two) {
+                    nxt2 = read_words(n0, nrr, nn, lid + 64u, gc, quads, groups);
+                }
             }
             var pa = array<f32, 8>();
             for (var j = 0u; j < RI; j++) {
                 pa[j] = cur.s[j] * qd(cur.w[j], xa) + cur.b[j] * sa;
             }
             if (two) {
-                let c2 = read_words(c0, rr, cn, lid + 64u, gc, quads, groups);
                 for (var j = 0u; j < RI; j++) {
-                    pa[j] += c2.s[j] * qd(c2.w[j], xc) + c2.b[j] * sc;
+                    pa[j] += cur2.s[j] * qd(cur2.w[j], xc) + cur2.b[j] * sc;
                 }
             }
             for (var j = 0u; j < RI; j++) {
@@ -268,6 +274,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
             c0 = nb * RB;
             cn = min(RB, p.m.rows - c0);
             cur = nxt;
+            cur2 = nxt2;
         }
         return;
     }

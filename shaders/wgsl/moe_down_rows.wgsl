@@ -33,8 +33,44 @@ override COLS: u32 = 512u;
 // on 512 workgroups (with 8: 256, 28 µs a call on the H200, profile of main 07ac75d).
 override RB: u32 = 4u;
 
+// 1 (`WgpuOptions::moe_rounds`): a slot's items in rounds, item i + 1's input quad, rows and
+// scales requested before item i's arithmetic (two items' reads held: `DownItem`), where 0
+// requests each item's reads only after the previous item's sums (slot 0 of the full model:
+// three DRAM round trips in series). The same sums in the same order: outputs bit for bit.
+override ROUNDS: u32 = 0u;
+
+// One item's reads: its weight, input quad and RB rows' words, scales and biases.
+struct DownItem {
+    wk: f32,
+    x: array<vec4<f32>, 8>,
+    w: array<vec4<u32>, 8>,
+    s: array<f32, 8>,
+    b: array<f32, 8>,
+}
+
 fn we_half(i: u32) -> f32 {
     return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
+}
+
+// The reads of item k of token t (expert e, weight wk) for quad q of rows r0 .. r0 + RB − 1 (`nr`
+// real; past them row r0 again, not stored).
+fn down_read(t: u32, k: u32, e: u32, wk: f32, q: u32, g: u32, r0: u32, nr: u32) -> DownItem {
+    var o: DownItem;
+    o.wk = wk;
+    let qn = COLS / 32u;
+    let groups = COLS / p.group;
+    let xb = (t * TOPK + k) * (COLS / 4u) + q * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        o.x[i] = vec4<f32>(A[xb + i]);
+    }
+    for (var j = 0u; j < RB; j++) {
+        let row = select(r0, r0 + j, j < nr);
+        let er = e * p.rows + row;
+        o.w[j] = We[er * qn + q];
+        o.s[j] = we_half(p.scale_off + er * groups + g);
+        o.b[j] = we_half(p.bias_off + er * groups + g);
+    }
+    return o;
 }
 
 @compute @workgroup_size(64)
@@ -65,9 +101,30 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             wv[i] = wts[t * TOPK + k];
         }
     }
+    if (ROUNDS != 0u && slot < TOPK) {
+        // Rounds: item i's arithmetic while item i + 1's reads are in flight.
+        var cur = down_read(t, slot, es[0], wv[0], q, g, r0, nr);
+        for (var i = 0u; i < 16u; i++) {
+            let k = slot + i * ns;
+            if (k >= TOPK) {
+                break;
+            }
+            var nxt = DownItem();
+            if (k + ns < TOPK && i + 1u < 16u) {
+                nxt = down_read(t, k + ns, es[i + 1u], wv[i + 1u], q, g, r0, nr);
+            }
+            let xs = xsum32(cur.x[0], cur.x[1], cur.x[2], cur.x[3], cur.x[4], cur.x[5], cur.x[6],
+                            cur.x[7]);
+            for (var j = 0u; j < RB; j++) {
+                acc[j] += cur.wk * (cur.s[j] * qdot32(cur.w[j], cur.x[0], cur.x[1], cur.x[2],
+                    cur.x[3], cur.x[4], cur.x[5], cur.x[6], cur.x[7]) + cur.b[j] * xs);
+            }
+            cur = nxt;
+        }
+    }
     for (var i = 0u; i < 16u; i++) {
         let k = slot + i * ns;
-        if (k >= TOPK) {
+        if (ROUNDS != 0u || k >= TOPK) {
             break;
         }
         let item = t * TOPK + k;

@@ -188,11 +188,17 @@ impl WgpuBackend {
         &self.plan
     }
 
-    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations) against the host
-    /// on the full model's shape and two others (`probes::check_down_rows`): the largest
-    /// relative L2 difference.
-    pub fn check_down_rows(&self) -> Result<f64> {
-        check_down_rows(&self.gpu, self.plan.subgroups, self.plan.act_f16)
+    /// moe_down_rows.wgsl as this plan compiles it (reductions, activations), one item at a time
+    /// and in rounds (`moe_rounds`), against the host on the full model's shape and two others
+    /// (`probes::check_down_rows`): the largest relative L2 difference, and whether the rounds
+    /// are bit for bit the other form.
+    pub fn check_down_rows(&self) -> Result<PersistCheck> {
+        check_down_rows(
+            &self.gpu,
+            self.plan.subgroups,
+            self.plan.act_f16,
+            self.plan.down_rb,
+        )
     }
 
     /// linear_q4_rows.wgsl's persistent kernel (`rows_persist`) with this plan's reductions, on
@@ -217,7 +223,13 @@ impl WgpuBackend {
     /// f16 where they are activations: `probes::Sides`).
     pub fn check_products(&self) -> Result<(f64, f64)> {
         let act = self.plan.act_f16;
-        let rows = check_rows(&self.gpu, &self.kernels, act)?;
+        let rows = check_rows(
+            &self.gpu,
+            &self.kernels,
+            act,
+            self.plan.glu_items,
+            self.plan.glu_rb,
+        )?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).
             let (_, staged) = self.check_products_f16()?;

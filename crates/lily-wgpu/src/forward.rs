@@ -11,8 +11,8 @@ use lily_core::config::{LayerKind, ModelConfig};
 use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    rows_rb, DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention,
-    SplitRule, DOWN_RB, GLU_RB, LINEAR_ROWS, MM_ROWS,
+    DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
+    LINEAR_ROWS, MM_ROWS,
 };
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -866,7 +866,7 @@ impl<'a> Forward<'a> {
             let (kernel, per, z, fourth) = match choice {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
-                    let rb = rows_rb(sl.count);
+                    let rb = self.plan.rows_rb(sl.count);
                     let (nx, ny) = self.plan.rows_grid(rb, sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);
@@ -933,6 +933,7 @@ impl<'a> Forward<'a> {
         experts: Option<usize>,
         how: ExpertsUp,
         route: Option<Route>,
+        items: bool,
     ) {
         let (sg, su) = (&gate.slices[0], &up.slices[0]);
         let rows = gate.rows;
@@ -941,12 +942,23 @@ impl<'a> Forward<'a> {
         let row_kernel = how == ExpertsUp::GluRows;
         let form = self.form(&io);
         let (kernel, per) = if row_kernel {
-            (self.k.linear_q4_glu_rows.get(form), GLU_RB)
+            (self.k.linear_q4_glu_rows.get(form), self.plan.glu_rb)
         } else {
             (&self.k.linear_q4_glu, LINEAR_ROWS)
         };
         debug_assert!(row_kernel || io.norm.is_none());
-        let (nx, ny) = grid_2d(rows.div_ceil(per));
+        // `items`: the routed experts in items' rounds (`Plan::glu_items`): a workgroup a row
+        // and token.
+        let (nx, ny, nz) = match (items, route) {
+            (true, Some(rt)) => {
+                let (nx, ny) = grid_2d(rows);
+                (nx, ny, io.items / rt.ks)
+            }
+            _ => {
+                let (nx, ny) = grid_2d(rows.div_ceil(per));
+                (nx, ny, io.items)
+            }
+        };
         let e_count = if experts.is_some() { gate.experts } else { 0 };
         let params = linear_params(gate, sg, &io, rows, 0, experts, 0, e_count, nx, 0, 0);
         if row_kernel {
@@ -965,7 +977,7 @@ impl<'a> Forward<'a> {
                     &self.s.router_logits,
                     &self.s.wts,
                 ],
-                [nx, ny, io.items as u32],
+                [nx, ny, nz as u32],
             );
             return;
         }
@@ -1349,6 +1361,7 @@ impl<'a> Forward<'a> {
                     Some(ks),
                     how,
                     route,
+                    self.plan.glu_items(m, t),
                 );
             }
             ExpertsUp::Separate => {
@@ -1361,7 +1374,17 @@ impl<'a> Forward<'a> {
             match self.plan.shared_up(&sh.gate, &sh.up, t) {
                 how @ (ExpertsUp::GluRows | ExpertsUp::Glu) => {
                     let io = self.plain(&s.xn, h, &s.sa, si, t);
-                    self.glu(r, "lin.shared.glu", &sh.gate, &sh.up, io, None, how, None);
+                    self.glu(
+                        r,
+                        "lin.shared.glu",
+                        &sh.gate,
+                        &sh.up,
+                        io,
+                        None,
+                        how,
+                        None,
+                        false,
+                    );
                 }
                 _ => {
                     let sg_io = self.plain(&s.xn, h, &s.sg, si, t);
@@ -1385,7 +1408,7 @@ impl<'a> Forward<'a> {
                 // residual at once.
                 let de = &m.down.slices[0];
                 let (kernel, per) = if down == ExpertsDown::FusedRows {
-                    (&self.k.moe_down_rows, DOWN_RB)
+                    (&self.k.moe_down_rows, self.plan.down_rb)
                 } else {
                     (&self.k.moe_down, LINEAR_ROWS)
                 };

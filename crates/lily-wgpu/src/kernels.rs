@@ -74,6 +74,7 @@ kernels!(
     linear_q4_mm16,
     linear_q4_mm32,
     linear_q4_rows16,
+    linear_q4_rows8,
     linear_q4_rows4,
     linear_q4_rows2,
     linear_q4_glu_rows;
@@ -121,10 +122,11 @@ impl Kernels {
             .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
     }
 
-    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`plan::rows_rb`: 16, 4 or 2).
+    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 8, 4 or 2).
     pub fn rows(&self, rb: usize) -> &Forms {
         match rb {
             16 => &self.linear_q4_rows16,
+            8 => &self.linear_q4_rows8,
             4 => &self.linear_q4_rows4,
             _ => &self.linear_q4_rows2,
         }

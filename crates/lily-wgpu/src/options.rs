@@ -133,6 +133,10 @@ lily_core::backend_options! {
             label "linear_q4_rows persistent",
             help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) in rounds of 4 rows, the next round's 16-byte words in flight while it sums the current one; where a matrix has at least twice as many row blocks as the adapter's kind fills workgroups (discrete 512, integrated 128, others 64; `--wgpu-rows-workers` sets the count), on a persistent grid of that many, each streaming its share of the blocks with the input and the folded norm read once (on the full model lm_head; DeltaNet's in_proj and attention's q/k/v keep one workgroup a block); outputs bit for bit the same",
             why "won its A/B on the H100 through Vulkan (session 20, full size, two rounds): decode 178.8 / 178.1 → 195.7 / 195.0 tok/s at 4K (+9.6 %), 158.0 / 158.2 → 173.7 / 172.3 at 32K (+9.4 %), prefill unchanged; in_proj 36.3 → 25.5 µs a call, q/k/v 33.6 → 24.1, lm_head 225 → 195 µs (predicted +1–5 %: the pipelined rounds gained most, not the persistent lm_head); outputs bit for bit; on every adapter as rows_early and glu_early are, Apple's workgroup count (integrated: 128) not measured; the one-workgroup-a-block kernel is the reference";
+        moe_rounds = false, flag Some("wgpu-moe-rounds"), env "LILY_WGPU_MOE_ROUNDS" = true,
+            label "decode MoE rounds",
+            help "the decode MoE in rounds of one item: linear_q4_glu_rows.wgsl (the experts' gate/up, routing its own items) on a workgroup a row and token, each item's gate and up words requested as soon as its routing round names its expert (the stacked shared expert's before any) and the previous item summed while they are in flight; moe_down_rows.wgsl (down and the weighted sum) with a slot's next item's input and rows requested before this item's sums (bit for bit the same)",
+            why "off: not yet measured on a GPU (session 21, docs/perf-notes.md: predicted the experts' glu 28.6 → 20–25 and moe_down 21.0 → 16–19 µs a call on the H100 through Vulkan); on only once it wins its A/B at 4K and 32K; the kernels reading one round at a time are the reference";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -152,6 +156,15 @@ lily_core::backend_options! {
         rows_workers = 0, flag Some("wgpu-rows-workers"), env "LILY_WGPU_ROWS_WORKERS",
             accepts |n| n <= 65_535, "0 to 65,535", label "rows workers",
             help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64); an A/B aid (the count that fills a given GPU)";
+        out_rows = 0, flag Some("wgpu-out-rows"), env "LILY_WGPU_OUT_ROWS",
+            accepts |n| matches!(n, 0 | 2 | 4 | 8 | 16), "0, 2, 4, 8 or 16", label "out rows",
+            help "linear_q4_rows.wgsl's rows a workgroup for the matrices of 1,024 to 8,191 rows (decode's DeltaNet out_proj and attention's o on the full model): 0 lets the plan choose (4: 512 workgroups of one round); 8: two rounds of 4 rows, the second's words (both of a 4,096-column row) requested before the first's sums (256 workgroups); 16: the 16-row kernel as compiled (with rows_persist four such rounds, 128 workgroups); 2: 1,024 workgroups of one round; an A/B aid (session 21: out_proj's rounds)";
+        glu_rows = 0, flag Some("wgpu-glu-rows"), env "LILY_WGPU_GLU_ROWS",
+            accepts |n| matches!(n, 0 | 4 | 8 | 16), "0, 4, 8 or 16", label "glu rows",
+            help "linear_q4_glu_rows.wgsl's rows a workgroup (decode's experts' gate/up, where not in moe_rounds' items form): 0 lets the plan choose (8: 576 workgroups on the full model); 4: 1,152 workgroups of 4 rows; an A/B aid (session 21: fewer words a lane)";
+        down_rows = 0, flag Some("wgpu-down-rows"), env "LILY_WGPU_DOWN_ROWS",
+            accepts |n| matches!(n, 0 | 2 | 4 | 8), "0, 2, 4 or 8", label "down rows",
+            help "moe_down_rows.wgsl's rows a workgroup (decode's experts' down and weighted sum): 0 lets the plan choose (4: 512 workgroups on the full model); 2: 1,024 workgroups of 2 rows; an A/B aid (session 21: fewer words a lane)";
     }
     texts {
         f16_kv: Choice = Choice::Auto, flag Some("wgpu-f16-kv"), env "LILY_WGPU_F16_KV",
@@ -220,8 +233,12 @@ mod tests {
                 rows_early: true,
                 glu_early: true,
                 rows_persist: true,
+                moe_rounds: false,
                 dense_tile: 0,
                 rows_workers: 0,
+                out_rows: 0,
+                glu_rows: 0,
+                down_rows: 0,
             }
         );
     }
@@ -258,7 +275,11 @@ mod tests {
             ("LILY_WGPU_ROWS_EARLY", "0"),
             ("LILY_WGPU_GLU_EARLY", "0"),
             ("LILY_WGPU_ROWS_PERSIST", "1"),
+            ("LILY_WGPU_MOE_ROUNDS", "1"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
+            ("LILY_WGPU_OUT_ROWS", "8"),
+            ("LILY_WGPU_GLU_ROWS", "4"),
+            ("LILY_WGPU_DOWN_ROWS", "2"),
         ]));
         assert_eq!(
             o,
@@ -281,7 +302,11 @@ mod tests {
                 rows_early: false,
                 glu_early: false,
                 rows_persist: true,
+                moe_rounds: true,
                 rows_workers: 264,
+                out_rows: 8,
+                glu_rows: 4,
+                down_rows: 2,
                 ..WgpuOptions::default()
             }
         );

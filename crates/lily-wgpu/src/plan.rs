@@ -44,6 +44,10 @@
 //!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
 //!   round's reads in flight, the input staged once a workgroup) is on (session 20, the H100
 //!   through Vulkan: decode +9.6 % at 4K, +9.4 % at 32K; in_proj 36.3 → 25.5 µs a call).
+//!   Not yet measured, so off: the decode MoE in rounds (`moe_rounds`: linear_q4_glu_rows'
+//!   `ITEMS`, `glu_items`; moe_down_rows' `ROUNDS`) and the rows a workgroup of the 1,024–8,191-
+//!   row products (`out_rows`: `Plan::rows_rb`, the 8-row kernel in rounds), of the GLU
+//!   (`glu_rows`) and of the down products (`down_rows`) (session 21's prediction).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -332,8 +336,10 @@ pub fn in_forms(spec: Spec, forms: &[Form], act_f16: bool) -> FormSpecs {
 pub struct Specs {
     pub linear: FormSpecs,
     pub linear_q4: FormSpecs,
-    /// linear_q4_rows.wgsl with 16, 4 and 2 rows a workgroup (`rows_rb`).
+    /// linear_q4_rows.wgsl with 16, 8, 4 and 2 rows a workgroup (`Plan::rows_rb`; the 8-row
+    /// kernel persistent, in rounds: `out_rows` 8 alone takes it).
     pub linear_q4_rows16: FormSpecs,
+    pub linear_q4_rows8: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
@@ -383,6 +389,7 @@ impl Specs {
             &self.linear_q4_mm32,
             &self.linear_q4_glu_rows,
             &self.linear_q4_rows16,
+            &self.linear_q4_rows8,
             &self.linear_q4_rows4,
             &self.linear_q4_rows2,
         ]
@@ -429,6 +436,7 @@ impl Specs {
             &mut self.linear_q4_mm32,
             &mut self.linear_q4_glu_rows,
             &mut self.linear_q4_rows16,
+            &mut self.linear_q4_rows8,
             &mut self.linear_q4_rows4,
             &mut self.linear_q4_rows2,
         ]
@@ -521,24 +529,40 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
     Spec::new("dn_recur_norm", &[("DK", dk as f64)])
 }
 
-/// linear_q4_glu_rows.wgsl with GLU_RB rows a workgroup; `early`: its routing on order keys,
+/// linear_q4_glu_rows.wgsl with `rb` rows a workgroup (`Plan::glu_rb`: GLU_RB, or the
+/// `glu_rows` knob's 4, 8 or 16); `early`: its routing on order keys,
 /// one barrier a round and only the rounds its item needs, the norm's weights read with the
-/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`).
-pub fn glu_rows_spec(early: bool) -> Spec {
+/// input and its scale on the totals (`WgpuOptions::glu_early`, its `EARLY`); `items`: its
+/// launches that route their own items take one row of every item of a token a workgroup, the
+/// items in rounds, each item's reads issued as its routing round ends
+/// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
+/// run as without it).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
-        &[("RB", GLU_RB as f64), ("EARLY", early as u32 as f64)],
+        &[
+            ("RB", rb as f64),
+            ("EARLY", early as u32 as f64),
+            ("ITEMS", items as u32 as f64),
+        ],
     )
 }
 
-/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, DOWN_RB rows a workgroup.
-pub fn down_rows_spec(topk: usize, cols: usize) -> Spec {
+/// The most items a token linear_q4_glu_rows' `ITEMS` form takes (its totals meet in one
+/// `rows2_total` over 16 slots).
+pub const GLU_ITEMS_MAX: usize = 16;
+
+/// moe_down_rows.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup
+/// (`Plan::down_rb`: DOWN_RB, or the `down_rows` knob's 2, 4 or 8); `rounds`: a slot's next
+/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`).
+pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
             ("COLS", cols as f64),
-            ("RB", DOWN_RB as f64),
+            ("RB", rb as f64),
+            ("ROUNDS", rounds as u32 as f64),
         ],
     )
 }
@@ -654,6 +678,14 @@ pub struct Plan {
     /// Whether the model's routing fits linear_q4_glu_rows.wgsl's `route` (E ≤ 512: 8 experts an
     /// invocation); `routes_in_glu` says where it is used.
     pub route_in_glu: bool,
+    /// Whether the routed experts' GLU runs in items' rounds (`moe_rounds`, linear_q4_glu_rows'
+    /// `ITEMS`: one row of each of a token's ≤ `GLU_ITEMS_MAX` items a workgroup) where it
+    /// routes its own items (`glu_items` says where).
+    pub glu_items: bool,
+    /// Rows a workgroup of linear_q4_glu_rows.wgsl (GLU_RB, or `glu_rows`) and of
+    /// moe_down_rows.wgsl (DOWN_RB, or `down_rows`).
+    pub glu_rb: usize,
+    pub down_rb: usize,
     /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
     /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
     /// kind), or None.
@@ -778,14 +810,25 @@ impl Plan {
                 }
             }
         }
+        // The MoE row kernels' rows a workgroup (`glu_rows`, `down_rows`: 0 the defaults).
+        let glu_rb = match opts.glu_rows {
+            0 => GLU_RB,
+            n => n,
+        };
+        let down_rb = match opts.down_rows {
+            0 => DOWN_RB,
+            n => n,
+        };
         let rows = |rb: usize| {
-            let persist = opts.rows_persist && rb == PERSIST_RB;
+            // The 8-row kernel (`out_rows` 8) always in rounds.
+            let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
             in_forms(rows_spec(rb, opts.rows_early, persist), &Form::ALL, act_f16)
         };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
             linear_q4: in_forms(Spec::new("linear_q4", &[]), &READS_ACT, act_f16),
             linear_q4_rows16: rows(16),
+            linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
             linear_q4_mm16: match &coop_specs {
@@ -798,7 +841,11 @@ impl Plan {
             },
             linear_q4_mm64,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
-            linear_q4_glu_rows: in_forms(glu_rows_spec(opts.glu_early), &WRITES_ACT, act_f16),
+            linear_q4_glu_rows: in_forms(
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
+                &WRITES_ACT,
+                act_f16,
+            ),
             moe_group: Spec::new("moe_group", &[]),
             embed: Spec::new("embed", &[]),
             rms_norm: Spec::new("rms_norm", &[]),
@@ -820,7 +867,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -902,9 +949,23 @@ impl Plan {
             kv_f16,
             act_f16,
             route_in_glu: c.n_experts <= 512,
+            glu_items: opts.moe_rounds && top as usize <= GLU_ITEMS_MAX,
+            glu_rb,
+            down_rb,
             rows_workers,
             notes,
         })
+    }
+
+    /// linear_q4_rows.wgsl's rows a workgroup for a matrix (slice) of `rows` rows: `rows_rb`'s,
+    /// but `out_rows` (where not 0) for the matrices of 1,024 to 8,191 rows (`rows_rb`'s 4-row
+    /// kernel's: DeltaNet's out_proj and attention's o on the full model).
+    pub fn rows_rb(&self, rows: usize) -> usize {
+        match self.options.out_rows {
+            0 => rows_rb(rows),
+            n if rows_rb(rows) == 4 => n,
+            _ => rows_rb(rows),
+        }
     }
 
     /// The grid of a linear_q4_rows launch with `rb` rows a workgroup over `blocks` row blocks
@@ -953,7 +1014,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows / moe_down_rows, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -975,9 +1036,21 @@ impl Plan {
                         .join("/")
                 ),
             },
-            match self.rows_workers {
-                Some(w) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
-                None => String::new(),
+            match (self.rows_workers, self.options.out_rows) {
+                (Some(w), 0) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
+                (None, 0) => String::new(),
+                (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+                (None, n) => format!(" (the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+            },
+            if self.glu_items {
+                " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
+            } else {
+                ""
+            },
+            if self.options.moe_rounds {
+                " (in rounds of one item, the next item's reads in flight)"
+            } else {
+                ""
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
@@ -1077,6 +1150,14 @@ impl Plan {
     /// dispatch: where the experts' gate/up run on linear_q4_glu_rows.wgsl (decode) and E ≤ 512.
     pub fn routes_in_glu(&self, m: &GpuMoe, t: usize) -> bool {
         self.route_in_glu && self.experts_up(m, t) == ExpertsUp::GluRows
+    }
+
+    /// Whether a MoE block's experts' GLU over `t` tokens runs in items' rounds
+    /// (linear_q4_glu_rows' `ITEMS`, `moe_rounds`): where it routes its own items
+    /// (`routes_in_glu`) and a token has at most `GLU_ITEMS_MAX` items. Its grid: one workgroup
+    /// a row and token.
+    pub fn glu_items(&self, m: &GpuMoe, t: usize) -> bool {
+        self.glu_items && self.routes_in_glu(m, t)
     }
 
     /// The shared expert's gate/up (where it does not ride in the stacks) over `t` tokens.

@@ -9,8 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
-    DOWN_RB, GLU_RB, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule, MM_ROWS,
 };
 use crate::shaders::Form;
 
@@ -226,14 +225,22 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// 2,048 columns and an 8-bit one of 2,048 (37 rows: the last workgroup partly filled; 2 items)
 /// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
 /// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
-pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
-    let glu = check_glu_rows(gpu, k, act_f16)?
-        .max(check_glu_route(gpu, k, act_f16)?)
+/// `items`: the plan's linear_q4_glu_rows routes in items' rounds (`Plan::glu_items`: its grid a
+/// workgroup a row and token); `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
+pub fn check_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    act_f16: bool,
+    items: bool,
+    glu_rb: usize,
+) -> Result<f64> {
+    let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
+        .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for rb in [16usize, 4, 2] {
+        for rb in [16usize, 8, 4, 2] {
             let (rows, items) = (37usize, 2usize);
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
             for (form, kernel) in k.rows(rb).iter() {
@@ -257,9 +264,10 @@ pub fn check_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     Ok(worst.max(glu))
 }
 
-/// What `check_rows_persist` found: the persistent kernel's largest relative L2 difference
-/// from the host's f64, and whether its outputs were bit for bit those of the kernel with one
-/// workgroup a block (`PERSIST` 0) in every case.
+/// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
+/// from the host's f64, and whether the new form's outputs (the persistent kernel; the rounds)
+/// were bit for bit those of the reference form (one workgroup a block, `PERSIST` 0; one item
+/// at a time, `ROUNDS` 0) in every case.
 #[derive(Clone, Copy, Debug)]
 pub struct PersistCheck {
     pub err: f64,
@@ -267,7 +275,8 @@ pub struct PersistCheck {
 }
 
 /// linear_q4_rows.wgsl's persistent 16-row kernel (`rows_persist`: `PERSIST` 1, launched on
-/// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...) against
+/// fewer workgroups than row blocks, each streaming blocks wid, wid + workgroups, ...), and its
+/// 8-row one (`out_rows` 8: 23 blocks), against
 /// the host's f64 and against the same kernel with `PERSIST` 0 on one workgroup a block: 4-bit
 /// 2,048 and 4,096 columns and 8-bit 2,048, 181 rows (12 blocks, the last of 5 rows), 2 items,
 /// the norm folded and not, `EARLY` 0 and 1, on `rows_grid`'s grids for 1, 2, 5 and 12 workers
@@ -275,7 +284,22 @@ pub struct PersistCheck {
 /// workgroup a block: fewer than `PERSIST_SHARE` blocks a worker). The input and output f32
 /// (the residual stream in, as the folded norm reads it); the plan's reductions (`subgroups`).
 pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
-    let (rows, items, rb) = (181usize, 2usize, crate::plan::PERSIST_RB);
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
+    // The 16-row kernel (`rows_persist`) and the 8-row one (`out_rows` 8).
+    for rb in [crate::plan::PERSIST_RB, 8] {
+        let one = check_rows_persist_rb(gpu, subgroups, rb)?;
+        out.err = out.err.max(one.err);
+        out.same_bits &= one.same_bits;
+    }
+    Ok(out)
+}
+
+/// `check_rows_persist` for the kernel of `rb` rows a workgroup.
+fn check_rows_persist_rb(gpu: &Gpu, subgroups: bool, rb: usize) -> Result<PersistCheck> {
+    let (rows, items) = (181usize, 2usize);
     let blocks = rows.div_ceil(rb);
     let sides = Sides::default();
     let form = Form {
@@ -319,7 +343,7 @@ pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
 
 /// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
 /// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
-fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, glu_rb: usize) -> Result<f64> {
     let (rows, cols, items) = (37usize, 2048usize, 2usize);
     let gate = RandomQ4::new(rows, cols, 64, items);
     let up = RandomQ4::new(rows + 1, cols, 64, items);
@@ -336,7 +360,7 @@ fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let ybuf = gpu.storage("check.y", (items * rows * 4) as u64)?;
     let ids = gpu.storage("check.ids", 16)?;
-    let (nx, ny) = grid_2d(rows.div_ceil(GLU_RB));
+    let (nx, ny) = grid_2d(rows.div_ceil(glu_rb));
     let mut worst = 0f64;
     for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
@@ -480,7 +504,8 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let (rows, items) = (37usize, 2usize);
     let mut worst = 0f64;
-    for (cols, rb) in [(4096usize, 4usize), (2048, 16)] {
+    // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds).
+    for (cols, rb) in [(4096usize, 4usize), (4096, 8), (4096, 16), (2048, 16)] {
         let m = RandomQ4::new(rows, cols, 64, items);
         let y0: Vec<f32> =
             m.x.iter()
@@ -644,8 +669,15 @@ pub fn check_dn_step(
 /// two equal across the k-th place of token 1), the norm folded in and not. Against the host:
 /// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
-/// expert in f64: the largest relative difference. ids and weights start poisoned.
-fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+/// expert in f64: the largest relative difference. ids and weights start poisoned. `items`: the
+/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token.
+fn check_glu_route(
+    gpu: &Gpu,
+    k: &Kernels,
+    act_f16: bool,
+    items_form: bool,
+    glu_rb: usize,
+) -> Result<f64> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -711,7 +743,11 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
     let wn = gpu.upload_f32("check.wn", &gate.norm_w)?;
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
-    let (nx, ny) = grid_2d(r_e.div_ceil(GLU_RB));
+    let ((nx, ny), nz) = if items_form {
+        (grid_2d(r_e), tokens)
+    } else {
+        (grid_2d(r_e.div_ceil(glu_rb)), items)
+    };
     let mut worst = 0f64;
     for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
@@ -755,7 +791,7 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
             kernel,
             &params,
             &[&wg, &xbuf, &ybuf, &ids, &wu, &wn, &lbuf, &wts],
-            [nx, ny, items as u32],
+            [nx, ny, nz as u32],
         );
         r.submit()?;
         let got_ids = gpu.read_u32(&ids, items)?;
@@ -785,16 +821,26 @@ fn check_glu_route(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
-/// compiled as `down_rows_spec(topk, cols)` with the plan's reductions and activations)
+/// compiled as `down_rows_spec(topk, cols, rb, ..)` with the plan's reductions and activations)
 /// against the host in f64: x[t, r] += Σ_k w_{t,k} · (down_{e_{t,k}} a_{t,k})[r] on a random 4-bit
 /// stack of 11 experts of 37 rows (the last row block partly filled), 2 tokens, random experts
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
-/// The largest relative L2 difference of the sums added.
-pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64> {
+/// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
+/// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
+/// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
+pub fn check_down_rows(
+    gpu: &Gpu,
+    subgroups: bool,
+    act_f16: bool,
+    rb: usize,
+) -> Result<PersistCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
-    let mut worst = 0f64;
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
         let items = tokens * topk;
         let m = RandomQ4::new(n_e * rows, cols, 64, items);
@@ -825,35 +871,47 @@ pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<f64>
                 }
             }
         }
-        let spec = crate::shaders::Spec {
-            act_f16,
-            ..down_rows_spec(topk, cols).with_subgroups(subgroups)
-        };
-        let kernel = Kernel::new(gpu, &spec, false)?;
         let wbuf = gpu.upload("check.down", &m.data)?;
         let abuf = upload_act(gpu, "check.a", &m.x, act_f16)?;
         let wtbuf = gpu.upload_f32("check.wts", &wts)?;
         let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
-        let xbuf = gpu.upload_f32("check.x", &x0)?;
-        let (nx, ny) = grid_2d(rows.div_ceil(DOWN_RB));
+        let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
-        let mut r = Recorder::new(gpu);
-        r.dispatch(
-            &kernel,
-            &params,
-            &[&wbuf, &abuf, &wtbuf, &idbuf, &xbuf],
-            [nx, ny, tokens as u32],
-        );
-        r.submit()?;
-        let got = gpu.read_f32(&xbuf, 0, tokens * rows)?;
-        let added: Vec<f32> = got
-            .iter()
-            .zip(&x0)
-            .map(|(g, x)| (*g as f64 - *x as f64) as f32)
-            .collect();
-        worst = worst.max(rel_l2_f64(&added, &want));
+        let mut first: Option<Vec<f32>> = None;
+        for rounds in [false, true] {
+            let spec = crate::shaders::Spec {
+                act_f16,
+                ..down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups)
+            };
+            let kernel = Kernel::new(gpu, &spec, false)?;
+            let xbuf = gpu.upload_f32("check.x", &x0)?;
+            let mut r = Recorder::new(gpu);
+            r.dispatch(
+                &kernel,
+                &params,
+                &[&wbuf, &abuf, &wtbuf, &idbuf, &xbuf],
+                [nx, ny, tokens as u32],
+            );
+            r.submit()?;
+            let got = gpu.read_f32(&xbuf, 0, tokens * rows)?;
+            let added: Vec<f32> = got
+                .iter()
+                .zip(&x0)
+                .map(|(g, x)| (*g as f64 - *x as f64) as f32)
+                .collect();
+            out.err = out.err.max(rel_l2_f64(&added, &want));
+            match &first {
+                None => first = Some(got),
+                Some(f) => out.same_bits &= same_bits(f, &got),
+            }
+        }
     }
-    Ok(worst)
+    Ok(out)
+}
+
+/// Whether two outputs are the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// attend_gqa.wgsl (compiled for `d`, `g` = hq / hkv: `plan::attend_gqa_spec`) and

@@ -760,15 +760,22 @@ fn moe_kernels_with_and_without_early_reads_match_the_host() {
         let down = gpu.check_down_rows().unwrap();
         let bound = Bounds::of(gpu.plan()).kernel;
         println!(
-            "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {down:.2e}"
+            "subgroups {subgroups}, early reads {early}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {:.2e} (rounds bit for bit: {})",
+            down.err, down.same_bits
         );
         assert!(
             rows < bound,
             "linear_q4_rows or linear_q4_glu_rows (early {early}) differs from the host by {rows:.2e}"
         );
         assert!(
-            down < bound,
-            "moe_down_rows differs from the host by {down:.2e}"
+            down.err < bound,
+            "moe_down_rows differs from the host by {:.2e}",
+            down.err
+        );
+        // `moe_rounds`' form: the same sums in the same order.
+        assert!(
+            down.same_bits,
+            "moe_down_rows in rounds is not bit for bit the kernel one item at a time"
         );
     }
 }
@@ -821,6 +828,145 @@ fn persistent_row_kernel_matches_the_host_and_the_plain_kernel() {
         assert!(
             rows < bound,
             "linear_q4_rows (persistent plan) differs from the host by {rows:.2e}"
+        );
+    }
+}
+
+/// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
+/// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
+/// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,
+/// weights and products against the host's f64) and moe_down_rows in rounds (against the host
+/// and bit for bit the kernel one item at a time); the plan line names both.
+#[test]
+fn moe_rounds_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 59);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            moe_rounds: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.moe_rounds && gpu.plan().glu_items);
+        let d = gpu.plan().describe();
+        assert!(
+            d.contains("decode MoE rounds on") && d.contains("each item's reads issued as"),
+            "{d}"
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        let down = gpu.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: linear_q4_rows / glu_rows (items' rounds) {rows:.2e}, moe_down_rows {:.2e} (rounds bit for bit: {})",
+            gpu.plan().act_f16, down.err, down.same_bits
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_glu_rows in items' rounds differs from the host by {rows:.2e}"
+        );
+        assert!(
+            down.err < bound,
+            "moe_down_rows differs from the host by {:.2e}",
+            down.err
+        );
+        assert!(
+            down.same_bits,
+            "moe_down_rows in rounds is not bit for bit the kernel one item at a time"
+        );
+    }
+}
+
+/// The MoE row kernels' rows a workgroup as the knobs set them (`glu_rows` 4 / 16, `down_rows`
+/// 2 / 8), in both reduction forms: linear_q4_glu_rows plain and routing its own items, and
+/// moe_down_rows one item at a time and in rounds (bit for bit), against the host.
+#[test]
+fn moe_rows_knobs_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 67);
+    for (subgroups, glu_rows, down_rows) in [(true, 4, 2), (false, 4, 2), (true, 16, 8)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            glu_rows,
+            down_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(
+            (gpu.plan().glu_rb, gpu.plan().down_rb),
+            (glu_rows, down_rows)
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        let down = gpu.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, glu rows {glu_rows}, down rows {down_rows}: linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {:.2e} (rounds bit for bit: {})",
+            down.err, down.same_bits
+        );
+        assert!(
+            rows < bound && down.err < bound,
+            "{rows:.2e} / {:.2e}",
+            down.err
+        );
+        assert!(down.same_bits);
+    }
+}
+
+/// `out_rows`: the products of 1,024 to 8,191 rows (DeltaNet's out_proj and attention's o on the
+/// full model) on linear_q4_rows' 8-row kernel in two rounds (its second round's words, both of
+/// a 4,096-column row, before the first's sums), on the 16- and 2-row ones: the plan's rows a
+/// workgroup; the 8-row kernel in rounds against the host and bit for bit the 8-row kernel of
+/// one round (`check_rows_persist`, streaming and not), every product probe through the plan's
+/// kernels (the residual add at 4,096 columns and 8 / 16 rows among them), both reduction forms.
+#[test]
+fn out_rows_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
+    for (subgroups, out_rows) in [(true, 8), (false, 8), (true, 16), (true, 2)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            out_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert_eq!(plan.options.out_rows, out_rows);
+        assert_eq!(
+            (plan.rows_rb(2048), plan.rows_rb(12_352), plan.rows_rb(257)),
+            (out_rows, 16, 2)
+        );
+        assert!(
+            plan.describe().contains(&format!(
+                "1,024–8,191-row products on its {out_rows}-row kernel"
+            )),
+            "{}",
+            plan.describe()
+        );
+        let bound = Bounds::of(plan).kernel;
+        let pc = gpu.check_rows_persist().unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, out rows {out_rows}: persistent linear_q4_rows (16 and 8 rows) {:.2e} (same bits: {}), product probes {rows:.2e}",
+            pc.err, pc.same_bits
+        );
+        assert!(
+            pc.err < bound && rows < bound,
+            "{:.2e} / {rows:.2e}",
+            pc.err
+        );
+        assert!(
+            pc.same_bits,
+            "linear_q4_rows in rounds is not bit for bit the kernel of one round"
         );
     }
 }
@@ -1355,20 +1501,28 @@ fn full_width_decode_matches_cpu() {
     let want = cpu.logits(cs).unwrap();
     // Each case's token-by-token logits, for the persistent cases' bit-for-bit check.
     let mut stepped_of = std::collections::HashMap::new();
-    for (subgroups, f16_acts, early, persist) in [
-        (true, false, true, false),
-        (false, false, true, false),
-        (true, true, true, false),
-        (true, false, false, false),
-        (false, false, false, false),
-        (true, false, true, true),
-        (false, false, true, true),
+    for (subgroups, f16_acts, early, persist, rounds) in [
+        (true, false, true, false, false),
+        (false, false, true, false, false),
+        (true, true, true, false, false),
+        (true, false, false, false, false),
+        (false, false, false, false, false),
+        (true, false, true, true, false),
+        (false, false, true, true, false),
+        (true, false, true, true, true),
+        (false, false, true, true, true),
+        (true, true, true, true, true),
     ] {
         // `early`: the MoE's reads issued early (the row products, the router among them, and
         // the GLU: `rows_early`, `glu_early`; the defaults), which only the full widths take.
         // `persist`: linear_q4_rows' persistent 16-row kernel (`rows_persist`: in_proj and
         // lm_head's slices here), whose logits must be bit for bit those of the same case
-        // without it.
+        // without it. `rounds`: the decode MoE in rounds (`moe_rounds`: the GLU's items' rounds,
+        // within rounding of the case without it; moe_down's rounds, bit for bit), held to the
+        // same bounds. On lavapipe the experts' stacks (≈ 135 MB) exceed its 128 MiB binding, so
+        // they are sliced and decode's MoE takes the one-item products there (`Separate`): these
+        // cases equal the others bit for bit; a device that binds the stacks whole runs the
+        // rounds (their kernels' own tests: `moe_rounds_kernels_match_the_host`).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
@@ -1378,6 +1532,7 @@ fn full_width_decode_matches_cpu() {
             rows_early: early,
             glu_early: early,
             rows_persist: persist,
+            moe_rounds: rounds,
             ..WgpuOptions::default()
         };
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
@@ -1394,9 +1549,15 @@ fn full_width_decode_matches_cpu() {
         let stepped = gpu.logits(b).unwrap();
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
-            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, persistent rows {persist}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
+            "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, persistent rows {persist}, MoE rounds {rounds}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
         );
-        if persist {
+        if rounds {
+            let plain: &Vec<f32> = &stepped_of[&(subgroups, on, early)];
+            println!(
+                "  the MoE in rounds: {:.3e} from the same case without",
+                rel_l2(&stepped, plain)
+            );
+        } else if persist {
             let plain: &Vec<f32> = &stepped_of[&(subgroups, on, early)];
             assert!(
                 stepped

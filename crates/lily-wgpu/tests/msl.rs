@@ -63,6 +63,20 @@ fn choosable() -> Vec<Spec> {
                             glu_early: sw,
                             // linear_q4_rows' persistent 16-row kernel (PERSIST = 1) and not.
                             rows_persist: sw,
+                            // The decode MoE in rounds (ITEMS = 1, ROUNDS = 1) and not.
+                            moe_rounds: sw,
+                            // The MoE row kernels' other rows a workgroup (`glu_rows`,
+                            // `down_rows`: 4 / 2 and 16 / 8).
+                            glu_rows: match (sw, subgroups) {
+                                (false, _) => 0,
+                                (true, true) => 4,
+                                (true, false) => 16,
+                            },
+                            down_rows: match (sw, subgroups) {
+                                (false, _) => 0,
+                                (true, true) => 2,
+                                (true, false) => 8,
+                            },
                             // linear_q4_coop in linear_q4_mm's place (where f16 is), with the
                             // decode switches on; linear_q4_mm's f16 tiles with them off.
                             coop: f16 && sw,
@@ -220,22 +234,22 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early, rows_persist), with f16 and f32 element types.
+/// rows_early, glu_early, rows_persist, moe_rounds), with f16 and f32 element types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4)]);
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4), on(5)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 5;
+const DECODE_SWITCHES: u32 = 6;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early, glu_early and rows_persist as `sw`
+/// the decode switches attn_flat, attn_split, rows_early, glu_early, rows_persist and moe_rounds as `sw`
 /// says) fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
@@ -258,6 +272,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         rows_early: sw[2],
         glu_early: sw[3],
         rows_persist: sw[4],
+        moe_rounds: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -269,7 +284,8 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
             o.attn_split,
             o.rows_early,
             o.glu_early,
-            o.rows_persist
+            o.rows_persist,
+            o.moe_rounds
         ],
         sw
     );
