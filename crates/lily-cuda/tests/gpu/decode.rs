@@ -366,7 +366,7 @@ fn rows_case(
             (&dws[3], Out::Store(outs_dev[3].ptr)),
         ];
         d.k.decode
-            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
+            .project_rows(d, kernel, Input::row(xd.ptr, cols), nb, &outs)
             .unwrap();
         let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
         for (i, n) in rows_of.iter().enumerate() {
@@ -435,7 +435,7 @@ fn batched_decode_gemv_rows_match_cpu() {
         ] {
             let e =
                 d.k.decode
-                    .project_rows(&d, kernel, x, cols, rows, &out)
+                    .project_rows(&d, kernel, Input::row(x, cols), rows, &out)
                     .unwrap_err();
             assert!(e.to_string().contains(says), "{kernel:?}: {e}");
         }
@@ -444,7 +444,13 @@ fn batched_decode_gemv_rows_match_cpu() {
     for kernel in [RowsKernel::Mma, RowsKernel::MmaDeep] {
         let e =
             d.k.decode
-                .project_rows(&d, kernel, buf.ptr, 128, 1, &[(&w8, Out::Store(buf.ptr))])
+                .project_rows(
+                    &d,
+                    kernel,
+                    Input::row(buf.ptr, 128),
+                    1,
+                    &[(&w8, Out::Store(buf.ptr))],
+                )
                 .unwrap_err();
         assert!(e.to_string().contains("4-bit"), "{kernel:?}: {e}");
     }
