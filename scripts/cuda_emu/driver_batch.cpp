@@ -12,7 +12,8 @@
 //   mma:  dec_mma_rows (the batched 4-bit projections on the tensor cores) against the same f64
 //         product and against dec_gemv_rows (mma_case).
 //   split: dec_gemv_rows_split (the router's launch over more lanes, router_rows_split) against
-//         the f64 product and against dec_gemv_rows (another summation order: a tolerance).
+//         the f64 product and against dec_gemv_rows (another summation order: a tolerance); both
+//         with their group sums a thread (rows_thread_sums) bit for bit their warp sums' outputs.
 //   norm: the four rows kernels with the block norm folded in (fused_batch_norm: decode.cu
 //         rows_norm_inv, rows_value) bit for bit against norm.cu's rms_norm then the same kernel
 //         on the normed rows, the normed rows they leave bit for bit rms_norm's (norm_case).
@@ -198,14 +199,14 @@ static void per_launch(const std::vector<Seg>& segs, const DecSegs& base, const 
     }
 }
 static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                         const EmuNorm& norm = {}) {
+                         const EmuNorm& norm = {}, int thread_sums = 0) {
     int warps = DEC_ROWS_WARPS;
     int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
     per_launch(segs, base, x, cols, rows, rows_per_launch(cols), norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
         launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb),
-                 [&] { dec_gemv_rows(at, xb, nb, cols, norm.w, norm.eps, xn); });
+                 [&] { dec_gemv_rows(at, xb, nb, cols, norm.w, norm.eps, xn, thread_sums); });
     });
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -328,12 +329,12 @@ static void run_gemv() {
 // SPLIT_WARPS rows, a persistent grid of at most 4 · BLOCKS_PER_SM blocks an SM, dec_gemv_rows'
 // shared memory and rows a launch).
 static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                               const EmuNorm& norm = {}) {
+                               const EmuNorm& norm = {}, int thread_sums = 0) {
     DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
     int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
     per_launch(segs, base, x, cols, rows, rows_per_launch(cols), norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
         launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
-                 [&] { dec_gemv_rows_split(at, xb, nb, cols, norm.w, norm.eps, xn); });
+                 [&] { dec_gemv_rows_split(at, xb, nb, cols, norm.w, norm.eps, xn, thread_sums); });
     });
 }
 
@@ -402,6 +403,18 @@ static void split_case(const char* name, int cols, std::vector<QW*> ws, std::vec
         auto gemv = outputs(ws, modes, nb, resid, ys);
         project_rows(segs, ys, x.data(), cols, nb);
         check_rows(name, "dec_gemv_rows", cols, ws, modes, nb, x, resid, got, gemv);
+        // rows_thread_sums: both kernels' group sums a thread, bit for bit the warp sums' outputs.
+        auto split_t = outputs(ws, modes, nb, resid, ys);
+        project_rows_split(segs, ys, x.data(), cols, nb, {}, 1);
+        auto gemv_t = outputs(ws, modes, nb, resid, ys);
+        project_rows(segs, ys, x.data(), cols, nb, {}, 1);
+        for (size_t i = 0; i < ws.size(); i++) {
+            size_t n = (size_t)nb * ws[i]->rows;
+            char what[160];
+            snprintf(what, sizeof what, "%s: %d rows, x %d: group sums a thread, bit for bit", name, nb, ws[i]->rows);
+            verdict(what, same_bits(split_t[i].p(), got[i].p(), n) && same_bits(gemv_t[i].p(), gemv[i].p(), n) &&
+                              split_t[i].guard_ok() && gemv_t[i].guard_ok());
+        }
     }
 }
 
@@ -572,7 +585,8 @@ static void run_mma() {
 // it) then the same kernel on the normed rows: outputs bit for bit, the normed rows block 0 leaves
 // (when asked) bit for bit rms_norm's, nothing written past either; and against the f64 product
 // of the f64-normed rows (the kernels' own tolerance). kernel: 0 dec_gemv_rows, 1 _split, 2
-// dec_mma_rows (whole tiles and split tiles), 3 dec_mma_rows_deep (likewise).
+// dec_mma_rows (whole tiles and split tiles), 3 dec_mma_rows_deep (likewise). The CUDA-core
+// kernels' folded form also sums its groups a thread (rows_thread_sums), the reference the warp.
 static void norm_case(const char* name, int kernel, int cols, std::vector<QW*> ws, std::vector<int> modes,
                       std::vector<int> nbs, int sms) {
     std::vector<Seg> segs;
@@ -589,8 +603,8 @@ static void norm_case(const char* name, int kernel, int cols, std::vector<QW*> w
             auto run = [&](const float* in, const EmuNorm& norm) {
                 std::vector<float*> ys;
                 auto outs = outputs(ws, modes, nb, resid, ys);
-                if (kernel == 0) project_rows(segs, ys, in, cols, nb, norm);
-                else if (kernel == 1) project_rows_split(segs, ys, in, cols, nb, norm);
+                if (kernel == 0) project_rows(segs, ys, in, cols, nb, norm, norm.w ? 1 : 0);
+                else if (kernel == 1) project_rows_split(segs, ys, in, cols, nb, norm, norm.w ? 1 : 0);
                 else if (kernel == 2) project_rows_mma(segs, ys, in, cols, nb, sms, split, norm);
                 else project_rows_mma_deep(segs, ys, in, cols, nb, sms, split, norm);
                 return outs;

@@ -18,7 +18,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|norm|moe|moe_q8|moe_x8x2|moe_grouped|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (31 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (33 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -42,7 +42,7 @@ def swap(src, old, new, count=1):
 # `run_batch.sh mutants`: one known bug put into the kernels (EMU_MUTANT = its index), which the
 # emulation must catch: the proof that a pass means something.
 MUTANTS = [
-    ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
+    ('dec', 'rows_stage_one(x, i, cols, G, xs, norm);\n    __syncthreads();\n    // Each (row, group)', 'rows_stage_one(x, i, cols, G, xs, norm);\n    // Each (row, group)',
      'dec_gemv_rows without the barrier after staging x'),
     ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
     ('dec', 'LEAN ? sgate.rows : 0);', '0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
@@ -90,6 +90,10 @@ MUTANTS = [
      "group_picks missing the experts of the word before an expert's: items of different experts folded into one"),
     ('dec', 'if (lane == v) t = s;', 'if (lane == 0) t = s;', "rows_norm_inv keeping only the first of rms_norm's eight warp sums"),
     ('dec', 'float inv = n.inv[b];', 'float inv = n.inv[0];', "rows_value norming every row with row 0's inverse RMS"),
+    ('dec', 'for (int l = 0; l < o; l++) p[l] += p[l + o];', 'if (o == 16) for (int l = 1; l < 32; l++) p[0] += p[l];',
+     "group_sum_tree summing a group in order, not the xor tree's"),
+    ('dec', 'rows_stage_one(x, i, cols, G, xs, norm);\n        __syncthreads();', 'rows_stage_one(x, i, cols, G, xs, norm);',
+     "rows_stage's thread sums without the barrier after staging x"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -169,7 +173,7 @@ if [ "${1:-}" = mutants ]; then
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
            "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
-           "29 norm" "30 norm -DLILY_BF16_ACT"; do
+           "29 norm" "30 norm -DLILY_BF16_ACT" "31 split" "32 split"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -2112,7 +2112,8 @@ struct RowsNorm {
 // time (lane l of rms_norm's warp v sums x[v · 32 + l + 256 j] for j = 0, 1, ... in order; the
 // eight warps' sums met by the xor tree, then summed by one more, lanes past 8 adding zeros), so
 // the normed rows equal rms_norm's and the projections the unfused step's. Each lane keeps the
-// eight warps' sums of its column slots in registers: 4 · 8 loads in flight a lane.
+// eight warps' sums of its column slots in registers: 8 · 8 loads in flight a lane (a 2,048-wide
+// row at once).
 __device__ __forceinline__ void rows_norm_inv(const float* __restrict__ x, int nb, int cols, const RowsNorm& n) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int b = warp; b < nb; b += warps) {
@@ -2120,7 +2121,7 @@ __device__ __forceinline__ void rows_norm_inv(const float* __restrict__ x, int n
         float ss[8];
 #pragma unroll
         for (int v = 0; v < 8; v++) ss[v] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
         for (int c0 = lane; c0 < cols; c0 += 256) {
 #pragma unroll
             for (int v = 0; v < 8; v++) {
@@ -2151,19 +2152,56 @@ __device__ __forceinline__ float4 rows_value(float4 v, int b, int c, int cols, c
     return v;
 }
 
+// One staged group's sum (64 floats at g, 16-byte aligned) by one thread, bit for bit what
+// warp_sum(g[l] + g[l + 32]) over a warp's lanes l gives: the same pairs, the same xor tree (after
+// the step of offset o lane l holds v_l + v_(l^o), for l < o p[l] + p[l + o]; addition commutes,
+// so every lane's value is p[0]'s).
+__device__ __forceinline__ float group_sum_tree(const float* g) {
+    float p[32];
+#pragma unroll
+    for (int l = 0; l < 32; l += 4) {
+        float4 a = *reinterpret_cast<const float4*>(g + l), b = *reinterpret_cast<const float4*>(g + l + 32);
+        p[l] = a.x + b.x;
+        p[l + 1] = a.y + b.y;
+        p[l + 2] = a.z + b.z;
+        p[l + 3] = a.w + b.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int l = 0; l < o; l++) p[l] += p[l + o];
+    return p[0];
+}
+
+// Float4 i of the nb staged rows (row (4i) / cols, column (4i) % cols) into xs.
+__device__ __forceinline__ void rows_stage_one(const float* __restrict__ x, int i, int cols, int G, float* xs,
+                                               const RowsNorm& norm) {
+    int b = (4 * i) / cols, c = (4 * i) % cols;
+    float4 v = rows_value(*reinterpret_cast<const float4*>(x + (long long)b * cols + c), b, c, cols, norm);
+    *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
+}
+
 // x [nb, cols] (normed here where norm.w says, else already normed) → xs [nb][G][DEC_XPAD] and
 // each (row, group)'s sum xsum [nb][G] (dec_gemv_rows' layout), 16 bytes at a time (cols % 64 ==
-// 0: a float4 never straddles a group or a row).
+// 0: a float4 never straddles a group or a row). The group sums: one warp_sum per (row, group)
+// in turn, a warp's nb · G / warps of them one after another (8 rows of 2,048: 64 a warp of the
+// split kernel's 4); or, `thread_sums` (the plan's rows_thread_sums), one thread a (row, group)
+// from its 16-byte reads (group_sum_tree: the same bits, 2 a thread), the staging's loads then
+// 16 deep a thread instead of one at a time. Either way the same xs and xsum.
 __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum,
-                                           const RowsNorm& norm) {
+                                           const RowsNorm& norm, bool thread_sums) {
     int G = cols >> 6, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int n4 = nb * cols / 4;
     if (norm.w) rows_norm_inv(x, nb, cols, norm);
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        int b = (4 * i) / cols, c = (4 * i) % cols;
-        float4 v = rows_value(*reinterpret_cast<const float4*>(x + (long long)b * cols + c), b, c, cols, norm);
-        *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
+    if (thread_sums) {
+#pragma unroll 16
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) rows_stage_one(x, i, cols, G, xs, norm);
+        __syncthreads();
+        for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) xsum[bg] = group_sum_tree(xs + bg * DEC_XPAD);
+        __syncthreads();
+        return;
     }
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) rows_stage_one(x, i, cols, G, xs, norm);
     __syncthreads();
     // Each (row, group)'s sum, as stage_slow sums a group.
     for (int bg = warp; bg < nb * G; bg += warps) {
@@ -2175,7 +2213,7 @@ __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, 
 
 extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
 dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-              float eps, float* __restrict__ xn_out) {
+              float eps, float* __restrict__ xn_out, int thread_sums) {
     extern __shared__ __align__(16) float dec_smem[];
     __shared__ float inv[DEC_B_MAX];
     int G = cols >> 6;
@@ -2185,7 +2223,7 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const
     int L = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
     int rpw = 32 / L, sub = lane / L, sl = lane % L;
     dec_wait();
-    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv});
+    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv}, thread_sums != 0);
     int warps = blockDim.x >> 5;
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
@@ -2233,7 +2271,7 @@ __device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, 
 
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
 dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-                    float eps, float* __restrict__ xn_out) {
+                    float eps, float* __restrict__ xn_out, int thread_sums) {
     extern __shared__ __align__(16) float dec_smem[];
     __shared__ float inv[DEC_B_MAX];
     int G = cols >> 6;
@@ -2247,7 +2285,7 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols,
     int tile = blockIdx.x;
     split_first_load(segs, tile, G, g4, g8);
     dec_wait();
-    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv});
+    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv}, thread_sums != 0);
     for (; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
         int row = (tile - sg.tile0) * DEC_SPLIT_WARPS + warp;

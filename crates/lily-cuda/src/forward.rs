@@ -753,9 +753,10 @@ impl Forward<'_> {
                     },
                     staged_out: xn_read_later.then_some(s.xn.ptr),
                 };
+                let sums = self.plan.rows_sums();
                 self.kernels
                     .decode
-                    .project_rows(self.gpu, kernel, input, rows, outs)
+                    .project_rows(self.gpu, kernel, input, rows, outs, sums)
             }
             _ => {
                 self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
@@ -778,9 +779,10 @@ impl Forward<'_> {
         let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
         match self.plan.batch_projections(&shapes) {
             BatchProjections::Rows(kernel) => {
+                let (input, sums) = (Input::row(x, cols), self.plan.rows_sums());
                 self.kernels
                     .decode
-                    .project_rows(self.gpu, kernel, Input::row(x, cols), rows, outs)
+                    .project_rows(self.gpu, kernel, input, rows, outs, sums)
             }
             BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);

@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel};
+use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel, RowsSums};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -565,6 +565,17 @@ impl Plan {
         }
     }
 
+    /// How the CUDA-core rows kernels (`dec_gemv_rows`, `dec_gemv_rows_split`: the router's
+    /// launch) sum their staged rows' 64-column groups: one thread a group under
+    /// `rows_thread_sums`, else one warp_sum a group (the same bits).
+    pub fn rows_sums(&self) -> RowsSums {
+        if self.o.rows_thread_sums {
+            RowsSums::ByThread
+        } else {
+            RowsSums::ByWarp
+        }
+    }
+
     /// The attention of a batched decode step whose sequences hold `keys` keys each after it:
     /// `BatchAttention::Rows` under `fused_batch` where every sequence's one-token attention is
     /// the tensor-core split kernel with the prep inside and there are at most
@@ -978,6 +989,20 @@ mod tests {
             unfused.batch_norm(unfused.batch_projections(&qkv)),
             BatchNorm::Separate
         );
+    }
+
+    #[test]
+    fn the_rows_kernels_sum_their_groups_a_thread_under_their_switch() {
+        let defaults = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(defaults.rows_sums(), RowsSums::ByWarp);
+        assert!(defaults
+            .describe()
+            .contains("batched rows' group sums a thread off"));
+        let on = CudaOptions {
+            rows_thread_sums: true,
+            ..CudaOptions::default()
+        };
+        assert_eq!(Plan::resolve(&on, H200).rows_sums(), RowsSums::ByThread);
     }
 
     #[test]

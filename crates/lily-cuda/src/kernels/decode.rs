@@ -106,6 +106,17 @@ pub enum RowsKernel {
     /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
     GemvSplit,
 }
+/// How the CUDA-core rows kernels (`dec_gemv_rows`, `dec_gemv_rows_split`) sum each staged
+/// (row, 64-column group) of their input (the plan's choice: `Plan::rows_sums`); the same bits
+/// either way (decode.cu `rows_stage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsSums {
+    /// One warp_sum a (row, group), a warp's share of them one after another.
+    ByWarp,
+    /// `rows_thread_sums`: one thread a (row, group), the xor tree's order from its own reads
+    /// (`group_sum_tree`), the staging's loads 16 deep a thread.
+    ByThread,
+}
 /// Warps (weight rows) of a `dec_gemv_rows_split` block.
 pub const SPLIT_WARPS: usize = 4;
 /// Most weight rows of a launch `dec_gemv_rows_split` takes (`split_rows_serves`): the router's
@@ -796,7 +807,8 @@ impl Decode {
     /// rows a launch at most): output row b of a weight of `r` rows goes to its pointer + b · r
     /// floats. The prologue: none (the rows already normed) or `Prologue::RmsNorm` (each row
     /// normed while staged, bit for bit `rms_norm`'s rows: decode.cu `rows_norm_inv`), the normed
-    /// rows then also written to `input.staged_out` ([rows, cols]) when given.
+    /// rows then also written to `input.staged_out` ([rows, cols]) when given. `sums`: how the
+    /// CUDA-core kernels sum the staged rows' groups (the tensor-core ones one thread a group).
     pub fn project_rows(
         &self,
         gpu: &Gpu,
@@ -804,6 +816,7 @@ impl Decode {
         input: Input,
         rows: usize,
         outs: &[(&DevLinear, Out)],
+        sums: RowsSums,
     ) -> Result<()> {
         let name = match kernel {
             RowsKernel::Gemv => "dec_gemv_rows",
@@ -888,6 +901,7 @@ impl Decode {
                 xn_out + (b0 * cols * 4) as u64
             };
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
+            let thread_sums = (sums == RowsSums::ByThread) as i32;
             let smem = launch_smem(kernel, cols, nb);
             let stages = mma_deep_stages(cols, nb) as i32;
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
@@ -900,6 +914,9 @@ impl Decode {
                     l.arg(&split).arg(&stages);
                 }
                 l.arg(&norm_w).arg(&eps).arg(&xn_b);
+                if matches!(kernel, RowsKernel::Gemv | RowsKernel::GemvSplit) {
+                    l.arg(&thread_sums);
+                }
             })?;
             b0 += nb;
         }
