@@ -90,8 +90,8 @@ MUTANTS = [
      "group_picks missing the experts of the word before an expert's: items of different experts folded into one"),
     ('dec', 'if (lane == v) t = s;', 'if (lane == 0) t = s;', "rows_norm_inv keeping only the first of rms_norm's eight warp sums"),
     ('dec', 'float inv = n.inv[b];', 'float inv = n.inv[0];', "rows_value norming every row with row 0's inverse RMS"),
-    ('dec', 'for (int l = 0; l < o; l++) p[l] += p[l + o];', 'if (o == 16) for (int l = 1; l < 32; l++) p[0] += p[l];',
-     "group_sum_tree summing a group in order, not the xor tree's"),
+    ('dec', 'for (int l = 0; l < 16; l++) p[l] += p[l + 16];', 'for (int l = 0; l < 16; l++) p[l] += p[31 - l];',
+     "group_sum_tree pairing a group's values otherwise than the xor tree"),
     ('dec', 'rows_stage_one(x, i, cols, G, xs, norm);\n        __syncthreads();', 'rows_stage_one(x, i, cols, G, xs, norm);',
      "rows_stage's thread sums without the barrier after staging x"),
 ]

@@ -2166,11 +2166,16 @@ __device__ __forceinline__ float group_sum_tree(const float* g) {
         p[l + 2] = a.z + b.z;
         p[l + 3] = a.w + b.w;
     }
+    // The offsets 16, 8, 4, 2, 1 written out: every index a constant, so p stays in registers.
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int l = 0; l < 16; l++) p[l] += p[l + 16];
 #pragma unroll
-        for (int l = 0; l < o; l++) p[l] += p[l + o];
-    return p[0];
+    for (int l = 0; l < 8; l++) p[l] += p[l + 8];
+#pragma unroll
+    for (int l = 0; l < 4; l++) p[l] += p[l + 4];
+    p[0] += p[2];
+    p[1] += p[3];
+    return p[0] + p[1];
 }
 
 // Float4 i of the nb staged rows (row (4i) / cols, column (4i) % cols) into xs.
