@@ -92,7 +92,7 @@ MUTANTS = [
     ('dec', 'float inv = n.inv[b];', 'float inv = n.inv[0];', "rows_value norming every row with row 0's inverse RMS"),
     ('dec', 'for (int l = 0; l < 16; l++) p[l] += p[l + 16];', 'for (int l = 0; l < 16; l++) p[l] += p[31 - l];',
      "group_sum_tree pairing a group's values otherwise than the xor tree"),
-    ('dec', 'rows_stage_one(x, i, cols, G, xs, norm);\n        __syncthreads();', 'rows_stage_one(x, i, cols, G, xs, norm);',
+    ('dec', 'rows_stage_deep(x, n4, cols, G, xs, norm);\n        __syncthreads();', 'rows_stage_deep(x, n4, cols, G, xs, norm);',
      "rows_stage's thread sums without the barrier after staging x"),
 ]
 import os

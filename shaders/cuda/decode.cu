@@ -2186,21 +2186,44 @@ __device__ __forceinline__ void rows_stage_one(const float* __restrict__ x, int 
     *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
 }
 
+// rows_stage_one for every float4 of the rows, RS_DEPTH of a thread's loaded before any is stored
+// (explicitly: the compiler may not move a load above block 0's stores of the normed rows, which
+// it cannot tell apart from x).
+#define RS_DEPTH 16
+__device__ __forceinline__ void rows_stage_deep(const float* __restrict__ x, int n4, int cols, int G, float* xs,
+                                                const RowsNorm& norm) {
+    for (int i0 = threadIdx.x; i0 < n4; i0 += RS_DEPTH * blockDim.x) {
+        float4 v[RS_DEPTH];
+#pragma unroll
+        for (int k = 0; k < RS_DEPTH; k++) {
+            int i = i0 + k * blockDim.x;
+            if (i < n4) v[k] = *reinterpret_cast<const float4*>(x + 4LL * i);
+        }
+#pragma unroll
+        for (int k = 0; k < RS_DEPTH; k++) {
+            int i = i0 + k * blockDim.x, b = (4 * i) / cols, c = (4 * i) % cols;
+            if (i < n4)
+                *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) =
+                    rows_value(v[k], b, c, cols, norm);
+        }
+    }
+}
+
 // x [nb, cols] (normed here where norm.w says, else already normed) → xs [nb][G][DEC_XPAD] and
 // each (row, group)'s sum xsum [nb][G] (dec_gemv_rows' layout), 16 bytes at a time (cols % 64 ==
 // 0: a float4 never straddles a group or a row). The group sums: one warp_sum per (row, group)
 // in turn, a warp's nb · G / warps of them one after another (8 rows of 2,048: 64 a warp of the
 // split kernel's 4); or, `thread_sums` (the plan's rows_thread_sums), one thread a (row, group)
 // from its 16-byte reads (group_sum_tree: the same bits, 2 a thread), the staging's loads then
-// 16 deep a thread instead of one at a time. Either way the same xs and xsum.
+// RS_DEPTH deep a thread instead of one at a time (rows_stage_deep). Either way the same xs and
+// xsum.
 __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum,
                                            const RowsNorm& norm, bool thread_sums) {
     int G = cols >> 6, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int n4 = nb * cols / 4;
     if (norm.w) rows_norm_inv(x, nb, cols, norm);
     if (thread_sums) {
-#pragma unroll 16
-        for (int i = threadIdx.x; i < n4; i += blockDim.x) rows_stage_one(x, i, cols, G, xs, norm);
+        rows_stage_deep(x, n4, cols, G, xs, norm);
         __syncthreads();
         for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) xsum[bg] = group_sum_tree(xs + bg * DEC_XPAD);
         __syncthreads();
