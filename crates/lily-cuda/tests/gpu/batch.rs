@@ -656,7 +656,8 @@ fn batched_greedy_logits(
 /// small, three and eight sequences, bf16 with the defaults (`dec_mma_rows_deep`, the router in
 /// `dec_gemv_rows_split`, the MoE grouped by expert), bf16 on `dec_mma_rows`, bf16 on the CUDA
 /// cores (`dec_gemv_rows`, the router in `dec_gemv_rows` too), and fp32 (`dec_gemv_rows`, the
-/// MoE's f32 per-row kernels).
+/// MoE's f32 per-row kernels); each also with `rows_thread_sums` (the CUDA-core kernels' group
+/// sums a thread), against both switches off.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_with_folded_norms_equal_rms_norm_launches() {
@@ -699,32 +700,40 @@ fn decode_batched_steps_with_folded_norms_equal_rms_norm_launches() {
                 .map(|&n| rng.tokens(n, w.config.vocab))
                 .collect();
             for (name, opts) in &forms {
-                let what = format!("{preset:?}, {} sequences, {name}", lens.len());
                 let off = CudaOptions {
                     fused_batch_norm: false,
-                    ..opts.clone()
-                };
-                let on = CudaOptions {
-                    fused_batch_norm: true,
+                    rows_thread_sums: false,
                     ..opts.clone()
                 };
                 let want = batched_greedy_logits(&w, &off, &prompts, 8);
-                let got = batched_greedy_logits(&w, &on, &prompts, 8);
-                for (step, (g, r)) in got.iter().zip(&want).enumerate() {
-                    for (row, (a, b)) in g.iter().zip(r).enumerate() {
-                        assert!(
-                            a.iter().all(|v| v.is_finite()),
-                            "{what}: step {step} row {row}: not finite"
-                        );
-                        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                        assert!(
-                            same,
-                            "{what}: step {step} row {row}: folded norms differ (rel_l2 {:.3e})",
-                            rel_l2("folded vs rms_norm", a, b)
-                        );
+                // The folded norms alone, and with the router's group sums a thread.
+                for thread_sums in [false, true] {
+                    let what = format!(
+                        "{preset:?}, {} sequences, {name}, thread sums {thread_sums}",
+                        lens.len()
+                    );
+                    let on = CudaOptions {
+                        fused_batch_norm: true,
+                        rows_thread_sums: thread_sums,
+                        ..opts.clone()
+                    };
+                    let got = batched_greedy_logits(&w, &on, &prompts, 8);
+                    for (step, (g, r)) in got.iter().zip(&want).enumerate() {
+                        for (row, (a, b)) in g.iter().zip(r).enumerate() {
+                            assert!(
+                                a.iter().all(|v| v.is_finite()),
+                                "{what}: step {step} row {row}: not finite"
+                            );
+                            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "{what}: step {step} row {row}: folded norms differ (rel_l2 {:.3e})",
+                                rel_l2("folded vs rms_norm", a, b)
+                            );
+                        }
                     }
+                    println!("MODEL folded batched norms {what}: 8 steps bit for bit");
                 }
-                println!("MODEL folded batched norms {what}: 8 steps bit for bit");
             }
         }
     }
