@@ -2189,7 +2189,7 @@ __device__ __forceinline__ void rows_stage_one(const float* __restrict__ x, int 
 // rows_stage_one for every float4 of the rows, RS_DEPTH of a thread's loaded before any is stored
 // (explicitly: the compiler may not move a load above block 0's stores of the normed rows, which
 // it cannot tell apart from x).
-#define RS_DEPTH 16
+#define RS_DEPTH 8
 __device__ __forceinline__ void rows_stage_deep(const float* __restrict__ x, int n4, int cols, int G, float* xs,
                                                 const RowsNorm& norm) {
     for (int i0 = threadIdx.x; i0 < n4; i0 += RS_DEPTH * blockDim.x) {

@@ -110,7 +110,7 @@ lily_core::backend_options! {
             why "not yet measured (perf-notes, session 21: predicted 8 rows 7.25 → ≈ 6.7–6.95 ms a step at 1K on an H100); rms_norm then the rows kernel is the reference it is tested against";
         rows_thread_sums = false, flag Some("rows-thread-sums"), env "LILY_ROWS_THREAD_SUMS" = true,
             label "batched rows' group sums a thread",
-            help "the CUDA-core rows kernels of a batched decode step (dec_gemv_rows_split: the router and shared-expert gate; dec_gemv_rows) sum each staged (row, 64-column group) in one thread, the xor tree's order from its own 16-byte reads (decode.cu group_sum_tree, the same bits), and stage the rows 16 loads deep a thread, instead of one warp_sum a (row, group), a warp's share one after another (8 rows of 2,048: 64 in a row for each of the split kernel's 4 warps)",
+            help "the CUDA-core rows kernels of a batched decode step (dec_gemv_rows_split: the router and shared-expert gate; dec_gemv_rows) sum each staged (row, 64-column group) in one thread, the xor tree's order from its own 16-byte reads (decode.cu group_sum_tree, the same bits), and stage the rows 8 loads deep a thread, instead of one warp_sum a (row, group), a warp's share one after another (8 rows of 2,048: 64 in a row for each of the split kernel's 4 warps)",
             why "not yet measured (perf-notes, session 21: predicted the 8-row router 23.6 → ≈ 7–10 µs a launch on an H100); the warp sums are the reference it is tested against";
         moe_int8 = true, flag Some("no-moe-int8"), env "LILY_MOE_INT8" = true,
             label "int8 MoE products",

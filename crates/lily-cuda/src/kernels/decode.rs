@@ -114,7 +114,7 @@ pub enum RowsSums {
     /// One warp_sum a (row, group), a warp's share of them one after another.
     ByWarp,
     /// `rows_thread_sums`: one thread a (row, group), the xor tree's order from its own reads
-    /// (`group_sum_tree`), the staging's loads 16 deep a thread.
+    /// (`group_sum_tree`), the staging's loads 8 deep a thread.
     ByThread,
 }
 /// Warps (weight rows) of a `dec_gemv_rows_split` block.
