@@ -615,3 +615,126 @@ fn decode_batched_device_samplers_kept_between_steps_follow_their_sampler() {
         batched.iter().map(Vec::len).sum::<usize>()
     );
 }
+
+/// Each step's logits of `prompts` decoded greedily together for `steps` batched steps with
+/// `opts` (every row fed every step; the sequences prefilled with their prompts first).
+fn batched_greedy_logits(
+    w: &lily_core::weights::ModelWeights,
+    opts: &CudaOptions,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Vec<Vec<Vec<f32>>> {
+    let mut b = CudaBackend::with_options(w, opts).unwrap();
+    let seqs = prefilled(&mut b, prompts);
+    let mut samplers: Vec<Sampler> = prompts
+        .iter()
+        .map(|_| Sampler::new(SamplingParams::greedy()))
+        .collect();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let mut rows: Vec<DecodeRow> = seqs
+            .iter()
+            .zip(samplers.iter_mut())
+            .map(|(&seq, sampler)| DecodeRow {
+                seq,
+                sampler,
+                top_logprobs: 0,
+                feed: true,
+            })
+            .collect();
+        b.decode_step(&mut rows, &mut |_, _| Flow::Continue)
+            .unwrap();
+        out.push(seqs.iter().map(|&s| b.logits(s).unwrap()).collect());
+    }
+    out
+}
+
+/// `fused_batch_norm`: the batched step with its block norms folded into the projections' rows
+/// kernels (decode.cu `rows_norm_inv`, block 0 leaving the normed rows in scratch.xn for the
+/// MoE) gives the logits of the step with an `rms_norm` launch before each projection launch,
+/// bit for bit (the folded norm sums in rms_norm's order), over eight greedy steps: on tiny and
+/// small, three and eight sequences, bf16 with the defaults (`dec_mma_rows_deep`, the router in
+/// `dec_gemv_rows_split`, the MoE grouped by expert), bf16 on `dec_mma_rows`, bf16 on the CUDA
+/// cores (`dec_gemv_rows`, the router in `dec_gemv_rows` too), and fp32 (`dec_gemv_rows`, the
+/// MoE's f32 per-row kernels); each also with `rows_thread_sums` (the CUDA-core kernels' group
+/// sums a thread), against both switches off.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_with_folded_norms_equal_rms_norm_launches() {
+    let bf16 = CudaOptions {
+        batched_decode: true,
+        chunk: 64,
+        ..CudaOptions::default()
+    };
+    let forms = [
+        ("defaults, bf16", bf16.clone()),
+        (
+            "dec_mma_rows, bf16",
+            CudaOptions {
+                mma_rows_deep: false,
+                ..bf16.clone()
+            },
+        ),
+        (
+            "dec_gemv_rows, bf16",
+            CudaOptions {
+                mma_rows: false,
+                router_rows_split: false,
+                ..bf16.clone()
+            },
+        ),
+        (
+            "fp32",
+            CudaOptions {
+                bf16_activations: false,
+                ..bf16.clone()
+            },
+        ),
+    ];
+    for preset in [Preset::Tiny, Preset::Small] {
+        let w = synth_model(preset, SynthFormat::Mlx, 17);
+        let mut rng = Rng(7);
+        for lens in [&[9usize, 23, 40][..], &[9, 23, 40, 5, 17, 33, 2, 28]] {
+            let prompts: Vec<Vec<u32>> = lens
+                .iter()
+                .map(|&n| rng.tokens(n, w.config.vocab))
+                .collect();
+            for (name, opts) in &forms {
+                let off = CudaOptions {
+                    fused_batch_norm: false,
+                    rows_thread_sums: false,
+                    ..opts.clone()
+                };
+                let want = batched_greedy_logits(&w, &off, &prompts, 8);
+                // The folded norms alone, and with the router's group sums a thread.
+                for thread_sums in [false, true] {
+                    let what = format!(
+                        "{preset:?}, {} sequences, {name}, thread sums {thread_sums}",
+                        lens.len()
+                    );
+                    let on = CudaOptions {
+                        fused_batch_norm: true,
+                        rows_thread_sums: thread_sums,
+                        ..opts.clone()
+                    };
+                    let got = batched_greedy_logits(&w, &on, &prompts, 8);
+                    for (step, (g, r)) in got.iter().zip(&want).enumerate() {
+                        for (row, (a, b)) in g.iter().zip(r).enumerate() {
+                            assert!(
+                                a.iter().all(|v| v.is_finite()),
+                                "{what}: step {step} row {row}: not finite"
+                            );
+                            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                            assert!(
+                                same,
+                                "{what}: step {step} row {row}: folded norms differ (rel_l2 {:.3e})",
+                                rel_l2("folded vs rms_norm", a, b)
+                            );
+                        }
+                    }
+                    println!("MODEL folded batched norms {what}: 8 steps bit for bit");
+                }
+            }
+        }
+    }
+}
