@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | norm | moe | moe_q8 | moe_x8x2 | moe_grouped | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | moe_grouped | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -12,11 +12,7 @@
 //   mma:  dec_mma_rows (the batched 4-bit projections on the tensor cores) against the same f64
 //         product and against dec_gemv_rows (mma_case).
 //   split: dec_gemv_rows_split (the router's launch over more lanes, router_rows_split) against
-//         the f64 product and against dec_gemv_rows (another summation order: a tolerance); both
-//         with their group sums a thread (rows_thread_sums) bit for bit their warp sums' outputs.
-//   norm: the four rows kernels with the block norm folded in (fused_batch_norm: decode.cu
-//         rows_norm_inv, rows_value) bit for bit against norm.cu's rms_norm then the same kernel
-//         on the normed rows, the normed rows they leave bit for bit rms_norm's (norm_case).
+//         the f64 product and against dec_gemv_rows (another summation order: a tolerance).
 //   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
@@ -178,35 +174,25 @@ static DecSegs make_segs(const std::vector<Seg>& segs, std::vector<float*> ys, i
     d.n = (int)segs.size(); d.tiles = total;
     return d;
 }
-// A rows launch's norm prologue (Decode::project_rows' Prologue::RmsNorm and staged_out): the
-// norm's weight (null: none), eps, and where the normed rows go (null: nowhere).
-struct EmuNorm {
-    const float* w = nullptr;
-    float eps = 0.0f;
-    float* xn = nullptr;
-};
 // Decode::project_rows' split of `rows` input rows into launches of at most `per`: launch(at, xb,
-// nb, xn) with the segments' outputs, the input and the normed rows' output at the launch's first
-// row.
+// nb) with the segments' outputs and the input at the launch's first row.
 template <class Launch>
 static void per_launch(const std::vector<Seg>& segs, const DecSegs& base, const float* x, int cols, int rows, int per,
-                       const EmuNorm& norm, Launch launch) {
+                       Launch launch) {
     for (int b0 = 0; b0 < rows; b0 += per) {
         int nb = std::min(per, rows - b0);
         DecSegs at = base;
         for (size_t i = 0; i < segs.size(); i++) at.s[i].y += (size_t)b0 * segs[i].w->rows;
-        launch(at, x + (size_t)b0 * cols, nb, norm.xn ? norm.xn + (size_t)b0 * cols : nullptr);
+        launch(at, x + (size_t)b0 * cols, nb);
     }
 }
-static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                         const EmuNorm& norm = {}, int thread_sums = 0) {
+static void project_rows(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
     int warps = DEC_ROWS_WARPS;
     int rows_per_tile = warps * rows_lanes_rpw(cols);
     DecSegs base = make_segs(segs, ys, rows_per_tile);
     int grid = std::min(base.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
-    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
-        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb),
-                 [&] { dec_gemv_rows(at, xb, nb, cols, norm.w, norm.eps, xn, thread_sums); });
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
+        launch_k({grid, 1, 1}, warps * 32, rows_smem_floats(cols, nb), [&] { dec_gemv_rows(at, xb, nb, cols); });
     });
 }
 // Decode::project's one-row launch: dec_gemv4 / dec_gemv4w / dec_gemv8 (no prologue).
@@ -328,13 +314,12 @@ static void run_gemv() {
 // Decode::project_rows's launches for RowsKernel::GemvSplit (decode.rs: tiles of
 // SPLIT_WARPS rows, a persistent grid of at most 4 · BLOCKS_PER_SM blocks an SM, dec_gemv_rows'
 // shared memory and rows a launch).
-static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                               const EmuNorm& norm = {}, int thread_sums = 0) {
+static void project_rows_split(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
     DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
     int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
-    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
         launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
-                 [&] { dec_gemv_rows_split(at, xb, nb, cols, norm.w, norm.eps, xn, thread_sums); });
+                 [&] { dec_gemv_rows_split(at, xb, nb, cols); });
     });
 }
 
@@ -403,18 +388,6 @@ static void split_case(const char* name, int cols, std::vector<QW*> ws, std::vec
         auto gemv = outputs(ws, modes, nb, resid, ys);
         project_rows(segs, ys, x.data(), cols, nb);
         check_rows(name, "dec_gemv_rows", cols, ws, modes, nb, x, resid, got, gemv);
-        // rows_thread_sums: both kernels' group sums a thread, bit for bit the warp sums' outputs.
-        auto split_t = outputs(ws, modes, nb, resid, ys);
-        project_rows_split(segs, ys, x.data(), cols, nb, {}, 1);
-        auto gemv_t = outputs(ws, modes, nb, resid, ys);
-        project_rows(segs, ys, x.data(), cols, nb, {}, 1);
-        for (size_t i = 0; i < ws.size(); i++) {
-            size_t n = (size_t)nb * ws[i]->rows;
-            char what[160];
-            snprintf(what, sizeof what, "%s: %d rows, x %d: group sums a thread, bit for bit", name, nb, ws[i]->rows);
-            verdict(what, same_bits(split_t[i].p(), got[i].p(), n) && same_bits(gemv_t[i].p(), gemv[i].p(), n) &&
-                              split_t[i].guard_ok() && gemv_t[i].guard_ok());
-        }
     }
 }
 
@@ -442,13 +415,13 @@ static size_t mma_smem_floats(int cols, int nb) {
     return (size_t)nb * (G * 32 + 4) + (size_t)G * DEC_B_MAX + 2 * DEC_MMA_WARPS * 128;
 }
 static void project_rows_mma(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows,
-                             int sms, int split, const EmuNorm& norm = {}) {
+                             int sms, int split) {
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int grid = std::min((base.tiles + per_block - 1) / per_block, DEC_MMA_BLOCKS * sms);
-    per_launch(segs, base, x, cols, rows, DEC_B_MAX, norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
+    per_launch(segs, base, x, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb) {
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_smem_floats(cols, nb),
-                 [&] { dec_mma_rows(at, xb, nb, cols, split, norm.w, norm.eps, xn); });
+                 [&] { dec_mma_rows(at, xb, nb, cols, split); });
     });
 }
 
@@ -463,16 +436,16 @@ static size_t mma_deep_smem_floats(int cols, int nb) {
     return mma_smem_floats(cols, nb) + (size_t)DEC_MMA_WARPS * mma_deep_stages(cols, nb) * 16 * (DEC_MMA_CHUNK * 32 + 32) / 4;
 }
 static void project_rows_mma_deep(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols,
-                                  int rows, int sms, int split, const EmuNorm& norm = {}) {
+                                  int rows, int sms, int split) {
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int first = std::min(rows, DEC_B_MAX);
     int per_sm = std::clamp((232448 + 1024) / ((int)mma_deep_smem_floats(cols, first) * 4 + 1024), 1, DEC_MMA_BLOCKS);
     int grid = std::min((base.tiles + per_block - 1) / per_block, per_sm * sms);
-    per_launch(segs, base, x, cols, rows, DEC_B_MAX, norm, [&](DecSegs at, const float* xb, int nb, float* xn) {
+    per_launch(segs, base, x, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb) {
         int stages = mma_deep_stages(cols, nb);
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_deep_smem_floats(cols, nb),
-                 [&] { dec_mma_rows_deep(at, xb, nb, cols, split, stages, norm.w, norm.eps, xn); });
+                 [&] { dec_mma_rows_deep(at, xb, nb, cols, split, stages); });
     });
 }
 
@@ -576,98 +549,6 @@ static void run_mma() {
     QW n128(4, 1, 77, 128), n64(4, 1, 40, 64);
     mma_case("narrow", 128, {&n128}, {DEC_STORE}, {6});
     mma_case("narrow", 64, {&n64}, {DEC_EXACT}, {7});
-}
-
-// ---- norm ---------------------------------------------------------------------------------------
-
-// fused_batch_norm: each rows kernel given the block norm's weight (decode.cu rows_norm_inv and
-// rows_value) against rms_norm (norm.cu, a block of 256 threads a row, as Norm::rms_norm launches
-// it) then the same kernel on the normed rows: outputs bit for bit, the normed rows block 0 leaves
-// (when asked) bit for bit rms_norm's, nothing written past either; and against the f64 product
-// of the f64-normed rows (the kernels' own tolerance). kernel: 0 dec_gemv_rows, 1 _split, 2
-// dec_mma_rows (whole tiles and split tiles), 3 dec_mma_rows_deep (likewise). The CUDA-core
-// kernels' folded form also sums its groups a thread (rows_thread_sums), the reference the warp.
-static void norm_case(const char* name, int kernel, int cols, std::vector<QW*> ws, std::vector<int> modes,
-                      std::vector<int> nbs, int sms) {
-    std::vector<Seg> segs;
-    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
-    const float eps = 1e-6f;
-    for (int nb : nbs) {
-        // The residual rows (bf16 values in bf16 mode, as act() leaves them), of a residual
-        // stream's magnitude, and a norm weight around 1.
-        std::vector<float> x = vec((size_t)nb * cols, 4.0f), nw(cols);
-        if (BF16) for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
-        for (auto& v : nw) v = 1.0f + val(0.5f);
-        auto resid = residuals(ws, nb);
-        for (int split : kernel >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0}) {
-            auto run = [&](const float* in, const EmuNorm& norm) {
-                std::vector<float*> ys;
-                auto outs = outputs(ws, modes, nb, resid, ys);
-                if (kernel == 0) project_rows(segs, ys, in, cols, nb, norm, norm.w ? 1 : 0);
-                else if (kernel == 1) project_rows_split(segs, ys, in, cols, nb, norm, norm.w ? 1 : 0);
-                else if (kernel == 2) project_rows_mma(segs, ys, in, cols, nb, sms, split, norm);
-                else project_rows_mma_deep(segs, ys, in, cols, nb, sms, split, norm);
-                return outs;
-            };
-            Buf<float> xn((size_t)nb * cols), xn_fused((size_t)nb * cols);
-            launch_k({nb, 1, 1}, 256, 0, [&] { rms_norm(x.data(), cols, nw.data(), xn.p(), cols, cols, eps, nb); });
-            auto want = run(xn.p(), {});
-            auto got = run(x.data(), {nw.data(), eps, xn_fused.p()});
-            auto got_no_xn = run(x.data(), {nw.data(), eps, nullptr});
-            // f64: the rows normed in f64 (act() on the normed values), then W · xn.
-            std::vector<double> xd((size_t)nb * cols);
-            for (int b = 0; b < nb; b++) {
-                double ss = 0;
-                for (int c = 0; c < cols; c++) ss += (double)x[(size_t)b * cols + c] * x[(size_t)b * cols + c];
-                double inv = 1.0 / std::sqrt(ss / cols + eps);
-                for (int c = 0; c < cols; c++) xd[(size_t)b * cols + c] = rb(x[(size_t)b * cols + c] * inv * nw[c]);
-            }
-            for (size_t i = 0; i < ws.size(); i++) {
-                const QW& w = *ws[i];
-                std::vector<double> ref((size_t)nb * w.rows);
-                for (int b = 0; b < nb; b++)
-                    for (int r = 0; r < w.rows; r++) {
-                        double y = w.dot(0, r, xd.data() + (size_t)b * cols);
-                        size_t at = (size_t)b * w.rows + r;
-                        ref[at] = modes[i] == DEC_RESIDUAL ? rb(resid[i][at] + rb(y)) : modes[i] == DEC_EXACT ? y : rb(y);
-                    }
-                size_t n = (size_t)nb * w.rows;
-                bool same = same_bits(got[i].p(), want[i].p(), n) && same_bits(got_no_xn[i].p(), want[i].p(), n);
-                double e = rel_l2(got[i].p(), ref.data(), n);
-                const char* mode = modes[i] == DEC_STORE ? "store" : modes[i] == DEC_RESIDUAL ? "residual" : "exact";
-                char what[200];
-                snprintf(what, sizeof what, "%s: %d rows, %d-bit x %d, %s%s, bit for bit rms_norm + kernel", name, nb, w.bits,
-                         w.rows, mode, split ? ", split" : "");
-                double tol = BF16 ? 1e-2 : 1e-5;
-                verdict(what, same && e < tol && got[i].guard_ok() && got_no_xn[i].guard_ok(), "  rel_l2 vs f64 %.2e", e);
-            }
-            char what[160];
-            snprintf(what, sizeof what, "%s: %d rows%s, normed rows out bit for bit rms_norm's", name, nb, split ? ", split" : "");
-            verdict(what, same_bits(xn_fused.p(), xn.p(), (size_t)nb * cols) && xn_fused.guard_ok());
-        }
-    }
-}
-
-static void run_norm() {
-    printf("the block norm folded into the rows kernels (activations %s)\n", BF16 ? "bf16" : "fp32");
-    // The router and the shared expert's gate (8-bit), as the MoE's launch has them.
-    QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
-    norm_case("dec_gemv_rows_split router", 1, 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 3, 8, 11}, SM_COUNT);
-    norm_case("dec_gemv_rows router", 0, 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {3, 8}, SM_COUNT);
-    // The CUDA cores' q/k/v (4-bit) beside an 8-bit weight: every store mode.
-    QW q(4, 1, 300, 2048), k(4, 1, 64, 2048), g(8, 1, 33, 2048);
-    norm_case("dec_gemv_rows ragged", 0, 2048, {&q, &k, &g}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT}, {2, 11}, SM_COUNT);
-    if (BF16) {
-        // The tensor-core kernels (bf16 mode): DeltaNet's in_proj shape (narrower), on the H200's
-        // grid and on a 2-SM one (every block looping over tiles).
-        QW qkv(4, 1, 512, 2048), z(4, 1, 256, 2048), bw(4, 1, 32, 2048), aw(4, 1, 32, 2048);
-        for (int sms : {SM_COUNT, 2}) {
-            norm_case("dec_mma_rows in_proj", 2, 2048, {&qkv, &z, &bw, &aw}, {DEC_STORE, DEC_STORE, DEC_RESIDUAL, DEC_EXACT},
-                      {1, 8, 11}, sms);
-            norm_case("dec_mma_rows_deep in_proj", 3, 2048, {&qkv, &z, &bw, &aw},
-                      {DEC_STORE, DEC_STORE, DEC_RESIDUAL, DEC_EXACT}, {1, 3, 8, 11}, sms);
-        }
-    }
 }
 
 // ---- moe ----------------------------------------------------------------------------------------
@@ -1525,7 +1406,6 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
-    else if (part == "norm") run_norm();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
     else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (and dec_mma_rows_deep; all four also with the
-# block norm folded in, fused_batch_norm, against norm.cu's rms_norm), dec_glu4_rows + dec_down_combine_rows, the
+# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
@@ -17,8 +16,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|norm|moe|moe_q8|moe_x8x2|moe_grouped|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (33 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (29 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -42,7 +41,7 @@ def swap(src, old, new, count=1):
 # `run_batch.sh mutants`: one known bug put into the kernels (EMU_MUTANT = its index), which the
 # emulation must catch: the proof that a pass means something.
 MUTANTS = [
-    ('dec', 'rows_stage_one(x, i, cols, G, xs, norm);\n    __syncthreads();\n    // Each (row, group)', 'rows_stage_one(x, i, cols, G, xs, norm);\n    // Each (row, group)',
+    ('dec', '= v;\n    }\n    __syncthreads();\n    // Each (row, group)', '= v;\n    }\n    // Each (row, group)',
      'dec_gemv_rows without the barrier after staging x'),
     ('dec', 'xsum_g[b * G]', 'xsum_g[b]', "dec_gemv_rows reading row 0's group sums at the wrong stride"),
     ('dec', 'LEAN ? sgate.rows : 0);', '0);', 'dec_glu4_rows writing every token\'s shared expert to row 0'),
@@ -88,12 +87,6 @@ MUTANTS = [
      "dec_down_combine_x8x2_grouped summing a row's items in rank order, not dec_down_combine_x8x2's chunks"),
     ('dec', 'for (int i = 0; i < w; i++) item += __popc(bits[i]);', 'for (int i = 0; i < w - 1; i++) item += __popc(bits[i]);',
      "group_picks missing the experts of the word before an expert's: items of different experts folded into one"),
-    ('dec', 'if (lane == v) t = s;', 'if (lane == 0) t = s;', "rows_norm_inv keeping only the first of rms_norm's eight warp sums"),
-    ('dec', 'float inv = n.inv[b];', 'float inv = n.inv[0];', "rows_value norming every row with row 0's inverse RMS"),
-    ('dec', 'for (int l = 0; l < 16; l++) p[l] += p[l + 16];', 'for (int l = 0; l < 16; l++) p[l] += p[31 - l];',
-     "group_sum_tree pairing a group's values otherwise than the xor tree"),
-    ('dec', 'rows_stage_deep(x, n4, cols, G, xs, norm);\n        __syncthreads();', 'rows_stage_deep(x, n4, cols, G, xs, norm);',
-     "rows_stage's thread sums without the barrier after staging x"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -172,8 +165,7 @@ if [ "${1:-}" = mutants ]; then
            "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
-           "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
-           "29 norm" "30 norm -DLILY_BF16_ACT" "31 split" "32 split"; do
+           "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -189,8 +181,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv gemv_x8 mma split norm moe moe_q8 moe_x8x2 moe_grouped dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split norm moe moe_q8 moe_x8x2 moe_grouped dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

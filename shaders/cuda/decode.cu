@@ -2094,142 +2094,17 @@ __device__ __forceinline__ void brow_dot(const QWeight& w, int row, int G, int L
 #define DEC_ROWS_WARPS 8
 #define DEC_ROWS_MIN_BLOCKS 1
 #endif
-// The block norm folded into a batched projection (the plan's `BatchNorm::Folded`, under
-// fused_batch_norm): a rows kernel given `norm_w` stages RMSNorm(x[b]) · norm_w instead of x[b],
-// so the step needs no rms_norm launch before it. RowsNorm carries the norm's weight (f32 [cols];
-// null: the rows are staged as they are), eps, each input row's inverse RMS (`inv`, shared
-// memory, [DEC_B_MAX], from rows_norm_inv) and where block 0 writes the normed rows for later
-// kernels (`xn_out`, f32 [nb, cols]; null: nowhere).
-struct RowsNorm {
-    const float* __restrict__ w;
-    float eps;
-    float* __restrict__ xn_out;
-    float* inv;
-};
-
-// inv[b] = rsqrt(mean(x[b]²) + eps) for b < nb, bit for bit what rms_norm (norm.cu, a block of 256
-// threads a row) computes whatever this block's width: a warp takes rms_norm's warps one row at a
-// time (lane l of rms_norm's warp v sums x[v · 32 + l + 256 j] for j = 0, 1, ... in order; the
-// eight warps' sums met by the xor tree, then summed by one more, lanes past 8 adding zeros), so
-// the normed rows equal rms_norm's and the projections the unfused step's. Each lane keeps the
-// eight warps' sums of its column slots in registers: 8 · 8 loads in flight a lane (a 2,048-wide
-// row at once).
-__device__ __forceinline__ void rows_norm_inv(const float* __restrict__ x, int nb, int cols, const RowsNorm& n) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int b = warp; b < nb; b += warps) {
-        const float* xr = x + (long long)b * cols;
-        float ss[8];
-#pragma unroll
-        for (int v = 0; v < 8; v++) ss[v] = 0.0f;
-#pragma unroll 8
-        for (int c0 = lane; c0 < cols; c0 += 256) {
-#pragma unroll
-            for (int v = 0; v < 8; v++) {
-                int c = c0 + 32 * v;
-                if (c < cols) ss[v] += xr[c] * xr[c];
-            }
-        }
-        float t = 0.0f;
-#pragma unroll
-        for (int v = 0; v < 8; v++) {
-            float s = warp_sum(ss[v]);
-            if (lane == v) t = s;
-        }
-        t = warp_sum(t);
-        if (lane == 0) n.inv[b] = rsqrtf(t / (float)cols + n.eps);
-    }
-    __syncthreads();
-}
-
-// Four staged values of row b at columns c .. c + 3: the row's own, or (norm.w) normed as
-// rms_norm writes them, act(x · inv · w); block 0 also stores the normed values to norm.xn_out.
-__device__ __forceinline__ float4 rows_value(float4 v, int b, int c, int cols, const RowsNorm& n) {
-    if (!n.w) return v;
-    float inv = n.inv[b];
-    float4 w = *reinterpret_cast<const float4*>(n.w + c);
-    v = make_float4(act(v.x * inv * w.x), act(v.y * inv * w.y), act(v.z * inv * w.z), act(v.w * inv * w.w));
-    if (n.xn_out && blockIdx.x == 0) *reinterpret_cast<float4*>(n.xn_out + (long long)b * cols + c) = v;
-    return v;
-}
-
-// One staged group's sum (64 floats at g, 16-byte aligned) by one thread, bit for bit what
-// warp_sum(g[l] + g[l + 32]) over a warp's lanes l gives: the same pairs, the same xor tree (after
-// the step of offset o lane l holds v_l + v_(l^o), for l < o p[l] + p[l + o]; addition commutes,
-// so every lane's value is p[0]'s).
-__device__ __forceinline__ float group_sum_tree(const float* g) {
-    float p[32];
-#pragma unroll
-    for (int l = 0; l < 32; l += 4) {
-        float4 a = *reinterpret_cast<const float4*>(g + l), b = *reinterpret_cast<const float4*>(g + l + 32);
-        p[l] = a.x + b.x;
-        p[l + 1] = a.y + b.y;
-        p[l + 2] = a.z + b.z;
-        p[l + 3] = a.w + b.w;
-    }
-    // The offsets 16, 8, 4, 2, 1 written out: every index a constant, so p stays in registers.
-#pragma unroll
-    for (int l = 0; l < 16; l++) p[l] += p[l + 16];
-#pragma unroll
-    for (int l = 0; l < 8; l++) p[l] += p[l + 8];
-#pragma unroll
-    for (int l = 0; l < 4; l++) p[l] += p[l + 4];
-    p[0] += p[2];
-    p[1] += p[3];
-    return p[0] + p[1];
-}
-
-// Float4 i of the nb staged rows (row (4i) / cols, column (4i) % cols) into xs.
-__device__ __forceinline__ void rows_stage_one(const float* __restrict__ x, int i, int cols, int G, float* xs,
-                                               const RowsNorm& norm) {
-    int b = (4 * i) / cols, c = (4 * i) % cols;
-    float4 v = rows_value(*reinterpret_cast<const float4*>(x + (long long)b * cols + c), b, c, cols, norm);
-    *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
-}
-
-// rows_stage_one for every float4 of the rows, RS_DEPTH of a thread's loaded before any is stored
-// (explicitly: the compiler may not move a load above block 0's stores of the normed rows, which
-// it cannot tell apart from x).
-#define RS_DEPTH 8
-__device__ __forceinline__ void rows_stage_deep(const float* __restrict__ x, int n4, int cols, int G, float* xs,
-                                                const RowsNorm& norm) {
-    for (int i0 = threadIdx.x; i0 < n4; i0 += RS_DEPTH * blockDim.x) {
-        float4 v[RS_DEPTH];
-#pragma unroll
-        for (int k = 0; k < RS_DEPTH; k++) {
-            int i = i0 + k * blockDim.x;
-            if (i < n4) v[k] = *reinterpret_cast<const float4*>(x + 4LL * i);
-        }
-#pragma unroll
-        for (int k = 0; k < RS_DEPTH; k++) {
-            int i = i0 + k * blockDim.x, b = (4 * i) / cols, c = (4 * i) % cols;
-            if (i < n4)
-                *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) =
-                    rows_value(v[k], b, c, cols, norm);
-        }
-    }
-}
-
-// x [nb, cols] (normed here where norm.w says, else already normed) → xs [nb][G][DEC_XPAD] and
-// each (row, group)'s sum xsum [nb][G] (dec_gemv_rows' layout), 16 bytes at a time (cols % 64 ==
-// 0: a float4 never straddles a group or a row). The group sums: one warp_sum per (row, group)
-// in turn, a warp's nb · G / warps of them one after another (8 rows of 2,048: 64 a warp of the
-// split kernel's 4); or, `thread_sums` (the plan's rows_thread_sums), one thread a (row, group)
-// from its 16-byte reads (group_sum_tree: the same bits, 2 a thread), the staging's loads then
-// RS_DEPTH deep a thread instead of one at a time (rows_stage_deep). Either way the same xs and
-// xsum.
-__device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum,
-                                           const RowsNorm& norm, bool thread_sums) {
+// x [nb, cols] (already normed) → xs [nb][G][DEC_XPAD] and each (row, group)'s sum xsum [nb][G]
+// (dec_gemv_rows' layout), 16 bytes at a time (cols % 64 == 0: a float4 never straddles a group
+// or a row).
+__device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum) {
     int G = cols >> 6, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int n4 = nb * cols / 4;
-    if (norm.w) rows_norm_inv(x, nb, cols, norm);
-    if (thread_sums) {
-        rows_stage_deep(x, n4, cols, G, xs, norm);
-        __syncthreads();
-        for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) xsum[bg] = group_sum_tree(xs + bg * DEC_XPAD);
-        __syncthreads();
-        return;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        int b = (4 * i) / cols, c = (4 * i) % cols;
+        float4 v = *reinterpret_cast<const float4*>(x + (long long)b * cols + c);
+        *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v;
     }
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) rows_stage_one(x, i, cols, G, xs, norm);
     __syncthreads();
     // Each (row, group)'s sum, as stage_slow sums a group.
     for (int bg = warp; bg < nb * G; bg += warps) {
@@ -2240,10 +2115,8 @@ __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, 
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
-dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-              float eps, float* __restrict__ xn_out, int thread_sums) {
+dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
-    __shared__ float inv[DEC_B_MAX];
     int G = cols >> 6;
     float* xs = dec_smem;                    // [nb][G][DEC_XPAD]
     float* xsum = xs + nb * G * DEC_XPAD;    // [nb][G]
@@ -2251,7 +2124,7 @@ dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, const
     int L = G >= 8 ? 8 : G >= 4 ? 4 : G >= 2 ? 2 : 1;
     int rpw = 32 / L, sub = lane / L, sl = lane % L;
     dec_wait();
-    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv}, thread_sums != 0);
+    rows_stage(x, nb, cols, xs, xsum);
     int warps = blockDim.x >> 5;
     for (int tile = blockIdx.x; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
@@ -2298,10 +2171,8 @@ __device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, 
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
-dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols, const float* __restrict__ norm_w,
-                    float eps, float* __restrict__ xn_out, int thread_sums) {
+dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
-    __shared__ float inv[DEC_B_MAX];
     int G = cols >> 6;
     float* xs = dec_smem;                  // [nb][G][DEC_XPAD]
     float* xsum = xs + nb * G * DEC_XPAD;  // [nb][G]
@@ -2313,7 +2184,7 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols,
     int tile = blockIdx.x;
     split_first_load(segs, tile, G, g4, g8);
     dec_wait();
-    rows_stage(x, nb, cols, xs, xsum, RowsNorm{norm_w, eps, xn_out, inv}, thread_sums != 0);
+    rows_stage(x, nb, cols, xs, xsum);
     for (; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
         int row = (tile - sg.tile0) * DEC_SPLIT_WARPS + warp;
@@ -2529,9 +2400,8 @@ __device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cp
 // sums of those bf16 values, a group's 8 rows together: a lane reads its two as one float2): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
 // four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
 __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
-                                          float* xsum, const RowsNorm& norm) {
+                                          float* xsum) {
     int total = nb * G * 4;
-    if (norm.w) rows_norm_inv(x, nb, cols, norm);
     for (int base = 0; base < total; base += blockDim.x) {
         int i = base + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
         bool live = i < total;
@@ -2542,7 +2412,7 @@ __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, i
             float v[16];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float4 f = rows_value(p[e], n, gi * 64 + t * 16 + 4 * e, cols, norm);
+                float4 f = p[e];
                 v[4 * e] = round_bf16(f.x);
                 v[4 * e + 1] = round_bf16(f.y);
                 v[4 * e + 2] = round_bf16(f.z);
@@ -2583,9 +2453,7 @@ __device__ __forceinline__ MmaWork mma_work(const DecSegs& segs, int G, int spli
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
-dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split,
-             const float* __restrict__ norm_w, float eps, float* __restrict__ xn_out) {
-    __shared__ float inv[DEC_B_MAX];
+dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
@@ -2595,7 +2463,7 @@ dec_mma_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols, int sp
     MmaChunk ca, cb;
     if (total > 0) mma_chunk_load(segs, 0, cpt, ks, gpw, G, ca);
     dec_wait();
-    mma_stage(x, nb, cols, G, R, xb, xsum, RowsNorm{norm_w, eps, xn_out, inv});
+    mma_stage(x, nb, cols, G, R, xb, xsum);
     __syncthreads();
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int c = 0; c < total; c += 2) {
@@ -2736,9 +2604,7 @@ __device__ __forceinline__ void mma_deep_stream(const DecSegs& segs, int total, 
 }
 
 extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
-dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages,
-                  const float* __restrict__ norm_w, float eps, float* __restrict__ xn_out) {
-    __shared__ float inv[DEC_B_MAX];
+dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
@@ -2752,7 +2618,7 @@ dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, i
         cp_async_commit();
     }
     dec_wait();
-    mma_stage(x, nb, cols, G, R, xb, xsum, RowsNorm{norm_w, eps, xn_out, inv});
+    mma_stage(x, nb, cols, G, R, xb, xsum);
     __syncthreads();
     if (stages == 3)
         mma_deep_stream<3>(segs, total, cpt, ks, G, pipe, xb, R, xsum, red, nb);

@@ -19,8 +19,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchNorm, BatchProjections, BatchScan,
-    DecodePath, Dense, Experts, MoeRows, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodePath,
+    Dense, Experts, MoeRows, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -523,7 +523,7 @@ impl Forward<'_> {
                         (&a.k_proj, Out::Store(s.k.ptr)),
                         (&a.v_proj, Out::Store(s.v.ptr)),
                     ];
-                    self.norm_project_batch(input_norm, rows, &qkv, false)?;
+                    self.norm_project_batch(input_norm, rows, &qkv)?;
                     let keys: Vec<usize> = seqs.iter().map(|seq| seq.len + 1).collect();
                     match self.plan.batch_attention(AttnShape::of(cfg), &keys) {
                         BatchAttention::Rows(kernel) => {
@@ -571,7 +571,7 @@ impl Forward<'_> {
                         (&d.in_b, Out::Store(s.b.ptr)),
                         (&d.in_a, Out::Store(s.a.ptr)),
                     ];
-                    self.norm_project_batch(input_norm, rows, &inputs, false)?;
+                    self.norm_project_batch(input_norm, rows, &inputs)?;
                     match self.plan.batch_scan(cfg) {
                         BatchScan::Rows => {
                             let t = BatchTable::new(table, model, rows)?;
@@ -611,7 +611,7 @@ impl Forward<'_> {
         }
         let v = cfg.vocab;
         let head = [(&model.lm_head, Out::Store(logits))];
-        self.norm_project_batch(model.final_norm.ptr, rows, &head, false)?;
+        self.norm_project_batch(model.final_norm.ptr, rows, &head)?;
         for (row, seq) in seqs.iter().enumerate() {
             gpu.copy_raw(seq.logits.ptr, logits + (row * v * F32) as u64, v * F32)?;
         }
@@ -654,7 +654,7 @@ impl Forward<'_> {
             (&m.router, Out::Exact(s.router.ptr)),
             (&m.shared_expert_gate, Out::Store(s.s_gate.ptr)),
         ];
-        self.norm_project_batch(norm, rows, &first, true)?;
+        self.norm_project_batch(norm, rows, &first)?;
         let (glu, down) = self.moe_args(m);
         let cfg = self.cfg;
         match self.plan.moe_rows(m, cfg.n_experts, cfg.top_k, rows) {
@@ -727,42 +727,12 @@ impl Forward<'_> {
     }
 
     /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step
-    /// (scratch.x), then the projections of the normed rows, as `Plan::batch_norm` says: folded
-    /// into the projections' launch (each block norms the rows it stages; block 0 also leaves
-    /// them in scratch.xn where `xn_read_later`, for the MoE's kernels), or `rms_norm` into
-    /// scratch.xn first and the projections of xn (`project_batch`). Either way the projections
-    /// see the same rows, bit for bit.
-    fn norm_project_batch(
-        &self,
-        norm: u64,
-        rows: usize,
-        outs: &[(&DevLinear, Out)],
-        xn_read_later: bool,
-    ) -> Result<()> {
+    /// (scratch.x) into scratch.xn (`rms_norm`), then the projections of the normed rows
+    /// (`project_batch`).
+    fn norm_project_batch(&self, norm: u64, rows: usize, outs: &[(&DevLinear, Out)]) -> Result<()> {
         let (cfg, s) = (self.cfg, self.scratch);
-        let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
-        let projections = self.plan.batch_projections(&shapes);
-        match (self.plan.batch_norm(projections), projections) {
-            (BatchNorm::Folded, BatchProjections::Rows(kernel)) => {
-                let input = Input {
-                    x: s.x.ptr,
-                    cols: cfg.hidden,
-                    prologue: Prologue::RmsNorm {
-                        weight: norm,
-                        eps: cfg.rms_eps,
-                    },
-                    staged_out: xn_read_later.then_some(s.xn.ptr),
-                };
-                let sums = self.plan.rows_sums();
-                self.kernels
-                    .decode
-                    .project_rows(self.gpu, kernel, input, rows, outs, sums)
-            }
-            _ => {
-                self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
-                self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
-            }
-        }
+        self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
+        self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
     }
 
     /// The projections of one input for the `rows` rows of a batched decode step (x: f32
@@ -778,12 +748,10 @@ impl Forward<'_> {
     ) -> Result<()> {
         let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
         match self.plan.batch_projections(&shapes) {
-            BatchProjections::Rows(kernel) => {
-                let (input, sums) = (Input::row(x, cols), self.plan.rows_sums());
-                self.kernels
-                    .decode
-                    .project_rows(self.gpu, kernel, input, rows, outs, sums)
-            }
+            BatchProjections::Rows(kernel) => self
+                .kernels
+                .decode
+                .project_rows(self.gpu, kernel, x, cols, rows, outs),
             BatchProjections::PerKernel => {
                 let xr = Rows::new(x, cols);
                 for &(w, out) in outs {
@@ -819,7 +787,7 @@ impl Forward<'_> {
             (&m.shared_gate, Out::Store(s.sg.ptr)),
             (&m.shared_up, Out::Store(s.su.ptr)),
         ];
-        self.norm_project_batch(norm, rows, &first, true)?;
+        self.norm_project_batch(norm, rows, &first)?;
         let route = Route {
             logits: s.router.ptr,
             ids: s.ids.ptr,

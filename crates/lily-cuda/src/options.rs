@@ -104,14 +104,6 @@ lily_core::backend_options! {
             label "batched router split over lanes",
             help "a batched decode step's router launch (router + shared-expert gate: 257 rows) in decode.cu's dec_gemv_rows_split (one weight row a warp, its 64-column groups one a lane, the lanes' sums met by a fixed shuffle tree, 4 rows a block: 65 blocks) instead of dec_gemv_rows' tiles of 24-32 rows (11 blocks)",
             why "won its A/B: full size 4 rows 748.0 / 747.1 → 759.9 / 763.0 tok/s (+1.9 %), 1 and 8 rows unchanged; served 4 clients 751.2 → 766.3 (an H100, session 17); dec_gemv_rows serves wider launches";
-        fused_batch_norm = false, flag Some("fused-batch-norm"), env "LILY_FUSED_BATCH_NORM" = true,
-            label "batched norms folded into the projections",
-            help "a batched decode step's block norms (attention's and DeltaNet's input norm, the MoE's, the final norm) folded into the rows kernel of the projections that read them (dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows, dec_mma_rows_deep given the norm's weight: each block computes its rows' inverse RMS in rms_norm's order and norms them while staging, block 0 leaving the normed rows in scratch.xn for the MoE's kernels; bit for bit the unfused rows) instead of an rms_norm launch before each (80 a step at 40 layers)",
-            why "not yet measured (perf-notes, session 21: predicted 8 rows 7.25 → ≈ 6.7–6.95 ms a step at 1K on an H100); rms_norm then the rows kernel is the reference it is tested against";
-        rows_thread_sums = false, flag Some("rows-thread-sums"), env "LILY_ROWS_THREAD_SUMS" = true,
-            label "batched rows' group sums a thread",
-            help "the CUDA-core rows kernels of a batched decode step (dec_gemv_rows_split: the router and shared-expert gate; dec_gemv_rows) sum each staged (row, 64-column group) in one thread, the xor tree's order from its own 16-byte reads (decode.cu group_sum_tree, the same bits), and stage the rows 8 loads deep a thread, instead of one warp_sum a (row, group), a warp's share one after another (8 rows of 2,048: 64 in a row for each of the split kernel's 4 warps)",
-            why "not yet measured (perf-notes, session 21: predicted the 8-row router 23.6 → ≈ 7–10 µs a launch on an H100); the warp sums are the reference it is tested against";
         moe_int8 = true, flag Some("no-moe-int8"), env "LILY_MOE_INT8" = true,
             label "int8 MoE products",
             help "the fused MoE's 4-bit products (decode.cu's dec_glu4 and dec_down_combine and their rows forms: one-token and batched decode) with their input rows rounded to int8 per 64-column group (scale: the group's largest magnitude / 127; the bias term on the rounded rows' sum) and each 4-bit word dotted by two dp4a (dec_glu4_q8, dec_down_combine_q8 and their _rows forms; the gate/up kernel 3 blocks an SM) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -268,8 +260,6 @@ mod tests {
             ("LILY_GEMV_INT8", "1"),
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
-            ("LILY_FUSED_BATCH_NORM", "1"),
-            ("LILY_ROWS_THREAD_SUMS", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -297,8 +287,6 @@ mod tests {
                 gemv_int8: true,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
-                fused_batch_norm: true,
-                rows_thread_sums: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm` (`batch_norm`; `--fused-batch-norm`, off: the norm folded into the rows kernel's staging, bit for bit); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -49,7 +49,7 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel, RowsSums};
+use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -141,17 +141,6 @@ pub enum BatchProjections {
     Rows(RowsKernel),
     /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
-}
-
-/// Where a batched decode step norms the residual rows a projection launch reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchNorm {
-    /// `rms_norm` over the rows into scratch.xn, a launch of its own; the projections read xn.
-    Separate,
-    /// Folded into the projections' rows kernel (`fused_batch_norm`): each block norms the rows
-    /// as it stages them, bit for bit `rms_norm`'s (decode.cu `rows_norm_inv`), block 0 writing
-    /// them to scratch.xn where later kernels read it (the MoE's).
-    Folded,
 }
 
 /// How a batched decode step runs each sequence's DeltaNet conv and recurrence.
@@ -555,27 +544,6 @@ impl Plan {
         }
     }
 
-    /// Where a batched decode step norms the rows of a projection launch that `projections`
-    /// names: folded into the rows kernel under `fused_batch_norm` (every `RowsKernel` stages
-    /// the norm), else `rms_norm` before it.
-    pub fn batch_norm(&self, projections: BatchProjections) -> BatchNorm {
-        match projections {
-            BatchProjections::Rows(_) if self.o.fused_batch_norm => BatchNorm::Folded,
-            _ => BatchNorm::Separate,
-        }
-    }
-
-    /// How the CUDA-core rows kernels (`dec_gemv_rows`, `dec_gemv_rows_split`: the router's
-    /// launch) sum their staged rows' 64-column groups: one thread a group under
-    /// `rows_thread_sums`, else one warp_sum a group (the same bits).
-    pub fn rows_sums(&self) -> RowsSums {
-        if self.o.rows_thread_sums {
-            RowsSums::ByThread
-        } else {
-            RowsSums::ByWarp
-        }
-    }
-
     /// The attention of a batched decode step whose sequences hold `keys` keys each after it:
     /// `BatchAttention::Rows` under `fused_batch` where every sequence's one-token attention is
     /// the tensor-core split kernel with the prep inside and there are at most
@@ -936,73 +904,6 @@ mod tests {
             AttentionKernels::Prefill(PrefillKernel::Mma)
         );
         assert!(p.describe().contains("wgmma prefill GEMM off"));
-    }
-
-    #[test]
-    fn the_batched_norms_fold_into_the_rows_kernels_under_their_switch() {
-        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
-        let router = [w(256, 2048, 8), w(1, 2048, 8)];
-        let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
-        // Off by default (not yet measured): rms_norm before every rows launch.
-        let defaults = Plan::resolve(&CudaOptions::default(), H200);
-        for ws in [&router[..], &qkv] {
-            let p = defaults.batch_projections(ws);
-            assert_eq!(defaults.batch_norm(p), BatchNorm::Separate);
-        }
-        assert!(defaults
-            .describe()
-            .contains("batched norms folded into the projections off"));
-        // On: folded into whichever rows kernel the launch takes (the router's split kernel, the
-        // tensor-core kernels, dec_gemv_rows without them); never into linear.cu's kernels.
-        let on = CudaOptions {
-            fused_batch_norm: true,
-            ..CudaOptions::default()
-        };
-        let p = Plan::resolve(&on, H200);
-        for ws in [&router[..], &qkv] {
-            assert!(matches!(p.batch_projections(ws), BatchProjections::Rows(_)));
-            assert_eq!(p.batch_norm(p.batch_projections(ws)), BatchNorm::Folded);
-        }
-        let gemv = Plan::resolve(
-            &CudaOptions {
-                mma_rows: false,
-                ..on.clone()
-            },
-            H200,
-        );
-        assert_eq!(
-            gemv.batch_projections(&qkv),
-            BatchProjections::Rows(RowsKernel::Gemv)
-        );
-        assert_eq!(
-            gemv.batch_norm(gemv.batch_projections(&qkv)),
-            BatchNorm::Folded
-        );
-        let unfused = Plan::resolve(
-            &CudaOptions {
-                fused_batch: false,
-                ..on
-            },
-            H200,
-        );
-        assert_eq!(
-            unfused.batch_norm(unfused.batch_projections(&qkv)),
-            BatchNorm::Separate
-        );
-    }
-
-    #[test]
-    fn the_rows_kernels_sum_their_groups_a_thread_under_their_switch() {
-        let defaults = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(defaults.rows_sums(), RowsSums::ByWarp);
-        assert!(defaults
-            .describe()
-            .contains("batched rows' group sums a thread off"));
-        let on = CudaOptions {
-            rows_thread_sums: true,
-            ..CudaOptions::default()
-        };
-        assert_eq!(Plan::resolve(&on, H200).rows_sums(), RowsSums::ByThread);
     }
 
     #[test]

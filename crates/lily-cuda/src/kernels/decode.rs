@@ -106,17 +106,6 @@ pub enum RowsKernel {
     /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
     GemvSplit,
 }
-/// How the CUDA-core rows kernels (`dec_gemv_rows`, `dec_gemv_rows_split`) sum each staged
-/// (row, 64-column group) of their input (the plan's choice: `Plan::rows_sums`); the same bits
-/// either way (decode.cu `rows_stage`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsSums {
-    /// One warp_sum a (row, group), a warp's share of them one after another.
-    ByWarp,
-    /// `rows_thread_sums`: one thread a (row, group), the xor tree's order from its own reads
-    /// (`group_sum_tree`), the staging's loads 8 deep a thread.
-    ByThread,
-}
 /// Warps (weight rows) of a `dec_gemv_rows_split` block.
 pub const SPLIT_WARPS: usize = 4;
 /// Most weight rows of a launch `dec_gemv_rows_split` takes (`split_rows_serves`): the router's
@@ -801,22 +790,19 @@ impl Decode {
         })
     }
 
-    /// Up to MAX_SEGS projections of the same `rows` input rows (`input.x`: f32 [rows, cols],
-    /// row b at x + b · cols floats), each weight read once for all of them, in `kernel`
-    /// (`dec_gemv_rows`, `dec_gemv_rows_split`, `dec_mma_rows` or `dec_mma_rows_deep`; BATCH_MAX
-    /// rows a launch at most): output row b of a weight of `r` rows goes to its pointer + b · r
-    /// floats. The prologue: none (the rows already normed) or `Prologue::RmsNorm` (each row
-    /// normed while staged, bit for bit `rms_norm`'s rows: decode.cu `rows_norm_inv`), the normed
-    /// rows then also written to `input.staged_out` ([rows, cols]) when given. `sums`: how the
-    /// CUDA-core kernels sum the staged rows' groups (the tensor-core ones one thread a group).
+    /// Up to MAX_SEGS projections of the same `rows` input rows (`x`: f32 [rows, cols], already
+    /// normed), each weight read once for all of them, in `kernel` (`dec_gemv_rows`,
+    /// `dec_gemv_rows_split` or `dec_mma_rows`; BATCH_MAX rows a launch at most): output row b of
+    /// a weight of `r` rows goes to its pointer + b · r floats.
+    #[allow(clippy::too_many_arguments)]
     pub fn project_rows(
         &self,
         gpu: &Gpu,
         kernel: RowsKernel,
-        input: Input,
+        x: u64,
+        cols: usize,
         rows: usize,
         outs: &[(&DevLinear, Out)],
-        sums: RowsSums,
     ) -> Result<()> {
         let name = match kernel {
             RowsKernel::Gemv => "dec_gemv_rows",
@@ -824,7 +810,6 @@ impl Decode {
             RowsKernel::Mma => "dec_mma_rows",
             RowsKernel::MmaDeep => "dec_mma_rows_deep",
         };
-        let (x, cols) = (input.x, input.cols);
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("{name}: {} projections (1..={MAX_SEGS})", outs.len());
         }
@@ -833,15 +818,6 @@ impl Decode {
         }
         if !x.is_multiple_of(16) {
             bail!("{name}: input at {x:#x} is not 16-byte aligned");
-        }
-        let (norm_w, eps, xn_out) = match (input.prologue, input.staged_out) {
-            (Prologue::None, None) => (0u64, 0.0f32, 0u64),
-            (Prologue::RmsNorm { weight, eps }, out) => (weight, eps, out.unwrap_or(0)),
-            (Prologue::None, Some(_)) => bail!("{name}: normed rows out without a norm"),
-            (Prologue::GatedNorm { .. }, _) => bail!("{name}: no gated-norm prologue"),
-        };
-        if !norm_w.is_multiple_of(16) || !xn_out.is_multiple_of(16) {
-            bail!("{name}: the norm's weight or normed rows are not 16-byte aligned");
         }
         let blocks_max = |per_sm: usize| per_sm * gpu.sm_count;
         let (function, warps, rows_per_tile) = match kernel {
@@ -895,13 +871,7 @@ impl Decode {
                 at.s[i].y += (b0 * w.rows * 4) as u64;
             }
             let xb = x + (b0 * cols * 4) as u64;
-            let xn_b = if xn_out == 0 {
-                0
-            } else {
-                xn_out + (b0 * cols * 4) as u64
-            };
             let (nb_arg, cols_arg) = (nb as i32, cols as i32);
-            let thread_sums = (sums == RowsSums::ByThread) as i32;
             let smem = launch_smem(kernel, cols, nb);
             let stages = mma_deep_stages(cols, nb) as i32;
             let cfg = config((grid as u32, 1, 1), (warps * 32) as u32, smem);
@@ -912,10 +882,6 @@ impl Decode {
                 }
                 if kernel == RowsKernel::MmaDeep {
                     l.arg(&split).arg(&stages);
-                }
-                l.arg(&norm_w).arg(&eps).arg(&xn_b);
-                if matches!(kernel, RowsKernel::Gemv | RowsKernel::GemvSplit) {
-                    l.arg(&thread_sums);
                 }
             })?;
             b0 += nb;

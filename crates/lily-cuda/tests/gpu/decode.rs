@@ -1,9 +1,7 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{
-    DownCombine, GemvProducts, Glu, MoeProducts, RowsKernel, RowsSums,
-};
+use lily_cuda::kernels::decode::{DownCombine, GemvProducts, Glu, MoeProducts, RowsKernel};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -359,59 +357,37 @@ fn rows_case(
         let x: Vec<f32> = rng.vec(nb * cols, 1.0).into_iter().map(rx).collect();
         let resid: Vec<f32> = rng.vec(nb * rows_of[1], 1.0).into_iter().map(r).collect();
         let xd = d.upload(&x).unwrap();
-        // The CUDA-core kernels both ways of summing the staged groups (`RowsSums`), bit for
-        // bit the same outputs.
-        let forms: &[RowsSums] = match kernel {
-            RowsKernel::Gemv | RowsKernel::GemvSplit => &[RowsSums::ByWarp, RowsSums::ByThread],
-            _ => &[RowsSums::ByWarp],
-        };
-        let mut first: Option<Vec<Vec<f32>>> = None;
-        for &sums in forms {
-            let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(d, nb * n)).collect();
-            d.write(&outs_dev[1], 0, &resid).unwrap();
-            let outs = [
-                (&dws[0], Out::Store(outs_dev[0].ptr)),
-                (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
-                (&dws[2], Out::Exact(outs_dev[2].ptr)),
-                (&dws[3], Out::Store(outs_dev[3].ptr)),
-            ];
-            d.k.decode
-                .project_rows(d, kernel, Input::row(xd.ptr, cols), nb, &outs, sums)
-                .unwrap();
-            let what =
-                format!("{kernel:?} {sums:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
-            let mut gots = Vec::new();
-            for (i, n) in rows_of.iter().enumerate() {
-                let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
-                // [nb, n]: every row's product in one call.
-                let y = matmul(&ws[i], &x);
-                let want: Vec<f32> = y
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &v)| match i {
-                        1 => r(resid[k] + r(v)),
-                        2 => v,
-                        _ => r(v),
-                    })
-                    .collect();
-                check(
-                    &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
-                    &got,
-                    &want,
-                    tol,
-                );
-                gots.push(got);
-            }
-            match &first {
-                None => first = Some(gots),
-                Some(f) => {
-                    let mut pairs = f.iter().flatten().zip(gots.iter().flatten());
-                    assert!(
-                        pairs.all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{what}: not bit for bit the warp sums' outputs"
-                    );
-                }
-            }
+        let outs_dev: Vec<DevBuf> = rows_of.iter().map(|&n| poisoned(d, nb * n)).collect();
+        d.write(&outs_dev[1], 0, &resid).unwrap();
+        let outs = [
+            (&dws[0], Out::Store(outs_dev[0].ptr)),
+            (&dws[1], Out::AddToResidual(outs_dev[1].ptr)),
+            (&dws[2], Out::Exact(outs_dev[2].ptr)),
+            (&dws[3], Out::Store(outs_dev[3].ptr)),
+        ];
+        d.k.decode
+            .project_rows(d, kernel, xd.ptr, cols, nb, &outs)
+            .unwrap();
+        let what = format!("{kernel:?} {cols} cols, {nb} rows, bf16 {bf16_activations}");
+        for (i, n) in rows_of.iter().enumerate() {
+            let got: Vec<f32> = d.read(&outs_dev[i], 0, nb * n).unwrap();
+            // [nb, n]: every row's product in one call.
+            let y = matmul(&ws[i], &x);
+            let want: Vec<f32> = y
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| match i {
+                    1 => r(resid[k] + r(v)),
+                    2 => v,
+                    _ => r(v),
+                })
+                .collect();
+            check(
+                &format!("{what}: output {i} ({n} rows, {}-bit)", bits[i]),
+                &got,
+                &want,
+                tol,
+            );
         }
     }
 }
@@ -421,8 +397,7 @@ fn rows_case(
 /// (64 and 256 columns: 1 and 4 lanes a weight row), 1, 2, 3, 8 and 11 rows (more than a launch
 /// takes), four weights a launch with rows that end mid-tile (300, 77, 16, 1), 4-bit beside 8-bit
 /// (the router's and the shared-expert gate's width) and every store mode (`rows_case`). fp32:
-/// 1e-5 as the one-row GEMVs; bf16 inputs and stores: 1e-2. The group sums a thread
-/// (`rows_thread_sums`) give the warp sums' outputs bit for bit.
+/// 1e-5 as the one-row GEMVs; bf16 inputs and stores: 1e-2.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_gemv_rows_match_cpu() {
@@ -460,14 +435,7 @@ fn batched_decode_gemv_rows_match_cpu() {
         ] {
             let e =
                 d.k.decode
-                    .project_rows(
-                        &d,
-                        kernel,
-                        Input::row(x, cols),
-                        rows,
-                        &out,
-                        RowsSums::ByWarp,
-                    )
+                    .project_rows(&d, kernel, x, cols, rows, &out)
                     .unwrap_err();
             assert!(e.to_string().contains(says), "{kernel:?}: {e}");
         }
@@ -476,14 +444,7 @@ fn batched_decode_gemv_rows_match_cpu() {
     for kernel in [RowsKernel::Mma, RowsKernel::MmaDeep] {
         let e =
             d.k.decode
-                .project_rows(
-                    &d,
-                    kernel,
-                    Input::row(buf.ptr, 128),
-                    1,
-                    &[(&w8, Out::Store(buf.ptr))],
-                    RowsSums::ByWarp,
-                )
+                .project_rows(&d, kernel, buf.ptr, 128, 1, &[(&w8, Out::Store(buf.ptr))])
                 .unwrap_err();
         assert!(e.to_string().contains("4-bit"), "{kernel:?}: {e}");
     }
@@ -539,8 +500,7 @@ fn batched_decode_mma_rows_match_cpu() {
 /// the CPU as `rows_case` says: the router's width (2,048) and 4,096 (two groups a lane), 256 and
 /// 64 (lanes idle), 1 to 8 and 11 rows, four weights of 300, 77, 16 and 1 rows, 8-bit beside 4-bit,
 /// every store mode. fp32: 1e-5 (another order than dec_gemv_rows', both the sums' rounding);
-/// bf16 inputs and stores: 1e-2. The group sums a thread (`rows_thread_sums`, the router's
-/// launch) give the warp sums' outputs bit for bit.
+/// bf16 inputs and stores: 1e-2.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_gemv_rows_split_matches_cpu() {
