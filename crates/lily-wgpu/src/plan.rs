@@ -16,9 +16,10 @@
 //!   tile size (`Specs::linear_q4_mm16` / `32` / `64`: the same launches), its operands in f16
 //!   (so the f16 tiles' sizes), where the device enabled the feature (`gpu::coop_size`: 16 × 16
 //!   or 8 × 8 f16 × f16 → f32, subgroups of 32), the kernels fit its workgroup memory and the
-//!   backend's check at load passes; with `coop_big` (off until its A/B: session 21 in
-//!   docs/perf-notes.md) linear_q4_coop_big.wgsl instead (the same launches; steps of 64
-//!   columns, every invocation staging, 2 × 2 subgroup blocks where the tile allows);
+//!   backend's check at load passes; with `coop_big` (on: session 21 on an H200 through Vulkan,
+//!   prefill +25 % at 512 and +29 % at 4K, docs/perf-notes.md) linear_q4_coop_big.wgsl instead
+//!   (the same launches; steps of 64 columns, every invocation staging, 2 × 2 subgroup blocks
+//!   where the tile allows);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -44,10 +45,13 @@
 //!   grid (`rows_persist`: `rows_grid`, `PERSIST_RB`; CUDA's `dec_gemv4` geometry, the next
 //!   round's reads in flight, the input staged once a workgroup) is on (session 20, the H100
 //!   through Vulkan: decode +9.6 % at 4K, +9.4 % at 32K; in_proj 36.3 → 25.5 µs a call).
-//!   Not yet measured, so off: the decode MoE in rounds (`moe_rounds`: linear_q4_glu_rows'
-//!   `ITEMS`, `glu_items`; moe_down_rows' `ROUNDS`) and the rows a workgroup of the 1,024–8,191-
-//!   row products (`out_rows`: `Plan::rows_rb`, the 8-row kernel in rounds), of the GLU
-//!   (`glu_rows`) and of the down products (`down_rows`) (session 21's prediction).
+//!   On since session 21 (an H200 through Vulkan: decode +7.6 % at 4K, +6.9 % at 32K): the
+//!   decode MoE in rounds (`moe_rounds`: linear_q4_glu_rows' `ITEMS`, `glu_items`;
+//!   moe_down_rows' `ROUNDS`) and the 1,024–8,191-row products on 2 rows a workgroup
+//!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds). Knobs at 0 (the plan's
+//!   rule), A/B aids: the rows a workgroup of the GLU (`glu_rows`: 4 lost, 30.1 against 26.9 µs
+//!   a call) and of the down products (`down_rows`: 2 gave 14.4 µs against 20.3, not yet
+//!   measured with `moe_rounds`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`

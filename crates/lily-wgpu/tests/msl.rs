@@ -464,9 +464,12 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         metal: false,
         vendor: 0,
     };
-    // On by default.
-    let on = WgpuOptions::default();
-    assert!(on.coop);
+    // On by default (with `coop_big`, below); linear_q4_coop itself with `coop_big` off.
+    assert!(WgpuOptions::default().coop);
+    let on = WgpuOptions {
+        coop_big: false,
+        ..WgpuOptions::default()
+    };
     let names = |p: &Plan| -> Vec<(&str, u32)> {
         [&p.specs.linear_q4_mm16, &p.specs.linear_q4_mm32]
             .into_iter()
@@ -497,13 +500,10 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             );
         }
     }
-    // `coop_big` (off by default): linear_q4_coop_big in linear_q4_coop's place, the same tiles
+    // `coop_big` (on by default): linear_q4_coop_big in linear_q4_coop's place, the same tiles
     // at either size, fitting Apple's 32 KiB at 8 × 8, named in the line.
-    assert!(!on.coop_big);
-    let big = WgpuOptions {
-        coop_big: true,
-        ..WgpuOptions::default()
-    };
+    let big = WgpuOptions::default();
+    assert!(big.coop_big);
     for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
         let plan = Plan::resolve(&big, &c, true, &device(size, true, limits.clone())).unwrap();
         assert_eq!(plan.coop, size);
