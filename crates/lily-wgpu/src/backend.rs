@@ -97,30 +97,39 @@ impl WgpuBackend {
             // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
             // width shows as an O(1) difference, a driver that does not take the module as an
-            // error; refused, the plan takes linear_q4_mm.wgsl. (With `coop_big`:
-            // linear_q4_coop_big.wgsl, the kernel the plan named, checked the same way.)
-            let name = plan.specs.linear_q4_mm16[0].name;
-            let checked = Kernels::load(&gpu, &plan.specs, plan.checked).and_then(|k| {
-                check_products_f16(&gpu, &k, plan.act_f16).map(|(_, staged)| (k, staged))
-            });
-            let refused = match checked {
-                Ok((k, staged)) if staged < COOP_TOLERANCE => {
-                    plan.notes
-                        .push(format!("{name} checked at load: {staged:.1e} relative"));
-                    checked_kernels = Some(k);
-                    None
-                }
-                Ok((_, staged)) => Some(format!("{staged:.1e} relative from the host's product")),
-                Err(e) => Some(format!("{e:#}")),
-            };
-            if let Some(why) = refused {
-                let without = WgpuOptions {
-                    coop: false,
-                    ..opts.clone()
+            // error. With `coop_big` linear_q4_coop_big.wgsl is checked first, the same way;
+            // refused, the plan takes linear_q4_coop.wgsl, and that refused, linear_q4_mm.wgsl.
+            let mut refusals = Vec::new();
+            while plan.coop > 0 {
+                let name = plan.specs.linear_q4_mm16[0].name;
+                let checked = Kernels::load(&gpu, &plan.specs, plan.checked).and_then(|k| {
+                    check_products_f16(&gpu, &k, plan.act_f16).map(|(_, staged)| (k, staged))
+                });
+                let why = match checked {
+                    Ok((k, staged)) if staged < COOP_TOLERANCE => {
+                        plan.notes
+                            .push(format!("{name} checked at load: {staged:.1e} relative"));
+                        checked_kernels = Some(k);
+                        break;
+                    }
+                    Ok((_, staged)) => format!("{staged:.1e} relative from the host's product"),
+                    Err(e) => format!("{e:#}"),
                 };
-                plan = Plan::resolve(&without, c, stack_shared(weights), &caps)?;
-                plan.notes.push(format!("{name} refused at load: {why}"));
+                refusals.push(format!("{name} refused at load: {why}"));
+                let next = if plan.options.coop_big {
+                    WgpuOptions {
+                        coop_big: false,
+                        ..opts.clone()
+                    }
+                } else {
+                    WgpuOptions {
+                        coop: false,
+                        ..opts.clone()
+                    }
+                };
+                plan = Plan::resolve(&next, c, stack_shared(weights), &caps)?;
             }
+            plan.notes.extend(refusals);
         }
         if let (PrefillAttention::Tile { g, .. }, Some(spec)) =
             (plan.prefill_attention, &plan.specs.attend_tile)
