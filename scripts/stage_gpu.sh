@@ -6,26 +6,24 @@ cd "$(dirname "$0")/.."
 DEST="${1:-/work/main/.carry/cuda}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/main/target}"
 mkdir -p "$DEST/bin"
-out=$(cargo test --release --no-run -j2 -p lily-cuda --message-format=json 2>/dev/null)
-for t in gpu kernels_compile; do
-  exe=$(echo "$out" | python3 -c "
+# exe_of TARGET: the executable of test target TARGET in cargo's JSON messages on stdin.
+exe_of() {
+  python3 -c "
 import json,sys
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get('reason')=='compiler-artifact' and m['target']['name']=='$t' and m.get('executable'):
-        print(m['executable'])" | tail -1)
+    if m.get('reason')=='compiler-artifact' and m['target']['name']=='$1' and m.get('executable'):
+        print(m['executable'])" | tail -1
+}
+out=$(cargo test --release --no-run -j2 -p lily-cuda --message-format=json 2>/dev/null)
+for t in gpu kernels_compile; do
+  exe=$(echo "$out" | exe_of "$t")
   [ -n "$exe" ] || { echo "no executable for test target $t" >&2; exit 1; }
   cp "$exe" "$DEST/bin/$t"
 done
 # lily-wgpu's model tests as `wgpu_model` (on the device they take its Vulkan GPU: e.g. the
 # cooperative-matrix kernels' checks, which lavapipe cannot run).
-out=$(cargo test --release --no-run -j2 -p lily-wgpu --test model --message-format=json 2>/dev/null)
-exe=$(echo "$out" | python3 -c "
-import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get('reason')=='compiler-artifact' and m['target']['name']=='model' and m.get('executable'):
-        print(m['executable'])" | tail -1)
+exe=$(cargo test --release --no-run -j2 -p lily-wgpu --test model --message-format=json 2>/dev/null | exe_of model)
 [ -n "$exe" ] || { echo "no executable for lily-wgpu's test target model" >&2; exit 1; }
 cp "$exe" "$DEST/bin/wgpu_model"
 cargo build --release -j2 -p lily-server --features scripted

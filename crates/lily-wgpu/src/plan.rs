@@ -48,10 +48,9 @@
 //!   On since session 21 (an H200 through Vulkan: decode +7.6 % at 4K, +6.9 % at 32K): the
 //!   decode MoE in rounds (`moe_rounds`: linear_q4_glu_rows' `ITEMS`, `glu_items`;
 //!   moe_down_rows' `ROUNDS`) and the 1,024–8,191-row products on 2 rows a workgroup
-//!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds). Knobs at 0 (the plan's
-//!   rule), A/B aids: the rows a workgroup of the GLU (`glu_rows`: 4 lost, 30.1 against 26.9 µs
-//!   a call) and of the down products (`down_rows`: 2 gave 14.4 µs against 20.3, not yet
-//!   measured with `moe_rounds`).
+//!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds), and the down products
+//!   on 2 rows a workgroup (`down_rows` 2: +2–3 % at 4K with `moe_rounds`, an H100). The GLU's
+//!   rows a workgroup (`glu_rows`) stay the rule's (4 lost: 30.1 against 26.9 µs a call).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -814,7 +813,8 @@ impl Plan {
                 }
             }
         }
-        // The MoE row kernels' rows a workgroup (`glu_rows`, `down_rows`: 0 the defaults).
+        // The MoE row kernels' rows a workgroup (`glu_rows`, `down_rows`: 0 the rules GLU_RB and
+        // DOWN_RB; `down_rows` ships as 2, session 21).
         let glu_rb = match opts.glu_rows {
             0 => GLU_RB,
             n => n,
