@@ -23,9 +23,11 @@
 //         dec_glu4_q8 + dec_down_combine_q8 a token at a time.
 //   moe_x8x2: moe_q8's checks for dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows and their
 //         one-token forms (moe_int8_pairs), the rows rounded to int8 pairs.
-//   moe_grouped: dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows) bit for
-//         bit against dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time, rows with overlapping
-//         picks, on the full shape and on the small checkpoint's (256 / 32 experts / top 4 / 128).
+//   moe_grouped: dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows) and the
+//         down kernel's 16-warp block (dec_down_combine_x8x2_grouped_wide, grouped_down_wide) bit
+//         for bit against dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time, 1, 3, 4 and 8 rows
+//         with overlapping picks, on the full shape, the small checkpoint's (256 / 32 experts /
+//         top 4 / 128) and tiny's (128 / 16 experts / top 4 / 64).
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -973,6 +975,13 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
             dec_down_combine_x8x2_grouped(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
                                           io.s_gate.data(), io.x.p(), B);
         });
+        // grouped_down_wide: the 16-warp block on the same hidden rows, its own residual rows.
+        Buf<float> xw((size_t)B * m.hidden);
+        std::copy(io.x0.begin(), io.x0.end(), xw.v.begin());
+        launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, smem, [&] {
+            dec_down_combine_x8x2_grouped_wide(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter,
+                                               io.sh.p(), io.s_gate.data(), xw.p(), B);
+        });
         for (int t = 0; t < B; t++) {
             int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
             float* eh = one.eh.p() + (size_t)t * m.top_k * m.inter; float* sh = one.sh.p() + (size_t)t * m.sinter;
@@ -1001,8 +1010,12 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
         for (size_t i = 0; i < io.x.n; i++) moved = std::max(moved, (double)std::fabs(io.x[i] - io.x0[i]));
         snprintf(what, sizeof what, "%d rows: residual rows vs dec_down_combine_x8x2 a row at a time", B);
         verdict(what, res && moved > 0, res ? "  bit for bit (largest update %.3g)" : "  differ", moved);
+        bool wide = same_bits(xw.p(), one.x.p(), xw.n);
+        snprintf(what, sizeof what, "%d rows: residual rows of the 16-warp block (grouped_down_wide) vs a row at a time", B);
+        verdict(what, wide, wide ? "  bit for bit" : "  differ");
         snprintf(what, sizeof what, "%d rows: nothing written past the outputs", B);
-        verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok() && io.x.guard_ok());
+        verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok() && io.x.guard_ok() &&
+                          xw.guard_ok());
     }
 }
 
@@ -1410,8 +1423,9 @@ int main(int argc, char** argv) {
     else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
     else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
     else if (part == "moe_grouped") {
-        run_moe_grouped(Moe(), "full", {1, 3, 8});
-        run_moe_grouped(Moe(256, 32, 4, 128, 128), "small", {1, 3, 8});
+        run_moe_grouped(Moe(), "full", {1, 3, 4, 8});
+        run_moe_grouped(Moe(256, 32, 4, 128, 128), "small", {1, 3, 4, 8});
+        run_moe_grouped(Moe(128, 16, 4, 64, 64), "tiny", {1, 3, 4, 8});
     }
     else if (part == "gemv_x8") run_gemv_x8();
     else if (part == "dn") run_dn();

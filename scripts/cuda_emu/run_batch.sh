@@ -17,7 +17,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (29 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (30 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -87,6 +87,8 @@ MUTANTS = [
      "dec_down_combine_x8x2_grouped summing a row's items in rank order, not dec_down_combine_x8x2's chunks"),
     ('dec', 'for (int i = 0; i < w; i++) item += __popc(bits[i]);', 'for (int i = 0; i < w - 1; i++) item += __popc(bits[i]);',
      "group_picks missing the experts of the word before an expert's: items of different experts folded into one"),
+    ('dec', 'if (b % KCOLS == kc) spread_rows |= 1u << b;', 'if (b % KCOLS == 0) spread_rows |= 1u << b;',
+     "dec_down_combine_x8x2_grouped_wide giving every column the shared expert's rows of column 0"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -165,7 +167,8 @@ if [ "${1:-}" = mutants ]; then
            "6 mma" "7 mma" "8 mma" "9 split" "10 moe_q8" "11 moe_q8 -DLILY_BF16_ACT" "12 moe_q8" \
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
-           "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped"; do
+           "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
+           "29 moe_grouped"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

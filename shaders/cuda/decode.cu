@@ -51,6 +51,12 @@
 #ifndef DEC_DOWN_BATCH
 #error "DEC_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_GRP_DOWN_KCOLS
+#error "DEC_GRP_DOWN_KCOLS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_GRP_DOWN_BATCH
+#error "DEC_GRP_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_EXPERTS
 #error "DEC_MAX_EXPERTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -1676,11 +1682,19 @@ dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router
 // sdown.cols], s_gate [rows], x [rows, down.rows]; grid ceil(down.rows / rows a block). Dynamic
 // shared memory (decode::grouped_down_smem): the rows · (top_k + 1) inputs as int8 pairs (input
 // b · top_k + k routed, rows · top_k + b shared), their scales and sums, the products.
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1)
-dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict__ ids,
-                              const float* __restrict__ route_w, int top_k, const float* __restrict__ h, int h_stride,
-                              const float* __restrict__ hs, const float* __restrict__ s_gate, float* __restrict__ x,
-                              int rows) {
+// KCOLS item columns of warps (the block DEC_DOWN_WARPS · KCOLS warps), a ring of BATCH items a
+// warp. Column kc's positions p = 0, 1, ...: item kc + p · KCOLS; under SPREAD position 0 is item 0
+// (the shared expert) in every column, each column taking the rows b ≡ kc (mod KCOLS) of it (its
+// 8 products a step would otherwise lengthen column 0 alone), and position p > 0 routed item
+// 1 + kc + (p − 1) · KCOLS. The combine's order (DEC_DOWN_KSPLIT chunks of a row's ranks) is
+// dec_down_combine_x8x2's whatever KCOLS and SPREAD, each (row, item) product whole in one warp:
+// the outputs do not depend on them.
+template <int KCOLS, int BATCH, bool SPREAD>
+__device__ __forceinline__ void down_combine_grouped(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                                     const float* __restrict__ route_w, int top_k,
+                                                     const float* __restrict__ h, int h_stride,
+                                                     const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                                     float* __restrict__ x, int rows) {
     extern __shared__ __align__(16) float dec_smem[];
     DEC_GRP_SHARED
     int G = down.cols >> 6, per_row = top_k + 1, n_in = rows * per_row;
@@ -1697,8 +1711,8 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
     long long wpr = (long long)G * 8;
-    uint4 q[DEC_DOWN_BATCH][2];
-    float s[DEC_DOWN_BATCH], bias[DEC_DOWN_BATCH];
+    uint4 q[BATCH][2];
+    float s[BATCH], bias[BATCH];
     auto load = [&](int j, int i) {
         QWeight w = i > 0 ? expert<true>(down, t.expert[i]) : sdown;
         const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
@@ -1707,7 +1721,8 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
         s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
         bias[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
     };
-    if (kc == 0) load(0, 0);  // item 0, the shared expert: no routing needed
+    auto item_at = [&](int p) { return SPREAD ? (p == 0 ? 0 : 1 + kc + (p - 1) * KCOLS) : kc + p * KCOLS; };
+    if (SPREAD || kc == 0) load(0, 0);  // item 0, the shared expert: no routing needed
     dec_wait();
     if ((int)threadIdx.x < rows * top_k) {
         ids_s[threadIdx.x] = ids[threadIdx.x];
@@ -1718,8 +1733,8 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
     __syncthreads();
     int items = t.n[0];
 #pragma unroll
-    for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-        int i = kc + j * DEC_DOWN_KSPLIT;
+    for (int j = 0; j < BATCH; j++) {
+        int i = item_at(j);
         if (i > 0 && i < items) load(j, i);
     }
     int routed = rows * top_k * G;
@@ -1729,16 +1744,22 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
         },
         n_in * G, hq, hqs);
     __syncthreads();
-    // A ring of DEC_DOWN_BATCH items: each slot refilled with the warp's item DEC_DOWN_BATCH
+    // A ring of BATCH items: each slot refilled with the warp's item BATCH
     // ahead as soon as it is used, so two or three stay in flight through the whole loop (the
     // one-token kernel requests a batch when the last is used: one round trip a batch, which over
     // a warp's ≈ 20 items here would be ≈ 7).
-    for (int j0 = 0; kc + j0 * DEC_DOWN_KSPLIT < items; j0 += DEC_DOWN_BATCH) {
+    u32 spread_rows = 0u;  // under SPREAD, the rows of item 0 this column takes
 #pragma unroll
-        for (int j = 0; j < DEC_DOWN_BATCH; j++) {
-            int i = kc + (j0 + j) * DEC_DOWN_KSPLIT;
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b % KCOLS == kc) spread_rows |= 1u << b;
+    for (int j0 = 0; item_at(j0) < items; j0 += BATCH) {
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            int i = item_at(j0 + j);
             if (i >= items) continue;
-            for (u32 m = t.rows[i]; m != 0u; m &= m - 1u) {
+            u32 picked = t.rows[i];
+            if (SPREAD && i == 0) picked &= spread_rows;
+            for (u32 m = picked; m != 0u; m &= m - 1u) {
                 int b = __ffs(m) - 1, k = t.slot[i * DEC_B_MAX + b];
                 int in = k < top_k ? b * top_k + k : rows * top_k + b;
                 X8x2Group xg = x8x2_load(hq, hqs, in * G + sl);
@@ -1746,7 +1767,7 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
                 reduce_rows<1, true>(acc, lpr);
                 if (sl == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc[0]);
             }
-            int ahead = i + DEC_DOWN_BATCH * DEC_DOWN_KSPLIT;
+            int ahead = item_at(j0 + j + BATCH);
             if (ahead < items) load(j, ahead);
         }
     }
@@ -1767,6 +1788,28 @@ dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict
         float* xo = x + (long long)b * down.rows + co;
         *xo = act(*xo + act(yy));
     }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1)
+dec_down_combine_x8x2_grouped(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                              const float* __restrict__ route_w, int top_k, const float* __restrict__ h, int h_stride,
+                              const float* __restrict__ hs, const float* __restrict__ s_gate, float* __restrict__ x,
+                              int rows) {
+    down_combine_grouped<DEC_DOWN_KSPLIT, DEC_DOWN_BATCH, false>(down, sdown, ids, route_w, top_k, h, h_stride, hs, s_gate,
+                                                          x, rows);
+}
+
+// dec_down_combine_x8x2_grouped with DEC_GRP_DOWN_KCOLS item columns of warps
+// (grouped_down_wide): DEC_DOWN_WARPS · DEC_GRP_DOWN_KCOLS warps a block, one block an SM as
+// before (its 92 KB of staged pairs), a third more weight loads in flight an SM and the shared
+// expert's rows spread over the columns (SPREAD); the same outputs bit for bit.
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, 1)
+dec_down_combine_x8x2_grouped_wide(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                   const float* __restrict__ route_w, int top_k, const float* __restrict__ h,
+                                   int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                   float* __restrict__ x, int rows) {
+    down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_BATCH, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
+                                                                s_gate, x, rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------

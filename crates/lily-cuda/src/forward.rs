@@ -658,9 +658,9 @@ impl Forward<'_> {
         let (glu, down) = self.moe_args(m);
         let cfg = self.cfg;
         match self.plan.moe_rows(m, cfg.n_experts, cfg.top_k, rows) {
-            MoeRows::ByExpert => {
+            MoeRows::ByExpert(block) => {
                 k.decode.glu_grouped(gpu, &glu, rows)?;
-                k.decode.down_combine_grouped(gpu, &down, rows)
+                k.decode.down_combine_grouped(gpu, &down, rows, block)
             }
             MoeRows::PerRow => {
                 let products = self.plan.moe_products(m, cfg.top_k);

@@ -116,6 +116,10 @@ lily_core::backend_options! {
             label "batched MoE grouped by expert",
             help "a batched decode step's MoE (2 to 8 rows, int8-pair products) in decode.cu's dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped: the rows routed in every block, the union of their picks (the shared expert, then each picked expert once, by id) looped over by blocks that own a tile of the intermediate (gate/up) or of the outputs (down), each expert's weight tile read once a step and dotted with every row that picked it (int8 pairs of all rows staged once a block), each row's products combined in the one-token kernels' order (bit for bit dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time), instead of one-token decode's kernels with the token in grid.y (each row streaming its own experts and the shared expert)",
             why "won its A/B: full size, 1K, bench --batch 4 / 8 757.4 / 969.5 → 822.3 / 1,103.0 tok/s (+8.6 % / +13.8 %, two rounds, an H100, session 20; predicted +17–27 % / +30–45 %); served 1 / 4 / 8 clients 500.7 / 824.3 / 1,106.1 tok/s; the batched step's agreement over 1,024 positions against CUDA fp32 unchanged (0.216 rel. L2, 55.5 % top-1: bit for bit the per-row kernels); the per-row kernels serve one row and other products and are the reference it is tested against";
+        grouped_down_wide = false, flag Some("grouped-down-wide"), env "LILY_GROUPED_DOWN_WIDE" = true,
+            label "grouped MoE down kernel at 16 warps",
+            help "with moe_grouped_rows: the batched step's grouped down kernel in decode.cu's dec_down_combine_x8x2_grouped_wide, 16 warps a block (4 row groups × 4 item columns, a ring of 3 items a warp) instead of dec_down_combine_x8x2_grouped's 12 (3 item columns): one block an SM either way (its 92 KB of staged int8 pairs), a third more weight loads in flight an SM and the staging over 512 threads; the same outputs bit for bit (each (row, item) product whole in one warp, the combine in dec_down_combine_x8x2's order)",
+            why "not yet measured (perf-notes, session 21, branch moe2: predicted the 8-row down launch 39.0 → ≈ 30–33 µs on an H100); the 12-warp kernel is the reference it is tested against";
         gemv_int8 = true, flag Some("no-gemv-int8"), env "LILY_GEMV_INT8" = true,
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -260,6 +264,7 @@ mod tests {
             ("LILY_GEMV_INT8", "1"),
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
+            ("LILY_GROUPED_DOWN_WIDE", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -287,6 +292,7 @@ mod tests {
                 gemv_int8: true,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
+                grouped_down_wide: true,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

@@ -49,7 +49,9 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel};
+use crate::kernels::decode::{
+    self, Decode, GemvProducts, GroupedDown, MoeProducts, RowsKernel,
+};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::MoeShape;
@@ -197,8 +199,10 @@ pub enum MoeRows {
     PerRow,
     /// `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` (`moe_grouped_rows`): each
     /// picked expert's weights (and the shared expert's) read once a step and dotted with every
-    /// row that picked it, each row's outputs bit for bit the one-token pair kernels'.
-    ByExpert,
+    /// row that picked it, each row's outputs bit for bit the one-token pair kernels'; the down
+    /// kernel's block of 12 warps, or of 16 (`dec_down_combine_x8x2_grouped_wide`) under
+    /// `grouped_down_wide`.
+    ByExpert(GroupedDown),
 }
 
 /// Where the next token is picked.
@@ -603,8 +607,8 @@ impl Plan {
     /// How a batched step of `rows` rows runs its MoE where `batch_moe` says `Rows`: grouped by
     /// expert (`MoeRows::ByExpert`) under `moe_grouped_rows` where the products are int8 pairs
     /// (`moe_products`) and `decode::grouped_serves` the block for that many rows (2 to 8 rows of
-    /// at most 64 picks, at most 256 experts, the down kernel's pairs in 92 KB); else per row
-    /// (a batch of one always).
+    /// at most 64 picks, at most 256 experts, the down kernel's pairs in 92 KB), its down kernel
+    /// 16 warps a block under `grouped_down_wide`; else per row (a batch of one always).
     pub fn moe_rows(&self, m: &DevMoe, n_experts: usize, top_k: usize, rows: usize) -> MoeRows {
         let (down, sdown) = (m.down.shape(), m.shared_down.shape());
         self.moe_rows_for(&glu_shapes(m), &down, &sdown, n_experts, top_k, rows)
@@ -624,7 +628,11 @@ impl Plan {
             && self.moe_products_for(glu, down, sdown, top_k) == MoeProducts::Int8Pairs
             && decode::grouped_serves([gate, up, sgate, sup], down, sdown, n_experts, top_k, rows)
         {
-            MoeRows::ByExpert
+            MoeRows::ByExpert(if self.o.grouped_down_wide {
+                GroupedDown::Warps16
+            } else {
+                GroupedDown::Warps12
+            })
         } else {
             MoeRows::PerRow
         }
@@ -1317,15 +1325,27 @@ mod tests {
             },
             H200,
         );
+        // grouped_down_wide (off by default): the grouped down kernel at 16 warps a block.
+        let wide = Plan::resolve(
+            &CudaOptions {
+                grouped_down_wide: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
         for rows in 2..=8 {
             assert_eq!(
                 grouped(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert,
+                MoeRows::ByExpert(GroupedDown::Warps12),
                 "{rows} rows"
             );
             assert_eq!(
                 on.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert
+                MoeRows::ByExpert(GroupedDown::Warps12)
+            );
+            assert_eq!(
+                wide.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedDown::Warps16)
             );
             assert_eq!(
                 per_row.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
@@ -1354,6 +1374,12 @@ mod tests {
         assert!(per_row
             .describe()
             .contains("batched MoE grouped by expert off"));
+        assert!(wide
+            .describe()
+            .contains("grouped MoE down kernel at 16 warps on"));
+        assert!(on
+            .describe()
+            .contains("grouped MoE down kernel at 16 warps off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
@@ -1533,8 +1559,8 @@ mod tests {
         );
         for (rows, want) in [
             (1, MoeRows::PerRow),
-            (4, MoeRows::ByExpert),
-            (8, MoeRows::ByExpert),
+            (4, MoeRows::ByExpert(GroupedDown::Warps12)),
+            (8, MoeRows::ByExpert(GroupedDown::Warps12)),
         ] {
             assert_eq!(
                 p.moe_rows_for(

@@ -25,6 +25,12 @@ pub const BLOCKS_PER_SM: usize = 2;
 pub const DOWN_KSPLIT: usize = 3;
 /// Items (experts) a `dec_down_combine` warp loads before using any.
 pub const DOWN_BATCH: usize = 3;
+/// Item columns of warps of a `dec_down_combine_x8x2_grouped_wide` block (`grouped_down_wide`):
+/// DOWN_WARPS × 4 = 16 warps (at most 128 registers each, one block an SM) where
+/// `dec_down_combine_x8x2_grouped` has DOWN_KSPLIT = 3 (12 warps), and the items a warp of it has
+/// in flight (its ring).
+pub const GROUPED_DOWN_KCOLS: usize = 4;
+pub const GROUPED_DOWN_BATCH: usize = 3;
 /// 16-byte loads per thread in flight while `dec_down_combine` stages its inputs.
 pub const DOWN_STAGE: usize = 3;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
@@ -57,6 +63,18 @@ pub enum MoeProducts {
     /// 2 blocks an SM, the down kernel one).
     Int8Pairs,
 }
+/// Which block the grouped MoE's down kernel runs (`Decode::down_combine_grouped`; the plan's
+/// choice: `Plan::moe_rows`). Both give the same outputs bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedDown {
+    /// `dec_down_combine_x8x2_grouped`: DOWN_WARPS row groups × DOWN_KSPLIT item columns (12
+    /// warps, 116 registers).
+    Warps12,
+    /// `grouped_down_wide`: `dec_down_combine_x8x2_grouped_wide`, DOWN_WARPS row groups ×
+    /// GROUPED_DOWN_KCOLS item columns (16 warps), more weight loads in flight an SM.
+    Warps16,
+}
+
 /// How the one-token projections on the pipelined 4-bit kernels (`dec_gemv4`, `dec_gemv4w`) take
 /// their products (the plan's choice: `Plan::gemv_products`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +185,8 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DOWN_BATCH", DOWN_BATCH as i64),
         ("DEC_DOWN_STAGE", DOWN_STAGE as i64),
         ("DEC_DOWN_KSPLIT", DOWN_KSPLIT as i64),
+        ("DEC_GRP_DOWN_KCOLS", GROUPED_DOWN_KCOLS as i64),
+        ("DEC_GRP_DOWN_BATCH", GROUPED_DOWN_BATCH as i64),
         ("DEC_GLU_R4", GLU_R4 as i64),
         ("DEC_DN_MAX_K", DN_MAX_K as i64),
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
@@ -678,6 +698,7 @@ pub struct Decode {
     down_combine_x8x2: Kernel,
     down_combine_x8x2_rows: Kernel,
     down_combine_x8x2_grouped: Kernel,
+    down_combine_x8x2_grouped_wide: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -716,6 +737,8 @@ impl Decode {
             down_combine_x8x2: k("dec_down_combine_x8x2")?,
             down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
             down_combine_x8x2_grouped: k("dec_down_combine_x8x2_grouped")?
+                .allow_shared_memory(GROUPED_SMEM_MAX)?,
+            down_combine_x8x2_grouped_wide: k("dec_down_combine_x8x2_grouped_wide")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
@@ -1045,8 +1068,14 @@ impl Decode {
     /// (`dec_down_combine_x8x2_grouped`, after `glu_grouped`): a block owns `dec_down_combine`'s
     /// output rows for all `rows` rows and loops over the union of their picks, each weight tile
     /// read once; each output combined in the one-token kernel's order. `a`'s buffers as for
-    /// `down_combine_rows`.
-    pub fn down_combine_grouped(&self, gpu: &Gpu, a: &DownCombine, rows: usize) -> Result<()> {
+    /// `down_combine_rows`; `block` the 12- or 16-warp kernel (the same outputs).
+    pub fn down_combine_grouped(
+        &self,
+        gpu: &Gpu,
+        a: &DownCombine,
+        rows: usize,
+        block: GroupedDown,
+    ) -> Result<()> {
         let (down, sdown) = (a.down.shape(), a.shared_down.shape());
         let fast = [&down, &sdown]
             .iter()
@@ -1073,8 +1102,12 @@ impl Decode {
         let grid = blocks(a.down.rows, DOWN_WARPS * spw);
         let (down, sdown) = (a.down.arg(), a.shared_down.arg());
         let (top_k, h_stride, rows_arg) = (a.top_k as i32, a.down.cols as i32, rows as i32);
-        let cfg = config((grid, 1, 1), (DOWN_WARPS * DOWN_KSPLIT * 32) as u32, smem);
-        gpu.launch(&self.down_combine_x8x2_grouped, cfg, |l| {
+        let (kernel, columns) = match block {
+            GroupedDown::Warps12 => (&self.down_combine_x8x2_grouped, DOWN_KSPLIT),
+            GroupedDown::Warps16 => (&self.down_combine_x8x2_grouped_wide, GROUPED_DOWN_KCOLS),
+        };
+        let cfg = config((grid, 1, 1), (DOWN_WARPS * columns * 32) as u32, smem);
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&down)
                 .arg(&sdown)
                 .arg(&a.ids)

@@ -84,6 +84,9 @@ struct Case {
     /// On (with int8-pair products, bf16 mode), the batched step's MoE runs grouped by expert
     /// (`dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, `moe_grouped_rows`).
     moe_grouped_rows: bool,
+    /// On (with `moe_grouped_rows`), the grouped down kernel runs its 16-warp block
+    /// (`dec_down_combine_x8x2_grouped_wide`, `grouped_down_wide`).
+    grouped_down_wide: bool,
     prompts: &'static [usize],
 }
 
@@ -103,6 +106,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         moe_int8_pairs,
         gemv_int8,
         moe_grouped_rows,
+        grouped_down_wide,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -115,7 +119,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}), gemv int8 {gemv_int8}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -129,6 +133,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             moe_int8_pairs,
             gemv_int8,
             moe_grouped_rows,
+            grouped_down_wide,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -270,6 +275,7 @@ const FUSED: Case = Case {
     moe_int8_pairs: false,
     gemv_int8: false,
     moe_grouped_rows: false,
+    grouped_down_wide: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -323,6 +329,12 @@ const MMA_DEEP: Case = Case {
 const GROUPED: Case = Case {
     moe_grouped_rows: true,
     ..MMA_DEEP
+};
+/// `GROUPED` with the grouped down kernel's 16-warp block (`grouped_down_wide`, off until
+/// measured).
+const GROUPED_WIDE: Case = Case {
+    grouped_down_wide: true,
+    ..GROUPED
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -388,7 +400,8 @@ fn decode_batched_steps_match_each_sequence_alone_on_small() {
 /// sequence alone runs), three and eight sequences on tiny and on small. A test of its own so
 /// that it runs whatever the shipping cases above say; its worst should be the shipping
 /// (`eight(MMA_DEEP)`) case's, the MoE being the same bit for bit, so where that case fails
-/// (session 19: small, eight, bf16, 0.32 against 0.15) this one fails with it.
+/// (session 19: small, eight, bf16, 0.32 against 0.15) this one fails with it. Then eight on
+/// tiny and three and eight on small with the down kernel's 16-warp block (`grouped_down_wide`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn decode_batched_steps_grouped_by_expert_match_each_sequence_alone() {
@@ -396,6 +409,9 @@ fn decode_batched_steps_grouped_by_expert_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(GROUPED));
     batched_steps_match_alone(Preset::Small, GROUPED);
     batched_steps_match_alone(Preset::Small, eight(GROUPED));
+    batched_steps_match_alone(Preset::Tiny, eight(GROUPED_WIDE));
+    batched_steps_match_alone(Preset::Small, GROUPED_WIDE);
+    batched_steps_match_alone(Preset::Small, eight(GROUPED_WIDE));
 }
 
 /// Which of the int8 forms moves the batched step away from the sequences alone on small

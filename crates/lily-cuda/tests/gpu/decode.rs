@@ -1,7 +1,9 @@
 //! decode.cu: the fused one-token kernels against the CPU.
 
 use crate::common::*;
-use lily_cuda::kernels::decode::{DownCombine, GemvProducts, Glu, MoeProducts, RowsKernel};
+use lily_cuda::kernels::decode::{
+    DownCombine, GemvProducts, Glu, GroupedDown, MoeProducts, RowsKernel,
+};
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
 /// attention and DeltaNet over single-token steps after a per-kernel chunk (caches, recurrent
@@ -835,9 +837,10 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
 /// for all rows that picked it) against `dec_glu4_x8x2` + `dec_down_combine_x8x2` run one token
 /// at a time on the same inputs (those are tested against the CPU in moe_int8_matches_cpu): the
 /// routing, the experts' and shared expert's hidden rows and the residual rows agree bit for bit,
-/// for 1, 3 and 8 tokens whose picks overlap (a third of the rows copy the previous row's logits,
-/// the others push the same three experts up), on tiny's and small's MoE shapes and the full
-/// model's widths with 32 experts, in both activation modes.
+/// for 1, 3, 4 and 8 tokens whose picks overlap (a third of the rows copy the previous row's
+/// logits, the others push the same three experts up), on tiny's and small's MoE shapes and the
+/// full model's widths with 32 experts, in both activation modes; the down kernel's 16-warp block
+/// (`grouped_down_wide`) too, its residual rows bit for bit the one-token kernels'.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
@@ -861,7 +864,7 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                 dw.shared_up.shape(),
             ];
             let [g, u, sg, su] = &glu_shapes;
-            for rows in [1usize, 3, 8] {
+            for rows in [1usize, 3, 4, 8] {
                 let what = format!("{preset:?}, {rows} tokens, bf16 {bf16_activations}");
                 if rows > 1 {
                     assert!(
@@ -905,7 +908,16 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                 let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
                 let dec = &d.k.decode;
                 dec.glu_grouped(&d, &glu(0, 0), rows).unwrap();
-                dec.down_combine_grouped(&d, &down(0, 0), rows).unwrap();
+                dec.down_combine_grouped(&d, &down(0, 0), rows, GroupedDown::Warps12)
+                    .unwrap();
+                // grouped_down_wide's 16-warp block on the same hidden rows, its own residual.
+                let x_wide = d.upload(&x0).unwrap();
+                let wide = DownCombine {
+                    x: x_wide.ptr,
+                    ..down(0, 0)
+                };
+                dec.down_combine_grouped(&d, &wide, rows, GroupedDown::Warps16)
+                    .unwrap();
                 for at in 0..rows {
                     dec.glu(&d, &glu(1, at), products).unwrap();
                     dec.down_combine(&d, &down(1, at), products).unwrap();
@@ -917,6 +929,14 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                     "{what}: the rows' picks do not overlap"
                 );
                 runs.assert_equal(&d, rows, &x0, &what);
+                let bits = |b: &DevBuf| -> Vec<u32> {
+                    let v: Vec<f32> = d.read(b, 0, rows * h).unwrap();
+                    v.iter().map(|x| x.to_bits()).collect()
+                };
+                assert!(
+                    bits(&x_wide) == bits(&x[1]),
+                    "{what}: the 16-warp grouped down kernel's residual rows"
+                );
             }
         }
     }
