@@ -56,6 +56,14 @@ lily_core::backend_options! {
             label "experts' wgmma tiles of 64 for few items",
             help "the routed experts of a staged chunk whose experts average fewer than 48 items on gemm_grouped_wgb64's tiles of 64 instead of gemm_grouped32's (mma.sync) tiles of 32",
             why "won its A/B: prefill 512 +6 %, 1K +19 % on the H200 (session 9)";
+        wgmma_narrow_tiles = false, flag Some("wgmma-narrow-tiles"), env "LILY_WGMMA_NARROW_TILES" = true,
+            label "experts' wgmma tiles of 32 for few items",
+            help "the routed experts of a staged chunk whose experts average at most gemm::NARROW_MAX_AVG (24) items (512-token chunks: 16) on gemm_grouped_wgb32's tiles of 32 (a deeper ring, two blocks a multiprocessor) instead of gemm_grouped_wgb64's tiles of 64",
+            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +10 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+        wgmma_tail_tiles = false, flag Some("wgmma-tail-tiles"), env "LILY_WGMMA_TAIL_TILES" = true,
+            label "experts' last items in tiles of 32",
+            help "where the routed experts run on tiles of 128 (gemm_grouped_wgb128), each expert's last ≤ 32 items past its tiles of 128 in a second launch on gemm_grouped_wgb32's tiles of 32 instead of a nearly empty tile of 128",
+            why "off: not yet measured on a GPU (issue 31; predicted prefill 4K +5 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -246,6 +254,8 @@ mod tests {
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_WGMMA_SMALL_TILES", "0"),
+            ("LILY_WGMMA_NARROW_TILES", "1"),
+            ("LILY_WGMMA_TAIL_TILES", "1"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -299,6 +309,8 @@ mod tests {
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
                 wgmma_small_tiles: false,
+                wgmma_narrow_tiles: true,
+                wgmma_tail_tiles: true,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,
