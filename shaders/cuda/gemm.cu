@@ -659,13 +659,15 @@ gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restri
 // Tiles of 32 items (wgmma.m64n32k16) for few items an expert: the plan's `wgmma_narrow_tiles`
 // (chunks whose experts average at most gemm::NARROW_MAX_AVG items) and the remainder launch of
 // `wgmma_tail_tiles` (each expert's last ≤ 32 items past its tiles of 128, moe_group's second
-// list). A stage's activations are 4 KB, as much as its weights, so the ring is WGB32_STAGES deep
-// and two blocks share a multiprocessor (≤ 128 registers a thread): more weight bytes in flight
-// and one block's barrier or dequantisation hidden behind the other's MMAs.
+// list). A stage's activations are 4 KB, as much as its weights, so the ring is WGB32_STAGES (7)
+// deep and three blocks share a multiprocessor (≤ 85 registers a thread: 80 with 16
+// accumulators; 73 KB of shared memory a block at 32 groups a row) where gemm_grouped_wgb64 fits
+// two (96 registers, 79 KB, 5 stages): 3 × 6 k-steps of weights in flight an SM against 2 × 4,
+// and 24 warps to issue from against 16.
 #ifndef WGB32_STAGES
 #error "WGB32_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
 #endif
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 3)
 gemm_grouped_wgb32(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                    float* __restrict__ y, int y_stride) {

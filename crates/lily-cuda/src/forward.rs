@@ -1286,7 +1286,7 @@ impl Forward<'_> {
             perm: s.perm.ptr,
             tiles: s.tiles.ptr,
             n_tiles: s.n_tiles.ptr,
-            max_tiles: s.max_tiles,
+            max_tiles: self.plan.tile_rows(items, e, tile, s.max_tiles),
             tile,
             tail,
             tail_tiles: s.tail_tiles.ptr,

@@ -58,7 +58,7 @@ use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{self, Decode, GemvProducts, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
-use crate::kernels::moe::MoeShape;
+use crate::kernels::moe::{self, MoeShape};
 use crate::kernels::KernelBuild;
 pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
@@ -425,6 +425,24 @@ impl Plan {
             up: kernel(w[1]),
             down: kernel(w[2]),
             tail: (tile == 128 && self.o.wgmma_tail_tiles).then_some(GroupedGemm::Wgb32),
+        }
+    }
+
+    /// Rows of tile blocks a grouped launch over `n_items` items in tiles of `tile` has (grid.y;
+    /// blocks past the tiles moe_group made exit): under `tile_grid_by_items` the most it can
+    /// make for these items (moe::group_tiles_bound), else `max_tiles`, the scratch's bound for
+    /// a whole chunk in tiles of linear::GROUP_TILE.
+    pub fn tile_rows(
+        &self,
+        n_items: usize,
+        n_experts: usize,
+        tile: usize,
+        max_tiles: usize,
+    ) -> usize {
+        if self.o.tile_grid_by_items {
+            moe::group_tiles_bound(n_items, n_experts, tile).min(max_tiles)
+        } else {
+            max_tiles
         }
     }
 
@@ -1817,6 +1835,46 @@ mod tests {
             mma.experts(w, moe, 4096),
             gemm(64, GroupedGemm::Mma64, None)
         );
+    }
+
+    #[test]
+    fn the_experts_grid_follows_their_items_where_its_switch_asks() {
+        // Scratch of a 4,096-token chunk: 32,768 items / 16 + 256 = 2,304 rows of tile blocks.
+        let max = moe::max_group_tiles(4096 * 8, 256);
+        assert_eq!(max, 2304);
+        let off = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(off.tile_rows(512 * 8, 256, 64, max), max);
+        let on = Plan::resolve(
+            &CudaOptions {
+                tile_grid_by_items: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        // 512 tokens in tiles of 64 (or 32): 64 (128) + 256; 4,096 in tiles of 128: 256 + 256.
+        assert_eq!(on.tile_rows(512 * 8, 256, 64, max), 320);
+        assert_eq!(on.tile_rows(512 * 8, 256, 32, max), 384);
+        assert_eq!(on.tile_rows(4096 * 8, 256, 128, max), 512);
+        // Few items: at most one partial tile an item; never past the scratch's bound.
+        assert_eq!(on.tile_rows(20, 256, 16, max), 22);
+        assert_eq!(on.tile_rows(4096 * 8, 256, 16, max), max);
+        // The bound holds for every split of the items over the experts (random small cases,
+        // each expert's tiles ⌈count / tile⌉ as moe_group makes them).
+        let mut rng = 12345u64;
+        for _ in 0..2000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let e = 1 + (rng >> 33) as usize % 12;
+            let tile = [16, 32, 64, 128][(rng >> 20) as usize % 4];
+            let counts: Vec<usize> = (0..e).map(|i| ((rng >> (i % 50)) as usize) % 300).collect();
+            let items: usize = counts.iter().sum();
+            let made: usize = counts.iter().map(|c| c.div_ceil(tile)).sum();
+            assert!(
+                made <= moe::group_tiles_bound(items, e, tile),
+                "{counts:?} / {tile}"
+            );
+        }
     }
 
     #[test]

@@ -26,10 +26,11 @@ pub const WG_TOK: usize = 128;
 /// `wgb_tok` is 256 (it loses to gemm_dense_wgb at 512 tokens: 19.3 against 13.0 µs, 2048×512).
 pub const WGB256_MIN_TOK: usize = 2048;
 pub const WGB_STAGES: usize = 5;
-/// gemm_grouped_wgb32's ring: a stage holds 4 KB of activations beside 4 KB of weights, so eight
-/// stages (seven k-steps ahead; 81 KB a block with 32 groups a row) and two blocks a
-/// multiprocessor keep ≈ 4× the weight bytes of gemm_grouped_wgb64 in flight on an SM.
-pub const WGB32_STAGES: usize = 8;
+/// gemm_grouped_wgb32's ring: a stage holds 4 KB of activations beside 4 KB of weights, so seven
+/// stages (six k-steps ahead; 73 KB a block with 32 groups a row) and three blocks a
+/// multiprocessor (228 KB) keep 3 × 6 k-steps of weights in flight on an SM where
+/// gemm_grouped_wgb64 keeps 2 × 4.
+pub const WGB32_STAGES: usize = 7;
 /// The most items experts average in a staged chunk whose routed experts take gemm_grouped_wgb32
 /// under the plan's `wgmma_narrow_tiles` (chunks up to 768 tokens at Qwen3.6's 8 of 256): at 24
 /// a tile of 32 holds most experts' items, at 32 a quarter of them would need a second tile.
@@ -151,7 +152,7 @@ pub enum GroupedGemm {
     Mma32,
     Mma64,
     /// `gemm_grouped_wgb32` / `gemm_grouped_wgb64` / `gemm_grouped_wgb128`: wgmma (sm_90a),
-    /// reads the input staged as bf16 (32: a deeper ring, two blocks a multiprocessor).
+    /// reads the input staged as bf16 (32: a deeper ring, three blocks a multiprocessor).
     Wgb32,
     Wgb64,
     Wgb128,

@@ -35,7 +35,13 @@ pub fn check_limits(cfg: &ModelConfig) -> Result<()> {
 
 /// Upper bound of the tiles moe_group can produce for `n_items` items over `n_experts`.
 pub fn max_group_tiles(n_items: usize, n_experts: usize) -> usize {
-    n_items.div_ceil(GROUP_TILE) + n_experts.min(n_items)
+    group_tiles_bound(n_items, n_experts, GROUP_TILE)
+}
+
+/// Upper bound of the tiles of `tile` items moe_group makes for `n_items` items over `n_experts`
+/// (with or without a remainder list): each expert's ⌈count / tile⌉ ≤ count / tile + 1.
+pub fn group_tiles_bound(n_items: usize, n_experts: usize, tile: usize) -> usize {
+    n_items.div_ceil(tile) + n_experts.min(n_items)
 }
 
 /// The experts and top-k of one model (the MoE path depends on them).

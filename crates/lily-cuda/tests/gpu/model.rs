@@ -819,8 +819,8 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
 /// The routed experts' narrow tiles (`wgmma_narrow_tiles`: a 600-token chunk, experts averaging
 /// 19 items, on gemm_grouped_wgb32) and remainder launch (`wgmma_tail_tiles`: a 4,096-token chunk,
 /// experts averaging 128, on gemm_grouped_wgb128 plus gemm_grouped_wgb32 over each expert's last
-/// ≤ 32 items) through the forward pass of a full-width 4-layer model, against the shipping fixed
-/// tiles: the same greedy tokens and log-probabilities (each output is the same bf16 products
+/// ≤ 32 items), both with the grid sized by the items (`tile_grid_by_items`), through the
+/// forward pass of a full-width 4-layer model, against the shipping fixed tiles: the same greedy tokens and log-probabilities (each output is the same bf16 products
 /// summed in the same order, so they should agree exactly; 2e-2 as the other GEMM paths).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
@@ -833,6 +833,7 @@ fn model_prefill_through_narrow_and_tail_tiles_gives_the_same_tokens() {
             &CudaOptions {
                 wgmma_narrow_tiles: on,
                 wgmma_tail_tiles: on,
+                tile_grid_by_items: on,
                 ..CudaOptions::default()
             },
         )
