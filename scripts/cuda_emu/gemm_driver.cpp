@@ -1,10 +1,13 @@
 #include <cstdio>
 #include <random>
 // The GEMM part of scripts/cuda_emu/run.sh: gemm.cu's routed-experts wgmma kernels
-// gemm_grouped_wgb64 and gemm_grouped_wgb128 run through shim.h + wgmma.h on random 4-bit
-// experts, against an f64 product of the same bf16 operands. Arguments: rows cols group x_div
-// tile(64/128) count… (items per expert; the items are shuffled). The tiles are built on the
-// host as moe_group builds them (each expert's items in order, runs of up to the tile).
+// gemm_grouped_wgb32, gemm_grouped_wgb64 and gemm_grouped_wgb128 run through shim.h + wgmma.h on
+// random 4-bit experts, against an f64 product of the same bf16 operands. Arguments: rows cols
+// group x_div tile count… (items per expert; the items are shuffled); tile 32, 64, 128, or
+// 128+32: tiles of 128 until at most 32 items of an expert are left, those in a second list run
+// by gemm_grouped_wgb32 in a second launch into the same outputs (the plan's `wgmma_tail_tiles`).
+// The tiles are built on the host as moe_group builds them (each expert's items in order, runs
+// of up to the tile; the remainders' rule is moe_group's).
 static double rel(const std::vector<float>& got, const std::vector<double>& want, size_t* bad) {
     double num = 0, den = 0;
     *bad = 0;
@@ -18,8 +21,11 @@ static double rel(const std::vector<float>& got, const std::vector<double>& want
 int main(int argc, char** argv) {
     if (argc < 7) { fprintf(stderr, "usage: rows cols group x_div 64|128 counts...\n"); return 2; }
     int rows = atoi(argv[1]), cols = atoi(argv[2]), group = atoi(argv[3]), x_div = atoi(argv[4]);
-    int tile = atoi(argv[5]);
-    if (tile != 64 && tile != 128) { fprintf(stderr, "tile %d: 64 or 128\n", tile); return 2; }
+    int tile = atoi(argv[5]), tail = strchr(argv[5], '+') ? atoi(strchr(argv[5], '+') + 1) : 0;
+    if ((tile != 32 && tile != 64 && tile != 128) || (tail && (tile != 128 || tail != 32))) {
+        fprintf(stderr, "tile %s: 32, 64, 128 or 128+32\n", argv[5]);
+        return 2;
+    }
     std::vector<int> counts;
     for (int i = 6; i < argc; i++) counts.push_back(atoi(argv[i]));
     int E = (int)counts.size(), items = 0;
@@ -50,23 +56,34 @@ int main(int argc, char** argv) {
     std::vector<int> ids;
     for (int e = 0; e < E; e++) for (int i = 0; i < counts[e]; i++) ids.push_back(e);
     std::shuffle(ids.begin(), ids.end(), rng);
-    std::vector<int> perm, tiles;
+    std::vector<int> perm, tiles, tails;
     for (int e = 0; e < E; e++) {
-        int start = (int)perm.size();
+        int start = (int)perm.size(), s = 0;
         for (int i = 0; i < items; i++) if (ids[i] == e) perm.push_back(i);
-        for (int s = 0; s < counts[e]; s += tile) tiles.insert(tiles.end(), {e, start + s, std::min(tile, counts[e] - s)});
+        for (; s < counts[e] && counts[e] - s > tail; s += tile)
+            tiles.insert(tiles.end(), {e, start + s, std::min(tile, counts[e] - s)});
+        if (s < counts[e]) tails.insert(tails.end(), {e, start + s, counts[e] - s});
     }
-    int n_tiles = (int)tiles.size() / 3;
+    int n_tiles = (int)tiles.size() / 3, n_tails = (int)tails.size() / 3;
     std::vector<float> y((size_t)items * rows, NAN);
     int groups = cols / group;
-    size_t smem = 1024 + WGB_STAGES * ((size_t)tile * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4;
-    dim3e grid{(rows + WG_ROWS - 1) / WG_ROWS, n_tiles + 2, 1};  // two blocks past the tiles: they exit
-    launch(grid, 256, smem / 4, [&] {
-        if (tile == 64)
-            gemm_grouped_wgb64(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
-        else
-            gemm_grouped_wgb128(w, perm.data(), tiles.data(), &n_tiles, x.data(), cols, x_div, y.data(), rows);
-    });
+    auto smem = [&](int tok) {
+        int stages = tok == 32 ? WGB32_STAGES : WGB_STAGES;
+        return 1024 + stages * ((size_t)tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4;
+    };
+    auto run = [&](int tok, std::vector<int>& list, int& n) {
+        dim3e grid{(rows + WG_ROWS - 1) / WG_ROWS, n + 2, 1};  // two blocks past the tiles: they exit
+        launch(grid, 256, smem(tok) / 4, [&] {
+            if (tok == 32)
+                gemm_grouped_wgb32(w, perm.data(), list.data(), &n, x.data(), cols, x_div, y.data(), rows);
+            else if (tok == 64)
+                gemm_grouped_wgb64(w, perm.data(), list.data(), &n, x.data(), cols, x_div, y.data(), rows);
+            else
+                gemm_grouped_wgb128(w, perm.data(), list.data(), &n, x.data(), cols, x_div, y.data(), rows);
+        });
+    };
+    run(tile, tiles, n_tiles);
+    if (tail) run(tail, tails, n_tails);
     std::vector<double> want(y.size());
     for (int i = 0; i < items; i++)
         for (int r = 0; r < rows; r++) {
@@ -77,8 +94,10 @@ int main(int argc, char** argv) {
     size_t bad;
     double e = rel(y, want, &bad);
     bool ok = bad == 0 && e < 5e-3 && g_wg_errors == 0;
-    printf("gemm_grouped_wgb%d %dx%d group %d x_div %d, %d items over %d experts in %d runs: rel. L2 %.2e%s%s\n",
-           tile, rows, cols, group, x_div, items, E, n_tiles, e,
+    char runs[64];
+    snprintf(runs, sizeof runs, tail ? "%d + %d (_wgb%d)" : "%d", n_tiles, n_tails, tail);
+    printf("gemm_grouped_wgb%d %dx%d group %d x_div %d, %d items over %d experts in %s runs: rel. L2 %.2e%s%s\n",
+           tile, rows, cols, group, x_div, items, E, runs, e,
            bad ? " (unwritten outputs!)" : "", g_wg_errors ? " (warpgroup ops out of step!)" : "");
     if (!ok) printf("  FAILED\n");
     return ok ? 0 : 1;

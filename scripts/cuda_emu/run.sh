@@ -11,7 +11,8 @@
 #   Each line: heads, dk, tokens, decay scale, tf32 on/off, outputs' and final state's rel. L2;
 #   fails above the GPU test's tolerance (3e-3 with tf32, 1e-5 without).
 #   Measured 2026-12-05 (session 12): fp32 products ≤ 2.3e-6, tf32 products 3.6e-4 … 8.0e-4.
-# gemm: gemm.cu's routed-experts kernels gemm_grouped_wgb64 and gemm_grouped_wgb128 through
+# gemm: gemm.cu's routed-experts kernels gemm_grouped_wgb32, _wgb64 and _wgb128 (and _wgb128 with
+#   its remainders in _wgb32, the plan's `wgmma_tail_tiles`) through
 #   wgmma.h (warpgroup MMA with A in registers and B through a 128-byte-swizzled descriptor,
 #   retired at wait_group as on the device) against an f64 product of the same bf16 operands
 #   (gemm_driver.cpp); fails above 5e-3 (the GPU test's tolerance) or on any unwritten output.
@@ -66,7 +67,7 @@ tiles = tiles.replace('asm volatile("" : "+f"(d[i])::"memory");', ';')
 rs = open(f'{root}/crates/lily-cuda/src/kernels/gemm.rs').read()
 def const(name):
     return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
-defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGB_STAGES', 'WG_ROWS'])
+defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGB_STAGES', 'WGB32_STAGES', 'WG_ROWS'])
 src = ('#define EMU_ACT_BF16\n'
        f'#include "{root}/scripts/cuda_emu/shim.h"\n#include "{root}/scripts/cuda_emu/wgmma.h"\n'
        '#define __CUDA_ARCH_FEAT_SM90_ALL 1\n#define __shared__ static\n#define wg_raw ((char*)g_smem)\n'
@@ -77,10 +78,14 @@ PY
 g++ -std=c++20 -O2 -pthread "$W/emu_gemm.cpp" -o "$W/emu_gemm"
 # rows cols group x_div tile counts…: loads at both tiles' edges (an expert of 600 items: four
 # runs of 128 + 88, or nine of 64 + 24), rows off the block's 128, gate/up-like (x_div 2, many
-# k-steps) and down-like (x_div 1, groups of 32) shapes, tiles of 64 and 128 on the same loads.
+# k-steps) and down-like (x_div 1, groups of 32) shapes, tiles of 32, 64, 128 and 128 + 32 on
+# the same loads (remainders of 1, 32 and 33 past a tile of 128: 129, 160, 161).
 LOADS="0 20 64 65 128 129 192 193 256 257 300 600"
+TAILS="0 20 32 33 128 129 160 161 281"
 for args in "136 256 64 2 128 $LOADS" "136 256 64 2 64 $LOADS" "264 512 32 1 128 7 130 250 1" \
-            "136 128 64 2 64 2 62 200"; do
+            "136 128 64 2 64 2 62 200" "136 256 64 2 32 $LOADS" "264 512 32 1 32 7 33 1 40" \
+            "136 128 64 2 32 2 62 200" \
+            "136 256 64 2 128+32 $TAILS" "264 512 32 1 128+32 $TAILS"; do
   "$W/emu_gemm" $args || fail=1
 done
 fi

@@ -357,7 +357,8 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 }
 
 // ---- Hopper (sm_90a): warpgroup MMA --------------------------------------------------------------
-// gemm_dense_wgb (TOK = 128), gemm_dense_wgb256 (TOK = 256) / gemm_grouped_wgb64, _wgb128 (TOK = 64, 128):
+// gemm_dense_wgb (TOK = 128), gemm_dense_wgb256 (TOK = 256) / gemm_grouped_wgb32, _wgb64, _wgb128
+// (TOK = 32, 64, 128):
 // gemm_dense and gemm_grouped for 4-bit weights with wgmma (the plan's `wgmma_gemm`, sm_90a), on
 // activations the forward pass staged as bf16 rows (`to_bf16` below; bf16-valued in this mode, so
 // exactly). A block computes WG_ROWS = 128 weight rows × TOK tokens (items) with two warpgroups
@@ -371,16 +372,16 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 //   B = the tokens' activations, K-major in shared memory with the 128-byte swizzle (a token's 64
 //     columns of a k-step are one 128-byte row), copied by cp.async straight into that layout
 //     (16-byte chunk c of token n at chunk c ^ (n % 8)) and read by the MMA through a descriptor.
-// Pipeline: a ring of WGB_STAGES k-steps (activations and packed weights, issued WGB_STAGES − 1
-// steps ahead); step st + 1's MMAs are issued while step st's run (wait_group 1), step st + 1's
-// fragments are dequantised meanwhile, and the ring slot of step st − 1 is refilled once both
-// warpgroups have passed it: one barrier a step. Scales and biases of the block's rows sit in
+// Pipeline: a ring of STAGES k-steps (WGB_STAGES; WGB32_STAGES for TOK = 32) of activations and
+// packed weights, issued STAGES − 1 steps ahead; step st + 1's MMAs are issued while step st's
+// run (wait_group 1), step st + 1's fragments are dequantised meanwhile, and the ring slot of step
+// st − 1 is refilled once both warpgroups have passed it: one barrier a step. Scales and biases of the block's rows sit in
 // shared memory group-major (consecutive rows in consecutive banks). The epilogue is
 // gemm_dense's / gemm_grouped's: act(sum), or act(y + act(sum)) with accumulate (dense only).
 // Limits (the launcher checks, `wg_fits`): bits 4, cols % 128 == 0 (an even number of k-steps: the
 // main loop takes two a turn with no branch between the MMAs, which would make ptxas serialise
 // them), a group of a power of two ≥ 16 (a slice's group by a shift), cols / group ≤ 64.
-// Dynamic shared memory (wgb_smem in the launcher): 1 KB of alignment slack, the ring WGB_STAGES ×
+// Dynamic shared memory (wgb_smem in the launcher): 1 KB of alignment slack, the ring STAGES ×
 // (TOK × 128 + 128 × 32 bytes), the (scale, bias) pairs 128 × (cols / group) × 4.
 // History: session 6's gemm_dense_wg converted fp32 activations inside each block and waited for
 // each step's MMAs: 141 TFLOP/s on the H200 where these reach 252 (TOK 128) and 335 (TOK 256).
@@ -397,6 +398,15 @@ extern __shared__ __align__(16) char wg_raw[];
 // TOK bf16, shared memory through `desc`).
 template <int TOK>
 __device__ __forceinline__ void wgmma_tok(float (&d)[TOK / 2], const u32 (&a)[4], unsigned long long desc);
+template <>
+__device__ __forceinline__ void wgmma_tok<32>(float (&d)[16], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
 template <>
 __device__ __forceinline__ void wgmma_tok<64>(float (&d)[32], const u32 (&a)[4], unsigned long long desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -517,36 +527,36 @@ __device__ __forceinline__ void wgb_dequant(const char* ring, const u32* sb, int
     }
 }
 
-// One k-step: its four wgmma from ring slot st % WGB_STAGES and fragments `a`; then, while they
-// run, the ring's next request and step st + 1's fragments into `an`.
-template <int TOK>
+// One k-step: its four wgmma from ring slot st % STAGES and fragments `a`; then, while they run,
+// the ring's next request and step st + 1's fragments into `an`.
+template <int TOK, int STAGES>
 __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, char* ring, const u32* sb, int gsh, int st,
                                          int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
-    u32 cur = smem_addr(ring + (st % WGB_STAGES) * Wgb<TOK>::STAGE);
+    u32 cur = smem_addr(ring + (st % STAGES) * Wgb<TOK>::STAGE);
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) wgmma_tok<TOK>(d, a[s], wg_desc(cur + 32 * s));
     wgmma_commit();
-    cp_async_wait<WGB_STAGES - 3>();  // this thread's copies of step st + 1
+    cp_async_wait<STAGES - 3>();  // this thread's copies of step st + 1
     fence_proxy_async();
-    wgmma_wait1();  // this warpgroup's step st − 1: `an` and slot (st − 1) % WGB_STAGES are free
+    wgmma_wait1();  // this warpgroup's step st − 1: `an` and slot (st − 1) % STAGES are free
     __syncthreads();
-    int ahead = st + WGB_STAGES - 1;
-    if (ahead < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % WGB_STAGES);
+    int ahead = st + STAGES - 1;
+    if (ahead < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % STAGES);
     cp_async_commit();
-    if (st + 1 < steps) wgb_dequant<TOK>(ring, sb, gsh, st + 1, (st + 1) % WGB_STAGES, an);
+    if (st + 1 < steps) wgb_dequant<TOK>(ring, sb, gsh, st + 1, (st + 1) % STAGES, an);
 }
 
 // The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
 // src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
-// none; the caller fills them, the first barrier below publishes them).
-template <int TOK>
+// none; the caller fills them, the first barrier below publishes them); a ring of STAGES k-steps.
+template <int TOK, int STAGES>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
                                          int y_stride, int accumulate, char* raw) {
     char* ring = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    u32* sb = reinterpret_cast<u32*>(ring + WGB_STAGES * Wgb<TOK>::STAGE);
+    u32* sb = reinterpret_cast<u32*>(ring + STAGES * Wgb<TOK>::STAGE);
     int groups = w.cols / w.group, steps = w.cols / 64, gsh = __ffs(w.group >> 4) - 1;
     for (int i = threadIdx.x; i < WG_ROWS * groups; i += blockDim.x) {
         int r = i & (WG_ROWS - 1), gi = i / WG_ROWS;
@@ -554,7 +564,7 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
         sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
     }
     __syncthreads();  // src (the caller's) before the first requests
-    for (int st = 0; st < WGB_STAGES - 1; st++) {
+    for (int st = 0; st < STAGES - 1; st++) {
         if (st < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
         cp_async_commit();
     }
@@ -562,13 +572,13 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
 #pragma unroll
     for (int i = 0; i < TOK / 2; i++) d[i] = 0.0f;
     u32 a0[4][4], a1[4][4];
-    cp_async_wait<WGB_STAGES - 2>();
+    cp_async_wait<STAGES - 2>();
     fence_proxy_async();
     __syncthreads();
     wgb_dequant<TOK>(ring, sb, gsh, 0, 0, a0);
     for (int st = 0; st < steps; st += 2) {  // steps is even: no branch between the MMAs
-        wgb_step<TOK>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1);
-        wgb_step<TOK>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0);
+        wgb_step<TOK, STAGES>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1);
+        wgb_step<TOK, STAGES>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0);
     }
     wgmma_wait0();
 #pragma unroll
@@ -587,7 +597,7 @@ gemm_dense_wgb(QWeight w, const u16* __restrict__ x, int x_stride, float* __rest
         int n = blockIdx.y * 128 + threadIdx.x;
         rows[threadIdx.x] = n < n_tok ? n : -1;
     }
-    wgb_tile<128>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
+    wgb_tile<128, WGB_STAGES>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
 #else
     __trap();
 #endif
@@ -602,7 +612,7 @@ gemm_dense_wgb256(QWeight w, const u16* __restrict__ x, int x_stride, float* __r
     __shared__ int rows[256];
     int n = blockIdx.y * 256 + threadIdx.x;
     rows[threadIdx.x] = n < n_tok ? n : -1;
-    wgb_tile<256>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
+    wgb_tile<256, WGB_STAGES>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
 #else
     __trap();
 #endif
@@ -610,7 +620,7 @@ gemm_dense_wgb256(QWeight w, const u16* __restrict__ x, int x_stride, float* __r
 
 // grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
 // moe_group made them with tiles of TOK; blocks past *n_tiles exit.
-template <int TOK>
+template <int TOK, int STAGES>
 __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
                                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,
                                                 const u16* __restrict__ x, int x_stride, int x_div,
@@ -625,7 +635,7 @@ __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __r
         src[threadIdx.x] = item < 0 ? -1 : item / x_div;
         dst[threadIdx.x] = item;
     }
-    wgb_tile<TOK>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+    wgb_tile<TOK, STAGES>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
 #else
     __trap();
 #endif
@@ -635,7 +645,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_grouped_wgb64(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                    float* __restrict__ y, int y_stride) {
-    grouped_wg_body<64>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+    grouped_wg_body<64, WGB_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
 
 // Tiles of 128 items (`wgmma_group_tile` = 128, where experts average ≥ 96 items a chunk).
@@ -643,5 +653,23 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                     const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                     float* __restrict__ y, int y_stride) {
-    grouped_wg_body<128>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+    grouped_wg_body<128, WGB_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+
+// Tiles of 32 items (wgmma.m64n32k16) for few items an expert: the plan's `wgmma_narrow_tiles`
+// (chunks whose experts average at most gemm::NARROW_MAX_AVG items) and the remainder launch of
+// `wgmma_tail_tiles` (each expert's last ≤ 32 items past its tiles of 128, moe_group's second
+// list). A stage's activations are 4 KB, as much as its weights, so the ring is WGB32_STAGES (7)
+// deep and three blocks share a multiprocessor (≤ 85 registers a thread: 80 with 16
+// accumulators; 73 KB of shared memory a block at 32 groups a row) where gemm_grouped_wgb64 fits
+// two (96 registers, 79 KB, 5 stages): 3 × 6 k-steps of weights in flight an SM against 2 × 4,
+// and 24 warps to issue from against 16.
+#ifndef WGB32_STAGES
+#error "WGB32_STAGES comes from the launcher module (crates/lily-cuda/src/kernels/gemm.rs)"
+#endif
+extern "C" __global__ void __launch_bounds__(256, 3)
+gemm_grouped_wgb32(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                   const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                   float* __restrict__ y, int y_stride) {
+    grouped_wg_body<32, WGB32_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }

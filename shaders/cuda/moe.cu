@@ -43,10 +43,14 @@ extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __res
 // expert by expert; tiles [≤ n_items/16 + E][3] holds (expert, start, count) per run of up to
 // `tile` items; *n_tiles their number. One block. The order of items inside an expert does not
 // matter: each item's result is its own row.
+// tail > 0 (the plan's `wgmma_tail_tiles`): an expert's runs of `tile` stop once at most `tail`
+// items are left, and those go to a second list, tail_tiles [≤ E][3] (one run an expert, count ≤
+// tail), n_tiles[1] its number; an expert of tile + 5 items is one run of `tile` and one of 5
+// there, one of tail + 5 a single run of `tile`.
 
 extern "C" __global__ void __launch_bounds__(1024)
 moe_group(const int* __restrict__ ids, int n_items, int n_experts, int tile, int* __restrict__ perm,
-          int* __restrict__ tiles, int* __restrict__ n_tiles) {
+          int* __restrict__ tiles, int* __restrict__ n_tiles, int tail, int* __restrict__ tail_tiles) {
     __shared__ int cnt[MOE_MAX_E], off[MOE_MAX_E], fill[MOE_MAX_E];
     for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
         cnt[e] = 0;
@@ -56,18 +60,26 @@ moe_group(const int* __restrict__ ids, int n_items, int n_experts, int tile, int
     for (int i = threadIdx.x; i < n_items; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
-        int run = 0, nt = 0;
+        int run = 0, nt = 0, n_tail = 0;
         for (int e = 0; e < n_experts; e++) {
             off[e] = run;
-            for (int s = 0; s < cnt[e]; s += tile) {
+            int s = 0;
+            for (; s < cnt[e] && cnt[e] - s > tail; s += tile) {
                 tiles[3 * nt] = e;
                 tiles[3 * nt + 1] = run + s;
                 tiles[3 * nt + 2] = min(tile, cnt[e] - s);
                 nt++;
             }
+            if (s < cnt[e]) {  // tail > 0 only: the last ≤ tail items
+                tail_tiles[3 * n_tail] = e;
+                tail_tiles[3 * n_tail + 1] = run + s;
+                tail_tiles[3 * n_tail + 2] = cnt[e] - s;
+                n_tail++;
+            }
             run += cnt[e];
         }
-        *n_tiles = nt;
+        n_tiles[0] = nt;
+        if (tail > 0) n_tiles[1] = n_tail;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n_items; i += blockDim.x) {

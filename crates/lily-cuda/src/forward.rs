@@ -14,6 +14,7 @@ use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, Spl
 use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
+use crate::kernels::gemm::GroupedGemm;
 use crate::kernels::linear::{Gather, GROUP_TILE};
 use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
@@ -73,11 +74,13 @@ pub struct Scratch {
     pub sh: DevBuf,
     pub sy: DevBuf,
     pub s_gate: DevBuf,
-    /// MoE items grouped by expert (prefill): permutation, tiles (expert, start, count), count.
+    /// MoE items grouped by expert (prefill): permutation, tiles (expert, start, count), counts
+    /// (the tiles', the remainders'), the remainders' tiles (one an expert, `ExpertGroups::tail`).
     pub perm: DevBuf,
     pub tiles: DevBuf,
     pub n_tiles: DevBuf,
     pub max_tiles: usize,
+    pub tail_tiles: DevBuf,
 }
 
 impl Scratch {
@@ -184,8 +187,9 @@ impl Scratch {
             s_gate: buf(c)?,
             perm: buf(c * tk)?,
             tiles: buf(3 * moe::max_group_tiles(c * tk, cfg.n_experts))?,
-            n_tiles: buf(1)?,
+            n_tiles: buf(2)?,
             max_tiles: moe::max_group_tiles(c * tk, cfg.n_experts),
+            tail_tiles: buf(3 * cfg.n_experts)?,
         })
     }
 }
@@ -1278,12 +1282,14 @@ impl Forward<'_> {
             h: s.eh.ptr,
             n: items * inter,
         };
-        let groups = |tile: usize| ExpertGroups {
+        let groups = |tile: usize, tail: usize| ExpertGroups {
             perm: s.perm.ptr,
             tiles: s.tiles.ptr,
             n_tiles: s.n_tiles.ptr,
-            max_tiles: s.max_tiles,
+            max_tiles: self.plan.tile_rows(items, e, tile, s.max_tiles),
             tile,
+            tail,
+            tail_tiles: s.tail_tiles.ptr,
         };
         let group = |groups: ExpertGroups| Group {
             ids: s.ids.ptr,
@@ -1307,26 +1313,38 @@ impl Forward<'_> {
                 gate,
                 up,
                 down,
+                tail,
             } => {
-                let g = groups(tile);
+                let g = groups(tile, tail.map_or(0, GroupedGemm::tile));
                 k.moe.group(gpu, &group(g))?;
-                let staged = |w, x, xb, x_div, y| Grouped {
-                    xb,
-                    ..by_expert(w, g, x, x_div, y)
+                // Each projection over the tiles, then (`tail`) over the remainders' list.
+                let run = |kernel, w, x, xb, x_div, y| -> Result<()> {
+                    let a = Grouped {
+                        xb,
+                        ..by_expert(w, g, x, x_div, y)
+                    };
+                    k.gemm.grouped(gpu, kernel, &a)?;
+                    if let Some(t) = tail {
+                        let a = Grouped {
+                            groups: g.tail_groups(e),
+                            ..a
+                        };
+                        k.gemm.grouped(gpu, t, &a)?;
+                    }
+                    Ok(())
                 };
-                k.gemm
-                    .grouped(gpu, gate, &staged(&m.gate, xn, xb, top_k, eg))?;
-                k.gemm.grouped(gpu, up, &staged(&m.up, xn, xb, top_k, eu))?;
+                run(gate, &m.gate, xn, xb, top_k, eg)?;
+                run(up, &m.up, xn, xb, top_k, eu)?;
                 k.moe.silu_mul(gpu, &silu)?;
                 let hb = if down.staged() {
                     self.stage_bf16(eh, items, inter, n)?
                 } else {
                     None
                 };
-                k.gemm.grouped(gpu, down, &staged(&m.down, eh, hb, 1, ey))?;
+                run(down, &m.down, eh, hb, 1, ey)?;
             }
             Experts::LinearGrouped => {
-                let g = groups(GROUP_TILE);
+                let g = groups(GROUP_TILE, 0);
                 k.moe.group(gpu, &group(g))?;
                 k.linear
                     .grouped(gpu, &by_expert(&m.gate, g, xn, top_k, eg))?;

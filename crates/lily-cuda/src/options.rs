@@ -56,6 +56,18 @@ lily_core::backend_options! {
             label "experts' wgmma tiles of 64 for few items",
             help "the routed experts of a staged chunk whose experts average fewer than 48 items on gemm_grouped_wgb64's tiles of 64 instead of gemm_grouped32's (mma.sync) tiles of 32",
             why "won its A/B: prefill 512 +6 %, 1K +19 % on the H200 (session 9)";
+        wgmma_narrow_tiles = false, flag Some("wgmma-narrow-tiles"), env "LILY_WGMMA_NARROW_TILES" = true,
+            label "experts' wgmma tiles of 32 for few items",
+            help "the routed experts of a staged chunk whose experts average at most gemm::NARROW_MAX_AVG (24) items (512-token chunks: 16) on gemm_grouped_wgb32's tiles of 32 (a deeper ring, three blocks a multiprocessor) instead of gemm_grouped_wgb64's tiles of 64",
+            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +10 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+        wgmma_tail_tiles = false, flag Some("wgmma-tail-tiles"), env "LILY_WGMMA_TAIL_TILES" = true,
+            label "experts' last items in tiles of 32",
+            help "where the routed experts run on tiles of 128 (gemm_grouped_wgb128), each expert's last ≤ 32 items past its tiles of 128 in a second launch on gemm_grouped_wgb32's tiles of 32 instead of a nearly empty tile of 128",
+            why "off: not yet measured on a GPU (issue 31; predicted prefill 4K +5 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+        tile_grid_by_items = false, flag Some("tile-grid-by-items"), env "LILY_TILE_GRID_BY_ITEMS" = true,
+            label "experts' grid by their items",
+            help "the routed experts' grouped GEMMs launch ceil(items / tile) + min(experts, items) rows of tile blocks, the most moe_group can make for the chunk, instead of the scratch's bound for a whole chunk in tiles of 16 (2,304 rows at a 4,096-token chunk, of which 256–378 hold a tile and the rest exit at once)",
+            why "off: not yet measured on a GPU (issue 31; Nsight Compute, session 22: the 512-token launches are 9,216 (gate/up) and 36,864 (down) blocks where 1,024 / 4,096 have work); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -250,6 +262,9 @@ mod tests {
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_WGMMA_SMALL_TILES", "0"),
+            ("LILY_WGMMA_NARROW_TILES", "1"),
+            ("LILY_WGMMA_TAIL_TILES", "1"),
+            ("LILY_TILE_GRID_BY_ITEMS", "1"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -305,6 +320,9 @@ mod tests {
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
                 wgmma_small_tiles: false,
+                wgmma_narrow_tiles: true,
+                wgmma_tail_tiles: true,
+                tile_grid_by_items: true,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,

@@ -25,6 +25,12 @@
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
+//! Not shipping yet (off, issue 31's A/B pending): `wgmma_narrow_tiles` puts the routed experts
+//! of staged chunks whose experts average at most gemm::NARROW_MAX_AVG (24) items (512–768
+//! tokens) on `gemm_grouped_wgb32`; `wgmma_tail_tiles` runs each expert's last ≤ 32 items past
+//! its tiles of 128 (3,072 tokens and up) in a second launch of `gemm_grouped_wgb32`
+//! (`Experts::Gemm::tail`; the test `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
+//!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
 //! and a device granting 150 KB of shared memory a block, e.g. sm_80 or sm_90a, not sm_86 / 89 / 120);
@@ -52,7 +58,7 @@ use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{self, Decode, GemvProducts, GroupedDown, MoeProducts, RowsKernel};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
-use crate::kernels::moe::MoeShape;
+use crate::kernels::moe::{self, MoeShape};
 use crate::kernels::KernelBuild;
 pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
@@ -95,12 +101,15 @@ pub enum Experts {
     /// `moe_group` into tiles of linear::GROUP_TILE items, then `linear_grouped`.
     LinearGrouped,
     /// `moe_group` into tiles of `tile` items, then each projection's tensor-core kernel (the
-    /// wgmma ones read their input staged as bf16).
+    /// wgmma ones read their input staged as bf16); with `tail` (`wgmma_tail_tiles`) each
+    /// expert's last ≤ tail.tile() items go to a second list that this kernel runs in a second
+    /// launch after each projection's.
     Gemm {
         tile: usize,
         gate: GroupedGemm,
         up: GroupedGemm,
         down: GroupedGemm,
+        tail: Option<GroupedGemm>,
     },
 }
 
@@ -373,8 +382,11 @@ impl Plan {
     /// The routed experts (`w`: gate, up, down): grouped on the tensor cores for chunks of at
     /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
     /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
-    /// once experts average three quarters of it, else at least 64 under `wgmma_small_tiles`),
-    /// grouped on the CUDA cores for other multi-token steps, gathered for one token.
+    /// once experts average three quarters of it, its remainders of ≤ 32 items in
+    /// gemm_grouped_wgb32 under `wgmma_tail_tiles`; else gemm_grouped_wgb32's tiles of 32
+    /// where they average at most gemm::NARROW_MAX_AVG under `wgmma_narrow_tiles`; else at
+    /// least 64 under `wgmma_small_tiles`), grouped on the CUDA cores for other multi-token
+    /// steps, gathered for one token.
     pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
         let grouped = self.o.moe_grouped;
         if !(grouped && n_tok >= TENSOR_CORE_MIN_TOK && w.iter().all(|w| self.on_tensor_cores(w))) {
@@ -391,10 +403,13 @@ impl Plan {
             32
         };
         let staged = self.stages(n_tok);
+        let mut narrow = false;
         if staged && w.iter().all(|w| self.on_wgmma(w)) {
             let big = self.o.wgmma_group_tile;
             if big > tile && 4 * items >= 3 * big * shape.n_experts {
                 tile = big;
+            } else if self.o.wgmma_narrow_tiles && items <= gemm::NARROW_MAX_AVG * shape.n_experts {
+                (tile, narrow) = (32, true);
             } else if self.o.wgmma_small_tiles {
                 tile = tile.max(64);
             }
@@ -403,6 +418,7 @@ impl Plan {
             128 => GroupedGemm::Wgb128,
             64 if staged && self.on_wgmma(w) => GroupedGemm::Wgb64,
             64 => GroupedGemm::Mma64,
+            32 if narrow => GroupedGemm::Wgb32,
             _ => GroupedGemm::Mma32,
         };
         Experts::Gemm {
@@ -410,6 +426,25 @@ impl Plan {
             gate: kernel(w[0]),
             up: kernel(w[1]),
             down: kernel(w[2]),
+            tail: (tile == 128 && self.o.wgmma_tail_tiles).then_some(GroupedGemm::Wgb32),
+        }
+    }
+
+    /// Rows of tile blocks a grouped launch over `n_items` items in tiles of `tile` has (grid.y;
+    /// blocks past the tiles moe_group made exit): under `tile_grid_by_items` the most it can
+    /// make for these items (moe::group_tiles_bound), else `max_tiles`, the scratch's bound for
+    /// a whole chunk in tiles of linear::GROUP_TILE.
+    pub fn tile_rows(
+        &self,
+        n_items: usize,
+        n_experts: usize,
+        tile: usize,
+        max_tiles: usize,
+    ) -> usize {
+        if self.o.tile_grid_by_items {
+            moe::group_tiles_bound(n_items, n_experts, tile).min(max_tiles)
+        } else {
+            max_tiles
         }
     }
 
@@ -1661,7 +1696,8 @@ mod tests {
                     tile,
                     gate: grouped,
                     up: grouped,
-                    down: grouped
+                    down: grouped,
+                    tail: None
                 },
                 "{n}"
             );
@@ -1712,7 +1748,8 @@ mod tests {
                 tile: 32,
                 gate: GroupedGemm::Mma32,
                 up: GroupedGemm::Mma32,
-                down: GroupedGemm::Mma32
+                down: GroupedGemm::Mma32,
+                tail: None
             }
         );
         let p = off(|o| o.wgmma_group_tile = 64);
@@ -1760,6 +1797,108 @@ mod tests {
         let p = off(|o| o.tensor_cores = false);
         assert_eq!(p.dense(&gate, 4096, false), Dense::Linear);
         assert_eq!(p.router(&router, 4096), Router::LinearExact);
+    }
+
+    #[test]
+    fn narrow_and_tail_tiles_take_the_chunks_their_switches_name() {
+        // Qwen3.6 routes 8 of 256 experts a token: a staged chunk of n tokens averages n / 32
+        // items an expert, so `wgmma_narrow_tiles` takes chunks up to 24 × 32 = 768 tokens and
+        // `wgmma_tail_tiles` those on tiles of 128 (3,072 tokens and up).
+        let cfg = full_config();
+        let moe = MoeShape::of(&cfg);
+        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
+        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
+        let w = [&gate, &gate, &down];
+        let with = |f: fn(&mut CudaOptions)| {
+            let mut o = CudaOptions::default();
+            f(&mut o);
+            Plan::resolve(&o, H200)
+        };
+        let gemm = |tile, k, tail| Experts::Gemm {
+            tile,
+            gate: k,
+            up: k,
+            down: k,
+            tail,
+        };
+        let (wgb32, wgb64, wgb128) = (GroupedGemm::Wgb32, GroupedGemm::Wgb64, GroupedGemm::Wgb128);
+        let on = with(|o| {
+            o.wgmma_narrow_tiles = true;
+            o.wgmma_tail_tiles = true;
+        });
+        for (n, want) in [
+            (511, gemm(32, GroupedGemm::Mma32, None)),
+            (512, gemm(32, wgb32, None)),
+            (768, gemm(32, wgb32, None)),
+            (769, gemm(64, wgb64, None)),
+            (2048, gemm(64, wgb64, None)),
+            (3072, gemm(128, wgb128, Some(wgb32))),
+            (4096, gemm(128, wgb128, Some(wgb32))),
+        ] {
+            assert_eq!(on.experts(w, moe, n), want, "{n}");
+        }
+        // Each switch alone changes only its own chunks.
+        let narrow = with(|o| o.wgmma_narrow_tiles = true);
+        assert_eq!(narrow.experts(w, moe, 512), gemm(32, wgb32, None));
+        assert_eq!(narrow.experts(w, moe, 4096), gemm(128, wgb128, None));
+        let tail = with(|o| o.wgmma_tail_tiles = true);
+        assert_eq!(tail.experts(w, moe, 512), gemm(64, wgb64, None));
+        assert_eq!(tail.experts(w, moe, 4096), gemm(128, wgb128, Some(wgb32)));
+        // Shipping (both off): the fixed tiles.
+        let off = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(off.experts(w, moe, 512), gemm(64, wgb64, None));
+        assert_eq!(off.experts(w, moe, 4096), gemm(128, wgb128, None));
+        // Without the wgmma kernels neither applies.
+        let mma = with(|o| {
+            o.wgmma_gemm = false;
+            o.wgmma_narrow_tiles = true;
+            o.wgmma_tail_tiles = true;
+        });
+        assert_eq!(mma.experts(w, moe, 512), gemm(32, GroupedGemm::Mma32, None));
+        assert_eq!(
+            mma.experts(w, moe, 4096),
+            gemm(64, GroupedGemm::Mma64, None)
+        );
+    }
+
+    #[test]
+    fn the_experts_grid_follows_their_items_where_its_switch_asks() {
+        // Scratch of a 4,096-token chunk: 32,768 items / 16 + 256 = 2,304 rows of tile blocks.
+        let max = moe::max_group_tiles(4096 * 8, 256);
+        assert_eq!(max, 2304);
+        let off = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(off.tile_rows(512 * 8, 256, 64, max), max);
+        let on = Plan::resolve(
+            &CudaOptions {
+                tile_grid_by_items: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        // 512 tokens in tiles of 64 (or 32): 64 (128) + 256; 4,096 in tiles of 128: 256 + 256.
+        assert_eq!(on.tile_rows(512 * 8, 256, 64, max), 320);
+        assert_eq!(on.tile_rows(512 * 8, 256, 32, max), 384);
+        assert_eq!(on.tile_rows(4096 * 8, 256, 128, max), 512);
+        // Few items: at most one partial tile an item; never past the scratch's bound.
+        assert_eq!(on.tile_rows(20, 256, 16, max), 22);
+        assert_eq!(on.tile_rows(4096 * 8, 256, 16, max), max);
+        // The bound holds for every split of the items over the experts (random small cases,
+        // each expert's tiles ⌈count / tile⌉ as moe_group makes them).
+        let mut rng = 12345u64;
+        for _ in 0..2000 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let e = 1 + (rng >> 33) as usize % 12;
+            let tile = [16, 32, 64, 128][(rng >> 20) as usize % 4];
+            let counts: Vec<usize> = (0..e).map(|i| ((rng >> (i % 50)) as usize) % 300).collect();
+            let items: usize = counts.iter().sum();
+            let made: usize = counts.iter().map(|c| c.div_ceil(tile)).sum();
+            assert!(
+                made <= moe::group_tiles_bound(items, e, tile),
+                "{counts:?} / {tile}"
+            );
+        }
     }
 
     #[test]

@@ -16,16 +16,25 @@ pub const GEMM_LDS: usize = GEMM_BK + 8;
 pub const GEMM_THREADS: usize = 256;
 /// Tokens per block of gemm_dense / gemm_dense_exact.
 pub const DENSE_BM: usize = 64;
-/// gemm_dense_wgb(256) / gemm_grouped_wgb64 (wgmma, sm_90a): weight rows per block (WG_ROWS in
-/// gemm.cu), the fewest tokens a block of the dense kernels has (128; 256 for gemm_dense_wgb256,
-/// the plan's `wgb_tok`; items: the tile, 64, for the grouped one), k-steps of 64 columns in the
-/// ring.
+/// gemm_dense_wgb(256) / gemm_grouped_wgb32/64/128 (wgmma, sm_90a): weight rows per block
+/// (WG_ROWS in gemm.cu), the fewest tokens a block of the dense kernels has (128; 256 for
+/// gemm_dense_wgb256, the plan's `wgb_tok`; items: the tile for the grouped ones), k-steps of 64
+/// columns in the ring.
 pub const WG_ROWS: usize = 128;
 pub const WG_TOK: usize = 128;
 /// The fewest tokens of a chunk whose dense projections take gemm_dense_wgb256 when the plan's
 /// `wgb_tok` is 256 (it loses to gemm_dense_wgb at 512 tokens: 19.3 against 13.0 µs, 2048×512).
 pub const WGB256_MIN_TOK: usize = 2048;
 pub const WGB_STAGES: usize = 5;
+/// gemm_grouped_wgb32's ring: a stage holds 4 KB of activations beside 4 KB of weights, so seven
+/// stages (six k-steps ahead; 73 KB a block with 32 groups a row) and three blocks a
+/// multiprocessor (228 KB) keep 3 × 6 k-steps of weights in flight on an SM where
+/// gemm_grouped_wgb64 keeps 2 × 4.
+pub const WGB32_STAGES: usize = 7;
+/// The most items experts average in a staged chunk whose routed experts take gemm_grouped_wgb32
+/// under the plan's `wgmma_narrow_tiles` (chunks up to 768 tokens at Qwen3.6's 8 of 256): at 24
+/// a tile of 32 holds most experts' items, at 32 a quarter of them would need a second tile.
+pub const NARROW_MAX_AVG: usize = 24;
 /// The most groups a row of the wgmma kernels' weights may have (its scales and biases are held
 /// in shared memory: 128 rows × groups × 4 bytes).
 pub const WG_MAX_GROUPS: usize = 64;
@@ -39,6 +48,7 @@ pub const FILE: KernelFile = KernelFile {
         ("GEMM_LDS", GEMM_LDS as i64),
         ("GEMM_THREADS", GEMM_THREADS as i64),
         ("WGB_STAGES", WGB_STAGES as i64),
+        ("WGB32_STAGES", WGB32_STAGES as i64),
     ],
 };
 
@@ -53,10 +63,19 @@ pub const fn gemm_smem_exact(bm: usize) -> usize {
 }
 
 /// The wgmma kernels' dynamic shared memory for `tok` tokens a block and `groups` groups a row:
-/// 1 KB of alignment slack, the ring (WGB_STAGES × (tok × 128 + WG_ROWS × 32 bytes)), the (scale,
-/// bias) pairs (WG_ROWS × groups × 4).
+/// 1 KB of alignment slack, the ring (`wgb_stages(tok)` × (tok × 128 + WG_ROWS × 32 bytes)), the
+/// (scale, bias) pairs (WG_ROWS × groups × 4).
 pub const fn wgb_smem(tok: usize, groups: usize) -> usize {
-    1024 + WGB_STAGES * (tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4
+    1024 + wgb_stages(tok) * (tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4
+}
+
+/// The ring's k-steps of the wgmma kernel with `tok` tokens a block (WGB32_STAGES for 32).
+pub const fn wgb_stages(tok: usize) -> usize {
+    if tok == 32 {
+        WGB32_STAGES
+    } else {
+        WGB_STAGES
+    }
 }
 
 /// Whether the device runs the wgmma kernels (sm_90a; elsewhere they are compiled as traps).
@@ -132,8 +151,9 @@ pub enum GroupedGemm {
     /// `gemm_grouped32` / `gemm_grouped64`: mma.sync, reads the f32 input.
     Mma32,
     Mma64,
-    /// `gemm_grouped_wgb64` / `gemm_grouped_wgb128`: wgmma (sm_90a), reads the input staged as
-    /// bf16.
+    /// `gemm_grouped_wgb32` / `gemm_grouped_wgb64` / `gemm_grouped_wgb128`: wgmma (sm_90a),
+    /// reads the input staged as bf16 (32: a deeper ring, three blocks a multiprocessor).
+    Wgb32,
     Wgb64,
     Wgb128,
 }
@@ -142,7 +162,7 @@ impl GroupedGemm {
     /// Items a tile.
     pub fn tile(self) -> usize {
         match self {
-            GroupedGemm::Mma32 => 32,
+            GroupedGemm::Mma32 | GroupedGemm::Wgb32 => 32,
             GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
             GroupedGemm::Wgb128 => 128,
         }
@@ -150,7 +170,10 @@ impl GroupedGemm {
 
     /// Whether the kernel reads the input staged as bf16.
     pub fn staged(self) -> bool {
-        matches!(self, GroupedGemm::Wgb64 | GroupedGemm::Wgb128)
+        matches!(
+            self,
+            GroupedGemm::Wgb32 | GroupedGemm::Wgb64 | GroupedGemm::Wgb128
+        )
     }
 }
 
@@ -161,6 +184,7 @@ pub struct Gemm {
     exact_parts: crate::gpu::DevBuf,
     dense_wgb: Kernel,
     dense_wgb256: Kernel,
+    grouped_wgb32: Kernel,
     grouped_wgb64: Kernel,
     grouped_wgb128: Kernel,
     to_bf16: Kernel,
@@ -187,6 +211,7 @@ impl Gemm {
             exact_parts: gpu.alloc(EXACT_PART_FLOATS * 4)?,
             dense_wgb: wg("gemm_dense_wgb", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
             dense_wgb256: wg("gemm_dense_wgb256", wgb_smem(256, WG_MAX_GROUPS))?,
+            grouped_wgb32: wg("gemm_grouped_wgb32", wgb_smem(32, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
             grouped_wgb128: wg("gemm_grouped_wgb128", wgb_smem(128, WG_MAX_GROUPS))?,
             to_bf16: m.kernel("to_bf16")?,
@@ -341,11 +366,11 @@ impl Gemm {
             );
         }
         let (kernel, cfg, x) = match kernel {
-            GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
-                let k = if kernel == GroupedGemm::Wgb128 {
-                    &self.grouped_wgb128
-                } else {
-                    &self.grouped_wgb64
+            GroupedGemm::Wgb32 | GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
+                let k = match kernel {
+                    GroupedGemm::Wgb32 => &self.grouped_wgb32,
+                    GroupedGemm::Wgb64 => &self.grouped_wgb64,
+                    _ => &self.grouped_wgb128,
                 };
                 let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
                 let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);

@@ -205,15 +205,37 @@ pub struct Project<'a> {
 /// Routed items grouped by expert on the device (`moe::Moe::group` builds them): `perm`
 /// [n_items] i32 lists items expert by expert, `tiles` [max_tiles][3] i32 holds (expert, start in
 /// perm, count ≤ tile), `n_tiles` [1] i32 how many tiles were made. Launch grids cover
-/// `max_tiles`; blocks past `n_tiles` exit.
+/// `max_tiles`; blocks past `n_tiles` exit. With `tail` > 0 (the plan's `Experts::Gemm::tail`)
+/// each expert's last ≤ `tail` items are a second list: `tail_tiles` [n_experts][3] i32, its
+/// count in n_tiles[1] (`n_tiles` then holds 2 i32), run by a second launch (`tail_groups`).
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertGroups {
     pub perm: u64,
     pub tiles: u64,
     pub n_tiles: u64,
     pub max_tiles: usize,
-    /// Most items per tile: linear::GROUP_TILE for linear_grouped, 32 or 64 for gemm_grouped.
+    /// Most items per tile: linear::GROUP_TILE for linear_grouped, 32, 64 or 128 for
+    /// gemm_grouped.
     pub tile: usize,
+    /// Items of an expert's remainder run in the second list (0: none, one list).
+    pub tail: usize,
+    pub tail_tiles: u64,
+}
+
+impl ExpertGroups {
+    /// The second list as groups of its own (tiles of `tail` items, at most one an expert, over
+    /// the same `perm`) for the launch of the remainders.
+    pub fn tail_groups(&self, n_experts: usize) -> ExpertGroups {
+        ExpertGroups {
+            tiles: self.tail_tiles,
+            n_tiles: self.n_tiles + 4,
+            max_tiles: n_experts,
+            tile: self.tail,
+            tail: 0,
+            tail_tiles: 0,
+            ..*self
+        }
+    }
 }
 
 /// y[item, :] = W_{expert(item)} x[item / x_div, :] over the tiles of `groups`.

@@ -12,7 +12,7 @@ use crate::gpu::{Gpu, Kernel, Module};
 pub const MOE_MAX_E: usize = 1024;
 /// Most experts per token: moe_route is one warp per token.
 pub const MOE_MAX_TOP_K: usize = 32;
-/// Most items per tile moe_group builds (gemm_grouped64).
+/// Most items per tile moe_group builds (gemm_grouped_wgb128).
 pub const MOE_MAX_TILE: usize = 128;
 
 pub const FILE: KernelFile = KernelFile {
@@ -35,7 +35,13 @@ pub fn check_limits(cfg: &ModelConfig) -> Result<()> {
 
 /// Upper bound of the tiles moe_group can produce for `n_items` items over `n_experts`.
 pub fn max_group_tiles(n_items: usize, n_experts: usize) -> usize {
-    n_items.div_ceil(GROUP_TILE) + n_experts.min(n_items)
+    group_tiles_bound(n_items, n_experts, GROUP_TILE)
+}
+
+/// Upper bound of the tiles of `tile` items moe_group makes for `n_items` items over `n_experts`
+/// (with or without a remainder list): each expert's ⌈count / tile⌉ ≤ count / tile + 1.
+pub fn group_tiles_bound(n_items: usize, n_experts: usize, tile: usize) -> usize {
+    n_items.div_ceil(tile) + n_experts.min(n_items)
 }
 
 /// The experts and top-k of one model (the MoE path depends on them).
@@ -126,7 +132,8 @@ impl Moe {
         })
     }
 
-    /// One block of 1024 threads builds every tile (GROUP_TILE..=64 items each).
+    /// One block of 1024 threads builds every tile (GROUP_TILE..=MOE_MAX_TILE items each), and
+    /// with `into.tail` > 0 the list of each expert's last ≤ tail items.
     pub fn group(&self, gpu: &Gpu, a: &Group) -> Result<()> {
         let g = a.into;
         if !(GROUP_TILE..=MOE_MAX_TILE).contains(&g.tile) {
@@ -135,7 +142,15 @@ impl Moe {
                 g.tile
             );
         }
+        if g.tail >= g.tile || (g.tail > 0 && g.tail_tiles == 0) {
+            bail!(
+                "moe_group: remainders of {} items beside tiles of {} (expected fewer, and their list)",
+                g.tail,
+                g.tile
+            );
+        }
         let (n_items, n_experts, tile) = (a.n_items as i32, a.n_experts as i32, g.tile as i32);
+        let tail = g.tail as i32;
         gpu.launch(&self.group, config((1, 1, 1), 1024, 0), |l| {
             l.arg(&a.ids)
                 .arg(&n_items)
@@ -143,7 +158,9 @@ impl Moe {
                 .arg(&tile)
                 .arg(&g.perm)
                 .arg(&g.tiles)
-                .arg(&g.n_tiles);
+                .arg(&g.n_tiles)
+                .arg(&tail)
+                .arg(&g.tail_tiles);
         })
     }
 

@@ -234,12 +234,13 @@ pub fn tiny_cfg() -> ModelConfig {
 }
 
 /// Routed items grouped on the device by moe_group: `ids` [items] (every other item goes to
-/// expert 3, so it spans several tiles; the last expert gets none), and the grouping buffers.
+/// expert 3, so it spans several tiles; the last expert gets none), and the grouping buffers;
+/// with `tail` > 0 also each expert's last ≤ tail items in the second list.
 pub struct Grouping {
     pub ids: Vec<i32>,
     pub groups: ExpertGroups,
     pub n_tiles: DevBuf,
-    pub _bufs: [DevBuf; 3],
+    pub _bufs: [DevBuf; 4],
 }
 
 impl Grouping {
@@ -253,12 +254,19 @@ impl Grouping {
                 }
             })
             .collect();
+        Grouping::of(g, ids, e, tile, 0)
+    }
+
+    /// `ids` (each below `e`) grouped into tiles of `tile` and remainders of ≤ `tail` items.
+    pub fn of(g: &Dev, ids: Vec<i32>, e: usize, tile: usize, tail: usize) -> Grouping {
+        let items = ids.len();
         let dids = g.upload(&ids).unwrap();
         let max_tiles = max_group_tiles(items, e);
-        let (perm, tiles, n_tiles) = (
+        let (perm, tiles, n_tiles, tail_tiles) = (
             poisoned(g, items),
             poisoned(g, 3 * max_tiles),
-            poisoned(g, 1),
+            poisoned(g, 2),
+            poisoned(g, 3 * e),
         );
         let groups = ExpertGroups {
             perm: perm.ptr,
@@ -266,6 +274,8 @@ impl Grouping {
             n_tiles: n_tiles.ptr,
             max_tiles,
             tile,
+            tail,
+            tail_tiles: tail_tiles.ptr,
         };
         let group = Group {
             ids: dids.ptr,
@@ -278,12 +288,17 @@ impl Grouping {
             ids,
             groups,
             n_tiles,
-            _bufs: [perm, tiles, dids],
+            _bufs: [perm, tiles, dids, tail_tiles],
         }
     }
 
     pub fn tiles_made(&self, g: &Gpu) -> i32 {
         g.read::<i32>(&self.n_tiles, 0, 1).unwrap()[0]
+    }
+
+    /// The second list's tiles (with `tail` > 0).
+    pub fn tails_made(&self, g: &Gpu) -> i32 {
+        g.read::<i32>(&self.n_tiles, 0, 2).unwrap()[1]
     }
 
     /// The expected rows, item by item: `f(expert's matrix, the item's token row)`.

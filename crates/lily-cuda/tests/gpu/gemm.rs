@@ -69,18 +69,34 @@ fn gemm_grouped(
     rows: usize,
     cols: usize,
 ) -> Vec<f32> {
+    gemm_grouped_runs(g, &[(kernel, gr.groups)], dw, x, k, rows, cols)
+}
+
+/// As `gemm_grouped`, one launch a (kernel, tiles) pair into the same outputs (the tiles of 128
+/// and the remainders' list of `wgmma_tail_tiles`).
+fn gemm_grouped_runs(
+    g: &Dev,
+    runs: &[(GroupedGemm, ExpertGroups)],
+    dw: &DevLinear,
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     let items = x.len() / cols * k;
     let (dx, xb) = upload_staged(g, x, cols);
     let dy = poisoned(g, items * rows);
-    let grouped = Grouped {
-        w: dw,
-        groups: gr.groups,
-        x: Rows::new(dx.ptr, cols),
-        xb: kernel.staged().then(|| Rows::new(xb.ptr, cols)),
-        x_div: k,
-        y: Rows::new(dy.ptr, rows),
-    };
-    g.k.gemm.grouped(g, kernel, &grouped).unwrap();
+    for &(kernel, groups) in runs {
+        let grouped = Grouped {
+            w: dw,
+            groups,
+            x: Rows::new(dx.ptr, cols),
+            xb: kernel.staged().then(|| Rows::new(xb.ptr, cols)),
+            x_div: k,
+            y: Rows::new(dy.ptr, rows),
+        };
+        g.k.gemm.grouped(g, kernel, &grouped).unwrap();
+    }
     g.read(&dy, 0, items * rows).unwrap()
 }
 
@@ -359,6 +375,228 @@ fn tensor_core_linears_match_the_bf16_product() {
                 ),
                 &y,
                 &want,
+                5e-3,
+            );
+        }
+    }
+}
+
+/// A random 4-bit MLX-affine stack without a bf16 original (quick at the model's full size):
+/// random packed nibbles, bf16 scales in [0.2, 1) / (8 √cols), biases within ±8 scales.
+fn random_q4(rng: &mut Rng, experts: usize, rows: usize, cols: usize, group: usize) -> Linear {
+    let packed: Vec<u8> = (0..experts * rows * cols / 8)
+        .flat_map(|_| (rng.next() as u32).to_le_bytes())
+        .collect();
+    let n = experts * rows * cols / group;
+    let (mut scales, mut biases) = (Vec::with_capacity(2 * n), Vec::with_capacity(2 * n));
+    for _ in 0..n {
+        let sc = (0.2 + 0.8 * rng.val(1.0).abs()) / (8.0 * (cols as f32).sqrt());
+        let sc = bf16::from_f32(sc);
+        let bi = bf16::from_f32(rng.val(8.0) * sc.to_f32());
+        scales.extend(sc.to_bits().to_le_bytes());
+        biases.extend(bi.to_bits().to_le_bytes());
+    }
+    Linear {
+        experts,
+        rows,
+        cols,
+        data: WeightData::Affine {
+            bits: 4,
+            group,
+            packed: Blob::owned(packed),
+            scales: Blob::owned(scales),
+            biases: Blob::owned(biases),
+        },
+    }
+}
+
+/// The items `top_k` distinct experts of `e` a token, uniform (for n tokens: n·top_k / e ± its
+/// square root an expert, the load the perf notes' 512 / 4K arithmetic assumes).
+fn uniform_routing(rng: &mut Rng, n: usize, top_k: usize, e: usize) -> Vec<i32> {
+    let mut ids = Vec::with_capacity(n * top_k);
+    for _ in 0..n {
+        let start = ids.len();
+        while ids.len() < start + top_k {
+            let x = rng.below(e) as i32;
+            if !ids[start..].contains(&x) {
+                ids.push(x);
+            }
+        }
+    }
+    ids
+}
+
+/// gemm_grouped_wgb32 (tiles of 32: the plan's `wgmma_narrow_tiles`, and the remainders'
+/// launch of `wgmma_tail_tiles` after gemm_grouped_wgb128) vs the exact product of the bf16
+/// values (5e-3, as the other grouped kernels): skewed routing over tiles of 32, groups of 64 /
+/// 32, two and many k-steps; moe_group's two lists (each expert's tiles of 128 until ≤ 32 items
+/// are left, those in the second list: counts checked on the host) run as two launches into
+/// the same outputs. Then the model's shapes (256 experts, gate/up 512 × 2,048 and down 2,048 ×
+/// 512, groups of 64, 8 of 256 uniform routing) at 512 / 768 / 4,096 tokens: the new runs against
+/// the fixed tiles they replace (gemm_grouped_wgb64 at 512 / 768, gemm_grouped_wgb128 alone at
+/// 4,096), with the count of bit-identical outputs (the same bf16 products summed in the same
+/// k order: expected all) and each launch's time printed (never asserted). Skipped (with a
+/// line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
+    let Some(g) = hopper("gemm_grouped_wgb32") else {
+        return;
+    };
+    let mut rng = Rng(53);
+    for (group, cols) in [(64usize, 256usize), (32, 512), (64, 128)] {
+        let (e, rows, t, k) = (7, 136, 90, 2);
+        let items = t * k;
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let gr = Grouping::skewed(&g, &mut rng, items, e, 32);
+        let want = gr.want(&w, &x, k, bf16_product);
+        let y = gemm_grouped(&g, GroupedGemm::Wgb32, &dw, &gr, &x, k, rows, cols);
+        let what = format!(
+            "gemm_grouped_wgb32 group={group} {rows}x{cols} ({} tiles)",
+            gr.tiles_made(&g)
+        );
+        check(&what, &y, &want, 5e-3);
+    }
+    // Two lists: experts of 0, 20, 32, 33, 128, 129, 160, 161, 281 items (tiles of 128 until at
+    // most 32 are left: 0 + 0, 0 + 1, 0 + 1, 1 + 0, 1 + 0, 1 + 1, 1 + 1, 2 + 0, 2 + 1).
+    let counts = [0usize, 20, 32, 33, 128, 129, 160, 161, 281];
+    let (want_tiles, want_tails) = (8, 5);
+    let e = counts.len();
+    for (group, rows, cols, k) in [(64usize, 136usize, 256usize, 2usize), (32, 264, 512, 1)] {
+        let mut ids: Vec<i32> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(x, &c)| std::iter::repeat_n(x as i32, c))
+            .collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i + 1));
+        }
+        let items = ids.len();
+        let w = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(items / k * cols, 1.0));
+        let gr = Grouping::of(&g, ids, e, 128, 32);
+        let (tiles, tails) = (gr.tiles_made(&g), gr.tails_made(&g));
+        assert_eq!(
+            (tiles, tails),
+            (want_tiles, want_tails),
+            "moe_group's two lists"
+        );
+        let want = gr.want(&w, &x, k, bf16_product);
+        let runs = [
+            (GroupedGemm::Wgb128, gr.groups),
+            (GroupedGemm::Wgb32, gr.groups.tail_groups(e)),
+        ];
+        let y = gemm_grouped_runs(&g, &runs, &dw, &x, k, rows, cols);
+        let what = format!(
+            "gemm_grouped_wgb128 + _wgb32 remainders group={group} {rows}x{cols} ({tiles} + {tails} tiles)"
+        );
+        check(&what, &y, &want, 5e-3);
+    }
+    // The model's shapes against the fixed tiles, timed.
+    let (e, top_k, hidden, inter) = (256usize, 8usize, 2048usize, 512usize);
+    let gate = random_q4(&mut rng, e, inter, hidden, 64);
+    let down = random_q4(&mut rng, e, hidden, inter, 64);
+    let (dgate, ddown) = (
+        upload_linear(&g, "gate", &gate).unwrap(),
+        upload_linear(&g, "down", &down).unwrap(),
+    );
+    for n in [512usize, 768, 4096] {
+        let ids = uniform_routing(&mut rng, n, top_k, e);
+        let items = n * top_k;
+        let (fixed, new): (Grouping, Grouping) = if n <= 768 {
+            (
+                Grouping::of(&g, ids.clone(), e, 64, 0),
+                Grouping::of(&g, ids, e, 32, 0),
+            )
+        } else {
+            (
+                Grouping::of(&g, ids.clone(), e, 128, 0),
+                Grouping::of(&g, ids, e, 128, 32),
+            )
+        };
+        let fixed_kernel = if n <= 768 {
+            GroupedGemm::Wgb64
+        } else {
+            GroupedGemm::Wgb128
+        };
+        let fixed_runs = vec![(fixed_kernel, fixed.groups)];
+        let new_runs = if n <= 768 {
+            vec![(GroupedGemm::Wgb32, new.groups)]
+        } else {
+            vec![
+                (GroupedGemm::Wgb128, new.groups),
+                (GroupedGemm::Wgb32, new.groups.tail_groups(e)),
+            ]
+        };
+        let tiles = |gr: &Grouping, tail: bool| {
+            let t = gr.tiles_made(&g);
+            if tail {
+                format!("{t} + {}", gr.tails_made(&g))
+            } else {
+                t.to_string()
+            }
+        };
+        let (fixed_tiles, new_tiles) = (tiles(&fixed, false), tiles(&new, n > 768));
+        for (name, dw, rows, cols, k) in [
+            ("gate/up", &dgate, inter, hidden, top_k),
+            ("down", &ddown, hidden, inter, 1),
+        ] {
+            let x = bf(rng.vec(items / k * cols, 1.0));
+            let (dx, xb) = upload_staged(&g, &x, cols);
+            let dy = poisoned(&g, items * rows);
+            let launch = |runs: &[(GroupedGemm, ExpertGroups)]| {
+                for &(kernel, groups) in runs {
+                    let a = Grouped {
+                        w: dw,
+                        groups,
+                        x: Rows::new(dx.ptr, cols),
+                        xb: Some(Rows::new(xb.ptr, cols)),
+                        x_div: k,
+                        y: Rows::new(dy.ptr, rows),
+                    };
+                    g.k.gemm.grouped(&g, kernel, &a).unwrap();
+                }
+            };
+            let mut outs = Vec::new();
+            for (label, runs, tiles) in [
+                ("fixed", &fixed_runs, &fixed_tiles),
+                ("new", &new_runs, &new_tiles),
+            ] {
+                g.write(&dy, 0, &vec![f32::NAN; items * rows]).unwrap();
+                launch(runs);
+                g.sync().unwrap();
+                outs.push(g.read::<f32>(&dy, 0, items * rows).unwrap());
+                let reps = 20;
+                let start = std::time::Instant::now();
+                for _ in 0..reps {
+                    launch(runs);
+                }
+                g.sync().unwrap();
+                let secs = start.elapsed().as_secs_f64() / reps as f64;
+                let kernels: Vec<String> = runs.iter().map(|(k, _)| format!("{k:?}")).collect();
+                let tflops = 2.0 * (items * rows * cols) as f64 / secs / 1e12;
+                println!(
+                    "KERNEL grouped {label} {} T={n} {name} {rows}x{cols} ({tiles} tiles): {:.1} µs, {tflops:.0} TFLOP/s",
+                    kernels.join(" + "),
+                    secs * 1e6
+                );
+            }
+            let same = outs[0]
+                .iter()
+                .zip(&outs[1])
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            println!(
+                "KERNEL grouped new vs fixed T={n} {name}: {same} of {} outputs bit-identical",
+                outs[0].len()
+            );
+            check(
+                &format!("grouped new vs fixed T={n} {name}"),
+                &outs[1],
+                &outs[0],
                 5e-3,
             );
         }

@@ -816,6 +816,50 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     }
 }
 
+/// The routed experts' narrow tiles (`wgmma_narrow_tiles`: a 600-token chunk, experts averaging
+/// 19 items, on gemm_grouped_wgb32) and remainder launch (`wgmma_tail_tiles`: a 4,096-token chunk,
+/// experts averaging 128, on gemm_grouped_wgb128 plus gemm_grouped_wgb32 over each expert's last
+/// ≤ 32 items), both with the grid sized by the items (`tile_grid_by_items`), through the
+/// forward pass of a full-width 4-layer model, against the shipping fixed tiles: the same greedy tokens and log-probabilities (each output is the same bf16 products
+/// summed in the same order, so they should agree exactly; 2e-2 as the other GEMM paths).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_prefill_through_narrow_and_tail_tiles_gives_the_same_tokens() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 5, Some(4));
+    let mut rng = Rng(59);
+    let run = |prompt: &[u32], on: bool| -> Reported {
+        let mut b = CudaBackend::with_options(
+            &w,
+            &CudaOptions {
+                wgmma_narrow_tiles: on,
+                wgmma_tail_tiles: on,
+                tile_grid_by_items: on,
+                ..CudaOptions::default()
+            },
+        )
+        .unwrap();
+        let s = b.new_seq(prompt.len() + 16).unwrap();
+        b.prefill(s, prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), prompt);
+        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
+        r.unwrap();
+        got
+    };
+    for (n, name) in [
+        (600, "600-token chunk, tiles of 32"),
+        (4096, "4,096-token chunk, remainders in tiles of 32"),
+    ] {
+        let prompt = rng.tokens(n, w.config.vocab);
+        let fixed = run(&prompt, false);
+        let got = run(&prompt, true);
+        println!(
+            "MODEL {name}: {:?}",
+            got.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        same_reported(&format!("{name} vs the fixed tiles"), &got, &fixed, 2e-2);
+    }
+}
+
 /// How much farther from the fp32 CPU reference the tensor-core scan may take the shipping bf16
 /// model than the recurrent scan does, over every position of a teacher-forced prompt (rel. L2):
 /// on ≤ off · (1 + TC_SCAN_FAITHFUL_MARGIN) + TC_SCAN_FAITHFUL_ABS. Two runs that differ only in
