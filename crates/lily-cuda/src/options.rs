@@ -56,18 +56,18 @@ lily_core::backend_options! {
             label "experts' wgmma tiles of 64 for few items",
             help "the routed experts of a staged chunk whose experts average fewer than 48 items on gemm_grouped_wgb64's tiles of 64 instead of gemm_grouped32's (mma.sync) tiles of 32",
             why "won its A/B: prefill 512 +6 %, 1K +19 % on the H200 (session 9)";
-        wgmma_narrow_tiles = false, flag Some("wgmma-narrow-tiles"), env "LILY_WGMMA_NARROW_TILES" = true,
+        wgmma_narrow_tiles = true, flag Some("no-wgmma-narrow-tiles"), env "LILY_WGMMA_NARROW_TILES" = true,
             label "experts' wgmma tiles of 32 for few items",
             help "the routed experts of a staged chunk whose experts average at most gemm::NARROW_MAX_AVG (24) items (512-token chunks: 16) on gemm_grouped_wgb32's tiles of 32 (a deeper ring, three blocks a multiprocessor) instead of gemm_grouped_wgb64's tiles of 64",
-            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +10 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
-        wgmma_tail_tiles = false, flag Some("wgmma-tail-tiles"), env "LILY_WGMMA_TAIL_TILES" = true,
+            why "won its A/B: prefill 512 10,468 / 10,634 → 11,229 / 11,230 tok/s (+6.4 %, with wgmma_tail_tiles and tile_grid_by_items; two rounds, an H100, full size, session 22; predicted +10 %); the 512-token launches 175.5 → 158.1 µs (gate/up) and 186.9 → 156.0 µs (down), every output bit for bit the tiles of 64's; gemm_grouped_wgb64 serves 1K–3K-token chunks and is the reference";
+        wgmma_tail_tiles = true, flag Some("no-wgmma-tail-tiles"), env "LILY_WGMMA_TAIL_TILES" = true,
             label "experts' last items in tiles of 32",
             help "where the routed experts run on tiles of 128 (gemm_grouped_wgb128), each expert's last ≤ 32 items past its tiles of 128 in a second launch on gemm_grouped_wgb32's tiles of 32 instead of a nearly empty tile of 128",
-            why "off: not yet measured on a GPU (issue 31; predicted prefill 4K +5 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
-        tile_grid_by_items = false, flag Some("tile-grid-by-items"), env "LILY_TILE_GRID_BY_ITEMS" = true,
+            why "won its A/B: prefill 4K 24,682 / 24,614 → 25,181 / 25,085 tok/s (+1.8 %), 32K 21,951 / 21,970 → 22,379 / 22,361 (+1.9 %) with the two other session-22 switches (two rounds, an H100, full size; predicted +5–6 %); at 4K the launches 398.4 → 364.8 µs (gate/up) and 525.6 → 475.7 µs (down) with the remainders, every output bit for bit the fixed tiles'";
+        tile_grid_by_items = true, flag Some("no-tile-grid-by-items"), env "LILY_TILE_GRID_BY_ITEMS" = true,
             label "experts' grid by their items",
             help "the routed experts' grouped GEMMs launch ceil(items / tile) + min(experts, items) rows of tile blocks, the most moe_group can make for the chunk, instead of the scratch's bound for a whole chunk in tiles of 16 (2,304 rows at a 4,096-token chunk, of which 256–378 hold a tile and the rest exit at once)",
-            why "off: not yet measured on a GPU (issue 31; Nsight Compute, session 22: the 512-token launches are 9,216 (gate/up) and 36,864 (down) blocks where 1,024 / 4,096 have work); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+            why "won its A/B as one of the three session-22 switches (an H100: prefill +6.4 % / +1.8 % / +1.9 % at 512 / 4K / 32K together); the same tiles and outputs, fewer empty blocks";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -128,10 +128,10 @@ lily_core::backend_options! {
             label "batched MoE grouped by expert",
             help "a batched decode step's MoE (2 to 8 rows, int8-pair products) in decode.cu's dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped: the rows routed in every block, the union of their picks (the shared expert, then each picked expert once, by id) looped over by blocks that own a tile of the intermediate (gate/up) or of the outputs (down), each expert's weight tile read once a step and dotted with every row that picked it (int8 pairs of all rows staged once a block), each row's products combined in the one-token kernels' order (bit for bit dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time), instead of one-token decode's kernels with the token in grid.y (each row streaming its own experts and the shared expert)",
             why "won its A/B: full size, 1K, bench --batch 4 / 8 757.4 / 969.5 → 822.3 / 1,103.0 tok/s (+8.6 % / +13.8 %, two rounds, an H100, session 20; predicted +17–27 % / +30–45 %); served 1 / 4 / 8 clients 500.7 / 824.3 / 1,106.1 tok/s; the batched step's agreement over 1,024 positions against CUDA fp32 unchanged (0.216 rel. L2, 55.5 % top-1: bit for bit the per-row kernels); the per-row kernels serve one row and other products and are the reference it is tested against";
-        grouped_down_wide = false, flag Some("grouped-down-wide"), env "LILY_GROUPED_DOWN_WIDE" = true,
+        grouped_down_wide = true, flag Some("no-grouped-down-wide"), env "LILY_GROUPED_DOWN_WIDE" = true,
             label "grouped MoE down kernel at 16 warps",
             help "with moe_grouped_rows: the batched step's grouped down kernel in decode.cu's dec_down_combine_x8x2_grouped_wide, 16 warps a block (4 row groups × 4 item columns, a ring of 3 items a warp) instead of dec_down_combine_x8x2_grouped's 12 (3 item columns): one block an SM either way (its 92 KB of staged int8 pairs), a third more weight loads in flight an SM and the staging over 512 threads; the same outputs bit for bit (each (row, item) product whole in one warp, the combine in dec_down_combine_x8x2's order)",
-            why "not yet measured (perf-notes, session 21, branch moe2: predicted the 8-row down launch 39.0 → ≈ 30–33 µs on an H100); the 12-warp kernel is the reference it is tested against";
+            why "won its A/B: bench --batch 4 / 8 at 1K 819.6 / 1,099.1 and 822.3 / 1,099.6 → 826.6 / 1,121.5 and 824.2 / 1,121.5 tok/s (+0.5 % / +2.0 %; two rounds, an H100, full size, session 22; predicted +3–5 % / +4–7 %); GPU tests batched_decode_moe_grouped_matches_one_token_at_a_time and decode_batched_steps_grouped_by_expert_match_each_sequence_alone pass; the 12-warp kernel is the reference it is tested against";
         gemv_int8 = true, flag Some("no-gemv-int8"), env "LILY_GEMV_INT8" = true,
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -262,9 +262,9 @@ mod tests {
             ("LILY_WGMMA_MIN_TOK", "1024"),
             ("LILY_WGMMA_GROUP_TILE", "64"),
             ("LILY_WGMMA_SMALL_TILES", "0"),
-            ("LILY_WGMMA_NARROW_TILES", "1"),
-            ("LILY_WGMMA_TAIL_TILES", "1"),
-            ("LILY_TILE_GRID_BY_ITEMS", "1"),
+            ("LILY_WGMMA_NARROW_TILES", "0"),
+            ("LILY_WGMMA_TAIL_TILES", "0"),
+            ("LILY_TILE_GRID_BY_ITEMS", "0"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -279,7 +279,7 @@ mod tests {
             ("LILY_GEMV_INT8", "1"),
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
-            ("LILY_GROUPED_DOWN_WIDE", "1"),
+            ("LILY_GROUPED_DOWN_WIDE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -307,7 +307,7 @@ mod tests {
                 gemv_int8: true,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
-                grouped_down_wide: true,
+                grouped_down_wide: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,
@@ -320,9 +320,9 @@ mod tests {
                 wgmma_min_tok: 1024,
                 wgmma_group_tile: 64,
                 wgmma_small_tiles: false,
-                wgmma_narrow_tiles: true,
-                wgmma_tail_tiles: true,
-                tile_grid_by_items: true,
+                wgmma_narrow_tiles: false,
+                wgmma_tail_tiles: false,
+                tile_grid_by_items: false,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,

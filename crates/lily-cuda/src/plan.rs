@@ -21,15 +21,13 @@
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
-//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
+//! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb32` up to 768 tokens (`wgmma_narrow_tiles`, on; off: `gemm_grouped_wgb64`), then `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
-//! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens, each expert's last ≤ 32 items then in a second launch of `gemm_grouped_wgb32` (`wgmma_tail_tiles`, on) | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
-//! Not shipping yet (off, issue 31's A/B pending): `wgmma_narrow_tiles` puts the routed experts
-//! of staged chunks whose experts average at most gemm::NARROW_MAX_AVG (24) items (512–768
-//! tokens) on `gemm_grouped_wgb32`; `wgmma_tail_tiles` runs each expert's last ≤ 32 items past
-//! its tiles of 128 (3,072 tokens and up) in a second launch of `gemm_grouped_wgb32`
-//! (`Experts::Gemm::tail`; the test `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
+//! The grouped launches' grid follows the chunk's items (`tile_grid_by_items`, on: `Plan::tile_rows`);
+//! the narrow and tail tiles are chosen by `Plan::experts` (`Experts::Gemm::tail`; the test
+//! `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -383,10 +381,10 @@ impl Plan {
     /// least TENSOR_CORE_MIN_TOK tokens (tiles of 64 items once experts average 48, else 32;
     /// on a staged chunk whose three weights the wgmma kernels take, `wgmma_group_tile` (128)
     /// once experts average three quarters of it, its remainders of ≤ 32 items in
-    /// gemm_grouped_wgb32 under `wgmma_tail_tiles`; else gemm_grouped_wgb32's tiles of 32
-    /// where they average at most gemm::NARROW_MAX_AVG under `wgmma_narrow_tiles`; else at
-    /// least 64 under `wgmma_small_tiles`), grouped on the CUDA cores for other multi-token
-    /// steps, gathered for one token.
+    /// gemm_grouped_wgb32 under `wgmma_tail_tiles`; else, under `wgmma_small_tiles`,
+    /// gemm_grouped_wgb32's tiles of 32 where they average at most gemm::NARROW_MAX_AVG under
+    /// `wgmma_narrow_tiles` and tiles of at least 64 otherwise), grouped on the CUDA cores for
+    /// other multi-token steps, gathered for one token.
     pub fn experts(&self, w: [&LinearShape; 3], shape: MoeShape, n_tok: usize) -> Experts {
         let grouped = self.o.moe_grouped;
         if !(grouped && n_tok >= TENSOR_CORE_MIN_TOK && w.iter().all(|w| self.on_tensor_cores(w))) {
@@ -408,10 +406,12 @@ impl Plan {
             let big = self.o.wgmma_group_tile;
             if big > tile && 4 * items >= 3 * big * shape.n_experts {
                 tile = big;
-            } else if self.o.wgmma_narrow_tiles && items <= gemm::NARROW_MAX_AVG * shape.n_experts {
-                (tile, narrow) = (32, true);
             } else if self.o.wgmma_small_tiles {
-                tile = tile.max(64);
+                if self.o.wgmma_narrow_tiles && items <= gemm::NARROW_MAX_AVG * shape.n_experts {
+                    (tile, narrow) = (32, true);
+                } else {
+                    tile = tile.max(64);
+                }
             }
         }
         let kernel = |w: &LinearShape| match tile {
@@ -1358,10 +1358,12 @@ mod tests {
             },
             H200,
         );
-        // grouped_down_wide (off by default): the grouped down kernel at 16 warps a block.
-        let wide = Plan::resolve(
+        // grouped_down_wide (on by default): the grouped down kernel at 16 warps a block;
+        // `--no-grouped-down-wide` the 12-warp one.
+        let wide = Plan::resolve(&CudaOptions::default(), H200);
+        let narrow_down = Plan::resolve(
             &CudaOptions {
-                grouped_down_wide: true,
+                grouped_down_wide: false,
                 ..CudaOptions::default()
             },
             H200,
@@ -1369,11 +1371,15 @@ mod tests {
         for rows in 2..=8 {
             assert_eq!(
                 grouped(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedDown::Warps12),
+                MoeRows::ByExpert(GroupedDown::Warps16),
                 "{rows} rows"
             );
             assert_eq!(
                 on.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedDown::Warps16)
+            );
+            assert_eq!(
+                narrow_down.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
                 MoeRows::ByExpert(GroupedDown::Warps12)
             );
             assert_eq!(
@@ -1410,7 +1416,7 @@ mod tests {
         assert!(wide
             .describe()
             .contains("grouped MoE down kernel at 16 warps on"));
-        assert!(on
+        assert!(narrow_down
             .describe()
             .contains("grouped MoE down kernel at 16 warps off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
@@ -1592,8 +1598,8 @@ mod tests {
         );
         for (rows, want) in [
             (1, MoeRows::PerRow),
-            (4, MoeRows::ByExpert(GroupedDown::Warps12)),
-            (8, MoeRows::ByExpert(GroupedDown::Warps12)),
+            (4, MoeRows::ByExpert(GroupedDown::Warps16)),
+            (8, MoeRows::ByExpert(GroupedDown::Warps16)),
         ] {
             assert_eq!(
                 p.moe_rows_for(
@@ -1647,8 +1653,8 @@ mod tests {
                 512,
                 DenseGemm::Wgb,
                 8,
-                64,
-                GroupedGemm::Wgb64,
+                32,
+                GroupedGemm::Wgb32,
                 PrefillKernel::Mma,
             ),
             (
@@ -1697,7 +1703,7 @@ mod tests {
                     gate: grouped,
                     up: grouped,
                     down: grouped,
-                    tail: None
+                    tail: (tile == 128).then_some(GroupedGemm::Wgb32)
                 },
                 "{n}"
             );
@@ -1822,10 +1828,8 @@ mod tests {
             tail,
         };
         let (wgb32, wgb64, wgb128) = (GroupedGemm::Wgb32, GroupedGemm::Wgb64, GroupedGemm::Wgb128);
-        let on = with(|o| {
-            o.wgmma_narrow_tiles = true;
-            o.wgmma_tail_tiles = true;
-        });
+        // Shipping: both on.
+        let on = Plan::resolve(&CudaOptions::default(), H200);
         for (n, want) in [
             (511, gemm(32, GroupedGemm::Mma32, None)),
             (512, gemm(32, wgb32, None)),
@@ -1838,16 +1842,25 @@ mod tests {
             assert_eq!(on.experts(w, moe, n), want, "{n}");
         }
         // Each switch alone changes only its own chunks.
-        let narrow = with(|o| o.wgmma_narrow_tiles = true);
+        let narrow = with(|o| o.wgmma_tail_tiles = false);
         assert_eq!(narrow.experts(w, moe, 512), gemm(32, wgb32, None));
         assert_eq!(narrow.experts(w, moe, 4096), gemm(128, wgb128, None));
-        let tail = with(|o| o.wgmma_tail_tiles = true);
+        let tail = with(|o| o.wgmma_narrow_tiles = false);
         assert_eq!(tail.experts(w, moe, 512), gemm(64, wgb64, None));
         assert_eq!(tail.experts(w, moe, 4096), gemm(128, wgb128, Some(wgb32)));
-        // Shipping (both off): the fixed tiles.
-        let off = Plan::resolve(&CudaOptions::default(), H200);
+        // Both off: the fixed tiles.
+        let off = with(|o| {
+            o.wgmma_narrow_tiles = false;
+            o.wgmma_tail_tiles = false;
+        });
         assert_eq!(off.experts(w, moe, 512), gemm(64, wgb64, None));
         assert_eq!(off.experts(w, moe, 4096), gemm(128, wgb128, None));
+        // Narrow tiles refine the wgmma small tiles: without them, mma.sync's tiles of 32.
+        let small_off = with(|o| o.wgmma_small_tiles = false);
+        assert_eq!(
+            small_off.experts(w, moe, 512),
+            gemm(32, GroupedGemm::Mma32, None)
+        );
         // Without the wgmma kernels neither applies.
         let mma = with(|o| {
             o.wgmma_gemm = false;
@@ -1866,15 +1879,16 @@ mod tests {
         // Scratch of a 4,096-token chunk: 32,768 items / 16 + 256 = 2,304 rows of tile blocks.
         let max = moe::max_group_tiles(4096 * 8, 256);
         assert_eq!(max, 2304);
-        let off = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(off.tile_rows(512 * 8, 256, 64, max), max);
-        let on = Plan::resolve(
+        let off = Plan::resolve(
             &CudaOptions {
-                tile_grid_by_items: true,
+                tile_grid_by_items: false,
                 ..CudaOptions::default()
             },
             H200,
         );
+        assert_eq!(off.tile_rows(512 * 8, 256, 64, max), max);
+        // Shipping: on.
+        let on = Plan::resolve(&CudaOptions::default(), H200);
         // 512 tokens in tiles of 64 (or 32): 64 (128) + 256; 4,096 in tiles of 128: 256 + 256.
         assert_eq!(on.tile_rows(512 * 8, 256, 64, max), 320);
         assert_eq!(on.tile_rows(512 * 8, 256, 32, max), 384);
