@@ -593,6 +593,73 @@ pub fn coop_spec(tile: MmTile, size: u32, big: bool) -> Spec {
     spec
 }
 
+/// The kernels prefill's tile products can run on, from the most to the least demanding: the
+/// order the backend checks them in at load (`products_candidates`, `products_choice`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProductsKernel {
+    /// linear_q4_coop_big.wgsl (`coop` and `coop_big`).
+    CoopBig,
+    /// linear_q4_coop.wgsl (`coop` without `coop_big`).
+    Coop,
+    /// linear_q4_mm.wgsl: no cooperative matrices, nothing to check at load.
+    Mm,
+}
+
+impl ProductsKernel {
+    /// The kernel's file name, as the plan line says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProductsKernel::CoopBig => "linear_q4_coop_big",
+            ProductsKernel::Coop => "linear_q4_coop",
+            ProductsKernel::Mm => "linear_q4_mm",
+        }
+    }
+
+    /// The kernel `opts` name (a resolved plan's options: the one it runs).
+    pub fn of(opts: &WgpuOptions) -> ProductsKernel {
+        match (opts.coop, opts.coop_big) {
+            (true, true) => ProductsKernel::CoopBig,
+            (true, false) => ProductsKernel::Coop,
+            (false, _) => ProductsKernel::Mm,
+        }
+    }
+
+    /// `opts` asking for this kernel (every other option as it was).
+    pub fn options(self, opts: &WgpuOptions) -> WgpuOptions {
+        WgpuOptions {
+            coop: self != ProductsKernel::Mm,
+            coop_big: self == ProductsKernel::CoopBig,
+            ..opts.clone()
+        }
+    }
+}
+
+/// The prefill products' kernels the backend may take for `opts`, in the order it checks them
+/// at load: the one asked for, then each less demanding one (linear_q4_coop_big,
+/// linear_q4_coop, linear_q4_mm; the last needs no check and is never refused).
+pub fn products_candidates(opts: &WgpuOptions) -> Vec<ProductsKernel> {
+    let asked = ProductsKernel::of(opts);
+    [
+        ProductsKernel::CoopBig,
+        ProductsKernel::Coop,
+        ProductsKernel::Mm,
+    ]
+    .into_iter()
+    .filter(|&k| k >= asked)
+    .collect()
+}
+
+/// The kernel the backend takes for `opts` when the adapter refused `refused` at load (each
+/// checked against the host's product): the first of `products_candidates` less demanding than
+/// every refused one, so linear_q4_mm once every cooperative one was refused.
+pub fn products_choice(opts: &WgpuOptions, refused: &[ProductsKernel]) -> ProductsKernel {
+    let last = refused.iter().max();
+    products_candidates(opts)
+        .into_iter()
+        .find(|k| last.is_none_or(|r| k > r))
+        .unwrap_or(ProductsKernel::Mm)
+}
+
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
 /// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
 pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
@@ -1289,4 +1356,56 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
 /// hold one quad each).
 fn glu_rows_ok(gate: &GpuLinear) -> bool {
     gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn products_fall_back_in_order() {
+        use ProductsKernel::{Coop, CoopBig, Mm};
+        let big = WgpuOptions {
+            coop: true,
+            coop_big: true,
+            ..WgpuOptions::default()
+        };
+        let coop = CoopBig.options(&big);
+        let coop = Coop.options(&coop);
+        let mm = Mm.options(&big);
+        assert_eq!(ProductsKernel::of(&big), CoopBig);
+        assert_eq!(ProductsKernel::of(&coop), Coop);
+        assert_eq!(ProductsKernel::of(&mm), Mm);
+        // `coop_big` without `coop` asks for no cooperative matrices.
+        let stray = WgpuOptions {
+            coop: false,
+            coop_big: true,
+            ..WgpuOptions::default()
+        };
+        assert_eq!(ProductsKernel::of(&stray), Mm);
+
+        assert_eq!(products_candidates(&big), [CoopBig, Coop, Mm]);
+        assert_eq!(products_candidates(&coop), [Coop, Mm]);
+        assert_eq!(products_candidates(&mm), [Mm]);
+
+        assert_eq!(products_choice(&big, &[]), CoopBig);
+        assert_eq!(products_choice(&big, &[CoopBig]), Coop);
+        assert_eq!(products_choice(&big, &[CoopBig, Coop]), Mm);
+        // A refusal of a less demanding kernel rules out the more demanding ones too.
+        assert_eq!(products_choice(&big, &[Coop]), Mm);
+        assert_eq!(products_choice(&coop, &[]), Coop);
+        assert_eq!(products_choice(&coop, &[Coop]), Mm);
+        assert_eq!(products_choice(&mm, &[]), Mm);
+
+        // Each choice's options name it and leave the rest as asked.
+        for k in [CoopBig, Coop, Mm] {
+            let o = k.options(&big);
+            assert_eq!(ProductsKernel::of(&o), k);
+            assert_eq!(o.chunk, big.chunk);
+            assert_eq!(o.dense_tile, big.dense_tile);
+        }
+        assert_eq!(CoopBig.name(), coop_spec(MmTile::T64, 16, true).name);
+        assert_eq!(Coop.name(), coop_spec(MmTile::T64, 16, false).name);
+        assert_eq!(Mm.name(), mm_spec(MmTile::T64, true).name);
+    }
 }
