@@ -273,25 +273,32 @@ impl WgpuBackend {
         check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
-    /// linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) with its cooperative operations
-    /// emulated, on matrices of `size` (8 or 16), activations as this plan's
-    /// (`probes::check_coop_emulated`): the largest relative L2 difference from the host's
-    /// product of the f16-staged operands.
-    pub fn check_coop_emulated(&self, size: u32, big: bool) -> Result<f64> {
-        check_coop_emulated(&self.gpu, size, self.plan.act_f16, big)
+    /// linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl, on workgroups of `rows` rows: 64,
+    /// or 128 as `coop_rows` 128) with its cooperative operations emulated, on matrices of
+    /// `size` (8 or 16), activations as this plan's (`probes::check_coop_emulated`): the largest
+    /// relative L2 difference from the host's product of the f16-staged operands, with the tile
+    /// sizes run (those that fit this device).
+    pub fn check_coop_emulated(
+        &self,
+        size: u32,
+        big: bool,
+        rows: u32,
+    ) -> Result<(Vec<MmTile>, f64)> {
+        check_coop_emulated(&self.gpu, size, self.plan.act_f16, big, rows)
     }
 
-    /// Where linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) goes wrong
-    /// (`probes::coop_map`: errors and block maps on three shapes), on this device's cooperative
-    /// matrices (None where it has none), or `emulated` on 16 × 16 (any adapter): what a device
-    /// call prints after a refusal at load.
-    pub fn coop_map(&self, emulated: bool, big: bool) -> Result<Option<String>> {
+    /// Where linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl on workgroups of `rows` rows,
+    /// 64 or 128) goes wrong (`probes::coop_map`: errors and block maps on three shapes), on
+    /// this device's cooperative matrices (None where it has none), or `emulated` on 16 × 16
+    /// (any adapter): what a device call prints after a refusal at load.
+    pub fn coop_map(&self, emulated: bool, big: bool, rows: u32) -> Result<Option<String>> {
         let size = if emulated { 16 } else { self.gpu.coop };
         if size == 0 {
             return Ok(None);
         }
         let mut spec = crate::plan::coop_spec(MmTile::T64, size, big);
         spec.coop_emulated = emulated;
+        spec.coop_rows = rows;
         let kernel = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
         crate::probes::coop_map(&self.gpu, &kernel, size as usize).map(Some)
     }
@@ -365,6 +372,11 @@ impl WgpuBackend {
     /// The adapter in use.
     pub fn adapter(&self) -> &wgpu::AdapterInfo {
         &self.gpu.info
+    }
+
+    /// The limits the device was created with (the adapter's, or Apple's: `WgpuOptions::limits`).
+    pub fn device_limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
     }
 
     fn seq(&self, seq: SeqId) -> Result<&SeqState> {

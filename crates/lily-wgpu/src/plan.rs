@@ -19,7 +19,10 @@
 //!   backend's check at load passes; with `coop_big` (on: session 21 on an H200 through Vulkan,
 //!   prefill +25 % at 512 and +29 % at 4K, docs/perf-notes.md) linear_q4_coop_big.wgsl instead
 //!   (the same launches; steps of 64 columns, every invocation staging, 2 × 2 subgroup blocks
-//!   where the tile allows);
+//!   where the tile allows), on workgroups of 128 rows with `coop_rows` 128 where they fit the
+//!   device's workgroup memory (`Plan::mm_rows`: the launches' row blocks follow); where the
+//!   backend's check at load refuses a kernel, `products_choice` names the next one
+//!   (linear_q4_coop_big, then linear_q4_coop, then linear_q4_mm);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -730,6 +733,10 @@ pub struct Plan {
     /// linear_q4_coop.wgsl in `Specs::linear_q4_mm16` / `32` / `64`, the same launches), or 0
     /// (linear_q4_mm.wgsl).
     pub coop: u32,
+    /// The tile products' rows a workgroup, so their launches' row blocks (the dense ones' and
+    /// moe_group's arguments for the experts'): `MM_ROWS` (64), or 128 with linear_q4_coop_big
+    /// on `coop_rows` 128 (`Spec::mm_rows`).
+    pub mm_rows: usize,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
@@ -817,9 +824,32 @@ impl Plan {
         };
         let mut linear_q4_mm64 = None;
         let mut coop_specs = None;
+        // linear_q4_coop_big's rows a workgroup (`coop_rows`): 128 where its three tiles fit the
+        // device's workgroup memory (NVIDIA's 48 KiB; not Apple's 32 KiB at 64 items), else 64.
+        let mut mm_rows = MM_ROWS;
         if coop > 0 {
             let tiles = [MmTile::T16, MmTile::T32, MmTile::T64];
-            let specs = tiles.map(|t| coop_spec(t, coop, opts.coop_big));
+            let specs_of = |rows: usize| {
+                tiles.map(|t| {
+                    let mut spec = coop_spec(t, coop, opts.coop_big);
+                    spec.coop_rows = rows as u32;
+                    spec
+                })
+            };
+            if opts.coop_big && opts.coop_rows == 128 {
+                mm_rows = 128;
+                for spec in &specs_of(128) {
+                    if let Some(why) = spec.needs()?.exceeds(limits) {
+                        notes.push(format!(
+                            "{} with 128 rows and tiles of {}: {why}; 64 rows",
+                            spec.name, spec.constants[0].1
+                        ));
+                        mm_rows = MM_ROWS;
+                        break;
+                    }
+                }
+            }
+            let specs = specs_of(mm_rows);
             let mut fit = true;
             for spec in &specs {
                 if let Some(why) = spec.needs()?.exceeds(limits) {
@@ -835,6 +865,9 @@ impl Plan {
             }
         }
         let coop = if coop_specs.is_some() { coop } else { 0 };
+        if coop == 0 {
+            mm_rows = MM_ROWS;
+        }
         if let Some([_, _, c64]) = &coop_specs {
             linear_q4_mm64 = Some(c64.clone());
         } else if tile_f16 || dense_mm == MmTile::T64 {
@@ -991,6 +1024,7 @@ impl Plan {
             f16_acts: Choice::of(act_f16),
             coop: coop > 0,
             coop_big: coop > 0 && opts.coop_big,
+            coop_rows: mm_rows,
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
@@ -1012,6 +1046,7 @@ impl Plan {
             expert_mm,
             tile_f16,
             coop,
+            mm_rows,
             prefill_attention,
             decode_attention,
             decode_splits,
@@ -1091,8 +1126,8 @@ impl Plan {
             match self.coop {
                 0 => "linear_q4_mm".to_string(),
                 n => format!(
-                    "{} on {n}×{n} cooperative matrices",
-                    self.specs.linear_q4_mm16[0].name
+                    "{} on {n}×{n} cooperative matrices, {} rows a workgroup",
+                    self.specs.linear_q4_mm16[0].name, self.mm_rows
                 ),
             },
             if self.tile_f16 { "f16" } else { "f32" },
