@@ -98,8 +98,8 @@ impl WgpuBackend {
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
             // width shows as an O(1) difference, a driver that does not take the module as an
             // error. Which kernel is tried after a refusal is the plan's (`products_choice`:
-            // linear_q4_coop_big, then linear_q4_coop, then linear_q4_mm); here each is only
-            // built, checked, and its refusal reported.
+            // linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
+            // here each is only built, checked, and its refusal reported.
             let mut refused = Vec::new();
             let mut refusals = Vec::new();
             while plan.coop > 0 {

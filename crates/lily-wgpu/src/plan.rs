@@ -22,7 +22,7 @@
 //!   where the tile allows), on workgroups of 128 rows with `coop_rows` 128 where they fit the
 //!   device's workgroup memory (`Plan::mm_rows`: the launches' row blocks follow); where the
 //!   backend's check at load refuses a kernel, `products_choice` names the next one
-//!   (linear_q4_coop_big, then linear_q4_coop, then linear_q4_mm);
+//!   (linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -600,7 +600,9 @@ pub fn coop_spec(tile: MmTile, size: u32, big: bool) -> Spec {
 /// order the backend checks them in at load (`products_candidates`, `products_choice`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ProductsKernel {
-    /// linear_q4_coop_big.wgsl (`coop` and `coop_big`).
+    /// linear_q4_coop_big.wgsl on workgroups of 128 rows (`coop`, `coop_big`, `coop_rows` 128).
+    CoopBigWide,
+    /// linear_q4_coop_big.wgsl (`coop` and `coop_big`; 64 rows a workgroup).
     CoopBig,
     /// linear_q4_coop.wgsl (`coop` without `coop_big`).
     Coop,
@@ -612,6 +614,7 @@ impl ProductsKernel {
     /// The kernel's file name, as the plan line says it.
     pub fn name(self) -> &'static str {
         match self {
+            ProductsKernel::CoopBigWide => "linear_q4_coop_big on 128 rows",
             ProductsKernel::CoopBig => "linear_q4_coop_big",
             ProductsKernel::Coop => "linear_q4_coop",
             ProductsKernel::Mm => "linear_q4_mm",
@@ -621,6 +624,7 @@ impl ProductsKernel {
     /// The kernel `opts` name (a resolved plan's options: the one it runs).
     pub fn of(opts: &WgpuOptions) -> ProductsKernel {
         match (opts.coop, opts.coop_big) {
+            (true, true) if opts.coop_rows == 128 => ProductsKernel::CoopBigWide,
             (true, true) => ProductsKernel::CoopBig,
             (true, false) => ProductsKernel::Coop,
             (false, _) => ProductsKernel::Mm,
@@ -629,20 +633,23 @@ impl ProductsKernel {
 
     /// `opts` asking for this kernel (every other option as it was).
     pub fn options(self, opts: &WgpuOptions) -> WgpuOptions {
+        use ProductsKernel::{CoopBig, CoopBigWide, Mm};
         WgpuOptions {
-            coop: self != ProductsKernel::Mm,
-            coop_big: self == ProductsKernel::CoopBig,
+            coop: self != Mm,
+            coop_big: matches!(self, CoopBigWide | CoopBig),
+            coop_rows: if self == CoopBigWide { 128 } else { 64 },
             ..opts.clone()
         }
     }
 }
 
 /// The prefill products' kernels the backend may take for `opts`, in the order it checks them
-/// at load: the one asked for, then each less demanding one (linear_q4_coop_big,
-/// linear_q4_coop, linear_q4_mm; the last needs no check and is never refused).
+/// at load: the one asked for, then each less demanding one (linear_q4_coop_big on 128 rows,
+/// on 64, linear_q4_coop, linear_q4_mm; the last needs no check and is never refused).
 pub fn products_candidates(opts: &WgpuOptions) -> Vec<ProductsKernel> {
     let asked = ProductsKernel::of(opts);
     [
+        ProductsKernel::CoopBigWide,
         ProductsKernel::CoopBig,
         ProductsKernel::Coop,
         ProductsKernel::Mm,
@@ -1399,12 +1406,22 @@ mod tests {
 
     #[test]
     fn products_fall_back_in_order() {
-        use ProductsKernel::{Coop, CoopBig, Mm};
+        use ProductsKernel::{Coop, CoopBig, CoopBigWide, Mm};
         let big = WgpuOptions {
             coop: true,
             coop_big: true,
+            coop_rows: 64,
             ..WgpuOptions::default()
         };
+        let wide = CoopBigWide.options(&big);
+        assert_eq!(ProductsKernel::of(&wide), CoopBigWide);
+        assert_eq!(wide.coop_rows, 128);
+        assert_eq!(products_candidates(&wide), [CoopBigWide, CoopBig, Coop, Mm]);
+        assert_eq!(products_choice(&wide, &[]), CoopBigWide);
+        assert_eq!(products_choice(&wide, &[CoopBigWide]), CoopBig);
+        assert_eq!(products_choice(&wide, &[CoopBigWide, CoopBig]), Coop);
+        assert_eq!(products_choice(&wide, &[CoopBigWide, CoopBig, Coop]), Mm);
+        assert_eq!(CoopBig.options(&wide).coop_rows, 64);
         let coop = CoopBig.options(&big);
         let coop = Coop.options(&coop);
         let mm = Mm.options(&big);
@@ -1433,13 +1450,14 @@ mod tests {
         assert_eq!(products_choice(&mm, &[]), Mm);
 
         // Each choice's options name it and leave the rest as asked.
-        for k in [CoopBig, Coop, Mm] {
+        for k in [CoopBigWide, CoopBig, Coop, Mm] {
             let o = k.options(&big);
             assert_eq!(ProductsKernel::of(&o), k);
             assert_eq!(o.chunk, big.chunk);
             assert_eq!(o.dense_tile, big.dense_tile);
         }
         assert_eq!(CoopBig.name(), coop_spec(MmTile::T64, 16, true).name);
+        assert!(CoopBigWide.name().starts_with(CoopBig.name()));
         assert_eq!(Coop.name(), coop_spec(MmTile::T64, 16, false).name);
         assert_eq!(Mm.name(), mm_spec(MmTile::T64, true).name);
     }
