@@ -20,20 +20,26 @@
 // The next step's words are read while this one multiplies (registers, as linear_q4_coop). The cooperative operations are the loader's as in linear_q4_coop.wgsl (one
 // named variable per accumulator, every index and stride a `let`, control flow uniform across
 // the workgroup: loops on constants and `p`, subgroups enter only as pointer offsets).
-// Workgroup memory: ws 64 × 72 f16 (9,216 B) + xs TT × 72 f16 (≤ 9,216) + cs TT × (CR + 4) f32
+// With `coop_rows` 128 (RT = 128, WG = 256, `BigLayout::new`'s `rows`): one workgroup of 256
+// invocations, eight subgroups, per 128 output rows × the tile, each staged input tile feeding
+// twice the rows (staged elements a multiply-add 128 → 96 at TT = 64); invocation i still
+// dequantises quad i / RT of row i % RT, an item's inputs are read by WG / TT invocations of
+// TT · 16 / WG vec4 (1 at TT = 16); 45,328 bytes of workgroup memory at TT = 64 on 16 × 16
+// (ws 18,432 + xs 9,216 + cs 17,408 + the items): NVIDIA's 48 KiB, not Apple's 32 KiB, where
+// the plan keeps 64 rows.
+// Workgroup memory (64 rows): ws 64 × 72 f16 (9,216 B) + xs TT × 72 f16 (≤ 9,216) + cs TT × (CR + 4) f32
 // (≤ 9,216: 64 × 36 at TT = 64, both sizes; 16 × 68 at TT = 16 on 16 × 16) + the tile's items
 // (272): 27,920 bytes at TT = 64, under Apple's 32 KiB. Loads and barriers per multiply-add:
 // docs/perf-notes.md, session 21 (wprefill).
 
 override TT: u32 = 64u;   // items per tile, 16, 32 or 64 (MmTile on the host)
-const RT: u32 = 64u;      // rows per tile (MM_ROWS on the host)
 const KP: u32 = 72u;      // a staged row's stride in f16: 64 columns + 8 (16-byte aligned)
 // <coop: layout>
 const CSP: u32 = CR + 4u; // cs's stride in f32
 override XS_LEN: u32 = KP * TT;
 override CS_LEN: u32 = CSP * TT;
 
-var<workgroup> ws: array<f16, 4608>;   // RT × KP
+var<workgroup> ws: array<f16, RT * KP>;
 var<workgroup> xs: array<f16, XS_LEN>;
 var<workgroup> cs: array<f32, CS_LEN>;
 
@@ -88,7 +94,7 @@ fn put_xs(at: u32, v: XS4) {
 }
 
 // An invocation's inputs of one step as read (XS4: f16 activations stay f16 in registers): nx4
-// = TT / 8 of them (2, 4 or 8), zero where `live` is false (an item past the tile's, or a quad
+// = TT · 16 / WG of them (1, 2, 4 or 8), zero where `live` is false (an item past the tile's, or a quad
 // past the matrix's columns).
 struct Inputs {
     x0: XS4,
@@ -106,7 +112,9 @@ fn read_inputs(live: bool, at: u32, nx4: u32) -> Inputs {
     var x = Inputs(z, z, z, z, z, z, z, z);
     if (live) {
         x.x0 = X[at];
-        x.x1 = X[at + 1u];
+        if (nx4 > 1u) {
+            x.x1 = X[at + 1u];
+        }
         if (nx4 > 2u) {
             x.x2 = X[at + 2u];
             x.x3 = X[at + 3u];
@@ -131,14 +139,14 @@ fn write_out(h: u32, block: u32, lid: u32, nt: u32) {
     let rr = lid % CR;
     let row = block * RT + (rr / hr) * RS + h * hr + rr % hr;
     if (row < p.m.rows) {
-        for (var t = lid / CR; t < nt; t += 128u / CR) {
+        for (var t = lid / CR; t < nt; t += WG / CR) {
             put_y(t, row, cs[t * CSP + rr]);
         }
     }
     workgroupBarrier();
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(WG)
 fn linear_q4_coop_big(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -159,7 +167,7 @@ fn linear_q4_coop_big(
     let slot = info.y - 1u;
     let quads = p.m.cols / 32u;
     let steps = (quads + 1u) / 2u;
-    // Quad `wq` (0 or 1) of each step of row `lid % 64`.
+    // Quad `wq` (0 or 1) of each step of row `lid % RT` (WG = 2 · RT).
     let wr = lid % RT;
     let wq = lid / RT;
     let wrow = block * RT + wr;
@@ -167,10 +175,10 @@ fn linear_q4_coop_big(
     let eight = p.m.bits == 8u;
     let bases = row_bases(slot, wrow, wlive);
     let wo = wr * KP + wq * 32u;
-    // Columns 64 / ipi · part .. of item `ti` (ipi = 128 / TT invocations an item, nx4 = TT / 8
-    // vec4 each), inside quad `xq` of the step.
-    let ipi = 128u / TT;
-    let nx4 = TT / 8u;
+    // Columns 64 / ipi · part .. of item `ti` (ipi = WG / TT invocations an item, nx4 = 16 /
+    // ipi vec4 each), inside quad `xq` of the step.
+    let ipi = WG / TT;
+    let nx4 = 16u / ipi;
     let ti = lid / ipi;
     let part = lid % ipi;
     let xlive = ti < nt;
@@ -196,7 +204,9 @@ fn linear_q4_coop_big(
             }
         }
         put_xs(xo, xin.x0);
-        put_xs(xo + 4u, xin.x1);
+        if (nx4 > 1u) {
+            put_xs(xo + 4u, xin.x1);
+        }
         if (nx4 > 2u) {
             put_xs(xo + 8u, xin.x2);
             put_xs(xo + 12u, xin.x3);

@@ -305,6 +305,8 @@ mod tests {
             "8",
             "--wgpu-dense-tile",
             "64",
+            "--wgpu-coop-rows",
+            "128",
             "--wgpu-limits",
             "apple",
             "--wgpu-adapter",
@@ -330,6 +332,7 @@ mod tests {
                 moe_rounds: false,
                 out_rows: 8,
                 dense_tile: 64,
+                coop_rows: 128,
                 limits: DeviceLimits::Apple,
                 adapter: Some("llvmpipe".into()),
                 ..WgpuOptions::default()

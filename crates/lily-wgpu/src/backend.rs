@@ -19,8 +19,8 @@ use crate::gpu::{describe_adapter, Gpu, Recorder};
 use crate::kernels::Kernels;
 use crate::options::Choice;
 use crate::plan::{
-    attend_gqa_spec, attend_tile_spec, split_workgroups, DeviceCaps, MmTile, Plan,
-    PrefillAttention, SplitRule, WgpuOptions,
+    attend_gqa_spec, attend_tile_spec, products_choice, split_workgroups, DeviceCaps, MmTile, Plan,
+    PrefillAttention, ProductsKernel, SplitRule, WgpuOptions,
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
@@ -97,37 +97,44 @@ impl WgpuBackend {
             // linear_q4_coop.wgsl checked at load against the host's product of its f16-staged
             // operands (every tile size, 4- and 8-bit, each form): a wrong layout or subgroup
             // width shows as an O(1) difference, a driver that does not take the module as an
-            // error. With `coop_big` linear_q4_coop_big.wgsl is checked first, the same way;
-            // refused, the plan takes linear_q4_coop.wgsl, and that refused, linear_q4_mm.wgsl.
+            // error. Which kernel is tried after a refusal is the plan's (`products_choice`:
+            // linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
+            // here each is only built, checked, and its refusal reported.
+            let mut refused = Vec::new();
             let mut refusals = Vec::new();
             while plan.coop > 0 {
-                let name = plan.specs.linear_q4_mm16[0].name;
+                let kernel = ProductsKernel::of(&plan.options);
                 let checked = Kernels::load(&gpu, &plan.specs, plan.checked).and_then(|k| {
                     check_products_f16(&gpu, &k, plan.act_f16).map(|(_, staged)| (k, staged))
                 });
                 let why = match checked {
                     Ok((k, staged)) if staged < COOP_TOLERANCE => {
-                        plan.notes
-                            .push(format!("{name} checked at load: {staged:.1e} relative"));
+                        plan.notes.push(format!(
+                            "{} checked at load: {staged:.1e} relative",
+                            kernel.name()
+                        ));
                         checked_kernels = Some(k);
                         break;
                     }
                     Ok((_, staged)) => format!("{staged:.1e} relative from the host's product"),
                     Err(e) => format!("{e:#}"),
                 };
-                refusals.push(format!("{name} refused at load: {why}"));
-                let next = if plan.options.coop_big {
-                    WgpuOptions {
-                        coop_big: false,
-                        ..opts.clone()
-                    }
-                } else {
-                    WgpuOptions {
-                        coop: false,
-                        ..opts.clone()
-                    }
-                };
-                plan = Plan::resolve(&next, c, stack_shared(weights), &caps)?;
+                refusals.push(format!("{} refused at load: {why}", kernel.name()));
+                refused.push(kernel);
+                let next = products_choice(&opts, &refused);
+                plan = Plan::resolve(&next.options(&opts), c, stack_shared(weights), &caps)?;
+            }
+            if !refused.is_empty() {
+                let taken = ProductsKernel::of(&plan.options);
+                refusals.push(format!(
+                    "prefill products on {} ({} refused at load)",
+                    taken.name(),
+                    refused
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
             }
             plan.notes.extend(refusals);
         }
@@ -266,25 +273,32 @@ impl WgpuBackend {
         check_products_f16(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
-    /// linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) with its cooperative operations
-    /// emulated, on matrices of `size` (8 or 16), activations as this plan's
-    /// (`probes::check_coop_emulated`): the largest relative L2 difference from the host's
-    /// product of the f16-staged operands.
-    pub fn check_coop_emulated(&self, size: u32, big: bool) -> Result<f64> {
-        check_coop_emulated(&self.gpu, size, self.plan.act_f16, big)
+    /// linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl, on workgroups of `rows` rows: 64,
+    /// or 128 as `coop_rows` 128) with its cooperative operations emulated, on matrices of
+    /// `size` (8 or 16), activations as this plan's (`probes::check_coop_emulated`): the largest
+    /// relative L2 difference from the host's product of the f16-staged operands, with the tile
+    /// sizes run (those that fit this device).
+    pub fn check_coop_emulated(
+        &self,
+        size: u32,
+        big: bool,
+        rows: u32,
+    ) -> Result<(Vec<MmTile>, f64)> {
+        check_coop_emulated(&self.gpu, size, self.plan.act_f16, big, rows)
     }
 
-    /// Where linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl) goes wrong
-    /// (`probes::coop_map`: errors and block maps on three shapes), on this device's cooperative
-    /// matrices (None where it has none), or `emulated` on 16 × 16 (any adapter): what a device
-    /// call prints after a refusal at load.
-    pub fn coop_map(&self, emulated: bool, big: bool) -> Result<Option<String>> {
+    /// Where linear_q4_coop.wgsl (`big`: linear_q4_coop_big.wgsl on workgroups of `rows` rows,
+    /// 64 or 128) goes wrong (`probes::coop_map`: errors and block maps on three shapes), on
+    /// this device's cooperative matrices (None where it has none), or `emulated` on 16 × 16
+    /// (any adapter): what a device call prints after a refusal at load.
+    pub fn coop_map(&self, emulated: bool, big: bool, rows: u32) -> Result<Option<String>> {
         let size = if emulated { 16 } else { self.gpu.coop };
         if size == 0 {
             return Ok(None);
         }
         let mut spec = crate::plan::coop_spec(MmTile::T64, size, big);
         spec.coop_emulated = emulated;
+        spec.coop_rows = rows;
         let kernel = crate::gpu::Kernel::new(&self.gpu, &spec, false)?;
         crate::probes::coop_map(&self.gpu, &kernel, size as usize).map(Some)
     }
@@ -358,6 +372,11 @@ impl WgpuBackend {
     /// The adapter in use.
     pub fn adapter(&self) -> &wgpu::AdapterInfo {
         &self.gpu.info
+    }
+
+    /// The limits the device was created with (the adapter's, or Apple's: `WgpuOptions::limits`).
+    pub fn device_limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
     }
 
     fn seq(&self, seq: SeqId) -> Result<&SeqState> {

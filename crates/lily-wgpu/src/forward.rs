@@ -12,7 +12,7 @@ use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
     DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
-    LINEAR_ROWS, MM_ROWS,
+    LINEAR_ROWS,
 };
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -893,7 +893,7 @@ impl<'a> Forward<'a> {
                 // Each weight read once per tile of tokens.
                 LinearKernel::Mm(tile) => (
                     self.k.mm(tile).get(form),
-                    MM_ROWS,
+                    self.k.mm(tile).get(form).rows,
                     io.items.div_ceil(tile.items()),
                     &self.s.groups,
                 ),
@@ -1007,7 +1007,7 @@ impl<'a> Forward<'a> {
     ) {
         let s = self.s;
         let kernel = self.k.mm(tile).get(self.form(&io));
-        let nx = w.rows.div_ceil(MM_ROWS);
+        let nx = w.rows.div_ceil(kernel.rows);
         for sl in &w.slices {
             let params = linear_params(
                 w,
@@ -1320,8 +1320,8 @@ impl<'a> Forward<'a> {
                         tk as u32,
                         (e + stacked as usize) as u32,
                         tile.down_to_16().len() as u32,
-                        i.div_ceil(MM_ROWS) as u32,
-                        h.div_ceil(MM_ROWS) as u32,
+                        i.div_ceil(self.plan.mm_rows) as u32,
+                        h.div_ceil(self.plan.mm_rows) as u32,
                         s.tiles_at as u32,
                         s.order_at as u32,
                         s.tile_cap as u32,

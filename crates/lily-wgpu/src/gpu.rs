@@ -456,6 +456,8 @@ impl Gpu {
 /// A compiled kernel: its pipeline and the bind group layout wgpu derived from the WGSL.
 pub struct Kernel {
     pub name: &'static str,
+    /// A tile product's rows a workgroup (`Spec::mm_rows`: its launches' row blocks).
+    pub rows: usize,
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
 }
@@ -510,6 +512,7 @@ impl Kernel {
         let layout = pipeline.get_bind_group_layout(0);
         Ok(Kernel {
             name,
+            rows: spec.mm_rows(),
             pipeline,
             layout,
         })

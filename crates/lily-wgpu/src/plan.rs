@@ -19,7 +19,10 @@
 //!   backend's check at load passes; with `coop_big` (on: session 21 on an H200 through Vulkan,
 //!   prefill +25 % at 512 and +29 % at 4K, docs/perf-notes.md) linear_q4_coop_big.wgsl instead
 //!   (the same launches; steps of 64 columns, every invocation staging, 2 × 2 subgroup blocks
-//!   where the tile allows);
+//!   where the tile allows), on workgroups of 128 rows with `coop_rows` 128 where they fit the
+//!   device's workgroup memory (`Plan::mm_rows`: the launches' row blocks follow); where the
+//!   backend's check at load refuses a kernel, `products_choice` names the next one
+//!   (linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
 //!   at a 4K prompt) with blocks of 32 keys, or of 16 where 32 do not fit the device's workgroup
 //!   memory (Apple: 32 KiB), else attend_gqa.wgsl; decode attention: attend_gqa.wgsl (the query
@@ -593,6 +596,80 @@ pub fn coop_spec(tile: MmTile, size: u32, big: bool) -> Spec {
     spec
 }
 
+/// The kernels prefill's tile products can run on, from the most to the least demanding: the
+/// order the backend checks them in at load (`products_candidates`, `products_choice`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProductsKernel {
+    /// linear_q4_coop_big.wgsl on workgroups of 128 rows (`coop`, `coop_big`, `coop_rows` 128).
+    CoopBigWide,
+    /// linear_q4_coop_big.wgsl (`coop` and `coop_big`; 64 rows a workgroup).
+    CoopBig,
+    /// linear_q4_coop.wgsl (`coop` without `coop_big`).
+    Coop,
+    /// linear_q4_mm.wgsl: no cooperative matrices, nothing to check at load.
+    Mm,
+}
+
+impl ProductsKernel {
+    /// The kernel's file name, as the plan line says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProductsKernel::CoopBigWide => "linear_q4_coop_big on 128 rows",
+            ProductsKernel::CoopBig => "linear_q4_coop_big",
+            ProductsKernel::Coop => "linear_q4_coop",
+            ProductsKernel::Mm => "linear_q4_mm",
+        }
+    }
+
+    /// The kernel `opts` name (a resolved plan's options: the one it runs).
+    pub fn of(opts: &WgpuOptions) -> ProductsKernel {
+        match (opts.coop, opts.coop_big) {
+            (true, true) if opts.coop_rows == 128 => ProductsKernel::CoopBigWide,
+            (true, true) => ProductsKernel::CoopBig,
+            (true, false) => ProductsKernel::Coop,
+            (false, _) => ProductsKernel::Mm,
+        }
+    }
+
+    /// `opts` asking for this kernel (every other option as it was).
+    pub fn options(self, opts: &WgpuOptions) -> WgpuOptions {
+        use ProductsKernel::{CoopBig, CoopBigWide, Mm};
+        WgpuOptions {
+            coop: self != Mm,
+            coop_big: matches!(self, CoopBigWide | CoopBig),
+            coop_rows: if self == CoopBigWide { 128 } else { 64 },
+            ..opts.clone()
+        }
+    }
+}
+
+/// The prefill products' kernels the backend may take for `opts`, in the order it checks them
+/// at load: the one asked for, then each less demanding one (linear_q4_coop_big on 128 rows,
+/// on 64, linear_q4_coop, linear_q4_mm; the last needs no check and is never refused).
+pub fn products_candidates(opts: &WgpuOptions) -> Vec<ProductsKernel> {
+    let asked = ProductsKernel::of(opts);
+    [
+        ProductsKernel::CoopBigWide,
+        ProductsKernel::CoopBig,
+        ProductsKernel::Coop,
+        ProductsKernel::Mm,
+    ]
+    .into_iter()
+    .filter(|&k| k >= asked)
+    .collect()
+}
+
+/// The kernel the backend takes for `opts` when the adapter refused `refused` at load (each
+/// checked against the host's product): the first of `products_candidates` less demanding than
+/// every refused one, so linear_q4_mm once every cooperative one was refused.
+pub fn products_choice(opts: &WgpuOptions, refused: &[ProductsKernel]) -> ProductsKernel {
+    let last = refused.iter().max();
+    products_candidates(opts)
+        .into_iter()
+        .find(|k| last.is_none_or(|r| k > r))
+        .unwrap_or(ProductsKernel::Mm)
+}
+
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
 /// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
 pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
@@ -663,6 +740,10 @@ pub struct Plan {
     /// linear_q4_coop.wgsl in `Specs::linear_q4_mm16` / `32` / `64`, the same launches), or 0
     /// (linear_q4_mm.wgsl).
     pub coop: u32,
+    /// The tile products' rows a workgroup, so their launches' row blocks (the dense ones' and
+    /// moe_group's arguments for the experts'): `MM_ROWS` (64), or 128 with linear_q4_coop_big
+    /// on `coop_rows` 128 (`Spec::mm_rows`).
+    pub mm_rows: usize,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
@@ -750,9 +831,32 @@ impl Plan {
         };
         let mut linear_q4_mm64 = None;
         let mut coop_specs = None;
+        // linear_q4_coop_big's rows a workgroup (`coop_rows`): 128 where its three tiles fit the
+        // device's workgroup memory (NVIDIA's 48 KiB; not Apple's 32 KiB at 64 items), else 64.
+        let mut mm_rows = MM_ROWS;
         if coop > 0 {
             let tiles = [MmTile::T16, MmTile::T32, MmTile::T64];
-            let specs = tiles.map(|t| coop_spec(t, coop, opts.coop_big));
+            let specs_of = |rows: usize| {
+                tiles.map(|t| {
+                    let mut spec = coop_spec(t, coop, opts.coop_big);
+                    spec.coop_rows = rows as u32;
+                    spec
+                })
+            };
+            if opts.coop_big && opts.coop_rows == 128 {
+                mm_rows = 128;
+                for spec in &specs_of(128) {
+                    if let Some(why) = spec.needs()?.exceeds(limits) {
+                        notes.push(format!(
+                            "{} with 128 rows and tiles of {}: {why}; 64 rows",
+                            spec.name, spec.constants[0].1
+                        ));
+                        mm_rows = MM_ROWS;
+                        break;
+                    }
+                }
+            }
+            let specs = specs_of(mm_rows);
             let mut fit = true;
             for spec in &specs {
                 if let Some(why) = spec.needs()?.exceeds(limits) {
@@ -768,6 +872,9 @@ impl Plan {
             }
         }
         let coop = if coop_specs.is_some() { coop } else { 0 };
+        if coop == 0 {
+            mm_rows = MM_ROWS;
+        }
         if let Some([_, _, c64]) = &coop_specs {
             linear_q4_mm64 = Some(c64.clone());
         } else if tile_f16 || dense_mm == MmTile::T64 {
@@ -924,6 +1031,7 @@ impl Plan {
             f16_acts: Choice::of(act_f16),
             coop: coop > 0,
             coop_big: coop > 0 && opts.coop_big,
+            coop_rows: mm_rows,
             dense_tile: dense_mm.items(),
             ..opts.clone()
         };
@@ -945,6 +1053,7 @@ impl Plan {
             expert_mm,
             tile_f16,
             coop,
+            mm_rows,
             prefill_attention,
             decode_attention,
             decode_splits,
@@ -1024,8 +1133,8 @@ impl Plan {
             match self.coop {
                 0 => "linear_q4_mm".to_string(),
                 n => format!(
-                    "{} on {n}×{n} cooperative matrices",
-                    self.specs.linear_q4_mm16[0].name
+                    "{} on {n}×{n} cooperative matrices, {} rows a workgroup",
+                    self.specs.linear_q4_mm16[0].name, self.mm_rows
                 ),
             },
             if self.tile_f16 { "f16" } else { "f32" },
@@ -1289,4 +1398,67 @@ fn glu_ok(gate: &GpuLinear, up: &GpuLinear) -> bool {
 /// hold one quad each).
 fn glu_rows_ok(gate: &GpuLinear) -> bool {
     gate.cols == 2048 && gate.mat_words.is_multiple_of(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn products_fall_back_in_order() {
+        use ProductsKernel::{Coop, CoopBig, CoopBigWide, Mm};
+        let big = WgpuOptions {
+            coop: true,
+            coop_big: true,
+            coop_rows: 64,
+            ..WgpuOptions::default()
+        };
+        let wide = CoopBigWide.options(&big);
+        assert_eq!(ProductsKernel::of(&wide), CoopBigWide);
+        assert_eq!(wide.coop_rows, 128);
+        assert_eq!(products_candidates(&wide), [CoopBigWide, CoopBig, Coop, Mm]);
+        assert_eq!(products_choice(&wide, &[]), CoopBigWide);
+        assert_eq!(products_choice(&wide, &[CoopBigWide]), CoopBig);
+        assert_eq!(products_choice(&wide, &[CoopBigWide, CoopBig]), Coop);
+        assert_eq!(products_choice(&wide, &[CoopBigWide, CoopBig, Coop]), Mm);
+        assert_eq!(CoopBig.options(&wide).coop_rows, 64);
+        let coop = CoopBig.options(&big);
+        let coop = Coop.options(&coop);
+        let mm = Mm.options(&big);
+        assert_eq!(ProductsKernel::of(&big), CoopBig);
+        assert_eq!(ProductsKernel::of(&coop), Coop);
+        assert_eq!(ProductsKernel::of(&mm), Mm);
+        // `coop_big` without `coop` asks for no cooperative matrices.
+        let stray = WgpuOptions {
+            coop: false,
+            coop_big: true,
+            ..WgpuOptions::default()
+        };
+        assert_eq!(ProductsKernel::of(&stray), Mm);
+
+        assert_eq!(products_candidates(&big), [CoopBig, Coop, Mm]);
+        assert_eq!(products_candidates(&coop), [Coop, Mm]);
+        assert_eq!(products_candidates(&mm), [Mm]);
+
+        assert_eq!(products_choice(&big, &[]), CoopBig);
+        assert_eq!(products_choice(&big, &[CoopBig]), Coop);
+        assert_eq!(products_choice(&big, &[CoopBig, Coop]), Mm);
+        // A refusal of a less demanding kernel rules out the more demanding ones too.
+        assert_eq!(products_choice(&big, &[Coop]), Mm);
+        assert_eq!(products_choice(&coop, &[]), Coop);
+        assert_eq!(products_choice(&coop, &[Coop]), Mm);
+        assert_eq!(products_choice(&mm, &[]), Mm);
+
+        // Each choice's options name it and leave the rest as asked.
+        for k in [CoopBigWide, CoopBig, Coop, Mm] {
+            let o = k.options(&big);
+            assert_eq!(ProductsKernel::of(&o), k);
+            assert_eq!(o.chunk, big.chunk);
+            assert_eq!(o.dense_tile, big.dense_tile);
+        }
+        assert_eq!(CoopBig.name(), coop_spec(MmTile::T64, 16, true).name);
+        assert!(CoopBigWide.name().starts_with(CoopBig.name()));
+        assert_eq!(Coop.name(), coop_spec(MmTile::T64, 16, false).name);
+        assert_eq!(Mm.name(), mm_spec(MmTile::T64, true).name);
+    }
 }

@@ -9,7 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule, MM_ROWS,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
 };
 use crate::shaders::Form;
 
@@ -95,7 +95,7 @@ fn mm_probe(
 ) -> Result<(RandomQ4, Vec<f32>)> {
     let (rows, cols, group, items) = (160usize, 512usize, 64usize, 40usize);
     let m = RandomQ4::with_bits(bits, rows, cols, group, items);
-    let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+    let (nx, ny) = grid_2d(rows.div_ceil(kernel.rows));
     let z = items.div_ceil(tile.items()) as u32;
     let groups_buf = gpu.storage("mm_check.groups", 16)?;
     let grid = [nx, ny, z];
@@ -132,7 +132,7 @@ pub fn coop_map(gpu: &Gpu, kernel: &Kernel, size: usize) -> Result<String> {
     let mut out = String::new();
     for (rows, cols, items) in [(64usize, 32usize, 64usize), (64, 256, 64), (160, 512, 40)] {
         let m = RandomQ4::with_bits(4, rows, cols, 64.min(cols), items);
-        let (nx, ny) = grid_2d(rows.div_ceil(MM_ROWS));
+        let (nx, ny) = grid_2d(rows.div_ceil(kernel.rows));
         let z = items.div_ceil(MmTile::T64.items()) as u32;
         let groups_buf = gpu.storage("coop_map.groups", 16)?;
         let sides = Sides::of(Form::default(), false);
@@ -180,21 +180,38 @@ pub fn coop_map(gpu: &Gpu, kernel: &Kernel, size: usize) -> Result<String> {
 /// (`Spec::coop_emulated`: what CI can run, on adapters without cooperative matrices) on
 /// matrices of `size` (8 or 16), tiles of 16, 32 and 64 items, 4- and 8-bit, in the forms a plan
 /// with activations in f16 (`act_f16`) or f32 compiles (`big`: linear_q4_coop_big.wgsl, each
-/// tile in its `BigLayout`): the largest relative L2 difference from
+/// tile in its `BigLayout`, on workgroups of `rows` rows: 64, or 128 as `coop_rows` 128 compiles
+/// it, each tile size where it fits this device's workgroup memory): the tiles run, and the
+/// largest relative L2 difference from
 /// the host's product of the f16-staged operands (`check_mm_f16`'s second figure). The kernel's
 /// staging, indexing and stores are the real ones; the emulated operations have the meaning
 /// naga gives the cooperative ones (docs/WGPU.md).
-pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool, big: bool) -> Result<f64> {
+pub fn check_coop_emulated(
+    gpu: &Gpu,
+    size: u32,
+    act_f16: bool,
+    big: bool,
+    rows: u32,
+) -> Result<(Vec<MmTile>, f64)> {
     let forms: &[Form] = if act_f16 {
         &Form::ALL[..2]
     } else {
         &[Form::ALL[0]]
     };
     let mut worst = 0f64;
+    let mut run = Vec::new();
     for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
+        let mut fits = coop_spec(tile, size, big);
+        fits.coop_emulated = true;
+        fits.coop_rows = rows;
+        if fits.needs()?.exceeds(&gpu.limits).is_some() {
+            continue;
+        }
+        run.push(tile);
         for &form in forms {
             let mut spec = coop_spec(tile, size, big);
             spec.coop_emulated = true;
+            spec.coop_rows = rows;
             spec.act_f16 = act_f16;
             spec.form = form;
             let kernel = Kernel::new(gpu, &spec, false)?;
@@ -205,7 +222,7 @@ pub fn check_coop_emulated(gpu: &Gpu, size: u32, act_f16: bool, big: bool) -> Re
             }
         }
     }
-    Ok(worst)
+    Ok((run, worst))
 }
 
 /// Relative L2 difference of `got` from `want` (infinite where `got` holds a non-finite value).

@@ -99,6 +99,9 @@ pub struct Spec {
     /// (`coop_prelude`'s plain functions: for checking the kernel's staging, indexing and stores
     /// on adapters without cooperative matrices, lavapipe; never what the plan runs).
     pub coop_emulated: bool,
+    /// linear_q4_coop_big.wgsl's rows a workgroup (`coop_rows`: 128, its invocations 256), or 0
+    /// for the 64 of every tile product (`MM_ROWS`; `Spec::mm_rows`).
+    pub coop_rows: u32,
     /// A product kernel's form (`XS`, `YS` in front of it): its input is the f32 residual
     /// stream (a decode step's folded norm) rather than an activation (`ACT`), its output an
     /// f32 buffer (the residual stream it adds into, the router's or the model's logits).
@@ -148,7 +151,19 @@ impl Spec {
             act_f16: false,
             coop: 0,
             coop_emulated: false,
+            coop_rows: 0,
             form: Form::default(),
+        }
+    }
+
+    /// The rows a workgroup of a tile product (linear_q4_mm, linear_q4_coop, linear_q4_coop_big)
+    /// covers, so its launches' row blocks: 128 for linear_q4_coop_big with `coop_rows` 128,
+    /// else `MM_ROWS` (64).
+    pub fn mm_rows(&self) -> usize {
+        if self.name == "linear_q4_coop_big" && self.coop_rows == 128 {
+            128
+        } else {
+            crate::plan::MM_ROWS
         }
     }
 
@@ -199,7 +214,13 @@ impl Spec {
             (
                 coop_prelude(self.coop, self.coop_emulated),
                 if self.name == "linear_q4_coop_big" {
-                    coop_big_code(self.source()?, self.coop, tt, self.coop_emulated)?
+                    coop_big_code(
+                        self.source()?,
+                        self.coop,
+                        tt,
+                        self.mm_rows() as u32,
+                        self.coop_emulated,
+                    )?
                 } else {
                     coop_code(self.source()?, self.coop, tt, self.coop_emulated)?
                 },
@@ -445,13 +466,16 @@ fn write_markers<const N: usize>(
     Ok(text)
 }
 
-/// How linear_q4_coop_big.wgsl's four subgroups split a tile of `tt` items on matrices of
-/// `size`: `si` blocks across the items (2 where half the tile is at least one matrix wide, else
-/// 1), so 4 / si across the 64 rows, each of `rs` rows × `is` items; its accumulators go out in
-/// `passes` passes of `cr` rows (2 where a subgroup has two rows of accumulators or more, so
-/// that `cs` holds half the rows).
+/// How linear_q4_coop_big.wgsl's subgroups (`rows` / 16 of them: four at 64 rows a workgroup,
+/// eight at 128 with `coop_rows`) split a tile of `tt` items on matrices of `size`: `si` blocks
+/// across the items (2 where half the tile is at least one matrix wide, else 1), so
+/// subgroups / si across the `rows` rows, each of `rs` rows × `is` items; its accumulators go
+/// out in `passes` passes of `cr` rows (2 where a subgroup has two rows of accumulators or more,
+/// so that `cs` holds half the rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BigLayout {
+    /// Rows a workgroup (`RT`: 64, or 128), its invocations twice that (`WG`).
+    pub rows: u32,
     pub si: u32,
     pub rs: u32,
     pub is: u32,
@@ -460,16 +484,18 @@ pub struct BigLayout {
 }
 
 impl BigLayout {
-    pub fn new(size: u32, tt: u32) -> BigLayout {
+    pub fn new(size: u32, tt: u32, rows: u32) -> BigLayout {
+        let subgroups = rows / 16;
         let si = if tt / 2 >= size { 2 } else { 1 };
-        let rs = 64 / (4 / si);
+        let rs = rows / (subgroups / si);
         let passes = if rs / size >= 2 { 2 } else { 1 };
         BigLayout {
+            rows,
             si,
             rs,
             is: tt / si,
             passes,
-            cr: 64 / passes,
+            cr: rows / passes,
         }
     }
 }
@@ -481,20 +507,31 @@ impl BigLayout {
 /// by pass (accumulator rows a of pass a / (rs / size / passes)) column-major into `cs` at the
 /// pass's rows (crow + size · (a mod rows a pass)), each pass followed by `write_out`.
 /// `emulated`: the same with `coop_prelude`'s plain functions (lane `lid % 32`).
-fn coop_big_code(source: &str, size: u32, tt: u32, emulated: bool) -> Result<String> {
+fn coop_big_code(source: &str, size: u32, tt: u32, rows: u32, emulated: bool) -> Result<String> {
     if !(size == 8 || size == 16) || !(tt == 16 || tt == 32 || tt == 64) {
         bail!("linear_q4_coop_big takes matrices of 8 or 16 and tiles of 16, 32 or 64 items (not {size}, {tt})");
     }
-    let l = BigLayout::new(size, tt);
+    if !(rows == 64 || rows == 128) {
+        bail!("linear_q4_coop_big takes 64 or 128 rows a workgroup (not {rows})");
+    }
+    let l = BigLayout::new(size, tt, rows);
     let (na, nb) = (l.rs / size, l.is / size);
     let per_pass = na / l.passes;
     let layout = format!(
-        "const SI: u32 = {}u;   // subgroup blocks across the items\n\
+        "const RT: u32 = {}u;   // rows a workgroup (Spec::mm_rows on the host)\n\
+         const WG: u32 = {}u;   // invocations a workgroup (2 · RT)\n\
+         const SI: u32 = {}u;   // subgroup blocks across the items\n\
          const RS: u32 = {}u;   // rows a subgroup block\n\
          const IS: u32 = {}u;   // items a subgroup block\n\
          const PASSES: u32 = {}u;   // passes writing out the accumulators\n\
          const CR: u32 = {}u;   // rows in cs a pass\n",
-        l.si, l.rs, l.is, l.passes, l.cr
+        l.rows,
+        2 * l.rows,
+        l.si,
+        l.rs,
+        l.is,
+        l.passes,
+        l.cr
     );
     let (declare, multiply) = coop_products(size, na, nb, Some("aitem"), emulated);
     let mut store = String::from("    let cp = CSP;\n");

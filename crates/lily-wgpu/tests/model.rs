@@ -496,9 +496,11 @@ fn coop_products_and_logits_match_cpu() {
     let plan = gpu.plan();
     // `LILY_WGPU_COOP_BIG=1` (the environment's overrides apply): linear_q4_coop_big.wgsl.
     let big = plan.options.coop_big;
-    if let Some(map) = gpu.coop_map(false, big).unwrap() {
+    // `LILY_WGPU_COOP_ROWS=128`: its workgroups of 128 rows where they fit the device.
+    let rows = plan.mm_rows as u32;
+    if let Some(map) = gpu.coop_map(false, big, rows).unwrap() {
         // The device has cooperative matrices: where the kernel is right and where not.
-        println!("linear_q4_coop (big {big}) on this device:\n{map}");
+        println!("linear_q4_coop (big {big}, {rows} rows) on this device:\n{map}");
     }
     if let Some(refusal) = plan
         .notes
@@ -581,9 +583,15 @@ fn coop_kernel_emulated_matches_the_host() {
             println!("SKIPPED: no SHADER_F16 here");
             continue;
         }
-        for big in [false, true].into_iter().filter(|_| !f16_acts) {
+        // linear_q4_coop_big on 128 rows (`coop_rows`) only where the device allows its
+        // 45,328 bytes of workgroup memory (not under Apple's limits).
+        let wide = gpu.device_limits().max_compute_workgroup_storage_size >= 45_328;
+        for (big, rows) in [(false, 64), (true, 64), (true, 128)]
+            .into_iter()
+            .filter(|&(_, rows)| !f16_acts && (rows == 64 || wide))
+        {
             // The map a device call prints, on the emulated kernel: right everywhere.
-            let map = gpu.coop_map(true, big).unwrap().unwrap();
+            let map = gpu.coop_map(true, big, rows).unwrap().unwrap();
             println!("{map}");
             let blocks = map
                 .lines()
@@ -600,17 +608,33 @@ fn coop_kernel_emulated_matches_the_host() {
         }
         // An f16 output's own rounding (≤ 2^-11) comes on top with f16 activations.
         let bound = 1e-5 + if f16_acts { F16_STORE } else { 0.0 };
-        // linear_q4_coop_big (`coop_big`) at both sizes with either activations.
-        for (size, big) in [(8, false), (16, false), (8, true), (16, true)] {
+        // linear_q4_coop_big (`coop_big`) at both sizes with either activations, on
+        // workgroups of 64 rows and of 128 (`coop_rows`; its tiles where they fit the device).
+        for (size, big, rows) in [
+            (8, false, 64),
+            (16, false, 64),
+            (8, true, 64),
+            (16, true, 64),
+            (8, true, 128),
+            (16, true, 128),
+        ] {
             if f16_acts && (size, big) == (8, false) {
                 continue;
             }
             {
-                let e = gpu.check_coop_emulated(size, big).unwrap();
-                println!("linear_q4_coop (big {big}) emulated, {size}×{size}, f16 activations {f16_acts}: {e:.2e} from the f16-staged product");
+                let (tiles, e) = gpu.check_coop_emulated(size, big, rows).unwrap();
+                println!("linear_q4_coop (big {big}, {rows} rows) emulated, {size}×{size}, f16 activations {f16_acts}, tiles {tiles:?}: {e:.2e} from the f16-staged product");
+                // Every tile on 64 rows; on 128, 64 items where the device allows 45,328 bytes,
+                // 16 and 32 (≤ 32,016 bytes) under Apple's 32 KiB and lavapipe's too.
+                let want: &[MmTile] = if rows == 64 || wide {
+                    &[MmTile::T16, MmTile::T32, MmTile::T64]
+                } else {
+                    &[MmTile::T16, MmTile::T32]
+                };
+                assert_eq!(tiles, want, "{rows} rows, {size}×{size}");
                 assert!(
                     e < bound,
-                    "linear_q4_coop (big {big}) emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
+                    "linear_q4_coop (big {big}, {rows} rows) emulated ({size}×{size}, f16 activations {f16_acts}): {e:.2e}"
                 );
             }
         }

@@ -83,6 +83,9 @@ fn choosable() -> Vec<Spec> {
                             // linear_q4_coop_big in its place (`coop_big`) where the reductions
                             // go through workgroup memory (coop's kernels take no subgroups).
                             coop_big: !subgroups,
+                            // Its workgroups of 128 rows (`coop_rows`) with the decode switches
+                            // on: where they fit (the large GPU; Apple's keep 64).
+                            coop_rows: if sw { 128 } else { 64 },
                             // The A/B's f32 tiles of 64 (and f16's by default).
                             dense_tile: if subgroups { 64 } else { 0 },
                             ..WgpuOptions::default()
@@ -525,6 +528,54 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             }
         }
     }
+    // `coop_rows` 128: linear_q4_coop_big on workgroups of 128 rows (their launches' row blocks
+    // too) where its three tiles fit (the large GPU's 48 KiB), else 64 with a note (Apple's 32
+    // KiB at 8 × 8); nothing for linear_q4_coop.
+    let wide = WgpuOptions {
+        coop_rows: 128,
+        ..WgpuOptions::default()
+    };
+    let plan = Plan::resolve(&wide, &c, true, &device(16, true, large_limits())).unwrap();
+    assert_eq!((plan.mm_rows, plan.options.coop_rows), (128, 128));
+    assert!(
+        plan.describe().contains("coop rows 128"),
+        "{}",
+        plan.describe()
+    );
+    for spec in [&plan.specs.linear_q4_mm16, &plan.specs.linear_q4_mm32]
+        .into_iter()
+        .chain(plan.specs.linear_q4_mm64.as_ref())
+        .flatten()
+    {
+        assert_eq!((spec.name, spec.mm_rows()), ("linear_q4_coop_big", 128));
+        let needs = spec.needs().unwrap();
+        assert!(needs.exceeds(&large_limits()).is_none(), "{needs:?}");
+        assert_eq!(needs.invocations, 256);
+    }
+    let plan = Plan::resolve(&wide, &c, true, &device(8, true, apple_limits())).unwrap();
+    assert_eq!((plan.mm_rows, plan.options.coop_rows), (64, 64));
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("linear_q4_coop_big with 128 rows") && n.ends_with("64 rows")),
+        "{:?}",
+        plan.notes
+    );
+    assert_eq!(names(&plan), vec![("linear_q4_coop_big", 8); 3]);
+    for opts in [
+        WgpuOptions {
+            coop_big: false,
+            ..wide.clone()
+        },
+        WgpuOptions {
+            coop: false,
+            ..wide.clone()
+        },
+    ] {
+        let plan = Plan::resolve(&opts, &c, true, &device(16, true, large_limits())).unwrap();
+        assert_eq!((plan.mm_rows, plan.options.coop_rows), (64, 64));
+        assert!(plan.specs.all().iter().all(|s| s.mm_rows() == 64));
+    }
     // Turned off (`--wgpu-no-coop`, `coop_big` asked or not), no cooperative matrices on the
     // device, or no f16: linear_q4_mm.
     let off = WgpuOptions {
@@ -558,12 +609,20 @@ fn coop_kernels_translate_to_spirv() {
     // OpCooperativeMatrixMulAddKHR and the CooperativeMatrixKHR capability.
     const MUL_ADD: u32 = 4459;
     const CAPABILITY: u32 = 6022;
-    for (coop, big) in [(16, false), (8, false), (16, true), (8, true)] {
+    for (coop, big, rows) in [
+        (16, false, 64),
+        (8, false, 64),
+        (16, true, 64),
+        (8, true, 64),
+        (16, true, 128),
+        (8, true, 128),
+    ] {
         for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
             for form in [Form::ALL[0], Form::ALL[1]] {
                 let mut spec = coop_spec(tile, coop, big);
                 spec.act_f16 = form.y_f32;
                 spec.form = form;
+                spec.coop_rows = rows;
                 let (module, info) = spec.resolved().unwrap();
                 let options = naga::back::spv::Options {
                     lang_version: (1, 3),
@@ -591,8 +650,10 @@ fn coop_kernels_translate_to_spirv() {
                         .any(|w| w[0] == (2 << 16 | 17) && w[1] == CAPABILITY),
                     "{coop} {tile:?}: no CooperativeMatrixKHR capability"
                 );
+                // 64 rows: Apple's 32 KiB; 128 (`coop_rows`): NVIDIA's 48 KiB.
                 let needs = spec.needs().unwrap();
-                assert!(needs.workgroup_bytes <= 32 << 10, "{needs:?}");
+                let most = if rows == 128 { 48 << 10 } else { 32 << 10 };
+                assert!(needs.workgroup_bytes <= most, "{rows} rows: {needs:?}");
             }
         }
     }
