@@ -368,7 +368,8 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 //     16s + 2t, +1 (byte t of the step's packed word 2s) and 16s + 2t + 8, +9 (byte t of word 2s + 1)
 //     of rows 16w + g and + 8; it reads its rows' 32 bytes and picks the bytes with prmt, and a
 //     4-bit value becomes a float by its exponent (0x4B000000 | q is 2^23 + q), with no
-//     integer-to-float conversion;
+//     integer-to-float conversion (the _lean variants, `wgmma_lean_dequant`: the same values from
+//     fewer instructions, wgb_dequant's LEAN);
 //   B = the tokens' activations, K-major in shared memory with the 128-byte swizzle (a token's 64
 //     columns of a k-step are one 128-byte row), copied by cp.async straight into that layout
 //     (16-byte chunk c of token n at chunk c ^ (n % 8)) and read by the MMA through a descriptor.
