@@ -499,6 +499,44 @@ __device__ __forceinline__ void wgb_issue(const QWeight& w, long long w_row0, in
     cp_async16(xs + Wgb<TOK>::XB + r * 32 + 16 * h, wsrc);
 }
 
+// wgb_issue's per-thread sources and destinations, the same every k-step: the _lean variants
+// compute them once a block (wgb_src) where wgb_issue recomputes them a step (src[n] from shared
+// memory, the swizzle, 64-bit row addresses).
+template <int TOK>
+struct WgbSrc {
+    const u16* xp[TOK / 32];  // the activation row's 8 columns this thread copies (k-step 0), or null
+    int xo[TOK / 32];         // their 16-byte chunk in a stage
+    const char* wp;           // the weight row's 16 bytes this thread copies (k-step 0)
+    int wo;
+};
+
+template <int TOK>
+__device__ __forceinline__ void wgb_src(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                        int x_stride, const int* src, WgbSrc<TOK>& p) {
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++) {
+        int i = threadIdx.x + it * 256;
+        int n = i >> 3, c = i & 7;
+        int sr = src[n];
+        p.xp[it] = sr >= 0 ? x + (long long)sr * x_stride + 8 * c : nullptr;
+        p.xo[it] = n * 128 + ((c ^ (n & 7)) << 4);
+    }
+    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    long long row = w_row0 + min(m0 + r, w.rows - 1);
+    p.wp = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + 16 * h;
+    p.wo = Wgb<TOK>::XB + r * 32 + 16 * h;
+}
+
+// wgb_issue from wgb_src's addresses.
+template <int TOK>
+__device__ __forceinline__ void wgb_issue_at(const WgbSrc<TOK>& p, char* ring, int st, int slot) {
+    char* xs = ring + slot * Wgb<TOK>::STAGE;
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++)
+        if (p.xp[it]) cp_async16(xs + p.xo[it], p.xp[it] + st * 64);
+    cp_async16(xs + p.wo, p.wp + st * 32);
+}
+
 // The float 2^23 + (v & MASK) (MASK: one nibble of bits 0-15) in one LOP3: written out,
 // `(v & MASK) | 0x4B000000` takes two (a LOP3 has one immediate); here the exponent is a register.
 template <u32 MASK>
@@ -568,7 +606,8 @@ __device__ __forceinline__ void wgb_dequant(const char* ring, const u32* sb, int
 template <int TOK, int STAGES, bool LEAN>
 __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, char* ring, const u32* sb, int gsh, int st,
-                                         int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
+                                         int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4],
+                                         const WgbSrc<TOK>& pre) {
     u32 cur = smem_addr(ring + (st % STAGES) * Wgb<TOK>::STAGE);
     wgmma_fence();
 #pragma unroll
@@ -579,7 +618,12 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
     wgmma_wait1();  // this warpgroup's step st − 1: `an` and slot (st − 1) % STAGES are free
     __syncthreads();
     int ahead = st + STAGES - 1;
-    if (ahead < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % STAGES);
+    if (ahead < steps) {
+        if (LEAN)
+            wgb_issue_at<TOK>(pre, ring, ahead, ahead % STAGES);
+        else
+            wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % STAGES);
+    }
     cp_async_commit();
     if (st + 1 < steps) wgb_dequant<TOK, LEAN>(ring, sb, gsh, st + 1, (st + 1) % STAGES, an);
 }
@@ -600,8 +644,15 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
         sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
     }
     __syncthreads();  // src (the caller's) before the first requests
+    WgbSrc<TOK> pre;
+    if (LEAN) wgb_src<TOK>(w, w_row0, m0, x, x_stride, src, pre);
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
+        if (st < steps) {
+            if (LEAN)
+                wgb_issue_at<TOK>(pre, ring, st, st);
+            else
+                wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
+        }
         cp_async_commit();
     }
     float d[TOK / 2];
@@ -613,8 +664,8 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     __syncthreads();
     wgb_dequant<TOK, LEAN>(ring, sb, gsh, 0, 0, a0);
     for (int st = 0; st < steps; st += 2) {  // steps is even: no branch between the MMAs
-        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1);
-        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0);
+        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1, pre);
+        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0, pre);
     }
     wgmma_wait0();
 #pragma unroll
