@@ -70,8 +70,8 @@ lily_core::backend_options! {
             why "off: not yet measured on a GPU (issue 31; Nsight Compute, session 22: the 512-token launches are 9,216 (gate/up) and 36,864 (down) blocks where 1,024 / 4,096 have work); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
         wgmma_lean_dequant = false, flag Some("wgmma-lean-dequant"), env "LILY_WGMMA_LEAN_DEQUANT" = true,
             label "wgmma GEMMs' lean dequantisation",
-            help "the wgmma GEMMs (gemm_dense_wgb, _wgb256, gemm_grouped_wgb32/64/128) on their _lean variants where the weights' groups are ≥ 64 columns: the same bf16 weight fragments, bit for bit, from fewer instructions (a k-step's scale and bias read once a row, each nibble made a float in place by one LOP3 and one exact FFMA): 303 against 390 a thread a k-step in gemm_grouped_wgb64",
-            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +6 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+            help "the wgmma GEMMs (gemm_dense_wgb, _wgb256, gemm_grouped_wgb32/64/128) on their _lean variants where the weights' groups are ≥ 64 columns: the same bf16 weight fragments, bit for bit, from fewer instructions (a k-step's scale and bias read once a row, each nibble made a float in place by one LOP3 and one exact FFMA, the copies' addresses computed once a block): 265 against 390 instructions a thread a k-step in gemm_grouped_wgb64",
+            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +13 %, 4K +12 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
