@@ -12,7 +12,7 @@
 # plain kernels bit for bit; the forward pass with all three against the fixed tiles; the existing
 # grouped-GEMM and MoE tests), then on the full-size synthetic checkpoint `bench --prefill
 # 512,4K,32K --decode-ctx 1 --decode-tokens 1` OFF / ON / ON2 alternated twice, then one
-# LILY_PROFILE=1 prefill of 512 and one of 4K under ON2 (and 4K under ON) on a 4-layer
+# LILY_PROFILE=1 prefill of 512 and one of 4K under ON2 (ON if ON2=none) on a 4-layer
 # full-width checkpoint: the grouped GEMM's rows into the summary. Summary: $OUT/summary.txt
 # (logs beside it). ≤ 8 minutes: no run starts past DEADLINE seconds (default 400) and none
 # reaches past HARD (460).
@@ -72,7 +72,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 done
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
   wait "$SYN4"
-  for v in on2-512 on2-4K on-4K; do
+  for v in on2-512 on2-4K; do  # (ON's and OFF's: this morning's, s22-cuda-prefill.txt, and the benches)
     left || { say "profile $v: skipped (deadline) at $(el)s"; continue; }
     case $v in on2-*) envs=${ON2:-$ON} ;; on-*) envs=$ON ;; *) envs=$OFF ;; esac
     # shellcheck disable=SC2086
