@@ -29,7 +29,10 @@
 //! of staged chunks whose experts average at most gemm::NARROW_MAX_AVG (24) items (512–768
 //! tokens) on `gemm_grouped_wgb32`; `wgmma_tail_tiles` runs each expert's last ≤ 32 items past
 //! its tiles of 128 (3,072 tokens and up) in a second launch of `gemm_grouped_wgb32`
-//! (`Experts::Gemm::tail`; the test `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
+//! (`Experts::Gemm::tail`; the test `narrow_and_tail_tiles_take_the_chunks_their_switches_name`);
+//! `wgmma_lean_dequant` puts every wgmma GEMM above on its `_lean` variant (the same bits from
+//! fewer instructions; weights in groups of ≥ 64: `plan.lean_dequant`; the test
+//! `lean_dequant_names_the_wgmma_kernels_lean_variants`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
