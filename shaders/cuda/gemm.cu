@@ -368,7 +368,8 @@ gemm_grouped32(QWeight w, const int* __restrict__ perm, const int* __restrict__ 
 //     16s + 2t, +1 (byte t of the step's packed word 2s) and 16s + 2t + 8, +9 (byte t of word 2s + 1)
 //     of rows 16w + g and + 8; it reads its rows' 32 bytes and picks the bytes with prmt, and a
 //     4-bit value becomes a float by its exponent (0x4B000000 | q is 2^23 + q), with no
-//     integer-to-float conversion;
+//     integer-to-float conversion (the _lean variants, `wgmma_lean_dequant`: the same values from
+//     fewer instructions, wgb_dequant's LEAN);
 //   B = the tokens' activations, K-major in shared memory with the 128-byte swizzle (a token's 64
 //     columns of a k-step are one 128-byte row), copied by cp.async straight into that layout
 //     (16-byte chunk c of token n at chunk c ^ (n % 8)) and read by the MMA through a descriptor.
@@ -498,41 +499,115 @@ __device__ __forceinline__ void wgb_issue(const QWeight& w, long long w_row0, in
     cp_async16(xs + Wgb<TOK>::XB + r * 32 + 16 * h, wsrc);
 }
 
+// wgb_issue's per-thread sources and destinations, the same every k-step: the _lean variants
+// compute them once a block (wgb_src) where wgb_issue recomputes them a step (src[n] from shared
+// memory, the swizzle, 64-bit row addresses).
+template <int TOK>
+struct WgbSrc {
+    const u16* xp[TOK / 32];  // the activation row's 8 columns this thread copies (k-step 0), or null
+    int xo[TOK / 32];         // their 16-byte chunk in a stage
+    const char* wp;           // the weight row's 16 bytes this thread copies (k-step 0)
+    int wo;
+};
+
+template <int TOK>
+__device__ __forceinline__ void wgb_src(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                        int x_stride, const int* src, WgbSrc<TOK>& p) {
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++) {
+        int i = threadIdx.x + it * 256;
+        int n = i >> 3, c = i & 7;
+        int sr = src[n];
+        p.xp[it] = sr >= 0 ? x + (long long)sr * x_stride + 8 * c : nullptr;
+        p.xo[it] = n * 128 + ((c ^ (n & 7)) << 4);
+    }
+    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    long long row = w_row0 + min(m0 + r, w.rows - 1);
+    p.wp = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + 16 * h;
+    p.wo = Wgb<TOK>::XB + r * 32 + 16 * h;
+}
+
+// wgb_issue from wgb_src's addresses.
+template <int TOK>
+__device__ __forceinline__ void wgb_issue_at(const WgbSrc<TOK>& p, char* ring, int st, int slot) {
+    char* xs = ring + slot * Wgb<TOK>::STAGE;
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++)
+        if (p.xp[it]) cp_async16(xs + p.xo[it], p.xp[it] + st * 64);
+    cp_async16(xs + p.wo, p.wp + st * 32);
+}
+
+// The float 2^23 + (v & MASK) (MASK: one nibble of bits 0-15) in one LOP3: written out,
+// `(v & MASK) | 0x4B000000` takes two (a LOP3 has one immediate); here the exponent is a register.
+template <u32 MASK>
+__device__ __forceinline__ float wgb_magic(u32 v, u32 exponent) {
+#if defined(__CUDA_ARCH__)
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "n"(MASK), "r"(exponent));  // (a & b) | c
+    return __uint_as_float(d);
+#else
+    return __uint_as_float((v & MASK) | exponent);
+#endif
+}
+
 // A 4-bit value q (bits 0-3 of v) as a float.
 __device__ __forceinline__ float wgb_q(u32 v) { return __uint_as_float(0x4B000000u | (v & 15u)) - 8388608.0f; }
 
 // Step `st`'s weight fragments from ring slot `slot` into a[4][4] (slice s: a[s]). sb: the
 // block's (scale, bias) pairs, group-major; gsh: log2 of the 16-column slices a group.
-template <int TOK>
+// LEAN (the plan's `wgmma_lean_dequant`; groups of ≥ 64 columns, so a k-step is one group a row):
+// the same bf16(fma(scale, q, bias)) from fewer instructions: the row's (scale, bias) pair is
+// read and unpacked once a step, not once a slice; nibble k of the picked word stays in place, as
+// the float 2^23 + q·16^k (one LOP3: mask and exponent), and one FFMA by 16^-k less 2^(23−4k)
+// makes q exactly (the product is exact, the difference is q) where the old path shifted, masked
+// and subtracted 2^23 (SHF + LOP3 + FADD).
+template <int TOK, bool LEAN>
 __device__ __forceinline__ void wgb_dequant(const char* ring, const u32* sb, int gsh, int st, int slot,
                                             u32 (&a)[4][4]) {
     const char* ws = ring + slot * Wgb<TOK>::STAGE + Wgb<TOK>::XB;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
     u32 sel = (u32)t | ((u32)(t + 4) << 4);  // byte t of the first word, then byte t of the second
+    u32 ex = 0x4B000000u;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int r = r0 + 8 * h;
         uint4 lo = *reinterpret_cast<const uint4*>(ws + r * 32);
         uint4 hi = *reinterpret_cast<const uint4*>(ws + r * 32 + 16);
         u32 wd[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        if (LEAN) {
+            u32 p = sb[(st >> (gsh - 2)) * WG_ROWS + r];
+            float sc = __uint_as_float(p << 16), bi = __uint_as_float(p & 0xffff0000u);
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
-            u32 p = sb[((st * 4 + s) >> gsh) * WG_ROWS + r];
-            float sc = bf16_to_f32((u16)(p & 0xffffu)), bi = bf16_to_f32((u16)(p >> 16));
-            u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], sel);
-            a[s][h] = pack_bf16x2(fmaf(sc, wgb_q(b), bi), fmaf(sc, wgb_q(b >> 4), bi));           // 2t, 2t + 1
-            a[s][2 + h] = pack_bf16x2(fmaf(sc, wgb_q(b >> 8), bi), fmaf(sc, wgb_q(b >> 12), bi));  // 2t + 8, + 9
+            for (int s = 0; s < 4; s++) {
+                u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], sel);
+                float q0 = wgb_magic<0xfu>(b, ex) - 8388608.0f;
+                float q1 = fmaf(wgb_magic<0xf0u>(b, ex), 0.0625f, -524288.0f);
+                float q2 = fmaf(wgb_magic<0xf00u>(b, ex), 0.00390625f, -32768.0f);
+                float q3 = fmaf(wgb_magic<0xf000u>(b, ex), 0.000244140625f, -2048.0f);
+                a[s][h] = pack_bf16x2(fmaf(sc, q0, bi), fmaf(sc, q1, bi));      // 2t, 2t + 1
+                a[s][2 + h] = pack_bf16x2(fmaf(sc, q2, bi), fmaf(sc, q3, bi));  // 2t + 8, + 9
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                u32 p = sb[((st * 4 + s) >> gsh) * WG_ROWS + r];
+                float sc = bf16_to_f32((u16)(p & 0xffffu)), bi = bf16_to_f32((u16)(p >> 16));
+                u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], sel);
+                a[s][h] = pack_bf16x2(fmaf(sc, wgb_q(b), bi), fmaf(sc, wgb_q(b >> 4), bi));           // 2t, 2t + 1
+                a[s][2 + h] = pack_bf16x2(fmaf(sc, wgb_q(b >> 8), bi), fmaf(sc, wgb_q(b >> 12), bi));  // 2t + 8, + 9
+            }
         }
     }
 }
 
 // One k-step: its four wgmma from ring slot st % STAGES and fragments `a`; then, while they run,
 // the ring's next request and step st + 1's fragments into `an`.
-template <int TOK, int STAGES>
+template <int TOK, int STAGES, bool LEAN>
 __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, char* ring, const u32* sb, int gsh, int st,
-                                         int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4]) {
+                                         int steps, float (&d)[TOK / 2], u32 (&a)[4][4], u32 (&an)[4][4],
+                                         const WgbSrc<TOK>& pre) {
     u32 cur = smem_addr(ring + (st % STAGES) * Wgb<TOK>::STAGE);
     wgmma_fence();
 #pragma unroll
@@ -543,15 +618,20 @@ __device__ __forceinline__ void wgb_step(const QWeight& w, long long w_row0, int
     wgmma_wait1();  // this warpgroup's step st − 1: `an` and slot (st − 1) % STAGES are free
     __syncthreads();
     int ahead = st + STAGES - 1;
-    if (ahead < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % STAGES);
+    if (ahead < steps) {
+        if (LEAN)
+            wgb_issue_at<TOK>(pre, ring, ahead, ahead % STAGES);
+        else
+            wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, ahead, ahead % STAGES);
+    }
     cp_async_commit();
-    if (st + 1 < steps) wgb_dequant<TOK>(ring, sb, gsh, st + 1, (st + 1) % STAGES, an);
+    if (st + 1 < steps) wgb_dequant<TOK, LEAN>(ring, sb, gsh, st + 1, (st + 1) % STAGES, an);
 }
 
 // The block: rows m0 .. m0 + 127 of the matrix at w_row0 (an expert's first row, or 0), token slots
 // src / dst (shared, TOK each: the activation row each slot reads and the output row it writes, -1:
 // none; the caller fills them, the first barrier below publishes them); a ring of STAGES k-steps.
-template <int TOK, int STAGES>
+template <int TOK, int STAGES, bool LEAN>
 __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
                                          int x_stride, const int* src, const int* dst, float* __restrict__ y,
                                          int y_stride, int accumulate, char* raw) {
@@ -564,8 +644,15 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
         sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
     }
     __syncthreads();  // src (the caller's) before the first requests
+    WgbSrc<TOK> pre;
+    if (LEAN) wgb_src<TOK>(w, w_row0, m0, x, x_stride, src, pre);
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < steps) wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
+        if (st < steps) {
+            if (LEAN)
+                wgb_issue_at<TOK>(pre, ring, st, st);
+            else
+                wgb_issue<TOK>(w, w_row0, m0, x, x_stride, src, ring, st, st);
+        }
         cp_async_commit();
     }
     float d[TOK / 2];
@@ -575,10 +662,10 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     cp_async_wait<STAGES - 2>();
     fence_proxy_async();
     __syncthreads();
-    wgb_dequant<TOK>(ring, sb, gsh, 0, 0, a0);
+    wgb_dequant<TOK, LEAN>(ring, sb, gsh, 0, 0, a0);
     for (int st = 0; st < steps; st += 2) {  // steps is even: no branch between the MMAs
-        wgb_step<TOK, STAGES>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1);
-        wgb_step<TOK, STAGES>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0);
+        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st, steps, d, a0, a1, pre);
+        wgb_step<TOK, STAGES, LEAN>(w, w_row0, m0, x, x_stride, src, ring, sb, gsh, st + 1, steps, d, a1, a0, pre);
     }
     wgmma_wait0();
 #pragma unroll
@@ -587,20 +674,28 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
 }
 #endif
 
-// grid (ceil(rows / 128), ceil(n_tok / 128)); x: bf16 rows.
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_dense_wgb(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
-               int accumulate) {
+// grid (ceil(rows / 128), ceil(n_tok / TOK)); x: bf16 rows.
+template <int TOK, bool LEAN>
+__device__ __forceinline__ void dense_wg_body(const QWeight& w, const u16* __restrict__ x, int x_stride,
+                                              float* __restrict__ y, int y_stride, int n_tok, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __shared__ int rows[128];
-    if (threadIdx.x < 128) {
-        int n = blockIdx.y * 128 + threadIdx.x;
+    __shared__ int rows[TOK];
+    if (threadIdx.x < TOK) {
+        int n = blockIdx.y * TOK + threadIdx.x;
         rows[threadIdx.x] = n < n_tok ? n : -1;
     }
-    wgb_tile<128, WGB_STAGES>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
+    wgb_tile<TOK, WGB_STAGES, LEAN>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate,
+                                    wg_raw);
 #else
     __trap();
 #endif
+}
+
+// 128 tokens a block.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_dense_wgb(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride, int n_tok,
+               int accumulate) {
+    dense_wg_body<128, false>(w, x, x_stride, y, y_stride, n_tok, accumulate);
 }
 
 // gemm_dense_wgb with 256 tokens a block (wgmma.m64n256k16; the plan's `wgb_tok` = 256): half the
@@ -608,19 +703,12 @@ gemm_dense_wgb(QWeight w, const u16* __restrict__ x, int x_stride, float* __rest
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_dense_wgb256(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
                   int n_tok, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __shared__ int rows[256];
-    int n = blockIdx.y * 256 + threadIdx.x;
-    rows[threadIdx.x] = n < n_tok ? n : -1;
-    wgb_tile<256, WGB_STAGES>(w, 0, blockIdx.x * WG_ROWS, x, x_stride, rows, rows, y, y_stride, accumulate, wg_raw);
-#else
-    __trap();
-#endif
+    dense_wg_body<256, false>(w, x, x_stride, y, y_stride, n_tok, accumulate);
 }
 
 // grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
 // moe_group made them with tiles of TOK; blocks past *n_tiles exit.
-template <int TOK, int STAGES>
+template <int TOK, int STAGES, bool LEAN>
 __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
                                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,
                                                 const u16* __restrict__ x, int x_stride, int x_div,
@@ -635,7 +723,8 @@ __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __r
         src[threadIdx.x] = item < 0 ? -1 : item / x_div;
         dst[threadIdx.x] = item;
     }
-    wgb_tile<TOK, STAGES>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0, wg_raw);
+    wgb_tile<TOK, STAGES, LEAN>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride,
+                                0, wg_raw);
 #else
     __trap();
 #endif
@@ -645,7 +734,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_grouped_wgb64(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                    float* __restrict__ y, int y_stride) {
-    grouped_wg_body<64, WGB_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+    grouped_wg_body<64, WGB_STAGES, false>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
 
 // Tiles of 128 items (`wgmma_group_tile` = 128, where experts average ≥ 96 items a chunk).
@@ -653,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_grouped_wgb128(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                     const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                     float* __restrict__ y, int y_stride) {
-    grouped_wg_body<128, WGB_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+    grouped_wg_body<128, WGB_STAGES, false>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }
 
 // Tiles of 32 items (wgmma.m64n32k16) for few items an expert: the plan's `wgmma_narrow_tiles`
@@ -671,5 +760,36 @@ extern "C" __global__ void __launch_bounds__(256, 3)
 gemm_grouped_wgb32(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
                    const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                    float* __restrict__ y, int y_stride) {
-    grouped_wg_body<32, WGB32_STAGES>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+    grouped_wg_body<32, WGB32_STAGES, false>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+
+// The five above with the lean dequantisation (wgb_dequant's LEAN; the plan's
+// `wgmma_lean_dequant`, weights in groups of ≥ 64 columns): bit-identical outputs.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_dense_wgb_lean(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+                    int n_tok, int accumulate) {
+    dense_wg_body<128, true>(w, x, x_stride, y, y_stride, n_tok, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_dense_wgb256_lean(QWeight w, const u16* __restrict__ x, int x_stride, float* __restrict__ y, int y_stride,
+                       int n_tok, int accumulate) {
+    dense_wg_body<256, true>(w, x, x_stride, y, y_stride, n_tok, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb64_lean(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                        const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                        float* __restrict__ y, int y_stride) {
+    grouped_wg_body<64, WGB_STAGES, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb128_lean(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                         const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                         float* __restrict__ y, int y_stride) {
+    grouped_wg_body<128, WGB_STAGES, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+gemm_grouped_wgb32_lean(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                        const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                        float* __restrict__ y, int y_stride) {
+    grouped_wg_body<32, WGB32_STAGES, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }

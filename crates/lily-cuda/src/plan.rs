@@ -28,6 +28,9 @@
 //! The grouped launches' grid follows the chunk's items (`tile_grid_by_items`, on: `Plan::tile_rows`);
 //! the narrow and tail tiles are chosen by `Plan::experts` (`Experts::Gemm::tail`; the test
 //! `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
+//! `wgmma_lean_dequant` puts every wgmma GEMM above on its `_lean` variant (the same bits from
+//! fewer instructions; weights in groups of ≥ 64: `plan.lean_dequant`; the test
+//! `lean_dequant_names_the_wgmma_kernels_lean_variants`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -347,11 +350,18 @@ impl Plan {
         if !(staged && self.on_wgmma(w) && self.stages(n_tok)) {
             return Dense::Gemm(DenseGemm::Mma);
         }
-        if self.o.wgb_tok == 256 && n_tok >= gemm::WGB256_MIN_TOK {
-            Dense::Gemm(DenseGemm::Wgb256)
+        let k = if self.o.wgb_tok == 256 && n_tok >= gemm::WGB256_MIN_TOK {
+            DenseGemm::Wgb256
         } else {
-            Dense::Gemm(DenseGemm::Wgb)
-        }
+            DenseGemm::Wgb
+        };
+        Dense::Gemm(if self.lean_dequant(&[w]) { k.lean() } else { k })
+    }
+
+    /// Whether the wgmma kernels for weights `w` take their _lean variants (`wgmma_lean_dequant`:
+    /// the same bf16 fragments from fewer instructions; weights in groups of ≥ 64 columns).
+    pub fn lean_dequant(&self, w: &[&LinearShape]) -> bool {
+        self.o.wgmma_lean_dequant && w.iter().all(|w| gemm::lean_fits(w))
     }
 
     /// The MoE router: split precision on the tensor cores where `dense` would take them (and
@@ -421,12 +431,19 @@ impl Plan {
             32 if narrow => GroupedGemm::Wgb32,
             _ => GroupedGemm::Mma32,
         };
+        let lean = |k: GroupedGemm, w: &[&LinearShape]| {
+            if self.lean_dequant(w) {
+                k.lean()
+            } else {
+                k
+            }
+        };
         Experts::Gemm {
             tile,
-            gate: kernel(w[0]),
-            up: kernel(w[1]),
-            down: kernel(w[2]),
-            tail: (tile == 128 && self.o.wgmma_tail_tiles).then_some(GroupedGemm::Wgb32),
+            gate: lean(kernel(w[0]), &[w[0]]),
+            up: lean(kernel(w[1]), &[w[1]]),
+            down: lean(kernel(w[2]), &[w[2]]),
+            tail: (tile == 128 && self.o.wgmma_tail_tiles).then_some(lean(GroupedGemm::Wgb32, &w)),
         }
     }
 
@@ -1872,6 +1889,64 @@ mod tests {
             mma.experts(w, moe, 4096),
             gemm(64, GroupedGemm::Mma64, None)
         );
+    }
+
+    #[test]
+    fn lean_dequant_names_the_wgmma_kernels_lean_variants() {
+        let cfg = full_config();
+        let moe = MoeShape::of(&cfg);
+        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
+        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
+        let w = [&gate, &gate, &down];
+        let with = |f: fn(&mut CudaOptions)| {
+            let mut o = CudaOptions::default();
+            f(&mut o);
+            Plan::resolve(&o, H200)
+        };
+        let gemm = |tile, k, tail| Experts::Gemm {
+            tile,
+            gate: k,
+            up: k,
+            down: k,
+            tail,
+        };
+        let lean = with(|o| {
+            o.wgmma_lean_dequant = true;
+            o.wgmma_tail_tiles = true;
+            o.wgb_tok = 256;
+        });
+        assert_eq!(
+            lean.dense(&gate, 512, true),
+            Dense::Gemm(DenseGemm::WgbLean)
+        );
+        assert_eq!(
+            lean.dense(&gate, 4096, true),
+            Dense::Gemm(DenseGemm::Wgb256Lean)
+        );
+        assert_eq!(
+            lean.experts(w, moe, 512),
+            gemm(32, GroupedGemm::Wgb32Lean, None)
+        );
+        assert_eq!(
+            lean.experts(w, moe, 1024),
+            gemm(64, GroupedGemm::Wgb64Lean, None)
+        );
+        assert_eq!(
+            lean.experts(w, moe, 4096),
+            gemm(128, GroupedGemm::Wgb128Lean, Some(GroupedGemm::Wgb32Lean))
+        );
+        // mma.sync kernels have no lean variant; groups of 32 keep the wgmma kernels' old path.
+        assert_eq!(lean.dense(&gate, 4096, false), Dense::Gemm(DenseGemm::Mma));
+        let g32 = LinearShape { group: 32, ..gate };
+        assert_eq!(lean.dense(&g32, 512, true), Dense::Gemm(DenseGemm::Wgb));
+        // Off: the old kernels.
+        let off = with(|o| {
+            o.wgmma_lean_dequant = false;
+            o.wgb_tok = 256;
+        });
+        assert_eq!(off.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::Wgb256));
+        assert_eq!(off.experts(w, moe, 512), gemm(32, GroupedGemm::Wgb32, None));
+        assert_eq!(off.experts(w, moe, 1024), gemm(64, GroupedGemm::Wgb64, None));
     }
 
     #[test]

@@ -142,6 +142,27 @@ pub enum DenseGemm {
     Wgb,
     /// `gemm_dense_wgb256`: the same with 256 tokens a block.
     Wgb256,
+    /// `gemm_dense_wgb_lean` / `gemm_dense_wgb256_lean`: the same with the lean dequantisation
+    /// (the plan's `wgmma_lean_dequant`, `lean_fits` weights): bit-identical outputs.
+    WgbLean,
+    Wgb256Lean,
+}
+
+impl DenseGemm {
+    /// The kernel's variant with the lean dequantisation (the wgmma ones; others as they are).
+    pub fn lean(self) -> DenseGemm {
+        match self {
+            DenseGemm::Wgb => DenseGemm::WgbLean,
+            DenseGemm::Wgb256 => DenseGemm::Wgb256Lean,
+            k => k,
+        }
+    }
+}
+
+/// Whether the wgmma kernels' lean dequantisation (`_lean`) takes weight `w`: groups of at
+/// least 64 columns, so a k-step (64 columns) is one group a row.
+pub fn lean_fits(w: &LinearShape) -> bool {
+    w.group >= 64
 }
 
 /// The routed experts' tensor-core kernels, each over tiles of its own size (`tile`), the tiles
@@ -156,24 +177,36 @@ pub enum GroupedGemm {
     Wgb32,
     Wgb64,
     Wgb128,
+    /// `gemm_grouped_wgb32_lean` / `_wgb64_lean` / `_wgb128_lean`: the same with the lean
+    /// dequantisation (the plan's `wgmma_lean_dequant`, `lean_fits` weights): bit-identical.
+    Wgb32Lean,
+    Wgb64Lean,
+    Wgb128Lean,
 }
 
 impl GroupedGemm {
     /// Items a tile.
     pub fn tile(self) -> usize {
         match self {
-            GroupedGemm::Mma32 | GroupedGemm::Wgb32 => 32,
-            GroupedGemm::Mma64 | GroupedGemm::Wgb64 => 64,
-            GroupedGemm::Wgb128 => 128,
+            GroupedGemm::Mma32 | GroupedGemm::Wgb32 | GroupedGemm::Wgb32Lean => 32,
+            GroupedGemm::Mma64 | GroupedGemm::Wgb64 | GroupedGemm::Wgb64Lean => 64,
+            GroupedGemm::Wgb128 | GroupedGemm::Wgb128Lean => 128,
+        }
+    }
+
+    /// The kernel's variant with the lean dequantisation (the wgmma ones; others as they are).
+    pub fn lean(self) -> GroupedGemm {
+        match self {
+            GroupedGemm::Wgb32 => GroupedGemm::Wgb32Lean,
+            GroupedGemm::Wgb64 => GroupedGemm::Wgb64Lean,
+            GroupedGemm::Wgb128 => GroupedGemm::Wgb128Lean,
+            k => k,
         }
     }
 
     /// Whether the kernel reads the input staged as bf16.
     pub fn staged(self) -> bool {
-        matches!(
-            self,
-            GroupedGemm::Wgb32 | GroupedGemm::Wgb64 | GroupedGemm::Wgb128
-        )
+        !matches!(self, GroupedGemm::Mma32 | GroupedGemm::Mma64)
     }
 }
 
@@ -187,6 +220,11 @@ pub struct Gemm {
     grouped_wgb32: Kernel,
     grouped_wgb64: Kernel,
     grouped_wgb128: Kernel,
+    dense_wgb_lean: Kernel,
+    dense_wgb256_lean: Kernel,
+    grouped_wgb32_lean: Kernel,
+    grouped_wgb64_lean: Kernel,
+    grouped_wgb128_lean: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
@@ -214,6 +252,11 @@ impl Gemm {
             grouped_wgb32: wg("gemm_grouped_wgb32", wgb_smem(32, WG_MAX_GROUPS))?,
             grouped_wgb64: wg("gemm_grouped_wgb64", wgb_smem(64, WG_MAX_GROUPS))?,
             grouped_wgb128: wg("gemm_grouped_wgb128", wgb_smem(128, WG_MAX_GROUPS))?,
+            dense_wgb_lean: wg("gemm_dense_wgb_lean", wgb_smem(WG_TOK, WG_MAX_GROUPS))?,
+            dense_wgb256_lean: wg("gemm_dense_wgb256_lean", wgb_smem(256, WG_MAX_GROUPS))?,
+            grouped_wgb32_lean: wg("gemm_grouped_wgb32_lean", wgb_smem(32, WG_MAX_GROUPS))?,
+            grouped_wgb64_lean: wg("gemm_grouped_wgb64_lean", wgb_smem(64, WG_MAX_GROUPS))?,
+            grouped_wgb128_lean: wg("gemm_grouped_wgb128_lean", wgb_smem(128, WG_MAX_GROUPS))?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
@@ -254,21 +297,23 @@ impl Gemm {
             Store::AddToResidual => 1,
         };
         let (kernel, cfg, x) = match kernel {
-            DenseGemm::Wgb | DenseGemm::Wgb256 => {
-                let (k, tok) = if kernel == DenseGemm::Wgb256 {
-                    (&self.dense_wgb256, 256)
-                } else {
-                    (&self.dense_wgb, WG_TOK)
-                };
-                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
-                let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
-                let smem = wgb_smem(tok, a.w.cols / a.w.group);
-                (k, config(grid, 256, smem), xb)
-            }
             DenseGemm::Mma => {
                 let grid = (blocks(a.w.rows, GEMM_BN), blocks(a.n_tok, DENSE_BM), 1);
                 let cfg = config(grid, GEMM_THREADS as u32, gemm_smem(DENSE_BM));
                 (&self.dense, cfg, a.x)
+            }
+            _ => {
+                let (k, tok) = match kernel {
+                    DenseGemm::Wgb256 => (&self.dense_wgb256, 256),
+                    DenseGemm::Wgb256Lean => (&self.dense_wgb256_lean, 256),
+                    DenseGemm::WgbLean => (&self.dense_wgb_lean, WG_TOK),
+                    _ => (&self.dense_wgb, WG_TOK),
+                };
+                let lean = matches!(kernel, DenseGemm::WgbLean | DenseGemm::Wgb256Lean);
+                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb, lean)?;
+                let grid = (blocks(a.w.rows, WG_ROWS), blocks(a.n_tok, tok), 1);
+                let smem = wgb_smem(tok, a.w.cols / a.w.group);
+                (k, config(grid, 256, smem), xb)
             }
         };
         let x_stride = x.stride as i32;
@@ -283,9 +328,16 @@ impl Gemm {
         })
     }
 
-    /// The wgmma kernel `k`'s input: the staged rows, on a device and for a weight it takes.
-    fn wgmma_input(gpu: &Gpu, k: &Kernel, w: &LinearShape, xb: Option<Rows>) -> Result<Rows> {
-        if !runs_wgmma(gpu) || !wg_fits(w) {
+    /// The wgmma kernel `k`'s input: the staged rows, on a device and for a weight it takes
+    /// (`lean`: a _lean variant, which needs `lean_fits` too).
+    fn wgmma_input(
+        gpu: &Gpu,
+        k: &Kernel,
+        w: &LinearShape,
+        xb: Option<Rows>,
+        lean: bool,
+    ) -> Result<Rows> {
+        if !runs_wgmma(gpu) || !wg_fits(w) || (lean && !lean_fits(w)) {
             bail!(
                 "{}: needs sm_90a and a 4-bit weight it takes ({}x{}, {}-bit, groups of {}, arch {})",
                 k.name,
@@ -366,17 +418,6 @@ impl Gemm {
             );
         }
         let (kernel, cfg, x) = match kernel {
-            GroupedGemm::Wgb32 | GroupedGemm::Wgb64 | GroupedGemm::Wgb128 => {
-                let k = match kernel {
-                    GroupedGemm::Wgb32 => &self.grouped_wgb32,
-                    GroupedGemm::Wgb64 => &self.grouped_wgb64,
-                    _ => &self.grouped_wgb128,
-                };
-                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb)?;
-                let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
-                let smem = wgb_smem(g.tile, a.w.cols / a.w.group);
-                (k, config(grid, 256, smem), xb)
-            }
             GroupedGemm::Mma32 | GroupedGemm::Mma64 => {
                 let k = if kernel == GroupedGemm::Mma64 {
                     &self.grouped64
@@ -385,6 +426,24 @@ impl Gemm {
                 };
                 let grid = (blocks(a.w.rows, GEMM_BN), g.max_tiles as u32, 1);
                 (k, config(grid, GEMM_THREADS as u32, gemm_smem(g.tile)), a.x)
+            }
+            _ => {
+                let k = match kernel {
+                    GroupedGemm::Wgb32 => &self.grouped_wgb32,
+                    GroupedGemm::Wgb64 => &self.grouped_wgb64,
+                    GroupedGemm::Wgb32Lean => &self.grouped_wgb32_lean,
+                    GroupedGemm::Wgb64Lean => &self.grouped_wgb64_lean,
+                    GroupedGemm::Wgb128Lean => &self.grouped_wgb128_lean,
+                    _ => &self.grouped_wgb128,
+                };
+                let lean = matches!(
+                    kernel,
+                    GroupedGemm::Wgb32Lean | GroupedGemm::Wgb64Lean | GroupedGemm::Wgb128Lean
+                );
+                let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb, lean)?;
+                let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);
+                let smem = wgb_smem(g.tile, a.w.cols / a.w.group);
+                (k, config(grid, 256, smem), xb)
             }
         };
         let x_stride = x.stride as i32;

@@ -426,6 +426,90 @@ fn uniform_routing(rng: &mut Rng, n: usize, top_k: usize, e: usize) -> Vec<i32> 
     ids
 }
 
+/// The wgmma kernels' _lean variants (the plan's `wgmma_lean_dequant`) against the kernels they
+/// stand for, bit for bit: gemm_dense_wgb / _wgb256 (store and residual add) and
+/// gemm_grouped_wgb32 / 64 / 128 over skewed routing, groups of 64 and 128, two and many k-steps,
+/// rows off the block's 128; each also against the exact product (5e-3). Skipped (with a line) on
+/// GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wgmma_lean_dequant_gives_the_same_bits() {
+    let Some(g) = hopper("gemm_dense_wgb_lean") else {
+        return;
+    };
+    let mut rng = Rng(71);
+    let same = |what: &str, a: &[f32], b: &[f32]| {
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        println!("KERNEL {what}: {differ} of {} outputs differ", a.len());
+        assert_eq!(differ, 0, "{what}: outputs differ");
+    };
+    for (group, t, rows, cols) in [
+        (64usize, 300usize, 200usize, 256usize),
+        (128, 260, 264, 1024),
+    ] {
+        let w = quantize_linear(&bf16_linear(&mut rng, 1, rows, cols), 4, group);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = bf(rng.vec(t * cols, 1.0));
+        let want = bf16_product(&w, &x);
+        let (dx, xb) = upload_staged(&g, &x, cols);
+        let r = bf(rng.vec(t * rows, 0.5));
+        for (plain, lean) in [
+            (DenseGemm::Wgb, DenseGemm::WgbLean),
+            (DenseGemm::Wgb256, DenseGemm::Wgb256Lean),
+        ] {
+            for store in [Store::Overwrite, Store::AddToResidual] {
+                let mut outs = Vec::new();
+                for kernel in [plain, lean] {
+                    let dy = poisoned(&g, t * rows);
+                    if store == Store::AddToResidual {
+                        g.write(&dy, 0, &r).unwrap();
+                    }
+                    let a = Project {
+                        w: &dw,
+                        x: Rows::new(dx.ptr, cols),
+                        xb: Some(Rows::new(xb.ptr, cols)),
+                        y: Rows::new(dy.ptr, rows),
+                        n_tok: t,
+                    };
+                    g.k.gemm.dense(&g.g, kernel, &a, store).unwrap();
+                    outs.push(g.read::<f32>(&dy, 0, t * rows).unwrap());
+                }
+                let what =
+                    format!("{lean:?} vs {plain:?} group={group} T={t} {rows}x{cols} {store:?}");
+                same(&what, &outs[1], &outs[0]);
+                if store == Store::Overwrite {
+                    check(&what, &outs[1], &want, 5e-3);
+                }
+            }
+        }
+        for tile in [32usize, 64, 128] {
+            let (e, k) = (7, 2);
+            let gw = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+            let gdw = upload_linear(&g, "w", &gw).unwrap();
+            let gx = bf(rng.vec(90 * cols, 1.0));
+            let gr = Grouping::skewed(&g, &mut rng, 90 * k, e, tile);
+            let gwant = gr.want(&gw, &gx, k, bf16_product);
+            let plain = match tile {
+                32 => GroupedGemm::Wgb32,
+                64 => GroupedGemm::Wgb64,
+                _ => GroupedGemm::Wgb128,
+            };
+            let y0 = gemm_grouped(&g, plain, &gdw, &gr, &gx, k, rows, cols);
+            let y1 = gemm_grouped(&g, plain.lean(), &gdw, &gr, &gx, k, rows, cols);
+            let what = format!(
+                "{:?} vs {plain:?} group={group} {rows}x{cols}",
+                plain.lean()
+            );
+            same(&what, &y1, &y0);
+            check(&what, &y1, &gwant, 5e-3);
+        }
+    }
+}
+
 /// gemm_grouped_wgb32 (tiles of 32: the plan's `wgmma_narrow_tiles`, and the remainders'
 /// launch of `wgmma_tail_tiles` after gemm_grouped_wgb128) vs the exact product of the bf16
 /// values (5e-3, as the other grouped kernels): skewed routing over tiles of 32, groups of 64 /
@@ -435,8 +519,9 @@ fn uniform_routing(rng: &mut Rng, n: usize, top_k: usize, e: usize) -> Vec<i32> 
 /// 512, groups of 64, 8 of 256 uniform routing) at 512 / 768 / 4,096 tokens: the new runs against
 /// the fixed tiles they replace (gemm_grouped_wgb64 at 512 / 768, gemm_grouped_wgb128 alone at
 /// 4,096), with the count of bit-identical outputs (the same bf16 products summed in the same
-/// k order: expected all) and each launch's time printed (never asserted). Skipped (with a
-/// line) on GPUs other than sm_90a.
+/// k order: expected all) and each launch's time printed (never asserted); both again on the
+/// _lean variants (`wgmma_lean_dequant`), timed, whose outputs must be bit-identical to the
+/// plain kernels'. Skipped (with a line) on GPUs other than sm_90a.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
@@ -523,6 +608,7 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
             GroupedGemm::Wgb128
         };
         let fixed_runs = vec![(fixed_kernel, fixed.groups)];
+        let fixed_lean_runs = vec![(fixed_kernel.lean(), fixed.groups)];
         let new_runs = if n <= 768 {
             vec![(GroupedGemm::Wgb32, new.groups)]
         } else {
@@ -539,6 +625,8 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
                 t.to_string()
             }
         };
+        let lean_runs: Vec<(GroupedGemm, ExpertGroups)> =
+            new_runs.iter().map(|&(k, gr)| (k.lean(), gr)).collect();
         let (fixed_tiles, new_tiles) = (tiles(&fixed, false), tiles(&new, n > 768));
         for (name, dw, rows, cols, k) in [
             ("gate/up", &dgate, inter, hidden, top_k),
@@ -564,6 +652,8 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
             for (label, runs, tiles) in [
                 ("fixed", &fixed_runs, &fixed_tiles),
                 ("new", &new_runs, &new_tiles),
+                ("fixed lean", &fixed_lean_runs, &fixed_tiles),
+                ("new lean", &lean_runs, &new_tiles),
             ] {
                 g.write(&dy, 0, &vec![f32::NAN; items * rows]).unwrap();
                 launch(runs);
@@ -599,6 +689,21 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
                 &outs[0],
                 5e-3,
             );
+            // `wgmma_lean_dequant`: the same fragments, so every output bit for bit.
+            for (lean, plain, label) in [(2, 0, "fixed"), (3, 1, "new")] {
+                let differ = outs[lean]
+                    .iter()
+                    .zip(&outs[plain])
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                println!(
+                    "KERNEL grouped {label} lean vs {label} T={n} {name}: {differ} outputs differ"
+                );
+                assert_eq!(
+                    differ, 0,
+                    "{label} lean vs {label} T={n} {name}: outputs differ"
+                );
+            }
         }
     }
 }
