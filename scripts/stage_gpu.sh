@@ -29,7 +29,7 @@ cp "$exe" "$DEST/bin/wgpu_model"
 cargo build --release -j2 -p lily-server --features scripted
 cp "$CARGO_TARGET_DIR/release/lily-engine" "$DEST/bin/lily-engine"
 cp scripts/gpu_check.sh scripts/gpu_profile.sh scripts/gpu_session.sh scripts/gpu_pending.sh \
-  scripts/gpu_ab_common.sh scripts/gpu_current.sh scripts/gpu_next.sh scripts/gpu_wgpu_ncu.sh scripts/gpu_wgpu_ab3.sh scripts/concurrent_bench.py \
+  scripts/gpu_ab_common.sh scripts/gpu_current.sh scripts/gpu_next.sh scripts/gpu_wgpu_ab3.sh scripts/concurrent_bench.py \
   scripts/serve_bench.py scripts/agreement_table.py "$DEST/"
 strip --strip-debug "$DEST/bin/"* 2>/dev/null || true
 du -sh "$DEST"

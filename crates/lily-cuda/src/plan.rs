@@ -1822,28 +1822,41 @@ mod tests {
         assert_eq!(p.router(&router, 4096), Router::LinearExact);
     }
 
-    #[test]
-    fn narrow_and_tail_tiles_take_the_chunks_their_switches_name() {
-        // Qwen3.6 routes 8 of 256 experts a token: a staged chunk of n tokens averages n / 32
-        // items an expert, so `wgmma_narrow_tiles` takes chunks up to 24 × 32 = 768 tokens and
-        // `wgmma_tail_tiles` those on tiles of 128 (3,072 tokens and up).
+    /// The full shape's MoE and its routed experts' gate (= up) and down stacks.
+    fn experts_full() -> (MoeShape, LinearShape, LinearShape) {
         let cfg = full_config();
-        let moe = MoeShape::of(&cfg);
         let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
         let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
-        let w = [&gate, &gate, &down];
-        let with = |f: fn(&mut CudaOptions)| {
-            let mut o = CudaOptions::default();
-            f(&mut o);
-            Plan::resolve(&o, H200)
-        };
-        let gemm = |tile, k, tail| Experts::Gemm {
+        (MoeShape::of(&cfg), gate, down)
+    }
+
+    /// The H200's plan under the default options changed by `f`.
+    fn plan_with(f: fn(&mut CudaOptions)) -> Plan {
+        let mut o = CudaOptions::default();
+        f(&mut o);
+        Plan::resolve(&o, H200)
+    }
+
+    /// The routed experts on one grouped kernel `k` for all three projections.
+    fn experts_gemm(tile: usize, k: GroupedGemm, tail: Option<GroupedGemm>) -> Experts {
+        Experts::Gemm {
             tile,
             gate: k,
             up: k,
             down: k,
             tail,
-        };
+        }
+    }
+
+    #[test]
+    fn narrow_and_tail_tiles_take_the_chunks_their_switches_name() {
+        // Qwen3.6 routes 8 of 256 experts a token: a staged chunk of n tokens averages n / 32
+        // items an expert, so `wgmma_narrow_tiles` takes chunks up to 24 × 32 = 768 tokens and
+        // `wgmma_tail_tiles` those on tiles of 128 (3,072 tokens and up).
+        let (moe, gate, down) = experts_full();
+        let w = [&gate, &gate, &down];
+        let with = plan_with;
+        let gemm = experts_gemm;
         let (wgb32, wgb64, wgb128) = (GroupedGemm::Wgb32, GroupedGemm::Wgb64, GroupedGemm::Wgb128);
         // Shipping: both on.
         let on = Plan::resolve(&CudaOptions::default(), H200);
@@ -1893,23 +1906,10 @@ mod tests {
 
     #[test]
     fn lean_dequant_names_the_wgmma_kernels_lean_variants() {
-        let cfg = full_config();
-        let moe = MoeShape::of(&cfg);
-        let gate = mlx(cfg.expert_inter, cfg.hidden, 4, cfg.n_experts);
-        let down = mlx(cfg.hidden, cfg.expert_inter, 4, cfg.n_experts);
+        let (moe, gate, down) = experts_full();
         let w = [&gate, &gate, &down];
-        let with = |f: fn(&mut CudaOptions)| {
-            let mut o = CudaOptions::default();
-            f(&mut o);
-            Plan::resolve(&o, H200)
-        };
-        let gemm = |tile, k, tail| Experts::Gemm {
-            tile,
-            gate: k,
-            up: k,
-            down: k,
-            tail,
-        };
+        let with = plan_with;
+        let gemm = experts_gemm;
         let lean = with(|o| {
             o.wgmma_lean_dequant = true;
             o.wgmma_tail_tiles = true;
