@@ -1946,7 +1946,10 @@ mod tests {
         });
         assert_eq!(off.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::Wgb256));
         assert_eq!(off.experts(w, moe, 512), gemm(32, GroupedGemm::Wgb32, None));
-        assert_eq!(off.experts(w, moe, 1024), gemm(64, GroupedGemm::Wgb64, None));
+        assert_eq!(
+            off.experts(w, moe, 1024),
+            gemm(64, GroupedGemm::Wgb64, None)
+        );
     }
 
     #[test]
