@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 22, call 3 (≤ 9 minutes): the last two switches of the session, then the shipping
 # binary's numbers. Staged beside gpu_ab_common.sh and gpu_ggemm_ab.sh:
-#   G_OFF=... G_ON=... G_TESTS="..." W_OFF=LILY_WGPU_COOP_ROWS=64 W_ON=LILY_WGPU_COOP_ROWS=128 \
+#   G_OFF=LILY_NOTHING=0 G_ON=LILY_WGMMA_LEAN_DEQUANT=1 W_OFF=LILY_WGPU_COOP_ROWS=64 W_ON=LILY_WGPU_COOP_ROWS=128 \
 #     bash .carry/s22c/gpu_s22c.sh    (carry: .carry/s22c .carry/tokenizer .gl; timeout_s 590)
-#   1. CUDA: G_TESTS (the dequantisation's GPU tests), then gpu_ggemm_ab.sh's prefill sweep
+#   1. CUDA: gpu_ggemm_ab.sh's new GPU tests (the lean dequantisation's), then its prefill sweep
 #      G_OFF / G_ON twice;
 #   2. wgpu through Vulkan: coop_products_and_logits_match_cpu under W_ON, then `bench --prefill
 #      512,4K --decode-ctx 4K` W_OFF / W_ON twice, a LILY_PROFILE=1 prefill of 4K under W_ON and
@@ -12,15 +12,11 @@
 H="$(cd "$(dirname "$0")" && pwd)"
 export AB_TOKENIZER=1
 OUTD=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUTD"
-if [ -n "${G_TESTS:-}" ]; then
-  # shellcheck disable=SC2086
-  # shellcheck disable=SC2086
-  timeout 100 "$H/bin/gpu" --ignored --test-threads=1 --nocapture $G_TESTS > "$OUTD/g-tests.log" 2>&1
-  echo "ggemm tests ($G_TESTS) rc=$?" | tee -a "$OUTD/summary.txt"
-  grep -E "^KERNEL|^test .*(ok|FAILED)$|panicked" "$OUTD/g-tests.log" | cut -c1-200 | tail -30 | tee -a "$OUTD/summary.txt"
-fi
 if [ -n "${G_ON:-}" ]; then
-  OFF="$G_OFF" ON="$G_ON" SKIP_PROFILE=1 SKIP_TESTS=1 DEADLINE=130 HARD=170 bash "$H/gpu_ggemm_ab.sh"
+  # gpu_ggemm_ab.sh's new tests (the lean kernels bit for bit, each launch's µs) beside the synth,
+  # then its sweep OFF / ON twice (ON2=none: two configurations).
+  OFF="$G_OFF" ON="$G_ON" ON2=none TEST_S=130 OLD_TEST_S=1 SKIP_PROFILE=1 DEADLINE=230 HARD=260 \
+    bash "$H/gpu_ggemm_ab.sh"
 fi
 (
   . "$H/gpu_ab_common.sh" 250
