@@ -9,7 +9,10 @@
 use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
-use lily_wgpu::plan::{coop_spec, DeviceCaps, MmTile, Plan, PrefillAttention, VENDOR_NVIDIA};
+use lily_wgpu::plan::{
+    coop_spec, products_choice, DeviceCaps, MmTile, Plan, PrefillAttention, ProductsKernel,
+    VENDOR_NVIDIA,
+};
 use lily_wgpu::shaders::{validator, Form, Spec};
 use lily_wgpu::{Choice, WgpuOptions};
 
@@ -552,8 +555,43 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         assert!(needs.exceeds(&large_limits()).is_none(), "{needs:?}");
         assert_eq!(needs.invocations, 256);
     }
+    // The routed experts' grouped products keep linear_q4_coop_big's 64-row form (moe_group's
+    // row blocks too): 128 rows lost there on the H100 (session 22).
+    assert_eq!(plan.expert_rows, 64);
+    let experts = plan
+        .specs
+        .experts_coop
+        .as_ref()
+        .expect("the experts' own products");
+    for (forms, items) in experts.iter().zip([16, 32, 64]) {
+        assert_eq!(forms.len(), plan.specs.linear_q4_mm16.len());
+        for spec in forms {
+            assert_eq!((spec.name, spec.mm_rows()), ("linear_q4_coop_big", 64));
+            assert_eq!(spec.constants[0], ("TT", items as f64));
+        }
+    }
+    assert!(plan.specs.all().iter().any(|s| s.mm_rows() == 64));
+    assert!(
+        plan.describe()
+            .contains("128 rows a workgroup (routed experts' 64)"),
+        "{}",
+        plan.describe()
+    );
+    // Refused at load, 128 rows fall back to 64 for every product: today's plan, no split.
+    let next = products_choice(&wide, &[ProductsKernel::CoopBigWide]);
+    let plan = Plan::resolve(
+        &next.options(&wide),
+        &c,
+        true,
+        &device(16, true, large_limits()),
+    )
+    .unwrap();
+    assert_eq!((plan.mm_rows, plan.expert_rows), (64, 64));
+    assert!(plan.specs.experts_coop.is_none());
+    assert!(plan.specs.all().iter().all(|s| s.mm_rows() == 64));
     let plan = Plan::resolve(&wide, &c, true, &device(8, true, apple_limits())).unwrap();
     assert_eq!((plan.mm_rows, plan.options.coop_rows), (64, 64));
+    assert!(plan.specs.experts_coop.is_none());
     assert!(
         plan.notes
             .iter()
