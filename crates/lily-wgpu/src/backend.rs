@@ -252,10 +252,7 @@ impl WgpuBackend {
             return Ok((staged, rows));
         }
         let mut mm = 0f64;
-        for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-            let Some(forms) = self.kernels.mm_if(tile) else {
-                continue;
-            };
+        for (tile, forms) in self.kernels.products() {
             for (form, kernel) in forms.iter() {
                 for bits in [4, 8] {
                     let sides = Sides::of(form, act);
@@ -800,10 +797,7 @@ impl Backend for WgpuBackend {
 /// with f16 tiles, or linear_q4_coop.wgsl), `act_f16`: the activations' type.
 fn check_products_f16(gpu: &Gpu, kernels: &Kernels, act_f16: bool) -> Result<(f64, f64)> {
     let (mut exact, mut staged) = (0f64, 0f64);
-    for tile in [MmTile::T16, MmTile::T32, MmTile::T64] {
-        let Some(forms) = kernels.mm_if(tile) else {
-            continue;
-        };
+    for (tile, forms) in kernels.products() {
         for (form, kernel) in forms.iter() {
             for bits in [4, 8] {
                 let sides = Sides::of(form, act_f16);

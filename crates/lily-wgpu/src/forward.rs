@@ -1006,7 +1006,7 @@ impl<'a> Forward<'a> {
         list_at: usize,
     ) {
         let s = self.s;
-        let kernel = self.k.mm(tile).get(self.form(&io));
+        let kernel = self.k.experts_mm(tile).get(self.form(&io));
         let nx = w.rows.div_ceil(kernel.rows);
         for sl in &w.slices {
             let params = linear_params(
@@ -1320,8 +1320,8 @@ impl<'a> Forward<'a> {
                         tk as u32,
                         (e + stacked as usize) as u32,
                         tile.down_to_16().len() as u32,
-                        i.div_ceil(self.plan.mm_rows) as u32,
-                        h.div_ceil(self.plan.mm_rows) as u32,
+                        i.div_ceil(self.plan.expert_rows) as u32,
+                        h.div_ceil(self.plan.expert_rows) as u32,
                         s.tiles_at as u32,
                         s.order_at as u32,
                         s.tile_cap as u32,

@@ -45,6 +45,9 @@ macro_rules! kernels {
             pub attend_tile: Option<Kernel>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
             pub linear_q4_mm64: Option<Forms>,
+            /// The routed experts' tile products where the plan splits them off
+            /// (`Specs::experts_coop`: 16, 32, 64 items).
+            pub experts_coop: Option<[Forms; 3]>,
         }
 
         impl Kernels {
@@ -60,6 +63,14 @@ macro_rules! kernels {
                     },
                     linear_q4_mm64: match &specs.linear_q4_mm64 {
                         Some(s) => Some(Forms::load(gpu, s, checked)?),
+                        None => None,
+                    },
+                    experts_coop: match &specs.experts_coop {
+                        Some([a, b, c]) => Some([
+                            Forms::load(gpu, a, checked)?,
+                            Forms::load(gpu, b, checked)?,
+                            Forms::load(gpu, c, checked)?,
+                        ]),
                         None => None,
                     },
                 })
@@ -120,6 +131,31 @@ impl Kernels {
     pub fn mm(&self, tile: MmTile) -> &Forms {
         self.mm_if(tile)
             .expect("the plan chooses linear_q4_mm tiles of 64 only where it compiled them")
+    }
+
+    /// The routed experts' grouped tile product with tiles of `tile`: `Specs::experts_coop`'s
+    /// where the plan splits them off (64 rows while the dense products take 128), else `mm`'s.
+    pub fn experts_mm(&self, tile: MmTile) -> &Forms {
+        match (&self.experts_coop, tile) {
+            (Some([k16, _, _]), MmTile::T16) => k16,
+            (Some([_, k32, _]), MmTile::T32) => k32,
+            (Some([_, _, k64]), MmTile::T64) => k64,
+            (None, _) => self.mm(tile),
+        }
+    }
+
+    /// Every tile product compiled (the dense ones, then the routed experts' where split off):
+    /// what the load check runs.
+    pub fn products(&self) -> Vec<(MmTile, &Forms)> {
+        let tiles = [MmTile::T16, MmTile::T32, MmTile::T64];
+        let mut v: Vec<(MmTile, &Forms)> = tiles
+            .into_iter()
+            .filter_map(|t| self.mm_if(t).map(|f| (t, f)))
+            .collect();
+        if let Some(ex) = &self.experts_coop {
+            v.extend(tiles.into_iter().zip(ex));
+        }
+        v
     }
 
     /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 8, 4 or 2).

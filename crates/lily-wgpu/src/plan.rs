@@ -19,8 +19,10 @@
 //!   backend's check at load passes; with `coop_big` (on: session 21 on an H200 through Vulkan,
 //!   prefill +25 % at 512 and +29 % at 4K, docs/perf-notes.md) linear_q4_coop_big.wgsl instead
 //!   (the same launches; steps of 64 columns, every invocation staging, 2 × 2 subgroup blocks
-//!   where the tile allows), on workgroups of 128 rows with `coop_rows` 128 where they fit the
-//!   device's workgroup memory (`Plan::mm_rows`: the launches' row blocks follow); where the
+//!   where the tile allows), the dense products on workgroups of 128 rows with `coop_rows` 128
+//!   (the default) where they fit the device's workgroup memory (`Plan::mm_rows`: the launches'
+//!   row blocks follow), the routed experts' grouped products on 64 (`Plan::expert_rows`,
+//!   `Specs::experts_coop`: 128 lost there on the H100, session 22); where the
 //!   backend's check at load refuses a kernel, `products_choice` names the next one
 //!   (linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token
@@ -356,6 +358,10 @@ pub struct Specs {
     pub linear_q4_mm32: FormSpecs,
     /// Where the tiles are f16 and 64 items fit the device's workgroup memory.
     pub linear_q4_mm64: Option<FormSpecs>,
+    /// The routed experts' grouped tile products (16, 32, 64 items) where they differ from the
+    /// dense ones: linear_q4_coop_big on 64 rows while the dense products run on 128
+    /// (`coop_rows` 128; `Plan::expert_rows`); else None, the experts on `linear_q4_mm16` / ….
+    pub experts_coop: Option<[FormSpecs; 3]>,
     pub linear_q4_glu: Spec,
     pub linear_q4_glu_rows: FormSpecs,
     pub moe_group: Spec,
@@ -403,6 +409,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter().flatten());
+        v.extend(self.experts_coop.iter().flatten().flatten());
         v.extend([
             &self.linear_q4_glu,
             &self.moe_group,
@@ -450,6 +457,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
+        v.extend(self.experts_coop.iter_mut().flatten().flatten());
         v.extend([
             &mut self.linear_q4_glu,
             &mut self.moe_group,
@@ -744,6 +752,11 @@ pub struct Plan {
     /// moe_group's arguments for the experts'): `MM_ROWS` (64), or 128 with linear_q4_coop_big
     /// on `coop_rows` 128 (`Spec::mm_rows`).
     pub mm_rows: usize,
+    /// The routed experts' grouped tile products' rows a workgroup (moe_group's row blocks):
+    /// always `MM_ROWS` (64). With `coop_rows` 128 they stay on linear_q4_coop_big's 64-row form
+    /// (`Specs::experts_coop`): 128 rows lost there (H100, 4K: gate / up / down 367 / 368 / 400
+    /// → 428 / 428 / 452 µs a call; few items a tile) while the dense products won.
+    pub expert_rows: usize,
     pub prefill_attention: PrefillAttention,
     pub decode_attention: DecodeAttention,
     /// How decode attention splits its keys (`splits`): `SplitRule::WIDE`, or with `attn_split`
@@ -831,6 +844,7 @@ impl Plan {
         };
         let mut linear_q4_mm64 = None;
         let mut coop_specs = None;
+        let mut experts_coop = None;
         // linear_q4_coop_big's rows a workgroup (`coop_rows`): 128 where its three tiles fit the
         // device's workgroup memory (NVIDIA's 48 KiB; not Apple's 32 KiB at 64 items), else 64.
         let mut mm_rows = MM_ROWS;
@@ -869,6 +883,11 @@ impl Plan {
             }
             if fit {
                 coop_specs = Some(specs.map(|s| in_forms(s, &READS_ACT, act_f16)));
+                // The routed experts' grouped tiles keep 64 rows (`Plan::expert_rows`).
+                if mm_rows != MM_ROWS {
+                    experts_coop =
+                        Some(specs_of(MM_ROWS).map(|s| in_forms(s, &READS_ACT, act_f16)));
+                }
             }
         }
         let coop = if coop_specs.is_some() { coop } else { 0 };
@@ -951,6 +970,7 @@ impl Plan {
                 None => in_forms(mm_spec(MmTile::T32, tile_f16), &READS_ACT, act_f16),
             },
             linear_q4_mm64,
+            experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
                 glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
@@ -1054,6 +1074,7 @@ impl Plan {
             tile_f16,
             coop,
             mm_rows,
+            expert_rows: MM_ROWS,
             prefill_attention,
             decode_attention,
             decode_splits,
@@ -1133,8 +1154,14 @@ impl Plan {
             match self.coop {
                 0 => "linear_q4_mm".to_string(),
                 n => format!(
-                    "{} on {n}×{n} cooperative matrices, {} rows a workgroup",
-                    self.specs.linear_q4_mm16[0].name, self.mm_rows
+                    "{} on {n}×{n} cooperative matrices, {} rows a workgroup{}",
+                    self.specs.linear_q4_mm16[0].name,
+                    self.mm_rows,
+                    if self.specs.experts_coop.is_some() {
+                        format!(" (routed experts' {})", self.expert_rows)
+                    } else {
+                        String::new()
+                    }
                 ),
             },
             if self.tile_f16 { "f16" } else { "f32" },

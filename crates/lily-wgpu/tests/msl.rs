@@ -9,7 +9,10 @@
 use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
-use lily_wgpu::plan::{coop_spec, DeviceCaps, MmTile, Plan, PrefillAttention, VENDOR_NVIDIA};
+use lily_wgpu::plan::{
+    coop_spec, products_choice, DeviceCaps, MmTile, Plan, PrefillAttention, ProductsKernel,
+    VENDOR_NVIDIA,
+};
 use lily_wgpu::shaders::{validator, Form, Spec};
 use lily_wgpu::{Choice, WgpuOptions};
 
@@ -504,8 +507,11 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         }
     }
     // `coop_big` (on by default): linear_q4_coop_big in linear_q4_coop's place, the same tiles
-    // at either size, fitting Apple's 32 KiB at 8 × 8, named in the line.
-    let big = WgpuOptions::default();
+    // at either size, on 64 rows (`coop_rows` 64) fitting 32 KiB, named in the line.
+    let big = WgpuOptions {
+        coop_rows: 64,
+        ..WgpuOptions::default()
+    };
     assert!(big.coop_big);
     for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
         let plan = Plan::resolve(&big, &c, true, &device(size, true, limits.clone())).unwrap();
@@ -528,13 +534,11 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             }
         }
     }
-    // `coop_rows` 128: linear_q4_coop_big on workgroups of 128 rows (their launches' row blocks
+    // `coop_rows` 128 (the default): linear_q4_coop_big on workgroups of 128 rows (their launches' row blocks
     // too) where its three tiles fit (the large GPU's 48 KiB), else 64 with a note (Apple's 32
     // KiB at 8 × 8); nothing for linear_q4_coop.
-    let wide = WgpuOptions {
-        coop_rows: 128,
-        ..WgpuOptions::default()
-    };
+    let wide = WgpuOptions::default();
+    assert_eq!(wide.coop_rows, 128);
     let plan = Plan::resolve(&wide, &c, true, &device(16, true, large_limits())).unwrap();
     assert_eq!((plan.mm_rows, plan.options.coop_rows), (128, 128));
     assert!(
@@ -552,8 +556,43 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         assert!(needs.exceeds(&large_limits()).is_none(), "{needs:?}");
         assert_eq!(needs.invocations, 256);
     }
+    // The routed experts' grouped products keep linear_q4_coop_big's 64-row form (moe_group's
+    // row blocks too): 128 rows lost there on the H100 (session 22).
+    assert_eq!(plan.expert_rows, 64);
+    let experts = plan
+        .specs
+        .experts_coop
+        .as_ref()
+        .expect("the experts' own products");
+    for (forms, items) in experts.iter().zip([16, 32, 64]) {
+        assert_eq!(forms.len(), plan.specs.linear_q4_mm16.len());
+        for spec in forms {
+            assert_eq!((spec.name, spec.mm_rows()), ("linear_q4_coop_big", 64));
+            assert_eq!(spec.constants[0], ("TT", items as f64));
+        }
+    }
+    assert!(plan.specs.all().iter().any(|s| s.mm_rows() == 64));
+    assert!(
+        plan.describe()
+            .contains("128 rows a workgroup (routed experts' 64)"),
+        "{}",
+        plan.describe()
+    );
+    // Refused at load, 128 rows fall back to 64 for every product: today's plan, no split.
+    let next = products_choice(&wide, &[ProductsKernel::CoopBigWide]);
+    let plan = Plan::resolve(
+        &next.options(&wide),
+        &c,
+        true,
+        &device(16, true, large_limits()),
+    )
+    .unwrap();
+    assert_eq!((plan.mm_rows, plan.expert_rows), (64, 64));
+    assert!(plan.specs.experts_coop.is_none());
+    assert!(plan.specs.all().iter().all(|s| s.mm_rows() == 64));
     let plan = Plan::resolve(&wide, &c, true, &device(8, true, apple_limits())).unwrap();
     assert_eq!((plan.mm_rows, plan.options.coop_rows), (64, 64));
+    assert!(plan.specs.experts_coop.is_none());
     assert!(
         plan.notes
             .iter()
