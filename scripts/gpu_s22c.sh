@@ -15,12 +15,12 @@ OUTD=${OUT:-$PWD/gpu-logs}; mkdir -p "$OUTD"
 if [ -n "${G_ON:-}" ]; then
   # gpu_ggemm_ab.sh's new tests (the lean kernels bit for bit, each launch's µs) beside the synth,
   # then its sweep OFF / ON twice (ON2=none: two configurations).
-  OFF="$G_OFF" ON="$G_ON" ON2=none TEST_S=130 OLD_TEST_S=1 SKIP_PROFILE=1 DEADLINE=230 HARD=260 \
+  OFF="$G_OFF" ON="$G_ON" ON2=none TEST_S=${G_TEST_S:-130} OLD_TEST_S=1 SKIP_PROFILE=1 DEADLINE=${G_DEADLINE:-230} HARD=${G_HARD:-260} \
     bash "$H/gpu_ggemm_ab.sh"
 fi
 (
-  . "$H/gpu_ab_common.sh" 250
-  AB_HARD=300
+  . "$H/gpu_ab_common.sh" "${W_DEADLINE:-250}"
+  AB_HARD=${W_HARD:-300}
   wgpu_setup > /dev/null 2>&1
   wgpu_synth4
   # shellcheck disable=SC2086
