@@ -42,8 +42,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # their options themselves), then the grouped GEMMs' and the MoE's existing tests (moe_group
   # and the stage count became template parameters).
   timeout "$(cap "${TEST_S:-150}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
-    gemm::grouped_narrow_and_tail_tiles_match_the_fixed_tiles gemm::wgmma_lean_dequant_gives_the_same_bits \
-    model_prefill_through_narrow_and_tail_tiles_gives_the_same_tokens > "$OUT/tests-ggemm.log" 2>&1
+    ${G_TESTS:-gemm::wgmma_lean_dequant_gives_the_same_bits gemm::grouped_narrow_and_tail_tiles_match_the_fixed_tiles \
+    model_prefill_through_narrow_and_tail_tiles_gives_the_same_tokens} > "$OUT/tests-ggemm.log" 2>&1
   say "tests (new) rc=$? at $(el)s"
   grep -E "^KERNEL|^MODEL|^test .*(ok|FAILED)$|panicked" "$OUT/tests-ggemm.log" | cut -c1-220 | tee -a "$S"
   timeout "$(cap "${OLD_TEST_S:-90}")" "$B/gpu" --ignored --test-threads=1 \

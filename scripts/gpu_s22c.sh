@@ -24,7 +24,7 @@ fi
   wgpu_setup > /dev/null 2>&1
   wgpu_synth4
   # shellcheck disable=SC2086
-  env ${W_ON:-LILY_NOTHING=1} timeout 100 "$B/wgpu_model" --test-threads=1 --nocapture coop_products_and_logits_match_cpu > "$OUT/wtests.log" 2>&1
+  env ${W_ON:-LILY_NOTHING=1} timeout 100 "$B/wgpu_model" --test-threads=1 --nocapture ${W_TEST:-coop_products_and_logits_match_cpu} > "$OUT/wtests.log" 2>&1
   say "wgpu test coop_products_and_logits_match_cpu (${W_ON:-}) rc=$? at $(el)s"
   grep -hE "^test .*(ok|FAILED)$|panicked|refused|big" "$OUT/wtests.log" | cut -c1-250 | head -8 | tee -a "$S"
   wait "$SYN"
