@@ -306,7 +306,7 @@ mod tests {
             "--wgpu-dense-tile",
             "64",
             "--wgpu-coop-rows",
-            "128",
+            "64",
             "--wgpu-limits",
             "apple",
             "--wgpu-adapter",
@@ -332,7 +332,7 @@ mod tests {
                 moe_rounds: false,
                 out_rows: 8,
                 dense_tile: 64,
-                coop_rows: 128,
+                coop_rows: 64,
                 limits: DeviceLimits::Apple,
                 adapter: Some("llvmpipe".into()),
                 ..WgpuOptions::default()

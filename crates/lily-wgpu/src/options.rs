@@ -153,9 +153,9 @@ lily_core::backend_options! {
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
-        coop_rows = 64, flag Some("wgpu-coop-rows"), env "LILY_WGPU_COOP_ROWS",
+        coop_rows = 128, flag Some("wgpu-coop-rows"), env "LILY_WGPU_COOP_ROWS",
             accepts |n| matches!(n, 64 | 128), "64 or 128", label "coop rows",
-            help "with `coop_big`, linear_q4_coop_big.wgsl's rows a workgroup: 64 (the default: 128 invocations, as linear_q4_coop's launches) or 128 for the dense prefill products, the routed experts' grouped products keeping 64 (256 invocations, eight subgroups: each staged input tile feeds twice the rows, staged elements a multiply-add 128 → 96 at tiles of 64 items; session 22 on an H100 through Vulkan, 128 rows for every product: DeltaNet's in_proj 1,938 → 1,231 µs a call at 4K but the experts' gate / up / down 367 / 368 / 400 → 428 / 428 / 452, prefill 4K +6.3 %, 512 −9.5 %, hence the split, itself not yet measured; 45,328 bytes of workgroup memory at 64 items on 16 × 16, so only where the adapter allows that, NVIDIA's 48 KiB, else the plan keeps 64 and says so: not Apple's 32 KiB); checked at load as the other products, refused where wrong (then 64 rows are checked); an A/B aid (session 22: prefill's products, issue 29's 7,000 tok/s at 4K)";
+            help "with `coop_big`, linear_q4_coop_big.wgsl's rows a workgroup for prefill's dense products: 128 (the default: 256 invocations, eight subgroups: each staged input tile feeds twice the rows, staged elements a multiply-add 128 → 96 at tiles of 64 items; 45,328 bytes of workgroup memory at 64 items on 16 × 16, so only where the adapter allows that, NVIDIA's 48 KiB, else the plan keeps 64 and says so: not Apple's 32 KiB) or 64 (128 invocations, as linear_q4_coop's launches: every product as before session 22's split); the routed experts' grouped products keep 64 rows either way (`Plan::expert_rows`); checked at load as the other products, refused where wrong (then 64 rows for all are checked); session 22 on an H100 through Vulkan, 128 rows for every product: prefill 4K 6,040 → 6,420 tok/s but 512 5,130 → 4,646; at 4K DeltaNet in_proj 1,938 → 1,231 µs a call, dn.out 841 → 529, attention qkv 1,560 → 946, while the routed experts' gate / up / down went 367 / 368 / 400 → 428 / 428 / 452 (few items a tile): so the dense products take 128 rows, the experts 64; that split measured in session 23 (an H100 through Vulkan, two rounds against 64 for all): prefill 4K 6,041 / 6,044 → 6,837 / 6,837 tok/s (+13.2 %), 512 5,162 / 5,166 → 5,660 / 4,830 (unsteady), decode unchanged; an A/B aid";
         rows_workers = 0, flag Some("wgpu-rows-workers"), env "LILY_WGPU_ROWS_WORKERS",
             accepts |n| n <= 65_535, "0 to 65,535", label "rows workers",
             help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64); an A/B aid (the count that fills a given GPU)";
@@ -238,7 +238,7 @@ mod tests {
                 rows_persist: true,
                 moe_rounds: true,
                 dense_tile: 0,
-                coop_rows: 64,
+                coop_rows: 128,
                 rows_workers: 0,
                 out_rows: 2,
                 glu_rows: 0,
@@ -274,7 +274,7 @@ mod tests {
             ("LILY_WGPU_COOP", "0"),
             ("LILY_WGPU_COOP_BIG", "0"),
             ("LILY_WGPU_DENSE_TILE", "64"),
-            ("LILY_WGPU_COOP_ROWS", "128"),
+            ("LILY_WGPU_COOP_ROWS", "64"),
             ("LILY_WGPU_ATTN_FLAT", "0"),
             ("LILY_WGPU_ATTN_SPLIT", "0"),
             ("LILY_WGPU_ROWS_EARLY", "0"),
@@ -302,7 +302,7 @@ mod tests {
                 coop: false,
                 coop_big: false,
                 dense_tile: 64,
-                coop_rows: 128,
+                coop_rows: 64,
                 attn_flat: false,
                 attn_split: false,
                 rows_early: false,

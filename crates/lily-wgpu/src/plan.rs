@@ -19,8 +19,10 @@
 //!   backend's check at load passes; with `coop_big` (on: session 21 on an H200 through Vulkan,
 //!   prefill +25 % at 512 and +29 % at 4K, docs/perf-notes.md) linear_q4_coop_big.wgsl instead
 //!   (the same launches; steps of 64 columns, every invocation staging, 2 × 2 subgroup blocks
-//!   where the tile allows), on workgroups of 128 rows with `coop_rows` 128 where they fit the
-//!   device's workgroup memory (`Plan::mm_rows`: the launches' row blocks follow); where the
+//!   where the tile allows), the dense products on workgroups of 128 rows with `coop_rows` 128
+//!   (the default) where they fit the device's workgroup memory (`Plan::mm_rows`: the launches'
+//!   row blocks follow), the routed experts' grouped products on 64 (`Plan::expert_rows`,
+//!   `Specs::experts_coop`: 128 lost there on the H100, session 22); where the
 //!   backend's check at load refuses a kernel, `products_choice` names the next one
 //!   (linear_q4_coop_big on 128 rows, on 64, then linear_q4_coop, then linear_q4_mm);
 //! - prefill attention: attend_tile.wgsl (K/V read once per tile of tokens; 49.4 → 12.3 µs a token

@@ -496,7 +496,8 @@ fn coop_products_and_logits_match_cpu() {
     let plan = gpu.plan();
     // `LILY_WGPU_COOP_BIG=1` (the environment's overrides apply): linear_q4_coop_big.wgsl.
     let big = plan.options.coop_big;
-    // `LILY_WGPU_COOP_ROWS=128`: its workgroups of 128 rows where they fit the device.
+    // `coop_rows` 128 (the default; `LILY_WGPU_COOP_ROWS=64` for 64): the dense products'
+    // workgroups of 128 rows where they fit the device (the routed experts' stay on 64).
     let rows = plan.mm_rows as u32;
     if let Some(map) = gpu.coop_map(false, big, rows).unwrap() {
         // The device has cooperative matrices: where the kernel is right and where not.

@@ -507,8 +507,11 @@ fn coop_is_planned_only_where_asked_and_enabled() {
         }
     }
     // `coop_big` (on by default): linear_q4_coop_big in linear_q4_coop's place, the same tiles
-    // at either size, fitting Apple's 32 KiB at 8 × 8, named in the line.
-    let big = WgpuOptions::default();
+    // at either size, on 64 rows (`coop_rows` 64) fitting 32 KiB, named in the line.
+    let big = WgpuOptions {
+        coop_rows: 64,
+        ..WgpuOptions::default()
+    };
     assert!(big.coop_big);
     for (size, limits) in [(16, large_limits()), (8, apple_limits())] {
         let plan = Plan::resolve(&big, &c, true, &device(size, true, limits.clone())).unwrap();
@@ -531,13 +534,11 @@ fn coop_is_planned_only_where_asked_and_enabled() {
             }
         }
     }
-    // `coop_rows` 128: linear_q4_coop_big on workgroups of 128 rows (their launches' row blocks
+    // `coop_rows` 128 (the default): linear_q4_coop_big on workgroups of 128 rows (their launches' row blocks
     // too) where its three tiles fit (the large GPU's 48 KiB), else 64 with a note (Apple's 32
     // KiB at 8 × 8); nothing for linear_q4_coop.
-    let wide = WgpuOptions {
-        coop_rows: 128,
-        ..WgpuOptions::default()
-    };
+    let wide = WgpuOptions::default();
+    assert_eq!(wide.coop_rows, 128);
     let plan = Plan::resolve(&wide, &c, true, &device(16, true, large_limits())).unwrap();
     assert_eq!((plan.mm_rows, plan.options.coop_rows), (128, 128));
     assert!(
