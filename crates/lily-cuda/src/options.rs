@@ -68,10 +68,10 @@ lily_core::backend_options! {
             label "experts' grid by their items",
             help "the routed experts' grouped GEMMs launch ceil(items / tile) + min(experts, items) rows of tile blocks, the most moe_group can make for the chunk, instead of the scratch's bound for a whole chunk in tiles of 16 (2,304 rows at a 4,096-token chunk, of which 256–378 hold a tile and the rest exit at once)",
             why "won its A/B as one of the three session-22 switches (an H100: prefill +6.4 % / +1.8 % / +1.9 % at 512 / 4K / 32K together); the same tiles and outputs, fewer empty blocks";
-        wgmma_lean_dequant = false, flag Some("wgmma-lean-dequant"), env "LILY_WGMMA_LEAN_DEQUANT" = true,
+        wgmma_lean_dequant = true, flag Some("no-wgmma-lean-dequant"), env "LILY_WGMMA_LEAN_DEQUANT" = true,
             label "wgmma GEMMs' lean dequantisation",
             help "the wgmma GEMMs (gemm_dense_wgb, _wgb256, gemm_grouped_wgb32/64/128) on their _lean variants where the weights' groups are ≥ 64 columns: the same bf16 weight fragments, bit for bit, from fewer instructions (a k-step's scale and bias read once a row, each nibble made a float in place by one LOP3 and one exact FFMA, the copies' addresses computed once a block): 265 against 390 instructions a thread a k-step in gemm_grouped_wgb64",
-            why "off: not yet measured on a GPU (issue 31; predicted prefill 512 +13 %, 4K +12 % on the H100: docs/perf-notes.md, session 22); on only once it wins its A/B (scripts/gpu_ggemm_ab.sh)";
+            why "won its A/B: prefill 11,384 / 11,368 → 13,682 / 13,688 tok/s at 512 (+20 %), 25,052 / 25,149 → 28,349 / 28,443 at 4K (+13 %), 22,367 / 22,359 → 24,830 / 24,903 at 32K (+11 %; two rounds, an H100, full size, session 23; predicted +11–13 %); every output bit for bit the kernels it replaces (GPU test wgmma_lean_dequant_gives_the_same_bits); the plain variants serve groups below 64 columns and are the reference";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -269,7 +269,7 @@ mod tests {
             ("LILY_WGMMA_NARROW_TILES", "0"),
             ("LILY_WGMMA_TAIL_TILES", "0"),
             ("LILY_TILE_GRID_BY_ITEMS", "0"),
-            ("LILY_WGMMA_LEAN_DEQUANT", "1"),
+            ("LILY_WGMMA_LEAN_DEQUANT", "0"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -328,7 +328,7 @@ mod tests {
                 wgmma_narrow_tiles: false,
                 wgmma_tail_tiles: false,
                 tile_grid_by_items: false,
-                wgmma_lean_dequant: true,
+                wgmma_lean_dequant: false,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,

@@ -28,7 +28,7 @@
 //! The grouped launches' grid follows the chunk's items (`tile_grid_by_items`, on: `Plan::tile_rows`);
 //! the narrow and tail tiles are chosen by `Plan::experts` (`Experts::Gemm::tail`; the test
 //! `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
-//! `wgmma_lean_dequant` puts every wgmma GEMM above on its `_lean` variant (the same bits from
+//! `wgmma_lean_dequant` (on; `--no-wgmma-lean-dequant`) puts every wgmma GEMM above on its `_lean` variant (the same bits from
 //! fewer instructions; weights in groups of ≥ 64: `plan.lean_dequant`; the test
 //! `lean_dequant_names_the_wgmma_kernels_lean_variants`).
 //!
@@ -1709,6 +1709,8 @@ mod tests {
         ] {
             let staged = p.stages(n);
             assert_eq!(staged, n >= 512, "{n}");
+            // Shipping: the wgmma kernels on their _lean variants (`wgmma_lean_dequant`).
+            let (dense, grouped) = (dense.lean(), grouped.lean());
             for w in [&q, &o, &in_qkv] {
                 assert_eq!(p.dense(w, n, staged), Dense::Gemm(dense), "{n}");
             }
@@ -1720,7 +1722,7 @@ mod tests {
                     gate: grouped,
                     up: grouped,
                     down: grouped,
-                    tail: (tile == 128).then_some(GroupedGemm::Wgb32)
+                    tail: (tile == 128).then_some(GroupedGemm::Wgb32Lean)
                 },
                 "{n}"
             );
@@ -1785,7 +1787,7 @@ mod tests {
         let p = off(|o| o.exact_router_on_tensor_cores = false);
         assert_eq!(p.router(&router, 512), Router::LinearExact);
         let p = off(|o| o.wgb_tok = 128);
-        assert_eq!(p.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::Wgb));
+        assert_eq!(p.dense(&gate, 4096, true), Dense::Gemm(DenseGemm::WgbLean));
         let p = off(|o| o.wgmma_attention = false);
         assert_eq!(
             p.attention(shape, 4096, 4096),
@@ -1857,7 +1859,12 @@ mod tests {
         let w = [&gate, &gate, &down];
         let with = plan_with;
         let gemm = experts_gemm;
-        let (wgb32, wgb64, wgb128) = (GroupedGemm::Wgb32, GroupedGemm::Wgb64, GroupedGemm::Wgb128);
+        // The shipping plan's grouped kernels are the _lean variants (`wgmma_lean_dequant`).
+        let (wgb32, wgb64, wgb128) = (
+            GroupedGemm::Wgb32Lean,
+            GroupedGemm::Wgb64Lean,
+            GroupedGemm::Wgb128Lean,
+        );
         // Shipping: both on.
         let on = Plan::resolve(&CudaOptions::default(), H200);
         for (n, want) in [
