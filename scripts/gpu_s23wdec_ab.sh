@@ -8,7 +8,8 @@
 #    in each of its cases: run without LILY_WGPU_IN_ROWS, which would override them), then
 #    `out_rows_kernels_match_the_host` (the 8-row kernel's other role);
 # 2. `bench --device wgpu --prefill 512 --decode-ctx 4K,32K --decode-tokens 64 --repeat 1`,
-#    OFF / ON / ON2 alternated twice (ON2=none leaves it out);
+#    OFF / ON alternated twice, ON2 after ON in round 1 (ON2=none leaves it out; its second
+#    round runs last, if the clock allows);
 # 3. one LILY_PROFILE=1 decode at 4K under ON (the products' rows into the summary);
 # 4. `selftest` on a 4-layer full-width model under ON (in_proj and q/k/v at their full rows:
 #    the forward path's check against the CPU).
@@ -28,18 +29,23 @@ say "wgpu tests rc=$? at $(el)s"
 grep -hE "^test .*(ok|FAILED)$|^test result|panicked|in rows|refused" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
 wait "$SYN"; say "synth full rc=$? at $(el)s"
 export PREFILL=512
+# OFF / ON twice (ON2 in round 1 only; its second round last, if the clock allows).
 for round in 1 2; do
   # shellcheck disable=SC2086
   BENCH_S=75 wgpu_bench "off-$round" 4K,32K "$K" $OFF
   # shellcheck disable=SC2086
   BENCH_S=75 wgpu_bench "on-$round" 4K,32K "$K" $ON
-  if [ "$ON2" != none ]; then
+  if [ "$ON2" != none ] && [ "$round" = 1 ]; then
     # shellcheck disable=SC2086
-    BENCH_S=75 wgpu_bench "on2-$round" 4K,32K "$K" $ON2
+    BENCH_S=75 wgpu_bench "on2-1" 4K,32K "$K" $ON2
   fi
 done
 # shellcheck disable=SC2086
 BENCH_S=75 wgpu_bench_rows prof-on 4K "$K" "$R" LILY_PROFILE=1 $ON
 # shellcheck disable=SC2086
 wgpu_selftest selftest-on $ON LILY_WGPU_CHUNK=64
+if [ "$ON2" != none ]; then
+  # shellcheck disable=SC2086
+  BENCH_S=75 wgpu_bench "on2-2" 4K,32K "$K" $ON2
+fi
 say "done at $(el)s"
