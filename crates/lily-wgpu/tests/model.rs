@@ -1706,6 +1706,71 @@ fn full_width_decode_matches_cpu() {
     }
 }
 
+/// `in_rows` at the full model's widths (4 layers: DeltaNet's in_proj of 12,352 rows with its
+/// conv, attention's q/k/v of 9,216), on a discrete GPU's 512 persistent workers so that the
+/// 16-row kernel streams only lm_head and the knob moves in_proj and q/k/v (on lavapipe's own 64
+/// workers it streams them all and the knob changes nothing): 12 positions token by token
+/// against the CPU (within 1e-3) and against the same case with `in_rows` 0 (the row totals'
+/// last additions grouped by the rows a workgroup: within 1e-5, not bit for bit), the 8-row
+/// kernel in both reduction forms and the 4-row one. About 2.5 GB of weights and a few minutes
+/// on lavapipe: `cargo test --release -p lily-wgpu --test model -- --ignored full_width_in_rows`.
+#[test]
+#[ignore]
+fn full_width_in_rows_decode_matches_cpu() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
+    let tokens = Rng(5).tokens(12, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(16).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let mut plain_of = std::collections::HashMap::new();
+    for (subgroups, in_rows) in [(true, 0), (false, 0), (true, 8), (false, 8), (true, 4)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            subgroups,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            rows_workers: 512,
+            in_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let moved = if in_rows == 0 { 16 } else { in_rows };
+        assert_eq!(
+            (gpu.plan().rows_rb(12_352), gpu.plan().rows_rb(9_216)),
+            (moved, moved)
+        );
+        let b = gpu.new_seq(16).unwrap();
+        for t in &tokens {
+            gpu.prefill(b, &[*t]).unwrap();
+        }
+        let stepped = gpu.logits(b).unwrap();
+        let e_cpu = rel_l2(&stepped, &want);
+        if in_rows == 0 {
+            println!(
+                "full widths, subgroups {subgroups}, in rows 0: token by token vs CPU {e_cpu:.3e}"
+            );
+            plain_of.insert(subgroups, stepped);
+        } else {
+            let e_plain = rel_l2(&stepped, &plain_of[&subgroups]);
+            println!(
+                "full widths, subgroups {subgroups}, in rows {in_rows}: token by token vs CPU {e_cpu:.3e}, vs in rows 0 {e_plain:.3e}"
+            );
+            assert!(
+                e_plain < 1e-5,
+                "in rows {in_rows}: {e_plain:.3e} from in rows 0"
+            );
+        }
+        assert!(
+            e_cpu < 1e-3,
+            "in rows {in_rows}: decode differs from the CPU by {e_cpu:.3e}"
+        );
+    }
+}
+
 /// Bound on the full widths' last logits with f16 activations (4 layers, 12 positions): 2^-11 a
 /// store, ≈ 6 stores on a layer's longest path, in quadrature ≈ 7e-4 a layer, ≈ 1.4e-3 over 4
 /// layers, with the tiny models' measured amplification (×2–5). lavapipe: token by token 6.6e-4
