@@ -26,7 +26,7 @@ wgpu_synth4
 env -u LILY_WGPU_IN_ROWS timeout "$(cap 110)" "$B/wgpu_model" --test-threads=1 --nocapture \
   in_rows_kernels_match_the_host out_rows_kernels_match_the_host > "$OUT/wtests.log" 2>&1
 say "wgpu tests rc=$? at $(el)s"
-grep -hE "^test .*(ok|FAILED)$|^test result|panicked|in rows|refused" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
+grep -hE "^test .*(ok|FAILED)$|^test result|panicked|^subgroups |refused" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
 wait "$SYN"; say "synth full rc=$? at $(el)s"
 export PREFILL=512
 # OFF / ON twice (ON2 in round 1 only; its second round last, if the clock allows).
