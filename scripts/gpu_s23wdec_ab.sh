@@ -12,7 +12,9 @@
 #    round runs last, if the clock allows);
 # 3. one LILY_PROFILE=1 decode at 4K under ON (the products' rows into the summary);
 # 4. `selftest` on a 4-layer full-width model under ON (in_proj and q/k/v at their full rows:
-#    the forward path's check against the CPU).
+#    the forward path's check against the CPU);
+# 5. if the clock allows: ON2's second round, then a profile under ON with 1,024 persistent
+#    workers (lm_head's grid: with in_rows on, the 16-row kernel's only product).
 set -u
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-330}"
 AB_HARD=${HARD:-355}
@@ -48,4 +50,8 @@ if [ "$ON2" != none ]; then
   # shellcheck disable=SC2086
   BENCH_S=75 wgpu_bench "on2-2" 4K,32K "$K" $ON2
 fi
+# If the clock still allows: lm_head (with in_rows on, the 16-row kernel's only product on the
+# full model) streamed by 1,024 workgroups instead of 512 (the existing rows_workers knob).
+# shellcheck disable=SC2086
+BENCH_S=60 wgpu_bench_rows prof-on-w1k 4K "$K" "$R" LILY_PROFILE=1 $ON LILY_WGPU_ROWS_WORKERS=1024
 say "done at $(el)s"
