@@ -996,6 +996,101 @@ fn out_rows_kernels_match_the_host() {
     }
 }
 
+/// `in_rows`: the products of ≥ 8,192 rows that the persistent grid does not stream (DeltaNet's
+/// in_proj and attention's q/k/v on the full model) on linear_q4_rows' 8-row kernel in two rounds
+/// or its 4-row one: the plan's rows a workgroup (lm_head's 248,320 rows still streamed by the
+/// 16-row kernel; without `rows_persist` every such matrix moves), its plan line, and the kernels
+/// in those roles against the host: DeltaNet's conv on 16, 8, 4 and 2 rows with the norm folded
+/// (`check_products`' conv probe), the 8-row kernel in rounds bit for bit the kernel of one round
+/// (`check_rows_persist`), every product probe; both reduction forms, f32 and f16 activations.
+#[test]
+fn in_rows_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 67);
+    for (subgroups, in_rows, f16) in [(true, 8, false), (false, 8, true), (true, 4, false)] {
+        let f16 = if f16 { Choice::On } else { Choice::Off };
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            in_rows,
+            rows_workers: 512,
+            f16_acts: f16,
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts.clone()) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert_eq!(plan.options.in_rows, in_rows);
+        assert_eq!(plan.rows_workers, Some(512));
+        // With a discrete GPU's 512 workers the 16-row kernel streams matrices of ≥ 16,384 rows
+        // (lm_head) and keeps them; those below (in_proj 12,352, q/k/v 9,216) take in_rows; the
+        // smaller ones keep their rules (out_rows 2, the router's 2).
+        assert_eq!(
+            [248_320, 16_384, 16_368, 12_352, 9_216, 8_192, 8_191, 2_048, 257]
+                .map(|r| plan.rows_rb(r)),
+            [16, 16, in_rows, in_rows, in_rows, in_rows, 2, 2, 2]
+        );
+        assert_eq!(
+            plan.rows_grid(in_rows, 12_352 / in_rows),
+            (12_352 / in_rows as u32, 1)
+        );
+        assert!(
+            plan.describe().contains(&format!(
+                "the ≥ 8,192-row products it does not stream on its {in_rows}-row kernel"
+            )),
+            "{}",
+            plan.describe()
+        );
+        let bound = Bounds::of(plan).kernel;
+        let pc = gpu.check_rows_persist().unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, in rows {in_rows}, f16 activations {}: persistent linear_q4_rows (16 and 8 rows) {:.2e} (same bits: {}), product probes (the conv on 16 / 8 / 4 / 2 rows among them) {rows:.2e}",
+            plan.act_f16, pc.err, pc.same_bits
+        );
+        assert!(
+            pc.err < bound && rows < bound,
+            "{:.2e} / {rows:.2e}",
+            pc.err
+        );
+        assert!(pc.same_bits);
+        // Without rows_persist nothing streams: every ≥ 8,192-row matrix takes in_rows.
+        let Some(plain) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                rows_persist: false,
+                ..opts
+            },
+        ) else {
+            return;
+        };
+        assert_eq!(plain.plan().rows_rb(248_320), in_rows);
+    }
+    // Off (0, and 16): the rule.
+    for in_rows in [0, 16] {
+        let Some(gpu) = wgpu_backend_with(
+            &w,
+            WgpuOptions {
+                chunk: 16,
+                all_logits_chunk: 16,
+                in_rows,
+                rows_workers: 512,
+                ..WgpuOptions::default()
+            },
+        ) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert_eq!((plan.rows_rb(12_352), plan.rows_rb(9_216)), (16, 16));
+        assert!(
+            !plan.describe().contains("does not stream"),
+            "{}",
+            plan.describe()
+        );
+    }
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).
@@ -1607,6 +1702,71 @@ fn full_width_decode_matches_cpu() {
         assert!(
             e_chunk < to_chunk,
             "f16 activations {on}: decode differs from prefill by {e_chunk:.3e}"
+        );
+    }
+}
+
+/// `in_rows` at the full model's widths (4 layers: DeltaNet's in_proj of 12,352 rows with its
+/// conv, attention's q/k/v of 9,216), on a discrete GPU's 512 persistent workers so that the
+/// 16-row kernel streams only lm_head and the knob moves in_proj and q/k/v (on lavapipe's own 64
+/// workers it streams them all and the knob changes nothing): 12 positions token by token
+/// against the CPU (within 1e-3) and against the same case with `in_rows` 0 (the row totals'
+/// last additions grouped by the rows a workgroup: within 1e-5, not bit for bit), the 8-row
+/// kernel in both reduction forms and the 4-row one. About 2.5 GB of weights and a few minutes
+/// on lavapipe: `cargo test --release -p lily-wgpu --test model -- --ignored full_width_in_rows`.
+#[test]
+#[ignore]
+fn full_width_in_rows_decode_matches_cpu() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
+    let tokens = Rng(5).tokens(12, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(16).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let mut plain_of = std::collections::HashMap::new();
+    for (subgroups, in_rows) in [(true, 0), (false, 0), (true, 8), (false, 8), (true, 4)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            subgroups,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            rows_workers: 512,
+            in_rows,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let moved = if in_rows == 0 { 16 } else { in_rows };
+        assert_eq!(
+            (gpu.plan().rows_rb(12_352), gpu.plan().rows_rb(9_216)),
+            (moved, moved)
+        );
+        let b = gpu.new_seq(16).unwrap();
+        for t in &tokens {
+            gpu.prefill(b, &[*t]).unwrap();
+        }
+        let stepped = gpu.logits(b).unwrap();
+        let e_cpu = rel_l2(&stepped, &want);
+        if in_rows == 0 {
+            println!(
+                "full widths, subgroups {subgroups}, in rows 0: token by token vs CPU {e_cpu:.3e}"
+            );
+            plain_of.insert(subgroups, stepped);
+        } else {
+            let e_plain = rel_l2(&stepped, &plain_of[&subgroups]);
+            println!(
+                "full widths, subgroups {subgroups}, in rows {in_rows}: token by token vs CPU {e_cpu:.3e}, vs in rows 0 {e_plain:.3e}"
+            );
+            assert!(
+                e_plain < 1e-5,
+                "in rows {in_rows}: {e_plain:.3e} from in rows 0"
+            );
+        }
+        assert!(
+            e_cpu < 1e-3,
+            "in rows {in_rows}: decode differs from the CPU by {e_cpu:.3e}"
         );
     }
 }
