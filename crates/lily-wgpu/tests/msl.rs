@@ -68,6 +68,10 @@ fn choosable() -> Vec<Spec> {
                             rows_persist: sw,
                             // The decode MoE in rounds (ITEMS = 1, ROUNDS = 1) and not.
                             moe_rounds: sw,
+                            // Prefill's recurrence with one barrier a token (ONE_SYNC = 1) and
+                            // with two, and on subgroup lanes (dn_recur_lanes, where subgroups).
+                            recur_one_sync: sw,
+                            recur_lanes: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
