@@ -1121,6 +1121,77 @@ fn deltanet_step_matches_the_host() {
     }
 }
 
+/// prefill's recurrence in its three forms against the host in f64: dn_recur.wgsl with two
+/// barriers a token, with one (`recur_one_sync`), and dn_recur_lanes.wgsl (`recur_lanes`: the sums
+/// by subgroup shuffles, where the plan has subgroups; lavapipe's 8 lanes); the full model's head
+/// dims (128 × 128), `tiny`'s (32 × 32) and 64 × 96 (columns idle in the last workgroup), over 37
+/// tokens (blocks of 16, 16 and 5) and 16. Then, with each switch on, `tiny`'s last logits after
+/// 300 positions (prefill chunks of 128: the last 44 tokens end in a partly filled block) and 8
+/// greedy tokens from the state the chunks left, against the CPU.
+#[test]
+fn dn_recur_forms_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    let Some(gpu) = wgpu_backend(&w, 16) else {
+        return;
+    };
+    let bound = Bounds::of(gpu.plan()).kernel;
+    let lanes_too = gpu.plan().subgroups;
+    let forms = [(false, false), (true, false), (false, true)];
+    for (one_sync, lanes) in forms.into_iter().filter(|f| lanes_too || !f.1) {
+        for (dk, dv) in [(128, 128), (32, 32), (64, 96)] {
+            for tokens in [37, 16] {
+                let (o, st) = gpu
+                    .check_dn_recur((dk, dv), tokens, one_sync, lanes)
+                    .unwrap();
+                println!("one_sync {one_sync}, lanes {lanes}, {dk} × {dv}, {tokens} tokens: outputs {o:.2e}, state {st:.2e}");
+                assert!(
+                    o < bound && st < bound,
+                    "dn_recur (one_sync {one_sync}, lanes {lanes}, {dk} × {dv}, {tokens} tokens) differs from the host: outputs {o:.2e}, state {st:.2e}"
+                );
+            }
+        }
+    }
+    drop(gpu);
+    let tokens = Rng(8).tokens(300, w.config.vocab);
+    for (one_sync, lanes) in [(true, false), (false, true)] {
+        let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+        let cs = cpu.new_seq(320).unwrap();
+        cpu.prefill(cs, &tokens).unwrap();
+        let want = cpu.logits(cs).unwrap();
+        let opts = WgpuOptions {
+            chunk: 128,
+            all_logits_chunk: 32,
+            recur_one_sync: one_sync,
+            recur_lanes: lanes,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        let spec = &plan.specs.dn_recur;
+        if lanes && plan.subgroups {
+            assert_eq!(spec.name, "dn_recur_lanes");
+            assert!(plan.describe().contains("dn_recur on subgroup lanes on"));
+        } else {
+            assert_eq!(spec.name, "dn_recur");
+            assert!(spec
+                .constants
+                .contains(&("ONE_SYNC", one_sync as u32 as f64)));
+        }
+        let what = format!("one_sync {one_sync}, lanes {lanes} ({})", spec.name);
+        let gs = gpu.new_seq(320).unwrap();
+        gpu.prefill(gs, &tokens).unwrap();
+        let e = rel_l2(&gpu.logits(gs).unwrap(), &want);
+        println!("{what}: 300 positions in chunks of 128: last logits rel_l2 {e:.3e}");
+        assert!(
+            e < Bounds::of(gpu.plan()).logits,
+            "{what}: logits differ from the CPU by {e:.3e}"
+        );
+        assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 8, &what);
+    }
+}
+
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
 /// attention in f64 on random queries and caches, at the full model's shapes (8 query heads per
 /// KV head, head dim 256) and at `tiny`'s: decode with the keys split over workgroups, and
