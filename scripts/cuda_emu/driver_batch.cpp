@@ -909,7 +909,7 @@ static void run_moe_q8(std::vector<int> Bs, bool pairs) {
         verdict(what, d_in_bound, "  within the bound (worst %.2f of it)", worst_d);
         snprintf(what, sizeof what, "%d tokens: nothing written past the residual rows", B);
         verdict(what, io.x.guard_ok());
-        MoeIo one(m, B);
+        MoeIo one(m, B), r96(m, B);
         std::copy(io.x0.begin(), io.x0.end(), one.x.v.begin());
         for (int t = 0; t < B; t++) {
             int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
@@ -918,6 +918,16 @@ static void run_moe_q8(std::vector<int> Bs, bool pairs) {
                 glu_one(g, u, io.logits.data() + t * m.n_exp, m.n_exp, m.top_k, ids, rw, sg, su,
                             io.xn.data() + (size_t)t * m.hidden, eh, m.inter, sh, per_item);
             });
+            if (pairs) {
+                // down_96_regs: dec_down_combine_x8x2_r96 (the same code held to 96 registers)
+                // from the same residual row, before the one-token kernel updates it.
+                std::copy(io.x0.begin() + (size_t)t * m.hidden, io.x0.begin() + (size_t)(t + 1) * m.hidden,
+                          r96.x.v.begin() + (size_t)t * m.hidden);
+                launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
+                    dec_down_combine_x8x2_r96(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
+                                              r96.x.p() + (size_t)t * m.hidden);
+                });
+            }
             launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, down_smem_q8(m, pairs), [&] {
                 down_one(dw, sdw, ids, rw, m.top_k, eh, m.inter, sh, io.s_gate.data() + t,
                                     one.x.p() + (size_t)t * m.hidden);
@@ -927,6 +937,11 @@ static void run_moe_q8(std::vector<int> Bs, bool pairs) {
                     same_bits(io.ids.p(), one.ids.p(), io.ids.n) && same_bits(io.x.p(), one.x.p(), io.x.n);
         snprintf(what, sizeof what, "%d tokens vs the one-token kernels a token at a time", B);
         verdict(what, same, same ? "  bit for bit" : "  differ");
+        if (pairs) {
+            bool same96 = same_bits(r96.x.p(), one.x.p(), r96.x.n) && r96.x.guard_ok();
+            snprintf(what, sizeof what, "%d tokens: dec_down_combine_x8x2_r96 vs dec_down_combine_x8x2", B);
+            verdict(what, same96, same96 ? "  bit for bit" : "  differ");
+        }
     }
 }
 
@@ -1025,12 +1040,15 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
 // DEC_R4_X8X2 rows a sub-warp; dec_gemv4w_x8x2: 64) or Float (dec_gemv4, dec_gemv4w), with the
 // prologue's arguments.
 struct Prolog { const float* norm_w = nullptr; float eps = 0.0f; const float* gz = nullptr; int head_dim = 1; float* xn_out = nullptr; };
+// two_tiles (gemv4w_sm_grid, GemvGrid::TwoTilesABlock): ceil(tiles / 2) blocks where that is at
+// most one an SM (decode::gemv_blocks).
 static void project_one_4bit(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, bool pairs,
-                             const Prolog& p) {
+                             const Prolog& p, bool two_tiles = false) {
     int G = cols / 64, lpr = std::min(32, G), spw = 32 / lpr;
     int R = G == 64 ? 1 : pairs ? DEC_R4_X8X2 : DEC_R4;
     DecSegs d = make_segs(segs, ys, DEC_WARPS * spw * R);
-    int grid = std::min(d.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    int pairs_of_tiles = (d.tiles + 1) / 2;
+    int grid = two_tiles && pairs_of_tiles <= SM_COUNT ? pairs_of_tiles : std::min(d.tiles, LAUNCH_BLOCKS_PER_SM * SM_COUNT);
     auto k = G == 64 ? (pairs ? dec_gemv4w_x8x2 : dec_gemv4w) : (pairs ? dec_gemv4_x8x2 : dec_gemv4);
     launch_k({grid, 1, 1}, DEC_WARPS * 32, 0, [&] { k(d, x, p.norm_w, p.eps, p.gz, p.head_dim, p.xn_out, cols); });
 }
@@ -1058,6 +1076,18 @@ static void gemv_x8_case(const char* name, int cols, std::vector<QW*> ws, std::v
     std::vector<float*> ys;
     auto got = outputs(ws, modes, 1, resid, ys);
     project_one_4bit(segs, ys, x.data(), cols, true, p);
+    if (cols == 4096) {
+        // gemv4w_sm_grid: the same launch two tiles a block gives the persistent grid's bits.
+        std::vector<float> staged0(xn.p(), xn.p() + cols);
+        auto two = outputs(ws, modes, 1, resid, ys);
+        project_one_4bit(segs, ys, x.data(), cols, true, p, true);
+        bool same = !prologue || same_bits(xn.p(), staged0.data(), cols);
+        for (size_t i = 0; i < ws.size(); i++) same = same && same_bits(two[i].p(), got[i].p(), ws[i]->rows) && two[i].guard_ok();
+        char what[160];
+        snprintf(what, sizeof what, "%s: two tiles a block (%d blocks) vs the persistent grid", name,
+                 (ws[0]->rows / DEC_WARPS + 1) / 2);
+        verdict(what, same, same ? "  bit for bit" : "  differ");
+    }
     auto f32 = outputs(ws, modes, 1, resid, ys);
     project_one_4bit(segs, ys, x.data(), cols, false, p);
     // The row the projections read: x, or the prologue's output (checked against f64 here).

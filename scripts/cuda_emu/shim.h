@@ -27,6 +27,7 @@ using std::min; using std::max;
 #define __forceinline__ inline
 #define __restrict__
 #define __launch_bounds__(...)
+#define __maxnreg__(...)
 #define __align__(x)
 #ifdef EMU_ACT_BF16  // bf16 activation mode (gemm.cu's wgmma kernels run only there): act rounds to bf16
 inline float act(float f) {

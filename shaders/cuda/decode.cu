@@ -75,6 +75,9 @@
 #ifndef DEC_MAX_SEGS
 #error "DEC_MAX_SEGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_DOWN_NEXT_REGS
+#error "DEC_DOWN_NEXT_REGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_GRP_PICKS
 #error "DEC_GRP_PICKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -1478,9 +1481,10 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
 // dec_down_combine and, token b in blockIdx.y, dec_down_combine_rows (the batched step's): ids
 // and route_w [B, top_k], h [B, top_k, h_stride], hs [B, sdown.cols], s_gate [B], x [B,
 // down.rows]; grid (ceil(hidden / rows a block), B); a one-token launch has grid.y = 1. LEAN false
-// (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY).
-#define DEC_DOWN_COMBINE(NAME, Q8, LEAN, PAIRS, BOUNDS)                                                             \
-    extern "C" __global__ void __launch_bounds__ BOUNDS                                                             \
+// (dec_down_combine alone): no token offsets and the code before the cuts (DEC_LEAN_WHY). QUALS:
+// the kernel's register qualifier (__launch_bounds__ or __maxnreg__: NVRTC takes one of them).
+#define DEC_DOWN_COMBINE(NAME, Q8, LEAN, PAIRS, QUALS)                                                              \
+    extern "C" __global__ void QUALS                                                                                \
     NAME(QWeight down, QWeight sdown, const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,    \
          const float* __restrict__ h, int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate, \
          float* __restrict__ x) {                                                                                   \
@@ -1491,16 +1495,22 @@ __device__ __forceinline__ void down_combine_token(QWeight down, QWeight sdown, 
     }
 
 #define DEC_DOWN_BOUNDS (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32)
-DEC_DOWN_COMBINE(dec_down_combine, false, false, false, DEC_DOWN_BOUNDS)
-DEC_DOWN_COMBINE(dec_down_combine_q8, true, true, false, DEC_DOWN_BOUNDS)
-DEC_DOWN_COMBINE(dec_down_combine_rows, false, true, false, DEC_DOWN_BOUNDS)
-DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true, false, DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine, false, false, false, __launch_bounds__ DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8, true, true, false, __launch_bounds__ DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_rows, false, true, false, __launch_bounds__ DEC_DOWN_BOUNDS)
+DEC_DOWN_COMBINE(dec_down_combine_q8_rows, true, true, false, __launch_bounds__ DEC_DOWN_BOUNDS)
 // moe_int8_pairs: the _q8 kernels on int8 pairs of the hidden rows. One block an SM may take up to
 // 168 registers (≈ 100: the pairs of an item beside DEC_DOWN_BATCH items' words; held to two
 // blocks' 85 they spill): a one-token launch has fewer blocks than SMs anyway (hidden / (rows a
 // block): 128 at the full shape).
-DEC_DOWN_COMBINE(dec_down_combine_x8x2, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
-DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+DEC_DOWN_COMBINE(dec_down_combine_x8x2, true, true, true, __launch_bounds__ (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+DEC_DOWN_COMBINE(dec_down_combine_x8x2_rows, true, true, true, __launch_bounds__ (DEC_DOWN_WARPS * DEC_DOWN_KSPLIT * 32, 1))
+// down_96_regs: dec_down_combine_x8x2's code held to 96 registers a thread (100 unbounded), so that
+// its block (12 warps: 36,864 registers) and one block of the next layer's first projection
+// (dec_gemv4_x8x2, 8 warps at 112: 28,672) fill an SM's 65,536 together: with the early trigger
+// that block is resident, and its first weight tiles requested, while this one still runs (at
+// 100 registers it waits for this block to exit). The same code, so the same outputs bit for bit.
+DEC_DOWN_COMBINE(dec_down_combine_x8x2_r96, true, true, true, __maxnreg__(DEC_DOWN_NEXT_REGS))
 
 // ---- the batched MoE grouped by expert (moe_grouped_rows) ---------------------------------------
 // A batched step's B rows pick B · top_k experts (≈ 57 distinct of 64 at B = 8 on 256 experts,

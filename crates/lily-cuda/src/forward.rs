@@ -1067,12 +1067,18 @@ impl Forward<'_> {
         self.project_one_token(o, &[(&d.out_proj, Out::AddToResidual(s.x.ptr))])
     }
 
-    /// One-token projections of `input` in one decode.cu launch, with the products the plan
-    /// picks for these weights (`gemv_products`: f32, or int8 pairs under `gemv_int8`).
+    /// One-token projections of `input` in one decode.cu launch, with the products and grid the
+    /// plan picks for these weights (`gemv_products`: f32, or int8 pairs under `gemv_int8`;
+    /// `gemv_grid`: two tiles a block for dec_gemv4w_x8x2 under `gemv4w_sm_grid`).
     fn project_one_token(&self, input: Input, outs: &[(&DevLinear, Out)]) -> Result<()> {
         let shapes: Vec<LinearShape> = outs.iter().map(|(w, _)| w.shape()).collect();
-        let products = self.plan.gemv_products(&shapes);
-        self.kernels.decode.project(self.gpu, input, outs, products)
+        let (products, grid) = (
+            self.plan.gemv_products(&shapes),
+            self.plan.gemv_grid(&shapes),
+        );
+        self.kernels
+            .decode
+            .project(self.gpu, input, outs, products, grid)
     }
 
     /// decode.cu's conv and recurrent step of one token at row `row` of scratch.m / b / a, into
@@ -1128,7 +1134,8 @@ impl Forward<'_> {
         let (glu, down) = self.moe_args(m);
         let products = self.plan.moe_products(m, self.cfg.top_k);
         k.decode.glu(gpu, &glu, products)?;
-        k.decode.down_combine(gpu, &down, products)
+        k.decode
+            .down_combine(gpu, &down, products, self.plan.down_regs(products))
     }
 
     /// Gated DeltaNet (MODEL.md §2.5): x += out_proj(gated_norm(recurrence(conv(qkv)), z)).

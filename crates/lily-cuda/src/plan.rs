@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, off: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, off: `down_regs`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -56,7 +56,9 @@ use lily_core::sampling::SamplingParams;
 
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
-use crate::kernels::decode::{self, Decode, GemvProducts, GroupedDown, MoeProducts, RowsKernel};
+use crate::kernels::decode::{
+    self, Decode, DownRegs, GemvGrid, GemvProducts, GroupedDown, MoeProducts, RowsKernel,
+};
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::{self, MoeShape};
@@ -729,6 +731,29 @@ impl Plan {
         }
     }
 
+    /// How many blocks a one-token projection launch of these weights takes: under
+    /// `gemv4w_sm_grid`, the 4096-column int8-pair launches (`dec_gemv4w_x8x2`: out_proj,
+    /// o_proj) two tiles a block (`GemvGrid::TwoTilesABlock`, where the tiles fit so on one
+    /// block an SM); everything else the persistent grid of two blocks an SM.
+    pub fn gemv_grid(&self, ws: &[LinearShape]) -> GemvGrid {
+        let wide = ws.first().is_some_and(|w| w.cols / 64 == 64);
+        if self.o.gemv4w_sm_grid && wide && self.gemv_products(ws) == GemvProducts::Int8Pairs {
+            GemvGrid::TwoTilesABlock
+        } else {
+            GemvGrid::Persistent
+        }
+    }
+
+    /// Which block a one-token MoE down launch on `products` runs: under `down_96_regs` the
+    /// int8-pair kernel held to 96 registers (`dec_down_combine_x8x2_r96`), else as compiled.
+    pub fn down_regs(&self, products: MoeProducts) -> DownRegs {
+        if self.o.down_96_regs && products == MoeProducts::Int8Pairs {
+            DownRegs::Next96
+        } else {
+            DownRegs::Unbounded
+        }
+    }
+
     /// One-token steps of a MoE block: fused when every expert weight fits.
     pub fn decode_moe(&self, m: &DevMoe, shape: MoeShape, n_tok: usize) -> DecodePath {
         let fits = [&m.router, &m.shared_expert_gate]
@@ -1328,6 +1353,45 @@ mod tests {
         assert!(pairs(true)
             .describe()
             .contains("int8-pair one-token projections on"));
+        // gemv4w_sm_grid (off by default; `--gemv4w-sm-grid`): the 4096-column int8-pair
+        // launches (out_proj, o_proj) two tiles a block, where that is one block an SM at most.
+        let sm_grid = |gemv_int8| {
+            let o = CudaOptions {
+                gemv4w_sm_grid: true,
+                gemv_int8,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        assert_eq!(sm_grid(true).gemv_grid(&o_proj), GemvGrid::TwoTilesABlock);
+        assert_eq!(on.gemv_grid(&o_proj), GemvGrid::Persistent);
+        assert_eq!(sm_grid(false).gemv_grid(&o_proj), GemvGrid::Persistent);
+        for ws in [&in_proj[..], &lm_head, &[w(2048, 512, 4)]] {
+            assert_eq!(sm_grid(true).gemv_grid(ws), GemvGrid::Persistent, "{ws:?}");
+        }
+        // 2,048 rows of 4,096 columns: 256 tiles of 8 rows, 128 blocks on 132 SMs; where the
+        // pairs would not fit one block an SM, the persistent grid.
+        assert_eq!(decode::gemv_blocks(256, 132, GemvGrid::TwoTilesABlock), 128);
+        assert_eq!(decode::gemv_blocks(256, 132, GemvGrid::Persistent), 256);
+        assert_eq!(decode::gemv_blocks(3, 132, GemvGrid::TwoTilesABlock), 2);
+        assert_eq!(decode::gemv_blocks(512, 132, GemvGrid::TwoTilesABlock), 264);
+        assert!(!on
+            .describe()
+            .contains("4096-column projections one block an SM on"));
+        // down_96_regs (off by default; `--down-96-regs`): the one-token int8-pair down kernel
+        // held to 96 registers; the other products keep their kernels.
+        let r96 = Plan::resolve(
+            &CudaOptions {
+                down_96_regs: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(r96.down_regs(MoeProducts::Int8Pairs), DownRegs::Next96);
+        assert_eq!(on.down_regs(MoeProducts::Int8Pairs), DownRegs::Unbounded);
+        for p in [MoeProducts::Int8, MoeProducts::Float] {
+            assert_eq!(r96.down_regs(p), DownRegs::Unbounded, "{p:?}");
+        }
         // moe_int8_pairs (on by default; `--no-moe-int8-pairs`): the MoE's pairs kernels where the int8 ones serve, before them.
         let moe_pairs = |bf16_activations, moe_int8| {
             let o = CudaOptions {

@@ -31,6 +31,9 @@ pub const DOWN_BATCH: usize = 3;
 /// in flight (its ring).
 pub const GROUPED_DOWN_KCOLS: usize = 4;
 pub const GROUPED_DOWN_BATCH: usize = 3;
+/// Registers a thread of `dec_down_combine_x8x2_r96` (`down_96_regs`) may take: its 12 warps
+/// and the 8 of a `dec_gemv4_x8x2` block at 112 fill an SM's 65,536 exactly.
+pub const DOWN_NEXT_REGS: usize = 96;
 /// 16-byte loads per thread in flight while `dec_down_combine` stages its inputs.
 pub const DOWN_STAGE: usize = 3;
 /// Rows a sub-warp streams at once in `dec_gemv` and in `dec_glu` (two weights per row there).
@@ -88,6 +91,37 @@ pub enum GemvProducts {
     /// kernels' widths only (`x8x2_serves`).
     Int8Pairs,
 }
+/// Which block the one-token MoE down kernel on int8 pairs runs (`Decode::down_combine`; the
+/// plan's choice: `Plan::down_regs`). Both give the same outputs bit for bit (the same code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownRegs {
+    /// `dec_down_combine_x8x2` as the compiler allocates it (100 registers a thread at sm_90a).
+    Unbounded,
+    /// `down_96_regs`: `dec_down_combine_x8x2_r96`, at most DOWN_NEXT_REGS registers a thread
+    /// (91 at sm_90a, no spills), so that one block of the next projection (`dec_gemv4_x8x2`)
+    /// fits beside each of its blocks and requests its first tiles while it runs.
+    Next96,
+}
+
+/// The grid of a one-token projection launch (`Decode::project`; the plan's choice:
+/// `Plan::gemv_grid`). Which tile a block takes and how each row is summed do not depend on it:
+/// both grids give the same outputs bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvGrid {
+    /// BLOCKS_PER_SM blocks an SM (at most one a tile), each streaming its tiles through its two
+    /// register buffers.
+    Persistent,
+    /// `gemv4w_sm_grid`: where the launch's tiles fit two a block on at most one block an SM
+    /// (`dec_gemv4w_x8x2` at the full shape: 256 tiles of 8 rows, 128 blocks), ceil(tiles / 2)
+    /// blocks, so that each block requests all its rows before its dependency wait, stages and
+    /// norms its input once for 16 rows instead of 8 (half the L2 reads of the gated norm's o
+    /// and z), and its 256 threads at 128 registers (half an SM's registers) fit beside the
+    /// blocks of the kernel before it (`dec_dn_step`, attention's combine) and of the one after
+    /// it (`dec_gemv8`, the router), where two blocks an SM fill the register file; elsewhere
+    /// the persistent grid.
+    TwoTilesABlock,
+}
+
 /// Most picks (rows × top_k) of a batched step the MoE kernels grouped by expert
 /// (`dec_glu4_x8x2_grouped`, `dec_down_combine_x8x2_grouped`; `moe_grouped_rows`) take: 8 rows of
 /// the model's top 8 (their tables of items are sized for it: DEC_GRP_PICKS).
@@ -184,6 +218,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MAX_TOPK", MAX_TOPK as i64),
         ("DEC_DOWN_BATCH", DOWN_BATCH as i64),
         ("DEC_DOWN_STAGE", DOWN_STAGE as i64),
+        ("DEC_DOWN_NEXT_REGS", DOWN_NEXT_REGS as i64),
         ("DEC_DOWN_KSPLIT", DOWN_KSPLIT as i64),
         ("DEC_GRP_DOWN_KCOLS", GROUPED_DOWN_KCOLS as i64),
         ("DEC_GRP_DOWN_BATCH", GROUPED_DOWN_BATCH as i64),
@@ -226,6 +261,15 @@ pub fn x8x2_serves(ws: &[LinearShape]) -> bool {
         && ws.first().is_some_and(|w| {
             ws.iter().all(|o| o.cols == w.cols) && matches!(w.cols / 64, 1..=32 | 64)
         })
+}
+
+/// Blocks of a `project` launch of `tiles` tiles on `sms` SMs (`GemvGrid`).
+pub fn gemv_blocks(tiles: usize, sms: usize, grid: GemvGrid) -> usize {
+    let pairs = tiles.div_ceil(2);
+    match grid {
+        GemvGrid::TwoTilesABlock if pairs <= sms => pairs,
+        _ => tiles.min(BLOCKS_PER_SM * sms),
+    }
 }
 
 /// Whether `Decode::glu` reads these weights: all of one input width, gate and up alike.
@@ -696,6 +740,7 @@ pub struct Decode {
     down_combine_q8: Kernel,
     down_combine_q8_rows: Kernel,
     down_combine_x8x2: Kernel,
+    down_combine_x8x2_r96: Kernel,
     down_combine_x8x2_rows: Kernel,
     down_combine_x8x2_grouped: Kernel,
     down_combine_x8x2_grouped_wide: Kernel,
@@ -735,6 +780,7 @@ impl Decode {
             down_combine_q8: k("dec_down_combine_q8")?,
             down_combine_q8_rows: k("dec_down_combine_q8_rows")?,
             down_combine_x8x2: k("dec_down_combine_x8x2")?,
+            down_combine_x8x2_r96: k("dec_down_combine_x8x2_r96")?,
             down_combine_x8x2_rows: k("dec_down_combine_x8x2_rows")?,
             down_combine_x8x2_grouped: k("dec_down_combine_x8x2_grouped")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
@@ -748,13 +794,15 @@ impl Decode {
     }
 
     /// Up to MAX_SEGS projections of one input row in one launch; `products` (the plan's
-    /// `gemv_products`) picks the pipelined 4-bit kernels' f32 or int8-pair form.
+    /// `gemv_products`) picks the pipelined 4-bit kernels' f32 or int8-pair form, `grid` (the
+    /// plan's `gemv_grid`) how many blocks share the tiles.
     pub fn project(
         &self,
         gpu: &Gpu,
         input: Input,
         outs: &[(&DevLinear, Out)],
         products: GemvProducts,
+        grid: GemvGrid,
     ) -> Result<()> {
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("dec_gemv: {} projections (1..={MAX_SEGS})", outs.len());
@@ -799,7 +847,7 @@ impl Decode {
         };
         let staged_out = input.staged_out.unwrap_or(0);
         let cols = input.cols as i32;
-        let grid = (segs.tiles as usize).min(BLOCKS_PER_SM * gpu.sm_count);
+        let grid = gemv_blocks(segs.tiles as usize, gpu.sm_count, grid);
         let cfg = config((grid as u32, 1, 1), (WARPS * 32) as u32, 0);
         gpu.launch(kernel, cfg, |l| {
             l.arg(&segs)
@@ -1122,12 +1170,20 @@ impl Decode {
         })
     }
 
-    /// The MoE's second half for one token; `products` as for `glu`.
-    pub fn down_combine(&self, gpu: &Gpu, a: &DownCombine, products: MoeProducts) -> Result<()> {
-        let kernel = match products {
-            MoeProducts::Float => &self.down_combine,
-            MoeProducts::Int8 => &self.down_combine_q8,
-            MoeProducts::Int8Pairs => &self.down_combine_x8x2,
+    /// The MoE's second half for one token; `products` as for `glu`; `regs` (the plan's
+    /// `down_regs`) which block the int8-pair kernel runs.
+    pub fn down_combine(
+        &self,
+        gpu: &Gpu,
+        a: &DownCombine,
+        products: MoeProducts,
+        regs: DownRegs,
+    ) -> Result<()> {
+        let kernel = match (products, regs) {
+            (MoeProducts::Float, _) => &self.down_combine,
+            (MoeProducts::Int8, _) => &self.down_combine_q8,
+            (MoeProducts::Int8Pairs, DownRegs::Unbounded) => &self.down_combine_x8x2,
+            (MoeProducts::Int8Pairs, DownRegs::Next96) => &self.down_combine_x8x2_r96,
         };
         self.down_combine_launch(gpu, a, 1, kernel, products)
     }

@@ -2,7 +2,7 @@
 
 use crate::common::*;
 use lily_cuda::kernels::decode::{
-    DownCombine, GemvProducts, Glu, GroupedDown, MoeProducts, RowsKernel,
+    DownCombine, DownRegs, GemvGrid, GemvProducts, Glu, GroupedDown, MoeProducts, RowsKernel,
 };
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
@@ -130,6 +130,7 @@ fn fused_decode_blocks_match_cpu() {
             as_is(rig.scratch.xn.ptr),
             &outs,
             GemvProducts::Float,
+            GemvGrid::Persistent,
         )
         .unwrap();
     let got: Vec<f32> = rig.g.read(&out, 0, 1000).unwrap();
@@ -249,7 +250,7 @@ impl GemvCase {
             (&self.dws[3], Out::Store(outs_dev[3].ptr)),
         ];
         d.k.decode
-            .project(d, input, &outs, GemvProducts::Float)
+            .project(d, input, &outs, GemvProducts::Float, GemvGrid::Persistent)
             .unwrap();
         let got_xn = d.read(&staged, 0, self.cols).unwrap();
         let outs = outs_dev
@@ -312,6 +313,7 @@ fn wide_decode_gemvs_match_cpu() {
             Input::row(xd.ptr, 2048),
             &[(&dw, Out::Store(out.ptr))],
             GemvProducts::Float,
+            GemvGrid::Persistent,
         )
         .unwrap();
     let got: Vec<f32> = d.read(&out, 0, 20_000).unwrap();
@@ -823,7 +825,8 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                     .unwrap();
                 for at in 0..rows {
                     dec.glu(&d, &glu(1, at), products).unwrap();
-                    dec.down_combine(&d, &down(1, at), products).unwrap();
+                    dec.down_combine(&d, &down(1, at), products, DownRegs::Unbounded)
+                        .unwrap();
                 }
                 runs.assert_equal(&d, rows, &x0, &what);
             }
@@ -920,7 +923,8 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                     .unwrap();
                 for at in 0..rows {
                     dec.glu(&d, &glu(1, at), products).unwrap();
-                    dec.down_combine(&d, &down(1, at), products).unwrap();
+                    dec.down_combine(&d, &down(1, at), products, DownRegs::Unbounded)
+                        .unwrap();
                 }
                 let picked: Vec<i32> = d.read(&ids[1], 0, rows * tk).unwrap();
                 let distinct: std::collections::BTreeSet<i32> = picked.iter().copied().collect();
@@ -1159,11 +1163,30 @@ fn moe_int8_matches_cpu() {
                         x: xr.ptr,
                     };
                     if rows == 1 {
-                        dec.down_combine(&d, &down, products).unwrap();
+                        dec.down_combine(&d, &down, products, DownRegs::Unbounded)
+                            .unwrap();
                     } else {
                         dec.down_combine_rows(&d, &down, rows, products).unwrap();
                     }
                     let x_got: Vec<f32> = d.read(&xr, 0, rows * h).unwrap();
+                    // down_96_regs: the pair kernel held to 96 registers gives the same bits
+                    // (so the check against the CPU below holds for it too).
+                    if rows == 1 && products == MoeProducts::Int8Pairs {
+                        let x96 = d.upload(&x0).unwrap();
+                        let at96 = DownCombine { x: x96.ptr, ..down };
+                        dec.down_combine(&d, &at96, products, DownRegs::Next96)
+                            .unwrap();
+                        let got96: Vec<f32> = d.read(&x96, 0, h).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got96),
+                            bits(&x_got),
+                            "{what}: dec_down_combine_x8x2_r96 vs dec_down_combine_x8x2"
+                        );
+                        println!(
+                            "KERNEL dec_down_combine_x8x2_r96 {what}: dec_down_combine_x8x2's bits"
+                        );
+                    }
                     let (mut dx, mut want_dx) = (Vec::new(), Vec::new());
                     let mut drow = vec![0f32; inter.max(si)];
                     for r in 0..rows {
@@ -1351,7 +1374,7 @@ fn gemv_int8_matches_cpu() {
             };
             let resid = r(rng.vec(rows[0], 1.0));
             // launch: (staged row, outputs) of one project call with these store modes
-            let launch = |products: GemvProducts, exact: bool| {
+            let launch = |products: GemvProducts, exact: bool, grid: GemvGrid| {
                 let bufs: Vec<DevBuf> = rows.iter().map(|&n| poisoned(&d, n)).collect();
                 if !exact {
                     d.write(&bufs[0], 0, &resid).unwrap();
@@ -1376,7 +1399,9 @@ fn gemv_int8_matches_cpu() {
                     prologue: prologue_arg,
                     staged_out: Some(staged.ptr),
                 };
-                d.k.decode.project(&d, input, &outs, products).unwrap();
+                d.k.decode
+                    .project(&d, input, &outs, products, grid)
+                    .unwrap();
                 let got: Vec<Vec<f32>> = bufs
                     .iter()
                     .zip(rows)
@@ -1384,61 +1409,86 @@ fn gemv_int8_matches_cpu() {
                     .collect();
                 (d.read(&staged, 0, cols).unwrap(), got)
             };
-            let (staged, got) = launch(GemvProducts::Int8Pairs, true);
-            let tol_staged = if bf16_activations { 1e-2 } else { 1e-5 };
-            check(
-                &format!("{what}: staged row"),
-                &staged,
-                &staged_cpu,
-                tol_staged,
-            );
-            let (xt, gmax) = int8_pair_groups(&staged);
-            let mut wrow = vec![0f32; cols];
-            for (i, (w, got)) in ws.iter().zip(&got).enumerate() {
-                let (mut want_q, mut worst, mut outside) = (Vec::new(), 0f64, 0usize);
-                for (j, &o) in got.iter().enumerate() {
-                    w.dequant_row(j, &mut wrow);
-                    let (mut yq, mut yf, mut bound, mut mag) = (0f64, 0f64, 0f64, 0f64);
-                    for (cc, &wv) in wrow.iter().enumerate() {
-                        let wv = wv as f64;
-                        yq += wv * xt[cc];
-                        yf += wv * staged[cc] as f64;
-                        bound += wv.abs() * gmax[cc / 64] / 64516.0;
-                        mag += (wv * staged[cc] as f64).abs();
-                    }
-                    want_q.push(yq as f32);
-                    let bound = bound * 1.001 + 1e-6 * mag + 1e-30;
-                    let dev = (o as f64 - yf).abs();
-                    worst = worst.max(dev / bound);
-                    if dev.is_nan() || dev > bound {
-                        outside += 1;
-                    }
-                }
-                let what = format!("{what}: output {i} ({} rows)", got.len());
-                let e_q = rel_l2(&what, got, &want_q);
-                assert!(
-                    e_q <= 1e-6,
-                    "{what}: vs the f64 of the int8 pairs: rel L2 {e_q:.2e}"
+            // gemv4w_sm_grid: every check below for both grids, and the two tiles a block give
+            // the persistent grid's bits.
+            for grid in [GemvGrid::Persistent, GemvGrid::TwoTilesABlock] {
+                let what = format!("{what}, {grid:?} grid");
+                let (staged, got) = launch(GemvProducts::Int8Pairs, true, grid);
+                let tol_staged = if bf16_activations { 1e-2 } else { 1e-5 };
+                check(
+                    &format!("{what}: staged row"),
+                    &staged,
+                    &staged_cpu,
+                    tol_staged,
                 );
-                assert_eq!(
+                let (xt, gmax) = int8_pair_groups(&staged);
+                let mut wrow = vec![0f32; cols];
+                for (i, (w, got)) in ws.iter().zip(&got).enumerate() {
+                    let (mut want_q, mut worst, mut outside) = (Vec::new(), 0f64, 0usize);
+                    for (j, &o) in got.iter().enumerate() {
+                        w.dequant_row(j, &mut wrow);
+                        let (mut yq, mut yf, mut bound, mut mag) = (0f64, 0f64, 0f64, 0f64);
+                        for (cc, &wv) in wrow.iter().enumerate() {
+                            let wv = wv as f64;
+                            yq += wv * xt[cc];
+                            yf += wv * staged[cc] as f64;
+                            bound += wv.abs() * gmax[cc / 64] / 64516.0;
+                            mag += (wv * staged[cc] as f64).abs();
+                        }
+                        want_q.push(yq as f32);
+                        let bound = bound * 1.001 + 1e-6 * mag + 1e-30;
+                        let dev = (o as f64 - yf).abs();
+                        worst = worst.max(dev / bound);
+                        if dev.is_nan() || dev > bound {
+                            outside += 1;
+                        }
+                    }
+                    let what = format!("{what}: output {i} ({} rows)", got.len());
+                    let e_q = rel_l2(&what, got, &want_q);
+                    assert!(
+                        e_q <= 1e-6,
+                        "{what}: vs the f64 of the int8 pairs: rel L2 {e_q:.2e}"
+                    );
+                    assert_eq!(
                     outside, 0,
                     "{what}: {outside} values outside the pairs' bound (worst {worst:.2} of it)"
                 );
-                println!(
+                    println!(
                     "KERNEL dec_gemv4_x8x2 {what}: vs f64 of the int8 pairs rel L2 {e_q:.2e}; vs unrounded within the bound (worst {worst:.2} of it)"
                 );
-            }
-            // The model's store modes, beside the f32 kernels.
-            let (_, pairs) = launch(GemvProducts::Int8Pairs, false);
-            let (_, float) = launch(GemvProducts::Float, false);
-            let tol = if bf16_activations { 1e-2 } else { 1e-4 };
-            for (i, (p, f)) in pairs.iter().zip(&float).enumerate() {
-                check(
-                    &format!("{what}: stored output {i} vs dec_gemv4"),
-                    p,
-                    f,
-                    tol,
-                );
+                }
+                // The model's store modes, beside the f32 kernels.
+                let (_, pairs) = launch(GemvProducts::Int8Pairs, false, grid);
+                let (_, float) = launch(GemvProducts::Float, false, GemvGrid::Persistent);
+                let tol = if bf16_activations { 1e-2 } else { 1e-4 };
+                for (i, (p, f)) in pairs.iter().zip(&float).enumerate() {
+                    check(
+                        &format!("{what}: stored output {i} vs dec_gemv4"),
+                        p,
+                        f,
+                        tol,
+                    );
+                }
+                if grid == GemvGrid::TwoTilesABlock {
+                    for exact in [true, false] {
+                        let (s0, g0) = launch(GemvProducts::Int8Pairs, exact, GemvGrid::Persistent);
+                        let (s1, g1) = launch(GemvProducts::Int8Pairs, exact, grid);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&s0),
+                            bits(&s1),
+                            "{what}: staged row vs the persistent grid"
+                        );
+                        for (i, (a, b)) in g0.iter().zip(&g1).enumerate() {
+                            assert_eq!(
+                                bits(a),
+                                bits(b),
+                                "{what}: output {i} (exact {exact}) vs the persistent grid"
+                            );
+                        }
+                    }
+                    println!("KERNEL dec_gemv4_x8x2 {what}: the persistent grid's bits");
+                }
             }
         }
     }

@@ -860,6 +860,50 @@ fn model_prefill_through_narrow_and_tail_tiles_gives_the_same_tokens() {
     }
 }
 
+/// Session 23's decode switches (`gemv4w_sm_grid`: dec_gemv4w_x8x2 two tiles a block on one
+/// block an SM; `down_96_regs`: the MoE's down kernel held to 96 registers), each alone and
+/// both, through the decode of a full-width 4-layer model (DeltaNet's out_proj with its gated
+/// norm, attention's o_proj, the MoE; CUDA graphs and dependent launch as they ship) against the
+/// shipping configuration: neither changes an output's arithmetic, so the same greedy tokens
+/// and the same log-probabilities and top alternatives, bit for bit.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_with_session_23_switches_gives_the_same_tokens_and_logprobs() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 23, Some(4));
+    let prompt = Rng(23).tokens(48, w.config.vocab);
+    let run = |gemv4w_sm_grid: bool, down_96_regs: bool| -> Reported {
+        let mut b = CudaBackend::with_options(
+            &w,
+            &CudaOptions {
+                gemv4w_sm_grid,
+                down_96_regs,
+                ..CudaOptions::default()
+            },
+        )
+        .unwrap();
+        let s = b.new_seq(prompt.len() + 24).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
+        let (got, r) = decode_into(&mut b, s, &mut sampler, 16, 5, None);
+        r.unwrap();
+        got
+    };
+    let shipping = run(false, false);
+    for (grid, regs) in [(true, false), (false, true), (true, true)] {
+        let got = run(grid, regs);
+        println!(
+            "MODEL gemv4w_sm_grid {grid}, down_96_regs {regs}: {:?}",
+            got.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        same_reported(
+            &format!("gemv4w_sm_grid {grid}, down_96_regs {regs} vs shipping"),
+            &got,
+            &shipping,
+            0.0,
+        );
+    }
+}
+
 /// How much farther from the fp32 CPU reference the tensor-core scan may take the shipping bf16
 /// model than the recurrent scan does, over every position of a teacher-forced prompt (rel. L2):
 /// on ≤ off · (1 + TC_SCAN_FAITHFUL_MARGIN) + TC_SCAN_FAITHFUL_ABS. Two runs that differ only in
