@@ -2,12 +2,8 @@
 //   β = sigmoid(b), g = −exp(A_log) · softplus(a + dt_bias), S ← exp(g) · S,
 //   u = Sᵀk, δ = β (v − u), S ← S + k δᵀ, o = Sᵀq (the updated state).
 // Column j of S only meets column j, so the invocations of column j own it in registers for
-// the whole chunk. With ONE_SYNC = 1 (`recur_one_sync`, plan.rs `dn_recur_spec`) a token takes one
-// barrier instead of two: o = Sᵀq of the updated state is α (S₀ᵀq) + (kᵀq) δ (S₀ the state
-// before the token: S = α S₀ + k δᵀ), so S₀ᵀk and S₀ᵀq are summed together, their partial sums
-// meet in one exchange, and kᵀq (no state in it) is summed per block of tokens beforehand.
-// Workgroups of 32 columns (hv · dv / 32 workgroups, 128 on the full model). Value head h reads
-// key head h / (hv / hk). Bytes: S read and written once per chunk; FLOPs: ≈ 6 · dk · dv per token and head.
+// the whole chunk. Workgroups of 32 columns (hv · dv / 32 workgroups, 128 on the full model). Value head h reads key head
+// h / (hv / hk). Bytes: S read and written once per chunk; FLOPs: ≈ 6 · dk · dv per token and head.
 
 struct P {
     tokens: u32,
@@ -32,9 +28,6 @@ struct P {
 // driver unroll the loops and keep the state column in registers.
 override DK: u32 = 128u;
 
-// 1: one barrier a token (the fused form above); 0: two, u's exchange then o's.
-override ONE_SYNC: u32 = 0u;
-
 // Tokens per block: their q, k, β and decay are staged in shared memory by the whole workgroup
 // (many reads in flight) before the block's recurrence runs from there; main's profile on the
 // H200 (c7ee898): 844 µs per 512-token chunk and layer, ≈ 1.6 µs per token, each token's reads
@@ -54,11 +47,6 @@ var<workgroup> qs: array<vec4<f32>, 512>;   // TB tokens × DK/4 (DK ≤ 128)
 var<workgroup> ks: array<vec4<f32>, 512>;
 var<workgroup> ba: array<vec2<f32>, 16>;    // (β, exp(g)) per token of the block
 var<workgroup> red: array<f32, 256>;        // [buffer][slice][column] partial sums
-// ONE_SYNC: (S₀ᵀk, S₀ᵀq) partial sums [buffer][slice][column]; kᵀq of the block's tokens in 8
-// partial sums each, then summed.
-var<workgroup> red2: array<vec2<f32>, 256>;
-var<workgroup> kqp: array<f32, 128>;
-var<workgroup> kqs: array<f32, 16>;
 
 @compute @workgroup_size(128)
 fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -109,56 +97,6 @@ fn dn_recur(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
         }
         workgroupBarrier();
-        if (ONE_SYNC == 1u) {
-            // kᵀq of each token of the block: 8 invocations a token, then one sums them (read
-            // after the first token's barrier).
-            if (lid < n * 8u) {
-                let kt = (lid / 8u) * d4;
-                var acc = vec4<f32>(0.0);
-                for (var c = lid % 8u; c < d4; c += 8u) {
-                    acc += qs[kt + c] * ks[kt + c];
-                }
-                kqp[lid] = (acc.x + acc.y) + (acc.z + acc.w);
-            }
-            workgroupBarrier();
-            if (lid < n) {
-                let kb = lid * 8u;
-                kqs[lid] = ((kqp[kb] + kqp[kb + 1u]) + (kqp[kb + 2u] + kqp[kb + 3u]))
-                    + ((kqp[kb + 4u] + kqp[kb + 5u]) + (kqp[kb + 6u] + kqp[kb + 7u]));
-            }
-            for (var tt = 0u; tt < n; tt++) {
-                let beta = ba[tt].x;
-                let alpha = ba[tt].y;
-                let base = tt * d4;
-                var a4 = vec4<f32>(0.0);
-                var b4 = vec4<f32>(0.0);
-                for (var m = 0u; m < MV; m++) {
-                    let i4 = sl + NS * m;
-                    if (i4 < d4) {
-                        a4 += s[m] * ks[base + i4];
-                        b4 += s[m] * qs[base + i4];
-                    }
-                }
-                red2[buf * 128u + lid] = vec2<f32>((a4.x + a4.y) + (a4.z + a4.w), (b4.x + b4.y) + (b4.z + b4.w));
-                workgroupBarrier();
-                let rb = buf * 128u + col;
-                let ab = (red2[rb] + red2[rb + 32u]) + (red2[rb + 64u] + red2[rb + 96u]);
-                buf ^= 1u;
-                let delta = beta * (vv[tt] - alpha * ab.x);
-                let o = alpha * ab.y + kqs[tt] * delta;
-                for (var m = 0u; m < MV; m++) {
-                    let i4 = sl + NS * m;
-                    if (i4 < d4) {
-                        s[m] = s[m] * alpha + ks[base + i4] * delta;
-                    }
-                }
-                if (live && sl == 0u) {
-                    O[(tb + tt) * p.hv * p.dv + h * p.dv + j] = ACT(o);
-                }
-            }
-            workgroupBarrier();
-            continue;
-        }
         for (var tt = 0u; tt < n; tt++) {
             let t = tb + tt;
             let beta = ba[tt].x;

@@ -23,8 +23,8 @@ use crate::plan::{
     PrefillAttention, ProductsKernel, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_coop_emulated, check_dn_recur, check_dn_step, check_down_rows, check_mm,
-    check_mm_f16, check_rows, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
+    check_rows, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -228,29 +228,6 @@ impl WgpuBackend {
     /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
     pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
         check_dn_step(&self.gpu, self.plan.subgroups, self.plan.act_f16, (dk, dv))
-    }
-
-    /// dn_recur.wgsl with this plan's activations and reductions for key dim `dk`, value dim
-    /// `dv`, over `tokens` tokens, with one barrier a token (`one_sync`) or two, or
-    /// dn_recur_lanes.wgsl (`lanes`: where the plan has subgroups), against the host
-    /// (`probes::check_dn_recur`): the outputs' and the final state's relative L2 differences.
-    pub fn check_dn_recur(
-        &self,
-        (dk, dv): (usize, usize),
-        tokens: usize,
-        one_sync: bool,
-        lanes: bool,
-    ) -> Result<(f64, f64)> {
-        if lanes && !self.plan.subgroups {
-            bail!("dn_recur_lanes needs subgroups, which this plan has not");
-        }
-        check_dn_recur(
-            &self.gpu,
-            (self.plan.act_f16, self.plan.subgroups),
-            (dk, dv),
-            tokens,
-            (one_sync, lanes),
-        )
     }
 
     /// The 4-bit product kernels against the host's product on random matrices

@@ -545,21 +545,6 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
     Spec::new("dn_recur_norm", &[("DK", dk as f64)])
 }
 
-/// dn_recur.wgsl (prefill's DeltaNet recurrence) for key head dim `dk`; `one_sync`: one barrier a
-/// token instead of two, o from the state before the token's update (`WgpuOptions::
-/// recur_one_sync`, its `ONE_SYNC`); `lanes`: dn_recur_lanes.wgsl instead, the same sums met by
-/// subgroup shuffles, no barrier a token (`WgpuOptions::recur_lanes`, where the plan has
-/// subgroups: `Plan::resolve`).
-pub fn dn_recur_spec(dk: usize, one_sync: bool, lanes: bool) -> Spec {
-    if lanes {
-        return Spec::new("dn_recur_lanes", &[("DK", dk as f64)]);
-    }
-    Spec::new(
-        "dn_recur",
-        &[("DK", dk as f64), ("ONE_SYNC", one_sync as u32 as f64)],
-    )
-}
-
 /// linear_q4_glu_rows.wgsl with `rb` rows a workgroup (`Plan::glu_rb`: GLU_RB, or the
 /// `glu_rows` knob's 4, 8 or 16); `early`: its routing on order keys,
 /// one barrier a round and only the rounds its item needs, the norm's weights read with the
@@ -826,11 +811,6 @@ impl Plan {
         let limits = &device.limits;
         let subgroups = device.subgroups && opts.subgroups;
         let mut notes = Vec::new();
-        if opts.recur_lanes && !subgroups {
-            notes.push(
-                "dn_recur_lanes: no subgroups (the adapter's, or `subgroups` off); dn_recur".into(),
-            );
-        }
         // The f16 choices (`auto`: the adapter's kind decides), each with its reason in the line.
         let mut f16 = |label: &str, choice: Choice| {
             let (on, why) = f16_rule(choice, device, opts.auto_as_apple);
@@ -1010,11 +990,7 @@ impl Plan {
             attend_tile,
             dn_conv: Spec::new("dn_conv", &[]),
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
-            dn_recur: dn_recur_spec(
-                c.dn_k_dim,
-                opts.recur_one_sync,
-                opts.recur_lanes && subgroups,
-            ),
+            dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
             dn_conv_step: Spec::new("dn_conv_step", &[]),
             dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim),
             moe_route: Spec::new("moe_route", &[]),

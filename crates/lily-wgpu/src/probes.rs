@@ -9,8 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, dn_recur_spec, down_rows_spec, rows_grid, rows_spec, MmTile,
-    SplitRule,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
 };
 use crate::shaders::Form;
 
@@ -679,118 +678,6 @@ pub fn check_dn_step(
         y_err,
         state_err,
     })
-}
-
-/// dn_recur.wgsl (prefill's DeltaNet recurrence over a chunk) compiled for key dim `dk` as
-/// `dn_recur_spec(dk, one_sync, lanes)` with the plan's activations and reductions, against the host in f64 on random
-/// inputs: `tokens` tokens (blocks of 16, the last partly filled where `tokens` is not a multiple),
-/// 4 value heads over 2 key heads, dv = `dv` (columns past dv in its last 32-column workgroup
-/// idle), a random state, L2-normalised q (scaled by 1 / √dk) and k as dn_qk_norm writes them, v,
-/// b, a and decay (the activations rounded to f16 where `act_f16`, as the kernel reads them).
-/// `lanes`: dn_recur_lanes.wgsl instead (`one_sync` then unused; needs the device's subgroups).
-/// Returns the relative L2 differences of the outputs `[tokens, hv · dv]` and of the final state.
-pub fn check_dn_recur(
-    gpu: &Gpu,
-    (act_f16, subgroups): (bool, bool),
-    (dk, dv): (usize, usize),
-    tokens: usize,
-    (one_sync, lanes): (bool, bool),
-) -> Result<(f64, f64)> {
-    let (hv, hk) = (4usize, 2usize);
-    let (key_dim, vd) = (hk * dk, hv * dv);
-    let cd = 2 * key_dim + vd;
-    let mut seed = 0x2545_f491_4f6c_dd1du64 ^ (dk * 1000 + dv + tokens * 7) as u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % 20_001) as f32 / 10_000.0 - 1.0
-    };
-    // The conv output (only v, at 2 · key_dim, is read), q | k per token as dn_qk_norm writes
-    // them, b | a per token at stride 2 · hv.
-    let c = round_f16(
-        &(0..tokens * cd).map(|_| rnd()).collect::<Vec<f32>>(),
-        act_f16,
-    );
-    let qscale = 1.0 / (dk as f32).sqrt();
-    let mut qk = Vec::with_capacity(tokens * 2 * key_dim);
-    for _ in 0..tokens {
-        for scale in [qscale, 1.0] {
-            for _ in 0..hk {
-                let v: Vec<f32> = (0..dk).map(|_| rnd()).collect();
-                let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
-                qk.extend(v.iter().map(|x| x * scale / n));
-            }
-        }
-    }
-    let qk = round_f16(&qk, act_f16);
-    let ba = round_f16(
-        &(0..tokens * 2 * hv)
-            .map(|_| rnd() * 2.0)
-            .collect::<Vec<f32>>(),
-        act_f16,
-    );
-    let decay: Vec<f32> = (0..2 * hv).map(|_| rnd() * 0.5).collect();
-    let state0: Vec<f32> = (0..hv * dk * dv).map(|_| rnd() * 0.3).collect();
-    // The host in f64, the recurrent form of MODEL.md §2.5 token by token.
-    let softplus = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
-    let mut want_s: Vec<f64> = state0.iter().map(|&v| v as f64).collect();
-    let mut want_o = vec![0f64; tokens * vd];
-    for t in 0..tokens {
-        for h in 0..hv {
-            let kh = h / (hv / hk);
-            let qb = t * 2 * key_dim + kh * dk;
-            let q = &qk[qb..qb + dk];
-            let kk = &qk[qb + key_dim..qb + key_dim + dk];
-            let v = &c[t * cd + 2 * key_dim + h * dv..t * cd + 2 * key_dim + (h + 1) * dv];
-            let bt = t * 2 * hv;
-            let beta = 1.0 / (1.0 + (-(ba[bt + h] as f64)).exp());
-            let g =
-                -(decay[h] as f64).exp() * softplus(ba[bt + hv + h] as f64 + decay[hv + h] as f64);
-            let alpha = g.exp();
-            let st = &mut want_s[h * dk * dv..(h + 1) * dk * dv];
-            st.iter_mut().for_each(|x| *x *= alpha);
-            for j in 0..dv {
-                let u: f64 = (0..dk).map(|i| st[i * dv + j] * kk[i] as f64).sum();
-                let delta = beta * (v[j] as f64 - u);
-                for i in 0..dk {
-                    st[i * dv + j] += kk[i] as f64 * delta;
-                }
-                want_o[t * vd + h * dv + j] = (0..dk).map(|i| st[i * dv + j] * q[i] as f64).sum();
-            }
-        }
-    }
-    let spec = crate::shaders::Spec {
-        act_f16,
-        ..dn_recur_spec(dk, one_sync, lanes).with_subgroups(subgroups)
-    };
-    let kernel = Kernel::new(gpu, &spec, false)?;
-    let cbuf = upload_act(gpu, "check.c", &c, act_f16)?;
-    let qkbuf = upload_act(gpu, "check.qk", &qk, act_f16)?;
-    let babuf = upload_act(gpu, "check.ba", &ba, act_f16)?;
-    let dbuf = gpu.upload_f32("check.decay", &decay)?;
-    let sbuf = gpu.upload_f32("check.state", &state0)?;
-    let obuf = gpu.storage("check.o", ((tokens * vd * 4) as u64).div_ceil(16) * 16)?;
-    let mut r = Recorder::new(gpu);
-    r.dispatch(
-        &kernel,
-        &[
-            tokens as u32,
-            hv as u32,
-            hk as u32,
-            dk as u32,
-            dv as u32,
-            cd as u32,
-            (2 * hv) as u32,
-            0,
-        ],
-        &[&cbuf, &qkbuf, &babuf, &dbuf, &sbuf, &obuf],
-        [hv as u32, dv.div_ceil(32) as u32, 1],
-    );
-    r.submit()?;
-    let o = read_act(gpu, &obuf, tokens * vd, act_f16)?;
-    let state = gpu.read_f32(&sbuf, 0, state0.len())?;
-    Ok((rel_l2_f64(&o, &want_o), rel_l2_f64(&state, &want_s)))
 }
 
 /// linear_q4_glu_rows.wgsl routing its items itself (`route`, decode's experts): 2 tokens, E = 130

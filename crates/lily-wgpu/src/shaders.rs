@@ -51,7 +51,6 @@ sources!(
     "dn_conv_step",
     "dn_qk_norm",
     "dn_recur",
-    "dn_recur_lanes",
     "dn_recur_norm",
     "embed",
     "gated_norm",

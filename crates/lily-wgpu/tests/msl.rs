@@ -68,10 +68,6 @@ fn choosable() -> Vec<Spec> {
                             rows_persist: sw,
                             // The decode MoE in rounds (ITEMS = 1, ROUNDS = 1) and not.
                             moe_rounds: sw,
-                            // Prefill's recurrence with one barrier a token (ONE_SYNC = 1) and
-                            // with two, and on subgroup lanes (dn_recur_lanes, where subgroups).
-                            recur_one_sync: sw,
-                            recur_lanes: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -508,74 +504,6 @@ fn in_rows_moves_only_the_products_the_persistent_grid_does_not_stream() {
             [16, 16, 16]
         );
     }
-}
-
-/// Prefill's recurrence: dn_recur with two barriers a token by default, with one (`ONE_SYNC` 1)
-/// under `recur_one_sync`; dn_recur_lanes under `recur_lanes` only where the plan has subgroups
-/// (else dn_recur as `recur_one_sync` says, and a note in the line); each under Apple's 32 KiB.
-#[test]
-fn dn_recur_forms_are_planned_only_where_asked_and_enabled() {
-    let c = full_config();
-    let device = |subgroups| DeviceCaps {
-        limits: apple_limits(),
-        subgroups,
-        f16: true,
-        device_type: wgpu::DeviceType::IntegratedGpu,
-        coop: 0,
-        metal: true,
-        vendor: 0,
-    };
-    let form = |opts: &WgpuOptions, subgroups: bool| {
-        let plan = Plan::resolve(opts, &c, true, &device(subgroups)).unwrap();
-        let spec = plan.specs.dn_recur.clone();
-        let needs = spec.needs().unwrap();
-        assert!(needs.workgroup_bytes <= 32 << 10, "{needs:?}");
-        let one = spec
-            .constants
-            .iter()
-            .find(|(k, _)| *k == "ONE_SYNC")
-            .map(|(_, v)| *v);
-        (spec.name, one, plan.describe())
-    };
-    let d = WgpuOptions::default();
-    assert!(!d.recur_one_sync && !d.recur_lanes);
-    let (name, one, line) = form(&d, true);
-    assert_eq!((name, one), ("dn_recur", Some(0.0)));
-    assert!(line.contains("dn_recur one barrier a token off") && !line.contains("dn_recur_lanes:"));
-    let one_sync = WgpuOptions {
-        recur_one_sync: true,
-        ..WgpuOptions::default()
-    };
-    let (name, one, line) = form(&one_sync, true);
-    assert_eq!((name, one), ("dn_recur", Some(1.0)));
-    assert!(line.contains("dn_recur one barrier a token on"), "{line}");
-    let lanes = WgpuOptions {
-        recur_lanes: true,
-        ..WgpuOptions::default()
-    };
-    let (name, one, line) = form(&lanes, true);
-    assert_eq!((name, one), ("dn_recur_lanes", None));
-    assert!(line.contains("dn_recur on subgroup lanes on") && !line.contains("dn_recur_lanes:"));
-    // Without subgroups (the adapter's, or `subgroups` off): dn_recur, said in the line.
-    for (opts, subgroups) in [
-        (lanes.clone(), false),
-        (
-            WgpuOptions {
-                subgroups: false,
-                ..lanes.clone()
-            },
-            true,
-        ),
-    ] {
-        let (name, one, line) = form(&opts, subgroups);
-        assert_eq!((name, one), ("dn_recur", Some(0.0)));
-        assert!(line.contains("dn_recur_lanes: no subgroups"), "{line}");
-    }
-    let both = WgpuOptions {
-        recur_one_sync: true,
-        ..lanes
-    };
-    assert_eq!(form(&both, false).1, Some(1.0));
 }
 
 /// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
