@@ -162,9 +162,6 @@ lily_core::backend_options! {
         out_rows = 2, flag Some("wgpu-out-rows"), env "LILY_WGPU_OUT_ROWS",
             accepts |n| matches!(n, 0 | 2 | 4 | 8 | 16), "0, 2, 4, 8 or 16", label "out rows",
             help "linear_q4_rows.wgsl's rows a workgroup for the matrices of 1,024 to 8,191 rows (decode's DeltaNet out_proj and attention's o on the full model): 2 (the default: 1,024 workgroups of one round; session 21 on an H200 through Vulkan: out_proj 20.2 → 15.9 µs a call, attention's o 20.6 → 16.4); 0 the other matrices' rule (4: 512 workgroups of one round); 8: two rounds of 4 rows, the second's words (both of a 4,096-column row) requested before the first's sums (256 workgroups); 16: the 16-row kernel as compiled (with rows_persist four such rounds, 128 workgroups); 2: 1,024 workgroups of one round; an A/B aid (session 21: out_proj's rounds)";
-        in_rows = 0, flag Some("wgpu-in-rows"), env "LILY_WGPU_IN_ROWS",
-            accepts |n| matches!(n, 0 | 4 | 8 | 16), "0, 4, 8 or 16", label "in rows",
-            help "linear_q4_rows.wgsl's rows a workgroup for the matrices of ≥ 8,192 rows that the persistent grid does not stream (decode's DeltaNet in_proj and attention's q/k/v on the full model, one workgroup a block; without rows_persist every such matrix, lm_head too): 0 the rule (16: 772 / 576 workgroups of four rounds of 4 rows with rows_persist); 8: the 8-row kernel, two rounds of 4 (1,544 / 1,152 workgroups, half the words a lane); 4: the 4-row kernel, one round (3,088 / 2,304 workgroups); 16 as 0; an A/B aid (session 23: fewer words a lane on the in-projections)";
         glu_rows = 0, flag Some("wgpu-glu-rows"), env "LILY_WGPU_GLU_ROWS",
             accepts |n| matches!(n, 0 | 4 | 8 | 16), "0, 4, 8 or 16", label "glu rows",
             help "linear_q4_glu_rows.wgsl's rows a workgroup (decode's experts' gate/up, where not in moe_rounds' items form): 0 lets the plan choose (8: 576 workgroups on the full model); 4: 1,152 workgroups of 4 rows; an A/B aid (session 21: fewer words a lane)";
@@ -244,7 +241,6 @@ mod tests {
                 coop_rows: 128,
                 rows_workers: 0,
                 out_rows: 2,
-                in_rows: 0,
                 glu_rows: 0,
                 down_rows: 2,
             }
@@ -287,7 +283,6 @@ mod tests {
             ("LILY_WGPU_MOE_ROUNDS", "0"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
             ("LILY_WGPU_OUT_ROWS", "8"),
-            ("LILY_WGPU_IN_ROWS", "8"),
             ("LILY_WGPU_GLU_ROWS", "4"),
             ("LILY_WGPU_DOWN_ROWS", "8"),
         ]));
@@ -316,7 +311,6 @@ mod tests {
                 moe_rounds: false,
                 rows_workers: 264,
                 out_rows: 8,
-                in_rows: 8,
                 glu_rows: 4,
                 down_rows: 8,
                 ..WgpuOptions::default()
@@ -355,7 +349,6 @@ mod tests {
             ("LILY_WGPU_LIMITS", "metal"),
             ("LILY_WGPU_DENSE_TILE", "48"),
             ("LILY_WGPU_COOP_ROWS", "96"),
-            ("LILY_WGPU_IN_ROWS", "2"),
             ("LILY_WGPU_F16_ACTS", "yes"),
         ]));
         assert_eq!(o, WgpuOptions::default());

@@ -56,8 +56,6 @@
 //!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds), and the down products
 //!   on 2 rows a workgroup (`down_rows` 2: +2–3 % at 4K with `moe_rounds`, an H100). The GLU's
 //!   rows a workgroup (`glu_rows`) stay the rule's (4 lost: 30.1 against 26.9 µs a call).
-//!   Off, awaiting its A/B (session 23): the ≥ 8,192-row products the persistent grid does not
-//!   stream (in_proj, q/k/v) on 8 or 4 rows a workgroup (`in_rows`: `Plan::rows_rb`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -1098,26 +1096,9 @@ impl Plan {
     /// kernel's: DeltaNet's out_proj and attention's o on the full model).
     pub fn rows_rb(&self, rows: usize) -> usize {
         match self.options.out_rows {
-            0 => self.in_rows_rb(rows),
+            0 => rows_rb(rows),
             n if rows_rb(rows) == 4 => n,
-            _ => self.in_rows_rb(rows),
-        }
-    }
-
-    /// `in_rows` (where not 0): the rows a workgroup of a matrix of ≥ 8,192 rows that the
-    /// `PERSIST_RB`-row kernel would not stream (fewer than `PERSIST_SHARE` blocks a worker, or
-    /// no `rows_persist`): DeltaNet's in_proj and attention's q/k/v on the full model, one
-    /// workgroup a block of 8 (the 8-row kernel, two rounds of 4) or 4 rows (one round), so
-    /// that each lane reads half or a quarter of the words in its chain; lm_head keeps its
-    /// persistent grid. Else `rows_rb`'s.
-    fn in_rows_rb(&self, rows: usize) -> usize {
-        let rb = rows_rb(rows);
-        let streamed = self
-            .rows_workers
-            .is_some_and(|w| rows.div_ceil(PERSIST_RB) >= PERSIST_SHARE * w.max(1));
-        match self.options.in_rows {
-            n @ (4 | 8) if rb == PERSIST_RB && !streamed => n,
-            _ => rb,
+            _ => rows_rb(rows),
         }
     }
 
@@ -1136,35 +1117,6 @@ impl Plan {
         self.specs.attend_tile = None;
         self.options.attn_tile = false;
         self.notes.push(why);
-    }
-
-    /// The plan line's note on linear_q4_rows' kernels: the persistent grid, `out_rows`,
-    /// `in_rows` (empty where all are the rule's).
-    fn describe_rows(&self) -> String {
-        let rounds = |n: usize| if n == 8 { " in rounds of 4" } else { "" };
-        let mut parts = Vec::new();
-        if let Some(w) = self.rows_workers {
-            parts.push(format!(
-                "its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups"
-            ));
-        }
-        if let n @ 1.. = self.options.out_rows {
-            parts.push(format!(
-                "the 1,024–8,191-row products on its {n}-row kernel{}",
-                rounds(n)
-            ));
-        }
-        if let n @ (4 | 8) = self.options.in_rows {
-            parts.push(format!(
-                "the ≥ 8,192-row products it does not stream on its {n}-row kernel{}",
-                rounds(n)
-            ));
-        }
-        if parts.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", parts.join("; "))
-        }
     }
 
     /// One line for logs: every choice and what was changed to fit the device.
@@ -1224,7 +1176,12 @@ impl Plan {
                         .join("/")
                 ),
             },
-            self.describe_rows(),
+            match (self.rows_workers, self.options.out_rows) {
+                (Some(w), 0) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
+                (None, 0) => String::new(),
+                (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+                (None, n) => format!(" (the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+            },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
             } else {

@@ -454,58 +454,6 @@ fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
     assert_eq!(constant(&off.specs.linear_q4_rows16[0], "PERSIST"), 0.0);
 }
 
-/// `in_rows` on the full model: on a discrete GPU (512 workers) DeltaNet's in_proj (12,352 rows)
-/// and attention's q/k/v (9,216) leave the 16-row kernel for the 8- or 4-row one, on one
-/// workgroup a block, while lm_head (248,320) stays streamed; on an Apple GPU (128 workers) the
-/// persistent grid streams all three, so the knob changes no launch there, and the kernels it
-/// picks elsewhere are ones `the_apple_plan_fits_apple_limits` already compiles.
-#[test]
-fn in_rows_moves_only_the_products_the_persistent_grid_does_not_stream() {
-    let c = full_config();
-    let caps = |apple: bool| DeviceCaps {
-        limits: if apple {
-            apple_limits()
-        } else {
-            large_limits()
-        },
-        subgroups: true,
-        f16: true,
-        device_type: if apple {
-            wgpu::DeviceType::IntegratedGpu
-        } else {
-            wgpu::DeviceType::DiscreteGpu
-        },
-        coop: 0,
-        metal: apple,
-        vendor: if apple { APPLE } else { VENDOR_NVIDIA },
-    };
-    for in_rows in [0, 4, 8, 16] {
-        let opts = WgpuOptions {
-            in_rows,
-            ..WgpuOptions::default()
-        };
-        let moved = if matches!(in_rows, 4 | 8) {
-            in_rows
-        } else {
-            16
-        };
-        let plan = Plan::resolve(&opts, &c, true, &caps(false)).unwrap();
-        let rbs = [248_320, 12_352, 9_216].map(|r| plan.rows_rb(r));
-        assert_eq!(rbs, [16, moved, moved]);
-        assert_eq!(
-            plan.rows_grid(moved, 12_352 / moved),
-            ((12_352 / moved) as u32, 1)
-        );
-        assert_eq!(plan.rows_grid(16, 15_520), (512, 1));
-        let apple = Plan::resolve(&opts, &c, true, &caps(true)).unwrap();
-        assert_eq!(apple.rows_workers, Some(128));
-        assert_eq!(
-            [248_320, 12_352, 9_216].map(|r| apple.rows_rb(r)),
-            [16, 16, 16]
-        );
-    }
-}
-
 /// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative
 /// matrices with f16 (at the device's size, every tile size, f16 tiles' sizes), and says so in its
 /// line; otherwise linear_q4_mm as the other options ask (lavapipe and CI: no cooperative
