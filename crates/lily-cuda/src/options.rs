@@ -140,14 +140,14 @@ lily_core::backend_options! {
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
             why "won its A/B: decode 532.3 / 526.2 / 464.5 → 546.5 / 536.9 / 476.0 tok/s at 256 / 4K / 32K (+2–3 %; two rounds, an H200, full size, session 19); agreement over 1,024 one-token positions against CUDA fp32 unchanged (0.251 → 0.248 rel. L2 with single-int8 MoE products); the f32 products serve fp32 mode and are the reference";
-        gemv4w_sm_grid = false, flag Some("gemv4w-sm-grid"), env "LILY_GEMV4W_SM_GRID" = true,
+        gemv4w_sm_grid = true, flag Some("no-gemv4w-sm-grid"), env "LILY_GEMV4W_SM_GRID" = true,
             label "4096-column projections one block an SM",
             help "one-token decode's 4096-column projections on int8 pairs (dec_gemv4w_x8x2: DeltaNet's out_proj with its gated norm, attention's o_proj) on ceil(tiles / 2) blocks where that is at most one an SM (128 blocks of 16 rows at the full shape) instead of two blocks an SM of 8 rows each: every block requests both its tiles before its dependency wait, stages and norms its input once for 16 rows (half the L2 reads of o and z), and fits beside the kernels before and after it (dec_dn_step, the router's dec_gemv8), so all its weight loads start while they run; the same outputs bit for bit; with gemv_int8",
-            why "not yet measured (perf-notes, session 23): off until its A/B";
-        down_96_regs = false, flag Some("down-96-regs"), env "LILY_DOWN_96_REGS" = true,
+            why "won its A/B with down_96_regs (session 23, an H100, full size, two rounds, both on against both off): decode 497.2 / 498.3 → 502.0 / 502.8 tok/s at 4K (+0.9 %), 504.8 / 502.6 → 509.2 / 509.9 at 256 (+1.1 %), 438.6 / 437.3 → 442.1 / 443.1 at 32K (+1.0 %); predicted +5–9 % together; the GPU tests check the same bits as the two-blocks-an-SM grid";
+        down_96_regs = true, flag Some("no-down-96-regs"), env "LILY_DOWN_96_REGS" = true,
             label "MoE down kernel at 96 registers",
             help "one-token decode's MoE down kernel on int8 pairs in dec_down_combine_x8x2_r96: its code held to 96 registers a thread (91 at sm_90a, no spills; 100 unbounded) so that its 12-warp block and one 8-warp block of the next layer's first projection (dec_gemv4_x8x2 at 112: in_proj, q/k/v, lm_head) fill an SM's 65,536 registers together, that block requesting its first tiles while the down kernel runs; the same outputs bit for bit; with moe_int8_pairs",
-            why "not yet measured (perf-notes, session 23): off until its A/B";
+            why "won its A/B with gemv4w_sm_grid (session 23, an H100, full size, two rounds, both on against both off: decode +0.9 % at 4K, +1.1 % at 256, +1.0 % at 32K; predicted +5–9 % together); the GPU test checks dec_down_combine_x8x2's bits";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -290,8 +290,8 @@ mod tests {
             ("LILY_ROUTER_ROWS_SPLIT", "0"),
             ("LILY_MOE_INT8", "0"),
             ("LILY_GEMV_INT8", "1"),
-            ("LILY_GEMV4W_SM_GRID", "1"),
-            ("LILY_DOWN_96_REGS", "1"),
+            ("LILY_GEMV4W_SM_GRID", "0"),
+            ("LILY_DOWN_96_REGS", "0"),
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
             ("LILY_GROUPED_DOWN_WIDE", "0"),
@@ -320,8 +320,8 @@ mod tests {
                 router_rows_split: false,
                 moe_int8: false,
                 gemv_int8: true,
-                gemv4w_sm_grid: true,
-                down_96_regs: true,
+                gemv4w_sm_grid: false,
+                down_96_regs: false,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
                 grouped_down_wide: false,
