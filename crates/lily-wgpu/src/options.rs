@@ -18,13 +18,14 @@ use lily_core::options::TextValue;
 
 use crate::gpu::DeviceLimits;
 
-/// Default largest prefill chunk in tokens (activation scratch is sized for it). 2048: a chunk's
-/// routed experts average 64 tokens each (256 experts, 8 per token), so each expert's weights
-/// serve four tiles and every dispatch fills the GPU (H200 via Vulkan, 4K prompt: 2,315 tok/s at
-/// 512, 3,175 at 2048; docs/perf-notes.md, session 7). The largest activation (the DeltaNet input
-/// projections' output) is 101 MB at 2048, under the 128 MiB binding limit wgpu assumes by
-/// default.
-pub const DEFAULT_PREFILL_CHUNK: usize = 2048;
+/// Default largest prefill chunk in tokens (activation scratch is sized for it). 4096: a chunk's
+/// routed experts average 128 tokens each (256 experts, 8 per token), so each expert's weights
+/// serve twice the items of a 2,048-token chunk's tiles (H100 through Vulkan, session 23: prefill
+/// 4K 6,759 → 7,076 tok/s, +4.7 %, 512 unchanged; session 7 on the H200: 2,315 tok/s at 512, 3,175
+/// at 2048). The scratch is ≈ 186 KB a token in f16 (726 MiB at 4096); its largest binding, the
+/// experts' outputs, 151 MB in f16, 302 MB in f32; where that exceeds the device's largest
+/// storage binding the plan halves the chunk and says so (`plan::fitting_chunk`).
+pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
 
 /// An option the plan decides per adapter unless asked: `auto` (the plan's rule, its reason in
 /// the plan line), `on` or `off`. `1` and `0` are taken as `on` and `off` (the variables of the
@@ -149,7 +150,7 @@ lily_core::backend_options! {
     knobs {
         chunk = DEFAULT_PREFILL_CHUNK, flag Some("wgpu-prefill-chunk"), env "LILY_WGPU_CHUNK",
             accepts |n| n > 0, "at least 1", label "prefill chunk",
-            help "largest prefill chunk in tokens (activation scratch is sized for it)";
+            help "largest prefill chunk in tokens (activation scratch is sized for it); halved where a chunk's largest activation would exceed the device's largest storage binding, as the plan line says";
         dense_tile = 0, flag Some("wgpu-dense-tile"), env "LILY_WGPU_DENSE_TILE",
             accepts |n| matches!(n, 0 | 16 | 32 | 64), "0, 16, 32 or 64", label "dense tile",
             help "items per tile of prefill's dense products (linear_q4_mm.wgsl): 0 lets the plan choose (32 with f32 tiles, 64 with f16 tiles where they fit the device's workgroup memory); an A/B aid (tiles of 64 in f32 against f16's)";
@@ -215,7 +216,7 @@ mod tests {
         assert_eq!(
             WgpuOptions::default(),
             WgpuOptions {
-                chunk: 2048,
+                chunk: 4096,
                 all_logits_chunk: 32,
                 allow_software: true,
                 checked: false,

@@ -92,6 +92,20 @@ pub struct DeviceCaps {
     pub vendor: u32,
 }
 
+/// The prefill chunk a plan takes for `asked` tokens: `asked`, halved while a chunk's largest
+/// activation, the routed experts' outputs (`(top_k + 1) × hidden` values a token, the shared
+/// expert's row included; `Scratch::new`'s `expert_out`), would exceed `max_binding` bytes. On the
+/// full model at 4,096 tokens that buffer is 151 MB in f16 (302 MB in f32): it fits NVIDIA's
+/// bindings and Apple's 1 GiB, not wgpu's default 128 MiB.
+pub fn fitting_chunk(asked: usize, c: &ModelConfig, act_f16: bool, max_binding: u64) -> usize {
+    let per_token = ((c.top_k + 1) * c.hidden) as u64 * crate::forward::act_bytes(act_f16);
+    let mut chunk = asked.max(1);
+    while chunk > 1 && chunk as u64 * per_token > max_binding {
+        chunk /= 2;
+    }
+    chunk
+}
+
 /// NVIDIA's PCI vendor id (`DeviceCaps::vendor`).
 pub const VENDOR_NVIDIA: u32 = 0x10de;
 
@@ -1059,14 +1073,26 @@ impl Plan {
             0 => split_workgroups(device.device_type),
             n => n,
         });
+        // The prefill chunk, as large as asked where its activations fit the device's bindings.
+        let max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let chunk = fitting_chunk(opts.chunk, c, act_f16, max_binding);
+        if chunk < opts.chunk {
+            notes.push(format!(
+                "prefill chunk {} → {chunk}: the routed experts' outputs of a larger chunk exceed the device's largest storage binding ({max_binding} bytes)",
+                opts.chunk
+            ));
+        }
         let options = WgpuOptions {
             rows_workers: rows_workers.unwrap_or(0),
+            chunk,
             ..options
         };
         Ok(Plan {
             options,
-            chunk: opts.chunk,
-            all_logits_chunk: opts.all_logits_chunk.clamp(1, opts.chunk.max(1)),
+            chunk,
+            all_logits_chunk: opts.all_logits_chunk.clamp(1, chunk.max(1)),
             checked: opts.checked,
             max_slice_bytes: opts.max_slice_bytes,
             dense_mm,

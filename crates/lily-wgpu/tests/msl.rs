@@ -10,8 +10,8 @@ use lily_core::config::ModelConfig;
 use lily_core::synth::{preset_text_config, Preset};
 use lily_wgpu::gpu::apple_limits;
 use lily_wgpu::plan::{
-    coop_spec, products_choice, DeviceCaps, MmTile, Plan, PrefillAttention, ProductsKernel,
-    VENDOR_NVIDIA,
+    coop_spec, fitting_chunk, products_choice, DeviceCaps, MmTile, Plan, PrefillAttention,
+    ProductsKernel, VENDOR_NVIDIA,
 };
 use lily_wgpu::shaders::{validator, Form, Spec};
 use lily_wgpu::{Choice, WgpuOptions};
@@ -871,5 +871,51 @@ fn f16_is_on_for_apple_and_nvidia_gpus_and_off_elsewhere_unless_asked() {
             "f16 activations: off (the adapter lacks SHADER_F16)"
         ));
         assert!(has(&p, "f16 KV cache: off (the adapter lacks SHADER_F16)"));
+    }
+}
+
+/// The prefill chunk (4,096 tokens by default): as asked where a chunk's largest activation, the
+/// routed experts' outputs, fits the device's largest storage binding (NVIDIA's, Apple's 1 GiB),
+/// halved until it does where it does not (wgpu's default 128 MiB), which the plan line says.
+#[test]
+fn the_prefill_chunk_fits_the_devices_largest_binding() {
+    let c = full_config();
+    // 4,096 tokens × 9 items × 2,048 values: 151 MB in f16, 302 MB in f32.
+    assert_eq!(fitting_chunk(4096, &c, true, 1 << 30), 4096);
+    assert_eq!(fitting_chunk(4096, &c, false, 1 << 30), 4096);
+    assert_eq!(fitting_chunk(4096, &c, true, 128 << 20), 2048);
+    assert_eq!(fitting_chunk(4096, &c, false, 128 << 20), 1024);
+    assert_eq!(fitting_chunk(300, &c, true, 128 << 20), 300);
+    let device = |limits: wgpu::Limits| DeviceCaps {
+        limits,
+        subgroups: true,
+        f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
+        metal: false,
+        vendor: VENDOR_NVIDIA,
+    };
+    let opts = WgpuOptions::default();
+    assert_eq!(opts.chunk, 4096);
+    // wgpu's default binding (128 MiB) with f16 activations: 2,048, said in the line.
+    let small = Plan::resolve(&opts, &c, true, &device(large_limits())).unwrap();
+    assert_eq!((small.chunk, small.options.chunk), (2048, 2048));
+    assert!(
+        small.describe().contains("prefill chunk 4096 → 2048"),
+        "{}",
+        small.describe()
+    );
+    // Apple's 1 GiB, and a large GPU's own: as asked.
+    for limits in [
+        apple_limits(),
+        wgpu::Limits {
+            max_storage_buffer_binding_size: 4 << 30,
+            max_buffer_size: 1 << 40,
+            ..large_limits()
+        },
+    ] {
+        let plan = Plan::resolve(&opts, &c, true, &device(limits)).unwrap();
+        assert_eq!(plan.chunk, 4096);
+        assert!(!plan.describe().contains("prefill chunk 4096 →"));
     }
 }
