@@ -682,10 +682,11 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
 // three times a step by a multiply-shift, each of the four wgmma descriptors by mask-shift-or,
 // and the dequantisation's constants by moves. Here, with the same copies, MMAs and arithmetic
 // in the same order (bit-identical outputs):
-// - every per-thread offset (the copies' sources and their destinations in a stage as 32-bit
-//   shared addresses; the fragments' row in a stage; the row's (scale, bias) index) is computed
-//   once a block and pinned (wgb_pin: an empty asm NVVM cannot see through, so the loop reuses
-//   the register instead of recomputing it from the thread index);
+// - every per-thread value (the copies' sources and their destinations in a stage as 32-bit
+//   shared addresses; the fragments' row in a stage, their prmt selector; the row's (scale,
+//   bias) index) is computed once a block and pinned (wgb_pin: an empty asm NVVM cannot see
+//   through, so the loop reuses the register instead of recomputing it from the thread index;
+//   ptxas still rematerialises the dequantisation's four constants, 4 moves a step);
 // - the ring slots are byte offsets rotated by an add and a wrap (the slot read, the slot being
 //   refilled = the one read a step ago, the slot dequantised next);
 // - a descriptor is the ring's descriptor plus (slot offset + 32·s) / 16: the same 64 bits as
@@ -713,6 +714,7 @@ struct WgbHoist {
     u32 wo;                   // their shared address in stage 0
     u32 frag;                 // the byte offset in a stage of this thread's first fragment row
     u32 sbr;                  // its (scale, bias) pair's index in sb (group 0)
+    u32 sel;                  // its bytes of a packed word pair (prmt's selector)
 };
 
 template <int TOK>
@@ -739,10 +741,13 @@ __device__ __forceinline__ void wgb_hoist(const QWeight& w, long long w_row0, in
     int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
     p.frag = Wgb<TOK>::XB + r0 * 32;
     p.sbr = r0;
+    u32 t = lane & 3;
+    p.sel = t | ((t + 4) << 4);
     wgb_pin(p.wp);
     wgb_pin(p.wo);
     wgb_pin(p.frag);
     wgb_pin(p.sbr);
+    wgb_pin(p.sel);
 }
 
 // Step `st`'s copies into the stage at shared-offset `so` from the ring (wgb_issue_at's).
@@ -760,8 +765,7 @@ __device__ __forceinline__ void wgb_dequant_h(const char* ring, const u32* sb, c
                                               int st, u32 so, u32 (&a)[4][4]) {
     const char* ws = ring + so + p.frag;
     const u32* sbs = sb + p.sbr + (st >> (gsh - 2)) * WG_ROWS;
-    u32 t = threadIdx.x & 3;
-    u32 sel = t | ((t + 4) << 4), ex = 0x4B000000u;
+    u32 ex = 0x4B000000u;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         uint4 lo = *reinterpret_cast<const uint4*>(ws + 256 * h);
@@ -771,7 +775,7 @@ __device__ __forceinline__ void wgb_dequant_h(const char* ring, const u32* sb, c
         float sc = __uint_as_float(pr << 16), bi = __uint_as_float(pr & 0xffff0000u);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], sel);
+            u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], p.sel);
             float q0 = wgb_magic<0xfu>(b, ex) - 8388608.0f;
             float q1 = fmaf(wgb_magic<0xf0u>(b, ex), 0.0625f, -524288.0f);
             float q2 = fmaf(wgb_magic<0xf00u>(b, ex), 0.00390625f, -32768.0f);

@@ -75,7 +75,7 @@ lily_core::backend_options! {
         wgmma_hoisted_addrs = false, flag Some("wgmma-hoisted-addrs"), env "LILY_WGMMA_HOISTED_ADDRS" = false,
             label "wgmma grouped GEMMs' hoisted addresses",
             help "with wgmma_lean_dequant, the routed experts' grouped GEMMs (gemm_grouped_wgb32/64/128) on their _hoist variants: the same copies, MMAs and outputs, bit for bit, with a k-step's addresses held in registers (the copies' swizzled 32-bit shared destinations and the fragments' row computed once a block, the ring slots rotated by an add and a wrap instead of st % STAGES three times a step, the wgmma descriptors as the ring's plus an offset): 195 against 265 instructions a thread a k-step in gemm_grouped_wgb64",
-            why "predicted +5–8 % prefill at 512, +3–5 % at 4K and 32K (session 23, branch s23pre, from the SASS count; not yet measured); off until its A/B";
+            why "predicted +6–9 % prefill at 512, +2–4 % at 4K, +1.5–3.5 % at 32K (session 23, branch s23pre, from the SASS count: gemm_grouped_wgb32 260 → 190, _wgb64 265 → 195, _wgb128 254.5 → 205 instructions a thread a k-step; not yet measured); off until its A/B";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
