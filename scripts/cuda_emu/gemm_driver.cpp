@@ -7,7 +7,8 @@
 // 128+32: tiles of 128 until at most 32 items of an expert are left, those in a second list run
 // by gemm_grouped_wgb32 in a second launch into the same outputs (the plan's `wgmma_tail_tiles`).
 // Each case runs again on the kernels' _lean variants (the plan's `wgmma_lean_dequant`, groups of
-// ≥ 64) and fails unless every output is bit-identical to the first run's.
+// ≥ 64) and on their _hoist variants (`wgmma_hoisted_addrs`), and fails unless every output of
+// both is bit-identical to the first run's.
 // The tiles are built on the host as moe_group builds them (each expert's items in order, runs
 // of up to the tile; the remainders' rule is moe_group's).
 static double rel(const std::vector<float>& got, const std::vector<double>& want, size_t* bad) {
@@ -73,25 +74,34 @@ int main(int argc, char** argv) {
         int stages = tok == 32 ? WGB32_STAGES : WGB_STAGES;
         return 1024 + stages * ((size_t)tok * 128 + WG_ROWS * 32) + WG_ROWS * groups * 4;
     };
-    auto run = [&](int tok, std::vector<int>& list, int& n, bool lean, std::vector<float>& y) {
+    // variant 0: the plain kernels, 1: _lean, 2: _hoist.
+    auto run = [&](int tok, std::vector<int>& list, int& n, int variant, std::vector<float>& y) {
         dim3e grid{(rows + WG_ROWS - 1) / WG_ROWS, n + 2, 1};  // two blocks past the tiles: they exit
         launch(grid, 256, smem(tok) / 4, [&] {
-            auto k = tok == 32 ? (lean ? gemm_grouped_wgb32_lean : gemm_grouped_wgb32)
-                     : tok == 64 ? (lean ? gemm_grouped_wgb64_lean : gemm_grouped_wgb64)
-                                 : (lean ? gemm_grouped_wgb128_lean : gemm_grouped_wgb128);
+            decltype(&gemm_grouped_wgb32) ks[3][3] = {
+                {gemm_grouped_wgb32, gemm_grouped_wgb32_lean, gemm_grouped_wgb32_hoist},
+                {gemm_grouped_wgb64, gemm_grouped_wgb64_lean, gemm_grouped_wgb64_hoist},
+                {gemm_grouped_wgb128, gemm_grouped_wgb128_lean, gemm_grouped_wgb128_hoist}};
+            auto k = ks[tok == 32 ? 0 : tok == 64 ? 1 : 2][variant];
             k(w, perm.data(), list.data(), &n, x.data(), cols, x_div, y.data(), rows);
         });
     };
-    run(tile, tiles, n_tiles, false, y);
-    if (tail) run(tail, tails, n_tails, false, y);
+    run(tile, tiles, n_tiles, 0, y);
+    if (tail) run(tail, tails, n_tails, 0, y);
     // The lean dequantisation (`wgmma_lean_dequant`, groups of ≥ 64): every output bit-identical.
-    size_t differ = 0;
+    // Then the _hoist variants (`wgmma_hoisted_addrs`, the same groups): bit-identical too.
+    size_t differ = 0, differ_h = 0;
     bool lean = group >= 64;
     if (lean) {
-        std::vector<float> y2(y.size(), NAN);
-        run(tile, tiles, n_tiles, true, y2);
-        if (tail) run(tail, tails, n_tails, true, y2);
-        for (size_t i = 0; i < y.size(); i++) differ += memcmp(&y[i], &y2[i], sizeof(float)) != 0;
+        std::vector<float> y2(y.size(), NAN), y3(y.size(), NAN);
+        run(tile, tiles, n_tiles, 1, y2);
+        if (tail) run(tail, tails, n_tails, 1, y2);
+        run(tile, tiles, n_tiles, 2, y3);
+        if (tail) run(tail, tails, n_tails, 2, y3);
+        for (size_t i = 0; i < y.size(); i++) {
+            differ += memcmp(&y[i], &y2[i], sizeof(float)) != 0;
+            differ_h += memcmp(&y[i], &y3[i], sizeof(float)) != 0;
+        }
     }
     std::vector<double> want(y.size());
     for (int i = 0; i < items; i++)
@@ -102,12 +112,13 @@ int main(int argc, char** argv) {
         }
     size_t bad;
     double e = rel(y, want, &bad);
-    bool ok = bad == 0 && e < 5e-3 && g_wg_errors == 0 && differ == 0;
+    bool ok = bad == 0 && e < 5e-3 && g_wg_errors == 0 && differ == 0 && differ_h == 0;
     char runs[64];
     snprintf(runs, sizeof runs, tail ? "%d + %d (_wgb%d)" : "%d", n_tiles, n_tails, tail);
-    char lean_s[64];
-    snprintf(lean_s, sizeof lean_s, lean ? "; _lean: %zu of %zu outputs differ" : "; _lean: n/a (group < 64)", differ,
-             y.size());
+    char lean_s[96];
+    snprintf(lean_s, sizeof lean_s,
+             lean ? "; _lean: %zu, _hoist: %zu of %zu outputs differ" : "; _lean, _hoist: n/a (group < 64)", differ,
+             differ_h, y.size());
     printf("gemm_grouped_wgb%d %dx%d group %d x_div %d, %d items over %d experts in %s runs: rel. L2 %.2e%s%s%s\n",
            tile, rows, cols, group, x_div, items, E, runs, e, lean_s,
            bad ? " (unwritten outputs!)" : "", g_wg_errors ? " (warpgroup ops out of step!)" : "");

@@ -16,8 +16,8 @@
 #   wgmma.h (warpgroup MMA with A in registers and B through a 128-byte-swizzled descriptor,
 #   retired at wait_group as on the device) against an f64 product of the same bf16 operands
 #   (gemm_driver.cpp); fails above 5e-3 (the GPU test's tolerance) or on any unwritten output,
-#   or where the kernels' _lean variants (`wgmma_lean_dequant`; groups of ≥ 64) give any output
-#   that is not bit-identical.
+#   or where the kernels' _lean variants (`wgmma_lean_dequant`; groups of ≥ 64) or their _hoist
+#   variants (`wgmma_hoisted_addrs`) give any output that is not bit-identical.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
@@ -82,14 +82,16 @@ g++ -std=c++20 -O2 -pthread "$W/emu_gemm.cpp" -o "$W/emu_gemm"
 # runs of 128 + 88, or nine of 64 + 24), rows off the block's 128, gate/up-like (x_div 2, many
 # k-steps) and down-like (x_div 1, groups of 32) shapes, tiles of 32, 64, 128 and 128 + 32 on
 # the same loads (remainders of 1, 32 and 33 past a tile of 128: 129, 160, 161); groups of 128
-# (two k-steps a group: the _lean variants' group index by a shift).
+# (two k-steps a group: the _lean variants' group index by a shift); 16 k-steps (the ring of 5 or
+# 7 stages wrapping three or two times: the _hoist variants' rotated slots).
 LOADS="0 20 64 65 128 129 192 193 256 257 300 600"
 TAILS="0 20 32 33 128 129 160 161 281"
 for args in "136 256 64 2 128 $LOADS" "136 256 64 2 64 $LOADS" "264 512 32 1 128 7 130 250 1" \
             "136 128 64 2 64 2 62 200" "136 256 64 2 32 $LOADS" "264 512 32 1 32 7 33 1 40" \
             "136 128 64 2 32 2 62 200" \
             "136 256 64 2 128+32 $TAILS" "264 512 32 1 128+32 $TAILS" \
-            "136 512 128 2 64 2 62 200" "136 512 128 1 128+32 7 33 161"; do
+            "136 512 128 2 64 2 62 200" "136 512 128 1 128+32 7 33 161" \
+            "136 1024 64 2 64 2 62 200" "136 1024 64 1 128+32 7 33 161"; do
   "$W/emu_gemm" $args || fail=1
 done
 fi

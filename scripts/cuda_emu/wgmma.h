@@ -42,6 +42,7 @@ inline u32 pack_bf16x2(float lo, float hi) { return (u32)emu_bf16(lo) | ((u32)em
 inline float emu_f32(u16 h) { return as_f((u32)h << 16); }
 // The block's shared memory is g_smem (shim.h's launch); shared addresses are offsets into it.
 inline u32 smem_addr(const void* p) { return (u32)((const char*)p - (const char*)g_smem); }
+inline void cp_async16_s(u32 dst, const void* src) { cp_async16((char*)g_smem + dst, src); }
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
 

@@ -672,6 +672,192 @@ __device__ __forceinline__ void wgb_tile(const QWeight& w, long long w_row0, int
     for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
     wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
 }
+
+// ---- HOIST: the _lean k-step with its addresses held in registers (the plan's
+// `wgmma_hoisted_addrs`; the _hoist kernels below) ----
+// The _lean loop's SASS (session 23) spends ≈ 130 of its 265 instructions a thread a k-step
+// (gemm_grouped_wgb64_lean) outside the dequantisation: ptxas rematerialises wgb_src's swizzled
+// offsets and the fragments' row address from the thread index every step (S2R, shifts, masks),
+// makes the copies' shared destinations 64-bit generic addresses, the ring slot `st % STAGES`
+// three times a step by a multiply-shift, each of the four wgmma descriptors by mask-shift-or,
+// and the dequantisation's constants by moves. Here, with the same copies, MMAs and arithmetic
+// in the same order (bit-identical outputs):
+// - every per-thread value (the copies' sources and their destinations in a stage as 32-bit
+//   shared addresses; the fragments' row in a stage, their prmt selector; the row's (scale,
+//   bias) index) is computed once a block and pinned (wgb_pin: an empty asm NVVM cannot see
+//   through, so the loop reuses the register instead of recomputing it from the thread index;
+//   ptxas still rematerialises the dequantisation's four constants, 4 moves a step);
+// - the ring slots are byte offsets rotated by an add and a wrap (the slot read, the slot being
+//   refilled = the one read a step ago, the slot dequantised next);
+// - a descriptor is the ring's descriptor plus (slot offset + 32·s) / 16: the same 64 bits as
+//   wg_desc(address), whose 14-bit address field cannot carry (shared addresses < 2^18);
+// - a copy's "slot has a token" test is one bit of a mask (one LOP3 to a predicate), not a
+//   64-bit null compare.
+__device__ __forceinline__ void wgb_pin(u32& v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("" : "+r"(v));
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void wgb_pin(const T*& v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("" : "+l"(v));
+#endif
+}
+
+template <int TOK>
+struct WgbHoist {
+    const u16* xp[TOK / 32];  // the activation row's 8 columns this thread copies (k-step 0)
+    u32 xo[TOK / 32];         // their 16-byte chunk's shared address in stage 0
+    u32 live;                 // bit it: copy it has a token (xp[it] is valid)
+    const char* wp;           // the weight row's 16 bytes this thread copies (k-step 0)
+    u32 wo;                   // their shared address in stage 0
+    u32 frag;                 // the byte offset in a stage of this thread's first fragment row
+    u32 sbr;                  // its (scale, bias) pair's index in sb (group 0)
+    u32 sel;                  // its bytes of a packed word pair (prmt's selector)
+};
+
+template <int TOK>
+__device__ __forceinline__ void wgb_hoist(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                          int x_stride, const int* src, u32 ring_s, WgbHoist<TOK>& p) {
+    p.live = 0;
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++) {
+        int i = threadIdx.x + it * 256;
+        int n = i >> 3, c = i & 7;
+        int sr = src[n];
+        p.xp[it] = x + (long long)max(sr, 0) * x_stride + 8 * c;
+        p.live |= (u32)(sr >= 0) << it;
+        p.xo[it] = ring_s + n * 128 + ((c ^ (n & 7)) << 4);
+        wgb_pin(p.xp[it]);
+        wgb_pin(p.xo[it]);
+    }
+    wgb_pin(p.live);
+    int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+    long long row = w_row0 + min(m0 + r, w.rows - 1);
+    p.wp = reinterpret_cast<const char*>(w.q) + row * (w.cols / 2) + 16 * h;
+    p.wo = ring_s + Wgb<TOK>::XB + r * 32 + 16 * h;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+    p.frag = Wgb<TOK>::XB + r0 * 32;
+    p.sbr = r0;
+    u32 t = lane & 3;
+    p.sel = t | ((t + 4) << 4);
+    wgb_pin(p.wp);
+    wgb_pin(p.wo);
+    wgb_pin(p.frag);
+    wgb_pin(p.sbr);
+    wgb_pin(p.sel);
+}
+
+// Step `st`'s copies into the stage at shared-offset `so` from the ring (wgb_issue_at's).
+template <int TOK>
+__device__ __forceinline__ void wgb_issue_h(const WgbHoist<TOK>& p, u32 so, int st) {
+#pragma unroll
+    for (int it = 0; it < TOK / 32; it++)
+        if (p.live & (1u << it)) cp_async16_s(p.xo[it] + so, p.xp[it] + st * 64);
+    cp_async16_s(p.wo + so, p.wp + st * 32);
+}
+
+// wgb_dequant<TOK, true> from the stage at byte offset `so` of the ring: the same fragments.
+template <int TOK>
+__device__ __forceinline__ void wgb_dequant_h(const char* ring, const u32* sb, const WgbHoist<TOK>& p, int gsh,
+                                              int st, u32 so, u32 (&a)[4][4]) {
+    const char* ws = ring + so + p.frag;
+    const u32* sbs = sb + p.sbr + (st >> (gsh - 2)) * WG_ROWS;
+    u32 ex = 0x4B000000u;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint4 lo = *reinterpret_cast<const uint4*>(ws + 256 * h);
+        uint4 hi = *reinterpret_cast<const uint4*>(ws + 256 * h + 16);
+        u32 wd[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        u32 pr = sbs[8 * h];
+        float sc = __uint_as_float(pr << 16), bi = __uint_as_float(pr & 0xffff0000u);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            u32 b = __byte_perm(wd[2 * s], wd[2 * s + 1], p.sel);
+            float q0 = wgb_magic<0xfu>(b, ex) - 8388608.0f;
+            float q1 = fmaf(wgb_magic<0xf0u>(b, ex), 0.0625f, -524288.0f);
+            float q2 = fmaf(wgb_magic<0xf00u>(b, ex), 0.00390625f, -32768.0f);
+            float q3 = fmaf(wgb_magic<0xf000u>(b, ex), 0.000244140625f, -2048.0f);
+            a[s][h] = pack_bf16x2(fmaf(sc, q0, bi), fmaf(sc, q1, bi));      // 2t, 2t + 1
+            a[s][2 + h] = pack_bf16x2(fmaf(sc, q2, bi), fmaf(sc, q3, bi));  // 2t + 8, + 9
+        }
+    }
+}
+
+// The ring slot after the one at byte offset `o`.
+template <int TOK, int STAGES>
+__device__ __forceinline__ u32 wgb_next_slot(u32 o) {
+    return o == (STAGES - 1) * Wgb<TOK>::STAGE ? 0u : o + Wgb<TOK>::STAGE;
+}
+
+// wgb_step's k-step: MMAs from the slot at `o_cur`, the refill of the slot at `o_prev` (step
+// st − 1's, = (st + STAGES − 1) % STAGES), step st + 1's fragments from the slot at `o_next`.
+template <int TOK, int STAGES>
+__device__ __forceinline__ void wgb_step_h(const WgbHoist<TOK>& p, const char* ring, const u32* sb, u32 desc0,
+                                           int gsh, int st,
+                                           int steps, u32 o_prev, u32 o_cur, u32 o_next, float (&d)[TOK / 2],
+                                           u32 (&a)[4][4], u32 (&an)[4][4]) {
+    const unsigned long long hi = ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+    u32 dl = desc0 + (o_cur >> 4);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) wgmma_tok<TOK>(d, a[s], hi | (dl + 2 * s));
+    wgmma_commit();
+    cp_async_wait<STAGES - 3>();  // this thread's copies of step st + 1
+    fence_proxy_async();
+    wgmma_wait1();  // this warpgroup's step st − 1: `an` and the slot at o_prev are free
+    __syncthreads();
+    int ahead = st + STAGES - 1;
+    if (ahead < steps) wgb_issue_h<TOK>(p, o_prev, ahead);
+    cp_async_commit();
+    if (st + 1 < steps) wgb_dequant_h<TOK>(ring, sb, p, gsh, st + 1, o_next, an);
+}
+
+// wgb_tile<TOK, STAGES, true> with HOIST's k-step: the same copies, MMAs and outputs.
+template <int TOK, int STAGES>
+__device__ __forceinline__ void wgb_tile_h(const QWeight& w, long long w_row0, int m0, const u16* __restrict__ x,
+                                           int x_stride, const int* src, const int* dst, float* __restrict__ y,
+                                           int y_stride, int accumulate, char* raw) {
+    char* ring = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    u32* sb = reinterpret_cast<u32*>(ring + STAGES * Wgb<TOK>::STAGE);
+    int groups = w.cols / w.group, steps = w.cols / 64, gsh = __ffs(w.group >> 4) - 1;
+    for (int i = threadIdx.x; i < WG_ROWS * groups; i += blockDim.x) {
+        int r = i & (WG_ROWS - 1), gi = i / WG_ROWS;
+        long long at = (w_row0 + min(m0 + r, w.rows - 1)) * groups + gi;
+        sb[i] = (u32)w.scales[at] | ((u32)w.biases[at] << 16);
+    }
+    __syncthreads();  // src (the caller's) before the first requests
+    u32 ring_s = smem_addr(ring);
+    u32 desc0 = (u32)wg_desc(ring_s);  // the descriptor's low word; its high word is constant
+    WgbHoist<TOK> p;
+    wgb_hoist<TOK>(w, w_row0, m0, x, x_stride, src, ring_s, p);
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) wgb_issue_h<TOK>(p, st * Wgb<TOK>::STAGE, st);
+        cp_async_commit();
+    }
+    float d[TOK / 2];
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) d[i] = 0.0f;
+    u32 a0[4][4], a1[4][4];
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    wgb_dequant_h<TOK>(ring, sb, p, gsh, 0, 0, a0);
+    u32 o_prev = (STAGES - 1) * Wgb<TOK>::STAGE, o_cur = 0;  // step −1's slot, step 0's
+    for (int st = 0; st < steps; st += 2) {  // steps is even: no branch between the MMAs
+        u32 o1 = wgb_next_slot<TOK, STAGES>(o_cur), o2 = wgb_next_slot<TOK, STAGES>(o1);
+        wgb_step_h<TOK, STAGES>(p, ring, sb, desc0, gsh, st, steps, o_prev, o_cur, o1, d, a0, a1);
+        wgb_step_h<TOK, STAGES>(p, ring, sb, desc0, gsh, st + 1, steps, o_cur, o1, o2, d, a1, a0);
+        o_prev = o1;
+        o_cur = o2;
+    }
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < TOK / 2; i++) asm volatile("" : "+f"(d[i])::"memory");
+    wg_store<TOK>(d, m0, w.rows, dst, y, y_stride, accumulate);
+}
 #endif
 
 // grid (ceil(rows / 128), ceil(n_tok / TOK)); x: bf16 rows.
@@ -708,7 +894,7 @@ gemm_dense_wgb256(QWeight w, const u16* __restrict__ x, int x_stride, float* __r
 
 // grid (ceil(rows / 128), max_tiles); tiles [..][3] = (expert, start in perm, count ≤ TOK) as
 // moe_group made them with tiles of TOK; blocks past *n_tiles exit.
-template <int TOK, int STAGES, bool LEAN>
+template <int TOK, int STAGES, bool LEAN, bool HOIST = false>
 __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __restrict__ perm,
                                                 const int* __restrict__ tiles, const int* __restrict__ n_tiles,
                                                 const u16* __restrict__ x, int x_stride, int x_div,
@@ -723,8 +909,12 @@ __device__ __forceinline__ void grouped_wg_body(const QWeight& w, const int* __r
         src[threadIdx.x] = item < 0 ? -1 : item / x_div;
         dst[threadIdx.x] = item;
     }
-    wgb_tile<TOK, STAGES, LEAN>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride,
-                                0, wg_raw);
+    if (HOIST)
+        wgb_tile_h<TOK, STAGES>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y, y_stride, 0,
+                                wg_raw);
+    else
+        wgb_tile<TOK, STAGES, LEAN>(w, (long long)e * w.rows, blockIdx.x * WG_ROWS, x, x_stride, src, dst, y,
+                                    y_stride, 0, wg_raw);
 #else
     __trap();
 #endif
@@ -792,4 +982,25 @@ gemm_grouped_wgb32_lean(QWeight w, const int* __restrict__ perm, const int* __re
                         const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
                         float* __restrict__ y, int y_stride) {
     grouped_wg_body<32, WGB32_STAGES, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+
+// The three grouped _lean kernels with HOIST's k-step (wgb_tile_h; the plan's
+// `wgmma_hoisted_addrs`, on top of `wgmma_lean_dequant`): bit-identical outputs.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb64_hoist(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                         const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                         float* __restrict__ y, int y_stride) {
+    grouped_wg_body<64, WGB_STAGES, true, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_grouped_wgb128_hoist(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                          const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                          float* __restrict__ y, int y_stride) {
+    grouped_wg_body<128, WGB_STAGES, true, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+gemm_grouped_wgb32_hoist(QWeight w, const int* __restrict__ perm, const int* __restrict__ tiles,
+                         const int* __restrict__ n_tiles, const u16* __restrict__ x, int x_stride, int x_div,
+                         float* __restrict__ y, int y_stride) {
+    grouped_wg_body<32, WGB32_STAGES, true, true>(w, perm, tiles, n_tiles, x, x_stride, x_div, y, y_stride);
 }

@@ -72,6 +72,10 @@ lily_core::backend_options! {
             label "wgmma GEMMs' lean dequantisation",
             help "the wgmma GEMMs (gemm_dense_wgb, _wgb256, gemm_grouped_wgb32/64/128) on their _lean variants where the weights' groups are ≥ 64 columns: the same bf16 weight fragments, bit for bit, from fewer instructions (a k-step's scale and bias read once a row, each nibble made a float in place by one LOP3 and one exact FFMA, the copies' addresses computed once a block): 265 against 390 instructions a thread a k-step in gemm_grouped_wgb64",
             why "won its A/B: prefill 11,384 / 11,368 → 13,682 / 13,688 tok/s at 512 (+20 %), 25,052 / 25,149 → 28,349 / 28,443 at 4K (+13 %), 22,367 / 22,359 → 24,830 / 24,903 at 32K (+11 %; two rounds, an H100, full size, session 23; predicted +11–13 %); every output bit for bit the kernels it replaces (GPU test wgmma_lean_dequant_gives_the_same_bits); the plain variants serve groups below 64 columns and are the reference";
+        wgmma_hoisted_addrs = false, flag Some("wgmma-hoisted-addrs"), env "LILY_WGMMA_HOISTED_ADDRS" = false,
+            label "wgmma grouped GEMMs' hoisted addresses",
+            help "with wgmma_lean_dequant, the routed experts' grouped GEMMs (gemm_grouped_wgb32/64/128) on their _hoist variants: the same copies, MMAs and outputs, bit for bit, with a k-step's addresses held in registers (the copies' swizzled 32-bit shared destinations and the fragments' row computed once a block, the ring slots rotated by an add and a wrap instead of st % STAGES three times a step, the wgmma descriptors as the ring's plus an offset): 195 against 265 instructions a thread a k-step in gemm_grouped_wgb64",
+            why "predicted +6–9 % prefill at 512, +2–4 % at 4K, +1.5–3.5 % at 32K (session 23, branch s23pre, from the SASS count: gemm_grouped_wgb32 260 → 190, _wgb64 265 → 195, _wgb128 254.5 → 205 instructions a thread a k-step; not yet measured); off until its A/B";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -341,6 +345,7 @@ mod tests {
                 wgmma_tail_tiles: false,
                 tile_grid_by_items: false,
                 wgmma_lean_dequant: false,
+                wgmma_hoisted_addrs: false,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,

@@ -30,7 +30,9 @@
 //! `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
 //! `wgmma_lean_dequant` (on; `--no-wgmma-lean-dequant`) puts every wgmma GEMM above on its `_lean` variant (the same bits from
 //! fewer instructions; weights in groups of ≥ 64: `plan.lean_dequant`; the test
-//! `lean_dequant_names_the_wgmma_kernels_lean_variants`).
+//! `lean_dequant_names_the_wgmma_kernels_lean_variants`). `wgmma_hoisted_addrs` (off;
+//! `--wgmma-hoisted-addrs`) puts the grouped `_lean` kernels on their `_hoist` variants (the same
+//! bits, a k-step's addresses held in registers; the test `hoisted_addrs_names_the_grouped_hoist_variants`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -434,10 +436,12 @@ impl Plan {
             _ => GroupedGemm::Mma32,
         };
         let lean = |k: GroupedGemm, w: &[&LinearShape]| {
-            if self.lean_dequant(w) {
-                k.lean()
-            } else {
+            if !self.lean_dequant(w) {
                 k
+            } else if self.o.wgmma_hoisted_addrs {
+                k.lean().hoist()
+            } else {
+                k.lean()
             }
         };
         Experts::Gemm {
@@ -2028,6 +2032,50 @@ mod tests {
         assert_eq!(
             off.experts(w, moe, 1024),
             gemm(64, GroupedGemm::Wgb64, None)
+        );
+    }
+
+    #[test]
+    fn hoisted_addrs_names_the_grouped_hoist_variants() {
+        let (moe, gate, down) = experts_full();
+        let w = [&gate, &gate, &down];
+        let gemm = experts_gemm;
+        let hoist = plan_with(|o| {
+            o.wgmma_lean_dequant = true;
+            o.wgmma_hoisted_addrs = true;
+            o.wgmma_tail_tiles = true;
+            o.wgb_tok = 256;
+        });
+        assert_eq!(
+            hoist.experts(w, moe, 512),
+            gemm(32, GroupedGemm::Wgb32Hoist, None)
+        );
+        assert_eq!(
+            hoist.experts(w, moe, 1024),
+            gemm(64, GroupedGemm::Wgb64Hoist, None)
+        );
+        assert_eq!(
+            hoist.experts(w, moe, 4096),
+            gemm(128, GroupedGemm::Wgb128Hoist, Some(GroupedGemm::Wgb32Hoist))
+        );
+        // The dense kernels keep their _lean variants; groups of 32 keep the plain kernels.
+        assert_eq!(
+            hoist.dense(&gate, 4096, true),
+            Dense::Gemm(DenseGemm::Wgb256Lean)
+        );
+        let g32 = LinearShape { group: 32, ..gate };
+        assert_eq!(
+            hoist.experts([&g32, &g32, &g32], moe, 512),
+            gemm(32, GroupedGemm::Wgb32, None)
+        );
+        // Without the lean dequantisation the switch names nothing.
+        let plain = plan_with(|o| {
+            o.wgmma_lean_dequant = false;
+            o.wgmma_hoisted_addrs = true;
+        });
+        assert_eq!(
+            plain.experts(w, moe, 512),
+            gemm(32, GroupedGemm::Wgb32, None)
         );
     }
 

@@ -466,6 +466,7 @@ mod tests {
                 wgmma_tail_tiles: false,
                 tile_grid_by_items: false,
                 wgmma_lean_dequant: false,
+                wgmma_hoisted_addrs: false,
                 router_split_k: false,
                 wgmma_attention: false,
                 pipelined_decode: false,

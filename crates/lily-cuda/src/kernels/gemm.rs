@@ -182,15 +182,26 @@ pub enum GroupedGemm {
     Wgb32Lean,
     Wgb64Lean,
     Wgb128Lean,
+    /// `gemm_grouped_wgb32_hoist` / `_wgb64_hoist` / `_wgb128_hoist`: the _lean kernels with a
+    /// k-step's addresses held in registers (the plan's `wgmma_hoisted_addrs`): bit-identical.
+    Wgb32Hoist,
+    Wgb64Hoist,
+    Wgb128Hoist,
 }
 
 impl GroupedGemm {
     /// Items a tile.
     pub fn tile(self) -> usize {
         match self {
-            GroupedGemm::Mma32 | GroupedGemm::Wgb32 | GroupedGemm::Wgb32Lean => 32,
-            GroupedGemm::Mma64 | GroupedGemm::Wgb64 | GroupedGemm::Wgb64Lean => 64,
-            GroupedGemm::Wgb128 | GroupedGemm::Wgb128Lean => 128,
+            GroupedGemm::Mma32
+            | GroupedGemm::Wgb32
+            | GroupedGemm::Wgb32Lean
+            | GroupedGemm::Wgb32Hoist => 32,
+            GroupedGemm::Mma64
+            | GroupedGemm::Wgb64
+            | GroupedGemm::Wgb64Lean
+            | GroupedGemm::Wgb64Hoist => 64,
+            GroupedGemm::Wgb128 | GroupedGemm::Wgb128Lean | GroupedGemm::Wgb128Hoist => 128,
         }
     }
 
@@ -200,6 +211,17 @@ impl GroupedGemm {
             GroupedGemm::Wgb32 => GroupedGemm::Wgb32Lean,
             GroupedGemm::Wgb64 => GroupedGemm::Wgb64Lean,
             GroupedGemm::Wgb128 => GroupedGemm::Wgb128Lean,
+            k => k,
+        }
+    }
+
+    /// The _lean kernel's variant with its addresses held in registers (`_hoist`; others as
+    /// they are).
+    pub fn hoist(self) -> GroupedGemm {
+        match self {
+            GroupedGemm::Wgb32Lean => GroupedGemm::Wgb32Hoist,
+            GroupedGemm::Wgb64Lean => GroupedGemm::Wgb64Hoist,
+            GroupedGemm::Wgb128Lean => GroupedGemm::Wgb128Hoist,
             k => k,
         }
     }
@@ -225,6 +247,9 @@ pub struct Gemm {
     grouped_wgb32_lean: Kernel,
     grouped_wgb64_lean: Kernel,
     grouped_wgb128_lean: Kernel,
+    grouped_wgb32_hoist: Kernel,
+    grouped_wgb64_hoist: Kernel,
+    grouped_wgb128_hoist: Kernel,
     to_bf16: Kernel,
     dense_exact: Kernel,
     grouped64: Kernel,
@@ -257,6 +282,9 @@ impl Gemm {
             grouped_wgb32_lean: wg("gemm_grouped_wgb32_lean", wgb_smem(32, WG_MAX_GROUPS))?,
             grouped_wgb64_lean: wg("gemm_grouped_wgb64_lean", wgb_smem(64, WG_MAX_GROUPS))?,
             grouped_wgb128_lean: wg("gemm_grouped_wgb128_lean", wgb_smem(128, WG_MAX_GROUPS))?,
+            grouped_wgb32_hoist: wg("gemm_grouped_wgb32_hoist", wgb_smem(32, WG_MAX_GROUPS))?,
+            grouped_wgb64_hoist: wg("gemm_grouped_wgb64_hoist", wgb_smem(64, WG_MAX_GROUPS))?,
+            grouped_wgb128_hoist: wg("gemm_grouped_wgb128_hoist", wgb_smem(128, WG_MAX_GROUPS))?,
             to_bf16: m.kernel("to_bf16")?,
             dense_exact: m
                 .kernel("gemm_dense_exact")?
@@ -434,11 +462,19 @@ impl Gemm {
                     GroupedGemm::Wgb32Lean => &self.grouped_wgb32_lean,
                     GroupedGemm::Wgb64Lean => &self.grouped_wgb64_lean,
                     GroupedGemm::Wgb128Lean => &self.grouped_wgb128_lean,
+                    GroupedGemm::Wgb32Hoist => &self.grouped_wgb32_hoist,
+                    GroupedGemm::Wgb64Hoist => &self.grouped_wgb64_hoist,
+                    GroupedGemm::Wgb128Hoist => &self.grouped_wgb128_hoist,
                     _ => &self.grouped_wgb128,
                 };
                 let lean = matches!(
                     kernel,
-                    GroupedGemm::Wgb32Lean | GroupedGemm::Wgb64Lean | GroupedGemm::Wgb128Lean
+                    GroupedGemm::Wgb32Lean
+                        | GroupedGemm::Wgb64Lean
+                        | GroupedGemm::Wgb128Lean
+                        | GroupedGemm::Wgb32Hoist
+                        | GroupedGemm::Wgb64Hoist
+                        | GroupedGemm::Wgb128Hoist
                 );
                 let xb = Self::wgmma_input(gpu, k, &a.w.shape(), a.xb, lean)?;
                 let grid = (blocks(a.w.rows, WG_ROWS), g.max_tiles as u32, 1);

@@ -510,6 +510,51 @@ fn wgmma_lean_dequant_gives_the_same_bits() {
     }
 }
 
+/// The grouped _lean kernels' _hoist variants (the plan's `wgmma_hoisted_addrs`: a k-step's
+/// addresses held in registers, the ring slots rotated) against the plain kernels, bit for bit:
+/// gemm_grouped_wgb32 / 64 / 128 over skewed routing, groups of 64 and 128, fewer k-steps than
+/// the ring's stages and many (the ring wrapping), rows off the block's 128; each also against
+/// the exact product (5e-3). Skipped (with a line) on GPUs other than sm_90a.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn wgmma_hoisted_addrs_gives_the_same_bits() {
+    let Some(g) = hopper("gemm_grouped_wgb64_hoist") else {
+        return;
+    };
+    let mut rng = Rng(73);
+    for (group, rows, cols) in [
+        (64usize, 200usize, 256usize),
+        (64, 136, 1024),
+        (128, 264, 1024),
+    ] {
+        for tile in [32usize, 64, 128] {
+            let (e, k) = (7, 2);
+            let gw = quantize_linear(&bf16_linear(&mut rng, e, rows, cols), 4, group);
+            let gdw = upload_linear(&g, "w", &gw).unwrap();
+            let gx = bf(rng.vec(90 * cols, 1.0));
+            let gr = Grouping::skewed(&g, &mut rng, 90 * k, e, tile);
+            let gwant = gr.want(&gw, &gx, k, bf16_product);
+            let plain = match tile {
+                32 => GroupedGemm::Wgb32,
+                64 => GroupedGemm::Wgb64,
+                _ => GroupedGemm::Wgb128,
+            };
+            let hoist = plain.lean().hoist();
+            let y0 = gemm_grouped(&g, plain, &gdw, &gr, &gx, k, rows, cols);
+            let y1 = gemm_grouped(&g, hoist, &gdw, &gr, &gx, k, rows, cols);
+            let what = format!("{hoist:?} vs {plain:?} group={group} {rows}x{cols}");
+            let differ = y1
+                .iter()
+                .zip(&y0)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            println!("KERNEL {what}: {differ} of {} outputs differ", y0.len());
+            assert_eq!(differ, 0, "{what}: outputs differ");
+            check(&what, &y1, &gwant, 5e-3);
+        }
+    }
+}
+
 /// gemm_grouped_wgb32 (tiles of 32: the plan's `wgmma_narrow_tiles`, and the remainders'
 /// launch of `wgmma_tail_tiles` after gemm_grouped_wgb128) vs the exact product of the bf16
 /// values (5e-3, as the other grouped kernels): skewed routing over tiles of 32, groups of 64 /
@@ -520,8 +565,8 @@ fn wgmma_lean_dequant_gives_the_same_bits() {
 /// the fixed tiles they replace (gemm_grouped_wgb64 at 512 / 768, gemm_grouped_wgb128 alone at
 /// 4,096), with the count of bit-identical outputs (the same bf16 products summed in the same
 /// k order: expected all) and each launch's time printed (never asserted); both again on the
-/// _lean variants (`wgmma_lean_dequant`), timed, whose outputs must be bit-identical to the
-/// plain kernels'. Skipped (with a line) on GPUs other than sm_90a.
+/// _lean variants (`wgmma_lean_dequant`) and their _hoist variants (`wgmma_hoisted_addrs`),
+/// timed, whose outputs must be bit-identical to the plain kernels'. Skipped (with a line) on GPUs other than sm_90a.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
@@ -627,6 +672,11 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
         };
         let lean_runs: Vec<(GroupedGemm, ExpertGroups)> =
             new_runs.iter().map(|&(k, gr)| (k.lean(), gr)).collect();
+        let fixed_hoist_runs = vec![(fixed_kernel.lean().hoist(), fixed.groups)];
+        let hoist_runs: Vec<(GroupedGemm, ExpertGroups)> = new_runs
+            .iter()
+            .map(|&(k, gr)| (k.lean().hoist(), gr))
+            .collect();
         let (fixed_tiles, new_tiles) = (tiles(&fixed, false), tiles(&new, n > 768));
         for (name, dw, rows, cols, k) in [
             ("gate/up", &dgate, inter, hidden, top_k),
@@ -654,6 +704,8 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
                 ("new", &new_runs, &new_tiles),
                 ("fixed lean", &fixed_lean_runs, &fixed_tiles),
                 ("new lean", &lean_runs, &new_tiles),
+                ("fixed hoist", &fixed_hoist_runs, &fixed_tiles),
+                ("new hoist", &hoist_runs, &new_tiles),
             ] {
                 g.write(&dy, 0, &vec![f32::NAN; items * rows]).unwrap();
                 launch(runs);
@@ -689,20 +741,21 @@ fn grouped_narrow_and_tail_tiles_match_the_fixed_tiles() {
                 &outs[0],
                 5e-3,
             );
-            // `wgmma_lean_dequant`: the same fragments, so every output bit for bit.
-            for (lean, plain, label) in [(2, 0, "fixed"), (3, 1, "new")] {
-                let differ = outs[lean]
+            // `wgmma_lean_dequant` and `wgmma_hoisted_addrs`: the same fragments, so every
+            // output bit for bit.
+            for (variant, plain, label) in [
+                (2, 0, "fixed lean vs fixed"),
+                (3, 1, "new lean vs new"),
+                (4, 0, "fixed hoist vs fixed"),
+                (5, 1, "new hoist vs new"),
+            ] {
+                let differ = outs[variant]
                     .iter()
                     .zip(&outs[plain])
                     .filter(|(a, b)| a.to_bits() != b.to_bits())
                     .count();
-                println!(
-                    "KERNEL grouped {label} lean vs {label} T={n} {name}: {differ} outputs differ"
-                );
-                assert_eq!(
-                    differ, 0,
-                    "{label} lean vs {label} T={n} {name}: outputs differ"
-                );
+                println!("KERNEL grouped {label} T={n} {name}: {differ} outputs differ");
+                assert_eq!(differ, 0, "{label} T={n} {name}: outputs differ");
             }
         }
     }
