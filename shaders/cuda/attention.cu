@@ -1224,6 +1224,18 @@ __device__ __forceinline__ void wgmma_qk(float (&d)[32], unsigned long long qd, 
         : "l"(qd), "l"(kd), "r"(acc));
 }
 
+// wgmma_qk's first k-step (S overwritten) with S an output alone: attn_prefill_wg_pipe writes the
+// softmax weights over S while a P·V is in flight, and ptxas holds back any write to a register
+// that a later wgmma reads until every wgmma in flight is done.
+__device__ __forceinline__ void wgmma_qk_first(float (&d)[32], unsigned long long qd, unsigned long long kd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(qd), "l"(kd), "r"(0));
+}
+
 // O (64 × 256 f32) += P (64 × 16 bf16, registers) · V (16 keys × 256 dims, MN-major in shared
 // memory through `vd`, read with the transpose bit).
 __device__ __forceinline__ void wgmma_pv(float (&d)[128], const u32 (&a)[4], unsigned long long vd) {
@@ -1379,6 +1391,242 @@ attn_prefill_wg(const float* __restrict__ q, const float* __restrict__ qg, const
 #pragma unroll
         for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
     }
+
+    quad_sums(l_a, l_b);
+    const int t_a = q0 + row0 + g, t_b = t_a + 8;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        int c = 8 * j + 2 * t;
+        if (t_a < n_tok) attn_store2(qg, out, t_a, h, n_q, D, c, o[4 * j], o[4 * j + 1], l_a);
+        if (t_b < n_tok) attn_store2(qg, out, t_b, h, n_q, D, c, o[4 * j + 2], o[4 * j + 3], l_b);
+    }
+#else
+    __trap();
+#endif
+}
+
+// ---- attn_prefill_wg_pipe: attn_prefill_wg with a tile's softmax under the previous tile's P·V ----
+// The plan's `wgmma_attention_pipelined` (FA3's intra-warpgroup pipelining, its §3.2): the same
+// inputs, blocks, S per tile, online softmax and P·V order as attn_prefill_wg, so the same output
+// bit for bit. At iteration j a warpgroup issues S_{j+1} = Q·K_{j+1}ᵀ, then O += P_j·V_j (two
+// wgmma groups), waits for S_{j+1} alone, and runs its mask and softmax (P_{j+1}; the factors that
+// rescale O) while P_j·V_j runs on the tensor cores; then it waits for P_j·V_j and rescales O.
+// K_{j+1} and V_j are read in the same iteration, so K and V have rings of their own, two stages
+// each (the same 128 KB as attn_prefill_wg's ring): at iteration j, once its wgmmas are issued,
+// the copies of K_{j+2} (into K_j's stage: S_j is done) and V_{j+1} (into V_{j−1}'s: P_{j−1}·V_{j−1}
+// is done) go out and land during the iteration. One __syncthreads an iteration, as before.
+// Registers: O 128 + S 32 floats and the P of two tiles (2 × 16 words) a thread.
+// When this kernel wins its A/B, attn_prefill_wg (its reference) leaves with its switch.
+extern "C" __global__ void __launch_bounds__(256, 1)
+attn_prefill_wg_pipe(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
+                     const kv_t* __restrict__ v_cache, float* __restrict__ out, const int* __restrict__ pos_ptr,
+                     int n_tok, int n_q, int n_kv, int d, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
+    constexpr int D = 256, BLK = WGA_Q * 128, TILE = WGA_KEYS * 128 * (D / 64);  // bytes
+    static_assert(WGA_Q == 64 && WGA_KEYS == 64, "one m64 warpgroup tile of queries, S of 64 keys");
+    extern __shared__ __align__(16) char wga_raw[];
+    char* q_s = wga_raw + ((1024 - (smem_addr(wga_raw) & 1023)) & 1023);  // [2 heads][4 blocks][64][128 B]
+    char* k_ring = q_s + 2 * (D / 64) * BLK;                               // [2 stages][4 blocks][64][128 B]
+    char* v_ring = k_ring + 2 * TILE;                                      // the same for V
+    const int pos = *pos_ptr;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, row0 = (warp & 3) * 16;  // the warpgroup (head of the pair), the warp's rows
+    const int h0 = blockIdx.y * 2, h = h0 + wg;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_Q;
+    const int kvh = h0 / (n_q / n_kv);
+    const int kmax = pos + min(q0 + WGA_Q, n_tok) - 1;
+    const int n_tiles = kmax / WGA_KEYS + 1;
+    const u32 kv_stride = (u32)n_kv * D;
+    const kv_t* k_head = k_cache + (long long)kvh * D;
+    const kv_t* v_head = v_cache + (long long)kvh * D;
+    (void)d;
+
+    // Q of both heads as bf16 (exact in bf16 mode), zero rows past the chunk.
+#pragma unroll 4
+    for (int it = 0; it < 2 * WGA_Q * (D / 8) / 256; it++) {
+        int i = tid + it * 256;
+        int hw = i >> 11, r = (i >> 5) & 63, c = i & 31;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (q0 + r < n_tok) {
+            const float* src = q + ((long long)(q0 + r) * n_q + h0 + hw) * D + 8 * c;
+            float4 a = *reinterpret_cast<const float4*>(src);
+            float4 b = *reinterpret_cast<const float4*>(src + 4);
+            w = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(q_s + hw * (D / 64) * BLK + (c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = w;
+    }
+    // The K or V rows of tile `tile` (from `head`) into the stage at `dst`; zero rows past kmax.
+    // This thread copies chunk c (16 bytes) of rows r + 8i of a tile: one shared offset and one
+    // element offset (32 bits: the caches hold < 2^31 elements a layer) a thread, a register or
+    // two for the copies, not the hoisted addresses of each (they held registers the softmax
+    // needs to run under the P·V).
+    const int st_r = tid >> 5, st_c = tid & 31;
+    const u32 st_dst = (st_c >> 3) * (WGA_KEYS * 128) + st_r * 128 + (((st_c & 7) ^ st_r) << 4);
+    const u32 st_src = (u32)(st_r * kv_stride + 8 * st_c);
+    auto stage = [&](const kv_t* head, char* dst, int tile) {
+        const int rows = kmax - tile * WGA_KEYS - st_r;  // this thread's rows r + 8i ≤ kmax: 8i ≤ rows
+        const kv_t* src = head + (u32)(tile * WGA_KEYS * kv_stride) + st_src;
+        char* d = dst + st_dst;
+#pragma unroll
+        for (int it = 0; it < WGA_KEYS * (D / 8) / 256; it++) {
+            if (8 * it <= rows)
+                cp_async16(d + it * 1024, src + it * 8 * kv_stride);
+            else
+                *reinterpret_cast<uint4*>(d + it * 1024) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    stage(k_head, k_ring, 0);  // group: K_0
+    cp_async_commit();
+    if (n_tiles > 1) stage(k_head, k_ring + TILE, 1);  // group: K_1, V_0
+    stage(v_head, v_ring, 0);
+    cp_async_commit();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m_a = NEG_INF, m_b = NEG_INF;  // running max of the (unscaled) scores of rows g, g + 8
+    float l_a = 0.0f, l_b = 0.0f;        // this lane's part of their running sums
+    const float sl2 = scale * 1.4426950408889634f;
+    const int pos_a = pos + q0 + row0 + g, pos_b = pos_a + 8;
+    const int warp_first = pos + q0 + row0;  // the warp's first query position
+    const u32 q_addr = smem_addr(q_s + wg * (D / 64) * BLK);
+    float s[32];  // S, then the softmax weights
+    // S of tile `tile` from the K stage at shared address `k_addr` (issued, not committed).
+    auto issue_qk = [&](u32 k_addr) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            u32 off = (ks >> 2) * BLK + (ks & 3) * 32;
+            if (ks == 0)
+                wgmma_qk_first(s, wg_desc(q_addr + off), wg_desc(k_addr + off));
+            else
+                wgmma_qk(s, wg_desc(q_addr + off), wg_desc(k_addr + off), ks);
+        }
+    };
+    // attn_prefill_wg's mask and online softmax of S (tile `tile`), its weights (fp32) in place
+    // of the scores, l and m. O's rescale by (corr_a, corr_b) where `resc`, and P's rounding to
+    // bf16, are left to the caller, after the P·V that reads O and P: P's registers must not be
+    // written while a wgmma that reads them is in flight, else ptxas serialises every wgmma of
+    // the kernel (C7513).
+    bool resc;
+    float corr_a = 1.0f, corr_b = 1.0f;
+    auto softmax = [&](int tile) {
+        // Element e of n-tile j: row g (e < 2) or g + 8, key k0 + 8j + 2t + (e & 1).
+        const int k0 = tile * WGA_KEYS;
+        if (k0 + WGA_KEYS - 1 > warp_first) {  // the tile crosses the warp's diagonal
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (k0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_a : pos_b)) s[4 * j + e] = NEG_INF;
+            }
+        }
+        float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, x));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, x));
+        }
+        // The weights first, then the running sums' rescale (a branch) and sums: ptxas hoists
+        // the wait for the P·V over any instruction of its basic block, so the exponents sit in
+        // one before it. l's operations keep attn_prefill_wg's order.
+        const float ms_a = mx_a * sl2, ms_b = mx_b * sl2;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sl2, -ms_a));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sl2, -ms_a));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sl2, -ms_b));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sl2, -ms_b));
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) asm volatile("" : "+f"(s[i])::"memory");
+        resc = __any_sync(0xffffffffu, mx_a != m_a || mx_b != m_b);
+        if (resc) {
+            corr_a = exp2f((m_a - mx_a) * sl2);
+            corr_b = exp2f((m_b - mx_b) * sl2);
+            l_a *= corr_a;
+            l_b *= corr_b;
+        }
+        m_a = mx_a;
+        m_b = mx_b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            l_a += s[4 * j] + s[4 * j + 1];
+            l_b += s[4 * j + 2] + s[4 * j + 3];
+        }
+    };
+    u32 p[4][4];  // P as bf16, k-step kk: keys 16kk .. 16kk + 15 (n-tiles 2kk, 2kk + 1)
+    // O rescaled where some row's maximum moved, then P rounded to bf16 (no wgmma in flight).
+    auto rescale_and_round = [&]() {
+        if (resc) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= corr_a;
+                o[4 * j + 1] *= corr_a;
+                o[4 * j + 2] *= corr_b;
+                o[4 * j + 3] *= corr_b;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            p[j >> 1][2 * (j & 1)] = pack_bf16x2(s[4 * j], s[4 * j + 1]);
+            p[j >> 1][2 * (j & 1) + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+        }
+    };
+
+    // S_0 and P_0 before the loop.
+    cp_async_wait<1>();  // this thread's copies of K_0
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    issue_qk(smem_addr(k_ring));
+    wgmma_commit();
+    wgmma_wait0();
+    softmax(0);
+    rescale_and_round();
+    // O += P_tile·V_tile from the V stage of `tile` (issued, not committed).
+    auto issue_pv = [&](int tile) {
+        const u32 v_addr = smem_addr(v_ring + (tile & 1) * TILE);
+#pragma unroll
+        for (int kk = 0; kk < WGA_KEYS / 16; kk++) wgmma_pv(o, p[kk], wg_desc_mn(v_addr + kk * 2048, WGA_KEYS * 128));
+    };
+    // Every wgmma outside a branch (ptxas serialises the wgmmas of a kernel that has one in a
+    // divergent path): the tiles with a successor here, the last one's P·V after the loop.
+    int tile = 0;
+    for (; tile + 1 < n_tiles; tile++) {
+        cp_async_wait<0>();  // this thread's copies of K_{tile+1} and V_tile
+        fence_proxy_async();
+        __syncthreads();  // in place; every warpgroup is done with S_tile and P_{tile−1}·V_{tile−1}
+        wgmma_fence();
+        issue_qk(smem_addr(k_ring + ((tile + 1) & 1) * TILE));
+        wgmma_commit();
+        issue_pv(tile);
+        wgmma_commit();
+        if (tile + 2 < n_tiles) stage(k_head, k_ring + (tile & 1) * TILE, tile + 2);
+        stage(v_head, v_ring + ((tile + 1) & 1) * TILE, tile + 1);
+        cp_async_commit();
+        wgmma_wait1();  // S_{tile+1}; P_tile·V_tile may still run
+        softmax(tile + 1);
+#pragma unroll
+        for (int i = 0; i < 32; i++) asm volatile("" : "+f"(s[i])::"memory");  // the weights before the wait
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
+        rescale_and_round();
+    }
+    cp_async_wait<0>();  // V of the last tile
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    issue_pv(tile);
+    wgmma_commit();
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
 
     quad_sums(l_a, l_b);
     const int t_a = q0 + row0 + g, t_b = t_a + 8;
