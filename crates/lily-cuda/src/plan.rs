@@ -33,6 +33,9 @@
 //! `lean_dequant_names_the_wgmma_kernels_lean_variants`). `wgmma_hoisted_addrs` (off;
 //! `--wgmma-hoisted-addrs`) puts the grouped `_lean` kernels on their `_hoist` variants (the same
 //! bits, a k-step's addresses held in registers; the test `hoisted_addrs_names_the_grouped_hoist_variants`).
+//! `wgmma_attention_pipelined` (off; `--wgmma-attention-pipelined`) puts `attn_prefill_wg` on
+//! `attn_prefill_wg_pipe` (the same bits, a tile's softmax run under the previous tile's P·V;
+//! the test `pipelined_attention_names_attn_prefill_wg_pipe`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -124,8 +127,8 @@ pub enum Experts {
 pub enum AttentionKernels {
     /// `attn_qk_prep`, then `attn_decode`: one block per (token, query head).
     OneBlockPerHead,
-    /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill` or
-    /// `attn_prefill_wg`).
+    /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill`,
+    /// `attn_prefill_wg` or `attn_prefill_wg_pipe`).
     Prefill(PrefillKernel),
     /// Split-KV (flash-decoding): `attn_qk_prep` then the split kernel, or, `prep_fused`, the
     /// split kernel's prep form alone (`attn_split_mma_prep`, `_long`); then
@@ -296,6 +299,10 @@ impl Plan {
             fused_attn_prep: o.fused_attn_prep && mma_attention,
             wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
             wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
+            wgmma_attention_pipelined: o.wgmma_attention_pipelined
+                && o.wgmma_attention
+                && flash_prefill
+                && device.wgmma,
             tc_scan: o.tc_scan && bf16 && device.max_shared_memory >= deltanet::DN_WY_SMEM,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
@@ -476,7 +483,8 @@ impl Plan {
     /// tensor cores for one token, `mma_attention`, with the prep inside under
     /// `fused_attn_prep`, the long-context body past `split_long_keys` keys), flash prefill for
     /// chunks of at least TENSOR_CORE_MIN_TOK tokens (wgmma for chunks of at least
-    /// attention::WGA_MIN_TOK, `wgmma_attention`), else one block per (token, query head).
+    /// attention::WGA_MIN_TOK, `wgmma_attention`; its pipelined kernel under
+    /// `wgmma_attention_pipelined`), else one block per (token, query head).
     pub fn attention(&self, shape: AttnShape, n_tok: usize, keys: usize) -> AttentionKernels {
         let kv_bytes = self.kv_bytes();
         if self.o.split_kv && attention::split_kv_fits(shape, n_tok) {
@@ -496,10 +504,10 @@ impl Plan {
                 && kv_bytes == 2
                 && attention::prefill_wg_fits(shape)
                 && n_tok >= attention::WGA_MIN_TOK;
-            AttentionKernels::Prefill(if wg {
-                PrefillKernel::Wgmma
-            } else {
-                PrefillKernel::Mma
+            AttentionKernels::Prefill(match (wg, self.o.wgmma_attention_pipelined) {
+                (false, _) => PrefillKernel::Mma,
+                (true, false) => PrefillKernel::Wgmma,
+                (true, true) => PrefillKernel::WgmmaPipelined,
             })
         } else {
             AttentionKernels::OneBlockPerHead
@@ -2033,6 +2041,59 @@ mod tests {
             off.experts(w, moe, 1024),
             gemm(64, GroupedGemm::Wgb64, None)
         );
+    }
+
+    #[test]
+    fn pipelined_attention_names_attn_prefill_wg_pipe() {
+        let shape = qwen_attention();
+        let pipe = plan_with(|o| o.wgmma_attention_pipelined = true);
+        for (n_tok, keys) in [(1024, 1024), (4096, 4096), (4096, 131_072)] {
+            assert_eq!(
+                pipe.attention(shape, n_tok, keys),
+                AttentionKernels::Prefill(PrefillKernel::WgmmaPipelined)
+            );
+        }
+        // Chunks too short for attn_prefill_wg keep attn_prefill; one-token steps split-KV.
+        assert_eq!(
+            pipe.attention(shape, 512, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(matches!(
+            pipe.attention(shape, 1, 4096),
+            AttentionKernels::Split { .. }
+        ));
+        // Off (the default): attn_prefill_wg; without wgmma_attention or on a device without
+        // wgmma the switch names nothing.
+        let plain = plan_with(|_| {});
+        assert_eq!(
+            plain.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Wgmma)
+        );
+        let no_wg = plan_with(|o| {
+            o.wgmma_attention_pipelined = true;
+            o.wgmma_attention = false;
+        });
+        assert_eq!(
+            no_wg.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        let ampere = Plan::resolve(
+            &CudaOptions {
+                wgmma_attention_pipelined: true,
+                ..CudaOptions::default()
+            },
+            A100,
+        );
+        assert_eq!(
+            ampere.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(pipe
+            .describe()
+            .contains("pipelined wgmma prefill attention on"));
+        assert!(plain
+            .describe()
+            .contains("pipelined wgmma prefill attention off"));
     }
 
     #[test]

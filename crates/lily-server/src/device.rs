@@ -469,6 +469,7 @@ mod tests {
                 wgmma_hoisted_addrs: false,
                 router_split_k: false,
                 wgmma_attention: false,
+                wgmma_attention_pipelined: false,
                 pipelined_decode: false,
                 pipelined_batch: false,
                 device_logprobs: false,

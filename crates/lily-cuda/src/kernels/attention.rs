@@ -60,6 +60,7 @@ pub const WGA_HEADS: usize = 2;
 const WGA_STAGES: usize = 2;
 /// attn_prefill_wg's dynamic shared memory: 1 KB of alignment slack, Q of the block's heads, the
 /// ring's stages of a K and a V tile (bf16, 128-byte swizzled rows): 193 KB, one block an SM.
+/// attn_prefill_wg_pipe's is the same: its K and V rings of two stages each.
 pub const WGA_SMEM: usize =
     1024 + WGA_HEADS * WGA_Q * WGA_D * 2 + WGA_STAGES * 2 * WGA_KEYS * WGA_D * 2;
 // Within sm_90's 227 KB of shared memory a block.
@@ -276,6 +277,10 @@ pub enum PrefillKernel {
     Mma,
     /// `attn_prefill_wg`: wgmma (sm_90a), head dim 256, bf16 cache (`prefill_wg_fits`).
     Wgmma,
+    /// `attn_prefill_wg_pipe`: attn_prefill_wg's arithmetic in the same order (bit-identical), a
+    /// key tile's softmax run while the tensor cores do the previous tile's P·V (the plan's
+    /// `wgmma_attention_pipelined`).
+    WgmmaPipelined,
 }
 
 fn split_smem_bytes(d: usize, kv_bytes: usize) -> usize {
@@ -290,6 +295,7 @@ pub struct Attention {
     decode: Kernel,
     prefill: Kernel,
     prefill_wg: Kernel,
+    prefill_wg_pipe: Kernel,
     split: Kernel,
     split_mma: Kernel,
     split_mma_prep: Kernel,
@@ -304,18 +310,22 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `hopper`: the device is sm_90a, where attn_prefill_wg runs and gets its (large) shared
-    /// memory; elsewhere it is compiled as a trap, never launched, and left at the default.
+    /// `hopper`: the device is sm_90a, where attn_prefill_wg and attn_prefill_wg_pipe run and
+    /// get their (large) shared memory; elsewhere they are compiled as traps, never launched,
+    /// and left at the default.
     pub fn load(m: &Module, bf16_activations: bool, hopper: bool) -> Result<Attention> {
         let kv_bytes = if bf16_activations { 2 } else { 4 };
-        let prefill_wg = m.kernel("attn_prefill_wg")?;
-        let prefill_wg = if hopper {
-            prefill_wg.allow_shared_memory(WGA_SMEM)?
-        } else {
-            prefill_wg
+        let wg = |name: &'static str| -> Result<Kernel> {
+            let k = m.kernel(name)?;
+            if hopper {
+                k.allow_shared_memory(WGA_SMEM)
+            } else {
+                Ok(k)
+            }
         };
         Ok(Attention {
-            prefill_wg,
+            prefill_wg: wg("attn_prefill_wg")?,
+            prefill_wg_pipe: wg("attn_prefill_wg_pipe")?,
             kv_bytes,
             qk_prep: m.kernel("attn_qk_prep")?.waits_for_predecessor(),
             decode: m.kernel("attn_decode")?,
@@ -413,8 +423,8 @@ impl Attention {
         if a.n_tok == 0 {
             return Ok(());
         }
-        if kernel == PrefillKernel::Wgmma {
-            return self.prefill_wg(gpu, a);
+        if kernel != PrefillKernel::Mma {
+            return self.prefill_wg(gpu, kernel, a);
         }
         let cfg = config(
             (blocks(a.n_tok, PF_Q), s.n_q as u32, 1),
@@ -424,9 +434,9 @@ impl Attention {
         self.launch_attend(gpu, &self.prefill, cfg, a)
     }
 
-    /// attn_prefill_wg, whatever the chunk's length: sm_90a, bf16 cache and `prefill_wg_fits`
-    /// only. `flash_prefill` checks the alignment first.
-    fn prefill_wg(&self, gpu: &Gpu, a: &Attend) -> Result<()> {
+    /// attn_prefill_wg or attn_prefill_wg_pipe (`kernel`), whatever the chunk's length: sm_90a,
+    /// bf16 cache and `prefill_wg_fits` only. `flash_prefill` checks the alignment first.
+    fn prefill_wg(&self, gpu: &Gpu, kernel: PrefillKernel, a: &Attend) -> Result<()> {
         let s = a.shape;
         if !super::gemm::runs_wgmma(gpu) || self.kv_bytes != 2 || !prefill_wg_fits(s) {
             bail!(
@@ -445,7 +455,12 @@ impl Attention {
             (WGA_HEADS * 128) as u32,
             WGA_SMEM,
         );
-        self.launch_attend(gpu, &self.prefill_wg, cfg, a)
+        let k = if kernel == PrefillKernel::WgmmaPipelined {
+            &self.prefill_wg_pipe
+        } else {
+            &self.prefill_wg
+        };
+        self.launch_attend(gpu, k, cfg, a)
     }
 
     /// attn_decode and attn_prefill: the same arguments.
