@@ -214,8 +214,8 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
 /// each run: the real model's heads (16 q, 2 kv, head_dim 256) and the tiny preset's (4, 2, 64),
 /// chunks of 100 tokens at position 0, 77 at 300 (neither a multiple of the 64-query block, a
 /// long prefix), 512 at 3000, 1,100 at 5,000 and 4,096 at 28,672 (a 32K prompt's last chunk;
-/// timed). attn_prefill (mma.sync) always; attn_prefill_wg (wgmma) where it runs (sm_90a, head
-/// dim 256), whatever the chunk's length. Tolerance: relative L2 < 1e-2, since both round the
+/// timed). attn_prefill (mma.sync) always; attn_prefill_wg and attn_prefill_wg_pipe (wgmma)
+/// where they run (sm_90a, head dim 256), whatever the chunk's length. Tolerance: relative L2 < 1e-2, since both round the
 /// softmax weights to bf16 before P·V and an output may then land one bf16 step from
 /// attn_decode's (which keeps them fp32).
 #[test]
@@ -259,7 +259,8 @@ fn attn_prefill_matches_attn_decode() {
             let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
             let dpos = g.upload(&[pos as i32]).unwrap();
             let out = g.alloc(n * n_q * d * 4).unwrap();
-            // 0: attn_decode (one block per token and head), 1: attn_prefill, 2: attn_prefill_wg.
+            // 0: attn_decode (one block per token and head), 1: attn_prefill, 2: attn_prefill_wg,
+            // 3: attn_prefill_wg_pipe.
             let run = |kernel: usize| -> (Vec<f32>, std::time::Duration) {
                 g.fill(&out, 0xff).unwrap();
                 g.sync().unwrap();
@@ -278,7 +279,10 @@ fn attn_prefill_matches_attn_decode() {
                 match kernel {
                     0 => a.one_block_per_head(&g, &attend).unwrap(),
                     1 => a.flash_prefill(&g, PrefillKernel::Mma, &attend).unwrap(),
-                    _ => a.flash_prefill(&g, PrefillKernel::Wgmma, &attend).unwrap(),
+                    2 => a.flash_prefill(&g, PrefillKernel::Wgmma, &attend).unwrap(),
+                    _ => a
+                        .flash_prefill(&g, PrefillKernel::WgmmaPipelined, &attend)
+                        .unwrap(),
                 }
                 g.sync().unwrap();
                 let dt = t.elapsed();
@@ -293,8 +297,12 @@ fn attn_prefill_matches_attn_decode() {
             // Causal multiply-adds: Q·Kᵀ and P·V over every (query, visible key) pair.
             let pairs: f64 = (0..n).map(|t| (pos + t + 1) as f64).sum();
             let flops = 4.0 * (n_q * d) as f64 * pairs;
-            for (kernel, name) in [(1, "attn_prefill"), (2, "attn_prefill_wg")] {
-                if kernel == 2 && !wg {
+            for (kernel, name) in [
+                (1, "attn_prefill"),
+                (2, "attn_prefill_wg"),
+                (3, "attn_prefill_wg_pipe"),
+            ] {
+                if kernel >= 2 && !wg {
                     continue;
                 }
                 let (got, _) = run(kernel);
@@ -313,5 +321,160 @@ fn attn_prefill_matches_attn_decode() {
                 check(&format!("{what} vs attn_decode"), &got, &want, 1e-2);
             }
         }
+    }
+}
+
+/// attn_prefill_wg_pipe (the plan's `wgmma_attention_pipelined`) gives attn_prefill_wg's output
+/// bit for bit, on the real model's heads (16 q, 2 kv, head_dim 256; sm_90a only): chunks of
+/// 1,024 and 4,096 tokens at position 0, 1,100 at 3,000 (not a multiple of the 64-query block),
+/// 4,096 at 28,672 (a 32K prompt's last chunk) and at 126,976 (a 128K prompt's). Both are also
+/// held to an f64 reference (softmax(q·kᵀ/√d)·v, gated by sigmoid(gate)) on sampled tokens of
+/// every head: relative L2 < 1e-2 (P is rounded to bf16 before P·V, the output to bf16). Each
+/// kernel is timed (best of three) with its TFLOP/s: `KERNEL attn_prefill_wg{,_pipe} …` lines.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attn_prefill_wg_pipe_gives_attn_prefill_wg_bits() {
+    let g = dev(true);
+    let (n_q, n_kv, d) = (16usize, 2usize, 256usize);
+    let shape = AttnShape {
+        n_q,
+        n_kv,
+        d,
+        rotary: 64,
+        theta: 1e7,
+        eps: 1e-6,
+    };
+    if !(lily_cuda::kernels::gemm::runs_wgmma(&g) && gattn::prefill_wg_fits(shape)) {
+        eprintln!("attn_prefill_wg_pipe: no sm_90a device, nothing to compare");
+        return;
+    }
+    let chunks = [
+        (0usize, 1024usize),
+        (0, 4096),
+        (3000, 1100),
+        (28672, 4096),
+        (126_976, 4096),
+    ];
+    let max_ctx = chunks.iter().map(|&(pos, n)| pos + n).max().unwrap();
+    let mut rng = Rng(29);
+    let mut cache = || -> (Vec<u16>, DevBuf) {
+        let bits: Vec<u16> = (0..max_ctx * n_kv * d)
+            .map(|_| bf16::from_f32(rng.val(1.0)).to_bits())
+            .collect();
+        let dev = g.upload(&bits).unwrap();
+        (bits, dev)
+    };
+    let ((k_bits, k), (v_bits, v)) = (cache(), cache());
+    let to_f32 =
+        |bits: &[u16]| -> Vec<f32> { bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect() };
+    let (k_f, v_f) = (to_f32(&k_bits), to_f32(&v_bits));
+    drop((k_bits, v_bits));
+    for (pos, n) in chunks {
+        let q: Vec<f32> = (0..n * n_q * d)
+            .map(|_| bf16::from_f32(rng.val(3.0)).to_f32())
+            .collect();
+        let qg = rng.vec(n * n_q * 2 * d, 2.0);
+        let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
+        let dpos = g.upload(&[pos as i32]).unwrap();
+        let out = g.alloc(n * n_q * d * 4).unwrap();
+        let run = |kernel: PrefillKernel| -> (Vec<f32>, std::time::Duration) {
+            let attend = Attend {
+                shape,
+                q: dq.ptr,
+                qg: dqg.ptr,
+                k_cache: k.ptr,
+                v_cache: v.ptr,
+                out: out.ptr,
+                pos: dpos.ptr,
+                n_tok: n,
+            };
+            let mut best = std::time::Duration::MAX;
+            for _ in 0..3 {
+                g.fill(&out, 0xff).unwrap();
+                g.sync().unwrap();
+                let t = std::time::Instant::now();
+                g.k.attention.flash_prefill(&g, kernel, &attend).unwrap();
+                g.sync().unwrap();
+                best = best.min(t.elapsed());
+            }
+            (g.read(&out, 0, n * n_q * d).unwrap(), best)
+        };
+        let pairs: f64 = (0..n).map(|t| (pos + t + 1) as f64).sum();
+        let flops = 4.0 * (n_q * d) as f64 * pairs;
+        let (want, t_wg) = run(PrefillKernel::Wgmma);
+        let (got, t_pipe) = run(PrefillKernel::WgmmaPipelined);
+        for (name, took) in [("attn_prefill_wg", t_wg), ("attn_prefill_wg_pipe", t_pipe)] {
+            println!(
+                "KERNEL {name} Hq {n_q} Hkv {n_kv} D {d} pos {pos} T {n}: {:.1} µs, {:.0} TFLOP/s",
+                took.as_secs_f64() * 1e6,
+                flops / took.as_secs_f64() / 1e12
+            );
+        }
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(
+            want.iter().all(|x| x.is_finite()),
+            "attn_prefill_wg pos {pos} T {n}: an output unwritten"
+        );
+        assert_eq!(
+            differ, 0,
+            "attn_prefill_wg_pipe pos {pos} T {n}: {differ} of {} outputs differ from attn_prefill_wg's bits",
+            got.len()
+        );
+        // The f64 reference on the chunk's first, last and a middle token, every head (a thread
+        // a head).
+        let scale = 1.0 / (d as f64).sqrt();
+        let (mut ref_rows, mut got_rows) = (Vec::new(), Vec::new());
+        for t in [0, n / 2 + 1, n - 1] {
+            let keys = pos + t + 1;
+            let heads: Vec<Vec<f32>> = std::thread::scope(|sc| {
+                let (q, qg, k_f, v_f) = (&q, &qg, &k_f, &v_f);
+                let jobs: Vec<_> = (0..n_q)
+                    .map(|h| {
+                        sc.spawn(move || {
+                            let kvh = h / (n_q / n_kv);
+                            let qrow = &q[(t * n_q + h) * d..][..d];
+                            let at = |key: usize| (key * n_kv + kvh) * d;
+                            let s: Vec<f64> = (0..keys)
+                                .map(|key| {
+                                    let kr = &k_f[at(key)..][..d];
+                                    (0..d).map(|c| qrow[c] as f64 * kr[c] as f64).sum::<f64>()
+                                        * scale
+                                })
+                                .collect();
+                            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                            let l: f64 = p.iter().sum();
+                            let mut o = vec![0f64; d];
+                            for (key, pk) in p.iter().enumerate() {
+                                for (oc, vc) in o.iter_mut().zip(&v_f[at(key)..][..d]) {
+                                    *oc += pk * *vc as f64;
+                                }
+                            }
+                            (0..d)
+                                .map(|c| {
+                                    let gate = qg[(t * n_q + h) * 2 * d + d + c] as f64;
+                                    (o[c] / l / (1.0 + (-gate).exp())) as f32
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect();
+                jobs.into_iter().map(|j| j.join().unwrap()).collect()
+            });
+            for (h, r) in heads.into_iter().enumerate() {
+                ref_rows.extend(r);
+                got_rows.extend_from_slice(&got[(t * n_q + h) * d..][..d]);
+            }
+        }
+        check(
+            &format!("attn_prefill_wg_pipe pos {pos} T {n} vs f64"),
+            &got_rows,
+            &ref_rows,
+            1e-2,
+        );
     }
 }
