@@ -5,7 +5,7 @@
 # the kernels must not read filled with NaN). A check of the kernels' indexing, fragments, masks,
 # barriers and waits while no GPU is lent; it says nothing of speed, and real hardware may still
 # race where the emulation's scheduling did not.
-#   bash scripts/cuda_emu/run.sh [scan|gemm]   (both by default; ≈ 3 minutes + ≈ 1 on 2 cores)
+#   bash scripts/cuda_emu/run.sh [scan|gemm|attn]   (all by default; ≈ 3 + 1 + 0.5 minutes on 2 cores)
 # scan: deltanet.cu's tensor-core scan (dn_wy_prep + dn_wy_scan; mma.sync m16n8k8 tf32,
 #   cvt.rna.tf32 as its bit rounding) against an f64 token-by-token recurrence (driver.cpp).
 #   Each line: heads, dk, tokens, decay scale, tf32 on/off, outputs' and final state's rel. L2;
@@ -18,6 +18,12 @@
 #   (gemm_driver.cpp); fails above 5e-3 (the GPU test's tolerance) or on any unwritten output,
 #   or where the kernels' _lean variants (`wgmma_lean_dequant`; groups of ≥ 64) or their _hoist
 #   variants (`wgmma_hoisted_addrs`) give any output that is not bit-identical.
+# attn: attention.cu's attn_prefill_wg and attn_prefill_wg_pipe (`wgmma_attention_pipelined`)
+#   through wgmma.h (also A from a K-major descriptor, Q·Kᵀ, and B MN-major, V) against an f64
+#   softmax·V gated by sigmoid (attn_driver.cpp): fails above 1e-2 (the GPU test's tolerance), on
+#   any unwritten output, or where the pipelined kernel's outputs are not bit-identical to
+#   attn_prefill_wg's. Session 24: 2.9e-3 … 3.1e-3, 0 outputs differing on every case; a planted
+#   bug (P rounded and O rescaled before the P·V's wait) fails the 4 cases of two or more tiles.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
@@ -93,6 +99,72 @@ for args in "136 256 64 2 128 $LOADS" "136 256 64 2 64 $LOADS" "264 512 32 1 128
             "136 512 128 2 64 2 62 200" "136 512 128 1 128+32 7 33 161" \
             "136 1024 64 2 64 2 62 200" "136 1024 64 1 128+32 7 33 161"; do
   "$W/emu_gemm" $args || fail=1
+done
+fi
+if [ "$WHAT" = all ] || [ "$WHAT" = attn ]; then
+python3 - "$ROOT" "$W" <<'PY'
+import re, sys
+root, w = sys.argv[1], sys.argv[2]
+common = open(f'{root}/shaders/cuda/common.cuh').read()
+attn = open(f'{root}/shaders/cuda/attention.cu').read()
+def between(text, start, end):
+    i = text.index(start)
+    return text[i:text.index(end, i)]
+helpers = (between(common, '__device__ __forceinline__ float sigmoidf', '\n') + '\n'
+           + between(common, '__device__ __forceinline__ unsigned long long wg_desc(', '#endif'))
+pieces = (between(attn, '__device__ __forceinline__ void attn_store2(', '\n}\n') + '\n}\n'
+          + between(attn, '__device__ __forceinline__ void quad_sums(', '\n}\n') + '\n}\n')
+kernels = attn[attn.index("// ---- attn_prefill_wg: flash attention on Hopper's"):]
+# The asm-only wgmma wrappers come from the emulation below; empty asm fences are no-ops here.
+asm = between(kernels, '#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)\n// S (64', '#endif\n')
+kernels = kernels.replace(asm + '#endif\n', '')
+kernels = re.sub(r'asm volatile\(""\s*:\s*"\+f"\(\w+\[i\]\)\s*::\s*"memory"\);', ';', kernels)
+assert 'asm' not in kernels, 'attention.cu: an asm statement the emulation does not know'
+kernels = kernels.replace('extern __shared__ __align__(16) char wga_raw[];', 'char* wga_raw = (char*)g_smem;')
+rs = open(f'{root}/crates/lily-cuda/src/kernels/attention.rs').read()
+def const(name):
+    return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
+defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGA_Q', 'WGA_KEYS'])
+defs += '#define WGA_SMEM (1024 + 2 * WGA_Q * 256 * 2 + 2 * 2 * WGA_KEYS * 256 * 2)\n'
+emu = r"""
+typedef u16 kv_t;
+#define NEG_INF (-INFINITY)
+inline float __shfl_xor_sync(unsigned, float v, int x) {
+    auto& w = g_ws[warp_id()]; int l = lane_id();
+    w.v[l] = v; __syncwarp();
+    float r = w.v[l ^ x]; __syncwarp();
+    return r;
+}
+inline bool __any_sync(unsigned, bool p) {
+    auto& w = g_ws[warp_id()]; int l = lane_id();
+    w.a[l][0] = p; __syncwarp();
+    bool r = false;
+    for (int i = 0; i < 32; i++) r = r || w.a[i][0];
+    __syncwarp();
+    return r;
+}
+inline void wgmma_qk(float (&d)[32], unsigned long long qd, unsigned long long kd, int acc) {
+    t_wg_open.push_back({d, nullptr, kd, 64, qd, acc != 0, false});
+}
+inline void wgmma_qk_first(float (&d)[32], unsigned long long qd, unsigned long long kd) {
+    t_wg_open.push_back({d, nullptr, kd, 64, qd, false, false});
+}
+inline void wgmma_pv(float (&d)[128], const u32 (&a)[4], unsigned long long vd) {
+    t_wg_open.push_back({d, a, vd, 256, 0, true, true});
+}
+"""
+src = ('#define EMU_ACT_BF16\n'
+       f'#include "{root}/scripts/cuda_emu/shim.h"\n#include "{root}/scripts/cuda_emu/wgmma.h"\n'
+       '#define __CUDA_ARCH_FEAT_SM90_ALL 1\n#define LILY_BF16_ACT 1\n'
+       + defs + emu + helpers + pieces + kernels + f'\n#include "{root}/scripts/cuda_emu/attn_driver.cpp"\n')
+open(f'{w}/emu_attn.cpp', 'w').write(src)
+PY
+g++ -std=c++20 -O2 -pthread "$W/emu_attn.cpp" -o "$W/emu_attn"
+# n_q n_kv pos T: one tile (the pipelined kernel's loop runs no iteration), two, a chunk of 64
+# exactly, chunks not a multiple of 64 at position 0 and past a prefix of whole and part tiles,
+# the model's GQA group (8 query heads a kv head) over 10 tiles.
+for args in "2 1 0 30" "2 1 0 64" "2 1 10 100" "4 2 0 130" "4 2 300 77" "8 1 500 150"; do
+  "$W/emu_attn" $args || fail=1
 done
 fi
 exit "${fail:-0}"

@@ -46,7 +46,13 @@ inline void cp_async16_s(u32 dst, const void* src) { cp_async16((char*)g_smem + 
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
 
-struct WgOp { float* d; const u32* a; unsigned long long desc; int tok; };
+// An MMA as issued: `a` the A registers, or (attention.cu's Q·Kᵀ) `a_desc` A's K-major
+// descriptor; `acc` false: D = A·B (scale-d 0, the first k-step); `mn_b`: B MN-major through
+// the transpose bit (attention.cu's V).
+struct WgOp {
+    float* d; const u32* a; unsigned long long desc; int tok;
+    unsigned long long a_desc = 0; bool acc = true; bool mn_b = false;
+};
 thread_local std::vector<WgOp> t_wg_open;
 thread_local std::deque<std::vector<WgOp>> t_wg_groups;
 std::deque<std::vector<WgOp>>* g_wg_pub[2][128];
@@ -65,11 +71,24 @@ inline void wg_compute(int wg, size_t j) {
     unsigned long long desc = o0.desc;
     for (int l = 0; l < 128; l++) {
         const auto& grp = g_wg_pub[wg][l]->front();
-        if (grp.size() <= j || grp[j].desc != desc || grp[j].tok != tok) { g_wg_errors++; return; }
+        if (grp.size() <= j || grp[j].desc != desc || grp[j].tok != tok || grp[j].a_desc != o0.a_desc ||
+            grp[j].acc != o0.acc || grp[j].mn_b != o0.mn_b) { g_wg_errors++; return; }
     }
     if ((desc >> 62) != 1) { g_wg_errors++; return; }
     u32 start = (u32)(desc & 0x3fff) << 4, sbo = (u32)((desc >> 32) & 0x3fff) << 4;
     float A[64][16];
+    if (o0.a_desc) {  // K-major A in shared memory: element (m, k) as B's (n, k) below
+        u32 a_start = (u32)(o0.a_desc & 0x3fff) << 4, a_sbo = (u32)((o0.a_desc >> 32) & 0x3fff) << 4;
+        if ((o0.a_desc >> 62) != 1) { g_wg_errors++; return; }
+        for (int m = 0; m < 64; m++)
+            for (int k = 0; k < 16; k++) {
+                u32 logical = a_start + (m / 8) * a_sbo + (m % 8) * 128 + 2 * k;
+                u32 phys = logical ^ (((logical >> 7) & 7) << 4);
+                u16 h;
+                memcpy(&h, (const char*)g_smem + phys, 2);
+                A[m][k] = emu_f32(h);
+            }
+    } else
     for (int l = 0; l < 128; l++) {
         const u32* a = g_wg_pub[wg][l]->front()[j].a;
         int w = l >> 5, g = (l & 31) >> 2, t = l & 3, r = 16 * w + g;
@@ -83,7 +102,11 @@ inline void wg_compute(int wg, size_t j) {
     std::vector<float> B((size_t)16 * tok);
     for (int n = 0; n < tok; n++)
         for (int k = 0; k < 16; k++) {
-            u32 logical = start + (n / 8) * sbo + (n % 8) * 128 + 2 * k;
+            // K-major: rows of 8 n a 1024-byte atom; MN-major (mn_b): a 128-byte row per k, 8 k
+            // an atom (SBO), the next 64 n the leading byte offset on.
+            u32 lbo = (u32)((desc >> 16) & 0x3fff) << 4;
+            u32 logical = o0.mn_b ? start + (n / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + 2 * (n % 64)
+                                  : start + (n / 8) * sbo + (n % 8) * 128 + 2 * k;
             u32 phys = logical ^ (((logical >> 7) & 7) << 4);
             u16 h;
             memcpy(&h, sm + phys, 2);
@@ -95,7 +118,7 @@ inline void wg_compute(int wg, size_t j) {
         for (int jj = 0; jj < tok / 8; jj++)
             for (int e = 0; e < 4; e++) {
                 int m = 16 * w + g + 8 * (e >> 1), n = 8 * jj + 2 * t + (e & 1);
-                float s = d[4 * jj + e];
+                float s = o0.acc ? d[4 * jj + e] : 0.0f;
                 for (int k = 0; k < 16; k++) s += A[m][k] * B[(size_t)k * tok + n];
                 d[4 * jj + e] = s;
             }

@@ -1415,7 +1415,7 @@ attn_prefill_wg(const float* __restrict__ q, const float* __restrict__ qg, const
 // each (the same 128 KB as attn_prefill_wg's ring): at iteration j, once its wgmmas are issued,
 // the copies of K_{j+2} (into K_j's stage: S_j is done) and V_{j+1} (into V_{j−1}'s: P_{j−1}·V_{j−1}
 // is done) go out and land during the iteration. One __syncthreads an iteration, as before.
-// Registers: O 128 + S 32 floats and the P of two tiles (2 × 16 words) a thread.
+// Registers: O 128 + S 32 floats (the scores, then the weights) + P 16 words a thread (248 in all).
 // When this kernel wins its A/B, attn_prefill_wg (its reference) leaves with its switch.
 extern "C" __global__ void __launch_bounds__(256, 1)
 attn_prefill_wg_pipe(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
@@ -1457,9 +1457,9 @@ attn_prefill_wg_pipe(const float* __restrict__ q, const float* __restrict__ qg, 
     }
     // The K or V rows of tile `tile` (from `head`) into the stage at `dst`; zero rows past kmax.
     // This thread copies chunk c (16 bytes) of rows r + 8i of a tile: one shared offset and one
-    // element offset (32 bits: the caches hold < 2^31 elements a layer) a thread, a register or
-    // two for the copies, not the hoisted addresses of each (they held registers the softmax
-    // needs to run under the P·V).
+    // element offset a thread (32 bits: a layer's cache holds < 2^32 elements, 8M tokens of two
+    // kv heads), not hoisted addresses for each copy (they held registers the softmax needs to
+    // run under the P·V).
     const int st_r = tid >> 5, st_c = tid & 31;
     const u32 st_dst = (st_c >> 3) * (WGA_KEYS * 128) + st_r * 128 + (((st_c & 7) ^ st_r) << 4);
     const u32 st_src = (u32)(st_r * kv_stride + 8 * st_c);
