@@ -87,7 +87,7 @@ lily_core::backend_options! {
         wgmma_attention_pipelined = false, flag Some("wgmma-attention-pipelined"), env "LILY_WGMMA_ATTENTION_PIPELINED" = false,
             label "pipelined wgmma prefill attention",
             help "with wgmma_attention, prefill chunks' attention on attn_prefill_wg_pipe: attn_prefill_wg's blocks, tiles and arithmetic in the same order (the same output, bit for bit) with the softmax of key tile j + 1 run while the tensor cores do tile j's P·V (FA3's intra-warpgroup pipelining: S_{j+1} = Q·K_{j+1}ᵀ and P_j·V_j issued together, the wait for P_j·V_j after the softmax; K and V in rings of their own, the same 193 KB of shared memory)",
-            why "predicted −8 to −12 % attention time at long context: prefill 32K +2–3 %, 128K +5–8 % (session 24, branch s24att, from the tile's arithmetic; not yet measured); off until its A/B";
+            why "predicted attn_prefill_wg 435 → 500–580 TFLOP/s on long chunks: prefill 32K +2–4 %, 128K +6–12 %, 4K within noise (session 24, branch s24att, from the tile's arithmetic and SASS; not yet measured); off until its A/B";
         tc_scan = true, flag Some("no-tc-scan"), env "LILY_TC_SCAN" = true,
             label "tensor-core DeltaNet scan",
             help "prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form on the tensor cores (dn_wy_prep: every 64-token chunk's W, U and masked QKᵀ at once; dn_wy_scan: the chunks in order; tf32 products, fp32 sums and state; bf16 mode, devices granting 150 KB of shared memory a block) instead of token by token (dn_recurrent)",
