@@ -11,7 +11,8 @@
 #    override them);
 # 2. `bench --device wgpu --prefill 512 --decode-ctx 4K,32K --decode-tokens 64 --repeat 1`,
 #    OFF / ON, then LILY_PROFILE=1 at 4K OFF / ON (decode's rows of in_proj, q/k/v, lm_head into
-#    the summary), then OFF / ON again.
+#    the summary), then OFF / ON again; last, if the clock allows, the profile under ON with
+#    LILY_WGPU_ROWS_WORKERS=1024 (lm_head's grid).
 # Logs in /tmp/s24win-logs (outside $OUT); $OUT gets summary.txt and the benches' tails.
 set -u
 R=${OUT:-$PWD/gpu-logs}; mkdir -p "$R"
@@ -43,5 +44,9 @@ BENCH_S=30 wgpu_bench_rows prof-on 4K "$K" "$P" LILY_PROFILE=1 $ON
 BENCH_S=45 wgpu_bench off-2 4K,32K "$K" $OFF
 # shellcheck disable=SC2086
 BENCH_S=45 wgpu_bench on-2 4K,32K "$K" $ON
+# Last, if the clock allows: lm_head on 1,024 persistent workers under ON (1,056 resident at
+# ≈ 128 registers; its row against prof-on's 512).
+# shellcheck disable=SC2086
+BENCH_S=30 wgpu_bench_rows prof-on-w1024 4K "$K" "$P" LILY_PROFILE=1 LILY_WGPU_ROWS_WORKERS=1024 $ON
 cp "$L"/bench-prof-*.log "$R"/ 2>/dev/null
 say "done at $(el)s"
