@@ -532,7 +532,12 @@ pub fn rows_spec(rb: usize, early: bool, persist: bool, one_word: bool) -> Spec 
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
 /// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
 pub fn row_words(w: &GpuLinear) -> usize {
-    (w.cols * w.bits as usize).div_ceil(128 * 64)
+    words_of(w.cols, w.bits as usize)
+}
+
+/// `row_words` of a matrix of `cols` columns of `bits`-bit weights.
+pub fn words_of(cols: usize, bits: usize) -> usize {
+    (cols * bits).div_ceil(128 * 64)
 }
 
 /// The rows a workgroup of linear_q4_rows' persistent kernel (`rows_persist`): the 16-row one

@@ -260,7 +260,7 @@ pub fn check_rows(
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         for rb in [16usize, 8, 4, 2] {
             // `one_word` (`rows_one_word`): the 16-row kernel takes one-word rows only.
-            if one_word && rb == 16 && (cols * bits as usize) > 128 * 64 {
+            if one_word && rb == 16 && crate::plan::words_of(cols, bits) > 1 {
                 continue;
             }
             let (rows, items) = (37usize, 2usize);
@@ -564,7 +564,7 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) 
     // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds; not at 16 where
     // that kernel takes one-word rows only, `one_word`).
     for (cols, rb) in [(4096usize, 4usize), (4096, 8), (4096, 16), (2048, 16)] {
-        if one_word && cols == 4096 && rb == 16 {
+        if one_word && rb == 16 && crate::plan::words_of(cols, 4) > 1 {
             continue;
         }
         let m = RandomQ4::new(rows, cols, 64, items);

@@ -1601,12 +1601,7 @@ fn chunked_prefill_equals_token_by_token() {
 #[test]
 #[ignore]
 fn full_width_decode_matches_cpu() {
-    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
-    let tokens = Rng(5).tokens(12, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone());
-    let cs = cpu.new_seq(16).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
+    let (w, tokens, want) = full_width_model();
     // Each case's token-by-token logits, for the persistent cases' bit-for-bit check.
     let mut stepped_of = std::collections::HashMap::new();
     for (subgroups, f16_acts, early, persist, rounds) in [
@@ -1694,6 +1689,18 @@ fn full_width_decode_matches_cpu() {
     }
 }
 
+/// The full widths' model of the full-width tests (4 layers, synth seed 41), a 12-token prompt and
+/// the CPU's last logits after it.
+fn full_width_model() -> (Arc<ModelWeights>, Vec<u32>, Vec<f32>) {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
+    let tokens = Rng(5).tokens(12, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(16).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    (w, tokens, want)
+}
+
 /// `rows_one_word` on the full widths (4 layers, synth seed 41, as `full_width_decode_matches_cpu`):
 /// in_proj (with its conv), q/k/v and lm_head on the 16-row kernel compiled for one-word rows,
 /// persistent on lavapipe's 64 workers; 12 positions token by token, both reduction forms: the
@@ -1702,12 +1709,7 @@ fn full_width_decode_matches_cpu() {
 #[test]
 #[ignore]
 fn full_width_one_word_decode_matches_cpu() {
-    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
-    let tokens = Rng(5).tokens(12, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone());
-    let cs = cpu.new_seq(16).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
+    let (w, tokens, want) = full_width_model();
     for subgroups in [true, false] {
         let mut stepped_of = Vec::new();
         for one_word in [false, true] {
