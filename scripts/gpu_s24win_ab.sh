@@ -5,6 +5,7 @@
 # Modelled on gpu_wgpu_ab3.sh; staged by scripts/stage_gpu.sh with gpu_ab_common.sh
 # (bin/lily-engine, bin/wgpu_model):
 #   bash scripts/stage_gpu.sh /work/main/.carry/s24win && cp scripts/gpu_s24win_ab.sh /work/main/.carry/s24win/
+#   rm /work/main/.carry/s24win/bin/{gpu,kernels_compile}; gzip -9 /work/main/.carry/s24win/bin/*
 #   device: bash .carry/s24win/gpu_s24win_ab.sh      (carry: .carry/s24win .gl; timeout_s 300)
 # 1. beside the synth: lily-wgpu's `one_word_row_kernel_matches_the_host_and_todays` on the GPU
 #    (it sets the switch in its cases: run without LILY_WGPU_ROWS_ONE_WORD, which would
