@@ -76,6 +76,12 @@ override EARLY: u32 = 0u;
 // same order as 0: outputs bit for bit. Also the 8-row kernel (`WgpuOptions::out_rows` 8:
 // plan.rs `Plan::rows_rb`), one workgroup a block of two rounds.
 override PERSIST: u32 = 0u;
+// The 16-byte words a lane reads of a row: 2 (rows of one or two words, chosen at run time by
+// the matrix's columns and bits), or 1 (`WgpuOptions::rows_one_word`: plan.rs `rows_spec`; the
+// plan gives this kernel one-word rows only, 4-bit 2,048 columns): the second words' code and
+// registers compiled out (their inputs `xc`, the persistent form's `cur2` / `nxt2` carried
+// between rounds), the same sums in the same order: outputs bit for bit.
+override WORDS: u32 = 2u;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -146,7 +152,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     let span = 128u / p.m.bits;            // columns per 16-byte word: 32 or 16
     let nv = span / 4u;                   // input vec4 per word
     let quads = p.m.cols / span;           // words per row: 64 or 128
-    let two = quads > 64u;
+    let two = WORDS > 1u && quads > 64u;
     let groups = p.m.cols / p.m.group;
     let ga = (lid * span) / p.m.group;
     let gc = ((lid + 64u) * span) / p.m.group;

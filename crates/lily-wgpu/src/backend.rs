@@ -24,7 +24,7 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
+    check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -224,6 +224,13 @@ impl WgpuBackend {
         check_rows_persist(&self.gpu, self.plan.subgroups)
     }
 
+    /// linear_q4_rows.wgsl's 16-row kernel for one-word rows (`rows_one_word`) with this plan's
+    /// reductions against the host and, bit for bit, today's kernel
+    /// (`probes::check_rows_one_word`).
+    pub fn check_rows_one_word(&self) -> Result<PersistCheck> {
+        check_rows_one_word(&self.gpu, self.plan.subgroups)
+    }
+
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for
     /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
     pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
@@ -245,6 +252,7 @@ impl WgpuBackend {
             act,
             self.plan.glu_items,
             self.plan.glu_rb,
+            self.plan.options.rows_one_word,
         )?;
         if self.plan.tile_f16 {
             // Against the f16-staged operands (the kernel's own rounding taken out).

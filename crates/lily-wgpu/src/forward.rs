@@ -11,8 +11,8 @@ use lily_core::config::{LayerKind, ModelConfig};
 use crate::gpu::{grid_2d, Gpu, Prepared, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention, SplitRule,
-    LINEAR_ROWS,
+    row_words, DeltaNetPath, ExpertsDown, ExpertsUp, LinearKernel, MmTile, Plan, PrefillAttention,
+    SplitRule, LINEAR_ROWS,
 };
 use crate::weights::{
     Fused, GpuAttention, GpuDeltaNet, GpuLinear, GpuMixer, GpuModel, GpuMoe, Slice,
@@ -866,7 +866,7 @@ impl<'a> Forward<'a> {
             let (kernel, per, z, fourth) = match choice {
                 LinearKernel::Rows => {
                     // Inputs once per workgroup, rows streamed; the norm folded in where asked.
-                    let rb = self.plan.rows_rb(sl.count);
+                    let rb = self.plan.rows_rb(sl.count, row_words(w));
                     let (nx, ny) = self.plan.rows_grid(rb, sl.count.div_ceil(rb));
                     let params =
                         linear_params(w, sl, &io, sl.count, sl.first, None, 0, 0, nx, 0, 0);

@@ -56,6 +56,10 @@
 //!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds), and the down products
 //!   on 2 rows a workgroup (`down_rows` 2: +2–3 % at 4K with `moe_rounds`, an H100). The GLU's
 //!   rows a workgroup (`glu_rows`) stay the rule's (4 lost: 30.1 against 26.9 µs a call).
+//!   Off until its A/B (session 24): the 16-row kernel compiled for one-word rows
+//!   (`rows_one_word`: `rows_spec`'s `WORDS` 1, `Plan::rows_rb` sending two-word matrices of
+//!   ≥ 8,192 rows to the 8-row kernel), which drops the second words' registers the persistent
+//!   loop carries for every matrix since session 21 (in_proj / q/k/v 25.5 / 24.1 → 34.3 / 31 µs).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -508,18 +512,32 @@ impl Specs {
 /// barrier, the norm's scale on the totals (`WgpuOptions::rows_early`, its `EARLY`); `persist`:
 /// each workgroup streams several row blocks in rounds of `PERSIST_RI` rows, the next round's
 /// reads in flight during this round's sums (`WgpuOptions::rows_persist`, its `PERSIST`;
-/// launched on `rows_grid`).
-pub fn rows_spec(rb: usize, early: bool, persist: bool) -> Spec {
+/// launched on `rows_grid`); `one_word`: compiled for rows of one 16-byte word a lane (4-bit,
+/// 2,048 columns) only, its second words' registers gone (`WgpuOptions::rows_one_word`, its
+/// `WORDS` 1; `Plan::rows_rb` gives it no other matrix).
+pub fn rows_spec(rb: usize, early: bool, persist: bool, one_word: bool) -> Spec {
     let ri = if persist { PERSIST_RI } else { rb.min(8) };
-    Spec::new(
-        "linear_q4_rows",
-        &[
-            ("RB", rb as f64),
-            ("RI", ri as f64),
-            ("EARLY", early as u32 as f64),
-            ("PERSIST", persist as u32 as f64),
-        ],
-    )
+    let mut constants = vec![
+        ("RB", rb as f64),
+        ("RI", ri as f64),
+        ("EARLY", early as u32 as f64),
+        ("PERSIST", persist as u32 as f64),
+    ];
+    if one_word {
+        constants.push(("WORDS", 1.0));
+    }
+    Spec::new("linear_q4_rows", &constants)
+}
+
+/// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
+/// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
+pub fn row_words(w: &GpuLinear) -> usize {
+    words_of(w.cols, w.bits as usize)
+}
+
+/// `row_words` of a matrix of `cols` columns of `bits`-bit weights.
+pub fn words_of(cols: usize, bits: usize) -> usize {
+    (cols * bits).div_ceil(128 * 64)
 }
 
 /// The rows a workgroup of linear_q4_rows' persistent kernel (`rows_persist`): the 16-row one
@@ -966,7 +984,13 @@ impl Plan {
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
-            in_forms(rows_spec(rb, opts.rows_early, persist), &Form::ALL, act_f16)
+            // `rows_one_word`: the 16-row kernel for one-word rows only (`Plan::rows_rb`).
+            let one_word = opts.rows_one_word && rb == 16;
+            in_forms(
+                rows_spec(rb, opts.rows_early, persist, one_word),
+                &Form::ALL,
+                act_f16,
+            )
         };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
@@ -1119,12 +1143,21 @@ impl Plan {
 
     /// linear_q4_rows.wgsl's rows a workgroup for a matrix (slice) of `rows` rows: `rows_rb`'s,
     /// but `out_rows` (where not 0) for the matrices of 1,024 to 8,191 rows (`rows_rb`'s 4-row
-    /// kernel's: DeltaNet's out_proj and attention's o on the full model).
-    pub fn rows_rb(&self, rows: usize) -> usize {
-        match self.options.out_rows {
+    /// kernel's: DeltaNet's out_proj and attention's o on the full model); `words`: the
+    /// 16-byte words a lane reads of a row (`row_words`): with `rows_one_word` the 16-row
+    /// kernel is compiled for one-word rows, so a two-word matrix of ≥ 8,192 rows takes the
+    /// 8-row kernel (in rounds) instead (none on the full model: in_proj, q/k/v and lm_head
+    /// are 4-bit of 2,048 columns).
+    pub fn rows_rb(&self, rows: usize, words: usize) -> usize {
+        let rb = match self.options.out_rows {
             0 => rows_rb(rows),
             n if rows_rb(rows) == 4 => n,
             _ => rows_rb(rows),
+        };
+        if rb == 16 && words > 1 && self.options.rows_one_word {
+            8
+        } else {
+            rb
         }
     }
 
@@ -1174,7 +1207,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1207,6 +1240,11 @@ impl Plan {
                 (None, 0) => String::new(),
                 (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
                 (None, n) => format!(" (the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
+            },
+            if self.options.rows_one_word {
+                " (its 16-row kernel compiled for one-word rows: no second words)"
+            } else {
+                ""
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

@@ -250,14 +250,19 @@ pub fn check_rows(
     act_f16: bool,
     items: bool,
     glu_rb: usize,
+    one_word: bool,
 ) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
         .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
-        .max(check_rows_accumulate(gpu, k, act_f16)?);
+        .max(check_rows_accumulate(gpu, k, act_f16, one_word)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
         for rb in [16usize, 8, 4, 2] {
+            // `one_word` (`rows_one_word`): the 16-row kernel takes one-word rows only.
+            if one_word && rb == 16 && crate::plan::words_of(cols, bits) > 1 {
+                continue;
+            }
             let (rows, items) = (37usize, 2usize);
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
             for (form, kernel) in k.rows(rb).iter() {
@@ -307,15 +312,30 @@ pub fn check_rows_persist(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
     };
     // The 16-row kernel (`rows_persist`) and the 8-row one (`out_rows` 8).
     for rb in [crate::plan::PERSIST_RB, 8] {
-        let one = check_rows_persist_rb(gpu, subgroups, rb)?;
+        let one = check_rows_persist_rb(gpu, subgroups, rb, false)?;
         out.err = out.err.max(one.err);
         out.same_bits &= one.same_bits;
     }
     Ok(out)
 }
 
-/// `check_rows_persist` for the kernel of `rb` rows a workgroup.
-fn check_rows_persist_rb(gpu: &Gpu, subgroups: bool, rb: usize) -> Result<PersistCheck> {
+/// linear_q4_rows.wgsl's 16-row kernel compiled for one-word rows (`rows_one_word`: `WORDS` 1)
+/// on the one-word rows it is given (4-bit, 2,048 columns; 181 rows, 2 items, the norm folded
+/// and not, `EARLY` 0 and 1): persistent (`PERSIST` 1) on `rows_grid`'s grids for 1, 2, 5 and
+/// 12 workers and in one pass (`PERSIST` 0) on one workgroup a block, each against the host's
+/// f64 and bit for bit against today's kernel (`WORDS` 2, `PERSIST` 0, one workgroup a block).
+pub fn check_rows_one_word(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
+    check_rows_persist_rb(gpu, subgroups, crate::plan::PERSIST_RB, true)
+}
+
+/// `check_rows_persist` for the kernel of `rb` rows a workgroup; `one_word`: the kernels under
+/// test compiled with `WORDS` 1 (`check_rows_one_word`), on the one-word shape only.
+fn check_rows_persist_rb(
+    gpu: &Gpu,
+    subgroups: bool,
+    rb: usize,
+    one_word: bool,
+) -> Result<PersistCheck> {
     let (rows, items) = (181usize, 2usize);
     let blocks = rows.div_ceil(rb);
     let sides = Sides::default();
@@ -327,19 +347,39 @@ fn check_rows_persist_rb(gpu: &Gpu, subgroups: bool, rb: usize) -> Result<Persis
         err: 0.0,
         same_bits: true,
     };
-    for (bits, cols) in [(4, 2048), (4, 4096), (8, 2048)] {
+    let shapes: &[(usize, usize)] = if one_word {
+        &[(4, 2048)]
+    } else {
+        &[(4, 2048), (4, 4096), (8, 2048)]
+    };
+    for &(bits, cols) in shapes {
         let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
         for early in [false, true] {
-            let spec = |persist| crate::shaders::Spec {
+            let spec = |persist, one| crate::shaders::Spec {
                 form,
-                ..rows_spec(rb, early, persist).with_subgroups(subgroups)
+                ..rows_spec(rb, early, persist, one).with_subgroups(subgroups)
             };
-            let plain = Kernel::new(gpu, &spec(false), false)?;
-            let persist = Kernel::new(gpu, &spec(true), false)?;
+            let plain = Kernel::new(gpu, &spec(false, false), false)?;
+            let persist = Kernel::new(gpu, &spec(true, one_word), false)?;
+            let plain_one = match one_word {
+                true => Some(Kernel::new(gpu, &spec(false, true), false)?),
+                false => None,
+            };
             for norm in [None, Some(1e-6)] {
                 let (nx, ny) = grid_2d(blocks);
                 let grid = [nx, ny, items as u32];
                 let want = m.run_raw(gpu, &plain, &grid, nx, None, Some(norm), sides)?;
+                if let Some(k1) = &plain_one {
+                    // The one-pass kernel with `WORDS` 1 on the same grid.
+                    let got = m.run_raw(gpu, k1, &grid, nx, None, Some(norm), sides)?;
+                    out.err = out
+                        .err
+                        .max(rel_l2_f64(&got, &m.want_for(Some(norm), sides)));
+                    out.same_bits &= got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                }
                 for workers in [1usize, 2, 5, 12] {
                     let (wx, wy) = rows_grid(blocks, Some(workers));
                     let grid = [wx, wy, items as u32];
@@ -518,11 +558,15 @@ fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
 /// projections, 4,096 columns at 4 rows a workgroup, and 2,048 at 16, 37 rows, 2 items): the
 /// host's random residual plus the f64 product of the activation input, against the residual
 /// read back, every form that writes an f32 buffer. The relative L2 difference of the sums added.
-fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
+fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) -> Result<f64> {
     let (rows, items) = (37usize, 2usize);
     let mut worst = 0f64;
-    // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds).
+    // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds; not at 16 where
+    // that kernel takes one-word rows only, `one_word`).
     for (cols, rb) in [(4096usize, 4usize), (4096, 8), (4096, 16), (2048, 16)] {
+        if one_word && rb == 16 && crate::plan::words_of(cols, 4) > 1 {
+            continue;
+        }
         let m = RandomQ4::new(rows, cols, 64, items);
         let y0: Vec<f32> =
             m.x.iter()

@@ -857,6 +857,85 @@ fn persistent_row_kernel_matches_the_host_and_the_plain_kernel() {
     }
 }
 
+/// `rows_one_word`: linear_q4_rows' 16-row kernel compiled for one-word rows (`WORDS` 1), in
+/// both reduction forms and with f16 activations: the plan's rows a workgroup (the full model's
+/// one-word products of ≥ 8,192 rows on it, a two-word one on the 8-row kernel instead, the
+/// others as without), the plan line; the kernel persistent on 1, 2, 5 and 12 workers and in one
+/// pass against the host's f64 and **bit for bit** today's kernel (`check_rows_one_word`); every
+/// product probe through the plan's kernels (the DeltaNet conv and the residual add on the
+/// 16-row kernel among them; its two-word shapes go to the kernels the plan gives them).
+#[test]
+fn one_word_row_kernel_matches_the_host_and_todays() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            rows_one_word: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert!(plan.options.rows_one_word);
+        // lm_head, in_proj, q/k/v (one word); a two-word matrix of ≥ 8,192 rows; out_proj, the
+        // router (two words, 2 rows as without the switch).
+        assert_eq!(
+            (
+                plan.rows_rb(248_320, 1),
+                plan.rows_rb(12_352, 1),
+                plan.rows_rb(9_216, 1),
+                plan.rows_rb(8_192, 2),
+                plan.rows_rb(2_048, 2),
+                plan.rows_rb(257, 2)
+            ),
+            (16, 16, 16, 8, 2, 2)
+        );
+        let d = plan.describe();
+        assert!(
+            d.contains("linear_q4_rows one-word 16-row kernel on")
+                && d.contains("its 16-row kernel compiled for one-word rows"),
+            "{d}"
+        );
+        let bound = Bounds::of(plan).kernel;
+        let one = gpu.check_rows_one_word().unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: one-word linear_q4_rows {:.2e} (same bits as today's: {}), product probes {rows:.2e}",
+            plan.act_f16, one.err, one.same_bits
+        );
+        assert!(
+            one.err < bound,
+            "one-word linear_q4_rows differs from the host by {:.2e}",
+            one.err
+        );
+        assert!(
+            one.same_bits,
+            "one-word linear_q4_rows is not bit for bit today's kernel"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (one-word plan) differs from the host by {rows:.2e}"
+        );
+    }
+    // Without the switch nothing moves.
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(gpu.plan().rows_rb(8_192, 2), 16);
+    assert!(!gpu.plan().describe().contains("one-word rows"));
+}
+
 /// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
 /// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
 /// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,
@@ -967,7 +1046,11 @@ fn out_rows_kernels_match_the_host() {
         let plan = gpu.plan();
         assert_eq!(plan.options.out_rows, out_rows);
         assert_eq!(
-            (plan.rows_rb(2048), plan.rows_rb(12_352), plan.rows_rb(257)),
+            (
+                plan.rows_rb(2048, 2),
+                plan.rows_rb(12_352, 1),
+                plan.rows_rb(257, 2)
+            ),
             (out_rows, 16, 2)
         );
         assert!(
@@ -1518,12 +1601,7 @@ fn chunked_prefill_equals_token_by_token() {
 #[test]
 #[ignore]
 fn full_width_decode_matches_cpu() {
-    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
-    let tokens = Rng(5).tokens(12, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone());
-    let cs = cpu.new_seq(16).unwrap();
-    cpu.prefill(cs, &tokens).unwrap();
-    let want = cpu.logits(cs).unwrap();
+    let (w, tokens, want) = full_width_model();
     // Each case's token-by-token logits, for the persistent cases' bit-for-bit check.
     let mut stepped_of = std::collections::HashMap::new();
     for (subgroups, f16_acts, early, persist, rounds) in [
@@ -1607,6 +1685,65 @@ fn full_width_decode_matches_cpu() {
         assert!(
             e_chunk < to_chunk,
             "f16 activations {on}: decode differs from prefill by {e_chunk:.3e}"
+        );
+    }
+}
+
+/// The full widths' model of the full-width tests (4 layers, synth seed 41), a 12-token prompt and
+/// the CPU's last logits after it.
+fn full_width_model() -> (Arc<ModelWeights>, Vec<u32>, Vec<f32>) {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 41, Some(4));
+    let tokens = Rng(5).tokens(12, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(16).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    (w, tokens, want)
+}
+
+/// `rows_one_word` on the full widths (4 layers, synth seed 41, as `full_width_decode_matches_cpu`):
+/// in_proj (with its conv), q/k/v and lm_head on the 16-row kernel compiled for one-word rows,
+/// persistent on lavapipe's 64 workers; 12 positions token by token, both reduction forms: the
+/// last logits within 1e-3 of the CPU and **bit for bit** those of the same case without the
+/// switch. `cargo test --release -p lily-wgpu --test model -- --ignored full_width_one_word`.
+#[test]
+#[ignore]
+fn full_width_one_word_decode_matches_cpu() {
+    let (w, tokens, want) = full_width_model();
+    for subgroups in [true, false] {
+        let mut stepped_of = Vec::new();
+        for one_word in [false, true] {
+            let opts = WgpuOptions {
+                chunk: 16,
+                all_logits_chunk: 1,
+                subgroups,
+                f16_acts: Choice::Off,
+                f16_kv: Choice::Off,
+                rows_one_word: one_word,
+                ..WgpuOptions::default()
+            };
+            let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+                return;
+            };
+            let b = gpu.new_seq(16).unwrap();
+            for t in &tokens {
+                gpu.prefill(b, &[*t]).unwrap();
+            }
+            let stepped = gpu.logits(b).unwrap();
+            let e_cpu = rel_l2(&stepped, &want);
+            println!(
+                "full widths, subgroups {subgroups}, one-word rows {one_word}: token by token vs CPU {e_cpu:.3e}"
+            );
+            assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+            stepped_of.push(stepped);
+        }
+        assert!(
+            stepped_of[0]
+                .iter()
+                .zip(&stepped_of[1])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "one-word rows change the logits: {:.3e} from the case without",
+            rel_l2(&stepped_of[1], &stepped_of[0])
         );
     }
 }

@@ -68,6 +68,9 @@ fn choosable() -> Vec<Spec> {
                             rows_persist: sw,
                             // The decode MoE in rounds (ITEMS = 1, ROUNDS = 1) and not.
                             moe_rounds: sw,
+                            // linear_q4_rows' 16-row kernel for one-word rows (WORDS = 1),
+                            // persistent (the switches on) and not (f16 activations alone).
+                            rows_one_word: sw || f16_acts,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -240,23 +243,24 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early, rows_persist, moe_rounds), with f16 and f32 element types.
+/// rows_early, glu_early, rows_persist, moe_rounds, rows_one_word), with f16 and f32 element
+/// types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4), on(5)]);
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4), on(5), on(6)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 6;
+const DECODE_SWITCHES: u32 = 7;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early, glu_early, rows_persist and moe_rounds as `sw`
-/// says) fits its limits.
+/// the decode switches attn_flat, attn_split, rows_early, glu_early, rows_persist, moe_rounds and
+/// rows_one_word as `sw` says) fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
     let limits = apple_limits();
@@ -279,6 +283,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         glu_early: sw[3],
         rows_persist: sw[4],
         moe_rounds: sw[5],
+        rows_one_word: sw[6],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -291,7 +296,8 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
             o.rows_early,
             o.glu_early,
             o.rows_persist,
-            o.moe_rounds
+            o.moe_rounds,
+            o.rows_one_word
         ],
         sw
     );
