@@ -72,10 +72,10 @@ lily_core::backend_options! {
             label "wgmma GEMMs' lean dequantisation",
             help "the wgmma GEMMs (gemm_dense_wgb, _wgb256, gemm_grouped_wgb32/64/128) on their _lean variants where the weights' groups are ≥ 64 columns: the same bf16 weight fragments, bit for bit, from fewer instructions (a k-step's scale and bias read once a row, each nibble made a float in place by one LOP3 and one exact FFMA, the copies' addresses computed once a block): 265 against 390 instructions a thread a k-step in gemm_grouped_wgb64",
             why "won its A/B: prefill 11,384 / 11,368 → 13,682 / 13,688 tok/s at 512 (+20 %), 25,052 / 25,149 → 28,349 / 28,443 at 4K (+13 %), 22,367 / 22,359 → 24,830 / 24,903 at 32K (+11 %; two rounds, an H100, full size, session 23; predicted +11–13 %); every output bit for bit the kernels it replaces (GPU test wgmma_lean_dequant_gives_the_same_bits); the plain variants serve groups below 64 columns and are the reference";
-        wgmma_hoisted_addrs = false, flag Some("wgmma-hoisted-addrs"), env "LILY_WGMMA_HOISTED_ADDRS" = false,
+        wgmma_hoisted_addrs = true, flag Some("no-wgmma-hoisted-addrs"), env "LILY_WGMMA_HOISTED_ADDRS" = true,
             label "wgmma grouped GEMMs' hoisted addresses",
             help "with wgmma_lean_dequant, the routed experts' grouped GEMMs (gemm_grouped_wgb32/64/128) on their _hoist variants: the same copies, MMAs and outputs, bit for bit, with a k-step's addresses held in registers (the copies' swizzled 32-bit shared destinations and the fragments' row computed once a block, the ring slots rotated by an add and a wrap instead of st % STAGES three times a step, the wgmma descriptors as the ring's plus an offset): 195 against 265 instructions a thread a k-step in gemm_grouped_wgb64",
-            why "predicted +6–9 % prefill at 512, +2–4 % at 4K, +1.5–3.5 % at 32K (session 23, branch s23pre, from the SASS count: gemm_grouped_wgb32 260 → 190, _wgb64 265 → 195, _wgb128 254.5 → 205 instructions a thread a k-step; not yet measured); off until its A/B";
+            why "won its A/B: prefill 13,392 / 13,655 → 13,979 / 13,931 tok/s at 512 (+3.2 %), 28,364 / 28,386 → 28,898 / 28,914 at 4K (+1.9 %), 24,853 / 24,891 → 25,263 / 25,260 at 32K (+1.6 %; two rounds, an H100, full size, session 24; predicted +6–9 / +2–4 / +1.5–3.5 %); the launches at 4K 279.6 → 256.4 µs (gate/up) and 413.8 → 394.4 µs (down), every output bit for bit the _lean kernels' (GPU test wgmma_hoisted_addrs_gives_the_same_bits); the _lean grouped kernels are the reference";
         flash_prefill = true, flag Some("no-flash-prefill"), env "LILY_ATTN_PREFILL" = true,
             label "flash prefill",
             help "prefill chunks' attention as flash attention on the tensor cores (attn_prefill: bf16 mma, fp32 softmax; bf16 mode) instead of one block per (token, query head)",
@@ -84,10 +84,10 @@ lily_core::backend_options! {
             label "wgmma prefill attention",
             help "prefill chunks of at least 1,024 tokens run their attention on Hopper's warpgroup MMA (attn_prefill_wg: sm_90a, head dim 256) instead of mma.sync (attn_prefill)",
             why "won its A/B: prefill 128K 10,610 → 14,003 tok/s on the H200 (session 9); elsewhere the device has no wgmma";
-        wgmma_attention_pipelined = false, flag Some("wgmma-attention-pipelined"), env "LILY_WGMMA_ATTENTION_PIPELINED" = false,
+        wgmma_attention_pipelined = true, flag Some("no-wgmma-attention-pipelined"), env "LILY_WGMMA_ATTENTION_PIPELINED" = true,
             label "pipelined wgmma prefill attention",
             help "with wgmma_attention, prefill chunks' attention on attn_prefill_wg_pipe: attn_prefill_wg's blocks, tiles and arithmetic in the same order (the same output, bit for bit) with the softmax of key tile j + 1 run while the tensor cores do tile j's P·V (FA3's intra-warpgroup pipelining: S_{j+1} = Q·K_{j+1}ᵀ and P_j·V_j issued together, the wait for P_j·V_j after the softmax; K and V in rings of their own, the same 193 KB of shared memory)",
-            why "predicted attn_prefill_wg 435 → 500–580 TFLOP/s on long chunks: prefill 32K +2–4 %, 128K +6–12 %, 4K within noise (session 24, branch s24att, from the tile's arithmetic and SASS; not yet measured); off until its A/B";
+            why "won its A/B: prefill 24,979 / 24,911 → 25,898 / 25,924 tok/s at 32K (+3.8 %), 17,520 / 17,478 → 19,060 / 19,044 at 128K (+8.9 %), 4K +0.6 % (two rounds, an H100, full size, session 24; predicted +2–4 / +6–12 %); the 32K and 128K prompts' last chunks 4.68 → 3.62 ms (441 → 570 TFLOP/s) and 18.56 → 14.21 ms (467 → 609 TFLOP/s), every output bit for bit attn_prefill_wg's (GPU test attn_prefill_wg_pipe_gives_attn_prefill_wg_bits); attn_prefill_wg is the reference";
         tc_scan = true, flag Some("no-tc-scan"), env "LILY_TC_SCAN" = true,
             label "tensor-core DeltaNet scan",
             help "prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form on the tensor cores (dn_wy_prep: every 64-token chunk's W, U and masked QKᵀ at once; dn_wy_scan: the chunks in order; tf32 products, fp32 sums and state; bf16 mode, devices granting 150 KB of shared memory a block) instead of token by token (dn_recurrent)",
@@ -286,6 +286,8 @@ mod tests {
             ("LILY_WGMMA_TAIL_TILES", "0"),
             ("LILY_TILE_GRID_BY_ITEMS", "0"),
             ("LILY_WGMMA_LEAN_DEQUANT", "0"),
+            ("LILY_WGMMA_HOISTED_ADDRS", "0"),
+            ("LILY_WGMMA_ATTENTION_PIPELINED", "0"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),

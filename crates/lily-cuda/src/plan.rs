@@ -30,10 +30,10 @@
 //! `narrow_and_tail_tiles_take_the_chunks_their_switches_name`).
 //! `wgmma_lean_dequant` (on; `--no-wgmma-lean-dequant`) puts every wgmma GEMM above on its `_lean` variant (the same bits from
 //! fewer instructions; weights in groups of ≥ 64: `plan.lean_dequant`; the test
-//! `lean_dequant_names_the_wgmma_kernels_lean_variants`). `wgmma_hoisted_addrs` (off;
-//! `--wgmma-hoisted-addrs`) puts the grouped `_lean` kernels on their `_hoist` variants (the same
+//! `lean_dequant_names_the_wgmma_kernels_lean_variants`). `wgmma_hoisted_addrs` (on;
+//! `--no-wgmma-hoisted-addrs`) puts the grouped `_lean` kernels on their `_hoist` variants (the same
 //! bits, a k-step's addresses held in registers; the test `hoisted_addrs_names_the_grouped_hoist_variants`).
-//! `wgmma_attention_pipelined` (off; `--wgmma-attention-pipelined`) puts `attn_prefill_wg` on
+//! `wgmma_attention_pipelined` (on; `--no-wgmma-attention-pipelined`) puts `attn_prefill_wg` on
 //! `attn_prefill_wg_pipe` (the same bits, a tile's softmax run under the previous tile's P·V;
 //! the test `pipelined_attention_names_attn_prefill_wg_pipe`).
 //!
@@ -1793,8 +1793,14 @@ mod tests {
         ] {
             let staged = p.stages(n);
             assert_eq!(staged, n >= 512, "{n}");
-            // Shipping: the wgmma kernels on their _lean variants (`wgmma_lean_dequant`).
-            let (dense, grouped) = (dense.lean(), grouped.lean());
+            // Shipping: the wgmma kernels on their _lean variants (`wgmma_lean_dequant`), the
+            // grouped ones on their _hoist variants (`wgmma_hoisted_addrs`), attn_prefill_wg on
+            // its pipelined kernel (`wgmma_attention_pipelined`).
+            let (dense, grouped) = (dense.lean(), grouped.lean().hoist());
+            let attn = match attn {
+                PrefillKernel::Wgmma => PrefillKernel::WgmmaPipelined,
+                other => other,
+            };
             for w in [&q, &o, &in_qkv] {
                 assert_eq!(p.dense(w, n, staged), Dense::Gemm(dense), "{n}");
             }
@@ -1806,7 +1812,7 @@ mod tests {
                     gate: grouped,
                     up: grouped,
                     down: grouped,
-                    tail: (tile == 128).then_some(GroupedGemm::Wgb32Lean)
+                    tail: (tile == 128).then_some(GroupedGemm::Wgb32Hoist)
                 },
                 "{n}"
             );
@@ -1943,11 +1949,12 @@ mod tests {
         let w = [&gate, &gate, &down];
         let with = plan_with;
         let gemm = experts_gemm;
-        // The shipping plan's grouped kernels are the _lean variants (`wgmma_lean_dequant`).
+        // The shipping plan's grouped kernels are the _hoist variants (`wgmma_lean_dequant`,
+        // `wgmma_hoisted_addrs`).
         let (wgb32, wgb64, wgb128) = (
-            GroupedGemm::Wgb32Lean,
-            GroupedGemm::Wgb64Lean,
-            GroupedGemm::Wgb128Lean,
+            GroupedGemm::Wgb32Hoist,
+            GroupedGemm::Wgb64Hoist,
+            GroupedGemm::Wgb128Hoist,
         );
         // Shipping: both on.
         let on = Plan::resolve(&CudaOptions::default(), H200);
@@ -2003,6 +2010,7 @@ mod tests {
         let gemm = experts_gemm;
         let lean = with(|o| {
             o.wgmma_lean_dequant = true;
+            o.wgmma_hoisted_addrs = false;
             o.wgmma_tail_tiles = true;
             o.wgb_tok = 256;
         });
@@ -2062,9 +2070,9 @@ mod tests {
             pipe.attention(shape, 1, 4096),
             AttentionKernels::Split { .. }
         ));
-        // Off (the default): attn_prefill_wg; without wgmma_attention or on a device without
-        // wgmma the switch names nothing.
-        let plain = plan_with(|_| {});
+        // Off: attn_prefill_wg; without wgmma_attention or on a device without wgmma the switch
+        // names nothing.
+        let plain = plan_with(|o| o.wgmma_attention_pipelined = false);
         assert_eq!(
             plain.attention(shape, 4096, 4096),
             AttentionKernels::Prefill(PrefillKernel::Wgmma)

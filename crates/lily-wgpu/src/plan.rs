@@ -56,10 +56,11 @@
 //!   (`out_rows` 2: `Plan::rows_rb`; 8 is the 8-row kernel in rounds), and the down products
 //!   on 2 rows a workgroup (`down_rows` 2: +2–3 % at 4K with `moe_rounds`, an H100). The GLU's
 //!   rows a workgroup (`glu_rows`) stay the rule's (4 lost: 30.1 against 26.9 µs a call).
-//!   Off until its A/B (session 24): the 16-row kernel compiled for one-word rows
-//!   (`rows_one_word`: `rows_spec`'s `WORDS` 1, `Plan::rows_rb` sending two-word matrices of
-//!   ≥ 8,192 rows to the 8-row kernel), which drops the second words' registers the persistent
-//!   loop carries for every matrix since session 21 (in_proj / q/k/v 25.5 / 24.1 → 34.3 / 31 µs).
+//!   The 16-row kernel compiled for one-word rows (`rows_one_word`, on since session 24:
+//!   `rows_spec`'s `WORDS` 1, `Plan::rows_rb` sending two-word matrices of ≥ 8,192 rows to the
+//!   8-row kernel), which drops the second words' registers the persistent loop carried for
+//!   every matrix since session 21: in_proj / q/k/v 34.1 / 31.0 → 24.8 / 23.1 µs a call, decode
+//!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
