@@ -921,12 +921,13 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
             "linear_q4_rows (one-word plan) differs from the host by {rows:.2e}"
         );
     }
-    // Without the switch nothing moves.
+    // Without the switch (on by default) nothing moves.
     let Some(gpu) = wgpu_backend_with(
         &w,
         WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
+            rows_one_word: false,
             ..WgpuOptions::default()
         },
     ) else {
@@ -1033,11 +1034,14 @@ fn moe_rows_knobs_match_the_host() {
 fn out_rows_kernels_match_the_host() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
     for (subgroups, out_rows) in [(true, 8), (false, 8), (true, 16), (true, 2)] {
+        // The 16-row kernel of one or two words a row (`rows_one_word` off): a two-word
+        // matrix may take it here (with the switch on, as it ships, it takes the 8-row kernel).
         let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
             subgroups,
             out_rows,
+            rows_one_word: false,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
