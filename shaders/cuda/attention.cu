@@ -1660,7 +1660,7 @@ attn_prefill_wg_pipe(const float* __restrict__ q, const float* __restrict__ qg, 
 //   the other. Each SM sub-partition's tensor core thus gets warpgroup 0's unit, then warpgroup
 //   1's, then 0's: while one warpgroup runs its mask, softmax, rescale and rounding, the tensor
 //   cores run the other's GEMMs, and a warpgroup never waits for the other at a block barrier.
-// Shared memory: Q 64 KB, K 2 × 32 KB, V 3 × 32 KB, 8 mbarriers: 225 KB (WGA_PP_SMEM).
+// Shared memory: Q 64 KB, K 2 × 32 KB, V 3 × 32 KB, 10 mbarriers: 225 KB (WGA_PP_SMEM).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
