@@ -18,11 +18,13 @@
 #   (gemm_driver.cpp); fails above 5e-3 (the GPU test's tolerance) or on any unwritten output,
 #   or where the kernels' _lean variants (`wgmma_lean_dequant`; groups of ≥ 64) or their _hoist
 #   variants (`wgmma_hoisted_addrs`) give any output that is not bit-identical.
-# attn: attention.cu's attn_prefill_wg and attn_prefill_wg_pipe (`wgmma_attention_pipelined`)
+# attn: attention.cu's attn_prefill_wg, attn_prefill_wg_pipe (`wgmma_attention_pipelined`) and
+#   attn_prefill_wg_pp (`wgmma_attention_pingpong`: mbarriers and named barriers emulated, a
+#   thread's cp.async landing at its cp.async.mbarrier.arrive, a 30 s wait reported as a deadlock)
 #   through wgmma.h (also A from a K-major descriptor, Q·Kᵀ, and B MN-major, V) against an f64
 #   softmax·V gated by sigmoid (attn_driver.cpp): fails above 1e-2 (the GPU test's tolerance), on
 #   any unwritten output, or where the pipelined kernel's outputs are not bit-identical to
-#   attn_prefill_wg's. Session 24: 2.9e-3 … 3.1e-3, 0 outputs differing on every case; a planted
+#   attn_prefill_wg's or the ping-pong kernel's to the pipelined kernel's. Session 24: 2.9e-3 … 3.1e-3, 0 outputs differing on every case; a planted
 #   bug (P rounded and O rescaled before the P·V's wait) fails the 4 cases of two or more tiles.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -118,6 +120,10 @@ kernels = attn[attn.index("// ---- attn_prefill_wg: flash attention on Hopper's"
 # The asm-only wgmma wrappers come from the emulation below; empty asm fences are no-ops here.
 asm = between(kernels, '#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)\n// S (64', '#endif\n')
 kernels = kernels.replace(asm + '#endif\n', '')
+# attn_prefill_wg_pp's mbarrier, named-barrier and zero-fill wrappers: emulated below.
+asm = between(kernels, '#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)\n__device__ __forceinline__ void mbar_init', '#endif\n')
+kernels = kernels.replace(asm + '#endif\n', '')
+kernels = kernels.replace('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', ';')
 kernels = re.sub(r'asm volatile\(""\s*:\s*"\+f"\(\w+\[i\]\)\s*::\s*"memory"\);', ';', kernels)
 assert 'asm' not in kernels, 'attention.cu: an asm statement the emulation does not know'
 kernels = kernels.replace('extern __shared__ __align__(16) char wga_raw[];', 'char* wga_raw = (char*)g_smem;')
@@ -126,6 +132,7 @@ def const(name):
     return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
 defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGA_Q', 'WGA_KEYS'])
 defs += '#define WGA_SMEM (1024 + 2 * WGA_Q * 256 * 2 + 2 * 2 * WGA_KEYS * 256 * 2)\n'
+defs += '#define WGA_PP_SMEM (1024 + 2 * WGA_Q * 256 * 2 + 5 * WGA_KEYS * 256 * 2 + 10 * 8)\n'
 emu = r"""
 typedef u16 kv_t;
 #define NEG_INF (-INFINITY)
@@ -143,6 +150,53 @@ inline bool __any_sync(unsigned, bool p) {
     __syncwarp();
     return r;
 }
+// attn_prefill_wg_pp: mbarriers by shared address (phase, pending arrivals), named barriers by id;
+// a wait that lasts 30 s is reported as a deadlock and aborts.
+struct EmuMbar { int expected = 0, pending = 0; unsigned phase = 0; };
+std::mutex g_sync_m;
+std::condition_variable g_sync_cv;
+std::map<u32, EmuMbar> g_mbars;
+struct EmuNamed { int count = 0; unsigned gen = 0; };
+EmuNamed g_named[16];
+inline void emu_wait(std::unique_lock<std::mutex>& l, const char* what, std::function<bool()> done) {
+    if (!g_sync_cv.wait_for(l, std::chrono::seconds(30), done)) {
+        fprintf(stderr, "deadlock: thread %d of block (%d, %d) waits on %s\n", threadIdx.x, blockIdx.x, blockIdx.y, what);
+        std::abort();
+    }
+}
+inline void mbar_init(u32 bar, u32 count) {
+    std::lock_guard<std::mutex> l(g_sync_m);
+    g_mbars[bar] = EmuMbar{(int)count, (int)count, 0};
+}
+inline void mbar_arrive(u32 bar) {
+    std::lock_guard<std::mutex> l(g_sync_m);
+    auto& b = g_mbars.at(bar);
+    if (--b.pending == 0) { b.phase++; b.pending = b.expected; g_sync_cv.notify_all(); }
+}
+// Every cp.async of this thread lands (the device: once they have), then the arrival.
+inline void mbar_arrive_copies(u32 bar) {
+    cp_async_commit();
+    cp_async_wait<0>();
+    mbar_arrive(bar);
+}
+inline void mbar_wait(u32 bar, u32 parity) {
+    std::unique_lock<std::mutex> l(g_sync_m);
+    emu_wait(l, "an mbarrier", [&] { return (g_mbars.at(bar).phase & 1u) != parity; });
+}
+const char g_zero16[16] = {};
+inline void cp_async16_zero(u32 dst, const void*) { cp_async16((char*)g_smem + dst, g_zero16); }
+inline void named_bar_arrive(int id, int threads) {
+    std::lock_guard<std::mutex> l(g_sync_m);
+    auto& b = g_named[id];
+    if (++b.count == threads) { b.count = 0; b.gen++; g_sync_cv.notify_all(); }
+}
+inline void named_bar_sync(int id, int threads) {
+    std::unique_lock<std::mutex> l(g_sync_m);
+    auto& b = g_named[id];
+    unsigned gen = b.gen;
+    if (++b.count == threads) { b.count = 0; b.gen++; g_sync_cv.notify_all(); return; }
+    emu_wait(l, "a named barrier", [&] { return b.gen != gen; });
+}
 inline void wgmma_qk(float (&d)[32], unsigned long long qd, unsigned long long kd, int acc) {
     t_wg_open.push_back({d, nullptr, kd, 64, qd, acc != 0, false});
 }
@@ -153,7 +207,7 @@ inline void wgmma_pv(float (&d)[128], const u32 (&a)[4], unsigned long long vd) 
     t_wg_open.push_back({d, a, vd, 256, 0, true, true});
 }
 """
-src = ('#define EMU_ACT_BF16\n'
+src = ('#define EMU_ACT_BF16\n#include <condition_variable>\n#include <map>\n#include <mutex>\n'
        f'#include "{root}/scripts/cuda_emu/shim.h"\n#include "{root}/scripts/cuda_emu/wgmma.h"\n'
        '#define __CUDA_ARCH_FEAT_SM90_ALL 1\n#define LILY_BF16_ACT 1\n'
        + defs + emu + helpers + pieces + kernels + f'\n#include "{root}/scripts/cuda_emu/attn_driver.cpp"\n')
