@@ -20,7 +20,8 @@
 #   variants (`wgmma_hoisted_addrs`) give any output that is not bit-identical.
 # attn: attention.cu's attn_prefill_wg, attn_prefill_wg_pipe (`wgmma_attention_pipelined`) and
 #   attn_prefill_wg_pp (`wgmma_attention_pingpong`: mbarriers and named barriers emulated, a
-#   thread's cp.async landing at its cp.async.mbarrier.arrive, a 30 s wait reported as a deadlock)
+#   stage's cp.asyncs landing only when a thread first waits on its FULL barrier, a 30 s wait
+#   reported as a deadlock)
 #   through wgmma.h (also A from a K-major descriptor, Q·Kᵀ, and B MN-major, V) against an f64
 #   softmax·V gated by sigmoid (attn_driver.cpp): fails above 1e-2 (the GPU test's tolerance), on
 #   any unwritten output, or where the pipelined kernel's outputs are not bit-identical to
@@ -152,7 +153,10 @@ inline bool __any_sync(unsigned, bool p) {
 }
 // attn_prefill_wg_pp: mbarriers by shared address (phase, pending arrivals), named barriers by id;
 // a wait that lasts 30 s is reported as a deadlock and aborts.
-struct EmuMbar { int expected = 0, pending = 0; unsigned phase = 0; };
+// A FULL barrier's copies land as late as they may: when a thread first waits on a phase whose
+// every missing arrival is a cp.async one (so a read that skips its wait finds the stage's old
+// contents or NaN).
+struct EmuMbar { int expected = 0, pending = 0; unsigned phase = 0; int deferred = 0; std::vector<Copy> copies; };
 std::mutex g_sync_m;
 std::condition_variable g_sync_cv;
 std::map<u32, EmuMbar> g_mbars;
@@ -173,15 +177,30 @@ inline void mbar_arrive(u32 bar) {
     auto& b = g_mbars.at(bar);
     if (--b.pending == 0) { b.phase++; b.pending = b.expected; g_sync_cv.notify_all(); }
 }
-// Every cp.async of this thread lands (the device: once they have), then the arrival.
+// This thread's cp.asyncs so far, and its arrival once they land (deferred to the first wait).
 inline void mbar_arrive_copies(u32 bar) {
     cp_async_commit();
-    cp_async_wait<0>();
-    mbar_arrive(bar);
+    std::lock_guard<std::mutex> l(g_sync_m);
+    auto& b = g_mbars.at(bar);
+    for (auto& grp : t_groups) b.copies.insert(b.copies.end(), grp.begin(), grp.end());
+    t_groups.clear();
+    b.deferred++;
+    g_sync_cv.notify_all();
 }
 inline void mbar_wait(u32 bar, u32 parity) {
     std::unique_lock<std::mutex> l(g_sync_m);
-    emu_wait(l, "an mbarrier", [&] { return (g_mbars.at(bar).phase & 1u) != parity; });
+    emu_wait(l, "an mbarrier", [&] {
+        auto& b = g_mbars.at(bar);
+        if (b.deferred > 0 && b.deferred == b.pending) {
+            for (auto& c : b.copies) memcpy(c.dst, c.src, 16);
+            b.copies.clear();
+            b.deferred = 0;
+            b.phase++;
+            b.pending = b.expected;
+            g_sync_cv.notify_all();
+        }
+        return (b.phase & 1u) != parity;
+    });
 }
 const char g_zero16[16] = {};
 inline void cp_async16_zero(u32 dst, const void*) { cp_async16((char*)g_smem + dst, g_zero16); }
