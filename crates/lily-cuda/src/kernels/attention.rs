@@ -732,5 +732,8 @@ mod tests {
         assert!(!prefill_wg_fits(shape(16, 0, 256)));
         // Its shared memory: alignment, Q of two heads, two stages of K and V.
         assert_eq!(WGA_SMEM, 1024 + 65_536 + 131_072);
+        // attn_prefill_wg_pp's: two stages of K, three of V, ten 8-byte mbarriers (FULL and EMPTY
+        // of each stage); the module's const assertion holds it within 227 KB.
+        assert_eq!(WGA_PP_SMEM, 1024 + 65_536 + 163_840 + 80);
     }
 }
