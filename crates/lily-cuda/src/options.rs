@@ -91,7 +91,7 @@ lily_core::backend_options! {
         wgmma_attention_pingpong = false, flag Some("wgmma-attention-pingpong"), env "LILY_WGMMA_ATTENTION_PINGPONG" = true,
             label "ping-pong wgmma prefill attention",
             help "with wgmma_attention_pipelined, prefill chunks' attention on attn_prefill_wg_pp: attn_prefill_wg_pipe's arithmetic in the same order (the same output, bit for bit) with its two warpgroups decoupled and ping-ponged (FA3's inter-warpgroup scheduling: per-stage mbarriers instead of a __syncthreads a tile, warpgroup 0 copying K and warpgroup 1 V; the wgmmas issued in turns through named barriers, so one warpgroup's softmax runs under the other's GEMMs; V in three stages, 225 KB of shared memory)",
-            why "not yet measured (session 24, branch s24att2; predicted +6–14 % on the 128K prompt's attention, +2–5 % prefill at 128K): ships off until its A/B (scripts/gpu_s24att2_ab.sh) wins";
+            why "not yet measured (session 24, branch s24att2; predicted +7–21 % on the 128K prompt's last chunk, +2.3–6 % prefill at 128K, +1–2.5 % at 32K; bit for bit attn_prefill_wg_pipe on the CPU emulator): ships off until its A/B (scripts/gpu_s24att2_ab.sh) wins";
         tc_scan = true, flag Some("no-tc-scan"), env "LILY_TC_SCAN" = true,
             label "tensor-core DeltaNet scan",
             help "prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form on the tensor cores (dn_wy_prep: every 64-token chunk's W, U and masked QKᵀ at once; dn_wy_scan: the chunks in order; tf32 products, fp32 sums and state; bf16 mode, devices granting 150 KB of shared memory a block) instead of token by token (dn_recurrent)",
