@@ -1640,3 +1640,305 @@ attn_prefill_wg_pipe(const float* __restrict__ q, const float* __restrict__ qg, 
     __trap();
 #endif
 }
+
+// ---- attn_prefill_wg_pp: attn_prefill_wg_pipe with its two warpgroups decoupled and ping-ponged ----
+// The plan's `wgmma_attention_pingpong` (FA3's inter-warpgroup ping-pong, its §3.1, on top of the
+// pipe kernel's intra-warpgroup pipelining): attn_prefill_wg_pipe's blocks, tiles, S per tile,
+// online softmax and P·V order per warpgroup, so the same output bit for bit. What changes is
+// only who waits for whom:
+// - no __syncthreads in the tile loop: per-stage mbarriers. FULL (the stage's copies landed):
+//   cp.async.mbarrier.arrive.noinc by each of the copying warpgroup's 128 threads, so a copy is
+//   never waited for by the thread that issued it; EMPTY (both warpgroups' wgmmas that read the
+//   stage retired): one arrival a warp, 8 in all.
+// - warpgroup 0 copies every K tile, warpgroup 1 every V tile (16 cp.async a thread a tile, as
+//   before; rows past kmax zero-filled by cp.async too, so every write of a stage is tracked by
+//   its FULL barrier). K has two stages (K_{j+2} goes out at iteration j, one tile ahead of its
+//   first reader, as in the pipe kernel); V has three (V_{j+2} at iteration j into V_{j−1}'s
+//   stage), since warpgroup 1, which copies V, runs up to half a tile behind warpgroup 0.
+// - the wgmmas are issued in turns (named barriers 1 and 2): warpgroup w waits for its turn,
+//   issues its unit (S_0; then S_{j+1} and P_j·V_j; last the final P·V), then hands the turn to
+//   the other. Each SM sub-partition's tensor core thus gets warpgroup 0's unit, then warpgroup
+//   1's, then 0's: while one warpgroup runs its mask, softmax, rescale and rounding, the tensor
+//   cores run the other's GEMMs, and a warpgroup never waits for the other at a block barrier.
+// Shared memory: Q 64 KB, K 2 × 32 KB, V 3 × 32 KB, 10 mbarriers: 225 KB (WGA_PP_SMEM).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once every cp.async this thread has issued so far has landed.
+__device__ __forceinline__ void mbar_arrive_copies(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nLILY_MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra LILY_MBAR_WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// 16 zero bytes to shared memory through the cp.async path (source size 0: nothing is read).
+__device__ __forceinline__ void cp_async16_zero(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+attn_prefill_wg_pp(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
+                   const kv_t* __restrict__ v_cache, float* __restrict__ out, const int* __restrict__ pos_ptr,
+                   int n_tok, int n_q, int n_kv, int d, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(LILY_BF16_ACT)
+    constexpr int D = 256, BLK = WGA_Q * 128, TILE = WGA_KEYS * 128 * (D / 64);  // bytes
+    constexpr int V_STAGES = 3;
+    static_assert(WGA_Q == 64 && WGA_KEYS == 64, "one m64 warpgroup tile of queries, S of 64 keys");
+    extern __shared__ __align__(16) char wga_raw[];
+    char* q_s = wga_raw + ((1024 - (smem_addr(wga_raw) & 1023)) & 1023);  // [2 heads][4 blocks][64][128 B]
+    char* k_ring = q_s + 2 * (D / 64) * BLK;                               // [2 stages][4 blocks][64][128 B]
+    char* v_ring = k_ring + 2 * TILE;                                      // [3 stages][4 blocks][64][128 B]
+    // mbarriers: FULL_K[2], FULL_V[3], EMPTY_K[2], EMPTY_V[3] (8 bytes each).
+    const u32 bars = smem_addr(v_ring + V_STAGES * TILE);
+    const u32 full_k = bars, full_v = bars + 16, empty_k = bars + 40, empty_v = bars + 56;
+    const int pos = *pos_ptr;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2, row0 = (warp & 3) * 16;  // the warpgroup (head of the pair), the warp's rows
+    const int h0 = blockIdx.y * 2, h = h0 + wg;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WGA_Q;
+    const int kvh = h0 / (n_q / n_kv);
+    const int kmax = pos + min(q0 + WGA_Q, n_tok) - 1;
+    const int n_tiles = kmax / WGA_KEYS + 1;
+    const u32 kv_stride = (u32)n_kv * D;
+    const kv_t* k_head = k_cache + (long long)kvh * D;
+    const kv_t* v_head = v_cache + (long long)kvh * D;
+    (void)d;
+
+    if (tid == 0) {
+        for (int i = 0; i < 2; i++) mbar_init(full_k + 8 * i, 128);
+        for (int i = 0; i < V_STAGES; i++) mbar_init(full_v + 8 * i, 128);
+        for (int i = 0; i < 2; i++) mbar_init(empty_k + 8 * i, 8);
+        for (int i = 0; i < V_STAGES; i++) mbar_init(empty_v + 8 * i, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // Q of both heads as bf16 (exact in bf16 mode), zero rows past the chunk.
+#pragma unroll 4
+    for (int it = 0; it < 2 * WGA_Q * (D / 8) / 256; it++) {
+        int i = tid + it * 256;
+        int hw = i >> 11, r = (i >> 5) & 63, c = i & 31;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (q0 + r < n_tok) {
+            const float* src = q + ((long long)(q0 + r) * n_q + h0 + hw) * D + 8 * c;
+            float4 a = *reinterpret_cast<const float4*>(src);
+            float4 b = *reinterpret_cast<const float4*>(src + 4);
+            w = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(q_s + hw * (D / 64) * BLK + (c >> 3) * BLK + r * 128 + (((c & 7) ^ (r & 7)) << 4)) = w;
+    }
+    fence_proxy_async();
+    __syncthreads();  // Q in place, the barriers initialised; the only block-wide barrier
+    // Warpgroup 0 copies the K tiles, warpgroup 1 the V tiles (`head`): its thread `wt` copies
+    // chunk c (16 bytes) of rows r + 4i of a tile, i < 16, into the stage at shared address `dst`
+    // and arrives on the stage's FULL barrier `full` once they land. Rows past kmax are zeros.
+    const int wt = tid & 127, st_r = wt >> 5, st_c = wt & 31;
+    const u32 st_dst = (st_c >> 3) * (WGA_KEYS * 128) + st_r * 128 + (((st_c & 7) ^ st_r) << 4);
+    const u32 st_src = (u32)(st_r * kv_stride + 8 * st_c);
+    const kv_t* my_head = wg == 0 ? k_head : v_head;
+    auto stage = [&](u32 dst, int tile, u32 full) {
+        const int rows = kmax - tile * WGA_KEYS - st_r;  // this thread's rows r + 4i ≤ kmax: 4i ≤ rows
+        const kv_t* src = my_head + (u32)(tile * WGA_KEYS * kv_stride) + st_src;
+        const u32 d = dst + st_dst;
+#pragma unroll
+        for (int it = 0; it < WGA_KEYS * (D / 8) / 128; it++) {
+            // row r + 4i: byte offset 512i in the block, its swizzle (r + 4i) & 7 = r ^ 4(i & 1)
+            const u32 at = d + it * 512 + ((it & 1) ? ((((st_c & 7) ^ st_r ^ 4) << 4) - (((st_c & 7) ^ st_r) << 4)) : 0);
+            if (4 * it <= rows)
+                cp_async16_s(at, src + it * 4 * kv_stride);
+            else
+                cp_async16_zero(at, my_head);
+        }
+        mbar_arrive_copies(full);
+    };
+    const u32 k_ring_a = smem_addr(k_ring), v_ring_a = smem_addr(v_ring);
+    if (wg == 0) {
+        stage(k_ring_a, 0, full_k);
+        if (n_tiles > 1) stage(k_ring_a + TILE, 1, full_k + 8);
+    } else {
+        stage(v_ring_a, 0, full_v);
+        if (n_tiles > 1) stage(v_ring_a + TILE, 1, full_v + 8);
+    }
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m_a = NEG_INF, m_b = NEG_INF;  // running max of the (unscaled) scores of rows g, g + 8
+    float l_a = 0.0f, l_b = 0.0f;        // this lane's part of their running sums
+    const float sl2 = scale * 1.4426950408889634f;
+    const int pos_a = pos + q0 + row0 + g, pos_b = pos_a + 8;
+    const int warp_first = pos + q0 + row0;  // the warp's first query position
+    const u32 q_addr = smem_addr(q_s + wg * (D / 64) * BLK);
+    float s[32];  // S, then the softmax weights
+    auto issue_qk = [&](u32 k_addr) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            u32 off = (ks >> 2) * BLK + (ks & 3) * 32;
+            if (ks == 0)
+                wgmma_qk_first(s, wg_desc(q_addr + off), wg_desc(k_addr + off));
+            else
+                wgmma_qk(s, wg_desc(q_addr + off), wg_desc(k_addr + off), ks);
+        }
+    };
+    bool resc;
+    float corr_a = 1.0f, corr_b = 1.0f;
+    auto softmax = [&](int tile) {
+        const int k0 = tile * WGA_KEYS;
+        if (k0 + WGA_KEYS - 1 > warp_first) {  // the tile crosses the warp's diagonal
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (k0 + 8 * j + 2 * t + (e & 1) > (e < 2 ? pos_a : pos_b)) s[4 * j + e] = NEG_INF;
+            }
+        }
+        float mx_a = m_a, mx_b = m_b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int x = 1; x < 4; x <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, x));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, x));
+        }
+        const float ms_a = mx_a * sl2, ms_b = mx_b * sl2;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], sl2, -ms_a));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sl2, -ms_a));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sl2, -ms_b));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sl2, -ms_b));
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) asm volatile("" : "+f"(s[i])::"memory");
+        resc = __any_sync(0xffffffffu, mx_a != m_a || mx_b != m_b);
+        if (resc) {
+            corr_a = exp2f((m_a - mx_a) * sl2);
+            corr_b = exp2f((m_b - mx_b) * sl2);
+            l_a *= corr_a;
+            l_b *= corr_b;
+        }
+        m_a = mx_a;
+        m_b = mx_b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            l_a += s[4 * j] + s[4 * j + 1];
+            l_b += s[4 * j + 2] + s[4 * j + 3];
+        }
+    };
+    u32 p[4][4];  // P as bf16, k-step kk: keys 16kk .. 16kk + 15 (n-tiles 2kk, 2kk + 1)
+    auto rescale_and_round = [&]() {
+        if (resc) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                o[4 * j] *= corr_a;
+                o[4 * j + 1] *= corr_a;
+                o[4 * j + 2] *= corr_b;
+                o[4 * j + 3] *= corr_b;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            p[j >> 1][2 * (j & 1)] = pack_bf16x2(s[4 * j], s[4 * j + 1]);
+            p[j >> 1][2 * (j & 1) + 1] = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+        }
+    };
+    auto issue_pv = [&](int tile) {
+        const u32 v_addr = v_ring_a + (tile % V_STAGES) * TILE;
+#pragma unroll
+        for (int kk = 0; kk < WGA_KEYS / 16; kk++) wgmma_pv(o, p[kk], wg_desc_mn(v_addr + kk * 2048, WGA_KEYS * 128));
+    };
+    // Turns: named barrier 1 + w is warpgroup w's; the n_tiles + 1 units of each warpgroup are
+    // issued 0, 1, 0, 1, … Warpgroup 1 hands warpgroup 0 its first turn and keeps its last.
+    const int my_turn = 1 + wg, other_turn = 2 - wg;
+    if (wg == 1) named_bar_arrive(1, 256);
+
+    // Unit 0: S_0, P_0.
+    mbar_wait(full_k, 0);
+    named_bar_sync(my_turn, 256);
+    wgmma_fence();
+    issue_qk(k_ring_a);
+    wgmma_commit();
+    named_bar_arrive(other_turn, 256);
+    wgmma_wait0();
+    if (lane == 0) mbar_arrive(empty_k);  // K_0's stage read by this warp
+    softmax(0);
+    rescale_and_round();
+    // Units 1 … n_tiles − 1: S_{tile+1} and P_tile·V_tile. Every wgmma outside a branch.
+    int tile = 0;
+    for (; tile + 1 < n_tiles; tile++) {
+        const bool refill = tile + 2 < n_tiles;  // this iteration copies tile + 2
+        if (refill) {
+            if (wg == 0)
+                mbar_wait(empty_k + 8 * (tile & 1), (tile >> 1) & 1);  // S_tile retired in both
+            else if (tile >= 1)
+                mbar_wait(empty_v + 8 * ((tile + 2) % V_STAGES), ((tile - 1) / V_STAGES) & 1);  // P·V_{tile−1}
+        }
+        mbar_wait(full_k + 8 * ((tile + 1) & 1), ((tile + 1) >> 1) & 1);
+        mbar_wait(full_v + 8 * (tile % V_STAGES), (tile / V_STAGES) & 1);
+        fence_proxy_async();
+        named_bar_sync(my_turn, 256);
+        wgmma_fence();
+        issue_qk(k_ring_a + ((tile + 1) & 1) * TILE);
+        wgmma_commit();
+        issue_pv(tile);
+        wgmma_commit();
+        named_bar_arrive(other_turn, 256);
+        if (refill) {
+            if (wg == 0)
+                stage(k_ring_a + (tile & 1) * TILE, tile + 2, full_k + 8 * (tile & 1));
+            else
+                stage(v_ring_a + ((tile + 2) % V_STAGES) * TILE, tile + 2, full_v + 8 * ((tile + 2) % V_STAGES));
+        }
+        wgmma_wait1();  // S_{tile+1}; P_tile·V_tile may still run
+        if (lane == 0) mbar_arrive(empty_k + 8 * ((tile + 1) & 1));
+        softmax(tile + 1);
+#pragma unroll
+        for (int i = 0; i < 32; i++) asm volatile("" : "+f"(s[i])::"memory");  // the weights before the wait
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
+        if (lane == 0) mbar_arrive(empty_v + 8 * (tile % V_STAGES));
+        rescale_and_round();
+    }
+    // Unit n_tiles: the last P·V.
+    mbar_wait(full_v + 8 * (tile % V_STAGES), (tile / V_STAGES) & 1);
+    fence_proxy_async();
+    named_bar_sync(my_turn, 256);
+    wgmma_fence();
+    issue_pv(tile);
+    wgmma_commit();
+    if (wg == 0) named_bar_arrive(other_turn, 256);
+    wgmma_wait0();
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(o[i])::"memory");
+
+    quad_sums(l_a, l_b);
+    const int t_a = q0 + row0 + g, t_b = t_a + 8;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        int c = 8 * j + 2 * t;
+        if (t_a < n_tok) attn_store2(qg, out, t_a, h, n_q, D, c, o[4 * j], o[4 * j + 1], l_a);
+        if (t_b < n_tok) attn_store2(qg, out, t_b, h, n_q, D, c, o[4 * j + 2], o[4 * j + 3], l_b);
+    }
+#else
+    __trap();
+#endif
+}

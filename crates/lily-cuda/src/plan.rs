@@ -36,6 +36,9 @@
 //! `wgmma_attention_pipelined` (on; `--no-wgmma-attention-pipelined`) puts `attn_prefill_wg` on
 //! `attn_prefill_wg_pipe` (the same bits, a tile's softmax run under the previous tile's P·V;
 //! the test `pipelined_attention_names_attn_prefill_wg_pipe`).
+//! `wgmma_attention_pingpong` (off; `--wgmma-attention-pingpong`) puts `attn_prefill_wg_pipe` on
+//! `attn_prefill_wg_pp` (the same bits, its two warpgroups decoupled by per-stage mbarriers and
+//! their wgmmas issued in turns; the test `pingpong_attention_names_attn_prefill_wg_pp`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -128,7 +131,7 @@ pub enum AttentionKernels {
     /// `attn_qk_prep`, then `attn_decode`: one block per (token, query head).
     OneBlockPerHead,
     /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill`,
-    /// `attn_prefill_wg` or `attn_prefill_wg_pipe`).
+    /// `attn_prefill_wg`, `attn_prefill_wg_pipe` or `attn_prefill_wg_pp`).
     Prefill(PrefillKernel),
     /// Split-KV (flash-decoding): `attn_qk_prep` then the split kernel, or, `prep_fused`, the
     /// split kernel's prep form alone (`attn_split_mma_prep`, `_long`); then
@@ -300,6 +303,11 @@ impl Plan {
             wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
             wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
             wgmma_attention_pipelined: o.wgmma_attention_pipelined
+                && o.wgmma_attention
+                && flash_prefill
+                && device.wgmma,
+            wgmma_attention_pingpong: o.wgmma_attention_pingpong
+                && o.wgmma_attention_pipelined
                 && o.wgmma_attention
                 && flash_prefill
                 && device.wgmma,
@@ -484,7 +492,8 @@ impl Plan {
     /// `fused_attn_prep`, the long-context body past `split_long_keys` keys), flash prefill for
     /// chunks of at least TENSOR_CORE_MIN_TOK tokens (wgmma for chunks of at least
     /// attention::WGA_MIN_TOK, `wgmma_attention`; its pipelined kernel under
-    /// `wgmma_attention_pipelined`), else one block per (token, query head).
+    /// `wgmma_attention_pipelined`, its ping-pong kernel under `wgmma_attention_pingpong`), else
+    /// one block per (token, query head).
     pub fn attention(&self, shape: AttnShape, n_tok: usize, keys: usize) -> AttentionKernels {
         let kv_bytes = self.kv_bytes();
         if self.o.split_kv && attention::split_kv_fits(shape, n_tok) {
@@ -504,11 +513,18 @@ impl Plan {
                 && kv_bytes == 2
                 && attention::prefill_wg_fits(shape)
                 && n_tok >= attention::WGA_MIN_TOK;
-            AttentionKernels::Prefill(match (wg, self.o.wgmma_attention_pipelined) {
-                (false, _) => PrefillKernel::Mma,
-                (true, false) => PrefillKernel::Wgmma,
-                (true, true) => PrefillKernel::WgmmaPipelined,
-            })
+            AttentionKernels::Prefill(
+                match (
+                    wg,
+                    self.o.wgmma_attention_pipelined,
+                    self.o.wgmma_attention_pingpong,
+                ) {
+                    (false, _, _) => PrefillKernel::Mma,
+                    (true, false, _) => PrefillKernel::Wgmma,
+                    (true, true, false) => PrefillKernel::WgmmaPipelined,
+                    (true, true, true) => PrefillKernel::WgmmaPingPong,
+                },
+            )
         } else {
             AttentionKernels::OneBlockPerHead
         }
@@ -2102,6 +2118,70 @@ mod tests {
         assert!(plain
             .describe()
             .contains("pipelined wgmma prefill attention off"));
+    }
+
+    #[test]
+    fn pingpong_attention_names_attn_prefill_wg_pp() {
+        let shape = qwen_attention();
+        let pp = plan_with(|o| o.wgmma_attention_pingpong = true);
+        for (n_tok, keys) in [(1024, 1024), (4096, 4096), (4096, 131_072)] {
+            assert_eq!(
+                pp.attention(shape, n_tok, keys),
+                AttentionKernels::Prefill(PrefillKernel::WgmmaPingPong)
+            );
+        }
+        // Chunks too short for the wgmma kernels keep attn_prefill; one-token steps split-KV.
+        assert_eq!(
+            pp.attention(shape, 512, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(matches!(
+            pp.attention(shape, 1, 4096),
+            AttentionKernels::Split { .. }
+        ));
+        // Shipping (off): attn_prefill_wg_pipe. The switch builds on the pipelined kernel:
+        // without it, without wgmma_attention or on a device without wgmma it names nothing.
+        let shipping = plan_with(|_| {});
+        assert_eq!(
+            shipping.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::WgmmaPipelined)
+        );
+        let no_pipe = plan_with(|o| {
+            o.wgmma_attention_pingpong = true;
+            o.wgmma_attention_pipelined = false;
+        });
+        assert_eq!(
+            no_pipe.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Wgmma)
+        );
+        let no_wg = plan_with(|o| {
+            o.wgmma_attention_pingpong = true;
+            o.wgmma_attention = false;
+        });
+        assert_eq!(
+            no_wg.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        let ampere = Plan::resolve(
+            &CudaOptions {
+                wgmma_attention_pingpong: true,
+                ..CudaOptions::default()
+            },
+            A100,
+        );
+        assert_eq!(
+            ampere.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(PrefillKernel::Mma)
+        );
+        assert!(pp
+            .describe()
+            .contains("ping-pong wgmma prefill attention on"));
+        assert!(shipping
+            .describe()
+            .contains("ping-pong wgmma prefill attention off"));
+        assert!(!no_pipe
+            .describe()
+            .contains("ping-pong wgmma prefill attention on"));
     }
 
     #[test]
