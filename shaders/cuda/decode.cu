@@ -78,6 +78,12 @@
 #ifndef DEC_DOWN_NEXT_REGS
 #error "DEC_DOWN_NEXT_REGS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_BULK_SLOTS
+#error "DEC_BULK_SLOTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_BULK_SLOT
+#error "DEC_BULK_SLOT comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_GRP_PICKS
 #error "DEC_GRP_PICKS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -1307,6 +1313,183 @@ DEC_GLU4(dec_glu4_q8_rows, Q8, true, (DEC_WARPS * 32, DEC_Q8_BLOCKS))
 // in 34 registers: 2 blocks an SM).
 DEC_GLU4(dec_glu4_x8x2, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 DEC_GLU4(dec_glu4_x8x2_rows, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
+
+// ---- dec_glu4_x8x2_bulk (moe_bulk): dec_glu4_x8x2 with every tile requested before any is used ----
+// dec_glu4_x8x2's grid, tiles and arithmetic (glu_finish on the same GluTile values, so the same
+// outputs bit for bit), its weights streamed into shared memory instead of registers: each tile
+// (DEC_WARPS · spw rows of gate and of up, their scales and biases: six contiguous runs of the
+// stacks) goes into a slot of its own through the bulk-copy engine (cp.async.bulk, Hopper),
+// completing the slot's mbarrier (its expected bytes set before the copies). Thread 0 requests
+// the shared expert's tiles before dec_wait and the routed ones right after the routing, so a
+// block has all of its tiles (at most DEC_BULK_SLOTS; the launcher's grid sees to it) in flight
+// before it computes the first; then each tile is computed as its barrier completes, in order,
+// one tile a loop iteration (no unrolling over tiles: a small loop body). dec_glu4_x8x2 holds at
+// most two tiles a block in registers (36 KB an SM in flight, the third tile of a block asked for
+// only after its first is summed) at 115 registers; here the bytes in flight are bounded by
+// shared memory (DEC_BULK_SLOT bytes a tile: 18 KB at the model's shape, 3 tiles a block at 264
+// blocks, 2 blocks an SM: 108 KB of 228) and the registers hold only x and one tile's sums.
+// A slot: gate's q words [rows][G][8], then up's, then gate's scales [rows][G], gate's biases,
+// up's scales, up's biases (bf16), at fixed offsets for DEC_WARPS · 32 groups (spw · G ≤ 32).
+#define DEC_BULK_Q (DEC_WARPS * 32 * 32)  // bytes of one weight's q words in a slot
+#define DEC_BULK_S (DEC_WARPS * 32 * 2)   // bytes of one weight's scales (or biases) in a slot
+#if DEC_BULK_SLOT != 2 * DEC_BULK_Q + 4 * DEC_BULK_S
+#error "DEC_BULK_SLOT (crates/lily-cuda/src/kernels/decode.rs) must be a slot's bytes"
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 bulk_smem(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void bulk_bar_init(u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+// The mbarrier inits visible to the bulk copies (the async proxy) that complete on them.
+__device__ __forceinline__ void bulk_bar_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Thread 0's one arrival on `bar`, with the bytes its phase must also see land.
+__device__ __forceinline__ void bulk_expect(u32 bar, u32 bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst,
+// counted on `bar` as they land.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+// Until the first phase of `bar` (its one arrival and every byte expected) has completed.
+__device__ __forceinline__ void bulk_wait(u32 bar) {
+    asm volatile(
+        "{\n.reg .pred p;\nLILY_BULK_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+        "@!p bra LILY_BULK_WAIT;\n}\n" ::"r"(bar)
+        : "memory");
+}
+
+// The rows of tile `pos` that exist (DEC_WARPS · spw from its first, fewer at an item's end, none
+// past it: an item of fewer rows than the largest has tiles of none).
+__device__ __forceinline__ int bulk_rows(GluPos pos, int tile_rows, int g_rows, int s_rows) {
+    return min(tile_rows, (pos.item == 0 ? s_rows : g_rows) - pos.blk * tile_rows);
+}
+
+// Thread 0: tile `pos` into `slot` (a shared address), completing `bar`.
+__device__ __forceinline__ void bulk_request(GluPos pos, int tile_rows, int G, const QWeight& gate,
+                                             const QWeight& up, const QWeight& sgate, const QWeight& sup,
+                                             const int* ids_s, u32 slot, u32 bar) {
+    QWeight wg, wu;
+    glu_item<true>(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
+    int n = bulk_rows(pos, tile_rows, gate.rows, sgate.rows);
+    if (n <= 0) return;
+    u32 g0 = (u32)(pos.blk * tile_rows) * (u32)G;  // the tile's first (row, group)
+    u32 qb = (u32)n * (u32)G * 32u, sb = (u32)n * (u32)G * 2u;
+    bulk_expect(bar, 2u * qb + 4u * sb);
+    bulk_copy(slot, wg.q + g0 * 8u, qb, bar);
+    bulk_copy(slot + DEC_BULK_Q, wu.q + g0 * 8u, qb, bar);
+    bulk_copy(slot + 2 * DEC_BULK_Q, wg.scales + g0, sb, bar);
+    bulk_copy(slot + 2 * DEC_BULK_Q + DEC_BULK_S, wg.biases + g0, sb, bar);
+    bulk_copy(slot + 2 * DEC_BULK_Q + 2 * DEC_BULK_S, wu.scales + g0, sb, bar);
+    bulk_copy(slot + 2 * DEC_BULK_Q + 3 * DEC_BULK_S, wu.biases + g0, sb, bar);
+}
+
+// The lane's group of its row of the tile in `slot` (n rows landed) as qrows_load<4, 1, 1> holds
+// it: rows past the n clamped to the last, as qrows_load clamps them to the weight's last row.
+__device__ __forceinline__ void bulk_read(const char* slot, int n, const TileGeom& t, GluTile& r) {
+    int gi = min(t.warp * t.spw + t.sub, n - 1) * t.G + t.sl;
+    const uint4* gq = reinterpret_cast<const uint4*>(slot) + 2 * gi;
+    const uint4* uq = reinterpret_cast<const uint4*>(slot + DEC_BULK_Q) + 2 * gi;
+    const u16* sbv = reinterpret_cast<const u16*>(slot + 2 * DEC_BULK_Q) + gi;
+    r.g.q[0][0][0] = gq[0];
+    r.g.q[0][0][1] = gq[1];
+    r.u.q[0][0][0] = uq[0];
+    r.u.q[0][0][1] = uq[1];
+    r.g.s[0][0] = bf16_to_f32(sbv[0]);
+    r.g.b[0][0] = bf16_to_f32(sbv[DEC_BULK_S / 2]);
+    r.u.s[0][0] = bf16_to_f32(sbv[DEC_BULK_S]);
+    r.u.b[0][0] = bf16_to_f32(sbv[3 * DEC_BULK_S / 2]);
+}
+
+// dec_glu4_x8x2_bulk's work (one token): slots [DEC_BULK_SLOTS][DEC_BULK_SLOT] of dynamic shared
+// memory, bars one mbarrier a slot; the rest as glu4_token.
+__device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
+                                                int n_experts, int top_k, int* __restrict__ ids,
+                                                float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                                                const float* __restrict__ xn, float* __restrict__ h, int h_stride,
+                                                float* __restrict__ hs, int per_item, float* xs, float* xsum,
+                                                float* p, int* ids_s, float* w_s, u32* xq, float2* xqs,
+                                                char* slots, unsigned long long* bars) {
+    int lane = threadIdx.x & 31;
+    TileGeom tg;
+    tg.G = gate.cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = threadIdx.x >> 5;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    const int tile_rows = DEC_WARPS * tg.spw, step = gridDim.x;
+    // Block b's tiles: b, b + step, ... (< tiles; the launcher keeps b < tiles and their count
+    // at most DEC_BULK_SLOTS).
+    const int tiles = (top_k + 1) * per_item, n = (tiles - (int)blockIdx.x + step - 1) / step;
+    const GluPos first = glu_pos(blockIdx.x, per_item), stride = glu_pos(step, per_item);
+    const u32 slot0 = bulk_smem(slots), bar0 = bulk_smem(bars);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < n; i++) bulk_bar_init(bar0 + 8 * i);
+        bulk_bar_fence();
+        // The shared expert's tiles (item 0, the block's first ones if any): no routing needed.
+        GluPos a = first;
+        for (int i = 0; i < n && a.item == 0; i++, a = glu_next(a, stride, per_item))
+            bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slot0 + i * DEC_BULK_SLOT, bar0 + 8 * i);
+    }
+    dec_wait();
+    // Its barriers publish ids_s (and the mbarriers' inits) to the block.
+    route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, gate.cols, p, ids_s, w_s, xs, xsum);
+    if (threadIdx.x == 0) {
+        GluPos a = first;
+        for (int i = 0; i < n; i++, a = glu_next(a, stride, per_item))
+            if (a.item > 0)
+                bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slot0 + i * DEC_BULK_SLOT,
+                             bar0 + 8 * i);
+    }
+    stage_x8x2(xs, tg.G, xq, xqs);
+    __syncthreads();
+    GluX<true, true> x;
+    x.load(xs, xsum, xq, xqs, tg.sl);
+    GluPos a = first;
+#pragma unroll 1
+    for (int i = 0; i < n; i++, a = glu_next(a, stride, per_item)) {
+        int rows = bulk_rows(a, tile_rows, gate.rows, sgate.rows);
+        if (rows <= 0) continue;  // nothing requested, nothing stored
+        bulk_wait(bar0 + 8 * i);
+        GluTile r;
+        bulk_read(slots + i * DEC_BULK_SLOT, rows, tg, r);
+        glu_finish<true, true, true>(a, tg, gate.rows, sgate.rows, r, x, h, h_stride, hs);
+    }
+    dec_trigger_late();
+}
+#endif
+
+// Arguments as dec_glu4_x8x2's (one token); dynamic shared memory: the block's tiles' slots
+// (DEC_BULK_SLOT bytes each). Compiled for sm_90+ (elsewhere a trap; the plan names it on sm_90a
+// only).
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_bulk(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+                   int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                   const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                   int tiles_per_item) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    GLU4_SHARED
+    GLU4_SHARED_X8X2
+    __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
+    extern __shared__ __align__(128) char glu_slots[];
+    glu4_bulk_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+                    tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars);
+#else
+    __trap();
+#endif
+}
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared
 // memory (hsm [items][G][DEC_XPAD]) with their group sums (hsum [items][G]), 16 bytes at a time,

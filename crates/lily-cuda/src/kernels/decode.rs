@@ -47,6 +47,12 @@ pub const R4: usize = 2;
 pub const R4_X8X2: usize = 2;
 /// Rows of gate and of up a sub-warp streams at once in `dec_glu4` (two register buffers).
 pub const GLU_R4: usize = 1;
+/// Tiles a `dec_glu4_x8x2_bulk` block (`moe_bulk`) holds at once in shared memory, each in a slot
+/// of GLU_BULK_SLOT bytes (gate's and up's q words, scales and biases for WARPS · 32 groups of 64
+/// columns: WARPS rows of the model's 2,048 columns): the launcher's grid gives no block more
+/// tiles. 4 slots (72 KB) and the kernel's 27 KB of static tables fit two blocks an SM on sm_90.
+pub const GLU_BULK_SLOTS: usize = 4;
+pub const GLU_BULK_SLOT: usize = WARPS * 32 * (2 * 32 + 4 * 2);
 /// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
 /// lane's x in 18 registers instead of 65 leaves room for a third block).
 pub const Q8_BLOCKS_PER_SM: usize = 3;
@@ -235,6 +241,8 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
         ("DEC_SPLIT_WARPS", SPLIT_WARPS as i64),
         ("DEC_GRP_PICKS", GROUPED_PICKS as i64),
+        ("DEC_BULK_SLOTS", GLU_BULK_SLOTS as i64),
+        ("DEC_BULK_SLOT", GLU_BULK_SLOT as i64),
     ],
 };
 
