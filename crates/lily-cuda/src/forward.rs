@@ -1133,7 +1133,8 @@ impl Forward<'_> {
         self.project_one_token(input, &first)?;
         let (glu, down) = self.moe_args(m);
         let products = self.plan.moe_products(m, self.cfg.top_k);
-        k.decode.glu(gpu, &glu, products)?;
+        k.decode
+            .glu(gpu, &glu, products, self.plan.glu_loads(m, products))?;
         k.decode
             .down_combine(gpu, &down, products, self.plan.down_regs(products))
     }

@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, off: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -65,7 +65,7 @@ use lily_core::sampling::SamplingParams;
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{
-    self, Decode, DownRegs, GemvGrid, GemvProducts, GroupedDown, MoeProducts, RowsKernel,
+    self, Decode, DownRegs, GemvGrid, GemvProducts, GluLoads, GroupedDown, MoeProducts, RowsKernel,
 };
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
@@ -312,6 +312,7 @@ impl Plan {
                 && flash_prefill
                 && device.wgmma,
             tc_scan: o.tc_scan && bf16 && device.max_shared_memory >= deltanet::DN_WY_SMEM,
+            moe_bulk: o.moe_bulk && device.wgmma,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             ..o.clone()
@@ -779,6 +780,22 @@ impl Plan {
             DownRegs::Next96
         } else {
             DownRegs::Unbounded
+        }
+    }
+
+    /// Where a one-token MoE gate/up launch on `products` holds its weight tiles: under
+    /// `moe_bulk` (an sm_90a device) the int8-pair kernel's tiles bulk-copied into shared memory
+    /// (`dec_glu4_x8x2_bulk`, where `decode::glu_bulk_serves` the block's weights), else in
+    /// registers (`dec_glu4_x8x2` and every other form).
+    pub fn glu_loads(&self, m: &DevMoe, products: MoeProducts) -> GluLoads {
+        let [gate, up, sgate, sup] = glu_shapes(m);
+        if self.o.moe_bulk
+            && products == MoeProducts::Int8Pairs
+            && decode::glu_bulk_serves(&gate, &up, &sgate, &sup)
+        {
+            GluLoads::Bulk
+        } else {
+            GluLoads::Registers
         }
     }
 

@@ -109,6 +109,20 @@ pub enum DownRegs {
     Next96,
 }
 
+/// Where the one-token MoE's gate/up kernel on int8 pairs holds its weight tiles
+/// (`Decode::glu`; the plan's choice: `Plan::glu_loads`). Both give the same outputs bit for bit
+/// (the same tiles, products and sums).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GluLoads {
+    /// `dec_glu4_x8x2` (and every other form of `glu`): two tiles a block in registers, the next
+    /// asked for as one is summed.
+    Registers,
+    /// `moe_bulk`: `dec_glu4_x8x2_bulk`, every tile of a block (at most GLU_BULK_SLOTS) bulk-copied
+    /// into shared memory (cp.async.bulk and an mbarrier a tile, sm_90) before any is summed: the
+    /// shared expert's before the dependency wait, the routed experts' right after the routing.
+    Bulk,
+}
+
 /// The grid of a one-token projection launch (`Decode::project`; the plan's choice:
 /// `Plan::gemv_grid`). Which tile a block takes and how each row is summed do not depend on it:
 /// both grids give the same outputs bit for bit.
@@ -314,6 +328,29 @@ fn glu_pipelined(
     sup: &LinearShape,
 ) -> bool {
     [gate, up, sgate, sup].iter().all(|w| w.bits == 4) && gate.cols / 64 <= 32
+}
+
+/// Whether `glu` with `GluLoads::Bulk` (`dec_glu4_x8x2_bulk`) reads these weights: what its
+/// pipelined kernel reads, with groups a row a multiple of 8 (a tile's scales and biases are runs of
+/// whole 16-byte units, as bulk copies move).
+pub fn glu_bulk_serves(
+    gate: &LinearShape,
+    up: &LinearShape,
+    sgate: &LinearShape,
+    sup: &LinearShape,
+) -> bool {
+    glu_rows_serves(gate, up, sgate, sup) && (gate.cols / 64) % 8 == 0
+}
+
+/// Blocks of a `dec_glu4_x8x2_bulk` launch of `tiles` tiles: the persistent grid of `persistent`
+/// blocks (at most one a tile), or more where it would give a block more than GLU_BULK_SLOTS
+/// tiles; and the slots (tiles) its busiest block holds.
+pub fn glu_bulk_grid(tiles: usize, persistent: usize) -> (usize, usize) {
+    let grid = tiles
+        .min(persistent)
+        .max(tiles.div_ceil(GLU_BULK_SLOTS))
+        .max(1);
+    (grid, tiles.div_ceil(grid))
 }
 
 /// Dynamic shared memory of a `dec_down_combine` block: the top_k + 1 input rows, padded, their
@@ -742,6 +779,7 @@ pub struct Decode {
     glu4_q8_rows: Kernel,
     glu4_x8x2: Kernel,
     glu4_x8x2_rows: Kernel,
+    glu4_x8x2_bulk: Kernel,
     glu4_x8x2_grouped: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
@@ -782,6 +820,8 @@ impl Decode {
             glu4_q8_rows: k("dec_glu4_q8_rows")?,
             glu4_x8x2: k("dec_glu4_x8x2")?,
             glu4_x8x2_rows: k("dec_glu4_x8x2_rows")?,
+            glu4_x8x2_bulk: k("dec_glu4_x8x2_bulk")?
+                .allow_shared_memory(GLU_BULK_SLOTS * GLU_BULK_SLOT)?,
             glu4_x8x2_grouped: k("dec_glu4_x8x2_grouped")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
@@ -969,9 +1009,75 @@ impl Decode {
     }
 
     /// The MoE's first half for one token; `products` (the plan's `moe_products`) picks the
-    /// pipelined kernel's f32 or int8 form.
-    pub fn glu(&self, gpu: &Gpu, a: &Glu, products: MoeProducts) -> Result<()> {
-        self.glu_launch(gpu, a, None, products)
+    /// pipelined kernel's f32 or int8 form, `loads` (the plan's `glu_loads`) where the int8-pair
+    /// kernel holds its tiles.
+    pub fn glu(&self, gpu: &Gpu, a: &Glu, products: MoeProducts, loads: GluLoads) -> Result<()> {
+        match loads {
+            GluLoads::Registers => self.glu_launch(gpu, a, None, products),
+            GluLoads::Bulk => self.glu_bulk(gpu, a, products),
+        }
+    }
+
+    /// `glu` on `dec_glu4_x8x2_bulk` (int8-pair products, weights `glu_bulk_serves` reads, every
+    /// pointer 16-byte aligned): dec_glu4_x8x2's tiles over `glu_bulk_grid`'s blocks, each
+    /// block's tiles in slots of dynamic shared memory.
+    fn glu_bulk(&self, gpu: &Gpu, a: &Glu, products: MoeProducts) -> Result<()> {
+        let (gate, up, sgate, sup) = (
+            a.gate.shape(),
+            a.up.shape(),
+            a.shared_gate.shape(),
+            a.shared_up.shape(),
+        );
+        if products != MoeProducts::Int8Pairs || !glu_bulk_serves(&gate, &up, &sgate, &sup) {
+            bail!("dec_glu4_x8x2_bulk: expert weights or products it does not take ({products:?})");
+        }
+        if a.n_experts > MAX_EXPERTS || a.top_k == 0 || a.top_k > MAX_TOPK.min(a.n_experts) {
+            bail!(
+                "dec_glu4_x8x2_bulk: top {} of {} experts (limits {MAX_TOPK} of {MAX_EXPERTS})",
+                a.top_k,
+                a.n_experts
+            );
+        }
+        let (gate, up, sgate, sup) = (
+            a.gate.arg(),
+            a.up.arg(),
+            a.shared_gate.arg(),
+            a.shared_up.arg(),
+        );
+        let unaligned = [&gate, &up, &sgate, &sup]
+            .iter()
+            .any(|w| (w.q | w.scales | w.biases) % 16 != 0);
+        if unaligned {
+            bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
+        }
+        let (_, spw) = lanes_per_row(a.gate.cols);
+        let rows = a.gate.rows.max(a.shared_gate.rows);
+        let per_item = blocks(rows, WARPS * spw * GLU_R4);
+        let tiles = per_item as usize * (a.top_k + 1);
+        let (grid, slots) = glu_bulk_grid(tiles, BLOCKS_PER_SM * gpu.sm_count);
+        let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
+        let n_experts = a.n_experts as i32;
+        let cfg = config(
+            (grid as u32, 1, 1),
+            (WARPS * 32) as u32,
+            slots * GLU_BULK_SLOT,
+        );
+        gpu.launch(&self.glu4_x8x2_bulk, cfg, |l| {
+            l.arg(&gate)
+                .arg(&up)
+                .arg(&a.router_logits)
+                .arg(&n_experts)
+                .arg(&top_k)
+                .arg(&a.ids)
+                .arg(&a.route_w)
+                .arg(&sgate)
+                .arg(&sup)
+                .arg(&a.xn)
+                .arg(&a.h)
+                .arg(&h_stride)
+                .arg(&a.h_shared)
+                .arg(&per_item);
+        })
     }
 
     /// `glu` for each of the `rows` tokens of a batched decode step in one launch

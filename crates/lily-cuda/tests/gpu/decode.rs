@@ -2,7 +2,8 @@
 
 use crate::common::*;
 use lily_cuda::kernels::decode::{
-    DownCombine, DownRegs, GemvGrid, GemvProducts, Glu, GroupedDown, MoeProducts, RowsKernel,
+    DownCombine, DownRegs, GemvGrid, GemvProducts, Glu, GluLoads, GroupedDown, MoeProducts,
+    RowsKernel,
 };
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
@@ -824,7 +825,8 @@ fn batched_decode_moe_rows_match_one_token_at_a_time() {
                 dec.down_combine_rows(&d, &down(0, 0), rows, products)
                     .unwrap();
                 for at in 0..rows {
-                    dec.glu(&d, &glu(1, at), products).unwrap();
+                    dec.glu(&d, &glu(1, at), products, GluLoads::Registers)
+                        .unwrap();
                     dec.down_combine(&d, &down(1, at), products, DownRegs::Unbounded)
                         .unwrap();
                 }
@@ -922,7 +924,8 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                 dec.down_combine_grouped(&d, &wide, rows, GroupedDown::Warps16)
                     .unwrap();
                 for at in 0..rows {
-                    dec.glu(&d, &glu(1, at), products).unwrap();
+                    dec.glu(&d, &glu(1, at), products, GluLoads::Registers)
+                        .unwrap();
                     dec.down_combine(&d, &down(1, at), products, DownRegs::Unbounded)
                         .unwrap();
                 }
@@ -1048,7 +1051,7 @@ fn moe_int8_matches_cpu() {
                     };
                     let dec = &d.k.decode;
                     if rows == 1 {
-                        dec.glu(&d, &glu(0), products).unwrap();
+                        dec.glu(&d, &glu(0), products, GluLoads::Registers).unwrap();
                     } else {
                         dec.glu_rows(&d, &glu(0), rows, products).unwrap();
                     }
@@ -1678,4 +1681,82 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
         }
     }
     println!("KERNEL attention.cu batched split attention equals one sequence at a time");
+}
+
+/// `moe_bulk`: `dec_glu4_x8x2_bulk` (every tile of a block bulk-copied into shared memory before
+/// any is summed) gives `dec_glu4_x8x2`'s outputs bit for bit: the routing (ids, weights) and
+/// every routed and shared hidden row, written over NaN. The model's shapes (hidden 2,048, the
+/// experts' and the shared expert's intermediate 512, top 8; 32 experts instead of 256, which only
+/// the routing sees: 576 tiles, at most three a block on an H100's 264 blocks), and the kernel's
+/// edges: routed experts of 516 rows (a last tile of 4 rows) beside a shared expert of 1,024 (the
+/// routed items' tiles past their rows copy and store nothing; 1,152 tiles, more than the
+/// persistent grid's 4 a block, so the launcher widens it to 288 blocks of 4). fp32 and bf16
+/// activations, three random tokens each.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn glu_bulk_gives_dec_glu4_x8x2_bits() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(251);
+        let full = ModelConfig {
+            n_experts: 32,
+            ..ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap()
+        };
+        for (expert_inter, shared_inter) in [(full.expert_inter, full.shared_inter), (516, 1024)] {
+            let c = ModelConfig {
+                expert_inter,
+                shared_inter,
+                ..full.clone()
+            };
+            let (h, e, tk, inter, si) = moe_sizes(&c);
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            for draw in 0..3 {
+                let what = format!(
+                    "experts {e} of {inter} rows, shared {si}, draw {draw}, bf16 {bf16_activations}"
+                );
+                let logits = d.upload(&rng.vec(e, 2.0)).unwrap();
+                let mut x = rng.vec(h, 1.0);
+                if bf16_activations {
+                    x.iter_mut().for_each(|v| *v = round_bf16(*v));
+                }
+                let xn = d.upload(&x).unwrap();
+                let [ids, rw, eh, sh] = moe_outputs(&d, 1, tk, inter, si);
+                let glu = |i: usize| Glu {
+                    gate: &dw.gate,
+                    up: &dw.up,
+                    router_logits: logits.ptr,
+                    n_experts: e,
+                    ids: ids[i].ptr,
+                    route_w: rw[i].ptr,
+                    top_k: tk,
+                    shared_gate: &dw.shared_gate,
+                    shared_up: &dw.shared_up,
+                    xn: xn.ptr,
+                    h: eh[i].ptr,
+                    h_shared: sh[i].ptr,
+                };
+                let dec = &d.k.decode;
+                let pairs = MoeProducts::Int8Pairs;
+                dec.glu(&d, &glu(0), pairs, GluLoads::Registers).unwrap();
+                dec.glu(&d, &glu(1), pairs, GluLoads::Bulk).unwrap();
+                let ids_v: [Vec<i32>; 2] = [0, 1].map(|i| d.read(&ids[i], 0, tk).unwrap());
+                assert_eq!(ids_v[0], ids_v[1], "{what}: expert ids");
+                for (name, buf, n) in [
+                    ("routing weights", &rw, tk),
+                    ("experts' hidden rows", &eh, tk * inter),
+                    ("shared expert's hidden row", &sh, si),
+                ] {
+                    let [want, got]: [Vec<f32>; 2] = [0, 1].map(|i| d.read(&buf[i], 0, n).unwrap());
+                    assert!(
+                        want.iter().all(|v| v.is_finite()),
+                        "{what}: {name}: dec_glu4_x8x2 left NaN"
+                    );
+                    assert_eq!(bits(&got), bits(&want), "{what}: {name}");
+                }
+                println!("KERNEL dec_glu4_x8x2_bulk {what}: dec_glu4_x8x2's bits");
+            }
+        }
+    }
 }
