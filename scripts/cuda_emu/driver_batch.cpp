@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | moe_grouped | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -28,6 +28,12 @@
 //         for bit against dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time, 1, 3, 4 and 8 rows
 //         with overlapping picks, on the full shape, the small checkpoint's (256 / 32 experts /
 //         top 4 / 128) and tiny's (128 / 16 experts / top 4 / 64).
+//   moe_bulk: dec_glu4_x8x2_bulk (moe_bulk: a block's tiles bulk-copied into shared memory, one
+//         mbarrier each, before any is summed) bit for bit against dec_glu4_x8x2 on the launcher's
+//         grid: the full shape on 132 SMs (3 tiles a block) and on 16 (the grid widened to 4 a
+//         block), routed experts of 516 rows beside a shared expert of 1,024 (a last tile of 4
+//         rows, tiles past an item's rows copying nothing), and 512 columns (4 rows a warp, a
+//         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block).
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -1034,6 +1040,58 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
     }
 }
 
+// ---- moe_bulk -----------------------------------------------------------------------------------
+
+// Decode::glu_bulk's grid (crates/lily-cuda/src/kernels/decode.rs, glu_bulk_grid): the persistent
+// grid, widened where a block would get more than DEC_BULK_SLOTS tiles; and the slots its busiest
+// block holds.
+static std::pair<int, int> glu_bulk_grid(int tiles, int persistent) {
+    int grid = std::max({std::min(tiles, persistent), (tiles + DEC_BULK_SLOTS - 1) / DEC_BULK_SLOTS, 1});
+    return {grid, (tiles + grid - 1) / grid};
+}
+
+// dec_glu4_x8x2_bulk (moe_bulk: every tile of a block bulk-copied into shared memory before any
+// is summed) on Decode::glu_bulk's geometry, bit for bit against dec_glu4_x8x2 (routing, routed
+// and shared hidden rows; the GPU test glu_bulk_gives_dec_glu4_x8x2_bits' claim), on `sms` SMs
+// (the persistent grid of LAUNCH_BLOCKS_PER_SM blocks each), two tokens.
+static void run_moe_bulk(const Moe& m, const char* shape, int sms) {
+    int per_item = glu_per_item(m), tiles = per_item * (m.top_k + 1);
+    auto [grid, slots] = glu_bulk_grid(tiles, LAUNCH_BLOCKS_PER_SM * sms);
+    printf("dec_glu4_x8x2_bulk (moe_bulk) vs dec_glu4_x8x2, %s shape, %d SMs: %d tiles, %d blocks of up to %d; "
+           "activations %s\n",
+           shape, sms, tiles, grid, slots, BF16 ? "bf16" : "fp32");
+    QWeight g = m.gate.view(), u = m.up.view(), sg = m.sgate.view(), su = m.sup.view();
+    for (int t = 0; t < 2; t++) {
+        MoeIo io(m, 1), bulk(m, 1);
+        io.logits = vec(m.n_exp, 2.0f);
+        io.xn = vec(m.hidden, 1.0f);
+        io.xn[64 * ((3 + t) % (m.hidden / 64)) + 5] *= 9.0f;
+        if (BF16) for (auto& v : io.xn) v = (float)f_of_bf16(bf16_of(v));
+        launch_k({std::min(tiles, LAUNCH_BLOCKS_PER_SM * sms), 1, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4_x8x2(g, u, io.logits.data(), m.n_exp, m.top_k, io.ids.p(), io.rw.p(), sg, su, io.xn.data(),
+                          io.eh.p(), m.inter, io.sh.p(), per_item);
+        });
+        launch_k({grid, 1, 1}, DEC_WARPS * 32, (size_t)slots * DEC_BULK_SLOT / 4, [&] {
+            dec_glu4_x8x2_bulk(g, u, io.logits.data(), m.n_exp, m.top_k, bulk.ids.p(), bulk.rw.p(), sg, su,
+                               io.xn.data(), bulk.eh.p(), m.inter, bulk.sh.p(), per_item);
+        });
+        char what[200];
+        bool written = true;
+        for (size_t i = 0; i < io.eh.n; i++) written = written && std::isfinite(io.eh[i]);
+        for (size_t i = 0; i < io.sh.n; i++) written = written && std::isfinite(io.sh[i]);
+        snprintf(what, sizeof what, "token %d: dec_glu4_x8x2 wrote every hidden row", t);
+        verdict(what, written);
+        bool route = same_bits(bulk.ids.p(), io.ids.p(), io.ids.n) && same_bits(bulk.rw.p(), io.rw.p(), io.rw.n);
+        snprintf(what, sizeof what, "token %d: routing (ids, weights)", t);
+        verdict(what, route, route ? "  bit for bit" : "  differ");
+        bool hid = same_bits(bulk.eh.p(), io.eh.p(), io.eh.n) && same_bits(bulk.sh.p(), io.sh.p(), io.sh.n);
+        snprintf(what, sizeof what, "token %d: routed and shared hidden rows", t);
+        verdict(what, hid, hid ? "  bit for bit" : "  differ");
+        snprintf(what, sizeof what, "token %d: nothing written past the outputs", t);
+        verdict(what, bulk.ids.guard_ok() && bulk.rw.guard_ok() && bulk.eh.guard_ok() && bulk.sh.guard_ok());
+    }
+}
+
 // ---- gemv_x8 ------------------------------------------------------------------------------------
 
 // Decode::project's one-row launch with GemvProducts::Int8Pairs (dec_gemv4_x8x2: up to 32 groups,
@@ -1457,12 +1515,19 @@ int main(int argc, char** argv) {
         run_moe_grouped(Moe(256, 32, 4, 128, 128), "small", {1, 3, 4, 8});
         run_moe_grouped(Moe(128, 16, 4, 64, 64), "tiny", {1, 3, 4, 8});
     }
+    else if (part == "moe_bulk") {
+        run_moe_bulk(Moe(), "full", SM_COUNT);
+        run_moe_bulk(Moe(), "full", 16);
+        run_moe_bulk(Moe(2048, 256, 8, 516, 1024), "routed 516 rows, shared 1,024", SM_COUNT);
+        run_moe_bulk(Moe(512, 32, 4, 128, 96), "512 columns (4 rows a warp), shared 96 rows", SM_COUNT);
+        run_moe_bulk(Moe(512, 32, 4, 128, 96), "512 columns (4 rows a warp), shared 96 rows", 4);
+    }
     else if (part == "gemv_x8") run_gemv_x8();
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

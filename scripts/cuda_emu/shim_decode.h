@@ -379,3 +379,63 @@ inline void launch_k(dim3e grid, int threads, size_t smem_floats, std::function<
     g_shared.clear();
     if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
 }
+// ---- common.cuh's bulk copies and mbarriers (dec_glu4_x8x2_bulk, moe_bulk) ----------------------
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes, mbarrier.init (count 1),
+// mbarrier.arrive.expect_tx and mbarrier.try_wait.parity 0, as the kernel uses them: one phase a
+// barrier, completed once its one arrival has come and the bytes of the copies on it equal the
+// bytes it expects (PTX ISA, mbarrier: tx-count). The copies land as late as they may: all of a
+// barrier's at once, when a thread first waits on it and it can complete (a read of a slot that
+// skips its wait finds the NaN launch_k filled it with). Checked: a barrier used before its init
+// or arrived on twice; a copy not in 16-byte units at both ends (the ISA's requirement), outside
+// the block's dynamic shared memory, on a completed barrier, or past the bytes expected. A wait
+// that never completes (too few bytes) is run_block's deadlock. Barriers are keyed by launch,
+// block and address (static shared arrays are per block here).
+struct EmuBulkBar {
+    int arrivals = 1;
+    long long expected = 0, copied = 0;
+    bool done = false;
+    std::vector<std::tuple<char*, const char*, u32>> copies;
+};
+thread_local std::map<std::tuple<int, int, int, const void*>, EmuBulkBar> t_bulk_bars;
+[[noreturn]] inline void bulk_fail(const char* what) {
+    fprintf(stderr, "FAIL: block (%d, %d, %d) thread %d: %s\n", blockIdx.x, blockIdx.y, blockIdx.z, (int)threadIdx.x, what);
+    exit(3);
+}
+inline EmuBulkBar& bulk_bar(unsigned long long* bar) {
+    auto it = t_bulk_bars.find({g_launch_id, blockIdx.x, blockIdx.y, bar});
+    if (it == t_bulk_bars.end()) bulk_fail("an mbarrier used before its init");
+    return it->second;
+}
+inline void bulk_bar_init(unsigned long long* bar) { t_bulk_bars[{g_launch_id, blockIdx.x, blockIdx.y, bar}] = EmuBulkBar{}; }
+inline void bulk_bar_fence() {}
+inline void bulk_expect(unsigned long long* bar, u32 bytes) {
+    auto& b = bulk_bar(bar);
+    if (b.arrivals == 0) bulk_fail("a second arrival on a one-arrival mbarrier");
+    b.arrivals--;
+    b.expected += bytes;
+    if (b.copied > b.expected) bulk_fail("more bytes copied than the mbarrier expects");
+}
+inline void bulk_copy(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    auto& b = bulk_bar(bar);
+    char* d = (char*)dst;
+    const char* base = (const char*)t_smem;
+    if ((uintptr_t)d % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) bulk_fail("a bulk copy not in 16-byte units");
+    if (d < base || d + bytes > base + t_smem_bytes) bulk_fail("a bulk copy outside the dynamic shared memory");
+    if (b.done) bulk_fail("a bulk copy on a completed mbarrier");
+    b.copied += bytes;
+    if (b.arrivals == 0 && b.copied > b.expected) bulk_fail("more bytes copied than the mbarrier expects");
+    b.copies.emplace_back(d, (const char*)src, bytes);
+}
+inline void bulk_wait(unsigned long long* bar) {
+    for (;;) {
+        auto& b = bulk_bar(bar);
+        if (!b.done && b.arrivals == 0 && b.copied == b.expected) {
+            for (auto& [d, s, n] : b.copies) memcpy(d, s, n);
+            b.copies.clear();
+            b.done = true;
+            t_progress++;
+        }
+        if (b.done) return;
+        fiber_yield();
+    }
+}

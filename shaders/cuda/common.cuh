@@ -245,6 +245,62 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(u32 addr, u32 mn_stride
 }
 #endif
 
+// ---- Hopper (sm_90+): the bulk-copy engine (decode.cu's dec_glu4_x8x2_bulk) -----------------
+// One-phase mbarriers that one thread's arrival and the bytes of bulk copies complete (the
+// kernel's use: each barrier waited on once, parity 0). Below sm_90 each traps (the plan names
+// their kernel on sm_90a only). scripts/cuda_emu/shim_decode.h emulates them.
+__device__ __forceinline__ void bulk_bar_init(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((u32)__cvta_generic_to_shared(bar)) : "memory");
+#else
+    __trap();
+#endif
+}
+// The inits visible to the copies (the async proxy) that complete on them.
+__device__ __forceinline__ void bulk_bar_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+// The barrier's one arrival, with the bytes its phase must also see land.
+__device__ __forceinline__ void bulk_expect(unsigned long long* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+                     (u32)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+// `bytes` (a multiple of 16; both ends 16-byte aligned) from global `src` to shared `dst` by the
+// copy engine, counted on `bar` as they land.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     (u32)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(bytes), "r"((u32)__cvta_generic_to_shared(bar))
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+// Until the barrier's first phase (its arrival and every byte expected) has completed.
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n.reg .pred p;\nLILY_BULK_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+        "@!p bra LILY_BULK_WAIT;\n}\n" ::"r"((u32)__cvta_generic_to_shared(bar))
+        : "memory");
+#else
+    __trap();
+#endif
+}
+
 // ---- pieces two kernel files share ----------------------------------------------------------
 
 // One token of the gated delta rule for one value column, as dn_recurrent and the decode step

@@ -1336,50 +1336,16 @@ DEC_GLU4(dec_glu4_x8x2_rows, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 #error "DEC_BULK_SLOT (crates/lily-cuda/src/kernels/decode.rs) must be a slot's bytes"
 #endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ u32 bulk_smem(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void bulk_bar_init(u32 bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-// The mbarrier inits visible to the bulk copies (the async proxy) that complete on them.
-__device__ __forceinline__ void bulk_bar_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// Thread 0's one arrival on `bar`, with the bytes its phase must also see land.
-__device__ __forceinline__ void bulk_expect(u32 bar, u32 bytes) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
-                 "r"(bytes)
-                 : "memory");
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst,
-// counted on `bar` as they land.
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-// Until the first phase of `bar` (its one arrival and every byte expected) has completed.
-__device__ __forceinline__ void bulk_wait(u32 bar) {
-    asm volatile(
-        "{\n.reg .pred p;\nLILY_BULK_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
-        "@!p bra LILY_BULK_WAIT;\n}\n" ::"r"(bar)
-        : "memory");
-}
-
 // The rows of tile `pos` that exist (DEC_WARPS · spw from its first, fewer at an item's end, none
 // past it: an item of fewer rows than the largest has tiles of none).
 __device__ __forceinline__ int bulk_rows(GluPos pos, int tile_rows, int g_rows, int s_rows) {
     return min(tile_rows, (pos.item == 0 ? s_rows : g_rows) - pos.blk * tile_rows);
 }
 
-// Thread 0: tile `pos` into `slot` (a shared address), completing `bar`.
+// Thread 0: tile `pos` into `slot`, completing `bar`.
 __device__ __forceinline__ void bulk_request(GluPos pos, int tile_rows, int G, const QWeight& gate,
                                              const QWeight& up, const QWeight& sgate, const QWeight& sup,
-                                             const int* ids_s, u32 slot, u32 bar) {
+                                             const int* ids_s, char* slot, unsigned long long* bar) {
     QWeight wg, wu;
     glu_item<true>(pos.item, gate, up, sgate, sup, ids_s, wg, wu);
     int n = bulk_rows(pos, tile_rows, gate.rows, sgate.rows);
@@ -1434,14 +1400,13 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     // at most DEC_BULK_SLOTS).
     const int tiles = (top_k + 1) * per_item, n = (tiles - (int)blockIdx.x + step - 1) / step;
     const GluPos first = glu_pos(blockIdx.x, per_item), stride = glu_pos(step, per_item);
-    const u32 slot0 = bulk_smem(slots), bar0 = bulk_smem(bars);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < n; i++) bulk_bar_init(bar0 + 8 * i);
+        for (int i = 0; i < n; i++) bulk_bar_init(bars + i);
         bulk_bar_fence();
         // The shared expert's tiles (item 0, the block's first ones if any): no routing needed.
         GluPos a = first;
         for (int i = 0; i < n && a.item == 0; i++, a = glu_next(a, stride, per_item))
-            bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slot0 + i * DEC_BULK_SLOT, bar0 + 8 * i);
+            bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slots + i * DEC_BULK_SLOT, bars + i);
     }
     dec_wait();
     // Its barriers publish ids_s (and the mbarriers' inits) to the block.
@@ -1450,8 +1415,7 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
         GluPos a = first;
         for (int i = 0; i < n; i++, a = glu_next(a, stride, per_item))
             if (a.item > 0)
-                bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slot0 + i * DEC_BULK_SLOT,
-                             bar0 + 8 * i);
+                bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slots + i * DEC_BULK_SLOT, bars + i);
     }
     stage_x8x2(xs, tg.G, xq, xqs);
     __syncthreads();
@@ -1462,33 +1426,28 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     for (int i = 0; i < n; i++, a = glu_next(a, stride, per_item)) {
         int rows = bulk_rows(a, tile_rows, gate.rows, sgate.rows);
         if (rows <= 0) continue;  // nothing requested, nothing stored
-        bulk_wait(bar0 + 8 * i);
+        bulk_wait(bars + i);
         GluTile r;
         bulk_read(slots + i * DEC_BULK_SLOT, rows, tg, r);
         glu_finish<true, true, true>(a, tg, gate.rows, sgate.rows, r, x, h, h_stride, hs);
     }
     dec_trigger_late();
 }
-#endif
 
 // Arguments as dec_glu4_x8x2's (one token); dynamic shared memory: the block's tiles' slots
-// (DEC_BULK_SLOT bytes each). Compiled for sm_90+ (elsewhere a trap; the plan names it on sm_90a
-// only).
+// (DEC_BULK_SLOT bytes each). Below sm_90 the bulk copies trap (common.cuh); the plan names the
+// kernel on sm_90a only.
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
 dec_glu4_x8x2_bulk(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
                    int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
                    const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
                    int tiles_per_item) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     GLU4_SHARED
     GLU4_SHARED_X8X2
     __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
     extern __shared__ __align__(128) char glu_slots[];
     glu4_bulk_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
                     tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars);
-#else
-    __trap();
-#endif
 }
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared

@@ -52,7 +52,8 @@ pub const GLU_R4: usize = 1;
 /// columns: WARPS rows of the model's 2,048 columns): the launcher's grid gives no block more
 /// tiles. 4 slots (72 KB) and the kernel's 27 KB of static tables fit two blocks an SM on sm_90.
 pub const GLU_BULK_SLOTS: usize = 4;
-pub const GLU_BULK_SLOT: usize = WARPS * 32 * (2 * 32 + 4 * 2);
+pub const GLU_BULK_SLOT: usize = 18432;
+const _: () = assert!(GLU_BULK_SLOT == WARPS * 32 * (2 * 32 + 4 * 2));
 /// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a
 /// lane's x in 18 registers instead of 65 leaves room for a third block).
 pub const Q8_BLOCKS_PER_SM: usize = 3;
