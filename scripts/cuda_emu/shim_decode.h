@@ -399,7 +399,8 @@ struct EmuBulkBar {
 thread_local std::map<std::tuple<int, int, int, const void*>, EmuBulkBar> t_bulk_bars;
 [[noreturn]] inline void bulk_fail(const char* what) {
     fprintf(stderr, "FAIL: block (%d, %d, %d) thread %d: %s\n", blockIdx.x, blockIdx.y, blockIdx.z, (int)threadIdx.x, what);
-    exit(3);
+    fflush(stderr);
+    std::_Exit(3);  // at once: the other OS thread's block is mid-run
 }
 inline EmuBulkBar& bulk_bar(unsigned long long* bar) {
     auto it = t_bulk_bars.find({g_launch_id, blockIdx.x, blockIdx.y, bar});

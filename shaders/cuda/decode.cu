@@ -1401,7 +1401,8 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     const int tiles = (top_k + 1) * per_item, n = (tiles - (int)blockIdx.x + step - 1) / step;
     const GluPos first = glu_pos(blockIdx.x, per_item), stride = glu_pos(step, per_item);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < n; i++) bulk_bar_init(bars + i);
+#pragma unroll
+        for (int i = 0; i < DEC_BULK_SLOTS; i++) bulk_bar_init(bars + i);  // (n ≤ DEC_BULK_SLOTS)
         bulk_bar_fence();
         // The shared expert's tiles (item 0, the block's first ones if any): no routing needed.
         GluPos a = first;
