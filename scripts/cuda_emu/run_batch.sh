@@ -96,7 +96,7 @@ MUTANTS = [
      "dec_glu4_x8x2_bulk reading a slot without waiting for its copies"),
     ('dec', 'bulk_read(slots + i * DEC_BULK_SLOT, rows, tg, r);', 'bulk_read(slots, rows, tg, r);',
      "dec_glu4_x8x2_bulk summing every tile of a block from its first slot"),
-    ('dec', 'i < n && a.item == 0; i++', 'i < n && a.item == 0 && i > 0; i++',
+    ('dec', 'if (requester && mine.item == 0)', 'if (requester && mine.item == 0 && tg.warp > 0)',
      "dec_glu4_x8x2_bulk never requesting the shared expert's tiles (waits that never complete)"),
 ]
 import os

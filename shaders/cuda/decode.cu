@@ -1319,21 +1319,26 @@ DEC_GLU4(dec_glu4_x8x2_rows, X8X2, true, (DEC_WARPS * 32, DEC_BLOCKS_PER_SM))
 // outputs bit for bit), its weights streamed into shared memory instead of registers: each tile
 // (DEC_WARPS · spw rows of gate and of up, their scales and biases: six contiguous runs of the
 // stacks) goes into a slot of its own through the bulk-copy engine (cp.async.bulk, Hopper),
-// completing the slot's mbarrier (its expected bytes set before the copies). Thread 0 requests
-// the shared expert's tiles before dec_wait and the routed ones right after the routing, so a
-// block has all of its tiles (at most DEC_BULK_SLOTS; the launcher's grid sees to it) in flight
-// before it computes the first; then each tile is computed as its barrier completes, in order,
-// one tile a loop iteration (no unrolling over tiles: a small loop body). dec_glu4_x8x2 holds at
-// most two tiles a block in registers (36 KB an SM in flight, the third tile of a block asked for
-// only after its first is summed) at 115 registers; here the bytes in flight are bounded by
-// shared memory (DEC_BULK_SLOT bytes a tile: 18 KB at the model's shape, 3 tiles a block at 264
-// blocks, 2 blocks an SM: 108 KB of 228) and the registers hold only x and one tile's sums.
+// completing the slot's mbarrier (its expected bytes set before the copies). Lane 0 of warp w
+// requests slot w: the shared expert's tiles before dec_wait, the routed ones right after the
+// routing, so a block has all of its tiles (at most DEC_BULK_SLOTS; the launcher's grid sees to
+// it) in flight before it computes the first; then each tile is computed as its barrier
+// completes, in order, one tile a loop iteration (no unrolling over tiles: a small loop body).
+// dec_glu4_x8x2 holds at most two tiles a block in registers (115 registers a thread), so a
+// block of three tiles (48 of the 264 at the model's shape) asks for its third only after its
+// first is summed: two DRAM round trips after the routing where this kernel has one. Here the
+// bytes in flight are bounded by shared memory (DEC_BULK_SLOT bytes a tile: 18 KB at the model's
+// shape, 3 tiles a block at 264 blocks, 2 blocks an SM: 108 KB of 228) and the registers hold
+// only x and one tile's sums.
 // A slot: gate's q words [rows][G][8], then up's, then gate's scales [rows][G], gate's biases,
 // up's scales, up's biases (bf16), at fixed offsets for DEC_WARPS · 32 groups (spw · G ≤ 32).
 #define DEC_BULK_Q (DEC_WARPS * 32 * 32)  // bytes of one weight's q words in a slot
 #define DEC_BULK_S (DEC_WARPS * 32 * 2)   // bytes of one weight's scales (or biases) in a slot
 #if DEC_BULK_SLOT != 2 * DEC_BULK_Q + 4 * DEC_BULK_S
 #error "DEC_BULK_SLOT (crates/lily-cuda/src/kernels/decode.rs) must be a slot's bytes"
+#endif
+#if DEC_BULK_SLOTS > DEC_WARPS
+#error "dec_glu4_x8x2_bulk: a warp requests each slot (DEC_BULK_SLOTS <= DEC_WARPS)"
 #endif
 
 // The rows of tile `pos` that exist (DEC_WARPS · spw from its first, fewer at an item's end, none
@@ -1342,7 +1347,7 @@ __device__ __forceinline__ int bulk_rows(GluPos pos, int tile_rows, int g_rows, 
     return min(tile_rows, (pos.item == 0 ? s_rows : g_rows) - pos.blk * tile_rows);
 }
 
-// Thread 0: tile `pos` into `slot`, completing `bar`.
+// One thread: tile `pos` into `slot`, completing `bar`.
 __device__ __forceinline__ void bulk_request(GluPos pos, int tile_rows, int G, const QWeight& gate,
                                              const QWeight& up, const QWeight& sgate, const QWeight& sup,
                                              const int* ids_s, char* slot, unsigned long long* bar) {
@@ -1400,24 +1405,26 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     // at most DEC_BULK_SLOTS).
     const int tiles = (top_k + 1) * per_item, n = (tiles - (int)blockIdx.x + step - 1) / step;
     const GluPos first = glu_pos(blockIdx.x, per_item), stride = glu_pos(step, per_item);
+    // Warp w's lane 0 requests slot w (tile b + w·step): a block's requests go out side by side
+    // from up to DEC_BULK_SLOTS warps (a bulk copy is a loop of uniform-register instructions in
+    // SASS; 18 of them from one thread would queue ≈ 300 instructions behind the routing).
+    const bool requester = lane == 0 && tg.warp < n;
+    const GluPos mine = glu_pos(blockIdx.x + tg.warp * step, per_item);  // (used where tg.warp < n)
+    char* const my_slot = slots + tg.warp * DEC_BULK_SLOT;
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int i = 0; i < DEC_BULK_SLOTS; i++) bulk_bar_init(bars + i);  // (n ≤ DEC_BULK_SLOTS)
         bulk_bar_fence();
-        // The shared expert's tiles (item 0, the block's first ones if any): no routing needed.
-        GluPos a = first;
-        for (int i = 0; i < n && a.item == 0; i++, a = glu_next(a, stride, per_item))
-            bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slots + i * DEC_BULK_SLOT, bars + i);
     }
+    __syncthreads();  // the inits before any warp's request
+    // The shared expert's tiles (item 0): no routing needed.
+    if (requester && mine.item == 0)
+        bulk_request(mine, tile_rows, tg.G, gate, up, sgate, sup, ids_s, my_slot, bars + tg.warp);
     dec_wait();
-    // Its barriers publish ids_s (and the mbarriers' inits) to the block.
+    // Its barriers publish ids_s to the block.
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, gate.cols, p, ids_s, w_s, xs, xsum);
-    if (threadIdx.x == 0) {
-        GluPos a = first;
-        for (int i = 0; i < n; i++, a = glu_next(a, stride, per_item))
-            if (a.item > 0)
-                bulk_request(a, tile_rows, tg.G, gate, up, sgate, sup, ids_s, slots + i * DEC_BULK_SLOT, bars + i);
-    }
+    if (requester && mine.item > 0)
+        bulk_request(mine, tile_rows, tg.G, gate, up, sgate, sup, ids_s, my_slot, bars + tg.warp);
     stage_x8x2(xs, tg.G, xq, xqs);
     __syncthreads();
     GluX<true, true> x;
