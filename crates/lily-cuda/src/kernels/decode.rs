@@ -340,7 +340,7 @@ pub fn glu_bulk_serves(
     sgate: &LinearShape,
     sup: &LinearShape,
 ) -> bool {
-    glu_rows_serves(gate, up, sgate, sup) && (gate.cols / 64) % 8 == 0
+    glu_rows_serves(gate, up, sgate, sup) && (gate.cols / 64).is_multiple_of(8)
 }
 
 /// Blocks of a `dec_glu4_x8x2_bulk` launch of `tiles` tiles: the persistent grid of `persistent`
@@ -1047,7 +1047,7 @@ impl Decode {
         );
         let unaligned = [&gate, &up, &sgate, &sup]
             .iter()
-            .any(|w| (w.q | w.scales | w.biases) % 16 != 0);
+            .any(|w| !(w.q | w.scales | w.biases).is_multiple_of(16));
         if unaligned {
             bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
         }
