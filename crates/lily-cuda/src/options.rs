@@ -163,7 +163,7 @@ lily_core::backend_options! {
         moe_bulk = false, flag Some("moe-bulk"), env "LILY_MOE_BULK" = true,
             label "bulk-copied MoE gate/up tiles",
             help "one-token decode's MoE gate/up kernel on int8 pairs in dec_glu4_x8x2_bulk: dec_glu4_x8x2's tiles, grid and arithmetic (the same outputs bit for bit), each block's tiles (at most 4, 18 KB each at the full shape) bulk-copied into shared memory by the copy engine (cp.async.bulk, an mbarrier a tile; sm_90a) all before any is summed, the shared expert's before the dependency wait and the routed experts' right after the routing, where dec_glu4_x8x2 holds two in registers and asks for the next as one is summed (68 registers a thread instead of 117); with moe_int8_pairs",
-            why "not yet measured (session 25, branch s25moe; predicted dec_glu4_x8x2 16.2 → 10–12 µs a launch alone, decode +3–6 % at 4K and 32K): ships off until its A/B (scripts/gpu_s25moe_ab.sh) wins";
+            why "not yet measured (session 25, branch s25moe; predicted dec_glu4_x8x2 16.2 → 13.5–15.5 µs a launch alone, decode +1.5–5 % at 4K, +1–4 % at 32K): ships off until its A/B (scripts/gpu_s25moe_ab.sh) wins";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
