@@ -4,7 +4,7 @@
 # 128K prompts on the full-size checkpoint, and whether a larger chunk changes the greedy tokens.
 # Staged by scripts/stage_gpu.sh with gpu_ab_common.sh beside:
 #   bash .carry/NAME/gpu_s25chunk.sh      (carry: .carry/NAME; timeout_s 300)
-# 1. `bench --prefill 32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2` with the chunk 4,096 /
+# 1. `bench --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2` with the chunk 4,096 /
 #    8,192 alternated twice, then 16,384 once (each run's plan line's chunk into the summary);
 # 2. `generate` from one 10,000-token prompt (ids from awk's seeded rand) for 16 greedy tokens at
 #    each chunk: the three token lists into the summary (equal, or where they part).
@@ -17,8 +17,8 @@ S=$R/summary.txt
 wait "$SYN"; say "synth full rc=$? at $(el)s"
 bench() {  # bench NAME CHUNK
   if ! left; then say "bench $1: skipped (deadline) at $(el)s"; return; fi
-  LILY_PREFILL_CHUNK=$2 timeout "$(cap 60)" "$B/lily-engine" bench --model "$M" --device cuda \
-    --prefill 32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2 > "$L/bench-$1.log" 2>&1
+  LILY_PREFILL_CHUNK=$2 timeout "$(cap 70)" "$B/lily-engine" bench --model "$M" --device cuda \
+    --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2 > "$L/bench-$1.log" 2>&1
   say "bench $1 rc=$? at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$L/bench-$1.log" | tr -s ' ' | tr '\n' '|')"
   grep -h -m1 -oE "prefill chunk [0-9]+" "$L/bench-$1.log" >> "$S"
 }
