@@ -1013,72 +1013,7 @@ impl Decode {
     /// pipelined kernel's f32 or int8 form, `loads` (the plan's `glu_loads`) where the int8-pair
     /// kernel holds its tiles.
     pub fn glu(&self, gpu: &Gpu, a: &Glu, products: MoeProducts, loads: GluLoads) -> Result<()> {
-        match loads {
-            GluLoads::Registers => self.glu_launch(gpu, a, None, products),
-            GluLoads::Bulk => self.glu_bulk(gpu, a, products),
-        }
-    }
-
-    /// `glu` on `dec_glu4_x8x2_bulk` (int8-pair products, weights `glu_bulk_serves` reads, every
-    /// pointer 16-byte aligned): dec_glu4_x8x2's tiles over `glu_bulk_grid`'s blocks, each
-    /// block's tiles in slots of dynamic shared memory.
-    fn glu_bulk(&self, gpu: &Gpu, a: &Glu, products: MoeProducts) -> Result<()> {
-        let (gate, up, sgate, sup) = (
-            a.gate.shape(),
-            a.up.shape(),
-            a.shared_gate.shape(),
-            a.shared_up.shape(),
-        );
-        if products != MoeProducts::Int8Pairs || !glu_bulk_serves(&gate, &up, &sgate, &sup) {
-            bail!("dec_glu4_x8x2_bulk: expert weights or products it does not take ({products:?})");
-        }
-        if a.n_experts > MAX_EXPERTS || a.top_k == 0 || a.top_k > MAX_TOPK.min(a.n_experts) {
-            bail!(
-                "dec_glu4_x8x2_bulk: top {} of {} experts (limits {MAX_TOPK} of {MAX_EXPERTS})",
-                a.top_k,
-                a.n_experts
-            );
-        }
-        let (gate, up, sgate, sup) = (
-            a.gate.arg(),
-            a.up.arg(),
-            a.shared_gate.arg(),
-            a.shared_up.arg(),
-        );
-        let unaligned = [&gate, &up, &sgate, &sup]
-            .iter()
-            .any(|w| !(w.q | w.scales | w.biases).is_multiple_of(16));
-        if unaligned {
-            bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
-        }
-        let (_, spw) = lanes_per_row(a.gate.cols);
-        let rows = a.gate.rows.max(a.shared_gate.rows);
-        let per_item = blocks(rows, WARPS * spw * GLU_R4);
-        let tiles = per_item as usize * (a.top_k + 1);
-        let (grid, slots) = glu_bulk_grid(tiles, BLOCKS_PER_SM * gpu.sm_count);
-        let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
-        let n_experts = a.n_experts as i32;
-        let cfg = config(
-            (grid as u32, 1, 1),
-            (WARPS * 32) as u32,
-            slots * GLU_BULK_SLOT,
-        );
-        gpu.launch(&self.glu4_x8x2_bulk, cfg, |l| {
-            l.arg(&gate)
-                .arg(&up)
-                .arg(&a.router_logits)
-                .arg(&n_experts)
-                .arg(&top_k)
-                .arg(&a.ids)
-                .arg(&a.route_w)
-                .arg(&sgate)
-                .arg(&sup)
-                .arg(&a.xn)
-                .arg(&a.h)
-                .arg(&h_stride)
-                .arg(&a.h_shared)
-                .arg(&per_item);
-        })
+        self.glu_launch(gpu, a, None, products, loads)
     }
 
     /// `glu` for each of the `rows` tokens of a batched decode step in one launch
@@ -1086,7 +1021,7 @@ impl Decode {
     /// router_logits [rows, n_experts], ids and route_w [rows, top_k], xn [rows, cols], h
     /// [rows, top_k, inter] and h_shared [rows, shared inter].
     pub fn glu_rows(&self, gpu: &Gpu, a: &Glu, rows: usize, products: MoeProducts) -> Result<()> {
-        self.glu_launch(gpu, a, Some(rows), products)
+        self.glu_launch(gpu, a, Some(rows), products, GluLoads::Registers)
     }
 
     fn glu_launch(
@@ -1095,6 +1030,7 @@ impl Decode {
         a: &Glu,
         token_rows: Option<usize>,
         products: MoeProducts,
+        loads: GluLoads,
     ) -> Result<()> {
         let (gate, up) = (a.gate.shape(), a.up.shape());
         if !glu_serves(&gate, &up, &a.shared_gate.shape(), &a.shared_up.shape()) {
@@ -1112,7 +1048,15 @@ impl Decode {
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
         let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
         let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
+        let bulk = loads == GluLoads::Bulk;
+        if bulk && (token_rows.is_some() || products != MoeProducts::Int8Pairs) {
+            bail!("dec_glu4_x8x2_bulk: one token's int8-pair products only ({products:?})");
+        }
+        if bulk && !glu_bulk_serves(&gate, &up, &sgate, &sup) {
+            bail!("dec_glu4_x8x2_bulk: expert weights it does not read");
+        }
         let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
+            _ if bulk => (&self.glu4_x8x2_bulk, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Int8Pairs) => (&self.glu4_x8x2, WARPS * spw * GLU_R4),
@@ -1138,16 +1082,33 @@ impl Decode {
             MoeProducts::Int8 => Q8_BLOCKS_PER_SM,
         };
         let per_token = (per_sm * gpu.sm_count).div_ceil(tokens);
-        let grid = (tiles.min(per_token) as u32, tokens as u32, 1);
+        // moe_bulk: that grid widened where a block would hold more than GLU_BULK_SLOTS tiles,
+        // each block's tiles in slots of dynamic shared memory.
+        let (blocks_x, smem) = if bulk {
+            let (grid, slots) = glu_bulk_grid(tiles, per_token);
+            (grid, slots * GLU_BULK_SLOT)
+        } else {
+            (tiles.min(per_token), 0)
+        };
         let (gate, up, sgate, sup) = (
             a.gate.arg(),
             a.up.arg(),
             a.shared_gate.arg(),
             a.shared_up.arg(),
         );
+        let unaligned = [&gate, &up, &sgate, &sup]
+            .iter()
+            .any(|w| !(w.q | w.scales | w.biases).is_multiple_of(16));
+        if bulk && unaligned {
+            bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
+        }
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
-        let cfg = config(grid, (WARPS * 32) as u32, 0);
+        let cfg = config(
+            (blocks_x as u32, tokens as u32, 1),
+            (WARPS * 32) as u32,
+            smem,
+        );
         gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)

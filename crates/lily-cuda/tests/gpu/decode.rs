@@ -685,6 +685,34 @@ fn moe_outputs(d: &Dev, rows: usize, tk: usize, inter: usize, si: usize) -> [[De
     ]
 }
 
+/// The `Glu` of `dw`'s gate/up writing run `i` of `moe_outputs`' buffers `out` (ids, routing
+/// weights, experts' and shared expert's hidden rows), from router logits [rows, e] and xn.
+fn glu_run<'a>(
+    dw: &'a lily_cuda::weights::DevMoe,
+    logits: &DevBuf,
+    e: usize,
+    tk: usize,
+    xn: &DevBuf,
+    out: &[[DevBuf; 2]; 4],
+    i: usize,
+) -> Glu<'a> {
+    let [ids, rw, eh, sh] = out;
+    Glu {
+        gate: &dw.gate,
+        up: &dw.up,
+        router_logits: logits.ptr,
+        n_experts: e,
+        ids: ids[i].ptr,
+        route_w: rw[i].ptr,
+        top_k: tk,
+        shared_gate: &dw.shared_gate,
+        shared_up: &dw.shared_up,
+        xn: xn.ptr,
+        h: eh[i].ptr,
+        h_shared: sh[i].ptr,
+    }
+}
+
 /// The two runs of a batched-MoE test (`moe_outputs`' pairs and two residual copies, run 0 and
 /// run 1): the `Glu` and `DownCombine` of run `i` at token `at` over shared inputs (router logits
 /// [rows, experts], xn [rows, hidden], s_gate [rows]).
@@ -1034,21 +1062,9 @@ fn moe_int8_matches_cpu() {
                     }
                     let xn = d.upload(&x).unwrap();
                     // [int8, f32] buffers
-                    let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
-                    let glu = |i: usize| Glu {
-                        gate: &dw.gate,
-                        up: &dw.up,
-                        router_logits: logits.ptr,
-                        n_experts: e,
-                        ids: ids[i].ptr,
-                        route_w: rw[i].ptr,
-                        top_k: tk,
-                        shared_gate: &dw.shared_gate,
-                        shared_up: &dw.shared_up,
-                        xn: xn.ptr,
-                        h: eh[i].ptr,
-                        h_shared: sh[i].ptr,
-                    };
+                    let out = moe_outputs(&d, rows, tk, inter, si);
+                    let [ids, rw, eh, sh] = &out;
+                    let glu = |i: usize| glu_run(&dw, &logits, e, tk, &xn, &out, i);
                     let dec = &d.k.decode;
                     if rows == 1 {
                         dec.glu(&d, &glu(0), products, GluLoads::Registers).unwrap();
@@ -1722,21 +1738,9 @@ fn glu_bulk_gives_dec_glu4_x8x2_bits() {
                     x.iter_mut().for_each(|v| *v = round_bf16(*v));
                 }
                 let xn = d.upload(&x).unwrap();
-                let [ids, rw, eh, sh] = moe_outputs(&d, 1, tk, inter, si);
-                let glu = |i: usize| Glu {
-                    gate: &dw.gate,
-                    up: &dw.up,
-                    router_logits: logits.ptr,
-                    n_experts: e,
-                    ids: ids[i].ptr,
-                    route_w: rw[i].ptr,
-                    top_k: tk,
-                    shared_gate: &dw.shared_gate,
-                    shared_up: &dw.shared_up,
-                    xn: xn.ptr,
-                    h: eh[i].ptr,
-                    h_shared: sh[i].ptr,
-                };
+                let out = moe_outputs(&d, 1, tk, inter, si);
+                let [ids, rw, eh, sh] = &out;
+                let glu = |i: usize| glu_run(&dw, &logits, e, tk, &xn, &out, i);
                 let dec = &d.k.decode;
                 let pairs = MoeProducts::Int8Pairs;
                 dec.glu(&d, &glu(0), pairs, GluLoads::Registers).unwrap();
