@@ -30,8 +30,8 @@
 //         top 4 / 128) and tiny's (128 / 16 experts / top 4 / 64).
 //   moe_bulk: dec_glu4_x8x2_bulk (moe_bulk: a block's tiles bulk-copied into shared memory, one
 //         mbarrier each, before any is summed) bit for bit against dec_glu4_x8x2 on the launcher's
-//         grid: the full shape on 132 SMs (3 tiles a block) and on 16 (the grid widened to 4 a
-//         block), routed experts of 516 rows beside a shared expert of 1,024 (a last tile of 4
+//         grid: the full shape on 132 SMs (3 tiles a block) and on 16 (the grid widened to 192
+//         blocks of 3), routed experts of 516 rows beside a shared expert of 1,024 (a last tile of 4
 //         rows, tiles past an item's rows copying nothing), and 512 columns (4 rows a warp, a
 //         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block).
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8

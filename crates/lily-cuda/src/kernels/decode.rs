@@ -50,8 +50,10 @@ pub const GLU_R4: usize = 1;
 /// Tiles a `dec_glu4_x8x2_bulk` block (`moe_bulk`) holds at once in shared memory, each in a slot
 /// of GLU_BULK_SLOT bytes (gate's and up's q words, scales and biases for WARPS · 32 groups of 64
 /// columns: WARPS rows of the model's 2,048 columns): the launcher's grid gives no block more
-/// tiles. 4 slots (72 KB) and the kernel's 27 KB of static tables fit two blocks an SM on sm_90.
-pub const GLU_BULK_SLOTS: usize = 4;
+/// tiles. 3 slots (54 KB; what a block of the persistent grid takes at the model's shape on 114 to
+/// 132 SMs) and the kernel's 26 KB of static tables: two blocks an SM on sm_90, and a kernel every
+/// architecture's loader grants (sm_86 / 89 / 120: 99 KB a block).
+pub const GLU_BULK_SLOTS: usize = 3;
 pub const GLU_BULK_SLOT: usize = 18432;
 const _: () = assert!(GLU_BULK_SLOT == WARPS * 32 * (2 * 32 + 4 * 2));
 /// Blocks per SM of the int8 `dec_glu4_q8` / `dec_glu4_q8_rows` grid (their launch bound: a

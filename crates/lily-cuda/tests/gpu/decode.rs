@@ -1706,7 +1706,7 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
 /// the routing sees: 576 tiles, at most three a block on an H100's 264 blocks), and the kernel's
 /// edges: routed experts of 516 rows (a last tile of 4 rows) beside a shared expert of 1,024 (the
 /// routed items' tiles past their rows copy and store nothing; 1,152 tiles, more than the
-/// persistent grid's 4 a block, so the launcher widens it to 288 blocks of 4). fp32 and bf16
+/// persistent grid's 3 a block, so the launcher widens it to 384 blocks of 3). fp32 and bf16
 /// activations, three random tokens each.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
