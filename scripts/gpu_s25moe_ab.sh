@@ -20,7 +20,7 @@
 #      kernels' rows (dec_glu4_x8x2 or dec_glu4_x8x2_bulk, dec_down_combine_x8x2_r96) into the
 #      summary.
 # The summary comes back in $OUT/summary.txt with the test's log; the benches' logs stay in
-# /tmp/s25moe-logs. Knobs: OFF / ON (environments), SKIP_TESTS=1, SKIP_PROFILE=1, TEST_S (60),
+# /tmp/s25moe-logs. Knobs: OFF / ON (environments), SKIP_TESTS=1, SKIP_PROFILE=1, TEST_S (90),
 # BENCH_S (45), PROFILE_S (40), ROUNDS (2), DEADLINE (215: no run starts later), HARD (238: none
 # reaches past it).
 set -u
@@ -33,7 +33,7 @@ OFF=${OFF:-LILY_MOE_BULK=0}
 ON=${ON:-LILY_MOE_BULK=1}
 say "OFF: $OFF | ON: $ON"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "$(cap "${TEST_S:-60}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
+  timeout "$(cap "${TEST_S:-90}")" "$B/gpu" --ignored --test-threads=1 --nocapture \
     decode::glu_bulk_gives_dec_glu4_x8x2_bits > "$L/tests.log" 2>&1
   say "tests rc=$? at $(el)s"
   grep -E "^KERNEL dec_glu4_x8x2_bulk|^test .*(ok|FAILED)$|^test result|panicked" "$L/tests.log" | cut -c1-220 | tee -a "$S"
