@@ -1712,22 +1712,35 @@ fn batched_decode_attention_rows_match_one_sequence_at_a_time() {
 #[ignore = "needs an NVIDIA GPU"]
 fn glu_bulk_gives_dec_glu4_x8x2_bits() {
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let mut rng = Rng(251);
+    let full = ModelConfig {
+        n_experts: 32,
+        ..ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap()
+    };
+    // (routed rows, config, weights): a whole MoE of the model's widths (the down projections'
+    // columns whole groups), its routed gate/up then of `inter` rows: the kernels read only those.
+    let cases: Vec<(usize, ModelConfig, MoeWeights)> =
+        [(full.expert_inter, full.shared_inter), (516, 1024)]
+            .into_iter()
+            .map(|(inter, shared_inter)| {
+                let c = ModelConfig {
+                    shared_inter,
+                    ..full.clone()
+                };
+                let mut w = random_moe(&mut rng, &c);
+                if inter != c.expert_inter {
+                    w.gate = linear(&mut rng, 4, c.n_experts, inter, c.hidden);
+                    w.up = linear(&mut rng, 4, c.n_experts, inter, c.hidden);
+                }
+                (inter, c, w)
+            })
+            .collect();
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
-        let mut rng = Rng(251);
-        let full = ModelConfig {
-            n_experts: 32,
-            ..ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap()
-        };
-        for (expert_inter, shared_inter) in [(full.expert_inter, full.shared_inter), (516, 1024)] {
-            let c = ModelConfig {
-                expert_inter,
-                shared_inter,
-                ..full.clone()
-            };
-            let (h, e, tk, inter, si) = moe_sizes(&c);
-            let w = random_moe(&mut rng, &c);
-            let dw = upload_moe(&d, "moe", &w).unwrap();
+        for (inter, c, w) in &cases {
+            let (h, e, tk, _, si) = moe_sizes(c);
+            let inter = *inter;
+            let dw = upload_moe(&d, "moe", w).unwrap();
             for draw in 0..3 {
                 let what = format!(
                     "experts {e} of {inter} rows, shared {si}, draw {draw}, bf16 {bf16_activations}"
