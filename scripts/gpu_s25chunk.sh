@@ -4,8 +4,8 @@
 # 128K prompts on the full-size checkpoint, and whether a larger chunk changes the greedy tokens.
 # Staged by scripts/stage_gpu.sh with gpu_ab_common.sh beside:
 #   bash .carry/NAME/gpu_s25chunk.sh      (carry: .carry/NAME; timeout_s 300)
-# 1. `bench --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2` with the chunk 4,096 /
-#    8,192 alternated twice, then 16,384 once (each run's plan line's chunk into the summary);
+# 1. `bench --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat REPEAT (1)` with the chunk 4,096 /
+#    8,192 alternated twice, then 16,384 once unless SKIP names c16384 (each run's plan line's chunk into the summary);
 # 2. `generate` from one 10,000-token prompt (ids from awk's seeded rand) for 16 greedy tokens at
 #    each chunk: the three token lists into the summary (equal, or where they part).
 set -u
@@ -18,13 +18,14 @@ wait "$SYN"; say "synth full rc=$? at $(el)s"
 bench() {  # bench NAME CHUNK
   if ! left; then say "bench $1: skipped (deadline) at $(el)s"; return; fi
   LILY_PREFILL_CHUNK=$2 timeout "$(cap 70)" "$B/lily-engine" bench --model "$M" --device cuda \
-    --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 2 > "$L/bench-$1.log" 2>&1
+    --prefill 512,4K,32K,128K --decode-ctx 1 --decode-tokens 1 --repeat "${REPEAT:-1}" > "$L/bench-$1.log" 2>&1
   say "bench $1 rc=$? at $(el)s: $(grep -E '^ +[0-9]+[KM]? +[0-9.]+ +[0-9.]+' "$L/bench-$1.log" | tr -s ' ' | tr '\n' '|')"
   grep -h -m1 -oE "prefill chunk [0-9]+" "$L/bench-$1.log" >> "$S"
 }
-bench c4096-1 4096; bench c8192-1 8192; bench c4096-2 4096; bench c8192-2 8192; bench c16384 16384
+bench c4096-1 4096; bench c8192-1 8192; bench c4096-2 4096; bench c8192-2 8192
+skipped c16384 || bench c16384 16384
 ids=$(awk 'BEGIN{srand(3); for(i=0;i<10000;i++) printf "%s%d", (i?",":""), 1000+int(rand()*200000)}')
-for c in 4096 8192 16384; do
+for c in 4096 8192; do
   if ! left; then say "generate $c: skipped (deadline)"; continue; fi
   LILY_PREFILL_CHUNK=$c timeout "$(cap 40)" "$B/lily-engine" generate --model "$M" --device cuda \
     --prompt-ids "$ids" --max-tokens 16 > "$L/gen-$c.log" 2>&1
