@@ -9,8 +9,8 @@
 #   bash .carry/s25moe/gpu_s25moe_ab.sh     (run's carry: .carry/s25moe; timeout_s 250)
 #   1. GPU test, beside the synth: decode::glu_bulk_gives_dec_glu4_x8x2_bits (routing and every
 #      hidden row of dec_glu4_x8x2_bulk bit for bit dec_glu4_x8x2's: the model's shapes with 32
-#      experts, and routed experts of 516 rows beside a shared expert of 1,024; bf16 mode, whose
-#      kernels a bench before it in the call has compiled into LILY_CACHE_DIR; lines
+#      experts, and routed experts of 516 rows beside a shared expert of 1,024; bf16 mode only:
+#      one mode's kernels to compile, most of them already in LILY_CACHE_DIR after a bench; lines
 #      `KERNEL dec_glu4_x8x2_bulk …`). A deadlock (an mbarrier that never completes) shows
 #      as the test's timeout (rc 124) with no `test result` line.
 #   2. on the full-size synthetic checkpoint `bench --prefill 512 --decode-ctx 4K,32K
