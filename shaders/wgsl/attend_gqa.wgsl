@@ -48,6 +48,13 @@ override G: u32 = 8u;
 // compiler unrolls the loops. The same sums in the same order: outputs bit for bit those of
 // FLAT = 0.
 override FLAT: u32 = 0u;
+// 1 (`WgpuOptions::attn_v_early`, with FLAT): a block's first 32 keys' values (all of them where
+// G = 8: the full model's blocks of 32 keys) requested at the block's start with its keys, held
+// in registers through the scores and the softmax, so their DRAM trip overlaps the keys' and the
+// block's barriers instead of following the softmax in rounds of 8 (four dependent trips a block
+// on the full model). The same sums in the same order: outputs bit for bit those of VEARLY = 0.
+override VEARLY: u32 = 0u;
+const VE: u32 = 32u;
 
 const GMAX: u32 = 8u;
 
@@ -177,6 +184,16 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         m[g] = NEG_BIG;
     }
     for (var kb = k0; kb < k1; kb += kbn) {
+        // VEARLY: the block's first VE values of dimension lid (kbn = 256 / G ≥ 32 ≥ VE), as
+        // FLAT's value loop below reads them.
+        var ve = array<f32, VE>();
+        if (FLAT != 0u && VEARLY != 0u) {
+            let cv = min(lid, D - 1u);
+            for (var i = 0u; i < VE; i++) {
+                let key = min(kb + i, k1 - 1u);
+                ve[i] = f32(Vc[(key * p.hkv + kvh) * D + cv]);
+            }
+        }
         {
             var pd = array<vec4<f32>, GMAX>();
             let jk = kb + kj;
@@ -263,7 +280,22 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             // 8 keys' values read together, then summed in key order (kbn = 256 / G ≥ 32, a
             // multiple of 8).
             let cc = min(c, D - 1u);
-            for (var j0 = 0u; j0 < kbn; j0 += 8u) {
+            var j1 = 0u;
+            if (VEARLY != 0u) {
+                for (var jj = 0u; jj < VE; jj++) {
+                    var v = ve[jj];
+                    if (min(kb + jj, k1 - 1u) == pos_new) {
+                        v = vnew[cc];
+                    }
+                    for (var g = 0u; g < G; g++) {
+                        let w = pr[g * kbn + jj];
+                        acc[g] += w * v;
+                        l[g] += w;
+                    }
+                }
+                j1 = VE;
+            }
+            for (var j0 = j1; j0 < kbn; j0 += 8u) {
                 var vv = array<f32, 8>();
                 for (var i = 0u; i < 8u; i++) {
                     let key = min(kb + j0 + i, k1 - 1u);
