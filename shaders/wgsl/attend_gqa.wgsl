@@ -49,9 +49,9 @@ override G: u32 = 8u;
 // FLAT = 0.
 override FLAT: u32 = 0u;
 // 1 (`WgpuOptions::attn_v_early`, with FLAT): a block's first 32 keys' values (all of them where
-// G = 8: the full model's blocks of 32 keys) requested at the block's start with its keys, held
-// in registers through the scores and the softmax, so their DRAM trip overlaps the keys' and the
-// block's barriers instead of following the softmax in rounds of 8 (four dependent trips a block
+// G = 8: the full model's blocks of 32 keys) requested as soon as the block's key products are
+// formed, held in registers through the scores' barriers and the softmax, so their DRAM trip
+// overlaps those instead of following the softmax in rounds of 8 (four dependent trips a block
 // on the full model). The same sums in the same order: outputs bit for bit those of VEARLY = 0.
 override VEARLY: u32 = 0u;
 const VE: u32 = 32u;
@@ -184,16 +184,6 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         m[g] = NEG_BIG;
     }
     for (var kb = k0; kb < k1; kb += kbn) {
-        // VEARLY: the block's first VE values of dimension lid (kbn = 256 / G ≥ 32 ≥ VE), as
-        // FLAT's value loop below reads them.
-        var ve = array<f32, VE>();
-        if (FLAT != 0u && VEARLY != 0u) {
-            let cv = min(lid, D - 1u);
-            for (var i = 0u; i < VE; i++) {
-                let key = min(kb + i, k1 - 1u);
-                ve[i] = f32(Vc[(key * p.hkv + kvh) * D + cv]);
-            }
-        }
         {
             var pd = array<vec4<f32>, GMAX>();
             let jk = kb + kj;
@@ -235,6 +225,18 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             for (var g = 0u; g < G; g++) {
                 let v = pd[g];
                 kp[(g * kbn + kj) * (G + 1u) + ks] = (v.x + v.y) + (v.z + v.w);
+            }
+        }
+        // VEARLY: the block's first VE values of dimension lid (kbn = 256 / G ≥ 32 ≥ VE), as
+        // FLAT's value loop below reads them, requested once the keys' products are done (so
+        // they do not sit in registers beside the keys' words and the heads' partials) and
+        // arriving during the scores' barriers and the softmax.
+        var ve = array<f32, VE>();
+        if (FLAT != 0u && VEARLY != 0u) {
+            let cv = min(lid, D - 1u);
+            for (var i = 0u; i < VE; i++) {
+                let key = min(kb + i, k1 - 1u);
+                ve[i] = f32(Vc[(key * p.hkv + kvh) * D + cv]);
             }
         }
         workgroupBarrier();
