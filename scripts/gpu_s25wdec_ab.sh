@@ -27,7 +27,7 @@ S=$R/summary.txt; cat "$L/summary.txt" >> "$S"
 AB_HARD=${HARD:-240}
 OFF=${OFF:-LILY_WGPU_ATTN_V_EARLY=0}
 ON=${ON:-LILY_WGPU_ATTN_V_EARLY=1}
-K="attend_gqa early values (on|off)|a block's values requested with its keys|attn_v_early without attn_flat|keys split for ≈ [0-9]+ workgroups"
+K="attend_gqa early values (on|off)|a block's values requested after its key products|attn_v_early without attn_flat|keys split for ≈ [0-9]+ workgroups"
 P='attend_gqa|attend_merge|lin.attn.o'
 wgpu_setup
 env -u LILY_WGPU_ATTN_V_EARLY timeout "$(cap 70)" "$B/wgpu_model" --test-threads=1 --nocapture \

@@ -51,8 +51,11 @@ override FLAT: u32 = 0u;
 // 1 (`WgpuOptions::attn_v_early`, with FLAT): a block's first 32 keys' values (all of them where
 // G = 8: the full model's blocks of 32 keys) requested as soon as the block's key products are
 // formed, held in registers through the scores' barriers and the softmax, so their DRAM trip
-// overlaps those instead of following the softmax in rounds of 8 (four dependent trips a block
-// on the full model). The same sums in the same order: outputs bit for bit those of VEARLY = 0.
+// overlaps those instead of following the softmax in rounds of 8 (as written four dependent trips
+// a block on the full model; ptxas hoists most of them into one, scripts/attend_gqa_regs.cu).
+// Requested beside the keys' words instead, they would hold 32 more registers through the keys'
+// products (ptxas: 216 against 127, one workgroup an SM instead of two). The same sums in the
+// same order: outputs bit for bit those of VEARLY = 0.
 override VEARLY: u32 = 0u;
 const VE: u32 = 32u;
 

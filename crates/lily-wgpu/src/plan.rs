@@ -33,6 +33,8 @@
 //!   ≤ 256 splits, workgroups by the adapter's kind), off by `SplitRule::WIDE` (spans of 64 keys,
 //!   ≤ 64 splits: prefill's rule); with `attn_flat` its reads unconditional (both on since the
 //!   H100 through Vulkan measured attend_gqa 84.9 → 38.6 µs a layer at 4K, session 15);
+//!   with `attn_v_early` (off, not yet measured) and `attn_flat` a block's values requested as
+//!   soon as its key products are formed (`attend_gqa_spec`'s `VEARLY`);
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
 //!   matrix's rows (`rows_rb`: ≥ 128 workgroups; lm_head 16); the experts' gate/up as one GLU
@@ -723,7 +725,7 @@ pub fn products_choice(opts: &WgpuOptions, refused: &[ProductsKernel]) -> Produc
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
 /// condition around them (`WgpuOptions::attn_flat`, its `FLAT`); `v_early`: with `flat`, a
-/// block's first 32 values requested with its keys (`WgpuOptions::attn_v_early`, its `VEARLY`;
+/// block's first 32 values requested after its key products (`WgpuOptions::attn_v_early`, its `VEARLY`;
 /// without `flat` the kernel has no flat value loop to take them from, so it is not compiled).
 pub fn attend_gqa_spec(d: usize, g: usize, flat: bool, v_early: bool) -> Spec {
     let mut constants = vec![
@@ -1226,7 +1228,7 @@ impl Plan {
                 splits.granule,
                 splits.max_splits,
                 if self.options.attn_flat && self.options.attn_v_early {
-                    ", a block's values requested with its keys"
+                    ", a block's values requested after its key products"
                 } else {
                     ""
                 }

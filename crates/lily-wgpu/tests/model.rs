@@ -1925,7 +1925,7 @@ fn shared_expert_rides_in_the_routed_stacks() {
     assert!(lily_wgpu::weights::stack_shared(&w));
 }
 
-/// attend_gqa with a block's values requested with its keys (`attn_v_early`, its `VEARLY`) as a
+/// attend_gqa with a block's values requested after its key products (`attn_v_early`, its `VEARLY`) as a
 /// decode step runs it (attn_prep's work inside, the new key and value from workgroup memory):
 /// 258 positions prefilled, then 38 one token at a time, so that the new position falls in a
 /// block's first 32 keys (the early values: positions 258–287 of the block from 256) and after
@@ -1952,7 +1952,7 @@ fn attention_early_values_decode_the_same_bits() {
         let mut gpu = wgpu_backend_with(&w, opts)?;
         let line = gpu.plan().describe();
         assert_eq!(
-            line.contains("a block's values requested with its keys"),
+            line.contains("a block's values requested after its key products"),
             attn_v_early,
             "{line}"
         );

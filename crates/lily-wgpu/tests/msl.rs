@@ -1034,10 +1034,10 @@ fn attention_early_values_compile_only_with_flat_reads_and_fit_apple() {
                 .any(|(n, _)| *n == "VEARLY"));
             assert!(on
                 .describe()
-                .contains("a block's values requested with its keys"));
+                .contains("a block's values requested after its key products"));
             assert!(!off
                 .describe()
-                .contains("a block's values requested with its keys"));
+                .contains("a block's values requested after its key products"));
             // Every other kernel the same.
             let others = |p: &Plan| {
                 p.specs
