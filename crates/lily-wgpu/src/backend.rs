@@ -312,8 +312,8 @@ impl WgpuBackend {
     /// (`probes::check_attention`) at the full model's shapes (2 KV heads of 8 query heads, head
     /// dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split over
     /// workgroups), and 5 tokens after 300 (prefill), with its reads conditional and flat
-    /// (`FLAT`, and `FLAT` with a block's values requested after its key products, `VEARLY`: their outputs
-    /// must equal the conditional reads' bit for bit), the keys split as today
+    /// (`FLAT`, and `FLAT` with a block's values requested after its key products, `VEARLY`:
+    /// their outputs must equal the conditional reads' bit for bit), the keys split as today
     /// (`SplitRule::WIDE`) and as `attn_split` on a discrete GPU (`SplitRule::decode`: at 2,500
     /// positions 79 splits of 32 keys, more than one per invocation of attend_merge);
     /// attend_tile.wgsl with blocks of 32 and 16 keys where they fit this device: the largest

@@ -121,7 +121,7 @@ lily_core::backend_options! {
         attn_v_early = false, flag Some("wgpu-attn-v-early"), env "LILY_WGPU_ATTN_V_EARLY" = true,
             label "attend_gqa early values",
             help "with attn_flat, attend_gqa.wgsl's values of a block's first 32 keys (the whole block where a KV head has 8 query heads: the full model) requested as soon as the block's key products are formed and held in registers through the scores and the softmax (its `VEARLY`), instead of read after the softmax in rounds of 8; outputs bit for bit the same",
-            why "not yet measured (issue 29; docs/perf-notes.md, session 25, branch s25wdec): off, the values read after the softmax, which need 32 fewer registers an invocation (attend_gqa's 256-invocation workgroups: residency on the GPUs where it is not measured, Apple's among them)";
+            why "not yet measured (issue 29; docs/perf-notes.md, session 25, branch s25wdec: predicted decode +1…+2.4 % at 32K, inside the noise at 4K): off, the values read after the softmax, which hold 32 fewer values an invocation through it (ptxas on a transcription: 122 against 127 registers, both two workgroups an SM on an H100; Apple's not run)";
         attn_split = true, flag Some("wgpu-no-attn-split"), env "LILY_WGPU_ATTN_SPLIT" = true,
             label "decode attention split",
             help "decode attention's keys split by the plan for the adapter: spans of whole blocks of attend_gqa's keys (256 / G), up to 256 splits, enough workgroups for the adapter's kind (discrete 512, integrated 128, others 64), instead of ≈ 512 workgroups' worth of 64-key spans and at most 64 splits (on the full model at 4K: 258 workgroups of one block instead of 66 of four)",

@@ -725,8 +725,9 @@ pub fn products_choice(opts: &WgpuOptions, refused: &[ProductsKernel]) -> Produc
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
 /// condition around them (`WgpuOptions::attn_flat`, its `FLAT`); `v_early`: with `flat`, a
-/// block's first 32 values requested after its key products (`WgpuOptions::attn_v_early`, its `VEARLY`;
-/// without `flat` the kernel has no flat value loop to take them from, so it is not compiled).
+/// block's first 32 values requested after its key products (`WgpuOptions::attn_v_early`, its
+/// `VEARLY`; without `flat` the kernel has no flat value loop to take them from, so it is not
+/// compiled).
 pub fn attend_gqa_spec(d: usize, g: usize, flat: bool, v_early: bool) -> Spec {
     let mut constants = vec![
         ("D", d as f64),
