@@ -16,7 +16,8 @@
 #    switch in their cases: run without LILY_WGPU_ATTN_V_EARLY, which would override them;
 # 2. `bench --device wgpu --prefill 512 --decode-ctx 4K,32K --decode-tokens 64 --repeat 1`,
 #    OFF / ON twice, then LILY_PROFILE=1 at 32K OFF / ON (decode's rows of attend_gqa and
-#    attend_merge, and lin.attn.o beside them as a row that must not move, into the summary).
+#    attend_merge, and lin.attn.o beside them as a row that must not move, into the summary);
+# 3. if the clock allows: selftest under ON on a 4-layer full-width model (wgpu_synth4's).
 # Logs in /tmp/s25wdec-logs (outside $OUT); $OUT gets summary.txt and the profiles' tails.
 set -u
 R=${OUT:-$PWD/gpu-logs}; mkdir -p "$R"
@@ -30,6 +31,7 @@ ON=${ON:-LILY_WGPU_ATTN_V_EARLY=1}
 K="attend_gqa early values (on|off)|a block's values requested after its key products|attn_v_early without attn_flat|keys split for ≈ [0-9]+ workgroups"
 P='attend_gqa|attend_merge|lin.attn.o'
 wgpu_setup
+wgpu_synth4
 env -u LILY_WGPU_ATTN_V_EARLY timeout "$(cap 70)" "$B/wgpu_model" --test-threads=1 --nocapture \
   attention_kernels_match_the_host attention_early_values_decode_the_same_bits > "$OUT/wtests.log" 2>&1
 say "wgpu tests rc=$? at $(el)s"
@@ -49,5 +51,9 @@ BENCH_S=45 wgpu_bench on-2 4K,32K "$K" $ON
 BENCH_S=40 wgpu_bench_rows prof-off 32K "$K" "$P" LILY_PROFILE=1 $OFF
 # shellcheck disable=SC2086
 BENCH_S=40 wgpu_bench_rows prof-on 32K "$K" "$P" LILY_PROFILE=1 $ON
+# Last, if the clock allows: selftest on the 4-layer full-width model under ON (8 query heads a
+# KV head with the prep inside attend_gqa, on the GPU, against the CPU).
+# shellcheck disable=SC2086
+wgpu_selftest selftest-on $ON LILY_WGPU_CHUNK=64
 cp "$L"/bench-prof-*.log "$R"/ 2>/dev/null
 say "done at $(el)s"
