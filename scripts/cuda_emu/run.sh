@@ -33,21 +33,32 @@ ROOT="$HERE/../.."
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT
 WHAT="${1:-all}"
-if [ "$WHAT" = all ] || [ "$WHAT" = scan ]; then
-python3 - "$ROOT" "$W" <<'PY'
-import sys
+# Whether this run emulates the kernels `$1` (scan, gemm or attn).
+wants() { [ "$WHAT" = all ] || [ "$WHAT" = "$1" ]; }
+# Runs the Python on stdin (a writer of one emulation's C++ source into $W) after what every
+# writer uses: `root` (the repository), `w` (the work folder), `between(text, start, end)` (text
+# from `start` up to the next `end`) and `launcher_defines(rs, names)` (a `#define` for each of
+# `names`, its value from `pub const NAME: usize = N;` in the launcher `rs`, a path under root).
+PRELUDE='import re, sys
 root, w = sys.argv[1], sys.argv[2]
+def between(text, start, end):
+    i = text.index(start)
+    return text[i:text.index(end, i)]
+def launcher_defines(rs, names):
+    text = open(f"{root}/{rs}").read()
+    const = lambda name: re.search(rf"pub const {name}: usize = (\d+);", text).group(1)
+    return "".join(f"#define {n} {const(n)}\n" for n in names)
+'
+emu_python() { { printf '%s' "$PRELUDE"; cat; } | python3 - "$ROOT" "$W"; }
+if wants scan; then
+emu_python <<'PY'
 common = open(f'{root}/shaders/cuda/common.cuh').read()
 dn = open(f'{root}/shaders/cuda/deltanet.cu').read()
 frags = common[common.index('// Fragments of m16n8k8 tf32 operands'):common.index('// Two floats rounded to nearest-even bf16')]
 wy = dn[dn.index('// ---- dn_wy_prep + dn_wy_scan'):dn.index('extern "C" __global__ void dn_gated_norm(')]
 wy = wy.replace('extern __shared__ __align__(16) float dn_wy_smem[];', 'float* dn_wy_smem = g_smem;')
-# The launcher's constants (crates/lily-cuda/src/kernels/deltanet.rs).
-rs = open(f'{root}/crates/lily-cuda/src/kernels/deltanet.rs').read()
-import re
-def const(name):
-    return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
-defs = ''.join(f'#define {n} {const(n)}\n' for n in ['DN_MAX_DK', 'DN_WY_C', 'DN_WY_COLS', 'DN_WY_PREP_THREADS', 'DN_WY_SCAN_THREADS'])
+# The launcher's constants.
+defs = launcher_defines('crates/lily-cuda/src/kernels/deltanet.rs', ['DN_MAX_DK', 'DN_WY_C', 'DN_WY_COLS', 'DN_WY_PREP_THREADS', 'DN_WY_SCAN_THREADS'])
 open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim.h"\n' + defs + frags + wy + f'\n#include "{root}/scripts/cuda_emu/driver.cpp"\n')
 PY
 g++ -std=c++20 -O2 -pthread "$W/emu.cpp" -o "$W/emu"
@@ -58,15 +69,10 @@ for args in "2 4 32 1 8.0 1" "2 4 32 63 8.0 1" "2 4 32 64 8.0 1" "2 4 32 65 8.0 
   "$W/emu" $args || fail=1
 done
 fi
-if [ "$WHAT" = all ] || [ "$WHAT" = gemm ]; then
-python3 - "$ROOT" "$W" <<'PY'
-import re, sys
-root, w = sys.argv[1], sys.argv[2]
+if wants gemm; then
+emu_python <<'PY'
 common = open(f'{root}/shaders/cuda/common.cuh').read()
 gemm = open(f'{root}/shaders/cuda/gemm.cu').read()
-def between(text, start, end):
-    i = text.index(start)
-    return text[i:text.index(end, i)]
 helpers = (between(common, 'struct QWeight {', '};') + '};\n'
            + between(common, '__device__ __forceinline__ float bf16_to_f32', '\n') + '\n'
            + between(common, '__device__ __forceinline__ unsigned long long wg_desc(', '}\n') + '}\n')
@@ -75,10 +81,7 @@ helpers = (between(common, 'struct QWeight {', '};') + '};\n'
 stores = between(gemm, "// The block's sums out:", '#endif\n\n// y[r, c] = bf16(x[r, c])')
 tiles = gemm[gemm.index('#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <int TOK>\nstruct Wgb {'):]
 tiles = tiles.replace('asm volatile("" : "+f"(d[i])::"memory");', ';')
-rs = open(f'{root}/crates/lily-cuda/src/kernels/gemm.rs').read()
-def const(name):
-    return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
-defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGB_STAGES', 'WGB32_STAGES', 'WG_ROWS'])
+defs = launcher_defines('crates/lily-cuda/src/kernels/gemm.rs', ['WGB_STAGES', 'WGB32_STAGES', 'WG_ROWS'])
 src = ('#define EMU_ACT_BF16\n'
        f'#include "{root}/scripts/cuda_emu/shim.h"\n#include "{root}/scripts/cuda_emu/wgmma.h"\n'
        '#define __CUDA_ARCH_FEAT_SM90_ALL 1\n#define __shared__ static\n#define wg_raw ((char*)g_smem)\n'
@@ -104,15 +107,10 @@ for args in "136 256 64 2 128 $LOADS" "136 256 64 2 64 $LOADS" "264 512 32 1 128
   "$W/emu_gemm" $args || fail=1
 done
 fi
-if [ "$WHAT" = all ] || [ "$WHAT" = attn ]; then
-python3 - "$ROOT" "$W" <<'PY'
-import re, sys
-root, w = sys.argv[1], sys.argv[2]
+if wants attn; then
+emu_python <<'PY'
 common = open(f'{root}/shaders/cuda/common.cuh').read()
 attn = open(f'{root}/shaders/cuda/attention.cu').read()
-def between(text, start, end):
-    i = text.index(start)
-    return text[i:text.index(end, i)]
 helpers = (between(common, '__device__ __forceinline__ float sigmoidf', '\n') + '\n'
            + between(common, '__device__ __forceinline__ unsigned long long wg_desc(', '#endif'))
 pieces = (between(attn, '__device__ __forceinline__ void attn_store2(', '\n}\n') + '\n}\n'
@@ -128,10 +126,7 @@ kernels = kernels.replace('asm volatile("fence.mbarrier_init.release.cluster;" :
 kernels = re.sub(r'asm volatile\(""\s*:\s*"\+f"\(\w+\[i\]\)\s*::\s*"memory"\);', ';', kernels)
 assert 'asm' not in kernels, 'attention.cu: an asm statement the emulation does not know'
 kernels = kernels.replace('extern __shared__ __align__(16) char wga_raw[];', 'char* wga_raw = (char*)g_smem;')
-rs = open(f'{root}/crates/lily-cuda/src/kernels/attention.rs').read()
-def const(name):
-    return re.search(rf'pub const {name}: usize = (\d+);', rs).group(1)
-defs = ''.join(f'#define {n} {const(n)}\n' for n in ['WGA_Q', 'WGA_KEYS'])
+defs = launcher_defines('crates/lily-cuda/src/kernels/attention.rs', ['WGA_Q', 'WGA_KEYS'])
 defs += '#define WGA_SMEM (1024 + 2 * WGA_Q * 256 * 2 + 2 * 2 * WGA_KEYS * 256 * 2)\n'
 defs += '#define WGA_PP_SMEM (1024 + 2 * WGA_Q * 256 * 2 + 5 * WGA_KEYS * 256 * 2 + 10 * 8)\n'
 emu = r"""

@@ -2067,118 +2067,87 @@ mod tests {
         );
     }
 
-    #[test]
-    fn pipelined_attention_names_attn_prefill_wg_pipe() {
+    /// What both prefill-attention switches must do. `set` turns the switch on; `off` is the plan
+    /// without it, which names `off_kernel` for a 4K chunk. On: chunks of 1K and more name
+    /// `on_kernel`, chunks too short for the wgmma kernels keep attn_prefill, one-token steps
+    /// split-KV; without wgmma_attention or on a device without wgmma the switch names nothing;
+    /// describe() says `{label} on` / `{label} off`.
+    fn check_prefill_attention_switch(
+        set: fn(&mut CudaOptions),
+        off: &Plan,
+        on_kernel: PrefillKernel,
+        off_kernel: PrefillKernel,
+        label: &str,
+    ) {
         let shape = qwen_attention();
-        let pipe = plan_with(|o| o.wgmma_attention_pipelined = true);
+        let with = |extra: fn(&mut CudaOptions), caps| {
+            let mut o = CudaOptions::default();
+            set(&mut o);
+            extra(&mut o);
+            Plan::resolve(&o, caps)
+        };
+        let on = with(|_| {}, H200);
         for (n_tok, keys) in [(1024, 1024), (4096, 4096), (4096, 131_072)] {
             assert_eq!(
-                pipe.attention(shape, n_tok, keys),
-                AttentionKernels::Prefill(PrefillKernel::WgmmaPipelined)
+                on.attention(shape, n_tok, keys),
+                AttentionKernels::Prefill(on_kernel)
             );
         }
-        // Chunks too short for attn_prefill_wg keep attn_prefill; one-token steps split-KV.
         assert_eq!(
-            pipe.attention(shape, 512, 4096),
+            on.attention(shape, 512, 4096),
             AttentionKernels::Prefill(PrefillKernel::Mma)
         );
         assert!(matches!(
-            pipe.attention(shape, 1, 4096),
+            on.attention(shape, 1, 4096),
             AttentionKernels::Split { .. }
         ));
-        // Off: attn_prefill_wg; without wgmma_attention or on a device without wgmma the switch
-        // names nothing.
-        let plain = plan_with(|o| o.wgmma_attention_pipelined = false);
         assert_eq!(
-            plain.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Wgmma)
+            off.attention(shape, 4096, 4096),
+            AttentionKernels::Prefill(off_kernel)
         );
-        let no_wg = plan_with(|o| {
-            o.wgmma_attention_pipelined = true;
-            o.wgmma_attention = false;
-        });
-        assert_eq!(
-            no_wg.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Mma)
+        let no_wg = with(|o| o.wgmma_attention = false, H200);
+        let ampere = with(|_| {}, A100);
+        for plan in [no_wg, ampere] {
+            assert_eq!(
+                plan.attention(shape, 4096, 4096),
+                AttentionKernels::Prefill(PrefillKernel::Mma)
+            );
+        }
+        assert!(on.describe().contains(&format!("{label} on")));
+        assert!(off.describe().contains(&format!("{label} off")));
+    }
+
+    #[test]
+    fn pipelined_attention_names_attn_prefill_wg_pipe() {
+        // Off: attn_prefill_wg.
+        check_prefill_attention_switch(
+            |o| o.wgmma_attention_pipelined = true,
+            &plan_with(|o| o.wgmma_attention_pipelined = false),
+            PrefillKernel::WgmmaPipelined,
+            PrefillKernel::Wgmma,
+            "pipelined wgmma prefill attention",
         );
-        let ampere = Plan::resolve(
-            &CudaOptions {
-                wgmma_attention_pipelined: true,
-                ..CudaOptions::default()
-            },
-            A100,
-        );
-        assert_eq!(
-            ampere.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Mma)
-        );
-        assert!(pipe
-            .describe()
-            .contains("pipelined wgmma prefill attention on"));
-        assert!(plain
-            .describe()
-            .contains("pipelined wgmma prefill attention off"));
     }
 
     #[test]
     fn pingpong_attention_names_attn_prefill_wg_pp() {
-        let shape = qwen_attention();
-        let pp = plan_with(|o| o.wgmma_attention_pingpong = true);
-        for (n_tok, keys) in [(1024, 1024), (4096, 4096), (4096, 131_072)] {
-            assert_eq!(
-                pp.attention(shape, n_tok, keys),
-                AttentionKernels::Prefill(PrefillKernel::WgmmaPingPong)
-            );
-        }
-        // Chunks too short for the wgmma kernels keep attn_prefill; one-token steps split-KV.
-        assert_eq!(
-            pp.attention(shape, 512, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Mma)
+        // Shipping (off): attn_prefill_wg_pipe.
+        check_prefill_attention_switch(
+            |o| o.wgmma_attention_pingpong = true,
+            &plan_with(|_| {}),
+            PrefillKernel::WgmmaPingPong,
+            PrefillKernel::WgmmaPipelined,
+            "ping-pong wgmma prefill attention",
         );
-        assert!(matches!(
-            pp.attention(shape, 1, 4096),
-            AttentionKernels::Split { .. }
-        ));
-        // Shipping (off): attn_prefill_wg_pipe. The switch builds on the pipelined kernel:
-        // without it, without wgmma_attention or on a device without wgmma it names nothing.
-        let shipping = plan_with(|_| {});
-        assert_eq!(
-            shipping.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::WgmmaPipelined)
-        );
+        // The switch builds on the pipelined kernel: without it, it names nothing.
         let no_pipe = plan_with(|o| {
             o.wgmma_attention_pingpong = true;
             o.wgmma_attention_pipelined = false;
         });
         assert_eq!(
-            no_pipe.attention(shape, 4096, 4096),
+            no_pipe.attention(qwen_attention(), 4096, 4096),
             AttentionKernels::Prefill(PrefillKernel::Wgmma)
         );
-        let no_wg = plan_with(|o| {
-            o.wgmma_attention_pingpong = true;
-            o.wgmma_attention = false;
-        });
-        assert_eq!(
-            no_wg.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Mma)
-        );
-        let ampere = Plan::resolve(
-            &CudaOptions {
-                wgmma_attention_pingpong: true,
-                ..CudaOptions::default()
-            },
-            A100,
-        );
-        assert_eq!(
-            ampere.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Mma)
-        );
-        assert!(pp
-            .describe()
-            .contains("ping-pong wgmma prefill attention on"));
-        assert!(shipping
-            .describe()
-            .contains("ping-pong wgmma prefill attention off"));
         assert!(!no_pipe
             .describe()
             .contains("ping-pong wgmma prefill attention on"));

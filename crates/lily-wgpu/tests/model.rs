@@ -98,6 +98,26 @@ fn wgpu_backend(w: &ModelWeights, chunk: usize) -> Option<WgpuBackend> {
     )
 }
 
+/// The last logits after `tokens` prefilled one at a time into a new sequence.
+fn logits_token_by_token(gpu: &mut WgpuBackend, tokens: &[u32]) -> Vec<f32> {
+    let b = gpu.new_seq(16).unwrap();
+    for t in tokens {
+        gpu.prefill(b, &[*t]).unwrap();
+    }
+    gpu.logits(b).unwrap()
+}
+
+/// `got` bit for bit `plain` (the same case without a switch); `what` starts the message.
+fn assert_same_bits(got: &[f32], plain: &[f32], what: &str) {
+    assert!(
+        got.iter()
+            .zip(plain)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: {:.3e} from the case without",
+        rel_l2(got, plain)
+    );
+}
+
 /// Teacher-forced logits over `positions` random tokens: wgpu (prefill chunks of `chunk`) vs CPU.
 fn logits_match_cpu(w: Arc<ModelWeights>, positions: usize, chunk: usize) {
     let vocab = w.config.vocab;
@@ -981,11 +1001,7 @@ fn wide_rows_grid_decodes_the_same_bits() {
                 wide
             );
             let bound = Bounds::of(plan).logits;
-            let b = gpu.new_seq(16).unwrap();
-            for t in &tokens {
-                gpu.prefill(b, &[*t]).unwrap();
-            }
-            let stepped = gpu.logits(b).unwrap();
+            let stepped = logits_token_by_token(&mut gpu, &tokens);
             let e_cpu = rel_l2(&stepped, want);
             println!(
                 "subgroups {subgroups}, wide rows grid {wide} ({} workers): token by token vs CPU {e_cpu:.3e}",
@@ -994,13 +1010,10 @@ fn wide_rows_grid_decodes_the_same_bits() {
             assert!(e_cpu < bound, "decode differs from the CPU by {e_cpu:.3e}");
             stepped_of.push(stepped);
         }
-        assert!(
-            stepped_of[0]
-                .iter()
-                .zip(&stepped_of[1])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "the wide rows grid changes the logits: {:.3e} from the case without",
-            rel_l2(&stepped_of[1], &stepped_of[0])
+        assert_same_bits(
+            &stepped_of[1],
+            &stepped_of[0],
+            "the wide rows grid changes the logits",
         );
     }
 }
@@ -1717,11 +1730,7 @@ fn full_width_decode_matches_cpu() {
         let a = gpu.new_seq(16).unwrap();
         gpu.prefill(a, &tokens).unwrap();
         let chunked = gpu.logits(a).unwrap();
-        let b = gpu.new_seq(16).unwrap();
-        for t in &tokens {
-            gpu.prefill(b, &[*t]).unwrap();
-        }
-        let stepped = gpu.logits(b).unwrap();
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
         let (e_cpu, e_chunk) = (rel_l2(&stepped, &want), rel_l2(&stepped, &chunked));
         println!(
             "full widths, subgroups {subgroups}, f16 activations {on}, early MoE reads {early}, persistent rows {persist}, MoE rounds {rounds}: token by token vs CPU {e_cpu:.3e}, vs one chunk {e_chunk:.3e}"
@@ -1734,14 +1743,7 @@ fn full_width_decode_matches_cpu() {
             );
         } else if persist {
             let plain: &Vec<f32> = &stepped_of[&(subgroups, on, early)];
-            assert!(
-                stepped
-                    .iter()
-                    .zip(plain)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "persistent rows change the logits: {:.3e} from the case without",
-                rel_l2(&stepped, plain)
-            );
+            assert_same_bits(&stepped, plain, "persistent rows change the logits");
         } else {
             stepped_of.insert((subgroups, on, early), stepped.clone());
         }
@@ -1797,11 +1799,7 @@ fn full_width_one_word_decode_matches_cpu() {
             let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
                 return;
             };
-            let b = gpu.new_seq(16).unwrap();
-            for t in &tokens {
-                gpu.prefill(b, &[*t]).unwrap();
-            }
-            let stepped = gpu.logits(b).unwrap();
+            let stepped = logits_token_by_token(&mut gpu, &tokens);
             let e_cpu = rel_l2(&stepped, &want);
             println!(
                 "full widths, subgroups {subgroups}, one-word rows {one_word}: token by token vs CPU {e_cpu:.3e}"
@@ -1809,13 +1807,10 @@ fn full_width_one_word_decode_matches_cpu() {
             assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
             stepped_of.push(stepped);
         }
-        assert!(
-            stepped_of[0]
-                .iter()
-                .zip(&stepped_of[1])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "one-word rows change the logits: {:.3e} from the case without",
-            rel_l2(&stepped_of[1], &stepped_of[0])
+        assert_same_bits(
+            &stepped_of[1],
+            &stepped_of[0],
+            "one-word rows change the logits",
         );
     }
 }

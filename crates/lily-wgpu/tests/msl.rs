@@ -32,6 +32,20 @@ fn large_limits() -> wgpu::Limits {
     }
 }
 
+/// A large discrete GPU (`large_limits`) with subgroups and SHADER_F16, without cooperative
+/// matrices, of `vendor`.
+fn discrete_gpu(vendor: u32) -> DeviceCaps {
+    DeviceCaps {
+        limits: large_limits(),
+        subgroups: true,
+        f16: true,
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        coop: 0,
+        metal: false,
+        vendor,
+    }
+}
+
 /// Every kernel some plan can choose for the full model: both prefill attentions, the shared
 /// expert in the stacks or not, on a large GPU and on an Apple one, reductions on subgroups and
 /// through workgroup memory, the KV cache in f16 and in f32, prefill's product tiles in f16
@@ -349,15 +363,7 @@ fn an_oversized_kernel_is_caught() {
     let needs = big.needs().unwrap();
     assert_eq!(needs.workgroup_bytes, 42_752);
     assert!(needs.exceeds(&apple_limits()).is_some());
-    let device = DeviceCaps {
-        limits: large_limits(),
-        subgroups: true,
-        f16: true,
-        device_type: wgpu::DeviceType::DiscreteGpu,
-        coop: 0,
-        metal: false,
-        vendor: 0,
-    };
+    let device = discrete_gpu(0);
     let plan = Plan::resolve(&WgpuOptions::default(), &c, true, &device).unwrap();
     assert_eq!(
         plan.prefill_attention,
@@ -417,15 +423,7 @@ fn f16_activations_fall_back_to_f32_without_shader_f16() {
 #[test]
 fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
     let c = full_config();
-    let device = DeviceCaps {
-        limits: large_limits(),
-        subgroups: true,
-        f16: true,
-        device_type: wgpu::DeviceType::DiscreteGpu,
-        coop: 0,
-        metal: false,
-        vendor: VENDOR_NVIDIA,
-    };
+    let device = discrete_gpu(VENDOR_NVIDIA);
     let constant = |s: &Spec, name: &str| {
         s.constants
             .iter()
@@ -476,15 +474,7 @@ fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
 #[test]
 fn the_wide_rows_grid_doubles_lm_heads_workers_only() {
     let c = full_config();
-    let device = DeviceCaps {
-        limits: large_limits(),
-        subgroups: true,
-        f16: true,
-        device_type: wgpu::DeviceType::DiscreteGpu,
-        coop: 0,
-        metal: false,
-        vendor: VENDOR_NVIDIA,
-    };
+    let device = discrete_gpu(VENDOR_NVIDIA);
     let plan_of = |wide: bool, one_word: bool, workers: usize| {
         let opts = WgpuOptions {
             rows_persist: true,

@@ -209,6 +209,56 @@ fn split_kv_decode_attention_matches_cpu_and_one_block_kernel() {
     }
 }
 
+/// One prefill chunk's inputs and output on the device, for the prefill kernels' tests: `n`
+/// tokens at `pos`; q as bf16 values (bf16 mode rounds it before attention), large enough that
+/// the softmax is far from flat (scores of standard deviation about 1); its gate; `attend` over
+/// the caches `kv`.
+struct PrefillChunk {
+    q: Vec<f32>,
+    qg: Vec<f32>,
+    out: DevBuf,
+    attend: Attend,
+    /// q, its gate and the position on the device, which `attend` points at.
+    _inputs: [DevBuf; 3],
+}
+
+impl PrefillChunk {
+    fn new(
+        g: &Gpu,
+        rng: &mut Rng,
+        shape: AttnShape,
+        pos: usize,
+        n: usize,
+        (k, v): (&DevBuf, &DevBuf),
+    ) -> PrefillChunk {
+        let (n_q, d) = (shape.n_q, shape.d);
+        let q: Vec<f32> = (0..n * n_q * d)
+            .map(|_| bf16::from_f32(rng.val(3.0)).to_f32())
+            .collect();
+        let qg = rng.vec(n * n_q * 2 * d, 2.0);
+        let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
+        let dpos = g.upload(&[pos as i32]).unwrap();
+        let out = g.alloc(n * n_q * d * 4).unwrap();
+        let attend = Attend {
+            shape,
+            q: dq.ptr,
+            qg: dqg.ptr,
+            k_cache: k.ptr,
+            v_cache: v.ptr,
+            out: out.ptr,
+            pos: dpos.ptr,
+            n_tok: n,
+        };
+        PrefillChunk {
+            q,
+            qg,
+            out,
+            attend,
+            _inputs: [dq, dqg, dpos],
+        }
+    }
+}
+
 /// The tensor-core prefill kernels vs the one-block-per-(token, head) kernel on the same random
 /// inputs in bf16 mode (q and the caches bf16 values, never zero), outputs NaN-poisoned before
 /// each run: the real model's heads (16 q, 2 kv, head_dim 256) and the tiny preset's (4, 2, 64),
@@ -250,31 +300,14 @@ fn attn_prefill_matches_attn_decode() {
         let (k, v) = (cache(), cache());
         for (pos, n) in chunks {
             assert!(gattn::prefill_fits(shape) && n >= lily_cuda::plan::TENSOR_CORE_MIN_TOK);
-            // q as bf16 values (bf16 mode rounds it before attention), large enough that the
-            // softmax is far from flat (scores of standard deviation about 1).
-            let q: Vec<f32> = (0..n * n_q * d)
-                .map(|_| bf16::from_f32(rng.val(3.0)).to_f32())
-                .collect();
-            let qg = rng.vec(n * n_q * 2 * d, 2.0);
-            let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
-            let dpos = g.upload(&[pos as i32]).unwrap();
-            let out = g.alloc(n * n_q * d * 4).unwrap();
+            let chunk = PrefillChunk::new(&g, &mut rng, shape, pos, n, (&k, &v));
+            let (out, attend) = (&chunk.out, chunk.attend);
             // 0: attn_decode (one block per token and head), 1: attn_prefill, 2: attn_prefill_wg,
             // 3: attn_prefill_wg_pipe, 4: attn_prefill_wg_pp.
             let run = |kernel: usize| -> (Vec<f32>, std::time::Duration) {
-                g.fill(&out, 0xff).unwrap();
+                g.fill(out, 0xff).unwrap();
                 g.sync().unwrap();
                 let t = std::time::Instant::now();
-                let attend = Attend {
-                    shape,
-                    q: dq.ptr,
-                    qg: dqg.ptr,
-                    k_cache: k.ptr,
-                    v_cache: v.ptr,
-                    out: out.ptr,
-                    pos: dpos.ptr,
-                    n_tok: n,
-                };
                 let a = &g.k.attention;
                 match kernel {
                     0 => a.one_block_per_head(&g, &attend).unwrap(),
@@ -289,7 +322,7 @@ fn attn_prefill_matches_attn_decode() {
                 }
                 g.sync().unwrap();
                 let dt = t.elapsed();
-                (g.read(&out, 0, n * n_q * d).unwrap(), dt)
+                (g.read(out, 0, n * n_q * d).unwrap(), dt)
             };
             let (want, _) = run(0);
             assert!(
@@ -381,34 +414,19 @@ fn attn_prefill_wg_pipe_gives_attn_prefill_wg_bits() {
     let (k_f, v_f) = (to_f32(&k_bits), to_f32(&v_bits));
     drop((k_bits, v_bits));
     for (pos, n) in chunks {
-        let q: Vec<f32> = (0..n * n_q * d)
-            .map(|_| bf16::from_f32(rng.val(3.0)).to_f32())
-            .collect();
-        let qg = rng.vec(n * n_q * 2 * d, 2.0);
-        let (dq, dqg) = (g.upload(&q).unwrap(), g.upload(&qg).unwrap());
-        let dpos = g.upload(&[pos as i32]).unwrap();
-        let out = g.alloc(n * n_q * d * 4).unwrap();
+        let chunk = PrefillChunk::new(&g, &mut rng, shape, pos, n, (&k, &v));
+        let (out, attend) = (&chunk.out, chunk.attend);
         let run = |kernel: PrefillKernel| -> (Vec<f32>, std::time::Duration) {
-            let attend = Attend {
-                shape,
-                q: dq.ptr,
-                qg: dqg.ptr,
-                k_cache: k.ptr,
-                v_cache: v.ptr,
-                out: out.ptr,
-                pos: dpos.ptr,
-                n_tok: n,
-            };
             let mut best = std::time::Duration::MAX;
             for _ in 0..3 {
-                g.fill(&out, 0xff).unwrap();
+                g.fill(out, 0xff).unwrap();
                 g.sync().unwrap();
                 let t = std::time::Instant::now();
                 g.k.attention.flash_prefill(&g, kernel, &attend).unwrap();
                 g.sync().unwrap();
                 best = best.min(t.elapsed());
             }
-            (g.read(&out, 0, n * n_q * d).unwrap(), best)
+            (g.read(out, 0, n * n_q * d).unwrap(), best)
         };
         let pairs: f64 = (0..n).map(|t| (pos + t + 1) as f64).sum();
         let flops = 4.0 * (n_q * d) as f64 * pairs;
@@ -457,7 +475,7 @@ fn attn_prefill_wg_pipe_gives_attn_prefill_wg_bits() {
         for t in [0, n / 2 + 1, n - 1] {
             let keys = pos + t + 1;
             let heads: Vec<Vec<f32>> = std::thread::scope(|sc| {
-                let (q, qg, k_f, v_f) = (&q, &qg, &k_f, &v_f);
+                let (q, qg, k_f, v_f) = (&chunk.q, &chunk.qg, &k_f, &v_f);
                 let jobs: Vec<_> = (0..n_q)
                     .map(|h| {
                         sc.spawn(move || {
