@@ -5,7 +5,9 @@
 //   k_flat    today: the values read after the softmax in rounds of 8;
 //   k_vearly  `VEARLY` 1 as built: the block's 32 values requested once its key products are
 //             written (`attn_v_early`);
-//   k_vbeside the values requested beside the keys' words (the placement not taken).
+//   k_vbeside the values requested beside the keys' words (the placement not taken);
+//   k_knext   k_vearly and the next block's key words (packed f16) requested after the early
+//             values, used by the next block instead of its own reads (not built: a next step).
 // The prep (attn_prep's work) is left out: its registers are dead before the loop.
 // Not run anywhere: only compiled.
 // f16 without cuda_fp16.h (NVRTC here has no include path): the conversion in PTX.
@@ -36,6 +38,7 @@ __device__ void body(const P& p, const uint2* Kc, const unsigned short* Vc, floa
   float m[G], l[G], acc[G];
 #pragma unroll
   for (int g = 0; g < G; g++) { m[g] = -1e30f; l[g] = 0.f; acc[g] = 0.f; }
+  uint2 kn[8];
   for (unsigned kb = k0; kb < k1; kb += KB) {
     float ve[VE];
     unsigned cv = min(lid, D - 1u);
@@ -51,7 +54,7 @@ __device__ void body(const P& p, const uint2* Kc, const unsigned short* Vc, floa
       float4 kw[8];
 #pragma unroll
       for (int i = 0; i < 8; i++) {
-        uint2 w = Kc[kbase + min(ks + i * G, D4 - 1u)];
+        uint2 w = (MODE == 3 && kb != k0) ? kn[i] : Kc[kbase + min(ks + i * G, D4 - 1u)];
         kw[i] = make_float4(h2f(w.x & 0xffffu), h2f(w.x >> 16), h2f(w.y & 0xffffu), h2f(w.y >> 16));
       }
 #pragma unroll
@@ -68,9 +71,14 @@ __device__ void body(const P& p, const uint2* Kc, const unsigned short* Vc, floa
 #pragma unroll
       for (int g = 0; g < G; g++) kp[(g * KB + kj) * (G + 1) + ks] = (pd[g].x + pd[g].y) + (pd[g].z + pd[g].w);
     }
-    if (MODE == 1) {
+    if (MODE == 1 || MODE == 3) {
 #pragma unroll
       for (int i = 0; i < VE; i++) ve[i] = h2f(Vc[(min(kb + i, k1 - 1) * p.hkv + kvh) * D + cv]);
+    }
+    if (MODE == 3 && kb + KB < k1) {
+      unsigned jn = min(kb + KB + kj, k1 - 1), nbase = (jn * p.hkv + kvh) * D4;
+#pragma unroll
+      for (int i = 0; i < 8; i++) kn[i] = Kc[nbase + min(ks + i * G, D4 - 1u)];
     }
     __syncthreads();
     unsigned j = kb + sj;
@@ -126,3 +134,4 @@ __device__ void body(const P& p, const uint2* Kc, const unsigned short* Vc, floa
 extern "C" __global__ void __launch_bounds__(256) k_flat(P p, const uint2* Kc, const unsigned short* Vc, float* Part) { body<0>(p, Kc, Vc, Part); }
 extern "C" __global__ void __launch_bounds__(256) k_vearly(P p, const uint2* Kc, const unsigned short* Vc, float* Part) { body<1>(p, Kc, Vc, Part); }
 extern "C" __global__ void __launch_bounds__(256) k_vbeside(P p, const uint2* Kc, const unsigned short* Vc, float* Part) { body<2>(p, Kc, Vc, Part); }
+extern "C" __global__ void __launch_bounds__(256) k_knext(P p, const uint2* Kc, const unsigned short* Vc, float* Part) { body<3>(p, Kc, Vc, Part); }
