@@ -283,28 +283,17 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         let cnt = min(kbn, k1 - kb);
         if (FLAT != 0u) {
             // 8 keys' values read together, then summed in key order (kbn = 256 / G ≥ 32, a
-            // multiple of 8).
+            // multiple of 8); with VEARLY the block's first VE taken from `ve` instead.
             let cc = min(c, D - 1u);
-            var j1 = 0u;
-            if (VEARLY != 0u) {
-                for (var jj = 0u; jj < VE; jj++) {
-                    var v = ve[jj];
-                    if (min(kb + jj, k1 - 1u) == pos_new) {
-                        v = vnew[cc];
-                    }
-                    for (var g = 0u; g < G; g++) {
-                        let w = pr[g * kbn + jj];
-                        acc[g] += w * v;
-                        l[g] += w;
-                    }
-                }
-                j1 = VE;
-            }
-            for (var j0 = j1; j0 < kbn; j0 += 8u) {
+            for (var j0 = 0u; j0 < kbn; j0 += 8u) {
                 var vv = array<f32, 8>();
                 for (var i = 0u; i < 8u; i++) {
-                    let key = min(kb + j0 + i, k1 - 1u);
-                    vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                    if (VEARLY != 0u && j0 < VE) {
+                        vv[i] = ve[j0 + i];
+                    } else {
+                        let key = min(kb + j0 + i, k1 - 1u);
+                        vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                    }
                 }
                 for (var i = 0u; i < 8u; i++) {
                     let jj = j0 + i;
