@@ -1014,20 +1014,21 @@ fn attention_early_values_compile_only_with_flat_reads_and_fit_apple() {
                 };
                 Plan::resolve(&opts, &c, true, &device).unwrap()
             };
+            let early = |p: &Plan| p.specs.attend_gqa.constants.contains(&("VEARLY", 1.0));
+            let named = |p: &Plan| {
+                p.describe()
+                    .contains("a block's values requested after its key products")
+            };
             let (off, on) = (plan_of(false, true), plan_of(true, true));
-            assert!(on.specs.attend_gqa.constants.contains(&("VEARLY", 1.0)));
+            assert!(early(&on) && named(&on));
+            assert!(!early(&off) && !named(&off));
+            // Off, the spec as before the switch: no VEARLY constant at all.
             assert!(!off
                 .specs
                 .attend_gqa
                 .constants
                 .iter()
                 .any(|(n, _)| *n == "VEARLY"));
-            assert!(on
-                .describe()
-                .contains("a block's values requested after its key products"));
-            assert!(!off
-                .describe()
-                .contains("a block's values requested after its key products"));
             // Every other kernel the same.
             let others = |p: &Plan| {
                 p.specs
@@ -1048,12 +1049,7 @@ fn attention_early_values_compile_only_with_flat_reads_and_fit_apple() {
             );
             // Without flat reads: not compiled, and the line says why.
             let plain = plan_of(true, false);
-            assert!(!plain
-                .specs
-                .attend_gqa
-                .constants
-                .iter()
-                .any(|(n, _)| *n == "VEARLY"));
+            assert!(!early(&plain) && !named(&plain));
             assert!(plain.describe().contains("attn_v_early without attn_flat"));
         }
     }
