@@ -48,6 +48,16 @@ override G: u32 = 8u;
 // compiler unrolls the loops. The same sums in the same order: outputs bit for bit those of
 // FLAT = 0.
 override FLAT: u32 = 0u;
+// 1 (`WgpuOptions::attn_v_early`, with FLAT): a block's first 32 keys' values (all of them where
+// G = 8: the full model's blocks of 32 keys) requested as soon as the block's key products are
+// formed, held in registers through the scores' barriers and the softmax, so their DRAM trip
+// overlaps those instead of following the softmax in rounds of 8 (as written four dependent trips
+// a block on the full model; ptxas hoists most of them into one, scripts/attend_gqa_regs.cu).
+// Requested beside the keys' words instead, they would hold 32 more registers through the keys'
+// products (ptxas: 216 against 127, one workgroup an SM instead of two). The same sums in the
+// same order: outputs bit for bit those of VEARLY = 0.
+override VEARLY: u32 = 0u;
+const VE: u32 = 32u;
 
 const GMAX: u32 = 8u;
 
@@ -220,6 +230,18 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 kp[(g * kbn + kj) * (G + 1u) + ks] = (v.x + v.y) + (v.z + v.w);
             }
         }
+        // VEARLY: the block's first VE values of dimension lid (kbn = 256 / G ≥ 32 ≥ VE), as
+        // FLAT's value loop below reads them, requested once the keys' products are done (so
+        // they do not sit in registers beside the keys' words and the heads' partials) and
+        // arriving during the scores' barriers and the softmax.
+        var ve = array<f32, VE>();
+        if (FLAT != 0u && VEARLY != 0u) {
+            let cv = min(lid, D - 1u);
+            for (var i = 0u; i < VE; i++) {
+                let key = min(kb + i, k1 - 1u);
+                ve[i] = f32(Vc[(key * p.hkv + kvh) * D + cv]);
+            }
+        }
         workgroupBarrier();
         let j = kb + sj;
         var s = NEG_BIG;
@@ -261,13 +283,17 @@ fn attend_gqa(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         let cnt = min(kbn, k1 - kb);
         if (FLAT != 0u) {
             // 8 keys' values read together, then summed in key order (kbn = 256 / G ≥ 32, a
-            // multiple of 8).
+            // multiple of 8); with VEARLY the block's first VE taken from `ve` instead.
             let cc = min(c, D - 1u);
             for (var j0 = 0u; j0 < kbn; j0 += 8u) {
                 var vv = array<f32, 8>();
                 for (var i = 0u; i < 8u; i++) {
-                    let key = min(kb + j0 + i, k1 - 1u);
-                    vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                    if (VEARLY != 0u && j0 < VE) {
+                        vv[i] = ve[j0 + i];
+                    } else {
+                        let key = min(kb + j0 + i, k1 - 1u);
+                        vv[i] = f32(Vc[(key * p.hkv + kvh) * D + cc]);
+                    }
                 }
                 for (var i = 0u; i < 8u; i++) {
                     let jj = j0 + i;

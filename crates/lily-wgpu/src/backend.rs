@@ -312,7 +312,8 @@ impl WgpuBackend {
     /// (`probes::check_attention`) at the full model's shapes (2 KV heads of 8 query heads, head
     /// dim 256) and at `tiny`'s (2 of 2, 64): decode at 1,000 and 77 positions (keys split over
     /// workgroups), and 5 tokens after 300 (prefill), with its reads conditional and flat
-    /// (`FLAT`, whose outputs must equal the others' bit for bit), the keys split as today
+    /// (`FLAT`, and `FLAT` with a block's values requested after its key products, `VEARLY`:
+    /// their outputs must equal the conditional reads' bit for bit), the keys split as today
     /// (`SplitRule::WIDE`) and as `attn_split` on a discrete GPU (`SplitRule::decode`: at 2,500
     /// positions 79 splits of 32 keys, more than one per invocation of attend_merge);
     /// attend_tile.wgsl with blocks of 32 and 16 keys where they fit this device: the largest
@@ -325,26 +326,27 @@ impl WgpuBackend {
             let sg = self.plan.subgroups;
             let (f16, act) = (self.plan.kv_f16, self.plan.act_f16);
             let split = SplitRule::decode(split_workgroups(wgpu::DeviceType::DiscreteGpu), 256 / g);
-            let kernels = [false, true].map(|flat| {
-                let mut spec = attend_gqa_spec(d, g, flat).with_subgroups(sg);
+            let kernels = [(false, false), (true, false), (true, true)].map(|(flat, early)| {
+                let mut spec = attend_gqa_spec(d, g, flat, early).with_subgroups(sg);
                 spec.kv_f16 = f16;
                 spec.act_f16 = act;
                 crate::gpu::Kernel::new(&self.gpu, &spec, false)
             });
             for rule in [SplitRule::WIDE, split] {
                 for (n, t) in [(1000usize, 1usize), (77, 1), (305, 5), (2500, 1)] {
-                    let mut got = [0f64; 2];
+                    let mut got = [0f64; 3];
                     for (k, e) in kernels.iter().zip(got.iter_mut()) {
                         let k = k.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
                         let merge = Some((&self.kernels.attend_merge, &rule));
                         *e = check_attention(&self.gpu, k, merge, (hkv, g, d), n, t, f16, act)?;
                     }
-                    if got[0].to_bits() != got[1].to_bits() {
-                        anyhow::bail!(
-                            "attend_gqa with FLAT differs from without: {:e} against {:e} ({hkv} KV heads of {g}, head dim {d}, {n} positions, {t} tokens, {rule:?})",
-                            got[1],
-                            got[0]
-                        );
+                    for (form, e) in [("FLAT", got[1]), ("FLAT and VEARLY", got[2])] {
+                        if e.to_bits() != got[0].to_bits() {
+                            anyhow::bail!(
+                                "attend_gqa with {form} differs from without: {e:e} against {:e} ({hkv} KV heads of {g}, head dim {d}, {n} positions, {t} tokens, {rule:?})",
+                                got[0]
+                            );
+                        }
                     }
                     worst = worst.max(got[0]);
                 }

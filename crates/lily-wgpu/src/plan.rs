@@ -33,6 +33,8 @@
 //!   ≤ 256 splits, workgroups by the adapter's kind), off by `SplitRule::WIDE` (spans of 64 keys,
 //!   ≤ 64 splits: prefill's rule); with `attn_flat` its reads unconditional (both on since the
 //!   H100 through Vulkan measured attend_gqa 84.9 → 38.6 µs a layer at 4K, session 15);
+//!   with `attn_v_early` (off, not yet measured) and `attn_flat` a block's values requested as
+//!   soon as its key products are formed (`attend_gqa_spec`'s `VEARLY`);
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
 //!   matrix's rows (`rows_rb`: ≥ 128 workgroups; lm_head 16); the experts' gate/up as one GLU
@@ -722,16 +724,20 @@ pub fn products_choice(opts: &WgpuOptions, refused: &[ProductsKernel]) -> Produc
 }
 
 /// attend_gqa.wgsl for head dim `d` and `g` query heads per KV head; `flat`: its reads with no
-/// condition around them (`WgpuOptions::attn_flat`, its `FLAT`).
-pub fn attend_gqa_spec(d: usize, g: usize, flat: bool) -> Spec {
-    Spec::new(
-        "attend_gqa",
-        &[
-            ("D", d as f64),
-            ("G", g as f64),
-            ("FLAT", flat as u32 as f64),
-        ],
-    )
+/// condition around them (`WgpuOptions::attn_flat`, its `FLAT`); `v_early`: with `flat`, a
+/// block's first 32 values requested after its key products (`WgpuOptions::attn_v_early`, its
+/// `VEARLY`; without `flat` the kernel has no flat value loop to take them from, so it is not
+/// compiled).
+pub fn attend_gqa_spec(d: usize, g: usize, flat: bool, v_early: bool) -> Spec {
+    let mut constants = vec![
+        ("D", d as f64),
+        ("G", g as f64),
+        ("FLAT", flat as u32 as f64),
+    ];
+    if flat && v_early {
+        constants.push(("VEARLY", 1.0));
+    }
+    Spec::new("attend_gqa", &constants)
 }
 
 /// attend_tile.wgsl for head dim `d` (a multiple of 64, ≤ 256), `g` query heads per KV head (a
@@ -1032,7 +1038,7 @@ impl Plan {
             gated_norm: Spec::new("gated_norm", &[]),
             attn_prep: Spec::new("attn_prep", &[]),
             attend: Spec::new("attend", &[("D", c.head_dim as f64)]),
-            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat),
+            attend_gqa: attend_gqa_spec(c.head_dim, gqa_g, opts.attn_flat, opts.attn_v_early),
             attend_merge: Spec::new("attend_merge", &[]),
             attend_tile,
             dn_conv: Spec::new("dn_conv", &[]),
@@ -1115,6 +1121,11 @@ impl Plan {
         {
             notes.push(
                 "rows_wide_grid without rows_one_word: the persistent grid keeps the kind's count (the carried second words' registers leave too few workgroups resident for twice as many)".into(),
+            );
+        }
+        if opts.attn_v_early && !opts.attn_flat {
+            notes.push(
+                "attn_v_early without attn_flat: attend_gqa reads its values after the softmax (the early values take flat reads)".into(),
             );
         }
         // The prefill chunk, as large as asked where its activations fit the device's bindings.
@@ -1213,8 +1224,15 @@ impl Plan {
         let splits = self.decode_splits;
         let decode_attention = match self.decode_attention {
             DecodeAttention::Gqa { g } => format!(
-                "attend_gqa ({g} heads a KV head, keys split for ≈ {} workgroups in spans of {}, ≤ {} splits)",
-                splits.workgroups, splits.granule, splits.max_splits
+                "attend_gqa ({g} heads a KV head, keys split for ≈ {} workgroups in spans of {}, ≤ {} splits{})",
+                splits.workgroups,
+                splits.granule,
+                splits.max_splits,
+                if self.options.attn_flat && self.options.attn_v_early {
+                    ", a block's values requested after its key products"
+                } else {
+                    ""
+                }
             ),
             DecodeAttention::Plain => format!(
                 "attend (keys split for ≈ {} workgroups in spans of {})",

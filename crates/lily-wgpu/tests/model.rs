@@ -1919,3 +1919,65 @@ fn shared_expert_rides_in_the_routed_stacks() {
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 91);
     assert!(lily_wgpu::weights::stack_shared(&w));
 }
+
+/// attend_gqa with a block's values requested after its key products (`attn_v_early`, its `VEARLY`) as a
+/// decode step runs it (attn_prep's work inside, the new key and value from workgroup memory):
+/// 258 positions prefilled, then 38 one token at a time, so that the new position falls in a
+/// block's first 32 keys (the early values: positions 258–287 of the block from 256) and after
+/// them (288–295: the rounds of 8 that follow, `tiny`'s blocks being 128 keys); the keys split
+/// by `attn_split` and by prefill's 64-key rule. The logits after 262 and after 296 positions
+/// bit for bit the same as without the switch (the same sums in the same order), and within the
+/// plan's bound of the CPU's.
+#[test]
+fn attention_early_values_decode_the_same_bits() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let tokens = Rng(8).tokens(296, w.config.vocab);
+    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(64);
+    let cs = cpu.new_seq(320).unwrap();
+    cpu.prefill(cs, &tokens).unwrap();
+    let want = cpu.logits(cs).unwrap();
+    let run = |attn_v_early: bool, attn_split: bool| {
+        let opts = WgpuOptions {
+            chunk: 128,
+            all_logits_chunk: 32,
+            attn_v_early,
+            attn_split,
+            ..WgpuOptions::default()
+        };
+        let mut gpu = wgpu_backend_with(&w, opts)?;
+        let line = gpu.plan().describe();
+        assert_eq!(
+            line.contains("a block's values requested after its key products"),
+            attn_v_early,
+            "{line}"
+        );
+        let s = gpu.new_seq(320).unwrap();
+        gpu.prefill(s, &tokens[..258]).unwrap();
+        let mut got = Vec::new();
+        for (i, t) in tokens[258..].iter().enumerate() {
+            gpu.prefill(s, &[*t]).unwrap();
+            if i == 3 || i == 37 {
+                got.push(gpu.logits(s).unwrap());
+            }
+        }
+        let bound = Bounds::of(gpu.plan()).logits;
+        Some((got, bound))
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for attn_split in [true, false] {
+        let Some((off, bound)) = run(false, attn_split) else {
+            return;
+        };
+        let (on, _) = run(true, attn_split).unwrap();
+        let e = rel_l2(&on[1], &want);
+        println!("attn_v_early, attn_split {attn_split}: last logits rel_l2 {e:.3e}");
+        assert!(e < bound, "logits differ from the CPU by {e:.3e}");
+        for (k, (a, b)) in on.iter().zip(&off).enumerate() {
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "attn_v_early changed the logits (step {k}, attn_split {attn_split})"
+            );
+        }
+    }
+}

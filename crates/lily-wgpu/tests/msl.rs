@@ -982,3 +982,75 @@ fn the_prefill_chunk_fits_the_devices_largest_binding() {
         assert!(!plan.describe().contains("prefill chunk 4096 →"));
     }
 }
+
+/// `attn_v_early` compiles attend_gqa with `VEARLY` 1 only with `attn_flat` (the early values
+/// take the flat value loop; without it the plan says so), changes no other kernel, and the
+/// kernel translates to MSL and fits Apple's limits in every element type (its registers are
+/// what it adds, not workgroup memory).
+#[test]
+fn attention_early_values_compile_only_with_flat_reads_and_fit_apple() {
+    let c = full_config();
+    for (limits, device_type, metal, vendor) in [
+        (large_limits(), wgpu::DeviceType::DiscreteGpu, false, 0),
+        (apple_limits(), wgpu::DeviceType::IntegratedGpu, true, APPLE),
+    ] {
+        for f16 in [false, true] {
+            let device = DeviceCaps {
+                limits: limits.clone(),
+                subgroups: true,
+                f16: true,
+                device_type,
+                coop: 0,
+                metal,
+                vendor,
+            };
+            let plan_of = |attn_v_early: bool, attn_flat: bool| {
+                let opts = WgpuOptions {
+                    attn_v_early,
+                    attn_flat,
+                    f16_kv: Choice::of(f16),
+                    f16_acts: Choice::of(f16),
+                    ..WgpuOptions::default()
+                };
+                Plan::resolve(&opts, &c, true, &device).unwrap()
+            };
+            let early = |p: &Plan| p.specs.attend_gqa.constants.contains(&("VEARLY", 1.0));
+            let named = |p: &Plan| {
+                p.describe()
+                    .contains("a block's values requested after its key products")
+            };
+            let (off, on) = (plan_of(false, true), plan_of(true, true));
+            assert!(early(&on) && named(&on));
+            assert!(!early(&off) && !named(&off));
+            // Off, the spec as before the switch: no VEARLY constant at all.
+            assert!(!off
+                .specs
+                .attend_gqa
+                .constants
+                .iter()
+                .any(|(n, _)| *n == "VEARLY"));
+            // Every other kernel the same.
+            let others = |p: &Plan| {
+                p.specs
+                    .all()
+                    .into_iter()
+                    .filter(|s| s.name != "attend_gqa")
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(others(&on), others(&off));
+            let msl = to_msl(&on.specs.attend_gqa).unwrap();
+            assert!(msl.contains("kernel void attend_gqa"));
+            let (module, info) = on.specs.attend_gqa.resolved().unwrap();
+            let needs = lily_wgpu::shaders::needs_of(&module, &info, "attend_gqa").unwrap();
+            assert!(
+                needs.exceeds(&apple_limits()).is_none(),
+                "attend_gqa with VEARLY over Apple's limits: {needs:?}"
+            );
+            // Without flat reads: not compiled, and the line says why.
+            let plain = plan_of(true, false);
+            assert!(!early(&plain) && !named(&plain));
+            assert!(plain.describe().contains("attn_v_early without attn_flat"));
+        }
+    }
+}
