@@ -88,10 +88,6 @@ lily_core::backend_options! {
             label "pipelined wgmma prefill attention",
             help "with wgmma_attention, prefill chunks' attention on attn_prefill_wg_pipe: attn_prefill_wg's blocks, tiles and arithmetic in the same order (the same output, bit for bit) with the softmax of key tile j + 1 run while the tensor cores do tile j's P·V (FA3's intra-warpgroup pipelining: S_{j+1} = Q·K_{j+1}ᵀ and P_j·V_j issued together, the wait for P_j·V_j after the softmax; K and V in rings of their own, the same 193 KB of shared memory)",
             why "won its A/B: prefill 24,979 / 24,911 → 25,898 / 25,924 tok/s at 32K (+3.8 %), 17,520 / 17,478 → 19,060 / 19,044 at 128K (+8.9 %), 4K +0.6 % (two rounds, an H100, full size, session 24; predicted +2–4 / +6–12 %); the 32K and 128K prompts' last chunks 4.68 → 3.62 ms (441 → 570 TFLOP/s) and 18.56 → 14.21 ms (467 → 609 TFLOP/s), every output bit for bit attn_prefill_wg's (GPU test attn_prefill_wg_pipe_gives_attn_prefill_wg_bits); attn_prefill_wg is the reference";
-        wgmma_attention_pingpong = false, flag Some("wgmma-attention-pingpong"), env "LILY_WGMMA_ATTENTION_PINGPONG" = true,
-            label "ping-pong wgmma prefill attention",
-            help "with wgmma_attention_pipelined, prefill chunks' attention on attn_prefill_wg_pp: attn_prefill_wg_pipe's arithmetic in the same order (the same output, bit for bit) with its two warpgroups decoupled and ping-ponged (FA3's inter-warpgroup scheduling: per-stage mbarriers instead of a __syncthreads a tile, warpgroup 0 copying K and warpgroup 1 V; the wgmmas issued in turns through named barriers, so one warpgroup's softmax runs under the other's GEMMs; V in three stages, 225 KB of shared memory)",
-            why "not yet measured (session 24, branch s24att2; predicted +7–21 % on the 128K prompt's last chunk, +2.3–6 % prefill at 128K, +1–2.5 % at 32K; bit for bit attn_prefill_wg_pipe on the CPU emulator): ships off until its A/B (scripts/gpu_s24att2_ab.sh) wins";
         tc_scan = true, flag Some("no-tc-scan"), env "LILY_TC_SCAN" = true,
             label "tensor-core DeltaNet scan",
             help "prefill chunks of at least 64 tokens run the DeltaNet recurrence in its chunked form on the tensor cores (dn_wy_prep: every 64-token chunk's W, U and masked QKᵀ at once; dn_wy_scan: the chunks in order; tf32 products, fp32 sums and state; bf16 mode, devices granting 150 KB of shared memory a block) instead of token by token (dn_recurrent)",
@@ -296,7 +292,6 @@ mod tests {
             ("LILY_WGMMA_LEAN_DEQUANT", "0"),
             ("LILY_WGMMA_HOISTED_ADDRS", "0"),
             ("LILY_WGMMA_ATTENTION_PIPELINED", "0"),
-            ("LILY_WGMMA_ATTENTION_PINGPONG", "1"),
             ("LILY_MOE_BULK", "1"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
@@ -366,7 +361,6 @@ mod tests {
                 router_split_k: false,
                 wgmma_attention: false,
                 wgmma_attention_pipelined: false,
-                wgmma_attention_pingpong: true,
                 pipelined_decode: false,
                 pipelined_batch: false,
                 device_logprobs: false,

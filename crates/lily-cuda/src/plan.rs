@@ -36,9 +36,6 @@
 //! `wgmma_attention_pipelined` (on; `--no-wgmma-attention-pipelined`) puts `attn_prefill_wg` on
 //! `attn_prefill_wg_pipe` (the same bits, a tile's softmax run under the previous tile's P·V;
 //! the test `pipelined_attention_names_attn_prefill_wg_pipe`).
-//! `wgmma_attention_pingpong` (off; `--wgmma-attention-pingpong`) puts `attn_prefill_wg_pipe` on
-//! `attn_prefill_wg_pp` (the same bits, its two warpgroups decoupled by per-stage mbarriers and
-//! their wgmmas issued in turns; the test `pingpong_attention_names_attn_prefill_wg_pp`).
 //!
 //! The DeltaNet scan of steps of at least `TC_SCAN_MIN_TOK` (64) tokens is the chunked form on
 //! the tensor cores, `dn_prep` + `dn_wy_prep` + `dn_wy_scan` (`tc_scan`, on; it needs bf16 mode
@@ -131,7 +128,7 @@ pub enum AttentionKernels {
     /// `attn_qk_prep`, then `attn_decode`: one block per (token, query head).
     OneBlockPerHead,
     /// `attn_qk_prep`, then flash attention on the tensor cores (`attn_prefill`,
-    /// `attn_prefill_wg`, `attn_prefill_wg_pipe` or `attn_prefill_wg_pp`).
+    /// `attn_prefill_wg` or `attn_prefill_wg_pipe`).
     Prefill(PrefillKernel),
     /// Split-KV (flash-decoding): `attn_qk_prep` then the split kernel, or, `prep_fused`, the
     /// split kernel's prep form alone (`attn_split_mma_prep`, `_long`); then
@@ -303,11 +300,6 @@ impl Plan {
             wgmma_gemm: o.wgmma_gemm && tensor_cores && device.wgmma,
             wgmma_attention: o.wgmma_attention && flash_prefill && device.wgmma,
             wgmma_attention_pipelined: o.wgmma_attention_pipelined
-                && o.wgmma_attention
-                && flash_prefill
-                && device.wgmma,
-            wgmma_attention_pingpong: o.wgmma_attention_pingpong
-                && o.wgmma_attention_pipelined
                 && o.wgmma_attention
                 && flash_prefill
                 && device.wgmma,
@@ -493,8 +485,7 @@ impl Plan {
     /// `fused_attn_prep`, the long-context body past `split_long_keys` keys), flash prefill for
     /// chunks of at least TENSOR_CORE_MIN_TOK tokens (wgmma for chunks of at least
     /// attention::WGA_MIN_TOK, `wgmma_attention`; its pipelined kernel under
-    /// `wgmma_attention_pipelined`, its ping-pong kernel under `wgmma_attention_pingpong`), else
-    /// one block per (token, query head).
+    /// `wgmma_attention_pipelined`), else one block per (token, query head).
     pub fn attention(&self, shape: AttnShape, n_tok: usize, keys: usize) -> AttentionKernels {
         let kv_bytes = self.kv_bytes();
         if self.o.split_kv && attention::split_kv_fits(shape, n_tok) {
@@ -514,18 +505,11 @@ impl Plan {
                 && kv_bytes == 2
                 && attention::prefill_wg_fits(shape)
                 && n_tok >= attention::WGA_MIN_TOK;
-            AttentionKernels::Prefill(
-                match (
-                    wg,
-                    self.o.wgmma_attention_pipelined,
-                    self.o.wgmma_attention_pingpong,
-                ) {
-                    (false, _, _) => PrefillKernel::Mma,
-                    (true, false, _) => PrefillKernel::Wgmma,
-                    (true, true, false) => PrefillKernel::WgmmaPipelined,
-                    (true, true, true) => PrefillKernel::WgmmaPingPong,
-                },
-            )
+            AttentionKernels::Prefill(match (wg, self.o.wgmma_attention_pipelined) {
+                (false, _) => PrefillKernel::Mma,
+                (true, false) => PrefillKernel::Wgmma,
+                (true, true) => PrefillKernel::WgmmaPipelined,
+            })
         } else {
             AttentionKernels::OneBlockPerHead
         }
@@ -2084,7 +2068,7 @@ mod tests {
         );
     }
 
-    /// What both prefill-attention switches must do. `set` turns the switch on; `off` is the plan
+    /// What a prefill-attention switch must do. `set` turns the switch on; `off` is the plan
     /// without it, which names `off_kernel` for a 4K chunk. On: chunks of 1K and more name
     /// `on_kernel`, chunks too short for the wgmma kernels keep attn_prefill, one-token steps
     /// split-KV; without wgmma_attention or on a device without wgmma the switch names nothing;
@@ -2144,30 +2128,6 @@ mod tests {
             PrefillKernel::Wgmma,
             "pipelined wgmma prefill attention",
         );
-    }
-
-    #[test]
-    fn pingpong_attention_names_attn_prefill_wg_pp() {
-        // Shipping (off): attn_prefill_wg_pipe.
-        check_prefill_attention_switch(
-            |o| o.wgmma_attention_pingpong = true,
-            &plan_with(|_| {}),
-            PrefillKernel::WgmmaPingPong,
-            PrefillKernel::WgmmaPipelined,
-            "ping-pong wgmma prefill attention",
-        );
-        // The switch builds on the pipelined kernel: without it, it names nothing.
-        let no_pipe = plan_with(|o| {
-            o.wgmma_attention_pingpong = true;
-            o.wgmma_attention_pipelined = false;
-        });
-        assert_eq!(
-            no_pipe.attention(qwen_attention(), 4096, 4096),
-            AttentionKernels::Prefill(PrefillKernel::Wgmma)
-        );
-        assert!(!no_pipe
-            .describe()
-            .contains("ping-pong wgmma prefill attention on"));
     }
 
     #[test]

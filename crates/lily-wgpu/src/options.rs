@@ -146,10 +146,6 @@ lily_core::backend_options! {
             label "linear_q4_rows one-word 16-row kernel",
             help "linear_q4_rows.wgsl's 16-row kernel (decode's DeltaNet in_proj, attention's q/k/v, lm_head) compiled for rows of one 16-byte word a lane (4-bit, 2,048 columns: its `WORDS` 1), so that the second words' inputs and, with rows_persist, the two rounds' second words carried between rounds (their registers) are compiled out; a two-word matrix of ≥ 8,192 rows (none on the full model) takes the 8-row kernel in rounds instead; outputs bit for bit the same",
             why "won its A/B on an H100 through Vulkan (session 24, full size, two rounds: decode 205.3 / 207.0 → 228.7 / 223.5 tok/s at 4K (+9.6 %), 178.8 / 180.8 → 194.0 / 193.8 at 32K (+7.9 %); in_proj 34.1 → 24.8 and q/k/v 31.0 → 23.1 µs a call; predicted +7…+11 % / +6…+9 %): since session 21 the persistent kernel carried the second words between rounds for every matrix, a run-time choice; its GPU test passes bit for bit against the kernel of one or two words a row chosen at run time, which serves every matrix with the switch off and is the reference (Apple's: not run)";
-        rows_wide_grid = false, flag Some("wgpu-rows-wide-grid"), env "LILY_WGPU_ROWS_WIDE_GRID" = true,
-            label "linear_q4_rows persistent grid doubled",
-            help "with rows_persist and rows_one_word, the persistent 16-row kernel's grid twice the adapter's kind's count (discrete 1,024, integrated 256, others 128) where `--wgpu-rows-workers` does not set it: the one-word kernel's registers (≈ 128 a lane on NVIDIA's back end) leave 8 workgroups an SM resident, 1,056 on an H100, so a grid of 1,024 runs in one wave; on the full model lm_head alone (15,520 row blocks; in_proj's 772 and q/k/v's 576 stay one workgroup a block either way); outputs bit for bit the same",
-            why "not yet measured (session 24's profile on an H100 through Vulkan with `LILY_WGPU_ROWS_WORKERS=1024` under rows_one_word: lm_head 192.7 → 158.4 µs a token; docs/perf-notes.md, session 24, branch s24win2): off, the kind's count (512 on a discrete GPU), which the carried second words' registers needed without rows_one_word";
         checked = false, flag None, env "LILY_WGPU_CHECKED" = true,
             label "bounds checks",
             help "debug: wgpu's runtime bounds checks kept in the shaders",
@@ -171,7 +167,7 @@ lily_core::backend_options! {
             help "with `coop_big`, linear_q4_coop_big.wgsl's rows a workgroup for prefill's dense products: 128 (the default: 256 invocations, eight subgroups: each staged input tile feeds twice the rows, staged elements a multiply-add 128 → 96 at tiles of 64 items; 45,328 bytes of workgroup memory at 64 items on 16 × 16, so only where the adapter allows that, NVIDIA's 48 KiB, else the plan keeps 64 and says so: not Apple's 32 KiB) or 64 (128 invocations, as linear_q4_coop's launches: every product as before session 22's split); the routed experts' grouped products keep 64 rows either way (`Plan::expert_rows`); checked at load as the other products, refused where wrong (then 64 rows for all are checked); session 22 on an H100 through Vulkan, 128 rows for every product: prefill 4K 6,040 → 6,420 tok/s but 512 5,130 → 4,646; at 4K DeltaNet in_proj 1,938 → 1,231 µs a call, dn.out 841 → 529, attention qkv 1,560 → 946, while the routed experts' gate / up / down went 367 / 368 / 400 → 428 / 428 / 452 (few items a tile): so the dense products take 128 rows, the experts 64; that split measured in session 23 (an H100 through Vulkan, two rounds against 64 for all): prefill 4K 6,041 / 6,044 → 6,837 / 6,837 tok/s (+13.2 %), 512 5,162 / 5,166 → 5,660 / 4,830 (unsteady), decode unchanged; an A/B aid";
         rows_workers = 0, flag Some("wgpu-rows-workers"), env "LILY_WGPU_ROWS_WORKERS",
             accepts |n| n <= 65_535, "0 to 65,535", label "rows workers",
-            help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64; twice with rows_wide_grid and rows_one_word); an A/B aid (the count that fills a given GPU)";
+            help "with rows_persist, the workgroups of a persistent linear_q4_rows launch: 0 lets the plan choose by the adapter's kind (discrete 512, integrated 128, others 64); an A/B aid (the count that fills a given GPU)";
         out_rows = 2, flag Some("wgpu-out-rows"), env "LILY_WGPU_OUT_ROWS",
             accepts |n| matches!(n, 0 | 2 | 4 | 8 | 16), "0, 2, 4, 8 or 16", label "out rows",
             help "linear_q4_rows.wgsl's rows a workgroup for the matrices of 1,024 to 8,191 rows (decode's DeltaNet out_proj and attention's o on the full model): 2 (the default: 1,024 workgroups of one round; session 21 on an H200 through Vulkan: out_proj 20.2 → 15.9 µs a call, attention's o 20.6 → 16.4); 0 the other matrices' rule (4: 512 workgroups of one round); 8: two rounds of 4 rows, the second's words (both of a 4,096-column row) requested before the first's sums (256 workgroups); 16: the 16-row kernel as compiled (with rows_persist four such rounds, 128 workgroups); 2: 1,024 workgroups of one round; an A/B aid (session 21: out_proj's rounds)";
@@ -252,7 +248,6 @@ mod tests {
                 rows_persist: true,
                 moe_rounds: true,
                 rows_one_word: true,
-                rows_wide_grid: false,
                 dense_tile: 0,
                 coop_rows: 128,
                 rows_workers: 0,
@@ -299,7 +294,6 @@ mod tests {
             ("LILY_WGPU_ROWS_PERSIST", "1"),
             ("LILY_WGPU_MOE_ROUNDS", "0"),
             ("LILY_WGPU_ROWS_ONE_WORD", "0"),
-            ("LILY_WGPU_ROWS_WIDE_GRID", "1"),
             ("LILY_WGPU_ROWS_WORKERS", "264"),
             ("LILY_WGPU_OUT_ROWS", "8"),
             ("LILY_WGPU_GLU_ROWS", "4"),
@@ -330,7 +324,6 @@ mod tests {
                 rows_persist: true,
                 moe_rounds: false,
                 rows_one_word: false,
-                rows_wide_grid: true,
                 rows_workers: 264,
                 out_rows: 8,
                 glu_rows: 4,

@@ -266,16 +266,6 @@ pub fn split_workgroups(device_type: wgpu::DeviceType) -> usize {
     }
 }
 
-/// The workgroups of a persistent linear_q4_rows launch (`rows_persist`) where
-/// `--wgpu-rows-workers` does not set them: the adapter's kind's count (`split_workgroups`:
-/// discrete 512), twice that with `wide` (`WgpuOptions::rows_wide_grid`, only with the one-word
-/// kernel: ≈ 128 registers a lane on NVIDIA's back end, 8 workgroups an SM, 1,056 resident on an
-/// H100, so 1,024 run in one wave; on the full model only lm_head's 15,520 row blocks reach
-/// `PERSIST_SHARE` times that).
-pub fn rows_workers_of(device_type: wgpu::DeviceType, wide: bool) -> usize {
-    split_workgroups(device_type) * if wide { 2 } else { 1 }
-}
-
 /// The kernel of decode attention (split over the keys where the heads alone do not fill the
 /// GPU, merged by attend_merge.wgsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -833,8 +823,8 @@ pub struct Plan {
     pub glu_rb: usize,
     pub down_rb: usize,
     /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
-    /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `rows_workers_of`: the adapter's
-    /// kind, twice with `rows_wide_grid`), or None.
+    /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
+    /// kind), or None.
     pub rows_workers: Option<usize>,
     /// What was changed to fit the device, or refused at load, and why (for the log line).
     pub notes: Vec<String>,
@@ -1111,18 +1101,9 @@ impl Plan {
             ..opts.clone()
         };
         let rows_workers = opts.rows_persist.then(|| match opts.rows_workers {
-            0 => rows_workers_of(
-                device.device_type,
-                opts.rows_wide_grid && opts.rows_one_word,
-            ),
+            0 => split_workgroups(device.device_type),
             n => n,
         });
-        if opts.rows_persist && opts.rows_wide_grid && !opts.rows_one_word && opts.rows_workers == 0
-        {
-            notes.push(
-                "rows_wide_grid without rows_one_word: the persistent grid keeps the kind's count (the carried second words' registers leave too few workgroups resident for twice as many)".into(),
-            );
-        }
         if opts.attn_v_early && !opts.attn_flat {
             notes.push(
                 "attn_v_early without attn_flat: attend_gqa reads its values after the softmax (the early values take flat reads)".into(),

@@ -957,67 +957,6 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
     assert!(!gpu.plan().describe().contains("one-word rows"));
 }
 
-/// `rows_wide_grid`: the persistent 16-row kernel's grid twice the kind's count (lavapipe: 128
-/// workgroups instead of 64), on the small preset (lm_head 248,320 rows, 15,520 row blocks, the
-/// one product that reaches it), in both reduction forms: 10 positions token by token, the logits
-/// within the plan's bound of the CPU's and **bit for bit** those without the switch (each row
-/// block is summed by one workgroup whichever streams it).
-#[test]
-fn wide_rows_grid_decodes_the_same_bits() {
-    let w = synth_model(Preset::Small, SynthFormat::Mlx, 73);
-    let tokens = Rng(31).tokens(10, w.config.vocab);
-    let mut cpu = CpuBackend::new(w.clone()).with_prefill_chunk(16);
-    let cs = cpu.new_seq(16).unwrap();
-    let want = cpu.prefill_all_logits(cs, &tokens).unwrap();
-    let want = &want[(tokens.len() - 1) * w.config.vocab..];
-    for subgroups in [true, false] {
-        let mut stepped_of = Vec::new();
-        let mut workers_off = None;
-        for wide in [false, true] {
-            let opts = WgpuOptions {
-                chunk: 16,
-                all_logits_chunk: 1,
-                subgroups,
-                rows_wide_grid: wide,
-                ..WgpuOptions::default()
-            };
-            let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-                return;
-            };
-            let plan = gpu.plan();
-            // The kind's count without the switch (lavapipe: 64), twice it with.
-            let workers = plan.rows_workers.unwrap();
-            match workers_off {
-                None => workers_off = Some(workers),
-                Some(off) => assert_eq!(workers, 2 * off),
-            }
-            assert_eq!(
-                plan.rows_grid(16, 15_520),
-                (plan.rows_workers.unwrap() as u32, 1)
-            );
-            assert_eq!(
-                plan.describe()
-                    .contains("linear_q4_rows persistent grid doubled on"),
-                wide
-            );
-            let bound = Bounds::of(plan).logits;
-            let stepped = logits_token_by_token(&mut gpu, &tokens);
-            let e_cpu = rel_l2(&stepped, want);
-            println!(
-                "subgroups {subgroups}, wide rows grid {wide} ({} workers): token by token vs CPU {e_cpu:.3e}",
-                gpu.plan().rows_workers.unwrap()
-            );
-            assert!(e_cpu < bound, "decode differs from the CPU by {e_cpu:.3e}");
-            stepped_of.push(stepped);
-        }
-        assert_same_bits(
-            &stepped_of[1],
-            &stepped_of[0],
-            "the wide rows grid changes the logits",
-        );
-    }
-}
-
 /// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
 /// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
 /// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,

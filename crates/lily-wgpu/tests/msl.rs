@@ -257,27 +257,24 @@ fn every_choosable_kernel_translates_to_msl() {
 }
 
 /// Every combination of the decode switches (`DECODE_SWITCHES` of them: attn_flat, attn_split,
-/// rows_early, glu_early, rows_persist, moe_rounds, rows_one_word, rows_wide_grid), with f16 and
-/// f32 element types.
+/// rows_early, glu_early, rows_persist, moe_rounds, rows_one_word), with f16 and f32 element
+/// types.
 #[test]
 fn the_apple_plan_fits_apple_limits() {
     for f16 in [false, true] {
         for bits in 0..1u32 << DECODE_SWITCHES {
             let on = |i: u32| bits & (1 << i) != 0;
-            apple_plan_fits(
-                f16,
-                [on(0), on(1), on(2), on(3), on(4), on(5), on(6), on(7)],
-            );
+            apple_plan_fits(f16, [on(0), on(1), on(2), on(3), on(4), on(5), on(6)]);
         }
     }
 }
 
 /// The decode switches `apple_plan_fits` takes.
-const DECODE_SWITCHES: u32 = 8;
+const DECODE_SWITCHES: u32 = 7;
 
 /// The plan for an Apple GPU (f16 KV cache, f16 product tiles and f16 activations `f16` or not;
-/// the decode switches attn_flat, attn_split, rows_early, glu_early, rows_persist, moe_rounds,
-/// rows_one_word and rows_wide_grid as `sw` says) fits its limits.
+/// the decode switches attn_flat, attn_split, rows_early, glu_early, rows_persist, moe_rounds and
+/// rows_one_word as `sw` says) fits its limits.
 fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
     let c = full_config();
     let limits = apple_limits();
@@ -301,7 +298,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         rows_persist: sw[4],
         moe_rounds: sw[5],
         rows_one_word: sw[6],
-        rows_wide_grid: sw[7],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -315,17 +311,12 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
             o.glu_early,
             o.rows_persist,
             o.moe_rounds,
-            o.rows_one_word,
-            o.rows_wide_grid
+            o.rows_one_word
         ],
         sw
     );
-    // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128; twice
-    // with rows_wide_grid where the one-word kernel is compiled).
-    assert_eq!(
-        plan.rows_workers,
-        sw[4].then_some(if sw[6] && sw[7] { 256 } else { 128 })
-    );
+    // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
+    assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
     // f16 tiles of 64 items fit 32 KiB (the same bytes as f32's 32): the dense products take them.
     assert_eq!(plan.tile_f16, f16);
@@ -465,56 +456,6 @@ fn the_persistent_rows_grid_streams_lm_head_and_leaves_the_smaller_products() {
     assert_eq!(off.rows_workers, None);
     assert_eq!(off.rows_grid(16, 15_520), (15_520, 1));
     assert_eq!(constant(&off.specs.linear_q4_rows16[0], "PERSIST"), 0.0);
-}
-
-/// `rows_wide_grid` on a discrete GPU's plan for the full model: with the one-word kernel the
-/// persistent grid is 1,024 workgroups (lm_head's 15,520 row blocks on them), DeltaNet's in_proj
-/// (772 blocks) and attention's q/k/v (576) still one workgroup a block; the knob's count wins
-/// where set; without `rows_one_word` the kind's 512 stay and the plan line says why; off, 512.
-#[test]
-fn the_wide_rows_grid_doubles_lm_heads_workers_only() {
-    let c = full_config();
-    let device = discrete_gpu(VENDOR_NVIDIA);
-    let plan_of = |wide: bool, one_word: bool, workers: usize| {
-        let opts = WgpuOptions {
-            rows_persist: true,
-            rows_one_word: one_word,
-            rows_wide_grid: wide,
-            rows_workers: workers,
-            ..WgpuOptions::default()
-        };
-        Plan::resolve(&opts, &c, true, &device).unwrap()
-    };
-    let wide = plan_of(true, true, 0);
-    assert_eq!(wide.rows_workers, Some(1_024));
-    assert_eq!(wide.rows_grid(16, 15_520), (1_024, 1));
-    assert_eq!(wide.rows_grid(16, 772), (772, 1));
-    assert_eq!(wide.rows_grid(16, 576), (576, 1));
-    assert_eq!(wide.rows_grid(4, 15_520), (15_520, 1));
-    let d = wide.describe();
-    assert!(
-        d.contains("linear_q4_rows persistent grid doubled on")
-            && d.contains("persistent on ≤ 1024 workgroups"),
-        "{d}"
-    );
-    assert_eq!(plan_of(true, true, 264).rows_workers, Some(264));
-    let two_words = plan_of(true, false, 0);
-    assert_eq!(two_words.rows_workers, Some(512));
-    assert!(
-        two_words
-            .describe()
-            .contains("rows_wide_grid without rows_one_word"),
-        "{}",
-        two_words.describe()
-    );
-    let off = plan_of(false, true, 0);
-    assert_eq!(off.rows_workers, Some(512));
-    assert_eq!(off.rows_grid(16, 15_520), (512, 1));
-    assert!(off
-        .describe()
-        .contains("linear_q4_rows persistent grid doubled off"));
-    // The kernels are the same: only the grid moves.
-    assert_eq!(wide.specs.linear_q4_rows16, off.specs.linear_q4_rows16);
 }
 
 /// The plan takes linear_q4_coop only where `coop` asks and the device enabled cooperative

@@ -65,11 +65,6 @@ pub const WGA_SMEM: usize =
     1024 + WGA_HEADS * WGA_Q * WGA_D * 2 + WGA_STAGES * 2 * WGA_KEYS * WGA_D * 2;
 // Within sm_90's 227 KB of shared memory a block.
 const _: () = assert!(WGA_SMEM <= 232_448);
-/// attn_prefill_wg_pp's: 1 KB of alignment slack, Q of the block's heads, K in two stages, V in
-/// three, then its 10 mbarriers (8 bytes each): 225 KB, one block an SM.
-pub const WGA_PP_SMEM: usize =
-    1024 + WGA_HEADS * WGA_Q * WGA_D * 2 + (2 + 3) * WGA_KEYS * WGA_D * 2 + 10 * 8;
-const _: () = assert!(WGA_PP_SMEM <= 232_448);
 /// The fewest tokens of a chunk whose attention takes attn_prefill_wg under the plan's
 /// `wgmma_attention`: its blocks hold 64 queries of two heads, so a chunk of T tokens has T / 8
 /// of them (attn_prefill: T / 4 of a quarter the size); below 1,024 tokens they would leave SMs idle.
@@ -286,10 +281,6 @@ pub enum PrefillKernel {
     /// key tile's softmax run while the tensor cores do the previous tile's P·V (the plan's
     /// `wgmma_attention_pipelined`).
     WgmmaPipelined,
-    /// `attn_prefill_wg_pp`: attn_prefill_wg_pipe's arithmetic in the same order (bit-identical),
-    /// its two warpgroups decoupled (per-stage mbarriers) and their wgmmas issued in turns (the
-    /// plan's `wgmma_attention_pingpong`).
-    WgmmaPingPong,
 }
 
 fn split_smem_bytes(d: usize, kv_bytes: usize) -> usize {
@@ -305,7 +296,6 @@ pub struct Attention {
     prefill: Kernel,
     prefill_wg: Kernel,
     prefill_wg_pipe: Kernel,
-    prefill_wg_pp: Kernel,
     split: Kernel,
     split_mma: Kernel,
     split_mma_prep: Kernel,
@@ -320,23 +310,22 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `hopper`: the device is sm_90a, where attn_prefill_wg and its variants run and
+    /// `hopper`: the device is sm_90a, where attn_prefill_wg and attn_prefill_wg_pipe run and
     /// get their (large) shared memory; elsewhere they are compiled as traps, never launched,
     /// and left at the default.
     pub fn load(m: &Module, bf16_activations: bool, hopper: bool) -> Result<Attention> {
         let kv_bytes = if bf16_activations { 2 } else { 4 };
-        let wg = |name: &'static str, smem: usize| -> Result<Kernel> {
+        let wg = |name: &'static str| -> Result<Kernel> {
             let k = m.kernel(name)?;
             if hopper {
-                k.allow_shared_memory(smem)
+                k.allow_shared_memory(WGA_SMEM)
             } else {
                 Ok(k)
             }
         };
         Ok(Attention {
-            prefill_wg: wg("attn_prefill_wg", WGA_SMEM)?,
-            prefill_wg_pipe: wg("attn_prefill_wg_pipe", WGA_SMEM)?,
-            prefill_wg_pp: wg("attn_prefill_wg_pp", WGA_PP_SMEM)?,
+            prefill_wg: wg("attn_prefill_wg")?,
+            prefill_wg_pipe: wg("attn_prefill_wg_pipe")?,
             kv_bytes,
             qk_prep: m.kernel("attn_qk_prep")?.waits_for_predecessor(),
             decode: m.kernel("attn_decode")?,
@@ -445,7 +434,7 @@ impl Attention {
         self.launch_attend(gpu, &self.prefill, cfg, a)
     }
 
-    /// attn_prefill_wg, attn_prefill_wg_pipe or attn_prefill_wg_pp (`kernel`), whatever the chunk's length: sm_90a,
+    /// attn_prefill_wg or attn_prefill_wg_pipe (`kernel`), whatever the chunk's length: sm_90a,
     /// bf16 cache and `prefill_wg_fits` only. `flash_prefill` checks the alignment first.
     fn prefill_wg(&self, gpu: &Gpu, kernel: PrefillKernel, a: &Attend) -> Result<()> {
         let s = a.shape;
@@ -461,16 +450,16 @@ impl Attention {
         if a.n_tok == 0 {
             return Ok(());
         }
-        let (k, smem) = match kernel {
-            PrefillKernel::WgmmaPipelined => (&self.prefill_wg_pipe, WGA_SMEM),
-            PrefillKernel::WgmmaPingPong => (&self.prefill_wg_pp, WGA_PP_SMEM),
-            _ => (&self.prefill_wg, WGA_SMEM),
-        };
         let cfg = config(
             (blocks(a.n_tok, WGA_Q), (s.n_q / WGA_HEADS) as u32, 1),
             (WGA_HEADS * 128) as u32,
-            smem,
+            WGA_SMEM,
         );
+        let k = if kernel == PrefillKernel::WgmmaPipelined {
+            &self.prefill_wg_pipe
+        } else {
+            &self.prefill_wg
+        };
         self.launch_attend(gpu, k, cfg, a)
     }
 
@@ -732,8 +721,5 @@ mod tests {
         assert!(!prefill_wg_fits(shape(16, 0, 256)));
         // Its shared memory: alignment, Q of two heads, two stages of K and V.
         assert_eq!(WGA_SMEM, 1024 + 65_536 + 131_072);
-        // attn_prefill_wg_pp's: two stages of K, three of V, ten 8-byte mbarriers (FULL and EMPTY
-        // of each stage); the module's const assertion holds it within 227 KB.
-        assert_eq!(WGA_PP_SMEM, 1024 + 65_536 + 163_840 + 80);
     }
 }
