@@ -156,10 +156,10 @@ lily_core::backend_options! {
             label "MoE down kernel at 96 registers",
             help "one-token decode's MoE down kernel on int8 pairs in dec_down_combine_x8x2_r96: its code held to 96 registers a thread (91 at sm_90a, no spills; 100 unbounded) so that its 12-warp block and one 8-warp block of the next layer's first projection (dec_gemv4_x8x2 at 112: in_proj, q/k/v, lm_head) fill an SM's 65,536 registers together, that block requesting its first tiles while the down kernel runs; the same outputs bit for bit; with moe_int8_pairs",
             why "won its A/B with gemv4w_sm_grid (session 23, an H100, full size, two rounds, both on against both off: decode +0.9 % at 4K, +1.1 % at 256, +1.0 % at 32K; predicted +5–9 % together); the GPU test checks dec_down_combine_x8x2's bits";
-        moe_bulk = false, flag Some("moe-bulk"), env "LILY_MOE_BULK" = true,
+        moe_bulk = true, flag Some("no-moe-bulk"), env "LILY_MOE_BULK" = true,
             label "bulk-copied MoE gate/up tiles",
             help "one-token decode's MoE gate/up kernel on int8 pairs in dec_glu4_x8x2_bulk: dec_glu4_x8x2's tiles, grid and arithmetic (the same outputs bit for bit), each block's tiles (at most 3, 18 KB each at the full shape) bulk-copied into shared memory by the copy engine (cp.async.bulk, an mbarrier a tile; sm_90a) all before any is summed, the shared expert's before the dependency wait and the routed experts' right after the routing, where dec_glu4_x8x2 holds two in registers and asks for the next as one is summed (74 registers a thread instead of 117); with moe_int8_pairs",
-            why "not yet measured (session 25, branch s25moe; predicted dec_glu4_x8x2 16.2 → 13.5–15.5 µs a launch alone, decode +1.5–5 % at 4K, +1–4 % at 32K): ships off until its A/B (scripts/gpu_s25moe_ab.sh) wins";
+            why "won its A/B: decode 502.6 / 502.1 → 505.8 / 505.7 tok/s at 4K (+0.7 %), 442.1 / 441.8 → 450.3 / 449.1 at 32K (+1.7 %), dec_glu4_x8x2 16.2 → 15.6 µs a launch (two rounds, an H100, full size, session 25; predicted +1.5–5 / +1–4 %); elsewhere the device has no bulk copies (sm_90a)";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -292,7 +292,7 @@ mod tests {
             ("LILY_WGMMA_LEAN_DEQUANT", "0"),
             ("LILY_WGMMA_HOISTED_ADDRS", "0"),
             ("LILY_WGMMA_ATTENTION_PIPELINED", "0"),
-            ("LILY_MOE_BULK", "1"),
+            ("LILY_MOE_BULK", "0"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -337,7 +337,7 @@ mod tests {
                 gemv_int8: true,
                 gemv4w_sm_grid: false,
                 down_96_regs: false,
-                moe_bulk: true,
+                moe_bulk: false,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
                 grouped_down_wide: false,

@@ -33,7 +33,8 @@
 //!   ≤ 256 splits, workgroups by the adapter's kind), off by `SplitRule::WIDE` (spans of 64 keys,
 //!   ≤ 64 splits: prefill's rule); with `attn_flat` its reads unconditional (both on since the
 //!   H100 through Vulkan measured attend_gqa 84.9 → 38.6 µs a layer at 4K, session 15);
-//!   with `attn_v_early` (off, not yet measured) and `attn_flat` a block's values requested as
+//!   with `attn_v_early` (on since session 25: attend_gqa 92.3 → 86.3 µs a call at 32K on an
+//!   H100 through Vulkan) and `attn_flat` a block's values requested as
 //!   soon as its key products are formed (`attend_gqa_spec`'s `VEARLY`);
 //! - decode's products: linear_q4_rows.wgsl (input in registers, norm folded in) for 2,048- and
 //!   4,096-column 4-bit and 2,048-column 8-bit matrices, with 16 / 4 / 2 rows a workgroup by the
