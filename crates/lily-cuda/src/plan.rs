@@ -2068,30 +2068,18 @@ mod tests {
         );
     }
 
-    /// What a prefill-attention switch must do. `set` turns the switch on; `off` is the plan
-    /// without it, which names `off_kernel` for a 4K chunk. On: chunks of 1K and more name
-    /// `on_kernel`, chunks too short for the wgmma kernels keep attn_prefill, one-token steps
+    /// `wgmma_attention_pipelined`: chunks of 1K and more name attn_prefill_wg_pipe (off:
+    /// attn_prefill_wg), chunks too short for the wgmma kernels keep attn_prefill, one-token steps
     /// split-KV; without wgmma_attention or on a device without wgmma the switch names nothing;
-    /// describe() says `{label} on` / `{label} off`.
-    fn check_prefill_attention_switch(
-        set: fn(&mut CudaOptions),
-        off: &Plan,
-        on_kernel: PrefillKernel,
-        off_kernel: PrefillKernel,
-        label: &str,
-    ) {
+    /// describe() says so.
+    #[test]
+    fn pipelined_attention_names_attn_prefill_wg_pipe() {
         let shape = qwen_attention();
-        let with = |extra: fn(&mut CudaOptions), caps| {
-            let mut o = CudaOptions::default();
-            set(&mut o);
-            extra(&mut o);
-            Plan::resolve(&o, caps)
-        };
-        let on = with(|_| {}, H200);
+        let on = plan_with(|o| o.wgmma_attention_pipelined = true);
         for (n_tok, keys) in [(1024, 1024), (4096, 4096), (4096, 131_072)] {
             assert_eq!(
                 on.attention(shape, n_tok, keys),
-                AttentionKernels::Prefill(on_kernel)
+                AttentionKernels::Prefill(PrefillKernel::WgmmaPipelined)
             );
         }
         assert_eq!(
@@ -2102,32 +2090,34 @@ mod tests {
             on.attention(shape, 1, 4096),
             AttentionKernels::Split { .. }
         ));
+        let off = plan_with(|o| o.wgmma_attention_pipelined = false);
         assert_eq!(
             off.attention(shape, 4096, 4096),
-            AttentionKernels::Prefill(off_kernel)
+            AttentionKernels::Prefill(PrefillKernel::Wgmma)
         );
-        let no_wg = with(|o| o.wgmma_attention = false, H200);
-        let ampere = with(|_| {}, A100);
+        let no_wg = plan_with(|o| {
+            o.wgmma_attention_pipelined = true;
+            o.wgmma_attention = false;
+        });
+        let ampere = Plan::resolve(
+            &CudaOptions {
+                wgmma_attention_pipelined: true,
+                ..CudaOptions::default()
+            },
+            A100,
+        );
         for plan in [no_wg, ampere] {
             assert_eq!(
                 plan.attention(shape, 4096, 4096),
                 AttentionKernels::Prefill(PrefillKernel::Mma)
             );
         }
-        assert!(on.describe().contains(&format!("{label} on")));
-        assert!(off.describe().contains(&format!("{label} off")));
-    }
-
-    #[test]
-    fn pipelined_attention_names_attn_prefill_wg_pipe() {
-        // Off: attn_prefill_wg.
-        check_prefill_attention_switch(
-            |o| o.wgmma_attention_pipelined = true,
-            &plan_with(|o| o.wgmma_attention_pipelined = false),
-            PrefillKernel::WgmmaPipelined,
-            PrefillKernel::Wgmma,
-            "pipelined wgmma prefill attention",
-        );
+        assert!(on
+            .describe()
+            .contains("pipelined wgmma prefill attention on"));
+        assert!(off
+            .describe()
+            .contains("pipelined wgmma prefill attention off"));
     }
 
     #[test]
