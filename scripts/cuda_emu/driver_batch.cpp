@@ -33,7 +33,11 @@
 //         grid: the full shape on 132 SMs (3 tiles a block) and on 16 (the grid widened to 192
 //         blocks of 3), routed experts of 516 rows beside a shared expert of 1,024 (a last tile of 4
 //         rows, tiles past an item's rows copying nothing), and 512 columns (4 rows a warp, a
-//         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block).
+//         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block). On the same
+//         launches dec_glu4_x8x2_bulk_pf (moe_down_prefetch): its outputs bit for bit
+//         dec_glu4_x8x2_bulk's, and the L2 prefetches it issues exactly the 128-byte lines of the
+//         picked experts' down weights (q words, scales, biases), each once, nothing else (the
+//         plain bulk kernel none): where the down projection has whole groups.
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -1089,6 +1093,38 @@ static void run_moe_bulk(const Moe& m, const char* shape, int sms) {
         verdict(what, hid, hid ? "  bit for bit" : "  differ");
         snprintf(what, sizeof what, "token %d: nothing written past the outputs", t);
         verdict(what, bulk.ids.guard_ok() && bulk.rw.guard_ok() && bulk.eh.guard_ok() && bulk.sh.guard_ok());
+        if (m.inter % 64) continue;  // (a down projection without whole groups: no MoE to prefetch for)
+        snprintf(what, sizeof what, "token %d: dec_glu4_x8x2_bulk prefetches nothing", t);
+        verdict(what, g_prefetched.empty());
+        MoeIo pf(m, 1);
+        QWeight dw = m.down.view();
+        launch_k({grid, 1, 1}, DEC_WARPS * 32, (size_t)slots * DEC_BULK_SLOT / 4, [&] {
+            dec_glu4_x8x2_bulk_pf(g, u, io.logits.data(), m.n_exp, m.top_k, pf.ids.p(), pf.rw.p(), sg, su,
+                                  io.xn.data(), pf.eh.p(), m.inter, pf.sh.p(), per_item, dw);
+        });
+        bool pf_same = same_bits(pf.ids.p(), bulk.ids.p(), pf.ids.n) && same_bits(pf.rw.p(), bulk.rw.p(), pf.rw.n) &&
+                       same_bits(pf.eh.p(), bulk.eh.p(), pf.eh.n) && same_bits(pf.sh.p(), bulk.sh.p(), pf.sh.n) &&
+                       pf.ids.guard_ok() && pf.rw.guard_ok() && pf.eh.guard_ok() && pf.sh.guard_ok();
+        snprintf(what, sizeof what, "token %d: dec_glu4_x8x2_bulk_pf: routing and hidden rows", t);
+        verdict(what, pf_same, pf_same ? "  bit for bit _bulk's" : "  differ");
+        // The lines it should ask for: each picked expert's q words, scales and biases, from the
+        // stack's layout (QW: [experts][rows][cols · bits / 32] words, [experts][rows][cols / 64]).
+        std::vector<const char*> want;
+        size_t qb = (size_t)m.down.rows * m.down.cols * m.down.bits / 8, sb = (size_t)m.down.rows * (m.down.cols / 64) * 2;
+        for (int k = 0; k < m.top_k; k++) {
+            int e = bulk.ids[k];
+            const char* runs[3] = {(const char*)m.down.q.data() + (size_t)e * qb, (const char*)m.down.s.data() + (size_t)e * sb,
+                                   (const char*)m.down.b.data() + (size_t)e * sb};
+            size_t len[3] = {qb, sb, sb};
+            for (int r = 0; r < 3; r++)
+                for (size_t o = 0; o < len[r]; o += 128) want.push_back(runs[r] + o);
+        }
+        std::vector<const char*> got = g_prefetched;
+        g_prefetched.clear();
+        std::sort(want.begin(), want.end());
+        std::sort(got.begin(), got.end());
+        snprintf(what, sizeof what, "token %d: L2 prefetches = the picks' down lines, once each", t);
+        verdict(what, got == want, "  %.0f lines (%.0f wanted)", (double)got.size(), (double)want.size());
     }
 }
 

@@ -379,6 +379,15 @@ inline void launch_k(dim3e grid, int threads, size_t smem_floats, std::function<
     g_shared.clear();
     if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
 }
+// prefetch.global.L2 (decode.cu's l2_prefetch_line, moe_down_prefetch; run_batch.sh swaps its asm
+// for this): the line's address recorded (under a lock: two OS threads run blocks) for the driver
+// to check which lines a launch asked for; nothing else (a hint has no effect on the data).
+std::mutex g_prefetch_mu;
+std::vector<const char*> g_prefetched;
+inline void emu_l2_prefetch(const void* p) {
+    std::lock_guard<std::mutex> g(g_prefetch_mu);
+    g_prefetched.push_back((const char*)p);
+}
 // ---- common.cuh's bulk copies and mbarriers (dec_glu4_x8x2_bulk, moe_bulk) ----------------------
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes, mbarrier.init (count 1),
 // mbarrier.arrive.expect_tx and mbarrier.try_wait.parity 0, as the kernel uses them: one phase a

@@ -1383,15 +1383,46 @@ __device__ __forceinline__ void bulk_read(const char* slot, int n, const TileGeo
     r.u.b[0][0] = bf16_to_f32(sbv[3 * DEC_BULK_S / 2]);
 }
 
+// One 128-byte line toward L2 (no data returned; a hint: nothing waits on it).
+__device__ __forceinline__ void l2_prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// moe_down_prefetch: the down projections of the token's routed experts (ids_s[0 .. top_k), the
+// routing just published to the block) pulled toward L2 by the whole gate/up grid, so that
+// dec_down_combine's routed weights, which it can only request after its dependency wait, come
+// from L2 instead of DRAM. Line i of the launch's top_k · L lines (an expert's q words, then its
+// scales, then its biases, L lines in all) is thread (i mod threads)'s, every thread of the grid
+// taking lines `threads` apart: at the model's shape 36,864 lines (4.7 MB) over 264 · 256 threads,
+// at most one line a thread. Loads of the weights only (never written): no ordering with
+// anything; the outputs are the bulk kernel's bits whatever lands.
+__device__ __forceinline__ void down_prefetch_l2(const QWeight& down, const int* ids_s, int top_k) {
+    long long groups = (long long)down.rows * (down.cols / down.group);
+    long long q_lines = ((long long)down.rows * qw_words_per_row(down) * 4 + 127) / 128;
+    long long s_lines = (groups * 2 + 127) / 128;
+    long long per = q_lines + 2 * s_lines, total = per * top_k;
+    long long threads = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += threads) {
+        int k = (int)(i / per);
+        long long r = i - (long long)k * per;
+        QWeight w = expert<false>(down, ids_s[k]);
+        const char* a = r < q_lines            ? (const char*)w.q + r * 128
+                        : r < q_lines + s_lines ? (const char*)w.scales + (r - q_lines) * 128
+                                                : (const char*)w.biases + (r - q_lines - s_lines) * 128;
+        l2_prefetch_line(a);
+    }
+}
+
 // dec_glu4_x8x2_bulk's work (one token): slots [DEC_BULK_SLOTS][DEC_BULK_SLOT] of dynamic shared
-// memory, bars one mbarrier a slot; the rest as glu4_token.
+// memory, bars one mbarrier a slot; the rest as glu4_token. PREFETCH (moe_down_prefetch,
+// dec_glu4_x8x2_bulk_pf): once the block's own tiles are requested, the routed experts' down
+// weights toward L2 (down_prefetch_l2); nothing else changes.
+template <bool PREFETCH>
 __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                                 int n_experts, int top_k, int* __restrict__ ids,
                                                 float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                                 const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                                 float* __restrict__ hs, int per_item, float* xs, float* xsum,
                                                 float* p, int* ids_s, float* w_s, u32* xq, float2* xqs,
-                                                char* slots, unsigned long long* bars) {
+                                                char* slots, unsigned long long* bars, const QWeight& down) {
     int lane = threadIdx.x & 31;
     TileGeom tg;
     tg.G = gate.cols >> 6;
@@ -1425,6 +1456,7 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, gate.cols, p, ids_s, w_s, xs, xsum);
     if (requester && mine.item > 0)
         bulk_request(mine, tile_rows, tg.G, gate, up, sgate, sup, ids_s, my_slot, bars + tg.warp);
+    if (PREFETCH) down_prefetch_l2(down, ids_s, top_k);
     stage_x8x2(xs, tg.G, xq, xqs);
     __syncthreads();
     GluX<true, true> x;
@@ -1454,8 +1486,24 @@ dec_glu4_x8x2_bulk(QWeight gate, QWeight up, const float* __restrict__ router_lo
     GLU4_SHARED_X8X2
     __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
     extern __shared__ __align__(128) char glu_slots[];
-    glu4_bulk_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
-                    tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars);
+    glu4_bulk_token<false>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+                           tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars, gate);
+}
+
+// moe_down_prefetch: dec_glu4_x8x2_bulk (the same outputs bit for bit) that also pulls the
+// routed experts' down projections (`down`: the stacked routed down weights dec_down_combine
+// reads next) toward L2 once its own tiles are requested.
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_bulk_pf(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+                      int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                      const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                      int tiles_per_item, QWeight down) {
+    GLU4_SHARED
+    GLU4_SHARED_X8X2
+    __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
+    extern __shared__ __align__(128) char glu_slots[];
+    glu4_bulk_token<true>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+                          tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars, down);
 }
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared

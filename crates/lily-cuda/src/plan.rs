@@ -305,6 +305,7 @@ impl Plan {
                 && device.wgmma,
             tc_scan: o.tc_scan && bf16 && device.max_shared_memory >= deltanet::DN_WY_SMEM,
             moe_bulk: o.moe_bulk && device.wgmma,
+            moe_down_prefetch: o.moe_down_prefetch && o.moe_bulk && device.wgmma,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             ..o.clone()
@@ -770,14 +771,20 @@ impl Plan {
     /// Where a one-token MoE gate/up launch on `products` holds its weight tiles: under
     /// `moe_bulk` (an sm_90a device) the int8-pair kernel's tiles bulk-copied into shared memory
     /// (`dec_glu4_x8x2_bulk`, where `decode::glu_bulk_serves` the block's weights), else in
-    /// registers (`dec_glu4_x8x2` and every other form).
+    /// registers (`dec_glu4_x8x2` and every other form); with `moe_down_prefetch` too, the bulk
+    /// kernel that also pulls the routed experts' down projections toward L2
+    /// (`dec_glu4_x8x2_bulk_pf`, the same outputs).
     pub fn glu_loads(&self, m: &DevMoe, products: MoeProducts) -> GluLoads {
         let [gate, up, sgate, sup] = glu_shapes(m);
         if self.o.moe_bulk
             && products == MoeProducts::Int8Pairs
             && decode::glu_bulk_serves(&gate, &up, &sgate, &sup)
         {
-            GluLoads::Bulk
+            if self.o.moe_down_prefetch {
+                GluLoads::BulkPrefetch
+            } else {
+                GluLoads::Bulk
+            }
         } else {
             GluLoads::Registers
         }

@@ -710,6 +710,7 @@ fn glu_run<'a>(
         xn: xn.ptr,
         h: eh[i].ptr,
         h_shared: sh[i].ptr,
+        down: &dw.down,
     }
 }
 
@@ -743,6 +744,7 @@ impl MoeRuns<'_> {
             xn: self.xn + (at * h * 4) as u64,
             h: eh[i].ptr + (at * tk * inter * 4) as u64,
             h_shared: sh[i].ptr + (at * si * 4) as u64,
+            down: &self.dw.down,
         }
     }
 
