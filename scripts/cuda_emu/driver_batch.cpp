@@ -1107,24 +1107,36 @@ static void run_moe_bulk(const Moe& m, const char* shape, int sms) {
                        pf.ids.guard_ok() && pf.rw.guard_ok() && pf.eh.guard_ok() && pf.sh.guard_ok();
         snprintf(what, sizeof what, "token %d: dec_glu4_x8x2_bulk_pf: routing and hidden rows", t);
         verdict(what, pf_same, pf_same ? "  bit for bit _bulk's" : "  differ");
-        // The lines it should ask for: each picked expert's q words, scales and biases, from the
-        // stack's layout (QW: [experts][rows][cols · bits / 32] words, [experts][rows][cols / 64]).
-        std::vector<const char*> want;
+        // The bytes it should ask for: each picked expert's q words, scales and biases, from the
+        // stack's layout (QW: [experts][rows][cols · bits / 32] words, [experts][rows][cols / 64]);
+        // the prefetches must not overlap and, merged where contiguous, equal those runs merged.
+        std::vector<std::pair<const char*, size_t>> want;
         size_t qb = (size_t)m.down.rows * m.down.cols * m.down.bits / 8, sb = (size_t)m.down.rows * (m.down.cols / 64) * 2;
         for (int k = 0; k < m.top_k; k++) {
             int e = bulk.ids[k];
-            const char* runs[3] = {(const char*)m.down.q.data() + (size_t)e * qb, (const char*)m.down.s.data() + (size_t)e * sb,
-                                   (const char*)m.down.b.data() + (size_t)e * sb};
-            size_t len[3] = {qb, sb, sb};
-            for (int r = 0; r < 3; r++)
-                for (size_t o = 0; o < len[r]; o += 128) want.push_back(runs[r] + o);
+            want.emplace_back((const char*)m.down.q.data() + (size_t)e * qb, qb);
+            want.emplace_back((const char*)m.down.s.data() + (size_t)e * sb, sb);
+            want.emplace_back((const char*)m.down.b.data() + (size_t)e * sb, sb);
         }
-        std::vector<const char*> got = g_prefetched;
+        std::vector<std::pair<const char*, size_t>> got(g_prefetched.begin(), g_prefetched.end());
         g_prefetched.clear();
-        std::sort(want.begin(), want.end());
-        std::sort(got.begin(), got.end());
-        snprintf(what, sizeof what, "token %d: L2 prefetches = the picks' down lines, once each", t);
-        verdict(what, got == want, "  %.0f lines (%.0f wanted)", (double)got.size(), (double)want.size());
+        auto merged = [](std::vector<std::pair<const char*, size_t>> v, bool& overlap) {
+            std::sort(v.begin(), v.end());
+            std::vector<std::pair<const char*, size_t>> out;
+            for (auto& [a, n] : v) {
+                if (!out.empty() && a < out.back().first + out.back().second) overlap = true;
+                if (!out.empty() && a == out.back().first + out.back().second) out.back().second += n;
+                else out.emplace_back(a, n);
+            }
+            return out;
+        };
+        bool overlap = false, want_overlap = false;
+        size_t got_bytes = 0, want_bytes = 0;
+        for (auto& r : got) got_bytes += r.second;
+        for (auto& r : want) want_bytes += r.second;
+        bool same = merged(got, overlap) == merged(want, want_overlap) && !overlap;
+        snprintf(what, sizeof what, "token %d: L2 prefetches = the picks' down runs, once each", t);
+        verdict(what, same, "  %.0f bytes (%.0f wanted)", (double)got_bytes, (double)want_bytes);
     }
 }
 

@@ -101,8 +101,8 @@ MUTANTS = [
      "dec_glu4_x8x2_bulk never requesting the shared expert's tiles (waits that never complete)"),
     ('dec', 'QWeight w = expert<false>(down, ids_s[k]);', 'QWeight w = expert<false>(down, ids_s[0]);',
      "dec_glu4_x8x2_bulk_pf prefetching the first pick's down weights for every pick"),
-    ('dec', 'long long per = q_lines + 2 * s_lines,', 'long long per = q_lines + s_lines,',
-     "dec_glu4_x8x2_bulk_pf leaving out each expert's biases (its lines a pick one run short)"),
+    ('dec', 'u32 per = q_chunks + 2 * s_chunks,', 'u32 per = q_chunks + s_chunks,',
+     "dec_glu4_x8x2_bulk_pf leaving out each expert's biases (its chunks a pick one run short)"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -123,7 +123,11 @@ dec = swap(dec, '''    uint2 r;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;''', '    return __ldg(p);')
 dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(norm_w + c));', '(void)c;')
-dec = swap(dec, 'asm volatile("prefetch.global.L2 [%0];" ::"l"(p));', 'emu_l2_prefetch(p);')
+dec = swap(dec, '''#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    __trap();
+#endif''', '    emu_l2_prefetch(p, bytes);')
 dec = swap(dec, 'asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));', 'd = emu_dp4a_us(a, b, c);')
 dec = swap(dec, 'extern __shared__ __align__(16) float dec_smem[];', 'float* dec_smem = t_smem;', 6)
 # dec_glu4_x8x2_bulk's slots (dynamic) and mbarriers (static; common.cuh's bulk_* helpers sit in

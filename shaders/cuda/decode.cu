@@ -1383,31 +1383,40 @@ __device__ __forceinline__ void bulk_read(const char* slot, int n, const TileGeo
     r.u.b[0][0] = bf16_to_f32(sbv[3 * DEC_BULK_S / 2]);
 }
 
-// One 128-byte line toward L2 (no data returned; a hint: nothing waits on it).
-__device__ __forceinline__ void l2_prefetch_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// `bytes` (a multiple of 16, from a 16-byte boundary) of global memory toward L2 by the copy
+// engine (cp.async.bulk.prefetch, sm_90; a hint: nothing waits on it). Below sm_90 it traps (the
+// plan names its kernel on sm_90a only).
+__device__ __forceinline__ void l2_prefetch_bulk(const void* p, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    __trap();
+#endif
+}
 
 // moe_down_prefetch: the down projections of the token's routed experts (ids_s[0 .. top_k), the
 // routing just published to the block) pulled toward L2 by the whole gate/up grid, so that
 // dec_down_combine's routed weights, which it can only request after its dependency wait, come
-// from L2 instead of DRAM. Line i of the launch's top_k · L lines (an expert's q words, then its
-// scales, then its biases, L lines in all) is thread (i mod threads)'s, every thread of the grid
-// taking lines `threads` apart: at the model's shape 36,864 lines (4.7 MB) over 264 · 256 threads,
-// at most one line a thread. Loads of the weights only (never written): no ordering with
-// anything; the outputs are the bulk kernel's bits whatever lands.
+// from L2 instead of DRAM. Each expert's three runs (q words, scales, biases: contiguous in the
+// stacks) in chunks of DEC_PF_CHUNK bytes; chunk i of the launch's top_k · per is warp
+// (i mod warps)'s, lane 0 asking for it (at the model's shape 8 · 144 chunks, 4.7 MB, over 264 · 8
+// warps: at most one a warp). Loads of weights only (never written): no ordering with anything;
+// the outputs are the bulk kernel's bits whatever lands (the launcher checks the alignment).
+#define DEC_PF_CHUNK 4096
 __device__ __forceinline__ void down_prefetch_l2(const QWeight& down, const int* ids_s, int top_k) {
-    long long groups = (long long)down.rows * (down.cols / down.group);
-    long long q_lines = ((long long)down.rows * qw_words_per_row(down) * 4 + 127) / 128;
-    long long s_lines = (groups * 2 + 127) / 128;
-    long long per = q_lines + 2 * s_lines, total = per * top_k;
-    long long threads = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += threads) {
-        int k = (int)(i / per);
-        long long r = i - (long long)k * per;
+    u32 q_bytes = (u32)down.rows * (u32)qw_words_per_row(down) * 4u;
+    u32 s_bytes = (u32)down.rows * (u32)(down.cols / down.group) * 2u;
+    u32 q_chunks = (q_bytes + DEC_PF_CHUNK - 1) / DEC_PF_CHUNK, s_chunks = (s_bytes + DEC_PF_CHUNK - 1) / DEC_PF_CHUNK;
+    u32 per = q_chunks + 2 * s_chunks, total = per * (u32)top_k;
+    u32 warps = gridDim.x * (blockDim.x >> 5);
+    if ((threadIdx.x & 31) != 0) return;
+    for (u32 i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
+        u32 k = i / per, r = i - k * per;
         QWeight w = expert<false>(down, ids_s[k]);
-        const char* a = r < q_lines            ? (const char*)w.q + r * 128
-                        : r < q_lines + s_lines ? (const char*)w.scales + (r - q_lines) * 128
-                                                : (const char*)w.biases + (r - q_lines - s_lines) * 128;
-        l2_prefetch_line(a);
+        const char* run = r < q_chunks ? (const char*)w.q : r < q_chunks + s_chunks ? (const char*)w.scales : (const char*)w.biases;
+        u32 c = r < q_chunks ? r : r < q_chunks + s_chunks ? r - q_chunks : r - q_chunks - s_chunks;
+        u32 len = r < q_chunks ? q_bytes : s_bytes;
+        l2_prefetch_bulk(run + (size_t)c * DEC_PF_CHUNK, min((u32)DEC_PF_CHUNK, len - c * DEC_PF_CHUNK));
     }
 }
 

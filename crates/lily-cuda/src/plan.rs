@@ -780,7 +780,7 @@ impl Plan {
             && products == MoeProducts::Int8Pairs
             && decode::glu_bulk_serves(&gate, &up, &sgate, &sup)
         {
-            if self.o.moe_down_prefetch {
+            if self.o.moe_down_prefetch && decode::down_prefetch_serves(&m.down.shape()) {
                 GluLoads::BulkPrefetch
             } else {
                 GluLoads::Bulk
@@ -1023,6 +1023,32 @@ mod tests {
             AttentionKernels::Prefill(PrefillKernel::Mma)
         );
         assert!(p.describe().contains("wgmma prefill GEMM off"));
+    }
+
+    #[test]
+    fn the_down_prefetch_needs_moe_bulk_and_an_sm_90a_device() {
+        let with = |moe_bulk| CudaOptions {
+            moe_down_prefetch: true,
+            moe_bulk,
+            ..CudaOptions::default()
+        };
+        let label = "MoE down weights prefetched to L2";
+        let on = Plan::resolve(&with(true), H200).describe();
+        assert!(on.contains(&format!("{label} on")), "{on}");
+        for p in [
+            Plan::resolve(&with(false), H200),
+            Plan::resolve(&with(true), A100),
+            Plan::resolve(&CudaOptions::default(), H200),
+        ] {
+            let d = p.describe();
+            assert!(d.contains(&format!("{label} off")), "{d}");
+        }
+        // The model's routed down stack (2,048 rows of 512 columns, 4-bit) and what it refuses.
+        assert!(decode::down_prefetch_serves(&mlx(2048, 512, 4, 256)));
+        assert!(decode::down_prefetch_serves(&mlx(512, 128, 4, 32)));
+        assert!(!decode::down_prefetch_serves(&mlx(2048, 512, 8, 256)));
+        assert!(!decode::down_prefetch_serves(&mlx(2048, 516, 4, 256)));
+        assert!(!decode::down_prefetch_serves(&mlx(3, 64, 4, 256)));
     }
 
     #[test]

@@ -350,6 +350,18 @@ pub fn glu_bulk_serves(
     glu_rows_serves(gate, up, sgate, sup) && (gate.cols / 64).is_multiple_of(8)
 }
 
+/// Whether `glu` with `GluLoads::BulkPrefetch` (`dec_glu4_x8x2_bulk_pf`) prefetches these routed
+/// down projections: 4-bit in groups of 64 whose experts' runs of q words, scales and biases are
+/// whole 16-byte units (the bulk prefetch's), each expert's runs under 4 GiB.
+pub fn down_prefetch_serves(down: &LinearShape) -> bool {
+    let groups = down.rows * (down.cols / 64);
+    down.bits == 4
+        && down.group == 64
+        && down.cols.is_multiple_of(64)
+        && (groups * 2).is_multiple_of(16)
+        && groups * 32 < 1 << 32
+}
+
 /// Blocks of a `dec_glu4_x8x2_bulk` launch of `tiles` tiles: the persistent grid of `persistent`
 /// blocks (at most one a tile), or more where it would give a block more than GLU_BULK_SLOTS
 /// tiles; and the slots (tiles) its busiest block holds.
@@ -1118,9 +1130,15 @@ impl Decode {
         if bulk && unaligned {
             bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
         }
+        let down = a.down.arg();
+        if prefetch && !down_prefetch_serves(&a.down.shape()) {
+            bail!("dec_glu4_x8x2_bulk_pf: down projections it does not prefetch");
+        }
+        if prefetch && !(down.q | down.scales | down.biases).is_multiple_of(16) {
+            bail!("dec_glu4_x8x2_bulk_pf: a down weight not 16-byte aligned (bulk prefetches need it)");
+        }
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
-        let down = a.down.arg();
         let cfg = config(
             (blocks_x as u32, tokens as u32, 1),
             (WARPS * 32) as u32,
