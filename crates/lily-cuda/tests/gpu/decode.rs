@@ -1850,11 +1850,16 @@ fn glu_down_prefetch_gives_the_bulk_kernels_bits() {
                     shared_gate: s_gate.ptr,
                     x: xs[i].ptr,
                 };
-                dec.down_combine(&d, &down, pairs, DownRegs::Next96).unwrap();
+                dec.down_combine(&d, &down, pairs, DownRegs::Next96)
+                    .unwrap();
             }
             let [want, got]: [Vec<f32>; 2] = [0, 1].map(|i| d.read(&xs[i], 0, h).unwrap());
             assert!(want != x0, "{what}: the residual row did not change");
-            assert_eq!(bits(&got), bits(&want), "{what}: residual rows after the down kernel");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{what}: residual rows after the down kernel"
+            );
             println!("KERNEL dec_down_combine_x8x2_r96 after dec_glu4_x8x2_bulk_pf {what}: the same bits");
         }
     }
