@@ -82,6 +82,13 @@ override PERSIST: u32 = 0u;
 // registers compiled out (their inputs `xc`, the persistent form's `cur2` / `nxt2` carried
 // between rounds), the same sums in the same order: outputs bit for bit.
 override WORDS: u32 = 2u;
+// 1 (`WgpuOptions::router_lean`: plan.rs `rows_spec` compiles it with RB 1 only, the router's
+// kernel): the row's 64 partials and, with EARLY and a folded norm, the input's Σx² summed
+// together in one two-value workgroup sum (`wg_sum2`: one subgroupAdd of the pair and one
+// barrier), instead of the norm's `rms_scale` (two barriers) then `row_total` (three barriers
+// and 64 serial adds at one row). The same products; the partials meet in another order: within
+// rounding of RB 1 without it, not bit for bit.
+override LEAN: u32 = 0u;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -284,6 +291,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
         }
         return;
     }
+    var lean = 0.0;
     for (var r8 = 0u; r8 < RB; r8 += RI) {
         // RI rows' reads together (rows past the end read row r0 again; not stored); the first
         // RI were read above.
@@ -305,9 +313,24 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
                 pa[j] += c2.s[j] * qd(c2.w[j], xc) + c2.b[j] * sc;
             }
         }
-        for (var j = 0u; j < RI; j++) {
-            row_put(lid, r8 + j, pa[j]);
+        if (LEAN != 0u) {
+            // RB 1: pa[0] is this invocation's partial of the one row.
+            lean = pa[0];
+        } else {
+            for (var j = 0u; j < RI; j++) {
+                row_put(lid, r8 + j, pa[j]);
+            }
         }
+    }
+    if (LEAN != 0u) {
+        let t = wg_sum2(lid, vec2<f32>(lean, ss_early));
+        var rl = 1.0;
+        if (EARLY != 0u && p.norm != 0u) {
+            // rms_scale's formula on the same Σx².
+            rl = 1.0 / sqrt(t.y / f32(p.m.cols) + p.eps);
+        }
+        store_rows(lid, item, r0, nr, t.x * rl);
+        return;
     }
     var rn = 1.0;
     if (EARLY != 0u && p.norm != 0u) {

@@ -42,6 +42,25 @@ fn wg_sum(lid: u32, v: f32) -> f32 {
     return total;
 }
 
+var<workgroup> wg_part2: array<vec2<f32>, 64>;
+
+// Σ v over the workgroup for two values at once (one subgroupAdd of the pair, one barrier);
+// every invocation gets the totals, combined from the `num_subgroups` slots in one order. Its
+// last call in a kernel: no barrier after the slots are read (linear_q4_rows' `LEAN`, one call
+// an invocation). Uniform control flow only.
+fn wg_sum2(lid: u32, v: vec2<f32>) -> vec2<f32> {
+    let t = subgroupAdd(v);
+    if (subgroup_first()) {
+        wg_part2[lanes.sg] = t;
+    }
+    workgroupBarrier();
+    var total = vec2<f32>(0.0);
+    for (var i = 0u; i < lanes.nsg; i++) {
+        total += wg_part2[i];
+    }
+    return total;
+}
+
 // max v over the workgroup.
 fn wg_max(lid: u32, v: f32) -> f32 {
     let t = subgroupMax(v);

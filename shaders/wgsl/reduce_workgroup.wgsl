@@ -31,6 +31,23 @@ fn wg_sum(lid: u32, v: f32) -> f32 {
     return total;
 }
 
+var<workgroup> wg_part2: array<vec2<f32>, 64>;
+
+// Σ v over a 64-invocation workgroup for two values at once (one tree); every invocation gets
+// the totals. Its last call in a kernel: no barrier after the totals are read (linear_q4_rows'
+// `LEAN`, one call an invocation). Uniform control flow only.
+fn wg_sum2(lid: u32, v: vec2<f32>) -> vec2<f32> {
+    wg_part2[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            wg_part2[lid] += wg_part2[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return wg_part2[0];
+}
+
 // max v over a 64-invocation workgroup.
 fn wg_max(lid: u32, v: f32) -> f32 {
     wg_part[lid] = v;

@@ -43,6 +43,8 @@ macro_rules! kernels {
             $(pub $name: Kernel,)*
             /// Where the plan's prefill attention is attend_tile.wgsl.
             pub attend_tile: Option<Kernel>,
+            /// Where the plan takes `router_lean` (`Specs::linear_q4_rows1`).
+            pub linear_q4_rows1: Option<Forms>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
             pub linear_q4_mm64: Option<Forms>,
             /// The routed experts' tile products where the plan splits them off
@@ -59,6 +61,10 @@ macro_rules! kernels {
                     $($name: Kernel::new(gpu, &specs.$name, checked)?,)*
                     attend_tile: match &specs.attend_tile {
                         Some(s) => Some(Kernel::new(gpu, s, checked)?),
+                        None => None,
+                    },
+                    linear_q4_rows1: match &specs.linear_q4_rows1 {
+                        Some(s) => Some(Forms::load(gpu, s, checked)?),
                         None => None,
                     },
                     linear_q4_mm64: match &specs.linear_q4_mm64 {
@@ -158,13 +164,22 @@ impl Kernels {
         v
     }
 
-    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 8, 4 or 2).
+    /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 8, 4 or 2; 1 with
+    /// `router_lean`, the only plan that compiles it).
     pub fn rows(&self, rb: usize) -> &Forms {
+        self.rows_if(rb).expect(
+            "the plan gives a matrix one row a workgroup only where it compiled that kernel",
+        )
+    }
+
+    /// `rows`, None for the 1-row kernel where not compiled (the probes' loop over every kernel).
+    pub fn rows_if(&self, rb: usize) -> Option<&Forms> {
         match rb {
-            16 => &self.linear_q4_rows16,
-            8 => &self.linear_q4_rows8,
-            4 => &self.linear_q4_rows4,
-            _ => &self.linear_q4_rows2,
+            16 => Some(&self.linear_q4_rows16),
+            8 => Some(&self.linear_q4_rows8),
+            4 => Some(&self.linear_q4_rows4),
+            1 => self.linear_q4_rows1.as_ref(),
+            _ => Some(&self.linear_q4_rows2),
         }
     }
 }

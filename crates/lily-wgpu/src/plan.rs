@@ -63,7 +63,9 @@
 //!   `rows_spec`'s `WORDS` 1, `Plan::rows_rb` sending two-word matrices of ≥ 8,192 rows to the
 //!   8-row kernel), which drops the second words' registers the persistent loop carried for
 //!   every matrix since session 21: in_proj / q/k/v 34.1 / 31.0 → 24.8 / 23.1 µs a call, decode
-//!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan).
+//!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). Off until measured
+//!   (`router_lean`, session 26): the products of < 1,024 rows (the router) on a 1-row kernel
+//!   whose row total and folded norm meet in one reduction (`rows_lean_spec`'s `LEAN`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -372,6 +374,10 @@ pub struct Specs {
     pub linear_q4_rows8: FormSpecs,
     pub linear_q4_rows4: FormSpecs,
     pub linear_q4_rows2: FormSpecs,
+    /// linear_q4_rows.wgsl with one row a workgroup and `LEAN` (`router_lean`: the matrices of
+    /// fewer than 1,024 rows, the router | shared gate on the full model; `rows_lean_spec`);
+    /// None without the switch.
+    pub linear_q4_rows1: Option<FormSpecs>,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
     /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; with
     /// `coop_big` linear_q4_coop_big.wgsl; the same launches, so kernels.rs and forward.rs need
@@ -430,6 +436,7 @@ impl Specs {
         .into_iter()
         .flatten()
         .collect();
+        v.extend(self.linear_q4_rows1.iter().flatten());
         v.extend(self.linear_q4_mm64.iter().flatten());
         v.extend(self.experts_coop.iter().flatten().flatten());
         v.extend([
@@ -478,6 +485,7 @@ impl Specs {
         .into_iter()
         .flatten()
         .collect();
+        v.extend(self.linear_q4_rows1.iter_mut().flatten());
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
         v.extend(self.experts_coop.iter_mut().flatten().flatten());
         v.extend([
@@ -531,6 +539,16 @@ pub fn rows_spec(rb: usize, early: bool, persist: bool, one_word: bool) -> Spec 
         constants.push(("WORDS", 1.0));
     }
     Spec::new("linear_q4_rows", &constants)
+}
+
+/// linear_q4_rows.wgsl with one row a workgroup and its row's partials summed with the folded
+/// norm's Σx² in one two-value workgroup sum (`WgpuOptions::router_lean`, its `LEAN`: one
+/// barrier on subgroups where `row_total` and `rms_scale` take five, no serial adds); `early`:
+/// as `rows_spec`'s (`LEAN` sums the norm's Σx² only with it).
+pub fn rows_lean_spec(early: bool) -> Spec {
+    let mut spec = rows_spec(1, early, false, false);
+    spec.constants.push(("LEAN", 1.0));
+    spec
 }
 
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
@@ -1007,6 +1025,9 @@ impl Plan {
             linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
+            linear_q4_rows1: opts
+                .router_lean
+                .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1160,8 +1181,13 @@ impl Plan {
     /// 16-byte words a lane reads of a row (`row_words`): with `rows_one_word` the 16-row
     /// kernel is compiled for one-word rows, so a two-word matrix of ≥ 8,192 rows takes the
     /// 8-row kernel (in rounds) instead (none on the full model: in_proj, q/k/v and lm_head
-    /// are 4-bit of 2,048 columns).
+    /// are 4-bit of 2,048 columns); with `router_lean`, 1 for the matrices of fewer than 1,024
+    /// rows (`rows_rb`'s 2-row kernel's: the router | shared gate on the full model) on the
+    /// `LEAN` kernel (`Specs::linear_q4_rows1`).
     pub fn rows_rb(&self, rows: usize, words: usize) -> usize {
+        if self.options.router_lean && rows < 1024 {
+            return 1;
+        }
         let rb = match self.options.out_rows {
             0 => rows_rb(rows),
             n if rows_rb(rows) == 4 => n,
@@ -1261,10 +1287,11 @@ impl Plan {
                 (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
                 (None, n) => format!(" (the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
             },
-            if self.options.rows_one_word {
-                " (its 16-row kernel compiled for one-word rows: no second words)"
-            } else {
-                ""
+            match (self.options.rows_one_word, self.options.router_lean) {
+                (true, false) => " (its 16-row kernel compiled for one-word rows: no second words)",
+                (true, true) => " (its 16-row kernel compiled for one-word rows: no second words; the products of < 1,024 rows on its lean 1-row kernel)",
+                (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
+                (false, false) => "",
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

@@ -258,14 +258,18 @@ pub fn check_rows(
         .max(check_rows_accumulate(gpu, k, act_f16, one_word)?);
     let mut worst = 0f64;
     for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for rb in [16usize, 8, 4, 2] {
+        for rb in [16usize, 8, 4, 2, 1] {
             // `one_word` (`rows_one_word`): the 16-row kernel takes one-word rows only.
             if one_word && rb == 16 && crate::plan::words_of(cols, bits) > 1 {
                 continue;
             }
+            // The 1-row kernel (`router_lean`'s `LEAN`) where the plan compiled it.
+            let Some(forms) = k.rows_if(rb) else {
+                continue;
+            };
             let (rows, items) = (37usize, 2usize);
             let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-            for (form, kernel) in k.rows(rb).iter() {
+            for (form, kernel) in forms.iter() {
                 let sides = Sides::of(form, act_f16);
                 let (nx, ny) = grid_2d(rows.div_ceil(rb));
                 // Plain, then with the RMSNorm folded in (decode's norms: `Io::norm`) where

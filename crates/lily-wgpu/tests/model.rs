@@ -1103,6 +1103,64 @@ fn out_rows_kernels_match_the_host() {
     }
 }
 
+/// `router_lean`: the products of fewer than 1,024 rows (the router | shared gate on the full
+/// model, 257 rows of 8 bits) on linear_q4_rows' 1-row kernel with `LEAN` (the row's partials and
+/// the folded norm's Σx² in one two-value workgroup sum); the plan's rows a workgroup (the
+/// router 1, the output projections still 2, in_proj 16) and its plan line; every product probe
+/// through the plan's kernels, the 1-row kernel among them (4-bit 2,048 and 4,096 columns, 8-bit
+/// 2,048; 37 rows, 2 items; the norm folded and not) against the host's f64, in both reduction
+/// forms, with f32 and f16 activations.
+#[test]
+fn router_lean_kernel_matches_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 67);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            router_lean: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert!(plan.options.router_lean && plan.specs.linear_q4_rows1.is_some());
+        assert_eq!(
+            (
+                plan.rows_rb(257, 2),
+                plan.rows_rb(1023, 1),
+                plan.rows_rb(2048, 2),
+                plan.rows_rb(12_352, 1)
+            ),
+            (1, 1, 2, 16)
+        );
+        let d = plan.describe();
+        assert!(
+            d.contains("linear_q4_rows lean 1-row router on")
+                && d.contains("the products of < 1,024 rows on its lean 1-row kernel"),
+            "{d}"
+        );
+        let bound = Bounds::of(plan).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: linear_q4_rows (the lean 1-row kernel among them) {rows:.2e}",
+            plan.act_f16
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (LEAN, one row a workgroup) differs from the host by {rows:.2e}"
+        );
+    }
+    // Off (as it ships): no 1-row kernel, the router on the 2-row one.
+    let Some(gpu) = wgpu_backend_with(&w, WgpuOptions::default()) else {
+        return;
+    };
+    assert!(gpu.plan().specs.linear_q4_rows1.is_none());
+    assert_eq!(gpu.plan().rows_rb(257, 2), 2);
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).

@@ -85,6 +85,8 @@ fn choosable() -> Vec<Spec> {
                             // linear_q4_rows' 16-row kernel for one-word rows (WORDS = 1),
                             // persistent (the switches on) and not (f16 activations alone).
                             rows_one_word: sw || f16_acts,
+                            // linear_q4_rows' lean 1-row kernel (LEAN = 1, `router_lean`).
+                            router_lean: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -298,6 +300,8 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         rows_persist: sw[4],
         moe_rounds: sw[5],
         rows_one_word: sw[6],
+        // linear_q4_rows' lean 1-row kernel (`router_lean`) with rows_early's EARLY and without.
+        router_lean: sw[2],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -315,6 +319,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         ],
         sw
     );
+    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2]);
     // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
     assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
