@@ -5,7 +5,7 @@
 # the kernels must not read filled with NaN). A check of the kernels' indexing, fragments, masks,
 # barriers and waits while no GPU is lent; it says nothing of speed, and real hardware may still
 # race where the emulation's scheduling did not.
-#   bash scripts/cuda_emu/run.sh [scan|gemm|attn]   (all by default; ≈ 3 + 1 + 0.5 minutes on 2 cores)
+#   bash scripts/cuda_emu/run.sh [scan|gemm|attn|gather]   (all by default; ≈ 3 + 1 + 0.5 + 0.2 minutes on 2 cores)
 # scan: deltanet.cu's tensor-core scan (dn_wy_prep + dn_wy_scan; mma.sync m16n8k8 tf32,
 #   cvt.rna.tf32 as its bit rounding) against an f64 token-by-token recurrence (driver.cpp).
 #   Each line: heads, dk, tokens, decay scale, tf32 on/off, outputs' and final state's rel. L2;
@@ -24,13 +24,17 @@
 #   any unwritten output, or where the pipelined kernel's outputs are not bit-identical to
 #   attn_prefill_wg's. Session 24: 2.9e-3 … 3.1e-3, 0 outputs differing on every case; a planted
 #   bug (P rounded and O rescaled before the P·V's wait) fails the 4 cases of two or more tiles.
+# gather: linear.cu's linear_gather with grid.y below its items (each block row looping over items
+#   gridDim.y apart, as past GRID_Y_MAX = 65,535 items on the device: prefill chunks above 8,191
+#   tokens) against an f64 product of the same weights (gather_driver.cpp): fails above 1e-5, on
+#   any unwritten output, or where the looped launch's outputs are not the one-pass launch's bits.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$HERE/../.."
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT
 WHAT="${1:-all}"
-# Whether this run emulates the kernels `$1` (scan, gemm or attn).
+# Whether this run emulates the kernels `$1` (scan, gemm, attn or gather).
 wants() { [ "$WHAT" = all ] || [ "$WHAT" = "$1" ]; }
 # Runs the Python on stdin (a writer of one emulation's C++ source into $W) after what every
 # writer uses: `root` (the repository), `w` (the work folder), `between(text, start, end)` (text
@@ -160,6 +164,39 @@ g++ -std=c++20 -O2 -pthread "$W/emu_attn.cpp" -o "$W/emu_attn"
 # the model's GQA group (8 query heads a kv head) over 10 tiles.
 for args in "2 1 0 30" "2 1 0 64" "2 1 10 100" "4 2 0 130" "4 2 300 77" "8 1 500 150"; do
   "$W/emu_attn" $args || fail=1
+done
+fi
+if wants gather; then
+emu_python <<'PY'
+common = open(f'{root}/shaders/cuda/common.cuh').read()
+lin = open(f'{root}/shaders/cuda/linear.cu').read()
+helpers = (between(common, '__device__ __forceinline__ float bf16_to_f32', '\n') + '\n'
+           + between(common, '__device__ __forceinline__ float warp_sum(', '\n}\n') + '\n}\n'
+           + between(common, 'struct QWeight {', '// ---- tensor cores'))
+kernel = (between(lin, '__device__ __forceinline__ void load_x(', '\n}\n') + '\n}\n'
+          + between(lin, 'extern "C" __global__ void __launch_bounds__(LINEAR_WARPS * 32)\nlinear_gather(', '\n}\n') + '\n}\n')
+emu = r"""
+typedef unsigned short u16;
+inline float __uint_as_float(u32 u) { return as_f(u); }
+inline float __shfl_xor_sync(unsigned, float v, int x) {
+    auto& w = g_ws[warp_id()]; int l = lane_id();
+    w.v[l] = v; __syncwarp();
+    float r = w.v[l ^ x]; __syncwarp();
+    return r;
+}
+"""
+defs = launcher_defines('crates/lily-cuda/src/kernels/linear.rs', ['LINEAR_WARPS'])
+src = (f'#include "{root}/scripts/cuda_emu/shim.h"\n' + defs + emu + helpers + kernel
+       + f'\n#include "{root}/scripts/cuda_emu/gather_driver.cpp"\n')
+open(f'{w}/emu_gather.cpp', 'w').write(src)
+PY
+g++ -std=c++20 -O2 -pthread "$W/emu_gather.cpp" -o "$W/emu_gather"
+# rows cols bits n_items x_div grid_y: one pass (grid.y = the items), 2, 3 and 5 passes with a
+# last partial one, rows off the block's 4, 4-, 8-bit and bf16 weights, x_div 8 (gate/up at
+# top-8) and 1 (down).
+for args in "12 128 4 24 8 24" "12 128 4 25 8 12" "10 128 4 37 8 8" "9 256 8 41 1 9" \
+            "12 128 16 30 2 7" "6 192 4 70 8 16"; do
+  "$W/emu_gather" $args || fail=1
 done
 fi
 exit "${fail:-0}"

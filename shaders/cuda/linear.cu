@@ -97,24 +97,27 @@ linear_gather(QWeight w, const int* __restrict__ ids, const float* __restrict__ 
               int x_div, float* __restrict__ y, int y_stride, int n_items) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r = blockIdx.x * LINEAR_WARPS + warp;
-    int n = blockIdx.y;
-    if (r >= w.rows || n >= n_items) return;
-    long long row = (long long)ids[n] * w.rows + r;
-    const float* xr = x + (long long)(n / x_div) * x_stride;
+    if (r >= w.rows) return;
     int wpr = qw_words_per_row(w);
-    float vals[8];
-    float acc = 0.0f;
+    // grid.y is at most GRID_Y_MAX (kernels/linear.rs): past it (a prefill chunk of more than
+    // 65,535 / top_k tokens) each block row takes items gridDim.y apart; one pass below it.
+    for (int n = blockIdx.y; n < n_items; n += gridDim.y) {
+        long long row = (long long)ids[n] * w.rows + r;
+        const float* xr = x + (long long)(n / x_div) * x_stride;
+        float vals[8];
+        float acc = 0.0f;
 #pragma unroll 4
-    for (int wi = lane; wi < wpr; wi += 32) {
-        int per = qw_unpack(w, row, wi, vals);
-        float xv[8];
-        load_x(xr + wi * per, per, xv);
+        for (int wi = lane; wi < wpr; wi += 32) {
+            int per = qw_unpack(w, row, wi, vals);
+            float xv[8];
+            load_x(xr + wi * per, per, xv);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < per) acc += vals[j] * xv[j];
+            for (int j = 0; j < 8; j++)
+                if (j < per) acc += vals[j] * xv[j];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[(long long)n * y_stride + r] = act(acc);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) y[(long long)n * y_stride + r] = act(acc);
 }
 
 // tiles: [max_tiles][3] = (expert, start in perm, count ≤ GROUP_TILE); blocks past *n_tiles exit.

@@ -124,13 +124,7 @@ impl CudaBackend {
     pub fn with_options(weights: &ModelWeights, opts: &CudaOptions) -> Result<CudaBackend> {
         kernels::check_limits(&weights.config)?;
         let chunk = opts.chunk;
-        // Grid limits of the simple kernels: gathered expert items and token blocks go in grid.y.
-        if chunk == 0 || chunk * weights.config.top_k > 65_535 {
-            bail!(
-                "prefill chunk {chunk} must be in 1..={}",
-                65_535 / weights.config.top_k
-            );
-        }
+        kernels::check_chunk(&weights.config, chunk)?;
         let (mut gpu, plan) = Plan::open(opts)?;
         gpu.dependent_launch = plan.dependent_launch();
         let kernels = Kernels::load(&gpu, &plan.build())?;

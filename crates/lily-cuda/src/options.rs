@@ -223,7 +223,7 @@ lily_core::backend_options! {
             help "the GPU the backend runs on";
         chunk = DEFAULT_PREFILL_CHUNK, flag Some("prefill-chunk"), env "LILY_PREFILL_CHUNK",
             accepts |n| n > 0, "at least 1", label "prefill chunk",
-            help "largest prefill chunk in tokens (activation scratch is sized for it)";
+            help "largest prefill chunk in tokens, at most kernels::max_chunk (65,535 on the model: dn_conv's tokens in grid.y); activation scratch is sized for it (≈ 1.5 GiB at 4,096, 3.0 GiB at 8,192 on the model)";
         wgmma_min_tok = WGMMA_MIN_TOK, flag None, env "LILY_WGMMA_MIN_TOK",
             accepts |n| n >= 128, "at least 128", label "wgmma GEMM from tokens",
             help "with wgmma_gemm: the fewest tokens of a chunk whose projections take the wgmma kernels";

@@ -97,13 +97,19 @@ impl Linear {
         })
     }
 
-    /// One block row per 4 output rows, one grid column per item.
+    /// One block row per 4 output rows, one grid column per item (each grid column every
+    /// GRID_Y_MAX-th item past GRID_Y_MAX).
     pub fn gather(&self, gpu: &Gpu, a: &Gather) -> Result<()> {
         check_x("linear_gather", a.x)?;
         let w = a.w.arg();
         let (x_stride, x_div) = (a.x.stride as i32, a.x_div as i32);
         let (y_stride, n_items) = (a.y.stride as i32, a.n_items as i32);
-        let grid = (blocks(a.w.rows, LINEAR_WARPS), a.n_items as u32, 1);
+        // Past GRID_Y_MAX items (a chunk of more than 65,535 / top_k tokens) the kernel loops.
+        let grid = (
+            blocks(a.w.rows, LINEAR_WARPS),
+            a.n_items.min(super::GRID_Y_MAX) as u32,
+            1,
+        );
         let cfg = config(grid, (LINEAR_WARPS * 32) as u32, 0);
         gpu.launch(&self.linear_gather, cfg, |l| {
             l.arg(&w)

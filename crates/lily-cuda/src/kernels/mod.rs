@@ -141,6 +141,50 @@ pub fn check_limits(cfg: &ModelConfig) -> Result<()> {
     moe::check_limits(cfg)
 }
 
+/// The most blocks a launch may have in grid.y or grid.z (CUDA's limit; grid.x takes 2³¹ − 1).
+pub const GRID_Y_MAX: usize = 65_535;
+
+/// The largest prefill chunk (`CudaOptions::chunk`, `LILY_PREFILL_CHUNK`) the kernels take for
+/// `cfg`: dn_conv (kernels/deltanet.rs) puts the chunk's tokens in grid.y, the grouped experts
+/// kernels their tiles (moe::max_group_tiles of chunk × top_k items); linear_gather loops over
+/// its items past GRID_Y_MAX. And every index into the chunk's scratch must stay an int: a
+/// chunk's rows of the widest per-token activation (chunk × top_k × hidden for the routed
+/// experts' outputs) below 2³¹. The scratch's bytes grow with the chunk too; that bound is the
+/// device's memory (Scratch::new fails with the allocation's error).
+pub fn max_chunk(cfg: &ModelConfig) -> usize {
+    let qkvz = cfg.conv_dim() + cfg.dn_v_heads * (cfg.dn_v_dim + 2);
+    let widest = [
+        cfg.top_k * cfg.hidden.max(cfg.expert_inter),
+        qkvz,
+        2 * cfg.n_heads * cfg.head_dim,
+        cfg.n_experts,
+        cfg.shared_inter,
+        cfg.hidden,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(1)
+    .max(1);
+    let mut chunk = GRID_Y_MAX.min(i32::MAX as usize / widest);
+    while chunk > 0 && moe::max_group_tiles(chunk * cfg.top_k, cfg.n_experts) > GRID_Y_MAX {
+        chunk -= 1;
+    }
+    chunk
+}
+
+/// `chunk` as a prefill chunk for `cfg`: 1 ..= max_chunk(cfg) tokens.
+pub fn check_chunk(cfg: &ModelConfig, chunk: usize) -> Result<()> {
+    let max = max_chunk(cfg);
+    if chunk == 0 || chunk > max {
+        bail!(
+            "prefill chunk {chunk} (CudaOptions::chunk, LILY_PREFILL_CHUNK) must be in 1..={max}: \
+             dn_conv and the grouped experts kernels put the chunk's tokens and expert tiles in \
+             grid.y (at most {GRID_Y_MAX}), and the chunk's scratch offsets must fit an int"
+        );
+    }
+    Ok(())
+}
+
 /// Device rows of f32 (activations): the first row's address and the distance between rows, in
 /// elements. Kernels take raw addresses so callers can point into the middle of a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,4 +292,52 @@ pub struct Grouped<'a> {
     /// Items per activation row (top_k for the gate/up projections of routed tokens, 1 after).
     pub x_div: usize,
     pub y: Rows,
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+    use lily_core::synth::{preset_text_config, Preset};
+
+    fn full_config() -> ModelConfig {
+        ModelConfig::from_json(&preset_text_config(Preset::Full)).unwrap()
+    }
+
+    #[test]
+    fn the_full_model_takes_chunks_up_to_the_grid_y_limit() {
+        let cfg = full_config();
+        // 65,535 tokens × 8 × 2,048 = 1.07e9 < 2³¹; 524,280 items in tiles of 16 + 256 = 33,024.
+        assert_eq!(max_chunk(&cfg), GRID_Y_MAX);
+        for chunk in [1, 4_096, 8_192, 16_384, 32_768, GRID_Y_MAX] {
+            check_chunk(&cfg, chunk).unwrap();
+        }
+        // The old bound (chunk × top_k ≤ 65,535) refused these.
+        assert!(8_192 * cfg.top_k > GRID_Y_MAX);
+    }
+
+    #[test]
+    fn a_chunk_of_zero_or_past_the_bound_is_refused_naming_the_switch() {
+        let cfg = full_config();
+        for chunk in [0, GRID_Y_MAX + 1, 1 << 20] {
+            let e = check_chunk(&cfg, chunk).unwrap_err().to_string();
+            assert!(e.contains("LILY_PREFILL_CHUNK"), "{e}");
+            assert!(e.contains(&format!("prefill chunk {chunk} ")), "{e}");
+            assert!(e.contains("1..=65535"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_wider_model_is_bounded_by_its_int_offsets_and_tiles() {
+        // 64 of 512 experts on a 8,192-wide model: chunk × 64 × 8,192 < 2³¹ gives 4,095.
+        let mut cfg = full_config();
+        cfg.hidden = 8_192;
+        cfg.top_k = 64;
+        cfg.n_experts = 512;
+        let max = max_chunk(&cfg);
+        assert_eq!(max, (i32::MAX as usize) / (64 * 8_192));
+        assert!(max * 64 * 8_192 <= i32::MAX as usize);
+        assert!((max + 1) * 64 * 8_192 > i32::MAX as usize);
+        check_chunk(&cfg, max).unwrap();
+        assert!(check_chunk(&cfg, max + 1).is_err());
+    }
 }

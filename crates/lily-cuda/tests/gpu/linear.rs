@@ -73,6 +73,67 @@ fn linear_gather_matches_cpu_per_expert() {
     }
 }
 
+/// More items than grid.y takes (72,000 > GRID_Y_MAX, a prefill chunk of 9,000 tokens at top-8):
+/// linear_gather's block rows loop over items GRID_Y_MAX apart. Against the CPU, and bit for bit
+/// against the same items in two launches of fewer than GRID_Y_MAX (one pass each, as every
+/// launch of a chunk of at most 8,191 tokens).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn linear_gather_past_the_grid_y_limit_matches_cpu_and_one_pass_launches() {
+    let g = gpu();
+    let mut rng = Rng(31);
+    let (e, rows, cols, t, k) = (6, 8, 64, 36_000, 2);
+    let items = t * k;
+    assert!(items > lily_cuda::kernels::GRID_Y_MAX);
+    for bits in [4u32, 16] {
+        let w = linear(&mut rng, bits, e, rows, cols);
+        let dw = upload_linear(&g, "w", &w).unwrap();
+        let x = rng.vec(t * cols, 1.0);
+        let ids: Vec<i32> = (0..items).map(|_| rng.below(e) as i32).collect();
+        let (dx, dids) = (g.upload(&x).unwrap(), g.upload(&ids).unwrap());
+        let gather = |dy: u64, first: usize, n_items: usize| Gather {
+            w: &dw,
+            ids: dids.ptr + 4 * first as u64,
+            x: Rows::new(dx.ptr + 4 * (first / k * cols) as u64, cols),
+            x_div: k,
+            y: Rows::new(dy + 4 * (first * rows) as u64, rows),
+            n_items,
+        };
+        let dy = poisoned(&g, items * rows);
+        g.k.linear.gather(&g, &gather(dy.ptr, 0, items)).unwrap();
+        let y: Vec<f32> = g.read(&dy, 0, items * rows).unwrap();
+        let mut want = Vec::new();
+        for (n, &id) in ids.iter().enumerate() {
+            want.extend(matmul(
+                &w.expert(id as usize),
+                &x[(n / k) * cols..(n / k + 1) * cols],
+            ));
+        }
+        check(
+            &format!("linear_gather bits={bits} {items} items"),
+            &y,
+            &want,
+            1e-5,
+        );
+        let split = 40_000;
+        let dy2 = poisoned(&g, items * rows);
+        g.k.linear.gather(&g, &gather(dy2.ptr, 0, split)).unwrap();
+        g.k.linear
+            .gather(&g, &gather(dy2.ptr, split, items - split))
+            .unwrap();
+        let y2: Vec<f32> = g.read(&dy2, 0, items * rows).unwrap();
+        let differ = y
+            .iter()
+            .zip(&y2)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "linear_gather bits={bits}: looped vs one-pass launches"
+        );
+    }
+}
+
 /// Items grouped by expert on the device (moe_group) and run tile by tile (linear_grouped):
 /// some experts get more than one 16-item tile, some none.
 #[test]

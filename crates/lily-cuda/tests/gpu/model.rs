@@ -816,6 +816,51 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     }
 }
 
+/// Issue 31's larger prefill chunks: a 9,000-token prompt on a full-width 4-layer model in chunks
+/// of 4,096 (the shipping chunk), 8,192 (refused before session 26) and 9,000 (one chunk: 72,000
+/// routed items, past grid.y's 65,535), with the experts grouped on the tensor cores (the
+/// defaults) and gathered (`moe_grouped` off: linear_gather loops over its items past
+/// GRID_Y_MAX): the same greedy tokens and log-probabilities within the GEMM paths' 2e-2.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_prefill_chunks_past_8191_tokens_give_the_same_tokens() {
+    let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 31, Some(4));
+    let prompt = Rng(31).tokens(9_000, w.config.vocab);
+    let run = |chunk: usize, moe_grouped: bool| -> Reported {
+        let mut b = CudaBackend::with_options(
+            &w,
+            &CudaOptions {
+                chunk,
+                moe_grouped,
+                ..CudaOptions::default()
+            },
+        )
+        .unwrap();
+        let s = b.new_seq(prompt.len() + 16).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
+        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
+        r.unwrap();
+        got
+    };
+    for (moe_grouped, path) in [(true, "grouped experts"), (false, "gathered experts")] {
+        let base = run(4_096, moe_grouped);
+        for chunk in [8_192, 9_000] {
+            let got = run(chunk, moe_grouped);
+            println!(
+                "MODEL chunk {chunk}, {path}: {:?}",
+                got.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+            same_reported(
+                &format!("chunk {chunk} vs 4,096, {path}"),
+                &got,
+                &base,
+                2e-2,
+            );
+        }
+    }
+}
+
 /// The routed experts' narrow tiles (`wgmma_narrow_tiles`: a 600-token chunk, experts averaging
 /// 19 items, on gemm_grouped_wgb32) and remainder launch (`wgmma_tail_tiles`: a 4,096-token chunk,
 /// experts averaging 128, on gemm_grouped_wgb128 plus gemm_grouped_wgb32 over each expert's last
