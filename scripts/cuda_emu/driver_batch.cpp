@@ -33,11 +33,7 @@
 //         grid: the full shape on 132 SMs (3 tiles a block) and on 16 (the grid widened to 192
 //         blocks of 3), routed experts of 516 rows beside a shared expert of 1,024 (a last tile of 4
 //         rows, tiles past an item's rows copying nothing), and 512 columns (4 rows a warp, a
-//         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block). On the same
-//         launches dec_glu4_x8x2_bulk_pf (moe_down_prefetch): its outputs bit for bit
-//         dec_glu4_x8x2_bulk's, and the L2 prefetches it issues exactly the 128-byte lines of the
-//         picked experts' down weights (q words, scales, biases), each once, nothing else (the
-//         plain bulk kernel none): where the down projection has whole groups.
+//         shared expert of 96 rows) on 132 SMs (a tile a block) and on 4 (3 a block).
 //   gemv_x8: dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8: one-token 4-bit projections on int8
 //         pairs of x) against an f64 product of the same pair-rounded x (only f32 rounding
 //         apart), against the unrounded f64 within the pairs' bound element by element, and
@@ -1093,50 +1089,6 @@ static void run_moe_bulk(const Moe& m, const char* shape, int sms) {
         verdict(what, hid, hid ? "  bit for bit" : "  differ");
         snprintf(what, sizeof what, "token %d: nothing written past the outputs", t);
         verdict(what, bulk.ids.guard_ok() && bulk.rw.guard_ok() && bulk.eh.guard_ok() && bulk.sh.guard_ok());
-        if (m.inter % 64) continue;  // (a down projection without whole groups: no MoE to prefetch for)
-        snprintf(what, sizeof what, "token %d: dec_glu4_x8x2_bulk prefetches nothing", t);
-        verdict(what, g_prefetched.empty());
-        MoeIo pf(m, 1);
-        QWeight dw = m.down.view();
-        launch_k({grid, 1, 1}, DEC_WARPS * 32, (size_t)slots * DEC_BULK_SLOT / 4, [&] {
-            dec_glu4_x8x2_bulk_pf(g, u, io.logits.data(), m.n_exp, m.top_k, pf.ids.p(), pf.rw.p(), sg, su,
-                                  io.xn.data(), pf.eh.p(), m.inter, pf.sh.p(), per_item, dw);
-        });
-        bool pf_same = same_bits(pf.ids.p(), bulk.ids.p(), pf.ids.n) && same_bits(pf.rw.p(), bulk.rw.p(), pf.rw.n) &&
-                       same_bits(pf.eh.p(), bulk.eh.p(), pf.eh.n) && same_bits(pf.sh.p(), bulk.sh.p(), pf.sh.n) &&
-                       pf.ids.guard_ok() && pf.rw.guard_ok() && pf.eh.guard_ok() && pf.sh.guard_ok();
-        snprintf(what, sizeof what, "token %d: dec_glu4_x8x2_bulk_pf: routing and hidden rows", t);
-        verdict(what, pf_same, pf_same ? "  bit for bit _bulk's" : "  differ");
-        // The bytes it should ask for: each picked expert's q words, scales and biases, from the
-        // stack's layout (QW: [experts][rows][cols · bits / 32] words, [experts][rows][cols / 64]);
-        // the prefetches must not overlap and, merged where contiguous, equal those runs merged.
-        std::vector<std::pair<const char*, size_t>> want;
-        size_t qb = (size_t)m.down.rows * m.down.cols * m.down.bits / 8, sb = (size_t)m.down.rows * (m.down.cols / 64) * 2;
-        for (int k = 0; k < m.top_k; k++) {
-            int e = bulk.ids[k];
-            want.emplace_back((const char*)m.down.q.data() + (size_t)e * qb, qb);
-            want.emplace_back((const char*)m.down.s.data() + (size_t)e * sb, sb);
-            want.emplace_back((const char*)m.down.b.data() + (size_t)e * sb, sb);
-        }
-        std::vector<std::pair<const char*, size_t>> got(g_prefetched.begin(), g_prefetched.end());
-        g_prefetched.clear();
-        auto merged = [](std::vector<std::pair<const char*, size_t>> v, bool& overlap) {
-            std::sort(v.begin(), v.end());
-            std::vector<std::pair<const char*, size_t>> out;
-            for (auto& [a, n] : v) {
-                if (!out.empty() && a < out.back().first + out.back().second) overlap = true;
-                if (!out.empty() && a == out.back().first + out.back().second) out.back().second += n;
-                else out.emplace_back(a, n);
-            }
-            return out;
-        };
-        bool overlap = false, want_overlap = false;
-        size_t got_bytes = 0, want_bytes = 0;
-        for (auto& r : got) got_bytes += r.second;
-        for (auto& r : want) want_bytes += r.second;
-        bool same = merged(got, overlap) == merged(want, want_overlap) && !overlap;
-        snprintf(what, sizeof what, "token %d: L2 prefetches = the picks' down runs, once each", t);
-        verdict(what, same, "  %.0f bytes (%.0f wanted)", (double)got_bytes, (double)want_bytes);
     }
 }
 

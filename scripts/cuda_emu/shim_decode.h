@@ -379,20 +379,6 @@ inline void launch_k(dim3e grid, int threads, size_t smem_floats, std::function<
     g_shared.clear();
     if (g_unwaited.exchange(0)) { fprintf(stderr, "cp.async copies never waited for\n"); exit(3); }
 }
-// cp.async.bulk.prefetch.L2 (decode.cu's l2_prefetch_bulk, moe_down_prefetch; run_batch.sh swaps
-// its asm for this): checked for the ISA's 16-byte units and recorded, (address, bytes), under a
-// lock (two OS threads run blocks) for the driver to check which bytes a launch asked for;
-// nothing else (a hint has no effect on the data).
-std::mutex g_prefetch_mu;
-std::vector<std::pair<const char*, u32>> g_prefetched;
-inline void emu_l2_prefetch(const void* p, u32 bytes) {
-    if ((uintptr_t)p % 16 || bytes % 16 || bytes == 0) {
-        fprintf(stderr, "FAIL: an L2 bulk prefetch not in 16-byte units\n");
-        std::_Exit(3);
-    }
-    std::lock_guard<std::mutex> g(g_prefetch_mu);
-    g_prefetched.emplace_back((const char*)p, bytes);
-}
 // ---- common.cuh's bulk copies and mbarriers (dec_glu4_x8x2_bulk, moe_bulk) ----------------------
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes, mbarrier.init (count 1),
 // mbarrier.arrive.expect_tx and mbarrier.try_wait.parity 0, as the kernel uses them: one phase a

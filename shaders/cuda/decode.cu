@@ -1383,55 +1383,15 @@ __device__ __forceinline__ void bulk_read(const char* slot, int n, const TileGeo
     r.u.b[0][0] = bf16_to_f32(sbv[3 * DEC_BULK_S / 2]);
 }
 
-// `bytes` (a multiple of 16, from a 16-byte boundary) of global memory toward L2 by the copy
-// engine (cp.async.bulk.prefetch, sm_90; a hint: nothing waits on it). Below sm_90 it traps (the
-// plan names its kernel on sm_90a only).
-__device__ __forceinline__ void l2_prefetch_bulk(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    __trap();
-#endif
-}
-
-// moe_down_prefetch: the down projections of the token's routed experts (ids_s[0 .. top_k), the
-// routing just published to the block) pulled toward L2 by the whole gate/up grid, so that
-// dec_down_combine's routed weights, which it can only request after its dependency wait, come
-// from L2 instead of DRAM. Each expert's three runs (q words, scales, biases: contiguous in the
-// stacks) in chunks of DEC_PF_CHUNK bytes; chunk i of the launch's top_k · per is warp
-// (i mod warps)'s, lane 0 asking for it (at the model's shape 8 · 144 chunks, 4.7 MB, over 264 · 8
-// warps: at most one a warp). Loads of weights only (never written): no ordering with anything;
-// the outputs are the bulk kernel's bits whatever lands (the launcher checks the alignment).
-#define DEC_PF_CHUNK 4096
-__device__ __forceinline__ void down_prefetch_l2(const QWeight& down, const int* ids_s, int top_k) {
-    u32 q_bytes = (u32)down.rows * (u32)qw_words_per_row(down) * 4u;
-    u32 s_bytes = (u32)down.rows * (u32)(down.cols / down.group) * 2u;
-    u32 q_chunks = (q_bytes + DEC_PF_CHUNK - 1) / DEC_PF_CHUNK, s_chunks = (s_bytes + DEC_PF_CHUNK - 1) / DEC_PF_CHUNK;
-    u32 per = q_chunks + 2 * s_chunks, total = per * (u32)top_k;
-    u32 warps = gridDim.x * (blockDim.x >> 5);
-    if ((threadIdx.x & 31) != 0) return;
-    for (u32 i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); i < total; i += warps) {
-        u32 k = i / per, r = i - k * per;
-        QWeight w = expert<false>(down, ids_s[k]);
-        const char* run = r < q_chunks ? (const char*)w.q : r < q_chunks + s_chunks ? (const char*)w.scales : (const char*)w.biases;
-        u32 c = r < q_chunks ? r : r < q_chunks + s_chunks ? r - q_chunks : r - q_chunks - s_chunks;
-        u32 len = r < q_chunks ? q_bytes : s_bytes;
-        l2_prefetch_bulk(run + (size_t)c * DEC_PF_CHUNK, min((u32)DEC_PF_CHUNK, len - c * DEC_PF_CHUNK));
-    }
-}
-
 // dec_glu4_x8x2_bulk's work (one token): slots [DEC_BULK_SLOTS][DEC_BULK_SLOT] of dynamic shared
-// memory, bars one mbarrier a slot; the rest as glu4_token. PREFETCH (moe_down_prefetch,
-// dec_glu4_x8x2_bulk_pf): once the block's own tiles are requested, the routed experts' down
-// weights toward L2 (down_prefetch_l2); nothing else changes.
-template <bool PREFETCH>
+// memory, bars one mbarrier a slot; the rest as glu4_token.
 __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const float* __restrict__ router_logits,
                                                 int n_experts, int top_k, int* __restrict__ ids,
                                                 float* __restrict__ route_w, QWeight sgate, QWeight sup,
                                                 const float* __restrict__ xn, float* __restrict__ h, int h_stride,
                                                 float* __restrict__ hs, int per_item, float* xs, float* xsum,
                                                 float* p, int* ids_s, float* w_s, u32* xq, float2* xqs,
-                                                char* slots, unsigned long long* bars, const QWeight& down) {
+                                                char* slots, unsigned long long* bars) {
     int lane = threadIdx.x & 31;
     TileGeom tg;
     tg.G = gate.cols >> 6;
@@ -1465,7 +1425,6 @@ __device__ __forceinline__ void glu4_bulk_token(QWeight gate, QWeight up, const 
     route_and_stage<true>(router_logits, n_experts, top_k, ids, route_w, xn, gate.cols, p, ids_s, w_s, xs, xsum);
     if (requester && mine.item > 0)
         bulk_request(mine, tile_rows, tg.G, gate, up, sgate, sup, ids_s, my_slot, bars + tg.warp);
-    if (PREFETCH) down_prefetch_l2(down, ids_s, top_k);
     stage_x8x2(xs, tg.G, xq, xqs);
     __syncthreads();
     GluX<true, true> x;
@@ -1495,24 +1454,8 @@ dec_glu4_x8x2_bulk(QWeight gate, QWeight up, const float* __restrict__ router_lo
     GLU4_SHARED_X8X2
     __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
     extern __shared__ __align__(128) char glu_slots[];
-    glu4_bulk_token<false>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
-                           tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars, gate);
-}
-
-// moe_down_prefetch: dec_glu4_x8x2_bulk (the same outputs bit for bit) that also pulls the
-// routed experts' down projections (`down`: the stacked routed down weights dec_down_combine
-// reads next) toward L2 once its own tiles are requested.
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_glu4_x8x2_bulk_pf(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-                      int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-                      const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-                      int tiles_per_item, QWeight down) {
-    GLU4_SHARED
-    GLU4_SHARED_X8X2
-    __shared__ __align__(8) unsigned long long bars[DEC_BULK_SLOTS];
-    extern __shared__ __align__(128) char glu_slots[];
-    glu4_bulk_token<true>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
-                          tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars, down);
+    glu4_bulk_token(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs,
+                    tiles_per_item, xs, xsum, p, ids_s, w_s, xq, xqs, glu_slots, bars);
 }
 
 // The top_k + 1 rows of the down projections' inputs (h [top_k, h_stride], then hs) into shared

@@ -160,10 +160,6 @@ lily_core::backend_options! {
             label "bulk-copied MoE gate/up tiles",
             help "one-token decode's MoE gate/up kernel on int8 pairs in dec_glu4_x8x2_bulk: dec_glu4_x8x2's tiles, grid and arithmetic (the same outputs bit for bit), each block's tiles (at most 3, 18 KB each at the full shape) bulk-copied into shared memory by the copy engine (cp.async.bulk, an mbarrier a tile; sm_90a) all before any is summed, the shared expert's before the dependency wait and the routed experts' right after the routing, where dec_glu4_x8x2 holds two in registers and asks for the next as one is summed (74 registers a thread instead of 117); with moe_int8_pairs",
             why "won its A/B: decode 502.6 / 502.1 → 505.8 / 505.7 tok/s at 4K (+0.7 %), 442.1 / 441.8 → 450.3 / 449.1 at 32K (+1.7 %), dec_glu4_x8x2 16.2 → 15.6 µs a launch (two rounds, an H100, full size, session 25; predicted +1.5–5 / +1–4 %); elsewhere the device has no bulk copies (sm_90a)";
-        moe_down_prefetch = false, flag Some("moe-down-prefetch"), env "LILY_MOE_DOWN_PREFETCH" = true,
-            label "MoE down weights prefetched to L2",
-            help "one-token decode's MoE gate/up kernel in dec_glu4_x8x2_bulk_pf: dec_glu4_x8x2_bulk (the same outputs bit for bit) whose blocks, once their own tiles are requested, pull the token's routed experts' down projections (4.7 MB at the full shape: q words, scales, biases of the 8 picked experts) toward L2 by the copy engine, in 4 KB chunks of cp.async.bulk.prefetch.L2 (sm_90a), at most one a warp of the grid, so that dec_down_combine's routed weight loads, asked for only after its dependency wait, find them in L2 instead of DRAM; with moe_bulk",
-            why "not yet measured (session 26, branch s26dec; predicted the down kernel's routed loads from L2: −0.5 to −1.2 µs a layer, decode +1–2.5 % at 4K and 32K): ships off until its A/B (scripts/gpu_s26dec_ab.sh) wins";
         dependent_launch = true, flag Some("no-dependent-launch"), env "LILY_PDL" = true,
             label "dependent launch",
             help "the decode kernels launched as programmatic dependents (sm_90+): each may start while the one before it finishes, loading its weights before it waits for its input",
@@ -297,7 +293,6 @@ mod tests {
             ("LILY_WGMMA_HOISTED_ADDRS", "0"),
             ("LILY_WGMMA_ATTENTION_PIPELINED", "0"),
             ("LILY_MOE_BULK", "0"),
-            ("LILY_MOE_DOWN_PREFETCH", "1"),
             ("LILY_ROUTER_SPLIT_K", "0"),
             ("LILY_WGMMA_ATTENTION", "0"),
             ("LILY_WARP_SCAN", "0"),
@@ -343,7 +338,6 @@ mod tests {
                 gemv4w_sm_grid: false,
                 down_96_regs: false,
                 moe_bulk: false,
-                moe_down_prefetch: true,
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
                 grouped_down_wide: false,

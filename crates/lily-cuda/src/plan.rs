@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; as `dec_glu4_x8x2_bulk_pf`, the picked experts' down projections also pulled toward L2, under `moe_down_prefetch`, off; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -305,7 +305,6 @@ impl Plan {
                 && device.wgmma,
             tc_scan: o.tc_scan && bf16 && device.max_shared_memory >= deltanet::DN_WY_SMEM,
             moe_bulk: o.moe_bulk && device.wgmma,
-            moe_down_prefetch: o.moe_down_prefetch && o.moe_bulk && device.wgmma,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             ..o.clone()
@@ -771,20 +770,14 @@ impl Plan {
     /// Where a one-token MoE gate/up launch on `products` holds its weight tiles: under
     /// `moe_bulk` (an sm_90a device) the int8-pair kernel's tiles bulk-copied into shared memory
     /// (`dec_glu4_x8x2_bulk`, where `decode::glu_bulk_serves` the block's weights), else in
-    /// registers (`dec_glu4_x8x2` and every other form); with `moe_down_prefetch` too, the bulk
-    /// kernel that also pulls the routed experts' down projections toward L2
-    /// (`dec_glu4_x8x2_bulk_pf`, the same outputs).
+    /// registers (`dec_glu4_x8x2` and every other form).
     pub fn glu_loads(&self, m: &DevMoe, products: MoeProducts) -> GluLoads {
         let [gate, up, sgate, sup] = glu_shapes(m);
         if self.o.moe_bulk
             && products == MoeProducts::Int8Pairs
             && decode::glu_bulk_serves(&gate, &up, &sgate, &sup)
         {
-            if self.o.moe_down_prefetch && decode::down_prefetch_serves(&m.down.shape()) {
-                GluLoads::BulkPrefetch
-            } else {
-                GluLoads::Bulk
-            }
+            GluLoads::Bulk
         } else {
             GluLoads::Registers
         }
@@ -1023,32 +1016,6 @@ mod tests {
             AttentionKernels::Prefill(PrefillKernel::Mma)
         );
         assert!(p.describe().contains("wgmma prefill GEMM off"));
-    }
-
-    #[test]
-    fn the_down_prefetch_needs_moe_bulk_and_an_sm_90a_device() {
-        let with = |moe_bulk| CudaOptions {
-            moe_down_prefetch: true,
-            moe_bulk,
-            ..CudaOptions::default()
-        };
-        let label = "MoE down weights prefetched to L2";
-        let on = Plan::resolve(&with(true), H200).describe();
-        assert!(on.contains(&format!("{label} on")), "{on}");
-        for p in [
-            Plan::resolve(&with(false), H200),
-            Plan::resolve(&with(true), A100),
-            Plan::resolve(&CudaOptions::default(), H200),
-        ] {
-            let d = p.describe();
-            assert!(d.contains(&format!("{label} off")), "{d}");
-        }
-        // The model's routed down stack (2,048 rows of 512 columns, 4-bit) and what it refuses.
-        assert!(decode::down_prefetch_serves(&mlx(2048, 512, 4, 256)));
-        assert!(decode::down_prefetch_serves(&mlx(512, 128, 4, 32)));
-        assert!(!decode::down_prefetch_serves(&mlx(2048, 512, 8, 256)));
-        assert!(!decode::down_prefetch_serves(&mlx(2048, 516, 4, 256)));
-        assert!(!decode::down_prefetch_serves(&mlx(3, 64, 4, 256)));
     }
 
     #[test]

@@ -124,11 +124,6 @@ pub enum GluLoads {
     /// into shared memory (cp.async.bulk and an mbarrier a tile, sm_90) before any is summed: the
     /// shared expert's before the dependency wait, the routed experts' right after the routing.
     Bulk,
-    /// `moe_down_prefetch`: `Bulk` (`dec_glu4_x8x2_bulk_pf`, the same outputs bit for bit) whose
-    /// blocks also pull the routed experts' down projections (`Glu::down`, the weights
-    /// `down_combine` reads next) toward L2 once their own tiles are requested, so the down
-    /// kernel's routed loads, asked for only after its dependency wait, come from L2.
-    BulkPrefetch,
 }
 
 /// The grid of a one-token projection launch (`Decode::project`; the plan's choice:
@@ -348,18 +343,6 @@ pub fn glu_bulk_serves(
     sup: &LinearShape,
 ) -> bool {
     glu_rows_serves(gate, up, sgate, sup) && (gate.cols / 64).is_multiple_of(8)
-}
-
-/// Whether `glu` with `GluLoads::BulkPrefetch` (`dec_glu4_x8x2_bulk_pf`) prefetches these routed
-/// down projections: 4-bit in groups of 64 whose experts' runs of q words, scales and biases are
-/// whole 16-byte units (the bulk prefetch's), each expert's runs under 4 GiB.
-pub fn down_prefetch_serves(down: &LinearShape) -> bool {
-    let groups = down.rows * (down.cols / 64);
-    down.bits == 4
-        && down.group == 64
-        && down.cols.is_multiple_of(64)
-        && (groups * 2).is_multiple_of(16)
-        && groups * 32 < 1 << 32
 }
 
 /// Blocks of a `dec_glu4_x8x2_bulk` launch of `tiles` tiles: the persistent grid of `persistent`
@@ -634,9 +617,6 @@ pub struct Glu<'a> {
     /// Routed outputs [top_k, inter] and the shared expert's [shared_inter].
     pub h: u64,
     pub h_shared: u64,
-    /// The routed experts' stacked down projections (what `down_combine` reads next): only
-    /// `GluLoads::BulkPrefetch` reads it (prefetches the picked experts' toward L2).
-    pub down: &'a DevLinear,
 }
 
 /// The buffers the MoE block writes, whether it runs as `project`, `glu` and `down_combine` or as
@@ -671,7 +651,6 @@ impl MoeOutputs {
             xn,
             h: self.h,
             h_shared: self.h_shared,
-            down: &m.down,
         }
     }
 
@@ -804,7 +783,6 @@ pub struct Decode {
     glu4_x8x2: Kernel,
     glu4_x8x2_rows: Kernel,
     glu4_x8x2_bulk: Kernel,
-    glu4_x8x2_bulk_pf: Kernel,
     glu4_x8x2_grouped: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
@@ -846,8 +824,6 @@ impl Decode {
             glu4_x8x2: k("dec_glu4_x8x2")?,
             glu4_x8x2_rows: k("dec_glu4_x8x2_rows")?,
             glu4_x8x2_bulk: k("dec_glu4_x8x2_bulk")?
-                .allow_shared_memory(GLU_BULK_SLOTS * GLU_BULK_SLOT)?,
-            glu4_x8x2_bulk_pf: k("dec_glu4_x8x2_bulk_pf")?
                 .allow_shared_memory(GLU_BULK_SLOTS * GLU_BULK_SLOT)?,
             glu4_x8x2_grouped: k("dec_glu4_x8x2_grouped")?,
             down_combine: k("dec_down_combine")?,
@@ -1074,8 +1050,7 @@ impl Decode {
         // All four 4-bit with one 64-column group per lane: the pipelined kernel.
         let (sgate, sup) = (a.shared_gate.shape(), a.shared_up.shape());
         let pipelined = glu_pipelined(&gate, &up, &sgate, &sup);
-        let prefetch = loads == GluLoads::BulkPrefetch;
-        let bulk = loads == GluLoads::Bulk || prefetch;
+        let bulk = loads == GluLoads::Bulk;
         if bulk && (token_rows.is_some() || products != MoeProducts::Int8Pairs) {
             bail!("dec_glu4_x8x2_bulk: one token's int8-pair products only ({products:?})");
         }
@@ -1083,7 +1058,6 @@ impl Decode {
             bail!("dec_glu4_x8x2_bulk: expert weights it does not read");
         }
         let (kernel, rows_per_tile) = match (pipelined, token_rows, products) {
-            _ if prefetch => (&self.glu4_x8x2_bulk_pf, WARPS * spw * GLU_R4),
             _ if bulk => (&self.glu4_x8x2_bulk, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Float) => (&self.glu4, WARPS * spw * GLU_R4),
             (true, None, MoeProducts::Int8) => (&self.glu4_q8, WARPS * spw * GLU_R4),
@@ -1130,13 +1104,6 @@ impl Decode {
         if bulk && unaligned {
             bail!("dec_glu4_x8x2_bulk: a weight not 16-byte aligned (bulk copies need it)");
         }
-        let down = a.down.arg();
-        if prefetch && !down_prefetch_serves(&a.down.shape()) {
-            bail!("dec_glu4_x8x2_bulk_pf: down projections it does not prefetch");
-        }
-        if prefetch && !(down.q | down.scales | down.biases).is_multiple_of(16) {
-            bail!("dec_glu4_x8x2_bulk_pf: a down weight not 16-byte aligned (bulk prefetches need it)");
-        }
         let (top_k, h_stride, per_item) = (a.top_k as i32, a.gate.rows as i32, per_item as i32);
         let n_experts = a.n_experts as i32;
         let cfg = config(
@@ -1159,9 +1126,6 @@ impl Decode {
                 .arg(&h_stride)
                 .arg(&a.h_shared)
                 .arg(&per_item);
-            if prefetch {
-                l.arg(&down);
-            }
         })
     }
 
