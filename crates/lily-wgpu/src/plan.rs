@@ -63,9 +63,10 @@
 //!   `rows_spec`'s `WORDS` 1, `Plan::rows_rb` sending two-word matrices of ≥ 8,192 rows to the
 //!   8-row kernel), which drops the second words' registers the persistent loop carried for
 //!   every matrix since session 21: in_proj / q/k/v 34.1 / 31.0 → 24.8 / 23.1 µs a call, decode
-//!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). Off until measured
-//!   (`router_lean`, session 26): the products of < 1,024 rows (the router) on a 1-row kernel
-//!   whose row total and folded norm meet in one reduction (`rows_lean_spec`'s `LEAN`).
+//!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
+//!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
+//!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
+//!   +3.9 % at 32K, an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
