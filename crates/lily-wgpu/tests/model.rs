@@ -893,6 +893,8 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
             all_logits_chunk: 16,
             subgroups,
             rows_one_word: true,
+            // The router on the 2-row kernel, as without `router_lean` (its own test's case).
+            router_lean: false,
             f16_acts: Choice::of(f16),
             ..WgpuOptions::default()
         };
@@ -1062,6 +1064,8 @@ fn out_rows_kernels_match_the_host() {
             subgroups,
             out_rows,
             rows_one_word: false,
+            // The router on the 2-row kernel, as without `router_lean` (its own test's case).
+            router_lean: false,
             ..WgpuOptions::default()
         };
         let Some(gpu) = wgpu_backend_with(&w, opts) else {
@@ -1153,8 +1157,20 @@ fn router_lean_kernel_matches_the_host() {
             "linear_q4_rows (LEAN, one row a workgroup) differs from the host by {rows:.2e}"
         );
     }
-    // Off (as it ships): no 1-row kernel, the router on the 2-row one.
+    // As it ships (on since session 26): the router on the 1-row kernel; off: no 1-row kernel,
+    // the router on the 2-row one.
     let Some(gpu) = wgpu_backend_with(&w, WgpuOptions::default()) else {
+        return;
+    };
+    assert!(gpu.plan().specs.linear_q4_rows1.is_some());
+    assert_eq!(gpu.plan().rows_rb(257, 2), 1);
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            router_lean: false,
+            ..WgpuOptions::default()
+        },
+    ) else {
         return;
     };
     assert!(gpu.plan().specs.linear_q4_rows1.is_none());
