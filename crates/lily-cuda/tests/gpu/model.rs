@@ -816,52 +816,92 @@ fn model_prefill_chunks_through_each_gemm_path_give_the_same_tokens() {
     }
 }
 
-/// Issue 31's larger prefill chunks: a 9,000-token prompt on a full-width 4-layer model in chunks
-/// of 4,096 (the shipping chunk), 8,192 (refused before session 26) and 9,000 (one chunk: 72,000
-/// routed items, past grid.y's 65,535), with the experts grouped on the tensor cores (the
-/// defaults) and gathered (`moe_grouped` off: linear_gather loops over its items past
-/// GRID_Y_MAX): the same greedy tokens and log-probabilities within the GEMM paths' 2e-2.
-/// Session 26 (an H100) it failed at its first comparison: chunk 8,192 with grouped experts gave
-/// the same eight tokens, but token 1's log-probability 0.062 from 4,096's. The shipping chunk
-/// stays 4,096 until the difference is explained (docs/perf-notes.md, "session 26 — measured").
+/// Issue 31's larger prefill chunks: a 9,000-token prompt on a full-width 4-layer model, its
+/// first 8,992 tokens in chunks of 4,096 (the chunk that shipped until session 27: 4,096 + 4,096 +
+/// 800), 8,192 (8,192 + 800) and 8,992 (one chunk: 71,936 routed items, past grid.y's 65,535),
+/// then its last 8 tokens as one step whose logits are compared.
+///
+/// Session 26 (an H100) found chunk 8,192's greedy log-probabilities 0.062 from 4,096's. A chunk
+/// boundary at a multiple of 4,096 moves no sum of the GEMMs' rows, the scan's 64-token blocks
+/// or attention's key tiles, and the DeltaNet state and conv rows pass between chunks in fp32;
+/// one reduction does move: the router's columns are split over blocks where its grid is shallow
+/// (`router_split_k`, gemm::exact_parts), two parts at 4,096 tokens and one at 8,192, which sums
+/// the same fp32 products in another order and so may swap a near-tied eighth expert. So:
+/// - with the router unsplit, every chunk gives **the same logits bit for bit** (bf16 mode,
+///   experts grouped on the tensor cores as they ship and gathered past grid.y): a chunk that
+///   skipped or repeated work, or read a stale state, would not;
+/// - fp32 mode (the parity path, CUDA cores) gives the same logits at 4,096 and 8,192;
+/// - under the shipping options (router split) each chunk's logits are as close to fp32 mode's
+///   as 4,096's are.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn model_prefill_chunks_past_8191_tokens_give_the_same_tokens() {
+fn model_prefill_chunks_past_8191_tokens_give_the_same_logits() {
     let w = synth_model_layers(Preset::Full, SynthFormat::Mlx, 31, Some(4));
-    let prompt = Rng(31).tokens(9_000, w.config.vocab);
-    let run = |chunk: usize, moe_grouped: bool| -> Reported {
-        let mut b = CudaBackend::with_options(
-            &w,
-            &CudaOptions {
-                chunk,
-                moe_grouped,
-                ..CudaOptions::default()
-            },
-        )
-        .unwrap();
+    let vocab = w.config.vocab;
+    let prompt = Rng(31).tokens(9_000, vocab);
+    let (head, tail) = prompt.split_at(8_992);
+    let run = |o: CudaOptions| -> Vec<f32> {
+        let mut b = CudaBackend::with_options(&w, &o).unwrap();
         let s = b.new_seq(prompt.len() + 16).unwrap();
-        b.prefill(s, &prompt).unwrap();
-        let mut sampler = Sampler::with_prompt(SamplingParams::greedy(), &prompt);
-        let (got, r) = decode_into(&mut b, s, &mut sampler, 8, 0, None);
-        r.unwrap();
-        got
+        b.prefill(s, head).unwrap();
+        b.prefill_all_logits(s, tail).unwrap()
     };
-    for (moe_grouped, path) in [(true, "grouped experts"), (false, "gathered experts")] {
-        let base = run(4_096, moe_grouped);
-        for chunk in [8_192, 9_000] {
-            let got = run(chunk, moe_grouped);
-            println!(
-                "MODEL chunk {chunk}, {path}: {:?}",
-                got.iter().map(|t| t.0).collect::<Vec<_>>()
-            );
-            same_reported(
-                &format!("chunk {chunk} vs 4,096, {path}"),
-                &got,
-                &base,
-                2e-2,
-            );
+    let opts = |chunk: usize, bf16: bool, grouped: bool, split: bool| CudaOptions {
+        chunk,
+        bf16_activations: bf16,
+        moe_grouped: grouped,
+        router_split_k: split,
+        ..CudaOptions::default()
+    };
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let mut failures = Vec::new();
+    // 1. The router unsplit: bit for bit across chunks.
+    for (grouped, path) in [(true, "grouped experts"), (false, "gathered experts")] {
+        let base = run(opts(4_096, true, grouped, false));
+        for chunk in [8_192, 8_992] {
+            let got = run(opts(chunk, true, grouped, false));
+            let d = max_diff(&got, &base);
+            println!("MODEL router unsplit, {path}: chunk {chunk} vs 4,096: max |Δ logit| {d:.3e}");
+            if d != 0.0 {
+                failures.push(format!("{path}, router unsplit: chunk {chunk} differs from 4,096 by {d:.3e}"));
+            }
         }
     }
+    // 2. fp32 mode: the same at 4,096 and 8,192.
+    let reference = run(opts(4_096, false, true, true));
+    let fp32_8192 = run(opts(8_192, false, true, true));
+    let d = max_diff(&fp32_8192, &reference);
+    let rel = rel_l2("fp32 logits", &fp32_8192, &reference);
+    println!("MODEL fp32 mode: chunk 8,192 vs 4,096: max |Δ logit| {d:.3e}, rel. L2 {rel:.3e}");
+    if rel > 1e-5 {
+        failures.push(format!("fp32 mode: chunk 8,192 vs 4,096 rel. L2 {rel:.3e}"));
+    }
+    // 3. The shipping options (router split): as close to fp32 mode at every chunk.
+    let ship = |chunk| agreement(&run(opts(chunk, true, true, true)), &reference, vocab);
+    let base = ship(4_096);
+    println!(
+        "MODEL shipping options, chunk 4,096 vs fp32 mode: rel. L2 {:.4}, worst position {:.4}, top-1 {:.3}",
+        base.rel_l2, base.worst_position, base.top1
+    );
+    for chunk in [8_192, 8_992] {
+        let a = ship(chunk);
+        println!(
+            "MODEL shipping options, chunk {chunk} vs fp32 mode: rel. L2 {:.4}, worst position {:.4}, top-1 {:.3}",
+            a.rel_l2, a.worst_position, a.top1
+        );
+        if a.rel_l2 > 1.1 * base.rel_l2 + 0.01 || a.top1 < base.top1 - 0.125 {
+            failures.push(format!(
+                "shipping options: chunk {chunk} rel. L2 {:.4} / top-1 {:.3} against fp32 mode, 4,096's {:.4} / {:.3}",
+                a.rel_l2, a.top1, base.rel_l2, base.top1
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// The routed experts' narrow tiles (`wgmma_narrow_tiles`: a 600-token chunk, experts averaging
