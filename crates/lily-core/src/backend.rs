@@ -133,6 +133,13 @@ pub trait Backend: Send {
         512
     }
 
+    /// The largest piece of a prompt the engine hands to `prefill` at once while other
+    /// sequences decode: a running stream waits at most one such piece between two of its
+    /// tokens. At most `prefill_chunk`; a backend whose best chunk takes long answers less.
+    fn interleaved_chunk(&self) -> usize {
+        self.prefill_chunk()
+    }
+
     /// Host copy of the pending logits (tests, `echo` log-probabilities, debugging).
     fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>>;
 

@@ -78,6 +78,8 @@ struct Logged {
     /// may: `Backend::decode`), except the `n`-th; `decode_step` feeds a row's token that was
     /// stopped at when the row has `feed` and room (as the pipelined batched step does).
     feeds_stop: bool,
+    /// What `interleaved_chunk` answers (`None`: the trait's default, the prefill chunk).
+    interleaved: Option<usize>,
 }
 
 impl Logged {
@@ -89,6 +91,7 @@ impl Logged {
             contexts: HashMap::new(),
             peak: Default::default(),
             feeds_stop: false,
+            interleaved: None,
         }
     }
 
@@ -127,6 +130,9 @@ impl Backend for Logged {
     }
     fn prefill_chunk(&self) -> usize {
         self.cpu.prefill_chunk()
+    }
+    fn interleaved_chunk(&self) -> usize {
+        self.interleaved.unwrap_or_else(|| self.cpu.prefill_chunk())
     }
     fn logits(&mut self, seq: SeqId) -> Result<Vec<f32>> {
         self.cpu.logits(seq)
@@ -643,6 +649,60 @@ fn a_long_prompt_holds_a_running_stream_up_by_one_chunk_at_a_time() {
             );
         }
     }
+}
+
+/// A backend whose best chunk is longer than the piece it takes while others decode (CUDA:
+/// chunks of 8,192, pieces of 4,096 beside a running stream): a prompt that arrives while another
+/// streams is fed in interleaved pieces, each followed by a step of the stream, and the same
+/// prompt alone in whole chunks; both answers are the one-at-a-time answers.
+#[test]
+fn a_prompt_beside_a_running_stream_is_fed_in_the_interleaved_chunk() {
+    let w = model(Preset::Tiny);
+    let vocab = w.config.vocab;
+    let first = Request {
+        prompt: prompt(5, 3, vocab),
+        max_tokens: 200,
+    };
+    let long = Request {
+        prompt: prompt(96, 4, vocab),
+        max_tokens: 2,
+    };
+    let want = one_at_a_time(&w, &[first.clone(), long.clone()]);
+    let mut backend = Logged::new(&w, 32, usize::MAX);
+    backend.interleaved = Some(8);
+    let calls = backend.calls.clone();
+    let e = engine(backend, 4, 0);
+    let (j, rx_first, _) = slow_job(&first, 5);
+    e.submit(j).unwrap_or_else(|_| panic!("queued"));
+    let Ok(Seen::Token(token)) = rx_first.recv_timeout(Duration::from_secs(60)) else {
+        panic!("the first streams");
+    };
+    let (j, rx_long, _) = job(&long);
+    e.submit(j).unwrap_or_else(|_| panic!("queued"));
+    let (tokens, outcome) = results(&rx_long);
+    assert_eq!(reason(&outcome), FinishReason::Length);
+    assert_eq!(tokens, want[1]);
+    let (rest, outcome) = results(&rx_first);
+    assert_eq!(reason(&outcome), FinishReason::Length);
+    assert_eq!([vec![token], rest].concat(), want[0]);
+    // Alone, the same prompt goes in the backend's chunks of 32.
+    let (j, rx_alone, _) = job(&long);
+    e.submit(j).unwrap_or_else(|_| panic!("queued"));
+    let (alone, _) = results(&rx_alone);
+    assert_eq!(alone, want[1]);
+    e.shutdown();
+    // Every piece of more than one token (a single token is a stream's token fed back), in order:
+    // the first prompt, the long one beside the stream, the long one alone.
+    let pieces: Vec<usize> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|c| match c {
+            Call::Prefill(_, n) if *n > 1 => Some(*n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pieces, [vec![5], vec![8; 12], vec![32; 3]].concat());
 }
 
 /// A backend with no model and a fixed device time: each forward step — one `decode` token, or

@@ -542,6 +542,10 @@ impl Backend for CudaBackend {
         self.plan.prefill_chunk
     }
 
+    fn interleaved_chunk(&self) -> usize {
+        self.plan.interleaved_chunk
+    }
+
     /// The model's whole context when a quarter of the free device memory holds its KV cache
     /// (the full model on an H200: 262,144 tokens, 5.2 GB in bf16), else what that quarter holds.
     fn default_context(&self) -> usize {

@@ -19,6 +19,11 @@ use crate::kernels::attention::SPLIT_LONG_KEYS;
 /// Default largest prefill chunk (tokens per forward pass; scratch is sized for it).
 pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
 
+/// Default largest piece of a prompt fed while other sequences decode (`Backend::interleaved_chunk`):
+/// a 4,096-token chunk holds a running stream ≈ 0.15 s on an H100; a longer prefill chunk is
+/// faster alone but would hold it longer.
+pub const DEFAULT_INTERLEAVED_CHUNK: usize = 4096;
+
 /// The fewest tokens of a prefill chunk whose projections take the wgmma kernels under
 /// `wgmma_gemm`: at 512 tokens gemm_dense_wgb runs 13.0 against gemm_dense's 17.3 µs (2048×512)
 /// and a 512-token prefill 7,770 → 8,716 tok/s on the H200 (docs/perf-notes.md, session 8);
@@ -220,6 +225,9 @@ lily_core::backend_options! {
         chunk = DEFAULT_PREFILL_CHUNK, flag Some("prefill-chunk"), env "LILY_PREFILL_CHUNK",
             accepts |n| n > 0, "at least 1", label "prefill chunk",
             help "largest prefill chunk in tokens, at most kernels::max_chunk (65,535 on the model: dn_conv's tokens in grid.y); activation scratch is sized for it (≈ 1.5 GiB at 4,096, 3.0 GiB at 8,192 on the model)";
+        interleaved_chunk = DEFAULT_INTERLEAVED_CHUNK, flag Some("interleaved-chunk"), env "LILY_INTERLEAVED_CHUNK",
+            accepts |n| n > 0, "at least 1", label "interleaved chunk",
+            help "largest piece of a prompt fed while other sequences decode, at most the prefill chunk: a running stream waits at most one such piece between two of its tokens";
         wgmma_min_tok = WGMMA_MIN_TOK, flag None, env "LILY_WGMMA_MIN_TOK",
             accepts |n| n >= 128, "at least 128", label "wgmma GEMM from tokens",
             help "with wgmma_gemm: the fewest tokens of a chunk whose projections take the wgmma kernels";
@@ -281,6 +289,7 @@ mod tests {
             ("LILY_MMA_ATTENTION", "0"),
             ("LILY_FUSED_ATTN_PREP", "0"),
             ("LILY_SPLIT_LONG_KEYS", "4096"),
+            ("LILY_INTERLEAVED_CHUNK", "128"),
             ("LILY_WGMMA_GEMM", "0"),
             ("LILY_WGB_TOK", "128"),
             ("LILY_WGMMA_MIN_TOK", "1024"),
@@ -321,6 +330,7 @@ mod tests {
                 ordinal: 2,
                 bf16_activations: false,
                 chunk: 256,
+                interleaved_chunk: 128,
                 graphs: false,
                 moe_grouped: false,
                 flash_prefill: false,

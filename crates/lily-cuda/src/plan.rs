@@ -250,6 +250,8 @@ pub struct Plan {
     pub bf16_activations: bool,
     /// Largest prefill chunk: prefill runs in chunks of at most this many tokens.
     pub prefill_chunk: usize,
+    /// Largest piece of a prompt fed while other sequences decode (≤ `prefill_chunk`).
+    pub interleaved_chunk: usize,
     /// `CudaOptions::step_timing`.
     pub step_timing: bool,
     /// The options as resolved against each other and the device: a switch that needs bf16
@@ -313,6 +315,7 @@ impl Plan {
             ordinal: o.ordinal,
             bf16_activations: bf16,
             prefill_chunk: o.chunk,
+            interleaved_chunk: o.interleaved_chunk.min(o.chunk),
             step_timing: o.step_timing,
             o: effective,
             device,
@@ -1610,6 +1613,7 @@ mod tests {
         let down = mlx(h, cfg.expert_inter, 4, e);
         let lm_head = mlx(cfg.vocab, h, 4, 1);
         assert_eq!(p.prefill_chunk, 4096);
+        assert_eq!(p.interleaved_chunk, 4096);
         // Decode (n = 1): the fused kernels, split attention with the prep inside; the 4-bit
         // projections on int8 pairs of x (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`: `gemv_int8`, on
         // by default), in f32 (`dec_gemv4`, `dec_gemv4w`) under `--no-gemv-int8`.
@@ -1955,6 +1959,25 @@ mod tests {
             down: k,
             tail,
         }
+    }
+
+    #[test]
+    fn the_interleaved_chunk_is_at_most_the_prefill_chunk() {
+        let with = |chunk, interleaved_chunk| {
+            let p = Plan::resolve(
+                &CudaOptions {
+                    chunk,
+                    interleaved_chunk,
+                    ..CudaOptions::default()
+                },
+                H200,
+            );
+            (p.prefill_chunk, p.interleaved_chunk)
+        };
+        assert_eq!(with(8192, 4096), (8192, 4096));
+        assert_eq!(with(4096, 4096), (4096, 4096));
+        assert_eq!(with(1024, 4096), (1024, 1024));
+        assert_eq!(with(16384, 512), (16384, 512));
     }
 
     #[test]

@@ -117,14 +117,16 @@ impl Slot {
         self.job.max_tokens.saturating_sub(self.generated)
     }
 
-    /// Feeds the next piece of the prompt: at most the backend's chunk (so a decode step of the
-    /// other jobs waits at most one chunk, and a cancelled job stops within one), cut at the next
-    /// save point, where the state is kept for later jobs.
+    /// Feeds the next piece of the prompt: at most the backend's chunk, or its interleaved chunk
+    /// while `others_decode` (so a decode step of the other jobs waits at most one such piece,
+    /// and a cancelled job stops within one), cut at the next save point, where the state is
+    /// kept for later jobs.
     pub fn prefill_piece(
         &mut self,
         backend: &mut dyn Backend,
         prefixes: &mut PrefixCache,
         cancel_all: &AtomicBool,
+        others_decode: bool,
     ) -> Result<()> {
         if self.cancelled(cancel_all) {
             self.stage = Stage::Finished(Ok(FinishReason::Cancelled));
@@ -136,7 +138,12 @@ impl Slot {
         if self.job.prompt_logprobs {
             self.score_piece(backend, lease.seq)?;
         } else {
-            let chunk = backend.prefill_chunk().max(1);
+            let chunk = if others_decode {
+                backend.interleaved_chunk().min(backend.prefill_chunk())
+            } else {
+                backend.prefill_chunk()
+            }
+            .max(1);
             let mut end = (self.done + chunk).min(self.job.prompt.len());
             if let Some(&at) = self.points.iter().find(|&&at| at > self.done) {
                 end = end.min(at);

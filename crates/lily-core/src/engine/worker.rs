@@ -328,11 +328,12 @@ impl Worker {
     /// One turn of the schedule: a prefill chunk for the first job still reading its prompt, then
     /// one token for every generating job.
     fn step(&mut self, slots: &mut [Slot], queue: &Queue, held: bool) {
+        let others_decode = slots.iter().any(|s| matches!(s.stage, Stage::Decode));
         if let Some(slot) = slots.iter_mut().find(|s| matches!(s.stage, Stage::Prefill)) {
             let (backend, prefixes) = (self.backend.as_mut(), &mut self.prefixes);
             let cancel_all = &*self.cancel_all;
             let result = catch_unwind(AssertUnwindSafe(|| {
-                slot.prefill_piece(backend, prefixes, cancel_all)
+                slot.prefill_piece(backend, prefixes, cancel_all, others_decode)
             }));
             if let Some(e) = failure(result) {
                 slot.stage = Stage::Finished(Err(e));

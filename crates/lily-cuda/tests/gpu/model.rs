@@ -868,7 +868,9 @@ fn model_prefill_chunks_past_8191_tokens_give_the_same_logits() {
             let d = max_diff(&got, &base);
             println!("MODEL router unsplit, {path}: chunk {chunk} vs 4,096: max |Δ logit| {d:.3e}");
             if d != 0.0 {
-                failures.push(format!("{path}, router unsplit: chunk {chunk} differs from 4,096 by {d:.3e}"));
+                failures.push(format!(
+                    "{path}, router unsplit: chunk {chunk} differs from 4,096 by {d:.3e}"
+                ));
             }
         }
     }
