@@ -66,7 +66,9 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan).
+//!   +3.9 % at 32K, an H100 through Vulkan). Off until measured (`moe_lean_dequant`, session
+//!   27): the decode MoE's gate/up and down kernels turn each 4-bit weight into a float by its
+//!   exponent, not an integer → float conversion (`LEANQ`: bit for bit the same).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -605,14 +607,16 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
-/// run as without it).
-pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
+/// run as without it); `lean`: the 4-bit weights made floats by their exponent, not converted
+/// (`WgpuOptions::moe_lean_dequant`, its `LEANQ`: the same bits).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool, lean: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
         &[
             ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
+            ("LEANQ", lean as u32 as f64),
         ],
     )
 }
@@ -623,8 +627,10 @@ pub const GLU_ITEMS_MAX: usize = 16;
 
 /// moe_down_rows.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup
 /// (`Plan::down_rb`: DOWN_RB, or the `down_rows` knob's 2, 4 or 8); `rounds`: a slot's next
-/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`).
-pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec {
+/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`);
+/// `lean`: the 4-bit weights made floats by their exponent, not converted
+/// (`WgpuOptions::moe_lean_dequant`, its `LEANQ`: the same bits).
+pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool, lean: bool) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
@@ -632,6 +638,7 @@ pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec
             ("COLS", cols as f64),
             ("RB", rb as f64),
             ("ROUNDS", rounds as u32 as f64),
+            ("LEANQ", lean as u32 as f64),
         ],
     )
 }
@@ -1041,7 +1048,12 @@ impl Plan {
             experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
+                glu_rows_spec(
+                    glu_rb,
+                    opts.glu_early,
+                    opts.moe_rounds,
+                    opts.moe_lean_dequant,
+                ),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -1066,7 +1078,13 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
+            moe_down_rows: down_rows_spec(
+                top as usize,
+                c.expert_inter,
+                down_rb,
+                opts.moe_rounds,
+                opts.moe_lean_dequant,
+            ),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -1299,10 +1317,11 @@ impl Plan {
             } else {
                 ""
             },
-            if self.options.moe_rounds {
-                " (in rounds of one item, the next item's reads in flight)"
-            } else {
-                ""
+            match (self.options.moe_rounds, self.options.moe_lean_dequant) {
+                (true, false) => " (in rounds of one item, the next item's reads in flight)",
+                (true, true) => " (in rounds of one item, the next item's reads in flight; both MoE kernels' weights made floats by their exponent)",
+                (false, true) => " (both MoE kernels' weights made floats by their exponent)",
+                (false, false) => "",
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"
