@@ -87,7 +87,8 @@ fn qdot32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
 // k of a u32 kept in place, masked and ORed under 2^23's exponent, is the float 2^23 + q·16^k;
 // times 16^-k (exact: a power of two) less 2^(23 − 4k) it is q exactly. The u32's upper four
 // nibbles the same after one shift by 16. The same values of q as `qdot32`'s, summed in the same
-// order: the same bits. (The kernels' `LEANQ`, `WgpuOptions::moe_lean_dequant`.)
+// order: the same bits. (The kernels' `LEANQ`: `WgpuOptions::moe_lean_dequant` for
+// linear_q4_glu_rows and moe_down_rows, `rows_lean_dequant` for linear_q4_rows.)
 const NIB_MASK = vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u);
 const NIB_EXP = vec4<u32>(0x4b000000u);
 const NIB_SCALE = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);

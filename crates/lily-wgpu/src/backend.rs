@@ -24,8 +24,8 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, check_rows_one_word, check_rows_persist, glu_outputs, DnStep, PersistCheck, Sides,
-    F16_STORE,
+    check_rows, check_rows_one_word, check_rows_persist, glu_outputs, rows_outputs, DnStep,
+    PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -216,6 +216,18 @@ impl WgpuBackend {
             self.plan.act_f16,
             self.plan.down_rb,
             self.plan.options.moe_lean_dequant,
+        )
+    }
+
+    /// linear_q4_rows.wgsl as this plan compiled it (every rows a workgroup and form), its
+    /// outputs on the product probes' random matrices (`probes::rows_outputs`): two plans'
+    /// kernels compared bit for bit (`rows_lean_dequant`).
+    pub fn rows_outputs(&self) -> Result<Vec<f32>> {
+        rows_outputs(
+            &self.gpu,
+            &self.kernels,
+            self.plan.act_f16,
+            self.plan.options.rows_one_word,
         )
     }
 

@@ -68,7 +68,8 @@
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
 //!   +3.9 % at 32K, an H100 through Vulkan). Off until measured (`moe_lean_dequant`, session
 //!   27): the decode MoE's gate/up and down kernels turn each 4-bit weight into a float by its
-//!   exponent, not an integer → float conversion (`LEANQ`: bit for bit the same).
+//!   exponent, not an integer → float conversion (`LEANQ`: bit for bit the same); the same for
+//!   linear_q4_rows' 4-bit rows (`rows_lean_dequant`: `rows_lean_dequant()`).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -554,6 +555,16 @@ pub fn rows_lean_spec(early: bool) -> Spec {
     spec
 }
 
+/// `spec` (a linear_q4_rows.wgsl kernel: `rows_spec`, `rows_lean_spec`) with its 4-bit weights
+/// made floats by their exponent, not converted, where `on` (`WgpuOptions::rows_lean_dequant`,
+/// its `LEANQ`: the same bits).
+pub fn rows_lean_dequant(mut spec: Spec, on: bool) -> Spec {
+    if on {
+        spec.constants.push(("LEANQ", 1.0));
+    }
+    spec
+}
+
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
 /// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
 pub fn row_words(w: &GpuLinear) -> usize {
@@ -1021,7 +1032,10 @@ impl Plan {
             // `rows_one_word`: the 16-row kernel for one-word rows only (`Plan::rows_rb`).
             let one_word = opts.rows_one_word && rb == 16;
             in_forms(
-                rows_spec(rb, opts.rows_early, persist, one_word),
+                rows_lean_dequant(
+                    rows_spec(rb, opts.rows_early, persist, one_word),
+                    opts.rows_lean_dequant,
+                ),
                 &Form::ALL,
                 act_f16,
             )
@@ -1033,9 +1047,13 @@ impl Plan {
             linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
-            linear_q4_rows1: opts
-                .router_lean
-                .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
+            linear_q4_rows1: opts.router_lean.then(|| {
+                in_forms(
+                    rows_lean_dequant(rows_lean_spec(opts.rows_early), opts.rows_lean_dequant),
+                    &Form::ALL,
+                    act_f16,
+                )
+            }),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1272,7 +1290,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1311,6 +1329,11 @@ impl Plan {
                 (true, true) => " (its 16-row kernel compiled for one-word rows: no second words; the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
+            },
+            if self.options.rows_lean_dequant {
+                " (its 4-bit weights made floats by their exponent)"
+            } else {
+                ""
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

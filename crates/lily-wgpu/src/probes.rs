@@ -291,6 +291,40 @@ pub fn check_rows(
     Ok(worst.max(glu))
 }
 
+/// linear_q4_rows.wgsl's outputs as this plan compiled it, on `check_rows`' random matrices
+/// (4-bit 4,096 and 2,048 columns, 8-bit 2,048; 37 rows, 2 items) at every rows a workgroup the
+/// plan compiled, every form, the norm folded and not: for comparing two plans' kernels bit for
+/// bit (`rows_lean_dequant`). The same seeds as `check_rows`, so the same operands each call.
+pub fn rows_outputs(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) -> Result<Vec<f32>> {
+    let mut outs = Vec::new();
+    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
+        for rb in [16usize, 8, 4, 2, 1] {
+            if one_word && rb == 16 && crate::plan::words_of(cols, bits) > 1 {
+                continue;
+            }
+            let Some(forms) = k.rows_if(rb) else {
+                continue;
+            };
+            let (rows, items) = (37usize, 2usize);
+            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+            for (form, kernel) in forms.iter() {
+                let sides = Sides::of(form, act_f16);
+                let (nx, ny) = grid_2d(rows.div_ceil(rb));
+                let norms = if sides.x_f16 {
+                    &[None][..]
+                } else {
+                    &[None, Some(1e-6)][..]
+                };
+                for &norm in norms {
+                    let grid = [nx, ny, items as u32];
+                    outs.extend(m.run_raw(gpu, kernel, &grid, nx, None, Some(norm), sides)?);
+                }
+            }
+        }
+    }
+    Ok(outs)
+}
+
 /// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
 /// from the host's f64, and whether the new form's outputs (the persistent kernel; the rounds)
 /// were bit for bit those of the reference form (one workgroup a block, `PERSIST` 0; one item

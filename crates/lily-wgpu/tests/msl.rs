@@ -90,6 +90,8 @@ fn choosable() -> Vec<Spec> {
                             // The decode MoE's weights made floats by their exponent
                             // (LEANQ = 1, `moe_lean_dequant`).
                             moe_lean_dequant: sw,
+                            // linear_q4_rows' weights so too (LEANQ = 1, `rows_lean_dequant`).
+                            rows_lean_dequant: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -308,6 +310,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // The decode MoE's weights made floats by their exponent (`moe_lean_dequant`, LEANQ)
         // with moe_rounds' ITEMS / ROUNDS and without.
         moe_lean_dequant: sw[5],
+        // linear_q4_rows' weights so too (`rows_lean_dequant`, LEANQ) with rows_persist's
+        // kernels and without.
+        rows_lean_dequant: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
