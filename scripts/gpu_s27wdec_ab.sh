@@ -37,7 +37,7 @@ ON=${ON:-LILY_WGPU_MOE_LEAN_DEQUANT=1 LILY_WGPU_ROWS_LEAN_DEQUANT=1}
 K="(decode MoE|linear_q4_rows) lean dequantisation (on|off)"
 P='lin.experts.glu|moe_down|lin.dn.in_proj|lin.attn.qkv|lin.dn.out|lin.lm_head|lin.router'
 wgpu_setup
-env -u LILY_WGPU_MOE_LEAN_DEQUANT -u LILY_WGPU_ROWS_LEAN_DEQUANT timeout "$(cap 75)" \
+env -u LILY_WGPU_MOE_LEAN_DEQUANT -u LILY_WGPU_ROWS_LEAN_DEQUANT timeout "$(cap 85)" \
   "$B/wgpu_model" --test-threads=1 --nocapture lean_dequant_kernels_give_the_same_bits \
   > "$OUT/wtests.log" 2>&1
 say "wgpu tests rc=$? at $(el)s"
