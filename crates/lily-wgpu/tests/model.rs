@@ -1177,6 +1177,154 @@ fn router_lean_kernel_matches_the_host() {
     assert_eq!(gpu.plan().rows_rb(257, 2), 2);
 }
 
+/// `moe_lean_dequant`: the decode MoE's kernels with each 4-bit weight made a float by its
+/// exponent (`LEANQ`) give **the same bits** as with the integer → float conversion, in both
+/// reduction forms, f32 and f16 activations, in items' rounds (`moe_rounds`, as it ships) and
+/// not: linear_q4_glu_rows' outputs and routed weights on the product probes' random cases
+/// (plain 2,048 columns, routing its own items with planted ties, the norm folded and not), and
+/// moe_down_rows one item at a time and in rounds, each with and without `LEANQ`, bit for bit the
+/// reference form (`check_down_rows`); both against the host's f64; the plan line names it.
+#[test]
+fn moe_lean_dequant_kernels_give_the_same_bits() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    for (subgroups, f16, rounds) in [
+        (true, false, true),
+        (false, false, true),
+        (true, true, true),
+        (false, true, false),
+    ] {
+        let opts = |lean: bool| WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            moe_rounds: rounds,
+            moe_lean_dequant: lean,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
+            return;
+        };
+        let Some(on) = wgpu_backend_with(&w, opts(true)) else {
+            return;
+        };
+        assert!(!off.plan().options.moe_lean_dequant && on.plan().options.moe_lean_dequant);
+        assert_eq!(on.plan().glu_items, rounds);
+        let d = on.plan().describe();
+        assert!(
+            d.contains("decode MoE lean dequantisation on")
+                && d.contains("both MoE kernels' weights made floats by their exponent"),
+            "{d}"
+        );
+        assert!(!off
+            .plan()
+            .describe()
+            .contains("made floats by their exponent"));
+        let want = off.glu_outputs().unwrap();
+        let got = on.glu_outputs().unwrap();
+        assert!(!want.is_empty() && want.iter().all(|v| v.is_finite()));
+        let same = got.len() == want.len()
+            && got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let bound = Bounds::of(on.plan()).kernel;
+        let (_, rows) = on.check_products().unwrap();
+        let down = on.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}, rounds {rounds}: glu_rows lean bit for bit: {same} ({} values), linear_q4_rows / glu_rows {rows:.2e}, moe_down_rows {:.2e} (lean and rounds bit for bit: {})",
+            on.plan().act_f16,
+            want.len(),
+            down.err,
+            down.same_bits
+        );
+        assert!(
+            same,
+            "linear_q4_glu_rows with LEANQ is not bit for bit the kernel without"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_glu_rows (LEANQ) differs from the host by {rows:.2e}"
+        );
+        assert!(
+            down.err < bound,
+            "moe_down_rows differs from the host by {:.2e}",
+            down.err
+        );
+        assert!(
+            down.same_bits,
+            "moe_down_rows with LEANQ (or in rounds) is not bit for bit the kernel one item at a time"
+        );
+    }
+}
+
+/// `rows_lean_dequant`: linear_q4_rows' kernels with each 4-bit weight made a float by its
+/// exponent (`LEANQ`) give **the same bits** as with the integer → float conversion: every rows a
+/// workgroup the plan compiles (16 persistent, 8 in rounds, 4, 2, the lean 1-row router kernel),
+/// every form, on random 4-bit matrices of 4,096 and 2,048 columns and an 8-bit one (unchanged),
+/// the norm folded and not, in both reduction forms, f32 and f16 activations, the 16-row kernel
+/// for one-word rows and not; and against the host's f64 (`check_products`, the conv and the
+/// residual add among them); the plan line names it.
+#[test]
+fn rows_lean_dequant_kernels_give_the_same_bits() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 73);
+    for (subgroups, f16, one_word) in [
+        (true, false, true),
+        (false, false, false),
+        (true, true, true),
+    ] {
+        let opts = |lean: bool| WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            rows_one_word: one_word,
+            rows_lean_dequant: lean,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
+            return;
+        };
+        let Some(on) = wgpu_backend_with(&w, opts(true)) else {
+            return;
+        };
+        assert!(!off.plan().options.rows_lean_dequant && on.plan().options.rows_lean_dequant);
+        let d = on.plan().describe();
+        assert!(
+            d.contains("linear_q4_rows lean dequantisation on")
+                && d.contains("(its 4-bit weights made floats by their exponent)"),
+            "{d}"
+        );
+        assert!(!off
+            .plan()
+            .describe()
+            .contains("made floats by their exponent"));
+        let want = off.rows_outputs().unwrap();
+        let got = on.rows_outputs().unwrap();
+        assert!(!want.is_empty() && want.iter().all(|v| v.is_finite()));
+        let same = got.len() == want.len()
+            && got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let bound = Bounds::of(on.plan()).kernel;
+        let (_, rows) = on.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}, one-word {one_word}: linear_q4_rows lean bit for bit: {same} ({} values), against the host {rows:.2e}",
+            on.plan().act_f16,
+            want.len()
+        );
+        assert!(
+            same,
+            "linear_q4_rows with LEANQ is not bit for bit the kernel without"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (LEANQ) differs from the host by {rows:.2e}"
+        );
+    }
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).
