@@ -9,7 +9,7 @@
 #    at each chunk against fp32 mode), TEST_S (170) seconds;
 # 2. the shipping configuration's tests against the CPU (shipping_configuration_*), SHIP_S (110);
 # 3. `bench --prefill 32K,128K --decode-ctx 1 --decode-tokens 1` at LILY_PREFILL_CHUNK 8,192 and
-#    16,384, once each.
+#    16,384, once each (CHUNKS: the chunks to bench).
 set -u
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-400}"
 AB_HARD=${HARD:-440}
@@ -24,7 +24,7 @@ if left; then
   say "shipping_configuration tests rc=$? at $(el)s"
   grep -hE "^test .*(ok|FAILED)$|^test result|panicked|^MODEL" "$OUT/tests-ship.log" | cut -c1-300 | head -12 | tee -a "$S"
 fi
-for c in 8192 16384; do
+for c in ${CHUNKS:-8192 16384}; do
   if ! left; then say "bench $c: skipped (deadline) at $(el)s"; continue; fi
   LILY_PREFILL_CHUNK=$c timeout "$(cap 50)" "$B/lily-engine" bench --model "$M" --device cuda \
     --prefill 32K,128K --decode-ctx 1 --decode-tokens 1 --repeat 1 > "$OUT/bench-$c.log" 2>&1
