@@ -81,36 +81,6 @@ fn qdot32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
     return dot8(w.x, x0, x1) + dot8(w.y, x2, x3) + dot8(w.z, x4, x5) + dot8(w.w, x6, x7);
 }
 
-// `qdot32`'s sums with each nibble made a float by its exponent instead of an integer → float
-// conversion (NVIDIA's I2F issues at a quarter of the FMA rate: 16 a clock an SM on an H100, so
-// the 64 conversions a 16-byte word of a gate/up pair cost ≈ 8 issue cycles each a warp): nibble
-// k of a u32 kept in place, masked and ORed under 2^23's exponent, is the float 2^23 + q·16^k;
-// times 16^-k (exact: a power of two) less 2^(23 − 4k) it is q exactly. The u32's upper four
-// nibbles the same after one shift by 16. The same values of q as `qdot32`'s, summed in the same
-// order: the same bits. (The kernels' `LEANQ`: `WgpuOptions::moe_lean_dequant` for
-// linear_q4_glu_rows and moe_down_rows, `rows_lean_dequant` for linear_q4_rows.)
-const NIB_MASK = vec4<u32>(0xfu, 0xf0u, 0xf00u, 0xf000u);
-const NIB_EXP = vec4<u32>(0x4b000000u);
-const NIB_SCALE = vec4<f32>(1.0, 0.0625, 0.00390625, 0.000244140625);
-const NIB_OFF = vec4<f32>(8388608.0, 524288.0, 32768.0, 2048.0);
-
-// Nibbles 0..3 of `w` as floats, exactly.
-fn nib4f(w: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>((vec4<u32>(w) & NIB_MASK) | NIB_EXP) * NIB_SCALE - NIB_OFF;
-}
-
-// `dot8` on `nib4f`'s values.
-fn dot8_lean(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    return dot(nib4f(w), a) + dot(nib4f(w >> 16u), b);
-}
-
-// `qdot32` on `nib4f`'s values: the same sums.
-fn qdot32_lean(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
-               x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    return dot8_lean(w.x, x0, x1) + dot8_lean(w.y, x2, x3) + dot8_lean(w.z, x4, x5)
-        + dot8_lean(w.w, x6, x7);
-}
-
 // Σ x over those 32 inputs (the bias term of an affine group).
 fn xsum32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>, x5: vec4<f32>,
           x6: vec4<f32>, x7: vec4<f32>) -> f32 {

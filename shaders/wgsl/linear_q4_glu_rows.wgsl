@@ -51,20 +51,6 @@ override EARLY: u32 = 0u;
 // from 0's: within rounding, not bit for bit.
 override ITEMS: u32 = 0u;
 
-// 1 (`WgpuOptions::moe_lean_dequant`): the 4-bit words' sums by `qdot32_lean` (common.wgsl:
-// each nibble a float by its exponent, no integer → float conversion), the same values summed in
-// the same order: outputs bit for bit those of 0.
-override LEANQ: u32 = 0u;
-
-// Σ q x over one 16-byte word (`qdot32`, or `qdot32_lean` with LEANQ).
-fn qd32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
-        x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    if (LEANQ != 0u) {
-        return qdot32_lean(w, x0, x1, x2, x3, x4, x5, x6, x7);
-    }
-    return qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
-}
-
 var<workgroup> wg_expert: u32;
 
 // One item's reads (`ITEMS`): its gate and up words of this invocation's quad, their scales and
@@ -355,8 +341,8 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             rn = rms_scale(lid, ss, p.m.cols, p.eps);
         }
         for (var j = 0u; j < ri; j++) {
-            let gate = sg[j] * qd32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
-            let up = su[j] * qd32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
+            let gate = sg[j] * qdot32(wg[j], x0, x1, x2, x3, x4, x5, x6, x7) + bg[j] * xs;
+            let up = su[j] * qdot32(wu[j], x0, x1, x2, x3, x4, x5, x6, x7) + bu[j] * xs;
             rows2_put(lid, r8 + j, vec2<f32>(gate, up));
         }
     }
@@ -442,9 +428,9 @@ fn glu_items(lid: u32, row: u32, tt: u32) {
         }
         // The previous item's sums while those reads are in flight.
         if (have) {
-            let gate = cur.sg * qd32(cur.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
+            let gate = cur.sg * qdot32(cur.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
                 + cur.bg * xs;
-            let up = cur.su * qd32(cur.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
+            let up = cur.su * qdot32(cur.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
                 + cur.bu * xs;
             rows2_put(lid, cur_rank, vec2<f32>(gate, up));
         }

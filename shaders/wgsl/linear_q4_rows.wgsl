@@ -90,11 +90,6 @@ override WORDS: u32 = 2u;
 // rounding of RB 1 without it, not bit for bit.
 override LEAN: u32 = 0u;
 
-// 1 (`WgpuOptions::rows_lean_dequant`): the 4-bit words' sums by `qdot32_lean` (common.wgsl:
-// each nibble a float by its exponent, no integer → float conversion), the same values summed in
-// the same order: outputs bit for bit those of 0. 8-bit rows as before.
-override LEANQ: u32 = 0u;
-
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
 }
@@ -109,9 +104,6 @@ fn qd(w: vec4<u32>, x: array<vec4<f32>, 8>) -> f32 {
             + dot(vec4<f32>((vec4<u32>(w.y) >> SH_8) & BYTE), x[1]))
             + (dot(vec4<f32>((vec4<u32>(w.z) >> SH_8) & BYTE), x[2])
             + dot(vec4<f32>((vec4<u32>(w.w) >> SH_8) & BYTE), x[3]));
-    }
-    if (LEANQ != 0u) {
-        return qdot32_lean(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
     }
     return qdot32(w, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
 }

@@ -39,20 +39,6 @@ override RB: u32 = 4u;
 // three DRAM round trips in series). The same sums in the same order: outputs bit for bit.
 override ROUNDS: u32 = 0u;
 
-// 1 (`WgpuOptions::moe_lean_dequant`): the 4-bit words' sums by `qdot32_lean` (common.wgsl:
-// each nibble a float by its exponent, no integer → float conversion), the same values summed in
-// the same order: outputs bit for bit those of 0.
-override LEANQ: u32 = 0u;
-
-// Σ q x over one 16-byte word (`qdot32`, or `qdot32_lean` with LEANQ).
-fn qd32(w: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
-        x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    if (LEANQ != 0u) {
-        return qdot32_lean(w, x0, x1, x2, x3, x4, x5, x6, x7);
-    }
-    return qdot32(w, x0, x1, x2, x3, x4, x5, x6, x7);
-}
-
 // One item's reads: its weight, input quad and RB rows' words, scales and biases.
 struct DownItem {
     wk: f32,
@@ -130,7 +116,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             let xs = xsum32(cur.x[0], cur.x[1], cur.x[2], cur.x[3], cur.x[4], cur.x[5], cur.x[6],
                             cur.x[7]);
             for (var j = 0u; j < RB; j++) {
-                acc[j] += cur.wk * (cur.s[j] * qd32(cur.w[j], cur.x[0], cur.x[1], cur.x[2],
+                acc[j] += cur.wk * (cur.s[j] * qdot32(cur.w[j], cur.x[0], cur.x[1], cur.x[2],
                     cur.x[3], cur.x[4], cur.x[5], cur.x[6], cur.x[7]) + cur.b[j] * xs);
             }
             cur = nxt;
@@ -169,7 +155,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             b[j] = we_half(p.bias_off + er * groups + g);
         }
         for (var j = 0u; j < RB; j++) {
-            acc[j] += wk * (s[j] * qd32(w[j], x0, x1, x2, x3, x4, x5, x6, x7) + b[j] * xs);
+            acc[j] += wk * (s[j] * qdot32(w[j], x0, x1, x2, x3, x4, x5, x6, x7) + b[j] * xs);
         }
     }
     for (var j = 0u; j < RB; j++) {

@@ -24,8 +24,7 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, check_rows_one_word, check_rows_persist, glu_outputs, rows_outputs, DnStep,
-    PersistCheck, Sides, F16_STORE,
+    check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -215,32 +214,6 @@ impl WgpuBackend {
             self.plan.subgroups,
             self.plan.act_f16,
             self.plan.down_rb,
-            self.plan.options.moe_lean_dequant,
-        )
-    }
-
-    /// linear_q4_rows.wgsl as this plan compiled it (every rows a workgroup and form), its
-    /// outputs on the product probes' random matrices (`probes::rows_outputs`): two plans'
-    /// kernels compared bit for bit (`rows_lean_dequant`).
-    pub fn rows_outputs(&self) -> Result<Vec<f32>> {
-        rows_outputs(
-            &self.gpu,
-            &self.kernels,
-            self.plan.act_f16,
-            self.plan.options.rows_one_word,
-        )
-    }
-
-    /// linear_q4_glu_rows.wgsl as this plan compiled it, its outputs (and routed weights) on the
-    /// product probes' random GLU cases (`probes::glu_outputs`): two plans' kernels compared bit
-    /// for bit (`moe_lean_dequant`).
-    pub fn glu_outputs(&self) -> Result<Vec<f32>> {
-        glu_outputs(
-            &self.gpu,
-            &self.kernels,
-            self.plan.act_f16,
-            self.plan.glu_items,
-            self.plan.glu_rb,
         )
     }
 

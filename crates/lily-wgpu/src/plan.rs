@@ -66,10 +66,7 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan). Off until measured (`moe_lean_dequant`, session
-//!   27): the decode MoE's gate/up and down kernels turn each 4-bit weight into a float by its
-//!   exponent, not an integer → float conversion (`LEANQ`: bit for bit the same); the same for
-//!   linear_q4_rows' 4-bit rows (`rows_lean_dequant`: `rows_lean_dequant()`).
+//!   +3.9 % at 32K, an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -555,16 +552,6 @@ pub fn rows_lean_spec(early: bool) -> Spec {
     spec
 }
 
-/// `spec` (a linear_q4_rows.wgsl kernel: `rows_spec`, `rows_lean_spec`) with its 4-bit weights
-/// made floats by their exponent, not converted, where `on` (`WgpuOptions::rows_lean_dequant`,
-/// its `LEANQ`: the same bits).
-pub fn rows_lean_dequant(mut spec: Spec, on: bool) -> Spec {
-    if on {
-        spec.constants.push(("LEANQ", 1.0));
-    }
-    spec
-}
-
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
 /// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
 pub fn row_words(w: &GpuLinear) -> usize {
@@ -618,16 +605,14 @@ pub fn dn_recur_norm_spec(dk: usize) -> Spec {
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
-/// run as without it); `lean`: the 4-bit weights made floats by their exponent, not converted
-/// (`WgpuOptions::moe_lean_dequant`, its `LEANQ`: the same bits).
-pub fn glu_rows_spec(rb: usize, early: bool, items: bool, lean: bool) -> Spec {
+/// run as without it).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
     Spec::new(
         "linear_q4_glu_rows",
         &[
             ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
-            ("LEANQ", lean as u32 as f64),
         ],
     )
 }
@@ -638,10 +623,8 @@ pub const GLU_ITEMS_MAX: usize = 16;
 
 /// moe_down_rows.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup
 /// (`Plan::down_rb`: DOWN_RB, or the `down_rows` knob's 2, 4 or 8); `rounds`: a slot's next
-/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`);
-/// `lean`: the 4-bit weights made floats by their exponent, not converted
-/// (`WgpuOptions::moe_lean_dequant`, its `LEANQ`: the same bits).
-pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool, lean: bool) -> Spec {
+/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`).
+pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec {
     Spec::new(
         "moe_down_rows",
         &[
@@ -649,7 +632,6 @@ pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool, lean: b
             ("COLS", cols as f64),
             ("RB", rb as f64),
             ("ROUNDS", rounds as u32 as f64),
-            ("LEANQ", lean as u32 as f64),
         ],
     )
 }
@@ -1032,10 +1014,7 @@ impl Plan {
             // `rows_one_word`: the 16-row kernel for one-word rows only (`Plan::rows_rb`).
             let one_word = opts.rows_one_word && rb == 16;
             in_forms(
-                rows_lean_dequant(
-                    rows_spec(rb, opts.rows_early, persist, one_word),
-                    opts.rows_lean_dequant,
-                ),
+                rows_spec(rb, opts.rows_early, persist, one_word),
                 &Form::ALL,
                 act_f16,
             )
@@ -1047,13 +1026,9 @@ impl Plan {
             linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
-            linear_q4_rows1: opts.router_lean.then(|| {
-                in_forms(
-                    rows_lean_dequant(rows_lean_spec(opts.rows_early), opts.rows_lean_dequant),
-                    &Form::ALL,
-                    act_f16,
-                )
-            }),
+            linear_q4_rows1: opts
+                .router_lean
+                .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1066,12 +1041,7 @@ impl Plan {
             experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(
-                    glu_rb,
-                    opts.glu_early,
-                    opts.moe_rounds,
-                    opts.moe_lean_dequant,
-                ),
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -1096,13 +1066,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(
-                top as usize,
-                c.expert_inter,
-                down_rb,
-                opts.moe_rounds,
-                opts.moe_lean_dequant,
-            ),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -1290,7 +1254,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1330,21 +1294,15 @@ impl Plan {
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
             },
-            if self.options.rows_lean_dequant {
-                " (its 4-bit weights made floats by their exponent)"
-            } else {
-                ""
-            },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
             } else {
                 ""
             },
-            match (self.options.moe_rounds, self.options.moe_lean_dequant) {
-                (true, false) => " (in rounds of one item, the next item's reads in flight)",
-                (true, true) => " (in rounds of one item, the next item's reads in flight; both MoE kernels' weights made floats by their exponent)",
-                (false, true) => " (both MoE kernels' weights made floats by their exponent)",
-                (false, false) => "",
+            if self.options.moe_rounds {
+                " (in rounds of one item, the next item's reads in flight)"
+            } else {
+                ""
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"

@@ -252,9 +252,8 @@ pub fn check_rows(
     glu_rb: usize,
     one_word: bool,
 ) -> Result<f64> {
-    let mut outs = Vec::new();
-    let glu = check_glu_rows(gpu, k, act_f16, glu_rb, &mut outs)?
-        .max(check_glu_route(gpu, k, act_f16, items, glu_rb, &mut outs)?)
+    let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
+        .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16, one_word)?);
     let mut worst = 0f64;
@@ -289,40 +288,6 @@ pub fn check_rows(
         }
     }
     Ok(worst.max(glu))
-}
-
-/// linear_q4_rows.wgsl's outputs as this plan compiled it, on `check_rows`' random matrices
-/// (4-bit 4,096 and 2,048 columns, 8-bit 2,048; 37 rows, 2 items) at every rows a workgroup the
-/// plan compiled, every form, the norm folded and not: for comparing two plans' kernels bit for
-/// bit (`rows_lean_dequant`). The same seeds as `check_rows`, so the same operands each call.
-pub fn rows_outputs(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) -> Result<Vec<f32>> {
-    let mut outs = Vec::new();
-    for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-        for rb in [16usize, 8, 4, 2, 1] {
-            if one_word && rb == 16 && crate::plan::words_of(cols, bits) > 1 {
-                continue;
-            }
-            let Some(forms) = k.rows_if(rb) else {
-                continue;
-            };
-            let (rows, items) = (37usize, 2usize);
-            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-            for (form, kernel) in forms.iter() {
-                let sides = Sides::of(form, act_f16);
-                let (nx, ny) = grid_2d(rows.div_ceil(rb));
-                let norms = if sides.x_f16 {
-                    &[None][..]
-                } else {
-                    &[None, Some(1e-6)][..]
-                };
-                for &norm in norms {
-                    let grid = [nx, ny, items as u32];
-                    outs.extend(m.run_raw(gpu, kernel, &grid, nx, None, Some(norm), sides)?);
-                }
-            }
-        }
-    }
-    Ok(outs)
 }
 
 /// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
@@ -437,32 +402,9 @@ fn check_rows_persist_rb(
     Ok(out)
 }
 
-/// linear_q4_glu_rows.wgsl's outputs on `check_glu_rows`' and `check_glu_route`'s cases, in
-/// their order (f16 outputs widened): for comparing two plans' kernels bit for bit
-/// (`moe_lean_dequant`).
-pub fn glu_outputs(
-    gpu: &Gpu,
-    k: &Kernels,
-    act_f16: bool,
-    items: bool,
-    glu_rb: usize,
-) -> Result<Vec<f32>> {
-    let mut outs = Vec::new();
-    check_glu_rows(gpu, k, act_f16, glu_rb, &mut outs)?;
-    check_glu_route(gpu, k, act_f16, items, glu_rb, &mut outs)?;
-    Ok(outs)
-}
-
 /// linear_q4_glu_rows.wgsl (plain mode: gate and up two random 4-bit matrices of 2,048 columns,
-/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference; each
-/// case's outputs appended to `outs`.
-fn check_glu_rows(
-    gpu: &Gpu,
-    k: &Kernels,
-    act_f16: bool,
-    glu_rb: usize,
-    outs: &mut Vec<f32>,
-) -> Result<f64> {
+/// 37 rows, 2 items) against silu(gate x) · (up x) on the host: the relative L2 difference.
+fn check_glu_rows(gpu: &Gpu, k: &Kernels, act_f16: bool, glu_rb: usize) -> Result<f64> {
     let (rows, cols, items) = (37usize, 2048usize, 2usize);
     let gate = RandomQ4::new(rows, cols, 64, items);
     let up = RandomQ4::new(rows + 1, cols, 64, items);
@@ -525,7 +467,6 @@ fn check_glu_rows(
         );
         r.submit()?;
         let got = read_act(gpu, &ybuf, items * rows, sides.y_f16)?;
-        outs.extend_from_slice(&got);
         let items_x = (0..items).map(|t| (&x[t * cols..(t + 1) * cols], 0));
         worst = worst.max(glu_rel_err(&got, rows, &gate, &up, items_x));
     }
@@ -801,7 +742,6 @@ fn check_glu_route(
     act_f16: bool,
     items_form: bool,
     glu_rb: usize,
-    outs: &mut Vec<f32>,
 ) -> Result<f64> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
@@ -934,8 +874,6 @@ fn check_glu_route(
             worst = worst.max(d);
         }
         let got = read_act(gpu, &ybuf, items * r_e, sides.y_f16)?;
-        outs.extend_from_slice(&got_wts);
-        outs.extend_from_slice(&got);
         let items_x = want_ids.iter().enumerate().map(|(item, &ex)| {
             (
                 &x[(item / ks) * cols..(item / ks + 1) * cols],
@@ -955,15 +893,13 @@ fn check_glu_route(
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
 /// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
-/// (`ROUNDS` 1, `moe_rounds`); with `lean` each also with `LEANQ` 1 (`moe_lean_dequant`). The
-/// largest relative L2 difference of the sums added, and whether the other forms' sums are bit
-/// for bit the one-item-at-a-time kernel's (`ROUNDS` 0, `LEANQ` 0) in every case.
+/// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
+/// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
 pub fn check_down_rows(
     gpu: &Gpu,
     subgroups: bool,
     act_f16: bool,
     rb: usize,
-    lean: bool,
 ) -> Result<PersistCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
     let mut out = PersistCheck {
@@ -1007,17 +943,10 @@ pub fn check_down_rows(
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
         let mut first: Option<Vec<f32>> = None;
-        // With `lean` also both forms with the weights made floats by their exponent
-        // (`moe_lean_dequant`'s `LEANQ`), against the same reference bits.
-        let forms: &[(bool, bool)] = if lean {
-            &[(false, false), (true, false), (false, true), (true, true)]
-        } else {
-            &[(false, false), (true, false)]
-        };
-        for &(rounds, lq) in forms {
+        for rounds in [false, true] {
             let spec = crate::shaders::Spec {
                 act_f16,
-                ..down_rows_spec(topk, cols, rb, rounds, lq).with_subgroups(subgroups)
+                ..down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups)
             };
             let kernel = Kernel::new(gpu, &spec, false)?;
             let xbuf = gpu.upload_f32("check.x", &x0)?;

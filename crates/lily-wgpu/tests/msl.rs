@@ -87,11 +87,6 @@ fn choosable() -> Vec<Spec> {
                             rows_one_word: sw || f16_acts,
                             // linear_q4_rows' lean 1-row kernel (LEAN = 1, `router_lean`).
                             router_lean: sw,
-                            // The decode MoE's weights made floats by their exponent
-                            // (LEANQ = 1, `moe_lean_dequant`).
-                            moe_lean_dequant: sw,
-                            // linear_q4_rows' weights so too (LEANQ = 1, `rows_lean_dequant`).
-                            rows_lean_dequant: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -307,12 +302,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         rows_one_word: sw[6],
         // linear_q4_rows' lean 1-row kernel (`router_lean`) with rows_early's EARLY and without.
         router_lean: sw[2],
-        // The decode MoE's weights made floats by their exponent (`moe_lean_dequant`, LEANQ)
-        // with moe_rounds' ITEMS / ROUNDS and without.
-        moe_lean_dequant: sw[5],
-        // linear_q4_rows' weights so too (`rows_lean_dequant`, LEANQ) with rows_persist's
-        // kernels and without.
-        rows_lean_dequant: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
