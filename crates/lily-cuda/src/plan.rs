@@ -67,6 +67,7 @@ use crate::kernels::decode::{
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::{self, MoeShape};
+use crate::kernels::norm;
 use crate::kernels::KernelBuild;
 pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
@@ -158,6 +159,15 @@ pub enum BatchProjections {
     Rows(RowsKernel),
     /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
+}
+
+/// Which kernel a batched decode step's RMS norm of its rows takes (`Plan::batch_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchNorm {
+    /// `rms_norm`: a loop trip a load, x read twice.
+    Plain,
+    /// `rms_norm_rows` (`batch_lean_glue`): the same bits, each thread's columns in registers.
+    Rows,
 }
 
 /// How a batched decode step runs each sequence's DeltaNet conv and recurrence.
@@ -606,10 +616,25 @@ impl Plan {
                 })
             }
             DecodePath::Fused if self.o.router_rows_split && decode::split_rows_serves(ws) => {
-                BatchProjections::Rows(RowsKernel::GemvSplit)
+                BatchProjections::Rows(if self.o.batch_lean_glue {
+                    RowsKernel::GemvSplitLean
+                } else {
+                    RowsKernel::GemvSplit
+                })
             }
             DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
             DecodePath::PerKernel => BatchProjections::PerKernel,
+        }
+    }
+
+    /// The kernel of a batched decode step's RMS norm of rows of `cols` columns: under
+    /// `batch_lean_glue` `rms_norm_rows` (rms_norm's bits, each thread's columns loaded at once)
+    /// where `norm::rms_rows_serves` the width, else `rms_norm`.
+    pub fn batch_norm(&self, cols: usize) -> BatchNorm {
+        if self.o.batch_lean_glue && norm::rms_rows_serves(cols) {
+            BatchNorm::Rows
+        } else {
+            BatchNorm::Plain
         }
     }
 
