@@ -2361,10 +2361,13 @@ __device__ __forceinline__ void rows_stage_lean(const float* __restrict__ x, int
             t[4 * q + 2] = a.z + c.z;
             t[4 * q + 3] = a.w + c.w;
         }
+        // (o as a shift of a counted loop, so that both loops unroll and t stays in registers)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+        for (int k = 0; k < 5; k++) {
+            const int o = 16 >> k;
 #pragma unroll
             for (int l = 0; l < o; l++) t[l] = t[l] + t[l + o];
+        }
         xsum[bg] = t[0];
     }
     __syncthreads();

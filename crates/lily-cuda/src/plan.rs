@@ -1044,6 +1044,56 @@ mod tests {
     }
 
     #[test]
+    fn batch_lean_glue_takes_the_lean_norm_and_router_staging_only_when_on() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let router = [w(256, 2048, 8), w(1, 2048, 8)];
+        let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
+        // Off by default: rms_norm and dec_gemv_rows_split.
+        let defaults = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(defaults.batch_norm(2048), BatchNorm::Plain);
+        assert_eq!(
+            defaults.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplit)
+        );
+        assert!(defaults
+            .describe()
+            .contains("batched step's norms and router staging lean off"));
+        let on = Plan::resolve(
+            &CudaOptions {
+                batch_lean_glue: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(on.batch_norm(2048), BatchNorm::Rows);
+        assert_eq!(on.batch_norm(4096), BatchNorm::Rows);
+        // Past RMS_ROWS_THREADS · RMS_ROWS_REG columns a thread cannot hold its columns.
+        assert_eq!(on.batch_norm(4097), BatchNorm::Plain);
+        assert_eq!(
+            on.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+        );
+        // The 4-bit projections keep the tensor cores; without router_rows_split the router keeps
+        // dec_gemv_rows.
+        assert_eq!(
+            on.batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::MmaDeep)
+        );
+        let no_split = Plan::resolve(
+            &CudaOptions {
+                batch_lean_glue: true,
+                router_rows_split: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            no_split.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
+    }
+
+    #[test]
     fn the_batched_router_takes_the_split_kernel_under_its_switch() {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let rows = BatchProjections::Rows;
