@@ -99,7 +99,7 @@ MUTANTS = [
      "dec_glu4_x8x2_bulk summing every tile of a block from its first slot"),
     ('dec', 'if (requester && mine.item == 0)', 'if (requester && mine.item == 0 && tg.warp > 0)',
      "dec_glu4_x8x2_bulk never requesting the shared expert's tiles (waits that never complete)"),
-    ('dec', 'for (int l = 0; l < o; l++) t[l] = t[l] + t[l + o];', 'for (int l = 0; l < o; l++) t[l] = t[l] + t[2 * o - 1 - l];',
+    ('dec', 'if (l < o) t[l] = t[l] + t[l + o];', 'if (l < o) t[l] = t[l] + t[2 * o - 1 - l];',
      "rows_stage_lean pairing its group sums' terms in another tree than warp_sum's (the same sum, other bits)"),
     ('norm', 'for (int k = 0; k < RMS_ROWS_REG; k++)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
      'for (int k = RMS_ROWS_REG - 1; k >= 0; k--)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',

@@ -2361,12 +2361,13 @@ __device__ __forceinline__ void rows_stage_lean(const float* __restrict__ x, int
             t[4 * q + 2] = a.z + c.z;
             t[4 * q + 3] = a.w + c.w;
         }
-        // (o as a shift of a counted loop, so that both loops unroll and t stays in registers)
+        // (both loops of fixed trip counts, so that both unroll and t stays in registers)
 #pragma unroll
         for (int k = 0; k < 5; k++) {
             const int o = 16 >> k;
 #pragma unroll
-            for (int l = 0; l < o; l++) t[l] = t[l] + t[l + o];
+            for (int l = 0; l < 16; l++)
+                if (l < o) t[l] = t[l] + t[l + o];
         }
         xsum[bg] = t[0];
     }
