@@ -1,6 +1,6 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn (attn in bf16 builds: the tensor-core
+// Argument: gemv | gemv_x8 | mma | split | lean | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn (attn in bf16 builds: the tensor-core
 // kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
@@ -13,6 +13,9 @@
 //         product and against dec_gemv_rows (mma_case).
 //   split: dec_gemv_rows_split (the router's launch over more lanes, router_rows_split) against
 //         the f64 product and against dec_gemv_rows (another summation order: a tolerance).
+//   lean: batch_lean_glue's kernels: rms_norm_rows bit for bit against rms_norm (and near an f64
+//         norm), rows of 64 to 4,096 columns, strided; dec_gemv_rows_split_lean bit for bit
+//         against dec_gemv_rows_split (and near the f64 product) on split's cases, 1 to 11 rows.
 //   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
@@ -411,6 +414,92 @@ static void run_split() {
     QW wide(4, 1, 41, 4096), n256(8, 1, 19, 256);
     split_case("wide", 4096, {&wide}, {DEC_RESIDUAL}, {8});
     split_case("narrow", 256, {&n256}, {DEC_EXACT}, {3});
+}
+
+// ---- lean ---------------------------------------------------------------------------------------
+
+// batch_lean_glue: rms_norm_rows (Norm::rms_norm_rows: a block of RMS_ROWS_THREADS a row) bit for
+// bit against rms_norm (Norm::rms_norm: 256 threads a row) and within a tolerance of an f64 norm;
+// dec_gemv_rows_split_lean bit for bit against dec_gemv_rows_split on project_rows_split's
+// launches (the same grid, rows a launch and shared memory).
+static void norm_case(int cols, int rows, int x_stride, int y_stride) {
+    std::vector<float> x = vec((size_t)rows * x_stride, 1.5f), w = vec(cols, 1.0f);
+    for (int r = 0; r < rows; r++)  // rows of different scales, some far from 1
+        for (int c = 0; c < cols; c++) x[(size_t)r * x_stride + c] *= (float)(r + 1) * (r % 2 ? 7.0f : 0.05f);
+    const float eps = 1e-6f;
+    Buf<float> a((size_t)rows * y_stride), b((size_t)rows * y_stride);
+    launch_k({rows, 1, 1}, 256, 0, [&] { rms_norm(x.data(), x_stride, w.data(), a.p(), y_stride, cols, eps, rows); });
+    launch_k({rows, 1, 1}, RMS_ROWS_THREADS, 0,
+             [&] { rms_norm_rows(x.data(), x_stride, w.data(), b.p(), y_stride, cols, eps, rows); });
+    bool same = true;
+    std::vector<double> want((size_t)rows * cols);
+    std::vector<float> got((size_t)rows * cols);
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) ss += (double)x[(size_t)r * x_stride + c] * x[(size_t)r * x_stride + c];
+        double inv = 1.0 / std::sqrt(ss / cols + eps);
+        same = same && same_bits(a.p() + (size_t)r * y_stride, b.p() + (size_t)r * y_stride, cols);
+        for (int c = 0; c < cols; c++) {
+            want[(size_t)r * cols + c] = rb(x[(size_t)r * x_stride + c] * inv * w[c]);
+            got[(size_t)r * cols + c] = b.p()[(size_t)r * y_stride + c];
+        }
+    }
+    double e = rel_l2(got.data(), want.data(), want.size());
+    char what[160];
+    snprintf(what, sizeof what, "rms_norm_rows: %d rows of %d cols (strides %d, %d)", rows, cols, x_stride, y_stride);
+    verdict(what, same && e < (BF16 ? 1e-2 : 1e-5) && b.guard_ok(), same ? "  rms_norm's bits, rel_l2 %.2e" : "  differs from rms_norm, rel_l2 %.2e", e);
+}
+
+static void project_rows_split_lean(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+    DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
+    int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
+        launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
+                 [&] { dec_gemv_rows_split_lean(at, xb, nb, cols); });
+    });
+}
+
+static void split_lean_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, std::vector<int> nbs) {
+    std::vector<Seg> segs;
+    for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
+    for (int nb : nbs) {
+        std::vector<float> x = vec((size_t)nb * cols, 1.0f);
+        if (BF16) for (auto& v : x) v = (float)f_of_bf16(bf16_of(v));
+        auto resid = residuals(ws, nb);
+        std::vector<float*> ys;
+        auto lean = outputs(ws, modes, nb, resid, ys);
+        project_rows_split_lean(segs, ys, x.data(), cols, nb);
+        auto split = outputs(ws, modes, nb, resid, ys);
+        project_rows_split(segs, ys, x.data(), cols, nb);
+        for (size_t i = 0; i < ws.size(); i++) {
+            size_t n = (size_t)nb * ws[i]->rows;
+            bool same = same_bits(lean[i].p(), split[i].p(), n) && lean[i].guard_ok();
+            bool finite = true;
+            for (size_t j = 0; j < n; j++) finite = finite && std::isfinite(lean[i].p()[j]);
+            char what[160];
+            snprintf(what, sizeof what, "dec_gemv_rows_split_lean %s: %d rows, %d cols, %d-bit x %d", name, nb, cols,
+                     ws[i]->bits, ws[i]->rows);
+            verdict(what, same && finite, same ? "  dec_gemv_rows_split's bits" : "  differs from dec_gemv_rows_split");
+        }
+        // and against the f64 product (check_rows: the lean outputs, dec_gemv_rows_split's beside)
+        check_rows(name, "dec_gemv_rows_split", cols, ws, modes, nb, x, resid, lean, split);
+    }
+}
+
+static void run_lean() {
+    printf("batch_lean_glue: rms_norm_rows, dec_gemv_rows_split_lean (activations %s)\n", BF16 ? "bf16" : "fp32");
+    norm_case(2048, 8, 2048, 2048);
+    norm_case(2048, 3, 2048 + 64, 2048 + 128);
+    norm_case(4096, 2, 4096, 4096);  // RMS_ROWS_REG · 256: every register a thread
+    norm_case(1000, 5, 1000, 1024);  // a ragged last column step
+    norm_case(64, 1, 64, 64);        // most threads idle
+    QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
+    split_lean_case("router", 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 2, 4, 8, 11});
+    QW w77(4, 1, 77, 2048), w5(8, 1, 5, 2048), w30(4, 1, 30, 2048);
+    split_lean_case("ragged", 2048, {&w77, &w5, &w30}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT}, {3, 8});
+    QW wide(4, 1, 41, 4096), n256(8, 1, 19, 256);
+    split_lean_case("wide", 4096, {&wide}, {DEC_RESIDUAL}, {8});
+    split_lean_case("narrow", 256, {&n256}, {DEC_EXACT}, {3});
 }
 
 // ---- mma ----------------------------------------------------------------------------------------
@@ -1507,6 +1596,7 @@ int main(int argc, char** argv) {
     if (part == "gemv") run_gemv();
     else if (part == "mma") run_mma();
     else if (part == "split") run_split();
+    else if (part == "lean") run_lean();
     else if (part == "moe") run_moe({1, 3, 8}, {1, 3, 8});
     else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
     else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
@@ -1527,7 +1617,7 @@ int main(int argc, char** argv) {
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn|attn (attn: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

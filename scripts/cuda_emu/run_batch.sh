@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
-# dec_gemv_rows, dec_gemv_rows_split, dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
+# dec_gemv_rows, dec_gemv_rows_split (and its lean staging, with norm.cu's rms_norm_rows against
+# rms_norm: batch_lean_glue), dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
@@ -17,8 +18,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (34 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (36 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -98,6 +99,11 @@ MUTANTS = [
      "dec_glu4_x8x2_bulk summing every tile of a block from its first slot"),
     ('dec', 'if (requester && mine.item == 0)', 'if (requester && mine.item == 0 && tg.warp > 0)',
      "dec_glu4_x8x2_bulk never requesting the shared expert's tiles (waits that never complete)"),
+    ('dec', 'if (l < o) t[l] = t[l] + t[l + o];', 'if (l < o) t[l] = t[l] + t[2 * o - 1 - l];',
+     "rows_stage_lean pairing its group sums' terms in another tree than warp_sum's (the same sum, other bits)"),
+    ('norm', 'for (int k = 0; k < RMS_ROWS_REG; k++)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
+     'for (int k = RMS_ROWS_REG - 1; k >= 0; k--)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
+     "rms_norm_rows summing a thread's squares in reverse order (the same sum, other bits)"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -106,6 +112,8 @@ if os.environ.get('EMU_MUTANT'):
     print(f'mutant: {what}')
     if f == 'dec':
         dec = swap(dec, old, new)
+    elif f == 'norm':
+        norm = swap(norm, old, new)
     else:
         att = swap(att, old, new)
 # The inline-PTX pieces of decode.cu (shim_decode.h says what replaces them).
@@ -182,7 +190,7 @@ if [ "${1:-}" = mutants ]; then
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
            "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
-           "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk"; do
+           "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -198,8 +206,8 @@ fi
 gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
-  build; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn attn; do "$W/emu" "$p" || fail=1; done
+  build; for p in gemv gemv_x8 mma split lean moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split lean moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn attn; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

@@ -2317,6 +2317,63 @@ __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, 
     __syncthreads();
 }
 
+// rows_stage_lean (`batch_lean_glue`, dec_gemv_rows_split_lean): rows_stage's xs and xsum bit for
+// bit, in fewer dependent steps. rows_stage's copy loop asks for one float4 a trip and its group
+// sums take a warp a (row, group), 8 · 32 = 256 of them over 4 warps at 8 rows, each a chain of
+// five shuffles: at 8 rows its staging is most of the router launch (24 µs against the one-row
+// router's 5.7, perf-notes session 21). Here each thread requests DEC_LEAN_STAGE float4 before
+// it stores any, and each (row, group) sum is one thread's, added in warp_sum's tree (lane l
+// holds x[l] + x[l + 32]; then the pairs l, l ^ 16; l, l ^ 8; ...; l, l ^ 1: the adds a lane
+// does, in that order, so the same bits).
+#define DEC_LEAN_STAGE 8
+__device__ __forceinline__ void rows_stage_lean(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum) {
+    int G = cols >> 6;
+    int n4 = nb * cols / 4;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += DEC_LEAN_STAGE * blockDim.x) {
+        float4 v[DEC_LEAN_STAGE];
+#pragma unroll
+        for (int k = 0; k < DEC_LEAN_STAGE; k++) {
+            int i = i0 + k * blockDim.x;
+            if (i < n4) {
+                int b = (4 * i) / cols, c = (4 * i) % cols;
+                v[k] = *reinterpret_cast<const float4*>(x + (long long)b * cols + c);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < DEC_LEAN_STAGE; k++) {
+            int i = i0 + k * blockDim.x;
+            if (i < n4) {
+                int b = (4 * i) / cols, c = (4 * i) % cols;
+                *reinterpret_cast<float4*>(xs + (b * G + (c >> 6)) * DEC_XPAD + (c & 63)) = v[k];
+            }
+        }
+    }
+    __syncthreads();
+    for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) {
+        const float* g = xs + bg * DEC_XPAD;
+        float t[32];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float4 a = *reinterpret_cast<const float4*>(g + 4 * q);
+            float4 c = *reinterpret_cast<const float4*>(g + 32 + 4 * q);
+            t[4 * q] = a.x + c.x;
+            t[4 * q + 1] = a.y + c.y;
+            t[4 * q + 2] = a.z + c.z;
+            t[4 * q + 3] = a.w + c.w;
+        }
+        // (both loops of fixed trip counts, so that both unroll and t stays in registers)
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int o = 16 >> k;
+#pragma unroll
+            for (int l = 0; l < 16; l++)
+                if (l < o) t[l] = t[l] + t[l + o];
+        }
+        xsum[bg] = t[0];
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(DEC_ROWS_WARPS * 32, DEC_ROWS_MIN_BLOCKS)
 dec_gemv_rows(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
@@ -2373,8 +2430,8 @@ __device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, 
         bgroup_load<8>(sg.w, row, G, lane, g8);
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
-dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+template <bool LEAN>
+__device__ __forceinline__ void gemv_rows_split(const DecSegs& segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
     float* xs = dec_smem;                  // [nb][G][DEC_XPAD]
@@ -2387,7 +2444,10 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols)
     int tile = blockIdx.x;
     split_first_load(segs, tile, G, g4, g8);
     dec_wait();
-    rows_stage(x, nb, cols, xs, xsum);
+    if (LEAN)
+        rows_stage_lean(x, nb, cols, xs, xsum);
+    else
+        rows_stage(x, nb, cols, xs, xsum);
     for (; tile < segs.tiles; tile += gridDim.x) {
         DecSeg sg = seg_of(segs, tile);
         int row = (tile - sg.tile0) * DEC_SPLIT_WARPS + warp;
@@ -2416,6 +2476,18 @@ dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols)
         }
     }
     dec_trigger_late();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
+dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    gemv_rows_split<false>(segs, x, nb, cols);
+}
+
+// dec_gemv_rows_split_lean (`batch_lean_glue`): dec_gemv_rows_split with rows_stage_lean's
+// staging; the same outputs bit for bit.
+extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
+dec_gemv_rows_split_lean(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    gemv_rows_split<true>(segs, x, nb, cols);
 }
 
 // ---- Batched 4-bit projections on the tensor cores (dec_mma_rows) ----------------------------

@@ -20,8 +20,8 @@ use crate::kernels::moe::{self, Combine, Group, MoeShape, Route, SiluMul};
 use crate::kernels::norm::RmsNorm;
 use crate::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 use crate::plan::{
-    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchProjections, BatchScan, DecodePath,
-    Dense, Experts, MoeRows, Plan, Router,
+    AttentionKernels, BatchAttention, BatchHead, BatchMoe, BatchNorm, BatchProjections, BatchScan,
+    DecodePath, Dense, Experts, MoeRows, Plan, Router,
 };
 use crate::weights::{
     DevAttention, DevDeltaNet, DevLinear, DevMixer, DevModel, DevMoe, LinearShape,
@@ -735,8 +735,20 @@ impl Forward<'_> {
     /// (`project_batch`).
     fn norm_project_batch(&self, norm: u64, rows: usize, outs: &[(&DevLinear, Out)]) -> Result<()> {
         let (cfg, s) = (self.cfg, self.scratch);
-        self.norm(Rows::new(s.x.ptr, cfg.hidden), norm, rows)?;
-        self.project_batch(s.xn.ptr, cfg.hidden, rows, outs)
+        let h = cfg.hidden;
+        let a = RmsNorm {
+            x: Rows::new(s.x.ptr, h),
+            weight: norm,
+            y: Rows::new(s.xn.ptr, h),
+            cols: h,
+            eps: cfg.rms_eps,
+            rows,
+        };
+        match self.plan.batch_norm(h) {
+            BatchNorm::Plain => self.kernels.norm.rms_norm(self.gpu, &a)?,
+            BatchNorm::Rows => self.kernels.norm.rms_norm_rows(self.gpu, &a)?,
+        }
+        self.project_batch(s.xn.ptr, h, rows, outs)
     }
 
     /// The projections of one input for the `rows` rows of a batched decode step (x: f32

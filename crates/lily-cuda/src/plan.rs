@@ -67,6 +67,7 @@ use crate::kernels::decode::{
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::{self, MoeShape};
+use crate::kernels::norm;
 use crate::kernels::KernelBuild;
 pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
@@ -158,6 +159,15 @@ pub enum BatchProjections {
     Rows(RowsKernel),
     /// Each weight's kernel for a B-token step, one launch a weight.
     PerKernel,
+}
+
+/// Which kernel a batched decode step's RMS norm of its rows takes (`Plan::batch_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchNorm {
+    /// `rms_norm`: a loop trip a load, x read twice.
+    Plain,
+    /// `rms_norm_rows` (`batch_lean_glue`): the same bits, each thread's columns in registers.
+    Rows,
 }
 
 /// How a batched decode step runs each sequence's DeltaNet conv and recurrence.
@@ -609,10 +619,25 @@ impl Plan {
                 })
             }
             DecodePath::Fused if self.o.router_rows_split && decode::split_rows_serves(ws) => {
-                BatchProjections::Rows(RowsKernel::GemvSplit)
+                BatchProjections::Rows(if self.o.batch_lean_glue {
+                    RowsKernel::GemvSplitLean
+                } else {
+                    RowsKernel::GemvSplit
+                })
             }
             DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
             DecodePath::PerKernel => BatchProjections::PerKernel,
+        }
+    }
+
+    /// The kernel of a batched decode step's RMS norm of rows of `cols` columns: under
+    /// `batch_lean_glue` `rms_norm_rows` (rms_norm's bits, each thread's columns loaded at once)
+    /// where `norm::rms_rows_serves` the width, else `rms_norm`.
+    pub fn batch_norm(&self, cols: usize) -> BatchNorm {
+        if self.o.batch_lean_glue && norm::rms_rows_serves(cols) {
+            BatchNorm::Rows
+        } else {
+            BatchNorm::Plain
         }
     }
 
@@ -1019,6 +1044,56 @@ mod tests {
             AttentionKernels::Prefill(PrefillKernel::Mma)
         );
         assert!(p.describe().contains("wgmma prefill GEMM off"));
+    }
+
+    #[test]
+    fn batch_lean_glue_takes_the_lean_norm_and_router_staging_only_when_on() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let router = [w(256, 2048, 8), w(1, 2048, 8)];
+        let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
+        // Off by default: rms_norm and dec_gemv_rows_split.
+        let defaults = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(defaults.batch_norm(2048), BatchNorm::Plain);
+        assert_eq!(
+            defaults.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplit)
+        );
+        assert!(defaults
+            .describe()
+            .contains("batched step's norms and router staging lean off"));
+        let on = Plan::resolve(
+            &CudaOptions {
+                batch_lean_glue: true,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(on.batch_norm(2048), BatchNorm::Rows);
+        assert_eq!(on.batch_norm(4096), BatchNorm::Rows);
+        // Past RMS_ROWS_THREADS · RMS_ROWS_REG columns a thread cannot hold its columns.
+        assert_eq!(on.batch_norm(4097), BatchNorm::Plain);
+        assert_eq!(
+            on.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+        );
+        // The 4-bit projections keep the tensor cores; without router_rows_split the router keeps
+        // dec_gemv_rows.
+        assert_eq!(
+            on.batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::MmaDeep)
+        );
+        let no_split = Plan::resolve(
+            &CudaOptions {
+                batch_lean_glue: true,
+                router_rows_split: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            no_split.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
     }
 
     #[test]

@@ -180,6 +180,10 @@ pub enum RowsKernel {
     /// groups one a lane, SPLIT_WARPS rows a block: for launches of few weight rows (the router,
     /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
     GemvSplit,
+    /// `dec_gemv_rows_split_lean` (`batch_lean_glue`): `dec_gemv_rows_split`'s outputs bit for
+    /// bit, its rows staged in fewer dependent steps (each thread's loads requested together, each
+    /// (row, group) sum one thread's in the shuffle tree's order).
+    GemvSplitLean,
 }
 /// Warps (weight rows) of a `dec_gemv_rows_split` block.
 pub const SPLIT_WARPS: usize = 4;
@@ -456,7 +460,9 @@ fn mma_deep_stages(cols: usize, rows: usize) -> usize {
 /// Dynamic shared memory of a block of `kernel` staging `rows` inputs of `cols` columns.
 fn launch_smem(kernel: RowsKernel, cols: usize, rows: usize) -> usize {
     match kernel {
-        RowsKernel::Gemv | RowsKernel::GemvSplit => rows_smem(cols, rows),
+        RowsKernel::Gemv | RowsKernel::GemvSplit | RowsKernel::GemvSplitLean => {
+            rows_smem(cols, rows)
+        }
         RowsKernel::Mma => mma_smem(cols, rows),
         RowsKernel::MmaDeep => {
             mma_smem(cols, rows) + MMA_WARPS * mma_deep_stages(cols, rows) * MMA_STAGE_BYTES
@@ -766,6 +772,7 @@ pub struct Decode {
     gemv: Kernel,
     gemv_rows: Kernel,
     gemv_rows_split: Kernel,
+    gemv_rows_split_lean: Kernel,
     /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
     mma_rows: Kernel,
@@ -809,6 +816,8 @@ impl Decode {
             rows_warps: rows_warps(&gemv_rows)?,
             gemv_rows,
             gemv_rows_split: k("dec_gemv_rows_split")?.allow_shared_memory(BATCH_SMEM_MAX)?,
+            gemv_rows_split_lean: k("dec_gemv_rows_split_lean")?
+                .allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows_deep: k("dec_mma_rows_deep")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
@@ -929,6 +938,7 @@ impl Decode {
         let name = match kernel {
             RowsKernel::Gemv => "dec_gemv_rows",
             RowsKernel::GemvSplit => "dec_gemv_rows_split",
+            RowsKernel::GemvSplitLean => "dec_gemv_rows_split_lean",
             RowsKernel::Mma => "dec_mma_rows",
             RowsKernel::MmaDeep => "dec_mma_rows_deep",
         };
@@ -949,6 +959,7 @@ impl Decode {
                 self.rows_warps * rows_lanes(cols).1,
             ),
             RowsKernel::GemvSplit => (&self.gemv_rows_split, SPLIT_WARPS, SPLIT_WARPS),
+            RowsKernel::GemvSplitLean => (&self.gemv_rows_split_lean, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::Mma | RowsKernel::MmaDeep => {
                 if outs.iter().any(|(w, _)| w.bits != 4) {
                     bail!("{name}: 4-bit weights only");
@@ -966,7 +977,9 @@ impl Decode {
         let (grid, split) = match kernel {
             RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
             // Up to SPLIT_ROWS_MAX rows: a block a tile for any device this runs on.
-            RowsKernel::GemvSplit => (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32),
+            RowsKernel::GemvSplit | RowsKernel::GemvSplitLean => {
+                (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32)
+            }
             RowsKernel::Mma | RowsKernel::MmaDeep => {
                 let per_sm = match kernel {
                     RowsKernel::MmaDeep => blocks_by_smem(

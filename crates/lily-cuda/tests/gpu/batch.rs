@@ -87,6 +87,9 @@ struct Case {
     /// On (with `moe_grouped_rows`), the grouped down kernel runs its 16-warp block
     /// (`dec_down_combine_x8x2_grouped_wide`, `grouped_down_wide`).
     grouped_down_wide: bool,
+    /// On, the batched step's norms run `rms_norm_rows` and its router launch
+    /// `dec_gemv_rows_split_lean` (`batch_lean_glue`: the plain kernels' bits).
+    batch_lean_glue: bool,
     prompts: &'static [usize],
 }
 
@@ -107,6 +110,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         gemv_int8,
         moe_grouped_rows,
         grouped_down_wide,
+        batch_lean_glue,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -119,7 +123,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -134,6 +138,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             gemv_int8,
             moe_grouped_rows,
             grouped_down_wide,
+            batch_lean_glue,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -276,6 +281,7 @@ const FUSED: Case = Case {
     gemv_int8: false,
     moe_grouped_rows: false,
     grouped_down_wide: false,
+    batch_lean_glue: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -335,6 +341,13 @@ const GROUPED: Case = Case {
 const GROUPED_WIDE: Case = Case {
     grouped_down_wide: true,
     ..GROUPED
+};
+
+/// `GROUPED_WIDE` (the step as it ships) with the lean norms and router staging
+/// (`batch_lean_glue`, off until measured).
+const LEAN_GLUE: Case = Case {
+    batch_lean_glue: true,
+    ..GROUPED_WIDE
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -412,6 +425,17 @@ fn decode_batched_steps_grouped_by_expert_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(GROUPED_WIDE));
     batched_steps_match_alone(Preset::Small, GROUPED_WIDE);
     batched_steps_match_alone(Preset::Small, eight(GROUPED_WIDE));
+}
+
+/// The shipping step with `batch_lean_glue` (`rms_norm_rows`, `dec_gemv_rows_split_lean`):
+/// three and eight sequences on tiny and small against each sequence alone, as the cases above
+/// (its kernels give the plain ones' bits: batch_lean_glue_gives_the_plain_kernels_bits).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_lean_glue_match_each_sequence_alone() {
+    batched_steps_match_alone(Preset::Tiny, eight(LEAN_GLUE));
+    batched_steps_match_alone(Preset::Small, LEAN_GLUE);
+    batched_steps_match_alone(Preset::Small, eight(LEAN_GLUE));
 }
 
 /// Which of the int8 forms moves the batched step away from the sequences alone on small

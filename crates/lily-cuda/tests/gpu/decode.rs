@@ -531,6 +531,134 @@ fn batched_decode_gemv_rows_split_matches_cpu() {
     println!("KERNEL decode.cu dec_gemv_rows_split matches the CPU");
 }
 
+/// `batch_lean_glue`'s kernels give the plain ones' bits on the device (their FMA contraction,
+/// rsqrtf and scheduling, which the CPU emulation does not have): `rms_norm_rows` against
+/// `rms_norm` on 1 to 8 rows (the batched step's) of 2,048 (the model's), 4,096 (every register
+/// a thread) and 1,000 columns, strided, rows of different scales, and near the CPU's norm;
+/// `dec_gemv_rows_split_lean` against `dec_gemv_rows_split` on `rows_case`'s four weights (300,
+/// 77, 16 and 1 rows, 8-bit beside 4-bit, every store mode) at 2,048, 4,096, 256 and 64 columns,
+/// 1 to 8 and 11 rows; both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batch_lean_glue_gives_the_plain_kernels_bits() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(271);
+        for (cols, stride) in [
+            (2048usize, 2048usize),
+            (2048, 2112),
+            (4096, 4096),
+            (1000, 1024),
+        ] {
+            for rows in [1usize, 2, 3, 4, 5, 8] {
+                let mut x = rng.vec(rows * stride, 1.5);
+                for (r, row) in x.chunks_mut(stride).enumerate() {
+                    let scale = (r + 1) as f32 * if r % 2 == 1 { 7.0 } else { 0.05 };
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+                let w = rng.vec(cols, 1.0);
+                let (dx, dw) = (d.upload(&x).unwrap(), d.upload(&w).unwrap());
+                let ys = [0, 1].map(|_| poisoned(&d, rows * stride));
+                let a = |y: &DevBuf| RmsNorm {
+                    x: Rows {
+                        ptr: dx.ptr,
+                        stride,
+                    },
+                    weight: dw.ptr,
+                    y: Rows { ptr: y.ptr, stride },
+                    cols,
+                    eps: 1e-6,
+                    rows,
+                };
+                d.k.norm.rms_norm(&d, &a(&ys[0])).unwrap();
+                d.k.norm.rms_norm_rows(&d, &a(&ys[1])).unwrap();
+                let [want, got]: [Vec<f32>; 2] =
+                    [0, 1].map(|i| d.read(&ys[i], 0, rows * stride).unwrap());
+                let what = format!("rms_norm_rows {rows} rows of {cols} (stride {stride}), bf16 {bf16_activations}");
+                let pick = |v: &[f32]| -> Vec<f32> {
+                    v.chunks(stride).flat_map(|r| r[..cols].to_vec()).collect()
+                };
+                let (want, got) = (pick(&want), pick(&got));
+                assert!(
+                    want.iter().all(|v| v.is_finite()),
+                    "{what}: rms_norm left NaN"
+                );
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                let xr: Vec<f32> = x.chunks(stride).flat_map(|r| r[..cols].to_vec()).collect();
+                let tol = if bf16_activations { 1e-2 } else { 1e-5 };
+                check(&what, &got, &ops::rms_norm(&xr, &w, 1e-6), tol);
+            }
+        }
+        // Wider than a thread's registers hold: refused, nothing launched.
+        let buf = poisoned(&d, 8192);
+        let wide = RmsNorm {
+            x: Rows::new(buf.ptr, 4352),
+            weight: buf.ptr,
+            y: Rows::new(buf.ptr, 4352),
+            cols: 4352,
+            eps: 1e-6,
+            rows: 1,
+        };
+        let e = d.k.norm.rms_norm_rows(&d, &wide).unwrap_err();
+        assert!(e.to_string().contains("columns"), "{e}");
+        let mut rng = Rng(277);
+        for cols in [2048usize, 4096, 256, 64] {
+            let rows_of = [300usize, 77, 16, 1];
+            let ws: Vec<DevLinear> = rows_of
+                .iter()
+                .zip([8u32, 8, 4, 4])
+                .enumerate()
+                .map(|(i, (&n, b))| {
+                    upload_linear(&d, &format!("w{i}"), &linear(&mut rng, b, 1, n, cols)).unwrap()
+                })
+                .collect();
+            for nb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11] {
+                let x: Vec<f32> = rng.vec(nb * cols, 1.0);
+                let x: Vec<f32> = if bf16_activations {
+                    x.into_iter().map(round_bf16).collect()
+                } else {
+                    x
+                };
+                let resid = rng.vec(nb * rows_of[1], 1.0);
+                let xd = d.upload(&x).unwrap();
+                let mut got = Vec::new();
+                for kernel in [RowsKernel::GemvSplit, RowsKernel::GemvSplitLean] {
+                    let outs_dev: Vec<DevBuf> =
+                        rows_of.iter().map(|&n| poisoned(&d, nb * n)).collect();
+                    d.write(&outs_dev[1], 0, &resid).unwrap();
+                    let outs = [
+                        (&ws[0], Out::Store(outs_dev[0].ptr)),
+                        (&ws[1], Out::AddToResidual(outs_dev[1].ptr)),
+                        (&ws[2], Out::Exact(outs_dev[2].ptr)),
+                        (&ws[3], Out::Store(outs_dev[3].ptr)),
+                    ];
+                    d.k.decode
+                        .project_rows(&d, kernel, xd.ptr, cols, nb, &outs)
+                        .unwrap();
+                    let v: Vec<Vec<f32>> = rows_of
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &n)| d.read(&outs_dev[i], 0, nb * n).unwrap())
+                        .collect();
+                    got.push(v);
+                }
+                for (i, n) in rows_of.iter().enumerate() {
+                    let what = format!(
+                        "dec_gemv_rows_split_lean {cols} cols, {nb} rows, output {i} ({n} rows), bf16 {bf16_activations}"
+                    );
+                    assert!(
+                        got[0][i].iter().all(|v| v.is_finite()),
+                        "{what}: dec_gemv_rows_split left NaN"
+                    );
+                    assert_eq!(bits(&got[1][i]), bits(&got[0][i]), "{what}");
+                }
+            }
+        }
+    }
+    println!("KERNEL rms_norm_rows and dec_gemv_rows_split_lean give rms_norm's and dec_gemv_rows_split's bits");
+}
+
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
 /// one launch each, its states through a pointer table) against `dec_dn_conv` + `dec_dn_step` run
 /// one sequence at a time on copies of the same states (those are tested against the CPU in
