@@ -16,12 +16,14 @@
 
 use crate::kernels::attention::SPLIT_LONG_KEYS;
 
-/// Default largest prefill chunk (tokens per forward pass; scratch is sized for it).
-pub const DEFAULT_PREFILL_CHUNK: usize = 4096;
+/// Default largest prefill chunk (tokens per forward pass; scratch is sized for it): 8,192 won
+/// its A/B against 4,096 (prefill 32K +8.5 %, 128K +5.0 %, an H100, session 26) once session 27
+/// showed its logits equal 4,096's bit for bit with the router unsplit (docs/perf-notes.md).
+pub const DEFAULT_PREFILL_CHUNK: usize = 8192;
 
 /// Default largest piece of a prompt fed while other sequences decode (`Backend::interleaved_chunk`):
-/// a 4,096-token chunk holds a running stream ≈ 0.15 s on an H100; a longer prefill chunk is
-/// faster alone but would hold it longer.
+/// a 4,096-token chunk holds a running stream ≈ 0.15 s on an H100; the 8,192-token prefill
+/// chunk is faster alone but would hold it twice as long.
 pub const DEFAULT_INTERLEAVED_CHUNK: usize = 4096;
 
 /// The fewest tokens of a prefill chunk whose projections take the wgmma kernels under

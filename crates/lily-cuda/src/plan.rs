@@ -23,7 +23,7 @@
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
 //! | 512 ≤ n < 1,024 | `to_bf16` + `gemm_dense_wgb` | as above | `to_bf16` + `gemm_grouped_wgb32` up to 768 tokens (`wgmma_narrow_tiles`, on; off: `gemm_grouped_wgb64`), then `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill` | `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
 //! | 1,024 ≤ n < 2,048 | `to_bf16` + `gemm_dense_wgb` | as above | `gemm_grouped_wgb64` | `attn_qk_prep` + `attn_prefill_wg` | as above |
-//! | 2,048 ≤ n (chunk 4,096) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens, each expert's last ≤ 32 items then in a second launch of `gemm_grouped_wgb32` (`wgmma_tail_tiles`, on) | `attn_qk_prep` + `attn_prefill_wg` | as above |
+//! | 2,048 ≤ n (chunks of 4,096 and 8,192) | `to_bf16` + `gemm_dense_wgb256` | as above (4,096: 2 parts) | `gemm_grouped_wgb64`, `gemm_grouped_wgb128` from 3,072 tokens, each expert's last ≤ 32 items then in a second launch of `gemm_grouped_wgb32` (`wgmma_tail_tiles`, on) | `attn_qk_prep` + `attn_prefill_wg` | as above |
 //!
 //! The grouped launches' grid follows the chunk's items (`tile_grid_by_items`, on: `Plan::tile_rows`);
 //! the narrow and tail tiles are chosen by `Plan::experts` (`Experts::Gemm::tail`; the test
@@ -43,8 +43,9 @@
 //! shorter steps, fp32 mode, such devices and `--no-tc-scan` take `dn_prep` + `dn_recurrent`
 //! (`deltanet_scan`; the test `the_tensor_core_scan_runs_where_its_switch_and_the_device_allow`).
 //!
-//! A prompt runs in chunks of at most `prefill_chunk` (4,096) tokens, so a 32K or 128K prompt is
-//! 4,096-token chunks at growing context; the context changes only the one-token attention
+//! A prompt runs in chunks of at most `prefill_chunk` (8,192; `interleaved_chunk`, 4,096, while
+//! other sequences decode) tokens, so a 32K or 128K prompt is 8,192-token chunks at growing
+//! context; the context changes only the one-token attention
 //! (`long_keys`). Head of every step: `embed`, `rms_norm`, `advance_pos`; the MoE's glue:
 //! `moe_route`, `moe_group`, `silu_mul`, `moe_combine` (a batched step: `embed_rows` and
 //! `advance_pos_rows` for all sequences, `batch_head`; `--no-fused-batch`: one `embed` and one
@@ -1687,7 +1688,7 @@ mod tests {
         let gate = mlx(cfg.expert_inter, h, 4, e);
         let down = mlx(h, cfg.expert_inter, 4, e);
         let lm_head = mlx(cfg.vocab, h, 4, 1);
-        assert_eq!(p.prefill_chunk, 4096);
+        assert_eq!(p.prefill_chunk, 8192);
         assert_eq!(p.interleaved_chunk, 4096);
         // Decode (n = 1): the fused kernels, split attention with the prep inside; the 4-bit
         // projections on int8 pairs of x (`dec_gemv4_x8x2`, `dec_gemv4w_x8x2`: `gemv_int8`, on

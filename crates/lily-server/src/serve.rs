@@ -52,8 +52,9 @@ pub struct ServeArgs {
     pub prefix_cache_mib: usize,
     /// Also snapshot every this many prompt tokens of a long prefill, so a prompt that differs
     /// from an earlier one only after that point resumes there (0 = only at the ends of
-    /// conversations, prompts and generated turns).
-    #[arg(long, default_value_t = 4096)]
+    /// conversations, prompts and generated turns). A multiple of the backends' prefill chunks
+    /// (CUDA 8,192, wgpu 4,096, CPU 512), so a long prompt is fed in whole chunks.
+    #[arg(long, default_value_t = 8192)]
     pub snapshot_every: usize,
     /// Connections open at once; more are answered 503 and closed.
     #[arg(long, default_value_t = 512)]
