@@ -151,10 +151,10 @@ lily_core::backend_options! {
             label "grouped MoE down kernel at 16 warps",
             help "with moe_grouped_rows: the batched step's grouped down kernel in decode.cu's dec_down_combine_x8x2_grouped_wide, 16 warps a block (4 row groups × 4 item columns, a ring of 3 items a warp) instead of dec_down_combine_x8x2_grouped's 12 (3 item columns): one block an SM either way (its 92 KB of staged int8 pairs), a third more weight loads in flight an SM and the staging over 512 threads; the same outputs bit for bit (each (row, item) product whole in one warp, the combine in dec_down_combine_x8x2's order)",
             why "won its A/B: bench --batch 4 / 8 at 1K 819.6 / 1,099.1 and 822.3 / 1,099.6 → 826.6 / 1,121.5 and 824.2 / 1,121.5 tok/s (+0.5 % / +2.0 %; two rounds, an H100, full size, session 22; predicted +3–5 % / +4–7 %); GPU tests batched_decode_moe_grouped_matches_one_token_at_a_time and decode_batched_steps_grouped_by_expert_match_each_sequence_alone pass; the 12-warp kernel is the reference it is tested against";
-        batch_lean_glue = false, flag Some("batch-lean-glue"), env "LILY_BATCH_LEAN_GLUE" = true,
+        batch_lean_glue = true, flag Some("no-batch-lean-glue"), env "LILY_BATCH_LEAN_GLUE" = true,
             label "batched step's norms and router staging lean",
             help "a batched decode step's RMS norms in norm.cu's rms_norm_rows (rms_norm's block of 256 threads a row and its bits, each thread's columns loaded into registers at once and the norm weight before the dependency wait, the next kernel let launch after it) and its router launch in decode.cu's dec_gemv_rows_split_lean (dec_gemv_rows_split's bits, the rows staged with each thread's float4 loads requested together and each (row, group) sum one thread's in the shuffle tree's order) instead of rms_norm (a dependent load a loop trip, x read twice) and rows_stage (one load a trip; a warp and five shuffles a (row, group) sum)",
-            why "not yet measured (session 27, branch s27bat; predicted at 8 rows rms_norm 10 → 3–4 µs and the router 24 → 6–9 µs a launch, the step −0.5…−1.0 ms of 7.1): ships off until its A/B (scripts/gpu_s27bat_ab.sh) wins";
+            why "won its A/B: bench --batch 4 / 8 at 1K 822.8 / 1,113.7 and 825.0 / 1,115.1 → 914.5 / 1,218.7 and 915.3 / 1,218.5 tok/s (+11 % / +9.3 %; two rounds, an H100, full size, session 27; predicted +5–10 %); profiled at 8 rows rms_norm 11.6 → 6.6 µs and the router 25.5 → 17.4 µs a launch; GPU tests batch_lean_glue_gives_the_plain_kernels_bits and decode_batched_steps_lean_glue_match_each_sequence_alone pass; rms_norm and dec_gemv_rows_split are the reference they are tested against";
         gemv_int8 = true, flag Some("no-gemv-int8"), env "LILY_GEMV_INT8" = true,
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -325,7 +325,7 @@ mod tests {
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
             ("LILY_GROUPED_DOWN_WIDE", "0"),
-            ("LILY_BATCH_LEAN_GLUE", "1"),
+            ("LILY_BATCH_LEAN_GLUE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -358,7 +358,7 @@ mod tests {
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
                 grouped_down_wide: false,
-                batch_lean_glue: true,
+                batch_lean_glue: false,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,

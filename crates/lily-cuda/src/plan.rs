@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm`; `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split`, a warp a weight row (`router_rows_split`, on; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped`, each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -1052,23 +1052,11 @@ mod tests {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let router = [w(256, 2048, 8), w(1, 2048, 8)];
         let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
-        // Off by default: rms_norm and dec_gemv_rows_split.
-        let defaults = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(defaults.batch_norm(2048), BatchNorm::Plain);
-        assert_eq!(
-            defaults.batch_projections(&router),
-            BatchProjections::Rows(RowsKernel::GemvSplit)
-        );
-        assert!(defaults
+        // On by default (won its A/B, session 27): rms_norm_rows and dec_gemv_rows_split_lean.
+        let on = Plan::resolve(&CudaOptions::default(), H200);
+        assert!(on
             .describe()
-            .contains("batched step's norms and router staging lean off"));
-        let on = Plan::resolve(
-            &CudaOptions {
-                batch_lean_glue: true,
-                ..CudaOptions::default()
-            },
-            H200,
-        );
+            .contains("batched step's norms and router staging lean on"));
         assert_eq!(on.batch_norm(2048), BatchNorm::Rows);
         assert_eq!(on.batch_norm(4096), BatchNorm::Rows);
         // Past RMS_ROWS_THREADS · RMS_ROWS_REG columns a thread cannot hold its columns.
@@ -1085,7 +1073,6 @@ mod tests {
         );
         let no_split = Plan::resolve(
             &CudaOptions {
-                batch_lean_glue: true,
                 router_rows_split: false,
                 ..CudaOptions::default()
             },
@@ -1095,6 +1082,22 @@ mod tests {
             no_split.batch_projections(&router),
             BatchProjections::Rows(RowsKernel::Gemv)
         );
+        // Off (`--no-batch-lean-glue`): rms_norm and dec_gemv_rows_split.
+        let off = Plan::resolve(
+            &CudaOptions {
+                batch_lean_glue: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(off.batch_norm(2048), BatchNorm::Plain);
+        assert_eq!(
+            off.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplit)
+        );
+        assert!(off
+            .describe()
+            .contains("batched step's norms and router staging lean off"));
     }
 
     #[test]
@@ -1103,12 +1106,12 @@ mod tests {
         let rows = BatchProjections::Rows;
         let router = [w(256, 2048, 8), w(1, 2048, 8)];
         let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
-        // On by default: the router's 257 rows on dec_gemv_rows_split, the 4-bit projections on
-        // the tensor cores.
+        // On by default: the router's 257 rows on dec_gemv_rows_split (its lean staging under
+        // `batch_lean_glue`, on), the 4-bit projections on the tensor cores.
         let defaults = Plan::resolve(&CudaOptions::default(), H200);
         assert_eq!(
             defaults.batch_projections(&router),
-            rows(RowsKernel::GemvSplit)
+            rows(RowsKernel::GemvSplitLean)
         );
         assert_eq!(defaults.batch_projections(&qkv), rows(RowsKernel::MmaDeep));
         let d = defaults.describe();
@@ -1136,7 +1139,7 @@ mod tests {
         let max = decode::SPLIT_ROWS_MAX;
         assert_eq!(
             gemv.batch_projections(&[w(max - 24, 2048, 4), w(24, 2048, 4)]),
-            rows(RowsKernel::GemvSplit)
+            rows(RowsKernel::GemvSplitLean)
         );
         assert_eq!(
             gemv.batch_projections(&[w(max - 24, 2048, 4), w(25, 2048, 4)]),
@@ -1769,10 +1772,11 @@ mod tests {
             );
         }
         // By default (`mma_rows`): dec_mma_rows for every 4-bit input; the 8-bit router (257
-        // rows) takes dec_gemv_rows_split (`router_rows_split`), with or without `--no-mma-rows`.
+        // rows) takes dec_gemv_rows_split_lean (`router_rows_split`, `batch_lean_glue`), with or
+        // without `--no-mma-rows`.
         assert_eq!(
             gemv.batch_projections(&[router, s_gate]),
-            BatchProjections::Rows(RowsKernel::GemvSplit)
+            BatchProjections::Rows(RowsKernel::GemvSplitLean)
         );
         let mma = &p;
         for (ws, kernel) in [
@@ -1781,7 +1785,7 @@ mod tests {
             (&[lm_head], RowsKernel::MmaDeep),
             (&[o], RowsKernel::MmaDeep),
             (&[out_proj], RowsKernel::MmaDeep),
-            (&[router, s_gate], RowsKernel::GemvSplit),
+            (&[router, s_gate], RowsKernel::GemvSplitLean),
         ] {
             assert_eq!(
                 mma.batch_projections(ws),
