@@ -32,10 +32,10 @@ def test_a_128k_prompt_is_timed_with_the_default_context_and_the_servers_phases(
     assert "ready (context 262144 tokens)" in out, out
     runs = [l for l in out.splitlines() if l.startswith("ttft run ")]
     assert len(runs) == 4, out
-    # 512-token prefill calls (the scripted backend's chunk), a snapshot every 4,096 tokens
+    # 512-token prefill calls (the scripted backend's chunk), a snapshot every 8,192 tokens
     # (serve's default), a new sequence and nothing cached (the prompts share no prefix, also not
     # the 128K ones with the 4K ones).
-    for line, calls, snapshots in zip(runs, [8, 8, 256, 256], [1, 1, 32, 32]):
+    for line, calls, snapshots in zip(runs, [8, 8, 256, 256], [1, 1, 16, 16]):
         assert f"in {calls} call(s)" in line, line
         assert re.search(rf"snapshots [\d.]+ \({snapshots}\)", line), line
         assert "(new)" in line and "cached" not in line, line
