@@ -92,6 +92,8 @@ fn choosable() -> Vec<Spec> {
                             moe_lean_dequant: sw,
                             // linear_q4_rows' weights so too (LEANQ = 1, `rows_lean_dequant`).
                             rows_lean_dequant: sw,
+                            // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
+                            dn_one_sync: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -313,6 +315,8 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // linear_q4_rows' weights so too (`rows_lean_dequant`, LEANQ) with rows_persist's
         // kernels and without.
         rows_lean_dequant: sw[4],
+        // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
+        dn_one_sync: sw[1],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
