@@ -15,8 +15,9 @@
 # 1. beside the synth: lily-wgpu's `deltanet_step_one_sync_matches_the_old_kernel` (ONE_SYNC's
 #    state bit for bit the old kernel's, its output within the kernel bound of the host's f64 and
 #    of the old output; both reduction forms, f32 and f16 activations, dk/dv 128/128, 64/96,
-#    32/32) and `deltanet_step_matches_the_host` (the shipping kernel); they set the switch in
-#    their cases: run without the variable;
+#    32/32), `deltanet_step_matches_the_host` (the shipping kernel) and
+#    `decode_with_dn_one_sync_matches_cpu` (tiny, 24 greedy steps against the CPU, both reduction
+#    forms); they set the switch in their cases: run without the variable;
 # 2. `bench --device wgpu --prefill 512 --decode-ctx 4K,32K --decode-tokens 64 --repeat 1`,
 #    OFF / ON twice;
 # 3. if the clock allows: LILY_PROFILE=1 at 4K OFF / ON (dn_recur_norm's row; lin.dn.in_proj and
@@ -35,10 +36,10 @@ K="decode DeltaNet step one exchange (on|off)"
 P='dn_recur_norm|lin.dn.in_proj|lin.dn.out'
 wgpu_setup
 env -u LILY_WGPU_DN_ONE_SYNC timeout "$(cap 85)" \
-  "$B/wgpu_model" --test-threads=1 --nocapture deltanet_step \
+  "$B/wgpu_model" --test-threads=1 --nocapture deltanet_step decode_with_dn_one_sync \
   > "$OUT/wtests.log" 2>&1
 say "wgpu tests rc=$? at $(el)s"
-grep -hE "^test .*(ok|FAILED)$|^test result|panicked|ONE_SYNC y|dn_recur_norm [0-9]" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
+grep -hE "^test .*(ok|FAILED)$|^test result|panicked|ONE_SYNC y|dn_recur_norm [0-9]|identical tokens" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
 wait "$SYN"; say "synth full rc=$? at $(el)s"
 export PREFILL=512
 # shellcheck disable=SC2086

@@ -1755,6 +1755,58 @@ fn greedy_tokens_match_cpu_over_32_steps() {
     println!("greedy: 32 identical tokens {:?}", ids(&got));
 }
 
+/// `dn_one_sync` in a whole model: tiny (dn_recur_norm at dk 32 on every DeltaNet decode step),
+/// both reduction forms, 24 greedy steps picked and fed back by the GPU against the CPU (the same
+/// tokens, logprobs within the logits bound).
+#[test]
+fn decode_with_dn_one_sync_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let prompt = Rng(9).tokens(10, w.config.vocab);
+    let run = |b: &mut dyn Backend| -> Vec<(u32, f32)> {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, 24, 0, &mut |t| {
+            out.push((t.token, t.logprob));
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want = run(&mut CpuBackend::new(w.clone()));
+    for subgroups in [true, false] {
+        let opts = WgpuOptions {
+            chunk: 8,
+            all_logits_chunk: 8,
+            subgroups,
+            dn_one_sync: true,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.dn_one_sync);
+        let got = run(&mut gpu);
+        let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "greedy tokens differ (subgroups {subgroups})"
+        );
+        let bound = Bounds::of(gpu.plan()).logits as f32;
+        let mut worst = 0f32;
+        for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
+            worst = worst.max((g - c).abs());
+            assert!(
+                (g - c).abs() < bound * (1.0 + c.abs()),
+                "step {i}: logprob {g} vs {c}"
+            );
+        }
+        println!("subgroups {subgroups}: 24 identical tokens, logprobs within {worst:.2e}");
+    }
+}
+
 /// Weights cut into many slices (as the full model's experts, embedding and lm_head are under
 /// lavapipe's 128 MiB binding limit) give the same logits as whole tensors.
 #[test]
