@@ -87,8 +87,83 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let beta = sigmoid(f32(BA[t * p.ba_stride + p.ba_off + h]));
     let g = -exp(decay[h]) * softplus(f32(BA[t * p.ba_stride + p.ba_off + p.hv + h]) + decay[p.hv + h]);
     let alpha = exp(g);
+    // `ONE_SYNC` = 1 (see the file's head): the step from here in one exchange. Every invocation
+    // reaches its three barriers (the branch is uniform: an override; `live` only masks stores).
     if (ONE_SYNC == 1u) {
-        dn_one_sync(h, q, jj, j, live, lid, i0, kh, key_dim, &s, beta, alpha);
+        let qb = (kh * DK + i0) / 4u;
+        let kb = qb + key_dim / 4u;
+        // Read with the state: v, z and the norm's weight of column j.
+        let v = f32(C[vi / 4u][vi % 4u]);
+        let z = f32(BA[p.z_off + h * p.dv + j]);
+        let wn = Wn[j];
+        var nq4 = vec4<f32>(0.0);
+        var nk4 = vec4<f32>(0.0);
+        var nkq4 = vec4<f32>(0.0);
+        var u4 = vec4<f32>(0.0);
+        var o4 = vec4<f32>(0.0);
+        for (var i = 0u; i < n; i += 4u) {
+            let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) * alpha;
+            s[i] = sv.x;
+            s[i + 1u] = sv.y;
+            s[i + 2u] = sv.z;
+            s[i + 3u] = sv.w;
+            let q4 = vec4<f32>(C[qb + i / 4u]);
+            let k4 = vec4<f32>(C[kb + i / 4u]);
+            nq4 += q4 * q4;
+            nk4 += k4 * k4;
+            nkq4 += k4 * q4;
+            u4 += sv * k4;
+            o4 += sv * q4;
+        }
+        if (jj == 0u) {
+            nqk3[q] = vec4<f32>(
+                (nq4.x + nq4.y) + (nq4.z + nq4.w),
+                (nk4.x + nk4.y) + (nk4.z + nk4.w),
+                (nkq4.x + nkq4.y) + (nkq4.z + nkq4.w),
+                0.0,
+            );
+        }
+        part_u[lid] = (u4.x + u4.y) + (u4.z + u4.w);
+        part_o[lid] = (o4.x + o4.y) + (o4.z + o4.w);
+        workgroupBarrier();
+        let nn = (nqk3[0] + nqk3[1]) + (nqk3[2] + nqk3[3]);
+        let rq = p.qscale / sqrt(nn.x + 1e-6);
+        let rk = 1.0 / sqrt(nn.y + 1e-6);
+        let u = rk * ((part_u[jj] + part_u[128u + jj]) + (part_u[256u + jj] + part_u[384u + jj]));
+        let delta = beta * (v - u);
+        let sq_raw = (part_o[jj] + part_o[128u + jj]) + (part_o[256u + jj] + part_o[384u + jj]);
+        let o = rq * (sq_raw + delta * (rk * nn.z));
+        if (q == 0u) {
+            sq[jj] = select(0.0, o * o, live);
+        }
+        // The state's update and stores, off the chain to the output (the same operations as
+        // ONE_SYNC 0's second loop).
+        if (live) {
+            for (var i = 0u; i < n; i += 4u) {
+                let k4 = vec4<f32>(C[kb + i / 4u]) * rk;
+                let sv = vec4<f32>(s[i], s[i + 1u], s[i + 2u], s[i + 3u]) + k4 * delta;
+                let r0 = (h * DK + i0 + i) * p.dv + j;
+                S[r0] = sv.x;
+                S[r0 + p.dv] = sv.y;
+                S[r0 + 2u * p.dv] = sv.z;
+                S[r0 + 3u * p.dv] = sv.w;
+            }
+        }
+        workgroupBarrier();
+        if (lid < 16u) {
+            let b = lid * 8u;
+            sq16[lid] = ((sq[b] + sq[b + 1u]) + (sq[b + 2u] + sq[b + 3u]))
+                + ((sq[b + 4u] + sq[b + 5u]) + (sq[b + 6u] + sq[b + 7u]));
+        }
+        workgroupBarrier();
+        if (live && q == 0u) {
+            var t = 0.0;
+            for (var m = 0u; m < 16u; m++) {
+                t += sq16[m];
+            }
+            let r = 1.0 / sqrt(t / f32(p.dv) + p.eps);
+            Y[h * p.dv + j] = ACT(o * r * wn * silu(z));
+        }
         return;
     }
     // q and k of the token as vec4 (this slice's DK/4 rows, unnormalised); four partial sums
@@ -153,87 +228,5 @@ fn dn_recur_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     if (live && q == 0u) {
         let z = f32(BA[p.z_off + h * p.dv + j]);
         Y[h * p.dv + j] = ACT(o * r * Wn[j] * silu(z));
-    }
-}
-
-// `ONE_SYNC` = 1: the step after the state slice `s` (unscaled), β and α are in hand (see the
-// file's head). Every invocation reaches the three barriers (uniform: `live` only masks stores).
-fn dn_one_sync(h: u32, q: u32, jj: u32, j: u32, live: bool, lid: u32, i0: u32, kh: u32,
-               key_dim: u32, s: ptr<function, array<f32, 32>>, beta: f32, alpha: f32) {
-    let n = DK / SLICES;
-    let qb = (kh * DK + i0) / 4u;
-    let kb = qb + key_dim / 4u;
-    // Read with the state: v, z and the norm's weight of column j.
-    let vi = 2u * key_dim + h * p.dv + j;
-    let v = f32(C[vi / 4u][vi % 4u]);
-    let z = f32(BA[p.z_off + h * p.dv + j]);
-    let wn = Wn[j];
-    var nq4 = vec4<f32>(0.0);
-    var nk4 = vec4<f32>(0.0);
-    var nkq4 = vec4<f32>(0.0);
-    var u4 = vec4<f32>(0.0);
-    var o4 = vec4<f32>(0.0);
-    for (var i = 0u; i < n; i += 4u) {
-        let sv = vec4<f32>((*s)[i], (*s)[i + 1u], (*s)[i + 2u], (*s)[i + 3u]) * alpha;
-        (*s)[i] = sv.x;
-        (*s)[i + 1u] = sv.y;
-        (*s)[i + 2u] = sv.z;
-        (*s)[i + 3u] = sv.w;
-        let q4 = vec4<f32>(C[qb + i / 4u]);
-        let k4 = vec4<f32>(C[kb + i / 4u]);
-        nq4 += q4 * q4;
-        nk4 += k4 * k4;
-        nkq4 += k4 * q4;
-        u4 += sv * k4;
-        o4 += sv * q4;
-    }
-    if (jj == 0u) {
-        nqk3[q] = vec4<f32>(
-            (nq4.x + nq4.y) + (nq4.z + nq4.w),
-            (nk4.x + nk4.y) + (nk4.z + nk4.w),
-            (nkq4.x + nkq4.y) + (nkq4.z + nkq4.w),
-            0.0,
-        );
-    }
-    part_u[lid] = (u4.x + u4.y) + (u4.z + u4.w);
-    part_o[lid] = (o4.x + o4.y) + (o4.z + o4.w);
-    workgroupBarrier();
-    let nn = (nqk3[0] + nqk3[1]) + (nqk3[2] + nqk3[3]);
-    let rq = p.qscale / sqrt(nn.x + 1e-6);
-    let rk = 1.0 / sqrt(nn.y + 1e-6);
-    let u = rk * ((part_u[jj] + part_u[128u + jj]) + (part_u[256u + jj] + part_u[384u + jj]));
-    let delta = beta * (v - u);
-    let sq_raw = (part_o[jj] + part_o[128u + jj]) + (part_o[256u + jj] + part_o[384u + jj]);
-    let o = rq * (sq_raw + delta * (rk * nn.z));
-    if (q == 0u) {
-        sq[jj] = select(0.0, o * o, live);
-    }
-    // The state's update and stores, off the chain to the output (the same operations as
-    // ONE_SYNC 0's second loop).
-    if (live) {
-        for (var i = 0u; i < n; i += 4u) {
-            let k4 = vec4<f32>(C[kb + i / 4u]) * rk;
-            let sv = vec4<f32>((*s)[i], (*s)[i + 1u], (*s)[i + 2u], (*s)[i + 3u]) + k4 * delta;
-            let r0 = (h * DK + i0 + i) * p.dv + j;
-            S[r0] = sv.x;
-            S[r0 + p.dv] = sv.y;
-            S[r0 + 2u * p.dv] = sv.z;
-            S[r0 + 3u * p.dv] = sv.w;
-        }
-    }
-    workgroupBarrier();
-    if (lid < 16u) {
-        let b = lid * 8u;
-        sq16[lid] = ((sq[b] + sq[b + 1u]) + (sq[b + 2u] + sq[b + 3u]))
-            + ((sq[b + 4u] + sq[b + 5u]) + (sq[b + 6u] + sq[b + 7u]));
-    }
-    workgroupBarrier();
-    if (live && q == 0u) {
-        var t = 0.0;
-        for (var m = 0u; m < 16u; m++) {
-            t += sq16[m];
-        }
-        let r = 1.0 / sqrt(t / f32(p.dv) + p.eps);
-        Y[h * p.dv + j] = ACT(o * r * wn * silu(z));
     }
 }
