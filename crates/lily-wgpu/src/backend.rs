@@ -232,9 +232,16 @@ impl WgpuBackend {
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for
-    /// key dim `dk` and value dim `dv`, against the host (`probes::check_dn_step`).
+    /// key dim `dk` and value dim `dv` (`dn_one_sync`'s form where the plan has it), against the
+    /// host (`probes::check_dn_step`).
     pub fn check_dn_step(&self, dk: usize, dv: usize) -> Result<DnStep> {
-        check_dn_step(&self.gpu, self.plan.subgroups, self.plan.act_f16, (dk, dv))
+        check_dn_step(
+            &self.gpu,
+            self.plan.subgroups,
+            self.plan.act_f16,
+            self.plan.options.dn_one_sync,
+            (dk, dv),
+        )
     }
 
     /// The 4-bit product kernels against the host's product on random matrices

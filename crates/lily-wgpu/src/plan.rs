@@ -593,9 +593,14 @@ pub fn rows_grid(blocks: usize, workers: Option<usize>) -> (u32, u32) {
     }
 }
 
-/// dn_recur_norm.wgsl for key head dim `dk`.
-pub fn dn_recur_norm_spec(dk: usize) -> Spec {
-    Spec::new("dn_recur_norm", &[("DK", dk as f64)])
+/// dn_recur_norm.wgsl for key head dim `dk`; `one_sync`: one exchange of the slices' partials
+/// and the short norm sum (`WgpuOptions::dn_one_sync`, its `ONE_SYNC`: the same state bits).
+pub fn dn_recur_norm_spec(dk: usize, one_sync: bool) -> Spec {
+    let mut spec = Spec::new("dn_recur_norm", &[("DK", dk as f64)]);
+    if one_sync {
+        spec.constants.push(("ONE_SYNC", 1.0));
+    }
+    spec
 }
 
 /// linear_q4_glu_rows.wgsl with `rb` rows a workgroup (`Plan::glu_rb`: GLU_RB, or the
@@ -1058,7 +1063,7 @@ impl Plan {
             dn_qk_norm: Spec::new("dn_qk_norm", &[]),
             dn_recur: Spec::new("dn_recur", &[("DK", c.dn_k_dim as f64)]),
             dn_conv_step: Spec::new("dn_conv_step", &[]),
-            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim),
+            dn_recur_norm: dn_recur_norm_spec(c.dn_k_dim, opts.dn_one_sync),
             moe_route: Spec::new("moe_route", &[]),
             swiglu: Spec::new("swiglu", &[]),
             moe_combine: Spec::new("moe_combine", &[]),

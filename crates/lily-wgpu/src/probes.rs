@@ -619,7 +619,8 @@ pub struct DnStep {
 
 /// dn_recur_norm.wgsl (a decode step's DeltaNet: q/k L2 norms, gated delta rule, output norm
 /// with the silu(z) gate; MODEL.md §2.5) compiled for key dim `dk` as `dn_recur_norm_spec(dk)`
-/// with the plan's reductions and activations, against the host in f64 on random inputs: 4
+/// with the plan's reductions and activations (`one_sync`: its `ONE_SYNC` form,
+/// `dn_one_sync`), against the host in f64 on random inputs: 4
 /// value heads over 2 key heads of dk = `dk`, dv = `dv` (below 128: columns past dv
 /// idle), a random state, conv output (q | k | v), z, b, a, decay and norm weight (the
 /// activations rounded to f16 where `act_f16`, as the kernel reads them).
@@ -627,6 +628,7 @@ pub fn check_dn_step(
     gpu: &Gpu,
     subgroups: bool,
     act_f16: bool,
+    one_sync: bool,
     (dk, dv): (usize, usize),
 ) -> Result<DnStep> {
     let (hv, hk) = (4usize, 2usize);
@@ -687,7 +689,7 @@ pub fn check_dn_step(
     }
     let spec = crate::shaders::Spec {
         act_f16,
-        ..dn_recur_norm_spec(dk).with_subgroups(subgroups)
+        ..dn_recur_norm_spec(dk, one_sync).with_subgroups(subgroups)
     };
     let kernel = Kernel::new(gpu, &spec, false)?;
     let cbuf = upload_act(gpu, "check.c", &c, act_f16)?;

@@ -1207,6 +1207,71 @@ fn deltanet_step_matches_the_host() {
     }
 }
 
+/// `dn_one_sync`: dn_recur_norm.wgsl's `ONE_SYNC` form (one exchange of the slices' partials,
+/// o = α S₀ᵀq̂ + δ (k̂ᵀq̂), the short norm sum) in both reduction forms, f32 and f16
+/// activations, at dk = dv = 128 (the full model's), dk 64 / dv 96 (columns past dv idle) and
+/// dk 32 / dv 32: the updated state **bit for bit** the `ONE_SYNC` 0 kernel's, the output within
+/// the kernel bound of the host's f64 and of the old kernel's output; the plan line names it.
+#[test]
+fn deltanet_step_one_sync_matches_the_old_kernel() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 53);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = |one: bool| WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            dn_one_sync: one,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
+            return;
+        };
+        let Some(on) = wgpu_backend_with(&w, opts(true)) else {
+            return;
+        };
+        assert!(!off.plan().options.dn_one_sync && on.plan().options.dn_one_sync);
+        let d = on.plan().describe();
+        assert!(d.contains("decode DeltaNet step one exchange on"), "{d}");
+        let bound = Bounds::of(on.plan()).kernel;
+        for (dk, dv) in [(128, 128), (64, 96), (32, 32)] {
+            let a = off.check_dn_step(dk, dv).unwrap();
+            let b = on.check_dn_step(dk, dv).unwrap();
+            assert!(a.state.iter().all(|v| v.is_finite()) && a.y.iter().any(|v| *v != 0.0));
+            let same_state = a.state.len() == b.state.len()
+                && a.state
+                    .iter()
+                    .zip(&b.state)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+            let num: f64 =
+                a.y.iter()
+                    .zip(&b.y)
+                    .map(|(x, y)| ((x - y) as f64).powi(2))
+                    .sum();
+            let den: f64 = a.y.iter().map(|x| (*x as f64).powi(2)).sum();
+            let y_vs_old = (num / den).sqrt();
+            println!(
+                "subgroups {subgroups}, f16 activations {}, dk {dk} dv {dv}: ONE_SYNC y {:.2e} (old {:.2e}), state {:.2e}, y vs old {y_vs_old:.2e}, state bit for bit {same_state}",
+                on.plan().act_f16,
+                b.y_err,
+                a.y_err,
+                b.state_err
+            );
+            assert!(same_state, "ONE_SYNC's state differs from the old kernel's");
+            assert!(
+                b.y_err < bound && b.state_err < bound,
+                "dn_recur_norm ONE_SYNC differs from the host by {:.2e} / {:.2e}",
+                b.y_err,
+                b.state_err
+            );
+            assert!(
+                y_vs_old < bound,
+                "ONE_SYNC's output vs the old kernel's {y_vs_old:.2e}"
+            );
+        }
+    }
+}
+
 /// attend_gqa.wgsl with attend_merge.wgsl, and attend_tile.wgsl, against the host's gated
 /// attention in f64 on random queries and caches, at the full model's shapes (8 query heads per
 /// KV head, head dim 256) and at `tiny`'s: decode with the keys split over workgroups, and
@@ -1540,6 +1605,58 @@ fn greedy_tokens_match_cpu_over_32_steps() {
         );
     }
     println!("greedy: 32 identical tokens {:?}", ids(&got));
+}
+
+/// `dn_one_sync` in a whole model: tiny (dn_recur_norm at dk 32 on every DeltaNet decode step),
+/// both reduction forms, 24 greedy steps picked and fed back by the GPU against the CPU (the same
+/// tokens, logprobs within the logits bound).
+#[test]
+fn decode_with_dn_one_sync_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 23);
+    let prompt = Rng(9).tokens(10, w.config.vocab);
+    let run = |b: &mut dyn Backend| -> Vec<(u32, f32)> {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, 24, 0, &mut |t| {
+            out.push((t.token, t.logprob));
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want = run(&mut CpuBackend::new(w.clone()));
+    for subgroups in [true, false] {
+        let opts = WgpuOptions {
+            chunk: 8,
+            all_logits_chunk: 8,
+            subgroups,
+            dn_one_sync: true,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.dn_one_sync);
+        let got = run(&mut gpu);
+        let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "greedy tokens differ (subgroups {subgroups})"
+        );
+        let bound = Bounds::of(gpu.plan()).logits as f32;
+        let mut worst = 0f32;
+        for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
+            worst = worst.max((g - c).abs());
+            assert!(
+                (g - c).abs() < bound * (1.0 + c.abs()),
+                "step {i}: logprob {g} vs {c}"
+            );
+        }
+        println!("subgroups {subgroups}: 24 identical tokens, logprobs within {worst:.2e}");
+    }
 }
 
 /// Weights cut into many slices (as the full model's experts, embedding and lm_head are under

@@ -87,6 +87,8 @@ fn choosable() -> Vec<Spec> {
                             rows_one_word: sw || f16_acts,
                             // linear_q4_rows' lean 1-row kernel (LEAN = 1, `router_lean`).
                             router_lean: sw,
+                            // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
+                            dn_one_sync: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -302,6 +304,8 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         rows_one_word: sw[6],
         // linear_q4_rows' lean 1-row kernel (`router_lean`) with rows_early's EARLY and without.
         router_lean: sw[2],
+        // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
+        dn_one_sync: sw[1],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
