@@ -41,7 +41,7 @@ env -u LILY_WGPU_DN_ONE_SYNC timeout "$(cap 85)" \
 say "wgpu tests rc=$? at $(el)s"
 grep -hE "^test .*(ok|FAILED)$|^test result|panicked|ONE_SYNC y|dn_recur_norm [0-9]|identical tokens" "$OUT/wtests.log" | cut -c1-250 | head -16 | tee -a "$S"
 wait "$SYN"; say "synth full rc=$? at $(el)s"
-export PREFILL=512
+export PREFILL=${PREFILL:-512}
 # shellcheck disable=SC2086
 BENCH_S=35 wgpu_bench off-1 4K,32K "$K" $OFF
 # shellcheck disable=SC2086
