@@ -568,6 +568,30 @@ fn a_request_waits_for_memory_instead_of_failing() {
     }
 }
 
+/// Streams `first` at 5 ms a token and, once its first token is out, submits `long`: both end by
+/// their length with `want`'s tokens (the one-at-a-time answers).
+fn long_beside_a_stream(
+    e: &Engine,
+    first: &Request,
+    long: &Request,
+    want: &[Vec<u32>],
+    case: &str,
+) {
+    let (j, rx_first, _) = slow_job(first, 5);
+    e.submit(j).unwrap_or_else(|_| panic!("queued"));
+    let Ok(Seen::Token(token)) = rx_first.recv_timeout(Duration::from_secs(60)) else {
+        panic!("the first streams");
+    };
+    let (j, rx_long, _) = job(long);
+    e.submit(j).unwrap_or_else(|_| panic!("queued"));
+    let (tokens, outcome) = results(&rx_long);
+    assert_eq!(reason(&outcome), FinishReason::Length);
+    assert_eq!(tokens, want[1], "{case}");
+    let (rest, outcome) = results(&rx_first);
+    assert_eq!(reason(&outcome), FinishReason::Length);
+    assert_eq!([vec![token], rest].concat(), want[0], "{case}");
+}
+
 #[test]
 fn a_long_prompt_holds_a_running_stream_up_by_one_chunk_at_a_time() {
     let w = model(Preset::Tiny);
@@ -588,24 +612,13 @@ fn a_long_prompt_holds_a_running_stream_up_by_one_chunk_at_a_time() {
         backend.feeds_stop = feeds_stop;
         let calls = backend.calls.clone();
         let e = engine(backend, 4, 0);
-        // 5 ms a token: the first still streams while the long prompt is fed.
-        let (j, rx_first, _) = slow_job(&first, 5);
-        e.submit(j).unwrap_or_else(|_| panic!("queued"));
-        // Once the first streams, a prompt of ten chunks arrives.
-        let Ok(Seen::Token(token)) = rx_first.recv_timeout(Duration::from_secs(60)) else {
-            panic!("the first streams");
-        };
-        let (j, rx_long, _) = job(&long);
-        e.submit(j).unwrap_or_else(|_| panic!("queued"));
-        let (tokens, outcome) = results(&rx_long);
-        assert_eq!(reason(&outcome), FinishReason::Length);
-        assert_eq!(tokens, want[1], "feeds_stop {feeds_stop}");
-        let (rest, outcome) = results(&rx_first);
-        assert_eq!(reason(&outcome), FinishReason::Length);
-        assert_eq!(
-            [vec![token], rest].concat(),
-            want[0],
-            "feeds_stop {feeds_stop}"
+        // A prompt of ten chunks arrives while the first streams.
+        long_beside_a_stream(
+            &e,
+            &first,
+            &long,
+            &want,
+            &format!("feeds_stop {feeds_stop}"),
         );
         e.shutdown();
         let calls = calls.lock().unwrap();
@@ -672,19 +685,7 @@ fn a_prompt_beside_a_running_stream_is_fed_in_the_interleaved_chunk() {
     backend.interleaved = Some(8);
     let calls = backend.calls.clone();
     let e = engine(backend, 4, 0);
-    let (j, rx_first, _) = slow_job(&first, 5);
-    e.submit(j).unwrap_or_else(|_| panic!("queued"));
-    let Ok(Seen::Token(token)) = rx_first.recv_timeout(Duration::from_secs(60)) else {
-        panic!("the first streams");
-    };
-    let (j, rx_long, _) = job(&long);
-    e.submit(j).unwrap_or_else(|_| panic!("queued"));
-    let (tokens, outcome) = results(&rx_long);
-    assert_eq!(reason(&outcome), FinishReason::Length);
-    assert_eq!(tokens, want[1]);
-    let (rest, outcome) = results(&rx_first);
-    assert_eq!(reason(&outcome), FinishReason::Length);
-    assert_eq!([vec![token], rest].concat(), want[0]);
+    long_beside_a_stream(&e, &first, &long, &want, "beside a stream");
     // Alone, the same prompt goes in the backend's chunks of 32.
     let (j, rx_alone, _) = job(&long);
     e.submit(j).unwrap_or_else(|_| panic!("queued"));
