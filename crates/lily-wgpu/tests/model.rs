@@ -1607,6 +1607,134 @@ fn greedy_tokens_match_cpu_over_32_steps() {
     println!("greedy: 32 identical tokens {:?}", ids(&got));
 }
 
+/// `moe_wide_reads`: linear_q4_glu_rows' `WIDE` form (the routing's k rounds first, then every
+/// routed item's reads in flight together) and moe_down_rows' (a slot's items' reads together,
+/// the residual read first), in both reduction forms, with f32 and f16 activations: the plan's
+/// GLU (WIDE) against the host's f64 on `check_glu_route`'s inputs (E = 130, k = 8, the stacked
+/// shared expert, planted ties: ids exactly the host's), WIDE bit for bit ITEMS' outputs, and
+/// moe_down_rows' three forms against the host and bit for bit each other; the plan line names
+/// both.
+#[test]
+fn moe_wide_reads_kernels_match_the_host() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 59);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            moe_rounds: true,
+            moe_wide_reads: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.moe_wide_reads && gpu.plan().glu_items);
+        let d = gpu.plan().describe();
+        assert!(
+            d.contains("the routing's rounds first, then every item's reads in flight together")
+                && d.contains("a slot's items' reads all in flight together"),
+            "{d}"
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        let glu = gpu.check_glu_wide().unwrap();
+        let down = gpu.check_down_rows().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: glu_rows WIDE (plan) {rows:.2e}, WIDE / ITEMS {:.2e} (bit for bit: {}), moe_down_rows {:.2e} (bit for bit: {})",
+            gpu.plan().act_f16, glu.err, glu.same_bits, down.err, down.same_bits
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_glu_rows WIDE differs from the host by {rows:.2e}"
+        );
+        assert!(
+            glu.err < bound,
+            "linear_q4_glu_rows ITEMS / WIDE differ from the host by {:.2e}",
+            glu.err
+        );
+        assert!(
+            glu.same_bits,
+            "linear_q4_glu_rows WIDE is not bit for bit its ITEMS form"
+        );
+        assert!(
+            down.err < bound,
+            "moe_down_rows differs from the host by {:.2e}",
+            down.err
+        );
+        assert!(
+            down.same_bits,
+            "moe_down_rows WIDE or rounds is not bit for bit the kernel one item at a time"
+        );
+    }
+}
+
+/// `moe_wide_reads` in a whole model: tiny (decode's down projections on moe_down_rows' `WIDE`
+/// form: 64 columns, 5 items a token, one a slot), both reduction forms, 24 greedy steps picked
+/// and fed back by the GPU against the CPU (the same tokens, logprobs within the logits bound)
+/// and bit for bit the same run without the switch.
+#[test]
+fn decode_with_moe_wide_reads_matches_cpu() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 29);
+    let prompt = Rng(11).tokens(10, w.config.vocab);
+    let run = |b: &mut dyn Backend| -> Vec<(u32, f32)> {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, 24, 0, &mut |t| {
+            out.push((t.token, t.logprob));
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want = run(&mut CpuBackend::new(w.clone()));
+    for subgroups in [true, false] {
+        let mut runs = Vec::new();
+        for wide in [false, true] {
+            let opts = WgpuOptions {
+                chunk: 8,
+                all_logits_chunk: 8,
+                subgroups,
+                moe_wide_reads: wide,
+                ..WgpuOptions::default()
+            };
+            let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+                return;
+            };
+            assert_eq!(gpu.plan().options.moe_wide_reads, wide);
+            let got = run(&mut gpu);
+            let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+            assert_eq!(
+                ids(&got),
+                ids(&want),
+                "greedy tokens differ (subgroups {subgroups}, wide {wide})"
+            );
+            let bound = Bounds::of(gpu.plan()).logits as f32;
+            let mut worst = 0f32;
+            for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
+                worst = worst.max((g - c).abs());
+                assert!(
+                    (g - c).abs() < bound * (1.0 + c.abs()),
+                    "step {i}: logprob {g} vs {c} (wide {wide})"
+                );
+            }
+            println!(
+                "subgroups {subgroups}, wide {wide}: 24 identical tokens, logprobs within {worst:.2e}"
+            );
+            runs.push(got);
+        }
+        let bits = |v: &[(u32, f32)]| v.iter().map(|x| x.1.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&runs[0]),
+            bits(&runs[1]),
+            "moe_wide_reads changes the logprobs (subgroups {subgroups})"
+        );
+    }
+}
+
 /// `dn_one_sync` in a whole model: tiny (dn_recur_norm at dk 32 on every DeltaNet decode step),
 /// both reduction forms, 24 greedy steps picked and fed back by the GPU against the CPU (the same
 /// tokens, logprobs within the logits bound).
