@@ -57,6 +57,12 @@
 #ifndef DEC_GRP_DOWN_BATCH
 #error "DEC_GRP_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_GRP_GLU_RING
+#error "DEC_GRP_GLU_RING comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_GRP_DOWN_RING
+#error "DEC_GRP_DOWN_RING comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_EXPERTS
 #error "DEC_MAX_EXPERTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -1832,6 +1838,98 @@ dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router
     dec_trigger_late();
 }
 
+// grouped_moe_stream: dec_glu4_x8x2_grouped with a ring of DEC_GRP_GLU_RING register buffers a
+// warp instead of two, so RING − 1 to RING of the warp's items are in flight while one is summed
+// (two buffers: 1 to 2). A warp's item is one row of gate and one of up (2 KB at the full shape),
+// a block's chunk ≈ 15 items at 8 rows: with two buffers 16 warps an SM hold ≈ 24–48 KB in flight,
+// under what 3.35 TB/s over 132 SMs needs at the loaded latency (Little's law; session 21's ncu:
+// L1TEX scoreboard stalls, 1.6–1.7 TB/s). The same blocks, items, products, reductions and stores
+// (each output written once, by the warp that sums it), only when the loads are issued moves: the
+// outputs are dec_glu4_x8x2_grouped's bit for bit. The prologue is that kernel's, repeated here so
+// that its code (the reference and the default) stays as it was.
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts,
+                           int top_k, int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                           const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                           int rows) {
+    __shared__ __align__(16) u32 xq[DEC_B_MAX * DEC_X8_GROUPS * DEC_X8X2PAD];
+    __shared__ float2 xqs[DEC_B_MAX * DEC_X8_GROUPS];
+    DEC_GRP_SHARED
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    TileGeom tg;
+    tg.G = gate.cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = warp;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
+    int rbase = tile_row0<DEC_GLU_R4>(tg, blockIdx.x), step = gridDim.y;
+    auto load = [&](int item, GluTile& r) {
+        QWeight wg = sgate, wu = sup;
+        if (item > 0) {
+            wg = expert<true>(gate, t.expert[item]);
+            wu = expert<true>(up, t.expert[item]);
+        }
+        qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
+        qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
+    };
+    auto finish = [&](int item, const GluTile& r) {
+        int item_rows = item == 0 ? sgate.rows : gate.rows;
+        for (u32 m = t.rows[item]; m != 0u; m &= m - 1u) {
+            int b = __ffs(m) - 1, k = t.slot[item * DEC_B_MAX + b];
+            GluX<true, true> x;
+            x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);
+            float g[DEC_GLU_R4], u[DEC_GLU_R4];
+            x.dot(r.g, g);
+            x.dot(r.u, u);
+            reduce_rows<DEC_GLU_R4, true>(g, tg.lpr);
+            reduce_rows<DEC_GLU_R4, true>(u, tg.lpr);
+            float* out = item == 0 ? hs + (long long)b * sgate.rows : h + ((long long)b * top_k + k) * h_stride;
+            if (tg.sl == 0) {
+#pragma unroll
+                for (int i = 0; i < DEC_GLU_R4; i++)
+                    if (rbase + i < item_rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
+            }
+        }
+    };
+    // r[j] holds the block's items blockIdx.y + (p · RING + j) · step, p = 0, 1, ...
+    GluTile r[DEC_GRP_GLU_RING];
+    bool early = blockIdx.y == 0;  // item 0, the shared expert: no routing needed
+    if (early) load(0, r[0]);
+    dec_wait();
+    if (warp < rows)
+        route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
+                          w_s + warp * top_k);
+    __syncthreads();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < rows * top_k) {
+        ids[threadIdx.x] = ids_s[threadIdx.x];
+        route_w[threadIdx.x] = w_s[threadIdx.x];
+    }
+    group_picks(ids_s, rows, top_k, grp_bits, t);
+    __syncthreads();
+    int items = t.n[0], a0 = blockIdx.y;
+#pragma unroll
+    for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
+        int item = a0 + j * step;
+        if (!(early && j == 0) && item < items) load(item, r[j]);
+    }
+    // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
+    stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
+    __syncthreads();
+    for (int a = a0; a < items; a += DEC_GRP_GLU_RING * step) {
+#pragma unroll
+        for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
+            int item = a + j * step;
+            if (item >= items) break;
+            finish(item, r[j]);
+            int next = item + DEC_GRP_GLU_RING * step;
+            if (next < items) load(next, r[j]);
+        }
+    }
+    dec_trigger_late();
+}
+
 // dec_down_combine_x8x2 over a batched step's rows, grouped by expert: a block owns the output
 // rows of dec_down_combine_x8x2's block (DEC_DOWN_WARPS row groups) for every row of the step;
 // warp (rg, kc) takes items kc, kc + DEC_DOWN_KSPLIT, ... of the union, DEC_DOWN_BATCH loaded
@@ -1970,6 +2068,20 @@ dec_down_combine_x8x2_grouped_wide(QWeight down, QWeight sdown, const int* __res
                                    float* __restrict__ x, int rows) {
     down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_BATCH, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
                                                                 s_gate, x, rows);
+}
+
+// grouped_moe_stream: dec_down_combine_x8x2_grouped_wide with a ring of DEC_GRP_DOWN_RING items a
+// warp instead of DEC_GRP_DOWN_BATCH (the first RING of a warp's items requested before the
+// staging, then each slot refilled RING ahead as soon as it is used): a third more weight bytes in
+// flight an SM at RING 4, one block an SM as before. The same outputs bit for bit (the ring only
+// moves when loads are issued).
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, 1)
+dec_down_combine_x8x2_grouped_ring(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                   const float* __restrict__ route_w, int top_k, const float* __restrict__ h,
+                                   int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                   float* __restrict__ x, int rows) {
+    down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_RING, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
+                                                               s_gate, x, rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------
