@@ -7,7 +7,7 @@
 #   bash .carry/s28grp/gpu_s28grp_ab.sh      (carry: .carry/s28grp; timeout_s 240)
 # 1. beside the synth: the GPU test grouped_moe_stream_gives_the_grouped_kernels_bits (both ring
 #    kernels against the shipping grouped pair, 2 / 4 / 8 rows, small and full widths with 32 and
-#    256 experts, both activation modes, outputs over NaN), then
+#    64 experts, both activation modes, outputs over NaN), then
 #    decode_batched_steps_grouped_stream_match_each_sequence_alone (the whole batched step as it
 #    ships with the switch on, tiny and small, 3 and 8 sequences, against each sequence alone);
 # 2. `bench --prefill 1K --decode-ctx 1K --decode-tokens 64 --batch 1,4,8 --repeat 1`, OFF
