@@ -104,10 +104,10 @@ MUTANTS = [
     ('norm', 'for (int k = 0; k < RMS_ROWS_REG; k++)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
      'for (int k = RMS_ROWS_REG - 1; k >= 0; k--)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
      "rms_norm_rows summing a thread's squares in reverse order (the same sum, other bits)"),
-    ('dec', 'int next = item + DEC_GRP_GLU_RING * step;', 'int next = item + (DEC_GRP_GLU_RING - 1) * step;',
+    ('dec', 'int next = item_at(p0 + j + DEC_GRP_GLU_RING);', 'int next = item_at(p0 + j + DEC_GRP_GLU_RING - 1);',
      "dec_glu4_x8x2_grouped_ring refilling a slot with the item the next slot holds (items skipped)"),
-    ('dec', 'if (!(early && j == 0) && item < items) load(item, r[j]);', 'if (!early && item < items) load(item, r[j]);',
-     "dec_glu4_x8x2_grouped_ring leaving the shared expert's block's later slots unfilled"),
+    ('dec', 'if (b % step == (int)blockIdx.y) spread |= 1u << b;', 'if (b % step == 0) spread |= 1u << b;',
+     "dec_glu4_x8x2_grouped_ring giving every chunk the shared expert's rows of chunk 0"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()

@@ -1839,14 +1839,16 @@ dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router
 }
 
 // grouped_moe_stream: dec_glu4_x8x2_grouped with a ring of DEC_GRP_GLU_RING register buffers a
-// warp instead of two, so RING − 1 to RING of the warp's items are in flight while one is summed
-// (two buffers: 1 to 2). A warp's item is one row of gate and one of up (2 KB at the full shape),
-// a block's chunk ≈ 15 items at 8 rows: with two buffers 16 warps an SM hold ≈ 24–48 KB in flight,
-// under what 3.35 TB/s over 132 SMs needs at the loaded latency (Little's law; session 21's ncu:
-// L1TEX scoreboard stalls, 1.6–1.7 TB/s). The same blocks, items, products, reductions and stores
-// (each output written once, by the warp that sums it), only when the loads are issued moves: the
-// outputs are dec_glu4_x8x2_grouped's bit for bit. The prologue is that kernel's, repeated here so
-// that its code (the reference and the default) stays as it was.
+// warp instead of two, so up to RING of the warp's items are in flight while it waits for one (two
+// buffers: 2). A warp's item is one row of gate and one of up (2.25 KB with scales and biases at
+// the full shape), a block's chunk ≈ 15 items at 8 rows: ≈ 15 / 2 serial DRAM round trips a warp
+// with two buffers, 15 / 3 with three (session 21's ncu: every warp stalled on its own loads,
+// 1.6–1.7 TB/s). And the shared expert spread: item 0 is every chunk's first position, each chunk
+// taking its share of the rows (dec_glu4_x8x2_grouped gives all 8 of its products to chunk 0's
+// blocks), so every block requests a tile before dec_wait. Each (row, item) product is the same
+// code on the same values, whole in one warp, each output written once: the outputs are
+// dec_glu4_x8x2_grouped's bit for bit. The prologue is that kernel's, repeated here so that its
+// code (the reference and the default) stays as it was.
 extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
 dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts,
                            int top_k, int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
@@ -1874,9 +1876,9 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
         qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
         qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
     };
-    auto finish = [&](int item, const GluTile& r) {
+    auto finish = [&](int item, u32 mask, const GluTile& r) {
         int item_rows = item == 0 ? sgate.rows : gate.rows;
-        for (u32 m = t.rows[item]; m != 0u; m &= m - 1u) {
+        for (u32 m = t.rows[item] & mask; m != 0u; m &= m - 1u) {
             int b = __ffs(m) - 1, k = t.slot[item * DEC_B_MAX + b];
             GluX<true, true> x;
             x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);
@@ -1893,10 +1895,19 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
             }
         }
     };
-    // r[j] holds the block's items blockIdx.y + (p · RING + j) · step, p = 0, 1, ...
+    // The block's positions p = 0, 1, ...: item 0 (the shared expert) at p = 0 in every chunk of
+    // items, the chunk taking the rows b ≡ blockIdx.y (mod gridDim.y) of it (spread: its 8
+    // products a step would otherwise lengthen chunk 0's blocks alone, and every block now has a
+    // tile to request before dec_wait), then routed item 1 + blockIdx.y + (p − 1) · gridDim.y;
+    // position p in slot p % RING. Each (row, item) product is still one warp's, whole.
+    auto item_at = [&](int p) { return p == 0 ? 0 : 1 + (int)blockIdx.y + (p - 1) * step; };
+    u32 spread = 0u;
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b % step == (int)blockIdx.y) spread |= 1u << b;
+    spread &= rows >= 32 ? 0xffffffffu : (1u << rows) - 1u;
     GluTile r[DEC_GRP_GLU_RING];
-    bool early = blockIdx.y == 0;  // item 0, the shared expert: no routing needed
-    if (early) load(0, r[0]);
+    if (spread != 0u) load(0, r[0]);  // no routing needed
     dec_wait();
     if (warp < rows)
         route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
@@ -1908,22 +1919,20 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
     }
     group_picks(ids_s, rows, top_k, grp_bits, t);
     __syncthreads();
-    int items = t.n[0], a0 = blockIdx.y;
+    int items = t.n[0];
 #pragma unroll
-    for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
-        int item = a0 + j * step;
-        if (!(early && j == 0) && item < items) load(item, r[j]);
-    }
+    for (int j = 1; j < DEC_GRP_GLU_RING; j++)
+        if (item_at(j) < items) load(item_at(j), r[j]);
     // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
     stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
     __syncthreads();
-    for (int a = a0; a < items; a += DEC_GRP_GLU_RING * step) {
+    for (int p0 = 0; item_at(p0) < items; p0 += DEC_GRP_GLU_RING) {
 #pragma unroll
         for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
-            int item = a + j * step;
+            int item = item_at(p0 + j);
             if (item >= items) break;
-            finish(item, r[j]);
-            int next = item + DEC_GRP_GLU_RING * step;
+            finish(item, item == 0 ? spread : ~0u, r[j]);
+            int next = item_at(p0 + j + DEC_GRP_GLU_RING);
             if (next < items) load(next, r[j]);
         }
     }
