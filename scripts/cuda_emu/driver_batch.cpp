@@ -27,7 +27,9 @@
 //   moe_x8x2: moe_q8's checks for dec_glu4_x8x2_rows + dec_down_combine_x8x2_rows and their
 //         one-token forms (moe_int8_pairs), the rows rounded to int8 pairs.
 //   moe_grouped: dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows) and the
-//         down kernel's 16-warp block (dec_down_combine_x8x2_grouped_wide, grouped_down_wide) bit
+//         down kernel's 16-warp block (dec_down_combine_x8x2_grouped_wide, grouped_down_wide) and
+//         the rings of grouped_moe_stream (dec_glu4_x8x2_grouped_ring into NaN-filled outputs,
+//         dec_down_combine_x8x2_grouped_ring) bit
 //         for bit against dec_glu4_x8x2 + dec_down_combine_x8x2 a row at a time, 1, 3, 4 and 8 rows
 //         with overlapping picks, on the full shape, the small checkpoint's (256 / 32 experts /
 //         top 4 / 128) and tiny's (128 / 16 experts / top 4 / 64).
@@ -1085,12 +1087,25 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
             dec_down_combine_x8x2_grouped(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter, io.sh.p(),
                                           io.s_gate.data(), io.x.p(), B);
         });
+        // grouped_moe_stream: the ring gate/up kernel into its own (NaN-filled) outputs.
+        MoeIo ring(m, B);
+        launch_k({per_item, chunks, 1}, DEC_WARPS * 32, 0, [&] {
+            dec_glu4_x8x2_grouped_ring(g, u, io.logits.data(), m.n_exp, m.top_k, ring.ids.p(), ring.rw.p(), sg, su,
+                                       io.xn.data(), ring.eh.p(), m.inter, ring.sh.p(), B);
+        });
         // grouped_down_wide: the 16-warp block on the same hidden rows, its own residual rows.
         Buf<float> xw((size_t)B * m.hidden);
         std::copy(io.x0.begin(), io.x0.end(), xw.v.begin());
         launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, smem, [&] {
             dec_down_combine_x8x2_grouped_wide(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter,
                                                io.sh.p(), io.s_gate.data(), xw.p(), B);
+        });
+        // grouped_moe_stream: the down kernel's ring (16 warps, DEC_GRP_DOWN_RING items a warp).
+        Buf<float> xr((size_t)B * m.hidden);
+        std::copy(io.x0.begin(), io.x0.end(), xr.v.begin());
+        launch_k({dgrid, 1, 1}, DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, smem, [&] {
+            dec_down_combine_x8x2_grouped_ring(dw, sdw, io.ids.p(), io.rw.p(), m.top_k, io.eh.p(), m.inter,
+                                               io.sh.p(), io.s_gate.data(), xr.p(), B);
         });
         for (int t = 0; t < B; t++) {
             int* ids = one.ids.p() + t * m.top_k; float* rw = one.rw.p() + t * m.top_k;
@@ -1123,9 +1138,17 @@ static void run_moe_grouped(const Moe& m, const char* shape, std::vector<int> Bs
         bool wide = same_bits(xw.p(), one.x.p(), xw.n);
         snprintf(what, sizeof what, "%d rows: residual rows of the 16-warp block (grouped_down_wide) vs a row at a time", B);
         verdict(what, wide, wide ? "  bit for bit" : "  differ");
+        bool ring_glu = same_bits(ring.ids.p(), one.ids.p(), ring.ids.n) && same_bits(ring.rw.p(), one.rw.p(), ring.rw.n) &&
+                        same_bits(ring.eh.p(), one.eh.p(), ring.eh.n) && same_bits(ring.sh.p(), one.sh.p(), ring.sh.n);
+        snprintf(what, sizeof what, "%d rows: routing and hidden rows of the ring gate/up kernel (grouped_moe_stream) vs a row at a time", B);
+        verdict(what, ring_glu, ring_glu ? "  bit for bit" : "  differ");
+        bool ring_down = same_bits(xr.p(), one.x.p(), xr.n);
+        snprintf(what, sizeof what, "%d rows: residual rows of the ring down kernel (grouped_moe_stream) vs a row at a time", B);
+        verdict(what, ring_down, ring_down ? "  bit for bit" : "  differ");
         snprintf(what, sizeof what, "%d rows: nothing written past the outputs", B);
         verdict(what, io.ids.guard_ok() && io.rw.guard_ok() && io.eh.guard_ok() && io.sh.guard_ok() && io.x.guard_ok() &&
-                          xw.guard_ok());
+                          xw.guard_ok() && xr.guard_ok() && ring.ids.guard_ok() && ring.rw.guard_ok() &&
+                          ring.eh.guard_ok() && ring.sh.guard_ok());
     }
 }
 
@@ -1601,7 +1624,7 @@ int main(int argc, char** argv) {
     else if (part == "moe_q8") run_moe_q8({1, 3, 8}, false);
     else if (part == "moe_x8x2") run_moe_q8({1, 3, 8}, true);
     else if (part == "moe_grouped") {
-        run_moe_grouped(Moe(), "full", {1, 3, 4, 8});
+        run_moe_grouped(Moe(), "full", {1, 2, 3, 4, 8});
         run_moe_grouped(Moe(256, 32, 4, 128, 128), "small", {1, 3, 4, 8});
         run_moe_grouped(Moe(128, 16, 4, 64, 64), "tiny", {1, 3, 4, 8});
     }

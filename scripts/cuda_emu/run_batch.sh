@@ -19,7 +19,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (36 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (38 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -104,6 +104,10 @@ MUTANTS = [
     ('norm', 'for (int k = 0; k < RMS_ROWS_REG; k++)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
      'for (int k = RMS_ROWS_REG - 1; k >= 0; k--)\n        if (t + k * RMS_ROWS_THREADS < cols) ss +=',
      "rms_norm_rows summing a thread's squares in reverse order (the same sum, other bits)"),
+    ('dec', 'int next = item_at(p0 + j + DEC_GRP_GLU_RING);', 'int next = item_at(p0 + j + DEC_GRP_GLU_RING - 1);',
+     "dec_glu4_x8x2_grouped_ring refilling a slot with the item the next slot holds (items skipped)"),
+    ('dec', 'if (b % step == (int)blockIdx.y) spread |= 1u << b;', 'if (b % step == 0) spread |= 1u << b;',
+     "dec_glu4_x8x2_grouped_ring giving every chunk the shared expert's rows of chunk 0"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -190,7 +194,8 @@ if [ "${1:-}" = mutants ]; then
            "13 gemv_x8 -DLILY_BF16_ACT" "14 gemv_x8" "15 gemv_x8 -DLILY_BF16_ACT" "16 gemv_x8" "17 gemv_x8 -DLILY_BF16_ACT" \
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
            "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
-           "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean"; do
+           "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean" \
+           "36 moe_grouped" "37 moe_grouped"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

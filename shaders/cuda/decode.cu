@@ -57,6 +57,12 @@
 #ifndef DEC_GRP_DOWN_BATCH
 #error "DEC_GRP_DOWN_BATCH comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
+#ifndef DEC_GRP_GLU_RING
+#error "DEC_GRP_GLU_RING comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+#ifndef DEC_GRP_DOWN_RING
+#error "DEC_GRP_DOWN_RING comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
 #ifndef DEC_MAX_EXPERTS
 #error "DEC_MAX_EXPERTS comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
 #endif
@@ -1832,6 +1838,107 @@ dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router
     dec_trigger_late();
 }
 
+// grouped_moe_stream: dec_glu4_x8x2_grouped with a ring of DEC_GRP_GLU_RING register buffers a
+// warp instead of two, so up to RING of the warp's items are in flight while it waits for one (two
+// buffers: 2). A warp's item is one row of gate and one of up (2.25 KB with scales and biases at
+// the full shape), a block's chunk ≈ 15 items at 8 rows: ≈ 15 / 2 serial DRAM round trips a warp
+// with two buffers, 15 / 3 with three (session 21's ncu: every warp stalled on its own loads,
+// 1.6–1.7 TB/s). And the shared expert spread: item 0 is every chunk's first position, each chunk
+// taking its share of the rows (dec_glu4_x8x2_grouped gives all 8 of its products to chunk 0's
+// blocks), so every block requests a tile before dec_wait. Each (row, item) product is the same
+// code on the same values, whole in one warp, each output written once: the outputs are
+// dec_glu4_x8x2_grouped's bit for bit. The prologue is that kernel's, repeated here so that its
+// code (the reference and the default) stays as it was.
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts,
+                           int top_k, int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                           const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                           int rows) {
+    __shared__ __align__(16) u32 xq[DEC_B_MAX * DEC_X8_GROUPS * DEC_X8X2PAD];
+    __shared__ float2 xqs[DEC_B_MAX * DEC_X8_GROUPS];
+    DEC_GRP_SHARED
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    TileGeom tg;
+    tg.G = gate.cols >> 6;
+    tg.lpr = tg.G;
+    tg.spw = 32 / tg.lpr;
+    tg.warp = warp;
+    tg.sub = lane / tg.lpr;
+    tg.sl = lane % tg.lpr;
+    GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
+    int rbase = tile_row0<DEC_GLU_R4>(tg, blockIdx.x), step = gridDim.y;
+    auto load = [&](int item, GluTile& r) {
+        QWeight wg = sgate, wu = sup;
+        if (item > 0) {
+            wg = expert<true>(gate, t.expert[item]);
+            wu = expert<true>(up, t.expert[item]);
+        }
+        qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
+        qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
+    };
+    auto finish = [&](int item, u32 mask, const GluTile& r) {
+        int item_rows = item == 0 ? sgate.rows : gate.rows;
+        for (u32 m = t.rows[item] & mask; m != 0u; m &= m - 1u) {
+            int b = __ffs(m) - 1, k = t.slot[item * DEC_B_MAX + b];
+            GluX<true, true> x;
+            x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);
+            float g[DEC_GLU_R4], u[DEC_GLU_R4];
+            x.dot(r.g, g);
+            x.dot(r.u, u);
+            reduce_rows<DEC_GLU_R4, true>(g, tg.lpr);
+            reduce_rows<DEC_GLU_R4, true>(u, tg.lpr);
+            float* out = item == 0 ? hs + (long long)b * sgate.rows : h + ((long long)b * top_k + k) * h_stride;
+            if (tg.sl == 0) {
+#pragma unroll
+                for (int i = 0; i < DEC_GLU_R4; i++)
+                    if (rbase + i < item_rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
+            }
+        }
+    };
+    // The block's positions p = 0, 1, ...: item 0 (the shared expert) at p = 0 in every chunk of
+    // items, the chunk taking the rows b ≡ blockIdx.y (mod gridDim.y) of it (spread: its 8
+    // products a step would otherwise lengthen chunk 0's blocks alone, and every block now has a
+    // tile to request before dec_wait), then routed item 1 + blockIdx.y + (p − 1) · gridDim.y;
+    // position p in slot p % RING. Each (row, item) product is still one warp's, whole.
+    auto item_at = [&](int p) { return p == 0 ? 0 : 1 + (int)blockIdx.y + (p - 1) * step; };
+    u32 spread = 0u;
+#pragma unroll
+    for (int b = 0; b < DEC_B_MAX; b++)
+        if (b % step == (int)blockIdx.y) spread |= 1u << b;
+    spread &= rows >= 32 ? 0xffffffffu : (1u << rows) - 1u;
+    GluTile r[DEC_GRP_GLU_RING];
+    if (spread != 0u) load(0, r[0]);  // no routing needed
+    dec_wait();
+    if (warp < rows)
+        route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
+                          w_s + warp * top_k);
+    __syncthreads();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < rows * top_k) {
+        ids[threadIdx.x] = ids_s[threadIdx.x];
+        route_w[threadIdx.x] = w_s[threadIdx.x];
+    }
+    group_picks(ids_s, rows, top_k, grp_bits, t);
+    __syncthreads();
+    int items = t.n[0];
+#pragma unroll
+    for (int j = 1; j < DEC_GRP_GLU_RING; j++)
+        if (item_at(j) < items) load(item_at(j), r[j]);
+    // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
+    stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
+    __syncthreads();
+    for (int p0 = 0; item_at(p0) < items; p0 += DEC_GRP_GLU_RING) {
+#pragma unroll
+        for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
+            int item = item_at(p0 + j);
+            if (item >= items) break;
+            finish(item, item == 0 ? spread : ~0u, r[j]);
+            int next = item_at(p0 + j + DEC_GRP_GLU_RING);
+            if (next < items) load(next, r[j]);
+        }
+    }
+    dec_trigger_late();
+}
+
 // dec_down_combine_x8x2 over a batched step's rows, grouped by expert: a block owns the output
 // rows of dec_down_combine_x8x2's block (DEC_DOWN_WARPS row groups) for every row of the step;
 // warp (rg, kc) takes items kc, kc + DEC_DOWN_KSPLIT, ... of the union, DEC_DOWN_BATCH loaded
@@ -1970,6 +2077,20 @@ dec_down_combine_x8x2_grouped_wide(QWeight down, QWeight sdown, const int* __res
                                    float* __restrict__ x, int rows) {
     down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_BATCH, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
                                                                 s_gate, x, rows);
+}
+
+// grouped_moe_stream: dec_down_combine_x8x2_grouped_wide with a ring of DEC_GRP_DOWN_RING items a
+// warp instead of DEC_GRP_DOWN_BATCH (the first RING of a warp's items requested before the
+// staging, then each slot refilled RING ahead as soon as it is used): a third more weight bytes in
+// flight an SM at RING 4, one block an SM as before. The same outputs bit for bit (the ring only
+// moves when loads are issued).
+extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, 1)
+dec_down_combine_x8x2_grouped_ring(QWeight down, QWeight sdown, const int* __restrict__ ids,
+                                   const float* __restrict__ route_w, int top_k, const float* __restrict__ h,
+                                   int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate,
+                                   float* __restrict__ x, int rows) {
+    down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_RING, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
+                                                               s_gate, x, rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------

@@ -662,8 +662,8 @@ impl Forward<'_> {
         let (glu, down) = self.moe_args(m);
         let cfg = self.cfg;
         match self.plan.moe_rows(m, cfg.n_experts, cfg.top_k, rows) {
-            MoeRows::ByExpert(block) => {
-                k.decode.glu_grouped(gpu, &glu, rows)?;
+            MoeRows::ByExpert(kernel, block) => {
+                k.decode.glu_grouped(gpu, &glu, rows, kernel)?;
                 k.decode.down_combine_grouped(gpu, &down, rows, block)
             }
             MoeRows::PerRow => {

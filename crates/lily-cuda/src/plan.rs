@@ -63,7 +63,8 @@ use lily_core::sampling::SamplingParams;
 use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{
-    self, Decode, DownRegs, GemvGrid, GemvProducts, GluLoads, GroupedDown, MoeProducts, RowsKernel,
+    self, Decode, DownRegs, GemvGrid, GemvProducts, GluLoads, GroupedDown, GroupedGlu, MoeProducts,
+    RowsKernel,
 };
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
@@ -227,8 +228,9 @@ pub enum MoeRows {
     /// picked expert's weights (and the shared expert's) read once a step and dotted with every
     /// row that picked it, each row's outputs bit for bit the one-token pair kernels'; the down
     /// kernel's block of 12 warps, or of 16 (`dec_down_combine_x8x2_grouped_wide`) under
-    /// `grouped_down_wide`.
-    ByExpert(GroupedDown),
+    /// `grouped_down_wide`; the rings of `dec_glu4_x8x2_grouped_ring` and, with 16 warps,
+    /// `dec_down_combine_x8x2_grouped_ring` under `grouped_moe_stream`.
+    ByExpert(GroupedGlu, GroupedDown),
 }
 
 /// Where the next token is picked.
@@ -702,7 +704,9 @@ impl Plan {
     /// expert (`MoeRows::ByExpert`) under `moe_grouped_rows` where the products are int8 pairs
     /// (`moe_products`) and `decode::grouped_serves` the block for that many rows (2 to 8 rows of
     /// at most 64 picks, at most 256 experts, the down kernel's pairs in 92 KB), its down kernel
-    /// 16 warps a block under `grouped_down_wide`; else per row (a batch of one always).
+    /// 16 warps a block under `grouped_down_wide`, both kernels' rings deeper under
+    /// `grouped_moe_stream` (the down kernel's with `grouped_down_wide` only); else per row (a
+    /// batch of one always).
     pub fn moe_rows(&self, m: &DevMoe, n_experts: usize, top_k: usize, rows: usize) -> MoeRows {
         let (down, sdown) = (m.down.shape(), m.shared_down.shape());
         self.moe_rows_for(&glu_shapes(m), &down, &sdown, n_experts, top_k, rows)
@@ -722,11 +726,18 @@ impl Plan {
             && self.moe_products_for(glu, down, sdown, top_k) == MoeProducts::Int8Pairs
             && decode::grouped_serves([gate, up, sgate, sup], down, sdown, n_experts, top_k, rows)
         {
-            MoeRows::ByExpert(if self.o.grouped_down_wide {
-                GroupedDown::Warps16
+            let stream = self.o.grouped_moe_stream;
+            let down = match (self.o.grouped_down_wide, stream) {
+                (true, true) => GroupedDown::Warps16Ring,
+                (true, false) => GroupedDown::Warps16,
+                (false, _) => GroupedDown::Warps12,
+            };
+            let glu = if stream {
+                GroupedGlu::Ring
             } else {
-                GroupedDown::Warps12
-            })
+                GroupedGlu::Pairs
+            };
+            MoeRows::ByExpert(glu, down)
         } else {
             MoeRows::PerRow
         }
@@ -1568,23 +1579,41 @@ mod tests {
             },
             H200,
         );
+        // grouped_moe_stream (off by default): both grouped kernels' deeper rings; the down
+        // kernel's only on its 16-warp block.
+        let stream = |grouped_down_wide| {
+            let o = CudaOptions {
+                grouped_moe_stream: true,
+                grouped_down_wide,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
         for rows in 2..=8 {
             assert_eq!(
+                stream(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps16Ring)
+            );
+            assert_eq!(
+                stream(false).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps12)
+            );
+            assert_eq!(
                 grouped(true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedDown::Warps16),
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16),
                 "{rows} rows"
             );
             assert_eq!(
                 on.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedDown::Warps16)
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16)
             );
             assert_eq!(
                 narrow_down.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedDown::Warps12)
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps12)
             );
             assert_eq!(
                 wide.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedDown::Warps16)
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16)
             );
             assert_eq!(
                 per_row.moe_rows_for(&glu, &down, &down, 256, top_k, rows),
@@ -1619,6 +1648,12 @@ mod tests {
         assert!(narrow_down
             .describe()
             .contains("grouped MoE down kernel at 16 warps off"));
+        assert!(stream(true)
+            .describe()
+            .contains("grouped MoE weights streamed deeper on"));
+        assert!(wide
+            .describe()
+            .contains("grouped MoE weights streamed deeper off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
@@ -1800,8 +1835,14 @@ mod tests {
         );
         for (rows, want) in [
             (1, MoeRows::PerRow),
-            (4, MoeRows::ByExpert(GroupedDown::Warps16)),
-            (8, MoeRows::ByExpert(GroupedDown::Warps16)),
+            (
+                4,
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16),
+            ),
+            (
+                8,
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16),
+            ),
         ] {
             assert_eq!(
                 p.moe_rows_for(

@@ -31,6 +31,12 @@ pub const DOWN_BATCH: usize = 3;
 /// in flight (its ring).
 pub const GROUPED_DOWN_KCOLS: usize = 4;
 pub const GROUPED_DOWN_BATCH: usize = 3;
+/// `grouped_moe_stream`: the register buffers a warp of `dec_glu4_x8x2_grouped_ring` rings its
+/// items through (`dec_glu4_x8x2_grouped` holds two), and the items a warp of
+/// `dec_down_combine_x8x2_grouped_ring` has in flight (`dec_down_combine_x8x2_grouped_wide`:
+/// GROUPED_DOWN_BATCH).
+pub const GROUPED_GLU_RING: usize = 3;
+pub const GROUPED_DOWN_RING: usize = 4;
 /// Registers a thread of `dec_down_combine_x8x2_r96` (`down_96_regs`) may take: its 12 warps
 /// and the 8 of a `dec_gemv4_x8x2` block at 112 fill an SM's 65,536 exactly.
 pub const DOWN_NEXT_REGS: usize = 96;
@@ -85,6 +91,20 @@ pub enum GroupedDown {
     /// `grouped_down_wide`: `dec_down_combine_x8x2_grouped_wide`, DOWN_WARPS row groups ×
     /// GROUPED_DOWN_KCOLS item columns (16 warps), more weight loads in flight an SM.
     Warps16,
+    /// `grouped_moe_stream` (with `grouped_down_wide`): `dec_down_combine_x8x2_grouped_ring`,
+    /// `Warps16`'s block with a ring of GROUPED_DOWN_RING items a warp instead of
+    /// GROUPED_DOWN_BATCH.
+    Warps16Ring,
+}
+
+/// Which gate/up kernel the grouped MoE runs (`Decode::glu_grouped`; the plan's choice:
+/// `Plan::moe_rows`). Both give the same outputs bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedGlu {
+    /// `dec_glu4_x8x2_grouped`: two register buffers of items a warp.
+    Pairs,
+    /// `grouped_moe_stream`: `dec_glu4_x8x2_grouped_ring`, a ring of GROUPED_GLU_RING.
+    Ring,
 }
 
 /// How the one-token projections on the pipelined 4-bit kernels (`dec_gemv4`, `dec_gemv4w`) take
@@ -249,6 +269,8 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DOWN_KSPLIT", DOWN_KSPLIT as i64),
         ("DEC_GRP_DOWN_KCOLS", GROUPED_DOWN_KCOLS as i64),
         ("DEC_GRP_DOWN_BATCH", GROUPED_DOWN_BATCH as i64),
+        ("DEC_GRP_GLU_RING", GROUPED_GLU_RING as i64),
+        ("DEC_GRP_DOWN_RING", GROUPED_DOWN_RING as i64),
         ("DEC_GLU_R4", GLU_R4 as i64),
         ("DEC_DN_MAX_K", DN_MAX_K as i64),
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
@@ -791,6 +813,7 @@ pub struct Decode {
     glu4_x8x2_rows: Kernel,
     glu4_x8x2_bulk: Kernel,
     glu4_x8x2_grouped: Kernel,
+    glu4_x8x2_grouped_ring: Kernel,
     down_combine: Kernel,
     down_combine_rows: Kernel,
     down_combine_q8: Kernel,
@@ -800,6 +823,7 @@ pub struct Decode {
     down_combine_x8x2_rows: Kernel,
     down_combine_x8x2_grouped: Kernel,
     down_combine_x8x2_grouped_wide: Kernel,
+    down_combine_x8x2_grouped_ring: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -835,6 +859,7 @@ impl Decode {
             glu4_x8x2_bulk: k("dec_glu4_x8x2_bulk")?
                 .allow_shared_memory(GLU_BULK_SLOTS * GLU_BULK_SLOT)?,
             glu4_x8x2_grouped: k("dec_glu4_x8x2_grouped")?,
+            glu4_x8x2_grouped_ring: k("dec_glu4_x8x2_grouped_ring")?,
             down_combine: k("dec_down_combine")?,
             down_combine_rows: k("dec_down_combine_rows")?,
             down_combine_q8: k("dec_down_combine_q8")?,
@@ -845,6 +870,8 @@ impl Decode {
             down_combine_x8x2_grouped: k("dec_down_combine_x8x2_grouped")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
             down_combine_x8x2_grouped_wide: k("dec_down_combine_x8x2_grouped_wide")?
+                .allow_shared_memory(GROUPED_SMEM_MAX)?,
+            down_combine_x8x2_grouped_ring: k("dec_down_combine_x8x2_grouped_ring")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
@@ -1147,8 +1174,9 @@ impl Decode {
     /// gridDim.y-th item of the union of their picks (item 0 the shared expert), each weight tile
     /// read once and dotted with every row that picked it; block (0, 0) writes the routing. The
     /// grid: the item's tiles × as many item chunks as fill BLOCKS_PER_SM blocks an SM (at least
-    /// one, at most the step's items). `a`'s buffers as for `glu_rows`.
-    pub fn glu_grouped(&self, gpu: &Gpu, a: &Glu, rows: usize) -> Result<()> {
+    /// one, at most the step's items). `a`'s buffers as for `glu_rows`; `kernel` the two-buffer or
+    /// the ring kernel (`grouped_moe_stream`; the same grid and outputs).
+    pub fn glu_grouped(&self, gpu: &Gpu, a: &Glu, rows: usize, kernel: GroupedGlu) -> Result<()> {
         let shapes = [&a.gate, &a.up, &a.shared_gate, &a.shared_up].map(|w| w.shape());
         let [gate, up, sgate, sup] = &shapes;
         if !glu_rows_serves(gate, up, sgate, sup)
@@ -1185,7 +1213,11 @@ impl Decode {
         let (n_experts, top_k, h_stride) = (a.n_experts as i32, a.top_k as i32, a.gate.rows as i32);
         let rows_arg = rows as i32;
         let cfg = config((per_item, chunks as u32, 1), (WARPS * 32) as u32, 0);
-        gpu.launch(&self.glu4_x8x2_grouped, cfg, |l| {
+        let kernel = match kernel {
+            GroupedGlu::Pairs => &self.glu4_x8x2_grouped,
+            GroupedGlu::Ring => &self.glu4_x8x2_grouped_ring,
+        };
+        gpu.launch(kernel, cfg, |l| {
             l.arg(&gate)
                 .arg(&up)
                 .arg(&a.router_logits)
@@ -1244,6 +1276,7 @@ impl Decode {
         let (kernel, columns) = match block {
             GroupedDown::Warps12 => (&self.down_combine_x8x2_grouped, DOWN_KSPLIT),
             GroupedDown::Warps16 => (&self.down_combine_x8x2_grouped_wide, GROUPED_DOWN_KCOLS),
+            GroupedDown::Warps16Ring => (&self.down_combine_x8x2_grouped_ring, GROUPED_DOWN_KCOLS),
         };
         let cfg = config((grid, 1, 1), (DOWN_WARPS * columns * 32) as u32, smem);
         gpu.launch(kernel, cfg, |l| {

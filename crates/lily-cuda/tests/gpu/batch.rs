@@ -90,6 +90,10 @@ struct Case {
     /// On, the batched step's norms run `rms_norm_rows` and its router launch
     /// `dec_gemv_rows_split_lean` (`batch_lean_glue`: the plain kernels' bits).
     batch_lean_glue: bool,
+    /// On (with `moe_grouped_rows`), the grouped MoE's kernels with deeper rings of weight loads
+    /// (`dec_glu4_x8x2_grouped_ring`, `dec_down_combine_x8x2_grouped_ring`; `grouped_moe_stream`:
+    /// the grouped kernels' bits).
+    grouped_moe_stream: bool,
     prompts: &'static [usize],
 }
 
@@ -111,6 +115,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         moe_grouped_rows,
         grouped_down_wide,
         batch_lean_glue,
+        grouped_moe_stream,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -123,7 +128,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, pipelined {pipelined_batch}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, pipelined {pipelined_batch}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -139,6 +144,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             moe_grouped_rows,
             grouped_down_wide,
             batch_lean_glue,
+            grouped_moe_stream,
             batched_decode: true,
             pipelined_batch,
             split_long_keys: LONG_KEYS,
@@ -282,6 +288,7 @@ const FUSED: Case = Case {
     moe_grouped_rows: false,
     grouped_down_wide: false,
     batch_lean_glue: false,
+    grouped_moe_stream: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -348,6 +355,12 @@ const GROUPED_WIDE: Case = Case {
 const LEAN_GLUE: Case = Case {
     batch_lean_glue: true,
     ..GROUPED_WIDE
+};
+/// `LEAN_GLUE` (the step as it ships) with the grouped MoE's deeper rings (`grouped_moe_stream`,
+/// off until measured).
+const GROUPED_STREAM: Case = Case {
+    grouped_moe_stream: true,
+    ..LEAN_GLUE
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -425,6 +438,18 @@ fn decode_batched_steps_grouped_by_expert_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(GROUPED_WIDE));
     batched_steps_match_alone(Preset::Small, GROUPED_WIDE);
     batched_steps_match_alone(Preset::Small, eight(GROUPED_WIDE));
+}
+
+/// The shipping step with the grouped MoE's rings (`grouped_moe_stream`:
+/// `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring`): three and eight sequences
+/// on small and eight on tiny against each sequence alone, as the cases above (its kernels give
+/// the grouped ones' bits: grouped_moe_stream_gives_the_grouped_kernels_bits).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_grouped_stream_match_each_sequence_alone() {
+    batched_steps_match_alone(Preset::Tiny, eight(GROUPED_STREAM));
+    batched_steps_match_alone(Preset::Small, GROUPED_STREAM);
+    batched_steps_match_alone(Preset::Small, eight(GROUPED_STREAM));
 }
 
 /// The shipping step with `batch_lean_glue` (`rms_norm_rows`, `dec_gemv_rows_split_lean`):

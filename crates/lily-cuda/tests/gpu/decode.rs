@@ -2,8 +2,8 @@
 
 use crate::common::*;
 use lily_cuda::kernels::decode::{
-    DownCombine, DownRegs, GemvGrid, GemvProducts, Glu, GluLoads, GroupedDown, MoeProducts,
-    RowsKernel,
+    DownCombine, DownRegs, GemvGrid, GemvProducts, Glu, GluLoads, GroupedDown, GroupedGlu,
+    MoeProducts, RowsKernel,
 };
 
 /// decode.cu's fused one-token blocks against the CPU (fp32 activations, outputs poisoned first):
@@ -1068,7 +1068,8 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
                 };
                 let (glu, down) = (|i, at| runs.glu(i, at), |i, at| runs.down(i, at));
                 let dec = &d.k.decode;
-                dec.glu_grouped(&d, &glu(0, 0), rows).unwrap();
+                dec.glu_grouped(&d, &glu(0, 0), rows, GroupedGlu::Pairs)
+                    .unwrap();
                 dec.down_combine_grouped(&d, &down(0, 0), rows, GroupedDown::Warps12)
                     .unwrap();
                 // grouped_down_wide's 16-warp block on the same hidden rows, its own residual.
@@ -1104,6 +1105,76 @@ fn batched_decode_moe_grouped_matches_one_token_at_a_time() {
         }
     }
     println!("KERNEL decode.cu batched MoE grouped by expert equals one token at a time");
+}
+
+/// `grouped_moe_stream`: `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (the
+/// grouped kernels with deeper rings of weight loads) against `dec_glu4_x8x2_grouped` +
+/// `dec_down_combine_x8x2_grouped_wide` (the shipping pair, itself tested against one token at a
+/// time above) on the same inputs, every output written over NaN: the routing, the experts' and
+/// shared expert's hidden rows and the residual rows bit for bit, for 2, 4 and 8 rows whose picks
+/// overlap, on small's MoE shape and the full model's widths with 32 and 64 experts (few enough
+/// to upload quickly; a block's chunk of items from shorter than the rings to several times
+/// longer), in both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn grouped_moe_stream_gives_the_grouped_kernels_bits() {
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(283);
+        for (preset, experts) in [
+            (Preset::Small, None),
+            (Preset::Full, Some(32)),
+            (Preset::Full, Some(64)),
+        ] {
+            let mut c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            if let Some(n) = experts {
+                c.n_experts = n;
+            }
+            let (h, e, tk, inter, si) = moe_sizes(&c);
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            for rows in [2usize, 4, 8] {
+                let what =
+                    format!("{preset:?} ({e} experts), {rows} rows, bf16 {bf16_activations}");
+                let mut lg = rng.vec(rows * e, 2.0);
+                for t in 0..rows {
+                    if t % 3 == 1 {
+                        lg.copy_within((t - 1) * e..t * e, t * e);
+                    } else {
+                        for x in [1, e / 2 + 3, e - 2] {
+                            lg[t * e + x] += 5.0;
+                        }
+                    }
+                }
+                let logits = d.upload(&lg).unwrap();
+                let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
+                let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
+                let x0 = rng.vec(rows * h, 1.0);
+                // [the ring kernels, the shipping grouped kernels]
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
+                let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
+                };
+                let dec = &d.k.decode;
+                dec.glu_grouped(&d, &runs.glu(0, 0), rows, GroupedGlu::Ring)
+                    .unwrap();
+                dec.down_combine_grouped(&d, &runs.down(0, 0), rows, GroupedDown::Warps16Ring)
+                    .unwrap();
+                dec.glu_grouped(&d, &runs.glu(1, 0), rows, GroupedGlu::Pairs)
+                    .unwrap();
+                dec.down_combine_grouped(&d, &runs.down(1, 0), rows, GroupedDown::Warps16)
+                    .unwrap();
+                runs.assert_equal(&d, rows, &x0, &what);
+            }
+        }
+    }
+    println!("KERNEL decode.cu grouped MoE rings (grouped_moe_stream) equal the grouped kernels");
 }
 
 /// A rounding of x per 64-column group (`int8_groups`, `int8_pair_groups`): the rounded values
