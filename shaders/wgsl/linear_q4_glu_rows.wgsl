@@ -51,14 +51,6 @@ override EARLY: u32 = 0u;
 // from 0's: within rounding, not bit for bit.
 override ITEMS: u32 = 0u;
 
-// 1 (`WgpuOptions::moe_wide_reads`, with ITEMS): all k routing rounds first (no memory trip
-// between them: the logits' keys are in registers), then every routed item's gate and up words
-// and scales requested together, up to 8 items at once (`glu_wide`), where ITEMS requests item
-// r + 1's only after item r − 1's sums, which wait on their words: ≈ k / 2 dependent trips a
-// call become one. Each item's sums are ITEMS' expressions into the same `rows2_put` slot, and
-// a slot's total does not depend on the other items: bit for bit ITEMS' outputs.
-override WIDE: u32 = 0u;
-
 var<workgroup> wg_expert: u32;
 
 // One item's reads (`ITEMS`): its gate and up words of this invocation's quad, their scales and
@@ -239,10 +231,6 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     lanes_init(lanes_in);
     let lid = lanes_in.lid;
     let block = wid.x + wid.y * p.m.nwx;
-    if (ITEMS != 0u && WIDE != 0u && p.route != 0u) {
-        glu_wide(lid, block, wid.z);
-        return;
-    }
     if (ITEMS != 0u && p.route != 0u) {
         glu_items(lid, block, wid.z);
         return;
@@ -469,136 +457,6 @@ fn glu_items(lid: u32, row: u32, tt: u32) {
         if (row == 0u) {
             ids[item] = e;
             wts[item] = w;
-        }
-        if (e >= p.m.e0 && e < p.m.e0 + p.m.e_count) {
-            Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + row] =
-                ACT(silu(total.x * rn) * (total.y * rn));
-        }
-    }
-}
-
-// `WIDE` (with ITEMS): row `row` of every item of token `tt`, the routing's k rounds first and
-// then the routed items' reads all in flight together (up to 8 at once), not one item a round.
-// The stacked shared expert's reads go first, as in `glu_items`. Uniform control flow only.
-fn glu_wide(lid: u32, row: u32, tt: u32) {
-    if (row >= p.m.rows) {
-        return;
-    }
-    let g = (lid * 32u) / p.m.group;
-    let lb = tt * p.l_stride;
-    let stacked = p.ks > p.k;
-    var sh = GluWords();
-    if (stacked) {
-        sh = glu_read(p.e, row, lid, g);
-    }
-    let xb = (p.m.x_off + tt * p.m.x_stride) / 4u + lid * 8u;
-    var x = array<vec4<f32>, 8>();
-    for (var i = 0u; i < 8u; i++) {
-        x[i] = vec4<f32>(X[xb + i]);
-    }
-    var kv = array<u32, 8>();
-    for (var m = 0u; m < 8u; m++) {
-        let i = lid + 64u * m;
-        if (i < p.e) {
-            kv[m] = order_key(L[lb + i]);
-        }
-    }
-    var ss = 0.0;
-    if (p.norm != 0u) {
-        ss = ((dot(x[0], x[0]) + dot(x[1], x[1])) + (dot(x[2], x[2]) + dot(x[3], x[3])))
-            + ((dot(x[4], x[4]) + dot(x[5], x[5])) + (dot(x[6], x[6]) + dot(x[7], x[7])));
-        for (var i = 0u; i < 8u; i++) {
-            x[i] = x[i] * Wn[lid * 8u + i];
-        }
-    }
-    let xs = xsum32(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
-    // The routing's k rounds (constant bounds: the slots stay in registers), no reads between.
-    var top = 0.0;
-    var den = 0.0;
-    var ids_k = array<u32, 16>();
-    var evs = array<f32, 16>();
-    for (var r = 0u; r < 16u; r++) {
-        if (r < p.k) {
-            var bk = 0u;
-            var bi = 0xffffffffu;
-            for (var m = 0u; m < 8u; m++) {
-                if (kv[m] > bk) {
-                    bk = kv[m];
-                    bi = lid + 64u * m;
-                }
-            }
-            let b = wg_argmax_key(lid, bk, bi, r);
-            for (var m = 0u; m < 8u; m++) {
-                if (lid + 64u * m == b.i) {
-                    kv[m] = 0u;
-                }
-            }
-            let v = key_value(b.k);
-            if (r == 0u) {
-                top = v;
-            }
-            let ev = exp(v - top);
-            den += ev;
-            ids_k[r] = b.i;
-            evs[r] = ev;
-        }
-    }
-    // The routed items' reads, 8 at a time, all requested before any of their sums; the shared
-    // expert's sums (its words arrived during the routing) while they are in flight.
-    for (var c0 = 0u; c0 < 16u; c0 += 8u) {
-        if (c0 < p.k) {
-            var w = array<GluWords, 8>();
-            for (var j = 0u; j < 8u; j++) {
-                if (c0 + j < p.k) {
-                    w[j] = glu_read(ids_k[c0 + j], row, lid, g);
-                }
-            }
-            if (stacked && c0 == 0u) {
-                let gate = sh.sg * qdot32(sh.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-                    + sh.bg * xs;
-                let up = sh.su * qdot32(sh.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-                    + sh.bu * xs;
-                rows2_put(lid, p.k, vec2<f32>(gate, up));
-            }
-            for (var j = 0u; j < 8u; j++) {
-                if (c0 + j < p.k) {
-                    let gate = w[j].sg
-                        * qdot32(w[j].wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-                        + w[j].bg * xs;
-                    let up = w[j].su
-                        * qdot32(w[j].wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-                        + w[j].bu * xs;
-                    rows2_put(lid, c0 + j, vec2<f32>(gate, up));
-                }
-            }
-        }
-    }
-    if (stacked && p.k == 0u) {
-        let gate = sh.sg * qdot32(sh.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-            + sh.bg * xs;
-        let up = sh.su * qdot32(sh.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
-            + sh.bu * xs;
-        rows2_put(lid, p.k, vec2<f32>(gate, up));
-    }
-    var rn = 1.0;
-    if (p.norm != 0u) {
-        rn = rms_scale(lid, ss, p.m.cols, p.eps);
-    }
-    let total = rows2_total(lid, 16u);
-    let sr = lid / 4u;
-    if (lid % 4u == 0u && sr < p.ks) {
-        let item = tt * p.ks + sr;
-        var e = p.e;
-        var wt = 0.0;
-        if (sr < p.k) {
-            e = ids_k[sr];
-            wt = evs[sr] / den;
-        } else {
-            wt = sigmoid(L[lb + p.e]);
-        }
-        if (row == 0u) {
-            ids[item] = e;
-            wts[item] = wt;
         }
         if (e >= p.m.e0 && e < p.m.e0 + p.m.e_count) {
             Y[p.m.y_off + item * p.m.y_stride + p.m.row0 + row] =

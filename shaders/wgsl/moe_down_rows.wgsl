@@ -39,14 +39,6 @@ override RB: u32 = 4u;
 // three DRAM round trips in series). The same sums in the same order: outputs bit for bit.
 override ROUNDS: u32 = 0u;
 
-// 1 (`WgpuOptions::moe_wide_reads`): a slot's items' reads all requested before any of their
-// sums (up to 3 items at once: the full model's slot 0 with 512 columns), where ROUNDS holds two
-// (slot 0's third item's reads wait on its first item's sums: two dependent trips, now one), and
-// the residual's old value read by the lanes that store it at the start, off the chain's end
-// (X[r] = old + total: the same bits as `+=`). The same sums in the same order: outputs bit for
-// bit ROUNDS 0's.
-override WIDE: u32 = 0u;
-
 // One item's reads: its weight, input quad and RB rows' words, scales and biases.
 struct DownItem {
     wk: f32,
@@ -109,41 +101,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
             wv[i] = wts[t * TOPK + k];
         }
     }
-    // WIDE: the residual's old value of this lane's row (lanes that store) with the first reads.
-    let rs = lid / (64u / RB);
-    let stores = lid % (64u / RB) == 0u && rs < nr;
-    var x_old = 0.0;
-    if (WIDE != 0u && stores) {
-        x_old = X[t * p.rows + r0 + rs];
-    }
-    if (WIDE != 0u && slot < TOPK) {
-        // Up to 3 items' reads in flight together, then their sums in item order.
-        for (var c = 0u; c < 16u; c += 3u) {
-            if (slot + c * ns >= TOPK) {
-                break;
-            }
-            var it = array<DownItem, 3>();
-            for (var j = 0u; j < 3u; j++) {
-                let k = slot + (c + j) * ns;
-                if (c + j < 16u && k < TOPK) {
-                    it[j] = down_read(t, k, es[c + j], wv[c + j], q, g, r0, nr);
-                }
-            }
-            for (var j = 0u; j < 3u; j++) {
-                let k = slot + (c + j) * ns;
-                if (c + j < 16u && k < TOPK) {
-                    let xs = xsum32(it[j].x[0], it[j].x[1], it[j].x[2], it[j].x[3], it[j].x[4],
-                                    it[j].x[5], it[j].x[6], it[j].x[7]);
-                    for (var r = 0u; r < RB; r++) {
-                        acc[r] += it[j].wk * (it[j].s[r] * qdot32(it[j].w[r], it[j].x[0],
-                            it[j].x[1], it[j].x[2], it[j].x[3], it[j].x[4], it[j].x[5],
-                            it[j].x[6], it[j].x[7]) + it[j].b[r] * xs);
-                    }
-                }
-            }
-        }
-    }
-    if (ROUNDS != 0u && WIDE == 0u && slot < TOPK) {
+    if (ROUNDS != 0u && slot < TOPK) {
         // Rounds: item i's arithmetic while item i + 1's reads are in flight.
         var cur = down_read(t, slot, es[0], wv[0], q, g, r0, nr);
         for (var i = 0u; i < 16u; i++) {
@@ -166,7 +124,7 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
     }
     for (var i = 0u; i < 16u; i++) {
         let k = slot + i * ns;
-        if (ROUNDS != 0u || WIDE != 0u || k >= TOPK) {
+        if (ROUNDS != 0u || k >= TOPK) {
             break;
         }
         let item = t * TOPK + k;
@@ -204,11 +162,8 @@ fn moe_down_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
         row_put(lid, j, acc[j]);
     }
     let total = row_total(lid, RB);
-    if (stores) {
-        if (WIDE != 0u) {
-            X[t * p.rows + r0 + rs] = x_old + total;
-        } else {
-            X[t * p.rows + r0 + rs] += total;
-        }
+    let r = lid / (64u / RB);
+    if (lid % (64u / RB) == 0u && r < nr) {
+        X[t * p.rows + r0 + r] += total;
     }
 }

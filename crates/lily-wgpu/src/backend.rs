@@ -23,9 +23,8 @@ use crate::plan::{
     PrefillAttention, ProductsKernel, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_glu_wide, check_mm,
-    check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides,
-    F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
+    check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -216,13 +215,6 @@ impl WgpuBackend {
             self.plan.act_f16,
             self.plan.down_rb,
         )
-    }
-
-    /// linear_q4_glu_rows.wgsl's `WIDE` form (`moe_wide_reads`) and its `ITEMS` form with this
-    /// plan's reductions and activations, against the host and bit for bit against each other
-    /// (`probes::check_glu_wide`).
-    pub fn check_glu_wide(&self) -> Result<PersistCheck> {
-        check_glu_wide(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// linear_q4_rows.wgsl's persistent kernel (`rows_persist`) with this plan's reductions, on

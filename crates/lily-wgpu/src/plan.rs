@@ -610,21 +610,16 @@ pub fn dn_recur_norm_spec(dk: usize, one_sync: bool) -> Spec {
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
-/// run as without it); `wide`: with `items`, the routing's rounds first and the routed items'
-/// reads all in flight together (`WgpuOptions::moe_wide_reads`, its `WIDE`: the same bits).
-pub fn glu_rows_spec(rb: usize, early: bool, items: bool, wide: bool) -> Spec {
-    let mut spec = Spec::new(
+/// run as without it).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
+    Spec::new(
         "linear_q4_glu_rows",
         &[
             ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
         ],
-    );
-    if items && wide {
-        spec.constants.push(("WIDE", 1.0));
-    }
-    spec
+    )
 }
 
 /// The most items a token linear_q4_glu_rows' `ITEMS` form takes (its totals meet in one
@@ -633,11 +628,9 @@ pub const GLU_ITEMS_MAX: usize = 16;
 
 /// moe_down_rows.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup
 /// (`Plan::down_rb`: DOWN_RB, or the `down_rows` knob's 2, 4 or 8); `rounds`: a slot's next
-/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`);
-/// `wide`: a slot's items' reads all in flight together and the residual read first
-/// (`WgpuOptions::moe_wide_reads`, its `WIDE`: the same bits).
-pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool, wide: bool) -> Spec {
-    let mut spec = Spec::new(
+/// item's reads in flight during this item's sums (`WgpuOptions::moe_rounds`, its `ROUNDS`).
+pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec {
+    Spec::new(
         "moe_down_rows",
         &[
             ("TOPK", topk as f64),
@@ -645,11 +638,7 @@ pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool, wide: b
             ("RB", rb as f64),
             ("ROUNDS", rounds as u32 as f64),
         ],
-    );
-    if wide {
-        spec.constants.push(("WIDE", 1.0));
-    }
-    spec
+    )
 }
 
 /// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
@@ -1024,13 +1013,6 @@ impl Plan {
             0 => DOWN_RB,
             n => n,
         };
-        // `moe_wide_reads`: moe_rounds' kernels with every item's reads in flight together.
-        let wide_reads = opts.moe_wide_reads && opts.moe_rounds;
-        if opts.moe_wide_reads && !opts.moe_rounds {
-            notes.push(
-                "moe_wide_reads without moe_rounds: the MoE kernels one item at a time".into(),
-            );
-        }
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
@@ -1064,7 +1046,7 @@ impl Plan {
             experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds, wide_reads),
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -1089,13 +1071,7 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(
-                top as usize,
-                c.expert_inter,
-                down_rb,
-                opts.moe_rounds,
-                wide_reads,
-            ),
+            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -1323,15 +1299,15 @@ impl Plan {
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
             },
-            match (self.glu_items, self.options.moe_wide_reads) {
-                (true, false) => " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)",
-                (true, true) => " (the routed experts' one row of every item a workgroup, the routing's rounds first, then every item's reads in flight together)",
-                (false, _) => "",
+            if self.glu_items {
+                " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
+            } else {
+                ""
             },
-            match (self.options.moe_rounds, self.options.moe_wide_reads) {
-                (true, false) => " (in rounds of one item, the next item's reads in flight)",
-                (true, true) => " (a slot's items' reads all in flight together, the residual read first)",
-                (false, _) => "",
+            if self.options.moe_rounds {
+                " (in rounds of one item, the next item's reads in flight)"
+            } else {
+                ""
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"

@@ -9,8 +9,7 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, glu_rows_spec, in_forms, rows_grid, rows_spec,
-    MmTile, SplitRule, GLU_RB,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
 };
 use crate::shaders::Form;
 
@@ -746,54 +745,6 @@ fn check_glu_route(
     items_form: bool,
     glu_rb: usize,
 ) -> Result<f64> {
-    Ok(glu_route_cases(gpu, &glu_cases(k, act_f16), items_form, glu_rb)?.0)
-}
-
-/// linear_q4_glu_rows.wgsl's `WIDE` form (`moe_wide_reads`: the routing's rounds first, every
-/// routed item's reads in flight together) and its `ITEMS` form (`moe_rounds`), each compiled
-/// with `subgroups`' reductions and `act_f16`'s activations in every form the plan takes, on
-/// `check_glu_route`'s inputs: the largest relative difference from the host of either (ids
-/// exactly the host's, weights and products in f64), and whether `WIDE`'s outputs are bit for
-/// bit `ITEMS`'.
-pub fn check_glu_wide(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
-    let compile = |wide: bool| -> Result<Vec<(Form, Kernel)>> {
-        let spec = crate::shaders::Spec {
-            act_f16,
-            ..glu_rows_spec(GLU_RB, false, true, wide).with_subgroups(subgroups)
-        };
-        in_forms(spec, &[Form::ALL[0], Form::ALL[2]], act_f16)
-            .iter()
-            .map(|s| Ok((s.form, Kernel::new(gpu, s, false)?)))
-            .collect()
-    };
-    fn cases(ks: &[(Form, Kernel)], act_f16: bool) -> Vec<(&Kernel, Sides, Option<f32>)> {
-        let mut v = Vec::new();
-        for (form, kernel) in ks {
-            let sides = Sides::of(*form, act_f16);
-            v.push((kernel, sides, None));
-            if !sides.x_f16 {
-                v.push((kernel, sides, Some(1e-6f32)));
-            }
-        }
-        v
-    }
-    let (items, wide) = (compile(false)?, compile(true)?);
-    let (e0, y0) = glu_route_cases(gpu, &cases(&items, act_f16), true, GLU_RB)?;
-    let (e1, y1) = glu_route_cases(gpu, &cases(&wide, act_f16), true, GLU_RB)?;
-    Ok(PersistCheck {
-        err: e0.max(e1),
-        same_bits: y0.len() == y1.len() && y0.iter().zip(&y1).all(|(a, b)| same_bits(a, b)),
-    })
-}
-
-/// `check_glu_route`'s run of each of `cases` (a kernel, its sides, the folded norm's eps or
-/// none): the largest relative difference from the host, and each case's outputs.
-fn glu_route_cases(
-    gpu: &Gpu,
-    cases: &[(&Kernel, Sides, Option<f32>)],
-    items_form: bool,
-    glu_rb: usize,
-) -> Result<(f64, Vec<Vec<f32>>)> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -865,8 +816,7 @@ fn glu_route_cases(
         (grid_2d(r_e.div_ceil(glu_rb)), items)
     };
     let mut worst = 0f64;
-    let mut outs = Vec::new();
-    for &(kernel, sides, norm) in cases {
+    for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
         let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
         let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
@@ -921,7 +871,7 @@ fn glu_route_cases(
         for (g, w) in got_wts.iter().zip(&want_wts) {
             let d = (*g as f64 - w).abs() / w.abs().max(1e-30);
             if !d.is_finite() {
-                return Ok((f64::INFINITY, outs));
+                return Ok(f64::INFINITY);
             }
             worst = worst.max(d);
         }
@@ -933,9 +883,8 @@ fn glu_route_cases(
             )
         });
         worst = worst.max(glu_rel_err(&got, r_e, &gate, &up, items_x));
-        outs.push(got);
     }
-    Ok((worst, outs))
+    Ok(worst)
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
@@ -945,10 +894,9 @@ fn glu_route_cases(
 /// and weights, random inputs (rounded to f16 where activations are, as the kernel reads them)
 /// and a random residual; for 9 items of 512 columns (the full model's: 3 items a slot), 9 of
 /// 256 (2 a slot, most slots' second past the last item) and 5 of 64 (slots without items).
-/// Three forms: one item at a time (`ROUNDS` 0), in rounds, the next item's reads in flight
-/// (`ROUNDS` 1, `moe_rounds`), and a slot's items' reads all in flight with the residual read
-/// first (`WIDE` 1, `moe_wide_reads`). The largest relative L2 difference of the sums added, and
-/// whether the other forms' sums are bit for bit the one-item-at-a-time kernel's in every case.
+/// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
+/// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
+/// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
 pub fn check_down_rows(
     gpu: &Gpu,
     subgroups: bool,
@@ -997,10 +945,10 @@ pub fn check_down_rows(
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
         let mut first: Option<Vec<f32>> = None;
-        for (rounds, wide) in [(false, false), (true, false), (true, true)] {
+        for rounds in [false, true] {
             let spec = crate::shaders::Spec {
                 act_f16,
-                ..down_rows_spec(topk, cols, rb, rounds, wide).with_subgroups(subgroups)
+                ..down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups)
             };
             let kernel = Kernel::new(gpu, &spec, false)?;
             let xbuf = gpu.upload_f32("check.x", &x0)?;

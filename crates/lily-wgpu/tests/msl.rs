@@ -89,9 +89,6 @@ fn choosable() -> Vec<Spec> {
                             router_lean: sw,
                             // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
                             dn_one_sync: sw,
-                            // The MoE kernels' reads all in flight (WIDE = 1,
-                            // `moe_wide_reads`).
-                            moe_wide_reads: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -309,9 +306,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         router_lean: sw[2],
         // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
         dn_one_sync: sw[1],
-        // The MoE kernels' reads all in flight (`moe_wide_reads`, WIDE) with moe_rounds and
-        // without.
-        moe_wide_reads: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
