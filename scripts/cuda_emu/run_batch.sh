@@ -178,6 +178,10 @@ ars = open(f'{root}/crates/lily-cuda/src/kernels/attention.rs').read()
 def aconst(name):
     return re.search(r'pub const ' + name + r': usize = (\d+);', ars).group(1)
 defs += ''.join(f'#define {d} {aconst(c)}\n' for d, c in re.findall(r'\("(\w+)", (\w+) as i64\)', ars))
+nrs = open(f'{root}/crates/lily-cuda/src/kernels/norm.rs').read()
+def nconst(name):
+    return re.search(r'pub const ' + name + r': usize = (\d+);', nrs).group(1)
+defs += ''.join(f'#define {d} {nconst(c)}\n' for d, c in re.findall(r'\("(\w+)", (\w+) as i64\)', nrs))
 defs += '#define EMU_CUDA_ARCH 900\n'
 open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + norm + dec + att +
                                 f'\n#include "{root}/scripts/cuda_emu/driver_batch.cpp"\n')

@@ -28,8 +28,9 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, int x_stride, c
 // columns, twice: the sum of squares, then the outputs, which read x again). The next kernel is
 // let launch after the wait (its prologue, weight loads, overlaps this one; its own wait still
 // sees every row stored).
-#define RMS_ROWS_THREADS 256
-#define RMS_ROWS_REG 16
+#if !defined(RMS_ROWS_THREADS) || !defined(RMS_ROWS_REG)
+#error "RMS_ROWS_THREADS and RMS_ROWS_REG come from the launcher module (crates/lily-cuda/src/kernels/norm.rs)"
+#endif
 extern "C" __global__ void __launch_bounds__(RMS_ROWS_THREADS)
 rms_norm_rows(const float* __restrict__ x, int x_stride, const float* __restrict__ w, float* __restrict__ y,
               int y_stride, int cols, float eps, int n_rows) {

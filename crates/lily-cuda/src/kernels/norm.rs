@@ -8,7 +8,10 @@ use crate::gpu::{Gpu, Kernel, Module};
 pub const FILE: KernelFile = KernelFile {
     name: "norm",
     source: include_str!("../../../../shaders/cuda/norm.cu"),
-    defines: &[],
+    defines: &[
+        ("RMS_ROWS_THREADS", RMS_ROWS_THREADS as i64),
+        ("RMS_ROWS_REG", RMS_ROWS_REG as i64),
+    ],
 };
 
 /// y[r, :] = x[r, :] / rms(x[r, :]) · weight for r < rows (MODEL.md §2.2).
@@ -22,9 +25,10 @@ pub struct RmsNorm {
     pub rows: usize,
 }
 
-/// Threads of an `rms_norm_rows` block (one block a row, as `rms_norm`'s 256).
+/// Threads of an `rms_norm_rows` block (one block a row, as `rms_norm`'s 256; norm.cu's
+/// RMS_ROWS_THREADS, defined from here).
 pub const RMS_ROWS_THREADS: usize = 256;
-/// Columns an `rms_norm_rows` thread holds in registers (RMS_ROWS_REG in norm.cu): the widest
+/// Columns an `rms_norm_rows` thread holds in registers (norm.cu's RMS_ROWS_REG, defined from here): the widest
 /// row it takes is RMS_ROWS_THREADS · RMS_ROWS_REG columns.
 pub const RMS_ROWS_REG: usize = 16;
 
