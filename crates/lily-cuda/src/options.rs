@@ -151,10 +151,10 @@ lily_core::backend_options! {
             label "grouped MoE down kernel at 16 warps",
             help "with moe_grouped_rows: the batched step's grouped down kernel in decode.cu's dec_down_combine_x8x2_grouped_wide, 16 warps a block (4 row groups × 4 item columns, a ring of 3 items a warp) instead of dec_down_combine_x8x2_grouped's 12 (3 item columns): one block an SM either way (its 92 KB of staged int8 pairs), a third more weight loads in flight an SM and the staging over 512 threads; the same outputs bit for bit (each (row, item) product whole in one warp, the combine in dec_down_combine_x8x2's order)",
             why "won its A/B: bench --batch 4 / 8 at 1K 819.6 / 1,099.1 and 822.3 / 1,099.6 → 826.6 / 1,121.5 and 824.2 / 1,121.5 tok/s (+0.5 % / +2.0 %; two rounds, an H100, full size, session 22; predicted +3–5 % / +4–7 %); GPU tests batched_decode_moe_grouped_matches_one_token_at_a_time and decode_batched_steps_grouped_by_expert_match_each_sequence_alone pass; the 12-warp kernel is the reference it is tested against";
-        grouped_moe_stream = false, flag Some("grouped-moe-stream"), env "LILY_GROUPED_MOE_STREAM" = true,
+        grouped_moe_stream = true, flag Some("no-grouped-moe-stream"), env "LILY_GROUPED_MOE_STREAM" = true,
             label "grouped MoE weights streamed deeper",
             help "with moe_grouped_rows: the batched step's grouped MoE with more weight bytes in flight a warp, the same blocks, items and outputs bit for bit: gate/up in decode.cu's dec_glu4_x8x2_grouped_ring (a ring of 3 register buffers of a warp's items instead of dec_glu4_x8x2_grouped's 2, and the shared expert's rows spread over the item chunks, so every block requests a tile before the dependency wait and chunk 0 no longer sums all its products) and, with grouped_down_wide, down in dec_down_combine_x8x2_grouped_ring (a ring of 4 items a warp instead of the wide kernel's 3)",
-            why "not yet measured (perf-notes, session 28, branch s28grp: predicted the 8-row gate/up launch 45.9 → ≈ 32–38 µs and the down launch 36.1 → ≈ 31–34 µs on an H100, the 8-row step +7 to +13 %); the two-buffer and three-item kernels are the reference they are tested against";
+            why "won its A/B: bench --batch 4 / 8 at 1K 914.2 / 1,223.4 and 916.1 / 1,223.9 → 916.7 / 1,246.6 and 919.4 / 1,245.1 tok/s (+0.3 % / +1.8 %; two rounds, an H100, full size, session 28; predicted +4–8 % / +7–13 %: profiled alone the ring kernels are no faster, 46.7 / 35.2 µs against 45.1 / 35.3, so the step gains by the shared expert split over every block, which requests before the dependency wait); its GPU tests (both kernels the grouped pair's bits; the batched step against each sequence alone) pass; off, the two-buffer and three-item kernels";
         batch_lean_glue = true, flag Some("no-batch-lean-glue"), env "LILY_BATCH_LEAN_GLUE" = true,
             label "batched step's norms and router staging lean",
             help "a batched decode step's RMS norms in norm.cu's rms_norm_rows (rms_norm's block of 256 threads a row and its bits, each thread's columns loaded into registers at once and the norm weight before the dependency wait, the next kernel let launch after it) and its router launch in decode.cu's dec_gemv_rows_split_lean (dec_gemv_rows_split's bits, the rows staged with each thread's float4 loads requested together and each (row, group) sum one thread's in the shuffle tree's order) instead of rms_norm (a dependent load a loop trip, x read twice) and rows_stage (one load a trip; a warp and five shuffles a (row, group) sum)",
@@ -329,7 +329,7 @@ mod tests {
             ("LILY_MOE_INT8_PAIRS", "1"),
             ("LILY_MOE_GROUPED_ROWS", "0"),
             ("LILY_GROUPED_DOWN_WIDE", "0"),
-            ("LILY_GROUPED_MOE_STREAM", "1"),
+            ("LILY_GROUPED_MOE_STREAM", "0"),
             ("LILY_BATCH_LEAN_GLUE", "0"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
@@ -363,7 +363,7 @@ mod tests {
                 moe_int8_pairs: true,
                 moe_grouped_rows: false,
                 grouped_down_wide: false,
-                grouped_moe_stream: true,
+                grouped_moe_stream: false,
                 batch_lean_glue: false,
                 dependent_launch: false,
                 early_trigger: false,
