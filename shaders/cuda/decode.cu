@@ -1760,84 +1760,8 @@ __device__ __forceinline__ void stage_x8x2_global(Src src, int n, u32* xq, float
 // all rows (warp b routes row b) and block (0, 0) publishes the routing: ids, route_w [rows,
 // top_k]. router_logits [rows, n_experts], xn [rows, gate.cols], h [rows, top_k, h_stride], hs
 // [rows, sgate.rows] as dec_glu4_x8x2_rows'; grid (tiles of an item, item chunks).
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
-                      int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-                      const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-                      int rows) {
-    __shared__ __align__(16) u32 xq[DEC_B_MAX * DEC_X8_GROUPS * DEC_X8X2PAD];
-    __shared__ float2 xqs[DEC_B_MAX * DEC_X8_GROUPS];
-    DEC_GRP_SHARED
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    TileGeom tg;
-    tg.G = gate.cols >> 6;
-    tg.lpr = tg.G;
-    tg.spw = 32 / tg.lpr;
-    tg.warp = warp;
-    tg.sub = lane / tg.lpr;
-    tg.sl = lane % tg.lpr;
-    GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
-    int rbase = tile_row0<DEC_GLU_R4>(tg, blockIdx.x), step = gridDim.y;
-    auto load = [&](int item, GluTile& r) {
-        QWeight wg = sgate, wu = sup;
-        if (item > 0) {
-            wg = expert<true>(gate, t.expert[item]);
-            wu = expert<true>(up, t.expert[item]);
-        }
-        qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
-        qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
-    };
-    auto finish = [&](int item, const GluTile& r) {
-        int item_rows = item == 0 ? sgate.rows : gate.rows;
-        for (u32 m = t.rows[item]; m != 0u; m &= m - 1u) {
-            int b = __ffs(m) - 1, k = t.slot[item * DEC_B_MAX + b];
-            GluX<true, true> x;
-            x.load(nullptr, nullptr, xq + b * tg.G * DEC_X8X2PAD, xqs + b * tg.G, tg.sl);
-            float g[DEC_GLU_R4], u[DEC_GLU_R4];
-            x.dot(r.g, g);
-            x.dot(r.u, u);
-            reduce_rows<DEC_GLU_R4, true>(g, tg.lpr);
-            reduce_rows<DEC_GLU_R4, true>(u, tg.lpr);
-            float* out = item == 0 ? hs + (long long)b * sgate.rows : h + ((long long)b * top_k + k) * h_stride;
-            if (tg.sl == 0) {
-#pragma unroll
-                for (int i = 0; i < DEC_GLU_R4; i++)
-                    if (rbase + i < item_rows) out[rbase + i] = act(act(siluf(act(g[i]))) * act(u[i]));
-            }
-        }
-    };
-    GluTile ra, rb;
-    bool early = blockIdx.y == 0;  // item 0, the shared expert: no routing needed
-    if (early) load(0, ra);
-    dec_wait();
-    if (warp < rows)
-        route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
-                          w_s + warp * top_k);
-    __syncthreads();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < rows * top_k) {
-        ids[threadIdx.x] = ids_s[threadIdx.x];
-        route_w[threadIdx.x] = w_s[threadIdx.x];
-    }
-    group_picks(ids_s, rows, top_k, grp_bits, t);
-    __syncthreads();
-    int items = t.n[0], a = blockIdx.y, b = a + step;
-    if (!early && a < items) load(a, ra);
-    if (b < items) load(b, rb);
-    // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
-    stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
-    __syncthreads();
-    while (a < items) {
-        finish(a, ra);
-        a += 2 * step;
-        if (a < items) load(a, ra);
-        if (b >= items) break;
-        finish(b, rb);
-        b += 2 * step;
-        if (b < items) load(b, rb);
-    }
-    dec_trigger_late();
-}
-
+// glu_grouped<false> is this kernel, glu_grouped<true> dec_glu4_x8x2_grouped_ring (below): one
+// body, the two differing only in how a block's items go through its register buffers.
 // grouped_moe_stream: dec_glu4_x8x2_grouped with a ring of DEC_GRP_GLU_RING register buffers a
 // warp instead of two, so up to RING of the warp's items are in flight while it waits for one (two
 // buffers: 2). A warp's item is one row of gate and one of up (2.25 KB with scales and biases at
@@ -1847,13 +1771,13 @@ dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router
 // taking its share of the rows (dec_glu4_x8x2_grouped gives all 8 of its products to chunk 0's
 // blocks), so every block requests a tile before dec_wait. Each (row, item) product is the same
 // code on the same values, whole in one warp, each output written once: the outputs are
-// dec_glu4_x8x2_grouped's bit for bit. The prologue is that kernel's, repeated here so that its
-// code (the reference and the default) stays as it was.
-extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
-dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts,
-                           int top_k, int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
-                           const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
-                           int rows) {
+// dec_glu4_x8x2_grouped's bit for bit.
+template <bool RING>
+__device__ __forceinline__ void glu_grouped(QWeight gate, QWeight up, const float* __restrict__ router_logits,
+                                            int n_experts, int top_k, int* __restrict__ ids,
+                                            float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                                            const float* __restrict__ xn, float* __restrict__ h, int h_stride,
+                                            float* __restrict__ hs, int rows) {
     __shared__ __align__(16) u32 xq[DEC_B_MAX * DEC_X8_GROUPS * DEC_X8X2PAD];
     __shared__ float2 xqs[DEC_B_MAX * DEC_X8_GROUPS];
     DEC_GRP_SHARED
@@ -1876,6 +1800,7 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
         qrows_load<4, 1, DEC_GLU_R4, true>(wg, rbase, tg.G, tg.lpr, tg.sl, r.g);
         qrows_load<4, 1, DEC_GLU_R4, true>(wu, rbase, tg.G, tg.lpr, tg.sl, r.u);
     };
+    // The products of item `item` with the rows of `mask` that picked it.
     auto finish = [&](int item, u32 mask, const GluTile& r) {
         int item_rows = item == 0 ? sgate.rows : gate.rows;
         for (u32 m = t.rows[item] & mask; m != 0u; m &= m - 1u) {
@@ -1895,19 +1820,23 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
             }
         }
     };
-    // The block's positions p = 0, 1, ...: item 0 (the shared expert) at p = 0 in every chunk of
-    // items, the chunk taking the rows b ≡ blockIdx.y (mod gridDim.y) of it (spread: its 8
-    // products a step would otherwise lengthen chunk 0's blocks alone, and every block now has a
+    // RING: the block's positions p = 0, 1, ...: item 0 (the shared expert) at p = 0 in every
+    // chunk of items, the chunk taking the rows b ≡ blockIdx.y (mod gridDim.y) of it (spread: its
+    // 8 products a step would otherwise lengthen chunk 0's blocks alone, and every block now has a
     // tile to request before dec_wait), then routed item 1 + blockIdx.y + (p − 1) · gridDim.y;
-    // position p in slot p % RING. Each (row, item) product is still one warp's, whole.
+    // position p in slot p % RING. Each (row, item) product is still one warp's, whole. Without
+    // RING: items blockIdx.y, blockIdx.y + step, ... in two buffers, the shared expert chunk 0's.
     auto item_at = [&](int p) { return p == 0 ? 0 : 1 + (int)blockIdx.y + (p - 1) * step; };
     u32 spread = 0u;
+    if (RING) {
 #pragma unroll
-    for (int b = 0; b < DEC_B_MAX; b++)
-        if (b % step == (int)blockIdx.y) spread |= 1u << b;
-    spread &= rows >= 32 ? 0xffffffffu : (1u << rows) - 1u;
-    GluTile r[DEC_GRP_GLU_RING];
-    if (spread != 0u) load(0, r[0]);  // no routing needed
+        for (int b = 0; b < DEC_B_MAX; b++)
+            if (b % step == (int)blockIdx.y) spread |= 1u << b;
+        spread &= rows >= 32 ? 0xffffffffu : (1u << rows) - 1u;
+    }
+    GluTile r[RING ? DEC_GRP_GLU_RING : 2];
+    bool early = RING ? spread != 0u : blockIdx.y == 0;
+    if (early) load(0, r[0]);  // item 0, the shared expert: no routing needed
     dec_wait();
     if (warp < rows)
         route_top_k<true>(router_logits + (long long)warp * n_experts, n_experts, top_k, nullptr, ids_s + warp * top_k,
@@ -1920,23 +1849,58 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
     group_picks(ids_s, rows, top_k, grp_bits, t);
     __syncthreads();
     int items = t.n[0];
+    if constexpr (RING) {
 #pragma unroll
-    for (int j = 1; j < DEC_GRP_GLU_RING; j++)
-        if (item_at(j) < items) load(item_at(j), r[j]);
+        for (int j = 1; j < DEC_GRP_GLU_RING; j++)
+            if (item_at(j) < items) load(item_at(j), r[j]);
+    } else {
+        int a = blockIdx.y, b = a + step;
+        if (!early && a < items) load(a, r[0]);
+        if (b < items) load(b, r[1]);
+    }
     // The rows' pairs while the first weights stream (xn [rows, cols] is rows · G groups).
     stage_x8x2_global([=](int g) { return xn + 64 * (long long)g; }, rows * tg.G, xq, xqs);
     __syncthreads();
-    for (int p0 = 0; item_at(p0) < items; p0 += DEC_GRP_GLU_RING) {
+    if constexpr (RING) {
+        for (int p0 = 0; item_at(p0) < items; p0 += DEC_GRP_GLU_RING) {
 #pragma unroll
-        for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
-            int item = item_at(p0 + j);
-            if (item >= items) break;
-            finish(item, item == 0 ? spread : ~0u, r[j]);
-            int next = item_at(p0 + j + DEC_GRP_GLU_RING);
-            if (next < items) load(next, r[j]);
+            for (int j = 0; j < DEC_GRP_GLU_RING; j++) {
+                int item = item_at(p0 + j);
+                if (item >= items) break;
+                finish(item, item == 0 ? spread : ~0u, r[j]);
+                int next = item_at(p0 + j + DEC_GRP_GLU_RING);
+                if (next < items) load(next, r[j]);
+            }
+        }
+    } else {
+        int a = blockIdx.y, b = a + step;
+        while (a < items) {
+            finish(a, ~0u, r[0]);
+            a += 2 * step;
+            if (a < items) load(a, r[0]);
+            if (b >= items) break;
+            finish(b, ~0u, r[1]);
+            b += 2 * step;
+            if (b < items) load(b, r[1]);
         }
     }
     dec_trigger_late();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_grouped(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts, int top_k,
+                      int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                      const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                      int rows) {
+    glu_grouped<false>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_BLOCKS_PER_SM)
+dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ router_logits, int n_experts,
+                           int top_k, int* __restrict__ ids, float* __restrict__ route_w, QWeight sgate, QWeight sup,
+                           const float* __restrict__ xn, float* __restrict__ h, int h_stride, float* __restrict__ hs,
+                           int rows) {
+    glu_grouped<true>(gate, up, router_logits, n_experts, top_k, ids, route_w, sgate, sup, xn, h, h_stride, hs, rows);
 }
 
 // dec_down_combine_x8x2 over a batched step's rows, grouped by expert: a block owns the output
