@@ -66,7 +66,10 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan).
+//!   +3.9 % at 32K, an H100 through Vulkan). Not yet measured, off: the persistent one-word
+//!   16-row kernel in rounds of 8 rows (`rows_deep`: `rows_deep_spec`'s `RI` 8), so that a
+//!   workgroup of one block (in_proj, q/k/v) has all its words requested before its first
+//!   round's sums (session 28, branch s28wrows).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
