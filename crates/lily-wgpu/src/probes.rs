@@ -332,6 +332,187 @@ pub fn check_rows_one_word(gpu: &Gpu, subgroups: bool) -> Result<PersistCheck> {
     check_rows_persist_rb(gpu, subgroups, crate::plan::PERSIST_RB, true)
 }
 
+/// linear_q4_rows.wgsl's persistent one-word 16-row kernel in rounds of `DEEP_RI` rows
+/// (`rows_deep`: `rows_deep_spec`) against the host's f64 and **bit for bit** the same kernel in
+/// rounds of `PERSIST_RI` (today's, `rows_spec(16, early, true, true)`) on the same grid: 4-bit,
+/// 2,048 columns, 181 rows (12 blocks, the last of 5 rows), 2 items, the norm folded and not,
+/// `EARLY` 0 and 1, on `rows_grid`'s grids for 1, 2, 5 and 12 workers; with `full`, also the
+/// full model's shapes as decode runs them (1 item, the norm folded, `EARLY` 1): DeltaNet's
+/// in_proj (12,352 rows, its conv on the first 8,192 with 4 taps: the outputs and the conv state)
+/// and attention's q/k/v (9,216 rows), each on one workgroup a block (a discrete GPU's 512
+/// workers: fewer than `PERSIST_SHARE` × 512 blocks) and streamed on 64 workers. The input and
+/// output f32; the plan's reductions (`subgroups`).
+pub fn check_rows_deep(gpu: &Gpu, subgroups: bool, full: bool) -> Result<PersistCheck> {
+    use crate::plan::{rows_deep_spec, PERSIST_RB};
+    let form = Form {
+        x_f32: true,
+        y_f32: true,
+    };
+    let mut out = PersistCheck {
+        err: 0.0,
+        same_bits: true,
+    };
+    let kernels = |early: bool| -> Result<(Kernel, Kernel)> {
+        let today = crate::shaders::Spec {
+            form,
+            ..rows_spec(PERSIST_RB, early, true, true).with_subgroups(subgroups)
+        };
+        let deep = crate::shaders::Spec {
+            form,
+            ..rows_deep_spec(early).with_subgroups(subgroups)
+        };
+        Ok((
+            Kernel::new(gpu, &today, false)?,
+            Kernel::new(gpu, &deep, false)?,
+        ))
+    };
+    let note = |out: &mut PersistCheck, got: &[f32], want: &[f32], host: &[f64]| {
+        out.err = out.err.max(rel_l2_f64(got, host));
+        out.same_bits &= got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+    };
+    // 181 rows, 2 items: every early / norm case on 1, 2, 5 and 12 workers.
+    let (rows, items) = (181usize, 2usize);
+    let blocks = rows.div_ceil(PERSIST_RB);
+    let m = RandomQ4::with_bits(4, rows, 2048, 64, items);
+    for early in [false, true] {
+        let (today, deep) = kernels(early)?;
+        for norm in [None, Some(1e-6)] {
+            let host = m.want_for(Some(norm), Sides::default());
+            for workers in [1usize, 2, 5, 12] {
+                let (wx, wy) = rows_grid(blocks, Some(workers));
+                let grid = [wx, wy, items as u32];
+                let want = m.run_raw(gpu, &today, &grid, wx, None, Some(norm), Sides::default())?;
+                let got = m.run_raw(gpu, &deep, &grid, wx, None, Some(norm), Sides::default())?;
+                note(&mut out, &got, &want, &host);
+            }
+        }
+    }
+    if !full {
+        return Ok(out);
+    }
+    let (today, deep) = kernels(true)?;
+    let eps = 1e-6f32;
+    // in_proj with its conv (8,192 conv channels of 4 taps), then q/k/v without.
+    for (rows, conv_ch) in [(12_352usize, 8_192usize), (9_216, 0)] {
+        let m = RandomQ4::with_bits(4, rows, 2048, 64, 1);
+        let conv = RowsConv::random(conv_ch, 4, rows as u64);
+        let (host_y, host_state) = conv.want(&m.product(&m.normed(eps)));
+        let blocks = rows.div_ceil(PERSIST_RB);
+        for workers in [512usize, 64] {
+            let (wx, wy) = rows_grid(blocks, Some(workers));
+            let grid = [wx, wy, 1];
+            let (want_y, want_st) = conv.run(gpu, &today, &m, grid, eps)?;
+            let (got_y, got_st) = conv.run(gpu, &deep, &m, grid, eps)?;
+            note(&mut out, &got_y, &want_y, &host_y);
+            if conv_ch > 0 {
+                note(&mut out, &got_st, &want_st, &host_state);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// DeltaNet's causal conv as linear_q4_rows.wgsl runs it on in_proj's first `ch` rows
+/// (`conv_step`): random taps and state (`ch` 0: none, a plain product with the norm folded).
+struct RowsConv {
+    ch: usize,
+    k: usize,
+    taps: Vec<f32>,
+    state0: Vec<f32>,
+}
+
+impl RowsConv {
+    fn random(ch: usize, k: usize, salt: u64) -> RowsConv {
+        let mut seed = 0x51ed_2701_a3c4_9b17u64 ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ((seed % 20_001) as f32 / 10_000.0) - 1.0
+        };
+        let taps = (0..ch * k).map(|_| rnd() * 0.5).collect();
+        let state0 = (0..(k - 1) * ch).map(|_| rnd() * 2.0).collect();
+        RowsConv {
+            ch,
+            k,
+            taps,
+            state0,
+        }
+    }
+
+    /// The host's outputs (the conv channels through the conv and silu, the others the
+    /// product) and the conv state after the step, from the product `prod` in f64.
+    fn want(&self, prod: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let (ch, k) = (self.ch, self.k);
+        let mut y = prod.to_vec();
+        let mut st: Vec<f64> = self.state0.iter().map(|&v| v as f64).collect();
+        for c in 0..ch {
+            let mut acc = self.taps[c * k + k - 1] as f64 * prod[c];
+            for j in 0..k - 1 {
+                acc += self.taps[c * k + j] as f64 * self.state0[j * ch + c] as f64;
+            }
+            y[c] = silu(acc);
+            for j in 0..k - 2 {
+                st[j * ch + c] = self.state0[(j + 1) * ch + c] as f64;
+            }
+            st[(k - 2) * ch + c] = prod[c];
+        }
+        (y, st)
+    }
+
+    /// `kernel` (a linear_q4_rows form reading f32 and writing f32) on `m`'s first item with
+    /// the norm folded (`eps`) and this conv: its outputs and the conv state after.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        kernel: &Kernel,
+        m: &RandomQ4,
+        grid: [u32; 3],
+        eps: f32,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let wbuf = gpu.upload("check.w", &m.data)?;
+        let xbuf = gpu.upload_f32("check.x", &m.x[..m.cols])?;
+        let wn = gpu.upload_f32("check.wn", &m.norm_w)?;
+        let ybuf = gpu.storage("check.y", (m.rows * 4) as u64)?;
+        // Bindings need a non-empty buffer where there is no conv.
+        let taps = if self.taps.is_empty() {
+            vec![0f32; 4]
+        } else {
+            self.taps.clone()
+        };
+        let state = if self.state0.is_empty() {
+            vec![0f32; 4]
+        } else {
+            self.state0.clone()
+        };
+        let tbuf = gpu.upload_f32("check.taps", &taps)?;
+        let sbuf = gpu.upload_f32("check.state", &state)?;
+        let mut params = m.rows_params(grid[0], false);
+        params[20] = 1;
+        params[21] = eps.to_bits();
+        params[22] = self.ch as u32;
+        params[23] = self.k as u32;
+        let mut r = Recorder::new(gpu);
+        r.dispatch(
+            kernel,
+            &params,
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
+            grid,
+        );
+        r.submit()?;
+        let y = gpu.read_f32(&ybuf, 0, m.rows)?;
+        let st = match self.ch {
+            0 => Vec::new(),
+            _ => gpu.read_f32(&sbuf, 0, self.state0.len())?,
+        };
+        Ok((y, st))
+    }
+}
+
 /// `check_rows_persist` for the kernel of `rb` rows a workgroup; `one_word`: the kernels under
 /// test compiled with `WORDS` 1 (`check_rows_one_word`), on the one-word shape only.
 fn check_rows_persist_rb(

@@ -959,6 +959,188 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
     assert!(!gpu.plan().describe().contains("one-word rows"));
 }
 
+/// `rows_deep`: linear_q4_rows' persistent one-word 16-row kernel in rounds of 8 rows (`RI` 8),
+/// in both reduction forms and with f16 activations: the plan compiles only that kernel so (the
+/// 8-, 4-, 2- and 1-row kernels, which DeltaNet's out_proj, attention's o and the router run on,
+/// are the same specs as without the switch), the plan line; the kernel against the host's f64
+/// and **bit for bit** the kernel in rounds of 4 (`check_rows_deep`): 181 rows on 1, 2, 5 and 12
+/// workers, and at the full model's DeltaNet in_proj (12,352 rows with its conv on 8,192
+/// channels: outputs and conv state) and attention's q/k/v (9,216 rows), one workgroup a block
+/// and streamed; every product probe through the plan's kernels (the 37-row conv probe on the
+/// deep kernel among them); a tiny model's greedy decode (its products are under 8,192 rows: the
+/// switch must leave it as it is) against the CPU. Without rows_one_word the switch is turned
+/// off and the plan says why; off (the default) nothing moves.
+#[test]
+fn rows_deep_kernel_matches_the_host_and_todays() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 73);
+    let ri = |specs: &[lily_wgpu::shaders::Spec]| {
+        specs[0].constants.iter().find(|c| c.0 == "RI").map(|c| c.1)
+    };
+    for (subgroups, f16, full) in [
+        (true, false, true),
+        (false, false, true),
+        (true, true, false),
+    ] {
+        let opts = |deep: bool| WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            rows_deep: deep,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts(true)) else {
+            return;
+        };
+        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert!(plan.options.rows_deep && !off.plan().options.rows_deep);
+        let (on_specs, off_specs) = (&plan.specs, &off.plan().specs);
+        assert_eq!(ri(&on_specs.linear_q4_rows16), Some(8.0));
+        assert_eq!(ri(&off_specs.linear_q4_rows16), Some(4.0));
+        assert_eq!(on_specs.linear_q4_rows8, off_specs.linear_q4_rows8);
+        assert_eq!(on_specs.linear_q4_rows4, off_specs.linear_q4_rows4);
+        assert_eq!(on_specs.linear_q4_rows2, off_specs.linear_q4_rows2);
+        assert_eq!(on_specs.linear_q4_rows1, off_specs.linear_q4_rows1);
+        // The same rows a workgroup: in_proj, q/k/v and lm_head on the 16-row kernel,
+        // out_proj / o on the 2-row one, the router on the 1-row one.
+        for (rows, words) in [(248_320, 1), (12_352, 1), (9_216, 1), (2_048, 2), (257, 2)] {
+            assert_eq!(plan.rows_rb(rows, words), off.plan().rows_rb(rows, words));
+        }
+        let d = plan.describe();
+        assert!(
+            d.contains("linear_q4_rows deep rounds on")
+                && d.contains("its 16-row kernel in rounds of 8"),
+            "{d}"
+        );
+        let bound = Bounds::of(plan).kernel;
+        let deep = gpu.check_rows_deep(full).unwrap();
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: linear_q4_rows in rounds of 8 {:.2e} (full shapes {full}; same bits as rounds of 4: {}), product probes {rows:.2e}",
+            plan.act_f16, deep.err, deep.same_bits
+        );
+        assert!(
+            deep.err < bound,
+            "linear_q4_rows in rounds of 8 differs from the host by {:.2e}",
+            deep.err
+        );
+        assert!(
+            deep.same_bits,
+            "linear_q4_rows in rounds of 8 is not bit for bit the rounds of 4"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (deep plan) differs from the host by {rows:.2e}"
+        );
+    }
+    // A tiny model's greedy decode with the switch, against the CPU.
+    let prompt = Rng(11).tokens(10, w.config.vocab);
+    let run = |b: &mut dyn Backend| -> Vec<(u32, f32)> {
+        let s = b.new_seq(64).unwrap();
+        b.prefill(s, &prompt).unwrap();
+        let mut out = Vec::new();
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        b.decode(s, &mut sampler, 16, 0, &mut |t| {
+            out.push((t.token, t.logprob));
+            Flow::Continue
+        })
+        .unwrap();
+        out
+    };
+    let want = run(&mut CpuBackend::new(w.clone()));
+    let Some(mut gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 8,
+            all_logits_chunk: 8,
+            rows_deep: true,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let got = run(&mut gpu);
+    let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(ids(&got), ids(&want), "greedy tokens differ");
+    let bound = Bounds::of(gpu.plan()).logits as f32;
+    for (i, ((_, g), (_, c))) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - c).abs() < bound * (1.0 + c.abs()),
+            "step {i}: logprob {g} vs {c}"
+        );
+    }
+    // Without rows_one_word the switch is turned off, with a note.
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            rows_deep: true,
+            rows_one_word: false,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    let plan = gpu.plan();
+    assert!(!plan.options.rows_deep);
+    assert_eq!(ri(&plan.specs.linear_q4_rows16), Some(4.0));
+    assert!(plan
+        .describe()
+        .contains("rows_deep without rows_persist and rows_one_word"));
+    // Off (the default): rounds of 4, nothing in the line.
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert!(!gpu.plan().options.rows_deep);
+    assert!(!gpu.plan().describe().contains("rounds of 8"));
+}
+
+/// `rows_deep` on the full widths (4 layers, synth seed 41, as `full_width_one_word_decode_matches_cpu`):
+/// in_proj (with its conv), q/k/v and lm_head on the 16-row kernel in rounds of 8, 12 positions
+/// token by token against the CPU, and the logits **bit for bit** those without the switch
+/// (subgroups). `cargo test --release -p lily-wgpu --test model -- --ignored full_width_rows_deep`.
+#[test]
+#[ignore]
+fn full_width_rows_deep_decode_matches_cpu() {
+    let (w, tokens, want) = full_width_model();
+    let mut stepped_of = Vec::new();
+    for deep in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            rows_deep: deep,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().options.rows_deep, deep);
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
+        let e_cpu = rel_l2(&stepped, &want);
+        println!("full widths, rows_deep {deep}: token by token vs CPU {e_cpu:.3e}");
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        stepped_of.push(stepped);
+    }
+    assert_same_bits(
+        &stepped_of[1],
+        &stepped_of[0],
+        "rounds of 8 change the logits",
+    );
+}
+
 /// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
 /// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
 /// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,
