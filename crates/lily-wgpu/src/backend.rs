@@ -24,8 +24,7 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, check_rows_deep, check_rows_one_word, check_rows_persist, DnStep, PersistCheck,
-    Sides, F16_STORE,
+    check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -230,14 +229,6 @@ impl WgpuBackend {
     /// (`probes::check_rows_one_word`).
     pub fn check_rows_one_word(&self) -> Result<PersistCheck> {
         check_rows_one_word(&self.gpu, self.plan.subgroups)
-    }
-
-    /// linear_q4_rows.wgsl's persistent one-word 16-row kernel in rounds of 8 rows (`rows_deep`)
-    /// with this plan's reductions against the host and, bit for bit, the same kernel in rounds
-    /// of 4; `full`: also at DeltaNet's in_proj (with its conv) and attention's q/k/v full shapes
-    /// (`probes::check_rows_deep`).
-    pub fn check_rows_deep(&self, full: bool) -> Result<PersistCheck> {
-        check_rows_deep(&self.gpu, self.plan.subgroups, full)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for

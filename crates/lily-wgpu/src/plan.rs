@@ -66,10 +66,7 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan). Not yet measured, off: the persistent one-word
-//!   16-row kernel in rounds of 8 rows (`rows_deep`: `rows_deep_spec`'s `RI` 8), so that a
-//!   workgroup of one block (in_proj, q/k/v) has all its words requested before its first
-//!   round's sums (session 28, branch s28wrows).
+//!   +3.9 % at 32K, an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -545,29 +542,6 @@ pub fn rows_spec(rb: usize, early: bool, persist: bool, one_word: bool) -> Spec 
     Spec::new("linear_q4_rows", &constants)
 }
 
-/// The rows a round of linear_q4_rows' persistent one-word 16-row kernel with `rows_deep`: two
-/// rounds in flight are a whole block (`PERSIST_RB`), so a workgroup of one block (DeltaNet's
-/// in_proj, attention's q/k/v on a discrete GPU) requests all its words before its first round's
-/// sums, and a streaming one (lm_head) holds twice `PERSIST_RI`'s bytes in flight. 168 registers
-/// an invocation on the CUDA transcription (scripts/rows_persist_regs.cu with `RI` 8, `k_oneword`;
-/// 128 at `PERSIST_RI`): 6 workgroups an H100 SM, 792 resident, so in_proj's 772 and q/k/v's 576
-/// blocks stay one wave.
-pub const DEEP_RI: usize = 8;
-
-/// linear_q4_rows.wgsl's persistent one-word 16-row kernel in rounds of `DEEP_RI` rows
-/// (`WgpuOptions::rows_deep`): `rows_spec(PERSIST_RB, early, true, true)` with its `RI` 8. The
-/// same sums in the same order as rounds of `PERSIST_RI` (each row's one word a lane, then
-/// `row_put` / `row_total` a block): outputs bit for bit.
-pub fn rows_deep_spec(early: bool) -> Spec {
-    let mut spec = rows_spec(PERSIST_RB, early, true, true);
-    for c in spec.constants.iter_mut() {
-        if c.0 == "RI" {
-            c.1 = DEEP_RI as f64;
-        }
-    }
-    spec
-}
-
 /// linear_q4_rows.wgsl with one row a workgroup and its row's partials summed with the folded
 /// norm's Σx² in one two-value workgroup sum (`WgpuOptions::router_lean`, its `LEAN`: one
 /// barrier on subgroups where `row_total` and `rms_scale` take five, no serial adds); `early`:
@@ -1039,26 +1013,16 @@ impl Plan {
             0 => DOWN_RB,
             n => n,
         };
-        // `rows_deep`: the persistent one-word 16-row kernel in rounds of `DEEP_RI` rows (only
-        // that kernel: without `rows_one_word` its rounds would carry second words, 255
-        // registers and more on the transcription).
-        let deep = opts.rows_deep && opts.rows_persist && opts.rows_one_word;
-        if opts.rows_deep && !deep {
-            notes.push(
-                "rows_deep without rows_persist and rows_one_word: linear_q4_rows' 16-row kernel keeps rounds of 4 rows (the deep rounds are the persistent one-word kernel's)".into(),
-            );
-        }
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
             // `rows_one_word`: the 16-row kernel for one-word rows only (`Plan::rows_rb`).
             let one_word = opts.rows_one_word && rb == 16;
-            let spec = if deep && rb == PERSIST_RB {
-                rows_deep_spec(opts.rows_early)
-            } else {
-                rows_spec(rb, opts.rows_early, persist, one_word)
-            };
-            in_forms(spec, &Form::ALL, act_f16)
+            in_forms(
+                rows_spec(rb, opts.rows_early, persist, one_word),
+                &Form::ALL,
+                act_f16,
+            )
         };
         let mut specs = Specs {
             linear: in_forms(Spec::new("linear", &[]), &READS_ACT, act_f16),
@@ -1186,7 +1150,6 @@ impl Plan {
         }
         let options = WgpuOptions {
             rows_workers: rows_workers.unwrap_or(0),
-            rows_deep: deep,
             chunk,
             ..options
         };
@@ -1296,7 +1259,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1335,11 +1298,6 @@ impl Plan {
                 (true, true) => " (its 16-row kernel compiled for one-word rows: no second words; the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
-            },
-            if self.options.rows_deep {
-                " (its 16-row kernel in rounds of 8: a block's reads in flight at once)"
-            } else {
-                ""
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

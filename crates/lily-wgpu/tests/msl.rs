@@ -89,9 +89,6 @@ fn choosable() -> Vec<Spec> {
                             router_lean: sw,
                             // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
                             dn_one_sync: sw,
-                            // linear_q4_rows' persistent one-word 16-row kernel in rounds of 8
-                            // (RI = 8, `rows_deep`; it takes rows_persist and rows_one_word).
-                            rows_deep: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -309,9 +306,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         router_lean: sw[2],
         // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
         dn_one_sync: sw[1],
-        // linear_q4_rows' 16-row kernel in rounds of 8 (`rows_deep`, RI 8) with rows_persist:
-        // on where rows_one_word is too, else turned off with a note.
-        rows_deep: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -330,21 +324,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         sw
     );
     assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2]);
-    assert_eq!(o.rows_deep, sw[4] && sw[6]);
-    assert_eq!(
-        plan.specs.linear_q4_rows16[0]
-            .constants
-            .iter()
-            .find(|c| c.0 == "RI")
-            .map(|c| c.1),
-        Some(if sw[4] && sw[6] {
-            8.0
-        } else if sw[4] {
-            4.0
-        } else {
-            8.0
-        })
-    );
     // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
     assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
