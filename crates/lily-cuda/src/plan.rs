@@ -64,7 +64,7 @@ use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{
     self, Decode, DownRegs, GemvGrid, GemvProducts, GluLoads, GroupedDown, GroupedGlu, MoeProducts,
-    RowsKernel,
+    RowsKernel, StepRows,
 };
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
@@ -176,8 +176,9 @@ pub enum BatchNorm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchScan {
     /// decode.cu's `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each
-    /// (the sequence in a grid dimension, its states through a pointer table).
-    Rows,
+    /// (the sequence in a grid dimension, its states through a pointer table); the recurrence in
+    /// `dec_dn_step_rows_loop` (`StepRows::Loop`, the same bits) under `dn_rows_loop`.
+    Rows(StepRows),
     /// Per sequence, decode.cu's `dec_dn_conv` + `dec_dn_step`.
     OneToken,
     /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
@@ -577,8 +578,9 @@ impl Plan {
     /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
     /// each, `Forward::run_batch`): where the one-token step fuses them (`fused_decode` and the
     /// head shapes fit) decode.cu's kernels, all sequences in one launch each under
-    /// `fused_batch` (`Rows`), else one sequence at a time (`OneToken`); otherwise a one-token
-    /// chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
+    /// `fused_batch` (`Rows`: the recurrence `dec_dn_step_rows_loop`, up to 4 sequences a block,
+    /// under `dn_rows_loop`, else `dec_dn_step_rows`), else one sequence at a time (`OneToken`);
+    /// otherwise a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
     pub fn batch_scan(&self, cfg: &ModelConfig) -> BatchScan {
         let fits = Decode::dn_serves(
             cfg.dn_k_heads,
@@ -588,7 +590,11 @@ impl Plan {
             cfg.conv_kernel,
         );
         match self.fused_if(1, fits) {
-            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows,
+            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows(if self.o.dn_rows_loop {
+                StepRows::Loop
+            } else {
+                StepRows::Grid
+            }),
             DecodePath::Fused => BatchScan::OneToken,
             DecodePath::PerKernel => BatchScan::Chunk,
         }
@@ -1704,7 +1710,30 @@ mod tests {
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.
         let cfg = full_config();
-        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows);
+        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows(StepRows::Grid));
+        // dn_rows_loop (off by default): the recurrence looping over up to 4 sequences a block.
+        let looped = CudaOptions {
+            dn_rows_loop: true,
+            ..CudaOptions::default()
+        };
+        let looped = Plan::resolve(&looped, H200);
+        assert_eq!(looped.batch_scan(&cfg), BatchScan::Rows(StepRows::Loop));
+        assert!(looped
+            .describe()
+            .contains("batched DeltaNet step looping over sequences on"));
+        assert!(on
+            .describe()
+            .contains("batched DeltaNet step looping over sequences off"));
+        // Without fused_batch the switch changes nothing: one sequence at a time.
+        let first_looped = CudaOptions {
+            fused_batch: false,
+            dn_rows_loop: true,
+            ..CudaOptions::default()
+        };
+        assert_eq!(
+            Plan::resolve(&first_looped, H200).batch_scan(&cfg),
+            BatchScan::OneToken
+        );
         let first = CudaOptions {
             fused_batch: false,
             ..CudaOptions::default()
@@ -1878,7 +1907,7 @@ mod tests {
                 "{rows} rows"
             );
         }
-        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
+        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows(StepRows::Grid));
         assert_eq!(
             p.batch_attention(shape, &[512, 4096, 65_537]),
             BatchAttention::Rows(SplitKernel::Mma)
