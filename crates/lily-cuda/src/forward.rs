@@ -581,7 +581,13 @@ impl Forward<'_> {
                     match self.plan.batch_scan(cfg) {
                         BatchScan::Rows(kernel) => {
                             let t = BatchTable::new(table, model, rows)?;
-                            self.deltanet_scan_rows(d, t.states(dn_i), t.convs(dn_i), rows, kernel)?;
+                            self.deltanet_scan_rows(
+                                d,
+                                t.states(dn_i),
+                                t.convs(dn_i),
+                                rows,
+                                kernel,
+                            )?;
                         }
                         scan => {
                             for (row, seq) in seqs.iter().enumerate() {
@@ -730,7 +736,8 @@ impl Forward<'_> {
             dk: cfg.dn_k_dim,
             dv: cfg.dn_v_dim,
         };
-        k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows, kernel)
+        k.decode
+            .dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows, kernel)
     }
 
     /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step

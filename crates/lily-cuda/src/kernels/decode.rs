@@ -1451,7 +1451,14 @@ impl Decode {
     /// `a.a` and `a.o` are row 0 of their [rows, ...] buffers, `a.state` a device table of
     /// `rows` recurrent-state pointers (u64), row r's state at entry r.
     /// `kernel` (the plan's choice) is `dec_dn_step_rows` or, the same bits, `dec_dn_step_rows_loop`.
-    pub fn dn_step_rows(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: usize, kernel: StepRows) -> Result<()> {
+    pub fn dn_step_rows(
+        &self,
+        gpu: &Gpu,
+        a: &DnStep,
+        eps: f32,
+        rows: usize,
+        kernel: StepRows,
+    ) -> Result<()> {
         match kernel {
             StepRows::Grid => self.dn_step_launch(gpu, a, eps, Some(rows)),
             StepRows::Loop => self.dn_step_rows_loop(gpu, a, eps, rows),
@@ -1476,7 +1483,13 @@ impl Decode {
             (a.dv / DN_COLS) as u32,
             rows.div_ceil(DN_ROWS_BLOCK) as u32,
         );
-        let (n_k, n_v, dk, dv, n) = (a.n_k as i32, a.n_v as i32, a.dk as i32, a.dv as i32, rows as i32);
+        let (n_k, n_v, dk, dv, n) = (
+            a.n_k as i32,
+            a.n_v as i32,
+            a.dk as i32,
+            a.dv as i32,
+            rows as i32,
+        );
         gpu.launch(&self.dn_step_rows_loop, config(grid, 128, 0), |l| {
             l.arg(&a.c)
                 .arg(&a.b)
