@@ -2259,6 +2259,101 @@ dec_dn_step_rows(const float* __restrict__ c, const float* __restrict__ b, const
                 o + r * n_v_heads * dv, n_k_heads, n_v_heads, dk, dv, eps, q_s, k_s, ab_s);
 }
 
+// dec_dn_step_rows_loop (the plan's `dn_rows_loop`): dec_dn_step_rows with each block looping over
+// up to DEC_DN_RB sequences, sequences DEC_DN_RB · blockIdx.z + 0 .. of `rows`: every one of its
+// sequences' state rows (DEC_DN_RB · DEC_DN_ROWS registers a thread) requested before pdl_wait, then
+// the sequences' q, k and v in one round of L2 loads kept in registers (not read again for q_s /
+// k_s), the norms' group sums of all its sequences through one shared exchange (one barrier pair,
+// each sum in dn_group_sum's order), the q_s / k_s stores and one barrier, then the column step of
+// each sequence in turn. The per-(sequence, column) arithmetic is dn_step_apply's, so the states and
+// outputs are dec_dn_step_rows' bit for bit. grid (n_v_heads, dv / DEC_DN_COLS, ceil(rows / DEC_DN_RB)),
+// block 128 (DEC_DN_THREADS): at 8 sequences 512 blocks, one wave at 4 blocks an SM.
+#if DEC_DN_MAX_DK > DEC_DN_THREADS
+#error "dec_dn_step_rows_loop: a thread holds at most one of q's and k's values"
+#endif
+extern "C" __global__ void __launch_bounds__(DEC_DN_THREADS, DEC_DN_RB_BLOCKS)
+dec_dn_step_rows_loop(const float* __restrict__ c, const float* __restrict__ b, const float* __restrict__ a,
+                      const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                      float* const* __restrict__ states, float* __restrict__ o, int n_k_heads, int n_v_heads, int dk,
+                      int dv, float eps, int rows) {
+    __shared__ float q_s[DEC_DN_RB * DEC_DN_MAX_DK], k_s[DEC_DN_RB * DEC_DN_MAX_DK];
+    __shared__ float ab_s[DEC_DN_RB * 2];
+    __shared__ float dn_sums[2 * DEC_DN_RB * (DEC_DN_THREADS / 32)];
+    const int W = DEC_DN_THREADS / 32;
+    int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    DnCol q = dn_col(blockIdx.x, blockIdx.y, t, dk);
+    int r0 = blockIdx.z * DEC_DN_RB;
+    int nr = min(DEC_DN_RB, rows - r0);
+    long long conv_dim = 2LL * n_k_heads * dk + (long long)n_v_heads * dv;
+    float s[DEC_DN_RB][DEC_DN_ROWS];
+#pragma unroll
+    for (int i = 0; i < DEC_DN_RB; i++)
+        if (i < nr) dn_state_load(states[r0 + i], q, dk, dv, s[i]);
+    int hv = q.hv, j = q.j;
+    float a_log_h = a_log[hv], dt_bias_h = dt_bias[hv];
+    dec_wait();
+    int hk = hv / (n_v_heads / n_k_heads);
+    int key_dim = n_k_heads * dk;
+    bool mine = t < dk;  // the thread's q / k value: index t of its sequences' heads
+    float qv[DEC_DN_RB], kv[DEC_DN_RB], vv[DEC_DN_RB];
+#pragma unroll
+    for (int i = 0; i < DEC_DN_RB; i++)
+        if (i < nr) {
+            const float* ct = c + (r0 + i) * conv_dim;
+            qv[i] = mine ? __ldcg(ct + hk * dk + t) : 0.0f;
+            kv[i] = mine ? __ldcg(ct + key_dim + hk * dk + t) : 0.0f;
+            vv[i] = __ldcg(ct + 2 * key_dim + hv * dv + j);
+        }
+    // The sequences' Σq², Σk²: each warp's sums, then each over the warps' sums (dn_group_sum's order).
+#pragma unroll
+    for (int i = 0; i < DEC_DN_RB; i++)
+        if (i < nr) {
+            float qq = 0.0f, kk = 0.0f;
+            if (mine) {
+                qq += qv[i] * qv[i];
+                kk += kv[i] * kv[i];
+            }
+            qq = warp_sum(qq);
+            kk = warp_sum(kk);
+            if (lane == 0) {
+                dn_sums[(2 * i) * W + warp] = qq;
+                dn_sums[(2 * i + 1) * W + warp] = kk;
+            }
+        }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < DEC_DN_RB; i++)
+        if (i < nr) {
+            float qq = warp_sum(lane < W ? dn_sums[(2 * i) * W + lane] : 0.0f);
+            float kk = warp_sum(lane < W ? dn_sums[(2 * i + 1) * W + lane] : 0.0f);
+            float qn = rsqrtf(qq + eps) * rsqrtf((float)dk), kn = rsqrtf(kk + eps);
+            if (mine) {
+                q_s[i * DEC_DN_MAX_DK + t] = qv[i] * qn;
+                k_s[i * DEC_DN_MAX_DK + t] = kv[i] * kn;
+            }
+            if (t == 0) {
+                long long r = r0 + i;
+                float beta = act(sigmoidf(__ldcg(b + r * n_v_heads + hv)));
+                float g = -expf(a_log_h) * softplusf(__ldcg(a + r * n_v_heads + hv) + dt_bias_h);
+                ab_s[2 * i] = expf(g);
+                ab_s[2 * i + 1] = beta;
+            }
+        }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < DEC_DN_RB; i++)
+        if (i < nr) {
+            float out = dn_column_step<DEC_DN_ROWS, DEC_DN_PARTS>(s[i], q_s + i * DEC_DN_MAX_DK, k_s + i * DEC_DN_MAX_DK,
+                                                                 q.part, q.rows, ab_s[2 * i], ab_s[2 * i + 1], vv[i]);
+            long long r = r0 + i;
+            if (q.part == 0) o[r * n_v_heads * dv + (long long)hv * dv + j] = act(out);
+            float* sp = states[r] + (long long)hv * dk * dv;
+#pragma unroll
+            for (int e = 0; e < DEC_DN_ROWS; e++)
+                if (e < q.rows) sp[(long long)(q.part + DEC_DN_PARTS * e) * dv + j] = s[i][e];
+        }
+}
+
 // ---- Batched decode (several sequences, one token each) -----------------------------------------
 
 // dec_gemv_rows: y_s[b] = W_s · x[b] for the nb ≤ DEC_B_MAX rows of a batched decode step

@@ -11,7 +11,9 @@ use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
-use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
+use crate::kernels::decode::{
+    DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue, StepRows,
+};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::gemm::GroupedGemm;
@@ -577,9 +579,15 @@ impl Forward<'_> {
                     ];
                     self.norm_project_batch(input_norm, rows, &inputs)?;
                     match self.plan.batch_scan(cfg) {
-                        BatchScan::Rows => {
+                        BatchScan::Rows(kernel) => {
                             let t = BatchTable::new(table, model, rows)?;
-                            self.deltanet_scan_rows(d, t.states(dn_i), t.convs(dn_i), rows)?;
+                            self.deltanet_scan_rows(
+                                d,
+                                t.states(dn_i),
+                                t.convs(dn_i),
+                                rows,
+                                kernel,
+                            )?;
                         }
                         scan => {
                             for (row, seq) in seqs.iter().enumerate() {
@@ -703,6 +711,7 @@ impl Forward<'_> {
         states: u64,
         convs: u64,
         rows: usize,
+        kernel: StepRows,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let c = DnConv {
@@ -727,7 +736,8 @@ impl Forward<'_> {
             dk: cfg.dn_k_dim,
             dv: cfg.dn_v_dim,
         };
-        k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows)
+        k.decode
+            .dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows, kernel)
     }
 
     /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step
