@@ -92,6 +92,9 @@ fn choosable() -> Vec<Spec> {
                             // linear_q4_rows' persistent one-word 16-row kernel in rounds of 8
                             // (RI = 8, `rows_deep`; it takes rows_persist and rows_one_word).
                             rows_deep: sw,
+                            // The output projections on the lean 1-row kernel with the norm's
+                            // code compiled out (NORM = 0, `out_lean`) beside the router's.
+                            out_lean: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -312,6 +315,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // linear_q4_rows' 16-row kernel in rounds of 8 (`rows_deep`, RI 8) with rows_persist:
         // on where rows_one_word is too, else turned off with a note.
         rows_deep: sw[4],
+        // The output projections on the lean 1-row kernel without the norm's code (`out_lean`,
+        // NORM 0) with moe_rounds and without.
+        out_lean: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -329,7 +335,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         ],
         sw
     );
-    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2]);
+    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2] || sw[5]);
+    assert_eq!(plan.specs.linear_q4_rows1_plain.is_some(), sw[5]);
+    assert_eq!(plan.rows_rb(2_048, 2), if sw[5] { 1 } else { 2 });
     assert_eq!(o.rows_deep, sw[4] && sw[6]);
     assert_eq!(
         plan.specs.linear_q4_rows16[0]
