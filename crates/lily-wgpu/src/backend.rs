@@ -24,7 +24,8 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_rows, check_rows_one_word, check_rows_persist, DnStep, PersistCheck, Sides, F16_STORE,
+    check_out_lean, check_rows, check_rows_one_word, check_rows_persist, DnStep,
+    OutLeanCheck, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -229,6 +230,14 @@ impl WgpuBackend {
     /// (`probes::check_rows_one_word`).
     pub fn check_rows_one_word(&self) -> Result<PersistCheck> {
         check_rows_one_word(&self.gpu, self.plan.subgroups)
+    }
+
+    /// `out_lean`'s 1-row kernel (the norm's code compiled out) with this plan's reductions and
+    /// activations, added into a residual stream at the output projections' full shape and on
+    /// small ones, against the host, the 2-row kernel and, bit for bit, the router's lean kernel
+    /// (`probes::check_out_lean`); None where the plan did not compile it.
+    pub fn check_out_lean(&self) -> Result<Option<OutLeanCheck>> {
+        check_out_lean(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for

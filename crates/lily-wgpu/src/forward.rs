@@ -874,9 +874,10 @@ impl<'a> Forward<'a> {
                         &norm_params(&params, &io, self.cfg.rms_eps),
                         io.conv.map(|cv| (cv.channels, cv.k)),
                     );
+                    let plain = self.plan.rows_plain(rb, io.norm.is_some());
                     r.dispatch_as(
                         label,
-                        self.k.rows(rb).get(form),
+                        self.k.rows_for(rb, plain).get(form),
                         &params,
                         &[
                             &sl.buf,

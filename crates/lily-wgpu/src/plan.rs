@@ -66,7 +66,11 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan).
+//!   +3.9 % at 32K, an H100 through Vulkan). Not yet measured, off: the 1,024–8,191-row
+//!   products (DeltaNet's out_proj, attention's o) on the router's lean 1-row kernel (`out_lean`:
+//!   `Plan::rows_rb` 1, `rows_lean_spec`; 2,048 workgroups of 2 words a lane and one workgroup
+//!   sum a row, against the 2-row kernel's 1,024 of 4 and `row_total`; session 29, branch
+//!   s29wout).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -379,6 +383,10 @@ pub struct Specs {
     /// fewer than 1,024 rows, the router | shared gate on the full model; `rows_lean_spec`);
     /// None without the switch.
     pub linear_q4_rows1: Option<FormSpecs>,
+    /// The same 1-row `LEAN` kernel with the folded norm's code compiled out (`out_lean`: the
+    /// output projections, which fold no norm; `rows_out_lean_spec`), for `Plan::rows_plain`'s
+    /// launches; None without the switch.
+    pub linear_q4_rows1_plain: Option<FormSpecs>,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
     /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; with
     /// `coop_big` linear_q4_coop_big.wgsl; the same launches, so kernels.rs and forward.rs need
@@ -438,6 +446,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_rows1.iter().flatten());
+        v.extend(self.linear_q4_rows1_plain.iter().flatten());
         v.extend(self.linear_q4_mm64.iter().flatten());
         v.extend(self.experts_coop.iter().flatten().flatten());
         v.extend([
@@ -487,6 +496,7 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_rows1.iter_mut().flatten());
+        v.extend(self.linear_q4_rows1_plain.iter_mut().flatten());
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
         v.extend(self.experts_coop.iter_mut().flatten().flatten());
         v.extend([
@@ -549,6 +559,19 @@ pub fn rows_spec(rb: usize, early: bool, persist: bool, one_word: bool) -> Spec 
 pub fn rows_lean_spec(early: bool) -> Spec {
     let mut spec = rows_spec(1, early, false, false);
     spec.constants.push(("LEAN", 1.0));
+    spec
+}
+
+/// linear_q4_rows.wgsl's lean 1-row kernel (`rows_lean_spec`) with its `NORM` 0: the folded
+/// norm's code (the norm's weights, Σx², x ⊙ w) compiled out, for the products that fold no norm
+/// (`WgpuOptions::out_lean`: DeltaNet's out_proj and attention's o). Its registers are then the
+/// row's words and inputs only (56 against 96 on a CUDA transcription,
+/// scripts/rows_out_regs.cu: 18 workgroups an H100 SM, so out_proj's 2,048 workgroups are one
+/// wave where the norm-folding kernel's 10 an SM would take two). The same operations as
+/// `rows_lean_spec`'s kernel with no norm folded: outputs bit for bit.
+pub fn rows_out_lean_spec(early: bool) -> Spec {
+    let mut spec = rows_lean_spec(early);
+    spec.constants.push(("NORM", 0.0));
     spec
 }
 
@@ -1031,9 +1054,13 @@ impl Plan {
             linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
-            linear_q4_rows1: opts
-                .router_lean
+            // The lean 1-row kernel: the router's (`router_lean`) and, with `out_lean`, the
+            // output projections'.
+            linear_q4_rows1: (opts.router_lean || opts.out_lean)
                 .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
+            linear_q4_rows1_plain: opts
+                .out_lean
+                .then(|| in_forms(rows_out_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1190,8 +1217,16 @@ impl Plan {
     /// are 4-bit of 2,048 columns); with `router_lean`, 1 for the matrices of fewer than 1,024
     /// rows (`rows_rb`'s 2-row kernel's: the router | shared gate on the full model) on the
     /// `LEAN` kernel (`Specs::linear_q4_rows1`).
+    ///
+    /// With `out_lean`, the matrices of 1,024 to 8,191 rows (DeltaNet's out_proj and
+    /// attention's o: 2,048 rows of 4,096 columns) take the lean 1-row kernel too, whatever
+    /// `out_rows` says: twice the workgroups of the 2-row kernel, half the words a lane, one
+    /// workgroup sum a row.
     pub fn rows_rb(&self, rows: usize, words: usize) -> usize {
         if self.options.router_lean && rows < 1024 {
+            return 1;
+        }
+        if self.options.out_lean && rows_rb(rows) == 4 {
             return 1;
         }
         let rb = match self.options.out_rows {
@@ -1204,6 +1239,13 @@ impl Plan {
         } else {
             rb
         }
+    }
+
+    /// Whether a linear_q4_rows launch of `rb` rows a workgroup (`rows_rb`) takes the 1-row kernel
+    /// with the norm's code compiled out (`Specs::linear_q4_rows1_plain`): one row a workgroup,
+    /// no norm folded (`norm`), and `out_lean` on (the only plan that compiles it).
+    pub fn rows_plain(&self, rb: usize, norm: bool) -> bool {
+        rb == 1 && !norm && self.options.out_lean
     }
 
     /// The grid of a linear_q4_rows launch with `rb` rows a workgroup over `blocks` row blocks
@@ -1259,7 +1301,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1287,7 +1329,15 @@ impl Plan {
                         .join("/")
                 ),
             },
-            match (self.rows_workers, self.options.out_rows) {
+            // `out_lean` takes the 1,024–8,191-row products from `out_rows`' kernel.
+            match (
+                self.rows_workers,
+                if self.options.out_lean {
+                    0
+                } else {
+                    self.options.out_rows
+                },
+            ) {
                 (Some(w), 0) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
                 (None, 0) => String::new(),
                 (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
@@ -1298,6 +1348,11 @@ impl Plan {
                 (true, true) => " (its 16-row kernel compiled for one-word rows: no second words; the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
+            },
+            if self.options.out_lean {
+                " (the 1,024–8,191-row products on its lean 1-row kernel)"
+            } else {
+                ""
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

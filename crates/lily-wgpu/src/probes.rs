@@ -287,6 +287,21 @@ pub fn check_rows(
             }
         }
     }
+    // `out_lean`'s 1-row kernel with the norm's code compiled out, where the plan compiled it:
+    // never given a folded norm.
+    if let Some(forms) = &k.linear_q4_rows1_plain {
+        for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
+            let (rows, items) = (37usize, 2usize);
+            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+            let (nx, ny) = grid_2d(rows);
+            for (form, kernel) in forms.iter() {
+                let sides = Sides::of(form, act_f16);
+                let grid = [nx, ny, items as u32];
+                let e = m.run(gpu, kernel, &grid, nx, None, Some(None), sides)?;
+                worst = worst.max(e);
+            }
+        }
+    }
     Ok(worst.max(glu))
 }
 
@@ -605,6 +620,88 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) 
         }
     }
     Ok(worst)
+}
+
+/// What `check_out_lean` found: the largest relative L2 difference of the lean 1-row kernel
+/// with the norm's code compiled out (`out_lean`'s) from the host's f64 (`err`) and from the
+/// 2-row kernel's outputs (`vs_two`, the partials met in another order), and whether its outputs
+/// were bit for bit those of the router's lean kernel (`NORM` 1, no norm folded) in every case.
+#[derive(Clone, Copy, Debug)]
+pub struct OutLeanCheck {
+    pub err: f64,
+    pub vs_two: f64,
+    pub same_bits: bool,
+}
+
+/// `out_lean`'s kernel (linear_q4_rows.wgsl, one row a workgroup, `LEAN` 1, `NORM` 0:
+/// `Specs::linear_q4_rows1_plain`) as decode's output projections run it, added into a random
+/// residual stream (`accumulate`): at their full shape (2,048 rows of 4,096 columns, one item)
+/// and on 37 rows of 4,096 and 2,048 columns (4-bit) and 2,048 (8-bit), 2 items, in every form
+/// the plan compiled whose output is f32 (the residual stream), against the host's f64, against
+/// the 2-row kernel (today's, `out_rows` 2) and bit for bit against the router's lean kernel
+/// (`NORM` 1) with no norm folded. None where the plan has no such kernel.
+pub fn check_out_lean(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<Option<OutLeanCheck>> {
+    let (Some(plain), Some(lean)) = (&k.linear_q4_rows1_plain, &k.linear_q4_rows1) else {
+        return Ok(None);
+    };
+    let mut out = OutLeanCheck {
+        err: 0.0,
+        vs_two: 0.0,
+        same_bits: true,
+    };
+    for (bits, rows, cols, items) in [
+        (4, 2048usize, 4096usize, 1usize),
+        (4, 37, 4096, 2),
+        (4, 37, 2048, 2),
+        (8, 37, 2048, 2),
+    ] {
+        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
+        // The residual stream before the add: random, not zeros.
+        let y0: Vec<f32> = (0..items * rows)
+            .map(|i| m.x[(i * 7) % m.x.len()] * 0.7 + 0.1)
+            .collect();
+        for (form, kernel) in plain.iter() {
+            if act_f16 && !form.y_f32 {
+                continue;
+            }
+            let sides = Sides::of(form, act_f16);
+            let wbuf = gpu.upload("check.w", &m.data)?;
+            let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
+            // Each kernel adds into its own copy of the residual stream.
+            let run = |kernel: &Kernel, rb: usize| -> Result<Vec<f32>> {
+                let ybuf = gpu.upload_f32("check.y", &y0)?;
+                let (nx, ny) = grid_2d(rows.div_ceil(rb));
+                let params = m.rows_params(nx, true);
+                let mut r = Recorder::new(gpu);
+                r.dispatch(
+                    kernel,
+                    &params,
+                    &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
+                    [nx, ny, items as u32],
+                );
+                r.submit()?;
+                gpu.read_f32(&ybuf, 0, items * rows)
+            };
+            let added = |got: &[f32]| -> Vec<f32> {
+                got.iter()
+                    .zip(&y0)
+                    .map(|(g, y)| (*g as f64 - *y as f64) as f32)
+                    .collect()
+            };
+            let got = run(kernel, 1)?;
+            let want = m.want_for(None, sides);
+            out.err = out.err.max(rel_l2_f64(&added(&got), &want));
+            let two = run(k.rows(2).get(form), 2)?;
+            let two_f64: Vec<f64> = added(&two).iter().map(|v| *v as f64).collect();
+            out.vs_two = out.vs_two.max(rel_l2_f64(&added(&got), &two_f64));
+            let norm_kernel = run(lean.get(form), 1)?;
+            out.same_bits &= got
+                .iter()
+                .zip(&norm_kernel)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        }
+    }
+    Ok(Some(out))
 }
 
 /// The outputs of dn_recur_norm.wgsl on one probe (`check_dn_step`): the normed, gated output
@@ -1313,7 +1410,7 @@ impl RandomQ4 {
         m
     }
 
-    /// linear_q4_rows.wgsl's parameters for this 4-bit matrix in plain mode (one item a row of
+    /// linear_q4_rows.wgsl's parameters for this matrix (4- or 8-bit) in plain mode (one item a row of
     /// `cols` inputs, outputs `rows` apart; `nx` workgroups along x), adding into the output where
     /// `accumulate`; no norm, no conv (words 20.. zero).
     fn rows_params(&self, nx: u32, accumulate: bool) -> [u32; 24] {
@@ -1322,7 +1419,7 @@ impl RandomQ4 {
         params[..18].copy_from_slice(&[
             rows as u32,
             cols as u32,
-            4,
+            self.bits as u32,
             self.group as u32,
             0,
             cols as u32,
@@ -1335,7 +1432,7 @@ impl RandomQ4 {
             0,
             0,
             1,
-            (rows * cols / 8) as u32,
+            (rows * cols * self.bits / 32) as u32,
             nx,
             accumulate as u32,
         ]);

@@ -1177,6 +1177,167 @@ fn router_lean_kernel_matches_the_host() {
     assert_eq!(gpu.plan().rows_rb(257, 2), 2);
 }
 
+/// `out_lean`: the products of 1,024 to 8,191 rows (DeltaNet's out_proj and attention's o on the
+/// full model, 2,048 rows of 4,096 columns) on linear_q4_rows' lean 1-row kernel, with the norm's
+/// code compiled out where no norm is folded (`NORM` 0, `Specs::linear_q4_rows1_plain`), in both
+/// reduction forms with f32 and f16 activations: the plan's rows a workgroup (the output
+/// projections 1 whatever `out_rows` says, the router 1, in_proj and lm_head 16), which launches
+/// take the plain kernel (`Plan::rows_plain`), its `NORM` constant and the plan line;
+/// `check_out_lean`: the kernel added into a random residual stream at the full out_proj shape
+/// and on 37 rows (4-bit 4,096 / 2,048 columns, 8-bit 2,048) against the host's f64, against
+/// the 2-row kernel (within rounding) and **bit for bit** against the router's lean kernel with
+/// no norm folded; every product probe through the plan's kernels (the plain kernel among them);
+/// a tiny model's greedy decode against the CPU (its 1,024-row lm_head, the final norm folded,
+/// on the norm-folding 1-row kernel). Off (the default) nothing moves.
+#[test]
+fn out_lean_kernel_matches_the_host_and_todays() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 79);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = |lean: bool| WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            out_lean: lean,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts(true)) else {
+            return;
+        };
+        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
+            return;
+        };
+        let plan = gpu.plan();
+        assert!(plan.options.out_lean && !off.plan().options.out_lean);
+        let norm_of = |specs: &[lily_wgpu::shaders::Spec]| {
+            specs[0]
+                .constants
+                .iter()
+                .find(|c| c.0 == "NORM")
+                .map(|c| c.1)
+        };
+        let plain = plan.specs.linear_q4_rows1_plain.as_deref().unwrap();
+        assert_eq!(norm_of(plain), Some(0.0));
+        assert_eq!(
+            norm_of(plan.specs.linear_q4_rows1.as_deref().unwrap()),
+            None
+        );
+        assert!(off.plan().specs.linear_q4_rows1_plain.is_none());
+        // Only the 1,024–8,191-row products move (to 1 row a workgroup).
+        for (rows, words, on, was) in [
+            (2_048, 2, 1, 2),
+            (1_024, 2, 1, 2),
+            (8_191, 1, 1, 2),
+            (257, 2, 1, 1),
+            (1_023, 1, 1, 1),
+            (8_192, 1, 16, 16),
+            (12_352, 1, 16, 16),
+            (248_320, 1, 16, 16),
+        ] {
+            assert_eq!(
+                (plan.rows_rb(rows, words), off.plan().rows_rb(rows, words)),
+                (on, was),
+                "{rows} rows"
+            );
+        }
+        assert!(plan.rows_plain(1, false) && !plan.rows_plain(1, true));
+        assert!(!plan.rows_plain(2, false) && !off.plan().rows_plain(1, false));
+        let d = plan.describe();
+        assert!(
+            d.contains("linear_q4_rows lean 1-row output projections on")
+                && d.contains("(the 1,024–8,191-row products on its lean 1-row kernel)")
+                && !d.contains("on its 2-row kernel"),
+            "{d}"
+        );
+        assert!(off.plan().describe().contains("on its 2-row kernel"));
+        let bound = Bounds::of(plan).kernel;
+        let lean = gpu.check_out_lean().unwrap().unwrap();
+        assert!(off.check_out_lean().unwrap().is_none());
+        let (_, rows) = gpu.check_products().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: out_lean's kernel {:.2e} from the host, {:.2e} from the 2-row kernel, same bits as the router's lean kernel: {}; product probes {rows:.2e}",
+            plan.act_f16, lean.err, lean.vs_two, lean.same_bits
+        );
+        assert!(
+            lean.err < bound,
+            "the 1-row output projection kernel differs from the host by {:.2e}",
+            lean.err
+        );
+        assert!(
+            lean.vs_two < bound,
+            "the 1-row output projection kernel differs from the 2-row one by {:.2e}",
+            lean.vs_two
+        );
+        assert!(
+            lean.same_bits,
+            "NORM 0 is not bit for bit the lean kernel with no norm folded"
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_rows (out_lean plan) differs from the host by {rows:.2e}"
+        );
+    }
+    // A tiny model's greedy decode with the switch (and without the router's lean kernel, which
+    // the switch compiles anyway), against the CPU (near ties allowed where activations are f16:
+    // `assert_greedy_as_cpu`).
+    let prompt = Rng(13).tokens(10, w.config.vocab);
+    let Some(mut gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 8,
+            all_logits_chunk: 8,
+            out_lean: true,
+            router_lean: false,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert!(gpu.plan().specs.linear_q4_rows1.is_some());
+    assert_eq!(gpu.plan().rows_rb(w.config.vocab, 1), 1);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &prompt).unwrap();
+    let gs = gpu.new_seq(64).unwrap();
+    gpu.prefill(gs, &prompt).unwrap();
+    assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 16, "out_lean");
+}
+
+/// `out_lean` on the full widths (4 layers, synth seed 41, as the other full-width decode tests):
+/// DeltaNet's out_proj and attention's o (2,048 rows of 4,096 columns, added into the residual
+/// stream) on the 1-row kernel without the norm's code, 12 positions token by token against the
+/// CPU, and against the logits without the switch (the 2-row kernel: within rounding, not bit
+/// for bit). `cargo test --release -p lily-wgpu --test model -- --ignored full_width_out_lean`.
+#[test]
+#[ignore]
+fn full_width_out_lean_decode_matches_cpu() {
+    let (w, tokens, want) = full_width_model();
+    let mut stepped_of = Vec::new();
+    for lean in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            out_lean: lean,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().options.out_lean, lean);
+        assert_eq!(gpu.plan().rows_rb(2_048, 2), if lean { 1 } else { 2 });
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
+        let e_cpu = rel_l2(&stepped, &want);
+        println!("full widths, out_lean {lean}: token by token vs CPU {e_cpu:.3e}");
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        stepped_of.push(stepped);
+    }
+    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
+    println!("full widths: out_lean against the 2-row kernel {e:.3e}");
+    assert!(e < 1e-4, "out_lean moves the logits by {e:.3e}");
+}
+
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
 /// forms, against the host's f64 at the full model's dk = dv = 128 and at dk 64, dv 96 (columns
 /// past dv idle).

@@ -89,6 +89,9 @@ fn choosable() -> Vec<Spec> {
                             router_lean: sw,
                             // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
                             dn_one_sync: sw,
+                            // The output projections on the lean 1-row kernel with the norm's
+                            // code compiled out (NORM = 0, `out_lean`) beside the router's.
+                            out_lean: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -306,6 +309,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         router_lean: sw[2],
         // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
         dn_one_sync: sw[1],
+        // The output projections on the lean 1-row kernel without the norm's code (`out_lean`,
+        // NORM 0) with moe_rounds and without.
+        out_lean: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
@@ -323,7 +329,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         ],
         sw
     );
-    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2]);
+    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2] || sw[5]);
+    assert_eq!(plan.specs.linear_q4_rows1_plain.is_some(), sw[5]);
+    assert_eq!(plan.rows_rb(2_048, 2), if sw[5] { 1 } else { 2 });
     // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
     assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
