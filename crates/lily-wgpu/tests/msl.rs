@@ -89,6 +89,9 @@ fn choosable() -> Vec<Spec> {
                             router_lean: sw,
                             // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
                             dn_one_sync: sw,
+                            // linear_q4_glu_rows' items on two workgroups a row (SPLIT = 2,
+                            // `glu_split`).
+                            glu_split: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -306,6 +309,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         router_lean: sw[2],
         // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
         dn_one_sync: sw[1],
+        // linear_q4_glu_rows' items on two workgroups a row (`glu_split`, SPLIT) with moe_rounds
+        // and without.
+        glu_split: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
