@@ -6,8 +6,8 @@
 # 1, 3, 5, 7; ranks 0, 2, 4, 6), so a routing round's barrier waits on sums whose reads were
 # issued two rounds before (not one), and the GPU holds 1,024 workgroups (15.5 warps an SM, not
 # 7.75) with no more reads in flight a lane; the same sums in the same slots: bit for bit.
-# Predicted (H100, 4K): lin.experts.glu 26.9 → 21–24 µs a call (−120…−240 µs a token of
-# ≈ 3.95 ms): decode +3…+6 % at 4K, +2.5…+5 % at 32K. moe_down must not move.
+# Predicted (H100, 4K): lin.experts.glu 27.1 → 22.5–25.5 µs a call (−60…−180 µs a token of
+# ≈ 3.95 ms): decode +1.5…+4.5 % at 4K, +1.2…+3.5 % at 32K. moe_down must not move.
 # Modelled on gpu_s28wrows_ab.sh; staged by scripts/stage_gpu.sh with gpu_ab_common.sh
 # (bin/lily-engine, bin/wgpu_model):
 #   CARGO_TARGET_DIR=/work/wt-s29wglu/target bash scripts/stage_gpu.sh /work/main/.carry/s29wglu
