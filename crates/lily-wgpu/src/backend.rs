@@ -23,9 +23,9 @@ use crate::plan::{
     PrefillAttention, ProductsKernel, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_mm, check_mm_f16,
-    check_out_lean, check_rows, check_rows_one_word, check_rows_persist, DnStep, OutLeanCheck,
-    PersistCheck, Sides, F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_glu_split,
+    check_mm, check_mm_f16, check_out_lean, check_rows, check_rows_one_word, check_rows_persist,
+    DnStep, OutLeanCheck, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -218,6 +218,13 @@ impl WgpuBackend {
         )
     }
 
+    /// linear_q4_glu_rows.wgsl's `SPLIT` forms (`glu_split`: 2 and 3 workgroups a row and
+    /// token) and its `ITEMS` form with this plan's reductions and activations, against the host
+    /// and bit for bit against each other (`probes::check_glu_split`).
+    pub fn check_glu_split(&self) -> Result<PersistCheck> {
+        check_glu_split(&self.gpu, self.plan.subgroups, self.plan.act_f16)
+    }
+
     /// linear_q4_rows.wgsl's persistent kernel (`rows_persist`) with this plan's reductions, on
     /// fewer workgroups than row blocks, against the host and bit for bit against the kernel
     /// with one workgroup a block (`probes::check_rows_persist`).
@@ -267,6 +274,7 @@ impl WgpuBackend {
             &self.kernels,
             act,
             self.plan.glu_items,
+            self.plan.glu_split,
             self.plan.glu_rb,
             self.plan.options.rows_one_word,
         )?;

@@ -952,7 +952,8 @@ impl<'a> Forward<'a> {
         // and token.
         let (nx, ny, nz) = match (items, route) {
             (true, Some(rt)) => {
-                let (nx, ny) = grid_2d(rows);
+                // `glu_split`: `Plan::glu_split` workgroups a row.
+                let (nx, ny) = grid_2d(rows * self.plan.glu_split);
                 (nx, ny, io.items / rt.ks)
             }
             _ => {

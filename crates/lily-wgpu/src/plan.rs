@@ -633,17 +633,27 @@ pub fn dn_recur_norm_spec(dk: usize, one_sync: bool) -> Spec {
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
-/// run as without it).
-pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
-    Spec::new(
+/// run as without it); `split`: with `items`, that many workgroups a row and token, each taking
+/// every `split`-th item (`WgpuOptions::glu_split`, its `SPLIT`: the same bits; 1 none).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool, split: usize) -> Spec {
+    let mut spec = Spec::new(
         "linear_q4_glu_rows",
         &[
             ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
         ],
-    )
+    );
+    if items && split > 1 {
+        spec.constants.push(("SPLIT", split as f64));
+    }
+    spec
 }
+
+/// Workgroups a row and token of linear_q4_glu_rows' `ITEMS` form with `glu_split` on (its
+/// `SPLIT`): two, so that a lane still holds at most two items' reads while the GPU holds twice
+/// the workgroups (1,024 on the full model).
+pub const GLU_SPLIT: usize = 2;
 
 /// The most items a token linear_q4_glu_rows' `ITEMS` form takes (its totals meet in one
 /// `rows2_total` over 16 slots).
@@ -866,6 +876,8 @@ pub struct Plan {
     /// `ITEMS`: one row of each of a token's ≤ `GLU_ITEMS_MAX` items a workgroup) where it
     /// routes its own items (`glu_items` says where).
     pub glu_items: bool,
+    /// Workgroups a row and token of that items form (`glu_split`: GLU_SPLIT, else 1).
+    pub glu_split: usize,
     /// Rows a workgroup of linear_q4_glu_rows.wgsl (GLU_RB, or `glu_rows`) and of
     /// moe_down_rows.wgsl (DOWN_RB, or `down_rows`).
     pub glu_rb: usize,
@@ -1036,6 +1048,15 @@ impl Plan {
             0 => DOWN_RB,
             n => n,
         };
+        // `glu_split`: the GLU's items form on GLU_SPLIT workgroups a row and token.
+        let glu_split = if opts.glu_split && opts.moe_rounds {
+            GLU_SPLIT
+        } else {
+            1
+        };
+        if opts.glu_split && !opts.moe_rounds {
+            notes.push("glu_split without moe_rounds: the GLU one item a workgroup".into());
+        }
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
@@ -1073,7 +1094,7 @@ impl Plan {
             experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds, glu_split),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -1201,6 +1222,7 @@ impl Plan {
             act_f16,
             route_in_glu: c.n_experts <= 512,
             glu_items: opts.moe_rounds && top as usize <= GLU_ITEMS_MAX,
+            glu_split,
             glu_rb,
             down_rb,
             rows_workers,
@@ -1354,10 +1376,10 @@ impl Plan {
             } else {
                 ""
             },
-            if self.glu_items {
-                " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
-            } else {
-                ""
+            match (self.glu_items, self.glu_split > 1) {
+                (true, false) => " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)",
+                (true, true) => " (the routed experts' one row of every other item a workgroup, two workgroups a row, each item's reads issued as its routing round ends)",
+                (false, _) => "",
             },
             if self.options.moe_rounds {
                 " (in rounds of one item, the next item's reads in flight)"

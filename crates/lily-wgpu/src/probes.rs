@@ -9,7 +9,8 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, rows_grid, rows_spec, MmTile, SplitRule,
+    coop_spec, dn_recur_norm_spec, down_rows_spec, glu_rows_spec, in_forms, rows_grid, rows_spec,
+    MmTile, SplitRule, GLU_RB,
 };
 use crate::shaders::Form;
 
@@ -243,17 +244,20 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
 /// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
 /// `items`: the plan's linear_q4_glu_rows routes in items' rounds (`Plan::glu_items`: its grid a
-/// workgroup a row and token); `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
+/// workgroup a row and token, `glu_split` of them with `glu_split`: `Plan::glu_split`);
+/// `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
+#[allow(clippy::too_many_arguments)]
 pub fn check_rows(
     gpu: &Gpu,
     k: &Kernels,
     act_f16: bool,
     items: bool,
+    glu_split: usize,
     glu_rb: usize,
     one_word: bool,
 ) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
-        .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
+        .max(check_glu_route(gpu, k, act_f16, items, glu_split, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16, one_word)?);
     let mut worst = 0f64;
@@ -834,14 +838,73 @@ pub fn check_dn_step(
 /// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
 /// expert in f64: the largest relative difference. ids and weights start poisoned. `items`: the
-/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token.
+/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token (`split` of
+/// them: its `SPLIT`, `glu_split`).
 fn check_glu_route(
     gpu: &Gpu,
     k: &Kernels,
     act_f16: bool,
     items_form: bool,
+    split: usize,
     glu_rb: usize,
 ) -> Result<f64> {
+    Ok(glu_route_cases(gpu, &glu_cases(k, act_f16), items_form, split, glu_rb)?.0)
+}
+
+/// linear_q4_glu_rows.wgsl's `ITEMS` form (`moe_rounds`, one workgroup a row and token) and its
+/// `SPLIT` forms of 2 and 3 workgroups a row and token (`glu_split` ships 2), each compiled with
+/// `subgroups`' reductions and `act_f16`'s activations in the forms the plan takes (the residual
+/// stream in with the norm folded and not, an activation in), on `check_glu_route`'s inputs
+/// (planted ties among the logits): the largest relative difference from the host of any (ids
+/// exactly the host's, weights and products in f64), and whether every `SPLIT` form's outputs
+/// are bit for bit `ITEMS`'.
+pub fn check_glu_split(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
+    let compile = |split: usize| -> Result<Vec<(Form, Kernel)>> {
+        let spec = crate::shaders::Spec {
+            act_f16,
+            ..glu_rows_spec(GLU_RB, true, true, split).with_subgroups(subgroups)
+        };
+        in_forms(spec, &[Form::ALL[0], Form::ALL[2]], act_f16)
+            .iter()
+            .map(|s| Ok((s.form, Kernel::new(gpu, s, false)?)))
+            .collect()
+    };
+    fn cases(ks: &[(Form, Kernel)], act_f16: bool) -> Vec<(&Kernel, Sides, Option<f32>)> {
+        let mut v = Vec::new();
+        for (form, kernel) in ks {
+            let sides = Sides::of(*form, act_f16);
+            v.push((kernel, sides, None));
+            if !sides.x_f16 {
+                v.push((kernel, sides, Some(1e-6f32)));
+            }
+        }
+        v
+    }
+    let items = compile(1)?;
+    let (mut err, want) = glu_route_cases(gpu, &cases(&items, act_f16), true, 1, GLU_RB)?;
+    let mut same = !want.is_empty();
+    for split in [2usize, 3] {
+        let ks = compile(split)?;
+        let (e, got) = glu_route_cases(gpu, &cases(&ks, act_f16), true, split, GLU_RB)?;
+        err = err.max(e);
+        same &= got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| same_bits(a, b));
+    }
+    Ok(PersistCheck {
+        err,
+        same_bits: same,
+    })
+}
+
+/// `check_glu_route`'s run of each of `cases` (a kernel, its sides, the folded norm's eps or
+/// none), `split` workgroups a row and token in the items form: the largest relative difference
+/// from the host, and each case's outputs.
+fn glu_route_cases(
+    gpu: &Gpu,
+    cases: &[(&Kernel, Sides, Option<f32>)],
+    items_form: bool,
+    split: usize,
+    glu_rb: usize,
+) -> Result<(f64, Vec<Vec<f32>>)> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -908,12 +971,13 @@ fn check_glu_route(
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
     let ((nx, ny), nz) = if items_form {
-        (grid_2d(r_e), tokens)
+        (grid_2d(r_e * split), tokens)
     } else {
         (grid_2d(r_e.div_ceil(glu_rb)), items)
     };
     let mut worst = 0f64;
-    for (kernel, sides, norm) in glu_cases(k, act_f16) {
+    let mut outs = Vec::new();
+    for &(kernel, sides, norm) in cases {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
         let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
         let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
@@ -968,7 +1032,7 @@ fn check_glu_route(
         for (g, w) in got_wts.iter().zip(&want_wts) {
             let d = (*g as f64 - w).abs() / w.abs().max(1e-30);
             if !d.is_finite() {
-                return Ok(f64::INFINITY);
+                return Ok((f64::INFINITY, outs));
             }
             worst = worst.max(d);
         }
@@ -980,8 +1044,9 @@ fn check_glu_route(
             )
         });
         worst = worst.max(glu_rel_err(&got, r_e, &gate, &up, items_x));
+        outs.push(got);
     }
-    Ok(worst)
+    Ok((worst, outs))
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,

@@ -959,6 +959,79 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
     assert!(!gpu.plan().describe().contains("one-word rows"));
 }
 
+/// `glu_split`: linear_q4_glu_rows' `ITEMS` form on 2 (the plan's) and 3 workgroups a row and
+/// token (`SPLIT`), in both reduction forms, with f32 and f16 activations: the plan's GLU (SPLIT
+/// 2, on its grid) against the host's f64 on `check_glu_route`'s inputs (E = 130, k = 8, the
+/// stacked shared expert, planted ties among the first picks and across the k-th place: ids
+/// exactly the host's, weights and products within the kernel bound), and SPLIT 2 and 3 bit for
+/// bit ITEMS' outputs in every case (the norm folded and not, each activation side); the plan
+/// line names it, and without moe_rounds it is refused with a note.
+#[test]
+fn glu_split_kernel_matches_the_host_and_todays() {
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
+    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            moe_rounds: true,
+            glu_split: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert!(gpu.plan().options.glu_split && gpu.plan().glu_items);
+        assert_eq!(gpu.plan().glu_split, 2);
+        let d = gpu.plan().describe();
+        assert!(
+            d.contains("linear_q4_glu_rows split items on")
+                && d.contains("one row of every other item a workgroup, two workgroups a row"),
+            "{d}"
+        );
+        let bound = Bounds::of(gpu.plan()).kernel;
+        let (_, rows) = gpu.check_products().unwrap();
+        let glu = gpu.check_glu_split().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}: glu_rows SPLIT 2 (plan) {rows:.2e}, ITEMS / SPLIT 2 / 3 {:.2e} (bit for bit: {})",
+            gpu.plan().act_f16, glu.err, glu.same_bits
+        );
+        assert!(
+            rows < bound,
+            "linear_q4_glu_rows SPLIT 2 differs from the host by {rows:.2e}"
+        );
+        assert!(
+            glu.err < bound,
+            "linear_q4_glu_rows ITEMS / SPLIT differ from the host by {:.2e}",
+            glu.err
+        );
+        assert!(
+            glu.same_bits,
+            "linear_q4_glu_rows SPLIT is not bit for bit its ITEMS form"
+        );
+    }
+    // Without moe_rounds the switch has no kernel to split: one workgroup an item, a note.
+    let opts = WgpuOptions {
+        chunk: 16,
+        all_logits_chunk: 16,
+        moe_rounds: false,
+        glu_split: true,
+        ..WgpuOptions::default()
+    };
+    let Some(gpu) = wgpu_backend_with(&w, opts) else {
+        return;
+    };
+    assert_eq!(gpu.plan().glu_split, 1);
+    assert!(
+        gpu.plan()
+            .describe()
+            .contains("glu_split without moe_rounds"),
+        "{}",
+        gpu.plan().describe()
+    );
+}
+
 /// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
 /// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
 /// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,

@@ -92,6 +92,9 @@ fn choosable() -> Vec<Spec> {
                             // The output projections on the lean 1-row kernel with the norm's
                             // code compiled out (NORM = 0, `out_lean`) beside the router's.
                             out_lean: sw,
+                            // linear_q4_glu_rows' items on two workgroups a row (SPLIT = 2,
+                            // `glu_split`).
+                            glu_split: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -312,6 +315,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // The output projections on the lean 1-row kernel without the norm's code (`out_lean`,
         // NORM 0) with moe_rounds and without.
         out_lean: sw[5],
+        // linear_q4_glu_rows' items on two workgroups a row (`glu_split`, SPLIT) with moe_rounds
+        // and without.
+        glu_split: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
