@@ -15,7 +15,7 @@ use crate::config::ModelConfig;
 use crate::logprob::token_logprob;
 use crate::sampling::Sampler;
 use crate::weights::{Mixer, ModelWeights};
-use ops::{DeltaNetState, KvCache};
+use ops::{DeltaNetState, KvCache, KvFormat};
 
 /// Everything one sequence carries between steps.
 #[derive(Clone, Debug)]
@@ -59,6 +59,7 @@ pub struct CpuBackend {
     seqs: HashMap<u64, SeqState>,
     snapshots: HashMap<u64, Snapshot>,
     next_id: u64,
+    kv_format: KvFormat,
 }
 
 impl CpuBackend {
@@ -69,7 +70,15 @@ impl CpuBackend {
             seqs: HashMap::new(),
             snapshots: HashMap::new(),
             next_id: 1,
+            kv_format: KvFormat::Full,
         }
+    }
+
+    /// The format new sequences keep their KV caches in (`KvFormat::Full` unless set): the
+    /// reference of the GPU backends' compact caches.
+    pub fn with_kv_format(mut self, format: KvFormat) -> Self {
+        self.kv_format = format;
+        self
     }
 
     /// Tokens per prefill chunk (bounds temporary memory; results do not depend on it).
@@ -187,7 +196,12 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        let kv = match self.kv_format {
+            KvFormat::Full => "",
+            KvFormat::Bf16 => ", bf16 KV cache",
+            KvFormat::Int8Row => ", int8-row KV cache",
+        };
+        format!("cpu ({} threads{kv})", rayon::current_num_threads())
     }
 
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
@@ -195,7 +209,12 @@ impl Backend for CpuBackend {
         let kv = c
             .layers
             .iter()
-            .map(|k| (*k == crate::config::LayerKind::Attention).then(KvCache::default))
+            .map(|k| {
+                (*k == crate::config::LayerKind::Attention).then(|| KvCache {
+                    format: self.kv_format,
+                    ..KvCache::default()
+                })
+            })
             .collect();
         let deltanet = c
             .layers
@@ -385,6 +404,7 @@ impl Backend for CpuBackend {
                     c.as_ref().map(|c| KvCache {
                         k: c.k[..keep].to_vec(),
                         v: c.v[..keep].to_vec(),
+                        format: c.format,
                     })
                 })
                 .collect();

@@ -62,11 +62,53 @@ pub fn rope_in_place(head: &mut [f32], pos: usize, rotary_dim: usize, theta: f64
     }
 }
 
-/// Post-norm, post-RoPE keys and values of one attention layer: `[len, Hkv, D]` each.
+/// How a KV cache keeps its rows (MODEL.md §2.4, "The KV cache's formats").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvFormat {
+    /// Each value as computed (f32 here; the GPU backends' bf16 / f16 / f32 caches).
+    #[default]
+    Full,
+    /// Each value rounded to bf16 (round to nearest even): what CUDA's default cache holds.
+    Bf16,
+    /// Each `D`-wide row (one position, one KV head) as int8 with one f32 scale: the values
+    /// `kv_int8_row` gives.
+    Int8Row,
+}
+
+/// Post-norm, post-RoPE keys and values of one attention layer: `[len, Hkv, D]` each, in
+/// `format` (an `Int8Row` cache holds the dequantised values, `kv_int8_row`'s).
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
+    pub format: KvFormat,
+}
+
+/// One KV row in the int8 row format (MODEL.md §2.4): the scale `s = max|x| / 127` (f32) and
+/// `q_i = round_half_even(x_i / s)` in −127..=127 (0 where the row is all zeros). Returns `s`
+/// and writes `q` (as `i8`); the row's value is `q_i · s`. The GPU kernels store exactly
+/// these: decode scales a key's dot product and a value's weight by `s` after the integer row
+/// is read, so the row itself needs no conversion beyond int8 → the tensor cores' bf16 (exact).
+pub fn kv_int8_encode(row: &[f32], q: &mut [i8]) -> f32 {
+    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() {
+        q.iter_mut().for_each(|v| *v = 0);
+        return if amax.is_finite() { 0.0 } else { f32::NAN };
+    }
+    let s = amax / 127.0;
+    for (o, &v) in q.iter_mut().zip(row) {
+        *o = (v / s).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    s
+}
+
+/// The values an int8-row cache returns for `row`: `kv_int8_encode`'s `q_i · s`, in place.
+pub fn kv_int8_row(row: &mut [f32]) {
+    let mut q = vec![0i8; row.len()];
+    let s = kv_int8_encode(row, &mut q);
+    for (v, &qi) in row.iter_mut().zip(&q) {
+        *v = qi as f32 * s;
+    }
 }
 
 /// One sequence's rows in a batched pass: the next `len` rows of the activations are its tokens
@@ -130,8 +172,21 @@ pub fn attention_batch(
     let mut row0 = 0;
     for seq in seqs.iter_mut() {
         let span = row0 * hkv * d..(row0 + seq.len) * hkv * d;
+        let (k0, v0) = (seq.kv.k.len(), seq.kv.v.len());
         seq.kv.k.extend_from_slice(&k[span.clone()]);
         seq.kv.v.extend_from_slice(&v[span]);
+        match seq.kv.format {
+            KvFormat::Full => {}
+            KvFormat::Bf16 => {
+                let round = |x: &mut f32| *x = half::bf16::from_f32(*x).to_f32();
+                seq.kv.k[k0..].iter_mut().for_each(round);
+                seq.kv.v[v0..].iter_mut().for_each(round);
+            }
+            KvFormat::Int8Row => {
+                seq.kv.k[k0..].chunks_mut(d).for_each(kv_int8_row);
+                seq.kv.v[v0..].chunks_mut(d).for_each(kv_int8_row);
+            }
+        }
         row0 += seq.len;
     }
     let caches: Vec<&KvCache> = seqs.iter().map(|s| &*s.kv).collect();
