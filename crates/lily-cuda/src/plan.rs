@@ -230,7 +230,8 @@ pub enum MoeRows {
     /// row that picked it, each row's outputs bit for bit the one-token pair kernels'; the down
     /// kernel's block of 12 warps, or of 16 (`dec_down_combine_x8x2_grouped_wide`) under
     /// `grouped_down_wide`; the rings of `dec_glu4_x8x2_grouped_ring` and, with 16 warps,
-    /// `dec_down_combine_x8x2_grouped_ring` under `grouped_moe_stream`.
+    /// `dec_down_combine_x8x2_grouped_ring` under `grouped_moe_stream` (its whole-sector form
+    /// `dec_down_combine_x8x2_grouped_sectors` under `grouped_down_sectors`).
     ByExpert(GroupedGlu, GroupedDown),
 }
 
@@ -711,7 +712,9 @@ impl Plan {
     /// (`moe_products`) and `decode::grouped_serves` the block for that many rows (2 to 8 rows of
     /// at most 64 picks, at most 256 experts, the down kernel's pairs in 92 KB), its down kernel
     /// 16 warps a block under `grouped_down_wide`, both kernels' rings deeper under
-    /// `grouped_moe_stream` (the down kernel's with `grouped_down_wide` only); else per row (a
+    /// `grouped_moe_stream` (the down kernel's with `grouped_down_wide` only), the ring down
+    /// kernel's loads whole sectors under `grouped_down_sectors` where
+    /// `decode::grouped_sectors_serves` the down projection; else per row (a
     /// batch of one always).
     pub fn moe_rows(&self, m: &DevMoe, n_experts: usize, top_k: usize, rows: usize) -> MoeRows {
         let (down, sdown) = (m.down.shape(), m.shared_down.shape());
@@ -733,7 +736,9 @@ impl Plan {
             && decode::grouped_serves([gate, up, sgate, sup], down, sdown, n_experts, top_k, rows)
         {
             let stream = self.o.grouped_moe_stream;
+            let sectors = self.o.grouped_down_sectors && decode::grouped_sectors_serves(down);
             let down = match (self.o.grouped_down_wide, stream) {
+                (true, true) if sectors => GroupedDown::Warps16Sectors,
                 (true, true) => GroupedDown::Warps16Ring,
                 (true, false) => GroupedDown::Warps16,
                 (false, _) => GroupedDown::Warps12,
@@ -1681,6 +1686,41 @@ mod tests {
         )
         .describe()
         .contains("grouped MoE weights streamed deeper off"));
+        // grouped_down_sectors (off by default): the ring down kernel's whole-sector form, only
+        // where the ring kernel runs (16 warps, grouped_moe_stream) and a warp has two rows or
+        // more (at most 1,024 columns); wider down projections keep the ring kernel.
+        let sectors = |grouped_down_wide, grouped_moe_stream| {
+            let o = CudaOptions {
+                grouped_down_sectors: true,
+                grouped_down_wide,
+                grouped_moe_stream,
+                ..CudaOptions::default()
+            };
+            Plan::resolve(&o, H200)
+        };
+        let wide_down = w(2048, 2048, 4);
+        for rows in 2..=8 {
+            assert_eq!(
+                sectors(true, true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps16Sectors)
+            );
+            assert_eq!(
+                sectors(true, false).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16)
+            );
+            assert_eq!(
+                sectors(false, true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
+                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps12)
+            );
+        }
+        assert!(!decode::grouped_sectors_serves(&wide_down));
+        assert!(decode::grouped_sectors_serves(&down));
+        assert!(sectors(true, true)
+            .describe()
+            .contains("grouped MoE down kernel's whole-sector loads on"));
+        assert!(on
+            .describe()
+            .contains("grouped MoE down kernel's whole-sector loads off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [
