@@ -465,7 +465,7 @@ __device__ __forceinline__ int dot_half_x8x2(uint4 q, const uint4 (&x)[4]) {
         ll = dp4a_us(lo, xe_lo[i], ll);
         hl = dp4a_us(hi, xo_lo[i], hl);
     }
-    return 254 * (16 * lh + hh) + (16 * ll + hl);
+    return 254 * (16 * lh + hh) + 16 * ll + hl;  // dot_group_x8x2's sum (integers: any order)
 }
 
 // The group's share of a row's dot product: Σ_j (s q_j + b) x̃_j = s · (scale / 254) · Σ q (254
