@@ -1321,10 +1321,7 @@ impl Decode {
                         a.down.cols
                     );
                 }
-                (
-                    &self.down_combine_x8x2_grouped_sectors,
-                    GROUPED_DOWN_KCOLS,
-                )
+                (&self.down_combine_x8x2_grouped_sectors, GROUPED_DOWN_KCOLS)
             }
         };
         let cfg = config((grid, 1, 1), (DOWN_WARPS * columns * 32) as u32, smem);

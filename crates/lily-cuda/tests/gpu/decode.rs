@@ -1249,7 +1249,10 @@ fn grouped_down_sectors_gives_the_ring_kernels_bits() {
                     out: [&ids, &rw, &eh, &sh, &x],
                 };
                 let dec = &d.k.decode;
-                for (run, down) in [(0, GroupedDown::Warps16Sectors), (1, GroupedDown::Warps16Ring)] {
+                for (run, down) in [
+                    (0, GroupedDown::Warps16Sectors),
+                    (1, GroupedDown::Warps16Ring),
+                ] {
                     dec.glu_grouped(&d, &runs.glu(run, 0), rows, GroupedGlu::Ring)
                         .unwrap();
                     dec.down_combine_grouped(&d, &runs.down(run, 0), rows, down)
