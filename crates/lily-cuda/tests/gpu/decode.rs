@@ -1195,6 +1195,76 @@ fn grouped_moe_stream_gives_the_grouped_kernels_bits() {
     println!("KERNEL decode.cu grouped MoE rings (grouped_moe_stream) equal the grouped kernels");
 }
 
+/// `grouped_down_sectors`: `dec_down_combine_x8x2_grouped_sectors` (the ring down kernel with
+/// whole-sector loads, a 64-column group split over a lane pair) against
+/// `dec_down_combine_x8x2_grouped_ring` (the shipping down kernel, itself tested against the
+/// grouped kernels above) after the same `dec_glu4_x8x2_grouped_ring`, every output written over
+/// NaN: the residual rows (and the shared routing and hidden rows) bit for bit, for 2, 4 and 8 rows
+/// whose picks overlap, on small's MoE shape (2 groups a row: 16 rows a warp) and the full
+/// model's widths (8 groups: 4 rows a warp) with 32 and 64 experts, in both activation modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn grouped_down_sectors_gives_the_ring_kernels_bits() {
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(307);
+        for (preset, experts) in [
+            (Preset::Small, None),
+            (Preset::Full, Some(32)),
+            (Preset::Full, Some(64)),
+        ] {
+            let mut c = ModelConfig::from_json(&preset_text_config(preset)).unwrap();
+            if let Some(n) = experts {
+                c.n_experts = n;
+            }
+            let (h, e, tk, inter, si) = moe_sizes(&c);
+            let w = random_moe(&mut rng, &c);
+            let dw = upload_moe(&d, "moe", &w).unwrap();
+            for rows in [2usize, 4, 8] {
+                let what =
+                    format!("{preset:?} ({e} experts), {rows} rows, bf16 {bf16_activations}");
+                let mut lg = rng.vec(rows * e, 2.0);
+                for t in 0..rows {
+                    if t % 3 == 1 {
+                        lg.copy_within((t - 1) * e..t * e, t * e);
+                    } else {
+                        for x in [1, e / 2 + 3, e - 2] {
+                            lg[t * e + x] += 5.0;
+                        }
+                    }
+                }
+                let logits = d.upload(&lg).unwrap();
+                let xn = d.upload(&rng.vec(rows * h, 1.0)).unwrap();
+                let s_gate = d.upload(&rng.vec(rows, 1.0)).unwrap();
+                let x0 = rng.vec(rows * h, 1.0);
+                // [the whole-sector down kernel, the ring down kernel]
+                let [ids, rw, eh, sh] = moe_outputs(&d, rows, tk, inter, si);
+                let x = [d.upload(&x0).unwrap(), d.upload(&x0).unwrap()];
+                let runs = MoeRuns {
+                    dw: &dw,
+                    c: &c,
+                    logits: logits.ptr,
+                    xn: xn.ptr,
+                    s_gate: s_gate.ptr,
+                    out: [&ids, &rw, &eh, &sh, &x],
+                };
+                let dec = &d.k.decode;
+                for (run, down) in [
+                    (0, GroupedDown::Warps16Sectors),
+                    (1, GroupedDown::Warps16Ring),
+                ] {
+                    dec.glu_grouped(&d, &runs.glu(run, 0), rows, GroupedGlu::Ring)
+                        .unwrap();
+                    dec.down_combine_grouped(&d, &runs.down(run, 0), rows, down)
+                        .unwrap();
+                }
+                runs.assert_equal(&d, rows, &x0, &what);
+            }
+        }
+    }
+    println!("KERNEL decode.cu grouped MoE down kernel's whole-sector loads (grouped_down_sectors) equal the ring kernel");
+}
+
 /// A rounding of x per 64-column group (`int8_groups`, `int8_pair_groups`): the rounded values
 /// (exact in f64) and each group's largest magnitude.
 type RoundGroups = fn(&[f32]) -> (Vec<f64>, Vec<f64>);
