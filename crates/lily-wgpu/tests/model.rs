@@ -1049,10 +1049,10 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
     assert_eq!(down_lanes_wg(9, 96), None);
     let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
     for (subgroups, f16, down_rows) in [
-        (true, false, 0),
-        (false, false, 0),
-        (true, true, 0),
-        (false, true, 0),
+        (true, false, 2),
+        (false, false, 2),
+        (true, true, 2),
+        (false, true, 2),
         (true, false, 8),
     ] {
         let opts = WgpuOptions {
