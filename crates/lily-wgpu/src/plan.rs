@@ -685,7 +685,7 @@ pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec
 pub fn down_lanes_wg(topk: usize, cols: usize) -> Option<usize> {
     let qn = cols / 32;
     let wg = ((topk * qn).div_ceil(32) * 32).max(64);
-    (qn > 0 && 64 % qn == 0 && cols % 32 == 0 && wg <= 256).then_some(wg)
+    (qn > 0 && 64_usize.is_multiple_of(qn) && cols.is_multiple_of(32) && wg <= 256).then_some(wg)
 }
 
 /// moe_down_lanes.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup,
