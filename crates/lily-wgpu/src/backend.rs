@@ -23,9 +23,9 @@ use crate::plan::{
     PrefillAttention, ProductsKernel, SplitRule, WgpuOptions,
 };
 use crate::probes::{
-    check_attention, check_coop_emulated, check_dn_step, check_down_rows, check_glu_split,
-    check_mm, check_mm_f16, check_out_lean, check_rows, check_rows_one_word, check_rows_persist,
-    DnStep, OutLeanCheck, PersistCheck, Sides, F16_STORE,
+    check_attention, check_coop_emulated, check_dn_step, check_down_lanes, check_down_rows,
+    check_glu_split, check_mm, check_mm_f16, check_out_lean, check_rows, check_rows_one_word,
+    check_rows_persist, DnStep, OutLeanCheck, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -211,6 +211,18 @@ impl WgpuBackend {
     /// are bit for bit the other form.
     pub fn check_down_rows(&self) -> Result<PersistCheck> {
         check_down_rows(
+            &self.gpu,
+            self.plan.subgroups,
+            self.plan.act_f16,
+            self.plan.down_rb,
+        )
+    }
+
+    /// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane) and moe_down_rows.wgsl in rounds
+    /// with this plan's reductions, activations and rows a workgroup, against the host on
+    /// `check_down_rows`' shapes and bit for bit against each other (`probes::check_down_lanes`).
+    pub fn check_down_lanes(&self) -> Result<PersistCheck> {
+        check_down_lanes(
             &self.gpu,
             self.plan.subgroups,
             self.plan.act_f16,

@@ -70,7 +70,10 @@
 //!   products (DeltaNet's out_proj, attention's o) on the router's lean 1-row kernel (`out_lean`:
 //!   `Plan::rows_rb` 1, `rows_lean_spec`; 2,048 workgroups of 2 words a lane and one workgroup
 //!   sum a row, against the 2-row kernel's 1,024 of 4 and `row_total`; session 29, branch
-//!   s29wout).
+//!   s29wout). Not yet measured, off: the down products with one item a lane
+//!   (`down_item_lanes`: moe_down_lanes.wgsl, `down_lanes_spec`; 160 lanes a workgroup on the
+//!   full model, every item's reads in one trip after its id, the residual read at the start;
+//!   session 30, branch s30wdec).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -674,6 +677,31 @@ pub fn down_rows_spec(topk: usize, cols: usize, rb: usize, rounds: bool) -> Spec
     )
 }
 
+/// moe_down_lanes.wgsl's invocations a workgroup (`WgpuOptions::down_item_lanes`: one item a
+/// lane): `topk` · `cols` / 32 lanes rounded up to whole subgroups of 32, at least the 64 whose
+/// partials the row totals sum (160 on the full model: 9 items × 16 quads); None where that
+/// exceeds 256 (the largest workgroup every adapter runs) or a row's quads do not divide 64
+/// (moe_down_rows' own condition: the sums follow its slots' order).
+pub fn down_lanes_wg(topk: usize, cols: usize) -> Option<usize> {
+    let qn = cols / 32;
+    let wg = ((topk * qn).div_ceil(32) * 32).max(64);
+    (qn > 0 && 64_usize.is_multiple_of(qn) && cols.is_multiple_of(32) && wg <= 256).then_some(wg)
+}
+
+/// moe_down_lanes.wgsl for `topk` items a token of `cols` columns, `rb` rows a workgroup,
+/// `wg` invocations (`down_lanes_wg`).
+pub fn down_lanes_spec(topk: usize, cols: usize, rb: usize, wg: usize) -> Spec {
+    Spec::new(
+        "moe_down_lanes",
+        &[
+            ("TOPK", topk as f64),
+            ("COLS", cols as f64),
+            ("RB", rb as f64),
+            ("WG", wg as f64),
+        ],
+    )
+}
+
 /// linear_q4_mm.wgsl with tiles of `tile` items, in f16 (`f16`) or f32; its register arrays
 /// sized for 32 items (so tiles of 16 and 32 compile as main's did), or 64.
 pub fn mm_spec(tile: MmTile, f16: bool) -> Spec {
@@ -882,6 +910,9 @@ pub struct Plan {
     /// moe_down_rows.wgsl (DOWN_RB, or `down_rows`).
     pub glu_rb: usize,
     pub down_rb: usize,
+    /// moe_down_lanes.wgsl's invocations a workgroup where `down_item_lanes` put the down
+    /// products on it (`Specs::moe_down_rows` is then its spec: the same launch), else 0.
+    pub down_lanes: usize,
     /// linear_q4_rows' persistent kernel (`rows_persist`): the workgroups a launch of the
     /// `PERSIST_RB`-row kernel takes (`rows_workers`, else `split_workgroups`: the adapter's
     /// kind), or None.
@@ -1057,6 +1088,19 @@ impl Plan {
         if opts.glu_split && !opts.moe_rounds {
             notes.push("glu_split without moe_rounds: the GLU one item a workgroup".into());
         }
+        // `down_item_lanes`: moe_down_rows' launches on moe_down_lanes.wgsl where it fits.
+        let down_lanes = if opts.down_item_lanes {
+            let wg = down_lanes_wg(top as usize, c.expert_inter);
+            if wg.is_none() {
+                notes.push(format!(
+                    "down_item_lanes: {top} items of {} columns do not fit one workgroup of ≤ 256 lanes, moe_down_rows kept",
+                    c.expert_inter
+                ));
+            }
+            wg
+        } else {
+            None
+        };
         let rows = |rb: usize| {
             // The 8-row kernel (`out_rows` 8) always in rounds.
             let persist = (opts.rows_persist && rb == PERSIST_RB) || rb == 8;
@@ -1119,7 +1163,10 @@ impl Plan {
                 "moe_down",
                 &[("TOPK", top), ("COLS", c.expert_inter as f64)],
             ),
-            moe_down_rows: down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
+            moe_down_rows: match down_lanes {
+                Some(wg) => down_lanes_spec(top as usize, c.expert_inter, down_rb, wg),
+                None => down_rows_spec(top as usize, c.expert_inter, down_rb, opts.moe_rounds),
+            },
             argmax_part: Spec::new("argmax_part", &[]),
             argmax_final: Spec::new("argmax_final", &[]),
             sample_adjust: Spec::new("sample_adjust", &[]),
@@ -1225,6 +1272,7 @@ impl Plan {
             glu_split,
             glu_rb,
             down_rb,
+            down_lanes: down_lanes.unwrap_or(0),
             rows_workers,
             notes,
         })
@@ -1323,7 +1371,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / moe_down_rows{}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / {}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1381,10 +1429,10 @@ impl Plan {
                 (true, true) => " (the routed experts' one row of every other item a workgroup, two workgroups a row, each item's reads issued as its routing round ends)",
                 (false, _) => "",
             },
-            if self.options.moe_rounds {
-                " (in rounds of one item, the next item's reads in flight)"
-            } else {
-                ""
+            match (self.down_lanes, self.options.moe_rounds) {
+                (0, true) => "moe_down_rows (in rounds of one item, the next item's reads in flight)".to_string(),
+                (0, false) => "moe_down_rows".to_string(),
+                (n, _) => format!("moe_down_lanes (one item a lane, {n} lanes a workgroup: every item's reads in one trip, the residual read at the start)"),
             },
             if self.route_in_glu {
                 "in linear_q4_glu_rows"

@@ -3,14 +3,14 @@
 //! computation in f64 on the host, as a relative L2 difference. The backend checks attend_tile
 //! this way before using it; tests check every product and attention kernel.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_rows_spec, glu_rows_spec, in_forms, rows_grid, rows_spec,
-    MmTile, SplitRule, GLU_RB,
+    coop_spec, dn_recur_norm_spec, down_lanes_spec, down_lanes_wg, down_rows_spec, glu_rows_spec,
+    in_forms, rows_grid, rows_spec, MmTile, SplitRule, GLU_RB,
 };
 use crate::shaders::Form;
 
@@ -1065,6 +1065,43 @@ pub fn check_down_rows(
     act_f16: bool,
     rb: usize,
 ) -> Result<PersistCheck> {
+    check_down_forms(gpu, act_f16, rb, |topk, cols| {
+        [false, true]
+            .map(|rounds| down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups))
+            .to_vec()
+    })
+}
+
+/// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane, `down_lanes_spec`) on
+/// `check_down_rows`' cases, after moe_down_rows in rounds (`ROUNDS` 1, what it replaces), both
+/// with the plan's reductions and activations: the largest relative L2 difference of either's
+/// sums from the host's f64, and whether the lanes' outputs are bit for bit the rounds' in every
+/// case (9 items of 512 columns: 160 lanes; 9 of 256: 96; 5 of 64: 64, most lanes idle).
+pub fn check_down_lanes(
+    gpu: &Gpu,
+    subgroups: bool,
+    act_f16: bool,
+    rb: usize,
+) -> Result<PersistCheck> {
+    check_down_forms(gpu, act_f16, rb, |topk, cols| {
+        let mut v = vec![down_rows_spec(topk, cols, rb, true).with_subgroups(subgroups)];
+        v.extend(
+            down_lanes_wg(topk, cols)
+                .map(|wg| down_lanes_spec(topk, cols, rb, wg).with_subgroups(subgroups)),
+        );
+        v
+    })
+}
+
+/// `check_down_rows`' cases on each kernel `forms(topk, cols)` gives (the same launch): the
+/// largest relative L2 difference from the host's f64 and whether every form's outputs are the
+/// first's bits.
+fn check_down_forms(
+    gpu: &Gpu,
+    act_f16: bool,
+    rb: usize,
+    forms: impl Fn(usize, usize) -> Vec<crate::shaders::Spec>,
+) -> Result<PersistCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
     let mut out = PersistCheck {
         err: 0.0,
@@ -1107,11 +1144,12 @@ pub fn check_down_rows(
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
         let mut first: Option<Vec<f32>> = None;
-        for rounds in [false, true] {
-            let spec = crate::shaders::Spec {
-                act_f16,
-                ..down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups)
-            };
+        let specs = forms(topk, cols);
+        if specs.len() < 2 {
+            bail!("moe_down check: fewer than two forms for {topk} items of {cols} columns");
+        }
+        for spec in specs {
+            let spec = crate::shaders::Spec { act_f16, ..spec };
             let kernel = Kernel::new(gpu, &spec, false)?;
             let xbuf = gpu.upload_f32("check.x", &x0)?;
             let mut r = Recorder::new(gpu);

@@ -29,6 +29,11 @@ pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
 pub const MM_TILE: &str = include_str!("../../../shaders/wgsl/mm_tile.wgsl");
 /// The kernels mm_tile.wgsl goes in front of.
 pub const MM_KERNELS: [&str; 3] = ["linear_q4_mm", "linear_q4_coop", "linear_q4_coop_big"];
+/// The parameters, bindings, shapes and one item's reads moe_down_rows.wgsl and
+/// moe_down_lanes.wgsl share (in front of those only: `DOWN_KERNELS`).
+pub const DOWN_ITEM: &str = include_str!("../../../shaders/wgsl/moe_down_item.wgsl");
+/// The kernels moe_down_item.wgsl goes in front of.
+pub const DOWN_KERNELS: [&str; 2] = ["moe_down_rows", "moe_down_lanes"];
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {
@@ -65,6 +70,7 @@ sources!(
     "moe_combine",
     "moe_down",
     "moe_down_rows",
+    "moe_down_lanes",
     "moe_group",
     "moe_route",
     "rms_norm",
@@ -185,7 +191,7 @@ impl Spec {
     /// The module as the device compiles it: `enable` directives first, then
     /// the reductions' file, common.wgsl, the KV cache's types, the tiles' types, the
     /// activations' types (and a product's `XS` / `YS`: `ACT`, or f32 as its form says), the
-    /// cooperative matrices' types (`coop`), mm_tile.wgsl (`MM_KERNELS`) and the kernel (with
+    /// cooperative matrices' types (`coop`), mm_tile.wgsl (`MM_KERNELS`) or moe_down_item.wgsl (`DOWN_KERNELS`) and the kernel (with
     /// its cooperative operations written: `coop_code`).
     pub fn code(&self) -> Result<String> {
         let kv = if self.kv_f16 { KV_F16 } else { KV_F32 };
@@ -230,6 +236,8 @@ impl Spec {
         };
         let mm = if MM_KERNELS.contains(&self.name) {
             MM_TILE
+        } else if DOWN_KERNELS.contains(&self.name) {
+            DOWN_ITEM
         } else {
             ""
         };

@@ -1032,6 +1032,103 @@ fn glu_split_kernel_matches_the_host_and_todays() {
     );
 }
 
+/// `down_item_lanes`: moe_down_lanes.wgsl (one item a lane, the residual read at the start) in
+/// both reduction forms, with f32 and f16 activations, 2 rows a workgroup (the plan's) and 8:
+/// against the host's f64 on `check_down_rows`' cases (9 items of 512 columns — the full model's,
+/// 160 lanes —, 9 of 256, 5 of 64; 37 rows, the last block partly filled, 2 tokens) and **bit for
+/// bit** moe_down_rows in rounds (the same additions in the same order); the workgroup sizes, the
+/// plan's spec and line, and a shape that does not fit (kept on moe_down_rows with a note).
+#[test]
+fn down_item_lanes_kernel_matches_the_host_and_todays() {
+    use lily_wgpu::plan::down_lanes_wg;
+    assert_eq!(down_lanes_wg(9, 512), Some(160));
+    assert_eq!(down_lanes_wg(9, 256), Some(96));
+    assert_eq!(down_lanes_wg(5, 64), Some(64));
+    assert_eq!(down_lanes_wg(16, 512), Some(256));
+    assert_eq!(down_lanes_wg(17, 512), None);
+    assert_eq!(down_lanes_wg(9, 96), None);
+    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 71);
+    for (subgroups, f16, down_rows) in [
+        (true, false, 2),
+        (false, false, 2),
+        (true, true, 2),
+        (false, true, 2),
+        (true, false, 8),
+    ] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            subgroups,
+            down_rows,
+            down_item_lanes: true,
+            f16_acts: Choice::of(f16),
+            ..WgpuOptions::default()
+        };
+        let Some(gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        let plan = gpu.plan();
+        // tiny: 4 routed items + the stacked shared expert of 64 columns: 10 lanes → 64.
+        assert_eq!(plan.down_lanes, 64);
+        assert_eq!(plan.specs.moe_down_rows.name, "moe_down_lanes");
+        let d = plan.describe();
+        assert!(
+            d.contains("moe_down one item a lane on")
+                && d.contains("moe_down_lanes (one item a lane, 64 lanes a workgroup"),
+            "{d}"
+        );
+        let bound = Bounds::of(plan).kernel;
+        let down = gpu.check_down_lanes().unwrap();
+        println!(
+            "subgroups {subgroups}, f16 activations {}, {} rows a workgroup: moe_down_rows in rounds / moe_down_lanes {:.2e} (bit for bit: {})",
+            plan.act_f16, plan.down_rb, down.err, down.same_bits
+        );
+        assert!(
+            down.err < bound,
+            "moe_down_lanes or moe_down_rows differs from the host by {:.2e}",
+            down.err
+        );
+        assert!(
+            down.same_bits,
+            "moe_down_lanes is not bit for bit moe_down_rows in rounds"
+        );
+    }
+    // Off: moe_down_rows as before.
+    let Some(gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 16,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(gpu.plan().down_lanes, 0);
+    assert_eq!(gpu.plan().specs.moe_down_rows.name, "moe_down_rows");
+    // A tiny model's greedy decode with the switch (every MoE layer's down on moe_down_lanes)
+    // against the CPU's tokens (near ties allowed with f16 activations: `assert_greedy_as_cpu`).
+    let prompt = Rng(17).tokens(10, w.config.vocab);
+    let Some(mut gpu) = wgpu_backend_with(
+        &w,
+        WgpuOptions {
+            chunk: 8,
+            all_logits_chunk: 8,
+            down_item_lanes: true,
+            ..WgpuOptions::default()
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(gpu.plan().down_lanes, 64);
+    let mut cpu = CpuBackend::new(w.clone());
+    let cs = cpu.new_seq(64).unwrap();
+    cpu.prefill(cs, &prompt).unwrap();
+    let gs = gpu.new_seq(64).unwrap();
+    gpu.prefill(gs, &prompt).unwrap();
+    assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 16, "down_item_lanes");
+}
+
 /// The decode MoE in rounds (`moe_rounds`), in both reduction forms, with f32 and f16
 /// activations: linear_q4_glu_rows' `ITEMS` form routing its own items (a workgroup a row and
 /// token; E = 130, k = 8, the stacked shared expert, planted ties: ids exactly the host's,
@@ -1409,6 +1506,45 @@ fn full_width_out_lean_decode_matches_cpu() {
     let e = rel_l2(&stepped_of[1], &stepped_of[0]);
     println!("full widths: out_lean against the 2-row kernel {e:.3e}");
     assert!(e < 1e-4, "out_lean moves the logits by {e:.3e}");
+}
+
+/// `down_item_lanes` on the full widths (4 layers, synth seed 41, as the other full-width decode
+/// tests): the down products of 9 items of 512 columns on moe_down_lanes' 160 lanes, 12
+/// positions token by token against the CPU, and **bit for bit** the logits without the switch
+/// (moe_down_rows in rounds: the same sums in the same order) where the driver contracts neither
+/// kernel (else within rounding: the bound below). `cargo test --release -p lily-wgpu --test
+/// model -- --ignored full_width_down_item_lanes`.
+#[test]
+#[ignore]
+fn full_width_down_item_lanes_decode_matches_cpu() {
+    let (w, tokens, want) = full_width_model();
+    let mut stepped_of = Vec::new();
+    for lanes in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            down_item_lanes: lanes,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().down_lanes, if lanes { 160 } else { 0 });
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
+        let e_cpu = rel_l2(&stepped, &want);
+        println!("full widths, down_item_lanes {lanes}: token by token vs CPU {e_cpu:.3e}");
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        stepped_of.push(stepped);
+    }
+    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
+    let same = stepped_of[1]
+        .iter()
+        .zip(&stepped_of[0])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    println!("full widths: down_item_lanes against moe_down_rows {e:.3e} (bit for bit: {same})");
+    assert!(e < 1e-5, "down_item_lanes moves the logits by {e:.3e}");
 }
 
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction

@@ -95,6 +95,8 @@ fn choosable() -> Vec<Spec> {
                             // linear_q4_glu_rows' items on two workgroups a row (SPLIT = 2,
                             // `glu_split`).
                             glu_split: sw,
+                            // moe_down_lanes in moe_down_rows' place (`down_item_lanes`).
+                            down_item_lanes: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -318,6 +320,9 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // linear_q4_glu_rows' items on two workgroups a row (`glu_split`, SPLIT) with moe_rounds
         // and without.
         glu_split: sw[5],
+        // moe_down_lanes in moe_down_rows' place (`down_item_lanes`) with moe_rounds and
+        // without.
+        down_item_lanes: sw[5],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
