@@ -127,8 +127,8 @@ MUTANTS = [
      "int8 attn_split_mma weighting value j + 1 with value j's scale"),
     ('att', 'cp_async16(kd, ksc_g + (long long)j * row);', 'cp_async16(kd, ksc_g);',
      "int8 attn_split_mma staging position 0's key scales for every key"),
-    ('att', 'return (float)(signed char)((x >> (8 * k)) & 0xffu); };', 'return (float)((x >> (8 * k)) & 0xffu); };',
-     "kv8_bf16x8 reading the int8 values as unsigned"),
+    ('att', 'u32 x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;', 'u32 x = w.x, y = w.y;',
+     "kv8_bf16x8 without the sign flip (each value read as its unsigned byte − 128)"),
     ('att', 'o[k] = (u32)kv_store(lo) | ((u32)kv_store(hi) << 16);', 'o[k] = (u32)kv_store(hi) | ((u32)kv_store(lo) << 16);',
      "kv_int8_dequant swapping each pair of values"),
 ]
