@@ -778,6 +778,19 @@ mod tests {
     }
 
     #[test]
+    fn int8_caches_take_528_byte_records_and_less_shared_memory() {
+        // 2 heads × 256 int8 values, then 2 f32 scales padded to 16 bytes; 6 heads: 32 bytes.
+        assert_eq!(kv_pos_bytes(2, 256, 2, true), 528);
+        assert_eq!(kv_pos_bytes(6, 64, 2, true), 6 * 64 + 32);
+        assert_eq!(kv_pos_bytes(2, 256, 2, false), 1024);
+        assert_eq!(kv_pos_bytes(2, 256, 4, false), 2048);
+        // attn_split_mma's blocks: 109 KB (bf16 tiles, 3 stages), 94 KB (int8 stages, one bf16
+        // tile): two blocks an SM either way (227 KB on sm_90).
+        assert_eq!(split_mma_smem_bytes(256, false), 111_616);
+        assert_eq!(split_mma_smem_bytes(256, true), 96_256);
+    }
+
+    #[test]
     fn attn_prefill_wg_takes_head_dim_256_with_query_heads_in_pairs() {
         assert!(prefill_wg_fits(shape(16, 2, 256))); // Qwen3.6: 8 query heads a kv head
         assert!(prefill_wg_fits(shape(4, 2, 256)));
