@@ -1,7 +1,7 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | lean | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn (attn in bf16 builds: the tensor-core
-// kernels' mode).
+// Argument: gemv | gemv_x8 | mma | split | lean | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn | attn_int8 (attn and
+// attn_int8 in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -49,6 +49,8 @@
 //         dec_dn_step one sequence at a time on copies of the states; dec_dn_step_rows_loop
 //         (dn_rows_loop) bit for bit dec_dn_step_rows at 1, 2, 3, 8 sequences (5 too on the small heads).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
+//   attn_int8: the same kernels, attn_qk_prep and kv_int8_dequant built with LILY_KV_INT8 (in
+//         namespace kv8; `kv_cache int8`) on int8-row caches (see run_attn8_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
 // must stay untouched. What this cannot show: races a GPU's real scheduling could expose (here a
