@@ -1,7 +1,7 @@
 // The references and the driver of scripts/cuda_emu/run_batch.sh (its emu.cpp includes this after
 // shim_decode.h, common.cuh's helpers, decode.cu and attention.cu's split-KV decode kernels).
-// Argument: gemv | gemv_x8 | mma | split | lean | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn (attn in bf16 builds: the tensor-core
-// kernels' mode).
+// Argument: gemv | gemv_x8 | mma | split | lean | moe | moe_q8 | moe_x8x2 | moe_grouped | moe_bulk | dn | attn | attn_int8 (attn and
+// attn_int8 in bf16 builds: the tensor-core kernels' mode).
 //
 //   gemv: dec_gemv_rows (Decode::project_rows's launches, its split into launches of at most
 //         rows_per_launch rows ported below) against an f64 dequantise-and-dot of MLX affine
@@ -49,6 +49,8 @@
 //         dec_dn_step one sequence at a time on copies of the states; dec_dn_step_rows_loop
 //         (dn_rows_loop) bit for bit dec_dn_step_rows at 1, 2, 3, 8 sequences (5 too on the small heads).
 //   attn: attn_split_mma_prep_rows / _long_rows + attn_split_combine_rows (see run_attn_shape).
+//   attn_int8: the same kernels, attn_qk_prep and kv_int8_dequant built with LILY_KV_INT8 (in
+//         namespace kv8; `kv_cache int8`) on int8-row caches (see run_attn8_shape).
 //
 // Inputs are random, never zero; outputs are poisoned with NaN and followed by a guard band that
 // must stay untouched. What this cannot show: races a GPU's real scheduling could expose (here a
@@ -1636,6 +1638,269 @@ static void run_attn() {
     run_attn_shape(16, 2, 256, 64, true);
     run_attn_shape(4, 2, 64, 16, false);
 }
+
+// ---- attn_int8 ----------------------------------------------------------------------------------
+// The int8-row KV cache (issue 30; kv8:: is attention.cu built with LILY_KV_INT8): records of a
+// position's n_kv int8 rows then their f32 scales, padded to 16 bytes (kv8_rec_bytes).
+static size_t kv8_rec(int n_kv, int d) { return (size_t)n_kv * d + ((size_t)4 * n_kv + 15) / 16 * 16; }
+// kv_int8_encode (lily-core cpu::ops), written here from its rule: s = max|x| / 127, q = x / s
+// rounded half to even, clamped to ±127; all zero (s = 0) for a zero row.
+static float kv8_encode(const float* x, int d, signed char* q) {
+    float amax = 0.0f;
+    for (int i = 0; i < d; i++) amax = std::max(amax, std::fabs(x[i]));
+    if (amax == 0.0f) { for (int i = 0; i < d; i++) q[i] = 0; return 0.0f; }
+    float s = amax / 127.0f;
+    for (int i = 0; i < d; i++) q[i] = (signed char)std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] / s)));
+    return s;
+}
+// Head g's row at position p of an int8 cache as f32 values q · s (what the CPU reference reads).
+static void kv8_row(const std::vector<signed char>& c, int n_kv, int d, int p, int g, float* out) {
+    size_t rec = kv8_rec(n_kv, d);
+    float s; memcpy(&s, &c[p * rec + (size_t)n_kv * d + 4 * g], 4);
+    for (int i = 0; i < d; i++) out[i] = (float)c[p * rec + (size_t)g * d + i] * s;
+}
+// Whether head g's row and scale at position p are the same bytes in a and b.
+static bool kv8_same_row(const std::vector<signed char>& a, const std::vector<signed char>& b, int n_kv, int d, int p, int g) {
+    size_t rec = kv8_rec(n_kv, d);
+    return memcmp(&a[p * rec + (size_t)g * d], &b[p * rec + (size_t)g * d], d) == 0 &&
+           memcmp(&a[p * rec + (size_t)n_kv * d + 4 * g], &b[p * rec + (size_t)n_kv * d + 4 * g], 4) == 0;
+}
+static size_t split_mma8_smem_floats(int d) {
+    size_t bytes = (size_t)(16 + 2 * 32) * (d + 8) * 2 + 16 * (32 + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4 +
+                   (size_t)2 * SPLIT_MMA_STAGES * 32 * 16 + (size_t)2 * SPLIT_MMA_STAGES * 32 * d;
+    return bytes / 4;
+}
+// kv8::attn_split_mma_prep_rows (or _long_rows) + attn_split_combine_rows on int8 caches, against:
+// an f64 attention over the caches' dequantised values (the new key and value as the kernel
+// wrote them), the bound the bf16 kernels meet (2e-2); the new rows bit for bit against
+// kv8_encode of the rows the bf16 kernel (attn_split_mma_prep_rows, same inputs) writes, i.e.
+// the rule applied to the same key after norm and RoPE; every other record untouched; one
+// sequence at a time (kv8::attn_split_mma_prep + combine) bit for bit; kv8::attn_qk_prep +
+// kv8::attn_split_mma (the unfused path) near the f64 reference, its rows bit for bit the rule
+// on ::attn_qk_prep's bf16 rows; kv8::kv_int8_dequant bit for bit bf16(q · s) over rows 0..pos,
+// nothing written past them.
+static void run_attn8_shape(int n_q, int n_kv, int d, int rotary, bool long_kernel, std::vector<int> batches = {1, 3, 8}) {
+    const float theta = 1e7f, eps = 1e-6f, scale = 1.0f / std::sqrt((float)d);
+    const int lens[8] = {37, 700, 5, 129, 1, 64, 9001, 300};
+    const int max_ctx = 9088;
+    size_t cache_n = (size_t)max_ctx * n_kv * d, rec = kv8_rec(n_kv, d);
+    std::vector<float> q_norm = vec(d, 0.3f), k_norm = vec(d, 0.3f);
+    for (auto& v : q_norm) v += 1; for (auto& v : k_norm) v += 1;
+    int chunks = (n_q / n_kv + SPLIT_MAX_G - 1) / SPLIT_MAX_G;
+    size_t slots = (size_t)DEC_B_MAX * n_q * SPLIT_MAX_SPLITS;
+    const char* kname = long_kernel ? "_long" : "";
+    for (int B : batches) {
+        // bf16 caches (random), and the same rows encoded as int8 records; some rows scaled
+        // far apart and one all zero, so rows' scales differ by orders of magnitude.
+        std::vector<std::vector<u16>> c16(2 * B);
+        std::vector<std::vector<signed char>> c8(2 * B);
+        for (int c = 0; c < 2 * B; c++) {
+            c16[c].resize(cache_n);
+            c8[c].assign((size_t)max_ctx * rec, 0);
+            for (int p = 0; p < max_ctx; p++)
+                for (int g = 0; g < n_kv; g++) {
+                    float mag = p % 7 == 3 ? 40.0f : p % 11 == 5 ? 0.01f : 1.0f;
+                    std::vector<float> row(d);
+                    for (int i = 0; i < d; i++) row[i] = p == 2 ? 0.0f : (float)f_of_bf16(bf16_of(val(mag)));
+                    for (int i = 0; i < d; i++) c16[c][((size_t)p * n_kv + g) * d + i] = bf16_of(row[i]);
+                    float s = kv8_encode(row.data(), d, &c8[c][p * rec + (size_t)g * d]);
+                    memcpy(&c8[c][p * rec + (size_t)n_kv * d + 4 * g], &s, 4);
+                }
+        }
+        std::vector<std::vector<u16>> c16_rows = c16;
+        std::vector<std::vector<signed char>> c8_rows = c8, c8_one = c8, c8_unf = c8;
+        auto rnd_bf16 = [](size_t n) { std::vector<float> v = vec(n, 1.0f); for (auto& x : v) x = (float)f_of_bf16(bf16_of(x)); return v; };
+        std::vector<float> qg = rnd_bf16((size_t)B * 2 * n_q * d), kin = rnd_bf16((size_t)B * n_kv * d), vin = rnd_bf16((size_t)B * n_kv * d);
+        std::vector<int> pos(B);
+        std::vector<const int*> pos_t(B);
+        std::vector<u16*> t16(2 * B);
+        std::vector<signed char*> t8(2 * B);
+        for (int b = 0; b < B; b++) pos[b] = lens[b] - 1;
+        for (int b = 0; b < B; b++) pos_t[b] = &pos[b];
+        for (int c = 0; c < 2 * B; c++) { t16[c] = c16_rows[c].data(); t8[c] = c8_rows[c].data(); }
+        Buf<float> part_o(slots * d), part_ml(slots * 2), out((size_t)B * n_q * d), out16((size_t)B * n_q * d);
+        launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, B}, SPLIT_WARPS * 32, split_mma8_smem_floats(d), [&] {
+            auto k = long_kernel ? kv8::attn_split_mma_prep_long_rows : kv8::attn_split_mma_prep_rows;
+            k(qg.data(), kin.data(), vin.data(), q_norm.data(), k_norm.data(), t8.data(), part_o.p(), part_ml.p(),
+              pos_t.data(), n_q, n_kv, d, rotary, theta, eps, scale);
+        });
+        launch_k({n_q, B, (d + 63) / 64}, 256, 0, [&] {
+            kv8::attn_split_combine_rows(qg.data(), part_o.p(), part_ml.p(), out.p(), pos_t.data(), n_q, d);
+        });
+        // The bf16 kernel on the same inputs: the new rows it writes (and, for the record, its
+        // output's distance from the int8 kernel's).
+        launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, B}, SPLIT_WARPS * 32, split_mma_smem_floats(d), [&] {
+            auto k = long_kernel ? attn_split_mma_prep_long_rows : attn_split_mma_prep_rows;
+            k(qg.data(), kin.data(), vin.data(), q_norm.data(), k_norm.data(), t16.data(), part_o.p(), part_ml.p(),
+              pos_t.data(), n_q, n_kv, d, rotary, theta, eps, scale);
+        });
+        launch_k({n_q, B, (d + 63) / 64}, 256, 0, [&] {
+            attn_split_combine_rows(qg.data(), part_o.p(), part_ml.p(), out16.p(), pos_t.data(), n_q, d);
+        });
+        // f64 reference over the int8 caches' values (the new row as the kernel wrote it).
+        auto reference = [&](int b, const std::vector<signed char>& kc, const std::vector<signed char>& vc, std::vector<double>& want) {
+            int p = pos[b], half = rotary / 2;
+            auto prep = [&](const float* x, const std::vector<float>& w, std::vector<double>& y) {
+                double ss = 0;
+                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+                double inv = 1 / std::sqrt(ss / d + eps);
+                std::vector<double> nn(d);
+                for (int i = 0; i < d; i++) nn[i] = x[i] * inv * w[i];
+                y = nn;
+                for (int i = 0; i < rotary; i++) {
+                    int f = i < half ? i : i - half;
+                    double ang = p / std::pow((double)theta, 2.0 * f / rotary);
+                    y[i] = i < half ? nn[i] * std::cos(ang) - nn[i + half] * std::sin(ang) : nn[i] * std::cos(ang) + nn[i - half] * std::sin(ang);
+                }
+            };
+            want.assign((size_t)n_q * d, 0.0);
+            std::vector<float> kr((size_t)(p + 1) * d), vr((size_t)(p + 1) * d);
+            for (int g = 0; g < n_kv; g++) {
+                for (int j = 0; j <= p; j++) { kv8_row(kc, n_kv, d, j, g, &kr[(size_t)j * d]); kv8_row(vc, n_kv, d, j, g, &vr[(size_t)j * d]); }
+                for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
+                    std::vector<double> q;
+                    const float* src = &qg[((size_t)b * n_q + h) * 2 * d];
+                    prep(src, q_norm, q);
+                    std::vector<double> sc(p + 1);
+                    double mx = -1e300;
+                    for (int j = 0; j <= p; j++) {
+                        double s = 0;
+                        for (int i = 0; i < d; i++) s += q[i] * kr[(size_t)j * d + i];
+                        sc[j] = s / std::sqrt((double)d);
+                        mx = std::max(mx, sc[j]);
+                    }
+                    double sum = 0;
+                    for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
+                    for (int i = 0; i < d; i++) {
+                        double o = 0;
+                        for (int j = 0; j <= p; j++) o += sc[j] * vr[(size_t)j * d + i];
+                        want[(size_t)h * d + i] = o / sum / (1 + std::exp(-(double)src[d + i]));
+                    }
+                }
+            }
+        };
+        double e_out = 0, e_16 = 0;
+        bool rows_ok = true, untouched = true;
+        for (int b = 0; b < B; b++) {
+            int p = pos[b];
+            std::vector<double> want;
+            reference(b, c8_rows[b], c8_rows[B + b], want);
+            e_out = std::max(e_out, rel_l2(out.p() + (size_t)b * n_q * d, want.data(), want.size()));
+            std::vector<double> o16(out16.p() + (size_t)b * n_q * d, out16.p() + (size_t)(b + 1) * n_q * d);
+            e_16 = std::max(e_16, rel_l2(out.p() + (size_t)b * n_q * d, o16.data(), o16.size()));
+            for (int kvv = 0; kvv < 2; kvv++) {
+                int c = kvv * B + b;
+                std::vector<signed char> expect = c8_rows[c];
+                for (int g = 0; g < n_kv; g++) {
+                    std::vector<float> row(d);
+                    for (int i = 0; i < d; i++) row[i] = (float)f_of_bf16(c16_rows[c][((size_t)p * n_kv + g) * d + i]);
+                    float s = kv8_encode(row.data(), d, &expect[p * rec + (size_t)g * d]);
+                    memcpy(&expect[p * rec + (size_t)n_kv * d + 4 * g], &s, 4);
+                    rows_ok = rows_ok && kv8_same_row(expect, c8_rows[c], n_kv, d, p, g);
+                }
+                for (size_t i = 0; i < c8[c].size(); i++)
+                    if (c8_rows[c][i] != c8[c][i] && i / rec != (size_t)p) untouched = false;
+            }
+        }
+        char what[200];
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, prep%s_rows, %d seqs: outputs", n_q, n_kv, d, kname, B);
+        verdict(what, e_out < 2e-2 && out.guard_ok(), "  rel_l2 %.2e (from the bf16 kernel's: %.2e)", e_out, e_16);
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, prep%s_rows, %d seqs: new rows = encode", n_q, n_kv, d, kname, B);
+        verdict(what, rows_ok, rows_ok ? "  bit for bit" : "  differ");
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, prep%s_rows, %d seqs: other records untouched", n_q, n_kv, d, kname, B);
+        verdict(what, untouched);
+        // One sequence at a time, fused prep; then the unfused path (attn_qk_prep + attn_split_mma).
+        Buf<float> out1((size_t)B * n_q * d), out2((size_t)B * n_q * d);
+        Buf<float> q_out((size_t)n_q * d);
+        double e_unf = 0;
+        bool unf_rows = true;
+        for (int b = 0; b < B; b++) {
+            const float* qgb = qg.data() + (size_t)b * 2 * n_q * d;
+            const float *kb = kin.data() + (size_t)b * n_kv * d, *vb = vin.data() + (size_t)b * n_kv * d;
+            launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, 1}, SPLIT_WARPS * 32, split_mma8_smem_floats(d), [&] {
+                auto k = long_kernel ? kv8::attn_split_mma_prep_long : kv8::attn_split_mma_prep;
+                k(qgb, kb, vb, q_norm.data(), k_norm.data(), c8_one[b].data(), c8_one[B + b].data(), part_o.p(), part_ml.p(),
+                  &pos[b], n_q, n_kv, d, rotary, theta, eps, scale);
+            });
+            launch_k({n_q, 1, (d + 63) / 64}, 256, 0, [&] {
+                kv8::attn_split_combine(qgb, part_o.p(), part_ml.p(), out1.p() + (size_t)b * n_q * d, &pos[b], 1, n_q, d);
+            });
+            // Unfused: kv8::attn_qk_prep (one token) then kv8::attn_split_mma(_long) + combine.
+            launch_k({1, n_q + n_kv, 1}, 128, 0, [&] {
+                kv8::attn_qk_prep(qgb, kb, vb, q_out.p(), c8_unf[b].data(), c8_unf[B + b].data(), q_norm.data(), k_norm.data(),
+                                  &pos[b], 1, n_q, n_kv, d, rotary, theta, eps);
+            });
+            launch_k({SPLIT_MAX_SPLITS, n_kv * chunks, 1}, SPLIT_WARPS * 32, split_mma8_smem_floats(d), [&] {
+                auto k = long_kernel ? kv8::attn_split_mma_long : kv8::attn_split_mma;
+                k(q_out.p(), c8_unf[b].data(), c8_unf[B + b].data(), part_o.p(), part_ml.p(), &pos[b], 1, n_q, n_kv, d, scale);
+            });
+            launch_k({n_q, 1, (d + 63) / 64}, 256, 0, [&] {
+                kv8::attn_split_combine(qgb, part_o.p(), part_ml.p(), out2.p() + (size_t)b * n_q * d, &pos[b], 1, n_q, d);
+            });
+            std::vector<double> want;
+            reference(b, c8_unf[b], c8_unf[B + b], want);
+            e_unf = std::max(e_unf, rel_l2(out2.p() + (size_t)b * n_q * d, want.data(), want.size()));
+            // ::attn_qk_prep's bf16 rows of the same token, encoded, against kv8::attn_qk_prep's.
+            std::vector<u16> k16(cache_n), v16(cache_n);
+            launch_k({1, n_q + n_kv, 1}, 128, 0, [&] {
+                attn_qk_prep(qgb, kb, vb, q_out.p(), k16.data(), v16.data(), q_norm.data(), k_norm.data(), &pos[b], 1, n_q,
+                             n_kv, d, rotary, theta, eps);
+            });
+            for (int kvv = 0; kvv < 2; kvv++) {
+                std::vector<signed char> expect = c8_unf[kvv * B + b];
+                const std::vector<u16>& src16 = kvv ? v16 : k16;
+                for (int g = 0; g < n_kv; g++) {
+                    std::vector<float> row(d);
+                    for (int i = 0; i < d; i++) row[i] = (float)f_of_bf16(src16[((size_t)pos[b] * n_kv + g) * d + i]);
+                    float s = kv8_encode(row.data(), d, &expect[pos[b] * rec + (size_t)g * d]);
+                    memcpy(&expect[pos[b] * rec + (size_t)n_kv * d + 4 * g], &s, 4);
+                    unf_rows = unf_rows && kv8_same_row(expect, c8_unf[kvv * B + b], n_kv, d, pos[b], g);
+                }
+            }
+        }
+        bool same = same_bits(out.p(), out1.p(), out.n);
+        for (int i = 0; i < 2 * B; i++) same = same && c8_rows[i] == c8_one[i];
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, %d seqs vs prep%s + combine alone", n_q, n_kv, d, B, kname);
+        verdict(what, same, same ? "  bit for bit" : "  differ");
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, %d seqs: qk_prep + split_mma%s", n_q, n_kv, d, B, kname);
+        verdict(what, e_unf < 2e-2 && out2.guard_ok(), "  rel_l2 %.2e", e_unf);
+        snprintf(what, sizeof what, "int8 %d/%d heads of %d, %d seqs: attn_qk_prep rows = encode", n_q, n_kv, d, B);
+        verdict(what, unf_rows, unf_rows ? "  bit for bit" : "  differ");
+        // kv_int8_dequant of sequence 0's caches after the step: rows 0..pos as bf16(q · s).
+        {
+            int p = pos[0];
+            std::vector<u16> kd(cache_n, 0xffffu), vd(cache_n, 0xffffu);  // 0xffff: never written
+            int per_row = n_kv * (d / 8);
+            int grid = (int)(((size_t)max_ctx * per_row + 255) / 256);
+            int prev = p;  // the device's position before a one-token step: rows 0..p
+            launch_k({grid, 1, 1}, 256, 0, [&] {
+                kv8::kv_int8_dequant(c8_rows[0].data(), c8_rows[B].data(), kd.data(), vd.data(), &prev, 1, n_kv, d);
+            });
+            bool ok = true;
+            std::vector<float> row(d);
+            for (int j = 0; j < max_ctx && ok; j++)
+                for (int g = 0; g < n_kv && ok; g++)
+                    for (int kvv = 0; kvv < 2; kvv++) {
+                        const std::vector<u16>& o = kvv ? vd : kd;
+                        kv8_row(c8_rows[kvv * B], n_kv, d, j, g, row.data());
+                        for (int i = 0; i < d; i++)
+                            if (o[((size_t)j * n_kv + g) * d + i] != (j <= p ? bf16_of(row[i]) : 0xffffu)) ok = false;
+                    }
+            snprintf(what, sizeof what, "int8 %d/%d heads of %d: kv_int8_dequant rows 0..%d", n_q, n_kv, d, p);
+            verdict(what, ok, ok ? "  bit for bit bf16(q s)" : "  differ");
+        }
+    }
+}
+static void run_attn8() {
+    printf("kv8:: (LILY_KV_INT8) attn_split_mma_prep_rows + combine, attn_qk_prep, attn_split_mma, kv_int8_dequant (bf16)\n");
+    run_attn8_shape(16, 2, 256, 64, false);
+    run_attn8_shape(16, 2, 256, 64, true);
+    run_attn8_shape(4, 2, 64, 16, false);
+    // Six kv heads: the scales' second 16-byte chunk. One query head a kv head averages fewer
+    // values, so 9,001 keys (the 8-sequence case) sit at the bound's edge in either format:
+    // sequences up to 700 keys.
+    run_attn8_shape(6, 6, 64, 16, false, {1, 3});
+}
 #endif
 
 int main(int argc, char** argv) {
@@ -1665,8 +1930,9 @@ int main(int argc, char** argv) {
     else if (part == "dn") run_dn();
 #ifdef LILY_BF16_ACT
     else if (part == "attn") run_attn();
+    else if (part == "attn_int8") run_attn8();
 #endif
-    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn|attn (attn: bf16 builds)\n"); return 2; }
+    else { fprintf(stderr, "usage: emu gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn|attn|attn_int8 (attn, attn_int8: bf16 builds)\n"); return 2; }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("%s: %s (%.0f s)\n", part.c_str(), g_fail ? "FAILED" : "passed", s);
     return g_fail;

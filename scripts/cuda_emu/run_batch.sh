@@ -8,7 +8,9 @@
 # grouped by expert, dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows),
 # dec_glu4_x8x2_bulk against dec_glu4_x8x2 (moe_bulk: bulk copies and mbarriers emulated),
 # dec_dn_conv_rows + dec_dn_step_rows (and dec_dn_step_rows_loop against it: dn_rows_loop) and attention.cu's attn_split_mma_prep(_long)_rows +
-# attn_split_combine_rows. The kernels' own
+# attn_split_combine_rows, and (attn_int8) the same file built with LILY_KV_INT8 (`kv_cache int8`,
+# issue 30: int8-row caches) as kv8::, its writers and readers against the rule and the bf16 kernels.
+# The kernels' own
 # source (with common.cuh's helpers) compiled as C++ against shim_decode.h (shim.h's types; a
 # block's threads as fibers with real barriers, run in a shuffled order; NaN-filled shared
 # memory; warp shuffles, redux, ldmatrix and mma.sync m16n8k16 bf16 as warp collectives over the
@@ -18,8 +20,8 @@
 # and store modes while no GPU is lent; nothing about speed; driver_batch.cpp's header says what
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
-#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (42 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn, attn_int8: bf16 only)
+#   bash scripts/cuda_emu/run_batch.sh mutants             (48 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -118,6 +120,17 @@ MUTANTS = [
     ('dec', 'long long ca = min(row0 + ra, down.rows - 1), cb = min(row0 + (spw >> 1) + ra, down.rows - 1);',
      'long long ca = min(row0 + ra, down.rows - 1), cb = min(row0 + ra + 1, down.rows - 1);',
      "dec_down_combine_x8x2_grouped_sectors reading load B from the row after load A's (rows past the first pair wrong)"),
+    ('att', 'int q = __float2int_rn(x / s);', 'int q = (int)(x / s);',
+     "kv8_quant (the int8 cache's writes) truncating x / s instead of rounding half to even"),
+    ('att', 'sc[0] * (scale * ksc[0])', 'sc[0] * scale', "int8 attn_split_mma leaving key j's scale out of its score"),
+    ('att', 'pack_bf16x2(p0 * vsc[0], p1 * vsc[4])', 'pack_bf16x2(p0 * vsc[0], p1 * vsc[0])',
+     "int8 attn_split_mma weighting value j + 1 with value j's scale"),
+    ('att', 'cp_async16(kd, ksc_g + (long long)j * row);', 'cp_async16(kd, ksc_g);',
+     "int8 attn_split_mma staging position 0's key scales for every key"),
+    ('att', 'u32 x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;', 'u32 x = w.x, y = w.y;',
+     "kv8_bf16x8 without the sign flip (each value read as its unsigned byte − 128)"),
+    ('att', 'o[k] = (u32)kv_store(lo) | ((u32)kv_store(hi) << 16);', 'o[k] = (u32)kv_store(hi) | ((u32)kv_store(lo) << 16);',
+     "kv_int8_dequant swapping each pair of values"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -172,6 +185,9 @@ def shared(m):
     return ' '.join(out)
 pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16|u32)\s+([^;]+);')
 common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
+# The same kernels built with LILY_KV_INT8 (the plan's `kv_cache int8`: int8-row caches) in a
+# namespace of their own, kv8::, so the driver runs both forms side by side (attn_int8).
+att8 = 'namespace kv8 {\n#define LILY_KV_INT8 1\n' + att.replace('extern "C" ', '') + '\n#undef LILY_KV_INT8\n}  // namespace kv8\n'
 for src in (common, norm, dec, att):
     # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
     # compile to nothing, kernels running one after another.)
@@ -193,7 +209,7 @@ def nconst(name):
     return re.search(r'pub const ' + name + r': usize = (\d+);', nrs).group(1)
 defs += ''.join(f'#define {d} {nconst(c)}\n' for d, c in re.findall(r'\("(\w+)", (\w+) as i64\)', nrs))
 defs += '#define EMU_CUDA_ARCH 900\n'
-open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + norm + dec + att +
+open(f'{w}/emu.cpp', 'w').write(f'#include "{root}/scripts/cuda_emu/shim_decode.h"\n' + defs + common + norm + dec + att + att8 +
                                 f'\n#include "{root}/scripts/cuda_emu/driver_batch.cpp"\n')
 PY
 }
@@ -210,7 +226,9 @@ if [ "${1:-}" = mutants ]; then
            "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
            "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean" \
            "36 moe_grouped" "37 moe_grouped" "38 dn" "39 dn -DLILY_BF16_ACT" \
-           "40 moe_grouped" "41 moe_grouped"; do
+           "40 moe_grouped" "41 moe_grouped" \
+           "42 attn_int8 -DLILY_BF16_ACT" "43 attn_int8 -DLILY_BF16_ACT" "44 attn_int8 -DLILY_BF16_ACT" \
+           "45 attn_int8 -DLILY_BF16_ACT" "46 attn_int8 -DLILY_BF16_ACT" "47 attn_int8 -DLILY_BF16_ACT"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen
@@ -227,7 +245,7 @@ gen
 if [ "${1:-}" = "" ]; then
   # everything: fp32 activations, then bf16 (and the attention kernels, bf16 only)
   build; for p in gemv gemv_x8 mma split lean moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn; do "$W/emu" "$p" || fail=1; done
-  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split lean moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn attn; do "$W/emu" "$p" || fail=1; done
+  build -DLILY_BF16_ACT; for p in gemv gemv_x8 mma split lean moe moe_q8 moe_x8x2 moe_grouped moe_bulk dn attn attn_int8; do "$W/emu" "$p" || fail=1; done
 else
   if [ "${2:-}" = bf16 ]; then build -DLILY_BF16_ACT; else build; fi
   "$W/emu" "$1" || fail=1

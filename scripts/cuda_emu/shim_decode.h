@@ -262,6 +262,7 @@ inline float __shfl_sync(unsigned, float v, int src) {
     return as_f(r);
 }
 inline uint4 make_uint4(u32 a, u32 b, u32 c, u32 d) { return {a, b, c, d}; }
+inline uint2 make_uint2(u32 a, u32 b) { return {a, b}; }
 [[noreturn]] inline void __trap() { fprintf(stderr, "__trap()\n"); abort(); }
 // pack_bf16x2 (cvt.rn.bf16x2.f32 d, hi, lo): both rounded to nearest even, lo in the low half;
 // NaN stays NaN (as common.cuh's f32_to_bf16 does it).

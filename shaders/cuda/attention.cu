@@ -60,14 +60,60 @@
 #error "ATTN_WARPS comes from the launcher module (crates/lily-cuda/src/kernels/attention.rs)"
 #endif
 
+// The KV cache as the kernels that write or read it in place see it (attn_qk_prep and the
+// attn_split_mma family): kv_t (bf16, or f32 in fp32 mode), or, built with LILY_KV_INT8 (the
+// plan's `kv_cache int8`, MODEL.md §2.4 "The KV cache's formats"), int8 rows. An int8 cache is
+// bytes, one record a position: the n_kv heads' rows of d int8 values q = round_half_even(x / s),
+// then their f32 scales s = max|x| / 127 (0 for a zero row), n_kv floats padded to 16 bytes
+// (kv8_rec_bytes: 528 bytes a position for 2 heads of 256 against bf16's 1,024), so a record and
+// every row in it start 16-byte aligned (d a multiple of 16) and a prefix of positions is one
+// contiguous range (the host's fork / snapshot copies). The kernels that read bf16 rows only
+// (attn_decode, attn_split, the prefill kernels) are given kv_int8_dequant's bf16 scratch.
+#ifdef LILY_KV_INT8
+#ifndef LILY_BF16_ACT
+#error "an int8 KV cache needs bf16 activations (the plan resolves kv_cache int8 only with them)"
+#endif
+typedef signed char kvc_t;
+#else
+typedef kv_t kvc_t;
+#endif
+__device__ __forceinline__ long long kv8_rec_bytes(int n_kv, int d) {
+    return (long long)n_kv * d + (4LL * n_kv + 15) / 16 * 16;
+}
+// kv_int8_encode's value for x in a row of scale s (lily-core cpu::ops): round half to even of
+// the IEEE quotient (no fast math in these modules), clamped to ±127; 0 in a zero row.
+__device__ __forceinline__ int kv8_quant(float x, float s) {
+    if (s == 0.0f) return 0;
+    int q = __float2int_rn(x / s);
+    return q < -127 ? -127 : q > 127 ? 127 : q;
+}
+// Four int8 values packed little-endian in a word.
+__device__ __forceinline__ u32 kv8_pack4(int a, int b, int c, int d) {
+    return (u32)(a & 0xff) | ((u32)(b & 0xff) << 8) | ((u32)(c & 0xff) << 16) | ((u32)(d & 0xff) << 24);
+}
+// Largest value over the block (blockDim.x a multiple of 32); every thread gets it.
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float partial_max[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();  // partial_max[] may still be read by a previous call
+    if (lane == 0) partial_max[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? partial_max[lane] : 0.0f;
+    return warp_max(t);
+}
+
 extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ k_in,
                                         const float* __restrict__ v_in, float* __restrict__ q_out,
-                                        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
+                                        kvc_t* __restrict__ k_cache, kvc_t* __restrict__ v_cache,
                                         const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                         const int* __restrict__ pos_ptr, int n_tok, int n_q, int n_kv, int d,
                                         int rotary, float theta, float eps) {
     pdl_wait();
     __shared__ float buf[ATTN_MAX_D];
+#ifdef LILY_KV_INT8
+    __shared__ float yk[ATTN_MAX_D];  // the new key row before quantisation
+#endif
     int t = blockIdx.x, h = blockIdx.y;
     if (t >= n_tok) return;
     int pos = *pos_ptr + t;
@@ -97,12 +143,76 @@ extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const floa
         if (is_q) {
             q_out[(long long)t * n_q * d + (long long)h * d + i] = y;
         } else {
+#ifdef LILY_KV_INT8
+            yk[i] = y;  // quantised below, once the row's largest magnitude is known
+#else
             long long at = (long long)pos * n_kv * d + (long long)kvh * d + i;
             k_cache[at] = kv_store(y);
             v_cache[at] = kv_store(v_in[(long long)t * n_kv * d + (long long)kvh * d + i]);
+#endif
         }
     }
+#ifdef LILY_KV_INT8
+    if (is_q) return;  // uniform over the block
+    // The key row (after norm and RoPE, as the bf16 cache would hold it before rounding) and the
+    // value row, each as int8 with its scale (kv_int8_encode's rule).
+    __syncthreads();
+    const float* vr = v_in + (long long)t * n_kv * d + (long long)kvh * d;
+    float ak = 0.0f, av = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        ak = fmaxf(ak, fabsf(yk[i]));
+        av = fmaxf(av, fabsf(vr[i]));
+    }
+    float sk = block_max(ak) / 127.0f, sv = block_max(av) / 127.0f;
+    long long rec = kv8_rec_bytes(n_kv, d), at = (long long)pos * rec + (long long)kvh * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        k_cache[at + i] = (kvc_t)kv8_quant(yk[i], sk);
+        v_cache[at + i] = (kvc_t)kv8_quant(vr[i], sv);
+    }
+    if (threadIdx.x == 0) {
+        float* sc_at = reinterpret_cast<float*>(k_cache + pos * rec + (long long)n_kv * d) + kvh;
+        *sc_at = sk;
+        *(reinterpret_cast<float*>(v_cache + pos * rec + (long long)n_kv * d) + kvh) = sv;
+    }
+#endif
 }
+
+#ifdef LILY_KV_INT8
+// kv_int8_dequant: rows 0 .. *pos_ptr + n_tok − 1 of one layer's int8 K and V caches as bf16
+// [rows][n_kv][d] (the layout of a bf16 cache), each value q · s rounded once to bf16, for the
+// kernels that read bf16 rows (prefill's and every multi-token step's attention: the host
+// points them at this scratch). A thread turns 8 values of one row: grid.x covers the rows the
+// host allows for (`max_rows`), threads past the device's row count return. Bytes a row and
+// head: d + 4 read, 2d written, for K and for V.
+extern "C" __global__ void __launch_bounds__(256)
+kv_int8_dequant(const kvc_t* __restrict__ k_cache, const kvc_t* __restrict__ v_cache, kv_t* __restrict__ k_out,
+                kv_t* __restrict__ v_out, const int* __restrict__ pos_ptr, int n_tok, int n_kv, int d) {
+    pdl_wait();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long per_row = (long long)n_kv * (d / 8);
+    long long p = i / per_row;
+    if (p >= (long long)*pos_ptr + n_tok) return;
+    int h = (int)((i % per_row) / (d / 8)), ch = (int)(i % (d / 8)) * 8;
+    long long rec = kv8_rec_bytes(n_kv, d);
+    const kvc_t* caches[2] = {k_cache, v_cache};
+    kv_t* outs[2] = {k_out, v_out};
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const kvc_t* r = caches[c] + p * rec;
+        float sc = *reinterpret_cast<const float*>(r + (long long)n_kv * d + 4LL * h);
+        uint2 w = *reinterpret_cast<const uint2*>(r + (long long)h * d + ch);
+        u32 ws[2] = {w.x, w.y};
+        u32 o[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float lo = (float)(signed char)((ws[k / 2] >> (16 * (k % 2))) & 0xffu) * sc;
+            float hi = (float)(signed char)((ws[k / 2] >> (16 * (k % 2) + 8)) & 0xffu) * sc;
+            o[k] = (u32)kv_store(lo) | ((u32)kv_store(hi) << 16);
+        }
+        *reinterpret_cast<uint4*>(outs[c] + p * n_kv * d + (long long)h * d + ch) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_decode(const float* __restrict__ q, const float* __restrict__ qg, const kv_t* __restrict__ k_cache,
@@ -461,15 +571,37 @@ struct PrepIn {
     const float* v_in;    // [n_kv][d]
     const float* q_norm;  // [d]
     const float* k_norm;  // [d]
-    kv_t* k_cache;        // written at row pos
-    kv_t* v_cache;
+    kvc_t* k_cache;       // written at row pos
+    kvc_t* v_cache;
     int rotary;
     float theta, eps;
     // Shared memory the kernel declares (once, whichever body it runs): RoPE's cosines and
-    // sines at this position [ATTN_MAX_D / 2] each, the new key and value in bf16 [ATTN_MAX_D].
+    // sines at this position [ATTN_MAX_D / 2] each, the new key and value in bf16 [ATTN_MAX_D]
+    // (LILY_KV_INT8: as int8, their first d bytes, and their two scales in sc_s).
     float *rc_s, *rs_s;
     u16 *kn_s, *vn_s;
+    float* sc_s;
 };
+
+#ifdef LILY_KV_INT8
+// Eight int8 cache values (a uint2) as eight bf16 (a uint4), exactly, without an int → float or
+// float → bf16 conversion (quarter-rate instructions: 12 a call would cost ≈ 1,500 cycles a tile
+// and block): byte b with its sign bit flipped is b + 128 in 0..255; one byte permute makes the
+// f32 2^23 + b + 128 (bits 0x4B0000xx), one FADD takes 2^23 + 128 away: b exactly. |b| <= 127 has
+// at most 7 significant bits, so the f32's low 16 bits are zero and its top half is b's bf16;
+// one more permute packs two of them.
+__device__ __forceinline__ float kv8_byte_f(u32 flipped, u32 k) {
+    return __uint_as_float(__byte_perm(flipped, 0x4B000000u, 0x7440u | k)) - 8388736.0f;
+}
+__device__ __forceinline__ u32 kv8_pack2(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632u);
+}
+__device__ __forceinline__ uint4 kv8_bf16x8(uint2 w) {
+    u32 x = w.x ^ 0x80808080u, y = w.y ^ 0x80808080u;
+    return make_uint4(kv8_pack2(kv8_byte_f(x, 0), kv8_byte_f(x, 1)), kv8_pack2(kv8_byte_f(x, 2), kv8_byte_f(x, 3)),
+                      kv8_pack2(kv8_byte_f(y, 0), kv8_byte_f(y, 1)), kv8_pack2(kv8_byte_f(y, 2), kv8_byte_f(y, 3)));
+}
+#endif
 
 // The body of attn_split_mma (PREP false: q from attn_qk_prep's q_out) and attn_split_mma_prep
 // (PREP true: the block does attn_qk_prep's work itself — its query heads' norms and RoPE from the
@@ -482,8 +614,8 @@ struct PrepIn {
 // faster and shorter ones slower (docs/perf-notes.md, session 7).
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
 template <bool PREP, int DC>
-__device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kv_t* k_cache,
-                                               const kv_t* v_cache, float* __restrict__ part_o,
+__device__ __forceinline__ void split_mma_body(const float* __restrict__ q, const kvc_t* k_cache,
+                                               const kvc_t* v_cache, float* __restrict__ part_o,
                                                float* __restrict__ part_ml, const int* __restrict__ pos_ptr,
                                                int n_q, int n_kv, int d_arg, float scale, const PrepIn& pin) {
     const int d = DC ? DC : d_arg;
@@ -500,6 +632,64 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
     bool holds_new = PREP && pos >= start && pos < end;  // this split holds the new key
     int stride = d + SPLIT_MMA_PAD;  // bf16 elements per shared row
     u16* q_s = reinterpret_cast<u16*>(split_smem);    // [16][stride]
+#ifdef LILY_KV_INT8
+    // The int8 form (issue 30): the tiles land as int8 rows, STAGES deep, with each key's
+    // 16-byte chunk of scales (the head's at sc_i); at the top of an iteration the block turns
+    // the stage into one bf16 K tile and one V tile (exactly), which the MMAs read as below.
+    u16* k_s = q_s + 16 * stride;                                // [TILE][stride]
+    u16* v_s = k_s + SPLIT_TILE * stride;                        // [TILE][stride]
+    u16* p_s = v_s + SPLIT_TILE * stride;                        // [16][TILE + 8]
+    float* red = reinterpret_cast<float*>(p_s + 16 * (SPLIT_TILE + 8));  // [2][SPLIT_WARPS][8]
+    float* ksc_s = red + 2 * 2 * SPLIT_WARPS * 8;                // [STAGES][TILE][4]
+    float* vsc_s = ksc_s + SPLIT_MMA_STAGES * SPLIT_TILE * 4;    // [STAGES][TILE][4]
+    signed char* k8_s = reinterpret_cast<signed char*>(vsc_s + SPLIT_MMA_STAGES * SPLIT_TILE * 4);  // [STAGES][TILE][d]
+    signed char* v8_s = k8_s + SPLIT_MMA_STAGES * SPLIT_TILE * d;                                   // [STAGES][TILE][d]
+    long long row = kv8_rec_bytes(n_kv, d);  // bytes a position
+    const kvc_t* kbase = k_cache + (long long)kvh * d;
+    const kvc_t* vbase = v_cache + (long long)kvh * d;
+    const kvc_t* ksc_g = k_cache + (long long)n_kv * d + 16 * (kvh / 4);  // + j · row: key j's chunk
+    const kvc_t* vsc_g = v_cache + (long long)n_kv * d + 16 * (kvh / 4);
+    const int sc_i = kvh % 4;
+    auto issue = [&](int b, int j0) {
+        if (j0 >= end) {  // past the split: an empty group keeps the count
+            cp_async_commit();
+            return;
+        }
+        const int chunks16 = d / 16;
+        for (int i = threadIdx.x; i < SPLIT_TILE * chunks16; i += blockDim.x) {
+            int jj = i / chunks16, ch = (i % chunks16) * 16;
+            int j = j0 + jj;
+            signed char* kd = k8_s + (b * SPLIT_TILE + jj) * d + ch;
+            signed char* vd = v8_s + (b * SPLIT_TILE + jj) * d + ch;
+            if (PREP && j == pos) {  // the new key and value: from shared memory (after prep)
+                *reinterpret_cast<uint4*>(kd) = *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(kn_s) + ch);
+                *reinterpret_cast<uint4*>(vd) = *reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(vn_s) + ch);
+            } else if (j < end) {
+                cp_async16(kd, kbase + (long long)j * row + ch);
+                cp_async16(vd, vbase + (long long)j * row + ch);
+            } else {
+                *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        for (int jj = threadIdx.x; jj < SPLIT_TILE; jj += blockDim.x) {
+            int j = j0 + jj;
+            float* kd = ksc_s + (b * SPLIT_TILE + jj) * 4;
+            float* vd = vsc_s + (b * SPLIT_TILE + jj) * 4;
+            if (PREP && j == pos) {
+                kd[sc_i] = pin.sc_s[0];
+                vd[sc_i] = pin.sc_s[1];
+            } else if (j < end) {
+                cp_async16(kd, ksc_g + (long long)j * row);
+                cp_async16(vd, vsc_g + (long long)j * row);
+            } else {  // zero rows past the split: their weight is 0 · 0
+                kd[sc_i] = 0.0f;
+                vd[sc_i] = 0.0f;
+            }
+        }
+        cp_async_commit();
+    };
+#else
     u16* k_s = q_s + 16 * stride;                                // [STAGES][TILE][stride]
     u16* v_s = k_s + SPLIT_MMA_STAGES * SPLIT_TILE * stride;     // [STAGES][TILE][stride]
     u16* p_s = v_s + SPLIT_MMA_STAGES * SPLIT_TILE * stride;     // [16][TILE + 8]
@@ -545,6 +735,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         }
         cp_async_commit();
     };
+#endif
     // The first STAGES − 1 tiles, in order (one cp.async group each); while every one of them
     // holds only earlier steps' keys (or none), before pdl_wait.
     int n_early = 0;
@@ -571,6 +762,35 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         if (holds_new && warp == 0) {
             float y[8];
             prep_row(pin.k_in + (long long)kvh * d, pin.k_norm, d, pin.rotary, rc_s, rs_s, pin.eps, y);
+#ifdef LILY_KV_INT8
+            // Both rows as int8 with their scales (kv_int8_encode's rule over the warp's d values).
+            float vv[8], ak = 0.0f, av = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                vv[e] = c0 < d ? pin.v_in[(long long)kvh * d + c0 + e] : 0.0f;
+                ak = fmaxf(ak, fabsf(y[e]));
+                av = fmaxf(av, fabsf(vv[e]));
+            }
+            float sk = warp_max(ak) / 127.0f, sv = warp_max(av) / 127.0f;
+            if (c0 < d) {
+                long long at = (long long)pos * row + (long long)kvh * d + c0;
+                uint2 kw = make_uint2(kv8_pack4(kv8_quant(y[0], sk), kv8_quant(y[1], sk), kv8_quant(y[2], sk), kv8_quant(y[3], sk)),
+                                      kv8_pack4(kv8_quant(y[4], sk), kv8_quant(y[5], sk), kv8_quant(y[6], sk), kv8_quant(y[7], sk)));
+                uint2 vw = make_uint2(kv8_pack4(kv8_quant(vv[0], sv), kv8_quant(vv[1], sv), kv8_quant(vv[2], sv), kv8_quant(vv[3], sv)),
+                                      kv8_pack4(kv8_quant(vv[4], sv), kv8_quant(vv[5], sv), kv8_quant(vv[6], sv), kv8_quant(vv[7], sv)));
+                *reinterpret_cast<uint2*>(reinterpret_cast<char*>(kn_s) + c0) = kw;
+                *reinterpret_cast<uint2*>(reinterpret_cast<char*>(vn_s) + c0) = vw;
+                *reinterpret_cast<uint2*>(pin.k_cache + at) = kw;
+                *reinterpret_cast<uint2*>(pin.v_cache + at) = vw;
+            }
+            if (lane == 0) {
+                pin.sc_s[0] = sk;
+                pin.sc_s[1] = sv;
+                long long sat = (long long)pos * row + (long long)n_kv * d + 4LL * kvh;
+                *reinterpret_cast<float*>(pin.k_cache + sat) = sk;
+                *reinterpret_cast<float*>(pin.v_cache + sat) = sv;
+            }
+#else
             if (c0 < d) {
                 long long at = (long long)pos * n_kv * d + (long long)kvh * d + c0;
                 uint4 kw, vw;
@@ -588,6 +808,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
                 *reinterpret_cast<uint4*>(pin.k_cache + at) = kw;
                 *reinterpret_cast<uint4*>(pin.v_cache + at) = vw;
             }
+#endif
         }
         for (int hh = warp; hh < 16; hh += SPLIT_WARPS) {
             float y[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -636,10 +857,25 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         issue((it + SPLIT_MMA_STAGES - 1) % SPLIT_MMA_STAGES, j0 + (SPLIT_MMA_STAGES - 1) * SPLIT_TILE);
         cp_async_wait<SPLIT_MMA_STAGES - 1>();
         __syncthreads();
+#ifdef LILY_KV_INT8
+        // Stage b's int8 rows into the bf16 tiles (the last iteration's readers are past the
+        // barrier that closed it), then a barrier before the MMAs read them.
+        for (int i = threadIdx.x; i < SPLIT_TILE * (d / 8); i += blockDim.x) {
+            int jj = i / (d / 8), ch = (i % (d / 8)) * 8;
+            uint2 kw = *reinterpret_cast<const uint2*>(k8_s + (b * SPLIT_TILE + jj) * d + ch);
+            uint2 vw = *reinterpret_cast<const uint2*>(v8_s + (b * SPLIT_TILE + jj) * d + ch);
+            *reinterpret_cast<uint4*>(k_s + jj * stride + ch) = kv8_bf16x8(kw);
+            *reinterpret_cast<uint4*>(v_s + jj * stride + ch) = kv8_bf16x8(vw);
+        }
+        __syncthreads();
+        const int tb = 0;  // the one bf16 tile
+#else
+        const int tb = b;
+#endif
         // S for keys 8·warp .. +7: lanes 0-7 address K rows for dims [k, k+8), 8-15 [k+8, k+16),
         // 16-31 the same for the next k-step.
         float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const u16* kt = k_s + (b * SPLIT_TILE + 8 * warp + (lane & 7)) * stride + 8 * (lane >> 3);
+        const u16* kt = k_s + (tb * SPLIT_TILE + 8 * warp + (lane & 7)) * stride + 8 * (lane >> 3);
         for (int k = 0; k < d; k += 32) {
             u32 a0[4], a1[4], kb[4];
             ldsm_x4(q_addr + 2 * k, a0);
@@ -650,8 +886,15 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         }
         // Scores of head g (rows 0..7: sc[0], sc[1]) for keys j0 + 8·warp + 2·tq, +1.
         int j = j0 + 8 * warp + 2 * tq;
+#ifdef LILY_KV_INT8
+        // Key j's dot product is s_k[j] · (q · q8_j): its scale joins the softmax scale.
+        const float* ksc = ksc_s + (b * SPLIT_TILE + 8 * warp + 2 * tq) * 4 + sc_i;
+        float s0 = j < end ? sc[0] * (scale * ksc[0]) : NEG_INF;
+        float s1 = j + 1 < end ? sc[1] * (scale * ksc[4]) : NEG_INF;
+#else
         float s0 = j < end ? sc[0] * scale : NEG_INF;
         float s1 = j + 1 < end ? sc[1] * scale : NEG_INF;
+#endif
         float mx = fmaxf(s0, s1);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -668,7 +911,13 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
         ps += __shfl_xor_sync(0xffffffffu, ps, 1);
         ps += __shfl_xor_sync(0xffffffffu, ps, 2);
         if (tq == 0) rs[warp * 8 + g] = ps;
+#ifdef LILY_KV_INT8
+        // Value j's row is s_v[j] · v8_j: its scale goes into P (the sums l keep the weights).
+        const float* vsc = vsc_s + (b * SPLIT_TILE + 8 * warp + 2 * tq) * 4 + sc_i;
+        *reinterpret_cast<u32*>(p_s + g * (SPLIT_TILE + 8) + 8 * warp + 2 * tq) = pack_bf16x2(p0 * vsc[0], p1 * vsc[4]);
+#else
         *reinterpret_cast<u32*>(p_s + g * (SPLIT_TILE + 8) + 8 * warp + 2 * tq) = pack_bf16x2(p0, p1);
+#endif
         __syncthreads();
         float ts = 0.0f;
 #pragma unroll
@@ -687,7 +936,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
             ldsm_x4(p_addr + 2 * kk, pa);
             // V rows kk .. kk+15, columns c_w + 8n: lanes 0-7 keys kk+0..7 at column n0, 8-15
             // keys kk+8..15 at n0, 16-23 keys kk+0..7 at n0+8, 24-31 keys kk+8..15 at n0+8.
-            const u16* vt = v_s + (b * SPLIT_TILE + kk + (lane & 15)) * stride + c_w + 8 * (lane >> 4);
+            const u16* vt = v_s + (tb * SPLIT_TILE + kk + (lane & 15)) * stride + c_w + 8 * (lane >> 4);
 #pragma unroll
             for (int n = 0; n < ATTN_MAX_D / SPLIT_WARPS / 8; n += 2) {
                 if (8 * n >= ncol) break;
@@ -729,7 +978,7 @@ __device__ __forceinline__ void split_mma_body(const float* __restrict__ q, cons
 #define SPLIT_LONG_DC 0
 #endif
 #define SPLIT_MMA_ARGS                                                                                    \
-    const float *__restrict__ q, const kv_t *__restrict__ k_cache, const kv_t *__restrict__ v_cache,      \
+    const float *__restrict__ q, const kvc_t *__restrict__ k_cache, const kvc_t *__restrict__ v_cache,    \
         float *__restrict__ part_o, float *__restrict__ part_ml, const int *__restrict__ pos_ptr, int n_tok, \
         int n_q, int n_kv, int d, float scale
 extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma(SPLIT_MMA_ARGS) {
@@ -756,8 +1005,8 @@ extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_lo
 // attn_split_mma_prep_long: the same with head dim 256 fixed at compile time.
 #define SPLIT_MMA_PREP_ARGS                                                                               \
     const float *__restrict__ qg, const float *__restrict__ k_in, const float *__restrict__ v_in,         \
-        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kv_t *__restrict__ k_cache,  \
-        kv_t *__restrict__ v_cache, float *__restrict__ part_o, float *__restrict__ part_ml,              \
+        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kvc_t *__restrict__ k_cache, \
+        kvc_t *__restrict__ v_cache, float *__restrict__ part_o, float *__restrict__ part_ml,             \
         const int *__restrict__ pos_ptr, int n_q, int n_kv, int d, int rotary, float theta, float eps,   \
         float scale
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800
@@ -765,7 +1014,8 @@ template <int DC>
 __device__ __forceinline__ void split_mma_prep_entry(SPLIT_MMA_PREP_ARGS) {
     __shared__ float rc_s[ATTN_MAX_D / 2], rs_s[ATTN_MAX_D / 2];
     __shared__ __align__(16) u16 kn_s[ATTN_MAX_D], vn_s[ATTN_MAX_D];
-    PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps, rc_s, rs_s, kn_s, vn_s};
+    __shared__ float sc_s[2];
+    PrepIn pin = {qg, k_in, v_in, q_norm, k_norm, k_cache, v_cache, rotary, theta, eps, rc_s, rs_s, kn_s, vn_s, sc_s};
     split_mma_body<true, DC>(nullptr, k_cache, v_cache, part_o, part_ml, pos_ptr, n_q, n_kv, d, scale, pin);
 }
 #endif
@@ -796,7 +1046,7 @@ extern "C" __global__ void __launch_bounds__(SPLIT_WARPS * 32) attn_split_mma_pr
 // (values), positions[b]. grid (SPLIT_MAX_SPLITS, n_kv · chunks, B).
 #define SPLIT_MMA_PREP_ROWS_ARGS                                                                          \
     const float *__restrict__ qg, const float *__restrict__ k_in, const float *__restrict__ v_in,         \
-        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kv_t *const *__restrict__ caches, \
+        const float *__restrict__ q_norm, const float *__restrict__ k_norm, kvc_t *const *__restrict__ caches, \
         float *__restrict__ part_o, float *__restrict__ part_ml, const int *const *__restrict__ positions,  \
         int n_q, int n_kv, int d, int rotary, float theta, float eps, float scale
 #if defined(LILY_BF16_ACT) && __CUDA_ARCH__ >= 800

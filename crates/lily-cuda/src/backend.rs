@@ -13,7 +13,7 @@ use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
 
-use crate::forward::{kv_elem_bytes, Forward, LogitsOut, Scratch, SeqState, NEXT_TOKEN_WORDS};
+use crate::forward::{Forward, LogitsOut, Scratch, SeqState, NEXT_TOKEN_WORDS};
 use crate::gpu::{DevBuf, Gpu};
 use crate::graph::DecodeGraph;
 use crate::kernels::attention::AttnShape;
@@ -183,8 +183,7 @@ impl CudaBackend {
 
     /// Tokens `s`'s KV cache can hold (its allocation, whatever `max_ctx` it was reset to).
     fn capacity(&self, s: &SeqState) -> usize {
-        let row =
-            self.cfg.n_kv_heads * self.cfg.head_dim * kv_elem_bytes(self.plan.bf16_activations);
+        let row = self.plan.kv_pos_bytes(&self.cfg);
         s.kv.first()
             .map_or(usize::MAX, |(k, _)| k.bytes / row.max(1))
     }
@@ -550,12 +549,7 @@ impl Backend for CudaBackend {
     /// (the full model on an H200: 262,144 tokens, 5.2 GB in bf16), else what that quarter holds.
     fn default_context(&self) -> usize {
         let c = &self.cfg;
-        let per_token = (2
-            * c.n_attention_layers()
-            * c.n_kv_heads
-            * c.head_dim
-            * kv_elem_bytes(self.plan.bf16_activations))
-        .max(1);
+        let per_token = (2 * c.n_attention_layers() * self.plan.kv_pos_bytes(c)).max(1);
         let _ = self.gpu.bind();
         let free = cudarc::driver::result::mem_get_info().map_or(0, |(free, _)| free);
         let fits = free / DEFAULT_CONTEXT_MEMORY_SHARE / per_token;
@@ -587,9 +581,9 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = match self.take_spare_seq(max_ctx)? {
             Some(s) => s,
-            None => {
-                self.with_room(|b| SeqState::new(&b.gpu, &b.cfg, max_ctx, b.plan.bf16_activations))?
-            }
+            None => self.with_room(|b| {
+                SeqState::with_kv(&b.gpu, &b.cfg, max_ctx, b.plan.kv_pos_bytes(&b.cfg))
+            })?,
         };
         self.gpu.sync()?;
         let id = self.next_id;
@@ -902,10 +896,7 @@ impl Backend for CudaBackend {
                 .seqs
                 .get(&sn.seq)
                 .ok_or_else(|| anyhow!("snapshot {} outlived its sequence", snap.0))?;
-            let kv_bytes = sn.len
-                * self.cfg.n_kv_heads
-                * self.cfg.head_dim
-                * kv_elem_bytes(self.plan.bf16_activations);
+            let kv_bytes = sn.len * self.plan.kv_pos_bytes(&self.cfg);
             for ((k, v), (sk, sv)) in s.kv.iter().zip(&source.kv) {
                 g.copy(k, 0, sk, 0, kv_bytes)?;
                 g.copy(v, 0, sv, 0, kv_bytes)?;

@@ -10,7 +10,9 @@ use anyhow::{bail, Result};
 use lily_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
-use crate::kernels::attention::{self, Attend, AttnShape, QkPrep, RowsAttend, SplitPartials};
+use crate::kernels::attention::{
+    self, Attend, AttnShape, QkPrep, RowsAttend, SplitKernel, SplitPartials,
+};
 use crate::kernels::decode::{
     DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue, StepRows,
 };
@@ -48,6 +50,9 @@ pub struct Scratch {
     pub attn_o: DevBuf,
     /// Split-KV attention partials (attention::split_kv_scratch): outputs and (max, sum) per split.
     pub part_o: DevBuf,
+    /// `kv_cache int8`: one layer's K then V rows dequantised to bf16 ([max_position][n_kv][d]
+    /// each) for the attention kernels that read bf16 (`Forward::attend`); None with a bf16 cache.
+    pub kv_deq: Option<DevBuf>,
     pub part_ml: DevBuf,
     pub m: DevBuf,
     pub z: DevBuf,
@@ -150,6 +155,11 @@ impl Scratch {
             attn_o: buf(c * cfg.n_heads * cfg.head_dim)?,
             part_o: buf(part_o)?,
             part_ml: buf(part_ml)?,
+            kv_deq: if plan.kv_int8() {
+                Some(gpu.alloc(2 * cfg.max_position * cfg.n_kv_heads * cfg.head_dim * 2)?)
+            } else {
+                None
+            },
             m: buf(c * cfg.conv_dim())?,
             z: buf(c * cfg.dn_value_dim())?,
             b: buf(c * cfg.dn_v_heads)?,
@@ -299,8 +309,21 @@ pub fn kv_elem_bytes(bf16: bool) -> usize {
 }
 
 impl SeqState {
+    /// A sequence of context `max_ctx` with a bf16 (`bf16`) or f32 KV cache.
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_ctx: usize, bf16: bool) -> Result<SeqState> {
-        let kv_row = cfg.n_kv_heads * cfg.head_dim * kv_elem_bytes(bf16);
+        let pos_bytes =
+            attention::kv_pos_bytes(cfg.n_kv_heads, cfg.head_dim, kv_elem_bytes(bf16), false);
+        SeqState::with_kv(gpu, cfg, max_ctx, pos_bytes)
+    }
+
+    /// A sequence of context `max_ctx` whose KV caches take `kv_row` bytes a position and layer
+    /// (`Plan::kv_pos_bytes`: the format's).
+    pub fn with_kv(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        max_ctx: usize,
+        kv_row: usize,
+    ) -> Result<SeqState> {
         let mut kv = Vec::new();
         let mut dn = Vec::new();
         for _ in 0..cfg.n_attention_layers() {
@@ -990,22 +1013,49 @@ impl Forward<'_> {
             pos,
         };
         let kernels = self.plan.attention(shape, n, keys);
-        let fused = matches!(
+        // `kv_cache int8`: the tensor-core split kernels read the int8 rows in place; every other
+        // kernel reads rows 0..keys dequantised into scratch.kv_deq after this step's write.
+        let in_place = matches!(
             kernels,
             AttentionKernels::Split {
-                prep_fused: true,
+                kernel: SplitKernel::Mma | SplitKernel::MmaLong,
                 ..
             }
         );
+        let deq = s.kv_deq.as_ref().filter(|_| !in_place);
+        let fused = deq.is_none()
+            && matches!(
+                kernels,
+                AttentionKernels::Split {
+                    prep_fused: true,
+                    ..
+                }
+            );
         if !fused {
             k.attention.qk_prep(gpu, shape, &prep, n)?;
         }
+        let (k_read, v_read) = match deq {
+            Some(buf) => {
+                let half = buf.bytes / 2;
+                let rows = half / (hkv * d * 2).max(1);
+                if keys > rows {
+                    bail!(
+                        "an int8 KV cache's attention over {keys} keys: its bf16 scratch holds {rows} (the model's max_position)"
+                    );
+                }
+                let out = (buf.ptr, buf.ptr + half as u64);
+                k.attention
+                    .kv_int8_dequant(gpu, shape, (k_cache, v_cache), out, pos, n, rows)?;
+                out
+            }
+            None => (k_cache, v_cache),
+        };
         let attend = Attend {
             shape,
             q,
             qg,
-            k_cache,
-            v_cache,
+            k_cache: k_read,
+            v_cache: v_read,
             out: at(&s.attn_o, hq * d),
             pos,
             n_tok: n,
@@ -1015,16 +1065,12 @@ impl Forward<'_> {
             part_ml: s.part_ml.ptr,
         };
         match kernels {
-            AttentionKernels::Split {
-                kernel,
-                prep_fused: true,
-            } => k
+            AttentionKernels::Split { kernel, .. } if fused => k
                 .attention
                 .split_kv_prepped(gpu, kernel, &attend, parts, &prep)?,
-            AttentionKernels::Split {
-                kernel,
-                prep_fused: false,
-            } => k.attention.split_kv(gpu, kernel, &attend, parts)?,
+            AttentionKernels::Split { kernel, .. } => {
+                k.attention.split_kv(gpu, kernel, &attend, parts)?
+            }
             AttentionKernels::Prefill(kernel) => k.attention.flash_prefill(gpu, kernel, &attend)?,
             AttentionKernels::OneBlockPerHead => k.attention.one_block_per_head(gpu, &attend)?,
         }

@@ -23,4 +23,4 @@ pub mod weights;
 
 pub use backend::cuda_backend;
 pub use backend::CudaBackend;
-pub use plan::{CudaOptions, Plan};
+pub use plan::{CudaOptions, KvCacheKind, Plan};

@@ -34,6 +34,37 @@ pub const WGMMA_MIN_TOK: usize = 512;
 
 pub use lily_core::options::{Knob, Switch};
 
+use lily_core::options::TextValue;
+
+/// The KV cache's format (`kv_cache`; MODEL.md §2.4 "The KV cache's formats").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheKind {
+    /// bf16 values (f32 in fp32 mode): 2 bytes a value.
+    #[default]
+    Bf16,
+    /// Int8 rows, one f32 scale a (position, KV head) row (`kv_int8_encode`'s rule): 528 bytes a
+    /// position and layer for 2 KV heads of 256 against bf16's 1,024. Needs bf16 activations.
+    Int8,
+}
+
+impl TextValue for KvCacheKind {
+    fn parse_text(text: &str) -> Option<Self> {
+        match text {
+            "bf16" => Some(KvCacheKind::Bf16),
+            "int8" => Some(KvCacheKind::Int8),
+            _ => None,
+        }
+    }
+
+    fn show_text(&self) -> String {
+        match self {
+            KvCacheKind::Bf16 => "bf16",
+            KvCacheKind::Int8 => "int8",
+        }
+        .to_string()
+    }
+}
+
 lily_core::backend_options! {
     /// How the backend runs, as asked for (`Default`: the configuration that ships). Each
     /// field's meaning: its row of `SWITCHES` / `KNOBS` (`help`, `why`).
@@ -259,7 +290,11 @@ lily_core::backend_options! {
             accepts |_| true, "any number of keys", label "long decode attention past keys",
             help "past this many keys one-token tensor-core attention with head dim 256 takes the _long split kernels (0: always; a number past the context: never)";
     }
-    texts {}
+    texts {
+        kv_cache: KvCacheKind = KvCacheKind::Bf16, flag Some("kv-cache"), env "LILY_KV_CACHE",
+            value "FORMAT", accepts "bf16 or int8", label "KV cache",
+            help "the KV cache's format: bf16, or int8 rows (each position's row of a KV head as int8 with one f32 scale, max|x| / 127: 0.52× the bytes; with bf16 activations, else bf16): one-token decode's tensor-core split kernels read the int8 tiles and scale scores and probabilities by the rows' scales; prefill and other multi-token steps read the rows dequantised into a bf16 scratch of the model's context (kv_int8_dequant); bf16 ships until scripts/gpu_agreement.sh passes with int8 (docs/perf-notes.md, session 30)";
+    }
     fields {}
 }
 
@@ -274,6 +309,27 @@ mod tests {
     use super::*;
 
     use lily_core::options::env_of as env;
+
+    #[test]
+    fn kv_cache_takes_bf16_or_int8_and_nothing_else() {
+        for (text, kind) in [("bf16", KvCacheKind::Bf16), ("int8", KvCacheKind::Int8)] {
+            let o = CudaOptions::default().with_overrides(env(&[("LILY_KV_CACHE", text)]));
+            assert_eq!(o.kv_cache, kind);
+        }
+        for text in ["int4", "1", "", "INT8"] {
+            let o = CudaOptions {
+                kv_cache: KvCacheKind::Int8,
+                ..CudaOptions::default()
+            }
+            .with_overrides(env(&[("LILY_KV_CACHE", text)]));
+            assert_eq!(o.kv_cache, KvCacheKind::Int8, "{text:?} leaves it as it is");
+        }
+        assert_eq!(
+            CudaOptions::default().kv_cache,
+            KvCacheKind::Bf16,
+            "bf16 ships"
+        );
+    }
 
     #[test]
     fn no_environment_leaves_the_options_as_given() {
@@ -344,6 +400,7 @@ mod tests {
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
+            ("LILY_KV_CACHE", "int8"),
         ]));
         // Written out field by field (not from the table) so the test checks the table.
         assert_eq!(
@@ -377,6 +434,7 @@ mod tests {
                 grouped_down_sectors: true,
                 batch_lean_glue: false,
                 dn_rows_loop: true,
+                kv_cache: KvCacheKind::Int8,
                 dependent_launch: false,
                 early_trigger: false,
                 multi_block_sampling: false,
@@ -439,7 +497,10 @@ mod tests {
             d.contains("pipelined decode off") && d.contains("prefill chunk 512"),
             "{d}"
         );
-        assert_eq!(d.split(", ").count(), SWITCHES.len() + KNOBS.len());
+        assert_eq!(
+            d.split(", ").count(),
+            SWITCHES.len() + KNOBS.len() + TEXTS.len()
+        );
     }
 
     #[test]

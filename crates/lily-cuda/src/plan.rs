@@ -71,7 +71,7 @@ use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
 use crate::kernels::moe::{self, MoeShape};
 use crate::kernels::norm;
 use crate::kernels::KernelBuild;
-pub use crate::options::{CudaOptions, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
+pub use crate::options::{CudaOptions, KvCacheKind, DEFAULT_PREFILL_CHUNK, WGMMA_MIN_TOK};
 use crate::sampler;
 use crate::weights::{DevAttention, DevDeltaNet, DevMoe, LinearShape};
 
@@ -324,6 +324,7 @@ impl Plan {
             moe_bulk: o.moe_bulk && device.wgmma,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
+            kv_cache: if bf16 { o.kv_cache } else { KvCacheKind::Bf16 },
             ..o.clone()
         };
         Plan {
@@ -343,7 +344,25 @@ impl Plan {
             bf16_activations: self.bf16_activations,
             early_trigger: self.o.early_trigger,
             warp_scan_sampling: self.o.warp_scan_sampling,
+            kv_int8: self.kv_int8(),
         }
+    }
+
+    /// Whether the KV caches hold int8 rows (`kv_cache int8`, with bf16 activations): the
+    /// tensor-core split kernels (one token, `SplitKernel::Mma` / `MmaLong`) read them in place,
+    /// every other attention kernel reads them dequantised into `Scratch::kv_deq`.
+    pub fn kv_int8(&self) -> bool {
+        self.o.kv_cache == KvCacheKind::Int8
+    }
+
+    /// Bytes one position takes in one layer's K (or V) cache (attention::kv_pos_bytes).
+    pub fn kv_pos_bytes(&self, cfg: &ModelConfig) -> usize {
+        attention::kv_pos_bytes(
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            self.kv_bytes(),
+            self.kv_int8(),
+        )
     }
 
     /// Bytes of one KV-cache element.
@@ -1004,6 +1023,35 @@ mod tests {
             bits,
             group: 64,
         }
+    }
+
+    #[test]
+    fn an_int8_kv_cache_needs_bf16_activations_and_sizes_records_of_528_bytes() {
+        let cfg = full_config();
+        let int8 = |bf16_activations| {
+            Plan::resolve(
+                &CudaOptions {
+                    bf16_activations,
+                    kv_cache: KvCacheKind::Int8,
+                    ..CudaOptions::default()
+                },
+                H200,
+            )
+        };
+        let on = int8(true);
+        assert!(on.kv_int8() && on.build().kv_int8);
+        // 2 heads × 256 int8 values, then 2 f32 scales padded to 16 bytes.
+        assert_eq!(on.kv_pos_bytes(&cfg), 528);
+        assert!(on.describe().contains("KV cache int8"), "{}", on.describe());
+        let fp32 = int8(false);
+        assert!(!fp32.kv_int8() && !fp32.build().kv_int8);
+        assert_eq!(fp32.kv_pos_bytes(&cfg), 2 * 256 * 4);
+        let shipped = Plan::resolve(&CudaOptions::default(), H200);
+        assert!(!shipped.kv_int8());
+        assert_eq!(shipped.kv_pos_bytes(&cfg), 2 * 256 * 2);
+        // The one-token kernels stay the tensor-core split ones (they read int8 in place).
+        let s = qwen_attention();
+        assert_eq!(on.attention(s, 1, 4096), shipped.attention(s, 1, 4096));
     }
 
     #[test]

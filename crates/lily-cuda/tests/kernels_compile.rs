@@ -44,11 +44,13 @@ fn every_kernel_compiles_for_every_supported_arch() {
     for arch in ARCHES {
         for bf16 in [false, true] {
             // decode.cu also in its early-trigger variant (the plan's `early_trigger`), sample.cu
-            // in its warp-scan one (`warp_scan_sampling`).
-            let variants = FILES.iter().flat_map(|f| {
-                let extra: &[&str] = match f.name {
-                    "decode" => &["", "DEC_EARLY_TRIGGER=1"],
-                    "sample" => &["", "SAMPLE_WARP_SCAN=1"],
+            // in its warp-scan one (`warp_scan_sampling`), attention.cu with bf16 activations in
+            // its int8-cache one (`kv_cache int8`).
+            let variants = FILES.iter().flat_map(move |f| {
+                let extra: &[&str] = match (f.name, bf16) {
+                    ("decode", _) => &["", "DEC_EARLY_TRIGGER=1"],
+                    ("sample", _) => &["", "SAMPLE_WARP_SCAN=1"],
+                    ("attention", true) => &["", "LILY_KV_INT8=1"],
                     _ => &[""],
                 };
                 extra.iter().map(move |e| (*f, *e))

@@ -444,6 +444,8 @@ mod tests {
             "--no-pipelined-decode",
             "--no-pipelined-batch",
             "--no-device-logprobs",
+            "--kv-cache",
+            "int8",
         ]);
         let o = cli.backend.cuda.options();
         assert_eq!(
@@ -477,6 +479,7 @@ mod tests {
                 grouped_down_sectors: true,
                 batch_lean_glue: false,
                 dn_rows_loop: true,
+                kv_cache: lily_cuda::KvCacheKind::Int8,
                 batched_decode: false,
                 tc_scan: false,
                 dependent_launch: false,

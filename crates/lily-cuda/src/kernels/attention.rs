@@ -238,11 +238,28 @@ pub fn prefill_wg_fits(s: AttnShape) -> bool {
 /// p [SPLIT_MAX_G][SPLIT_TILE] f32.
 /// Dynamic shared memory of an attn_split_mma block (attention.cu): Q [16][d+8], K and V
 /// [SPLIT_MMA_STAGES][SPLIT_TILE][d+8], P [16][SPLIT_TILE+8] bf16, the warps' maxima and sums
-/// [2][2][4][8] f32 (109 KB for d = 256: two blocks an SM).
-fn split_mma_smem_bytes(d: usize) -> usize {
-    (16 + 2 * SPLIT_MMA_STAGES * SPLIT_TILE) * (d + 8) * 2
-        + 16 * (SPLIT_TILE + 8) * 2
-        + 2 * 2 * SPLIT_WARPS * 8 * 4
+/// [2][2][4][8] f32 (109 KB for d = 256: two blocks an SM). With an int8 cache (`int8`: the
+/// module built with LILY_KV_INT8) one bf16 K and one V tile, and STAGES of int8 K and V tiles
+/// [SPLIT_TILE][d] with each key's 16-byte chunk of scales (94 KB for d = 256).
+fn split_mma_smem_bytes(d: usize, int8: bool) -> usize {
+    let common = 16 * (d + 8) * 2 + 16 * (SPLIT_TILE + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4;
+    if int8 {
+        common + 2 * SPLIT_TILE * (d + 8) * 2 + 2 * SPLIT_MMA_STAGES * SPLIT_TILE * (d + 16)
+    } else {
+        common + 2 * SPLIT_MMA_STAGES * SPLIT_TILE * (d + 8) * 2
+    }
+}
+
+/// Bytes one position takes in one layer's K cache (the V cache's the same): `n_kv · d` values
+/// of `elem_bytes`, or with an int8 cache (`int8`) the n_kv int8 rows of d, then their f32
+/// scales padded to 16 bytes (attention.cu's kv8_rec_bytes: a record and each row in it start
+/// 16-byte aligned, and a prefix of positions is one contiguous range).
+pub fn kv_pos_bytes(n_kv: usize, d: usize, elem_bytes: usize, int8: bool) -> usize {
+    if int8 {
+        n_kv * d + (4 * n_kv).div_ceil(16) * 16
+    } else {
+        n_kv * d * elem_bytes
+    }
 }
 
 /// Whether attn_split_mma takes this step: bf16 cache, one token, head dim a multiple of 64 (four
@@ -305,16 +322,23 @@ pub struct Attention {
     split_mma_prep_rows: Kernel,
     split_mma_prep_long_rows: Kernel,
     split_combine_rows: Kernel,
-    /// Bytes of one cache element (2 with bf16 activations, else 4).
+    /// kv_int8_dequant, where the module is built with LILY_KV_INT8 (`kv_cache int8`).
+    kv_int8_dequant: Option<Kernel>,
+    /// Bytes of one cache element (2 with bf16 activations, else 4) as every kernel but the
+    /// attn_split_mma family and attn_qk_prep reads it (with an int8 cache: the bf16 scratch).
     kv_bytes: usize,
+    /// The module's attn_qk_prep and attn_split_mma family read and write int8 rows.
+    int8: bool,
 }
 
 impl Attention {
     /// `hopper`: the device is sm_90a, where attn_prefill_wg and attn_prefill_wg_pipe run and
     /// get their (large) shared memory; elsewhere they are compiled as traps, never launched,
     /// and left at the default.
-    pub fn load(m: &Module, bf16_activations: bool, hopper: bool) -> Result<Attention> {
+    /// `int8`: the module is built with LILY_KV_INT8 (`KernelBuild::kv_int8`).
+    pub fn load(m: &Module, bf16_activations: bool, hopper: bool, int8: bool) -> Result<Attention> {
         let kv_bytes = if bf16_activations { 2 } else { 4 };
+        let mma_smem = split_mma_smem_bytes(ATTN_MAX_D, int8);
         let wg = |name: &'static str| -> Result<Kernel> {
             let k = m.kernel(name)?;
             if hopper {
@@ -327,6 +351,12 @@ impl Attention {
             prefill_wg: wg("attn_prefill_wg")?,
             prefill_wg_pipe: wg("attn_prefill_wg_pipe")?,
             kv_bytes,
+            int8,
+            kv_int8_dequant: if int8 {
+                Some(m.kernel("kv_int8_dequant")?.waits_for_predecessor())
+            } else {
+                None
+            },
             qk_prep: m.kernel("attn_qk_prep")?.waits_for_predecessor(),
             decode: m.kernel("attn_decode")?,
             prefill: m
@@ -338,28 +368,28 @@ impl Attention {
                 .waits_for_predecessor(),
             split_mma: m
                 .kernel("attn_split_mma")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_mma_prep: m
                 .kernel("attn_split_mma_prep")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_mma_long: m
                 .kernel("attn_split_mma_long")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_mma_prep_long: m
                 .kernel("attn_split_mma_prep_long")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_combine: m.kernel("attn_split_combine")?.waits_for_predecessor(),
             split_mma_prep_rows: m
                 .kernel("attn_split_mma_prep_rows")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_mma_prep_long_rows: m
                 .kernel("attn_split_mma_prep_long_rows")?
-                .allow_shared_memory(split_mma_smem_bytes(ATTN_MAX_D))?
+                .allow_shared_memory(mma_smem)?
                 .waits_for_predecessor(),
             split_combine_rows: m.kernel("attn_split_combine_rows")?.waits_for_predecessor(),
         })
@@ -384,6 +414,42 @@ impl Attention {
                 l.arg(d);
             }
             l.arg(&s.theta).arg(&s.eps);
+        })
+    }
+
+    /// kv_int8_dequant: rows 0 .. (device position) + n_tok − 1 of one layer's int8 caches as bf16
+    /// into `k_out` / `v_out` ([rows][n_kv][d], a bf16 cache's layout) for the kernels that read
+    /// bf16. The grid covers `max_rows` rows (threads past the device's count return), so a
+    /// captured graph stays right at every position; `max_rows` is the scratch's capacity.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_int8_dequant(
+        &self,
+        gpu: &Gpu,
+        s: AttnShape,
+        caches: (u64, u64),
+        out: (u64, u64),
+        pos: u64,
+        n_tok: usize,
+        max_rows: usize,
+    ) -> Result<()> {
+        let Some(k) = &self.kv_int8_dequant else {
+            bail!("kv_int8_dequant: the attention module was built without an int8 KV cache");
+        };
+        if !s.d.is_multiple_of(16) {
+            bail!("kv_int8_dequant: head_dim {} (a multiple of 16)", s.d);
+        }
+        let threads = max_rows * s.n_kv * (s.d / 8);
+        let cfg = config((threads.div_ceil(256) as u32, 1, 1), 256, 0);
+        let dims = [n_tok, s.n_kv, s.d].map(|v| v as i32);
+        gpu.launch(k, cfg, |l| {
+            l.arg(&caches.0)
+                .arg(&caches.1)
+                .arg(&out.0)
+                .arg(&out.1)
+                .arg(&pos);
+            for d in &dims {
+                l.arg(d);
+            }
         })
     }
 
@@ -519,8 +585,8 @@ impl Attention {
         }
         let (kernel, smem) = match kernel {
             SplitKernel::Cuda => (&self.split, split_smem_bytes(s.d, self.kv_bytes)),
-            SplitKernel::Mma => (&self.split_mma, split_mma_smem_bytes(s.d)),
-            SplitKernel::MmaLong => (&self.split_mma_long, split_mma_smem_bytes(s.d)),
+            SplitKernel::Mma => (&self.split_mma, split_mma_smem_bytes(s.d, self.int8)),
+            SplitKernel::MmaLong => (&self.split_mma_long, split_mma_smem_bytes(s.d, self.int8)),
         };
         let cfg = config(
             (
@@ -581,7 +647,7 @@ impl Attention {
         let cfg = config(
             (SPLIT_MAX_SPLITS as u32, (s.n_kv * chunks) as u32, 1),
             (SPLIT_WARPS * 32) as u32,
-            split_mma_smem_bytes(s.d),
+            split_mma_smem_bytes(s.d, self.int8),
         );
         gpu.launch(kernel, cfg, |l| {
             l.arg(&p.qg)
@@ -640,7 +706,7 @@ impl Attention {
                 a.rows as u32,
             ),
             (SPLIT_WARPS * 32) as u32,
-            split_mma_smem_bytes(s.d),
+            split_mma_smem_bytes(s.d, self.int8),
         );
         gpu.launch(prep, cfg, |l| {
             l.arg(&a.qg)
@@ -709,6 +775,19 @@ mod tests {
             theta: 1e7,
             eps: 1e-6,
         }
+    }
+
+    #[test]
+    fn int8_caches_take_528_byte_records_and_less_shared_memory() {
+        // 2 heads × 256 int8 values, then 2 f32 scales padded to 16 bytes; 6 heads: 32 bytes.
+        assert_eq!(kv_pos_bytes(2, 256, 2, true), 528);
+        assert_eq!(kv_pos_bytes(6, 64, 2, true), 6 * 64 + 32);
+        assert_eq!(kv_pos_bytes(2, 256, 2, false), 1024);
+        assert_eq!(kv_pos_bytes(2, 256, 4, false), 2048);
+        // attn_split_mma's blocks: 109 KB (bf16 tiles, 3 stages), 94 KB (int8 stages, one bf16
+        // tile): two blocks an SM either way (227 KB on sm_90).
+        assert_eq!(split_mma_smem_bytes(256, false), 111_616);
+        assert_eq!(split_mma_smem_bytes(256, true), 96_256);
     }
 
     #[test]

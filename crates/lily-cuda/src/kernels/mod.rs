@@ -86,6 +86,8 @@ pub struct KernelBuild {
     pub early_trigger: bool,
     /// sample.cu with SAMPLE_WARP_SCAN.
     pub warp_scan_sampling: bool,
+    /// attention.cu with LILY_KV_INT8 (`kv_cache int8`: int8-row KV caches).
+    pub kv_int8: bool,
 }
 
 /// Every kernel Lily launches, by kernel file.
@@ -111,9 +113,18 @@ impl Kernels {
             linear: linear::Linear::load(&linear::FILE.load(gpu, bf16)?)?,
             gemm: gemm::Gemm::load(gpu, &gemm::FILE.load(gpu, bf16)?, gemm::runs_wgmma(gpu))?,
             attention: attention::Attention::load(
-                &attention::FILE.load(gpu, bf16)?,
+                &attention::FILE.load_with(
+                    gpu,
+                    bf16,
+                    &(if build.kv_int8 {
+                        vec!["LILY_KV_INT8=1".to_string()]
+                    } else {
+                        Vec::new()
+                    }),
+                )?,
                 bf16,
                 gemm::runs_wgmma(gpu),
+                build.kv_int8,
             )?,
             deltanet: deltanet::DeltaNet::load(&deltanet::FILE.load(gpu, bf16)?)?,
             moe: moe::Moe::load(&moe::FILE.load(gpu, bf16)?)?,

@@ -24,7 +24,7 @@ pub use lily_cuda::kernels::norm::RmsNorm;
 pub use lily_cuda::kernels::sample::{Argmax, TopLogprobs, LOGPROB_MAX_K, LOGPROB_SCRATCH_WORDS};
 pub use lily_cuda::kernels::{ExpertGroups, Grouped, Kernels, Project, Rows, Store};
 pub use lily_cuda::pinned::Pinned;
-pub use lily_cuda::plan::{Dense, LogprobsPath, Router, SamplingPath};
+pub use lily_cuda::plan::{Dense, KvCacheKind, LogprobsPath, Router, SamplingPath};
 pub use lily_cuda::sampler::DeviceSampler;
 pub use lily_cuda::weights::{
     upload_attention, upload_deltanet, upload_linear, upload_moe, DevLinear,

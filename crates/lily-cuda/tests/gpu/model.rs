@@ -317,6 +317,158 @@ fn model_in_the_shipping_configuration_matches_cpu_on_small() {
     shipping_configuration_matches_cpu(Preset::Small);
 }
 
+/// `kv_cache int8` (issue 30) end to end against the CPU reading its caches in the same format
+/// (`CpuBackend::with_kv_format(KvFormat::Int8Row)`), the shipping configuration otherwise:
+/// - a 40-token prefill (flash prefill reading the rows dequantised by kv_int8_dequant) whose last
+///   logits are within SHIPPING_LOGITS_TOL, then 32 greedy one-token steps (the int8
+///   attn_split_mma_prep, graph-replayed) held to the shipping test's near-tie rule;
+/// - teacher-forced logits of 64 positions in chunks of 3 (split-KV on the CUDA cores) and of 8
+///   (one block per head), both reading the dequantised scratch, as faithful to the CPU's int8
+///   reference as the bf16 cache's are to the CPU's bf16 reference (rel. L2 within 1.5× + 0.02);
+/// - forks and rewinds: a snapshot at 20 tokens forked into another sequence (the int8 records'
+///   prefix copied) and the source rewound to it, each then fed the rest of the prompt, give the
+///   source's 20 + 20-token logits bit for bit; decoding after a restore repeats the same 5 tokens.
+fn int8_kv_cache_matches_cpu(preset: Preset) {
+    let w = synth_model(preset, SynthFormat::Mlx, 21);
+    let vocab = w.config.vocab;
+    let mut rng = Rng(40);
+    let prompt = rng.tokens(40, vocab);
+    let int8 = CudaOptions {
+        kv_cache: KvCacheKind::Int8,
+        ..CudaOptions::default()
+    };
+    let mut cuda = CudaBackend::new(&w, int8.clone()).unwrap();
+    assert!(cuda.plan().kv_int8(), "bf16 activations keep an int8 cache");
+    let cs = cuda.new_seq(128).unwrap();
+    cuda.prefill(cs, &prompt).unwrap();
+    let got = cuda.logits(cs).unwrap();
+    let mut cpu = CpuBackend::new(w.clone()).with_kv_format(ops::KvFormat::Int8Row);
+    let ps = cpu.new_seq(128).unwrap();
+    cpu.prefill(ps, &prompt).unwrap();
+    let want = cpu.logits(ps).unwrap();
+    let e = rel_l2("int8 kv prefill logits", &got, &want);
+    println!(
+        "MODEL int8 kv cache {preset:?}: last prefill logits rel_l2 {e:.3e} from the CPU's int8 rows (tol {SHIPPING_LOGITS_TOL}); {}",
+        cuda.plan().describe()
+    );
+    assert!(
+        e < SHIPPING_LOGITS_TOL,
+        "{preset:?}: int8 kv prefill logits {e:.3e} from the CPU's"
+    );
+    let snap = cuda.snapshot(cs).unwrap();
+    let steps = 32;
+    let mut tokens = Vec::new();
+    let greedy = || Sampler::new(SamplingParams::greedy());
+    cuda.decode(cs, &mut greedy(), steps, 0, &mut |o| {
+        tokens.push(o.token);
+        Flow::Continue
+    })
+    .unwrap();
+    let ties = greedy_follows_cpu(&format!("{preset:?} int8 kv"), &mut cpu, ps, &tokens);
+    println!(
+        "MODEL int8 kv cache {preset:?}: {}/{steps} greedy tokens equal the CPU's, near-ties {ties:?}",
+        steps - ties.len()
+    );
+    assert!(
+        3 * ties.len() <= steps,
+        "{preset:?} int8 kv: {} of {steps} greedy steps were near-ties: {ties:?}",
+        ties.len()
+    );
+    cuda.restore(cs, snap).unwrap();
+    let mut again = Vec::new();
+    cuda.decode(cs, &mut greedy(), 5, 0, &mut |o| {
+        again.push(o.token);
+        Flow::Continue
+    })
+    .unwrap();
+    assert_eq!(
+        again,
+        tokens[..5],
+        "decoding after restore repeats the same tokens"
+    );
+
+    // Teacher-forced logits through the multi-token paths, int8 against bf16 faithfulness.
+    let positions = 64;
+    let forced = Rng(77).tokens(positions, vocab);
+    for chunk in [3, 8] {
+        let mut rel = [0f64; 2];
+        for (i, (kind, format)) in [
+            (KvCacheKind::Int8, ops::KvFormat::Int8Row),
+            (KvCacheKind::Bf16, ops::KvFormat::Bf16),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut c = CpuBackend::new(w.clone())
+                .with_kv_format(format)
+                .with_prefill_chunk(32);
+            let s = c.new_seq(positions + 16).unwrap();
+            let want = c.prefill_all_logits(s, &forced).unwrap();
+            let mut g = CudaBackend::new(
+                &w,
+                CudaOptions {
+                    kv_cache: kind,
+                    chunk,
+                    device_sampling: false,
+                    ..CudaOptions::default()
+                },
+            )
+            .unwrap();
+            let s = g.new_seq(positions + 16).unwrap();
+            let got = g.prefill_all_logits(s, &forced).unwrap();
+            rel[i] = rel_l2(&format!("{kind:?} chunk {chunk}"), &got, &want);
+        }
+        println!(
+            "MODEL int8 kv cache {preset:?}, chunks of {chunk}: {positions} teacher-forced positions rel_l2 {:.3e} from the CPU's int8 rows, bf16 cache {:.3e} from the CPU's bf16",
+            rel[0], rel[1]
+        );
+        assert!(
+            rel[0] <= 1.5 * rel[1] + 0.02,
+            "{preset:?}, chunks of {chunk}: int8 {:.3e} against bf16 {:.3e}",
+            rel[0],
+            rel[1]
+        );
+    }
+
+    // Forks and rewinds copy and keep the int8 records: a sequence fed 20 then 20 tokens, a fork
+    // of its 20-token snapshot fed the same 20, and the sequence rewound to it and fed them again
+    // run the same kernels on the same rows (the same chunking: bf16 mode's DeltaNet scan and
+    // attention round by chunk), so their logits are the same bits.
+    let s3 = cuda.new_seq(64).unwrap();
+    cuda.prefill(s3, &prompt[..20]).unwrap();
+    let at20 = cuda.snapshot(s3).unwrap();
+    cuda.prefill(s3, &prompt[20..]).unwrap();
+    let a = cuda.logits(s3).unwrap();
+    let s4 = cuda.new_seq(64).unwrap();
+    cuda.restore(s4, at20).unwrap();
+    cuda.prefill(s4, &prompt[20..]).unwrap();
+    assert_eq!(
+        cuda.logits(s4).unwrap(),
+        a,
+        "int8 kv: a fork at 20 tokens fed the rest gives the source's logits"
+    );
+    cuda.restore(s3, at20).unwrap();
+    cuda.prefill(s3, &prompt[20..]).unwrap();
+    assert_eq!(
+        cuda.logits(s3).unwrap(),
+        a,
+        "int8 kv: a rewind to 20 tokens fed the rest gives the same logits"
+    );
+    println!("MODEL int8 kv cache {preset:?}: fork and rewind give the same logits bit for bit");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_with_int8_kv_cache_matches_cpu_on_tiny() {
+    int8_kv_cache_matches_cpu(Preset::Tiny);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn model_with_int8_kv_cache_matches_cpu_on_small() {
+    int8_kv_cache_matches_cpu(Preset::Small);
+}
+
 /// The same comparison on any checkpoint directory (the full-size synthetic model on the GPU
 /// machine): LILY_PARITY_MODEL=DIR, LILY_PARITY_POSITIONS=N (default 32). It runs only when
 /// asked for (`--ignored`), so a missing checkpoint is a failure, not a pass; a plain
