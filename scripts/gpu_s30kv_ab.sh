@@ -20,8 +20,8 @@ L=/tmp/s30kv-logs; mkdir -p "$L"; OUT=$L
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-175}"
 AB_HARD=${HARD:-200}
 S=$R/summary.txt
-TESTS="model_with_int8_kv_cache_matches_cpu_on_tiny decode_batched_steps_int8_kv_cache_match_each_sequence_alone"
-[ -n "${WITH_SMALL:-}" ] && TESTS="$TESTS model_with_int8_kv_cache_matches_cpu_on_small"
+TESTS="model::model_with_int8_kv_cache_matches_cpu_on_tiny batch::decode_batched_steps_int8_kv_cache_match_each_sequence_alone"
+[ -n "${WITH_SMALL:-}" ] && TESTS="$TESTS model::model_with_int8_kv_cache_matches_cpu_on_small"
 for t in $TESTS; do
   if ! left; then say "gpu test $t: skipped (deadline) at $(el)s"; continue; fi
   timeout "$(cap "${TEST_S:-40}")" "$B/gpu" --ignored --test-threads=1 --nocapture --exact "$t" > "$L/test-$t.log" 2>&1
@@ -32,9 +32,9 @@ bench() {  # bench NAME FORMAT
   if ! left; then say "bench $1: skipped (deadline) at $(el)s"; return; fi
   LILY_KV_CACHE=$2 timeout "$(cap "${BENCH_S:-34}")" "$B/lily-engine" bench --model "$M" --device cuda \
     --prefill 512 --decode-ctx 4K,32K,128K --decode-tokens 64 --repeat 1 > "$L/bench-$1.log" 2>&1
-  say "bench $1 (LILY_KV_CACHE=$2) rc=$? at $(el)s: $(grep -E '^ +[0-9]+[K]? +[0-9]+ +[0-9.]+' "$L/bench-$1.log" | tr -s ' ' | tr '\n' '|') $(grep -h -m1 -oE "KV cache (bf16|int8)" "$L/bench-$1.log")"
+  say "bench $1 (LILY_KV_CACHE=$2) rc=$? at $(el)s: $(grep -E '^ +[0-9]+ +[0-9.]+ +[0-9.]+' "$L/bench-$1.log" | tr -s ' ' | tr '\n' '|') $(grep -h -m1 -oE "KV cache (bf16|int8)" "$L/bench-$1.log")"
   grep -h -m1 -E "refused|out of memory|Error|panicked" "$L/bench-$1.log" >> "$S"
 }
 bench bf16-1 bf16; bench int8-1 int8; bench bf16-2 bf16; bench int8-2 int8
-cp "$L"/test-*.log "$L"/bench-int8-1.log "$R"/ 2>/dev/null
+cp "$L"/test-*.log "$L"/bench-*.log "$R"/ 2>/dev/null
 say "done at $(el)s"
