@@ -448,26 +448,6 @@ __device__ __forceinline__ int dot_group_x8x2(const uint4 (&q)[2], const X8x2Gro
     return 254 * (16 * lh + hh) + (16 * ll + hl);
 }
 
-// dot_group_x8x2 over half a group (4 words, 32 weights: half h of the group) against that half's
-// words of x (x8x2_load's x.w[k][4h .. 4h + 3] for k = 0..3, one uint4 each). The integer sum is
-// linear in the four accumulators, so the two halves' results add up to dot_group_x8x2's exactly
-// (|each| < 2^28: no overflow); grouped_down_sectors splits a group over two lanes this way.
-__device__ __forceinline__ int dot_half_x8x2(uint4 q, const uint4 (&x)[4]) {
-    u32 words[4] = {q.x, q.y, q.z, q.w};
-    u32 xe_hi[4] = {x[0].x, x[0].y, x[0].z, x[0].w}, xo_hi[4] = {x[1].x, x[1].y, x[1].z, x[1].w};
-    u32 xe_lo[4] = {x[2].x, x[2].y, x[2].z, x[2].w}, xo_lo[4] = {x[3].x, x[3].y, x[3].z, x[3].w};
-    int lh = 0, hh = 0, ll = 0, hl = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        u32 lo = words[i] & 0x0F0F0F0Fu, hi = words[i] & 0xF0F0F0F0u;
-        lh = dp4a_us(lo, xe_hi[i], lh);
-        hh = dp4a_us(hi, xo_hi[i], hh);
-        ll = dp4a_us(lo, xe_lo[i], ll);
-        hl = dp4a_us(hi, xo_lo[i], hl);
-    }
-    return 254 * (16 * lh + hh) + 16 * ll + hl;  // dot_group_x8x2's sum (integers: any order)
-}
-
 // The group's share of a row's dot product: Σ_j (s q_j + b) x̃_j = s · (scale / 254) · Σ q (254
 // x_hi + x_lo) + b · (scale / 254) · Σ (254 x_hi + x_lo).
 __device__ __forceinline__ float group_term_x8x2(float s, float b, int d16, const X8x2Group& x) {
@@ -1940,16 +1920,7 @@ dec_glu4_x8x2_grouped_ring(QWeight gate, QWeight up, const float* __restrict__ r
 // 1 + kc + (p − 1) · KCOLS. The combine's order (DEC_DOWN_KSPLIT chunks of a row's ranks) is
 // dec_down_combine_x8x2's whatever KCOLS and SPREAD, each (row, item) product whole in one warp:
 // the outputs do not depend on them.
-// SECTORS (grouped_down_sectors; needs two or more rows a warp, G ≤ 16): a warp's item is read by
-// two 16-byte loads of consecutive lanes, load A the bytes 16 l of its first spw / 2 rows, load B
-// the same of its last spw / 2 (512 contiguous bytes an instruction, every 32-byte sector whole)
-// instead of each lane's 32 bytes of its own group (each instruction touching 32 sectors and using
-// half of each, the second asking for the same sectors again: session 21's 16.9 of 32 bytes).
-// Lane l then holds half l % 2 of group (l / 2) % lpr of two rows; it dots both halves with that
-// half of x (16 words: half of x8x2_load's), the lane pair swaps one integer so each lane has its
-// row's whole group sum (integers: exact), and from there group_term_x8x2 and the reduction run on
-// the same values in the same order (xor offsets doubled): the same outputs bit for bit.
-template <int KCOLS, int BATCH, bool SPREAD, bool SECTORS = false>
+template <int KCOLS, int BATCH, bool SPREAD>
 __device__ __forceinline__ void down_combine_grouped(QWeight down, QWeight sdown, const int* __restrict__ ids,
                                                      const float* __restrict__ route_w, int top_k,
                                                      const float* __restrict__ h, int h_stride,
@@ -1967,31 +1938,19 @@ __device__ __forceinline__ void down_combine_grouped(QWeight down, QWeight sdown
     float2* hqs = reinterpret_cast<float2*>(hq + n_in * G * DEC_X8X2PAD);  // [n_in][G]
     float* prod = reinterpret_cast<float*>(hqs + n_in * G);        // [rows][top_k + 1][rows_per_block]
     GrpTable t = {grp_expert, grp_rows, grp_slot, grp_n};
-    // SECTORS: lane l's half hf, group gg, row ra of load A (ra + spw / 2 of load B); it ends with
-    // the sums of row ra (hf 0) or ra + spw / 2 (hf 1).
-    int hf = lane & 1, gg = (lane >> 1) % lpr, ra = lane / (2 * lpr);
-    int row_lane = SECTORS ? ra + hf * (spw >> 1) : sub, g_lane = SECTORS ? gg : sl;
-    int r_local = rg * spw + row_lane;
+    int r_local = rg * spw + sub;
     int c = blockIdx.x * rows_per_block + r_local;
     int cc = min(c, down.rows - 1);
-    int row0 = blockIdx.x * rows_per_block + rg * spw;
-    long long ca = min(row0 + ra, down.rows - 1), cb = min(row0 + (spw >> 1) + ra, down.rows - 1);
     long long wpr = (long long)G * 8;
     uint4 q[BATCH][2];
     float s[BATCH], bias[BATCH];
     auto load = [&](int j, int i) {
         QWeight w = i > 0 ? expert<true>(down, t.expert[i]) : sdown;
-        if (SECTORS) {
-            long long off = (long long)(lane % (2 * lpr)) * 4;
-            q[j][0] = ld_stream(reinterpret_cast<const uint4*>(w.q + ca * wpr + off));
-            q[j][1] = ld_stream(reinterpret_cast<const uint4*>(w.q + cb * wpr + off));
-        } else {
-            const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
-            q[j][0] = ld_stream(qp);
-            q[j][1] = ld_stream(qp + 1);
-        }
-        s[j] = bf16_to_f32(w.scales[(long long)cc * G + g_lane]);
-        bias[j] = bf16_to_f32(w.biases[(long long)cc * G + g_lane]);
+        const uint4* qp = reinterpret_cast<const uint4*>(w.q + cc * wpr + (long long)sl * 8);
+        q[j][0] = ld_stream(qp);
+        q[j][1] = ld_stream(qp + 1);
+        s[j] = bf16_to_f32(w.scales[(long long)cc * G + sl]);
+        bias[j] = bf16_to_f32(w.biases[(long long)cc * G + sl]);
     };
     auto item_at = [&](int p) { return SPREAD ? (p == 0 ? 0 : 1 + kc + (p - 1) * KCOLS) : kc + p * KCOLS; };
     if (SPREAD || kc == 0) load(0, 0);  // item 0, the shared expert: no routing needed
@@ -2034,27 +1993,10 @@ __device__ __forceinline__ void down_combine_grouped(QWeight down, QWeight sdown
             for (u32 m = picked; m != 0u; m &= m - 1u) {
                 int b = __ffs(m) - 1, k = t.slot[i * DEC_B_MAX + b];
                 int in = k < top_k ? b * top_k + k : rows * top_k + b;
-                if (SECTORS) {
-                    const uint4* xw = reinterpret_cast<const uint4*>(hq + (in * G + gg) * DEC_X8X2PAD);
-                    uint4 xh[4];
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++) xh[kk] = xw[2 * kk + hf];
-                    float2 sc = hqs[in * G + gg];
-                    int da = dot_half_x8x2(q[j][0], xh), db = dot_half_x8x2(q[j][1], xh);
-                    // keep my row's half, send the partner its row's (both lanes of the pair have
-                    // the same group of rows ra and ra + spw / 2, the other half of it)
-                    int d = (hf ? db : da) + __shfl_xor_sync(0xffffffffu, hf ? da : db, 1);
-                    float acc = fmaf(s[j] * (sc.x * 0.0625f), (float)d, bias[j] * sc.y);
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1)
-                        if (o < lpr) acc += __shfl_xor_sync(0xffffffffu, acc, 2 * o);
-                    if (gg == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc);
-                } else {
-                    X8x2Group xg = x8x2_load(hq, hqs, in * G + sl);
-                    float acc[1] = {group_term_x8x2(s[j], bias[j], dot_group_x8x2(q[j], xg), xg)};
-                    reduce_rows<1, true>(acc, lpr);
-                    if (sl == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc[0]);
-                }
+                X8x2Group xg = x8x2_load(hq, hqs, in * G + sl);
+                float acc[1] = {group_term_x8x2(s[j], bias[j], dot_group_x8x2(q[j], xg), xg)};
+                reduce_rows<1, true>(acc, lpr);
+                if (sl == 0) prod[(b * per_row + k) * rows_per_block + r_local] = act(acc[0]);
             }
             int ahead = item_at(j0 + j + BATCH);
             if (ahead < items) load(j, ahead);
@@ -2113,22 +2055,6 @@ dec_down_combine_x8x2_grouped_ring(QWeight down, QWeight sdown, const int* __res
                                    float* __restrict__ x, int rows) {
     down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_RING, true>(down, sdown, ids, route_w, top_k, h, h_stride, hs,
                                                                s_gate, x, rows);
-}
-
-// grouped_down_sectors: dec_down_combine_x8x2_grouped_ring with whole 32-byte sectors a load
-// (down_combine_grouped's SECTORS). The full shape (down 2,048 × 512, G = 8: 8 lanes a row, 4 rows
-// a warp, 16 a block, 128 blocks) moves the same ≈ 0.58 MB an expert, ≈ 33 MB at 8 rows (57
-// routed + the shared expert), but each item of a warp costs 2 load instructions over 32 sectors
-// instead of 2 over 32 sectors twice (16 L1 wavefronts → 8, 64 sector requests to L2 → 32), and
-// a product 5 shared-memory loads of x instead of 9 (half a group, 18 registers instead of 34).
-// Needs spw ≥ 2 (G ≤ 16: decode::grouped_sectors_serves). The same outputs bit for bit.
-extern "C" __global__ void __launch_bounds__(DEC_DOWN_WARPS * DEC_GRP_DOWN_KCOLS * 32, 1)
-dec_down_combine_x8x2_grouped_sectors(QWeight down, QWeight sdown, const int* __restrict__ ids,
-                                      const float* __restrict__ route_w, int top_k, const float* __restrict__ h,
-                                      int h_stride, const float* __restrict__ hs, const float* __restrict__ s_gate,
-                                      float* __restrict__ x, int rows) {
-    down_combine_grouped<DEC_GRP_DOWN_KCOLS, DEC_GRP_DOWN_RING, true, true>(down, sdown, ids, route_w, top_k, h, h_stride,
-                                                                     hs, s_gate, x, rows);
 }
 
 // ---- DeltaNet, one token ------------------------------------------------------------------------

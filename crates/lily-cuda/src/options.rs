@@ -186,10 +186,6 @@ lily_core::backend_options! {
             label "grouped MoE weights streamed deeper",
             help "with moe_grouped_rows: the batched step's grouped MoE with more weight bytes in flight a warp, the same blocks, items and outputs bit for bit: gate/up in decode.cu's dec_glu4_x8x2_grouped_ring (a ring of 3 register buffers of a warp's items instead of dec_glu4_x8x2_grouped's 2, and the shared expert's rows spread over the item chunks, so every block requests a tile before the dependency wait and chunk 0 no longer sums all its products) and, with grouped_down_wide, down in dec_down_combine_x8x2_grouped_ring (a ring of 4 items a warp instead of the wide kernel's 3)",
             why "won its A/B: bench --batch 4 / 8 at 1K 914.2 / 1,223.4 and 916.1 / 1,223.9 → 916.7 / 1,246.6 and 919.4 / 1,245.1 tok/s (+0.3 % / +1.8 %; two rounds, an H100, full size, session 28; predicted +4–8 % / +7–13 %: profiled alone the ring kernels are no faster, 46.7 / 35.2 µs against 45.1 / 35.3, so the step gains by the shared expert split over every block, which requests before the dependency wait); its GPU tests (both kernels the grouped pair's bits; the batched step against each sequence alone) pass; off, the two-buffer and three-item kernels";
-        grouped_down_sectors = false, flag Some("grouped-down-sectors"), env "LILY_GROUPED_DOWN_SECTORS" = true,
-            label "grouped MoE down kernel's whole-sector loads",
-            help "with moe_grouped_rows, grouped_down_wide and grouped_moe_stream: the batched step's grouped down kernel in decode.cu's dec_down_combine_x8x2_grouped_sectors, the ring kernel's blocks, items and ring with each load instruction of a warp over 512 contiguous bytes (load A the first two of its four weight rows, load B the last two: every 32-byte sector whole) instead of each lane's 32 bytes of its own 64-column group in two 16-byte loads (each instruction touching 32 sectors and using half of each, the second asking for the same sectors again); a group is then split over a lane pair, each lane dots its half with half of x (5 shared-memory loads a product instead of 9), the pair swaps one integer so each lane holds its row's whole group sum, and the rest runs on the same values in the same order: the same outputs bit for bit; down projections of at most 1,024 columns (two rows a warp), wider ones keep the ring kernel",
-            why "not yet measured (perf-notes, session 30, branch s30down: predicted the 8-row down launch 35.2 → ≈ 30–33 µs and the 8-row step −0.08 to −0.2 ms, bench --batch 8 +1.2 to +3 %, on an H100); the ring kernel is the reference it is tested against";
         batch_lean_glue = true, flag Some("no-batch-lean-glue"), env "LILY_BATCH_LEAN_GLUE" = true,
             label "batched step's norms and router staging lean",
             help "a batched decode step's RMS norms in norm.cu's rms_norm_rows (rms_norm's block of 256 threads a row and its bits, each thread's columns loaded into registers at once and the norm weight before the dependency wait, the next kernel let launch after it) and its router launch in decode.cu's dec_gemv_rows_split_lean (dec_gemv_rows_split's bits, the rows staged with each thread's float4 loads requested together and each (row, group) sum one thread's in the shuffle tree's order) instead of rms_norm (a dependent load a loop trip, x read twice) and rows_stage (one load a trip; a warp and five shuffles a (row, group) sum)",
@@ -394,7 +390,6 @@ mod tests {
             ("LILY_MOE_GROUPED_ROWS", "0"),
             ("LILY_GROUPED_DOWN_WIDE", "0"),
             ("LILY_GROUPED_MOE_STREAM", "0"),
-            ("LILY_GROUPED_DOWN_SECTORS", "1"),
             ("LILY_BATCH_LEAN_GLUE", "0"),
             ("LILY_DN_ROWS_LOOP", "1"),
             ("LILY_CUDA_SYNC", "1"),
@@ -431,7 +426,6 @@ mod tests {
                 moe_grouped_rows: false,
                 grouped_down_wide: false,
                 grouped_moe_stream: false,
-                grouped_down_sectors: true,
                 batch_lean_glue: false,
                 dn_rows_loop: true,
                 kv_cache: KvCacheKind::Int8,

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`; `--grouped-down-sectors`, off: the ring down kernel's whole-sector form `dec_down_combine_x8x2_grouped_sectors`, the same bits), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--dn-rows-loop`, off: `dec_dn_step_rows_loop`, up to 4 sequences a block, the same bits; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--dn-rows-loop`, off: `dec_dn_step_rows_loop`, up to 4 sequences a block, the same bits; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -230,8 +230,7 @@ pub enum MoeRows {
     /// row that picked it, each row's outputs bit for bit the one-token pair kernels'; the down
     /// kernel's block of 12 warps, or of 16 (`dec_down_combine_x8x2_grouped_wide`) under
     /// `grouped_down_wide`; the rings of `dec_glu4_x8x2_grouped_ring` and, with 16 warps,
-    /// `dec_down_combine_x8x2_grouped_ring` under `grouped_moe_stream` (its whole-sector form
-    /// `dec_down_combine_x8x2_grouped_sectors` under `grouped_down_sectors`).
+    /// `dec_down_combine_x8x2_grouped_ring` under `grouped_moe_stream`.
     ByExpert(GroupedGlu, GroupedDown),
 }
 
@@ -731,9 +730,7 @@ impl Plan {
     /// (`moe_products`) and `decode::grouped_serves` the block for that many rows (2 to 8 rows of
     /// at most 64 picks, at most 256 experts, the down kernel's pairs in 92 KB), its down kernel
     /// 16 warps a block under `grouped_down_wide`, both kernels' rings deeper under
-    /// `grouped_moe_stream` (the down kernel's with `grouped_down_wide` only), the ring down
-    /// kernel's loads whole sectors under `grouped_down_sectors` where
-    /// `decode::grouped_sectors_serves` the down projection; else per row (a
+    /// `grouped_moe_stream` (the down kernel's with `grouped_down_wide` only); else per row (a
     /// batch of one always).
     pub fn moe_rows(&self, m: &DevMoe, n_experts: usize, top_k: usize, rows: usize) -> MoeRows {
         let (down, sdown) = (m.down.shape(), m.shared_down.shape());
@@ -755,9 +752,7 @@ impl Plan {
             && decode::grouped_serves([gate, up, sgate, sup], down, sdown, n_experts, top_k, rows)
         {
             let stream = self.o.grouped_moe_stream;
-            let sectors = self.o.grouped_down_sectors && decode::grouped_sectors_serves(down);
             let down = match (self.o.grouped_down_wide, stream) {
-                (true, true) if sectors => GroupedDown::Warps16Sectors,
                 (true, true) => GroupedDown::Warps16Ring,
                 (true, false) => GroupedDown::Warps16,
                 (false, _) => GroupedDown::Warps12,
@@ -1734,41 +1729,6 @@ mod tests {
         )
         .describe()
         .contains("grouped MoE weights streamed deeper off"));
-        // grouped_down_sectors (off by default): the ring down kernel's whole-sector form, only
-        // where the ring kernel runs (16 warps, grouped_moe_stream) and a warp has two rows or
-        // more (at most 1,024 columns); wider down projections keep the ring kernel.
-        let sectors = |grouped_down_wide, grouped_moe_stream| {
-            let o = CudaOptions {
-                grouped_down_sectors: true,
-                grouped_down_wide,
-                grouped_moe_stream,
-                ..CudaOptions::default()
-            };
-            Plan::resolve(&o, H200)
-        };
-        let wide_down = w(2048, 2048, 4);
-        for rows in 2..=8 {
-            assert_eq!(
-                sectors(true, true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps16Sectors)
-            );
-            assert_eq!(
-                sectors(true, false).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedGlu::Pairs, GroupedDown::Warps16)
-            );
-            assert_eq!(
-                sectors(false, true).moe_rows_for(&glu, &down, &down, 256, top_k, rows),
-                MoeRows::ByExpert(GroupedGlu::Ring, GroupedDown::Warps12)
-            );
-        }
-        assert!(!decode::grouped_sectors_serves(&wide_down));
-        assert!(decode::grouped_sectors_serves(&down));
-        assert!(sectors(true, true)
-            .describe()
-            .contains("grouped MoE down kernel's whole-sector loads on"));
-        assert!(on
-            .describe()
-            .contains("grouped MoE down kernel's whole-sector loads off"));
         assert!(on.describe().contains("int8-pair one-token projections on"));
         assert!(off.describe().contains("int8-pair MoE products off"));
         for ws in [

@@ -95,11 +95,6 @@ pub enum GroupedDown {
     /// `Warps16`'s block with a ring of GROUPED_DOWN_RING items a warp instead of
     /// GROUPED_DOWN_BATCH.
     Warps16Ring,
-    /// `grouped_down_sectors` (with `grouped_moe_stream` and `grouped_down_wide`, where
-    /// `grouped_sectors_serves`): `dec_down_combine_x8x2_grouped_sectors`, `Warps16Ring`'s block
-    /// and ring with each load instruction of a warp over 512 contiguous bytes (whole 32-byte
-    /// sectors), a 64-column group split over a lane pair.
-    Warps16Sectors,
 }
 
 /// Which gate/up kernel the grouped MoE runs (`Decode::glu_grouped`; the plan's choice:
@@ -469,14 +464,6 @@ pub fn grouped_serves(
         && glu[0].rows == down.cols
         && glu[2].rows == sdown.cols
         && grouped_down_smem(down.cols, top_k, rows) <= GROUPED_SMEM_MAX
-}
-
-/// Whether `dec_down_combine_x8x2_grouped_sectors` (`GroupedDown::Warps16Sectors`) reads this
-/// down projection: a warp's two loads each cover half of its rows, so it needs two rows a warp
-/// or more (at most 16 groups of 64 columns: 8 lanes a row at the model's 512).
-pub fn grouped_sectors_serves(down: &LinearShape) -> bool {
-    let (_, spw) = lanes_per_row(down.cols);
-    down.cols >= 64 && spw >= 2
 }
 
 /// Whether `Decode::down_combine` reads these weights for `top_k` experts.
@@ -855,7 +842,6 @@ pub struct Decode {
     down_combine_x8x2_grouped: Kernel,
     down_combine_x8x2_grouped_wide: Kernel,
     down_combine_x8x2_grouped_ring: Kernel,
-    down_combine_x8x2_grouped_sectors: Kernel,
     dn_conv: Kernel,
     dn_step: Kernel,
     dn_conv_rows: Kernel,
@@ -905,8 +891,6 @@ impl Decode {
             down_combine_x8x2_grouped_wide: k("dec_down_combine_x8x2_grouped_wide")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
             down_combine_x8x2_grouped_ring: k("dec_down_combine_x8x2_grouped_ring")?
-                .allow_shared_memory(GROUPED_SMEM_MAX)?,
-            down_combine_x8x2_grouped_sectors: k("dec_down_combine_x8x2_grouped_sectors")?
                 .allow_shared_memory(GROUPED_SMEM_MAX)?,
             dn_conv: k("dec_dn_conv")?,
             dn_step: k("dec_dn_step")?,
@@ -1313,16 +1297,6 @@ impl Decode {
             GroupedDown::Warps12 => (&self.down_combine_x8x2_grouped, DOWN_KSPLIT),
             GroupedDown::Warps16 => (&self.down_combine_x8x2_grouped_wide, GROUPED_DOWN_KCOLS),
             GroupedDown::Warps16Ring => (&self.down_combine_x8x2_grouped_ring, GROUPED_DOWN_KCOLS),
-            GroupedDown::Warps16Sectors => {
-                if !grouped_sectors_serves(&a.down.shape()) {
-                    bail!(
-                        "dec_down_combine_x8x2_grouped_sectors: {} columns (a warp needs two \
-                         rows: at most 1,024)",
-                        a.down.cols
-                    );
-                }
-                (&self.down_combine_x8x2_grouped_sectors, GROUPED_DOWN_KCOLS)
-            }
         };
         let cfg = config((grid, 1, 1), (DOWN_WARPS * columns * 32) as u32, smem);
         gpu.launch(kernel, cfg, |l| {

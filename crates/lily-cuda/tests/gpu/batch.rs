@@ -97,10 +97,6 @@ struct Case {
     /// On (with `fused_batch`), the batched step's DeltaNet recurrence in
     /// `dec_dn_step_rows_loop` (`dn_rows_loop`: `dec_dn_step_rows`' bits).
     dn_rows_loop: bool,
-    /// On (with `grouped_moe_stream` and `grouped_down_wide`), the ring down kernel's loads whole
-    /// 32-byte sectors (`dec_down_combine_x8x2_grouped_sectors`; `grouped_down_sectors`: the ring
-    /// kernel's bits).
-    grouped_down_sectors: bool,
     /// On, the caches hold int8 rows (`kv_cache int8`; the CPU reference then reads them as
     /// `KvFormat::Int8Row`): the rows' attention in `attn_split_mma_prep_rows` built with
     /// LILY_KV_INT8, each sequence alone in `attn_split_mma_prep`'s int8 form.
@@ -128,7 +124,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         batch_lean_glue,
         grouped_moe_stream,
         dn_rows_loop,
-        grouped_down_sectors,
         kv_int8,
         prompts,
     } = case;
@@ -142,7 +137,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, dn rows loop {dn_rows_loop}, down sectors {grouped_down_sectors}, pipelined {pipelined_batch}, int8 kv {kv_int8}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, dn rows loop {dn_rows_loop}, pipelined {pipelined_batch}, int8 kv {kv_int8}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -160,7 +155,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             batch_lean_glue,
             grouped_moe_stream,
             dn_rows_loop,
-            grouped_down_sectors,
             kv_cache: if kv_int8 {
                 KvCacheKind::Int8
             } else {
@@ -317,7 +311,6 @@ const FUSED: Case = Case {
     batch_lean_glue: false,
     grouped_moe_stream: false,
     dn_rows_loop: false,
-    grouped_down_sectors: false,
     kv_int8: false,
     prompts: &[9, 23, 40],
 };
@@ -397,13 +390,6 @@ const GROUPED_STREAM: Case = Case {
 /// sequences a block (`dn_rows_loop`, off until measured).
 const DN_ROWS_LOOP: Case = Case {
     dn_rows_loop: true,
-    ..GROUPED_STREAM
-};
-
-/// `GROUPED_STREAM` (the step as it ships) with the ring down kernel's whole-sector loads
-/// (`grouped_down_sectors`, off until measured).
-const DOWN_SECTORS: Case = Case {
-    grouped_down_sectors: true,
     ..GROUPED_STREAM
 };
 
@@ -494,18 +480,6 @@ fn decode_batched_steps_grouped_stream_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(GROUPED_STREAM));
     batched_steps_match_alone(Preset::Small, GROUPED_STREAM);
     batched_steps_match_alone(Preset::Small, eight(GROUPED_STREAM));
-}
-
-/// The shipping step with `grouped_down_sectors` (`dec_down_combine_x8x2_grouped_sectors`: tiny's
-/// down projection 1 group a row, small's 2): three and eight sequences on small and eight on tiny
-/// against each sequence alone, as the cases above (its kernel gives the ring kernel's bits:
-/// grouped_down_sectors_gives_the_ring_kernels_bits).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn decode_batched_steps_down_sectors_match_each_sequence_alone() {
-    batched_steps_match_alone(Preset::Tiny, eight(DOWN_SECTORS));
-    batched_steps_match_alone(Preset::Small, DOWN_SECTORS);
-    batched_steps_match_alone(Preset::Small, eight(DOWN_SECTORS));
 }
 
 /// The shipping step with `dn_rows_loop` (`dec_dn_step_rows_loop`: two blocks of sequences at
