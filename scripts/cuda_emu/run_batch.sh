@@ -7,7 +7,7 @@
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
 # grouped by expert, dec_glu4_x8x2_grouped + dec_down_combine_x8x2_grouped (moe_grouped_rows),
 # dec_glu4_x8x2_bulk against dec_glu4_x8x2 (moe_bulk: bulk copies and mbarriers emulated),
-# dec_dn_conv_rows + dec_dn_step_rows (and dec_dn_step_rows_loop against it: dn_rows_loop) and attention.cu's attn_split_mma_prep(_long)_rows +
+# dec_dn_conv_rows + dec_dn_step_rows and attention.cu's attn_split_mma_prep(_long)_rows +
 # attn_split_combine_rows, and (attn_int8) the same file built with LILY_KV_INT8 (`kv_cache int8`,
 # issue 30: int8-row caches) as kv8::, its writers and readers against the rule and the bf16 kernels.
 # The kernels' own
@@ -21,7 +21,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn, attn_int8: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (46 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (44 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -110,10 +110,6 @@ MUTANTS = [
      "dec_glu4_x8x2_grouped_ring refilling a slot with the item the next slot holds (items skipped)"),
     ('dec', 'if (b % step == (int)blockIdx.y) spread |= 1u << b;', 'if (b % step == 0) spread |= 1u << b;',
      "dec_glu4_x8x2_grouped_ring giving every chunk the shared expert's rows of chunk 0"),
-    ('dec', 'if (i < nr) dn_state_load(states[r0 + i], q, dk, dv, s[i]);', 'if (i < nr) dn_state_load(states[r0], q, dk, dv, s[i]);',
-     "dec_dn_step_rows_loop stepping every sequence of a block from its first sequence's state"),
-    ('dec', 'q.part, q.rows, ab_s[2 * i], ab_s[2 * i + 1], vv[i]);', 'q.part, q.rows, ab_s[0], ab_s[1], vv[i]);',
-     "dec_dn_step_rows_loop taking the block's first sequence's gates for every sequence"),
     ('att', 'int q = __float2int_rn(x / s);', 'int q = (int)(x / s);',
      "kv8_quant (the int8 cache's writes) truncating x / s instead of rounding half to even"),
     ('att', 'sc[0] * (scale * ksc[0])', 'sc[0] * scale', "int8 attn_split_mma leaving key j's scale out of its score"),
@@ -219,9 +215,9 @@ if [ "${1:-}" = mutants ]; then
            "18 moe_x8x2" "19 moe_x8x2 -DLILY_BF16_ACT" "20 mma" "21 mma -DLILY_BF16_ACT" "22 mma" "23 mma" "24 mma" \
            "25 moe_grouped" "26 moe_grouped -DLILY_BF16_ACT" "27 moe_grouped" "28 moe_grouped" \
            "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean" \
-           "36 moe_grouped" "37 moe_grouped" "38 dn" "39 dn -DLILY_BF16_ACT" \
-           "40 attn_int8 -DLILY_BF16_ACT" "41 attn_int8 -DLILY_BF16_ACT" "42 attn_int8 -DLILY_BF16_ACT" \
-           "43 attn_int8 -DLILY_BF16_ACT" "44 attn_int8 -DLILY_BF16_ACT" "45 attn_int8 -DLILY_BF16_ACT"; do
+           "36 moe_grouped" "37 moe_grouped" \
+           "38 attn_int8 -DLILY_BF16_ACT" "39 attn_int8 -DLILY_BF16_ACT" "40 attn_int8 -DLILY_BF16_ACT" \
+           "41 attn_int8 -DLILY_BF16_ACT" "42 attn_int8 -DLILY_BF16_ACT" "43 attn_int8 -DLILY_BF16_ACT"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -13,9 +13,7 @@ use crate::gpu::{DevBuf, Gpu};
 use crate::kernels::attention::{
     self, Attend, AttnShape, QkPrep, RowsAttend, SplitKernel, SplitPartials,
 };
-use crate::kernels::decode::{
-    DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue, StepRows,
-};
+use crate::kernels::decode::{DnConv, DnStep, DownCombine, Glu, Input, MoeOutputs, Out, Prologue};
 use crate::kernels::deltanet::{self, Conv, DnRecurrent, DnScan, DnShape, GatedNorm};
 use crate::kernels::embed::Lookup;
 use crate::kernels::gemm::GroupedGemm;
@@ -602,15 +600,9 @@ impl Forward<'_> {
                     ];
                     self.norm_project_batch(input_norm, rows, &inputs)?;
                     match self.plan.batch_scan(cfg) {
-                        BatchScan::Rows(kernel) => {
+                        BatchScan::Rows => {
                             let t = BatchTable::new(table, model, rows)?;
-                            self.deltanet_scan_rows(
-                                d,
-                                t.states(dn_i),
-                                t.convs(dn_i),
-                                rows,
-                                kernel,
-                            )?;
+                            self.deltanet_scan_rows(d, t.states(dn_i), t.convs(dn_i), rows)?;
                         }
                         scan => {
                             for (row, seq) in seqs.iter().enumerate() {
@@ -734,7 +726,6 @@ impl Forward<'_> {
         states: u64,
         convs: u64,
         rows: usize,
-        kernel: StepRows,
     ) -> Result<()> {
         let (gpu, k, cfg, s) = (self.gpu, self.kernels, self.cfg, self.scratch);
         let c = DnConv {
@@ -759,8 +750,7 @@ impl Forward<'_> {
             dk: cfg.dn_k_dim,
             dv: cfg.dn_v_dim,
         };
-        k.decode
-            .dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows, kernel)
+        k.decode.dn_step_rows(gpu, &step, deltanet::PREP_EPS, rows)
     }
 
     /// The block norm (weight `norm`) of the `rows` residual rows of a batched decode step

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--dn-rows-loop`, off: `dec_dn_step_rows_loop`, up to 4 sequences a block, the same bits; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -64,7 +64,7 @@ use crate::gpu::{DeviceCaps, Gpu, LaunchChecks};
 use crate::kernels::attention::{self, AttnShape, PrefillKernel, SplitKernel};
 use crate::kernels::decode::{
     self, Decode, DownRegs, GemvGrid, GemvProducts, GluLoads, GroupedDown, GroupedGlu, MoeProducts,
-    RowsKernel, StepRows,
+    RowsKernel,
 };
 use crate::kernels::deltanet::{self, DnScan, DnShape};
 use crate::kernels::gemm::{self, DenseGemm, GroupedGemm};
@@ -176,9 +176,8 @@ pub enum BatchNorm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchScan {
     /// decode.cu's `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each
-    /// (the sequence in a grid dimension, its states through a pointer table); the recurrence in
-    /// `dec_dn_step_rows_loop` (`StepRows::Loop`, the same bits) under `dn_rows_loop`.
-    Rows(StepRows),
+    /// (the sequence in a grid dimension, its states through a pointer table).
+    Rows,
     /// Per sequence, decode.cu's `dec_dn_conv` + `dec_dn_step`.
     OneToken,
     /// Per sequence, a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent`.
@@ -597,9 +596,8 @@ impl Plan {
     /// The DeltaNet conv and recurrence of the sequences of a batched decode step (one token
     /// each, `Forward::run_batch`): where the one-token step fuses them (`fused_decode` and the
     /// head shapes fit) decode.cu's kernels, all sequences in one launch each under
-    /// `fused_batch` (`Rows`: the recurrence `dec_dn_step_rows_loop`, up to 4 sequences a block,
-    /// under `dn_rows_loop`, else `dec_dn_step_rows`), else one sequence at a time (`OneToken`);
-    /// otherwise a one-token chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
+    /// `fused_batch` (`Rows`), else one sequence at a time (`OneToken`); otherwise a one-token
+    /// chunk's `dn_conv` + `dn_prep` + `dn_recurrent` per sequence (`Chunk`).
     pub fn batch_scan(&self, cfg: &ModelConfig) -> BatchScan {
         let fits = Decode::dn_serves(
             cfg.dn_k_heads,
@@ -609,11 +607,7 @@ impl Plan {
             cfg.conv_kernel,
         );
         match self.fused_if(1, fits) {
-            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows(if self.o.dn_rows_loop {
-                StepRows::Loop
-            } else {
-                StepRows::Grid
-            }),
+            DecodePath::Fused if self.o.fused_batch => BatchScan::Rows,
             DecodePath::Fused => BatchScan::OneToken,
             DecodePath::PerKernel => BatchScan::Chunk,
         }
@@ -1758,30 +1752,7 @@ mod tests {
         // The DeltaNet scans: one launch for all sequences, one a sequence without
         // fused_batch, a chunk's kernels without fused_decode.
         let cfg = full_config();
-        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows(StepRows::Grid));
-        // dn_rows_loop (off by default): the recurrence looping over up to 4 sequences a block.
-        let looped = CudaOptions {
-            dn_rows_loop: true,
-            ..CudaOptions::default()
-        };
-        let looped = Plan::resolve(&looped, H200);
-        assert_eq!(looped.batch_scan(&cfg), BatchScan::Rows(StepRows::Loop));
-        assert!(looped
-            .describe()
-            .contains("batched DeltaNet step looping over sequences on"));
-        assert!(on
-            .describe()
-            .contains("batched DeltaNet step looping over sequences off"));
-        // Without fused_batch the switch changes nothing: one sequence at a time.
-        let first_looped = CudaOptions {
-            fused_batch: false,
-            dn_rows_loop: true,
-            ..CudaOptions::default()
-        };
-        assert_eq!(
-            Plan::resolve(&first_looped, H200).batch_scan(&cfg),
-            BatchScan::OneToken
-        );
+        assert_eq!(on.batch_scan(&cfg), BatchScan::Rows);
         let first = CudaOptions {
             fused_batch: false,
             ..CudaOptions::default()
@@ -1955,7 +1926,7 @@ mod tests {
                 "{rows} rows"
             );
         }
-        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows(StepRows::Grid));
+        assert_eq!(p.batch_scan(&cfg), BatchScan::Rows);
         assert_eq!(
             p.batch_attention(shape, &[512, 4096, 65_537]),
             BatchAttention::Rows(SplitKernel::Mma)

@@ -181,22 +181,6 @@ pub const DN_MAX_K: usize = 8;
 pub const DN_MAX_DK: usize = 128;
 pub const DN_PARTS: usize = 8;
 pub const DN_COLS: usize = 16;
-/// Sequences one `dec_dn_step_rows_loop` block steps in turn (`dn_rows_loop`; DEC_DN_RB): their
-/// state rows all requested before the dependency wait, DN_ROWS_BLOCK · 16 registers a thread.
-pub const DN_ROWS_BLOCK: usize = 4;
-/// Blocks an SM `dec_dn_step_rows_loop` is built for (`__launch_bounds__`; DEC_DN_RB_BLOCKS):
-/// 128 registers a thread at most, so that 8 sequences' 512 blocks are one wave on 132 SMs.
-pub const DN_ROWS_LOOP_BLOCKS: usize = 4;
-/// Which kernel a batched step's DeltaNet recurrence takes (the plan's `BatchScan::Rows`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepRows {
-    /// `dec_dn_step_rows`: one block a (value head, column block, sequence).
-    Grid,
-    /// `dec_dn_step_rows_loop` (`dn_rows_loop`): one block a (value head, column block) and up to
-    /// DN_ROWS_BLOCK sequences, stepped in turn with every sequence's state requested before the
-    /// dependency wait and q / k / v read once; `Grid`'s bits.
-    Loop,
-}
 /// Most rows (sequences of a batched decode step) one `dec_gemv_rows` launch dots each weight with
 /// (DEC_B_MAX: the size of its per-lane sums); more rows, or rows whose staging would pass
 /// BATCH_SMEM_MAX, take several launches of at most that many rows each.
@@ -292,8 +276,6 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_DN_MAX_DK", DN_MAX_DK as i64),
         ("DEC_DN_PARTS", DN_PARTS as i64),
         ("DEC_DN_COLS", DN_COLS as i64),
-        ("DEC_DN_RB", DN_ROWS_BLOCK as i64),
-        ("DEC_DN_RB_BLOCKS", DN_ROWS_LOOP_BLOCKS as i64),
         ("DEC_B_MAX", BATCH_MAX as i64),
         ("DEC_BLOCKS_PER_SM", BLOCKS_PER_SM as i64),
         ("DEC_Q8_BLOCKS", Q8_BLOCKS_PER_SM as i64),
@@ -846,7 +828,6 @@ pub struct Decode {
     dn_step: Kernel,
     dn_conv_rows: Kernel,
     dn_step_rows: Kernel,
-    dn_step_rows_loop: Kernel,
 }
 
 impl Decode {
@@ -896,7 +877,6 @@ impl Decode {
             dn_step: k("dec_dn_step")?,
             dn_conv_rows: k("dec_dn_conv_rows")?,
             dn_step_rows: k("dec_dn_step_rows")?,
-            dn_step_rows_loop: k("dec_dn_step_rows_loop")?,
         })
     }
 
@@ -1450,61 +1430,8 @@ impl Decode {
     /// `dn_step` for the `rows` sequences of a batched decode step in one launch: `a.c`, `a.b`,
     /// `a.a` and `a.o` are row 0 of their [rows, ...] buffers, `a.state` a device table of
     /// `rows` recurrent-state pointers (u64), row r's state at entry r.
-    /// `kernel` (the plan's choice) is `dec_dn_step_rows` or, the same bits, `dec_dn_step_rows_loop`.
-    pub fn dn_step_rows(
-        &self,
-        gpu: &Gpu,
-        a: &DnStep,
-        eps: f32,
-        rows: usize,
-        kernel: StepRows,
-    ) -> Result<()> {
-        match kernel {
-            StepRows::Grid => self.dn_step_launch(gpu, a, eps, Some(rows)),
-            StepRows::Loop => self.dn_step_rows_loop(gpu, a, eps, rows),
-        }
-    }
-
-    fn dn_step_rows_loop(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: usize) -> Result<()> {
-        if !Self::dn_serves(a.n_k, a.n_v, a.dk, a.dv, 1) {
-            bail!(
-                "dec_dn_step_rows_loop: heads {}/{} of dims {}/{} (dk a multiple of 32 up to {DN_MAX_DK}, dv of {DN_COLS})",
-                a.n_k,
-                a.n_v,
-                a.dk,
-                a.dv
-            );
-        }
-        if rows == 0 {
-            bail!("dec_dn_step_rows_loop: no rows");
-        }
-        let grid = (
-            a.n_v as u32,
-            (a.dv / DN_COLS) as u32,
-            rows.div_ceil(DN_ROWS_BLOCK) as u32,
-        );
-        let (n_k, n_v, dk, dv, n) = (
-            a.n_k as i32,
-            a.n_v as i32,
-            a.dk as i32,
-            a.dv as i32,
-            rows as i32,
-        );
-        gpu.launch(&self.dn_step_rows_loop, config(grid, 128, 0), |l| {
-            l.arg(&a.c)
-                .arg(&a.b)
-                .arg(&a.a)
-                .arg(&a.a_log)
-                .arg(&a.dt_bias)
-                .arg(&a.state)
-                .arg(&a.o)
-                .arg(&n_k)
-                .arg(&n_v)
-                .arg(&dk)
-                .arg(&dv)
-                .arg(&eps)
-                .arg(&n);
-        })
+    pub fn dn_step_rows(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: usize) -> Result<()> {
+        self.dn_step_launch(gpu, a, eps, Some(rows))
     }
 
     fn dn_step_launch(&self, gpu: &Gpu, a: &DnStep, eps: f32, rows: Option<usize>) -> Result<()> {

@@ -94,9 +94,6 @@ struct Case {
     /// (`dec_glu4_x8x2_grouped_ring`, `dec_down_combine_x8x2_grouped_ring`; `grouped_moe_stream`:
     /// the grouped kernels' bits).
     grouped_moe_stream: bool,
-    /// On (with `fused_batch`), the batched step's DeltaNet recurrence in
-    /// `dec_dn_step_rows_loop` (`dn_rows_loop`: `dec_dn_step_rows`' bits).
-    dn_rows_loop: bool,
     /// On, the caches hold int8 rows (`kv_cache int8`; the CPU reference then reads them as
     /// `KvFormat::Int8Row`): the rows' attention in `attn_split_mma_prep_rows` built with
     /// LILY_KV_INT8, each sequence alone in `attn_split_mma_prep`'s int8 form.
@@ -123,7 +120,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         grouped_down_wide,
         batch_lean_glue,
         grouped_moe_stream,
-        dn_rows_loop,
         kv_int8,
         prompts,
     } = case;
@@ -137,7 +133,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, dn rows loop {dn_rows_loop}, pipelined {pipelined_batch}, int8 kv {kv_int8}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, pipelined {pipelined_batch}, int8 kv {kv_int8}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -154,7 +150,6 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             grouped_down_wide,
             batch_lean_glue,
             grouped_moe_stream,
-            dn_rows_loop,
             kv_cache: if kv_int8 {
                 KvCacheKind::Int8
             } else {
@@ -310,7 +305,6 @@ const FUSED: Case = Case {
     grouped_down_wide: false,
     batch_lean_glue: false,
     grouped_moe_stream: false,
-    dn_rows_loop: false,
     kv_int8: false,
     prompts: &[9, 23, 40],
 };
@@ -384,13 +378,6 @@ const LEAN_GLUE: Case = Case {
 const GROUPED_STREAM: Case = Case {
     grouped_moe_stream: true,
     ..LEAN_GLUE
-};
-
-/// `GROUPED_STREAM` (the step as it ships) with the DeltaNet recurrence looping over up to 4
-/// sequences a block (`dn_rows_loop`, off until measured).
-const DN_ROWS_LOOP: Case = Case {
-    dn_rows_loop: true,
-    ..GROUPED_STREAM
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -480,18 +467,6 @@ fn decode_batched_steps_grouped_stream_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(GROUPED_STREAM));
     batched_steps_match_alone(Preset::Small, GROUPED_STREAM);
     batched_steps_match_alone(Preset::Small, eight(GROUPED_STREAM));
-}
-
-/// The shipping step with `dn_rows_loop` (`dec_dn_step_rows_loop`: two blocks of sequences at
-/// eight, one at three): three and eight sequences on small and eight on tiny against each
-/// sequence alone, as the cases above (its kernel gives `dec_dn_step_rows`' bits:
-/// batched_decode_deltanet_scans_match_one_sequence_at_a_time).
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn decode_batched_steps_dn_rows_loop_match_each_sequence_alone() {
-    batched_steps_match_alone(Preset::Tiny, eight(DN_ROWS_LOOP));
-    batched_steps_match_alone(Preset::Small, DN_ROWS_LOOP);
-    batched_steps_match_alone(Preset::Small, eight(DN_ROWS_LOOP));
 }
 
 /// The shipping step with `batch_lean_glue` (`rms_norm_rows`, `dec_gemv_rows_split_lean`):

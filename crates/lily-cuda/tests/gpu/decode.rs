@@ -664,14 +664,12 @@ fn batch_lean_glue_gives_the_plain_kernels_bits() {
 /// one sequence at a time on copies of the same states (those are tested against the CPU in
 /// fused_decode_blocks_match_cpu): the same code per sequence, so the outputs, recurrent states
 /// and conv states agree bit for bit, over two steps (the second reading the states the first
-/// wrote through the table), for 1, 2, 3, 5 and 8 sequences, at the full model's head shape and a
-/// small one, in both activation modes. `dec_dn_step_rows_loop` (`dn_rows_loop`: up to 4
-/// sequences a block) on its own copies of the states and the same conv outputs, bit for bit
-/// `dec_dn_step_rows` (outputs and states) at every step.
+/// wrote through the table), for 1, 3 and 8 sequences, at the full model's head shape and a
+/// small one, in both activation modes.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
-    use lily_cuda::kernels::decode::{DnConv, DnStep, StepRows};
+    use lily_cuda::kernels::decode::{DnConv, DnStep};
     use lily_cuda::kernels::deltanet::PREP_EPS;
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     for bf16_activations in [false, true] {
@@ -687,7 +685,7 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
             let weight = d.upload(&rng.vec(conv_dim * taps, 0.5)).unwrap();
             let a_log = d.upload(&rng.vec(nv, 0.5)).unwrap();
             let dt_bias = d.upload(&rng.vec(nv, 0.5)).unwrap();
-            for rows in [1usize, 2, 3, 5, 8] {
+            for rows in [1usize, 3, 8] {
                 let what = format!("{rows} sequences, heads {nk}/{nv} of {dk}/{dv}, {taps} taps, bf16 {bf16_activations}");
                 let states: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(state_n, 0.1)).collect();
                 let convs: Vec<Vec<f32>> = (0..rows).map(|_| rng.vec(conv_n, 1.0)).collect();
@@ -696,10 +694,6 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
                 };
                 let (st_rows, cv_rows, st_one, cv_one) =
                     (up(&states), up(&convs), up(&states), up(&convs));
-                let st_loop = up(&states);
-                let loop_table: Vec<u64> = st_loop.iter().map(|b| b.ptr).collect();
-                let loop_table = d.upload(&loop_table).unwrap();
-                let o_loop = poisoned(&d, rows * nv * dv);
                 let mut table: Vec<u64> = st_rows.iter().map(|b| b.ptr).collect();
                 let states_at = 0;
                 let convs_at = rows * 8;
@@ -747,11 +741,7 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
                         table.ptr + states_at as u64,
                         o_rows.ptr,
                     );
-                    dec.dn_step_rows(&d, &s, PREP_EPS, rows, StepRows::Grid)
-                        .unwrap();
-                    let s = dn_step(c_rows.ptr, b.ptr, a.ptr, loop_table.ptr, o_loop.ptr);
-                    dec.dn_step_rows(&d, &s, PREP_EPS, rows, StepRows::Loop)
-                        .unwrap();
+                    dec.dn_step_rows(&d, &s, PREP_EPS, rows).unwrap();
                     for r in 0..rows {
                         let f = |buf: u64, n: usize| buf + (r * n * 4) as u64;
                         let cr = f(c_one.ptr, conv_dim);
@@ -779,15 +769,7 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
                         bits(&o) == bits(&read(&o_one, rows * nv * dv)),
                         "{what}: outputs"
                     );
-                    assert!(
-                        bits(&o) == bits(&read(&o_loop, rows * nv * dv)),
-                        "{what}: dec_dn_step_rows_loop's outputs"
-                    );
                     for r in 0..rows {
-                        assert!(
-                            bits(&read(&st_rows[r], state_n)) == bits(&read(&st_loop[r], state_n)),
-                            "{what}: row {r} state of dec_dn_step_rows_loop"
-                        );
                         assert!(
                             bits(&read(&st_rows[r], state_n)) == bits(&read(&st_one[r], state_n)),
                             "{what}: row {r} state"
@@ -801,7 +783,7 @@ fn batched_decode_deltanet_scans_match_one_sequence_at_a_time() {
             }
         }
     }
-    println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time (dec_dn_step_rows_loop: dec_dn_step_rows' bits)");
+    println!("KERNEL decode.cu batched DeltaNet scans equal one sequence at a time");
 }
 
 /// A MoE's sizes: hidden, experts, top_k, expert inter, shared inter.
