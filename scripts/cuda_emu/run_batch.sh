@@ -177,7 +177,9 @@ pat = re.compile(r'__shared__\s+(?:__align__\(16\)\s+)?(float2|float|int|u16|u32
 common, dec, att = pat.sub(shared, common), pat.sub(shared, dec), pat.sub(shared, att)
 # The same kernels built with LILY_KV_INT8 (the plan's `kv_cache int8`: int8-row caches) in a
 # namespace of their own, kv8::, so the driver runs both forms side by side (attn_int8).
-att8 = 'namespace kv8 {\n#define LILY_KV_INT8 1\n' + att.replace('extern "C" ', '') + '\n#undef LILY_KV_INT8\n}  // namespace kv8\n'
+# (bf16 builds only, as the plan: an int8 cache needs bf16 activations, and attention.cu says so with #error)
+att8 = ('#ifdef LILY_BF16_ACT\nnamespace kv8 {\n#define LILY_KV_INT8 1\n' + att.replace('extern "C" ', '')
+        + '\n#undef LILY_KV_INT8\n}  // namespace kv8\n#endif\n')
 for src in (common, norm, dec, att):
     # (griddepcontrol sits under __CUDA_ARCH__ >= 900, which is 0 here: pdl_wait and pdl_trigger
     # compile to nothing, kernels running one after another.)
