@@ -3,6 +3,7 @@
 //! biases), so 4-bit, 8-bit and bf16 weights each count what they are.
 
 use crate::config::ModelConfig;
+use crate::cpu::ops::KvFormat;
 use crate::weights::{Linear, Mixer, ModelWeights, WeightData};
 
 /// Bytes read (and written) by one decode step at a given context.
@@ -40,9 +41,20 @@ fn f32s(v: &[f32]) -> u64 {
     4 * v.len() as u64
 }
 
-/// What one decode step moves with `ctx` tokens already in the cache, the cache holding
-/// `kv_elem_bytes` per element (2 for bf16, 4 for fp32).
-pub fn decode_bytes(w: &ModelWeights, ctx: usize, kv_elem_bytes: usize) -> DecodeBytes {
+/// The bytes one cached row (one position, one KV head, `head_dim` values) takes in `format`:
+/// fp32 for `Full`, bf16 (or f16) for `Bf16`, int8 values and their f32 scale for `Int8Row`
+/// (MODEL.md §2.4; CUDA's padding of the scales to 16 bytes a position is not counted).
+pub fn kv_row_bytes(format: KvFormat, head_dim: usize) -> usize {
+    match format {
+        KvFormat::Full => 4 * head_dim,
+        KvFormat::Bf16 => 2 * head_dim,
+        KvFormat::Int8Row => head_dim + 4,
+    }
+}
+
+/// What one decode step moves with `ctx` tokens already in the cache, the cache's rows in
+/// `kv` (`kv_row_bytes`).
+pub fn decode_bytes(w: &ModelWeights, ctx: usize, kv: KvFormat) -> DecodeBytes {
     let cfg: &ModelConfig = &w.config;
     let mut weights = stored_bytes(&w.embed) / cfg.vocab.max(1) as u64
         + f32s(&w.final_norm)
@@ -90,7 +102,7 @@ pub fn decode_bytes(w: &ModelWeights, ctx: usize, kv_elem_bytes: usize) -> Decod
     let recurrent = (cfg.dn_v_heads * cfg.dn_k_dim * cfg.dn_v_dim * 4) as u64;
     let conv = (cfg.conv_kernel.saturating_sub(1) * cfg.conv_dim() * 4) as u64;
     let state = 2 * dn * (recurrent + conv);
-    let row = (2 * cfg.n_kv_heads * cfg.head_dim * kv_elem_bytes) as u64;
+    let row = (2 * cfg.n_kv_heads * kv_row_bytes(kv, cfg.head_dim)) as u64;
     let kv = cfg.n_attention_layers() as u64 * row * (ctx as u64 + 1);
     DecodeBytes { weights, state, kv }
 }
@@ -135,11 +147,16 @@ mod tests {
             4 * (2 * q4(64, h) + q4(h, 64)) + q8(16, h) + 2 * q4(64, h) + q4(h, 64) + q8(1, h);
         let norms = 2 * h * 4;
         let want_weights = q4(v, h) / v + h * 4 + q4(v, h) + 6 * dn + 2 * attn + 8 * (moe + norms);
-        let b = decode_bytes(&w, 1000, 2);
+        let b = decode_bytes(&w, 1000, KvFormat::Bf16);
         assert_eq!(c.n_deltanet_layers(), 6);
         assert_eq!(b.weights, want_weights);
         assert_eq!(b.state, 2 * 6 * (4 * 32 * 32 * 4 + 3 * conv_dim * 4));
         assert_eq!(b.kv, 2 * (2 * 2 * 64 * 2) * 1001);
         assert_eq!(b.total(), b.weights + b.state + b.kv);
+        // int8 rows: 64 values and one f32 scale a (position, KV head) row; fp32: 4 bytes a value.
+        let b8 = decode_bytes(&w, 1000, KvFormat::Int8Row);
+        assert_eq!(b8.kv, 2 * (2 * 2 * (64 + 4)) * 1001);
+        assert_eq!(b8.weights + b8.state, b.weights + b.state);
+        assert_eq!(decode_bytes(&w, 1000, KvFormat::Full).kv, 2 * b.kv);
     }
 }

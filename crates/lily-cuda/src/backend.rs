@@ -563,13 +563,18 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!(
-            "cuda {} {} ({} activations)",
+            "cuda {} {} ({} activations{})",
             self.gpu.name,
             self.gpu.arch,
             if self.plan.bf16_activations {
                 "bf16"
             } else {
                 "fp32"
+            },
+            if self.plan.kv_int8() {
+                ", int8 KV cache"
+            } else {
+                ""
             }
         )
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use lily_core::backend::{Backend, DecodeRow, Flow, SeqId};
+use lily_core::cpu::ops::KvFormat;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::traffic::decode_bytes;
 use serde_json::json;
@@ -249,8 +250,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.temperature, a.top_k, a.top_p
         );
     }
-    // bf16 KV cache on the GPU's production path, fp32 on the CPU and in fp32 mode.
-    let kv_elem = if device.contains("bf16") { 2 } else { 4 };
+    // The cache the backend describes: int8 rows (CUDA's `kv_cache int8`), bf16 on CUDA's
+    // production path, f16 where wgpu's plan says so, fp32 on the CPU and in fp32 modes.
+    let kv = if device.contains("int8 KV cache") {
+        KvFormat::Int8Row
+    } else if device.contains("bf16") || device.contains("f16 KV cache: on") {
+        KvFormat::Bf16
+    } else {
+        KvFormat::Full
+    };
     println!(
         "{:>8} {:>12} {:>10} {:>10} {:>8}",
         "ctx", "tok/s", "ms/tok", "GB/tok", "floor %"
@@ -264,7 +272,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .collect::<Result<_>>()?,
         );
         // The step at the middle of the timed tokens.
-        let bytes = decode_bytes(&weights, ctx + n / 2, kv_elem);
+        let bytes = decode_bytes(&weights, ctx + n / 2, kv);
         let floor_s = bytes.total() as f64 / (a.bandwidth_gbs * 1e9);
         let per_tok = s / n as f64;
         println!(
