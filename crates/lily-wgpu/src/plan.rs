@@ -66,10 +66,10 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan). Not yet measured, off: the down products with one item a lane
-//!   (`down_item_lanes`: moe_down_lanes.wgsl, `down_lanes_spec`; 160 lanes a workgroup on the
-//!   full model, every item's reads in one trip after its id, the residual read at the start;
-//!   session 30, branch s30wdec).
+//!   +3.9 % at 32K, an H100 through Vulkan). The down products with one item a lane
+//!   (`down_item_lanes`, on since session 31: moe_down_lanes.wgsl, `down_lanes_spec`; 160 lanes
+//!   a workgroup on the full model, every item's reads in one trip after its id, the residual
+//!   read at the start; decode +3.5 % at 4K and +2.2 % at 32K, an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`

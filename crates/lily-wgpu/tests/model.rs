@@ -1026,6 +1026,7 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
         WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
+            down_item_lanes: false,
             ..WgpuOptions::default()
         },
     ) else {
@@ -1033,15 +1034,15 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
     };
     assert_eq!(gpu.plan().down_lanes, 0);
     assert_eq!(gpu.plan().specs.moe_down_rows.name, "moe_down_rows");
-    // A tiny model's greedy decode with the switch (every MoE layer's down on moe_down_lanes)
-    // against the CPU's tokens (near ties allowed with f16 activations: `assert_greedy_as_cpu`).
+    // A tiny model's greedy decode with the switch (the default: every MoE layer's down on
+    // moe_down_lanes) against the CPU's tokens (near ties allowed with f16 activations:
+    // `assert_greedy_as_cpu`).
     let prompt = Rng(17).tokens(10, w.config.vocab);
     let Some(mut gpu) = wgpu_backend_with(
         &w,
         WgpuOptions {
             chunk: 8,
             all_logits_chunk: 8,
-            down_item_lanes: true,
             ..WgpuOptions::default()
         },
     ) else {
