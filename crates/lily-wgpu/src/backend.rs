@@ -24,7 +24,7 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_lanes, check_down_rows,
-    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, DnStep,
+    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, DnStep, DownCheck,
     PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
@@ -209,7 +209,7 @@ impl WgpuBackend {
     /// and in rounds (`moe_rounds`), against the host on the full model's shape and two others
     /// (`probes::check_down_rows`): the largest relative L2 difference, and whether the rounds
     /// are bit for bit the other form.
-    pub fn check_down_rows(&self) -> Result<PersistCheck> {
+    pub fn check_down_rows(&self) -> Result<DownCheck> {
         check_down_rows(
             &self.gpu,
             self.plan.subgroups,
@@ -220,8 +220,9 @@ impl WgpuBackend {
 
     /// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane) and moe_down_rows.wgsl in rounds
     /// with this plan's reductions, activations and rows a workgroup, against the host on
-    /// `check_down_rows`' shapes and bit for bit against each other (`probes::check_down_lanes`).
-    pub fn check_down_lanes(&self) -> Result<PersistCheck> {
+    /// `check_down_rows`' shapes and against each other, within rounding and whether bit for bit
+    /// (`probes::check_down_lanes`).
+    pub fn check_down_lanes(&self) -> Result<DownCheck> {
         check_down_lanes(
             &self.gpu,
             self.plan.subgroups,

@@ -292,10 +292,10 @@ pub fn check_rows(
     Ok(worst.max(glu))
 }
 
-/// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
-/// from the host's f64, and whether the new form's outputs (the persistent kernel; the rounds)
-/// were bit for bit those of the reference form (one workgroup a block, `PERSIST` 0; one item
-/// at a time, `ROUNDS` 0) in every case.
+/// What `check_rows_persist` (or `check_rows_one_word`) found: the largest relative L2
+/// difference from the host's f64, and whether the new form's outputs (the persistent kernel;
+/// the one-word rows) were bit for bit those of the reference form (one workgroup a block,
+/// `PERSIST` 0; rows of one or two words chosen at run time) in every case.
 #[derive(Clone, Copy, Debug)]
 pub struct PersistCheck {
     pub err: f64,
@@ -899,12 +899,7 @@ fn check_glu_route(
 /// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
 /// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
 /// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
-pub fn check_down_rows(
-    gpu: &Gpu,
-    subgroups: bool,
-    act_f16: bool,
-    rb: usize,
-) -> Result<PersistCheck> {
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, rb: usize) -> Result<DownCheck> {
     check_down_forms(gpu, act_f16, rb, |topk, cols| {
         [false, true]
             .map(|rounds| down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups))
@@ -915,14 +910,11 @@ pub fn check_down_rows(
 /// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane, `down_lanes_spec`) on
 /// `check_down_rows`' cases, after moe_down_rows in rounds (`ROUNDS` 1, what it replaces), both
 /// with the plan's reductions and activations: the largest relative L2 difference of either's
-/// sums from the host's f64, and whether the lanes' outputs are bit for bit the rounds' in every
-/// case (9 items of 512 columns: 160 lanes; 9 of 256: 96; 5 of 64: 64, most lanes idle).
-pub fn check_down_lanes(
-    gpu: &Gpu,
-    subgroups: bool,
-    act_f16: bool,
-    rb: usize,
-) -> Result<PersistCheck> {
+/// sums from the host's f64, the largest of the lanes' sums from the rounds' (the same additions
+/// in the same order, which a driver may still contract or reorder: NVIDIA's Vulkan driver did,
+/// session 31), and whether the lanes' outputs are bit for bit the rounds' in every case (9 items
+/// of 512 columns: 160 lanes; 9 of 256: 96; 5 of 64: 64, most lanes idle).
+pub fn check_down_lanes(gpu: &Gpu, subgroups: bool, act_f16: bool, rb: usize) -> Result<DownCheck> {
     check_down_forms(gpu, act_f16, rb, |topk, cols| {
         let mut v = vec![down_rows_spec(topk, cols, rb, true).with_subgroups(subgroups)];
         v.extend(
@@ -933,18 +925,30 @@ pub fn check_down_lanes(
     })
 }
 
+/// What `check_down_rows` / `check_down_lanes` found over every case: the largest relative L2
+/// difference of any form's sums from the host's f64 (`err`), the largest of a later form's sums
+/// from the first form's (`vs_first`), and whether every later form's outputs were the first's
+/// bits (`same_bits`).
+#[derive(Clone, Copy, Debug)]
+pub struct DownCheck {
+    pub err: f64,
+    pub vs_first: f64,
+    pub same_bits: bool,
+}
+
 /// `check_down_rows`' cases on each kernel `forms(topk, cols)` gives (the same launch): the
-/// largest relative L2 difference from the host's f64 and whether every form's outputs are the
-/// first's bits.
+/// largest relative L2 difference from the host's f64 and from the first form's sums, and
+/// whether every form's outputs are the first's bits.
 fn check_down_forms(
     gpu: &Gpu,
     act_f16: bool,
     rb: usize,
     forms: impl Fn(usize, usize) -> Vec<crate::shaders::Spec>,
-) -> Result<PersistCheck> {
+) -> Result<DownCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
-    let mut out = PersistCheck {
+    let mut out = DownCheck {
         err: 0.0,
+        vs_first: 0.0,
         same_bits: true,
     };
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
@@ -983,7 +987,8 @@ fn check_down_forms(
         let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
-        let mut first: Option<Vec<f32>> = None;
+        // The first form's outputs and its sums added (in f64, as the host's).
+        let mut first: Option<(Vec<f32>, Vec<f64>)> = None;
         let specs = forms(topk, cols);
         if specs.len() < 2 {
             bail!("moe_down check: fewer than two forms for {topk} items of {cols} columns");
@@ -1008,8 +1013,11 @@ fn check_down_forms(
                 .collect();
             out.err = out.err.max(rel_l2_f64(&added, &want));
             match &first {
-                None => first = Some(got),
-                Some(f) => out.same_bits &= same_bits(f, &got),
+                None => first = Some((got, added.iter().map(|v| *v as f64).collect())),
+                Some((f, f_added)) => {
+                    out.vs_first = out.vs_first.max(rel_l2_f64(&added, f_added));
+                    out.same_bits &= same_bits(f, &got);
+                }
             }
         }
     }

@@ -962,9 +962,12 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
 /// `down_item_lanes`: moe_down_lanes.wgsl (one item a lane, the residual read at the start) in
 /// both reduction forms, with f32 and f16 activations, 2 rows a workgroup (the plan's) and 8:
 /// against the host's f64 on `check_down_rows`' cases (9 items of 512 columns — the full model's,
-/// 160 lanes —, 9 of 256, 5 of 64; 37 rows, the last block partly filled, 2 tokens) and **bit for
-/// bit** moe_down_rows in rounds (the same additions in the same order); the workgroup sizes, the
-/// plan's spec and line, and a shape that does not fit (kept on moe_down_rows with a note).
+/// 160 lanes —, 9 of 256, 5 of 64; 37 rows, the last block partly filled, 2 tokens) and against
+/// moe_down_rows in rounds within the kernel bound (1e-5 with f32 activations, an f16 store with
+/// f16): the same additions in the same order, bit for bit on lavapipe, but a driver may contract
+/// or reorder them (NVIDIA's Vulkan driver did, session 31: 2.3e-7 from the host, not the same
+/// bits), so whether bit for bit is printed, not asserted; the workgroup sizes, the plan's spec and
+/// line, and a shape that does not fit (kept on moe_down_rows with a note).
 #[test]
 fn down_item_lanes_kernel_matches_the_host_and_todays() {
     use lily_wgpu::plan::down_lanes_wg;
@@ -1007,17 +1010,19 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
         let bound = Bounds::of(plan).kernel;
         let down = gpu.check_down_lanes().unwrap();
         println!(
-            "subgroups {subgroups}, f16 activations {}, {} rows a workgroup: moe_down_rows in rounds / moe_down_lanes {:.2e} (bit for bit: {})",
-            plan.act_f16, plan.down_rb, down.err, down.same_bits
+            "subgroups {subgroups}, f16 activations {}, {} rows a workgroup: moe_down_rows in rounds / moe_down_lanes {:.2e} from the host, {:.2e} from each other (bit for bit: {})",
+            plan.act_f16, plan.down_rb, down.err, down.vs_first, down.same_bits
         );
         assert!(
             down.err < bound,
             "moe_down_lanes or moe_down_rows differs from the host by {:.2e}",
             down.err
         );
+        // The sums' f32 rounding in another order or contraction, not a different sum.
         assert!(
-            down.same_bits,
-            "moe_down_lanes is not bit for bit moe_down_rows in rounds"
+            down.vs_first < bound,
+            "moe_down_lanes differs from moe_down_rows in rounds by {:.2e}",
+            down.vs_first
         );
     }
     // Off: moe_down_rows as before.
