@@ -51,16 +51,6 @@ override EARLY: u32 = 0u;
 // from 0's: within rounding, not bit for bit.
 override ITEMS: u32 = 0u;
 
-// With ITEMS (`WgpuOptions::glu_split`, plan.rs `glu_rows_spec`): SPLIT workgroups a row and
-// token (grid: rows · SPLIT × tokens; workgroup h of a row is block row · SPLIT + h), each
-// routing all k ranks as ITEMS does but taking only the items of issue positions p ≡ h (mod
-// SPLIT) — position 0 the stacked shared expert, then rank r at r + 1 (at r without it): its
-// next item's reads issued at their round, its previous item summed then. Each workgroup holds
-// at most two items' reads a lane, as ITEMS; a round's barrier now waits on a sum whose reads
-// were issued SPLIT rounds before, not one, and the GPU holds SPLIT times the workgroups. Each
-// item's 64 partials are the same values in the same slots: bit for bit ITEMS' outputs. 1: ITEMS.
-override SPLIT: u32 = 1u;
-
 var<workgroup> wg_expert: u32;
 
 // One item's reads (`ITEMS`): its gate and up words of this invocation's quad, their scales and
@@ -366,25 +356,20 @@ fn linear_q4_glu_rows(@builtin(workgroup_id) wid: vec3<u32>, lanes_in: Lanes) {
 }
 
 // `ITEMS`: row `row` of every item of token `tt` (see ITEMS). Uniform control flow only.
-fn glu_items(lid: u32, block: u32, tt: u32) {
-    // SPLIT: this workgroup's share `h` of row `row`'s items.
-    let row = block / SPLIT;
-    let h = block % SPLIT;
+fn glu_items(lid: u32, row: u32, tt: u32) {
     if (row >= p.m.rows) {
         return;
     }
     let g = (lid * 32u) / p.m.group;
     let lb = tt * p.l_stride;
-    // The stacked shared expert's reads first: its id needs no routing (issue position 0).
+    // The stacked shared expert's reads first: its id needs no routing.
     let stacked = p.ks > p.k;
-    let pos0 = select(0u, 1u, stacked);
-    let shared_mine = stacked && h == 0u;
     var cur = GluWords();
-    if (shared_mine) {
+    if (stacked) {
         cur = glu_read(p.e, row, lid, g);
     }
     var cur_rank = p.k;
-    var have = shared_mine;
+    var have = stacked;
     // The input and the norm's weights (x ⊙ w; Σx² for the scale on the totals), the logits'
     // keys (invocation lid holds experts lid + 64 m).
     let xb = (p.m.x_off + tt * p.m.x_stride) / 4u + lid * 8u;
@@ -414,10 +399,8 @@ fn glu_items(lid: u32, block: u32, tt: u32) {
     var ids_k = array<u32, 16>();
     var evs = array<f32, 16>();
     for (var r = 0u; r <= p.k; r++) {
-        // Routing round r (r < k): rank r's expert, its reads issued at once (by the workgroup
-        // that takes it: SPLIT).
+        // Routing round r (r < k): rank r's expert, its reads issued at once.
         var nxt = GluWords();
-        let mine = r < p.k && (r + pos0) % SPLIT == h;
         if (r < p.k) {
             var bk = 0u;
             var bi = 0xffffffffu;
@@ -441,24 +424,19 @@ fn glu_items(lid: u32, block: u32, tt: u32) {
             den += ev;
             ids_k[r] = b.i;
             evs[r] = ev;
-            if (mine) {
-                nxt = glu_read(b.i, row, lid, g);
-            }
+            nxt = glu_read(b.i, row, lid, g);
         }
-        // The previous item's sums while those reads are in flight (SPLIT: this workgroup's
-        // previous item, when it takes rank r, or after the last round).
-        if (have && (mine || r == p.k)) {
+        // The previous item's sums while those reads are in flight.
+        if (have) {
             let gate = cur.sg * qdot32(cur.wg, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
                 + cur.bg * xs;
             let up = cur.su * qdot32(cur.wu, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7])
                 + cur.bu * xs;
             rows2_put(lid, cur_rank, vec2<f32>(gate, up));
         }
-        if (mine || r == p.k) {
-            cur = nxt;
-            cur_rank = r;
-            have = mine;
-        }
+        cur = nxt;
+        cur_rank = r;
+        have = r < p.k;
     }
     var rn = 1.0;
     if (p.norm != 0u) {
@@ -466,10 +444,7 @@ fn glu_items(lid: u32, block: u32, tt: u32) {
     }
     let total = rows2_total(lid, 16u);
     let sr = lid / 4u;
-    // SPLIT: slot sr's issue position (the shared expert's 0, rank r's r + pos0) names its
-    // workgroup.
-    let sr_pos = select(sr + pos0, 0u, sr >= p.k);
-    if (lid % 4u == 0u && sr < p.ks && sr_pos % SPLIT == h) {
+    if (lid % 4u == 0u && sr < p.ks) {
         let item = tt * p.ks + sr;
         var e = p.e;
         var w = 0.0;

@@ -89,12 +89,6 @@ override WORDS: u32 = 2u;
 // and 64 serial adds at one row). The same products; the partials meet in another order: within
 // rounding of RB 1 without it, not bit for bit.
 override LEAN: u32 = 0u;
-// 0 (`WgpuOptions::out_lean`: plan.rs `rows_out_lean_spec`, the 1-row LEAN kernel of the
-// products that fold no norm, DeltaNet's out_proj and attention's o): the folded norm's code
-// (its weights, Σx², x ⊙ w, the scale) compiled out, so its registers are the row's words and
-// inputs only; the host never launches it with `p.norm` 1 (plan.rs `Plan::rows_plain`). 1: the
-// norm folded where `p.norm` says. With `p.norm` 0 the same operations: outputs bit for bit.
-override NORM: u32 = 1u;
 
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
@@ -170,8 +164,6 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     let ga = (lid * span) / p.m.group;
     let gc = ((lid + 64u) * span) / p.m.group;
     let nr = min(RB, p.m.rows - r0);
-    // The norm folded in (`NORM` 0: never, compiled out).
-    let norm_on = NORM != 0u && p.norm != 0u;
     // The first RI rows' words (word lid of each) first: they do not depend on the inputs, so
     // their reads are in flight during the inputs' reads and the norm's reduction (one DRAM
     // round trip fewer on the kernel's path; rows past the end read row r0 again, not stored).
@@ -201,7 +193,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     // EARLY: x ⊙ w here (the norm's weights read unconditionally, clamped, with the input), Σx²
     // of the raw input kept for the scale taken after the rows' arithmetic.
     var ss_early = 0.0;
-    if (EARLY != 0u && norm_on) {
+    if (EARLY != 0u && p.norm != 0u) {
         var wa = array<vec4<f32>, 8>();
         var wc = array<vec4<f32>, 8>();
         for (var i = 0u; i < 8u; i++) {
@@ -218,7 +210,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
             xc[i] = select(xc[i], xc[i] * wc[i], i < nv);
         }
     }
-    if (EARLY == 0u && norm_on) {
+    if (EARLY == 0u && p.norm != 0u) {
         // rms_norm.wgsl's y = x · rsqrt(mean(x²) + eps) · w, on this invocation's inputs (the
         // workgroup holds the whole row between its invocations).
         var ss = 0.0;
@@ -279,7 +271,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
                 row_put(lid, rr + j, pa[j]);
             }
             if (rr + RI >= RB) {
-                if (first && EARLY != 0u && norm_on) {
+                if (first && EARLY != 0u && p.norm != 0u) {
                     rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
                 }
                 first = false;
@@ -333,7 +325,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     if (LEAN != 0u) {
         let t = wg_sum2(lid, vec2<f32>(lean, ss_early));
         var rl = 1.0;
-        if (EARLY != 0u && norm_on) {
+        if (EARLY != 0u && p.norm != 0u) {
             // rms_scale's formula on the same Σx².
             rl = 1.0 / sqrt(t.y / f32(p.m.cols) + p.eps);
         }
@@ -341,7 +333,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
         return;
     }
     var rn = 1.0;
-    if (EARLY != 0u && norm_on) {
+    if (EARLY != 0u && p.norm != 0u) {
         rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
     }
     store_rows(lid, item, r0, nr, row_total(lid, RB) * rn);

@@ -5,35 +5,14 @@
 // sigmoid(its gate) (it rides in the routed stacks; moe_route.wgsl writes its item). The down
 // stack MLX 4-bit (groups of a multiple of 32) in one slice; workgroups of 8 output rows, 8
 // invocations per row, each holding the 16-byte reads of all TOPK items' rows in flight.
-// Tokens along z.
+// Tokens along z. The host takes it where a row's quads do not divide 64 (else moe_down_rows or
+// moe_down_lanes).
 
-struct P {
-    rows: u32,        // hidden
-    cols: u32,        // expert intermediate size
-    group: u32,
-    scale_off: u32,   // halves from the start of We
-    bias_off: u32,
-    nwx: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> We: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> A: array<ACT4>;    // [tokens · TOPK, cols]
-@group(0) @binding(3) var<storage, read> wts: array<f32>;        // [tokens, TOPK]
-@group(0) @binding(4) var<storage, read> ids: array<u32>;        // [tokens, TOPK]
-@group(0) @binding(5) var<storage, read_write> X: array<f32>;    // [tokens, rows]
-
-// Items per token and the expert intermediate size, fixed per model (lily-wgpu/src/plan.rs):
-// the loops over items and quads have constant bounds and unroll, every read in flight at once.
-override TOPK: u32 = 9u;
-override COLS: u32 = 512u;
+// The parameters, bindings, TOPK and COLS (fixed per model: the loops over items and quads have
+// constant bounds and unroll, every read in flight at once): moe_down_item.wgsl, in front.
 
 const ROWS: u32 = 8u;
 const LANES: u32 = 8u;
-
-fn we_half(i: u32) -> f32 {
-    return bf16_at(We[i >> 3u][(i >> 1u) & 3u], i);
-}
 
 // scale · Σ q a + bias · Σ a over quad q (32 weights) of row `row` of expert e, inputs at vec4 xb.
 fn expert_quad(e: u32, row: u32, xb: u32, q: u32) -> f32 {

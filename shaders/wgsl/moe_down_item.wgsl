@@ -1,8 +1,9 @@
-// What moe_down_rows.wgsl and moe_down_lanes.wgsl share (in front of those two only:
-// shaders.rs `DOWN_KERNELS`): a decode step's down projections of a token's TOPK items and their
-// weighted sum into the residual, x[r] += Σ_k w_k · (down_{e_k} a_k)[r]: the parameters, the
-// bindings, the fixed shapes, and one item's reads for quad q (32 columns: one 16-byte word) of a
-// workgroup's RB rows: its weight, 8 vec4 of input, RB words, scales and biases.
+// What moe_down.wgsl, moe_down_rows.wgsl and moe_down_lanes.wgsl share (in front of those three
+// only: shaders.rs `DOWN_KERNELS`): a decode step's down projections of a token's TOPK items and
+// their weighted sum into the residual, x[r] += Σ_k w_k · (down_{e_k} a_k)[r]: the parameters, the
+// bindings, the fixed shapes, and (moe_down_rows and moe_down_lanes: moe_down has its own rows
+// and takes no RB) one item's reads for quad q (32 columns: one 16-byte word) of a workgroup's RB
+// rows: its weight, 8 vec4 of input, RB words, scales and biases.
 
 struct P {
     rows: u32,        // hidden

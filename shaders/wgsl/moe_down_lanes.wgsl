@@ -20,7 +20,8 @@
 // as moe_down_rows does; after one barrier the first 64 lanes add their slot's items' terms in
 // moe_down_rows' order (items slot, slot + 64 / QN, …) and the row's 64 partials meet in
 // `row_total`'s order: the same additions in the same order as moe_down_rows (bit for bit where
-// the driver contracts neither kernel's `acc + w · (…)` into one fused multiply-add).
+// the driver contracts neither kernel's `acc + w · (…)` into one fused multiply-add: lavapipe;
+// NVIDIA's Vulkan driver gives the same sums within rounding, not bit for bit: session 31).
 
 // Invocations a workgroup: TOPK · QN rounded up to whole subgroups of 32, at least 64 (the row
 // totals' 64 partials), at most 256 (`plan::down_lanes_spec`).

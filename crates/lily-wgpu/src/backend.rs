@@ -24,8 +24,8 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_lanes, check_down_rows,
-    check_glu_split, check_mm, check_mm_f16, check_out_lean, check_rows, check_rows_one_word,
-    check_rows_persist, DnStep, OutLeanCheck, PersistCheck, Sides, F16_STORE,
+    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, DnStep, DownCheck,
+    PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -209,7 +209,7 @@ impl WgpuBackend {
     /// and in rounds (`moe_rounds`), against the host on the full model's shape and two others
     /// (`probes::check_down_rows`): the largest relative L2 difference, and whether the rounds
     /// are bit for bit the other form.
-    pub fn check_down_rows(&self) -> Result<PersistCheck> {
+    pub fn check_down_rows(&self) -> Result<DownCheck> {
         check_down_rows(
             &self.gpu,
             self.plan.subgroups,
@@ -220,21 +220,15 @@ impl WgpuBackend {
 
     /// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane) and moe_down_rows.wgsl in rounds
     /// with this plan's reductions, activations and rows a workgroup, against the host on
-    /// `check_down_rows`' shapes and bit for bit against each other (`probes::check_down_lanes`).
-    pub fn check_down_lanes(&self) -> Result<PersistCheck> {
+    /// `check_down_rows`' shapes and against each other, within rounding and whether bit for bit
+    /// (`probes::check_down_lanes`).
+    pub fn check_down_lanes(&self) -> Result<DownCheck> {
         check_down_lanes(
             &self.gpu,
             self.plan.subgroups,
             self.plan.act_f16,
             self.plan.down_rb,
         )
-    }
-
-    /// linear_q4_glu_rows.wgsl's `SPLIT` forms (`glu_split`: 2 and 3 workgroups a row and
-    /// token) and its `ITEMS` form with this plan's reductions and activations, against the host
-    /// and bit for bit against each other (`probes::check_glu_split`).
-    pub fn check_glu_split(&self) -> Result<PersistCheck> {
-        check_glu_split(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// linear_q4_rows.wgsl's persistent kernel (`rows_persist`) with this plan's reductions, on
@@ -249,14 +243,6 @@ impl WgpuBackend {
     /// (`probes::check_rows_one_word`).
     pub fn check_rows_one_word(&self) -> Result<PersistCheck> {
         check_rows_one_word(&self.gpu, self.plan.subgroups)
-    }
-
-    /// `out_lean`'s 1-row kernel (the norm's code compiled out) with this plan's reductions and
-    /// activations, added into a residual stream at the output projections' full shape and on
-    /// small ones, against the host, the 2-row kernel and, bit for bit, the router's lean kernel
-    /// (`probes::check_out_lean`); None where the plan did not compile it.
-    pub fn check_out_lean(&self) -> Result<Option<OutLeanCheck>> {
-        check_out_lean(&self.gpu, &self.kernels, self.plan.act_f16)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for
@@ -286,7 +272,6 @@ impl WgpuBackend {
             &self.kernels,
             act,
             self.plan.glu_items,
-            self.plan.glu_split,
             self.plan.glu_rb,
             self.plan.options.rows_one_word,
         )?;

@@ -874,10 +874,9 @@ impl<'a> Forward<'a> {
                         &norm_params(&params, &io, self.cfg.rms_eps),
                         io.conv.map(|cv| (cv.channels, cv.k)),
                     );
-                    let plain = self.plan.rows_plain(rb, io.norm.is_some());
                     r.dispatch_as(
                         label,
-                        self.k.rows_for(rb, plain).get(form),
+                        self.k.rows(rb).get(form),
                         &params,
                         &[
                             &sl.buf,
@@ -952,8 +951,7 @@ impl<'a> Forward<'a> {
         // and token.
         let (nx, ny, nz) = match (items, route) {
             (true, Some(rt)) => {
-                // `glu_split`: `Plan::glu_split` workgroups a row.
-                let (nx, ny) = grid_2d(rows * self.plan.glu_split);
+                let (nx, ny) = grid_2d(rows);
                 (nx, ny, io.items / rt.ks)
             }
             _ => {

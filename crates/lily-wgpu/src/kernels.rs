@@ -43,11 +43,8 @@ macro_rules! kernels {
             $(pub $name: Kernel,)*
             /// Where the plan's prefill attention is attend_tile.wgsl.
             pub attend_tile: Option<Kernel>,
-            /// Where the plan takes `router_lean` or `out_lean` (`Specs::linear_q4_rows1`).
+            /// Where the plan takes `router_lean` (`Specs::linear_q4_rows1`).
             pub linear_q4_rows1: Option<Forms>,
-            /// Where the plan takes `out_lean` (`Specs::linear_q4_rows1_plain`: the 1-row kernel
-            /// with the norm's code compiled out).
-            pub linear_q4_rows1_plain: Option<Forms>,
             /// Where the plan's tiles are f16 and 64 items fit (`Specs::linear_q4_mm64`).
             pub linear_q4_mm64: Option<Forms>,
             /// The routed experts' tile products where the plan splits them off
@@ -67,10 +64,6 @@ macro_rules! kernels {
                         None => None,
                     },
                     linear_q4_rows1: match &specs.linear_q4_rows1 {
-                        Some(s) => Some(Forms::load(gpu, s, checked)?),
-                        None => None,
-                    },
-                    linear_q4_rows1_plain: match &specs.linear_q4_rows1_plain {
                         Some(s) => Some(Forms::load(gpu, s, checked)?),
                         None => None,
                     },
@@ -172,20 +165,11 @@ impl Kernels {
     }
 
     /// linear_q4_rows.wgsl with `rb` rows a workgroup (`Plan::rows_rb`: 16, 8, 4 or 2; 1 with
-    /// `router_lean` or `out_lean`, the only plans that compile it).
+    /// `router_lean`, the only plan that compiles it).
     pub fn rows(&self, rb: usize) -> &Forms {
         self.rows_if(rb).expect(
             "the plan gives a matrix one row a workgroup only where it compiled that kernel",
         )
-    }
-
-    /// `rows`, or the 1-row kernel with the norm's code compiled out where `plain`
-    /// (`Plan::rows_plain`).
-    pub fn rows_for(&self, rb: usize, plain: bool) -> &Forms {
-        match (plain, &self.linear_q4_rows1_plain) {
-            (true, Some(f)) => f,
-            _ => self.rows(rb),
-        }
     }
 
     /// `rows`, None for the 1-row kernel where not compiled (the probes' loop over every kernel).

@@ -66,14 +66,10 @@
 //!   +9.6 % at 4K and +7.9 % at 32K (an H100 through Vulkan). The products of < 1,024 rows
 //!   (the router) on a 1-row kernel whose row total and folded norm meet in one reduction
 //!   (`router_lean`, on since session 26: `rows_lean_spec`'s `LEAN`; decode +4.0 % at 4K and
-//!   +3.9 % at 32K, an H100 through Vulkan). Not yet measured, off: the 1,024–8,191-row
-//!   products (DeltaNet's out_proj, attention's o) on the router's lean 1-row kernel (`out_lean`:
-//!   `Plan::rows_rb` 1, `rows_lean_spec`; 2,048 workgroups of 2 words a lane and one workgroup
-//!   sum a row, against the 2-row kernel's 1,024 of 4 and `row_total`; session 29, branch
-//!   s29wout). Not yet measured, off: the down products with one item a lane
-//!   (`down_item_lanes`: moe_down_lanes.wgsl, `down_lanes_spec`; 160 lanes a workgroup on the
-//!   full model, every item's reads in one trip after its id, the residual read at the start;
-//!   session 30, branch s30wdec).
+//!   +3.9 % at 32K, an H100 through Vulkan). The down products with one item a lane
+//!   (`down_item_lanes`, on since session 31: moe_down_lanes.wgsl, `down_lanes_spec`; 160 lanes
+//!   a workgroup on the full model, every item's reads in one trip after its id, the residual
+//!   read at the start; decode +3.5 % at 4K and +2.2 % at 32K, an H100 through Vulkan).
 //! - the workgroup reductions on subgroups where the adapter has them (reduce_subgroup.wgsl): the
 //!   issue's design (29), not measured on a GPU yet (session 10 in docs/perf-notes.md);
 //! - the activations between kernels and the KV cache in f16 (`f16_acts`, `f16_kv`: `auto`, `on`
@@ -386,10 +382,6 @@ pub struct Specs {
     /// fewer than 1,024 rows, the router | shared gate on the full model; `rows_lean_spec`);
     /// None without the switch.
     pub linear_q4_rows1: Option<FormSpecs>,
-    /// The same 1-row `LEAN` kernel with the folded norm's code compiled out (`out_lean`: the
-    /// output projections, which fold no norm; `rows_out_lean_spec`), for `Plan::rows_plain`'s
-    /// launches; None without the switch.
-    pub linear_q4_rows1_plain: Option<FormSpecs>,
     /// Prefill's tile products with tiles of 16, 32 and 64 items: linear_q4_mm.wgsl, or
     /// linear_q4_coop.wgsl where the plan takes cooperative matrices (`Plan::coop`; with
     /// `coop_big` linear_q4_coop_big.wgsl; the same launches, so kernels.rs and forward.rs need
@@ -449,7 +441,6 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_rows1.iter().flatten());
-        v.extend(self.linear_q4_rows1_plain.iter().flatten());
         v.extend(self.linear_q4_mm64.iter().flatten());
         v.extend(self.experts_coop.iter().flatten().flatten());
         v.extend([
@@ -499,7 +490,6 @@ impl Specs {
         .flatten()
         .collect();
         v.extend(self.linear_q4_rows1.iter_mut().flatten());
-        v.extend(self.linear_q4_rows1_plain.iter_mut().flatten());
         v.extend(self.linear_q4_mm64.iter_mut().flatten());
         v.extend(self.experts_coop.iter_mut().flatten().flatten());
         v.extend([
@@ -565,19 +555,6 @@ pub fn rows_lean_spec(early: bool) -> Spec {
     spec
 }
 
-/// linear_q4_rows.wgsl's lean 1-row kernel (`rows_lean_spec`) with its `NORM` 0: the folded
-/// norm's code (the norm's weights, Σx², x ⊙ w) compiled out, for the products that fold no norm
-/// (`WgpuOptions::out_lean`: DeltaNet's out_proj and attention's o). Its registers are then the
-/// row's words and inputs only (56 against 96 on a CUDA transcription,
-/// scripts/rows_out_regs.cu: 18 workgroups an H100 SM, so out_proj's 2,048 workgroups are one
-/// wave where the norm-folding kernel's 10 an SM would take two). The same operations as
-/// `rows_lean_spec`'s kernel with no norm folded: outputs bit for bit.
-pub fn rows_out_lean_spec(early: bool) -> Spec {
-    let mut spec = rows_lean_spec(early);
-    spec.constants.push(("NORM", 0.0));
-    spec
-}
-
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
 /// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
 pub fn row_words(w: &GpuLinear) -> usize {
@@ -636,27 +613,17 @@ pub fn dn_recur_norm_spec(dk: usize, one_sync: bool) -> Spec {
 /// launches that route their own items take one row of every item of a token a workgroup, the
 /// items in rounds, each item's reads issued as its routing round ends
 /// (`WgpuOptions::moe_rounds`, its `ITEMS`; `Plan::glu_items` says where; the other launches
-/// run as without it); `split`: with `items`, that many workgroups a row and token, each taking
-/// every `split`-th item (`WgpuOptions::glu_split`, its `SPLIT`: the same bits; 1 none).
-pub fn glu_rows_spec(rb: usize, early: bool, items: bool, split: usize) -> Spec {
-    let mut spec = Spec::new(
+/// run as without it).
+pub fn glu_rows_spec(rb: usize, early: bool, items: bool) -> Spec {
+    Spec::new(
         "linear_q4_glu_rows",
         &[
             ("RB", rb as f64),
             ("EARLY", early as u32 as f64),
             ("ITEMS", items as u32 as f64),
         ],
-    );
-    if items && split > 1 {
-        spec.constants.push(("SPLIT", split as f64));
-    }
-    spec
+    )
 }
-
-/// Workgroups a row and token of linear_q4_glu_rows' `ITEMS` form with `glu_split` on (its
-/// `SPLIT`): two, so that a lane still holds at most two items' reads while the GPU holds twice
-/// the workgroups (1,024 on the full model).
-pub const GLU_SPLIT: usize = 2;
 
 /// The most items a token linear_q4_glu_rows' `ITEMS` form takes (its totals meet in one
 /// `rows2_total` over 16 slots).
@@ -904,8 +871,6 @@ pub struct Plan {
     /// `ITEMS`: one row of each of a token's ≤ `GLU_ITEMS_MAX` items a workgroup) where it
     /// routes its own items (`glu_items` says where).
     pub glu_items: bool,
-    /// Workgroups a row and token of that items form (`glu_split`: GLU_SPLIT, else 1).
-    pub glu_split: usize,
     /// Rows a workgroup of linear_q4_glu_rows.wgsl (GLU_RB, or `glu_rows`) and of
     /// moe_down_rows.wgsl (DOWN_RB, or `down_rows`).
     pub glu_rb: usize,
@@ -1079,15 +1044,6 @@ impl Plan {
             0 => DOWN_RB,
             n => n,
         };
-        // `glu_split`: the GLU's items form on GLU_SPLIT workgroups a row and token.
-        let glu_split = if opts.glu_split && opts.moe_rounds {
-            GLU_SPLIT
-        } else {
-            1
-        };
-        if opts.glu_split && !opts.moe_rounds {
-            notes.push("glu_split without moe_rounds: the GLU one item a workgroup".into());
-        }
         // `down_item_lanes`: moe_down_rows' launches on moe_down_lanes.wgsl where it fits.
         let down_lanes = if opts.down_item_lanes {
             let wg = down_lanes_wg(top as usize, c.expert_inter);
@@ -1119,13 +1075,10 @@ impl Plan {
             linear_q4_rows8: rows(8),
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
-            // The lean 1-row kernel: the router's (`router_lean`) and, with `out_lean`, the
-            // output projections'.
-            linear_q4_rows1: (opts.router_lean || opts.out_lean)
+            // The router's lean 1-row kernel (`router_lean`).
+            linear_q4_rows1: opts
+                .router_lean
                 .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
-            linear_q4_rows1_plain: opts
-                .out_lean
-                .then(|| in_forms(rows_out_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1138,7 +1091,7 @@ impl Plan {
             experts_coop,
             linear_q4_glu: Spec::new("linear_q4_glu", &[]),
             linear_q4_glu_rows: in_forms(
-                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds, glu_split),
+                glu_rows_spec(glu_rb, opts.glu_early, opts.moe_rounds),
                 &WRITES_ACT,
                 act_f16,
             ),
@@ -1269,7 +1222,6 @@ impl Plan {
             act_f16,
             route_in_glu: c.n_experts <= 512,
             glu_items: opts.moe_rounds && top as usize <= GLU_ITEMS_MAX,
-            glu_split,
             glu_rb,
             down_rb,
             down_lanes: down_lanes.unwrap_or(0),
@@ -1287,16 +1239,8 @@ impl Plan {
     /// are 4-bit of 2,048 columns); with `router_lean`, 1 for the matrices of fewer than 1,024
     /// rows (`rows_rb`'s 2-row kernel's: the router | shared gate on the full model) on the
     /// `LEAN` kernel (`Specs::linear_q4_rows1`).
-    ///
-    /// With `out_lean`, the matrices of 1,024 to 8,191 rows (DeltaNet's out_proj and
-    /// attention's o: 2,048 rows of 4,096 columns) take the lean 1-row kernel too, whatever
-    /// `out_rows` says: twice the workgroups of the 2-row kernel, half the words a lane, one
-    /// workgroup sum a row.
     pub fn rows_rb(&self, rows: usize, words: usize) -> usize {
         if self.options.router_lean && rows < 1024 {
-            return 1;
-        }
-        if self.options.out_lean && rows_rb(rows) == 4 {
             return 1;
         }
         let rb = match self.options.out_rows {
@@ -1309,13 +1253,6 @@ impl Plan {
         } else {
             rb
         }
-    }
-
-    /// Whether a linear_q4_rows launch of `rb` rows a workgroup (`rows_rb`) takes the 1-row kernel
-    /// with the norm's code compiled out (`Specs::linear_q4_rows1_plain`): one row a workgroup,
-    /// no norm folded (`norm`), and `out_lean` on (the only plan that compiles it).
-    pub fn rows_plain(&self, rb: usize, norm: bool) -> bool {
-        rb == 1 && !norm && self.options.out_lean
     }
 
     /// The grid of a linear_q4_rows launch with `rb` rows a workgroup over `blocks` row blocks
@@ -1371,7 +1308,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / {}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / {}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1399,15 +1336,7 @@ impl Plan {
                         .join("/")
                 ),
             },
-            // `out_lean` takes the 1,024–8,191-row products from `out_rows`' kernel.
-            match (
-                self.rows_workers,
-                if self.options.out_lean {
-                    0
-                } else {
-                    self.options.out_rows
-                },
-            ) {
+            match (self.rows_workers, self.options.out_rows) {
                 (Some(w), 0) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups)"),
                 (None, 0) => String::new(),
                 (Some(w), n) => format!(" (its {PERSIST_RB}-row kernel persistent on ≤ {w} workgroups; the 1,024–8,191-row products on its {n}-row kernel{})", if n == 8 { " in rounds of 4" } else { "" }),
@@ -1419,15 +1348,10 @@ impl Plan {
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
             },
-            if self.options.out_lean {
-                " (the 1,024–8,191-row products on its lean 1-row kernel)"
+            if self.glu_items {
+                " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"
             } else {
                 ""
-            },
-            match (self.glu_items, self.glu_split > 1) {
-                (true, false) => " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)",
-                (true, true) => " (the routed experts' one row of every other item a workgroup, two workgroups a row, each item's reads issued as its routing round ends)",
-                (false, _) => "",
             },
             match (self.down_lanes, self.options.moe_rounds) {
                 (0, true) => "moe_down_rows (in rounds of one item, the next item's reads in flight)".to_string(),

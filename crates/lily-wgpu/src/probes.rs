@@ -9,8 +9,8 @@ use crate::forward::{attention_splits, PART_ROWS};
 use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
-    coop_spec, dn_recur_norm_spec, down_lanes_spec, down_lanes_wg, down_rows_spec, glu_rows_spec,
-    in_forms, rows_grid, rows_spec, MmTile, SplitRule, GLU_RB,
+    coop_spec, dn_recur_norm_spec, down_lanes_spec, down_lanes_wg, down_rows_spec, rows_grid,
+    rows_spec, MmTile, SplitRule,
 };
 use crate::shaders::Form;
 
@@ -244,20 +244,18 @@ fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
 /// at 16, 4 and 2 rows a workgroup, and linear_q4_glu_rows.wgsl (`check_glu_rows`): the largest
 /// relative L2 difference, over every form compiled (`act_f16`: the activations f16, `Sides`).
 /// `items`: the plan's linear_q4_glu_rows routes in items' rounds (`Plan::glu_items`: its grid a
-/// workgroup a row and token, `glu_split` of them with `glu_split`: `Plan::glu_split`);
-/// `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
+/// workgroup a row and token); `glu_rb`: its rows a workgroup otherwise (`Plan::glu_rb`).
 #[allow(clippy::too_many_arguments)]
 pub fn check_rows(
     gpu: &Gpu,
     k: &Kernels,
     act_f16: bool,
     items: bool,
-    glu_split: usize,
     glu_rb: usize,
     one_word: bool,
 ) -> Result<f64> {
     let glu = check_glu_rows(gpu, k, act_f16, glu_rb)?
-        .max(check_glu_route(gpu, k, act_f16, items, glu_split, glu_rb)?)
+        .max(check_glu_route(gpu, k, act_f16, items, glu_rb)?)
         .max(check_rows_conv(gpu, k, act_f16)?)
         .max(check_rows_accumulate(gpu, k, act_f16, one_word)?);
     let mut worst = 0f64;
@@ -291,28 +289,13 @@ pub fn check_rows(
             }
         }
     }
-    // `out_lean`'s 1-row kernel with the norm's code compiled out, where the plan compiled it:
-    // never given a folded norm.
-    if let Some(forms) = &k.linear_q4_rows1_plain {
-        for (bits, cols) in [(4, 4096), (4, 2048), (8, 2048)] {
-            let (rows, items) = (37usize, 2usize);
-            let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-            let (nx, ny) = grid_2d(rows);
-            for (form, kernel) in forms.iter() {
-                let sides = Sides::of(form, act_f16);
-                let grid = [nx, ny, items as u32];
-                let e = m.run(gpu, kernel, &grid, nx, None, Some(None), sides)?;
-                worst = worst.max(e);
-            }
-        }
-    }
     Ok(worst.max(glu))
 }
 
-/// What `check_rows_persist` (or `check_down_rows`) found: the largest relative L2 difference
-/// from the host's f64, and whether the new form's outputs (the persistent kernel; the rounds)
-/// were bit for bit those of the reference form (one workgroup a block, `PERSIST` 0; one item
-/// at a time, `ROUNDS` 0) in every case.
+/// What `check_rows_persist` (or `check_rows_one_word`) found: the largest relative L2
+/// difference from the host's f64, and whether the new form's outputs (the persistent kernel;
+/// the one-word rows) were bit for bit those of the reference form (one workgroup a block,
+/// `PERSIST` 0; rows of one or two words chosen at run time) in every case.
 #[derive(Clone, Copy, Debug)]
 pub struct PersistCheck {
     pub err: f64,
@@ -626,88 +609,6 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) 
     Ok(worst)
 }
 
-/// What `check_out_lean` found: the largest relative L2 difference of the lean 1-row kernel
-/// with the norm's code compiled out (`out_lean`'s) from the host's f64 (`err`) and from the
-/// 2-row kernel's outputs (`vs_two`, the partials met in another order), and whether its outputs
-/// were bit for bit those of the router's lean kernel (`NORM` 1, no norm folded) in every case.
-#[derive(Clone, Copy, Debug)]
-pub struct OutLeanCheck {
-    pub err: f64,
-    pub vs_two: f64,
-    pub same_bits: bool,
-}
-
-/// `out_lean`'s kernel (linear_q4_rows.wgsl, one row a workgroup, `LEAN` 1, `NORM` 0:
-/// `Specs::linear_q4_rows1_plain`) as decode's output projections run it, added into a random
-/// residual stream (`accumulate`): at their full shape (2,048 rows of 4,096 columns, one item)
-/// and on 37 rows of 4,096 and 2,048 columns (4-bit) and 2,048 (8-bit), 2 items, in every form
-/// the plan compiled whose output is f32 (the residual stream), against the host's f64, against
-/// the 2-row kernel (today's, `out_rows` 2) and bit for bit against the router's lean kernel
-/// (`NORM` 1) with no norm folded. None where the plan has no such kernel.
-pub fn check_out_lean(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<Option<OutLeanCheck>> {
-    let (Some(plain), Some(lean)) = (&k.linear_q4_rows1_plain, &k.linear_q4_rows1) else {
-        return Ok(None);
-    };
-    let mut out = OutLeanCheck {
-        err: 0.0,
-        vs_two: 0.0,
-        same_bits: true,
-    };
-    for (bits, rows, cols, items) in [
-        (4, 2048usize, 4096usize, 1usize),
-        (4, 37, 4096, 2),
-        (4, 37, 2048, 2),
-        (8, 37, 2048, 2),
-    ] {
-        let m = RandomQ4::with_bits(bits, rows, cols, 64, items);
-        // The residual stream before the add: random, not zeros.
-        let y0: Vec<f32> = (0..items * rows)
-            .map(|i| m.x[(i * 7) % m.x.len()] * 0.7 + 0.1)
-            .collect();
-        for (form, kernel) in plain.iter() {
-            if act_f16 && !form.y_f32 {
-                continue;
-            }
-            let sides = Sides::of(form, act_f16);
-            let wbuf = gpu.upload("check.w", &m.data)?;
-            let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
-            // Each kernel adds into its own copy of the residual stream.
-            let run = |kernel: &Kernel, rb: usize| -> Result<Vec<f32>> {
-                let ybuf = gpu.upload_f32("check.y", &y0)?;
-                let (nx, ny) = grid_2d(rows.div_ceil(rb));
-                let params = m.rows_params(nx, true);
-                let mut r = Recorder::new(gpu);
-                r.dispatch(
-                    kernel,
-                    &params,
-                    &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
-                    [nx, ny, items as u32],
-                );
-                r.submit()?;
-                gpu.read_f32(&ybuf, 0, items * rows)
-            };
-            let added = |got: &[f32]| -> Vec<f32> {
-                got.iter()
-                    .zip(&y0)
-                    .map(|(g, y)| (*g as f64 - *y as f64) as f32)
-                    .collect()
-            };
-            let got = run(kernel, 1)?;
-            let want = m.want_for(None, sides);
-            out.err = out.err.max(rel_l2_f64(&added(&got), &want));
-            let two = run(k.rows(2).get(form), 2)?;
-            let two_f64: Vec<f64> = added(&two).iter().map(|v| *v as f64).collect();
-            out.vs_two = out.vs_two.max(rel_l2_f64(&added(&got), &two_f64));
-            let norm_kernel = run(lean.get(form), 1)?;
-            out.same_bits &= got
-                .iter()
-                .zip(&norm_kernel)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-        }
-    }
-    Ok(Some(out))
-}
-
 /// The outputs of dn_recur_norm.wgsl on one probe (`check_dn_step`): the normed, gated output
 /// `[hv · dv]` and the updated state `[hv, dk, dv]`.
 pub struct DnStep {
@@ -838,73 +739,14 @@ pub fn check_dn_step(
 /// the experts picked (ids equal, the lower id on ties), their weights (softmax renormalised over
 /// the k; the shared expert's sigmoid of its gate logit) and silu(gate x) · (up x) of each item's
 /// expert in f64: the largest relative difference. ids and weights start poisoned. `items`: the
-/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token (`split` of
-/// them: its `SPLIT`, `glu_split`).
+/// kernel's `ITEMS` form (`moe_rounds`), launched on a workgroup a row and token.
 fn check_glu_route(
     gpu: &Gpu,
     k: &Kernels,
     act_f16: bool,
     items_form: bool,
-    split: usize,
     glu_rb: usize,
 ) -> Result<f64> {
-    Ok(glu_route_cases(gpu, &glu_cases(k, act_f16), items_form, split, glu_rb)?.0)
-}
-
-/// linear_q4_glu_rows.wgsl's `ITEMS` form (`moe_rounds`, one workgroup a row and token) and its
-/// `SPLIT` forms of 2 and 3 workgroups a row and token (`glu_split` ships 2), each compiled with
-/// `subgroups`' reductions and `act_f16`'s activations in the forms the plan takes (the residual
-/// stream in with the norm folded and not, an activation in), on `check_glu_route`'s inputs
-/// (planted ties among the logits): the largest relative difference from the host of any (ids
-/// exactly the host's, weights and products in f64), and whether every `SPLIT` form's outputs
-/// are bit for bit `ITEMS`'.
-pub fn check_glu_split(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
-    let compile = |split: usize| -> Result<Vec<(Form, Kernel)>> {
-        let spec = crate::shaders::Spec {
-            act_f16,
-            ..glu_rows_spec(GLU_RB, true, true, split).with_subgroups(subgroups)
-        };
-        in_forms(spec, &[Form::ALL[0], Form::ALL[2]], act_f16)
-            .iter()
-            .map(|s| Ok((s.form, Kernel::new(gpu, s, false)?)))
-            .collect()
-    };
-    fn cases(ks: &[(Form, Kernel)], act_f16: bool) -> Vec<(&Kernel, Sides, Option<f32>)> {
-        let mut v = Vec::new();
-        for (form, kernel) in ks {
-            let sides = Sides::of(*form, act_f16);
-            v.push((kernel, sides, None));
-            if !sides.x_f16 {
-                v.push((kernel, sides, Some(1e-6f32)));
-            }
-        }
-        v
-    }
-    let items = compile(1)?;
-    let (mut err, want) = glu_route_cases(gpu, &cases(&items, act_f16), true, 1, GLU_RB)?;
-    let mut same = !want.is_empty();
-    for split in [2usize, 3] {
-        let ks = compile(split)?;
-        let (e, got) = glu_route_cases(gpu, &cases(&ks, act_f16), true, split, GLU_RB)?;
-        err = err.max(e);
-        same &= got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| same_bits(a, b));
-    }
-    Ok(PersistCheck {
-        err,
-        same_bits: same,
-    })
-}
-
-/// `check_glu_route`'s run of each of `cases` (a kernel, its sides, the folded norm's eps or
-/// none), `split` workgroups a row and token in the items form: the largest relative difference
-/// from the host, and each case's outputs.
-fn glu_route_cases(
-    gpu: &Gpu,
-    cases: &[(&Kernel, Sides, Option<f32>)],
-    items_form: bool,
-    split: usize,
-    glu_rb: usize,
-) -> Result<(f64, Vec<Vec<f32>>)> {
     let (e, topk, r_e, cols, tokens) = (130usize, 8usize, 12usize, 2048usize, 2usize);
     let ks = topk + 1;
     let items = tokens * ks;
@@ -971,13 +813,12 @@ fn glu_route_cases(
     let lbuf = gpu.upload_f32("check.logits", &logits)?;
     let ybuf = gpu.storage("check.y", (items * r_e * 4) as u64)?;
     let ((nx, ny), nz) = if items_form {
-        (grid_2d(r_e * split), tokens)
+        (grid_2d(r_e), tokens)
     } else {
         (grid_2d(r_e.div_ceil(glu_rb)), items)
     };
     let mut worst = 0f64;
-    let mut outs = Vec::new();
-    for &(kernel, sides, norm) in cases {
+    for (kernel, sides, norm) in glu_cases(k, act_f16) {
         let xbuf = upload_act(gpu, "check.x", &gate.x, sides.x_f16)?;
         let ids = gpu.upload("check.ids", &vec![0xffu8; items * 4])?;
         let wts = gpu.upload_f32("check.wts", &vec![f32::NAN; items])?;
@@ -1032,7 +873,7 @@ fn glu_route_cases(
         for (g, w) in got_wts.iter().zip(&want_wts) {
             let d = (*g as f64 - w).abs() / w.abs().max(1e-30);
             if !d.is_finite() {
-                return Ok((f64::INFINITY, outs));
+                return Ok(f64::INFINITY);
             }
             worst = worst.max(d);
         }
@@ -1044,9 +885,8 @@ fn glu_route_cases(
             )
         });
         worst = worst.max(glu_rel_err(&got, r_e, &gate, &up, items_x));
-        outs.push(got);
     }
-    Ok((worst, outs))
+    Ok(worst)
 }
 
 /// moe_down_rows.wgsl (a decode step's down projections and weighted sum into the residual,
@@ -1059,12 +899,7 @@ fn glu_route_cases(
 /// Both forms: one item at a time (`ROUNDS` 0) and in rounds, the next item's reads in flight
 /// (`ROUNDS` 1, `moe_rounds`). The largest relative L2 difference of the sums added, and
 /// whether the rounds' sums are bit for bit the one-item-at-a-time kernel's in every case.
-pub fn check_down_rows(
-    gpu: &Gpu,
-    subgroups: bool,
-    act_f16: bool,
-    rb: usize,
-) -> Result<PersistCheck> {
+pub fn check_down_rows(gpu: &Gpu, subgroups: bool, act_f16: bool, rb: usize) -> Result<DownCheck> {
     check_down_forms(gpu, act_f16, rb, |topk, cols| {
         [false, true]
             .map(|rounds| down_rows_spec(topk, cols, rb, rounds).with_subgroups(subgroups))
@@ -1075,14 +910,11 @@ pub fn check_down_rows(
 /// moe_down_lanes.wgsl (`down_item_lanes`: one item a lane, `down_lanes_spec`) on
 /// `check_down_rows`' cases, after moe_down_rows in rounds (`ROUNDS` 1, what it replaces), both
 /// with the plan's reductions and activations: the largest relative L2 difference of either's
-/// sums from the host's f64, and whether the lanes' outputs are bit for bit the rounds' in every
-/// case (9 items of 512 columns: 160 lanes; 9 of 256: 96; 5 of 64: 64, most lanes idle).
-pub fn check_down_lanes(
-    gpu: &Gpu,
-    subgroups: bool,
-    act_f16: bool,
-    rb: usize,
-) -> Result<PersistCheck> {
+/// sums from the host's f64, the largest of the lanes' sums from the rounds' (the same additions
+/// in the same order, which a driver may still contract or reorder: NVIDIA's Vulkan driver did,
+/// session 31), and whether the lanes' outputs are bit for bit the rounds' in every case (9 items
+/// of 512 columns: 160 lanes; 9 of 256: 96; 5 of 64: 64, most lanes idle).
+pub fn check_down_lanes(gpu: &Gpu, subgroups: bool, act_f16: bool, rb: usize) -> Result<DownCheck> {
     check_down_forms(gpu, act_f16, rb, |topk, cols| {
         let mut v = vec![down_rows_spec(topk, cols, rb, true).with_subgroups(subgroups)];
         v.extend(
@@ -1093,18 +925,30 @@ pub fn check_down_lanes(
     })
 }
 
+/// What `check_down_rows` / `check_down_lanes` found over every case: the largest relative L2
+/// difference of any form's sums from the host's f64 (`err`), the largest of a later form's sums
+/// from the first form's (`vs_first`), and whether every later form's outputs were the first's
+/// bits (`same_bits`).
+#[derive(Clone, Copy, Debug)]
+pub struct DownCheck {
+    pub err: f64,
+    pub vs_first: f64,
+    pub same_bits: bool,
+}
+
 /// `check_down_rows`' cases on each kernel `forms(topk, cols)` gives (the same launch): the
-/// largest relative L2 difference from the host's f64 and whether every form's outputs are the
-/// first's bits.
+/// largest relative L2 difference from the host's f64 and from the first form's sums, and
+/// whether every form's outputs are the first's bits.
 fn check_down_forms(
     gpu: &Gpu,
     act_f16: bool,
     rb: usize,
     forms: impl Fn(usize, usize) -> Vec<crate::shaders::Spec>,
-) -> Result<PersistCheck> {
+) -> Result<DownCheck> {
     let (n_e, rows, tokens) = (11usize, 37usize, 2usize);
-    let mut out = PersistCheck {
+    let mut out = DownCheck {
         err: 0.0,
+        vs_first: 0.0,
         same_bits: true,
     };
     for (topk, cols) in [(9usize, 512usize), (9, 256), (5, 64)] {
@@ -1143,7 +987,8 @@ fn check_down_forms(
         let idbuf = gpu.upload("check.ids", bytemuck::cast_slice(&ids))?;
         let (nx, ny) = grid_2d(rows.div_ceil(rb));
         let params = [rows as u32, cols as u32, 64, m.scale_off, m.bias_off, nx];
-        let mut first: Option<Vec<f32>> = None;
+        // The first form's outputs and its sums added (in f64, as the host's).
+        let mut first: Option<(Vec<f32>, Vec<f64>)> = None;
         let specs = forms(topk, cols);
         if specs.len() < 2 {
             bail!("moe_down check: fewer than two forms for {topk} items of {cols} columns");
@@ -1168,8 +1013,11 @@ fn check_down_forms(
                 .collect();
             out.err = out.err.max(rel_l2_f64(&added, &want));
             match &first {
-                None => first = Some(got),
-                Some(f) => out.same_bits &= same_bits(f, &got),
+                None => first = Some((got, added.iter().map(|v| *v as f64).collect())),
+                Some((f, f_added)) => {
+                    out.vs_first = out.vs_first.max(rel_l2_f64(&added, f_added));
+                    out.same_bits &= same_bits(f, &got);
+                }
             }
         }
     }

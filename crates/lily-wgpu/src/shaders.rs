@@ -29,11 +29,11 @@ pub const ACT_F16: &str = include_str!("../../../shaders/wgsl/act_f16.wgsl");
 pub const MM_TILE: &str = include_str!("../../../shaders/wgsl/mm_tile.wgsl");
 /// The kernels mm_tile.wgsl goes in front of.
 pub const MM_KERNELS: [&str; 3] = ["linear_q4_mm", "linear_q4_coop", "linear_q4_coop_big"];
-/// The parameters, bindings, shapes and one item's reads moe_down_rows.wgsl and
+/// The parameters, bindings, shapes and one item's reads moe_down.wgsl, moe_down_rows.wgsl and
 /// moe_down_lanes.wgsl share (in front of those only: `DOWN_KERNELS`).
 pub const DOWN_ITEM: &str = include_str!("../../../shaders/wgsl/moe_down_item.wgsl");
 /// The kernels moe_down_item.wgsl goes in front of.
-pub const DOWN_KERNELS: [&str; 2] = ["moe_down_rows", "moe_down_lanes"];
+pub const DOWN_KERNELS: [&str; 3] = ["moe_down", "moe_down_rows", "moe_down_lanes"];
 
 macro_rules! sources {
     ($($name:literal),* $(,)?) => {

@@ -959,85 +959,15 @@ fn one_word_row_kernel_matches_the_host_and_todays() {
     assert!(!gpu.plan().describe().contains("one-word rows"));
 }
 
-/// `glu_split`: linear_q4_glu_rows' `ITEMS` form on 2 (the plan's) and 3 workgroups a row and
-/// token (`SPLIT`), in both reduction forms, with f32 and f16 activations: the plan's GLU (SPLIT
-/// 2, on its grid) against the host's f64 on `check_glu_route`'s inputs (E = 130, k = 8, the
-/// stacked shared expert, planted ties among the first picks and across the k-th place: ids
-/// exactly the host's, weights and products within the kernel bound), and SPLIT 2 and 3 bit for
-/// bit ITEMS' outputs in every case (the norm folded and not, each activation side); the plan
-/// line names it, and without moe_rounds it is refused with a note.
-#[test]
-fn glu_split_kernel_matches_the_host_and_todays() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 61);
-    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 16,
-            subgroups,
-            moe_rounds: true,
-            glu_split: true,
-            f16_acts: Choice::of(f16),
-            ..WgpuOptions::default()
-        };
-        let Some(gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        assert!(gpu.plan().options.glu_split && gpu.plan().glu_items);
-        assert_eq!(gpu.plan().glu_split, 2);
-        let d = gpu.plan().describe();
-        assert!(
-            d.contains("linear_q4_glu_rows split items on")
-                && d.contains("one row of every other item a workgroup, two workgroups a row"),
-            "{d}"
-        );
-        let bound = Bounds::of(gpu.plan()).kernel;
-        let (_, rows) = gpu.check_products().unwrap();
-        let glu = gpu.check_glu_split().unwrap();
-        println!(
-            "subgroups {subgroups}, f16 activations {}: glu_rows SPLIT 2 (plan) {rows:.2e}, ITEMS / SPLIT 2 / 3 {:.2e} (bit for bit: {})",
-            gpu.plan().act_f16, glu.err, glu.same_bits
-        );
-        assert!(
-            rows < bound,
-            "linear_q4_glu_rows SPLIT 2 differs from the host by {rows:.2e}"
-        );
-        assert!(
-            glu.err < bound,
-            "linear_q4_glu_rows ITEMS / SPLIT differ from the host by {:.2e}",
-            glu.err
-        );
-        assert!(
-            glu.same_bits,
-            "linear_q4_glu_rows SPLIT is not bit for bit its ITEMS form"
-        );
-    }
-    // Without moe_rounds the switch has no kernel to split: one workgroup an item, a note.
-    let opts = WgpuOptions {
-        chunk: 16,
-        all_logits_chunk: 16,
-        moe_rounds: false,
-        glu_split: true,
-        ..WgpuOptions::default()
-    };
-    let Some(gpu) = wgpu_backend_with(&w, opts) else {
-        return;
-    };
-    assert_eq!(gpu.plan().glu_split, 1);
-    assert!(
-        gpu.plan()
-            .describe()
-            .contains("glu_split without moe_rounds"),
-        "{}",
-        gpu.plan().describe()
-    );
-}
-
 /// `down_item_lanes`: moe_down_lanes.wgsl (one item a lane, the residual read at the start) in
 /// both reduction forms, with f32 and f16 activations, 2 rows a workgroup (the plan's) and 8:
 /// against the host's f64 on `check_down_rows`' cases (9 items of 512 columns — the full model's,
-/// 160 lanes —, 9 of 256, 5 of 64; 37 rows, the last block partly filled, 2 tokens) and **bit for
-/// bit** moe_down_rows in rounds (the same additions in the same order); the workgroup sizes, the
-/// plan's spec and line, and a shape that does not fit (kept on moe_down_rows with a note).
+/// 160 lanes —, 9 of 256, 5 of 64; 37 rows, the last block partly filled, 2 tokens) and against
+/// moe_down_rows in rounds within the kernel bound (1e-5 with f32 activations, an f16 store with
+/// f16): the same additions in the same order, bit for bit on lavapipe, but a driver may contract
+/// or reorder them (NVIDIA's Vulkan driver did, session 31: 2.3e-7 from the host, not the same
+/// bits), so whether bit for bit is printed, not asserted; the workgroup sizes, the plan's spec and
+/// line, and a shape that does not fit (kept on moe_down_rows with a note).
 #[test]
 fn down_item_lanes_kernel_matches_the_host_and_todays() {
     use lily_wgpu::plan::down_lanes_wg;
@@ -1080,17 +1010,19 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
         let bound = Bounds::of(plan).kernel;
         let down = gpu.check_down_lanes().unwrap();
         println!(
-            "subgroups {subgroups}, f16 activations {}, {} rows a workgroup: moe_down_rows in rounds / moe_down_lanes {:.2e} (bit for bit: {})",
-            plan.act_f16, plan.down_rb, down.err, down.same_bits
+            "subgroups {subgroups}, f16 activations {}, {} rows a workgroup: moe_down_rows in rounds / moe_down_lanes {:.2e} from the host, {:.2e} from each other (bit for bit: {})",
+            plan.act_f16, plan.down_rb, down.err, down.vs_first, down.same_bits
         );
         assert!(
             down.err < bound,
             "moe_down_lanes or moe_down_rows differs from the host by {:.2e}",
             down.err
         );
+        // The sums' f32 rounding in another order or contraction, not a different sum.
         assert!(
-            down.same_bits,
-            "moe_down_lanes is not bit for bit moe_down_rows in rounds"
+            down.vs_first < bound,
+            "moe_down_lanes differs from moe_down_rows in rounds by {:.2e}",
+            down.vs_first
         );
     }
     // Off: moe_down_rows as before.
@@ -1099,6 +1031,7 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
         WgpuOptions {
             chunk: 16,
             all_logits_chunk: 16,
+            down_item_lanes: false,
             ..WgpuOptions::default()
         },
     ) else {
@@ -1106,15 +1039,15 @@ fn down_item_lanes_kernel_matches_the_host_and_todays() {
     };
     assert_eq!(gpu.plan().down_lanes, 0);
     assert_eq!(gpu.plan().specs.moe_down_rows.name, "moe_down_rows");
-    // A tiny model's greedy decode with the switch (every MoE layer's down on moe_down_lanes)
-    // against the CPU's tokens (near ties allowed with f16 activations: `assert_greedy_as_cpu`).
+    // A tiny model's greedy decode with the switch (the default: every MoE layer's down on
+    // moe_down_lanes) against the CPU's tokens (near ties allowed with f16 activations:
+    // `assert_greedy_as_cpu`).
     let prompt = Rng(17).tokens(10, w.config.vocab);
     let Some(mut gpu) = wgpu_backend_with(
         &w,
         WgpuOptions {
             chunk: 8,
             all_logits_chunk: 8,
-            down_item_lanes: true,
             ..WgpuOptions::default()
         },
     ) else {
@@ -1345,167 +1278,6 @@ fn router_lean_kernel_matches_the_host() {
     };
     assert!(gpu.plan().specs.linear_q4_rows1.is_none());
     assert_eq!(gpu.plan().rows_rb(257, 2), 2);
-}
-
-/// `out_lean`: the products of 1,024 to 8,191 rows (DeltaNet's out_proj and attention's o on the
-/// full model, 2,048 rows of 4,096 columns) on linear_q4_rows' lean 1-row kernel, with the norm's
-/// code compiled out where no norm is folded (`NORM` 0, `Specs::linear_q4_rows1_plain`), in both
-/// reduction forms with f32 and f16 activations: the plan's rows a workgroup (the output
-/// projections 1 whatever `out_rows` says, the router 1, in_proj and lm_head 16), which launches
-/// take the plain kernel (`Plan::rows_plain`), its `NORM` constant and the plan line;
-/// `check_out_lean`: the kernel added into a random residual stream at the full out_proj shape
-/// and on 37 rows (4-bit 4,096 / 2,048 columns, 8-bit 2,048) against the host's f64, against
-/// the 2-row kernel (within rounding) and **bit for bit** against the router's lean kernel with
-/// no norm folded; every product probe through the plan's kernels (the plain kernel among them);
-/// a tiny model's greedy decode against the CPU (its 1,024-row lm_head, the final norm folded,
-/// on the norm-folding 1-row kernel). Off (the default) nothing moves.
-#[test]
-fn out_lean_kernel_matches_the_host_and_todays() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 79);
-    for (subgroups, f16) in [(true, false), (false, false), (true, true), (false, true)] {
-        let opts = |lean: bool| WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 16,
-            subgroups,
-            out_lean: lean,
-            f16_acts: Choice::of(f16),
-            ..WgpuOptions::default()
-        };
-        let Some(gpu) = wgpu_backend_with(&w, opts(true)) else {
-            return;
-        };
-        let Some(off) = wgpu_backend_with(&w, opts(false)) else {
-            return;
-        };
-        let plan = gpu.plan();
-        assert!(plan.options.out_lean && !off.plan().options.out_lean);
-        let norm_of = |specs: &[lily_wgpu::shaders::Spec]| {
-            specs[0]
-                .constants
-                .iter()
-                .find(|c| c.0 == "NORM")
-                .map(|c| c.1)
-        };
-        let plain = plan.specs.linear_q4_rows1_plain.as_deref().unwrap();
-        assert_eq!(norm_of(plain), Some(0.0));
-        assert_eq!(
-            norm_of(plan.specs.linear_q4_rows1.as_deref().unwrap()),
-            None
-        );
-        assert!(off.plan().specs.linear_q4_rows1_plain.is_none());
-        // Only the 1,024–8,191-row products move (to 1 row a workgroup).
-        for (rows, words, on, was) in [
-            (2_048, 2, 1, 2),
-            (1_024, 2, 1, 2),
-            (8_191, 1, 1, 2),
-            (257, 2, 1, 1),
-            (1_023, 1, 1, 1),
-            (8_192, 1, 16, 16),
-            (12_352, 1, 16, 16),
-            (248_320, 1, 16, 16),
-        ] {
-            assert_eq!(
-                (plan.rows_rb(rows, words), off.plan().rows_rb(rows, words)),
-                (on, was),
-                "{rows} rows"
-            );
-        }
-        assert!(plan.rows_plain(1, false) && !plan.rows_plain(1, true));
-        assert!(!plan.rows_plain(2, false) && !off.plan().rows_plain(1, false));
-        let d = plan.describe();
-        assert!(
-            d.contains("linear_q4_rows lean 1-row output projections on")
-                && d.contains("(the 1,024–8,191-row products on its lean 1-row kernel)")
-                && !d.contains("on its 2-row kernel"),
-            "{d}"
-        );
-        assert!(off.plan().describe().contains("on its 2-row kernel"));
-        let bound = Bounds::of(plan).kernel;
-        let lean = gpu.check_out_lean().unwrap().unwrap();
-        assert!(off.check_out_lean().unwrap().is_none());
-        let (_, rows) = gpu.check_products().unwrap();
-        println!(
-            "subgroups {subgroups}, f16 activations {}: out_lean's kernel {:.2e} from the host, {:.2e} from the 2-row kernel, same bits as the router's lean kernel: {}; product probes {rows:.2e}",
-            plan.act_f16, lean.err, lean.vs_two, lean.same_bits
-        );
-        assert!(
-            lean.err < bound,
-            "the 1-row output projection kernel differs from the host by {:.2e}",
-            lean.err
-        );
-        assert!(
-            lean.vs_two < bound,
-            "the 1-row output projection kernel differs from the 2-row one by {:.2e}",
-            lean.vs_two
-        );
-        assert!(
-            lean.same_bits,
-            "NORM 0 is not bit for bit the lean kernel with no norm folded"
-        );
-        assert!(
-            rows < bound,
-            "linear_q4_rows (out_lean plan) differs from the host by {rows:.2e}"
-        );
-    }
-    // A tiny model's greedy decode with the switch (and without the router's lean kernel, which
-    // the switch compiles anyway), against the CPU (near ties allowed where activations are f16:
-    // `assert_greedy_as_cpu`).
-    let prompt = Rng(13).tokens(10, w.config.vocab);
-    let Some(mut gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 8,
-            all_logits_chunk: 8,
-            out_lean: true,
-            router_lean: false,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    assert!(gpu.plan().specs.linear_q4_rows1.is_some());
-    assert_eq!(gpu.plan().rows_rb(w.config.vocab, 1), 1);
-    let mut cpu = CpuBackend::new(w.clone());
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &prompt).unwrap();
-    let gs = gpu.new_seq(64).unwrap();
-    gpu.prefill(gs, &prompt).unwrap();
-    assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 16, "out_lean");
-}
-
-/// `out_lean` on the full widths (4 layers, synth seed 41, as the other full-width decode tests):
-/// DeltaNet's out_proj and attention's o (2,048 rows of 4,096 columns, added into the residual
-/// stream) on the 1-row kernel without the norm's code, 12 positions token by token against the
-/// CPU, and against the logits without the switch (the 2-row kernel: within rounding, not bit
-/// for bit). `cargo test --release -p lily-wgpu --test model -- --ignored full_width_out_lean`.
-#[test]
-#[ignore]
-fn full_width_out_lean_decode_matches_cpu() {
-    let (w, tokens, want) = full_width_model();
-    let mut stepped_of = Vec::new();
-    for lean in [false, true] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 1,
-            f16_acts: Choice::Off,
-            f16_kv: Choice::Off,
-            out_lean: lean,
-            ..WgpuOptions::default()
-        };
-        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        assert_eq!(gpu.plan().options.out_lean, lean);
-        assert_eq!(gpu.plan().rows_rb(2_048, 2), if lean { 1 } else { 2 });
-        let stepped = logits_token_by_token(&mut gpu, &tokens);
-        let e_cpu = rel_l2(&stepped, &want);
-        println!("full widths, out_lean {lean}: token by token vs CPU {e_cpu:.3e}");
-        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
-        stepped_of.push(stepped);
-    }
-    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
-    println!("full widths: out_lean against the 2-row kernel {e:.3e}");
-    assert!(e < 1e-4, "out_lean moves the logits by {e:.3e}");
 }
 
 /// `down_item_lanes` on the full widths (4 layers, synth seed 41, as the other full-width decode

@@ -89,12 +89,6 @@ fn choosable() -> Vec<Spec> {
                             router_lean: sw,
                             // dn_recur_norm's one exchange (ONE_SYNC = 1, `dn_one_sync`).
                             dn_one_sync: sw,
-                            // The output projections on the lean 1-row kernel with the norm's
-                            // code compiled out (NORM = 0, `out_lean`) beside the router's.
-                            out_lean: sw,
-                            // linear_q4_glu_rows' items on two workgroups a row (SPLIT = 2,
-                            // `glu_split`).
-                            glu_split: sw,
                             // moe_down_lanes in moe_down_rows' place (`down_item_lanes`).
                             down_item_lanes: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
@@ -314,12 +308,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         router_lean: sw[2],
         // dn_recur_norm's one exchange (`dn_one_sync`, ONE_SYNC) with attn_split and without.
         dn_one_sync: sw[1],
-        // The output projections on the lean 1-row kernel without the norm's code (`out_lean`,
-        // NORM 0) with moe_rounds and without.
-        out_lean: sw[5],
-        // linear_q4_glu_rows' items on two workgroups a row (`glu_split`, SPLIT) with moe_rounds
-        // and without.
-        glu_split: sw[5],
         // moe_down_lanes in moe_down_rows' place (`down_item_lanes`) with moe_rounds and
         // without.
         down_item_lanes: sw[5],
@@ -340,9 +328,7 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         ],
         sw
     );
-    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2] || sw[5]);
-    assert_eq!(plan.specs.linear_q4_rows1_plain.is_some(), sw[5]);
-    assert_eq!(plan.rows_rb(2_048, 2), if sw[5] { 1 } else { 2 });
+    assert_eq!(plan.specs.linear_q4_rows1.is_some(), sw[2]);
     // The persistent kernel on an integrated GPU's workgroups (`split_workgroups`: 128).
     assert_eq!(plan.rows_workers, sw[4].then_some(128));
     assert_eq!(plan.act_f16, f16);
