@@ -323,6 +323,12 @@ impl Plan {
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
             kv_cache: if bf16 { o.kv_cache } else { KvCacheKind::Bf16 },
+            // An int8 cache runs the long bodies from SPLIT_LONG_KEYS_INT8 keys (or fewer).
+            split_long_keys: if bf16 && o.kv_cache == KvCacheKind::Int8 {
+                o.split_long_keys.min(attention::SPLIT_LONG_KEYS_INT8)
+            } else {
+                o.split_long_keys
+            },
             ..o.clone()
         };
         Plan {
@@ -1041,6 +1047,23 @@ mod tests {
         // The one-token kernels stay the tensor-core split ones (they read int8 in place).
         let s = qwen_attention();
         assert_eq!(on.attention(s, 1, 4096), shipped.attention(s, 1, 4096));
+        // The long bodies from SPLIT_LONG_KEYS_INT8 keys with int8 rows (measured, session 31),
+        // from SPLIT_LONG_KEYS with bf16 ones; a smaller setting stays.
+        let k8 = attention::SPLIT_LONG_KEYS_INT8;
+        assert!(on.long_keys(s, k8 + 1) && !on.long_keys(s, k8));
+        assert!(
+            !shipped.long_keys(s, k8 + 1) && shipped.long_keys(s, attention::SPLIT_LONG_KEYS + 1)
+        );
+        let low = Plan::resolve(
+            &CudaOptions {
+                kv_cache: KvCacheKind::Int8,
+                split_long_keys: 1024,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert!(low.long_keys(s, 1025));
+        assert!(!fp32.long_keys(s, k8 + 1));
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub const SPLIT_MAX_SPLITS: usize = 128;
 /// faster and 256…32K 1–3 % slower (docs/perf-notes.md, session 7). The plan's `split_long_keys`
 /// carries it (tests move it); a decode graph is captured for each side.
 pub const SPLIT_LONG_KEYS: usize = 65536;
+/// With the int8 KV cache (`kv_cache int8`) the _long kernels run from this many keys: the short
+/// body's int8 tiles cost it more arithmetic than the bytes they save (H100, session 31: 32K
+/// 437 tok/s on the short body against 453 on the long one, bf16 cache 450; 4K 499 against 505).
+pub const SPLIT_LONG_KEYS_INT8: usize = 4096;
 /// Fewest keys per split (a multiple of the 32-key tile).
 pub const SPLIT_MIN_KEYS: usize = 32;
 /// Keys per shared-memory tile of attn_split (SPLIT_TILE in attention.cu).
