@@ -301,6 +301,10 @@ impl Plan {
         let tensor_cores = o.tensor_cores && bf16;
         let flash_prefill = o.flash_prefill && bf16;
         let mma_attention = o.mma_attention && bf16;
+        // The int8 cache needs bf16 activations, and compute capability 9 or later (sm_90,
+        // sm_120: measured on sm_90; its row kernels spill registers on sm_86 / sm_89, which
+        // kernels_compile forbids), as `dependent_launch` marks it.
+        let kv_int8 = o.kv_cache == KvCacheKind::Int8 && bf16 && device.dependent_launch;
         let effective = CudaOptions {
             mma_rows: o.mma_rows && bf16,
             mma_rows_deep: o.mma_rows_deep && o.mma_rows && bf16,
@@ -322,9 +326,13 @@ impl Plan {
             moe_bulk: o.moe_bulk && device.wgmma,
             dependent_launch: o.dependent_launch && device.dependent_launch,
             graphs: o.graphs && !o.sync_each && !o.profile,
-            kv_cache: if bf16 { o.kv_cache } else { KvCacheKind::Bf16 },
+            kv_cache: if kv_int8 {
+                KvCacheKind::Int8
+            } else {
+                KvCacheKind::Bf16
+            },
             // An int8 cache runs the long bodies from SPLIT_LONG_KEYS_INT8 keys (or fewer).
-            split_long_keys: if bf16 && o.kv_cache == KvCacheKind::Int8 {
+            split_long_keys: if kv_int8 {
                 o.split_long_keys.min(attention::SPLIT_LONG_KEYS_INT8)
             } else {
                 o.split_long_keys
@@ -1040,6 +1048,16 @@ mod tests {
         assert!(on.describe().contains("KV cache int8"), "{}", on.describe());
         let fp32 = int8(false);
         assert!(!fp32.kv_int8() && !fp32.build().kv_int8);
+        // Before compute capability 9 the cache stays bf16.
+        let a100 = Plan::resolve(
+            &CudaOptions {
+                kv_cache: KvCacheKind::Int8,
+                ..CudaOptions::default()
+            },
+            A100,
+        );
+        assert!(!a100.kv_int8() && !a100.build().kv_int8);
+        assert_eq!(a100.o.split_long_keys, attention::SPLIT_LONG_KEYS);
         assert_eq!(fp32.kv_pos_bytes(&cfg), 2 * 256 * 4);
         let shipped = Plan::resolve(&CudaOptions::default(), H200);
         assert!(!shipped.kv_int8());
