@@ -8,7 +8,8 @@
 #   2. CUDA's sweep as it ships (bf16 cache): `bench --prefill 512,4K,32K,128K --decode-ctx
 #      256,4K,32K,128K --decode-tokens 128 --repeat 1`;
 #   3. the same decode contexts with LILY_KV_CACHE=int8 (prefill 512 only);
-#   4. served 4K (serve_bench.py, 256 greedy tokens) with the bf16 cache, then with int8.
+#   4. served 4K (serve_bench.py, 256 greedy tokens) with the bf16 cache, then with int8;
+#   5. the 8-row step's per-kernel profile at 1K (LILY_PROFILE=1 --batch 8).
 #   bash .carry/NAME/gpu_s32a.sh   (carry: .carry/NAME .carry/tokenizer .gl; timeout_s 590)
 set -u
 AB_TOKENIZER=1
@@ -43,4 +44,10 @@ for kv in bf16 int8; do
     --prompt-tokens 4096 --max-tokens 256 --repeat 2 > "$OUT/served-$kv.log" 2>&1
   say "served 4K ($kv cache) rc=$? at $(el)s: $(grep -E '^(completions|chat)|rror' "$OUT/served-$kv.log" | tail -2 | tr '\n' '|' | cut -c1-400)"
 done
+if left; then
+  LILY_PROFILE=1 timeout "$(cap 60)" "$E" bench --model "$M" --device cuda --prefill 1K --decode-ctx 1K \
+    --decode-tokens 16 --repeat 1 --batch 8 > "$OUT/profile-8rows.log" 2>&1
+  say "profile 8 rows at 1K rc=$? at $(el)s:"
+  grep -A40 -E "kernel profile" "$OUT/profile-8rows.log" | grep -v INFO | cut -c1-160 | tail -34 | tee -a "$S"
+fi
 say "done at $(el)s"

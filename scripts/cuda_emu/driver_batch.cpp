@@ -1493,6 +1493,49 @@ static size_t split_mma_smem_floats(int d) {
     size_t bytes = (size_t)(16 + 2 * SPLIT_MMA_STAGES * 32) * (d + 8) * 2 + 16 * (32 + 8) * 2 + 2 * 2 * SPLIT_WARPS * 8 * 4;
     return bytes / 4;
 }
+// RMSNorm of x (d values, weight w) then NeoX RoPE of its first `rotary` dims at position p, in f64.
+static void qk_prep_f64(const float* x, const std::vector<float>& w, int d, int rotary, int p, float theta, float eps,
+                        std::vector<double>& y) {
+    int half = rotary / 2;
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+    double inv = 1 / std::sqrt(ss / d + eps);
+    std::vector<double> n(d);
+    for (int i = 0; i < d; i++) n[i] = x[i] * inv * w[i];
+    y = n;
+    for (int i = 0; i < rotary; i++) {
+        int f = i < half ? i : i - half;
+        double ang = p / std::pow((double)theta, 2.0 * f / rotary);
+        y[i] = i < half ? n[i] * std::cos(ang) - n[i + half] * std::sin(ang) : n[i] * std::cos(ang) + n[i - half] * std::sin(ang);
+    }
+}
+// The f64 gated attention of KV head g's query heads at position p into want [n_q, d]: q and its
+// gate from qg (one sequence's [n_q, 2 d]), qk_prep_f64 of q, softmax(q·k / sqrt(d)) · v over keys
+// 0..p with key(j, i) / value(j, i) the cache's values, times sigmoid(gate).
+template <class Key, class Value>
+static void attend_f64(const float* qg, const std::vector<float>& q_norm, int n_q, int n_kv, int g, int d, int rotary,
+                       int p, float theta, float eps, Key key, Value value, std::vector<double>& want) {
+    for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
+        std::vector<double> q;
+        const float* src = &qg[(size_t)h * 2 * d];
+        qk_prep_f64(src, q_norm, d, rotary, p, theta, eps, q);
+        std::vector<double> sc(p + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= p; j++) {
+            double s = 0;
+            for (int i = 0; i < d; i++) s += q[i] * key(j, i);
+            sc[j] = s / std::sqrt((double)d);
+            mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
+        for (int i = 0; i < d; i++) {
+            double o = 0;
+            for (int j = 0; j <= p; j++) o += sc[j] * value(j, i);
+            want[(size_t)h * d + i] = o / sum / (1 + std::exp(-(double)src[d + i]));
+        }
+    }
+}
 static void run_attn_shape(int n_q, int n_kv, int d, int rotary, bool long_kernel) {
     const float theta = 1e7f, eps = 1e-6f, scale = 1.0f / std::sqrt((float)d);
     const int lens[8] = {37, 700, 5, 129, 1, 64, 9001, 300};
@@ -1526,24 +1569,11 @@ static void run_attn_shape(int n_q, int n_kv, int d, int rotary, bool long_kerne
         double e_out = 0, e_new = 0;
         bool untouched = true;
         for (int b = 0; b < B; b++) {
-            int p = pos[b], half = rotary / 2;
-            auto prep = [&](const float* x, const std::vector<float>& w, std::vector<double>& y) {
-                double ss = 0;
-                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
-                double inv = 1 / std::sqrt(ss / d + eps);
-                std::vector<double> n(d);
-                for (int i = 0; i < d; i++) n[i] = x[i] * inv * w[i];
-                y = n;
-                for (int i = 0; i < rotary; i++) {
-                    int f = i < half ? i : i - half;
-                    double ang = p / std::pow((double)theta, 2.0 * f / rotary);
-                    y[i] = i < half ? n[i] * std::cos(ang) - n[i + half] * std::sin(ang) : n[i] * std::cos(ang) + n[i - half] * std::sin(ang);
-                }
-            };
+            int p = pos[b];
             std::vector<double> want((size_t)n_q * d);
             for (int g = 0; g < n_kv; g++) {
                 std::vector<double> kn;
-                prep(&kin[((size_t)b * n_kv + g) * d], k_norm, kn);
+                qk_prep_f64(&kin[((size_t)b * n_kv + g) * d], k_norm, d, rotary, p, theta, eps, kn);
                 // the new row: bf16 of the f64 key and of the value
                 std::vector<double> knew(d), vnew(d);
                 for (int i = 0; i < d; i++) { knew[i] = f_of_bf16(bf16_of((float)kn[i])); vnew[i] = f_of_bf16(bf16_of(vin[((size_t)b * n_kv + g) * d + i])); }
@@ -1552,27 +1582,11 @@ static void run_attn_shape(int n_q, int n_kv, int d, int rotary, bool long_kerne
                 for (int i = 0; i < d; i++) { gk[i] = f_of_bf16(c_rows[b][at + i]); gv[i] = f_of_bf16(c_rows[B + b][at + i]); }
                 e_new = std::max(e_new, std::max(rel_l2(std::vector<float>(gk.begin(), gk.end()).data(), knew.data(), d),
                                                  rel_l2(std::vector<float>(gv.begin(), gv.end()).data(), vnew.data(), d)));
-                for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
-                    std::vector<double> q;
-                    const float* src = &qg[((size_t)b * n_q + h) * 2 * d];
-                    prep(src, q_norm, q);
-                    std::vector<double> sc(p + 1);
-                    double mx = -1e300;
-                    for (int j = 0; j <= p; j++) {
-                        double s = 0;
-                        for (int i = 0; i < d; i++) s += q[i] * (j == p ? knew[i] : f_of_bf16(caches[b][((size_t)j * n_kv + g) * d + i]));
-                        sc[j] = s / std::sqrt((double)d);
-                        mx = std::max(mx, sc[j]);
-                    }
-                    double sum = 0;
-                    for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
-                    for (int i = 0; i < d; i++) {
-                        double o = 0;
-                        for (int j = 0; j <= p; j++) o += sc[j] * (j == p ? vnew[i] : f_of_bf16(caches[B + b][((size_t)j * n_kv + g) * d + i]));
-                        double gate = src[d + i];
-                        want[(size_t)h * d + i] = o / sum / (1 + std::exp(-gate));
-                    }
-                }
+                attend_f64(
+                    &qg[(size_t)b * n_q * 2 * d], q_norm, n_q, n_kv, g, d, rotary, p, theta, eps,
+                    [&](int j, int i) { return j == p ? knew[i] : (double)f_of_bf16(caches[b][((size_t)j * n_kv + g) * d + i]); },
+                    [&](int j, int i) { return j == p ? vnew[i] : (double)f_of_bf16(caches[B + b][((size_t)j * n_kv + g) * d + i]); },
+                    want);
             }
             e_out = std::max(e_out, rel_l2(out.p() + (size_t)b * n_q * d, want.data(), want.size()));
             for (int kvv = 0; kvv < 2; kvv++)
@@ -1713,44 +1727,14 @@ static void run_attn8_shape(int n_q, int n_kv, int d, int rotary, bool long_kern
         });
         // f64 reference over the int8 caches' values (the new row as the kernel wrote it).
         auto reference = [&](int b, const std::vector<signed char>& kc, const std::vector<signed char>& vc, std::vector<double>& want) {
-            int p = pos[b], half = rotary / 2;
-            auto prep = [&](const float* x, const std::vector<float>& w, std::vector<double>& y) {
-                double ss = 0;
-                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
-                double inv = 1 / std::sqrt(ss / d + eps);
-                std::vector<double> nn(d);
-                for (int i = 0; i < d; i++) nn[i] = x[i] * inv * w[i];
-                y = nn;
-                for (int i = 0; i < rotary; i++) {
-                    int f = i < half ? i : i - half;
-                    double ang = p / std::pow((double)theta, 2.0 * f / rotary);
-                    y[i] = i < half ? nn[i] * std::cos(ang) - nn[i + half] * std::sin(ang) : nn[i] * std::cos(ang) + nn[i - half] * std::sin(ang);
-                }
-            };
+            int p = pos[b];
             want.assign((size_t)n_q * d, 0.0);
             std::vector<float> kr((size_t)(p + 1) * d), vr((size_t)(p + 1) * d);
             for (int g = 0; g < n_kv; g++) {
                 for (int j = 0; j <= p; j++) { kv8_row(kc, n_kv, d, j, g, &kr[(size_t)j * d]); kv8_row(vc, n_kv, d, j, g, &vr[(size_t)j * d]); }
-                for (int h = g * (n_q / n_kv); h < (g + 1) * (n_q / n_kv); h++) {
-                    std::vector<double> q;
-                    const float* src = &qg[((size_t)b * n_q + h) * 2 * d];
-                    prep(src, q_norm, q);
-                    std::vector<double> sc(p + 1);
-                    double mx = -1e300;
-                    for (int j = 0; j <= p; j++) {
-                        double s = 0;
-                        for (int i = 0; i < d; i++) s += q[i] * kr[(size_t)j * d + i];
-                        sc[j] = s / std::sqrt((double)d);
-                        mx = std::max(mx, sc[j]);
-                    }
-                    double sum = 0;
-                    for (auto& s : sc) { s = std::exp(s - mx); sum += s; }
-                    for (int i = 0; i < d; i++) {
-                        double o = 0;
-                        for (int j = 0; j <= p; j++) o += sc[j] * vr[(size_t)j * d + i];
-                        want[(size_t)h * d + i] = o / sum / (1 + std::exp(-(double)src[d + i]));
-                    }
-                }
+                attend_f64(&qg[(size_t)b * n_q * 2 * d], q_norm, n_q, n_kv, g, d, rotary, p, theta, eps,
+                           [&](int j, int i) { return (double)kr[(size_t)j * d + i]; },
+                           [&](int j, int i) { return (double)vr[(size_t)j * d + i]; }, want);
             }
         };
         double e_out = 0, e_16 = 0;

@@ -91,17 +91,6 @@ __device__ __forceinline__ int kv8_quant(float x, float s) {
 __device__ __forceinline__ u32 kv8_pack4(int a, int b, int c, int d) {
     return (u32)(a & 0xff) | ((u32)(b & 0xff) << 8) | ((u32)(c & 0xff) << 16) | ((u32)(d & 0xff) << 24);
 }
-// Largest value over the block (blockDim.x a multiple of 32); every thread gets it.
-__device__ __forceinline__ float block_max(float v) {
-    __shared__ float partial_max[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();  // partial_max[] may still be read by a previous call
-    if (lane == 0) partial_max[warp] = v;
-    __syncthreads();
-    float t = lane < nwarps ? partial_max[lane] : 0.0f;
-    return warp_max(t);
-}
 
 extern "C" __global__ void attn_qk_prep(const float* __restrict__ qg, const float* __restrict__ k_in,
                                         const float* __restrict__ v_in, float* __restrict__ q_out,

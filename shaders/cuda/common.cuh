@@ -77,16 +77,25 @@ __device__ __forceinline__ void warp_argmax(float& best, int& best_i) {
     }
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024). Every thread gets the sum.
-__device__ __forceinline__ float block_sum(float v) {
+// One value over the block (blockDim.x a multiple of 32) by `warp_reduce` within each warp, then
+// over the warps' partials (lanes past the last warp read `idle`); every thread gets it.
+template <class WarpReduce>
+__device__ __forceinline__ float block_reduce(float v, float idle, WarpReduce warp_reduce) {
     __shared__ float partial[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v);
     __syncthreads();  // partial[] may still be read by a previous call
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    float t = lane < nwarps ? partial[lane] : 0.0f;
-    return warp_sum(t);
+    float t = lane < nwarps ? partial[lane] : idle;
+    return warp_reduce(t);
+}
+__device__ __forceinline__ float block_sum(float v) {
+    return block_reduce(v, 0.0f, [](float x) { return warp_sum(x); });
+}
+// The largest of values ≥ 0 (the idle lanes read 0).
+__device__ __forceinline__ float block_max(float v) {
+    return block_reduce(v, 0.0f, [](float x) { return warp_max(x); });
 }
 
 // A weight matrix as the checkpoint stores it (MODEL.md §3.4): MLX affine 4-bit or 8-bit,

@@ -5,6 +5,7 @@
 use anyhow::{bail, Result};
 
 use crate::config::ModelConfig;
+use crate::cpu::ops::KvFormat;
 use crate::sampling::Sampler;
 
 /// A sequence's handle: KV cache + DeltaNet recurrent and conv state, owned by the backend.
@@ -108,6 +109,12 @@ pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// A short human description ("cpu (16 threads)", "cuda NVIDIA H200 sm_90a").
     fn describe(&self) -> String;
+
+    /// How the KV cache holds a cached row (what a decode step reads back for each position): by
+    /// default each value as computed. `traffic::decode_bytes` counts a step's bytes by it.
+    fn kv_format(&self) -> KvFormat {
+        KvFormat::Full
+    }
 
     /// The context a server offers when none is asked for: the model's whole context where this
     /// backend holds a sequence of it comfortably, else less. By default min(model maximum,

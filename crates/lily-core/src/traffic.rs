@@ -158,5 +158,11 @@ mod tests {
         assert_eq!(b8.kv, 2 * (2 * 2 * (64 + 4)) * 1001);
         assert_eq!(b8.weights + b8.state, b.weights + b.state);
         assert_eq!(decode_bytes(&w, 1000, KvFormat::Full).kv, 2 * b.kv);
+        // `bench` counts the format the backend reports: the CPU reference's is the one it keeps.
+        let w = std::sync::Arc::new(w);
+        for f in [KvFormat::Full, KvFormat::Bf16, KvFormat::Int8Row] {
+            let cpu = crate::cpu::CpuBackend::new(w.clone()).with_kv_format(f);
+            assert_eq!(crate::backend::Backend::kv_format(&cpu), f);
+        }
     }
 }

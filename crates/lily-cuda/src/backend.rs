@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use lily_core::backend::{Backend, DecodeRow, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
+use lily_core::cpu::ops::KvFormat;
 use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::Sampler;
 use lily_core::weights::ModelWeights;
@@ -577,6 +578,16 @@ impl Backend for CudaBackend {
                 ""
             }
         )
+    }
+
+    fn kv_format(&self) -> KvFormat {
+        if self.plan.kv_int8() {
+            KvFormat::Int8Row
+        } else if self.plan.bf16_activations {
+            KvFormat::Bf16
+        } else {
+            KvFormat::Full
+        }
     }
 
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {

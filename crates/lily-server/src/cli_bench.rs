@@ -10,7 +10,6 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use lily_core::backend::{Backend, DecodeRow, Flow, SeqId};
-use lily_core::cpu::ops::KvFormat;
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::traffic::decode_bytes;
 use serde_json::json;
@@ -250,15 +249,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.temperature, a.top_k, a.top_p
         );
     }
-    // The cache the backend describes: int8 rows (CUDA's `kv_cache int8`), bf16 on CUDA's
-    // production path, f16 where wgpu's plan says so, fp32 on the CPU and in fp32 modes.
-    let kv = if device.contains("int8 KV cache") {
-        KvFormat::Int8Row
-    } else if device.contains("bf16") || device.contains("f16 KV cache: on") {
-        KvFormat::Bf16
-    } else {
-        KvFormat::Full
-    };
+    // The cache the backend keeps: int8 rows (CUDA's `kv_cache int8`), bf16 on CUDA's production
+    // path, f16 where wgpu's plan says so, fp32 on the CPU and in fp32 modes.
+    let kv = b.kv_format();
     println!(
         "{:>8} {:>12} {:>10} {:>10} {:>8}",
         "ctx", "tok/s", "ms/tok", "GB/tok", "floor %"

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use anyhow::{bail, Context, Result};
 use lily_core::backend::{Backend, Flow, SeqId, SnapshotId, StepOut};
 use lily_core::config::ModelConfig;
+use lily_core::cpu::ops::KvFormat;
 use lily_core::logprob::{token_logprob, LogSoftmax};
 use lily_core::sampling::{Sampler, SamplingParams};
 use lily_core::weights::ModelWeights;
@@ -623,6 +624,15 @@ impl Backend for WgpuBackend {
             if self.gpu.subgroups { " in use" } else { " not used" },
             self.plan.describe()
         )
+    }
+
+    /// f16 rows where the plan keeps an f16 cache (two bytes a value, as bf16), f32 otherwise.
+    fn kv_format(&self) -> KvFormat {
+        if self.plan.kv_f16 {
+            KvFormat::Bf16
+        } else {
+            KvFormat::Full
+        }
     }
 
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {

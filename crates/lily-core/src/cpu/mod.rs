@@ -204,6 +204,10 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads{kv})", rayon::current_num_threads())
     }
 
+    fn kv_format(&self) -> KvFormat {
+        self.kv_format
+    }
+
     fn new_seq(&mut self, max_ctx: usize) -> Result<SeqId> {
         let c = &self.weights.config;
         let kv = c

@@ -239,42 +239,59 @@ fn greedy_misses_of_cpu(
     (ties, misses)
 }
 
-/// The configuration that ships (`CudaOptions::default()`: bf16 activations, tensor cores with the
-/// split-precision router, flash prefill, split-KV decode, MoE grouping, device sampling, CUDA
-/// graphs, the decode MoE's int8 products) end to end against the fp32 CPU backend: a 40-token
-/// prefill (one chunk of ≥ 16 tokens, so the tensor-core paths run) whose last logits must be
-/// within SHIPPING_LOGITS_TOL, then 32 greedy decode steps (graph-replayed, split-KV, picked on the
-/// device). Each step's token is checked against the CPU fed the same tokens (teacher forcing, so
+/// What `shipping_run` leaves: the model, the CUDA backend of the options and its sequence (the
+/// 40-token prompt, then the 32 greedy tokens), with a snapshot of it right after the prompt.
+struct ShippingRun {
+    w: Arc<ModelWeights>,
+    cuda: CudaBackend,
+    cs: lily_core::backend::SeqId,
+    /// The CUDA sequence right after the prompt.
+    after_prompt: lily_core::backend::SnapshotId,
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+}
+
+/// The configuration of `options` end to end against the CPU backend reading its KV cache in the
+/// same format (the plan's: `CpuBackend::with_kv_format(Int8Row)` when it keeps an int8 cache, the
+/// computed values otherwise): a 40-token prefill (one chunk of ≥ 16 tokens, so the tensor-core
+/// paths run) whose last logits must be within SHIPPING_LOGITS_TOL, then 32 greedy decode steps
+/// (graph-replayed, split-KV, picked on the device). Each step's token is checked against the CPU fed the same tokens (teacher forcing, so
 /// one tie cannot derail the rest): it must be the CPU's argmax, or a near-tie (SHIPPING_TIE), and
 /// at most a third of the 32 may be near-ties.
-fn shipping_configuration_matches_cpu(preset: Preset) {
+fn shipping_run(preset: Preset, options: CudaOptions, what: &str) -> ShippingRun {
     let w = synth_model(preset, SynthFormat::Mlx, 21);
     let vocab = w.config.vocab;
     let mut rng = Rng(40);
     let prompt = rng.tokens(40, vocab);
-    let mut cuda = CudaBackend::new(&w, CudaOptions::default()).unwrap();
+    let mut cuda = CudaBackend::new(&w, options.clone()).unwrap();
     let plan = cuda.plan().clone();
     assert_eq!(
         plan,
-        Plan::new(&CudaOptions::default(), cuda.gpu().caps()),
+        Plan::new(&options, cuda.gpu().caps()),
         "the backend runs the plan of its options"
     );
+    let format = if plan.kv_int8() {
+        ops::KvFormat::Int8Row
+    } else {
+        ops::KvFormat::Full
+    };
     let cs = cuda.new_seq(128).unwrap();
     cuda.prefill(cs, &prompt).unwrap();
     let got = cuda.logits(cs).unwrap();
-    let mut cpu = CpuBackend::new(w.clone());
+    let mut cpu = CpuBackend::new(w.clone()).with_kv_format(format);
     let ps = cpu.new_seq(128).unwrap();
     cpu.prefill(ps, &prompt).unwrap();
     let want = cpu.logits(ps).unwrap();
-    let e = rel_l2("shipping prefill logits", &got, &want);
+    let e = rel_l2(&format!("{what} prefill logits"), &got, &want);
     println!(
-        "MODEL shipping configuration {preset:?}: last prefill logits rel_l2 {e:.3e} (tol {SHIPPING_LOGITS_TOL}); {}",
+        "MODEL {what} {preset:?}: last prefill logits rel_l2 {e:.3e} from the CPU's ({format:?} KV rows; tol {SHIPPING_LOGITS_TOL}); {}",
         plan.describe()
     );
     assert!(
         e < SHIPPING_LOGITS_TOL,
-        "{preset:?}: the shipping configuration's prefill logits differ from the CPU's by rel. L2 {e:.3e}"
+        "{preset:?}: the {what}'s prefill logits differ from the CPU's by rel. L2 {e:.3e}"
     );
+    let after_prompt = cuda.snapshot(cs).unwrap();
     let steps = 32;
     let mut tokens = Vec::new();
     cuda.decode(
@@ -289,9 +306,9 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
     )
     .unwrap();
     assert_eq!(tokens.len(), steps);
-    let ties = greedy_follows_cpu(&format!("{preset:?}"), &mut cpu, ps, &tokens);
+    let ties = greedy_follows_cpu(&format!("{preset:?} {what}"), &mut cpu, ps, &tokens);
     println!(
-        "MODEL shipping configuration {preset:?}: {}/{steps} greedy tokens equal the CPU's, near-ties {ties:?}",
+        "MODEL {what} {preset:?}: {}/{steps} greedy tokens equal the CPU's, near-ties {ties:?}",
         steps - ties.len()
     );
     // On random weights the two best of 248K logits are often within a few hundredths of a
@@ -300,9 +317,24 @@ fn shipping_configuration_matches_cpu(preset: Preset) {
     // margins, and fails the near-tie check above.
     assert!(
         3 * ties.len() <= steps,
-        "{preset:?}: {} of {steps} greedy steps were near-ties (at most a third may be): {ties:?}",
+        "{preset:?} {what}: {} of {steps} greedy steps were near-ties (at most a third may be): {ties:?}",
         ties.len()
     );
+    ShippingRun {
+        w,
+        cuda,
+        cs,
+        after_prompt,
+        prompt,
+        tokens,
+    }
+}
+
+/// The configuration that ships (`CudaOptions::default()`: bf16 activations, tensor cores with the
+/// split-precision router, flash prefill, split-KV decode, MoE grouping, device sampling, CUDA
+/// graphs, the decode MoE's int8 products, the KV cache the plan resolves) through `shipping_run`.
+fn shipping_configuration_matches_cpu(preset: Preset) {
+    shipping_run(preset, CudaOptions::default(), "shipping configuration");
 }
 
 #[test]
@@ -319,9 +351,8 @@ fn model_in_the_shipping_configuration_matches_cpu_on_small() {
 
 /// `kv_cache int8` (issue 30) end to end against the CPU reading its caches in the same format
 /// (`CpuBackend::with_kv_format(KvFormat::Int8Row)`), the shipping configuration otherwise:
-/// - a 40-token prefill (flash prefill reading the rows dequantised by kv_int8_dequant) whose last
-///   logits are within SHIPPING_LOGITS_TOL, then 32 greedy one-token steps (the int8
-///   attn_split_mma_prep, graph-replayed) held to the shipping test's near-tie rule;
+/// - `shipping_run` with `kv_cache int8`: its prefill (flash prefill reading the rows dequantised by
+///   kv_int8_dequant) and 32 greedy one-token steps (the int8 attn_split_mma_prep, graph-replayed);
 /// - teacher-forced logits of 64 positions in chunks of 3 (split-KV on the CUDA cores) and of 8
 ///   (one block per head), both reading the dequantised scratch, as faithful to the CPU's int8
 ///   reference as the bf16 cache's are to the CPU's bf16 reference (rel. L2 within 1.5× + 0.02);
@@ -329,51 +360,21 @@ fn model_in_the_shipping_configuration_matches_cpu_on_small() {
 ///   prefix copied) and the source rewound to it, each then fed the rest of the prompt, give the
 ///   source's 20 + 20-token logits bit for bit; decoding after a restore repeats the same 5 tokens.
 fn int8_kv_cache_matches_cpu(preset: Preset) {
-    let w = synth_model(preset, SynthFormat::Mlx, 21);
-    let vocab = w.config.vocab;
-    let mut rng = Rng(40);
-    let prompt = rng.tokens(40, vocab);
     let int8 = CudaOptions {
         kv_cache: KvCacheKind::Int8,
         ..CudaOptions::default()
     };
-    let mut cuda = CudaBackend::new(&w, int8.clone()).unwrap();
+    let ShippingRun {
+        w,
+        mut cuda,
+        cs,
+        after_prompt: snap,
+        prompt,
+        tokens,
+    } = shipping_run(preset, int8, "int8 kv cache");
     assert!(cuda.plan().kv_int8(), "bf16 activations keep an int8 cache");
-    let cs = cuda.new_seq(128).unwrap();
-    cuda.prefill(cs, &prompt).unwrap();
-    let got = cuda.logits(cs).unwrap();
-    let mut cpu = CpuBackend::new(w.clone()).with_kv_format(ops::KvFormat::Int8Row);
-    let ps = cpu.new_seq(128).unwrap();
-    cpu.prefill(ps, &prompt).unwrap();
-    let want = cpu.logits(ps).unwrap();
-    let e = rel_l2("int8 kv prefill logits", &got, &want);
-    println!(
-        "MODEL int8 kv cache {preset:?}: last prefill logits rel_l2 {e:.3e} from the CPU's int8 rows (tol {SHIPPING_LOGITS_TOL}); {}",
-        cuda.plan().describe()
-    );
-    assert!(
-        e < SHIPPING_LOGITS_TOL,
-        "{preset:?}: int8 kv prefill logits {e:.3e} from the CPU's"
-    );
-    let snap = cuda.snapshot(cs).unwrap();
-    let steps = 32;
-    let mut tokens = Vec::new();
+    let vocab = w.config.vocab;
     let greedy = || Sampler::new(SamplingParams::greedy());
-    cuda.decode(cs, &mut greedy(), steps, 0, &mut |o| {
-        tokens.push(o.token);
-        Flow::Continue
-    })
-    .unwrap();
-    let ties = greedy_follows_cpu(&format!("{preset:?} int8 kv"), &mut cpu, ps, &tokens);
-    println!(
-        "MODEL int8 kv cache {preset:?}: {}/{steps} greedy tokens equal the CPU's, near-ties {ties:?}",
-        steps - ties.len()
-    );
-    assert!(
-        3 * ties.len() <= steps,
-        "{preset:?} int8 kv: {} of {steps} greedy steps were near-ties: {ties:?}",
-        ties.len()
-    );
     cuda.restore(cs, snap).unwrap();
     let mut again = Vec::new();
     cuda.decode(cs, &mut greedy(), 5, 0, &mut |o| {
