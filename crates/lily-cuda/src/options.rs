@@ -283,9 +283,9 @@ lily_core::backend_options! {
             help "past this many keys one-token tensor-core attention with head dim 256 takes the _long split kernels (0: always; a number past the context: never)";
     }
     texts {
-        kv_cache: KvCacheKind = KvCacheKind::Bf16, flag Some("kv-cache"), env "LILY_KV_CACHE",
+        kv_cache: KvCacheKind = KvCacheKind::Int8, flag Some("kv-cache"), env "LILY_KV_CACHE",
             value "FORMAT", accepts "bf16 or int8", label "KV cache",
-            help "the KV cache's format: bf16, or int8 rows (each position's row of a KV head as int8 with one f32 scale, max|x| / 127: 0.52× the bytes; with bf16 activations on compute capability 9 and later, else bf16): one-token decode's tensor-core split kernels read the int8 tiles and scale scores and probabilities by the rows' scales; prefill and other multi-token steps read the rows dequantised into a bf16 scratch of the model's context (kv_int8_dequant); the long split bodies from 4,096 keys with int8. Measured (H100, session 31): agreement with fp32 equal to bf16's over 1,024 positions, decode 128K +9.5 %, 32K +0.6 %, 4K −1 %, half the cache's memory; bf16 ships until the shipping tests run on int8 (docs/perf-notes.md, session 31)";
+            help "the KV cache's format: bf16, or int8 rows (each position's row of a KV head as int8 with one f32 scale, max|x| / 127: 0.52× the bytes; with bf16 activations on compute capability 9 and later, else bf16): one-token decode's tensor-core split kernels read the int8 tiles and scale scores and probabilities by the rows' scales; prefill and other multi-token steps read the rows dequantised into a bf16 scratch of the model's context (kv_int8_dequant); the long split bodies from 4,096 keys with int8. Measured (H100, sessions 31–32): agreement with fp32 equal to bf16's over 1,024 positions; decode against bf16 in one call 128K +7…+9.5 %, 32K +0.6…+1.7 %, 4K −0.3…−1 %, 256 −1.9 %; served 4K equal; half the cache's memory; the shipping GPU tests pass with it (docs/perf-notes.md, session 32)";
     }
     fields {}
 }
@@ -318,8 +318,8 @@ mod tests {
         }
         assert_eq!(
             CudaOptions::default().kv_cache,
-            KvCacheKind::Bf16,
-            "bf16 ships"
+            KvCacheKind::Int8,
+            "int8 rows ship (bf16 where the plan cannot keep them)"
         );
     }
 

@@ -16,7 +16,7 @@
 //!
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
-//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 65,536; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
+//! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 4,096 with the int8 KV cache that ships on compute capability 9 and later, `kv_cache int8`, k ≤ 65,536 with a bf16 cache; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
 //! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
@@ -1059,19 +1059,28 @@ mod tests {
         assert!(!a100.kv_int8() && !a100.build().kv_int8);
         assert_eq!(a100.o.split_long_keys, attention::SPLIT_LONG_KEYS);
         assert_eq!(fp32.kv_pos_bytes(&cfg), 2 * 256 * 4);
-        let shipped = Plan::resolve(&CudaOptions::default(), H200);
-        assert!(!shipped.kv_int8());
-        assert_eq!(shipped.kv_pos_bytes(&cfg), 2 * 256 * 2);
+        // What ships: int8 rows on compute capability 9 and later, bf16 before it.
+        assert_eq!(Plan::resolve(&CudaOptions::default(), H200), on);
+        let a100_default = Plan::resolve(&CudaOptions::default(), A100);
+        assert!(!a100_default.kv_int8());
+        assert_eq!(a100_default.kv_pos_bytes(&cfg), 2 * 256 * 2);
+        let bf16 = Plan::resolve(
+            &CudaOptions {
+                kv_cache: KvCacheKind::Bf16,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert!(!bf16.kv_int8());
+        assert_eq!(bf16.kv_pos_bytes(&cfg), 2 * 256 * 2);
         // The one-token kernels stay the tensor-core split ones (they read int8 in place).
         let s = qwen_attention();
-        assert_eq!(on.attention(s, 1, 4096), shipped.attention(s, 1, 4096));
+        assert_eq!(on.attention(s, 1, 4096), bf16.attention(s, 1, 4096));
         // The long bodies from SPLIT_LONG_KEYS_INT8 keys with int8 rows (measured, session 31),
         // from SPLIT_LONG_KEYS with bf16 ones; a smaller setting stays.
         let k8 = attention::SPLIT_LONG_KEYS_INT8;
         assert!(on.long_keys(s, k8 + 1) && !on.long_keys(s, k8));
-        assert!(
-            !shipped.long_keys(s, k8 + 1) && shipped.long_keys(s, attention::SPLIT_LONG_KEYS + 1)
-        );
+        assert!(!bf16.long_keys(s, k8 + 1) && bf16.long_keys(s, attention::SPLIT_LONG_KEYS + 1));
         let low = Plan::resolve(
             &CudaOptions {
                 kv_cache: KvCacheKind::Int8,
@@ -1867,11 +1876,12 @@ mod tests {
             p.gemv_products(&[router, mlx(1, h, 8, 1)]),
             GemvProducts::Float
         );
+        // The int8 cache that ships takes the long bodies past SPLIT_LONG_KEYS_INT8 keys.
         for (keys, kernel) in [
             (512, SplitKernel::Mma),
             (4096, SplitKernel::Mma),
-            (32_768, SplitKernel::Mma),
-            (65_536, SplitKernel::Mma),
+            (4097, SplitKernel::MmaLong),
+            (32_768, SplitKernel::MmaLong),
             (65_537, SplitKernel::MmaLong),
             (131_072, SplitKernel::MmaLong),
         ] {

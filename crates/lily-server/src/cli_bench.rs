@@ -249,8 +249,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.temperature, a.top_k, a.top_p
         );
     }
-    // The cache the backend keeps: int8 rows (CUDA's `kv_cache int8`), bf16 on CUDA's production
-    // path, f16 where wgpu's plan says so, fp32 on the CPU and in fp32 modes.
+    // The cache the backend keeps: int8 rows (CUDA's `kv_cache int8`, its default on compute
+    // capability 9 and later), bf16 elsewhere on CUDA's production path, f16 where wgpu's plan says
+    // so, fp32 on the CPU and in fp32 modes.
     let kv = b.kv_format();
     println!(
         "{:>8} {:>12} {:>10} {:>10} {:>8}",

@@ -439,7 +439,7 @@ mod tests {
             "--no-pipelined-batch",
             "--no-device-logprobs",
             "--kv-cache",
-            "int8",
+            "bf16",
         ]);
         let o = cli.backend.cuda.options();
         assert_eq!(
@@ -471,7 +471,7 @@ mod tests {
                 grouped_down_wide: false,
                 grouped_moe_stream: false,
                 batch_lean_glue: false,
-                kv_cache: lily_cuda::KvCacheKind::Int8,
+                kv_cache: lily_cuda::KvCacheKind::Bf16,
                 batched_decode: false,
                 tc_scan: false,
                 dependent_launch: false,
