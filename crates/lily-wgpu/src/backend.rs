@@ -24,9 +24,8 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_lanes, check_down_rows,
-    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, check_rows_tail, DnStep,
-    DownCheck,
-    PersistCheck, Sides, F16_STORE,
+    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, check_rows_tail,
+    DnStep, DownCheck, PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 

@@ -1096,15 +1096,13 @@ impl Plan {
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
             // The router's lean 1-row kernel (`router_lean`).
-            linear_q4_rows1: opts
-                .router_lean
-                .then(|| {
-                    in_forms(
-                        with_tail(rows_lean_spec(opts.rows_early), opts.rows_tail_early),
-                        &Form::ALL,
-                        act_f16,
-                    )
-                }),
+            linear_q4_rows1: opts.router_lean.then(|| {
+                in_forms(
+                    with_tail(rows_lean_spec(opts.rows_early), opts.rows_tail_early),
+                    &Form::ALL,
+                    act_f16,
+                )
+            }),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),

@@ -960,7 +960,10 @@ fn rows_tail_early_kernel_matches_the_host_and_todays() {
     ) else {
         return;
     };
-    assert!(!gpu.plan().describe().contains("storing invocations' tail reads"));
+    assert!(!gpu
+        .plan()
+        .describe()
+        .contains("storing invocations' tail reads"));
 }
 
 /// `rows_one_word`: linear_q4_rows' 16-row kernel compiled for one-word rows (`WORDS` 1), in
@@ -1403,6 +1406,46 @@ fn full_width_down_item_lanes_decode_matches_cpu() {
         .all(|(a, b)| a.to_bits() == b.to_bits());
     println!("full widths: down_item_lanes against moe_down_rows {e:.3e} (bit for bit: {same})");
     assert!(e < 1e-5, "down_item_lanes moves the logits by {e:.3e}");
+}
+
+/// `rows_tail_early` on the full widths (4 layers, synth seed 41, as the other full-width decode
+/// tests): in_proj's 12,352 rows with the conv's 8,192 channels on the 16-row kernel's held taps
+/// and state, the output projections' residual adds on the 2-row kernel's held old values; 12
+/// positions token by token against the CPU, and the logits without the switch: the same values
+/// in the same arithmetic, so bit for bit (printed) and within 1e-6 (asserted: a GPU's driver
+/// may schedule the same operations otherwise). `cargo test --release -p lily-wgpu --test model
+/// -- --ignored full_width_rows_tail_early`.
+#[test]
+#[ignore]
+fn full_width_rows_tail_early_decode_matches_cpu() {
+    let (w, tokens, want) = full_width_model();
+    let mut stepped_of = Vec::new();
+    for tail in [false, true] {
+        let opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            rows_tail_early: tail,
+            ..WgpuOptions::default()
+        };
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        assert_eq!(gpu.plan().options.rows_tail_early, tail);
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
+        let e_cpu = rel_l2(&stepped, &want);
+        println!("full widths, rows_tail_early {tail}: token by token vs CPU {e_cpu:.3e}");
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        stepped_of.push(stepped);
+    }
+    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
+    let same = stepped_of[1]
+        .iter()
+        .zip(&stepped_of[0])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    println!("full widths: rows_tail_early against the late tails {e:.3e} (bit for bit: {same})");
+    assert!(e < 1e-6, "rows_tail_early moves the logits by {e:.3e}");
 }
 
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
