@@ -6,6 +6,7 @@
 #      `gpu pipeline:: sample:: attention::` (attention.cu's block_max is common.cuh's template now);
 #   2. served 1 / 4 / 8 clients (concurrent_bench.py: a 1,024-token prompt each, 256 greedy tokens).
 #   bash .carry/NAME/gpu_s32b.sh   (carry: .carry/NAME .carry/tokenizer .gl; timeout_s 590)
+# Knobs: SKIP=concurrent leaves part 2 out; TEST_S (380), DEADLINE (420), HARD (540).
 set -u
 AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-420}"
@@ -27,7 +28,7 @@ for p in "$P1:model" "$P2:batch" "$P3:rest"; do
   say "tests ${p##*:} rc=$rc at $(el)s: $(grep -cE '\.\.\. .*ok$|^ok$' "$f") ok; $(grep -E 'test result|FAILED|panicked' "$f" | tr '\n' '|' | cut -c1-600)"
 done
 export PYTHONUNBUFFERED=1 LILY_ENGINE_BIN="$E"
-if left; then
+if left && ! skipped concurrent; then
   timeout "$(cap 130)" python3 "$HERE/concurrent_bench.py" --model "$M" --device cuda --prompt-tokens 1024 \
     --max-tokens 256 --clients 1,4,8 > "$OUT/concurrent.log" 2>&1
   say "served 1,4,8 clients rc=$? at $(el)s:"
