@@ -15,7 +15,9 @@
 //         the f64 product and against dec_gemv_rows (another summation order: a tolerance).
 //   lean: batch_lean_glue's kernels: rms_norm_rows bit for bit against rms_norm (and near an f64
 //         norm), rows of 64 to 4,096 columns, strided; dec_gemv_rows_split_lean bit for bit
-//         against dec_gemv_rows_split (and near the f64 product) on split's cases, 1 to 11 rows.
+//         against dec_gemv_rows_split (and near the f64 product) on split's cases, 1 to 11 rows;
+//         router_async_stage's dec_gemv_rows_split_async (x by cp.async) bit for bit against
+//         dec_gemv_rows_split_lean on the same cases.
 //   moe:  dec_glu4_rows + dec_down_combine_rows against an f64 MoE (softmax over 256 logits, top 8
 //         with ties to the lower id, renormalised; SwiGLU; down; shared expert gated by
 //         sigmoid; residual add), and bit for bit against dec_glu4 + dec_down_combine one token
@@ -463,6 +465,16 @@ static void project_rows_split_lean(const std::vector<Seg>& segs, std::vector<fl
     });
 }
 
+// router_async_stage: dec_gemv_rows_split_async on the same launches (rows_stage_async: x by cp.async).
+static void project_rows_split_async(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols, int rows) {
+    DecSegs base = make_segs(segs, ys, DEC_SPLIT_WARPS);
+    int grid = std::min(base.tiles, 4 * LAUNCH_BLOCKS_PER_SM * SM_COUNT);
+    per_launch(segs, base, x, cols, rows, rows_per_launch(cols), [&](DecSegs at, const float* xb, int nb) {
+        launch_k({grid, 1, 1}, DEC_SPLIT_WARPS * 32, rows_smem_floats(cols, nb),
+                 [&] { dec_gemv_rows_split_async(at, xb, nb, cols); });
+    });
+}
+
 static void split_lean_case(const char* name, int cols, std::vector<QW*> ws, std::vector<int> modes, std::vector<int> nbs) {
     std::vector<Seg> segs;
     for (size_t i = 0; i < ws.size(); i++) segs.push_back({ws[i], modes[i]});
@@ -475,8 +487,15 @@ static void split_lean_case(const char* name, int cols, std::vector<QW*> ws, std
         project_rows_split_lean(segs, ys, x.data(), cols, nb);
         auto split = outputs(ws, modes, nb, resid, ys);
         project_rows_split(segs, ys, x.data(), cols, nb);
+        auto async = outputs(ws, modes, nb, resid, ys);
+        project_rows_split_async(segs, ys, x.data(), cols, nb);
         for (size_t i = 0; i < ws.size(); i++) {
             size_t n = (size_t)nb * ws[i]->rows;
+            bool a_same = same_bits(async[i].p(), lean[i].p(), n) && async[i].guard_ok();
+            char a_what[160];
+            snprintf(a_what, sizeof a_what, "dec_gemv_rows_split_async %s: %d rows, %d cols, %d-bit x %d", name, nb,
+                     cols, ws[i]->bits, ws[i]->rows);
+            verdict(a_what, a_same, a_same ? "  dec_gemv_rows_split_lean's bits" : "  differs from dec_gemv_rows_split_lean");
             bool same = same_bits(lean[i].p(), split[i].p(), n) && lean[i].guard_ok();
             bool finite = true;
             for (size_t j = 0; j < n; j++) finite = finite && std::isfinite(lean[i].p()[j]);
@@ -498,7 +517,7 @@ static void run_lean() {
     norm_case(1000, 5, 1000, 1024);  // a ragged last column step
     norm_case(64, 1, 64, 64);        // most threads idle
     QW router(8, 1, 256, 2048), sgate(8, 1, 1, 2048);
-    split_lean_case("router", 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 2, 4, 8, 11});
+    split_lean_case("router", 2048, {&router, &sgate}, {DEC_EXACT, DEC_STORE}, {1, 2, 3, 4, 8, 11});
     QW w77(4, 1, 77, 2048), w5(8, 1, 5, 2048), w30(4, 1, 30, 2048);
     split_lean_case("ragged", 2048, {&w77, &w5, &w30}, {DEC_STORE, DEC_RESIDUAL, DEC_EXACT}, {3, 8});
     QW wide(4, 1, 41, 4096), n256(8, 1, 19, 256);

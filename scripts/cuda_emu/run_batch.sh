@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_gemv_rows_split (and its lean staging, with norm.cu's rms_norm_rows against
-# rms_norm: batch_lean_glue), dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
+# rms_norm: batch_lean_glue; and its cp.async staging, router_async_stage), dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
@@ -21,7 +21,7 @@
 # it cannot show.
 #   bash scripts/cuda_emu/run_batch.sh                     (every part; fp32, then bf16 activations)
 #   bash scripts/cuda_emu/run_batch.sh gemv|gemv_x8|mma|split|lean|moe|moe_q8|moe_x8x2|moe_grouped|moe_bulk|dn [bf16]   (one part; attn, attn_int8: bf16 only)
-#   bash scripts/cuda_emu/run_batch.sh mutants             (44 known bugs put in: each must be caught;
+#   bash scripts/cuda_emu/run_batch.sh mutants             (46 known bugs put in: each must be caught;
 #                                                           ONLY="6 7" runs   those of the list alone)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -121,6 +121,11 @@ MUTANTS = [
      "kv8_bf16x8 without the sign flip (each value read as its unsigned byte − 128)"),
     ('att', 'o[k] = (u32)kv_store(lo) | ((u32)kv_store(hi) << 16);', 'o[k] = (u32)kv_store(hi) | ((u32)kv_store(lo) << 16);',
      "kv_int8_dequant swapping each pair of values"),
+    ('dec', 'cp_async_wait<0>();\n    __syncwarp();\n    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_round',
+     'cp_async_wait<0>();\n    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_round',
+     "rows_stage_async summing a (row, group) before the warp's other lanes' copies landed"),
+    ('dec', 'int bg = 2 * warp + (m >> 1) * per_round + (m & 1);', 'int bg = 2 * warp + (m >> 1) * per_round;',
+     "rows_stage_async summing the first of its warp's two (row, group)s of a round twice, the second never"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -219,7 +224,8 @@ if [ "${1:-}" = mutants ]; then
            "29 moe_grouped" "30 moe_bulk" "31 moe_bulk" "32 moe_bulk" "33 moe_bulk" "34 lean" "35 lean" \
            "36 moe_grouped" "37 moe_grouped" \
            "38 attn_int8 -DLILY_BF16_ACT" "39 attn_int8 -DLILY_BF16_ACT" "40 attn_int8 -DLILY_BF16_ACT" \
-           "41 attn_int8 -DLILY_BF16_ACT" "42 attn_int8 -DLILY_BF16_ACT" "43 attn_int8 -DLILY_BF16_ACT"; do
+           "41 attn_int8 -DLILY_BF16_ACT" "42 attn_int8 -DLILY_BF16_ACT" "43 attn_int8 -DLILY_BF16_ACT" \
+           "44 lean" "45 lean -DLILY_BF16_ACT"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

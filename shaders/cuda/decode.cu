@@ -2411,6 +2411,28 @@ __device__ __forceinline__ void rows_stage(const float* __restrict__ x, int nb, 
 // holds x[l] + x[l + 32]; then the pairs l, l ^ 16; l, l ^ 8; ...; l, l ^ 1: the adds a lane
 // does, in that order, so the same bits).
 #define DEC_LEAN_STAGE 8
+// One (row, group)'s sum of its 64 staged values g[0..63] in warp_sum's tree (see rows_stage_lean).
+__device__ __forceinline__ float lean_group_sum(const float* g) {
+    float t[32];
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        float4 a = *reinterpret_cast<const float4*>(g + 4 * q);
+        float4 c = *reinterpret_cast<const float4*>(g + 32 + 4 * q);
+        t[4 * q] = a.x + c.x;
+        t[4 * q + 1] = a.y + c.y;
+        t[4 * q + 2] = a.z + c.z;
+        t[4 * q + 3] = a.w + c.w;
+    }
+    // (both loops of fixed trip counts, so that both unroll and t stays in registers)
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        const int o = 16 >> k;
+#pragma unroll
+        for (int l = 0; l < 16; l++)
+            if (l < o) t[l] = t[l] + t[l + o];
+    }
+    return t[0];
+}
 __device__ __forceinline__ void rows_stage_lean(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum) {
     int G = cols >> 6;
     int n4 = nb * cols / 4;
@@ -2434,27 +2456,34 @@ __device__ __forceinline__ void rows_stage_lean(const float* __restrict__ x, int
         }
     }
     __syncthreads();
-    for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) {
-        const float* g = xs + bg * DEC_XPAD;
-        float t[32];
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            float4 a = *reinterpret_cast<const float4*>(g + 4 * q);
-            float4 c = *reinterpret_cast<const float4*>(g + 32 + 4 * q);
-            t[4 * q] = a.x + c.x;
-            t[4 * q + 1] = a.y + c.y;
-            t[4 * q + 2] = a.z + c.z;
-            t[4 * q + 3] = a.w + c.w;
-        }
-        // (both loops of fixed trip counts, so that both unroll and t stays in registers)
-#pragma unroll
-        for (int k = 0; k < 5; k++) {
-            const int o = 16 >> k;
-#pragma unroll
-            for (int l = 0; l < 16; l++)
-                if (l < o) t[l] = t[l] + t[l + o];
-        }
-        xsum[bg] = t[0];
+    for (int bg = threadIdx.x; bg < nb * G; bg += blockDim.x) xsum[bg] = lean_group_sum(xs + bg * DEC_XPAD);
+    __syncthreads();
+}
+
+// rows_stage_async (`router_async_stage`, dec_gemv_rows_split_async): rows_stage_lean's xs and
+// xsum bit for bit, with one round trip to L2 instead of four. rows_stage_lean holds a thread's
+// loads in registers, DEC_LEAN_STAGE float4 at a time: at 8 rows × 2,048 columns and 128 threads
+// that is four dependent rounds (load 8, store 8, load 8, ...) of ≈ 0.4–0.7 µs each while 65
+// blocks read the same 64 KB. cp.async copies global → shared without registers, so every
+// thread's 32 copies are issued at once and the block waits once. Float4 i of x (row-major
+// [nb][cols], cols % 64 == 0) is column 4(i % 16) of (row, group) pair i / 16 (x's pairs are
+// contiguous 256-byte runs: no division by cols). Thread t copies float4s t + k·blockDim.x, so a
+// warp's lanes copy two whole pairs a round (pairs 2·warp + k·blockDim.x / 16 and the next): after
+// its own wait and a __syncwarp the warp has those pairs whole, and its lanes sum them
+// (lean_group_sum, the same adds as rows_stage_lean) without waiting for the other warps; one
+// __syncthreads then publishes xs and xsum to the block.
+__device__ __forceinline__ void rows_stage_async(const float* __restrict__ x, int nb, int cols, float* xs, float* xsum) {
+    int n_pairs = nb * (cols >> 6), n4 = 16 * n_pairs;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x)
+        cp_async16(xs + (i >> 4) * DEC_XPAD + 4 * (i & 15), x + 4 * (long long)i);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per_round = blockDim.x >> 4;
+    for (int m = lane;; m += 32) {
+        int bg = 2 * warp + (m >> 1) * per_round + (m & 1);
+        if (bg >= n_pairs) break;
+        xsum[bg] = lean_group_sum(xs + bg * DEC_XPAD);
     }
     __syncthreads();
 }
@@ -2515,7 +2544,8 @@ __device__ __forceinline__ void split_first_load(const DecSegs& segs, int tile, 
         bgroup_load<8>(sg.w, row, G, lane, g8);
 }
 
-template <bool LEAN>
+// STAGE: how x is staged: 0 rows_stage, 1 rows_stage_lean, 2 rows_stage_async (the same bits).
+template <int STAGE>
 __device__ __forceinline__ void gemv_rows_split(const DecSegs& segs, const float* __restrict__ x, int nb, int cols) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6;
@@ -2529,7 +2559,9 @@ __device__ __forceinline__ void gemv_rows_split(const DecSegs& segs, const float
     int tile = blockIdx.x;
     split_first_load(segs, tile, G, g4, g8);
     dec_wait();
-    if (LEAN)
+    if (STAGE == 2)
+        rows_stage_async(x, nb, cols, xs, xsum);
+    else if (STAGE == 1)
         rows_stage_lean(x, nb, cols, xs, xsum);
     else
         rows_stage(x, nb, cols, xs, xsum);
@@ -2565,14 +2597,23 @@ __device__ __forceinline__ void gemv_rows_split(const DecSegs& segs, const float
 
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
 dec_gemv_rows_split(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
-    gemv_rows_split<false>(segs, x, nb, cols);
+    gemv_rows_split<0>(segs, x, nb, cols);
 }
 
 // dec_gemv_rows_split_lean (`batch_lean_glue`): dec_gemv_rows_split with rows_stage_lean's
 // staging; the same outputs bit for bit.
 extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
 dec_gemv_rows_split_lean(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
-    gemv_rows_split<true>(segs, x, nb, cols);
+    gemv_rows_split<1>(segs, x, nb, cols);
+}
+
+// dec_gemv_rows_split_async (`router_async_stage`): dec_gemv_rows_split_lean with
+// rows_stage_async's staging (every copy of x in flight at once, one wait); the same outputs bit
+// for bit. Bytes as dec_gemv_rows_split's: the 257 weight rows of 2,048 8-bit columns (0.53 MB
+// with scales and biases, requested before dec_wait) once, x (nb × 8 KB) once a block from L2.
+extern "C" __global__ void __launch_bounds__(DEC_SPLIT_WARPS * 32)
+dec_gemv_rows_split_async(DecSegs segs, const float* __restrict__ x, int nb, int cols) {
+    gemv_rows_split<2>(segs, x, nb, cols);
 }
 
 // ---- Batched 4-bit projections on the tensor cores (dec_mma_rows) ----------------------------

@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 4,096 with the int8 KV cache that ships on compute capability 9 and later, `kv_cache int8`, k ≤ 65,536 with a bf16 cache; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--router-async-stage`, off: `dec_gemv_rows_split_async`, the rows copied by cp.async in one round, the same bits; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`; `--moe-grouped-rows`, off: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped` for 2–8 rows, each picked expert read once a step, `moe_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -635,7 +635,9 @@ impl Plan {
     /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit; `dec_mma_rows_deep`, its
     /// weights through shared-memory stages, under `mma_rows_deep` too), else one weight row a warp
     /// (`dec_gemv_rows_split`) under `router_rows_split` where the launch has few weight rows
-    /// (`decode::split_rows_serves`: the router with the shared-expert gate); else `dense`'s
+    /// (`decode::split_rows_serves`: the router with the shared-expert gate; its lean staging
+    /// under `batch_lean_glue`, and with it its staging by cp.async under `router_async_stage`:
+    /// the same bits each); else `dense`'s
     /// kernel for a B-token step (`router` for the router), one launch a weight.
     pub fn batch_projections(&self, ws: &[LinearShape]) -> BatchProjections {
         let fits = !ws.is_empty()
@@ -655,10 +657,12 @@ impl Plan {
                 })
             }
             DecodePath::Fused if self.o.router_rows_split && decode::split_rows_serves(ws) => {
-                BatchProjections::Rows(if self.o.batch_lean_glue {
-                    RowsKernel::GemvSplitLean
-                } else {
+                BatchProjections::Rows(if !self.o.batch_lean_glue {
                     RowsKernel::GemvSplit
+                } else if self.o.router_async_stage {
+                    RowsKernel::GemvSplitAsync
+                } else {
+                    RowsKernel::GemvSplitLean
                 })
             }
             DecodePath::Fused => BatchProjections::Rows(RowsKernel::Gemv),
@@ -1207,6 +1211,57 @@ mod tests {
         assert!(off
             .describe()
             .contains("batched step's norms and router staging lean off"));
+    }
+
+    #[test]
+    fn router_async_stage_takes_the_cp_async_router_only_when_on_with_the_lean_glue() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let router = [w(256, 2048, 8), w(1, 2048, 8)];
+        let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
+        // Off by default (not yet measured): the lean router.
+        let off = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(
+            off.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+        );
+        assert!(off
+            .describe()
+            .contains("batched router staged by cp.async off"));
+        let opts = CudaOptions {
+            router_async_stage: true,
+            ..CudaOptions::default()
+        };
+        let on = Plan::resolve(&opts, H200);
+        assert_eq!(
+            on.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitAsync)
+        );
+        assert!(on
+            .describe()
+            .contains("batched router staged by cp.async on"));
+        // The 4-bit projections keep the tensor cores.
+        assert_eq!(
+            on.batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::MmaDeep)
+        );
+        // It is a form of the lean staging: without batch_lean_glue the plain split kernel,
+        // without router_rows_split dec_gemv_rows.
+        let plain = CudaOptions {
+            batch_lean_glue: false,
+            ..opts.clone()
+        };
+        assert_eq!(
+            Plan::resolve(&plain, H200).batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplit)
+        );
+        let no_split = CudaOptions {
+            router_rows_split: false,
+            ..opts
+        };
+        assert_eq!(
+            Plan::resolve(&no_split, H200).batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::Gemv)
+        );
     }
 
     #[test]

@@ -204,6 +204,10 @@ pub enum RowsKernel {
     /// bit, its rows staged in fewer dependent steps (each thread's loads requested together, each
     /// (row, group) sum one thread's in the shuffle tree's order).
     GemvSplitLean,
+    /// `dec_gemv_rows_split_async` (`router_async_stage`): `dec_gemv_rows_split_lean`'s outputs
+    /// bit for bit, its rows staged by cp.async (every copy in flight at once, one wait; each
+    /// warp sums the (row, group)s it copied).
+    GemvSplitAsync,
 }
 /// Warps (weight rows) of a `dec_gemv_rows_split` block.
 pub const SPLIT_WARPS: usize = 4;
@@ -482,9 +486,10 @@ fn mma_deep_stages(cols: usize, rows: usize) -> usize {
 /// Dynamic shared memory of a block of `kernel` staging `rows` inputs of `cols` columns.
 fn launch_smem(kernel: RowsKernel, cols: usize, rows: usize) -> usize {
     match kernel {
-        RowsKernel::Gemv | RowsKernel::GemvSplit | RowsKernel::GemvSplitLean => {
-            rows_smem(cols, rows)
-        }
+        RowsKernel::Gemv
+        | RowsKernel::GemvSplit
+        | RowsKernel::GemvSplitLean
+        | RowsKernel::GemvSplitAsync => rows_smem(cols, rows),
         RowsKernel::Mma => mma_smem(cols, rows),
         RowsKernel::MmaDeep => {
             mma_smem(cols, rows) + MMA_WARPS * mma_deep_stages(cols, rows) * MMA_STAGE_BYTES
@@ -795,6 +800,7 @@ pub struct Decode {
     gemv_rows: Kernel,
     gemv_rows_split: Kernel,
     gemv_rows_split_lean: Kernel,
+    gemv_rows_split_async: Kernel,
     /// Warps of a `dec_gemv_rows` block on this device (`rows_warps`).
     rows_warps: usize,
     mma_rows: Kernel,
@@ -841,6 +847,8 @@ impl Decode {
             gemv_rows,
             gemv_rows_split: k("dec_gemv_rows_split")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv_rows_split_lean: k("dec_gemv_rows_split_lean")?
+                .allow_shared_memory(BATCH_SMEM_MAX)?,
+            gemv_rows_split_async: k("dec_gemv_rows_split_async")?
                 .allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows_deep: k("dec_mma_rows_deep")?.allow_shared_memory(BATCH_SMEM_MAX)?,
@@ -966,6 +974,7 @@ impl Decode {
             RowsKernel::Gemv => "dec_gemv_rows",
             RowsKernel::GemvSplit => "dec_gemv_rows_split",
             RowsKernel::GemvSplitLean => "dec_gemv_rows_split_lean",
+            RowsKernel::GemvSplitAsync => "dec_gemv_rows_split_async",
             RowsKernel::Mma => "dec_mma_rows",
             RowsKernel::MmaDeep => "dec_mma_rows_deep",
         };
@@ -987,6 +996,7 @@ impl Decode {
             ),
             RowsKernel::GemvSplit => (&self.gemv_rows_split, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::GemvSplitLean => (&self.gemv_rows_split_lean, SPLIT_WARPS, SPLIT_WARPS),
+            RowsKernel::GemvSplitAsync => (&self.gemv_rows_split_async, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::Mma | RowsKernel::MmaDeep => {
                 if outs.iter().any(|(w, _)| w.bits != 4) {
                     bail!("{name}: 4-bit weights only");
@@ -1004,7 +1014,7 @@ impl Decode {
         let (grid, split) = match kernel {
             RowsKernel::Gemv => (tiles.min(blocks_max(BLOCKS_PER_SM)), 0i32),
             // Up to SPLIT_ROWS_MAX rows: a block a tile for any device this runs on.
-            RowsKernel::GemvSplit | RowsKernel::GemvSplitLean => {
+            RowsKernel::GemvSplit | RowsKernel::GemvSplitLean | RowsKernel::GemvSplitAsync => {
                 (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32)
             }
             RowsKernel::Mma | RowsKernel::MmaDeep => {

@@ -98,6 +98,9 @@ struct Case {
     /// `KvFormat::Int8Row`): the rows' attention in `attn_split_mma_prep_rows` built with
     /// LILY_KV_INT8, each sequence alone in `attn_split_mma_prep`'s int8 form.
     kv_int8: bool,
+    /// On (with `batch_lean_glue`), the router launch in `dec_gemv_rows_split_async`
+    /// (`router_async_stage`: `dec_gemv_rows_split_lean`'s bits).
+    router_async_stage: bool,
     prompts: &'static [usize],
 }
 
@@ -121,6 +124,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         batch_lean_glue,
         grouped_moe_stream,
         kv_int8,
+        router_async_stage,
         prompts,
     } = case;
     let w = synth_model(preset, SynthFormat::Mlx, 17);
@@ -133,7 +137,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
         // with fp32: each run covers one.
         let pipelined_batch = bf16_activations;
         let what = format!(
-            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, pipelined {pipelined_batch}, int8 kv {kv_int8}",
+            "{preset:?}, {} sequences, bf16 activations {bf16_activations}, fused decode {fused_decode}, fused batch {fused_batch}, mma rows {mma_rows} (deep {mma_rows_deep}), router split {router_rows_split}, moe int8 {moe_int8} (pairs {moe_int8_pairs}, grouped {moe_grouped_rows}, wide down {grouped_down_wide}), gemv int8 {gemv_int8}, lean glue {batch_lean_glue}, grouped stream {grouped_moe_stream}, pipelined {pipelined_batch}, int8 kv {kv_int8}, router async stage {router_async_stage}",
             prompts.len()
         );
         let opts = CudaOptions {
@@ -150,6 +154,7 @@ fn batched_steps_match_alone(preset: Preset, case: Case) {
             grouped_down_wide,
             batch_lean_glue,
             grouped_moe_stream,
+            router_async_stage,
             kv_cache: if kv_int8 {
                 KvCacheKind::Int8
             } else {
@@ -306,6 +311,7 @@ const FUSED: Case = Case {
     batch_lean_glue: false,
     grouped_moe_stream: false,
     kv_int8: false,
+    router_async_stage: false,
     prompts: &[9, 23, 40],
 };
 const FIRST_VERSION: Case = Case {
@@ -378,6 +384,13 @@ const LEAN_GLUE: Case = Case {
 const GROUPED_STREAM: Case = Case {
     grouped_moe_stream: true,
     ..LEAN_GLUE
+};
+
+/// `GROUPED_STREAM` (the step as it ships) with the router's rows staged by cp.async
+/// (`router_async_stage`, off until measured).
+const ROUTER_ASYNC: Case = Case {
+    router_async_stage: true,
+    ..GROUPED_STREAM
 };
 
 /// `case` with eight sequences (two dec_gemv_rows launches for 4,096-wide inputs where the shape
@@ -478,6 +491,17 @@ fn decode_batched_steps_lean_glue_match_each_sequence_alone() {
     batched_steps_match_alone(Preset::Tiny, eight(LEAN_GLUE));
     batched_steps_match_alone(Preset::Small, LEAN_GLUE);
     batched_steps_match_alone(Preset::Small, eight(LEAN_GLUE));
+}
+
+/// The shipping step with `router_async_stage` (`dec_gemv_rows_split_async`): three and eight
+/// sequences on small and eight on tiny against each sequence alone, as the cases above (its
+/// kernel gives the lean router's bits: router_async_stage_gives_the_lean_routers_bits).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn decode_batched_steps_router_async_stage_match_each_sequence_alone() {
+    batched_steps_match_alone(Preset::Tiny, eight(ROUTER_ASYNC));
+    batched_steps_match_alone(Preset::Small, ROUTER_ASYNC);
+    batched_steps_match_alone(Preset::Small, eight(ROUTER_ASYNC));
 }
 
 /// The shipping step with int8-row KV caches (`kv_cache int8`, issue 30): three and eight

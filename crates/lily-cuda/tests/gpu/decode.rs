@@ -659,6 +659,90 @@ fn batch_lean_glue_gives_the_plain_kernels_bits() {
     println!("KERNEL rms_norm_rows and dec_gemv_rows_split_lean give rms_norm's and dec_gemv_rows_split's bits");
 }
 
+/// `router_async_stage`'s kernel gives the lean router's bits on the device (cp.async's copies,
+/// the warp barrier before each warp's group sums, the real scheduling — what the CPU emulation
+/// cannot show): `dec_gemv_rows_split_async` against `dec_gemv_rows_split_lean` on the router's
+/// shape (256 + 1 rows of 8-bit, 2,048 columns, exact and stored) and on `rows_case`'s four
+/// weights (300, 77, 16 and 1 rows, 8-bit beside 4-bit, every store mode) at 2,048, 4,096, 256
+/// and 64 columns, 1 to 8 and 11 rows; both activation modes; nothing left NaN.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn router_async_stage_gives_the_lean_routers_bits() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for bf16_activations in [false, true] {
+        let d = dev(bf16_activations);
+        let mut rng = Rng(281);
+        let shapes: [(usize, &[(usize, u32)]); 5] = [
+            (2048, &[(256, 8), (1, 8)]),
+            (2048, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
+            (4096, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
+            (256, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
+            (64, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
+        ];
+        for (cols, shape) in shapes {
+            let ws: Vec<DevLinear> = shape
+                .iter()
+                .enumerate()
+                .map(|(i, &(n, b))| {
+                    upload_linear(&d, &format!("w{i}"), &linear(&mut rng, b, 1, n, cols)).unwrap()
+                })
+                .collect();
+            for nb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11] {
+                let x: Vec<f32> = rng.vec(nb * cols, 1.0);
+                let x: Vec<f32> = if bf16_activations {
+                    x.into_iter().map(round_bf16).collect()
+                } else {
+                    x
+                };
+                let resid: Vec<Vec<f32>> =
+                    shape.iter().map(|&(n, _)| rng.vec(nb * n, 1.0)).collect();
+                let xd = d.upload(&x).unwrap();
+                let mut got = Vec::new();
+                for kernel in [RowsKernel::GemvSplitLean, RowsKernel::GemvSplitAsync] {
+                    let outs_dev: Vec<DevBuf> =
+                        shape.iter().map(|&(n, _)| poisoned(&d, nb * n)).collect();
+                    let outs: Vec<(&DevLinear, Out)> = ws
+                        .iter()
+                        .zip(&outs_dev)
+                        .enumerate()
+                        .map(|(i, (w, y))| {
+                            let out = match i % 3 {
+                                0 => Out::Exact(y.ptr),
+                                1 => Out::AddToResidual(y.ptr),
+                                _ => Out::Store(y.ptr),
+                            };
+                            if i % 3 == 1 {
+                                d.write(y, 0, &resid[i]).unwrap();
+                            }
+                            (w, out)
+                        })
+                        .collect();
+                    d.k.decode
+                        .project_rows(&d, kernel, xd.ptr, cols, nb, &outs)
+                        .unwrap();
+                    let v: Vec<Vec<f32>> = shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(n, _))| d.read(&outs_dev[i], 0, nb * n).unwrap())
+                        .collect();
+                    got.push(v);
+                }
+                for (i, &(n, b)) in shape.iter().enumerate() {
+                    let what = format!(
+                        "dec_gemv_rows_split_async {cols} cols, {nb} rows, output {i} ({n} rows of {b}-bit), bf16 {bf16_activations}"
+                    );
+                    assert!(
+                        got[0][i].iter().all(|v| v.is_finite()),
+                        "{what}: dec_gemv_rows_split_lean left NaN"
+                    );
+                    assert_eq!(bits(&got[1][i]), bits(&got[0][i]), "{what}");
+                }
+            }
+        }
+    }
+    println!("KERNEL dec_gemv_rows_split_async gives dec_gemv_rows_split_lean's bits");
+}
+
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
 /// one launch each, its states through a pointer table) against `dec_dn_conv` + `dec_dn_step` run
 /// one sequence at a time on copies of the same states (those are tested against the CPU in
