@@ -1,36 +1,25 @@
 #!/usr/bin/env bash
 # Session 32's last call (≤ 575 s by its own clock), on main with both helper switches merged off
 # and the int8 KV cache as the default:
-#   1. at once, beside the synth (cold NVRTC / Vulkan caches; kernel-cache writes are atomic):
-#      `gpu model::` (without the checkpoint-from-env test), `gpu batch::`, `gpu pipeline::
-#      sample:: attention::` and s32rt's `router_async_stage_gives_the_lean_routers_bits`, then
-#      wgpu's `rows_tail_early_kernel` (s32w);
+#   1. beside the full synth, scripts/gpu_s32f.sh: the GPU tests with the int8 default and both
+#      switches' kernel tests (s32rt's `router_async_stage_gives_the_lean_routers_bits`, s32w's
+#      wgpu `rows_tail_early_kernel`), four processes at once;
 #   2. the two A/Bs interleaved, each round off then on: `router_async_stage` (CUDA, `bench
 #      --prefill 1K --decode-ctx 1K --decode-tokens 64 --batch 1,4,8`) and `rows_tail_early`
 #      (wgpu, `bench --device wgpu --prefill 512 --decode-ctx 4K,32K --decode-tokens 64`), two
 #      rounds while the clock allows;
 #   3. served 1 / 4 / 8 clients with the shipping defaults, if time is left.
-#   bash .carry/NAME/gpu_s32e.sh   (carry: .carry/NAME .carry/tokenizer .gl; timeout_s 595)
+#   bash .carry/NAME/gpu_s32e.sh   (gpu_s32f.sh beside it; carry: .carry/NAME .carry/tokenizer .gl;
+#   timeout_s 595)
 set -u
 AB_TOKENIZER=1
 . "$(dirname "$0")/gpu_ab_common.sh" "${DEADLINE:-500}"
 AB_HARD=${HARD:-575}
 E=$B/lily-engine
-T=${TEST_S:-230}
 wgpu_setup
-g() { timeout "$(cap $T)" "$B/gpu" --ignored --test-threads=1 --nocapture "$@"; }
-g model:: --skip model_matches_cpu_on_checkpoint_from_env > "$OUT/tests-model.log" 2>&1 & P1=$!
-g batch:: > "$OUT/tests-batch.log" 2>&1 & P2=$!
-g pipeline:: sample:: attention:: router_async_stage_gives_the_lean_routers_bits > "$OUT/tests-rest.log" 2>&1 & P3=$!
-env -u LILY_WGPU_ROWS_TAIL_EARLY timeout "$(cap 90)" "$B/wgpu_model" --test-threads=1 --nocapture \
-  rows_tail_early_kernel > "$OUT/tests-wgpu.log" 2>&1
-say "wgpu test rc=$? at $(el)s: $(grep -hE '^test result|panicked|same bits' "$OUT/tests-wgpu.log" | tr '\n' '|' | cut -c1-300)"
+# 1. The GPU tests (scripts/gpu_s32f.sh, its own clock: ≤ 250 s) beside the full synth.
+DEADLINE=230 HARD=250 TEST_S=230 AB_LAYERS=2 OUT=$OUT bash "$HERE/gpu_s32f.sh"
 wait "$SYN"; say "synth full rc=$? at $(el)s"
-for p in "$P1:model" "$P2:batch" "$P3:rest"; do
-  wait "${p%%:*}"; rc=$?
-  f="$OUT/tests-${p##*:}.log"
-  say "tests ${p##*:} rc=$rc at $(el)s: $(grep -cE '(\.\.\. |^)ok$' "$f") ok; $(grep -E 'test result|FAILED|panicked' "$f" | tr '\n' '|' | cut -c1-700)"
-done
 cuda_ab() {  # cuda_ab NAME VALUE
   left || { say "cuda $1: skipped (deadline) at $(el)s"; return; }
   LILY_ROUTER_ASYNC_STAGE=$2 timeout "$(cap 45)" "$E" bench --model "$M" --device cuda --prefill 1K \

@@ -1369,83 +1369,74 @@ fn router_lean_kernel_matches_the_host() {
     assert_eq!(gpu.plan().rows_rb(257, 2), 2);
 }
 
-/// `down_item_lanes` on the full widths (4 layers, synth seed 41, as the other full-width decode
-/// tests): the down products of 9 items of 512 columns on moe_down_lanes' 160 lanes, 12
-/// positions token by token against the CPU, and **bit for bit** the logits without the switch
-/// (moe_down_rows in rounds: the same sums in the same order) where the driver contracts neither
-/// kernel (else within rounding: the bound below). `cargo test --release -p lily-wgpu --test
-/// model -- --ignored full_width_down_item_lanes`.
+/// A decode switch on the full widths (4 layers, synth seed 41, as the other full-width decode
+/// tests), off then on (`set` turns it on in the options; `check` asserts the plan took it): 12
+/// positions token by token against the CPU, then the logits with the switch against those
+/// without it, bit for bit printed (where the driver contracts and orders neither kernel's sums
+/// otherwise) and within `bound` asserted.
+fn full_width_switch_matches_cpu(
+    name: &str,
+    set: impl Fn(&mut WgpuOptions, bool),
+    check: impl Fn(&WgpuBackend, bool),
+    bound: f64,
+) {
+    let (w, tokens, want) = full_width_model();
+    let mut stepped_of = Vec::new();
+    for on in [false, true] {
+        let mut opts = WgpuOptions {
+            chunk: 16,
+            all_logits_chunk: 1,
+            f16_acts: Choice::Off,
+            f16_kv: Choice::Off,
+            ..WgpuOptions::default()
+        };
+        set(&mut opts, on);
+        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
+            return;
+        };
+        check(&gpu, on);
+        let stepped = logits_token_by_token(&mut gpu, &tokens);
+        let e_cpu = rel_l2(&stepped, &want);
+        println!("full widths, {name} {on}: token by token vs CPU {e_cpu:.3e}");
+        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
+        stepped_of.push(stepped);
+    }
+    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
+    let same = stepped_of[1]
+        .iter()
+        .zip(&stepped_of[0])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    println!("full widths: {name} on against off {e:.3e} (bit for bit: {same})");
+    assert!(e < bound, "{name} moves the logits by {e:.3e}");
+}
+
+/// `down_item_lanes`: the down products of 9 items of 512 columns on moe_down_lanes' 160 lanes
+/// against moe_down_rows in rounds (the same sums in the same order).
+/// `cargo test --release -p lily-wgpu --test model -- --ignored full_width_down_item_lanes`.
 #[test]
 #[ignore]
 fn full_width_down_item_lanes_decode_matches_cpu() {
-    let (w, tokens, want) = full_width_model();
-    let mut stepped_of = Vec::new();
-    for lanes in [false, true] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 1,
-            f16_acts: Choice::Off,
-            f16_kv: Choice::Off,
-            down_item_lanes: lanes,
-            ..WgpuOptions::default()
-        };
-        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        assert_eq!(gpu.plan().down_lanes, if lanes { 160 } else { 0 });
-        let stepped = logits_token_by_token(&mut gpu, &tokens);
-        let e_cpu = rel_l2(&stepped, &want);
-        println!("full widths, down_item_lanes {lanes}: token by token vs CPU {e_cpu:.3e}");
-        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
-        stepped_of.push(stepped);
-    }
-    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
-    let same = stepped_of[1]
-        .iter()
-        .zip(&stepped_of[0])
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!("full widths: down_item_lanes against moe_down_rows {e:.3e} (bit for bit: {same})");
-    assert!(e < 1e-5, "down_item_lanes moves the logits by {e:.3e}");
+    full_width_switch_matches_cpu(
+        "down_item_lanes",
+        |o, on| o.down_item_lanes = on,
+        |gpu, on| assert_eq!(gpu.plan().down_lanes, if on { 160 } else { 0 }),
+        1e-5,
+    );
 }
 
-/// `rows_tail_early` on the full widths (4 layers, synth seed 41, as the other full-width decode
-/// tests): in_proj's 12,352 rows with the conv's 8,192 channels on the 16-row kernel's held taps
-/// and state, the output projections' residual adds on the 2-row kernel's held old values; 12
-/// positions token by token against the CPU, and the logits without the switch: the same values
-/// in the same arithmetic, so bit for bit (printed) and within 1e-6 (asserted: a GPU's driver
-/// may schedule the same operations otherwise). `cargo test --release -p lily-wgpu --test model
-/// -- --ignored full_width_rows_tail_early`.
+/// `rows_tail_early`: in_proj's 12,352 rows with the conv's 8,192 channels on the 16-row
+/// kernel's held taps and state, the output projections' residual adds on the 2-row kernel's
+/// held old values, against the late tails (the same values in the same arithmetic).
+/// `cargo test --release -p lily-wgpu --test model -- --ignored full_width_rows_tail_early`.
 #[test]
 #[ignore]
 fn full_width_rows_tail_early_decode_matches_cpu() {
-    let (w, tokens, want) = full_width_model();
-    let mut stepped_of = Vec::new();
-    for tail in [false, true] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 1,
-            f16_acts: Choice::Off,
-            f16_kv: Choice::Off,
-            rows_tail_early: tail,
-            ..WgpuOptions::default()
-        };
-        let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        assert_eq!(gpu.plan().options.rows_tail_early, tail);
-        let stepped = logits_token_by_token(&mut gpu, &tokens);
-        let e_cpu = rel_l2(&stepped, &want);
-        println!("full widths, rows_tail_early {tail}: token by token vs CPU {e_cpu:.3e}");
-        assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
-        stepped_of.push(stepped);
-    }
-    let e = rel_l2(&stepped_of[1], &stepped_of[0]);
-    let same = stepped_of[1]
-        .iter()
-        .zip(&stepped_of[0])
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!("full widths: rows_tail_early against the late tails {e:.3e} (bit for bit: {same})");
-    assert!(e < 1e-6, "rows_tail_early moves the logits by {e:.3e}");
+    full_width_switch_matches_cpu(
+        "rows_tail_early",
+        |o, on| o.rows_tail_early = on,
+        |gpu, on| assert_eq!(gpu.plan().options.rows_tail_early, on),
+        1e-6,
+    );
 }
 
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction
