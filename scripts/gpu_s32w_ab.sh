@@ -8,7 +8,7 @@
 # Predicted (H100, 4K): lin.dn.in_proj 24.8 → 23.0–24.0 µs a call, lin.dn.out 17.8 and
 # lin.attn.o 18.1 → 17.1–17.6: −45…−95 µs a token of ≈ 3.8 ms: decode +1…+2.5 % at 4K,
 # +1…+2 % at 32K; lin.attn.qkv, lin.router, lin.lm_head unchanged (no tail).
-# Modelled on gpu_s30wdec_ab.sh; staged by scripts/stage_gpu.sh with gpu_ab_common.sh
+# Modelled on gpu_s30wdec_ab.sh (git show 9b02cf9:scripts/gpu_s30wdec_ab.sh); staged by scripts/stage_gpu.sh with gpu_ab_common.sh
 # (bin/lily-engine, bin/wgpu_model):
 #   CARGO_TARGET_DIR=/work/tgt-s32w bash scripts/stage_gpu.sh /work/main/.carry/s32w
 #   cp scripts/gpu_s32w_ab.sh /work/main/.carry/s32w/
