@@ -101,11 +101,11 @@ lily_core::backend_options! {
         subgroups = true, flag Some("wgpu-no-subgroups"), env "LILY_WGPU_SUBGROUPS" = true,
             label "subgroup reductions",
             help "the workgroup reductions (norms, softmax, the greedy pick, row totals) on subgroups (reduce_subgroup.wgsl) where the adapter has them, instead of through workgroup memory (reduce_workgroup.wgsl)",
-            why "issue 29's design, not yet measured on a GPU (session 10: the A/B to run); the workgroup-memory form serves adapters without subgroups";
+            why "won its A/B on the H200 through Vulkan (session 10: decode +3.4 %, 144.6 against 139.8 tok/s at 4K with workgroup reductions); the workgroup-memory form serves adapters without subgroups";
         f16_tiles = false, flag Some("wgpu-f16-tiles"), env "LILY_WGPU_F16_TILES" = true,
             label "f16 tiles",
             help "prefill's product tiles (linear_q4_mm.wgsl's dequantised weights and staged inputs) in f16 where the adapter has SHADER_F16, sums in f32: dense tiles of 64 items where they fit the device's workgroup memory, each expert's tiles sized by its load; instead of f32 tiles (dense 32, experts 16)",
-            why "off: not yet measured on a GPU (issue 29 deliverable 5; predicted no faster on the H200 through Vulkan, where each f16 element read back costs a conversion: docs/perf-notes.md, session 11 wgpu-prefill); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
+            why "off: measured on the H200 through Vulkan (session 13: prefill −11 % at 512, +3.8 % at 4K, +2.4 % at 32K; selftest 1.9e-2 on small, past its 1e-3 bound), and cooperative matrices (on) already stage f16 operands where the adapter has them; issue 29 deliverable 5, a Mac's question (Apple GPUs, without NVIDIA's cooperative matrices, may gain where the H200 did not); rounds each product's inputs to f16 (≈ 3e-4 relative a product); on only once it wins its A/B (scripts/wgpu_prefill_ab.sh) and scores at HF bf16's level over 1,024 full-shape positions; the f32 tiles serve adapters without SHADER_F16";
         coop = true, flag Some("wgpu-no-coop"), env "LILY_WGPU_COOP" = true,
             label "cooperative matrices",
             help "prefill's product tiles (linear_q4_mm's launches) on cooperative matrices, linear_q4_coop.wgsl (f16 × f16 → f32 on the adapter's matrix units: 16 × 16 on NVIDIA Vulkan, 8 × 8 on Metal), where the adapter reports wgpu's experimental cooperative-matrix feature with a fitting configuration, SHADER_F16 and subgroups of 32, and its check at load passes; instead of linear_q4_mm.wgsl",
