@@ -555,8 +555,9 @@ static int mma_deep_stages(int cols, int nb) {
 static size_t mma_deep_smem_floats(int cols, int nb) {
     return mma_smem_floats(cols, nb) + (size_t)DEC_MMA_WARPS * mma_deep_stages(cols, nb) * 16 * (DEC_MMA_CHUNK * 32 + 32) / 4;
 }
+// rounds: dec_mma_rows_deep_rounds (`mma_stage_rounds`) instead of dec_mma_rows_deep.
 static void project_rows_mma_deep(const std::vector<Seg>& segs, std::vector<float*> ys, const float* x, int cols,
-                                  int rows, int sms, int split) {
+                                  int rows, int sms, int split, bool rounds = false) {
     DecSegs base = make_segs(segs, ys, 16);
     int per_block = split ? 1 : DEC_MMA_WARPS;
     int first = std::min(rows, DEC_B_MAX);
@@ -565,7 +566,10 @@ static void project_rows_mma_deep(const std::vector<Seg>& segs, std::vector<floa
     per_launch(segs, base, x, cols, rows, DEC_B_MAX, [&](DecSegs at, const float* xb, int nb) {
         int stages = mma_deep_stages(cols, nb);
         launch_k({grid, 1, 1}, DEC_MMA_WARPS * 32, mma_deep_smem_floats(cols, nb),
-                 [&] { dec_mma_rows_deep(at, xb, nb, cols, split, stages); });
+                 [&] {
+                     if (rounds) dec_mma_rows_deep_rounds(at, xb, nb, cols, split, stages);
+                     else dec_mma_rows_deep(at, xb, nb, cols, split, stages);
+                 });
     });
 }
 
@@ -596,7 +600,7 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                 }
             }
         }
-        auto run = [&](int kernel, int sms, int split) {  // 0: dec_gemv_rows, 1: dec_mma_rows, 2: _deep
+        auto run = [&](int kernel, int sms, int split) {  // 0: dec_gemv_rows, 1: dec_mma_rows, 2: _deep, 3: _deep_rounds
             std::vector<Buf<float>> outs;
             std::vector<float*> ys;
             for (size_t i = 0; i < ws.size(); i++) {
@@ -604,7 +608,7 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                 if (modes[i] == DEC_RESIDUAL) std::copy(resid[i].begin(), resid[i].end(), outs.back().v.begin());
             }
             for (auto& o : outs) ys.push_back(o.p());
-            if (kernel == 2) project_rows_mma_deep(segs, ys, x.data(), cols, nb, sms, split);
+            if (kernel >= 2) project_rows_mma_deep(segs, ys, x.data(), cols, nb, sms, split, kernel == 3);
             else if (kernel) project_rows_mma(segs, ys, x.data(), cols, nb, sms, split);
             else project_rows(segs, ys, x.data(), cols, nb);
             return outs;
@@ -614,6 +618,7 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
             for (int split : {0, 1}) {
                 auto got = run(1, sms, split);
                 auto deep = run(2, sms, split);
+                auto rounds = run(3, sms, split);
                 for (size_t i = 0; i < ws.size(); i++) {
                     const QW& w = *ws[i];
                     double e = rel_l2(got[i].p(), want[i].data(), want[i].size());
@@ -645,6 +650,14 @@ static void mma_case(const char* name, int cols, std::vector<QW*> ws, std::vecto
                     bool near = split ? em < tol : same == want[i].size();
                     verdict(dwhat, ed < tol && near && deep[i].guard_ok(),
                             "  rel_l2 %.2e, differing from dec_mma_rows %.0f", ed, (double)(want[i].size() - same));
+                    // dec_mma_rows_deep_rounds (`mma_stage_rounds`): the deep kernel's bits, always.
+                    size_t same_r = 0;
+                    for (size_t k = 0; k < want[i].size(); k++)
+                        same_r += memcmp(&rounds[i].v[k], &deep[i].v[k], sizeof(float)) == 0;
+                    char rwhat[220];
+                    snprintf(rwhat, sizeof rwhat, "%s [deep, staged in rounds]", what);
+                    verdict(rwhat, same_r == want[i].size() && rounds[i].guard_ok(), "  differing from dec_mma_rows_deep %.0f",
+                            (double)(want[i].size() - same_r));
                 }
             }
         }

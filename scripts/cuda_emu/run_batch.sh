@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the batched decode step's CUDA kernels (issue 32) on the CPU, without a GPU: decode.cu's
 # dec_gemv_rows, dec_gemv_rows_split (and its lean staging, with norm.cu's rms_norm_rows against
-# rms_norm: batch_lean_glue; and its cp.async staging, router_async_stage), dec_mma_rows (and dec_mma_rows_deep), dec_glu4_rows + dec_down_combine_rows, the
+# rms_norm: batch_lean_glue; and its cp.async staging, router_async_stage), dec_mma_rows (and dec_mma_rows_deep, and its staging in rounds, mma_stage_rounds), dec_glu4_rows + dec_down_combine_rows, the
 # int8 dec_glu4_q8_rows + dec_down_combine_q8_rows and their one-token forms (moe_int8), the
 # one-token int8-pair projections dec_gemv4_x8x2 + dec_gemv4w_x8x2 (gemv_int8), the MoE's int8-pair
 # kernels dec_glu4_x8x2(_rows) + dec_down_combine_x8x2(_rows) (moe_int8_pairs) and their forms
@@ -126,6 +126,8 @@ MUTANTS = [
      "rows_stage_async summing a (row, group) before the warp's other lanes' copies landed"),
     ('dec', 'int bg = 2 * warp + (m >> 1) * per_round + (m & 1);', 'int bg = 2 * warp + (m >> 1) * per_round;',
      "rows_stage_async summing the first of its warp's two (row, group)s of a round twice, the second never"),
+    ('dec', 'v[4 * e + 1] = round_bf16(f[u][e].y);', 'v[4 * e + 1] = round_bf16(f[0][e].y);',
+     "dec_mma_rows_deep_rounds converting a round's first item's loads in every item of the round"),
 ]
 import os
 att = open(f'{root}/shaders/cuda/attention.cu').read()
@@ -225,7 +227,7 @@ if [ "${1:-}" = mutants ]; then
            "36 moe_grouped" "37 moe_grouped" \
            "38 attn_int8 -DLILY_BF16_ACT" "39 attn_int8 -DLILY_BF16_ACT" "40 attn_int8 -DLILY_BF16_ACT" \
            "41 attn_int8 -DLILY_BF16_ACT" "42 attn_int8 -DLILY_BF16_ACT" "43 attn_int8 -DLILY_BF16_ACT" \
-           "44 lean" "45 lean -DLILY_BF16_ACT"; do
+           "44 lean" "45 lean -DLILY_BF16_ACT" "46 mma"; do
     set -- $m
     if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then continue; fi
     EMU_MUTANT=$1 gen

@@ -2800,44 +2800,63 @@ __device__ __forceinline__ void mma_chunk_dot(const DecSegs& segs, int c, int cp
 // x [nb, cols] → xb (bf16 pairs in the mma's k order, above) and xsum [G][8] (each row's group
 // sums of those bf16 values, a group's 8 rows together: a lane reads its two as one float2): item (n, gi, t) is a thread's 16 columns 16t .. 16t + 15 of group gi; the
 // four lanes of an (n, gi) add their sums by shuffles (every lane of the block takes part).
+// U items a thread a round (`mma_stage_rounds`: U = DEC_MMA_STAGE_ROUND): all of a round's loads
+// requested before any item is converted, so a thread's total / blockDim.x items cost
+// ceil(that / U) dependent trips to L2 instead of one a item (8 at 8 rows × 2,048 columns on 128
+// threads; 4 at 4 rows). Each item's arithmetic and stores are the same whatever U: the same bits.
+template <int U>
+__device__ __forceinline__ void mma_stage_items(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
+                                                float* xsum) {
+    int total = nb * G * 4;
+    for (int base = 0; base < total; base += U * blockDim.x) {
+        float4 f[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = base + u * blockDim.x + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
+            if (i < total) {
+                const float4* p = reinterpret_cast<const float4*>(x + (long long)n * cols + gi * 64 + t * 16);
+#pragma unroll
+                for (int e = 0; e < 4; e++) f[u][e] = p[e];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = base + u * blockDim.x + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
+            bool live = i < total;
+            float gs = 0.0f;
+            if (live) {
+                float v[16];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    v[4 * e] = round_bf16(f[u][e].x);
+                    v[4 * e + 1] = round_bf16(f[u][e].y);
+                    v[4 * e + 2] = round_bf16(f[u][e].z);
+                    v[4 * e + 3] = round_bf16(f[u][e].w);
+                }
+                u32 w[8];
+#pragma unroll
+                for (int wi = 0; wi < 2; wi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        int j = 2 * wi + h, m = 8 * wi + 2 * h;
+                        w[2 * j] = pack_bf16x2(v[m], v[m + 4]);
+                        w[2 * j + 1] = pack_bf16x2(v[m + 1], v[m + 5]);
+                    }
+                uint4* d = reinterpret_cast<uint4*>(xb + n * R + gi * 32 + t * 8);
+                d[0] = make_uint4(w[0], w[1], w[2], w[3]);
+                d[1] = make_uint4(w[4], w[5], w[6], w[7]);
+#pragma unroll
+                for (int e = 0; e < 16; e++) gs += v[e];
+            }
+            gs += __shfl_xor_sync(0xffffffffu, gs, 1);
+            gs += __shfl_xor_sync(0xffffffffu, gs, 2);
+            if (live && t == 0) xsum[gi * DEC_B_MAX + n] = gs;
+        }
+    }
+}
 __device__ __forceinline__ void mma_stage(const float* __restrict__ x, int nb, int cols, int G, int R, u32* xb,
                                           float* xsum) {
-    int total = nb * G * 4;
-    for (int base = 0; base < total; base += blockDim.x) {
-        int i = base + threadIdx.x, t = i & 3, q = i >> 2, gi = q % G, n = q / G;
-        bool live = i < total;
-        float gs = 0.0f;
-        if (live) {
-            long long at = (long long)n * cols + gi * 64 + t * 16;
-            const float4* p = reinterpret_cast<const float4*>(x + at);
-            float v[16];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float4 f = p[e];
-                v[4 * e] = round_bf16(f.x);
-                v[4 * e + 1] = round_bf16(f.y);
-                v[4 * e + 2] = round_bf16(f.z);
-                v[4 * e + 3] = round_bf16(f.w);
-            }
-            u32 w[8];
-#pragma unroll
-            for (int wi = 0; wi < 2; wi++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int j = 2 * wi + h, m = 8 * wi + 2 * h;
-                    w[2 * j] = pack_bf16x2(v[m], v[m + 4]);
-                    w[2 * j + 1] = pack_bf16x2(v[m + 1], v[m + 5]);
-                }
-            uint4* d = reinterpret_cast<uint4*>(xb + n * R + gi * 32 + t * 8);
-            d[0] = make_uint4(w[0], w[1], w[2], w[3]);
-            d[1] = make_uint4(w[4], w[5], w[6], w[7]);
-#pragma unroll
-            for (int e = 0; e < 16; e++) gs += v[e];
-        }
-        gs += __shfl_xor_sync(0xffffffffu, gs, 1);
-        gs += __shfl_xor_sync(0xffffffffu, gs, 2);
-        if (live && t == 0) xsum[gi * DEC_B_MAX + n] = gs;
-    }
+    mma_stage_items<1>(x, nb, cols, G, R, xb, xsum);
 }
 
 // A launch's work, both mma kernels': ks warps a tile (the block's DEC_MMA_WARPS with `split`, else
@@ -3004,8 +3023,10 @@ __device__ __forceinline__ void mma_deep_stream(const DecSegs& segs, int total, 
     cp_async_wait<0>();
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
-dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages) {
+// dec_mma_rows_deep's body; U: mma_stage_items' items a thread a round (1: one load trip an item).
+template <int U>
+__device__ __forceinline__ void mma_rows_deep_body(DecSegs segs, const float* __restrict__ x, int nb, int cols,
+                                                   int split, int stages) {
     extern __shared__ __align__(16) float dec_smem[];
     int G = cols >> 6, R = G * 32 + 4;
     u32* xb = reinterpret_cast<u32*>(dec_smem);  // [nb][R]
@@ -3019,11 +3040,26 @@ dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, i
         cp_async_commit();
     }
     dec_wait();
-    mma_stage(x, nb, cols, G, R, xb, xsum);
+    mma_stage_items<U>(x, nb, cols, G, R, xb, xsum);
     __syncthreads();
     if (stages == 3)
         mma_deep_stream<3>(segs, total, cpt, ks, G, pipe, xb, R, xsum, red, nb);
     else
         mma_deep_stream<2>(segs, total, cpt, ks, G, pipe, xb, R, xsum, red, nb);
     dec_trigger_late();
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
+dec_mma_rows_deep(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages) {
+    mma_rows_deep_body<1>(segs, x, nb, cols, split, stages);
+}
+
+// dec_mma_rows_deep_rounds (`mma_stage_rounds`): dec_mma_rows_deep with its input rows staged
+// DEC_MMA_STAGE_ROUND items a thread a round (mma_stage_items): the same outputs bit for bit.
+#ifndef DEC_MMA_STAGE_ROUND
+#error "DEC_MMA_STAGE_ROUND comes from the launcher module (crates/lily-cuda/src/kernels/decode.rs)"
+#endif
+extern "C" __global__ void __launch_bounds__(DEC_MMA_WARPS * 32, DEC_MMA_BLOCKS)
+dec_mma_rows_deep_rounds(DecSegs segs, const float* __restrict__ x, int nb, int cols, int split, int stages) {
+    mma_rows_deep_body<DEC_MMA_STAGE_ROUND>(segs, x, nb, cols, split, stages);
 }

@@ -190,10 +190,14 @@ lily_core::backend_options! {
             label "batched step's norms and router staging lean",
             help "a batched decode step's RMS norms in norm.cu's rms_norm_rows (rms_norm's block of 256 threads a row and its bits, each thread's columns loaded into registers at once and the norm weight before the dependency wait, the next kernel let launch after it) and its router launch in decode.cu's dec_gemv_rows_split_lean (dec_gemv_rows_split's bits, the rows staged with each thread's float4 loads requested together and each (row, group) sum one thread's in the shuffle tree's order) instead of rms_norm (a dependent load a loop trip, x read twice) and rows_stage (one load a trip; a warp and five shuffles a (row, group) sum)",
             why "won its A/B: bench --batch 4 / 8 at 1K 822.8 / 1,113.7 and 825.0 / 1,115.1 → 914.5 / 1,218.7 and 915.3 / 1,218.5 tok/s (+11 % / +9.3 %; two rounds, an H100, full size, session 27; predicted +5–10 %); profiled at 8 rows rms_norm 11.6 → 6.6 µs and the router 25.5 → 17.4 µs a launch; GPU tests batch_lean_glue_gives_the_plain_kernels_bits and decode_batched_steps_lean_glue_match_each_sequence_alone pass; rms_norm and dec_gemv_rows_split are the reference they are tested against";
-        router_async_stage = false, flag Some("router-async-stage"), env "LILY_ROUTER_ASYNC_STAGE" = true,
+        router_async_stage = true, flag Some("no-router-async-stage"), env "LILY_ROUTER_ASYNC_STAGE" = true,
             label "batched router staged by cp.async",
             help "with router_rows_split and batch_lean_glue: a batched decode step's router launch (router + shared-expert gate) in decode.cu's dec_gemv_rows_split_async, its input rows copied into shared memory by cp.async (every thread's 16-byte copies in flight at once, one wait: one round trip to L2 instead of dec_gemv_rows_split_lean's four at 8 rows) and each (row, group) sum taken by the warp that copied it after a warp barrier, one block barrier in all instead of two; the same outputs bit for bit",
-            why "not yet measured (perf-notes, session 32, branch s32rt: predicted the 8-row router launch 18.0 → 15–16.5 µs profiled, bench --batch 8 +0.5–1.5 %, on an H100); dec_gemv_rows_split_lean is the reference it is tested against";
+            why "won its A/B: bench --batch 4 / 8 at 1K 917.6 / 1,236.4 and 919.3 / 1,236.8 → 956.5 / 1,296.5 and 953.2 / 1,295.1 tok/s (+4 % / +4.8 %; two rounds, an H100, full size, session 33; predicted +0.5–1.5 %: profiled at 8 rows the router 18.2 → 11.9 µs a launch, predicted 15–16.5); served 4 / 8 clients 925.7 / 1,239.4 → 957.2 / 1,298.0 tok/s; its GPU tests (the lean router's bits; the batched step against each sequence alone) pass; off, dec_gemv_rows_split_lean, the reference it is tested against";
+        mma_stage_rounds = false, flag Some("mma-stage-rounds"), env "LILY_MMA_STAGE_ROUNDS" = true,
+            label "batched tensor-core projections' inputs staged in rounds",
+            help "with mma_rows_deep: a batched decode step's 4-bit projections in decode.cu's dec_mma_rows_deep_rounds, whose threads load MMA_STAGE_ROUND (4) items of the input rows (16 floats each) before converting any to bf16, so staging 8 rows of 2,048 columns costs 2 dependent trips to L2 instead of dec_mma_rows_deep's 8 (4 rows: 1 instead of 4); the same outputs bit for bit",
+            why "not yet measured (perf-notes, session 33: predicted the 8-row DeltaNet and attention projections 24.6 / 23.6 → 21–23 µs profiled, bench --batch 8 +2–5 %, on an H100; the reasoning is router_async_stage's measured win on the same staging pattern); dec_mma_rows_deep is the reference it is tested against";
         gemv_int8 = true, flag Some("no-gemv-int8"), env "LILY_GEMV_INT8" = true,
             label "int8-pair one-token projections",
             help "one-token decode's 4-bit projections on decode.cu's pipelined kernels (DeltaNet's in_proj and out_proj, attention's q/k/v and o_proj, lm_head) with their staged input rounded to two int8 per value per 64-column group (x ≈ scale · (x_hi + x_lo / 254), scale the group's largest magnitude / 127: error ≤ max|x| / 64,516, finer than bf16) and each 4-bit word dotted by four dp4a (dec_gemv4_x8x2, dec_gemv4w_x8x2) instead of f32 FMAs on unpacked weights; bf16 mode",
@@ -391,7 +395,8 @@ mod tests {
             ("LILY_GROUPED_DOWN_WIDE", "0"),
             ("LILY_GROUPED_MOE_STREAM", "0"),
             ("LILY_BATCH_LEAN_GLUE", "0"),
-            ("LILY_ROUTER_ASYNC_STAGE", "1"),
+            ("LILY_ROUTER_ASYNC_STAGE", "0"),
+            ("LILY_MMA_STAGE_ROUNDS", "1"),
             ("LILY_CUDA_SYNC", "1"),
             ("LILY_PROFILE", "1"),
             ("LILY_STEP_TIMING", "1"),
@@ -427,7 +432,8 @@ mod tests {
                 grouped_down_wide: false,
                 grouped_moe_stream: false,
                 batch_lean_glue: false,
-                router_async_stage: true,
+                router_async_stage: false,
+                mma_stage_rounds: true,
                 kv_cache: KvCacheKind::Int8,
                 dependent_launch: false,
                 early_trigger: false,

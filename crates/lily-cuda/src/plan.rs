@@ -17,7 +17,7 @@
 //! | step | projections | router | routed experts | attention | DeltaNet scan |
 //! |---|---|---|---|---|---|
 //! | n = 1 (decode) | decode.cu fused: `dec_gemv4` (≤ 2,048 columns), `dec_gemv4w` (4,096), `dec_gemv8` (8-bit router and shared gate); lm_head `dec_gemv4`; the 4-bit ones as `dec_gemv4_x8x2` / `dec_gemv4w_x8x2` (x as int8 pairs and dp4a, `gemv_products`; `gemv_int8`, on; `--no-gemv-int8` or fp32 mode: f32 products; `dec_gemv4w_x8x2` on one block an SM, two tiles a block, under `gemv4w_sm_grid`, on: `gemv_grid`) | in `dec_gemv8`, exact | `dec_glu4_x8x2` + `dec_down_combine_x8x2` (x as int8 pairs and dp4a, `moe_products`; `moe_int8_pairs`, on; the down kernel as `dec_down_combine_x8x2_r96`, at most 96 registers, under `down_96_regs`, on: `down_regs`; the gate/up kernel as `dec_glu4_x8x2_bulk`, its tiles bulk-copied into shared memory (sm_90a), under `moe_bulk`, on: `glu_loads`; `--no-moe-int8-pairs`: `dec_glu4_q8` + `dec_down_combine_q8`, single int8; `--no-moe-int8 --no-moe-int8-pairs` or fp32 mode: `dec_glu4` + `dec_down_combine`) | `attn_split_mma_prep` (k ≤ 4,096 with the int8 KV cache that ships on compute capability 9 and later, `kv_cache int8`, k ≤ 65,536 with a bf16 cache; past it `attn_split_mma_prep_long`) + `attn_split_combine` | `dec_dn_conv` + `dec_dn_step` between in_proj's `dec_gemv4` and out_proj's `dec_gemv4w` |
-//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_lean`, a warp a weight row, its rows staged with loads requested together (`router_rows_split` and `batch_lean_glue`, on; `--router-async-stage`, off: `dec_gemv_rows_split_async`, the rows copied by cp.async in one round, the same bits; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
+//! | batched decode (`batched_decode`): B sequences, one token each (2 ≤ B, `Forward::run_batch`) | `dec_gemv_rows` over the B rows, the projections of one input in one launch (`batch_projections`: q/k/v; DeltaNet's four; the router with the shared-expert gate; o_proj, out_proj, lm_head alone; B ≤ 8 a launch, 4,096-wide inputs 5; the 4-bit ones on the tensor cores in `dec_mma_rows_deep`, weights through shared-memory stages (`mma_rows` and `mma_rows_deep`, on; `--mma-stage-rounds`, off: `dec_mma_rows_deep_rounds`, the input rows staged four items a thread a round, the same bits; `--no-mma-rows-deep`: `dec_mma_rows`, weights into registers; `--no-mma-rows`: `dec_gemv_rows` for all)), normed rows from `rms_norm_rows` (`batch_lean_glue`, on; `--no-batch-lean-glue`: `rms_norm`); `--no-fused-batch`: `linear` / `linear_wide` | with the shared-expert gate in one `dec_gemv_rows_split_async`, a warp a weight row, its rows staged (`router_rows_split` and `batch_lean_glue`, on; by cp.async in one round under `router_async_stage`, on: `dec_gemv_rows_split_async`; `--no-router-async-stage`: `dec_gemv_rows_split_lean`, the same bits; `--no-batch-lean-glue`: `dec_gemv_rows_split`; `--no-router-rows-split`: `dec_gemv_rows`), exact (`--no-fused-batch`: `linear` exact) | the MoE grouped by expert (`batch_moe`, `moe_rows`: 2–8 rows of int8-pair products under `moe_grouped_rows`, on): `dec_glu4_x8x2_grouped_ring` + `dec_down_combine_x8x2_grouped_ring` (`grouped_moe_stream` and `grouped_down_wide`, on; `--no-grouped-moe-stream`: `dec_glu4_x8x2_grouped` + `dec_down_combine_x8x2_grouped_wide`; `--no-grouped-down-wide`: the 12-warp `dec_down_combine_x8x2_grouped`), each picked expert's weights read once a step for every row that picked it (`--no-moe-grouped-rows`: one-token decode's MoE with the token in grid.y) — `dec_glu4_x8x2_rows` + `dec_down_combine_x8x2_rows` (routing, experts' and shared expert's gate/up/SiLU, then the down projections and combine; int8 pairs of x, `moe_products`; `--no-moe-int8-pairs`: `dec_glu4_q8_rows` + `dec_down_combine_q8_rows`; neither int8 form or fp32 mode: `dec_glu4_rows` + `dec_down_combine_rows`); `--no-fused-batch`: shared expert over the rows, `moe_route` + `linear_grouped` over the B × top_k picks + `moe_combine` | every sequence in one `attn_split_mma_prep_rows` (`_long_rows` when all are past 65,536 keys) + one `attn_split_combine_rows` (`batch_attention`, B ≤ 8; `--no-fused-batch`: per sequence as n = 1) | `dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in one launch each (`batch_scan`; `--no-fused-batch`: per sequence `dec_dn_conv` + `dec_dn_step`); `dn_gated_norm` over the B rows |
 //! | 2 ≤ n ≤ 4 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_split` + `attn_split_combine` | `dn_conv` + `dn_prep` + `dn_recurrent` |
 //! | 5 ≤ n < 16 | `linear` / `linear_wide` | `linear` exact | `linear_grouped` | `attn_qk_prep` + `attn_decode` | as above |
 //! | 16 ≤ n < 512 | `gemm_dense` | `gemm_dense_exact`, columns split where the grid is shallow (+ `gemm_sum_parts`) | `gemm_grouped32` (`gemm_grouped64` once experts average 48 items) | `attn_qk_prep` + `attn_prefill` | as above below 64 tokens; from 64 `dn_conv` + `dn_prep` + `dn_wy_prep` + `dn_wy_scan` |
@@ -633,7 +633,8 @@ impl Plan {
     /// `fused_batch`, when every weight is one decode.cu reads, all of one input width and at
     /// most decode::MAX_SEGS of them — on the tensor cores (`dec_mma_rows`) under `mma_rows`
     /// (bf16 mode) where `decode::mma_rows_serves` them (all 4-bit; `dec_mma_rows_deep`, its
-    /// weights through shared-memory stages, under `mma_rows_deep` too), else one weight row a warp
+    /// weights through shared-memory stages, under `mma_rows_deep` too; its inputs staged in
+    /// rounds, `dec_mma_rows_deep_rounds`, under `mma_stage_rounds` too), else one weight row a warp
     /// (`dec_gemv_rows_split`) under `router_rows_split` where the launch has few weight rows
     /// (`decode::split_rows_serves`: the router with the shared-expert gate; its lean staging
     /// under `batch_lean_glue`, and with it its staging by cp.async under `router_async_stage`:
@@ -650,7 +651,9 @@ impl Plan {
         }
         match self.fused_if(1, fits) {
             DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
-                BatchProjections::Rows(if self.o.mma_rows_deep {
+                BatchProjections::Rows(if self.o.mma_rows_deep && self.o.mma_stage_rounds {
+                    RowsKernel::MmaDeepRounds
+                } else if self.o.mma_rows_deep {
                     RowsKernel::MmaDeep
                 } else {
                     RowsKernel::Mma
@@ -1176,7 +1179,7 @@ mod tests {
         assert_eq!(on.batch_norm(4097), BatchNorm::Plain);
         assert_eq!(
             on.batch_projections(&router),
-            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+            BatchProjections::Rows(RowsKernel::GemvSplitAsync)
         );
         // The 4-bit projections keep the tensor cores; without router_rows_split the router keeps
         // dec_gemv_rows.
@@ -1214,23 +1217,53 @@ mod tests {
     }
 
     #[test]
+    fn mma_stage_rounds_takes_the_rounds_kernel_only_when_on_with_the_deep_kernel() {
+        let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
+        let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
+        let router = [w(256, 2048, 8), w(1, 2048, 8)];
+        // Off by default (not yet measured): dec_mma_rows_deep.
+        let off = Plan::resolve(&CudaOptions::default(), H200);
+        assert_eq!(
+            off.batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::MmaDeep)
+        );
+        assert!(off
+            .describe()
+            .contains("batched tensor-core projections' inputs staged in rounds off"));
+        let opts = CudaOptions {
+            mma_stage_rounds: true,
+            ..CudaOptions::default()
+        };
+        let on = Plan::resolve(&opts, H200);
+        assert_eq!(
+            on.batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::MmaDeepRounds)
+        );
+        assert!(on
+            .describe()
+            .contains("batched tensor-core projections' inputs staged in rounds on"));
+        // The 8-bit router keeps its own kernel; without mma_rows_deep, dec_mma_rows.
+        assert_eq!(
+            on.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitAsync)
+        );
+        let shallow = CudaOptions {
+            mma_rows_deep: false,
+            ..opts
+        };
+        assert_eq!(
+            Plan::resolve(&shallow, H200).batch_projections(&qkv),
+            BatchProjections::Rows(RowsKernel::Mma)
+        );
+    }
+
+    #[test]
     fn router_async_stage_takes_the_cp_async_router_only_when_on_with_the_lean_glue() {
         let w = |rows, cols, bits| mlx(rows, cols, bits, 1);
         let router = [w(256, 2048, 8), w(1, 2048, 8)];
         let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
-        // Off by default (not yet measured): the lean router.
-        let off = Plan::resolve(&CudaOptions::default(), H200);
-        assert_eq!(
-            off.batch_projections(&router),
-            BatchProjections::Rows(RowsKernel::GemvSplitLean)
-        );
-        assert!(off
-            .describe()
-            .contains("batched router staged by cp.async off"));
-        let opts = CudaOptions {
-            router_async_stage: true,
-            ..CudaOptions::default()
-        };
+        // On by default (won its A/B, session 33): the cp.async router.
+        let opts = CudaOptions::default();
         let on = Plan::resolve(&opts, H200);
         assert_eq!(
             on.batch_projections(&router),
@@ -1239,6 +1272,20 @@ mod tests {
         assert!(on
             .describe()
             .contains("batched router staged by cp.async on"));
+        let off = Plan::resolve(
+            &CudaOptions {
+                router_async_stage: false,
+                ..CudaOptions::default()
+            },
+            H200,
+        );
+        assert_eq!(
+            off.batch_projections(&router),
+            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+        );
+        assert!(off
+            .describe()
+            .contains("batched router staged by cp.async off"));
         // The 4-bit projections keep the tensor cores.
         assert_eq!(
             on.batch_projections(&qkv),
@@ -1271,11 +1318,12 @@ mod tests {
         let router = [w(256, 2048, 8), w(1, 2048, 8)];
         let qkv = [w(8192, 2048, 4), w(512, 2048, 4), w(512, 2048, 4)];
         // On by default: the router's 257 rows on dec_gemv_rows_split (its lean staging under
-        // `batch_lean_glue`, on), the 4-bit projections on the tensor cores.
+        // `batch_lean_glue`, by cp.async under `router_async_stage`, both on), the 4-bit
+        // projections on the tensor cores.
         let defaults = Plan::resolve(&CudaOptions::default(), H200);
         assert_eq!(
             defaults.batch_projections(&router),
-            rows(RowsKernel::GemvSplitLean)
+            rows(RowsKernel::GemvSplitAsync)
         );
         assert_eq!(defaults.batch_projections(&qkv), rows(RowsKernel::MmaDeep));
         let d = defaults.describe();
@@ -1303,7 +1351,7 @@ mod tests {
         let max = decode::SPLIT_ROWS_MAX;
         assert_eq!(
             gemv.batch_projections(&[w(max - 24, 2048, 4), w(24, 2048, 4)]),
-            rows(RowsKernel::GemvSplitLean)
+            rows(RowsKernel::GemvSplitAsync)
         );
         assert_eq!(
             gemv.batch_projections(&[w(max - 24, 2048, 4), w(25, 2048, 4)]),
@@ -1982,11 +2030,11 @@ mod tests {
             );
         }
         // By default (`mma_rows`): dec_mma_rows for every 4-bit input; the 8-bit router (257
-        // rows) takes dec_gemv_rows_split_lean (`router_rows_split`, `batch_lean_glue`), with or
-        // without `--no-mma-rows`.
+        // rows) takes dec_gemv_rows_split_async (`router_rows_split`, `batch_lean_glue`,
+        // `router_async_stage`), with or without `--no-mma-rows`.
         assert_eq!(
             gemv.batch_projections(&[router, s_gate]),
-            BatchProjections::Rows(RowsKernel::GemvSplitLean)
+            BatchProjections::Rows(RowsKernel::GemvSplitAsync)
         );
         let mma = &p;
         for (ws, kernel) in [
@@ -1995,7 +2043,7 @@ mod tests {
             (&[lm_head], RowsKernel::MmaDeep),
             (&[o], RowsKernel::MmaDeep),
             (&[out_proj], RowsKernel::MmaDeep),
-            (&[router, s_gate], RowsKernel::GemvSplitLean),
+            (&[router, s_gate], RowsKernel::GemvSplitAsync),
         ] {
             assert_eq!(
                 mma.batch_projections(ws),

@@ -196,6 +196,10 @@ pub enum RowsKernel {
     /// `dec_mma_rows_deep` (`mma_rows_deep`): `dec_mma_rows`' sums, its weight nibbles streamed by
     /// cp.async through MMA_STAGES chunk stages a warp in shared memory (more bytes in flight).
     MmaDeep,
+    /// `dec_mma_rows_deep_rounds` (`mma_stage_rounds`): `dec_mma_rows_deep`'s outputs bit for
+    /// bit, its input rows staged MMA_STAGE_ROUND items a thread a round (a round's loads all
+    /// requested before any is converted: 2 dependent trips to L2 at 8 rows instead of 8).
+    MmaDeepRounds,
     /// `dec_gemv_rows_split` (`router_rows_split`): the CUDA cores, one weight row a warp and its
     /// groups one a lane, SPLIT_WARPS rows a block: for launches of few weight rows (the router,
     /// `split_rows_serves`), which `dec_gemv_rows`' tiles leave on a few SMs.
@@ -222,6 +226,9 @@ pub const MMA_CHUNK: usize = 4;
 /// Chunk stages a `dec_mma_rows_deep` warp keeps in shared memory (MMA_STAGES − 1 in flight),
 /// fewer where a launch's shared memory would not fit them (`mma_deep_stages`), at least 2.
 pub const MMA_STAGES: usize = 3;
+/// Items (16 input columns of a row each) a `dec_mma_rows_deep_rounds` thread loads before it
+/// converts any (decode.cu's DEC_MMA_STAGE_ROUND): 16 floats a item, 64 registers a thread.
+pub const MMA_STAGE_ROUND: usize = 4;
 /// Bytes of a `dec_mma_rows_deep` stage: 16 rows of MMA_CHUNK groups' 32 bytes and 32 of pad.
 const MMA_STAGE_BYTES: usize = 16 * (MMA_CHUNK * 32 + 32);
 /// Weight rows of a `dec_mma_rows` tile (the mma's M).
@@ -286,6 +293,7 @@ pub const FILE: KernelFile = KernelFile {
         ("DEC_MMA_WARPS", MMA_WARPS as i64),
         ("DEC_MMA_BLOCKS", MMA_BLOCKS_PER_SM as i64),
         ("DEC_MMA_CHUNK", MMA_CHUNK as i64),
+        ("DEC_MMA_STAGE_ROUND", MMA_STAGE_ROUND as i64),
         ("DEC_SPLIT_WARPS", SPLIT_WARPS as i64),
         ("DEC_GRP_PICKS", GROUPED_PICKS as i64),
         ("DEC_BULK_SLOTS", GLU_BULK_SLOTS as i64),
@@ -491,7 +499,7 @@ fn launch_smem(kernel: RowsKernel, cols: usize, rows: usize) -> usize {
         | RowsKernel::GemvSplitLean
         | RowsKernel::GemvSplitAsync => rows_smem(cols, rows),
         RowsKernel::Mma => mma_smem(cols, rows),
-        RowsKernel::MmaDeep => {
+        RowsKernel::MmaDeep | RowsKernel::MmaDeepRounds => {
             mma_smem(cols, rows) + MMA_WARPS * mma_deep_stages(cols, rows) * MMA_STAGE_BYTES
         }
     }
@@ -805,6 +813,7 @@ pub struct Decode {
     rows_warps: usize,
     mma_rows: Kernel,
     mma_rows_deep: Kernel,
+    mma_rows_deep_rounds: Kernel,
     gemv4: Kernel,
     gemv4w: Kernel,
     gemv4_x8x2: Kernel,
@@ -852,6 +861,8 @@ impl Decode {
                 .allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows: k("dec_mma_rows")?.allow_shared_memory(BATCH_SMEM_MAX)?,
             mma_rows_deep: k("dec_mma_rows_deep")?.allow_shared_memory(BATCH_SMEM_MAX)?,
+            mma_rows_deep_rounds: k("dec_mma_rows_deep_rounds")?
+                .allow_shared_memory(BATCH_SMEM_MAX)?,
             gemv4: k("dec_gemv4")?,
             gemv4w: k("dec_gemv4w")?,
             gemv4_x8x2: k("dec_gemv4_x8x2")?,
@@ -977,6 +988,7 @@ impl Decode {
             RowsKernel::GemvSplitAsync => "dec_gemv_rows_split_async",
             RowsKernel::Mma => "dec_mma_rows",
             RowsKernel::MmaDeep => "dec_mma_rows_deep",
+            RowsKernel::MmaDeepRounds => "dec_mma_rows_deep_rounds",
         };
         if outs.is_empty() || outs.len() > MAX_SEGS {
             bail!("{name}: {} projections (1..={MAX_SEGS})", outs.len());
@@ -997,14 +1009,14 @@ impl Decode {
             RowsKernel::GemvSplit => (&self.gemv_rows_split, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::GemvSplitLean => (&self.gemv_rows_split_lean, SPLIT_WARPS, SPLIT_WARPS),
             RowsKernel::GemvSplitAsync => (&self.gemv_rows_split_async, SPLIT_WARPS, SPLIT_WARPS),
-            RowsKernel::Mma | RowsKernel::MmaDeep => {
+            RowsKernel::Mma | RowsKernel::MmaDeep | RowsKernel::MmaDeepRounds => {
                 if outs.iter().any(|(w, _)| w.bits != 4) {
                     bail!("{name}: 4-bit weights only");
                 }
-                let f = if kernel == RowsKernel::Mma {
-                    &self.mma_rows
-                } else {
-                    &self.mma_rows_deep
+                let f = match kernel {
+                    RowsKernel::Mma => &self.mma_rows,
+                    RowsKernel::MmaDeep => &self.mma_rows_deep,
+                    _ => &self.mma_rows_deep_rounds,
                 };
                 (f, MMA_WARPS, MMA_TILE)
             }
@@ -1017,9 +1029,9 @@ impl Decode {
             RowsKernel::GemvSplit | RowsKernel::GemvSplitLean | RowsKernel::GemvSplitAsync => {
                 (tiles.min(blocks_max(BLOCKS_PER_SM * 4)), 0i32)
             }
-            RowsKernel::Mma | RowsKernel::MmaDeep => {
+            RowsKernel::Mma | RowsKernel::MmaDeep | RowsKernel::MmaDeepRounds => {
                 let per_sm = match kernel {
-                    RowsKernel::MmaDeep => blocks_by_smem(
+                    RowsKernel::MmaDeep | RowsKernel::MmaDeepRounds => blocks_by_smem(
                         launch_smem(kernel, cols, rows_per_launch(kernel, cols).min(rows)),
                         gpu.max_shared_memory,
                         MMA_BLOCKS_PER_SM,
@@ -1052,7 +1064,7 @@ impl Decode {
                 if kernel == RowsKernel::Mma {
                     l.arg(&split);
                 }
-                if kernel == RowsKernel::MmaDeep {
+                if matches!(kernel, RowsKernel::MmaDeep | RowsKernel::MmaDeepRounds) {
                     l.arg(&split).arg(&stages);
                 }
             })?;

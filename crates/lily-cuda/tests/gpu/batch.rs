@@ -373,21 +373,21 @@ const GROUPED_WIDE: Case = Case {
     ..GROUPED
 };
 
-/// `GROUPED_WIDE` (the step as it ships) with the lean norms and router staging
+/// `GROUPED_WIDE` with the lean norms and router staging
 /// (`batch_lean_glue`, off until measured).
 const LEAN_GLUE: Case = Case {
     batch_lean_glue: true,
     ..GROUPED_WIDE
 };
-/// `LEAN_GLUE` (the step as it ships) with the grouped MoE's deeper rings (`grouped_moe_stream`,
+/// `LEAN_GLUE` with the grouped MoE's deeper rings (`grouped_moe_stream`,
 /// off until measured).
 const GROUPED_STREAM: Case = Case {
     grouped_moe_stream: true,
     ..LEAN_GLUE
 };
 
-/// `GROUPED_STREAM` (the step as it ships) with the router's rows staged by cp.async
-/// (`router_async_stage`, off until measured).
+/// `GROUPED_STREAM` with the router's rows staged by cp.async (`router_async_stage`, on since
+/// session 33): the step as it ships.
 const ROUTER_ASYNC: Case = Case {
     router_async_stage: true,
     ..GROUPED_STREAM

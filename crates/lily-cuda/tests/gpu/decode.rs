@@ -659,27 +659,21 @@ fn batch_lean_glue_gives_the_plain_kernels_bits() {
     println!("KERNEL rms_norm_rows and dec_gemv_rows_split_lean give rms_norm's and dec_gemv_rows_split's bits");
 }
 
-/// `router_async_stage`'s kernel gives the lean router's bits on the device (cp.async's copies,
-/// the warp barrier before each warp's group sums, the real scheduling — what the CPU emulation
-/// cannot show): `dec_gemv_rows_split_async` against `dec_gemv_rows_split_lean` on the router's
-/// shape (256 + 1 rows of 8-bit, 2,048 columns, exact and stored) and on `rows_case`'s four
-/// weights (300, 77, 16 and 1 rows, 8-bit beside 4-bit, every store mode) at 2,048, 4,096, 256
-/// and 64 columns, 1 to 8 and 11 rows; both activation modes; nothing left NaN.
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn router_async_stage_gives_the_lean_routers_bits() {
+/// `kernel`'s outputs equal `reference`'s bit for bit on the device (what the CPU emulation cannot
+/// show: cp.async's copies, the barriers, the real scheduling): for each (columns, weights) of
+/// `shapes` (a weight: its rows and bits), 1 to 8 and 11 input rows, both activation modes, the
+/// weights' store modes exact / added to a residual / stored in turn; nothing left NaN.
+fn rows_kernel_gives_the_bits_of(
+    reference: RowsKernel,
+    kernel: RowsKernel,
+    shapes: &[(usize, &[(usize, u32)])],
+    seed: u64,
+) {
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for bf16_activations in [false, true] {
         let d = dev(bf16_activations);
-        let mut rng = Rng(281);
-        let shapes: [(usize, &[(usize, u32)]); 5] = [
-            (2048, &[(256, 8), (1, 8)]),
-            (2048, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
-            (4096, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
-            (256, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
-            (64, &[(300, 8), (77, 8), (16, 4), (1, 4)]),
-        ];
-        for (cols, shape) in shapes {
+        let mut rng = Rng(seed);
+        for &(cols, shape) in shapes {
             let ws: Vec<DevLinear> = shape
                 .iter()
                 .enumerate()
@@ -698,7 +692,7 @@ fn router_async_stage_gives_the_lean_routers_bits() {
                     shape.iter().map(|&(n, _)| rng.vec(nb * n, 1.0)).collect();
                 let xd = d.upload(&x).unwrap();
                 let mut got = Vec::new();
-                for kernel in [RowsKernel::GemvSplitLean, RowsKernel::GemvSplitAsync] {
+                for k in [reference, kernel] {
                     let outs_dev: Vec<DevBuf> =
                         shape.iter().map(|&(n, _)| poisoned(&d, nb * n)).collect();
                     let outs: Vec<(&DevLinear, Out)> = ws
@@ -718,7 +712,7 @@ fn router_async_stage_gives_the_lean_routers_bits() {
                         })
                         .collect();
                     d.k.decode
-                        .project_rows(&d, kernel, xd.ptr, cols, nb, &outs)
+                        .project_rows(&d, k, xd.ptr, cols, nb, &outs)
                         .unwrap();
                     let v: Vec<Vec<f32>> = shape
                         .iter()
@@ -729,18 +723,65 @@ fn router_async_stage_gives_the_lean_routers_bits() {
                 }
                 for (i, &(n, b)) in shape.iter().enumerate() {
                     let what = format!(
-                        "dec_gemv_rows_split_async {cols} cols, {nb} rows, output {i} ({n} rows of {b}-bit), bf16 {bf16_activations}"
+                        "{kernel:?} against {reference:?}: {cols} cols, {nb} rows, output {i} ({n} rows of {b}-bit), bf16 {bf16_activations}"
                     );
                     assert!(
                         got[0][i].iter().all(|v| v.is_finite()),
-                        "{what}: dec_gemv_rows_split_lean left NaN"
+                        "{what}: {reference:?} left NaN"
                     );
                     assert_eq!(bits(&got[1][i]), bits(&got[0][i]), "{what}");
                 }
             }
         }
     }
+}
+
+/// `router_async_stage`'s kernel gives the lean router's bits on the device:
+/// `dec_gemv_rows_split_async` against `dec_gemv_rows_split_lean` on the router's shape (256 + 1
+/// rows of 8-bit, 2,048 columns) and on `rows_case`'s four weights (300, 77, 16 and 1 rows, 8-bit
+/// beside 4-bit) at 2,048, 4,096, 256 and 64 columns (`rows_kernel_gives_the_bits_of`).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn router_async_stage_gives_the_lean_routers_bits() {
+    let four: &[(usize, u32)] = &[(300, 8), (77, 8), (16, 4), (1, 4)];
+    rows_kernel_gives_the_bits_of(
+        RowsKernel::GemvSplitLean,
+        RowsKernel::GemvSplitAsync,
+        &[
+            (2048, &[(256, 8), (1, 8)]),
+            (2048, four),
+            (4096, four),
+            (256, four),
+            (64, four),
+        ],
+        281,
+    );
     println!("KERNEL dec_gemv_rows_split_async gives dec_gemv_rows_split_lean's bits");
+}
+
+/// `mma_stage_rounds`' kernel gives the deep kernel's bits on the device:
+/// `dec_mma_rows_deep_rounds` against `dec_mma_rows_deep` on DeltaNet's in_proj shape (12,288 +
+/// 64 rows of 2,048 columns), out_proj's (2,048 rows of 4,096: its two-stage form at 8 rows),
+/// `rows_case`'s four weights (300, 77, 16, 1 rows) at 2,048, 512 and 64 columns, and a launch of
+/// 20,000 rows (whole tiles a warp, as lm_head's), all 4-bit (`rows_kernel_gives_the_bits_of`).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn mma_stage_rounds_gives_the_deep_kernels_bits() {
+    let four: &[(usize, u32)] = &[(300, 4), (77, 4), (16, 4), (1, 4)];
+    rows_kernel_gives_the_bits_of(
+        RowsKernel::MmaDeep,
+        RowsKernel::MmaDeepRounds,
+        &[
+            (2048, &[(8192, 4), (4096, 4), (32, 4), (32, 4)]),
+            (4096, &[(2048, 4)]),
+            (2048, four),
+            (512, four),
+            (64, four),
+            (2048, &[(20_000, 4)]),
+        ],
+        283,
+    );
+    println!("KERNEL dec_mma_rows_deep_rounds gives dec_mma_rows_deep's bits");
 }
 
 /// The batched step's DeltaNet scans (`dec_dn_conv_rows` + `dec_dn_step_rows`: every sequence in
