@@ -16,8 +16,6 @@
 // where the plan's `rows_grid` launches fewer workgroups than row blocks (lm_head), each streams
 // blocks wid, wid + workgroups, ... (CUDA's dec_gemv4 geometry): the input and the folded norm
 // once per workgroup, not once per block of 16 rows.
-// `TAIL` (`rows_tail_early`): a storing invocation's own reads (the residual it adds into, a conv
-// channel's 4 taps and 3 state values: 4 or 28 bytes a row) requested with the first words.
 
 struct P {
     @size(80) m: Mat,   // words 0..19 (Mat and two unused)
@@ -38,31 +36,16 @@ struct P {
 // A decode step's DeltaNet causal conv of channel `ch` (dn_conv_step.wgsl's, fused into the
 // in_proj product that computes the channel's input x: no conv dispatch): the state's K − 1
 // earlier inputs and x through the taps, the state shifted, silu.
-// `t`: the taps and state read at the start (`TAIL` bit 2, `held`); past `TAIL_TAPS`, or
-// without it, read here. The same products summed in the same order either way.
-fn conv_step(ch: u32, x: f32, t: Tail, held: bool) -> f32 {
-    let h = (TAIL & 2u) != 0u && held;
+fn conv_step(ch: u32, x: f32) -> f32 {
     let cd = p.conv_ch;
     let km1 = p.conv_k - 1u;
     var s = 0.0;
     for (var j = 0u; j < km1; j++) {
-        if (h && j < TAIL_TAPS) {
-            s += t.taps[j] * t.st[j];
-        } else {
-            s += taps[ch * p.conv_k + j] * cstate[j * cd + ch];
-        }
+        s += taps[ch * p.conv_k + j] * cstate[j * cd + ch];
     }
-    if (h && km1 < TAIL_TAPS) {
-        s += t.taps[km1] * x;
-    } else {
-        s += taps[ch * p.conv_k + km1] * x;
-    }
+    s += taps[ch * p.conv_k + km1] * x;
     for (var j = 0u; j + 1u < km1; j++) {
-        if (h && j + 1u < TAIL_TAPS) {
-            cstate[j * cd + ch] = t.st[j + 1u];
-        } else {
-            cstate[j * cd + ch] = cstate[(j + 1u) * cd + ch];
-        }
+        cstate[j * cd + ch] = cstate[(j + 1u) * cd + ch];
     }
     if (km1 > 0u) {
         cstate[(km1 - 1u) * cd + ch] = x;
@@ -107,54 +90,8 @@ override WORDS: u32 = 2u;
 // rounding of RB 1 without it, not bit for bit.
 override LEAN: u32 = 0u;
 
-// Bits (`WgpuOptions::rows_tail_early`: plan.rs `with_tail`): the storing invocations' tail
-// reads issued at the start with the first rows' words (`read_tail`), not after the row totals —
-// bit 1 the residual's old value where the product adds into it (decode's output projections,
-// the 1–8-row kernels: one register), bit 2 a DeltaNet conv channel's taps and state (decode's
-// in_proj, the 16-row kernel: up to `TAIL_TAPS` taps, seven registers) — so that the totals'
-// barriers end in the store, not in one more memory trip (the conv state was written a token
-// ago and the taps are weights: DRAM; the residual L2). Held for the workgroup's first block
-// (the persistent kernel's later blocks read theirs at the store, as 0 does). The same values
-// in the same arithmetic: outputs bit for bit.
-override TAIL: u32 = 0u;
-
-// The conv taps (and K − 1 state values) a storing invocation holds with `TAIL`; a conv of
-// more taps reads the rest at the store.
-const TAIL_TAPS: u32 = 4u;
-
-// A storing invocation's tail (`TAIL`): the old output (accumulate, bit 1) or its conv
-// channel's taps and state (bit 2); the fields of a bit not compiled are never used.
-struct Tail {
-    old: f32,
-    taps: array<f32, 4>,
-    st: array<f32, 4>,
-}
-
 fn w_half4(i: u32) -> f32 {
     return bf16_at(W[i >> 3u][(i >> 1u) & 3u], i);
-}
-
-// `TAIL`: the tail of this invocation's row of the block at r0 (`nr` rows), where it stores one.
-fn read_tail(lid: u32, item: u32, r0: u32, nr: u32) -> Tail {
-    var t: Tail;
-    let r = lid / (64u / RB);
-    if (lid % (64u / RB) == 0u && r < nr) {
-        let row = p.m.row0 + r0 + r;
-        if ((TAIL & 2u) != 0u && row < p.conv_ch) {
-            let km1 = p.conv_k - 1u;
-            for (var j = 0u; j < TAIL_TAPS; j++) {
-                if (j < p.conv_k) {
-                    t.taps[j] = taps[row * p.conv_k + j];
-                }
-                if (j < km1) {
-                    t.st[j] = cstate[j * p.conv_ch + row];
-                }
-            }
-        } else if ((TAIL & 1u) != 0u && row >= p.conv_ch && p.m.accumulate != 0u) {
-            t.old = f32(Y[p.m.y_off + item * p.m.y_stride + row]);
-        }
-    }
-    return t;
 }
 
 const SH_8 = vec4<u32>(0u, 8u, 16u, 24u);
@@ -193,22 +130,15 @@ fn read_words(r0: u32, rr: u32, nr: u32, q: u32, g: u32, quads: u32, groups: u32
 
 // Row r of the block at r0 (`nr` rows) gets its total: stored (a DeltaNet conv channel through
 // `conv_step`), or added into Y (`accumulate`). One invocation a row stores.
-// `t`: the row's tail where read at the start (`TAIL`; `held`: for this block).
-fn store_rows(lid: u32, item: u32, r0: u32, nr: u32, total: f32, t: Tail, held: bool) {
+fn store_rows(lid: u32, item: u32, r0: u32, nr: u32, total: f32) {
     let r = lid / (64u / RB);
     if (lid % (64u / RB) == 0u && r < nr) {
         let row = p.m.row0 + r0 + r;
         let o = p.m.y_off + item * p.m.y_stride + row;
         if (row < p.conv_ch) {
-            Y[o] = YS(conv_step(row, total, t, held));
+            Y[o] = YS(conv_step(row, total));
         } else if (p.m.accumulate != 0u) {
-            var old = 0.0;
-            if ((TAIL & 1u) != 0u && held) {
-                old = t.old;
-            } else {
-                old = f32(Y[o]);
-            }
-            Y[o] = YS(old + total);
+            Y[o] = YS(f32(Y[o]) + total);
         } else {
             Y[o] = YS(total);
         }
@@ -238,11 +168,6 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
     // their reads are in flight during the inputs' reads and the norm's reduction (one DRAM
     // round trip fewer on the kernel's path; rows past the end read row r0 again, not stored).
     var cur = read_words(r0, 0u, nr, lid, ga, quads, groups);
-    // TAIL: this block's tail with them.
-    var tail = Tail();
-    if (TAIL != 0u) {
-        tail = read_tail(lid, item, r0, nr);
-    }
     // EARLY: the second words of those rows too.
     // PERSIST: the second words of the first round too (each round's with its first words).
     var cur2 = Words();
@@ -350,8 +275,7 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
                     rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
                 }
                 first = false;
-                // The held tail is the first block's (c0 == r0).
-                store_rows(lid, item, c0, cn, row_total(lid, RB) * rn, tail, c0 == r0);
+                store_rows(lid, item, c0, cn, row_total(lid, RB) * rn);
                 // row_total's last reads before the next block's row_put.
                 workgroupBarrier();
             }
@@ -405,12 +329,12 @@ fn linear_q4_rows(@builtin(workgroup_id) wid: vec3<u32>,
             // rms_scale's formula on the same Σx².
             rl = 1.0 / sqrt(t.y / f32(p.m.cols) + p.eps);
         }
-        store_rows(lid, item, r0, nr, t.x * rl, tail, true);
+        store_rows(lid, item, r0, nr, t.x * rl);
         return;
     }
     var rn = 1.0;
     if (EARLY != 0u && p.norm != 0u) {
         rn = rms_scale(lid, ss_early, p.m.cols, p.eps);
     }
-    store_rows(lid, item, r0, nr, row_total(lid, RB) * rn, tail, true);
+    store_rows(lid, item, r0, nr, row_total(lid, RB) * rn);
 }

@@ -25,8 +25,8 @@ use crate::plan::{
 };
 use crate::probes::{
     check_attention, check_coop_emulated, check_dn_step, check_down_lanes, check_down_rows,
-    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, check_rows_tail,
-    DnStep, DownCheck, PersistCheck, Sides, F16_STORE,
+    check_mm, check_mm_f16, check_rows, check_rows_one_word, check_rows_persist, DnStep, DownCheck,
+    PersistCheck, Sides, F16_STORE,
 };
 use crate::weights::{stack_shared, upload_model, GpuMixer, GpuModel};
 
@@ -244,13 +244,6 @@ impl WgpuBackend {
     /// (`probes::check_rows_one_word`).
     pub fn check_rows_one_word(&self) -> Result<PersistCheck> {
         check_rows_one_word(&self.gpu, self.plan.subgroups)
-    }
-
-    /// linear_q4_rows.wgsl with its tail reads at the start (`rows_tail_early`: `TAIL` 1) and
-    /// without, with this plan's reductions and activations, against the host and each other
-    /// (`probes::check_rows_tail`: the conv inside in_proj, the output projections' residual).
-    pub fn check_rows_tail(&self) -> Result<PersistCheck> {
-        check_rows_tail(&self.gpu, self.plan.subgroups, self.plan.act_f16)
     }
 
     /// dn_recur_norm.wgsl as this plan compiles it (reductions, activations) but for

@@ -555,23 +555,6 @@ pub fn rows_lean_spec(early: bool) -> Spec {
     spec
 }
 
-/// A linear_q4_rows.wgsl spec with its storing invocations' tail reads issued at the start
-/// (`tail`: `WgpuOptions::rows_tail_early`, its `TAIL`; outputs bit for bit those without): on
-/// the 16-row kernel (decode's in_proj) a conv channel's taps and state (`TAIL` 2), on the
-/// others (the output projections' 2 rows) the residual's old value (`TAIL` 1) — each kernel
-/// holds only the registers its products need (the 2-row kernel's grid is one wave with a
-/// margin of 32 workgroups on an H100).
-pub fn with_tail(mut spec: Spec, tail: bool) -> Spec {
-    if tail {
-        let rb16 = spec
-            .constants
-            .iter()
-            .any(|&(k, v)| k == "RB" && v == PERSIST_RB as f64);
-        spec.constants.push(("TAIL", if rb16 { 2.0 } else { 1.0 }));
-    }
-    spec
-}
-
 /// The 16-byte words a lane reads of each row of `w` on linear_q4_rows.wgsl (its 64 lanes
 /// cover a row in one or two): 1 for 4-bit 2,048 columns, 2 for 4,096 columns or 8-bit.
 pub fn row_words(w: &GpuLinear) -> usize {
@@ -1080,10 +1063,7 @@ impl Plan {
             // `rows_one_word`: the 16-row kernel for one-word rows only (`Plan::rows_rb`).
             let one_word = opts.rows_one_word && rb == 16;
             in_forms(
-                with_tail(
-                    rows_spec(rb, opts.rows_early, persist, one_word),
-                    opts.rows_tail_early,
-                ),
+                rows_spec(rb, opts.rows_early, persist, one_word),
                 &Form::ALL,
                 act_f16,
             )
@@ -1096,13 +1076,9 @@ impl Plan {
             linear_q4_rows4: rows(4),
             linear_q4_rows2: rows(2),
             // The router's lean 1-row kernel (`router_lean`).
-            linear_q4_rows1: opts.router_lean.then(|| {
-                in_forms(
-                    with_tail(rows_lean_spec(opts.rows_early), opts.rows_tail_early),
-                    &Form::ALL,
-                    act_f16,
-                )
-            }),
+            linear_q4_rows1: opts
+                .router_lean
+                .then(|| in_forms(rows_lean_spec(opts.rows_early), &Form::ALL, act_f16)),
             linear_q4_mm16: match &coop_specs {
                 Some([c16, _, _]) => c16.clone(),
                 None => in_forms(mm_spec(MmTile::T16, tile_f16), &READS_ACT, act_f16),
@@ -1332,7 +1308,7 @@ impl Plan {
             format!("; {}", self.notes.join("; "))
         };
         format!(
-            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{}{} / linear_q4_glu_rows{} / {}, decode routing {}{notes}",
+            "{} activations, {}, prefill products {} ({} tiles: dense tiles of {}, experts' tiles of {}), prefill attention {prefill_attention}, decode attention {decode_attention}, decode products linear_q4_rows{}{} / linear_q4_glu_rows{} / {}, decode routing {}{notes}",
             if self.act_f16 { "f16" } else { "fp32" },
             self.options.describe(),
             match self.coop {
@@ -1371,11 +1347,6 @@ impl Plan {
                 (true, true) => " (its 16-row kernel compiled for one-word rows: no second words; the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, true) => " (the products of < 1,024 rows on its lean 1-row kernel)",
                 (false, false) => "",
-            },
-            if self.options.rows_tail_early {
-                " (its storing invocations' tail reads — the residual, the conv's taps and state — with the first rows' words)"
-            } else {
-                ""
             },
             if self.glu_items {
                 " (the routed experts' one row of every item a workgroup, each item's reads issued as its routing round ends)"

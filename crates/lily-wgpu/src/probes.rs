@@ -10,7 +10,7 @@ use crate::gpu::{grid_2d, Gpu, Kernel, Recorder};
 use crate::kernels::Kernels;
 use crate::plan::{
     coop_spec, dn_recur_norm_spec, down_lanes_spec, down_lanes_wg, down_rows_spec, rows_grid,
-    rows_spec, with_tail, MmTile, SplitRule,
+    rows_spec, MmTile, SplitRule,
 };
 use crate::shaders::Form;
 
@@ -496,34 +496,6 @@ fn glu_cases(k: &Kernels, act_f16: bool) -> Vec<(&Kernel, Sides, Option<f32>)> {
 /// (state, x)) with x its product, the other rows' products, and the shifted state: the largest
 /// relative L2 difference.
 fn check_rows_conv(gpu: &Gpu, k: &Kernels, act_f16: bool) -> Result<f64> {
-    let form = conv_form(act_f16);
-    let mut worst = 0f64;
-    for rb in [16usize, 4, 2] {
-        let (_, _, e) = rows_conv_case(gpu, k.rows(rb).get(form), rb, act_f16, None)?;
-        worst = worst.max(e);
-    }
-    Ok(worst)
-}
-
-/// The form of decode's in_proj with the conv inside: the residual stream in (the norm
-/// folded), DeltaNet's joint projection (an activation) out.
-fn conv_form(act_f16: bool) -> Form {
-    Form {
-        x_f32: act_f16,
-        y_f32: false,
-    }
-}
-
-/// `check_rows_conv`'s case on `kernel` (`rb` rows a workgroup; `workers`: a persistent
-/// kernel's grid from `rows_grid`, else a workgroup a block): its output, the state after,
-/// and their larger relative L2 difference from the host's f64.
-fn rows_conv_case(
-    gpu: &Gpu,
-    kernel: &Kernel,
-    rb: usize,
-    act_f16: bool,
-    workers: Option<usize>,
-) -> Result<(Vec<f32>, Vec<f32>, f64)> {
     let (rows, cols, ch, taps_k) = (37usize, 2048usize, 29usize, 4usize);
     let m = RandomQ4::new(rows, cols, 64, 1);
     let eps = 1e-6f32;
@@ -555,29 +527,37 @@ fn rows_conv_case(
     let xbuf = gpu.upload_f32("check.x", &m.x)?;
     let wn = gpu.upload_f32("check.wn", &m.norm_w)?;
     let tbuf = gpu.upload_f32("check.taps", &taps)?;
-    let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
-    let sbuf = gpu.upload_f32("check.state", &state0)?;
-    let (nx, ny) = match workers {
-        Some(w) => rows_grid(rows.div_ceil(rb), Some(w)),
-        None => grid_2d(rows.div_ceil(rb)),
-    };
-    let mut params = m.rows_params(nx, false);
-    params[20] = 1;
-    params[21] = eps.to_bits();
-    params[22] = ch as u32;
-    params[23] = taps_k as u32;
-    let mut r = Recorder::new(gpu);
-    r.dispatch(
-        kernel,
-        &params,
-        &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
-        [nx, ny, 1],
-    );
-    r.submit()?;
-    let y = read_act(gpu, &ybuf, rows, act_f16)?;
-    let st = gpu.read_f32(&sbuf, 0, state0.len())?;
-    let e = rel_l2_f64(&y, &want_y).max(rel_l2_f64(&st, &want_state));
-    Ok((y, st, e))
+    let mut worst = 0f64;
+    for rb in [16usize, 4, 2] {
+        let ybuf = gpu.storage("check.y", (rows * 4) as u64)?;
+        let sbuf = gpu.upload_f32("check.state", &state0)?;
+        let (nx, ny) = grid_2d(rows.div_ceil(rb));
+        let mut params = m.rows_params(nx, false);
+        params[20] = 1;
+        params[21] = eps.to_bits();
+        params[22] = ch as u32;
+        params[23] = taps_k as u32;
+        let mut r = Recorder::new(gpu);
+        // The residual stream in (the norm folded), DeltaNet's joint projection (an activation)
+        // out; the conv state f32.
+        let form = Form {
+            x_f32: act_f16,
+            y_f32: false,
+        };
+        r.dispatch(
+            k.rows(rb).get(form),
+            &params,
+            &[&wbuf, &xbuf, &ybuf, &wn, &tbuf, &sbuf],
+            [nx, ny, 1],
+        );
+        r.submit()?;
+        let y = read_act(gpu, &ybuf, rows, act_f16)?;
+        let st = gpu.read_f32(&sbuf, 0, state0.len())?;
+        worst = worst
+            .max(rel_l2_f64(&y, &want_y))
+            .max(rel_l2_f64(&st, &want_state));
+    }
+    Ok(worst)
 }
 
 /// linear_q4_rows.wgsl adding into the residual stream (`accumulate`: decode's output
@@ -585,6 +565,7 @@ fn rows_conv_case(
 /// host's random residual plus the f64 product of the activation input, against the residual
 /// read back, every form that writes an f32 buffer. The relative L2 difference of the sums added.
 fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) -> Result<f64> {
+    let (rows, items) = (37usize, 2usize);
     let mut worst = 0f64;
     // 4,096 columns also at 8 and 16 rows (`out_rows`: out_proj in rounds; not at 16 where
     // that kernel takes one-word rows only, `one_word`).
@@ -592,121 +573,40 @@ fn check_rows_accumulate(gpu: &Gpu, k: &Kernels, act_f16: bool, one_word: bool) 
         if one_word && rb == 16 && crate::plan::words_of(cols, 4) > 1 {
             continue;
         }
+        let m = RandomQ4::new(rows, cols, 64, items);
+        let y0: Vec<f32> =
+            m.x.iter()
+                .take(items * rows)
+                .map(|v| v * 0.7 + 0.1)
+                .collect();
         for (form, kernel) in k.rows(rb).iter() {
             if act_f16 && !form.y_f32 {
                 continue;
             }
             let sides = Sides::of(form, act_f16);
-            let (_, e) = rows_accumulate_case(gpu, kernel, cols, rb, sides, None)?;
-            worst = worst.max(e);
+            let (nx, ny) = grid_2d(rows.div_ceil(rb));
+            let wbuf = gpu.upload("check.w", &m.data)?;
+            let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
+            let ybuf = gpu.upload_f32("check.y", &y0)?;
+            let params = m.rows_params(nx, true);
+            let mut r = Recorder::new(gpu);
+            r.dispatch(
+                kernel,
+                &params,
+                &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
+                [nx, ny, items as u32],
+            );
+            r.submit()?;
+            let got = gpu.read_f32(&ybuf, 0, items * rows)?;
+            let added: Vec<f32> = got
+                .iter()
+                .zip(&y0)
+                .map(|(g, y)| (*g as f64 - *y as f64) as f32)
+                .collect();
+            worst = worst.max(rel_l2_f64(&added, &m.want_for(None, sides)));
         }
     }
     Ok(worst)
-}
-
-/// `check_rows_accumulate`'s case on `kernel` (`cols` columns, `rb` rows a workgroup, 37 rows,
-/// 2 items; `workers` as `rows_conv_case`'s): the residual after, and the relative L2
-/// difference of the sums added from the host's f64 product.
-fn rows_accumulate_case(
-    gpu: &Gpu,
-    kernel: &Kernel,
-    cols: usize,
-    rb: usize,
-    sides: Sides,
-    workers: Option<usize>,
-) -> Result<(Vec<f32>, f64)> {
-    let (rows, items) = (37usize, 2usize);
-    let m = RandomQ4::new(rows, cols, 64, items);
-    let y0: Vec<f32> =
-        m.x.iter()
-            .take(items * rows)
-            .map(|v| v * 0.7 + 0.1)
-            .collect();
-    let (nx, ny) = match workers {
-        Some(w) => rows_grid(rows.div_ceil(rb), Some(w)),
-        None => grid_2d(rows.div_ceil(rb)),
-    };
-    let wbuf = gpu.upload("check.w", &m.data)?;
-    let xbuf = upload_act(gpu, "check.x", &m.x, sides.x_f16)?;
-    let ybuf = gpu.upload_f32("check.y", &y0)?;
-    let params = m.rows_params(nx, true);
-    let mut r = Recorder::new(gpu);
-    r.dispatch(
-        kernel,
-        &params,
-        &[&wbuf, &xbuf, &ybuf, &xbuf, &xbuf, &ybuf],
-        [nx, ny, items as u32],
-    );
-    r.submit()?;
-    let got = gpu.read_f32(&ybuf, 0, items * rows)?;
-    let added: Vec<f32> = got
-        .iter()
-        .zip(&y0)
-        .map(|(g, y)| (*g as f64 - *y as f64) as f32)
-        .collect();
-    let e = rel_l2_f64(&added, &m.want_for(None, sides));
-    Ok((got, e))
-}
-
-/// linear_q4_rows.wgsl with its tail reads at the start (`rows_tail_early`: `TAIL` 1) against
-/// the same kernel with `TAIL` 0, each as the plan compiles it (`EARLY`; the 16-row kernel
-/// persistent and for one-word rows, the 8-row one in rounds, the 1-row one `LEAN`), with the
-/// plan's reductions (`subgroups`) and activations (`act_f16`): DeltaNet's conv inside the
-/// product (`rows_conv_case`: 16, 4, 2 rows a workgroup; the 16-row kernel also on one
-/// persistent workgroup, its later blocks' tails read at the store) and the sums added into
-/// the residual (`rows_accumulate_case`: 4,096 columns at 2, 4, 8 rows, 2,048 at 16 and 1,
-/// the 16-row kernel also on one persistent workgroup). The largest relative L2 difference
-/// from the host's f64 over both kernels, and whether `TAIL` 1's outputs (and conv state) were
-/// bit for bit `TAIL` 0's in every case.
-pub fn check_rows_tail(gpu: &Gpu, subgroups: bool, act_f16: bool) -> Result<PersistCheck> {
-    let spec = |rb: usize, tail: bool, form: Form| {
-        let persist = rb == crate::plan::PERSIST_RB || rb == 8;
-        let base = if rb == 1 {
-            crate::plan::rows_lean_spec(true)
-        } else {
-            rows_spec(rb, true, persist, rb == crate::plan::PERSIST_RB)
-        };
-        let mut s = with_tail(base, tail).with_subgroups(subgroups);
-        s.act_f16 = act_f16;
-        s.form = if act_f16 { form } else { Form::default() };
-        s
-    };
-    let mut out = PersistCheck {
-        err: 0.0,
-        same_bits: true,
-    };
-    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-    let form = conv_form(act_f16);
-    for (rb, workers) in [(16usize, None), (16, Some(1)), (4, None), (2, None)] {
-        let old = Kernel::new(gpu, &spec(rb, false, form), false)?;
-        let new = Kernel::new(gpu, &spec(rb, true, form), false)?;
-        let (y0, s0, e0) = rows_conv_case(gpu, &old, rb, act_f16, workers)?;
-        let (y1, s1, e1) = rows_conv_case(gpu, &new, rb, act_f16, workers)?;
-        out.err = out.err.max(e0).max(e1);
-        out.same_bits &= bits(&y0, &y1) && bits(&s0, &s1);
-    }
-    // Decode's output projections: an activation in, the residual stream (f32) out.
-    let form = Form {
-        x_f32: false,
-        y_f32: true,
-    };
-    let sides = Sides::of(form, act_f16);
-    for (cols, rb, workers) in [
-        (4096usize, 2usize, None),
-        (4096, 4, None),
-        (4096, 8, None),
-        (2048, 16, None),
-        (2048, 16, Some(1)),
-        (2048, 1, None),
-    ] {
-        let old = Kernel::new(gpu, &spec(rb, false, form), false)?;
-        let new = Kernel::new(gpu, &spec(rb, true, form), false)?;
-        let (y0, e0) = rows_accumulate_case(gpu, &old, cols, rb, sides, workers)?;
-        let (y1, e1) = rows_accumulate_case(gpu, &new, cols, rb, sides, workers)?;
-        out.err = out.err.max(e0).max(e1);
-        out.same_bits &= bits(&y0, &y1);
-    }
-    Ok(out)
 }
 
 /// The outputs of dn_recur_norm.wgsl on one probe (`check_dn_step`): the normed, gated output

@@ -877,95 +877,6 @@ fn persistent_row_kernel_matches_the_host_and_the_plain_kernel() {
     }
 }
 
-/// `rows_tail_early`: linear_q4_rows with each storing invocation's tail reads (the residual's
-/// old value, a conv channel's taps and state) issued at the start (`TAIL` 1), in both reduction
-/// forms and with f16 activations: `check_rows_tail` — the conv inside in_proj on 16 (also one
-/// persistent workgroup: its later blocks read their tails at the store), 4 and 2 rows a
-/// workgroup; the sums added into the residual on 2, 4, 8, 16 (also persistent) and 1 (`LEAN`)
-/// rows — each kernel against the host's f64 and `TAIL` 1 **bit for bit** `TAIL` 0 (the same
-/// values in the same arithmetic; asserted on a software adapter, reported on a GPU, whose
-/// driver may schedule the same operations otherwise); every product probe through the plan's
-/// kernels with the switch; the plan line; tiny's greedy tokens as the CPU's.
-#[test]
-fn rows_tail_early_kernel_matches_the_host_and_todays() {
-    let w = synth_model(Preset::Tiny, SynthFormat::Mlx, 73);
-    for (subgroups, f16) in [(true, false), (false, false), (true, true)] {
-        let opts = WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 16,
-            subgroups,
-            rows_tail_early: true,
-            f16_acts: Choice::of(f16),
-            ..WgpuOptions::default()
-        };
-        let Some(gpu) = wgpu_backend_with(&w, opts) else {
-            return;
-        };
-        let plan = gpu.plan();
-        assert!(plan.options.rows_tail_early);
-        let d = plan.describe();
-        assert!(
-            d.contains("linear_q4_rows early tail reads on")
-                && d.contains("its storing invocations' tail reads"),
-            "{d}"
-        );
-        let bound = Bounds::of(plan).kernel;
-        let tail = gpu.check_rows_tail().unwrap();
-        let (_, rows) = gpu.check_products().unwrap();
-        let software = gpu.adapter().device_type == wgpu::DeviceType::Cpu;
-        println!(
-            "subgroups {subgroups}, f16 activations {}: linear_q4_rows early tails {:.2e} (same bits as today's: {}), product probes {rows:.2e}",
-            plan.act_f16, tail.err, tail.same_bits
-        );
-        assert!(
-            tail.err < bound,
-            "linear_q4_rows with early tails differs from the host by {:.2e}",
-            tail.err
-        );
-        assert!(
-            tail.same_bits || !software,
-            "linear_q4_rows with early tails is not bit for bit today's kernel"
-        );
-        assert!(
-            rows < bound,
-            "linear_q4_rows (early tails) differs from the host by {rows:.2e}"
-        );
-    }
-    // Tiny's greedy decode with the switch (in_proj's conv and the output projections' adds
-    // on the early tails) against the CPU's tokens.
-    let prompt = Rng(19).tokens(10, w.config.vocab);
-    let opts = WgpuOptions {
-        chunk: 8,
-        all_logits_chunk: 8,
-        rows_tail_early: true,
-        ..WgpuOptions::default()
-    };
-    let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
-        return;
-    };
-    let mut cpu = CpuBackend::new(w.clone());
-    let cs = cpu.new_seq(64).unwrap();
-    cpu.prefill(cs, &prompt).unwrap();
-    let gs = gpu.new_seq(64).unwrap();
-    gpu.prefill(gs, &prompt).unwrap();
-    assert_greedy_as_cpu(&mut cpu, cs, &mut gpu, gs, 16, "rows_tail_early");
-    // Off (the default) the plan line does not name it.
-    let Some(gpu) = wgpu_backend_with(
-        &w,
-        WgpuOptions {
-            chunk: 16,
-            all_logits_chunk: 16,
-            ..WgpuOptions::default()
-        },
-    ) else {
-        return;
-    };
-    assert!(!gpu
-        .plan()
-        .describe()
-        .contains("storing invocations' tail reads"));
-}
-
 /// `rows_one_word`: linear_q4_rows' 16-row kernel compiled for one-word rows (`WORDS` 1), in
 /// both reduction forms and with f16 activations: the plan's rows a workgroup (the full model's
 /// one-word products of ≥ 8,192 rows on it, a two-word one on the 8-row kernel instead, the
@@ -1369,35 +1280,33 @@ fn router_lean_kernel_matches_the_host() {
     assert_eq!(gpu.plan().rows_rb(257, 2), 2);
 }
 
-/// A decode switch on the full widths (4 layers, synth seed 41, as the other full-width decode
-/// tests), off then on (`set` turns it on in the options; `check` asserts the plan took it): 12
-/// positions token by token against the CPU, then the logits with the switch against those
-/// without it, bit for bit printed (where the driver contracts and orders neither kernel's sums
-/// otherwise) and within `bound` asserted.
-fn full_width_switch_matches_cpu(
-    name: &str,
-    set: impl Fn(&mut WgpuOptions, bool),
-    check: impl Fn(&WgpuBackend, bool),
-    bound: f64,
-) {
+/// `down_item_lanes` on the full widths (4 layers, synth seed 41, as the other full-width decode
+/// tests): the down products of 9 items of 512 columns on moe_down_lanes' 160 lanes, 12
+/// positions token by token against the CPU, and **bit for bit** the logits without the switch
+/// (moe_down_rows in rounds: the same sums in the same order) where the driver contracts neither
+/// kernel (else within rounding: the bound below). `cargo test --release -p lily-wgpu --test
+/// model -- --ignored full_width_down_item_lanes`.
+#[test]
+#[ignore]
+fn full_width_down_item_lanes_decode_matches_cpu() {
     let (w, tokens, want) = full_width_model();
     let mut stepped_of = Vec::new();
-    for on in [false, true] {
-        let mut opts = WgpuOptions {
+    for lanes in [false, true] {
+        let opts = WgpuOptions {
             chunk: 16,
             all_logits_chunk: 1,
             f16_acts: Choice::Off,
             f16_kv: Choice::Off,
+            down_item_lanes: lanes,
             ..WgpuOptions::default()
         };
-        set(&mut opts, on);
         let Some(mut gpu) = wgpu_backend_with(&w, opts) else {
             return;
         };
-        check(&gpu, on);
+        assert_eq!(gpu.plan().down_lanes, if lanes { 160 } else { 0 });
         let stepped = logits_token_by_token(&mut gpu, &tokens);
         let e_cpu = rel_l2(&stepped, &want);
-        println!("full widths, {name} {on}: token by token vs CPU {e_cpu:.3e}");
+        println!("full widths, down_item_lanes {lanes}: token by token vs CPU {e_cpu:.3e}");
         assert!(e_cpu < 1e-3, "decode differs from the CPU by {e_cpu:.3e}");
         stepped_of.push(stepped);
     }
@@ -1406,37 +1315,8 @@ fn full_width_switch_matches_cpu(
         .iter()
         .zip(&stepped_of[0])
         .all(|(a, b)| a.to_bits() == b.to_bits());
-    println!("full widths: {name} on against off {e:.3e} (bit for bit: {same})");
-    assert!(e < bound, "{name} moves the logits by {e:.3e}");
-}
-
-/// `down_item_lanes`: the down products of 9 items of 512 columns on moe_down_lanes' 160 lanes
-/// against moe_down_rows in rounds (the same sums in the same order).
-/// `cargo test --release -p lily-wgpu --test model -- --ignored full_width_down_item_lanes`.
-#[test]
-#[ignore]
-fn full_width_down_item_lanes_decode_matches_cpu() {
-    full_width_switch_matches_cpu(
-        "down_item_lanes",
-        |o, on| o.down_item_lanes = on,
-        |gpu, on| assert_eq!(gpu.plan().down_lanes, if on { 160 } else { 0 }),
-        1e-5,
-    );
-}
-
-/// `rows_tail_early`: in_proj's 12,352 rows with the conv's 8,192 channels on the 16-row
-/// kernel's held taps and state, the output projections' residual adds on the 2-row kernel's
-/// held old values, against the late tails (the same values in the same arithmetic).
-/// `cargo test --release -p lily-wgpu --test model -- --ignored full_width_rows_tail_early`.
-#[test]
-#[ignore]
-fn full_width_rows_tail_early_decode_matches_cpu() {
-    full_width_switch_matches_cpu(
-        "rows_tail_early",
-        |o, on| o.rows_tail_early = on,
-        |gpu, on| assert_eq!(gpu.plan().options.rows_tail_early, on),
-        1e-6,
-    );
+    println!("full widths: down_item_lanes against moe_down_rows {e:.3e} (bit for bit: {same})");
+    assert!(e < 1e-5, "down_item_lanes moves the logits by {e:.3e}");
 }
 
 /// dn_recur_norm.wgsl (a decode step's DeltaNet recurrence and output norm), in both reduction

@@ -91,9 +91,6 @@ fn choosable() -> Vec<Spec> {
                             dn_one_sync: sw,
                             // moe_down_lanes in moe_down_rows' place (`down_item_lanes`).
                             down_item_lanes: sw,
-                            // linear_q4_rows' tail reads at the start (TAIL = 1,
-                            // `rows_tail_early`).
-                            rows_tail_early: sw,
                             // The MoE row kernels' other rows a workgroup (`glu_rows`,
                             // `down_rows`: 4 / 2 and 16 / 8).
                             glu_rows: match (sw, subgroups) {
@@ -314,9 +311,6 @@ fn apple_plan_fits(f16: bool, sw: [bool; DECODE_SWITCHES as usize]) {
         // moe_down_lanes in moe_down_rows' place (`down_item_lanes`) with moe_rounds and
         // without.
         down_item_lanes: sw[5],
-        // linear_q4_rows' tail reads at the start (`rows_tail_early`, TAIL: registers only) with
-        // rows_persist's kernel and without.
-        rows_tail_early: sw[4],
         ..WgpuOptions::default()
     };
     let plan = Plan::resolve(&opts, &c, true, &device).unwrap();
