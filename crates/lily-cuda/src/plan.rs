@@ -308,6 +308,7 @@ impl Plan {
         let effective = CudaOptions {
             mma_rows: o.mma_rows && bf16,
             mma_rows_deep: o.mma_rows_deep && o.mma_rows && bf16,
+            mma_stage_rounds: o.mma_stage_rounds && o.mma_rows_deep && o.mma_rows && bf16,
             moe_int8: o.moe_int8 && bf16,
             gemv_int8: o.gemv_int8 && bf16,
             moe_int8_pairs: o.moe_int8_pairs && bf16,
@@ -651,7 +652,7 @@ impl Plan {
         }
         match self.fused_if(1, fits) {
             DecodePath::Fused if self.o.mma_rows && decode::mma_rows_serves(ws) => {
-                BatchProjections::Rows(if self.o.mma_rows_deep && self.o.mma_stage_rounds {
+                BatchProjections::Rows(if self.o.mma_stage_rounds {
                     RowsKernel::MmaDeepRounds
                 } else if self.o.mma_rows_deep {
                     RowsKernel::MmaDeep
